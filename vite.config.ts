@@ -1,0 +1,28 @@
+import { resolve } from 'node:path';
+import { defineConfig } from 'vite';
+
+// One multi-page app: the dashboard (index.html) and the worker page (worker.html).
+// Cross-origin isolation lets onnxruntime-web use SharedArrayBuffer where it wants threads.
+const isolation = {
+  'Cross-Origin-Opener-Policy': 'same-origin',
+  'Cross-Origin-Embedder-Policy': 'require-corp',
+};
+
+export default defineConfig({
+  root: resolve(import.meta.dirname, 'app'),
+  publicDir: resolve(import.meta.dirname, 'public'),
+  build: {
+    outDir: resolve(import.meta.dirname, 'dist'),
+    emptyOutDir: true,
+    target: 'es2022',
+    rollupOptions: {
+      input: {
+        dashboard: resolve(import.meta.dirname, 'app/index.html'),
+        worker: resolve(import.meta.dirname, 'app/worker.html'),
+      },
+    },
+  },
+  worker: { format: 'es' },
+  server: { headers: isolation, fs: { allow: [import.meta.dirname] } },
+  preview: { headers: isolation },
+});

@@ -1,0 +1,12 @@
+import { defineConfig } from 'vitest/config';
+
+// Unit tests run in Node (onnxruntime-web's wasm backend), apart from the app's Vite config.
+export default defineConfig({
+  test: {
+    root: import.meta.dirname,
+    include: ['test/unit/**/*.test.ts'],
+    environment: 'node',
+    testTimeout: 120_000,
+    pool: 'forks',
+  },
+});
