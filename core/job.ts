@@ -1,0 +1,94 @@
+/**
+ * What a user asks for, with the bounds that keep a job valid: frames of the form 4k+1 (Wan's VAE
+ * turns 4 frames into one latent frame), sizes multiple of 16 (VAE ×8, then 2×2 patches).
+ */
+export interface JobParams {
+  prompt: string;
+  negativePrompt: string;
+  frames: number;
+  height: number;
+  width: number;
+  steps: number;
+  guidance: number;
+  seed: number;
+  flowShift: number;
+}
+
+export const DEFAULT_JOB: JobParams = {
+  prompt: 'a red ball bouncing on a wooden floor',
+  negativePrompt: '',
+  frames: 9,
+  height: 64,
+  width: 64,
+  steps: 4,
+  guidance: 5,
+  seed: 42,
+  flowShift: 3,
+};
+
+export const LIMITS = {
+  promptChars: 2000,
+  frames: { min: 1, max: 81 },
+  size: { min: 16, max: 1280 },
+  steps: { min: 1, max: 100 },
+  guidance: { min: 0, max: 20 },
+  flowShift: { min: 0.1, max: 20 },
+};
+
+/** One problem per field, in words a user can act on. */
+export type FieldErrors = Partial<Record<keyof JobParams, string>>;
+
+export class JobParamsError extends Error {
+  override name = 'JobParamsError';
+  constructor(readonly fields: FieldErrors) {
+    super(Object.entries(fields).map(([k, v]) => `${k}: ${v}`).join('; '));
+  }
+}
+
+export function checkJobParams(input: Partial<Record<keyof JobParams, unknown>>): FieldErrors {
+  const p = { ...DEFAULT_JOB, ...input };
+  const errors: FieldErrors = {};
+  const intIn = (key: keyof JobParams, min: number, max: number, extra?: (v: number) => string | null) => {
+    const v = p[key] as number;
+    if (typeof v !== 'number' || !Number.isInteger(v)) errors[key] = `must be a whole number, got ${JSON.stringify(p[key])}`;
+    else if (v < min || v > max) errors[key] = `must be between ${min} and ${max}, got ${v}`;
+    else {
+      const problem = extra?.(v);
+      if (problem) errors[key] = problem;
+    }
+  };
+  const numIn = (key: keyof JobParams, min: number, max: number) => {
+    const v = p[key] as number;
+    if (typeof v !== 'number' || !Number.isFinite(v)) errors[key] = `must be a number, got ${JSON.stringify(p[key])}`;
+    else if (v < min || v > max) errors[key] = `must be between ${min} and ${max}, got ${v}`;
+  };
+  for (const key of ['prompt', 'negativePrompt'] as const) {
+    if (typeof p[key] !== 'string') errors[key] = 'must be text';
+    else if (p[key].length > LIMITS.promptChars) errors[key] = `is ${p[key].length} characters; at most ${LIMITS.promptChars}`;
+  }
+  if (typeof p.prompt === 'string' && !p.prompt.trim()) errors.prompt = 'is empty; describe the video you want';
+  intIn('frames', LIMITS.frames.min, LIMITS.frames.max, (v) => ((v - 1) % 4 ? `must be 4k+1 (1, 5, 9, 13, …), got ${v}; try ${4 * Math.round((v - 1) / 4) + 1}` : null));
+  for (const key of ['height', 'width'] as const) {
+    intIn(key, LIMITS.size.min, LIMITS.size.max, (v) => (v % 16 ? `must be a multiple of 16, got ${v}; try ${Math.max(16, 16 * Math.round(v / 16))}` : null));
+  }
+  intIn('steps', LIMITS.steps.min, LIMITS.steps.max);
+  numIn('guidance', LIMITS.guidance.min, LIMITS.guidance.max);
+  numIn('flowShift', LIMITS.flowShift.min, LIMITS.flowShift.max);
+  intIn('seed', 0, 2 ** 32 - 1);
+  return errors;
+}
+
+/** Defaults filled in, every field checked; throws a JobParamsError naming each bad field. */
+export function jobParams(input: Partial<Record<keyof JobParams, unknown>>): JobParams {
+  const errors = checkJobParams(input);
+  if (Object.keys(errors).length) throw new JobParamsError(errors);
+  return { ...DEFAULT_JOB, ...input } as JobParams;
+}
+
+/** [16, T, H/8, W/8] with T = (frames − 1)/4 + 1 */
+export function latentShape(p: Pick<JobParams, 'frames' | 'height' | 'width'>, channels = 16): number[] {
+  return [channels, (p.frames - 1) / 4 + 1, p.height / 8, p.width / 8];
+}
+
+/** Classifier-free guidance needs an unconditional pass only when it changes the result. */
+export const usesGuidance = (p: Pick<JobParams, 'guidance'>): boolean => p.guidance !== 1;

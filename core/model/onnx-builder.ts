@@ -1,0 +1,95 @@
+import onnxProto from 'onnx-proto';
+
+const { onnx } = onnxProto;
+const FLOAT = onnx.TensorProto.DataType.FLOAT;
+const INT64 = onnx.TensorProto.DataType.INT64;
+export const OPSET = 17;
+
+export type Dim = number | string; // a string is a symbolic dimension, e.g. the sequence length
+
+/**
+ * A small builder for ONNX graphs: named values in, ops in order, named values out. Weights go in
+ * as float32 initializers; constants (shapes, axes) as int64 initializers.
+ */
+export class OnnxGraph {
+  private nodes: onnxProto.onnx.INodeProto[] = [];
+  private initializers: onnxProto.onnx.ITensorProto[] = [];
+  private inputs: onnxProto.onnx.IValueInfoProto[] = [];
+  private outputs: onnxProto.onnx.IValueInfoProto[] = [];
+  private counter = 0;
+  private weightNames = new Set<string>();
+
+  constructor(readonly name: string) {}
+
+  input(name: string, dims: Dim[]): string {
+    this.inputs.push(valueInfo(name, dims));
+    return name;
+  }
+
+  output(value: string, name: string, dims: Dim[]): void {
+    this.op('Identity', [value], {}, name);
+    this.outputs.push(valueInfo(name, dims));
+  }
+
+  /** Adds a float32 initializer once; later calls with the same name reuse it. */
+  weight(name: string, dims: number[], data: Float32Array): string {
+    if (this.weightNames.has(name)) return name;
+    this.weightNames.add(name);
+    this.initializers.push({ name, dims, dataType: FLOAT, rawData: new Uint8Array(data.buffer, data.byteOffset, data.byteLength) });
+    return name;
+  }
+
+  ints(values: number[]): string {
+    const name = `const_${this.counter++}`;
+    this.initializers.push({ name, dims: [values.length], dataType: INT64, int64Data: values });
+    return name;
+  }
+
+  scalar(value: number): string {
+    const name = `const_${this.counter++}`;
+    this.initializers.push({ name, dims: [], dataType: FLOAT, floatData: [value] });
+    return name;
+  }
+
+  /** Appends one node and returns its output. Whole-number attributes are INT, others FLOAT. */
+  op(type: string, inputs: string[], attributes: Record<string, number | number[]> = {}, outputName?: string, outputs = 1): string {
+    return this.opMulti(type, inputs, attributes, outputs, outputName)[0];
+  }
+
+  /** Appends one node with several outputs (e.g. Split). */
+  opMulti(type: string, inputs: string[], attributes: Record<string, number | number[]>, outputs: number, outputName?: string): string[] {
+    const id = this.counter++;
+    const names = Array.from({ length: outputs }, (_, i) => (outputName && outputs === 1 ? outputName : `${type.toLowerCase()}_${id}_${i}`));
+    this.nodes.push({
+      opType: type,
+      input: inputs,
+      output: names,
+      name: `${type}_${id}`,
+      attribute: Object.entries(attributes).map(([name, v]) =>
+        Array.isArray(v)
+          ? { name, type: onnx.AttributeProto.AttributeType.INTS, ints: v }
+          : Number.isInteger(v)
+            ? { name, type: onnx.AttributeProto.AttributeType.INT, i: v }
+            : { name, type: onnx.AttributeProto.AttributeType.FLOAT, f: v },
+      ),
+    });
+    return names;
+  }
+
+  toBytes(): Uint8Array {
+    const model = onnx.ModelProto.create({
+      irVersion: 8,
+      producerName: 'ditswarm',
+      opsetImport: [{ domain: '', version: OPSET }],
+      graph: { name: this.name, node: this.nodes, initializer: this.initializers, input: this.inputs, output: this.outputs },
+    });
+    return onnx.ModelProto.encode(model).finish();
+  }
+}
+
+function valueInfo(name: string, dims: Dim[]): onnxProto.onnx.IValueInfoProto {
+  return {
+    name,
+    type: { tensorType: { elemType: FLOAT, shape: { dim: dims.map((d) => (typeof d === 'string' ? { dimParam: d } : { dimValue: d })) } } },
+  };
+}

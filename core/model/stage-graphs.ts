@@ -1,0 +1,182 @@
+import type { WanConfig } from './config.ts';
+import { OnnxGraph } from './onnx-builder.ts';
+import type { WanModel } from './reference.ts';
+import { timestepFrequencyTable } from './ops.ts';
+
+/**
+ * The ONNX graphs a worker runs for one forward pass, built from config + weights, the sequence
+ * length symbolic ("S" tokens). They compute exactly what `reference.ts` computes at the same
+ * stage boundaries:
+ *   embed            patches [S, C·pt·ph·pw], timestep [1], text [L, text_dim] → x [S, D], temb [1, D], tproj [6, D], context [L, D]
+ *   block i pre      x, tproj, rope cos/sin [S, d/2] → q, k, v [S, D]   (all heads, local tokens)
+ *   attention        q, k, v [S, h·d], key_bias [S] → o [S, h·d]        (any number of heads h)
+ *   block i post     x, o [S, D], tproj, context → x
+ *   head             x, temb → rows [S, pt·ph·pw·C]
+ */
+export type StageName = 'embed' | 'pre' | 'attention' | 'post' | 'head';
+
+const S = 'S';
+
+class WanGraph extends OnnxGraph {
+  constructor(
+    name: string,
+    private readonly m: WanModel,
+  ) {
+    super(name);
+  }
+
+  get cfg(): WanConfig {
+    return this.m.config;
+  }
+
+  param(name: string, dims?: number[]): string {
+    const t = this.m.weights.get(name);
+    if (!t) throw new Error(`weight ${name} is missing`);
+    return this.weight(name, dims ?? t.shape, t.data);
+  }
+
+  /** x · Wᵀ + b with PyTorch's [out, in] weight, via Gemm(transB). */
+  linear(x: string, name: string, dims?: number[]): string {
+    return this.op('Gemm', [x, this.param(`${name}.weight`, dims), this.param(`${name}.bias`)], { transB: 1 });
+  }
+
+  layerNorm(x: string, weight?: string, bias?: string): string {
+    const D = this.cfg.dim;
+    const scale = weight ?? this.weight(`ones_${D}`, [D], new Float32Array(D).fill(1));
+    const shift = bias ?? this.weight(`zeros_${D}`, [D], new Float32Array(D));
+    return this.op('LayerNormalization', [x, scale, shift], { axis: -1, epsilon: this.cfg.eps });
+  }
+
+  rmsNorm(x: string, weight: string): string {
+    const meanSquare = this.op('ReduceMean', [this.op('Mul', [x, x])], { axes: [-1], keepdims: 1 });
+    const inv = this.op('Reciprocal', [this.op('Sqrt', [this.op('Add', [meanSquare, this.scalar(this.cfg.eps)])])]);
+    return this.op('Mul', [this.op('Mul', [x, inv]), this.param(weight)]);
+  }
+
+  silu(x: string): string {
+    return this.op('Mul', [x, this.op('Sigmoid', [x])]);
+  }
+
+  geluTanh(x: string): string {
+    const cube = this.op('Mul', [this.op('Mul', [x, x]), x]);
+    const inner = this.op('Mul', [this.op('Add', [x, this.op('Mul', [cube, this.scalar(0.044715)])]), this.scalar(Math.sqrt(2 / Math.PI))]);
+    const half = this.op('Mul', [x, this.scalar(0.5)]);
+    return this.op('Mul', [half, this.op('Add', [this.op('Tanh', [inner]), this.scalar(1)])]);
+  }
+
+  /** The six modulation rows of a block, each [1, D]. */
+  modulation(block: number, tproj: string): string[] {
+    const table = this.param(`blocks.${block}.scale_shift_table`, [6, this.cfg.dim]);
+    return this.opMulti('Split', [this.op('Add', [table, tproj])], { axis: 0 }, 6);
+  }
+
+  modulate(x: string, shift: string, scale: string): string {
+    return this.op('Add', [this.op('Mul', [x, this.op('Add', [scale, this.scalar(1)])]), shift]);
+  }
+
+  /** diffusers' apply_rotary_emb on [S, D] with cos/sin [S, d/2], all heads alike. */
+  rope(x: string, cos: string, sin: string): string {
+    const { numHeads, headDim, dim } = this.cfg;
+    const pairs = this.op('Reshape', [x, this.ints([0, numHeads, headDim / 2, 2])]);
+    const [x1, x2] = this.opMulti('Split', [pairs], { axis: 3 }, 2);
+    const c = this.op('Reshape', [cos, this.ints([0, 1, headDim / 2, 1])]);
+    const s = this.op('Reshape', [sin, this.ints([0, 1, headDim / 2, 1])]);
+    const o1 = this.op('Sub', [this.op('Mul', [x1, c]), this.op('Mul', [x2, s])]);
+    const o2 = this.op('Add', [this.op('Mul', [x1, s]), this.op('Mul', [x2, c])]);
+    return this.op('Reshape', [this.op('Concat', [o1, o2], { axis: 3 }), this.ints([0, dim])]);
+  }
+
+  /** Softmax attention per head over [Sq, h·d] queries and [Sk, h·d] keys/values; bias [Sk] masks keys. */
+  attend(q: string, k: string, v: string, keyBias?: string): string {
+    const d = this.cfg.headDim;
+    const heads = (x: string, perm: number[]) => this.op('Transpose', [this.op('Reshape', [x, this.ints([0, -1, d])])], { perm });
+    let scores = this.op('Mul', [this.op('MatMul', [heads(q, [1, 0, 2]), heads(k, [1, 2, 0])]), this.scalar(1 / Math.sqrt(d))]);
+    if (keyBias) scores = this.op('Add', [scores, keyBias]);
+    const o = this.op('MatMul', [this.op('Softmax', [scores], { axis: -1 }), heads(v, [1, 0, 2])]);
+    return this.op('Reshape', [this.op('Transpose', [o], { perm: [1, 0, 2] }), this.ints([0, -1])]);
+  }
+}
+
+export function buildEmbedGraph(m: WanModel): Uint8Array {
+  const g = new WanGraph('embed', m);
+  const { dim: D, freqDim, textDim, inChannels } = m.config;
+  const patchWidth = inChannels * m.config.patchSize.reduce((a, b) => a * b, 1);
+  const patches = g.input('patches', [S, patchWidth]);
+  const timestep = g.input('timestep', [1]);
+  const text = g.input('text', ['L', textDim]);
+
+  const args = g.op('Mul', [g.op('Reshape', [timestep, g.ints([1, 1])]), g.weight('time_frequencies', [1, freqDim / 2], timestepFrequencyTable(freqDim))]);
+  const freq = g.op('Concat', [g.op('Cos', [args]), g.op('Sin', [args])], { axis: 1 });
+  const c = 'condition_embedder';
+  const temb = g.linear(g.silu(g.linear(freq, `${c}.time_embedder.linear_1`)), `${c}.time_embedder.linear_2`);
+  const tproj = g.op('Reshape', [g.linear(g.silu(temb), `${c}.time_proj`), g.ints([6, D])]);
+  const context = g.linear(g.geluTanh(g.linear(text, `${c}.text_embedder.linear_1`)), `${c}.text_embedder.linear_2`);
+  const x = g.linear(patches, 'patch_embedding', [D, patchWidth]);
+
+  g.output(x, 'x', [S, D]);
+  g.output(temb, 'temb', [1, D]);
+  g.output(tproj, 'tproj', [6, D]);
+  g.output(context, 'context', ['L', D]);
+  return g.toBytes();
+}
+
+export function buildPreAttentionGraph(m: WanModel, block: number): Uint8Array {
+  const g = new WanGraph(`block${block}_pre`, m);
+  const { dim: D, headDim } = m.config;
+  const x = g.input('x', [S, D]);
+  const tproj = g.input('tproj', [6, D]);
+  const cos = g.input('cos', [S, headDim / 2]);
+  const sin = g.input('sin', [S, headDim / 2]);
+  const [shift, scale] = g.modulation(block, tproj);
+  const n = g.modulate(g.layerNorm(x), shift, scale);
+  const a = `blocks.${block}.attn1`;
+  g.output(g.rope(g.rmsNorm(g.linear(n, `${a}.to_q`), `${a}.norm_q.weight`), cos, sin), 'q', [S, D]);
+  g.output(g.rope(g.rmsNorm(g.linear(n, `${a}.to_k`), `${a}.norm_k.weight`), cos, sin), 'k', [S, D]);
+  g.output(g.linear(n, `${a}.to_v`), 'v', [S, D]);
+  return g.toBytes();
+}
+
+/** Weightless: the same graph serves every block and any number of local heads. */
+export function buildAttentionGraph(m: WanModel): Uint8Array {
+  const g = new WanGraph('attention', m);
+  const [q, k, v] = ['q', 'k', 'v'].map((name) => g.input(name, [S, 'W']));
+  const keyBias = g.input('key_bias', [S]);
+  g.output(g.attend(q, k, v, keyBias), 'o', [S, 'W']);
+  return g.toBytes();
+}
+
+export function buildPostAttentionGraph(m: WanModel, block: number): Uint8Array {
+  const g = new WanGraph(`block${block}_post`, m);
+  const { dim: D } = m.config;
+  const b = `blocks.${block}`;
+  const x = g.input('x', [S, D]);
+  const o = g.input('o', [S, D]);
+  const tproj = g.input('tproj', [6, D]);
+  const context = g.input('context', ['L', D]);
+  const [, , gate, ffnShift, ffnScale, ffnGate] = g.modulation(block, tproj);
+
+  let h = g.op('Add', [x, g.op('Mul', [g.linear(o, `${b}.attn1.to_out.0`), gate])]);
+  const n2 = m.config.crossAttnNorm ? g.layerNorm(h, g.param(`${b}.norm2.weight`), g.param(`${b}.norm2.bias`)) : h;
+  const q = g.rmsNorm(g.linear(n2, `${b}.attn2.to_q`), `${b}.attn2.norm_q.weight`);
+  const k = g.rmsNorm(g.linear(context, `${b}.attn2.to_k`), `${b}.attn2.norm_k.weight`);
+  const v = g.linear(context, `${b}.attn2.to_v`);
+  h = g.op('Add', [h, g.linear(g.attend(q, k, v), `${b}.attn2.to_out.0`)]);
+
+  const n3 = g.modulate(g.layerNorm(h), ffnShift, ffnScale);
+  const ff = g.linear(g.geluTanh(g.linear(n3, `${b}.ffn.net.0.proj`)), `${b}.ffn.net.2`);
+  g.output(g.op('Add', [h, g.op('Mul', [ff, ffnGate])]), 'x_out', [S, D]);
+  return g.toBytes();
+}
+
+export function buildHeadGraph(m: WanModel): Uint8Array {
+  const g = new WanGraph('head', m);
+  const { dim: D, outChannels, patchSize } = m.config;
+  const x = g.input('x', [S, D]);
+  const temb = g.input('temb', [1, D]);
+  // output modulation: scale_shift_table + temb, no SiLU (unlike the blocks)
+  const table = g.param('scale_shift_table', [2, D]);
+  const [shift, scale] = g.opMulti('Split', [g.op('Add', [table, temb])], { axis: 0 }, 2);
+  const rows = g.linear(g.modulate(g.layerNorm(x), shift, scale), 'proj_out');
+  g.output(rows, 'rows', [S, outChannels * patchSize.reduce((a, b) => a * b, 1)]);
+  return g.toBytes();
+}

@@ -1,0 +1,89 @@
+/**
+ * Writes the bundled tiny Wan2.1-format model, deterministically from a seed:
+ *   public/models/tiny-wan/{model_index.json, transformer/, text_encoder/, vae/}
+ * The transformer has every key family of Wan2.1-T2V-1.3B (12 heads like it, so Ulysses degrees
+ * 1, 2, 3, 4, 6 are valid) at a width small enough to ship in the repository.
+ *
+ *   npm run make-model [-- --out DIR --seed N --layers N --head-dim N --ffn N]
+ */
+import { mkdirSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { parseArgs } from 'node:util';
+import { expectedWeightShapes, parseWanConfig, toDiffusersConfig } from '../../core/model/config.ts';
+import { TEXT_ENCODER_CLASS } from '../../core/model/text-encoder.ts';
+import { VAE_DECODER_CLASS } from '../../core/model/vae-decoder.ts';
+import { TRANSFORMER_CONFIG, TRANSFORMER_WEIGHTS } from '../../core/model/transformer.ts';
+import { SeededRandom } from '../../core/random.ts';
+import { writeSafetensors, type TensorMap } from '../../core/safetensors.ts';
+import { sizeOf } from '../../core/tensor.ts';
+
+const { values } = parseArgs({
+  options: {
+    out: { type: 'string', default: 'public/models/tiny-wan' },
+    seed: { type: 'string', default: '20250225' },
+    layers: { type: 'string', default: '2' },
+    'head-dim': { type: 'string', default: '24' },
+    ffn: { type: 'string', default: '768' },
+    'text-dim': { type: 'string', default: '64' },
+    'text-length': { type: 'string', default: '32' },
+  },
+});
+
+const textDim = Number(values['text-dim']);
+const textLength = Number(values['text-length']);
+const config = parseWanConfig(
+  {
+    _class_name: 'WanTransformer3DModel',
+    num_attention_heads: 12,
+    attention_head_dim: Number(values['head-dim']),
+    in_channels: 16,
+    out_channels: 16,
+    text_dim: textDim,
+    freq_dim: 256,
+    ffn_dim: Number(values.ffn),
+    num_layers: Number(values.layers),
+    patch_size: [1, 2, 2],
+    rope_max_seq_len: 1024,
+  },
+  'make-model flags',
+);
+const random = new SeededRandom(Number(values.seed));
+
+/** Initialised so activations stay O(1) through the blocks, as a trained model's do. */
+function initialise(name: string, shape: number[]): Float32Array {
+  const n = sizeOf(shape);
+  if (name.endsWith('scale_shift_table')) return random.normals(n, 1 / Math.sqrt(config.dim));
+  if (/norm[_\w]*\.weight$/.test(name)) return random.normals(n, 0.05).map((v) => 1 + v);
+  if (name.endsWith('.bias')) return random.normals(n, 0.02);
+  const fanIn = n / shape[0];
+  return random.normals(n, 1 / Math.sqrt(fanIn));
+}
+
+const transformer: TensorMap = new Map();
+for (const [name, shape] of expectedWeightShapes(config)) transformer.set(name, { shape, data: initialise(name, shape) });
+
+const textEncoder: TensorMap = new Map([
+  ['token_embedding.weight', { shape: [256, textDim], data: random.normals(256 * textDim) }],
+  ['position_embedding.weight', { shape: [textLength, textDim], data: random.normals(textLength * textDim, 0.3) }],
+]);
+const vae: TensorMap = new Map([
+  ['conv_out.weight', { shape: [3, 16], data: random.normals(48, 0.5) }],
+  ['conv_out.bias', { shape: [3], data: new Float32Array(3) }],
+]);
+
+const out = values.out!;
+const write = (path: string, data: Uint8Array | object) => {
+  mkdirSync(join(out, path, '..'), { recursive: true });
+  writeFileSync(join(out, path), data instanceof Uint8Array ? data : JSON.stringify(data, null, 2) + '\n');
+};
+const made = { generator: 'npm run make-model', seed: String(values.seed) };
+write('model_index.json', { _class_name: 'WanPipeline', name: 'tiny-wan', transformer: ['diffusers', 'WanTransformer3DModel'], text_encoder: ['ditswarm', TEXT_ENCODER_CLASS], vae: ['ditswarm', VAE_DECODER_CLASS], flow_shift: 3.0, ...made });
+write(TRANSFORMER_CONFIG, toDiffusersConfig(config));
+write(TRANSFORMER_WEIGHTS, writeSafetensors(transformer, made));
+write('text_encoder/config.json', { _class_name: TEXT_ENCODER_CLASS, max_length: textLength, hidden_size: textDim });
+write('text_encoder/model.safetensors', writeSafetensors(textEncoder, made));
+write('vae/config.json', { _class_name: VAE_DECODER_CLASS, latent_channels: 16, scale_factor_temporal: 4, scale_factor_spatial: 8 });
+write('vae/diffusion_pytorch_model.safetensors', writeSafetensors(vae, made));
+
+const params = [...transformer.values()].reduce((n, t) => n + t.data.length, 0);
+console.log(`wrote ${out}: ${config.numLayers} blocks, ${config.numHeads} heads × ${config.headDim}, ${(params / 1e6).toFixed(2)} M transformer parameters`);
