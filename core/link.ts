@@ -1,0 +1,197 @@
+// One data channel to one peer, as a stream of whole messages each way.
+//
+// Sending is paced by the channel's own `bufferedAmount` and its
+// `bufferedamountlow` event, not by timers: a worker page is usually a hidden
+// tab where timers are throttled, and Chromium closes a channel whose send
+// buffer passes 16 MiB. Messages leave in the order `send` was called.
+
+import {
+  DEFAULT_CHUNK_BYTES,
+  frameMessage,
+  HEADER_BYTES,
+  Reassembler,
+  type FrameHeader,
+  type FrameSource,
+  type Message,
+} from './protocol.ts';
+
+/** The part of RTCDataChannel a Link uses. */
+export interface Channel {
+  send(data: ArrayBuffer): void;
+  readonly bufferedAmount: number;
+  bufferedAmountLowThreshold: number;
+  addEventListener(type: 'bufferedamountlow' | 'close', cb: () => void): void;
+  removeEventListener(type: 'bufferedamountlow' | 'close', cb: () => void): void;
+}
+
+export interface LinkOptions {
+  /** Bytes per frame including the header; ≤ 256 KiB. */
+  chunkBytes?: number;
+  /** Stop sending while the channel buffers this much; the buffer peaks at most one frame above it. */
+  highWaterBytes?: number;
+  /** Largest message accepted from the peer. */
+  maxMessageBytes?: number;
+  /** Rejects a message from the peer by its header, before it is buffered (wrong rank, unexpected tag/shape). */
+  accept?: (header: FrameHeader) => string | null;
+}
+
+export interface LinkStats {
+  framesSent: number;
+  /** Everything handed to the channel, headers included. */
+  bytesSent: number;
+  /** Message payload handed to the channel, headers excluded. */
+  payloadBytesSent: number;
+  messagesSent: number;
+  messagesReceived: number;
+  framesDropped: number;
+  lastDropReason: string;
+  listenerErrors: number;
+}
+
+export const DEFAULT_HIGH_WATER_BYTES = 4 * 1024 * 1024;
+/** Chromium closes a channel past 16 MiB buffered; stay well clear of it. */
+export const MAX_HIGH_WATER_BYTES = 8 * 1024 * 1024;
+
+interface Outgoing {
+  frames: FrameSource;
+  next: number;
+  resolve: () => void;
+  reject: (e: Error) => void;
+}
+
+export class Link {
+  private readonly chunkBytes: number;
+  private readonly highWater: number;
+  private readonly reassembler: Reassembler;
+  private readonly queue: Outgoing[] = [];
+  private readonly messageListeners = new Set<(msg: Message) => void>();
+  private readonly errorListeners = new Set<(error: Error) => void>();
+  private nextMsgId = 0;
+  private pumping = false;
+  private closedReason: string | null = null;
+  private sent = { framesSent: 0, bytesSent: 0, payloadBytesSent: 0, messagesSent: 0 };
+  private messagesReceived = 0;
+  private listenerErrors = 0;
+
+  private readonly channel: Channel;
+
+  constructor(channel: Channel, opts: LinkOptions = {}) {
+    this.channel = channel;
+    this.chunkBytes = opts.chunkBytes ?? DEFAULT_CHUNK_BYTES;
+    this.highWater = opts.highWaterBytes ?? DEFAULT_HIGH_WATER_BYTES;
+    if (!(this.highWater >= this.chunkBytes && this.highWater <= MAX_HIGH_WATER_BYTES)) {
+      throw new RangeError(
+        `highWaterBytes must be in [chunkBytes (${this.chunkBytes}), ${MAX_HIGH_WATER_BYTES}] — Chromium closes a channel past 16 MiB buffered; got ${this.highWater}`,
+      );
+    }
+    this.reassembler = new Reassembler({ maxMessageBytes: opts.maxMessageBytes, accept: opts.accept });
+    channel.bufferedAmountLowThreshold = Math.floor(this.highWater / 4);
+    channel.addEventListener('bufferedamountlow', this.pump);
+    channel.addEventListener('close', this.onChannelClose);
+  }
+
+  /** Resolves once every frame is handed to the channel. The message's arrays
+   *  are read as frames are built: do not mutate them until then. */
+  send(msg: Message): Promise<void> {
+    if (this.closedReason !== null) return Promise.reject(new Error(`cannot send: ${this.closedReason}`));
+    let frames: FrameSource;
+    try {
+      frames = frameMessage(msg, this.nextMsgId, this.chunkBytes);
+    } catch (e) {
+      return Promise.reject(e);
+    }
+    this.nextMsgId = (this.nextMsgId + 1) >>> 0;
+    return new Promise<void>((resolve, reject) => {
+      this.queue.push({ frames, next: 0, resolve, reject });
+      this.pump();
+    });
+  }
+
+  /** Feed one frame from the channel's `message` event. Never throws. */
+  receive(frame: ArrayBuffer | ArrayBufferView): void {
+    const msg = this.reassembler.push(frame);
+    if (msg === null) return;
+    this.messagesReceived++;
+    for (const cb of [...this.messageListeners]) {
+      try {
+        cb(msg);
+      } catch (e) {
+        this.listenerErrors++;
+        this.report(e instanceof Error ? e : new Error(String(e)));
+      }
+    }
+  }
+
+  /** Returns a function that removes the listener. */
+  onMessage(cb: (msg: Message) => void): () => void {
+    this.messageListeners.add(cb);
+    return () => this.messageListeners.delete(cb);
+  }
+
+  /** Errors thrown by `onMessage` listeners. Returns a function that removes the listener. */
+  onError(cb: (error: Error) => void): () => void {
+    this.errorListeners.add(cb);
+    return () => this.errorListeners.delete(cb);
+  }
+
+  /** Stops sending: queued and later sends reject. The channel itself is the owner's to close. */
+  close(reason = 'link closed by its owner'): void {
+    if (this.closedReason !== null) return;
+    this.closedReason = reason;
+    this.channel.removeEventListener('bufferedamountlow', this.pump);
+    this.channel.removeEventListener('close', this.onChannelClose);
+    const pending = this.queue.splice(0);
+    for (const out of pending) out.reject(new Error(`${reason} before ${out.frames.frameCount - out.next} of ${out.frames.frameCount} frames were sent`));
+  }
+
+  get stats(): LinkStats {
+    return {
+      ...this.sent,
+      messagesReceived: this.messagesReceived,
+      framesDropped: this.reassembler.dropped,
+      lastDropReason: this.reassembler.lastError,
+      listenerErrors: this.listenerErrors,
+    };
+  }
+
+  private readonly onChannelClose = (): void => this.close('channel closed');
+
+  // Sends frames until the channel holds highWater bytes; `bufferedamountlow` resumes it.
+  private readonly pump = (): void => {
+    if (this.pumping) return; // a channel that re-enters us from send() must not interleave frames
+    this.pumping = true;
+    try {
+      while (this.queue.length > 0 && this.closedReason === null && this.channel.bufferedAmount < this.highWater) {
+        const head = this.queue[0]!;
+        try {
+          const frame = head.frames.frame(head.next);
+          this.channel.send(frame);
+          this.sent.framesSent++;
+          this.sent.bytesSent += frame.byteLength;
+          this.sent.payloadBytesSent += frame.byteLength - HEADER_BYTES;
+        } catch (e) {
+          this.queue.shift();
+          head.reject(e instanceof Error ? e : new Error(String(e)));
+          continue;
+        }
+        if (++head.next === head.frames.frameCount) {
+          this.queue.shift();
+          this.sent.messagesSent++;
+          head.resolve();
+        }
+      }
+    } finally {
+      this.pumping = false;
+    }
+  };
+
+  private report(error: Error): void {
+    for (const cb of [...this.errorListeners]) {
+      try {
+        cb(error);
+      } catch {
+        // An error listener that throws has nowhere left to report to.
+      }
+    }
+  }
+}

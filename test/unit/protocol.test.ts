@@ -1,0 +1,391 @@
+import { describe, expect, it } from 'vitest';
+import {
+  COORDINATOR,
+  encodeFrames,
+  fromF16,
+  HEADER_BYTES,
+  MAX_FRAME_BYTES,
+  Reassembler,
+  toF16,
+  type FrameHeader,
+  type Message,
+  type TensorTag,
+} from '../../core/protocol.ts';
+
+// Deterministic randomness so a failing case can be replayed.
+function rng(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+function shuffled<T>(items: T[], random: () => number): T[] {
+  const out = [...items];
+  for (let i = out.length - 1; i > 0; i--) {
+    const j = Math.floor(random() * (i + 1));
+    [out[i], out[j]] = [out[j]!, out[i]!];
+  }
+  return out;
+}
+
+const TAG: TensorTag = { job: 7, step: 3, pass: 1, block: 29, phase: 2 };
+
+function f32Tensor(shape: number[], seed = 1): Extract<Message, { kind: 'tensor' }> {
+  const n = shape.reduce((a, b) => a * b, 1);
+  const values = new Float32Array(n);
+  const random = rng(seed);
+  for (let i = 0; i < n; i++) values[i] = random() * 2 - 1;
+  return { kind: 'tensor', from: 2, tag: TAG, dtype: 'f32', shape, data: new Uint8Array(values.buffer) };
+}
+
+function f16Tensor(n: number): Extract<Message, { kind: 'tensor' }> {
+  const bits = new Uint16Array(n).map((_, i) => 0x3c00 + i);
+  return { kind: 'tensor', from: 0, tag: TAG, dtype: 'f16', shape: [n], data: new Uint8Array(bits.buffer) };
+}
+
+/** Deep equality, with bulk byte comparison so megabyte tensors stay fast. */
+function expectSameMessage(actual: Message | undefined, expected: Message): void {
+  const bytes = (m: Message) =>
+    m.kind === 'tensor' ? [m.data] : m.tensors.map((t) => new Uint8Array(t.buffer, t.byteOffset, t.byteLength));
+  const shell = (m: Message) => (m.kind === 'tensor' ? { ...m, data: m.data.byteLength } : { ...m, tensors: m.tensors.map((t) => t.length) });
+  expect(actual).toBeDefined();
+  expect(shell(actual!)).toEqual(shell(expected));
+  const a = bytes(actual!);
+  bytes(expected).forEach((e, i) => expect(Buffer.compare(a[i]!, e)).toBe(0));
+}
+
+/** Pushes frames in order and returns every message that completed. */
+function pushAll(r: Reassembler, frames: ArrayBuffer[]): Message[] {
+  return frames.map((f) => r.push(f)).filter((m): m is Message => m !== null);
+}
+
+function patch(frame: ArrayBuffer, edit: (v: DataView) => void): ArrayBuffer {
+  const copy = frame.slice(0);
+  edit(new DataView(copy));
+  return copy;
+}
+
+/** The one drop a bad frame must cause: no throw, null, counted, with a reason matching `reason`. */
+function expectDropped(r: Reassembler, frame: ArrayBuffer, reason: RegExp): void {
+  const before = r.dropped;
+  let result: Message | null = null;
+  expect(() => {
+    result = r.push(frame);
+  }).not.toThrow();
+  expect(result).toBeNull();
+  expect(r.dropped).toBe(before + 1);
+  expect(r.lastError).toMatch(reason);
+}
+
+describe('frames', () => {
+  it('have a 60-byte header and never exceed chunkBytes', () => {
+    const msg = f32Tensor([1000, 100]); // 400 000 bytes
+    const frames = encodeFrames(msg, 1, 16 * 1024);
+    const stride = 16 * 1024 - HEADER_BYTES;
+    expect(HEADER_BYTES).toBe(60);
+    expect(frames).toHaveLength(Math.ceil(400_000 / stride));
+    for (const f of frames) expect(f.byteLength).toBeLessThanOrEqual(16 * 1024);
+    expect(frames.reduce((s, f) => s + f.byteLength - HEADER_BYTES, 0)).toBe(400_000);
+  });
+
+  it('refuse chunk sizes Chrome would reject or that leave no room for payload', () => {
+    expect(() => encodeFrames(f16Tensor(4), 0, MAX_FRAME_BYTES + 1)).toThrow(/chunkBytes/);
+    expect(() => encodeFrames(f16Tensor(4), 0, HEADER_BYTES)).toThrow(/chunkBytes/);
+  });
+
+  it('refuse a tensor whose data does not match its shape', () => {
+    const msg = { ...f32Tensor([4, 4]), shape: [4, 5] };
+    expect(() => encodeFrames(msg, 0)).toThrow(/needs 80 bytes, data has 64/);
+  });
+
+  it('refuse more than 4 dims and tag fields out of range', () => {
+    expect(() => encodeFrames({ ...f32Tensor([1, 1, 1, 1, 1]) }, 0)).toThrow(/at most 4 dims/);
+    expect(() => encodeFrames({ ...f16Tensor(1), tag: { ...TAG, block: 70_000 } }, 0)).toThrow(/tag.block/);
+    expect(() => encodeFrames({ ...f16Tensor(1), from: 256 }, 0)).toThrow(/from/);
+  });
+});
+
+describe('tensor messages round-trip', () => {
+  const cases: Array<[name: string, msg: Extract<Message, { kind: 'tensor' }>, chunkBytes: number, frames: number]> = [
+    ['empty (0 bytes, header-only frame)', f32Tensor([0, 16]), 1024, 1],
+    ['one f16 element (2 bytes)', f16Tensor(1), 1024, 1],
+    ['a scalar (ndim 0)', f32Tensor([]), 1024, 1],
+    ['exactly one full chunk', f32Tensor([(1024 - HEADER_BYTES) / 4]), 1024, 1],
+    ['one element past a chunk', f32Tensor([(1024 - HEADER_BYTES) / 4 + 1]), 1024, 2],
+    ['a last chunk of 1 byte', f16Tensor(2), HEADER_BYTES + 3, 2],
+    ['many chunks, 4-D', f32Tensor([2, 3, 100, 700], 9), 64 * 1024, 26],
+  ];
+
+  for (const [name, msg, chunkBytes, frameCount] of cases) {
+    it(name, () => {
+      const frames = encodeFrames(msg, 42, chunkBytes);
+      expect(frames).toHaveLength(frameCount);
+      const r = new Reassembler();
+      const out = pushAll(r, frames);
+      expect(r.dropped).toBe(0);
+      expect(out).toHaveLength(1);
+      expectSameMessage(out[0], msg);
+      expect(r.openMessages).toBe(0);
+    });
+  }
+
+  it('reassemble when chunks arrive in any order', () => {
+    const msg = f32Tensor([64, 1024], 3); // 256 KiB
+    const frames = encodeFrames(msg, 5, 4096);
+    const r = new Reassembler();
+    const out = pushAll(r, shuffled(frames, rng(11)));
+    expect(out).toHaveLength(1);
+    expectSameMessage(out[0], msg);
+  });
+
+  it('reassemble interleaved messages by msgId', () => {
+    const a = f32Tensor([3000], 1);
+    const b = f32Tensor([5000], 2);
+    const fa = encodeFrames(a, 1, 2048);
+    const fb = encodeFrames(b, 2, 2048);
+    const mixed = shuffled([...fa, ...fb], rng(5));
+    const out = pushAll(new Reassembler(), mixed);
+    expect(out).toHaveLength(2);
+    expect(out).toContainEqual(a);
+    expect(out).toContainEqual(b);
+  });
+
+  it('deliver data in its own exactly-sized buffer, so it can be transferred to a Web Worker', () => {
+    const msg = f32Tensor([10_000]);
+    const [out] = pushAll(new Reassembler(), encodeFrames(msg, 0, 8192));
+    if (out?.kind !== 'tensor') throw new Error('expected a tensor');
+    expect(out.data.byteOffset).toBe(0);
+    expect(out.data.buffer.byteLength).toBe(40_000);
+    expect(new Float32Array(out.data.buffer)).toEqual(new Float32Array(msg.data.buffer));
+  });
+});
+
+describe('rpc messages round-trip', () => {
+  it('a JSON body with attached float32 tensors of 0, 3 and 100 000 elements over many chunks', () => {
+    const body = { method: 'executeModel', args: { step: 4, prompt: 'ein Fuchs 🦊 im Schnee', ranks: [0, 1, 2] }, id: 17 };
+    const tensors = [new Float32Array(0), new Float32Array([1.5, -2, 3.25]), new Float32Array(100_000).map((_, i) => i / 7)];
+    const msg: Message = { kind: 'rpc', from: COORDINATOR, body, tensors };
+    const frames = encodeFrames(msg, 9, 8192);
+    expect(frames.length).toBeGreaterThan(40);
+    const r = new Reassembler();
+    const out = pushAll(r, shuffled(frames, rng(2)));
+    expect(r.dropped).toBe(0);
+    expect(out).toHaveLength(1);
+    expectSameMessage(out[0], msg);
+  });
+
+  it('tensors attached at an odd JSON length are still aligned float32 views', () => {
+    const msg: Message = { kind: 'rpc', from: 1, body: 'x', tensors: [new Float32Array([1, 2]), new Float32Array([3])] };
+    const [out] = pushAll(new Reassembler(), encodeFrames(msg, 0));
+    expect(out).toEqual(msg);
+  });
+
+  it('a tensor that is a view into a larger buffer sends only its own elements', () => {
+    const big = new Float32Array([9, 9, 1, 2, 3, 9]);
+    const msg: Message = { kind: 'rpc', from: 0, body: null, tensors: [big.subarray(2, 5)] };
+    const [out] = pushAll(new Reassembler(), encodeFrames(msg, 0));
+    expect(out).toEqual({ ...msg, tensors: [new Float32Array([1, 2, 3])] });
+  });
+
+  it('an undefined body arrives as null', () => {
+    const [out] = pushAll(new Reassembler(), encodeFrames({ kind: 'rpc', from: 0, body: undefined, tensors: [] }, 0));
+    expect(out).toEqual({ kind: 'rpc', from: 0, body: null, tensors: [] });
+  });
+});
+
+describe('bad frames are dropped with a reason, never thrown', () => {
+  const good = encodeFrames(f32Tensor([4000]), 3, 4096); // 16 000 bytes in 4 chunks of 4036
+
+  it('a truncated header', () => {
+    expectDropped(new Reassembler(), good[0]!.slice(0, 10), /10 bytes is shorter than the 60-byte header/);
+  });
+
+  it('a bad magic', () => {
+    expectDropped(new Reassembler(), patch(good[0]!, (v) => v.setUint16(0, 0xbeef, true)), /bad magic 0xbeef/);
+  });
+
+  it('an unknown version, kind or dtype', () => {
+    const r = new Reassembler();
+    expectDropped(r, patch(good[0]!, (v) => v.setUint8(2, 9)), /protocol version 9/);
+    expectDropped(r, patch(good[0]!, (v) => v.setUint8(3, 7)), /unknown kind 7/);
+    expectDropped(r, patch(good[0]!, (v) => v.setUint8(4, 3)), /unknown dtype 3/);
+  });
+
+  it('more than 4 dims', () => {
+    expectDropped(new Reassembler(), patch(good[0]!, (v) => v.setUint8(6, 5)), /ndim 5 exceeds 4/);
+  });
+
+  it('chunkIndex not below chunkCount', () => {
+    expectDropped(new Reassembler(), patch(good[0]!, (v) => v.setUint32(12, 4, true)), /chunkIndex 4 is not below chunkCount 4/);
+  });
+
+  it('a chunkCount that does not match totalBytes and the chunk stride', () => {
+    expectDropped(new Reassembler(), patch(good[0]!, (v) => v.setUint32(16, 1000, true)), /chunkCount 1000 does not match/);
+  });
+
+  it('a chunk whose payload length is not what the header implies', () => {
+    expectDropped(new Reassembler(), good[1]!.slice(0, 1000), /chunk 1 carries 940 payload bytes, expected 4036/);
+  });
+
+  it('totalBytes over the cap, before anything is allocated', () => {
+    const r = new Reassembler({ maxMessageBytes: 10_000 });
+    expectDropped(r, good[0]!, /declares 16000 bytes, over the 10000-byte cap/);
+    expect(r.openMessages).toBe(0);
+  });
+
+  it('a tensor shape that does not match totalBytes', () => {
+    expectDropped(new Reassembler(), patch(good[0]!, (v) => v.setUint32(44, 3999, true)), /shape \[3999\] f32 needs 15996 bytes, header declares 16000/);
+  });
+
+  it('a header that disagrees with the first chunk of the same msgId, without spoiling the message', () => {
+    const r = new Reassembler();
+    expect(r.push(good[0]!)).toBeNull();
+    expectDropped(r, patch(good[1]!, (v) => v.setUint16(38, 30, true)), /chunk 1 of message 3 disagrees with its first chunk on tag/);
+    expectDropped(r, patch(good[1]!, (v) => v.setUint8(5, 4)), /disagrees .* on magic\/version\/kind\/dtype\/from\/ndim/);
+    const out = pushAll(r, good.slice(1));
+    expect(out).toEqual([f32Tensor([4000])]);
+  });
+
+  it('a duplicated chunk, and a chunk of a message already delivered', () => {
+    const r = new Reassembler();
+    r.push(good[0]!);
+    expectDropped(r, good[0]!, /duplicate chunk 0 of message 3/);
+    expect(pushAll(r, good.slice(1))).toHaveLength(1);
+    expectDropped(r, good[2]!, /chunk 2 of message 3, which is already complete/);
+    expect(r.openMessages).toBe(0);
+  });
+
+  it('rpc JSON that does not parse, or bytes that are not UTF-8', () => {
+    const [frame] = encodeFrames({ kind: 'rpc', from: 0, body: 'abcd', tensors: [] }, 8); // JSON '"abcd"' at offset 8
+    expectDropped(new Reassembler(), patch(frame!, (v) => v.setUint8(HEADER_BYTES + 8, 0x7b)), /rpc message 8: body is not valid UTF-8 JSON/);
+    expectDropped(new Reassembler(), patch(frame!, (v) => v.setUint8(HEADER_BYTES + 9, 0xff)), /not valid UTF-8 JSON/);
+  });
+
+  it('an rpc prefix whose lengths do not add up to the payload', () => {
+    const [frame] = encodeFrames({ kind: 'rpc', from: 0, body: 1, tensors: [new Float32Array(2)] }, 8);
+    expectDropped(new Reassembler(), patch(frame!, (v) => v.setUint32(HEADER_BYTES + 8, 3, true)), /do not add up/);
+    expectDropped(new Reassembler(), patch(frame!, (v) => v.setUint32(HEADER_BYTES + 4, 1_000_000, true)), /declares 1000000 tensors/);
+  });
+
+  it('a frame that is not binary at all', () => {
+    expectDropped(new Reassembler(), 'hello' as unknown as ArrayBuffer, /not binary/);
+  });
+
+  it('a frame the owner rejects by content, judged once per message before allocation', () => {
+    const seen: FrameHeader[] = [];
+    const r = new Reassembler({
+      accept: (h) => {
+        seen.push(h);
+        return h.from === 2 && h.tag.block < 30 ? null : `expected rank 2 and block < 30, got rank ${h.from} block ${h.tag.block}`;
+      },
+    });
+    expect(pushAll(r, good)).toHaveLength(1);
+    expect(seen).toHaveLength(1);
+    expect(seen[0]).toMatchObject({ kind: 'tensor', from: 2, tag: TAG, shape: [4000], totalBytes: 16000, chunkCount: 4 });
+    const other = encodeFrames({ ...f32Tensor([4000]), from: 5 }, 4, 4096);
+    expectDropped(r, other[0]!, /message 4 rejected: expected rank 2 and block < 30, got rank 5 block 29/);
+    expect(r.openMessages).toBe(0);
+  });
+
+  it('an accept hook that throws counts as a rejection', () => {
+    const r = new Reassembler({ accept: () => { throw new Error('plan missing'); } });
+    expectDropped(r, good[0]!, /accept hook threw: plan missing/);
+  });
+
+  it('too many partial messages evicts the oldest', () => {
+    const r = new Reassembler({ maxOpenMessages: 4 });
+    for (let id = 0; id < 6; id++) r.push(encodeFrames(f32Tensor([4000]), id, 4096)[0]!);
+    expect(r.openMessages).toBe(4);
+    expect(r.dropped).toBe(2);
+    expect(r.lastError).toMatch(/evicted partial message 1 \(3 of 4 chunks missing\)/);
+  });
+
+  it('partial messages holding more than maxPendingBytes evict the oldest', () => {
+    const r = new Reassembler({ maxMessageBytes: 16_000, maxPendingBytes: 40_000 });
+    for (let id = 0; id < 3; id++) r.push(encodeFrames(f32Tensor([4000]), id, 4096)[0]!);
+    expect(r.openMessages).toBe(2);
+    expect(r.lastError).toMatch(/evicted partial message 0/);
+  });
+
+  it('1000 frames of random bytes, and 1000 valid frames with random bytes changed: no throw, all counted', () => {
+    const random = rng(1234);
+    const r = new Reassembler({ maxMessageBytes: 1 << 20 });
+    let delivered = 0;
+    for (let i = 0; i < 1000; i++) {
+      const bytes = new Uint8Array(Math.floor(random() * 300)).map(() => random() * 256);
+      if (i % 2 === 0 && bytes.length >= 4) bytes.set([0x44, 0x57, 1], 0); // get past magic/version sometimes
+      expect(() => r.push(bytes.buffer)).not.toThrow();
+    }
+    expect(r.dropped).toBe(1000);
+
+    const sources: ArrayBuffer[] = [
+      ...encodeFrames(f32Tensor([3000]), 100, 2048),
+      ...encodeFrames({ kind: 'rpc', from: 1, body: { a: [1, 2] }, tensors: [new Float32Array(700)] }, 200, 1024),
+    ];
+    for (let i = 0; i < 1000; i++) {
+      const frame = sources[Math.floor(random() * sources.length)]!.slice(0);
+      const bytes = new Uint8Array(frame);
+      const flips = 1 + Math.floor(random() * 3);
+      for (let k = 0; k < flips; k++) bytes[Math.floor(random() * Math.min(bytes.length, HEADER_BYTES + 32))] = random() * 256;
+      let out: Message | null = null;
+      expect(() => (out = r.push(frame))).not.toThrow();
+      if (out !== null) delivered++;
+    }
+    expect(r.openMessages).toBeLessThanOrEqual(64);
+    expect(r.dropped + delivered).toBeGreaterThan(1000);
+  });
+});
+
+describe('f16', () => {
+  it('round-trips every finite half value bit-exactly, and NaN stays NaN', () => {
+    const all = new Uint16Array(65536).map((_, i) => i);
+    const back = toF16(fromF16(all));
+    for (let h = 0; h < 65536; h++) {
+      const isNaN = (h & 0x7c00) === 0x7c00 && (h & 0x3ff) !== 0;
+      if (isNaN) expect(Number.isNaN(fromF16(new Uint16Array([back[h]!]))[0])).toBe(true);
+      else if (back[h] !== h) throw new Error(`0x${h.toString(16)} came back as 0x${back[h]!.toString(16)}`);
+    }
+  });
+
+  it('encodes the landmarks of the format', () => {
+    const cases: Array<[number, number]> = [
+      [1, 0x3c00],
+      [-2, 0xc000],
+      [65504, 0x7bff], // largest finite
+      [65519, 0x7bff], // below the midpoint to infinity
+      [65520, 0x7c00], // midpoint ties to even: infinity
+      [1e9, 0x7c00],
+      [Infinity, 0x7c00],
+      [-Infinity, 0xfc00],
+      [-0, 0x8000],
+      [2 ** -14, 0x0400], // smallest normal
+      [2 ** -24, 0x0001], // smallest subnormal
+      [2 ** -25, 0x0000], // halfway to the smallest subnormal ties to even: zero
+      [2 ** -25 * 1.5, 0x0001],
+      [3 * 2 ** -25, 0x0002], // halfway between subnormals 1 and 2 ties to even
+      [1 + 2 ** -11, 0x3c00], // halfway between 1 and the next half: even
+      [1 + 3 * 2 ** -11, 0x3c02], // halfway, rounds up to even
+      [1 + 2 ** -11 + 2 ** -20, 0x3c01],
+      [2 ** -14 - 2 ** -25, 0x0400], // the largest subnormal rounds up into the normals
+      [1e-10, 0x0000],
+    ];
+    const bits = toF16(new Float32Array(cases.map(([x]) => x)));
+    cases.forEach(([x, expected], i) => expect([x, bits[i]]).toEqual([x, expected]));
+    expect(toF16(new Float32Array([NaN]))[0]! & 0x7fff).toBeGreaterThan(0x7c00);
+  });
+
+  it('rounds normal values with relative error at most 2^-11', () => {
+    const random = rng(77);
+    const xs = new Float32Array(100_000).map(() => (random() < 0.5 ? -1 : 1) * 2 ** (-14 + random() * 29.99));
+    const back = fromF16(toF16(xs));
+    let worst = 0;
+    for (let i = 0; i < xs.length; i++) worst = Math.max(worst, Math.abs(back[i]! - xs[i]!) / Math.abs(xs[i]!));
+    expect(worst).toBeLessThanOrEqual(2 ** -11);
+    expect(worst).toBeGreaterThan(2 ** -12); // the bound is tight, so the test would notice truncation
+  });
+});
