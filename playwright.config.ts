@@ -1,0 +1,16 @@
+import { defineConfig } from '@playwright/test';
+import { chromiumArgs, chromiumExecutable } from './server/chromium.ts';
+
+// End-to-end tests: several tabs of Debian's Chromium against one in-process ditswarm server.
+export default defineConfig({
+  testDir: 'test/e2e',
+  workers: 1, // 2 cores: parallel browsers would make the timings of every test meaningless
+  timeout: 180_000,
+  reporter: 'list',
+  globalSetup: './test/e2e/global-setup.ts',
+  use: {
+    // Set by global-setup.ts; workers re-read this file after it ran, so they see the value.
+    baseURL: process.env.DITSWARM_URL,
+    launchOptions: { executablePath: chromiumExecutable(), args: [...chromiumArgs] },
+  },
+});

@@ -1,0 +1,55 @@
+import { type NetworkInterfaceInfo, networkInterfaces } from 'node:os';
+import { parseArgs } from 'node:util';
+import { DEFAULT_PEER_KEY } from './peer-signaling.ts';
+import { DEFAULT_PORT, startServer } from './serve.ts';
+
+// `npm start [-- --port N] [--rebuild] [--key K]`: build if needed, serve, print where to go.
+const { values: flags } = parseArgs({
+  options: {
+    port: { type: 'string' },
+    rebuild: { type: 'boolean', default: false },
+    key: { type: 'string' },
+  },
+});
+
+const requestedPort = Number(flags.port ?? process.env.PORT ?? DEFAULT_PORT);
+if (!Number.isInteger(requestedPort) || requestedPort < 0 || requestedPort > 65535) {
+  console.error(`--port/PORT must be an integer 0–65535, got ${flags.port ?? process.env.PORT}`);
+  process.exit(2);
+}
+
+const server = await startServer({
+  port: requestedPort,
+  rebuild: flags.rebuild,
+  peerKey: flags.key ?? process.env.DITSWARM_KEY ?? DEFAULT_PEER_KEY,
+});
+
+const lanUrls = lanAddresses().map((address) => `http://${address}:${server.port}`);
+console.log(
+  [
+    '',
+    `ditswarm is serving on port ${server.port}${server.port === requestedPort ? '' : ` (${requestedPort} was busy)`}`,
+    `  dashboard   ${server.url}/`,
+    `  worker      ${server.url}/worker.html`,
+    ...lanUrls.map((url) => `  LAN worker  ${url}/worker.html`),
+    ...(lanUrls.length > 0
+      ? ['  (LAN pages are plain http, not a secure context: no WebGPU or wasm threads there',
+         '   unless that browser treats this origin as secure, see chrome://flags/#unsafely-treat-insecure-origin-as-secure)']
+      : []),
+    `  signaling   ${server.url}/peerjs  key "${server.peerKey}"`,
+    '',
+  ].join('\n'),
+);
+
+for (const signal of ['SIGINT', 'SIGTERM'] as const) {
+  process.once(signal, () => {
+    void server.close().finally(() => process.exit(0));
+  });
+}
+
+function lanAddresses(): string[] {
+  return Object.values(networkInterfaces())
+    .flat()
+    .filter((nic): nic is NetworkInterfaceInfo => nic?.family === 'IPv4' && !nic.internal)
+    .map((nic) => nic.address);
+}

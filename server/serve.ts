@@ -1,0 +1,88 @@
+import http from 'node:http';
+import express, { type RequestHandler } from 'express';
+import { DIST_DIR, ensureAppBuilt } from './app-build.ts';
+import { DEFAULT_PEER_KEY, SIGNALING_PATH, mountSignaling } from './peer-signaling.ts';
+
+export const DEFAULT_PORT = 5173;
+const PORTS_TO_TRY = 21; // the asked port and the next 20
+
+export interface ServerOptions {
+  /** 0 lets the OS pick; a busy port moves on to the next free one (up to +20). */
+  port?: number;
+  /** Rebuild dist/ even if it looks up to date. */
+  rebuild?: boolean;
+  /** No build log. */
+  quiet?: boolean;
+  /** PeerServer key; every page must connect with the same one (they read /signaling.json). */
+  peerKey?: string;
+}
+
+export interface RunningServer {
+  /** http://localhost:<port> — a secure context, so WebGPU and cross-origin isolation work. */
+  url: string;
+  port: number;
+  peerKey: string;
+  close(): Promise<void>;
+}
+
+/** Serves the built app and the PeerJS signaling server on one port. */
+export async function startServer(options: ServerOptions = {}): Promise<RunningServer> {
+  const { port = DEFAULT_PORT, rebuild = false, quiet = false, peerKey = DEFAULT_PEER_KEY } = options;
+  await ensureAppBuilt({ force: rebuild, quiet });
+
+  const app = express();
+  const server = http.createServer(app);
+  app.use(crossOriginIsolation);
+  const signaling = mountSignaling(app, server, peerKey);
+  app.get('/signaling.json', (_request, response) => {
+    response.json({ path: SIGNALING_PATH, key: peerKey });
+  });
+  app.use(express.static(DIST_DIR));
+
+  const boundPort = await listenOnFreePort(server, port);
+  return {
+    url: `http://localhost:${boundPort}`,
+    port: boundPort,
+    peerKey,
+    close: () =>
+      new Promise<void>((resolve, reject) => {
+        signaling.close();
+        server.close((error) => (error ? reject(error) : resolve()));
+        server.closeAllConnections();
+      }),
+  };
+}
+
+// Multi-threaded wasm (SharedArrayBuffer) needs the pages cross-origin isolated.
+const crossOriginIsolation: RequestHandler = (_request, response, next) => {
+  response.setHeader('Cross-Origin-Opener-Policy', 'same-origin');
+  response.setHeader('Cross-Origin-Embedder-Policy', 'require-corp');
+  response.setHeader('Cross-Origin-Resource-Policy', 'same-origin');
+  next();
+};
+
+async function listenOnFreePort(server: http.Server, firstPort: number): Promise<number> {
+  const lastPort = firstPort === 0 ? 0 : firstPort + PORTS_TO_TRY - 1;
+  for (let port = firstPort; port <= lastPort; port++) {
+    try {
+      await listen(server, port);
+      const address = server.address();
+      if (address === null || typeof address === 'string') throw new Error(`expected a TCP address, got ${address}`);
+      return address.port;
+    } catch (error) {
+      if ((error as NodeJS.ErrnoException).code !== 'EADDRINUSE') throw error;
+    }
+  }
+  throw new Error(`ports ${firstPort}–${lastPort} are all in use; pass --port or PORT to pick another range`);
+}
+
+function listen(server: http.Server, port: number): Promise<void> {
+  return new Promise((resolve, reject) => {
+    const fail = (error: Error) => reject(error);
+    server.once('error', fail);
+    server.listen(port, () => {
+      server.off('error', fail);
+      resolve();
+    });
+  });
+}

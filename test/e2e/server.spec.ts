@@ -1,0 +1,100 @@
+// The ditswarm server is real: it serves both pages cross-origin isolated, and two tabs
+// find each other through its PeerServer and exchange binary data over WebRTC.
+
+import { readFile } from 'node:fs/promises';
+import { resolve } from 'node:path';
+import { expect, test, type Page } from '@playwright/test';
+
+const PEERJS_BUNDLE = resolve(import.meta.dirname, '../../node_modules/peerjs/dist/peerjs.min.js');
+const PAYLOAD_BYTES = 200 * 1024; // one data-channel message: under Chromium's 256 KiB limit
+
+for (const path of ['/', '/worker.html']) {
+  test(`GET ${path} is 200 with COOP, COEP and CORP, and the page is cross-origin isolated`, async ({ page }) => {
+    const response = await page.goto(path);
+    expect(response?.status()).toBe(200);
+    const headers = response!.headers();
+    expect(headers['cross-origin-opener-policy']).toBe('same-origin');
+    expect(headers['cross-origin-embedder-policy']).toBe('require-corp');
+    expect(headers['cross-origin-resource-policy']).toBe('same-origin');
+    expect(await page.evaluate(() => self.crossOriginIsolated)).toBe(true);
+  });
+}
+
+test('two tabs connect through the PeerServer and a 200 KiB ArrayBuffer arrives intact', async ({ context, request }) => {
+  const signaling = (await (await request.get('/signaling.json')).json()) as { path: string; key: string };
+  const run = Date.now().toString(36);
+  const [receiver, sender] = [`receiver-${run}`, `sender-${run}`];
+  const receiverPage = await openPeer(await context.newPage(), receiver, signaling);
+  const senderPage = await openPeer(await context.newPage(), sender, signaling);
+
+  const peers = (await (await request.get(`${signaling.path}/${signaling.key}/peers`)).json()) as string[];
+  expect(peers).toEqual(expect.arrayContaining([receiver, sender]));
+
+  // Listen before the sender dials, so the connection event cannot be missed.
+  await receiverPage.evaluate(() => {
+    window.firstMessage = new Promise((resolve) => {
+      window.peer.on('connection', (connection) => {
+        connection.on('data', async (data) => {
+          const hash = new Uint8Array(await crypto.subtle.digest('SHA-256', data as ArrayBuffer));
+          const digest = Array.from(hash, (byte) => byte.toString(16).padStart(2, '0')).join('');
+          resolve({ bytes: (data as ArrayBuffer).byteLength, digest });
+        });
+      });
+    });
+  });
+
+  const sent = await senderPage.evaluate(
+    ({ to, bytes }) =>
+      new Promise<{ digest: string; channelIsExposed: boolean; binaryType: string }>((resolve, reject) => {
+        const connection = window.peer.connect(to, { serialization: 'raw', reliable: true });
+        connection.on('error', reject);
+        connection.on('open', async () => {
+          const payload = new Uint8Array(bytes);
+          let state = 2463534242; // xorshift32: every byte position gets a different value
+          for (let i = 0; i < bytes; i++) {
+            state ^= state << 13;
+            state ^= state >>> 17;
+            state ^= state << 5;
+            payload[i] = state & 0xff;
+          }
+          const hash = new Uint8Array(await crypto.subtle.digest('SHA-256', payload));
+          connection.send(payload.buffer);
+          resolve({
+            digest: Array.from(hash, (byte) => byte.toString(16).padStart(2, '0')).join(''),
+            channelIsExposed: connection.dataChannel instanceof RTCDataChannel,
+            binaryType: connection.dataChannel.binaryType,
+          });
+        });
+      }),
+    { to: receiver, bytes: PAYLOAD_BYTES },
+  );
+
+  expect(sent.channelIsExposed).toBe(true);
+  expect(sent.binaryType).toBe('arraybuffer');
+  expect(await receiverPage.evaluate(() => window.firstMessage)).toEqual({ bytes: PAYLOAD_BYTES, digest: sent.digest });
+  await Promise.all([receiverPage, senderPage].map((page) => page.evaluate(() => window.peer.destroy())));
+});
+
+declare global {
+  interface Window {
+    peer: import('peerjs').Peer;
+    firstMessage: Promise<{ bytes: number; digest: string }>;
+  }
+}
+
+/** Loads PeerJS into a page of the app and registers `id` with the PeerServer. */
+async function openPeer(page: Page, id: string, signaling: { path: string; key: string }): Promise<Page> {
+  await page.goto('/');
+  await page.addScriptTag({ content: await readFile(PEERJS_BUNDLE, 'utf8') });
+  await page.evaluate(
+    ({ id, path, key }) =>
+      new Promise<void>((resolve, reject) => {
+        const Peer = (window as unknown as { peerjs: { Peer: typeof import('peerjs').Peer } }).peerjs.Peer;
+        window.peer = new Peer(id, { host: location.hostname, port: Number(location.port), path, key });
+        window.peer.on('open', () => resolve());
+        window.peer.on('error', reject);
+      }),
+    { id, ...signaling },
+  );
+  return page;
+}
