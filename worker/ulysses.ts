@@ -27,6 +27,8 @@ export const enum ExchangePhase {
 export interface Exchange {
   readonly rank: number;
   readonly world: number;
+  /** payload bytes this rank has sent so far */
+  readonly bytesSent: number;
   allToAll(tag: ExchangeTag, parts: Float32Array[]): Promise<Float32Array[]>;
 }
 

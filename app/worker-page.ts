@@ -1,0 +1,30 @@
+import { startWorkerEndpoint, type WorkerStatus } from '../worker/endpoint.ts';
+
+// The worker page: joins the swarm when opened and shows what it is doing. No compute here.
+const $ = (id: string) => document.getElementById(id)!;
+const swarmId = new URLSearchParams(location.search).get('swarm');
+
+function render(s: WorkerStatus): void {
+  $('state').textContent = s.connected ? s.state : s.state === 'stopped' ? 'left' : 'not connected';
+  $('detail').textContent = s.detail;
+  $('ep').textContent = s.info ? (s.info.ep === 'webgpu' ? 'WebGPU' : 'WebAssembly (CPU)') : '';
+  $('adapter').textContent = s.info?.adapter ?? '';
+  $('coordinator').textContent = s.coordinator ?? 'searching…';
+  $('totals').textContent = s.totals.steps
+    ? `${s.totals.steps} forward passes, ${(s.totals.computeMs / 1000).toFixed(1)} s compute, ${(s.totals.bytesSent / 1e6).toFixed(2)} MB sent`
+    : 'nothing yet';
+  $('dropped').textContent = String(s.framesDropped);
+  $('peer-id').textContent = s.peerId;
+  document.title = `ditswarm worker — ${s.state}`;
+  (window as unknown as { ditswarmWorker: WorkerStatus }).ditswarmWorker = { ...s };
+}
+
+startWorkerEndpoint({ origin: location.origin, swarm: swarmId, onStatus: render })
+  .then((endpoint) => {
+    $('leave').addEventListener('click', () => endpoint.leave());
+    window.addEventListener('pagehide', () => endpoint.leave());
+  })
+  .catch((e: Error) => {
+    $('state').textContent = 'failed';
+    $('detail').textContent = e.message;
+  });

@@ -1,0 +1,185 @@
+import type { WanConfig } from '../core/model/config.ts';
+import { patchify, tokenGrid, unpatchify } from '../core/model/tokens.ts';
+import { gatherRows, planUlysses, scatterRows } from '../core/parallel.ts';
+import { RpcTimeout } from '../core/rpc.ts';
+import type { Tensor } from '../core/tensor.ts';
+import type { ExecutionProvider } from '../worker/onnx-stages.ts';
+import type { ExecuteArgs, ExecuteResult, WorkerInfo } from '../worker/runtime.ts';
+
+/**
+ * The executor interface of the seed (vLLM-style): the base class owns the lifecycle — placement,
+ * init and load on every rank, collective RPC with timeouts, one DiT forward split across ranks,
+ * graceful shutdown — and a backend only says how to reach rank r.
+ */
+export interface ExecutorOptions {
+  config: WanConfig;
+  /** URL of the model folder as the workers fetch it */
+  modelUrl: string;
+  /** Ulysses degree; 'auto' takes the largest the live workers allow */
+  ulyssesDegree?: number | 'auto';
+  placementTimeoutMs?: number;
+  rpcTimeoutMs?: number;
+  ep?: ExecutionProvider | 'auto';
+}
+
+export interface RpcOptions {
+  args?: unknown;
+  /** per-rank arguments, instead of the same `args` for all */
+  argsFor?: (rank: number) => unknown;
+  timeoutMs?: number;
+  /** return only this rank's reply */
+  uniqueReplyRank?: number;
+}
+
+export interface RankReport {
+  rank: number;
+  worker: string;
+  computeMs: number;
+  commMs: number;
+  bytesSent: number;
+}
+
+export interface ForwardRequest {
+  job: number;
+  step: number;
+  pass: number;
+  timestep: number;
+  latent: Tensor; // [C, T, H, W]
+}
+
+/** Some ranks did not answer in time. */
+export class TimeoutError extends Error {
+  override name = 'TimeoutError';
+  constructor(
+    readonly method: string,
+    readonly silentRanks: number[],
+    timeoutMs: number,
+  ) {
+    super(`${method} timed out after ${timeoutMs} ms waiting for rank${silentRanks.length > 1 ? 's' : ''} ${silentRanks.join(', ')}`);
+  }
+}
+
+/** A rank's method threw; the message is the rank's own error text. */
+export class WorkerError extends Error {
+  override name = 'WorkerError';
+  constructor(
+    readonly rank: number,
+    readonly method: string,
+    readonly remoteMessage: string,
+  ) {
+    super(`rank ${rank} failed in ${method}: ${remoteMessage}`);
+  }
+}
+
+export type FailureListener = (error: Error) => void;
+
+export abstract class Executor {
+  /** number of ranks after initialize() */
+  world = 0;
+  /** what each rank said about itself, in rank order */
+  workers: (WorkerInfo & { id: string })[] = [];
+  protected readonly failureListeners = new Set<FailureListener>();
+  private closed = false;
+
+  constructor(readonly options: ExecutorOptions) {}
+
+  /** Chooses and reserves the ranks; returns their peer ids in rank order. */
+  protected abstract place(): Promise<string[]>;
+  /** Calls one rank's method; rejects with RpcTimeout or the remote error. */
+  protected abstract callRank(rank: number, method: string, args: unknown, timeoutMs: number): Promise<unknown>;
+  /** Closes the connections to the ranks (after the graceful part of shutdown). */
+  protected abstract closeTransport(): void;
+
+  get rpcTimeoutMs(): number {
+    return this.options.rpcTimeoutMs ?? 120_000;
+  }
+
+  async initialize(): Promise<void> {
+    const peers = await this.place();
+    this.world = peers.length;
+    const session = `${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 8)}`;
+    await this.collectiveRpc('initWorker', { argsFor: (rank) => ({ rank, world: this.world, peers, session }) });
+    const infos = (await this.collectiveRpc('describe')) as WorkerInfo[];
+    const loaded = (await this.collectiveRpc('loadModel', { args: { modelUrl: this.options.modelUrl, ep: this.options.ep ?? 'auto' } })) as { ep: ExecutionProvider; adapter: string }[];
+    this.workers = infos.map((info, rank) => ({ ...info, ...loaded[rank], id: peers[rank] }));
+  }
+
+  /** Runs a worker method on every rank: all replies in rank order, or only `uniqueReplyRank`'s. */
+  async collectiveRpc(method: string, options: RpcOptions = {}): Promise<unknown> {
+    const timeoutMs = options.timeoutMs ?? this.rpcTimeoutMs;
+    const ranks = Array.from({ length: this.world }, (_, r) => r);
+    const settled = await Promise.allSettled(ranks.map((r) => this.callRank(r, method, options.argsFor ? options.argsFor(r) : options.args ?? {}, timeoutMs)));
+    const silent = ranks.filter((r) => settled[r].status === 'rejected' && (settled[r] as PromiseRejectedResult).reason instanceof RpcTimeout);
+    if (silent.length) throw new TimeoutError(method, silent, timeoutMs);
+    const failed = settled.findIndex((s) => s.status === 'rejected');
+    if (failed >= 0) {
+      const reason = (settled[failed] as PromiseRejectedResult).reason;
+      throw new WorkerError(failed, method, reason instanceof Error ? reason.message : String(reason));
+    }
+    const replies = settled.map((s) => (s as PromiseFulfilledResult<unknown>).value);
+    if (options.uniqueReplyRank !== undefined) {
+      if (!(options.uniqueReplyRank in replies)) throw new Error(`uniqueReplyRank ${options.uniqueReplyRank} is not a rank of this ${this.world}-rank executor`);
+      return replies[options.uniqueReplyRank];
+    }
+    return replies;
+  }
+
+  /** Gives every rank the job's text embeddings (conditional, then unconditional). */
+  async prepareJob(job: number, texts: Float32Array[]): Promise<void> {
+    await this.collectiveRpc('prepareJob', { args: { job, texts } });
+  }
+
+  /** One DiT forward pass on all ranks: scatter the tokens, run, gather the rows in token order. */
+  async executeModel(request: ForwardRequest): Promise<{ output: Tensor; ranks: RankReport[] }> {
+    const { config } = this.options;
+    const plan = planUlysses(config, tokenGrid(config, request.latent.shape).count, this.world);
+    const patches = patchify(config, request.latent);
+    const width = patches.shape[1];
+    const results = (await this.collectiveRpc('executeModel', {
+      argsFor: (rank): ExecuteArgs => ({
+        job: request.job,
+        step: request.step,
+        pass: request.pass,
+        timestep: request.timestep,
+        latentShape: request.latent.shape,
+        patches: scatterRows(plan, patches.data, width, rank),
+      }),
+    })) as ExecuteResult[];
+    const rows = gatherRows(plan, results.map((r) => r.rows), results[0].rows.length / plan.localTokens);
+    return {
+      output: unpatchify(config, rows, request.latent.shape),
+      ranks: results.map((r, rank) => ({ rank, worker: this.workers[rank]?.id ?? '', computeMs: r.computeMs, commMs: r.commMs, bytesSent: r.bytesSent })),
+    };
+  }
+
+  /** Pings every rank; rejects naming the silent ones. */
+  async checkHealth(timeoutMs = 5_000): Promise<void> {
+    await this.collectiveRpc('ping', { timeoutMs });
+  }
+
+  onFailure(listener: FailureListener): () => void {
+    this.failureListeners.add(listener);
+    return () => this.failureListeners.delete(listener);
+  }
+
+  protected reportFailure(error: Error): void {
+    for (const listener of this.failureListeners) listener(error);
+  }
+
+  /** Asks every rank to stop, waits up to graceMs for their acks, then closes the connections. */
+  async shutdown({ graceMs = 5_000 } = {}): Promise<{ acked: number[]; silent: number[] }> {
+    if (this.closed) return { acked: [], silent: [] };
+    this.closed = true;
+    const ranks = Array.from({ length: this.world }, (_, r) => r);
+    const acks = await Promise.allSettled(ranks.map((r) => this.callRank(r, 'shutdown', {}, graceMs)));
+    this.closeTransport();
+    return { acked: ranks.filter((r) => acks[r].status === 'fulfilled'), silent: ranks.filter((r) => acks[r].status === 'rejected') };
+  }
+}
+
+/** Races a call against its timeout, rejecting with RpcTimeout. */
+export function withTimeout<T>(work: Promise<T>, method: string, timeoutMs: number): Promise<T> {
+  let timer: ReturnType<typeof setTimeout>;
+  const timeout = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new RpcTimeout(`${method} did not answer within ${timeoutMs} ms`)), timeoutMs)));
+  return Promise.race([work, timeout]).finally(() => clearTimeout(timer));
+}

@@ -1,0 +1,60 @@
+import { Link, type Channel, type LinkOptions } from './link.ts';
+
+/**
+ * The one place a PeerJS data connection becomes a Link, for both sides of the wire. Typed
+ * structurally so core/ stays free of browser imports; PeerJS's DataConnection fits.
+ */
+export interface DataConnectionLike {
+  readonly peer: string;
+  readonly metadata: unknown;
+  readonly open: boolean;
+  dataChannel: Channel;
+  on(event: 'open' | 'close', cb: () => void): unknown;
+  on(event: 'data', cb: (data: unknown) => void): unknown;
+  on(event: 'error', cb: (error: Error) => void): unknown;
+  close(): void;
+}
+
+/** Where the PeerJS server of this origin listens, as the ditswarm server publishes it. */
+export interface SignalingOptions {
+  host: string;
+  port: number;
+  path: string;
+  key: string;
+  secure: boolean;
+}
+
+export async function signalingOptions(origin: string): Promise<SignalingOptions> {
+  const url = new URL(origin);
+  const response = await fetch(new URL('/signaling.json', url));
+  if (!response.ok) throw new Error(`no signaling server at ${url.origin} (HTTP ${response.status}); is this a ditswarm server?`);
+  const { path, key } = (await response.json()) as { path: string; key: string };
+  const secure = url.protocol === 'https:';
+  return { host: url.hostname, port: Number(url.port) || (secure ? 443 : 80), path, key, secure };
+}
+
+/** Resolves with a Link once the connection is open; `onClose` runs once when it goes away. */
+export function openLink(conn: DataConnectionLike, onClose: (reason: string) => void, options?: LinkOptions): Promise<Link> {
+  return new Promise((resolve, reject) => {
+    let link: Link | null = null;
+    let closed = false;
+    const close = (reason: string) => {
+      if (closed) return;
+      closed = true;
+      link?.close(reason);
+      if (!link) reject(new Error(`connection to ${conn.peer} failed: ${reason}`));
+      onClose(reason);
+    };
+    const start = () => {
+      link = new Link(conn.dataChannel, options);
+      resolve(link);
+    };
+    conn.on('data', (data) => {
+      if (data instanceof ArrayBuffer || ArrayBuffer.isView(data)) link?.receive(data);
+    });
+    conn.on('close', () => close(`connection to ${conn.peer} closed`));
+    conn.on('error', (e) => close(`connection to ${conn.peer} failed: ${e.message}`));
+    if (conn.open) start();
+    else conn.on('open', start);
+  });
+}

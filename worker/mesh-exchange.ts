@@ -1,0 +1,80 @@
+import type { Link } from '../core/link.ts';
+import type { Message, TensorTag } from '../core/protocol.ts';
+import type { Exchange, ExchangeTag } from './ulysses.ts';
+
+/**
+ * The all-to-all of one rank over direct data channels to every other rank of its job. Tensors
+ * arrive tagged; each waits in a mailbox until this rank's forward pass asks for it, so a fast
+ * peer may run ahead by a phase without anything being lost.
+ */
+export class MeshExchange implements Exchange {
+  bytesSent = 0;
+  private readonly mailbox = new Map<string, { value?: Float32Array; resolve?: (v: Float32Array) => void; reject?: (e: Error) => void }>();
+  private failure: Error | null = null;
+
+  /** links to the other ranks, by rank */
+  private readonly links = new Map<number, Link>();
+
+  constructor(
+    readonly rank: number,
+    readonly world: number,
+  ) {}
+
+  addPeer(peerRank: number, link: Link): void {
+    this.links.set(peerRank, link);
+    link.onMessage((msg) => this.deliver(peerRank, msg));
+  }
+
+  closeLinks(reason: string): void {
+    for (const link of this.links.values()) link.close(reason);
+  }
+
+  private static key(tag: TensorTag, from: number): string {
+    return `${tag.job}/${tag.step}/${tag.pass}/${tag.block}/${tag.phase}<${from}`;
+  }
+
+  private slot(key: string) {
+    return this.mailbox.get(key) ?? this.mailbox.set(key, {}).get(key)!;
+  }
+
+  private deliver(peerRank: number, msg: Message): void {
+    if (msg.kind !== 'tensor' || msg.dtype !== 'f32') return;
+    if (msg.from !== peerRank) return; // a rank may only speak for itself (also refused by the link's accept hook)
+    const data = new Float32Array(msg.data.buffer, msg.data.byteOffset, msg.data.byteLength / 4);
+    const s = this.slot(MeshExchange.key(msg.tag, peerRank));
+    if (s.resolve) s.resolve(data);
+    else s.value = data;
+  }
+
+  async allToAll(tag: ExchangeTag, parts: Float32Array[]): Promise<Float32Array[]> {
+    if (this.failure) throw this.failure;
+    const sends = parts.map((part, to) => {
+      if (to === this.rank) return Promise.resolve();
+      const link = this.links.get(to);
+      if (!link) throw new Error(`rank ${this.rank} has no link to rank ${to}`);
+      this.bytesSent += part.byteLength;
+      const data = new Uint8Array(part.buffer, part.byteOffset, part.byteLength);
+      return link.send({ kind: 'tensor', from: this.rank, tag, dtype: 'f32', shape: [part.length], data });
+    });
+    const receives = parts.map((own, from) => {
+      if (from === this.rank) return Promise.resolve(own);
+      const key = MeshExchange.key(tag, from);
+      const s = this.slot(key);
+      const take = (v: Float32Array) => (this.mailbox.delete(key), v);
+      if (s.value) return Promise.resolve(take(s.value));
+      return new Promise<Float32Array>((resolve, reject) => {
+        s.resolve = (v) => resolve(take(v));
+        s.reject = reject;
+      });
+    });
+    await Promise.all(sends);
+    return Promise.all(receives);
+  }
+
+  /** A peer is gone: every pending and future exchange fails with this error instead of hanging. */
+  fail(error: Error): void {
+    this.failure = error;
+    for (const s of this.mailbox.values()) s.reject?.(error);
+    this.mailbox.clear();
+  }
+}

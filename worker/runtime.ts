@@ -1,0 +1,171 @@
+import type { WanConfig } from '../core/model/config.ts';
+import { tokenGrid } from '../core/model/tokens.ts';
+import { planUlysses } from '../core/parallel.ts';
+import type { EngineApi, EngineInfo } from './engine.ts';
+import type { ExecutionProvider } from './onnx-stages.ts';
+import { forwardRank, type Exchange } from './ulysses.ts';
+
+/**
+ * A worker as the coordinator sees it: a fixed set of named methods, and nothing else. The same
+ * runtime serves the `local` backend (called directly in the dashboard) and the `swarm` backend
+ * (called over a data channel by the worker page); only the mesh differs.
+ */
+export const WORKER_METHODS = ['describe', 'initWorker', 'loadModel', 'prepareJob', 'executeModel', 'ping', 'shutdown'] as const;
+export type WorkerMethod = (typeof WORKER_METHODS)[number];
+
+export interface WorkerInfo {
+  ep: ExecutionProvider;
+  adapter: string;
+  threads: number;
+  memoryGiB: number | null;
+  userAgent: string;
+}
+
+export interface InitArgs {
+  rank: number;
+  world: number;
+  /** peer ids of all ranks in rank order (the swarm mesh dials them) */
+  peers: string[];
+  session: string;
+}
+
+export interface ExecuteArgs {
+  job: number;
+  step: number;
+  pass: number;
+  timestep: number;
+  latentShape: number[];
+  patches: Float32Array; // this rank's [Sl, C·pt·ph·pw]
+}
+
+export interface ExecuteResult {
+  rows: Float32Array; // this rank's [Sl, pt·ph·pw·C]
+  computeMs: number;
+  commMs: number;
+  bytesSent: number;
+}
+
+export type WorkerState = 'idle' | 'initialized' | 'loading' | 'ready' | 'computing' | 'stopped';
+
+export interface RuntimeHooks {
+  /** Builds this rank's side of the all-to-all for a job's ranks. */
+  connectMesh(init: InitArgs): Promise<Exchange>;
+  describe(): Promise<WorkerInfo>;
+  onState?(state: WorkerState, detail: string): void;
+  onShutdown?(): void;
+}
+
+export class WorkerRuntime {
+  state: WorkerState = 'idle';
+  private init: InitArgs | null = null;
+  private exchange: Exchange | null = null;
+  private model: EngineInfo | null = null;
+  private texts: Float32Array[] = [];
+  private job = -1;
+  readonly totals = { steps: 0, bytesSent: 0, computeMs: 0 };
+
+  constructor(
+    private readonly engine: EngineApi,
+    private readonly hooks: RuntimeHooks,
+  ) {}
+
+  /** The only way in: unknown methods and methods called out of order fail with a clear error. */
+  async dispatch(method: string, args: unknown): Promise<unknown> {
+    if (!(WORKER_METHODS as readonly string[]).includes(method)) {
+      throw new Error(`unknown worker method "${method}"; a worker runs only: ${WORKER_METHODS.join(', ')}`);
+    }
+    if (this.state === 'stopped' && method !== 'ping') throw new Error(`this worker has shut down; ${method} refused`);
+    const needsInit: WorkerMethod[] = ['loadModel', 'prepareJob', 'executeModel'];
+    if (needsInit.includes(method as WorkerMethod) && !this.init) {
+      throw new Error(`worker method ${method} called before initWorker: the coordinator must call initWorker first`);
+    }
+    const a = (args ?? {}) as Record<string, unknown>;
+    switch (method as WorkerMethod) {
+      case 'describe':
+        return this.hooks.describe();
+      case 'initWorker':
+        return this.initWorker(a as unknown as InitArgs);
+      case 'loadModel':
+        return this.loadModel(String(a.modelUrl), (a.ep ?? 'auto') as ExecutionProvider | 'auto');
+      case 'prepareJob':
+        return this.prepareJob(Number(a.job), a.texts as Float32Array[]);
+      case 'executeModel':
+        return this.executeModel(a as unknown as ExecuteArgs);
+      case 'ping':
+        return { state: this.state, rank: this.init?.rank ?? null, totals: this.totals };
+      case 'shutdown':
+        this.setState('stopped', 'shut down by the coordinator');
+        queueMicrotask(() => this.hooks.onShutdown?.());
+        return 'bye';
+    }
+  }
+
+  private setState(state: WorkerState, detail: string): void {
+    this.state = state;
+    this.hooks.onState?.(state, detail);
+  }
+
+  private async initWorker(init: InitArgs) {
+    const { rank, world, peers } = init;
+    if (!Number.isInteger(world) || world < 1 || !Number.isInteger(rank) || rank < 0 || rank >= world) {
+      throw new Error(`initWorker needs 0 ≤ rank < world, got rank ${rank} of ${world}`);
+    }
+    if (!Array.isArray(peers) || peers.length !== world) throw new Error(`initWorker needs ${world} peer ids, got ${peers?.length}`);
+    this.init = init;
+    this.exchange = await this.hooks.connectMesh(init);
+    this.setState('initialized', `rank ${rank} of ${world}`);
+    return { rank, world };
+  }
+
+  private async loadModel(modelUrl: string, ep: ExecutionProvider | 'auto') {
+    this.setState('loading', `loading ${modelUrl}`);
+    this.model = await this.engine.load(modelUrl, ep);
+    this.setState('ready', `model loaded on ${this.model.ep} in ${this.model.loadMs.toFixed(0)} ms`);
+    return { ep: this.model.ep, adapter: this.model.adapter, loadMs: this.model.loadMs };
+  }
+
+  private prepareJob(job: number, texts: Float32Array[]) {
+    const cfg = this.needModel();
+    if (!Array.isArray(texts) || !texts.length || !texts.every((t) => t instanceof Float32Array && t.length % cfg.textDim === 0)) {
+      throw new Error(`prepareJob needs text embeddings of width ${cfg.textDim}`);
+    }
+    this.job = job;
+    this.texts = texts;
+    return { job };
+  }
+
+  private async executeModel(args: ExecuteArgs): Promise<ExecuteResult> {
+    const cfg = this.needModel();
+    const exchange = this.exchange!;
+    if (args.job !== this.job) throw new Error(`executeModel for job ${args.job} but job ${this.job} was prepared`);
+    const text = this.texts[args.pass];
+    if (!text) throw new Error(`no text embedding for pass ${args.pass}`);
+    const grid = tokenGrid(cfg, args.latentShape);
+    const plan = planUlysses(cfg, grid.count, exchange.world);
+    const patchWidth = cfg.inChannels * cfg.patchSize.reduce((x, y) => x * y, 1);
+    if (!(args.patches instanceof Float32Array) || args.patches.length !== plan.localTokens * patchWidth) {
+      throw new Error(`executeModel expected ${plan.localTokens}×${patchWidth} patch values for rank ${exchange.rank}, got ${args.patches?.length}`);
+    }
+    this.setState('computing', `job ${args.job} step ${args.step} pass ${args.pass}`);
+    const timing = { computeMs: 0, commMs: 0 };
+    const sentBefore = exchange.bytesSent;
+    const rows = await forwardRank(cfg, plan, this.engine, exchange, {
+      patches: args.patches,
+      timestep: args.timestep,
+      text,
+      grid,
+      tag: { job: args.job, step: args.step, pass: args.pass },
+    }, timing);
+    const bytesSent = exchange.bytesSent - sentBefore;
+    this.totals.steps++;
+    this.totals.bytesSent += bytesSent;
+    this.totals.computeMs += timing.computeMs;
+    this.setState('ready', `finished step ${args.step}`);
+    return { rows, ...timing, bytesSent };
+  }
+
+  private needModel(): WanConfig {
+    if (!this.model) throw new Error('no model loaded: the coordinator must call loadModel after initWorker');
+    return this.model.config;
+  }
+}
