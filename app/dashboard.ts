@@ -3,8 +3,10 @@ import {
   createPipeline,
   DEFAULT_JOB,
   openSwarm,
+  probeWebM,
   validDegrees,
   type Backend,
+  type ExecutionProviderChoice,
   type GenerateResult,
   type JobParams,
   type Pipeline,
@@ -42,12 +44,12 @@ function showErrors(errors: Partial<Record<string, string>>): boolean {
   return Object.keys(errors).length === 0;
 }
 
-async function pipelineFor(backend: Backend, degree: number | 'auto'): Promise<Pipeline> {
-  const key = `${backend}/${degree}`;
+async function pipelineFor(backend: Backend, degree: number | 'auto', ep: ExecutionProviderChoice): Promise<Pipeline> {
+  const key = `${backend}/${degree}/${ep}`;
   if (pipeline?.key === key) return pipeline.pipe;
   await pipeline?.pipe.shutdown({ graceMs: 2000 });
   pipeline = null;
-  const pipe = await createPipeline({ backend, swarm: swarm ?? undefined, workers: degree, placementTimeoutMs: 60_000 });
+  const pipe = await createPipeline({ backend, swarm: swarm ?? undefined, workers: degree, ep, placementTimeoutMs: 60_000 });
   pipeline = { key, pipe };
   return pipe;
 }
@@ -94,14 +96,14 @@ function showResult(result: GenerateResult): void {
 /** Runs one job from the form's values (or overrides); shared by the button and automation. */
 async function runJob(overrides: Partial<Record<string, unknown>> = {}, onProgress?: (p: StepProgress) => void): Promise<GenerateResult> {
   const form = readForm();
-  const { backend = form.backend, workers: degree = form.degree, ...rest } = overrides as { backend?: Backend; workers?: number | 'auto' };
+  const { backend = form.backend, workers: degree = form.degree, ep = 'auto', ...rest } = overrides as { backend?: Backend; workers?: number | 'auto'; ep?: ExecutionProviderChoice };
   const params = { ...form.params, ...rest };
   if (!showErrors(checkJobParams(params))) throw new Error(`invalid job: ${$('form-errors').textContent}`);
   if (busy) throw new Error('a job is already running');
   busy = true;
   $<HTMLButtonElement>('generate').disabled = true;
   try {
-    const pipe = await pipelineFor(backend, degree);
+    const pipe = await pipelineFor(backend, degree, ep);
     const result = await pipe.generate({
       ...(params as Partial<JobParams>),
       onPhase: (phase) => ($('status').textContent = phase === 'placing' ? 'Placing the job on workers…' : `${phase[0].toUpperCase()}${phase.slice(1)}…`),
@@ -149,6 +151,13 @@ const automation = {
     return { swarmId: swarm.id, joinUrl: swarm.joinUrl };
   })(),
   workerCount: () => swarm?.workers().length ?? 0,
+  /** What the page's <video> and the WebM file itself say about the last video. */
+  async inspectVideo() {
+    const video = $<HTMLVideoElement>('video');
+    if (video.readyState < HTMLMediaElement.HAVE_METADATA) await new Promise((r) => video.addEventListener('loadedmetadata', r, { once: true }));
+    const blob = await (await fetch(video.src)).blob();
+    return { duration: video.duration, videoWidth: video.videoWidth, videoHeight: video.videoHeight, file: await probeWebM(blob), download: $<HTMLAnchorElement>('download').href };
+  },
   async generate(overrides: Record<string, unknown>) {
     // the command line listens through an exposed function, when it exposed one
     const report = (window as unknown as { ditswarmProgress?: (p: Omit<StepProgress, 'ranks'>) => void }).ditswarmProgress;

@@ -5,7 +5,7 @@ const $ = (id: string) => document.getElementById(id)!;
 const swarmId = new URLSearchParams(location.search).get('swarm');
 
 function render(s: WorkerStatus): void {
-  $('state').textContent = s.connected ? s.state : s.state === 'stopped' ? 'left' : 'not connected';
+  $('state').textContent = s.connected ? s.state : s.state === 'left' ? 'left' : 'not connected';
   $('detail').textContent = s.detail;
   $('ep').textContent = s.info ? (s.info.ep === 'webgpu' ? 'WebGPU' : 'WebAssembly (CPU)') : '';
   $('adapter').textContent = s.info?.adapter ?? '';

@@ -106,6 +106,11 @@ export abstract class Executor {
 
   /** Runs a worker method on every rank: all replies in rank order, or only `uniqueReplyRank`'s. */
   async collectiveRpc(method: string, options: RpcOptions = {}): Promise<unknown> {
+    const only = options.uniqueReplyRank;
+    // checked before any rank runs the method, so a bad call has no side effects on the workers
+    if (only !== undefined && !(Number.isInteger(only) && only >= 0 && only < this.world)) {
+      throw new Error(`uniqueReplyRank ${only} is not a rank of this ${this.world}-rank executor`);
+    }
     const timeoutMs = options.timeoutMs ?? this.rpcTimeoutMs;
     const ranks = Array.from({ length: this.world }, (_, r) => r);
     const settled = await Promise.allSettled(ranks.map((r) => this.callRank(r, method, options.argsFor ? options.argsFor(r) : options.args ?? {}, timeoutMs)));
@@ -117,11 +122,7 @@ export abstract class Executor {
       throw new WorkerError(failed, method, reason instanceof Error ? reason.message : String(reason));
     }
     const replies = settled.map((s) => (s as PromiseFulfilledResult<unknown>).value);
-    if (options.uniqueReplyRank !== undefined) {
-      if (!(options.uniqueReplyRank in replies)) throw new Error(`uniqueReplyRank ${options.uniqueReplyRank} is not a rank of this ${this.world}-rank executor`);
-      return replies[options.uniqueReplyRank];
-    }
-    return replies;
+    return only === undefined ? replies : replies[only];
   }
 
   /** Gives every rank the job's text embeddings (conditional, then unconditional). */

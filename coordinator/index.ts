@@ -6,6 +6,7 @@
  *   const { video, latent, report } = await pipe.generate({ prompt: 'a red ball', steps: 4 });
  *   await pipe.shutdown();
  */
+import type { ExecutionProvider } from '../worker/onnx-stages.ts';
 import { Swarm } from './swarm.ts';
 
 export { createPipeline, DEFAULT_MODEL_URL } from './pipeline.ts';
@@ -16,6 +17,8 @@ export type { Swarm, SwarmEvent, SwarmWorker } from './swarm.ts';
 export { DEFAULT_JOB, LIMITS, checkJobParams, JobParamsError, type JobParams, type FieldErrors } from '../core/job.ts';
 export { validDegrees } from '../core/parallel.ts';
 export { probeWebM } from './video.ts';
+export type { ExecutionProvider };
+export type ExecutionProviderChoice = ExecutionProvider | 'auto';
 
 /** Opens this page's swarm on the signaling server of `origin` (this page's by default). */
 export function openSwarm(origin: string = globalThis.location.origin): Promise<Swarm> {

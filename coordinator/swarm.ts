@@ -1,6 +1,6 @@
 import { Peer, type DataConnection } from 'peerjs';
 import type { Link } from '../core/link.ts';
-import { openLink, signalingOptions, type DataConnectionLike } from '../core/peer-link.ts';
+import { newPeerId, openLink, signalingOptions, type DataConnectionLike } from '../core/peer-link.ts';
 import { COORDINATOR } from '../core/protocol.ts';
 import { RpcClient } from '../core/rpc.ts';
 import type { WorkerInfo } from '../worker/runtime.ts';
@@ -10,7 +10,6 @@ import type { WorkerInfo } from '../worker/runtime.ts';
  * joined (each with a link, an RPC client and what it said about itself). Workers come and go;
  * listeners hear about every change.
  */
-export const COORDINATOR_ID_PREFIX = 'ditswarm-c-';
 const DESCRIBE_TIMEOUT_MS = 15_000;
 
 export interface SwarmWorker {
@@ -24,8 +23,6 @@ export interface SwarmWorker {
 }
 
 export type SwarmEvent = { type: 'join' | 'leave' | 'update'; worker: SwarmWorker };
-
-const randomId = () => Array.from(crypto.getRandomValues(new Uint8Array(6)), (b) => b.toString(16).padStart(2, '0')).join('');
 
 export class Swarm {
   private readonly roster = new Map<string, SwarmWorker>();
@@ -41,7 +38,7 @@ export class Swarm {
   /** Registers this dashboard with the signaling server of `origin`. */
   static async open(origin: string): Promise<Swarm> {
     const signaling = await signalingOptions(origin);
-    const peer = new Peer(COORDINATOR_ID_PREFIX + randomId(), { ...signaling, config: { iceServers: [] }, debug: 1 });
+    const peer = new Peer(newPeerId('coordinator'), { ...signaling, config: { iceServers: [] }, debug: 1 });
     await new Promise<void>((resolve, reject) => {
       peer.once('open', () => resolve());
       peer.once('error', (e) => reject(new Error(`could not reach the signaling server at ${origin}: ${e.message}`)));

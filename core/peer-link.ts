@@ -15,6 +15,14 @@ export interface DataConnectionLike {
   close(): void;
 }
 
+/** Peer ids say which side a peer is, so a worker can find dashboards on the signaling server. */
+export const PEER_ID_PREFIX = { coordinator: 'ditswarm-c-', worker: 'ditswarm-w-' } as const;
+
+export function newPeerId(side: keyof typeof PEER_ID_PREFIX): string {
+  const random = Array.from(crypto.getRandomValues(new Uint8Array(6)), (b) => b.toString(16).padStart(2, '0')).join('');
+  return PEER_ID_PREFIX[side] + random;
+}
+
 /** Where the PeerJS server of this origin listens, as the ditswarm server publishes it. */
 export interface SignalingOptions {
   host: string;

@@ -1,5 +1,5 @@
 import { Peer, type DataConnection } from 'peerjs';
-import { openLink, signalingOptions, type DataConnectionLike, type SignalingOptions } from '../core/peer-link.ts';
+import { newPeerId, openLink, PEER_ID_PREFIX, signalingOptions, type DataConnectionLike, type SignalingOptions } from '../core/peer-link.ts';
 import { serveRpc } from '../core/rpc.ts';
 import { probeWebGpu } from './webgpu.ts';
 import { startEngineWorker } from './engine-client.ts';
@@ -11,8 +11,6 @@ import { WorkerRuntime, type InitArgs, type WorkerInfo, type WorkerState } from 
  * which it answers RPCs), the direct links to the other ranks of a job, and the engine in a Web
  * Worker. Everything a page shows comes from `onStatus`.
  */
-export const WORKER_ID_PREFIX = 'ditswarm-w-';
-export const COORDINATOR_ID_PREFIX = 'ditswarm-c-';
 const MESH_TIMEOUT_MS = 30_000;
 const RECONNECT_MS = 2_000;
 
@@ -20,7 +18,7 @@ export interface WorkerStatus {
   peerId: string;
   coordinator: string | null;
   connected: boolean;
-  state: WorkerState | 'joining' | 'disconnected';
+  state: WorkerState | 'joining' | 'disconnected' | 'left';
   detail: string;
   info: WorkerInfo | null;
   totals: { steps: number; bytesSent: number; computeMs: number };
@@ -34,11 +32,9 @@ export interface WorkerEndpointOptions {
   onStatus(status: WorkerStatus): void;
 }
 
-const randomId = () => Array.from(crypto.getRandomValues(new Uint8Array(6)), (b) => b.toString(16).padStart(2, '0')).join('');
-
 export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promise<{ leave(): void }> {
   const signaling = await signalingOptions(options.origin);
-  const peer = new Peer(WORKER_ID_PREFIX + randomId(), { ...signaling, config: { iceServers: [] }, debug: 1 });
+  const peer = new Peer(newPeerId('worker'), { ...signaling, config: { iceServers: [] }, debug: 1 });
   await new Promise<void>((resolve, reject) => {
     peer.once('open', () => resolve());
     peer.once('error', (e) => reject(new Error(`could not reach the signaling server: ${e.message}`)));
@@ -154,7 +150,7 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
       closeMesh();
       peer.destroy();
       engineWorker.terminate();
-      publish({ connected: false, state: 'stopped', detail: 'left the swarm' });
+      publish({ connected: false, state: 'left', detail: 'left the swarm' });
     },
   };
 }
@@ -163,6 +159,6 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
 async function discoverCoordinator(s: SignalingOptions, origin: string): Promise<string | null> {
   const response = await fetch(new URL(`${s.path.replace(/\/$/, '')}/${s.key}/peers`, origin));
   if (!response.ok) return null;
-  const ids = ((await response.json()) as string[]).filter((id) => id.startsWith(COORDINATOR_ID_PREFIX));
+  const ids = ((await response.json()) as string[]).filter((id) => id.startsWith(PEER_ID_PREFIX.coordinator));
   return ids.at(-1) ?? null;
 }

@@ -24,12 +24,16 @@ export interface EngineApi extends StageRunner {
 
 export function createEngine(): EngineApi {
   let stages: StageRunner | null = null;
+  let loaded: { key: string; info: EngineInfo } | null = null;
   const need = (): StageRunner => {
     if (!stages) throw new Error('the engine has no model yet: call load() first');
     return stages;
   };
   return {
     async load(modelUrl, preferred) {
+      // a worker page serves executor after executor: the same model on the same EP loads once
+      const key = `${modelUrl} ${preferred}`;
+      if (loaded?.key === key) return loaded.info;
       const started = performance.now();
       ort.env.wasm.numThreads = 1; // one thread per worker: several workers share a machine's cores
       const adapter = preferred === 'wasm' ? null : await probeWebGpu();
@@ -37,7 +41,9 @@ export function createEngine(): EngineApi {
       const ep: ExecutionProvider = adapter ? 'webgpu' : 'wasm';
       const model = await loadTransformer(fetchModelFiles(modelUrl));
       stages = await onnxStages(model, ep);
-      return { ep, adapter: adapter ?? `WebAssembly (no WebGPU adapter)`, config: model.config, loadMs: performance.now() - started };
+      const info: EngineInfo = { ep, adapter: adapter ?? 'WebAssembly (no WebGPU adapter)', config: model.config, loadMs: performance.now() - started };
+      loaded = { key, info };
+      return info;
     },
     embed: (...a) => need().embed(...a),
     preAttention: (...a) => need().preAttention(...a),

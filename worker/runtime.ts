@@ -45,7 +45,7 @@ export interface ExecuteResult {
   bytesSent: number;
 }
 
-export type WorkerState = 'idle' | 'initialized' | 'loading' | 'ready' | 'computing' | 'stopped';
+export type WorkerState = 'idle' | 'initialized' | 'loading' | 'ready' | 'computing';
 
 export interface RuntimeHooks {
   /** Builds this rank's side of the all-to-all for a job's ranks. */
@@ -74,7 +74,6 @@ export class WorkerRuntime {
     if (!(WORKER_METHODS as readonly string[]).includes(method)) {
       throw new Error(`unknown worker method "${method}"; a worker runs only: ${WORKER_METHODS.join(', ')}`);
     }
-    if (this.state === 'stopped' && method !== 'ping') throw new Error(`this worker has shut down; ${method} refused`);
     const needsInit: WorkerMethod[] = ['loadModel', 'prepareJob', 'executeModel'];
     if (needsInit.includes(method as WorkerMethod) && !this.init) {
       throw new Error(`worker method ${method} called before initWorker: the coordinator must call initWorker first`);
@@ -94,7 +93,11 @@ export class WorkerRuntime {
       case 'ping':
         return { state: this.state, rank: this.init?.rank ?? null, totals: this.totals };
       case 'shutdown':
-        this.setState('stopped', 'shut down by the coordinator');
+        // a browser worker outlives its executor: release the job's ranks and wait for the next initWorker
+        this.init = null;
+        this.exchange = null;
+        this.texts = [];
+        this.setState('idle', 'released by the coordinator');
         queueMicrotask(() => this.hooks.onShutdown?.());
         return 'bye';
     }

@@ -2,7 +2,7 @@
  * The main job, headless: starts the server and Chromium, opens the dashboard and N worker pages,
  * runs one prompt → video job through the dashboard, and writes the video, the latent and a report.
  *
- *   npm run generate -- --prompt "a red ball" [--backend local|swarm] [--workers N]
+ *   npm run generate -- --prompt "a red ball" [--backend local|swarm] [--workers N] [--ep auto|webgpu|wasm]
  *     [--frames F --height H --width W --steps K --guidance G --seed S]
  *     [--out out/video.webm] [--report out/report.json] [--latent-out out/latent.f32]
  */
@@ -13,7 +13,7 @@ import { parseArgs } from 'node:util';
 import { checkJobParams, DEFAULT_JOB, type JobParams } from '../../core/job.ts';
 import { startLocalSwarm } from './browser-swarm.ts';
 
-const USAGE = `usage: npm run generate -- --prompt "a red ball" [--backend local|swarm] [--workers N]
+const USAGE = `usage: npm run generate -- --prompt "a red ball" [--backend local|swarm] [--workers N] [--ep auto|webgpu|wasm]
   [--frames F] [--height H] [--width W] [--steps K] [--guidance G] [--seed S] [--negative-prompt TEXT]
   [--out out/video.webm] [--report out/report.json] [--latent-out out/latent.f32] [--port P] [--verbose]`;
 
@@ -30,6 +30,7 @@ try {
       'negative-prompt': { type: 'string' },
       backend: { type: 'string', default: 'swarm' },
       workers: { type: 'string', default: '1' },
+      ep: { type: 'string', default: 'auto' },
       frames: { type: 'string' },
       height: { type: 'string' },
       width: { type: 'string' },
@@ -54,6 +55,7 @@ if (values.help) {
 }
 if (!values.prompt) fail(`--prompt is required\n${USAGE}`);
 if (values.backend !== 'local' && values.backend !== 'swarm') fail(`--backend must be local or swarm, got ${values.backend}`);
+if (!['auto', 'webgpu', 'wasm'].includes(values.ep!)) fail(`--ep must be auto, webgpu or wasm, got ${values.ep}`);
 const workers = Number(values.workers);
 if (!Number.isInteger(workers) || workers < 1) fail(`--workers must be a whole number ≥ 1, got ${values.workers}`);
 
@@ -83,7 +85,7 @@ try {
     async ({ overrides }) => {
       return (window as any).ditswarm.generate(overrides);
     },
-    { overrides: { ...params, backend: values.backend, workers: values.backend === 'swarm' ? workers : 1 } },
+    { overrides: { ...params, backend: values.backend, workers: values.backend === 'swarm' ? workers : 1, ep: values.ep } },
   );
   if (tty) process.stderr.write('\n');
   const report = {

@@ -1,0 +1,54 @@
+import { expect, test } from '@playwright/test';
+import { maxAbsDiff, openTestSwarm, runJob, type JobOutcome, type TestSwarm } from './swarm-page.ts';
+
+// Prompt → video through real pages: the dashboard, one worker tab over WebRTC, WebGPU (SwiftShader).
+test.describe.serial('foundation: dashboard + 1 worker tab', () => {
+  let swarm: TestSwarm;
+  let swarmRun: JobOutcome;
+  const job = { prompt: 'a red ball', frames: 9, height: 32, width: 32, steps: 2, guidance: 5, seed: 7 };
+
+  test.beforeAll(async ({ browser, baseURL }) => {
+    swarm = await openTestSwarm(browser, baseURL!, 1);
+  });
+  test.afterAll(async () => swarm?.close());
+
+  test('the worker page joins and shows its WebGPU adapter', async () => {
+    const worker = swarm.workers[0];
+    await expect(worker.locator('#state')).toHaveText(/idle|ready/);
+    await expect(worker.locator('#ep')).toHaveText('WebGPU');
+    await expect(worker.locator('#adapter')).toContainText(/swiftshader/i);
+    await expect(swarm.dashboard.locator('#workers tbody tr')).toHaveCount(1);
+    await expect(swarm.dashboard.locator('#workers tbody')).toContainText('webgpu');
+  });
+
+  test('the swarm backend produces a playable video with the requested frame count', async () => {
+    swarmRun = await runJob(swarm.dashboard, { ...job, backend: 'swarm', workers: 1 });
+    expect(swarmRun.report.workers).toHaveLength(1);
+    expect(swarmRun.report.workers[0].ep).toBe('webgpu');
+    expect(swarmRun.report.steps).toHaveLength(2);
+    expect(swarmRun.latent).toHaveLength(16 * 3 * 4 * 4);
+    expect(swarmRun.latent.every(Number.isFinite)).toBe(true);
+
+    const video = await swarm.dashboard.evaluate(() => (window as any).ditswarm.inspectVideo());
+    expect(video.duration).toBeGreaterThan(0);
+    expect(video.videoWidth).toBe(32);
+    expect(video.file.frameCount).toBe(9);
+    expect(video.download).toMatch(/^blob:/);
+    await expect(swarm.dashboard.locator('#status')).toContainText('Done: 9 frames');
+  });
+
+  test('local and swarm backends give the same final latent for the same seed', async () => {
+    const local = await runJob(swarm.dashboard, { ...job, backend: 'local' });
+    expect(local.report.config.backend).toBe('local');
+    const diff = maxAbsDiff(local.latent, swarmRun.latent);
+    console.log(`local vs swarm (1 worker), webgpu: max-abs ${diff.toExponential(2)}`);
+    expect(diff).toBeLessThanOrEqual(1e-4);
+  });
+
+  test('a bad job parameter is refused with the field named, and nothing runs', async () => {
+    const error = await swarm.dashboard.evaluate((o) => (window as any).ditswarm.generate(o).then(() => 'ran', (e: Error) => e.message), { ...job, frames: 8, backend: 'swarm', workers: 1 });
+    expect(error).toContain('frames must be 4k+1');
+    await expect(swarm.dashboard.locator('#form-errors')).toContainText('frames must be 4k+1');
+    await expect(swarm.dashboard.locator('[name=frames]')).toHaveAttribute('aria-invalid', 'true');
+  });
+});

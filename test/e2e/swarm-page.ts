@@ -1,0 +1,41 @@
+import { expect, type Browser, type Page } from '@playwright/test';
+
+/** A dashboard and N worker tabs of one browser context, driven the way `npm run generate` does. */
+export interface TestSwarm {
+  dashboard: Page;
+  workers: Page[];
+  close(): Promise<void>;
+}
+
+export async function openTestSwarm(browser: Browser, baseURL: string, workers: number): Promise<TestSwarm> {
+  const context = await browser.newContext();
+  const dashboard = await context.newPage();
+  await dashboard.goto(`${baseURL}/`);
+  const { joinUrl } = await dashboard.evaluate(() => (window as any).ditswarm.ready);
+  const pages: Page[] = [];
+  for (let i = 0; i < workers; i++) {
+    const page = await context.newPage();
+    await page.goto(joinUrl);
+    pages.push(page);
+  }
+  await expect.poll(() => dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 60_000 }).toBe(workers);
+  return { dashboard, workers: pages, close: () => context.close() };
+}
+
+export interface JobOutcome {
+  report: any;
+  latent: Float32Array;
+}
+
+export async function runJob(dashboard: Page, overrides: Record<string, unknown>): Promise<JobOutcome> {
+  const { report, latent } = await dashboard.evaluate((o) => (window as any).ditswarm.generate(o), overrides);
+  const bytes = Buffer.from(latent, 'base64');
+  return { report, latent: new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4) };
+}
+
+export function maxAbsDiff(a: Float32Array, b: Float32Array): number {
+  expect(a.length).toBe(b.length);
+  let m = 0;
+  for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i] - b[i]));
+  return m;
+}

@@ -1,0 +1,41 @@
+import { expect, test } from '@playwright/test';
+import { maxAbsDiff, openTestSwarm, runJob, type TestSwarm } from './swarm-page.ts';
+
+// Ulysses across 2, 3 and 4 worker tabs over WebRTC equals one worker, with and without padding.
+// wasm EP: the parity is about the split and the exchange; the WebGPU path is covered in foundation.
+const DIM = 288;
+const LAYERS = 2;
+const shapes = {
+  'divisible: 72 tokens': { frames: 5, height: 96, width: 96, tokens: 72 },
+  'padded: 35 tokens': { frames: 1, height: 112, width: 80, tokens: 35 },
+};
+
+test.describe.serial('Ulysses over worker tabs', () => {
+  let swarm: TestSwarm;
+  test.beforeAll(async ({ browser, baseURL }) => {
+    swarm = await openTestSwarm(browser, baseURL!, 4);
+  });
+  test.afterAll(async () => swarm?.close());
+
+  for (const [name, shape] of Object.entries(shapes)) {
+    test(`P = 2, 3, 4 equal P = 1 within 1e-4 (${name}); bytes per rank follow 4·ceil(S/P)·D·(P−1)/P`, async () => {
+      test.setTimeout(300_000);
+      const { tokens, ...size } = shape;
+      const job = { prompt: 'a red ball', ...size, steps: 2, guidance: 5, seed: 3, backend: 'swarm', ep: 'wasm' };
+      const single = await runJob(swarm.dashboard, { ...job, workers: 1 });
+      for (const P of [2, 3, 4]) {
+        const run = await runJob(swarm.dashboard, { ...job, workers: P });
+        expect(run.report.config.ulyssesDegree).toBe(P);
+        const diff = maxAbsDiff(run.latent, single.latent);
+        console.log(`${name}: P=${P} max-abs vs P=1 ${diff.toExponential(2)}, step ms ${run.report.steps.map((s: any) => s.ms.toFixed(0)).join('/')}`);
+        expect(diff, `P=${P}`).toBeLessThanOrEqual(1e-4);
+        // two forward passes per step (guidance), each sending 4·ceil(S/P)·D·(P−1)/P floats per block
+        const perPass = 4 * Math.ceil(tokens / P) * DIM * ((P - 1) / P) * 4 * LAYERS;
+        for (const step of run.report.steps) {
+          expect(step.ranks).toHaveLength(P);
+          for (const rank of step.ranks) expect(rank.bytesSent, `P=${P} rank ${rank.rank}`).toBe(2 * perPass);
+        }
+      }
+    });
+  }
+});
