@@ -54,7 +54,8 @@ export function readSafetensors(bytes: Uint8Array, file: string): TensorMap {
 }
 
 function widen(raw: Uint8Array, dtype: SafetensorsDType): Float32Array {
-  if (dtype === 'F32') return new Float32Array(raw.slice().buffer); // every browser and Node host is little-endian
+  // a fresh copy (Node's Buffer.slice would share its pool); every browser and Node host is little-endian
+  if (dtype === 'F32') return new Float32Array(new Uint8Array(raw).buffer);
   const view = new DataView(raw.buffer, raw.byteOffset, raw.byteLength);
   const n = raw.byteLength / BYTES[dtype];
   const out = new Float32Array(n);

@@ -51,3 +51,11 @@ describe('safetensors', () => {
     expect(() => readSafetensors(notJson, 'bad.st')).toThrowError(/bad\.st: header is not valid JSON/);
   });
 });
+
+describe('safetensors from a Node Buffer', () => {
+  it('reads float32 data from a pooled Buffer view, not from the whole pool', () => {
+    const bytes = writeSafetensors(new Map([['w', { shape: [3], data: Float32Array.of(1, 2, 3) }]]));
+    const pooled = Buffer.from(bytes); // small Buffers are views into Node's shared pool
+    expect([...readSafetensors(pooled, 'pooled.st').get('w')!.data]).toEqual([1, 2, 3]);
+  });
+});
