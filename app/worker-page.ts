@@ -4,7 +4,12 @@ import { startWorkerEndpoint, type WorkerStatus } from '../worker/endpoint.ts';
 const $ = (id: string) => document.getElementById(id)!;
 const swarmId = new URLSearchParams(location.search).get('swarm');
 
+// every state change this page went through, for anyone checking what happened (tests included)
+const history: string[] = [];
+(window as unknown as { ditswarmWorkerHistory: string[] }).ditswarmWorkerHistory = history;
+
 function render(s: WorkerStatus): void {
+  if (history.at(-1) !== `${s.state}: ${s.detail}`) history.push(`${s.state}: ${s.detail}`);
   $('state').textContent = s.connected ? s.state : s.state === 'left' ? 'left' : 'not connected';
   $('detail').textContent = s.detail;
   $('ep').textContent = s.info ? (s.info.ep === 'webgpu' ? 'WebGPU' : 'WebAssembly (CPU)') : '';

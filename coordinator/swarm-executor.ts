@@ -39,7 +39,11 @@ export class SwarmExecutor extends Executor {
   protected callRank(rank: number, method: string, args: unknown, timeoutMs: number): Promise<unknown> {
     const worker = this.ranks[rank];
     if (!worker) return Promise.reject(new Error(`no rank ${rank}: this executor has ${this.ranks.length} ranks`));
-    return worker.rpc.call(method, args, timeoutMs);
+    if (method !== 'executeModel') return worker.rpc.call(method, args, timeoutMs);
+    // what each rank is doing, for the dashboard's swarm view
+    const { step, pass } = args as { step: number; pass: number };
+    this.swarm.setActivity(worker, `rank ${rank}: step ${step + 1}${pass ? ' (unconditional)' : ''}`);
+    return worker.rpc.call(method, args, timeoutMs).finally(() => this.swarm.setActivity(worker, `rank ${rank}: waiting`));
   }
 
   protected closeTransport(): void {

@@ -51,4 +51,13 @@ test.describe.serial('foundation: dashboard + 1 worker tab', () => {
     await expect(swarm.dashboard.locator('#form-errors')).toContainText('frames must be 4k+1');
     await expect(swarm.dashboard.locator('[name=frames]')).toHaveAttribute('aria-invalid', 'true');
   });
+
+  test('closing the dashboard releases its workers: pagehide runs the graceful shutdown', async () => {
+    const worker = swarm.workers[0];
+    await runJob(swarm.dashboard, { ...job, backend: 'swarm', workers: 1, ep: 'wasm' });
+    await worker.evaluate(() => ((window as any).ditswarmWorkerHistory.length = 0));
+    await swarm.dashboard.close({ runBeforeUnload: true });
+    await expect.poll(() => worker.evaluate(() => (window as any).ditswarmWorkerHistory.join('\n'))).toContain('released by the coordinator');
+    await expect(worker.locator('#detail')).toContainText(/lost the dashboard|released/);
+  });
 });
