@@ -1,0 +1,153 @@
+/**
+ * One transformer forward on a diffusers-style input file, for parity checks against diffusers:
+ * reads hidden_states [1, C, T, H, W], timestep [1], encoder_hidden_states [1, L, text_dim] and
+ * writes sample [1, C, T, H, W], all float32 safetensors.
+ *
+ *   npm run forward -- --input in.safetensors --output out.safetensors
+ *     [--model public/models/tiny-wan] [--backend onnx|reference] [--ulysses P]
+ *   npm run forward -- --make-input in.safetensors [--frames T --height H --width W --text-length L --seed S]
+ */
+import { mkdir, readFile, writeFile } from 'node:fs/promises';
+import { dirname, join } from 'node:path';
+import { parseArgs } from 'node:util';
+import { forwardOutput, randomForwardInputs, readForwardInputs } from '../../core/model/forward-io.ts';
+import type { ModelFiles } from '../../core/model/files.ts';
+import { referenceForward, type WanModel } from '../../core/model/reference.ts';
+import { loadTransformer } from '../../core/model/transformer.ts';
+import { checkDegree } from '../../core/parallel.ts';
+import { readSafetensors, writeSafetensors } from '../../core/safetensors.ts';
+import type { Tensor } from '../../core/tensor.ts';
+import type { StageRunner } from '../../worker/stages.ts';
+
+const USAGE = `usage: npm run forward -- --input in.safetensors --output out.safetensors
+         [--model public/models/tiny-wan] [--backend onnx|reference] [--ulysses P]
+       npm run forward -- --make-input in.safetensors [--frames T] [--height H] [--width W] [--text-length L] [--seed S]`;
+const BACKENDS = ['onnx', 'reference'];
+/** Errors whose message is the whole story; anything else is a bug and keeps its stack. */
+const USER_ERRORS = new Set(['ForwardInputError', 'SafetensorsError', 'ModelConfigError', 'ParallelConfigError', 'UsageError']);
+
+class UsageError extends Error {
+  override name = 'UsageError';
+}
+
+function usage(message: string): never {
+  throw new UsageError(`${message}\n${USAGE}`);
+}
+
+function wholeNumber(flag: string, value: string, min: number): number {
+  const n = Number(value);
+  if (!Number.isInteger(n) || n < min) usage(`--${flag} must be a whole number ≥ ${min}, got ${JSON.stringify(value)}`);
+  return n;
+}
+
+function folderFiles(dir: string): ModelFiles {
+  return async (path) => {
+    try {
+      return new Uint8Array(await readFile(join(dir, path)));
+    } catch (e) {
+      if ((e as NodeJS.ErrnoException).code !== 'ENOENT') throw e;
+      throw new UsageError(`${dir} has no ${path}: --model must be a diffusers model folder such as public/models/tiny-wan`);
+    }
+  };
+}
+
+async function readInput(path: string): Promise<Uint8Array> {
+  try {
+    return new Uint8Array(await readFile(path));
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code !== 'ENOENT') throw e;
+    throw new UsageError(`--input ${path} does not exist; make an example with --make-input ${path}`);
+  }
+}
+
+async function writeOutput(path: string, bytes: Uint8Array): Promise<void> {
+  await mkdir(dirname(path), { recursive: true });
+  await writeFile(path, bytes);
+}
+
+type Forward = (latent: Tensor, timestep: number, text: Float32Array) => Promise<Tensor>;
+
+/** Builds the backend once, so the timed part is the forward pass alone. */
+async function forwardOn(backend: string, degree: number, model: WanModel): Promise<Forward> {
+  if (backend === 'reference' && degree === 1) return async (latent, timestep, text) => referenceForward(model, latent, timestep, text);
+  // Loaded on demand: the plain reference needs neither onnxruntime nor the Ulysses machinery.
+  const [{ forwardInProcess }, { memoryExchanges }] = await Promise.all([import('../../worker/ulysses.ts'), import('../../worker/memory-exchange.ts')]);
+  let stages: StageRunner;
+  if (backend === 'onnx') {
+    const ort = await import('onnxruntime-web');
+    ort.env.wasm.numThreads = 1; // one thread, as each worker engine runs; results stay comparable with the tests
+    stages = await (await import('../../worker/onnx-stages.ts')).onnxStages(model, 'wasm');
+  } else {
+    stages = (await import('../../worker/stages.ts')).referenceStages(model);
+  }
+  return (latent, timestep, text) => forwardInProcess(model.config, stages, memoryExchanges(degree), latent, timestep, text);
+}
+
+async function run(): Promise<void> {
+  let parsed;
+  try {
+    parsed = parseArgs({
+      options: {
+        model: { type: 'string', default: 'public/models/tiny-wan' },
+        input: { type: 'string' },
+        output: { type: 'string' },
+        backend: { type: 'string', default: 'onnx' },
+        ulysses: { type: 'string', default: '1' },
+        'make-input': { type: 'string' },
+        frames: { type: 'string', default: '3' },
+        height: { type: 'string', default: '8' },
+        width: { type: 'string', default: '8' },
+        'text-length': { type: 'string', default: '32' },
+        seed: { type: 'string', default: '0' },
+        help: { type: 'boolean', default: false },
+      },
+    });
+  } catch (e) {
+    usage((e as Error).message);
+  }
+  const { values } = parsed;
+  if (values.help) return console.log(USAGE);
+
+  const model = await loadTransformer(folderFiles(values.model));
+  const cfg = model.config;
+
+  if (values['make-input'] !== undefined) {
+    if (values.input !== undefined) usage('--make-input writes an example input and exits; give it without --input');
+    const size = {
+      frames: wholeNumber('frames', values.frames, 1),
+      height: wholeNumber('height', values.height, 1),
+      width: wholeNumber('width', values.width, 1),
+      textLength: wholeNumber('text-length', values['text-length'], 1),
+      seed: wholeNumber('seed', values.seed, 0),
+    };
+    const inputs = randomForwardInputs(cfg, size);
+    readForwardInputs(cfg, inputs, '--frames/--height/--width'); // refuses sizes the patch size does not divide
+    await writeOutput(values['make-input'], writeSafetensors(inputs));
+    const shapes = [...inputs].map(([name, t]) => `${name} [${t.shape}]`).join(', ');
+    return console.log(`forward: wrote ${values['make-input']}: ${shapes}, timestep ${inputs.get('timestep')!.data[0]} (seed ${size.seed})`);
+  }
+
+  if (values.input === undefined) usage('--input is required (or --make-input FILE to write an example)');
+  if (values.output === undefined) usage('--output is required');
+  if (!BACKENDS.includes(values.backend)) usage(`--backend must be one of ${BACKENDS.join(', ')}, got ${JSON.stringify(values.backend)}`);
+  const degree = wholeNumber('ulysses', values.ulysses, 1);
+  checkDegree(cfg.numHeads, degree);
+
+  const { latent, timestep, text } = readForwardInputs(cfg, readSafetensors(await readInput(values.input), values.input), values.input);
+  const forward = await forwardOn(values.backend, degree, model);
+  const started = performance.now();
+  const sample = await forward(latent, timestep, text);
+  const ms = performance.now() - started;
+  const output = forwardOutput(sample);
+  await writeOutput(values.output, writeSafetensors(output));
+  const backend = values.backend === 'onnx' ? 'onnx (wasm)' : 'reference';
+  console.log(`forward: sample [${output.get('sample')!.shape}] t=${timestep} in ${ms.toFixed(0)} ms on ${backend}, ulysses ${degree} → ${values.output}`);
+}
+
+try {
+  await run();
+} catch (e) {
+  const error = e as Error;
+  console.error(`forward: ${USER_ERRORS.has(error?.name) ? error.message : (error?.stack ?? String(e))}`);
+  process.exit(1);
+}

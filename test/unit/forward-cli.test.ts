@@ -1,0 +1,76 @@
+import { execFile } from 'node:child_process';
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { readSafetensors, writeSafetensors } from '../../core/safetensors.ts';
+import { maxAbsDiff } from '../../core/tensor.ts';
+
+/** `npm run forward` as a user runs it: a child process on files in a temp folder. */
+const ROOT = join(import.meta.dirname, '../..');
+let dir: string;
+
+async function forward(...args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
+  try {
+    const { stdout, stderr } = await promisify(execFile)('npx', ['tsx', 'server/cli/forward.ts', ...args], { cwd: ROOT });
+    return { code: 0, stdout, stderr };
+  } catch (e) {
+    const error = e as { code?: number; stdout?: string; stderr?: string };
+    return { code: error.code ?? -1, stdout: error.stdout ?? '', stderr: error.stderr ?? '' };
+  }
+}
+
+const read = async (name: string) => readSafetensors(new Uint8Array(await readFile(join(dir, name))), name);
+
+beforeAll(async () => {
+  dir = await mkdtemp(join(tmpdir(), 'ditswarm-forward-'));
+  // 2×6×10 latent → 30 tokens: not divisible by 4, so the Ulysses run pads and masks
+  const made = await forward('--make-input', join(dir, 'in.safetensors'), '--frames', '2', '--height', '6', '--width', '10', '--seed', '7');
+  expect(made.code, made.stderr).toBe(0);
+});
+
+afterAll(async () => {
+  await rm(dir, { recursive: true, force: true });
+});
+
+describe('npm run forward', () => {
+  it('reference, onnx and onnx over 4 Ulysses ranks write the same sample within 1e-4, shaped like hidden_states', async () => {
+    const runs = await Promise.all([
+      forward('--input', join(dir, 'in.safetensors'), '--output', join(dir, 'reference.safetensors'), '--backend', 'reference'),
+      forward('--input', join(dir, 'in.safetensors'), '--output', join(dir, 'onnx.safetensors'), '--backend', 'onnx'),
+      forward('--input', join(dir, 'in.safetensors'), '--output', join(dir, 'onnx-p4.safetensors'), '--backend', 'onnx', '--ulysses', '4'),
+    ]);
+    for (const run of runs) {
+      expect(run.code, run.stderr).toBe(0);
+      expect(run.stdout).toMatch(/^forward: sample \[1,16,2,6,10\] t=\d+ in \d+ ms on (reference|onnx \(wasm\)), ulysses [14] → /);
+    }
+
+    const input = (await read('in.safetensors')).get('hidden_states')!;
+    const reference = (await read('reference.safetensors')).get('sample')!;
+    expect(reference.shape).toEqual([1, 16, 2, 6, 10]);
+    expect(reference.shape).toEqual(input.shape);
+    for (const name of ['onnx.safetensors', 'onnx-p4.safetensors']) {
+      const sample = (await read(name)).get('sample')!;
+      expect(sample.shape).toEqual(input.shape);
+      const diff = maxAbsDiff(sample.data, reference.data);
+      console.log(`${name} max-abs vs reference ${diff.toExponential(2)}`);
+      expect(diff, name).toBeLessThan(1e-4);
+    }
+    expect(maxAbsDiff(reference.data, input.data)).toBeGreaterThan(0.1); // a real forward, not a copy
+  });
+
+  it('an input without timestep exits 1 with a message naming it and the tensors the file has, no stack trace', async () => {
+    const tensors = await read('in.safetensors');
+    tensors.delete('timestep');
+    await writeFile(join(dir, 'no-timestep.safetensors'), writeSafetensors(tensors));
+
+    const run = await forward('--input', join(dir, 'no-timestep.safetensors'), '--output', join(dir, 'never.safetensors'), '--backend', 'reference');
+    expect(run.code).toBe(1);
+    expect(run.stderr).toContain('no tensor "timestep"');
+    expect(run.stderr).toContain('hidden_states [1,16,2,6,10]');
+    expect(run.stderr).toContain('encoder_hidden_states [1,32,64]');
+    expect(run.stderr).not.toMatch(/\n\s+at /);
+    expect(run.stdout).toBe('');
+  });
+});
