@@ -106,6 +106,7 @@ export abstract class Executor {
 
   /** Runs a worker method on every rank: all replies in rank order, or only `uniqueReplyRank`'s. */
   async collectiveRpc(method: string, options: RpcOptions = {}): Promise<unknown> {
+    if (this.world === 0) throw new Error(`${method} needs ranks: call initialize() first`);
     const only = options.uniqueReplyRank;
     // checked before any rank runs the method, so a bad call has no side effects on the workers
     if (only !== undefined && !(Number.isInteger(only) && only >= 0 && only < this.world)) {

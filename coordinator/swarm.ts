@@ -82,7 +82,7 @@ export class Swarm {
       const off = this.on(() => check());
       const timer = setTimeout(() => {
         off();
-        reject(new Error(`${this.roster.size} worker${this.roster.size === 1 ? '' : 's'} joined within ${Math.round(timeoutMs / 1000)} s but ${count} ${count === 1 ? 'is' : 'are'} needed: open ${this.joinUrl} in ${count - this.roster.size} more tab(s) or machine(s)`));
+        reject(new Error(`${this.roster.size} worker${this.roster.size === 1 ? '' : 's'} joined within ${+(timeoutMs / 1000).toFixed(1)} s but ${count} ${count === 1 ? 'is' : 'are'} needed: open ${this.joinUrl} in ${count - this.roster.size} more tab(s) or machine(s)`));
       }, timeoutMs);
       check();
     });

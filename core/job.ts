@@ -48,9 +48,10 @@ export class JobParamsError extends Error {
 export function checkJobParams(input: Partial<Record<keyof JobParams, unknown>>): FieldErrors {
   const p = { ...DEFAULT_JOB, ...input };
   const errors: FieldErrors = {};
+  const show = (v: unknown) => (typeof v === 'number' ? String(v) : JSON.stringify(v));
   const intIn = (key: keyof JobParams, min: number, max: number, extra?: (v: number) => string | null) => {
     const v = p[key] as number;
-    if (typeof v !== 'number' || !Number.isInteger(v)) errors[key] = `must be a whole number, got ${JSON.stringify(p[key])}`;
+    if (typeof v !== 'number' || !Number.isInteger(v)) errors[key] = `must be a whole number, got ${show(p[key])}`;
     else if (v < min || v > max) errors[key] = `must be between ${min} and ${max}, got ${v}`;
     else {
       const problem = extra?.(v);
@@ -59,7 +60,7 @@ export function checkJobParams(input: Partial<Record<keyof JobParams, unknown>>)
   };
   const numIn = (key: keyof JobParams, min: number, max: number) => {
     const v = p[key] as number;
-    if (typeof v !== 'number' || !Number.isFinite(v)) errors[key] = `must be a number, got ${JSON.stringify(p[key])}`;
+    if (typeof v !== 'number' || !Number.isFinite(v)) errors[key] = `must be a number, got ${show(p[key])}`;
     else if (v < min || v > max) errors[key] = `must be between ${min} and ${max}, got ${v}`;
   };
   for (const key of ['prompt', 'negativePrompt'] as const) {

@@ -38,7 +38,7 @@ export function checkDegree(numHeads: number, degree: number, liveWorkers = Infi
   if (degree > liveWorkers) {
     const usable = validDegrees(numHeads, liveWorkers);
     throw new ParallelConfigError(
-      `ulyssesDegree ${degree} needs ${degree} workers but ${liveWorkers} ${liveWorkers === 1 ? 'is' : 'are'} live; ` +
+      `ulyssesDegree ${degree} needs ${degree} worker${degree === 1 ? '' : 's'} but ${liveWorkers} ${liveWorkers === 1 ? 'is' : 'are'} live; ` +
         (usable.length ? `valid degrees now: ${usable.join(', ')}, or open more worker pages` : 'open a worker page first'),
     );
   }
