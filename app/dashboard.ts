@@ -2,15 +2,18 @@ import {
   checkJobParams,
   createPipeline,
   DEFAULT_JOB,
+  openJobQueue,
   openSwarm,
   probeWebM,
   validDegrees,
   type Backend,
   type ExecutionProviderChoice,
-  type GenerateResult,
   type JobParams,
+  type JobPlacement,
+  type JobQueue,
   type Pipeline,
   type StepProgress,
+  type StoredJob,
   type Swarm,
 } from '../coordinator/index.ts';
 
@@ -20,6 +23,7 @@ const form = $<HTMLFormElement>('job-form');
 const field = (name: string) => form.elements.namedItem(name) as HTMLInputElement | HTMLSelectElement;
 const NUMERIC: (keyof JobParams)[] = ['frames', 'height', 'width', 'steps', 'guidance', 'seed'];
 const TINY_MODEL_HEADS = 12;
+const IDENTITY_KEY = 'ditswarm.swarm';
 
 for (const [key, value] of Object.entries(DEFAULT_JOB)) {
   const input = form.elements.namedItem(key) as HTMLInputElement | null;
@@ -27,49 +31,50 @@ for (const [key, value] of Object.entries(DEFAULT_JOB)) {
 }
 
 let swarm: Swarm | null = null;
+let queue: JobQueue | null = null;
 let pipeline: { key: string; pipe: Pipeline } | null = null;
-let busy = false;
+const videoUrls = new Map<number, string>();
 
-function readForm(): { params: Partial<Record<keyof JobParams, unknown>>; backend: Backend; degree: number | 'auto' } {
+function readForm(): { params: Partial<Record<keyof JobParams, unknown>>; placement: JobPlacement } {
   const params: Partial<Record<keyof JobParams, unknown>> = { prompt: field('prompt').value, negativePrompt: field('negativePrompt').value };
   for (const key of NUMERIC) params[key] = field(key).value.trim() === '' ? NaN : Number(field(key).value);
   const degree = field('degree').value;
-  return { params, backend: field('backend').value as Backend, degree: degree === 'auto' ? 'auto' : Number(degree) };
+  return { params, placement: { backend: field('backend').value as Backend, workers: degree === 'auto' ? 'auto' : Number(degree), ep: 'auto' } };
 }
 
 function showErrors(errors: Partial<Record<string, string>>): boolean {
   for (const el of form.querySelectorAll('[aria-invalid]')) el.removeAttribute('aria-invalid');
-  for (const key of Object.keys(errors)) form.elements.namedItem(key) && (form.elements.namedItem(key) as HTMLElement).setAttribute('aria-invalid', 'true');
+  for (const key of Object.keys(errors)) (form.elements.namedItem(key) as HTMLElement | null)?.setAttribute('aria-invalid', 'true');
   $('form-errors').textContent = Object.entries(errors).map(([k, v]) => `${k} ${v}`).join('\n');
   return Object.keys(errors).length === 0;
 }
 
-async function pipelineFor(backend: Backend, degree: number | 'auto', ep: ExecutionProviderChoice): Promise<Pipeline> {
-  const key = `${backend}/${degree}/${ep}`;
+async function pipelineFor({ backend, workers, ep }: JobPlacement): Promise<Pipeline> {
+  const key = `${backend}/${workers}/${ep}`;
   if (pipeline?.key === key) return pipeline.pipe;
   await pipeline?.pipe.shutdown({ graceMs: 2000 });
   pipeline = null;
-  const pipe = await createPipeline({ backend, swarm: swarm ?? undefined, workers: degree, ep, placementTimeoutMs: 60_000 });
+  const pipe = await createPipeline({ backend, swarm: swarm ?? undefined, workers, ep: ep as ExecutionProviderChoice, placementTimeoutMs: 60_000 });
   pipeline = { key, pipe };
   return pipe;
-}
-
-function renderWorkers(): void {
-  const workers = swarm?.workers() ?? [];
-  $('worker-count').textContent = `${workers.length} worker${workers.length === 1 ? '' : 's'}`;
-  $('workers').querySelector('tbody')!.replaceChildren(
-    ...workers.map((w) => row([w.id.slice(-6), w.info.ep, w.info.adapter, w.activity])),
-  );
-  const degreeSelect = field('degree') as HTMLSelectElement;
-  const chosen = degreeSelect.value;
-  degreeSelect.replaceChildren(new Option('auto', 'auto'), ...validDegrees(TINY_MODEL_HEADS, Math.max(1, workers.length)).map((d) => new Option(String(d), String(d))));
-  degreeSelect.value = [...degreeSelect.options].some((o) => o.value === chosen) ? chosen : 'auto';
 }
 
 function row(cells: (string | number)[]): HTMLTableRowElement {
   const tr = document.createElement('tr');
   for (const c of cells) tr.append(Object.assign(document.createElement('td'), { textContent: String(c) }));
   return tr;
+}
+
+function renderWorkers(): void {
+  const workers = swarm?.workers() ?? [];
+  $('worker-count').textContent = `${workers.length} worker${workers.length === 1 ? '' : 's'}`;
+  $('workers').querySelector('tbody')!.replaceChildren(
+    ...workers.map((w) => row([w.id.slice(-6), w.info.ep, w.info.adapter, w.activity, w.framesDropped + (w.pulse?.framesDropped ?? 0)])),
+  );
+  const degreeSelect = field('degree') as HTMLSelectElement;
+  const chosen = degreeSelect.value;
+  degreeSelect.replaceChildren(new Option('auto', 'auto'), ...validDegrees(TINY_MODEL_HEADS, Math.max(1, workers.length)).map((d) => new Option(String(d), String(d))));
+  degreeSelect.value = [...degreeSelect.options].some((o) => o.value === chosen) ? chosen : 'auto';
 }
 
 function showProgress(p: StepProgress): void {
@@ -80,52 +85,65 @@ function showProgress(p: StepProgress): void {
   $('ranks').querySelector('tbody')!.replaceChildren(...p.ranks.map((r) => row([r.rank, r.computeMs.toFixed(0), r.commMs.toFixed(0), (r.bytesSent / 1024).toFixed(1)])));
 }
 
-function showResult(result: GenerateResult): void {
-  const url = URL.createObjectURL(result.video);
-  const video = $<HTMLVideoElement>('video');
-  video.src = url;
-  void video.play().catch(() => {});
-  const download = $<HTMLAnchorElement>('download');
-  download.href = url;
-  download.hidden = false;
-  $('report').textContent = JSON.stringify(result.report, null, 2);
-  const r = result.report;
-  $('status').textContent = `Done: ${r.config.frames} frames in ${(r.totalMs / 1000).toFixed(1)} s on ${r.config.workers} ${r.config.backend} rank${r.config.workers === 1 ? '' : 's'}.`;
+function videoUrl(job: StoredJob): string {
+  if (!videoUrls.has(job.id)) videoUrls.set(job.id, URL.createObjectURL(job.result!.video));
+  return videoUrls.get(job.id)!;
 }
 
-/** Runs one job from the form's values (or overrides); shared by the button and automation. */
-async function runJob(overrides: Partial<Record<string, unknown>> = {}, onProgress?: (p: StepProgress) => void): Promise<GenerateResult> {
-  const form = readForm();
-  const { backend = form.backend, workers: degree = form.degree, ep = 'auto', ...rest } = overrides as { backend?: Backend; workers?: number | 'auto'; ep?: ExecutionProviderChoice };
-  const params = { ...form.params, ...rest };
-  if (!showErrors(checkJobParams(params))) throw new Error(`invalid job: ${$('form-errors').textContent}`);
-  if (busy) throw new Error('a job is already running');
-  busy = true;
-  $<HTMLButtonElement>('generate').disabled = true;
-  try {
-    const pipe = await pipelineFor(backend, degree, ep);
-    const result = await pipe.generate({
-      ...(params as Partial<JobParams>),
-      onPhase: (phase) => ($('status').textContent = phase === 'placing' ? 'Placing the job on workers…' : `${phase[0].toUpperCase()}${phase.slice(1)}…`),
-      onProgress: (p) => {
-        showProgress(p);
-        onProgress?.(p);
-      },
-    });
-    showResult(result);
-    return result;
-  } catch (e) {
-    $('status').textContent = `Failed: ${(e as Error).message}`;
-    throw e;
-  } finally {
-    busy = false;
-    $<HTMLButtonElement>('generate').disabled = false;
-  }
+function showFinished(job: StoredJob): void {
+  const video = $<HTMLVideoElement>('video');
+  video.src = videoUrl(job);
+  void video.play().catch(() => {});
+  const download = $<HTMLAnchorElement>('download');
+  download.href = videoUrl(job);
+  download.download = `ditswarm-${job.id}.webm`;
+  download.hidden = false;
+  $('report').textContent = JSON.stringify(job.result!.report, null, 2);
+  const r = job.result!.report;
+  const recovered = r.failures.length ? `, recovered from ${r.failures.length} lost worker(s)` : '';
+  $('status').textContent = `Done: ${r.config.frames} frames in ${(r.totalMs / 1000).toFixed(1)} s on ${r.config.workers} ${r.config.backend} rank${r.config.workers === 1 ? '' : 's'}${recovered}.`;
+}
+
+function renderQueue(): void {
+  const jobs = queue?.list() ?? [];
+  $('queue').replaceChildren(
+    ...jobs
+      .filter((j) => j.status !== 'done')
+      .map((j) => {
+        const li = document.createElement('li');
+        const step = j.checkpoint ? `, ${j.checkpoint.step}/${j.params.steps} steps` : '';
+        li.textContent = `#${j.id} “${j.params.prompt}” — ${j.status}${step}${j.error ? `: ${j.error}` : ''}`;
+        return li;
+      }),
+  );
+  $('gallery').replaceChildren(
+    ...jobs
+      .filter((j) => j.status === 'done' && j.result)
+      .reverse()
+      .map((j) => {
+        const li = document.createElement('li');
+        const play = Object.assign(document.createElement('button'), { type: 'button', textContent: `#${j.id} “${j.params.prompt}”` });
+        play.addEventListener('click', () => showFinished(j));
+        const link = Object.assign(document.createElement('a'), { href: videoUrl(j), download: `ditswarm-${j.id}.webm`, textContent: 'WebM' });
+        li.append(play, ' ', link);
+        return li;
+      }),
+  );
+}
+
+function submitFromForm(overrides: Record<string, unknown> = {}): Promise<StoredJob> {
+  const formValues = readForm();
+  const { backend, workers, ep, ...rest } = overrides as Partial<JobPlacement>;
+  const params = { ...formValues.params, ...rest };
+  if (!showErrors(checkJobParams(params))) return Promise.reject(new Error(`invalid job: ${$('form-errors').textContent}`));
+  if (!queue) return Promise.reject(new Error('the dashboard is still starting'));
+  const placement: JobPlacement = { backend: backend ?? formValues.placement.backend, workers: workers ?? formValues.placement.workers, ep: ep ?? 'auto' };
+  return queue.submit(params, placement);
 }
 
 form.addEventListener('submit', (event) => {
   event.preventDefault();
-  runJob().catch(() => {});
+  submitFromForm().catch(() => {});
 });
 form.addEventListener('keydown', (event) => {
   if (event.key === 'Enter' && !event.shiftKey && event.target instanceof HTMLTextAreaElement) {
@@ -134,43 +152,92 @@ form.addEventListener('keydown', (event) => {
   }
 });
 
+function savedIdentity(): { id?: string; token?: string } {
+  try {
+    return JSON.parse(localStorage.getItem(IDENTITY_KEY) ?? '{}');
+  } catch {
+    return {};
+  }
+}
+
 const bytesToBase64 = (bytes: Uint8Array) => {
   let s = '';
   for (let i = 0; i < bytes.length; i += 0x8000) s += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
   return btoa(s);
 };
 
-// What `npm run generate` and the e2e tests drive: the same path as the Generate button.
-const automation = {
-  ready: (async () => {
-    swarm = await openSwarm();
-    const link = $<HTMLAnchorElement>('join-link');
-    link.href = link.textContent = swarm.joinUrl;
-    swarm.on(renderWorkers);
+async function start() {
+  // the same peer id and token after a reload, so the workers' links and reconnections still work
+  swarm = await openSwarm(location.origin, savedIdentity());
+  localStorage.setItem(IDENTITY_KEY, JSON.stringify({ id: swarm.id, token: swarm.token }));
+  const link = $<HTMLAnchorElement>('join-link');
+  link.href = link.textContent = swarm.joinUrl;
+  swarm.on((e) => {
+    if (e.type === 'leave') $('swarm-events').textContent = `Worker ${e.worker.id.slice(-6)} left: ${e.reason}.`;
+    if (e.type === 'refused') $('swarm-events').textContent = `Refused ${e.peer.slice(-6)}: ${e.reason}.`;
     renderWorkers();
-    return { swarmId: swarm.id, joinUrl: swarm.joinUrl };
-  })(),
+  });
+  renderWorkers();
+  queue = await openJobQueue(async (job, hooks) => {
+    const pipe = await pipelineFor(job.placement);
+    return pipe.generate({ ...job.params, ...hooks });
+  });
+  queue.on((e) => {
+    if (e.type === 'progress') showProgress(e.progress);
+    else if (e.type === 'phase') $('status').textContent = `#${e.job.id}: ${e.phase === 'placing' ? 'placing the job on workers' : e.phase}…`;
+    else {
+      if (e.job.status === 'done') showFinished(e.job);
+      if (e.job.status === 'failed') $('status').textContent = `#${e.job.id} failed: ${e.job.error}`;
+      renderQueue();
+    }
+  });
+  renderQueue();
+  const latest = queue.list().filter((j) => j.status === 'done').at(-1);
+  if (latest) showFinished(latest);
+  return { swarmId: swarm.id, joinUrl: swarm.joinUrl };
+}
+
+// What `npm run generate` and the e2e tests drive: the same queue as the Generate button.
+const automation = {
+  ready: start(),
   workerCount: () => swarm?.workers().length ?? 0,
-  /** What the page's <video> and the WebM file itself say about the last video. */
+  /** peer ids of the running executor's ranks, in rank order */
+  ranks: () => pipeline?.pipe.executor.workers.map((w) => w.id) ?? [],
+  jobs: () => (queue?.list() ?? []).map(({ id, status, params, checkpoint, error }) => ({ id, status, prompt: params.prompt, step: checkpoint?.step ?? null, error })),
+  async submit(overrides: Record<string, unknown>) {
+    return (await submitFromForm(overrides)).id;
+  },
+  async result(id: number) {
+    const job = await queue!.settled(id);
+    if (job.status === 'failed') throw new Error(job.error);
+    const { latent, video, report } = job.result!;
+    return {
+      report,
+      latent: bytesToBase64(new Uint8Array(latent.buffer, latent.byteOffset, latent.byteLength)),
+      video: bytesToBase64(new Uint8Array(await video.arrayBuffer())),
+    };
+  },
+  async generate(overrides: Record<string, unknown>) {
+    return automation.result(await automation.submit(overrides));
+  },
+  /** What the page's <video> and the WebM file itself say about the video on show. */
   async inspectVideo() {
     const video = $<HTMLVideoElement>('video');
     if (video.readyState < HTMLMediaElement.HAVE_METADATA) await new Promise((r) => video.addEventListener('loadedmetadata', r, { once: true }));
     const blob = await (await fetch(video.src)).blob();
     return { duration: video.duration, videoWidth: video.videoWidth, videoHeight: video.videoHeight, file: await probeWebM(blob), download: $<HTMLAnchorElement>('download').href };
   },
-  async generate(overrides: Record<string, unknown>) {
-    // the command line listens through an exposed function, when it exposed one
-    const report = (window as unknown as { ditswarmProgress?: (p: Omit<StepProgress, 'ranks'>) => void }).ditswarmProgress;
-    const result = await runJob(overrides, report && (({ ranks: _, ...p }) => void report(p)));
-    return {
-      report: result.report,
-      latent: bytesToBase64(new Uint8Array(result.latent.buffer, result.latent.byteOffset, result.latent.byteLength)),
-      video: bytesToBase64(new Uint8Array(await result.video.arrayBuffer())),
-    };
-  },
 };
 (window as unknown as { ditswarm: typeof automation }).ditswarm = automation;
-automation.ready.catch((e) => ($('status').textContent = `Could not open the swarm: ${(e as Error).message}`));
+automation.ready.catch((e) => ($('status').textContent = `Could not start: ${(e as Error).message}`));
+
+// the command line listens to progress through an exposed function, when it exposed one
+const progressHook = () => (window as unknown as { ditswarmProgress?: (p: object) => void }).ditswarmProgress;
+automation.ready.then(() =>
+  queue!.on((e) => {
+    if (e.type === 'progress') progressHook()?.({ job: e.job.id, step: e.progress.step, steps: e.progress.steps, stepMs: e.progress.stepMs, etaMs: e.progress.etaMs });
+  }),
+);
 
 window.addEventListener('pagehide', () => {
   void pipeline?.pipe.shutdown({ graceMs: 0 });

@@ -2,7 +2,7 @@ import { startWorkerEndpoint, type WorkerStatus } from '../worker/endpoint.ts';
 
 // The worker page: joins the swarm when opened and shows what it is doing. No compute here.
 const $ = (id: string) => document.getElementById(id)!;
-const swarmId = new URLSearchParams(location.search).get('swarm');
+const query = new URLSearchParams(location.search);
 
 // every state change this page went through, for anyone checking what happened (tests included)
 const history: string[] = [];
@@ -10,7 +10,7 @@ const history: string[] = [];
 
 function render(s: WorkerStatus): void {
   if (history.at(-1) !== `${s.state}: ${s.detail}`) history.push(`${s.state}: ${s.detail}`);
-  $('state').textContent = s.connected ? s.state : s.state === 'left' ? 'left' : 'not connected';
+  $('state').textContent = s.connected ? s.state : s.state === 'left' || s.state === 'refused' ? s.state : 'not connected';
   $('detail').textContent = s.detail;
   $('ep').textContent = s.info ? (s.info.ep === 'webgpu' ? 'WebGPU' : 'WebAssembly (CPU)') : '';
   $('adapter').textContent = s.info?.adapter ?? '';
@@ -24,7 +24,7 @@ function render(s: WorkerStatus): void {
   (window as unknown as { ditswarmWorker: WorkerStatus }).ditswarmWorker = { ...s };
 }
 
-startWorkerEndpoint({ origin: location.origin, swarm: swarmId, onStatus: render })
+startWorkerEndpoint({ origin: location.origin, swarm: query.get('swarm'), token: query.get('token'), onStatus: render })
   .then((endpoint) => {
     $('leave').addEventListener('click', () => endpoint.leave());
     window.addEventListener('pagehide', () => endpoint.leave());

@@ -113,22 +113,37 @@ export abstract class Executor {
       throw new Error(`uniqueReplyRank ${only} is not a rank of this ${this.world}-rank executor`);
     }
     const timeoutMs = options.timeoutMs ?? this.rpcTimeoutMs;
-    const ranks = Array.from({ length: this.world }, (_, r) => r);
-    const settled = await Promise.allSettled(ranks.map((r) => this.callRank(r, method, options.argsFor ? options.argsFor(r) : options.args ?? {}, timeoutMs)));
-    const silent = ranks.filter((r) => settled[r].status === 'rejected' && (settled[r] as PromiseRejectedResult).reason instanceof RpcTimeout);
-    if (silent.length) throw new TimeoutError(method, silent, timeoutMs);
-    const failed = settled.findIndex((s) => s.status === 'rejected');
-    if (failed >= 0) {
-      const reason = (settled[failed] as PromiseRejectedResult).reason;
-      throw new WorkerError(failed, method, reason instanceof Error ? reason.message : String(reason));
-    }
-    const replies = settled.map((s) => (s as PromiseFulfilledResult<unknown>).value);
+    // Fails fast on the first rank that errs (a lost rank must not leave the others' calls hanging);
+    // timeouts all fall due together and are reported as one TimeoutError naming every silent rank.
+    const replies = await new Promise<unknown[]>((resolve, reject) => {
+      const results: unknown[] = [];
+      const silent: number[] = [];
+      let pending = this.world;
+      const settle = () => {
+        if (--pending > 0) return;
+        if (silent.length) reject(new TimeoutError(method, silent.sort((a, b) => a - b), timeoutMs));
+        else resolve(results);
+      };
+      for (let rank = 0; rank < this.world; rank++) {
+        this.callRank(rank, method, options.argsFor ? options.argsFor(rank) : options.args ?? {}, timeoutMs).then(
+          (value) => {
+            results[rank] = value;
+            settle();
+          },
+          (reason: unknown) => {
+            if (reason instanceof RpcTimeout) silent.push(rank);
+            else reject(new WorkerError(rank, method, reason instanceof Error ? reason.message : String(reason)));
+            settle();
+          },
+        );
+      }
+    });
     return only === undefined ? replies : replies[only];
   }
 
-  /** Gives every rank the job's text embeddings (conditional, then unconditional). */
-  async prepareJob(job: number, texts: Float32Array[]): Promise<void> {
-    await this.collectiveRpc('prepareJob', { args: { job, texts } });
+  /** Gives every rank the job's text embeddings (conditional, then unconditional) and latent shape. */
+  async prepareJob(job: number, texts: Float32Array[], latentShape: number[]): Promise<void> {
+    await this.collectiveRpc('prepareJob', { args: { job, texts, latentShape } });
   }
 
   /** One DiT forward pass on all ranks: scatter the tokens, run, gather the rows in token order. */
@@ -152,6 +167,14 @@ export abstract class Executor {
       output: unpatchify(config, rows, request.latent.shape),
       ranks: results.map((r, rank) => ({ rank, worker: this.workers[rank]?.id ?? '', computeMs: r.computeMs, commMs: r.commMs, bytesSent: r.bytesSent })),
     };
+  }
+
+  /**
+   * After a failed call: which ranks are lost (gone, frozen or misbehaving) and were let go.
+   * An empty list means the failure was not a lost rank, so retrying would not help.
+   */
+  async lostRanks(_error: Error): Promise<number[]> {
+    return [];
   }
 
   /** Pings every rank; rejects naming the silent ones. */

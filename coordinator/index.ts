@@ -7,13 +7,18 @@
  *   await pipe.shutdown();
  */
 import type { ExecutionProvider } from '../worker/onnx-stages.ts';
-import { Swarm } from './swarm.ts';
+import { JobQueue, type RunJob } from './job-queue.ts';
+import { IdbJobStore, type JobStore } from './job-store.ts';
+import { Swarm, type SwarmIdentity } from './swarm.ts';
 
 export { createPipeline, DEFAULT_MODEL_URL } from './pipeline.ts';
 export type { GenerateReport, GenerateRequest, GenerateResult, Pipeline, PipelineOptions, StepProgress } from './pipeline.ts';
 export { BACKENDS, getExecutorClass, type Backend } from './backends.ts';
 export { Executor, TimeoutError, WorkerError } from './executor.ts';
-export type { Swarm, SwarmEvent, SwarmWorker } from './swarm.ts';
+export type { Swarm, SwarmEvent, SwarmIdentity, SwarmWorker } from './swarm.ts';
+export type { JobQueue, QueueEvent, RunJob } from './job-queue.ts';
+export { MemoryJobStore, type JobPlacement, type JobStore, type StoredJob } from './job-store.ts';
+export type { FailureRecord } from './pipeline.ts';
 export { DEFAULT_JOB, LIMITS, checkJobParams, JobParamsError, type JobParams, type FieldErrors } from '../core/job.ts';
 export { validDegrees } from '../core/parallel.ts';
 export { probeWebM } from './video.ts';
@@ -21,6 +26,11 @@ export type { ExecutionProvider };
 export type ExecutionProviderChoice = ExecutionProvider | 'auto';
 
 /** Opens this page's swarm on the signaling server of `origin` (this page's by default). */
-export function openSwarm(origin: string = globalThis.location.origin): Promise<Swarm> {
-  return Swarm.open(origin);
+export function openSwarm(origin: string = globalThis.location.origin, identity?: SwarmIdentity): Promise<Swarm> {
+  return Swarm.open(origin, identity);
+}
+
+/** The dashboard's persistent job queue (IndexedDB), resuming what a reload interrupted. */
+export async function openJobQueue(run: RunJob, store?: JobStore): Promise<JobQueue> {
+  return JobQueue.restore(store ?? (await IdbJobStore.open()), run);
 }

@@ -40,7 +40,23 @@ export interface StepProgress {
   ranks: RankReport[];
 }
 
+/** How a lost rank was noticed and what the re-plan cost. */
+export interface FailureRecord {
+  step: number;
+  error: string;
+  lost: { rank: number; worker: string; reason: string; silentMs: number }[];
+  /** when the pipeline saw the failure (ms since the epoch) */
+  detectedAt: number;
+  degreeBefore: number;
+  degreeAfter: number;
+  replanMs: number;
+}
+
 export interface GenerateRequest extends Partial<JobParams> {
+  /** continue a job from a checkpoint: `step` steps done, `latent` after them */
+  resume?: { step: number; latent: Float32Array };
+  onCheckpoint?(c: { step: number; latent: Float32Array }): void;
+  onFailure?(f: FailureRecord): void;
   onProgress?(p: StepProgress): void;
   onPhase?(phase: 'placing' | 'encoding' | 'denoising' | 'decoding' | 'muxing'): void;
   signal?: AbortSignal;
@@ -49,7 +65,11 @@ export interface GenerateRequest extends Partial<JobParams> {
 export interface GenerateReport {
   config: JobParams & { backend: Backend; workers: number; ulyssesDegree: number; model: string };
   workers: { id: string; ep: string; adapter: string }[];
-  steps: { ms: number; ranks: RankReport[] }[];
+  steps: { step: number; ms: number; ranks: RankReport[] }[];
+  resumedFromStep: number;
+  failures: FailureRecord[];
+  /** time spent re-planning after lost ranks */
+  recoveryMs: number;
   setupMs: number;
   totalMs: number;
   latentShape: number[];
@@ -79,24 +99,50 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
   const config = parseWanConfig(await readJson(files, TRANSFORMER_CONFIG), TRANSFORMER_CONFIG);
   const [textEncoder, decode] = await Promise.all([loadTextEncoder(files), loadVaeDecoder(files)]);
   const flowShift = ((await readJson(files, 'model_index.json')) as { flow_shift?: number }).flow_shift;
-  const executor = createExecutor(
-    backend,
-    {
-      config,
-      modelUrl,
-      ulyssesDegree: options.parallel?.ulyssesDegree ?? options.workers ?? 'auto',
-      ep: options.ep,
-      placementTimeoutMs: options.placementTimeoutMs,
-      rpcTimeoutMs: options.rpcTimeoutMs,
-    },
-    options.swarm,
-  );
+  const newExecutor = (ulyssesDegree: number | 'auto') =>
+    createExecutor(
+      backend,
+      { config, modelUrl, ulyssesDegree, ep: options.ep, placementTimeoutMs: options.placementTimeoutMs, rpcTimeoutMs: options.rpcTimeoutMs },
+      options.swarm,
+    );
+  let executor = newExecutor(options.parallel?.ulyssesDegree ?? options.workers ?? 'auto');
   let ready: Promise<void> | null = null;
   let jobs = 0;
 
+  /**
+   * A lost rank costs one step, not the job: let the survivors go, place again on the workers that
+   * are live (largest valid degree, down to one), and run the step again from the kept latent.
+   */
+  async function replan(job: number, texts: Float32Array[], shape: number[], error: Error, step: number): Promise<FailureRecord | null> {
+    const detectedAt = Date.now();
+    const lost = await executor.lostRanks(error);
+    if (!lost.length) return null;
+    const before = executor;
+    const record: FailureRecord = {
+      step,
+      error: error.message,
+      lost: lost.map((rank) => ({ rank, worker: before.workers[rank]?.id ?? '', ...lossDetail(before, rank) })),
+      detectedAt,
+      degreeBefore: before.world,
+      degreeAfter: 0,
+      replanMs: 0,
+    };
+    const replanStart = performance.now();
+    await before.shutdown({ graceMs: 1_000 });
+    executor = newExecutor('auto');
+    ready = executor.initialize();
+    await ready;
+    await executor.prepareJob(job, texts, shape);
+    record.degreeAfter = executor.world;
+    record.replanMs = performance.now() - replanStart;
+    return record;
+  }
+
   return {
     config,
-    executor,
+    get executor() {
+      return executor;
+    },
     async generate(request) {
       const params = jobParams({ flowShift, ...stripCallbacks(request) });
       const started = performance.now();
@@ -108,33 +154,39 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
       request.onPhase?.('encoding');
       const texts = [textEncoder.encode(params.prompt)];
       if (usesGuidance(params)) texts.push(textEncoder.encode(params.negativePrompt));
-      await executor.prepareJob(job, texts);
+      const shape = latentShape(params, config.inChannels);
+      await executor.prepareJob(job, texts, shape);
 
       request.onPhase?.('denoising');
-      const shape = latentShape(params, config.inChannels);
-      let latent: Tensor = initialNoise(shape, params.seed);
+      const first = request.resume?.step ?? 0;
+      let latent: Tensor = request.resume ? { shape, data: request.resume.latent } : initialNoise(shape, params.seed);
       const schedule = flowMatchSchedule(params.steps, params.flowShift);
       const steps: GenerateReport['steps'] = [];
+      const failures: FailureRecord[] = [];
       const loopStart = performance.now();
-      for (let step = 0; step < params.steps; step++) {
+      for (let step = first; step < params.steps; step++) {
         request.signal?.throwIfAborted();
         const stepStart = performance.now();
-        const timestep = schedule.timesteps[step];
-        const cond = await executor.executeModel({ job, step, pass: 0, timestep, latent });
-        let velocity = cond.output.data;
-        const ranks = cond.ranks;
-        if (usesGuidance(params)) {
-          const uncond = await executor.executeModel({ job, step, pass: 1, timestep, latent });
-          velocity = guide(cond.output.data, uncond.output.data, params.guidance);
-          uncond.ranks.forEach((r, i) => {
-            ranks[i] = { ...ranks[i], computeMs: ranks[i].computeMs + r.computeMs, commMs: ranks[i].commMs + r.commMs, bytesSent: ranks[i].bytesSent + r.bytesSent };
-          });
+        let velocity: Float32Array;
+        let ranks: RankReport[];
+        for (;;) {
+          try {
+            ({ velocity, ranks } = await denoiserVelocity(executor, { job, step, timestep: schedule.timesteps[step], latent }, params.guidance, usesGuidance(params)));
+            break;
+          } catch (e) {
+            const failure = failures.length < MAX_REPLANS ? await replan(job, texts, shape, e as Error, step) : null;
+            if (!failure) throw e;
+            failures.push(failure);
+            request.onFailure?.(failure);
+          }
         }
         latent = { shape, data: eulerStep(latent.data, velocity, schedule.sigmas[step], schedule.sigmas[step + 1]) };
         const stepMs = performance.now() - stepStart;
-        steps.push({ ms: stepMs, ranks });
+        steps.push({ step, ms: stepMs, ranks });
+        request.onCheckpoint?.({ step: step + 1, latent: latent.data });
         const elapsedMs = performance.now() - loopStart;
-        request.onProgress?.({ step: step + 1, steps: params.steps, stepMs, elapsedMs, etaMs: (elapsedMs / (step + 1)) * (params.steps - step - 1), ranks });
+        const done = step + 1 - first;
+        request.onProgress?.({ step: step + 1, steps: params.steps, stepMs, elapsedMs, etaMs: (elapsedMs / done) * (params.steps - step - 1), ranks });
       }
 
       request.onPhase?.('decoding');
@@ -149,6 +201,9 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
           config: { ...params, backend, workers: executor.world, ulyssesDegree: executor.world, model: modelUrl },
           workers: executor.workers.map((w) => ({ id: w.id, ep: w.ep, adapter: w.adapter })),
           steps,
+          resumedFromStep: first,
+          failures,
+          recoveryMs: failures.reduce((t, f) => t + f.replanMs, 0),
           setupMs,
           totalMs: performance.now() - started,
           latentShape: shape,
@@ -162,8 +217,34 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
   };
 }
 
+const MAX_REPLANS = 8;
+
+/** One denoising step's velocity: the conditional pass, and with guidance the unconditional one. */
+async function denoiserVelocity(
+  executor: Executor,
+  at: { job: number; step: number; timestep: number; latent: Tensor },
+  guidance: number,
+  guided: boolean,
+): Promise<{ velocity: Float32Array; ranks: RankReport[] }> {
+  const cond = await executor.executeModel({ ...at, pass: 0 });
+  if (!guided) return { velocity: cond.output.data, ranks: cond.ranks };
+  const uncond = await executor.executeModel({ ...at, pass: 1 });
+  const ranks = cond.ranks.map((r, i) => ({
+    ...r,
+    computeMs: r.computeMs + uncond.ranks[i].computeMs,
+    commMs: r.commMs + uncond.ranks[i].commMs,
+    bytesSent: r.bytesSent + uncond.ranks[i].bytesSent,
+  }));
+  return { velocity: guide(cond.output.data, uncond.output.data, guidance), ranks };
+}
+
+function lossDetail(executor: Executor, rank: number): { reason: string; silentMs: number } {
+  const lost = (executor as Executor & { lost?: Map<number, { reason: string; silentMs: number }> }).lost?.get(rank);
+  return { reason: lost?.reason ?? 'unknown', silentMs: lost?.silentMs ?? 0 };
+}
+
 function stripCallbacks(request: GenerateRequest): Partial<JobParams> {
-  const { onProgress: _p, onPhase: _f, signal: _s, ...params } = request;
+  const { onProgress: _p, onPhase: _f, signal: _s, resume: _r, onCheckpoint: _c, onFailure: _x, ...params } = request;
   return params;
 }
 

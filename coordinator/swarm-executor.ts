@@ -6,6 +6,8 @@ import type { Swarm, SwarmWorker } from './swarm.ts';
 export class SwarmExecutor extends Executor {
   private ranks: SwarmWorker[] = [];
   private offLeave: (() => void) | null = null;
+  /** ranks that left the swarm during this executor's life, with how it was noticed */
+  readonly lost = new Map<number, { reason: string; silentMs: number; at: number }>();
 
   constructor(
     options: ExecutorOptions,
@@ -30,8 +32,11 @@ export class SwarmExecutor extends Executor {
     this.ranks = this.swarm.workers().slice(0, degree);
     this.ranks.forEach((w, rank) => this.swarm.setActivity(w, `rank ${rank} of ${degree}`));
     this.offLeave = this.swarm.on((e) => {
+      if (e.type !== 'leave') return;
       const rank = this.ranks.indexOf(e.worker);
-      if (e.type === 'leave' && rank >= 0) this.reportFailure(new Error(`rank ${rank} (worker ${e.worker.id}) left the swarm`));
+      if (rank < 0) return;
+      this.lost.set(rank, { reason: e.reason, silentMs: e.silentMs, at: e.at });
+      this.reportFailure(new Error(`rank ${rank} (worker ${e.worker.id}) is lost: ${e.reason}`));
     });
     return this.ranks.map((w) => w.id);
   }
@@ -44,6 +49,26 @@ export class SwarmExecutor extends Executor {
     const { step, pass } = args as { step: number; pass: number };
     this.swarm.setActivity(worker, `rank ${rank}: step ${step + 1}${pass ? ' (unconditional)' : ''}`);
     return worker.rpc.call(method, args, timeoutMs).finally(() => this.swarm.setActivity(worker, `rank ${rank}: waiting`));
+  }
+
+  /**
+   * A rank is lost if it left the swarm, if a peer blamed it for sending in another rank's name
+   * (it is evicted), or if it does not answer a ping within two seconds (frozen: evicted).
+   */
+  override async lostRanks(error: Error): Promise<number[]> {
+    const blamed = /misbehaving rank (\d+)/.exec(error.message);
+    if (blamed) {
+      const rank = Number(blamed[1]);
+      const worker = this.ranks[rank];
+      if (worker) this.swarm.evict(worker, `rank ${rank} sent tensors in another rank's name`);
+    }
+    const unanswered = await Promise.all(
+      this.ranks.map((w, rank) => (this.lost.has(rank) ? false : w.rpc.call('ping', {}, 2_000).then(() => false, () => true))),
+    );
+    unanswered.forEach((silent, rank) => {
+      if (silent && !this.lost.has(rank)) this.swarm.evict(this.ranks[rank], 'did not answer a ping within 2 s');
+    });
+    return this.ranks.map((_, rank) => rank).filter((rank) => this.lost.has(rank));
   }
 
   protected closeTransport(): void {

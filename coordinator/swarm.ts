@@ -1,4 +1,5 @@
 import { Peer, type DataConnection } from 'peerjs';
+import { DEAD_AFTER_MS, watchHeartbeats, type WorkerPulse } from '../core/heartbeat.ts';
 import type { Link } from '../core/link.ts';
 import { newPeerId, openLink, signalingOptions, type DataConnectionLike } from '../core/peer-link.ts';
 import { COORDINATOR } from '../core/protocol.ts';
@@ -7,8 +8,9 @@ import type { WorkerInfo } from '../worker/runtime.ts';
 
 /**
  * The dashboard's view of the swarm: its PeerJS peer, and a roster of the worker pages that
- * joined (each with a link, an RPC client and what it said about itself). Workers come and go;
- * listeners hear about every change.
+ * joined with the swarm's join token (each with a link, an RPC client, what it said about itself
+ * and its last pulse). A worker whose tab closes, crashes or freezes is dropped within
+ * DEAD_AFTER_MS; listeners hear about every change.
  */
 const DESCRIBE_TIMEOUT_MS = 15_000;
 
@@ -20,30 +22,60 @@ export interface SwarmWorker {
   joinedAt: number;
   /** what the executor is doing with it, for the dashboard */
   activity: string;
+  pulse: WorkerPulse | null;
+  /** bad frames this side dropped from it */
+  framesDropped: number;
 }
 
-export type SwarmEvent = { type: 'join' | 'leave' | 'update'; worker: SwarmWorker };
+export type SwarmEvent =
+  | { type: 'join' | 'update'; worker: SwarmWorker }
+  | { type: 'leave'; worker: SwarmWorker; reason: string; at: number; silentMs: number }
+  | { type: 'refused'; peer: string; reason: string };
+
+export interface SwarmIdentity {
+  /** peer id to register; reusing it after a reload lets workers find the dashboard again */
+  id?: string;
+  /** join token every worker must present */
+  token?: string;
+}
+
+export const newJoinToken = (): string => Array.from(crypto.getRandomValues(new Uint8Array(12)), (b) => b.toString(16).padStart(2, '0')).join('');
 
 export class Swarm {
   private readonly roster = new Map<string, SwarmWorker>();
+  private readonly connections = new Map<string, DataConnection>();
   private readonly listeners = new Set<(e: SwarmEvent) => void>();
+  readonly refusals: { peer: string; reason: string; at: number }[] = [];
 
   private constructor(
     private readonly peer: Peer,
     readonly origin: string,
+    readonly token: string,
   ) {
     peer.on('connection', (conn) => void this.admit(conn));
   }
 
   /** Registers this dashboard with the signaling server of `origin`. */
-  static async open(origin: string): Promise<Swarm> {
+  static async open(origin: string, identity: SwarmIdentity = {}): Promise<Swarm> {
     const signaling = await signalingOptions(origin);
-    const peer = new Peer(newPeerId('coordinator'), { ...signaling, config: { iceServers: [] }, debug: 1 });
-    await new Promise<void>((resolve, reject) => {
-      peer.once('open', () => resolve());
-      peer.once('error', (e) => reject(new Error(`could not reach the signaling server at ${origin}: ${e.message}`)));
-    });
-    return new Swarm(peer, origin);
+    const id = identity.id ?? newPeerId('coordinator');
+    // after a reload the server may still hold the old registration for a moment: retry briefly
+    for (let attempt = 0; ; attempt++) {
+      const peer = new Peer(id, { ...signaling, config: { iceServers: [] }, debug: 1 });
+      try {
+        await new Promise<void>((resolve, reject) => {
+          peer.once('open', () => resolve());
+          peer.once('error', (e) => reject(e));
+        });
+        return new Swarm(peer, origin, identity.token ?? newJoinToken());
+      } catch (e) {
+        peer.destroy();
+        if ((e as { type?: string }).type !== 'unavailable-id' || attempt >= 10) {
+          throw new Error(`could not register with the signaling server at ${origin}: ${(e as Error).message}`);
+        }
+        await new Promise((r) => setTimeout(r, 1000));
+      }
+    }
   }
 
   get id(): string {
@@ -52,7 +84,7 @@ export class Swarm {
 
   /** The link other machines open to join this swarm. */
   get joinUrl(): string {
-    return `${this.origin}/worker.html?swarm=${encodeURIComponent(this.id)}`;
+    return `${this.origin}/worker.html?swarm=${encodeURIComponent(this.id)}&token=${encodeURIComponent(this.token)}`;
   }
 
   workers(): SwarmWorker[] {
@@ -67,6 +99,13 @@ export class Swarm {
   setActivity(worker: SwarmWorker, activity: string): void {
     worker.activity = activity;
     this.emit({ type: 'update', worker });
+  }
+
+  /** Disconnects a worker (it misbehaved, or the executor gave up on it). */
+  evict(worker: SwarmWorker, reason: string): void {
+    const conn = this.connections.get(worker.id);
+    this.drop(worker, reason, 0);
+    conn?.close();
   }
 
   /** Resolves once `count` workers are live, or rejects after the timeout saying how many joined. */
@@ -89,7 +128,7 @@ export class Swarm {
   }
 
   close(): void {
-    for (const w of this.roster.values()) w.link.close('the dashboard closed the swarm');
+    for (const conn of this.connections.values()) conn.close();
     this.roster.clear();
     this.peer.destroy();
   }
@@ -104,27 +143,58 @@ export class Swarm {
     }
   }
 
+  private drop(worker: SwarmWorker, reason: string, silentMs: number): void {
+    worker.rpc.failAll(`worker ${worker.id} is gone: ${reason}`);
+    worker.link.close(reason);
+    this.connections.delete(worker.id);
+    if (this.roster.delete(worker.id)) this.emit({ type: 'leave', worker, reason, at: Date.now(), silentMs });
+  }
+
   private async admit(conn: DataConnection): Promise<void> {
-    if ((conn.metadata as { role?: string } | undefined)?.role !== 'worker') return conn.close();
+    const meta = conn.metadata as { role?: string; token?: string } | undefined;
+    if (meta?.role !== 'worker') return conn.close();
     let worker: SwarmWorker | null = null;
     let rpc: RpcClient | null = null;
     try {
       const link = await openLink(
         conn as unknown as DataConnectionLike,
         (reason) => {
-          rpc?.failAll(`worker ${conn.peer} is gone: ${reason}`);
-          if (worker && this.roster.delete(worker.id)) this.emit({ type: 'leave', worker });
+          if (worker) this.drop(worker, reason, Date.now() - link.lastHeardAt);
+          else rpc?.failAll(reason);
         },
-        { accept: (h) => (h.kind !== 'rpc' ? 'a worker may only send RPC messages to the coordinator' : null) },
+        { accept: (h) => (h.kind !== 'rpc' ? 'a worker may only send RPC messages to the coordinator' : h.totalBytes > 1 << 26 ? 'reply too large' : null) },
       );
+      if (meta.token !== this.token) {
+        const reason = 'wrong join token: open the join link shown on the dashboard';
+        this.refusals.push({ peer: conn.peer, reason, at: Date.now() });
+        this.emit({ type: 'refused', peer: conn.peer, reason });
+        await link.send({ kind: 'rpc', from: COORDINATOR, body: { type: 'refused', reason }, tensors: [] }).catch(() => {});
+        setTimeout(() => conn.close(), 500); // let the refusal reach the page first
+        return;
+      }
+      this.connections.set(conn.peer, conn);
       rpc = new RpcClient(link, COORDINATOR);
       const info = await rpc.call<WorkerInfo>('describe', {}, DESCRIBE_TIMEOUT_MS);
-      worker = { id: conn.peer, info, rpc, link, joinedAt: Date.now(), activity: 'idle' };
-      this.roster.set(worker.id, worker);
-      this.emit({ type: 'join', worker });
+      const joined: SwarmWorker = { id: conn.peer, info, rpc, link, joinedAt: Date.now(), activity: 'idle', pulse: null, framesDropped: 0 };
+      worker = joined;
+      this.roster.set(joined.id, joined);
+      watchHeartbeats(link, COORDINATOR, {
+        onDead: (silentMs) => {
+          this.drop(joined, `no answer for ${(silentMs / 1000).toFixed(1)} s (tab closed, crashed or frozen)`, silentMs);
+          conn.close();
+        },
+        onPulse: (pulse) => {
+          const changed = joined.pulse?.state !== pulse.state || joined.pulse?.framesDropped !== pulse.framesDropped || joined.framesDropped !== link.stats.framesDropped;
+          joined.pulse = pulse;
+          joined.framesDropped = link.stats.framesDropped;
+          if (changed) this.emit({ type: 'update', worker: joined });
+        },
+      });
+      this.emit({ type: 'join', worker: joined });
     } catch (e) {
       console.warn(`worker ${conn.peer} could not join: ${(e as Error).message}`);
       conn.close();
     }
   }
 }
+

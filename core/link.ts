@@ -107,9 +107,14 @@ export class Link {
     });
   }
 
+  /** When a valid frame last arrived (ms since the epoch): what heartbeats judge a peer by. */
+  lastHeardAt = Date.now();
+
   /** Feed one frame from the channel's `message` event. Never throws. */
   receive(frame: ArrayBuffer | ArrayBufferView): void {
+    const droppedBefore = this.reassembler.dropped;
     const msg = this.reassembler.push(frame);
+    if (this.reassembler.dropped === droppedBefore) this.lastHeardAt = Date.now();
     if (msg === null) return;
     this.messagesReceived++;
     for (const cb of [...this.messageListeners]) {
@@ -142,6 +147,10 @@ export class Link {
     this.channel.removeEventListener('close', this.onChannelClose);
     const pending = this.queue.splice(0);
     for (const out of pending) out.reject(new Error(`${reason} before ${out.frames.frameCount - out.next} of ${out.frames.frameCount} frames were sent`));
+  }
+
+  get closed(): boolean {
+    return this.closedReason !== null;
   }
 
   get stats(): LinkStats {

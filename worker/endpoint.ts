@@ -1,5 +1,6 @@
 import { Peer, type DataConnection } from 'peerjs';
 import { newPeerId, openLink, PEER_ID_PREFIX, signalingOptions, type DataConnectionLike, type SignalingOptions } from '../core/peer-link.ts';
+import { answerHeartbeats } from '../core/heartbeat.ts';
 import { serveRpc } from '../core/rpc.ts';
 import { probeWebGpu } from './webgpu.ts';
 import { startEngineWorker } from './engine-client.ts';
@@ -13,12 +14,13 @@ import { WorkerRuntime, type InitArgs, type WorkerInfo, type WorkerState } from 
  */
 const MESH_TIMEOUT_MS = 30_000;
 const RECONNECT_MS = 2_000;
+const REFUSED_RETRY_MS = 15_000;
 
 export interface WorkerStatus {
   peerId: string;
   coordinator: string | null;
   connected: boolean;
-  state: WorkerState | 'joining' | 'disconnected' | 'left';
+  state: WorkerState | 'joining' | 'disconnected' | 'refused' | 'left';
   detail: string;
   info: WorkerInfo | null;
   totals: { steps: number; bytesSent: number; computeMs: number };
@@ -29,6 +31,8 @@ export interface WorkerEndpointOptions {
   origin: string;
   /** the coordinator's peer id from the worker link; without it the newest coordinator is found */
   swarm?: string | null;
+  /** the join token from the worker link */
+  token?: string | null;
   onStatus(status: WorkerStatus): void;
 }
 
@@ -74,15 +78,18 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
     else rankConnections.set(key, conn);
   });
 
-  let mesh: MeshExchange | null = null;
-  const closeMesh = () => {
-    mesh?.closeLinks('job mesh closed');
+  let mesh: { exchange: MeshExchange; connections: DataConnection[] } | null = null;
+  const closeMesh = (reason = 'job mesh closed') => {
+    mesh?.exchange.fail(new Error(reason));
+    mesh?.exchange.closeLinks(reason);
+    mesh?.connections.forEach((c) => c.close());
     mesh = null;
   };
 
   async function connectMesh(init: InitArgs): Promise<MeshExchange> {
-    closeMesh();
-    const exchange = (mesh = new MeshExchange(init.rank, init.world));
+    closeMesh('a new job mesh replaced it');
+    const exchange = new MeshExchange(init.rank, init.world);
+    const current = (mesh = { exchange, connections: [] as DataConnection[] });
     const linkTo = async (rank: number): Promise<void> => {
       let conn: DataConnection;
       if (rank < init.rank) {
@@ -98,10 +105,26 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
           }));
         rankConnections.delete(key);
         rankWaiters.delete(key);
+        // the signaling server vouches for peer ids: only the peer the coordinator named may be rank r
+        if (conn.peer !== init.peers[rank]) {
+          conn.close();
+          throw new Error(`peer ${conn.peer} claimed rank ${rank}, which the coordinator gave to ${init.peers[rank]}; misbehaving rank ${rank}`);
+        }
       }
+      current.connections.push(conn);
+      const misbehaved = (why: string) => {
+        exchange.fail(new Error(`misbehaving rank ${rank}: ${why}; disconnected`));
+        conn.close();
+        return why;
+      };
       const link = await openLink(conn as unknown as DataConnectionLike, (reason) => exchange.fail(new Error(`rank ${rank} is gone: ${reason}`)), {
-        // a rank may only send tensors, and only as itself
-        accept: (h) => (h.kind !== 'tensor' ? `rank ${rank} sent a ${h.kind} message on the mesh` : h.from !== rank ? `rank ${rank} sent a tensor claiming to be rank ${h.from}` : null),
+        // a rank may only send tensors of the running job, of the planned size, and only as itself
+        accept: (h) =>
+          h.kind !== 'tensor'
+            ? `rank ${rank} sent a ${h.kind} message on the mesh`
+            : h.from !== rank
+              ? misbehaved(`it sent a tensor in the name of rank ${h.from}`)
+              : runtime.judgeTensor(h.tag, h.totalBytes),
       });
       exchange.addPeer(rank, link);
     };
@@ -113,7 +136,7 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
     connectMesh,
     describe: async () => info,
     onState: (state, detail) => publish({ state, detail, totals: { ...runtime.totals } }),
-    onShutdown: () => closeMesh(),
+    onShutdown: () => closeMesh('released by the coordinator'),
   });
 
   let leaving = false;
@@ -123,18 +146,31 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
         const coordinator = options.swarm ?? (await discoverCoordinator(signaling, options.origin));
         if (!coordinator) throw new Error('no dashboard is open yet');
         publish({ coordinator, detail: `connecting to ${coordinator}` });
-        const conn = peer.connect(coordinator, { serialization: 'raw', reliable: true, metadata: { role: 'worker' } });
+        const conn = peer.connect(coordinator, { serialization: 'raw', reliable: true, metadata: { role: 'worker', token: options.token ?? '' } });
         let closed!: () => void;
         const gone = new Promise<void>((resolve) => (closed = resolve));
         const link = await openLink(conn as unknown as DataConnectionLike, () => closed(), {
           accept: (h) => (h.kind !== 'rpc' ? 'the coordinator may only send RPC messages' : null),
         });
+        let refusal: string | null = null;
+        link.onMessage((msg) => {
+          const body = msg.kind === 'rpc' ? (msg.body as { type?: string; reason?: unknown }) : null;
+          if (body?.type === 'refused') refusal = String(body.reason);
+        });
         serveRpc(link, 0, (method, args) => runtime.dispatch(method, args));
+        answerHeartbeats(link, 0, () => {
+          const framesDropped = link.stats.framesDropped + (mesh?.exchange.framesDropped() ?? 0);
+          if (framesDropped !== status.framesDropped) publish({ framesDropped });
+          return { state: runtime.state, framesDropped };
+        });
         publish({ connected: true, state: runtime.state, detail: 'joined the swarm' });
-        const dropped = setInterval(() => status.framesDropped !== link.stats.framesDropped && publish({ framesDropped: link.stats.framesDropped }), 1000);
         await gone;
-        clearInterval(dropped);
-        closeMesh();
+        closeMesh('lost the dashboard');
+        if (refusal) {
+          publish({ connected: false, state: 'refused', detail: `the dashboard refused this worker: ${refusal}` });
+          await new Promise((r) => setTimeout(r, REFUSED_RETRY_MS));
+          continue;
+        }
         publish({ connected: false, state: 'disconnected', detail: 'lost the dashboard; reconnecting' });
       } catch (e) {
         publish({ connected: false, detail: `${(e as Error).message}; retrying` });
@@ -147,7 +183,7 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
   return {
     leave() {
       leaving = true;
-      closeMesh();
+      closeMesh('this worker left the swarm');
       peer.destroy();
       engineWorker.terminate();
       publish({ connected: false, state: 'left', detail: 'left the swarm' });

@@ -25,6 +25,13 @@ export class MeshExchange implements Exchange {
     link.onMessage((msg) => this.deliver(peerRank, msg));
   }
 
+  /** bad frames dropped on the links to the other ranks */
+  framesDropped(): number {
+    let n = 0;
+    for (const link of this.links.values()) n += link.stats.framesDropped;
+    return n;
+  }
+
   closeLinks(reason: string): void {
     for (const link of this.links.values()) link.close(reason);
   }

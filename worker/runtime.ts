@@ -1,6 +1,6 @@
 import type { WanConfig } from '../core/model/config.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
-import { planUlysses } from '../core/parallel.ts';
+import { planUlysses, type UlyssesPlan } from '../core/parallel.ts';
 import type { EngineApi, EngineInfo } from './engine.ts';
 import type { ExecutionProvider } from './onnx-stages.ts';
 import { forwardRank, type Exchange } from './ulysses.ts';
@@ -61,6 +61,7 @@ export class WorkerRuntime {
   private exchange: Exchange | null = null;
   private model: EngineInfo | null = null;
   private texts: Float32Array[] = [];
+  private plan: UlyssesPlan | null = null;
   private job = -1;
   readonly totals = { steps: 0, bytesSent: 0, computeMs: 0 };
 
@@ -87,7 +88,7 @@ export class WorkerRuntime {
       case 'loadModel':
         return this.loadModel(String(a.modelUrl), (a.ep ?? 'auto') as ExecutionProvider | 'auto');
       case 'prepareJob':
-        return this.prepareJob(Number(a.job), a.texts as Float32Array[]);
+        return this.prepareJob(Number(a.job), a.texts as Float32Array[], a.latentShape as number[]);
       case 'executeModel':
         return this.executeModel(a as unknown as ExecuteArgs);
       case 'ping':
@@ -97,6 +98,7 @@ export class WorkerRuntime {
         this.init = null;
         this.exchange = null;
         this.texts = [];
+        this.plan = null;
         this.setState('idle', 'released by the coordinator');
         queueMicrotask(() => this.hooks.onShutdown?.());
         return 'bye';
@@ -127,14 +129,37 @@ export class WorkerRuntime {
     return { ep: this.model.ep, adapter: this.model.adapter, loadMs: this.model.loadMs };
   }
 
-  private prepareJob(job: number, texts: Float32Array[]) {
+  private prepareJob(job: number, texts: Float32Array[], latentShape: number[]) {
     const cfg = this.needModel();
-    if (!Array.isArray(texts) || !texts.length || !texts.every((t) => t instanceof Float32Array && t.length % cfg.textDim === 0)) {
-      throw new Error(`prepareJob needs text embeddings of width ${cfg.textDim}`);
+    if (!Array.isArray(texts) || !texts.length || texts.length > 2 || !texts.every((t) => t instanceof Float32Array && t.length % cfg.textDim === 0)) {
+      throw new Error(`prepareJob needs one or two text embeddings of width ${cfg.textDim}`);
     }
+    if (!Array.isArray(latentShape) || latentShape.length !== 4 || latentShape[0] !== cfg.inChannels) {
+      throw new Error(`prepareJob needs a latent shape [${cfg.inChannels}, T, H, W], got ${JSON.stringify(latentShape)}`);
+    }
+    this.plan = planUlysses(cfg, tokenGrid(cfg, latentShape).count, this.exchange!.world);
     this.job = job;
     this.texts = texts;
     return { job };
+  }
+
+  /**
+   * Judges a tensor a peer rank is about to send, from its header alone, before any byte of it is
+   * buffered: it must belong to the prepared job and have exactly the size the plan gives its
+   * phase. Returns why it is refused, or null.
+   */
+  judgeTensor(tag: { job: number; step: number; pass: number; block: number; phase: number }, totalBytes: number): string | null {
+    const plan = this.plan;
+    const cfg = this.model?.config;
+    if (!plan || !cfg) return 'no job is prepared on this rank';
+    if (tag.job !== this.job) return `tensor for job ${tag.job}, but job ${this.job} is running`;
+    if (tag.pass >= this.texts.length) return `tensor for pass ${tag.pass}, but the job has ${this.texts.length}`;
+    if (tag.block >= cfg.numLayers) return `tensor for block ${tag.block} of ${cfg.numLayers}`;
+    if (tag.step >= 1000) return `tensor for step ${tag.step}`;
+    const floats = [3 * plan.localTokens * plan.headWidth, plan.localTokens * plan.headWidth][tag.phase];
+    if (floats === undefined) return `unknown exchange phase ${tag.phase}`;
+    if (totalBytes !== floats * 4) return `phase ${tag.phase} tensor of ${totalBytes} bytes; the plan says ${floats * 4}`;
+    return null;
   }
 
   private async executeModel(args: ExecuteArgs): Promise<ExecuteResult> {
@@ -145,6 +170,7 @@ export class WorkerRuntime {
     if (!text) throw new Error(`no text embedding for pass ${args.pass}`);
     const grid = tokenGrid(cfg, args.latentShape);
     const plan = planUlysses(cfg, grid.count, exchange.world);
+    if (this.plan && plan.tokens !== this.plan.tokens) throw new Error(`executeModel with ${plan.tokens} tokens but the job was prepared for ${this.plan.tokens}`);
     const patchWidth = cfg.inChannels * cfg.patchSize.reduce((x, y) => x * y, 1);
     if (!(args.patches instanceof Float32Array) || args.patches.length !== plan.localTokens * patchWidth) {
       throw new Error(`executeModel expected ${plan.localTokens}×${patchWidth} patch values for rank ${exchange.rank}, got ${args.patches?.length}`);

@@ -246,7 +246,7 @@ describe.each<Transport>(['direct', 'rpc'])('Executor over %s calls', (transport
     const outputs: Tensor[] = [];
     for (const P of [1, 3]) {
       const executor = await started(P, transport);
-      await executor.prepareJob(7, [text]);
+      await executor.prepareJob(7, [text], latent.shape);
       const { output, ranks } = await executor.executeModel(request);
       expect(output.shape).toEqual(latent.shape);
       outputs.push(output);

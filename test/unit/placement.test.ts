@@ -27,7 +27,7 @@ interface FakeWorker extends SwarmWorker {
 /** A Swarm on a stub peer, plus the two roster changes PeerJS would cause. */
 function testSwarm() {
   const peer = { id: 'ditswarm-c-test', on() {}, destroy() {} };
-  const swarm = new (Swarm as unknown as new (peer: unknown, origin: string) => Swarm)(peer, 'http://localhost:8080');
+  const swarm = new (Swarm as unknown as new (peer: unknown, origin: string, token: string) => Swarm)(peer, 'http://localhost:8080', 'token');
   const internals = swarm as unknown as { roster: Map<string, SwarmWorker>; emit(e: SwarmEvent): void };
   let joined = 0;
   const join = (count = 1): FakeWorker[] =>
@@ -50,6 +50,8 @@ function testSwarm() {
         link: { close() {} } as unknown as SwarmWorker['link'],
         joinedAt: joined++,
         activity: 'idle',
+        pulse: null,
+        framesDropped: 0,
         calls,
       };
       internals.roster.set(id, worker);
@@ -58,7 +60,7 @@ function testSwarm() {
     });
   const leave = (worker: SwarmWorker) => {
     internals.roster.delete(worker.id);
-    internals.emit({ type: 'leave', worker });
+    internals.emit({ type: 'leave', worker, reason: 'test', at: Date.now(), silentMs: 0 });
   };
   return { swarm, join, leave };
 }
@@ -111,7 +113,7 @@ describe('SwarmExecutor placement', () => {
     const t0 = performance.now();
     const error = await rejection(executorOn(swarm, { ulyssesDegree: 4 }).initialize());
     const elapsed = performance.now() - t0;
-    expect(error.message).toMatch(/^2 workers joined within .* but 4 are needed: open http:\/\/localhost:8080\/worker\.html\?swarm=ditswarm-c-test in 2 more tab/);
+    expect(error.message).toMatch(/^2 workers joined within .* but 4 are needed: open http:\/\/localhost:8080\/worker\.html\?swarm=ditswarm-c-test&token=token in 2 more tab/);
     expect(elapsed).toBeGreaterThanOrEqual(280);
     expect(elapsed).toBeLessThan(1_300);
   });
@@ -176,7 +178,7 @@ describe('SwarmExecutor placement', () => {
     leave(workers[2]);
     expect(failures).toEqual([]);
     leave(workers[1]);
-    expect(failures).toEqual(['rank 1 (worker w1) left the swarm']);
+    expect(failures).toEqual(['rank 1 (worker w1) is lost: test']);
   });
 
   it('after shutdown the ranks are idle again and their leaving is no longer a failure', async () => {

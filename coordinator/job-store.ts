@@ -1,0 +1,72 @@
+import { openDB, type IDBPDatabase } from 'idb';
+import type { JobParams } from '../core/job.ts';
+import type { Backend } from './backends.ts';
+import type { GenerateReport } from './pipeline.ts';
+
+/**
+ * Where the dashboard keeps its jobs so that a reload loses nothing: parameters, status, the
+ * latent after the last completed step, and the finished video. IndexedDB in a page; an
+ * in-memory twin for tests.
+ */
+export type JobStatus = 'queued' | 'running' | 'done' | 'failed';
+
+export interface JobPlacement {
+  backend: Backend;
+  workers: number | 'auto';
+  ep: 'auto' | 'webgpu' | 'wasm';
+}
+
+export interface StoredJob {
+  id: number;
+  params: JobParams;
+  placement: JobPlacement;
+  status: JobStatus;
+  createdAt: number;
+  updatedAt: number;
+  /** `step` steps done; `latent` after them */
+  checkpoint?: { step: number; latent: Float32Array };
+  error?: string;
+  result?: { video: Blob; latent: Float32Array; report: GenerateReport };
+}
+
+export interface JobStore {
+  all(): Promise<StoredJob[]>;
+  put(job: StoredJob): Promise<void>;
+  delete(id: number): Promise<void>;
+}
+
+export class MemoryJobStore implements JobStore {
+  private readonly jobs = new Map<number, StoredJob>();
+  async all() {
+    return [...this.jobs.values()].sort((a, b) => a.id - b.id).map((j) => structuredClone(j));
+  }
+  async put(job: StoredJob) {
+    this.jobs.set(job.id, structuredClone(job));
+  }
+  async delete(id: number) {
+    this.jobs.delete(id);
+  }
+}
+
+export class IdbJobStore implements JobStore {
+  private constructor(private readonly db: IDBPDatabase) {}
+
+  static async open(name = 'ditswarm'): Promise<IdbJobStore> {
+    const db = await openDB(name, 1, {
+      upgrade(db) {
+        db.createObjectStore('jobs', { keyPath: 'id' });
+      },
+    });
+    return new IdbJobStore(db);
+  }
+
+  async all(): Promise<StoredJob[]> {
+    return (await this.db.getAll('jobs')) as StoredJob[];
+  }
+  async put(job: StoredJob): Promise<void> {
+    await this.db.put('jobs', job);
+  }
+  async delete(id: number): Promise<void> {
+    await this.db.delete('jobs', id);
+  }
+}

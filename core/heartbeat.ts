@@ -1,0 +1,59 @@
+import type { Link } from './link.ts';
+
+/**
+ * Liveness of a worker as the coordinator judges it: the coordinator sends a heartbeat every
+ * half second and the worker answers at once, from its message handler. Any valid frame counts as a
+ * sign of life; after DEAD_AFTER_MS of silence the worker is dead — its tab closed, crashed or is
+ * stuck in a loop. Only the coordinator keeps a timer: a worker is usually a hidden tab, whose
+ * timers browsers throttle, but whose message events they deliver on time.
+ */
+export const HEARTBEAT_INTERVAL_MS = 500;
+export const DEAD_AFTER_MS = 3_000;
+
+/** What a worker reports with each answer, for the swarm view. */
+export interface WorkerPulse {
+  state: string;
+  framesDropped: number;
+}
+
+type HeartbeatBody = { type: 'heartbeat' } | { type: 'heartbeat-echo'; pulse: WorkerPulse };
+
+function heartbeatBody(body: unknown): HeartbeatBody | null {
+  const type = (body as { type?: unknown } | null)?.type;
+  return type === 'heartbeat' || type === 'heartbeat-echo' ? (body as HeartbeatBody) : null;
+}
+
+/** Worker side: answer every heartbeat with the current pulse. */
+export function answerHeartbeats(link: Link, from: number, pulse: () => WorkerPulse): () => void {
+  return link.onMessage((msg) => {
+    if (msg.kind !== 'rpc' || heartbeatBody(msg.body)?.type !== 'heartbeat') return;
+    link.send({ kind: 'rpc', from, body: { type: 'heartbeat-echo', pulse: pulse() }, tensors: [] }).catch(() => {});
+  });
+}
+
+/** Coordinator side: beat every interval; `onDead` once after `deadAfterMs` of silence. */
+export function watchHeartbeats(
+  link: Link,
+  from: number,
+  handlers: { onDead(silentMs: number): void; onPulse?(pulse: WorkerPulse): void },
+  { intervalMs = HEARTBEAT_INTERVAL_MS, deadAfterMs = DEAD_AFTER_MS } = {},
+): () => void {
+  const off = link.onMessage((msg) => {
+    const body = msg.kind === 'rpc' ? heartbeatBody(msg.body) : null;
+    if (body?.type === 'heartbeat-echo' && body.pulse && typeof body.pulse === 'object') handlers.onPulse?.(body.pulse);
+  });
+  const timer = setInterval(() => {
+    const silentMs = Date.now() - link.lastHeardAt;
+    if (silentMs > deadAfterMs || link.closed) {
+      stop();
+      handlers.onDead(silentMs);
+      return;
+    }
+    link.send({ kind: 'rpc', from, body: { type: 'heartbeat' }, tensors: [] }).catch(() => {});
+  }, intervalMs);
+  const stop = () => {
+    clearInterval(timer);
+    off();
+  };
+  return stop;
+}

@@ -1,0 +1,133 @@
+import { expect, test, type Page } from '@playwright/test';
+import { maxAbsDiff, openTestSwarm, runJob, type TestSwarm } from './swarm-page.ts';
+
+// A swarm that survives: lost workers, a reloaded dashboard and strangers lose nothing.
+const job = { prompt: 'a red ball', frames: 9, height: 64, width: 64, steps: 6, guidance: 5, seed: 11, backend: 'swarm', ep: 'wasm' };
+
+/** Runs `job` on 3 ranks and does `harm` to rank 1's page once step 2 has completed. */
+async function runAndHarm(swarm: TestSwarm, harm: (page: Page) => Promise<void>) {
+  let harmedAt = 0;
+  await swarm.dashboard.exposeFunction('ditswarmProgress', async (p: { step: number }) => {
+    if (p.step !== 2 || harmedAt) return;
+    const ranks: string[] = await swarm.dashboard.evaluate(() => (window as any).ditswarm.ranks());
+    for (const page of swarm.workers) {
+      const id = await page.evaluate(() => (window as any).ditswarmWorker?.peerId);
+      if (id !== ranks[1]) continue;
+      harmedAt = Date.now();
+      await harm(page);
+    }
+  });
+  const run = await runJob(swarm.dashboard, { ...job, workers: 3 });
+  return { ...run, harmedAt };
+}
+
+test.describe('a lost worker costs one step, not the job', () => {
+  let uninterrupted: Awaited<ReturnType<typeof runJob>>;
+  test.beforeAll(async ({ browser, baseURL }) => {
+    const swarm = await openTestSwarm(browser, baseURL!, 3);
+    uninterrupted = await runJob(swarm.dashboard, { ...job, workers: 3 });
+    await swarm.close();
+  });
+
+  for (const [name, harm] of [
+    ['closed', (page: Page) => page.close()],
+    ['crashed', (page: Page) => page.goto('chrome://crash').then(() => {}, () => {})],
+  ] as const) {
+    test(`3 worker tabs, one ${name} mid-job: the job completes with the uninterrupted latent`, async ({ browser, baseURL }) => {
+      const swarm = await openTestSwarm(browser, baseURL!, 3);
+      try {
+        const run = await runAndHarm(swarm, harm);
+        expect(run.harmedAt).toBeGreaterThan(0);
+        const failures = run.report.failures;
+        expect(failures.length).toBeGreaterThanOrEqual(1);
+        expect(failures[0].degreeBefore).toBe(3);
+        expect(failures[0].degreeAfter).toBe(2);
+        expect(failures[0].lost.map((l: any) => l.rank)).toEqual([1]);
+        const detectionMs = failures[0].detectedAt - run.harmedAt;
+        const stepsMs = (r: any) => r.steps.reduce((t: number, s: any) => t + s.ms, 0);
+        const extraMs = stepsMs(run.report) - stepsMs(uninterrupted.report);
+        console.log(`${name}: detected after ${detectionMs} ms (${failures[0].lost[0].reason}), re-plan ${failures[0].replanMs.toFixed(0)} ms, extra ${extraMs.toFixed(0)} ms`);
+        expect(detectionMs).toBeLessThan(5_000);
+        const diff = maxAbsDiff(run.latent, uninterrupted.latent);
+        console.log(`${name}: max-abs vs uninterrupted ${diff.toExponential(2)}`);
+        expect(diff).toBeLessThanOrEqual(1e-4);
+      } finally {
+        await swarm.close();
+      }
+    });
+  }
+});
+
+test('a dashboard reloaded mid-job finishes the job after the reload, and its video stays playable', async ({ browser, baseURL }) => {
+  const swarm = await openTestSwarm(browser, baseURL!, 1);
+  try {
+    const params = { ...job, steps: 8, workers: 1 };
+    const reference = await runJob(swarm.dashboard, { ...params, seed: 12 });
+    const dashboard = swarm.dashboard;
+    const id: number = await dashboard.evaluate((p) => (window as any).ditswarm.submit(p), { ...params, seed: 12 });
+    await expect.poll(() => dashboard.evaluate((i) => (window as any).ditswarm.jobs().find((j: any) => j.id === i)?.step ?? 0, id), { timeout: 60_000, intervals: [50] }).toBeGreaterThanOrEqual(2);
+    await dashboard.reload();
+    await dashboard.evaluate(() => (window as any).ditswarm.ready);
+    const resumed = await dashboard.evaluate((i) => (window as any).ditswarm.jobs().find((j: any) => j.id === i), id);
+    expect(resumed, 'the interrupted job is still there after the reload').toBeTruthy();
+    const { report, latent } = await dashboard.evaluate((i) => (window as any).ditswarm.result(i), id);
+    expect(report.resumedFromStep).toBeGreaterThanOrEqual(1);
+    const bytes = Buffer.from(latent, 'base64');
+    const diff = maxAbsDiff(new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4), reference.latent);
+    console.log(`reload: resumed from step ${report.resumedFromStep}, max-abs vs uninterrupted ${diff.toExponential(2)}`);
+    expect(diff).toBeLessThanOrEqual(1e-4);
+    expect((await dashboard.evaluate(() => (window as any).ditswarm.jobs())).filter((j: any) => j.id === id)).toHaveLength(1);
+
+    await dashboard.reload();
+    await dashboard.evaluate(() => (window as any).ditswarm.ready);
+    const video = await dashboard.evaluate(() => (window as any).ditswarm.inspectVideo());
+    expect(video.duration).toBeGreaterThan(0);
+    expect(video.file.frameCount).toBe(9);
+    await expect(dashboard.locator('#gallery li')).toHaveCount(2);
+  } finally {
+    await swarm.close();
+  }
+});
+
+test('a worker page with a wrong join token is refused, says so, and the job runs without it', async ({ browser, baseURL }) => {
+  const swarm = await openTestSwarm(browser, baseURL!, 1);
+  try {
+    const { joinUrl } = await swarm.dashboard.evaluate(() => (window as any).ditswarm.ready);
+    const stranger = await swarm.dashboard.context().newPage();
+    await stranger.goto(joinUrl.replace(/token=[^&]+/, 'token=not-the-token'));
+    await expect(stranger.locator('#state')).toHaveText('refused', { timeout: 20_000 });
+    await expect(stranger.locator('#detail')).toContainText('join token');
+    expect(await swarm.dashboard.evaluate(() => (window as any).ditswarm.workerCount())).toBe(1);
+    const run = await runJob(swarm.dashboard, { ...job, steps: 2, workers: 'auto' });
+    expect(run.report.workers).toHaveLength(1);
+    await expect(swarm.dashboard.locator('#swarm-events')).toContainText('Refused');
+  } finally {
+    await swarm.close();
+  }
+});
+
+test('20 jobs submitted at once run in order, none lost or repeated, with distinct outputs', async ({ browser, baseURL }) => {
+  const swarm = await openTestSwarm(browser, baseURL!, 1);
+  try {
+    const tiny = { prompt: 'a dot', frames: 1, height: 16, width: 16, steps: 1, guidance: 1, backend: 'swarm', workers: 1, ep: 'wasm' };
+    const ids: number[] = await swarm.dashboard.evaluate(
+      (t) => Promise.all(Array.from({ length: 20 }, (_, i) => (window as any).ditswarm.submit({ ...t, seed: 100 + i }))),
+      tiny,
+    );
+    expect(new Set(ids).size).toBe(20);
+    // the page stays responsive while the queue runs
+    const started = Date.now();
+    await swarm.dashboard.evaluate(() => (window as any).ditswarm.jobs().length);
+    expect(Date.now() - started).toBeLessThan(1_000);
+    const results = await swarm.dashboard.evaluate((all) => Promise.all(all.map((id: number) => (window as any).ditswarm.result(id))), ids);
+    const hashes = results.map((r: any) => r.report.latentSha256);
+    expect(new Set(hashes).size).toBe(20);
+    const jobs = await swarm.dashboard.evaluate(() => (window as any).ditswarm.jobs());
+    expect(jobs.map((j: any) => j.id)).toEqual([...ids].sort((a, b) => a - b));
+    expect(jobs.every((j: any) => j.status === 'done')).toBe(true);
+    const finishOrder = results.map((r: any) => r.report.config.seed);
+    expect(finishOrder).toEqual(ids.map((_, i) => 100 + i));
+  } finally {
+    await swarm.close();
+  }
+});
