@@ -262,6 +262,11 @@ export class Reassembler {
     return this.open.size;
   }
 
+  /** Bytes reserved for partial messages: bounded by maxPendingBytes whatever a peer sends. */
+  get heldBytes(): number {
+    return this.pendingBytes;
+  }
+
   push(frame: ArrayBuffer | ArrayBufferView): Message | null {
     try {
       return this.pushFrame(frame);
