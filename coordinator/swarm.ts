@@ -61,7 +61,7 @@ export class Swarm {
     const id = identity.id ?? newPeerId('coordinator');
     // after a reload the server may still hold the old registration for a moment: retry briefly
     for (let attempt = 0; ; attempt++) {
-      const peer = new Peer(id, { ...signaling, config: { iceServers: [] }, debug: 1 });
+      const peer = new Peer(id, { ...signaling, config: { iceServers: signaling.iceServers }, debug: 1 });
       try {
         await new Promise<void>((resolve, reject) => {
           peer.once('open', () => resolve());

@@ -23,6 +23,13 @@ export function newPeerId(side: keyof typeof PEER_ID_PREFIX): string {
   return PEER_ID_PREFIX[side] + random;
 }
 
+/** A STUN or TURN server for ICE, shaped like the browser's RTCIceServer. */
+export interface IceServer {
+  urls: string | string[];
+  username?: string;
+  credential?: string;
+}
+
 /** Where the PeerJS server of this origin listens, as the ditswarm server publishes it. */
 export interface SignalingOptions {
   host: string;
@@ -30,15 +37,17 @@ export interface SignalingOptions {
   path: string;
   key: string;
   secure: boolean;
+  /** the server's STUN/TURN list for every RTCPeerConnection; empty means host candidates only (one LAN) */
+  iceServers: IceServer[];
 }
 
 export async function signalingOptions(origin: string): Promise<SignalingOptions> {
   const url = new URL(origin);
   const response = await fetch(new URL('/signaling.json', url));
   if (!response.ok) throw new Error(`no signaling server at ${url.origin} (HTTP ${response.status}); is this a ditswarm server?`);
-  const { path, key } = (await response.json()) as { path: string; key: string };
+  const { path, key, iceServers = [] } = (await response.json()) as { path: string; key: string; iceServers?: IceServer[] };
   const secure = url.protocol === 'https:';
-  return { host: url.hostname, port: Number(url.port) || (secure ? 443 : 80), path, key, secure };
+  return { host: url.hostname, port: Number(url.port) || (secure ? 443 : 80), path, key, secure, iceServers };
 }
 
 /** Resolves with a Link once the connection is open; `onClose` runs once when it goes away. */

@@ -1,14 +1,15 @@
 import { type NetworkInterfaceInfo, networkInterfaces } from 'node:os';
 import { parseArgs } from 'node:util';
-import { DEFAULT_PEER_KEY } from './peer-signaling.ts';
+import { DEFAULT_PEER_KEY, parseIceServers } from './peer-signaling.ts';
 import { DEFAULT_PORT, startServer } from './serve.ts';
 
-// `npm start [-- --port N] [--rebuild] [--key K]`: build if needed, serve, print where to go.
+// `npm start [-- --port N] [--rebuild] [--key K] [--ice-servers LIST]`: build if needed, serve, print where to go.
 const { values: flags } = parseArgs({
   options: {
     port: { type: 'string' },
     rebuild: { type: 'boolean', default: false },
     key: { type: 'string' },
+    'ice-servers': { type: 'string' },
   },
 });
 
@@ -18,11 +19,21 @@ if (!Number.isInteger(requestedPort) || requestedPort < 0 || requestedPort > 655
   process.exit(2);
 }
 
+let iceServers;
+try {
+  iceServers = parseIceServers(flags['ice-servers'] ?? process.env.DITSWARM_ICE_SERVERS);
+} catch (error) {
+  console.error(`--ice-servers/DITSWARM_ICE_SERVERS: ${(error as Error).message}`);
+  process.exit(2);
+}
+
 const server = await startServer({
   port: requestedPort,
   rebuild: flags.rebuild,
   peerKey: flags.key ?? process.env.DITSWARM_KEY ?? DEFAULT_PEER_KEY,
+  iceServers,
 });
+const iceUrls = iceServers.flatMap((s) => s.urls); // credentials stay out of the log
 
 const lanUrls = lanAddresses().map((address) => `http://${address}:${server.port}`);
 console.log(
@@ -37,6 +48,7 @@ console.log(
          '   unless that browser treats this origin as secure, see chrome://flags/#unsafely-treat-insecure-origin-as-secure)']
       : []),
     `  signaling   ${server.url}/peerjs  key "${server.peerKey}"`,
+    `  ICE servers ${iceUrls.length ? iceUrls.join(', ') : 'none (host candidates only: pages on one LAN; pass --ice-servers for STUN/TURN)'}`,
     '',
   ].join('\n'),
 );

@@ -3,10 +3,60 @@ import type { Server } from 'node:http';
 import type { Duplex } from 'node:stream';
 import type { Express } from 'express';
 import { ExpressPeerServer } from 'peer';
+import type { IceServer } from '../core/peer-link.ts';
 
 /** Where pages find the PeerServer: `new Peer(id, { host, port, path: SIGNALING_PATH, key })`. */
 export const SIGNALING_PATH = '/peerjs';
 export const DEFAULT_PEER_KEY = 'ditswarm';
+
+/**
+ * The STUN/TURN servers every page hands to RTCPeerConnection, from `--ice-servers` or
+ * DITSWARM_ICE_SERVERS: either a JSON array of RTCIceServer objects
+ * (`[{"urls":"turn:turn.example.org:3478","username":"u","credential":"p"}]`) or a comma-separated
+ * list of STUN URLs (`stun:stun.example.org:3478`). Empty text is no servers: host candidates
+ * only, which is enough on one LAN. A TURN server without credentials is rejected here, as the
+ * browser would reject it in every page.
+ */
+export function parseIceServers(text: string | undefined): IceServer[] {
+  const trimmed = text?.trim() ?? '';
+  if (!trimmed) return [];
+  let servers: unknown;
+  if (trimmed.startsWith('[')) {
+    try {
+      servers = JSON.parse(trimmed);
+    } catch (error) {
+      throw new Error(`ICE servers: not valid JSON (${(error as Error).message}); expected [{"urls":"stun:host:3478"}, …]`);
+    }
+  } else {
+    servers = trimmed.split(',').map((url) => ({ urls: url.trim() }));
+  }
+  if (!Array.isArray(servers)) throw new Error('ICE servers: expected a JSON array of {urls, username?, credential?}');
+  return servers.map((server, i) => checkIceServer(server, i));
+}
+
+function checkIceServer(server: unknown, index: number): IceServer {
+  const where = `ICE server ${index + 1}`;
+  if (typeof server !== 'object' || server === null) throw new Error(`${where}: expected an object {urls, username?, credential?}, got ${JSON.stringify(server)}`);
+  const { urls, username, credential } = server as Record<string, unknown>;
+  const list = typeof urls === 'string' ? [urls] : urls;
+  if (!Array.isArray(list) || list.length === 0 || !list.every((u) => typeof u === 'string')) {
+    throw new Error(`${where}: "urls" must be a URL or a non-empty list of URLs, got ${JSON.stringify(urls)}`);
+  }
+  for (const url of list as string[]) {
+    const scheme = /^(stuns?|turns?):[^\s]+$/.exec(url)?.[1];
+    if (!scheme) throw new Error(`${where}: "${url}" is not a stun:, stuns:, turn: or turns: URL (e.g. stun:stun.example.org:3478)`);
+    if (scheme.startsWith('turn') && (typeof username !== 'string' || typeof credential !== 'string')) {
+      throw new Error(`${where}: ${url} needs "username" and "credential" (browsers refuse TURN without them); use the JSON form`);
+    }
+  }
+  if (username !== undefined && typeof username !== 'string') throw new Error(`${where}: "username" must be text`);
+  if (credential !== undefined && typeof credential !== 'string') throw new Error(`${where}: "credential" must be text`);
+  return {
+    urls: urls as string | string[],
+    ...(username !== undefined && { username: username as string }),
+    ...(credential !== undefined && { credential: credential as string }),
+  };
+}
 
 export interface Signaling {
   /** Drops every signaling websocket and stops the PeerServer's housekeeping timers. */

@@ -1,6 +1,7 @@
 import http from 'node:http';
 import express, { type RequestHandler } from 'express';
 import { DIST_DIR, ensureAppBuilt } from './app-build.ts';
+import type { IceServer } from '../core/peer-link.ts';
 import { DEFAULT_PEER_KEY, SIGNALING_PATH, mountSignaling } from './peer-signaling.ts';
 
 export const DEFAULT_PORT = 5173;
@@ -15,6 +16,8 @@ export interface ServerOptions {
   quiet?: boolean;
   /** PeerServer key; every page must connect with the same one (they read /signaling.json). */
   peerKey?: string;
+  /** STUN/TURN servers published to every page; the default (none) works within one LAN. */
+  iceServers?: IceServer[];
 }
 
 export interface RunningServer {
@@ -27,7 +30,7 @@ export interface RunningServer {
 
 /** Serves the built app and the PeerJS signaling server on one port. */
 export async function startServer(options: ServerOptions = {}): Promise<RunningServer> {
-  const { port = DEFAULT_PORT, rebuild = false, quiet = false, peerKey = DEFAULT_PEER_KEY } = options;
+  const { port = DEFAULT_PORT, rebuild = false, quiet = false, peerKey = DEFAULT_PEER_KEY, iceServers = [] } = options;
   await ensureAppBuilt({ force: rebuild, quiet });
 
   const app = express();
@@ -35,7 +38,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
   app.use(crossOriginIsolation);
   const signaling = mountSignaling(app, server, peerKey);
   app.get('/signaling.json', (_request, response) => {
-    response.json({ path: SIGNALING_PATH, key: peerKey });
+    response.json({ path: SIGNALING_PATH, key: peerKey, iceServers });
   });
   app.use(express.static(DIST_DIR));
 

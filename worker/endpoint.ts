@@ -38,7 +38,7 @@ export interface WorkerEndpointOptions {
 
 export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promise<{ leave(): void }> {
   const signaling = await signalingOptions(options.origin);
-  const peer = new Peer(newPeerId('worker'), { ...signaling, config: { iceServers: [] }, debug: 1 });
+  const peer = new Peer(newPeerId('worker'), { ...signaling, config: { iceServers: signaling.iceServers }, debug: 1 });
   await new Promise<void>((resolve, reject) => {
     peer.once('open', () => resolve());
     peer.once('error', (e) => reject(new Error(`could not reach the signaling server: ${e.message}`)));

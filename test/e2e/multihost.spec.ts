@@ -1,0 +1,138 @@
+import { chromium, expect, test, type Browser, type Page } from '@playwright/test';
+import type { ChildProcess } from 'node:child_process';
+import { chromiumArgs, chromiumExecutable } from '../../server/chromium.ts';
+import { canCreateNamespaces, createTestNetwork, type TestHost, type TestNetwork } from './netns.ts';
+import { maxAbsDiff, runJob } from './swarm-page.ts';
+
+// The swarm on separate hosts: the server in h0, the dashboard's Chromium in h1 and one Chromium
+// per worker in h2…h4, each host a network namespace with its own address on a private test
+// subnet. Workers share no loopback, storage or BroadcastChannel; every byte between them
+// crosses the test bridge, whose port counters show who sent what.
+const SERVER_PORT = 8000;
+const STUN_PORT = 3478;
+const WORKERS = 3;
+const DIM = 288;
+const LAYERS = 2;
+const TOKENS = 72;
+const job = { prompt: 'a red ball', frames: 5, height: 96, width: 96, steps: 2, guidance: 5, seed: 3, backend: 'swarm', ep: 'wasm' };
+
+const support = canCreateNamespaces();
+
+test.describe.serial('Ulysses across hosts', () => {
+  test.skip(!support.ok, `multi-host test skipped: ${support.ok ? '' : support.reason}`);
+
+  let network: TestNetwork | undefined;
+  const browsers: Browser[] = [];
+  let dashboard: Page;
+  let serverHost: TestHost;
+  let workerHosts: TestHost[];
+  let dashboardHost: TestHost;
+  /** hosts whose pages sent a STUN Binding request to the server published in /signaling.json */
+  const stunClients = new Set<string>();
+
+  test.beforeAll(async () => {
+    test.setTimeout(120_000);
+    network = createTestNetwork(2 + WORKERS);
+    const [h0, h1, ...rest] = network.hosts;
+    [serverHost, dashboardHost, workerHosts] = [h0, h1, rest];
+    const origin = `http://${h0.address}:${SERVER_PORT}`;
+    const stun = network.spawnIn(h0, process.execPath, ['--import', 'tsx', 'test/e2e/stun-server.ts', String(STUN_PORT)]);
+    await linePrinted(stun, 'stun listening', 'the STUN server');
+    stun.stdout!.on('data', (chunk: Buffer) => {
+      for (const [, address] of chunk.toString().matchAll(/^binding (\S+)$/gm)) stunClients.add(address);
+    });
+    const env = { ...process.env, DITSWARM_ICE_SERVERS: `stun:${h0.address}:${STUN_PORT}` };
+    const server = network.spawnIn(h0, process.execPath, ['--import', 'tsx', 'server/main.ts', '--port', String(SERVER_PORT)], { env });
+    await linePrinted(server, 'ditswarm is serving on port', 'the ditswarm server');
+
+    // http://10.x is not a secure context; the dashboard needs one (WebCodecs, crypto.subtle).
+    // Workers stay on plain http, as a LAN worker opened from the join link would be.
+    const dashboardBrowser = await launchIn(network, h1, [`--unsafely-treat-insecure-origin-as-secure=${origin}`]);
+    dashboard = await dashboardBrowser.newPage();
+    await dashboard.goto(`${origin}/`);
+    expect(await dashboard.evaluate(() => [isSecureContext, crossOriginIsolated])).toEqual([true, true]);
+    const { joinUrl } = await dashboard.evaluate(() => (window as any).ditswarm.ready);
+    expect(joinUrl).toContain(origin);
+
+    for (const host of workerHosts) {
+      const page = await (await launchIn(network, host, [])).newPage();
+      await page.goto(joinUrl);
+    }
+    await expect.poll(() => dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 60_000 }).toBe(WORKERS);
+  });
+
+  test.afterAll(async () => {
+    await Promise.allSettled(browsers.map((b) => b.close()));
+    network?.cleanup();
+  });
+
+  test('P = 2 and P = 3 on separate hosts equal P = 1 within 1e-4; the exchange goes host to host, not through the server', async () => {
+    test.setTimeout(150_000);
+    const single = await runJob(dashboard, { ...job, workers: 1 });
+    console.log(`P=1 step ms ${stepTimes(single.report)}`);
+    for (const P of [2, 3]) {
+      const before = workerHosts.map((h) => network!.trafficOf(h).fromHost);
+      const serverBefore = network!.trafficOf(serverHost);
+      const run = await runJob(dashboard, { ...job, workers: P });
+      const sentOnWire = workerHosts.map((h, i) => network!.trafficOf(h).fromHost - before[i]);
+      const serverAfter = network!.trafficOf(serverHost);
+      // What reached the server: HTTP requests and signaling (the model it serves flows the other way).
+      const serverBytes = serverAfter.toHost - serverBefore.toHost;
+
+      const diff = maxAbsDiff(run.latent, single.latent);
+      const exchanged = run.report.steps.map((s: any) => s.ranks.map((r: any) => r.bytesSent) as number[]);
+      const perRank = Array.from({ length: P }, (_, r) => exchanged.reduce((sum: number, step: number[]) => sum + step[r], 0));
+      console.log(
+        `P=${P}: max-abs vs P=1 ${diff.toExponential(2)}, step ms ${stepTimes(run.report)}; ` +
+          `exchange bytes per rank ${perRank.join('/')}, bytes leaving each worker host ${sentOnWire.join('/')}, bytes reaching the server host ${serverBytes}`,
+      );
+      expect(run.report.config.ulyssesDegree).toBe(P);
+      expect(diff, `P=${P}`).toBeLessThanOrEqual(1e-4);
+      const perPass = 4 * Math.ceil(TOKENS / P) * DIM * ((P - 1) / P) * 4 * LAYERS;
+      for (const step of exchanged) expect(step).toEqual(Array(P).fill(2 * perPass));
+      // The P busiest worker hosts each put at least their rank's exchange on the bridge ...
+      const busiest = [...sentOnWire].sort((a, b) => b - a).slice(0, P);
+      for (const bytes of busiest) expect(bytes).toBeGreaterThanOrEqual(perRank[0]);
+      // ... and none of it went through the server's host (a relay would receive every frame).
+      expect(serverBytes).toBeLessThan(perRank[0] / 2);
+    }
+  });
+
+  test('the STUN server given to the ditswarm server reaches the dashboard and every worker', async () => {
+    // Each page gathers ICE candidates for its links; with the published STUN server it asks it
+    // for its address. No request from a host means that page ignored /signaling.json's iceServers.
+    await expect.poll(() => [...stunClients].sort(), { timeout: 10_000 }).toEqual([dashboardHost, ...workerHosts].map((h) => h.address).sort());
+  });
+
+  async function launchIn(net: TestNetwork, host: TestHost, extraArgs: string[]): Promise<Browser> {
+    const browser = await chromium.launch({ executablePath: net.chromiumIn(host, chromiumExecutable()), args: [...chromiumArgs, ...extraArgs] });
+    browsers.push(browser);
+    return browser;
+  }
+});
+
+/** Resolves when `child` prints `line`; its output keeps being read after that, so it never blocks on a full pipe. */
+function linePrinted(child: ChildProcess, line: string, what: string): Promise<void> {
+  return new Promise((resolve, reject) => {
+    let output = '';
+    const timer = setTimeout(() => reject(new Error(`${what} in the test host did not start within 60 s:\n${output}`)), 60_000);
+    const read = (chunk: Buffer) => {
+      if (output.includes(line)) return;
+      output += chunk;
+      if (output.includes(line)) {
+        clearTimeout(timer);
+        resolve();
+      }
+    };
+    child.stdout!.on('data', read);
+    child.stderr!.on('data', read);
+    child.once('exit', (code) => {
+      clearTimeout(timer);
+      reject(new Error(`${what} in the test host exited with ${code}:\n${output}`));
+    });
+  });
+}
+
+function stepTimes(report: any): string {
+  return report.steps.map((s: any) => s.ms.toFixed(0)).join('/');
+}
