@@ -236,6 +236,7 @@ const progressHook = () => (window as unknown as { ditswarmProgress?: (p: object
 automation.ready.then(() =>
   queue!.on((e) => {
     if (e.type === 'progress') progressHook()?.({ job: e.job.id, step: e.progress.step, steps: e.progress.steps, stepMs: e.progress.stepMs, etaMs: e.progress.etaMs });
+    if (e.type === 'phase') progressHook()?.({ job: e.job.id, phase: e.phase });
   }),
 );
 

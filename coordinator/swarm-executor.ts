@@ -52,15 +52,16 @@ export class SwarmExecutor extends Executor {
   }
 
   /**
-   * A rank is lost if it left the swarm, if a peer blamed it for sending in another rank's name
-   * (it is evicted), or if it does not answer a ping within two seconds (frozen: evicted).
+   * A rank is lost if it left the swarm; if its peers lost their connection to it or caught it
+   * sending in another rank's name (the rank is evicted: peers notice a closed tab before the
+   * coordinator may); or if it does not answer a ping within two seconds (frozen: evicted).
    */
   override async lostRanks(error: Error): Promise<number[]> {
-    const blamed = /misbehaving rank (\d+)/.exec(error.message);
-    if (blamed) {
-      const rank = Number(blamed[1]);
-      const worker = this.ranks[rank];
-      if (worker) this.swarm.evict(worker, `rank ${rank} sent tensors in another rank's name`);
+    for (const [, rank, what] of error.message.matchAll(/(?:misbehaving rank|rank) (\d+)(:| is gone)/g)) {
+      const worker = this.ranks[Number(rank)];
+      if (worker && !this.lost.has(Number(rank))) {
+        this.swarm.evict(worker, what === ':' ? `rank ${rank} sent tensors in another rank's name` : `its peers lost their connection to rank ${rank}`);
+      }
     }
     const unanswered = await Promise.all(
       this.ranks.map((w, rank) => (this.lost.has(rank) ? false : w.rpc.call('ping', {}, 2_000).then(() => false, () => true))),

@@ -1,6 +1,6 @@
 import { type NetworkInterfaceInfo, networkInterfaces } from 'node:os';
 import { parseArgs } from 'node:util';
-import { DEFAULT_PEER_KEY, parseIceServers } from './peer-signaling.ts';
+import { newPeerKey, parseIceServers } from './peer-signaling.ts';
 import { DEFAULT_PORT, startServer } from './serve.ts';
 
 // `npm start [-- --port N] [--rebuild] [--key K] [--ice-servers LIST]`: build if needed, serve, print where to go.
@@ -30,7 +30,7 @@ try {
 const server = await startServer({
   port: requestedPort,
   rebuild: flags.rebuild,
-  peerKey: flags.key ?? process.env.DITSWARM_KEY ?? DEFAULT_PEER_KEY,
+  peerKey: flags.key ?? process.env.DITSWARM_KEY ?? newPeerKey(),
   iceServers,
 });
 const iceUrls = iceServers.flatMap((s) => s.urls); // credentials stay out of the log

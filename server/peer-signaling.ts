@@ -1,3 +1,4 @@
+import { randomBytes } from 'node:crypto';
 import { createHook } from 'node:async_hooks';
 import type { Server } from 'node:http';
 import type { Duplex } from 'node:stream';
@@ -7,7 +8,11 @@ import type { IceServer } from '../core/peer-link.ts';
 
 /** Where pages find the PeerServer: `new Peer(id, { host, port, path: SIGNALING_PATH, key })`. */
 export const SIGNALING_PATH = '/peerjs';
-export const DEFAULT_PEER_KEY = 'ditswarm';
+/**
+ * A fresh PeerServer key per server start: only pages this server handed it to (through
+ * /signaling.json) can register peers or list them; it is not a secret, the join token is.
+ */
+export const newPeerKey = (): string => `ditswarm-${randomBytes(6).toString('hex')}`;
 
 /**
  * The STUN/TURN servers every page hands to RTCPeerConnection, from `--ice-servers` or

@@ -2,7 +2,7 @@ import http from 'node:http';
 import express, { type RequestHandler } from 'express';
 import { DIST_DIR, ensureAppBuilt } from './app-build.ts';
 import type { IceServer } from '../core/peer-link.ts';
-import { DEFAULT_PEER_KEY, SIGNALING_PATH, mountSignaling } from './peer-signaling.ts';
+import { newPeerKey, SIGNALING_PATH, mountSignaling } from './peer-signaling.ts';
 
 export const DEFAULT_PORT = 5173;
 const PORTS_TO_TRY = 21; // the asked port and the next 20
@@ -30,7 +30,7 @@ export interface RunningServer {
 
 /** Serves the built app and the PeerJS signaling server on one port. */
 export async function startServer(options: ServerOptions = {}): Promise<RunningServer> {
-  const { port = DEFAULT_PORT, rebuild = false, quiet = false, peerKey = DEFAULT_PEER_KEY, iceServers = [] } = options;
+  const { port = DEFAULT_PORT, rebuild = false, quiet = false, peerKey = newPeerKey(), iceServers = [] } = options;
   await ensureAppBuilt({ force: rebuild, quiet });
 
   const app = express();

@@ -5,6 +5,7 @@
  *   npm run generate -- --prompt "a red ball" [--backend local|swarm] [--workers N] [--ep auto|webgpu|wasm]
  *     [--frames F --height H --width W --steps K --guidance G --seed S]
  *     [--out out/video.webm] [--report out/report.json] [--latent-out out/latent.f32]
+ *     [--drop-worker RANK@STEP] [--crash-worker RANK@STEP]
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { cpus, totalmem } from 'node:os';
@@ -15,7 +16,8 @@ import { startLocalSwarm } from './browser-swarm.ts';
 
 const USAGE = `usage: npm run generate -- --prompt "a red ball" [--backend local|swarm] [--workers N] [--ep auto|webgpu|wasm]
   [--frames F] [--height H] [--width W] [--steps K] [--guidance G] [--seed S] [--negative-prompt TEXT]
-  [--out out/video.webm] [--report out/report.json] [--latent-out out/latent.f32] [--port P] [--verbose]`;
+  [--out out/video.webm] [--report out/report.json] [--latent-out out/latent.f32] [--port P] [--verbose]
+  [--drop-worker RANK@STEP] [--crash-worker RANK@STEP]   close (or crash) that rank's tab when step STEP (from 1) starts`;
 
 function fail(message: string): never {
   console.error(`generate: ${message}`);
@@ -31,6 +33,8 @@ try {
       backend: { type: 'string', default: 'swarm' },
       workers: { type: 'string', default: '1' },
       ep: { type: 'string', default: 'auto' },
+      'drop-worker': { type: 'string' },
+      'crash-worker': { type: 'string' },
       frames: { type: 'string' },
       height: { type: 'string' },
       width: { type: 'string' },
@@ -59,6 +63,18 @@ if (!['auto', 'webgpu', 'wasm'].includes(values.ep!)) fail(`--ep must be auto, w
 const workers = Number(values.workers);
 if (!Number.isInteger(workers) || workers < 1) fail(`--workers must be a whole number ≥ 1, got ${values.workers}`);
 
+/** --drop-worker / --crash-worker: which rank's tab to close or crash, when its step starts. */
+const harm = (['drop-worker', 'crash-worker'] as const).flatMap((flag) => {
+  const value = values[flag];
+  if (value === undefined) return [];
+  const match = /^(\d+)@(\d+)$/.exec(value);
+  if (!match) fail(`--${flag} takes RANK@STEP, e.g. 1@2, got ${value}`);
+  const [rank, step] = [Number(match[1]), Number(match[2])];
+  if (values.backend !== 'swarm' || rank >= workers) fail(`--${flag} ${value}: rank ${rank} does not exist with --backend ${values.backend} --workers ${workers}`);
+  if (step < 1) fail(`--${flag} ${value}: steps count from 1`);
+  return [{ kind: flag === 'drop-worker' ? ('drop' as const) : ('crash' as const), rank, step, at: 0, worker: '' }];
+});
+
 const params: Partial<Record<keyof JobParams, unknown>> = { prompt: values.prompt };
 if (values['negative-prompt'] !== undefined) params.negativePrompt = values['negative-prompt'];
 for (const key of ['frames', 'height', 'width', 'steps', 'guidance', 'seed'] as const) {
@@ -77,10 +93,26 @@ const swarm = await startLocalSwarm({ workers: swarmWorkers, port: Number(values
   fail(`could not start the server and Chromium: ${(e as Error).message}`),
 );
 try {
-  await swarm.dashboard.exposeFunction('ditswarmProgress', (p: { step: number; steps: number; stepMs: number; etaMs: number }) => {
+  await swarm.dashboard.exposeFunction('ditswarmProgress', async (p: { step?: number; steps: number; stepMs: number; etaMs: number; phase?: string }) => {
+    const started = p.phase === 'denoising' ? 1 : p.step !== undefined ? p.step + 1 : 0;
+    for (const h of harm) if (!h.at && h.step === started) await inflict(h);
+    if (p.step === undefined) return;
     const bar = '#'.repeat(Math.round((20 * p.step) / p.steps)).padEnd(20, '.');
     progress(`[${bar}] step ${p.step}/${p.steps}  ${p.stepMs.toFixed(0)} ms/step  eta ${(p.etaMs / 1000).toFixed(1)} s`);
   });
+  /** Closes or crashes the tab of a rank, as a user or a failing machine would. */
+  async function inflict(h: (typeof harm)[number]) {
+    const ranks: string[] = await swarm.dashboard.evaluate(() => (window as any).ditswarm.ranks());
+    for (const page of swarm.workers) {
+      if (page.isClosed() || (await page.evaluate(() => (window as any).ditswarmWorker?.peerId)) !== ranks[h.rank]) continue;
+      h.at = Date.now();
+      h.worker = ranks[h.rank];
+      if (tty) process.stderr.write('\n');
+      console.error(`generate: ${h.kind === 'drop' ? 'closing' : 'crashing'} rank ${h.rank}'s tab as step ${h.step} starts`);
+      if (h.kind === 'drop') await page.close();
+      else await page.goto('chrome://crash').catch(() => {});
+    }
+  }
   const result = await swarm.dashboard.evaluate(
     async ({ overrides }) => {
       return (window as any).ditswarm.generate(overrides);
@@ -88,8 +120,13 @@ try {
     { overrides: { ...params, backend: values.backend, workers: values.backend === 'swarm' ? workers : 1, ep: values.ep } },
   );
   if (tty) process.stderr.write('\n');
+  const injected = harm.map((h) => {
+    const failure = result.report.failures.find((f: { lost: { worker: string }[] }) => f.lost.some((l) => l.worker === h.worker));
+    return { ...h, detectionMs: failure ? failure.detectedAt - h.at : null, replanMs: failure?.replanMs ?? null, degreeAfter: failure?.degreeAfter ?? null };
+  });
   const report = {
     ...result.report,
+    ...(injected.length ? { injected } : {}),
     machine: { cpus: cpus().length, cpuModel: cpus()[0]?.model, memoryGiB: Math.round(totalmem() / 2 ** 30), node: process.version, browser: swarm.browser.version() },
   };
   const write = (path: string, data: Buffer | string) => {
@@ -101,6 +138,9 @@ try {
   write(values.report!, JSON.stringify(report, null, 2) + '\n');
   const perStep = report.steps.map((s: { ms: number }) => s.ms.toFixed(0)).join(', ');
   console.error(`generate: wrote ${values.out}, ${values['latent-out']}, ${values.report}; ${report.steps.length} steps (${perStep} ms), total ${(report.totalMs / 1000).toFixed(1)} s`);
+  for (const i of injected) {
+    console.error(`generate: rank ${i.rank} ${i.kind === 'drop' ? 'closed' : 'crashed'} at step ${i.step}: detected after ${i.detectionMs ?? '?'} ms, re-planned to ${i.degreeAfter ?? '?'} rank(s) in ${i.replanMs?.toFixed(0) ?? '?'} ms`);
+  }
 } catch (e) {
   if (tty) process.stderr.write('\n');
   const message = (e as Error).message.replace(/^page\.evaluate: (Error: )?/, '').split('\n')[0];
