@@ -73,6 +73,15 @@ export class WorkerError extends Error {
 
 export type FailureListener = (error: Error) => void;
 
+/** A rank the executor let go, and how its loss was noticed. */
+export interface LostRank {
+  rank: number;
+  worker: string;
+  reason: string;
+  /** how long it had been silent when it was declared lost */
+  silentMs: number;
+}
+
 export abstract class Executor {
   /** number of ranks after initialize() */
   world = 0;
@@ -173,7 +182,7 @@ export abstract class Executor {
    * After a failed call: which ranks are lost (gone, frozen or misbehaving) and were let go.
    * An empty list means the failure was not a lost rank, so retrying would not help.
    */
-  async lostRanks(_error: Error): Promise<number[]> {
+  async lostRanks(_error: Error): Promise<LostRank[]> {
     return [];
   }
 

@@ -1,5 +1,6 @@
 import { jobParams, latentShape, usesGuidance, type JobParams } from '../core/job.ts';
 import { parseWanConfig, type WanConfig } from '../core/model/config.ts';
+import { defaultDegree } from '../core/parallel.ts';
 import { fetchModelFiles, readJson } from '../core/model/files.ts';
 import { loadTextEncoder } from '../core/model/text-encoder.ts';
 import { TRANSFORMER_CONFIG } from '../core/model/transformer.ts';
@@ -8,7 +9,7 @@ import { eulerStep, flowMatchSchedule, guide, initialNoise } from '../core/sched
 import type { Tensor } from '../core/tensor.ts';
 import type { ExecutionProvider } from '../worker/onnx-stages.ts';
 import { createExecutor, type Backend } from './backends.ts';
-import type { Executor, RankReport } from './executor.ts';
+import type { Executor, LostRank, RankReport } from './executor.ts';
 import type { Swarm } from './swarm.ts';
 import { encodeWebM } from './video.ts';
 
@@ -44,7 +45,7 @@ export interface StepProgress {
 export interface FailureRecord {
   step: number;
   error: string;
-  lost: { rank: number; worker: string; reason: string; silentMs: number }[];
+  lost: LostRank[];
   /** when the pipeline saw the failure (ms since the epoch) */
   detectedAt: number;
   degreeBefore: number;
@@ -105,9 +106,21 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
       { config, modelUrl, ulyssesDegree, ep: options.ep, placementTimeoutMs: options.placementTimeoutMs, rpcTimeoutMs: options.rpcTimeoutMs },
       options.swarm,
     );
-  let executor = newExecutor(options.parallel?.ulyssesDegree ?? options.workers ?? 'auto');
+  const asked = options.parallel?.ulyssesDegree ?? options.workers ?? 'auto';
+  let executor = newExecutor(asked);
   let ready: Promise<void> | null = null;
   let jobs = 0;
+
+  /** Places the executor once; a failed placement must not poison the next job, so it starts afresh. */
+  function place(): Promise<void> {
+    ready ??= executor.initialize().catch(async (e: Error) => {
+      ready = null;
+      await executor.shutdown({ graceMs: 500 }).catch(() => {});
+      executor = newExecutor(asked);
+      throw e;
+    });
+    return ready;
+  }
 
   /**
    * A lost rank costs one step, not the job: let the survivors go, place again on the workers that
@@ -121,7 +134,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
     const record: FailureRecord = {
       step,
       error: error.message,
-      lost: lost.map((rank) => ({ rank, worker: before.workers[rank]?.id ?? '', ...lossDetail(before, rank) })),
+      lost,
       detectedAt,
       degreeBefore: before.world,
       degreeAfter: 0,
@@ -130,8 +143,8 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
     const replanStart = performance.now();
     await before.shutdown({ graceMs: 1_000 });
     executor = newExecutor('auto');
-    ready = executor.initialize();
-    await ready;
+    ready = null;
+    await place();
     await executor.prepareJob(job, texts, shape);
     record.degreeAfter = executor.world;
     record.replanMs = performance.now() - replanStart;
@@ -147,8 +160,14 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
       const params = jobParams({ flowShift, ...stripCallbacks(request) });
       const started = performance.now();
       request.onPhase?.('placing');
-      ready ??= executor.initialize();
-      await ready;
+      // workers that joined since the last placement, or came back after a re-plan shrank it, count from the next job
+      const wanted = asked !== 'auto' ? asked : options.swarm ? defaultDegree(config.numHeads, options.swarm.workers().length) : executor.world;
+      if (ready && backend === 'swarm' && wanted !== executor.world) {
+        await executor.shutdown({ graceMs: 1_000 });
+        executor = newExecutor(asked);
+        ready = null;
+      }
+      await place();
       const setupMs = performance.now() - started;
       const job = ++jobs;
       request.onPhase?.('encoding');
@@ -236,11 +255,6 @@ async function denoiserVelocity(
     bytesSent: r.bytesSent + uncond.ranks[i].bytesSent,
   }));
   return { velocity: guide(cond.output.data, uncond.output.data, guidance), ranks };
-}
-
-function lossDetail(executor: Executor, rank: number): { reason: string; silentMs: number } {
-  const lost = (executor as Executor & { lost?: Map<number, { reason: string; silentMs: number }> }).lost?.get(rank);
-  return { reason: lost?.reason ?? 'unknown', silentMs: lost?.silentMs ?? 0 };
 }
 
 function stripCallbacks(request: GenerateRequest): Partial<JobParams> {

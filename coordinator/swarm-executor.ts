@@ -1,5 +1,5 @@
 import { checkDegree, defaultDegree } from '../core/parallel.ts';
-import { Executor, type ExecutorOptions } from './executor.ts';
+import { Executor, type ExecutorOptions, type LostRank } from './executor.ts';
 import type { Swarm, SwarmWorker } from './swarm.ts';
 
 /** Ranks on worker pages that joined the swarm over WebRTC. */
@@ -7,7 +7,7 @@ export class SwarmExecutor extends Executor {
   private ranks: SwarmWorker[] = [];
   private offLeave: (() => void) | null = null;
   /** ranks that left the swarm during this executor's life, with how it was noticed */
-  readonly lost = new Map<number, { reason: string; silentMs: number; at: number }>();
+  private readonly lost = new Map<number, { reason: string; silentMs: number }>();
 
   constructor(
     options: ExecutorOptions,
@@ -35,7 +35,7 @@ export class SwarmExecutor extends Executor {
       if (e.type !== 'leave') return;
       const rank = this.ranks.indexOf(e.worker);
       if (rank < 0) return;
-      this.lost.set(rank, { reason: e.reason, silentMs: e.silentMs, at: e.at });
+      this.lost.set(rank, { reason: e.reason, silentMs: e.silentMs });
       this.reportFailure(new Error(`rank ${rank} (worker ${e.worker.id}) is lost: ${e.reason}`));
     });
     return this.ranks.map((w) => w.id);
@@ -56,7 +56,7 @@ export class SwarmExecutor extends Executor {
    * sending in another rank's name (the rank is evicted: peers notice a closed tab before the
    * coordinator may); or if it does not answer a ping within two seconds (frozen: evicted).
    */
-  override async lostRanks(error: Error): Promise<number[]> {
+  override async lostRanks(error: Error): Promise<LostRank[]> {
     for (const [, rank, what] of error.message.matchAll(/(?:misbehaving rank|rank) (\d+)(:| is gone)/g)) {
       const worker = this.ranks[Number(rank)];
       if (worker && !this.lost.has(Number(rank))) {
@@ -69,7 +69,7 @@ export class SwarmExecutor extends Executor {
     unanswered.forEach((silent, rank) => {
       if (silent && !this.lost.has(rank)) this.swarm.evict(this.ranks[rank], 'did not answer a ping within 2 s');
     });
-    return this.ranks.map((_, rank) => rank).filter((rank) => this.lost.has(rank));
+    return [...this.lost].sort(([a], [b]) => a - b).map(([rank, { reason, silentMs }]) => ({ rank, worker: this.ranks[rank].id, reason, silentMs }));
   }
 
   protected closeTransport(): void {
