@@ -2,23 +2,28 @@ import {
   checkJobParams,
   createPipeline,
   DEFAULT_JOB,
+  measureWorker,
   openJobQueue,
   openSwarm,
   probeWebM,
   validDegrees,
   type Backend,
-  type ExecutionProviderChoice,
   type JobParams,
   type JobPlacement,
   type JobQueue,
   type Pipeline,
-  type StepProgress,
   type StoredJob,
   type Swarm,
+  type WorkerMeasurement,
 } from '../coordinator/index.ts';
+import { $ } from './views/dom.ts';
+import { renderGallery, videoUrl } from './views/gallery.ts';
+import { showJoinLink } from './views/join-link.ts';
+import { renderQueue, showJobPhase, showJobProgress } from './views/queue-view.ts';
+import { renderSwarm } from './views/swarm-view.ts';
+import { addTimelineStep, resetTimeline } from './views/timeline.ts';
 
 // The dashboard: a thin client of the library API. No math here, only the form and the views.
-const $ = <T extends HTMLElement>(id: string) => document.getElementById(id) as T;
 const form = $<HTMLFormElement>('job-form');
 const field = (name: string) => form.elements.namedItem(name) as HTMLInputElement | HTMLSelectElement;
 const NUMERIC: (keyof JobParams)[] = ['frames', 'height', 'width', 'steps', 'guidance', 'seed'];
@@ -33,15 +38,17 @@ for (const [key, value] of Object.entries(DEFAULT_JOB)) {
 let swarm: Swarm | null = null;
 let queue: JobQueue | null = null;
 let pipeline: { key: string; pipe: Pipeline } | null = null;
-const videoUrls = new Map<number, string>();
+const measured = new Map<string, WorkerMeasurement | 'measuring'>();
 
 function readForm(): { params: Partial<Record<keyof JobParams, unknown>>; placement: JobPlacement } {
   const params: Partial<Record<keyof JobParams, unknown>> = { prompt: field('prompt').value, negativePrompt: field('negativePrompt').value };
   for (const key of NUMERIC) params[key] = field(key).value.trim() === '' ? NaN : Number(field(key).value);
   const degree = field('degree').value;
-  return { params, placement: { backend: field('backend').value as Backend, workers: degree === 'auto' ? 'auto' : Number(degree), ep: 'auto' } };
+  const ep = field('ep').value as JobPlacement['ep'];
+  return { params, placement: { backend: field('backend').value as Backend, workers: degree === 'auto' ? 'auto' : Number(degree), ep } };
 }
 
+/** Marks each bad field and says why; true when there is nothing to say. */
 function showErrors(errors: Partial<Record<string, string>>): boolean {
   for (const el of form.querySelectorAll('[aria-invalid]')) el.removeAttribute('aria-invalid');
   for (const key of Object.keys(errors)) (form.elements.namedItem(key) as HTMLElement | null)?.setAttribute('aria-invalid', 'true');
@@ -54,40 +61,21 @@ async function pipelineFor({ backend, workers, ep }: JobPlacement): Promise<Pipe
   if (pipeline?.key === key) return pipeline.pipe;
   await pipeline?.pipe.shutdown({ graceMs: 2000 });
   pipeline = null;
-  const pipe = await createPipeline({ backend, swarm: swarm ?? undefined, workers, ep: ep as ExecutionProviderChoice, placementTimeoutMs: 60_000 });
+  const pipe = await createPipeline({ backend, swarm: swarm ?? undefined, workers, ep, placementTimeoutMs: 60_000 });
   pipeline = { key, pipe };
   return pipe;
 }
 
-function row(cells: (string | number)[]): HTMLTableRowElement {
-  const tr = document.createElement('tr');
-  for (const c of cells) tr.append(Object.assign(document.createElement('td'), { textContent: String(c) }));
-  return tr;
-}
-
-function renderWorkers(): void {
-  const workers = swarm?.workers() ?? [];
-  $('worker-count').textContent = `${workers.length} worker${workers.length === 1 ? '' : 's'}`;
-  $('workers').querySelector('tbody')!.replaceChildren(
-    ...workers.map((w) => row([w.id.slice(-6), w.info.ep, w.info.adapter, w.activity, w.framesDropped + (w.pulse?.framesDropped ?? 0)])),
-  );
+function refreshSwarm(): void {
+  if (!swarm) return;
+  renderSwarm(swarm, measured);
   const degreeSelect = field('degree') as HTMLSelectElement;
   const chosen = degreeSelect.value;
-  degreeSelect.replaceChildren(new Option('auto', 'auto'), ...validDegrees(TINY_MODEL_HEADS, Math.max(1, workers.length)).map((d) => new Option(String(d), String(d))));
-  degreeSelect.value = [...degreeSelect.options].some((o) => o.value === chosen) ? chosen : 'auto';
-}
-
-function showProgress(p: StepProgress): void {
-  const progress = $<HTMLProgressElement>('progress');
-  progress.max = p.steps;
-  progress.value = p.step;
-  $('status').textContent = `Step ${p.step} of ${p.steps}: ${p.stepMs.toFixed(0)} ms, about ${(p.etaMs / 1000).toFixed(1)} s left.`;
-  $('ranks').querySelector('tbody')!.replaceChildren(...p.ranks.map((r) => row([r.rank, r.computeMs.toFixed(0), r.commMs.toFixed(0), (r.bytesSent / 1024).toFixed(1)])));
-}
-
-function videoUrl(job: StoredJob): string {
-  if (!videoUrls.has(job.id)) videoUrls.set(job.id, URL.createObjectURL(job.result!.video));
-  return videoUrls.get(job.id)!;
+  const degrees = validDegrees(TINY_MODEL_HEADS, Math.max(1, swarm.workers().length));
+  if (degreeSelect.options.length !== degrees.length + 1) {
+    degreeSelect.replaceChildren(new Option('auto', 'auto'), ...degrees.map((d) => new Option(String(d), String(d))));
+    degreeSelect.value = [...degreeSelect.options].some((o) => o.value === chosen) ? chosen : 'auto';
+  }
 }
 
 function showFinished(job: StoredJob): void {
@@ -101,34 +89,7 @@ function showFinished(job: StoredJob): void {
   $('report').textContent = JSON.stringify(job.result!.report, null, 2);
   const r = job.result!.report;
   const recovered = r.failures.length ? `, recovered from ${r.failures.length} lost worker(s)` : '';
-  $('status').textContent = `Done: ${r.config.frames} frames in ${(r.totalMs / 1000).toFixed(1)} s on ${r.config.workers} ${r.config.backend} rank${r.config.workers === 1 ? '' : 's'}${recovered}.`;
-}
-
-function renderQueue(): void {
-  const jobs = queue?.list() ?? [];
-  $('queue').replaceChildren(
-    ...jobs
-      .filter((j) => j.status !== 'done')
-      .map((j) => {
-        const li = document.createElement('li');
-        const step = j.checkpoint ? `, ${j.checkpoint.step}/${j.params.steps} steps` : '';
-        li.textContent = `#${j.id} “${j.params.prompt}” — ${j.status}${step}${j.error ? `: ${j.error}` : ''}`;
-        return li;
-      }),
-  );
-  $('gallery').replaceChildren(
-    ...jobs
-      .filter((j) => j.status === 'done' && j.result)
-      .reverse()
-      .map((j) => {
-        const li = document.createElement('li');
-        const play = Object.assign(document.createElement('button'), { type: 'button', textContent: `#${j.id} “${j.params.prompt}”` });
-        play.addEventListener('click', () => showFinished(j));
-        const link = Object.assign(document.createElement('a'), { href: videoUrl(j), download: `ditswarm-${j.id}.webm`, textContent: 'WebM' });
-        li.append(play, ' ', link);
-        return li;
-      }),
-  );
+  $('status').textContent = `#${job.id} done: ${r.config.frames} frames in ${(r.totalMs / 1000).toFixed(1)} s on ${r.config.workers} ${r.config.backend} rank${r.config.workers === 1 ? '' : 's'}${recovered}.`;
 }
 
 function submitFromForm(overrides: Record<string, unknown> = {}): Promise<StoredJob> {
@@ -137,7 +98,7 @@ function submitFromForm(overrides: Record<string, unknown> = {}): Promise<Stored
   const params = { ...formValues.params, ...rest };
   if (!showErrors(checkJobParams(params))) return Promise.reject(new Error(`invalid job: ${$('form-errors').textContent}`));
   if (!queue) return Promise.reject(new Error('the dashboard is still starting'));
-  const placement: JobPlacement = { backend: backend ?? formValues.placement.backend, workers: workers ?? formValues.placement.workers, ep: ep ?? 'auto' };
+  const placement: JobPlacement = { backend: backend ?? formValues.placement.backend, workers: workers ?? formValues.placement.workers, ep: ep ?? formValues.placement.ep };
   return queue.submit(params, placement);
 }
 
@@ -145,6 +106,7 @@ form.addEventListener('submit', (event) => {
   event.preventDefault();
   submitFromForm().catch(() => {});
 });
+form.addEventListener('input', () => showErrors(checkJobParams(readForm().params)));
 form.addEventListener('keydown', (event) => {
   if (event.key === 'Enter' && !event.shiftKey && event.target instanceof HTMLTextAreaElement) {
     event.preventDefault();
@@ -170,29 +132,43 @@ async function start() {
   // the same peer id and token after a reload, so the workers' links and reconnections still work
   swarm = await openSwarm(location.origin, savedIdentity());
   localStorage.setItem(IDENTITY_KEY, JSON.stringify({ id: swarm.id, token: swarm.token }));
-  const link = $<HTMLAnchorElement>('join-link');
-  link.href = link.textContent = swarm.joinUrl;
+  showJoinLink(swarm.joinUrl);
   swarm.on((e) => {
+    if (e.type === 'join') {
+      measured.set(e.worker.id, 'measuring');
+      measureWorker(e.worker).then(
+        (m) => (measured.set(e.worker.id, m), refreshSwarm()),
+        () => measured.delete(e.worker.id),
+      );
+    }
     if (e.type === 'leave') $('swarm-events').textContent = `Worker ${e.worker.id.slice(-6)} left: ${e.reason}.`;
     if (e.type === 'refused') $('swarm-events').textContent = `Refused ${e.peer.slice(-6)}: ${e.reason}.`;
-    renderWorkers();
+    refreshSwarm();
   });
-  renderWorkers();
-  queue = await openJobQueue(async (job, hooks) => {
-    const pipe = await pipelineFor(job.placement);
-    return pipe.generate({ ...job.params, ...hooks });
-  });
-  queue.on((e) => {
-    if (e.type === 'progress') showProgress(e.progress);
-    else if (e.type === 'phase') $('status').textContent = `#${e.job.id}: ${e.phase === 'placing' ? 'placing the job on workers' : e.phase}…`;
-    else {
+  refreshSwarm();
+  queue = await openJobQueue(async (job, hooks) => (await pipelineFor(job.placement)).generate({ ...job.params, ...hooks }));
+  const jobs = queue;
+  const refreshJobs = () => {
+    renderQueue(jobs.list());
+    renderGallery(jobs.list(), showFinished);
+  };
+  jobs.on((e) => {
+    if (e.type === 'progress') {
+      showJobProgress(e.job, e.progress);
+      addTimelineStep(e.progress.stepMs, e.progress.ranks);
+      $('status').textContent = `#${e.job.id} step ${e.progress.step} of ${e.progress.steps}.`;
+    } else if (e.type === 'phase') {
+      showJobPhase(e.job, e.phase);
+      if (e.phase === 'placing') resetTimeline();
+    } else {
       if (e.job.status === 'done') showFinished(e.job);
       if (e.job.status === 'failed') $('status').textContent = `#${e.job.id} failed: ${e.job.error}`;
-      renderQueue();
+      refreshJobs();
     }
   });
-  renderQueue();
-  const latest = queue.list().filter((j) => j.status === 'done').at(-1);
+  refreshJobs();
+  resetTimeline();
+  const latest = jobs.list().filter((j) => j.status === 'done').at(-1);
   if (latest) showFinished(latest);
   return { swarmId: swarm.id, joinUrl: swarm.joinUrl };
 }

@@ -24,12 +24,29 @@ function render(s: WorkerStatus): void {
   (window as unknown as { ditswarmWorker: WorkerStatus }).ditswarmWorker = { ...s };
 }
 
-startWorkerEndpoint({ origin: location.origin, swarm: query.get('swarm'), token: query.get('token'), onStatus: render })
-  .then((endpoint) => {
-    $('leave').addEventListener('click', () => endpoint.leave());
-    window.addEventListener('pagehide', () => endpoint.leave());
-  })
-  .catch((e: Error) => {
-    $('state').textContent = 'failed';
-    $('detail').textContent = e.message;
+if (!query.get('token')) {
+  // without a token the dashboard would refuse this page: ask for the real link instead
+  const paste = document.getElementById('paste-link') as HTMLFormElement;
+  paste.hidden = false;
+  $('state').textContent = 'waiting for a join link';
+  paste.addEventListener('submit', (event) => {
+    event.preventDefault();
+    const link = new URL((paste.elements.namedItem('link') as HTMLInputElement).value, location.href);
+    if (link.searchParams.get('token')) location.href = link.href;
+    else $('detail').textContent = 'That link has no token either: copy the worker link from the dashboard.';
   });
+} else {
+  join();
+}
+
+function join(): void {
+  startWorkerEndpoint({ origin: location.origin, swarm: query.get('swarm'), token: query.get('token'), onStatus: render })
+    .then((endpoint) => {
+      $('leave').addEventListener('click', () => endpoint.leave());
+      window.addEventListener('pagehide', () => endpoint.leave());
+    })
+    .catch((e: Error) => {
+      $('state').textContent = 'failed';
+      $('detail').textContent = e.message;
+    });
+}

@@ -3,6 +3,7 @@ import type { WanConfig } from '../core/model/config.ts';
 import { fetchModelFiles } from '../core/model/files.ts';
 import { loadTransformer } from '../core/model/transformer.ts';
 import { onnxStages, type ExecutionProvider } from './onnx-stages.ts';
+import { probeThroughput } from './probe.ts';
 import { probeWebGpu } from './webgpu.ts';
 import type { StageRunner } from './stages.ts';
 
@@ -20,9 +21,19 @@ export interface EngineInfo {
 
 export interface EngineApi extends StageRunner {
   load(modelUrl: string, ep: ExecutionProvider | 'auto'): Promise<EngineInfo>;
+  /** matrix-multiply throughput (FLOP/s) on the EP this engine uses or would use */
+  probe(): Promise<{ ep: ExecutionProvider; flops: number }>;
 }
 
 export function createEngine(): EngineApi {
+  // One run at a time: onnxruntime-web's WebGPU backend refuses overlapping session runs, and a
+  // probe or a released job's last stage may arrive while another job's stage is running.
+  let queue: Promise<unknown> = Promise.resolve();
+  const serial = <T>(work: () => Promise<T>): Promise<T> => {
+    const next = queue.then(work, work);
+    queue = next.catch(() => {});
+    return next;
+  };
   let stages: StageRunner | null = null;
   let loaded: { key: string; info: EngineInfo } | null = null;
   const need = (): StageRunner => {
@@ -30,7 +41,7 @@ export function createEngine(): EngineApi {
     return stages;
   };
   return {
-    async load(modelUrl, preferred) {
+    load: (modelUrl, preferred) => serial(async () => {
       // a worker page serves executor after executor: the same model on the same EP loads once
       const key = `${modelUrl} ${preferred}`;
       if (loaded?.key === key) return loaded.info;
@@ -44,11 +55,17 @@ export function createEngine(): EngineApi {
       const info: EngineInfo = { ep, adapter: adapter ?? 'WebAssembly (no WebGPU adapter)', config: model.config, loadMs: performance.now() - started };
       loaded = { key, info };
       return info;
-    },
-    embed: (...a) => need().embed(...a),
-    preAttention: (...a) => need().preAttention(...a),
-    attention: (...a) => need().attention(...a),
-    postAttention: (...a) => need().postAttention(...a),
-    head: (...a) => need().head(...a),
+    }),
+    probe: () =>
+      serial(async () => {
+        const ep = loaded?.info.ep ?? ((await probeWebGpu()) ? 'webgpu' : 'wasm');
+        ort.env.wasm.numThreads = 1;
+        return { ep, flops: (await probeThroughput(ep)).flops };
+      }),
+    embed: (...a) => serial(() => need().embed(...a)),
+    preAttention: (...a) => serial(() => need().preAttention(...a)),
+    attention: (...a) => serial(() => need().attention(...a)),
+    postAttention: (...a) => serial(() => need().postAttention(...a)),
+    head: (...a) => serial(() => need().head(...a)),
   };
 }

@@ -10,7 +10,7 @@ import { forwardRank, type Exchange } from './ulysses.ts';
  * runtime serves the `local` backend (called directly in the dashboard) and the `swarm` backend
  * (called over a data channel by the worker page); only the mesh differs.
  */
-export const WORKER_METHODS = ['describe', 'initWorker', 'loadModel', 'prepareJob', 'executeModel', 'ping', 'shutdown'] as const;
+export const WORKER_METHODS = ['describe', 'probe', 'initWorker', 'loadModel', 'prepareJob', 'executeModel', 'ping', 'shutdown'] as const;
 export type WorkerMethod = (typeof WORKER_METHODS)[number];
 
 export interface WorkerInfo {
@@ -91,6 +91,10 @@ export class WorkerRuntime {
         return this.prepareJob(Number(a.job), a.texts as Float32Array[], a.latentShape as number[]);
       case 'executeModel':
         return this.executeModel(a as unknown as ExecuteArgs);
+      case 'probe':
+        // with a payload it measures the link (only its size comes back), without one the compute
+        if (a.payload instanceof Float32Array) return { bytes: a.payload.byteLength };
+        return this.engine.probe();
       case 'ping':
         return { state: this.state, rank: this.init?.rank ?? null, totals: this.totals };
       case 'shutdown':

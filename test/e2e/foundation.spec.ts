@@ -18,7 +18,7 @@ test.describe.serial('foundation: dashboard + 1 worker tab', () => {
     await expect(worker.locator('#ep')).toHaveText('WebGPU');
     await expect(worker.locator('#adapter')).toContainText(/swiftshader/i);
     await expect(swarm.dashboard.locator('#workers tbody tr')).toHaveCount(1);
-    await expect(swarm.dashboard.locator('#workers tbody')).toContainText('webgpu');
+    await expect(swarm.dashboard.locator('#workers tbody')).toContainText('WebGPU');
   });
 
   test('the swarm backend produces a playable video with the requested frame count', async () => {
@@ -34,7 +34,7 @@ test.describe.serial('foundation: dashboard + 1 worker tab', () => {
     expect(video.videoWidth).toBe(32);
     expect(video.file.frameCount).toBe(9);
     expect(video.download).toMatch(/^blob:/);
-    await expect(swarm.dashboard.locator('#status')).toContainText('Done: 9 frames');
+    await expect(swarm.dashboard.locator('#status')).toContainText('done: 9 frames');
   });
 
   test('local and swarm backends give the same final latent for the same seed', async () => {

@@ -114,7 +114,7 @@ let options: ExecutorOptions;
 beforeAll(async () => {
   model = await loadTransformer(tinyModelFiles);
   const stages = await onnxStages(model, 'wasm');
-  engine = { ...stages, load: async () => ({ ep: 'wasm', adapter: 'test', config: model.config, loadMs: 0 }) };
+  engine = { ...stages, load: async () => ({ ep: 'wasm', adapter: 'test', config: model.config, loadMs: 0 }), probe: async () => ({ ep: 'wasm', flops: 1e9 }) };
   text = random.normals(16 * model.config.textDim);
   options = { config: model.config, modelUrl: '/models/tiny-wan', rpcTimeoutMs: 10_000 };
 });
@@ -236,9 +236,9 @@ describe.each<Transport>(['direct', 'rpc'])('Executor over %s calls', (transport
     const error = await rejection(executor.collectiveRpc('eval', { args: { code: 'process.exit()' } }));
     expect(error).toBeInstanceOf(WorkerError);
     expect((error as WorkerError).remoteMessage).toBe(
-      'unknown worker method "eval"; a worker runs only: describe, initWorker, loadModel, prepareJob, executeModel, ping, shutdown',
+      'unknown worker method "eval"; a worker runs only: describe, probe, initWorker, loadModel, prepareJob, executeModel, ping, shutdown',
     );
-    expect(WORKER_METHODS).toHaveLength(7);
+    expect(WORKER_METHODS).toHaveLength(8);
   });
 
   it('executeModel over P = 1 and P = 3 gives the same output, and each rank sends 4·ceil(S/P)·D·(P−1)/P·4 bytes per block', async () => {

@@ -69,7 +69,7 @@ beforeAll(async () => {
 
 function runtimeFor(rank: number, world: number) {
   const stages = referenceStages(model);
-  const engine = { ...stages, load: async () => ({ ep: 'wasm' as const, adapter: 'test', config: model.config, loadMs: 0 }) };
+  const engine = { ...stages, load: async () => ({ ep: 'wasm' as const, adapter: 'test', config: model.config, loadMs: 0 }), probe: async () => ({ ep: 'wasm' as const, flops: 1e9 }) };
   const exchanges = memoryExchanges(world);
   return new WorkerRuntime(engine, {
     connectMesh: async () => exchanges[rank],

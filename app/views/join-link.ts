@@ -1,0 +1,24 @@
+import qrcode from 'qrcode-generator';
+import { $ } from './dom.ts';
+
+/** The worker link, copyable and as a QR code, so a phone or another machine can join. */
+export function showJoinLink(url: string): void {
+  const link = $<HTMLAnchorElement>('join-link');
+  link.href = link.textContent = url;
+  const qr = qrcode(0, 'M');
+  qr.addData(url);
+  qr.make();
+  $('join-qr').innerHTML = qr.createSvgTag({ cellSize: 3, margin: 2, scalable: true });
+  const copy = $<HTMLButtonElement>('copy-link');
+  copy.onclick = async () => {
+    try {
+      await navigator.clipboard.writeText(url);
+      copy.textContent = 'Copied';
+    } catch {
+      getSelection()?.selectAllChildren(link);
+      copy.textContent = 'Press Ctrl+C';
+    }
+    setTimeout(() => (copy.textContent = 'Copy link'), 2000);
+  };
+}
+

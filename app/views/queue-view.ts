@@ -1,0 +1,48 @@
+import type { StepProgress, StoredJob } from '../../coordinator/index.ts';
+import { $, h, seconds } from './dom.ts';
+
+/**
+ * The queue: one line per unfinished job with its own progress bar and ETA. Lines are kept and
+ * updated in place (no re-layout when a step completes).
+ */
+const lines = new Map<number, { li: HTMLLIElement; bar: HTMLProgressElement; text: HTMLSpanElement }>();
+
+export function renderQueue(jobs: StoredJob[]): void {
+  const list = $('queue');
+  const open = jobs.filter((j) => j.status !== 'done');
+  for (const [id, line] of lines) {
+    if (!open.some((j) => j.id === id)) {
+      line.li.remove();
+      lines.delete(id);
+    }
+  }
+  for (const job of open) {
+    let line = lines.get(job.id);
+    if (!line) {
+      const bar = h('progress', { max: job.params.steps, value: job.checkpoint?.step ?? 0 });
+      bar.setAttribute('aria-label', `progress of job ${job.id}`);
+      const text = h('span', { className: 'job-state' });
+      const li = h('li', { dataset: { job: String(job.id) } }, h('span', { className: 'job-prompt' }, `#${job.id} “${job.params.prompt}”`), bar, text);
+      line = { li, bar, text };
+      lines.set(job.id, line);
+      list.append(li);
+    }
+    line.li.dataset.status = job.status;
+    if (job.checkpoint) line.bar.value = job.checkpoint.step;
+    if (job.status !== 'running') line.text.textContent = job.status === 'failed' ? `failed: ${job.error}` : job.checkpoint ? `waiting, ${job.checkpoint.step} steps done` : 'waiting';
+  }
+  $('queue-empty').hidden = open.length > 0;
+}
+
+export function showJobProgress(job: StoredJob, p: StepProgress): void {
+  const line = lines.get(job.id);
+  if (!line) return;
+  line.bar.max = p.steps;
+  line.bar.value = p.step;
+  line.text.textContent = `step ${p.step}/${p.steps} · ${seconds(p.stepMs)} per step · ${seconds(p.etaMs)} left`;
+}
+
+export function showJobPhase(job: StoredJob, phase: string): void {
+  const line = lines.get(job.id);
+  if (line && phase !== 'denoising') line.text.textContent = phase === 'placing' ? 'placing on workers…' : `${phase}…`;
+}

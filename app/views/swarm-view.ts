@@ -1,0 +1,30 @@
+import type { Swarm, SwarmWorker, WorkerMeasurement } from '../../coordinator/index.ts';
+import { $, h } from './dom.ts';
+
+/** Who joined and what each is doing: one row per worker, updated in place. */
+export function renderSwarm(swarm: Swarm, measured: Map<string, WorkerMeasurement | 'measuring'>): void {
+  const workers = swarm.workers();
+  $('worker-count').textContent = `${workers.length} worker${workers.length === 1 ? '' : 's'}`;
+  const body = $('workers').querySelector('tbody')!;
+  body.replaceChildren(
+    ...(workers.length
+      ? workers.map((w) => workerRow(w, measured.get(w.id)))
+      : [h('tr', {}, h('td', { colSpan: 6, className: 'empty' }, 'No workers yet: open the link above in another tab or on another machine.'))]),
+  );
+}
+
+function workerRow(w: SwarmWorker, m: WorkerMeasurement | 'measuring' | undefined): HTMLTableRowElement {
+  const speed = !m ? '—' : m === 'measuring' ? 'measuring…' : `${(m.flops / 1e9).toFixed(1)} GFLOP/s`;
+  const link = !m || m === 'measuring' ? '—' : `${(m.bandwidth / 1e6).toFixed(1)} MB/s, ${m.rttMs.toFixed(0)} ms`;
+  const bad = w.framesDropped + (w.pulse?.framesDropped ?? 0);
+  return h(
+    'tr',
+    { dataset: { worker: w.id } },
+    h('td', { title: w.id }, w.id.slice(-6)),
+    h('td', {}, w.info.ep === 'webgpu' ? 'WebGPU' : 'WASM', h('span', { className: 'sub' }, w.info.adapter)),
+    h('td', {}, speed),
+    h('td', {}, link),
+    h('td', {}, w.activity === 'idle' && w.pulse ? w.pulse.state : w.activity),
+    h('td', { className: bad ? 'bad' : '' }, String(bad)),
+  );
+}

@@ -1,0 +1,81 @@
+import { mkdirSync } from 'node:fs';
+import { join } from 'node:path';
+import { expect, test } from '@playwright/test';
+
+// What a person sees: the dashboard idle, running on two workers, done; the worker page; a phone.
+const SHOTS = join(import.meta.dirname, 'screenshots');
+mkdirSync(SHOTS, { recursive: true });
+
+test('the dashboard idle, running on 2 workers and done, and the worker page, as a person sees them', async ({ browser, baseURL }) => {
+  test.setTimeout(240_000);
+  const context = await browser.newContext({ viewport: { width: 1280, height: 800 } });
+  const dashboard = await context.newPage();
+  await dashboard.goto(`${baseURL}/`);
+  const { joinUrl } = await dashboard.evaluate(() => (window as any).ditswarm.ready);
+
+  // idle: nobody joined yet, the link and its QR code are there to share
+  await expect(dashboard.locator('#worker-count')).toHaveText('0 workers');
+  await expect(dashboard.locator('#workers tbody')).toContainText('No workers yet');
+  await expect(dashboard.locator('#join-link')).toHaveText(joinUrl);
+  await expect(dashboard.locator('#join-qr svg')).toBeVisible();
+  await dashboard.screenshot({ path: join(SHOTS, 'dashboard-idle.png'), fullPage: true });
+
+  // inline validation as the user types
+  await dashboard.fill('[name=frames]', '8');
+  await expect(dashboard.locator('#form-errors')).toContainText('frames must be 4k+1');
+  await dashboard.fill('[name=frames]', '9');
+  await expect(dashboard.locator('#form-errors')).toHaveText('');
+
+  const workers = [];
+  for (let i = 0; i < 2; i++) {
+    const page = await context.newPage();
+    await page.goto(joinUrl);
+    workers.push(page);
+  }
+  await expect(dashboard.locator('#worker-count')).toHaveText('2 workers', { timeout: 60_000 });
+  await expect(dashboard.locator('#workers tbody tr')).toHaveCount(2);
+  await expect(dashboard.locator('#workers tbody')).toContainText('GFLOP/s', { timeout: 60_000 });
+  await expect(dashboard.locator('#workers tbody')).toContainText('MB/s');
+
+  // running: submit from the form with the keyboard, on both workers
+  await dashboard.fill('[name=prompt]', 'a red ball bouncing');
+  await dashboard.fill('[name=steps]', '12');
+  await dashboard.fill('[name=height]', '128');
+  await dashboard.fill('[name=width]', '128');
+  await dashboard.selectOption('[name=degree]', '2');
+  await dashboard.selectOption('[name=ep]', 'wasm'); // WebGPU here is SwiftShader: correct but slow
+  await dashboard.focus('[name=prompt]');
+  await dashboard.keyboard.press('Enter');
+  const bar = dashboard.locator('#queue li progress').first();
+  await expect.poll(async () => Number(await bar.getAttribute('value') ?? (await bar.evaluate((b: HTMLProgressElement) => b.value))), { timeout: 120_000, intervals: [100] }).toBeGreaterThanOrEqual(1);
+  const first = await bar.evaluate((b: HTMLProgressElement) => b.value);
+  await dashboard.screenshot({ path: join(SHOTS, 'dashboard-running.png'), fullPage: true });
+  await expect.poll(() => bar.evaluate((b: HTMLProgressElement) => b.value).catch(() => 12), { timeout: 120_000, intervals: [100] }).toBeGreaterThan(first);
+  await expect(dashboard.locator('#workers tbody')).toContainText('rank');
+
+  // done: a playable video, a working download, the job in the gallery with its parameters
+  await expect(dashboard.locator('#status')).toContainText('done', { timeout: 120_000 });
+  const video = await dashboard.evaluate(() => (window as any).ditswarm.inspectVideo());
+  expect(video.duration).toBeGreaterThan(0);
+  expect(video.file.frameCount).toBe(9);
+  const download = dashboard.locator('#gallery a[download]').first();
+  const size = await download.evaluate(async (a: HTMLAnchorElement) => (await (await fetch(a.href)).blob()).size);
+  expect(size).toBeGreaterThan(100);
+  await expect(dashboard.locator('#gallery li').first()).toContainText('9 frames 128×128, 12 steps');
+  await expect(dashboard.locator('#gallery li').first()).toContainText('2 swarm ranks');
+  await dashboard.screenshot({ path: join(SHOTS, 'dashboard-done.png'), fullPage: true });
+
+  // the worker page: what it is, what it did
+  const worker = workers[0];
+  await expect(worker.locator('#ep')).toHaveText(/WebGPU|WebAssembly/);
+  await expect(worker.locator('#state')).toHaveText(/ready|idle/);
+  await expect(worker.locator('#totals')).toContainText('forward passes');
+  await worker.screenshot({ path: join(SHOTS, 'worker.png'), fullPage: true });
+
+  // a phone-sized screen shows the same without sideways scrolling of the page
+  await dashboard.setViewportSize({ width: 390, height: 844 });
+  const overflow = await dashboard.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
+  expect(overflow).toBeLessThanOrEqual(0);
+  await dashboard.screenshot({ path: join(SHOTS, 'dashboard-phone.png'), fullPage: true });
+  await context.close();
+});
