@@ -541,3 +541,19 @@ function buildF16Table(): Float32Array {
   }
   return t;
 }
+
+/** A tensor's values as they travel: float32 as is, or rounded to float16 (half the bytes). */
+export function tensorPayload(values: Float32Array, dtype: DType): Uint8Array {
+  const wire = dtype === 'f16' ? toF16(values) : values;
+  return new Uint8Array(wire.buffer, wire.byteOffset, wire.byteLength);
+}
+
+/** The float32 values of a received payload of the given dtype. */
+export function tensorValues(data: Uint8Array, dtype: DType): Float32Array {
+  if (dtype === 'f16') {
+    const aligned = data.byteOffset % 2 === 0 ? data : data.slice();
+    return fromF16(new Uint16Array(aligned.buffer, aligned.byteOffset, aligned.byteLength / 2));
+  }
+  const aligned = data.byteOffset % 4 === 0 ? data : data.slice();
+  return new Float32Array(aligned.buffer, aligned.byteOffset, aligned.byteLength / 4);
+}

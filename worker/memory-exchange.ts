@@ -1,10 +1,11 @@
+import { tensorPayload, tensorValues, type DType } from '../core/protocol.ts';
 import type { Exchange, ExchangeTag } from './ulysses.ts';
 
 /**
  * The all-to-all of P ranks in one process: each (tag, from, to) message waits in a mailbox until
  * its receiver asks. Counts payload bytes sent per rank like the WebRTC transport does.
  */
-export function memoryExchanges(world: number): (Exchange & { bytesSent: number })[] {
+export function memoryExchanges(world: number, dtype: DType = 'f32'): (Exchange & { bytesSent: number })[] {
   const mailbox = new Map<string, { value?: Float32Array; resolve?: (v: Float32Array) => void }>();
   const key = (t: ExchangeTag, from: number, to: number) => `${t.job}/${t.step}/${t.pass}/${t.block}/${t.phase}/${from}>${to}`;
   const slot = (k: string) => mailbox.get(k) ?? mailbox.set(k, {}).get(k)!;
@@ -13,10 +14,13 @@ export function memoryExchanges(world: number): (Exchange & { bytesSent: number 
     rank,
     world,
     bytesSent: 0,
+    dtype,
     async allToAll(tag: ExchangeTag, parts: Float32Array[]) {
-      parts.forEach((part, to) => {
+      parts.forEach((values, to) => {
         if (to === rank) return;
-        this.bytesSent += part.byteLength;
+        const payload = tensorPayload(values, dtype);
+        this.bytesSent += payload.byteLength;
+        const part = tensorValues(payload, dtype); // what the receiver would get off the wire
         const s = slot(key(tag, rank, to));
         if (s.resolve) s.resolve(part);
         else s.value = part;

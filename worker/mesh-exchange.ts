@@ -1,5 +1,5 @@
 import type { Link } from '../core/link.ts';
-import type { Message, TensorTag } from '../core/protocol.ts';
+import { tensorPayload, tensorValues, type DType, type Message, type TensorTag } from '../core/protocol.ts';
 import type { Exchange, ExchangeTag } from './ulysses.ts';
 
 /**
@@ -18,6 +18,7 @@ export class MeshExchange implements Exchange {
   constructor(
     readonly rank: number,
     readonly world: number,
+    readonly dtype: DType = 'f32',
   ) {}
 
   addPeer(peerRank: number, link: Link): void {
@@ -45,9 +46,9 @@ export class MeshExchange implements Exchange {
   }
 
   private deliver(peerRank: number, msg: Message): void {
-    if (msg.kind !== 'tensor' || msg.dtype !== 'f32') return;
+    if (msg.kind !== 'tensor' || msg.dtype !== this.dtype) return;
     if (msg.from !== peerRank) return; // a rank may only speak for itself (also refused by the link's accept hook)
-    const data = new Float32Array(msg.data.buffer, msg.data.byteOffset, msg.data.byteLength / 4);
+    const data = tensorValues(msg.data, this.dtype);
     const s = this.slot(MeshExchange.key(msg.tag, peerRank));
     if (s.resolve) s.resolve(data);
     else s.value = data;
@@ -59,9 +60,9 @@ export class MeshExchange implements Exchange {
       if (to === this.rank) return Promise.resolve();
       const link = this.links.get(to);
       if (!link) throw new Error(`rank ${this.rank} has no link to rank ${to}`);
-      this.bytesSent += part.byteLength;
-      const data = new Uint8Array(part.buffer, part.byteOffset, part.byteLength);
-      return link.send({ kind: 'tensor', from: this.rank, tag, dtype: 'f32', shape: [part.length], data });
+      const data = tensorPayload(part, this.dtype);
+      this.bytesSent += data.byteLength;
+      return link.send({ kind: 'tensor', from: this.rank, tag, dtype: this.dtype, shape: [part.length], data });
     });
     const receives = parts.map((own, from) => {
       if (from === this.rank) return Promise.resolve(own);

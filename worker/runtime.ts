@@ -1,6 +1,7 @@
 import type { WanConfig } from '../core/model/config.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
 import { planUlysses, type UlyssesPlan } from '../core/parallel.ts';
+import { BYTES_PER_ELEMENT, type DType } from '../core/protocol.ts';
 import type { EngineApi, EngineInfo } from './engine.ts';
 import type { ExecutionProvider } from './onnx-stages.ts';
 import { forwardRank, type Exchange } from './ulysses.ts';
@@ -27,6 +28,8 @@ export interface InitArgs {
   /** peer ids of all ranks in rank order (the swarm mesh dials them) */
   peers: string[];
   session: string;
+  /** how activations travel between ranks; float32 unless the coordinator asks for float16 */
+  dtype?: DType;
 }
 
 export interface ExecuteArgs {
@@ -120,6 +123,7 @@ export class WorkerRuntime {
       throw new Error(`initWorker needs 0 ≤ rank < world, got rank ${rank} of ${world}`);
     }
     if (!Array.isArray(peers) || peers.length !== world) throw new Error(`initWorker needs ${world} peer ids, got ${peers?.length}`);
+    if (init.dtype !== undefined && init.dtype !== 'f32' && init.dtype !== 'f16') throw new Error(`initWorker dtype must be f32 or f16, got ${JSON.stringify(init.dtype)}`);
     this.init = init;
     this.exchange = await this.hooks.connectMesh(init);
     this.setState('initialized', `rank ${rank} of ${world}`);
@@ -162,7 +166,8 @@ export class WorkerRuntime {
     if (tag.step >= 1000) return `tensor for step ${tag.step}`;
     const floats = [3 * plan.localTokens * plan.headWidth, plan.localTokens * plan.headWidth][tag.phase];
     if (floats === undefined) return `unknown exchange phase ${tag.phase}`;
-    if (totalBytes !== floats * 4) return `phase ${tag.phase} tensor of ${totalBytes} bytes; the plan says ${floats * 4}`;
+    const bytes = floats * BYTES_PER_ELEMENT[this.exchange!.dtype];
+    if (totalBytes !== bytes) return `phase ${tag.phase} tensor of ${totalBytes} bytes; the plan says ${bytes}`;
     return null;
   }
 

@@ -1,4 +1,5 @@
 import type { WanConfig } from '../core/model/config.ts';
+import type { DType } from '../core/protocol.ts';
 import { patchify, ropeTables, tokenGrid, unpatchify, type TokenGrid } from '../core/model/tokens.ts';
 import { gatherRows, keyPaddingBias, planUlysses, scatterRows, tokenStart, type UlyssesPlan } from '../core/parallel.ts';
 import { setCols, sliceCols, type Tensor } from '../core/tensor.ts';
@@ -29,6 +30,8 @@ export interface Exchange {
   readonly world: number;
   /** payload bytes this rank has sent so far */
   readonly bytesSent: number;
+  /** how activations travel: float32, or float16 for half the bytes */
+  readonly dtype: DType;
   allToAll(tag: ExchangeTag, parts: Float32Array[]): Promise<Float32Array[]>;
 }
 
