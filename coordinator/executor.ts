@@ -1,6 +1,7 @@
 import type { WanConfig } from '../core/model/config.ts';
 import { patchify, tokenGrid, unpatchify } from '../core/model/tokens.ts';
 import { gatherRows, planUlysses, scatterRows } from '../core/parallel.ts';
+import type { Transport } from '../core/relay-channel.ts';
 import { RpcTimeout } from '../core/rpc.ts';
 import type { Tensor } from '../core/tensor.ts';
 import type { ExecutionProvider } from '../worker/onnx-stages.ts';
@@ -37,6 +38,14 @@ export interface RankReport {
   computeMs: number;
   commMs: number;
   bytesSent: number;
+}
+
+/** One link of the running ranks: the coordinator's to a rank, or one between two ranks (`from` > `to`). */
+export interface LinkReport {
+  from: 'coordinator' | number;
+  to: number;
+  /** a data channel, or through the server's relay; 'unknown' until the rank has said */
+  transport: Transport | 'unknown';
 }
 
 export interface ForwardRequest {
@@ -176,6 +185,11 @@ export abstract class Executor {
       output: unpatchify(config, rows, request.latent.shape),
       ranks: results.map((r, rank) => ({ rank, worker: this.workers[rank]?.id ?? '', computeMs: r.computeMs, commMs: r.commMs, bytesSent: r.bytesSent })),
     };
+  }
+
+  /** Which links of the ranks are direct and which are relayed; ranks in one page (local) have none. */
+  linkReport(): LinkReport[] {
+    return [];
   }
 
   /**

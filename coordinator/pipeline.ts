@@ -9,7 +9,7 @@ import { eulerStep, flowMatchSchedule, guide, initialNoise } from '../core/sched
 import type { Tensor } from '../core/tensor.ts';
 import type { ExecutionProvider } from '../worker/onnx-stages.ts';
 import { createExecutor, type Backend } from './backends.ts';
-import type { Executor, LostRank, RankReport } from './executor.ts';
+import type { Executor, LinkReport, LostRank, RankReport } from './executor.ts';
 import type { Swarm } from './swarm.ts';
 import { encodeWebM } from './video.ts';
 
@@ -66,6 +66,8 @@ export interface GenerateRequest extends Partial<JobParams> {
 export interface GenerateReport {
   config: JobParams & { backend: Backend; workers: number; ulyssesDegree: number; model: string };
   workers: { id: string; ep: string; adapter: string }[];
+  /** which links of the last placement were direct data channels and which went through the relay */
+  links: LinkReport[];
   steps: { step: number; ms: number; ranks: RankReport[] }[];
   resumedFromStep: number;
   failures: FailureRecord[];
@@ -100,12 +102,17 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
   const config = parseWanConfig(await readJson(files, TRANSFORMER_CONFIG), TRANSFORMER_CONFIG);
   const [textEncoder, decode] = await Promise.all([loadTextEncoder(files), loadVaeDecoder(files)]);
   const flowShift = ((await readJson(files, 'model_index.json')) as { flow_shift?: number }).flow_shift;
-  const newExecutor = (ulyssesDegree: number | 'auto') =>
-    createExecutor(
+  /** executors that lost a rank while placed: the next job places afresh instead of failing on the gone rank */
+  const lostARank = new WeakSet<Executor>();
+  const newExecutor = (ulyssesDegree: number | 'auto') => {
+    const created = createExecutor(
       backend,
       { config, modelUrl, ulyssesDegree, ep: options.ep, placementTimeoutMs: options.placementTimeoutMs, rpcTimeoutMs: options.rpcTimeoutMs },
       options.swarm,
     );
+    created.onFailure(() => lostARank.add(created));
+    return created;
+  };
   const asked = options.parallel?.ulyssesDegree ?? options.workers ?? 'auto';
   let executor = newExecutor(asked);
   let ready: Promise<void> | null = null;
@@ -162,7 +169,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
       request.onPhase?.('placing');
       // workers that joined since the last placement, or came back after a re-plan shrank it, count from the next job
       const wanted = asked !== 'auto' ? asked : options.swarm ? defaultDegree(config.numHeads, options.swarm.workers().length) : executor.world;
-      if (ready && backend === 'swarm' && wanted !== executor.world) {
+      if (ready && backend === 'swarm' && (wanted !== executor.world || lostARank.has(executor))) {
         await executor.shutdown({ graceMs: 1_000 });
         executor = newExecutor(asked);
         ready = null;
@@ -219,6 +226,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
         report: {
           config: { ...params, backend, workers: executor.world, ulyssesDegree: executor.world, model: modelUrl },
           workers: executor.workers.map((w) => ({ id: w.id, ep: w.ep, adapter: w.adapter })),
+          links: executor.linkReport(),
           steps,
           resumedFromStep: first,
           failures,

@@ -1,5 +1,5 @@
 import { checkDegree, defaultDegree } from '../core/parallel.ts';
-import { Executor, type ExecutorOptions, type LostRank } from './executor.ts';
+import { Executor, type ExecutorOptions, type LinkReport, type LostRank } from './executor.ts';
 import type { Swarm, SwarmWorker } from './swarm.ts';
 
 /** Ranks on worker pages that joined the swarm over WebRTC. */
@@ -70,6 +70,16 @@ export class SwarmExecutor extends Executor {
       if (silent && !this.lost.has(rank)) this.swarm.evict(this.ranks[rank], 'did not answer a ping within 2 s');
     });
     return [...this.lost].sort(([a], [b]) => a - b).map(([rank, { reason, silentMs }]) => ({ rank, worker: this.ranks[rank].id, reason, silentMs }));
+  }
+
+  /** The coordinator's links as the swarm admitted them; the mesh as each rank last reported it in its pulse. */
+  override linkReport(): LinkReport[] {
+    const links: LinkReport[] = this.ranks.map((w, rank) => ({ from: 'coordinator', to: rank, transport: w.transport }));
+    const said = (from: number, to: number) => this.ranks[from].pulse?.mesh?.find((m) => m.peer === this.ranks[to].id)?.transport;
+    for (let from = 1; from < this.ranks.length; from++) {
+      for (let to = 0; to < from; to++) links.push({ from, to, transport: said(from, to) ?? said(to, from) ?? 'unknown' });
+    }
+    return links;
   }
 
   protected closeTransport(): void {

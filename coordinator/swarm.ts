@@ -1,7 +1,17 @@
-import { Peer, type DataConnection } from 'peerjs';
+import { Peer } from 'peerjs';
 import { DEAD_AFTER_MS, watchHeartbeats, type WorkerPulse } from '../core/heartbeat.ts';
 import type { Link } from '../core/link.ts';
-import { newPeerId, openLink, signalingOptions, type DataConnectionLike } from '../core/peer-link.ts';
+import {
+  connectRelay,
+  newPeerId,
+  openLink,
+  RELAY_FALLBACK_MS,
+  signalingOptions,
+  transportOf,
+  type DataConnectionLike,
+  type SignalingOptions,
+} from '../core/peer-link.ts';
+import type { RelayClient, Transport } from '../core/relay-channel.ts';
 import { COORDINATOR } from '../core/protocol.ts';
 import { RpcClient } from '../core/rpc.ts';
 import type { WorkerInfo } from '../worker/runtime.ts';
@@ -10,9 +20,13 @@ import type { WorkerInfo } from '../worker/runtime.ts';
  * The dashboard's view of the swarm: its PeerJS peer, and a roster of the worker pages that
  * joined with the swarm's join token (each with a link, an RPC client, what it said about itself
  * and its last pulse). A worker whose tab closes, crashes or freezes is dropped within
- * DEAD_AFTER_MS; listeners hear about every change.
+ * DEAD_AFTER_MS; listeners hear about every change. Workers reach it over a data channel, or
+ * through the server's relay (its socket is open while the swarm is, registered with the token).
  */
 const DESCRIBE_TIMEOUT_MS = 15_000;
+/** A worker's data channel that has not opened by then is given up: the worker goes to the relay after RELAY_FALLBACK_MS. */
+const DIRECT_OPEN_TIMEOUT_MS = RELAY_FALLBACK_MS + 10_000;
+const RELAY_RECONNECT_MS = 2_000;
 
 export interface SwarmWorker {
   id: string;
@@ -25,6 +39,8 @@ export interface SwarmWorker {
   pulse: WorkerPulse | null;
   /** bad frames this side dropped from it */
   framesDropped: number;
+  /** how its link to this dashboard goes: a data channel, or through the server's relay */
+  transport: Transport;
 }
 
 export type SwarmEvent =
@@ -43,43 +59,70 @@ export const newJoinToken = (): string => Array.from(crypto.getRandomValues(new 
 
 export class Swarm {
   private readonly roster = new Map<string, SwarmWorker>();
-  private readonly connections = new Map<string, DataConnection>();
+  private readonly connections = new Map<string, DataConnectionLike>();
   private readonly listeners = new Set<(e: SwarmEvent) => void>();
   readonly refusals: { peer: string; reason: string; at: number }[] = [];
+  private relay: RelayClient | null = null;
+  private closed = false;
 
   private constructor(
     private readonly peer: Peer,
     readonly origin: string,
     readonly token: string,
+    private readonly signaling: SignalingOptions,
   ) {
-    peer.on('connection', (conn) => void this.admit(conn));
+    peer.on('connection', (conn) => void this.admit(conn as unknown as DataConnectionLike));
   }
 
   /** Registers this dashboard with the signaling server of `origin`. */
   static async open(origin: string, identity: SwarmIdentity = {}): Promise<Swarm> {
     const signaling = await signalingOptions(origin);
-    const id = identity.id ?? newPeerId('coordinator');
-    // after a reload the server may still hold the old registration for a moment: retry briefly
-    for (let attempt = 0; ; attempt++) {
-      const peer = new Peer(id, { ...signaling, config: { iceServers: signaling.iceServers }, debug: 1 });
-      try {
-        await new Promise<void>((resolve, reject) => {
-          peer.once('open', () => resolve());
-          peer.once('error', (e) => reject(e));
-        });
-        return new Swarm(peer, origin, identity.token ?? newJoinToken());
-      } catch (e) {
-        peer.destroy();
-        if ((e as { type?: string }).type !== 'unavailable-id' || attempt >= 10) {
-          throw new Error(`could not register with the signaling server at ${origin}: ${(e as Error).message}`);
-        }
-        await new Promise((r) => setTimeout(r, 1000));
+    const swarm = new Swarm(await register(origin, identity.id ?? newPeerId('coordinator'), signaling), origin, identity.token ?? newJoinToken(), signaling);
+    if (signaling.relay.mode === 'off') return swarm;
+    try {
+      await swarm.openRelay();
+    } catch (e) {
+      if (signaling.relay.mode === 'force') {
+        swarm.close();
+        throw new Error(`the server at ${origin} sends every link through its relay, but ${(e as Error).message}`);
       }
+      // without it only the workers whose data channels open can join
+      console.warn(`no relay: ${(e as Error).message}`);
+      swarm.reopenRelay();
     }
+    return swarm;
   }
 
   get id(): string {
     return this.peer.id;
+  }
+
+  /** 'force' when the server sends every link through its relay. */
+  get relayMode(): SignalingOptions['relay']['mode'] {
+    return this.signaling.relay.mode;
+  }
+
+  // The relay socket lives as long as the swarm: workers that cannot reach this page directly come through it.
+  private async openRelay(): Promise<void> {
+    const auth = this.peer.options.token ?? '';
+    const relay = await connectRelay(this.origin, this.signaling, { peer: this.peer.id, auth, token: this.token, role: 'coordinator' });
+    this.relay = relay;
+    relay.onConnection((conn) => void this.admit(conn));
+    relay.onClose((reason) => {
+      if (!this.closed) console.warn(`relay socket lost (${reason}); reconnecting`);
+      this.reopenRelay();
+    });
+  }
+
+  private reopenRelay(): void {
+    if (this.closed) return;
+    setTimeout(() => {
+      if (this.closed) return;
+      this.openRelay().catch((e) => {
+        console.warn(`relay: ${(e as Error).message}`);
+        this.reopenRelay();
+      });
+    }, RELAY_RECONNECT_MS);
   }
 
   /** The link other machines open to join this swarm. */
@@ -128,8 +171,10 @@ export class Swarm {
   }
 
   close(): void {
+    this.closed = true;
     for (const conn of this.connections.values()) conn.close();
     this.roster.clear();
+    this.relay?.close('the dashboard closed');
     this.peer.destroy();
   }
 
@@ -146,23 +191,29 @@ export class Swarm {
   private drop(worker: SwarmWorker, reason: string, silentMs: number): void {
     worker.rpc.failAll(`worker ${worker.id} is gone: ${reason}`);
     worker.link.close(reason);
+    // a worker that re-joined (through the relay, say) under the same id is another entry: leave it be
+    if (this.roster.get(worker.id) !== worker) return;
     this.connections.delete(worker.id);
-    if (this.roster.delete(worker.id)) this.emit({ type: 'leave', worker, reason, at: Date.now(), silentMs });
+    this.roster.delete(worker.id);
+    this.emit({ type: 'leave', worker, reason, at: Date.now(), silentMs });
   }
 
-  private async admit(conn: DataConnection): Promise<void> {
+  private async admit(conn: DataConnectionLike): Promise<void> {
     const meta = conn.metadata as { role?: string; token?: string } | undefined;
     if (meta?.role !== 'worker') return conn.close();
     let worker: SwarmWorker | null = null;
     let rpc: RpcClient | null = null;
     try {
       const link = await openLink(
-        conn as unknown as DataConnectionLike,
+        conn,
         (reason) => {
           if (worker) this.drop(worker, reason, Date.now() - link.lastHeardAt);
           else rpc?.failAll(reason);
         },
-        { accept: (h) => (h.kind !== 'rpc' ? 'a worker may only send RPC messages to the coordinator' : h.totalBytes > 1 << 26 ? 'reply too large' : null) },
+        {
+          accept: (h) => (h.kind !== 'rpc' ? 'a worker may only send RPC messages to the coordinator' : h.totalBytes > 1 << 26 ? 'reply too large' : null),
+          openTimeoutMs: conn.open ? undefined : DIRECT_OPEN_TIMEOUT_MS,
+        },
       );
       if (meta.token !== this.token) {
         const reason = 'wrong join token: open the join link shown on the dashboard';
@@ -172,10 +223,12 @@ export class Swarm {
         setTimeout(() => conn.close(), 500); // let the refusal reach the page first
         return;
       }
+      const previous = this.roster.get(conn.peer);
+      if (previous) this.evict(previous, 'it joined again over a new connection');
       this.connections.set(conn.peer, conn);
       rpc = new RpcClient(link, COORDINATOR);
       const info = await rpc.call<WorkerInfo>('describe', {}, DESCRIBE_TIMEOUT_MS);
-      const joined: SwarmWorker = { id: conn.peer, info, rpc, link, joinedAt: Date.now(), activity: 'idle', pulse: null, framesDropped: 0 };
+      const joined: SwarmWorker = { id: conn.peer, info, rpc, link, joinedAt: Date.now(), activity: 'idle', pulse: null, framesDropped: 0, transport: transportOf(conn) };
       worker = joined;
       this.roster.set(joined.id, joined);
       watchHeartbeats(link, COORDINATOR, {
@@ -184,7 +237,11 @@ export class Swarm {
           conn.close();
         },
         onPulse: (pulse) => {
-          const changed = joined.pulse?.state !== pulse.state || joined.pulse?.framesDropped !== pulse.framesDropped || joined.framesDropped !== link.stats.framesDropped;
+          const changed =
+            joined.pulse?.state !== pulse.state ||
+            joined.pulse?.framesDropped !== pulse.framesDropped ||
+            joined.framesDropped !== link.stats.framesDropped ||
+            JSON.stringify(joined.pulse?.mesh) !== JSON.stringify(pulse.mesh);
           joined.pulse = pulse;
           joined.framesDropped = link.stats.framesDropped;
           if (changed) this.emit({ type: 'update', worker: joined });
@@ -198,3 +255,22 @@ export class Swarm {
   }
 }
 
+/** Registers `id` with the signaling server; after a reload the server may still hold the old registration for a moment: retry briefly. */
+async function register(origin: string, id: string, signaling: SignalingOptions): Promise<Peer> {
+  for (let attempt = 0; ; attempt++) {
+    const peer = new Peer(id, { ...signaling, config: { iceServers: signaling.iceServers }, debug: 1 });
+    try {
+      await new Promise<void>((resolve, reject) => {
+        peer.once('open', () => resolve());
+        peer.once('error', (e) => reject(e));
+      });
+      return peer;
+    } catch (e) {
+      peer.destroy();
+      if ((e as { type?: string }).type !== 'unavailable-id' || attempt >= 10) {
+        throw new Error(`could not register with the signaling server at ${origin}: ${(e as Error).message}`);
+      }
+      await new Promise((r) => setTimeout(r, 1000));
+    }
+  }
+}

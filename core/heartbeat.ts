@@ -1,4 +1,5 @@
 import type { Link } from './link.ts';
+import type { Transport } from './relay-channel.ts';
 
 /**
  * Liveness of a worker as the coordinator judges it: the coordinator sends a heartbeat every
@@ -14,6 +15,8 @@ export const DEAD_AFTER_MS = 3_000;
 export interface WorkerPulse {
   state: string;
   framesDropped: number;
+  /** its open links to the other ranks of its job: which peer, and whether direct or relayed */
+  mesh?: { peer: string; transport: Transport }[];
 }
 
 type HeartbeatBody = { type: 'heartbeat' } | { type: 'heartbeat-echo'; pulse: WorkerPulse };

@@ -1,4 +1,5 @@
 import { Link, type Channel, type LinkOptions } from './link.ts';
+import { RELAY_PATH, relayUrl, RelayClient, type RelayRegistration, type Transport } from './relay-channel.ts';
 
 /**
  * The one place a PeerJS data connection becomes a Link, for both sides of the wire. Typed
@@ -9,6 +10,8 @@ export interface DataConnectionLike {
   readonly metadata: unknown;
   readonly open: boolean;
   dataChannel: Channel;
+  /** 'relay' on a connection through the server's relay; a PeerJS connection has none */
+  readonly transport?: Transport;
   on(event: 'open' | 'close', cb: () => void): unknown;
   on(event: 'data', cb: (data: unknown) => void): unknown;
   on(event: 'error', cb: (error: Error) => void): unknown;
@@ -39,30 +42,104 @@ export interface SignalingOptions {
   secure: boolean;
   /** the server's STUN/TURN list for every RTCPeerConnection; empty means host candidates only (one LAN) */
   iceServers: IceServer[];
+  /** when links go through the server's relay instead of a data channel, and where it listens */
+  relay: { mode: RelayMode; path: string };
 }
+
+/**
+ * `fallback`: a data channel first, the relay for a link whose channel does not open within
+ * RELAY_FALLBACK_MS; `force`: every link through the relay (networks known to block UDP, tests);
+ * `off`: data channels only.
+ */
+export type RelayMode = 'fallback' | 'force' | 'off';
+export const RELAY_MODES: readonly RelayMode[] = ['fallback', 'force', 'off'];
+/** How long a data channel may take to open before the link goes through the relay. */
+export const RELAY_FALLBACK_MS = 8_000;
 
 export async function signalingOptions(origin: string): Promise<SignalingOptions> {
   const url = new URL(origin);
   const response = await fetch(new URL('/signaling.json', url));
   if (!response.ok) throw new Error(`no signaling server at ${url.origin} (HTTP ${response.status}); is this a ditswarm server?`);
-  const { path, key, iceServers = [] } = (await response.json()) as { path: string; key: string; iceServers?: IceServer[] };
+  const published = (await response.json()) as { path: string; key: string; iceServers?: IceServer[]; relay?: { mode: RelayMode; path: string } };
+  const { path, key, iceServers = [], relay = { mode: 'off', path: RELAY_PATH } } = published;
   const secure = url.protocol === 'https:';
-  return { host: url.hostname, port: Number(url.port) || (secure ? 443 : 80), path, key, secure, iceServers };
+  return { host: url.hostname, port: Number(url.port) || (secure ? 443 : 80), path, key, secure, iceServers, relay };
+}
+
+/** Opens this page's relay socket; `auth` is the token its PeerJS id was registered with (`peer.options.token`). */
+export function connectRelay(origin: string, signaling: SignalingOptions, registration: RelayRegistration): Promise<RelayClient> {
+  return RelayClient.connect(relayUrl(origin, signaling.relay.path, registration));
+}
+
+export function transportOf(conn: DataConnectionLike): Transport {
+  return conn.transport === 'relay' ? 'relay' : 'direct';
+}
+
+/** What dials a data channel: PeerJS's Peer fits. */
+export interface PeerDialer {
+  connect(peer: string, options: { serialization: 'raw'; reliable: true; metadata: unknown }): unknown;
+}
+
+/**
+ * A connection to `to` that is open: a direct data channel, or — when `relay` is `force`, or the
+ * channel does not open within `fallbackMs` — a connection through the relay, announced to the
+ * other side with the same metadata. The side that accepts takes whichever opens.
+ */
+export async function dial(
+  peer: PeerDialer,
+  to: string,
+  metadata: unknown,
+  relay: { mode: RelayMode; client: () => Promise<RelayClient>; fallbackMs?: number },
+): Promise<DataConnectionLike> {
+  if (relay.mode === 'force') return (await relay.client()).dial(to, metadata);
+  const conn = peer.connect(to, { serialization: 'raw', reliable: true, metadata }) as DataConnectionLike;
+  const fallbackMs = relay.fallbackMs ?? RELAY_FALLBACK_MS;
+  const failure = await new Promise<string | null>((resolve) => {
+    if (conn.open) return resolve(null);
+    const timer = setTimeout(() => resolve(`no data channel to ${to} within ${fallbackMs / 1000} s`), fallbackMs);
+    const settle = (why: string | null) => (clearTimeout(timer), resolve(why));
+    conn.on('open', () => settle(null));
+    conn.on('error', (e) => settle(`the data channel to ${to} failed: ${e.message}`));
+    conn.on('close', () => settle(`the data channel to ${to} closed before it opened`));
+  });
+  if (failure === null) return conn;
+  conn.close();
+  if (relay.mode === 'off') throw new Error(`${failure} (the relay is off on this server)`);
+  try {
+    return await (await relay.client()).dial(to, metadata);
+  } catch (e) {
+    throw new Error(`${failure}, and the relay did not help: ${(e as Error).message}`);
+  }
+}
+
+export interface OpenLinkOptions extends LinkOptions {
+  /** give up (and close the connection) if it is not open by then; the other side may be trying the relay */
+  openTimeoutMs?: number;
 }
 
 /** Resolves with a Link once the connection is open; `onClose` runs once when it goes away. */
-export function openLink(conn: DataConnectionLike, onClose: (reason: string) => void, options?: LinkOptions): Promise<Link> {
+export function openLink(conn: DataConnectionLike, onClose: (reason: string) => void, options: OpenLinkOptions = {}): Promise<Link> {
   return new Promise((resolve, reject) => {
     let link: Link | null = null;
     let closed = false;
+    const timer =
+      options.openTimeoutMs === undefined
+        ? undefined
+        : setTimeout(() => {
+            close(`not open within ${options.openTimeoutMs! / 1000} s`);
+            conn.close();
+          }, options.openTimeoutMs);
     const close = (reason: string) => {
       if (closed) return;
       closed = true;
+      clearTimeout(timer);
       link?.close(reason);
       if (!link) reject(new Error(`connection to ${conn.peer} failed: ${reason}`));
       onClose(reason);
     };
     const start = () => {
+      if (closed || link) return;
+      clearTimeout(timer);
       link = new Link(conn.dataChannel, options);
       resolve(link);
     };

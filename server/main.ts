@@ -1,15 +1,19 @@
 import { type NetworkInterfaceInfo, networkInterfaces } from 'node:os';
 import { parseArgs } from 'node:util';
+import { RELAY_MODES, type RelayMode } from '../core/peer-link.ts';
 import { newPeerKey, parseIceServers } from './peer-signaling.ts';
 import { DEFAULT_PORT, startServer } from './serve.ts';
 
-// `npm start [-- --port N] [--rebuild] [--key K] [--ice-servers LIST]`: build if needed, serve, print where to go.
+// `npm start [-- --port N] [--rebuild] [--key K] [--ice-servers LIST] [--relay fallback|force|off | --force-relay]`:
+// build if needed, serve, print where to go.
 const { values: flags } = parseArgs({
   options: {
     port: { type: 'string' },
     rebuild: { type: 'boolean', default: false },
     key: { type: 'string' },
     'ice-servers': { type: 'string' },
+    relay: { type: 'string' },
+    'force-relay': { type: 'boolean', default: false },
   },
 });
 
@@ -27,11 +31,18 @@ try {
   process.exit(2);
 }
 
+const relay = (flags['force-relay'] ? 'force' : (flags.relay ?? process.env.DITSWARM_RELAY ?? 'fallback')) as RelayMode;
+if (!RELAY_MODES.includes(relay)) {
+  console.error(`--relay/DITSWARM_RELAY must be one of ${RELAY_MODES.join(', ')}, got ${relay}`);
+  process.exit(2);
+}
+
 const server = await startServer({
   port: requestedPort,
   rebuild: flags.rebuild,
   peerKey: flags.key ?? process.env.DITSWARM_KEY ?? newPeerKey(),
   iceServers,
+  relay,
 });
 const iceUrls = iceServers.flatMap((s) => s.urls); // credentials stay out of the log
 
@@ -49,6 +60,9 @@ console.log(
       : []),
     `  signaling   ${server.url}/peerjs  key "${server.peerKey}"`,
     `  ICE servers ${iceUrls.length ? iceUrls.join(', ') : 'none (host candidates only: pages on one LAN; pass --ice-servers for STUN/TURN)'}`,
+    `  relay       ${
+      { fallback: `${server.url.replace(/^http/, 'ws')}/relay for links whose data channel does not open within 8 s`, force: 'every link goes through this server (--force-relay)', off: 'off: data channels only' }[relay]
+    }`,
     '',
   ].join('\n'),
 );

@@ -1,9 +1,10 @@
 import { randomBytes } from 'node:crypto';
 import { createHook } from 'node:async_hooks';
-import type { Server } from 'node:http';
+import type { IncomingMessage, Server } from 'node:http';
 import type { Duplex } from 'node:stream';
 import type { Express } from 'express';
 import { ExpressPeerServer } from 'peer';
+import { WebSocketServer } from 'ws';
 import type { IceServer } from '../core/peer-link.ts';
 
 /** Where pages find the PeerServer: `new Peer(id, { host, port, path: SIGNALING_PATH, key })`. */
@@ -64,33 +65,50 @@ function checkIceServer(server: unknown, index: number): IceServer {
 }
 
 export interface Signaling {
-  /** Drops every signaling websocket and stops the PeerServer's housekeeping timers. */
+  /** Takes over an HTTP upgrade for the PeerServer's websocket (any other path is answered 400). */
+  handleUpgrade(request: IncomingMessage, socket: Duplex, head: Buffer): void;
+  /** Whether a page holds `peer` on this PeerServer, registered with `token` (PeerJS's per-page secret). */
+  vouch(peer: string, token: string): boolean;
+  /** Stops the PeerServer's housekeeping timers (the server closes the sockets). */
   close(): void;
 }
 
 /**
- * Mounts the PeerJS signaling server on `app` at SIGNALING_PATH, sharing `server`'s port.
- * Its websocket endpoint is `${SIGNALING_PATH}/peerjs?key=…`; peer discovery is
- * `GET ${SIGNALING_PATH}/<key>/peers`.
+ * Mounts the PeerJS signaling server on `app` at SIGNALING_PATH. Its websocket endpoint is
+ * `${SIGNALING_PATH}/peerjs?key=…`, reached through `handleUpgrade` (the server routes upgrades:
+ * the relay shares the port); peer discovery is `GET ${SIGNALING_PATH}/<key>/peers`.
  */
 export function mountSignaling(app: Express, server: Server, key: string): Signaling {
-  const peerServer = ExpressPeerServer(server, { path: '/', key, allow_discovery: true });
+  let websockets: WebSocketServer | null = null;
+  const peerServer = ExpressPeerServer(server, {
+    path: '/',
+    key,
+    allow_discovery: true,
+    // Left on the http server, peer's WebSocketServer would answer every other upgrade path (the relay's) with 400.
+    createWebSocketServer: (options) => (websockets = new WebSocketServer({ path: options.path, noServer: true })),
+  });
   // peer re-emits the http server's own errors (a busy port during listen) and every bad client
   // socket as 'error'; unheard, that would throw and end the process.
   peerServer.on('error', (error) => {
     if (server.listening) console.warn(`signaling: ${error.message}`);
   });
-  const housekeeping = trackTimersStartedBy(() => app.use(SIGNALING_PATH, peerServer));
-  // peer 1.0.2 never hands out its WebSocketServer, so its sockets are collected at the upgrade.
-  const websockets = new Set<Duplex>();
-  server.on('upgrade', (_request, socket: Duplex) => {
-    websockets.add(socket);
-    socket.once('close', () => websockets.delete(socket));
+  // Who holds which id, by the token PeerJS registered it with: the relay trusts an id only with it.
+  const registered = new Map<string, string>();
+  type Client = { getId(): string; getToken(): string };
+  peerServer.on('connection', (client: Client) => registered.set(client.getId(), client.getToken()));
+  peerServer.on('disconnect', (client: Client) => {
+    if (registered.get(client.getId()) === client.getToken()) registered.delete(client.getId());
   });
+  const housekeeping = trackTimersStartedBy(() => app.use(SIGNALING_PATH, peerServer));
   return {
+    handleUpgrade(request, socket, head) {
+      if (!websockets) throw new Error('the PeerServer has no websocket server: mountSignaling did not mount it');
+      const wss = websockets;
+      wss.handleUpgrade(request, socket, head, (ws) => wss.emit('connection', ws, request));
+    },
+    vouch: (peer, token) => token !== '' && registered.get(peer) === token,
     close() {
       housekeeping.stop();
-      for (const socket of websockets) socket.destroy();
     },
   };
 }

@@ -1,8 +1,11 @@
 import http from 'node:http';
 import express, { type RequestHandler } from 'express';
 import { DIST_DIR, ensureAppBuilt } from './app-build.ts';
-import type { IceServer } from '../core/peer-link.ts';
+import type { Duplex } from 'node:stream';
+import type { IceServer, RelayMode } from '../core/peer-link.ts';
+import { RELAY_PATH } from '../core/relay-channel.ts';
 import { newPeerKey, SIGNALING_PATH, mountSignaling } from './peer-signaling.ts';
+import { createRelay, type Relay } from './relay.ts';
 
 export const DEFAULT_PORT = 5173;
 const PORTS_TO_TRY = 21; // the asked port and the next 20
@@ -18,6 +21,10 @@ export interface ServerOptions {
   peerKey?: string;
   /** STUN/TURN servers published to every page; the default (none) works within one LAN. */
   iceServers?: IceServer[];
+  /** `fallback` (default): links whose data channel does not open go through this server; `force`: every link does; `off`: none. */
+  relay?: RelayMode;
+  /** bytes the relay queues for one page before it stops reading from the pages sending to it */
+  relaySocketCapBytes?: number;
 }
 
 export interface RunningServer {
@@ -25,20 +32,31 @@ export interface RunningServer {
   url: string;
   port: number;
   peerKey: string;
+  relay: Relay;
   close(): Promise<void>;
 }
 
 /** Serves the built app and the PeerJS signaling server on one port. */
 export async function startServer(options: ServerOptions = {}): Promise<RunningServer> {
-  const { port = DEFAULT_PORT, rebuild = false, quiet = false, peerKey = newPeerKey(), iceServers = [] } = options;
+  const { port = DEFAULT_PORT, rebuild = false, quiet = false, peerKey = newPeerKey(), iceServers = [], relay: relayMode = 'fallback' } = options;
   await ensureAppBuilt({ force: rebuild, quiet });
 
   const app = express();
   const server = http.createServer(app);
   app.use(crossOriginIsolation);
   const signaling = mountSignaling(app, server, peerKey);
+  const relay = createRelay({ vouch: signaling.vouch, socketCapBytes: options.relaySocketCapBytes });
+  // One port for the app, the signaling websocket and the relay: upgrades are routed by path.
+  const upgraded = new Set<Duplex>();
+  server.on('upgrade', (request, socket: Duplex, head: Buffer) => {
+    upgraded.add(socket);
+    socket.once('close', () => upgraded.delete(socket));
+    const path = (request.url ?? '/').split('?')[0]; // as ws matches paths; never throws on a hostile URL
+    if (path === RELAY_PATH && relayMode !== 'off') relay.handleUpgrade(request, socket, head);
+    else signaling.handleUpgrade(request, socket, head);
+  });
   app.get('/signaling.json', (_request, response) => {
-    response.json({ path: SIGNALING_PATH, key: peerKey, iceServers });
+    response.json({ path: SIGNALING_PATH, key: peerKey, iceServers, relay: { mode: relayMode, path: RELAY_PATH } });
   });
   app.use(express.static(DIST_DIR));
 
@@ -47,9 +65,12 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     url: `http://localhost:${boundPort}`,
     port: boundPort,
     peerKey,
+    relay,
     close: () =>
       new Promise<void>((resolve, reject) => {
         signaling.close();
+        relay.close();
+        for (const socket of upgraded) socket.destroy();
         server.close((error) => (error ? reject(error) : resolve()));
         server.closeAllConnections();
       }),

@@ -1,5 +1,6 @@
 import { chromium, type Browser, type Page } from '@playwright/test';
 import { chromiumArgs, chromiumExecutable } from '../chromium.ts';
+import type { RelayMode } from '../../core/peer-link.ts';
 import { startServer, type RunningServer } from '../serve.ts';
 
 /**
@@ -15,8 +16,8 @@ export interface LocalSwarm {
   close(): Promise<void>;
 }
 
-export async function startLocalSwarm({ workers = 0, port = 0, log = (_: string) => {} } = {}): Promise<LocalSwarm> {
-  const server = await startServer({ port, quiet: true });
+export async function startLocalSwarm({ workers = 0, port = 0, relay = 'fallback' as RelayMode, log = (_: string) => {} } = {}): Promise<LocalSwarm> {
+  const server = await startServer({ port, quiet: true, relay });
   const browser = await chromium.launch({ executablePath: chromiumExecutable(), args: [...chromiumArgs] });
   try {
     const context = await browser.newContext();

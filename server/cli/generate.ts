@@ -5,7 +5,7 @@
  *   npm run generate -- --prompt "a red ball" [--backend local|swarm] [--workers N] [--ep auto|webgpu|wasm]
  *     [--frames F --height H --width W --steps K --guidance G --seed S]
  *     [--out out/video.webm] [--report out/report.json] [--latent-out out/latent.f32]
- *     [--drop-worker RANK@STEP] [--crash-worker RANK@STEP]
+ *     [--drop-worker RANK@STEP] [--crash-worker RANK@STEP] [--force-relay]
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { cpus, totalmem } from 'node:os';
@@ -17,7 +17,8 @@ import { startLocalSwarm } from './browser-swarm.ts';
 const USAGE = `usage: npm run generate -- --prompt "a red ball" [--backend local|swarm] [--workers N] [--ep auto|webgpu|wasm]
   [--frames F] [--height H] [--width W] [--steps K] [--guidance G] [--seed S] [--negative-prompt TEXT]
   [--out out/video.webm] [--report out/report.json] [--latent-out out/latent.f32] [--port P] [--verbose]
-  [--drop-worker RANK@STEP] [--crash-worker RANK@STEP]   close (or crash) that rank's tab when step STEP (from 1) starts`;
+  [--drop-worker RANK@STEP] [--crash-worker RANK@STEP]   close (or crash) that rank's tab when step STEP (from 1) starts
+  [--force-relay]   send every link through the server's relay instead of WebRTC data channels (networks that block UDP; tests)`;
 
 function fail(message: string): never {
   console.error(`generate: ${message}`);
@@ -35,6 +36,7 @@ try {
       ep: { type: 'string', default: 'auto' },
       'drop-worker': { type: 'string' },
       'crash-worker': { type: 'string' },
+      'force-relay': { type: 'boolean', default: false },
       frames: { type: 'string' },
       height: { type: 'string' },
       width: { type: 'string' },
@@ -89,7 +91,12 @@ const progress = (line: string) => (tty ? process.stderr.write(`\r\x1b[K${line}`
 const swarmWorkers = values.backend === 'swarm' ? workers : 0;
 console.error(`generate: "${job.prompt}" ${job.frames} frames ${job.width}×${job.height}, ${job.steps} steps on ${values.backend}${swarmWorkers ? ` with ${workers} worker tab(s)` : ''}`);
 
-const swarm = await startLocalSwarm({ workers: swarmWorkers, port: Number(values.port), log: values.verbose ? console.error : () => {} }).catch((e) =>
+const swarm = await startLocalSwarm({
+  workers: swarmWorkers,
+  port: Number(values.port),
+  relay: values['force-relay'] ? 'force' : 'fallback',
+  log: values.verbose ? console.error : () => {},
+}).catch((e) =>
   fail(`could not start the server and Chromium: ${(e as Error).message}`),
 );
 try {
@@ -138,6 +145,12 @@ try {
   write(values.report!, JSON.stringify(report, null, 2) + '\n');
   const perStep = report.steps.map((s: { ms: number }) => s.ms.toFixed(0)).join(', ');
   console.error(`generate: wrote ${values.out}, ${values['latent-out']}, ${values.report}; ${report.steps.length} steps (${perStep} ms), total ${(report.totalMs / 1000).toFixed(1)} s`);
+  const links: { from: string | number; to: number; transport: string }[] = report.links ?? [];
+  if (links.length) {
+    const relayed = links.filter((l) => l.transport === 'relay');
+    const name = (l: (typeof links)[number]) => `${l.from === 'coordinator' ? 'coordinator' : `rank ${l.from}`}→rank ${l.to}`;
+    console.error(`generate: links ${links.length - relayed.length} direct, ${relayed.length} relayed${relayed.length ? ` (${relayed.map(name).join(', ')})` : ''}`);
+  }
   for (const i of injected) {
     console.error(`generate: rank ${i.rank} ${i.kind === 'drop' ? 'closed' : 'crashed'} at step ${i.step}: detected after ${i.detectionMs ?? '?'} ms, re-planned to ${i.degreeAfter ?? '?'} rank(s) in ${i.replanMs?.toFixed(0) ?? '?'} ms`);
   }

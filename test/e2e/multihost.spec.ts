@@ -111,6 +111,95 @@ test.describe.serial('Ulysses across hosts', () => {
   }
 });
 
+// A worker host on a network that blocks UDP: its data channels cannot open, so its links fall
+// back to the relay through the server after RELAY_FALLBACK_MS, and the job runs anyway.
+test.describe.serial('relay fallback across hosts', () => {
+  test.skip(!support.ok, `multi-host test skipped: ${support.ok ? '' : support.reason}`);
+
+  let network: TestNetwork | undefined;
+  const browsers: Browser[] = [];
+  let dashboard: Page;
+  let serverHost: TestHost;
+  let open: TestHost;
+  let spare: TestHost;
+  let blocked: TestHost;
+  let joinUrl: string;
+
+  test.beforeAll(async () => {
+    test.setTimeout(120_000);
+    network = createTestNetwork(5);
+    const [h0, h1, ...rest] = network.hosts;
+    [serverHost, open, spare, blocked] = [h0, ...rest];
+    network.blockUdp(blocked);
+    const origin = `http://${h0.address}:${SERVER_PORT}`;
+    const server = network.spawnIn(h0, process.execPath, ['--import', 'tsx', 'server/main.ts', '--port', String(SERVER_PORT)], { env: { ...process.env, DITSWARM_RELAY: 'fallback' } });
+    await linePrinted(server, 'ditswarm is serving on port', 'the ditswarm server');
+    dashboard = await (await launch(h1, [`--unsafely-treat-insecure-origin-as-secure=${origin}`])).newPage();
+    await dashboard.goto(`${origin}/`);
+    ({ joinUrl } = await dashboard.evaluate(() => (window as any).ditswarm.ready));
+  });
+
+  test.afterAll(async () => {
+    await Promise.allSettled(browsers.map((b) => b.close()));
+    network?.cleanup();
+  });
+
+  async function launch(host: TestHost, extraArgs: string[] = []): Promise<Browser> {
+    const browser = await chromium.launch({ executablePath: network!.chromiumIn(host, chromiumExecutable()), args: [...chromiumArgs, ...extraArgs] });
+    browsers.push(browser);
+    return browser;
+  }
+
+  async function join(host: TestHost): Promise<{ browser: Browser; page: Page }> {
+    const browser = await launch(host);
+    const page = await browser.newPage();
+    await page.goto(joinUrl);
+    await expect.poll(() => page.evaluate(() => (window as any).ditswarmWorker?.connected ?? false), { timeout: 60_000 }).toBe(true);
+    return { browser, page };
+  }
+
+  test('a worker whose host blocks UDP joins and runs a P = 2 job through the relay; latent equals the direct run within 1e-4', async () => {
+    test.setTimeout(300_000);
+    // direct: two hosts that can open data channels
+    await join(open);
+    const { browser: spareBrowser } = await join(spare);
+    await expect.poll(() => dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 60_000 }).toBe(2);
+    await runJob(dashboard, { ...job, workers: 2 }); // warms both workers up: the timed runs below are second runs
+    const direct = await runJob(dashboard, { ...job, workers: 2 });
+
+    // the spare leaves; the blocked host takes its rank
+    await spareBrowser.close();
+    await expect.poll(() => dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 30_000 }).toBe(1);
+    const joinStarted = Date.now();
+    const { page: blockedPage } = await join(blocked);
+    const joinMs = Date.now() - joinStarted;
+    expect(await blockedPage.evaluate(() => (window as any).ditswarmWorker.transport)).toBe('relay');
+    await expect.poll(() => dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 30_000 }).toBe(2);
+
+    await runJob(dashboard, { ...job, workers: 2 });
+    const serverBefore = network!.trafficOf(serverHost);
+    const relayed = await runJob(dashboard, { ...job, workers: 2 });
+    const serverBytes = network!.trafficOf(serverHost).toHost - serverBefore.toHost;
+
+    const diff = maxAbsDiff(relayed.latent, direct.latent);
+    const perRank = [0, 1].map((r) => relayed.report.steps.reduce((t: number, s: any) => t + s.ranks[r].bytesSent, 0));
+    const links = (r: any) => r.report.links.map((l: any) => `${l.from}->${l.to}:${l.transport}`).sort();
+    console.log(
+      `UDP-blocked worker joined through the relay in ${joinMs} ms; P=2 step ms direct ${stepTimes(direct.report)}, relayed ${stepTimes(relayed.report)}; ` +
+        `max-abs ${diff.toExponential(2)}; links ${links(relayed).join(', ')}; exchange bytes per rank ${perRank.join('/')}, bytes reaching the server host ${serverBytes}`,
+    );
+    expect(diff).toBeLessThanOrEqual(1e-4);
+    expect(links(direct)).toEqual(['1->0:direct', 'coordinator->0:direct', 'coordinator->1:direct']);
+    const blockedId = await blockedPage.evaluate(() => (window as any).ditswarmWorker.peerId);
+    const blockedRank = relayed.report.workers.findIndex((w: any) => w.id === blockedId);
+    expect(blockedRank).toBe(1);
+    // every link of the blocked worker is relayed; the open worker's own link stays direct
+    expect(links(relayed)).toEqual(['1->0:relay', 'coordinator->0:direct', 'coordinator->1:relay']);
+    // both ranks' halves of the all-to-all crossed the server's host
+    expect(serverBytes).toBeGreaterThanOrEqual(perRank[0] + perRank[1]);
+  });
+});
+
 /** Resolves when `child` prints `line`; its output keeps being read after that, so it never blocks on a full pipe. */
 function linePrinted(child: ChildProcess, line: string, what: string): Promise<void> {
   return new Promise((resolve, reject) => {

@@ -52,6 +52,7 @@ function testSwarm() {
         activity: 'idle',
         pulse: null,
         framesDropped: 0,
+        transport: 'direct',
         calls,
       };
       internals.roster.set(id, worker);

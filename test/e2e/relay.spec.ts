@@ -1,0 +1,62 @@
+import { expect, test } from '@playwright/test';
+import { startServer, type RunningServer } from '../../server/serve.ts';
+import { maxAbsDiff, openTestSwarm, runJob, type JobOutcome } from './swarm-page.ts';
+
+// The relay, forced: a server started like `npm start -- --force-relay` (what `npm run generate
+// -- --force-relay` runs) sends every link through itself. The job must not notice: same
+// latent as over data channels, and the report says which links went where.
+const job = { prompt: 'a red ball', frames: 5, height: 96, width: 96, steps: 3, guidance: 5, seed: 3, backend: 'swarm', ep: 'wasm', workers: 2 };
+
+let forced: RunningServer;
+
+test.beforeAll(async () => {
+  forced = await startServer({ port: 0, quiet: true, relay: 'force' });
+});
+
+test.afterAll(async () => {
+  await forced?.close();
+});
+
+test('a P = 2 job with every link relayed gives the direct latent within 1e-4, and the report says the links were relayed', async ({ browser, baseURL }) => {
+  test.setTimeout(240_000);
+  const runOn = async (url: string): Promise<JobOutcome> => {
+    const swarm = await openTestSwarm(browser, url, 2);
+    try {
+      await runJob(swarm.dashboard, job); // warms the workers up: the timed run is the second
+      return await runJob(swarm.dashboard, job);
+    } finally {
+      await swarm.close();
+    }
+  };
+  const direct = await runOn(baseURL!);
+  const before = forced.relay.stats().bytesForwarded;
+  const relayed = await runOn(forced.url);
+  const relayBytes = forced.relay.stats().bytesForwarded - before;
+
+  const diff = maxAbsDiff(relayed.latent, direct.latent);
+  const steps = (r: JobOutcome) => r.report.steps.map((s: any) => s.ms.toFixed(0)).join('/');
+  const exchanged = relayed.report.steps.reduce((t: number, s: any) => t + s.ranks.reduce((u: number, r: any) => u + r.bytesSent, 0), 0);
+  console.log(`P=2 step ms direct ${steps(direct)}, relayed ${steps(relayed)}; max-abs ${diff.toExponential(2)}; the relay forwarded ${relayBytes} B (exchange ${exchanged} B)`);
+
+  expect(diff).toBeLessThanOrEqual(1e-4);
+  const byLink = (r: JobOutcome) => r.report.links.map((l: any) => `${l.from}->${l.to}:${l.transport}`).sort();
+  expect(byLink(direct)).toEqual(['1->0:direct', 'coordinator->0:direct', 'coordinator->1:direct']);
+  expect(byLink(relayed)).toEqual(['1->0:relay', 'coordinator->0:relay', 'coordinator->1:relay']);
+  // every byte of the all-to-all crossed the server
+  expect(relayBytes).toBeGreaterThan(exchanged);
+});
+
+test('with the relay forced, a worker page without the join token is refused by the relay and says why', async ({ browser }) => {
+  const swarm = await openTestSwarm(browser, forced.url, 1);
+  try {
+    const { joinUrl } = await swarm.dashboard.evaluate(() => (window as any).ditswarm.ready);
+    const stranger = await swarm.dashboard.context().newPage();
+    await stranger.goto(joinUrl.replace(/token=[^&]+/, 'token=not-the-token'));
+    await expect(stranger.locator('#state')).toHaveText('refused', { timeout: 20_000 });
+    await expect(stranger.locator('#detail')).toContainText('join token');
+    expect(forced.relay.stats().refused.at(-1)?.reason).toMatch(/no dashboard on the relay holds this join token/);
+    expect(await swarm.dashboard.evaluate(() => (window as any).ditswarm.workerCount())).toBe(1);
+  } finally {
+    await swarm.close();
+  }
+});
