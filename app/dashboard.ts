@@ -56,12 +56,12 @@ function showErrors(errors: Partial<Record<string, string>>): boolean {
   return Object.keys(errors).length === 0;
 }
 
-async function pipelineFor({ backend, workers, ep }: JobPlacement): Promise<Pipeline> {
-  const key = `${backend}/${workers}/${ep}`;
+async function pipelineFor({ backend, workers, ep, dtype = 'f32' }: JobPlacement): Promise<Pipeline> {
+  const key = `${backend}/${workers}/${ep}/${dtype}`;
   if (pipeline?.key === key) return pipeline.pipe;
   await pipeline?.pipe.shutdown({ graceMs: 2000 });
   pipeline = null;
-  const pipe = await createPipeline({ backend, swarm: swarm ?? undefined, workers, ep, placementTimeoutMs: 60_000 });
+  const pipe = await createPipeline({ backend, swarm: swarm ?? undefined, workers, ep, dtype, placementTimeoutMs: 60_000 });
   pipeline = { key, pipe };
   return pipe;
 }
@@ -94,11 +94,11 @@ function showFinished(job: StoredJob): void {
 
 function submitFromForm(overrides: Record<string, unknown> = {}): Promise<StoredJob> {
   const formValues = readForm();
-  const { backend, workers, ep, ...rest } = overrides as Partial<JobPlacement>;
+  const { backend, workers, ep, dtype, ...rest } = overrides as Partial<JobPlacement>;
   const params = { ...formValues.params, ...rest };
   if (!showErrors(checkJobParams(params))) return Promise.reject(new Error(`invalid job: ${$('form-errors').textContent}`));
   if (!queue) return Promise.reject(new Error('the dashboard is still starting'));
-  const placement: JobPlacement = { backend: backend ?? formValues.placement.backend, workers: workers ?? formValues.placement.workers, ep: ep ?? formValues.placement.ep };
+  const placement: JobPlacement = { backend: backend ?? formValues.placement.backend, workers: workers ?? formValues.placement.workers, ep: ep ?? formValues.placement.ep, dtype };
   return queue.submit(params, placement);
 }
 

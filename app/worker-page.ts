@@ -12,7 +12,9 @@ function render(s: WorkerStatus): void {
   if (history.at(-1) !== `${s.state}: ${s.detail}`) history.push(`${s.state}: ${s.detail}`);
   $('state').textContent = s.connected ? s.state : s.state === 'left' || s.state === 'refused' ? s.state : 'not connected';
   $('detail').textContent = s.detail;
-  $('ep').textContent = s.info ? (s.info.ep === 'webgpu' ? 'WebGPU' : 'WebAssembly (CPU)') : '';
+  const ep = s.ep ?? s.info?.ep;
+  $('ep').textContent = ep ? (ep === 'webgpu' ? 'WebGPU' : 'WebAssembly (CPU)') : '';
+  $('link').textContent = s.transport ? (s.transport === 'relay' ? 'through the server (relay): WebRTC could not connect' : 'direct (WebRTC)') : '';
   $('adapter').textContent = s.info?.adapter ?? '';
   $('coordinator').textContent = s.coordinator ?? 'searching…';
   $('totals').textContent = s.totals.steps

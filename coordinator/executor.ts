@@ -2,6 +2,7 @@ import type { WanConfig } from '../core/model/config.ts';
 import { patchify, tokenGrid, unpatchify } from '../core/model/tokens.ts';
 import { gatherRows, planUlysses, scatterRows } from '../core/parallel.ts';
 import type { Transport } from '../core/relay-channel.ts';
+import type { DType } from '../core/protocol.ts';
 import { RpcTimeout } from '../core/rpc.ts';
 import type { Tensor } from '../core/tensor.ts';
 import type { ExecutionProvider } from '../worker/onnx-stages.ts';
@@ -21,6 +22,8 @@ export interface ExecutorOptions {
   placementTimeoutMs?: number;
   rpcTimeoutMs?: number;
   ep?: ExecutionProvider | 'auto';
+  /** how activations travel between ranks: float32 (exact), or float16 (half the bytes) */
+  dtype?: DType;
 }
 
 export interface RpcOptions {
@@ -116,7 +119,8 @@ export abstract class Executor {
     const peers = await this.place();
     this.world = peers.length;
     const session = `${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 8)}`;
-    await this.collectiveRpc('initWorker', { argsFor: (rank) => ({ rank, world: this.world, peers, session }) });
+    const dtype = this.options.dtype ?? 'f32';
+    await this.collectiveRpc('initWorker', { argsFor: (rank) => ({ rank, world: this.world, peers, session, dtype }) });
     const infos = (await this.collectiveRpc('describe')) as WorkerInfo[];
     const loaded = (await this.collectiveRpc('loadModel', { args: { modelUrl: this.options.modelUrl, ep: this.options.ep ?? 'auto' } })) as { ep: ExecutionProvider; adapter: string }[];
     this.workers = infos.map((info, rank) => ({ ...info, ...loaded[rank], id: peers[rank] }));

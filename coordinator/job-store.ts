@@ -14,6 +14,8 @@ export interface JobPlacement {
   backend: Backend;
   workers: number | 'auto';
   ep: 'auto' | 'webgpu' | 'wasm';
+  /** activations between ranks; float32 unless asked */
+  dtype?: 'f32' | 'f16';
 }
 
 export interface StoredJob {

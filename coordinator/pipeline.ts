@@ -6,6 +6,7 @@ import { loadTextEncoder } from '../core/model/text-encoder.ts';
 import { TRANSFORMER_CONFIG } from '../core/model/transformer.ts';
 import { loadVaeDecoder, type DecodedVideo } from '../core/model/vae-decoder.ts';
 import { eulerStep, flowMatchSchedule, guide, initialNoise } from '../core/scheduler.ts';
+import type { DType } from '../core/protocol.ts';
 import type { Tensor } from '../core/tensor.ts';
 import type { ExecutionProvider } from '../worker/onnx-stages.ts';
 import { createExecutor, type Backend } from './backends.ts';
@@ -28,6 +29,8 @@ export interface PipelineOptions {
   workers?: number | 'auto';
   parallel?: { ulyssesDegree?: number | 'auto' };
   ep?: ExecutionProvider | 'auto';
+  /** activations between ranks: 'f32' (default, exact) or 'f16' (half the bytes, ~3e-4 on the tiny model) */
+  dtype?: DType;
   placementTimeoutMs?: number;
   rpcTimeoutMs?: number;
 }
@@ -107,7 +110,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
   const newExecutor = (ulyssesDegree: number | 'auto') => {
     const created = createExecutor(
       backend,
-      { config, modelUrl, ulyssesDegree, ep: options.ep, placementTimeoutMs: options.placementTimeoutMs, rpcTimeoutMs: options.rpcTimeoutMs },
+      { config, modelUrl, ulyssesDegree, ep: options.ep, dtype: options.dtype, placementTimeoutMs: options.placementTimeoutMs, rpcTimeoutMs: options.rpcTimeoutMs },
       options.swarm,
     );
     created.onFailure(() => lostARank.add(created));

@@ -19,6 +19,7 @@ import { serveRpc } from '../core/rpc.ts';
 import { probeWebGpu } from './webgpu.ts';
 import { startEngineWorker } from './engine-client.ts';
 import { MeshExchange } from './mesh-exchange.ts';
+import type { ExecutionProvider } from './onnx-stages.ts';
 import { WorkerRuntime, type InitArgs, type WorkerInfo, type WorkerState } from './runtime.ts';
 
 /**
@@ -48,6 +49,8 @@ export interface WorkerStatus {
   framesDropped: number;
   /** how the link to the dashboard goes, once connected */
   transport: Transport | null;
+  /** the EP the loaded model runs on (the job may ask for WebAssembly on a WebGPU machine) */
+  ep: ExecutionProvider | null;
 }
 
 export interface WorkerEndpointOptions {
@@ -77,6 +80,7 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
     totals: { steps: 0, bytesSent: 0, computeMs: 0 },
     framesDropped: 0,
     transport: null,
+    ep: null,
   };
   const publish = (patch: Partial<WorkerStatus>) => options.onStatus(Object.assign(status, patch));
 
@@ -187,7 +191,7 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
 
   async function connectMesh(init: InitArgs): Promise<MeshExchange> {
     closeMesh('a new job mesh replaced it');
-    const exchange = new MeshExchange(init.rank, init.world);
+    const exchange = new MeshExchange(init.rank, init.world, init.dtype ?? 'f32');
     const current: Mesh = (mesh = { exchange, connections: [], links: new Map() });
     // ranks that cannot open a data channel to this one reach it through the relay: have the socket ready
     if (signaling.relay.mode !== 'off') void relayClient().catch(() => {});
@@ -227,7 +231,7 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
   const runtime = new WorkerRuntime(engineWorker.engine, {
     connectMesh,
     describe: async () => info,
-    onState: (state, detail) => publish({ state, detail, totals: { ...runtime.totals } }),
+    onState: (state, detail) => publish({ state, detail, totals: { ...runtime.totals }, ep: runtime.ep }),
     onShutdown: () => closeMesh('released by the coordinator'),
   });
 

@@ -73,6 +73,11 @@ export class WorkerRuntime {
     private readonly hooks: RuntimeHooks,
   ) {}
 
+  /** the EP the loaded model runs on, once loaded */
+  get ep(): ExecutionProvider | null {
+    return this.model?.ep ?? null;
+  }
+
   /** The only way in: unknown methods and methods called out of order fail with a clear error. */
   async dispatch(method: string, args: unknown): Promise<unknown> {
     if (!(WORKER_METHODS as readonly string[]).includes(method)) {

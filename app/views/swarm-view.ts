@@ -15,7 +15,8 @@ export function renderSwarm(swarm: Swarm, measured: Map<string, WorkerMeasuremen
 
 function workerRow(w: SwarmWorker, m: WorkerMeasurement | 'measuring' | undefined): HTMLTableRowElement {
   const speed = !m ? '—' : m === 'measuring' ? 'measuring…' : `${(m.flops / 1e9).toFixed(1)} GFLOP/s`;
-  const link = !m || m === 'measuring' ? '—' : `${(m.bandwidth / 1e6).toFixed(1)} MB/s, ${m.rttMs.toFixed(0)} ms`;
+  const speedOfLink = !m || m === 'measuring' ? '' : `${(m.bandwidth / 1e6).toFixed(1)} MB/s, ${m.rttMs.toFixed(0)} ms`;
+  const relayedPeers = (w.pulse?.mesh ?? []).filter((l) => l.transport === 'relay').length;
   const bad = w.framesDropped + (w.pulse?.framesDropped ?? 0);
   return h(
     'tr',
@@ -23,7 +24,7 @@ function workerRow(w: SwarmWorker, m: WorkerMeasurement | 'measuring' | undefine
     h('td', { title: w.id }, w.id.slice(-6)),
     h('td', {}, w.info.ep === 'webgpu' ? 'WebGPU' : 'WASM', h('span', { className: 'sub' }, w.info.adapter)),
     h('td', {}, speed),
-    h('td', {}, link),
+    h('td', {}, w.transport === 'relay' ? 'relayed' : 'direct', h('span', { className: 'sub' }, [speedOfLink, relayedPeers ? `${relayedPeers} rank link(s) relayed` : ''].filter(Boolean).join(' · '))),
     h('td', {}, w.activity === 'idle' && w.pulse ? w.pulse.state : w.activity),
     h('td', { className: bad ? 'bad' : '' }, String(bad)),
   );

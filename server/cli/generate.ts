@@ -18,6 +18,7 @@ const USAGE = `usage: npm run generate -- --prompt "a red ball" [--backend local
   [--frames F] [--height H] [--width W] [--steps K] [--guidance G] [--seed S] [--negative-prompt TEXT]
   [--out out/video.webm] [--report out/report.json] [--latent-out out/latent.f32] [--port P] [--verbose]
   [--drop-worker RANK@STEP] [--crash-worker RANK@STEP]   close (or crash) that rank's tab when step STEP (from 1) starts
+  [--fp16]   send activations between ranks as float16 (half the bytes, not bit-exact)
   [--force-relay]   send every link through the server's relay instead of WebRTC data channels (networks that block UDP; tests)`;
 
 function fail(message: string): never {
@@ -34,6 +35,7 @@ try {
       backend: { type: 'string', default: 'swarm' },
       workers: { type: 'string', default: '1' },
       ep: { type: 'string', default: 'auto' },
+      fp16: { type: 'boolean', default: false },
       'drop-worker': { type: 'string' },
       'crash-worker': { type: 'string' },
       'force-relay': { type: 'boolean', default: false },
@@ -124,7 +126,7 @@ try {
     async ({ overrides }) => {
       return (window as any).ditswarm.generate(overrides);
     },
-    { overrides: { ...params, backend: values.backend, workers: values.backend === 'swarm' ? workers : 1, ep: values.ep } },
+    { overrides: { ...params, backend: values.backend, workers: values.backend === 'swarm' ? workers : 1, ep: values.ep, dtype: values.fp16 ? 'f16' : 'f32' } },
   );
   if (tty) process.stderr.write('\n');
   const injected = harm.map((h) => {

@@ -36,6 +36,7 @@ test('the dashboard idle, running on 2 workers and done, and the worker page, as
   await expect(dashboard.locator('#workers tbody tr')).toHaveCount(2);
   await expect(dashboard.locator('#workers tbody')).toContainText('GFLOP/s', { timeout: 60_000 });
   await expect(dashboard.locator('#workers tbody')).toContainText('MB/s');
+  await expect(dashboard.locator('#workers tbody')).toContainText('direct');
 
   // running: submit from the form with the keyboard, on both workers
   await dashboard.fill('[name=prompt]', 'a red ball bouncing');
@@ -67,7 +68,8 @@ test('the dashboard idle, running on 2 workers and done, and the worker page, as
 
   // the worker page: what it is, what it did
   const worker = workers[0];
-  await expect(worker.locator('#ep')).toHaveText(/WebGPU|WebAssembly/);
+  await expect(worker.locator('#ep')).toHaveText('WebAssembly (CPU)'); // the job asked for wasm
+  await expect(worker.locator('#link')).toHaveText('direct (WebRTC)');
   await expect(worker.locator('#state')).toHaveText(/ready|idle/);
   await expect(worker.locator('#totals')).toContainText('forward passes');
   await worker.screenshot({ path: join(SHOTS, 'worker.png'), fullPage: true });
