@@ -2,7 +2,6 @@ import {
   checkJobParams,
   createPipeline,
   DEFAULT_JOB,
-  measureWorker,
   openJobQueue,
   openSwarm,
   probeWebM,
@@ -14,7 +13,6 @@ import {
   type Pipeline,
   type StoredJob,
   type Swarm,
-  type WorkerMeasurement,
 } from '../coordinator/index.ts';
 import { $ } from './views/dom.ts';
 import { renderGallery, videoUrl } from './views/gallery.ts';
@@ -38,7 +36,6 @@ for (const [key, value] of Object.entries(DEFAULT_JOB)) {
 let swarm: Swarm | null = null;
 let queue: JobQueue | null = null;
 let pipeline: { key: string; pipe: Pipeline } | null = null;
-const measured = new Map<string, WorkerMeasurement | 'measuring'>();
 
 function readForm(): { params: Partial<Record<keyof JobParams, unknown>>; placement: JobPlacement } {
   const params: Partial<Record<keyof JobParams, unknown>> = { prompt: field('prompt').value, negativePrompt: field('negativePrompt').value };
@@ -68,7 +65,7 @@ async function pipelineFor({ backend, workers, ep, dtype = 'f32' }: JobPlacement
 
 function refreshSwarm(): void {
   if (!swarm) return;
-  renderSwarm(swarm, measured);
+  renderSwarm(swarm);
   const degreeSelect = field('degree') as HTMLSelectElement;
   const chosen = degreeSelect.value;
   const degrees = validDegrees(TINY_MODEL_HEADS, Math.max(1, swarm.workers().length));
@@ -89,7 +86,9 @@ function showFinished(job: StoredJob): void {
   $('report').textContent = JSON.stringify(job.result!.report, null, 2);
   const r = job.result!.report;
   const recovered = r.failures.length ? `, recovered from ${r.failures.length} lost worker(s)` : '';
-  $('status').textContent = `#${job.id} done: ${r.config.frames} frames in ${(r.totalMs / 1000).toFixed(1)} s on ${r.config.workers} ${r.config.backend} rank${r.config.workers === 1 ? '' : 's'}${recovered}.`;
+  const stepMs = r.steps.reduce((t, s) => t + s.ms, 0) / Math.max(1, r.steps.length);
+  const planned = r.plan?.predictedStepMs ? ` The cost model chose ${r.plan.degree} rank${r.plan.degree === 1 ? '' : 's'}, predicting ${(r.plan.predictedStepMs / 1000).toFixed(2)} s per step; measured ${(stepMs / 1000).toFixed(2)} s.` : '';
+  $('status').textContent = `#${job.id} done: ${r.config.frames} frames in ${(r.totalMs / 1000).toFixed(1)} s on ${r.config.workers} ${r.config.backend} rank${r.config.workers === 1 ? '' : 's'}${recovered}.${planned}`;
 }
 
 function submitFromForm(overrides: Record<string, unknown> = {}): Promise<StoredJob> {
@@ -134,13 +133,6 @@ async function start() {
   localStorage.setItem(IDENTITY_KEY, JSON.stringify({ id: swarm.id, token: swarm.token }));
   showJoinLink(swarm.joinUrl);
   swarm.on((e) => {
-    if (e.type === 'join') {
-      measured.set(e.worker.id, 'measuring');
-      measureWorker(e.worker).then(
-        (m) => (measured.set(e.worker.id, m), refreshSwarm()),
-        () => measured.delete(e.worker.id),
-      );
-    }
     if (e.type === 'leave') $('swarm-events').textContent = `Worker ${e.worker.id.slice(-6)} left: ${e.reason}.`;
     if (e.type === 'refused') $('swarm-events').textContent = `Refused ${e.peer.slice(-6)}: ${e.reason}.`;
     refreshSwarm();

@@ -1,4 +1,5 @@
-import type { SwarmWorker } from './swarm.ts';
+import type { RpcClient } from '../core/rpc.ts';
+import type { ExecutionProvider } from '../worker/onnx-stages.ts';
 
 /**
  * What a worker can do, measured rather than declared: its matrix-multiply throughput on its EP
@@ -6,7 +7,8 @@ import type { SwarmWorker } from './swarm.ts';
  * of a 512 KiB message: the difference is the time the bytes took).
  */
 export interface WorkerMeasurement {
-  flops: number;
+  /** FLOP/s on each EP the worker has (WebAssembly always; WebGPU where there is an adapter) */
+  flops: Partial<Record<ExecutionProvider, number>>;
   rttMs: number;
   /** coordinator → worker, bytes per second */
   bandwidth: number;
@@ -14,8 +16,11 @@ export interface WorkerMeasurement {
 
 const PROBE_BYTES = 512 * 1024;
 
-export async function measureWorker(worker: SwarmWorker, timeoutMs = 30_000): Promise<WorkerMeasurement> {
-  const { flops } = await worker.rpc.call<{ flops: number }>('probe', {}, timeoutMs);
+export async function measureWorker(worker: { rpc: Pick<RpcClient, 'call'>; info: { ep: ExecutionProvider } }, timeoutMs = 30_000): Promise<WorkerMeasurement> {
+  const flops: WorkerMeasurement['flops'] = {};
+  for (const ep of worker.info.ep === 'webgpu' ? (['wasm', 'webgpu'] as const) : (['wasm'] as const)) {
+    flops[ep] = (await worker.rpc.call<{ flops: number }>('probe', { ep }, timeoutMs)).flops;
+  }
   const roundTrip = async (payload: Float32Array) => {
     const start = performance.now();
     await worker.rpc.call('probe', { payload }, timeoutMs);

@@ -1,5 +1,7 @@
 import { jobParams, latentShape, usesGuidance, type JobParams } from '../core/job.ts';
 import { parseWanConfig, type WanConfig } from '../core/model/config.ts';
+import { candidatePlans, planSwarm, type Hardware, type Workload } from '../core/cost-model.ts';
+import { tokenGrid } from '../core/model/tokens.ts';
 import { defaultDegree } from '../core/parallel.ts';
 import { fetchModelFiles, readJson } from '../core/model/files.ts';
 import { loadTextEncoder } from '../core/model/text-encoder.ts';
@@ -11,6 +13,7 @@ import type { Tensor } from '../core/tensor.ts';
 import type { ExecutionProvider } from '../worker/onnx-stages.ts';
 import { createExecutor, type Backend } from './backends.ts';
 import type { Executor, LinkReport, LostRank, RankReport } from './executor.ts';
+import type { WorkerMeasurement } from './measure.ts';
 import type { Swarm } from './swarm.ts';
 import { encodeWebM } from './video.ts';
 
@@ -44,6 +47,14 @@ export interface StepProgress {
   ranks: RankReport[];
 }
 
+/** How the degree of an 'auto' job was chosen, and what the cost model expected of it. */
+export interface PlannedDegree {
+  degree: number;
+  by: string;
+  predictedStepMs: number | null;
+  oneWorkerStepMs: number | null;
+}
+
 /** How a lost rank was noticed and what the re-plan cost. */
 export interface FailureRecord {
   step: number;
@@ -71,6 +82,8 @@ export interface GenerateReport {
   workers: { id: string; ep: string; adapter: string }[];
   /** which links of the last placement were direct data channels and which went through the relay */
   links: LinkReport[];
+  /** the cost model's choice of degree when it was 'auto' (null when asked for, or unmeasured) */
+  plan: PlannedDegree | null;
   steps: { step: number; ms: number; ranks: RankReport[] }[];
   resumedFromStep: number;
   failures: FailureRecord[];
@@ -120,6 +133,26 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
   let executor = newExecutor(asked);
   let ready: Promise<void> | null = null;
   let jobs = 0;
+
+  /**
+   * 'auto' on a swarm: the degree the cost model predicts fastest for this job, from the workers'
+   * measured throughput and links (never a plan predicted slower than one worker). Until every
+   * live worker has been measured, the largest valid degree.
+   */
+  function planFor(params: JobParams): PlannedDegree | null {
+    const workers = options.swarm?.workers() ?? [];
+    if (!workers.length) return null;
+    const measured = workers.map((w) => w.measurement);
+    if (measured.some((m) => !m)) return { degree: defaultDegree(config.numHeads, workers.length), by: 'largest valid degree (workers not measured yet)', predictedStepMs: null, oneWorkerStepMs: null };
+    const work: Workload = { model: config, tokens: tokenGrid(config, latentShape(params, config.inChannels)).count, textTokens: textEncoder.maxLength, passes: usesGuidance(params) ? 2 : 1 };
+    const link = { bandwidth: Math.min(...measured.map((m) => m!.bandwidth)), latency: Math.max(...measured.map((m) => m!.rttMs)) / 2000 };
+    // the EP each worker will run on: WebGPU where it has one, unless the job asks for WebAssembly
+    const flopsOf = (m: WorkerMeasurement) => (options.ep !== 'wasm' && m.flops.webgpu ? m.flops.webgpu : m.flops.wasm ?? 0);
+    const hw: Hardware = { workerFlops: measured.map((m) => flopsOf(m!)), link, bytesPerElement: options.dtype === 'f16' ? 2 : 4 };
+    // CFG parallel is not yet an executor plan: rank Ulysses degrees only
+    const choice = planSwarm(work, hw, candidatePlans(work, workers.length).filter((p) => !p.cfgParallel));
+    return { degree: choice.best.plan.ulyssesDegree, by: 'cost model', predictedStepMs: choice.best.stepS * 1000, oneWorkerStepMs: choice.baseline.stepS * 1000 };
+  }
 
   /** Places the executor once; a failed placement must not poison the next job, so it starts afresh. */
   function place(): Promise<void> {
@@ -171,10 +204,11 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
       const started = performance.now();
       request.onPhase?.('placing');
       // workers that joined since the last placement, or came back after a re-plan shrank it, count from the next job
-      const wanted = asked !== 'auto' ? asked : options.swarm ? defaultDegree(config.numHeads, options.swarm.workers().length) : executor.world;
-      if (ready && backend === 'swarm' && (wanted !== executor.world || lostARank.has(executor))) {
+      const plan = asked !== 'auto' || backend !== 'swarm' ? null : planFor(params);
+      const wanted = asked !== 'auto' ? asked : plan ? plan.degree : executor.world;
+      if (backend === 'swarm' && (!ready ? plan !== null : wanted !== executor.world || lostARank.has(executor))) {
         await executor.shutdown({ graceMs: 1_000 });
-        executor = newExecutor(asked);
+        executor = newExecutor(plan ? plan.degree : asked);
         ready = null;
       }
       await place();
@@ -228,6 +262,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
         frames,
         report: {
           config: { ...params, backend, workers: executor.world, ulyssesDegree: executor.world, model: modelUrl },
+          plan,
           workers: executor.workers.map((w) => ({ id: w.id, ep: w.ep, adapter: w.adapter })),
           links: executor.linkReport(),
           steps,

@@ -14,6 +14,7 @@ import {
 import type { RelayClient, Transport } from '../core/relay-channel.ts';
 import { COORDINATOR } from '../core/protocol.ts';
 import { RpcClient } from '../core/rpc.ts';
+import { measureWorker, type WorkerMeasurement } from './measure.ts';
 import type { WorkerInfo } from '../worker/runtime.ts';
 
 /**
@@ -39,6 +40,8 @@ export interface SwarmWorker {
   pulse: WorkerPulse | null;
   /** bad frames this side dropped from it */
   framesDropped: number;
+  /** its measured throughput and link, once the probe at join has finished */
+  measurement: WorkerMeasurement | null;
   /** how its link to this dashboard goes: a data channel, or through the server's relay */
   transport: Transport;
 }
@@ -228,7 +231,7 @@ export class Swarm {
       this.connections.set(conn.peer, conn);
       rpc = new RpcClient(link, COORDINATOR);
       const info = await rpc.call<WorkerInfo>('describe', {}, DESCRIBE_TIMEOUT_MS);
-      const joined: SwarmWorker = { id: conn.peer, info, rpc, link, joinedAt: Date.now(), activity: 'idle', pulse: null, framesDropped: 0, transport: transportOf(conn) };
+      const joined: SwarmWorker = { id: conn.peer, info, rpc, link, joinedAt: Date.now(), activity: 'idle', pulse: null, framesDropped: 0, transport: transportOf(conn), measurement: null };
       worker = joined;
       this.roster.set(joined.id, joined);
       watchHeartbeats(link, COORDINATOR, {
@@ -248,6 +251,14 @@ export class Swarm {
         },
       });
       this.emit({ type: 'join', worker: joined });
+      // what the planner and the swarm view need: measured once, at join
+      measureWorker(joined).then(
+        (m) => {
+          joined.measurement = m;
+          if (this.roster.has(joined.id)) this.emit({ type: 'update', worker: joined });
+        },
+        (e: Error) => console.warn(`could not measure worker ${joined.id}: ${e.message}`),
+      );
     } catch (e) {
       console.warn(`worker ${conn.peer} could not join: ${(e as Error).message}`);
       conn.close();

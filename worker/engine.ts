@@ -21,8 +21,8 @@ export interface EngineInfo {
 
 export interface EngineApi extends StageRunner {
   load(modelUrl: string, ep: ExecutionProvider | 'auto'): Promise<EngineInfo>;
-  /** matrix-multiply throughput (FLOP/s) on the EP this engine uses or would use */
-  probe(): Promise<{ ep: ExecutionProvider; flops: number }>;
+  /** matrix-multiply throughput (FLOP/s) on an EP (by default the one this engine uses or would use) */
+  probe(ep?: ExecutionProvider): Promise<{ ep: ExecutionProvider; flops: number }>;
 }
 
 export function createEngine(): EngineApi {
@@ -56,9 +56,9 @@ export function createEngine(): EngineApi {
       loaded = { key, info };
       return info;
     }),
-    probe: () =>
+    probe: (asked) =>
       serial(async () => {
-        const ep = loaded?.info.ep ?? ((await probeWebGpu()) ? 'webgpu' : 'wasm');
+        const ep = asked ?? loaded?.info.ep ?? ((await probeWebGpu()) ? 'webgpu' : 'wasm');
         ort.env.wasm.numThreads = 1;
         return { ep, flops: (await probeThroughput(ep)).flops };
       }),

@@ -102,7 +102,8 @@ export class WorkerRuntime {
       case 'probe':
         // with a payload it measures the link (only its size comes back), without one the compute
         if (a.payload instanceof Float32Array) return { bytes: a.payload.byteLength };
-        return this.engine.probe();
+        if (a.ep !== undefined && a.ep !== 'wasm' && a.ep !== 'webgpu') throw new Error(`probe ep must be wasm or webgpu, got ${JSON.stringify(a.ep)}`);
+        return this.engine.probe(a.ep as ExecutionProvider | undefined);
       case 'ping':
         return { state: this.state, rank: this.init?.rank ?? null, totals: this.totals };
       case 'shutdown':

@@ -2,20 +2,21 @@ import type { Swarm, SwarmWorker, WorkerMeasurement } from '../../coordinator/in
 import { $, h } from './dom.ts';
 
 /** Who joined and what each is doing: one row per worker, updated in place. */
-export function renderSwarm(swarm: Swarm, measured: Map<string, WorkerMeasurement | 'measuring'>): void {
+export function renderSwarm(swarm: Swarm): void {
   const workers = swarm.workers();
   $('worker-count').textContent = `${workers.length} worker${workers.length === 1 ? '' : 's'}`;
   const body = $('workers').querySelector('tbody')!;
   body.replaceChildren(
     ...(workers.length
-      ? workers.map((w) => workerRow(w, measured.get(w.id)))
+      ? workers.map((w) => workerRow(w, w.measurement))
       : [h('tr', {}, h('td', { colSpan: 6, className: 'empty' }, 'No workers yet: open the link above in another tab or on another machine.'))]),
   );
 }
 
-function workerRow(w: SwarmWorker, m: WorkerMeasurement | 'measuring' | undefined): HTMLTableRowElement {
-  const speed = !m ? '—' : m === 'measuring' ? 'measuring…' : `${(m.flops / 1e9).toFixed(1)} GFLOP/s`;
-  const speedOfLink = !m || m === 'measuring' ? '' : `${(m.bandwidth / 1e6).toFixed(1)} MB/s, ${m.rttMs.toFixed(0)} ms`;
+function workerRow(w: SwarmWorker, m: WorkerMeasurement | null): HTMLTableRowElement {
+  const gflops = (ep: 'wasm' | 'webgpu') => (m?.flops[ep] ? `${(m.flops[ep]! / 1e9).toFixed(1)} GFLOP/s on ${ep === 'webgpu' ? 'WebGPU' : 'WASM'}` : '');
+  const speed = m ? [gflops('webgpu'), gflops('wasm')].filter(Boolean).join(' · ') : 'measuring…';
+  const speedOfLink = !m ? '' : `${(m.bandwidth / 1e6).toFixed(1)} MB/s, ${m.rttMs.toFixed(0)} ms`;
   const relayedPeers = (w.pulse?.mesh ?? []).filter((l) => l.transport === 'relay').length;
   const bad = w.framesDropped + (w.pulse?.framesDropped ?? 0);
   return h(

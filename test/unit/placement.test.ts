@@ -53,6 +53,7 @@ function testSwarm() {
         pulse: null,
         framesDropped: 0,
         transport: 'direct',
+        measurement: null,
         calls,
       };
       internals.roster.set(id, worker);

@@ -1,0 +1,207 @@
+import type { WanConfig } from './model/config.ts';
+import { checkDegree, exchangeFloatsPerBlock, planUlysses, validDegrees } from './parallel.ts';
+
+/**
+ * Predicted time of one denoising step of a swarm plan, from FLOPs and bytes: each rank computes
+ * its share of every forward at its measured throughput, and between the attention sub-blocks
+ * sends its all-to-all bytes over the measured link. The planner ranks plans by this prediction.
+ */
+
+/** The sizes a forward's cost depends on (a WanConfig has them all). */
+export type ModelShape = Pick<WanConfig, 'numHeads' | 'headDim' | 'dim' | 'ffnDim' | 'numLayers' | 'inChannels' | 'outChannels' | 'patchSize' | 'textDim' | 'freqDim'>;
+
+export interface Workload {
+  model: ModelShape;
+  /** S: video tokens of one forward */
+  tokens: number;
+  /** L: text tokens the cross-attention reads */
+  textTokens: number;
+  /** forward passes per step: 2 with classifier-free guidance, 1 without */
+  passes: 1 | 2;
+}
+
+export interface Plan {
+  ulyssesDegree: number;
+  /** conditional and unconditional passes on two groups of `ulyssesDegree` workers each */
+  cfgParallel: boolean;
+}
+
+export interface LinkSpeed {
+  /** bytes/s one rank can send */
+  bandwidth: number;
+  /** seconds, one way */
+  latency: number;
+}
+
+export interface Hardware {
+  /** measured FLOP/s of each worker that could take part; a plan uses the fastest ones */
+  workerFlops: number[];
+  /** the link between workers i and j (indices into workerFlops), or one link for every pair */
+  link: LinkSpeed | ((i: number, j: number) => LinkSpeed);
+  /** activations on the wire: 4 for fp32 transport, 2 for fp16 */
+  bytesPerElement: 2 | 4;
+  /** all-to-alls per transformer block; Ulysses has 2 (q/k/v out, attention output back) */
+  exchangesPerBlock?: number;
+  /** share of the exchange time hidden behind compute, 0 (none) … 1 (all) */
+  overlap?: number;
+  /**
+   * The coordinator's link to the workers: every forward it sends the patches [S, C·pt·ph·pw] out
+   * and gathers the rows [S, pt·ph·pw·C] back, as fp32, through its one uplink whatever P is.
+   * Defaults to `link`; null when the coordinator and the worker share a tab (the local backend).
+   */
+  coordinatorLink?: LinkSpeed | null;
+}
+
+/** FLOPs of one rank's share of one forward pass (multiply-add = 2 FLOPs). */
+export interface ForwardFlops {
+  embed: number;
+  /** per block, by part */
+  block: { selfProjections: number; attention: number; crossProjections: number; crossAttention: number; ffn: number; total: number };
+  head: number;
+  total: number;
+}
+
+export interface StepPrediction {
+  plan: Plan;
+  /** workers the plan occupies: degree, ×2 with CFG parallel */
+  world: number;
+  flopsPerRank: number; // per step
+  bytesPerRank: number; // per step
+  computeS: number;
+  /** all-to-all time not hidden behind compute */
+  commS: number;
+  /** patches out to the workers and rows back to the coordinator */
+  ioS: number;
+  stepS: number;
+}
+
+/** One rank's FLOPs for one forward under Ulysses degree P (sequence padded to ceil(S/P)·P). */
+export function forwardFlops(model: ModelShape, tokens: number, textTokens: number, degree: number): ForwardFlops {
+  const { dim: D, ffnDim, numLayers, inChannels, outChannels, patchSize, textDim, freqDim } = model;
+  const patch = patchSize.reduce((a, b) => a * b, 1);
+  const Sl = Math.ceil(tokens / degree);
+  const Spad = Sl * degree;
+  const L = textTokens;
+  const selfProjections = 4 * 2 * Sl * D * D; // q, k, v, out on the local tokens
+  const attention = (2 * 2 * Spad * Spad * D) / degree; // QKᵀ and AV, H/P heads over all tokens
+  const crossProjections = 2 * 2 * Sl * D * D + 2 * 2 * L * D * D; // q, out on local tokens; k, v on the text
+  const crossAttention = 2 * 2 * Sl * L * D;
+  const ffn = 2 * 2 * Sl * D * ffnDim;
+  const blockTotal = selfProjections + attention + crossProjections + crossAttention + ffn;
+  const embed = 2 * Sl * inChannels * patch * D + 2 * (freqDim * D + D * D + D * 6 * D) + 2 * L * (textDim * D + D * D);
+  const head = 2 * Sl * D * outChannels * patch;
+  return {
+    embed,
+    block: { selfProjections, attention, crossProjections, crossAttention, ffn, total: blockTotal },
+    head,
+    total: embed + numLayers * blockTotal + head,
+  };
+}
+
+/** Bytes one rank sends in one forward: 4·ceil(S/P)·D·(P−1)/P elements per block. */
+export function forwardBytes(model: ModelShape, tokens: number, degree: number, bytesPerElement: number): number {
+  const plan = planUlysses(model as WanConfig, tokens, degree);
+  return exchangeFloatsPerBlock(plan, model.dim) * bytesPerElement * model.numLayers;
+}
+
+const patchVolume = (m: ModelShape): number => m.patchSize.reduce((a, b) => a * b, 1);
+
+/** The slowest link among a set of workers (fastest bandwidth is not what an all-to-all waits for). */
+function slowestLink(hw: Hardware, workers: number[]): LinkSpeed {
+  if (typeof hw.link !== 'function') return hw.link;
+  let bandwidth = Infinity;
+  let latency = 0;
+  for (const i of workers)
+    for (const j of workers) {
+      if (i === j) continue;
+      const l = hw.link(i, j);
+      bandwidth = Math.min(bandwidth, l.bandwidth);
+      latency = Math.max(latency, l.latency);
+    }
+  return { bandwidth, latency };
+}
+
+/** The plan's per-step time on the fastest `world` workers of `hw`. */
+export function predictStep(work: Workload, plan: Plan, hw: Hardware): StepPrediction {
+  const P = plan.ulyssesDegree;
+  checkDegree(work.model.numHeads, P);
+  if (plan.cfgParallel && work.passes !== 2) throw new Error('cfgParallel needs two passes per step (guidance ≠ 1); this workload has one');
+  const world = plan.cfgParallel ? 2 * P : P;
+  if (world > hw.workerFlops.length) throw new Error(`plan needs ${world} workers, ${hw.workerFlops.length} measured`);
+  const chosen = hw.workerFlops.map((f, i) => ({ f, i })).sort((a, b) => b.f - a.f).slice(0, world);
+  const flops = Math.min(...chosen.map((c) => c.f));
+  const link = world > 1 ? slowestLink(hw, chosen.map((c) => c.i)) : { bandwidth: Infinity, latency: 0 };
+
+  const passesPerGroup = plan.cfgParallel ? 1 : work.passes;
+  const forward = forwardFlops(work.model, work.tokens, work.textTokens, P);
+  const bytes = P > 1 ? forwardBytes(work.model, work.tokens, P, hw.bytesPerElement) : 0;
+  const exchanges = P > 1 ? (hw.exchangesPerBlock ?? 2) * work.model.numLayers : 0;
+  const commPerForward = bytes / link.bandwidth + exchanges * (P - 1) * link.latency;
+  // CFG parallel: one group's output rows [S, pt·ph·pw·C] go to the other once per step
+  const outWidth = work.model.outChannels * patchVolume(work.model);
+  const cfgBytes = plan.cfgParallel ? work.tokens * outWidth * hw.bytesPerElement : 0;
+  const cfgComm = plan.cfgParallel ? cfgBytes / link.bandwidth + link.latency : 0;
+
+  const computeS = (passesPerGroup * forward.total) / flops;
+  const commS = passesPerGroup * commPerForward * (1 - (hw.overlap ?? 0)) + cfgComm;
+  const coordinator = hw.coordinatorLink === undefined ? (typeof hw.link === 'function' ? slowestLink(hw, chosen.map((c) => c.i)) : hw.link) : hw.coordinatorLink;
+  const ioBytes = work.passes * work.tokens * (work.model.inChannels + work.model.outChannels) * patchVolume(work.model) * 4;
+  const ioS = coordinator ? ioBytes / coordinator.bandwidth + 2 * work.passes * coordinator.latency : 0;
+  return {
+    plan,
+    world,
+    flopsPerRank: passesPerGroup * forward.total,
+    bytesPerRank: passesPerGroup * bytes + cfgBytes,
+    computeS,
+    commS,
+    ioS,
+    stepS: computeS + commS + ioS,
+  };
+}
+
+/** Every plan the workers allow: each valid Ulysses degree, with and without CFG parallel. */
+export function candidatePlans(work: Workload, workers: number): Plan[] {
+  const plans: Plan[] = [];
+  for (const d of validDegrees(work.model.numHeads, workers)) {
+    plans.push({ ulyssesDegree: d, cfgParallel: false });
+    if (work.passes === 2 && 2 * d <= workers) plans.push({ ulyssesDegree: d, cfgParallel: true });
+  }
+  return plans;
+}
+
+export interface SwarmPlanChoice {
+  best: StepPrediction;
+  /** one worker, no parallelism: what every plan must beat */
+  baseline: StepPrediction;
+  /** all candidates, fastest first */
+  ranked: StepPrediction[];
+}
+
+/**
+ * The fastest plan among the candidates (all plans the workers allow by default). One worker is
+ * always a candidate, so the choice is never predicted slower than it; ties go to fewer workers.
+ */
+export function planSwarm(work: Workload, hw: Hardware, candidates: Plan[] = candidatePlans(work, hw.workerFlops.length)): SwarmPlanChoice {
+  const baseline = predictStep(work, { ulyssesDegree: 1, cfgParallel: false }, hw);
+  const others = candidates.filter((p) => p.ulyssesDegree !== 1 || p.cfgParallel).map((p) => predictStep(work, p, hw));
+  const ranked = [baseline, ...others].sort((a, b) => a.stepS - b.stepS || a.world - b.world);
+  return { best: ranked[0], baseline, ranked };
+}
+
+/**
+ * A link's latency and bandwidth from timed transfers of different sizes (a least-squares fit of
+ * t = latency + bytes / bandwidth): what a short probe on a data channel measures.
+ */
+export function fitLink(samples: { bytes: number; seconds: number }[]): LinkSpeed {
+  if (samples.length < 2 || new Set(samples.map((s) => s.bytes)).size < 2) {
+    throw new Error(`fitLink needs timed transfers of at least two sizes, got ${samples.length} sample(s)`);
+  }
+  const n = samples.length;
+  const mx = samples.reduce((a, s) => a + s.bytes, 0) / n;
+  const my = samples.reduce((a, s) => a + s.seconds, 0) / n;
+  const sxy = samples.reduce((a, s) => a + (s.bytes - mx) * (s.seconds - my), 0);
+  const sxx = samples.reduce((a, s) => a + (s.bytes - mx) ** 2, 0);
+  const perByte = sxy / sxx;
+  if (!(perByte > 0)) throw new Error('fitLink: larger transfers were not slower; probe with larger messages');
+  return { bandwidth: 1 / perByte, latency: Math.max(0, my - perByte * mx) };
+}

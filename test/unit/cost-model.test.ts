@@ -1,0 +1,129 @@
+import { describe, expect, it } from 'vitest';
+import { candidatePlans, fitLink, forwardBytes, forwardFlops, planSwarm, predictStep, type Hardware, type ModelShape, type Workload } from '../../core/cost-model.ts';
+import { exchangeFloatsPerBlock, planUlysses } from '../../core/parallel.ts';
+import type { WanConfig } from '../../core/model/config.ts';
+import { SeededRandom } from '../../core/random.ts';
+
+const small: ModelShape = { numHeads: 2, headDim: 2, dim: 4, ffnDim: 8, numLayers: 1, inChannels: 1, outChannels: 1, patchSize: [1, 1, 1], textDim: 3, freqDim: 2 };
+const wan13b: ModelShape = { numHeads: 12, headDim: 128, dim: 1536, ffnDim: 8960, numLayers: 30, inChannels: 16, outChannels: 16, patchSize: [1, 2, 2], textDim: 4096, freqDim: 256 };
+const bench: ModelShape = { ...wan13b, headDim: 48, dim: 576, ffnDim: 3456, numLayers: 2, textDim: 64 };
+
+describe('cost model: FLOPs and bytes of one rank', () => {
+  it('counts one forward by hand: D 4, FFN 8, 1 block, S 6 (or 5, padded to 6), L 2, P 2 → 1872 FLOPs', () => {
+    for (const tokens of [6, 5]) {
+      const f = forwardFlops(small, tokens, 2, 2);
+      // Sl = 3, S_pad = 6
+      expect(f.block.selfProjections).toBe(4 * 2 * 3 * 16); // 384
+      expect(f.block.attention).toBe((2 * 2 * 6 * 6 * 4) / 2); // 288
+      expect(f.block.crossProjections).toBe(2 * 2 * 3 * 16 + 2 * 2 * 2 * 16); // 320
+      expect(f.block.crossAttention).toBe(2 * 2 * 3 * 2 * 4); // 96
+      expect(f.block.ffn).toBe(2 * 2 * 3 * 4 * 8); // 384
+      expect(f.embed).toBe(2 * 3 * 1 * 4 + 2 * (2 * 4 + 16 + 4 * 24) + 2 * 2 * (3 * 4 + 16)); // 376
+      expect(f.head).toBe(2 * 3 * 4 * 1); // 24
+      expect(f.total).toBe(1872);
+    }
+  });
+
+  it('predicts the bytes the Ulysses exchange sends: exchangeFloatsPerBlock · 4 · layers', () => {
+    for (const tokens of [8192, 12288, 32760, 35])
+      for (const P of [1, 2, 3, 4, 6]) {
+        const plan = planUlysses(bench as WanConfig, tokens, P);
+        expect(forwardBytes(bench, tokens, P, 4)).toBe(exchangeFloatsPerBlock(plan, bench.dim) * 4 * bench.numLayers);
+        const step = predictStep({ model: bench, tokens, textTokens: 32, passes: 1 }, { ulyssesDegree: P, cfgParallel: false }, { workerFlops: Array(P).fill(16e9), link: { bandwidth: 7e6, latency: 1e-3 }, bytesPerElement: 4 });
+        expect(step.bytesPerRank).toBe(exchangeFloatsPerBlock(plan, bench.dim) * 4 * bench.numLayers);
+      }
+  });
+
+  it('fp16 transport halves the bytes and the transfer time', () => {
+    const work: Workload = { model: wan13b, tokens: 32760, textTokens: 512, passes: 2 };
+    const hw = (bpe: 2 | 4): Hardware => ({ workerFlops: [2e13, 2e13], link: { bandwidth: 125e6, latency: 0 }, bytesPerElement: bpe });
+    const [f32, f16] = [predictStep(work, { ulyssesDegree: 2, cfgParallel: false }, hw(4)), predictStep(work, { ulyssesDegree: 2, cfgParallel: false }, hw(2))];
+    expect(f16.bytesPerRank / f32.bytesPerRank).toBe(0.5);
+    expect(f16.commS / f32.commS).toBeCloseTo(0.5, 12);
+  });
+
+  it('charges (P−1)·latency twice per block and one extra exchange per step for CFG parallel', () => {
+    const work: Workload = { model: bench, tokens: 12288, textTokens: 32, passes: 2 };
+    const hw: Hardware = { workerFlops: [1e10, 1e10, 1e10, 1e10], link: { bandwidth: Infinity, latency: 0.01 }, bytesPerElement: 4 };
+    expect(predictStep(work, { ulyssesDegree: 3, cfgParallel: false }, { ...hw, workerFlops: [1e10, 1e10, 1e10] }).commS).toBeCloseTo(2 * (2 * 2 * 2 * 0.01), 12);
+    const cfg = predictStep(work, { ulyssesDegree: 2, cfgParallel: true }, hw);
+    expect(cfg.world).toBe(4);
+    expect(cfg.commS).toBeCloseTo(2 * 1 * 2 * 0.01 + 0.01, 12); // one pass per group + the CFG exchange
+    expect(cfg.computeS).toBeCloseTo(forwardFlops(bench, 12288, 32, 2).total / 1e10, 9);
+  });
+});
+
+describe('cost model: the coordinator\'s patches out and rows back', () => {
+  it('costs (in + out) · pt·ph·pw · 4 bytes per token per pass over the coordinator link, whatever P', () => {
+    const work: Workload = { model: bench, tokens: 12288, textTokens: 32, passes: 2 };
+    const bytes = 2 * 12288 * (16 + 16) * 4 * 4; // 6.3 MB per step
+    for (const P of [1, 2, 3]) {
+      const hw: Hardware = { workerFlops: Array(P).fill(1e10), link: { bandwidth: 1e7, latency: 0.01 }, bytesPerElement: 4 };
+      expect(predictStep(work, { ulyssesDegree: P, cfgParallel: false }, hw).ioS).toBeCloseTo(bytes / 1e7 + 2 * 2 * 0.01, 12);
+    }
+  });
+
+  it('is free when the coordinator and the worker share a tab (local backend)', () => {
+    const work: Workload = { model: bench, tokens: 12288, textTokens: 32, passes: 1 };
+    const p = predictStep(work, { ulyssesDegree: 1, cfgParallel: false }, { workerFlops: [1e10], link: { bandwidth: 1e7, latency: 0.01 }, bytesPerElement: 4, coordinatorLink: null });
+    expect(p.ioS).toBe(0);
+    expect(p.stepS).toBe(p.computeS);
+  });
+});
+
+describe('planSwarm', () => {
+  const work: Workload = { model: bench, tokens: 12288, textTokens: 32, passes: 1 };
+
+  it('keeps one worker when the link is too slow for the exchange to pay off', () => {
+    const choice = planSwarm(work, { workerFlops: [16e9, 16e9, 16e9, 16e9], link: { bandwidth: 1e5, latency: 0.005 }, bytesPerElement: 4 });
+    expect(choice.best.plan).toEqual({ ulyssesDegree: 1, cfgParallel: false });
+  });
+
+  it('spreads over the workers when compute dominates the exchange', () => {
+    const choice = planSwarm(work, { workerFlops: [16e9, 16e9, 16e9, 16e9], link: { bandwidth: 1e9, latency: 1e-4 }, bytesPerElement: 4 });
+    expect(choice.best.plan.ulyssesDegree).toBe(4);
+    expect(choice.best.stepS).toBeLessThan(choice.baseline.stepS / 3);
+  });
+
+  it('uses the fastest workers and the slowest link among them', () => {
+    const links = (i: number, j: number) => ({ bandwidth: i + j === 1 ? 1e9 : 1e3, latency: 0 });
+    const choice = planSwarm(work, { workerFlops: [16e9, 16e9, 1e9], link: links, bytesPerElement: 4 }, [{ ulyssesDegree: 2, cfgParallel: false }]);
+    expect(choice.best.plan.ulyssesDegree).toBe(2); // workers 0 and 1, over their fast link
+  });
+
+  it('never picks a plan predicted slower than one worker, whatever the hardware and candidates', () => {
+    const random = new SeededRandom(5);
+    for (let trial = 0; trial < 200; trial++) {
+      const workers = 1 + Math.floor(random.uniform() * 8);
+      const hw: Hardware = {
+        workerFlops: Array.from({ length: workers }, () => 10 ** (9 + 5 * random.uniform())),
+        link: { bandwidth: 10 ** (4 + 6 * random.uniform()), latency: 10 ** (-5 + 4 * random.uniform()) },
+        bytesPerElement: random.uniform() < 0.5 ? 2 : 4,
+      };
+      const w: Workload = { model: random.uniform() < 0.5 ? bench : wan13b, tokens: 1 + Math.floor(random.uniform() * 40000), textTokens: 32, passes: random.uniform() < 0.5 ? 1 : 2 };
+      const all = candidatePlans(w, workers);
+      const onlyParallel = all.filter((p) => p.ulyssesDegree > 1 || p.cfgParallel);
+      for (const candidates of [all, onlyParallel]) {
+        const choice = planSwarm(w, hw, candidates);
+        expect(choice.best.stepS).toBeLessThanOrEqual(choice.baseline.stepS);
+        expect(choice.ranked[0]).toBe(choice.best);
+      }
+    }
+  });
+
+  it('refuses a degree that does not divide the heads, naming the valid ones', () => {
+    expect(() => planSwarm(work, { workerFlops: [1e9, 1e9, 1e9, 1e9, 1e9], link: { bandwidth: 1e9, latency: 0 }, bytesPerElement: 4 }, [{ ulyssesDegree: 5, cfgParallel: false }])).toThrowError(/valid degrees: 1, 2, 3, 4, 6, 12/);
+  });
+});
+
+describe('fitLink', () => {
+  it('recovers latency and bandwidth from timed transfers of several sizes', () => {
+    const link = fitLink([64e3, 256e3, 1e6, 4e6].map((bytes) => ({ bytes, seconds: 0.002 + bytes / 7e6 })));
+    expect(link.bandwidth).toBeCloseTo(7e6, -2);
+    expect(link.latency).toBeCloseTo(0.002, 9);
+  });
+
+  it('needs at least two transfer sizes', () => {
+    expect(() => fitLink([{ bytes: 1e6, seconds: 0.1 }, { bytes: 1e6, seconds: 0.2 }])).toThrowError(/at least two sizes/);
+  });
+});
