@@ -1,10 +1,14 @@
 /**
- * Writes the bundled tiny Wan2.1-format model, deterministically from a seed:
- *   public/models/tiny-wan/{model_index.json, transformer/, text_encoder/, vae/}
+ * Writes a Wan2.1-format model, deterministically from a seed:
+ *   <out>/{model_index.json, transformer/, text_encoder/, vae/}
  * The transformer has every key family of Wan2.1-T2V-1.3B (12 heads like it, so Ulysses degrees
- * 1, 2, 3, 4, 6 are valid) at a width small enough to ship in the repository.
+ * 1, 2, 3, 4, 6 are valid). Presets:
+ *   tiny   (default) public/models/tiny-wan: width 288, small enough to ship in the repository
+ *   bench  bench/out/models/bench-wan: width 576 (head dim 48), FFN 3456 (6·D, Wan's ratio), 2 blocks —
+ *          ~56 MB, so it is generated on demand into a git-ignored folder, never committed
+ * Explicit flags override the preset's values.
  *
- *   npm run make-model [-- --out DIR --seed N --layers N --head-dim N --ffn N]
+ *   npm run make-model [-- --preset tiny|bench --out DIR --seed N --layers N --head-dim N --ffn N]
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -17,17 +21,30 @@ import { SeededRandom } from '../../core/random.ts';
 import { writeSafetensors, type TensorMap } from '../../core/safetensors.ts';
 import { sizeOf } from '../../core/tensor.ts';
 
-const { values } = parseArgs({
+const PRESETS = {
+  tiny: { name: 'tiny-wan', out: 'public/models/tiny-wan', seed: '20250225', layers: '2', 'head-dim': '24', ffn: '768', 'text-dim': '64', 'text-length': '32' },
+  bench: { name: 'bench-wan', out: 'bench/out/models/bench-wan', seed: '20250226', layers: '2', 'head-dim': '48', ffn: '3456', 'text-dim': '64', 'text-length': '32' },
+};
+type Preset = keyof typeof PRESETS;
+
+const { values: flags } = parseArgs({
   options: {
-    out: { type: 'string', default: 'public/models/tiny-wan' },
-    seed: { type: 'string', default: '20250225' },
-    layers: { type: 'string', default: '2' },
-    'head-dim': { type: 'string', default: '24' },
-    ffn: { type: 'string', default: '768' },
-    'text-dim': { type: 'string', default: '64' },
-    'text-length': { type: 'string', default: '32' },
+    preset: { type: 'string', default: 'tiny' },
+    out: { type: 'string' },
+    seed: { type: 'string' },
+    layers: { type: 'string' },
+    'head-dim': { type: 'string' },
+    ffn: { type: 'string' },
+    'text-dim': { type: 'string' },
+    'text-length': { type: 'string' },
   },
 });
+if (!(flags.preset! in PRESETS)) {
+  console.error(`make-model: unknown --preset ${flags.preset}; valid presets: ${Object.keys(PRESETS).join(', ')}`);
+  process.exit(1);
+}
+const preset = PRESETS[flags.preset as Preset];
+const values = { ...preset, ...Object.fromEntries(Object.entries(flags).filter(([, v]) => v !== undefined)) };
 
 const textDim = Number(values['text-dim']);
 const textLength = Number(values['text-length']);
@@ -76,8 +93,8 @@ const write = (path: string, data: Uint8Array | object) => {
   mkdirSync(join(out, path, '..'), { recursive: true });
   writeFileSync(join(out, path), data instanceof Uint8Array ? data : JSON.stringify(data, null, 2) + '\n');
 };
-const made = { generator: 'npm run make-model', seed: String(values.seed) };
-write('model_index.json', { _class_name: 'WanPipeline', name: 'tiny-wan', transformer: ['diffusers', 'WanTransformer3DModel'], text_encoder: ['ditswarm', TEXT_ENCODER_CLASS], vae: ['ditswarm', VAE_DECODER_CLASS], flow_shift: 3.0, ...made });
+const made = { generator: flags.preset === 'tiny' ? 'npm run make-model' : `npm run make-model -- --preset ${flags.preset}`, seed: String(values.seed) };
+write('model_index.json', { _class_name: 'WanPipeline', name: preset.name, transformer: ['diffusers', 'WanTransformer3DModel'], text_encoder: ['ditswarm', TEXT_ENCODER_CLASS], vae: ['ditswarm', VAE_DECODER_CLASS], flow_shift: 3.0, ...made });
 write(TRANSFORMER_CONFIG, toDiffusersConfig(config));
 write(TRANSFORMER_WEIGHTS, writeSafetensors(transformer, made));
 write('text_encoder/config.json', { _class_name: TEXT_ENCODER_CLASS, max_length: textLength, hidden_size: textDim });

@@ -1,0 +1,145 @@
+// What every benchmark shares: the bench-size model, the probe page, where reports go and what
+// they record about the machine.
+import { spawnSync } from 'node:child_process';
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { cpus, loadavg, totalmem } from 'node:os';
+import { dirname, extname, join, normalize, relative } from 'node:path';
+import type { Browser, BrowserContext, Page } from '@playwright/test';
+import { build } from 'vite';
+import { parseWanConfig, type WanConfig } from '../core/model/config.ts';
+
+export const ROOT = join(import.meta.dirname, '..');
+export const OUT_DIR = join(ROOT, 'bench/out');
+/** ~60 MB: made on demand by `make-model --preset bench` into this git-ignored folder, never committed */
+export const BENCH_MODEL_DIR = join(OUT_DIR, 'models/bench-wan');
+const PAGES_DIR = join(OUT_DIR, 'pages');
+/** The app loads its model from here; the benchmarks answer these requests with the bench model. */
+export const APP_MODEL_PATH = '/models/tiny-wan';
+
+export const log = (line: string) => console.error(`[bench] ${line}`);
+
+/** The bench model's transformer config, after writing the model if it is not there yet. */
+export function ensureBenchModel(): WanConfig {
+  const configPath = join(BENCH_MODEL_DIR, 'transformer/config.json');
+  if (!existsSync(configPath)) {
+    log('writing the bench model (make-model --preset bench)…');
+    const made = spawnSync(process.execPath, ['--import', 'tsx', 'server/cli/make-model.ts', '--preset', 'bench', '--out', BENCH_MODEL_DIR], { cwd: ROOT, stdio: 'inherit' });
+    if (made.status !== 0) throw new Error(`make-model --preset bench failed with status ${made.status}`);
+  }
+  return parseWanConfig(JSON.parse(readFileSync(configPath, 'utf8')), configPath);
+}
+
+/** Builds bench/pages (probe page) with Vite into bench/out/pages, served under /bench/. */
+export async function buildBenchPages(): Promise<void> {
+  await build({
+    configFile: false,
+    root: join(ROOT, 'bench/pages'),
+    base: '/bench/',
+    logLevel: 'warn',
+    build: { outDir: PAGES_DIR, emptyOutDir: true, target: 'es2022' },
+    worker: { format: 'es' },
+  });
+}
+
+const CONTENT_TYPES: Record<string, string> = { '.html': 'text/html', '.js': 'text/javascript', '.json': 'application/json', '.wasm': 'application/wasm' };
+
+async function serveFrom(context: BrowserContext, pattern: string, prefix: string, dir: string): Promise<void> {
+  await context.route(pattern, async (route) => {
+    const path = decodeURIComponent(new URL(route.request().url()).pathname).slice(prefix.length) || '/index.html';
+    const file = normalize(join(dir, path));
+    if (relative(dir, file).startsWith('..') || !existsSync(file)) return route.fulfill({ status: 404, body: `not found: ${path}` });
+    await route.fulfill({
+      status: 200,
+      path: file,
+      headers: {
+        'Content-Type': CONTENT_TYPES[extname(file)] ?? 'application/octet-stream',
+        'Cross-Origin-Opener-Policy': 'same-origin',
+        'Cross-Origin-Embedder-Policy': 'require-corp',
+        'Cross-Origin-Resource-Policy': 'same-origin',
+      },
+    });
+  });
+}
+
+/**
+ * Every page of the context (dashboard, worker tabs and their Web Workers) gets the bench model
+ * where the app asks for its model, and the probe page under /bench/.
+ */
+export async function serveBenchFiles(context: BrowserContext): Promise<void> {
+  await serveFrom(context, `**${APP_MODEL_PATH}/**`, APP_MODEL_PATH, BENCH_MODEL_DIR);
+  await serveFrom(context, '**/bench/**', '/bench', PAGES_DIR);
+}
+
+/** A probe page of the bench (window.bench), same origin as the app. */
+export async function openProbePage(context: BrowserContext, origin: string): Promise<Page> {
+  const page = await context.newPage();
+  await page.goto(`${origin}/bench/index.html`);
+  await page.waitForFunction(() => 'bench' in window, null, { timeout: 30_000 });
+  return page;
+}
+
+export function machine(browser?: Browser) {
+  return {
+    cpus: cpus().length,
+    cpuModel: cpus()[0]?.model ?? 'unknown',
+    memoryGiB: Math.round(totalmem() / 2 ** 30),
+    node: process.version,
+    chromium: browser?.version() ?? null,
+    platform: `${process.platform} ${process.arch}`,
+    /** other processes compete for the same cores: a loaded machine measures slower */
+    loadAverage1m: Number(loadavg()[0].toFixed(2)),
+  };
+}
+
+/** Declared and installed versions of the project's dependencies. */
+export function versions(): Record<string, { declared: string; installed: string | null }> {
+  const pkg = JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as { dependencies?: Record<string, string>; devDependencies?: Record<string, string> };
+  const out: Record<string, { declared: string; installed: string | null }> = {};
+  for (const [name, declared] of Object.entries({ ...pkg.dependencies, ...pkg.devDependencies })) {
+    const manifest = join(ROOT, 'node_modules', name, 'package.json');
+    out[name] = { declared, installed: existsSync(manifest) ? (JSON.parse(readFileSync(manifest, 'utf8')) as { version: string }).version : null };
+  }
+  return out;
+}
+
+export function writeReport(name: string, report: unknown): string {
+  const path = join(OUT_DIR, name);
+  mkdirSync(dirname(path), { recursive: true });
+  writeFileSync(path, typeof report === 'string' ? report : JSON.stringify(report, null, 2) + '\n');
+  log(`wrote ${relative(ROOT, path)}`);
+  return path;
+}
+
+/**
+ * Waits (up to maxWaitS) until the 1-minute load average is below `below`: other processes on a
+ * 2-core machine make every figure meaningless. Returns the load average it started with.
+ */
+export async function waitForQuietMachine(below = 1.5, maxWaitS = 120): Promise<{ loadAverage1m: number; waitedS: number }> {
+  const start = Date.now();
+  while (loadavg()[0] >= below && Date.now() - start < maxWaitS * 1000) await new Promise((r) => setTimeout(r, 5000));
+  const waitedS = round((Date.now() - start) / 1000, 0);
+  if (loadavg()[0] >= below) log(`the machine is busy (load ${loadavg()[0].toFixed(2)} after ${waitedS} s): measuring anyway, figures will be slower`);
+  return { loadAverage1m: Number(loadavg()[0].toFixed(2)), waitedS };
+}
+
+export const median = (xs: number[]): number => {
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
+};
+
+export const round = (x: number, digits = 3): number => Number(x.toFixed(digits));
+
+export function maxAbs(a: Float32Array, b: Float32Array): number {
+  if (a.length !== b.length) throw new Error(`cannot compare latents of ${a.length} and ${b.length} values`);
+  let m = 0;
+  for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i] - b[i]));
+  return m;
+}
+
+export const latentFromBase64 = (b64: string): Float32Array => {
+  const bytes = Buffer.from(b64, 'base64');
+  return new Float32Array(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.byteLength));
+};
+
+/** True when this module is the script node was started with (each bench runs alone or from run.ts). */
+export const isMain = (meta: ImportMeta): boolean => process.argv[1] !== undefined && normalize(process.argv[1]) === meta.filename;

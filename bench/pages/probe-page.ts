@@ -1,0 +1,127 @@
+import * as ort from 'onnxruntime-web';
+import { fetchModelFiles, readJson } from '../../core/model/files.ts';
+import { loadTransformer } from '../../core/model/transformer.ts';
+import { Link } from '../../core/link.ts';
+import { SeededRandom } from '../../core/random.ts';
+import { memoryExchanges } from '../../worker/memory-exchange.ts';
+import { onnxStages } from '../../worker/onnx-stages.ts';
+import { probeThroughput } from '../../worker/probe.ts';
+import type { StageRunner } from '../../worker/stages.ts';
+import { forwardInProcess } from '../../worker/ulysses.ts';
+
+// What the benchmarks measure inside Chromium without the app around it: matmul throughput,
+// the tab↔tab data-channel link (through the app's own Link framing), and a forward pass on the
+// same ONNX sessions the engine builds, called directly.
+ort.env.wasm.numThreads = 1;
+
+let peer: RTCPeerConnection | null = null;
+let link: Link | null = null;
+let received = 0;
+let waiters: { bytes: number; resolve: () => void }[] = [];
+
+function openLink(channel: RTCDataChannel): Promise<void> {
+  channel.binaryType = 'arraybuffer';
+  return new Promise((resolve) => {
+    const ready = () => {
+      link = new Link(channel);
+      channel.addEventListener('message', (e) => link!.receive(e.data as ArrayBuffer));
+      link.onMessage((msg) => {
+        if (msg.kind !== 'tensor') return;
+        received += msg.data.byteLength;
+        waiters = waiters.filter((w) => (received >= w.bytes ? (w.resolve(), false) : true));
+      });
+      resolve();
+    };
+    if (channel.readyState === 'open') ready();
+    else channel.addEventListener('open', ready, { once: true });
+  });
+}
+
+/** The description with the host candidates gathered so far (all of them, or what 3 s gave). */
+async function gathered(pc: RTCPeerConnection): Promise<RTCSessionDescriptionInit> {
+  const complete = new Promise<void>((r) => {
+    if (pc.iceGatheringState === 'complete') r();
+    pc.addEventListener('icegatheringstatechange', () => pc.iceGatheringState === 'complete' && r());
+  });
+  await Promise.race([complete, new Promise((r) => setTimeout(r, 3000))]);
+  return pc.localDescription!.toJSON();
+}
+
+/** Time spent in each kind of stage call, summed over blocks (reset per forward). */
+const stageMs: Record<keyof StageRunner, number> = { embed: 0, preAttention: 0, attention: 0, postAttention: 0, head: 0 };
+function timedStages(stages: StageRunner): StageRunner {
+  const timed = <K extends keyof StageRunner>(kind: K) =>
+    (async (...args: unknown[]) => {
+      const start = performance.now();
+      try {
+        return await (stages[kind] as (...a: unknown[]) => Promise<unknown>)(...args);
+      } finally {
+        stageMs[kind] += performance.now() - start;
+      }
+    }) as StageRunner[K];
+  return { embed: timed('embed'), preAttention: timed('preAttention'), attention: timed('attention'), postAttention: timed('postAttention'), head: timed('head') };
+}
+
+const bench = {
+  throughput: (ep: 'wasm' | 'webgpu', size: number, runs: number) => probeThroughput(ep, { size, runs }),
+
+  async linkOffer(): Promise<RTCSessionDescriptionInit> {
+    peer = new RTCPeerConnection();
+    const opened = openLink(peer.createDataChannel('probe', { ordered: true }));
+    await peer.setLocalDescription(await peer.createOffer());
+    void opened;
+    return gathered(peer);
+  },
+  async linkAnswer(offer: RTCSessionDescriptionInit): Promise<RTCSessionDescriptionInit> {
+    peer = new RTCPeerConnection();
+    const pc = peer;
+    const opened = new Promise<void>((r) => pc.addEventListener('datachannel', (e) => void openLink(e.channel).then(r), { once: true }));
+    await peer.setRemoteDescription(offer);
+    await peer.setLocalDescription(await peer.createAnswer());
+    void opened;
+    return gathered(peer);
+  },
+  async linkAccept(answer: RTCSessionDescriptionInit): Promise<void> {
+    await peer!.setRemoteDescription(answer);
+  },
+  async linkReady(): Promise<void> {
+    while (!link) await new Promise((r) => setTimeout(r, 20));
+  },
+  /** Sends `bytes` (one message) and waits until as many bytes came from the peer; seconds. */
+  async linkExchange(bytes: number): Promise<number> {
+    const target = received + bytes;
+    const start = performance.now();
+    const arrived = new Promise<void>((resolve) => (received >= target ? resolve() : waiters.push({ bytes: target, resolve })));
+    const data = new Uint8Array(bytes);
+    await link!.send({ kind: 'tensor', from: 0, tag: { job: 0, step: 0, pass: 0, block: 0, phase: 0 }, dtype: 'f32', shape: [bytes / 4], data });
+    await arrived;
+    return (performance.now() - start) / 1000;
+  },
+  linkClose(): void {
+    link?.close('probe done');
+    peer?.close();
+  },
+
+  /** Forward passes on the engine's ONNX sessions with all the work in this page: no executor, no RPC. */
+  async direct(modelUrl: string, latentShape: number[], timesteps: number[]): Promise<{ loadMs: number; forwardMs: number[]; lastForwardStageMs: Record<keyof StageRunner, number> }> {
+    const started = performance.now();
+    const files = fetchModelFiles(modelUrl);
+    const model = await loadTransformer(files);
+    const { max_length: textLength } = (await readJson(files, 'text_encoder/config.json')) as { max_length: number };
+    const stages = timedStages(await onnxStages(model, 'wasm'));
+    const loadMs = performance.now() - started;
+    const random = new SeededRandom(1);
+    const latent = { shape: latentShape, data: random.normals(latentShape.reduce((a, b) => a * b, 1)) };
+    const text = random.normals(textLength * model.config.textDim);
+    const forwardMs: number[] = [];
+    for (const t of timesteps) {
+      for (const k of Object.keys(stageMs)) stageMs[k as keyof StageRunner] = 0;
+      const start = performance.now();
+      await forwardInProcess(model.config, stages, memoryExchanges(1), latent, t, text);
+      forwardMs.push(performance.now() - start);
+    }
+    return { loadMs, forwardMs, lastForwardStageMs: { ...stageMs } };
+  },
+};
+
+(window as unknown as { bench: typeof bench }).bench = bench;

@@ -1,0 +1,163 @@
+/**
+ * What the cost model predicts for the real thing: Wan2.1-T2V-1.3B at 480p (832×480, 81 frames →
+ * 21 × 30 × 52 = 32,760 tokens), 50 steps with classifier-free guidance, on P = 1, 2, 3, 4, 6
+ * browsers for three link speeds, three device speeds and fp32/fp16 transport. Pure arithmetic,
+ * no browser. Writes bench/out/projection.json and bench/out/projection.md.
+ *
+ *   npm run bench -- projection
+ */
+import { planSwarm, predictStep, type Hardware, type ModelShape, type Workload } from '../core/cost-model.ts';
+import { isMain, machine, round, versions, writeReport } from './lib.ts';
+
+export const WAN_1_3B: ModelShape = { numHeads: 12, headDim: 128, dim: 1536, ffnDim: 8960, numLayers: 30, inChannels: 16, outChannels: 16, patchSize: [1, 2, 2], textDim: 4096, freqDim: 256 };
+const WORKLOAD: Workload = { model: WAN_1_3B, tokens: 32760, textTokens: 512, passes: 2 };
+const STEPS = 50;
+const DEGREES = [1, 2, 3, 4, 6];
+const LINKS_MB_S = [12.5, 125, 1250]; // 100 Mbit/s, 1 Gbit/s, 10 Gbit/s
+const DEVICES_TFLOP_S = [5, 20, 80];
+const TRANSPORTS = [
+  { name: 'fp32', bytesPerElement: 4 },
+  { name: 'fp16', bytesPerElement: 2 },
+] as const;
+const LATENCY_S = 0.001;
+
+export function runProjection() {
+  const rows: {
+    linkMBs: number;
+    deviceTFLOPs: number;
+    transport: string;
+    degree: number;
+    stepS: number;
+    computeS: number;
+    commS: number;
+    videoS: number;
+    speedup: number;
+    bytesPerRankPerStep: number;
+  }[] = [];
+  const best: { linkMBs: number; deviceTFLOPs: number; transport: string; bestDegree: number; bestStepS: number; oneWorkerStepS: number; worthIt: boolean }[] = [];
+  for (const transport of TRANSPORTS)
+    for (const linkMBs of LINKS_MB_S)
+      for (const deviceTFLOPs of DEVICES_TFLOP_S) {
+        const hw: Hardware = { workerFlops: Array(6).fill(deviceTFLOPs * 1e12), link: { bandwidth: linkMBs * 1e6, latency: LATENCY_S }, bytesPerElement: transport.bytesPerElement };
+        // one browser runs alone (the local backend: no coordinator link); a swarm is driven over the link
+        const one = predictStep(WORKLOAD, { ulyssesDegree: 1, cfgParallel: false }, { ...hw, coordinatorLink: null });
+        for (const degree of DEGREES) {
+          const p = degree === 1 ? one : predictStep(WORKLOAD, { ulyssesDegree: degree, cfgParallel: false }, hw);
+          rows.push({
+            linkMBs,
+            deviceTFLOPs,
+            transport: transport.name,
+            degree,
+            stepS: round(p.stepS),
+            computeS: round(p.computeS),
+            commS: round(p.commS),
+            videoS: round(p.stepS * STEPS, 1),
+            speedup: round(one.stepS / p.stepS),
+            bytesPerRankPerStep: p.bytesPerRank,
+          });
+        }
+        const fastest = rows.filter((r) => r.linkMBs === linkMBs && r.deviceTFLOPs === deviceTFLOPs && r.transport === transport.name).reduce((a, b) => (b.stepS < a.stepS ? b : a));
+        best.push({ linkMBs, deviceTFLOPs, transport: transport.name, bestDegree: fastest.degree, bestStepS: fastest.stepS, oneWorkerStepS: round(one.stepS), worthIt: fastest.degree > 1 });
+      }
+  // the uplink at which P browsers take exactly as long as one: bytes / (t₁ − compute_P − latency terms)
+  const breakEven: { deviceTFLOPs: number; transport: string; degree: number; linkMBs: number | null }[] = [];
+  for (const deviceTFLOPs of DEVICES_TFLOP_S)
+    for (const transport of TRANSPORTS)
+      for (const degree of DEGREES.filter((d) => d > 1)) {
+        const at = (bandwidth: number) => predictStep(WORKLOAD, { ulyssesDegree: degree, cfgParallel: false }, { workerFlops: Array(6).fill(deviceTFLOPs * 1e12), link: { bandwidth, latency: LATENCY_S }, bytesPerElement: transport.bytesPerElement });
+        const one = predictStep(WORKLOAD, { ulyssesDegree: 1, cfgParallel: false }, { workerFlops: [deviceTFLOPs * 1e12], link: { bandwidth: 1, latency: 0 }, bytesPerElement: transport.bytesPerElement, coordinatorLink: null });
+        // time over the link ∝ 1/bandwidth: exchange bytes per rank plus the coordinator's patches and rows
+        const ideal = at(Infinity);
+        const linkBytes = (at(1e6).stepS - ideal.stepS) * 1e6; // step time = ideal + linkBytes / bandwidth
+        const slack = one.stepS - ideal.stepS;
+        breakEven.push({ deviceTFLOPs, transport: transport.name, degree, linkMBs: slack > 0 ? round(linkBytes / slack / 1e6, 1) : null });
+      }
+  return {
+    benchmark: 'projection',
+    date: new Date().toISOString(),
+    config: {
+      model: 'Wan2.1-T2V-1.3B',
+      shape: WAN_1_3B,
+      video: '480p: 832×480, 81 frames → latent 21 × 60 × 104 → 32,760 tokens',
+      steps: STEPS,
+      guidance: 'classifier-free (2 forward passes per step, one after the other: no CFG parallel)',
+      textTokens: WORKLOAD.textTokens,
+      degrees: DEGREES,
+      linksMBs: LINKS_MB_S,
+      devicesTFLOPs: DEVICES_TFLOP_S,
+      latencyS: LATENCY_S,
+      assumptions: [
+        'each browser sustains the stated FLOP/s on the whole forward (matmul-dominated; elementwise ops not counted)',
+        'a rank sends its 4·ceil(S/P)·D·(P−1)/P elements per block through its own uplink at the stated bandwidth; no overlap with compute',
+        'P=1 is one browser alone (local backend); a swarm also pays the coordinator sending patches and gathering rows (fp32) over the link each pass',
+        '2 all-to-alls per block each cost (P−1)·latency; latency 1 ms',
+      ],
+    },
+    machine: machine(),
+    versions: versions(),
+    rows,
+    best,
+    breakEven,
+  };
+}
+
+function markdown(r: ReturnType<typeof runProjection>): string {
+  const fmt = (s: number) => (s >= 100 ? s.toFixed(0) : s >= 10 ? s.toFixed(1) : s.toFixed(2));
+  const lines = [
+    '# Projection: Wan2.1-T2V-1.3B at 480p on a browser swarm',
+    '',
+    `Predicted seconds per denoising step (${STEPS} steps with CFG per video; ×${STEPS} for the whole video) by \`core/cost-model.ts\`, for ${r.config.video}.`,
+    'Each cell: step time, and in brackets the speed-up over one browser. **Bold**: the fastest degree in the row.',
+    '',
+  ];
+  for (const transport of TRANSPORTS.map((t) => t.name)) {
+    lines.push(`## ${transport} transport`, '', `| link | device | ${DEGREES.map((d) => `P=${d}`).join(' | ')} | best |`, `|---|---|${DEGREES.map(() => '---:').join('|')}|---|`);
+    for (const linkMBs of LINKS_MB_S)
+      for (const deviceTFLOPs of DEVICES_TFLOP_S) {
+        const cells = r.rows.filter((x) => x.transport === transport && x.linkMBs === linkMBs && x.deviceTFLOPs === deviceTFLOPs);
+        const b = r.best.find((x) => x.transport === transport && x.linkMBs === linkMBs && x.deviceTFLOPs === deviceTFLOPs)!;
+        const text = cells.map((c) => (c.degree === b.bestDegree ? `**${fmt(c.stepS)} s (${c.speedup}×)**` : `${fmt(c.stepS)} s (${c.speedup}×)`));
+        lines.push(`| ${linkMBs} MB/s | ${deviceTFLOPs} TFLOP/s | ${text.join(' | ')} | P=${b.bestDegree} |`);
+      }
+    lines.push('');
+  }
+  lines.push('## Where adding browsers stops paying off', '');
+  for (const transport of TRANSPORTS.map((t) => t.name))
+    for (const linkMBs of LINKS_MB_S) {
+      const rowsHere = r.best.filter((x) => x.transport === transport && x.linkMBs === linkMBs);
+      const parts = rowsHere.map((b) => {
+        const cells = r.rows.filter((x) => x.transport === transport && x.linkMBs === linkMBs && x.deviceTFLOPs === b.deviceTFLOPs);
+        const comm = cells.find((c) => c.degree === b.bestDegree)!;
+        return b.worthIt
+          ? `${b.deviceTFLOPs} TFLOP/s → up to P=${b.bestDegree} (${fmt(b.bestStepS)} s vs ${fmt(b.oneWorkerStepS)} s alone; the exchange is ${Math.round((100 * comm.commS) / comm.stepS)}% of it)`
+          : `${b.deviceTFLOPs} TFLOP/s → stay on one browser (${fmt(b.oneWorkerStepS)} s; every swarm is slower)`;
+      });
+      lines.push(`- **${linkMBs} MB/s, ${transport}**: ${parts.join('; ')}.`);
+    }
+  lines.push(
+    '',
+    '### Link speed each browser needs for P browsers to beat one',
+    '',
+    'Compute per rank shrinks as 1/P; the bytes each rank sends per step shrink only as (P−1)/P² — so the slower the link and the faster the device, the fewer browsers pay off.',
+    'Break-even uplink per browser (MB/s) below which P browsers are slower than one:',
+    '',
+    `| device | transport | ${DEGREES.filter((d) => d > 1).map((d) => `P=${d}`).join(' | ')} |`,
+    `|---|---|${DEGREES.filter((d) => d > 1).map(() => '---:').join('|')}|`,
+  );
+  for (const deviceTFLOPs of DEVICES_TFLOP_S)
+    for (const transport of TRANSPORTS.map((t) => t.name)) {
+      const cells = r.breakEven.filter((b) => b.deviceTFLOPs === deviceTFLOPs && b.transport === transport).map((b) => (b.linkMBs === null ? 'never' : fmt(b.linkMBs)));
+      lines.push(`| ${deviceTFLOPs} TFLOP/s | ${transport} | ${cells.join(' | ')} |`);
+    }
+  const perRank = (t: string) => DEGREES.filter((d) => d > 1).map((d) => `P=${d} ${(r.rows.find((x) => x.transport === t && x.degree === d)!.bytesPerRankPerStep / 1e9).toFixed(1)} GB`).join(', ');
+  lines.push('', `Bytes each rank sends per step (both passes, 30 blocks): fp32 ${perRank('fp32')}; fp16 ${perRank('fp16')}.`, '', `Assumptions: ${r.config.assumptions.join('; ')}.`, '');
+  return lines.join('\n');
+}
+
+if (isMain(import.meta)) {
+  const report = runProjection();
+  writeReport('projection.json', report);
+  writeReport('projection.md', markdown(report));
+}
+
+export { markdown as projectionMarkdown };

@@ -1,0 +1,55 @@
+/**
+ * `npm run bench`: every benchmark, one after the other (they share the machine's two cores, so
+ * never at once), each writing its own report under bench/out/, then the headline figures in
+ * bench/out/scaling.json.
+ *
+ *   npm run bench                      scaling, local overhead, projection
+ *   npm run bench -- scaling [flags]   one of them (flags as in bench/scaling.ts etc.)
+ */
+import { parseOverheadArgs, runLocalOverhead } from './local-overhead.ts';
+import { log, writeReport } from './lib.ts';
+import { projectionMarkdown, runProjection } from './projection.ts';
+import { parseScalingArgs, runScaling } from './scaling.ts';
+
+const BENCHMARKS = ['scaling', 'local-overhead', 'projection'] as const;
+type Benchmark = (typeof BENCHMARKS)[number];
+
+const [first, ...rest] = process.argv.slice(2);
+if (first !== undefined && !(BENCHMARKS as readonly string[]).includes(first)) {
+  console.error(`bench: unknown benchmark "${first}"; run one of ${BENCHMARKS.join(', ')}, or none for all`);
+  process.exit(1);
+}
+const chosen: Benchmark[] = first ? [first as Benchmark] : [...BENCHMARKS];
+const args = first ? rest : [];
+const started = Date.now();
+
+if (chosen.includes('projection')) {
+  const projection = runProjection();
+  writeReport('projection.json', projection);
+  writeReport('projection.md', projectionMarkdown(projection));
+}
+
+let overhead: Awaited<ReturnType<typeof runLocalOverhead>> | null = null;
+if (chosen.includes('local-overhead')) {
+  overhead = await runLocalOverhead(parseOverheadArgs(args));
+  writeReport('local-overhead.json', overhead);
+}
+
+if (chosen.includes('scaling')) {
+  const scaling = await runScaling(parseScalingArgs(args));
+  writeReport('scaling.json', {
+    ...scaling,
+    localOverhead: overhead?.localOverhead ?? null,
+    localOverheadDetail: overhead && { localStepMs: overhead.localStepMs, directForwardMs: overhead.directForwardMs, tokens: overhead.config.tokens, report: 'bench/out/local-overhead.json' },
+  });
+  const runs = Object.values(scaling.runs);
+  console.log('\n P | step ms | speed-up | compute ms | comm ms | idle ms | MB sent/rank | predicted ms | error | parity');
+  for (const r of runs) {
+    const speedup = r.degree === 1 ? 1 : (scaling.speedup[String(r.degree)] ?? NaN);
+    console.log(
+      ` ${r.degree} | ${r.stepMs.toFixed(0)} | ${speedup.toFixed(2)}× | ${r.split.computeMs.toFixed(0)} | ${r.split.commMs.toFixed(0)} | ${r.split.idleMs.toFixed(0)} | ${(r.split.bytesSent / 1e6).toFixed(1)} | ${r.predicted.stepMs.toFixed(0)} | ${(100 * r.predictionError).toFixed(0)}% | ${r.parityMaxAbs.toExponential(1)}`,
+    );
+  }
+  console.log(`localOverhead ${overhead?.localOverhead ?? 'not run'}; fp16BytesRatio ${scaling.fp16BytesRatio}; fp16MaxAbs ${scaling.fp16MaxAbs}`);
+}
+log(`done in ${((Date.now() - started) / 1000).toFixed(0)} s`);

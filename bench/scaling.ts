@@ -1,0 +1,224 @@
+/**
+ * Per-step latency of the bench-size model on P = 1, 2, 3 worker tabs (wasm EP, one thread each),
+ * measured in one run on one swarm: each rank's compute, communication wait and idle time, bytes
+ * sent, speed-up over P = 1, parity with P = 1, and the cost model's prediction next to it.
+ * Writes bench/out/scaling.json.
+ *
+ *   npm run bench -- scaling [--frames 45 --height 512 --width 512 --steps 2 --guidance 1 --degrees 1,2,3 --no-fp16]
+ */
+import { cpus } from 'node:os';
+import { parseArgs } from 'node:util';
+import { forwardBytes, predictStep, type Hardware, type Workload } from '../core/cost-model.ts';
+import { tokenGrid } from '../core/model/tokens.ts';
+import { latentShape } from '../core/job.ts';
+import { startLocalSwarm } from '../server/cli/browser-swarm.ts';
+import { buildBenchPages, ensureBenchModel, isMain, latentFromBase64, log, machine, maxAbs, round, serveBenchFiles, versions, waitForQuietMachine, writeReport, APP_MODEL_PATH } from './lib.ts';
+import { measureLink, measureThroughput } from './probes.ts';
+
+export interface ScalingOptions {
+  frames: number;
+  height: number;
+  width: number;
+  steps: number;
+  guidance: number;
+  seed: number;
+  degrees: number[];
+  /** also run the largest degree ≤ 2 with fp16 transport (the `transport: 'f16'` job option) */
+  fp16: boolean;
+}
+
+/** 45 frames at 512×512: 12 latent frames × 32 × 32 = 12,288 tokens. */
+export const DEFAULT_SCALING: ScalingOptions = { frames: 45, height: 512, width: 512, steps: 2, guidance: 1, seed: 42, degrees: [1, 2, 3], fp16: true };
+
+interface RankReport {
+  rank: number;
+  computeMs: number;
+  commMs: number;
+  bytesSent: number;
+}
+
+interface GenerateOut {
+  report: { steps: { ms: number; ranks: RankReport[] }[]; latentSha256: string; setupMs: number; totalMs: number; workers: { id: string; ep: string }[]; config: Record<string, unknown> };
+  latent: string;
+}
+
+export async function runScaling(options: Partial<ScalingOptions> = {}) {
+  const o = { ...DEFAULT_SCALING, ...options };
+  const model = ensureBenchModel();
+  await buildBenchPages();
+  const shape = latentShape(o, model.inChannels);
+  const tokens = tokenGrid(model, shape).count;
+  const workload: Workload = { model, tokens, textTokens: 32, passes: o.guidance !== 1 ? 2 : 1 };
+  log(`scaling: bench-wan (D ${model.dim}, ${model.numLayers} blocks), ${tokens} tokens, ${o.steps} steps, ${workload.passes} pass(es)/step, P = ${o.degrees.join(', ')}`);
+
+  const workerTabs = Math.max(...o.degrees);
+  const swarm = await startLocalSwarm({ workers: workerTabs, log: (l) => log(l) });
+  const started = Date.now();
+  const machineAtStart = machine(swarm.browser);
+  try {
+    const context = swarm.dashboard.context();
+    await serveBenchFiles(context);
+    log('probing matmul throughput and the tab↔tab link…');
+    const throughput = await measureThroughput(context, swarm.server.url);
+    log(`probe: ${(throughput.flops / 1e9).toFixed(1)} GFLOP/s per thread (256³ matmul, median)`);
+    const link = await measureLink(context, swarm.server.url);
+    log(`probe: link ${(link.fitted.bandwidth / 1e6).toFixed(2)} MB/s, latency ${(link.fitted.latency * 1000).toFixed(1)} ms`);
+
+    const generate = async (degree: number, extra: Record<string, unknown> = {}) => {
+      const job = { prompt: 'a red ball bouncing on a wooden floor', frames: o.frames, height: o.height, width: o.width, steps: o.steps, guidance: o.guidance, seed: o.seed, backend: 'swarm', workers: degree, ep: 'wasm', ...extra };
+      const out = (await swarm.dashboard.evaluate((j) => (window as unknown as { ditswarm: { generate(j: unknown): Promise<unknown> } }).ditswarm.generate(j), job)) as GenerateOut;
+      return { report: out.report, latent: latentFromBase64(out.latent) };
+    };
+
+    const runs: Record<string, ReturnType<typeof summarise> & { loadAverage1m: { start: number; end: number } }> = {};
+    let reference: Float32Array | null = null;
+    const latents = new Map<number, Float32Array>();
+    const failures: Record<string, string> = {};
+    for (const degree of o.degrees) {
+      const load = await waitForQuietMachine();
+      log(`P = ${degree}: generating… (load ${load.loadAverage1m})`);
+      try {
+        const { report, latent } = await generate(degree);
+        reference ??= latent;
+        latents.set(degree, latent);
+        runs[degree] = { ...summarise(degree, report, maxAbs(latent, reference), predictionFor(degree)), loadAverage1m: { start: load.loadAverage1m, end: machine().loadAverage1m } };
+        log(`P = ${degree}: step ${runs[degree].stepMs.toFixed(0)} ms (predicted ${runs[degree].predicted.stepMs.toFixed(0)}), parity ${runs[degree].parityMaxAbs.toExponential(2)}`);
+      } catch (e) {
+        failures[degree] = (e as Error).message.split('\n')[0];
+        log(`P = ${degree} failed: ${failures[degree]}`);
+        if (degree === 1) throw new Error(`the P = 1 baseline failed, nothing to compare with: ${failures[degree]}`);
+      }
+    }
+    const measured = o.degrees.filter((d) => runs[d]);
+
+    function predictionFor(degree: number, bytesPerElement: 2 | 4 = 4) {
+      // ranks on one machine share its cores: with more ranks than cores each gets a share
+      const share = Math.min(1, cpus().length / degree);
+      const hw: Hardware = { workerFlops: Array(degree).fill(throughput.flops * share), link: link.fitted, bytesPerElement };
+      const p = predictStep(workload, { ulyssesDegree: degree, cfgParallel: false }, hw);
+      return { stepMs: p.stepS * 1000, computeMs: p.computeS * 1000, commMs: p.commS * 1000, ioMs: p.ioS * 1000, bytesPerRank: p.bytesPerRank, flopsPerRank: p.flopsPerRank, coreShare: share };
+    }
+
+    // fp16 transport, if the app knows the `transport: 'f16'` job option (bytes sent tell)
+    let fp16: { degree: number; bytesRatio: number | null; maxAbsVsFp32: number | null; maxAbsVsP1: number | null; stepMs: number | null; note: string } | null = null;
+    const fp16Degree = Math.max(...measured.filter((d) => d > 1 && d <= 2));
+    if (o.fp16 && Number.isFinite(fp16Degree)) {
+      // a one-token job first: does the app know the option at all? (bytes sent tell)
+      const tiny = await generate(fp16Degree, { transport: 'f16', frames: 1, height: 16, width: 16, steps: 1, guidance: 1 }).catch((e: Error) => e);
+      const tinyRatio = tiny instanceof Error ? NaN : sumBytes(tiny.report.steps) / (fp16Degree * forwardBytes(model, 1, fp16Degree, 4));
+      if (!(tinyRatio < 0.75)) {
+        fp16 = { degree: fp16Degree, bytesRatio: null, maxAbsVsFp32: null, maxAbsVsP1: null, stepMs: null, note: `the app does not apply the job option transport: "f16" (${tiny instanceof Error ? tiny.message.split('\n')[0] : `bytes ratio ${tinyRatio.toFixed(3)} on a one-token job`}): fp16 transport has not landed in the automation hook yet` };
+      } else {
+        await waitForQuietMachine();
+        log(`P = ${fp16Degree}, fp16 transport: generating…`);
+        try {
+          const { report, latent } = await generate(fp16Degree, { transport: 'f16' });
+          fp16 = {
+            degree: fp16Degree,
+            bytesRatio: round(sumBytes(report.steps) / sumBytes(runs[fp16Degree].steps), 4),
+            maxAbsVsFp32: maxAbs(latent, latents.get(fp16Degree)!),
+            maxAbsVsP1: maxAbs(latent, reference!),
+            stepMs: report.steps[report.steps.length - 1].ms,
+            note: 'fp16 activation transport (job option transport: "f16") vs the fp32 run of the same degree',
+          };
+        } catch (e) {
+          fp16 = { degree: fp16Degree, bytesRatio: null, maxAbsVsFp32: null, maxAbsVsP1: null, stepMs: null, note: `the fp16 run failed: ${(e as Error).message.split('\n')[0]}` };
+        }
+      }
+      log(`fp16: ${fp16.note}`);
+    }
+
+    const speedup = Object.fromEntries(o.degrees.filter((d) => d > 1).map((d) => [String(d), runs[d] ? round(runs[1].stepMs / runs[d].stepMs) : null]));
+    const predictionError = Object.fromEntries(o.degrees.map((d) => [String(d), runs[d]?.predictionError ?? null]));
+    return {
+      benchmark: 'scaling',
+      date: new Date(started).toISOString(),
+      durationS: round((Date.now() - started) / 1000, 1),
+      config: {
+        model: { path: 'bench/out/models/bench-wan', servedAs: `${APP_MODEL_PATH} (Playwright route)`, preset: 'make-model --preset bench', ...model },
+        tokens,
+        latentShape: shape,
+        frames: o.frames,
+        height: o.height,
+        width: o.width,
+        steps: o.steps,
+        guidance: o.guidance,
+        passesPerStep: workload.passes,
+        seed: o.seed,
+        backend: 'swarm',
+        ep: 'wasm',
+        threadsPerWorker: 1,
+        workerTabsOpen: workerTabs,
+        transport: 'fp32',
+        stepMsIs: 'the last step (the first one also pays onnxruntime first-run allocation); every step is listed under runs',
+      },
+      machine: { ...machineAtStart, loadAverage1mAtEnd: machine().loadAverage1m },
+      versions: versions(),
+      probes: { throughput, link },
+      runs,
+      failures,
+      speedup,
+      predictionError,
+      fp16BytesRatio: fp16?.bytesRatio ?? null,
+      fp16MaxAbs: fp16?.maxAbsVsFp32 ?? null,
+      fp16,
+      expectedBytesPerRankPerStep: Object.fromEntries(o.degrees.map((d) => [String(d), forwardBytes(model, tokens, d, 4) * workload.passes])),
+    };
+  } finally {
+    await swarm.close();
+  }
+}
+
+const sumBytes = (steps: { ranks: RankReport[] }[]) => steps.reduce((n, s) => n + s.ranks.reduce((m, r) => m + r.bytesSent, 0), 0);
+
+/** One run: every step split per rank into compute, comm wait and idle (the step's wall time minus both). */
+function summarise(degree: number, report: GenerateOut['report'], parityMaxAbs: number, predicted: { stepMs: number; computeMs: number; commMs: number; ioMs: number; bytesPerRank: number; flopsPerRank: number; coreShare: number }) {
+  const steps = report.steps.map((s) => ({
+    ms: round(s.ms, 1),
+    ranks: s.ranks.map((r) => ({ rank: r.rank, computeMs: round(r.computeMs, 1), commMs: round(r.commMs, 1), idleMs: round(s.ms - r.computeMs - r.commMs, 1), bytesSent: r.bytesSent })),
+  }));
+  const last = steps[steps.length - 1];
+  const mean = (f: (r: (typeof last.ranks)[number]) => number) => round(last.ranks.reduce((a, r) => a + f(r), 0) / last.ranks.length, 1);
+  return {
+    degree,
+    workers: report.workers.map((w) => w.id),
+    setupMs: round(report.setupMs, 0),
+    totalMs: round(report.totalMs, 0),
+    stepMs: last.ms,
+    meanStepMs: round(steps.reduce((a, s) => a + s.ms, 0) / steps.length, 1),
+    /** the last step, mean over ranks */
+    split: { computeMs: mean((r) => r.computeMs), commMs: mean((r) => r.commMs), idleMs: mean((r) => r.idleMs), bytesSent: mean((r) => r.bytesSent) },
+    steps,
+    parityMaxAbs,
+    latentSha256: report.latentSha256,
+    predicted: { ...predicted, stepMs: round(predicted.stepMs, 1), computeMs: round(predicted.computeMs, 1), commMs: round(predicted.commMs, 1), ioMs: round(predicted.ioMs, 1) },
+    predictionError: round(Math.abs(predicted.stepMs - last.ms) / last.ms),
+  };
+}
+
+export function parseScalingArgs(args: string[]): Partial<ScalingOptions> {
+  const { values } = parseArgs({
+    args,
+    options: {
+      frames: { type: 'string' },
+      height: { type: 'string' },
+      width: { type: 'string' },
+      steps: { type: 'string' },
+      guidance: { type: 'string' },
+      seed: { type: 'string' },
+      degrees: { type: 'string' },
+      'no-fp16': { type: 'boolean', default: false },
+    },
+  });
+  const out: Partial<ScalingOptions> = {};
+  for (const key of ['frames', 'height', 'width', 'steps', 'guidance', 'seed'] as const) if (values[key] !== undefined) out[key] = Number(values[key]);
+  if (values.degrees) out.degrees = values.degrees.split(',').map(Number);
+  if (values['no-fp16']) out.fp16 = false;
+  if (out.degrees && out.degrees[0] !== 1) throw new Error(`--degrees must start with 1 (the baseline), got ${values.degrees}`);
+  return out;
+}
+
+if (isMain(import.meta)) {
+  const report = await runScaling(parseScalingArgs(process.argv.slice(2)));
+  writeReport('scaling.json', { ...report, localOverhead: null, localOverheadNote: 'run `npm run bench` for the local-backend overhead' });
+}
