@@ -3,9 +3,12 @@ import type { Tensor } from '../tensor.ts';
 import { readJson, readWeights, type ModelFiles } from './files.ts';
 
 /**
- * A small stand-in for Wan's VAE decoder with the same interface: latent [16, T, H, W] → RGB
- * frames [3, 1 + 4(T−1), 8H, 8W] in [0, 1]. Each latent pixel maps to a colour by a learned 1×1
- * projection; frames in between latent frames blend their neighbours, pixels repeat 8×8.
+ * Small stand-ins for Wan's VAE decoder with the same interface: latent [16, T, H, W] → RGB
+ * frames [3, 1 + 4(T−1), 8H, 8W] in [0, 1]. Each latent frame decodes on its own; frames in
+ * between latent frames blend their neighbours. Two kinds:
+ *   PixelVaeDecoder  each latent pixel → one colour by a 1×1 projection and a sigmoid, repeated 8×8
+ *   PatchVaeDecoder  each latent pixel → its 8×8 RGB block by a fixed linear map, clamped to [0, 1]
+ *                    (an exact patch transform with a matching encoder: what the demo model learns in)
  */
 export interface DecodedVideo {
   count: number;
@@ -15,6 +18,7 @@ export interface DecodedVideo {
 }
 
 export const VAE_DECODER_CLASS = 'PixelVaeDecoder';
+export const PATCH_VAE_DECODER_CLASS = 'PatchVaeDecoder';
 export const TEMPORAL_SCALE = 4;
 export const SPATIAL_SCALE = 8;
 
@@ -30,29 +34,61 @@ export function decodeLatent(weights: TensorMap, latent: Tensor): DecodedVideo {
       for (let c = 0; c < C; c++) sum += w[o * C + c] * latent.data[c * T * H * W + p];
       colour[o * T * H * W + p] = 1 / (1 + Math.exp(-sum));
     }
+  return blendFrames(T, H * SPATIAL_SCALE, W * SPATIAL_SCALE, (o, t, y, x) => colour[(o * T + t) * H * W + Math.floor(y / SPATIAL_SCALE) * W + Math.floor(x / SPATIAL_SCALE)]);
+}
+
+/** latent [C, T, H, W] → frames: each latent pixel's 8×8 block is proj.weight [3·8·8, C] · z + proj.bias, clamped. */
+export function decodePatchLatent(weights: TensorMap, latent: Tensor): DecodedVideo {
+  const [C, T, H, W] = latent.shape;
+  const S = SPATIAL_SCALE;
+  const block = 3 * S * S;
+  const w = weights.get('proj.weight')?.data;
+  const b = weights.get('proj.bias')?.data;
+  if (!w || w.length !== block * C || !b || b.length !== block) throw new Error(`patch VAE decoder needs proj.weight [${block}, ${C}] and proj.bias [${block}]`);
+  const height = H * S;
+  const width = W * S;
+  const frames = new Float32Array(3 * T * height * width); // [3, T, 8H, 8W]
+  const z = new Float32Array(C);
+  for (let t = 0; t < T; t++)
+    for (let i = 0; i < H; i++)
+      for (let j = 0; j < W; j++) {
+        for (let c = 0; c < C; c++) z[c] = latent.data[((c * T + t) * H + i) * W + j];
+        for (let r = 0; r < block; r++) {
+          let sum = b[r];
+          for (let c = 0; c < C; c++) sum += w[r * C + c] * z[c];
+          const o = Math.floor(r / (S * S));
+          const y = i * S + Math.floor((r % (S * S)) / S);
+          const x = j * S + (r % S);
+          frames[((o * T + t) * height + y) * width + x] = Math.min(1, Math.max(0, sum));
+        }
+      }
+  return blendFrames(T, height, width, (o, t, y, x) => frames[((o * T + t) * height + y) * width + x]);
+}
+
+/** Latent frames → 1 + 4(T−1) frames: frame 0 is latent frame 0; frames 4t−3 … 4t blend latent frames t−1 and t. */
+function blendFrames(T: number, height: number, width: number, at: (o: number, t: number, y: number, x: number) => number): DecodedVideo {
   const count = 1 + TEMPORAL_SCALE * (T - 1);
-  const height = H * SPATIAL_SCALE;
-  const width = W * SPATIAL_SCALE;
   const rgb = new Float32Array(3 * count * height * width);
   for (let f = 0; f < count; f++) {
-    // frame 0 is latent frame 0; frames 4t−3 … 4t blend latent frames t−1 and t
     const t = Math.ceil(f / TEMPORAL_SCALE);
     const alpha = f === 0 ? 1 : 1 - (t * TEMPORAL_SCALE - f) / TEMPORAL_SCALE;
     const t0 = Math.max(t - 1, 0);
     for (let o = 0; o < 3; o++)
       for (let y = 0; y < height; y++)
-        for (let x = 0; x < width; x++) {
-          const p = Math.floor(y / SPATIAL_SCALE) * W + Math.floor(x / SPATIAL_SCALE);
-          const at = (tt: number) => colour[(o * T + tt) * H * W + p];
-          rgb[((o * count + f) * height + y) * width + x] = alpha * at(t) + (1 - alpha) * at(t0);
-        }
+        for (let x = 0; x < width; x++) rgb[((o * count + f) * height + y) * width + x] = alpha * at(o, t, y, x) + (1 - alpha) * at(o, t0, y, x);
   }
   return { count, height, width, rgb };
 }
 
+const DECODERS: Record<string, (weights: TensorMap, latent: Tensor) => DecodedVideo> = {
+  [VAE_DECODER_CLASS]: decodeLatent,
+  [PATCH_VAE_DECODER_CLASS]: decodePatchLatent,
+};
+
 export async function loadVaeDecoder(files: ModelFiles): Promise<(latent: Tensor) => DecodedVideo> {
   const config = (await readJson(files, 'vae/config.json')) as { _class_name?: string };
-  if (config._class_name !== VAE_DECODER_CLASS) throw new Error(`vae/config.json: unsupported _class_name ${config._class_name}`);
+  const decode = DECODERS[config._class_name ?? ''];
+  if (!decode) throw new Error(`vae/config.json: unsupported _class_name ${config._class_name}; expected one of ${Object.keys(DECODERS).join(', ')}`);
   const weights = await readWeights(files, 'vae/diffusion_pytorch_model.safetensors');
-  return (latent) => decodeLatent(weights, latent);
+  return (latent) => decode(weights, latent);
 }
