@@ -49,3 +49,14 @@ export function setCols(into: Float32Array, cols: number, start: number, part: F
   const rows = into.length / cols;
   for (let r = 0; r < rows; r++) into.set(part.subarray(r * count, (r + 1) * count), r * cols + start);
 }
+
+/** Buffers one after another in one new buffer. */
+export function concat(parts: Float32Array[]): Float32Array {
+  const out = new Float32Array(parts.reduce((n, p) => n + p.length, 0));
+  let at = 0;
+  for (const p of parts) {
+    out.set(p, at);
+    at += p.length;
+  }
+  return out;
+}

@@ -2,7 +2,7 @@ import type { WanConfig } from '../core/model/config.ts';
 import type { DType } from '../core/protocol.ts';
 import { patchify, ropeTables, tokenGrid, unpatchify, type TokenGrid } from '../core/model/tokens.ts';
 import { gatherRows, keyPaddingBias, planUlysses, scatterRows, tokenStart, type UlyssesPlan } from '../core/parallel.ts';
-import { setCols, sliceCols, type Tensor } from '../core/tensor.ts';
+import { concat, setCols, sliceCols, type Tensor } from '../core/tensor.ts';
 import type { StageRunner } from './stages.ts';
 
 /** Identifies one exchange of a job: which forward pass, which block, which phase. */
@@ -94,16 +94,6 @@ export async function forwardRank(
     x = await timed('computeMs', stages.postAttention(block, x, attn, tproj, context));
   }
   return timed('computeMs', stages.head(x, temb));
-}
-
-function concat(parts: Float32Array[]): Float32Array {
-  const out = new Float32Array(parts.reduce((n, p) => n + p.length, 0));
-  let at = 0;
-  for (const p of parts) {
-    out.set(p, at);
-    at += p.length;
-  }
-  return out;
 }
 
 /**

@@ -4,6 +4,7 @@ import { latentShape } from '../../core/job.ts';
 import type { WanConfig } from '../../core/model/config.ts';
 import { patchify, tokenGrid } from '../../core/model/tokens.ts';
 import { SeededRandom } from '../../core/random.ts';
+import { concat } from '../../core/tensor.ts';
 import { Adam } from './adam.ts';
 import type { Gemm } from './gemm.ts';
 import { parameter, Tape } from './tape.ts';
@@ -118,14 +119,4 @@ export function withWeights(model: TrainableWan, weights: Float32Array[]): Train
     target.set(name.replace(/^text_encoder\./, ''), parameter(weights[i]));
   });
   return copy;
-}
-
-function concat(parts: Float32Array[]): Float32Array {
-  const out = new Float32Array(parts.reduce((n, p) => n + p.length, 0));
-  let at = 0;
-  for (const p of parts) {
-    out.set(p, at);
-    at += p.length;
-  }
-  return out;
 }
