@@ -77,14 +77,14 @@ export interface ClipSpec extends Combo {
 
 export const CLIP = { frames: 9, height: 64, width: 64 } as const;
 /** How to sample the demo model: the clip size it was trained on, with steps and guidance the evaluation chose. */
-export const DEMO_SAMPLING = { ...CLIP, steps: 20, guidance: 5 } as const;
+export const DEMO_SAMPLING = { ...CLIP, steps: 20, guidance: 4 } as const;
 
 const SIZE = { min: 14, max: 20 };
 /**
  * Pixels per frame: 4, so a moving shape shifts by 16 pixels from one latent frame (every 4th
- * frame) to the next, exactly one 2×2-latent-pixel token. The transformer then learns motion as
- * "copy this token from its neighbour in the previous frame", which its relative (RoPE) attention
- * expresses directly; sub-token shifts were far slower to learn.
+ * frame) to the next, exactly one 2×2-latent-pixel token: motion becomes "the same token content,
+ * one token over, one frame later", a relation the transformer's relative (RoPE) attention can
+ * express directly.
  */
 const SPEED = 4;
 const MARGIN = 1;

@@ -68,9 +68,8 @@ export async function trainDemo(gemm: Gemm, o: TrainOptions, onProgress?: (p: Tr
   const combos = o.combos ?? TRAINING_COMBOS;
   const model = initialWan(o.config, o.textLength, o.seed);
   const named = parametersOf(model);
-  // The q/k RMSNorm scales bound how sharp attention can get (logits ≤ w²·√head_dim); at head dim
-  // 24 and w = 1 a head cannot single out the neighbour token a moving shape came from, and at the
-  // common rate these scales barely move in a few thousand steps. They learn 10× faster.
+  // The q/k RMSNorm scales bound how sharp attention can get (logit std ≈ w² at head dim 24); at
+  // the common rate they barely move in a short run, so they get a 10× rate to find their level.
   const adam = new Adam(named.map(([, v]) => v), undefined, named.map(([name]) => (/norm_[qk]\.weight$/.test(name) ? QK_NORM_LR_SCALE : 1)));
   const random = new SeededRandom(o.seed + 1);
   const shape = latentShape(CLIP, o.config.inChannels);
