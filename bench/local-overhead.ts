@@ -1,14 +1,14 @@
 /**
  * What the executor costs: the `local` backend's step time (pipeline → executor → worker runtime →
  * engine in a Web Worker, one stage call at a time) against a forward on the same ONNX sessions
- * called directly in a page. Rounds alternate between the two so a change in the machine's load
- * hits both. Writes bench/out/local-overhead.json.
+ * called directly in a page. After a warm-up of both, one-step jobs and direct forwards alternate,
+ * so a change in the machine's load hits both sides of a pair; the overhead is the median of the
+ * pairs' ratios. Writes bench/out/local-overhead.json.
  *
- *   npm run bench -- local-overhead [--frames 13 --height 512 --width 512 --steps 3 --rounds 2]
+ *   npm run bench -- local-overhead [--frames 13 --height 512 --width 512 --pairs 5]
  */
 import { parseArgs } from 'node:util';
 import { latentShape } from '../core/job.ts';
-import { flowMatchSchedule } from '../core/scheduler.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
 import { startLocalSwarm } from '../server/cli/browser-swarm.ts';
 import { APP_MODEL_PATH, buildBenchPages, ensureBenchModel, isMain, log, machine, median, openProbePage, round, serveBenchFiles, versions, waitForQuietMachine, writeReport } from './lib.ts';
@@ -17,14 +17,16 @@ export interface OverheadOptions {
   frames: number;
   height: number;
   width: number;
-  steps: number;
-  rounds: number;
+  pairs: number;
 }
 
 /** 13 frames at 512×512: 4 latent frames × 32 × 32 = 4,096 tokens. */
-export const DEFAULT_OVERHEAD: OverheadOptions = { frames: 13, height: 512, width: 512, steps: 3, rounds: 2 };
+export const DEFAULT_OVERHEAD: OverheadOptions = { frames: 13, height: 512, width: 512, pairs: 5 };
 
-declare const bench: { direct(modelUrl: string, latentShape: number[], timesteps: number[]): Promise<{ loadMs: number; forwardMs: number[]; lastForwardStageMs: Record<string, number> }> };
+declare const bench: {
+  directLoad(modelUrl: string): Promise<{ loadMs: number }>;
+  directForward(latentShape: number[], timestep: number): Promise<{ ms: number; stageMs: Record<string, number> }>;
+};
 
 export async function runLocalOverhead(options: Partial<OverheadOptions> = {}) {
   const o = { ...DEFAULT_OVERHEAD, ...options };
@@ -32,7 +34,7 @@ export async function runLocalOverhead(options: Partial<OverheadOptions> = {}) {
   await buildBenchPages();
   const shape = latentShape(o, model.inChannels);
   const tokens = tokenGrid(model, shape).count;
-  log(`local overhead: bench-wan, ${tokens} tokens, ${o.steps} steps × ${o.rounds} rounds, local backend vs direct sessions`);
+  log(`local overhead: bench-wan, ${tokens} tokens, ${o.pairs} pairs of (local-backend step, direct forward)`);
   const swarm = await startLocalSwarm({ workers: 0, log: (l) => log(l) });
   const started = Date.now();
   const machineAtStart = machine(swarm.browser);
@@ -40,50 +42,49 @@ export async function runLocalOverhead(options: Partial<OverheadOptions> = {}) {
     const context = swarm.dashboard.context();
     await serveBenchFiles(context);
     const page = await openProbePage(context, swarm.server.url);
-    const timesteps = flowMatchSchedule(o.steps, 3).timesteps;
-    const local: number[][] = [];
-    const direct: number[][] = [];
-    let stageMs: Record<string, number> = {};
-    const loads: number[] = [];
-    for (let round = 0; round < o.rounds; round++) {
-      loads.push((await waitForQuietMachine()).loadAverage1m);
-      const job = { prompt: 'a red ball bouncing on a wooden floor', frames: o.frames, height: o.height, width: o.width, steps: o.steps, guidance: 1, seed: 42, backend: 'local', workers: 1, ep: 'wasm' };
+    const job = { prompt: 'a red ball bouncing on a wooden floor', frames: o.frames, height: o.height, width: o.width, steps: 1, guidance: 1, seed: 42, backend: 'local', workers: 1, ep: 'wasm' };
+    const localStep = async () => {
       const out = (await swarm.dashboard.evaluate((j) => (window as unknown as { ditswarm: { generate(j: unknown): Promise<unknown> } }).ditswarm.generate(j), job)) as { report: { steps: { ms: number }[] } };
-      local.push(out.report.steps.map((s) => round1(s.ms)));
-      const d = await page.evaluate(([url, s, t]) => bench.direct(url, s, t), [`${swarm.server.url}${APP_MODEL_PATH}`, shape, timesteps] as const);
-      direct.push(d.forwardMs.map(round1));
-      stageMs = Object.fromEntries(Object.entries(d.lastForwardStageMs).map(([k, v]) => [k, round1(v)]));
-      log(`round ${round + 1}: local steps ${local[round].join(', ')} ms; direct forwards ${direct[round].join(', ')} ms`);
+      return out.report.steps[0].ms;
+    };
+    // a one-step job runs at timestep 1000 (σ = 1); the direct forward gets the same
+    const directForward = () => page.evaluate(([s, t]) => bench.directForward(s, t), [shape, 1000] as const);
+
+    const load = await waitForQuietMachine();
+    const warmUp = { localMs: round(await localStep(), 1), ...(await page.evaluate((url) => bench.directLoad(url), `${swarm.server.url}${APP_MODEL_PATH}`)), directMs: round((await directForward()).ms, 1) };
+    log(`warm-up: local ${warmUp.localMs} ms, direct ${warmUp.directMs} ms (load ${load.loadAverage1m})`);
+    const pairs: { localMs: number; directMs: number; ratio: number }[] = [];
+    let stageMs: Record<string, number> = {};
+    for (let i = 0; i < o.pairs; i++) {
+      const localMs = await localStep();
+      const d = await directForward();
+      stageMs = Object.fromEntries(Object.entries(d.stageMs).map(([k, v]) => [k, round(v, 1)]));
+      pairs.push({ localMs: round(localMs, 1), directMs: round(d.ms, 1), ratio: round(localMs / d.ms, 4) });
+      log(`pair ${i + 1}: local step ${localMs.toFixed(0)} ms, direct forward ${d.ms.toFixed(0)} ms`);
     }
-    // the first step of each round also pays onnxruntime's first-run allocations (direct builds new sessions each round)
-    const steady = (runs: number[][]) => runs.flatMap((r) => r.slice(1));
-    const localStepMs = median(steady(local));
-    const directForwardMs = median(steady(direct));
     return {
       benchmark: 'local-overhead',
       date: new Date(started).toISOString(),
       durationS: round((Date.now() - started) / 1000, 1),
-      config: { model: { path: 'bench/out/models/bench-wan', ...model }, tokens, latentShape: shape, ...o, guidance: 1, ep: 'wasm', threads: 1, measure: 'median over every step but the first of each round' },
-      machine: { ...machineAtStart, loadAverage1mAtEnd: machine().loadAverage1m, loadAverage1mPerRound: loads },
+      config: { model: { path: 'bench/out/models/bench-wan', ...model }, tokens, latentShape: shape, ...o, guidance: 1, ep: 'wasm', threads: 1, measure: 'median of local/direct over alternating pairs after a warm-up of both' },
+      machine: { ...machineAtStart, loadAverage1mAtEnd: machine().loadAverage1m },
       versions: versions(),
-      localStepsMs: local,
-      directForwardsMs: direct,
-      localStepMs,
-      directForwardMs,
-      /** where a direct forward's time goes, by stage kind (last forward of the last round, all blocks) */
+      warmUp,
+      pairs,
+      localStepMs: median(pairs.map((p) => p.localMs)),
+      directForwardMs: median(pairs.map((p) => p.directMs)),
+      /** where a direct forward's time goes, by stage kind (the last pair, all blocks) */
       directStageMs: stageMs,
       /** local step time / direct session time − 1 */
-      localOverhead: round(localStepMs / directForwardMs - 1, 4),
+      localOverhead: round(median(pairs.map((p) => p.ratio)) - 1, 4),
     };
   } finally {
     await swarm.close();
   }
 }
 
-const round1 = (x: number) => round(x, 1);
-
 export function parseOverheadArgs(args: string[]): Partial<OverheadOptions> {
-  const { values } = parseArgs({ args, options: { frames: { type: 'string' }, height: { type: 'string' }, width: { type: 'string' }, steps: { type: 'string' }, rounds: { type: 'string' } } });
+  const { values } = parseArgs({ args, options: { frames: { type: 'string' }, height: { type: 'string' }, width: { type: 'string' }, pairs: { type: 'string' } } });
   return Object.fromEntries(Object.entries(values).map(([k, v]) => [k, Number(v)]));
 }
 

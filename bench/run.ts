@@ -43,11 +43,11 @@ if (chosen.includes('scaling')) {
     localOverheadDetail: overhead && { localStepMs: overhead.localStepMs, directForwardMs: overhead.directForwardMs, tokens: overhead.config.tokens, report: 'bench/out/local-overhead.json' },
   });
   const runs = Object.values(scaling.runs);
-  console.log('\n P | step ms | speed-up | compute ms | comm ms | idle ms | MB sent/rank | predicted ms | error | parity');
+  console.log('\n P | step ms | speed-up | compute ms | comm ms (of it peer wait) | idle ms | MB sent/rank | predicted ms | error | parity | load');
   for (const r of runs) {
     const speedup = r.degree === 1 ? 1 : (scaling.speedup[String(r.degree)] ?? NaN);
     console.log(
-      ` ${r.degree} | ${r.stepMs.toFixed(0)} | ${speedup.toFixed(2)}× | ${r.split.computeMs.toFixed(0)} | ${r.split.commMs.toFixed(0)} | ${r.split.idleMs.toFixed(0)} | ${(r.split.bytesSent / 1e6).toFixed(1)} | ${r.predicted.stepMs.toFixed(0)} | ${(100 * r.predictionError).toFixed(0)}% | ${r.parityMaxAbs.toExponential(1)}`,
+      ` ${r.degree} | ${r.stepMs.toFixed(0)} | ${speedup.toFixed(2)}× | ${r.split.computeMs.toFixed(0)} | ${r.split.commMs.toFixed(0)} (${r.split.peerWaitMs.toFixed(0)}) | ${r.split.idleMs.toFixed(0)} | ${(r.split.bytesSent / 1e6).toFixed(1)} | ${r.predicted.stepMs.toFixed(0)} | ${(100 * r.predictionError).toFixed(0)}% | ${r.parityMaxAbs.toExponential(1)} | ${r.loadAverage1m.start}`,
     );
   }
   console.log(`localOverhead ${overhead?.localOverhead ?? 'not run'}; fp16BytesRatio ${scaling.fp16BytesRatio}; fp16MaxAbs ${scaling.fp16MaxAbs}`);

@@ -60,7 +60,7 @@ export async function runScaling(options: Partial<ScalingOptions> = {}) {
     await serveBenchFiles(context);
     log('probing matmul throughput and the tab↔tab link…');
     const throughput = await measureThroughput(context, swarm.server.url);
-    log(`probe: ${(throughput.flops / 1e9).toFixed(1)} GFLOP/s per thread (256³ matmul, median)`);
+    log(`probe: ${(throughput.flops / 1e9).toFixed(1)} GFLOP/s per thread (256³ matmul), ${(throughput.softmaxRate / 1e9).toFixed(2)} G scores/s (bias + softmax)`);
     const link = await measureLink(context, swarm.server.url);
     log(`probe: link ${(link.fitted.bandwidth / 1e6).toFixed(2)} MB/s, latency ${(link.fitted.latency * 1000).toFixed(1)} ms`);
 
@@ -94,7 +94,7 @@ export async function runScaling(options: Partial<ScalingOptions> = {}) {
     function predictionFor(degree: number, bytesPerElement: 2 | 4 = 4) {
       // ranks on one machine share its cores: with more ranks than cores each gets a share
       const share = Math.min(1, cpus().length / degree);
-      const hw: Hardware = { workerFlops: Array(degree).fill(throughput.flops * share), link: link.fitted, bytesPerElement };
+      const hw: Hardware = { workerFlops: Array(degree).fill(throughput.flops * share), workerSoftmaxRates: Array(degree).fill(throughput.softmaxRate * share), link: link.fitted, bytesPerElement };
       const p = predictStep(workload, { ulyssesDegree: degree, cfgParallel: false }, hw);
       return { stepMs: p.stepS * 1000, computeMs: p.computeS * 1000, commMs: p.commS * 1000, ioMs: p.ioS * 1000, bytesPerRank: p.bytesPerRank, flopsPerRank: p.flopsPerRank, coreShare: share };
     }
@@ -173,10 +173,21 @@ const sumBytes = (steps: { ranks: RankReport[] }[]) => steps.reduce((n, s) => n 
 
 /** One run: every step split per rank into compute, comm wait and idle (the step's wall time minus both). */
 function summarise(degree: number, report: GenerateOut['report'], parityMaxAbs: number, predicted: { stepMs: number; computeMs: number; commMs: number; ioMs: number; bytesPerRank: number; flopsPerRank: number; coreShare: number }) {
-  const steps = report.steps.map((s) => ({
-    ms: round(s.ms, 1),
-    ranks: s.ranks.map((r) => ({ rank: r.rank, computeMs: round(r.computeMs, 1), commMs: round(r.commMs, 1), idleMs: round(s.ms - r.computeMs - r.commMs, 1), bytesSent: r.bytesSent })),
-  }));
+  const steps = report.steps.map((s) => {
+    // the rank that waited least in the exchange waited only for the bytes; the others also for a slower peer
+    const transferMs = Math.min(...s.ranks.map((r) => r.commMs));
+    return {
+      ms: round(s.ms, 1),
+      ranks: s.ranks.map((r) => ({
+        rank: r.rank,
+        computeMs: round(r.computeMs, 1),
+        commMs: round(r.commMs, 1),
+        peerWaitMs: round(r.commMs - transferMs, 1),
+        idleMs: round(s.ms - r.computeMs - r.commMs, 1),
+        bytesSent: r.bytesSent,
+      })),
+    };
+  });
   const last = steps[steps.length - 1];
   const mean = (f: (r: (typeof last.ranks)[number]) => number) => round(last.ranks.reduce((a, r) => a + f(r), 0) / last.ranks.length, 1);
   return {
@@ -187,7 +198,15 @@ function summarise(degree: number, report: GenerateOut['report'], parityMaxAbs: 
     stepMs: last.ms,
     meanStepMs: round(steps.reduce((a, s) => a + s.ms, 0) / steps.length, 1),
     /** the last step, mean over ranks */
-    split: { computeMs: mean((r) => r.computeMs), commMs: mean((r) => r.commMs), idleMs: mean((r) => r.idleMs), bytesSent: mean((r) => r.bytesSent) },
+    split: {
+      computeMs: mean((r) => r.computeMs),
+      /** exchange time: the bytes on the wire plus waiting for a slower peer */
+      commMs: mean((r) => r.commMs),
+      peerWaitMs: mean((r) => r.peerWaitMs),
+      /** the step's wall time outside this rank's forward: coordinator patches out, rows back, RPC, Euler step */
+      idleMs: mean((r) => r.idleMs),
+      bytesSent: mean((r) => r.bytesSent),
+    },
     steps,
     parityMaxAbs,
     latentSha256: report.latentSha256,

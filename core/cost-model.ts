@@ -36,6 +36,11 @@ export interface LinkSpeed {
 export interface Hardware {
   /** measured FLOP/s of each worker that could take part; a plan uses the fastest ones */
   workerFlops: number[];
+  /**
+   * measured attention scores/s (bias add + softmax) of each worker, parallel to workerFlops: the
+   * memory-bound work FLOPs miss, a fifth of a step at 12k tokens on wasm. Omitted: not charged.
+   */
+  workerSoftmaxRates?: number[];
   /** the link between workers i and j (indices into workerFlops), or one link for every pair */
   link: LinkSpeed | ((i: number, j: number) => LinkSpeed);
   /** activations on the wire: 4 for fp32 transport, 2 for fp16 */
@@ -59,6 +64,8 @@ export interface ForwardFlops {
   block: { selfProjections: number; attention: number; crossProjections: number; crossAttention: number; ffn: number; total: number };
   head: number;
   total: number;
+  /** attention score elements the rank softmaxes, self (H/P heads × S_pad × S_pad) and cross, all blocks */
+  scores: number;
 }
 
 export interface StepPrediction {
@@ -90,11 +97,13 @@ export function forwardFlops(model: ModelShape, tokens: number, textTokens: numb
   const blockTotal = selfProjections + attention + crossProjections + crossAttention + ffn;
   const embed = 2 * Sl * inChannels * patch * D + 2 * (freqDim * D + D * D + D * 6 * D) + 2 * L * (textDim * D + D * D);
   const head = 2 * Sl * D * outChannels * patch;
+  const scores = numLayers * ((model.numHeads / degree) * Spad * Spad + model.numHeads * Sl * L);
   return {
     embed,
     block: { selfProjections, attention, crossProjections, crossAttention, ffn, total: blockTotal },
     head,
     total: embed + numLayers * blockTotal + head,
+    scores,
   };
 }
 
@@ -130,6 +139,7 @@ export function predictStep(work: Workload, plan: Plan, hw: Hardware): StepPredi
   if (world > hw.workerFlops.length) throw new Error(`plan needs ${world} workers, ${hw.workerFlops.length} measured`);
   const chosen = hw.workerFlops.map((f, i) => ({ f, i })).sort((a, b) => b.f - a.f).slice(0, world);
   const flops = Math.min(...chosen.map((c) => c.f));
+  const softmaxRate = hw.workerSoftmaxRates ? Math.min(...chosen.map((c) => hw.workerSoftmaxRates![c.i])) : Infinity;
   const link = world > 1 ? slowestLink(hw, chosen.map((c) => c.i)) : { bandwidth: Infinity, latency: 0 };
 
   const passesPerGroup = plan.cfgParallel ? 1 : work.passes;
@@ -142,7 +152,7 @@ export function predictStep(work: Workload, plan: Plan, hw: Hardware): StepPredi
   const cfgBytes = plan.cfgParallel ? work.tokens * outWidth * hw.bytesPerElement : 0;
   const cfgComm = plan.cfgParallel ? cfgBytes / link.bandwidth + link.latency : 0;
 
-  const computeS = (passesPerGroup * forward.total) / flops;
+  const computeS = passesPerGroup * (forward.total / flops + forward.scores / softmaxRate);
   const commS = passesPerGroup * commPerForward * (1 - (hw.overlap ?? 0)) + cfgComm;
   const coordinator = hw.coordinatorLink === undefined ? (typeof hw.link === 'function' ? slowestLink(hw, chosen.map((c) => c.i)) : hw.link) : hw.coordinatorLink;
   const ioBytes = work.passes * work.tokens * (work.model.inChannels + work.model.outChannels) * patchVolume(work.model) * 4;

@@ -1,5 +1,6 @@
 import * as ort from 'onnxruntime-web';
 import { fetchModelFiles, readJson } from '../../core/model/files.ts';
+import type { WanModel } from '../../core/model/reference.ts';
 import { loadTransformer } from '../../core/model/transformer.ts';
 import { Link } from '../../core/link.ts';
 import { SeededRandom } from '../../core/random.ts';
@@ -46,6 +47,8 @@ async function gathered(pc: RTCPeerConnection): Promise<RTCSessionDescriptionIni
   await Promise.race([complete, new Promise((r) => setTimeout(r, 3000))]);
   return pc.localDescription!.toJSON();
 }
+
+let direct: { model: WanModel; stages: StageRunner; text: Float32Array } | null = null;
 
 /** Time spent in each kind of stage call, summed over blocks (reset per forward). */
 const stageMs: Record<keyof StageRunner, number> = { embed: 0, preAttention: 0, attention: 0, postAttention: 0, head: 0 };
@@ -97,30 +100,39 @@ const bench = {
     await arrived;
     return (performance.now() - start) / 1000;
   },
+  /** One way only: sends `bytes` and resolves once they are handed to the channel. */
+  async linkSend(bytes: number): Promise<void> {
+    await link!.send({ kind: 'tensor', from: 0, tag: { job: 0, step: 0, pass: 0, block: 0, phase: 0 }, dtype: 'f32', shape: [bytes / 4], data: new Uint8Array(bytes) });
+  },
+  /** Waits until `bytes` more arrived from the peer; seconds. */
+  async linkReceive(bytes: number): Promise<number> {
+    const target = received + bytes;
+    const start = performance.now();
+    await new Promise<void>((resolve) => (received >= target ? resolve() : waiters.push({ bytes: target, resolve })));
+    return (performance.now() - start) / 1000;
+  },
   linkClose(): void {
     link?.close('probe done');
     peer?.close();
   },
 
-  /** Forward passes on the engine's ONNX sessions with all the work in this page: no executor, no RPC. */
-  async direct(modelUrl: string, latentShape: number[], timesteps: number[]): Promise<{ loadMs: number; forwardMs: number[]; lastForwardStageMs: Record<keyof StageRunner, number> }> {
+  /** Builds the engine's ONNX sessions for a model, here in the page: no executor, no RPC. */
+  async directLoad(modelUrl: string): Promise<{ loadMs: number }> {
     const started = performance.now();
     const files = fetchModelFiles(modelUrl);
     const model = await loadTransformer(files);
     const { max_length: textLength } = (await readJson(files, 'text_encoder/config.json')) as { max_length: number };
-    const stages = timedStages(await onnxStages(model, 'wasm'));
-    const loadMs = performance.now() - started;
-    const random = new SeededRandom(1);
-    const latent = { shape: latentShape, data: random.normals(latentShape.reduce((a, b) => a * b, 1)) };
-    const text = random.normals(textLength * model.config.textDim);
-    const forwardMs: number[] = [];
-    for (const t of timesteps) {
-      for (const k of Object.keys(stageMs)) stageMs[k as keyof StageRunner] = 0;
-      const start = performance.now();
-      await forwardInProcess(model.config, stages, memoryExchanges(1), latent, t, text);
-      forwardMs.push(performance.now() - start);
-    }
-    return { loadMs, forwardMs, lastForwardStageMs: { ...stageMs } };
+    direct = { model, stages: timedStages(await onnxStages(model, 'wasm')), text: new SeededRandom(1).normals(textLength * model.config.textDim) };
+    return { loadMs: performance.now() - started };
+  },
+  /** One forward pass on those sessions; its time and where it went by stage kind. */
+  async directForward(latentShape: number[], timestep: number): Promise<{ ms: number; stageMs: Record<keyof StageRunner, number> }> {
+    if (!direct) throw new Error('directLoad first');
+    for (const k of Object.keys(stageMs)) stageMs[k as keyof StageRunner] = 0;
+    const latent = { shape: latentShape, data: new SeededRandom(2).normals(latentShape.reduce((a, b) => a * b, 1)) };
+    const start = performance.now();
+    await forwardInProcess(direct.model.config, direct.stages, memoryExchanges(1), latent, timestep, direct.text);
+    return { ms: performance.now() - start, stageMs: { ...stageMs } };
   },
 };
 

@@ -21,6 +21,19 @@ describe('cost model: FLOPs and bytes of one rank', () => {
       expect(f.embed).toBe(2 * 3 * 1 * 4 + 2 * (2 * 4 + 16 + 4 * 24) + 2 * 2 * (3 * 4 + 16)); // 376
       expect(f.head).toBe(2 * 3 * 4 * 1); // 24
       expect(f.total).toBe(1872);
+      expect(f.scores).toBe(1 * 6 * 6 + 2 * 3 * 2); // 1 head of 2 over 6×6 padded keys; cross: 2 heads × 3 tokens × 2 text tokens
+    }
+  });
+
+  it('charges attention scores at the measured softmax rate on top of the FLOPs', () => {
+    const work: Workload = { model: bench, tokens: 12288, textTokens: 32, passes: 1 };
+    const hw: Hardware = { workerFlops: [2e10, 2e10], link: { bandwidth: 1e7, latency: 0 }, bytesPerElement: 4 };
+    const withSoftmax = { ...hw, workerSoftmaxRates: [4e8, 4e8] };
+    for (const P of [1, 2]) {
+      const plan = { ulyssesDegree: P, cfgParallel: false };
+      const f = forwardFlops(bench, 12288, 32, P);
+      expect(f.scores).toBe(2 * ((12 / P) * 12288 * 12288 + 12 * (12288 / P) * 32));
+      expect(predictStep(work, plan, withSoftmax).computeS - predictStep(work, plan, hw).computeS).toBeCloseTo(f.scores / 4e8, 9);
     }
   });
 
