@@ -81,12 +81,10 @@ export const DEMO_SAMPLING = { ...CLIP, steps: 20, guidance: 4 } as const;
 
 const SIZE = { min: 14, max: 20 };
 /**
- * Pixels per frame: 4, so a moving shape shifts by 16 pixels from one latent frame (every 4th
- * frame) to the next, exactly one 2×2-latent-pixel token: motion becomes "the same token content,
- * one token over, one frame later", a relation the transformer's relative (RoPE) attention can
- * express directly.
+ * Pixels per frame: 4, so a moving shape crosses at least 32 of the 64 pixels over a 9-frame
+ * clip, far beyond the detector's threshold for standing still; the VAE's unit of motion.
  */
-const SPEED = 4;
+export const SPEED = 4;
 const MARGIN = 1;
 
 /** A clip's layout from a seed: anywhere the shape stays wholly inside the frame for the whole clip. */

@@ -9,6 +9,11 @@ import { readJson, readWeights, type ModelFiles } from './files.ts';
  *   PixelVaeDecoder  each latent pixel → one colour by a 1×1 projection and a sigmoid, repeated 8×8
  *   PatchVaeDecoder  each latent pixel → its 8×8 RGB block by a fixed linear map, clamped to [0, 1]
  *                    (an exact patch transform with a matching encoder: what the demo model learns in)
+ * A PatchVaeDecoder whose config names `motion_channels` is motion-compensated, as a video codec's
+ * key frame plus motion vector: every latent frame holds the scene where it was at frame 0, and
+ * the mean of the two motion channels over the latent is one motion vector (vx, vy); frame f is
+ * its nearest latent frame shifted by f · motion_pixels_per_frame · (vx, vy). Motion is then a
+ * property of every token, like colour, instead of a relation between tokens in different frames.
  */
 export interface DecodedVideo {
   count: number;
@@ -37,8 +42,16 @@ export function decodeLatent(weights: TensorMap, latent: Tensor): DecodedVideo {
   return blendFrames(T, H * SPATIAL_SCALE, W * SPATIAL_SCALE, (o, t, y, x) => colour[(o * T + t) * H * W + Math.floor(y / SPATIAL_SCALE) * W + Math.floor(x / SPATIAL_SCALE)]);
 }
 
+export interface VaeConfig {
+  _class_name?: string;
+  /** PatchVaeDecoder: the latent channels holding the motion vector (x, y), when it is motion-compensated */
+  motion_channels?: [number, number];
+  /** PatchVaeDecoder: pixels per frame of a unit motion vector */
+  motion_pixels_per_frame?: number;
+}
+
 /** latent [C, T, H, W] → frames: each latent pixel's 8×8 block is proj.weight [3·8·8, C] · z + proj.bias, clamped. */
-export function decodePatchLatent(weights: TensorMap, latent: Tensor): DecodedVideo {
+export function decodePatchLatent(weights: TensorMap, latent: Tensor, config: VaeConfig = {}): DecodedVideo {
   const [C, T, H, W] = latent.shape;
   const S = SPATIAL_SCALE;
   const block = 3 * S * S;
@@ -62,6 +75,7 @@ export function decodePatchLatent(weights: TensorMap, latent: Tensor): DecodedVi
           frames[((o * T + t) * height + y) * width + x] = Math.min(1, Math.max(0, sum));
         }
       }
+  if (config.motion_channels) return moveFrames(frames, T, height, width, motionVector(latent, config.motion_channels), config.motion_pixels_per_frame ?? 1);
   return blendFrames(T, height, width, (o, t, y, x) => frames[((o * T + t) * height + y) * width + x]);
 }
 
@@ -80,15 +94,56 @@ function blendFrames(T: number, height: number, width: number, at: (o: number, t
   return { count, height, width, rgb };
 }
 
-const DECODERS: Record<string, (weights: TensorMap, latent: Tensor) => DecodedVideo> = {
+/**
+ * The mean over the latent of each motion channel, clamped to [−1, 1] as colours are clamped to
+ * what the encoder makes: guidance extrapolates motion as it saturates colours.
+ */
+function motionVector(latent: Tensor, [cx, cy]: [number, number]): [number, number] {
+  const [C, T, H, W] = latent.shape;
+  if (cx >= C || cy >= C) throw new Error(`vae/config.json: motion_channels [${cx}, ${cy}] outside a latent of ${C} channels`);
+  const plane = T * H * W;
+  const mean = (c: number) => Math.min(1, Math.max(-1, latent.data.subarray(c * plane, (c + 1) * plane).reduce((a, v) => a + v, 0) / plane));
+  return [mean(cx), mean(cy)];
+}
+
+/** Frame f = latent frame round(f/4) moved by f·pixelsPerFrame·(vx, vy), sampled bilinearly, edges extended. */
+function moveFrames(frames: Float32Array, T: number, height: number, width: number, [vx, vy]: [number, number], pixelsPerFrame: number): DecodedVideo {
+  const count = 1 + TEMPORAL_SCALE * (T - 1);
+  const rgb = new Float32Array(3 * count * height * width);
+  const clamp = (v: number, n: number) => Math.min(n - 1, Math.max(0, v));
+  for (let f = 0; f < count; f++) {
+    const t = Math.min(T - 1, Math.round(f / TEMPORAL_SCALE));
+    const sx = f * pixelsPerFrame * vx;
+    const sy = f * pixelsPerFrame * vy;
+    for (let y = 0; y < height; y++) {
+      const fy = y - sy;
+      const y0 = Math.floor(fy);
+      const ay = fy - y0;
+      const [ya, yb] = [clamp(y0, height), clamp(y0 + 1, height)];
+      for (let x = 0; x < width; x++) {
+        const fx = x - sx;
+        const x0 = Math.floor(fx);
+        const ax = fx - x0;
+        const [xa, xb] = [clamp(x0, width), clamp(x0 + 1, width)];
+        for (let o = 0; o < 3; o++) {
+          const at = (yy: number, xx: number) => frames[((o * T + t) * height + yy) * width + xx];
+          rgb[((o * count + f) * height + y) * width + x] = (1 - ay) * ((1 - ax) * at(ya, xa) + ax * at(ya, xb)) + ay * ((1 - ax) * at(yb, xa) + ax * at(yb, xb));
+        }
+      }
+    }
+  }
+  return { count, height, width, rgb };
+}
+
+const DECODERS: Record<string, (weights: TensorMap, latent: Tensor, config: VaeConfig) => DecodedVideo> = {
   [VAE_DECODER_CLASS]: decodeLatent,
   [PATCH_VAE_DECODER_CLASS]: decodePatchLatent,
 };
 
 export async function loadVaeDecoder(files: ModelFiles): Promise<(latent: Tensor) => DecodedVideo> {
-  const config = (await readJson(files, 'vae/config.json')) as { _class_name?: string };
+  const config = (await readJson(files, 'vae/config.json')) as VaeConfig;
   const decode = DECODERS[config._class_name ?? ''];
   if (!decode) throw new Error(`vae/config.json: unsupported _class_name ${config._class_name}; expected one of ${Object.keys(DECODERS).join(', ')}`);
   const weights = await readWeights(files, 'vae/diffusion_pytorch_model.safetensors');
-  return (latent) => decode(weights, latent);
+  return (latent) => decode(weights, latent, config);
 }

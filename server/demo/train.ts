@@ -1,5 +1,5 @@
-import { encodeFrames, latentFrameIndices } from '../../core/demo/patch-vae.ts';
-import { CLIP, promptOf, renderClip, sampleClip, TRAINING_COMBOS, type Combo } from '../../core/demo/world.ts';
+import { encodeClip } from '../../core/demo/patch-vae.ts';
+import { CLIP, promptOf, sampleClip, TRAINING_COMBOS, type Combo } from '../../core/demo/world.ts';
 import { latentShape } from '../../core/job.ts';
 import type { WanConfig } from '../../core/model/config.ts';
 import { patchify, tokenGrid } from '../../core/model/tokens.ts';
@@ -56,8 +56,7 @@ export interface Sample {
 /** One training clip: a seeded layout of a combination, encoded by the patch VAE. */
 export function sampleLatent(combo: Combo, random: SeededRandom): Sample {
   const spec = sampleClip(combo, random);
-  const frames = latentFrameIndices(CLIP.frames);
-  return { latent: encodeFrames(renderClip(spec, frames), frames.length, CLIP.height, CLIP.width).data, prompt: promptOf(combo) };
+  return { latent: encodeClip(spec, CLIP.frames, CLIP.height, CLIP.width).data, prompt: promptOf(combo) };
 }
 
 export const QK_NORM_LR_SCALE = 10;

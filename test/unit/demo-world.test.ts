@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { detect } from '../../core/demo/detector.ts';
-import { encodeFrames, latentFrameIndices, patchVaeWeights } from '../../core/demo/patch-vae.ts';
+import { encodeClip, PATCH_VAE_CONFIG, patchVaeWeights } from '../../core/demo/patch-vae.ts';
 import {
   ALL_COMBOS,
   allFrames,
@@ -8,6 +8,7 @@ import {
   COLOURS,
   DIRECTIONS,
   HELD_OUT_COMBOS,
+  MOTION,
   parsePrompt,
   promptOf,
   renderClip,
@@ -68,12 +69,11 @@ describe('the demo detector', () => {
     expect(wrong.map(({ combo }) => promptOf(combo))).toEqual([]);
   });
 
-  it('reads them just as well after the patch VAE: encode the latent frames, decode all 9 frames', () => {
+  it('reads them just as well after the patch VAE: encode the clip, decode all 9 frames', () => {
     const weights = patchVaeWeights();
-    const frames = latentFrameIndices(CLIP.frames);
     const wrong = clips.filter(({ combo, spec }) => {
-      const latent = encodeFrames(renderClip(spec, frames), frames.length, CLIP.height, CLIP.width);
-      const seen = detect(decodePatchLatent(weights, latent));
+      const latent = encodeClip(spec, CLIP.frames, CLIP.height, CLIP.width);
+      const seen = detect(decodePatchLatent(weights, latent, PATCH_VAE_CONFIG));
       return seen.colour !== combo.colour || seen.direction !== combo.direction;
     });
     expect(wrong.map(({ combo }) => promptOf(combo))).toEqual([]);
@@ -86,25 +86,33 @@ describe('the demo detector', () => {
 });
 
 describe('the patch VAE', () => {
-  it('is exact on the latent frames up to 4×4 quadrant averaging: decode(encode(x)) = the quadrant means of x', () => {
-    const frames = latentFrameIndices(CLIP.frames); // 0, 4, 8
-    const rgb = renderClip(sampleClip(ALL_COMBOS[7], new SeededRandom(5)), frames);
-    const latent = encodeFrames(rgb, frames.length, CLIP.height, CLIP.width);
-    expect(latent.shape).toEqual([16, 3, 8, 8]);
-    const video = decodePatchLatent(patchVaeWeights(), latent);
-    expect([video.count, video.height, video.width]).toEqual([9, 64, 64]);
-    let worst = 0;
-    for (let o = 0; o < 3; o++)
-      for (const [t, f] of frames.entries())
-        for (let y = 0; y < 64; y++)
-          for (let x = 0; x < 64; x++) {
-            let mean = 0;
-            for (let a = 0; a < 4; a++) for (let b = 0; b < 4; b++) mean += rgb[((o * 3 + t) * 64 + (y & ~3) + a) * 64 + (x & ~3) + b] / 16;
-            worst = Math.max(worst, Math.abs(video.rgb[((o * 9 + f) * 64 + y) * 64 + x] - mean));
-          }
-    expect(worst).toBeLessThan(1e-5);
-    // the four unused channels stay zero
-    expect(latent.data.subarray(12 * 3 * 64).every((v) => v === 0)).toBe(true);
+  it('is exact on every frame up to 4×4 quadrant averaging: decode(encode(clip)) = the quadrant means of the clip', () => {
+    for (const [i, direction] of DIRECTIONS.entries()) {
+      const spec = sampleClip({ colour: 'yellow', shape: 'triangle', direction }, new SeededRandom(5 + i));
+      const rgb = renderClip(spec, allFrames(CLIP.frames));
+      const latent = encodeClip(spec, CLIP.frames, CLIP.height, CLIP.width);
+      expect(latent.shape).toEqual([16, 3, 8, 8]);
+      const video = decodePatchLatent(patchVaeWeights(), latent, PATCH_VAE_CONFIG);
+      expect([video.count, video.height, video.width]).toEqual([9, 64, 64]);
+      let worst = 0;
+      for (let o = 0; o < 3; o++)
+        for (let f = 0; f < 9; f++)
+          for (let y = 0; y < 64; y++)
+            for (let x = 0; x < 64; x++) {
+              // frame f is frame 0's quadrant means moved by f·speed (edges extended)
+              const [mx, my] = MOTION[direction];
+              const sx = Math.min(63, Math.max(0, x - spec.speed * f * mx));
+              const sy = Math.min(63, Math.max(0, y - spec.speed * f * my));
+              let mean = 0;
+              for (let a = 0; a < 4; a++) for (let b = 0; b < 4; b++) mean += rgb[((o * 9) * 64 + (sy & ~3) + a) * 64 + (sx & ~3) + b] / 16;
+              worst = Math.max(worst, Math.abs(video.rgb[((o * 9 + f) * 64 + y) * 64 + x] - mean));
+            }
+      expect(worst, direction).toBeLessThan(1e-5);
+      // the motion channels hold the direction; the last two stay zero
+      const plane = 3 * 64;
+      expect([latent.data[12 * plane], latent.data[13 * plane]]).toEqual(MOTION[direction]);
+      expect(latent.data.subarray(14 * plane).every((v) => v === 0)).toBe(true);
+    }
   });
 
   it('loads by its _class_name beside the PixelVaeDecoder, which decodes as before', async () => {
