@@ -42,7 +42,9 @@ function readForm(): { params: Partial<Record<keyof JobParams, unknown>>; placem
   for (const key of NUMERIC) params[key] = field(key).value.trim() === '' ? NaN : Number(field(key).value);
   const degree = field('degree').value;
   const ep = field('ep').value as JobPlacement['ep'];
-  return { params, placement: { backend: field('backend').value as Backend, workers: degree === 'auto' ? 'auto' : Number(degree), ep } };
+  const cfg = field('cfg').value;
+  const cfgParallel = cfg === 'auto' ? undefined : cfg === 'parallel';
+  return { params, placement: { backend: field('backend').value as Backend, workers: degree === 'auto' ? 'auto' : Number(degree), ep, cfgParallel } };
 }
 
 /** Marks each bad field and says why; true when there is nothing to say. */
@@ -53,12 +55,12 @@ function showErrors(errors: Partial<Record<string, string>>): boolean {
   return Object.keys(errors).length === 0;
 }
 
-async function pipelineFor({ backend, workers, ep, dtype = 'f32' }: JobPlacement): Promise<Pipeline> {
-  const key = `${backend}/${workers}/${ep}/${dtype}`;
+async function pipelineFor({ backend, workers, ep, dtype = 'f32', cfgParallel }: JobPlacement): Promise<Pipeline> {
+  const key = `${backend}/${workers}/${ep}/${dtype}/${cfgParallel ?? 'auto'}`;
   if (pipeline?.key === key) return pipeline.pipe;
   await pipeline?.pipe.shutdown({ graceMs: 2000 });
   pipeline = null;
-  const pipe = await createPipeline({ backend, swarm: swarm ?? undefined, workers, ep, dtype, placementTimeoutMs: 60_000 });
+  const pipe = await createPipeline({ backend, swarm: swarm ?? undefined, workers, ep, dtype, parallel: { cfgParallel }, placementTimeoutMs: 60_000 });
   pipeline = { key, pipe };
   return pipe;
 }
@@ -87,17 +89,20 @@ function showFinished(job: StoredJob): void {
   const r = job.result!.report;
   const recovered = r.failures.length ? `, recovered from ${r.failures.length} lost worker(s)` : '';
   const stepMs = r.steps.reduce((t, s) => t + s.ms, 0) / Math.max(1, r.steps.length);
-  const planned = r.plan?.predictedStepMs ? ` The cost model chose ${r.plan.degree} rank${r.plan.degree === 1 ? '' : 's'}, predicting ${(r.plan.predictedStepMs / 1000).toFixed(2)} s per step; measured ${(stepMs / 1000).toFixed(2)} s.` : '';
-  $('status').textContent = `#${job.id} done: ${r.config.frames} frames in ${(r.totalMs / 1000).toFixed(1)} s on ${r.config.workers} ${r.config.backend} rank${r.config.workers === 1 ? '' : 's'}${recovered}.${planned}`;
+  const chose = r.plan?.cfgParallel ? `CFG parallel on two groups of ${r.plan.degree} rank${r.plan.degree === 1 ? '' : 's'}` : `${r.plan?.degree} rank${r.plan?.degree === 1 ? '' : 's'}`;
+  const planned = r.plan?.predictedStepMs ? ` The cost model chose ${chose}, predicting ${(r.plan.predictedStepMs / 1000).toFixed(2)} s per step; measured ${(stepMs / 1000).toFixed(2)} s.` : '';
+  const groups = r.config.cfgParallel ? ` (CFG parallel: two groups of ${r.config.ulyssesDegree})` : '';
+  const fallback = r.cfgFallback ? ` ${r.cfgFallback[0].toUpperCase()}${r.cfgFallback.slice(1)}.` : '';
+  $('status').textContent = `#${job.id} done: ${r.config.frames} frames in ${(r.totalMs / 1000).toFixed(1)} s on ${r.config.workers} ${r.config.backend} rank${r.config.workers === 1 ? '' : 's'}${groups}${recovered}.${planned}${fallback}`;
 }
 
 function submitFromForm(overrides: Record<string, unknown> = {}): Promise<StoredJob> {
   const formValues = readForm();
-  const { backend, workers, ep, dtype, ...rest } = overrides as Partial<JobPlacement>;
+  const { backend, workers, ep, dtype, cfgParallel, ...rest } = overrides as Partial<JobPlacement>;
   const params = { ...formValues.params, ...rest };
   if (!showErrors(checkJobParams(params))) return Promise.reject(new Error(`invalid job: ${$('form-errors').textContent}`));
   if (!queue) return Promise.reject(new Error('the dashboard is still starting'));
-  const placement: JobPlacement = { backend: backend ?? formValues.placement.backend, workers: workers ?? formValues.placement.workers, ep: ep ?? formValues.placement.ep, dtype };
+  const placement: JobPlacement = { backend: backend ?? formValues.placement.backend, workers: workers ?? formValues.placement.workers, ep: ep ?? formValues.placement.ep, dtype, cfgParallel: cfgParallel ?? formValues.placement.cfgParallel };
   return queue.submit(params, placement);
 }
 

@@ -6,6 +6,7 @@ import type { DType } from '../core/protocol.ts';
 import { RpcTimeout } from '../core/rpc.ts';
 import type { Tensor } from '../core/tensor.ts';
 import type { ExecutionProvider } from '../worker/onnx-stages.ts';
+import type { MeshProbe } from '../worker/mesh-probe.ts';
 import type { ExecuteArgs, ExecuteResult, WorkerInfo } from '../worker/runtime.ts';
 
 /**
@@ -17,8 +18,13 @@ export interface ExecutorOptions {
   config: WanConfig;
   /** URL of the model folder as the workers fetch it */
   modelUrl: string;
-  /** Ulysses degree; 'auto' takes the largest the live workers allow */
+  /** Ulysses degree (of each group with cfgParallel); 'auto' takes the largest the live workers allow */
   ulyssesDegree?: number | 'auto';
+  /**
+   * CFG parallel: ranks [0, P) run the conditional pass and ranks [P, 2P) the unconditional one,
+   * each group a Ulysses mesh of its own (world = 2P), so a step's two passes run at the same time.
+   */
+  cfgParallel?: boolean;
   placementTimeoutMs?: number;
   rpcTimeoutMs?: number;
   ep?: ExecutionProvider | 'auto';
@@ -33,6 +39,8 @@ export interface RpcOptions {
   timeoutMs?: number;
   /** return only this rank's reply */
   uniqueReplyRank?: number;
+  /** call only these ranks (replies in this order); all ranks by default */
+  ranks?: number[];
 }
 
 export interface RankReport {
@@ -115,12 +123,30 @@ export abstract class Executor {
     return this.options.rpcTimeoutMs ?? 120_000;
   }
 
+  /** ranks per Ulysses mesh: the world, or half of it with CFG parallel */
+  get groupSize(): number {
+    return this.options.cfgParallel ? this.world / 2 : this.world;
+  }
+
+  /** The ranks of one group in rank order: group 0 runs pass 0 (conditional), group 1 pass 1. */
+  groupRanks(group: number): number[] {
+    return Array.from({ length: this.groupSize }, (_, i) => group * this.groupSize + i);
+  }
+
   async initialize(): Promise<void> {
     const peers = await this.place();
     this.world = peers.length;
+    if (this.options.cfgParallel && this.world % 2) throw new Error(`cfgParallel needs two groups of equal size, but ${this.world} ranks were placed`);
     const session = `${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 8)}`;
     const dtype = this.options.dtype ?? 'f32';
-    await this.collectiveRpc('initWorker', { argsFor: (rank) => ({ rank, world: this.world, peers, session, dtype }) });
+    // each group is its own mesh: ranks, world, peers and session are the group's
+    const P = this.groupSize;
+    await this.collectiveRpc('initWorker', {
+      argsFor: (rank) => {
+        const group = Math.floor(rank / P);
+        return { rank: rank % P, world: P, peers: peers.slice(group * P, (group + 1) * P), session: this.options.cfgParallel ? `${session}.${group}` : session, dtype };
+      },
+    });
     const infos = (await this.collectiveRpc('describe')) as WorkerInfo[];
     const loaded = (await this.collectiveRpc('loadModel', { args: { modelUrl: this.options.modelUrl, ep: this.options.ep ?? 'auto' } })) as { ep: ExecutionProvider; adapter: string }[];
     this.workers = infos.map((info, rank) => ({ ...info, ...loaded[rank], id: peers[rank] }));
@@ -135,21 +161,22 @@ export abstract class Executor {
       throw new Error(`uniqueReplyRank ${only} is not a rank of this ${this.world}-rank executor`);
     }
     const timeoutMs = options.timeoutMs ?? this.rpcTimeoutMs;
+    const ranks = options.ranks ?? Array.from({ length: this.world }, (_, r) => r);
     // Fails fast on the first rank that errs (a lost rank must not leave the others' calls hanging);
     // timeouts all fall due together and are reported as one TimeoutError naming every silent rank.
     const replies = await new Promise<unknown[]>((resolve, reject) => {
       const results: unknown[] = [];
       const silent: number[] = [];
-      let pending = this.world;
+      let pending = ranks.length;
       const settle = () => {
         if (--pending > 0) return;
         if (silent.length) reject(new TimeoutError(method, silent.sort((a, b) => a - b), timeoutMs));
         else resolve(results);
       };
-      for (let rank = 0; rank < this.world; rank++) {
+      ranks.forEach((rank, i) => {
         this.callRank(rank, method, options.argsFor ? options.argsFor(rank) : options.args ?? {}, timeoutMs).then(
           (value) => {
-            results[rank] = value;
+            results[i] = value;
             settle();
           },
           (reason: unknown) => {
@@ -158,7 +185,7 @@ export abstract class Executor {
             settle();
           },
         );
-      }
+      });
     });
     return only === undefined ? replies : replies[only];
   }
@@ -168,26 +195,36 @@ export abstract class Executor {
     await this.collectiveRpc('prepareJob', { args: { job, texts, latentShape } });
   }
 
-  /** One DiT forward pass on all ranks: scatter the tokens, run, gather the rows in token order. */
+  /** Times an all-to-all on the ranks' mesh for the prepared job (worker/mesh-probe.ts): the link the cost model plans with. */
+  async probeMesh(job: number): Promise<MeshProbe[]> {
+    return (await this.collectiveRpc('probeMesh', { args: { job } })) as MeshProbe[];
+  }
+
+  /**
+   * One DiT forward pass on the ranks of the pass (all, or the pass's group with CFG parallel):
+   * scatter the tokens, run, gather the rows in token order.
+   */
   async executeModel(request: ForwardRequest): Promise<{ output: Tensor; ranks: RankReport[] }> {
     const { config } = this.options;
-    const plan = planUlysses(config, tokenGrid(config, request.latent.shape).count, this.world);
+    const plan = planUlysses(config, tokenGrid(config, request.latent.shape).count, this.groupSize);
     const patches = patchify(config, request.latent);
     const width = patches.shape[1];
+    const ranks = this.groupRanks(this.options.cfgParallel ? request.pass : 0);
     const results = (await this.collectiveRpc('executeModel', {
+      ranks,
       argsFor: (rank): ExecuteArgs => ({
         job: request.job,
         step: request.step,
         pass: request.pass,
         timestep: request.timestep,
         latentShape: request.latent.shape,
-        patches: scatterRows(plan, patches.data, width, rank),
+        patches: scatterRows(plan, patches.data, width, rank % plan.degree),
       }),
     })) as ExecuteResult[];
     const rows = gatherRows(plan, results.map((r) => r.rows), results[0].rows.length / plan.localTokens);
     return {
       output: unpatchify(config, rows, request.latent.shape),
-      ranks: results.map((r, rank) => ({ rank, worker: this.workers[rank]?.id ?? '', computeMs: r.computeMs, commMs: r.commMs, bytesSent: r.bytesSent })),
+      ranks: results.map((r, i) => ({ rank: ranks[i], worker: this.workers[ranks[i]]?.id ?? '', computeMs: r.computeMs, commMs: r.commMs, bytesSent: r.bytesSent })),
     };
   }
 

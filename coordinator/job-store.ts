@@ -16,6 +16,8 @@ export interface JobPlacement {
   ep: 'auto' | 'webgpu' | 'wasm';
   /** activations between ranks; float32 unless asked */
   dtype?: 'f32' | 'f16';
+  /** conditional and unconditional passes on two worker groups: always, never, or (unset) as the planner chooses */
+  cfgParallel?: boolean;
 }
 
 export interface StoredJob {

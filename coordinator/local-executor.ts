@@ -10,6 +10,7 @@ export class LocalExecutor extends Executor {
   private terminate: (() => void) | null = null;
 
   protected async place(): Promise<string[]> {
+    if (this.options.cfgParallel) throw new Error('cfgParallel needs two groups of ranks, but the local backend has one rank: use the swarm backend with at least 2 workers');
     const { engine, terminate } = startEngineWorker();
     this.terminate = terminate;
     this.runtime = new WorkerRuntime(engine, {

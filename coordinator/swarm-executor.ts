@@ -1,5 +1,5 @@
 import { checkDegree, defaultDegree } from '../core/parallel.ts';
-import { Executor, type ExecutorOptions, type LinkReport, type LostRank } from './executor.ts';
+import { Executor, WorkerError, type ExecutorOptions, type LinkReport, type LostRank } from './executor.ts';
 import type { Swarm, SwarmWorker } from './swarm.ts';
 
 /** Ranks on worker pages that joined the swarm over WebRTC. */
@@ -20,17 +20,20 @@ export class SwarmExecutor extends Executor {
     const { numHeads } = this.options.config;
     const timeoutMs = this.options.placementTimeoutMs ?? 30_000;
     const asked = this.options.ulyssesDegree ?? 'auto';
+    // with CFG parallel two groups of `degree` workers each, on different workers
+    const groups = this.options.cfgParallel ? 2 : 1;
     let degree: number;
     if (asked === 'auto') {
-      await this.swarm.waitForWorkers(1, timeoutMs);
-      degree = defaultDegree(numHeads, this.swarm.workers().length);
+      await this.swarm.waitForWorkers(groups, timeoutMs);
+      degree = defaultDegree(numHeads, Math.floor(this.swarm.workers().length / groups));
     } else {
       checkDegree(numHeads, asked);
-      await this.swarm.waitForWorkers(asked, timeoutMs);
+      await this.swarm.waitForWorkers(groups * asked, timeoutMs);
       degree = asked;
     }
-    this.ranks = this.swarm.workers().slice(0, degree);
-    this.ranks.forEach((w, rank) => this.swarm.setActivity(w, `rank ${rank} of ${degree}`));
+    const world = groups * degree;
+    this.ranks = this.swarm.workers().slice(0, world);
+    this.ranks.forEach((w, rank) => this.swarm.setActivity(w, `rank ${rank} of ${world}${groups > 1 ? ` (${rank < degree ? 'conditional' : 'unconditional'} group)` : ''}`));
     this.offLeave = this.swarm.on((e) => {
       if (e.type !== 'leave') return;
       const rank = this.ranks.indexOf(e.worker);
@@ -57,9 +60,12 @@ export class SwarmExecutor extends Executor {
    * coordinator may); or if it does not answer a ping within two seconds (frozen: evicted).
    */
   override async lostRanks(error: Error): Promise<LostRank[]> {
-    for (const [, rank, what] of error.message.matchAll(/(?:misbehaving rank|rank) (\d+)(:| is gone)/g)) {
-      const worker = this.ranks[Number(rank)];
-      if (worker && !this.lost.has(Number(rank))) {
+    // a rank names its mesh peers by their rank in its group: with CFG parallel, offset by the group's first rank
+    const groupStart = error instanceof WorkerError ? error.rank - (error.rank % this.groupSize) : 0;
+    for (const [, named, what] of error.message.matchAll(/(?:misbehaving rank|rank) (\d+)(:| is gone)/g)) {
+      const rank = groupStart + Number(named);
+      const worker = this.ranks[rank];
+      if (worker && !this.lost.has(rank)) {
         this.swarm.evict(worker, what === ':' ? `rank ${rank} sent tensors in another rank's name` : `its peers lost their connection to rank ${rank}`);
       }
     }
@@ -76,8 +82,10 @@ export class SwarmExecutor extends Executor {
   override linkReport(): LinkReport[] {
     const links: LinkReport[] = this.ranks.map((w, rank) => ({ from: 'coordinator', to: rank, transport: w.transport }));
     const said = (from: number, to: number) => this.ranks[from].pulse?.mesh?.find((m) => m.peer === this.ranks[to].id)?.transport;
+    // ranks link only within their group (CFG parallel's two groups meet at the coordinator)
+    const P = this.groupSize;
     for (let from = 1; from < this.ranks.length; from++) {
-      for (let to = 0; to < from; to++) links.push({ from, to, transport: said(from, to) ?? said(to, from) ?? 'unknown' });
+      for (let to = from - (from % P); to < from; to++) links.push({ from, to, transport: said(from, to) ?? said(to, from) ?? 'unknown' });
     }
     return links;
   }

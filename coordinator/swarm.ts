@@ -1,4 +1,5 @@
 import { Peer } from 'peerjs';
+import type { LinkSpeed } from '../core/cost-model.ts';
 import { DEAD_AFTER_MS, watchHeartbeats, type WorkerPulse } from '../core/heartbeat.ts';
 import type { Link } from '../core/link.ts';
 import {
@@ -65,6 +66,8 @@ export class Swarm {
   private readonly connections = new Map<string, DataConnectionLike>();
   private readonly listeners = new Set<(e: SwarmEvent) => void>();
   readonly refusals: { peer: string; reason: string; at: number }[] = [];
+  /** the rank-to-rank link the last mesh probe measured (slowest rank), for the cost model's next plans */
+  meshLink: (LinkSpeed & { ranks: number; at: number }) | null = null;
   private relay: RelayClient | null = null;
   private closed = false;
 

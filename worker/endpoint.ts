@@ -45,7 +45,7 @@ export interface WorkerStatus {
   state: WorkerState | 'joining' | 'disconnected' | 'refused' | 'left';
   detail: string;
   info: WorkerInfo | null;
-  totals: { steps: number; bytesSent: number; computeMs: number };
+  totals: WorkerRuntime['totals'];
   framesDropped: number;
   /** how the link to the dashboard goes, once connected */
   transport: Transport | null;
@@ -77,7 +77,7 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
     state: 'joining',
     detail: 'looking for the dashboard',
     info: null,
-    totals: { steps: 0, bytesSent: 0, computeMs: 0 },
+    totals: { steps: 0, bytesSent: 0, computeMs: 0, bytesDownloaded: 0, bytesKept: 0, deviceTensorsLeft: 0 },
     framesDropped: 0,
     transport: null,
     ep: null,

@@ -5,7 +5,7 @@ import { loadTransformer } from '../core/model/transformer.ts';
 import { onnxStages, type ExecutionProvider } from './onnx-stages.ts';
 import { probeThroughput } from './probe.ts';
 import { probeWebGpu } from './webgpu.ts';
-import type { StageRunner } from './stages.ts';
+import type { DeviceStageRunner } from './stages.ts';
 
 /**
  * The compute of one worker: the model's stage graphs on onnxruntime-web. In a page it lives in
@@ -19,7 +19,7 @@ export interface EngineInfo {
   loadMs: number;
 }
 
-export interface EngineApi extends StageRunner {
+export interface EngineApi extends DeviceStageRunner {
   load(modelUrl: string, ep: ExecutionProvider | 'auto'): Promise<EngineInfo>;
   /** matrix-multiply throughput (FLOP/s) on an EP (by default the one this engine uses or would use) */
   probe(ep?: ExecutionProvider): Promise<{ ep: ExecutionProvider; flops: number }>;
@@ -34,9 +34,9 @@ export function createEngine(): EngineApi {
     queue = next.catch(() => {});
     return next;
   };
-  let stages: StageRunner | null = null;
+  let stages: DeviceStageRunner | null = null;
   let loaded: { key: string; info: EngineInfo } | null = null;
-  const need = (): StageRunner => {
+  const need = (): DeviceStageRunner => {
     if (!stages) throw new Error('the engine has no model yet: call load() first');
     return stages;
   };
@@ -67,5 +67,6 @@ export function createEngine(): EngineApi {
     attention: (...a) => serial(() => need().attention(...a)),
     postAttention: (...a) => serial(() => need().postAttention(...a)),
     head: (...a) => serial(() => need().head(...a)),
+    release: (tensors) => serial(async () => (await need().release?.(tensors)) ?? 0),
   };
 }

@@ -1,40 +1,60 @@
 import * as ort from 'onnxruntime-web';
 import type { WanModel } from '../core/model/reference.ts';
 import { buildAttentionGraph, buildEmbedGraph, buildHeadGraph, buildPostAttentionGraph, buildPreAttentionGraph } from '../core/model/stage-graphs.ts';
-import type { StageRunner } from './stages.ts';
+import type { Activation, DeviceStageRunner, DeviceTensor } from './stages.ts';
 
 /** An onnxruntime-web execution provider a worker can run on. */
 export type ExecutionProvider = 'webgpu' | 'wasm';
 
 /**
  * The stage graphs of one model as onnxruntime-web sessions: one session per graph, built once
- * at load, all on one execution provider.
+ * at load, all on one execution provider. On WebGPU the outputs that only feed this rank's next
+ * sessions (embed's x, temb, tproj, context; post-attention's x) stay in GPU buffers and go back
+ * in as inputs; only q/k/v, o and the head's rows, which cross ranks or leave the rank, are read
+ * back. On WASM every output is CPU data, as before.
  */
-export async function onnxStages(m: WanModel, ep: ExecutionProvider): Promise<StageRunner> {
+export async function onnxStages(m: WanModel, ep: ExecutionProvider): Promise<Required<DeviceStageRunner>> {
   const { dim: D, headDim, textDim } = m.config;
   const options: ort.InferenceSession.SessionOptions = { executionProviders: [ep], graphOptimizationLevel: 'all' };
-  const session = (graph: Uint8Array) => ort.InferenceSession.create(graph, options);
-  const embed = await session(buildEmbedGraph(m));
+  const onDevice = (...outputs: string[]): ort.InferenceSession.SessionOptions =>
+    ep === 'webgpu' ? { ...options, preferredOutputLocation: Object.fromEntries(outputs.map((name) => [name, 'gpu-buffer' as const])) } : options;
+  const session = (graph: Uint8Array, sessionOptions = options) => ort.InferenceSession.create(graph, sessionOptions);
+  const embed = await session(buildEmbedGraph(m), onDevice('x', 'temb', 'tproj', 'context'));
   const attention = await session(buildAttentionGraph(m));
   const head = await session(buildHeadGraph(m));
   const pre: ort.InferenceSession[] = [];
   const post: ort.InferenceSession[] = [];
   for (let b = 0; b < m.config.numLayers; b++) {
     pre.push(await session(buildPreAttentionGraph(m, b)));
-    post.push(await session(buildPostAttentionGraph(m, b)));
+    post.push(await session(buildPostAttentionGraph(m, b), onDevice('x_out')));
   }
 
+  // GPU tensors this runner handed out by id; the caller releases each once it is done with it
+  const kept = new Map<number, ort.Tensor>();
+  let nextId = 1;
+  const keep = (tensor: ort.Tensor): Activation => {
+    if (tensor.location !== 'gpu-buffer') return tensor.data as Float32Array;
+    const id = nextId++;
+    kept.set(id, tensor);
+    return { deviceTensor: id, floats: tensor.size };
+  };
   const t = (data: Float32Array, width: number) => new ort.Tensor('float32', data, [data.length / width, width]);
+  const feed = (a: Activation, width: number): ort.Tensor => {
+    if (a instanceof Float32Array) return t(a, width);
+    const tensor = kept.get(a.deviceTensor);
+    if (!tensor) throw new Error(`device tensor ${a.deviceTensor} is not kept by this runner (released already, or made by another engine): a stage input must be a tensor of this pass`);
+    return tensor;
+  };
   const out = (r: ort.InferenceSession.OnnxValueMapType, name: string) => r[name].data as Float32Array;
   const patchWidth = m.weights.get('patch_embedding.weight')!.data.length / D;
 
   return {
     async embed(patches, timestep, text) {
       const r = await embed.run({ patches: t(patches, patchWidth), timestep: new ort.Tensor('float32', Float32Array.of(timestep), [1]), text: t(text, textDim) });
-      return { x: out(r, 'x'), temb: out(r, 'temb'), tproj: out(r, 'tproj'), context: out(r, 'context') };
+      return { x: keep(r.x), temb: keep(r.temb), tproj: keep(r.tproj), context: keep(r.context) };
     },
     async preAttention(block, x, tproj, cos, sin) {
-      const r = await pre[block].run({ x: t(x, D), tproj: t(tproj, D), cos: t(cos, headDim / 2), sin: t(sin, headDim / 2) });
+      const r = await pre[block].run({ x: feed(x, D), tproj: feed(tproj, D), cos: t(cos, headDim / 2), sin: t(sin, headDim / 2) });
       return { q: out(r, 'q'), k: out(r, 'k'), v: out(r, 'v') };
     },
     async attention({ q, k, v }, keyBias) {
@@ -43,11 +63,18 @@ export async function onnxStages(m: WanModel, ep: ExecutionProvider): Promise<St
       return out(r, 'o');
     },
     async postAttention(block, x, o, tproj, context) {
-      const r = await post[block].run({ x: t(x, D), o: t(o, D), tproj: t(tproj, D), context: t(context, D) });
-      return out(r, 'x_out');
+      const r = await post[block].run({ x: feed(x, D), o: t(o, D), tproj: feed(tproj, D), context: feed(context, D) });
+      return keep(r.x_out);
     },
     async head(x, temb) {
-      return out(await head.run({ x: t(x, D), temb: t(temb, D) }), 'rows');
+      return out(await head.run({ x: feed(x, D), temb: feed(temb, D) }), 'rows');
+    },
+    async release(tensors: DeviceTensor[]) {
+      for (const { deviceTensor } of tensors) {
+        kept.get(deviceTensor)?.dispose();
+        kept.delete(deviceTensor);
+      }
+      return kept.size;
     },
   };
 }

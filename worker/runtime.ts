@@ -4,14 +4,15 @@ import { planUlysses, type UlyssesPlan } from '../core/parallel.ts';
 import { BYTES_PER_ELEMENT, type DType } from '../core/protocol.ts';
 import type { EngineApi, EngineInfo } from './engine.ts';
 import type { ExecutionProvider } from './onnx-stages.ts';
-import { forwardRank, type Exchange } from './ulysses.ts';
+import { probeMesh, PROBE_FLOATS } from './mesh-probe.ts';
+import { ExchangePhase, forwardRank, noStats, type Exchange, type RankStats } from './ulysses.ts';
 
 /**
  * A worker as the coordinator sees it: a fixed set of named methods, and nothing else. The same
  * runtime serves the `local` backend (called directly in the dashboard) and the `swarm` backend
  * (called over a data channel by the worker page); only the mesh differs.
  */
-export const WORKER_METHODS = ['describe', 'probe', 'initWorker', 'loadModel', 'prepareJob', 'executeModel', 'ping', 'shutdown'] as const;
+export const WORKER_METHODS = ['describe', 'probe', 'initWorker', 'loadModel', 'prepareJob', 'probeMesh', 'executeModel', 'ping', 'shutdown'] as const;
 export type WorkerMethod = (typeof WORKER_METHODS)[number];
 
 export interface WorkerInfo {
@@ -41,10 +42,8 @@ export interface ExecuteArgs {
   patches: Float32Array; // this rank's [Sl, C·pt·ph·pw]
 }
 
-export interface ExecuteResult {
+export interface ExecuteResult extends RankStats {
   rows: Float32Array; // this rank's [Sl, pt·ph·pw·C]
-  computeMs: number;
-  commMs: number;
   bytesSent: number;
 }
 
@@ -66,7 +65,8 @@ export class WorkerRuntime {
   private texts: Float32Array[] = [];
   private plan: UlyssesPlan | null = null;
   private job = -1;
-  readonly totals = { steps: 0, bytesSent: 0, computeMs: 0 };
+  /** over all forward passes, except deviceTensorsLeft: after the last one */
+  readonly totals = { steps: 0, bytesSent: 0, computeMs: 0, bytesDownloaded: 0, bytesKept: 0, deviceTensorsLeft: 0 };
 
   constructor(
     private readonly engine: EngineApi,
@@ -83,7 +83,7 @@ export class WorkerRuntime {
     if (!(WORKER_METHODS as readonly string[]).includes(method)) {
       throw new Error(`unknown worker method "${method}"; a worker runs only: ${WORKER_METHODS.join(', ')}`);
     }
-    const needsInit: WorkerMethod[] = ['loadModel', 'prepareJob', 'executeModel'];
+    const needsInit: WorkerMethod[] = ['loadModel', 'prepareJob', 'probeMesh', 'executeModel'];
     if (needsInit.includes(method as WorkerMethod) && !this.init) {
       throw new Error(`worker method ${method} called before initWorker: the coordinator must call initWorker first`);
     }
@@ -99,6 +99,9 @@ export class WorkerRuntime {
         return this.prepareJob(Number(a.job), a.texts as Float32Array[], a.latentShape as number[]);
       case 'executeModel':
         return this.executeModel(a as unknown as ExecuteArgs);
+      case 'probeMesh':
+        if (Number(a.job) !== this.job || !this.plan) throw new Error(`probeMesh for job ${a.job} but job ${this.job} was prepared`);
+        return probeMesh(this.exchange!, this.job);
       case 'probe':
         // with a payload it measures the link (only its size comes back), without one the compute
         if (a.payload instanceof Float32Array) return { bytes: a.payload.byteLength };
@@ -170,8 +173,8 @@ export class WorkerRuntime {
     if (tag.pass >= this.texts.length) return `tensor for pass ${tag.pass}, but the job has ${this.texts.length}`;
     if (tag.block >= cfg.numLayers) return `tensor for block ${tag.block} of ${cfg.numLayers}`;
     if (tag.step >= 1000) return `tensor for step ${tag.step}`;
-    const floats = [3 * plan.localTokens * plan.headWidth, plan.localTokens * plan.headWidth][tag.phase];
-    if (floats === undefined) return `unknown exchange phase ${tag.phase}`;
+    const floats = tag.phase === ExchangePhase.Probe ? PROBE_FLOATS[tag.step] : [3 * plan.localTokens * plan.headWidth, plan.localTokens * plan.headWidth][tag.phase];
+    if (floats === undefined) return `unknown exchange phase ${tag.phase}${tag.phase === ExchangePhase.Probe ? ` step ${tag.step}` : ''}`;
     const bytes = floats * BYTES_PER_ELEMENT[this.exchange!.dtype];
     if (totalBytes !== bytes) return `phase ${tag.phase} tensor of ${totalBytes} bytes; the plan says ${bytes}`;
     return null;
@@ -191,7 +194,7 @@ export class WorkerRuntime {
       throw new Error(`executeModel expected ${plan.localTokens}×${patchWidth} patch values for rank ${exchange.rank}, got ${args.patches?.length}`);
     }
     this.setState('computing', `job ${args.job} step ${args.step} pass ${args.pass}`);
-    const timing = { computeMs: 0, commMs: 0 };
+    const stats = noStats();
     const sentBefore = exchange.bytesSent;
     const rows = await forwardRank(cfg, plan, this.engine, exchange, {
       patches: args.patches,
@@ -199,13 +202,16 @@ export class WorkerRuntime {
       text,
       grid,
       tag: { job: args.job, step: args.step, pass: args.pass },
-    }, timing);
+    }, stats);
     const bytesSent = exchange.bytesSent - sentBefore;
     this.totals.steps++;
     this.totals.bytesSent += bytesSent;
-    this.totals.computeMs += timing.computeMs;
+    this.totals.computeMs += stats.computeMs;
+    this.totals.bytesDownloaded += stats.bytesDownloaded;
+    this.totals.bytesKept += stats.bytesKept;
+    this.totals.deviceTensorsLeft = stats.deviceTensorsLeft;
     this.setState('ready', `finished step ${args.step}`);
-    return { rows, ...timing, bytesSent };
+    return { rows, ...stats, bytesSent };
   }
 
   private needModel(): WanConfig {

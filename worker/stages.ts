@@ -2,14 +2,35 @@ import { attention } from '../core/model/ops.ts';
 import { embedConditions, embedPatches, head, postAttention, preAttention, type WanModel } from '../core/model/reference.ts';
 
 /**
+ * A tensor that a runner keeps on its device (a WebGPU buffer) for the rank's next stages, by
+ * handle: it never crosses to the CPU side unless a stage reads it there. Plain data, so it
+ * passes through comlink to the engine's Web Worker and back.
+ */
+export interface DeviceTensor {
+  readonly deviceTensor: number; // the runner's id for it
+  readonly floats: number;
+}
+
+/** A stage output on its way to another stage of the same rank: its values, or a device tensor. */
+export type Activation = Float32Array | DeviceTensor;
+
+/** The values of an activation that must be on the CPU side; a device tensor here is a bug. */
+export function hostValues(a: Activation): Float32Array {
+  if (a instanceof Float32Array) return a;
+  throw new Error(`device tensor ${a.deviceTensor} (${a.floats} floats) reached a runner that only reads CPU values: pass device tensors back to the runner that made them`);
+}
+
+/**
  * What a rank computes between exchanges, one call per stage graph. Matrices are row-major with
  * their row count implied by the length: x and o [Sl, D], q/k/v after the exchange [S, (H/P)·d].
+ * What only feeds the rank's own next stages (x, temb, tproj, context) is an `Activation` and may
+ * stay on the device; what crosses ranks or leaves the rank (q/k/v, o, rows) is a Float32Array.
  */
 export interface Embedded {
-  x: Float32Array; // [Sl, D]
-  temb: Float32Array; // [1, D]
-  tproj: Float32Array; // [6, D]
-  context: Float32Array; // [L, D]
+  x: Activation; // [Sl, D]
+  temb: Activation; // [1, D]
+  tproj: Activation; // [6, D]
+  context: Activation; // [L, D]
 }
 
 export interface QKV {
@@ -20,21 +41,31 @@ export interface QKV {
 
 export interface StageRunner {
   embed(patches: Float32Array, timestep: number, text: Float32Array): Promise<Embedded>;
-  preAttention(block: number, x: Float32Array, tproj: Float32Array, cos: Float32Array, sin: Float32Array): Promise<QKV>;
+  preAttention(block: number, x: Activation, tproj: Activation, cos: Float32Array, sin: Float32Array): Promise<QKV>;
   attention(qkv: QKV, keyBias: Float32Array): Promise<Float32Array>;
-  postAttention(block: number, x: Float32Array, o: Float32Array, tproj: Float32Array, context: Float32Array): Promise<Float32Array>;
-  head(x: Float32Array, temb: Float32Array): Promise<Float32Array>;
+  postAttention(block: number, x: Activation, o: Float32Array, tproj: Activation, context: Activation): Promise<Activation>;
+  head(x: Activation, temb: Activation): Promise<Float32Array>;
+}
+
+/**
+ * A runner whose outputs may stay on the device: each device tensor it returns lives until
+ * released. One without `release` never returns device tensors.
+ */
+export interface DeviceStageRunner extends StageRunner {
+  /** Frees these device tensors; resolves with how many the runner still keeps (0 between passes). */
+  release?(tensors: DeviceTensor[]): Promise<number>;
 }
 
 /** The plain TypeScript reference behind the same interface (the `reference` backend). */
 export function referenceStages(m: WanModel): StageRunner {
   const { headDim } = m.config;
+  const cpu = hostValues;
   return {
     async embed(patches, timestep, text) {
       return { x: embedPatches(m, patches), ...embedConditions(m, timestep, text) };
     },
     async preAttention(block, x, tproj, cos, sin) {
-      return preAttention(m, block, x, tproj, cos, sin);
+      return preAttention(m, block, cpu(x), cpu(tproj), cos, sin);
     },
     async attention({ q, k, v }, keyBias) {
       const valid = keyBias.findIndex((b) => b !== 0);
@@ -42,10 +73,10 @@ export function referenceStages(m: WanModel): StageRunner {
       return attention(q, k, v, headDim, width, valid < 0 ? undefined : valid);
     },
     async postAttention(block, x, o, tproj, context) {
-      return postAttention(m, block, x, o, { temb: new Float32Array(0), tproj, context });
+      return postAttention(m, block, cpu(x), o, { temb: new Float32Array(0), tproj: cpu(tproj), context: cpu(context) });
     },
     async head(x, temb) {
-      return head(m, x, temb);
+      return head(m, cpu(x), cpu(temb));
     },
   };
 }

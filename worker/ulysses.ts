@@ -3,7 +3,7 @@ import type { DType } from '../core/protocol.ts';
 import { patchify, ropeTables, tokenGrid, unpatchify, type TokenGrid } from '../core/model/tokens.ts';
 import { gatherRows, keyPaddingBias, planUlysses, scatterRows, tokenStart, type UlyssesPlan } from '../core/parallel.ts';
 import { concat, setCols, sliceCols, type Tensor } from '../core/tensor.ts';
-import type { StageRunner } from './stages.ts';
+import type { Activation, DeviceStageRunner, DeviceTensor } from './stages.ts';
 
 /** Identifies one exchange of a job: which forward pass, which block, which phase. */
 export interface ExchangeTag {
@@ -19,6 +19,8 @@ export const enum ExchangePhase {
   QKV = 0,
   /** attention output of the receiver's tokens for the sender's heads */
   Output = 1,
+  /** a timed all-to-all of fixed size at placement (worker/mesh-probe.ts), no model data */
+  Probe = 2,
 }
 
 /**
@@ -43,57 +45,93 @@ export interface ForwardInput {
   tag: Omit<ExchangeTag, 'block' | 'phase'>;
 }
 
-/** Time a rank spent computing and waiting for peers during one forward pass. */
-export interface RankTiming {
+/** What one forward pass of a rank cost: time computing and waiting, bytes between device and CPU. */
+export interface RankStats {
   computeMs: number;
   commMs: number;
+  /** bytes of stage outputs that came to the CPU side (on WebGPU: read back from GPU buffers) */
+  bytesDownloaded: number;
+  /** bytes of stage outputs that stayed on the device for this rank's next stages */
+  bytesKept: number;
+  /** device tensors the runner still keeps after the pass released its own: 0 unless passes overlap */
+  deviceTensorsLeft: number;
 }
+
+export const noStats = (): RankStats => ({ computeMs: 0, commMs: 0, bytesDownloaded: 0, bytesKept: 0, deviceTensorsLeft: 0 });
 
 /**
  * One rank's share of a DiT forward pass under Ulysses sequence parallelism: per block, q/k/v for
  * the local tokens of all heads → all-to-all → attention over all tokens for the local heads →
  * all-to-all back → the rest of the block on the local tokens. Returns proj_out rows [Sl, ·].
+ * The residual stream and the conditioning never leave the rank, so on a device runner they stay
+ * device tensors; each is released once nothing reads it, and all are when the pass fails.
  */
 export async function forwardRank(
   cfg: WanConfig,
   plan: UlyssesPlan,
-  stages: StageRunner,
+  stages: DeviceStageRunner,
   exchange: Exchange,
   input: ForwardInput,
-  timing: RankTiming = { computeMs: 0, commMs: 0 },
+  stats: RankStats = noStats(),
 ): Promise<Float32Array> {
   const { dim: D } = cfg;
   const { localTokens: Sl, headWidth: W, degree: P } = plan;
   const now = () => performance.now();
-  const timed = async <T>(kind: keyof RankTiming, work: Promise<T>): Promise<T> => {
+  const timed = async <T>(kind: 'computeMs' | 'commMs', work: Promise<T>): Promise<T> => {
     const start = now();
     try {
       return await work;
     } finally {
-      timing[kind] += now() - start;
+      stats[kind] += now() - start;
     }
+  };
+  const held = new Set<DeviceTensor>();
+  const arrived = <A extends Activation>(a: A): A => {
+    if (a instanceof Float32Array) stats.bytesDownloaded += a.byteLength;
+    else {
+      stats.bytesKept += 4 * a.floats;
+      held.add(a);
+    }
+    return a;
+  };
+  const release = async (done: Activation[]) => {
+    const tensors = done.filter((a): a is DeviceTensor => !(a instanceof Float32Array));
+    tensors.forEach((t) => held.delete(t));
+    if (tensors.length && stages.release) stats.deviceTensorsLeft = await stages.release(tensors);
   };
 
   const { cos, sin } = ropeTables(cfg, input.grid, tokenStart(plan, exchange.rank), Sl);
   const keyBias = keyPaddingBias(plan);
-  const { x: x0, temb, tproj, context } = await timed('computeMs', stages.embed(input.patches, input.timestep, input.text));
-  let x = x0;
-  for (let block = 0; block < cfg.numLayers; block++) {
-    const { q, k, v } = await timed('computeMs', stages.preAttention(block, x, tproj, cos, sin));
-    // one combined message per peer: its heads' q, k, v for my tokens, [3, Sl, W]
-    const outgoing = Array.from({ length: P }, (_, j) => concat([q, k, v].map((m) => sliceCols(m, D, j * W, W))));
-    const incoming = await timed('commMs', exchange.allToAll({ ...input.tag, block, phase: ExchangePhase.QKV }, outgoing));
-    // my heads for all tokens: rank j's slice fills rows [j·Sl, (j+1)·Sl)
-    const full = [0, 1, 2].map((which) => concat(incoming.map((part) => part.subarray(which * Sl * W, (which + 1) * Sl * W))));
-    const o = await timed('computeMs', stages.attention({ q: full[0], k: full[1], v: full[2] }, keyBias)); // [S_pad, W]
+  try {
+    const embedded = await timed('computeMs', stages.embed(input.patches, input.timestep, input.text));
+    const { temb, tproj, context } = embedded;
+    let x = embedded.x;
+    [x, temb, tproj, context].forEach(arrived);
+    for (let block = 0; block < cfg.numLayers; block++) {
+      const { q, k, v } = await timed('computeMs', stages.preAttention(block, x, tproj, cos, sin));
+      [q, k, v].forEach(arrived);
+      // one combined message per peer: its heads' q, k, v for my tokens, [3, Sl, W]
+      const outgoing = Array.from({ length: P }, (_, j) => concat([q, k, v].map((m) => sliceCols(m, D, j * W, W))));
+      const incoming = await timed('commMs', exchange.allToAll({ ...input.tag, block, phase: ExchangePhase.QKV }, outgoing));
+      // my heads for all tokens: rank j's slice fills rows [j·Sl, (j+1)·Sl)
+      const full = [0, 1, 2].map((which) => concat(incoming.map((part) => part.subarray(which * Sl * W, (which + 1) * Sl * W))));
+      const o = arrived(await timed('computeMs', stages.attention({ q: full[0], k: full[1], v: full[2] }, keyBias))); // [S_pad, W]
 
-    const back = Array.from({ length: P }, (_, j) => o.slice(j * Sl * W, (j + 1) * Sl * W));
-    const returned = await timed('commMs', exchange.allToAll({ ...input.tag, block, phase: ExchangePhase.Output }, back));
-    const attn = new Float32Array(Sl * D); // [Sl, D]: rank j's heads fill columns [j·W, (j+1)·W)
-    returned.forEach((part, j) => setCols(attn, D, j * W, part, W));
-    x = await timed('computeMs', stages.postAttention(block, x, attn, tproj, context));
+      const back = Array.from({ length: P }, (_, j) => o.slice(j * Sl * W, (j + 1) * Sl * W));
+      const returned = await timed('commMs', exchange.allToAll({ ...input.tag, block, phase: ExchangePhase.Output }, back));
+      const attn = new Float32Array(Sl * D); // [Sl, D]: rank j's heads fill columns [j·W, (j+1)·W)
+      returned.forEach((part, j) => setCols(attn, D, j * W, part, W));
+      const next = arrived(await timed('computeMs', stages.postAttention(block, x, attn, tproj, context)));
+      await timed('computeMs', release([x]));
+      x = next;
+    }
+    const rows = arrived(await timed('computeMs', stages.head(x, temb)));
+    await timed('computeMs', release([...held]));
+    return rows;
+  } catch (error) {
+    await release([...held]).catch(() => {}); // the pass's own error says more than a failed cleanup
+    throw error;
   }
-  return timed('computeMs', stages.head(x, temb));
 }
 
 /**
@@ -102,7 +140,7 @@ export async function forwardRank(
  */
 export async function forwardInProcess(
   cfg: WanConfig,
-  stages: StageRunner,
+  stages: DeviceStageRunner,
   exchanges: Exchange[],
   latent: Tensor,
   timestep: number,

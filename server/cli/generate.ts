@@ -5,7 +5,7 @@
  *   npm run generate -- --prompt "a red ball" [--backend local|swarm] [--workers N] [--ep auto|webgpu|wasm]
  *     [--frames F --height H --width W --steps K --guidance G --seed S]
  *     [--out out/video.webm] [--report out/report.json] [--latent-out out/latent.f32]
- *     [--drop-worker RANK@STEP] [--crash-worker RANK@STEP] [--force-relay]
+ *     [--drop-worker RANK@STEP] [--crash-worker RANK@STEP] [--force-relay] [--cfg-parallel]
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { cpus, totalmem } from 'node:os';
@@ -19,6 +19,7 @@ const USAGE = `usage: npm run generate -- --prompt "a red ball" [--backend local
   [--out out/video.webm] [--report out/report.json] [--latent-out out/latent.f32] [--port P] [--verbose]
   [--drop-worker RANK@STEP] [--crash-worker RANK@STEP]   close (or crash) that rank's tab when step STEP (from 1) starts
   [--fp16]   send activations between ranks as float16 (half the bytes, not bit-exact)
+  [--cfg-parallel]   conditional and unconditional passes at once on two groups of N/2 workers (N even; guidance ≠ 1)
   [--force-relay]   send every link through the server's relay instead of WebRTC data channels (networks that block UDP; tests)`;
 
 function fail(message: string): never {
@@ -36,6 +37,7 @@ try {
       workers: { type: 'string', default: '1' },
       ep: { type: 'string', default: 'auto' },
       fp16: { type: 'boolean', default: false },
+      'cfg-parallel': { type: 'boolean', default: false },
       'drop-worker': { type: 'string' },
       'crash-worker': { type: 'string' },
       'force-relay': { type: 'boolean', default: false },
@@ -66,6 +68,8 @@ if (values.backend !== 'local' && values.backend !== 'swarm') fail(`--backend mu
 if (!['auto', 'webgpu', 'wasm'].includes(values.ep!)) fail(`--ep must be auto, webgpu or wasm, got ${values.ep}`);
 const workers = Number(values.workers);
 if (!Number.isInteger(workers) || workers < 1) fail(`--workers must be a whole number ≥ 1, got ${values.workers}`);
+const cfgParallel = values['cfg-parallel']!;
+if (cfgParallel && (values.backend !== 'swarm' || workers % 2)) fail(`--cfg-parallel runs two equal groups of worker tabs: it needs --backend swarm and an even --workers, got ${values.backend} with ${workers}`);
 
 /** --drop-worker / --crash-worker: which rank's tab to close or crash, when its step starts. */
 const harm = (['drop-worker', 'crash-worker'] as const).flatMap((flag) => {
@@ -126,7 +130,8 @@ try {
     async ({ overrides }) => {
       return (window as any).ditswarm.generate(overrides);
     },
-    { overrides: { ...params, backend: values.backend, workers: values.backend === 'swarm' ? workers : 1, ep: values.ep, dtype: values.fp16 ? 'f16' : 'f32' } },
+    // with CFG parallel the degree is that of each of the two groups
+    { overrides: { ...params, backend: values.backend, workers: values.backend === 'swarm' ? workers / (cfgParallel ? 2 : 1) : 1, ep: values.ep, dtype: values.fp16 ? 'f16' : 'f32', cfgParallel } },
   );
   if (tty) process.stderr.write('\n');
   const injected = harm.map((h) => {

@@ -29,6 +29,9 @@ test.describe.serial('Ulysses over worker tabs', () => {
         const diff = maxAbsDiff(run.latent, single.latent);
         console.log(`${name}: P=${P} max-abs vs P=1 ${diff.toExponential(2)}, step ms ${run.report.steps.map((s: any) => s.ms.toFixed(0)).join('/')}`);
         expect(diff, `P=${P}`).toBeLessThanOrEqual(1e-4);
+        // each new placement timed its mesh before the first step; those bytes are not the job's
+        expect(run.report.meshProbe.ranks, `P=${P} mesh probe`).toHaveLength(P);
+        expect(run.report.meshProbe.link.bandwidth).toBeGreaterThan(0);
         // two forward passes per step (guidance), each sending 4·ceil(S/P)·D·(P−1)/P floats per block
         const perPass = 4 * Math.ceil(tokens / P) * DIM * ((P - 1) / P) * 4 * LAYERS;
         for (const step of run.report.steps) {
@@ -36,6 +39,10 @@ test.describe.serial('Ulysses over worker tabs', () => {
           for (const rank of step.ranks) expect(rank.bytesSent, `P=${P} rank ${rank.rank}`).toBe(2 * perPass);
         }
       }
+      // 'auto' plans with the rank-to-rank link the last mesh probe measured, not the coordinator's
+      const auto = await runJob(swarm.dashboard, { ...job, workers: 'auto' });
+      console.log(`${name}: auto chose ${auto.report.plan.degree} (${auto.report.plan.by}), predicted ${auto.report.plan.predictedStepMs?.toFixed(0)} ms/step`);
+      expect(auto.report.plan.link.from).toBe('mesh probe');
     });
   }
 });

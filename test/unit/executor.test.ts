@@ -236,9 +236,9 @@ describe.each<Transport>(['direct', 'rpc'])('Executor over %s calls', (transport
     const error = await rejection(executor.collectiveRpc('eval', { args: { code: 'process.exit()' } }));
     expect(error).toBeInstanceOf(WorkerError);
     expect((error as WorkerError).remoteMessage).toBe(
-      'unknown worker method "eval"; a worker runs only: describe, probe, initWorker, loadModel, prepareJob, executeModel, ping, shutdown',
+      'unknown worker method "eval"; a worker runs only: describe, probe, initWorker, loadModel, prepareJob, probeMesh, executeModel, ping, shutdown',
     );
-    expect(WORKER_METHODS).toHaveLength(8);
+    expect(WORKER_METHODS).toHaveLength(9);
   });
 
   it('executeModel over P = 1 and P = 3 gives the same output, and each rank sends 4·ceil(S/P)·D·(P−1)/P·4 bytes per block', async () => {

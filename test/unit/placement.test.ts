@@ -1,5 +1,5 @@
 import { beforeAll, describe, expect, it } from 'vitest';
-import type { ExecutorOptions } from '../../coordinator/executor.ts';
+import { WorkerError, type ExecutorOptions } from '../../coordinator/executor.ts';
 import { Swarm, type SwarmEvent, type SwarmWorker } from '../../coordinator/swarm.ts';
 import { SwarmExecutor } from '../../coordinator/swarm-executor.ts';
 import { parseWanConfig, type WanConfig } from '../../core/model/config.ts';
@@ -42,6 +42,7 @@ function testSwarm() {
           if (method === 'loadModel') return { ep: 'wasm', adapter: 'stub', loadMs: 0 };
           return 'bye';
         },
+        failAll() {},
       };
       const worker: FakeWorker = {
         id,
@@ -181,6 +182,63 @@ describe('SwarmExecutor placement', () => {
     expect(failures).toEqual([]);
     leave(workers[1]);
     expect(failures).toEqual(['rank 1 (worker w1) is lost: test']);
+  });
+
+  it('CFG parallel places two groups of P on 2P different workers, each group its own mesh with its own session', async () => {
+    const { swarm, join } = testSwarm();
+    const workers = join(5);
+    const executor = executorOn(swarm, { ulyssesDegree: 2, cfgParallel: true });
+    await executor.initialize();
+    expect(executor.world).toBe(4);
+    expect(executor.groupSize).toBe(2);
+    expect([executor.groupRanks(0), executor.groupRanks(1)]).toEqual([[0, 1], [2, 3]]);
+    const ids = executor.workers.map((w) => w.id);
+    expect(ids).toEqual(['w0', 'w1', 'w2', 'w3']);
+    expect(new Set(ids).size).toBe(4); // no worker in both groups
+    const inits = workers.slice(0, 4).map((w) => w.calls[0].args as InitArgs);
+    expect(inits.map((i) => [i.rank, i.world, i.peers])).toEqual([
+      [0, 2, ['w0', 'w1']],
+      [1, 2, ['w0', 'w1']],
+      [0, 2, ['w2', 'w3']],
+      [1, 2, ['w2', 'w3']],
+    ]);
+    expect(inits[0].session).toBe(inits[1].session);
+    expect(inits[2].session).toBe(inits[3].session);
+    expect(inits[0].session).not.toBe(inits[2].session);
+    expect(workers[4].calls).toEqual([]);
+    expect(swarm.workers().map((w) => w.activity)).toEqual([
+      'rank 0 of 4 (conditional group)',
+      'rank 1 of 4 (conditional group)',
+      'rank 2 of 4 (unconditional group)',
+      'rank 3 of 4 (unconditional group)',
+      'idle',
+    ]);
+    // the mesh links are those within a group; the groups meet only at the coordinator
+    expect(executor.linkReport().filter((l) => l.from !== 'coordinator').map((l) => [l.from, l.to])).toEqual([[1, 0], [3, 2]]);
+  });
+
+  it('CFG parallel "auto" takes the largest valid degree half the live workers allow; too few workers is an error saying 2P are needed', async () => {
+    for (const [live, degree] of [[2, 1], [5, 2], [7, 3], [9, 4]]) {
+      const { swarm, join } = testSwarm();
+      join(live);
+      const executor = executorOn(swarm, { ulyssesDegree: 'auto', cfgParallel: true });
+      await executor.initialize();
+      expect([executor.groupSize, executor.world], `${live} live`).toEqual([degree, 2 * degree]);
+    }
+    const { swarm, join } = testSwarm();
+    join(3);
+    const error = await rejection(executorOn(swarm, { ulyssesDegree: 2, cfgParallel: true }).initialize());
+    expect(error.message).toMatch(/^3 workers joined within .* but 4 are needed/);
+  });
+
+  it('a rank that names a lost mesh peer names it in its own group: with CFG parallel that is a rank of the second group', async () => {
+    const { swarm, join } = testSwarm();
+    join(4);
+    const executor = executorOn(swarm, { ulyssesDegree: 2, cfgParallel: true });
+    await executor.initialize();
+    const lost = await executor.lostRanks(new WorkerError(3, 'executeModel', 'rank 0 is gone'));
+    expect(lost.map((l) => [l.rank, l.worker])).toEqual([[2, 'w2']]);
+    expect(swarm.workers().map((w) => w.id)).toEqual(['w0', 'w1', 'w3']);
   });
 
   it('after shutdown the ranks are idle again and their leaving is no longer a failure', async () => {

@@ -1,14 +1,14 @@
 import { beforeAll, describe, expect, it } from 'vitest';
 import { referenceForward, type WanModel } from '../../core/model/reference.ts';
-import { tokenGrid } from '../../core/model/tokens.ts';
+import { patchify, tokenGrid } from '../../core/model/tokens.ts';
 import { loadTransformer } from '../../core/model/transformer.ts';
 import { exchangeFloatsPerBlock, planUlysses } from '../../core/parallel.ts';
 import { SeededRandom } from '../../core/random.ts';
 import { maxAbsDiff, type Tensor } from '../../core/tensor.ts';
 import { memoryExchanges } from '../../worker/memory-exchange.ts';
 import { onnxStages } from '../../worker/onnx-stages.ts';
-import type { StageRunner } from '../../worker/stages.ts';
-import { forwardInProcess } from '../../worker/ulysses.ts';
+import { hostValues, type Activation, type DeviceStageRunner, type DeviceTensor, type StageRunner } from '../../worker/stages.ts';
+import { forwardInProcess, forwardRank, noStats, type Exchange } from '../../worker/ulysses.ts';
 import { tinyModelFiles } from './fixtures.ts';
 
 /** Ulysses over the in-memory transport: P ranks give the single-rank result. */
@@ -85,5 +85,80 @@ describe('fp16 activation transport', () => {
     expect(half.bytes / full.bytes).toBe(0.5);
     expect(diff).toBeLessThanOrEqual(1e-3);
     expect(diff).toBeGreaterThan(0); // the rounding is real
+  });
+});
+
+/**
+ * A stand-in for the WebGPU runner: the outputs that stay in a rank (embed's, post-attention's)
+ * become device tensors held in a map, as onnxStages holds GPU buffers.
+ */
+function deviceResident(inner: StageRunner): { runner: Required<DeviceStageRunner>; kept: Map<number, Float32Array> } {
+  const kept = new Map<number, Float32Array>();
+  let id = 0;
+  const keep = (a: Activation): DeviceTensor => {
+    kept.set(++id, hostValues(a));
+    return { deviceTensor: id, floats: kept.get(id)!.length };
+  };
+  const read = (a: Activation): Float32Array => {
+    if (a instanceof Float32Array) throw new Error('a rank-local activation came as CPU data to a device runner');
+    const values = kept.get(a.deviceTensor);
+    if (!values) throw new Error(`device tensor ${a.deviceTensor} used after release`);
+    return values;
+  };
+  const runner: Required<DeviceStageRunner> = {
+    async embed(patches, timestep, text) {
+      const e = await inner.embed(patches, timestep, text);
+      return { x: keep(e.x), temb: keep(e.temb), tproj: keep(e.tproj), context: keep(e.context) };
+    },
+    preAttention: (block, x, tproj, cos, sin) => inner.preAttention(block, read(x), read(tproj), cos, sin),
+    attention: (qkv, bias) => inner.attention(qkv, bias),
+    postAttention: async (block, x, o, tproj, context) => keep(await inner.postAttention(block, read(x), o, read(tproj), read(context))),
+    head: (x, temb) => inner.head(read(x), read(temb)),
+    async release(tensors) {
+      for (const t of tensors) if (!kept.delete(t.deviceTensor)) throw new Error(`device tensor ${t.deviceTensor} released twice`);
+      return kept.size;
+    },
+  };
+  return { runner, kept };
+}
+
+describe('device-resident activations (the WebGPU path, in memory)', () => {
+  const latent = latents['padded (35 tokens)'];
+
+  it('give the CPU result exactly, download only what is exchanged or returned, and release every device tensor', async () => {
+    const { runner, kept } = deviceResident(onnx);
+    const single = await forwardInProcess(m.config, onnx, memoryExchanges(1), latent, 500, text);
+    for (const P of [1, 3]) {
+      expect(maxAbsDiff((await forwardInProcess(m.config, runner, memoryExchanges(P), latent, 500, text)).data, single.data), `P=${P}`).toBeLessThan(1e-4);
+      expect(kept.size, `P=${P}: device tensors left`).toBe(0);
+    }
+
+    // one rank alone: x, temb, tproj, context and each block's x stay; q/k/v, o and rows come down
+    const { dim: D, numLayers, textDim } = m.config;
+    const grid = tokenGrid(m.config, latent.shape);
+    const plan = planUlysses(m.config, grid.count, 1);
+    const patches = patchify(m.config, latent).data;
+    const stats = noStats();
+    await forwardRank(m.config, plan, runner, memoryExchanges(1)[0], { patches, timestep: 500, text, grid, tag: { job: 0, step: 0, pass: 0 } }, stats);
+    const L = text.length / textDim;
+    expect(stats.bytesKept).toBe(4 * ((1 + numLayers) * 35 * D + D + 6 * D + L * D));
+    expect(stats.bytesDownloaded).toBe(4 * (4 * 35 * D * numLayers + patches.length));
+    expect(stats.deviceTensorsLeft).toBe(0);
+  });
+
+  it('are released when a pass fails between blocks', async () => {
+    const { runner, kept } = deviceResident(onnx);
+    const [exchange] = memoryExchanges(1);
+    const failing: Exchange = {
+      ...exchange,
+      async allToAll(tag, parts) {
+        if (tag.block === 1) throw new Error('peer lost');
+        return parts;
+      },
+    };
+    const grid = tokenGrid(m.config, latent.shape);
+    const input = { patches: patchify(m.config, latent).data, timestep: 500, text, grid, tag: { job: 0, step: 0, pass: 0 } };
+    await expect(forwardRank(m.config, planUlysses(m.config, grid.count, 1), runner, failing, input)).rejects.toThrow('peer lost');
+    expect(kept.size).toBe(0);
   });
 });

@@ -1,0 +1,139 @@
+import { beforeAll, describe, expect, it } from 'vitest';
+import { Executor, withTimeout, type ExecutorOptions } from '../../coordinator/executor.ts';
+import { denoiserVelocity, jobLayout } from '../../coordinator/pipeline.ts';
+import type { WanModel } from '../../core/model/reference.ts';
+import { loadTransformer } from '../../core/model/transformer.ts';
+import { SeededRandom } from '../../core/random.ts';
+import { eulerStep, flowMatchSchedule, initialNoise } from '../../core/scheduler.ts';
+import { maxAbsDiff, type Tensor } from '../../core/tensor.ts';
+import type { EngineApi } from '../../worker/engine.ts';
+import { memoryExchanges } from '../../worker/memory-exchange.ts';
+import { onnxStages } from '../../worker/onnx-stages.ts';
+import type { Exchange } from '../../worker/ulysses.ts';
+import { WorkerRuntime, type InitArgs } from '../../worker/runtime.ts';
+import { tinyModelFiles } from './fixtures.ts';
+
+/**
+ * CFG parallel: the conditional pass on ranks [0, P), the unconditional one on ranks [P, 2P), each
+ * group its own Ulysses mesh, both passes of a step at once. The ranks are WorkerRuntimes in this
+ * process; a mesh is the in-memory all-to-all of the ranks that share an initWorker session.
+ */
+class InProcessExecutor extends Executor {
+  /** [rank, 'start' | 'end'] of every executeModel, in the order they happened */
+  readonly timeline: [number, 'start' | 'end'][] = [];
+  private runtimes: WorkerRuntime[] = [];
+
+  constructor(
+    options: ExecutorOptions,
+    private readonly ranks: number,
+    private readonly engine: EngineApi,
+  ) {
+    super(options);
+  }
+
+  protected async place(): Promise<string[]> {
+    const meshes = new Map<string, Exchange[]>();
+    const meshOf = (init: InitArgs) => meshes.get(init.session) ?? meshes.set(init.session, memoryExchanges(init.world)).get(init.session)!;
+    this.runtimes = Array.from(
+      { length: this.ranks },
+      (_, rank) =>
+        new WorkerRuntime(this.engine, {
+          connectMesh: async (init) => meshOf(init)[init.rank],
+          describe: async () => ({ ep: 'wasm', adapter: 'test', threads: 1, memoryGiB: null, userAgent: `in-process rank ${rank}` }),
+        }),
+    );
+    return this.runtimes.map((_, r) => `rank-${r}`);
+  }
+
+  protected async callRank(rank: number, method: string, args: unknown, timeoutMs: number): Promise<unknown> {
+    if (method === 'executeModel') this.timeline.push([rank, 'start']);
+    const reply = await withTimeout(this.runtimes[rank].dispatch(method, args), method, timeoutMs);
+    if (method === 'executeModel') this.timeline.push([rank, 'end']);
+    return reply;
+  }
+
+  protected closeTransport(): void {}
+}
+
+let model: WanModel;
+let engine: EngineApi;
+const random = new SeededRandom(11);
+let texts: Float32Array[];
+const shape = [16, 1, 14, 10]; // 35 tokens: P = 2 pads one
+const GUIDANCE = 5;
+const STEPS = 3;
+
+beforeAll(async () => {
+  model = await loadTransformer(tinyModelFiles);
+  const stages = await onnxStages(model, 'wasm');
+  engine = { ...stages, load: async () => ({ ep: 'wasm', adapter: 'test', config: model.config, loadMs: 0 }), probe: async () => ({ ep: 'wasm', flops: 1e9 }) } as EngineApi;
+  texts = [random.normals(16 * model.config.textDim), random.normals(16 * model.config.textDim)];
+});
+
+/** The sampler of the pipeline, on `executor`: the final latent and each step's rank reports. */
+async function sample(ulyssesDegree: number, cfgParallel: boolean) {
+  const executor = new InProcessExecutor({ config: model.config, modelUrl: '/models/tiny-wan', rpcTimeoutMs: 30_000, ulyssesDegree, cfgParallel }, ulyssesDegree * (cfgParallel ? 2 : 1), engine);
+  await executor.initialize();
+  await executor.prepareJob(1, texts, shape);
+  const schedule = flowMatchSchedule(STEPS, 3);
+  let latent: Tensor = initialNoise(shape, 7);
+  const reports = [];
+  for (let step = 0; step < STEPS; step++) {
+    const { velocity, ranks } = await denoiserVelocity(executor, { job: 1, step, timestep: schedule.timesteps[step], latent }, GUIDANCE, true);
+    latent = { shape, data: eulerStep(latent.data, velocity, schedule.sigmas[step], schedule.sigmas[step + 1]) };
+    reports.push(ranks);
+  }
+  await executor.shutdown({ graceMs: 1_000 });
+  return { latent: latent.data, reports, executor };
+}
+
+describe('CFG parallel over in-process ranks', () => {
+  let single: Awaited<ReturnType<typeof sample>>;
+  beforeAll(async () => {
+    single = await sample(1, false);
+  });
+
+  for (const P of [1, 2]) {
+    it(`two groups of P = ${P} give the 1-worker latent within 1e-4, each rank running one pass per step, both passes at once`, async () => {
+      const run = await sample(P, true);
+      const diff = maxAbsDiff(run.latent, single.latent);
+      console.log(`CFG parallel 2×${P}: max-abs vs 1 worker ${diff.toExponential(2)} over ${STEPS} steps`);
+      expect(diff).toBeLessThanOrEqual(1e-4);
+      expect(run.executor.world).toBe(2 * P);
+      expect(run.executor.groupSize).toBe(P);
+      for (const ranks of run.reports) expect(ranks.map((r) => [r.rank, r.worker])).toEqual(Array.from({ length: 2 * P }, (_, r) => [r, `rank-${r}`]));
+      // one executeModel per rank per step, and the unconditional group starts before the conditional one ends
+      const starts = run.executor.timeline.filter(([, what]) => what === 'start').map(([rank]) => rank);
+      expect(starts.sort((a, b) => a - b)).toEqual(Array.from({ length: 2 * P }, (_, r) => Array(STEPS).fill(r)).flat());
+      const firstEnd = run.executor.timeline.findIndex(([, what]) => what === 'end');
+      expect(run.executor.timeline.slice(0, firstEnd).map(([rank]) => rank).sort((a, b) => a - b)).toEqual(Array.from({ length: 2 * P }, (_, r) => r));
+    });
+  }
+
+  it('a rank of a CFG-parallel group sends the bytes of one Ulysses pass per step, half of plain Ulysses at the same degree', async () => {
+    const cfg = await sample(2, true);
+    const plain = await sample(2, false);
+    const perPass = 4 * Math.ceil(35 / 2) * model.config.dim * (1 / 2) * 4 * model.config.numLayers;
+    for (const ranks of cfg.reports) expect(ranks.map((r) => r.bytesSent)).toEqual([perPass, perPass, perPass, perPass]);
+    for (const ranks of plain.reports) expect(ranks.map((r) => r.bytesSent)).toEqual([2 * perPass, 2 * perPass]);
+    expect(maxAbsDiff(cfg.latent, plain.latent)).toBeLessThanOrEqual(1e-4);
+  });
+});
+
+describe('CFG parallel layout of a job', () => {
+  it('a job without guidance (guidance 1) falls back to plain Ulysses and says why', () => {
+    const layout = jobLayout({ ulyssesDegree: 2, cfgParallel: true }, false, null);
+    expect(layout).toMatchObject({ ulyssesDegree: 2, cfgParallel: false });
+    expect(layout.cfgFallback).toMatch(/^no CFG parallel: guidance 1 means one forward pass per step/);
+    const planned = jobLayout({ ulyssesDegree: 'auto', cfgParallel: true }, false, { degree: 4, cfgParallel: false, by: 'cost model', link: { bandwidth: 1e6, latency: 0, from: 'coordinator links' }, predictedStepMs: 1, oneWorkerStepMs: 2 });
+    expect(planned).toMatchObject({ ulyssesDegree: 4, cfgParallel: false });
+    expect(planned.cfgFallback).toMatch(/guidance 1/);
+  });
+
+  it('with guidance, CFG parallel runs when asked or when the planner chose it, and not otherwise', () => {
+    expect(jobLayout({ ulyssesDegree: 2, cfgParallel: true }, true, null)).toEqual({ ulyssesDegree: 2, cfgParallel: true, cfgFallback: null });
+    expect(jobLayout({ ulyssesDegree: 2 }, true, null)).toEqual({ ulyssesDegree: 2, cfgParallel: false, cfgFallback: null });
+    const plan = { degree: 1, cfgParallel: true, by: 'cost model', link: { bandwidth: 1e6, latency: 0, from: 'coordinator links' as const }, predictedStepMs: 1, oneWorkerStepMs: 2 };
+    expect(jobLayout({ ulyssesDegree: 'auto' }, true, plan)).toEqual({ ulyssesDegree: 1, cfgParallel: true, cfgFallback: null });
+  });
+});

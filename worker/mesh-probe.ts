@@ -1,0 +1,49 @@
+import { fitLink, type LinkSpeed } from '../core/cost-model.ts';
+import { BYTES_PER_ELEMENT } from '../core/protocol.ts';
+import { ExchangePhase, type Exchange } from './ulysses.ts';
+
+/**
+ * How fast this rank's all-to-all is, measured on the job's own mesh before its first step: two
+ * exchanges of one float per peer (the latency; the faster counts) and one of PROBE_FLOATS per
+ * peer (latency + bytes). Every rank sends to every other at once, as in a Ulysses exchange, so
+ * the fit is the bandwidth a rank actually gets while all links are busy.
+ */
+export const PROBE_FLOATS = [1, 1, 128 * 1024] as const;
+
+export interface MeshProbe {
+  rank: number;
+  /** bytes this rank sent to each peer in the large exchange */
+  bytesPerPeer: number;
+  /** bytes this rank sent in a small exchange / in the large one, all peers together */
+  smallBytes: number;
+  bytesSent: number;
+  smallMs: number;
+  largeMs: number;
+}
+
+export async function probeMesh(exchange: Exchange, job: number): Promise<MeshProbe> {
+  const times: number[] = [];
+  for (const [step, floats] of PROBE_FLOATS.entries()) {
+    const parts = Array.from({ length: exchange.world }, () => new Float32Array(floats));
+    const start = performance.now();
+    await exchange.allToAll({ job, step, pass: 0, block: 0, phase: ExchangePhase.Probe }, parts);
+    times.push(performance.now() - start);
+  }
+  const bytes = BYTES_PER_ELEMENT[exchange.dtype];
+  return {
+    rank: exchange.rank,
+    bytesPerPeer: PROBE_FLOATS[2] * bytes,
+    smallBytes: PROBE_FLOATS[0] * bytes * (exchange.world - 1),
+    bytesSent: PROBE_FLOATS[2] * bytes * (exchange.world - 1),
+    smallMs: Math.min(times[0], times[1]),
+    largeMs: times[2],
+  };
+}
+
+/** The link a rank sees in its exchanges: the bytes it sends per second while all links are busy, and the fixed cost of one exchange. */
+export function fitMeshProbe(probe: MeshProbe): LinkSpeed {
+  return fitLink([
+    { bytes: probe.smallBytes, seconds: probe.smallMs / 1000 },
+    { bytes: probe.bytesSent, seconds: Math.max(probe.largeMs, probe.smallMs + 0.5) / 1000 },
+  ]);
+}
