@@ -4,7 +4,7 @@
  * sent, speed-up over P = 1, parity with P = 1, and the cost model's prediction next to it.
  * Writes bench/out/scaling.json.
  *
- *   npm run bench -- scaling [--frames 45 --height 512 --width 512 --steps 2 --guidance 1 --degrees 1,2,3 --no-fp16]
+ *   npm run bench -- scaling [--frames 45 --height 512 --width 512 --steps 2 --guidance 1 --degrees 1,2,3 --no-fp16 --no-cfg]
  */
 import { cpus } from 'node:os';
 import { parseArgs } from 'node:util';
@@ -25,10 +25,14 @@ export interface ScalingOptions {
   degrees: number[];
   /** also run the largest degree ≤ 2 with fp16 transport (the `transport: 'f16'` job option) */
   fp16: boolean;
+  /** also compare a guided job on one worker with CFG parallel on two */
+  cfg: boolean;
 }
 
 /** 45 frames at 512×512: 12 latent frames × 32 × 32 = 12,288 tokens. */
-export const DEFAULT_SCALING: ScalingOptions = { frames: 45, height: 512, width: 512, steps: 2, guidance: 1, seed: 42, degrees: [1, 2, 3], fp16: true };
+export const DEFAULT_SCALING: ScalingOptions = { frames: 45, height: 512, width: 512, steps: 2, guidance: 1, seed: 42, degrees: [1, 2, 3], fp16: true, cfg: true };
+/** the CFG-parallel comparison's job: 13 frames at the bench size (4,096 tokens), guided */
+const CFG_JOB = { frames: 13, guidance: 5 } as const;
 
 interface RankReport {
   rank: number;
@@ -99,33 +103,57 @@ export async function runScaling(options: Partial<ScalingOptions> = {}) {
       return { stepMs: p.stepS * 1000, computeMs: p.computeS * 1000, commMs: p.commS * 1000, ioMs: p.ioS * 1000, bytesPerRank: p.bytesPerRank, flopsPerRank: p.flopsPerRank, coreShare: share };
     }
 
-    // fp16 transport, if the app knows the `transport: 'f16'` job option (bytes sent tell)
+    // fp16 activation transport (the job's dtype) at the largest degree ≤ 2, against the fp32 run of that degree
     let fp16: { degree: number; bytesRatio: number | null; maxAbsVsFp32: number | null; maxAbsVsP1: number | null; stepMs: number | null; note: string } | null = null;
     const fp16Degree = Math.max(...measured.filter((d) => d > 1 && d <= 2));
     if (o.fp16 && Number.isFinite(fp16Degree)) {
-      // a one-token job first: does the app know the option at all? (bytes sent tell)
-      const tiny = await generate(fp16Degree, { transport: 'f16', frames: 1, height: 16, width: 16, steps: 1, guidance: 1 }).catch((e: Error) => e);
-      const tinyRatio = tiny instanceof Error ? NaN : sumBytes(tiny.report.steps) / (fp16Degree * forwardBytes(model, 1, fp16Degree, 4));
-      if (!(tinyRatio < 0.75)) {
-        fp16 = { degree: fp16Degree, bytesRatio: null, maxAbsVsFp32: null, maxAbsVsP1: null, stepMs: null, note: `the app does not apply the job option transport: "f16" (${tiny instanceof Error ? tiny.message.split('\n')[0] : `bytes ratio ${tinyRatio.toFixed(3)} on a one-token job`}): fp16 transport has not landed in the automation hook yet` };
-      } else {
-        await waitForQuietMachine();
-        log(`P = ${fp16Degree}, fp16 transport: generating…`);
-        try {
-          const { report, latent } = await generate(fp16Degree, { transport: 'f16' });
-          fp16 = {
-            degree: fp16Degree,
-            bytesRatio: round(sumBytes(report.steps) / sumBytes(runs[fp16Degree].steps), 4),
-            maxAbsVsFp32: maxAbs(latent, latents.get(fp16Degree)!),
-            maxAbsVsP1: maxAbs(latent, reference!),
-            stepMs: report.steps[report.steps.length - 1].ms,
-            note: 'fp16 activation transport (job option transport: "f16") vs the fp32 run of the same degree',
-          };
-        } catch (e) {
-          fp16 = { degree: fp16Degree, bytesRatio: null, maxAbsVsFp32: null, maxAbsVsP1: null, stepMs: null, note: `the fp16 run failed: ${(e as Error).message.split('\n')[0]}` };
-        }
+      await waitForQuietMachine();
+      log(`P = ${fp16Degree}, fp16 transport: generating…`);
+      try {
+        const { report, latent } = await generate(fp16Degree, { dtype: 'f16' });
+        fp16 = {
+          degree: fp16Degree,
+          bytesRatio: round(sumBytes(report.steps) / sumBytes(runs[fp16Degree].steps), 4),
+          maxAbsVsFp32: maxAbs(latent, latents.get(fp16Degree)!),
+          maxAbsVsP1: maxAbs(latent, reference!),
+          stepMs: report.steps[report.steps.length - 1].ms,
+          note: 'fp16 activation transport (job dtype "f16") vs the fp32 run of the same degree',
+        };
+      } catch (e) {
+        fp16 = { degree: fp16Degree, bytesRatio: null, maxAbsVsFp32: null, maxAbsVsP1: null, stepMs: null, note: `the fp16 run failed: ${(e as Error).message.split('\n')[0]}` };
       }
       log(`fp16: ${fp16.note}`);
+    }
+
+    // CFG parallel: a guided job (two passes per step) on one worker vs its passes on two groups of one
+    let cfg: Record<string, unknown> | null = null;
+    if (o.cfg && workerTabs >= 2) {
+      const job = { frames: CFG_JOB.frames, height: o.height, width: o.width, guidance: CFG_JOB.guidance };
+      const cfgWork: Workload = { ...workload, tokens: tokenGrid(model, latentShape(job, model.inChannels)).count, passes: 2 };
+      try {
+        await waitForQuietMachine();
+        log(`CFG parallel: ${cfgWork.tokens} tokens, guidance ${CFG_JOB.guidance}, one worker…`);
+        const one = await generate(1, job);
+        await waitForQuietMachine();
+        log('CFG parallel: two groups of one…');
+        const two = await generate(1, { ...job, cfgParallel: true }); // workers = the Ulysses degree of each group
+        const last = (r: GenerateOut['report']) => r.steps[r.steps.length - 1].ms;
+        const hw: Hardware = { workerFlops: [throughput.flops, throughput.flops], workerSoftmaxRates: [throughput.softmaxRate, throughput.softmaxRate], link: link.fitted, bytesPerElement: 4 };
+        const predicted = (cfgParallel: boolean) => round(predictStep(cfgWork, { ulyssesDegree: 1, cfgParallel }, hw).stepS * 1000, 1);
+        cfg = {
+          tokens: cfgWork.tokens,
+          guidance: CFG_JOB.guidance,
+          oneWorkerStepMs: last(one.report),
+          cfgParallelStepMs: last(two.report),
+          speedup: round(last(one.report) / last(two.report)),
+          parityMaxAbs: maxAbs(two.latent, one.latent),
+          reportSaysCfgParallel: two.report.config.cfgParallel === true,
+          predicted: { oneWorkerStepMs: predicted(false), cfgParallelStepMs: predicted(true) },
+        };
+        log(`CFG parallel: ${JSON.stringify(cfg)}`);
+      } catch (e) {
+        cfg = { failed: (e as Error).message.split('\n')[0] };
+      }
     }
 
     const speedup = Object.fromEntries(o.degrees.filter((d) => d > 1).map((d) => [String(d), runs[d] ? round(runs[1].stepMs / runs[d].stepMs) : null]));
@@ -162,6 +190,7 @@ export async function runScaling(options: Partial<ScalingOptions> = {}) {
       fp16BytesRatio: fp16?.bytesRatio ?? null,
       fp16MaxAbs: fp16?.maxAbsVsFp32 ?? null,
       fp16,
+      cfgParallel: cfg,
       expectedBytesPerRankPerStep: Object.fromEntries(o.degrees.map((d) => [String(d), forwardBytes(model, tokens, d, 4) * workload.passes])),
     };
   } finally {
@@ -227,12 +256,14 @@ export function parseScalingArgs(args: string[]): Partial<ScalingOptions> {
       seed: { type: 'string' },
       degrees: { type: 'string' },
       'no-fp16': { type: 'boolean', default: false },
+      'no-cfg': { type: 'boolean', default: false },
     },
   });
   const out: Partial<ScalingOptions> = {};
   for (const key of ['frames', 'height', 'width', 'steps', 'guidance', 'seed'] as const) if (values[key] !== undefined) out[key] = Number(values[key]);
   if (values.degrees) out.degrees = values.degrees.split(',').map(Number);
   if (values['no-fp16']) out.fp16 = false;
+  if (values['no-cfg']) out.cfg = false;
   if (out.degrees && out.degrees[0] !== 1) throw new Error(`--degrees must start with 1 (the baseline), got ${values.degrees}`);
   return out;
 }
