@@ -7,7 +7,7 @@ import { MOTION, renderClip, SPEED, type ClipSpec } from './world.ts';
  * The demo model's VAE: a fixed, exact, motion-compensated patch transform the transformer can
  * learn in. A latent pixel holds the mean RGB of the four 4×4 quadrants of its 8×8 block, mapped
  * from [0, 1] to [−1, 1] (channel 3·q + rgb, q = 2·row + column of the quadrant), and the clip's
- * motion in pixels per frame over SPEED in channels 12 (x) and 13 (y); 14 and 15 stay zero.
+ * motion (±2 for SPEED pixels per frame) in channels 12 (x) and 13 (y); 14 and 15 stay zero.
  * Every latent frame holds the scene as at frame 0 (a shape that moves rigidly on a plain
  * background is the same picture, moved), so direction is a property of every token, as colour
  * is. The decoder is a PatchVaeDecoder whose weights undo the quadrants and whose motion
@@ -21,6 +21,12 @@ export const QUADRANT = SPATIAL_SCALE / 2;
 export const LATENT_CHANNELS = 16;
 const COLOUR_CHANNELS = 12;
 const MOTION_CHANNELS: [number, number] = [12, 13];
+/**
+ * A moving clip's motion channels hold ±2, not ±1: the flow-matching loss then weighs motion as
+ * much as the colours it shares the latent with, and the same error in the model's output moves
+ * a "still" shape half as far.
+ */
+const MOTION_UNITS = 2;
 
 const quadrantOf = (y: number, x: number) => 2 * Math.floor(y / QUADRANT) + Math.floor(x / QUADRANT);
 
@@ -43,7 +49,8 @@ export const PATCH_VAE_CONFIG: VaeConfig & Record<string, unknown> = {
   scale_factor_temporal: TEMPORAL_SCALE,
   scale_factor_spatial: SPATIAL_SCALE,
   motion_channels: MOTION_CHANNELS,
-  motion_pixels_per_frame: SPEED,
+  motion_pixels_per_frame: SPEED / MOTION_UNITS,
+  motion_limit: MOTION_UNITS,
 };
 
 /** A clip's latent [16, T, H, W]: its frame 0 in every latent frame, its motion in channels 12–13. */
@@ -54,8 +61,9 @@ export function encodeClip(spec: ClipSpec, frames: number, height: number, width
   const latent = new Float32Array(LATENT_CHANNELS * T * plane);
   for (let c = 0; c < COLOUR_CHANNELS; c++) for (let t = 0; t < T; t++) latent.set(first.data.subarray(c * plane, (c + 1) * plane), (c * T + t) * plane);
   const [mx, my] = MOTION[spec.direction];
-  latent.fill((mx * spec.speed) / SPEED, MOTION_CHANNELS[0] * T * plane, (MOTION_CHANNELS[0] + 1) * T * plane);
-  latent.fill((my * spec.speed) / SPEED, MOTION_CHANNELS[1] * T * plane, (MOTION_CHANNELS[1] + 1) * T * plane);
+  const units = (m: number) => (m * spec.speed * MOTION_UNITS) / SPEED;
+  latent.fill(units(mx), MOTION_CHANNELS[0] * T * plane, (MOTION_CHANNELS[0] + 1) * T * plane);
+  latent.fill(units(my), MOTION_CHANNELS[1] * T * plane, (MOTION_CHANNELS[1] + 1) * T * plane);
   return { shape: [LATENT_CHANNELS, T, height / SPATIAL_SCALE, width / SPATIAL_SCALE], data: latent };
 }
 

@@ -10,10 +10,11 @@ import { readJson, readWeights, type ModelFiles } from './files.ts';
  *   PatchVaeDecoder  each latent pixel → its 8×8 RGB block by a fixed linear map, clamped to [0, 1]
  *                    (an exact patch transform with a matching encoder: what the demo model learns in)
  * A PatchVaeDecoder whose config names `motion_channels` is motion-compensated, as a video codec's
- * key frame plus motion vector: every latent frame holds the scene where it was at frame 0, and
- * the mean of the two motion channels over the latent is one motion vector (vx, vy); frame f is
- * its nearest latent frame shifted by f · motion_pixels_per_frame · (vx, vy). Motion is then a
- * property of every token, like colour, instead of a relation between tokens in different frames.
+ * key frame plus motion vector: every latent frame holds the scene where it was at frame 0 (the
+ * key frame is their mean), and the mean of the two motion channels over the latent is one motion
+ * vector (vx, vy); frame f is the key frame moved by f · motion_pixels_per_frame · (vx, vy), what
+ * it uncovers filled with the background (the median of the key frame's border). Motion is then
+ * a property of every token, like colour, instead of a relation between tokens in different frames.
  */
 export interface DecodedVideo {
   count: number;
@@ -48,6 +49,8 @@ export interface VaeConfig {
   motion_channels?: [number, number];
   /** PatchVaeDecoder: pixels per frame of a unit motion vector */
   motion_pixels_per_frame?: number;
+  /** PatchVaeDecoder: the largest motion component the encoder makes; the decoder clamps to it */
+  motion_limit?: number;
 }
 
 /** latent [C, T, H, W] → frames: each latent pixel's 8×8 block is proj.weight [3·8·8, C] · z + proj.bias, clamped. */
@@ -75,7 +78,7 @@ export function decodePatchLatent(weights: TensorMap, latent: Tensor, config: Va
           frames[((o * T + t) * height + y) * width + x] = Math.min(1, Math.max(0, sum));
         }
       }
-  if (config.motion_channels) return moveFrames(frames, T, height, width, motionVector(latent, config.motion_channels), config.motion_pixels_per_frame ?? 1);
+  if (config.motion_channels) return moveFrames(frames, T, height, width, motionVector(latent, config.motion_channels, config.motion_limit ?? Infinity), config.motion_pixels_per_frame ?? 1);
   return blendFrames(T, height, width, (o, t, y, x) => frames[((o * T + t) * height + y) * width + x]);
 }
 
@@ -95,38 +98,47 @@ function blendFrames(T: number, height: number, width: number, at: (o: number, t
 }
 
 /**
- * The mean over the latent of each motion channel, clamped to [−1, 1] as colours are clamped to
+ * The mean over the latent of each motion channel, clamped to ±limit as colours are clamped to
  * what the encoder makes: guidance extrapolates motion as it saturates colours.
  */
-function motionVector(latent: Tensor, [cx, cy]: [number, number]): [number, number] {
+function motionVector(latent: Tensor, [cx, cy]: [number, number], limit: number): [number, number] {
   const [C, T, H, W] = latent.shape;
   if (cx >= C || cy >= C) throw new Error(`vae/config.json: motion_channels [${cx}, ${cy}] outside a latent of ${C} channels`);
   const plane = T * H * W;
-  const mean = (c: number) => Math.min(1, Math.max(-1, latent.data.subarray(c * plane, (c + 1) * plane).reduce((a, v) => a + v, 0) / plane));
+  const mean = (c: number) => Math.min(limit, Math.max(-limit, latent.data.subarray(c * plane, (c + 1) * plane).reduce((a, v) => a + v, 0) / plane));
   return [mean(cx), mean(cy)];
 }
 
-/** Frame f = latent frame round(f/4) moved by f·pixelsPerFrame·(vx, vy), sampled bilinearly, edges extended. */
+/** Frame f = the mean of the decoded latent frames moved by f·pixelsPerFrame·(vx, vy), sampled bilinearly. */
 function moveFrames(frames: Float32Array, T: number, height: number, width: number, [vx, vy]: [number, number], pixelsPerFrame: number): DecodedVideo {
   const count = 1 + TEMPORAL_SCALE * (T - 1);
-  const rgb = new Float32Array(3 * count * height * width);
-  const clamp = (v: number, n: number) => Math.min(n - 1, Math.max(0, v));
+  const plane = height * width;
+  const key = new Float32Array(3 * plane);
+  for (let o = 0; o < 3; o++) for (let t = 0; t < T; t++) for (let p = 0; p < plane; p++) key[o * plane + p] += frames[(o * T + t) * plane + p] / T;
+  // what a moved picture uncovers: the background, the median of the key frame's border
+  const border = (o: number) => {
+    const v: number[] = [];
+    for (let x = 0; x < width; x++) v.push(key[o * plane + x], key[o * plane + (height - 1) * width + x]);
+    for (let y = 1; y < height - 1; y++) v.push(key[o * plane + y * width], key[o * plane + y * width + width - 1]);
+    return v.sort((a, b) => a - b)[v.length >> 1];
+  };
+  const background = [border(0), border(1), border(2)];
+  const rgb = new Float32Array(3 * count * plane);
   for (let f = 0; f < count; f++) {
-    const t = Math.min(T - 1, Math.round(f / TEMPORAL_SCALE));
     const sx = f * pixelsPerFrame * vx;
     const sy = f * pixelsPerFrame * vy;
     for (let y = 0; y < height; y++) {
       const fy = y - sy;
       const y0 = Math.floor(fy);
       const ay = fy - y0;
-      const [ya, yb] = [clamp(y0, height), clamp(y0 + 1, height)];
+      const [ya, yb] = [y0, y0 + 1];
       for (let x = 0; x < width; x++) {
         const fx = x - sx;
         const x0 = Math.floor(fx);
         const ax = fx - x0;
-        const [xa, xb] = [clamp(x0, width), clamp(x0 + 1, width)];
+        const [xa, xb] = [x0, x0 + 1];
         for (let o = 0; o < 3; o++) {
-          const at = (yy: number, xx: number) => frames[((o * T + t) * height + yy) * width + xx];
+          const at = (yy: number, xx: number) => (yy < 0 || yy >= height || xx < 0 || xx >= width ? background[o] : key[o * plane + yy * width + xx]);
           rgb[((o * count + f) * height + y) * width + x] = (1 - ay) * ((1 - ax) * at(ya, xa) + ax * at(ya, xb)) + ay * ((1 - ax) * at(yb, xa) + ax * at(yb, xb));
         }
       }

@@ -14,7 +14,8 @@ import { forwardBatch, initialWan, latentToRows, parametersOf, type TrainableWan
  * Flow-matching training of the tiny Wan transformer (and the text encoder's embeddings) on the
  * procedural world: x_t = (1 − σ)·x0 + σ·ε, the model predicts ε − x0 at timestep 1000·σ, σ drawn
  * as the sampler spaces it (uniform, bent by the flow shift). The prompt is dropped ("") for a
- * tenth of the samples so classifier-free guidance has an unconditional model to push against.
+ * tenth of the samples so classifier-free guidance has an unconditional model to push against,
+ * and its words are spaced at random (spacedPrompt) so they are read wherever they fall.
  */
 export interface TrainOptions {
   config: WanConfig;
@@ -51,6 +52,25 @@ export interface TrainResult {
 export interface Sample {
   latent: Float32Array; // x0 [16, T, H, W]
   prompt: string;
+}
+
+/**
+ * The prompt with 0–3 extra spaces before each word, as far as the text encoder's length allows.
+ * Its tokens are bytes at absolute positions, so in "a red circle moving left" the direction
+ * word starts at a byte that depends on the colour and shape before it: without this, a held-out
+ * combination puts its direction word where the model never read it (the first run learned
+ * colour, at a fixed position, perfectly, and direction at a third of the held-out prompts).
+ */
+export function spacedPrompt(prompt: string, random: SeededRandom, maxBytes: number): string {
+  let budget = Math.max(0, maxBytes - prompt.length);
+  return prompt
+    .split(' ')
+    .map((word) => {
+      const extra = Math.min(budget, Math.floor(random.uniform() * 4));
+      budget -= extra;
+      return ' '.repeat(extra) + word;
+    })
+    .join(' ');
 }
 
 /** One training clip: a seeded layout of a combination, encoded by the patch VAE. */
@@ -92,7 +112,7 @@ export async function trainDemo(gemm: Gemm, o: TrainOptions, onProgress?: (p: Tr
       patches.push(patchify(o.config, { shape, data: xt }).data);
       targets.set(latentToRows(o.config, { shape, data: velocity }, grid), g * size);
       timesteps.push(sigma * 1000);
-      prompts.push(random.uniform() < o.dropPrompt ? '' : prompt);
+      prompts.push(random.uniform() < o.dropPrompt ? '' : spacedPrompt(prompt, random, o.textLength));
     }
     const tape = new Tape(gemm);
     const rows = await forwardBatch(tape, model, { patches: concat(patches), timesteps, prompts, grid });
