@@ -59,6 +59,19 @@ export function runProjection() {
         const fastest = rows.filter((r) => r.linkMBs === linkMBs && r.deviceTFLOPs === deviceTFLOPs && r.transport === transport.name).reduce((a, b) => (b.stepS < a.stepS ? b : a));
         best.push({ linkMBs, deviceTFLOPs, transport: transport.name, bestDegree: fastest.degree, bestStepS: fastest.stepS, oneWorkerStepS: round(one.stepS), worthIt: fastest.degree > 1 });
       }
+  // CFG parallel: the conditional and unconditional passes on two browsers (or two Ulysses pairs);
+  // the only bytes between the groups are one pass's output per step
+  const cfgParallel: { linkMBs: number; deviceTFLOPs: number; transport: string; browsers: number; stepS: number; speedup: number }[] = [];
+  for (const transport of TRANSPORTS)
+    for (const linkMBs of LINKS_MB_S)
+      for (const deviceTFLOPs of DEVICES_TFLOP_S) {
+        const hw: Hardware = { workerFlops: Array(6).fill(deviceTFLOPs * 1e12), link: { bandwidth: linkMBs * 1e6, latency: LATENCY_S }, bytesPerElement: transport.bytesPerElement };
+        const one = predictStep(WORKLOAD, { ulyssesDegree: 1, cfgParallel: false }, { ...hw, coordinatorLink: null });
+        for (const degree of [1, 2]) {
+          const p = predictStep(WORKLOAD, { ulyssesDegree: degree, cfgParallel: true }, hw);
+          cfgParallel.push({ linkMBs, deviceTFLOPs, transport: transport.name, browsers: 2 * degree, stepS: round(p.stepS), speedup: round(one.stepS / p.stepS) });
+        }
+      }
   // the uplink at which P browsers take exactly as long as one: bytes / (t₁ − compute_P − latency terms)
   const breakEven: { deviceTFLOPs: number; transport: string; degree: number; linkMBs: number | null }[] = [];
   for (const deviceTFLOPs of DEVICES_TFLOP_S)
@@ -98,6 +111,7 @@ export function runProjection() {
     rows,
     best,
     breakEven,
+    cfgParallel,
   };
 }
 
@@ -121,7 +135,21 @@ function markdown(r: ReturnType<typeof runProjection>): string {
       }
     lines.push('');
   }
-  lines.push('## Where adding browsers stops paying off', '');
+  lines.push(
+    '## CFG parallel',
+    '',
+    'The two passes of a guided step on two groups of browsers at once: between the groups only one pass’s output travels per step, so two browsers nearly halve the step on any link; four are two Ulysses pairs.',
+    '',
+    '| link | device | P=1 | fp32: 2 browsers | 4 browsers | fp16: 2 browsers | 4 browsers |',
+    '|---|---|---:|---:|---:|---:|---:|',
+  );
+  for (const linkMBs of LINKS_MB_S)
+    for (const deviceTFLOPs of DEVICES_TFLOP_S) {
+      const one = r.rows.find((x) => x.transport === 'fp32' && x.linkMBs === linkMBs && x.deviceTFLOPs === deviceTFLOPs && x.degree === 1)!;
+      const cells = TRANSPORTS.flatMap((t) => [2, 4].map((browsers) => r.cfgParallel.find((c) => c.transport === t.name && c.linkMBs === linkMBs && c.deviceTFLOPs === deviceTFLOPs && c.browsers === browsers)!));
+      lines.push(`| ${linkMBs} MB/s | ${deviceTFLOPs} TFLOP/s | ${fmt(one.stepS)} s | ${cells.map((c) => `${fmt(c.stepS)} s (${c.speedup}×)`).join(' | ')} |`);
+    }
+  lines.push('', '## Where adding browsers stops paying off', '');
   for (const transport of TRANSPORTS.map((t) => t.name))
     for (const linkMBs of LINKS_MB_S) {
       const rowsHere = r.best.filter((x) => x.transport === transport && x.linkMBs === linkMBs);
