@@ -2,6 +2,7 @@ import {
   checkJobParams,
   createPipeline,
   DEFAULT_JOB,
+  DEFAULT_MODEL_URL,
   openJobQueue,
   openSwarm,
   probeWebM,
@@ -55,12 +56,12 @@ function showErrors(errors: Partial<Record<string, string>>): boolean {
   return Object.keys(errors).length === 0;
 }
 
-async function pipelineFor({ backend, workers, ep, dtype = 'f32', cfgParallel }: JobPlacement): Promise<Pipeline> {
-  const key = `${backend}/${workers}/${ep}/${dtype}/${cfgParallel ?? 'auto'}`;
+async function pipelineFor({ backend, workers, ep, dtype = 'f32', cfgParallel, model = DEFAULT_MODEL_URL }: JobPlacement): Promise<Pipeline> {
+  const key = `${model}/${backend}/${workers}/${ep}/${dtype}/${cfgParallel ?? 'auto'}`;
   if (pipeline?.key === key) return pipeline.pipe;
   await pipeline?.pipe.shutdown({ graceMs: 2000 });
   pipeline = null;
-  const pipe = await createPipeline({ backend, swarm: swarm ?? undefined, workers, ep, dtype, parallel: { cfgParallel }, placementTimeoutMs: 60_000 });
+  const pipe = await createPipeline({ model, backend, swarm: swarm ?? undefined, workers, ep, dtype, parallel: { cfgParallel }, placementTimeoutMs: 60_000 });
   pipeline = { key, pipe };
   return pipe;
 }
@@ -98,11 +99,11 @@ function showFinished(job: StoredJob): void {
 
 function submitFromForm(overrides: Record<string, unknown> = {}): Promise<StoredJob> {
   const formValues = readForm();
-  const { backend, workers, ep, dtype, cfgParallel, ...rest } = overrides as Partial<JobPlacement>;
+  const { backend, workers, ep, dtype, cfgParallel, model, ...rest } = overrides as Partial<JobPlacement>;
   const params = { ...formValues.params, ...rest };
   if (!showErrors(checkJobParams(params))) return Promise.reject(new Error(`invalid job: ${$('form-errors').textContent}`));
   if (!queue) return Promise.reject(new Error('the dashboard is still starting'));
-  const placement: JobPlacement = { backend: backend ?? formValues.placement.backend, workers: workers ?? formValues.placement.workers, ep: ep ?? formValues.placement.ep, dtype, cfgParallel: cfgParallel ?? formValues.placement.cfgParallel };
+  const placement: JobPlacement = { backend: backend ?? formValues.placement.backend, workers: workers ?? formValues.placement.workers, ep: ep ?? formValues.placement.ep, dtype, cfgParallel: cfgParallel ?? formValues.placement.cfgParallel, model };
   return queue.submit(params, placement);
 }
 

@@ -42,7 +42,7 @@ export async function runLocalOverhead(options: Partial<OverheadOptions> = {}) {
     const context = swarm.dashboard.context();
     await serveBenchFiles(context);
     const page = await openProbePage(context, swarm.server.url);
-    const job = { prompt: 'a red ball bouncing on a wooden floor', frames: o.frames, height: o.height, width: o.width, steps: 1, guidance: 1, seed: 42, backend: 'local', workers: 1, ep: 'wasm' };
+    const job = { prompt: 'a red ball bouncing on a wooden floor', frames: o.frames, height: o.height, width: o.width, steps: 1, guidance: 1, seed: 42, backend: 'local', workers: 1, ep: 'wasm', model: APP_MODEL_PATH };
     const localStep = async () => {
       const out = (await swarm.dashboard.evaluate((j) => (window as unknown as { ditswarm: { generate(j: unknown): Promise<unknown> } }).ditswarm.generate(j), job)) as { report: { steps: { ms: number }[] } };
       return out.report.steps[0].ms;

@@ -69,7 +69,7 @@ export async function runScaling(options: Partial<ScalingOptions> = {}) {
     log(`probe: link ${(link.fitted.bandwidth / 1e6).toFixed(2)} MB/s, latency ${(link.fitted.latency * 1000).toFixed(1)} ms`);
 
     const generate = async (degree: number, extra: Record<string, unknown> = {}) => {
-      const job = { prompt: 'a red ball bouncing on a wooden floor', frames: o.frames, height: o.height, width: o.width, steps: o.steps, guidance: o.guidance, seed: o.seed, backend: 'swarm', workers: degree, ep: 'wasm', ...extra };
+      const job = { prompt: 'a red ball bouncing on a wooden floor', frames: o.frames, height: o.height, width: o.width, steps: o.steps, guidance: o.guidance, seed: o.seed, backend: 'swarm', workers: degree, ep: 'wasm', model: APP_MODEL_PATH, ...extra };
       const out = (await swarm.dashboard.evaluate((j) => (window as unknown as { ditswarm: { generate(j: unknown): Promise<unknown> } }).ditswarm.generate(j), job)) as GenerateOut;
       return { report: out.report, latent: latentFromBase64(out.latent) };
     };

@@ -18,6 +18,8 @@ export interface JobPlacement {
   dtype?: 'f32' | 'f16';
   /** conditional and unconditional passes on two worker groups: always, never, or (unset) as the planner chooses */
   cfgParallel?: boolean;
+  /** URL of the model folder; the bundled default model unless set */
+  model?: string;
 }
 
 export interface StoredJob {

@@ -127,7 +127,8 @@ export interface Pipeline {
   shutdown(options?: { graceMs?: number }): Promise<void>;
 }
 
-export const DEFAULT_MODEL_URL = '/models/tiny-wan';
+/** The trained demo model: its videos show what a prompt of its small grammar asks (core/demo/world.ts). */
+export const DEFAULT_MODEL_URL = '/models/tiny-wan-demo';
 
 export async function createPipeline(options: PipelineOptions = {}): Promise<Pipeline> {
   const backend = options.backend ?? 'local';

@@ -1,3 +1,5 @@
+import { DEMO_SAMPLING } from './demo/world.ts';
+
 /**
  * What a user asks for, with the bounds that keep a job valid: frames of the form 4k+1 (Wan's VAE
  * turns 4 frames into one latent frame), sizes multiple of 16 (VAE ×8, then 2×2 patches).
@@ -14,14 +16,11 @@ export interface JobParams {
   flowShift: number;
 }
 
+/** A job the default model (the trained demo model) answers: its clip size, steps and guidance. */
 export const DEFAULT_JOB: JobParams = {
-  prompt: 'a red ball bouncing on a wooden floor',
+  prompt: 'a red square moving right',
   negativePrompt: '',
-  frames: 9,
-  height: 64,
-  width: 64,
-  steps: 4,
-  guidance: 5,
+  ...DEMO_SAMPLING,
   seed: 42,
   flowShift: 3,
 };

@@ -5,7 +5,7 @@
  *   npm run generate -- --prompt "a red ball" [--backend local|swarm] [--workers N] [--ep auto|webgpu|wasm]
  *     [--frames F --height H --width W --steps K --guidance G --seed S]
  *     [--out out/video.webm] [--report out/report.json] [--latent-out out/latent.f32]
- *     [--drop-worker RANK@STEP] [--crash-worker RANK@STEP] [--force-relay] [--cfg-parallel]
+ *     [--drop-worker RANK@STEP] [--crash-worker RANK@STEP] [--force-relay] [--cfg-parallel] [--model URL]
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { cpus, totalmem } from 'node:os';
@@ -18,6 +18,7 @@ const USAGE = `usage: npm run generate -- --prompt "a red ball" [--backend local
   [--frames F] [--height H] [--width W] [--steps K] [--guidance G] [--seed S] [--negative-prompt TEXT]
   [--out out/video.webm] [--report out/report.json] [--latent-out out/latent.f32] [--port P] [--verbose]
   [--drop-worker RANK@STEP] [--crash-worker RANK@STEP]   close (or crash) that rank's tab when step STEP (from 1) starts
+  [--model URL]   model folder as the pages fetch it (default: the bundled demo model, /models/tiny-wan-demo)
   [--fp16]   send activations between ranks as float16 (half the bytes, not bit-exact)
   [--cfg-parallel]   conditional and unconditional passes at once on two groups of N/2 workers (N even; guidance ≠ 1)
   [--force-relay]   send every link through the server's relay instead of WebRTC data channels (networks that block UDP; tests)`;
@@ -37,6 +38,7 @@ try {
       workers: { type: 'string', default: '1' },
       ep: { type: 'string', default: 'auto' },
       fp16: { type: 'boolean', default: false },
+      model: { type: 'string' },
       'cfg-parallel': { type: 'boolean', default: false },
       'drop-worker': { type: 'string' },
       'crash-worker': { type: 'string' },
@@ -131,7 +133,7 @@ try {
       return (window as any).ditswarm.generate(overrides);
     },
     // with CFG parallel the degree is that of each of the two groups
-    { overrides: { ...params, backend: values.backend, workers: values.backend === 'swarm' ? workers / (cfgParallel ? 2 : 1) : 1, ep: values.ep, dtype: values.fp16 ? 'f16' : 'f32', cfgParallel } },
+    { overrides: { ...params, backend: values.backend, workers: values.backend === 'swarm' ? workers / (cfgParallel ? 2 : 1) : 1, ep: values.ep, dtype: values.fp16 ? 'f16' : 'f32', cfgParallel, model: values.model } },
   );
   if (tty) process.stderr.write('\n');
   const injected = harm.map((h) => {

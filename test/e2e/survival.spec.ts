@@ -1,8 +1,8 @@
 import { expect, test, type Page } from '@playwright/test';
-import { maxAbsDiff, openTestSwarm, runJob, type TestSwarm } from './swarm-page.ts';
+import { maxAbsDiff, openTestSwarm, runJob, TEST_MODEL, type TestSwarm } from './swarm-page.ts';
 
 // A swarm that survives: lost workers, a reloaded dashboard and strangers lose nothing.
-const job = { prompt: 'a red ball', frames: 9, height: 64, width: 64, steps: 6, guidance: 5, seed: 11, backend: 'swarm', ep: 'wasm' };
+const job = { prompt: 'a red ball', frames: 9, height: 64, width: 64, steps: 6, guidance: 5, seed: 11, backend: 'swarm', ep: 'wasm', model: TEST_MODEL };
 
 /** Runs `job` on 3 ranks and does `harm` to rank 1's page once step 2 has completed. */
 async function runAndHarm(swarm: TestSwarm, harm: (page: Page) => Promise<void>) {

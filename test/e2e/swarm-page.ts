@@ -27,8 +27,15 @@ export interface JobOutcome {
   latent: Float32Array;
 }
 
+/**
+ * The model the e2e jobs run unless they say otherwise: the untrained tiny checkpoint, whose
+ * geometry (D 288, 2 blocks) the tests' byte counts are written for. The dashboard's default is
+ * the trained demo model (test/e2e/demo.spec.ts).
+ */
+export const TEST_MODEL = '/models/tiny-wan';
+
 export async function runJob(dashboard: Page, overrides: Record<string, unknown>): Promise<JobOutcome> {
-  const { report, latent } = await dashboard.evaluate((o) => (window as any).ditswarm.generate(o), overrides);
+  const { report, latent } = await dashboard.evaluate((o) => (window as any).ditswarm.generate(o), { model: TEST_MODEL, ...overrides });
   const bytes = Buffer.from(latent, 'base64');
   return { report, latent: new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4) };
 }
