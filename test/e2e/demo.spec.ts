@@ -27,7 +27,7 @@ test('"a red square moving right" on 2 worker tabs decodes to a red foreground m
     console.log(`demo: ${JOB.prompt} → ${seen.colour} ${seen.direction} (dx ${seen.dx.toFixed(1)} px, dy ${seen.dy.toFixed(1)} px, area ${seen.area.toFixed(0)} px)`);
     expect(seen.colour).toBe('red');
     expect(seen.direction).toBe('right');
-    expect(seen.dx).toBeGreaterThan(8);
+    expect(seen.dx, "at least half the 32 px a moving shape travels in 9 frames").toBeGreaterThan(16);
 
     // the same job sampled in Node through the same stage graphs lands on the same latent
     const { loadModel, sampleVideo } = await import('../../server/demo/generate.ts');
