@@ -23,7 +23,7 @@ export interface ScalingOptions {
   guidance: number;
   seed: number;
   degrees: number[];
-  /** also run the largest degree ≤ 2 with fp16 transport (the `transport: 'f16'` job option) */
+  /** also run the largest degree ≤ 2 with fp16 transport (the job's dtype 'f16') */
   fp16: boolean;
   /** also compare a guided job on one worker with CFG parallel on two */
   cfg: boolean;

@@ -26,6 +26,26 @@ export class ModelConfigError extends Error {
   override name = 'ModelConfigError';
 }
 
+/** Wan2.1's architecture (12 heads, 16 latent channels, 1×2×2 patches) at a chosen size: the small models make-model and train-demo build. */
+export function wanConfigOfSize(size: { headDim: number; textDim: number; ffnDim: number; numLayers: number }, source: string): WanConfig {
+  return parseWanConfig(
+    {
+      _class_name: 'WanTransformer3DModel',
+      num_attention_heads: 12,
+      attention_head_dim: size.headDim,
+      in_channels: 16,
+      out_channels: 16,
+      text_dim: size.textDim,
+      freq_dim: 256,
+      ffn_dim: size.ffnDim,
+      num_layers: size.numLayers,
+      patch_size: [1, 2, 2],
+      rope_max_seq_len: 1024,
+    },
+    source,
+  );
+}
+
 export function parseWanConfig(json: unknown, source: string): WanConfig {
   const fail = (what: string) => new ModelConfigError(`${source}: ${what}`);
   if (typeof json !== 'object' || json === null) throw fail('config is not a JSON object');

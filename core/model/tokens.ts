@@ -45,10 +45,23 @@ export function patchify(cfg: WanConfig, latent: Tensor): Tensor {
 
 /** proj_out rows [S, pt·ph·pw·C] (diffusers reshapes them as (pt, ph, pw, C)) → latent [C, T, H, W]. */
 export function unpatchify(cfg: WanConfig, rows: Float32Array, latentShape: readonly number[]): Tensor {
+  const out = new Float32Array(latentShape.reduce((a, b) => a * b, 1));
+  eachRowElement(cfg, latentShape, (k, l) => (out[l] = rows[k]));
+  return { shape: [...latentShape], data: out };
+}
+
+/** latent [C, T, H, W] → rows [S, pt·ph·pw·C] in proj_out's order: the inverse of unpatchify (a training target). */
+export function latentToRows(cfg: WanConfig, latent: Tensor): Float32Array {
+  const out = new Float32Array(latent.data.length);
+  eachRowElement(cfg, latent.shape, (k, l) => (out[k] = latent.data[l]));
+  return out;
+}
+
+/** Visits every element of proj_out's rows in order: k its index there, l its index in the latent [C, T, H, W]. */
+function eachRowElement(cfg: WanConfig, latentShape: readonly number[], visit: (k: number, l: number) => void): void {
   const [C, T, H, W] = latentShape;
   const [pt, ph, pw] = cfg.patchSize;
   const g = tokenGrid(cfg, latentShape);
-  const out = new Float32Array(C * T * H * W);
   let k = 0;
   for (let f = 0; f < g.frames; f++)
     for (let i = 0; i < g.rows; i++)
@@ -56,10 +69,7 @@ export function unpatchify(cfg: WanConfig, rows: Float32Array, latentShape: read
         for (let a = 0; a < pt; a++)
           for (let b = 0; b < ph; b++)
             for (let e = 0; e < pw; e++)
-              for (let c = 0; c < C; c++, k++) {
-                out[((c * T + f * pt + a) * H + i * ph + b) * W + j * pw + e] = rows[k];
-              }
-  return { shape: [...latentShape], data: out };
+              for (let c = 0; c < C; c++, k++) visit(k, ((c * T + f * pt + a) * H + i * ph + b) * W + j * pw + e);
 }
 
 /**

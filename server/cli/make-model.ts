@@ -13,7 +13,7 @@
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
-import { expectedWeightShapes, parseWanConfig, toDiffusersConfig } from '../../core/model/config.ts';
+import { expectedWeightShapes, wanConfigOfSize, toDiffusersConfig } from '../../core/model/config.ts';
 import { TEXT_ENCODER_CLASS } from '../../core/model/text-encoder.ts';
 import { VAE_DECODER_CLASS } from '../../core/model/vae-decoder.ts';
 import { TRANSFORMER_CONFIG, TRANSFORMER_WEIGHTS } from '../../core/model/transformer.ts';
@@ -48,20 +48,8 @@ const values = { ...preset, ...Object.fromEntries(Object.entries(flags).filter((
 
 const textDim = Number(values['text-dim']);
 const textLength = Number(values['text-length']);
-const config = parseWanConfig(
-  {
-    _class_name: 'WanTransformer3DModel',
-    num_attention_heads: 12,
-    attention_head_dim: Number(values['head-dim']),
-    in_channels: 16,
-    out_channels: 16,
-    text_dim: textDim,
-    freq_dim: 256,
-    ffn_dim: Number(values.ffn),
-    num_layers: Number(values.layers),
-    patch_size: [1, 2, 2],
-    rope_max_seq_len: 1024,
-  },
+const config = wanConfigOfSize(
+  { headDim: Number(values['head-dim']), textDim: textDim, ffnDim: Number(values.ffn), numLayers: Number(values.layers) },
   'make-model flags',
 );
 const random = new SeededRandom(Number(values.seed));

@@ -15,18 +15,18 @@ import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { CLIP, HELD_OUT_COMBOS, TRAINING_COMBOS, promptOf } from '../../core/demo/world.ts';
 import { latentShape } from '../../core/job.ts';
-import { parseWanConfig } from '../../core/model/config.ts';
+import { wanConfigOfSize } from '../../core/model/config.ts';
 import { referenceForward } from '../../core/model/reference.ts';
 import { readWeights } from '../../core/model/files.ts';
 import { loadTextEncoder } from '../../core/model/text-encoder.ts';
-import { patchify, tokenGrid } from '../../core/model/tokens.ts';
+import { latentToRows, patchify, tokenGrid } from '../../core/model/tokens.ts';
 import { loadTransformer } from '../../core/model/transformer.ts';
 import { SeededRandom } from '../../core/random.ts';
 import { onnxGemm } from '../demo/gemm.ts';
 import { folderFiles, writeDemoModel } from '../demo/model-folder.ts';
 import { Tape } from '../demo/tape.ts';
 import { sampleLatent, trainDemo, withWeights, type TrainResult } from '../demo/train.ts';
-import { forwardBatch, fromWeights, latentToRows } from '../demo/trainable-wan.ts';
+import { forwardBatch, fromWeights } from '../demo/trainable-wan.ts';
 
 const { values } = parseArgs({
   options: {
@@ -52,20 +52,8 @@ const out = values.out!;
 const seed = Number(values.seed);
 const flowShift = Number(values['flow-shift']);
 const textLength = Number(values['text-length']);
-const config = parseWanConfig(
-  {
-    _class_name: 'WanTransformer3DModel',
-    num_attention_heads: 12,
-    attention_head_dim: Number(values['head-dim']),
-    in_channels: 16,
-    out_channels: 16,
-    text_dim: Number(values['text-dim']),
-    freq_dim: 256,
-    ffn_dim: Number(values.ffn),
-    num_layers: Number(values.layers),
-    patch_size: [1, 2, 2],
-    rope_max_seq_len: 1024,
-  },
+const config = wanConfigOfSize(
+  { headDim: Number(values['head-dim']), textDim: Number(values['text-dim']), ffnDim: Number(values.ffn), numLayers: Number(values.layers) },
   'train-demo flags',
 );
 const options = {
@@ -138,7 +126,7 @@ for (const [i, combo] of [TRAINING_COMBOS[0], HELD_OUT_COMBOS[0]].entries()) {
   const { latent, prompt } = sampleLatent(combo, random);
   const xt = { shape, data: latent.map((x) => 0.5 * x + 0.5 * random.normal()) };
   const timestep = i === 0 ? 500 : 900;
-  const reference = latentToRows(config, referenceForward(transformer, xt, timestep, textEncoder.encode(prompt)), grid);
+  const reference = latentToRows(config, referenceForward(transformer, xt, timestep, textEncoder.encode(prompt)));
   const rows = await forwardBatch(new Tape(gemm), loaded, { patches: patchify(config, xt).data, timesteps: [timestep], prompts: [prompt], grid });
   for (let k = 0; k < reference.length; k++) maxAbs = Math.max(maxAbs, Math.abs(reference[k] - rows.data[k]));
 }

@@ -2,13 +2,13 @@ import { encodeClip } from '../../core/demo/patch-vae.ts';
 import { CLIP, promptOf, sampleClip, TRAINING_COMBOS, type Combo } from '../../core/demo/world.ts';
 import { latentShape } from '../../core/job.ts';
 import type { WanConfig } from '../../core/model/config.ts';
-import { patchify, tokenGrid } from '../../core/model/tokens.ts';
+import { latentToRows, patchify, tokenGrid } from '../../core/model/tokens.ts';
 import { SeededRandom } from '../../core/random.ts';
 import { concat } from '../../core/tensor.ts';
 import { Adam } from './adam.ts';
 import type { Gemm } from './gemm.ts';
 import { parameter, Tape } from './tape.ts';
-import { forwardBatch, initialWan, latentToRows, parametersOf, type TrainableWan } from './trainable-wan.ts';
+import { forwardBatch, initialWan, parametersOf, type TrainableWan } from './trainable-wan.ts';
 
 /**
  * Flow-matching training of the tiny Wan transformer (and the text encoder's embeddings) on the
@@ -113,7 +113,7 @@ export async function trainDemo(gemm: Gemm, o: TrainOptions, onProgress?: (p: Tr
       const xt = latent.map((x0, i) => (1 - sigma) * x0 + sigma * noise[i]);
       const velocity = noise.map((e, i) => e - latent[i]);
       patches.push(patchify(o.config, { shape, data: xt }).data);
-      targets.set(latentToRows(o.config, { shape, data: velocity }, grid), g * size);
+      targets.set(latentToRows(o.config, { shape, data: velocity }), g * size);
       timesteps.push(sigma * 1000);
       prompts.push(random.uniform() < o.dropPrompt ? '' : spacedPrompt(prompt, random, o.textLength));
     }

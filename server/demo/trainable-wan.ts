@@ -3,7 +3,6 @@ import { timestepFrequencies } from '../../core/model/ops.ts';
 import { ropeTables, type TokenGrid } from '../../core/model/tokens.ts';
 import { SeededRandom } from '../../core/random.ts';
 import type { TensorMap } from '../../core/safetensors.ts';
-import type { Tensor } from '../../core/tensor.ts';
 import { constant, parameter, type Tape, type Var } from './tape.ts';
 
 /**
@@ -130,20 +129,4 @@ export async function forwardBatch(tape: Tape, model: TrainableWan, batch: Batch
   const shift = tape.addRow(temb, table, D, 0);
   const scale = tape.addRow(temb, table, D, D);
   return lin('proj_out', tape.modulate(tape.layerNorm(x, D, eps), D, S, shift, scale), D);
-}
-
-/** latent [C, T, H, W] → rows [S, pt·ph·pw·C] in proj_out's order: the inverse of unpatchify. */
-export function latentToRows(cfg: WanConfig, latent: Tensor, grid: TokenGrid): Float32Array {
-  const [C, T, H, W] = latent.shape;
-  const [pt, ph, pw] = cfg.patchSize;
-  const out = new Float32Array(latent.data.length);
-  let k = 0;
-  for (let f = 0; f < grid.frames; f++)
-    for (let i = 0; i < grid.rows; i++)
-      for (let j = 0; j < grid.cols; j++)
-        for (let a = 0; a < pt; a++)
-          for (let b = 0; b < ph; b++)
-            for (let e = 0; e < pw; e++)
-              for (let c = 0; c < C; c++, k++) out[k] = latent.data[((c * T + f * pt + a) * H + i * ph + b) * W + j * pw + e];
-  return out;
 }

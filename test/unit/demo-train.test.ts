@@ -2,12 +2,12 @@ import { beforeAll, describe, expect, it } from 'vitest';
 import { parseWanConfig } from '../../core/model/config.ts';
 import { referenceForward } from '../../core/model/reference.ts';
 import { byteTextEncoder } from '../../core/model/text-encoder.ts';
-import { patchify, tokenGrid } from '../../core/model/tokens.ts';
+import { latentToRows, patchify, tokenGrid } from '../../core/model/tokens.ts';
 import { SeededRandom } from '../../core/random.ts';
 import { jsGemm, onnxGemm, type Gemm } from '../../server/demo/gemm.ts';
 import { Tape } from '../../server/demo/tape.ts';
 import { trainDemo } from '../../server/demo/train.ts';
-import { forwardBatch, initialWan, latentToRows, parametersOf, toTensorMaps, type Batch, type TrainableWan } from '../../server/demo/trainable-wan.ts';
+import { forwardBatch, initialWan, parametersOf, toTensorMaps, type Batch, type TrainableWan } from '../../server/demo/trainable-wan.ts';
 import { statSync } from 'node:fs';
 import { join } from 'node:path';
 import { readWeights } from '../../core/model/files.ts';
@@ -62,7 +62,7 @@ describe('the training forward', () => {
       const encoder = byteTextEncoder(TEXT_LENGTH, config.textDim, textEncoder);
       let worst = 0;
       latents.forEach((latent, g) => {
-        const reference = latentToRows(config, referenceForward({ config, weights: transformer }, latent, batch.timesteps[g], encoder.encode(batch.prompts[g])), grid);
+        const reference = latentToRows(config, referenceForward({ config, weights: transformer }, latent, batch.timesteps[g], encoder.encode(batch.prompts[g])));
         reference.forEach((v, k) => (worst = Math.max(worst, Math.abs(v - rows.data[g * reference.length + k]))));
       });
       expect(worst).toBeLessThanOrEqual(1e-5);
@@ -144,7 +144,7 @@ describe('the shipped demo model', () => {
     const demoGrid = tokenGrid(cfg, shape);
     const { latent, prompt } = sampleLatent(HELD_OUT_COMBOS[3], new SeededRandom(8));
     const xt = { shape, data: latent.map((x, i) => 0.4 * x + 0.6 * Math.sin(i)) };
-    const reference = latentToRows(cfg, referenceForward(transformer, xt, 600, encoder.encode(prompt)), demoGrid);
+    const reference = latentToRows(cfg, referenceForward(transformer, xt, 600, encoder.encode(prompt)));
     const rows = await forwardBatch(new Tape(jsGemm), trained, { patches: patchify(cfg, xt).data, timesteps: [600], prompts: [prompt], grid: demoGrid });
     let worst = 0;
     reference.forEach((v, k) => (worst = Math.max(worst, Math.abs(v - rows.data[k]))));
