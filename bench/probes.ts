@@ -1,9 +1,9 @@
 // The two measurements the cost model needs, taken in Chromium tabs like the workers': matmul
-// throughput on the wasm EP (worker/probe.ts) and the tab↔tab data-channel link (the app's Link
+// throughput on the wasm EP (rank/throughput-probe.ts) and the tab↔tab data-channel link (the app's Link
 // framing and flow control over a raw RTCPeerConnection between two probe pages).
 import type { BrowserContext } from '@playwright/test';
 import { fitLink, type LinkSpeed } from '../core/cost-model.ts';
-import type { ThroughputProbe } from '../worker/probe.ts';
+import type { ThroughputProbe } from '../rank/throughput-probe.ts';
 import { log, median, openProbePage } from './lib.ts';
 
 type Bench = {

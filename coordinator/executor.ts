@@ -1,13 +1,13 @@
 import type { WanConfig } from '../core/model/config.ts';
 import { patchify, tokenGrid, unpatchify } from '../core/model/tokens.ts';
 import { gatherRows, planUlysses, scatterRows } from '../core/parallel.ts';
-import type { Transport } from '../core/relay-channel.ts';
-import type { DType } from '../core/protocol.ts';
-import { RpcTimeout } from '../core/rpc.ts';
+import type { Transport } from '../core/net/channel.ts';
+import type { DType } from '../core/net/protocol.ts';
+import { RpcTimeout } from '../core/net/rpc.ts';
 import type { Tensor } from '../core/tensor.ts';
-import type { ExecutionProvider } from '../worker/onnx-stages.ts';
-import type { MeshProbe } from '../worker/mesh-probe.ts';
-import type { ExecuteArgs, ExecuteResult, WorkerInfo } from '../worker/runtime.ts';
+import type { ExecutionProvider } from '../rank/onnx-stages.ts';
+import type { MeshProbe } from '../rank/mesh-probe.ts';
+import type { ExecuteArgs, ExecuteResult, WorkerInfo } from '../rank/runtime.ts';
 
 /**
  * The executor interface of the seed (vLLM-style): the base class owns the lifecycle — placement,
@@ -195,7 +195,7 @@ export abstract class Executor {
     await this.collectiveRpc('prepareJob', { args: { job, texts, latentShape } });
   }
 
-  /** Times an all-to-all on the ranks' mesh for the prepared job (worker/mesh-probe.ts): the link the cost model plans with. */
+  /** Times an all-to-all on the ranks' mesh for the prepared job (rank/mesh-probe.ts): the link the cost model plans with. */
   async probeMesh(job: number): Promise<MeshProbe[]> {
     return (await this.collectiveRpc('probeMesh', { args: { job } })) as MeshProbe[];
   }

@@ -6,7 +6,7 @@
  *   const { video, latent, report } = await pipe.generate({ prompt: 'a red ball', steps: 4 });
  *   await pipe.shutdown();
  */
-import type { ExecutionProvider } from '../worker/onnx-stages.ts';
+import type { ExecutionProvider } from '../rank/onnx-stages.ts';
 import { JobQueue, type RunJob } from './job-queue.ts';
 import { IdbJobStore, type JobStore } from './job-store.ts';
 import { Swarm, type SwarmIdentity } from './swarm.ts';

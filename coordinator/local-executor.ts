@@ -1,7 +1,7 @@
-import { probeWebGpu } from '../worker/webgpu.ts';
-import { startEngineWorker } from '../worker/engine-client.ts';
-import { memoryExchanges } from '../worker/memory-exchange.ts';
-import { WorkerRuntime } from '../worker/runtime.ts';
+import { probeWebGpu } from '../rank/webgpu.ts';
+import { startEngineWorker } from '../rank/engine-client.ts';
+import { memoryExchanges } from '../rank/exchange/memory.ts';
+import { WorkerRuntime } from '../rank/runtime.ts';
 import { Executor, withTimeout } from './executor.ts';
 
 /** One rank in this tab: the worker runtime called directly, its engine in a Web Worker. */

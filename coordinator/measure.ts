@@ -1,5 +1,5 @@
-import type { RpcClient } from '../core/rpc.ts';
-import type { ExecutionProvider } from '../worker/onnx-stages.ts';
+import type { RpcClient } from '../core/net/rpc.ts';
+import type { ExecutionProvider } from '../rank/onnx-stages.ts';
 
 /**
  * What a worker can do, measured rather than declared: its matrix-multiply and softmax throughput

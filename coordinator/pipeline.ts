@@ -8,15 +8,15 @@ import { loadTextEncoder } from '../core/model/text-encoder.ts';
 import { TRANSFORMER_CONFIG } from '../core/model/transformer.ts';
 import { loadVaeDecoder, type DecodedVideo } from '../core/model/vae-decoder.ts';
 import { eulerStep, flowMatchSchedule, guide, initialNoise } from '../core/scheduler.ts';
-import type { DType } from '../core/protocol.ts';
+import type { DType } from '../core/net/protocol.ts';
 import type { Tensor } from '../core/tensor.ts';
-import type { ExecutionProvider } from '../worker/onnx-stages.ts';
+import type { ExecutionProvider } from '../rank/onnx-stages.ts';
 import { createExecutor, type Backend } from './backends.ts';
 import type { Executor, LinkReport, LostRank, RankReport } from './executor.ts';
 import type { WorkerMeasurement } from './measure.ts';
 import type { Swarm } from './swarm.ts';
 import { encodeWebM } from './video.ts';
-import { fitMeshProbe, type MeshProbe } from '../worker/mesh-probe.ts';
+import { fitMeshProbe, type MeshProbe } from '../rank/mesh-probe.ts';
 
 /**
  * prompt → text encoder → denoising loop (each step one or two DiT forward passes on the
@@ -127,7 +127,7 @@ export interface Pipeline {
   shutdown(options?: { graceMs?: number }): Promise<void>;
 }
 
-/** The trained demo model: its videos show what a prompt of its small grammar asks (core/demo/world.ts). */
+/** The trained demo model: its videos show what a prompt of its small grammar asks (demo/world.ts). */
 export const DEFAULT_MODEL_URL = '/models/tiny-wan-demo';
 
 export async function createPipeline(options: PipelineOptions = {}): Promise<Pipeline> {

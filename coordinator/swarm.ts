@@ -1,7 +1,7 @@
 import { Peer } from 'peerjs';
 import type { LinkSpeed } from '../core/cost-model.ts';
-import { DEAD_AFTER_MS, watchHeartbeats, type WorkerPulse } from '../core/heartbeat.ts';
-import type { Link } from '../core/link.ts';
+import { DEAD_AFTER_MS, watchHeartbeats, type WorkerPulse } from '../core/net/heartbeat.ts';
+import type { Link } from '../core/net/link.ts';
 import {
   connectRelay,
   newPeerId,
@@ -9,14 +9,14 @@ import {
   RELAY_FALLBACK_MS,
   signalingOptions,
   transportOf,
-  type DataConnectionLike,
   type SignalingOptions,
-} from '../core/peer-link.ts';
-import type { RelayClient, Transport } from '../core/relay-channel.ts';
-import { COORDINATOR } from '../core/protocol.ts';
-import { RpcClient } from '../core/rpc.ts';
+} from '../core/net/peer-link.ts';
+import type { DataConnectionLike, Transport } from '../core/net/channel.ts';
+import type { RelayClient } from '../core/net/relay-client.ts';
+import { COORDINATOR } from '../core/net/protocol.ts';
+import { RpcClient } from '../core/net/rpc.ts';
 import { measureWorker, type WorkerMeasurement } from './measure.ts';
-import type { WorkerInfo } from '../worker/runtime.ts';
+import type { WorkerInfo } from '../rank/runtime.ts';
 
 /**
  * The dashboard's view of the swarm: its PeerJS peer, and a roster of the worker pages that

@@ -1,6 +1,6 @@
 import { type NetworkInterfaceInfo, networkInterfaces } from 'node:os';
 import { parseArgs } from 'node:util';
-import { RELAY_MODES, type RelayMode } from '../core/peer-link.ts';
+import { RELAY_MODES, type RelayMode } from '../core/net/peer-link.ts';
 import { newPeerKey, parseIceServers } from './peer-signaling.ts';
 import { DEFAULT_PORT, startServer } from './serve.ts';
 

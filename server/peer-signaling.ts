@@ -5,7 +5,7 @@ import type { Duplex } from 'node:stream';
 import type { Express } from 'express';
 import { ExpressPeerServer } from 'peer';
 import { WebSocketServer } from 'ws';
-import type { IceServer } from '../core/peer-link.ts';
+import type { IceServer } from '../core/net/peer-link.ts';
 
 /** Where pages find the PeerServer: `new Peer(id, { host, port, path: SIGNALING_PATH, key })`. */
 export const SIGNALING_PATH = '/peerjs';

@@ -1,12 +1,12 @@
 import type { IncomingMessage } from 'node:http';
 import type { Duplex } from 'node:stream';
 import { WebSocketServer, type RawData, type WebSocket } from 'ws';
-import { MAX_FRAME_BYTES } from '../core/protocol.ts';
-import { CLOSED_BY_OTHER_SIDE, MAX_RELAY_CONTROL_BYTES, RELAY_ENVELOPE_BYTES, type RelayControl, type RelayRole } from '../core/relay-channel.ts';
+import { MAX_FRAME_BYTES } from '../core/net/protocol.ts';
+import { CLOSED_BY_OTHER_SIDE, MAX_RELAY_CONTROL_BYTES, RELAY_ENVELOPE_BYTES, type RelayControl, type RelayRole } from '../core/net/relay-client.ts';
 
 /**
  * The relay: pages that cannot open a data channel to each other send their link frames here
- * over one WebSocket each, and the server forwards them (see core/relay-channel.ts for the wire).
+ * over one WebSocket each, and the server forwards them (see core/net/relay-client.ts for the wire).
  *
  * - Who: a page registers with its PeerJS id, the token it registered that id with on the
  *   signaling server (so nobody can take another page's id), and the swarm's join token. A

@@ -2,8 +2,8 @@ import http from 'node:http';
 import express, { type RequestHandler } from 'express';
 import { DIST_DIR, ensureAppBuilt } from './app-build.ts';
 import type { Duplex } from 'node:stream';
-import type { IceServer, RelayMode } from '../core/peer-link.ts';
-import { RELAY_PATH } from '../core/relay-channel.ts';
+import type { IceServer, RelayMode } from '../core/net/peer-link.ts';
+import { RELAY_PATH } from '../core/net/relay-client.ts';
 import { newPeerKey, SIGNALING_PATH, mountSignaling } from './peer-signaling.ts';
 import { createRelay, type Relay } from './relay.ts';
 

@@ -8,19 +8,19 @@ import {
   RELAY_FALLBACK_MS,
   signalingOptions,
   transportOf,
-  type DataConnectionLike,
   type OpenLinkOptions,
   type SignalingOptions,
-} from '../core/peer-link.ts';
-import { answerHeartbeats } from '../core/heartbeat.ts';
-import type { Link } from '../core/link.ts';
-import { RelayRefused, type RelayClient, type Transport } from '../core/relay-channel.ts';
-import { serveRpc } from '../core/rpc.ts';
-import { probeWebGpu } from './webgpu.ts';
-import { startEngineWorker } from './engine-client.ts';
-import { MeshExchange } from './mesh-exchange.ts';
-import type { ExecutionProvider } from './onnx-stages.ts';
-import { WorkerRuntime, type InitArgs, type WorkerInfo, type WorkerState } from './runtime.ts';
+} from '../core/net/peer-link.ts';
+import { answerHeartbeats } from '../core/net/heartbeat.ts';
+import type { Link } from '../core/net/link.ts';
+import type { DataConnectionLike, Transport } from '../core/net/channel.ts';
+import { RelayRefused, type RelayClient } from '../core/net/relay-client.ts';
+import { serveRpc } from '../core/net/rpc.ts';
+import { probeWebGpu } from '../rank/webgpu.ts';
+import { startEngineWorker } from '../rank/engine-client.ts';
+import { MeshExchange } from '../rank/exchange/mesh.ts';
+import type { ExecutionProvider } from '../rank/onnx-stages.ts';
+import { WorkerRuntime, type InitArgs, type WorkerInfo, type WorkerState } from '../rank/runtime.ts';
 
 /**
  * A worker page's presence in the swarm: its PeerJS peer, the link to the coordinator (over

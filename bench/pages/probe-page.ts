@@ -2,13 +2,13 @@ import * as ort from 'onnxruntime-web';
 import { fetchModelFiles, readJson } from '../../core/model/files.ts';
 import type { WanModel } from '../../core/model/reference.ts';
 import { loadTransformer } from '../../core/model/transformer.ts';
-import { Link } from '../../core/link.ts';
+import { Link } from '../../core/net/link.ts';
 import { SeededRandom } from '../../core/random.ts';
-import { memoryExchanges } from '../../worker/memory-exchange.ts';
-import { onnxStages } from '../../worker/onnx-stages.ts';
-import { probeThroughput } from '../../worker/probe.ts';
-import type { StageRunner } from '../../worker/stages.ts';
-import { forwardInProcess } from '../../worker/ulysses.ts';
+import { memoryExchanges } from '../../rank/exchange/memory.ts';
+import { onnxStages } from '../../rank/onnx-stages.ts';
+import { probeThroughput } from '../../rank/throughput-probe.ts';
+import type { StageRunner } from '../../rank/stages.ts';
+import { forwardInProcess } from '../../rank/ulysses.ts';
 
 // What the benchmarks measure inside Chromium without the app around it: matmul throughput,
 // the tab↔tab data-channel link (through the app's own Link framing), and a forward pass on the

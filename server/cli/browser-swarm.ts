@@ -1,6 +1,6 @@
 import { chromium, type Browser, type Page } from '@playwright/test';
 import { chromiumArgs, chromiumExecutable } from '../chromium.ts';
-import type { RelayMode } from '../../core/peer-link.ts';
+import type { RelayMode } from '../../core/net/peer-link.ts';
 import { startServer, type RunningServer } from '../serve.ts';
 
 /**

@@ -17,7 +17,7 @@ import { loadTransformer } from '../../core/model/transformer.ts';
 import { checkDegree } from '../../core/parallel.ts';
 import { readSafetensors, writeSafetensors } from '../../core/safetensors.ts';
 import type { Tensor } from '../../core/tensor.ts';
-import type { StageRunner } from '../../worker/stages.ts';
+import type { StageRunner } from '../../rank/stages.ts';
 
 const USAGE = `usage: npm run forward -- --input in.safetensors --output out.safetensors
          [--model public/models/tiny-wan] [--backend onnx|reference] [--ulysses P]
@@ -71,14 +71,14 @@ type Forward = (latent: Tensor, timestep: number, text: Float32Array) => Promise
 async function forwardOn(backend: string, degree: number, model: WanModel): Promise<Forward> {
   if (backend === 'reference' && degree === 1) return async (latent, timestep, text) => referenceForward(model, latent, timestep, text);
   // Loaded on demand: the plain reference needs neither onnxruntime nor the Ulysses machinery.
-  const [{ forwardInProcess }, { memoryExchanges }] = await Promise.all([import('../../worker/ulysses.ts'), import('../../worker/memory-exchange.ts')]);
+  const [{ forwardInProcess }, { memoryExchanges }] = await Promise.all([import('../../rank/ulysses.ts'), import('../../rank/exchange/memory.ts')]);
   let stages: StageRunner;
   if (backend === 'onnx') {
     const ort = await import('onnxruntime-web');
     ort.env.wasm.numThreads = 1; // one thread, as each worker engine runs; results stay comparable with the tests
-    stages = await (await import('../../worker/onnx-stages.ts')).onnxStages(model, 'wasm');
+    stages = await (await import('../../rank/onnx-stages.ts')).onnxStages(model, 'wasm');
   } else {
-    stages = (await import('../../worker/stages.ts')).referenceStages(model);
+    stages = (await import('../../rank/stages.ts')).referenceStages(model);
   }
   return (latent, timestep, text) => forwardInProcess(model.config, stages, memoryExchanges(degree), latent, timestep, text);
 }

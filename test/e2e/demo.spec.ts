@@ -1,9 +1,9 @@
 import { join } from 'node:path';
 import { expect, test } from '@playwright/test';
-import { detect } from '../../core/demo/detector.ts';
-import { DEMO_SAMPLING } from '../../core/demo/world.ts';
+import { detect } from '../../demo/detector.ts';
+import { DEMO_SAMPLING } from '../../demo/world.ts';
 import { loadVaeDecoder } from '../../core/model/vae-decoder.ts';
-import { folderFiles } from '../../server/demo/model-folder.ts';
+import { folderFiles } from '../../demo/model-folder.ts';
 import { maxAbsDiff, openTestSwarm, runJob } from './swarm-page.ts';
 
 // The trained demo model through the real thing: dashboard + 2 worker tabs, Ulysses P = 2 over
@@ -30,7 +30,7 @@ test('"a red square moving right" on 2 worker tabs decodes to a red foreground m
     expect(seen.dx, "at least half the 32 px a moving shape travels in 9 frames").toBeGreaterThan(16);
 
     // the same job sampled in Node through the same stage graphs lands on the same latent
-    const { loadModel, sampleVideo } = await import('../../server/demo/generate.ts');
+    const { loadModel, sampleVideo } = await import('../../demo/generate.ts');
     const local = await sampleVideo(await loadModel(folderFiles(MODEL_DIR)), { ...JOB, negativePrompt: '', ranks: 2 });
     expect(maxAbsDiff(run.latent, local.latent.data)).toBeLessThanOrEqual(1e-3);
   } finally {

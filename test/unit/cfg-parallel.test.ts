@@ -6,11 +6,11 @@ import { loadTransformer } from '../../core/model/transformer.ts';
 import { SeededRandom } from '../../core/random.ts';
 import { eulerStep, flowMatchSchedule, initialNoise } from '../../core/scheduler.ts';
 import { maxAbsDiff, type Tensor } from '../../core/tensor.ts';
-import type { EngineApi } from '../../worker/engine.ts';
-import { memoryExchanges } from '../../worker/memory-exchange.ts';
-import { onnxStages } from '../../worker/onnx-stages.ts';
-import type { Exchange } from '../../worker/ulysses.ts';
-import { WorkerRuntime, type InitArgs } from '../../worker/runtime.ts';
+import type { EngineApi } from '../../rank/engine.ts';
+import { memoryExchanges } from '../../rank/exchange/memory.ts';
+import { onnxStages } from '../../rank/onnx-stages.ts';
+import type { Exchange } from '../../rank/ulysses.ts';
+import { WorkerRuntime, type InitArgs } from '../../rank/runtime.ts';
 import { tinyModelFiles } from './fixtures.ts';
 
 /**

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
-import { detect } from '../../core/demo/detector.ts';
-import { encodeClip, PATCH_VAE_CONFIG, patchVaeWeights } from '../../core/demo/patch-vae.ts';
+import { detect } from '../../demo/detector.ts';
+import { encodeClip, PATCH_VAE_CONFIG, patchVaeWeights } from '../../demo/patch-vae.ts';
 import {
   ALL_COMBOS,
   allFrames,
@@ -16,7 +16,7 @@ import {
   sampleClip,
   SHAPES,
   TRAINING_COMBOS,
-} from '../../core/demo/world.ts';
+} from '../../demo/world.ts';
 import { decodeLatent, decodePatchLatent, loadVaeDecoder, PATCH_VAE_DECODER_CLASS } from '../../core/model/vae-decoder.ts';
 import { SeededRandom } from '../../core/random.ts';
 import { writeSafetensors } from '../../core/safetensors.ts';

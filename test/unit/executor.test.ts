@@ -3,19 +3,20 @@ import { BACKENDS, createExecutor, getExecutorClass } from '../../coordinator/ba
 import { Executor, TimeoutError, withTimeout, WorkerError, type ExecutorOptions } from '../../coordinator/executor.ts';
 import { LocalExecutor } from '../../coordinator/local-executor.ts';
 import { SwarmExecutor } from '../../coordinator/swarm-executor.ts';
-import { Link, type Channel } from '../../core/link.ts';
+import { Link } from '../../core/net/link.ts';
+import type { Channel } from '../../core/net/channel.ts';
 import { referenceForward, type WanModel } from '../../core/model/reference.ts';
 import { tokenGrid } from '../../core/model/tokens.ts';
 import { loadTransformer } from '../../core/model/transformer.ts';
 import { exchangeFloatsPerBlock, planUlysses } from '../../core/parallel.ts';
-import { COORDINATOR } from '../../core/protocol.ts';
+import { COORDINATOR } from '../../core/net/protocol.ts';
 import { SeededRandom } from '../../core/random.ts';
-import { RpcClient, serveRpc } from '../../core/rpc.ts';
+import { RpcClient, serveRpc } from '../../core/net/rpc.ts';
 import { maxAbsDiff, type Tensor } from '../../core/tensor.ts';
-import type { EngineApi } from '../../worker/engine.ts';
-import { memoryExchanges } from '../../worker/memory-exchange.ts';
-import { onnxStages } from '../../worker/onnx-stages.ts';
-import { WORKER_METHODS, WorkerRuntime } from '../../worker/runtime.ts';
+import type { EngineApi } from '../../rank/engine.ts';
+import { memoryExchanges } from '../../rank/exchange/memory.ts';
+import { onnxStages } from '../../rank/onnx-stages.ts';
+import { WORKER_METHODS, WorkerRuntime } from '../../rank/runtime.ts';
 import { tinyModelFiles } from './fixtures.ts';
 
 /**

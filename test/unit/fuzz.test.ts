@@ -1,14 +1,15 @@
 import { beforeAll, describe, expect, it } from 'vitest';
-import { Link, type Channel } from '../../core/link.ts';
+import { Link } from '../../core/net/link.ts';
+import type { Channel } from '../../core/net/channel.ts';
 import { loadTransformer } from '../../core/model/transformer.ts';
 import type { WanModel } from '../../core/model/reference.ts';
-import { COORDINATOR, encodeFrames, Reassembler, type Message } from '../../core/protocol.ts';
-import { RpcClient, serveRpc } from '../../core/rpc.ts';
+import { COORDINATOR, encodeFrames, Reassembler, type Message } from '../../core/net/protocol.ts';
+import { RpcClient, serveRpc } from '../../core/net/rpc.ts';
 import { SeededRandom } from '../../core/random.ts';
-import { MeshExchange } from '../../worker/mesh-exchange.ts';
-import { referenceStages } from '../../worker/stages.ts';
-import { memoryExchanges } from '../../worker/memory-exchange.ts';
-import { WorkerRuntime } from '../../worker/runtime.ts';
+import { MeshExchange } from '../../rank/exchange/mesh.ts';
+import { referenceStages } from '../../rank/stages.ts';
+import { memoryExchanges } from '../../rank/exchange/memory.ts';
+import { WorkerRuntime } from '../../rank/runtime.ts';
 import { tinyModelFiles } from './fixtures.ts';
 
 /**

@@ -1,6 +1,7 @@
 import { afterEach, describe, expect, it, vi } from 'vitest';
-import { Link, type Channel } from '../../core/link.ts';
-import { COORDINATOR, encodeFrames, HEADER_BYTES, type Message, type TensorTag } from '../../core/protocol.ts';
+import { Link } from '../../core/net/link.ts';
+import type { Channel } from '../../core/net/channel.ts';
+import { COORDINATOR, encodeFrames, HEADER_BYTES, type Message, type TensorTag } from '../../core/net/protocol.ts';
 
 /** One direction of an in-memory data channel: `send` buffers, a later task
  *  drains up to `bytesPerTick` to the far end and fires `bufferedamountlow`

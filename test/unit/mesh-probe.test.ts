@@ -1,10 +1,10 @@
 import { beforeAll, describe, expect, it } from 'vitest';
 import type { WanModel } from '../../core/model/reference.ts';
 import { loadTransformer } from '../../core/model/transformer.ts';
-import { memoryExchanges } from '../../worker/memory-exchange.ts';
-import { fitMeshProbe, PROBE_FLOATS, probeMesh, type MeshProbe } from '../../worker/mesh-probe.ts';
-import { WorkerRuntime } from '../../worker/runtime.ts';
-import { referenceStages } from '../../worker/stages.ts';
+import { memoryExchanges } from '../../rank/exchange/memory.ts';
+import { fitMeshProbe, PROBE_FLOATS, probeMesh, type MeshProbe } from '../../rank/mesh-probe.ts';
+import { WorkerRuntime } from '../../rank/runtime.ts';
+import { referenceStages } from '../../rank/stages.ts';
 import { tinyModelFiles } from './fixtures.ts';
 
 let model: WanModel;

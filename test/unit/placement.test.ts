@@ -6,7 +6,7 @@ import { parseWanConfig, type WanConfig } from '../../core/model/config.ts';
 import { readJson } from '../../core/model/files.ts';
 import { TRANSFORMER_CONFIG } from '../../core/model/transformer.ts';
 import { checkDegree, defaultDegree, ParallelConfigError, validDegrees } from '../../core/parallel.ts';
-import type { InitArgs } from '../../worker/runtime.ts';
+import type { InitArgs } from '../../rank/runtime.ts';
 import { tinyModelFiles } from './fixtures.ts';
 
 /**

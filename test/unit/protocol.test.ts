@@ -10,7 +10,7 @@ import {
   type FrameHeader,
   type Message,
   type TensorTag,
-} from '../../core/protocol.ts';
+} from '../../core/net/protocol.ts';
 
 // Deterministic randomness so a failing case can be replayed.
 function rng(seed: number): () => number {

@@ -2,10 +2,10 @@ import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { WebSocket } from 'ws';
-import type { Link } from '../../core/link.ts';
-import { dial, openLink, type PeerDialer } from '../../core/peer-link.ts';
-import type { Message, TensorTag } from '../../core/protocol.ts';
-import { RelayClient, RelayRefused, relayUrl, type RelayConnection, type RelayRegistration, type RelaySocket } from '../../core/relay-channel.ts';
+import type { Link } from '../../core/net/link.ts';
+import { dial, openLink, type PeerDialer } from '../../core/net/peer-link.ts';
+import type { Message, TensorTag } from '../../core/net/protocol.ts';
+import { RelayClient, RelayRefused, relayUrl, type RelayConnection, type RelayRegistration, type RelaySocket } from '../../core/net/relay-client.ts';
 import { createRelay, type Relay } from '../../server/relay.ts';
 
 // The relay, as pages see it: real `ws` sockets against the relay on a real http server. Pages

@@ -5,8 +5,8 @@ import { loadTransformer } from '../../core/model/transformer.ts';
 import { planUlysses, keyPaddingBias } from '../../core/parallel.ts';
 import { SeededRandom } from '../../core/random.ts';
 import { maxAbsDiff, type Tensor } from '../../core/tensor.ts';
-import { onnxStages } from '../../worker/onnx-stages.ts';
-import { hostValues, referenceStages, type StageRunner } from '../../worker/stages.ts';
+import { onnxStages } from '../../rank/onnx-stages.ts';
+import { hostValues, referenceStages, type StageRunner } from '../../rank/stages.ts';
 import { tinyModelFiles } from './fixtures.ts';
 
 /** The ONNX graphs against the TypeScript reference, stage by stage and whole. */

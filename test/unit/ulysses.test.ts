@@ -5,10 +5,10 @@ import { loadTransformer } from '../../core/model/transformer.ts';
 import { exchangeFloatsPerBlock, planUlysses } from '../../core/parallel.ts';
 import { SeededRandom } from '../../core/random.ts';
 import { maxAbsDiff, type Tensor } from '../../core/tensor.ts';
-import { memoryExchanges } from '../../worker/memory-exchange.ts';
-import { onnxStages } from '../../worker/onnx-stages.ts';
-import { hostValues, type Activation, type DeviceStageRunner, type DeviceTensor, type StageRunner } from '../../worker/stages.ts';
-import { forwardInProcess, forwardRank, noStats, type Exchange } from '../../worker/ulysses.ts';
+import { memoryExchanges } from '../../rank/exchange/memory.ts';
+import { onnxStages } from '../../rank/onnx-stages.ts';
+import { hostValues, type Activation, type DeviceStageRunner, type DeviceTensor, type StageRunner } from '../../rank/stages.ts';
+import { forwardInProcess, forwardRank, noStats, type Exchange } from '../../rank/ulysses.ts';
 import { tinyModelFiles } from './fixtures.ts';
 
 /** Ulysses over the in-memory transport: P ranks give the single-rank result. */

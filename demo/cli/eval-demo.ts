@@ -1,7 +1,7 @@
 /**
  * Scores the demo model on prompts it never saw in training: for each held-out combination of
  * colour, shape and direction it samples videos (the pipeline's sampler in Node, through the ONNX
- * stage graphs workers run), decodes them and reads them with the detector of core/demo. Writes
+ * stage graphs workers run), decodes them and reads them with the detector of demo/. Writes
  * bench/out/demo-eval.json with colorAccuracy, directionAccuracy and every prompt's result.
  *
  *   npm run eval-demo [-- --model DIR --steps N --guidance X --seeds N --ranks P --set held-out|training]
@@ -11,10 +11,10 @@ import { cpus, totalmem } from 'node:os';
 import { dirname } from 'node:path';
 import { parseArgs } from 'node:util';
 import * as ort from 'onnxruntime-web';
-import { detect } from '../../core/demo/detector.ts';
-import { CLIP, DEMO_SAMPLING, HELD_OUT_COMBOS, promptOf, TRAINING_COMBOS } from '../../core/demo/world.ts';
-import { loadModel, sampleVideo } from '../demo/generate.ts';
-import { folderFiles } from '../demo/model-folder.ts';
+import { detect } from '../detector.ts';
+import { CLIP, DEMO_SAMPLING, HELD_OUT_COMBOS, promptOf, TRAINING_COMBOS } from '../world.ts';
+import { loadModel, sampleVideo } from '../generate.ts';
+import { folderFiles } from '../model-folder.ts';
 
 const { values } = parseArgs({
   options: {

@@ -1,6 +1,6 @@
 /**
  * Trains the demo model — the tiny Wan2.1-format transformer and its byte-level text encoder — on
- * the procedural world of core/demo/world.ts with flow matching, deterministically from a seed,
+ * the procedural world of demo/world.ts with flow matching, deterministically from a seed,
  * and writes it in make-model's layout (plus training-log.json):
  *   public/models/tiny-wan-demo/{model_index.json, transformer/, text_encoder/, vae/}
  * Before it exits it reloads the written files with the app's loaders and checks that the
@@ -13,7 +13,7 @@ import { mkdirSync, writeFileSync } from 'node:fs';
 import { cpus } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
-import { CLIP, HELD_OUT_COMBOS, TRAINING_COMBOS, promptOf } from '../../core/demo/world.ts';
+import { CLIP, HELD_OUT_COMBOS, TRAINING_COMBOS, promptOf } from '../world.ts';
 import { latentShape } from '../../core/job.ts';
 import { wanConfigOfSize } from '../../core/model/config.ts';
 import { referenceForward } from '../../core/model/reference.ts';
@@ -22,11 +22,11 @@ import { loadTextEncoder } from '../../core/model/text-encoder.ts';
 import { latentToRows, patchify, tokenGrid } from '../../core/model/tokens.ts';
 import { loadTransformer } from '../../core/model/transformer.ts';
 import { SeededRandom } from '../../core/random.ts';
-import { onnxGemm } from '../demo/gemm.ts';
-import { folderFiles, writeDemoModel } from '../demo/model-folder.ts';
-import { Tape } from '../demo/tape.ts';
-import { sampleLatent, trainDemo, withWeights, type TrainResult } from '../demo/train.ts';
-import { forwardBatch, fromWeights } from '../demo/trainable-wan.ts';
+import { onnxGemm } from '../gemm.ts';
+import { folderFiles, writeDemoModel } from '../model-folder.ts';
+import { Tape } from '../tape.ts';
+import { sampleLatent, trainDemo, withWeights, type TrainResult } from '../train.ts';
+import { forwardBatch, fromWeights } from '../trainable-wan.ts';
 
 const { values } = parseArgs({
   options: {

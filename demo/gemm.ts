@@ -1,5 +1,5 @@
 import * as ort from 'onnxruntime-web';
-import { OnnxGraph } from '../../core/model/onnx-builder.ts';
+import { OnnxGraph } from '../core/model/onnx-builder.ts';
 
 /**
  * The three matrix products training needs, row-major float32:

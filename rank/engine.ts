@@ -3,7 +3,7 @@ import type { WanConfig } from '../core/model/config.ts';
 import { fetchModelFiles } from '../core/model/files.ts';
 import { loadTransformer } from '../core/model/transformer.ts';
 import { onnxStages, type ExecutionProvider } from './onnx-stages.ts';
-import { probeThroughput } from './probe.ts';
+import { probeThroughput } from './throughput-probe.ts';
 import { probeWebGpu } from './webgpu.ts';
 import type { DeviceStageRunner } from './stages.ts';
 

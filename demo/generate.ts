@@ -1,15 +1,15 @@
-import { latentShape, usesGuidance, type JobParams } from '../../core/job.ts';
-import { readJson, type ModelFiles } from '../../core/model/files.ts';
-import type { WanModel } from '../../core/model/reference.ts';
-import { loadTextEncoder, type TextEncoder } from '../../core/model/text-encoder.ts';
-import { loadTransformer } from '../../core/model/transformer.ts';
-import { loadVaeDecoder, type DecodedVideo } from '../../core/model/vae-decoder.ts';
-import { eulerStep, flowMatchSchedule, guide, initialNoise } from '../../core/scheduler.ts';
-import type { Tensor } from '../../core/tensor.ts';
-import { memoryExchanges } from '../../worker/memory-exchange.ts';
-import { onnxStages } from '../../worker/onnx-stages.ts';
-import type { StageRunner } from '../../worker/stages.ts';
-import { forwardInProcess } from '../../worker/ulysses.ts';
+import { latentShape, usesGuidance, type JobParams } from '../core/job.ts';
+import { readJson, type ModelFiles } from '../core/model/files.ts';
+import type { WanModel } from '../core/model/reference.ts';
+import { loadTextEncoder, type TextEncoder } from '../core/model/text-encoder.ts';
+import { loadTransformer } from '../core/model/transformer.ts';
+import { loadVaeDecoder, type DecodedVideo } from '../core/model/vae-decoder.ts';
+import { eulerStep, flowMatchSchedule, guide, initialNoise } from '../core/scheduler.ts';
+import type { Tensor } from '../core/tensor.ts';
+import { memoryExchanges } from '../rank/exchange/memory.ts';
+import { onnxStages } from '../rank/onnx-stages.ts';
+import type { StageRunner } from '../rank/stages.ts';
+import { forwardInProcess } from '../rank/ulysses.ts';
 
 /**
  * The coordinator pipeline's sampler run in Node: text encoder → seeded noise → flow-matching

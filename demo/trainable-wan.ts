@@ -1,8 +1,8 @@
-import { expectedWeightShapes, type WanConfig } from '../../core/model/config.ts';
-import { timestepFrequencies } from '../../core/model/ops.ts';
-import { ropeTables, type TokenGrid } from '../../core/model/tokens.ts';
-import { SeededRandom } from '../../core/random.ts';
-import type { TensorMap } from '../../core/safetensors.ts';
+import { expectedWeightShapes, type WanConfig } from '../core/model/config.ts';
+import { timestepFrequencies } from '../core/model/ops.ts';
+import { ropeTables, type TokenGrid } from '../core/model/tokens.ts';
+import { SeededRandom } from '../core/random.ts';
+import type { TensorMap } from '../core/safetensors.ts';
 import { constant, parameter, type Tape, type Var } from './tape.ts';
 
 /**

@@ -1,6 +1,6 @@
-import type { TensorMap } from '../safetensors.ts';
-import type { Tensor } from '../tensor.ts';
-import { SPATIAL_SCALE, TEMPORAL_SCALE, type VaeConfig } from '../model/vae-decoder.ts';
+import type { TensorMap } from '../core/safetensors.ts';
+import type { Tensor } from '../core/tensor.ts';
+import { SPATIAL_SCALE, TEMPORAL_SCALE, type VaeConfig } from '../core/model/vae-decoder.ts';
 import { MOTION, renderClip, SPEED, type ClipSpec } from './world.ts';
 
 /**

@@ -1,5 +1,5 @@
 import { fitLink, type LinkSpeed } from '../core/cost-model.ts';
-import { BYTES_PER_ELEMENT } from '../core/protocol.ts';
+import { BYTES_PER_ELEMENT } from '../core/net/protocol.ts';
 import { ExchangePhase, type Exchange } from './ulysses.ts';
 
 /**

@@ -1,5 +1,5 @@
 import type { Link } from './link.ts';
-import type { Transport } from './relay-channel.ts';
+import type { Transport } from './channel.ts';
 
 /**
  * Liveness of a worker as the coordinator judges it: the coordinator sends a heartbeat every

@@ -1,5 +1,5 @@
-import { tensorPayload, tensorValues, type DType } from '../core/protocol.ts';
-import type { Exchange, ExchangeTag } from './ulysses.ts';
+import { tensorPayload, tensorValues, type DType } from '../../core/net/protocol.ts';
+import type { Exchange, ExchangeTag } from '../ulysses.ts';
 
 /**
  * The all-to-all of P ranks in one process: each (tag, from, to) message waits in a mailbox until

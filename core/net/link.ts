@@ -14,15 +14,7 @@ import {
   type FrameSource,
   type Message,
 } from './protocol.ts';
-
-/** The part of RTCDataChannel a Link uses. */
-export interface Channel {
-  send(data: ArrayBuffer): void;
-  readonly bufferedAmount: number;
-  bufferedAmountLowThreshold: number;
-  addEventListener(type: 'bufferedamountlow' | 'close', cb: () => void): void;
-  removeEventListener(type: 'bufferedamountlow' | 'close', cb: () => void): void;
-}
+import type { Channel } from './channel.ts';
 
 export interface LinkOptions {
   /** Bytes per frame including the header; ≤ 256 KiB. */

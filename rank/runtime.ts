@@ -1,7 +1,7 @@
 import type { WanConfig } from '../core/model/config.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
 import { planUlysses, type UlyssesPlan } from '../core/parallel.ts';
-import { BYTES_PER_ELEMENT, type DType } from '../core/protocol.ts';
+import { BYTES_PER_ELEMENT, type DType } from '../core/net/protocol.ts';
 import type { EngineApi, EngineInfo } from './engine.ts';
 import type { ExecutionProvider } from './onnx-stages.ts';
 import { probeMesh, PROBE_FLOATS } from './mesh-probe.ts';

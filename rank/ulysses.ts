@@ -1,5 +1,5 @@
 import type { WanConfig } from '../core/model/config.ts';
-import type { DType } from '../core/protocol.ts';
+import type { DType } from '../core/net/protocol.ts';
 import { patchify, ropeTables, tokenGrid, unpatchify, type TokenGrid } from '../core/model/tokens.ts';
 import { gatherRows, keyPaddingBias, planUlysses, scatterRows, tokenStart, type UlyssesPlan } from '../core/parallel.ts';
 import { concat, setCols, sliceCols, type Tensor } from '../core/tensor.ts';
@@ -19,7 +19,7 @@ export const enum ExchangePhase {
   QKV = 0,
   /** attention output of the receiver's tokens for the sender's heads */
   Output = 1,
-  /** a timed all-to-all of fixed size at placement (worker/mesh-probe.ts), no model data */
+  /** a timed all-to-all of fixed size at placement (rank/mesh-probe.ts), no model data */
   Probe = 2,
 }
 

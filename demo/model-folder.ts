@@ -1,13 +1,13 @@
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { PATCH_VAE_CONFIG, patchVaeWeights } from '../../core/demo/patch-vae.ts';
-import { toDiffusersConfig } from '../../core/model/config.ts';
-import type { ModelFiles } from '../../core/model/files.ts';
-import { TEXT_ENCODER_CLASS } from '../../core/model/text-encoder.ts';
-import { TRANSFORMER_CONFIG, TRANSFORMER_WEIGHTS } from '../../core/model/transformer.ts';
-import { PATCH_VAE_DECODER_CLASS } from '../../core/model/vae-decoder.ts';
-import { writeSafetensors } from '../../core/safetensors.ts';
+import { PATCH_VAE_CONFIG, patchVaeWeights } from './patch-vae.ts';
+import { toDiffusersConfig } from '../core/model/config.ts';
+import type { ModelFiles } from '../core/model/files.ts';
+import { TEXT_ENCODER_CLASS } from '../core/model/text-encoder.ts';
+import { TRANSFORMER_CONFIG, TRANSFORMER_WEIGHTS } from '../core/model/transformer.ts';
+import { PATCH_VAE_DECODER_CLASS } from '../core/model/vae-decoder.ts';
+import { writeSafetensors } from '../core/safetensors.ts';
 import { toTensorMaps, type TrainableWan } from './trainable-wan.ts';
 
 /**

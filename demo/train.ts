@@ -1,10 +1,10 @@
-import { encodeClip } from '../../core/demo/patch-vae.ts';
-import { CLIP, promptOf, sampleClip, TRAINING_COMBOS, type Combo } from '../../core/demo/world.ts';
-import { latentShape } from '../../core/job.ts';
-import type { WanConfig } from '../../core/model/config.ts';
-import { latentToRows, patchify, tokenGrid } from '../../core/model/tokens.ts';
-import { SeededRandom } from '../../core/random.ts';
-import { concat } from '../../core/tensor.ts';
+import { encodeClip } from './patch-vae.ts';
+import { CLIP, promptOf, sampleClip, TRAINING_COMBOS, type Combo } from './world.ts';
+import { latentShape } from '../core/job.ts';
+import type { WanConfig } from '../core/model/config.ts';
+import { latentToRows, patchify, tokenGrid } from '../core/model/tokens.ts';
+import { SeededRandom } from '../core/random.ts';
+import { concat } from '../core/tensor.ts';
 import { Adam } from './adam.ts';
 import type { Gemm } from './gemm.ts';
 import { parameter, Tape } from './tape.ts';

@@ -1,6 +1,6 @@
-import type { Link } from '../core/link.ts';
-import { tensorPayload, tensorValues, type DType, type Message, type TensorTag } from '../core/protocol.ts';
-import type { Exchange, ExchangeTag } from './ulysses.ts';
+import type { Link } from '../../core/net/link.ts';
+import { tensorPayload, tensorValues, type DType, type Message, type TensorTag } from '../../core/net/protocol.ts';
+import type { Exchange, ExchangeTag } from '../ulysses.ts';
 
 /**
  * The all-to-all of one rank over direct data channels to every other rank of its job. Tensors

@@ -1,5 +1,4 @@
-import type { Channel } from './link.ts';
-import type { DataConnectionLike } from './peer-link.ts';
+import type { Channel, DataConnectionLike, Transport } from './channel.ts';
 
 /**
  * The page side of the relay: when WebRTC cannot open a data channel (UDP blocked, NATs without
@@ -24,7 +23,6 @@ export const MAX_RELAY_CONTROL_BYTES = 4096;
 /** Why the relay closes a connection when the other page closed it; other reasons are errors. */
 export const CLOSED_BY_OTHER_SIDE = 'closed by the other side';
 
-export type Transport = 'direct' | 'relay';
 export type RelayRole = 'coordinator' | 'worker';
 
 /** How a page registers on the relay (the WebSocket URL's query). */

@@ -1,22 +1,8 @@
-import { Link, type Channel, type LinkOptions } from './link.ts';
-import { RELAY_PATH, relayUrl, RelayClient, type RelayRegistration, type Transport } from './relay-channel.ts';
+import type { DataConnectionLike, Transport } from './channel.ts';
+import { Link, type LinkOptions } from './link.ts';
+import { RELAY_PATH, relayUrl, RelayClient, type RelayRegistration } from './relay-client.ts';
 
-/**
- * The one place a PeerJS data connection becomes a Link, for both sides of the wire. Typed
- * structurally so core/ stays free of browser imports; PeerJS's DataConnection fits.
- */
-export interface DataConnectionLike {
-  readonly peer: string;
-  readonly metadata: unknown;
-  readonly open: boolean;
-  dataChannel: Channel;
-  /** 'relay' on a connection through the server's relay; a PeerJS connection has none */
-  readonly transport?: Transport;
-  on(event: 'open' | 'close', cb: () => void): unknown;
-  on(event: 'data', cb: (data: unknown) => void): unknown;
-  on(event: 'error', cb: (error: Error) => void): unknown;
-  close(): void;
-}
+// The one place a PeerJS data connection becomes a Link, for both sides of the wire.
 
 /** Peer ids say which side a peer is, so a worker can find dashboards on the signaling server. */
 export const PEER_ID_PREFIX = { coordinator: 'ditswarm-c-', worker: 'ditswarm-w-' } as const;

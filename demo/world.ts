@@ -1,4 +1,5 @@
-import { SeededRandom } from '../random.ts';
+import { SeededRandom } from '../core/random.ts';
+import { DEFAULT_JOB } from '../core/job.ts';
 
 /**
  * The demo model's procedural world: one shape of one colour moving in one direction (or standing
@@ -75,9 +76,9 @@ export interface ClipSpec extends Combo {
   speed: number;
 }
 
-export const CLIP = { frames: 9, height: 64, width: 64 } as const;
-/** How to sample the demo model: the clip size it was trained on, with steps and guidance the evaluation chose. */
-export const DEMO_SAMPLING = { ...CLIP, steps: 20, guidance: 4 } as const;
+export const CLIP = { frames: DEFAULT_JOB.frames, height: DEFAULT_JOB.height, width: DEFAULT_JOB.width } as const;
+/** How to sample the demo model (the product's default job is made for it). */
+export const DEMO_SAMPLING = { ...CLIP, steps: DEFAULT_JOB.steps, guidance: DEFAULT_JOB.guidance } as const;
 
 const SIZE = { min: 14, max: 20 };
 /**
