@@ -1,12 +1,11 @@
-/**
- * What the executor costs: the `local` backend's step time (pipeline → executor → worker runtime →
- * engine in a Web Worker, one stage call at a time) against a forward on the same ONNX sessions
- * called directly in a page. After a warm-up of both, one-step jobs and direct forwards alternate,
- * so a change in the machine's load hits both sides of a pair; the overhead is the median of the
- * pairs' ratios. Writes bench/out/local-overhead.json.
- *
- *   npm run bench -- local-overhead [--frames 13 --height 512 --width 512 --pairs 5]
- */
+// What the executor costs: the `local` backend's step time (pipeline → executor → worker runtime →
+// engine in a Web Worker, one stage call at a time) against a forward on the same ONNX sessions
+// called directly in a page. After a warm-up of both, one-step jobs and direct forwards alternate,
+// so a change in the machine's load hits both sides of a pair; the overhead is the median of the
+// pairs' ratios. Writes bench/out/local-overhead.json.
+//
+//   npm run bench -- local-overhead [--frames 13 --height 512 --width 512 --pairs 5]
+
 import { parseArgs } from 'node:util';
 import { latentShape } from '../core/job.ts';
 import { tokenGrid } from '../core/model/tokens.ts';

@@ -1,11 +1,10 @@
-/**
- * What the cost model predicts for the real thing: Wan2.1-T2V-1.3B at 480p (832×480, 81 frames →
- * 21 × 30 × 52 = 32,760 tokens), 50 steps with classifier-free guidance, on P = 1, 2, 3, 4, 6
- * browsers for three link speeds, three device speeds and fp32/fp16 transport. Pure arithmetic,
- * no browser. Writes bench/out/projection.json and bench/out/projection.md.
- *
- *   npm run bench -- projection
- */
+// What the cost model predicts for the real thing: Wan2.1-T2V-1.3B at 480p (832×480, 81 frames →
+// 21 × 30 × 52 = 32,760 tokens), 50 steps with classifier-free guidance, on P = 1, 2, 3, 4, 6
+// browsers for three link speeds, three device speeds and fp32/fp16 transport. Pure arithmetic,
+// no browser. Writes bench/out/projection.json and bench/out/projection.md.
+//
+//   npm run bench -- projection
+
 import { planSwarm, predictStep, type Hardware, type ModelShape, type Workload } from '../core/cost-model.ts';
 import { isMain, machine, round, versions, writeReport } from './lib.ts';
 

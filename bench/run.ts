@@ -1,11 +1,10 @@
-/**
- * `npm run bench`: every benchmark, one after the other (they share the machine's two cores, so
- * never at once), each writing its own report under bench/out/, then the headline figures in
- * bench/out/scaling.json.
- *
- *   npm run bench                      scaling, local overhead, projection
- *   npm run bench -- scaling [flags]   one of them (flags as in bench/scaling.ts etc.)
- */
+// `npm run bench`: every benchmark, one after the other (they share the machine's two cores, so
+// never at once), each writing its own report under bench/out/, then the headline figures in
+// bench/out/scaling.json.
+//
+//   npm run bench                      scaling, local overhead, projection
+//   npm run bench -- scaling [flags]   one of them (flags as in bench/scaling.ts etc.)
+
 import { parseOverheadArgs, runLocalOverhead } from './local-overhead.ts';
 import { log, writeReport } from './lib.ts';
 import { projectionMarkdown, runProjection } from './projection.ts';

@@ -1,27 +1,22 @@
-/**
- * Per-step latency of the bench-size model on P = 1, 2, 3 worker tabs (wasm EP, one thread each),
- * measured in one run on one swarm: each rank's compute, communication wait and idle time, bytes
- * sent, speed-up over P = 1, parity with P = 1, and the cost model's prediction next to it.
- * Writes bench/out/scaling.json.
- *
- *   npm run bench -- scaling [--frames 45 --height 512 --width 512 --steps 2 --guidance 1 --degrees 1,2,3 --no-fp16 --no-cfg]
- */
+// Per-step latency of the bench-size model on P = 1, 2, 3 worker tabs (wasm EP, one thread each),
+// measured in one run on one swarm: each rank's compute, communication wait and idle time, bytes
+// sent, speed-up over P = 1, parity with P = 1, and the cost model's prediction next to it.
+// Writes bench/out/scaling.json.
+//
+//   npm run bench -- scaling [--frames 45 --height 512 --width 512 --steps 2 --guidance 1
+//                             --degrees 1,2,3 --no-fp16 --no-cfg]
+
 import { cpus } from 'node:os';
 import { parseArgs } from 'node:util';
 import { forwardBytes, predictStep, type Hardware, type Workload } from '../core/cost-model.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
-import { latentShape } from '../core/job.ts';
+import { latentShape, type JobParams } from '../core/job.ts';
 import { startLocalSwarm } from '../server/cli/browser-swarm.ts';
+import { JOB_FLAG_OPTIONS, jobFlagValues, type JobFlag } from '../server/cli/job-flags.ts';
 import { buildBenchPages, ensureBenchModel, isMain, latentFromBase64, log, machine, maxAbs, round, serveBenchFiles, versions, waitForQuietMachine, writeReport, APP_MODEL_PATH } from './lib.ts';
 import { measureLink, measureThroughput } from './probes.ts';
 
-export interface ScalingOptions {
-  frames: number;
-  height: number;
-  width: number;
-  steps: number;
-  guidance: number;
-  seed: number;
+export interface ScalingOptions extends Pick<JobParams, JobFlag> {
   degrees: number[];
   /** also run the largest degree ≤ 2 with fp16 transport (the job's dtype 'f16') */
   fp16: boolean;
@@ -248,19 +243,13 @@ export function parseScalingArgs(args: string[]): Partial<ScalingOptions> {
   const { values } = parseArgs({
     args,
     options: {
-      frames: { type: 'string' },
-      height: { type: 'string' },
-      width: { type: 'string' },
-      steps: { type: 'string' },
-      guidance: { type: 'string' },
-      seed: { type: 'string' },
+      ...JOB_FLAG_OPTIONS,
       degrees: { type: 'string' },
       'no-fp16': { type: 'boolean', default: false },
       'no-cfg': { type: 'boolean', default: false },
     },
   });
-  const out: Partial<ScalingOptions> = {};
-  for (const key of ['frames', 'height', 'width', 'steps', 'guidance', 'seed'] as const) if (values[key] !== undefined) out[key] = Number(values[key]);
+  const out: Partial<ScalingOptions> = jobFlagValues(values);
   if (values.degrees) out.degrees = values.degrees.split(',').map(Number);
   if (values['no-fp16']) out.fp16 = false;
   if (values['no-cfg']) out.cfg = false;

@@ -1,12 +1,11 @@
+// The dashboard's jobs, one at a time in the order they were submitted. Every change is written
+// to the store before it is announced, so a reload finds the queue as it was: finished jobs keep
+// their videos, an interrupted job resumes from its last completed step, queued ones still wait.
+
 import { jobParams, type JobParams } from '../core/job.ts';
 import type { GenerateRequest, GenerateResult, StepProgress } from './pipeline.ts';
 import type { JobPlacement, JobStore, StoredJob } from './job-store.ts';
 
-/**
- * The dashboard's jobs, one at a time in the order they were submitted. Every change is written
- * to the store before it is announced, so a reload finds the queue as it was: finished jobs keep
- * their videos, an interrupted job resumes from its last completed step, queued ones still wait.
- */
 export type RunJob = (job: StoredJob, hooks: Pick<GenerateRequest, 'resume' | 'onCheckpoint' | 'onProgress' | 'onPhase' | 'onFailure'>) => Promise<GenerateResult>;
 
 export type QueueEvent = { type: 'changed'; job: StoredJob } | { type: 'progress'; job: StoredJob; progress: StepProgress } | { type: 'phase'; job: StoredJob; phase: string };

@@ -1,13 +1,12 @@
+// Where the dashboard keeps its jobs so that a reload loses nothing: parameters, status, the
+// latent after the last completed step, and the finished video. IndexedDB in a page; an
+// in-memory twin for tests.
+
 import { openDB, type IDBPDatabase } from 'idb';
 import type { JobParams } from '../core/job.ts';
 import type { Backend } from './backends.ts';
 import type { GenerateReport } from './pipeline.ts';
 
-/**
- * Where the dashboard keeps its jobs so that a reload loses nothing: parameters, status, the
- * latent after the last completed step, and the finished video. IndexedDB in a page; an
- * in-memory twin for tests.
- */
 export type JobStatus = 'queued' | 'running' | 'done' | 'failed';
 
 export interface JobPlacement {

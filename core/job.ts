@@ -1,7 +1,6 @@
-/**
- * What a user asks for, with the bounds that keep a job valid: frames of the form 4k+1 (Wan's VAE
- * turns 4 frames into one latent frame), sizes multiple of 16 (VAE ×8, then 2×2 patches).
- */
+// What a user asks for, with the bounds that keep a job valid: frames of the form 4k+1 (Wan's VAE
+// turns 4 frames into one latent frame), sizes multiple of 16 (VAE ×8, then 2×2 patches).
+
 export interface JobParams {
   prompt: string;
   negativePrompt: string;

@@ -1,10 +1,9 @@
+// Reader and writer of the safetensors format (8-byte little-endian header length, JSON header,
+// raw little-endian data), the format of diffusers' checkpoints. Every dtype is widened to float32.
+
 import type { Tensor } from './tensor.ts';
 import { sizeOf } from './tensor.ts';
 
-/**
- * Reader and writer of the safetensors format (8-byte little-endian header length, JSON header,
- * raw little-endian data), the format of diffusers' checkpoints. Every dtype is widened to float32.
- */
 export type SafetensorsDType = 'F32' | 'F16' | 'BF16';
 export type TensorMap = Map<string, Tensor>;
 

@@ -1,9 +1,8 @@
+// AdamW with global gradient-norm clipping, plus an exponential moving average of the weights
+// (what gets shipped: the average samples better than the last step's weights).
+
 import type { Var } from './tape.ts';
 
-/**
- * AdamW with global gradient-norm clipping, plus an exponential moving average of the weights
- * (what gets shipped: the average samples better than the last step's weights).
- */
 export interface AdamOptions {
   beta1: number;
   beta2: number;

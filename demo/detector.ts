@@ -1,13 +1,12 @@
+// What a video shows, read the simple way: the foreground blob is the largest region of pixels far
+// from the background (the median colour of the frame's border); its colour is the palette colour
+// whose direction away from the background is closest to the foreground's mean offset from it (so
+// pixels the shape only partly covers, which mix in the background, still count for its colour);
+// its motion is the shift of its centroid from the first frame to the last. Used to score the demo
+// model and to check decoded frames in the e2e test.
+
 import { BACKGROUND, COLOURS, PALETTE, type Colour, type Direction } from './world.ts';
 
-/**
- * What a video shows, read the simple way: the foreground blob is the largest region of pixels far
- * from the background (the median colour of the frame's border); its colour is the palette colour whose direction away
- * from the background is closest to the foreground's mean offset from it (so pixels the shape
- * only partly covers, which mix in the background, still count for its colour); its motion is the
- * shift of its centroid from the first frame to the last. Used to score the demo model and to
- * check decoded frames in the e2e test.
- */
 export interface Detection {
   colour: Colour | 'none';
   direction: Direction | 'none';

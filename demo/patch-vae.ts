@@ -1,22 +1,21 @@
+// The demo model's VAE: a fixed, exact, motion-compensated patch transform the transformer can
+// learn in. A latent pixel holds the mean RGB of the four 4×4 quadrants of its 8×8 block, mapped
+// from [0, 1] to [−1, 1] (channel 3·q + rgb, q = 2·row + column of the quadrant), and the clip's
+// motion (±2 for SPEED pixels per frame) in channels 12 (x) and 13 (y); 14 and 15 stay zero.
+// Every latent frame holds the scene as at frame 0 (a shape that moves rigidly on a plain
+// background is the same picture, moved), so direction is a property of every token, as colour
+// is. The decoder is a PatchVaeDecoder whose weights undo the quadrants and whose motion
+// channels move the picture back along the clip.
+//
+// The first version kept latent frame t = video frame 4t with the motion between frames; the
+// transformer learned colour in 200 steps and direction not in 1800 (chance level), because
+// where a shape goes is decided at high noise, where the prompt hardly lowers the loss.
+
 import type { TensorMap } from '../core/safetensors.ts';
 import type { Tensor } from '../core/tensor.ts';
 import { SPATIAL_SCALE, TEMPORAL_SCALE, type VaeConfig } from '../core/model/vae-decoder.ts';
 import { MOTION, renderClip, SPEED, type ClipSpec } from './world.ts';
 
-/**
- * The demo model's VAE: a fixed, exact, motion-compensated patch transform the transformer can
- * learn in. A latent pixel holds the mean RGB of the four 4×4 quadrants of its 8×8 block, mapped
- * from [0, 1] to [−1, 1] (channel 3·q + rgb, q = 2·row + column of the quadrant), and the clip's
- * motion (±2 for SPEED pixels per frame) in channels 12 (x) and 13 (y); 14 and 15 stay zero.
- * Every latent frame holds the scene as at frame 0 (a shape that moves rigidly on a plain
- * background is the same picture, moved), so direction is a property of every token, as colour
- * is. The decoder is a PatchVaeDecoder whose weights undo the quadrants and whose motion
- * channels move the picture back along the clip.
- *
- * The first version kept latent frame t = video frame 4t with the motion between frames; the
- * transformer learned colour in 200 steps and direction not in 1800 (chance level), because
- * where a shape goes is decided at high noise, where the prompt hardly lowers the loss.
- */
 export const QUADRANT = SPATIAL_SCALE / 2;
 export const LATENT_CHANNELS = 16;
 const COLOUR_CHANNELS = 12;
@@ -56,7 +55,7 @@ export const PATCH_VAE_CONFIG: VaeConfig & Record<string, unknown> = {
 /** A clip's latent [16, T, H, W]: its frame 0 in every latent frame, its motion in channels 12–13. */
 export function encodeClip(spec: ClipSpec, frames: number, height: number, width: number): Tensor {
   const T = (frames - 1) / TEMPORAL_SCALE + 1;
-  const first = encodeFrames(renderClip(spec, [0], height, width), 1, height, width);
+  const first = quadrantLatent(renderClip(spec, [0], height, width), 1, height, width);
   const plane = (height / SPATIAL_SCALE) * (width / SPATIAL_SCALE);
   const latent = new Float32Array(LATENT_CHANNELS * T * plane);
   for (let c = 0; c < COLOUR_CHANNELS; c++) for (let t = 0; t < T; t++) latent.set(first.data.subarray(c * plane, (c + 1) * plane), (c * T + t) * plane);
@@ -68,7 +67,7 @@ export function encodeClip(spec: ClipSpec, frames: number, height: number, width
 }
 
 /** RGB frames [3, T, 8H, 8W] → latent [16, T, H, W] of their quadrant colours, no motion. */
-export function encodeFrames(rgb: Float32Array, T: number, height: number, width: number): Tensor {
+export function quadrantLatent(rgb: Float32Array, T: number, height: number, width: number): Tensor {
   const S = SPATIAL_SCALE;
   const H = height / S;
   const W = width / S;

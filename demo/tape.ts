@@ -1,12 +1,11 @@
+// A small reverse-mode autograd over float32 buffers, with exactly the operations the Wan
+// transformer is made of (see core/model/ops.ts for the forward math it mirrors). Operations
+// record their backward step on a tape; `backward` replays it in reverse. Batched data is rows:
+// a batch of G samples of R rows each is [G·R, width], and per-sample vectors (modulation,
+// gates) are [G, width].
+
 import type { Gemm } from './gemm.ts';
 
-/**
- * A small reverse-mode autograd over float32 buffers, with exactly the operations the Wan
- * transformer is made of (see core/model/ops.ts for the forward math it mirrors). Operations
- * record their backward step on a tape; `backward` replays it in reverse. Batched data is rows:
- * a batch of G samples of R rows each is [G·R, width], and per-sample vectors (modulation,
- * gates) are [G, width].
- */
 export class Var {
   grad: Float32Array | null = null;
   constructor(

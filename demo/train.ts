@@ -1,3 +1,9 @@
+// Flow-matching training of the tiny Wan transformer (and the text encoder's embeddings) on the
+// procedural world: x_t = (1 − σ)·x0 + σ·ε, the model predicts ε − x0 at timestep 1000·σ, σ drawn
+// as the sampler spaces it (uniform, bent by the flow shift). The prompt is dropped ("") for a
+// tenth of the samples so classifier-free guidance has an unconditional model to push against,
+// and its words are spaced at random (spacedPrompt) so they are read wherever they fall.
+
 import { encodeClip } from './patch-vae.ts';
 import { CLIP, promptOf, sampleClip, TRAINING_COMBOS, type Combo } from './world.ts';
 import { latentShape } from '../core/job.ts';
@@ -10,13 +16,6 @@ import type { Gemm } from './gemm.ts';
 import { parameter, Tape } from './tape.ts';
 import { forwardBatch, initialWan, parametersOf, type TrainableWan } from './trainable-wan.ts';
 
-/**
- * Flow-matching training of the tiny Wan transformer (and the text encoder's embeddings) on the
- * procedural world: x_t = (1 − σ)·x0 + σ·ε, the model predicts ε − x0 at timestep 1000·σ, σ drawn
- * as the sampler spaces it (uniform, bent by the flow shift). The prompt is dropped ("") for a
- * tenth of the samples so classifier-free guidance has an unconditional model to push against,
- * and its words are spaced at random (spacedPrompt) so they are read wherever they fall.
- */
 export interface TrainOptions {
   config: WanConfig;
   textLength: number;

@@ -1,3 +1,8 @@
+// The Wan2.1 transformer and the byte-level text encoder as differentiable functions on a tape,
+// for a batch of samples with one token grid. The math is core/model/reference.ts's, step for
+// step (reference: embedConditions, preAttention, postAttention, head), with weights under
+// diffusers' names so they save to the same safetensors the loaders read.
+
 import { expectedWeightShapes, type WanConfig } from '../core/model/config.ts';
 import { timestepFrequencies } from '../core/model/ops.ts';
 import { ropeTables, type TokenGrid } from '../core/model/tokens.ts';
@@ -5,12 +10,6 @@ import { SeededRandom } from '../core/random.ts';
 import type { TensorMap } from '../core/safetensors.ts';
 import { constant, parameter, type Tape, type Var } from './tape.ts';
 
-/**
- * The Wan2.1 transformer and the byte-level text encoder as differentiable functions on a tape,
- * for a batch of samples with one token grid. The math is core/model/reference.ts's, step for
- * step (reference: embedConditions, preAttention, postAttention, head), with weights under
- * diffusers' names so they save to the same safetensors the loaders read.
- */
 export interface TrainableWan {
   config: WanConfig;
   /** transformer weights by diffusers name */

@@ -1,12 +1,11 @@
+// The demo model's procedural world: one shape of one colour moving in one direction (or standing
+// still) on a plain dark background, with its prompt from a small grammar. Clips are rendered on
+// the fly from a seed, so the data set is the generator; a fixed split of the 75 prompt
+// combinations keeps some for evaluation only.
+
 import { SeededRandom } from '../core/random.ts';
 import { DEFAULT_JOB } from '../core/job.ts';
 
-/**
- * The demo model's procedural world: one shape of one colour moving in one direction (or standing
- * still) on a plain dark background, with its prompt from a small grammar. Clips are rendered on
- * the fly from a seed, so the data set is the generator; a fixed split of the 75 prompt
- * combinations keeps some for evaluation only.
- */
 export const COLOURS = ['red', 'green', 'blue', 'yellow', 'white'] as const;
 export const SHAPES = ['circle', 'square', 'triangle'] as const;
 export const DIRECTIONS = ['left', 'right', 'up', 'down', 'still'] as const;

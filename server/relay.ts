@@ -1,24 +1,23 @@
+// The relay: pages that cannot open a data channel to each other send their link frames here
+// over one WebSocket each, and the server forwards them (see core/net/relay-client.ts for the wire).
+//
+// - Who: a page registers with its PeerJS id, the token it registered that id with on the
+//   signaling server (so nobody can take another page's id), and the swarm's join token. A
+//   dashboard opens a swarm's room; a worker is admitted only to a room a dashboard holds, and
+//   frames go only between pages of one room.
+// - How much: the server holds at most `socketCapBytes` (plus the frames already read from the
+//   senders' sockets) queued for one receiving socket. Past it, it stops reading from the sockets
+//   that send to it until it has drained to half: TCP then pushes back on the senders, and a page
+//   that never reads makes its senders wait, never the server's memory grow.
+// - When: every frame is acked to its sender once written to the receiver's socket, which is
+//   what the page's `bufferedAmount` and `bufferedamountlow` are made of.
+
 import type { IncomingMessage } from 'node:http';
 import type { Duplex } from 'node:stream';
 import { WebSocketServer, type RawData, type WebSocket } from 'ws';
 import { MAX_FRAME_BYTES } from '../core/net/protocol.ts';
 import { CLOSED_BY_OTHER_SIDE, MAX_RELAY_CONTROL_BYTES, RELAY_ENVELOPE_BYTES, type RelayControl, type RelayRole } from '../core/net/relay-client.ts';
 
-/**
- * The relay: pages that cannot open a data channel to each other send their link frames here
- * over one WebSocket each, and the server forwards them (see core/net/relay-client.ts for the wire).
- *
- * - Who: a page registers with its PeerJS id, the token it registered that id with on the
- *   signaling server (so nobody can take another page's id), and the swarm's join token. A
- *   dashboard opens a swarm's room; a worker is admitted only to a room a dashboard holds, and
- *   frames go only between pages of one room.
- * - How much: the server holds at most `socketCapBytes` (plus the frames already read from the
- *   senders' sockets) queued for one receiving socket. Past it, it stops reading from the sockets
- *   that send to it until it has drained to half: TCP then pushes back on the senders, and a page
- *   that never reads makes its senders wait, never the server's memory grow.
- * - When: every frame is acked to its sender once written to the receiver's socket, which is
- *   what the page's `bufferedAmount` and `bufferedamountlow` are made of.
- */
 export const DEFAULT_RELAY_SOCKET_CAP_BYTES = 16 * 1024 * 1024;
 const MAX_CONNECTIONS_PER_SOCKET = 64;
 const MAX_METADATA_BYTES = 1024;

@@ -1,7 +1,8 @@
+// Finished videos, newest first: play, download, and what made them.
+
 import type { StoredJob } from '../../coordinator/index.ts';
 import { $, h, seconds } from './dom.ts';
 
-/** Finished videos, newest first: play, download, and what made them. */
 const urls = new Map<number, string>();
 
 export function videoUrl(job: StoredJob): string {

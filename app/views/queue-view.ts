@@ -1,10 +1,9 @@
+// The queue: one line per unfinished job with its own progress bar and ETA. Lines are kept and
+// updated in place (no re-layout when a step completes).
+
 import type { StepProgress, StoredJob } from '../../coordinator/index.ts';
 import { $, h, seconds } from './dom.ts';
 
-/**
- * The queue: one line per unfinished job with its own progress bar and ETA. Lines are kept and
- * updated in place (no re-layout when a step completes).
- */
 const lines = new Map<number, { li: HTMLLIElement; bar: HTMLProgressElement; text: HTMLSpanElement }>();
 
 export function renderQueue(jobs: StoredJob[]): void {

@@ -1,9 +1,8 @@
+// The per-step timeline: for the last steps, one lane per rank with its compute (blue), its
+// waiting for peers (orange) and the rest of the step (grey: coordinator, scheduling, idle).
+
 import type { RankReport } from '../../coordinator/index.ts';
 
-/**
- * The per-step timeline: for the last steps, one lane per rank with its compute (blue), its
- * waiting for peers (orange) and the rest of the step (grey: coordinator, scheduling, idle).
- */
 const COLORS = { compute: '#2454d6', comm: '#f08c00', idle: '#d0d5dd' };
 const MAX_STEPS = 12;
 const steps: { ms: number; ranks: RankReport[] }[] = [];

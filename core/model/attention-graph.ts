@@ -1,3 +1,13 @@
+// Self-attention over the full sequence with the queries taken a chunk of rows at a time, so the
+// score matrix never exceeds `scoreBudget` floats: a [h, S, S] matrix is 3.2 GB at 12 heads and
+// S = 8192 — past what a 32-bit wasm heap (and onnxruntime's size arithmetic) allows — while a
+// [h, c, S] chunk of it is not. The math of `attention` in ops.ts, rows independent of the chunking:
+//   q, k, v [S, h·d], key_bias [S] (0 real key, −1e9 padding) → o [S, h·d], h = width / d.
+//
+// In ONNX: an outer graph puts heads first and pads the queries to n·c rows, a Loop of n
+// iterations attends one [h, c, d] chunk of queries to all keys, and the stacked chunk outputs
+// [n, h, c, d] go back to rows [S, h·d]. Weightless: one graph serves every block and head count.
+
 import onnxProto from 'onnx-proto';
 import { OPSET } from './onnx-builder.ts';
 
@@ -5,17 +15,6 @@ const { onnx } = onnxProto;
 const { FLOAT, INT64, BOOL } = onnx.TensorProto.DataType;
 const { INT, INTS, GRAPH } = onnx.AttributeProto.AttributeType;
 
-/**
- * Self-attention over the full sequence with the queries taken a chunk of rows at a time, so the
- * score matrix never exceeds `scoreBudget` floats: a [h, S, S] matrix is 3.2 GB at 12 heads and
- * S = 8192 — past what a 32-bit wasm heap (and onnxruntime's size arithmetic) allows — while a
- * [h, c, S] chunk of it is not. The math of `attention` in ops.ts, rows independent of the chunking:
- *   q, k, v [S, h·d], key_bias [S] (0 real key, −1e9 padding) → o [S, h·d], h = width / d.
- *
- * In ONNX: an outer graph puts heads first and pads the queries to n·c rows, a Loop of n
- * iterations attends one [h, c, d] chunk of queries to all keys, and the stacked chunk outputs
- * [n, h, c, d] go back to rows [S, h·d]. Weightless: one graph serves every block and head count.
- */
 export const DEFAULT_SCORE_BUDGET = 1 << 22; // floats in one chunk's [h, c, S] scores: 16 MiB
 
 export function buildChunkedAttentionGraph(headDim: number, scoreBudget = DEFAULT_SCORE_BUDGET): Uint8Array {

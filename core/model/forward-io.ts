@@ -1,13 +1,12 @@
+// One transformer forward's inputs and output under diffusers' argument names
+// (`WanTransformer3DModel.forward(hidden_states, timestep, encoder_hidden_states)` → `sample`),
+// as tensors with the batch dimension, which must be 1; inside ditswarm the batch is dropped.
+
 import { SeededRandom } from '../random.ts';
 import type { TensorMap } from '../safetensors.ts';
 import { sizeOf, type Tensor } from '../tensor.ts';
 import type { WanConfig } from './config.ts';
 
-/**
- * One transformer forward's inputs and output under diffusers' argument names
- * (`WanTransformer3DModel.forward(hidden_states, timestep, encoder_hidden_states)` → `sample`),
- * as tensors with the batch dimension, which must be 1; inside ditswarm the batch is dropped.
- */
 export interface ForwardInputs {
   latent: Tensor; // [C, T, H, W]
   timestep: number;

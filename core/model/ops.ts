@@ -1,7 +1,5 @@
-/**
- * The few dense operations the Wan transformer is made of, on row-major float32 matrices, written
- * for clarity: this is the reference the ONNX graphs are checked against. Sums run in float64.
- */
+// The few dense operations the Wan transformer is made of, on row-major float32 matrices, written
+// for clarity: this is the reference the ONNX graphs are checked against. Sums run in float64.
 
 /** x [N, in] · Wᵀ + b, with W [out, in] as PyTorch stores it → [N, out] */
 export function linear(x: Float32Array, w: Float32Array, b: Float32Array | null, inDim: number): Float32Array {

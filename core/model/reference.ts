@@ -1,14 +1,13 @@
+// diffusers' WanTransformer3DModel.forward in plain TypeScript, cut at the same stage boundaries
+// as the ONNX graphs a worker runs (embed → per block: pre-attention, attention, post-attention →
+// head), so each graph and the Ulysses split can be checked against it stage by stage.
+
 import type { TensorMap } from '../safetensors.ts';
 import type { Tensor } from '../tensor.ts';
 import type { WanConfig } from './config.ts';
 import { attention, applyRope, gatedAdd, geluTanh, layerNorm, linear, modulate, rmsNorm, silu, timestepFrequencies } from './ops.ts';
 import { patchify, ropeTables, tokenGrid, unpatchify } from './tokens.ts';
 
-/**
- * diffusers' WanTransformer3DModel.forward in plain TypeScript, cut at the same stage boundaries
- * as the ONNX graphs a worker runs (embed → per block: pre-attention, attention, post-attention →
- * head), so each graph and the Ulysses split can be checked against it stage by stage.
- */
 export interface WanModel {
   config: WanConfig;
   weights: TensorMap;

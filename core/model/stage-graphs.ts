@@ -1,19 +1,19 @@
+// The ONNX graphs a worker runs for one forward pass, built from config + weights, the sequence
+// length symbolic ("S" tokens). They compute exactly what `reference.ts` computes at the same
+// stage boundaries:
+//   embed            patches [S, C·pt·ph·pw], timestep [1], text [L, text_dim]
+//                    → x [S, D], temb [1, D], tproj [6, D], context [L, D]
+//   block i pre      x, tproj, rope cos/sin [S, d/2] → q, k, v [S, D]   (all heads, local tokens)
+//   attention        q, k, v [S, h·d], key_bias [S] → o [S, h·d]        (any number of heads h)
+//   block i post     x, o [S, D], tproj, context → x
+//   head             x, temb → rows [S, pt·ph·pw·C]
+
 import { buildChunkedAttentionGraph } from './attention-graph.ts';
 import type { WanConfig } from './config.ts';
 import { OnnxGraph } from './onnx-builder.ts';
 import type { WanModel } from './reference.ts';
 import { timestepFrequencyTable } from './ops.ts';
 
-/**
- * The ONNX graphs a worker runs for one forward pass, built from config + weights, the sequence
- * length symbolic ("S" tokens). They compute exactly what `reference.ts` computes at the same
- * stage boundaries:
- *   embed            patches [S, C·pt·ph·pw], timestep [1], text [L, text_dim] → x [S, D], temb [1, D], tproj [6, D], context [L, D]
- *   block i pre      x, tproj, rope cos/sin [S, d/2] → q, k, v [S, D]   (all heads, local tokens)
- *   attention        q, k, v [S, h·d], key_bias [S] → o [S, h·d]        (any number of heads h)
- *   block i post     x, o [S, D], tproj, context → x
- *   head             x, temb → rows [S, pt·ph·pw·C]
- */
 export type StageName = 'embed' | 'pre' | 'attention' | 'post' | 'head';
 
 const S = 'S';

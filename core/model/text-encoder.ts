@@ -1,11 +1,10 @@
+// A small stand-in for Wan's umT5 text encoder with the same interface: prompt → [L, text_dim],
+// rows past the prompt zero as diffusers pads them. Tokens are the prompt's UTF-8 bytes.
+
 import type { TensorMap } from '../safetensors.ts';
 import { layerNorm } from './ops.ts';
 import { readJson, readWeights, type ModelFiles } from './files.ts';
 
-/**
- * A small stand-in for Wan's umT5 text encoder with the same interface: prompt → [L, text_dim],
- * rows past the prompt zero as diffusers pads them. Tokens are the prompt's UTF-8 bytes.
- */
 export interface TextEncoder {
   maxLength: number;
   dim: number;

@@ -1,10 +1,9 @@
+// Latent ↔ token layout of diffusers' Wan transformer: the Conv3d patch embedding flattened to a
+// matrix product, tokens in (frame, row, column) order, and the RoPE angles of each token.
+
 import type { Tensor } from '../tensor.ts';
 import type { WanConfig } from './config.ts';
 
-/**
- * Latent ↔ token layout of diffusers' Wan transformer: the Conv3d patch embedding flattened to a
- * matrix product, tokens in (frame, row, column) order, and the RoPE angles of each token.
- */
 export interface TokenGrid {
   frames: number; // latent frames / pt
   rows: number; // latent height / ph

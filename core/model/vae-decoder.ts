@@ -1,21 +1,20 @@
+// Small stand-ins for Wan's VAE decoder with the same interface: latent [16, T, H, W] → RGB
+// frames [3, 1 + 4(T−1), 8H, 8W] in [0, 1]. Each latent frame decodes on its own; frames in
+// between latent frames blend their neighbours. Two kinds:
+//   PixelVaeDecoder  each latent pixel → one colour by a 1×1 projection and a sigmoid, repeated 8×8
+//   PatchVaeDecoder  each latent pixel → its 8×8 RGB block by a fixed linear map, clamped to [0, 1]
+//                    (an exact patch transform with a matching encoder: what the demo model learns in)
+// A PatchVaeDecoder whose config names `motion_channels` is motion-compensated, as a video codec's
+// key frame plus motion vector: every latent frame holds the scene where it was at frame 0 (the
+// key frame is their mean), and the mean of the two motion channels over the latent is one motion
+// vector (vx, vy); frame f is the key frame moved by f · motion_pixels_per_frame · (vx, vy), what
+// it uncovers filled with the background (the median of the key frame's border). Motion is then
+// a property of every token, like colour, instead of a relation between tokens in different frames.
+
 import type { TensorMap } from '../safetensors.ts';
 import type { Tensor } from '../tensor.ts';
 import { readJson, readWeights, type ModelFiles } from './files.ts';
 
-/**
- * Small stand-ins for Wan's VAE decoder with the same interface: latent [16, T, H, W] → RGB
- * frames [3, 1 + 4(T−1), 8H, 8W] in [0, 1]. Each latent frame decodes on its own; frames in
- * between latent frames blend their neighbours. Two kinds:
- *   PixelVaeDecoder  each latent pixel → one colour by a 1×1 projection and a sigmoid, repeated 8×8
- *   PatchVaeDecoder  each latent pixel → its 8×8 RGB block by a fixed linear map, clamped to [0, 1]
- *                    (an exact patch transform with a matching encoder: what the demo model learns in)
- * A PatchVaeDecoder whose config names `motion_channels` is motion-compensated, as a video codec's
- * key frame plus motion vector: every latent frame holds the scene where it was at frame 0 (the
- * key frame is their mean), and the mean of the two motion channels over the latent is one motion
- * vector (vx, vy); frame f is the key frame moved by f · motion_pixels_per_frame · (vx, vy), what
- * it uncovers filled with the background (the median of the key frame's border). Motion is then
- * a property of every token, like colour, instead of a relation between tokens in different frames.
- */
 export interface DecodedVideo {
   count: number;
   height: number;

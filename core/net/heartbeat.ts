@@ -1,13 +1,12 @@
+// Liveness of a worker as the coordinator judges it: the coordinator sends a heartbeat every
+// half second and the worker answers at once, from its message handler. Any valid frame counts as a
+// sign of life; after DEAD_AFTER_MS of silence the worker is dead — its tab closed, crashed or is
+// stuck in a loop. Only the coordinator keeps a timer: a worker is usually a hidden tab, whose
+// timers browsers throttle, but whose message events they deliver on time.
+
 import type { Link } from './link.ts';
 import type { Transport } from './channel.ts';
 
-/**
- * Liveness of a worker as the coordinator judges it: the coordinator sends a heartbeat every
- * half second and the worker answers at once, from its message handler. Any valid frame counts as a
- * sign of life; after DEAD_AFTER_MS of silence the worker is dead — its tab closed, crashed or is
- * stuck in a loop. Only the coordinator keeps a timer: a worker is usually a hidden tab, whose
- * timers browsers throttle, but whose message events they deliver on time.
- */
 export const HEARTBEAT_INTERVAL_MS = 500;
 export const DEAD_AFTER_MS = 3_000;
 

@@ -1,18 +1,17 @@
+// The page side of the relay: when WebRTC cannot open a data channel (UDP blocked, NATs without
+// TURN), a page sends its link frames to the ditswarm server over one WebSocket and the server
+// forwards them to the other page. A relayed connection looks like a PeerJS DataConnection
+// (peer, metadata, open/data/close events, a `dataChannel`), so Link, Swarm and the worker
+// endpoint treat both alike; the frames are the same ArrayBuffers a data channel would carry.
+//
+// Wire: text messages are JSON control messages (RelayControl); binary messages are one link
+// frame behind a 4-byte little-endian connection id, in both directions. The server acks every
+// frame once it has written it to the receiver's socket: acks drive `bufferedAmount` down and
+// fire `bufferedamountlow` from message events, so flow control needs no timers (worker pages
+// are hidden tabs).
+
 import type { Channel, DataConnectionLike, Transport } from './channel.ts';
 
-/**
- * The page side of the relay: when WebRTC cannot open a data channel (UDP blocked, NATs without
- * TURN), a page sends its link frames to the ditswarm server over one WebSocket and the server
- * forwards them to the other page. A relayed connection looks like a PeerJS DataConnection
- * (peer, metadata, open/data/close events, a `dataChannel`), so Link, Swarm and the worker
- * endpoint treat both alike; the frames are the same ArrayBuffers a data channel would carry.
- *
- * Wire: text messages are JSON control messages (RelayControl); binary messages are one link
- * frame behind a 4-byte little-endian connection id, in both directions. The server acks every
- * frame once it has written it to the receiver's socket: acks drive `bufferedAmount` down and
- * fire `bufferedamountlow` from message events, so flow control needs no timers (worker pages
- * are hidden tabs).
- */
 export const RELAY_PATH = '/relay';
 export const RELAY_ENVELOPE_BYTES = 4;
 /** Frames a relayed connection keeps until its owner listens; the far side's flow control bounds them anyway. */

@@ -1,11 +1,10 @@
-/**
- * Scores the demo model on prompts it never saw in training: for each held-out combination of
- * colour, shape and direction it samples videos (the pipeline's sampler in Node, through the ONNX
- * stage graphs workers run), decodes them and reads them with the detector of demo/. Writes
- * bench/out/demo-eval.json with colorAccuracy, directionAccuracy and every prompt's result.
- *
- *   npm run eval-demo [-- --model DIR --steps N --guidance X --seeds N --ranks P --set held-out|training]
- */
+// Scores the demo model on prompts it never saw in training: for each held-out combination of
+// colour, shape and direction it samples videos (the pipeline's sampler in Node, through the ONNX
+// stage graphs workers run), decodes them and reads them with the detector of demo/. Writes
+// bench/out/demo-eval.json with colorAccuracy, directionAccuracy and every prompt's result.
+//
+//   npm run eval-demo [-- --model DIR --steps N --guidance X --seeds N --ranks P --set held-out|training]
+
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { cpus, totalmem } from 'node:os';
 import { dirname } from 'node:path';

@@ -1,14 +1,13 @@
-/**
- * Trains the demo model — the tiny Wan2.1-format transformer and its byte-level text encoder — on
- * the procedural world of demo/world.ts with flow matching, deterministically from a seed,
- * and writes it in make-model's layout (plus training-log.json):
- *   public/models/tiny-wan-demo/{model_index.json, transformer/, text_encoder/, vae/}
- * Before it exits it reloads the written files with the app's loaders and checks that the
- * training forward equals core/model/reference.ts on them (max-abs ≤ 1e-4).
- *
- *   npm run train-demo [-- --out DIR --seed N --steps N --batch N --minutes N --threads N
- *                          --layers N --head-dim N --ffn N --text-dim N --lr X]
- */
+// Trains the demo model — the tiny Wan2.1-format transformer and its byte-level text encoder — on
+// the procedural world of demo/world.ts with flow matching, deterministically from a seed,
+// and writes it in make-model's layout (plus training-log.json):
+//   public/models/tiny-wan-demo/{model_index.json, transformer/, text_encoder/, vae/}
+// Before it exits it reloads the written files with the app's loaders and checks that the
+// training forward equals core/model/reference.ts on them (max-abs ≤ 1e-4).
+//
+//   npm run train-demo [-- --out DIR --seed N --steps N --batch N --minutes N --threads N
+//                          --layers N --head-dim N --ffn N --text-dim N --lr X]
+
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { cpus } from 'node:os';
 import { join } from 'node:path';

@@ -1,6 +1,7 @@
 import type { Link } from '../../core/net/link.ts';
 import { tensorPayload, tensorValues, type DType, type Message, type TensorTag } from '../../core/net/protocol.ts';
 import type { Exchange, ExchangeTag } from '../ulysses.ts';
+import { Mailbox } from './mailbox.ts';
 
 /**
  * The all-to-all of one rank over direct data channels to every other rank of its job. Tensors
@@ -9,7 +10,7 @@ import type { Exchange, ExchangeTag } from '../ulysses.ts';
  */
 export class MeshExchange implements Exchange {
   bytesSent = 0;
-  private readonly mailbox = new Map<string, { value?: Float32Array; resolve?: (v: Float32Array) => void; reject?: (e: Error) => void }>();
+  private readonly mailbox = new Mailbox<Float32Array>();
   private failure: Error | null = null;
 
   /** links to the other ranks, by rank */
@@ -41,17 +42,10 @@ export class MeshExchange implements Exchange {
     return `${tag.job}/${tag.step}/${tag.pass}/${tag.block}/${tag.phase}<${from}`;
   }
 
-  private slot(key: string) {
-    return this.mailbox.get(key) ?? this.mailbox.set(key, {}).get(key)!;
-  }
-
   private deliver(peerRank: number, msg: Message): void {
     if (msg.kind !== 'tensor' || msg.dtype !== this.dtype) return;
     if (msg.from !== peerRank) return; // a rank may only speak for itself (also refused by the link's accept hook)
-    const data = tensorValues(msg.data, this.dtype);
-    const s = this.slot(MeshExchange.key(msg.tag, peerRank));
-    if (s.resolve) s.resolve(data);
-    else s.value = data;
+    this.mailbox.deliver(MeshExchange.key(msg.tag, peerRank), tensorValues(msg.data, this.dtype));
   }
 
   async allToAll(tag: ExchangeTag, parts: Float32Array[]): Promise<Float32Array[]> {
@@ -64,17 +58,9 @@ export class MeshExchange implements Exchange {
       this.bytesSent += data.byteLength;
       return link.send({ kind: 'tensor', from: this.rank, tag, dtype: this.dtype, shape: [part.length], data });
     });
-    const receives = parts.map((own, from) => {
-      if (from === this.rank) return Promise.resolve(own);
-      const key = MeshExchange.key(tag, from);
-      const s = this.slot(key);
-      const take = (v: Float32Array) => (this.mailbox.delete(key), v);
-      if (s.value) return Promise.resolve(take(s.value));
-      return new Promise<Float32Array>((resolve, reject) => {
-        s.resolve = (v) => resolve(take(v));
-        s.reject = reject;
-      });
-    });
+    const receives = parts.map((own, from) =>
+      from === this.rank ? Promise.resolve(own) : this.mailbox.receive(MeshExchange.key(tag, from)),
+    );
     await Promise.all(sends);
     return Promise.all(receives);
   }
@@ -82,7 +68,6 @@ export class MeshExchange implements Exchange {
   /** A peer is gone: every pending and future exchange fails with this error instead of hanging. */
   fail(error: Error): void {
     this.failure = error;
-    for (const s of this.mailbox.values()) s.reject?.(error);
-    this.mailbox.clear();
+    this.mailbox.rejectAll(error);
   }
 }

@@ -1,12 +1,11 @@
-/**
- * One transformer forward on a diffusers-style input file, for parity checks against diffusers:
- * reads hidden_states [1, C, T, H, W], timestep [1], encoder_hidden_states [1, L, text_dim] and
- * writes sample [1, C, T, H, W], all float32 safetensors.
- *
- *   npm run forward -- --input in.safetensors --output out.safetensors
- *     [--model public/models/tiny-wan] [--backend onnx|reference] [--ulysses P]
- *   npm run forward -- --make-input in.safetensors [--frames T --height H --width W --text-length L --seed S]
- */
+// One transformer forward on a diffusers-style input file, for parity checks against diffusers:
+// reads hidden_states [1, C, T, H, W], timestep [1], encoder_hidden_states [1, L, text_dim] and
+// writes sample [1, C, T, H, W], all float32 safetensors.
+//
+//   npm run forward -- --input in.safetensors --output out.safetensors
+//     [--model public/models/tiny-wan] [--backend onnx|reference] [--ulysses P]
+//   npm run forward -- --make-input in.safetensors [--frames T --height H --width W --text-length L --seed S]
+
 import { mkdir, readFile, writeFile } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import { parseArgs } from 'node:util';

@@ -1,18 +1,18 @@
-/**
- * The main job, headless: starts the server and Chromium, opens the dashboard and N worker pages,
- * runs one prompt → video job through the dashboard, and writes the video, the latent and a report.
- *
- *   npm run generate -- --prompt "a red ball" [--backend local|swarm] [--workers N] [--ep auto|webgpu|wasm]
- *     [--frames F --height H --width W --steps K --guidance G --seed S]
- *     [--out out/video.webm] [--report out/report.json] [--latent-out out/latent.f32]
- *     [--drop-worker RANK@STEP] [--crash-worker RANK@STEP] [--force-relay] [--cfg-parallel] [--model URL]
- */
+// The main job, headless: starts the server and Chromium, opens the dashboard and N worker pages,
+// runs one prompt → video job through the dashboard, and writes the video, the latent and a report.
+//
+//   npm run generate -- --prompt "a red ball" [--backend local|swarm] [--workers N] [--ep auto|webgpu|wasm]
+//     [--frames F --height H --width W --steps K --guidance G --seed S]
+//     [--out out/video.webm] [--report out/report.json] [--latent-out out/latent.f32]
+//     [--drop-worker RANK@STEP] [--crash-worker RANK@STEP] [--force-relay] [--cfg-parallel] [--model URL]
+
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { cpus, totalmem } from 'node:os';
 import { dirname } from 'node:path';
 import { parseArgs } from 'node:util';
 import { checkJobParams, DEFAULT_JOB, type JobParams } from '../../core/job.ts';
 import { startLocalSwarm } from './browser-swarm.ts';
+import { JOB_FLAG_OPTIONS, jobFlagValues } from './job-flags.ts';
 
 const USAGE = `usage: npm run generate -- --prompt "a red ball" [--backend local|swarm] [--workers N] [--ep auto|webgpu|wasm]
   [--frames F] [--height H] [--width W] [--steps K] [--guidance G] [--seed S] [--negative-prompt TEXT]
@@ -43,12 +43,7 @@ try {
       'drop-worker': { type: 'string' },
       'crash-worker': { type: 'string' },
       'force-relay': { type: 'boolean', default: false },
-      frames: { type: 'string' },
-      height: { type: 'string' },
-      width: { type: 'string' },
-      steps: { type: 'string' },
-      guidance: { type: 'string' },
-      seed: { type: 'string' },
+      ...JOB_FLAG_OPTIONS,
       out: { type: 'string', default: 'out/video.webm' },
       report: { type: 'string', default: 'out/report.json' },
       'latent-out': { type: 'string', default: 'out/latent.f32' },
@@ -87,9 +82,7 @@ const harm = (['drop-worker', 'crash-worker'] as const).flatMap((flag) => {
 
 const params: Partial<Record<keyof JobParams, unknown>> = { prompt: values.prompt };
 if (values['negative-prompt'] !== undefined) params.negativePrompt = values['negative-prompt'];
-for (const key of ['frames', 'height', 'width', 'steps', 'guidance', 'seed'] as const) {
-  if (values[key] !== undefined) params[key] = Number(values[key]);
-}
+Object.assign(params, jobFlagValues(values));
 const errors = checkJobParams(params);
 if (Object.keys(errors).length) fail(`bad job parameters:\n${Object.entries(errors).map(([k, v]) => `  --${k}: ${v}`).join('\n')}`);
 

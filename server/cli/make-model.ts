@@ -1,15 +1,14 @@
-/**
- * Writes a Wan2.1-format model, deterministically from a seed:
- *   <out>/{model_index.json, transformer/, text_encoder/, vae/}
- * The transformer has every key family of Wan2.1-T2V-1.3B (12 heads like it, so Ulysses degrees
- * 1, 2, 3, 4, 6 are valid). Presets:
- *   tiny   (default) public/models/tiny-wan: width 288, small enough to ship in the repository
- *   bench  bench/out/models/bench-wan: width 576 (head dim 48), FFN 3456 (6·D, Wan's ratio), 2 blocks —
- *          ~56 MB, so it is generated on demand into a git-ignored folder, never committed
- * Explicit flags override the preset's values.
- *
- *   npm run make-model [-- --preset tiny|bench --out DIR --seed N --layers N --head-dim N --ffn N]
- */
+// Writes a Wan2.1-format model, deterministically from a seed:
+//   <out>/{model_index.json, transformer/, text_encoder/, vae/}
+// The transformer has every key family of Wan2.1-T2V-1.3B (12 heads like it, so Ulysses degrees
+// 1, 2, 3, 4, 6 are valid). Presets:
+//   tiny   (default) public/models/tiny-wan: width 288, small enough to ship in the repository
+//   bench  bench/out/models/bench-wan: width 576 (head dim 48), FFN 3456 (6·D, Wan's ratio), 2 blocks —
+//          ~56 MB, so it is generated on demand into a git-ignored folder, never committed
+// Explicit flags override the preset's values.
+//
+//   npm run make-model [-- --preset tiny|bench --out DIR --seed N --layers N --head-dim N --ffn N]
+
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';

@@ -1,0 +1,40 @@
+// Where exchanged tensors wait for their receiver: a message delivered under a key (tag and
+// sender) is kept until its receiver asks for it, and a receiver that asks first is resolved when
+// the message arrives. So a fast peer may run ahead by a phase without anything being lost.
+
+interface Slot<T> {
+  value?: T;
+  resolve?: (value: T) => void;
+  reject?: (error: Error) => void;
+}
+
+export class Mailbox<T> {
+  private readonly slots = new Map<string, Slot<T>>();
+
+  deliver(key: string, value: T): void {
+    const slot = this.slot(key);
+    if (slot.resolve) slot.resolve(value);
+    else slot.value = value;
+  }
+
+  /** The message under `key`, now or once it arrives; receiving it empties the slot. */
+  receive(key: string): Promise<T> {
+    const slot = this.slot(key);
+    const take = (value: T) => (this.slots.delete(key), value);
+    if (slot.value !== undefined) return Promise.resolve(take(slot.value));
+    return new Promise<T>((resolve, reject) => {
+      slot.resolve = (value) => resolve(take(value));
+      slot.reject = reject;
+    });
+  }
+
+  /** Every waiting receiver fails with `error`; messages nobody asked for are dropped. */
+  rejectAll(error: Error): void {
+    for (const slot of this.slots.values()) slot.reject?.(error);
+    this.slots.clear();
+  }
+
+  private slot(key: string): Slot<T> {
+    return this.slots.get(key) ?? this.slots.set(key, {}).get(key)!;
+  }
+}
