@@ -3,6 +3,7 @@ import {
   createPipeline,
   DEFAULT_JOB,
   DEFAULT_MODEL_URL,
+  loadModelConfig,
   openJobQueue,
   openSwarm,
   probeWebM,
@@ -12,6 +13,7 @@ import {
   type JobPlacement,
   type JobQueue,
   type Pipeline,
+  type RunJob,
   type StoredJob,
   type Swarm,
 } from '../coordinator/index.ts';
@@ -26,7 +28,6 @@ import { addTimelineStep, resetTimeline } from './views/timeline.ts';
 const form = $<HTMLFormElement>('job-form');
 const field = (name: string) => form.elements.namedItem(name) as HTMLInputElement | HTMLSelectElement;
 const NUMERIC: (keyof JobParams)[] = ['frames', 'height', 'width', 'steps', 'guidance', 'seed'];
-const TINY_MODEL_HEADS = 12;
 const IDENTITY_KEY = 'ditswarm.swarm';
 
 for (const [key, value] of Object.entries(DEFAULT_JOB)) {
@@ -37,6 +38,8 @@ for (const [key, value] of Object.entries(DEFAULT_JOB)) {
 let swarm: Swarm | null = null;
 let queue: JobQueue | null = null;
 let pipeline: { key: string; pipe: Pipeline } | null = null;
+/** the default model's head count, once its config is read: the degrees a job may ask for divide it */
+let modelHeads: number | null = null;
 
 function readForm(): { params: Partial<Record<keyof JobParams, unknown>>; placement: JobPlacement } {
   const params: Partial<Record<keyof JobParams, unknown>> = { prompt: field('prompt').value, negativePrompt: field('negativePrompt').value };
@@ -56,14 +59,20 @@ function showErrors(errors: Partial<Record<string, string>>): boolean {
   return Object.keys(errors).length === 0;
 }
 
-async function pipelineFor({ backend, workers, ep, dtype = 'f32', cfgParallel, model = DEFAULT_MODEL_URL }: JobPlacement): Promise<Pipeline> {
-  const key = `${model}/${backend}/${workers}/${ep}/${dtype}/${cfgParallel ?? 'auto'}`;
+// One pipeline per model and backend: where each job runs is its placement's business, decided by the pipeline's placer.
+async function pipelineFor({ backend, model = DEFAULT_MODEL_URL }: JobPlacement): Promise<Pipeline> {
+  const key = `${model}/${backend}`;
   if (pipeline?.key === key) return pipeline.pipe;
   await pipeline?.pipe.shutdown({ graceMs: 2000 });
   pipeline = null;
-  const pipe = await createPipeline({ model, backend, swarm: swarm ?? undefined, workers, ep, dtype, parallel: { cfgParallel }, placementTimeoutMs: 60_000 });
+  const pipe = await createPipeline({ model, backend, swarm: swarm ?? undefined, placementTimeoutMs: 60_000 });
   pipeline = { key, pipe };
   return pipe;
+}
+
+function runJob(job: StoredJob, hooks: Parameters<RunJob>[1]) {
+  const { workers, ep, dtype = 'f32', cfgParallel } = job.placement;
+  return pipelineFor(job.placement).then((pipe) => pipe.generate({ ...job.params, ...hooks, placement: { ulyssesDegree: workers, ep, dtype, cfgParallel } }));
 }
 
 function refreshSwarm(): void {
@@ -71,7 +80,7 @@ function refreshSwarm(): void {
   renderSwarm(swarm);
   const degreeSelect = field('degree') as HTMLSelectElement;
   const chosen = degreeSelect.value;
-  const degrees = validDegrees(TINY_MODEL_HEADS, Math.max(1, swarm.workers().length));
+  const degrees = modelHeads === null ? [] : validDegrees(modelHeads, Math.max(1, swarm.workers().length));
   if (degreeSelect.options.length !== degrees.length + 1) {
     degreeSelect.replaceChildren(new Option('auto', 'auto'), ...degrees.map((d) => new Option(String(d), String(d))));
     degreeSelect.value = [...degreeSelect.options].some((o) => o.value === chosen) ? chosen : 'auto';
@@ -143,8 +152,9 @@ async function start() {
     if (e.type === 'refused') $('swarm-events').textContent = `Refused ${e.peer.slice(-6)}: ${e.reason}.`;
     refreshSwarm();
   });
+  modelHeads = (await loadModelConfig(DEFAULT_MODEL_URL)).numHeads;
   refreshSwarm();
-  queue = await openJobQueue(async (job, hooks) => (await pipelineFor(job.placement)).generate({ ...job.params, ...hooks }));
+  queue = await openJobQueue(runJob);
   const jobs = queue;
   const refreshJobs = () => {
     renderQueue(jobs.list());
@@ -176,7 +186,7 @@ const automation = {
   ready: start(),
   workerCount: () => swarm?.workers().length ?? 0,
   /** peer ids of the running executor's ranks, in rank order */
-  ranks: () => pipeline?.pipe.executor.workers.map((w) => w.id) ?? [],
+  ranks: () => pipeline?.pipe.executor?.workers.map((w) => w.id) ?? [],
   jobs: () => (queue?.list() ?? []).map(({ id, status, params, checkpoint, error }) => ({ id, status, prompt: params.prompt, step: checkpoint?.step ?? null, error })),
   async submit(overrides: Record<string, unknown>) {
     return (await submitFromForm(overrides)).id;

@@ -1,9 +1,9 @@
+// The executor backends by name: the factory the placer uses, with an error that names the valid ones.
 import type { ExecutorOptions } from './executor.ts';
 import { LocalExecutor } from './local-executor.ts';
-import type { Swarm } from './swarm.ts';
+import type { Swarm, SwarmWorker } from './swarm.ts';
 import { SwarmExecutor } from './swarm-executor.ts';
 
-/** The executor backends by name, as the seed's factory chooses them. */
 export const BACKENDS = ['local', 'swarm'] as const;
 export type Backend = (typeof BACKENDS)[number];
 
@@ -18,11 +18,12 @@ export function getExecutorClass(backend: string): typeof LocalExecutor | typeof
   }
 }
 
-export function createExecutor(backend: Backend, options: ExecutorOptions, swarm?: Swarm): LocalExecutor | SwarmExecutor {
+/** An executor of `backend` over `options.layout`; the swarm backend places its ranks on `workers` of `swarm`, in order. */
+export function createExecutor(backend: Backend, options: ExecutorOptions, swarm?: Swarm, workers: SwarmWorker[] = []): LocalExecutor | SwarmExecutor {
   const Class = getExecutorClass(backend);
   if (Class === SwarmExecutor) {
     if (!swarm) throw new Error('the swarm backend needs a Swarm: pass one from openSwarm()');
-    return new SwarmExecutor(options, swarm);
+    return new SwarmExecutor(options, swarm, workers);
   }
   return new LocalExecutor(options);
 }

@@ -1,41 +1,46 @@
+// The executor interface, vLLM-style: the base class owns the lifecycle — init and load on every
+// rank, collective RPC with timeouts, one DiT forward split across ranks, graceful shutdown — and a
+// backend only says how to reach its ranks. What runs where is decided before an executor exists:
+// the placer (placement.ts) hands it a RankLayout, and the swarm backend the workers to use.
+import { usesGuidance } from '../core/job.ts';
 import type { WanConfig } from '../core/model/config.ts';
-import { patchify, tokenGrid, unpatchify } from '../core/model/tokens.ts';
-import { gatherRows, planUlysses, scatterRows } from '../core/parallel.ts';
+import { tokenGrid } from '../core/model/tokens.ts';
 import type { Transport } from '../core/net/channel.ts';
+import { ContractError } from '../core/net/check.ts';
 import type { DType } from '../core/net/protocol.ts';
-import { RpcTimeout } from '../core/net/rpc.ts';
+import { RemoteError, RpcTimeout, type Remote } from '../core/net/rpc.ts';
+import { gatherLatent, planUlysses, scatterLatent, type RankLayout } from '../core/parallel.ts';
+import { guide } from '../core/scheduler.ts';
 import type { Tensor } from '../core/tensor.ts';
-import type { ExecutionProvider } from '../rank/onnx-stages.ts';
-import type { MeshProbe } from '../rank/mesh-probe.ts';
-import type { ExecuteArgs, ExecuteResult, WorkerInfo } from '../rank/runtime.ts';
+import {
+  callWorker,
+  checkRankLost,
+  type ArgsOf,
+  type ExecuteResult,
+  type ExecutionProvider,
+  type MeshProbe,
+  type RankLost,
+  type ReplyOf,
+  type WorkerApi,
+  type WorkerInfo,
+  type WorkerMethod,
+} from '../core/worker-api.ts';
 
-/**
- * The executor interface of the seed (vLLM-style): the base class owns the lifecycle — placement,
- * init and load on every rank, collective RPC with timeouts, one DiT forward split across ranks,
- * graceful shutdown — and a backend only says how to reach rank r.
- */
 export interface ExecutorOptions {
   config: WanConfig;
   /** URL of the model folder as the workers fetch it */
   modelUrl: string;
-  /** Ulysses degree (of each group with cfgParallel); 'auto' takes the largest the live workers allow */
-  ulyssesDegree?: number | 'auto';
-  /**
-   * CFG parallel: ranks [0, P) run the conditional pass and ranks [P, 2P) the unconditional one,
-   * each group a Ulysses mesh of its own (world = 2P), so a step's two passes run at the same time.
-   */
-  cfgParallel?: boolean;
-  placementTimeoutMs?: number;
+  /** how many ranks, in which groups (placement.ts decides) */
+  layout: RankLayout;
   rpcTimeoutMs?: number;
   ep?: ExecutionProvider | 'auto';
   /** how activations travel between ranks: float32 (exact), or float16 (half the bytes) */
   dtype?: DType;
 }
 
-export interface RpcOptions {
-  args?: unknown;
-  /** per-rank arguments, instead of the same `args` for all */
-  argsFor?: (rank: number) => unknown;
+export interface RpcOptions<M extends WorkerMethod> {
+  /** the arguments, the same for every rank or each rank's own */
+  args?: ArgsOf<M> | ((rank: number) => ArgsOf<M>);
   timeoutMs?: number;
   /** return only this rank's reply */
   uniqueReplyRank?: number;
@@ -79,13 +84,20 @@ export class TimeoutError extends Error {
   }
 }
 
-/** A rank's method threw; the message is the rank's own error text. */
+/**
+ * A rank's method failed. `remoteMessage` is the rank's own error text (or, with `breach`, what was
+ * wrong with its reply); `blame` is whom the rank holds responsible, in global ranks: its word, not
+ * a verdict.
+ */
 export class WorkerError extends Error {
   override name = 'WorkerError';
   constructor(
     readonly rank: number,
     readonly method: string,
     readonly remoteMessage: string,
+    readonly blame: RankLost | null = null,
+    /** the rank broke the contract: the coordinator saw it itself */
+    readonly breach = false,
   ) {
     super(`rank ${rank} failed in ${method}: ${remoteMessage}`);
   }
@@ -93,67 +105,57 @@ export class WorkerError extends Error {
 
 export type FailureListener = (error: Error) => void;
 
-/** A rank the executor let go, and how its loss was noticed. */
-export interface LostRank {
-  rank: number;
+/** A rank the executor let go: why (as data), and how long it had been silent. */
+export interface LostRank extends RankLost {
   worker: string;
-  reason: string;
-  /** how long it had been silent when it was declared lost */
   silentMs: number;
 }
 
 export abstract class Executor {
-  /** number of ranks after initialize() */
-  world = 0;
   /** what each rank said about itself, in rank order */
   workers: (WorkerInfo & { id: string })[] = [];
   protected readonly failureListeners = new Set<FailureListener>();
+  private placed = false;
   private closed = false;
 
   constructor(readonly options: ExecutorOptions) {}
 
-  /** Chooses and reserves the ranks; returns their peer ids in rank order. */
+  /** Reserves the ranks; returns their peer ids in rank order. */
   protected abstract place(): Promise<string[]>;
-  /** Calls one rank's method; rejects with RpcTimeout or the remote error. */
-  protected abstract callRank(rank: number, method: string, args: unknown, timeoutMs: number): Promise<unknown>;
+  /** How to reach rank r. */
+  protected abstract remoteOf(rank: number): Remote<WorkerApi> | undefined;
   /** Closes the connections to the ranks (after the graceful part of shutdown). */
   protected abstract closeTransport(): void;
+
+  get layout(): RankLayout {
+    return this.options.layout;
+  }
+
+  /** number of ranks once initialized */
+  get world(): number {
+    return this.placed ? this.layout.world : 0;
+  }
 
   get rpcTimeoutMs(): number {
     return this.options.rpcTimeoutMs ?? 120_000;
   }
 
-  /** ranks per Ulysses mesh: the world, or half of it with CFG parallel */
-  get groupSize(): number {
-    return this.options.cfgParallel ? this.world / 2 : this.world;
-  }
-
-  /** The ranks of one group in rank order: group 0 runs pass 0 (conditional), group 1 pass 1. */
-  groupRanks(group: number): number[] {
-    return Array.from({ length: this.groupSize }, (_, i) => group * this.groupSize + i);
-  }
-
   async initialize(): Promise<void> {
     const peers = await this.place();
-    this.world = peers.length;
-    if (this.options.cfgParallel && this.world % 2) throw new Error(`cfgParallel needs two groups of equal size, but ${this.world} ranks were placed`);
+    if (peers.length !== this.layout.world) throw new Error(`the layout needs ${this.layout.world} ranks but ${peers.length} were placed`);
+    this.placed = true;
     const session = `${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 8)}`;
     const dtype = this.options.dtype ?? 'f32';
-    // each group is its own mesh: ranks, world, peers and session are the group's
-    const P = this.groupSize;
-    await this.collectiveRpc('initWorker', {
-      argsFor: (rank) => {
-        const group = Math.floor(rank / P);
-        return { rank: rank % P, world: P, peers: peers.slice(group * P, (group + 1) * P), session: this.options.cfgParallel ? `${session}.${group}` : session, dtype };
-      },
-    });
-    const infos = (await this.collectiveRpc('describe')) as WorkerInfo[];
-    const loaded = (await this.collectiveRpc('loadModel', { args: { modelUrl: this.options.modelUrl, ep: this.options.ep ?? 'auto' } })) as { ep: ExecutionProvider; adapter: string }[];
+    await this.collectiveRpc('initWorker', { args: (rank) => ({ ...this.layout.meshOf(rank, peers, session), dtype }) });
+    const infos = await this.collectiveRpc('describe');
+    const loaded = await this.collectiveRpc('loadModel', { args: { modelUrl: this.options.modelUrl, ep: this.options.ep ?? 'auto' } });
     this.workers = infos.map((info, rank) => ({ ...info, ...loaded[rank], id: peers[rank] }));
   }
 
-  /** Runs a worker method on every rank: all replies in rank order, or only `uniqueReplyRank`'s. */
-  async collectiveRpc(method: string, options: RpcOptions = {}): Promise<unknown> {
+  /** Runs a worker method on every rank (or `ranks`): all replies in rank order, or only `uniqueReplyRank`'s. */
+  collectiveRpc<M extends WorkerMethod>(method: M, options: RpcOptions<M> & { uniqueReplyRank: number }): Promise<ReplyOf<M>>;
+  collectiveRpc<M extends WorkerMethod>(method: M, options?: RpcOptions<M>): Promise<ReplyOf<M>[]>;
+  async collectiveRpc<M extends WorkerMethod>(method: M, options: RpcOptions<M> = {}): Promise<ReplyOf<M> | ReplyOf<M>[]> {
     if (this.world === 0) throw new Error(`${method} needs ranks: call initialize() first`);
     const only = options.uniqueReplyRank;
     // checked before any rank runs the method, so a bad call has no side effects on the workers
@@ -162,10 +164,11 @@ export abstract class Executor {
     }
     const timeoutMs = options.timeoutMs ?? this.rpcTimeoutMs;
     const ranks = options.ranks ?? Array.from({ length: this.world }, (_, r) => r);
+    const argsFor = (rank: number) => (typeof options.args === 'function' ? options.args(rank) : (options.args ?? {}) as ArgsOf<M>);
     // Fails fast on the first rank that errs (a lost rank must not leave the others' calls hanging);
     // timeouts all fall due together and are reported as one TimeoutError naming every silent rank.
-    const replies = await new Promise<unknown[]>((resolve, reject) => {
-      const results: unknown[] = [];
+    const replies = await new Promise<ReplyOf<M>[]>((resolve, reject) => {
+      const results: ReplyOf<M>[] = [];
       const silent: number[] = [];
       let pending = ranks.length;
       const settle = () => {
@@ -174,14 +177,14 @@ export abstract class Executor {
         else resolve(results);
       };
       ranks.forEach((rank, i) => {
-        this.callRank(rank, method, options.argsFor ? options.argsFor(rank) : options.args ?? {}, timeoutMs).then(
+        this.callRank(rank, method, argsFor(rank), timeoutMs).then(
           (value) => {
             results[i] = value;
             settle();
           },
           (reason: unknown) => {
             if (reason instanceof RpcTimeout) silent.push(rank);
-            else reject(new WorkerError(rank, method, reason instanceof Error ? reason.message : String(reason)));
+            else reject(this.workerError(rank, method, reason));
             settle();
           },
         );
@@ -190,42 +193,94 @@ export abstract class Executor {
     return only === undefined ? replies : replies[only];
   }
 
+  /** Calls one rank's method; rejects with RpcTimeout or the remote error. */
+  protected callRank<M extends WorkerMethod>(rank: number, method: M, args: ArgsOf<M>, timeoutMs: number): Promise<ReplyOf<M>> {
+    const worker = this.remoteOf(rank);
+    if (!worker) return Promise.reject(new Error(`no rank ${rank}: this executor has ${this.world} ranks`));
+    return callWorker(worker, method, args, timeoutMs);
+  }
+
+  /** A failed call as data: the rank, its text, and whom it blames (a rank of its group, renumbered to global). */
+  private workerError(rank: number, method: string, reason: unknown): WorkerError {
+    const message = reason instanceof Error ? reason.message : String(reason);
+    if (reason instanceof ContractError) return new WorkerError(rank, method, message, null, true);
+    let blame: RankLost | null = null;
+    if (reason instanceof RemoteError && reason.detail !== undefined) {
+      try {
+        const said = checkRankLost(reason.detail, 'blame');
+        if (said.rank < this.layout.ulyssesDegree) blame = { ...said, rank: this.layout.globalRank(this.layout.groupOf(rank), said.rank) };
+      } catch {
+        // blame that breaks the contract is dropped; the error's text still says what happened
+      }
+    }
+    return new WorkerError(rank, method, message, blame);
+  }
+
   /** Gives every rank the job's text embeddings (conditional, then unconditional) and latent shape. */
   async prepareJob(job: number, texts: Float32Array[], latentShape: number[]): Promise<void> {
     await this.collectiveRpc('prepareJob', { args: { job, texts, latentShape } });
   }
 
-  /** Times an all-to-all on the ranks' mesh for the prepared job (rank/mesh-probe.ts): the link the cost model plans with. */
-  async probeMesh(job: number): Promise<MeshProbe[]> {
-    return (await this.collectiveRpc('probeMesh', { args: { job } })) as MeshProbe[];
+  /** Times an all-to-all on the ranks' meshes for the prepared job (rank/mesh-probe.ts): the link the cost model plans with. */
+  probeMesh(job: number): Promise<MeshProbe[]> {
+    return this.collectiveRpc('probeMesh', { args: { job } });
   }
 
   /**
-   * One DiT forward pass on the ranks of the pass (all, or the pass's group with CFG parallel):
-   * scatter the tokens, run, gather the rows in token order.
+   * One DiT forward pass on the ranks of the pass's group: scatter the tokens, run, check each
+   * rank's rows are the size the plan gives it, gather them in token order.
    */
   async executeModel(request: ForwardRequest): Promise<{ output: Tensor; ranks: RankReport[] }> {
     const { config } = this.options;
-    const plan = planUlysses(config, tokenGrid(config, request.latent.shape).count, this.groupSize);
-    const patches = patchify(config, request.latent);
-    const width = patches.shape[1];
-    const ranks = this.groupRanks(this.options.cfgParallel ? request.pass : 0);
-    const results = (await this.collectiveRpc('executeModel', {
+    const layout = this.layout;
+    const plan = planUlysses(config, tokenGrid(config, request.latent.shape).count, layout.ulyssesDegree);
+    const patches = scatterLatent(config, plan, request.latent);
+    const ranks = layout.groupRanks(layout.groupForPass(request.pass));
+    const results = await this.collectiveRpc('executeModel', {
       ranks,
-      argsFor: (rank): ExecuteArgs => ({
+      args: (rank) => ({
         job: request.job,
         step: request.step,
         pass: request.pass,
         timestep: request.timestep,
         latentShape: request.latent.shape,
-        patches: scatterRows(plan, patches.data, width, rank % plan.degree),
+        patches: patches[layout.localRank(rank)],
       }),
-    })) as ExecuteResult[];
-    const rows = gatherRows(plan, results.map((r) => r.rows), results[0].rows.length / plan.localTokens);
+    });
+    const rowWidth = config.outChannels * config.patchSize.reduce((a, b) => a * b, 1);
+    results.forEach((r: ExecuteResult, i) => {
+      if (r.rows.length !== plan.localTokens * rowWidth) {
+        throw new WorkerError(ranks[i], 'executeModel', `returned ${r.rows.length} values; its share is ${plan.localTokens}×${rowWidth}`, null, true);
+      }
+    });
     return {
-      output: unpatchify(config, rows, request.latent.shape),
+      output: gatherLatent(config, plan, results.map((r) => r.rows), request.latent.shape),
       ranks: results.map((r, i) => ({ rank: ranks[i], worker: this.workers[ranks[i]]?.id ?? '', computeMs: r.computeMs, commMs: r.commMs, bytesSent: r.bytesSent })),
     };
+  }
+
+  /**
+   * One denoising step's velocity: the conditional pass, and with guidance the unconditional one —
+   * at the same time on their two groups with CFG parallel, where `guide` is the step's one exchange.
+   */
+  async velocity(at: Omit<ForwardRequest, 'pass'>, guidance: number): Promise<{ velocity: Float32Array; ranks: RankReport[] }> {
+    if (!usesGuidance({ guidance })) {
+      const cond = await this.executeModel({ ...at, pass: 0 });
+      return { velocity: cond.output.data, ranks: cond.ranks };
+    }
+    if (this.layout.cfgParallel) {
+      const [cond, uncond] = await Promise.all([this.executeModel({ ...at, pass: 0 }), this.executeModel({ ...at, pass: 1 })]);
+      return { velocity: guide(cond.output.data, uncond.output.data, guidance), ranks: [...cond.ranks, ...uncond.ranks] };
+    }
+    const cond = await this.executeModel({ ...at, pass: 0 });
+    const uncond = await this.executeModel({ ...at, pass: 1 });
+    const ranks = cond.ranks.map((r, i) => ({
+      ...r,
+      computeMs: r.computeMs + uncond.ranks[i].computeMs,
+      commMs: r.commMs + uncond.ranks[i].commMs,
+      bytesSent: r.bytesSent + uncond.ranks[i].bytesSent,
+    }));
+    return { velocity: guide(cond.output.data, uncond.output.data, guidance), ranks };
   }
 
   /** Which links of the ranks are direct and which are relayed; ranks in one page (local) have none. */
@@ -264,11 +319,4 @@ export abstract class Executor {
     this.closeTransport();
     return { acked: ranks.filter((r) => acks[r].status === 'fulfilled'), silent: ranks.filter((r) => acks[r].status === 'rejected') };
   }
-}
-
-/** Races a call against its timeout, rejecting with RpcTimeout. */
-export function withTimeout<T>(work: Promise<T>, method: string, timeoutMs: number): Promise<T> {
-  let timer: ReturnType<typeof setTimeout>;
-  const timeout = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new RpcTimeout(`${method} did not answer within ${timeoutMs} ms`)), timeoutMs)));
-  return Promise.race([work, timeout]).finally(() => clearTimeout(timer));
 }

@@ -1,17 +1,15 @@
-/**
- * ditswarm's library API: what a web page embeds.
- *
- *   const swarm = await openSwarm();                      // workers join via swarm.joinUrl
- *   const pipe = await createPipeline({ backend: 'swarm', swarm, workers: 2 });
- *   const { video, latent, report } = await pipe.generate({ prompt: 'a red ball', steps: 4 });
- *   await pipe.shutdown();
- */
-import type { ExecutionProvider } from '../rank/onnx-stages.ts';
+// ditswarm's library API: what a web page embeds.
+//
+//   const swarm = await openSwarm();                      // workers join via swarm.joinUrl
+//   const pipe = await createPipeline({ backend: 'swarm', swarm, workers: 2 });
+//   const { video, latent, report } = await pipe.generate({ prompt: 'a red ball', steps: 4 });
+//   await pipe.shutdown();
+import type { ExecutionProvider } from '../core/worker-api.ts';
 import { JobQueue, type RunJob } from './job-queue.ts';
 import { IdbJobStore, type JobStore } from './job-store.ts';
 import { Swarm, type SwarmIdentity } from './swarm.ts';
 
-export { createPipeline, DEFAULT_MODEL_URL } from './pipeline.ts';
+export { createPipeline, DEFAULT_MODEL_URL, loadModelConfig } from './pipeline.ts';
 export type { GenerateReport, GenerateRequest, GenerateResult, Pipeline, PipelineOptions, StepProgress } from './pipeline.ts';
 export { BACKENDS, getExecutorClass, type Backend } from './backends.ts';
 export { Executor, TimeoutError, WorkerError, type RankReport } from './executor.ts';
@@ -19,7 +17,7 @@ export { measureWorker, type WorkerMeasurement } from './measure.ts';
 export type { Swarm, SwarmEvent, SwarmIdentity, SwarmWorker } from './swarm.ts';
 export type { JobQueue, QueueEvent, RunJob } from './job-queue.ts';
 export { MemoryJobStore, type JobPlacement, type JobStore, type StoredJob } from './job-store.ts';
-export type { FailureRecord } from './pipeline.ts';
+export type { FailureRecord, PlacementRequest, PlannedDegree } from './placement.ts';
 export { DEFAULT_JOB, LIMITS, checkJobParams, JobParamsError, type JobParams, type FieldErrors } from '../core/job.ts';
 export { validDegrees } from '../core/parallel.ts';
 export { probeWebM } from './video.ts';

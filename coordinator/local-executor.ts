@@ -1,35 +1,38 @@
-import { probeWebGpu } from '../rank/webgpu.ts';
+// The `local` backend: one rank in this tab, its runtime called in-process through the same contract
+// checks a remote worker's calls pass, its engine in a Web Worker.
+import { inProcess, type Remote } from '../core/net/rpc.ts';
+import { WORKER_CONTRACT, type WorkerApi } from '../core/worker-api.ts';
 import { startEngineWorker } from '../rank/engine-client.ts';
 import { memoryExchanges } from '../rank/exchange/memory.ts';
 import { WorkerRuntime } from '../rank/runtime.ts';
-import { Executor, withTimeout } from './executor.ts';
+import { probeWebGpu } from '../rank/webgpu.ts';
+import { Executor } from './executor.ts';
 
-/** One rank in this tab: the worker runtime called directly, its engine in a Web Worker. */
 export class LocalExecutor extends Executor {
-  private runtime: WorkerRuntime | null = null;
+  private rank0: Remote<WorkerApi> | null = null;
   private terminate: (() => void) | null = null;
 
   protected async place(): Promise<string[]> {
-    if (this.options.cfgParallel) throw new Error('cfgParallel needs two groups of ranks, but the local backend has one rank: use the swarm backend with at least 2 workers');
+    if (this.layout.world !== 1) throw new Error(`the local backend runs one rank in this tab, but the layout asks for ${this.layout.world}: use the swarm backend`);
     const { engine, terminate } = startEngineWorker();
     this.terminate = terminate;
-    this.runtime = new WorkerRuntime(engine, {
+    const runtime = new WorkerRuntime(engine, {
       connectMesh: async () => memoryExchanges(1)[0],
       describe: async () => {
         const adapter = await probeWebGpu();
         return { ep: adapter ? 'webgpu' : 'wasm', adapter: adapter ?? 'WebAssembly (no WebGPU adapter)', threads: 1, memoryGiB: null, userAgent: navigator.userAgent };
       },
     });
+    this.rank0 = inProcess<WorkerApi>(runtime, WORKER_CONTRACT, 'the local rank');
     return ['local'];
   }
 
-  protected callRank(rank: number, method: string, args: unknown, timeoutMs: number): Promise<unknown> {
-    if (rank !== 0 || !this.runtime) return Promise.reject(new Error(`the local executor has only rank 0, and only after initialize()`));
-    return withTimeout(this.runtime.dispatch(method, args), method, timeoutMs);
+  protected remoteOf(rank: number): Remote<WorkerApi> | undefined {
+    return rank === 0 ? (this.rank0 ?? undefined) : undefined;
   }
 
   protected closeTransport(): void {
     this.terminate?.();
-    this.runtime = null;
+    this.rank0 = null;
   }
 }

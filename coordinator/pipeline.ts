@@ -1,35 +1,29 @@
+// prompt → text encoder → denoising loop (core/sampler.ts; each step one or two DiT forward passes
+// on the placement's executor) → VAE decoder → WebM. The pipeline reads like the algorithm: where the
+// transformer runs is the placer's business (placement.ts), and a lost rank costs a re-placement
+// and one step, not the job.
 import { jobParams, latentShape, usesGuidance, type JobParams } from '../core/job.ts';
 import { parseWanConfig, type WanConfig } from '../core/model/config.ts';
-import { candidatePlans, planSwarm, type Hardware, type LinkSpeed, type Workload } from '../core/cost-model.ts';
-import { tokenGrid } from '../core/model/tokens.ts';
-import { defaultDegree } from '../core/parallel.ts';
 import { fetchModelFiles, readJson } from '../core/model/files.ts';
-import { loadTextEncoder } from '../core/model/text-encoder.ts';
 import { TRANSFORMER_CONFIG } from '../core/model/transformer.ts';
-import { loadVaeDecoder, type DecodedVideo } from '../core/model/vae-decoder.ts';
-import { eulerStep, flowMatchSchedule, guide, initialNoise } from '../core/scheduler.ts';
+import type { DecodedVideo } from '../core/model/vae-decoder.ts';
+import { loadWanPipelineParts } from '../core/model/wan-pipeline.ts';
 import type { DType } from '../core/net/protocol.ts';
-import type { Tensor } from '../core/tensor.ts';
-import type { ExecutionProvider } from '../rank/onnx-stages.ts';
-import { createExecutor, type Backend } from './backends.ts';
-import type { Executor, LinkReport, LostRank, RankReport } from './executor.ts';
-import type { WorkerMeasurement } from './measure.ts';
+import { sample } from '../core/sampler.ts';
+import type { ExecutionProvider } from '../core/worker-api.ts';
+import type { Backend } from './backends.ts';
+import type { Executor, LinkReport, RankReport } from './executor.ts';
+import { Placer, type FailureRecord, type MeshProbeReport, type PlacementRequest, type PlannedDegree } from './placement.ts';
 import type { Swarm } from './swarm.ts';
 import { encodeWebM } from './video.ts';
-import { fitMeshProbe, type MeshProbe } from '../rank/mesh-probe.ts';
 
-/**
- * prompt → text encoder → denoising loop (each step one or two DiT forward passes on the
- * executor) → VAE decoder → WebM. The pipeline reads like the sampler; the executor hides where
- * the transformer runs.
- */
 export interface PipelineOptions {
-  /** URL of a diffusers-layout model folder; the bundled tiny model by default */
+  /** URL of a diffusers-layout model folder; the bundled demo model by default */
   model?: string;
   backend?: Backend;
   /** the swarm the `swarm` backend draws workers from */
   swarm?: Swarm;
-  /** number of workers (= Ulysses degree); 'auto' uses as many as the live workers allow */
+  /** number of workers (= Ulysses degree); 'auto' lets the cost model choose */
   workers?: number | 'auto';
   parallel?: {
     ulyssesDegree?: number | 'auto';
@@ -56,31 +50,9 @@ export interface StepProgress {
   ranks: RankReport[];
 }
 
-/** How the degree of an 'auto' job was chosen, and what the cost model expected of it. */
-export interface PlannedDegree {
-  /** Ulysses degree (of each group with CFG parallel) */
-  degree: number;
-  cfgParallel: boolean;
-  by: string;
-  /** the rank-to-rank link planned with: a mesh probe of an earlier placement, or the coordinator's links as a stand-in */
-  link: LinkSpeed & { from: 'mesh probe' | 'coordinator links' };
-  predictedStepMs: number | null;
-  oneWorkerStepMs: number | null;
-}
-
-/** How a lost rank was noticed and what the re-plan cost. */
-export interface FailureRecord {
-  step: number;
-  error: string;
-  lost: LostRank[];
-  /** when the pipeline saw the failure (ms since the epoch) */
-  detectedAt: number;
-  degreeBefore: number;
-  degreeAfter: number;
-  replanMs: number;
-}
-
 export interface GenerateRequest extends Partial<JobParams> {
+  /** where this job runs, where it differs from the pipeline's options */
+  placement?: Partial<PlacementRequest>;
   /** continue a job from a checkpoint: `step` steps done, `latent` after them */
   resume?: { step: number; latent: Float32Array };
   onCheckpoint?(c: { step: number; latent: Float32Array }): void;
@@ -101,11 +73,11 @@ export interface GenerateReport {
   /** why the job did not run CFG parallel although it was asked for (null when it did, or was not asked) */
   cfgFallback: string | null;
   /** the all-to-all timed on this placement's mesh before its first job (null for one rank or a local backend) */
-  meshProbe: { ranks: MeshProbe[]; link: LinkSpeed } | { error: string } | null;
+  meshProbe: MeshProbeReport;
   steps: { step: number; ms: number; ranks: RankReport[] }[];
   resumedFromStep: number;
   failures: FailureRecord[];
-  /** time spent re-planning after lost ranks */
+  /** time spent re-placing after lost ranks */
   recoveryMs: number;
   setupMs: number;
   totalMs: number;
@@ -122,7 +94,8 @@ export interface GenerateResult {
 
 export interface Pipeline {
   readonly config: WanConfig;
-  readonly executor: Executor;
+  /** the current placement's executor, once a job has been placed */
+  readonly executor: Executor | null;
   generate(request: GenerateRequest): Promise<GenerateResult>;
   shutdown(options?: { graceMs?: number }): Promise<void>;
 }
@@ -130,200 +103,95 @@ export interface Pipeline {
 /** The trained demo model: its videos show what a prompt of its small grammar asks (demo/world.ts). */
 export const DEFAULT_MODEL_URL = '/models/tiny-wan-demo';
 
+/** A lost rank costs a re-placement; after this many in one job, the job fails. */
+export const MAX_REPLANS = 8;
+
+/** Reads a model folder's transformer config: what a page needs to know of a model before running it (its heads, say). */
+export async function loadModelConfig(model: string = DEFAULT_MODEL_URL): Promise<WanConfig> {
+  return parseWanConfig(await readJson(fetchModelFiles(new URL(model, globalThis.location?.href).href), TRANSFORMER_CONFIG), TRANSFORMER_CONFIG);
+}
+
 export async function createPipeline(options: PipelineOptions = {}): Promise<Pipeline> {
   const backend = options.backend ?? 'local';
   const modelUrl = new URL(options.model ?? DEFAULT_MODEL_URL, globalThis.location?.href).href;
-  const files = fetchModelFiles(modelUrl);
-  const config = parseWanConfig(await readJson(files, TRANSFORMER_CONFIG), TRANSFORMER_CONFIG);
-  const [textEncoder, decode] = await Promise.all([loadTextEncoder(files), loadVaeDecoder(files)]);
-  const flowShift = ((await readJson(files, 'model_index.json')) as { flow_shift?: number }).flow_shift;
-  /** executors that lost a rank while placed: the next job places afresh instead of failing on the gone rank */
-  const lostARank = new WeakSet<Executor>();
-  const cfgAsked = options.parallel?.cfgParallel;
-  if (cfgAsked && backend !== 'swarm') throw new Error(`cfgParallel needs two groups of worker pages: use the swarm backend, not ${backend}`);
-  const newExecutor = (ulyssesDegree: number | 'auto', cfgParallel = false) => {
-    const created = createExecutor(
-      backend,
-      { config, modelUrl, ulyssesDegree, cfgParallel, ep: options.ep, dtype: options.dtype, placementTimeoutMs: options.placementTimeoutMs, rpcTimeoutMs: options.rpcTimeoutMs },
-      options.swarm,
-    );
-    created.onFailure(() => lostARank.add(created));
-    return created;
+  const { config, textEncoder, decode, flowShift } = await loadWanPipelineParts(fetchModelFiles(modelUrl));
+  const placer = new Placer({ config, modelUrl, backend, swarm: options.swarm, textTokens: textEncoder.maxLength, placementTimeoutMs: options.placementTimeoutMs, rpcTimeoutMs: options.rpcTimeoutMs });
+  const defaults: PlacementRequest = {
+    ulyssesDegree: options.parallel?.ulyssesDegree ?? options.workers ?? 'auto',
+    cfgParallel: options.parallel?.cfgParallel,
+    ep: options.ep ?? 'auto',
+    dtype: options.dtype ?? 'f32',
   };
-  const asked = options.parallel?.ulyssesDegree ?? options.workers ?? 'auto';
-  let executor = newExecutor(asked, cfgAsked === true);
-  let ready: Promise<void> | null = null;
   let jobs = 0;
-  /** executors whose mesh was probed (once each) */
-  const probed = new WeakSet<Executor>();
-
-  /**
-   * On a new swarm placement of several ranks, time an all-to-all on its mesh before the first
-   * step: the swarm keeps it as the cost model's rank-to-rank link for the next plans. A failed
-   * probe costs nothing: a lost rank shows again in the first step, which re-plans.
-   */
-  async function probeNewMesh(job: number): Promise<GenerateReport['meshProbe']> {
-    if (!options.swarm || backend !== 'swarm' || executor.groupSize < 2 || probed.has(executor)) return null;
-    probed.add(executor);
-    try {
-      const ranks = await executor.probeMesh(job);
-      const fits = ranks.map(fitMeshProbe);
-      const link = { bandwidth: Math.min(...fits.map((f) => f.bandwidth)), latency: Math.max(...fits.map((f) => f.latency)) };
-      options.swarm.meshLink = { ...link, ranks: ranks.length, at: Date.now() };
-      return { ranks, link };
-    } catch (e) {
-      return { error: (e as Error).message };
-    }
-  }
-
-  /**
-   * 'auto' on a swarm: the degree the cost model predicts fastest for this job, from the workers'
-   * measured throughput and links (never a plan predicted slower than one worker). Until every
-   * live worker has been measured, the largest valid degree.
-   */
-  function planFor(params: JobParams, cfgParallel: boolean | undefined): PlannedDegree | null {
-    const workers = options.swarm?.workers() ?? [];
-    // CFG parallel asked for but not two workers yet: the executor waits for them when it places
-    if (workers.length < (cfgParallel ? 2 : 1)) return null;
-    const measured = workers.map((w) => w.measurement);
-    const coordinatorLinks = { bandwidth: Math.min(...measured.map((m) => m?.bandwidth ?? Infinity)), latency: Math.max(...measured.map((m) => m?.rttMs ?? 0)) / 2000 };
-    const probe = options.swarm?.meshLink;
-    const link = probe ? { bandwidth: probe.bandwidth, latency: probe.latency, from: 'mesh probe' as const } : { ...coordinatorLinks, from: 'coordinator links' as const };
-    if (measured.some((m) => !m)) return { degree: defaultDegree(config.numHeads, cfgParallel ? Math.floor(workers.length / 2) : workers.length), cfgParallel: !!cfgParallel, by: 'largest valid degree (workers not measured yet)', link, predictedStepMs: null, oneWorkerStepMs: null };
-    const work: Workload = { model: config, tokens: tokenGrid(config, latentShape(params, config.inChannels)).count, textTokens: textEncoder.maxLength, passes: usesGuidance(params) ? 2 : 1 };
-    // the EP each worker will run on: WebGPU where it has one, unless the job asks for WebAssembly
-    const epOf = (m: WorkerMeasurement) => (options.ep !== 'wasm' && m.flops.webgpu ? 'webgpu' : 'wasm');
-    const hw: Hardware = {
-      workerFlops: measured.map((m) => m!.flops[epOf(m!)] ?? 0),
-      workerSoftmaxRates: measured.map((m) => m!.softmaxRate?.[epOf(m!)] ?? Infinity),
-      link,
-      bytesPerElement: options.dtype === 'f16' ? 2 : 4,
-    };
-    const choice = planSwarm(work, hw, candidatePlans(work, workers.length).filter((p) => cfgParallel === undefined || p.cfgParallel === cfgParallel));
-    // one worker is always ranked; asked for CFG parallel, the fastest CFG-parallel plan
-    const best = cfgParallel ? choice.ranked.find((p) => p.plan.cfgParallel)! : choice.best;
-    return { degree: best.plan.ulyssesDegree, cfgParallel: best.plan.cfgParallel, by: `cost model (rank links from ${link.from})`, link, predictedStepMs: best.stepS * 1000, oneWorkerStepMs: choice.baseline.stepS * 1000 };
-  }
-
-  /** Places the executor once; a failed placement must not poison the next job, so it starts afresh. */
-  function place(): Promise<void> {
-    ready ??= executor.initialize().catch(async (e: Error) => {
-      ready = null;
-      await executor.shutdown({ graceMs: 500 }).catch(() => {});
-      executor = newExecutor(executor.options.ulyssesDegree ?? asked, executor.options.cfgParallel);
-      throw e;
-    });
-    return ready;
-  }
-
-  /**
-   * A lost rank costs one step, not the job: let the survivors go, place again on the workers that
-   * are live (largest valid degree, down to one, without CFG parallel), and run the step again
-   * from the kept latent.
-   */
-  async function replan(job: number, texts: Float32Array[], shape: number[], error: Error, step: number): Promise<FailureRecord | null> {
-    const detectedAt = Date.now();
-    const lost = await executor.lostRanks(error);
-    if (!lost.length) return null;
-    const before = executor;
-    const record: FailureRecord = {
-      step,
-      error: error.message,
-      lost,
-      detectedAt,
-      degreeBefore: before.world,
-      degreeAfter: 0,
-      replanMs: 0,
-    };
-    const replanStart = performance.now();
-    await before.shutdown({ graceMs: 1_000 });
-    executor = newExecutor('auto');
-    ready = null;
-    await place();
-    await executor.prepareJob(job, texts, shape);
-    record.degreeAfter = executor.world;
-    record.replanMs = performance.now() - replanStart;
-    return record;
-  }
 
   return {
     config,
     get executor() {
-      return executor;
+      return placer.current;
     },
     async generate(request) {
-      const params = jobParams({ flowShift, ...stripCallbacks(request) });
+      const { placement: asked, resume, onCheckpoint, onFailure, onProgress, onPhase, signal, ...input } = request;
+      const params = jobParams({ flowShift, ...input });
       const started = performance.now();
-      request.onPhase?.('placing');
-      // workers that joined since the last placement, or came back after a re-plan shrank it, count from the next job
-      const guided = usesGuidance(params);
-      const plan = asked !== 'auto' || backend !== 'swarm' ? null : planFor(params, cfgAsked === undefined ? undefined : cfgAsked && guided);
-      const layout = jobLayout({ ulyssesDegree: asked, cfgParallel: cfgAsked }, guided, plan);
-      if (plan && layout.cfgFallback) plan.by += `; ${layout.cfgFallback}`;
-      const placed = { ulyssesDegree: executor.options.ulyssesDegree, cfgParallel: !!executor.options.cfgParallel };
-      const wanted = layout.ulyssesDegree !== 'auto' ? layout.ulyssesDegree : executor.groupSize;
-      const relayout = !ready
-        ? layout.ulyssesDegree !== placed.ulyssesDegree || layout.cfgParallel !== placed.cfgParallel
-        : wanted !== executor.groupSize || layout.cfgParallel !== placed.cfgParallel || lostARank.has(executor);
-      if (backend === 'swarm' && relayout) {
-        await executor.shutdown({ graceMs: 1_000 });
-        executor = newExecutor(layout.ulyssesDegree, layout.cfgParallel);
-        ready = null;
-      }
-      await place();
+      onPhase?.('placing');
+      const { plan, cfgFallback } = await placer.place(params, { ...defaults, ...asked });
       const setupMs = performance.now() - started;
       const job = ++jobs;
-      request.onPhase?.('encoding');
-      const texts = [textEncoder.encode(params.prompt)];
-      if (guided) texts.push(textEncoder.encode(params.negativePrompt));
-      const shape = latentShape(params, config.inChannels);
-      await executor.prepareJob(job, texts, shape);
-      const meshProbe = await probeNewMesh(job);
 
-      request.onPhase?.('denoising');
-      const first = request.resume?.step ?? 0;
-      let latent: Tensor = request.resume ? { shape, data: request.resume.latent } : initialNoise(shape, params.seed);
-      const schedule = flowMatchSchedule(params.steps, params.flowShift);
+      onPhase?.('encoding');
+      const texts = [textEncoder.encode(params.prompt)];
+      if (usesGuidance(params)) texts.push(textEncoder.encode(params.negativePrompt));
+      const shape = latentShape(params, config.inChannels);
+      const meshProbe = await placer.prepare(job, texts, shape);
+
+      onPhase?.('denoising');
+      const first = resume?.step ?? 0;
       const steps: GenerateReport['steps'] = [];
       const failures: FailureRecord[] = [];
       const loopStart = performance.now();
-      for (let step = first; step < params.steps; step++) {
-        request.signal?.throwIfAborted();
-        const stepStart = performance.now();
-        let velocity: Float32Array;
-        let ranks: RankReport[];
-        for (;;) {
-          try {
-            ({ velocity, ranks } = await denoiserVelocity(executor, { job, step, timestep: schedule.timesteps[step], latent }, params.guidance, guided));
-            break;
-          } catch (e) {
-            const failure = failures.length < MAX_REPLANS ? await replan(job, texts, shape, e as Error, step) : null;
-            if (!failure) throw e;
-            failures.push(failure);
-            request.onFailure?.(failure);
+      let ranks: RankReport[] = [];
+      const latent = await sample({
+        shape,
+        steps: params.steps,
+        flowShift: params.flowShift,
+        seed: params.seed,
+        resume,
+        signal,
+        async velocity(at) {
+          for (;;) {
+            try {
+              const result = await placer.current!.velocity({ job, ...at }, params.guidance);
+              ranks = result.ranks;
+              return result.velocity;
+            } catch (e) {
+              const failure = failures.length < MAX_REPLANS ? await placer.replace(e as Error, at.step) : null;
+              if (!failure) throw failures.length < MAX_REPLANS ? e : new Error(`${(e as Error).message} (gave up after ${MAX_REPLANS} re-placements in this job)`);
+              failures.push(failure);
+              onFailure?.(failure);
+            }
           }
-        }
-        latent = { shape, data: eulerStep(latent.data, velocity, schedule.sigmas[step], schedule.sigmas[step + 1]) };
-        const stepMs = performance.now() - stepStart;
-        steps.push({ step, ms: stepMs, ranks });
-        request.onCheckpoint?.({ step: step + 1, latent: latent.data });
-        const elapsedMs = performance.now() - loopStart;
-        const done = step + 1 - first;
-        request.onProgress?.({ step: step + 1, steps: params.steps, stepMs, elapsedMs, etaMs: (elapsedMs / done) * (params.steps - step - 1), ranks });
-      }
+        },
+        onStep({ step, latent, stepMs }) {
+          steps.push({ step: step - 1, ms: stepMs, ranks });
+          onCheckpoint?.({ step, latent });
+          const elapsedMs = performance.now() - loopStart;
+          onProgress?.({ step, steps: params.steps, stepMs, elapsedMs, etaMs: (elapsedMs / (step - first)) * (params.steps - step), ranks });
+        },
+      });
 
-      request.onPhase?.('decoding');
+      onPhase?.('decoding');
       const frames = decode(latent);
-      request.onPhase?.('muxing');
+      onPhase?.('muxing');
       const video = await encodeWebM(frames);
+      const executor = placer.current!;
       return {
         video,
         latent: latent.data,
         frames,
         report: {
-          config: { ...params, backend, workers: executor.world, ulyssesDegree: executor.groupSize, cfgParallel: !!executor.options.cfgParallel, model: modelUrl },
+          config: { ...params, backend, workers: executor.world, ulyssesDegree: executor.layout.ulyssesDegree, cfgParallel: executor.layout.cfgParallel, model: modelUrl },
           plan,
-          cfgFallback: layout.cfgFallback,
+          cfgFallback,
           meshProbe,
           workers: executor.workers.map((w) => ({ id: w.id, ep: w.ep, adapter: w.adapter })),
           links: executor.linkReport(),
@@ -338,54 +206,8 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
         },
       };
     },
-    async shutdown(opts) {
-      await executor.shutdown(opts);
-    },
+    shutdown: (opts) => placer.shutdown(opts),
   };
-}
-
-const MAX_REPLANS = 8;
-
-/** Where a job's passes run: the planner's choice for 'auto', else what was asked; CFG parallel only with two passes. */
-export function jobLayout(
-  asked: { ulyssesDegree: number | 'auto'; cfgParallel?: boolean },
-  guided: boolean,
-  plan: PlannedDegree | null,
-): { ulyssesDegree: number | 'auto'; cfgParallel: boolean; cfgFallback: string | null } {
-  const cfgFallback = asked.cfgParallel && !guided ? 'no CFG parallel: guidance 1 means one forward pass per step, so there is no second pass for a second group' : null;
-  if (plan) return { ulyssesDegree: plan.degree, cfgParallel: plan.cfgParallel && guided, cfgFallback };
-  return { ulyssesDegree: asked.ulyssesDegree, cfgParallel: !!asked.cfgParallel && guided, cfgFallback };
-}
-
-/**
- * One denoising step's velocity: the conditional pass, and with guidance the unconditional one —
- * at the same time on their two groups with CFG parallel, where `guide` is the step's one exchange.
- */
-export async function denoiserVelocity(
-  executor: Executor,
-  at: { job: number; step: number; timestep: number; latent: Tensor },
-  guidance: number,
-  guided: boolean,
-): Promise<{ velocity: Float32Array; ranks: RankReport[] }> {
-  if (guided && executor.options.cfgParallel) {
-    const [cond, uncond] = await Promise.all([executor.executeModel({ ...at, pass: 0 }), executor.executeModel({ ...at, pass: 1 })]);
-    return { velocity: guide(cond.output.data, uncond.output.data, guidance), ranks: [...cond.ranks, ...uncond.ranks] };
-  }
-  const cond = await executor.executeModel({ ...at, pass: 0 });
-  if (!guided) return { velocity: cond.output.data, ranks: cond.ranks };
-  const uncond = await executor.executeModel({ ...at, pass: 1 });
-  const ranks = cond.ranks.map((r, i) => ({
-    ...r,
-    computeMs: r.computeMs + uncond.ranks[i].computeMs,
-    commMs: r.commMs + uncond.ranks[i].commMs,
-    bytesSent: r.bytesSent + uncond.ranks[i].bytesSent,
-  }));
-  return { velocity: guide(cond.output.data, uncond.output.data, guidance), ranks };
-}
-
-function stripCallbacks(request: GenerateRequest): Partial<JobParams> {
-  const { onProgress: _p, onPhase: _f, signal: _s, resume: _r, onCheckpoint: _c, onFailure: _x, ...params } = request;
-  return params;
 }
 
 async function sha256(data: Float32Array): Promise<string> {

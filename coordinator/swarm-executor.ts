@@ -1,92 +1,90 @@
-import { checkDegree, defaultDegree } from '../core/parallel.ts';
-import { Executor, WorkerError, type ExecutorOptions, type LinkReport, type LostRank } from './executor.ts';
+// The `swarm` backend: ranks on worker pages that joined the swarm over WebRTC (or the relay). The
+// placer chose the workers; this class reaches them, watches them leave, and judges who is lost.
+import type { Remote } from '../core/net/rpc.ts';
+import type { ArgsOf, RankLost, ReplyOf, WorkerApi, WorkerMethod } from '../core/worker-api.ts';
+import { Executor, TimeoutError, WorkerError, type ExecutorOptions, type LinkReport, type LostRank } from './executor.ts';
 import type { Swarm, SwarmWorker } from './swarm.ts';
 
-/** Ranks on worker pages that joined the swarm over WebRTC. */
+/** How long a rank suspected lost has to answer the coordinator's own ping. */
+export const CONFIRM_PING_MS = 2_000;
+
 export class SwarmExecutor extends Executor {
-  private ranks: SwarmWorker[] = [];
   private offLeave: (() => void) | null = null;
-  /** ranks that left the swarm during this executor's life, with how it was noticed */
-  private readonly lost = new Map<number, { reason: string; silentMs: number }>();
+  /** ranks let go during this executor's life, with why */
+  private readonly lost = new Map<number, LostRank>();
 
   constructor(
     options: ExecutorOptions,
     private readonly swarm: Swarm,
+    /** the workers to place on, in rank order (placement.ts chose them) */
+    private ranks: SwarmWorker[],
   ) {
     super(options);
   }
 
   protected async place(): Promise<string[]> {
-    const { numHeads } = this.options.config;
-    const timeoutMs = this.options.placementTimeoutMs ?? 30_000;
-    const asked = this.options.ulyssesDegree ?? 'auto';
-    // with CFG parallel two groups of `degree` workers each, on different workers
-    const groups = this.options.cfgParallel ? 2 : 1;
-    let degree: number;
-    if (asked === 'auto') {
-      await this.swarm.waitForWorkers(groups, timeoutMs);
-      degree = defaultDegree(numHeads, Math.floor(this.swarm.workers().length / groups));
-    } else {
-      checkDegree(numHeads, asked);
-      await this.swarm.waitForWorkers(groups * asked, timeoutMs);
-      degree = asked;
-    }
-    const world = groups * degree;
-    this.ranks = this.swarm.workers().slice(0, world);
-    this.ranks.forEach((w, rank) => this.swarm.setActivity(w, `rank ${rank} of ${world}${groups > 1 ? ` (${rank < degree ? 'conditional' : 'unconditional'} group)` : ''}`));
+    const live = new Set(this.swarm.workers());
+    const gone = this.ranks.filter((w) => !live.has(w));
+    if (gone.length) throw new Error(`worker${gone.length > 1 ? 's' : ''} ${gone.map((w) => w.id).join(', ')} left the swarm before placement`);
+    this.ranks.forEach((w, rank) => this.swarm.setActivity(w, this.layout.describe(rank)));
     this.offLeave = this.swarm.on((e) => {
       if (e.type !== 'leave') return;
       const rank = this.ranks.indexOf(e.worker);
-      if (rank < 0) return;
-      this.lost.set(rank, { reason: e.reason, silentMs: e.silentMs });
+      if (rank < 0 || this.lost.has(rank)) return;
+      this.lost.set(rank, { rank, worker: e.worker.id, cause: e.silentMs > 0 ? 'silent' : 'disconnected', evidence: e.reason, silentMs: e.silentMs });
       this.reportFailure(new Error(`rank ${rank} (worker ${e.worker.id}) is lost: ${e.reason}`));
     });
     return this.ranks.map((w) => w.id);
   }
 
-  protected callRank(rank: number, method: string, args: unknown, timeoutMs: number): Promise<unknown> {
+  protected remoteOf(rank: number): Remote<WorkerApi> | undefined {
+    return this.ranks[rank]?.api;
+  }
+
+  protected override callRank<M extends WorkerMethod>(rank: number, method: M, args: ArgsOf<M>, timeoutMs: number): Promise<ReplyOf<M>> {
     const worker = this.ranks[rank];
-    if (!worker) return Promise.reject(new Error(`no rank ${rank}: this executor has ${this.ranks.length} ranks`));
-    if (method !== 'executeModel') return worker.rpc.call(method, args, timeoutMs);
+    if (method !== 'executeModel' || !worker) return super.callRank(rank, method, args, timeoutMs);
     // what each rank is doing, for the dashboard's swarm view
-    const { step, pass } = args as { step: number; pass: number };
+    const { step, pass } = args as ArgsOf<'executeModel'>;
     this.swarm.setActivity(worker, `rank ${rank}: step ${step + 1}${pass ? ' (unconditional)' : ''}`);
-    return worker.rpc.call(method, args, timeoutMs).finally(() => this.swarm.setActivity(worker, `rank ${rank}: waiting`));
+    return super.callRank(rank, method, args, timeoutMs).finally(() => this.swarm.setActivity(worker, `rank ${rank}: waiting`));
   }
 
   /**
-   * A rank is lost if it left the swarm; if its peers lost their connection to it or caught it
-   * sending in another rank's name (the rank is evicted: peers notice a closed tab before the
-   * coordinator may); or if it does not answer a ping within two seconds (frozen: evicted).
+   * Who is lost, on the coordinator's own evidence only: a rank that left the swarm (its link
+   * closed, or its heartbeats stopped), a rank whose reply broke the contract, and a rank that does
+   * not answer a ping within CONFIRM_PING_MS — every rank is pinged, so a rank another rank blames
+   * is let go only if it is silent to the coordinator too. One rank's word alone evicts nobody.
    */
   override async lostRanks(error: Error): Promise<LostRank[]> {
-    // a rank names its mesh peers by their rank in its group: with CFG parallel, offset by the group's first rank
-    const groupStart = error instanceof WorkerError ? error.rank - (error.rank % this.groupSize) : 0;
-    for (const [, named, what] of error.message.matchAll(/(?:misbehaving rank|rank) (\d+)(:| is gone)/g)) {
-      const rank = groupStart + Number(named);
-      const worker = this.ranks[rank];
-      if (worker && !this.lost.has(rank)) {
-        this.swarm.evict(worker, what === ':' ? `rank ${rank} sent tensors in another rank's name` : `its peers lost their connection to rank ${rank}`);
-      }
-    }
+    if (error instanceof WorkerError && error.breach) this.letGo(error.rank, 'misbehaved', `its ${error.method} reply broke the contract: ${error.remoteMessage}`, 0);
+    const accused = error instanceof WorkerError ? error.blame : null;
+    const silentAtTimeout = error instanceof TimeoutError ? new Set(error.silentRanks) : new Set<number>();
+    const started = Date.now();
     const unanswered = await Promise.all(
-      this.ranks.map((w, rank) => (this.lost.has(rank) ? false : w.rpc.call('ping', {}, 2_000).then(() => false, () => true))),
+      this.ranks.map((w, rank) => (this.lost.has(rank) ? false : w.api.ping({}, CONFIRM_PING_MS).then(() => false, () => true))),
     );
     unanswered.forEach((silent, rank) => {
-      if (silent && !this.lost.has(rank)) this.swarm.evict(this.ranks[rank], 'did not answer a ping within 2 s');
+      if (!silent || this.lost.has(rank)) return;
+      const said = accused?.rank === rank ? `; rank ${(error as WorkerError).rank} reported: ${accused.evidence}` : '';
+      const timedOut = silentAtTimeout.has(rank) ? `; it had not answered ${(error as TimeoutError).method}` : '';
+      this.letGo(rank, 'silent', `did not answer a ping within ${CONFIRM_PING_MS / 1000} s${timedOut}${said}`, Date.now() - started);
     });
-    return [...this.lost].sort(([a], [b]) => a - b).map(([rank, { reason, silentMs }]) => ({ rank, worker: this.ranks[rank].id, reason, silentMs }));
+    return [...this.lost.values()].sort((a, b) => a.rank - b.rank);
   }
 
-  /** The coordinator's links as the swarm admitted them; the mesh as each rank last reported it in its pulse. */
+  private letGo(rank: number, cause: RankLost['cause'], evidence: string, silentMs: number): void {
+    const worker = this.ranks[rank];
+    if (!worker || this.lost.has(rank)) return;
+    this.lost.set(rank, { rank, worker: worker.id, cause, evidence, silentMs });
+    this.swarm.evict(worker, evidence);
+  }
+
+  /** The coordinator's links as the swarm admitted them; the meshes as each rank last reported them in its pulse. */
   override linkReport(): LinkReport[] {
     const links: LinkReport[] = this.ranks.map((w, rank) => ({ from: 'coordinator', to: rank, transport: w.transport }));
     const said = (from: number, to: number) => this.ranks[from].pulse?.mesh?.find((m) => m.peer === this.ranks[to].id)?.transport;
-    // ranks link only within their group (CFG parallel's two groups meet at the coordinator)
-    const P = this.groupSize;
-    for (let from = 1; from < this.ranks.length; from++) {
-      for (let to = from - (from % P); to < from; to++) links.push({ from, to, transport: said(from, to) ?? said(to, from) ?? 'unknown' });
-    }
+    for (const [from, to] of this.layout.meshPairs()) links.push({ from, to, transport: said(from, to) ?? said(to, from) ?? 'unknown' });
     return links;
   }
 

@@ -1,39 +1,37 @@
+// The dashboard's view of the swarm: its PeerJS peer, and a roster of the worker pages that
+// joined with the swarm's join token (each with a link, its WorkerApi, what it said about itself
+// and its last pulse). A worker whose tab closes, crashes or freezes is dropped within
+// DEAD_AFTER_MS; listeners hear about every change. Workers reach it over a data channel, or
+// through the server's relay (its socket is open while the swarm is, registered with the token).
 import { Peer } from 'peerjs';
-import type { LinkSpeed } from '../core/cost-model.ts';
-import { DEAD_AFTER_MS, watchHeartbeats, type WorkerPulse } from '../core/net/heartbeat.ts';
+import type { DataConnectionLike, Transport } from '../core/net/channel.ts';
+import { watchHeartbeats, type WorkerPulse } from '../core/net/heartbeat.ts';
 import type { Link } from '../core/net/link.ts';
 import {
   connectRelay,
+  DIRECT_OPEN_TIMEOUT_MS,
   newPeerId,
   openLink,
-  RELAY_FALLBACK_MS,
+  peerOptions,
+  registerPeer,
   signalingOptions,
   transportOf,
   type SignalingOptions,
 } from '../core/net/peer-link.ts';
-import type { DataConnectionLike, Transport } from '../core/net/channel.ts';
-import type { RelayClient } from '../core/net/relay-client.ts';
 import { COORDINATOR } from '../core/net/protocol.ts';
-import { RpcClient } from '../core/net/rpc.ts';
+import type { RelayClient } from '../core/net/relay-client.ts';
+import { remote } from '../core/net/rpc.ts';
+import { WORKER_CONTRACT, type WorkerInfo, type WorkerRemote } from '../core/worker-api.ts';
 import { measureWorker, type WorkerMeasurement } from './measure.ts';
-import type { WorkerInfo } from '../rank/runtime.ts';
 
-/**
- * The dashboard's view of the swarm: its PeerJS peer, and a roster of the worker pages that
- * joined with the swarm's join token (each with a link, an RPC client, what it said about itself
- * and its last pulse). A worker whose tab closes, crashes or freezes is dropped within
- * DEAD_AFTER_MS; listeners hear about every change. Workers reach it over a data channel, or
- * through the server's relay (its socket is open while the swarm is, registered with the token).
- */
 const DESCRIBE_TIMEOUT_MS = 15_000;
-/** A worker's data channel that has not opened by then is given up: the worker goes to the relay after RELAY_FALLBACK_MS. */
-const DIRECT_OPEN_TIMEOUT_MS = RELAY_FALLBACK_MS + 10_000;
 const RELAY_RECONNECT_MS = 2_000;
 
 export interface SwarmWorker {
   id: string;
   info: WorkerInfo;
-  rpc: RpcClient;
+  /** its WorkerApi: every reply checked against the contract */
+  api: WorkerRemote;
   link: Link;
   joinedAt: number;
   /** what the executor is doing with it, for the dashboard */
@@ -66,8 +64,6 @@ export class Swarm {
   private readonly connections = new Map<string, DataConnectionLike>();
   private readonly listeners = new Set<(e: SwarmEvent) => void>();
   readonly refusals: { peer: string; reason: string; at: number }[] = [];
-  /** the rank-to-rank link the last mesh probe measured (slowest rank), for the cost model's next plans */
-  meshLink: (LinkSpeed & { ranks: number; at: number }) | null = null;
   private relay: RelayClient | null = null;
   private closed = false;
 
@@ -83,7 +79,9 @@ export class Swarm {
   /** Registers this dashboard with the signaling server of `origin`. */
   static async open(origin: string, identity: SwarmIdentity = {}): Promise<Swarm> {
     const signaling = await signalingOptions(origin);
-    const swarm = new Swarm(await register(origin, identity.id ?? newPeerId('coordinator'), signaling), origin, identity.token ?? newJoinToken(), signaling);
+    const id = identity.id ?? newPeerId('coordinator');
+    const peer = await registerPeer(() => new Peer(id, peerOptions(signaling)), origin, { retries: 10 });
+    const swarm = new Swarm(peer, origin, identity.token ?? newJoinToken(), signaling);
     if (signaling.relay.mode === 'off') return swarm;
     try {
       await swarm.openRelay();
@@ -195,7 +193,7 @@ export class Swarm {
   }
 
   private drop(worker: SwarmWorker, reason: string, silentMs: number): void {
-    worker.rpc.failAll(`worker ${worker.id} is gone: ${reason}`);
+    worker.api.failAll?.(`worker ${worker.id} is gone: ${reason}`);
     worker.link.close(reason);
     // a worker that re-joined (through the relay, say) under the same id is another entry: leave it be
     if (this.roster.get(worker.id) !== worker) return;
@@ -208,13 +206,13 @@ export class Swarm {
     const meta = conn.metadata as { role?: string; token?: string } | undefined;
     if (meta?.role !== 'worker') return conn.close();
     let worker: SwarmWorker | null = null;
-    let rpc: RpcClient | null = null;
+    let api: WorkerRemote | null = null;
     try {
       const link = await openLink(
         conn,
         (reason) => {
           if (worker) this.drop(worker, reason, Date.now() - link.lastHeardAt);
-          else rpc?.failAll(reason);
+          else api?.failAll?.(reason);
         },
         {
           accept: (h) => (h.kind !== 'rpc' ? 'a worker may only send RPC messages to the coordinator' : h.totalBytes > 1 << 26 ? 'reply too large' : null),
@@ -232,9 +230,9 @@ export class Swarm {
       const previous = this.roster.get(conn.peer);
       if (previous) this.evict(previous, 'it joined again over a new connection');
       this.connections.set(conn.peer, conn);
-      rpc = new RpcClient(link, COORDINATOR);
-      const info = await rpc.call<WorkerInfo>('describe', {}, DESCRIBE_TIMEOUT_MS);
-      const joined: SwarmWorker = { id: conn.peer, info, rpc, link, joinedAt: Date.now(), activity: 'idle', pulse: null, framesDropped: 0, transport: transportOf(conn), measurement: null };
+      api = remote(link, COORDINATOR, WORKER_CONTRACT, `worker ${conn.peer}`);
+      const info = await api.describe({}, DESCRIBE_TIMEOUT_MS);
+      const joined: SwarmWorker = { id: conn.peer, info, api, link, joinedAt: Date.now(), activity: 'idle', pulse: null, framesDropped: 0, transport: transportOf(conn), measurement: null };
       worker = joined;
       this.roster.set(joined.id, joined);
       watchHeartbeats(link, COORDINATOR, {
@@ -265,26 +263,6 @@ export class Swarm {
     } catch (e) {
       console.warn(`worker ${conn.peer} could not join: ${(e as Error).message}`);
       conn.close();
-    }
-  }
-}
-
-/** Registers `id` with the signaling server; after a reload the server may still hold the old registration for a moment: retry briefly. */
-async function register(origin: string, id: string, signaling: SignalingOptions): Promise<Peer> {
-  for (let attempt = 0; ; attempt++) {
-    const peer = new Peer(id, { ...signaling, config: { iceServers: signaling.iceServers }, debug: 1 });
-    try {
-      await new Promise<void>((resolve, reject) => {
-        peer.once('open', () => resolve());
-        peer.once('error', (e) => reject(e));
-      });
-      return peer;
-    } catch (e) {
-      peer.destroy();
-      if ((e as { type?: string }).type !== 'unavailable-id' || attempt >= 10) {
-        throw new Error(`could not register with the signaling server at ${origin}: ${(e as Error).message}`);
-      }
-      await new Promise((r) => setTimeout(r, 1000));
     }
   }
 }

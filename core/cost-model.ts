@@ -1,11 +1,10 @@
-import type { WanConfig } from './model/config.ts';
-import { checkDegree, exchangeFloatsPerBlock, planUlysses, validDegrees } from './parallel.ts';
+// Predicted time of one denoising step of a swarm plan, from FLOPs and bytes: each rank computes
+// its share of every forward at its measured throughput, and between the attention sub-blocks
+// sends its all-to-all bytes over the measured link. The planner ranks plans by this prediction.
 
-/**
- * Predicted time of one denoising step of a swarm plan, from FLOPs and bytes: each rank computes
- * its share of every forward at its measured throughput, and between the attention sub-blocks
- * sends its all-to-all bytes over the measured link. The planner ranks plans by this prediction.
- */
+import type { WanConfig } from './model/config.ts';
+import type { MeshProbe } from './worker-api.ts';
+import { checkDegree, exchangeFloatsPerBlock, planUlysses, validDegrees } from './parallel.ts';
 
 /** The sizes a forward's cost depends on (a WanConfig has them all). */
 export type ModelShape = Pick<WanConfig, 'numHeads' | 'headDim' | 'dim' | 'ffnDim' | 'numLayers' | 'inChannels' | 'outChannels' | 'patchSize' | 'textDim' | 'freqDim'>;
@@ -214,4 +213,12 @@ export function fitLink(samples: { bytes: number; seconds: number }[]): LinkSpee
   const perByte = sxy / sxx;
   if (!(perByte > 0)) throw new Error('fitLink: larger transfers were not slower; probe with larger messages');
   return { bandwidth: 1 / perByte, latency: Math.max(0, my - perByte * mx) };
+}
+
+/** The link a rank sees in its exchanges: the bytes it sends per second while all links are busy, and the fixed cost of one exchange. */
+export function fitMeshProbe(probe: MeshProbe): LinkSpeed {
+  return fitLink([
+    { bytes: probe.smallBytes, seconds: probe.smallMs / 1000 },
+    { bytes: probe.bytesSent, seconds: Math.max(probe.largeMs, probe.smallMs + 0.5) / 1000 },
+  ]);
 }

@@ -1,5 +1,6 @@
 import type { WanConfig } from './model/config.ts';
-import { sliceRows } from './tensor.ts';
+import { patchify, unpatchify } from './model/tokens.ts';
+import { sliceRows, type Tensor } from './tensor.ts';
 
 /**
  * The Ulysses layout of one forward pass: S tokens split into P equal slices of ceil(S/P) tokens
@@ -14,6 +15,71 @@ export interface UlyssesPlan {
   headsPerRank: number; // H/P
   /** columns of one rank's heads in a [*, D] activation: (H/P)·d */
   headWidth: number;
+}
+
+/**
+ * Which rank does what in one placement, as xDiT's RankGenerator: `cfgGroups` groups (two with CFG
+ * parallel: group 0 runs the conditional pass, group 1 the unconditional one) of `ulyssesDegree`
+ * ranks, each group a Ulysses mesh of its own. Rank r is rank r mod P of group ⌊r/P⌋. Nobody else
+ * does this arithmetic.
+ */
+export class RankLayout {
+  readonly world: number;
+
+  constructor(
+    readonly ulyssesDegree: number,
+    readonly cfgGroups: 1 | 2 = 1,
+  ) {
+    if (!Number.isInteger(ulyssesDegree) || ulyssesDegree < 1) throw new ParallelConfigError(`a Ulysses degree is a whole number of ranks, got ${ulyssesDegree}`);
+    this.world = ulyssesDegree * cfgGroups;
+  }
+
+  get cfgParallel(): boolean {
+    return this.cfgGroups === 2;
+  }
+
+  groupOf(rank: number): number {
+    return Math.floor(rank / this.ulyssesDegree);
+  }
+
+  /** The rank's place in its group's mesh. */
+  localRank(rank: number): number {
+    return rank % this.ulyssesDegree;
+  }
+
+  globalRank(group: number, localRank: number): number {
+    return group * this.ulyssesDegree + localRank;
+  }
+
+  /** The ranks of one group, in mesh order. */
+  groupRanks(group: number): number[] {
+    return Array.from({ length: this.ulyssesDegree }, (_, i) => this.globalRank(group, i));
+  }
+
+  /** The group that runs a forward pass: pass p on group p with CFG parallel, every pass on group 0 otherwise. */
+  groupForPass(pass: number): number {
+    return this.cfgParallel ? pass : 0;
+  }
+
+  /** The rank's mesh: its group's ranks, their peers, and a session of the group's own. */
+  meshOf(rank: number, peers: string[], session: string): { rank: number; world: number; peers: string[]; session: string } {
+    const group = this.groupOf(rank);
+    return {
+      rank: this.localRank(rank),
+      world: this.ulyssesDegree,
+      peers: this.groupRanks(group).map((r) => peers[r]),
+      session: this.cfgParallel ? `${session}.${group}` : session,
+    };
+  }
+
+  /** Every pair of ranks that share a mesh, the higher rank first (it dials). */
+  meshPairs(): [number, number][] {
+    return Array.from({ length: this.world }, (_, from) => this.groupRanks(this.groupOf(from)).filter((to) => to < from).map((to): [number, number] => [from, to])).flat();
+  }
+
+  describe(rank: number): string {
+    return `rank ${rank} of ${this.world}${this.cfgParallel ? ` (${this.groupOf(rank) === 0 ? 'conditional' : 'unconditional'} group)` : ''}`;
+  }
 }
 
 export class ParallelConfigError extends Error {
@@ -77,3 +143,14 @@ export function gatherRows(plan: UlyssesPlan, parts: Float32Array[], width: numb
 
 /** Payload floats one rank sends per transformer block: 4·Sl·D·(P−1)/P (q, k, v out; attention back). */
 export const exchangeFloatsPerBlock = (plan: UlyssesPlan, dim: number): number => (4 * plan.localTokens * dim * (plan.degree - 1)) / plan.degree;
+
+/** A latent's tokens as each rank's patch rows, in rank order: rank r gets [Sl, C·pt·ph·pw]. */
+export function scatterLatent(cfg: WanConfig, plan: UlyssesPlan, latent: Tensor): Float32Array[] {
+  const patches = patchify(cfg, latent);
+  return Array.from({ length: plan.degree }, (_, rank) => scatterRows(plan, patches.data, patches.shape[1], rank));
+}
+
+/** The ranks' output rows [Sl, pt·ph·pw·C] in rank order → the output, shaped like the latent. */
+export function gatherLatent(cfg: WanConfig, plan: UlyssesPlan, rows: Float32Array[], shape: number[]): Tensor {
+  return unpatchify(cfg, gatherRows(plan, rows, rows[0].length / plan.localTokens), shape);
+}

@@ -1,11 +1,9 @@
+// Flow-matching sampling as Wan uses it (diffusers' FlowMatchEulerDiscreteScheduler): sigmas from
+// 1 down to 1/1000, bent toward high noise by the flow shift, then Euler steps along the predicted
+// velocity; classifier-free guidance mixes the conditional and unconditional velocities.
 import { SeededRandom } from './random.ts';
 import type { Tensor } from './tensor.ts';
 
-/**
- * Flow-matching sampling as Wan uses it (diffusers' FlowMatchEulerDiscreteScheduler): sigmas from
- * 1 down to 1/1000, bent toward high noise by the flow shift, then Euler steps along the predicted
- * velocity; classifier-free guidance mixes the conditional and unconditional velocities.
- */
 export interface Schedule {
   sigmas: number[]; // steps + 1 values, the last 0
   timesteps: number[]; // what the transformer is given at each step: sigma · 1000

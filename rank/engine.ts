@@ -1,17 +1,16 @@
+// The compute of one worker: the model's stage graphs on onnxruntime-web. In a page it lives in
+// a Web Worker (engine.worker.ts), so hidden-tab throttling of the page never slows it; it never
+// touches the DOM or the network beyond fetching the model.
 import * as ort from 'onnxruntime-web';
 import type { WanConfig } from '../core/model/config.ts';
 import { fetchModelFiles } from '../core/model/files.ts';
 import { loadTransformer } from '../core/model/transformer.ts';
-import { onnxStages, type ExecutionProvider } from './onnx-stages.ts';
+import type { ComputeProbe, ExecutionProvider } from '../core/worker-api.ts';
+import { onnxStages } from './onnx-stages.ts';
 import { probeThroughput } from './throughput-probe.ts';
 import { probeWebGpu } from './webgpu.ts';
 import type { DeviceStageRunner } from './stages.ts';
 
-/**
- * The compute of one worker: the model's stage graphs on onnxruntime-web. In a page it lives in
- * a Web Worker (engine.worker.ts), so hidden-tab throttling of the page never slows it; it never
- * touches the DOM or the network beyond fetching the model.
- */
 export interface EngineInfo {
   ep: ExecutionProvider;
   adapter: string;
@@ -21,8 +20,8 @@ export interface EngineInfo {
 
 export interface EngineApi extends DeviceStageRunner {
   load(modelUrl: string, ep: ExecutionProvider | 'auto'): Promise<EngineInfo>;
-  /** matrix-multiply throughput (FLOP/s) on an EP (by default the one this engine uses or would use) */
-  probe(ep?: ExecutionProvider): Promise<{ ep: ExecutionProvider; flops: number }>;
+  /** matrix-multiply and softmax throughput on an EP */
+  probe(ep: ExecutionProvider): Promise<ComputeProbe>;
 }
 
 export function createEngine(): EngineApi {
@@ -56,11 +55,12 @@ export function createEngine(): EngineApi {
       loaded = { key, info };
       return info;
     }),
-    probe: (asked) =>
+    probe: (ep) =>
       serial(async () => {
-        const ep = asked ?? loaded?.info.ep ?? ((await probeWebGpu()) ? 'webgpu' : 'wasm');
+        if (ep === 'webgpu' && !(await probeWebGpu())) throw new Error('cannot probe webgpu: this browser has no WebGPU adapter');
         ort.env.wasm.numThreads = 1;
-        return { ep, flops: (await probeThroughput(ep)).flops };
+        const { flops, softmaxRate } = await probeThroughput(ep);
+        return { ep, flops, softmaxRate };
       }),
     embed: (...a) => serial(() => need().embed(...a)),
     preAttention: (...a) => serial(() => need().preAttention(...a)),

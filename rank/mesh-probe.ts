@@ -1,25 +1,12 @@
-import { fitLink, type LinkSpeed } from '../core/cost-model.ts';
+// How fast this rank's all-to-all is, measured on the job's own mesh before its first step: two
+// exchanges of one float per peer (the latency; the faster counts) and one of PROBE_FLOATS per
+// peer (latency + bytes). Every rank sends to every other at once, as in a Ulysses exchange, so
+// the fit is the bandwidth a rank actually gets while all links are busy.
 import { BYTES_PER_ELEMENT } from '../core/net/protocol.ts';
+import type { MeshProbe } from '../core/worker-api.ts';
 import { ExchangePhase, type Exchange } from './ulysses.ts';
 
-/**
- * How fast this rank's all-to-all is, measured on the job's own mesh before its first step: two
- * exchanges of one float per peer (the latency; the faster counts) and one of PROBE_FLOATS per
- * peer (latency + bytes). Every rank sends to every other at once, as in a Ulysses exchange, so
- * the fit is the bandwidth a rank actually gets while all links are busy.
- */
 export const PROBE_FLOATS = [1, 1, 128 * 1024] as const;
-
-export interface MeshProbe {
-  rank: number;
-  /** bytes this rank sent to each peer in the large exchange */
-  bytesPerPeer: number;
-  /** bytes this rank sent in a small exchange / in the large one, all peers together */
-  smallBytes: number;
-  bytesSent: number;
-  smallMs: number;
-  largeMs: number;
-}
 
 export async function probeMesh(exchange: Exchange, job: number): Promise<MeshProbe> {
   const times: number[] = [];
@@ -38,12 +25,4 @@ export async function probeMesh(exchange: Exchange, job: number): Promise<MeshPr
     smallMs: Math.min(times[0], times[1]),
     largeMs: times[2],
   };
-}
-
-/** The link a rank sees in its exchanges: the bytes it sends per second while all links are busy, and the fixed cost of one exchange. */
-export function fitMeshProbe(probe: MeshProbe): LinkSpeed {
-  return fitLink([
-    { bytes: probe.smallBytes, seconds: probe.smallMs / 1000 },
-    { bytes: probe.bytesSent, seconds: Math.max(probe.largeMs, probe.smallMs + 0.5) / 1000 },
-  ]);
 }

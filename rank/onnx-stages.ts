@@ -1,10 +1,9 @@
 import * as ort from 'onnxruntime-web';
 import type { WanModel } from '../core/model/reference.ts';
+import type { ExecutionProvider } from '../core/worker-api.ts';
 import { buildAttentionGraph, buildEmbedGraph, buildHeadGraph, buildPostAttentionGraph, buildPreAttentionGraph } from '../core/model/stage-graphs.ts';
 import type { Activation, DeviceStageRunner, DeviceTensor } from './stages.ts';
 
-/** An onnxruntime-web execution provider a worker can run on. */
-export type ExecutionProvider = 'webgpu' | 'wasm';
 
 /**
  * The stage graphs of one model as onnxruntime-web sessions: one session per graph, built once

@@ -1,53 +1,27 @@
+// A worker as the coordinator sees it: the WorkerApi (core/worker-api.ts) and nothing else. The same
+// runtime serves the `local` backend (called in the dashboard's page) and the `swarm` backend (served
+// over a data channel by the worker page); only the mesh differs. Arguments reach it already checked
+// against the contract; what the contract cannot know (rank < world, the model's widths, the order of
+// calls) is judged here, and each refusal says what was expected.
 import type { WanConfig } from '../core/model/config.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
 import { planUlysses, type UlyssesPlan } from '../core/parallel.ts';
-import { BYTES_PER_ELEMENT, type DType } from '../core/net/protocol.ts';
+import { BYTES_PER_ELEMENT } from '../core/net/protocol.ts';
+import type {
+  ExecuteArgs,
+  ExecuteResult,
+  ExecutionProvider,
+  InitArgs,
+  LoadArgs,
+  PrepareArgs,
+  WorkerApi,
+  WorkerInfo,
+  WorkerState,
+  WorkerTotals,
+} from '../core/worker-api.ts';
 import type { EngineApi, EngineInfo } from './engine.ts';
-import type { ExecutionProvider } from './onnx-stages.ts';
 import { probeMesh, PROBE_FLOATS } from './mesh-probe.ts';
-import { ExchangePhase, forwardRank, noStats, type Exchange, type RankStats } from './ulysses.ts';
-
-/**
- * A worker as the coordinator sees it: a fixed set of named methods, and nothing else. The same
- * runtime serves the `local` backend (called directly in the dashboard) and the `swarm` backend
- * (called over a data channel by the worker page); only the mesh differs.
- */
-export const WORKER_METHODS = ['describe', 'probe', 'initWorker', 'loadModel', 'prepareJob', 'probeMesh', 'executeModel', 'ping', 'shutdown'] as const;
-export type WorkerMethod = (typeof WORKER_METHODS)[number];
-
-export interface WorkerInfo {
-  ep: ExecutionProvider;
-  adapter: string;
-  threads: number;
-  memoryGiB: number | null;
-  userAgent: string;
-}
-
-export interface InitArgs {
-  rank: number;
-  world: number;
-  /** peer ids of all ranks in rank order (the swarm mesh dials them) */
-  peers: string[];
-  session: string;
-  /** how activations travel between ranks; float32 unless the coordinator asks for float16 */
-  dtype?: DType;
-}
-
-export interface ExecuteArgs {
-  job: number;
-  step: number;
-  pass: number;
-  timestep: number;
-  latentShape: number[];
-  patches: Float32Array; // this rank's [Sl, C·pt·ph·pw]
-}
-
-export interface ExecuteResult extends RankStats {
-  rows: Float32Array; // this rank's [Sl, pt·ph·pw·C]
-  bytesSent: number;
-}
-
-export type WorkerState = 'idle' | 'initialized' | 'loading' | 'ready' | 'computing';
+import { ExchangePhase, forwardRank, noStats, type Exchange } from './ulysses.ts';
 
 export interface RuntimeHooks {
   /** Builds this rank's side of the all-to-all for a job's ranks. */
@@ -57,7 +31,7 @@ export interface RuntimeHooks {
   onShutdown?(): void;
 }
 
-export class WorkerRuntime {
+export class WorkerRuntime implements WorkerApi {
   state: WorkerState = 'idle';
   private init: InitArgs | null = null;
   private exchange: Exchange | null = null;
@@ -65,8 +39,7 @@ export class WorkerRuntime {
   private texts: Float32Array[] = [];
   private plan: UlyssesPlan | null = null;
   private job = -1;
-  /** over all forward passes, except deviceTensorsLeft: after the last one */
-  readonly totals = { steps: 0, bytesSent: 0, computeMs: 0, bytesDownloaded: 0, bytesKept: 0, deviceTensorsLeft: 0 };
+  readonly totals: WorkerTotals = { steps: 0, bytesSent: 0, computeMs: 0, bytesDownloaded: 0, bytesKept: 0, deviceTensorsLeft: 0 };
 
   constructor(
     private readonly engine: EngineApi,
@@ -78,86 +51,68 @@ export class WorkerRuntime {
     return this.model?.ep ?? null;
   }
 
-  /** The only way in: unknown methods and methods called out of order fail with a clear error. */
-  async dispatch(method: string, args: unknown): Promise<unknown> {
-    if (!(WORKER_METHODS as readonly string[]).includes(method)) {
-      throw new Error(`unknown worker method "${method}"; a worker runs only: ${WORKER_METHODS.join(', ')}`);
-    }
-    const needsInit: WorkerMethod[] = ['loadModel', 'prepareJob', 'probeMesh', 'executeModel'];
-    if (needsInit.includes(method as WorkerMethod) && !this.init) {
-      throw new Error(`worker method ${method} called before initWorker: the coordinator must call initWorker first`);
-    }
-    const a = (args ?? {}) as Record<string, unknown>;
-    switch (method as WorkerMethod) {
-      case 'describe':
-        return this.hooks.describe();
-      case 'initWorker':
-        return this.initWorker(a as unknown as InitArgs);
-      case 'loadModel':
-        return this.loadModel(String(a.modelUrl), (a.ep ?? 'auto') as ExecutionProvider | 'auto');
-      case 'prepareJob':
-        return this.prepareJob(Number(a.job), a.texts as Float32Array[], a.latentShape as number[]);
-      case 'executeModel':
-        return this.executeModel(a as unknown as ExecuteArgs);
-      case 'probeMesh':
-        if (Number(a.job) !== this.job || !this.plan) throw new Error(`probeMesh for job ${a.job} but job ${this.job} was prepared`);
-        return probeMesh(this.exchange!, this.job);
-      case 'probe':
-        // with a payload it measures the link (only its size comes back), without one the compute
-        if (a.payload instanceof Float32Array) return { bytes: a.payload.byteLength };
-        if (a.ep !== undefined && a.ep !== 'wasm' && a.ep !== 'webgpu') throw new Error(`probe ep must be wasm or webgpu, got ${JSON.stringify(a.ep)}`);
-        return this.engine.probe(a.ep as ExecutionProvider | undefined);
-      case 'ping':
-        return { state: this.state, rank: this.init?.rank ?? null, totals: this.totals };
-      case 'shutdown':
-        // a browser worker outlives its executor: release the job's ranks and wait for the next initWorker
-        this.init = null;
-        this.exchange = null;
-        this.texts = [];
-        this.plan = null;
-        this.setState('idle', 'released by the coordinator');
-        queueMicrotask(() => this.hooks.onShutdown?.());
-        return 'bye';
-    }
+  describe() {
+    return this.hooks.describe();
   }
 
-  private setState(state: WorkerState, detail: string): void {
-    this.state = state;
-    this.hooks.onState?.(state, detail);
+  probeCompute({ ep }: { ep: ExecutionProvider }) {
+    return this.engine.probe(ep);
   }
 
-  private async initWorker(init: InitArgs) {
+  async probeLink({ payload }: { payload: Float32Array }) {
+    return { bytes: payload.byteLength };
+  }
+
+  async ping() {
+    return { state: this.state, rank: this.init?.rank ?? null, totals: { ...this.totals } };
+  }
+
+  async shutdown() {
+    // a browser worker outlives its executor: release the job's ranks and wait for the next initWorker
+    this.init = null;
+    this.exchange = null;
+    this.texts = [];
+    this.plan = null;
+    this.setState('idle', 'released by the coordinator');
+    queueMicrotask(() => this.hooks.onShutdown?.());
+    return 'bye' as const;
+  }
+
+  async initWorker(init: InitArgs) {
     const { rank, world, peers } = init;
-    if (!Number.isInteger(world) || world < 1 || !Number.isInteger(rank) || rank < 0 || rank >= world) {
-      throw new Error(`initWorker needs 0 ≤ rank < world, got rank ${rank} of ${world}`);
-    }
-    if (!Array.isArray(peers) || peers.length !== world) throw new Error(`initWorker needs ${world} peer ids, got ${peers?.length}`);
-    if (init.dtype !== undefined && init.dtype !== 'f32' && init.dtype !== 'f16') throw new Error(`initWorker dtype must be f32 or f16, got ${JSON.stringify(init.dtype)}`);
+    if (rank >= world) throw new Error(`initWorker needs 0 ≤ rank < world, got rank ${rank} of ${world}`);
+    if (peers.length !== world) throw new Error(`initWorker needs ${world} peer ids, got ${peers.length}`);
     this.init = init;
     this.exchange = await this.hooks.connectMesh(init);
     this.setState('initialized', `rank ${rank} of ${world}`);
     return { rank, world };
   }
 
-  private async loadModel(modelUrl: string, ep: ExecutionProvider | 'auto') {
+  async loadModel({ modelUrl, ep }: LoadArgs) {
+    this.needInit('loadModel');
     this.setState('loading', `loading ${modelUrl}`);
     this.model = await this.engine.load(modelUrl, ep);
     this.setState('ready', `model loaded on ${this.model.ep} in ${this.model.loadMs.toFixed(0)} ms`);
     return { ep: this.model.ep, adapter: this.model.adapter, loadMs: this.model.loadMs };
   }
 
-  private prepareJob(job: number, texts: Float32Array[], latentShape: number[]) {
+  async prepareJob({ job, texts, latentShape }: PrepareArgs) {
+    const exchange = this.needInit('prepareJob');
     const cfg = this.needModel();
-    if (!Array.isArray(texts) || !texts.length || texts.length > 2 || !texts.every((t) => t instanceof Float32Array && t.length % cfg.textDim === 0)) {
-      throw new Error(`prepareJob needs one or two text embeddings of width ${cfg.textDim}`);
+    if (!texts.every((t) => t.length > 0 && t.length % cfg.textDim === 0)) {
+      throw new Error(`prepareJob needs one or two text embeddings of width ${cfg.textDim}, got ${texts.map((t) => t.length).join(' and ')} values`);
     }
-    if (!Array.isArray(latentShape) || latentShape.length !== 4 || latentShape[0] !== cfg.inChannels) {
-      throw new Error(`prepareJob needs a latent shape [${cfg.inChannels}, T, H, W], got ${JSON.stringify(latentShape)}`);
-    }
-    this.plan = planUlysses(cfg, tokenGrid(cfg, latentShape).count, this.exchange!.world);
+    if (latentShape[0] !== cfg.inChannels) throw new Error(`prepareJob needs a latent shape [${cfg.inChannels}, T, H, W], got ${JSON.stringify(latentShape)}`);
+    this.plan = planUlysses(cfg, tokenGrid(cfg, latentShape).count, exchange.world);
     this.job = job;
     this.texts = texts;
     return { job };
+  }
+
+  async probeMesh({ job }: { job: number }) {
+    const exchange = this.needInit('probeMesh');
+    if (job !== this.job || !this.plan) throw new Error(`probeMesh for job ${job} but job ${this.job} was prepared`);
+    return probeMesh(exchange, this.job);
   }
 
   /**
@@ -168,35 +123,34 @@ export class WorkerRuntime {
   judgeTensor(tag: { job: number; step: number; pass: number; block: number; phase: number }, totalBytes: number): string | null {
     const plan = this.plan;
     const cfg = this.model?.config;
-    if (!plan || !cfg) return 'no job is prepared on this rank';
+    if (!plan || !cfg || !this.exchange) return 'no job is prepared on this rank';
     if (tag.job !== this.job) return `tensor for job ${tag.job}, but job ${this.job} is running`;
     if (tag.pass >= this.texts.length) return `tensor for pass ${tag.pass}, but the job has ${this.texts.length}`;
     if (tag.block >= cfg.numLayers) return `tensor for block ${tag.block} of ${cfg.numLayers}`;
     if (tag.step >= 1000) return `tensor for step ${tag.step}`;
     const floats = tag.phase === ExchangePhase.Probe ? PROBE_FLOATS[tag.step] : [3 * plan.localTokens * plan.headWidth, plan.localTokens * plan.headWidth][tag.phase];
     if (floats === undefined) return `unknown exchange phase ${tag.phase}${tag.phase === ExchangePhase.Probe ? ` step ${tag.step}` : ''}`;
-    const bytes = floats * BYTES_PER_ELEMENT[this.exchange!.dtype];
+    const bytes = floats * BYTES_PER_ELEMENT[this.exchange.dtype];
     if (totalBytes !== bytes) return `phase ${tag.phase} tensor of ${totalBytes} bytes; the plan says ${bytes}`;
     return null;
   }
 
-  private async executeModel(args: ExecuteArgs): Promise<ExecuteResult> {
+  async executeModel(args: ExecuteArgs): Promise<ExecuteResult> {
+    const exchange = this.needInit('executeModel');
     const cfg = this.needModel();
-    const exchange = this.exchange!;
-    if (args.job !== this.job) throw new Error(`executeModel for job ${args.job} but job ${this.job} was prepared`);
+    if (args.job !== this.job || !this.plan) throw new Error(`executeModel for job ${args.job} but job ${this.job} was prepared`);
     const text = this.texts[args.pass];
-    if (!text) throw new Error(`no text embedding for pass ${args.pass}`);
+    if (!text) throw new Error(`no text embedding for pass ${args.pass}: the job was prepared with ${this.texts.length}`);
     const grid = tokenGrid(cfg, args.latentShape);
-    const plan = planUlysses(cfg, grid.count, exchange.world);
-    if (this.plan && plan.tokens !== this.plan.tokens) throw new Error(`executeModel with ${plan.tokens} tokens but the job was prepared for ${this.plan.tokens}`);
+    if (grid.count !== this.plan.tokens) throw new Error(`executeModel with ${grid.count} tokens but the job was prepared for ${this.plan.tokens}`);
     const patchWidth = cfg.inChannels * cfg.patchSize.reduce((x, y) => x * y, 1);
-    if (!(args.patches instanceof Float32Array) || args.patches.length !== plan.localTokens * patchWidth) {
-      throw new Error(`executeModel expected ${plan.localTokens}×${patchWidth} patch values for rank ${exchange.rank}, got ${args.patches?.length}`);
+    if (args.patches.length !== this.plan.localTokens * patchWidth) {
+      throw new Error(`executeModel expected ${this.plan.localTokens}×${patchWidth} patch values for rank ${exchange.rank}, got ${args.patches.length}`);
     }
     this.setState('computing', `job ${args.job} step ${args.step} pass ${args.pass}`);
     const stats = noStats();
     const sentBefore = exchange.bytesSent;
-    const rows = await forwardRank(cfg, plan, this.engine, exchange, {
+    const rows = await forwardRank(cfg, this.plan, this.engine, exchange, {
       patches: args.patches,
       timestep: args.timestep,
       text,
@@ -212,6 +166,16 @@ export class WorkerRuntime {
     this.totals.deviceTensorsLeft = stats.deviceTensorsLeft;
     this.setState('ready', `finished step ${args.step}`);
     return { rows, ...stats, bytesSent };
+  }
+
+  private setState(state: WorkerState, detail: string): void {
+    this.state = state;
+    this.hooks.onState?.(state, detail);
+  }
+
+  private needInit(method: string): Exchange {
+    if (!this.init || !this.exchange) throw new Error(`worker method ${method} called before initWorker: the coordinator must call initWorker first`);
+    return this.exchange;
   }
 
   private needModel(): WanConfig {

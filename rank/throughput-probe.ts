@@ -1,16 +1,14 @@
+// How fast this worker computes on an execution provider, the two numbers the cost model needs:
+//   flops        one MatMul [n, n]·[n, n]: 2·n³ / time
+//   softmaxRate  attention scores per second: Add(bias) + Softmax over [4, 64, 4096] scores, the
+//                memory-bound work between QKᵀ and AV that FLOP counts miss (~20% of a step at
+//                12k tokens)
+// Each is a warm-up run then the median of `runs` timed runs; the whole probe takes ~50 ms on
+// wasm. A worker runs it once at join.
 import * as ort from 'onnxruntime-web';
 import { OnnxGraph } from '../core/model/onnx-builder.ts';
-import type { ExecutionProvider } from './onnx-stages.ts';
+import type { ExecutionProvider } from '../core/worker-api.ts';
 
-/**
- * How fast this worker computes on an execution provider, the two numbers the cost model needs:
- *   flops        one MatMul [n, n]·[n, n]: 2·n³ / time
- *   softmaxRate  attention scores per second: Add(bias) + Softmax over [4, 64, 4096] scores, the
- *                memory-bound work between QKᵀ and AV that FLOP counts miss (~20% of a step at
- *                12k tokens)
- * Each is a warm-up run then the median of `runs` timed runs; the whole probe takes ~50 ms on
- * wasm. A worker runs it once at join.
- */
 export interface ThroughputProbe {
   ep: ExecutionProvider;
   size: number;

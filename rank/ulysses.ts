@@ -1,8 +1,9 @@
 import type { WanConfig } from '../core/model/config.ts';
 import type { DType } from '../core/net/protocol.ts';
-import { patchify, ropeTables, tokenGrid, unpatchify, type TokenGrid } from '../core/model/tokens.ts';
-import { gatherRows, keyPaddingBias, planUlysses, scatterRows, tokenStart, type UlyssesPlan } from '../core/parallel.ts';
+import { ropeTables, tokenGrid, type TokenGrid } from '../core/model/tokens.ts';
+import { gatherLatent, keyPaddingBias, planUlysses, scatterLatent, tokenStart, type UlyssesPlan } from '../core/parallel.ts';
 import { concat, setCols, sliceCols, type Tensor } from '../core/tensor.ts';
+import type { RankStats } from '../core/worker-api.ts';
 import type { Activation, DeviceStageRunner, DeviceTensor } from './stages.ts';
 
 /** Identifies one exchange of a job: which forward pass, which block, which phase. */
@@ -43,18 +44,6 @@ export interface ForwardInput {
   text: Float32Array; // [L, text_dim]
   grid: TokenGrid;
   tag: Omit<ExchangeTag, 'block' | 'phase'>;
-}
-
-/** What one forward pass of a rank cost: time computing and waiting, bytes between device and CPU. */
-export interface RankStats {
-  computeMs: number;
-  commMs: number;
-  /** bytes of stage outputs that came to the CPU side (on WebGPU: read back from GPU buffers) */
-  bytesDownloaded: number;
-  /** bytes of stage outputs that stayed on the device for this rank's next stages */
-  bytesKept: number;
-  /** device tensors the runner still keeps after the pass released its own: 0 unless passes overlap */
-  deviceTensorsLeft: number;
 }
 
 export const noStats = (): RankStats => ({ computeMs: 0, commMs: 0, bytesDownloaded: 0, bytesKept: 0, deviceTensorsLeft: 0 });
@@ -149,13 +138,9 @@ export async function forwardInProcess(
 ): Promise<Tensor> {
   const grid = tokenGrid(cfg, latent.shape);
   const plan = planUlysses(cfg, grid.count, exchanges.length);
-  const patches = patchify(cfg, latent);
-  const width = patches.shape[1];
+  const patches = scatterLatent(cfg, plan, latent);
   const outputs = await Promise.all(
-    exchanges.map((exchange) =>
-      forwardRank(cfg, plan, stages, exchange, { patches: scatterRows(plan, patches.data, width, exchange.rank), timestep, text, grid, tag }),
-    ),
+    exchanges.map((exchange) => forwardRank(cfg, plan, stages, exchange, { patches: patches[exchange.rank], timestep, text, grid, tag })),
   );
-  const outWidth = outputs[0].length / plan.localTokens;
-  return unpatchify(cfg, gatherRows(plan, outputs, outWidth), latent.shape);
+  return gatherLatent(cfg, plan, outputs, latent.shape);
 }

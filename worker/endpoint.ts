@@ -1,40 +1,38 @@
+// A worker page's presence in the swarm: its PeerJS peer, the link to the coordinator (over
+// which it answers RPCs), the links to the other ranks of a job, and the engine in a Web
+// Worker. Links are data channels, or go through the server's relay when a channel does not
+// open (or the server forces the relay); the page keeps its relay socket open while it is in
+// the swarm so that other ranks can reach it that way. Everything a page shows comes from
+// `onStatus`.
 import { Peer } from 'peerjs';
+import type { DataConnectionLike, Transport } from '../core/net/channel.ts';
+import { answerHeartbeats } from '../core/net/heartbeat.ts';
+import type { Link } from '../core/net/link.ts';
 import {
   connectRelay,
   dial,
+  DIRECT_OPEN_TIMEOUT_MS,
   newPeerId,
   openLink,
   PEER_ID_PREFIX,
-  RELAY_FALLBACK_MS,
+  peerOptions,
+  registerPeer,
   signalingOptions,
   transportOf,
   type OpenLinkOptions,
   type SignalingOptions,
 } from '../core/net/peer-link.ts';
-import { answerHeartbeats } from '../core/net/heartbeat.ts';
-import type { Link } from '../core/net/link.ts';
-import type { DataConnectionLike, Transport } from '../core/net/channel.ts';
 import { RelayRefused, type RelayClient } from '../core/net/relay-client.ts';
-import { serveRpc } from '../core/net/rpc.ts';
-import { probeWebGpu } from '../rank/webgpu.ts';
+import { serve } from '../core/net/rpc.ts';
+import { PeerLost, WORKER_CONTRACT, type ExecutionProvider, type InitArgs, type WorkerApi, type WorkerInfo, type WorkerState, type WorkerTotals } from '../core/worker-api.ts';
 import { startEngineWorker } from '../rank/engine-client.ts';
 import { MeshExchange } from '../rank/exchange/mesh.ts';
-import type { ExecutionProvider } from '../rank/onnx-stages.ts';
-import { WorkerRuntime, type InitArgs, type WorkerInfo, type WorkerState } from '../rank/runtime.ts';
+import { WorkerRuntime } from '../rank/runtime.ts';
+import { probeWebGpu } from '../rank/webgpu.ts';
 
-/**
- * A worker page's presence in the swarm: its PeerJS peer, the link to the coordinator (over
- * which it answers RPCs), the links to the other ranks of a job, and the engine in a Web
- * Worker. Links are data channels, or go through the server's relay when a channel does not
- * open (or the server forces the relay); the page keeps its relay socket open while it is in
- * the swarm so that other ranks can reach it that way. Everything a page shows comes from
- * `onStatus`.
- */
 const MESH_TIMEOUT_MS = 30_000;
 const RECONNECT_MS = 2_000;
 const REFUSED_RETRY_MS = 15_000;
-/** A data channel from another rank that has not opened by then is given up: that rank moves to the relay. */
-const DIRECT_OPEN_TIMEOUT_MS = RELAY_FALLBACK_MS + 10_000;
 /** Connections of one rank kept until this rank asks for them (a data channel, then maybe a relayed one). */
 const MAX_EARLY_CANDIDATES = 4;
 
@@ -45,7 +43,7 @@ export interface WorkerStatus {
   state: WorkerState | 'joining' | 'disconnected' | 'refused' | 'left';
   detail: string;
   info: WorkerInfo | null;
-  totals: WorkerRuntime['totals'];
+  totals: WorkerTotals;
   framesDropped: number;
   /** how the link to the dashboard goes, once connected */
   transport: Transport | null;
@@ -64,11 +62,7 @@ export interface WorkerEndpointOptions {
 
 export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promise<{ leave(): void }> {
   const signaling = await signalingOptions(options.origin);
-  const peer = new Peer(newPeerId('worker'), { ...signaling, config: { iceServers: signaling.iceServers }, debug: 1 });
-  await new Promise<void>((resolve, reject) => {
-    peer.once('open', () => resolve());
-    peer.once('error', (e) => reject(new Error(`could not reach the signaling server: ${e.message}`)));
-  });
+  const peer = await registerPeer(() => new Peer(newPeerId('worker'), peerOptions(signaling)), options.origin);
   const engineWorker = startEngineWorker();
   const status: WorkerStatus = {
     peerId: peer.id,
@@ -160,12 +154,9 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
       }, MESH_TIMEOUT_MS);
       const consider = (conn: DataConnectionLike) => {
         if (settled) return conn.close();
-        // the signaling server (and the relay, by the same credential) vouches for peer ids: only the peer the coordinator named may be rank r
-        if (conn.peer !== init.peers[rank]) {
-          conn.close();
-          finish();
-          return reject(new Error(`peer ${conn.peer} claimed rank ${rank}, which the coordinator gave to ${init.peers[rank]}; misbehaving rank ${rank}`));
-        }
+        // the signaling server (and the relay, by the same credential) vouches for peer ids: only the
+        // peer the coordinator named may be rank r. An impostor is turned away; the real rank may still come.
+        if (conn.peer !== init.peers[rank]) return conn.close();
         current.connections.push(conn);
         let chosen = false;
         const opening = openLink(conn, (reason) => chosen && onLost(reason), { ...linkOptions(conn), openTimeoutMs: conn.open ? undefined : DIRECT_OPEN_TIMEOUT_MS });
@@ -206,11 +197,11 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
               : runtime.judgeTensor(h.tag, h.totalBytes),
       });
       const misbehaved = (conn: DataConnectionLike, why: string) => {
-        exchange.fail(new Error(`misbehaving rank ${rank}: ${why}; disconnected`));
+        exchange.fail(new PeerLost({ rank, cause: 'misbehaved', evidence: `${why}; disconnected` }));
         conn.close();
         return why;
       };
-      const onLost = (reason: string) => exchange.fail(new Error(`rank ${rank} is gone: ${reason}`));
+      const onLost = (reason: string) => exchange.fail(new PeerLost({ rank, cause: 'disconnected', evidence: reason }));
       let opened: { conn: DataConnectionLike; link: Link };
       if (rank < init.rank) {
         // the higher rank dials, so each pair connects once
@@ -253,7 +244,7 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
           const body = msg.kind === 'rpc' ? (msg.body as { type?: string; reason?: unknown }) : null;
           if (body?.type === 'refused') refusal = String(body.reason);
         });
-        serveRpc(link, 0, (method, args) => runtime.dispatch(method, args));
+        serve<WorkerApi>(link, 0, WORKER_CONTRACT, runtime);
         answerHeartbeats(link, 0, () => {
           const framesDropped = link.stats.framesDropped + (mesh?.exchange.framesDropped() ?? 0);
           if (framesDropped !== status.framesDropped) publish({ framesDropped });

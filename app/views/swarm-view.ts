@@ -14,7 +14,7 @@ export function renderSwarm(swarm: Swarm): void {
 }
 
 function workerRow(w: SwarmWorker, m: WorkerMeasurement | null): HTMLTableRowElement {
-  const gflops = (ep: 'wasm' | 'webgpu') => (m?.flops[ep] ? `${(m.flops[ep]! / 1e9).toFixed(1)} GFLOP/s on ${ep === 'webgpu' ? 'WebGPU' : 'WASM'}` : '');
+  const gflops = (ep: 'wasm' | 'webgpu') => (m?.compute[ep] ? `${(m.compute[ep]!.flops / 1e9).toFixed(1)} GFLOP/s on ${ep === 'webgpu' ? 'WebGPU' : 'WASM'}` : '');
   const speed = m ? [gflops('webgpu'), gflops('wasm')].filter(Boolean).join(' · ') : 'measuring…';
   const speedOfLink = !m ? '' : `${(m.bandwidth / 1e6).toFixed(1)} MB/s, ${m.rttMs.toFixed(0)} ms`;
   const relayedPeers = (w.pulse?.mesh ?? []).filter((l) => l.transport === 'relay').length;

@@ -41,6 +41,44 @@ export type RelayMode = 'fallback' | 'force' | 'off';
 export const RELAY_MODES: readonly RelayMode[] = ['fallback', 'force', 'off'];
 /** How long a data channel may take to open before the link goes through the relay. */
 export const RELAY_FALLBACK_MS = 8_000;
+/** A data channel from a peer that has not opened by then is given up: that peer moves to the relay after RELAY_FALLBACK_MS. */
+export const DIRECT_OPEN_TIMEOUT_MS = RELAY_FALLBACK_MS + 10_000;
+
+/** What registers an id with the signaling server: PeerJS's Peer fits. */
+export interface SignalingPeer {
+  readonly id: string;
+  once(event: 'open', cb: () => void): unknown;
+  once(event: 'error', cb: (error: Error & { type?: string }) => void): unknown;
+  destroy(): void;
+}
+
+/** PeerJS's options for this server: where it listens and the ICE servers every RTCPeerConnection uses. */
+export function peerOptions(signaling: SignalingOptions) {
+  return { ...signaling, config: { iceServers: signaling.iceServers }, debug: 1 } as const;
+}
+
+/**
+ * Registers a peer (`create` makes it) with the signaling server. A reloaded page reuses its id,
+ * which the server may still hold for a moment: an 'unavailable-id' refusal is retried `retries` times.
+ */
+export async function registerPeer<P extends SignalingPeer>(create: () => P, server: string, { retries = 0, retryMs = 1_000 } = {}): Promise<P> {
+  for (let attempt = 0; ; attempt++) {
+    const peer = create();
+    try {
+      await new Promise<void>((resolve, reject) => {
+        peer.once('open', () => resolve());
+        peer.once('error', (e) => reject(e));
+      });
+      return peer;
+    } catch (e) {
+      peer.destroy();
+      if ((e as { type?: string }).type !== 'unavailable-id' || attempt >= retries) {
+        throw new Error(`could not register with the signaling server at ${server}: ${(e as Error).message}`);
+      }
+      await new Promise((r) => setTimeout(r, retryMs));
+    }
+  }
+}
 
 export async function signalingOptions(origin: string): Promise<SignalingOptions> {
   const url = new URL(origin);

@@ -1,24 +1,51 @@
+// Typed request/reply over a Link, in the spirit of comlink's Remote<T>: one side serves an
+// implementation of an API, the other calls it through `remote()`, and both are typed by the same
+// interface. A contract (one args check and one reply check per method) judges every request where
+// it is served and every reply where it arrives, so a peer's value is checked, never cast. Any
+// Float32Array in a value travels as binary, never as JSON numbers. Malformed bodies are ignored:
+// a peer cannot crash the other side.
+import type { Check } from './check.ts';
+import { ContractError } from './check.ts';
 import type { Link } from './link.ts';
 import type { Message } from './protocol.ts';
 
-/**
- * Request/reply over a Link. A request names a method and carries arguments in which any
- * Float32Array travels as binary (never as JSON numbers); a reply carries the result or the
- * remote error's text. Malformed bodies are ignored: a peer cannot crash the other side.
- */
+/** Both halves of one method's contract. */
+export type MethodContract<Args, Reply> = { args: Check<Args>; reply: Check<Reply> };
+
+/** A check for the arguments and for the reply of every method of Api (each takes one argument object). */
+export type ApiContract<Api> = {
+  [M in keyof Api]: Api[M] extends (args: infer A) => Promise<infer R> ? MethodContract<A, R> : never;
+};
+
+/** How the calling side sees Api: each method takes its arguments and an optional timeout. */
+export type Remote<Api> = {
+  [M in keyof Api]: Api[M] extends (args: infer A) => Promise<infer R> ? (args: A, timeoutMs?: number) => Promise<R> : never;
+};
+
 type Body =
   | { type: 'request'; id: number; method: string; args: unknown }
   | { type: 'reply'; id: number; ok: true; result: unknown }
-  | { type: 'reply'; id: number; ok: false; error: string };
+  | { type: 'reply'; id: number; ok: false; error: string; detail?: unknown };
+
+export const DEFAULT_RPC_TIMEOUT_MS = 60_000;
 
 /** The method did not answer in time (the caller names it and the silent ranks). */
 export class RpcTimeout extends Error {
   override name = 'RpcTimeout';
 }
 
-/** The method threw on the other side; `message` is the remote error's text. */
+/**
+ * The method threw on the other side: `message` is the remote error's text, `detail` what it
+ * attached as data (unchecked here: the caller checks it against what it expects).
+ */
 export class RemoteError extends Error {
   override name = 'RemoteError';
+  constructor(
+    message: string,
+    readonly detail?: unknown,
+  ) {
+    super(message);
+  }
 }
 
 /** Replaces every Float32Array in a value by {$tensor: i} and collects them. */
@@ -57,69 +84,111 @@ function parseBody(msg: Message): Body | null {
   return null;
 }
 
-/** The calling side: one per link, replies matched to requests by id. */
-export class RpcClient {
-  private nextId = 1;
-  private readonly pending = new Map<number, { resolve: (v: unknown) => void; reject: (e: Error) => void }>();
+/** The method's contract, if `method` names one of the API's own methods (never an inherited property). */
+function contractOf<Api>(contract: ApiContract<Api>, method: string): MethodContract<unknown, unknown> | null {
+  return Object.hasOwn(contract, method) ? (contract as Record<string, MethodContract<unknown, unknown>>)[method] : null;
+}
 
-  constructor(
-    private readonly link: Link,
-    private readonly from: number,
-  ) {
-    link.onMessage((msg) => {
-      const body = parseBody(msg);
-      if (body?.type !== 'reply') return;
-      const call = this.pending.get(body.id);
-      if (!call) return;
-      this.pending.delete(body.id);
-      if (body.ok) {
-        try {
-          call.resolve(unpackValue(body.result, msg.kind === 'rpc' ? msg.tensors : []));
-        } catch (e) {
-          call.reject(new RemoteError(`malformed reply: ${(e as Error).message}`));
-        }
-      } else call.reject(new RemoteError(String(body.error)));
-    });
-  }
+/** A reply that breaks the contract, as the error its caller sees: who sent it, to which call, what was wrong. */
+function replyBreach(peer: string, method: string, e: unknown): ContractError {
+  return new ContractError(`${peer} answered ${method} with a malformed reply: ${(e as Error).message}`);
+}
 
-  call<T = unknown>(method: string, args: unknown = {}, timeoutMs = 60_000): Promise<T> {
-    const id = this.nextId++;
-    return new Promise<T>((resolve, reject) => {
+/** The calling side over a link: replies matched to requests by id and checked against the contract. */
+export function remote<Api>(link: Link, from: number, contract: ApiContract<Api>, peer: string): Remote<Api> & { failAll(reason: string): void } {
+  let nextId = 1;
+  const pending = new Map<number, { method: string; resolve: (v: unknown) => void; reject: (e: Error) => void }>();
+  link.onMessage((msg) => {
+    const body = parseBody(msg);
+    if (body?.type !== 'reply' || msg.kind !== 'rpc') return;
+    const call = pending.get(body.id);
+    if (!call) return;
+    pending.delete(body.id);
+    if (!body.ok) return call.reject(new RemoteError(String(body.error), body.detail));
+    try {
+      call.resolve(contractOf(contract, call.method)!.reply(unpackValue(body.result, msg.tensors), 'reply'));
+    } catch (e) {
+      call.reject(replyBreach(peer, call.method, e));
+    }
+  });
+  const call = (method: string, args: unknown, timeoutMs = DEFAULT_RPC_TIMEOUT_MS) => {
+    const id = nextId++;
+    return new Promise<unknown>((resolve, reject) => {
       const timer = setTimeout(() => {
-        this.pending.delete(id);
+        pending.delete(id);
         reject(new RpcTimeout(`${method} did not answer within ${timeoutMs} ms`));
       }, timeoutMs);
       const settle = <A>(fn: (a: A) => void) => (a: A) => (clearTimeout(timer), fn(a));
-      this.pending.set(id, { resolve: settle(resolve as (v: unknown) => void), reject: settle(reject) });
+      pending.set(id, { method, resolve: settle(resolve), reject: settle(reject) });
       const { packed, tensors } = packValue(args);
-      this.link.send({ kind: 'rpc', from: this.from, body: { type: 'request', id, method, args: packed }, tensors }).catch((e: Error) => {
-        this.pending.get(id)?.reject(new RemoteError(`could not send ${method}: ${e.message}`));
-        this.pending.delete(id);
+      link.send({ kind: 'rpc', from, body: { type: 'request', id, method, args: packed }, tensors }).catch((e: Error) => {
+        pending.get(id)?.reject(new RemoteError(`could not send ${method} to ${peer}: ${e.message}`));
+        pending.delete(id);
       });
     });
-  }
-
-  /** Rejects every call still waiting (the link closed). */
-  failAll(reason: string): void {
-    for (const call of this.pending.values()) call.reject(new RemoteError(reason));
-    this.pending.clear();
-  }
+  };
+  const api = Object.fromEntries(Object.keys(contract).map((method) => [method, (args: unknown, timeoutMs?: number) => call(method, args, timeoutMs)]));
+  return Object.assign(api as Remote<Api>, {
+    /** Rejects every call still waiting (the link closed). */
+    failAll(reason: string) {
+      for (const waiting of pending.values()) waiting.reject(new RemoteError(reason));
+      pending.clear();
+    },
+  });
 }
 
-/** The answering side: every request goes to `dispatch`; its result or error goes back. */
-export function serveRpc(link: Link, from: number, dispatch: (method: string, args: unknown) => Promise<unknown>): () => void {
+/** Runs one request against the implementation: unknown methods and arguments that break the contract are refused. */
+async function answer<Api>(impl: Api, contract: ApiContract<Api>, method: string, args: unknown): Promise<unknown> {
+  const methodContract = contractOf(contract, method);
+  if (!methodContract) throw new Error(`unknown method "${method}"; this side answers only: ${Object.keys(contract).join(', ')}`);
+  const checked = methodContract.args(args ?? {}, `${method} arguments`);
+  return (impl as Record<string, (a: unknown) => Promise<unknown>>)[method](checked);
+}
+
+/** The answering side: every request is checked, run on `impl`, and its result or error goes back. */
+export function serve<Api>(link: Link, from: number, contract: ApiContract<Api>, impl: Api): () => void {
   return link.onMessage((msg) => {
     const body = parseBody(msg);
     if (body?.type !== 'request' || msg.kind !== 'rpc') return;
     const reply = (b: Body, tensors: Float32Array[] = []) => link.send({ kind: 'rpc', from, body: b, tensors }).catch(() => {});
     Promise.resolve()
-      .then(() => dispatch(body.method, unpackValue(body.args, msg.tensors)))
+      .then(() => answer(impl, contract, body.method, unpackValue(body.args, msg.tensors)))
       .then(
         (result) => {
           const { packed, tensors } = packValue(result);
           return reply({ type: 'reply', id: body.id, ok: true, result: packed }, tensors);
         },
-        (e: unknown) => reply({ type: 'reply', id: body.id, ok: false, error: e instanceof Error ? e.message : String(e) }),
+        (e: unknown) => {
+          const detail = (e as { detail?: unknown } | null)?.detail;
+          return reply({ type: 'reply', id: body.id, ok: false, error: e instanceof Error ? e.message : String(e), ...(detail === undefined ? {} : { detail }) });
+        },
       );
   });
+}
+
+/**
+ * The same calls without a link, for an implementation in this page: arguments and replies pass the
+ * same checks, a thrown error arrives as a RemoteError with its detail, and a timeout as RpcTimeout.
+ */
+export function inProcess<Api>(impl: Api, contract: ApiContract<Api>, peer: string): Remote<Api> {
+  const call = async (method: string, args: unknown, timeoutMs = DEFAULT_RPC_TIMEOUT_MS) => {
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const timeout = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new RpcTimeout(`${method} did not answer within ${timeoutMs} ms`)), timeoutMs)));
+    try {
+      const result = await Promise.race([
+        answer(impl, contract, method, args).catch((e: unknown) => {
+          throw new RemoteError(e instanceof Error ? e.message : String(e), (e as { detail?: unknown } | null)?.detail);
+        }),
+        timeout,
+      ]);
+      try {
+        return contractOf(contract, method)!.reply(result, 'reply');
+      } catch (e) {
+        throw replyBreach(peer, method, e);
+      }
+    } finally {
+      clearTimeout(timer);
+    }
+  };
+  return Object.fromEntries(Object.keys(contract).map((method) => [method, (args: unknown, timeoutMs?: number) => call(method, args, timeoutMs)])) as Remote<Api>;
 }

@@ -46,7 +46,7 @@ test.describe('a lost worker costs one step, not the job', () => {
         const detectionMs = failures[0].detectedAt - run.harmedAt;
         const stepsMs = (r: any) => r.steps.reduce((t: number, s: any) => t + s.ms, 0);
         const extraMs = stepsMs(run.report) - stepsMs(uninterrupted.report);
-        console.log(`${name}: detected after ${detectionMs} ms (${failures[0].lost[0].reason}), re-plan ${failures[0].replanMs.toFixed(0)} ms, extra ${extraMs.toFixed(0)} ms`);
+        console.log(`${name}: detected after ${detectionMs} ms (${failures[0].lost[0].cause}: ${failures[0].lost[0].evidence}), re-plan ${failures[0].replanMs.toFixed(0)} ms, extra ${extraMs.toFixed(0)} ms`);
         expect(detectionMs).toBeLessThan(5_000);
         const diff = maxAbsDiff(run.latent, uninterrupted.latent);
         console.log(`${name}: max-abs vs uninterrupted ${diff.toExponential(2)}`);

@@ -1,6 +1,7 @@
 import { beforeAll, describe, expect, it } from 'vitest';
-import { Executor, withTimeout, type ExecutorOptions } from '../../coordinator/executor.ts';
-import { denoiserVelocity, jobLayout } from '../../coordinator/pipeline.ts';
+import { Executor, type ExecutorOptions } from '../../coordinator/executor.ts';
+import { inProcess, type Remote } from '../../core/net/rpc.ts';
+import { RankLayout } from '../../core/parallel.ts';
 import type { WanModel } from '../../core/model/reference.ts';
 import { loadTransformer } from '../../core/model/transformer.ts';
 import { SeededRandom } from '../../core/random.ts';
@@ -10,8 +11,9 @@ import type { EngineApi } from '../../rank/engine.ts';
 import { memoryExchanges } from '../../rank/exchange/memory.ts';
 import { onnxStages } from '../../rank/onnx-stages.ts';
 import type { Exchange } from '../../rank/ulysses.ts';
-import { WorkerRuntime, type InitArgs } from '../../rank/runtime.ts';
-import { tinyModelFiles } from './fixtures.ts';
+import { WORKER_CONTRACT, type ArgsOf, type InitArgs, type ReplyOf, type WorkerApi, type WorkerMethod } from '../../core/worker-api.ts';
+import { WorkerRuntime } from '../../rank/runtime.ts';
+import { stubEngine, tinyModelFiles } from './fixtures.ts';
 
 /**
  * CFG parallel: the conditional pass on ranks [0, P), the unconditional one on ranks [P, 2P), each
@@ -21,7 +23,7 @@ import { tinyModelFiles } from './fixtures.ts';
 class InProcessExecutor extends Executor {
   /** [rank, 'start' | 'end'] of every executeModel, in the order they happened */
   readonly timeline: [number, 'start' | 'end'][] = [];
-  private runtimes: WorkerRuntime[] = [];
+  private remotes: Remote<WorkerApi>[] = [];
 
   constructor(
     options: ExecutorOptions,
@@ -34,20 +36,23 @@ class InProcessExecutor extends Executor {
   protected async place(): Promise<string[]> {
     const meshes = new Map<string, Exchange[]>();
     const meshOf = (init: InitArgs) => meshes.get(init.session) ?? meshes.set(init.session, memoryExchanges(init.world)).get(init.session)!;
-    this.runtimes = Array.from(
-      { length: this.ranks },
-      (_, rank) =>
-        new WorkerRuntime(this.engine, {
-          connectMesh: async (init) => meshOf(init)[init.rank],
-          describe: async () => ({ ep: 'wasm', adapter: 'test', threads: 1, memoryGiB: null, userAgent: `in-process rank ${rank}` }),
-        }),
-    );
-    return this.runtimes.map((_, r) => `rank-${r}`);
+    this.remotes = Array.from({ length: this.ranks }, (_, rank) => {
+      const runtime = new WorkerRuntime(this.engine, {
+        connectMesh: async (init) => meshOf(init)[init.rank],
+        describe: async () => ({ ep: 'wasm', adapter: 'test', threads: 1, memoryGiB: null, userAgent: `in-process rank ${rank}` }),
+      });
+      return inProcess<WorkerApi>(runtime, WORKER_CONTRACT, `rank ${rank}`);
+    });
+    return this.remotes.map((_, r) => `rank-${r}`);
   }
 
-  protected async callRank(rank: number, method: string, args: unknown, timeoutMs: number): Promise<unknown> {
+  protected remoteOf(rank: number) {
+    return this.remotes[rank];
+  }
+
+  protected override async callRank<M extends WorkerMethod>(rank: number, method: M, args: ArgsOf<M>, timeoutMs: number): Promise<ReplyOf<M>> {
     if (method === 'executeModel') this.timeline.push([rank, 'start']);
-    const reply = await withTimeout(this.runtimes[rank].dispatch(method, args), method, timeoutMs);
+    const reply = await super.callRank(rank, method, args, timeoutMs);
     if (method === 'executeModel') this.timeline.push([rank, 'end']);
     return reply;
   }
@@ -66,20 +71,21 @@ const STEPS = 3;
 beforeAll(async () => {
   model = await loadTransformer(tinyModelFiles);
   const stages = await onnxStages(model, 'wasm');
-  engine = { ...stages, load: async () => ({ ep: 'wasm', adapter: 'test', config: model.config, loadMs: 0 }), probe: async () => ({ ep: 'wasm', flops: 1e9 }) } as EngineApi;
+  engine = stubEngine(stages, model.config);
   texts = [random.normals(16 * model.config.textDim), random.normals(16 * model.config.textDim)];
 });
 
 /** The sampler of the pipeline, on `executor`: the final latent and each step's rank reports. */
 async function sample(ulyssesDegree: number, cfgParallel: boolean) {
-  const executor = new InProcessExecutor({ config: model.config, modelUrl: '/models/tiny-wan', rpcTimeoutMs: 30_000, ulyssesDegree, cfgParallel }, ulyssesDegree * (cfgParallel ? 2 : 1), engine);
+  const layout = new RankLayout(ulyssesDegree, cfgParallel ? 2 : 1);
+  const executor = new InProcessExecutor({ config: model.config, modelUrl: '/models/tiny-wan', rpcTimeoutMs: 30_000, layout }, layout.world, engine);
   await executor.initialize();
   await executor.prepareJob(1, texts, shape);
   const schedule = flowMatchSchedule(STEPS, 3);
   let latent: Tensor = initialNoise(shape, 7);
   const reports = [];
   for (let step = 0; step < STEPS; step++) {
-    const { velocity, ranks } = await denoiserVelocity(executor, { job: 1, step, timestep: schedule.timesteps[step], latent }, GUIDANCE, true);
+    const { velocity, ranks } = await executor.velocity({ job: 1, step, timestep: schedule.timesteps[step], latent }, GUIDANCE);
     latent = { shape, data: eulerStep(latent.data, velocity, schedule.sigmas[step], schedule.sigmas[step + 1]) };
     reports.push(ranks);
   }
@@ -100,7 +106,7 @@ describe('CFG parallel over in-process ranks', () => {
       console.log(`CFG parallel 2×${P}: max-abs vs 1 worker ${diff.toExponential(2)} over ${STEPS} steps`);
       expect(diff).toBeLessThanOrEqual(1e-4);
       expect(run.executor.world).toBe(2 * P);
-      expect(run.executor.groupSize).toBe(P);
+      expect(run.executor.layout.ulyssesDegree).toBe(P);
       for (const ranks of run.reports) expect(ranks.map((r) => [r.rank, r.worker])).toEqual(Array.from({ length: 2 * P }, (_, r) => [r, `rank-${r}`]));
       // one executeModel per rank per step, and the unconditional group starts before the conditional one ends
       const starts = run.executor.timeline.filter(([, what]) => what === 'start').map(([rank]) => rank);
@@ -117,23 +123,5 @@ describe('CFG parallel over in-process ranks', () => {
     for (const ranks of cfg.reports) expect(ranks.map((r) => r.bytesSent)).toEqual([perPass, perPass, perPass, perPass]);
     for (const ranks of plain.reports) expect(ranks.map((r) => r.bytesSent)).toEqual([2 * perPass, 2 * perPass]);
     expect(maxAbsDiff(cfg.latent, plain.latent)).toBeLessThanOrEqual(1e-4);
-  });
-});
-
-describe('CFG parallel layout of a job', () => {
-  it('a job without guidance (guidance 1) falls back to plain Ulysses and says why', () => {
-    const layout = jobLayout({ ulyssesDegree: 2, cfgParallel: true }, false, null);
-    expect(layout).toMatchObject({ ulyssesDegree: 2, cfgParallel: false });
-    expect(layout.cfgFallback).toMatch(/^no CFG parallel: guidance 1 means one forward pass per step/);
-    const planned = jobLayout({ ulyssesDegree: 'auto', cfgParallel: true }, false, { degree: 4, cfgParallel: false, by: 'cost model', link: { bandwidth: 1e6, latency: 0, from: 'coordinator links' }, predictedStepMs: 1, oneWorkerStepMs: 2 });
-    expect(planned).toMatchObject({ ulyssesDegree: 4, cfgParallel: false });
-    expect(planned.cfgFallback).toMatch(/guidance 1/);
-  });
-
-  it('with guidance, CFG parallel runs when asked or when the planner chose it, and not otherwise', () => {
-    expect(jobLayout({ ulyssesDegree: 2, cfgParallel: true }, true, null)).toEqual({ ulyssesDegree: 2, cfgParallel: true, cfgFallback: null });
-    expect(jobLayout({ ulyssesDegree: 2 }, true, null)).toEqual({ ulyssesDegree: 2, cfgParallel: false, cfgFallback: null });
-    const plan = { degree: 1, cfgParallel: true, by: 'cost model', link: { bandwidth: 1e6, latency: 0, from: 'coordinator links' as const }, predictedStepMs: 1, oneWorkerStepMs: 2 };
-    expect(jobLayout({ ulyssesDegree: 'auto' }, true, plan)).toEqual({ ulyssesDegree: 1, cfgParallel: true, cfgFallback: null });
   });
 });

@@ -1,46 +1,30 @@
 import { beforeAll, describe, expect, it } from 'vitest';
 import { BACKENDS, createExecutor, getExecutorClass } from '../../coordinator/backends.ts';
-import { Executor, TimeoutError, withTimeout, WorkerError, type ExecutorOptions } from '../../coordinator/executor.ts';
+import { Executor, TimeoutError, WorkerError, type ExecutorOptions } from '../../coordinator/executor.ts';
 import { LocalExecutor } from '../../coordinator/local-executor.ts';
 import { SwarmExecutor } from '../../coordinator/swarm-executor.ts';
-import { Link } from '../../core/net/link.ts';
-import type { Channel } from '../../core/net/channel.ts';
+import type { Link } from '../../core/net/link.ts';
+import { COORDINATOR, type Message } from '../../core/net/protocol.ts';
+import { inProcess, remote, serve, type Remote } from '../../core/net/rpc.ts';
 import { referenceForward, type WanModel } from '../../core/model/reference.ts';
 import { tokenGrid } from '../../core/model/tokens.ts';
 import { loadTransformer } from '../../core/model/transformer.ts';
-import { exchangeFloatsPerBlock, planUlysses } from '../../core/parallel.ts';
-import { COORDINATOR } from '../../core/net/protocol.ts';
+import { exchangeFloatsPerBlock, planUlysses, RankLayout } from '../../core/parallel.ts';
 import { SeededRandom } from '../../core/random.ts';
-import { RpcClient, serveRpc } from '../../core/net/rpc.ts';
 import { maxAbsDiff, type Tensor } from '../../core/tensor.ts';
+import { PeerLost, WORKER_CONTRACT, WORKER_METHODS, type WorkerApi } from '../../core/worker-api.ts';
 import type { EngineApi } from '../../rank/engine.ts';
 import { memoryExchanges } from '../../rank/exchange/memory.ts';
 import { onnxStages } from '../../rank/onnx-stages.ts';
-import { WORKER_METHODS, WorkerRuntime } from '../../rank/runtime.ts';
-import { tinyModelFiles } from './fixtures.ts';
+import { WorkerRuntime } from '../../rank/runtime.ts';
+import { channelPair, stubEngine, tinyModelFiles, validJobArgs } from './fixtures.ts';
 
-/**
- * The executor's lifecycle against P real WorkerRuntimes in this process: the all-to-all over
- * memory, the calls either straight into `dispatch` (as the local backend does) or through
- * Links, RpcClient and serveRpc over an in-memory channel (as the swarm backend does).
- */
+// The executor's lifecycle against P real WorkerRuntimes in this process: the all-to-all over
+// memory, the calls either in-process through the contract (as the local backend makes them) or
+// through Links, remote() and serve() over an in-memory channel (as the swarm backend does).
 type Transport = 'direct' | 'rpc';
 /** What a rank does instead of answering normally. */
 type Fault = { silent: true } | { throws: string } | { delayMs: number };
-
-/** One direction of a data channel that delivers each frame on a later task, in order. */
-function channelPair(): [Link, Link] {
-  const channel = (deliver: (frame: ArrayBuffer) => void): Channel => ({
-    bufferedAmount: 0,
-    bufferedAmountLowThreshold: 0,
-    send: (frame) => void setImmediate(() => deliver(frame)),
-    addEventListener() {},
-    removeEventListener() {},
-  });
-  const a: Link = new Link(channel((f) => b.receive(f)));
-  const b: Link = new Link(channel((f) => a.receive(f)));
-  return [a, b];
-}
 
 class InProcessExecutor extends Executor {
   readonly runtimes: WorkerRuntime[] = [];
@@ -48,12 +32,11 @@ class InProcessExecutor extends Executor {
   readonly received: string[][] = [];
   closeTransportCalls = 0;
   fault: (rank: number, method: string) => Fault | null = () => null;
-  private calls: ((method: string, args: unknown, timeoutMs: number) => Promise<unknown>)[] = [];
+  private remotes: Remote<WorkerApi>[] = [];
   private links: Link[] = [];
 
   constructor(
     options: ExecutorOptions,
-    private readonly ranks: number,
     private readonly engine: EngineApi,
     private readonly transport: Transport,
   ) {
@@ -62,41 +45,48 @@ class InProcessExecutor extends Executor {
 
   /** Places the ranks without initWorker, loadModel or anything else. */
   async placeOnly(): Promise<void> {
-    this.world = (await this.place()).length;
+    await this.place();
+    (this as unknown as { placed: boolean }).placed = true;
   }
 
   protected async place(): Promise<string[]> {
-    const exchanges = memoryExchanges(this.ranks);
-    for (let rank = 0; rank < this.ranks; rank++) {
+    const ranks = this.layout.world;
+    const exchanges = memoryExchanges(ranks);
+    for (let rank = 0; rank < ranks; rank++) {
       const runtime = new WorkerRuntime(this.engine, {
         connectMesh: async (init) => exchanges[init.rank],
         describe: async () => ({ ep: 'wasm', adapter: 'test', threads: 1, memoryGiB: null, userAgent: `in-process rank ${rank}` }),
       });
       this.runtimes.push(runtime);
       this.received.push([]);
-      const serve = async (method: string, args: unknown): Promise<unknown> => {
-        this.received[rank].push(method);
-        const fault = this.fault(rank, method);
-        if (fault && 'silent' in fault) return new Promise(() => {});
-        if (fault && 'throws' in fault) throw new Error(fault.throws);
-        if (fault && 'delayMs' in fault) await new Promise((r) => setTimeout(r, fault.delayMs));
-        return runtime.dispatch(method, args);
-      };
+      // the runtime as the worker serves it, with this test's faults in front of every method
+      const faulty = Object.fromEntries(
+        WORKER_METHODS.map((method) => [
+          method,
+          async (args: unknown) => {
+            this.received[rank].push(method);
+            const fault = this.fault(rank, method);
+            if (fault && 'silent' in fault) return new Promise(() => {});
+            if (fault && 'throws' in fault) throw new Error(fault.throws);
+            if (fault && 'delayMs' in fault) await new Promise((r) => setTimeout(r, fault.delayMs));
+            return (runtime[method] as (a: unknown) => Promise<unknown>).call(runtime, args);
+          },
+        ]),
+      ) as unknown as WorkerApi;
       if (this.transport === 'direct') {
-        this.calls.push((method, args, timeoutMs) => withTimeout(serve(method, args), method, timeoutMs));
+        this.remotes.push(inProcess(faulty, WORKER_CONTRACT, `rank ${rank}`));
       } else {
         const [coordinatorSide, workerSide] = channelPair();
-        serveRpc(workerSide, rank, serve);
-        const client = new RpcClient(coordinatorSide, COORDINATOR);
+        serve(workerSide, rank, WORKER_CONTRACT, faulty);
         this.links.push(coordinatorSide, workerSide);
-        this.calls.push((method, args, timeoutMs) => client.call(method, args, timeoutMs));
+        this.remotes.push(remote(coordinatorSide, COORDINATOR, WORKER_CONTRACT, `rank ${rank}`));
       }
     }
-    return Array.from({ length: this.ranks }, (_, r) => `rank-${r}`);
+    return Array.from({ length: ranks }, (_, r) => `rank-${r}`);
   }
 
-  protected callRank(rank: number, method: string, args: unknown, timeoutMs: number): Promise<unknown> {
-    return this.calls[rank](method, args, timeoutMs);
+  protected remoteOf(rank: number) {
+    return this.remotes[rank];
   }
 
   protected closeTransport(): void {
@@ -115,13 +105,15 @@ let options: ExecutorOptions;
 beforeAll(async () => {
   model = await loadTransformer(tinyModelFiles);
   const stages = await onnxStages(model, 'wasm');
-  engine = { ...stages, load: async () => ({ ep: 'wasm', adapter: 'test', config: model.config, loadMs: 0 }), probe: async () => ({ ep: 'wasm', flops: 1e9 }) };
+  engine = stubEngine(stages, model.config);
   text = random.normals(16 * model.config.textDim);
-  options = { config: model.config, modelUrl: '/models/tiny-wan', rpcTimeoutMs: 10_000 };
+  options = { config: model.config, modelUrl: '/models/tiny-wan', rpcTimeoutMs: 10_000, layout: new RankLayout(1) };
 });
 
+const onRanks = (P: number, transport: Transport) => new InProcessExecutor({ ...options, layout: new RankLayout(P) }, engine, transport);
+
 async function started(P: number, transport: Transport): Promise<InProcessExecutor> {
-  const executor = new InProcessExecutor(options, P, engine, transport);
+  const executor = onRanks(P, transport);
   await executor.initialize();
   return executor;
 }
@@ -151,26 +143,26 @@ describe.each<Transport>(['direct', 'rpc'])('Executor over %s calls', (transport
   it('collectiveRpc returns every rank’s reply in rank order, not arrival order', async () => {
     const executor = await started(3, transport);
     executor.fault = (rank) => ({ delayMs: [60, 30, 0][rank] }); // rank 2 answers first, rank 0 last
-    const pings = (await executor.collectiveRpc('ping')) as { rank: number; state: string }[];
+    const pings = await executor.collectiveRpc('ping');
     expect(pings.map((p) => [p.rank, p.state])).toEqual([[0, 'ready'], [1, 'ready'], [2, 'ready']]);
-    const infos = (await executor.collectiveRpc('describe')) as { userAgent: string }[];
+    const infos = await executor.collectiveRpc('describe');
     expect(infos.map((i) => i.userAgent)).toEqual(['in-process rank 0', 'in-process rank 1', 'in-process rank 2']);
   });
 
-  it('collectiveRpc with argsFor gives each rank its own arguments', async () => {
-    const executor = new InProcessExecutor(options, 3, engine, transport);
+  it('collectiveRpc with per-rank args gives each rank its own arguments', async () => {
+    const executor = onRanks(3, transport);
     await executor.placeOnly();
     const peers = ['a', 'b', 'c'];
-    const replies = await executor.collectiveRpc('initWorker', { argsFor: (rank) => ({ rank, world: 3, peers, session: 's' }) });
+    const replies = await executor.collectiveRpc('initWorker', { args: (rank) => ({ rank, world: 3, peers, session: 's' }) });
     expect(replies).toEqual([{ rank: 0, world: 3 }, { rank: 1, world: 3 }, { rank: 2, world: 3 }]);
   });
 
   it('uniqueReplyRank k returns only rank k’s reply (every rank still runs the method)', async () => {
     const executor = await started(3, transport);
-    const only = (await executor.collectiveRpc('ping', { uniqueReplyRank: 2 })) as { rank: number };
+    const only = await executor.collectiveRpc('ping', { uniqueReplyRank: 2 });
     expect(only.rank).toBe(2);
     expect(executor.received.map((m) => m.at(-1))).toEqual(['ping', 'ping', 'ping']);
-    expect(((await executor.collectiveRpc('describe', { uniqueReplyRank: 0 })) as { userAgent: string }).userAgent).toBe('in-process rank 0');
+    expect((await executor.collectiveRpc('describe', { uniqueReplyRank: 0 })).userAgent).toBe('in-process rank 0');
   });
 
   it('an invalid uniqueReplyRank is an error naming it and the world size, raised before any rank runs the method', async () => {
@@ -218,28 +210,26 @@ describe.each<Transport>(['direct', 'rpc'])('Executor over %s calls', (transport
   });
 
   it('loadModel, prepareJob and executeModel before initWorker fail with a clear error from every rank', async () => {
-    const executor = new InProcessExecutor(options, 2, engine, transport);
+    const executor = onRanks(2, transport);
     await executor.placeOnly();
-    for (const method of ['loadModel', 'prepareJob', 'executeModel']) {
-      const error = await rejection(executor.collectiveRpc(method, { args: { modelUrl: '/models/tiny-wan' } }));
+    for (const method of ['loadModel', 'prepareJob', 'executeModel'] as const) {
+      const error = await rejection(executor.collectiveRpc(method, { args: validJobArgs[method] }));
       expect(error).toBeInstanceOf(WorkerError);
       expect((error as WorkerError).rank).toBe(0);
       expect((error as WorkerError).remoteMessage).toBe(`worker method ${method} called before initWorker: the coordinator must call initWorker first`);
     }
     for (const runtime of executor.runtimes) {
-      await expect(runtime.dispatch('executeModel', {})).rejects.toThrow(/before initWorker/);
+      await expect(runtime.executeModel(validJobArgs.executeModel)).rejects.toThrow(/before initWorker/);
       expect(runtime.state).toBe('idle');
     }
   });
 
-  it('an unknown method is refused with the whitelist of worker methods', async () => {
+  it('arguments that break the contract are refused before the method runs, naming the field', async () => {
     const executor = await started(2, transport);
-    const error = await rejection(executor.collectiveRpc('eval', { args: { code: 'process.exit()' } }));
+    const error = await rejection(executor.collectiveRpc('loadModel', { args: { modelUrl: 42, ep: 'cuda' } as never }));
     expect(error).toBeInstanceOf(WorkerError);
-    expect((error as WorkerError).remoteMessage).toBe(
-      'unknown worker method "eval"; a worker runs only: describe, probe, initWorker, loadModel, prepareJob, probeMesh, executeModel, ping, shutdown',
-    );
-    expect(WORKER_METHODS).toHaveLength(9);
+    expect((error as WorkerError).remoteMessage).toBe('loadModel arguments.modelUrl: expected a string of at most 4096 characters, got number 42');
+    expect(executor.runtimes.map((r) => r.state)).toEqual(['ready', 'ready']);
   });
 
   it('executeModel over P = 1 and P = 3 gives the same output, and each rank sends 4·ceil(S/P)·D·(P−1)/P·4 bytes per block', async () => {
@@ -279,8 +269,8 @@ describe.each<Transport>(['direct', 'rpc'])('Executor over %s calls', (transport
     for (const rank of [0, 2]) {
       const runtime = executor.runtimes[rank];
       expect(runtime.state).toBe('idle');
-      for (const method of ['loadModel', 'prepareJob', 'executeModel']) {
-        await expect(runtime.dispatch(method, {})).rejects.toThrow(`worker method ${method} called before initWorker`);
+      for (const method of ['loadModel', 'prepareJob', 'executeModel'] as const) {
+        await expect((runtime[method] as (a: unknown) => Promise<unknown>).call(runtime, validJobArgs[method])).rejects.toThrow(`worker method ${method} called before initWorker`);
       }
     }
     expect(executor.runtimes[1].state).toBe('ready'); // the silent rank never ran shutdown
@@ -294,6 +284,60 @@ describe.each<Transport>(['direct', 'rpc'])('Executor over %s calls', (transport
     expect(await executor.shutdown({ graceMs: 5_000 })).toEqual({ acked: [], silent: [] });
     expect(executor.closeTransportCalls).toBe(1);
     expect(executor.received.flat().filter((m) => m === 'shutdown')).toHaveLength(2);
+  });
+});
+
+describe('the worker contract on the wire', () => {
+  /** A raw request as any peer could send it, and the reply body that comes back. */
+  async function rawRequest(impl: WorkerApi, method: string, args: unknown): Promise<{ ok: boolean; error?: string; result?: unknown }> {
+    const [coordinatorSide, workerSide] = channelPair();
+    serve(workerSide, 0, WORKER_CONTRACT, impl);
+    const reply = new Promise<Message>((resolve) => coordinatorSide.onMessage(resolve));
+    await coordinatorSide.send({ kind: 'rpc', from: COORDINATOR, body: { type: 'request', id: 1, method, args }, tensors: [] });
+    return (await reply as Extract<Message, { kind: 'rpc' }>).body as { ok: boolean; error?: string };
+  }
+
+  it('an unknown method, an inherited property among them, is refused with the list of worker methods', async () => {
+    const runtime = new WorkerRuntime(engine, { connectMesh: async () => memoryExchanges(1)[0], describe: async () => ({ ep: 'wasm', adapter: 't', threads: 1, memoryGiB: null, userAgent: 'u' }) });
+    expect(WORKER_METHODS).toEqual(['describe', 'probeCompute', 'probeLink', 'initWorker', 'loadModel', 'prepareJob', 'probeMesh', 'executeModel', 'ping', 'shutdown']);
+    for (const method of ['eval', 'constructor', '__proto__', 'toString', 'judgeTensor']) {
+      expect(await rawRequest(runtime, method, {})).toEqual({
+        type: 'reply',
+        id: 1,
+        ok: false,
+        error: `unknown method "${method}"; this side answers only: ${WORKER_METHODS.join(', ')}`,
+      });
+    }
+    expect(runtime.state).toBe('idle');
+  });
+
+  it('a reply that breaks the contract is rejected where it arrives, naming the worker and the field', async () => {
+    const [coordinatorSide, workerSide] = channelPair();
+    const liar = { describe: async () => ({ ep: 'cuda', adapter: 'x', threads: 1, memoryGiB: null, userAgent: 'u' }), ping: async () => ({ state: 'ready', rank: 0 }) };
+    serve(workerSide, 0, WORKER_CONTRACT, liar as unknown as WorkerApi);
+    const api = remote(coordinatorSide, COORDINATOR, WORKER_CONTRACT, 'worker w7');
+    await expect(api.describe({})).rejects.toThrow('worker w7 answered describe with a malformed reply: reply.ep: expected one of "webgpu", "wasm", got "cuda"');
+    await expect(api.ping({})).rejects.toThrow('worker w7 answered ping with a malformed reply: reply.totals: expected an object with steps');
+  });
+
+  it('blame travels as data: the rank a worker blames is renumbered from its group to the global rank, and text alone blames nobody', async () => {
+    for (const transport of ['direct', 'rpc'] as const) {
+      const executor = new InProcessExecutor({ ...options, layout: new RankLayout(2, 2) }, engine, transport);
+      await executor.initialize();
+      executor.fault = (rank, method) => (rank === 3 && method === 'ping' ? { throws: 'rank 0 is gone rank 1: x rank 2: y' } : null);
+      const textOnly = await rejection(executor.collectiveRpc('ping'));
+      expect(textOnly).toMatchObject({ rank: 3, blame: null });
+      const accusing = executor.runtimes[3];
+      accusing.ping = async () => {
+        throw new PeerLost({ rank: 0, cause: 'disconnected', evidence: 'connection to w2 closed' });
+      };
+      executor.fault = () => null;
+      const error = (await rejection(executor.collectiveRpc('ping'))) as WorkerError;
+      expect(error).toBeInstanceOf(WorkerError);
+      // rank 0 of the second group (ranks 2, 3) is global rank 2
+      expect(error.blame).toEqual({ rank: 2, cause: 'disconnected', evidence: 'connection to w2 closed' });
+      expect(error.message).toBe('rank 3 failed in ping: rank 0 is gone: connection to w2 closed');
+    }
   });
 });
 

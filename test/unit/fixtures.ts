@@ -1,10 +1,63 @@
 import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import * as ort from 'onnxruntime-web';
+import type { WanConfig } from '../../core/model/config.ts';
 import type { ModelFiles } from '../../core/model/files.ts';
+import type { Channel } from '../../core/net/channel.ts';
+import { Link } from '../../core/net/link.ts';
+import type { DType } from '../../core/net/protocol.ts';
+import { inProcess, type Remote } from '../../core/net/rpc.ts';
+import { WORKER_CONTRACT, type WorkerApi } from '../../core/worker-api.ts';
+import type { EngineApi } from '../../rank/engine.ts';
+import { memoryExchanges } from '../../rank/exchange/memory.ts';
+import { WorkerRuntime } from '../../rank/runtime.ts';
+import type { DeviceStageRunner } from '../../rank/stages.ts';
 
 export const TINY_MODEL_DIR = join(import.meta.dirname, '../../public/models/tiny-wan');
 
 export const tinyModelFiles: ModelFiles = async (path) => new Uint8Array(await readFile(join(TINY_MODEL_DIR, path)));
 
 ort.env.wasm.numThreads = 1;
+
+/** An engine on these stages that loads and probes at once, as a worker's would once its model is in. */
+export function stubEngine(stages: DeviceStageRunner, config: WanConfig): EngineApi {
+  return {
+    ...stages,
+    load: async () => ({ ep: 'wasm', adapter: 'test', config, loadMs: 0 }),
+    probe: async (ep) => ({ ep, flops: 1e9, softmaxRate: 2e8 }),
+  };
+}
+
+/** P worker runtimes over one in-memory mesh, each also as the coordinator calls it: through the contract's checks. */
+export function inProcessRanks(world: number, engine: EngineApi, dtype: DType = 'f32'): { runtimes: WorkerRuntime[]; ranks: Remote<WorkerApi>[] } {
+  const exchanges = memoryExchanges(world, dtype);
+  const runtimes = exchanges.map(
+    (exchange, rank) =>
+      new WorkerRuntime(engine, {
+        connectMesh: async () => exchange,
+        describe: async () => ({ ep: 'wasm', adapter: 'test', threads: 1, memoryGiB: null, userAgent: `in-process rank ${rank}` }),
+      }),
+  );
+  return { runtimes, ranks: runtimes.map((r, rank) => inProcess<WorkerApi>(r, WORKER_CONTRACT, `rank ${rank}`)) };
+}
+
+/** One direction of a data channel that delivers each frame on a later task, in order. */
+export function channelPair(): [Link, Link] {
+  const channel = (deliver: (frame: ArrayBuffer) => void): Channel => ({
+    bufferedAmount: 0,
+    bufferedAmountLowThreshold: 0,
+    send: (frame) => void setImmediate(() => deliver(frame)),
+    addEventListener() {},
+    removeEventListener() {},
+  });
+  const a: Link = new Link(channel((f) => b.receive(f)));
+  const b: Link = new Link(channel((f) => a.receive(f)));
+  return [a, b];
+}
+
+/** Well-formed arguments of the job methods, as far as the contract can tell (the model's widths aside). */
+export const validJobArgs = {
+  loadModel: { modelUrl: '/models/tiny-wan', ep: 'auto' as const },
+  prepareJob: { job: 1, texts: [new Float32Array(4)], latentShape: [16, 1, 8, 8] },
+  executeModel: { job: 1, step: 0, pass: 0, timestep: 500, latentShape: [16, 1, 8, 8], patches: new Float32Array(64) },
+};

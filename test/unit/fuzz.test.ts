@@ -4,13 +4,14 @@ import type { Channel } from '../../core/net/channel.ts';
 import { loadTransformer } from '../../core/model/transformer.ts';
 import type { WanModel } from '../../core/model/reference.ts';
 import { COORDINATOR, encodeFrames, Reassembler, type Message } from '../../core/net/protocol.ts';
-import { RpcClient, serveRpc } from '../../core/net/rpc.ts';
+import { remote, serve } from '../../core/net/rpc.ts';
+import { WORKER_CONTRACT, type WorkerApi } from '../../core/worker-api.ts';
 import { SeededRandom } from '../../core/random.ts';
 import { MeshExchange } from '../../rank/exchange/mesh.ts';
 import { referenceStages } from '../../rank/stages.ts';
 import { memoryExchanges } from '../../rank/exchange/memory.ts';
 import { WorkerRuntime } from '../../rank/runtime.ts';
-import { tinyModelFiles } from './fixtures.ts';
+import { stubEngine, tinyModelFiles, validJobArgs } from './fixtures.ts';
 
 /**
  * What a peer sends can never hurt a page: 10,000+ random and mutated frames go to the frame
@@ -69,8 +70,7 @@ beforeAll(async () => {
 });
 
 function runtimeFor(rank: number, world: number) {
-  const stages = referenceStages(model);
-  const engine = { ...stages, load: async () => ({ ep: 'wasm' as const, adapter: 'test', config: model.config, loadMs: 0 }), probe: async () => ({ ep: 'wasm' as const, flops: 1e9 }) };
+  const engine = stubEngine(referenceStages(model), model.config);
   const exchanges = memoryExchanges(world);
   return new WorkerRuntime(engine, {
     connectMesh: async () => exchanges[rank],
@@ -98,7 +98,7 @@ describe(`fuzz: ${FRAMES_PER_TARGET} hostile frames per target`, () => {
     const runtime = runtimeFor(0, 1);
     const channel = new SinkChannel();
     const link = new Link(channel, { accept: (h) => (h.kind !== 'rpc' ? 'rpc only' : null) });
-    serveRpc(link, 0, (method, args) => runtime.dispatch(method, args));
+    serve<WorkerApi>(link, 0, WORKER_CONTRACT, runtime);
     const requests: Message[] = ['ping', 'describe', 'eval', '__proto__', 'constructor', 'executeModel', 'loadModel', 'prepareJob', 'toString'].map((method, id) => ({
       kind: 'rpc',
       from: COORDINATOR,
@@ -110,15 +110,15 @@ describe(`fuzz: ${FRAMES_PER_TARGET} hostile frames per target`, () => {
     await new Promise((r) => setTimeout(r, 50));
     expect(link.stats.listenerErrors).toBe(0);
     expect(runtime.state).toBe('idle');
-    await expect(runtime.dispatch('executeModel', {})).rejects.toThrow('before initWorker');
+    await expect(runtime.executeModel(validJobArgs.executeModel)).rejects.toThrow('before initWorker');
   });
 
   it("a rank's mesh link delivers nothing that is not a tensor of the prepared job with the planned size", async () => {
     const runtime = runtimeFor(0, 2);
-    await runtime.dispatch('initWorker', { rank: 0, world: 2, peers: ['a', 'b'], session: 's' });
-    await runtime.dispatch('loadModel', { modelUrl: 'x' });
+    await runtime.initWorker({ rank: 0, world: 2, peers: ['a', 'b'], session: 's' });
+    await runtime.loadModel({ modelUrl: 'x', ep: 'wasm' });
     const shape = [16, 1, 14, 10]; // 35 tokens: 18 per rank at P = 2
-    await runtime.dispatch('prepareJob', { job: 5, texts: [new Float32Array(32 * model.config.textDim)], latentShape: shape });
+    await runtime.prepareJob({ job: 5, texts: [new Float32Array(32 * model.config.textDim)], latentShape: shape });
     const exchange = new MeshExchange(0, 2);
     let delivered = 0;
     const link = new Link(new SinkChannel(), { accept: (h) => (h.kind !== 'tensor' ? 'tensors only' : h.from !== 1 ? 'wrong rank' : runtime.judgeTensor(h.tag, h.totalBytes)) });
@@ -147,8 +147,9 @@ describe(`fuzz: ${FRAMES_PER_TARGET} hostile frames per target`, () => {
   it("the coordinator's RPC client survives hostile replies and still resolves the real one", async () => {
     const channel = new SinkChannel();
     const link = new Link(channel);
-    const client = new RpcClient(link, COORDINATOR);
-    const pending = client.call('ping', {}, 5_000);
+    const client = remote(link, COORDINATOR, WORKER_CONTRACT, 'worker w0');
+    const pending = client.ping({}, 5_000);
+    const pong = { state: 'ready', rank: 0, totals: { steps: 1, bytesSent: 0, computeMs: 0, bytesDownloaded: 0, bytesKept: 0, deviceTensorsLeft: 0 } };
     const replies: Message[] = [
       { kind: 'rpc', from: 0, body: { type: 'reply', id: 1, ok: true, result: { $tensor: 3 } }, tensors: [] },
       { kind: 'rpc', from: 0, body: { type: 'reply', id: 77, ok: false, error: 'x' }, tensors: [] },
@@ -158,7 +159,7 @@ describe(`fuzz: ${FRAMES_PER_TARGET} hostile frames per target`, () => {
     // the first reply with id 1 is malformed on purpose; mutated copies must not resolve the call either
     for (let i = 0; i < FRAMES_PER_TARGET; i++) link.receive(mutate(valid.slice(1)));
     expect(link.stats.listenerErrors).toBe(0);
-    for (const frame of encodeFrames({ kind: 'rpc', from: 0, body: { type: 'reply', id: 1, ok: true, result: 'pong' }, tensors: [] }, 5000, 96)) link.receive(frame);
-    await expect(pending).resolves.toBe('pong');
+    for (const frame of encodeFrames({ kind: 'rpc', from: 0, body: { type: 'reply', id: 1, ok: true, result: pong }, tensors: [] }, 5000, 96)) link.receive(frame);
+    await expect(pending).resolves.toEqual(pong);
   });
 });

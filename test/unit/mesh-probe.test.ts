@@ -2,10 +2,11 @@ import { beforeAll, describe, expect, it } from 'vitest';
 import type { WanModel } from '../../core/model/reference.ts';
 import { loadTransformer } from '../../core/model/transformer.ts';
 import { memoryExchanges } from '../../rank/exchange/memory.ts';
-import { fitMeshProbe, PROBE_FLOATS, probeMesh, type MeshProbe } from '../../rank/mesh-probe.ts';
-import { WorkerRuntime } from '../../rank/runtime.ts';
+import { fitMeshProbe } from '../../core/cost-model.ts';
+import type { MeshProbe } from '../../core/worker-api.ts';
+import { PROBE_FLOATS, probeMesh } from '../../rank/mesh-probe.ts';
 import { referenceStages } from '../../rank/stages.ts';
-import { tinyModelFiles } from './fixtures.ts';
+import { inProcessRanks, stubEngine, tinyModelFiles } from './fixtures.ts';
 
 let model: WanModel;
 beforeAll(async () => {
@@ -13,25 +14,21 @@ beforeAll(async () => {
 });
 
 /** P ranks in one process, each prepared for job 5 over one in-memory mesh. */
-async function preparedRanks(world: number): Promise<WorkerRuntime[]> {
-  const exchanges = memoryExchanges(world);
-  const ranks = exchanges.map((exchange) => {
-    const engine = { ...referenceStages(model), load: async () => ({ ep: 'wasm' as const, adapter: 'test', config: model.config, loadMs: 0 }), probe: async () => ({ ep: 'wasm' as const, flops: 1e9 }) };
-    return new WorkerRuntime(engine, { connectMesh: async () => exchange, describe: async () => ({ ep: 'wasm', adapter: 'test', threads: 1, memoryGiB: null, userAgent: 'node' }) });
-  });
-  const peers = ranks.map((_, r) => `p${r}`);
-  for (const [rank, runtime] of ranks.entries()) {
-    await runtime.dispatch('initWorker', { rank, world, peers, session: 's' });
-    await runtime.dispatch('loadModel', { modelUrl: 'x' });
-    await runtime.dispatch('prepareJob', { job: 5, texts: [new Float32Array(32 * model.config.textDim)], latentShape: [16, 1, 8, 8] });
+async function preparedRanks(world: number) {
+  const prepared = inProcessRanks(world, stubEngine(referenceStages(model), model.config));
+  const peers = prepared.ranks.map((_, r) => `p${r}`);
+  for (const [rank, api] of prepared.ranks.entries()) {
+    await api.initWorker({ rank, world, peers, session: 's' });
+    await api.loadModel({ modelUrl: 'x', ep: 'wasm' });
+    await api.prepareJob({ job: 5, texts: [new Float32Array(32 * model.config.textDim)], latentShape: [16, 1, 8, 8] });
   }
-  return ranks;
+  return prepared;
 }
 
 describe('mesh probe: the rank-to-rank link timed on the job’s own all-to-all', () => {
   it('every rank of 3 times its exchanges and says what it sent', async () => {
-    const ranks = await preparedRanks(3);
-    const probes = (await Promise.all(ranks.map((r) => r.dispatch('probeMesh', { job: 5 })))) as MeshProbe[];
+    const { ranks } = await preparedRanks(3);
+    const probes = await Promise.all(ranks.map((r) => r.probeMesh({ job: 5 })));
     expect(probes.map((p) => p.rank)).toEqual([0, 1, 2]);
     for (const p of probes) {
       expect(p.bytesPerPeer).toBe(PROBE_FLOATS[2] * 4);
@@ -42,8 +39,8 @@ describe('mesh probe: the rank-to-rank link timed on the job’s own all-to-all'
   });
 
   it('is refused for a job that is not the prepared one, and probes over f16 send half the bytes', async () => {
-    const [rank] = await preparedRanks(1);
-    await expect(rank.dispatch('probeMesh', { job: 4 })).rejects.toThrow('probeMesh for job 4 but job 5 was prepared');
+    const [rank] = (await preparedRanks(1)).ranks;
+    await expect(rank.probeMesh({ job: 4 })).rejects.toThrow('probeMesh for job 4 but job 5 was prepared');
     const f16 = await Promise.all(memoryExchanges(2, 'f16').map((e) => probeMesh(e, 1)));
     expect(f16[0].bytesSent).toBe(PROBE_FLOATS[2] * 2);
   });
@@ -56,7 +53,7 @@ describe('mesh probe: the rank-to-rank link timed on the job’s own all-to-all'
   });
 
   it('a peer may send probe tensors only at the probe sizes, and only for the prepared job', async () => {
-    const [rank] = await preparedRanks(2);
+    const [rank] = (await preparedRanks(2)).runtimes;
     const tag = (step: number, job = 5) => ({ job, step, pass: 0, block: 0, phase: 2 });
     expect(rank.judgeTensor(tag(0), 4)).toBeNull();
     expect(rank.judgeTensor(tag(2), PROBE_FLOATS[2] * 4)).toBeNull();

@@ -1,0 +1,235 @@
+// The one place that decides what runs where: the Ulysses degree and the CFG grouping of each job
+// (what was asked, or the cost model's choice for 'auto'), which workers become which ranks,
+// whether the placement of the last job still fits, the mesh probe of a new placement, and the
+// re-placement after a lost rank. Executors only carry out a RankLayout; the pipeline only asks.
+import { candidatePlans, fitMeshProbe, planSwarm, type Hardware, type LinkSpeed, type Workload } from '../core/cost-model.ts';
+import { latentShape, usesGuidance, type JobParams } from '../core/job.ts';
+import type { WanConfig } from '../core/model/config.ts';
+import { tokenGrid } from '../core/model/tokens.ts';
+import type { DType } from '../core/net/protocol.ts';
+import { checkDegree, defaultDegree, RankLayout } from '../core/parallel.ts';
+import type { ExecutionProvider, MeshProbe } from '../core/worker-api.ts';
+import { createExecutor, type Backend } from './backends.ts';
+import type { Executor, LostRank } from './executor.ts';
+import type { WorkerMeasurement } from './measure.ts';
+import type { Swarm, SwarmWorker } from './swarm.ts';
+
+/** What a job asks of placement; what it leaves unset, the pipeline's defaults fill. */
+export interface PlacementRequest {
+  /** Ulysses degree (of each group with CFG parallel); 'auto': the cost model's choice, or the largest the live workers allow */
+  ulyssesDegree: number | 'auto';
+  /** both passes of a guided step at once on two groups: always (true), never (false), or as the cost model chooses (unset) */
+  cfgParallel?: boolean;
+  ep: ExecutionProvider | 'auto';
+  dtype: DType;
+}
+
+/** How the degree of an 'auto' job was chosen, and what the cost model expected of it. */
+export interface PlannedDegree {
+  /** Ulysses degree (of each group with CFG parallel) */
+  degree: number;
+  cfgParallel: boolean;
+  by: string;
+  /** the rank-to-rank link planned with: a mesh probe of an earlier placement, or the coordinator's links as a stand-in */
+  link: LinkSpeed & { from: 'mesh probe' | 'coordinator links' };
+  predictedStepMs: number | null;
+  oneWorkerStepMs: number | null;
+}
+
+/** Where a job runs, and why. */
+export interface Placement {
+  executor: Executor;
+  plan: PlannedDegree | null;
+  /** why the job does not run CFG parallel although it was asked for (null when it does, or was not asked) */
+  cfgFallback: string | null;
+}
+
+/** How a lost rank was noticed and what the re-placement cost. */
+export interface FailureRecord {
+  step: number;
+  error: string;
+  lost: LostRank[];
+  /** when the failure was seen (ms since the epoch) */
+  detectedAt: number;
+  /** ranks before and after */
+  degreeBefore: number;
+  degreeAfter: number;
+  replanMs: number;
+}
+
+export type MeshProbeReport = { ranks: MeshProbe[]; link: LinkSpeed } | { error: string } | null;
+
+export interface PlacerOptions {
+  config: WanConfig;
+  /** the model folder as the workers fetch it */
+  modelUrl: string;
+  backend: Backend;
+  swarm?: Swarm;
+  /** rows of every text embedding: the cost model's cross-attention length */
+  textTokens: number;
+  placementTimeoutMs?: number;
+  rpcTimeoutMs?: number;
+}
+
+export class Placer {
+  private executor: Executor | null = null;
+  /** what the current executor was placed for */
+  private placedFor: { layout: RankLayout; ep: PlacementRequest['ep']; dtype: DType } | null = null;
+  /** the placement lost a rank: the next job places afresh instead of failing on the gone rank */
+  private lostARank = false;
+  private probed = false;
+  /** the rank-to-rank link the last mesh probe measured (its slowest rank), for the cost model's next plans */
+  private meshLink: LinkSpeed | null = null;
+  private prepared: { job: number; texts: Float32Array[]; shape: number[] } | null = null;
+
+  constructor(private readonly options: PlacerOptions) {
+    if (options.backend === 'swarm' && !options.swarm) throw new Error('the swarm backend needs a Swarm: pass one from openSwarm()');
+  }
+
+  /** The executor of the current placement, if any. */
+  get current(): Executor | null {
+    return this.executor;
+  }
+
+  /** Places a job: keeps the current placement if it still fits what the job needs, else places anew. */
+  async place(params: JobParams, request: PlacementRequest): Promise<Placement> {
+    const guided = usesGuidance(params);
+    const cfgFallback = request.cfgParallel && !guided ? 'no CFG parallel: guidance 1 means one forward pass per step, so there is no second pass for a second group' : null;
+    const { layout, plan } = await this.layoutFor(params, request, guided);
+    const fits =
+      this.executor !== null && !this.lostARank && this.placedFor !== null &&
+      this.placedFor.layout.ulyssesDegree === layout.ulyssesDegree && this.placedFor.layout.cfgGroups === layout.cfgGroups &&
+      this.placedFor.ep === request.ep && this.placedFor.dtype === request.dtype;
+    if (!fits) await this.placeOn(layout, request);
+    return { executor: this.executor!, plan: plan && cfgFallback ? { ...plan, by: `${plan.by}; ${cfgFallback}` } : plan, cfgFallback };
+  }
+
+  /**
+   * Gives the ranks the job; on a placement of several ranks not yet probed, times an all-to-all on
+   * its mesh first: the link the cost model plans the next jobs with. A failed probe costs nothing
+   * (a lost rank shows again in the first step, which re-places).
+   */
+  async prepare(job: number, texts: Float32Array[], shape: number[]): Promise<MeshProbeReport> {
+    const executor = this.need();
+    this.prepared = { job, texts, shape };
+    await executor.prepareJob(job, texts, shape);
+    if (this.options.backend !== 'swarm' || executor.layout.ulyssesDegree < 2 || this.probed) return null;
+    this.probed = true;
+    try {
+      const ranks = await executor.probeMesh(job);
+      const fits = ranks.map(fitMeshProbe);
+      const link = { bandwidth: Math.min(...fits.map((f) => f.bandwidth)), latency: Math.max(...fits.map((f) => f.latency)) };
+      this.meshLink = link;
+      return { ranks, link };
+    } catch (e) {
+      return { error: (e as Error).message };
+    }
+  }
+
+  /**
+   * A lost rank costs one step, not the job: let the survivors go, place again on the live workers
+   * (the largest valid degree, down to one, without CFG parallel) and prepare the job there. Null
+   * when the failure was not a lost rank, so trying again would not help.
+   */
+  async replace(error: Error, step: number): Promise<FailureRecord | null> {
+    const detectedAt = Date.now();
+    const before = this.need();
+    const lost = await before.lostRanks(error);
+    if (!lost.length || !this.prepared || !this.placedFor) return null;
+    const started = performance.now();
+    const { ep, dtype } = this.placedFor;
+    const workers = this.options.swarm ? await this.liveWorkers(1) : [];
+    await this.placeOn(new RankLayout(this.options.swarm ? defaultDegree(this.options.config.numHeads, workers.length) : 1), { ep, dtype });
+    const { job, texts, shape } = this.prepared;
+    await this.need().prepareJob(job, texts, shape);
+    return { step, error: error.message, lost, detectedAt, degreeBefore: before.world, degreeAfter: this.need().world, replanMs: performance.now() - started };
+  }
+
+  async shutdown(options?: { graceMs?: number }): Promise<void> {
+    const executor = this.executor;
+    this.executor = null;
+    this.placedFor = null;
+    await executor?.shutdown(options);
+  }
+
+  /** The job's layout: what was asked, the planner's choice for 'auto' on a swarm, or the largest valid degree until workers are measured. */
+  private async layoutFor(params: JobParams, request: PlacementRequest, guided: boolean): Promise<{ layout: RankLayout; plan: PlannedDegree | null }> {
+    const { config, backend } = this.options;
+    const cfgGroups = request.cfgParallel && guided ? 2 : 1;
+    if (backend === 'local') {
+      if (request.cfgParallel) throw new Error(`cfgParallel needs two groups of worker pages: use the swarm backend, not local`);
+      if (request.ulyssesDegree !== 'auto' && request.ulyssesDegree !== 1) throw new Error(`the local backend runs one rank in this tab, not ${request.ulyssesDegree}: use the swarm backend for more`);
+      return { layout: new RankLayout(1), plan: null };
+    }
+    if (request.ulyssesDegree !== 'auto') {
+      checkDegree(config.numHeads, request.ulyssesDegree);
+      return { layout: new RankLayout(request.ulyssesDegree, cfgGroups), plan: null };
+    }
+    // CFG parallel asked for: wait for its two groups' first workers, as a fixed degree waits for its workers
+    const workers = await this.liveWorkers(request.cfgParallel ? 2 : 1);
+    const plan = this.planFor(params, workers, request.cfgParallel === undefined ? undefined : request.cfgParallel && guided, request);
+    return { layout: new RankLayout(plan.degree, plan.cfgParallel && guided ? 2 : 1), plan: plan.predictedStepMs === null ? null : plan };
+  }
+
+  /**
+   * 'auto' on a swarm: the degree the cost model predicts fastest for this job, from the workers'
+   * measured throughput and links (never a plan predicted slower than one worker). Until every live
+   * worker has been measured, the largest valid degree.
+   */
+  private planFor(params: JobParams, workers: SwarmWorker[], cfgParallel: boolean | undefined, request: PlacementRequest): PlannedDegree {
+    const { config, textTokens } = this.options;
+    const measured = workers.map((w) => w.measurement);
+    const coordinatorLinks = { bandwidth: Math.min(...measured.map((m) => m?.bandwidth ?? Infinity)), latency: Math.max(...measured.map((m) => m?.rttMs ?? 0)) / 2000 };
+    const link = this.meshLink ? { ...this.meshLink, from: 'mesh probe' as const } : { ...coordinatorLinks, from: 'coordinator links' as const };
+    if (measured.some((m) => !m)) {
+      const degree = defaultDegree(config.numHeads, cfgParallel ? Math.floor(workers.length / 2) : workers.length);
+      return { degree, cfgParallel: !!cfgParallel, by: 'largest valid degree (workers not measured yet)', link, predictedStepMs: null, oneWorkerStepMs: null };
+    }
+    const work: Workload = { model: config, tokens: tokenGrid(config, latentShape(params, config.inChannels)).count, textTokens, passes: usesGuidance(params) ? 2 : 1 };
+    // the EP each worker will run on: WebGPU where it has one, unless the job asks for WebAssembly
+    const epOf = (m: WorkerMeasurement) => (request.ep !== 'wasm' && m.compute.webgpu ? m.compute.webgpu : m.compute.wasm);
+    const hw: Hardware = {
+      workerFlops: measured.map((m) => epOf(m!)?.flops ?? 0),
+      workerSoftmaxRates: measured.map((m) => epOf(m!)?.softmaxRate ?? Infinity),
+      link,
+      bytesPerElement: request.dtype === 'f16' ? 2 : 4,
+    };
+    const choice = planSwarm(work, hw, candidatePlans(work, workers.length).filter((p) => cfgParallel === undefined || p.cfgParallel === cfgParallel));
+    // one worker is always ranked; asked for CFG parallel, the fastest CFG-parallel plan
+    const best = cfgParallel ? (choice.ranked.find((p) => p.plan.cfgParallel) ?? choice.best) : choice.best;
+    return { degree: best.plan.ulyssesDegree, cfgParallel: best.plan.cfgParallel, by: `cost model (rank links from ${link.from})`, link, predictedStepMs: best.stepS * 1000, oneWorkerStepMs: choice.baseline.stepS * 1000 };
+  }
+
+  /** Replaces the current executor by one on `layout` (the first workers to have joined); a failed placement leaves none. */
+  private async placeOn(layout: RankLayout, request: Pick<PlacementRequest, 'ep' | 'dtype'>): Promise<void> {
+    await this.shutdown({ graceMs: 1_000 });
+    const { config, modelUrl, backend, swarm, rpcTimeoutMs } = this.options;
+    const workers = backend === 'swarm' ? (await this.liveWorkers(layout.world)).slice(0, layout.world) : [];
+    const executor = createExecutor(backend, { config, modelUrl, layout, ep: request.ep, dtype: request.dtype, rpcTimeoutMs }, swarm, workers);
+    executor.onFailure(() => {
+      if (this.executor === executor) this.lostARank = true;
+    });
+    this.lostARank = false;
+    this.probed = false;
+    try {
+      await executor.initialize();
+    } catch (e) {
+      await executor.shutdown({ graceMs: 500 }).catch(() => {});
+      throw e;
+    }
+    this.executor = executor;
+    this.placedFor = { layout, ...request };
+  }
+
+  /** The live workers once at least `count` have joined; an error saying how many joined after the placement timeout. */
+  private async liveWorkers(count: number): Promise<SwarmWorker[]> {
+    const swarm = this.options.swarm!;
+    await swarm.waitForWorkers(count, this.options.placementTimeoutMs ?? 30_000);
+    return swarm.workers();
+  }
+
+  private need(): Executor {
+    if (!this.executor) throw new Error('no placement: call place() first');
+    return this.executor;
+  }
+}

@@ -1,0 +1,220 @@
+// The coordinator↔worker contract: one interface that a rank's runtime implements (rank/runtime.ts)
+// and the coordinator calls through `remote()` (core/net/rpc.ts), and one table of checks that judges
+// every call's arguments where the worker receives them and every reply where the coordinator
+// receives it. The compiler holds the table to the interface, so the two sides cannot drift.
+import type { DType } from './net/protocol.ts';
+import { fields, floats, int, list, none, nullable, num, oneOf, optional, text, type Check } from './net/check.ts';
+import type { ApiContract, Remote } from './net/rpc.ts';
+
+/** An onnxruntime-web execution provider a worker can run on. */
+export type ExecutionProvider = 'webgpu' | 'wasm';
+export const EXECUTION_PROVIDERS: readonly ExecutionProvider[] = ['webgpu', 'wasm'];
+
+export type WorkerState = 'idle' | 'initialized' | 'loading' | 'ready' | 'computing';
+
+/** What a worker says about itself when it joins. */
+export interface WorkerInfo {
+  ep: ExecutionProvider;
+  adapter: string;
+  threads: number;
+  memoryGiB: number | null;
+  userAgent: string;
+}
+
+/** A rank's place in its job's mesh (its group's mesh with CFG parallel). */
+export interface InitArgs {
+  rank: number;
+  world: number;
+  /** peer ids of all ranks of the mesh in rank order (the swarm mesh dials them) */
+  peers: string[];
+  session: string;
+  /** how activations travel between ranks; float32 unless the coordinator asks for float16 */
+  dtype?: DType;
+}
+
+export interface LoadArgs {
+  /** the model folder as the worker fetches it */
+  modelUrl: string;
+  ep: ExecutionProvider | 'auto';
+}
+
+export interface LoadedModel {
+  ep: ExecutionProvider;
+  adapter: string;
+  loadMs: number;
+}
+
+export interface PrepareArgs {
+  job: number;
+  /** text embeddings [L, text_dim]: the conditional pass's, then with guidance the unconditional one's */
+  texts: Float32Array[];
+  latentShape: number[]; // [C, T, H, W]
+}
+
+export interface ExecuteArgs {
+  job: number;
+  step: number;
+  pass: number;
+  timestep: number;
+  latentShape: number[];
+  patches: Float32Array; // this rank's [Sl, C·pt·ph·pw]
+}
+
+/** What one forward pass of a rank cost: time computing and waiting, bytes between device and CPU. */
+export interface RankStats {
+  computeMs: number;
+  commMs: number;
+  /** bytes of stage outputs that came to the CPU side (on WebGPU: read back from GPU buffers) */
+  bytesDownloaded: number;
+  /** bytes of stage outputs that stayed on the device for this rank's next stages */
+  bytesKept: number;
+  /** device tensors the runner still keeps after the pass released its own: 0 unless passes overlap */
+  deviceTensorsLeft: number;
+}
+
+export interface ExecuteResult extends RankStats {
+  rows: Float32Array; // this rank's [Sl, pt·ph·pw·C]
+  /** payload bytes this rank sent to its peers in this pass */
+  bytesSent: number;
+}
+
+/** How fast a worker computes on one EP: the two rates the cost model plans with. */
+export interface ComputeProbe {
+  ep: ExecutionProvider;
+  /** matrix-multiply FLOP/s */
+  flops: number;
+  /** attention scores (bias + softmax) per second: the memory-bound work FLOP counts miss */
+  softmaxRate: number;
+}
+
+/** A timed all-to-all on the job's own mesh (rank/mesh-probe.ts). */
+export interface MeshProbe {
+  rank: number;
+  /** bytes this rank sent to each peer in the large exchange */
+  bytesPerPeer: number;
+  /** bytes this rank sent in a small exchange / in the large one, all peers together */
+  smallBytes: number;
+  bytesSent: number;
+  smallMs: number;
+  largeMs: number;
+}
+
+/** A worker's running totals, over all forward passes (deviceTensorsLeft: after the last one). */
+export interface WorkerTotals {
+  steps: number;
+  bytesSent: number;
+  computeMs: number;
+  bytesDownloaded: number;
+  bytesKept: number;
+  deviceTensorsLeft: number;
+}
+
+export interface PingReply {
+  state: WorkerState;
+  rank: number | null;
+  totals: WorkerTotals;
+}
+
+/**
+ * Why a rank is thought lost, as data. A worker reports the peers of its mesh it lost or caught
+ * misbehaving (ranks of its own group); the coordinator decides from its own evidence whom to let go.
+ */
+export interface RankLost {
+  rank: number;
+  cause: 'disconnected' | 'silent' | 'misbehaved';
+  evidence: string;
+}
+
+/** An error a worker raises about one of its peers: the blame travels with it as data, not in its text. */
+export class PeerLost extends Error {
+  override name = 'PeerLost';
+  constructor(readonly detail: RankLost) {
+    super(`rank ${detail.rank} ${detail.cause === 'misbehaved' ? 'misbehaved' : 'is gone'}: ${detail.evidence}`);
+  }
+}
+
+/** What a worker does for its coordinator, and nothing else. */
+export interface WorkerApi {
+  describe(args: Record<string, never>): Promise<WorkerInfo>;
+  /** times a matrix multiply and a softmax on an EP (both EPs are measured: the faster one may not be the default) */
+  probeCompute(args: { ep: ExecutionProvider }): Promise<ComputeProbe>;
+  /** echoes the payload's size: the coordinator times the round trip of the link */
+  probeLink(args: { payload: Float32Array }): Promise<{ bytes: number }>;
+  initWorker(args: InitArgs): Promise<{ rank: number; world: number }>;
+  loadModel(args: LoadArgs): Promise<LoadedModel>;
+  prepareJob(args: PrepareArgs): Promise<{ job: number }>;
+  probeMesh(args: { job: number }): Promise<MeshProbe>;
+  executeModel(args: ExecuteArgs): Promise<ExecuteResult>;
+  ping(args: Record<string, never>): Promise<PingReply>;
+  /** releases the job's ranks; the worker waits for the next initWorker */
+  shutdown(args: Record<string, never>): Promise<'bye'>;
+}
+
+export type WorkerMethod = keyof WorkerApi;
+export type ArgsOf<M extends WorkerMethod> = Parameters<WorkerApi[M]>[0];
+export type ReplyOf<M extends WorkerMethod> = Awaited<ReturnType<WorkerApi[M]>>;
+
+// Bounds: generous for any real model, small enough that a hostile value cannot make a side allocate much.
+const MAX_RANKS = 256;
+const ep = oneOf(...EXECUTION_PROVIDERS);
+const ms = num(0);
+const bytes = num(0);
+const shape = list(int(1, 1 << 20), { min: 4, max: 4 });
+const stats = { computeMs: ms, commMs: ms, bytesDownloaded: bytes, bytesKept: bytes, deviceTensorsLeft: int(0) };
+const totals: Check<WorkerTotals> = fields({ steps: int(0), bytesSent: bytes, computeMs: ms, bytesDownloaded: bytes, bytesKept: bytes, deviceTensorsLeft: int(0) });
+
+export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
+  describe: {
+    args: none,
+    reply: fields({ ep, adapter: text(), threads: int(1, 1024), memoryGiB: nullable(num(0)), userAgent: text() }),
+  },
+  probeCompute: {
+    args: fields({ ep }),
+    reply: fields({ ep, flops: num(Number.MIN_VALUE), softmaxRate: num(Number.MIN_VALUE) }),
+  },
+  probeLink: {
+    args: fields({ payload: floats(1 << 20) }),
+    reply: fields({ bytes: int(0) }),
+  },
+  initWorker: {
+    args: fields({ rank: int(0, MAX_RANKS - 1), world: int(1, MAX_RANKS), peers: list(text(256), { min: 1, max: MAX_RANKS }), session: text(256), dtype: optional(oneOf('f32', 'f16')) }),
+    reply: fields({ rank: int(0), world: int(1) }),
+  },
+  loadModel: {
+    args: fields({ modelUrl: text(), ep: oneOf(...EXECUTION_PROVIDERS, 'auto') }),
+    reply: fields({ ep, adapter: text(), loadMs: ms }),
+  },
+  prepareJob: {
+    args: fields({ job: int(0), texts: list(floats(), { min: 1, max: 2 }), latentShape: shape }),
+    reply: fields({ job: int(0) }),
+  },
+  probeMesh: {
+    args: fields({ job: int(0) }),
+    reply: fields({ rank: int(0), bytesPerPeer: bytes, smallBytes: bytes, bytesSent: bytes, smallMs: ms, largeMs: ms }),
+  },
+  executeModel: {
+    args: fields({ job: int(0), step: int(0, 9999), pass: int(0, 1), timestep: num(0, 1000), latentShape: shape, patches: floats() }),
+    reply: fields({ rows: floats(), bytesSent: bytes, ...stats }),
+  },
+  ping: {
+    args: none,
+    reply: fields({ state: oneOf('idle', 'initialized', 'loading', 'ready', 'computing'), rank: nullable(int(0)), totals }),
+  },
+  shutdown: {
+    args: none,
+    reply: oneOf('bye'),
+  },
+};
+
+export const WORKER_METHODS = Object.keys(WORKER_CONTRACT) as WorkerMethod[];
+
+/** The blame a failed call may carry (PeerLost's detail), checked like any reply. */
+export const checkRankLost: Check<RankLost> = fields({ rank: int(0, MAX_RANKS - 1), cause: oneOf('disconnected', 'silent', 'misbehaved'), evidence: text() });
+
+/** The coordinator's handle on one worker: its API over a link, and a way to fail what is still waiting when the link goes. */
+export type WorkerRemote = Remote<WorkerApi> & { failAll?(reason: string): void };
+
+/** Calls one method by name; the one place a method name chosen at run time meets its types. */
+export function callWorker<M extends WorkerMethod>(worker: Remote<WorkerApi>, method: M, args: ArgsOf<M>, timeoutMs?: number): Promise<ReplyOf<M>> {
+  return (worker[method] as unknown as (args: ArgsOf<M>, timeoutMs?: number) => Promise<ReplyOf<M>>)(args, timeoutMs);
+}
