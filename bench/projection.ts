@@ -5,7 +5,7 @@
 //
 //   npm run bench -- projection
 
-import { planSwarm, predictStep, type Hardware, type ModelShape, type Workload } from '../core/cost-model.ts';
+import { predictStep, type Hardware, type ModelShape, type Workload } from '../core/cost-model.ts';
 import { isMain, machine, round, versions, writeReport } from './lib.ts';
 
 export const WAN_1_3B: ModelShape = { numHeads: 12, headDim: 128, dim: 1536, ffnDim: 8960, numLayers: 30, inChannels: 16, outChannels: 16, patchSize: [1, 2, 2], textDim: 4096, freqDim: 256 };

@@ -39,6 +39,8 @@ export interface PipelineOptions {
   dtype?: DType;
   placementTimeoutMs?: number;
   rpcTimeoutMs?: number;
+  /** the last stage, frames → video file: WebM through WebCodecs unless replaced (Node has no WebCodecs) */
+  encodeVideo?(frames: DecodedVideo): Promise<Blob>;
 }
 
 export interface StepProgress {
@@ -182,7 +184,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
       onPhase?.('decoding');
       const frames = decode(latent);
       onPhase?.('muxing');
-      const video = await encodeWebM(frames);
+      const video = await (options.encodeVideo ?? encodeWebM)(frames);
       const executor = placer.current!;
       return {
         video,

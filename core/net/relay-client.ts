@@ -10,7 +10,7 @@
 // fire `bufferedamountlow` from message events, so flow control needs no timers (worker pages
 // are hidden tabs).
 
-import type { Channel, DataConnectionLike, Transport } from './channel.ts';
+import type { Channel, DataConnectionLike } from './channel.ts';
 
 export const RELAY_PATH = '/relay';
 export const RELAY_ENVELOPE_BYTES = 4;

@@ -5,7 +5,7 @@ import { Placer, type PlacementRequest } from '../../coordinator/placement.ts';
 import { Swarm, type SwarmEvent, type SwarmWorker } from '../../coordinator/swarm.ts';
 import { SwarmExecutor } from '../../coordinator/swarm-executor.ts';
 import { planSwarm, type Workload } from '../../core/cost-model.ts';
-import { DEFAULT_JOB, jobParams, latentShape, type JobParams } from '../../core/job.ts';
+import { DEFAULT_JOB, jobParams, latentShape } from '../../core/job.ts';
 import { parseWanConfig, type WanConfig } from '../../core/model/config.ts';
 import { readJson } from '../../core/model/files.ts';
 import { tokenGrid } from '../../core/model/tokens.ts';

@@ -1,0 +1,152 @@
+// A worker page's links to the other ranks of its job: the higher rank dials each lower one (a data
+// channel, or the relay), connections from other ranks are matched to the ranks the coordinator
+// named, and every frame a rank sends is judged by its header before a byte of it is buffered.
+import type { DataConnectionLike, Transport } from '../core/net/channel.ts';
+import type { Link } from '../core/net/link.ts';
+import { dial, DIRECT_OPEN_TIMEOUT_MS, openLink, transportOf, type OpenLinkOptions, type PeerDialer, type RelayMode } from '../core/net/peer-link.ts';
+import type { FrameHeader } from '../core/net/protocol.ts';
+import type { RelayClient } from '../core/net/relay-client.ts';
+import { PeerLost, type InitArgs } from '../core/worker-api.ts';
+import { MeshExchange } from '../rank/exchange/mesh.ts';
+
+const MESH_TIMEOUT_MS = 30_000;
+/** Connections of one rank kept until this rank asks for them (a data channel, then maybe a relayed one). */
+const MAX_EARLY_CANDIDATES = 4;
+
+/** Judges a tensor by its tag and size (the runtime's judgeTensor): why it is refused, or null. */
+export type TensorJudge = (tag: FrameHeader['tag'], totalBytes: number) => string | null;
+
+/**
+ * What rank `rank` may send this one on the mesh: only tensors, only in its own name, only of the
+ * running job at the planned size. Returns why a frame is refused, and whether that refusal makes
+ * the rank a misbehaving one (speaking in another rank's name) rather than a bad frame to drop.
+ */
+export function judgeMeshFrame(rank: number, header: FrameHeader, judge: TensorJudge): { refused: string; misbehaved: boolean } | null {
+  if (header.kind !== 'tensor') return { refused: `rank ${rank} sent a ${header.kind} message on the mesh`, misbehaved: false };
+  if (header.from !== rank) return { refused: `it sent a tensor in the name of rank ${header.from}`, misbehaved: true };
+  const refused = judge(header.tag, header.totalBytes);
+  return refused === null ? null : { refused, misbehaved: false };
+}
+
+export class WorkerMesh {
+  /** connections from other ranks that came before this rank's initWorker, by session/rank */
+  private readonly candidates = new Map<string, DataConnectionLike[]>();
+  private readonly waiters = new Map<string, (conn: DataConnectionLike) => void>();
+  private current: { exchange: MeshExchange; connections: DataConnectionLike[]; links: Map<number, { peer: string; transport: Transport }> } | null = null;
+
+  constructor(
+    private readonly peer: PeerDialer,
+    private readonly relayMode: RelayMode,
+    private readonly relayClient: () => Promise<RelayClient>,
+    private readonly judge: TensorJudge,
+  ) {}
+
+  /** bad frames dropped on the links to the other ranks */
+  framesDropped(): number {
+    return this.current?.exchange.framesDropped() ?? 0;
+  }
+
+  /** the open links to the other ranks: which peer, direct or relayed */
+  links(): { peer: string; transport: Transport }[] {
+    return [...(this.current?.links.values() ?? [])];
+  }
+
+  /** A connection another page opened to this one: kept for its rank, or closed if it is not a rank's. */
+  incoming(conn: DataConnectionLike): void {
+    const meta = conn.metadata as { role?: string; session?: string; rank?: number } | undefined;
+    if (meta?.role !== 'rank' || typeof meta.session !== 'string' || !Number.isInteger(meta.rank)) return conn.close();
+    const key = `${meta.session}/${meta.rank}`;
+    const waiter = this.waiters.get(key);
+    if (waiter) return waiter(conn);
+    const early = this.candidates.get(key) ?? [];
+    if (early.length >= MAX_EARLY_CANDIDATES) return conn.close();
+    this.candidates.set(key, [...early, conn]);
+  }
+
+  close(reason = 'job mesh closed'): void {
+    const mesh = this.current;
+    this.current = null;
+    mesh?.exchange.fail(new Error(reason));
+    mesh?.exchange.closeLinks(reason);
+    mesh?.connections.forEach((c) => c.close());
+  }
+
+  /** Links this rank to every other rank of `init`'s mesh; replaces any earlier mesh. */
+  async connect(init: InitArgs): Promise<MeshExchange> {
+    this.close('a new job mesh replaced it');
+    const exchange = new MeshExchange(init.rank, init.world, init.dtype ?? 'f32');
+    const mesh = (this.current = { exchange, connections: [] as DataConnectionLike[], links: new Map<number, { peer: string; transport: Transport }>() });
+    const linkTo = async (rank: number): Promise<void> => {
+      const linkOptions = (conn: DataConnectionLike): OpenLinkOptions => ({
+        accept: (header) => {
+          const verdict = judgeMeshFrame(rank, header, this.judge);
+          if (verdict?.misbehaved) {
+            exchange.fail(new PeerLost({ rank, cause: 'misbehaved', evidence: `${verdict.refused}; disconnected` }));
+            conn.close();
+          }
+          return verdict?.refused ?? null;
+        },
+      });
+      const onLost = (reason: string) => exchange.fail(new PeerLost({ rank, cause: 'disconnected', evidence: reason }));
+      let opened: { conn: DataConnectionLike; link: Link };
+      if (rank < init.rank) {
+        // the higher rank dials, so each pair connects once
+        const conn = await dial(this.peer, init.peers[rank], { role: 'rank', session: init.session, rank: init.rank }, { mode: this.relayMode, client: this.relayClient });
+        mesh.connections.push(conn);
+        if (this.current !== mesh) throw new Error(`the mesh for rank ${rank} was replaced while connecting`);
+        opened = { conn, link: await openLink(conn, onLost, linkOptions(conn)) };
+      } else {
+        opened = await this.accept(init, rank, mesh.connections, linkOptions, onLost);
+      }
+      mesh.links.set(rank, { peer: opened.conn.peer, transport: transportOf(opened.conn) });
+      exchange.addPeer(rank, opened.link);
+    };
+    await Promise.all(init.peers.map((_, rank) => (rank === init.rank ? null : linkTo(rank))));
+    return exchange;
+  }
+
+  /**
+   * The connection rank `rank` opened to this one, as a Link: the first of its connections to
+   * open wins (its data channel, or after RELAY_FALLBACK_MS its relayed one); later ones close.
+   */
+  private accept(init: InitArgs, rank: number, connections: DataConnectionLike[], linkOptions: (conn: DataConnectionLike) => OpenLinkOptions, onLost: (reason: string) => void) {
+    const key = `${init.session}/${rank}`;
+    return new Promise<{ conn: DataConnectionLike; link: Link }>((resolve, reject) => {
+      let settled = false;
+      const finish = () => {
+        settled = true;
+        clearTimeout(timer);
+        if (this.waiters.get(key) === consider) this.waiters.delete(key);
+      };
+      const timer = setTimeout(() => {
+        finish();
+        reject(new Error(`rank ${rank} did not connect to rank ${init.rank} within ${MESH_TIMEOUT_MS / 1000} s`));
+      }, MESH_TIMEOUT_MS);
+      const consider = (conn: DataConnectionLike) => {
+        if (settled) return conn.close();
+        // the signaling server (and the relay, by the same credential) vouches for peer ids: only the
+        // peer the coordinator named may be rank r. An impostor is turned away; the real rank may still come.
+        if (conn.peer !== init.peers[rank]) return conn.close();
+        connections.push(conn);
+        let chosen = false;
+        const opening = openLink(conn, (reason) => chosen && onLost(reason), { ...linkOptions(conn), openTimeoutMs: conn.open ? undefined : DIRECT_OPEN_TIMEOUT_MS });
+        opening.then(
+          (link) => {
+            if (settled) {
+              link.close('another connection of the same rank opened first');
+              return conn.close();
+            }
+            chosen = true;
+            finish();
+            resolve({ conn, link });
+          },
+          () => {}, // a data channel that never opened: that rank dials again through the relay
+        );
+      };
+      const early = this.candidates.get(key) ?? [];
+      this.candidates.delete(key);
+      this.waiters.set(key, consider);
+      early.forEach(consider);
+    });
+  }
+}
