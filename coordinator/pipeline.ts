@@ -105,9 +105,6 @@ export interface Pipeline {
 /** The trained demo model: its videos show what a prompt of its small grammar asks (demo/world.ts). */
 export const DEFAULT_MODEL_URL = '/models/tiny-wan-demo';
 
-/** A lost rank costs a re-placement; after this many in one job, the job fails. */
-export const MAX_REPLANS = 8;
-
 /** Reads a model folder's transformer config: what a page needs to know of a model before running it (its heads, say). */
 export async function loadModelConfig(model: string = DEFAULT_MODEL_URL): Promise<WanConfig> {
   return parseWanConfig(await readJson(fetchModelFiles(new URL(model, globalThis.location?.href).href), TRANSFORMER_CONFIG), TRANSFORMER_CONFIG);
@@ -166,8 +163,8 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
               ranks = result.ranks;
               return result.velocity;
             } catch (e) {
-              const failure = failures.length < MAX_REPLANS ? await placer.replace(e as Error, at.step) : null;
-              if (!failure) throw failures.length < MAX_REPLANS ? e : new Error(`${(e as Error).message} (gave up after ${MAX_REPLANS} re-placements in this job)`);
+              const failure = await placer.replace(e as Error, at.step);
+              if (!failure) throw e;
               failures.push(failure);
               onFailure?.(failure);
             }

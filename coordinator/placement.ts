@@ -57,6 +57,17 @@ export interface FailureRecord {
   replanMs: number;
 }
 
+/** A lost rank costs a re-placement; after this many in one job, the job fails. */
+export const MAX_REPLANS = 8;
+
+/** The job lost ranks more often than MAX_REPLANS allows; `cause` is the last failure, as it came. */
+export class ReplacementsExhausted extends Error {
+  override name = 'ReplacementsExhausted';
+  constructor(readonly lost: LostRank[], cause: Error) {
+    super(`${cause.message} (gave up after ${MAX_REPLANS} re-placements in this job)`, { cause });
+  }
+}
+
 export type MeshProbeReport = { ranks: MeshProbe[]; link: LinkSpeed } | { error: string } | null;
 
 export interface PlacerOptions {
@@ -81,6 +92,8 @@ export class Placer {
   /** the rank-to-rank link the last mesh probe measured (its slowest rank), for the cost model's next plans */
   private meshLink: LinkSpeed | null = null;
   private prepared: { job: number; texts: Float32Array[]; shape: number[] } | null = null;
+  /** re-placements since the prepared job started */
+  private replans = 0;
 
   constructor(private readonly options: PlacerOptions) {
     if (options.backend === 'swarm' && !options.swarm) throw new Error('the swarm backend needs a Swarm: pass one from openSwarm()');
@@ -112,6 +125,7 @@ export class Placer {
   async prepare(job: number, texts: Float32Array[], shape: number[]): Promise<MeshProbeReport> {
     const executor = this.need();
     this.prepared = { job, texts, shape };
+    this.replans = 0;
     await executor.prepareJob(job, texts, shape);
     if (this.options.backend !== 'swarm' || executor.layout.ulyssesDegree < 2 || this.probed) return null;
     this.probed = true;
@@ -128,18 +142,27 @@ export class Placer {
 
   /**
    * A lost rank costs one step, not the job: let the survivors go, place again on the live workers
-   * (the largest valid degree, down to one, without CFG parallel) and prepare the job there. Null
-   * when the failure was not a lost rank, so trying again would not help.
+   * (the largest valid degree they allow, never more ranks than before, without CFG parallel) and
+   * prepare the job there. Null when the failure was not a lost rank, so trying again would not
+   * help; an error when the job has used up its MAX_REPLANS or no worker is left to place on.
    */
   async replace(error: Error, step: number): Promise<FailureRecord | null> {
     const detectedAt = Date.now();
     const before = this.need();
     const lost = await before.lostRanks(error);
     if (!lost.length || !this.prepared || !this.placedFor) return null;
+    if (this.replans >= MAX_REPLANS) throw new ReplacementsExhausted(lost, error);
+    this.replans++;
     const started = performance.now();
     const { ep, dtype } = this.placedFor;
-    const workers = this.options.swarm ? await this.liveWorkers(1) : [];
-    await this.placeOn(new RankLayout(this.options.swarm ? defaultDegree(this.options.config.numHeads, workers.length) : 1), { ep, dtype });
+    let degree = 1;
+    try {
+      if (this.options.swarm) degree = defaultDegree(this.options.config.numHeads, Math.min((await this.liveWorkers(1)).length, before.world));
+      await this.placeOn(new RankLayout(degree), { ep, dtype });
+    } catch (e) {
+      const what = lost.map((l) => `rank ${l.rank} (worker ${l.worker}: ${l.cause}, ${l.evidence})`).join(', ');
+      throw new Error(`lost ${what} in step ${step + 1}, and the job could not be placed again: ${(e as Error).message}`, { cause: error });
+    }
     const { job, texts, shape } = this.prepared;
     await this.need().prepareJob(job, texts, shape);
     return { step, error: error.message, lost, detectedAt, degreeBefore: before.world, degreeAfter: this.need().world, replanMs: performance.now() - started };

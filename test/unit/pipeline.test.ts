@@ -1,0 +1,313 @@
+import { readFile } from 'node:fs/promises';
+import { createServer, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { join, normalize } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { WorkerError } from '../../coordinator/executor.ts';
+import { createPipeline, type GenerateResult, type Pipeline } from '../../coordinator/pipeline.ts';
+import { MAX_REPLANS, ReplacementsExhausted } from '../../coordinator/placement.ts';
+import type { FailureRecord } from '../../coordinator/placement.ts';
+import { Swarm, type SwarmEvent, type SwarmWorker } from '../../coordinator/swarm.ts';
+import { CONFIRM_PING_MS } from '../../coordinator/swarm-executor.ts';
+import { loadTransformer } from '../../core/model/transformer.ts';
+import { inProcess } from '../../core/net/rpc.ts';
+import { maxAbsDiff } from '../../core/tensor.ts';
+import { WORKER_CONTRACT, type ExecuteArgs, type InitArgs, type WorkerApi, type WorkerInfo } from '../../core/worker-api.ts';
+import type { EngineApi } from '../../rank/engine.ts';
+import { memoryExchanges } from '../../rank/exchange/memory.ts';
+import { onnxStages } from '../../rank/onnx-stages.ts';
+import { WorkerRuntime } from '../../rank/runtime.ts';
+import type { Exchange } from '../../rank/ulysses.ts';
+import { stubEngine, tinyModelFiles } from './fixtures.ts';
+
+// generate() for real, in Node: the pipeline fetches the tiny model's folder over HTTP, places the
+// job on a real Swarm (on a stub PeerJS peer) whose workers are real WorkerRuntimes behind the
+// contract's checks, their meshes in-memory all-to-alls, and runs encode → sampler → decode. What
+// goes wrong is a worker page's own doing: its tab closes, it freezes, or its engine throws.
+
+const PUBLIC_DIR = join(import.meta.dirname, '../../public');
+/** 1 frame of 32×32: a [16, 1, 4, 4] latent, 4 tokens, with guidance (two passes a step) */
+const JOB = { prompt: 'a red square moving right', frames: 1, height: 32, width: 32, steps: 3, guidance: 5, seed: 7 };
+
+let server: Server;
+let origin: string;
+let engine: EngineApi;
+
+/** A worker page: a real runtime, and what goes wrong with it in a test. */
+class WorkerPage extends WorkerRuntime {
+  /** the step of every forward pass it was asked for, in order */
+  readonly forwards: number[] = [];
+  /** runs once its share of a forward pass is computed; throwing replaces the reply by that error */
+  afterForward: ((args: ExecuteArgs) => void) | null = null;
+  answersPings = true;
+
+  override async executeModel(args: ExecuteArgs) {
+    this.forwards.push(args.step);
+    const reply = await super.executeModel(args);
+    this.afterForward?.(args);
+    return reply;
+  }
+
+  override ping(): ReturnType<WorkerRuntime['ping']> {
+    return this.answersPings ? super.ping() : new Promise(() => {});
+  }
+}
+
+/** A Swarm on a stub peer (as in placement.test.ts) whose workers are WorkerPages; join and leave as PeerJS would cause them. */
+function testSwarm() {
+  const peer = { id: 'ditswarm-c-test', on() {}, destroy() {} };
+  const swarm = new (Swarm as unknown as new (peer: unknown, origin: string, token: string) => Swarm)(peer, origin, 'token');
+  const internals = swarm as unknown as { roster: Map<string, SwarmWorker>; emit(e: SwarmEvent): void };
+  // the ranks that share an initWorker session share one in-memory all-to-all
+  const meshes = new Map<string, Exchange[]>();
+  const meshOf = (init: InitArgs) => meshes.get(init.session) ?? meshes.set(init.session, memoryExchanges(init.world)).get(init.session)!;
+  let joined = 0;
+  const join = () => {
+    const id = `w${joined}`;
+    const info: WorkerInfo = { ep: 'wasm', adapter: 'test', threads: 1, memoryGiB: null, userAgent: `page ${id}` };
+    const page = new WorkerPage(engine, { connectMesh: async (init) => meshOf(init)[init.rank], describe: async () => info });
+    const worker: SwarmWorker = {
+      id,
+      info,
+      api: inProcess<WorkerApi>(page, WORKER_CONTRACT, `worker ${id}`),
+      link: { close() {} } as unknown as SwarmWorker['link'],
+      joinedAt: joined++,
+      activity: 'idle',
+      pulse: null,
+      framesDropped: 0,
+      transport: 'direct',
+      measurement: null,
+    };
+    internals.roster.set(id, worker);
+    internals.emit({ type: 'join', worker });
+    return { id, page, worker };
+  };
+  /** its link closed: gone from the roster, as Swarm.drop does when a tab closes */
+  const leave = (worker: SwarmWorker, reason: string) => {
+    internals.roster.delete(worker.id);
+    internals.emit({ type: 'leave', worker, reason, at: Date.now(), silentMs: 0 });
+  };
+  return { swarm, join, leave };
+}
+
+const pipelineOn = (swarm: Swarm, workers: number) =>
+  createPipeline({ model: `${origin}/models/tiny-wan`, backend: 'swarm', swarm, workers, encodeVideo: async () => new Blob(['x']), placementTimeoutMs: 1_000, rpcTimeoutMs: 30_000 });
+
+/** Runs the job, collecting its checkpoints and failures. */
+async function run(pipeline: Pipeline, extra: Parameters<Pipeline['generate']>[0] = {}) {
+  const checkpoints: { step: number; latent: Float32Array }[] = [];
+  const failures: FailureRecord[] = [];
+  const result = await pipeline.generate({ ...JOB, onCheckpoint: (c) => checkpoints.push(c), onFailure: (f) => failures.push(f), ...extra });
+  return { result, checkpoints, failures };
+}
+
+/** A static file server for `dir` on 127.0.0.1, on a free port. */
+async function serveFolder(dir: string): Promise<Server> {
+  const files = createServer((req, res) => {
+    const path = normalize(decodeURIComponent(new URL(req.url ?? '/', 'http://127.0.0.1').pathname));
+    readFile(join(dir, path)).then(
+      (body) => res.end(body),
+      () => res.writeHead(404).end(),
+    );
+  });
+  await new Promise<void>((listening) => files.listen(0, '127.0.0.1', listening));
+  return files;
+}
+
+async function rejection(work: Promise<unknown>): Promise<Error> {
+  try {
+    await work;
+  } catch (e) {
+    return e as Error;
+  }
+  throw new Error('expected a rejection, but the job finished');
+}
+
+/** The uninterrupted job on three healthy workers. */
+let reference: { pipeline: Pipeline; pages: WorkerPage[]; result: GenerateResult; checkpoints: Float32Array[] };
+
+beforeAll(async () => {
+  server = await serveFolder(PUBLIC_DIR);
+  origin = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  const model = await loadTransformer(tinyModelFiles);
+  engine = stubEngine(await onnxStages(model, 'wasm'), model.config);
+
+  const { swarm, join } = testSwarm();
+  const pages = [join(), join(), join()].map((w) => w.page);
+  const pipeline = await pipelineOn(swarm, 3);
+  const { result, checkpoints, failures } = await run(pipeline);
+  expect(failures).toEqual([]);
+  expect(result.report.latentShape).toEqual([16, 1, 4, 4]);
+  reference = { pipeline, pages, result, checkpoints: checkpoints.map((c) => c.latent) };
+}, 60_000); // building the ONNX sessions and the first job take seconds, more on a busy machine
+
+afterAll(async () => {
+  await reference?.pipeline.shutdown({ graceMs: 500 });
+  server?.closeAllConnections();
+  await new Promise((closed) => server?.close(closed));
+});
+
+describe('generate(): resume from a checkpoint', () => {
+  it('resuming after step k gives the uninterrupted latent bit for bit, runs only steps k…n−1 and reports resumedFromStep k', async () => {
+    const { pipeline, pages, result: full, checkpoints } = reference;
+    expect(full.report.resumedFromStep).toBe(0);
+    expect(full.report.steps.map((s) => s.step)).toEqual([0, 1, 2]);
+    for (const k of [1, 2]) {
+      const before = pages.map((p) => p.forwards.length);
+      const { result, checkpoints: after } = await run(pipeline, { resume: { step: k, latent: checkpoints[k - 1] } });
+      expect(result.report.resumedFromStep, `resumed after ${k} steps`).toBe(k);
+      expect(result.report.steps.map((s) => s.step), `resumed after ${k} steps`).toEqual([0, 1, 2].slice(k));
+      expect(after.map((c) => c.step), `resumed after ${k} steps`).toEqual([1, 2, 3].slice(k));
+      // two passes (guidance 5) of each remaining step on each of the three ranks, and none of the steps before k
+      expect(pages.map((p, i) => p.forwards.slice(before[i])), `resumed after ${k} steps`).toEqual(Array(3).fill([0, 0, 1, 1, 2, 2].slice(2 * k)));
+      expect(result.latent, `resumed after ${k} steps`).toEqual(full.latent);
+      expect(result.report.latentSha256).toBe(full.report.latentSha256);
+    }
+  });
+});
+
+describe('generate(): a lost rank costs a re-placement and one step, not the job', () => {
+  it('a rank whose tab closes during step 2 is re-placed away: the job ends on the 2 live workers within 1e-4 of the uninterrupted latent', async () => {
+    const { swarm, join, leave } = testSwarm();
+    const [w0, w1, w2] = [join(), join(), join()];
+    w1.page.afterForward = ({ step }) => {
+      if (step !== 1) return;
+      leave(w1.worker, 'its tab closed');
+      throw new Error('worker w1 is gone: its tab closed');
+    };
+    const { result, checkpoints, failures } = await run(await pipelineOn(swarm, 3));
+
+    const failure: FailureRecord = {
+      step: 1,
+      error: 'rank 1 failed in executeModel: worker w1 is gone: its tab closed',
+      lost: [{ rank: 1, worker: 'w1', cause: 'disconnected', evidence: 'its tab closed', silentMs: 0 }],
+      detectedAt: expect.any(Number),
+      degreeBefore: 3,
+      degreeAfter: 2,
+      replanMs: expect.any(Number),
+    };
+    expect(result.report.failures).toEqual([failure]);
+    expect(failures).toEqual([failure]);
+    expect(result.report.recoveryMs).toBe(result.report.failures[0].replanMs);
+    expect(result.report.workers.map((w) => w.id)).toEqual(['w0', 'w2']);
+    expect([result.report.config.workers, result.report.config.ulyssesDegree]).toEqual([2, 2]);
+    expect(result.report.steps.map((s) => [s.step, s.ranks.map((r) => r.worker)])).toEqual([
+      [0, ['w0', 'w1', 'w2']],
+      [1, ['w0', 'w2']],
+      [2, ['w0', 'w2']],
+    ]);
+    // step 1 started over from its first pass on the new placement
+    expect(w0.page.forwards).toEqual([0, 0, 1, 1, 1, 2, 2]);
+    expect(w1.page.forwards).toEqual([0, 0, 1]);
+    expect(w2.page.forwards).toEqual([0, 0, 1, 1, 1, 2, 2]);
+    expect(checkpoints[0].latent).toEqual(reference.checkpoints[0]);
+    const diff = maxAbsDiff(result.latent, reference.result.latent);
+    console.log(`tab closed in step 2, 3 → 2 ranks: max-abs vs uninterrupted ${diff.toExponential(2)}`);
+    expect(diff).toBeLessThanOrEqual(1e-4);
+  });
+
+  it(`a rank that fails step 2 and no longer answers is let go after the coordinator's ${CONFIRM_PING_MS / 1000} s ping, and the survivors finish the job within 1e-4`, async () => {
+    const { swarm, join } = testSwarm();
+    const [, w1] = [join(), join(), join()];
+    w1.page.afterForward = ({ step }) => {
+      if (step !== 1) return;
+      w1.page.answersPings = false;
+      throw new Error('the device was lost');
+    };
+    const { result } = await run(await pipelineOn(swarm, 3));
+
+    expect(result.report.failures).toHaveLength(1);
+    const [failure] = result.report.failures;
+    expect(failure).toMatchObject({ step: 1, error: 'rank 1 failed in executeModel: the device was lost', degreeBefore: 3, degreeAfter: 2 });
+    expect(failure.lost).toEqual([{ rank: 1, worker: 'w1', cause: 'silent', evidence: `did not answer a ping within ${CONFIRM_PING_MS / 1000} s`, silentMs: expect.any(Number) }]);
+    expect(failure.lost[0].silentMs).toBeGreaterThanOrEqual(CONFIRM_PING_MS - 100);
+    expect(swarm.workers().map((w) => w.id)).toEqual(['w0', 'w2']);
+    expect(result.report.workers.map((w) => w.id)).toEqual(['w0', 'w2']);
+    expect(maxAbsDiff(result.latent, reference.result.latent)).toBeLessThanOrEqual(1e-4);
+  });
+
+  it('a worker that is lost from every placement it is given fails the job after 8 re-placements, with an error naming its cause and that count', async () => {
+    expect(MAX_REPLANS).toBe(8);
+    const { swarm, join, leave } = testSwarm();
+    const w0 = join();
+    // a page that crashes in its first forward pass and reloads, joining again as a new peer
+    const crashing = () => {
+      const w = join();
+      w.page.afterForward = () => {
+        leave(w.worker, 'its tab crashed');
+        crashing();
+        throw new Error(`worker ${w.id} is gone: its tab crashed`);
+      };
+    };
+    crashing();
+    const pipeline = await pipelineOn(swarm, 2);
+    const failures: FailureRecord[] = [];
+    const error = await rejection(pipeline.generate({ ...JOB, onFailure: (f) => failures.push(f) }));
+
+    expect(error.message).toBe('rank 1 failed in executeModel: worker w9 is gone: its tab crashed (gave up after 8 re-placements in this job)');
+    // the last failure stays data: its rank, its method, and who was lost
+    expect(error).toBeInstanceOf(ReplacementsExhausted);
+    expect((error as ReplacementsExhausted).lost.map((l) => [l.rank, l.worker])).toEqual([[1, 'w9']]);
+    expect(error.cause).toBeInstanceOf(WorkerError);
+    expect(error.cause).toMatchObject({ rank: 1, method: 'executeModel' });
+    expect(failures.map((f) => [f.step, f.lost.map((l) => [l.rank, l.worker, l.cause]), f.degreeBefore, f.degreeAfter])).toEqual(
+      [1, 2, 3, 4, 5, 6, 7, 8].map((n) => [0, [[1, `w${n}`, 'disconnected']], 2, 2]),
+    );
+    // the first pass of step 1 on each of the nine placements, never further
+    expect(w0.page.forwards).toEqual(Array(9).fill(0));
+  });
+
+  it('a rank that throws a plain error while every rank answers its ping fails the job at once, with that error and without re-placing', async () => {
+    const { swarm, join } = testSwarm();
+    const pages = [join(), join(), join()].map((w) => w.page);
+    let thrownAt = 0;
+    pages[1].afterForward = ({ step }) => {
+      if (step !== 1) return;
+      thrownAt = performance.now();
+      throw new Error('out of memory: could not allocate the attention scores');
+    };
+    const pipeline = await pipelineOn(swarm, 3);
+    let placed: Pipeline['executor'] = null;
+    const failures: FailureRecord[] = [];
+    const error = await rejection(pipeline.generate({ ...JOB, onFailure: (f) => failures.push(f), onPhase: (phase) => phase === 'denoising' && (placed = pipeline.executor) }));
+    const failedAfterMs = performance.now() - thrownAt;
+
+    expect(error).toBeInstanceOf(WorkerError);
+    expect(error.message).toBe('rank 1 failed in executeModel: out of memory: could not allocate the attention scores');
+    expect((error as WorkerError).rank).toBe(1);
+    expect(failedAfterMs).toBeLessThan(CONFIRM_PING_MS / 2);
+    expect(failures).toEqual([]);
+    expect(placed).not.toBeNull();
+    expect(pipeline.executor).toBe(placed);
+    expect(swarm.workers().map((w) => w.id)).toEqual(['w0', 'w1', 'w2']);
+    // step 1's first pass ran once on each rank, and was not tried again
+    for (const page of pages) expect(page.forwards).toEqual([0, 0, 1]);
+  });
+
+  it('a re-placement never takes more ranks than the job had: 2 ranks of 5 live workers, one lost, go on with 2', async () => {
+    const { swarm, join, leave } = testSwarm();
+    const [, w1] = [join(), join(), join(), join(), join()];
+    w1.page.afterForward = ({ step }) => {
+      if (step !== 1) return;
+      leave(w1.worker, 'its tab closed');
+      throw new Error('worker w1 is gone: its tab closed');
+    };
+    const { result } = await run(await pipelineOn(swarm, 2));
+    expect(result.report.failures.map((f) => [f.degreeBefore, f.degreeAfter])).toEqual([[2, 2]]);
+    expect(result.report.workers.map((w) => w.id)).toEqual(['w0', 'w2']);
+    expect(maxAbsDiff(result.latent, reference.result.latent)).toBeLessThanOrEqual(1e-4);
+  });
+
+  it('losing the last worker fails the job with an error naming the lost rank, its cause and the step, after the placement timeout', async () => {
+    const { swarm, join, leave } = testSwarm();
+    const w0 = join();
+    w0.page.afterForward = ({ step }) => {
+      if (step !== 1) return;
+      leave(w0.worker, 'its tab closed');
+      throw new Error('worker w0 is gone: its tab closed');
+    };
+    const error = await rejection(run(await pipelineOn(swarm, 1)));
+    expect(error.message).toMatch(/^lost rank 0 \(worker w0: disconnected, its tab closed\) in step 2, and the job could not be placed again: 0 workers joined within 1 s but 1 is needed: open /);
+    expect(error.cause).toBeInstanceOf(WorkerError);
+  });
+});
