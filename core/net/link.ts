@@ -99,13 +99,18 @@ export class Link {
     });
   }
 
-  /** When a valid frame last arrived (ms since the epoch): what heartbeats judge a peer by. */
+  /** When the peer last sent a frame this link took (ms since the epoch): what heartbeats judge a peer by. */
   lastHeardAt = Date.now();
 
   /** Feed one frame from the channel's `message` event. Never throws. */
   receive(frame: ArrayBuffer | ArrayBufferView): void {
     const droppedBefore = this.reassembler.dropped;
     const msg = this.reassembler.push(frame);
+    // Only a frame the reassembler took is a sign of life: its header parsed, `accept` let its
+    // message in, it was no replay or duplicate, and a message it completed decoded. Otherwise a
+    // peer stuck sending garbage would look alive to heartbeats forever. Per frame, not per whole
+    // message: a worker's heartbeat echo queues behind the reply it is sending, and a reply of many
+    // frames may take longer than DEAD_AFTER_MS to arrive.
     if (this.reassembler.dropped === droppedBefore) this.lastHeardAt = Date.now();
     if (msg === null) return;
     this.messagesReceived++;

@@ -1,23 +1,25 @@
-import { beforeAll, describe, expect, it } from 'vitest';
+// What a peer sends can never hurt a page: 10,000+ random and mutated frames go to the frame
+// decoder, to a worker's RPC dispatch, to a rank's mesh link and to the coordinator's RPC client,
+// and hostile arguments to every worker method. Every frame is dropped for a stated reason or
+// delivered whole, no request changes a prepared job, and what is held stays bounded.
+import { beforeAll, describe, expect, it, vi } from 'vitest';
 import { Link } from '../../core/net/link.ts';
 import type { Channel } from '../../core/net/channel.ts';
+import { ContractError } from '../../core/net/check.ts';
 import { loadTransformer } from '../../core/model/transformer.ts';
 import type { WanModel } from '../../core/model/reference.ts';
-import { COORDINATOR, encodeFrames, Reassembler, type Message } from '../../core/net/protocol.ts';
-import { remote, serve } from '../../core/net/rpc.ts';
-import { WORKER_CONTRACT, type WorkerApi } from '../../core/worker-api.ts';
+import { BYTES_PER_ELEMENT, COORDINATOR, encodeFrames, readHeader, Reassembler, type Message, type TensorTag } from '../../core/net/protocol.ts';
+import { packValue, remote, serve, unpackValue } from '../../core/net/rpc.ts';
+import { WORKER_CONTRACT, WORKER_METHODS, type PingReply, type WorkerApi, type WorkerMethod } from '../../core/worker-api.ts';
 import { SeededRandom } from '../../core/random.ts';
 import { MeshExchange } from '../../rank/exchange/mesh.ts';
+import { PROBE_FLOATS } from '../../rank/mesh-probe.ts';
 import { referenceStages } from '../../rank/stages.ts';
 import { memoryExchanges } from '../../rank/exchange/memory.ts';
 import { WorkerRuntime } from '../../rank/runtime.ts';
-import { stubEngine, tinyModelFiles, validJobArgs } from './fixtures.ts';
+import { judgeMeshFrame } from '../../worker/mesh.ts';
+import { stubEngine, tinyModelFiles } from './fixtures.ts';
 
-/**
- * What a peer sends can never hurt a page: 10,000+ random and mutated frames go to the frame
- * decoder, to a worker's RPC dispatch, to a rank's mesh link and to the coordinator's RPC client.
- * Nothing throws out of a handler, no job state changes, and what is held stays bounded.
- */
 const FRAMES_PER_TARGET = 10_000;
 const random = new SeededRandom(99);
 const pick = <T>(items: T[]): T => items[Math.floor(random.uniform() * items.length)];
@@ -32,6 +34,22 @@ class SinkChannel implements Channel {
   }
   addEventListener() {}
   removeEventListener() {}
+}
+
+type ReplyBody = { type: 'reply'; id: number; ok: boolean; error?: string };
+
+/** A channel that decodes what a worker sends back: its replies, by request id. */
+class ReplyChannel extends SinkChannel {
+  readonly replies = new Map<number, ReplyBody[]>();
+  private readonly reassembler = new Reassembler();
+  override send(data: ArrayBuffer) {
+    const msg = this.reassembler.push(data);
+    const body = msg?.kind === 'rpc' ? (msg.body as ReplyBody) : null;
+    if (body?.type === 'reply') this.replies.set(body.id, [...(this.replies.get(body.id) ?? []), body]);
+  }
+  get all(): ReplyBody[] {
+    return [...this.replies.values()].flat();
+  }
 }
 
 /** Valid frames turned into hostile ones: truncated, bytes flipped, fields rewritten, or noise. */
@@ -64,6 +82,16 @@ function mutate(valid: ArrayBuffer[]): ArrayBuffer {
   }
 }
 
+/** One request as one frame (msgId = id), so each frame that survives mutation is a whole request. */
+function requestFrame(id: number, method: string, args: unknown): ArrayBuffer {
+  const { packed, tensors } = packValue(args);
+  const frames = encodeFrames({ kind: 'rpc', from: COORDINATOR, body: { type: 'request', id, method, args: packed }, tensors }, id);
+  if (frames.length !== 1) throw new Error(`request ${method} takes ${frames.length} frames; keep it to one`);
+  return frames[0]!;
+}
+
+const settle = () => new Promise((r) => setTimeout(r, 20));
+
 let model: WanModel;
 beforeAll(async () => {
   model = await loadTransformer(tinyModelFiles);
@@ -78,88 +106,379 @@ function runtimeFor(rank: number, world: number) {
   });
 }
 
+const LATENT = [16, 1, 14, 10]; // 35 tokens
+/** Values per token of the tiny model's patches: 16 channels × 1·2·2. */
+const PATCH_WIDTH = 64;
+
+/** Rank 0 of 1 with the tiny model loaded and job 5 prepared (one text, 35 tokens). */
+async function preparedRuntime(): Promise<WorkerRuntime> {
+  const runtime = runtimeFor(0, 1);
+  await runtime.initWorker({ rank: 0, world: 1, peers: ['w0'], session: 's' });
+  await runtime.loadModel({ modelUrl: '/models/tiny-wan', ep: 'wasm' });
+  await runtime.prepareJob({ job: 5, texts: [new Float32Array(32 * model.config.textDim)], latentShape: LATENT });
+  return runtime;
+}
+
+/** What a runtime's job, its passes, its plan and its totals are, read through its public methods. */
+async function observed(runtime: WorkerRuntime) {
+  const tag: TensorTag = { job: 5, step: 0, pass: 0, block: 0, phase: 1 };
+  return {
+    ping: await runtime.ping(),
+    job: runtime.judgeTensor({ ...tag, job: 0 }, 0),
+    passes: runtime.judgeTensor({ ...tag, pass: 9 }, 0),
+    qkvBytes: runtime.judgeTensor({ ...tag, phase: 0 }, 0),
+    outputBytes: runtime.judgeTensor(tag, 0),
+  };
+}
+
+const PREPARED = {
+  ping: { state: 'ready', rank: 0, totals: { steps: 0, bytesSent: 0, computeMs: 0, bytesDownloaded: 0, bytesKept: 0, deviceTensorsLeft: 0 } },
+  job: 'tensor for job 0, but job 5 is running',
+  passes: 'tensor for pass 9, but the job has 1',
+  qkvBytes: 'phase 0 tensor of 0 bytes; the plan says 120960', // 3 · 35 tokens · 12 heads · 24 · 4 bytes
+  outputBytes: 'phase 1 tensor of 0 bytes; the plan says 40320',
+};
+
+/** The runtime behind a wrapper that counts the calls that reach each method and the argument keys they carry. */
+function counted(runtime: WorkerRuntime) {
+  const calls: Partial<Record<WorkerMethod, number>> = {};
+  const argKeys = new Set<string>();
+  const wrapper = Object.fromEntries(
+    WORKER_METHODS.map((method) => [
+      method,
+      (args: unknown) => {
+        calls[method] = (calls[method] ?? 0) + 1;
+        for (const key of Object.keys(args ?? {})) argKeys.add(key);
+        return (runtime[method] as (a: unknown) => Promise<unknown>).call(runtime, args);
+      },
+    ]),
+  ) as unknown as WorkerApi;
+  const total = () => Object.values(calls).reduce((a, b) => a + b, 0);
+  return { wrapper, calls, argKeys, total };
+}
+
+const rpcOnly = { accept: (h: { kind: string }) => (h.kind !== 'rpc' ? 'rpc only' : null) };
+
 describe(`fuzz: ${FRAMES_PER_TARGET} hostile frames per target`, () => {
-  it('the frame decoder never throws and never holds more than its caps', () => {
+  it('the frame decoder drops each hostile frame for a stated reason (never an internal error), delivers only consistent messages, stays within its caps, and still takes an honest message', () => {
     const reassembler = new Reassembler({ maxMessageBytes: 1 << 20, maxOpenMessages: 16 });
     const tensor: Message = { kind: 'tensor', from: 1, tag: { job: 1, step: 2, pass: 0, block: 1, phase: 0 }, dtype: 'f32', shape: [4096], data: new Uint8Array(16384) };
-    const rpc: Message = { kind: 'rpc', from: COORDINATOR, body: { type: 'request', id: 1, method: 'ping', args: {} }, tensors: [new Float32Array(3000)] };
-    const valid = [...encodeFrames(tensor, 1, 4096), ...encodeFrames(rpc, 2, 2048)];
+    const rpc: Message = { kind: 'rpc', from: COORDINATOR, body: { type: 'request', id: 1, method: 'ping', args: {} }, tensors: [new Float32Array(3000).map((_, i) => i)] };
+    const small: Message = { kind: 'tensor', from: 1, tag: { job: 1, step: 2, pass: 0, block: 1, phase: 1 }, dtype: 'f16', shape: [8, 8], data: new Uint8Array(128) };
+    const valid = [...encodeFrames(tensor, 1, 4096), ...encodeFrames(rpc, 2, 2048), ...encodeFrames(small, 3)];
     let peakHeld = 0;
+    let peakOpen = 0;
+    let badHeaders = 0;
+    let droppedForTheirHeader = 0;
+    const internalErrors: string[] = [];
+    const inconsistent: Message[] = [];
+    let delivered = 0;
     for (let i = 0; i < FRAMES_PER_TARGET; i++) {
-      expect(() => reassembler.push(mutate(valid))).not.toThrow();
+      const frame = mutate(valid);
+      // every other frame under a new message id, so that it is not turned away merely as part of a finished message
+      if (i % 2 === 1 && frame.byteLength >= 12) new DataView(frame).setUint32(8, 1_000_000 + i, true);
+      const headerFault = readHeader(new Uint8Array(frame));
+      const before = reassembler.dropped;
+      const msg = reassembler.push(frame);
+      if (reassembler.dropped > before && reassembler.lastError.startsWith('internal error')) internalErrors.push(reassembler.lastError);
+      if (typeof headerFault === 'string') {
+        badHeaders++;
+        if (msg === null && reassembler.dropped === before + 1 && reassembler.lastError === headerFault) droppedForTheirHeader++;
+      }
+      if (msg !== null) {
+        delivered++;
+        const size = msg.kind === 'tensor' ? msg.shape.reduce((a, b) => a * b, 1) * BYTES_PER_ELEMENT[msg.dtype] : 0;
+        if (msg.kind === 'tensor' && msg.data.byteLength !== size) inconsistent.push(msg);
+      }
       peakHeld = Math.max(peakHeld, reassembler.heldBytes);
-      expect(reassembler.openMessages).toBeLessThanOrEqual(16);
+      peakOpen = Math.max(peakOpen, reassembler.openMessages);
     }
-    expect(peakHeld).toBeLessThanOrEqual(4 << 20);
+    expect(internalErrors).toEqual([]);
+    expect(badHeaders).toBeGreaterThan(FRAMES_PER_TARGET / 3);
+    expect(droppedForTheirHeader).toBe(badHeaders);
+    expect(inconsistent).toEqual([]);
+    expect(delivered).toBeGreaterThanOrEqual(2);
     expect(reassembler.dropped).toBeGreaterThan(FRAMES_PER_TARGET / 2);
+    expect(peakOpen).toBe(16);
+    expect(peakHeld).toBeLessThanOrEqual(4 << 20);
+
+    const honest = encodeFrames(rpc, 77_777, 2048).map((f) => reassembler.push(f));
+    expect(honest.slice(0, -1)).toEqual(honest.slice(0, -1).map(() => null));
+    expect(honest.at(-1)).toEqual(rpc);
   });
 
-  it("a worker's RPC dispatch answers or ignores every hostile frame and its state does not change", async () => {
-    const runtime = runtimeFor(0, 1);
-    const channel = new SinkChannel();
-    const link = new Link(channel, { accept: (h) => (h.kind !== 'rpc' ? 'rpc only' : null) });
-    serve<WorkerApi>(link, 0, WORKER_CONTRACT, runtime);
-    const requests: Message[] = ['ping', 'describe', 'eval', '__proto__', 'constructor', 'executeModel', 'loadModel', 'prepareJob', 'toString'].map((method, id) => ({
-      kind: 'rpc',
-      from: COORDINATOR,
-      body: { type: 'request', id, method, args: { job: 1, rank: 'x', texts: [{ $tensor: 7 }] } },
-      tensors: [new Float32Array(8)],
-    }));
-    const valid = requests.flatMap((m, i) => encodeFrames(m, i, 96));
-    for (let i = 0; i < FRAMES_PER_TARGET; i++) link.receive(mutate(valid));
-    await new Promise((r) => setTimeout(r, 50));
+  it("mutated requests reach the worker's methods thousands of times, every reply is a refusal, and the prepared job, its plan and the totals do not change", async () => {
+    const runtime = await preparedRuntime();
+    expect(await observed(runtime)).toEqual(PREPARED);
+    const { wrapper, calls, total } = counted(runtime);
+    const channel = new ReplyChannel();
+    const link = new Link(channel, rpcOnly);
+    serve<WorkerApi>(link, 0, WORKER_CONTRACT, wrapper);
+    const textDim = model.config.textDim;
+    // Each passes the contract and is refused by the runtime; a flip or two cannot mend any of them.
+    const refused: [WorkerMethod, unknown][] = [
+      ['initWorker', { rank: 200, world: 2, peers: ['a', 'b'], session: 's' }], // rank ≥ world
+      ['initWorker', { rank: 0, world: 2, peers: 'abcdefghijkl'.split(''), session: 's' }], // 12 peers for 2 ranks
+      ['prepareJob', { job: 9, texts: [new Float32Array(textDim + 1)], latentShape: LATENT }], // not the text width
+      ['probeMesh', { job: 99 }], // not the prepared job
+      ['executeModel', { job: 5, step: 0, pass: 0, timestep: 500, latentShape: LATENT, patches: new Float32Array(35 * PATCH_WIDTH + 1) }], // one patch value too many
+      ['executeModel', { job: 99, step: 0, pass: 0, timestep: 500, latentShape: LATENT, patches: new Float32Array(35 * PATCH_WIDTH) }], // not the prepared job
+    ];
+    for (let id = 0; id < FRAMES_PER_TARGET; id++) {
+      const [method, args] = pick(refused);
+      link.receive(mutate([requestFrame(id, method, args)]));
+    }
+    await settle();
     expect(link.stats.listenerErrors).toBe(0);
-    expect(runtime.state).toBe('idle');
-    await expect(runtime.executeModel(validJobArgs.executeModel)).rejects.toThrow('before initWorker');
+    expect(total()).toBeGreaterThan(FRAMES_PER_TARGET / 4);
+    expect(Object.keys(calls).sort()).toEqual(['executeModel', 'initWorker', 'prepareJob', 'probeMesh']);
+    expect(channel.all.filter((r) => r.ok)).toEqual([]);
+    expect(channel.all.length).toBeGreaterThanOrEqual(total());
+    expect(await observed(runtime)).toEqual(PREPARED);
   });
 
-  it("a rank's mesh link delivers nothing that is not a tensor of the prepared job with the planned size", async () => {
+  it("a rank's mesh link (judgeMeshFrame with the runtime's judgeTensor) refuses each hostile tensor whole, and no mutation of them delivers anything but a tensor of the prepared job at its planned size", async () => {
     const runtime = runtimeFor(0, 2);
     await runtime.initWorker({ rank: 0, world: 2, peers: ['a', 'b'], session: 's' });
     await runtime.loadModel({ modelUrl: 'x', ep: 'wasm' });
-    const shape = [16, 1, 14, 10]; // 35 tokens: 18 per rank at P = 2
-    await runtime.prepareJob({ job: 5, texts: [new Float32Array(32 * model.config.textDim)], latentShape: shape });
+    await runtime.prepareJob({ job: 5, texts: [new Float32Array(32 * model.config.textDim)], latentShape: LATENT });
     const exchange = new MeshExchange(0, 2);
-    let delivered = 0;
-    const link = new Link(new SinkChannel(), { accept: (h) => (h.kind !== 'tensor' ? 'tensors only' : h.from !== 1 ? 'wrong rank' : runtime.judgeTensor(h.tag, h.totalBytes)) });
-    link.onMessage(() => delivered++);
+    const delivered: Message[] = [];
+    let misbehaved = 0;
+    const link = new Link(new SinkChannel(), {
+      accept: (header) => {
+        const verdict = judgeMeshFrame(1, header, (tag, bytes) => runtime.judgeTensor(tag, bytes));
+        if (verdict?.misbehaved) misbehaved++;
+        return verdict?.refused ?? null;
+      },
+    });
+    link.onMessage((m) => delivered.push(m));
     exchange.addPeer(1, link);
+    const Sl = 18; // 35 tokens over 2 ranks
     const W = 6 * model.config.headDim; // 12 heads / 2 ranks
-    const good = (phase: number, floats: number): Message => ({ kind: 'tensor', from: 1, tag: { job: 5, step: 0, pass: 0, block: 0, phase }, dtype: 'f32', shape: [floats], data: new Uint8Array(floats * 4) });
-    const hostile: Message[] = [
-      { ...good(0, 3 * 18 * W), from: 0 } as Message, // another rank's slot
-      { ...good(0, 3 * 18 * W), tag: { job: 4, step: 0, pass: 0, block: 0, phase: 0 } } as Message, // another job
-      { ...good(0, 3 * 18 * W), tag: { job: 5, step: 0, pass: 0, block: 9, phase: 0 } } as Message, // no such block
-      good(0, 3 * 18 * W + 1), // not the planned size
-      good(1, 18 * W - 1),
-      good(2, 18 * W), // no such phase
+    const { numLayers } = model.config;
+    const tag = (t: Partial<TensorTag> = {}): TensorTag => ({ job: 5, step: 0, pass: 0, block: 0, phase: 1, ...t });
+    const tensor = (t: TensorTag, floats: number, from = 1): Message => ({ kind: 'tensor', from, tag: t, dtype: 'f32', shape: [floats], data: new Uint8Array(floats * 4) });
+    const hostile: [Message, RegExp][] = [
+      [tensor(tag({ phase: 0 }), 3 * Sl * W, 0), /in the name of rank 0/],
+      [tensor(tag({ job: 4 }), Sl * W), /tensor for job 4, but job 5 is running/],
+      [tensor(tag({ block: numLayers }), Sl * W), /tensor for block 2 of 2/],
+      [tensor(tag({ pass: 1 }), Sl * W), /tensor for pass 1, but the job has 1/], // pass ≥ texts.length
+      [tensor(tag({ step: 1000 }), Sl * W), /tensor for step 1000/],
+      [tensor(tag({ phase: 0 }), 3 * Sl * W + 1), /phase 0 tensor of 31108 bytes; the plan says 31104/],
+      [tensor(tag(), Sl * W - 1), /phase 1 tensor of 10364 bytes; the plan says 10368/],
+      [tensor(tag({ phase: 3 }), Sl * W), /unknown exchange phase 3/],
+      [{ kind: 'rpc', from: 1, body: 'hello', tensors: [] }, /rank 1 sent a rpc message on the mesh/],
     ];
-    const valid = hostile.flatMap((m, i) => encodeFrames(m, i, 8192));
+    const valid: ArrayBuffer[] = [];
+    hostile.forEach(([message, reason], id) => {
+      const frames = encodeFrames(message, id, 8192);
+      const before = link.stats.framesDropped;
+      for (const frame of frames) link.receive(frame);
+      expect([id, link.stats.framesDropped - before, link.stats.lastDropReason]).toEqual([id, frames.length, expect.stringMatching(reason)]);
+      valid.push(...frames);
+    });
+    expect(delivered).toEqual([]);
+    expect(misbehaved).toBe(encodeFrames(hostile[0]![0], 0, 8192).length); // each frame in another rank's name, and only those
+
+    // The rule as a spec, independent of judgeTensor: what may come through at all.
+    const plannedBytes = (t: TensorTag) => 4 * (t.phase === 0 ? 3 * Sl * W : t.phase === 1 ? Sl * W : t.phase === 2 ? (PROBE_FLOATS[t.step] ?? NaN) : NaN);
+    const allowed = (m: Message) =>
+      m.kind === 'tensor' && m.from === 1 && m.tag.job === 5 && m.tag.pass === 0 && m.tag.block < numLayers && m.tag.step < 1000 && m.data.byteLength === plannedBytes(m.tag);
     for (let i = 0; i < FRAMES_PER_TARGET; i++) link.receive(mutate(valid));
-    expect(delivered).toBe(0);
+    expect(delivered.filter((m) => !allowed(m))).toEqual([]);
     expect(link.stats.listenerErrors).toBe(0);
     expect(runtime.state).toBe('ready');
     // and the honest message still gets through afterwards
-    for (const frame of encodeFrames(good(1, 18 * W), 99_999, 8192)) link.receive(frame);
-    expect(delivered).toBe(1);
+    const before = delivered.length;
+    for (const frame of encodeFrames(tensor(tag(), Sl * W), 99_999, 8192)) link.receive(frame);
+    expect(delivered.length - before).toBe(1);
   });
 
-  it("the coordinator's RPC client survives hostile replies and still resolves the real one", async () => {
-    const channel = new SinkChannel();
-    const link = new Link(channel);
+  it("the coordinator's RPC client: no hostile reply settles a call, a malformed reply to it rejects naming the worker and the field, and the real reply resolves the next call", async () => {
+    const link = new Link(new SinkChannel());
     const client = remote(link, COORDINATOR, WORKER_CONTRACT, 'worker w0');
-    const pending = client.ping({}, 5_000);
-    const pong = { state: 'ready', rank: 0, totals: { steps: 1, bytesSent: 0, computeMs: 0, bytesDownloaded: 0, bytesKept: 0, deviceTensorsLeft: 0 } };
-    const replies: Message[] = [
-      { kind: 'rpc', from: 0, body: { type: 'reply', id: 1, ok: true, result: { $tensor: 3 } }, tensors: [] },
-      { kind: 'rpc', from: 0, body: { type: 'reply', id: 77, ok: false, error: 'x' }, tensors: [] },
-      { kind: 'rpc', from: 0, body: { type: 'request', id: 1, method: 'ping', args: {} }, tensors: [] },
+    const pong: PingReply = { state: 'ready', rank: 0, totals: { steps: 1, bytesSent: 0, computeMs: 0, bytesDownloaded: 0, bytesKept: 0, deviceTensorsLeft: 0 } };
+    const reply = (id: number, body: object): Message => ({ kind: 'rpc', from: 0, body: { type: 'reply', id, ...body }, tensors: [] });
+    // near misses of a reply to call `id`, and replies to calls never made
+    const noise = (id: number): Message[] => [
+      reply(77, { ok: false, error: 'x' }),
+      reply(id + 100, { ok: true, result: pong }),
+      reply(id, { ok: 'yes', result: pong }), // ok is not a boolean
+      { kind: 'rpc', from: 0, body: { type: 'request', id, ok: true, result: pong }, tensors: [] },
+      { kind: 'rpc', from: 0, body: { type: 'request', id, method: 'ping', args: {} }, tensors: [] },
+      { kind: 'rpc', from: 0, body: [id, pong], tensors: [] },
     ];
-    const valid = replies.flatMap((m, i) => encodeFrames(m, 100 + i, 96));
-    // the first reply with id 1 is malformed on purpose; mutated copies must not resolve the call either
-    for (let i = 0; i < FRAMES_PER_TARGET; i++) link.receive(mutate(valid.slice(1)));
+    let msgId = 0;
+    const storm = (id: number, frames: number) => {
+      const before = link.stats.messagesReceived;
+      for (let i = 0; i < frames; i++) link.receive(mutate(encodeFrames(pick(noise(id)), msgId++)));
+      return link.stats.messagesReceived - before;
+    };
+    const outcome = <T>(p: Promise<T>) => {
+      const o: { settled: boolean; promise: Promise<T> } = { settled: false, promise: p };
+      p.then(
+        () => (o.settled = true),
+        () => (o.settled = true),
+      );
+      return o;
+    };
+
+    const first = outcome(client.ping({}, 60_000)); // call 1
+    expect(storm(1, FRAMES_PER_TARGET / 2)).toBeGreaterThan(FRAMES_PER_TARGET / 10);
+    await settle();
+    expect(first.settled).toBe(false);
+    for (const frame of encodeFrames(reply(1, { ok: true, result: { ...pong, state: 'dancing' } }), msgId++)) link.receive(frame);
+    const error = await first.promise.then(
+      () => null,
+      (e: Error) => e,
+    );
+    expect(error).toBeInstanceOf(ContractError);
+    expect(error?.message).toBe('worker w0 answered ping with a malformed reply: reply.state: expected one of "idle", "initialized", "loading", "ready", "computing", got "dancing"');
+
+    const second = outcome(client.ping({}, 60_000)); // call 2
+    expect(storm(2, FRAMES_PER_TARGET / 2)).toBeGreaterThan(FRAMES_PER_TARGET / 10);
+    await settle();
+    expect(second.settled).toBe(false);
+    for (const frame of encodeFrames(reply(2, { ok: true, result: pong }), msgId++)) link.receive(frame);
+    for (const frame of encodeFrames(reply(1, { ok: true, result: pong }), msgId++)) link.receive(frame); // too late for call 1: ignored
+    await expect(second.promise).resolves.toEqual(pong);
     expect(link.stats.listenerErrors).toBe(0);
-    for (const frame of encodeFrames({ kind: 'rpc', from: 0, body: { type: 'reply', id: 1, ok: true, result: pong }, tensors: [] }, 5000, 96)) link.receive(frame);
-    await expect(pending).resolves.toEqual(pong);
+  });
+});
+
+// ------------------------------------------------------------------ hostile arguments
+
+/** Values no field of any worker method should take, or that a field takes but the runtime must still refuse. */
+const HOSTILE_VALUES: [string, unknown][] = [
+  ['-1', -1],
+  ['1.5', 1.5],
+  ['NaN', NaN],
+  ['Infinity', Infinity],
+  ['2^53', 2 ** 53],
+  ['a string', 'x'],
+  ['an empty string', ''],
+  ['true', true],
+  ['null', null],
+  ['[]', []],
+  ['{}', {}],
+  ['[1, 2, 3]', [1, 2, 3]],
+  ['10,000 items', new Array(10_000).fill(7)],
+  ['a Float32Array', new Float32Array(3)],
+  ['an own __proto__ key', JSON.parse('{"__proto__": {"polluted": true}}')],
+];
+
+/** `fields` plus an own enumerable "__proto__" key holding `proto`, as JSON.parse makes one. */
+function withOwnProto(fields: object, proto: unknown): object {
+  const out = { ...fields };
+  Object.defineProperty(out, '__proto__', { value: proto, enumerable: true, writable: true, configurable: true });
+  return out;
+}
+
+/** Args as the worker receives them: packed, through JSON, unpacked. */
+function overTheWire(args: unknown): unknown {
+  const { packed, tensors } = packValue(args);
+  return unpackValue(JSON.parse(JSON.stringify(packed) ?? 'null'), tensors.map((t) => t.slice()));
+}
+
+describe('hostile arguments to every worker method', () => {
+  it('are each refused where they are dispatched (the method’s contract or the method itself), every reply is an error, and the prepared job, its plan and the totals stay as they were', async () => {
+    const runtime = await preparedRuntime();
+    expect(await observed(runtime)).toEqual(PREPARED);
+    const textDim = model.config.textDim;
+    const patches = new Float32Array(35 * PATCH_WIDTH);
+    const executable = { job: 5, step: 0, pass: 0, timestep: 500, latentShape: LATENT, patches };
+    // Each method's base: contract-valid arguments the runtime refuses, for the methods that change
+    // state; valid ones for the others, whose variants are sent only when the contract refuses them.
+    const bases: Record<WorkerMethod, { args: Record<string, unknown>; runtimeRefuses: boolean }> = {
+      describe: { args: {}, runtimeRefuses: false },
+      ping: { args: {}, runtimeRefuses: false },
+      shutdown: { args: {}, runtimeRefuses: false },
+      probeCompute: { args: { ep: 'wasm' }, runtimeRefuses: false },
+      probeLink: { args: { payload: new Float32Array(4) }, runtimeRefuses: false },
+      loadModel: { args: { modelUrl: '/models/tiny-wan', ep: 'wasm' }, runtimeRefuses: false },
+      initWorker: { args: { rank: 200, world: 2, peers: ['a', 'b'], session: 's', dtype: 'f32' }, runtimeRefuses: true },
+      prepareJob: { args: { job: 9, texts: [new Float32Array(textDim + 1)], latentShape: LATENT }, runtimeRefuses: true },
+      probeMesh: { args: { job: 99 }, runtimeRefuses: true },
+      executeModel: { args: { ...executable, job: 99 }, runtimeRefuses: true },
+    };
+    const cases: [WorkerMethod, unknown][] = [];
+    for (const method of WORKER_METHODS) {
+      const { args } = bases[method];
+      for (const [, value] of HOSTILE_VALUES) {
+        cases.push([method, value]); // the whole argument
+        for (const field of Object.keys(args)) cases.push([method, { ...args, [field]: value }]);
+      }
+      cases.push([method, { ...args, extra: 1, constructor: 'x' }]);
+    }
+    cases.push(
+      // wrong job, pass, step, lengths and shapes, each alone
+      ['executeModel', { ...executable, pass: 1 }], // the job has one text
+      ['executeModel', { ...executable, pass: 2 }],
+      ['executeModel', { ...executable, step: 10_000 }],
+      ['executeModel', { ...executable, step: -1 }],
+      ['executeModel', { ...executable, timestep: 1001 }],
+      ['executeModel', { ...executable, latentShape: [16, 1, 8, 8] }], // 16 tokens, not 35
+      ['executeModel', { ...executable, latentShape: [16, 1, 14, 10, 1] }],
+      ['executeModel', { ...executable, patches: new Float32Array(34 * PATCH_WIDTH) }],
+      ['prepareJob', { job: 6, texts: [new Float32Array(textDim)], latentShape: [15, 1, 14, 10] }], // 15 channels, not 16
+      ['prepareJob', { job: 6, texts: [new Float32Array(0)], latentShape: LATENT }],
+      ['prepareJob', { job: 6, texts: [1, 2, 3].map(() => new Float32Array(textDim)), latentShape: LATENT }],
+      ['prepareJob', { job: 6, texts: [new Float32Array(textDim)], latentShape: [16, 1, 14, 2 ** 21] }],
+      ['initWorker', { rank: 0, world: 2, peers: ['a'], session: 's' }],
+      ['initWorker', { rank: 0, world: 0, peers: ['a'], session: 's' }],
+      ['initWorker', { rank: 0, world: 1, peers: ['a'], session: 'x'.repeat(257) }],
+      ['initWorker', { rank: 0, world: 1, peers: ['a'], session: 's', dtype: 'f64' }],
+      ['probeLink', { payload: new Float32Array((1 << 20) + 1) }],
+      ['loadModel', { modelUrl: 'x'.repeat(5000), ep: 'wasm' }],
+      // valid arguments hidden behind an own __proto__ key must not be read through it
+      ['executeModel', withOwnProto({}, executable)],
+      ['prepareJob', withOwnProto({}, { job: 6, texts: [new Float32Array(textDim)], latentShape: LATENT })],
+      ['initWorker', withOwnProto({}, { rank: 0, world: 1, peers: ['a'], session: 's' })],
+      ['loadModel', withOwnProto({}, bases.loadModel.args)],
+      ['shutdown', withOwnProto({}, {})],
+      ['ping', withOwnProto({}, {})],
+    );
+
+    // What the contract refuses on its own, judged here on the arguments as they arrive.
+    const contractRefuses = (method: WorkerMethod, args: unknown) => {
+      try {
+        WORKER_CONTRACT[method].args(overTheWire(args) ?? {}, 'args');
+        return false;
+      } catch {
+        return true;
+      }
+    };
+    const hostile = cases.filter(([method, args]) => bases[method].runtimeRefuses || contractRefuses(method, args));
+    const expectedCalls: Partial<Record<WorkerMethod, number>> = {};
+    for (const [method, args] of hostile) if (!contractRefuses(method, args)) expectedCalls[method] = (expectedCalls[method] ?? 0) + 1;
+
+    const { wrapper, calls, argKeys } = counted(runtime);
+    const channel = new ReplyChannel();
+    const link = new Link(channel, rpcOnly);
+    serve<WorkerApi>(link, 0, WORKER_CONTRACT, wrapper);
+    hostile.forEach(([method, args], id) => {
+      const { packed, tensors } = packValue(args);
+      for (const frame of encodeFrames({ kind: 'rpc', from: COORDINATOR, body: { type: 'request', id, method, args: packed }, tensors }, id)) link.receive(frame);
+    });
+    await vi.waitFor(() => expect(channel.replies.size).toBe(hostile.length));
+
+    expect(hostile.length).toBeGreaterThan(400);
+    expect(link.stats).toMatchObject({ messagesReceived: hostile.length, framesDropped: 0, listenerErrors: 0 });
+    // one reply per request, every one a refusal
+    expect(hostile.map((_, id) => channel.replies.get(id)?.map((r) => r.ok))).toEqual(hostile.map(() => [false]));
+    // refused by its method's contract, or by the method itself: each request reached one of them
+    const byContract = hostile.filter(([method], id) => channel.replies.get(id)![0]!.error!.startsWith(`${method} arguments`)).length;
+    expect(calls).toEqual(expectedCalls);
+    expect(byContract + Object.values(calls).reduce((a, b) => a + b, 0)).toBe(hostile.length);
+    expect(Object.keys(expectedCalls).sort()).toEqual(['executeModel', 'initWorker', 'prepareJob', 'probeMesh']);
+    // only the contract's own fields reach a method
+    expect([...argKeys].filter((k) => ['extra', 'constructor', '__proto__', 'polluted'].includes(k))).toEqual([]);
+    expect(Object.prototype).not.toHaveProperty('polluted');
+
+    expect(await observed(runtime)).toEqual(PREPARED);
+    // and the served link still answers an honest call
+    for (const frame of encodeFrames({ kind: 'rpc', from: COORDINATOR, body: { type: 'request', id: 1e6, method: 'ping', args: {} }, tensors: [] }, 1e6)) link.receive(frame);
+    await vi.waitFor(() => expect(channel.replies.get(1e6)).toEqual([{ type: 'reply', id: 1e6, ok: true, result: PREPARED.ping }]));
   });
 });

@@ -1,0 +1,261 @@
+import { afterEach, beforeAll, beforeEach, describe, expect, it, vi } from 'vitest';
+import { Executor, WorkerError, type ExecutorOptions } from '../../coordinator/executor.ts';
+import type { Channel } from '../../core/net/channel.ts';
+import { answerHeartbeats, DEAD_AFTER_MS, HEARTBEAT_INTERVAL_MS, watchHeartbeats, type WorkerPulse } from '../../core/net/heartbeat.ts';
+import { Link } from '../../core/net/link.ts';
+import { COORDINATOR, encodeFrames, HEADER_BYTES, type FrameHeader, type Message } from '../../core/net/protocol.ts';
+import { inProcess, remote, serve, type Remote } from '../../core/net/rpc.ts';
+import type { WanModel } from '../../core/model/reference.ts';
+import { loadTransformer } from '../../core/model/transformer.ts';
+import { RankLayout } from '../../core/parallel.ts';
+import { WORKER_CONTRACT, WORKER_METHODS, type WorkerApi } from '../../core/worker-api.ts';
+import { memoryExchanges } from '../../rank/exchange/memory.ts';
+import { WorkerRuntime } from '../../rank/runtime.ts';
+import { referenceStages } from '../../rank/stages.ts';
+import { channelPair, stubEngine, tinyModelFiles } from './fixtures.ts';
+
+// How the coordinator tells a live worker from a lost one, on vitest's fake clock: a frozen peer
+// and a peer that sends only garbage die on the same beat, one that answers heartbeats (or streams
+// a long reply) lives; and a collective call fails on the first rank that errs, not at the timeout.
+
+const START = Date.UTC(2026, 0, 1);
+/** The first beat that finds the peer silent for more than DEAD_AFTER_MS. */
+const DEAD_ON_BEAT = DEAD_AFTER_MS + HEARTBEAT_INTERVAL_MS;
+
+/** A channel whose sends are only recorded (the peer never answers). */
+class SinkChannel implements Channel {
+  bufferedAmount = 0;
+  bufferedAmountLowThreshold = 0;
+  sent: ArrayBuffer[] = [];
+  send(data: ArrayBuffer) {
+    this.sent.push(data);
+  }
+  addEventListener() {}
+  removeEventListener() {}
+}
+
+/** The coordinator's own rule for what a worker may send it (coordinator/swarm.ts). */
+const coordinatorAccept = (h: FrameHeader) => (h.kind !== 'rpc' ? 'a worker may only send RPC messages to the coordinator' : null);
+
+function watched(link: Link) {
+  const deaths: number[] = [];
+  const pulses: WorkerPulse[] = [];
+  watchHeartbeats(link, COORDINATOR, { onDead: (silentMs) => deaths.push(silentMs), onPulse: (p) => pulses.push(p) });
+  return { deaths, pulses };
+}
+
+/** Two links whose channels deliver each frame at once: an echo arrives on its beat's own millisecond. */
+function wiredPair(): [Link, Link] {
+  const channel = (deliver: (frame: ArrayBuffer) => void): Channel => ({
+    bufferedAmount: 0,
+    bufferedAmountLowThreshold: 0,
+    send: (frame) => deliver(frame),
+    addEventListener() {},
+    removeEventListener() {},
+  });
+  const a: Link = new Link(channel((f) => b.receive(f)));
+  const b: Link = new Link(channel((f) => a.receive(f)));
+  return [a, b];
+}
+
+const echo = (from: number): Extract<Message, { kind: 'rpc' }> => ({ kind: 'rpc', from, body: { type: 'heartbeat-echo', pulse: { state: 'ready', framesDropped: 0 } }, tensors: [] });
+
+describe('heartbeats', () => {
+  beforeEach(() => {
+    vi.useFakeTimers();
+    vi.setSystemTime(START);
+  });
+  afterEach(() => {
+    vi.useRealTimers();
+  });
+
+  it('a frozen peer is declared dead once, on the first beat after DEAD_AFTER_MS of silence (3.5 s), not at 3 s nor at 3.499 s; then the beats stop', async () => {
+    const channel = new SinkChannel();
+    const link = new Link(channel, { accept: coordinatorAccept });
+    const { deaths } = watched(link);
+
+    await vi.advanceTimersByTimeAsync(DEAD_AFTER_MS);
+    expect(deaths).toEqual([]); // silent for exactly 3000 ms: not yet
+    expect(channel.sent).toHaveLength(DEAD_AFTER_MS / HEARTBEAT_INTERVAL_MS); // 6 beats, one per 500 ms
+    await vi.advanceTimersByTimeAsync(HEARTBEAT_INTERVAL_MS - 1);
+    expect(deaths).toEqual([]);
+    await vi.advanceTimersByTimeAsync(1);
+    expect(deaths).toEqual([DEAD_ON_BEAT]);
+
+    await vi.advanceTimersByTimeAsync(10 * DEAD_AFTER_MS);
+    expect(deaths).toEqual([DEAD_ON_BEAT]); // onDead once
+    expect(channel.sent).toHaveLength(6); // no beat on the tick that found it dead, nor after
+    expect(vi.getTimerCount()).toBe(0);
+  });
+
+  // Each kind of frame a peer may send that the link drops; none may keep the peer alive.
+  const garbage: [string, (msgId: number) => ArrayBuffer][] = [
+    ['shorter than a header', () => new ArrayBuffer(7)],
+    ['bad magic', (id) => corrupt(encodeFrames(echo(0), id)[0]!, 0, 0x00)],
+    ['another protocol version', (id) => corrupt(encodeFrames(echo(0), id)[0]!, 2, 9)],
+    ['refused by accept (a tensor)', (id) => encodeFrames({ kind: 'tensor', from: 0, tag: { job: 1, step: 0, pass: 0, block: 0, phase: 0 }, dtype: 'f32', shape: [4], data: new Uint8Array(16) }, id)[0]!],
+    ['a replay of a delivered message', () => encodeFrames(echo(0), 0)[0]!],
+    ['a duplicate chunk of an open message', () => encodeFrames({ ...echo(0), tensors: [new Float32Array(64)] }, 1, 200)[0]!],
+    ['an RPC message whose body is not UTF-8 JSON', (id) => corrupt(encodeFrames(echo(0), id)[0]!, HEADER_BYTES + 8, 0xff)],
+  ];
+
+  it.each(garbage)('a peer that sends only garbage (%s) is as dead as a silent one: every frame dropped, none refreshes lastHeardAt', async (_kind, frame) => {
+    const link = new Link(new SinkChannel(), { accept: coordinatorAccept });
+    // at START: one whole message (msgId 0) and the first chunk of an unfinished one (msgId 1), both signs of life
+    for (const f of encodeFrames(echo(0), 0)) link.receive(f);
+    link.receive(encodeFrames({ ...echo(0), tensors: [new Float32Array(64)] }, 1, 200)[0]!);
+    expect(link.stats).toMatchObject({ messagesReceived: 1, framesDropped: 0 });
+    const { deaths } = watched(link);
+
+    let sent = 0;
+    const feed = async (ms: number) => {
+      for (let t = 0; t < ms; t += 100) {
+        await vi.advanceTimersByTimeAsync(100);
+        link.receive(frame(1000 + sent++));
+      }
+    };
+    await feed(DEAD_AFTER_MS); // a garbage frame every 100 ms, the last at 3000
+    expect(deaths).toEqual([]);
+    await vi.advanceTimersByTimeAsync(HEARTBEAT_INTERVAL_MS);
+    expect(deaths).toEqual([DEAD_ON_BEAT]);
+    expect(sent).toBe(30);
+    expect(link.stats).toMatchObject({ messagesReceived: 1, framesDropped: 30 });
+    expect(link.lastHeardAt).toBe(START);
+  });
+
+  it('valid heartbeat echoes keep a worker alive for 30 s (60 pulses); frozen after that, it dies 3.5 s after its last echo', async () => {
+    const [coordinator, worker] = wiredPair();
+    const stopAnswering = answerHeartbeats(worker, 0, () => ({ state: 'ready', framesDropped: worker.stats.framesDropped }));
+    const { deaths, pulses } = watched(coordinator);
+
+    const clockAt = (ms: number) => vi.advanceTimersByTimeAsync(START + ms - Date.now());
+
+    await clockAt(30_000);
+    expect(deaths).toEqual([]);
+    expect(pulses).toHaveLength(30_000 / HEARTBEAT_INTERVAL_MS);
+    expect(pulses.at(-1)).toEqual({ state: 'ready', framesDropped: 0 });
+    expect(coordinator.lastHeardAt).toBe(START + 30_000);
+
+    stopAnswering();
+    await clockAt(30_000 + DEAD_AFTER_MS);
+    expect(deaths).toEqual([]);
+    await clockAt(30_000 + DEAD_ON_BEAT);
+    expect(deaths).toEqual([DEAD_ON_BEAT]);
+    expect(pulses).toHaveLength(60);
+  });
+
+  it('a long reply arriving one frame per 200 ms keeps its sender alive, though no whole message arrives for over 8 s', async () => {
+    const link = new Link(new SinkChannel(), { accept: coordinatorAccept });
+    const { deaths } = watched(link);
+    const frames = encodeFrames({ kind: 'rpc', from: 0, body: { type: 'reply', id: 1, ok: true, result: { $tensor: 0 } }, tensors: [new Float32Array(10_000)] }, 0, 1060);
+    expect(frames.length).toBe(41);
+    for (const f of frames) {
+      await vi.advanceTimersByTimeAsync(200);
+      link.receive(f);
+    }
+    expect(link.stats).toMatchObject({ messagesReceived: 1, framesDropped: 0 });
+    expect(link.lastHeardAt).toBe(START + 41 * 200);
+    expect(deaths).toEqual([]);
+  });
+});
+
+function corrupt(frame: ArrayBuffer, offset: number, value: number): ArrayBuffer {
+  const bytes = new Uint8Array(frame.slice(0));
+  bytes[offset] = value;
+  return bytes.buffer;
+}
+
+// ------------------------------------------------------------------ fail fast
+
+type Fault = 'throws' | 'silent';
+type Transport = 'direct' | 'rpc';
+
+/** P real runtimes in this process (as executor.test.ts's InProcessExecutor), with a fault in front of any method. */
+class FaultyExecutor extends Executor {
+  /** the methods each rank was asked to run, in arrival order */
+  readonly received: string[][] = [];
+  fault: (rank: number, method: string) => Fault | null = () => null;
+  private readonly remotes: Remote<WorkerApi>[] = [];
+
+  constructor(
+    options: ExecutorOptions,
+    private readonly model: WanModel,
+    private readonly transport: Transport,
+  ) {
+    super(options);
+  }
+
+  protected async place(): Promise<string[]> {
+    const world = this.layout.world;
+    const exchanges = memoryExchanges(world);
+    const engine = stubEngine(referenceStages(this.model), this.model.config);
+    for (let rank = 0; rank < world; rank++) {
+      const runtime = new WorkerRuntime(engine, {
+        connectMesh: async (init) => exchanges[init.rank],
+        describe: async () => ({ ep: 'wasm', adapter: 'test', threads: 1, memoryGiB: null, userAgent: `in-process rank ${rank}` }),
+      });
+      this.received.push([]);
+      const faulty = Object.fromEntries(
+        WORKER_METHODS.map((method) => [
+          method,
+          async (args: unknown) => {
+            this.received[rank].push(method);
+            const fault = this.fault(rank, method);
+            if (fault === 'silent') return new Promise(() => {});
+            if (fault === 'throws') throw new Error('out of GPU memory');
+            return (runtime[method] as (a: unknown) => Promise<unknown>).call(runtime, args);
+          },
+        ]),
+      ) as unknown as WorkerApi;
+      if (this.transport === 'direct') {
+        this.remotes.push(inProcess(faulty, WORKER_CONTRACT, `rank ${rank}`));
+      } else {
+        const [coordinatorSide, workerSide] = channelPair();
+        serve(workerSide, rank, WORKER_CONTRACT, faulty);
+        this.remotes.push(remote(coordinatorSide, COORDINATOR, WORKER_CONTRACT, `rank ${rank}`));
+      }
+    }
+    return Array.from({ length: world }, (_, r) => `rank-${r}`);
+  }
+
+  protected remoteOf(rank: number) {
+    return this.remotes[rank];
+  }
+
+  protected closeTransport(): void {}
+}
+
+describe.each<Transport>(['direct', 'rpc'])('collectiveRpc over %s calls', (transport) => {
+  let model: WanModel;
+  beforeAll(async () => {
+    model = await loadTransformer(tinyModelFiles);
+  });
+  afterEach(() => {
+    vi.useRealTimers();
+  });
+
+  it('one rank that errs fails the call at once (0 ms on the clock, with a 60 s timeout), though another rank never answers', async () => {
+    const RPC_TIMEOUT_MS = 60_000;
+    const executor = new FaultyExecutor({ config: model.config, modelUrl: '/models/tiny-wan', rpcTimeoutMs: RPC_TIMEOUT_MS, layout: new RankLayout(3) }, model, transport);
+    await executor.initialize();
+    executor.fault = (rank, method) => (method !== 'ping' ? null : rank === 1 ? 'throws' : rank === 2 ? 'silent' : null);
+
+    // the clock only moves when the test moves it; messages still flow (setImmediate stays real)
+    vi.useFakeTimers({ toFake: ['setTimeout', 'clearTimeout', 'setInterval', 'clearInterval', 'Date'] });
+    vi.setSystemTime(START);
+    const outcome: { failure?: { error: unknown; at: number } } = {};
+    executor.collectiveRpc('ping').then(
+      () => {},
+      (error: unknown) => (outcome.failure = { error, at: Date.now() }),
+    );
+    for (let turn = 0; turn < 1000 && !outcome.failure; turn++) await new Promise((r) => setImmediate(r));
+
+    expect(outcome.failure).toBeDefined();
+    const { error, at } = outcome.failure!;
+    expect(at - START).toBe(0); // no timer had to fire: far under RPC_TIMEOUT_MS
+    expect(error).toBeInstanceOf(WorkerError);
+    expect(error).toMatchObject({ rank: 1, method: 'ping', remoteMessage: 'out of GPU memory', blame: null, breach: false });
+    expect(executor.received.map((methods) => methods.at(-1))).toEqual(['ping', 'ping', 'ping']); // rank 2 was asked, and is still silent
+    expect(vi.getTimerCount()).toBeGreaterThan(0); // its call's timeout is still pending
+  });
+});
