@@ -51,7 +51,9 @@ test('the dashboard idle, running on 2 workers and done, and the worker page, as
   await expect.poll(async () => Number(await bar.getAttribute('value') ?? (await bar.evaluate((b: HTMLProgressElement) => b.value))), { timeout: 120_000, intervals: [100] }).toBeGreaterThanOrEqual(1);
   const first = await bar.evaluate((b: HTMLProgressElement) => b.value);
   await dashboard.screenshot({ path: join(SHOTS, 'dashboard-running.png'), fullPage: true });
-  await expect.poll(() => bar.evaluate((b: HTMLProgressElement) => b.value).catch(() => 12), { timeout: 120_000, intervals: [100] }).toBeGreaterThan(first);
+  // the same bar, still on the page, moves on: a bar that vanished (or was replaced) reads -1
+  const shown = await bar.elementHandle();
+  await expect.poll(() => shown!.evaluate((b: HTMLProgressElement) => (b.isConnected ? b.value : -1)), { timeout: 120_000, intervals: [100] }).toBeGreaterThan(first);
   await expect(dashboard.locator('#workers tbody')).toContainText('rank');
 
   // done: a playable video, a working download, the job in the gallery with its parameters

@@ -19,19 +19,20 @@ test.afterAll(async () => {
 
 test('a P = 2 job with every link relayed gives the direct latent within 1e-4, and the report says the links were relayed', async ({ browser, baseURL }) => {
   test.setTimeout(240_000);
-  const runOn = async (url: string): Promise<JobOutcome> => {
+  /** The second of two runs (the first warms the workers up), and what the forced relay forwarded during it. */
+  const runOn = async (url: string): Promise<{ outcome: JobOutcome; relayBytes: number }> => {
     const swarm = await openTestSwarm(browser, url, 2);
     try {
-      await runJob(swarm.dashboard, job); // warms the workers up: the timed run is the second
-      return await runJob(swarm.dashboard, job);
+      await runJob(swarm.dashboard, job);
+      const before = forced.relay.stats().bytesForwarded;
+      const outcome = await runJob(swarm.dashboard, job);
+      return { outcome, relayBytes: forced.relay.stats().bytesForwarded - before };
     } finally {
       await swarm.close();
     }
   };
-  const direct = await runOn(baseURL!);
-  const before = forced.relay.stats().bytesForwarded;
-  const relayed = await runOn(forced.url);
-  const relayBytes = forced.relay.stats().bytesForwarded - before;
+  const { outcome: direct } = await runOn(baseURL!);
+  const { outcome: relayed, relayBytes } = await runOn(forced.url);
 
   const diff = maxAbsDiff(relayed.latent, direct.latent);
   const steps = (r: JobOutcome) => r.report.steps.map((s: any) => s.ms.toFixed(0)).join('/');
@@ -42,8 +43,14 @@ test('a P = 2 job with every link relayed gives the direct latent within 1e-4, a
   const byLink = (r: JobOutcome) => r.report.links.map((l: any) => `${l.from}->${l.to}:${l.transport}`).sort();
   expect(byLink(direct)).toEqual(['1->0:direct', 'coordinator->0:direct', 'coordinator->1:direct']);
   expect(byLink(relayed)).toEqual(['1->0:relay', 'coordinator->0:relay', 'coordinator->1:relay']);
-  // every byte of the all-to-all crossed the server
-  expect(relayBytes).toBeGreaterThan(exchanged);
+  // every byte of the all-to-all crossed the server, and so did the patches out and rows back (2 passes
+  // a step, each S tokens of 16·1·2·2 values out and as many back, fp32): with the ranks' own link
+  // direct, the relay would forward the patches and rows alone, a ninth of this
+  const [, frames, height, width] = relayed.report.latentShape;
+  const tokens = frames * (height / 2) * (width / 2);
+  const patchesAndRows = job.steps * 2 * tokens * 2 * 64 * 4;
+  expect(exchanged).toBe(job.steps * 2 * 2 * (4 * (tokens / 2) * 288 * (1 / 2) * 4 * 2)); // P 2, D 288, 2 blocks
+  expect(relayBytes).toBeGreaterThanOrEqual(exchanged + patchesAndRows);
 });
 
 test('with the relay forced, a worker page without the join token is refused by the relay and says why', async ({ browser }) => {

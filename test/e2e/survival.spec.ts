@@ -47,7 +47,9 @@ test.describe('a lost worker costs one step, not the job', () => {
         const stepsMs = (r: any) => r.steps.reduce((t: number, s: any) => t + s.ms, 0);
         const extraMs = stepsMs(run.report) - stepsMs(uninterrupted.report);
         console.log(`${name}: detected after ${detectionMs} ms (${failures[0].lost[0].cause}: ${failures[0].lost[0].evidence}), re-plan ${failures[0].replanMs.toFixed(0)} ms, extra ${extraMs.toFixed(0)} ms`);
-        expect(detectionMs).toBeLessThan(5_000);
+        // a closed tab is noticed at once, a crashed one by heartbeats after ~3.5 s of silence; without
+        // them only the 60 s RPC timeout would notice (a wide margin for a loaded machine)
+        expect(detectionMs).toBeLessThan(20_000);
         const diff = maxAbsDiff(run.latent, uninterrupted.latent);
         console.log(`${name}: max-abs vs uninterrupted ${diff.toExponential(2)}`);
         expect(diff).toBeLessThanOrEqual(1e-4);
@@ -110,23 +112,32 @@ test('20 jobs submitted at once run in order, none lost or repeated, with distin
   const swarm = await openTestSwarm(browser, baseURL!, 1);
   try {
     const tiny = { prompt: 'a dot', frames: 1, height: 16, width: 16, steps: 1, guidance: 1, backend: 'swarm', workers: 1, ep: 'wasm' };
+    // every phase and step the queue announces, in the order it announces them
+    await swarm.dashboard.evaluate(() => {
+      const events: number[] = ((window as any).queueEvents = []);
+      (window as any).ditswarmProgress = (p: { job: number }) => events.push(p.job);
+    });
     const ids: number[] = await swarm.dashboard.evaluate(
       (t) => Promise.all(Array.from({ length: 20 }, (_, i) => (window as any).ditswarm.submit({ ...t, seed: 100 + i }))),
       tiny,
     );
     expect(new Set(ids).size).toBe(20);
-    // the page stays responsive while the queue runs
+    // the page stays responsive while the queue runs: it answers while jobs still wait (and well within 10 s)
     const started = Date.now();
-    await swarm.dashboard.evaluate(() => (window as any).ditswarm.jobs().length);
-    expect(Date.now() - started).toBeLessThan(1_000);
+    const waiting: number = await swarm.dashboard.evaluate(() => (window as any).ditswarm.jobs().filter((j: any) => j.status === 'queued').length);
+    expect(Date.now() - started).toBeLessThan(10_000);
+    expect(waiting).toBeGreaterThan(0);
     const results = await swarm.dashboard.evaluate((all) => Promise.all(all.map((id: number) => (window as any).ditswarm.result(id))), ids);
     const hashes = results.map((r: any) => r.report.latentSha256);
     expect(new Set(hashes).size).toBe(20);
     const jobs = await swarm.dashboard.evaluate(() => (window as any).ditswarm.jobs());
     expect(jobs.map((j: any) => j.id)).toEqual([...ids].sort((a, b) => a - b));
     expect(jobs.every((j: any) => j.status === 'done')).toBe(true);
-    const finishOrder = results.map((r: any) => r.report.config.seed);
-    expect(finishOrder).toEqual(ids.map((_, i) => 100 + i));
+    expect(results.map((r: any) => r.report.config.seed)).toEqual(ids.map((_, i) => 100 + i));
+    // one at a time in order: all of a job's announcements come before any of the next job's
+    const events: number[] = await swarm.dashboard.evaluate(() => (window as any).queueEvents);
+    const runs = events.filter((job, i) => job !== events[i - 1]);
+    expect(runs).toEqual([...ids].sort((a, b) => a - b));
   } finally {
     await swarm.close();
   }

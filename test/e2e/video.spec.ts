@@ -1,4 +1,4 @@
-// coordinator/video.ts in Debian's headless Chromium: frames in, a WebM that
+// coordinator/video.ts in headless Chromium (Debian's, or $CHROMIUM): frames in, a WebM that
 // <video> plays (finite duration, right size) and that holds every frame.
 // Self-contained: bundles the module with Vite's JS API and serves it from a
 // throwaway localhost server (WebCodecs needs a secure context), so it does
@@ -12,6 +12,7 @@ import { extname, join, resolve } from 'node:path';
 import { chromium, expect, test, type Browser, type Page } from '@playwright/test';
 import { build } from 'vite';
 import type * as VideoModule from '../../coordinator/video.ts';
+import { chromiumArgs, chromiumExecutable } from '../../server/chromium.ts';
 
 const root = resolve(import.meta.dirname, '../..');
 let dir = '';
@@ -59,10 +60,7 @@ test.beforeAll(async () => {
   await new Promise<void>((ok) => server.listen(0, '127.0.0.1', ok));
   const { port } = server.address() as AddressInfo;
 
-  browser = await chromium.launch({
-    executablePath: '/usr/bin/chromium',
-    args: ['--no-sandbox', '--disable-background-networking', '--disable-component-update'],
-  });
+  browser = await chromium.launch({ executablePath: chromiumExecutable(), args: [...chromiumArgs] });
   page = await browser.newPage();
   // 127.0.0.1 is a secure context, which VideoEncoder requires.
   await page.goto(`http://127.0.0.1:${port}/`);

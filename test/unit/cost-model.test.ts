@@ -1,7 +1,5 @@
 import { describe, expect, it } from 'vitest';
 import { candidatePlans, fitLink, forwardBytes, forwardFlops, planSwarm, predictStep, type Hardware, type ModelShape, type Workload } from '../../core/cost-model.ts';
-import { exchangeFloatsPerBlock, planUlysses } from '../../core/parallel.ts';
-import type { WanConfig } from '../../core/model/config.ts';
 import { SeededRandom } from '../../core/random.ts';
 
 const small: ModelShape = { numHeads: 2, headDim: 2, dim: 4, ffnDim: 8, numLayers: 1, inChannels: 1, outChannels: 1, patchSize: [1, 1, 1], textDim: 3, freqDim: 2 };
@@ -37,14 +35,24 @@ describe('cost model: FLOPs and bytes of one rank', () => {
     }
   });
 
-  it('predicts the bytes the Ulysses exchange sends: exchangeFloatsPerBlock · 4 · layers', () => {
-    for (const tokens of [8192, 12288, 32760, 35])
-      for (const P of [1, 2, 3, 4, 6]) {
-        const plan = planUlysses(bench as WanConfig, tokens, P);
-        expect(forwardBytes(bench, tokens, P, 4)).toBe(exchangeFloatsPerBlock(plan, bench.dim) * 4 * bench.numLayers);
-        const step = predictStep({ model: bench, tokens, textTokens: 32, passes: 1 }, { ulyssesDegree: P, cfgParallel: false }, { workerFlops: Array(P).fill(16e9), link: { bandwidth: 7e6, latency: 1e-3 }, bytesPerElement: 4 });
-        expect(step.bytesPerRank).toBe(exchangeFloatsPerBlock(plan, bench.dim) * 4 * bench.numLayers);
+  it('predicts the bytes one rank sends per forward: 4·ceil(S/P)·D·(P−1)/P floats per block, at 4 B, over 2 blocks of D 576', () => {
+    const cases: [tokens: number, P: number, bytes: number][] = [
+      [12288, 1, 0], // one rank exchanges nothing
+      [12288, 2, 56_623_104], // 4 · 6144 · 576 · 1/2 · 4 B · 2 blocks
+      [12288, 4, 42_467_328], // 4 · 3072 · 576 · 3/4 · 4 B · 2 blocks
+      [32760, 6, 83_865_600], // 4 · 5460 · 576 · 5/6 · 4 B · 2 blocks
+      [35, 3, 147_456], // 4 · 12 · 576 · 2/3 · 4 B · 2 blocks
+      [35, 4, 124_416], // 35 tokens pad to 4 · 9: 4 · 9 · 576 · 3/4 · 4 B · 2 blocks
+      [35, 6, 92_160], // 4 · 6 · 576 · 5/6 · 4 B · 2 blocks
+    ];
+    for (const [tokens, P, bytes] of cases) {
+      expect(forwardBytes(bench, tokens, P, 4), `S ${tokens}, P ${P}`).toBe(bytes);
+      expect(forwardBytes(bench, tokens, P, 2), `S ${tokens}, P ${P}, fp16`).toBe(bytes / 2);
+      for (const passes of [1, 2] as const) {
+        const step = predictStep({ model: bench, tokens, textTokens: 32, passes }, { ulyssesDegree: P, cfgParallel: false }, { workerFlops: Array(P).fill(16e9), link: { bandwidth: 7e6, latency: 1e-3 }, bytesPerElement: 4 });
+        expect(step.bytesPerRank, `S ${tokens}, P ${P}, ${passes} passes per step`).toBe(passes * bytes);
       }
+    }
   });
 
   it('fp16 transport halves the bytes and the transfer time', () => {

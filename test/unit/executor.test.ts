@@ -185,8 +185,9 @@ describe.each<Transport>(['direct', 'rpc'])('Executor over %s calls', (transport
     expect(error.message).toBe('ping timed out after 200 ms waiting for rank 1');
     expect((error as TimeoutError).method).toBe('ping');
     expect((error as TimeoutError).silentRanks).toEqual([1]);
+    // waited for the 200 ms asked, not the executor's 10 s default (upper bound wide for a loaded machine)
     expect(elapsed).toBeGreaterThanOrEqual(190);
-    expect(elapsed).toBeLessThan(2_000);
+    expect(elapsed).toBeLessThan(5_000);
   });
 
   it('several silent ranks are all named, and the ranks that answered are not', async () => {
@@ -194,7 +195,9 @@ describe.each<Transport>(['direct', 'rpc'])('Executor over %s calls', (transport
     executor.fault = (rank) => (rank === 0 || rank === 2 ? { silent: true } : null);
     const t0 = performance.now();
     const error = await rejection(executor.checkHealth(200));
-    expect(performance.now() - t0).toBeLessThan(2_000);
+    const elapsed = performance.now() - t0;
+    expect(elapsed).toBeGreaterThanOrEqual(190);
+    expect(elapsed).toBeLessThan(5_000); // the 200 ms asked, not the executor's 10 s default
     expect(error).toBeInstanceOf(TimeoutError);
     expect((error as TimeoutError).silentRanks).toEqual([0, 2]);
     expect(error.message).toBe('ping timed out after 200 ms waiting for ranks 0, 2');
@@ -253,6 +256,23 @@ describe.each<Transport>(['direct', 'rpc'])('Executor over %s calls', (transport
     expect(maxAbsDiff(outputs[0].data, referenceForward(model, latent, 500, text).data)).toBeLessThanOrEqual(1e-4);
   });
 
+  it('executeModel with a patches array of the wrong length is refused by every rank, naming the length its share needs, before any compute', async () => {
+    const executor = await started(3, transport);
+    await executor.prepareJob(7, [text], latent.shape);
+    // the whole latent's 35 token rows of 16·1·2·2 values, where each rank's share is 12 rows (35 padded to 36)
+    const whole = new Float32Array(35 * 64);
+    const error = await rejection(executor.collectiveRpc('executeModel', { args: { job: 7, step: 0, pass: 0, timestep: 500, latentShape: latent.shape, patches: whole } }));
+    expect(error).toBeInstanceOf(WorkerError);
+    const { rank, remoteMessage } = error as WorkerError;
+    expect(remoteMessage).toBe(`executeModel expected 12×64 patch values for rank ${rank}, got 2240`);
+    for (const [r, runtime] of executor.runtimes.entries()) {
+      await expect(runtime.executeModel({ job: 7, step: 0, pass: 0, timestep: 500, latentShape: latent.shape, patches: new Float32Array(12 * 64 - 1) })).rejects.toThrow(
+        `executeModel expected 12×64 patch values for rank ${r}, got 767`,
+      );
+      expect(runtime.state).toBe('ready');
+    }
+  });
+
   it('shutdown asks every rank to stop; a rank that does not ack is reported silent and the transport still closes after the grace period; acking ranks refuse further job work', async () => {
     const executor = await started(3, transport);
     executor.fault = (rank, method) => (rank === 1 && method === 'shutdown' ? { silent: true } : null);
@@ -264,7 +284,7 @@ describe.each<Transport>(['direct', 'rpc'])('Executor over %s calls', (transport
     expect(executor.received.map((m) => m.at(-1))).toEqual(['shutdown', 'shutdown', 'shutdown']);
     expect(executor.closeTransportCalls).toBe(1);
     expect(elapsed).toBeGreaterThanOrEqual(graceMs - 20);
-    expect(elapsed).toBeLessThan(graceMs + 1_000);
+    expect(elapsed).toBeLessThan(graceMs + 8_000); // the grace period, not the executor's 10 s RPC timeout
     // an acking worker is released: it refuses job work until the next executor's initWorker
     for (const rank of [0, 2]) {
       const runtime = executor.runtimes[rank];
@@ -279,8 +299,8 @@ describe.each<Transport>(['direct', 'rpc'])('Executor over %s calls', (transport
   it('shutdown returns as soon as every rank acks, and a second shutdown does nothing', async () => {
     const executor = await started(2, transport);
     const t0 = performance.now();
-    expect(await executor.shutdown({ graceMs: 5_000 })).toEqual({ acked: [0, 1], silent: [] });
-    expect(performance.now() - t0).toBeLessThan(1_000);
+    expect(await executor.shutdown({ graceMs: 30_000 })).toEqual({ acked: [0, 1], silent: [] });
+    expect(performance.now() - t0).toBeLessThan(10_000); // far below the 30 s grace period
     expect(await executor.shutdown({ graceMs: 5_000 })).toEqual({ acked: [], silent: [] });
     expect(executor.closeTransportCalls).toBe(1);
     expect(executor.received.flat().filter((m) => m === 'shutdown')).toHaveLength(2);

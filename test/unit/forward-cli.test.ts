@@ -41,10 +41,18 @@ describe('npm run forward', () => {
       forward('--input', join(dir, 'in.safetensors'), '--output', join(dir, 'onnx.safetensors'), '--backend', 'onnx'),
       forward('--input', join(dir, 'in.safetensors'), '--output', join(dir, 'onnx-p4.safetensors'), '--backend', 'onnx', '--ulysses', '4'),
     ]);
-    for (const run of runs) {
+    // each run says what it ran on and over how many ranks: the P = 4 run must not be P = 1 again
+    const said = runs.map((run) => {
       expect(run.code, run.stderr).toBe(0);
-      expect(run.stdout).toMatch(/^forward: sample \[1,16,2,6,10\] t=\d+ in \d+ ms on (reference|onnx \(wasm\)), ulysses [14] → /);
-    }
+      const line = /^forward: sample \[1,16,2,6,10\] t=\d+ in \d+ ms on (.+), ulysses (\d+) → (.+)\n$/.exec(run.stdout);
+      expect(line, run.stdout).not.toBeNull();
+      return { backend: line![1], degree: Number(line![2]), output: line![3] };
+    });
+    expect(said).toEqual([
+      { backend: 'reference', degree: 1, output: join(dir, 'reference.safetensors') },
+      { backend: 'onnx (wasm)', degree: 1, output: join(dir, 'onnx.safetensors') },
+      { backend: 'onnx (wasm)', degree: 4, output: join(dir, 'onnx-p4.safetensors') },
+    ]);
 
     const input = (await read('in.safetensors')).get('hidden_states')!;
     const reference = (await read('reference.safetensors')).get('sample')!;
@@ -58,6 +66,15 @@ describe('npm run forward', () => {
       expect(diff, name).toBeLessThan(1e-4);
     }
     expect(maxAbsDiff(reference.data, input.data)).toBeGreaterThan(0.1); // a real forward, not a copy
+  });
+
+  it('--ulysses is read: a degree that does not divide the 12 heads exits 1 naming the valid degrees, and writes nothing', async () => {
+    const run = await forward('--input', join(dir, 'in.safetensors'), '--output', join(dir, 'p5.safetensors'), '--backend', 'reference', '--ulysses', '5');
+    expect(run.code).toBe(1);
+    expect(run.stderr).toContain("forward: ulyssesDegree 5 does not divide the model's 12 heads; valid degrees: 1, 2, 3, 4, 6, 12");
+    expect(run.stderr).not.toMatch(/\n\s+at /);
+    expect(run.stdout).toBe('');
+    await expect(readFile(join(dir, 'p5.safetensors'))).rejects.toThrow(/ENOENT/);
   });
 
   it('an input without timestep exits 1 with a message naming it and the tensors the file has, no stack trace', async () => {

@@ -166,8 +166,9 @@ describe('Placer: where a job runs', () => {
     const error = await rejection(placerOn(swarm).place(guided, ask({ ulyssesDegree: 4 })));
     const elapsed = performance.now() - t0;
     expect(error.message).toMatch(/^2 workers joined within .* but 4 are needed: open http:\/\/localhost:8080\/worker\.html\?swarm=ditswarm-c-test&token=token in 2 more tab/);
-    expect(elapsed).toBeGreaterThanOrEqual(250);
-    expect(elapsed).toBeLessThan(5_000);
+    // it waited the placer's 300 ms, not the 30 s default (upper bound wide for a loaded machine)
+    expect(elapsed).toBeGreaterThanOrEqual(290);
+    expect(elapsed).toBeLessThan(15_000);
   });
 
   it('with no workers at all, even "auto" waits for one and then says 1 is needed', async () => {

@@ -145,10 +145,11 @@ describe('the relay', () => {
     for (let i = 0; i < total; i++) flooder.ws.send(frame);
     const queued = () => relay.stats().sockets.find((s) => s.peer === 'stalled')!;
     await expect.poll(() => relay.stats().sockets.find((s) => s.peer === 'flooder')!.paused, { timeout: 20_000 }).toBe(true);
-    // once paused, no more frames reach the server's queue: it stays put
+    // once paused, frames reach the server's queue only as the kernel takes some off it: in 300 ms
+    // far fewer than the ~100 still unsent (a margin of two caps' worth for kernel buffers settling)
     const forwarded = relay.stats().framesForwarded;
     await new Promise((r) => setTimeout(r, 300));
-    expect(relay.stats().framesForwarded - forwarded).toBeLessThanOrEqual(2);
+    expect(relay.stats().framesForwarded - forwarded).toBeLessThanOrEqual((2 * CAP) / FRAME);
     console.log(`relay cap ${CAP} B: peak queued for the stalled page ${queued().peakQueued} B, ${relay.stats().framesForwarded}/${total} frames forwarded while it stalled`);
     // the cap, plus what was already read off the sender's socket when it was paused
     expect(queued().peakQueued).toBeLessThanOrEqual(CAP + 2 * frame.byteLength);
