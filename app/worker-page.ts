@@ -13,7 +13,7 @@ function render(s: WorkerStatus): void {
   $('state').textContent = s.connected ? s.state : s.state === 'left' || s.state === 'refused' ? s.state : 'not connected';
   $('detail').textContent = s.detail;
   const ep = s.ep ?? s.info?.ep;
-  $('ep').textContent = ep ? (ep === 'webgpu' ? 'WebGPU' : 'WebAssembly (CPU)') : '';
+  $('ep').textContent = ep ? `${ep === 'webgpu' ? 'WebGPU' : 'WebAssembly (CPU)'}${s.epWhy ? ` — ${s.epWhy}` : ''}` : '';
   $('link').textContent = s.transport ? (s.transport === 'relay' ? 'through the server (relay): WebRTC could not connect' : 'direct (WebRTC)') : '';
   $('adapter').textContent = s.info?.adapter ?? '';
   $('coordinator').textContent = s.coordinator ?? 'searching…';

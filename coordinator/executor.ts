@@ -18,6 +18,7 @@ import {
   type ArgsOf,
   type ExecuteResult,
   type ExecutionProvider,
+  type LoadedModel,
   type MeshProbe,
   type RankLost,
   type ReplyOf,
@@ -112,8 +113,8 @@ export interface LostRank extends RankLost {
 }
 
 export abstract class Executor {
-  /** what each rank said about itself, in rank order */
-  workers: (WorkerInfo & { id: string })[] = [];
+  /** what each rank said about itself and the model it loaded (its EP, and why), in rank order */
+  workers: (WorkerInfo & LoadedModel & { id: string })[] = [];
   protected readonly failureListeners = new Set<FailureListener>();
   private placed = false;
   private closed = false;

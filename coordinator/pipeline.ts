@@ -67,7 +67,8 @@ export interface GenerateRequest extends Partial<JobParams> {
 export interface GenerateReport {
   /** workers = ulyssesDegree, ×2 with cfgParallel */
   config: JobParams & { backend: Backend; workers: number; ulyssesDegree: number; cfgParallel: boolean; model: string };
-  workers: { id: string; ep: string; adapter: string }[];
+  /** each rank's EP, and why it runs there ("WASM: 21.3 GFLOP/s vs WebGPU 0.2") */
+  workers: { id: string; ep: string; adapter: string; why: string; threads: number }[];
   /** which links of the last placement were direct data channels and which went through the relay */
   links: LinkReport[];
   /** the cost model's choice of degree when it was 'auto' (null when asked for, or unmeasured) */
@@ -192,7 +193,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
           plan,
           cfgFallback,
           meshProbe,
-          workers: executor.workers.map((w) => ({ id: w.id, ep: w.ep, adapter: w.adapter })),
+          workers: executor.workers.map((w) => ({ id: w.id, ep: w.ep, adapter: w.adapter, why: w.why, threads: w.threads })),
           links: executor.linkReport(),
           steps,
           resumedFromStep: first,

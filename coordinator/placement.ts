@@ -2,7 +2,7 @@
 // (what was asked, or the cost model's choice for 'auto'), which workers become which ranks,
 // whether the placement of the last job still fits, the mesh probe of a new placement, and the
 // re-placement after a lost rank. Executors only carry out a RankLayout; the pipeline only asks.
-import { candidatePlans, fitMeshProbe, planSwarm, type Hardware, type LinkSpeed, type Workload } from '../core/cost-model.ts';
+import { candidatePlans, fastestEp, fitMeshProbe, planSwarm, type Hardware, type LinkSpeed, type Workload } from '../core/cost-model.ts';
 import { latentShape, usesGuidance, type JobParams } from '../core/job.ts';
 import type { WanConfig } from '../core/model/config.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
@@ -209,8 +209,8 @@ export class Placer {
       return { degree, cfgParallel: !!cfgParallel, by: 'largest valid degree (workers not measured yet)', link, predictedStepMs: null, oneWorkerStepMs: null };
     }
     const work: Workload = { model: config, tokens: tokenGrid(config, latentShape(params, config.inChannels)).count, textTokens, passes: usesGuidance(params) ? 2 : 1 };
-    // the EP each worker will run on: WebGPU where it has one, unless the job asks for WebAssembly
-    const epOf = (m: WorkerMeasurement) => (request.ep !== 'wasm' && m.compute.webgpu ? m.compute.webgpu : m.compute.wasm);
+    // the EP each worker will run on: the job's, or with 'auto' the one it measured fastest (as it will choose)
+    const epOf = (m: WorkerMeasurement) => m.compute[request.ep === 'auto' ? fastestEp(m.compute).ep : request.ep] ?? m.compute.wasm;
     const hw: Hardware = {
       workerFlops: measured.map((m) => epOf(m!)?.flops ?? 0),
       workerSoftmaxRates: measured.map((m) => epOf(m!)?.softmaxRate ?? Infinity),

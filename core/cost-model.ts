@@ -3,7 +3,7 @@
 // sends its all-to-all bytes over the measured link. The planner ranks plans by this prediction.
 
 import type { WanConfig } from './model/config.ts';
-import type { MeshProbe } from './worker-api.ts';
+import type { ComputeProbe, ExecutionProvider, MeshProbe } from './worker-api.ts';
 import { checkDegree, exchangeFloatsPerBlock, planUlysses, validDegrees } from './parallel.ts';
 
 /** The sizes a forward's cost depends on (a WanConfig has them all). */
@@ -221,4 +221,20 @@ export function fitMeshProbe(probe: MeshProbe): LinkSpeed {
     { bytes: probe.smallBytes, seconds: probe.smallMs / 1000 },
     { bytes: probe.bytesSent, seconds: Math.max(probe.largeMs, probe.smallMs + 0.5) / 1000 },
   ]);
+}
+
+const EP_NAME: Record<ExecutionProvider, string> = { wasm: 'WASM', webgpu: 'WebGPU' };
+
+/**
+ * The EP a worker computes fastest on, by its measured matrix-multiply rate (a forward pass is
+ * mostly matrix multiplies), and why, in words: "WASM: 21.3 GFLOP/s vs WebGPU 0.2". The worker
+ * chooses by it when a job leaves the EP to 'auto', and the planner predicts with the same choice.
+ */
+export function fastestEp(compute: Partial<Record<ExecutionProvider, Pick<ComputeProbe, 'flops'>>>): { ep: ExecutionProvider; why: string } {
+  const measured = (Object.keys(compute) as ExecutionProvider[]).filter((ep) => compute[ep]).sort((a, b) => compute[b]!.flops - compute[a]!.flops);
+  if (!measured.length) return { ep: 'wasm', why: 'WASM: nothing measured yet' };
+  const rate = (ep: ExecutionProvider) => `${+(compute[ep]!.flops / 1e9).toPrecision(3)}`;
+  const [best, ...slower] = measured;
+  const others = slower.map((ep) => `${EP_NAME[ep]} ${rate(ep)}`).join(', ');
+  return { ep: best, why: `${EP_NAME[best]}: ${rate(best)} GFLOP/s${others ? ` vs ${others}` : best === 'wasm' ? ' (no WebGPU adapter)' : ''}` };
 }

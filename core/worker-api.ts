@@ -42,6 +42,8 @@ export interface LoadedModel {
   ep: ExecutionProvider;
   adapter: string;
   loadMs: number;
+  /** why this EP: asked for by the job, or the faster one measured ("WASM: 21.3 GFLOP/s vs WebGPU 0.2") */
+  why: string;
 }
 
 export interface PrepareArgs {
@@ -182,7 +184,7 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
   },
   loadModel: {
     args: fields({ modelUrl: text(), ep: oneOf(...EXECUTION_PROVIDERS, 'auto') }),
-    reply: fields({ ep, adapter: text(), loadMs: ms }),
+    reply: fields({ ep, adapter: text(), loadMs: ms, why: text() }),
   },
   prepareJob: {
     args: fields({ job: int(0), texts: list(floats(), { min: 1, max: 2 }), latentShape: shape }),

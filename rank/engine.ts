@@ -19,7 +19,7 @@ export interface EngineInfo {
 }
 
 export interface EngineApi extends DeviceStageRunner {
-  load(modelUrl: string, ep: ExecutionProvider | 'auto'): Promise<EngineInfo>;
+  load(modelUrl: string, ep: ExecutionProvider): Promise<EngineInfo>;
   /** matrix-multiply and softmax throughput on an EP */
   probe(ep: ExecutionProvider): Promise<ComputeProbe>;
 }
@@ -40,15 +40,14 @@ export function createEngine(): EngineApi {
     return stages;
   };
   return {
-    load: (modelUrl, preferred) => serial(async () => {
+    load: (modelUrl, ep) => serial(async () => {
       // a worker page serves executor after executor: the same model on the same EP loads once
-      const key = `${modelUrl} ${preferred}`;
+      const key = `${modelUrl} ${ep}`;
       if (loaded?.key === key) return loaded.info;
       const started = performance.now();
       ort.env.wasm.numThreads = 1; // one thread per worker: several workers share a machine's cores
-      const adapter = preferred === 'wasm' ? null : await probeWebGpu();
-      if (preferred === 'webgpu' && !adapter) throw new Error('webgpu was asked for but this browser has no WebGPU adapter; use ep "auto" or "wasm"');
-      const ep: ExecutionProvider = adapter ? 'webgpu' : 'wasm';
+      const adapter = ep === 'wasm' ? null : await probeWebGpu();
+      if (ep === 'webgpu' && !adapter) throw new Error('webgpu was asked for but this browser has no WebGPU adapter; use ep "auto" or "wasm"');
       const model = await loadTransformer(fetchModelFiles(modelUrl));
       stages = await onnxStages(model, ep);
       const info: EngineInfo = { ep, adapter: adapter ?? 'WebAssembly (no WebGPU adapter)', config: model.config, loadMs: performance.now() - started };

@@ -4,10 +4,12 @@
 // against the contract; what the contract cannot know (rank < world, the model's widths, the order of
 // calls) is judged here, and each refusal says what was expected.
 import type { WanConfig } from '../core/model/config.ts';
+import { fastestEp } from '../core/cost-model.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
 import { planUlysses, type UlyssesPlan } from '../core/parallel.ts';
 import { BYTES_PER_ELEMENT } from '../core/net/protocol.ts';
 import type {
+  ComputeProbe,
   ExecuteArgs,
   ExecuteResult,
   ExecutionProvider,
@@ -39,6 +41,9 @@ export class WorkerRuntime implements WorkerApi {
   private texts: Float32Array[] = [];
   private plan: UlyssesPlan | null = null;
   private job = -1;
+  /** what each EP measured on the threads it had (the coordinator's probes fill it; loadModel measures what is missing) */
+  private probes: { threads: number; measured: Partial<Record<ExecutionProvider, ComputeProbe>> } = { threads: 0, measured: {} };
+  private epWhy = '';
   readonly totals: WorkerTotals = { steps: 0, bytesSent: 0, computeMs: 0, bytesDownloaded: 0, bytesKept: 0, deviceTensorsLeft: 0 };
 
   constructor(
@@ -55,8 +60,16 @@ export class WorkerRuntime implements WorkerApi {
     return this.hooks.describe();
   }
 
-  probeCompute({ ep }: { ep: ExecutionProvider }) {
-    return this.engine.probe(ep);
+  async probeCompute({ ep }: { ep: ExecutionProvider }) {
+    const measured = await this.measuredNow();
+    return (measured[ep] = await this.engine.probe(ep));
+  }
+
+  /** The probes taken on this worker's current threads (a new share of the cores makes the old ones stale). */
+  private async measuredNow() {
+    const { threads } = await this.hooks.describe();
+    if (this.probes.threads !== threads) this.probes = { threads, measured: {} };
+    return this.probes.measured;
   }
 
   async probeLink({ payload }: { payload: Float32Array }) {
@@ -91,9 +104,24 @@ export class WorkerRuntime implements WorkerApi {
   async loadModel({ modelUrl, ep }: LoadArgs) {
     this.needInit('loadModel');
     this.setState('loading', `loading ${modelUrl}`);
-    this.model = await this.engine.load(modelUrl, ep);
-    this.setState('ready', `model loaded on ${this.model.ep} in ${this.model.loadMs.toFixed(0)} ms`);
-    return { ep: this.model.ep, adapter: this.model.adapter, loadMs: this.model.loadMs };
+    const choice = ep === 'auto' ? await this.fastestEp() : { ep, why: `${ep === 'wasm' ? 'WASM' : 'WebGPU'}: asked for by the job` };
+    this.model = await this.engine.load(modelUrl, choice.ep);
+    this.epWhy = choice.why;
+    this.setState('ready', `model loaded on ${this.model.ep} in ${this.model.loadMs.toFixed(0)} ms (${choice.why})`);
+    return { ep: this.model.ep, adapter: this.model.adapter, loadMs: this.model.loadMs, why: choice.why };
+  }
+
+  /** why the loaded model runs on its EP, once loaded */
+  get epReason(): string {
+    return this.epWhy;
+  }
+
+  /** 'auto': the EP this worker measured fastest; WebGPU is measured only where there is an adapter. */
+  private async fastestEp() {
+    const measured = await this.measuredNow();
+    measured.wasm ??= await this.engine.probe('wasm');
+    if (!measured.webgpu && (await this.hooks.describe()).ep === 'webgpu') measured.webgpu = await this.engine.probe('webgpu');
+    return fastestEp(measured);
   }
 
   async prepareJob({ job, texts, latentShape }: PrepareArgs) {

@@ -41,8 +41,9 @@ export interface WorkerStatus {
   framesDropped: number;
   /** how the link to the dashboard goes, once connected */
   transport: Transport | null;
-  /** the EP the loaded model runs on (the job may ask for WebAssembly on a WebGPU machine) */
+  /** the EP the loaded model runs on (the job may ask for WebAssembly on a WebGPU machine), and why */
   ep: ExecutionProvider | null;
+  epWhy: string;
 }
 
 export interface WorkerEndpointOptions {
@@ -57,7 +58,14 @@ export interface WorkerEndpointOptions {
 export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promise<{ leave(): void }> {
   const signaling = await signalingOptions(options.origin);
   const peer = await registerPeer(() => new Peer(newPeerId('worker'), peerOptions(signaling)), options.origin);
-  const engineWorker = startEngineWorker();
+  const adapter = await probeWebGpu();
+  const info: WorkerInfo = {
+    ep: adapter ? 'webgpu' : 'wasm',
+    adapter: adapter ?? 'WebAssembly (no WebGPU adapter)',
+    threads: 1,
+    memoryGiB: (navigator as Navigator & { deviceMemory?: number }).deviceMemory ?? null,
+    userAgent: navigator.userAgent,
+  };
   const status: WorkerStatus = {
     peerId: peer.id,
     coordinator: null,
@@ -69,17 +77,11 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
     framesDropped: 0,
     transport: null,
     ep: null,
+    epWhy: '',
   };
   const publish = (patch: Partial<WorkerStatus>) => options.onStatus(Object.assign(status, patch));
 
-  const adapter = await probeWebGpu();
-  const info: WorkerInfo = {
-    ep: adapter ? 'webgpu' : 'wasm',
-    adapter: adapter ?? 'WebAssembly (no WebGPU adapter)',
-    threads: 1,
-    memoryGiB: (navigator as Navigator & { deviceMemory?: number }).deviceMemory ?? null,
-    userAgent: navigator.userAgent,
-  };
+  const engineWorker = startEngineWorker();
   publish({ info });
 
   let leaving = false;
@@ -114,8 +116,8 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
       if (signaling.relay.mode !== 'off') void relayClient().catch(() => {});
       return mesh.connect(init);
     },
-    describe: async () => info,
-    onState: (state, detail) => publish({ state, detail, totals: { ...runtime.totals }, ep: runtime.ep }),
+    describe: async () => ({ ...info }),
+    onState: (state, detail) => publish({ state, detail, totals: { ...runtime.totals }, ep: runtime.ep, epWhy: runtime.epReason }),
     onShutdown: () => mesh.close('released by the coordinator'),
   });
 

@@ -1,4 +1,4 @@
-import type { Swarm, SwarmWorker, WorkerMeasurement } from '../../coordinator/index.ts';
+import { fastestEp, type Swarm, type SwarmWorker, type WorkerMeasurement } from '../../coordinator/index.ts';
 import { $, h } from './dom.ts';
 
 /** Who joined and what each is doing: one row per worker, updated in place. */
@@ -14,8 +14,8 @@ export function renderSwarm(swarm: Swarm): void {
 }
 
 function workerRow(w: SwarmWorker, m: WorkerMeasurement | null): HTMLTableRowElement {
-  const gflops = (ep: 'wasm' | 'webgpu') => (m?.compute[ep] ? `${(m.compute[ep]!.flops / 1e9).toFixed(1)} GFLOP/s on ${ep === 'webgpu' ? 'WebGPU' : 'WASM'}` : '');
-  const speed = m ? [gflops('webgpu'), gflops('wasm')].filter(Boolean).join(' · ') : 'measuring…';
+  // with 'auto' a worker computes on the EP it measured faster: the speed column says so, and why
+  const chosen = m ? fastestEp(m.compute) : null;
   const speedOfLink = !m ? '' : `${(m.bandwidth / 1e6).toFixed(1)} MB/s, ${m.rttMs.toFixed(0)} ms`;
   const relayedPeers = (w.pulse?.mesh ?? []).filter((l) => l.transport === 'relay').length;
   const bad = w.framesDropped + (w.pulse?.framesDropped ?? 0);
@@ -23,10 +23,11 @@ function workerRow(w: SwarmWorker, m: WorkerMeasurement | null): HTMLTableRowEle
     'tr',
     { dataset: { worker: w.id } },
     h('td', { title: w.id }, w.id.slice(-6)),
-    h('td', {}, w.info.ep === 'webgpu' ? 'WebGPU' : 'WASM', h('span', { className: 'sub' }, w.info.adapter)),
-    h('td', {}, speed),
+    h('td', {}, chosen ? (chosen.ep === 'webgpu' ? 'WebGPU' : 'WASM') : w.info.ep === 'webgpu' ? 'WebGPU or WASM' : 'WASM', h('span', { className: 'sub' }, w.info.adapter)),
+    h('td', {}, chosen?.why ?? 'measuring…'),
     h('td', {}, w.transport === 'relay' ? 'relayed' : 'direct', h('span', { className: 'sub' }, [speedOfLink, relayedPeers ? `${relayedPeers} rank link(s) relayed` : ''].filter(Boolean).join(' · '))),
     h('td', {}, w.activity === 'idle' && w.pulse ? w.pulse.state : w.activity),
     h('td', { className: bad ? 'bad' : '' }, String(bad)),
   );
 }
+

@@ -37,6 +37,9 @@ test('the dashboard idle, running on 2 workers and done, and the worker page, as
   await expect(dashboard.locator('#workers tbody')).toContainText('GFLOP/s', { timeout: 60_000 });
   await expect(dashboard.locator('#workers tbody')).toContainText('MB/s');
   await expect(dashboard.locator('#workers tbody')).toContainText('direct');
+  // every column of the swarm table fits its card: nothing cut off after "Speed"
+  const tableOverflow = () => dashboard.evaluate(() => document.getElementById('workers')!.scrollWidth - document.getElementById('workers')!.parentElement!.clientWidth);
+  expect(await tableOverflow()).toBeLessThanOrEqual(0);
 
   // running: submit from the form with the keyboard, on both workers
   await dashboard.fill('[name=prompt]', 'a red ball bouncing');
@@ -70,7 +73,7 @@ test('the dashboard idle, running on 2 workers and done, and the worker page, as
 
   // the worker page: what it is, what it did
   const worker = workers[0];
-  await expect(worker.locator('#ep')).toHaveText('WebAssembly (CPU)'); // the job asked for wasm
+  await expect(worker.locator('#ep')).toHaveText('WebAssembly (CPU) — WASM: asked for by the job');
   await expect(worker.locator('#link')).toHaveText('direct (WebRTC)');
   await expect(worker.locator('#state')).toHaveText(/ready|idle/);
   await expect(worker.locator('#totals')).toContainText('forward passes');
@@ -80,6 +83,7 @@ test('the dashboard idle, running on 2 workers and done, and the worker page, as
   await dashboard.setViewportSize({ width: 390, height: 844 });
   const overflow = await dashboard.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
   expect(overflow).toBeLessThanOrEqual(0);
+  expect(await tableOverflow()).toBeLessThanOrEqual(0);
   await dashboard.screenshot({ path: join(SHOTS, 'dashboard-phone.png'), fullPage: true });
   await context.close();
 });

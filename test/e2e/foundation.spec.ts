@@ -6,7 +6,8 @@ import { maxAbsDiff, openTestSwarm, runJob, type JobOutcome, type TestSwarm } fr
 test.describe.serial('foundation: dashboard + 1 worker tab', () => {
   let swarm: TestSwarm;
   let swarmRun: JobOutcome;
-  const job = { prompt: 'a red ball', frames: 9, height: 32, width: 32, steps: 2, guidance: 5, seed: 7 };
+  // asks for WebGPU: 'auto' takes the faster EP, which on SwiftShader is WASM, and this spec is about the WebGPU path
+  const job = { prompt: 'a red ball', frames: 9, height: 32, width: 32, steps: 2, guidance: 5, seed: 7, ep: 'webgpu' };
 
   test.beforeAll(async ({ browser, baseURL }) => {
     swarm = await openTestSwarm(browser, baseURL!, 1);
@@ -32,7 +33,7 @@ test.describe.serial('foundation: dashboard + 1 worker tab', () => {
   test('the swarm backend produces a playable video with the requested frame count', async () => {
     swarmRun = await runJob(swarm.dashboard, { ...job, backend: 'swarm', workers: 1 });
     expect(swarmRun.report.workers).toHaveLength(1);
-    expect(swarmRun.report.workers[0].ep).toBe('webgpu');
+    expect(swarmRun.report.workers[0]).toMatchObject({ ep: 'webgpu', why: 'WebGPU: asked for by the job' });
     expect(swarmRun.report.steps).toHaveLength(2);
     expect(swarmRun.latent).toHaveLength(16 * 3 * 4 * 4);
     expect(swarmRun.latent.every(Number.isFinite)).toBe(true);
@@ -51,6 +52,20 @@ test.describe.serial('foundation: dashboard + 1 worker tab', () => {
     const diff = maxAbsDiff(local.latent, swarmRun.latent);
     console.log(`local vs swarm (1 worker), webgpu: max-abs ${diff.toExponential(2)}`);
     expect(diff).toBeLessThanOrEqual(1e-4);
+  });
+
+  test("'auto' computes on the EP the worker measured faster, and the report, the worker page and the swarm table say why", async () => {
+    const run = await runJob(swarm.dashboard, { ...job, ep: 'auto', backend: 'swarm', workers: 1 });
+    const [worker] = run.report.workers;
+    const rates = [...worker.why.matchAll(/(WASM|WebGPU):? ([\d.]+)/g)].map(([, ep, gflops]) => ({ ep: ep === 'WASM' ? 'wasm' : 'webgpu', gflops: Number(gflops) }));
+    expect(rates.map((r) => r.ep).sort()).toEqual(['wasm', 'webgpu']); // this browser has both
+    expect(worker.why).toMatch(/^(WASM|WebGPU): [\d.]+ GFLOP\/s vs (WASM|WebGPU) [\d.]+$/);
+    // the first named is the faster, and the one the worker computed on
+    expect(rates[0].gflops).toBeGreaterThanOrEqual(rates[1].gflops);
+    expect(worker.ep).toBe(rates[0].ep);
+    console.log(`auto: ${worker.ep} (${worker.why})`);
+    await expect(swarm.workers[0].locator('#ep')).toContainText(worker.why);
+    await expect(swarm.dashboard.locator('#workers tbody')).toContainText(worker.why.split(' vs ')[0]);
   });
 
   test('a bad job parameter is refused with the field named, and nothing runs', async () => {

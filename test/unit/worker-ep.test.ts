@@ -1,0 +1,81 @@
+import { beforeAll, describe, expect, it } from 'vitest';
+import { fastestEp } from '../../core/cost-model.ts';
+import type { WanModel } from '../../core/model/reference.ts';
+import { loadTransformer } from '../../core/model/transformer.ts';
+import type { ExecutionProvider, WorkerInfo } from '../../core/worker-api.ts';
+import { memoryExchanges } from '../../rank/exchange/memory.ts';
+import { WorkerRuntime } from '../../rank/runtime.ts';
+import { referenceStages } from '../../rank/stages.ts';
+import { stubEngine, tinyModelFiles } from './fixtures.ts';
+
+// 'auto' means the faster EP, as this worker measured it: the runtime chooses, the planner predicts
+// with the same rule (fastestEp), and both say why in words a user can check.
+let model: WanModel;
+beforeAll(async () => {
+  model = await loadTransformer(tinyModelFiles);
+});
+
+describe('fastestEp: the EP with the higher measured matrix-multiply rate, and why', () => {
+  it('names the faster first, with both rates in GFLOP/s to three figures', () => {
+    expect(fastestEp({ wasm: { flops: 21.3e9 }, webgpu: { flops: 0.2e9 } })).toEqual({ ep: 'wasm', why: 'WASM: 21.3 GFLOP/s vs WebGPU 0.2' });
+    expect(fastestEp({ wasm: { flops: 21.3e9 }, webgpu: { flops: 5012e9 } })).toEqual({ ep: 'webgpu', why: 'WebGPU: 5010 GFLOP/s vs WASM 21.3' });
+  });
+
+  it('without a WebGPU adapter, WASM and that reason; with nothing measured, WASM and that reason', () => {
+    expect(fastestEp({ wasm: { flops: 16e9 } })).toEqual({ ep: 'wasm', why: 'WASM: 16 GFLOP/s (no WebGPU adapter)' });
+    expect(fastestEp({})).toEqual({ ep: 'wasm', why: 'WASM: nothing measured yet' });
+  });
+});
+
+describe("a worker's runtime with ep 'auto'", () => {
+  /** A prepared runtime whose engine measures these rates, on `threads` threads; it records what it loaded on. */
+  function runtimeWith(rates: Partial<Record<ExecutionProvider, number>>, info: Partial<WorkerInfo> = {}) {
+    const loads: ExecutionProvider[] = [];
+    const probes: ExecutionProvider[] = [];
+    const base = stubEngine(referenceStages(model), model.config);
+    const engine = {
+      ...base,
+      load: async (url: string, ep: ExecutionProvider) => (loads.push(ep), { ...(await base.load(url, ep)), ep }),
+      probe: async (ep: ExecutionProvider) => (probes.push(ep), { ep, flops: rates[ep]!, softmaxRate: 1e8 }),
+    };
+    const described: WorkerInfo = { ep: 'webgpu', adapter: 'test', threads: 1, memoryGiB: null, userAgent: 'node', ...info };
+    const runtime = new WorkerRuntime(engine, { connectMesh: async () => memoryExchanges(1)[0], describe: async () => described });
+    return { runtime, loads, probes, described };
+  }
+
+  it('loads on the EP it measured faster, says why, and measures each EP once', async () => {
+    const slowGpu = runtimeWith({ wasm: 21.3e9, webgpu: 0.2e9 });
+    await slowGpu.runtime.initWorker({ rank: 0, world: 1, peers: ['a'], session: 's' });
+    expect(await slowGpu.runtime.loadModel({ modelUrl: 'x', ep: 'auto' })).toMatchObject({ ep: 'wasm', why: 'WASM: 21.3 GFLOP/s vs WebGPU 0.2' });
+    await slowGpu.runtime.loadModel({ modelUrl: 'x', ep: 'auto' });
+    expect([slowGpu.loads, slowGpu.probes]).toEqual([['wasm', 'wasm'], ['wasm', 'webgpu']]);
+
+    const realGpu = runtimeWith({ wasm: 21.3e9, webgpu: 5000e9 });
+    await realGpu.runtime.initWorker({ rank: 0, world: 1, peers: ['a'], session: 's' });
+    expect(await realGpu.runtime.loadModel({ modelUrl: 'x', ep: 'auto' })).toMatchObject({ ep: 'webgpu', why: 'WebGPU: 5000 GFLOP/s vs WASM 21.3' });
+  });
+
+  it('reuses the probes the coordinator took at join, but not those of another share of the cores', async () => {
+    const { runtime, probes, described } = runtimeWith({ wasm: 21.3e9, webgpu: 0.2e9 });
+    await runtime.probeCompute({ ep: 'wasm' });
+    await runtime.probeCompute({ ep: 'webgpu' });
+    await runtime.initWorker({ rank: 0, world: 1, peers: ['a'], session: 's' });
+    await runtime.loadModel({ modelUrl: 'x', ep: 'auto' });
+    expect(probes).toEqual(['wasm', 'webgpu']);
+    described.threads = 2; // another worker tab left: this one now has two threads
+    await runtime.loadModel({ modelUrl: 'x', ep: 'auto' });
+    expect(probes).toEqual(['wasm', 'webgpu', 'wasm', 'webgpu']);
+  });
+
+  it('a job that names its EP gets it, measured or not, and the reason says so; no adapter means no WebGPU probe', async () => {
+    const { runtime, loads, probes } = runtimeWith({ wasm: 21.3e9, webgpu: 0.2e9 });
+    await runtime.initWorker({ rank: 0, world: 1, peers: ['a'], session: 's' });
+    expect(await runtime.loadModel({ modelUrl: 'x', ep: 'webgpu' })).toMatchObject({ ep: 'webgpu', why: 'WebGPU: asked for by the job' });
+    expect([loads, probes]).toEqual([['webgpu'], []]);
+
+    const cpuOnly = runtimeWith({ wasm: 16e9 }, { ep: 'wasm', adapter: 'WebAssembly (no WebGPU adapter)' });
+    await cpuOnly.runtime.initWorker({ rank: 0, world: 1, peers: ['a'], session: 's' });
+    expect(await cpuOnly.runtime.loadModel({ modelUrl: 'x', ep: 'auto' })).toMatchObject({ ep: 'wasm', why: 'WASM: 16 GFLOP/s (no WebGPU adapter)' });
+    expect(cpuOnly.probes).toEqual(['wasm']);
+  });
+});
