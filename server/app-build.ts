@@ -6,7 +6,7 @@ const REPO_ROOT = resolve(import.meta.dirname, '..');
 export const DIST_DIR = resolve(REPO_ROOT, 'dist');
 
 // Everything the bundle is made from; a change in any of them means dist/ is out of date.
-const SOURCES = ['app', 'coordinator', 'worker', 'core', 'public', 'vite.config.ts'];
+const SOURCES = ['app', 'coordinator', 'worker', 'rank', 'core', 'public', 'vite.config.ts'];
 const BUILT_PAGES = ['index.html', 'worker.html'];
 
 /** Builds the app with the repo's vite.config.ts unless dist/ is newer than every source. */
