@@ -1,11 +1,10 @@
 import { beforeAll, describe, expect, it } from 'vitest';
 import { BACKENDS, createExecutor, getExecutorClass } from '../../coordinator/backends.ts';
-import { Executor, TimeoutError, WorkerError, type ExecutorOptions } from '../../coordinator/executor.ts';
+import { TimeoutError, WorkerError, type ExecutorOptions } from '../../coordinator/executor.ts';
 import { LocalExecutor } from '../../coordinator/local-executor.ts';
 import { SwarmExecutor } from '../../coordinator/swarm-executor.ts';
-import type { Link } from '../../core/net/link.ts';
 import { COORDINATOR, type Message } from '../../core/net/protocol.ts';
-import { inProcess, remote, serve, type Remote } from '../../core/net/rpc.ts';
+import { remote, serve } from '../../core/net/rpc.ts';
 import { referenceForward, type WanModel } from '../../core/model/reference.ts';
 import { tokenGrid } from '../../core/model/tokens.ts';
 import { loadTransformer } from '../../core/model/transformer.ts';
@@ -18,83 +17,10 @@ import { memoryExchanges } from '../../rank/exchange/memory.ts';
 import { onnxStages } from '../../rank/onnx-stages.ts';
 import { WorkerRuntime } from '../../rank/runtime.ts';
 import { channelPair, stubEngine, tinyModelFiles, validJobArgs } from './fixtures.ts';
+import { InProcessExecutor, type Transport } from './in-process-executor.ts';
 
-// The executor's lifecycle against P real WorkerRuntimes in this process: the all-to-all over
-// memory, the calls either in-process through the contract (as the local backend makes them) or
-// through Links, remote() and serve() over an in-memory channel (as the swarm backend does).
-type Transport = 'direct' | 'rpc';
-/** What a rank does instead of answering normally. */
-type Fault = { silent: true } | { throws: string } | { delayMs: number };
-
-class InProcessExecutor extends Executor {
-  readonly runtimes: WorkerRuntime[] = [];
-  /** the methods each rank was asked to run, in arrival order */
-  readonly received: string[][] = [];
-  closeTransportCalls = 0;
-  fault: (rank: number, method: string) => Fault | null = () => null;
-  private remotes: Remote<WorkerApi>[] = [];
-  private links: Link[] = [];
-
-  constructor(
-    options: ExecutorOptions,
-    private readonly engine: EngineApi,
-    private readonly transport: Transport,
-  ) {
-    super(options);
-  }
-
-  /** Places the ranks without initWorker, loadModel or anything else. */
-  async placeOnly(): Promise<void> {
-    await this.place();
-    (this as unknown as { placed: boolean }).placed = true;
-  }
-
-  protected async place(): Promise<string[]> {
-    const ranks = this.layout.world;
-    const exchanges = memoryExchanges(ranks);
-    for (let rank = 0; rank < ranks; rank++) {
-      const runtime = new WorkerRuntime(this.engine, {
-        connectMesh: async (init) => exchanges[init.rank],
-        describe: async () => ({ ep: 'wasm', adapter: 'test', threads: 1, memoryGiB: null, userAgent: `in-process rank ${rank}` }),
-      });
-      this.runtimes.push(runtime);
-      this.received.push([]);
-      // the runtime as the worker serves it, with this test's faults in front of every method
-      const faulty = Object.fromEntries(
-        WORKER_METHODS.map((method) => [
-          method,
-          async (args: unknown) => {
-            this.received[rank].push(method);
-            const fault = this.fault(rank, method);
-            if (fault && 'silent' in fault) return new Promise(() => {});
-            if (fault && 'throws' in fault) throw new Error(fault.throws);
-            if (fault && 'delayMs' in fault) await new Promise((r) => setTimeout(r, fault.delayMs));
-            return (runtime[method] as (a: unknown) => Promise<unknown>).call(runtime, args);
-          },
-        ]),
-      ) as unknown as WorkerApi;
-      if (this.transport === 'direct') {
-        this.remotes.push(inProcess(faulty, WORKER_CONTRACT, `rank ${rank}`));
-      } else {
-        const [coordinatorSide, workerSide] = channelPair();
-        serve(workerSide, rank, WORKER_CONTRACT, faulty);
-        this.links.push(coordinatorSide, workerSide);
-        this.remotes.push(remote(coordinatorSide, COORDINATOR, WORKER_CONTRACT, `rank ${rank}`));
-      }
-    }
-    return Array.from({ length: ranks }, (_, r) => `rank-${r}`);
-  }
-
-  protected remoteOf(rank: number) {
-    return this.remotes[rank];
-  }
-
-  protected closeTransport(): void {
-    this.closeTransportCalls++;
-    for (const link of this.links) link.close('the executor shut down');
-  }
-}
-
+// The executor's lifecycle against P real WorkerRuntimes in this process (in-process-executor.ts),
+// over both ways the backends reach a rank.
 let model: WanModel;
 let engine: EngineApi;
 const random = new SeededRandom(5);

@@ -61,3 +61,15 @@ export const validJobArgs = {
   prepareJob: { job: 1, texts: [new Float32Array(4)], latentShape: [16, 1, 8, 8] },
   executeModel: { job: 1, step: 0, pass: 0, timestep: 500, latentShape: [16, 1, 8, 8], patches: new Float32Array(64) },
 };
+
+/** A channel whose sends are only recorded (the peer never answers). */
+export class SinkChannel implements Channel {
+  bufferedAmount = 0;
+  bufferedAmountLowThreshold = 0;
+  sent: ArrayBuffer[] = [];
+  send(data: ArrayBuffer) {
+    this.sent.push(data);
+  }
+  addEventListener() {}
+  removeEventListener() {}
+}

@@ -4,7 +4,6 @@
 // delivered whole, no request changes a prepared job, and what is held stays bounded.
 import { beforeAll, describe, expect, it, vi } from 'vitest';
 import { Link } from '../../core/net/link.ts';
-import type { Channel } from '../../core/net/channel.ts';
 import { ContractError } from '../../core/net/check.ts';
 import { loadTransformer } from '../../core/model/transformer.ts';
 import type { WanModel } from '../../core/model/reference.ts';
@@ -18,23 +17,11 @@ import { referenceStages } from '../../rank/stages.ts';
 import { memoryExchanges } from '../../rank/exchange/memory.ts';
 import { WorkerRuntime } from '../../rank/runtime.ts';
 import { judgeMeshFrame } from '../../worker/mesh.ts';
-import { stubEngine, tinyModelFiles } from './fixtures.ts';
+import { SinkChannel, stubEngine, tinyModelFiles } from './fixtures.ts';
 
 const FRAMES_PER_TARGET = 10_000;
 const random = new SeededRandom(99);
 const pick = <T>(items: T[]): T => items[Math.floor(random.uniform() * items.length)];
-
-/** A channel whose sends are only recorded (the other side never answers). */
-class SinkChannel implements Channel {
-  bufferedAmount = 0;
-  bufferedAmountLowThreshold = 0;
-  sent: ArrayBuffer[] = [];
-  send(data: ArrayBuffer) {
-    this.sent.push(data);
-  }
-  addEventListener() {}
-  removeEventListener() {}
-}
 
 type ReplyBody = { type: 'reply'; id: number; ok: boolean; error?: string };
 

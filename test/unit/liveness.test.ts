@@ -1,18 +1,15 @@
 import { afterEach, beforeAll, beforeEach, describe, expect, it, vi } from 'vitest';
-import { Executor, WorkerError, type ExecutorOptions } from '../../coordinator/executor.ts';
+import { WorkerError } from '../../coordinator/executor.ts';
 import type { Channel } from '../../core/net/channel.ts';
 import { answerHeartbeats, DEAD_AFTER_MS, HEARTBEAT_INTERVAL_MS, watchHeartbeats, type WorkerPulse } from '../../core/net/heartbeat.ts';
 import { Link } from '../../core/net/link.ts';
 import { COORDINATOR, encodeFrames, HEADER_BYTES, type FrameHeader, type Message } from '../../core/net/protocol.ts';
-import { inProcess, remote, serve, type Remote } from '../../core/net/rpc.ts';
 import type { WanModel } from '../../core/model/reference.ts';
 import { loadTransformer } from '../../core/model/transformer.ts';
 import { RankLayout } from '../../core/parallel.ts';
-import { WORKER_CONTRACT, WORKER_METHODS, type WorkerApi } from '../../core/worker-api.ts';
-import { memoryExchanges } from '../../rank/exchange/memory.ts';
-import { WorkerRuntime } from '../../rank/runtime.ts';
 import { referenceStages } from '../../rank/stages.ts';
-import { channelPair, stubEngine, tinyModelFiles } from './fixtures.ts';
+import { SinkChannel, stubEngine, tinyModelFiles } from './fixtures.ts';
+import { InProcessExecutor, type Transport } from './in-process-executor.ts';
 
 // How the coordinator tells a live worker from a lost one, on vitest's fake clock: a frozen peer
 // and a peer that sends only garbage die on the same beat, one that answers heartbeats (or streams
@@ -21,18 +18,6 @@ import { channelPair, stubEngine, tinyModelFiles } from './fixtures.ts';
 const START = Date.UTC(2026, 0, 1);
 /** The first beat that finds the peer silent for more than DEAD_AFTER_MS. */
 const DEAD_ON_BEAT = DEAD_AFTER_MS + HEARTBEAT_INTERVAL_MS;
-
-/** A channel whose sends are only recorded (the peer never answers). */
-class SinkChannel implements Channel {
-  bufferedAmount = 0;
-  bufferedAmountLowThreshold = 0;
-  sent: ArrayBuffer[] = [];
-  send(data: ArrayBuffer) {
-    this.sent.push(data);
-  }
-  addEventListener() {}
-  removeEventListener() {}
-}
 
 /** The coordinator's own rule for what a worker may send it (coordinator/swarm.ts). */
 const coordinatorAccept = (h: FrameHeader) => (h.kind !== 'rpc' ? 'a worker may only send RPC messages to the coordinator' : null);
@@ -167,64 +152,6 @@ function corrupt(frame: ArrayBuffer, offset: number, value: number): ArrayBuffer
 
 // ------------------------------------------------------------------ fail fast
 
-type Fault = 'throws' | 'silent';
-type Transport = 'direct' | 'rpc';
-
-/** P real runtimes in this process (as executor.test.ts's InProcessExecutor), with a fault in front of any method. */
-class FaultyExecutor extends Executor {
-  /** the methods each rank was asked to run, in arrival order */
-  readonly received: string[][] = [];
-  fault: (rank: number, method: string) => Fault | null = () => null;
-  private readonly remotes: Remote<WorkerApi>[] = [];
-
-  constructor(
-    options: ExecutorOptions,
-    private readonly model: WanModel,
-    private readonly transport: Transport,
-  ) {
-    super(options);
-  }
-
-  protected async place(): Promise<string[]> {
-    const world = this.layout.world;
-    const exchanges = memoryExchanges(world);
-    const engine = stubEngine(referenceStages(this.model), this.model.config);
-    for (let rank = 0; rank < world; rank++) {
-      const runtime = new WorkerRuntime(engine, {
-        connectMesh: async (init) => exchanges[init.rank],
-        describe: async () => ({ ep: 'wasm', adapter: 'test', threads: 1, memoryGiB: null, userAgent: `in-process rank ${rank}` }),
-      });
-      this.received.push([]);
-      const faulty = Object.fromEntries(
-        WORKER_METHODS.map((method) => [
-          method,
-          async (args: unknown) => {
-            this.received[rank].push(method);
-            const fault = this.fault(rank, method);
-            if (fault === 'silent') return new Promise(() => {});
-            if (fault === 'throws') throw new Error('out of GPU memory');
-            return (runtime[method] as (a: unknown) => Promise<unknown>).call(runtime, args);
-          },
-        ]),
-      ) as unknown as WorkerApi;
-      if (this.transport === 'direct') {
-        this.remotes.push(inProcess(faulty, WORKER_CONTRACT, `rank ${rank}`));
-      } else {
-        const [coordinatorSide, workerSide] = channelPair();
-        serve(workerSide, rank, WORKER_CONTRACT, faulty);
-        this.remotes.push(remote(coordinatorSide, COORDINATOR, WORKER_CONTRACT, `rank ${rank}`));
-      }
-    }
-    return Array.from({ length: world }, (_, r) => `rank-${r}`);
-  }
-
-  protected remoteOf(rank: number) {
-    return this.remotes[rank];
-  }
-
-  protected closeTransport(): void {}
-}
-
 describe.each<Transport>(['direct', 'rpc'])('collectiveRpc over %s calls', (transport) => {
   let model: WanModel;
   beforeAll(async () => {
@@ -236,9 +163,10 @@ describe.each<Transport>(['direct', 'rpc'])('collectiveRpc over %s calls', (tran
 
   it('one rank that errs fails the call at once (0 ms on the clock, with a 60 s timeout), though another rank never answers', async () => {
     const RPC_TIMEOUT_MS = 60_000;
-    const executor = new FaultyExecutor({ config: model.config, modelUrl: '/models/tiny-wan', rpcTimeoutMs: RPC_TIMEOUT_MS, layout: new RankLayout(3) }, model, transport);
+    const engine = stubEngine(referenceStages(model), model.config);
+    const executor = new InProcessExecutor({ config: model.config, modelUrl: '/models/tiny-wan', rpcTimeoutMs: RPC_TIMEOUT_MS, layout: new RankLayout(3) }, engine, transport);
     await executor.initialize();
-    executor.fault = (rank, method) => (method !== 'ping' ? null : rank === 1 ? 'throws' : rank === 2 ? 'silent' : null);
+    executor.fault = (rank, method) => (method !== 'ping' ? null : rank === 1 ? { throws: 'out of GPU memory' } : rank === 2 ? { silent: true } : null);
 
     // the clock only moves when the test moves it; messages still flow (setImmediate stays real)
     vi.useFakeTimers({ toFake: ['setTimeout', 'clearTimeout', 'setInterval', 'clearInterval', 'Date'] });

@@ -1,0 +1,86 @@
+import { Executor, type ExecutorOptions } from '../../coordinator/executor.ts';
+import type { Link } from '../../core/net/link.ts';
+import { COORDINATOR } from '../../core/net/protocol.ts';
+import { inProcess, remote, serve, type Remote } from '../../core/net/rpc.ts';
+import { WORKER_CONTRACT, WORKER_METHODS, type WorkerApi } from '../../core/worker-api.ts';
+import type { EngineApi } from '../../rank/engine.ts';
+import { memoryExchanges } from '../../rank/exchange/memory.ts';
+import { WorkerRuntime } from '../../rank/runtime.ts';
+import { channelPair } from './fixtures.ts';
+
+// An executor over P real WorkerRuntimes in this process: the all-to-all over memory, the calls
+// either in-process through the contract (as the local backend makes them) or through Links,
+// remote() and serve() over an in-memory channel (as the swarm backend does), with a fault of the
+// test's choosing in front of any method.
+export type Transport = 'direct' | 'rpc';
+/** What a rank does instead of answering normally. */
+export type Fault = { silent: true } | { throws: string } | { delayMs: number };
+
+export class InProcessExecutor extends Executor {
+  readonly runtimes: WorkerRuntime[] = [];
+  /** the methods each rank was asked to run, in arrival order */
+  readonly received: string[][] = [];
+  closeTransportCalls = 0;
+  fault: (rank: number, method: string) => Fault | null = () => null;
+  private remotes: Remote<WorkerApi>[] = [];
+  private links: Link[] = [];
+
+  constructor(
+    options: ExecutorOptions,
+    private readonly engine: EngineApi,
+    private readonly transport: Transport,
+  ) {
+    super(options);
+  }
+
+  /** Places the ranks without initWorker, loadModel or anything else. */
+  async placeOnly(): Promise<void> {
+    await this.place();
+    (this as unknown as { placed: boolean }).placed = true;
+  }
+
+  protected async place(): Promise<string[]> {
+    const ranks = this.layout.world;
+    const exchanges = memoryExchanges(ranks);
+    for (let rank = 0; rank < ranks; rank++) {
+      const runtime = new WorkerRuntime(this.engine, {
+        connectMesh: async (init) => exchanges[init.rank],
+        describe: async () => ({ ep: 'wasm', adapter: 'test', threads: 1, memoryGiB: null, userAgent: `in-process rank ${rank}` }),
+      });
+      this.runtimes.push(runtime);
+      this.received.push([]);
+      // the runtime as the worker serves it, with this test's faults in front of every method
+      const faulty = Object.fromEntries(
+        WORKER_METHODS.map((method) => [
+          method,
+          async (args: unknown) => {
+            this.received[rank].push(method);
+            const fault = this.fault(rank, method);
+            if (fault && 'silent' in fault) return new Promise(() => {});
+            if (fault && 'throws' in fault) throw new Error(fault.throws);
+            if (fault && 'delayMs' in fault) await new Promise((r) => setTimeout(r, fault.delayMs));
+            return (runtime[method] as (a: unknown) => Promise<unknown>).call(runtime, args);
+          },
+        ]),
+      ) as unknown as WorkerApi;
+      if (this.transport === 'direct') {
+        this.remotes.push(inProcess(faulty, WORKER_CONTRACT, `rank ${rank}`));
+      } else {
+        const [coordinatorSide, workerSide] = channelPair();
+        serve(workerSide, rank, WORKER_CONTRACT, faulty);
+        this.links.push(coordinatorSide, workerSide);
+        this.remotes.push(remote(coordinatorSide, COORDINATOR, WORKER_CONTRACT, `rank ${rank}`));
+      }
+    }
+    return Array.from({ length: ranks }, (_, r) => `rank-${r}`);
+  }
+
+  protected remoteOf(rank: number) {
+    return this.remotes[rank];
+  }
+
+  protected closeTransport(): void {
+    this.closeTransportCalls++;
+    for (const link of this.links) link.close('the executor shut down');
+  }
+}
