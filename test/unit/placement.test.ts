@@ -136,6 +136,11 @@ describe('Ulysses degree rules (core/parallel)', () => {
 });
 
 describe('RankLayout: the one owner of rank arithmetic', () => {
+  it('a degree that is not a whole number of ranks is refused with what was asked', () => {
+    for (const bad of [0, -1, 1.5, Number.NaN]) expect(() => new RankLayout(bad), String(bad)).toThrow(`a Ulysses degree is a whole number of ranks, got ${bad}`);
+    expect(() => new RankLayout(1)).not.toThrow();
+  });
+
   it('plain Ulysses: one group of P ranks, all passes on it', () => {
     const layout = new RankLayout(3);
     expect([layout.world, layout.cfgParallel]).toEqual([3, false]);
