@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { candidatePlans, fitLink, forwardBytes, forwardFlops, planSwarm, predictStep, type Hardware, type ModelShape, type Workload } from '../../core/cost-model.ts';
+import { candidatePlans, fitLink, fitMeshProbe, forwardBytes, forwardFlops, planSwarm, predictStep, type Hardware, type LinkSpeed, type ModelShape, type Workload } from '../../core/cost-model.ts';
 import { SeededRandom } from '../../core/random.ts';
 
 const small: ModelShape = { numHeads: 2, headDim: 2, dim: 4, ffnDim: 8, numLayers: 1, inChannels: 1, outChannels: 1, patchSize: [1, 1, 1], textDim: 3, freqDim: 2 };
@@ -146,5 +146,118 @@ describe('fitLink', () => {
 
   it('needs at least two transfer sizes', () => {
     expect(() => fitLink([{ bytes: 1e6, seconds: 0.1 }, { bytes: 1e6, seconds: 0.2 }])).toThrowError(/at least two sizes/);
+  });
+});
+
+
+// Hand-countable sizes where nothing is 1 that a formula multiplies by: C_in 2, C_out 3, patch 1×2×2.
+const tiny: ModelShape = { numHeads: 2, headDim: 2, dim: 4, ffnDim: 8, numLayers: 1, inChannels: 2, outChannels: 3, patchSize: [1, 2, 2], textDim: 3, freqDim: 2 };
+// With P 2 over S 6 (Sl 3) and L 2, one rank's forward is 2304 FLOPs, and its all-to-alls send
+// 4·Sl·D·(P−1)/P = 24 floats = 96 bytes per block.
+const TOTAL_P2 = 2304;
+
+describe('cost model: channels and patch volume', () => {
+  it('counts the patch volume and the channels in the embedding and the head: C_in 2, C_out 3, patch 1×2×2, S 6, L 2, P 2', () => {
+    const f = forwardFlops(tiny, 6, 2, 2);
+    // patch embedding 2·Sl·C_in·(pt·ph·pw)·D = 2·3·2·4·4, time MLP and modulation 2·(F·D + D·D + D·6D), text MLP 2·L·(T·D + D·D)
+    expect(f.embed).toBe(2 * 3 * 2 * 4 * 4 + 2 * (2 * 4 + 4 * 4 + 4 * 6 * 4) + 2 * 2 * (3 * 4 + 4 * 4)); // 192 + 240 + 112
+    expect(f.embed).toBe(544);
+    expect(f.head).toBe(2 * 3 * 4 * 3 * 4); // 2·Sl·D·C_out·(pt·ph·pw) = 288
+    expect(f.block.total).toBe(384 + 288 + 320 + 96 + 384);
+    expect(f.total).toBe(TOTAL_P2); // 544 + 1 block of 1472 + 288
+    expect(f.scores).toBe(1 * 6 * 6 + 2 * 3 * 2); // 48
+  });
+});
+
+describe('predictStep', () => {
+  const work: Workload = { model: tiny, tokens: 6, textTokens: 2, passes: 1 };
+
+  it('runs on the fastest `world` workers, at the pace of the slowest of them and of the slowest link between them', () => {
+    const slow: LinkSpeed = { bandwidth: 1, latency: 10 };
+    // worker 0 is the slowest and has the worst links: a plan on 2 of 3 workers never touches it
+    const link = (i: number, j: number): LinkSpeed => (i === 0 || j === 0 ? slow : i === 1 ? { bandwidth: 96, latency: 0.5 } : { bandwidth: 48, latency: 0.25 });
+    const hw: Hardware = { workerFlops: [1152, 4608, 2304], workerSoftmaxRates: [12, 48, 24], link, bytesPerElement: 4 };
+    expect(predictStep(work, { ulyssesDegree: 2, cfgParallel: false }, hw)).toEqual({
+      plan: { ulyssesDegree: 2, cfgParallel: false },
+      world: 2,
+      flopsPerRank: TOTAL_P2,
+      bytesPerRank: 96,
+      computeS: TOTAL_P2 / 2304 + 48 / 24, // workers 1 and 2 at the slower one's rates: 1 + 2
+      commS: 96 / 48 + 2 * (2 - 1) * 0.5, // 48 B/s and 0.5 s: the worse of the two directions, 2 all-to-alls per block
+      ioS: (6 * (2 + 3) * 4 * 4) / 48 + 2 * 1 * 0.5, // 480 patch bytes over the same slowest link, out and back: 11
+      stepS: 3 + 3 + 11,
+    });
+  });
+
+  it('with CFG parallel on two groups of 2: one pass per group, the hidden share of the all-to-alls, and one exchange of output rows', () => {
+    const hw: Hardware = { workerFlops: [2304, 2304, 2304, 2304], link: { bandwidth: 48, latency: 0.5 }, bytesPerElement: 4, overlap: 0.25, coordinatorLink: { bandwidth: 96, latency: 1 } };
+    const p = predictStep({ ...work, passes: 2 }, { ulyssesDegree: 2, cfgParallel: true }, hw);
+    // rows [S, pt·ph·pw·C_out] = 6 × 12 floats, 288 bytes, from one group to the other
+    const cfgComm = 288 / 48 + 0.5;
+    expect(p).toEqual({
+      plan: { ulyssesDegree: 2, cfgParallel: true },
+      world: 4,
+      flopsPerRank: TOTAL_P2,
+      bytesPerRank: 96 + 288,
+      computeS: 1,
+      commS: (96 / 48 + 2 * 0.5) * (1 - 0.25) + cfgComm, // 2.25 + 6.5
+      ioS: (2 * 6 * (2 + 3) * 4 * 4) / 96 + 2 * 2 * 1, // both passes' patches over the coordinator's own link: 10 + 4
+      stepS: 1 + 8.75 + 14,
+    });
+  });
+
+  it('on one worker never reads the rank-to-rank link, even one measured dead', () => {
+    const p = predictStep(work, { ulyssesDegree: 1, cfgParallel: false }, { workerFlops: [4128], link: { bandwidth: 0, latency: 0 }, bytesPerElement: 4, coordinatorLink: null });
+    expect(p.computeS).toBe(1); // 4128 FLOPs of the whole forward at 4128 FLOP/s
+    expect(p.commS).toBe(0);
+    expect(p.stepS).toBe(1);
+  });
+
+  it('refuses CFG parallel without guidance, and a plan on more workers than were measured', () => {
+    const hw: Hardware = { workerFlops: [1e9], link: { bandwidth: 1e6, latency: 0 }, bytesPerElement: 4 };
+    expect(() => predictStep(work, { ulyssesDegree: 1, cfgParallel: true }, { ...hw, workerFlops: [1e9, 1e9] })).toThrowError(
+      'cfgParallel needs two passes per step (guidance ≠ 1); this workload has one',
+    );
+    expect(() => predictStep(work, { ulyssesDegree: 2, cfgParallel: false }, hw)).toThrowError('plan needs 2 workers, 1 measured');
+  });
+});
+
+describe('candidatePlans and planSwarm', () => {
+  const guided: Workload = { model: tiny, tokens: 6, textTokens: 2, passes: 2 };
+
+  it('offers CFG parallel for a degree exactly when two groups of it fit the workers, and only with guidance', () => {
+    const plans = (work: Workload, workers: number) => candidatePlans(work, workers).map((p) => `${p.ulyssesDegree}${p.cfgParallel ? '×2' : ''}`);
+    expect(plans(guided, 4)).toEqual(['1', '1×2', '2', '2×2']);
+    expect(plans(guided, 2)).toEqual(['1', '1×2', '2']); // 2×2 needs 4
+    expect(plans(guided, 1)).toEqual(['1']);
+    expect(plans({ ...guided, passes: 1 }, 4)).toEqual(['1', '2']);
+  });
+
+  it('ranks each candidate once: the one-worker plan among them is the baseline, not a second entry', () => {
+    const choice = planSwarm({ ...guided, passes: 1 }, { workerFlops: [1e9, 1e9], link: { bandwidth: 1e6, latency: 0 }, bytesPerElement: 4 });
+    expect(choice.ranked.map((p) => p.plan.ulyssesDegree).sort()).toEqual([1, 2]);
+  });
+
+  it('breaks a tie in predicted time toward fewer workers: free compute and links tie every plan at 0 s', () => {
+    const work: Workload = { model: { ...tiny, numHeads: 4 }, tokens: 8, textTokens: 2, passes: 1 };
+    const free: Hardware = { workerFlops: [Infinity, Infinity, Infinity, Infinity], link: { bandwidth: Infinity, latency: 0 }, bytesPerElement: 4, coordinatorLink: null };
+    const choice = planSwarm(work, free, [{ ulyssesDegree: 4, cfgParallel: false }, { ulyssesDegree: 2, cfgParallel: false }]);
+    expect(choice.ranked.map((p) => p.stepS)).toEqual([0, 0, 0]);
+    expect(choice.ranked.map((p) => p.world)).toEqual([1, 2, 4]);
+  });
+});
+
+describe('fitLink and fitMeshProbe', () => {
+  it('refuse timings where the larger transfer was not slower: equal, or faster', () => {
+    const message = 'fitLink: larger transfers were not slower; probe with larger messages';
+    expect(() => fitLink([{ bytes: 1000, seconds: 0.01 }, { bytes: 2000, seconds: 0.01 }])).toThrowError(message);
+    expect(() => fitLink([{ bytes: 1000, seconds: 0.02 }, { bytes: 2000, seconds: 0.01 }])).toThrowError(message);
+  });
+
+  it('count a large exchange as at least 0.5 ms slower than the small one: 1000 B in 2 ms and 6000 B in 2.2 ms fit as 1e7 B/s after 1.9 ms', () => {
+    // 2.2 ms is raised to 2 + 0.5: the line through (1000, 0.002) and (6000, 0.0025) has slope 1e-7 s/B
+    const link = fitMeshProbe({ rank: 0, bytesPerPeer: 6000, smallBytes: 1000, bytesSent: 6000, smallMs: 2, largeMs: 2.2 });
+    expect(link.bandwidth).toBeCloseTo(1e7, 3);
+    expect(link.latency).toBeCloseTo(0.0019, 12);
   });
 });

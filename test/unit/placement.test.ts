@@ -1,10 +1,10 @@
 import { beforeAll, describe, expect, it } from 'vitest';
 import { WorkerError } from '../../coordinator/executor.ts';
-import { measureWorker } from '../../coordinator/measure.ts';
-import { Placer, type PlacementRequest } from '../../coordinator/placement.ts';
+import { measureWorker, type WorkerMeasurement } from '../../coordinator/measure.ts';
+import { MAX_REPLANS, Placer, ReplacementsExhausted, type PlacementRequest } from '../../coordinator/placement.ts';
 import { Swarm, type SwarmEvent, type SwarmWorker } from '../../coordinator/swarm.ts';
 import { SwarmExecutor } from '../../coordinator/swarm-executor.ts';
-import { planSwarm, type Workload } from '../../core/cost-model.ts';
+import { candidatePlans, planSwarm, type Hardware, type Workload } from '../../core/cost-model.ts';
 import { DEFAULT_JOB, jobParams, latentShape } from '../../core/job.ts';
 import { parseWanConfig, type WanConfig } from '../../core/model/config.ts';
 import { readJson } from '../../core/model/files.ts';
@@ -13,7 +13,7 @@ import { TRANSFORMER_CONFIG } from '../../core/model/transformer.ts';
 import { COORDINATOR } from '../../core/net/protocol.ts';
 import { remote, RemoteError, RpcTimeout, serve } from '../../core/net/rpc.ts';
 import { checkDegree, defaultDegree, ParallelConfigError, RankLayout, validDegrees } from '../../core/parallel.ts';
-import { WORKER_CONTRACT, type InitArgs, type WorkerApi, type WorkerRemote } from '../../core/worker-api.ts';
+import { WORKER_CONTRACT, type InitArgs, type MeshProbe, type WorkerApi, type WorkerRemote } from '../../core/worker-api.ts';
 import { createEngine } from '../../rank/engine.ts';
 import { memoryExchanges } from '../../rank/exchange/memory.ts';
 import { WorkerRuntime } from '../../rank/runtime.ts';
@@ -22,7 +22,8 @@ import { channelPair, tinyModelFiles } from './fixtures.ts';
 // Placement: the Placer decides each job's layout (what was asked, or the cost model's choice) and
 // places it on a real Swarm roster; the SwarmExecutor reaches the ranks and judges who is lost. The
 // Swarm is the real class on a stub PeerJS peer; workers enter and leave its roster the way `admit`
-// and a closing link do, with a WorkerApi stub that answers like a worker.
+// and a closing link do, with a WorkerApi stub that answers like a worker and records each call
+// with the timeout it was given.
 let config: WanConfig; // the bundled tiny model: 12 heads
 
 beforeAll(async () => {
@@ -30,9 +31,13 @@ beforeAll(async () => {
 });
 
 interface FakeWorker extends SwarmWorker {
-  calls: { method: string; args: unknown }[];
-  /** what its ping does: answer, throw, or never answer */
+  calls: { method: string; args: unknown; timeoutMs?: number }[];
+  /** what its ping does: answer, throw at once as a closed link's would, or never answer */
   pingFault: 'none' | 'silent' | 'gone';
+  /** what its mesh probe reports */
+  probe: Omit<MeshProbe, 'rank'>;
+  /** its loadModel fails */
+  failsToLoad: boolean;
 }
 
 /** A Swarm on a stub peer, plus the two roster changes PeerJS would cause. */
@@ -41,29 +46,33 @@ function testSwarm() {
   const swarm = new (Swarm as unknown as new (peer: unknown, origin: string, token: string) => Swarm)(peer, 'http://localhost:8080', 'token');
   const internals = swarm as unknown as { roster: Map<string, SwarmWorker>; emit(e: SwarmEvent): void };
   let joined = 0;
-  const join = (count = 1): FakeWorker[] =>
+  /** `count` workers join, measured as given (null: not yet measured) */
+  const join = (count = 1, measurement: WorkerMeasurement | null = null): FakeWorker[] =>
     Array.from({ length: count }, () => {
       const id = `w${joined}`;
-      const calls: FakeWorker['calls'] = [];
-      const answer = (method: string, reply: (args: never) => unknown) => async (args: unknown) => {
-        calls.push({ method, args });
-        return reply(args as never);
-      };
+      const answer =
+        (method: string, reply: (args: never, timeoutMs?: number) => unknown) =>
+        async (args: unknown, timeoutMs?: number) => {
+          worker.calls.push({ method, args, timeoutMs });
+          return reply(args as never, timeoutMs);
+        };
       const api = {
         describe: answer('describe', () => worker.info),
         initWorker: answer('initWorker', (a: InitArgs) => ({ rank: a.rank, world: a.world })),
-        loadModel: answer('loadModel', () => ({ ep: 'wasm', adapter: 'stub', loadMs: 0 })),
+        loadModel: answer('loadModel', () => {
+          if (worker.failsToLoad) throw new RemoteError('no WebGPU adapter and no wasm either');
+          return { ep: 'wasm', adapter: 'stub', loadMs: 0, why: 'asked for' };
+        }),
         prepareJob: answer('prepareJob', (a: { job: number }) => ({ job: a.job })),
-        probeMesh: answer('probeMesh', () => ({ rank: 0, bytesPerPeer: 4, smallBytes: 4, bytesSent: 1 << 20, smallMs: 1, largeMs: 100 })),
-        ping: async (args: unknown, timeoutMs = 60_000) => {
-          calls.push({ method: 'ping', args });
+        probeMesh: answer('probeMesh', () => ({ rank: 0, ...worker.probe })),
+        ping: answer('ping', async (_args, timeoutMs = 60_000) => {
           if (worker.pingFault === 'silent') {
             await new Promise((r) => setTimeout(r, timeoutMs));
             throw new RpcTimeout(`ping did not answer within ${timeoutMs} ms`);
           }
           if (worker.pingFault === 'gone') throw new RemoteError(`worker ${id} is gone`);
           return { state: 'ready', rank: 0, totals: { steps: 0, bytesSent: 0, computeMs: 0, bytesDownloaded: 0, bytesKept: 0, deviceTensorsLeft: 0 } };
-        },
+        }),
         shutdown: answer('shutdown', () => 'bye'),
       };
       const worker: FakeWorker = {
@@ -76,9 +85,11 @@ function testSwarm() {
         pulse: null,
         framesDropped: 0,
         transport: 'direct',
-        measurement: null,
-        calls,
+        measurement,
+        calls: [],
         pingFault: 'none',
+        probe: { bytesPerPeer: 4, smallBytes: 4, bytesSent: 1 << 20, smallMs: 1, largeMs: 100 },
+        failsToLoad: false,
       };
       internals.roster.set(id, worker);
       internals.emit({ type: 'join', worker });
@@ -96,6 +107,21 @@ const placerOn = (swarm: Swarm, placementTimeoutMs = 300) =>
 const ask = (request: Partial<PlacementRequest> = {}): PlacementRequest => ({ ulyssesDegree: 'auto', ep: 'auto', dtype: 'f32', ...request });
 const guided = jobParams(DEFAULT_JOB);
 const unguided = jobParams({ ...DEFAULT_JOB, guidance: 1 });
+const callsOf = (w: FakeWorker, method: string) => w.calls.filter((c) => c.method === method);
+const texts = [new Float32Array(16 * 4)];
+const shape = [16, 1, 4, 4];
+
+/** Measured as a worker page with both EPs: WebGPU 100× faster than WebAssembly. */
+const measured = (link: { rttMs: number; bandwidth: number }): WorkerMeasurement => ({
+  compute: { wasm: { ep: 'wasm', flops: 1e9, softmaxRate: 1e8 }, webgpu: { ep: 'webgpu', flops: 1e11, softmaxRate: 1e10 } },
+  ...link,
+});
+/** What the cost model is given for `n` workers measured as above, over the coordinator's links. */
+const hardware = (n: number, ep: 'wasm' | 'webgpu', link: { rttMs: number; bandwidth: number }, bytesPerElement: 2 | 4 = 4): Hardware => {
+  const probe = measured(link).compute[ep]!;
+  return { workerFlops: Array(n).fill(probe.flops), workerSoftmaxRates: Array(n).fill(probe.softmaxRate), link: { bandwidth: link.bandwidth, latency: link.rttMs / 2000 }, bytesPerElement };
+};
+const workload = (params: typeof guided): Workload => ({ model: config, tokens: tokenGrid(config, latentShape(params, config.inChannels)).count, textTokens: 16, passes: params.guidance === 1 ? 1 : 2 });
 
 async function rejection(work: Promise<unknown>): Promise<Error> {
   try {
@@ -122,6 +148,7 @@ describe('Ulysses degree rules (core/parallel)', () => {
 
   it('a degree that does not divide the heads is an error listing the valid degrees', () => {
     expect(() => checkDegree(12, 5)).toThrow(ParallelConfigError);
+    expect(() => checkDegree(12, 5), 'named, so a caller can tell it from a failure of the swarm').toThrow(expect.objectContaining({ name: 'ParallelConfigError' }));
     expect(() => checkDegree(12, 5)).toThrow("ulyssesDegree 5 does not divide the model's 12 heads; valid degrees: 1, 2, 3, 4, 6, 12");
     for (const bad of [0, -2, 2.5, Number.NaN, 24]) expect(() => checkDegree(12, bad), String(bad)).toThrow(/valid degrees: 1, 2, 3, 4, 6, 12$/);
     for (const good of [1, 2, 3, 4, 6, 12]) expect(() => checkDegree(12, good)).not.toThrow();
@@ -231,11 +258,37 @@ describe('Placer: where a job runs', () => {
     expect((await placer.place(guided, ask({ ulyssesDegree: 2 }))).executor).toBe(first);
     const f16 = (await placer.place(guided, ask({ ulyssesDegree: 2, dtype: 'f16' }))).executor;
     expect(f16).not.toBe(first);
-    expect(workers[0].calls.filter((c) => c.method === 'shutdown')).toHaveLength(1);
+    expect(callsOf(workers[0], 'shutdown')).toHaveLength(1);
     leave(workers[1]);
     const after = (await placer.place(guided, ask({ ulyssesDegree: 2, dtype: 'f16' }))).executor;
     expect(after).not.toBe(f16);
     expect(after.workers.map((w) => w.id)).toEqual(['w0', 'w2']);
+  });
+
+  it('the next job places anew when its degree, its CFG grouping or its EP changes, and the old ranks get 1 s to acknowledge their shutdown', async () => {
+    const { swarm, join } = testSwarm();
+    const workers = join(6);
+    const placer = placerOn(swarm);
+    const two = (await placer.place(guided, ask({ ulyssesDegree: 2 }))).executor;
+    const three = (await placer.place(guided, ask({ ulyssesDegree: 3 }))).executor;
+    expect(three).not.toBe(two);
+    expect(callsOf(workers[0], 'shutdown').map((c) => c.timeoutMs)).toEqual([1_000]);
+    const cfg = (await placer.place(guided, ask({ ulyssesDegree: 3, cfgParallel: true }))).executor;
+    expect(cfg).not.toBe(three);
+    expect(cfg.world).toBe(6);
+    const wasm = (await placer.place(guided, ask({ ulyssesDegree: 3, cfgParallel: true, ep: 'wasm' }))).executor;
+    expect(wasm).not.toBe(cfg);
+    expect((await placer.place(guided, ask({ ulyssesDegree: 3, cfgParallel: true, ep: 'wasm' }))).executor).toBe(wasm);
+  });
+
+  it('a placement whose ranks fail to load is shut down with 0.5 s for the acks, the error passed on, and no placement left', async () => {
+    const { swarm, join } = testSwarm();
+    const workers = join(2);
+    workers[1].failsToLoad = true;
+    const placer = placerOn(swarm);
+    await expect(placer.place(guided, ask({ ulyssesDegree: 2 }))).rejects.toThrowError('rank 1 failed in loadModel: no WebGPU adapter and no wasm either');
+    expect(workers.map((w) => callsOf(w, 'shutdown').map((c) => c.timeoutMs))).toEqual([[500], [500]]);
+    expect(placer.current).toBeNull();
   });
 
   it('a rank leaving the swarm is reported to onFailure; a worker outside the ranks leaving is not', async () => {
@@ -307,6 +360,10 @@ describe('Placer: where a job runs', () => {
     await expect(local.place(guided, ask({ ulyssesDegree: 2 }))).rejects.toThrow('the local backend runs one rank in this tab, not 2: use the swarm backend for more');
   });
 
+  it('a swarm Placer without a Swarm is refused, saying where to get one', () => {
+    expect(() => new Placer({ config, modelUrl: '/m', backend: 'swarm', textTokens: 16 })).toThrowError('the swarm backend needs a Swarm: pass one from openSwarm()');
+  });
+
   it('after shutdown the ranks are idle again and their leaving is no longer a failure', async () => {
     const { swarm, join, leave } = testSwarm();
     const workers = join(2);
@@ -320,6 +377,46 @@ describe('Placer: where a job runs', () => {
     expect(placer.current).toBeNull();
     leave(workers[0]);
     expect(failures).toEqual([]);
+  });
+});
+
+describe('Placer: the mesh probe', () => {
+  it('prepare before any placement says to place first', async () => {
+    const { swarm } = testSwarm();
+    await expect(placerOn(swarm).prepare(1, texts, shape)).rejects.toThrowError('no placement: call place() first');
+  });
+
+  it('times the mesh once per placement of several ranks; the slowest bandwidth and the largest latency among the ranks are its link', async () => {
+    const { swarm, join } = testSwarm();
+    const workers = join(3);
+    // rank 0: 1000 B in 2 ms, 6000 B in 2.5 ms → 1e7 B/s after 1.9 ms; rank 1: 1000 B in 1 ms, 11000 B in 3 ms → 5e6 B/s after 0.8 ms
+    workers[0].probe = { bytesPerPeer: 6000, smallBytes: 1000, bytesSent: 6000, smallMs: 2, largeMs: 2.5 };
+    workers[1].probe = { bytesPerPeer: 11000, smallBytes: 1000, bytesSent: 11000, smallMs: 1, largeMs: 3 };
+    const placer = placerOn(swarm);
+    await placer.place(guided, ask({ ulyssesDegree: 2 }));
+    const report = await placer.prepare(1, texts, shape);
+    expect(report && 'link' in report).toBe(true);
+    const { link, ranks } = report as Extract<typeof report, { link: unknown }>;
+    expect(ranks).toHaveLength(2);
+    expect(link.bandwidth).toBeCloseTo(5e6, 3);
+    expect(link.latency).toBeCloseTo(0.0019, 12);
+    // the same placement's next job: no second probe
+    expect(await placer.prepare(2, texts, shape)).toBeNull();
+    expect(workers.map((w) => callsOf(w, 'probeMesh').length)).toEqual([1, 1, 0]);
+    // a new placement is probed again
+    await placer.place(guided, ask({ ulyssesDegree: 3 }));
+    expect(await placer.prepare(3, texts, shape)).not.toBeNull();
+    expect(workers.map((w) => callsOf(w, 'probeMesh').length)).toEqual([2, 2, 1]);
+  });
+
+  it('a placement of one rank has no mesh to time', async () => {
+    const { swarm, join } = testSwarm();
+    const [worker] = join(1);
+    const placer = placerOn(swarm);
+    await placer.place(guided, ask({ ulyssesDegree: 1 }));
+    expect(await placer.prepare(1, texts, shape)).toBeNull();
+    expect(callsOf(worker, 'prepareJob')).toHaveLength(1);
+    expect(callsOf(worker, 'probeMesh')).toEqual([]);
   });
 });
 
@@ -367,7 +464,50 @@ describe('who is lost: the coordinator’s own evidence, never one rank’s word
   });
 });
 
+describe('Placer: re-placing after a lost rank', () => {
+  /** `count` workers, the first two of them the ranks of a placed and prepared job */
+  async function prepared(count: number) {
+    const { swarm, join } = testSwarm();
+    const workers = join(count);
+    const placer = placerOn(swarm);
+    await placer.place(guided, ask({ ulyssesDegree: 2 }));
+    await placer.prepare(1, texts, shape);
+    return { workers, placer };
+  }
+
+  it('places the job on the live workers again and reports how long that took', async () => {
+    const { workers, placer } = await prepared(3);
+    workers[1].pingFault = 'gone';
+    const t0 = performance.now();
+    const record = await placer.replace(new WorkerError(0, 'executeModel', 'rank 1 is gone'), 2);
+    const elapsed = performance.now() - t0;
+    expect(record).toMatchObject({ step: 2, degreeBefore: 2, degreeAfter: 2, lost: [{ rank: 1, worker: 'w1', cause: 'silent' }] });
+    expect(record!.replanMs).toBeGreaterThanOrEqual(0);
+    expect(record!.replanMs).toBeLessThanOrEqual(elapsed);
+    expect(placer.current!.workers.map((w) => w.id)).toEqual(['w0', 'w2']);
+  });
+
+  it('with no worker left to place on, the error names every lost rank with its cause and evidence, the step (from 1), and why placing failed', async () => {
+    const { workers, placer } = await prepared(2);
+    for (const w of workers) w.pingFault = 'gone';
+    const failure = new WorkerError(0, 'executeModel', 'the mesh closed');
+    const error = await rejection(placer.replace(failure, 4));
+    expect(error.message).toMatch(
+      /^lost rank 0 \(worker w0: silent, did not answer a ping within 2 s\), rank 1 \(worker w1: silent, did not answer a ping within 2 s\) in step 5, and the job could not be placed again: 0 workers joined within 0\.3 s but 1 is needed/,
+    );
+    expect(error.cause).toBe(failure);
+  });
+
+  it('ReplacementsExhausted is named, keeps the last failure as its cause, and says how many re-placements were tried', () => {
+    const cause = new Error('rank 1 is gone');
+    const e = new ReplacementsExhausted([], cause);
+    expect([e.name, e.message, e.cause]).toEqual(['ReplacementsExhausted', `rank 1 is gone (gave up after ${MAX_REPLANS} re-placements in this job)`, cause]);
+  });
+});
+
 describe('the cost model sees what the workers measured', () => {
+  const fast = { rttMs: 2, bandwidth: 1e9 };
+
   it('probeCompute runs over the real RPC path, and the planner plans with the finite softmax rate it measured', async () => {
     const { swarm, join } = testSwarm();
     const workers = join(2);
@@ -387,11 +527,92 @@ describe('the cost model sees what the workers measured', () => {
     const { plan } = await placerOn(swarm).place(guided, ask());
     expect(plan?.by).toBe('cost model (rank links from coordinator links)');
     // what the planner predicted is what the cost model gives with the measured rates, and differs from an unmeasured (infinite) rate
-    const work: Workload = { model: config, tokens: tokenGrid(config, latentShape(guided, 16)).count, textTokens: 16, passes: 2 };
+    const work = workload(guided);
     const link = { bandwidth: Math.min(...workers.map((w) => w.measurement!.bandwidth)), latency: Math.max(...workers.map((w) => w.measurement!.rttMs)) / 2000 };
-    const hw = (softmax: number[]) => ({ workerFlops: workers.map((w) => w.measurement!.compute.wasm!.flops), workerSoftmaxRates: softmax, link, bytesPerElement: 4 as const });
-    const measured = planSwarm(work, hw(rates));
-    expect(plan!.oneWorkerStepMs).toBeCloseTo(measured.baseline.stepS * 1000, 6);
+    const hw = (softmax: number[]): Hardware => ({ workerFlops: workers.map((w) => w.measurement!.compute.wasm!.flops), workerSoftmaxRates: softmax, link, bytesPerElement: 4 });
+    const predicted = planSwarm(work, hw(rates));
+    expect(plan!.oneWorkerStepMs).toBeCloseTo(predicted.baseline.stepS * 1000, 6);
     expect(plan!.oneWorkerStepMs).toBeGreaterThan(planSwarm(work, hw([Infinity, Infinity])).baseline.stepS * 1000);
+  });
+
+  it('plans with each worker’s rate on the EP it will run: with ep auto the faster one it measured, else the one asked for', async () => {
+    for (const ep of ['auto', 'wasm'] as const) {
+      const { swarm, join } = testSwarm();
+      join(2, measured(fast));
+      const { plan } = await placerOn(swarm).place(guided, ask({ ep }));
+      const expected = planSwarm(workload(guided), hardware(2, ep === 'auto' ? 'webgpu' : 'wasm', fast));
+      expect(plan!.by).toBe('cost model (rank links from coordinator links)');
+      expect(plan!.link).toEqual({ bandwidth: 1e9, latency: 0.001, from: 'coordinator links' });
+      expect(plan!.oneWorkerStepMs, ep).toBeCloseTo(expected.baseline.stepS * 1000, 9);
+      expect(plan!.predictedStepMs, ep).toBeCloseTo(expected.best.stepS * 1000, 9);
+      expect([plan!.degree, plan!.cfgParallel]).toEqual([expected.best.plan.ulyssesDegree, expected.best.plan.cfgParallel]);
+    }
+  });
+
+  it('plans f16 transport with 2 bytes per activation and f32 with 4', async () => {
+    const link = { rttMs: 2, bandwidth: 2e6 };
+    for (const [dtype, bytes] of [['f16', 2], ['f32', 4]] as const) {
+      const { swarm, join } = testSwarm();
+      join(2, measured(link));
+      const { plan } = await placerOn(swarm).place(unguided, ask({ ep: 'wasm', dtype, cfgParallel: false }));
+      const candidates = candidatePlans(workload(unguided), 2);
+      const expected = planSwarm(workload(unguided), hardware(2, 'wasm', link, bytes), candidates);
+      const other = planSwarm(workload(unguided), hardware(2, 'wasm', link, bytes === 2 ? 4 : 2), candidates);
+      expect(expected.best.plan.ulyssesDegree, 'the two-rank plan is the one whose bytes count').toBe(2);
+      expect(expected.best.stepS).not.toBeCloseTo(other.best.stepS, 9);
+      expect(plan!.predictedStepMs, dtype).toBeCloseTo(expected.best.stepS * 1000, 9);
+    }
+  });
+
+  it('cfgParallel false never takes a CFG-parallel plan, even one predicted fastest; left unset, the planner may', async () => {
+    // a LAN: a 0.02 ms round trip at 1 GB/s
+    const lan = { rttMs: 0.02, bandwidth: 1e9 };
+    const work = workload(guided);
+    const all = planSwarm(work, hardware(2, 'webgpu', lan));
+    const ulysses = planSwarm(work, hardware(2, 'webgpu', lan), candidatePlans(work, 2).filter((p) => !p.cfgParallel));
+    expect(all.best.plan, 'on 2 workers CFG parallel is predicted fastest').toEqual({ ulyssesDegree: 1, cfgParallel: true });
+    expect(ulysses.best.plan, 'and without it, two Ulysses ranks').toEqual({ ulyssesDegree: 2, cfgParallel: false });
+
+    const unset = testSwarm();
+    unset.join(2, measured(lan));
+    const free = await placerOn(unset.swarm).place(guided, ask());
+    expect([free.plan!.degree, free.plan!.cfgParallel, free.executor.world, free.executor.layout.cfgParallel]).toEqual([1, true, 2, true]);
+
+    const refused = testSwarm();
+    refused.join(2, measured(lan));
+    const plain = await placerOn(refused.swarm).place(guided, ask({ cfgParallel: false }));
+    expect([plain.plan!.degree, plain.plan!.cfgParallel, plain.executor.world, plain.executor.layout.cfgParallel]).toEqual([2, false, 2, false]);
+    expect(plain.plan!.predictedStepMs).toBeCloseTo(ulysses.best.stepS * 1000, 9);
+  });
+
+  it('cfgParallel true takes the fastest CFG-parallel plan even when one worker is predicted faster', async () => {
+    const slow = { rttMs: 200, bandwidth: 1e4 };
+    const work = workload(guided);
+    const choice = planSwarm(work, hardware(2, 'webgpu', slow), candidatePlans(work, 2).filter((p) => p.cfgParallel));
+    expect(choice.best, 'one worker is predicted fastest on these links').toBe(choice.baseline);
+    const { swarm, join } = testSwarm();
+    join(2, measured(slow));
+    const { plan, executor } = await placerOn(swarm).place(guided, ask({ cfgParallel: true }));
+    expect([plan!.degree, plan!.cfgParallel, executor.world]).toEqual([1, true, 2]);
+    expect(plan!.predictedStepMs).toBeCloseTo(choice.ranked.find((p) => p.plan.cfgParallel)!.stepS * 1000, 9);
+    expect(plan!.oneWorkerStepMs).toBeCloseTo(choice.baseline.stepS * 1000, 9);
+  });
+
+  it('CFG parallel asked for a job without guidance: the plan says both why the cost model chose and why there is no CFG parallel', async () => {
+    const { swarm, join } = testSwarm();
+    join(2, measured(fast));
+    const { plan, cfgFallback } = await placerOn(swarm).place(unguided, ask({ cfgParallel: true }));
+    expect(cfgFallback).toBe('no CFG parallel: guidance 1 means one forward pass per step, so there is no second pass for a second group');
+    expect(plan!.by).toBe(`cost model (rank links from coordinator links); ${cfgFallback}`);
+    expect(plan!.cfgParallel).toBe(false);
+  });
+
+  it('while any worker is unmeasured, plain Ulysses on the largest valid degree, also for a guided job', async () => {
+    const { swarm, join } = testSwarm();
+    join(1, measured(fast));
+    join(3);
+    const { plan, executor } = await placerOn(swarm).place(guided, ask());
+    expect(plan).toBeNull();
+    expect([executor.world, executor.layout.cfgParallel]).toEqual([4, false]);
   });
 });

@@ -25,6 +25,10 @@ describe('fastestEp: the EP with the higher measured matrix-multiply rate, and w
     expect(fastestEp({ wasm: { flops: 16e9 } })).toEqual({ ep: 'wasm', why: 'WASM: 16 GFLOP/s (no WebGPU adapter)' });
     expect(fastestEp({})).toEqual({ ep: 'wasm', why: 'WASM: nothing measured yet' });
   });
+
+  it('with WebGPU alone, names it and its rate and says nothing about a missing adapter', () => {
+    expect(fastestEp({ webgpu: { flops: 2e9 } })).toEqual({ ep: 'webgpu', why: 'WebGPU: 2 GFLOP/s' });
+  });
 });
 
 describe("a worker's runtime with ep 'auto'", () => {
