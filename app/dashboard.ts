@@ -101,9 +101,10 @@ function showFinished(job: StoredJob): void {
   const stepMs = r.steps.reduce((t, s) => t + s.ms, 0) / Math.max(1, r.steps.length);
   const chose = r.plan?.cfgParallel ? `CFG parallel on two groups of ${r.plan.degree} rank${r.plan.degree === 1 ? '' : 's'}` : `${r.plan?.degree} rank${r.plan?.degree === 1 ? '' : 's'}`;
   const planned = r.plan?.predictedStepMs ? ` The cost model chose ${chose}, predicting ${(r.plan.predictedStepMs / 1000).toFixed(2)} s per step; measured ${(stepMs / 1000).toFixed(2)} s.` : '';
+  const computedOn = [...new Set(r.workers.map((w) => `${w.ep === 'webgpu' ? 'WebGPU' : 'WASM'} on ${w.threads} thread${w.threads === 1 ? '' : 's'}`))].join(', ');
   const groups = r.config.cfgParallel ? ` (CFG parallel: two groups of ${r.config.ulyssesDegree})` : '';
   const fallback = r.cfgFallback ? ` ${r.cfgFallback[0].toUpperCase()}${r.cfgFallback.slice(1)}.` : '';
-  $('status').textContent = `#${job.id} done: ${r.config.frames} frames in ${(r.totalMs / 1000).toFixed(1)} s on ${r.config.workers} ${r.config.backend} rank${r.config.workers === 1 ? '' : 's'}${groups}${recovered}.${planned}${fallback}`;
+  $('status').textContent = `#${job.id} done: ${r.config.frames} frames in ${(r.totalMs / 1000).toFixed(1)} s on ${r.config.workers} ${r.config.backend} rank${r.config.workers === 1 ? '' : 's'}${groups}${recovered}, each on ${computedOn}.${planned}${fallback}`;
 }
 
 function submitFromForm(overrides: Record<string, unknown> = {}): Promise<StoredJob> {

@@ -16,6 +16,7 @@ function render(s: WorkerStatus): void {
   $('ep').textContent = ep ? `${ep === 'webgpu' ? 'WebGPU' : 'WebAssembly (CPU)'}${s.epWhy ? ` — ${s.epWhy}` : ''}` : '';
   $('link').textContent = s.transport ? (s.transport === 'relay' ? 'through the server (relay): WebRTC could not connect' : 'direct (WebRTC)') : '';
   $('adapter').textContent = s.info?.adapter ?? '';
+  $('threads').textContent = s.cores ? coresText(s.cores) : '';
   $('coordinator').textContent = s.coordinator ?? 'searching…';
   $('totals').textContent = s.totals.steps
     ? `${s.totals.steps} forward passes, ${(s.totals.computeMs / 1000).toFixed(1)} s compute, ${(s.totals.bytesSent / 1e6).toFixed(2)} MB sent`
@@ -24,6 +25,12 @@ function render(s: WorkerStatus): void {
   $('peer-id').textContent = s.peerId;
   document.title = `ditswarm worker — ${s.state}`;
   (window as unknown as { ditswarmWorker: WorkerStatus }).ditswarmWorker = { ...s };
+}
+
+/** "1 of 2 cores (2 worker tabs in this browser share them)", and what it takes up at its next job. */
+function coresText({ threads, next, of, tabs }: NonNullable<WorkerStatus['cores']>): string {
+  const share = `${threads} of ${of} core${of === 1 ? '' : 's'} (${tabs} worker tab${tabs === 1 ? '' : 's'} in this browser share them)`;
+  return next === threads ? share : `${share}; ${next} from the next job`;
 }
 
 if (!query.get('token')) {

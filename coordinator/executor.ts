@@ -220,6 +220,9 @@ export abstract class Executor {
   /** Gives every rank the job's text embeddings (conditional, then unconditional) and latent shape. */
   async prepareJob(job: number, texts: Float32Array[], latentShape: number[]): Promise<void> {
     await this.collectiveRpc('prepareJob', { args: { job, texts, latentShape } });
+    // a worker takes up a new share of its machine's cores as it prepares a job: report the threads it has now
+    const infos = await this.collectiveRpc('describe');
+    this.workers.forEach((w, rank) => (w.threads = infos[rank].threads));
   }
 
   /** Times an all-to-all on the ranks' meshes for the prepared job (rank/mesh-probe.ts): the link the cost model plans with. */

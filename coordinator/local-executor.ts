@@ -2,7 +2,7 @@
 // checks a remote worker's calls pass, its engine in a Web Worker.
 import { inProcess, type Remote } from '../core/net/rpc.ts';
 import { WORKER_CONTRACT, type WorkerApi } from '../core/worker-api.ts';
-import { startEngineWorker } from '../rank/engine-client.ts';
+import { EngineHost } from '../rank/engine-client.ts';
 import { memoryExchanges } from '../rank/exchange/memory.ts';
 import { WorkerRuntime } from '../rank/runtime.ts';
 import { probeWebGpu } from '../rank/webgpu.ts';
@@ -14,13 +14,15 @@ export class LocalExecutor extends Executor {
 
   protected async place(): Promise<string[]> {
     if (this.layout.world !== 1) throw new Error(`the local backend runs one rank in this tab, but the layout asks for ${this.layout.world}: use the swarm backend`);
-    const { engine, terminate } = startEngineWorker();
-    this.terminate = terminate;
+    // the one rank computes in this tab, on all of its machine's cores
+    const threads = Math.max(1, navigator.hardwareConcurrency || 1);
+    const engine = new EngineHost(threads);
+    this.terminate = () => engine.terminate();
     const runtime = new WorkerRuntime(engine, {
       connectMesh: async () => memoryExchanges(1)[0],
       describe: async () => {
         const adapter = await probeWebGpu();
-        return { ep: adapter ? 'webgpu' : 'wasm', adapter: adapter ?? 'WebAssembly (no WebGPU adapter)', threads: 1, memoryGiB: null, userAgent: navigator.userAgent };
+        return { ep: adapter ? 'webgpu' : 'wasm', adapter: adapter ?? 'WebAssembly (no WebGPU adapter)', threads, memoryGiB: null, userAgent: navigator.userAgent };
       },
     });
     this.rank0 = inProcess<WorkerApi>(runtime, WORKER_CONTRACT, 'the local rank');

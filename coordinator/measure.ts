@@ -13,8 +13,14 @@ export interface WorkerMeasurement {
 }
 
 const PROBE_BYTES = 512 * 1024;
+/**
+ * The worker tabs of one machine take turns at their compute probes (so that each measures its
+ * share of the cores, not a crowd of probes): a tab that joins beside three others may wait for
+ * theirs before its own starts.
+ */
+const PROBE_TIMEOUT_MS = 120_000;
 
-export async function measureWorker(worker: { api: Pick<Remote<WorkerApi>, 'probeCompute' | 'probeLink'>; info: { ep: ExecutionProvider } }, timeoutMs = 30_000): Promise<WorkerMeasurement> {
+export async function measureWorker(worker: { api: Pick<Remote<WorkerApi>, 'probeCompute' | 'probeLink'>; info: { ep: ExecutionProvider } }, timeoutMs = PROBE_TIMEOUT_MS): Promise<WorkerMeasurement> {
   const compute: WorkerMeasurement['compute'] = {};
   for (const ep of worker.info.ep === 'webgpu' ? (['wasm', 'webgpu'] as const) : (['wasm'] as const)) {
     compute[ep] = await worker.api.probeCompute({ ep }, timeoutMs);

@@ -190,6 +190,7 @@ export class Placer {
     }
     // CFG parallel asked for: wait for its two groups' first workers, as a fixed degree waits for its workers
     const workers = await this.liveWorkers(request.cfgParallel ? 2 : 1);
+    await this.options.swarm!.remeasureResharedWorkers();
     const plan = this.planFor(params, workers, request.cfgParallel === undefined ? undefined : request.cfgParallel && guided, request);
     return { layout: new RankLayout(plan.degree, plan.cfgParallel && guided ? 2 : 1), plan: plan.predictedStepMs === null ? null : plan };
   }

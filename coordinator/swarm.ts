@@ -155,6 +155,28 @@ export class Swarm {
     conn?.close();
   }
 
+  /**
+   * Measures again each worker whose share of its machine's cores changed since it was measured
+   * (a worker tab opened or closed beside it): its throughput changed with its threads. A worker
+   * takes up its new share as it is probed; one that fails to answer keeps its old measurement.
+   */
+  async remeasureResharedWorkers(): Promise<void> {
+    await Promise.all(
+      this.workers().map(async (w) => {
+        if (!w.measurement) return; // its first measurement is under way
+        const info = await w.api.describe({}, DESCRIBE_TIMEOUT_MS).catch(() => null);
+        if (!info || info.threads === w.info.threads) return;
+        try {
+          const measurement = await measureWorker(w);
+          Object.assign(w, { info, measurement });
+          this.emit({ type: 'update', worker: w });
+        } catch (e) {
+          console.warn(`could not measure worker ${w.id} again: ${(e as Error).message}`);
+        }
+      }),
+    );
+  }
+
   /** Resolves once `count` workers are live, or rejects after the timeout saying how many joined. */
   waitForWorkers(count: number, timeoutMs: number): Promise<SwarmWorker[]> {
     return new Promise((resolve, reject) => {
@@ -252,7 +274,7 @@ export class Swarm {
         },
       });
       this.emit({ type: 'join', worker: joined });
-      // what the planner and the swarm view need: measured once, at join
+      // what the planner and the swarm view need: measured at join, and again when its share of the cores changes
       measureWorker(joined).then(
         (m) => {
           joined.measurement = m;

@@ -1,9 +1,77 @@
+// A page's engine in a Web Worker, on a number of WASM threads that can change: a restart ends the
+// worker, starts one on the new threads and loads the model it had loaded again, so the runtime
+// above keeps calling the same EngineApi. Calls and restarts take turns (the engine runs one call
+// at a time anyway): a restart waits for the calls before it, and the calls after it wait for the
+// new engine, since a call to a terminated worker would never return.
 import * as Comlink from 'comlink';
+import type { ExecutionProvider } from '../core/worker-api.ts';
 import type { EngineApi } from './engine.ts';
+import type { EngineFactory } from './engine.worker.ts';
 
-/** Starts the engine in a Web Worker of this page; `terminate` ends it. */
-export function startEngineWorker(): { engine: EngineApi; terminate(): void } {
-  const worker = new Worker(new URL('./engine.worker.ts', import.meta.url), { type: 'module', name: 'ditswarm-engine' });
-  const remote = Comlink.wrap<EngineApi>(worker);
-  return { engine: remote as unknown as EngineApi, terminate: () => worker.terminate() };
+/** Runs `probe` while no other probe of this browser on this machine runs, where Web Locks exist. */
+export type ProbeGate = <T>(probe: () => Promise<T>) => Promise<T>;
+
+export class EngineHost implements EngineApi {
+  private worker: Worker | null = null;
+  private engine!: Promise<EngineApi>;
+  private loaded: { modelUrl: string; ep: ExecutionProvider } | null = null;
+  private turn: Promise<unknown> = Promise.resolve();
+
+  constructor(
+    private current: number,
+    private readonly gate: ProbeGate = (probe) => probe(),
+  ) {
+    this.start();
+  }
+
+  /** the WASM threads the engine computes on */
+  get threads(): number {
+    return this.current;
+  }
+
+  private start(): void {
+    this.worker = new Worker(new URL('./engine.worker.ts', import.meta.url), { type: 'module', name: `ditswarm-engine (${this.current} threads)` });
+    this.engine = Comlink.wrap<EngineFactory>(this.worker).start(this.current) as unknown as Promise<EngineApi>;
+  }
+
+  private inTurn<T>(work: (engine: EngineApi) => Promise<T>): Promise<T> {
+    const next = this.turn.then(async () => work(await this.engine));
+    this.turn = next.catch(() => {});
+    return next;
+  }
+
+  /** A new engine on `threads`, with the model loaded again; a no-op when they are the threads it has. */
+  restart(threads: number): Promise<void> {
+    return this.inTurn(async () => {
+      if (threads === this.current) return;
+      this.terminate();
+      this.current = threads;
+      this.start();
+      if (this.loaded) await (await this.engine).load(this.loaded.modelUrl, this.loaded.ep);
+    });
+  }
+
+  terminate(): void {
+    this.worker?.terminate();
+    this.worker = null;
+  }
+
+  load(modelUrl: string, ep: ExecutionProvider) {
+    return this.inTurn(async (engine) => {
+      const info = await engine.load(modelUrl, ep);
+      this.loaded = { modelUrl, ep };
+      return info;
+    });
+  }
+
+  probe(ep: ExecutionProvider) {
+    return this.inTurn((engine) => this.gate(() => engine.probe(ep)));
+  }
+
+  embed: EngineApi['embed'] = (...a) => this.inTurn((e) => e.embed(...a));
+  preAttention: EngineApi['preAttention'] = (...a) => this.inTurn((e) => e.preAttention(...a));
+  attention: EngineApi['attention'] = (...a) => this.inTurn((e) => e.attention(...a));
+  postAttention: EngineApi['postAttention'] = (...a) => this.inTurn((e) => e.postAttention(...a));
+  head: EngineApi['head'] = (...a) => this.inTurn((e) => e.head(...a));
+  release: NonNullable<EngineApi['release']> = (tensors) => this.inTurn(async (e) => (await e.release?.(tensors)) ?? 0);
 }

@@ -24,7 +24,13 @@ export interface EngineApi extends DeviceStageRunner {
   probe(ep: ExecutionProvider): Promise<ComputeProbe>;
 }
 
-export function createEngine(): EngineApi {
+/**
+ * An engine computing WASM on `threads` threads. onnxruntime-web reads its thread count once, when
+ * its WebAssembly module starts (at the first session), so an engine's threads are fixed for its
+ * life: a new share of the cores is a new engine (engine-client.ts).
+ */
+export function createEngine(threads = 1): EngineApi {
+  ort.env.wasm.numThreads = threads;
   // One run at a time: onnxruntime-web's WebGPU backend refuses overlapping session runs, and a
   // probe or a released job's last stage may arrive while another job's stage is running.
   let queue: Promise<unknown> = Promise.resolve();
@@ -45,7 +51,6 @@ export function createEngine(): EngineApi {
       const key = `${modelUrl} ${ep}`;
       if (loaded?.key === key) return loaded.info;
       const started = performance.now();
-      ort.env.wasm.numThreads = 1; // one thread per worker: several workers share a machine's cores
       const adapter = ep === 'wasm' ? null : await probeWebGpu();
       if (ep === 'webgpu' && !adapter) throw new Error('webgpu was asked for but this browser has no WebGPU adapter; use ep "auto" or "wasm"');
       const model = await loadTransformer(fetchModelFiles(modelUrl));
@@ -57,7 +62,6 @@ export function createEngine(): EngineApi {
     probe: (ep) =>
       serial(async () => {
         if (ep === 'webgpu' && !(await probeWebGpu())) throw new Error('cannot probe webgpu: this browser has no WebGPU adapter');
-        ort.env.wasm.numThreads = 1;
         const { flops, softmaxRate } = await probeThroughput(ep);
         return { ep, flops, softmaxRate };
       }),

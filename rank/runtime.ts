@@ -28,7 +28,13 @@ import { ExchangePhase, forwardRank, noStats, type Exchange } from './ulysses.ts
 export interface RuntimeHooks {
   /** Builds this rank's side of the all-to-all for a job's ranks. */
   connectMesh(init: InitArgs): Promise<Exchange>;
+  /** what this worker is; its `threads` are those it computes on from its next job */
   describe(): Promise<WorkerInfo>;
+  /**
+   * Called before a probe, a model load or a job's preparation, when no job is computing: where
+   * the page takes up a new share of its machine's cores (a new engine on those threads).
+   */
+  betweenJobs?(): Promise<void>;
   onState?(state: WorkerState, detail: string): void;
   onShutdown?(): void;
 }
@@ -61,6 +67,7 @@ export class WorkerRuntime implements WorkerApi {
   }
 
   async probeCompute({ ep }: { ep: ExecutionProvider }) {
+    await this.hooks.betweenJobs?.();
     const measured = await this.measuredNow();
     return (measured[ep] = await this.engine.probe(ep));
   }
@@ -104,6 +111,7 @@ export class WorkerRuntime implements WorkerApi {
   async loadModel({ modelUrl, ep }: LoadArgs) {
     this.needInit('loadModel');
     this.setState('loading', `loading ${modelUrl}`);
+    await this.hooks.betweenJobs?.();
     const choice = ep === 'auto' ? await this.fastestEp() : { ep, why: `${ep === 'wasm' ? 'WASM' : 'WebGPU'}: asked for by the job` };
     this.model = await this.engine.load(modelUrl, choice.ep);
     this.epWhy = choice.why;
@@ -131,6 +139,7 @@ export class WorkerRuntime implements WorkerApi {
       throw new Error(`prepareJob needs one or two text embeddings of width ${cfg.textDim}, got ${texts.map((t) => t.length).join(' and ')} values`);
     }
     if (latentShape[0] !== cfg.inChannels) throw new Error(`prepareJob needs a latent shape [${cfg.inChannels}, T, H, W], got ${JSON.stringify(latentShape)}`);
+    await this.hooks.betweenJobs?.();
     this.plan = planUlysses(cfg, tokenGrid(cfg, latentShape).count, exchange.world);
     this.job = job;
     this.texts = texts;

@@ -22,9 +22,10 @@ import {
 import { RelayRefused, type RelayClient } from '../core/net/relay-client.ts';
 import { serve } from '../core/net/rpc.ts';
 import { WORKER_CONTRACT, type ExecutionProvider, type WorkerApi, type WorkerInfo, type WorkerState, type WorkerTotals } from '../core/worker-api.ts';
-import { startEngineWorker } from '../rank/engine-client.ts';
+import { EngineHost, type ProbeGate } from '../rank/engine-client.ts';
 import { WorkerRuntime } from '../rank/runtime.ts';
 import { probeWebGpu } from '../rank/webgpu.ts';
+import { shareCores, type CoreShare } from './cores.ts';
 import { WorkerMesh } from './mesh.ts';
 
 const RECONNECT_MS = 2_000;
@@ -44,6 +45,8 @@ export interface WorkerStatus {
   /** the EP the loaded model runs on (the job may ask for WebAssembly on a WebGPU machine), and why */
   ep: ExecutionProvider | null;
   epWhy: string;
+  /** this tab's share of its machine's cores: WASM threads now, from the next job, of how many cores, among how many worker tabs */
+  cores: { threads: number; next: number; of: number; tabs: number } | null;
 }
 
 export interface WorkerEndpointOptions {
@@ -62,7 +65,7 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
   const info: WorkerInfo = {
     ep: adapter ? 'webgpu' : 'wasm',
     adapter: adapter ?? 'WebAssembly (no WebGPU adapter)',
-    threads: 1,
+    threads: 1, // this tab's share of the cores, once counted
     memoryGiB: (navigator as Navigator & { deviceMemory?: number }).deviceMemory ?? null,
     userAgent: navigator.userAgent,
   };
@@ -78,11 +81,25 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
     transport: null,
     ep: null,
     epWhy: '',
+    cores: null,
   };
   const publish = (patch: Partial<WorkerStatus>) => options.onStatus(Object.assign(status, patch));
 
-  const engineWorker = startEngineWorker();
+  // The cores are shared among the worker tabs of this browser: a tab that joins or leaves changes
+  // every tab's share, which each takes up between jobs (a new engine on the new threads).
+  const publishCores = () => publish({ cores: { threads: engine.threads, next: cores.threads(), of: cores.cores, tabs: cores.tabs() } });
+  const takeShare = async () => {
+    await engine.restart(cores.threads());
+    publishCores();
+  };
+  const cores: CoreShare = await shareCores(peer.id, () => {
+    publishCores();
+    if (runtime.state === 'idle') void takeShare(); // not placed: at once
+  });
+  info.threads = cores.threads();
+  const engine = new EngineHost(cores.threads(), oneProbeAtATime);
   publish({ info });
+  publishCores();
 
   let leaving = false;
   // One relay socket per page, opened on joining and kept open: ranks that cannot reach this page
@@ -110,13 +127,14 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
   const mesh: WorkerMesh = new WorkerMesh(peer, signaling.relay.mode, relayClient, (tag, bytes) => runtime.judgeTensor(tag, bytes));
   peer.on('connection', (conn) => mesh.incoming(conn as unknown as DataConnectionLike));
 
-  const runtime: WorkerRuntime = new WorkerRuntime(engineWorker.engine, {
+  const runtime: WorkerRuntime = new WorkerRuntime(engine, {
     connectMesh: (init) => {
       // ranks that cannot open a data channel to this one reach it through the relay: have the socket ready
       if (signaling.relay.mode !== 'off') void relayClient().catch(() => {});
       return mesh.connect(init);
     },
-    describe: async () => ({ ...info }),
+    describe: async () => ({ ...info, threads: cores.threads() }),
+    betweenJobs: takeShare,
     onState: (state, detail) => publish({ state, detail, totals: { ...runtime.totals }, ep: runtime.ep, epWhy: runtime.epReason }),
     onShutdown: () => mesh.close('released by the coordinator'),
   });
@@ -174,11 +192,18 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
       mesh.close('this worker left the swarm');
       void relay?.then((client) => client.close('this worker left the swarm'), () => {});
       peer.destroy();
-      engineWorker.terminate();
+      engine.terminate();
+      cores.leave();
       publish({ connected: false, state: 'left', detail: 'left the swarm' });
     },
   };
 }
+
+/**
+ * Compute probes of the worker tabs of this browser on this machine, one at a time: each measures
+ * its share of the cores as a job will use it, not a crowd of probes fighting over them.
+ */
+const oneProbeAtATime: ProbeGate = async (probe) => (navigator.locks ? await navigator.locks.request('ditswarm-compute-probe', () => probe()) : probe());
 
 /** The newest dashboard registered with this origin's signaling server. */
 async function discoverCoordinator(s: SignalingOptions, origin: string): Promise<string | null> {

@@ -23,7 +23,7 @@ function workerRow(w: SwarmWorker, m: WorkerMeasurement | null): HTMLTableRowEle
     'tr',
     { dataset: { worker: w.id } },
     h('td', { title: w.id }, w.id.slice(-6)),
-    h('td', {}, chosen ? (chosen.ep === 'webgpu' ? 'WebGPU' : 'WASM') : w.info.ep === 'webgpu' ? 'WebGPU or WASM' : 'WASM', h('span', { className: 'sub' }, w.info.adapter)),
+    h('td', {}, chosen ? (chosen.ep === 'webgpu' ? 'WebGPU' : 'WASM') : w.info.ep === 'webgpu' ? 'WebGPU or WASM' : 'WASM', h('span', { className: 'sub' }, `${w.info.threads} thread${w.info.threads === 1 ? '' : 's'} · ${w.info.adapter}`)),
     h('td', {}, chosen?.why ?? 'measuring…'),
     h('td', {}, w.transport === 'relay' ? 'relayed' : 'direct', h('span', { className: 'sub' }, [speedOfLink, relayedPeers ? `${relayedPeers} rank link(s) relayed` : ''].filter(Boolean).join(' · '))),
     h('td', {}, w.activity === 'idle' && w.pulse ? w.pulse.state : w.activity),
