@@ -2,7 +2,7 @@
 // (what was asked, or the cost model's choice for 'auto'), which workers become which ranks,
 // whether the placement of the last job still fits, the mesh probe of a new placement, and the
 // re-placement after a lost rank. Executors only carry out a RankLayout; the pipeline only asks.
-import { candidatePlans, fastestEp, fitMeshProbe, planSwarm, type Hardware, type LinkSpeed, type Workload } from '../core/cost-model.ts';
+import { candidatePlans, fastestEp, fitMeshProbe, planSwarm, predictStep, type Hardware, type LinkSpeed, type Workload } from '../core/cost-model.ts';
 import { latentShape, usesGuidance, type JobParams } from '../core/job.ts';
 import type { WanConfig } from '../core/model/config.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
@@ -29,6 +29,8 @@ export interface PlannedDegree {
   /** Ulysses degree (of each group with CFG parallel) */
   degree: number;
   cfgParallel: boolean;
+  /** the job asked for this degree (predicted all the same), rather than the cost model choosing it */
+  asked: boolean;
   by: string;
   /** the rank-to-rank link planned with: a mesh probe of an earlier placement, or the coordinator's links as a stand-in */
   link: LinkSpeed & { from: 'mesh probe' | 'coordinator links' };
@@ -186,7 +188,8 @@ export class Placer {
     }
     if (request.ulyssesDegree !== 'auto') {
       checkDegree(config.numHeads, request.ulyssesDegree);
-      return { layout: new RankLayout(request.ulyssesDegree, cfgGroups), plan: null };
+      const layout = new RankLayout(request.ulyssesDegree, cfgGroups);
+      return { layout, plan: await this.predictAsked(params, layout, request) };
     }
     // CFG parallel asked for: wait for its two groups' first workers, as a fixed degree waits for its workers
     const workers = await this.liveWorkers(request.cfgParallel ? 2 : 1);
@@ -201,27 +204,59 @@ export class Placer {
    * worker has been measured, the largest valid degree.
    */
   private planFor(params: JobParams, workers: SwarmWorker[], cfgParallel: boolean | undefined, request: PlacementRequest): PlannedDegree {
-    const { config, textTokens } = this.options;
-    const measured = workers.map((w) => w.measurement);
-    const coordinatorLinks = { bandwidth: Math.min(...measured.map((m) => m?.bandwidth ?? Infinity)), latency: Math.max(...measured.map((m) => m?.rttMs ?? 0)) / 2000 };
-    const link = this.meshLink ? { ...this.meshLink, from: 'mesh probe' as const } : { ...coordinatorLinks, from: 'coordinator links' as const };
-    if (measured.some((m) => !m)) {
+    const { config } = this.options;
+    const hw = this.hardwareOf(workers, request);
+    if (!hw) {
       const degree = defaultDegree(config.numHeads, cfgParallel ? Math.floor(workers.length / 2) : workers.length);
-      return { degree, cfgParallel: !!cfgParallel, by: 'largest valid degree (workers not measured yet)', link, predictedStepMs: null, oneWorkerStepMs: null };
+      return { degree, cfgParallel: !!cfgParallel, asked: false, by: 'largest valid degree (workers not measured yet)', link: this.linkOf(workers), predictedStepMs: null, oneWorkerStepMs: null };
     }
-    const work: Workload = { model: config, tokens: tokenGrid(config, latentShape(params, config.inChannels)).count, textTokens, passes: usesGuidance(params) ? 2 : 1 };
-    // the EP each worker will run on: the job's, or with 'auto' the one it measured fastest (as it will choose)
-    const epOf = (m: WorkerMeasurement) => m.compute[request.ep === 'auto' ? fastestEp(m.compute).ep : request.ep] ?? m.compute.wasm;
-    const hw: Hardware = {
-      workerFlops: measured.map((m) => epOf(m!)?.flops ?? 0),
-      workerSoftmaxRates: measured.map((m) => epOf(m!)?.softmaxRate ?? Infinity),
-      link,
-      bytesPerElement: request.dtype === 'f16' ? 2 : 4,
-    };
+    const work = this.workloadOf(params);
     const choice = planSwarm(work, hw, candidatePlans(work, workers.length).filter((p) => cfgParallel === undefined || p.cfgParallel === cfgParallel));
     // one worker is always ranked; asked for CFG parallel, the fastest CFG-parallel plan
     const best = cfgParallel ? (choice.ranked.find((p) => p.plan.cfgParallel) ?? choice.best) : choice.best;
-    return { degree: best.plan.ulyssesDegree, cfgParallel: best.plan.cfgParallel, by: `cost model (rank links from ${link.from})`, link, predictedStepMs: best.stepS * 1000, oneWorkerStepMs: choice.baseline.stepS * 1000 };
+    return { degree: best.plan.ulyssesDegree, cfgParallel: best.plan.cfgParallel, asked: false, by: `cost model (rank links from ${hw.link.from})`, link: hw.link, predictedStepMs: best.stepS * 1000, oneWorkerStepMs: choice.baseline.stepS * 1000 };
+  }
+
+  /**
+   * A degree the job asked for, predicted like the planner's choices so that every report carries
+   * predicted next to measured: once the live workers are enough for it and all measured.
+   */
+  private async predictAsked(params: JobParams, layout: RankLayout, request: PlacementRequest): Promise<PlannedDegree | null> {
+    const swarm = this.options.swarm;
+    if (!swarm || swarm.workers().length < layout.world) return null;
+    await swarm.remeasureResharedWorkers();
+    const hw = this.hardwareOf(swarm.workers(), request);
+    if (!hw) return null;
+    const work = this.workloadOf(params);
+    const asked = predictStep(work, { ulyssesDegree: layout.ulyssesDegree, cfgParallel: layout.cfgParallel }, hw);
+    const oneWorker = predictStep(work, { ulyssesDegree: 1, cfgParallel: false }, hw);
+    return { degree: layout.ulyssesDegree, cfgParallel: layout.cfgParallel, asked: true, by: `asked for (predicted with rank links from ${hw.link.from})`, link: hw.link, predictedStepMs: asked.stepS * 1000, oneWorkerStepMs: oneWorker.stepS * 1000 };
+  }
+
+  private workloadOf(params: JobParams): Workload {
+    const { config, textTokens } = this.options;
+    return { model: config, tokens: tokenGrid(config, latentShape(params, config.inChannels)).count, textTokens, passes: usesGuidance(params) ? 2 : 1 };
+  }
+
+  /** The rank-to-rank link to plan with: a mesh probe of an earlier placement, or the coordinator's links as a stand-in. */
+  private linkOf(workers: SwarmWorker[]): PlannedDegree['link'] {
+    if (this.meshLink) return { ...this.meshLink, from: 'mesh probe' };
+    const measured = workers.map((w) => w.measurement);
+    return { bandwidth: Math.min(...measured.map((m) => m?.bandwidth ?? Infinity)), latency: Math.max(...measured.map((m) => m?.rttMs ?? 0)) / 2000, from: 'coordinator links' };
+  }
+
+  /** What the cost model is given for these workers, or null while any of them is unmeasured. */
+  private hardwareOf(workers: SwarmWorker[], request: PlacementRequest): (Hardware & { link: PlannedDegree['link'] }) | null {
+    const measured = workers.map((w) => w.measurement);
+    if (measured.some((m) => !m)) return null;
+    // the EP each worker will run on: the job's, or with 'auto' the one it measured fastest (as it will choose)
+    const epOf = (m: WorkerMeasurement) => m.compute[request.ep === 'auto' ? fastestEp(m.compute).ep : request.ep] ?? m.compute.wasm;
+    return {
+      workerFlops: measured.map((m) => epOf(m!)?.flops ?? 0),
+      workerSoftmaxRates: measured.map((m) => epOf(m!)?.softmaxRate ?? Infinity),
+      link: this.linkOf(workers),
+      bytesPerElement: request.dtype === 'f16' ? 2 : 4,
+    };
   }
 
   /** Replaces the current executor by one on `layout` (the first workers to have joined); a failed placement leaves none. */

@@ -4,7 +4,7 @@ import { measureWorker, type WorkerMeasurement } from '../../coordinator/measure
 import { MAX_REPLANS, Placer, ReplacementsExhausted, type PlacementRequest } from '../../coordinator/placement.ts';
 import { Swarm, type SwarmEvent, type SwarmWorker } from '../../coordinator/swarm.ts';
 import { SwarmExecutor } from '../../coordinator/swarm-executor.ts';
-import { candidatePlans, planSwarm, type Hardware, type Workload } from '../../core/cost-model.ts';
+import { candidatePlans, planSwarm, predictStep, type Hardware, type Workload } from '../../core/cost-model.ts';
 import { DEFAULT_JOB, jobParams, latentShape } from '../../core/job.ts';
 import { parseWanConfig, type WanConfig } from '../../core/model/config.ts';
 import { readJson } from '../../core/model/files.ts';
@@ -38,6 +38,8 @@ interface FakeWorker extends SwarmWorker {
   probe: Omit<MeshProbe, 'rank'>;
   /** its loadModel fails */
   failsToLoad: boolean;
+  /** the threads its page describes: its share of its machine's cores, which its compute probe scales with */
+  share: number;
 }
 
 /** A Swarm on a stub peer, plus the two roster changes PeerJS would cause. */
@@ -57,7 +59,9 @@ function testSwarm() {
           return reply(args as never, timeoutMs);
         };
       const api = {
-        describe: answer('describe', () => worker.info),
+        describe: answer('describe', () => ({ ...worker.info, threads: worker.share })),
+        probeCompute: answer('probeCompute', (a: { ep: 'wasm' | 'webgpu' }) => ({ ep: a.ep, flops: 1e9 * worker.share, softmaxRate: 1e8 * worker.share })),
+        probeLink: answer('probeLink', (a: { payload: Float32Array }) => ({ bytes: a.payload.byteLength })),
         initWorker: answer('initWorker', (a: InitArgs) => ({ rank: a.rank, world: a.world })),
         loadModel: answer('loadModel', () => {
           if (worker.failsToLoad) throw new RemoteError('no WebGPU adapter and no wasm either');
@@ -90,6 +94,7 @@ function testSwarm() {
         pingFault: 'none',
         probe: { bytesPerPeer: 4, smallBytes: 4, bytesSent: 1 << 20, smallMs: 1, largeMs: 100 },
         failsToLoad: false,
+        share: 1,
       };
       internals.roster.set(id, worker);
       internals.emit({ type: 'join', worker });
@@ -507,6 +512,29 @@ describe('Placer: re-placing after a lost rank', () => {
 
 describe('the cost model sees what the workers measured', () => {
   const fast = { rttMs: 2, bandwidth: 1e9 };
+
+  it('a degree the job asks for is predicted all the same once its workers are measured, and not before', async () => {
+    const { swarm, join } = testSwarm();
+    join(2);
+    const placer = placerOn(swarm);
+    expect((await placer.place(unguided, ask({ ulyssesDegree: 2, ep: 'wasm' }))).plan, 'unmeasured').toBeNull();
+    for (const w of swarm.workers()) w.measurement = measured(fast);
+    const { plan } = await placer.place(unguided, ask({ ulyssesDegree: 2, ep: 'wasm' }));
+    const hw = hardware(2, 'wasm', fast);
+    expect(plan).toMatchObject({ degree: 2, cfgParallel: false, asked: true });
+    expect(plan!.predictedStepMs).toBeCloseTo(predictStep(workload(unguided), { ulyssesDegree: 2, cfgParallel: false }, hw).stepS * 1000, 9);
+    expect(plan!.oneWorkerStepMs).toBeCloseTo(predictStep(workload(unguided), { ulyssesDegree: 1, cfgParallel: false }, hw).stepS * 1000, 9);
+  });
+
+  it('a worker whose share of its cores changed since it was measured is measured again before planning; the others are not', async () => {
+    const { swarm, join } = testSwarm();
+    const workers = join(2, measured(fast));
+    workers[0].share = 2; // a worker tab beside it closed: it has both cores now
+    await placerOn(swarm).place(unguided, ask({ ep: 'wasm' }));
+    expect(workers.map((w) => callsOf(w, 'probeCompute').length)).toEqual([1, 0]);
+    expect([workers[0].info.threads, workers[0].measurement!.compute.wasm!.flops]).toEqual([2, 2e9]);
+    expect([workers[1].info.threads, workers[1].measurement!.compute.wasm!.flops]).toEqual([1, 1e9]);
+  });
 
   it('probeCompute runs over the real RPC path, and the planner plans with the finite softmax rate it measured', async () => {
     const { swarm, join } = testSwarm();
