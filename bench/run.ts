@@ -2,15 +2,16 @@
 // never at once), each writing its own report under bench/out/, then the headline figures in
 // bench/out/scaling.json.
 //
-//   npm run bench                      scaling, local overhead, projection
+//   npm run bench                      scaling, local overhead, projection, threads
 //   npm run bench -- scaling [flags]   one of them (flags as in bench/scaling.ts etc.)
 
 import { parseOverheadArgs, runLocalOverhead } from './local-overhead.ts';
 import { log, writeReport } from './lib.ts';
 import { projectionMarkdown, runProjection } from './projection.ts';
 import { parseScalingArgs, runScaling } from './scaling.ts';
+import { parseThreadsArgs, runThreads } from './threads.ts';
 
-const BENCHMARKS = ['scaling', 'local-overhead', 'projection'] as const;
+const BENCHMARKS = ['scaling', 'local-overhead', 'projection', 'threads'] as const;
 type Benchmark = (typeof BENCHMARKS)[number];
 
 const [first, ...rest] = process.argv.slice(2);
@@ -50,5 +51,10 @@ if (chosen.includes('scaling')) {
     );
   }
   console.log(`localOverhead ${overhead?.localOverhead ?? 'not run'}; fp16BytesRatio ${scaling.fp16BytesRatio}; fp16MaxAbs ${scaling.fp16MaxAbs}`);
+}
+if (chosen.includes('threads')) {
+  const threads = await runThreads(parseThreadsArgs(args));
+  writeReport('threads.json', threads);
+  console.log(`threads: alone ${threads.alone.threads} → ${threads.alone.stepMs} ms, beside another tab ${threads.beside.threads} → ${threads.beside.stepMs} ms: ${threads.speedup}×; ${JSON.stringify(threads.meets)}`);
 }
 log(`done in ${((Date.now() - started) / 1000).toFixed(0)} s`);

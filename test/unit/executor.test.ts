@@ -285,6 +285,13 @@ describe('the worker contract on the wire', () => {
       expect(error.message).toBe('rank 3 failed in ping: rank 0 is gone: connection to w2 closed');
     }
   });
+
+  it('a PeerLost says in words whether the peer went away or misbehaved, and is named so', () => {
+    const gone = new PeerLost({ rank: 1, cause: 'silent', evidence: 'no tensor in 60 s' });
+    const liar = new PeerLost({ rank: 2, cause: 'misbehaved', evidence: 'sent 12 bytes where the plan says 48' });
+    expect([gone.name, gone.message]).toEqual(['PeerLost', 'rank 1 is gone: no tensor in 60 s']);
+    expect([liar.name, liar.message]).toEqual(['PeerLost', 'rank 2 misbehaved: sent 12 bytes where the plan says 48']);
+  });
 });
 
 describe('executor backends', () => {
