@@ -254,6 +254,7 @@ export class Placer {
     return {
       workerFlops: measured.map((m) => epOf(m!)?.flops ?? 0),
       workerSoftmaxRates: measured.map((m) => epOf(m!)?.softmaxRate ?? Infinity),
+      workerStageS: measured.map((m) => (epOf(m!)?.stageMs ?? 0) / 1000),
       link: this.linkOf(workers),
       bytesPerElement: request.dtype === 'f16' ? 2 : 4,
     };

@@ -40,6 +40,11 @@ export interface Hardware {
    * memory-bound work FLOPs miss, a fifth of a step at 12k tokens on wasm. Omitted: not charged.
    */
   workerSoftmaxRates?: number[];
+  /**
+   * seconds one stage call costs each worker whatever its size, parallel to workerFlops: what
+   * dominates a step at few tokens (the demo's 48), where FLOPs are next to nothing. Omitted: not charged.
+   */
+  workerStageS?: number[];
   /** the link between workers i and j (indices into workerFlops), or one link for every pair */
   link: LinkSpeed | ((i: number, j: number) => LinkSpeed);
   /** activations on the wire: 4 for fp32 transport, 2 for fp16 */
@@ -106,6 +111,12 @@ export function forwardFlops(model: ModelShape, tokens: number, textTokens: numb
   };
 }
 
+/**
+ * Engine calls of one rank's forward (rank/ulysses.ts): embed, then per block pre-attention,
+ * attention and post-attention, then the head.
+ */
+export const stageCallsPerForward = (model: Pick<ModelShape, 'numLayers'>): number => 3 * model.numLayers + 2;
+
 /** Bytes one rank sends in one forward: 4·ceil(S/P)·D·(P−1)/P elements per block. */
 export function forwardBytes(model: ModelShape, tokens: number, degree: number, bytesPerElement: number): number {
   const plan = planUlysses(model as WanConfig, tokens, degree);
@@ -139,6 +150,7 @@ export function predictStep(work: Workload, plan: Plan, hw: Hardware): StepPredi
   const chosen = hw.workerFlops.map((f, i) => ({ f, i })).sort((a, b) => b.f - a.f).slice(0, world);
   const flops = Math.min(...chosen.map((c) => c.f));
   const softmaxRate = hw.workerSoftmaxRates ? Math.min(...chosen.map((c) => hw.workerSoftmaxRates![c.i])) : Infinity;
+  const stageS = hw.workerStageS ? Math.max(...chosen.map((c) => hw.workerStageS![c.i])) : 0;
   const link = world > 1 ? slowestLink(hw, chosen.map((c) => c.i)) : { bandwidth: Infinity, latency: 0 };
 
   const passesPerGroup = plan.cfgParallel ? 1 : work.passes;
@@ -151,7 +163,7 @@ export function predictStep(work: Workload, plan: Plan, hw: Hardware): StepPredi
   const cfgBytes = plan.cfgParallel ? work.tokens * outWidth * hw.bytesPerElement : 0;
   const cfgComm = plan.cfgParallel ? cfgBytes / link.bandwidth + link.latency : 0;
 
-  const computeS = passesPerGroup * (forward.total / flops + forward.scores / softmaxRate);
+  const computeS = passesPerGroup * (forward.total / flops + forward.scores / softmaxRate + stageCallsPerForward(work.model) * stageS);
   const commS = passesPerGroup * commPerForward * (1 - (hw.overlap ?? 0)) + cfgComm;
   const coordinator = hw.coordinatorLink === undefined ? (typeof hw.link === 'function' ? slowestLink(hw, chosen.map((c) => c.i)) : hw.link) : hw.coordinatorLink;
   const ioBytes = work.passes * work.tokens * (work.model.inChannels + work.model.outChannels) * patchVolume(work.model) * 4;

@@ -87,6 +87,8 @@ export interface ComputeProbe {
   flops: number;
   /** attention scores (bias + softmax) per second: the memory-bound work FLOP counts miss */
   softmaxRate: number;
+  /** ms one stage call costs whatever its size (a step at few tokens is mostly this) */
+  stageMs: number;
 }
 
 /** A timed all-to-all on the job's own mesh (rank/mesh-probe.ts). */
@@ -172,7 +174,7 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
   },
   probeCompute: {
     args: fields({ ep }),
-    reply: fields({ ep, flops: num(Number.MIN_VALUE), softmaxRate: num(Number.MIN_VALUE) }),
+    reply: fields({ ep, flops: num(Number.MIN_VALUE), softmaxRate: num(Number.MIN_VALUE), stageMs: num(0, 60_000) }),
   },
   probeLink: {
     args: fields({ payload: floats(1 << 20) }),

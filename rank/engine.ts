@@ -62,8 +62,8 @@ export function createEngine(threads = 1): EngineApi {
     probe: (ep) =>
       serial(async () => {
         if (ep === 'webgpu' && !(await probeWebGpu())) throw new Error('cannot probe webgpu: this browser has no WebGPU adapter');
-        const { flops, softmaxRate } = await probeThroughput(ep);
-        return { ep, flops, softmaxRate };
+        const { flops, softmaxRate, stageMs } = await probeThroughput(ep);
+        return { ep, flops, softmaxRate, stageMs };
       }),
     embed: (...a) => serial(() => need().embed(...a)),
     preAttention: (...a) => serial(() => need().preAttention(...a)),

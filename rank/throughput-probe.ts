@@ -1,13 +1,21 @@
-// How fast this worker computes on an execution provider, the two numbers the cost model needs:
+// How fast this worker computes on an execution provider, the three numbers the cost model needs:
 //   flops        one MatMul [n, n]·[n, n]: 2·n³ / time
 //   softmaxRate  attention scores per second: Add(bias) + Softmax over [4, 64, 4096] scores, the
 //                memory-bound work between QKᵀ and AV that FLOP counts miss (~20% of a step at
 //                12k tokens)
-// Each is a warm-up run then the median of `runs` timed runs; the whole probe takes ~50 ms on
-// wasm. A worker runs it once at join.
+//   stageMs      what one stage call costs whatever its size: the stage graphs of a one-block
+//                model of Wan's structure run on one token (nearly no FLOPs), per call. At the
+//                demo's 48 tokens this, not the FLOPs, is most of a step.
+// Each is a warm-up run then the median of `runs` timed runs; the whole probe takes well under a
+// second on wasm. A worker runs it at join, and again when its share of the cores changes.
 import * as ort from 'onnxruntime-web';
+import { expectedWeightShapes, wanConfigOfSize } from '../core/model/config.ts';
 import { OnnxGraph } from '../core/model/onnx-builder.ts';
+import { ropeTables, tokenGrid } from '../core/model/tokens.ts';
+import type { TensorMap } from '../core/safetensors.ts';
 import type { ExecutionProvider } from '../core/worker-api.ts';
+import { onnxStages } from './onnx-stages.ts';
+import type { DeviceTensor } from './stages.ts';
 
 export interface ThroughputProbe {
   ep: ExecutionProvider;
@@ -19,6 +27,8 @@ export interface ThroughputProbe {
   /** score elements / median Add+Softmax time */
   softmaxRate: number;
   softmaxMedianMs: number;
+  /** the median time of one stage call at one token */
+  stageMs: number;
 }
 
 const SCORES: [number, number, number] = [4, 64, 4096]; // [h, c, S]: one chunk of attention scores
@@ -40,7 +50,39 @@ export async function probeThroughput(ep: ExecutionProvider, { size = 256, runs 
   const softmaxMs = await medianRunMs(ep, softmax.toBytes(), { scores: new ort.Tensor('float32', values(c * S, 3), [1, c, S]), bias: new ort.Tensor('float32', values(h * S, 4).map((v) => v * 0.1), [h, 1, S]) }, runs);
   const elements = h * c * S;
 
-  return { ep, size, runs, medianMs: matmulMs, flops: (2 * size ** 3) / (matmulMs / 1000), softmaxRate: elements / (softmaxMs / 1000), softmaxMedianMs: softmaxMs };
+  const stageMs = await stageCallMs(ep, runs);
+  return { ep, size, runs, medianMs: matmulMs, flops: (2 * size ** 3) / (matmulMs / 1000), softmaxRate: elements / (softmaxMs / 1000), softmaxMedianMs: softmaxMs, stageMs };
+}
+
+/** The five stage calls of a one-block forward (embed, pre-attention, attention, post-attention, head) on one token, per call. */
+async function stageCallMs(ep: ExecutionProvider, runs: number): Promise<number> {
+  const config = wanConfigOfSize({ headDim: 24, textDim: 16, ffnDim: 64, numLayers: 1 }, 'the stage-call probe');
+  const weights: TensorMap = new Map();
+  for (const [name, shape] of expectedWeightShapes(config)) {
+    const size = shape.reduce((a, b) => a * b, 1);
+    weights.set(name, { shape, data: Float32Array.from({ length: size }, (_, i) => (((i * 2654435761) >>> 0) / 2 ** 32 - 0.5) * 0.1) });
+  }
+  const stages = await onnxStages({ config, weights }, ep);
+  const grid = tokenGrid(config, [config.inChannels, 1, 2, 2]); // one token
+  const { cos, sin } = ropeTables(config, grid, 0, 1);
+  const patches = new Float32Array(config.inChannels * 4);
+  const text = new Float32Array(config.textDim);
+  const forward = async () => {
+    const { x, temb, tproj, context } = await stages.embed(patches, 500, text);
+    const qkv = await stages.preAttention(0, x, tproj, cos, sin);
+    const o = await stages.attention(qkv, new Float32Array(1));
+    const next = await stages.postAttention(0, x, o, tproj, context);
+    await stages.head(next, temb);
+    await stages.release([x, temb, tproj, context, next].filter((a) => !(a instanceof Float32Array)) as DeviceTensor[]);
+  };
+  await forward();
+  const times: number[] = [];
+  for (let i = 0; i < runs; i++) {
+    const start = performance.now();
+    await forward();
+    times.push((performance.now() - start) / 5);
+  }
+  return times.sort((x, y) => x - y)[Math.floor(runs / 2)];
 }
 
 async function medianRunMs(ep: ExecutionProvider, graph: Uint8Array, feeds: Record<string, ort.Tensor>, runs: number): Promise<number> {

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { candidatePlans, fitLink, fitMeshProbe, forwardBytes, forwardFlops, planSwarm, predictStep, type Hardware, type LinkSpeed, type ModelShape, type Workload } from '../../core/cost-model.ts';
+import { candidatePlans, fitLink, fitMeshProbe, forwardBytes, forwardFlops, planSwarm, predictStep, stageCallsPerForward, type Hardware, type LinkSpeed, type ModelShape, type Workload } from '../../core/cost-model.ts';
 import { SeededRandom } from '../../core/random.ts';
 
 const small: ModelShape = { numHeads: 2, headDim: 2, dim: 4, ffnDim: 8, numLayers: 1, inChannels: 1, outChannels: 1, patchSize: [1, 1, 1], textDim: 3, freqDim: 2 };
@@ -32,6 +32,18 @@ describe('cost model: FLOPs and bytes of one rank', () => {
       const f = forwardFlops(bench, 12288, 32, P);
       expect(f.scores).toBe(2 * ((12 / P) * 12288 * 12288 + 12 * (12288 / P) * 32));
       expect(predictStep(work, plan, withSoftmax).computeS - predictStep(work, plan, hw).computeS).toBeCloseTo(f.scores / 4e8, 9);
+    }
+  });
+
+  it('charges each stage call its fixed cost, 3 per block and 2 more per forward, per pass, at the slowest chosen worker\'s', () => {
+    const work: Workload = { model: bench, tokens: 48, textTokens: 32, passes: 2 };
+    const hw: Hardware = { workerFlops: [2e10, 2e10], link: { bandwidth: 1e7, latency: 0 }, bytesPerElement: 4 };
+    expect(stageCallsPerForward(bench)).toBe(3 * 2 + 2);
+    for (const plan of [{ ulyssesDegree: 1, cfgParallel: false }, { ulyssesDegree: 2, cfgParallel: false }, { ulyssesDegree: 1, cfgParallel: true }]) {
+      const passesPerGroup = plan.cfgParallel ? 1 : 2;
+      const charged = predictStep(work, plan, { ...hw, workerStageS: [0.001, 0.003] }).computeS - predictStep(work, plan, hw).computeS;
+      const slowest = plan.ulyssesDegree * (plan.cfgParallel ? 2 : 1) === 1 ? 0.001 : 0.003; // one worker: the faster-computing first, whose calls cost 1 ms
+      expect(charged, JSON.stringify(plan)).toBeCloseTo(passesPerGroup * 8 * slowest, 12);
     }
   });
 

@@ -24,7 +24,7 @@ export function stubEngine(stages: DeviceStageRunner, config: WanConfig): Engine
   return {
     ...stages,
     load: async () => ({ ep: 'wasm', adapter: 'test', config, loadMs: 0 }),
-    probe: async (ep) => ({ ep, flops: 1e9, softmaxRate: 2e8 }),
+    probe: async (ep) => ({ ep, flops: 1e9, softmaxRate: 2e8, stageMs: 0.5 }),
   };
 }
 

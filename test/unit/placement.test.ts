@@ -60,7 +60,7 @@ function testSwarm() {
         };
       const api = {
         describe: answer('describe', () => ({ ...worker.info, threads: worker.share })),
-        probeCompute: answer('probeCompute', (a: { ep: 'wasm' | 'webgpu' }) => ({ ep: a.ep, flops: 1e9 * worker.share, softmaxRate: 1e8 * worker.share })),
+        probeCompute: answer('probeCompute', (a: { ep: 'wasm' | 'webgpu' }) => ({ ep: a.ep, flops: 1e9 * worker.share, softmaxRate: 1e8 * worker.share, stageMs: 2 / worker.share })),
         probeLink: answer('probeLink', (a: { payload: Float32Array }) => ({ bytes: a.payload.byteLength })),
         initWorker: answer('initWorker', (a: InitArgs) => ({ rank: a.rank, world: a.world })),
         loadModel: answer('loadModel', () => {
@@ -118,13 +118,13 @@ const shape = [16, 1, 4, 4];
 
 /** Measured as a worker page with both EPs: WebGPU 100× faster than WebAssembly. */
 const measured = (link: { rttMs: number; bandwidth: number }): WorkerMeasurement => ({
-  compute: { wasm: { ep: 'wasm', flops: 1e9, softmaxRate: 1e8 }, webgpu: { ep: 'webgpu', flops: 1e11, softmaxRate: 1e10 } },
+  compute: { wasm: { ep: 'wasm', flops: 1e9, softmaxRate: 1e8, stageMs: 1 }, webgpu: { ep: 'webgpu', flops: 1e11, softmaxRate: 1e10, stageMs: 3 } },
   ...link,
 });
 /** What the cost model is given for `n` workers measured as above, over the coordinator's links. */
 const hardware = (n: number, ep: 'wasm' | 'webgpu', link: { rttMs: number; bandwidth: number }, bytesPerElement: 2 | 4 = 4): Hardware => {
   const probe = measured(link).compute[ep]!;
-  return { workerFlops: Array(n).fill(probe.flops), workerSoftmaxRates: Array(n).fill(probe.softmaxRate), link: { bandwidth: link.bandwidth, latency: link.rttMs / 2000 }, bytesPerElement };
+  return { workerFlops: Array(n).fill(probe.flops), workerSoftmaxRates: Array(n).fill(probe.softmaxRate), workerStageS: Array(n).fill(probe.stageMs / 1000), link: { bandwidth: link.bandwidth, latency: link.rttMs / 2000 }, bytesPerElement };
 };
 const workload = (params: typeof guided): Workload => ({ model: config, tokens: tokenGrid(config, latentShape(params, config.inChannels)).count, textTokens: 16, passes: params.guidance === 1 ? 1 : 2 });
 
@@ -536,7 +536,7 @@ describe('the cost model sees what the workers measured', () => {
     expect([workers[1].info.threads, workers[1].measurement!.compute.wasm!.flops]).toEqual([1, 1e9]);
   });
 
-  it('probeCompute runs over the real RPC path, and the planner plans with the finite softmax rate it measured', async () => {
+  it('probeCompute runs over the real RPC path, and the planner plans with the finite softmax rate and the stage-call time it measured', async () => {
     const { swarm, join } = testSwarm();
     const workers = join(2);
     // each worker's API is a real runtime with a real engine behind serve() and remote() over a link
@@ -557,10 +557,13 @@ describe('the cost model sees what the workers measured', () => {
     // what the planner predicted is what the cost model gives with the measured rates, and differs from an unmeasured (infinite) rate
     const work = workload(guided);
     const link = { bandwidth: Math.min(...workers.map((w) => w.measurement!.bandwidth)), latency: Math.max(...workers.map((w) => w.measurement!.rttMs)) / 2000 };
-    const hw = (softmax: number[]): Hardware => ({ workerFlops: workers.map((w) => w.measurement!.compute.wasm!.flops), workerSoftmaxRates: softmax, link, bytesPerElement: 4 });
+    const stageS = workers.map((w) => w.measurement!.compute.wasm!.stageMs / 1000);
+    for (const s of stageS) expect(s).toBeGreaterThan(0); // a stage call at one token: ~1 ms on this machine's wasm
+    const hw = (softmax: number[], stage = stageS): Hardware => ({ workerFlops: workers.map((w) => w.measurement!.compute.wasm!.flops), workerSoftmaxRates: softmax, workerStageS: stage, link, bytesPerElement: 4 });
     const predicted = planSwarm(work, hw(rates));
     expect(plan!.oneWorkerStepMs).toBeCloseTo(predicted.baseline.stepS * 1000, 6);
     expect(plan!.oneWorkerStepMs).toBeGreaterThan(planSwarm(work, hw([Infinity, Infinity])).baseline.stepS * 1000);
+    expect(plan!.oneWorkerStepMs).toBeGreaterThan(planSwarm(work, hw(rates, [0, 0])).baseline.stepS * 1000);
   });
 
   it('plans with each worker’s rate on the EP it will run: with ep auto the faster one it measured, else the one asked for', async () => {

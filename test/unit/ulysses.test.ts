@@ -2,6 +2,7 @@ import { beforeAll, describe, expect, it } from 'vitest';
 import { referenceForward, type WanModel } from '../../core/model/reference.ts';
 import { patchify, tokenGrid } from '../../core/model/tokens.ts';
 import { loadTransformer } from '../../core/model/transformer.ts';
+import { stageCallsPerForward } from '../../core/cost-model.ts';
 import { exchangeFloatsPerBlock, planUlysses } from '../../core/parallel.ts';
 import { SeededRandom } from '../../core/random.ts';
 import { maxAbsDiff, type Tensor } from '../../core/tensor.ts';
@@ -51,6 +52,18 @@ describe('Ulysses sequence parallelism, in memory', () => {
       const expected = 4 * exchangeFloatsPerBlock(plan, m.config.dim) * m.config.numLayers;
       expect(expected).toBe(4 * Math.ceil(35 / P) * m.config.dim * ((P - 1) / P) * 4 * m.config.numLayers);
       for (const e of exchanges) expect(e.bytesSent, `P=${P} rank ${e.rank}`).toBe(expected);
+    }
+  });
+
+  it('a rank makes stageCallsPerForward stage calls per forward, whatever P: the number the cost model charges each call\'s fixed cost for', async () => {
+    const latent = latents['padded (35 tokens)'];
+    for (const P of [1, 3]) {
+      const calls: string[] = [];
+      const counting = Object.fromEntries(
+        (['embed', 'preAttention', 'attention', 'postAttention', 'head'] as const).map((stage) => [stage, (...a: never[]) => (calls.push(stage), (onnx[stage] as (...a: never[]) => unknown)(...a))]),
+      ) as unknown as StageRunner;
+      await forwardInProcess(m.config, counting, memoryExchanges(P), latent, 500, text);
+      expect(calls.length / P, `P=${P}`).toBe(stageCallsPerForward(m.config));
     }
   });
 

@@ -40,7 +40,7 @@ describe("a worker's runtime with ep 'auto'", () => {
     const engine = {
       ...base,
       load: async (url: string, ep: ExecutionProvider) => (loads.push(ep), { ...(await base.load(url, ep)), ep }),
-      probe: async (ep: ExecutionProvider) => (probes.push(ep), { ep, flops: rates[ep]!, softmaxRate: 1e8 }),
+      probe: async (ep: ExecutionProvider) => (probes.push(ep), { ep, flops: rates[ep]!, softmaxRate: 1e8, stageMs: 1 }),
     };
     const described: WorkerInfo = { ep: 'webgpu', adapter: 'test', threads: 1, memoryGiB: null, userAgent: 'node', ...info };
     const runtime = new WorkerRuntime(engine, { connectMesh: async () => memoryExchanges(1)[0], describe: async () => described });
