@@ -5,6 +5,8 @@ import type { ComputeProbe, ExecutionProvider, WorkerApi } from '../core/worker-
 import type { Remote } from '../core/net/rpc.ts';
 
 export interface WorkerMeasurement {
+  /** the WASM threads the worker had (its share of its machine's cores): what `compute` was measured on */
+  threads: number;
   /** what it computes at on each EP it has (WebAssembly always; WebGPU where there is an adapter) */
   compute: Partial<Record<ExecutionProvider, ComputeProbe>>;
   rttMs: number;
@@ -20,7 +22,7 @@ const PROBE_BYTES = 512 * 1024;
  */
 const PROBE_TIMEOUT_MS = 120_000;
 
-export async function measureWorker(worker: { api: Pick<Remote<WorkerApi>, 'probeCompute' | 'probeLink'>; info: { ep: ExecutionProvider } }, timeoutMs = PROBE_TIMEOUT_MS): Promise<WorkerMeasurement> {
+export async function measureWorker(worker: { api: Pick<Remote<WorkerApi>, 'probeCompute' | 'probeLink'>; info: { ep: ExecutionProvider; threads: number } }, timeoutMs = PROBE_TIMEOUT_MS): Promise<WorkerMeasurement> {
   const compute: WorkerMeasurement['compute'] = {};
   for (const ep of worker.info.ep === 'webgpu' ? (['wasm', 'webgpu'] as const) : (['wasm'] as const)) {
     compute[ep] = await worker.api.probeCompute({ ep }, timeoutMs);
@@ -32,5 +34,5 @@ export async function measureWorker(worker: { api: Pick<Remote<WorkerApi>, 'prob
   };
   const rttMs = Math.min(await roundTrip(new Float32Array(1)), await roundTrip(new Float32Array(1)));
   const largeMs = await roundTrip(new Float32Array(PROBE_BYTES / 4));
-  return { compute, rttMs, bandwidth: PROBE_BYTES / (Math.max(largeMs - rttMs, 0.5) / 1000) };
+  return { threads: worker.info.threads, compute, rttMs, bandwidth: PROBE_BYTES / (Math.max(largeMs - rttMs, 0.5) / 1000) };
 }

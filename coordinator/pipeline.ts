@@ -60,9 +60,12 @@ export interface GenerateRequest extends Partial<JobParams> {
   onCheckpoint?(c: { step: number; latent: Float32Array }): void;
   onFailure?(f: FailureRecord): void;
   onProgress?(p: StepProgress): void;
-  onPhase?(phase: 'placing' | 'encoding' | 'denoising' | 'decoding' | 'muxing'): void;
+  onPhase?(phase: JobPhase): void;
   signal?: AbortSignal;
 }
+
+/** What a job does, in order: placing takes the workers and loads the model; encoding embeds the prompts and prepares the ranks. */
+export type JobPhase = 'placing' | 'encoding' | 'denoising' | 'decoding' | 'muxing';
 
 export interface GenerateReport {
   /** workers = ulyssesDegree, ×2 with cfgParallel */
@@ -83,6 +86,8 @@ export interface GenerateReport {
   /** time spent re-placing after lost ranks */
   recoveryMs: number;
   setupMs: number;
+  /** where the job's time went, phase by phase */
+  phasesMs: Record<JobPhase, number>;
   totalMs: number;
   latentShape: number[];
   latentSha256: string;
@@ -133,18 +138,26 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
       const { placement: asked, resume, onCheckpoint, onFailure, onProgress, onPhase, signal, ...input } = request;
       const params = jobParams({ flowShift, ...input });
       const started = performance.now();
-      onPhase?.('placing');
+      const phasesMs: Record<JobPhase, number> = { placing: 0, encoding: 0, denoising: 0, decoding: 0, muxing: 0 };
+      let phase: { name: JobPhase; since: number } | null = null;
+      const enter = (name: JobPhase | null) => {
+        const now = performance.now();
+        if (phase) phasesMs[phase.name] += now - phase.since;
+        phase = name && { name, since: now };
+        if (name) onPhase?.(name);
+      };
+      enter('placing');
       const { plan, cfgFallback } = await placer.place(params, { ...defaults, ...asked });
       const setupMs = performance.now() - started;
       const job = ++jobs;
 
-      onPhase?.('encoding');
+      enter('encoding');
       const texts = [textEncoder.encode(params.prompt)];
       if (usesGuidance(params)) texts.push(textEncoder.encode(params.negativePrompt));
       const shape = latentShape(params, config.inChannels);
       const meshProbe = await placer.prepare(job, texts, shape);
 
-      onPhase?.('denoising');
+      enter('denoising');
       const first = resume?.step ?? 0;
       const steps: GenerateReport['steps'] = [];
       const failures: FailureRecord[] = [];
@@ -179,10 +192,11 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
         },
       });
 
-      onPhase?.('decoding');
+      enter('decoding');
       const frames = decode(latent);
-      onPhase?.('muxing');
+      enter('muxing');
       const video = await (options.encodeVideo ?? encodeWebM)(frames);
+      enter(null);
       const executor = placer.current!;
       return {
         video,
@@ -200,6 +214,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
           failures,
           recoveryMs: failures.reduce((t, f) => t + f.replanMs, 0),
           setupMs,
+          phasesMs,
           totalMs: performance.now() - started,
           latentShape: shape,
           latentSha256: await sha256(latent.data),

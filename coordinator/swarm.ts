@@ -61,6 +61,8 @@ export const newJoinToken = (): string => Array.from(crypto.getRandomValues(new 
 
 export class Swarm {
   private readonly roster = new Map<string, SwarmWorker>();
+  /** measurements under way, by worker id */
+  private readonly measuring = new Map<string, Promise<void>>();
   private readonly connections = new Map<string, DataConnectionLike>();
   private readonly listeners = new Set<(e: SwarmEvent) => void>();
   readonly refusals: { peer: string; reason: string; at: number }[] = [];
@@ -157,24 +159,40 @@ export class Swarm {
 
   /**
    * Measures again each worker whose share of its machine's cores changed since it was measured
-   * (a worker tab opened or closed beside it): its throughput changed with its threads. A worker
-   * takes up its new share as it is probed; one that fails to answer keeps its old measurement.
+   * (a worker tab opened or closed beside it) and was not caught at it yet: its throughput changed
+   * with its threads. A worker takes up its new share as it is probed; one that fails to answer
+   * keeps its old measurement. A measurement under way is waited for, unless it is the first.
    */
   async remeasureResharedWorkers(): Promise<void> {
     await Promise.all(
       this.workers().map(async (w) => {
         if (!w.measurement) return; // its first measurement is under way
         const info = await w.api.describe({}, DESCRIBE_TIMEOUT_MS).catch(() => null);
-        if (!info || info.threads === w.info.threads) return;
-        try {
-          const measurement = await measureWorker(w);
-          Object.assign(w, { info, measurement });
-          this.emit({ type: 'update', worker: w });
-        } catch (e) {
-          console.warn(`could not measure worker ${w.id} again: ${(e as Error).message}`);
-        }
+        if (info) w.info = info;
+        await this.measure(w);
       }),
     );
+  }
+
+  /**
+   * Measures a worker (coordinator/measure.ts) unless its measurement is for the threads it has
+   * now; one measurement of a worker at a time.
+   */
+  private measure(w: SwarmWorker): Promise<void> {
+    const running = this.measuring.get(w.id);
+    if (running) return running;
+    if (w.measurement?.threads === w.info.threads) return Promise.resolve();
+    const run = measureWorker(w)
+      .then(
+        (m) => {
+          w.measurement = m;
+          if (this.roster.has(w.id)) this.emit({ type: 'update', worker: w });
+        },
+        (e: Error) => console.warn(`could not measure worker ${w.id}: ${e.message}`),
+      )
+      .finally(() => this.measuring.delete(w.id));
+    this.measuring.set(w.id, run);
+    return run;
   }
 
   /** Resolves once `count` workers are live, or rejects after the timeout saying how many joined. */
@@ -271,17 +289,18 @@ export class Swarm {
           joined.pulse = pulse;
           joined.framesDropped = link.stats.framesDropped;
           if (changed) this.emit({ type: 'update', worker: joined });
+          // a worker tab opened or closed beside it: its new share shows, and it is measured again
+          // now if it has nothing to do, else before the next job is planned
+          if (Number.isInteger(pulse.threads) && pulse.threads! >= 1 && pulse.threads !== joined.info.threads) {
+            joined.info = { ...joined.info, threads: pulse.threads! };
+            this.emit({ type: 'update', worker: joined });
+            if (joined.activity === 'idle' && joined.measurement) void this.measure(joined);
+          }
         },
       });
       this.emit({ type: 'join', worker: joined });
       // what the planner and the swarm view need: measured at join, and again when its share of the cores changes
-      measureWorker(joined).then(
-        (m) => {
-          joined.measurement = m;
-          if (this.roster.has(joined.id)) this.emit({ type: 'update', worker: joined });
-        },
-        (e: Error) => console.warn(`could not measure worker ${joined.id}: ${e.message}`),
-      );
+      void this.measure(joined);
     } catch (e) {
       console.warn(`worker ${conn.peer} could not join: ${(e as Error).message}`);
       conn.close();

@@ -51,11 +51,12 @@ export function createEngine(threads = 1): EngineApi {
       const key = `${modelUrl} ${ep}`;
       if (loaded?.key === key) return loaded.info;
       const started = performance.now();
-      const adapter = ep === 'wasm' ? null : await probeWebGpu();
-      if (ep === 'webgpu' && !adapter) throw new Error('webgpu was asked for but this browser has no WebGPU adapter; use ep "auto" or "wasm"');
+      // the device it computes on: on wasm the CPU, whether or not the browser also has a WebGPU adapter
+      const adapter = ep === 'wasm' ? 'WebAssembly (CPU)' : await probeWebGpu();
+      if (!adapter) throw new Error('webgpu was asked for but this browser has no WebGPU adapter; use ep "auto" or "wasm"');
       const model = await loadTransformer(fetchModelFiles(modelUrl));
       stages = await onnxStages(model, ep);
-      const info: EngineInfo = { ep, adapter: adapter ?? 'WebAssembly (no WebGPU adapter)', config: model.config, loadMs: performance.now() - started };
+      const info: EngineInfo = { ep, adapter, config: model.config, loadMs: performance.now() - started };
       loaded = { key, info };
       return info;
     }),

@@ -16,6 +16,8 @@ export interface WorkerPulse {
   framesDropped: number;
   /** its open links to the other ranks of its job: which peer, and whether direct or relayed */
   mesh?: { peer: string; transport: Transport }[];
+  /** the WASM threads it computes on from its next job: its share of its machine's cores */
+  threads?: number;
 }
 
 type HeartbeatBody = { type: 'heartbeat' } | { type: 'heartbeat-echo'; pulse: WorkerPulse };

@@ -23,6 +23,8 @@ test('worker tabs of one browser share the cores: one tab alone takes them all, 
     await second.goto(await swarm.dashboard.evaluate(() => (window as any).ditswarm.ready.then((r: any) => r.joinUrl)));
     await expect(second.locator('#threads')).toHaveText(`${half} of ${cores} cores (2 worker tabs in this browser share them)`);
     await expect(first.locator('#threads')).toHaveText(`${cores} of ${cores} cores (2 worker tabs in this browser share them); ${half} from the next job`);
+    // the dashboard hears of the new shares from the pages' heartbeats
+    await expect(swarm.dashboard.locator('#workers tbody tr', { hasText: `${half} thread${half === 1 ? '' : 's'} ·` })).toHaveCount(2, { timeout: 20_000 });
     const shared = await runJob(swarm.dashboard, { ...job, workers: 2 });
     expect(shared.report.workers.map((w: any) => w.threads)).toEqual([half, half]);
     for (const page of [first, second]) await expect(page.locator('#threads')).toHaveText(`${half} of ${cores} cores (2 worker tabs in this browser share them)`);

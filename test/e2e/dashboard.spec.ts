@@ -1,6 +1,7 @@
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { expect, test } from '@playwright/test';
+import { openTestSwarm } from './swarm-page.ts';
 
 // What a person sees: the dashboard idle, running on two workers, done; the worker page; a phone.
 const SHOTS = join(import.meta.dirname, 'screenshots');
@@ -86,4 +87,31 @@ test('the dashboard idle, running on 2 workers and done, and the worker page, as
   expect(await tableOverflow()).toBeLessThanOrEqual(0);
   await dashboard.screenshot({ path: join(SHOTS, 'dashboard-phone.png'), fullPage: true });
   await context.close();
+});
+
+test('the default job on two worker tabs: Enter on the prompt the dashboard opens with, and the plan it shows predicts the step time within 25%', async ({ browser, baseURL }) => {
+  test.setTimeout(180_000);
+  const swarm = await openTestSwarm(browser, baseURL!, 2);
+  try {
+    const { dashboard } = swarm;
+    // every worker measured, as a person would see before pressing Enter
+    await expect.poll(() => dashboard.locator('#workers tbody tr', { hasText: 'GFLOP/s' }).count(), { timeout: 90_000 }).toBe(2);
+    await dashboard.focus('[name=prompt]');
+    await expect(dashboard.locator('[name=prompt]')).toHaveValue('a red square moving right');
+    const started = Date.now();
+    await dashboard.keyboard.press('Enter');
+    await expect(dashboard.locator('#status')).toContainText('done', { timeout: 150_000 });
+    const seconds = (Date.now() - started) / 1000;
+    const status = (await dashboard.locator('#status').textContent())!;
+    console.log(`default job: ${seconds.toFixed(1)} s from Enter; ${status}`);
+    expect(status).toMatch(/predicting [\d.]+ s per step; measured [\d.]+ s/);
+    // the same two numbers, unrounded, from the report the dashboard shows
+    const report = JSON.parse((await dashboard.locator('#report').textContent())!);
+    const measuredMs = report.steps.reduce((t: number, s: { ms: number }) => t + s.ms, 0) / report.steps.length;
+    const error = (report.plan.predictedStepMs - measuredMs) / measuredMs;
+    console.log(`phases ${JSON.stringify(report.phasesMs, (_k, v) => (typeof v === "number" ? Math.round(v) : v))}; predicted ${report.plan.predictedStepMs.toFixed(0)} ms per step, measured ${measuredMs.toFixed(0)} ms: ${(100 * error).toFixed(0)}%; ${report.workers.map((w: any) => `${w.ep} × ${w.threads} (${w.why})`).join(', ')}`);
+    expect(Math.abs(error)).toBeLessThanOrEqual(0.25);
+  } finally {
+    await swarm.close();
+  }
 });

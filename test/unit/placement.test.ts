@@ -118,6 +118,7 @@ const shape = [16, 1, 4, 4];
 
 /** Measured as a worker page with both EPs: WebGPU 100× faster than WebAssembly. */
 const measured = (link: { rttMs: number; bandwidth: number }): WorkerMeasurement => ({
+  threads: 1,
   compute: { wasm: { ep: 'wasm', flops: 1e9, softmaxRate: 1e8, stageMs: 1 }, webgpu: { ep: 'webgpu', flops: 1e11, softmaxRate: 1e10, stageMs: 3 } },
   ...link,
 });
