@@ -37,7 +37,7 @@ interface RankReport {
 }
 
 interface GenerateOut {
-  report: { steps: { ms: number; ranks: RankReport[] }[]; latentSha256: string; setupMs: number; totalMs: number; workers: { id: string; ep: string }[]; config: Record<string, unknown> };
+  report: { steps: { ms: number; ranks: RankReport[] }[]; latentSha256: string; setupMs: number; totalMs: number; workers: { id: string; ep: string }[]; config: Record<string, unknown>; plan: { predictedStepMs: number | null } | null };
   latent: string;
 }
 
@@ -236,6 +236,9 @@ function summarise(degree: number, report: GenerateOut['report'], parityMaxAbs: 
     latentSha256: report.latentSha256,
     predicted: { ...predicted, stepMs: round(predicted.stepMs, 1), computeMs: round(predicted.computeMs, 1), commMs: round(predicted.commMs, 1), ioMs: round(predicted.ioMs, 1) },
     predictionError: round(Math.abs(predicted.stepMs - last.ms) / last.ms),
+    /** what the dashboard itself predicted for this job (from the workers' own probes), and its error */
+    dashboardPredictedStepMs: report.plan?.predictedStepMs == null ? null : round(report.plan.predictedStepMs, 1),
+    dashboardPredictionError: report.plan?.predictedStepMs == null ? null : round((report.plan.predictedStepMs - last.ms) / last.ms),
   };
 }
 
