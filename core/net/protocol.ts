@@ -110,6 +110,7 @@ export function frameMessage(msg: Message, msgId: number, chunkBytes = DEFAULT_C
     starts.push(totalBytes);
     totalBytes += s.byteLength;
   }
+  // Stryker disable next-line EqualityOperator: totalBytes is never U32_MAX, an odd number: a tensor payload is whole 2- or 4-byte elements and an rpc payload a multiple of 4, so >= refuses exactly what > does
   if (totalBytes > U32_MAX) throw new RangeError(`message payload is ${totalBytes} bytes; at most ${U32_MAX} fit a frame header`);
   const stride = chunkBytes - HEADER_BYTES;
   const frameCount = Math.max(1, Math.ceil(totalBytes / stride));
@@ -149,11 +150,13 @@ export function frameMessage(msg: Message, msgId: number, chunkBytes = DEFAULT_C
       new DataView(out.buffer).setUint32(12, index, true);
       // Copy [begin, end) of the concatenated segments: the payload's only copy.
       let at = HEADER_BYTES;
+      // Stryker disable next-line LogicalOperator,ConditionalExpression,EqualityOperator: either bound alone ends this loop where both do: the segments tile [0, totalBytes), so at reaches out.length as the last segment overlapping [begin, end) is copied, before s can run out, and the segments after it start at or past end and are skipped by from >= to
       for (let s = 0; s < segments.length && at < out.length; s++) {
         const segStart = starts[s]!;
         const seg = segments[s]!;
         const from = Math.max(begin, segStart);
         const to = Math.min(end, segStart + seg.byteLength);
+        // Stryker disable next-line EqualityOperator: when from === to, going on sets an empty subarray at at <= out.length and adds 0 to at: nothing changes, so > and >= agree
         if (from >= to) continue;
         out.set(seg.subarray(from - segStart, to - segStart), at);
         at += to - from;
@@ -380,6 +383,7 @@ export function readHeader(bytes: Uint8Array): FrameHeader | string {
   const from = v.getUint8(5);
   const ndim = v.getUint8(6);
   if (ndim > MAX_NDIM) return `ndim ${ndim} exceeds ${MAX_NDIM}`;
+  // Stryker disable next-line BooleanLiteral: two bytes read as a u16 are zero in one byte order exactly when they are zero in the other, so reading bytes 42-43 big-endian tests the same thing
   if (v.getUint8(7) !== 0 || v.getUint16(42, true) !== 0) return 'reserved header bytes are not zero';
   const msgId = v.getUint32(8, true);
   const chunkIndex = v.getUint32(12, true);
@@ -489,6 +493,7 @@ const u32Scratch = new Uint32Array(f32Scratch.buffer);
 /** IEEE binary16 bits of each value, rounded to nearest even; overflow → ±inf, NaN stays NaN. */
 export function toF16(src: Float32Array): Uint16Array {
   const out = new Uint16Array(src.length);
+  // Stryker disable next-line EqualityOperator: one pass more (i = src.length) puts src[i] = undefined into the scratch, which the next pass overwrites, and writes out[i], past the end of a typed array, which is ignored
   for (let i = 0; i < src.length; i++) {
     f32Scratch[0] = src[i]!;
     out[i] = f16Bits(u32Scratch[0]!);
@@ -503,6 +508,7 @@ function f16Bits(b: number): number {
   if (exp === 0xff) return sign | 0x7c00 | (mant !== 0 ? 0x200 | (mant >>> 13) : 0);
   const e = exp - 112; // rebias 127 → 15
   if (e >= 0x1f) return sign | 0x7c00;
+  // Stryker disable next-line EqualityOperator: at e = 1 the subnormal branch below computes the same bits: shift 13 gives m = 0x400 | mant >>> 13, rounded on rest = mant & 0x1fff against 0x1000 with ties to even, as here
   if (e >= 1) {
     const h = sign | (e << 10) | (mant >>> 13);
     const rest = mant & 0x1fff;
@@ -525,12 +531,14 @@ let f16Table: Float32Array | undefined;
 export function fromF16(src: Uint16Array): Float32Array {
   const table = (f16Table ??= buildF16Table());
   const out = new Float32Array(src.length);
+  // Stryker disable next-line EqualityOperator: one pass more (i = src.length) reads table[undefined] and writes out[i], past the end of a typed array, which is ignored
   for (let i = 0; i < src.length; i++) out[i] = table[src[i]!]!;
   return out;
 }
 
 function buildF16Table(): Float32Array {
   const t = new Float32Array(65536);
+  // Stryker disable next-line EqualityOperator: one pass more (h = 65536) writes t[65536], past the end of the 65536-entry table, which a typed array ignores
   for (let h = 0; h < 65536; h++) {
     const sign = h & 0x8000 ? -1 : 1;
     const e = (h >>> 10) & 0x1f;

@@ -1,12 +1,17 @@
-import { describe, expect, it } from 'vitest';
+import { describe, expect, it, vi } from 'vitest';
 import {
   COORDINATOR,
   encodeFrames,
+  frameMessage,
   fromF16,
   HEADER_BYTES,
   MAX_FRAME_BYTES,
+  readHeader,
   Reassembler,
+  tensorPayload,
+  tensorValues,
   toF16,
+  type DType,
   type FrameHeader,
   type Message,
   type TensorTag,
@@ -70,6 +75,16 @@ function patch(frame: ArrayBuffer, edit: (v: DataView) => void): ArrayBuffer {
   return copy;
 }
 
+/** What `f` throws as `Name: message`, so a refusal's wording is pinned exactly. */
+function thrown(f: () => unknown): string {
+  try {
+    f();
+  } catch (e) {
+    return e instanceof Error ? `${e.name}: ${e.message}` : `non-Error ${String(e)}`;
+  }
+  return 'nothing thrown';
+}
+
 /** The one drop a bad frame must cause: no throw, null, counted, with a reason matching `reason`. */
 function expectDropped(r: Reassembler, frame: ArrayBuffer, reason: RegExp): void {
   const before = r.dropped;
@@ -107,6 +122,61 @@ describe('frames', () => {
     expect(() => encodeFrames({ ...f32Tensor([1, 1, 1, 1, 1]) }, 0)).toThrow(/at most 4 dims/);
     expect(() => encodeFrames({ ...f16Tensor(1), tag: { ...TAG, block: 70_000 } }, 0)).toThrow(/tag.block/);
     expect(() => encodeFrames({ ...f16Tensor(1), from: 256 }, 0)).toThrow(/from/);
+  });
+
+  it('refuse a negative, fractional or too large msgId, from, tag field or shape dim, and an unknown dtype, naming the field and its range', () => {
+    const t = f16Tensor(1);
+    const u32 = (name: string, got: number) => `RangeError: ${name} must be an integer in [0, 4294967295], got ${got}`;
+    const u16 = (name: string, got: number) => `RangeError: ${name} must be an integer in [0, 65535], got ${got}`;
+    expect(thrown(() => encodeFrames(t, -1))).toBe(u32('msgId', -1));
+    expect(thrown(() => encodeFrames(t, 2 ** 32))).toBe(u32('msgId', 2 ** 32));
+    expect(thrown(() => encodeFrames({ ...t, from: -1 }, 0))).toBe('RangeError: from must be an integer in [0, 255], got -1');
+    expect(thrown(() => encodeFrames({ ...t, from: 1.5 }, 0))).toBe('RangeError: from must be an integer in [0, 255], got 1.5');
+    expect(thrown(() => encodeFrames({ ...t, tag: { ...TAG, job: -1 } }, 0))).toBe(u32('tag.job', -1));
+    expect(thrown(() => encodeFrames({ ...t, tag: { ...TAG, step: 2 ** 32 } }, 0))).toBe(u32('tag.step', 2 ** 32));
+    expect(thrown(() => encodeFrames({ ...t, tag: { ...TAG, pass: 65536 } }, 0))).toBe(u16('tag.pass', 65536));
+    expect(thrown(() => encodeFrames({ ...t, tag: { ...TAG, phase: 0.5 } }, 0))).toBe(u16('tag.phase', 0.5));
+    // a dim past the u32 range in an empty tensor: the byte count (0) alone would not notice it
+    expect(thrown(() => encodeFrames({ ...f32Tensor([0]), shape: [0, 2 ** 32] }, 0))).toBe(u32('shape[1]', 2 ** 32));
+    expect(thrown(() => encodeFrames({ ...t, dtype: 'bf16' as DType }, 0))).toBe('TypeError: dtype must be one of f32, f16, got bf16');
+  });
+
+  it('accept every header field at its maximum: msgId and job/step 2^32-1, from 255, pass/block/phase 65535, a shape dim 2^32-1', () => {
+    const msg: Message = {
+      kind: 'tensor',
+      from: 255,
+      tag: { job: 0xffffffff, step: 0xffffffff, pass: 0xffff, block: 0xffff, phase: 0xffff },
+      dtype: 'f32',
+      shape: [0, 0xffffffff],
+      data: new Uint8Array(0),
+    };
+    const r = new Reassembler();
+    expect(pushAll(r, encodeFrames(msg, 0xffffffff))).toEqual([msg]);
+    expect(r.dropped).toBe(0);
+  });
+
+  it('accept chunkBytes of exactly MAX_FRAME_BYTES: frames of Chrome\'s limit, whose 262 084-byte stride the receiver accepts', () => {
+    const msg = f32Tensor([100_000]); // 400 000 bytes: one full frame and the rest
+    const frames = encodeFrames(msg, 1, MAX_FRAME_BYTES);
+    expect(frames.map((f) => f.byteLength)).toEqual([MAX_FRAME_BYTES, HEADER_BYTES + 400_000 - (MAX_FRAME_BYTES - HEADER_BYTES)]);
+    const r = new Reassembler();
+    const out = pushAll(r, frames);
+    expect(r.dropped).toBe(0);
+    expectSameMessage(out[0], msg);
+  });
+
+  it('refuse a payload over 4 GiB, which the u32 totalBytes cannot declare (a stand-in of that byteLength: nothing is allocated)', () => {
+    const huge = { ...f16Tensor(1), shape: [2 ** 31], data: { byteLength: 2 ** 32 } as unknown as Uint8Array };
+    expect(thrown(() => frameMessage(huge, 0))).toBe('RangeError: message payload is 4294967296 bytes; at most 4294967295 fit a frame header');
+  });
+
+  it('frame(index) builds frames 0..frameCount-1 and refuses an index below, at or past frameCount, or not an integer', () => {
+    const source = frameMessage(f32Tensor([(1024 - HEADER_BYTES) / 2]), 0, 1024); // exactly two full frames
+    expect(source.frameCount).toBe(2);
+    expect([source.frame(0).byteLength, source.frame(1).byteLength]).toEqual([1024, 1024]);
+    for (const index of [-1, 2, 3, 0.5, NaN]) {
+      expect(thrown(() => source.frame(index))).toBe(`RangeError: frame index must be in [0, 2), got ${index}`);
+    }
   });
 });
 
@@ -245,6 +315,18 @@ describe('bad frames are dropped with a reason, never thrown', () => {
     expect(r.openMessages).toBe(0);
   });
 
+  it('a shape dim past ndim that is not zero', () => {
+    expectDropped(new Reassembler(), patch(good[0]!, (v) => v.setUint32(48, 5, true)), /^shape dim 1 is 5 but ndim is 1$/);
+  });
+
+  it('a chunk stride of 0 or over 262 084 (Chrome\'s limit less the header); 262 084 itself passes', () => {
+    const [frame] = encodeFrames(f32Tensor([4]), 1); // 16 bytes, one chunk whatever the stride
+    const withStride = (stride: number) => readHeader(new Uint8Array(patch(frame!, (v) => v.setUint32(20, stride, true))));
+    expect(withStride(0)).toBe('chunk stride 0 outside [1, 262084]');
+    expect(withStride(MAX_FRAME_BYTES - HEADER_BYTES + 1)).toBe('chunk stride 262085 outside [1, 262084]');
+    expect(withStride(MAX_FRAME_BYTES - HEADER_BYTES)).toMatchObject({ chunkStride: 262_084, chunkCount: 1, totalBytes: 16 });
+  });
+
   it('a tensor shape that does not match totalBytes', () => {
     expectDropped(new Reassembler(), patch(good[0]!, (v) => v.setUint32(44, 3999, true)), /shape \[3999\] f32 needs 15996 bytes, header declares 16000/);
   });
@@ -254,6 +336,8 @@ describe('bad frames are dropped with a reason, never thrown', () => {
     expect(r.push(good[0]!)).toBeNull();
     expectDropped(r, patch(good[1]!, (v) => v.setUint16(38, 30, true)), /chunk 1 of message 3 disagrees with its first chunk on tag/);
     expectDropped(r, patch(good[1]!, (v) => v.setUint8(5, 4)), /disagrees .* on magic\/version\/kind\/dtype\/from\/ndim/);
+    // byte 28 is the first of the tag (job): a field's first byte is that field's, not the one before it
+    expectDropped(r, patch(good[1]!, (v) => v.setUint32(28, 8, true)), /disagrees with its first chunk on tag$/);
     const out = pushAll(r, good.slice(1));
     expect(out).toEqual([f32Tensor([4000])]);
   });
@@ -273,10 +357,34 @@ describe('bad frames are dropped with a reason, never thrown', () => {
     expectDropped(new Reassembler(), patch(frame!, (v) => v.setUint8(HEADER_BYTES + 9, 0xff)), /not valid UTF-8 JSON/);
   });
 
+  it('an rpc frame whose dtype is not f32 or whose ndim is not 0', () => {
+    const [frame] = encodeFrames({ kind: 'rpc', from: 0, body: 'abcd', tensors: [] }, 8);
+    expectDropped(new Reassembler(), patch(frame!, (v) => v.setUint8(4, 1)), /^rpc frame must have dtype f32 and ndim 0, got f16 and 0$/);
+    expectDropped(new Reassembler(), patch(frame!, (v) => v.setUint8(6, 1)), /^rpc frame must have dtype f32 and ndim 0, got f32 and 1$/);
+  });
+
+  it('an rpc payload shorter than its 8-byte prefix; one of exactly 8 bytes passes the header and fails only on its empty JSON', () => {
+    const [frame] = encodeFrames({ kind: 'rpc', from: 0, body: 'abcd', tensors: [] }, 8); // 16 payload bytes in one chunk
+    const cut = (totalBytes: number) =>
+      patch(frame!, (v) => {
+        v.setUint32(24, totalBytes, true);
+        v.setUint32(HEADER_BYTES, 0, true); // 0 JSON bytes (and 0 tensors already): a prefix and nothing else
+      }).slice(0, HEADER_BYTES + totalBytes);
+    expectDropped(new Reassembler(), cut(7), /^rpc payload of 7 bytes is shorter than its 8-byte prefix$/);
+    expect(readHeader(new Uint8Array(cut(8)))).toMatchObject({ kind: 'rpc', totalBytes: 8 });
+    expectDropped(new Reassembler(), cut(8), /^rpc message 8: body is not valid UTF-8 JSON/);
+  });
+
   it('an rpc prefix whose lengths do not add up to the payload', () => {
     const [frame] = encodeFrames({ kind: 'rpc', from: 0, body: 1, tensors: [new Float32Array(2)] }, 8);
     expectDropped(new Reassembler(), patch(frame!, (v) => v.setUint32(HEADER_BYTES + 8, 3, true)), /do not add up/);
     expectDropped(new Reassembler(), patch(frame!, (v) => v.setUint32(HEADER_BYTES + 4, 1_000_000, true)), /declares 1000000 tensors/);
+  });
+
+  it('a detached buffer, which cannot be read: what that throws is dropped as an internal error', () => {
+    const frame = good[0]!.slice(0);
+    structuredClone(frame, { transfer: [frame] });
+    expectDropped(new Reassembler(), frame, /^internal error: .*detached/);
   });
 
   it('a frame that is not binary at all', () => {
@@ -312,11 +420,23 @@ describe('bad frames are dropped with a reason, never thrown', () => {
     expect(r.lastError).toMatch(/evicted partial message 1 \(3 of 4 chunks missing\)/);
   });
 
-  it('partial messages holding more than maxPendingBytes evict the oldest', () => {
-    const r = new Reassembler({ maxMessageBytes: 16_000, maxPendingBytes: 40_000 });
-    for (let id = 0; id < 3; id++) r.push(encodeFrames(f32Tensor([4000]), id, 4096)[0]!);
-    expect(r.openMessages).toBe(2);
-    expect(r.lastError).toMatch(/evicted partial message 0/);
+  it('partial messages may fill maxPendingBytes exactly; one more evicts the oldest and releases its bytes', () => {
+    const r = new Reassembler({ maxMessageBytes: 16_000, maxPendingBytes: 32_000 });
+    const held = () => ({ open: r.openMessages, heldBytes: r.heldBytes, dropped: r.dropped });
+    for (let id = 0; id < 2; id++) r.push(encodeFrames(f32Tensor([4000]), id, 4096)[0]!);
+    expect(held()).toEqual({ open: 2, heldBytes: 32_000, dropped: 0 });
+    r.push(encodeFrames(f32Tensor([4000]), 2, 4096)[0]!);
+    expect(held()).toEqual({ open: 2, heldBytes: 32_000, dropped: 1 });
+    expect(r.lastError).toMatch(/^evicted partial message 0 /);
+  });
+
+  it('a message of exactly maxPendingBytes is held; one byte over it is refused before allocation', () => {
+    const atCap = new Reassembler({ maxMessageBytes: 16_000, maxPendingBytes: 16_000 });
+    expect(atCap.push(good[0]!)).toBeNull();
+    expect({ open: atCap.openMessages, heldBytes: atCap.heldBytes, dropped: atCap.dropped }).toEqual({ open: 1, heldBytes: 16_000, dropped: 0 });
+    const over = new Reassembler({ maxMessageBytes: 16_000, maxPendingBytes: 15_999 });
+    expectDropped(over, good[0]!, /^message 3 declares 16000 bytes, over the 15999-byte pending cap$/);
+    expect({ open: over.openMessages, heldBytes: over.heldBytes }).toEqual({ open: 0, heldBytes: 0 });
   });
 
   it('1000 frames of random bytes, and 1000 valid frames with random bytes changed: each dropped for a named reason, the counts pinned', () => {
@@ -367,6 +487,74 @@ describe('bad frames are dropped with a reason, never thrown', () => {
   });
 });
 
+describe('the Reassembler\'s bookkeeping', () => {
+  const frames = encodeFrames(f32Tensor([4000]), 3, 4096); // 16 000 bytes in 4 chunks
+
+  it('starts with nothing dropped, no error and no bytes held; holds a partial message\'s payload until it completes', () => {
+    const r = new Reassembler();
+    expect({ dropped: r.dropped, lastError: r.lastError, heldBytes: r.heldBytes }).toEqual({ dropped: 0, lastError: '', heldBytes: 0 });
+    r.push(frames[0]!);
+    expect(r.heldBytes).toBe(16_000);
+    expect(pushAll(r, frames.slice(1))).toHaveLength(1);
+    expect(r.heldBytes).toBe(0);
+  });
+
+  it('remembers the last 1024 completed msgIds, dropping a replay of any of them, and forgets the oldest past that', () => {
+    const r = new Reassembler();
+    const single = (id: number) => encodeFrames(f16Tensor(1), id)[0]!;
+    for (let id = 0; id < 1024; id++) expect(r.push(single(id))).not.toBeNull();
+    expectDropped(r, single(0), /^chunk 0 of message 0, which is already complete$/);
+    expect(r.push(single(1024))).not.toBeNull(); // the 1025th: message 0 is forgotten, 1 still remembered
+    expectDropped(r, single(1), /^chunk 0 of message 1, which is already complete$/);
+    expect(r.push(single(0))).not.toBeNull();
+  });
+
+  it('a partial message costs its payload and one bit a chunk: a million one-byte chunks hold under 2 MB', () => {
+    const first = frameMessage(f32Tensor([250_000]), 0, HEADER_BYTES + 1).frame(0); // 1 000 000 bytes, stride 1
+    const r = new Reassembler();
+    const before = process.memoryUsage().arrayBuffers;
+    expect(r.push(first)).toBeNull();
+    const grown = process.memoryUsage().arrayBuffers - before;
+    expect(r.heldBytes).toBe(1_000_000);
+    expect(grown).toBeLessThan(2_000_000); // payload 1 MB + chunk bitset 125 kB
+  });
+});
+
+describe('tensorValues', () => {
+  const values = new Float32Array([1, -2, 0.5, 65504]);
+  /** A copy of `bytes` that starts `offset` bytes into its buffer. */
+  const placed = (bytes: Uint8Array, offset: number) => {
+    const buffer = new Uint8Array(offset + bytes.byteLength);
+    buffer.set(bytes, offset);
+    return buffer.subarray(offset);
+  };
+
+  it('f32 at a 4-aligned byteOffset (0, 4) is a view of the payload; at a misaligned one (2) a copy of the same values', () => {
+    const wire = tensorPayload(values, 'f32');
+    for (const offset of [0, 4]) {
+      const data = placed(wire, offset);
+      const out = tensorValues(data, 'f32');
+      expect(out).toEqual(values);
+      expect(out.buffer).toBe(data.buffer);
+      expect(out.byteOffset).toBe(offset);
+    }
+    expect(tensorValues(placed(wire, 2), 'f32')).toEqual(values);
+  });
+
+  it('f16 at an even byteOffset (2) is decoded without copying the payload; at an odd one (1) it is copied first', () => {
+    const wire = tensorPayload(values, 'f16');
+    const slice = vi.spyOn(Uint8Array.prototype, 'slice');
+    try {
+      expect(tensorValues(placed(wire, 2), 'f16')).toEqual(values);
+      expect(slice).not.toHaveBeenCalled();
+      expect(tensorValues(placed(wire, 1), 'f16')).toEqual(values);
+      expect(slice).toHaveBeenCalledTimes(1);
+    } finally {
+      slice.mockRestore();
+    }
+  });
+});
+
 describe('f16', () => {
   it('round-trips every finite half value bit-exactly, and NaN stays NaN', () => {
     const all = new Uint16Array(65536).map((_, i) => i);
@@ -385,6 +573,8 @@ describe('f16', () => {
       [65504, 0x7bff], // largest finite
       [65519, 0x7bff], // below the midpoint to infinity
       [65520, 0x7c00], // midpoint ties to even: infinity
+      [2 ** 16, 0x7c00], // the first float32 exponent past the half range
+      [-1.5 * 2 ** 16, 0xfc00], // ... with mantissa bits set: still infinity, not NaN
       [1e9, 0x7c00],
       [Infinity, 0x7c00],
       [-Infinity, 0xfc00],
