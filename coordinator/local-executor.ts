@@ -15,7 +15,7 @@ export class LocalExecutor extends Executor {
   protected async place(): Promise<string[]> {
     if (this.layout.world !== 1) throw new Error(`the local backend runs one rank in this tab, but the layout asks for ${this.layout.world}: use the swarm backend`);
     // the one rank computes in this tab, on all of its machine's cores
-    const threads = Math.max(1, navigator.hardwareConcurrency || 1);
+    const threads = globalThis.crossOriginIsolated ? Math.max(1, navigator.hardwareConcurrency || 1) : 1;
     const engine = new EngineHost(threads);
     this.terminate = () => engine.terminate();
     const runtime = new WorkerRuntime(engine, {

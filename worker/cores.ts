@@ -30,7 +30,10 @@ export async function shareCores(id: string, onChange: (threads: number, tabs: n
   let release: () => void = () => {};
   let left = false;
   let joined = false;
-  const share = () => Math.max(1, Math.floor(cores / tabs));
+  // WASM threads share memory: without cross-origin isolation (a plain-http LAN page) there is no
+  // SharedArrayBuffer and onnxruntime-web runs one thread whatever it is told
+  const usable = globalThis.crossOriginIsolated ? cores : 1;
+  const share = () => Math.max(1, Math.floor(usable / tabs));
 
   const recount = async (): Promise<void> => {
     if (!locks || left) return; // no Web Locks (an old browser, an insecure page): this tab alone takes all cores
