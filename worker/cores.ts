@@ -14,8 +14,6 @@ export interface CoreShare {
   threads(): number;
   /** worker tabs of this browser on this machine, this one included */
   tabs(): number;
-  /** counts the tabs again */
-  recount(): Promise<void>;
   leave(): void;
 }
 
@@ -68,7 +66,6 @@ export async function shareCores(id: string, onChange: (threads: number, tabs: n
     cores,
     threads: share,
     tabs: () => tabs,
-    recount,
     leave() {
       left = true;
       release();
