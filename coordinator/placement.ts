@@ -193,7 +193,7 @@ export class Placer {
     }
     // CFG parallel asked for: wait for its two groups' first workers, as a fixed degree waits for its workers
     const workers = await this.liveWorkers(request.cfgParallel ? 2 : 1);
-    await this.options.swarm!.remeasureResharedWorkers();
+    await this.options.swarm!.measuredNow();
     const plan = this.planFor(params, workers, request.cfgParallel === undefined ? undefined : request.cfgParallel && guided, request);
     return { layout: new RankLayout(plan.degree, plan.cfgParallel && guided ? 2 : 1), plan: plan.predictedStepMs === null ? null : plan };
   }
@@ -224,7 +224,7 @@ export class Placer {
   private async predictAsked(params: JobParams, layout: RankLayout, request: PlacementRequest): Promise<PlannedDegree | null> {
     const swarm = this.options.swarm;
     if (!swarm || swarm.workers().length < layout.world) return null;
-    await swarm.remeasureResharedWorkers();
+    await swarm.measuredNow();
     const hw = this.hardwareOf(swarm.workers(), request);
     if (!hw) return null;
     const work = this.workloadOf(params);

@@ -158,20 +158,12 @@ export class Swarm {
   }
 
   /**
-   * Measures again each worker whose share of its machine's cores changed since it was measured
-   * (a worker tab opened or closed beside it) and was not caught at it yet: its throughput changed
-   * with its threads. A worker takes up its new share as it is probed; one that fails to answer
-   * keeps its old measurement. A measurement under way is waited for, unless it is the first.
+   * Once each worker's measurement is for the threads it has now: a worker whose share of its
+   * machine's cores changed (its heartbeat says so) since it was measured is measured again, and
+   * one being measured again is waited for. A worker's first measurement is not waited for.
    */
-  async remeasureResharedWorkers(): Promise<void> {
-    await Promise.all(
-      this.workers().map(async (w) => {
-        if (!w.measurement) return; // its first measurement is under way
-        const info = await w.api.describe({}, DESCRIBE_TIMEOUT_MS).catch(() => null);
-        if (info) w.info = info;
-        await this.measure(w);
-      }),
-    );
+  async measuredNow(): Promise<void> {
+    await Promise.all(this.workers().filter((w) => w.measurement).map((w) => this.measure(w)));
   }
 
   /**

@@ -530,7 +530,9 @@ describe('the cost model sees what the workers measured', () => {
   it('a worker whose share of its cores changed since it was measured is measured again before planning; the others are not', async () => {
     const { swarm, join } = testSwarm();
     const workers = join(2, measured(fast));
-    workers[0].share = 2; // a worker tab beside it closed: it has both cores now
+    // a worker tab beside it closed: it has both cores now, and its heartbeat said so
+    workers[0].share = 2;
+    workers[0].info = { ...workers[0].info, threads: 2 };
     await placerOn(swarm).place(unguided, ask({ ep: 'wasm' }));
     expect(workers.map((w) => callsOf(w, 'probeCompute').length)).toEqual([1, 0]);
     expect([workers[0].info.threads, workers[0].measurement!.compute.wasm!.flops]).toEqual([2, 2e9]);
