@@ -155,8 +155,9 @@ export function predictStep(work: Workload, plan: Plan, hw: Hardware): StepPredi
 
   const passesPerGroup = plan.cfgParallel ? 1 : work.passes;
   const forward = forwardFlops(work.model, work.tokens, work.textTokens, P);
-  const bytes = P > 1 ? forwardBytes(work.model, work.tokens, P, hw.bytesPerElement) : 0;
-  const exchanges = P > 1 ? (hw.exchangesPerBlock ?? 2) * work.model.numLayers : 0;
+  // one rank alone sends nothing and waits for no one: both terms are 0 at P = 1
+  const bytes = forwardBytes(work.model, work.tokens, P, hw.bytesPerElement);
+  const exchanges = (hw.exchangesPerBlock ?? 2) * work.model.numLayers;
   const commPerForward = bytes / link.bandwidth + exchanges * (P - 1) * link.latency;
   // CFG parallel: one group's output rows [S, pt·ph·pw·C] go to the other once per step
   const outWidth = work.model.outChannels * patchVolume(work.model);
@@ -220,7 +221,7 @@ export function fitLink(samples: { bytes: number; seconds: number }[]): LinkSpee
   const n = samples.length;
   const mx = samples.reduce((a, s) => a + s.bytes, 0) / n;
   const my = samples.reduce((a, s) => a + s.seconds, 0) / n;
-  const sxy = samples.reduce((a, s) => a + (s.bytes - mx) * (s.seconds - my), 0);
+  const sxy = samples.reduce((a, s) => a + (s.bytes - mx) * s.seconds, 0); // = Σ(b − x̄)(t − ȳ), as Σ(b − x̄) = 0
   const sxx = samples.reduce((a, s) => a + (s.bytes - mx) ** 2, 0);
   const perByte = sxy / sxx;
   if (!(perByte > 0)) throw new Error('fitLink: larger transfers were not slower; probe with larger messages');
@@ -247,6 +248,7 @@ export function fastestEp(compute: Partial<Record<ExecutionProvider, Pick<Comput
   if (!measured.length) return { ep: 'wasm', why: 'WASM: nothing measured yet' };
   const rate = (ep: ExecutionProvider) => `${+(compute[ep]!.flops / 1e9).toPrecision(3)}`;
   const [best, ...slower] = measured;
+  // Stryker disable next-line StringLiteral: there are two EPs, so at most one is slower and the separator never shows
   const others = slower.map((ep) => `${EP_NAME[ep]} ${rate(ep)}`).join(', ');
   return { ep: best, why: `${EP_NAME[best]}: ${rate(best)} GFLOP/s${others ? ` vs ${others}` : best === 'wasm' ? ' (no WebGPU adapter)' : ''}` };
 }
