@@ -34,8 +34,8 @@ export interface PlannedDegree {
   by: string;
   /** the rank-to-rank link planned with: a mesh probe of an earlier placement, or the coordinator's links as a stand-in */
   link: LinkSpeed & { from: 'mesh probe' | 'coordinator links' };
-  predictedStepMs: number | null;
-  oneWorkerStepMs: number | null;
+  predictedStepMs: number;
+  oneWorkerStepMs: number;
 }
 
 /** Where a job runs, and why. */
@@ -89,7 +89,9 @@ export class Placer {
   /** what the current executor was placed for */
   private placedFor: { layout: RankLayout; ep: PlacementRequest['ep']; dtype: DType } | null = null;
   /** the placement lost a rank: the next job places afresh instead of failing on the gone rank */
+  // Stryker disable next-line BooleanLiteral: placeOn sets it before anything reads it
   private lostARank = false;
+  // Stryker disable next-line BooleanLiteral: placeOn sets it before anything reads it
   private probed = false;
   /** the rank-to-rank link the last mesh probe measured (its slowest rank), for the cost model's next plans */
   private meshLink: LinkSpeed | null = null;
@@ -111,8 +113,9 @@ export class Placer {
     const guided = usesGuidance(params);
     const cfgFallback = request.cfgParallel && !guided ? 'no CFG parallel: guidance 1 means one forward pass per step, so there is no second pass for a second group' : null;
     const { layout, plan } = await this.layoutFor(params, request, guided);
+    // placedFor is set exactly while there is an executor
     const fits =
-      this.executor !== null && !this.lostARank && this.placedFor !== null &&
+      !this.lostARank && this.placedFor !== null &&
       this.placedFor.layout.ulyssesDegree === layout.ulyssesDegree && this.placedFor.layout.cfgGroups === layout.cfgGroups &&
       this.placedFor.ep === request.ep && this.placedFor.dtype === request.dtype;
     if (!fits) await this.placeOn(layout, request);
@@ -129,7 +132,7 @@ export class Placer {
     this.prepared = { job, texts, shape };
     this.replans = 0;
     await executor.prepareJob(job, texts, shape);
-    if (this.options.backend !== 'swarm' || executor.layout.ulyssesDegree < 2 || this.probed) return null;
+    if (executor.layout.ulyssesDegree < 2 || this.probed) return null; // one rank (the local backend's too) has no mesh
     this.probed = true;
     try {
       const ranks = await executor.probeMesh(job);
@@ -159,6 +162,7 @@ export class Placer {
     const { ep, dtype } = this.placedFor;
     let degree = 1;
     try {
+      // Stryker disable next-line ConditionalExpression: only a swarm loses ranks (Executor.lostRanks is empty for the local backend, which returns before this)
       if (this.options.swarm) degree = defaultDegree(this.options.config.numHeads, Math.min((await this.liveWorkers(1)).length, before.world));
       await this.placeOn(new RankLayout(degree), { ep, dtype });
     } catch (e) {
@@ -194,27 +198,25 @@ export class Placer {
     // CFG parallel asked for: wait for its two groups' first workers, as a fixed degree waits for its workers
     const workers = await this.liveWorkers(request.cfgParallel ? 2 : 1);
     await this.options.swarm!.measuredNow();
-    const plan = this.planFor(params, workers, request.cfgParallel === undefined ? undefined : request.cfgParallel && guided, request);
-    return { layout: new RankLayout(plan.degree, plan.cfgParallel && guided ? 2 : 1), plan: plan.predictedStepMs === null ? null : plan };
+    const { degree, cfgParallel, plan } = this.planFor(params, workers, request.cfgParallel && guided, request);
+    return { layout: new RankLayout(degree, cfgParallel ? 2 : 1), plan };
   }
 
   /**
    * 'auto' on a swarm: the degree the cost model predicts fastest for this job, from the workers'
    * measured throughput and links (never a plan predicted slower than one worker). Until every live
-   * worker has been measured, the largest valid degree.
+   * worker has been measured, the largest valid degree, and no plan to show.
    */
-  private planFor(params: JobParams, workers: SwarmWorker[], cfgParallel: boolean | undefined, request: PlacementRequest): PlannedDegree {
+  private planFor(params: JobParams, workers: SwarmWorker[], cfgParallel: boolean | undefined, request: PlacementRequest): { degree: number; cfgParallel: boolean; plan: PlannedDegree | null } {
     const { config } = this.options;
     const hw = this.hardwareOf(workers, request);
-    if (!hw) {
-      const degree = defaultDegree(config.numHeads, cfgParallel ? Math.floor(workers.length / 2) : workers.length);
-      return { degree, cfgParallel: !!cfgParallel, asked: false, by: 'largest valid degree (workers not measured yet)', link: this.linkOf(workers), predictedStepMs: null, oneWorkerStepMs: null };
-    }
+    if (!hw) return { degree: defaultDegree(config.numHeads, cfgParallel ? Math.floor(workers.length / 2) : workers.length), cfgParallel: !!cfgParallel, plan: null };
     const work = this.workloadOf(params);
     const choice = planSwarm(work, hw, candidatePlans(work, workers.length).filter((p) => cfgParallel === undefined || p.cfgParallel === cfgParallel));
     // one worker is always ranked; asked for CFG parallel, the fastest CFG-parallel plan
     const best = cfgParallel ? (choice.ranked.find((p) => p.plan.cfgParallel) ?? choice.best) : choice.best;
-    return { degree: best.plan.ulyssesDegree, cfgParallel: best.plan.cfgParallel, asked: false, by: `cost model (rank links from ${hw.link.from})`, link: hw.link, predictedStepMs: best.stepS * 1000, oneWorkerStepMs: choice.baseline.stepS * 1000 };
+    const plan: PlannedDegree = { degree: best.plan.ulyssesDegree, cfgParallel: best.plan.cfgParallel, asked: false, by: `cost model (rank links from ${hw.link.from})`, link: hw.link, predictedStepMs: best.stepS * 1000, oneWorkerStepMs: choice.baseline.stepS * 1000 };
+    return { degree: plan.degree, cfgParallel: plan.cfgParallel, plan };
   }
 
   /**
@@ -267,6 +269,7 @@ export class Placer {
     const workers = backend === 'swarm' ? (await this.liveWorkers(layout.world)).slice(0, layout.world) : [];
     const executor = createExecutor(backend, { config, modelUrl, layout, ep: request.ep, dtype: request.dtype, rpcTimeoutMs }, swarm, workers);
     executor.onFailure(() => {
+      // Stryker disable next-line ConditionalExpression: a replaced executor is shut down first, and a shut-down executor reports no failures
       if (this.executor === executor) this.lostARank = true;
     });
     this.lostARank = false;

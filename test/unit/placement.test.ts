@@ -522,9 +522,20 @@ describe('the cost model sees what the workers measured', () => {
     for (const w of swarm.workers()) w.measurement = measured(fast);
     const { plan } = await placer.place(unguided, ask({ ulyssesDegree: 2, ep: 'wasm' }));
     const hw = hardware(2, 'wasm', fast);
-    expect(plan).toMatchObject({ degree: 2, cfgParallel: false, asked: true });
+    expect(plan).toMatchObject({ degree: 2, cfgParallel: false, asked: true, by: 'asked for (predicted with rank links from coordinator links)' });
     expect(plan!.predictedStepMs).toBeCloseTo(predictStep(workload(unguided), { ulyssesDegree: 2, cfgParallel: false }, hw).stepS * 1000, 9);
     expect(plan!.oneWorkerStepMs).toBeCloseTo(predictStep(workload(unguided), { ulyssesDegree: 1, cfgParallel: false }, hw).stepS * 1000, 9);
+  });
+
+  it('a degree asked for before enough workers joined waits for them instead of failing to predict on too few', async () => {
+    const { swarm, join } = testSwarm();
+    join(1, measured(fast));
+    const placing = placerOn(swarm).place(unguided, ask({ ulyssesDegree: 2, ep: 'wasm' }));
+    await new Promise((r) => setTimeout(r, 20));
+    join(1, measured(fast));
+    const { plan, executor } = await placing;
+    expect(executor.world).toBe(2);
+    expect(plan, 'planned when one worker had joined: nothing to predict a degree of 2 on').toBeNull();
   });
 
   it('a worker whose share of its cores changed since it was measured is measured again before planning; the others are not', async () => {
@@ -575,7 +586,7 @@ describe('the cost model sees what the workers measured', () => {
       join(2, measured(fast));
       const { plan } = await placerOn(swarm).place(guided, ask({ ep }));
       const expected = planSwarm(workload(guided), hardware(2, ep === 'auto' ? 'webgpu' : 'wasm', fast));
-      expect(plan!.by).toBe('cost model (rank links from coordinator links)');
+      expect([plan!.by, plan!.asked]).toEqual(['cost model (rank links from coordinator links)', false]);
       expect(plan!.link).toEqual({ bandwidth: 1e9, latency: 0.001, from: 'coordinator links' });
       expect(plan!.oneWorkerStepMs, ep).toBeCloseTo(expected.baseline.stepS * 1000, 9);
       expect(plan!.predictedStepMs, ep).toBeCloseTo(expected.best.stepS * 1000, 9);
