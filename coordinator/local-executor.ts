@@ -2,7 +2,7 @@
 // checks a remote worker's calls pass, its engine in a Web Worker.
 import { inProcess, type Remote } from '../core/net/rpc.ts';
 import { WORKER_CONTRACT, type WorkerApi } from '../core/worker-api.ts';
-import { EngineHost } from '../rank/engine-client.ts';
+import { EngineHost, usableCores } from '../rank/engine-client.ts';
 import { memoryExchanges } from '../rank/exchange/memory.ts';
 import { WorkerRuntime } from '../rank/runtime.ts';
 import { probeWebGpu } from '../rank/webgpu.ts';
@@ -15,7 +15,7 @@ export class LocalExecutor extends Executor {
   protected async place(): Promise<string[]> {
     if (this.layout.world !== 1) throw new Error(`the local backend runs one rank in this tab, but the layout asks for ${this.layout.world}: use the swarm backend`);
     // the one rank computes in this tab, on all of its machine's cores
-    const threads = globalThis.crossOriginIsolated ? Math.max(1, navigator.hardwareConcurrency || 1) : 1;
+    const threads = usableCores();
     const engine = new EngineHost(threads);
     this.terminate = () => engine.terminate();
     const runtime = new WorkerRuntime(engine, {

@@ -8,6 +8,15 @@ import type { ExecutionProvider } from '../core/worker-api.ts';
 import type { EngineApi } from './engine.ts';
 import type { EngineFactory } from './engine.worker.ts';
 
+/**
+ * The WASM threads this page can run at most: its machine's cores. WASM threads share memory, so
+ * without cross-origin isolation (a plain-http LAN page) there is no SharedArrayBuffer and
+ * onnxruntime-web runs one thread whatever it is told.
+ */
+export function usableCores(): number {
+  return globalThis.crossOriginIsolated ? Math.max(1, navigator.hardwareConcurrency || 1) : 1;
+}
+
 /** Runs `probe` while no other probe of this browser on this machine runs, where Web Locks exist. */
 export type ProbeGate = <T>(probe: () => Promise<T>) => Promise<T>;
 

@@ -4,6 +4,8 @@
 // that joins says so on a BroadcastChannel, and every tab queues for the others' locks, which the
 // browser grants it the moment their tab closes or crashes — then it counts again.
 
+import { usableCores } from '../rank/engine-client.ts';
+
 const LOCK_PREFIX = 'ditswarm-worker-tab-';
 const CHANNEL = 'ditswarm-worker-tabs';
 
@@ -28,9 +30,7 @@ export async function shareCores(id: string, onChange: (threads: number, tabs: n
   let release: () => void = () => {};
   let left = false;
   let joined = false;
-  // WASM threads share memory: without cross-origin isolation (a plain-http LAN page) there is no
-  // SharedArrayBuffer and onnxruntime-web runs one thread whatever it is told
-  const usable = globalThis.crossOriginIsolated ? cores : 1;
+  const usable = usableCores();
   const share = () => Math.max(1, Math.floor(usable / tabs));
 
   const recount = async (): Promise<void> => {
