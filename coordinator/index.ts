@@ -20,7 +20,6 @@ export { MemoryJobStore, type JobPlacement, type JobStore, type StoredJob } from
 export type { FailureRecord, PlacementRequest, PlannedDegree } from './placement.ts';
 export { DEFAULT_JOB, LIMITS, checkJobParams, JobParamsError, type JobParams, type FieldErrors } from '../core/job.ts';
 export { validDegrees } from '../core/parallel.ts';
-export { fastestEp } from '../core/cost-model.ts';
 export { probeWebM } from './video.ts';
 export type { ExecutionProvider };
 export type ExecutionProviderChoice = ExecutionProvider | 'auto';

@@ -5,7 +5,7 @@ import { WORKER_CONTRACT, type WorkerApi } from '../core/worker-api.ts';
 import { EngineHost, usableCores } from '../rank/engine-client.ts';
 import { memoryExchanges } from '../rank/exchange/memory.ts';
 import { WorkerRuntime } from '../rank/runtime.ts';
-import { probeWebGpu } from '../rank/webgpu.ts';
+import { describeCompute } from '../rank/webgpu.ts';
 import { Executor } from './executor.ts';
 
 export class LocalExecutor extends Executor {
@@ -20,10 +20,7 @@ export class LocalExecutor extends Executor {
     this.terminate = () => engine.terminate();
     const runtime = new WorkerRuntime(engine, {
       connectMesh: async () => memoryExchanges(1)[0],
-      describe: async () => {
-        const adapter = await probeWebGpu();
-        return { ep: adapter ? 'webgpu' : 'wasm', adapter: adapter ?? 'WebAssembly (no WebGPU adapter)', threads, memoryGiB: null, userAgent: navigator.userAgent };
-      },
+      describe: async () => ({ ...(await describeCompute()), threads, memoryGiB: null, userAgent: navigator.userAgent }),
     });
     this.rank0 = inProcess<WorkerApi>(runtime, WORKER_CONTRACT, 'the local rank');
     return ['local'];

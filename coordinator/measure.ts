@@ -1,7 +1,8 @@
 // What a worker can do, measured rather than declared: its matrix-multiply and softmax throughput on
 // each EP it has (the worker runs a short probe) and its link to the coordinator (the round trip of
 // a small and of a 512 KiB message: the difference is the time the bytes took).
-import type { ComputeProbe, ExecutionProvider, WorkerApi } from '../core/worker-api.ts';
+import { fastestEp } from '../core/cost-model.ts';
+import type { ComputeProbe, ExecutionProvider, WorkerApi, WorkerInfo } from '../core/worker-api.ts';
 import type { Remote } from '../core/net/rpc.ts';
 
 export interface WorkerMeasurement {
@@ -9,6 +10,8 @@ export interface WorkerMeasurement {
   threads: number;
   /** what it computes at on each EP it has (WebAssembly always; WebGPU where there is an adapter) */
   compute: Partial<Record<ExecutionProvider, ComputeProbe>>;
+  /** the EP it computes on when a job leaves the EP to 'auto' (as the worker itself chooses), and why */
+  auto: { ep: ExecutionProvider; why: string };
   rttMs: number;
   /** coordinator → worker, bytes per second */
   bandwidth: number;
@@ -22,7 +25,7 @@ const PROBE_BYTES = 512 * 1024;
  */
 const PROBE_TIMEOUT_MS = 120_000;
 
-export async function measureWorker(worker: { api: Pick<Remote<WorkerApi>, 'probeCompute' | 'probeLink'>; info: { ep: ExecutionProvider; threads: number } }, timeoutMs = PROBE_TIMEOUT_MS): Promise<WorkerMeasurement> {
+export async function measureWorker(worker: { api: Pick<Remote<WorkerApi>, 'probeCompute' | 'probeLink'>; info: Pick<WorkerInfo, 'ep' | 'softwareAdapter' | 'threads'> }, timeoutMs = PROBE_TIMEOUT_MS): Promise<WorkerMeasurement> {
   const compute: WorkerMeasurement['compute'] = {};
   for (const ep of worker.info.ep === 'webgpu' ? (['wasm', 'webgpu'] as const) : (['wasm'] as const)) {
     compute[ep] = await worker.api.probeCompute({ ep }, timeoutMs);
@@ -34,5 +37,5 @@ export async function measureWorker(worker: { api: Pick<Remote<WorkerApi>, 'prob
   };
   const rttMs = Math.min(await roundTrip(new Float32Array(1)), await roundTrip(new Float32Array(1)));
   const largeMs = await roundTrip(new Float32Array(PROBE_BYTES / 4));
-  return { threads: worker.info.threads, compute, rttMs, bandwidth: PROBE_BYTES / (Math.max(largeMs - rttMs, 0.5) / 1000) };
+  return { threads: worker.info.threads, compute, auto: fastestEp(compute, worker.info.softwareAdapter), rttMs, bandwidth: PROBE_BYTES / (Math.max(largeMs - rttMs, 0.5) / 1000) };
 }

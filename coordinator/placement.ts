@@ -2,7 +2,7 @@
 // (what was asked, or the cost model's choice for 'auto'), which workers become which ranks,
 // whether the placement of the last job still fits, the mesh probe of a new placement, and the
 // re-placement after a lost rank. Executors only carry out a RankLayout; the pipeline only asks.
-import { candidatePlans, fastestEp, fitMeshProbe, planSwarm, predictStep, type Hardware, type LinkSpeed, type Workload } from '../core/cost-model.ts';
+import { candidatePlans, fitMeshProbe, planSwarm, predictStep, type Hardware, type LinkSpeed, type Workload } from '../core/cost-model.ts';
 import { latentShape, usesGuidance, type JobParams } from '../core/job.ts';
 import type { WanConfig } from '../core/model/config.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
@@ -252,7 +252,7 @@ export class Placer {
     const measured = workers.map((w) => w.measurement);
     if (measured.some((m) => !m)) return null;
     // the EP each worker will run on: the job's, or with 'auto' the one it measured fastest (as it will choose)
-    const epOf = (m: WorkerMeasurement) => m.compute[request.ep === 'auto' ? fastestEp(m.compute).ep : request.ep] ?? m.compute.wasm;
+    const epOf = (m: WorkerMeasurement) => m.compute[request.ep === 'auto' ? m.auto.ep : request.ep] ?? m.compute.wasm;
     return {
       workerFlops: measured.map((m) => epOf(m!)?.flops ?? 0),
       workerSoftmaxRates: measured.map((m) => epOf(m!)?.softmaxRate ?? Infinity),

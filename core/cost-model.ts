@@ -237,16 +237,23 @@ export function fitMeshProbe(probe: MeshProbe): LinkSpeed {
 }
 
 const EP_NAME: Record<ExecutionProvider, string> = { wasm: 'WASM', webgpu: 'WebGPU' };
+const gflops = (probe: Pick<ComputeProbe, 'flops'>): string => `${+(probe.flops / 1e9).toPrecision(3)}`;
 
 /**
  * The EP a worker computes fastest on, by its measured matrix-multiply rate (a forward pass is
  * mostly matrix multiplies), and why, in words: "WASM: 21.3 GFLOP/s vs WebGPU 0.2". The worker
  * chooses by it when a job leaves the EP to 'auto', and the planner predicts with the same choice.
+ * A software WebGPU adapter computes on the same CPU as WASM, a hundred times slower (0.2 against
+ * 21 GFLOP/s here): it is never chosen, so a worker need not wait seconds for its probe.
  */
-export function fastestEp(compute: Partial<Record<ExecutionProvider, Pick<ComputeProbe, 'flops'>>>): { ep: ExecutionProvider; why: string } {
+export function fastestEp(compute: Partial<Record<ExecutionProvider, Pick<ComputeProbe, 'flops'>>>, softwareAdapter = false): { ep: ExecutionProvider; why: string } {
+  if (softwareAdapter) {
+    const wasm = compute.wasm ? `WASM: ${gflops(compute.wasm)} GFLOP/s` : 'WASM: nothing measured yet';
+    return { ep: 'wasm', why: `${wasm} (${compute.webgpu ? `vs WebGPU ${gflops(compute.webgpu)}, ` : 'WebGPU: '}a software adapter)` };
+  }
   const measured = (Object.keys(compute) as ExecutionProvider[]).filter((ep) => compute[ep]).sort((a, b) => compute[b]!.flops - compute[a]!.flops);
   if (!measured.length) return { ep: 'wasm', why: 'WASM: nothing measured yet' };
-  const rate = (ep: ExecutionProvider) => `${+(compute[ep]!.flops / 1e9).toPrecision(3)}`;
+  const rate = (ep: ExecutionProvider) => gflops(compute[ep]!);
   const [best, ...slower] = measured;
   // Stryker disable next-line StringLiteral: there are two EPs, so at most one is slower and the separator never shows
   const others = slower.map((ep) => `${EP_NAME[ep]} ${rate(ep)}`).join(', ');

@@ -52,7 +52,7 @@ export function createEngine(threads = 1): EngineApi {
       if (loaded?.key === key) return loaded.info;
       const started = performance.now();
       // the device it computes on: on wasm the CPU, whether or not the browser also has a WebGPU adapter
-      const adapter = ep === 'wasm' ? 'WebAssembly (CPU)' : await probeWebGpu();
+      const adapter = ep === 'wasm' ? 'WebAssembly (CPU)' : (await probeWebGpu())?.name;
       if (!adapter) throw new Error('webgpu was asked for but this browser has no WebGPU adapter; use ep "auto" or "wasm"');
       const model = await loadTransformer(fetchModelFiles(modelUrl));
       stages = await onnxStages(model, ep);

@@ -47,8 +47,12 @@ export class WorkerRuntime implements WorkerApi {
   private texts: Float32Array[] = [];
   private plan: UlyssesPlan | null = null;
   private job = -1;
-  /** what each EP measured on the threads it had (the coordinator's probes fill it; loadModel measures what is missing) */
-  private probes: { threads: number; measured: Partial<Record<ExecutionProvider, ComputeProbe>> } = { threads: 0, measured: {} };
+  /**
+   * What each EP measured on the threads it had (the coordinator's probes fill it; loadModel measures
+   * what is missing). Kept as promises: a load that needs a probe the coordinator's is still taking
+   * waits for that one instead of taking a second (on a software WebGPU adapter, seconds).
+   */
+  private probes: { threads: number; measured: Partial<Record<ExecutionProvider, Promise<ComputeProbe>>> } = { threads: 0, measured: {} };
   private epWhy = '';
   readonly totals: WorkerTotals = { steps: 0, bytesSent: 0, computeMs: 0, bytesDownloaded: 0, bytesKept: 0, deviceTensorsLeft: 0 };
 
@@ -68,8 +72,17 @@ export class WorkerRuntime implements WorkerApi {
 
   async probeCompute({ ep }: { ep: ExecutionProvider }) {
     await this.hooks.betweenJobs?.();
-    const measured = await this.measuredNow();
-    return (measured[ep] = await this.engine.probe(ep));
+    return this.probe(await this.measuredNow(), ep);
+  }
+
+  /** A new probe of `ep`, kept for loads to come unless it fails (then the next one tries again). */
+  private probe(measured: Partial<Record<ExecutionProvider, Promise<ComputeProbe>>>, ep: ExecutionProvider): Promise<ComputeProbe> {
+    const probe = this.engine.probe(ep);
+    measured[ep] = probe;
+    probe.catch(() => {
+      if (measured[ep] === probe) delete measured[ep];
+    });
+    return probe;
   }
 
   /** The probes taken on this worker's current threads (a new share of the cores makes the old ones stale). */
@@ -124,12 +137,13 @@ export class WorkerRuntime implements WorkerApi {
     return this.epWhy;
   }
 
-  /** 'auto': the EP this worker measured fastest; WebGPU is measured only where there is an adapter. */
+  /** 'auto': the EP this worker measured fastest; WebGPU is measured only where there is a hardware adapter. */
   private async fastestEp() {
     const measured = await this.measuredNow();
-    measured.wasm ??= await this.engine.probe('wasm');
-    if (!measured.webgpu && (await this.hooks.describe()).ep === 'webgpu') measured.webgpu = await this.engine.probe('webgpu');
-    return fastestEp(measured);
+    const { ep, softwareAdapter } = await this.hooks.describe();
+    const wasm = measured.wasm ?? this.probe(measured, 'wasm');
+    const webgpu = ep === 'webgpu' && !softwareAdapter ? (measured.webgpu ?? this.probe(measured, 'webgpu')) : undefined;
+    return fastestEp({ wasm: await wasm, webgpu: await webgpu }, softwareAdapter);
   }
 
   async prepareJob({ job, texts, latentShape }: PrepareArgs) {

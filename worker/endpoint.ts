@@ -24,7 +24,7 @@ import { serve } from '../core/net/rpc.ts';
 import { WORKER_CONTRACT, type ExecutionProvider, type WorkerApi, type WorkerInfo, type WorkerState, type WorkerTotals } from '../core/worker-api.ts';
 import { EngineHost, type ProbeGate } from '../rank/engine-client.ts';
 import { WorkerRuntime } from '../rank/runtime.ts';
-import { probeWebGpu } from '../rank/webgpu.ts';
+import { describeCompute } from '../rank/webgpu.ts';
 import { shareCores, type CoreShare } from './cores.ts';
 import { WorkerMesh } from './mesh.ts';
 
@@ -61,10 +61,8 @@ export interface WorkerEndpointOptions {
 export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promise<{ leave(): void }> {
   const signaling = await signalingOptions(options.origin);
   const peer = await registerPeer(() => new Peer(newPeerId('worker'), peerOptions(signaling)), options.origin);
-  const adapter = await probeWebGpu();
   const info: WorkerInfo = {
-    ep: adapter ? 'webgpu' : 'wasm',
-    adapter: adapter ?? 'WebAssembly (no WebGPU adapter)',
+    ...(await describeCompute()),
     threads: 1, // this tab's share of the cores, once counted
     memoryGiB: (navigator as Navigator & { deviceMemory?: number }).deviceMemory ?? null,
     userAgent: navigator.userAgent,

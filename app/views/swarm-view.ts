@@ -1,4 +1,4 @@
-import { fastestEp, type Swarm, type SwarmWorker, type WorkerMeasurement } from '../../coordinator/index.ts';
+import { type Swarm, type SwarmWorker, type WorkerMeasurement } from '../../coordinator/index.ts';
 import { $, h } from './dom.ts';
 
 /** Who joined and what each is doing: one row per worker, updated in place. */
@@ -15,7 +15,7 @@ export function renderSwarm(swarm: Swarm): void {
 
 function workerRow(w: SwarmWorker, m: WorkerMeasurement | null): HTMLTableRowElement {
   // with 'auto' a worker computes on the EP it measured faster: the speed column says so, and why
-  const chosen = m ? fastestEp(m.compute) : null;
+  const chosen = m?.auto ?? null;
   const speedOfLink = !m ? '' : `${(m.bandwidth / 1e6).toFixed(1)} MB/s, ${m.rttMs.toFixed(0)} ms`;
   const relayedPeers = (w.pulse?.mesh ?? []).filter((l) => l.transport === 'relay').length;
   const bad = w.framesDropped + (w.pulse?.framesDropped ?? 0);

@@ -39,7 +39,7 @@ class InProcessExecutor extends Executor {
     this.remotes = Array.from({ length: this.ranks }, (_, rank) => {
       const runtime = new WorkerRuntime(this.engine, {
         connectMesh: async (init) => meshOf(init)[init.rank],
-        describe: async () => ({ ep: 'wasm', adapter: 'test', threads: 1, memoryGiB: null, userAgent: `in-process rank ${rank}` }),
+        describe: async () => ({ ep: 'wasm', adapter: 'test', softwareAdapter: false, threads: 1, memoryGiB: null, userAgent: `in-process rank ${rank}` }),
       });
       return inProcess<WorkerApi>(runtime, WORKER_CONTRACT, `rank ${rank}`);
     });

@@ -244,7 +244,7 @@ describe('the worker contract on the wire', () => {
   }
 
   it('an unknown method, an inherited property among them, is refused with the list of worker methods', async () => {
-    const runtime = new WorkerRuntime(engine, { connectMesh: async () => memoryExchanges(1)[0], describe: async () => ({ ep: 'wasm', adapter: 't', threads: 1, memoryGiB: null, userAgent: 'u' }) });
+    const runtime = new WorkerRuntime(engine, { connectMesh: async () => memoryExchanges(1)[0], describe: async () => ({ ep: 'wasm', adapter: 't', softwareAdapter: false, threads: 1, memoryGiB: null, userAgent: 'u' }) });
     expect(WORKER_METHODS).toEqual(['describe', 'probeCompute', 'probeLink', 'initWorker', 'loadModel', 'prepareJob', 'probeMesh', 'executeModel', 'ping', 'shutdown']);
     for (const method of ['eval', 'constructor', '__proto__', 'toString', 'judgeTensor']) {
       expect(await rawRequest(runtime, method, {})).toEqual({
@@ -259,7 +259,7 @@ describe('the worker contract on the wire', () => {
 
   it('a reply that breaks the contract is rejected where it arrives, naming the worker and the field', async () => {
     const [coordinatorSide, workerSide] = channelPair();
-    const liar = { describe: async () => ({ ep: 'cuda', adapter: 'x', threads: 1, memoryGiB: null, userAgent: 'u' }), ping: async () => ({ state: 'ready', rank: 0 }) };
+    const liar = { describe: async () => ({ ep: 'cuda', adapter: 'x', softwareAdapter: false, threads: 1, memoryGiB: null, userAgent: 'u' }), ping: async () => ({ state: 'ready', rank: 0 }) };
     serve(workerSide, 0, WORKER_CONTRACT, liar as unknown as WorkerApi);
     const api = remote(coordinatorSide, COORDINATOR, WORKER_CONTRACT, 'worker w7');
     await expect(api.describe({})).rejects.toThrow('worker w7 answered describe with a malformed reply: reply.ep: expected one of "webgpu", "wasm", got "cuda"');

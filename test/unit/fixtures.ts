@@ -35,7 +35,7 @@ export function inProcessRanks(world: number, engine: EngineApi, dtype: DType = 
     (exchange, rank) =>
       new WorkerRuntime(engine, {
         connectMesh: async () => exchange,
-        describe: async () => ({ ep: 'wasm', adapter: 'test', threads: 1, memoryGiB: null, userAgent: `in-process rank ${rank}` }),
+        describe: async () => ({ ep: 'wasm', adapter: 'test', softwareAdapter: false, threads: 1, memoryGiB: null, userAgent: `in-process rank ${rank}` }),
       }),
   );
   return { runtimes, ranks: runtimes.map((r, rank) => inProcess<WorkerApi>(r, WORKER_CONTRACT, `rank ${rank}`)) };

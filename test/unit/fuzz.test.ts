@@ -89,7 +89,7 @@ function runtimeFor(rank: number, world: number) {
   const exchanges = memoryExchanges(world);
   return new WorkerRuntime(engine, {
     connectMesh: async () => exchanges[rank],
-    describe: async () => ({ ep: 'wasm', adapter: 'test', threads: 1, memoryGiB: null, userAgent: 'node' }),
+    describe: async () => ({ ep: 'wasm', adapter: 'test', softwareAdapter: false, threads: 1, memoryGiB: null, userAgent: 'node' }),
   });
 }
 

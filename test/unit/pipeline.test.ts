@@ -64,7 +64,7 @@ function testSwarm() {
   let joined = 0;
   const join = () => {
     const id = `w${joined}`;
-    const info: WorkerInfo = { ep: 'wasm', adapter: 'test', threads: 1, memoryGiB: null, userAgent: `page ${id}` };
+    const info: WorkerInfo = { ep: 'wasm', adapter: 'test', softwareAdapter: false, threads: 1, memoryGiB: null, userAgent: `page ${id}` };
     const page = new WorkerPage(engine, { connectMesh: async (init) => meshOf(init)[init.rank], describe: async () => info });
     const worker: SwarmWorker = {
       id,

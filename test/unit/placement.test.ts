@@ -81,7 +81,7 @@ function testSwarm() {
       };
       const worker: FakeWorker = {
         id,
-        info: { ep: 'wasm', adapter: 'stub', threads: 1, memoryGiB: null, userAgent: `page ${id}` },
+        info: { ep: 'wasm', adapter: 'stub', softwareAdapter: false, threads: 1, memoryGiB: null, userAgent: `page ${id}` },
         api: api as unknown as WorkerRemote,
         link: { close() {} } as unknown as SwarmWorker['link'],
         joinedAt: joined++,
@@ -120,6 +120,7 @@ const shape = [16, 1, 4, 4];
 const measured = (link: { rttMs: number; bandwidth: number }): WorkerMeasurement => ({
   threads: 1,
   compute: { wasm: { ep: 'wasm', flops: 1e9, softmaxRate: 1e8, stageMs: 1 }, webgpu: { ep: 'webgpu', flops: 1e11, softmaxRate: 1e10, stageMs: 3 } },
+  auto: { ep: 'webgpu', why: 'WebGPU: 100 GFLOP/s vs WASM 1' },
   ...link,
 });
 /** What the cost model is given for `n` workers measured as above, over the coordinator's links. */
@@ -578,6 +579,15 @@ describe('the cost model sees what the workers measured', () => {
     expect(plan!.oneWorkerStepMs).toBeCloseTo(predicted.baseline.stepS * 1000, 6);
     expect(plan!.oneWorkerStepMs).toBeGreaterThan(planSwarm(work, hw([Infinity, Infinity])).baseline.stepS * 1000);
     expect(plan!.oneWorkerStepMs).toBeGreaterThan(planSwarm(work, hw(rates, [0, 0])).baseline.stepS * 1000);
+  });
+
+  it("measureWorker says which EP the worker takes for 'auto' jobs, as the worker will: never a software adapter", async () => {
+    const rates = { wasm: 21.3e9, webgpu: 50e9 };
+    const api = { probeCompute: async ({ ep }: { ep: 'wasm' | 'webgpu' }) => ({ ep, flops: rates[ep], softmaxRate: 1e8, stageMs: 1 }), probeLink: async ({ payload }: { payload: Float32Array }) => ({ bytes: payload.byteLength }) };
+    const gpu = await measureWorker({ api, info: { ep: 'webgpu', softwareAdapter: false, threads: 1 } });
+    expect(gpu.auto).toEqual({ ep: 'webgpu', why: 'WebGPU: 50 GFLOP/s vs WASM 21.3' });
+    const software = await measureWorker({ api, info: { ep: 'webgpu', softwareAdapter: true, threads: 1 } });
+    expect(software.auto).toEqual({ ep: 'wasm', why: 'WASM: 21.3 GFLOP/s (vs WebGPU 50, a software adapter)' });
   });
 
   it('plans with each worker’s rate on the EP it will run: with ep auto the faster one it measured, else the one asked for', async () => {

@@ -26,6 +26,13 @@ describe('fastestEp: the EP with the higher measured matrix-multiply rate, and w
     expect(fastestEp({})).toEqual({ ep: 'wasm', why: 'WASM: nothing measured yet' });
   });
 
+  it('never a software WebGPU adapter, even measured faster; the reason says why', () => {
+    expect(fastestEp({ wasm: { flops: 21.3e9 }, webgpu: { flops: 0.2e9 } }, true)).toEqual({ ep: 'wasm', why: 'WASM: 21.3 GFLOP/s (vs WebGPU 0.2, a software adapter)' });
+    expect(fastestEp({ wasm: { flops: 21.3e9 }, webgpu: { flops: 50e9 } }, true).ep).toBe('wasm');
+    expect(fastestEp({ wasm: { flops: 21.3e9 } }, true)).toEqual({ ep: 'wasm', why: 'WASM: 21.3 GFLOP/s (WebGPU: a software adapter)' });
+    expect(fastestEp({}, true)).toEqual({ ep: 'wasm', why: 'WASM: nothing measured yet (WebGPU: a software adapter)' });
+  });
+
   it('with WebGPU alone, names it and its rate and says nothing about a missing adapter', () => {
     expect(fastestEp({ webgpu: { flops: 2e9 } })).toEqual({ ep: 'webgpu', why: 'WebGPU: 2 GFLOP/s' });
   });
@@ -42,7 +49,7 @@ describe("a worker's runtime with ep 'auto'", () => {
       load: async (url: string, ep: ExecutionProvider) => (loads.push(ep), { ...(await base.load(url, ep)), ep }),
       probe: async (ep: ExecutionProvider) => (probes.push(ep), { ep, flops: rates[ep]!, softmaxRate: 1e8, stageMs: 1 }),
     };
-    const described: WorkerInfo = { ep: 'webgpu', adapter: 'test', threads: 1, memoryGiB: null, userAgent: 'node', ...info };
+    const described: WorkerInfo = { ep: 'webgpu', adapter: 'test', softwareAdapter: false, threads: 1, memoryGiB: null, userAgent: 'node', ...info };
     const runtime = new WorkerRuntime(engine, { connectMesh: async () => memoryExchanges(1)[0], describe: async () => described });
     return { runtime, loads, probes, described };
   }
@@ -69,6 +76,34 @@ describe("a worker's runtime with ep 'auto'", () => {
     described.threads = 2; // another worker tab left: this one now has two threads
     await runtime.loadModel({ modelUrl: 'x', ep: 'auto' });
     expect(probes).toEqual(['wasm', 'webgpu', 'wasm', 'webgpu']);
+  });
+
+  it("a load while the coordinator's probes are still running waits for them instead of probing again", async () => {
+    const { runtime, probes } = runtimeWith({ wasm: 21.3e9, webgpu: 0.2e9 });
+    await runtime.initWorker({ rank: 0, world: 1, peers: ['a'], session: 's' });
+    const joined = [runtime.probeCompute({ ep: 'wasm' }), runtime.probeCompute({ ep: 'webgpu' })]; // not awaited: still measuring
+    expect(await runtime.loadModel({ modelUrl: 'x', ep: 'auto' })).toMatchObject({ ep: 'wasm' });
+    await Promise.all(joined);
+    expect(probes).toEqual(['wasm', 'webgpu']);
+  });
+
+  it('on a software adapter, loads on WASM without waiting for a WebGPU probe', async () => {
+    const { runtime, loads, probes } = runtimeWith({ wasm: 21.3e9, webgpu: 0.2e9 }, { softwareAdapter: true, adapter: 'google swiftshader' });
+    await runtime.initWorker({ rank: 0, world: 1, peers: ['a'], session: 's' });
+    expect(await runtime.loadModel({ modelUrl: 'x', ep: 'auto' })).toMatchObject({ ep: 'wasm', why: 'WASM: 21.3 GFLOP/s (WebGPU: a software adapter)' });
+    expect([loads, probes]).toEqual([['wasm'], ['wasm']]);
+  });
+
+  it('a probe that failed is taken again by the next load, not kept as a failure', async () => {
+    const { runtime, probes } = runtimeWith({ wasm: 21.3e9, webgpu: 0.2e9 });
+    let failures = 1;
+    const engineProbe = (runtime as unknown as { engine: { probe: (ep: ExecutionProvider) => Promise<unknown> } }).engine;
+    const probe = engineProbe.probe;
+    engineProbe.probe = (ep) => (ep === 'webgpu' && failures-- > 0 ? Promise.reject(new Error('device lost')) : probe(ep));
+    await expect(runtime.probeCompute({ ep: 'webgpu' })).rejects.toThrow('device lost');
+    await runtime.initWorker({ rank: 0, world: 1, peers: ['a'], session: 's' });
+    expect(await runtime.loadModel({ modelUrl: 'x', ep: 'auto' })).toMatchObject({ ep: 'wasm', why: 'WASM: 21.3 GFLOP/s vs WebGPU 0.2' });
+    expect(probes).toEqual(['wasm', 'webgpu']);
   });
 
   it('a job that names its EP gets it, measured or not, and the reason says so; no adapter means no WebGPU probe', async () => {
