@@ -2,7 +2,7 @@
 // (what was asked, or the cost model's choice for 'auto'), which workers become which ranks,
 // whether the placement of the last job still fits, the mesh probe of a new placement, and the
 // re-placement after a lost rank. Executors only carry out a RankLayout; the pipeline only asks.
-import { candidatePlans, fitMeshProbe, planSwarm, predictStep, type Hardware, type LinkSpeed, type Workload } from '../core/cost-model.ts';
+import { candidatePlans, fitMeshProbe, planSwarm, predictStep, type Hardware, type LinkSpeed, type Plan, type Workload } from '../core/cost-model.ts';
 import { latentShape, usesGuidance, type JobParams } from '../core/job.ts';
 import type { WanConfig } from '../core/model/config.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
@@ -98,6 +98,8 @@ export class Placer {
   private prepared: { job: number; texts: Float32Array[]; shape: number[] } | null = null;
   /** re-placements since the prepared job started */
   private replans = 0;
+  /** seconds of one forward by degree, rehearsed on a group of workers for a job's shape (rehearsalKey) */
+  private readonly rehearsals = new Map<string, Map<number, number>>();
 
   constructor(private readonly options: PlacerOptions) {
     if (options.backend === 'swarm' && !options.swarm) throw new Error('the swarm backend needs a Swarm: pass one from openSwarm()');
@@ -198,24 +200,25 @@ export class Placer {
     // CFG parallel asked for: wait for its two groups' first workers, as a fixed degree waits for its workers
     const workers = await this.liveWorkers(request.cfgParallel ? 2 : 1);
     await this.options.swarm!.measuredNow();
-    const { degree, cfgParallel, plan } = this.planFor(params, workers, request.cfgParallel && guided, request);
+    const { degree, cfgParallel, plan } = await this.planFor(params, workers, request.cfgParallel && guided, request);
     return { layout: new RankLayout(degree, cfgParallel ? 2 : 1), plan };
   }
 
   /**
    * 'auto' on a swarm: the degree the cost model predicts fastest for this job, from the workers'
-   * measured throughput and links (never a plan predicted slower than one worker). Until every live
-   * worker has been measured, the largest valid degree, and no plan to show.
+   * rehearsed forwards and measured links (never a plan predicted slower than one worker). Until
+   * every live worker has been measured, the largest valid degree, and no plan to show.
    */
-  private planFor(params: JobParams, workers: SwarmWorker[], cfgParallel: boolean | undefined, request: PlacementRequest): { degree: number; cfgParallel: boolean; plan: PlannedDegree | null } {
+  private async planFor(params: JobParams, workers: SwarmWorker[], cfgParallel: boolean | undefined, request: PlacementRequest): Promise<{ degree: number; cfgParallel: boolean; plan: PlannedDegree | null }> {
     const { config } = this.options;
-    const hw = this.hardwareOf(workers, request);
-    if (!hw) return { degree: defaultDegree(config.numHeads, cfgParallel ? Math.floor(workers.length / 2) : workers.length), cfgParallel: !!cfgParallel, plan: null };
     const work = this.workloadOf(params);
-    const choice = planSwarm(work, hw, candidatePlans(work, workers.length).filter((p) => cfgParallel === undefined || p.cfgParallel === cfgParallel));
+    const candidates = candidatePlans(work, workers.length).filter((p) => cfgParallel === undefined || p.cfgParallel === cfgParallel);
+    const hw = await this.hardwareOf(workers, request, params, [{ ulyssesDegree: 1, cfgParallel: false }, ...candidates]);
+    if (!hw) return { degree: defaultDegree(config.numHeads, cfgParallel ? Math.floor(workers.length / 2) : workers.length), cfgParallel: !!cfgParallel, plan: null };
+    const choice = planSwarm(work, hw, candidates);
     // one worker is always ranked; asked for CFG parallel, the fastest CFG-parallel plan
     const best = cfgParallel ? (choice.ranked.find((p) => p.plan.cfgParallel) ?? choice.best) : choice.best;
-    const plan: PlannedDegree = { degree: best.plan.ulyssesDegree, cfgParallel: best.plan.cfgParallel, asked: false, by: `cost model (rank links from ${hw.link.from})`, link: hw.link, predictedStepMs: best.stepS * 1000, oneWorkerStepMs: choice.baseline.stepS * 1000 };
+    const plan: PlannedDegree = { degree: best.plan.ulyssesDegree, cfgParallel: best.plan.cfgParallel, asked: false, by: `cost model (${hw.forwardsFrom}; rank links from ${hw.link.from})`, link: hw.link, predictedStepMs: best.stepS * 1000, oneWorkerStepMs: choice.baseline.stepS * 1000 };
     return { degree: plan.degree, cfgParallel: plan.cfgParallel, plan };
   }
 
@@ -227,12 +230,12 @@ export class Placer {
     const swarm = this.options.swarm;
     if (!swarm || swarm.workers().length < layout.world) return null;
     await swarm.measuredNow();
-    const hw = this.hardwareOf(swarm.workers(), request);
+    const asked: Plan = { ulyssesDegree: layout.ulyssesDegree, cfgParallel: layout.cfgParallel };
+    const oneWorker: Plan = { ulyssesDegree: 1, cfgParallel: false };
+    const hw = await this.hardwareOf(swarm.workers(), request, params, [oneWorker, asked]);
     if (!hw) return null;
     const work = this.workloadOf(params);
-    const asked = predictStep(work, { ulyssesDegree: layout.ulyssesDegree, cfgParallel: layout.cfgParallel }, hw);
-    const oneWorker = predictStep(work, { ulyssesDegree: 1, cfgParallel: false }, hw);
-    return { degree: layout.ulyssesDegree, cfgParallel: layout.cfgParallel, asked: true, by: `asked for (predicted with rank links from ${hw.link.from})`, link: hw.link, predictedStepMs: asked.stepS * 1000, oneWorkerStepMs: oneWorker.stepS * 1000 };
+    return { degree: layout.ulyssesDegree, cfgParallel: layout.cfgParallel, asked: true, by: `asked for (predicted from ${hw.forwardsFrom}; rank links from ${hw.link.from})`, link: hw.link, predictedStepMs: predictStep(work, asked, hw).stepS * 1000, oneWorkerStepMs: predictStep(work, oneWorker, hw).stepS * 1000 };
   }
 
   private workloadOf(params: JobParams): Workload {
@@ -247,19 +250,60 @@ export class Placer {
     return { bandwidth: Math.min(...measured.map((m) => m?.bandwidth ?? Infinity)), latency: Math.max(...measured.map((m) => m?.rttMs ?? 0)) / 2000, from: 'coordinator links' };
   }
 
-  /** What the cost model is given for these workers, or null while any of them is unmeasured. */
-  private hardwareOf(workers: SwarmWorker[], request: PlacementRequest): (Hardware & { link: PlannedDegree['link'] }) | null {
+  /**
+   * What the cost model is given for these workers, or null while any of them is unmeasured: their
+   * probed rates and links, and each plan's forwards rehearsed (the rates stand in where rehearsing
+   * failed, and `forwardsFrom` says which).
+   */
+  private async hardwareOf(workers: SwarmWorker[], request: PlacementRequest, params: JobParams, plans: Plan[]): Promise<(Hardware & { link: PlannedDegree['link']; forwardsFrom: string }) | null> {
     const measured = workers.map((w) => w.measurement);
     if (measured.some((m) => !m)) return null;
+    let rehearsed: Hardware['rehearsedForwardS'];
+    let forwardsFrom = 'forwards rehearsed on these workers';
+    try {
+      rehearsed = await this.rehearse(workers, request, params, plans);
+    } catch (e) {
+      forwardsFrom = `probe rates, as rehearsing failed: ${(e as Error).message}`;
+    }
     // the EP each worker will run on: the job's, or with 'auto' the one it measured fastest (as it will choose)
     const epOf = (m: WorkerMeasurement) => m.compute[request.ep === 'auto' ? m.auto.ep : request.ep] ?? m.compute.wasm;
     return {
       workerFlops: measured.map((m) => epOf(m!)?.flops ?? 0),
       workerSoftmaxRates: measured.map((m) => epOf(m!)?.softmaxRate ?? Infinity),
       workerStageS: measured.map((m) => (epOf(m!)?.stageMs ?? 0) / 1000),
+      rehearsedForwardS: rehearsed,
       link: this.linkOf(workers),
       bytesPerElement: request.dtype === 'f16' ? 2 : 4,
+      forwardsFrom,
     };
+  }
+
+  /**
+   * Each plan's forward rehearsed on the workers it would run on (placeOn's: the first to have
+   * joined), all of them at once as in the job, since tabs of one machine slow each other: seconds
+   * of the slowest, by plan. Kept for the next jobs of the same shape on the same workers and threads.
+   */
+  private async rehearse(workers: SwarmWorker[], request: PlacementRequest, params: JobParams, plans: Plan[]): Promise<(plan: Plan) => number | undefined> {
+    const { config, modelUrl, textTokens, rpcTimeoutMs } = this.options;
+    const shape = latentShape(params, config.inChannels);
+    const worldOf = (p: Plan) => p.ulyssesDegree * (p.cfgParallel ? 2 : 1);
+    const keyOf = (world: number) => [modelUrl, request.ep, shape.join('×'), ...workers.slice(0, world).map((w) => `${w.id}:${w.info.threads}`)].join(' ');
+    for (const world of new Set(plans.map(worldOf))) {
+      const key = keyOf(world);
+      const degrees = [...new Set(plans.filter((p) => worldOf(p) === world).map((p) => p.ulyssesDegree))].filter((d) => !this.rehearsals.get(key)?.has(d));
+      if (!degrees.length) continue;
+      const group = workers.slice(0, world);
+      group.forEach((w) => this.options.swarm!.setActivity(w, `rehearsing the job's forward (degree ${degrees.join(', ')})`));
+      try {
+        const replies = await Promise.all(group.map((w) => w.api.rehearse({ modelUrl, ep: request.ep, latentShape: shape, textTokens, degrees }, rpcTimeoutMs ?? 120_000)));
+        const byDegree = this.rehearsals.get(key) ?? new Map<number, number>();
+        degrees.forEach((d, i) => byDegree.set(d, Math.max(...replies.map((r) => r.forwardMs[i])) / 1000));
+        this.rehearsals.set(key, byDegree);
+      } finally {
+        group.forEach((w) => this.options.swarm!.setActivity(w, 'idle'));
+      }
+    }
+    return (plan) => this.rehearsals.get(keyOf(worldOf(plan)))?.get(plan.ulyssesDegree);
   }
 
   /** Replaces the current executor by one on `layout` (the first workers to have joined); a failed placement leaves none. */

@@ -45,6 +45,13 @@ export interface Hardware {
    * dominates a step at few tokens (the demo's 48), where FLOPs are next to nothing. Omitted: not charged.
    */
   workerStageS?: number[];
+  /**
+   * seconds of one rank's forward under a plan, as rehearsed on the workers it would run on (the
+   * slowest of them), all at once as in the job: where given, it replaces the estimate from the
+   * rates above, which misses small shapes, the page↔engine hop and tabs of one machine slowing
+   * each other (rank/rehearsal.ts).
+   */
+  rehearsedForwardS?: (plan: Plan) => number | undefined;
   /** the link between workers i and j (indices into workerFlops), or one link for every pair */
   link: LinkSpeed | ((i: number, j: number) => LinkSpeed);
   /** activations on the wire: 4 for fp32 transport, 2 for fp16 */
@@ -164,7 +171,8 @@ export function predictStep(work: Workload, plan: Plan, hw: Hardware): StepPredi
   const cfgBytes = plan.cfgParallel ? work.tokens * outWidth * hw.bytesPerElement : 0;
   const cfgComm = plan.cfgParallel ? cfgBytes / link.bandwidth + link.latency : 0;
 
-  const computeS = passesPerGroup * (forward.total / flops + forward.scores / softmaxRate + stageCallsPerForward(work.model) * stageS);
+  const forwardS = hw.rehearsedForwardS?.(plan) ?? forward.total / flops + forward.scores / softmaxRate + stageCallsPerForward(work.model) * stageS;
+  const computeS = passesPerGroup * forwardS;
   const commS = passesPerGroup * commPerForward * (1 - (hw.overlap ?? 0)) + cfgComm;
   const coordinator = hw.coordinatorLink === undefined ? (typeof hw.link === 'function' ? slowestLink(hw, chosen.map((c) => c.i)) : hw.link) : hw.coordinatorLink;
   const ioBytes = work.passes * work.tokens * (work.model.inChannels + work.model.outChannels) * patchVolume(work.model) * 4;

@@ -96,6 +96,18 @@ export interface ComputeProbe {
   stageMs: number;
 }
 
+/**
+ * A job's forward passes timed before the job, on the model and the shapes it will run: a rank's
+ * share under each Ulysses degree (its tokens, its heads over all tokens), computed through the
+ * same stage calls as in the job, with the exchange left out (the mesh probe times that).
+ */
+export interface RehearseArgs extends LoadArgs {
+  latentShape: number[]; // [C, T, H, W]
+  /** rows of the text embedding the cross-attention reads */
+  textTokens: number;
+  degrees: number[];
+}
+
 /** A timed all-to-all on the job's own mesh (rank/mesh-probe.ts). */
 export interface MeshProbe {
   rank: number;
@@ -151,6 +163,8 @@ export interface WorkerApi {
   probeLink(args: { payload: Float32Array }): Promise<{ bytes: number }>;
   initWorker(args: InitArgs): Promise<{ rank: number; world: number }>;
   loadModel(args: LoadArgs): Promise<LoadedModel>;
+  /** loads the model if it is not loaded and times one rank's forward under each degree: ms per degree */
+  rehearse(args: RehearseArgs): Promise<{ forwardMs: number[] }>;
   prepareJob(args: PrepareArgs): Promise<{ job: number }>;
   probeMesh(args: { job: number }): Promise<MeshProbe>;
   executeModel(args: ExecuteArgs): Promise<ExecuteResult>;
@@ -192,6 +206,10 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
   loadModel: {
     args: fields({ modelUrl: text(), ep: oneOf(...EXECUTION_PROVIDERS, 'auto') }),
     reply: fields({ ep, adapter: text(), loadMs: ms, why: text() }),
+  },
+  rehearse: {
+    args: fields({ modelUrl: text(), ep: oneOf(...EXECUTION_PROVIDERS, 'auto'), latentShape: shape, textTokens: int(1, 1 << 16), degrees: list(int(1, MAX_RANKS), { min: 1, max: 16 }) }),
+    reply: fields({ forwardMs: list(ms, { min: 1, max: 16 }) }),
   },
   prepareJob: {
     args: fields({ job: int(0), texts: list(floats(), { min: 1, max: 2 }), latentShape: shape }),

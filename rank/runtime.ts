@@ -16,6 +16,7 @@ import type {
   InitArgs,
   LoadArgs,
   PrepareArgs,
+  RehearseArgs,
   WorkerApi,
   WorkerInfo,
   WorkerState,
@@ -23,6 +24,7 @@ import type {
 } from '../core/worker-api.ts';
 import type { EngineApi, EngineInfo } from './engine.ts';
 import { probeMesh, PROBE_FLOATS } from './mesh-probe.ts';
+import { rehearseForwards } from './rehearsal.ts';
 import { ExchangePhase, forwardRank, noStats, type Exchange } from './ulysses.ts';
 
 export interface RuntimeHooks {
@@ -44,6 +46,7 @@ export class WorkerRuntime implements WorkerApi {
   private init: InitArgs | null = null;
   private exchange: Exchange | null = null;
   private model: EngineInfo | null = null;
+  private modelUrl: string | null = null;
   private texts: Float32Array[] = [];
   private plan: UlyssesPlan | null = null;
   private job = -1;
@@ -121,15 +124,33 @@ export class WorkerRuntime implements WorkerApi {
     return { rank, world };
   }
 
-  async loadModel({ modelUrl, ep }: LoadArgs) {
+  async loadModel(args: LoadArgs) {
     this.needInit('loadModel');
-    this.setState('loading', `loading ${modelUrl}`);
+    this.setState('loading', `loading ${args.modelUrl}`);
+    const { info, why } = await this.load(args);
+    this.model = info;
+    this.modelUrl = args.modelUrl;
+    this.epWhy = why;
+    this.setState('ready', `model loaded on ${info.ep} in ${info.loadMs.toFixed(0)} ms (${why})`);
+    return { ep: info.ep, adapter: info.adapter, loadMs: info.loadMs, why };
+  }
+
+  /** The model on the EP asked for, or with 'auto' the fastest one; the engine keeps the last one it loaded. */
+  private async load({ modelUrl, ep }: LoadArgs): Promise<{ info: EngineInfo; why: string }> {
     await this.hooks.betweenJobs?.();
     const choice = ep === 'auto' ? await this.fastestEp() : { ep, why: `${ep === 'wasm' ? 'WASM' : 'WebGPU'}: asked for by the job` };
-    this.model = await this.engine.load(modelUrl, choice.ep);
-    this.epWhy = choice.why;
-    this.setState('ready', `model loaded on ${this.model.ep} in ${this.model.loadMs.toFixed(0)} ms (${choice.why})`);
-    return { ep: this.model.ep, adapter: this.model.adapter, loadMs: this.model.loadMs, why: choice.why };
+    return { info: await this.engine.load(modelUrl, choice.ep), why: choice.why };
+  }
+
+  async rehearse({ modelUrl, ep, latentShape, textTokens, degrees }: RehearseArgs) {
+    if (this.state === 'computing') throw new Error('rehearse while a job is computing on this worker: rehearse between jobs');
+    const { info } = await this.load({ modelUrl, ep });
+    try {
+      return { forwardMs: await rehearseForwards(info.config, this.engine, latentShape, textTokens, degrees) };
+    } finally {
+      // the engine holds one model: the one this rank's placement loaded comes back
+      if (this.model && this.modelUrl && (this.modelUrl !== modelUrl || this.model.ep !== info.ep)) await this.engine.load(this.modelUrl, this.model.ep);
+    }
   }
 
   /** why the loaded model runs on its EP, once loaded */

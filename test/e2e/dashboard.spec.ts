@@ -113,6 +113,9 @@ test('the default job on two worker tabs: Enter on the prompt the dashboard open
     );
     // 118 s before 'auto' meant the faster EP: at least 5× faster now
     expect(seconds).toBeLessThan(118 / 5);
+    // the plan's step time, from forwards rehearsed on these workers, is what the steps took (issue 13: within 25%)
+    expect(report.plan.by).toContain('forwards rehearsed on these workers');
+    expect(Math.abs(error)).toBeLessThan(0.25);
     expect(status).toMatch(/, each on (WASM|WebGPU) on \d+ threads?\. The cost model chose .*, predicting [\d.]+ s per step; measured [\d.]+ s\./);
     // each on the EP it measured faster, which its reason names first ("WASM: 21.3 GFLOP/s vs WebGPU 0.2")
     for (const w of report.workers) expect(w.why).toMatch(w.ep === 'wasm' ? /^WASM: / : /^WebGPU: /);

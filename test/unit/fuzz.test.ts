@@ -388,6 +388,7 @@ describe('hostile arguments to every worker method', () => {
       prepareJob: { args: { job: 9, texts: [new Float32Array(textDim + 1)], latentShape: LATENT }, runtimeRefuses: true },
       probeMesh: { args: { job: 99 }, runtimeRefuses: true },
       executeModel: { args: { ...executable, job: 99 }, runtimeRefuses: true },
+      rehearse: { args: { modelUrl: '/models/tiny-wan', ep: 'wasm', latentShape: [15, 1, 14, 10], textTokens: 4, degrees: [1] }, runtimeRefuses: true },
     };
     const cases: [WorkerMethod, unknown][] = [];
     for (const method of WORKER_METHODS) {
@@ -418,6 +419,8 @@ describe('hostile arguments to every worker method', () => {
       ['initWorker', { rank: 0, world: 1, peers: ['a'], session: 's', dtype: 'f64' }],
       ['probeLink', { payload: new Float32Array((1 << 20) + 1) }],
       ['loadModel', { modelUrl: 'x'.repeat(5000), ep: 'wasm' }],
+      ['rehearse', { modelUrl: '/models/tiny-wan', ep: 'wasm', latentShape: LATENT, textTokens: 4, degrees: [5] }], // 5 does not divide the heads
+      ['rehearse', { modelUrl: '/models/tiny-wan', ep: 'wasm', latentShape: [16, 1 << 10, 1 << 10, 1 << 10], textTokens: 4, degrees: [1] }], // 2^28 tokens: nothing is allocated for them
       // valid arguments hidden behind an own __proto__ key must not be read through it
       ['executeModel', withOwnProto({}, executable)],
       ['prepareJob', withOwnProto({}, { job: 6, texts: [new Float32Array(textDim)], latentShape: LATENT })],
@@ -458,7 +461,7 @@ describe('hostile arguments to every worker method', () => {
     const byContract = hostile.filter(([method], id) => channel.replies.get(id)![0]!.error!.startsWith(`${method} arguments`)).length;
     expect(calls).toEqual(expectedCalls);
     expect(byContract + Object.values(calls).reduce((a, b) => a + b, 0)).toBe(hostile.length);
-    expect(Object.keys(expectedCalls).sort()).toEqual(['executeModel', 'initWorker', 'prepareJob', 'probeMesh']);
+    expect(Object.keys(expectedCalls).sort()).toEqual(['executeModel', 'initWorker', 'prepareJob', 'probeMesh', 'rehearse']);
     // only the contract's own fields reach a method
     expect([...argKeys].filter((k) => ['extra', 'constructor', '__proto__', 'polluted'].includes(k))).toEqual([]);
     expect(Object.prototype).not.toHaveProperty('polluted');

@@ -40,6 +40,8 @@ interface FakeWorker extends SwarmWorker {
   failsToLoad: boolean;
   /** the threads its page describes: its share of its machine's cores, which its compute probe scales with */
   share: number;
+  /** ms its rehearsed forward takes by degree; null: its rehearse fails */
+  rehearsal: ((degree: number) => number) | null;
 }
 
 /** A Swarm on a stub peer, plus the two roster changes PeerJS would cause. */
@@ -66,6 +68,10 @@ function testSwarm() {
         loadModel: answer('loadModel', () => {
           if (worker.failsToLoad) throw new RemoteError('no WebGPU adapter and no wasm either');
           return { ep: 'wasm', adapter: 'stub', loadMs: 0, why: 'asked for' };
+        }),
+        rehearse: answer('rehearse', (a: { degrees: number[] }) => {
+          if (!worker.rehearsal) throw new RemoteError('this stub does not rehearse');
+          return { forwardMs: a.degrees.map(worker.rehearsal) };
         }),
         prepareJob: answer('prepareJob', (a: { job: number }) => ({ job: a.job })),
         probeMesh: answer('probeMesh', () => ({ rank: 0, ...worker.probe })),
@@ -95,6 +101,7 @@ function testSwarm() {
         probe: { bytesPerPeer: 4, smallBytes: 4, bytesSent: 1 << 20, smallMs: 1, largeMs: 100 },
         failsToLoad: false,
         share: 1,
+        rehearsal: null,
       };
       internals.roster.set(id, worker);
       internals.emit({ type: 'join', worker });
@@ -523,7 +530,7 @@ describe('the cost model sees what the workers measured', () => {
     for (const w of swarm.workers()) w.measurement = measured(fast);
     const { plan } = await placer.place(unguided, ask({ ulyssesDegree: 2, ep: 'wasm' }));
     const hw = hardware(2, 'wasm', fast);
-    expect(plan).toMatchObject({ degree: 2, cfgParallel: false, asked: true, by: 'asked for (predicted with rank links from coordinator links)' });
+    expect(plan).toMatchObject({ degree: 2, cfgParallel: false, asked: true, by: 'asked for (predicted from probe rates, as rehearsing failed: this stub does not rehearse; rank links from coordinator links)' });
     expect(plan!.predictedStepMs).toBeCloseTo(predictStep(workload(unguided), { ulyssesDegree: 2, cfgParallel: false }, hw).stepS * 1000, 9);
     expect(plan!.oneWorkerStepMs).toBeCloseTo(predictStep(workload(unguided), { ulyssesDegree: 1, cfgParallel: false }, hw).stepS * 1000, 9);
   });
@@ -568,7 +575,7 @@ describe('the cost model sees what the workers measured', () => {
       expect(rate).toBeGreaterThan(1e6); // scores per second: ~4e8 on this machine's wasm
     }
     const { plan } = await placerOn(swarm).place(guided, ask());
-    expect(plan?.by).toBe('cost model (rank links from coordinator links)');
+    expect(plan?.by).toBe('cost model (probe rates, as rehearsing failed: this stub does not rehearse; rank links from coordinator links)');
     // what the planner predicted is what the cost model gives with the measured rates, and differs from an unmeasured (infinite) rate
     const work = workload(guided);
     const link = { bandwidth: Math.min(...workers.map((w) => w.measurement!.bandwidth)), latency: Math.max(...workers.map((w) => w.measurement!.rttMs)) / 2000 };
@@ -590,13 +597,45 @@ describe('the cost model sees what the workers measured', () => {
     expect(software.auto).toEqual({ ep: 'wasm', why: 'WASM: 21.3 GFLOP/s (vs WebGPU 50, a software adapter)' });
   });
 
+  it("plans with each plan's forward as rehearsed on the workers it would run on, all at once, and rehearses a shape once", async () => {
+    const { swarm, join } = testSwarm();
+    const workers = join(2, measured(fast));
+    // rank 0 alone: 100 ms at degree 1; beside rank 1 (who is slower) 150 ms at degree 1, 80 at 2
+    workers[0].rehearsal = (d) => (d === 1 ? 100 : 80);
+    workers[1].rehearsal = (d) => (d === 1 ? 150 : 60);
+    const { plan } = await placerOn(swarm).place(guided, ask({ ep: 'wasm' }));
+    const rehearsals = workers.map((w) => callsOf(w, 'rehearse').map((c) => c.args));
+    const shape = latentShape(guided, config.inChannels);
+    const args = (degrees: number[]) => ({ modelUrl: '/models/tiny-wan', ep: 'wasm', latentShape: shape, textTokens: 16, degrees });
+    // one group of one worker (degree 1), one of two at once (degree 1 for CFG parallel, and 2)
+    expect(rehearsals).toEqual([[args([1]), args([1, 2])], [args([1, 2])]]);
+    const rehearsed = (p: { ulyssesDegree: number; cfgParallel: boolean }) => (p.ulyssesDegree === 1 && !p.cfgParallel ? 0.1 : p.ulyssesDegree === 1 ? 0.15 : 0.08);
+    const expected = planSwarm(workload(guided), { ...hardware(2, 'wasm', fast), rehearsedForwardS: rehearsed });
+    expect(plan!.by).toBe('cost model (forwards rehearsed on these workers; rank links from coordinator links)');
+    expect(plan!.oneWorkerStepMs).toBeCloseTo(expected.baseline.stepS * 1000, 9);
+    expect(plan!.predictedStepMs).toBeCloseTo(expected.best.stepS * 1000, 9);
+    // two passes of 100 ms alone, against one of 150 ms on each of two workers at once
+    expect(expected.baseline.computeS).toBeCloseTo(0.2, 12);
+    expect(expected.ranked.find((p) => p.plan.cfgParallel)!.computeS).toBeCloseTo(0.15, 12);
+    // the same shape again: nothing rehearsed again; a new share of the cores: rehearsed again
+    const placer = placerOn(swarm);
+    await placer.place(guided, ask({ ep: 'wasm' }));
+    expect(callsOf(workers[0], 'rehearse').length).toBe(4); // a new Placer (another model's pipeline) keeps nothing
+    await placer.place(guided, ask({ ep: 'wasm' }));
+    expect(callsOf(workers[0], 'rehearse').length).toBe(4);
+    workers[1].info = { ...workers[1].info, threads: 2 };
+    await placer.place(guided, ask({ ep: 'wasm' }));
+    // only the group rank 1 is in: rank 0 alone was rehearsed on these threads already
+    expect([callsOf(workers[0], 'rehearse').length, callsOf(workers[1], 'rehearse').length]).toEqual([5, 3]);
+  });
+
   it('plans with each worker’s rate on the EP it will run: with ep auto the faster one it measured, else the one asked for', async () => {
     for (const ep of ['auto', 'wasm'] as const) {
       const { swarm, join } = testSwarm();
       join(2, measured(fast));
       const { plan } = await placerOn(swarm).place(guided, ask({ ep }));
       const expected = planSwarm(workload(guided), hardware(2, ep === 'auto' ? 'webgpu' : 'wasm', fast));
-      expect([plan!.by, plan!.asked]).toEqual(['cost model (rank links from coordinator links)', false]);
+      expect([plan!.by, plan!.asked]).toEqual(['cost model (probe rates, as rehearsing failed: this stub does not rehearse; rank links from coordinator links)', false]);
       expect(plan!.link).toEqual({ bandwidth: 1e9, latency: 0.001, from: 'coordinator links' });
       expect(plan!.oneWorkerStepMs, ep).toBeCloseTo(expected.baseline.stepS * 1000, 9);
       expect(plan!.predictedStepMs, ep).toBeCloseTo(expected.best.stepS * 1000, 9);
@@ -658,7 +697,7 @@ describe('the cost model sees what the workers measured', () => {
     join(2, measured(fast));
     const { plan, cfgFallback } = await placerOn(swarm).place(unguided, ask({ cfgParallel: true }));
     expect(cfgFallback).toBe('no CFG parallel: guidance 1 means one forward pass per step, so there is no second pass for a second group');
-    expect(plan!.by).toBe(`cost model (rank links from coordinator links); ${cfgFallback}`);
+    expect(plan!.by).toBe(`cost model (probe rates, as rehearsing failed: this stub does not rehearse; rank links from coordinator links); ${cfgFallback}`);
     expect(plan!.cfgParallel).toBe(false);
   });
 

@@ -1,0 +1,97 @@
+import { beforeAll, describe, expect, it } from 'vitest';
+import type { WanModel } from '../../core/model/reference.ts';
+import { tokenGrid } from '../../core/model/tokens.ts';
+import { loadTransformer } from '../../core/model/transformer.ts';
+import { planUlysses } from '../../core/parallel.ts';
+import type { ExecutionProvider } from '../../core/worker-api.ts';
+import type { EngineApi } from '../../rank/engine.ts';
+import { memoryExchanges } from '../../rank/exchange/memory.ts';
+import { WorkerRuntime } from '../../rank/runtime.ts';
+import { referenceStages, type DeviceStageRunner } from '../../rank/stages.ts';
+import { stubEngine, tinyModelFiles } from './fixtures.ts';
+
+// A rehearsal times what a rank of a job computes, before the job: the same stage calls on the same
+// shapes, without peers (rank/rehearsal.ts); the planner plans with it (placement.test.ts).
+let model: WanModel;
+beforeAll(async () => {
+  model = await loadTransformer(tinyModelFiles);
+});
+
+/** The shapes of every stage call's first array, per stage, in order. */
+function recording(stages: DeviceStageRunner) {
+  const calls: string[] = [];
+  const lengths = (args: unknown[]) =>
+    args.map((a) => (a instanceof Float32Array ? a.length : a && typeof a === 'object' && 'q' in a ? `q${(a as { q: Float32Array }).q.length}` : typeof a === 'number' ? 'n' : '?')).join(',');
+  const wrap = <K extends 'embed' | 'preAttention' | 'attention' | 'postAttention' | 'head'>(k: K) =>
+    ((...args: unknown[]) => (calls.push(`${k}(${lengths(args)})`), (stages[k] as (...a: unknown[]) => unknown)(...args))) as DeviceStageRunner[K];
+  return { calls, stages: { ...stages, embed: wrap('embed'), preAttention: wrap('preAttention'), attention: wrap('attention'), postAttention: wrap('postAttention'), head: wrap('head') } };
+}
+
+describe('a rehearsal', () => {
+  const shape = [16, 1, 14, 10]; // 35 tokens: padded at degrees 2 and 3
+
+  it('makes exactly the stage calls of a rank of a job at each degree, and times each', async () => {
+    const cfg = model.config;
+    for (const degree of [1, 2, 3]) {
+      // a real job's rank 0 of `degree`, through the in-memory mesh
+      const jobs = memoryExchanges(degree).map(() => recording(referenceStages(model)));
+      const jobRuntimes = memoryExchanges(degree).map((exchange, rank) => new WorkerRuntime(stubEngine(jobs[rank].stages, cfg), { connectMesh: async () => exchange, describe: async () => ({ ep: 'wasm', adapter: 'test', softwareAdapter: false, threads: 1, memoryGiB: null, userAgent: 'node' }) }));
+      const plan = planUlysses(cfg, tokenGrid(cfg, shape).count, degree);
+      const text = new Float32Array(4 * cfg.textDim);
+      await Promise.all(jobRuntimes.map(async (r, rank) => {
+        await r.initWorker({ rank, world: degree, peers: jobRuntimes.map((_, i) => `p${i}`), session: 's' });
+        await r.loadModel({ modelUrl: 'tiny', ep: 'wasm' });
+        await r.prepareJob({ job: 1, texts: [text], latentShape: shape });
+      }));
+      const patchWidth = cfg.inChannels * 4;
+      await Promise.all(jobRuntimes.map((r) => r.executeModel({ job: 1, step: 0, pass: 0, timestep: 500, latentShape: shape, patches: new Float32Array(plan.localTokens * patchWidth) })));
+
+      const rehearsal = recording(referenceStages(model));
+      const runtime = new WorkerRuntime(stubEngine(rehearsal.stages, cfg), { connectMesh: async () => memoryExchanges(1)[0], describe: async () => ({ ep: 'wasm', adapter: 'test', softwareAdapter: false, threads: 1, memoryGiB: null, userAgent: 'node' }) });
+      const { forwardMs } = await runtime.rehearse({ modelUrl: 'tiny', ep: 'wasm', latentShape: shape, textTokens: 4, degrees: [degree] });
+      expect(forwardMs).toHaveLength(1);
+      expect(forwardMs[0]).toBeGreaterThan(0);
+      // a one-block forward (embed, block 0, head), then whole forwards, as rank 0 of the job made them
+      const forward = 3 * cfg.numLayers + 2;
+      expect(jobs[0].calls).toHaveLength(forward);
+      expect(rehearsal.calls.slice(0, 5), `degree ${degree}`).toEqual([...jobs[0].calls.slice(0, 4), jobs[0].calls[forward - 1]]);
+      expect((rehearsal.calls.length - 5) % forward).toBe(0);
+      expect(rehearsal.calls.slice(5, 5 + forward), `degree ${degree}`).toEqual(jobs[0].calls);
+    }
+  });
+
+  it('of a long forward is one block after a warm-up block, times the blocks', async () => {
+    const { calls, stages } = recording(referenceStages(model));
+    const slowed = { ...stages, preAttention: (async (...args: Parameters<typeof stages.preAttention>) => (await new Promise((r) => setTimeout(r, 1_100)), stages.preAttention(...args))) as typeof stages.preAttention };
+    const runtime = new WorkerRuntime(stubEngine(slowed, model.config), { connectMesh: async () => memoryExchanges(1)[0], describe: async () => ({ ep: 'wasm', adapter: 'test', softwareAdapter: false, threads: 1, memoryGiB: null, userAgent: 'node' }) });
+    const { forwardMs } = await runtime.rehearse({ modelUrl: 'tiny', ep: 'wasm', latentShape: shape, textTokens: 4, degrees: [1] });
+    // 2 blocks × ≥ 1.1 s would pass 2 s: two one-block forwards, no whole one
+    expect(calls.map((c) => c.slice(0, c.indexOf('('))).join(' ')).toBe('embed preAttention attention postAttention head '.repeat(2).trim());
+    expect(forwardMs[0]).toBeGreaterThanOrEqual(2 * 1_100);
+    expect(forwardMs[0]).toBeLessThan(2 * 1_600);
+  });
+
+  it('puts back the model the placement loaded when it rehearsed another, and is refused while a job computes', async () => {
+    const loads: string[] = [];
+    const base = stubEngine(referenceStages(model), model.config);
+    const engine: EngineApi = { ...base, load: async (url: string, ep: ExecutionProvider) => (loads.push(`${url} ${ep}`), base.load(url, ep)) };
+    const runtime = new WorkerRuntime(engine, { connectMesh: async () => memoryExchanges(1)[0], describe: async () => ({ ep: 'wasm', adapter: 'test', softwareAdapter: false, threads: 1, memoryGiB: null, userAgent: 'node' }) });
+    await runtime.initWorker({ rank: 0, world: 1, peers: ['a'], session: 's' });
+    await runtime.loadModel({ modelUrl: 'placed', ep: 'wasm' });
+    await runtime.rehearse({ modelUrl: 'placed', ep: 'wasm', latentShape: shape, textTokens: 4, degrees: [1] });
+    expect(loads).toEqual(['placed wasm', 'placed wasm']); // the same model: nothing to put back
+    await runtime.rehearse({ modelUrl: 'other', ep: 'wasm', latentShape: shape, textTokens: 4, degrees: [1] });
+    expect(loads).toEqual(['placed wasm', 'placed wasm', 'other wasm', 'placed wasm']);
+    runtime.state = 'computing';
+    await expect(runtime.rehearse({ modelUrl: 'placed', ep: 'wasm', latentShape: shape, textTokens: 4, degrees: [1] })).rejects.toThrow('rehearse while a job is computing on this worker');
+  });
+
+  it('refuses a degree the heads do not allow, a latent of the wrong channels and more tokens than any video, before computing', async () => {
+    const runtime = new WorkerRuntime(stubEngine(referenceStages(model), model.config), { connectMesh: async () => memoryExchanges(1)[0], describe: async () => ({ ep: 'wasm', adapter: 'test', softwareAdapter: false, threads: 1, memoryGiB: null, userAgent: 'node' }) });
+    const args = { modelUrl: 'tiny', ep: 'wasm' as const, latentShape: shape, textTokens: 4 };
+    await expect(runtime.rehearse({ ...args, degrees: [5] })).rejects.toThrow(/5/);
+    await expect(runtime.rehearse({ ...args, latentShape: [15, 2, 7, 5], degrees: [1] })).rejects.toThrow('rehearse needs a latent shape [16, T, H, W], got [15,2,7,5]');
+    await expect(runtime.rehearse({ ...args, latentShape: [16, 1 << 10, 1 << 10, 1 << 10], degrees: [1] })).rejects.toThrow('rehearse of 268435456 tokens: at most 131072');
+  });
+});
+
