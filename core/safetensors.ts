@@ -1,5 +1,6 @@
 // Reader and writer of the safetensors format (8-byte little-endian header length, JSON header,
 // raw little-endian data), the format of diffusers' checkpoints. Every dtype is widened to float32.
+// A small file is read whole; a large one by its header, then tensor by tensor (readTensor).
 
 import type { Tensor } from './tensor.ts';
 import { sizeOf } from './tensor.ts';
@@ -14,42 +15,89 @@ export class SafetensorsError extends Error {
   override name = 'SafetensorsError';
 }
 
-export function readSafetensors(bytes: Uint8Array, file: string): TensorMap {
+/** Byte ranges of files by path: all a reader of large checkpoints needs (core/model/files.ts). */
+export interface ByteRanges {
+  /** bytes [begin, end) of a file; fewer where the file ends first */
+  readRange(path: string, begin: number, end: number): Promise<Uint8Array>;
+}
+
+/** Where one tensor's bytes are: its file, and its absolute byte range there. */
+export interface TensorEntry {
+  name: string;
+  file: string;
+  dtype: SafetensorsDType;
+  shape: number[];
+  begin: number;
+  end: number;
+}
+
+const headerLength = (bytes: Uint8Array): number => Number(new DataView(bytes.buffer, bytes.byteOffset, 8).getBigUint64(0, true));
+
+/**
+ * The tensors a header (the JSON after the 8-byte length) lists, each checked: a known dtype, a
+ * shape, and data_offsets that span exactly its bytes within `dataBytes` (when the file's size is known).
+ */
+function parseHeader(json: Uint8Array, file: string, dataBytes: number | null): TensorEntry[] {
   const fail = (what: string) => new SafetensorsError(`${file}: ${what}`);
-  if (bytes.byteLength < 8) throw fail(`only ${bytes.byteLength} bytes, not a safetensors file (needs an 8-byte header length)`);
-  const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
-  const headerBytes = Number(view.getBigUint64(0, true));
-  if (headerBytes > MAX_HEADER_BYTES || 8 + headerBytes > bytes.byteLength) {
-    throw fail(`header claims ${headerBytes} bytes but the file has ${bytes.byteLength - 8} after the length field`);
-  }
   let header: Record<string, { dtype: string; shape: number[]; data_offsets: [number, number] }>;
   try {
-    header = JSON.parse(new TextDecoder().decode(bytes.subarray(8, 8 + headerBytes)));
+    header = JSON.parse(new TextDecoder().decode(json));
   } catch (e) {
     throw fail(`header is not valid JSON (${(e as Error).message})`);
   }
   if (typeof header !== 'object' || header === null || Array.isArray(header)) throw fail('header is not a JSON object');
-  const dataStart = 8 + headerBytes;
-  const dataBytes = bytes.byteLength - dataStart;
-  const tensors: TensorMap = new Map();
+  const dataStart = 8 + json.byteLength;
+  const entries: TensorEntry[] = [];
   for (const [name, entry] of Object.entries(header)) {
     if (name === '__metadata__') continue;
     const where = `tensor "${name}"`;
     const dtype = entry?.dtype as SafetensorsDType;
-    if (!(dtype in BYTES)) throw fail(`${where} has dtype ${JSON.stringify(entry?.dtype)}; supported: F32, F16, BF16`);
+    if (!Object.hasOwn(BYTES, dtype)) throw fail(`${where} has dtype ${JSON.stringify(entry?.dtype)}; supported: F32, F16, BF16`);
     const shape = entry.shape;
     if (!Array.isArray(shape) || !shape.every((d) => Number.isInteger(d) && d >= 0)) throw fail(`${where} has a bad shape ${JSON.stringify(shape)}`);
     const [begin, end] = entry.data_offsets ?? [];
-    if (!Number.isInteger(begin) || !Number.isInteger(end) || begin < 0 || end < begin || end > dataBytes) {
-      throw fail(`${where} has data_offsets ${JSON.stringify(entry.data_offsets)} outside the ${dataBytes} data bytes`);
+    if (!Number.isInteger(begin) || !Number.isInteger(end) || begin < 0 || end < begin || (dataBytes !== null && end > dataBytes)) {
+      throw fail(`${where} has data_offsets ${JSON.stringify(entry.data_offsets)} outside the ${dataBytes ?? 'file\'s'} data bytes`);
     }
     const expected = sizeOf(shape) * BYTES[dtype];
     if (end - begin !== expected) {
       throw fail(`${where} of shape [${shape}] ${dtype} needs ${expected} bytes but spans ${end - begin}`);
     }
-    tensors.set(name, { shape, data: widen(bytes.subarray(dataStart + begin, dataStart + end), dtype) });
+    entries.push({ name, file, dtype, shape, begin: dataStart + begin, end: dataStart + end });
   }
-  return tensors;
+  return entries;
+}
+
+/** A whole safetensors file in memory, every tensor widened to float32. */
+export function readSafetensors(bytes: Uint8Array, file: string): TensorMap {
+  const fail = (what: string) => new SafetensorsError(`${file}: ${what}`);
+  if (bytes.byteLength < 8) throw fail(`only ${bytes.byteLength} bytes, not a safetensors file (needs an 8-byte header length)`);
+  const headerBytes = headerLength(bytes);
+  if (headerBytes > MAX_HEADER_BYTES || 8 + headerBytes > bytes.byteLength) {
+    throw fail(`header claims ${headerBytes} bytes but the file has ${bytes.byteLength - 8} after the length field`);
+  }
+  const entries = parseHeader(bytes.subarray(8, 8 + headerBytes), file, bytes.byteLength - 8 - headerBytes);
+  return new Map(entries.map((e) => [e.name, { shape: e.shape, data: widen(bytes.subarray(e.begin, e.end), e.dtype) }]));
+}
+
+/** The tensors of a safetensors file, from its header alone: two small reads, however large the file. */
+export async function readSafetensorsHeader(files: ByteRanges, file: string): Promise<TensorEntry[]> {
+  const length = await files.readRange(file, 0, 8);
+  if (length.byteLength < 8) throw new SafetensorsError(`${file}: only ${length.byteLength} bytes, not a safetensors file (needs an 8-byte header length)`);
+  const headerBytes = headerLength(length);
+  if (headerBytes > MAX_HEADER_BYTES) throw new SafetensorsError(`${file}: header claims ${headerBytes} bytes, more than any checkpoint's (${MAX_HEADER_BYTES})`);
+  const json = await files.readRange(file, 8, 8 + headerBytes);
+  if (json.byteLength < headerBytes) throw new SafetensorsError(`${file}: header claims ${headerBytes} bytes but the file ends after ${8 + json.byteLength}: truncated? fetch it again`);
+  return parseHeader(json, file, null);
+}
+
+/** One tensor read by its byte range and widened to float32; a file that ends early is named. */
+export async function readTensor(files: ByteRanges, entry: TensorEntry): Promise<Tensor> {
+  const raw = await files.readRange(entry.file, entry.begin, entry.end);
+  if (raw.byteLength !== entry.end - entry.begin) {
+    throw new SafetensorsError(`${entry.file}: tensor "${entry.name}" needs bytes [${entry.begin}, ${entry.end}) but the file ends at ${entry.begin + raw.byteLength}: truncated? fetch it again`);
+  }
+  return { shape: entry.shape, data: widen(raw, entry.dtype) };
 }
 
 function widen(raw: Uint8Array, dtype: SafetensorsDType): Float32Array {
@@ -79,25 +127,64 @@ function halfToFloat(h: number): number {
   return sign * (1 + fraction / 1024) * 2 ** (exponent - 15);
 }
 
-/** Writes float32 tensors (sorted by name, as the Python writer does) with optional string metadata. */
-export function writeSafetensors(tensors: TensorMap, metadata?: Record<string, string>): Uint8Array {
-  const names = [...tensors.keys()].sort();
+/** A float32 tensor to be written: its name and shape (its values come separately). */
+export interface TensorSpec {
+  name: string;
+  shape: number[];
+}
+
+/**
+ * A float32 safetensors header as the Python writer makes it: `__metadata__` first, tensors sorted
+ * by name with their data in that order, the JSON padded with spaces so the data starts 8-byte
+ * aligned. Returns the bytes before the data (length field and JSON) and the tensors in data order.
+ */
+export function safetensorsHeader(tensors: TensorSpec[], metadata?: Record<string, string>): { head: Uint8Array; order: TensorSpec[] } {
+  const order = [...tensors].sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
   const header: Record<string, unknown> = metadata ? { __metadata__: metadata } : {};
   let offset = 0;
-  for (const name of names) {
-    const t = tensors.get(name)!;
-    if (t.data.length !== sizeOf(t.shape)) throw new SafetensorsError(`tensor "${name}": shape [${t.shape}] does not match ${t.data.length} values`);
-    header[name] = { dtype: 'F32', shape: t.shape, data_offsets: [offset, offset + t.data.byteLength] };
-    offset += t.data.byteLength;
+  for (const t of order) {
+    const bytes = 4 * sizeOf(t.shape);
+    header[t.name] = { dtype: 'F32', shape: t.shape, data_offsets: [offset, offset + bytes] };
+    offset += bytes;
   }
   let json = JSON.stringify(header);
-  json += ' '.repeat((8 - ((8 + json.length) % 8)) % 8); // keep the data 8-byte aligned
-  const headerBytes = new TextEncoder().encode(json);
-  const out = new Uint8Array(8 + headerBytes.length + offset);
-  new DataView(out.buffer).setBigUint64(0, BigInt(headerBytes.length), true);
-  out.set(headerBytes, 8);
-  let at = 8 + headerBytes.length;
-  for (const name of names) {
+  json += ' '.repeat((8 - (json.length % 8)) % 8); // keep the data 8-byte aligned
+  const jsonBytes = new TextEncoder().encode(json);
+  const head = new Uint8Array(8 + jsonBytes.length);
+  new DataView(head.buffer).setBigUint64(0, BigInt(jsonBytes.length), true);
+  head.set(jsonBytes, 8);
+  return { head, order };
+}
+
+/**
+ * Tensors in state-dict order split into shards as huggingface_hub splits them: greedily, a new
+ * shard whenever the next tensor would take this one past `maxShardBytes` (diffusers' 5 GB is 5e9).
+ */
+export function planShards(tensors: TensorSpec[], maxShardBytes: number): TensorSpec[][] {
+  const shards: TensorSpec[][] = [[]];
+  let size = 0;
+  for (const t of tensors) {
+    const bytes = 4 * sizeOf(t.shape);
+    if (size + bytes > maxShardBytes && shards[shards.length - 1].length) {
+      shards.push([]);
+      size = 0;
+    }
+    shards[shards.length - 1].push(t);
+    size += bytes;
+  }
+  return shards;
+}
+
+/** Writes float32 tensors (sorted by name, as the Python writer does) with optional string metadata. */
+export function writeSafetensors(tensors: TensorMap, metadata?: Record<string, string>): Uint8Array {
+  for (const [name, t] of tensors) {
+    if (t.data.length !== sizeOf(t.shape)) throw new SafetensorsError(`tensor "${name}": shape [${t.shape}] does not match ${t.data.length} values`);
+  }
+  const { head, order } = safetensorsHeader([...tensors].map(([name, t]) => ({ name, shape: t.shape })), metadata);
+  const out = new Uint8Array(head.length + order.reduce((n, t) => n + 4 * sizeOf(t.shape), 0));
+  out.set(head);
+  let at = head.length;
+  for (const { name } of order) {
     const data = tensors.get(name)!.data;
     out.set(new Uint8Array(data.buffer, data.byteOffset, data.byteLength), at);
     at += data.byteLength;

@@ -1,9 +1,7 @@
 import { mkdirSync, writeFileSync } from 'node:fs';
-import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { PATCH_VAE_CONFIG, patchVaeWeights } from './patch-vae.ts';
 import { toDiffusersConfig } from '../core/model/config.ts';
-import type { ModelFiles } from '../core/model/files.ts';
 import { TEXT_ENCODER_CLASS } from '../core/model/text-encoder.ts';
 import { TRANSFORMER_CONFIG, TRANSFORMER_WEIGHTS } from '../core/model/transformer.ts';
 import { PATCH_VAE_DECODER_CLASS } from '../core/model/vae-decoder.ts';
@@ -37,9 +35,3 @@ export function writeDemoModel(out: string, model: TrainableWan, meta: { name: s
   write('vae/config.json', { _class_name: PATCH_VAE_DECODER_CLASS, ...PATCH_VAE_CONFIG });
   write('vae/diffusion_pytorch_model.safetensors', writeSafetensors(patchVaeWeights(), made));
 }
-
-/** A model folder on disk as the loaders' file source. */
-export const folderFiles =
-  (dir: string): ModelFiles =>
-  async (path) =>
-    new Uint8Array(await readFile(join(dir, path)));

@@ -1,7 +1,7 @@
 import * as ort from 'onnxruntime-web';
 import type { WanModel } from '../core/model/reference.ts';
 import type { ExecutionProvider } from '../core/worker-api.ts';
-import { buildAttentionGraph, buildEmbedGraph, buildHeadGraph, buildPostAttentionGraph, buildPreAttentionGraph } from '../core/model/stage-graphs.ts';
+import { buildAttentionGraph, buildEmbedGraph, buildHeadGraph, buildPostAttentionGraph, buildPreAttentionGraph, type BlockGraph } from '../core/model/stage-graphs.ts';
 import type { Activation, DeviceStageRunner, DeviceTensor } from './stages.ts';
 
 
@@ -21,12 +21,18 @@ export async function onnxStages(m: WanModel, ep: ExecutionProvider): Promise<Re
   const embed = await session(buildEmbedGraph(m), onDevice('x', 'temb', 'tproj', 'context'));
   const attention = await session(buildAttentionGraph(m));
   const head = await session(buildHeadGraph(m));
-  const pre: ort.InferenceSession[] = [];
-  const post: ort.InferenceSession[] = [];
-  for (let b = 0; b < m.config.numLayers; b++) {
-    pre.push(await session(buildPreAttentionGraph(m, b)));
-    post.push(await session(buildPostAttentionGraph(m, b), onDevice('x_out')));
-  }
+  // one session for every block's pre-attention and one for its post-attention, fed the block's
+  // weights: only the running block's weights are in onnxruntime's memory (the wasm heap holds 4 GB)
+  const preGraph = buildPreAttentionGraph(m);
+  const postGraph = buildPostAttentionGraph(m);
+  const pre = await session(preGraph.bytes);
+  const post = await session(postGraph.bytes, onDevice('x_out'));
+  const blockWeights = (graph: BlockGraph) =>
+    Array.from({ length: m.config.numLayers }, (_, b) =>
+      Object.fromEntries(graph.weights.map(({ name, dims }) => [name, new ort.Tensor('float32', m.weights.get(`blocks.${b}.${name}`)!.data, dims)])),
+    );
+  const preWeights = blockWeights(preGraph);
+  const postWeights = blockWeights(postGraph);
 
   // GPU tensors this runner handed out by id; the caller releases each once it is done with it
   const kept = new Map<number, ort.Tensor>();
@@ -53,7 +59,7 @@ export async function onnxStages(m: WanModel, ep: ExecutionProvider): Promise<Re
       return { x: keep(r.x), temb: keep(r.temb), tproj: keep(r.tproj), context: keep(r.context) };
     },
     async preAttention(block, x, tproj, cos, sin) {
-      const r = await pre[block].run({ x: feed(x, D), tproj: feed(tproj, D), cos: t(cos, headDim / 2), sin: t(sin, headDim / 2) });
+      const r = await pre.run({ ...preWeights[block], x: feed(x, D), tproj: feed(tproj, D), cos: t(cos, headDim / 2), sin: t(sin, headDim / 2) });
       return { q: out(r, 'q'), k: out(r, 'k'), v: out(r, 'v') };
     },
     async attention({ q, k, v }, keyBias) {
@@ -62,7 +68,7 @@ export async function onnxStages(m: WanModel, ep: ExecutionProvider): Promise<Re
       return out(r, 'o');
     },
     async postAttention(block, x, o, tproj, context) {
-      const r = await post[block].run({ x: feed(x, D), o: t(o, D), tproj: feed(tproj, D), context: feed(context, D) });
+      const r = await post.run({ ...postWeights[block], x: feed(x, D), o: t(o, D), tproj: feed(tproj, D), context: feed(context, D) });
       return keep(r.x_out);
     },
     async head(x, temb) {

@@ -115,7 +115,13 @@ export function toDiffusersConfig(cfg: WanConfig): Record<string, unknown> {
   };
 }
 
-/** Every weight a diffusers Wan2.1 text-to-video transformer has, with its shape. */
+/**
+ * Every weight a diffusers Wan2.1 text-to-video transformer has, with its shape, in the order its
+ * state dict lists them (a module's own parameters before its children's; in each attention the
+ * q/k norms before the projections, as diffusers 0.33's Attention registered them): the order
+ * save_pretrained splits shards in. With it the published 1.3B shards come out at exactly their
+ * published sizes, 4,998,781,576 and 677,289,072 bytes (test/unit/checkpoint.test.ts).
+ */
 export function expectedWeightShapes(cfg: WanConfig): Map<string, number[]> {
   const { dim: D, textDim, freqDim, ffnDim, inChannels, outChannels } = cfg;
   const [pt, ph, pw] = cfg.patchSize;
@@ -124,6 +130,7 @@ export function expectedWeightShapes(cfg: WanConfig): Map<string, number[]> {
     shapes.set(`${name}.weight`, [out, inp]);
     shapes.set(`${name}.bias`, [out]);
   };
+  shapes.set('scale_shift_table', [1, 2, D]);
   shapes.set('patch_embedding.weight', [D, inChannels, pt, ph, pw]);
   shapes.set('patch_embedding.bias', [D]);
   linear('condition_embedder.time_embedder.linear_1', D, freqDim);
@@ -133,10 +140,11 @@ export function expectedWeightShapes(cfg: WanConfig): Map<string, number[]> {
   linear('condition_embedder.text_embedder.linear_2', D, D);
   for (let i = 0; i < cfg.numLayers; i++) {
     const b = `blocks.${i}`;
+    shapes.set(`${b}.scale_shift_table`, [1, 6, D]);
     for (const attn of ['attn1', 'attn2']) {
-      for (const proj of ['to_q', 'to_k', 'to_v', 'to_out.0']) linear(`${b}.${attn}.${proj}`, D, D);
       shapes.set(`${b}.${attn}.norm_q.weight`, [D]);
       shapes.set(`${b}.${attn}.norm_k.weight`, [D]);
+      for (const proj of ['to_q', 'to_k', 'to_v', 'to_out.0']) linear(`${b}.${attn}.${proj}`, D, D);
     }
     if (cfg.crossAttnNorm) {
       shapes.set(`${b}.norm2.weight`, [D]);
@@ -144,21 +152,19 @@ export function expectedWeightShapes(cfg: WanConfig): Map<string, number[]> {
     }
     linear(`${b}.ffn.net.0.proj`, ffnDim, D);
     linear(`${b}.ffn.net.2`, D, ffnDim);
-    shapes.set(`${b}.scale_shift_table`, [1, 6, D]);
   }
   linear('proj_out', outChannels * pt * ph * pw, D);
-  shapes.set('scale_shift_table', [1, 2, D]);
   return shapes;
 }
 
-/** Missing, unexpected or misshapen weights are one error that lists all of them. */
-export function checkWeights(cfg: WanConfig, weights: TensorMap, source: string): void {
+/** Missing, unexpected or misshapen weights are one error that lists all of them (and the file of each misshapen one). */
+export function checkWeights(cfg: WanConfig, weights: ReadonlyMap<string, { shape: number[]; file?: string }>, source: string): void {
   const expected = expectedWeightShapes(cfg);
   const missing = [...expected.keys()].filter((k) => !weights.has(k));
   const unexpected = [...weights.keys()].filter((k) => !expected.has(k));
   const misshapen = [...expected]
     .filter(([k, shape]) => weights.has(k) && weights.get(k)!.shape.join() !== shape.join())
-    .map(([k, shape]) => `${k} is [${weights.get(k)!.shape}], expected [${shape}]`);
+    .map(([k, shape]) => `${k}${weights.get(k)!.file ? ` in ${weights.get(k)!.file}` : ''} is [${weights.get(k)!.shape}], expected [${shape}]`);
   const problems = [
     missing.length ? `missing keys: ${missing.join(', ')}` : '',
     unexpected.length ? `unexpected keys: ${unexpected.join(', ')}` : '',

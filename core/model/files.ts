@@ -1,23 +1,52 @@
-import { readSafetensors, type TensorMap } from '../safetensors.ts';
+// Where a model's files come from: `fetch` in a page, the file system in Node
+// (server/model-folder.ts). Paths are relative to the model folder, in diffusers' layout
+// (`transformer/config.json`, ...). Large files are read by byte ranges, never whole: a published
+// shard is 5 GB, more than any ArrayBuffer of a page.
+import { readSafetensors, type ByteRanges, type TensorMap } from '../safetensors.ts';
+
+export interface ModelFiles extends ByteRanges {
+  /** a whole file: configs, indexes, small weights */
+  read(path: string): Promise<Uint8Array>;
+}
+
+/** The folder has no such file (rather than a file that failed to load). */
+export class MissingFile extends Error {
+  override name = 'MissingFile';
+}
 
 /**
- * Where a model's files come from: `fetch` in a page, the file system in Node. Paths are relative
- * to the model folder, in diffusers' layout (`transformer/config.json`, ...).
+ * A model folder over HTTP. Ranges are asked for with Range requests; a server that ignores them
+ * (it answers 200 with the whole file) has its answer kept, so that a file crosses the network once.
  */
-export type ModelFiles = (path: string) => Promise<Uint8Array>;
-
 export function fetchModelFiles(baseUrl: string): ModelFiles {
   const base = baseUrl.replace(/\/$/, '');
-  return async (path) => {
+  const get = async (path: string, range?: [number, number]): Promise<Response> => {
     const url = `${base}/${path}`;
-    const response = await fetch(url);
-    if (!response.ok) throw new Error(`could not load ${url}: HTTP ${response.status}`);
-    return new Uint8Array(await response.arrayBuffer());
+    const response = await fetch(url, range ? { headers: { Range: `bytes=${range[0]}-${range[1] - 1}` } } : undefined);
+    if (response.status === 404) throw new MissingFile(`${url}: not found`);
+    // 416: the range starts past the end of the file, which the reader reports as a truncated file
+    if (!response.ok && response.status !== 416) throw new Error(`could not load ${url}: HTTP ${response.status}`);
+    return response;
+  };
+  const whole = new Map<string, Promise<Uint8Array>>();
+  return {
+    read: async (path) => new Uint8Array(await (await get(path)).arrayBuffer()),
+    async readRange(path, begin, end) {
+      if (end <= begin) return new Uint8Array(0);
+      const kept = whole.get(path);
+      if (kept) return (await kept).subarray(begin, end);
+      const response = await get(path, [begin, end]);
+      if (response.status === 416) return new Uint8Array(0);
+      if (response.status === 206) return new Uint8Array(await response.arrayBuffer());
+      const all = response.arrayBuffer().then((b) => new Uint8Array(b));
+      whole.set(path, all);
+      return (await all).subarray(begin, end);
+    },
   };
 }
 
 export async function readJson(files: ModelFiles, path: string): Promise<unknown> {
-  const text = new TextDecoder().decode(await files(path));
+  const text = new TextDecoder().decode(await files.read(path));
   try {
     return JSON.parse(text);
   } catch (e) {
@@ -25,6 +54,7 @@ export async function readJson(files: ModelFiles, path: string): Promise<unknown
   }
 }
 
+/** A small safetensors file read whole (the tiny models' text encoder and VAE). */
 export async function readWeights(files: ModelFiles, path: string): Promise<TensorMap> {
-  return readSafetensors(await files(path), path);
+  return readSafetensors(await files.read(path), path);
 }

@@ -7,6 +7,10 @@
 //   attention        q, k, v [S, h·d], key_bias [S] → o [S, h·d]        (any number of heads h)
 //   block i post     x, o [S, D], tproj, context → x
 //   head             x, temb → rows [S, pt·ph·pw·C]
+// The embed and head graphs hold their weights; the block graphs are one pre and one post graph for
+// every block, fed the block's weights as inputs (BlockGraph.weights names them): a worker keeps the
+// weights outside onnxruntime's wasm heap, which holds 4 GB and the 1.3B model is 5.7 GB in fp32,
+// and only the running block's are in it.
 
 import { buildChunkedAttentionGraph } from './attention-graph.ts';
 import type { WanConfig } from './config.ts';
@@ -18,10 +22,24 @@ export type StageName = 'embed' | 'pre' | 'attention' | 'post' | 'head';
 
 const S = 'S';
 
+/** A graph of every block: its bytes, and the inputs it takes each block's weights by. */
+export interface BlockGraph {
+  bytes: Uint8Array;
+  /** feed block b's `blocks.{b}.{name}` as the input `name`, shaped `dims` */
+  weights: { name: string; dims: number[] }[];
+}
+
+/** the block a block graph is built from: every block has the same weight names and shapes */
+const BLOCK = 'blocks.0.';
+
 class WanGraph extends OnnxGraph {
+  /** the weights a block graph takes as inputs, by input name */
+  readonly weightInputs = new Map<string, number[]>();
+
   constructor(
     name: string,
     private readonly m: WanModel,
+    private readonly blockWeightsAsInputs = false,
   ) {
     super(name);
   }
@@ -33,7 +51,17 @@ class WanGraph extends OnnxGraph {
   param(name: string, dims?: number[]): string {
     const t = this.m.weights.get(name);
     if (!t) throw new Error(`weight ${name} is missing`);
-    return this.weight(name, dims ?? t.shape, t.data);
+    if (!this.blockWeightsAsInputs) return this.weight(name, dims ?? t.shape, t.data);
+    if (!name.startsWith(BLOCK)) throw new Error(`a block graph reads only its block's weights, not ${name}`);
+    const input = name.slice(BLOCK.length);
+    if (!this.weightInputs.has(input)) this.input(input, dims ?? t.shape);
+    this.weightInputs.set(input, dims ?? t.shape);
+    return input;
+  }
+
+  /** This block graph's bytes and the weights it is fed. */
+  blockGraph(): BlockGraph {
+    return { bytes: this.toBytes(), weights: [...this.weightInputs].map(([name, dims]) => ({ name, dims })) };
   }
 
   /** x · Wᵀ + b with PyTorch's [out, in] weight, via Gemm(transB). */
@@ -121,8 +149,9 @@ export function buildEmbedGraph(m: WanModel): Uint8Array {
   return g.toBytes();
 }
 
-export function buildPreAttentionGraph(m: WanModel, block: number): Uint8Array {
-  const g = new WanGraph(`block${block}_pre`, m);
+export function buildPreAttentionGraph(m: WanModel): BlockGraph {
+  const g = new WanGraph('block_pre', m, true);
+  const block = 0;
   const { dim: D, headDim } = m.config;
   const x = g.input('x', [S, D]);
   const tproj = g.input('tproj', [6, D]);
@@ -134,7 +163,7 @@ export function buildPreAttentionGraph(m: WanModel, block: number): Uint8Array {
   g.output(g.rope(g.rmsNorm(g.linear(n, `${a}.to_q`), `${a}.norm_q.weight`), cos, sin), 'q', [S, D]);
   g.output(g.rope(g.rmsNorm(g.linear(n, `${a}.to_k`), `${a}.norm_k.weight`), cos, sin), 'k', [S, D]);
   g.output(g.linear(n, `${a}.to_v`), 'v', [S, D]);
-  return g.toBytes();
+  return g.blockGraph();
 }
 
 /**
@@ -145,8 +174,9 @@ export function buildAttentionGraph(m: WanModel): Uint8Array {
   return buildChunkedAttentionGraph(m.config.headDim);
 }
 
-export function buildPostAttentionGraph(m: WanModel, block: number): Uint8Array {
-  const g = new WanGraph(`block${block}_post`, m);
+export function buildPostAttentionGraph(m: WanModel): BlockGraph {
+  const g = new WanGraph('block_post', m, true);
+  const block = 0;
   const { dim: D } = m.config;
   const b = `blocks.${block}`;
   const x = g.input('x', [S, D]);
@@ -165,7 +195,7 @@ export function buildPostAttentionGraph(m: WanModel, block: number): Uint8Array 
   const n3 = g.modulate(g.layerNorm(h), ffnShift, ffnScale);
   const ff = g.linear(g.geluTanh(g.linear(n3, `${b}.ffn.net.0.proj`)), `${b}.ffn.net.2`);
   g.output(g.op('Add', [h, g.op('Mul', [ff, ffnGate])]), 'x_out', [S, D]);
-  return g.toBytes();
+  return g.blockGraph();
 }
 
 export function buildHeadGraph(m: WanModel): Uint8Array {

@@ -1,14 +1,33 @@
+import { readTensor, type TensorMap } from '../safetensors.ts';
+import { openCheckpoint } from './checkpoint.ts';
 import { checkWeights, parseWanConfig } from './config.ts';
-import { readJson, readWeights, type ModelFiles } from './files.ts';
+import { readJson, type ModelFiles } from './files.ts';
 import type { WanModel } from './reference.ts';
 
 export const TRANSFORMER_CONFIG = 'transformer/config.json';
-export const TRANSFORMER_WEIGHTS = 'transformer/diffusion_pytorch_model.safetensors';
+/** the checkpoint's name in transformer/: one file of it, or shards and their index */
+export const TRANSFORMER_WEIGHTS_NAME = 'diffusion_pytorch_model';
+/** the checkpoint as one file */
+export const TRANSFORMER_WEIGHTS = `transformer/${TRANSFORMER_WEIGHTS_NAME}.safetensors`;
 
-/** Loads and validates a diffusers WanTransformer3DModel folder (single-file safetensors). */
-export async function loadTransformer(files: ModelFiles): Promise<WanModel> {
+/** Bytes of the weights read so far, of all. */
+export type LoadProgress = (loaded: number, total: number) => void;
+
+/**
+ * Loads a diffusers WanTransformer3DModel folder, single-file or sharded: the config and every
+ * shard's header are checked against each other before a weight is read, then the weights are read
+ * tensor by tensor and widened to float32.
+ */
+export async function loadTransformer(files: ModelFiles, onProgress?: LoadProgress): Promise<WanModel> {
   const config = parseWanConfig(await readJson(files, TRANSFORMER_CONFIG), TRANSFORMER_CONFIG);
-  const weights = await readWeights(files, TRANSFORMER_WEIGHTS);
-  checkWeights(config, weights, TRANSFORMER_WEIGHTS);
+  const checkpoint = await openCheckpoint(files, 'transformer', TRANSFORMER_WEIGHTS_NAME);
+  checkWeights(config, checkpoint.tensors, checkpoint.source);
+  const total = [...checkpoint.tensors.values()].reduce((sum, t) => sum + t.end - t.begin, 0);
+  const weights: TensorMap = new Map();
+  let loaded = 0;
+  for (const entry of checkpoint.tensors.values()) {
+    weights.set(entry.name, await readTensor(files, entry));
+    onProgress?.((loaded += entry.end - entry.begin), total);
+  }
   return { config, weights };
 }

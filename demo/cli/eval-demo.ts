@@ -13,7 +13,7 @@ import * as ort from 'onnxruntime-web';
 import { detect } from '../detector.ts';
 import { CLIP, DEMO_SAMPLING, HELD_OUT_COMBOS, promptOf, TRAINING_COMBOS } from '../world.ts';
 import { loadModel, sampleVideo } from '../generate.ts';
-import { folderFiles } from '../model-folder.ts';
+import { folderFiles } from '../../server/model-folder.ts';
 
 const { values } = parseArgs({
   options: {

@@ -7,23 +7,23 @@
 //   npm run forward -- --make-input in.safetensors [--frames T --height H --width W --text-length L --seed S]
 
 import { mkdir, readFile, writeFile } from 'node:fs/promises';
-import { dirname, join } from 'node:path';
+import { dirname } from 'node:path';
 import { parseArgs } from 'node:util';
 import { forwardOutput, randomForwardInputs, readForwardInputs } from '../../core/model/forward-io.ts';
-import type { ModelFiles } from '../../core/model/files.ts';
 import { referenceForward, type WanModel } from '../../core/model/reference.ts';
 import { loadTransformer } from '../../core/model/transformer.ts';
 import { checkDegree } from '../../core/parallel.ts';
 import { readSafetensors, writeSafetensors } from '../../core/safetensors.ts';
 import type { Tensor } from '../../core/tensor.ts';
 import type { StageRunner } from '../../rank/stages.ts';
+import { folderFiles } from '../model-folder.ts';
 
 const USAGE = `usage: npm run forward -- --input in.safetensors --output out.safetensors
          [--model public/models/tiny-wan] [--backend onnx|reference] [--ulysses P]
        npm run forward -- --make-input in.safetensors [--frames T] [--height H] [--width W] [--text-length L] [--seed S]`;
 const BACKENDS = ['onnx', 'reference'];
 /** Errors whose message is the whole story; anything else is a bug and keeps its stack. */
-const USER_ERRORS = new Set(['ForwardInputError', 'SafetensorsError', 'ModelConfigError', 'ParallelConfigError', 'UsageError']);
+const USER_ERRORS = new Set(['ForwardInputError', 'SafetensorsError', 'ModelConfigError', 'ParallelConfigError', 'UsageError', 'MissingFile']);
 
 class UsageError extends Error {
   override name = 'UsageError';
@@ -37,17 +37,6 @@ function wholeNumber(flag: string, value: string, min: number): number {
   const n = Number(value);
   if (!Number.isInteger(n) || n < min) usage(`--${flag} must be a whole number ≥ ${min}, got ${JSON.stringify(value)}`);
   return n;
-}
-
-function folderFiles(dir: string): ModelFiles {
-  return async (path) => {
-    try {
-      return new Uint8Array(await readFile(join(dir, path)));
-    } catch (e) {
-      if ((e as NodeJS.ErrnoException).code !== 'ENOENT') throw e;
-      throw new UsageError(`${dir} has no ${path}: --model must be a diffusers model folder such as public/models/tiny-wan`);
-    }
-  };
 }
 
 async function readInput(path: string): Promise<Uint8Array> {
@@ -107,7 +96,11 @@ async function run(): Promise<void> {
   const { values } = parsed;
   if (values.help) return console.log(USAGE);
 
-  const model = await loadTransformer(folderFiles(values.model));
+  const loadStarted = performance.now();
+  const model = await loadTransformer(folderFiles(values.model), (loaded, total) => {
+    if (total > 1e9) process.stderr.write(`\rforward: loading ${values.model}: ${(loaded / 1e9).toFixed(2)} of ${(total / 1e9).toFixed(2)} GB${loaded === total ? "\n" : ""}`);
+  });
+  const loadMs = performance.now() - loadStarted;
   const cfg = model.config;
 
   if (values['make-input'] !== undefined) {
@@ -140,7 +133,9 @@ async function run(): Promise<void> {
   const output = forwardOutput(sample);
   await writeOutput(values.output, writeSafetensors(output));
   const backend = values.backend === 'onnx' ? 'onnx (wasm)' : 'reference';
-  console.log(`forward: sample [${output.get('sample')!.shape}] t=${timestep} in ${ms.toFixed(0)} ms on ${backend}, ulysses ${degree} → ${values.output}`);
+  // the most memory this process held at once: every weight in float32, and the backend's copies
+  const peakGiB = (process.resourceUsage().maxRSS * 1024) / 2 ** 30;
+  console.log(`forward: sample [${output.get('sample')!.shape}] t=${timestep} in ${ms.toFixed(0)} ms on ${backend}, ulysses ${degree} → ${values.output}; model loaded in ${(loadMs / 1000).toFixed(1)} s, peak resident memory ${peakGiB.toFixed(2)} GiB`);
 }
 
 try {

@@ -1,28 +1,39 @@
-// Writes a Wan2.1-format model, deterministically from a seed:
-//   <out>/{model_index.json, transformer/, text_encoder/, vae/}
-// The transformer has every key family of Wan2.1-T2V-1.3B (12 heads like it, so Ulysses degrees
-// 1, 2, 3, 4, 6 are valid). Presets:
+// Writes a Wan2.1-format model of seeded random weights (each tensor seeded by its name, so the
+// values do not depend on how the checkpoint is split):
+//   <out>/{model_index.json, transformer/, text_encoder/, vae/, scheduler/}
+// Presets:
 //   tiny   (default) public/models/tiny-wan: width 288, small enough to ship in the repository
-//   bench  bench/out/models/bench-wan: width 576 (head dim 48), FFN 3456 (6·D, Wan's ratio), 2 blocks —
-//          ~56 MB, so it is generated on demand into a git-ignored folder, never committed
-// Explicit flags override the preset's values.
+//   bench  bench/out/models/bench-wan: width 576 (head dim 48), FFN 3456 (6·D, Wan's ratio), 2 blocks,
+//          ~56 MB, generated on demand into a git-ignored folder, never committed
+//   wan2.1-t2v-1.3b  the published Wan-AI/Wan2.1-T2V-1.3B-Diffusers transformer exactly as published:
+//          its config.json, 30 blocks of width 1536, fp32 shards split at 5 GB in state-dict order with
+//          their index (5.68 GB), the folder's model_index.json and the scheduler, text encoder and
+//          VAE configs (their weights are not written: prompt embeddings and latent output skip them).
+//          `--layers N` keeps the layout with fewer blocks. Outside the repository: ~/.cache/ditswarm/…
+// The small presets' transformers have every key family of Wan2.1-T2V-1.3B and its 12 heads (so
+// Ulysses degrees 1, 2, 3, 4, 6 are valid), with a stand-in text encoder and VAE.
 //
-//   npm run make-model [-- --preset tiny|bench --out DIR --seed N --layers N --head-dim N --ffn N]
+//   npm run make-model [-- --preset tiny|bench|wan2.1-t2v-1.3b --out DIR --seed N --layers N
+//                          --head-dim N --ffn N --shard-bytes N]
 
 import { mkdirSync, writeFileSync } from 'node:fs';
+import { homedir } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
-import { expectedWeightShapes, wanConfigOfSize, toDiffusersConfig } from '../../core/model/config.ts';
+import { expectedWeightShapes, parseWanConfig, toDiffusersConfig, wanConfigOfSize, type WanConfig } from '../../core/model/config.ts';
 import { TEXT_ENCODER_CLASS } from '../../core/model/text-encoder.ts';
+import { TRANSFORMER_CONFIG, TRANSFORMER_WEIGHTS_NAME } from '../../core/model/transformer.ts';
 import { VAE_DECODER_CLASS } from '../../core/model/vae-decoder.ts';
-import { TRANSFORMER_CONFIG, TRANSFORMER_WEIGHTS } from '../../core/model/transformer.ts';
 import { SeededRandom } from '../../core/random.ts';
 import { writeSafetensors, type TensorMap } from '../../core/safetensors.ts';
 import { sizeOf } from '../../core/tensor.ts';
+import { MAX_SHARD_BYTES, writeCheckpoint } from '../model-folder.ts';
+import { WAN21_T2V_1_3B } from '../wan21-layout.ts';
 
 const PRESETS = {
   tiny: { name: 'tiny-wan', out: 'public/models/tiny-wan', seed: '20250225', layers: '2', 'head-dim': '24', ffn: '768', 'text-dim': '64', 'text-length': '32' },
   bench: { name: 'bench-wan', out: 'bench/out/models/bench-wan', seed: '20250226', layers: '2', 'head-dim': '48', ffn: '3456', 'text-dim': '64', 'text-length': '32' },
+  'wan2.1-t2v-1.3b': { name: 'wan2.1-t2v-1.3b', out: join(homedir(), '.cache/ditswarm/models/wan2.1-t2v-1.3b'), seed: '20250227', layers: '30', 'head-dim': '128', ffn: '8960', 'text-dim': '4096', 'text-length': '512' },
 };
 type Preset = keyof typeof PRESETS;
 
@@ -36,26 +47,42 @@ const { values: flags } = parseArgs({
     ffn: { type: 'string' },
     'text-dim': { type: 'string' },
     'text-length': { type: 'string' },
+    'shard-bytes': { type: 'string' },
   },
 });
-if (!(flags.preset! in PRESETS)) {
-  console.error(`make-model: unknown --preset ${flags.preset}; valid presets: ${Object.keys(PRESETS).join(', ')}`);
+const fail = (message: string): never => {
+  console.error(`make-model: ${message}`);
   process.exit(1);
-}
+};
+if (!Object.hasOwn(PRESETS, flags.preset!)) fail(`unknown --preset ${flags.preset}; valid presets: ${Object.keys(PRESETS).join(', ')}`);
+const published = flags.preset === 'wan2.1-t2v-1.3b';
+if (published && (flags['head-dim'] || flags.ffn || flags['text-dim'] || flags['text-length'])) fail('--preset wan2.1-t2v-1.3b is the published layout: only --layers, --out and --seed change it');
 const preset = PRESETS[flags.preset as Preset];
 const values = { ...preset, ...Object.fromEntries(Object.entries(flags).filter(([, v]) => v !== undefined)) };
+const whole = (flag: keyof typeof values, min: number): number => {
+  const n = Number(values[flag]);
+  return Number.isInteger(n) && n >= min ? n : fail(`--${flag} must be a whole number ≥ ${min}, got ${JSON.stringify(values[flag])}`);
+};
 
-const textDim = Number(values['text-dim']);
-const textLength = Number(values['text-length']);
-const config = wanConfigOfSize(
-  { headDim: Number(values['head-dim']), textDim: textDim, ffnDim: Number(values.ffn), numLayers: Number(values.layers) },
-  'make-model flags',
-);
-const random = new SeededRandom(Number(values.seed));
+const seed = whole('seed', 0);
+const textDim = whole('text-dim', 1);
+const textLength = whole('text-length', 1);
+const config: WanConfig = published
+  ? parseWanConfig({ ...WAN21_T2V_1_3B.transformer, num_layers: whole('layers', 1) }, 'the published Wan2.1-T2V-1.3B config')
+  : wanConfigOfSize({ headDim: whole('head-dim', 2), textDim, ffnDim: whole('ffn', 1), numLayers: whole('layers', 1) }, 'make-model flags');
+const shardBytes = flags['shard-bytes'] === undefined ? MAX_SHARD_BYTES : Number(flags['shard-bytes']) >= 1 ? Number(flags['shard-bytes']) : fail(`--shard-bytes must be a number ≥ 1, got ${JSON.stringify(flags['shard-bytes'])}`);
+
+/** A tensor's own stream of numbers: FNV-1a of the seed and its name. */
+function randomFor(name: string): SeededRandom {
+  let hash = 0x811c9dc5;
+  for (const c of `${seed}:${name}`) hash = Math.imul(hash ^ c.charCodeAt(0), 0x01000193);
+  return new SeededRandom(hash);
+}
 
 /** Initialised so activations stay O(1) through the blocks, as a trained model's do. */
 function initialise(name: string, shape: number[]): Float32Array {
   const n = sizeOf(shape);
+  const random = randomFor(name);
   if (name.endsWith('scale_shift_table')) return random.normals(n, 1 / Math.sqrt(config.dim));
   if (/norm[_\w]*\.weight$/.test(name)) return random.normals(n, 0.05).map((v) => 1 + v);
   if (name.endsWith('.bias')) return random.normals(n, 0.02);
@@ -63,31 +90,46 @@ function initialise(name: string, shape: number[]): Float32Array {
   return random.normals(n, 1 / Math.sqrt(fanIn));
 }
 
-const transformer: TensorMap = new Map();
-for (const [name, shape] of expectedWeightShapes(config)) transformer.set(name, { shape, data: initialise(name, shape) });
-
-const textEncoder: TensorMap = new Map([
-  ['token_embedding.weight', { shape: [256, textDim], data: random.normals(256 * textDim) }],
-  ['position_embedding.weight', { shape: [textLength, textDim], data: random.normals(textLength * textDim, 0.3) }],
-]);
-const vae: TensorMap = new Map([
-  ['conv_out.weight', { shape: [3, 16], data: random.normals(48, 0.5) }],
-  ['conv_out.bias', { shape: [3], data: new Float32Array(3) }],
-]);
-
 const out = values.out!;
 const write = (path: string, data: Uint8Array | object) => {
   mkdirSync(join(out, path, '..'), { recursive: true });
   writeFileSync(join(out, path), data instanceof Uint8Array ? data : JSON.stringify(data, null, 2) + '\n');
 };
-const made = { generator: flags.preset === 'tiny' ? 'npm run make-model' : `npm run make-model -- --preset ${flags.preset}`, seed: String(values.seed) };
-write('model_index.json', { _class_name: 'WanPipeline', name: preset.name, transformer: ['diffusers', 'WanTransformer3DModel'], text_encoder: ['ditswarm', TEXT_ENCODER_CLASS], vae: ['ditswarm', VAE_DECODER_CLASS], flow_shift: 3.0, ...made });
-write(TRANSFORMER_CONFIG, toDiffusersConfig(config));
-write(TRANSFORMER_WEIGHTS, writeSafetensors(transformer, made));
-write('text_encoder/config.json', { _class_name: TEXT_ENCODER_CLASS, max_length: textLength, hidden_size: textDim });
-write('text_encoder/model.safetensors', writeSafetensors(textEncoder, made));
-write('vae/config.json', { _class_name: VAE_DECODER_CLASS, latent_channels: 16, scale_factor_temporal: 4, scale_factor_spatial: 8 });
-write('vae/diffusion_pytorch_model.safetensors', writeSafetensors(vae, made));
+const made = { generator: flags.preset === 'tiny' ? 'npm run make-model' : `npm run make-model -- --preset ${flags.preset}`, seed: String(seed) };
+const started = performance.now();
+const tensors = [...expectedWeightShapes(config)].map(([name, shape]) => ({ name, shape }));
+let written = 0;
+const files = await writeCheckpoint(join(out, 'transformer'), TRANSFORMER_WEIGHTS_NAME, tensors, ({ name, shape }) => {
+  written += sizeOf(shape);
+  if (published) process.stderr.write(`\rmake-model: ${((4 * written) / 1e9).toFixed(2)} of ${((4 * tensors.reduce((n, t) => n + sizeOf(t.shape), 0)) / 1e9).toFixed(2)} GB`);
+  return initialise(name, shape);
+}, { maxShardBytes: shardBytes, metadata: published ? { format: 'pt' } : made });
+if (published) process.stderr.write('\n');
 
-const params = [...transformer.values()].reduce((n, t) => n + t.data.length, 0);
-console.log(`wrote ${out}: ${config.numLayers} blocks, ${config.numHeads} heads × ${config.headDim}, ${(params / 1e6).toFixed(2)} M transformer parameters`);
+if (published) {
+  // the folder's own files as published; text encoder and VAE weights are not written (issues 15, 16)
+  write('model_index.json', WAN21_T2V_1_3B.modelIndex);
+  write(TRANSFORMER_CONFIG, { ...WAN21_T2V_1_3B.transformer, num_layers: config.numLayers });
+  write('scheduler/scheduler_config.json', WAN21_T2V_1_3B.scheduler);
+  write('text_encoder/config.json', WAN21_T2V_1_3B.textEncoder);
+  write('vae/config.json', WAN21_T2V_1_3B.vae);
+} else {
+  const random = randomFor('text_encoder and vae');
+  const textEncoder: TensorMap = new Map([
+    ['token_embedding.weight', { shape: [256, textDim], data: random.normals(256 * textDim) }],
+    ['position_embedding.weight', { shape: [textLength, textDim], data: random.normals(textLength * textDim, 0.3) }],
+  ]);
+  const vae: TensorMap = new Map([
+    ['conv_out.weight', { shape: [3, 16], data: random.normals(48, 0.5) }],
+    ['conv_out.bias', { shape: [3], data: new Float32Array(3) }],
+  ]);
+  write('model_index.json', { _class_name: 'WanPipeline', name: preset.name, transformer: ['diffusers', 'WanTransformer3DModel'], text_encoder: ['ditswarm', TEXT_ENCODER_CLASS], vae: ['ditswarm', VAE_DECODER_CLASS], flow_shift: 3.0, ...made });
+  write(TRANSFORMER_CONFIG, toDiffusersConfig(config));
+  write('text_encoder/config.json', { _class_name: TEXT_ENCODER_CLASS, max_length: textLength, hidden_size: textDim });
+  write('text_encoder/model.safetensors', writeSafetensors(textEncoder, made));
+  write('vae/config.json', { _class_name: VAE_DECODER_CLASS, latent_channels: 16, scale_factor_temporal: 4, scale_factor_spatial: 8 });
+  write('vae/diffusion_pytorch_model.safetensors', writeSafetensors(vae, made));
+}
+
+const params = tensors.reduce((n, t) => n + sizeOf(t.shape), 0);
+console.log(`wrote ${out}: ${config.numLayers} blocks, ${config.numHeads} heads × ${config.headDim}, ${(params / 1e6).toFixed(2)} M transformer parameters in transformer/${files.join(', ')} (${((performance.now() - started) / 1000).toFixed(1)} s)`);

@@ -3,7 +3,7 @@ import { expect, test } from '@playwright/test';
 import { detect } from '../../demo/detector.ts';
 import { DEMO_SAMPLING } from '../../demo/world.ts';
 import { loadVaeDecoder } from '../../core/model/vae-decoder.ts';
-import { folderFiles } from '../../demo/model-folder.ts';
+import { folderFiles } from '../../server/model-folder.ts';
 import { maxAbsDiff, openTestSwarm, runJob } from './swarm-page.ts';
 
 // The trained demo model through the real thing: dashboard + 2 worker tabs, Ulysses P = 2 over

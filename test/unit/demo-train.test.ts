@@ -15,7 +15,7 @@ import { loadTextEncoder } from '../../core/model/text-encoder.ts';
 import { loadTransformer } from '../../core/model/transformer.ts';
 import { latentShape } from '../../core/job.ts';
 import { CLIP, HELD_OUT_COMBOS } from '../../demo/world.ts';
-import { folderFiles } from '../../demo/model-folder.ts';
+import { folderFiles } from '../../server/model-folder.ts';
 import { sampleLatent, spacedPrompt } from '../../demo/train.ts';
 import { fromWeights } from '../../demo/trainable-wan.ts';
 import './fixtures.ts';

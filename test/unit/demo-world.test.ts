@@ -117,8 +117,8 @@ describe('the patch VAE', () => {
   });
 
   it('loads by its _class_name beside the PixelVaeDecoder, which decodes as before', async () => {
-    const files = async (path: string) =>
-      path === 'vae/config.json' ? new TextEncoder().encode(JSON.stringify({ _class_name: PATCH_VAE_DECODER_CLASS })) : writeSafetensors(patchVaeWeights());
+    const read = async (path: string) => (path === 'vae/config.json' ? new TextEncoder().encode(JSON.stringify({ _class_name: PATCH_VAE_DECODER_CLASS })) : writeSafetensors(patchVaeWeights()));
+    const files = { read, readRange: async (path: string, begin: number, end: number) => (await read(path)).subarray(begin, end) };
     const decode = await loadVaeDecoder(files);
     const latent = { shape: [16, 2, 1, 1], data: new SeededRandom(2).normals(32) };
     expect(decode(latent).rgb).toEqual(decodePatchLatent(patchVaeWeights(), latent).rgb);

@@ -11,11 +11,12 @@ import { WORKER_CONTRACT, type WorkerApi } from '../../core/worker-api.ts';
 import type { EngineApi } from '../../rank/engine.ts';
 import { memoryExchanges } from '../../rank/exchange/memory.ts';
 import { WorkerRuntime } from '../../rank/runtime.ts';
+import { folderFiles } from '../../server/model-folder.ts';
 import type { DeviceStageRunner } from '../../rank/stages.ts';
 
 export const TINY_MODEL_DIR = join(import.meta.dirname, '../../public/models/tiny-wan');
 
-export const tinyModelFiles: ModelFiles = async (path) => new Uint8Array(await readFile(join(TINY_MODEL_DIR, path)));
+export const tinyModelFiles: ModelFiles = folderFiles(TINY_MODEL_DIR);
 
 ort.env.wasm.numThreads = 1;
 

@@ -44,8 +44,11 @@ describe('npm run forward', () => {
     // each run says what it ran on and over how many ranks: the P = 4 run must not be P = 1 again
     const said = runs.map((run) => {
       expect(run.code, run.stderr).toBe(0);
-      const line = /^forward: sample \[1,16,2,6,10\] t=\d+ in \d+ ms on (.+), ulysses (\d+) → (.+)\n$/.exec(run.stdout);
+      const line = /^forward: sample \[1,16,2,6,10\] t=\d+ in \d+ ms on (.+), ulysses (\d+) → (.+); model loaded in [\d.]+ s, peak resident memory ([\d.]+) GiB\n$/.exec(run.stdout);
       expect(line, run.stdout).not.toBeNull();
+      // this process's own peak: more than nothing, far less than the machine
+      expect(Number(line![4])).toBeGreaterThan(0.01);
+      expect(Number(line![4])).toBeLessThan(8);
       return { backend: line![1], degree: Number(line![2]), output: line![3] };
     });
     expect(said).toEqual([

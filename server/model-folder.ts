@@ -1,0 +1,70 @@
+// A model folder on disk: the loaders' file source in Node (whole files, and byte ranges of the
+// large ones), and the writer of checkpoints in the layout diffusers publishes them in: one
+// `<name>.safetensors`, or shards of at most 5 GB and their `<name>.safetensors.index.json`.
+import { createWriteStream, mkdirSync } from 'node:fs';
+import { open, readFile, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { MissingFile, type ModelFiles } from '../core/model/files.ts';
+import { planShards, safetensorsHeader, type TensorSpec } from '../core/safetensors.ts';
+import { sizeOf } from '../core/tensor.ts';
+
+export function folderFiles(dir: string): ModelFiles {
+  const missing = (e: unknown, path: string) => ((e as NodeJS.ErrnoException).code === 'ENOENT' ? new MissingFile(`${join(dir, path)}: no such file`) : e);
+  return {
+    async read(path) {
+      try {
+        return new Uint8Array(await readFile(join(dir, path)));
+      } catch (e) {
+        throw missing(e, path);
+      }
+    },
+    async readRange(path, begin, end) {
+      const file = await open(join(dir, path), 'r').catch((e) => Promise.reject(missing(e, path)));
+      try {
+        const bytes = new Uint8Array(Math.max(0, end - begin));
+        const { bytesRead } = await file.read(bytes, 0, bytes.length, begin);
+        return bytes.subarray(0, bytesRead);
+      } finally {
+        await file.close();
+      }
+    },
+  };
+}
+
+/** save_pretrained's max_shard_size, "5GB" */
+export const MAX_SHARD_BYTES = 5e9;
+
+/**
+ * Writes float32 tensors, given in state-dict order, as save_pretrained does: one file, or past
+ * `maxShardBytes` `<name>-0000i-of-0000n.safetensors` shards with `<name>.safetensors.index.json`.
+ * `values` makes one tensor's values when it is written, so at most one tensor is in memory.
+ * Returns the files written, relative to `dir`.
+ */
+export async function writeCheckpoint(
+  dir: string,
+  name: string,
+  tensors: TensorSpec[],
+  values: (tensor: TensorSpec) => Float32Array,
+  { maxShardBytes = MAX_SHARD_BYTES, metadata = { format: 'pt' } as Record<string, string> } = {},
+): Promise<string[]> {
+  mkdirSync(dir, { recursive: true });
+  const shards = planShards(tensors, maxShardBytes);
+  const fileOf = (i: number) => (shards.length === 1 ? `${name}.safetensors` : `${name}-${String(i + 1).padStart(5, '0')}-of-${String(shards.length).padStart(5, '0')}.safetensors`);
+  for (const [i, shard] of shards.entries()) {
+    const { head, order } = safetensorsHeader(shard, metadata);
+    const out = createWriteStream(join(dir, fileOf(i)));
+    const write = (bytes: Uint8Array) => new Promise<void>((resolve, reject) => out.write(bytes, (e) => (e ? reject(e) : resolve())));
+    await write(head);
+    for (const tensor of order) {
+      const data = values(tensor);
+      if (data.length !== sizeOf(tensor.shape)) throw new Error(`tensor "${tensor.name}": shape [${tensor.shape}] needs ${sizeOf(tensor.shape)} values, got ${data.length}`);
+      await write(new Uint8Array(data.buffer, data.byteOffset, data.byteLength));
+    }
+    await new Promise<void>((resolve, reject) => out.end((e?: Error | null) => (e ? reject(e) : resolve())));
+  }
+  if (shards.length === 1) return [fileOf(0)];
+  const weightMap = Object.fromEntries(shards.flatMap((shard, i) => shard.map((t) => [t.name, fileOf(i)] as const)).sort(([a], [b]) => (a < b ? -1 : 1)));
+  const totalSize = tensors.reduce((n, t) => n + 4 * sizeOf(t.shape), 0);
+  await writeFile(join(dir, `${name}.safetensors.index.json`), JSON.stringify({ metadata: { total_size: totalSize }, weight_map: weightMap }, null, 2) + '\n');
+  return [...shards.map((_, i) => fileOf(i)), `${name}.safetensors.index.json`];
+}
