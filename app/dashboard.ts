@@ -9,6 +9,7 @@ import {
   probeWebM,
   validDegrees,
   type Backend,
+  type JobInputs,
   type JobParams,
   type JobPlacement,
   type JobQueue,
@@ -72,7 +73,7 @@ async function pipelineFor({ backend, model = DEFAULT_MODEL_URL }: JobPlacement)
 
 function runJob(job: StoredJob, hooks: Parameters<RunJob>[1]) {
   const { workers, ep, dtype = 'f32', cfgParallel } = job.placement;
-  return pipelineFor(job.placement).then((pipe) => pipe.generate({ ...job.params, ...hooks, placement: { ulyssesDegree: workers, ep, dtype, cfgParallel } }));
+  return pipelineFor(job.placement).then((pipe) => pipe.generate({ ...job.params, ...job.inputs, ...hooks, placement: { ulyssesDegree: workers, ep, dtype, cfgParallel } }));
 }
 
 function refreshSwarm(): void {
@@ -89,12 +90,15 @@ function refreshSwarm(): void {
 
 function showFinished(job: StoredJob): void {
   const video = $<HTMLVideoElement>('video');
-  video.src = videoUrl(job);
-  void video.play().catch(() => {});
+  const url = videoUrl(job);
   const download = $<HTMLAnchorElement>('download');
-  download.href = videoUrl(job);
-  download.download = `ditswarm-${job.id}.webm`;
-  download.hidden = false;
+  download.hidden = !url;
+  if (url) {
+    video.src = url;
+    void video.play().catch(() => {});
+    download.href = url;
+    download.download = `ditswarm-${job.id}.webm`;
+  } else video.removeAttribute('src');
   $('report').textContent = JSON.stringify(job.result!.report, null, 2);
   const r = job.result!.report;
   const recovered = r.failures.length ? `, recovered from ${r.failures.length} lost worker(s)` : '';
@@ -109,13 +113,26 @@ function showFinished(job: StoredJob): void {
 
 function submitFromForm(overrides: Record<string, unknown> = {}): Promise<StoredJob> {
   const formValues = readForm();
-  const { backend, workers, ep, dtype, cfgParallel, model, ...rest } = overrides as Partial<JobPlacement>;
+  const { backend, workers, ep, dtype, cfgParallel, model, promptEmbeds, negativePromptEmbeds, outputType, ...rest } = overrides as Partial<JobPlacement> & AutomationInputs;
   const params = { ...formValues.params, ...rest };
   if (!showErrors(checkJobParams(params))) return Promise.reject(new Error(`invalid job: ${$('form-errors').textContent}`));
   if (!queue) return Promise.reject(new Error('the dashboard is still starting'));
   const placement: JobPlacement = { backend: backend ?? formValues.placement.backend, workers: workers ?? formValues.placement.workers, ep: ep ?? formValues.placement.ep, dtype, cfgParallel: cfgParallel ?? formValues.placement.cfgParallel, model };
-  return queue.submit(params, placement);
+  const inputs: JobInputs = { outputType, promptEmbeds: promptEmbeds && embedsFromBase64(promptEmbeds), negativePromptEmbeds: negativePromptEmbeds && embedsFromBase64(negativePromptEmbeds) };
+  return queue.submit(params, placement, inputs);
 }
+
+/** Prompt embeddings as page.evaluate can carry them: the shape, and the float32 values in base64. */
+interface AutomationInputs {
+  promptEmbeds?: { shape: number[]; base64: string };
+  negativePromptEmbeds?: { shape: number[]; base64: string };
+  outputType?: 'video' | 'latent';
+}
+
+const embedsFromBase64 = ({ shape, base64 }: { shape: number[]; base64: string }) => {
+  const bytes = Uint8Array.from(atob(base64), (c) => c.charCodeAt(0));
+  return { shape, data: new Float32Array(bytes.buffer, 0, bytes.byteLength >> 2) };
+};
 
 form.addEventListener('submit', (event) => {
   event.preventDefault();
@@ -199,7 +216,7 @@ const automation = {
     return {
       report,
       latent: bytesToBase64(new Uint8Array(latent.buffer, latent.byteOffset, latent.byteLength)),
-      video: bytesToBase64(new Uint8Array(await video.arrayBuffer())),
+      video: video && bytesToBase64(new Uint8Array(await video.arrayBuffer())),
     };
   },
   async generate(overrides: Record<string, unknown>) {

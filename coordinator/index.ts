@@ -16,7 +16,7 @@ export { Executor, TimeoutError, WorkerError, type RankReport } from './executor
 export { measureWorker, type WorkerMeasurement } from './measure.ts';
 export type { Swarm, SwarmEvent, SwarmIdentity, SwarmWorker } from './swarm.ts';
 export type { JobQueue, QueueEvent, RunJob } from './job-queue.ts';
-export { MemoryJobStore, type JobPlacement, type JobStore, type StoredJob } from './job-store.ts';
+export { MemoryJobStore, type JobInputs, type JobPlacement, type JobStore, type StoredJob } from './job-store.ts';
 export type { FailureRecord, PlacementRequest, PlannedDegree } from './placement.ts';
 export { DEFAULT_JOB, LIMITS, checkJobParams, JobParamsError, type JobParams, type FieldErrors } from '../core/job.ts';
 export { validDegrees } from '../core/parallel.ts';

@@ -4,7 +4,7 @@
 
 import { jobParams, type JobParams } from '../core/job.ts';
 import type { GenerateRequest, GenerateResult, StepProgress } from './pipeline.ts';
-import type { JobPlacement, JobStore, StoredJob } from './job-store.ts';
+import type { JobInputs, JobPlacement, JobStore, StoredJob } from './job-store.ts';
 
 export type RunJob = (job: StoredJob, hooks: Pick<GenerateRequest, 'resume' | 'onCheckpoint' | 'onProgress' | 'onPhase' | 'onFailure'>) => Promise<GenerateResult>;
 
@@ -44,10 +44,10 @@ export class JobQueue {
   }
 
   /** Validates (throwing JobParamsError, nothing queued) and queues a job. */
-  async submit(input: Partial<Record<keyof JobParams, unknown>>, placement: JobPlacement): Promise<StoredJob> {
+  async submit(input: Partial<Record<keyof JobParams, unknown>>, placement: JobPlacement, inputs?: JobInputs): Promise<StoredJob> {
     const params = jobParams(input);
     const now = Date.now();
-    const job: StoredJob = { id: this.nextId++, params, placement, status: 'queued', createdAt: now, updatedAt: now };
+    const job: StoredJob = { id: this.nextId++, params, placement, ...(inputs ? { inputs } : {}), status: 'queued', createdAt: now, updatedAt: now };
     await this.save(job);
     this.pump();
     return job;

@@ -5,7 +5,7 @@
 import { openDB, type IDBPDatabase } from 'idb';
 import type { JobParams } from '../core/job.ts';
 import type { Backend } from './backends.ts';
-import type { GenerateReport } from './pipeline.ts';
+import type { GenerateReport, GenerateRequest } from './pipeline.ts';
 
 export type JobStatus = 'queued' | 'running' | 'done' | 'failed';
 
@@ -21,17 +21,22 @@ export interface JobPlacement {
   model?: string;
 }
 
+/** What a job is given beyond its parameters: prompt embeddings instead of prompts, the latent instead of a video. */
+export type JobInputs = Pick<GenerateRequest, 'promptEmbeds' | 'negativePromptEmbeds' | 'outputType'>;
+
 export interface StoredJob {
   id: number;
   params: JobParams;
   placement: JobPlacement;
+  inputs?: JobInputs;
   status: JobStatus;
   createdAt: number;
   updatedAt: number;
   /** `step` steps done; `latent` after them */
   checkpoint?: { step: number; latent: Float32Array };
   error?: string;
-  result?: { video: Blob; latent: Float32Array; report: GenerateReport };
+  /** video null: the job asked for the latent only */
+  result?: { video: Blob | null; latent: Float32Array; report: GenerateReport };
 }
 
 export interface JobStore {

@@ -52,7 +52,19 @@ export interface StepProgress {
   ranks: RankReport[];
 }
 
+/** A text embedding as WanPipeline's prompt_embeds: [L, text_dim], or [1, L, text_dim]. */
+export interface PromptEmbeds {
+  shape: number[];
+  data: Float32Array;
+}
+
 export interface GenerateRequest extends Partial<JobParams> {
+  /** the prompt's embedding instead of encoding `prompt` (WanPipeline's prompt_embeds=) */
+  promptEmbeds?: PromptEmbeds;
+  /** the negative prompt's, with guidance (negative_prompt_embeds=) */
+  negativePromptEmbeds?: PromptEmbeds;
+  /** 'latent' stops before the VAE: no video, the latent only (output_type="latent") */
+  outputType?: 'video' | 'latent';
   /** where this job runs, where it differs from the pipeline's options */
   placement?: Partial<PlacementRequest>;
   /** continue a job from a checkpoint: `step` steps done, `latent` after them */
@@ -64,12 +76,12 @@ export interface GenerateRequest extends Partial<JobParams> {
   signal?: AbortSignal;
 }
 
-/** What a job does, in order: placing takes the workers and loads the model; encoding embeds the prompts and prepares the ranks. */
-export type JobPhase = 'placing' | 'encoding' | 'denoising' | 'decoding' | 'muxing';
+/** What a job does, in order: encoding embeds the prompts; placing takes the workers, loads the model and prepares the ranks. */
+export type JobPhase = 'encoding' | 'placing' | 'denoising' | 'decoding' | 'muxing';
 
 export interface GenerateReport {
   /** workers = ulyssesDegree, ×2 with cfgParallel */
-  config: JobParams & { backend: Backend; workers: number; ulyssesDegree: number; cfgParallel: boolean; model: string };
+  config: JobParams & { backend: Backend; workers: number; ulyssesDegree: number; cfgParallel: boolean; model: string; outputType: 'video' | 'latent'; promptEmbeds: 'encoded' | 'given' };
   /** each rank's EP, and why it runs there ("WASM: 21.3 GFLOP/s vs WebGPU 0.2") */
   workers: { id: string; ep: string; adapter: string; why: string; threads: number }[];
   /** which links of the last placement were direct data channels and which went through the relay */
@@ -94,9 +106,10 @@ export interface GenerateReport {
 }
 
 export interface GenerateResult {
-  video: Blob;
+  /** null with outputType 'latent' */
+  video: Blob | null;
   latent: Float32Array;
-  frames: DecodedVideo;
+  frames: DecodedVideo | null;
   report: GenerateReport;
 }
 
@@ -107,6 +120,9 @@ export interface Pipeline {
   generate(request: GenerateRequest): Promise<GenerateResult>;
   shutdown(options?: { graceMs?: number }): Promise<void>;
 }
+
+/** rows a given text embedding may have at most: WanPipeline pads to 512; a bound on what a caller can make the workers hold */
+const MAX_TEXT_TOKENS = 4096;
 
 /** The trained demo model: its videos show what a prompt of its small grammar asks (demo/world.ts). */
 export const DEFAULT_MODEL_URL = '/models/tiny-wan-demo';
@@ -119,8 +135,18 @@ export async function loadModelConfig(model: string = DEFAULT_MODEL_URL): Promis
 export async function createPipeline(options: PipelineOptions = {}): Promise<Pipeline> {
   const backend = options.backend ?? 'local';
   const modelUrl = new URL(options.model ?? DEFAULT_MODEL_URL, globalThis.location?.href).href;
-  const { config, textEncoder, decode, flowShift } = await loadWanPipelineParts(fetchModelFiles(modelUrl));
-  const placer = new Placer({ config, modelUrl, backend, swarm: options.swarm, textTokens: textEncoder.maxLength, placementTimeoutMs: options.placementTimeoutMs, rpcTimeoutMs: options.rpcTimeoutMs });
+  const { config, textTokens, textEncoder, decoder, flowShift } = await loadWanPipelineParts(fetchModelFiles(modelUrl));
+  const placer = new Placer({ config, modelUrl, backend, swarm: options.swarm, textTokens, placementTimeoutMs: options.placementTimeoutMs, rpcTimeoutMs: options.rpcTimeoutMs });
+  /** A given embedding's rows, checked against the model; else the prompt encoded. */
+  const embed = async (given: PromptEmbeds | undefined, prompt: string, what: string): Promise<Float32Array> => {
+    if (!given) return (await textEncoder()).encode(prompt);
+    const [L, width] = given.shape.length === 3 && given.shape[0] === 1 ? given.shape.slice(1) : given.shape;
+    if (given.shape.length < 2 || given.shape.length > 3 || width !== config.textDim || !(L >= 1 && L <= MAX_TEXT_TOKENS) || given.data.length !== L * width) {
+      throw new Error(`${what} must be [L, ${config.textDim}] or [1, L, ${config.textDim}] with 1 ≤ L ≤ ${MAX_TEXT_TOKENS} and as many values, got [${given.shape}] with ${given.data.length} values`);
+    }
+    if (!given.data.every(Number.isFinite)) throw new Error(`${what} holds NaN or infinite values`);
+    return given.data;
+  };
   const defaults: PlacementRequest = {
     ulyssesDegree: options.parallel?.ulyssesDegree ?? options.workers ?? 'auto',
     cfgParallel: options.parallel?.cfgParallel,
@@ -135,10 +161,10 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
       return placer.current;
     },
     async generate(request) {
-      const { placement: asked, resume, onCheckpoint, onFailure, onProgress, onPhase, signal, ...input } = request;
+      const { placement: asked, resume, onCheckpoint, onFailure, onProgress, onPhase, signal, promptEmbeds, negativePromptEmbeds, outputType = 'video', ...input } = request;
       const params = jobParams({ flowShift, ...input });
       const started = performance.now();
-      const phasesMs: Record<JobPhase, number> = { placing: 0, encoding: 0, denoising: 0, decoding: 0, muxing: 0 };
+      const phasesMs: Record<JobPhase, number> = { encoding: 0, placing: 0, denoising: 0, decoding: 0, muxing: 0 };
       let phase: { name: JobPhase; since: number } | null = null;
       const enter = (name: JobPhase | null) => {
         const now = performance.now();
@@ -146,14 +172,15 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
         phase = name && { name, since: now };
         if (name) onPhase?.(name);
       };
+      // the prompts and the decoder first: what a job cannot do is refused before any worker is asked
+      enter('encoding');
+      const texts = [await embed(promptEmbeds, params.prompt, 'promptEmbeds')];
+      if (usesGuidance(params)) texts.push(await embed(negativePromptEmbeds, params.negativePrompt, 'negativePromptEmbeds'));
+      const decode = outputType === 'video' ? await decoder() : null;
       enter('placing');
       const { plan, cfgFallback } = await placer.place(params, { ...defaults, ...asked });
       const setupMs = performance.now() - started;
       const job = ++jobs;
-
-      enter('encoding');
-      const texts = [textEncoder.encode(params.prompt)];
-      if (usesGuidance(params)) texts.push(textEncoder.encode(params.negativePrompt));
       const shape = latentShape(params, config.inChannels);
       const meshProbe = await placer.prepare(job, texts, shape);
 
@@ -193,9 +220,9 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
       });
 
       enter('decoding');
-      const frames = decode(latent);
+      const frames = decode?.(latent) ?? null;
       enter('muxing');
-      const video = await (options.encodeVideo ?? encodeWebM)(frames);
+      const video = frames && (await (options.encodeVideo ?? encodeWebM)(frames));
       enter(null);
       const executor = placer.current!;
       return {
@@ -203,7 +230,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
         latent: latent.data,
         frames,
         report: {
-          config: { ...params, backend, workers: executor.world, ulyssesDegree: executor.layout.ulyssesDegree, cfgParallel: executor.layout.cfgParallel, model: modelUrl },
+          config: { ...params, backend, workers: executor.world, ulyssesDegree: executor.layout.ulyssesDegree, cfgParallel: executor.layout.cfgParallel, model: modelUrl, outputType, promptEmbeds: promptEmbeds ? 'given' : 'encoded' },
           plan,
           cfgFallback,
           meshProbe,

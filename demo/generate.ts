@@ -30,7 +30,8 @@ export type SampleParams = Pick<JobParams, 'prompt' | 'negativePrompt' | 'frames
 
 export async function sampleVideo(m: LoadedModel, p: SampleParams): Promise<{ latent: Tensor; video: DecodedVideo }> {
   const cfg = m.transformer.config;
-  const texts = [m.textEncoder.encode(p.prompt), m.textEncoder.encode(p.negativePrompt)];
+  const textEncoder = await m.textEncoder();
+  const texts = [textEncoder.encode(p.prompt), textEncoder.encode(p.negativePrompt)];
   const ranks = p.ranks ?? 1;
   const latent = await sample({
     shape: latentShape(p, cfg.inChannels),
@@ -43,5 +44,5 @@ export async function sampleVideo(m: LoadedModel, p: SampleParams): Promise<{ la
       return usesGuidance(p) ? guide(cond, (await forward(1)).data, p.guidance) : cond;
     },
   });
-  return { latent, video: m.decode(latent) };
+  return { latent, video: (await m.decoder())(latent) };
 }

@@ -5,8 +5,11 @@ import { $, h, seconds } from './dom.ts';
 
 const urls = new Map<number, string>();
 
-export function videoUrl(job: StoredJob): string {
-  if (!urls.has(job.id)) urls.set(job.id, URL.createObjectURL(job.result!.video));
+/** The job's video as a URL; null when the job asked for the latent only. */
+export function videoUrl(job: StoredJob): string | null {
+  const video = job.result?.video;
+  if (!video) return null;
+  if (!urls.has(job.id)) urls.set(job.id, URL.createObjectURL(video));
   return urls.get(job.id)!;
 }
 
@@ -24,7 +27,7 @@ export function renderGallery(jobs: StoredJob[], play: (job: StoredJob) => void)
         { dataset: { job: String(job.id) } },
         h('strong', {}, `#${job.id} “${params.prompt}”`),
         h('span', { className: 'hint' }, details),
-        h('span', { className: 'actions' }, playButton, h('a', { href: videoUrl(job), download: `ditswarm-${job.id}.webm` }, 'Download WebM')),
+        videoUrl(job) ? h('span', { className: 'actions' }, playButton, h('a', { href: videoUrl(job)!, download: `ditswarm-${job.id}.webm` }, 'Download WebM')) : h('span', { className: 'hint' }, 'latent only (no video asked for)'),
       );
     }),
   );

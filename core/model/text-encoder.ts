@@ -35,8 +35,16 @@ export function byteTextEncoder(maxLength: number, dim: number, weights: TensorM
   };
 }
 
+/** This folder's text encoder cannot run here: what to give the job instead. */
+export class UnsupportedTextEncoder extends Error {
+  override name = 'UnsupportedTextEncoder';
+}
+
 export async function loadTextEncoder(files: ModelFiles): Promise<TextEncoder> {
-  const config = (await readJson(files, 'text_encoder/config.json')) as { _class_name?: string; max_length: number; hidden_size: number };
-  if (config._class_name !== TEXT_ENCODER_CLASS) throw new Error(`text_encoder/config.json: unsupported _class_name ${config._class_name}`);
+  const config = (await readJson(files, 'text_encoder/config.json')) as { _class_name?: string; architectures?: unknown; max_length: number; hidden_size: number };
+  if (config._class_name !== TEXT_ENCODER_CLASS) {
+    const name = config._class_name ?? (Array.isArray(config.architectures) ? config.architectures.join(', ') : 'an unknown class');
+    throw new UnsupportedTextEncoder(`text_encoder/ is ${name}, which ditswarm cannot run yet: give the prompt's embeddings instead (promptEmbeds [L, text_dim]; --prompt-embeds FILE with npm run generate)`);
+  }
   return byteTextEncoder(config.max_length, config.hidden_size, await readWeights(files, 'text_encoder/model.safetensors'));
 }

@@ -97,8 +97,14 @@ async function run(): Promise<void> {
   if (values.help) return console.log(USAGE);
 
   const loadStarted = performance.now();
+  let shown = -1;
   const model = await loadTransformer(folderFiles(values.model), (loaded, total) => {
-    if (total > 1e9) process.stderr.write(`\rforward: loading ${values.model}: ${(loaded / 1e9).toFixed(2)} of ${(total / 1e9).toFixed(2)} GB${loaded === total ? "\n" : ""}`);
+    // a large model's load takes a while: a line per tenth (one updated line on a terminal)
+    const tenth = Math.floor((10 * loaded) / total);
+    if (total < 1e9 || (tenth === shown && !process.stderr.isTTY)) return;
+    shown = tenth;
+    const line = `forward: loading ${values.model}: ${(loaded / 1e9).toFixed(2)} of ${(total / 1e9).toFixed(2)} GB`;
+    process.stderr.write(process.stderr.isTTY ? `\r${line}${loaded === total ? '\n' : ''}` : `${line}\n`);
   });
   const loadMs = performance.now() - loadStarted;
   const cfg = model.config;

@@ -5,12 +5,14 @@
 //     [--frames F --height H --width W --steps K --guidance G --seed S]
 //     [--out out/video.webm] [--report out/report.json] [--latent-out out/latent.f32]
 //     [--drop-worker RANK@STEP] [--crash-worker RANK@STEP] [--force-relay] [--cfg-parallel] [--model URL]
+//     [--prompt-embeds FILE] [--negative-prompt-embeds FILE] [--output-type video|latent]
 
-import { mkdirSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { cpus, totalmem } from 'node:os';
 import { dirname } from 'node:path';
 import { parseArgs } from 'node:util';
 import { checkJobParams, DEFAULT_JOB, type JobParams } from '../../core/job.ts';
+import { readSafetensors } from '../../core/safetensors.ts';
 import { startLocalSwarm } from './browser-swarm.ts';
 import { JOB_FLAG_OPTIONS, jobFlagValues } from './job-flags.ts';
 
@@ -19,6 +21,9 @@ const USAGE = `usage: npm run generate -- --prompt "a red ball" [--backend local
   [--out out/video.webm] [--report out/report.json] [--latent-out out/latent.f32] [--port P] [--verbose]
   [--drop-worker RANK@STEP] [--crash-worker RANK@STEP]   close (or crash) that rank's tab when step STEP (from 1) starts
   [--model URL]   model folder as the pages fetch it (default: the bundled demo model, /models/tiny-wan-demo)
+  [--prompt-embeds FILE] [--negative-prompt-embeds FILE]   safetensors holding prompt_embeds [L, text_dim] (or [1, L, text_dim]), as
+                     WanPipeline's prompt_embeds=: the text encoder is not run (the prompt is only a label then)
+  [--output-type video|latent]   latent: stop before the VAE and write the latent and the report only (output_type="latent")
   [--fp16]   send activations between ranks as float16 (half the bytes, not bit-exact)
   [--cfg-parallel]   conditional and unconditional passes at once on two groups of N/2 workers (N even; guidance ≠ 1)
   [--force-relay]   send every link through the server's relay instead of WebRTC data channels (networks that block UDP; tests)`;
@@ -49,6 +54,9 @@ try {
       'latent-out': { type: 'string', default: 'out/latent.f32' },
       port: { type: 'string', default: '0' },
       verbose: { type: 'boolean', default: false },
+      'prompt-embeds': { type: 'string' },
+      'negative-prompt-embeds': { type: 'string' },
+      'output-type': { type: 'string', default: 'video' },
       help: { type: 'boolean', default: false },
     },
   });
@@ -79,6 +87,24 @@ const harm = (['drop-worker', 'crash-worker'] as const).flatMap((flag) => {
   if (step < 1) fail(`--${flag} ${value}: steps count from 1`);
   return [{ kind: flag === 'drop-worker' ? ('drop' as const) : ('crash' as const), rank, step, at: 0, worker: '' }];
 });
+
+if (values['output-type'] !== 'video' && values['output-type'] !== 'latent') fail(`--output-type must be video or latent, got ${values['output-type']}`);
+
+/** --prompt-embeds FILE: its prompt_embeds tensor, as the page takes it. */
+function embedsFrom(flag: 'prompt-embeds' | 'negative-prompt-embeds'): { shape: number[]; base64: string } | undefined {
+  const file = values[flag];
+  if (file === undefined) return undefined;
+  let tensors;
+  try {
+    tensors = readSafetensors(new Uint8Array(readFileSync(file)), file);
+  } catch (e) {
+    return fail(`--${flag} ${file}: ${(e as Error).message}`);
+  }
+  const embeds = tensors.get('prompt_embeds') ?? (tensors.size === 1 ? [...tensors.values()][0] : undefined);
+  if (!embeds) return fail(`--${flag} ${file} has no tensor "prompt_embeds" (it has ${[...tensors.keys()].join(', ')})`);
+  return { shape: embeds.shape, base64: Buffer.from(embeds.data.buffer, embeds.data.byteOffset, embeds.data.byteLength).toString('base64') };
+}
+const inputs = { promptEmbeds: embedsFrom('prompt-embeds'), negativePromptEmbeds: embedsFrom('negative-prompt-embeds'), outputType: values['output-type'] };
 
 const params: Partial<Record<keyof JobParams, unknown>> = { prompt: values.prompt };
 if (values['negative-prompt'] !== undefined) params.negativePrompt = values['negative-prompt'];
@@ -126,7 +152,7 @@ try {
       return (window as any).ditswarm.generate(overrides);
     },
     // with CFG parallel the degree is that of each of the two groups
-    { overrides: { ...params, backend: values.backend, workers: values.backend === 'swarm' ? workers / (cfgParallel ? 2 : 1) : 1, ep: values.ep, dtype: values.fp16 ? 'f16' : 'f32', cfgParallel, model: values.model } },
+    { overrides: { ...params, ...inputs, backend: values.backend, workers: values.backend === 'swarm' ? workers / (cfgParallel ? 2 : 1) : 1, ep: values.ep, dtype: values.fp16 ? 'f16' : 'f32', cfgParallel, model: values.model } },
   );
   if (tty) process.stderr.write('\n');
   const injected = harm.map((h) => {
@@ -142,11 +168,12 @@ try {
     mkdirSync(dirname(path), { recursive: true });
     writeFileSync(path, data);
   };
-  write(values.out!, Buffer.from(result.video, 'base64'));
+  if (result.video) write(values.out!, Buffer.from(result.video, 'base64'));
   write(values['latent-out']!, Buffer.from(result.latent, 'base64'));
   write(values.report!, JSON.stringify(report, null, 2) + '\n');
   const perStep = report.steps.map((s: { ms: number }) => s.ms.toFixed(0)).join(', ');
-  console.error(`generate: wrote ${values.out}, ${values['latent-out']}, ${values.report}; ${report.steps.length} steps (${perStep} ms), total ${(report.totalMs / 1000).toFixed(1)} s`);
+  const wrote = [...(result.video ? [values.out] : []), values['latent-out'], values.report].join(', ');
+  console.error(`generate: wrote ${wrote}; ${report.steps.length} steps (${perStep} ms), total ${(report.totalMs / 1000).toFixed(1)} s`);
   const links: { from: string | number; to: number; transport: string }[] = report.links ?? [];
   if (links.length) {
     const relayed = links.filter((l) => l.transport === 'relay');

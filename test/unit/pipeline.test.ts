@@ -1,15 +1,18 @@
+import { cpSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { join, normalize } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { WorkerError } from '../../coordinator/executor.ts';
-import { createPipeline, type GenerateResult, type Pipeline } from '../../coordinator/pipeline.ts';
+import { createPipeline, type GenerateResult, type Pipeline, type PromptEmbeds } from '../../coordinator/pipeline.ts';
 import { MAX_REPLANS, ReplacementsExhausted } from '../../coordinator/placement.ts';
 import type { FailureRecord } from '../../coordinator/placement.ts';
 import { Swarm, type SwarmEvent, type SwarmWorker } from '../../coordinator/swarm.ts';
 import { CONFIRM_PING_MS } from '../../coordinator/swarm-executor.ts';
 import { loadTransformer } from '../../core/model/transformer.ts';
+import { loadWanPipelineParts } from '../../core/model/wan-pipeline.ts';
 import { inProcess } from '../../core/net/rpc.ts';
 import { maxAbsDiff } from '../../core/tensor.ts';
 import { WORKER_CONTRACT, type ExecuteArgs, type InitArgs, type WorkerApi, type WorkerInfo } from '../../core/worker-api.ts';
@@ -18,6 +21,7 @@ import { memoryExchanges } from '../../rank/exchange/memory.ts';
 import { onnxStages } from '../../rank/onnx-stages.ts';
 import { WorkerRuntime } from '../../rank/runtime.ts';
 import type { Exchange } from '../../rank/ulysses.ts';
+import { WAN21_T2V_1_3B } from '../../server/wan21-layout.ts';
 import { stubEngine, tinyModelFiles } from './fixtures.ts';
 
 // generate() for real, in Node: the pipeline fetches the tiny model's folder over HTTP, places the
@@ -309,5 +313,68 @@ describe('generate(): a lost rank costs a re-placement and one step, not the job
     const error = await rejection(run(await pipelineOn(swarm, 1)));
     expect(error.message).toMatch(/^lost rank 0 \(worker w0: disconnected, its tab closed\) in step 2, and the job could not be placed again: 0 workers joined within 1 s but 1 is needed: open /);
     expect(error.cause).toBeInstanceOf(WorkerError);
+  });
+});
+
+describe("generate(): WanPipeline's escape hatches, prompt embeddings and the latent alone", () => {
+  /** the tiny model's folder with the published umT5 text encoder and AutoencoderKLWan configs, neither of which runs here */
+  let published: string;
+  beforeAll(async () => {
+    published = mkdtempSync(join(tmpdir(), 'ditswarm-published-'));
+    cpSync(join(PUBLIC_DIR, 'models/tiny-wan'), published, { recursive: true });
+    writeFileSync(join(published, 'text_encoder/config.json'), JSON.stringify(WAN21_T2V_1_3B.textEncoder));
+    writeFileSync(join(published, 'vae/config.json'), JSON.stringify(WAN21_T2V_1_3B.vae));
+  });
+  afterAll(() => rmSync(published, { recursive: true, force: true }));
+
+  const embeds = async (prompt: string) => {
+    const encoder = await (await loadWanPipelineParts(tinyModelFiles)).textEncoder();
+    return { shape: [1, encoder.maxLength, encoder.dim], data: encoder.encode(prompt) };
+  };
+
+  it('the embeddings the text encoder would make give its latent bit for bit; with outputType latent there is no video and no decoding', async () => {
+    const { pipeline, pages, result: encoded } = reference;
+    const [promptEmbeds, negativePromptEmbeds] = await Promise.all([embeds(JOB.prompt), embeds('')]);
+    const { result } = await run(pipeline, { prompt: 'only a label now', promptEmbeds, negativePromptEmbeds, outputType: 'latent' });
+    expect(result.latent).toEqual(encoded.latent);
+    expect([result.video, result.frames]).toEqual([null, null]);
+    expect([result.report.config.promptEmbeds, result.report.config.outputType, encoded.report.config.promptEmbeds, encoded.report.config.outputType]).toEqual(['given', 'latent', 'encoded', 'video']);
+    expect(pages.length).toBe(3);
+  });
+
+  it('embeddings of the wrong width, with NaN, or too many rows are refused before any worker is asked', async () => {
+    const { pipeline, pages } = reference;
+    const before = pages.map((p) => p.forwards.length);
+    const good = await embeds(JOB.prompt);
+    for (const [bad, words] of [
+      [{ shape: [32, 63], data: new Float32Array(32 * 63) }, 'promptEmbeds must be [L, 64] or [1, L, 64] with 1 ≤ L ≤ 4096 and as many values, got [32,63] with 2016 values'],
+      [{ shape: [4097, 64], data: new Float32Array(4097 * 64) }, 'got [4097,64]'],
+      [{ shape: [2, 32, 64], data: new Float32Array(2 * 32 * 64) }, 'got [2,32,64]'],
+      [{ shape: good.shape, data: good.data.map((v, i) => (i === 7 ? NaN : v)) }, 'promptEmbeds holds NaN or infinite values'],
+    ] as [PromptEmbeds, string][]) {
+      expect((await rejection(run(pipeline, { promptEmbeds: bad }))).message).toContain(words);
+    }
+    expect(pages.map((p) => p.forwards.length)).toEqual(before);
+  });
+
+  it('a published folder whose text encoder and VAE cannot run here: a job without embeddings is told what to give, one with them and the latent alone runs', async () => {
+    const { swarm, join: joinWorker } = testSwarm();
+    joinWorker();
+    const own = await serveFolder(published);
+    try {
+      const url = `http://127.0.0.1:${(own.address() as AddressInfo).port}`;
+      const pipe = await createPipeline({ model: url, backend: 'swarm', swarm, workers: 1, placementTimeoutMs: 1_000 });
+      expect((await rejection(run(pipe))).message).toBe(
+        "text_encoder/ is UMT5EncoderModel, which ditswarm cannot run yet: give the prompt's embeddings instead (promptEmbeds [L, text_dim]; --prompt-embeds FILE with npm run generate)",
+      );
+      const [promptEmbeds, negativePromptEmbeds] = await Promise.all([embeds(JOB.prompt), embeds('')]);
+      expect((await rejection(run(pipe, { promptEmbeds, negativePromptEmbeds }))).message).toContain('vae/ is AutoencoderKLWan, which ditswarm cannot decode yet');
+      const { result } = await run(pipe, { promptEmbeds, negativePromptEmbeds, outputType: 'latent' });
+      expect(result.latent).toEqual(reference.result.latent);
+      await pipe.shutdown({ graceMs: 100 });
+    } finally {
+      own.closeAllConnections();
+      await new Promise((closed) => own.close(closed));
+    }
   });
 });
