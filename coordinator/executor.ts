@@ -49,6 +49,13 @@ export interface RpcOptions<M extends WorkerMethod> {
   ranks?: number[];
 }
 
+/**
+ * How long a worker may take to load a model (loadModel, and a rehearsal that loads it): a real
+ * model is GBs, minutes on a slow link. A worker that vanishes meanwhile is noticed by its
+ * heartbeat and its closed link, not by this.
+ */
+export const LOAD_TIMEOUT_MS = 30 * 60_000;
+
 export interface RankReport {
   rank: number;
   worker: string;
@@ -149,7 +156,7 @@ export abstract class Executor {
     const dtype = this.options.dtype ?? 'f32';
     await this.collectiveRpc('initWorker', { args: (rank) => ({ ...this.layout.meshOf(rank, peers, session), dtype }) });
     const infos = await this.collectiveRpc('describe');
-    const loaded = await this.collectiveRpc('loadModel', { args: { modelUrl: this.options.modelUrl, ep: this.options.ep ?? 'auto' } });
+    const loaded = await this.collectiveRpc('loadModel', { args: { modelUrl: this.options.modelUrl, ep: this.options.ep ?? 'auto' }, timeoutMs: Math.max(LOAD_TIMEOUT_MS, this.rpcTimeoutMs) });
     this.workers = infos.map((info, rank) => ({ ...info, ...loaded[rank], id: peers[rank] }));
   }
 

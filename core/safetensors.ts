@@ -17,7 +17,7 @@ export class SafetensorsError extends Error {
 
 /** Byte ranges of files by path: all a reader of large checkpoints needs (core/model/files.ts). */
 export interface ByteRanges {
-  /** bytes [begin, end) of a file; fewer where the file ends first */
+  /** bytes [begin, end) of a file, fewer where the file ends first, in memory of their own (or of the whole file's) */
   readRange(path: string, begin: number, end: number): Promise<Uint8Array>;
 }
 
@@ -97,12 +97,16 @@ export async function readTensor(files: ByteRanges, entry: TensorEntry): Promise
   if (raw.byteLength !== entry.end - entry.begin) {
     throw new SafetensorsError(`${entry.file}: tensor "${entry.name}" needs bytes [${entry.begin}, ${entry.end}) but the file ends at ${entry.begin + raw.byteLength}: truncated? fetch it again`);
   }
-  return { shape: entry.shape, data: widen(raw, entry.dtype) };
+  return { shape: entry.shape, data: widen(raw, entry.dtype, true) };
 }
 
-function widen(raw: Uint8Array, dtype: SafetensorsDType): Float32Array {
-  // a fresh copy (Node's Buffer.slice would share its pool); every browser and Node host is little-endian
-  if (dtype === 'F32') return new Float32Array(new Uint8Array(raw).buffer);
+/**
+ * Float32 values of raw little-endian data (every browser and Node host is little-endian). F32 bytes
+ * of a buffer the caller owns are viewed in place where aligned; else (a slice of Node's shared
+ * Buffer pool, say) copied.
+ */
+function widen(raw: Uint8Array, dtype: SafetensorsDType, owned = false): Float32Array {
+  if (dtype === 'F32') return owned && raw.byteOffset % 4 === 0 ? new Float32Array(raw.buffer, raw.byteOffset, raw.byteLength / 4) : new Float32Array(new Uint8Array(raw).buffer);
   const view = new DataView(raw.buffer, raw.byteOffset, raw.byteLength);
   const n = raw.byteLength / BYTES[dtype];
   const out = new Float32Array(n);

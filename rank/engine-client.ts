@@ -7,6 +7,7 @@ import * as Comlink from 'comlink';
 import type { ExecutionProvider } from '../core/worker-api.ts';
 import type { EngineApi } from './engine.ts';
 import type { EngineFactory } from './engine.worker.ts';
+import type { LoadProgress } from '../core/model/transformer.ts';
 
 /**
  * The WASM threads this page can run at most: its machine's cores. WASM threads share memory, so
@@ -65,9 +66,10 @@ export class EngineHost implements EngineApi {
     this.worker = null;
   }
 
-  load(modelUrl: string, ep: ExecutionProvider) {
+  load(modelUrl: string, ep: ExecutionProvider, onProgress?: LoadProgress) {
     return this.inTurn(async (engine) => {
-      const info = await engine.load(modelUrl, ep);
+      // a function crosses to the engine's Web Worker as a proxy the worker calls back
+      const info = await engine.load(modelUrl, ep, onProgress && Comlink.proxy(onProgress));
       this.loaded = { modelUrl, ep };
       return info;
     });

@@ -4,7 +4,7 @@
 import * as ort from 'onnxruntime-web';
 import type { WanConfig } from '../core/model/config.ts';
 import { fetchModelFiles } from '../core/model/files.ts';
-import { loadTransformer } from '../core/model/transformer.ts';
+import { loadTransformer, type LoadProgress } from '../core/model/transformer.ts';
 import type { ComputeProbe, ExecutionProvider } from '../core/worker-api.ts';
 import { onnxStages } from './onnx-stages.ts';
 import { probeThroughput } from './throughput-probe.ts';
@@ -19,7 +19,8 @@ export interface EngineInfo {
 }
 
 export interface EngineApi extends DeviceStageRunner {
-  load(modelUrl: string, ep: ExecutionProvider): Promise<EngineInfo>;
+  /** loads the model's weights (reporting bytes read so far, of all) and builds its sessions */
+  load(modelUrl: string, ep: ExecutionProvider, onProgress?: LoadProgress): Promise<EngineInfo>;
   /** matrix-multiply and softmax throughput on an EP */
   probe(ep: ExecutionProvider): Promise<ComputeProbe>;
 }
@@ -46,7 +47,7 @@ export function createEngine(threads = 1): EngineApi {
     return stages;
   };
   return {
-    load: (modelUrl, ep) => serial(async () => {
+    load: (modelUrl, ep, onProgress) => serial(async () => {
       // a worker page serves executor after executor: the same model on the same EP loads once
       const key = `${modelUrl} ${ep}`;
       if (loaded?.key === key) return loaded.info;
@@ -54,7 +55,7 @@ export function createEngine(threads = 1): EngineApi {
       // the device it computes on: on wasm the CPU, whether or not the browser also has a WebGPU adapter
       const adapter = ep === 'wasm' ? 'WebAssembly (CPU)' : (await probeWebGpu())?.name;
       if (!adapter) throw new Error('webgpu was asked for but this browser has no WebGPU adapter; use ep "auto" or "wasm"');
-      const model = await loadTransformer(fetchModelFiles(modelUrl));
+      const model = await loadTransformer(fetchModelFiles(modelUrl), onProgress);
       stages = await onnxStages(model, ep);
       const info: EngineInfo = { ep, adapter, config: model.config, loadMs: performance.now() - started };
       loaded = { key, info };

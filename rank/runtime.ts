@@ -43,6 +43,7 @@ export interface RuntimeHooks {
 
 export class WorkerRuntime implements WorkerApi {
   state: WorkerState = 'idle';
+  private detail = '';
   private init: InitArgs | null = null;
   private exchange: Exchange | null = null;
   private model: EngineInfo | null = null;
@@ -139,7 +140,20 @@ export class WorkerRuntime implements WorkerApi {
   private async load({ modelUrl, ep }: LoadArgs): Promise<{ info: EngineInfo; why: string }> {
     await this.hooks.betweenJobs?.();
     const choice = ep === 'auto' ? await this.fastestEp() : { ep, why: `${ep === 'wasm' ? 'WASM' : 'WebGPU'}: asked for by the job` };
-    return { info: await this.engine.load(modelUrl, choice.ep), why: choice.why };
+    // a real model's weights are GBs: the page says how far the download is, a per cent at a time
+    const before = { state: this.state, detail: this.detail };
+    let shown = -1;
+    const progress = (loaded: number, total: number) => {
+      const percent = Math.floor((100 * loaded) / total);
+      if (percent === shown) return;
+      shown = percent;
+      this.setState('loading', `loading ${modelUrl}: ${(loaded / 1e6).toFixed(0)} of ${(total / 1e6).toFixed(0)} MB (${percent}%)`);
+    };
+    try {
+      return { info: await this.engine.load(modelUrl, choice.ep, progress), why: choice.why };
+    } finally {
+      if (this.state === 'loading' && before.state !== 'loading') this.setState(before.state, before.detail);
+    }
   }
 
   async rehearse({ modelUrl, ep, latentShape, textTokens, degrees }: RehearseArgs) {
@@ -242,6 +256,7 @@ export class WorkerRuntime implements WorkerApi {
 
   private setState(state: WorkerState, detail: string): void {
     this.state = state;
+    this.detail = detail;
     this.hooks.onState?.(state, detail);
   }
 

@@ -25,7 +25,12 @@ export interface ServerOptions {
   relay?: RelayMode;
   /** bytes the relay queues for one page before it stops reading from the pages sending to it */
   relaySocketCapBytes?: number;
+  /** model folders on this machine, served under these URL paths (with Range requests, so pages read shards tensor by tensor) */
+  modelFolders?: Record<string, string>;
 }
+
+/** Where a model folder given as a local path is served (`--model PATH`). */
+export const LOCAL_MODEL_PATH = '/models/local';
 
 export interface RunningServer {
   /** http://localhost:<port> — a secure context, so WebGPU and cross-origin isolation work. */
@@ -58,6 +63,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
   app.get('/signaling.json', (_request, response) => {
     response.json({ path: SIGNALING_PATH, key: peerKey, iceServers, relay: { mode: relayMode, path: RELAY_PATH } });
   });
+  for (const [path, dir] of Object.entries(options.modelFolders ?? {})) app.use(path, express.static(dir, { fallthrough: false }));
   app.use(express.static(DIST_DIR));
 
   const boundPort = await listenOnFreePort(server, port);

@@ -10,6 +10,8 @@ export const TRANSFORMER_WEIGHTS_NAME = 'diffusion_pytorch_model';
 /** the checkpoint as one file */
 export const TRANSFORMER_WEIGHTS = `transformer/${TRANSFORMER_WEIGHTS_NAME}.safetensors`;
 
+const READS_IN_FLIGHT = 4;
+
 /** Bytes of the weights read so far, of all. */
 export type LoadProgress = (loaded: number, total: number) => void;
 
@@ -25,9 +27,14 @@ export async function loadTransformer(files: ModelFiles, onProgress?: LoadProgre
   const total = [...checkpoint.tensors.values()].reduce((sum, t) => sum + t.end - t.begin, 0);
   const weights: TensorMap = new Map();
   let loaded = 0;
-  for (const entry of checkpoint.tensors.values()) {
-    weights.set(entry.name, await readTensor(files, entry));
-    onProgress?.((loaded += entry.end - entry.begin), total);
-  }
-  return { config, weights };
+  // a few reads in flight: one request at a time leaves a page's link idle between tensors
+  const queue = [...checkpoint.tensors.values()];
+  const reader = async () => {
+    for (let entry = queue.shift(); entry; entry = queue.shift()) {
+      weights.set(entry.name, await readTensor(files, entry));
+      onProgress?.((loaded += entry.end - entry.begin), total);
+    }
+  };
+  await Promise.all(Array.from({ length: READS_IN_FLIGHT }, reader));
+  return { config, weights: new Map([...checkpoint.tensors.keys()].map((name) => [name, weights.get(name)!])) };
 }

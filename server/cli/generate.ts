@@ -7,12 +7,13 @@
 //     [--drop-worker RANK@STEP] [--crash-worker RANK@STEP] [--force-relay] [--cfg-parallel] [--model URL]
 //     [--prompt-embeds FILE] [--negative-prompt-embeds FILE] [--output-type video|latent]
 
-import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { cpus, totalmem } from 'node:os';
-import { dirname } from 'node:path';
+import { dirname, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { checkJobParams, DEFAULT_JOB, type JobParams } from '../../core/job.ts';
 import { readSafetensors } from '../../core/safetensors.ts';
+import { LOCAL_MODEL_PATH } from '../serve.ts';
 import { startLocalSwarm } from './browser-swarm.ts';
 import { JOB_FLAG_OPTIONS, jobFlagValues } from './job-flags.ts';
 
@@ -20,7 +21,8 @@ const USAGE = `usage: npm run generate -- --prompt "a red ball" [--backend local
   [--frames F] [--height H] [--width W] [--steps K] [--guidance G] [--seed S] [--negative-prompt TEXT]
   [--out out/video.webm] [--report out/report.json] [--latent-out out/latent.f32] [--port P] [--verbose]
   [--drop-worker RANK@STEP] [--crash-worker RANK@STEP]   close (or crash) that rank's tab when step STEP (from 1) starts
-  [--model URL]   model folder as the pages fetch it (default: the bundled demo model, /models/tiny-wan-demo)
+  [--model PATH|URL]   model folder: a folder on this machine (served to the pages), or a URL as the pages fetch it
+                     (default: the bundled demo model, /models/tiny-wan-demo)
   [--prompt-embeds FILE] [--negative-prompt-embeds FILE]   safetensors holding prompt_embeds [L, text_dim] (or [1, L, text_dim]), as
                      WanPipeline's prompt_embeds=: the text encoder is not run (the prompt is only a label then)
   [--output-type video|latent]   latent: stop before the VAE and write the latent and the report only (output_type="latent")
@@ -118,8 +120,12 @@ const progress = (line: string) => (tty ? process.stderr.write(`\r\x1b[K${line}`
 const swarmWorkers = values.backend === 'swarm' ? workers : 0;
 console.error(`generate: "${job.prompt}" ${job.frames} frames ${job.width}×${job.height}, ${job.steps} steps on ${values.backend}${swarmWorkers ? ` with ${workers} worker tab(s)` : ''}`);
 
+// a folder on this machine is served to the pages; anything else is a URL they fetch
+const localModel = values.model !== undefined && existsSync(values.model) && statSync(values.model).isDirectory() ? resolve(values.model) : null;
+const modelUrl = localModel ? LOCAL_MODEL_PATH : values.model;
 const swarm = await startLocalSwarm({
   workers: swarmWorkers,
+  modelFolders: localModel ? { [LOCAL_MODEL_PATH]: localModel } : {},
   port: Number(values.port),
   relay: values['force-relay'] ? 'force' : 'fallback',
   log: values.verbose ? console.error : () => {},
@@ -152,7 +158,7 @@ try {
       return (window as any).ditswarm.generate(overrides);
     },
     // with CFG parallel the degree is that of each of the two groups
-    { overrides: { ...params, ...inputs, backend: values.backend, workers: values.backend === 'swarm' ? workers / (cfgParallel ? 2 : 1) : 1, ep: values.ep, dtype: values.fp16 ? 'f16' : 'f32', cfgParallel, model: values.model } },
+    { overrides: { ...params, ...inputs, backend: values.backend, workers: values.backend === 'swarm' ? workers / (cfgParallel ? 2 : 1) : 1, ep: values.ep, dtype: values.fp16 ? 'f16' : 'f32', cfgParallel, model: modelUrl } },
   );
   if (tty) process.stderr.write('\n');
   const injected = harm.map((h) => {

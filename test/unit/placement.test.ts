@@ -1,5 +1,5 @@
 import { beforeAll, describe, expect, it } from 'vitest';
-import { WorkerError } from '../../coordinator/executor.ts';
+import { LOAD_TIMEOUT_MS, WorkerError } from '../../coordinator/executor.ts';
 import { measureWorker, type WorkerMeasurement } from '../../coordinator/measure.ts';
 import { MAX_REPLANS, Placer, ReplacementsExhausted, type PlacementRequest } from '../../coordinator/placement.ts';
 import { Swarm, type SwarmEvent, type SwarmWorker } from '../../coordinator/swarm.ts';
@@ -261,6 +261,8 @@ describe('Placer: where a job runs', () => {
       expect(w.calls.map((c) => c.method)).toEqual(['initWorker', 'describe', 'loadModel']);
       expect(w.calls[0].args).toMatchObject({ rank, world: 3, peers: ['w0', 'w1', 'w2'], dtype: 'f32' });
       expect(w.calls[2].args).toEqual({ modelUrl: '/models/tiny-wan', ep: 'auto' });
+      // a real model's GBs may take minutes: not the 1 s the other calls of this placer get
+      expect([w.calls[0].timeoutMs, w.calls[2].timeoutMs]).toEqual([1_000, LOAD_TIMEOUT_MS]);
     });
   });
 
@@ -605,6 +607,7 @@ describe('the cost model sees what the workers measured', () => {
     workers[1].rehearsal = (d) => (d === 1 ? 150 : 60);
     const { plan } = await placerOn(swarm).place(guided, ask({ ep: 'wasm' }));
     const rehearsals = workers.map((w) => callsOf(w, 'rehearse').map((c) => c.args));
+    expect(callsOf(workers[0], 'rehearse')[0].timeoutMs).toBe(LOAD_TIMEOUT_MS); // it may load the model
     const shape = latentShape(guided, config.inChannels);
     const args = (degrees: number[]) => ({ modelUrl: '/models/tiny-wan', ep: 'wasm', latentShape: shape, textTokens: 16, degrees });
     // one group of one worker (degree 1), one of two at once (degree 1 for CFG parallel, and 2)

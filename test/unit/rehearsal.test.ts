@@ -95,3 +95,31 @@ describe('a rehearsal', () => {
   });
 });
 
+
+describe("a model's download", () => {
+  it('shows on the page a per cent at a time while it loads, and a rehearsal leaves the state as it found it', async () => {
+    const states: string[] = [];
+    const base = stubEngine(referenceStages(model), model.config);
+    const engine: EngineApi = {
+      ...base,
+      load: async (url, ep, onProgress) => {
+        for (const loaded of [0, 1e6, 1.004e6, 2e8, 4e8]) onProgress?.(loaded, 4e8);
+        return base.load(url, ep);
+      },
+    };
+    const runtime = new WorkerRuntime(engine, { connectMesh: async () => memoryExchanges(1)[0], describe: async () => ({ ep: 'wasm', adapter: 'test', softwareAdapter: false, threads: 1, memoryGiB: null, userAgent: 'node' }), onState: (s, d) => states.push(`${s}: ${d}`) });
+    await runtime.initWorker({ rank: 0, world: 1, peers: ['a'], session: 's' });
+    await runtime.loadModel({ modelUrl: 'big', ep: 'wasm' });
+    expect(states.slice(1)).toEqual([
+      'loading: loading big',
+      'loading: loading big: 0 of 400 MB (0%)',
+      'loading: loading big: 200 of 400 MB (50%)',
+      'loading: loading big: 400 of 400 MB (100%)',
+      'ready: model loaded on wasm in 0 ms (WASM: asked for by the job)',
+    ]);
+    states.length = 0;
+    await runtime.rehearse({ modelUrl: 'big', ep: 'wasm', latentShape: [16, 1, 2, 2], textTokens: 4, degrees: [1] });
+    expect(states.at(-1)).toBe('ready: model loaded on wasm in 0 ms (WASM: asked for by the job)');
+    expect(runtime.state).toBe('ready');
+  });
+});
