@@ -56,12 +56,17 @@ export interface RpcOptions<M extends WorkerMethod> {
  */
 export const LOAD_TIMEOUT_MS = 30 * 60_000;
 
+/** The larger of two measurements, either of which may be missing. */
+export const maxOrNull = (a: number | null, b: number | null): number | null => (a === null ? b : b === null ? a : Math.max(a, b));
+
 export interface RankReport {
   rank: number;
   worker: string;
   computeMs: number;
   commMs: number;
   bytesSent: number;
+  /** the most memory the rank's page held so far (null: its browser cannot measure it) */
+  peakMemoryBytes: number | null;
 }
 
 /** One link of the running ranks: the coordinator's to a rank, or one between two ranks (`from` > `to`). */
@@ -266,7 +271,7 @@ export abstract class Executor {
     });
     return {
       output: gatherLatent(config, plan, results.map((r) => r.rows), request.latent.shape),
-      ranks: results.map((r, i) => ({ rank: ranks[i], worker: this.workers[ranks[i]]?.id ?? '', computeMs: r.computeMs, commMs: r.commMs, bytesSent: r.bytesSent })),
+      ranks: results.map((r, i) => ({ rank: ranks[i], worker: this.workers[ranks[i]]?.id ?? '', computeMs: r.computeMs, commMs: r.commMs, bytesSent: r.bytesSent, peakMemoryBytes: r.peakMemoryBytes })),
     };
   }
 
@@ -290,6 +295,7 @@ export abstract class Executor {
       computeMs: r.computeMs + uncond.ranks[i].computeMs,
       commMs: r.commMs + uncond.ranks[i].commMs,
       bytesSent: r.bytesSent + uncond.ranks[i].bytesSent,
+      peakMemoryBytes: maxOrNull(r.peakMemoryBytes, uncond.ranks[i].peakMemoryBytes),
     }));
     return { velocity: guide(cond.output.data, uncond.output.data, guidance), ranks };
   }

@@ -5,6 +5,7 @@ import { WORKER_CONTRACT, type WorkerApi } from '../core/worker-api.ts';
 import { EngineHost, usableCores } from '../rank/engine-client.ts';
 import { memoryExchanges } from '../rank/exchange/memory.ts';
 import { WorkerRuntime } from '../rank/runtime.ts';
+import { sampleMemoryPeak } from '../rank/memory.ts';
 import { describeCompute } from '../rank/webgpu.ts';
 import { Executor } from './executor.ts';
 
@@ -21,6 +22,7 @@ export class LocalExecutor extends Executor {
     const runtime = new WorkerRuntime(engine, {
       connectMesh: async () => memoryExchanges(1)[0],
       describe: async () => ({ ...(await describeCompute()), threads, memoryGiB: null, userAgent: navigator.userAgent }),
+      peakMemoryBytes: sampleMemoryPeak(),
     });
     this.rank0 = inProcess<WorkerApi>(runtime, WORKER_CONTRACT, 'the local rank');
     return ['local'];

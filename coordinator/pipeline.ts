@@ -12,7 +12,7 @@ import type { DType } from '../core/net/protocol.ts';
 import { sample } from '../core/sampler.ts';
 import type { ExecutionProvider } from '../core/worker-api.ts';
 import type { Backend } from './backends.ts';
-import type { Executor, LinkReport, RankReport } from './executor.ts';
+import { maxOrNull, type Executor, type LinkReport, type RankReport } from './executor.ts';
 import { Placer, type FailureRecord, type MeshProbeReport, type PlacementRequest, type PlannedDegree } from './placement.ts';
 import type { Swarm } from './swarm.ts';
 import { encodeWebM } from './video.ts';
@@ -82,8 +82,8 @@ export type JobPhase = 'encoding' | 'placing' | 'denoising' | 'decoding' | 'muxi
 export interface GenerateReport {
   /** workers = ulyssesDegree, ×2 with cfgParallel */
   config: JobParams & { backend: Backend; workers: number; ulyssesDegree: number; cfgParallel: boolean; model: string; outputType: 'video' | 'latent'; promptEmbeds: 'encoded' | 'given' };
-  /** each rank's EP, and why it runs there ("WASM: 21.3 GFLOP/s vs WebGPU 0.2") */
-  workers: { id: string; ep: string; adapter: string; why: string; threads: number }[];
+  /** each rank's EP, and why it runs there ("WASM: 21.3 GFLOP/s vs WebGPU 0.2"), and the most memory its page held during the job */
+  workers: { id: string; ep: string; adapter: string; why: string; threads: number; peakMemoryBytes: number | null }[];
   /** which links of the last placement were direct data channels and which went through the relay */
   links: LinkReport[];
   /** the cost model's choice of degree when it was 'auto' (null when asked for, or unmeasured) */
@@ -234,7 +234,14 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
           plan,
           cfgFallback,
           meshProbe,
-          workers: executor.workers.map((w) => ({ id: w.id, ep: w.ep, adapter: w.adapter, why: w.why, threads: w.threads })),
+          workers: executor.workers.map((w) => ({
+            id: w.id,
+            ep: w.ep,
+            adapter: w.adapter,
+            why: w.why,
+            threads: w.threads,
+            peakMemoryBytes: steps.flatMap((s) => s.ranks).filter((r) => r.worker === w.id).reduce<number | null>((peak, r) => maxOrNull(peak, r.peakMemoryBytes), null),
+          })),
           links: executor.linkReport(),
           steps,
           resumedFromStep: first,

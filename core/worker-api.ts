@@ -83,6 +83,11 @@ export interface ExecuteResult extends RankStats {
   rows: Float32Array; // this rank's [Sl, pt·ph·pw·C]
   /** payload bytes this rank sent to its peers in this pass */
   bytesSent: number;
+  /**
+   * the most memory its page was measured to hold so far: JS heaps with the weights' ArrayBuffers,
+   * its engine's among them (measureUserAgentSpecificMemory); null where the browser cannot tell
+   */
+  peakMemoryBytes: number | null;
 }
 
 /** How fast a worker computes on one EP: the two rates the cost model plans with. */
@@ -221,7 +226,7 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
   },
   executeModel: {
     args: fields({ job: int(0), step: int(0, 9999), pass: int(0, 1), timestep: num(0, 1000), latentShape: shape, patches: floats() }),
-    reply: fields({ rows: floats(), bytesSent: bytes, ...stats }),
+    reply: fields({ rows: floats(), bytesSent: bytes, peakMemoryBytes: nullable(bytes), ...stats }),
   },
   ping: {
     args: none,

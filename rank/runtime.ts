@@ -37,6 +37,8 @@ export interface RuntimeHooks {
    * the page takes up a new share of its machine's cores (a new engine on those threads).
    */
   betweenJobs?(): Promise<void>;
+  /** the most memory the page was measured to hold so far, null where it cannot be measured */
+  peakMemoryBytes?(): number | null;
   onState?(state: WorkerState, detail: string): void;
   onShutdown?(): void;
 }
@@ -251,7 +253,7 @@ export class WorkerRuntime implements WorkerApi {
     this.totals.bytesKept += stats.bytesKept;
     this.totals.deviceTensorsLeft = stats.deviceTensorsLeft;
     this.setState('ready', `finished step ${args.step}`);
-    return { rows, ...stats, bytesSent };
+    return { rows, ...stats, bytesSent, peakMemoryBytes: this.hooks.peakMemoryBytes?.() ?? null };
   }
 
   private setState(state: WorkerState, detail: string): void {

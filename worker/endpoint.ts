@@ -24,6 +24,7 @@ import { serve } from '../core/net/rpc.ts';
 import { WORKER_CONTRACT, type ExecutionProvider, type WorkerApi, type WorkerInfo, type WorkerState, type WorkerTotals } from '../core/worker-api.ts';
 import { EngineHost, type ProbeGate } from '../rank/engine-client.ts';
 import { WorkerRuntime } from '../rank/runtime.ts';
+import { sampleMemoryPeak } from '../rank/memory.ts';
 import { describeCompute } from '../rank/webgpu.ts';
 import { shareCores, type CoreShare } from './cores.ts';
 import { WorkerMesh } from './mesh.ts';
@@ -133,6 +134,7 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
     },
     describe: async () => ({ ...info, threads: cores.threads() }),
     betweenJobs: takeShare,
+    peakMemoryBytes: sampleMemoryPeak(),
     onState: (state, detail) => publish({ state, detail, totals: { ...runtime.totals }, ep: runtime.ep, epWhy: runtime.epReason }),
     onShutdown: () => mesh.close('released by the coordinator'),
   });
