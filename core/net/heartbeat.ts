@@ -3,12 +3,18 @@
 // sign of life; after DEAD_AFTER_MS of silence the worker is dead — its tab closed, crashed or is
 // stuck in a loop. Only the coordinator keeps a timer: a worker is usually a hidden tab, whose
 // timers browsers throttle, but whose message events they deliver on time.
+// Two kinds of silence are not death. A worker whose last answer said it is loading a model may
+// be silent for LOADING_DEAD_AFTER_MS: taking in GBs of weights beside other tabs on a busy
+// machine starves its page for seconds (seen with the 1.3B model in two tabs on two cores); a
+// closed tab still shows at once, its link closes. And time the coordinator itself was not
+// listening (its own timer came late: its page was starved) is not counted against anyone.
 
 import type { Link } from './link.ts';
 import type { Transport } from './channel.ts';
 
 export const HEARTBEAT_INTERVAL_MS = 500;
 export const DEAD_AFTER_MS = 3_000;
+export const LOADING_DEAD_AFTER_MS = 60_000;
 
 /** What a worker reports with each answer, for the swarm view. */
 export interface WorkerPulse {
@@ -42,13 +48,22 @@ export function watchHeartbeats(
   handlers: { onDead(silentMs: number): void; onPulse?(pulse: WorkerPulse): void },
   { intervalMs = HEARTBEAT_INTERVAL_MS, deadAfterMs = DEAD_AFTER_MS } = {},
 ): () => void {
+  let loading = false;
   const off = link.onMessage((msg) => {
     const body = msg.kind === 'rpc' ? heartbeatBody(msg.body) : null;
-    if (body?.type === 'heartbeat-echo' && body.pulse && typeof body.pulse === 'object') handlers.onPulse?.(body.pulse);
+    if (body?.type !== 'heartbeat-echo' || !body.pulse || typeof body.pulse !== 'object') return;
+    loading = body.pulse.state === 'loading';
+    handlers.onPulse?.(body.pulse);
   });
+  let listeningSince = Date.now();
+  let lastTick = Date.now();
   const timer = setInterval(() => {
-    const silentMs = Date.now() - link.lastHeardAt;
-    if (silentMs > deadAfterMs || link.closed) {
+    const now = Date.now();
+    // a tick this late means this page was not running: the silence starts again from now
+    if (now - lastTick > 4 * intervalMs) listeningSince = now;
+    lastTick = now;
+    const silentMs = now - Math.max(link.lastHeardAt, listeningSince);
+    if (silentMs > (loading ? Math.max(deadAfterMs, LOADING_DEAD_AFTER_MS) : deadAfterMs) || link.closed) {
       stop();
       handlers.onDead(silentMs);
       return;

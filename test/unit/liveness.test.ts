@@ -1,7 +1,7 @@
 import { afterEach, beforeAll, beforeEach, describe, expect, it, vi } from 'vitest';
 import { WorkerError } from '../../coordinator/executor.ts';
 import type { Channel } from '../../core/net/channel.ts';
-import { answerHeartbeats, DEAD_AFTER_MS, HEARTBEAT_INTERVAL_MS, watchHeartbeats, type WorkerPulse } from '../../core/net/heartbeat.ts';
+import { answerHeartbeats, DEAD_AFTER_MS, HEARTBEAT_INTERVAL_MS, LOADING_DEAD_AFTER_MS, watchHeartbeats, type WorkerPulse } from '../../core/net/heartbeat.ts';
 import { Link } from '../../core/net/link.ts';
 import { COORDINATOR, encodeFrames, HEADER_BYTES, type FrameHeader, type Message } from '../../core/net/protocol.ts';
 import type { WanModel } from '../../core/model/reference.ts';
@@ -71,6 +71,37 @@ describe('heartbeats', () => {
     expect(deaths).toEqual([DEAD_ON_BEAT]); // onDead once
     expect(channel.sent).toHaveLength(6); // no beat on the tick that found it dead, nor after
     expect(vi.getTimerCount()).toBe(0);
+  });
+
+  it('a peer whose last answer said it is loading a model may be silent for up to a minute, not 3 s; its closed link still counts at once', async () => {
+    const [coordinator, worker] = wiredPair();
+    const { deaths } = watched(coordinator);
+    await worker.send({ kind: 'rpc', from: 0, body: { type: 'heartbeat-echo', pulse: { state: 'loading', framesDropped: 0 } }, tensors: [] });
+    await vi.advanceTimersByTimeAsync(LOADING_DEAD_AFTER_MS);
+    expect(deaths).toEqual([]);
+    await vi.advanceTimersByTimeAsync(HEARTBEAT_INTERVAL_MS);
+    expect(deaths).toEqual([LOADING_DEAD_AFTER_MS + HEARTBEAT_INTERVAL_MS]);
+
+    const [coordinator2, worker2] = wiredPair();
+    const second = watched(coordinator2);
+    await worker2.send({ kind: 'rpc', from: 0, body: { type: 'heartbeat-echo', pulse: { state: 'loading', framesDropped: 0 } }, tensors: [] });
+    coordinator2.close('its tab closed');
+    await vi.advanceTimersByTimeAsync(HEARTBEAT_INTERVAL_MS);
+    expect(second.deaths).toEqual([HEARTBEAT_INTERVAL_MS]);
+  });
+
+  it("time the coordinator's own page was not running does not count as a peer's silence", async () => {
+    const link = new Link(new SinkChannel(), { accept: coordinatorAccept });
+    const { deaths } = watched(link);
+    await vi.advanceTimersByTimeAsync(2 * HEARTBEAT_INTERVAL_MS);
+    vi.setSystemTime(Date.now() + 10_000); // ten seconds pass without a tick: this page was starved
+    await vi.advanceTimersByTimeAsync(HEARTBEAT_INTERVAL_MS);
+    expect(deaths).toEqual([]);
+    // from then on the peer's silence counts again, and it is dead on the usual beat
+    await vi.advanceTimersByTimeAsync(DEAD_AFTER_MS);
+    expect(deaths).toEqual([]);
+    await vi.advanceTimersByTimeAsync(HEARTBEAT_INTERVAL_MS);
+    expect(deaths).toEqual([DEAD_ON_BEAT]);
   });
 
   // Each kind of frame a peer may send that the link drops; none may keep the peer alive.

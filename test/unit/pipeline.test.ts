@@ -66,10 +66,11 @@ function testSwarm() {
   const meshes = new Map<string, Exchange[]>();
   const meshOf = (init: InitArgs) => meshes.get(init.session) ?? meshes.set(init.session, memoryExchanges(init.world)).get(init.session)!;
   let joined = 0;
-  const join = () => {
+  /** a worker page joins; `memory` is what its page measures it holds, step by step (none: it cannot measure) */
+  const join = (memory?: () => number) => {
     const id = `w${joined}`;
     const info: WorkerInfo = { ep: 'wasm', adapter: 'test', softwareAdapter: false, threads: 1, memoryGiB: null, userAgent: `page ${id}` };
-    const page = new WorkerPage(engine, { connectMesh: async (init) => meshOf(init)[init.rank], describe: async () => info });
+    const page = new WorkerPage(engine, { connectMesh: async (init) => meshOf(init)[init.rank], describe: async () => info, peakMemoryBytes: memory });
     const worker: SwarmWorker = {
       id,
       info,
@@ -149,6 +150,20 @@ afterAll(async () => {
   await reference?.pipeline.shutdown({ graceMs: 500 });
   server?.closeAllConnections();
   await new Promise((closed) => server?.close(closed));
+});
+
+describe('generate(): what each rank held', () => {
+  it("the report gives each worker's peak memory as its page measured it over the job, and null for a page that cannot measure", async () => {
+    const { swarm, join } = testSwarm();
+    let held = 1e9;
+    join(() => (held += 1e6)); // grows a MB a forward: its last answer is its peak
+    join();
+    const pipeline = await pipelineOn(swarm, 2);
+    const { result } = await run(pipeline);
+    expect(result.report.workers.map((w) => w.peakMemoryBytes)).toEqual([held, null]);
+    expect(result.report.steps[0].ranks.map((r) => r.peakMemoryBytes)).toEqual([1e9 + 2e6, null]); // two passes in step 1
+    await pipeline.shutdown({ graceMs: 100 });
+  });
 });
 
 describe('generate(): resume from a checkpoint', () => {
