@@ -2,7 +2,7 @@
 // never at once), each writing its own report under bench/out/, then the headline figures in
 // bench/out/scaling.json.
 //
-//   npm run bench                      scaling, local overhead, projection, threads
+//   npm run bench                      scaling, local overhead, projection, threads, full-size
 //   npm run bench -- scaling [flags]   one of them (flags as in bench/scaling.ts etc.)
 
 import { parseOverheadArgs, runLocalOverhead } from './local-overhead.ts';
@@ -10,8 +10,9 @@ import { log, writeReport } from './lib.ts';
 import { projectionMarkdown, runProjection } from './projection.ts';
 import { parseScalingArgs, runScaling } from './scaling.ts';
 import { parseThreadsArgs, runThreads } from './threads.ts';
+import { parseFullSizeArgs, runFullSize } from './full-size.ts';
 
-const BENCHMARKS = ['scaling', 'local-overhead', 'projection', 'threads'] as const;
+const BENCHMARKS = ['scaling', 'local-overhead', 'projection', 'threads', 'full-size'] as const;
 type Benchmark = (typeof BENCHMARKS)[number];
 
 const [first, ...rest] = process.argv.slice(2);
@@ -56,5 +57,10 @@ if (chosen.includes('threads')) {
   const threads = await runThreads(parseThreadsArgs(args));
   writeReport('threads.json', threads);
   console.log(`threads: alone ${threads.alone.threads} → ${threads.alone.stepMs} ms, beside another tab ${threads.beside.threads} → ${threads.beside.stepMs} ms: ${threads.speedup}×; ${JSON.stringify(threads.meets)}`);
+}
+if (chosen.includes('full-size')) {
+  const fullSize = await runFullSize(parseFullSizeArgs(args));
+  writeReport('full-size.json', fullSize);
+  for (const r of fullSize.runs) console.log(`full-size: ${r.ranks} tab(s): placing ${r.placingMs} ms, steps ${r.stepsMs.join(', ')} ms, peak ${r.peakMemoryGiB.join(', ')} GiB; ${r.relativeToOneTab} of one tab's latent`);
 }
 log(`done in ${((Date.now() - started) / 1000).toFixed(0)} s`);

@@ -6,8 +6,10 @@
 // Two kinds of silence are not death. A worker whose last answer said it is loading a model may
 // be silent for LOADING_DEAD_AFTER_MS: taking in GBs of weights beside other tabs on a busy
 // machine starves its page for seconds (seen with the 1.3B model in two tabs on two cores); a
-// closed tab still shows at once, its link closes. And time the coordinator itself was not
-// listening (its own timer came late: its page was starved) is not counted against anyone.
+// closed tab still shows at once, its link closes. Time the coordinator itself was not listening
+// (its own timer came late: its page was starved) is not counted against anyone. Nor is time the
+// coordinator's beats waited behind a long message to the worker (the 1.3B model's 8 MB prompt
+// embedding, at a data channel's few MB/s): a worker cannot answer a beat it has not been sent.
 
 import type { Link } from './link.ts';
 import type { Transport } from './channel.ts';
@@ -57,10 +59,13 @@ export function watchHeartbeats(
   });
   let listeningSince = Date.now();
   let lastTick = Date.now();
+  /** beats not yet handed to the channel: queued behind a long message */
+  let beatsQueued = 0;
   const timer = setInterval(() => {
     const now = Date.now();
-    // a tick this late means this page was not running: the silence starts again from now
-    if (now - lastTick > 4 * intervalMs) listeningSince = now;
+    // a tick this late means this page was not running, and a beat still queued has not reached
+    // the worker: either way the silence starts again from now
+    if (now - lastTick > 4 * intervalMs || beatsQueued > 0) listeningSince = now;
     lastTick = now;
     const silentMs = now - Math.max(link.lastHeardAt, listeningSince);
     if (silentMs > (loading ? Math.max(deadAfterMs, LOADING_DEAD_AFTER_MS) : deadAfterMs) || link.closed) {
@@ -68,7 +73,11 @@ export function watchHeartbeats(
       handlers.onDead(silentMs);
       return;
     }
-    link.send({ kind: 'rpc', from, body: { type: 'heartbeat' }, tensors: [] }).catch(() => {});
+    beatsQueued++;
+    link
+      .send({ kind: 'rpc', from, body: { type: 'heartbeat' }, tensors: [] })
+      .catch(() => {})
+      .finally(() => beatsQueued--);
   }, intervalMs);
   const stop = () => {
     clearInterval(timer);

@@ -90,6 +90,39 @@ describe('heartbeats', () => {
     expect(second.deaths).toEqual([HEARTBEAT_INTERVAL_MS]);
   });
 
+  it('beats queued behind a long message to the peer do not count its silence; once they reach it, a peer that does not answer dies as usual', async () => {
+    // a data channel that takes what is sent into its buffer and drains only when told to
+    let low: (() => void) | null = null;
+    const channel: { -readonly [K in keyof Channel]: Channel[K] } & { sent: number } = {
+      bufferedAmount: 0,
+      bufferedAmountLowThreshold: 0,
+      sent: 0,
+      send(frame: ArrayBuffer) {
+        this.sent++;
+        this.bufferedAmount += frame.byteLength;
+      },
+      addEventListener: (type: string, cb: () => void) => void (type === 'bufferedamountlow' && (low = cb)),
+      removeEventListener() {},
+    };
+    const link = new Link(channel, { accept: coordinatorAccept });
+    const { deaths } = watched(link);
+    let sent = false;
+    void link.send({ kind: 'tensor', from: COORDINATOR, tag: { job: 0, step: 0, pass: 0, block: 0, phase: 0 }, dtype: 'f32', shape: [2 << 20], data: new Uint8Array(8 << 20) }).then(() => (sent = true));
+    await vi.advanceTimersByTimeAsync(10_000); // the channel is stuck: 8 MB and every beat wait
+    expect(deaths).toEqual([]);
+    while (!sent) {
+      channel.bufferedAmount = 0;
+      low!();
+      await vi.advanceTimersByTimeAsync(0);
+    }
+    channel.bufferedAmount = 0;
+    low!();
+    await vi.advanceTimersByTimeAsync(DEAD_AFTER_MS);
+    expect(deaths).toEqual([]);
+    await vi.advanceTimersByTimeAsync(2 * HEARTBEAT_INTERVAL_MS);
+    expect(deaths).toHaveLength(1);
+  });
+
   it("time the coordinator's own page was not running does not count as a peer's silence", async () => {
     const link = new Link(new SinkChannel(), { accept: coordinatorAccept });
     const { deaths } = watched(link);

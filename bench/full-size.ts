@@ -1,0 +1,124 @@
+// Wan2.1-T2V-1.3B's transformer at full size in Chromium worker tabs (WASM): seeded random weights in
+// exactly the published layout (make-model --preset wan2.1-t2v-1.3b, written on demand outside the
+// repository), prompt embeddings and the latent alone (its umT5 and VAE do not run here yet). The
+// same job on 1, 2 (and 3) worker tabs in one run; writes bench/out/full-size.json: per degree the
+// model's load, per-step times, each rank's peak memory as its page measured it and as the OS saw
+// its renderer process, and the latent's difference from one tab's.
+//
+//   npm run bench -- full-size [--model DIR] [--ranks 1,2] [--frames 9 --height 32 --width 32 --steps 2]
+
+import { spawnSync } from 'node:child_process';
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { homedir } from 'node:os';
+import { join } from 'node:path';
+import { parseArgs } from 'node:util';
+import { SeededRandom } from '../core/random.ts';
+import { LOCAL_MODEL_PATH } from '../server/serve.ts';
+import { startLocalSwarm } from '../server/cli/browser-swarm.ts';
+import { isMain, latentFromBase64, log, machine, round, ROOT, versions, waitForQuietMachine, writeReport } from './lib.ts';
+
+const DEFAULT_MODEL_DIR = join(homedir(), '.cache/ditswarm/models/wan2.1-t2v-1.3b');
+/** rows of the prompt embedding: WanPipeline pads every prompt to 512 */
+const TEXT_TOKENS = 512;
+/** the issue's bound on P ranks against one, relative to the latent's scale */
+const MAX_RELATIVE_ERROR = 1e-4;
+
+export interface FullSizeOptions {
+  model: string;
+  ranks: number[];
+  frames: number;
+  height: number;
+  width: number;
+  steps: number;
+}
+
+/** Peak resident memory (VmHWM) of each Chromium renderer process now, in bytes, largest first: Linux only. */
+function rendererPeaks(): number[] {
+  if (!existsSync('/proc/self/status')) return [];
+  const peaks: number[] = [];
+  for (const pid of readdirSync('/proc').filter((p) => /^\d+$/.test(p))) {
+    try {
+      if (!readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes('--type=renderer')) continue;
+      const kb = /VmHWM:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1];
+      if (kb) peaks.push(Number(kb) * 1024);
+    } catch {
+      // the process ended while being read
+    }
+  }
+  return peaks.sort((a, b) => b - a);
+}
+
+export async function runFullSize(o: FullSizeOptions) {
+  if (!existsSync(join(o.model, 'transformer/config.json'))) {
+    log(`writing the full-size model into ${o.model} (make-model --preset wan2.1-t2v-1.3b, 5.7 GB)…`);
+    const made = spawnSync(process.execPath, ['--import', 'tsx', 'server/cli/make-model.ts', '--preset', 'wan2.1-t2v-1.3b', '--out', o.model], { cwd: ROOT, stdio: 'inherit' });
+    if (made.status !== 0) throw new Error(`make-model failed with status ${made.status}`);
+  }
+  const config = JSON.parse(readFileSync(join(o.model, 'transformer/config.json'), 'utf8')) as { text_dim: number; num_layers: number };
+  const embeds = new SeededRandom(3).normals(TEXT_TOKENS * config.text_dim, 0.2);
+  const promptEmbeds = { shape: [1, TEXT_TOKENS, config.text_dim], base64: Buffer.from(embeds.buffer).toString('base64') };
+  const started = Date.now();
+  const machineAtStart = machine();
+  const swarm = await startLocalSwarm({ workers: Math.max(...o.ranks), modelFolders: { [LOCAL_MODEL_PATH]: o.model }, log });
+  try {
+    const runs = [];
+    let oneTab: Float32Array | null = null;
+    for (const P of o.ranks) {
+      const load = await waitForQuietMachine();
+      log(`full-size: ${P} worker tab(s), ${o.frames} frames ${o.width}×${o.height}, ${o.steps} steps… (load ${load.loadAverage1m})`);
+      const job = { prompt: 'random prompt embeddings', promptEmbeds, outputType: 'latent', frames: o.frames, height: o.height, width: o.width, steps: o.steps, guidance: 1, seed: 42, backend: 'swarm', workers: P, ep: 'wasm', model: LOCAL_MODEL_PATH };
+      const { report, latent: base64 } = await swarm.dashboard.evaluate((j) => (window as any).ditswarm.generate(j), job);
+      const latent = latentFromBase64(base64);
+      oneTab ??= latent;
+      let maxAbs = 0;
+      let scale = 0;
+      for (let i = 0; i < latent.length; i++) {
+        maxAbs = Math.max(maxAbs, Math.abs(latent[i] - oneTab[i]));
+        scale = Math.max(scale, Math.abs(oneTab[i]));
+      }
+      const run = {
+        ranks: P,
+        /** placing: the rehearsal and the placement, both of which load the model on ranks that do not have it yet */
+        placingMs: round(report.phasesMs.placing, 0),
+        stepsMs: report.steps.map((s: { ms: number }) => round(s.ms, 0)),
+        computeMsPerRank: report.steps.map((s: { ranks: { computeMs: number }[] }) => s.ranks.map((r) => round(r.computeMs, 0))),
+        /** measureUserAgentSpecificMemory of each rank's page: JS heaps with the weights' ArrayBuffers */
+        peakMemoryGiB: report.workers.map((w: { peakMemoryBytes: number | null }) => (w.peakMemoryBytes === null ? null : round(w.peakMemoryBytes / 2 ** 30, 2))),
+        /** the OS's peak resident memory of every renderer process so far (dashboard and worker tabs), largest first */
+        rendererPeakRssGiB: rendererPeaks().map((b) => round(b / 2 ** 30, 2)),
+        relativeToOneTab: round(maxAbs / Math.max(scale, Number.MIN_VALUE), 9),
+        loadAverage1m: { start: load.loadAverage1m, end: machine().loadAverage1m },
+      };
+      log(`full-size: ${P} tab(s): placing ${run.placingMs} ms, steps ${run.stepsMs.join(', ')} ms, peak ${run.peakMemoryGiB.join(', ')} GiB, ${run.relativeToOneTab} of one tab's latent`);
+      runs.push(run);
+    }
+    return {
+      benchmark: 'full-size',
+      date: new Date(started).toISOString(),
+      durationS: round((Date.now() - started) / 1000, 1),
+      config: { model: o.model, layout: 'Wan-AI/Wan2.1-T2V-1.3B-Diffusers transformer (make-model --preset wan2.1-t2v-1.3b)', numLayers: config.num_layers, frames: o.frames, height: o.height, width: o.width, steps: o.steps, guidance: 1, textTokens: TEXT_TOKENS, ep: 'wasm', outputType: 'latent' },
+      machine: { ...machineAtStart, loadAverage1mAtEnd: machine().loadAverage1m },
+      versions: versions(),
+      runs,
+      meets: { [`every degree within ${MAX_RELATIVE_ERROR} of one tab, relative`]: runs.every((r) => r.relativeToOneTab <= MAX_RELATIVE_ERROR) },
+    };
+  } finally {
+    await swarm.close();
+  }
+}
+
+export function parseFullSizeArgs(args: string[]): FullSizeOptions {
+  const { values } = parseArgs({
+    args,
+    options: { model: { type: 'string', default: DEFAULT_MODEL_DIR }, ranks: { type: 'string', default: '1,2' }, frames: { type: 'string', default: '9' }, height: { type: 'string', default: '32' }, width: { type: 'string', default: '32' }, steps: { type: 'string', default: '2' } },
+  });
+  const ranks = values.ranks!.split(',').map(Number);
+  if (!ranks.length || !ranks.every((r) => Number.isInteger(r) && r >= 1) || ranks[0] !== 1) throw new Error(`--ranks must list whole numbers starting with 1 (the reference), got ${values.ranks}`);
+  return { model: values.model!, ranks, frames: Number(values.frames), height: Number(values.height), width: Number(values.width), steps: Number(values.steps) };
+}
+
+if (isMain(import.meta)) {
+  const report = await runFullSize(parseFullSizeArgs(process.argv.slice(2)));
+  writeReport('full-size.json', report);
+  console.log(JSON.stringify({ runs: report.runs, meets: report.meets }, null, 2));
+}
