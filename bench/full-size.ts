@@ -58,8 +58,8 @@ export async function runFullSize(o: FullSizeOptions) {
   const embeds = new SeededRandom(3).normals(TEXT_TOKENS * config.text_dim, 0.2);
   const promptEmbeds = { shape: [1, TEXT_TOKENS, config.text_dim], base64: Buffer.from(embeds.buffer).toString('base64') };
   const started = Date.now();
-  const machineAtStart = machine();
   const swarm = await startLocalSwarm({ workers: Math.max(...o.ranks), modelFolders: { [LOCAL_MODEL_PATH]: o.model }, log });
+  const machineAtStart = machine(swarm.browser);
   try {
     const runs = [];
     let oneTab: Float32Array | null = null;
