@@ -93,6 +93,8 @@ export interface GenerateReport {
   /** the all-to-all timed on this placement's mesh before its first job (null for one rank or a local backend) */
   meshProbe: MeshProbeReport;
   steps: { step: number; ms: number; ranks: RankReport[] }[];
+  /** the median step's ms: what the plan's predictedStepMs is held to (a slow step, a GC or a busy neighbour, moves a mean, not a median) */
+  medianStepMs: number;
   resumedFromStep: number;
   failures: FailureRecord[];
   /** time spent re-placing after lost ranks */
@@ -244,6 +246,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
           })),
           links: executor.linkReport(),
           steps,
+          medianStepMs: median(steps.map((s) => s.ms)),
           resumedFromStep: first,
           failures,
           recoveryMs: failures.reduce((t, f) => t + f.replanMs, 0),
@@ -257,6 +260,12 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
     },
     shutdown: (opts) => placer.shutdown(opts),
   };
+}
+
+function median(values: number[]): number {
+  const sorted = [...values].sort((a, b) => a - b);
+  const mid = sorted.length >> 1;
+  return sorted.length === 0 ? 0 : sorted.length % 2 ? sorted[mid] : (sorted[mid - 1] + sorted[mid]) / 2;
 }
 
 async function sha256(data: Float32Array): Promise<string> {

@@ -256,8 +256,8 @@ const gflops = (probe: Pick<ComputeProbe, 'flops'>): string => `${+(probe.flops 
  */
 export function fastestEp(compute: Partial<Record<ExecutionProvider, Pick<ComputeProbe, 'flops'>>>, softwareAdapter = false): { ep: ExecutionProvider; why: string } {
   if (softwareAdapter) {
-    const wasm = compute.wasm ? `WASM: ${gflops(compute.wasm)} GFLOP/s` : 'WASM: nothing measured yet';
-    return { ep: 'wasm', why: `${wasm} (${compute.webgpu ? `vs WebGPU ${gflops(compute.webgpu)}, ` : 'WebGPU: '}a software adapter)` };
+    // the same words whether or not its probe has finished: the worker does not wait for it, the coordinator does
+    return { ep: 'wasm', why: `${compute.wasm ? `WASM: ${gflops(compute.wasm)} GFLOP/s` : 'WASM: nothing measured yet'} (WebGPU: a software adapter)` };
   }
   const measured = (Object.keys(compute) as ExecutionProvider[]).filter((ep) => compute[ep]).sort((a, b) => compute[b]!.flops - compute[a]!.flops);
   if (!measured.length) return { ep: 'wasm', why: 'WASM: nothing measured yet' };

@@ -10,8 +10,13 @@ import type { DeviceStageRunner } from './stages.ts';
 import { medianSample } from './throughput-probe.ts';
 import { forwardRank, noStats, type Exchange } from './ulysses.ts';
 
-/** forwards timed per degree at most (after a warm-up), within the probes' time budget */
-const RUNS = 3;
+/**
+ * forwards timed per degree at most (after a warm-up), within BUDGET_MS: a step's time varies by a
+ * third between steps on a busy 2-core machine, and the median of five short forwards is what
+ * keeps the default job's prediction within 25% (three were seen 28% off)
+ */
+const RUNS = 5;
+const BUDGET_MS = 1_000;
 /** a forward longer than this is rehearsed one block at a time */
 const LONG_MS = 2_000;
 /** 720p × 129 frames of Wan2.1 is 119,600 tokens; a rehearsal allocates its patches, so a bound */
@@ -45,7 +50,7 @@ export async function rehearseForwards(cfg: WanConfig, stages: DeviceStageRunner
     // real model's 30 blocks at 480p), a second one-block forward × the blocks is the rehearsal
     // (embedding and head counted once per block: a fraction of a per cent of a block there).
     const oneBlockMs = await forward(1);
-    forwardMs.push(oneBlockMs * cfg.numLayers > LONG_MS ? cfg.numLayers * (await forward(1)) : await medianSample(() => forward(cfg.numLayers), RUNS));
+    forwardMs.push(oneBlockMs * cfg.numLayers > LONG_MS ? cfg.numLayers * (await forward(1)) : await medianSample(() => forward(cfg.numLayers), RUNS, BUDGET_MS));
   }
   return forwardMs;
 }

@@ -15,14 +15,17 @@ export class MissingFile extends Error {
 }
 
 /**
- * A model folder over HTTP. Ranges are asked for with Range requests; a server that ignores them
- * (it answers 200 with the whole file) has its answer kept, so that a file crosses the network once.
+ * A model folder over HTTP. Ranges are asked for with Range requests, past the HTTP cache: tabs of
+ * one browser reading ranges of one file at once through it were seen to get empty 206 answers
+ * (and a shard of GBs is beyond what that cache keeps anyway). A 206 must say it holds the bytes
+ * asked for. A server that ignores Range (it answers 200 with the whole file) has its answer kept,
+ * so that a file crosses the network once.
  */
 export function fetchModelFiles(baseUrl: string): ModelFiles {
   const base = baseUrl.replace(/\/$/, '');
   const get = async (path: string, range?: [number, number]): Promise<Response> => {
     const url = `${base}/${path}`;
-    const response = await fetch(url, range ? { headers: { Range: `bytes=${range[0]}-${range[1] - 1}` } } : undefined);
+    const response = await fetch(url, range ? { headers: { Range: `bytes=${range[0]}-${range[1] - 1}` }, cache: 'no-store' } : undefined);
     if (response.status === 404) throw new MissingFile(`${url}: not found`);
     // 416: the range starts past the end of the file, which the reader reports as a truncated file
     if (!response.ok && response.status !== 416) throw new Error(`could not load ${url}: HTTP ${response.status}`);
@@ -37,7 +40,14 @@ export function fetchModelFiles(baseUrl: string): ModelFiles {
       if (kept) return (await kept).subarray(begin, end);
       const response = await get(path, [begin, end]);
       if (response.status === 416) return new Uint8Array(0);
-      if (response.status === 206) return new Uint8Array(await response.arrayBuffer());
+      if (response.status === 206) {
+        const served = /^bytes (\d+)-(\d+)\/(\d+|\*)$/.exec(response.headers.get('Content-Range') ?? '');
+        const body = new Uint8Array(await response.arrayBuffer());
+        if (!served || Number(served[1]) !== begin || body.byteLength !== Number(served[2]) - begin + 1) {
+          throw new Error(`${base}/${path}: asked for bytes ${begin}-${end - 1}, the server sent ${body.byteLength} bytes as "${response.headers.get('Content-Range')}"`);
+        }
+        return body;
+      }
       const all = response.arrayBuffer().then((b) => new Uint8Array(b));
       whole.set(path, all);
       return (await all).subarray(begin, end);

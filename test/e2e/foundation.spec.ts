@@ -57,15 +57,14 @@ test.describe.serial('foundation: dashboard + 1 worker tab', () => {
   test("'auto' computes on the EP the worker measured faster, and the report, the worker page and the swarm table say why", async () => {
     const run = await runJob(swarm.dashboard, { ...job, ep: 'auto', backend: 'swarm', workers: 1 });
     const [worker] = run.report.workers;
-    const rates = [...worker.why.matchAll(/(WASM|WebGPU):? ([\d.]+)/g)].map(([, ep, gflops]) => ({ ep: ep === 'WASM' ? 'wasm' : 'webgpu', gflops: Number(gflops) }));
-    expect(rates.map((r) => r.ep).sort()).toEqual(['wasm', 'webgpu']); // this browser has both
-    expect(worker.why).toMatch(/^(WASM|WebGPU): [\d.]+ GFLOP\/s vs (WASM|WebGPU) [\d.]+$/);
-    // the first named is the faster, and the one the worker computed on
-    expect(rates[0].gflops).toBeGreaterThanOrEqual(rates[1].gflops);
-    expect(worker.ep).toBe(rates[0].ep);
+    // this browser's WebGPU adapter is SwiftShader, a software one (isFallbackAdapter): 'auto' never
+    // takes it and says so; with a hardware adapter the two measured rates are named (worker-ep.test.ts)
+    expect(worker.why).toMatch(/^WASM: [\d.]+ GFLOP\/s \(WebGPU: a software adapter\)$/);
+    expect(worker.ep).toBe('wasm');
     console.log(`auto: ${worker.ep} (${worker.why})`);
     await expect(swarm.workers[0].locator('#ep')).toContainText(worker.why);
-    await expect(swarm.dashboard.locator('#workers tbody')).toContainText(worker.why.split(' vs ')[0]);
+    // the swarm table's reason is the same rule on the coordinator's own measurement
+    await expect(swarm.dashboard.locator('#workers tbody')).toContainText(/WASM: [\d.]+ GFLOP\/s \(WebGPU: a software adapter\)/);
   });
 
   test('a bad job parameter is refused with the field named, and nothing runs', async () => {
