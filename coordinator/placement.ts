@@ -2,7 +2,7 @@
 // (what was asked, or the cost model's choice for 'auto'), which workers become which ranks,
 // whether the placement of the last job still fits, the mesh probe of a new placement, and the
 // re-placement after a lost rank. Executors only carry out a RankLayout; the pipeline only asks.
-import { candidatePlans, fitMeshProbe, planSwarm, predictStep, type Hardware, type LinkSpeed, type Plan, type Workload } from '../core/cost-model.ts';
+import { candidatePlans, fitMeshProbe, planSwarm, planWorld, predictStep, type Hardware, type LinkSpeed, type Plan, type Workload } from '../core/cost-model.ts';
 import { latentShape, usesGuidance, type JobParams } from '../core/job.ts';
 import type { WanConfig } from '../core/model/config.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
@@ -286,11 +286,10 @@ export class Placer {
   private async rehearse(workers: SwarmWorker[], request: PlacementRequest, params: JobParams, plans: Plan[]): Promise<(plan: Plan) => number | undefined> {
     const { config, modelUrl, textTokens, rpcTimeoutMs } = this.options;
     const shape = latentShape(params, config.inChannels);
-    const worldOf = (p: Plan) => p.ulyssesDegree * (p.cfgParallel ? 2 : 1);
     const keyOf = (world: number) => [modelUrl, request.ep, shape.join('×'), ...workers.slice(0, world).map((w) => `${w.id}:${w.info.threads}`)].join(' ');
-    for (const world of new Set(plans.map(worldOf))) {
+    for (const world of new Set(plans.map(planWorld))) {
       const key = keyOf(world);
-      const degrees = [...new Set(plans.filter((p) => worldOf(p) === world).map((p) => p.ulyssesDegree))].filter((d) => !this.rehearsals.get(key)?.has(d));
+      const degrees = [...new Set(plans.filter((p) => planWorld(p) === world).map((p) => p.ulyssesDegree))].filter((d) => !this.rehearsals.get(key)?.has(d));
       if (!degrees.length) continue;
       const group = workers.slice(0, world);
       group.forEach((w) => this.options.swarm!.setActivity(w, `rehearsing the job's forward (degree ${degrees.join(', ')})`));
@@ -303,7 +302,7 @@ export class Placer {
         group.forEach((w) => this.options.swarm!.setActivity(w, 'idle'));
       }
     }
-    return (plan) => this.rehearsals.get(keyOf(worldOf(plan)))?.get(plan.ulyssesDegree);
+    return (plan) => this.rehearsals.get(keyOf(planWorld(plan)))?.get(plan.ulyssesDegree);
   }
 
   /** Replaces the current executor by one on `layout` (the first workers to have joined); a failed placement leaves none. */

@@ -25,6 +25,9 @@ export interface Plan {
   cfgParallel: boolean;
 }
 
+/** Workers a plan occupies: its degree, twice over with CFG parallel. */
+export const planWorld = (plan: Plan): number => (plan.cfgParallel ? 2 : 1) * plan.ulyssesDegree;
+
 export interface LinkSpeed {
   /** bytes/s one rank can send */
   bandwidth: number;
@@ -152,7 +155,7 @@ export function predictStep(work: Workload, plan: Plan, hw: Hardware): StepPredi
   const P = plan.ulyssesDegree;
   checkDegree(work.model.numHeads, P);
   if (plan.cfgParallel && work.passes !== 2) throw new Error('cfgParallel needs two passes per step (guidance ≠ 1); this workload has one');
-  const world = plan.cfgParallel ? 2 * P : P;
+  const world = planWorld(plan);
   if (world > hw.workerFlops.length) throw new Error(`plan needs ${world} workers, ${hw.workerFlops.length} measured`);
   const chosen = hw.workerFlops.map((f, i) => ({ f, i })).sort((a, b) => b.f - a.f).slice(0, world);
   const flops = Math.min(...chosen.map((c) => c.f));
