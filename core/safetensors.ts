@@ -95,7 +95,7 @@ export async function readSafetensorsHeader(files: ByteRanges, file: string): Pr
 export async function readTensor(files: ByteRanges, entry: TensorEntry): Promise<Tensor> {
   const raw = await files.readRange(entry.file, entry.begin, entry.end);
   if (raw.byteLength !== entry.end - entry.begin) {
-    throw new SafetensorsError(`${entry.file}: tensor "${entry.name}" needs bytes [${entry.begin}, ${entry.end}) but the file ends at ${entry.begin + raw.byteLength}: truncated? fetch it again`);
+    throw new SafetensorsError(`${entry.file}: tensor "${entry.name}" needs bytes [${entry.begin}, ${entry.end}) but the file holds ${raw.byteLength} of them: truncated? fetch it again`);
   }
   return { shape: entry.shape, data: widen(raw, entry.dtype, true) };
 }

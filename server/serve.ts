@@ -63,7 +63,10 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
   app.get('/signaling.json', (_request, response) => {
     response.json({ path: SIGNALING_PATH, key: peerKey, iceServers, relay: { mode: relayMode, path: RELAY_PATH } });
   });
-  for (const [path, dir] of Object.entries(options.modelFolders ?? {})) app.use(path, express.static(dir, { fallthrough: false }));
+  for (const [path, dir] of Object.entries(options.modelFolders ?? {})) {
+    // a missing file or a range past a file's end is the reader's to report: answer its status, log nothing
+    app.use(path, express.static(dir, { fallthrough: false }), ((error, _request, response, _next) => response.sendStatus((error as { status?: number }).status ?? 500)) as express.ErrorRequestHandler);
+  }
   app.use(express.static(DIST_DIR));
 
   const boundPort = await listenOnFreePort(server, port);

@@ -1,4 +1,26 @@
+import { cpSync, mkdtempSync, rmSync, truncateSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { loadTransformer, TRANSFORMER_WEIGHTS, TRANSFORMER_WEIGHTS_NAME } from '../../core/model/transformer.ts';
+import { folderFiles, writeCheckpoint } from '../../server/model-folder.ts';
 import { startServer } from '../../server/serve.ts';
+
+const TINY_MODEL = join(import.meta.dirname, '../../public/models/tiny-wan');
+/** the tiny model's transformer as shards of at most 300 kB with their index, as a page reads a published checkpoint */
+export const SHARDED_MODEL_PATH = '/models/tiny-wan-sharded';
+/** the same with its last shard cut short: a broken download */
+export const TRUNCATED_MODEL_PATH = '/models/tiny-wan-truncated';
+
+/** The tiny model's folder with its transformer in shards; `truncate` cuts the last one to 1000 bytes. */
+async function shardedCopy(truncate: boolean): Promise<string> {
+  const dir = mkdtempSync(join(tmpdir(), 'ditswarm-e2e-model-'));
+  cpSync(TINY_MODEL, dir, { recursive: true });
+  rmSync(join(dir, TRANSFORMER_WEIGHTS));
+  const { weights } = await loadTransformer(folderFiles(TINY_MODEL));
+  const files = await writeCheckpoint(join(dir, 'transformer'), TRANSFORMER_WEIGHTS_NAME, [...weights].map(([name, t]) => ({ name, shape: t.shape })), ({ name }) => weights.get(name)!.data, { maxShardBytes: 300_000 });
+  if (truncate) truncateSync(join(dir, 'transformer', files[files.length - 2]), 1000);
+  return dir;
+}
 
 /**
  * Starts the ditswarm server in-process on a free port for the whole run and publishes
@@ -6,7 +28,11 @@ import { startServer } from '../../server/serve.ts';
  */
 export default async function globalSetup(): Promise<(() => Promise<void>) | undefined> {
   if (process.env.DITSWARM_URL) return undefined;
-  const server = await startServer({ port: 0, quiet: true });
+  const [sharded, truncated] = [await shardedCopy(false), await shardedCopy(true)];
+  const server = await startServer({ port: 0, quiet: true, modelFolders: { [SHARDED_MODEL_PATH]: sharded, [TRUNCATED_MODEL_PATH]: truncated } });
   process.env.DITSWARM_URL = server.url;
-  return () => server.close();
+  return async () => {
+    await server.close();
+    for (const dir of [sharded, truncated]) rmSync(dir, { recursive: true, force: true });
+  };
 }
