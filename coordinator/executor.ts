@@ -56,6 +56,9 @@ export interface RpcOptions<M extends WorkerMethod> {
  */
 export const LOAD_TIMEOUT_MS = 30 * 60_000;
 
+/** The timeout of a call that may load a model: LOAD_TIMEOUT_MS, or the calls' own where that is longer. */
+export const loadTimeoutMs = (rpcTimeoutMs = 0): number => Math.max(LOAD_TIMEOUT_MS, rpcTimeoutMs);
+
 /** The larger of two measurements, either of which may be missing. */
 export const maxOrNull = (a: number | null, b: number | null): number | null => (a === null ? b : b === null ? a : Math.max(a, b));
 
@@ -161,7 +164,7 @@ export abstract class Executor {
     const dtype = this.options.dtype ?? 'f32';
     await this.collectiveRpc('initWorker', { args: (rank) => ({ ...this.layout.meshOf(rank, peers, session), dtype }) });
     const infos = await this.collectiveRpc('describe');
-    const loaded = await this.collectiveRpc('loadModel', { args: { modelUrl: this.options.modelUrl, ep: this.options.ep ?? 'auto' }, timeoutMs: Math.max(LOAD_TIMEOUT_MS, this.rpcTimeoutMs) });
+    const loaded = await this.collectiveRpc('loadModel', { args: { modelUrl: this.options.modelUrl, ep: this.options.ep ?? 'auto' }, timeoutMs: loadTimeoutMs(this.rpcTimeoutMs) });
     this.workers = infos.map((info, rank) => ({ ...info, ...loaded[rank], id: peers[rank] }));
   }
 

@@ -10,7 +10,7 @@ import type { DType } from '../core/net/protocol.ts';
 import { checkDegree, defaultDegree, RankLayout } from '../core/parallel.ts';
 import type { ExecutionProvider, MeshProbe } from '../core/worker-api.ts';
 import { createExecutor, type Backend } from './backends.ts';
-import { LOAD_TIMEOUT_MS, type Executor, type LostRank } from './executor.ts';
+import { loadTimeoutMs, type Executor, type LostRank } from './executor.ts';
 import type { WorkerMeasurement } from './measure.ts';
 import type { Swarm, SwarmWorker } from './swarm.ts';
 
@@ -294,7 +294,7 @@ export class Placer {
       const group = workers.slice(0, world);
       group.forEach((w) => this.options.swarm!.setActivity(w, `rehearsing the job's forward (degree ${degrees.join(', ')})`));
       try {
-        const replies = await Promise.all(group.map((w) => w.api.rehearse({ modelUrl, ep: request.ep, latentShape: shape, textTokens, degrees }, Math.max(LOAD_TIMEOUT_MS, rpcTimeoutMs ?? 0))));
+        const replies = await Promise.all(group.map((w) => w.api.rehearse({ modelUrl, ep: request.ep, latentShape: shape, textTokens, degrees }, loadTimeoutMs(rpcTimeoutMs))));
         const byDegree = this.rehearsals.get(key) ?? new Map<number, number>();
         degrees.forEach((d, i) => byDegree.set(d, Math.max(...replies.map((r) => r.forwardMs[i])) / 1000));
         this.rehearsals.set(key, byDegree);

@@ -17,6 +17,7 @@ import { readSafetensors, writeSafetensors } from '../../core/safetensors.ts';
 import type { Tensor } from '../../core/tensor.ts';
 import type { StageRunner } from '../../rank/stages.ts';
 import { folderFiles } from '../model-folder.ts';
+import { byteProgress } from './progress.ts';
 
 const USAGE = `usage: npm run forward -- --input in.safetensors --output out.safetensors
          [--model public/models/tiny-wan] [--backend onnx|reference] [--ulysses P]
@@ -97,15 +98,9 @@ async function run(): Promise<void> {
   if (values.help) return console.log(USAGE);
 
   const loadStarted = performance.now();
-  let shown = -1;
-  const model = await loadTransformer(folderFiles(values.model), (loaded, total) => {
-    // a large model's load takes a while: a line per tenth (one updated line on a terminal)
-    const tenth = Math.floor((10 * loaded) / total);
-    if (total < 1e9 || (tenth === shown && !process.stderr.isTTY)) return;
-    shown = tenth;
-    const line = `forward: loading ${values.model}: ${(loaded / 1e9).toFixed(2)} of ${(total / 1e9).toFixed(2)} GB`;
-    process.stderr.write(process.stderr.isTTY ? `\r${line}${loaded === total ? '\n' : ''}` : `${line}\n`);
-  });
+  // a large model's load takes a while: say how far it is
+  const progress = byteProgress(`forward: loading ${values.model}`);
+  const model = await loadTransformer(folderFiles(values.model), (loaded, total) => total >= 1e9 && progress(loaded, total));
   const loadMs = performance.now() - loadStarted;
   const cfg = model.config;
 

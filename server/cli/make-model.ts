@@ -28,6 +28,7 @@ import { SeededRandom } from '../../core/random.ts';
 import { writeSafetensors, type TensorMap } from '../../core/safetensors.ts';
 import { sizeOf } from '../../core/tensor.ts';
 import { MAX_SHARD_BYTES, writeCheckpoint } from '../model-folder.ts';
+import { byteProgress } from './progress.ts';
 import { WAN21_T2V_1_3B } from '../wan21-layout.ts';
 
 const PRESETS = {
@@ -98,13 +99,13 @@ const write = (path: string, data: Uint8Array | object) => {
 const made = { generator: flags.preset === 'tiny' ? 'npm run make-model' : `npm run make-model -- --preset ${flags.preset}`, seed: String(seed) };
 const started = performance.now();
 const tensors = [...expectedWeightShapes(config)].map(([name, shape]) => ({ name, shape }));
+const totalBytes = 4 * tensors.reduce((n, t) => n + sizeOf(t.shape), 0);
+const progress = published ? byteProgress('make-model') : null;
 let written = 0;
 const files = await writeCheckpoint(join(out, 'transformer'), TRANSFORMER_WEIGHTS_NAME, tensors, ({ name, shape }) => {
-  written += sizeOf(shape);
-  if (published) process.stderr.write(`\rmake-model: ${((4 * written) / 1e9).toFixed(2)} of ${((4 * tensors.reduce((n, t) => n + sizeOf(t.shape), 0)) / 1e9).toFixed(2)} GB`);
+  progress?.((written += 4 * sizeOf(shape)), totalBytes);
   return initialise(name, shape);
 }, { maxShardBytes: shardBytes, metadata: published ? { format: 'pt' } : made });
-if (published) process.stderr.write('\n');
 
 if (published) {
   // the folder's own files as published; text encoder and VAE weights are not written (issues 15, 16)
