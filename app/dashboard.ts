@@ -39,7 +39,7 @@ for (const [key, value] of Object.entries(DEFAULT_JOB)) {
 let swarm: Swarm | null = null;
 let queue: JobQueue | null = null;
 let pipeline: { key: string; pipe: Pipeline } | null = null;
-/** the default model's head count, once its config is read: the degrees a job may ask for divide it */
+/** the form's model's head count, once its config is read: the degrees a job may ask for divide it */
 let modelHeads: number | null = null;
 
 function readForm(): { params: Partial<Record<keyof JobParams, unknown>>; placement: JobPlacement } {
@@ -49,7 +49,8 @@ function readForm(): { params: Partial<Record<keyof JobParams, unknown>>; placem
   const ep = field('ep').value as JobPlacement['ep'];
   const cfg = field('cfg').value;
   const cfgParallel = cfg === 'auto' ? undefined : cfg === 'parallel';
-  return { params, placement: { backend: field('backend').value as Backend, workers: degree === 'auto' ? 'auto' : Number(degree), ep, cfgParallel } };
+  const model = field('model').value.trim() || DEFAULT_MODEL_URL;
+  return { params, placement: { backend: field('backend').value as Backend, workers: degree === 'auto' ? 'auto' : Number(degree), ep, cfgParallel, model } };
 }
 
 /** Marks each bad field and says why; true when there is nothing to say. */
@@ -74,6 +75,17 @@ async function pipelineFor({ backend, model = DEFAULT_MODEL_URL }: JobPlacement)
 function runJob(job: StoredJob, hooks: Parameters<RunJob>[1]) {
   const { workers, ep, dtype = 'f32', cfgParallel } = job.placement;
   return pipelineFor(job.placement).then((pipe) => pipe.generate({ ...job.params, ...job.inputs, ...hooks, placement: { ulyssesDegree: workers, ep, dtype, cfgParallel } }));
+}
+
+/** the form's model's head count: the degrees a job may ask for divide it */
+async function readModelHeads(): Promise<void> {
+  modelHeads = null;
+  try {
+    modelHeads = (await loadModelConfig(readForm().placement.model)).numHeads;
+  } catch (e) {
+    $('status').textContent = `The model ${readForm().placement.model} cannot be read: ${(e as Error).message}`;
+  }
+  refreshSwarm();
 }
 
 function refreshSwarm(): void {
@@ -117,7 +129,7 @@ function submitFromForm(overrides: Record<string, unknown> = {}): Promise<Stored
   const params = { ...formValues.params, ...rest };
   if (!showErrors(checkJobParams(params))) return Promise.reject(new Error(`invalid job: ${$('form-errors').textContent}`));
   if (!queue) return Promise.reject(new Error('the dashboard is still starting'));
-  const placement: JobPlacement = { backend: backend ?? formValues.placement.backend, workers: workers ?? formValues.placement.workers, ep: ep ?? formValues.placement.ep, dtype, cfgParallel: cfgParallel ?? formValues.placement.cfgParallel, model };
+  const placement: JobPlacement = { ...formValues.placement, backend: backend ?? formValues.placement.backend, workers: workers ?? formValues.placement.workers, ep: ep ?? formValues.placement.ep, dtype, cfgParallel: cfgParallel ?? formValues.placement.cfgParallel, model: model ?? formValues.placement.model };
   const inputs: JobInputs = { outputType, promptEmbeds: promptEmbeds && embedsFromBase64(promptEmbeds), negativePromptEmbeds: negativePromptEmbeds && embedsFromBase64(negativePromptEmbeds) };
   return queue.submit(params, placement, inputs);
 }
@@ -170,8 +182,11 @@ async function start() {
     if (e.type === 'refused') $('swarm-events').textContent = `Refused ${e.peer.slice(-6)}: ${e.reason}.`;
     refreshSwarm();
   });
-  modelHeads = (await loadModelConfig(DEFAULT_MODEL_URL)).numHeads;
-  refreshSwarm();
+  // the model the server was started with (`npm start -- --model PATH|URL`), else the bundled demo
+  const served = await fetch('/models.json').then((r) => r.json() as Promise<{ default: string | null }>, () => ({ default: null }));
+  field('model').value = served.default ?? DEFAULT_MODEL_URL;
+  await readModelHeads();
+  field('model').addEventListener('change', () => void readModelHeads());
   queue = await openJobQueue(runJob);
   const jobs = queue;
   const refreshJobs = () => {

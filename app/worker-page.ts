@@ -10,6 +10,7 @@ const history: string[] = [];
 
 function render(s: WorkerStatus): void {
   if (history.at(-1) !== `${s.state}: ${s.detail}`) history.push(`${s.state}: ${s.detail}`);
+  if (s.state === 'ready' && history.at(-2)?.startsWith('loading')) void showStorage();
   $('state').textContent = s.connected ? s.state : s.state === 'left' || s.state === 'refused' ? s.state : 'not connected';
   $('detail').textContent = s.detail;
   const ep = s.ep ?? s.info?.ep;
@@ -26,6 +27,21 @@ function render(s: WorkerStatus): void {
   document.title = `ditswarm worker — ${s.state}`;
   (window as unknown as { ditswarmWorker: WorkerStatus }).ditswarmWorker = { ...s };
 }
+
+/**
+ * What this browser keeps of the models' weights (rank/weight-cache.ts) and whether it may evict
+ * them: a persisted origin's storage is cleared only by its user. Asked for once, at the start.
+ */
+async function showStorage(): Promise<void> {
+  if (!navigator.storage?.estimate) {
+    $('storage').textContent = 'nothing: this browser has no storage for them (each load downloads the weights)';
+    return;
+  }
+  const [{ usage = 0, quota = 0 }, persisted] = await Promise.all([navigator.storage.estimate(), navigator.storage.persisted?.() ?? false]);
+  const gb = (bytes: number) => `${(bytes / 1e9).toFixed(2)} GB`;
+  $('storage').textContent = `${gb(usage)} stored, room for ${gb(Math.max(0, quota - usage))} more; ${persisted ? 'persistent' : 'the browser may clear it when its disk runs low'}`;
+}
+void (navigator.storage?.persist?.() ?? Promise.resolve(false)).catch(() => false).then(showStorage);
 
 /** "1 of 2 cores (2 worker tabs in this browser share them)", and what it takes up at its next job. */
 function coresText({ threads, next, of, tabs }: NonNullable<WorkerStatus['cores']>): string {

@@ -10,7 +10,7 @@ import type { DecodedVideo } from '../core/model/vae-decoder.ts';
 import { loadWanPipelineParts } from '../core/model/wan-pipeline.ts';
 import type { DType } from '../core/net/protocol.ts';
 import { sample } from '../core/sampler.ts';
-import type { ExecutionProvider } from '../core/worker-api.ts';
+import type { ExecutionProvider, WeightsSource } from '../core/worker-api.ts';
 import type { Backend } from './backends.ts';
 import { maxOrNull, type Executor, type LinkReport, type RankReport } from './executor.ts';
 import { Placer, type FailureRecord, type MeshProbeReport, type PlacementRequest, type PlannedDegree } from './placement.ts';
@@ -82,8 +82,12 @@ export type JobPhase = 'encoding' | 'placing' | 'denoising' | 'decoding' | 'muxi
 export interface GenerateReport {
   /** workers = ulyssesDegree, ×2 with cfgParallel */
   config: JobParams & { backend: Backend; workers: number; ulyssesDegree: number; cfgParallel: boolean; model: string; outputType: 'video' | 'latent'; promptEmbeds: 'encoded' | 'given' };
-  /** each rank's EP, and why it runs there ("WASM: 21.3 GFLOP/s vs WebGPU 0.2"), and the most memory its page held during the job */
-  workers: { id: string; ep: string; adapter: string; why: string; threads: number; peakMemoryBytes: number | null }[];
+  /**
+   * each rank's EP, and why it runs there ("WASM: 21.3 GFLOP/s vs WebGPU 0.2"); how long its model
+   * took to load and where the weights came from (the network or its browser's cache); the most
+   * memory its page held during the job
+   */
+  workers: { id: string; ep: string; adapter: string; why: string; threads: number; loadMs: number; weights: WeightsSource; peakMemoryBytes: number | null }[];
   /** which links of the last placement were direct data channels and which went through the relay */
   links: LinkReport[];
   /** the cost model's choice of degree when it was 'auto' (null when asked for, or unmeasured) */
@@ -242,6 +246,8 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
             adapter: w.adapter,
             why: w.why,
             threads: w.threads,
+            loadMs: w.loadMs,
+            weights: w.weights,
             peakMemoryBytes: steps.flatMap((s) => s.ranks).filter((r) => r.worker === w.id).reduce<number | null>((peak, r) => maxOrNull(peak, r.peakMemoryBytes), null),
           })),
           links: executor.linkReport(),

@@ -20,8 +20,9 @@ import {
 } from '../core/net/peer-link.ts';
 import { COORDINATOR } from '../core/net/protocol.ts';
 import type { RelayClient } from '../core/net/relay-client.ts';
+import { passing } from '../core/net/check.ts';
 import { remote } from '../core/net/rpc.ts';
-import { WORKER_CONTRACT, type WorkerInfo, type WorkerRemote } from '../core/worker-api.ts';
+import { checkLoadStatus, WORKER_CONTRACT, type WorkerInfo, type WorkerRemote } from '../core/worker-api.ts';
 import { measureWorker, type WorkerMeasurement } from './measure.ts';
 
 const DESCRIBE_TIMEOUT_MS = 15_000;
@@ -273,11 +274,13 @@ export class Swarm {
           conn.close();
         },
         onPulse: (pulse) => {
+          pulse = { ...pulse, load: pulse.load && passing(checkLoadStatus, pulse.load, 'pulse.load') };
           const changed =
             joined.pulse?.state !== pulse.state ||
             joined.pulse?.framesDropped !== pulse.framesDropped ||
             joined.framesDropped !== link.stats.framesDropped ||
-            JSON.stringify(joined.pulse?.mesh) !== JSON.stringify(pulse.mesh);
+            JSON.stringify(joined.pulse?.mesh) !== JSON.stringify(pulse.mesh) ||
+            joined.pulse?.load?.bytes !== pulse.load?.bytes;
           joined.pulse = pulse;
           joined.framesDropped = link.stats.framesDropped;
           if (changed) this.emit({ type: 'update', worker: joined });

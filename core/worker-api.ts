@@ -49,7 +49,47 @@ export interface LoadedModel {
   loadMs: number;
   /** why this EP: asked for by the job, or the faster one measured ("WASM: 21.3 GFLOP/s vs WebGPU 0.2") */
   why: string;
+  weights: WeightsSource;
 }
+
+/** Where a worker's weights came from when it loaded them: bytes over the network and from its browser's cache. */
+export interface WeightsSource {
+  networkBytes: number;
+  cacheBytes: number;
+  /** why some were not kept (no room, no cache in this browser), or '' */
+  note: string;
+}
+
+/** How far a worker's model load is, as its pulse reports it while loading. */
+export interface LoadStatus {
+  /** bytes of weights read, of all, and how many of them came over the network */
+  bytes: number;
+  totalBytes: number;
+  networkBytes: number;
+  elapsedMs: number;
+  /** why weights are not being kept (WeightsSource's note), or '' */
+  note: string;
+}
+
+/** "1.20 of 5.68 GB from the network · 45 MB/s · 2 min left": one load's progress as pages show it. */
+export function describeLoad({ bytes, totalBytes, networkBytes, elapsedMs, note }: LoadStatus): string {
+  const why = note ? ` (${note})` : '';
+  if (bytes === 0) return `0 of ${amount(totalBytes)}${why}`;
+  const rate = (bytes / Math.max(elapsedMs, 1)) * 1000;
+  const leftS = (totalBytes - bytes) / rate;
+  const from = networkBytes === 0 ? 'from the browser cache' : networkBytes === bytes ? 'from the network' : `(${amount(networkBytes)} from the network)`;
+  const left = leftS <= 0 ? '' : leftS >= 90 ? ` · ${Math.round(leftS / 60)} min left` : ` · ${Math.ceil(leftS)} s left`;
+  return `${amount(bytes)} of ${amount(totalBytes)} ${from} · ${amount(rate)}/s${left}${why}`;
+}
+
+/** "weights: 5.68 GB from the browser cache", or from the network and whether they were kept */
+export function describeWeights({ networkBytes, cacheBytes, note }: WeightsSource): string {
+  const parts = [cacheBytes > 0 ? `${amount(cacheBytes)} from the browser cache` : '', networkBytes > 0 ? `${amount(networkBytes)} from the network` : ''].filter(Boolean);
+  return `weights: ${parts.join(', ') || 'none read'}${note ? ` (${note})` : ''}`;
+}
+
+/** bytes as MB below a GB, GB above */
+const amount = (bytes: number) => (bytes >= 1e9 ? `${(bytes / 1e9).toFixed(2)} GB` : `${(bytes / 1e6).toFixed(1)} MB`);
 
 export interface PrepareArgs {
   job: number;
@@ -189,6 +229,9 @@ const ms = num(0);
 const bytes = num(0);
 const shape = list(int(1, 1 << 20), { min: 4, max: 4 });
 const stats = { computeMs: ms, commMs: ms, bytesDownloaded: bytes, bytesKept: bytes, deviceTensorsLeft: int(0) };
+const checkWeightsSource: Check<WeightsSource> = fields({ networkBytes: bytes, cacheBytes: bytes, note: text() });
+/** a loading worker's pulse, judged where the coordinator receives it */
+export const checkLoadStatus: Check<LoadStatus> = fields({ bytes, totalBytes: bytes, networkBytes: bytes, elapsedMs: ms, note: text(1000) });
 const totals: Check<WorkerTotals> = fields({ steps: int(0), bytesSent: bytes, computeMs: ms, bytesDownloaded: bytes, bytesKept: bytes, deviceTensorsLeft: int(0) });
 
 export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
@@ -210,7 +253,7 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
   },
   loadModel: {
     args: fields({ modelUrl: text(), ep: oneOf(...EXECUTION_PROVIDERS, 'auto') }),
-    reply: fields({ ep, adapter: text(), loadMs: ms, why: text() }),
+    reply: fields({ ep, adapter: text(), loadMs: ms, why: text(), weights: checkWeightsSource }),
   },
   rehearse: {
     args: fields({ modelUrl: text(), ep: oneOf(...EXECUTION_PROVIDERS, 'auto'), latentShape: shape, textTokens: int(1, 1 << 16), degrees: list(int(1, MAX_RANKS), { min: 1, max: 16 }) }),

@@ -4,10 +4,9 @@
 // at a time anyway): a restart waits for the calls before it, and the calls after it wait for the
 // new engine, since a call to a terminated worker would never return.
 import * as Comlink from 'comlink';
-import type { ExecutionProvider } from '../core/worker-api.ts';
+import type { ExecutionProvider, LoadStatus } from '../core/worker-api.ts';
 import type { EngineApi } from './engine.ts';
 import type { EngineFactory } from './engine.worker.ts';
-import type { LoadProgress } from '../core/model/transformer.ts';
 
 /**
  * The WASM threads this page can run at most: its machine's cores. WASM threads share memory, so
@@ -66,7 +65,7 @@ export class EngineHost implements EngineApi {
     this.worker = null;
   }
 
-  load(modelUrl: string, ep: ExecutionProvider, onProgress?: LoadProgress) {
+  load(modelUrl: string, ep: ExecutionProvider, onProgress?: (status: LoadStatus) => void) {
     return this.inTurn(async (engine) => {
       // a function crosses to the engine's Web Worker as a proxy the worker calls back
       const info = await engine.load(modelUrl, ep, onProgress && Comlink.proxy(onProgress));

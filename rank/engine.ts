@@ -3,24 +3,25 @@
 // touches the DOM or the network beyond fetching the model.
 import * as ort from 'onnxruntime-web';
 import type { WanConfig } from '../core/model/config.ts';
-import { fetchModelFiles } from '../core/model/files.ts';
-import { loadTransformer, type LoadProgress } from '../core/model/transformer.ts';
-import type { ComputeProbe, ExecutionProvider } from '../core/worker-api.ts';
+import { loadTransformer } from '../core/model/transformer.ts';
+import type { ComputeProbe, ExecutionProvider, LoadStatus, WeightsSource } from '../core/worker-api.ts';
 import { onnxStages } from './onnx-stages.ts';
 import { probeThroughput } from './throughput-probe.ts';
 import { probeWebGpu } from './webgpu.ts';
 import type { DeviceStageRunner } from './stages.ts';
+import { cachedModelFiles } from './weight-cache.ts';
 
 export interface EngineInfo {
   ep: ExecutionProvider;
   adapter: string;
   config: WanConfig;
   loadMs: number;
+  weights: WeightsSource;
 }
 
 export interface EngineApi extends DeviceStageRunner {
-  /** loads the model's weights (reporting bytes read so far, of all) and builds its sessions */
-  load(modelUrl: string, ep: ExecutionProvider, onProgress?: LoadProgress): Promise<EngineInfo>;
+  /** loads the model's weights (kept in the browser: weight-cache.ts), reporting how far it is, and builds its sessions */
+  load(modelUrl: string, ep: ExecutionProvider, onProgress?: (status: LoadStatus) => void): Promise<EngineInfo>;
   /** matrix-multiply and softmax throughput on an EP */
   probe(ep: ExecutionProvider): Promise<ComputeProbe>;
 }
@@ -55,9 +56,13 @@ export function createEngine(threads = 1): EngineApi {
       // the device it computes on: on wasm the CPU, whether or not the browser also has a WebGPU adapter
       const adapter = ep === 'wasm' ? 'WebAssembly (CPU)' : (await probeWebGpu())?.name;
       if (!adapter) throw new Error('webgpu was asked for but this browser has no WebGPU adapter; use ep "auto" or "wasm"');
-      const model = await loadTransformer(fetchModelFiles(modelUrl), onProgress);
+      const files = cachedModelFiles(modelUrl);
+      const model = await loadTransformer(files, (bytes, totalBytes) => {
+        const { networkBytes, note } = files.source();
+        onProgress?.({ bytes, totalBytes, networkBytes, elapsedMs: performance.now() - started, note });
+      }).finally(() => files.close());
       stages = await onnxStages(model, ep);
-      const info: EngineInfo = { ep, adapter, config: model.config, loadMs: performance.now() - started };
+      const info: EngineInfo = { ep, adapter, config: model.config, loadMs: performance.now() - started, weights: files.source() };
       loaded = { key, info };
       return info;
     }),

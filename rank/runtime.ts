@@ -4,6 +4,7 @@
 // against the contract; what the contract cannot know (rank < world, the model's widths, the order of
 // calls) is judged here, and each refusal says what was expected.
 import type { WanConfig } from '../core/model/config.ts';
+import { describeLoad, describeWeights } from '../core/worker-api.ts';
 import { fastestEp } from '../core/cost-model.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
 import { planUlysses, type UlyssesPlan } from '../core/parallel.ts';
@@ -15,6 +16,7 @@ import type {
   ExecutionProvider,
   InitArgs,
   LoadArgs,
+  LoadStatus,
   PrepareArgs,
   RehearseArgs,
   WorkerApi,
@@ -60,6 +62,8 @@ export class WorkerRuntime implements WorkerApi {
    */
   private probes: { threads: number; measured: Partial<Record<ExecutionProvider, Promise<ComputeProbe>>> } = { threads: 0, measured: {} };
   private epWhy = '';
+  /** how far the model load under way is (for the pulse), null when none is */
+  loadStatus: LoadStatus | null = null;
   readonly totals: WorkerTotals = { steps: 0, bytesSent: 0, computeMs: 0, bytesDownloaded: 0, bytesKept: 0, deviceTensorsLeft: 0 };
 
   constructor(
@@ -134,26 +138,29 @@ export class WorkerRuntime implements WorkerApi {
     this.model = info;
     this.modelUrl = args.modelUrl;
     this.epWhy = why;
-    this.setState('ready', `model loaded on ${info.ep} in ${info.loadMs.toFixed(0)} ms (${why})`);
-    return { ep: info.ep, adapter: info.adapter, loadMs: info.loadMs, why };
+    this.setState('ready', `model loaded on ${info.ep} in ${info.loadMs.toFixed(0)} ms (${why}); ${describeWeights(info.weights)}`);
+    return { ep: info.ep, adapter: info.adapter, loadMs: info.loadMs, why, weights: info.weights };
   }
 
   /** The model on the EP asked for, or with 'auto' the fastest one; the engine keeps the last one it loaded. */
   private async load({ modelUrl, ep }: LoadArgs): Promise<{ info: EngineInfo; why: string }> {
     await this.hooks.betweenJobs?.();
     const choice = ep === 'auto' ? await this.fastestEp() : { ep, why: `${ep === 'wasm' ? 'WASM' : 'WebGPU'}: asked for by the job` };
-    // a real model's weights are GBs: the page says how far the download is, a per cent at a time
+    // a real model's weights are GBs: the page (and through the pulse the dashboard) says how far
+    // the download is, a per cent at a time
     const before = { state: this.state, detail: this.detail };
     let shown = -1;
-    const progress = (loaded: number, total: number) => {
-      const percent = Math.floor((100 * loaded) / total);
+    const progress = (status: LoadStatus) => {
+      this.loadStatus = status;
+      const percent = Math.floor((100 * status.bytes) / status.totalBytes);
       if (percent === shown) return;
       shown = percent;
-      this.setState('loading', `loading ${modelUrl}: ${(loaded / 1e6).toFixed(0)} of ${(total / 1e6).toFixed(0)} MB (${percent}%)`);
+      this.setState('loading', `loading ${modelUrl}: ${describeLoad(status)}`);
     };
     try {
       return { info: await this.engine.load(modelUrl, choice.ep, progress), why: choice.why };
     } finally {
+      this.loadStatus = null;
       if (this.state === 'loading' && before.state !== 'loading') this.setState(before.state, before.detail);
     }
   }

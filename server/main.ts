@@ -2,13 +2,15 @@ import { type NetworkInterfaceInfo, networkInterfaces } from 'node:os';
 import { parseArgs } from 'node:util';
 import { RELAY_MODES, type RelayMode } from '../core/net/peer-link.ts';
 import { newPeerKey, parseIceServers } from './peer-signaling.ts';
-import { DEFAULT_PORT, startServer } from './serve.ts';
+import { DEFAULT_PORT, servedModel, startServer } from './serve.ts';
 
-// `npm start [-- --port N] [--rebuild] [--key K] [--ice-servers LIST] [--relay fallback|force|off | --force-relay]`:
-// build if needed, serve, print where to go.
+// `npm start [-- --model PATH|URL] [--port N] [--rebuild] [--key K] [--ice-servers LIST] [--relay fallback|force|off | --force-relay]`:
+// build if needed, serve, print where to go. With --model the dashboard starts on that model
+// folder: one on this machine (served to the pages, with Range requests) or a URL.
 const { values: flags } = parseArgs({
   options: {
     port: { type: 'string' },
+    model: { type: 'string' },
     rebuild: { type: 'boolean', default: false },
     key: { type: 'string' },
     'ice-servers': { type: 'string' },
@@ -43,6 +45,7 @@ const server = await startServer({
   peerKey: flags.key ?? process.env.DITSWARM_KEY ?? newPeerKey(),
   iceServers,
   relay,
+  ...servedModel(flags.model),
 });
 const iceUrls = iceServers.flatMap((s) => s.urls); // credentials stay out of the log
 
@@ -53,6 +56,7 @@ console.log(
     `ditswarm is serving on port ${server.port}${server.port === requestedPort ? '' : ` (${requestedPort} was busy)`}`,
     `  dashboard   ${server.url}/`,
     `  worker      ${server.url}/worker.html`,
+    ...(flags.model ? [`  model       ${flags.model} (the dashboard's default)`] : []),
     ...lanUrls.map((url) => `  LAN worker  ${url}/worker.html`),
     ...(lanUrls.length > 0
       ? ['  (LAN pages are plain http, not a secure context: no WebGPU or wasm threads there',

@@ -1,4 +1,6 @@
+import { existsSync, statSync } from 'node:fs';
 import http from 'node:http';
+import { resolve } from 'node:path';
 import express, { type RequestHandler } from 'express';
 import { DIST_DIR, ensureAppBuilt } from './app-build.ts';
 import type { Duplex } from 'node:stream';
@@ -27,10 +29,22 @@ export interface ServerOptions {
   relaySocketCapBytes?: number;
   /** model folders on this machine, served under these URL paths (with Range requests, so pages read shards tensor by tensor) */
   modelFolders?: Record<string, string>;
+  /** the model the dashboard's form starts with (GET /models.json); the bundled demo model without it */
+  defaultModel?: string;
 }
 
 /** Where a model folder given as a local path is served (`--model PATH`). */
 export const LOCAL_MODEL_PATH = '/models/local';
+
+/**
+ * What `--model PATH|URL` means for a server: a folder on this machine is served at
+ * LOCAL_MODEL_PATH (pages fetch it from there); anything else is a URL the pages fetch as given.
+ */
+export function servedModel(model: string | undefined): Pick<ServerOptions, 'modelFolders' | 'defaultModel'> {
+  if (model === undefined) return {};
+  if (existsSync(model) && statSync(model).isDirectory()) return { modelFolders: { [LOCAL_MODEL_PATH]: resolve(model) }, defaultModel: LOCAL_MODEL_PATH };
+  return { defaultModel: model };
+}
 
 export interface RunningServer {
   /** http://localhost:<port> — a secure context, so WebGPU and cross-origin isolation work. */
@@ -62,6 +76,9 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
   });
   app.get('/signaling.json', (_request, response) => {
     response.json({ path: SIGNALING_PATH, key: peerKey, iceServers, relay: { mode: relayMode, path: RELAY_PATH } });
+  });
+  app.get('/models.json', (_request, response) => {
+    response.json({ default: options.defaultModel ?? null });
   });
   for (const [path, dir] of Object.entries(options.modelFolders ?? {})) {
     // a missing file or a range past a file's end is the reader's to report: answer its status, log nothing

@@ -161,7 +161,7 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
         answerHeartbeats(link, 0, () => {
           const framesDropped = link.stats.framesDropped + mesh.framesDropped();
           if (framesDropped !== status.framesDropped) publish({ framesDropped });
-          return { state: runtime.state, framesDropped, mesh: mesh.links(), threads: cores.threads() };
+          return { state: runtime.state, framesDropped, mesh: mesh.links(), threads: cores.threads(), load: runtime.loadStatus ?? undefined };
         });
         const transport = transportOf(conn);
         publish({ connected: true, transport, state: runtime.state, detail: `joined the swarm${transport === 'relay' ? ' (through the relay)' : ''}` });

@@ -1,4 +1,5 @@
 import { type Swarm, type SwarmWorker, type WorkerMeasurement } from '../../coordinator/index.ts';
+import { describeLoad } from '../../core/worker-api.ts';
 import { $, h } from './dom.ts';
 
 /** Who joined and what each is doing: one row per worker, updated in place. */
@@ -26,7 +27,7 @@ function workerRow(w: SwarmWorker, m: WorkerMeasurement | null): HTMLTableRowEle
     h('td', {}, chosen ? (chosen.ep === 'webgpu' ? 'WebGPU' : 'WASM') : w.info.ep === 'webgpu' ? 'WebGPU or WASM' : 'WASM', h('span', { className: 'sub' }, `${w.info.threads} thread${w.info.threads === 1 ? '' : 's'} · ${w.info.adapter}`)),
     h('td', {}, chosen?.why ?? 'measuring…'),
     h('td', {}, w.transport === 'relay' ? 'relayed' : 'direct', h('span', { className: 'sub' }, [speedOfLink, relayedPeers ? `${relayedPeers} rank link(s) relayed` : ''].filter(Boolean).join(' · '))),
-    h('td', {}, w.activity === 'idle' && w.pulse ? w.pulse.state : w.activity),
+    h('td', {}, w.activity === 'idle' && w.pulse ? w.pulse.state : w.activity, w.pulse?.load ? h('span', { className: 'sub load' }, describeLoad(w.pulse.load)) : ''),
     h('td', { className: bad ? 'bad' : '' }, String(bad)),
   );
 }

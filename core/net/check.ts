@@ -86,3 +86,12 @@ export function fields<S extends Shape>(shape: S): Check<Checked<S>> {
 /** No arguments: nothing, or an empty object. */
 export const none: Check<Record<string, never>> = (v, at) =>
   v === undefined || v === null || (typeof v === 'object' && !Array.isArray(v) && Object.keys(v).length === 0) ? {} : fail(at, 'no arguments', v);
+
+/** `value` as a T if it passes, else undefined: for advisory fields (a pulse's), where a bad value is dropped, not its sender. */
+export function passing<T>(check: Check<T>, value: unknown, at: string): T | undefined {
+  try {
+    return check(value, at);
+  } catch {
+    return undefined;
+  }
+}

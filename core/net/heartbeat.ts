@@ -12,6 +12,7 @@
 // embedding, at a data channel's few MB/s): a worker cannot answer a beat it has not been sent.
 
 import type { Link } from './link.ts';
+import type { LoadStatus } from '../worker-api.ts';
 import type { Transport } from './channel.ts';
 
 export const HEARTBEAT_INTERVAL_MS = 500;
@@ -26,6 +27,8 @@ export interface WorkerPulse {
   mesh?: { peer: string; transport: Transport }[];
   /** the WASM threads it computes on from its next job: its share of its machine's cores */
   threads?: number;
+  /** how far the model load under way is */
+  load?: LoadStatus;
 }
 
 type HeartbeatBody = { type: 'heartbeat' } | { type: 'heartbeat-echo'; pulse: WorkerPulse };

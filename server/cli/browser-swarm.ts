@@ -16,7 +16,7 @@ export interface LocalSwarm {
   close(): Promise<void>;
 }
 
-export async function startLocalSwarm({ workers = 0, port = 0, relay = 'fallback' as RelayMode, modelFolders = {} as Record<string, string>, log = (_: string) => {} } = {}): Promise<LocalSwarm> {
+export async function startLocalSwarm({ workers = 0, port = 0, relay = 'fallback' as RelayMode, modelFolders = {} as Record<string, string> | undefined, log = (_: string) => {} } = {}): Promise<LocalSwarm> {
   const server = await startServer({ port, quiet: true, relay, modelFolders });
   const browser = await chromium.launch({ executablePath: chromiumExecutable(), args: [...chromiumArgs] });
   try {

@@ -7,13 +7,13 @@
 //     [--drop-worker RANK@STEP] [--crash-worker RANK@STEP] [--force-relay] [--cfg-parallel] [--model URL]
 //     [--prompt-embeds FILE] [--negative-prompt-embeds FILE] [--output-type video|latent]
 
-import { existsSync, mkdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { cpus, totalmem } from 'node:os';
-import { dirname, resolve } from 'node:path';
+import { dirname } from 'node:path';
 import { parseArgs } from 'node:util';
 import { checkJobParams, DEFAULT_JOB, type JobParams } from '../../core/job.ts';
 import { readSafetensors } from '../../core/safetensors.ts';
-import { LOCAL_MODEL_PATH } from '../serve.ts';
+import { servedModel } from '../serve.ts';
 import { startLocalSwarm } from './browser-swarm.ts';
 import { JOB_FLAG_OPTIONS, jobFlagValues } from './job-flags.ts';
 
@@ -120,12 +120,10 @@ const progress = (line: string) => (tty ? process.stderr.write(`\r\x1b[K${line}`
 const swarmWorkers = values.backend === 'swarm' ? workers : 0;
 console.error(`generate: "${job.prompt}" ${job.frames} frames ${job.width}×${job.height}, ${job.steps} steps on ${values.backend}${swarmWorkers ? ` with ${workers} worker tab(s)` : ''}`);
 
-// a folder on this machine is served to the pages; anything else is a URL they fetch
-const localModel = values.model !== undefined && existsSync(values.model) && statSync(values.model).isDirectory() ? resolve(values.model) : null;
-const modelUrl = localModel ? LOCAL_MODEL_PATH : values.model;
+const { modelFolders, defaultModel: modelUrl } = servedModel(values.model);
 const swarm = await startLocalSwarm({
   workers: swarmWorkers,
-  modelFolders: localModel ? { [LOCAL_MODEL_PATH]: localModel } : {},
+  modelFolders,
   port: Number(values.port),
   relay: values['force-relay'] ? 'force' : 'fallback',
   log: values.verbose ? console.error : () => {},

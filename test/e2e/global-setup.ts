@@ -31,6 +31,7 @@ export default async function globalSetup(): Promise<(() => Promise<void>) | und
   const [sharded, truncated] = [await shardedCopy(false), await shardedCopy(true)];
   const server = await startServer({ port: 0, quiet: true, modelFolders: { [SHARDED_MODEL_PATH]: sharded, [TRUNCATED_MODEL_PATH]: truncated } });
   process.env.DITSWARM_URL = server.url;
+  process.env.DITSWARM_SHARDED_DIR = sharded; // where a test may change a served file
   return async () => {
     await server.close();
     for (const dir of [sharded, truncated]) rmSync(dir, { recursive: true, force: true });

@@ -98,3 +98,27 @@ async function openPeer(page: Page, id: string, signaling: { path: string; key: 
   );
   return page;
 }
+
+// `npm start -- --model DIR`: the folder is served with Range requests and the dashboard starts on it.
+test('a server started on a model folder serves it by ranges and its dashboard starts on that model', async ({ browser }) => {
+  const { servedModel, startServer, LOCAL_MODEL_PATH } = await import('../../server/serve.ts');
+  const folder = resolve(import.meta.dirname, '../../public/models/tiny-wan');
+  expect(servedModel('https://example.org/Wan2.1-T2V-1.3B-Diffusers')).toEqual({ defaultModel: 'https://example.org/Wan2.1-T2V-1.3B-Diffusers' });
+  const server = await startServer({ port: 0, quiet: true, ...servedModel(folder) });
+  const context = await browser.newContext();
+  try {
+    expect(await (await fetch(`${server.url}/models.json`)).json()).toEqual({ default: LOCAL_MODEL_PATH });
+    const ranged = await fetch(`${server.url}${LOCAL_MODEL_PATH}/transformer/diffusion_pytorch_model.safetensors`, { headers: { Range: 'bytes=0-7' } });
+    expect(ranged.status).toBe(206);
+    expect((await ranged.arrayBuffer()).byteLength).toBe(8);
+    const dashboard = await context.newPage();
+    await dashboard.goto(`${server.url}/`);
+    await dashboard.evaluate(() => (window as any).ditswarm.ready);
+    await expect(dashboard.locator('input[name=model]')).toHaveValue(LOCAL_MODEL_PATH);
+    // its head count was read from the served folder: the degree menu lists the divisors of 12 that fit
+    await expect(dashboard.locator('select[name=degree] option')).toHaveText(['auto', '1']);
+  } finally {
+    await context.close();
+    await server.close();
+  }
+});

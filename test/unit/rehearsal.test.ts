@@ -103,7 +103,8 @@ describe("a model's download", () => {
     const engine: EngineApi = {
       ...base,
       load: async (url, ep, onProgress) => {
-        for (const loaded of [0, 1e6, 1.004e6, 2e8, 4e8]) onProgress?.(loaded, 4e8);
+        // 100 MB/s, all of it over the network
+        for (const bytes of [0, 1e6, 1.004e6, 2e8, 4e8]) onProgress?.({ bytes, totalBytes: 4e8, networkBytes: bytes, elapsedMs: bytes / 1e5, note: '' });
         return base.load(url, ep);
       },
     };
@@ -112,14 +113,14 @@ describe("a model's download", () => {
     await runtime.loadModel({ modelUrl: 'big', ep: 'wasm' });
     expect(states.slice(1)).toEqual([
       'loading: loading big',
-      'loading: loading big: 0 of 400 MB (0%)',
-      'loading: loading big: 200 of 400 MB (50%)',
-      'loading: loading big: 400 of 400 MB (100%)',
-      'ready: model loaded on wasm in 0 ms (WASM: asked for by the job)',
+      'loading: loading big: 0 of 400.0 MB',
+      'loading: loading big: 200.0 MB of 400.0 MB from the network · 100.0 MB/s · 2 s left',
+      'loading: loading big: 400.0 MB of 400.0 MB from the network · 100.0 MB/s',
+      'ready: model loaded on wasm in 0 ms (WASM: asked for by the job); weights: none read',
     ]);
     states.length = 0;
     await runtime.rehearse({ modelUrl: 'big', ep: 'wasm', latentShape: [16, 1, 2, 2], textTokens: 4, degrees: [1] });
-    expect(states.at(-1)).toBe('ready: model loaded on wasm in 0 ms (WASM: asked for by the job)');
+    expect(states.at(-1)).toBe('ready: model loaded on wasm in 0 ms (WASM: asked for by the job); weights: none read');
     expect(runtime.state).toBe('ready');
   });
 });

@@ -1,0 +1,205 @@
+// A worker keeps the weights it fetched: a model folder over HTTP whose weight files are kept in
+// the origin private file system (OPFS), so a reload, a second job or another worker tab of the same
+// browser reads them from disk instead of the network. Files fill range by range as the loader
+// reads them (the loader's own reads are the download, with its progress; a tab closed mid-way
+// keeps what it had), through a synchronous access handle — which only a dedicated Web Worker has,
+// where the engine runs. A file is known by its URL; its size and validator (ETag, else
+// Last-Modified: the content hash where the server gives one) are checked on every load, and a
+// file that changed is fetched again. One tab at a time fills a file (a Web Lock per file): a second
+// tab loading the same model waits and then reads what the first kept.
+import { fetchModelFiles, type ModelFiles } from '../core/model/files.ts';
+import type { WeightsSource } from '../core/worker-api.ts';
+
+const CACHE_DIR = 'ditswarm-weights';
+/** the list of kept ranges is saved after this many new bytes (and when the load ends) */
+const SAVE_EVERY_BYTES = 64 << 20;
+
+/** [begin, end) ranges of a file that are kept, merged where they touch. */
+export class ByteRangeSet {
+  constructor(readonly ranges: [number, number][] = []) {}
+
+  covers(begin: number, end: number): boolean {
+    return end <= begin || this.ranges.some(([b, e]) => b <= begin && end <= e);
+  }
+
+  add(begin: number, end: number): void {
+    if (end <= begin) return;
+    const merged: [number, number][] = [];
+    for (const [b, e] of this.ranges) {
+      if (e < begin || end < b) merged.push([b, e]);
+      else [begin, end] = [Math.min(b, begin), Math.max(e, end)];
+    }
+    merged.push([begin, end]);
+    this.ranges.splice(0, this.ranges.length, ...merged.sort((x, y) => x[0] - y[0]));
+  }
+
+  get bytes(): number {
+    return this.ranges.reduce((sum, [b, e]) => sum + e - b, 0);
+  }
+}
+
+/** What a kept file is: its identity on the server and the ranges of it on disk. */
+interface KeptMeta {
+  url: string;
+  size: number;
+  validator: string;
+  ranges: [number, number][];
+}
+
+/** A model folder's files over HTTP, weights kept in the browser; `close()` ends a load (saves and unlocks). */
+export interface CachedModelFiles extends ModelFiles {
+  source(): WeightsSource;
+  close(): Promise<void>;
+}
+
+/** One file's place in the cache during a load, or why it has none (then it is read from the network). */
+type KeptFile = { read(begin: number, end: number): Promise<Uint8Array>; close(): Promise<void> };
+
+/**
+ * The folder at `baseUrl` with its weights kept in OPFS. Where the browser has no OPFS or Web Locks
+ * (or no synchronous access handles: a page rather than a Web Worker), every file comes from the
+ * network and `source().note` says why.
+ */
+export function cachedModelFiles(baseUrl: string): CachedModelFiles {
+  const network = fetchModelFiles(baseUrl);
+  const base = baseUrl.replace(/\/$/, '');
+  const source: WeightsSource = { networkBytes: 0, cacheBytes: 0, note: '' };
+  const notes = new Set<string>();
+  const kept = new Map<string, Promise<KeptFile>>();
+  const fromNetwork = (path: string): KeptFile => ({
+    read: async (begin, end) => {
+      const bytes = await network.readRange(path, begin, end);
+      source.networkBytes += bytes.byteLength;
+      return bytes;
+    },
+    close: async () => {},
+  });
+  const keep = async (path: string): Promise<KeptFile> => {
+    try {
+      return await keepFile(`${base}/${path}`, network, path, source);
+    } catch (e) {
+      notes.add(`not kept in this browser: ${(e as Error).message}`);
+      return fromNetwork(path);
+    }
+  };
+  return {
+    read: (path) => network.read(path),
+    async readRange(path, begin, end) {
+      let file = kept.get(path);
+      if (!file) kept.set(path, (file = keep(path)));
+      return (await file).read(begin, end);
+    },
+    source: () => ({ ...source, note: [...notes].join('; ') }),
+    async close() {
+      await Promise.all([...kept.values()].map(async (file) => (await file).close()));
+      kept.clear();
+    },
+  };
+}
+
+type SyncHandle = {
+  read(buffer: Uint8Array, options: { at: number }): number;
+  write(buffer: Uint8Array, options: { at: number }): number;
+  truncate(size: number): void;
+  flush(): void;
+  close(): void;
+};
+type SyncFileHandle = FileSystemFileHandle & { createSyncAccessHandle(): Promise<SyncHandle> };
+
+async function keepFile(url: string, network: ModelFiles, path: string, source: WeightsSource): Promise<KeptFile> {
+  if (!navigator.storage?.getDirectory || !navigator.locks) throw new Error('this browser has no origin private file system or Web Locks');
+  const head = await fetch(url, { method: 'HEAD', cache: 'no-store' });
+  const size = Number(head.headers.get('Content-Length'));
+  if (!head.ok || !Number.isFinite(size) || !head.headers.get('Content-Length')) throw new Error(`the server gave no size for ${url} (HTTP ${head.status})`);
+  const validator = head.headers.get('ETag') ?? head.headers.get('Last-Modified') ?? '';
+  const name = await fileKey(url);
+  const unlock = await lock(`${CACHE_DIR}/${name}`);
+  const handles: SyncHandle[] = [];
+  try {
+    const dir = await (await navigator.storage.getDirectory()).getDirectoryHandle(CACHE_DIR, { create: true });
+    const metaHandle = await ((await dir.getFileHandle(`${name}.json`, { create: true })) as SyncFileHandle).createSyncAccessHandle();
+    handles.push(metaHandle);
+    const dataFile = (await dir.getFileHandle(`${name}.bin`, { create: true })) as SyncFileHandle;
+    if (!('createSyncAccessHandle' in dataFile)) throw new Error('this page has no synchronous file access (only a Web Worker has)');
+    const data = await dataFile.createSyncAccessHandle();
+    handles.push(data);
+    const meta = readMeta(metaHandle);
+    // a file that changed on the server (size or validator) starts again
+    const same = meta?.url === url && meta.size === size && meta.validator === validator;
+    const ranges = new ByteRangeSet(same ? meta.ranges : []);
+    if (!same) data.truncate(0);
+    const missing = size - ranges.bytes;
+    if (missing > 0) {
+      const { quota = 0, usage = 0 } = await navigator.storage.estimate();
+      if (quota - usage < missing) {
+        throw new Error(`${path} needs ${gb(missing)} more and this browser lets the page store ${gb(Math.max(0, quota - usage))}`);
+      }
+    }
+    const save = () => {
+      data.flush();
+      const json = new TextEncoder().encode(JSON.stringify({ url, size, validator, ranges: ranges.ranges } satisfies KeptMeta));
+      metaHandle.truncate(0);
+      metaHandle.write(json, { at: 0 });
+      metaHandle.flush();
+    };
+    save();
+    let unsaved = 0;
+    return {
+      async read(begin, end) {
+        end = Math.min(end, size);
+        if (ranges.covers(begin, end)) {
+          const bytes = new Uint8Array(Math.max(0, end - begin));
+          data.read(bytes, { at: begin });
+          source.cacheBytes += bytes.byteLength;
+          return bytes;
+        }
+        const bytes = await network.readRange(path, begin, end);
+        source.networkBytes += bytes.byteLength;
+        data.write(bytes, { at: begin });
+        ranges.add(begin, begin + bytes.byteLength);
+        if ((unsaved += bytes.byteLength) >= SAVE_EVERY_BYTES) {
+          save();
+          unsaved = 0;
+        }
+        return bytes;
+      },
+      async close() {
+        try {
+          save();
+        } finally {
+          for (const handle of handles) handle.close();
+          unlock();
+        }
+      },
+    };
+  } catch (e) {
+    for (const handle of handles) handle.close();
+    unlock();
+    throw e;
+  }
+}
+
+function readMeta(handle: SyncHandle): KeptMeta | null {
+  const bytes = new Uint8Array(64 << 10);
+  const length = handle.read(bytes, { at: 0 });
+  try {
+    const meta = JSON.parse(new TextDecoder().decode(bytes.subarray(0, length))) as KeptMeta;
+    return Array.isArray(meta.ranges) ? meta : null;
+  } catch {
+    return null; // new, or saved by a tab that closed while writing it: start the file again
+  }
+}
+
+/** Holds a Web Lock until the returned function is called. */
+function lock(name: string): Promise<() => void> {
+  return new Promise((locked) => {
+    void navigator.locks.request(name, () => new Promise<void>((unlock) => locked(unlock)));
+  });
+}
+
+async function fileKey(url: string): Promise<string> {
+  const digest = new Uint8Array(await crypto.subtle.digest('SHA-256', new TextEncoder().encode(url)));
+  return [...digest.subarray(0, 16)].map((b) => b.toString(16).padStart(2, '0')).join('');
+}
+
+const gb = (bytes: number) => `${(bytes / 1e9).toFixed(2)} GB`;
