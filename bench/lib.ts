@@ -4,7 +4,7 @@ import { spawnSync } from 'node:child_process';
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { cpus, loadavg, totalmem } from 'node:os';
 import { dirname, extname, join, normalize, relative } from 'node:path';
-import type { Browser, BrowserContext, Page } from '@playwright/test';
+import type { BrowserContext, Page } from '@playwright/test';
 import { build } from 'vite';
 import { parseWanConfig, type WanConfig } from '../core/model/config.ts';
 
@@ -78,13 +78,13 @@ export async function openProbePage(context: BrowserContext, origin: string): Pr
   return page;
 }
 
-export function machine(browser?: Browser) {
+export function machine(chromiumVersion?: string) {
   return {
     cpus: cpus().length,
     cpuModel: cpus()[0]?.model ?? 'unknown',
     memoryGiB: Math.round(totalmem() / 2 ** 30),
     node: process.version,
-    chromium: browser?.version() ?? null,
+    chromium: chromiumVersion ?? null,
     platform: `${process.platform} ${process.arch}`,
     /** other processes compete for the same cores: a loaded machine measures slower */
     loadAverage1m: Number(loadavg()[0].toFixed(2)),

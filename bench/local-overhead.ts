@@ -36,7 +36,7 @@ export async function runLocalOverhead(options: Partial<OverheadOptions> = {}) {
   log(`local overhead: bench-wan, ${tokens} tokens, ${o.pairs} pairs of (local-backend step, direct forward)`);
   const swarm = await startLocalSwarm({ workers: 0, log: (l) => log(l) });
   const started = Date.now();
-  const machineAtStart = machine(swarm.browser);
+  const machineAtStart = machine(swarm.browserVersion);
   try {
     const context = swarm.dashboard.context();
     await serveBenchFiles(context);

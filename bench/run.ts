@@ -61,6 +61,6 @@ if (chosen.includes('threads')) {
 if (chosen.includes('full-size')) {
   const fullSize = await runFullSize(parseFullSizeArgs(args));
   writeReport('full-size.json', fullSize);
-  for (const r of fullSize.runs) console.log(`full-size: ${r.ranks} tab(s): placing ${r.placingMs} ms, steps ${r.stepsMs.join(', ')} ms, peak ${r.peakMemoryGiB.join(', ')} GiB; ${r.relativeToOneTab} of one tab's latent`);
+  for (const r of fullSize.runs) console.log(`full-size: ${r.ranks} tab(s)${r.afterReload ? ' after reloading them' : ''}: placing ${r.placingMs} ms, steps ${r.stepsMs.join(', ')} ms, peak ${r.peakMemoryGiB.join(', ')} GiB; ${r.relativeToOneTab} of one tab's latent; loads ${JSON.stringify(r.loads)}`);
 }
 log(`done in ${((Date.now() - started) / 1000).toFixed(0)} s`);

@@ -53,7 +53,7 @@ export async function runScaling(options: Partial<ScalingOptions> = {}) {
   const workerTabs = Math.max(...o.degrees);
   const swarm = await startLocalSwarm({ workers: workerTabs, log: (l) => log(l) });
   const started = Date.now();
-  const machineAtStart = machine(swarm.browser);
+  const machineAtStart = machine(swarm.browserVersion);
   try {
     const context = swarm.dashboard.context();
     await serveBenchFiles(context);

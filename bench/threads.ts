@@ -32,7 +32,7 @@ export async function runThreads(options: Partial<Pick<JobParams, JobFlag>> = {}
   log(`threads: bench-wan (D ${model.dim}, ${model.numLayers} blocks), ${tokens} tokens, ${o.steps} steps, P = 1`);
   const swarm = await startLocalSwarm({ workers: 1, log });
   const started = Date.now();
-  const machineAtStart = machine(swarm.browser);
+  const machineAtStart = machine(swarm.browserVersion);
   try {
     await serveBenchFiles(swarm.dashboard.context());
     const job = { prompt: 'a red ball bouncing on a wooden floor', frames: o.frames, height: o.height, width: o.width, steps: o.steps, guidance: o.guidance, seed: o.seed, backend: 'swarm', workers: 1, ep: 'wasm', model: APP_MODEL_PATH };

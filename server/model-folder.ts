@@ -3,10 +3,14 @@
 // `<name>.safetensors`, or shards of at most 5 GB and their `<name>.safetensors.index.json`.
 import { createWriteStream, mkdirSync } from 'node:fs';
 import { open, readFile, writeFile } from 'node:fs/promises';
+import { homedir } from 'node:os';
 import { join } from 'node:path';
 import { MissingFile, type ModelFiles } from '../core/model/files.ts';
 import { planShards, safetensorsHeader, type TensorSpec } from '../core/safetensors.ts';
 import { sizeOf } from '../core/tensor.ts';
+
+/** where ditswarm keeps what it makes or fetches on this machine (test models, the CLIs' browser profile), outside the repository */
+export const CACHE_ROOT = join(homedir(), '.cache/ditswarm');
 
 export function folderFiles(dir: string): ModelFiles {
   const missing = (e: unknown, path: string) => ((e as NodeJS.ErrnoException).code === 'ENOENT' ? new MissingFile(`${join(dir, path)}: no such file`) : e);

@@ -1,4 +1,7 @@
-import { chromium, type Browser, type Page } from '@playwright/test';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { chromium, type BrowserContext, type Page } from '@playwright/test';
 import { chromiumArgs, chromiumExecutable } from '../chromium.ts';
 import type { RelayMode } from '../../core/net/peer-link.ts';
 import { startServer, type RunningServer } from '../serve.ts';
@@ -9,18 +12,31 @@ import { startServer, type RunningServer } from '../serve.ts';
  */
 export interface LocalSwarm {
   server: RunningServer;
-  browser: Browser;
+  browserVersion: string;
   dashboard: Page;
   workers: Page[];
   addWorker(): Promise<Page>;
   close(): Promise<void>;
 }
 
-export async function startLocalSwarm({ workers = 0, port = 0, relay = 'fallback' as RelayMode, modelFolders = {} as Record<string, string> | undefined, log = (_: string) => {} } = {}): Promise<LocalSwarm> {
+export interface LocalSwarmOptions {
+  workers?: number;
+  port?: number;
+  relay?: RelayMode;
+  modelFolders?: Record<string, string>;
+  /**
+   * The browser's profile: where its worker tabs keep the weights they fetched (rank/weight-cache.ts),
+   * so that the next run with the same profile loads them from disk. Without it, or while another
+   * run holds it, a new profile that is deleted at close.
+   */
+  profileDir?: string;
+  log?(line: string): void;
+}
+
+export async function startLocalSwarm({ workers = 0, port = 0, relay = 'fallback', modelFolders, profileDir, log = () => {} }: LocalSwarmOptions = {}): Promise<LocalSwarm> {
   const server = await startServer({ port, quiet: true, relay, modelFolders });
-  const browser = await chromium.launch({ executablePath: chromiumExecutable(), args: [...chromiumArgs] });
+  const { context, close: closeBrowser } = await launchBrowser(profileDir, log);
   try {
-    const context = await browser.newContext();
     const dashboard = await context.newPage();
     const forward = (page: Page, who: string) =>
       page.on('console', (m) => (m.type() === 'error' || m.type() === 'warning') && log(`[${who}] ${m.text()}`));
@@ -39,18 +55,40 @@ export async function startLocalSwarm({ workers = 0, port = 0, relay = 'fallback
     if (workers) await dashboard.waitForFunction((n) => (window as any).ditswarm.workerCount() >= n, workers, { timeout: 60_000 });
     return {
       server,
-      browser,
+      browserVersion: context.browser()?.version() ?? 'unknown',
       dashboard,
       workers: pages,
       addWorker,
       async close() {
-        await browser.close();
+        await closeBrowser();
         await server.close();
       },
     };
   } catch (e) {
-    await browser.close();
+    await closeBrowser();
     await server.close();
     throw e;
   }
+}
+
+/** Chromium on a profile of its own: `profileDir` if no other browser has it open, else a new one removed at close. */
+async function launchBrowser(profileDir: string | undefined, log: (line: string) => void): Promise<{ context: BrowserContext; close(): Promise<void> }> {
+  const launch = (dir: string) => chromium.launchPersistentContext(dir, { executablePath: chromiumExecutable(), args: [...chromiumArgs] });
+  if (profileDir) {
+    try {
+      const context = await launch(profileDir);
+      return { context, close: () => context.close() };
+    } catch (e) {
+      log(`the browser profile ${profileDir} could not be opened (another run may have it), so this run keeps no weights for the next: ${(e as Error).message.split('\n')[0]}`);
+    }
+  }
+  const dir = mkdtempSync(join(tmpdir(), 'ditswarm-browser-'));
+  const context = await launch(dir);
+  return {
+    context,
+    close: async () => {
+      await context.close();
+      rmSync(dir, { recursive: true, force: true });
+    },
+  };
 }

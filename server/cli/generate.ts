@@ -9,10 +9,11 @@
 
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { cpus, totalmem } from 'node:os';
-import { dirname } from 'node:path';
+import { dirname, join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { checkJobParams, DEFAULT_JOB, type JobParams } from '../../core/job.ts';
 import { readSafetensors } from '../../core/safetensors.ts';
+import { CACHE_ROOT } from '../model-folder.ts';
 import { servedModel } from '../serve.ts';
 import { startLocalSwarm } from './browser-swarm.ts';
 import { JOB_FLAG_OPTIONS, jobFlagValues } from './job-flags.ts';
@@ -123,6 +124,8 @@ console.error(`generate: "${job.prompt}" ${job.frames} frames ${job.width}×${jo
 const { modelFolders, defaultModel: modelUrl } = servedModel(values.model);
 const swarm = await startLocalSwarm({
   workers: swarmWorkers,
+  // the next run's worker tabs load the weights this one fetched from the browser's cache
+  profileDir: join(CACHE_ROOT, 'browser'),
   modelFolders,
   port: Number(values.port),
   relay: values['force-relay'] ? 'force' : 'fallback',
@@ -166,7 +169,7 @@ try {
   const report = {
     ...result.report,
     ...(injected.length ? { injected } : {}),
-    machine: { cpus: cpus().length, cpuModel: cpus()[0]?.model, memoryGiB: Math.round(totalmem() / 2 ** 30), node: process.version, browser: swarm.browser.version() },
+    machine: { cpus: cpus().length, cpuModel: cpus()[0]?.model, memoryGiB: Math.round(totalmem() / 2 ** 30), node: process.version, browser: swarm.browserVersion },
   };
   const write = (path: string, data: Buffer | string) => {
     mkdirSync(dirname(path), { recursive: true });

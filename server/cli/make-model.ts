@@ -17,7 +17,6 @@
 //                          --head-dim N --ffn N --shard-bytes N]
 
 import { mkdirSync, writeFileSync } from 'node:fs';
-import { homedir } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { expectedWeightShapes, parseWanConfig, toDiffusersConfig, wanConfigOfSize, type WanConfig } from '../../core/model/config.ts';
@@ -27,14 +26,14 @@ import { VAE_DECODER_CLASS } from '../../core/model/vae-decoder.ts';
 import { SeededRandom } from '../../core/random.ts';
 import { writeSafetensors, type TensorMap } from '../../core/safetensors.ts';
 import { sizeOf } from '../../core/tensor.ts';
-import { MAX_SHARD_BYTES, writeCheckpoint } from '../model-folder.ts';
+import { CACHE_ROOT, MAX_SHARD_BYTES, writeCheckpoint } from '../model-folder.ts';
 import { byteProgress } from './progress.ts';
 import { WAN21_T2V_1_3B } from '../wan21-layout.ts';
 
 const PRESETS = {
   tiny: { name: 'tiny-wan', out: 'public/models/tiny-wan', seed: '20250225', layers: '2', 'head-dim': '24', ffn: '768', 'text-dim': '64', 'text-length': '32' },
   bench: { name: 'bench-wan', out: 'bench/out/models/bench-wan', seed: '20250226', layers: '2', 'head-dim': '48', ffn: '3456', 'text-dim': '64', 'text-length': '32' },
-  'wan2.1-t2v-1.3b': { name: 'wan2.1-t2v-1.3b', out: join(homedir(), '.cache/ditswarm/models/wan2.1-t2v-1.3b'), seed: '20250227', layers: '30', 'head-dim': '128', ffn: '8960', 'text-dim': '4096', 'text-length': '512' },
+  'wan2.1-t2v-1.3b': { name: 'wan2.1-t2v-1.3b', out: join(CACHE_ROOT, 'models/wan2.1-t2v-1.3b'), seed: '20250227', layers: '30', 'head-dim': '128', ffn: '8960', 'text-dim': '4096', 'text-length': '512' },
 };
 type Preset = keyof typeof PRESETS;
 
