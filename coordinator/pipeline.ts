@@ -10,7 +10,7 @@ import type { DecodedVideo } from '../core/model/vae-decoder.ts';
 import { loadWanPipelineParts } from '../core/model/wan-pipeline.ts';
 import type { DType } from '../core/net/protocol.ts';
 import { sample } from '../core/sampler.ts';
-import type { ExecutionProvider, WeightsSource } from '../core/worker-api.ts';
+import type { ExecutionProvider, LoadedModel, WeightsSource } from '../core/worker-api.ts';
 import type { Backend } from './backends.ts';
 import { maxOrNull, type Executor, type LinkReport, type RankReport } from './executor.ts';
 import { Placer, type FailureRecord, type MeshProbeReport, type PlacementRequest, type PlannedDegree } from './placement.ts';
@@ -85,9 +85,9 @@ export interface GenerateReport {
   /**
    * each rank's EP, and why it runs there ("WASM: 21.3 GFLOP/s vs WebGPU 0.2"); how long its model
    * took to load and where the weights came from (the network or its browser's cache); the most
-   * memory its page held during the job
+   * memory its page held during the job; the largest tensor its stages make (larger ones run in chunks)
    */
-  workers: { id: string; ep: string; adapter: string; why: string; threads: number; loadMs: number; weights: WeightsSource; peakMemoryBytes: number | null }[];
+  workers: { id: string; ep: string; adapter: string; why: string; threads: number; loadMs: number; weights: WeightsSource; maxBufferBytes: number; weightType: LoadedModel['weightType']; peakMemoryBytes: number | null }[];
   /** which links of the last placement were direct data channels and which went through the relay */
   links: LinkReport[];
   /** the cost model's choice of degree when it was 'auto' (null when asked for, or unmeasured) */
@@ -248,6 +248,8 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
             threads: w.threads,
             loadMs: w.loadMs,
             weights: w.weights,
+            maxBufferBytes: w.maxBufferBytes,
+            weightType: w.weightType,
             peakMemoryBytes: steps.flatMap((s) => s.ranks).filter((r) => r.worker === w.id).reduce<number | null>((peak, r) => maxOrNull(peak, r.peakMemoryBytes), null),
           })),
           links: executor.linkReport(),

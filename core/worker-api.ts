@@ -2,6 +2,7 @@
 // and the coordinator calls through `remote()` (core/net/rpc.ts), and one table of checks that judges
 // every call's arguments where the worker receives them and every reply where the coordinator
 // receives it. The compiler holds the table to the interface, so the two sides cannot drift.
+import type { WeightType } from './model/onnx-builder.ts';
 import type { DType } from './net/protocol.ts';
 import { fields, floats, int, list, none, nullable, num, oneOf, optional, text, type Check } from './net/check.ts';
 import type { ApiContract, Remote } from './net/rpc.ts';
@@ -50,6 +51,10 @@ export interface LoadedModel {
   /** why this EP: asked for by the job, or the faster one measured ("WASM: 21.3 GFLOP/s vs WebGPU 0.2") */
   why: string;
   weights: WeightsSource;
+  /** the largest tensor its stages make: a stage that would make a larger one runs in chunks (rank/chunks.ts) */
+  maxBufferBytes: number;
+  /** how its blocks' weights are stored: float16 on WebGPU where the device has shader-f16 */
+  weightType: WeightType;
 }
 
 /** Where a worker's weights came from when it loaded them: bytes over the network and from its browser's cache. */
@@ -253,7 +258,7 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
   },
   loadModel: {
     args: fields({ modelUrl: text(), ep: oneOf(...EXECUTION_PROVIDERS, 'auto') }),
-    reply: fields({ ep, adapter: text(), loadMs: ms, why: text(), weights: checkWeightsSource }),
+    reply: fields({ ep, adapter: text(), loadMs: ms, why: text(), weights: checkWeightsSource, maxBufferBytes: num(1), weightType: oneOf('float32', 'float16') }),
   },
   rehearse: {
     args: fields({ modelUrl: text(), ep: oneOf(...EXECUTION_PROVIDERS, 'auto'), latentShape: shape, textTokens: int(1, 1 << 16), degrees: list(int(1, MAX_RANKS), { min: 1, max: 16 }) }),

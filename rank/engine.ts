@@ -3,9 +3,10 @@
 // touches the DOM or the network beyond fetching the model.
 import * as ort from 'onnxruntime-web';
 import type { WanConfig } from '../core/model/config.ts';
+import type { WeightType } from '../core/model/onnx-builder.ts';
 import { loadTransformer } from '../core/model/transformer.ts';
 import type { ComputeProbe, ExecutionProvider, LoadStatus, WeightsSource } from '../core/worker-api.ts';
-import { onnxStages } from './onnx-stages.ts';
+import { onnxStages, type OnnxStages } from './onnx-stages.ts';
 import { probeThroughput } from './throughput-probe.ts';
 import { probeWebGpu } from './webgpu.ts';
 import type { DeviceStageRunner } from './stages.ts';
@@ -17,6 +18,8 @@ export interface EngineInfo {
   config: WanConfig;
   loadMs: number;
   weights: WeightsSource;
+  maxBufferBytes: number;
+  weightType: WeightType;
 }
 
 export interface EngineApi extends DeviceStageRunner {
@@ -41,7 +44,7 @@ export function createEngine(threads = 1): EngineApi {
     queue = next.catch(() => {});
     return next;
   };
-  let stages: DeviceStageRunner | null = null;
+  let stages: OnnxStages | null = null;
   let loaded: { key: string; info: EngineInfo } | null = null;
   const need = (): DeviceStageRunner => {
     if (!stages) throw new Error('the engine has no model yet: call load() first');
@@ -56,13 +59,18 @@ export function createEngine(threads = 1): EngineApi {
       // the device it computes on: on wasm the CPU, whether or not the browser also has a WebGPU adapter
       const adapter = ep === 'wasm' ? 'WebAssembly (CPU)' : (await probeWebGpu())?.name;
       if (!adapter) throw new Error('webgpu was asked for but this browser has no WebGPU adapter; use ep "auto" or "wasm"');
+      // one model at a time: the last one's sessions and weights go before the next one's come
+      await stages?.dispose();
+      stages = null;
+      loaded = null;
       const files = cachedModelFiles(modelUrl);
       const model = await loadTransformer(files, (bytes, totalBytes) => {
         const { networkBytes, note } = files.source();
         onProgress?.({ bytes, totalBytes, networkBytes, elapsedMs: performance.now() - started, note });
       }).finally(() => files.close());
-      stages = await onnxStages(model, ep);
-      const info: EngineInfo = { ep, adapter, config: model.config, loadMs: performance.now() - started, weights: files.source() };
+      const runner = await onnxStages(model, ep);
+      stages = runner;
+      const info: EngineInfo = { ep, adapter, config: model.config, loadMs: performance.now() - started, weights: files.source(), maxBufferBytes: runner.maxBufferBytes, weightType: runner.weightType };
       loaded = { key, info };
       return info;
     }),

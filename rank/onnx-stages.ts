@@ -1,9 +1,35 @@
 import * as ort from 'onnxruntime-web';
 import type { WanModel } from '../core/model/reference.ts';
 import type { ExecutionProvider } from '../core/worker-api.ts';
+import type { WeightType } from '../core/model/onnx-builder.ts';
+import { toF16 } from '../core/net/protocol.ts';
 import { buildAttentionGraph, buildEmbedGraph, buildHeadGraph, buildPostAttentionGraph, buildPreAttentionGraph, type BlockGraph } from '../core/model/stage-graphs.ts';
+import { concatRows, placeColumns, rowChunks, rowsPerBuffer, sliceColumns } from './chunks.ts';
 import type { Activation, DeviceStageRunner, DeviceTensor } from './stages.ts';
 
+/**
+ * The largest tensor a stage may make on WASM: FFN intermediates and their GELU temporaries live at
+ * once in the 4 GB wasm heap beside the running block's weights, so a quarter GB each.
+ */
+export const WASM_MAX_BUFFER_BYTES = 256 << 20;
+
+/** The largest buffer onnxruntime's WebGPU device may bind (it asks the adapter for its maxima). */
+async function webGpuMaxBufferBytes(): Promise<number> {
+  const { limits } = (await ort.env.webgpu.device) as { limits: { maxStorageBufferBindingSize: number; maxBufferSize: number } };
+  return Math.min(limits.maxStorageBufferBindingSize, limits.maxBufferSize);
+}
+
+/** A runner that says how large a buffer it cuts its stages to (chunks.ts) and how it stores the blocks' weights; disposed when its model is replaced. */
+export type OnnxStages = Required<DeviceStageRunner> & { maxBufferBytes: number; weightType: WeightType; dispose(): Promise<void> };
+
+/** The parts of a WebGPU device this runner uses (the DOM's WebGPU types are not in this build's lib). */
+interface GpuDevice {
+  features: { has(feature: string): boolean };
+  createBuffer(descriptor: { size: number; usage: number }): { destroy(): void };
+  queue: { writeBuffer(buffer: unknown, offset: number, data: ArrayBufferLike, dataOffset: number, size: number): void };
+}
+/** WebGPU's GPUBufferUsage flags (a browser global) */
+const GPU_BUFFER_USAGE = { COPY_SRC: 0x0004, COPY_DST: 0x0008, STORAGE: 0x0080 };
 
 /**
  * The stage graphs of one model as onnxruntime-web sessions: one session per graph, built once
@@ -11,9 +37,11 @@ import type { Activation, DeviceStageRunner, DeviceTensor } from './stages.ts';
  * sessions (embed's x, temb, tproj, context; post-attention's x) stay in GPU buffers and go back
  * in as inputs; only q/k/v, o and the head's rows, which cross ranks or leave the rank, are read
  * back. On WASM every output is CPU data, as before.
+ * A stage whose tensors would exceed `maxBufferBytes` (by default what the EP allows) runs in
+ * chunks of rows, or of heads for attention (chunks.ts); its inputs and outputs are then CPU data.
  */
-export async function onnxStages(m: WanModel, ep: ExecutionProvider): Promise<Required<DeviceStageRunner>> {
-  const { dim: D, headDim, textDim } = m.config;
+export async function onnxStages(m: WanModel, ep: ExecutionProvider, limits: { maxBufferBytes?: number; weightType?: WeightType } = {}): Promise<OnnxStages> {
+  const { dim: D, headDim, textDim, numHeads, ffnDim } = m.config;
   const options: ort.InferenceSession.SessionOptions = { executionProviders: [ep], graphOptimizationLevel: 'all' };
   const onDevice = (...outputs: string[]): ort.InferenceSession.SessionOptions =>
     ep === 'webgpu' ? { ...options, preferredOutputLocation: Object.fromEntries(outputs.map((name) => [name, 'gpu-buffer' as const])) } : options;
@@ -22,14 +50,31 @@ export async function onnxStages(m: WanModel, ep: ExecutionProvider): Promise<Re
   const attention = await session(buildAttentionGraph(m));
   const head = await session(buildHeadGraph(m));
   // one session for every block's pre-attention and one for its post-attention, fed the block's
-  // weights: only the running block's weights are in onnxruntime's memory (the wasm heap holds 4 GB)
-  const preGraph = buildPreAttentionGraph(m);
-  const postGraph = buildPostAttentionGraph(m);
+  // weights: only the running block's weights are in onnxruntime's memory (the wasm heap holds 4 GB).
+  // On WebGPU the weights live in GPU buffers, uploaded once (as float16 where the device has
+  // shader-f16: half the memory), not from the CPU at every call.
+  const device = ep === 'webgpu' ? ((await ort.env.webgpu.device) as GpuDevice) : null;
+  const weightType: WeightType = limits.weightType ?? (device?.features.has('shader-f16') ? 'float16' : 'float32');
+  const preGraph = buildPreAttentionGraph(m, weightType);
+  const postGraph = buildPostAttentionGraph(m, weightType);
   const pre = await session(preGraph.bytes);
   const post = await session(postGraph.bytes, onDevice('x_out'));
+  const gpuBuffers: { destroy(): void }[] = [];
+  const weightTensor = (data: Float32Array, dims: number[]): ort.Tensor => {
+    const values = weightType === 'float16' ? toF16(data) : data;
+    if (!device) return new ort.Tensor(weightType, values, dims);
+    // writeBuffer copies whole 4-byte words: an odd count of float16 values goes padded
+    const size = Math.ceil(values.byteLength / 4) * 4;
+    const words = size === values.byteLength ? new Uint8Array(values.buffer, values.byteOffset, size) : new Uint8Array(size);
+    if (words.buffer !== values.buffer) words.set(new Uint8Array(values.buffer, values.byteOffset, values.byteLength));
+    const buffer = device.createBuffer({ size, usage: GPU_BUFFER_USAGE.STORAGE | GPU_BUFFER_USAGE.COPY_SRC | GPU_BUFFER_USAGE.COPY_DST });
+    device.queue.writeBuffer(buffer, 0, words.buffer, words.byteOffset, size);
+    gpuBuffers.push(buffer);
+    return ort.Tensor.fromGpuBuffer(buffer as never, { dataType: weightType, dims });
+  };
   const blockWeights = (graph: BlockGraph) =>
     Array.from({ length: m.config.numLayers }, (_, b) =>
-      Object.fromEntries(graph.weights.map(({ name, dims }) => [name, new ort.Tensor('float32', m.weights.get(`blocks.${b}.${name}`)!.data, dims)])),
+      Object.fromEntries(graph.weights.map(({ name, dims }) => [name, weightTensor(m.weights.get(`blocks.${b}.${name}`)!.data, dims)])),
     );
   const preWeights = blockWeights(preGraph);
   const postWeights = blockWeights(postGraph);
@@ -52,27 +97,93 @@ export async function onnxStages(m: WanModel, ep: ExecutionProvider): Promise<Re
   };
   const out = (r: ort.InferenceSession.OnnxValueMapType, name: string) => r[name].data as Float32Array;
   const patchWidth = m.weights.get('patch_embedding.weight')!.data.length / D;
+  const rowsWidth = m.weights.get('proj_out.weight')!.shape[0];
+
+  // chunked stages take and give CPU data: a device tensor is read back, a device output downloaded and freed
+  const maxBufferBytes = limits.maxBufferBytes ?? (ep === 'webgpu' ? await webGpuMaxBufferBytes() : WASM_MAX_BUFFER_BYTES);
+  const rowsOf = (a: Activation, width: number) => (a instanceof Float32Array ? a.length : a.floats) / width;
+  const host = async (a: Activation): Promise<Float32Array> => (a instanceof Float32Array ? a : ((await feed(a, 1).getData()) as Float32Array));
+  const hostOutput = async (tensor: ort.Tensor): Promise<Float32Array> => (tensor.location === 'gpu-buffer' ? ((await tensor.getData(true)) as Float32Array) : (tensor.data as Float32Array));
+  /** the same stage on each block of rows of its row-wise inputs (all `width` wide), outputs stacked back */
+  const byRows = async (rows: number, maxRows: number, run: (begin: number, end: number) => Promise<Float32Array>) => {
+    const parts: Float32Array[] = [];
+    for (const [begin, end] of rowChunks(rows, maxRows)) parts.push(await run(begin, end));
+    return concatRows(parts);
+  };
+  const rowsIn = (a: Float32Array, width: number, begin: number, end: number) => t(a.subarray(begin * width, end * width), width);
 
   return {
+    maxBufferBytes,
+    weightType,
+    async dispose() {
+      for (const buffer of gpuBuffers) buffer.destroy();
+      await Promise.all([embed, attention, head, pre, post].map((s) => s.release()));
+    },
     async embed(patches, timestep, text) {
-      const r = await embed.run({ patches: t(patches, patchWidth), timestep: new ort.Tensor('float32', Float32Array.of(timestep), [1]), text: t(text, textDim) });
-      return { x: keep(r.x), temb: keep(r.temb), tproj: keep(r.tproj), context: keep(r.context) };
+      const fixed = { timestep: new ort.Tensor('float32', Float32Array.of(timestep), [1]), text: t(text, textDim) };
+      const rows = patches.length / patchWidth;
+      const maxRows = rowsPerBuffer(maxBufferBytes, Math.max(D, patchWidth));
+      if (rows <= maxRows) {
+        const r = await embed.run({ patches: t(patches, patchWidth), ...fixed });
+        return { x: keep(r.x), temb: keep(r.temb), tproj: keep(r.tproj), context: keep(r.context) };
+      }
+      // temb, tproj and the context do not depend on the patches: the first chunk's are kept
+      let first: ort.InferenceSession.OnnxValueMapType | null = null;
+      const x = await byRows(rows, maxRows, async (begin, end) => {
+        const r = await embed.run({ patches: rowsIn(patches, patchWidth, begin, end), ...fixed });
+        if (first) for (const name of ['temb', 'tproj', 'context']) r[name].dispose();
+        first ??= r;
+        return hostOutput(r.x);
+      });
+      return { x, temb: keep(first!.temb), tproj: keep(first!.tproj), context: keep(first!.context) };
     },
     async preAttention(block, x, tproj, cos, sin) {
-      const r = await pre.run({ ...preWeights[block], x: feed(x, D), tproj: feed(tproj, D), cos: t(cos, headDim / 2), sin: t(sin, headDim / 2) });
-      return { q: out(r, 'q'), k: out(r, 'k'), v: out(r, 'v') };
+      const rows = rowsOf(x, D);
+      const run = async (xIn: ort.Tensor, cosIn: ort.Tensor, sinIn: ort.Tensor) => pre.run({ ...preWeights[block], x: xIn, tproj: feed(tproj, D), cos: cosIn, sin: sinIn });
+      const maxRows = rowsPerBuffer(maxBufferBytes, D);
+      if (rows <= maxRows) {
+        const r = await run(feed(x, D), t(cos, headDim / 2), t(sin, headDim / 2));
+        return { q: out(r, 'q'), k: out(r, 'k'), v: out(r, 'v') };
+      }
+      const xs = await host(x);
+      const parts = { q: [] as Float32Array[], k: [] as Float32Array[], v: [] as Float32Array[] };
+      for (const [begin, end] of rowChunks(rows, maxRows)) {
+        const r = await run(rowsIn(xs, D, begin, end), rowsIn(cos, headDim / 2, begin, end), rowsIn(sin, headDim / 2, begin, end));
+        for (const name of ['q', 'k', 'v'] as const) parts[name].push(out(r, name));
+      }
+      return { q: concatRows(parts.q), k: concatRows(parts.k), v: concatRows(parts.v) };
     },
     async attention({ q, k, v }, keyBias) {
-      const width = q.length / keyBias.length;
-      const r = await attention.run({ q: t(q, width), k: t(k, width), v: t(v, width), key_bias: new ort.Tensor('float32', keyBias, [keyBias.length]) });
-      return out(r, 'o');
+      const tokens = keyBias.length;
+      const width = q.length / tokens;
+      const run = async (qs: Float32Array, ks: Float32Array, vs: Float32Array, w: number) =>
+        out(await attention.run({ q: t(qs, w), k: t(ks, w), v: t(vs, w), key_bias: new ort.Tensor('float32', keyBias, [tokens]) }), 'o');
+      // heads are independent: as many at a time as one buffer holds [tokens, heads·d]
+      const headsAtOnce = Math.floor(maxBufferBytes / (4 * tokens * headDim));
+      if (headsAtOnce < 1) throw new Error(`attention over ${tokens} tokens needs ${4 * tokens * headDim} bytes per head, more than one buffer of this worker holds (${maxBufferBytes}): use more workers`);
+      if (headsAtOnce * headDim >= width) return run(q, k, v, width);
+      const o = new Float32Array(q.length);
+      for (const [from, to] of rowChunks(width / headDim, headsAtOnce)) {
+        const [a, b] = [from * headDim, to * headDim];
+        placeColumns(o, width, a, await run(sliceColumns(q, width, a, b), sliceColumns(k, width, a, b), sliceColumns(v, width, a, b), b - a));
+      }
+      return o;
     },
     async postAttention(block, x, o, tproj, context) {
-      const r = await post.run({ ...postWeights[block], x: feed(x, D), o: t(o, D), tproj: feed(tproj, D), context: feed(context, D) });
-      return keep(r.x_out);
+      const rows = rowsOf(x, D);
+      const run = (xIn: ort.Tensor, oIn: ort.Tensor) => post.run({ ...postWeights[block], x: xIn, o: oIn, tproj: feed(tproj, D), context: feed(context, D) });
+      // per row: the FFN's hidden layer, and the cross-attention's scores over the text
+      const maxRows = rowsPerBuffer(maxBufferBytes, Math.max(ffnDim, numHeads * rowsOf(context, D)));
+      if (rows <= maxRows) return keep((await run(feed(x, D), t(o, D))).x_out);
+      const xs = await host(x);
+      return byRows(rows, maxRows, async (begin, end) => hostOutput((await run(rowsIn(xs, D, begin, end), rowsIn(o, D, begin, end))).x_out));
     },
     async head(x, temb) {
-      return out(await head.run({ x: feed(x, D), temb: feed(temb, D) }), 'rows');
+      const rows = rowsOf(x, D);
+      const maxRows = rowsPerBuffer(maxBufferBytes, Math.max(D, rowsWidth));
+      if (rows <= maxRows) return out(await head.run({ x: feed(x, D), temb: feed(temb, D) }), 'rows');
+      const xs = await host(x);
+      return byRows(rows, maxRows, async (begin, end) => out(await head.run({ x: rowsIn(xs, D, begin, end), temb: feed(temb, D) }), 'rows'));
     },
     async release(tensors: DeviceTensor[]) {
       for (const { deviceTensor } of tensors) {

@@ -2,7 +2,11 @@ import onnxProto from 'onnx-proto';
 
 const { onnx } = onnxProto;
 const FLOAT = onnx.TensorProto.DataType.FLOAT;
+const FLOAT16 = onnx.TensorProto.DataType.FLOAT16;
 const INT64 = onnx.TensorProto.DataType.INT64;
+
+/** How weights fed as inputs are stored: float16 halves their memory (computed in float32 all the same). */
+export type WeightType = 'float32' | 'float16';
 export const OPSET = 17;
 
 export type Dim = number | string; // a string is a symbolic dimension, e.g. the sequence length
@@ -21,9 +25,14 @@ export class OnnxGraph {
 
   constructor(readonly name: string) {}
 
-  input(name: string, dims: Dim[]): string {
-    this.inputs.push(valueInfo(name, dims));
+  input(name: string, dims: Dim[], type: WeightType = 'float32'): string {
+    this.inputs.push(valueInfo(name, dims, type === 'float16' ? FLOAT16 : FLOAT));
     return name;
+  }
+
+  /** A float16 value as float32. */
+  widen(value: string): string {
+    return this.op('Cast', [value], { to: FLOAT });
   }
 
   output(value: string, name: string, dims: Dim[]): void {
@@ -87,9 +96,9 @@ export class OnnxGraph {
   }
 }
 
-function valueInfo(name: string, dims: Dim[]): onnxProto.onnx.IValueInfoProto {
+function valueInfo(name: string, dims: Dim[], elemType = FLOAT): onnxProto.onnx.IValueInfoProto {
   return {
     name,
-    type: { tensorType: { elemType: FLOAT, shape: { dim: dims.map((d) => (typeof d === 'string' ? { dimParam: d } : { dimValue: d })) } } },
+    type: { tensorType: { elemType, shape: { dim: dims.map((d) => (typeof d === 'string' ? { dimParam: d } : { dimValue: d })) } } },
   };
 }

@@ -10,11 +10,12 @@
 // The embed and head graphs hold their weights; the block graphs are one pre and one post graph for
 // every block, fed the block's weights as inputs (BlockGraph.weights names them): a worker keeps the
 // weights outside onnxruntime's wasm heap, which holds 4 GB and the 1.3B model is 5.7 GB in fp32,
-// and only the running block's are in it.
+// and only the running block's are in it. Those weight inputs may be float16 (half the memory; on
+// WebGPU where the device has shader-f16), widened to float32 in the graph: the math stays float32.
 
 import { buildChunkedAttentionGraph } from './attention-graph.ts';
 import type { WanConfig } from './config.ts';
-import { OnnxGraph } from './onnx-builder.ts';
+import { OnnxGraph, type WeightType } from './onnx-builder.ts';
 import type { WanModel } from './reference.ts';
 import { timestepFrequencyTable } from './ops.ts';
 
@@ -25,21 +26,23 @@ const S = 'S';
 /** A graph of every block: its bytes, and the inputs it takes each block's weights by. */
 export interface BlockGraph {
   bytes: Uint8Array;
-  /** feed block b's `blocks.{b}.{name}` as the input `name`, shaped `dims` */
+  /** feed block b's `blocks.{b}.{name}` as the input `name`, shaped `dims`, stored as `weightType` */
   weights: { name: string; dims: number[] }[];
+  weightType: WeightType;
 }
 
 /** the block a block graph is built from: every block has the same weight names and shapes */
 const BLOCK = 'blocks.0.';
 
 class WanGraph extends OnnxGraph {
-  /** the weights a block graph takes as inputs, by input name */
-  readonly weightInputs = new Map<string, number[]>();
+  /** the weights a block graph takes as inputs, by input name, and each one's value in float32 */
+  readonly weightInputs = new Map<string, { dims: number[]; value: string }>();
 
+  /** `blockWeightInputs`: a block graph, fed its block's weights stored so; else weights are initializers */
   constructor(
     name: string,
     private readonly m: WanModel,
-    private readonly blockWeightsAsInputs = false,
+    private readonly blockWeightInputs: WeightType | null = null,
   ) {
     super(name);
   }
@@ -51,17 +54,21 @@ class WanGraph extends OnnxGraph {
   param(name: string, dims?: number[]): string {
     const t = this.m.weights.get(name);
     if (!t) throw new Error(`weight ${name} is missing`);
-    if (!this.blockWeightsAsInputs) return this.weight(name, dims ?? t.shape, t.data);
+    if (!this.blockWeightInputs) return this.weight(name, dims ?? t.shape, t.data);
     if (!name.startsWith(BLOCK)) throw new Error(`a block graph reads only its block's weights, not ${name}`);
     const input = name.slice(BLOCK.length);
-    if (!this.weightInputs.has(input)) this.input(input, dims ?? t.shape);
-    this.weightInputs.set(input, dims ?? t.shape);
-    return input;
+    let known = this.weightInputs.get(input);
+    if (!known) {
+      this.input(input, dims ?? t.shape, this.blockWeightInputs);
+      known = { dims: dims ?? t.shape, value: this.blockWeightInputs === 'float16' ? this.widen(input) : input };
+      this.weightInputs.set(input, known);
+    }
+    return known.value;
   }
 
   /** This block graph's bytes and the weights it is fed. */
   blockGraph(): BlockGraph {
-    return { bytes: this.toBytes(), weights: [...this.weightInputs].map(([name, dims]) => ({ name, dims })) };
+    return { bytes: this.toBytes(), weights: [...this.weightInputs].map(([name, { dims }]) => ({ name, dims })), weightType: this.blockWeightInputs ?? 'float32' };
   }
 
   /** x · Wᵀ + b with PyTorch's [out, in] weight, via Gemm(transB). */
@@ -149,8 +156,8 @@ export function buildEmbedGraph(m: WanModel): Uint8Array {
   return g.toBytes();
 }
 
-export function buildPreAttentionGraph(m: WanModel): BlockGraph {
-  const g = new WanGraph('block_pre', m, true);
+export function buildPreAttentionGraph(m: WanModel, weightType: WeightType = 'float32'): BlockGraph {
+  const g = new WanGraph('block_pre', m, weightType);
   const block = 0;
   const { dim: D, headDim } = m.config;
   const x = g.input('x', [S, D]);
@@ -174,8 +181,8 @@ export function buildAttentionGraph(m: WanModel): Uint8Array {
   return buildChunkedAttentionGraph(m.config.headDim);
 }
 
-export function buildPostAttentionGraph(m: WanModel): BlockGraph {
-  const g = new WanGraph('block_post', m, true);
+export function buildPostAttentionGraph(m: WanModel, weightType: WeightType = 'float32'): BlockGraph {
+  const g = new WanGraph('block_post', m, weightType);
   const block = 0;
   const { dim: D } = m.config;
   const b = `blocks.${block}`;

@@ -1,7 +1,7 @@
 import { expect, test } from '@playwright/test';
 import { maxAbsDiff, openTestSwarm, runJob, type TestSwarm } from './swarm-page.ts';
 
-// The WebGPU path keeps each rank's residual stream and conditioning in GPU buffers (SwiftShader here).
+// The WebGPU path keeps each rank's weights, residual stream and conditioning in GPU buffers (SwiftShader here).
 test.describe.serial('WebGPU worker: device-resident activations', () => {
   let swarm: TestSwarm;
   const job = { prompt: 'a red ball', frames: 5, height: 32, width: 32, steps: 2, guidance: 1, seed: 7, backend: 'swarm', workers: 1 };
@@ -26,6 +26,9 @@ test.describe.serial('WebGPU worker: device-resident activations', () => {
     };
     const gpu = await measured('webgpu');
     expect(gpu.run.report.workers[0].ep).toBe('webgpu');
+    // the blocks' weights live in GPU buffers: float32 here (SwiftShader has no shader-f16); the
+    // stages are cut to the adapter's largest binding (SwiftShader: 1 GiB), which the report gives
+    expect(gpu.run.report.workers[0]).toMatchObject({ weightType: 'float32', maxBufferBytes: 2 ** 30 });
     const cpu = await measured('wasm');
     expect(cpu.run.report.workers[0].ep).toBe('wasm');
 

@@ -48,6 +48,43 @@ describe('ONNX stage graphs equal the TypeScript reference (max-abs ≤ 1e-4)', 
     expect(maxAbsDiff(await onnx.head(b.x, b.temb), await ref.head(b.x, b.temb))).toBeLessThan(1e-4);
   });
 
+  it('cut to a buffer budget (rows for the row-wise stages, heads for attention) give the same numbers', async () => {
+    // two heads of 72 tokens per buffer: pre-attention 12 rows at a time, post-attention 3, attention 2 of 4 heads
+    const chunked = await onnxStages(m, 'wasm', { maxBufferBytes: 4 * 72 * 2 * m.config.headDim });
+    const patches = patchify(m.config, latent).data;
+    const [a, b] = [await chunked.embed(patches, timestep, text), await ref.embed(patches, timestep, text)];
+    for (const key of ['x', 'temb', 'tproj', 'context'] as const) expect(maxAbsDiff(hostValues(a[key]), hostValues(b[key])), key).toBeLessThan(1e-4);
+    const grid = tokenGrid(m.config, latent.shape);
+    const { cos, sin } = ropeTables(m.config, grid, 0, grid.count);
+    const [qa, qb] = [await chunked.preAttention(1, b.x, b.tproj, cos, sin), await ref.preAttention(1, b.x, b.tproj, cos, sin)];
+    for (const key of ['q', 'k', 'v'] as const) expect(maxAbsDiff(qa[key], qb[key]), key).toBeLessThan(1e-4);
+    const width = 4 * m.config.headDim;
+    const heads = { q: random.normals(grid.count * width), k: random.normals(grid.count * width), v: random.normals(grid.count * width) };
+    const bias = keyPaddingBias({ ...planUlysses(m.config, grid.count - 5, 1), paddedTokens: grid.count });
+    expect(maxAbsDiff(await chunked.attention(heads, bias), await ref.attention(heads, bias))).toBeLessThan(1e-4);
+    const o = random.normals(grid.count * m.config.dim);
+    expect(maxAbsDiff(hostValues(await chunked.postAttention(0, b.x, o, b.tproj, b.context)), hostValues(await ref.postAttention(0, b.x, o, b.tproj, b.context)))).toBeLessThan(1e-4);
+    expect(maxAbsDiff(await chunked.head(b.x, b.temb), await ref.head(b.x, b.temb))).toBeLessThan(1e-4);
+
+    // a budget below one head of the sequence is refused, saying what it would take
+    const tooSmall = await onnxStages(m, 'wasm', { maxBufferBytes: 4 * 71 * m.config.headDim });
+    await expect(tooSmall.attention(heads, bias)).rejects.toThrow(`attention over 72 tokens needs ${4 * 72 * m.config.headDim} bytes per head, more than one buffer of this worker holds`);
+  });
+
+  it("with the blocks' weights stored as float16 (WebGPU with shader-f16) stay within float16's rounding of the reference", async () => {
+    const half = await onnxStages(m, 'wasm', { weightType: 'float16' });
+    expect(half.weightType).toBe('float16');
+    const patches = patchify(m.config, latent).data;
+    const b = await ref.embed(patches, timestep, text);
+    const o = random.normals(tokenGrid(m.config, latent.shape).count * m.config.dim);
+    const exact = hostValues(await ref.postAttention(0, b.x, o, b.tproj, b.context));
+    const [halfOut, fullOut] = [hostValues(await half.postAttention(0, b.x, o, b.tproj, b.context)), hostValues(await onnx.postAttention(0, b.x, o, b.tproj, b.context))];
+    const scale = exact.reduce((s, v) => Math.max(s, Math.abs(v)), 0);
+    expect(maxAbsDiff(halfOut, exact) / scale).toBeLessThan(2e-3);
+    // and the weights were float16: the float32 graph is closer
+    expect(maxAbsDiff(halfOut, exact)).toBeGreaterThan(10 * maxAbsDiff(fullOut, exact));
+  });
+
   it('patchify and unpatchify follow diffusers (Conv3d order in, (pt, ph, pw, C) order out)', () => {
     const rows = patchify(m.config, latent);
     expect(rows.shape).toEqual([72, 64]);
