@@ -17,29 +17,3 @@ export function rowChunks(rows: number, maxRows: number): [number, number][] {
 export function rowsPerBuffer(maxBufferBytes: number, floatsPerRow: number): number {
   return Math.max(1, Math.floor(maxBufferBytes / (4 * floatsPerRow)));
 }
-
-export function concatRows(parts: Float32Array[]): Float32Array {
-  if (parts.length === 1) return parts[0];
-  const all = new Float32Array(parts.reduce((n, p) => n + p.length, 0));
-  let at = 0;
-  for (const part of parts) {
-    all.set(part, at);
-    at += part.length;
-  }
-  return all;
-}
-
-/** Columns [from, to) of a row-major matrix `width` wide. */
-export function sliceColumns(a: Float32Array, width: number, from: number, to: number): Float32Array {
-  const rows = a.length / width;
-  const out = new Float32Array(rows * (to - from));
-  for (let r = 0; r < rows; r++) out.set(a.subarray(r * width + from, r * width + to), r * (to - from));
-  return out;
-}
-
-/** Writes `part` (its columns `from`.. of `into`, `width` wide) back in place. */
-export function placeColumns(into: Float32Array, width: number, from: number, part: Float32Array): void {
-  const rows = into.length / width;
-  const partWidth = part.length / rows;
-  for (let r = 0; r < rows; r++) into.set(part.subarray(r * partWidth, (r + 1) * partWidth), r * width + from);
-}

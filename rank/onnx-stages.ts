@@ -4,7 +4,8 @@ import type { ExecutionProvider } from '../core/worker-api.ts';
 import type { WeightType } from '../core/model/onnx-builder.ts';
 import { toF16 } from '../core/net/protocol.ts';
 import { buildAttentionGraph, buildEmbedGraph, buildHeadGraph, buildPostAttentionGraph, buildPreAttentionGraph, type BlockGraph } from '../core/model/stage-graphs.ts';
-import { concatRows, placeColumns, rowChunks, rowsPerBuffer, sliceColumns } from './chunks.ts';
+import { concat, setCols, sliceCols } from '../core/tensor.ts';
+import { rowChunks, rowsPerBuffer } from './chunks.ts';
 import type { Activation, DeviceStageRunner, DeviceTensor } from './stages.ts';
 
 /**
@@ -104,11 +105,11 @@ export async function onnxStages(m: WanModel, ep: ExecutionProvider, limits: { m
   const rowsOf = (a: Activation, width: number) => (a instanceof Float32Array ? a.length : a.floats) / width;
   const host = async (a: Activation): Promise<Float32Array> => (a instanceof Float32Array ? a : ((await feed(a, 1).getData()) as Float32Array));
   const hostOutput = async (tensor: ort.Tensor): Promise<Float32Array> => (tensor.location === 'gpu-buffer' ? ((await tensor.getData(true)) as Float32Array) : (tensor.data as Float32Array));
-  /** the same stage on each block of rows of its row-wise inputs (all `width` wide), outputs stacked back */
+  /** the same stage on each block of rows, outputs stacked back */
   const byRows = async (rows: number, maxRows: number, run: (begin: number, end: number) => Promise<Float32Array>) => {
     const parts: Float32Array[] = [];
     for (const [begin, end] of rowChunks(rows, maxRows)) parts.push(await run(begin, end));
-    return concatRows(parts);
+    return concat(parts);
   };
   const rowsIn = (a: Float32Array, width: number, begin: number, end: number) => t(a.subarray(begin * width, end * width), width);
 
@@ -151,7 +152,7 @@ export async function onnxStages(m: WanModel, ep: ExecutionProvider, limits: { m
         const r = await run(rowsIn(xs, D, begin, end), rowsIn(cos, headDim / 2, begin, end), rowsIn(sin, headDim / 2, begin, end));
         for (const name of ['q', 'k', 'v'] as const) parts[name].push(out(r, name));
       }
-      return { q: concatRows(parts.q), k: concatRows(parts.k), v: concatRows(parts.v) };
+      return { q: concat(parts.q), k: concat(parts.k), v: concat(parts.v) };
     },
     async attention({ q, k, v }, keyBias) {
       const tokens = keyBias.length;
@@ -164,8 +165,9 @@ export async function onnxStages(m: WanModel, ep: ExecutionProvider, limits: { m
       if (headsAtOnce * headDim >= width) return run(q, k, v, width);
       const o = new Float32Array(q.length);
       for (const [from, to] of rowChunks(width / headDim, headsAtOnce)) {
-        const [a, b] = [from * headDim, to * headDim];
-        placeColumns(o, width, a, await run(sliceColumns(q, width, a, b), sliceColumns(k, width, a, b), sliceColumns(v, width, a, b), b - a));
+        const [start, count] = [from * headDim, (to - from) * headDim];
+        const [qs, ks, vs] = [q, k, v].map((a) => sliceCols(a, width, start, count));
+        setCols(o, width, start, await run(qs, ks, vs, count), count);
       }
       return o;
     },

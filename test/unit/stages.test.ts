@@ -25,50 +25,41 @@ beforeAll(async () => {
   text = random.normals(16 * m.config.textDim);
 });
 
+/** Each stage of `runner` against the reference's on the same inputs, within 1e-4. */
+async function expectStagesEqualReference(runner: StageRunner): Promise<void> {
+  const patches = patchify(m.config, latent).data;
+  const [a, b] = [await runner.embed(patches, timestep, text), await ref.embed(patches, timestep, text)];
+  for (const key of ['x', 'temb', 'tproj', 'context'] as const) expect(maxAbsDiff(hostValues(a[key]), hostValues(b[key])), key).toBeLessThan(1e-4);
+
+  const grid = tokenGrid(m.config, latent.shape);
+  const { cos, sin } = ropeTables(m.config, grid, 0, grid.count);
+  const [qa, qb] = [await runner.preAttention(1, b.x, b.tproj, cos, sin), await ref.preAttention(1, b.x, b.tproj, cos, sin)];
+  for (const key of ['q', 'k', 'v'] as const) expect(maxAbsDiff(qa[key], qb[key]), key).toBeLessThan(1e-4);
+
+  // four heads only, and the last 5 keys masked as padding
+  const width = 4 * m.config.headDim;
+  const heads = { q: random.normals(grid.count * width), k: random.normals(grid.count * width), v: random.normals(grid.count * width) };
+  const bias = keyPaddingBias({ ...planUlysses(m.config, grid.count - 5, 1), paddedTokens: grid.count });
+  expect(maxAbsDiff(await runner.attention(heads, bias), await ref.attention(heads, bias))).toBeLessThan(1e-4);
+
+  const o = random.normals(grid.count * m.config.dim);
+  const [pa, pb] = [await runner.postAttention(0, b.x, o, b.tproj, b.context), await ref.postAttention(0, b.x, o, b.tproj, b.context)];
+  expect(maxAbsDiff(hostValues(pa), hostValues(pb))).toBeLessThan(1e-4);
+  expect(maxAbsDiff(await runner.head(b.x, b.temb), await ref.head(b.x, b.temb))).toBeLessThan(1e-4);
+}
+
 describe('ONNX stage graphs equal the TypeScript reference (max-abs ≤ 1e-4)', () => {
   it('embed, pre-attention, attention, post-attention and head', async () => {
-    const patches = patchify(m.config, latent).data;
-    const [a, b] = [await onnx.embed(patches, timestep, text), await ref.embed(patches, timestep, text)];
-    for (const key of ['x', 'temb', 'tproj', 'context'] as const) expect(maxAbsDiff(hostValues(a[key]), hostValues(b[key])), key).toBeLessThan(1e-4);
-
-    const grid = tokenGrid(m.config, latent.shape);
-    const { cos, sin } = ropeTables(m.config, grid, 0, grid.count);
-    const [qa, qb] = [await onnx.preAttention(1, b.x, b.tproj, cos, sin), await ref.preAttention(1, b.x, b.tproj, cos, sin)];
-    for (const key of ['q', 'k', 'v'] as const) expect(maxAbsDiff(qa[key], qb[key]), key).toBeLessThan(1e-4);
-
-    // four heads only, and the last 5 keys masked as padding
-    const width = 4 * m.config.headDim;
-    const heads = { q: random.normals(grid.count * width), k: random.normals(grid.count * width), v: random.normals(grid.count * width) };
-    const bias = keyPaddingBias({ ...planUlysses(m.config, grid.count - 5, 1), paddedTokens: grid.count });
-    expect(maxAbsDiff(await onnx.attention(heads, bias), await ref.attention(heads, bias))).toBeLessThan(1e-4);
-
-    const o = random.normals(grid.count * m.config.dim);
-    const [pa, pb] = [await onnx.postAttention(0, b.x, o, b.tproj, b.context), await ref.postAttention(0, b.x, o, b.tproj, b.context)];
-    expect(maxAbsDiff(hostValues(pa), hostValues(pb))).toBeLessThan(1e-4);
-    expect(maxAbsDiff(await onnx.head(b.x, b.temb), await ref.head(b.x, b.temb))).toBeLessThan(1e-4);
+    await expectStagesEqualReference(onnx);
   });
 
   it('cut to a buffer budget (rows for the row-wise stages, heads for attention) give the same numbers', async () => {
     // two heads of 72 tokens per buffer: pre-attention 12 rows at a time, post-attention 3, attention 2 of 4 heads
-    const chunked = await onnxStages(m, 'wasm', { maxBufferBytes: 4 * 72 * 2 * m.config.headDim });
-    const patches = patchify(m.config, latent).data;
-    const [a, b] = [await chunked.embed(patches, timestep, text), await ref.embed(patches, timestep, text)];
-    for (const key of ['x', 'temb', 'tproj', 'context'] as const) expect(maxAbsDiff(hostValues(a[key]), hostValues(b[key])), key).toBeLessThan(1e-4);
-    const grid = tokenGrid(m.config, latent.shape);
-    const { cos, sin } = ropeTables(m.config, grid, 0, grid.count);
-    const [qa, qb] = [await chunked.preAttention(1, b.x, b.tproj, cos, sin), await ref.preAttention(1, b.x, b.tproj, cos, sin)];
-    for (const key of ['q', 'k', 'v'] as const) expect(maxAbsDiff(qa[key], qb[key]), key).toBeLessThan(1e-4);
-    const width = 4 * m.config.headDim;
-    const heads = { q: random.normals(grid.count * width), k: random.normals(grid.count * width), v: random.normals(grid.count * width) };
-    const bias = keyPaddingBias({ ...planUlysses(m.config, grid.count - 5, 1), paddedTokens: grid.count });
-    expect(maxAbsDiff(await chunked.attention(heads, bias), await ref.attention(heads, bias))).toBeLessThan(1e-4);
-    const o = random.normals(grid.count * m.config.dim);
-    expect(maxAbsDiff(hostValues(await chunked.postAttention(0, b.x, o, b.tproj, b.context)), hostValues(await ref.postAttention(0, b.x, o, b.tproj, b.context)))).toBeLessThan(1e-4);
-    expect(maxAbsDiff(await chunked.head(b.x, b.temb), await ref.head(b.x, b.temb))).toBeLessThan(1e-4);
-
+    await expectStagesEqualReference(await onnxStages(m, 'wasm', { maxBufferBytes: 4 * 72 * 2 * m.config.headDim }));
     // a budget below one head of the sequence is refused, saying what it would take
     const tooSmall = await onnxStages(m, 'wasm', { maxBufferBytes: 4 * 71 * m.config.headDim });
-    await expect(tooSmall.attention(heads, bias)).rejects.toThrow(`attention over 72 tokens needs ${4 * 72 * m.config.headDim} bytes per head, more than one buffer of this worker holds`);
+    const heads = { q: new Float32Array(72 * 4 * m.config.headDim), k: new Float32Array(72 * 4 * m.config.headDim), v: new Float32Array(72 * 4 * m.config.headDim) };
+    await expect(tooSmall.attention(heads, new Float32Array(72))).rejects.toThrow(`attention over 72 tokens needs ${4 * 72 * m.config.headDim} bytes per head, more than one buffer of this worker holds`);
   });
 
   it("with the blocks' weights stored as float16 (WebGPU with shader-f16) stay within float16's rounding of the reference", async () => {
