@@ -8,17 +8,14 @@
 //
 //   npm run bench -- full-size [--model DIR] [--ranks 1,2,3] [--frames 9 --height 32 --width 32 --steps 2]
 
-import { spawnSync } from 'node:child_process';
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { SeededRandom } from '../core/random.ts';
-import { CACHE_ROOT } from '../server/model-folder.ts';
 import { LOCAL_MODEL_PATH } from '../server/serve.ts';
 import { startLocalSwarm } from '../server/cli/browser-swarm.ts';
-import { isMain, latentFromBase64, log, machine, round, ROOT, versions, waitForQuietMachine, writeReport } from './lib.ts';
+import { ensureFullSizeModel, FULL_SIZE_MODEL_DIR, isMain, latentFromBase64, log, machine, round, versions, waitForQuietMachine, writeReport } from './lib.ts';
 
-const DEFAULT_MODEL_DIR = join(CACHE_ROOT, 'models/wan2.1-t2v-1.3b');
 /** rows of the prompt embedding: WanPipeline pads every prompt to 512 */
 const TEXT_TOKENS = 512;
 /** the issue's bound on P ranks against one, relative to the latent's scale */
@@ -50,11 +47,7 @@ function rendererPeaks(): number[] {
 }
 
 export async function runFullSize(o: FullSizeOptions) {
-  if (!existsSync(join(o.model, 'transformer/config.json'))) {
-    log(`writing the full-size model into ${o.model} (make-model --preset wan2.1-t2v-1.3b, 5.7 GB)…`);
-    const made = spawnSync(process.execPath, ['--import', 'tsx', 'server/cli/make-model.ts', '--preset', 'wan2.1-t2v-1.3b', '--out', o.model], { cwd: ROOT, stdio: 'inherit' });
-    if (made.status !== 0) throw new Error(`make-model failed with status ${made.status}`);
-  }
+  ensureFullSizeModel(o.model);
   const config = JSON.parse(readFileSync(join(o.model, 'transformer/config.json'), 'utf8')) as { text_dim: number; num_layers: number };
   const embeds = new SeededRandom(3).normals(TEXT_TOKENS * config.text_dim, 0.2);
   const promptEmbeds = { shape: [1, TEXT_TOKENS, config.text_dim], base64: Buffer.from(embeds.buffer).toString('base64') };
@@ -133,7 +126,7 @@ export async function runFullSize(o: FullSizeOptions) {
 export function parseFullSizeArgs(args: string[]): FullSizeOptions {
   const { values } = parseArgs({
     args,
-    options: { model: { type: 'string', default: DEFAULT_MODEL_DIR }, ranks: { type: 'string', default: '1,2,3' }, frames: { type: 'string', default: '9' }, height: { type: 'string', default: '32' }, width: { type: 'string', default: '32' }, steps: { type: 'string', default: '2' } },
+    options: { model: { type: 'string', default: FULL_SIZE_MODEL_DIR }, ranks: { type: 'string', default: '1,2,3' }, frames: { type: 'string', default: '9' }, height: { type: 'string', default: '32' }, width: { type: 'string', default: '32' }, steps: { type: 'string', default: '2' } },
   });
   const ranks = values.ranks!.split(',').map(Number);
   if (!ranks.length || !ranks.every((r) => Number.isInteger(r) && r >= 1) || ranks[0] !== 1) throw new Error(`--ranks must list whole numbers starting with 1 (the reference), got ${values.ranks}`);

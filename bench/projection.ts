@@ -1,12 +1,22 @@
 // What the cost model predicts for the real thing: Wan2.1-T2V-1.3B at 480p (832×480, 81 frames →
 // 21 × 30 × 52 = 32,760 tokens), 50 steps with classifier-free guidance, on P = 1, 2, 3, 4, 6
 // browsers for three link speeds, three device speeds and fp32/fp16 transport. Pure arithmetic,
-// no browser. Writes bench/out/projection.json and bench/out/projection.md.
+// no browser, held to one measurement: the full-size model's block as bench/block-cost.ts timed it
+// (bench/out/block-cost.json, when there is one). Writes bench/out/projection.json and .md.
 //
 //   npm run bench -- projection
 
 import { predictStep, type Hardware, type ModelShape, type Workload } from '../core/cost-model.ts';
-import { isMain, machine, round, versions, writeReport } from './lib.ts';
+import { existsSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import type { BlockCostReport } from './block-cost.ts';
+import { isMain, machine, OUT_DIR, round, versions, writeReport } from './lib.ts';
+
+/** The last full-size block measured (bench/block-cost.ts), if any. */
+function lastBlockCost(): BlockCostReport | null {
+  const path = join(OUT_DIR, 'block-cost.json');
+  return existsSync(path) ? (JSON.parse(readFileSync(path, 'utf8')) as BlockCostReport) : null;
+}
 
 export const WAN_1_3B: ModelShape = { numHeads: 12, headDim: 128, dim: 1536, ffnDim: 8960, numLayers: 30, inChannels: 16, outChannels: 16, patchSize: [1, 2, 2], textDim: 4096, freqDim: 256 };
 const WORKLOAD: Workload = { model: WAN_1_3B, tokens: 32760, textTokens: 512, passes: 2 };
@@ -20,7 +30,7 @@ const TRANSPORTS = [
 ] as const;
 const LATENCY_S = 0.001;
 
-export function runProjection() {
+export function runProjection(blockCost: BlockCostReport | null = lastBlockCost()) {
   const rows: {
     linkMBs: number;
     deviceTFLOPs: number;
@@ -111,6 +121,8 @@ export function runProjection() {
     best,
     breakEven,
     cfgParallel,
+    /** the full-size block measured on this machine, against the cost model's prediction for it */
+    measuredBlock: blockCost && { date: blockCost.date, tokens: blockCost.config.tokens, ...blockCost.measured, predicted: blockCost.predicted, probe: blockCost.probe, stepAt480pS: blockCost.stepAt480pS },
   };
 }
 
@@ -176,6 +188,15 @@ function markdown(r: ReturnType<typeof runProjection>): string {
       const cells = r.breakEven.filter((b) => b.deviceTFLOPs === deviceTFLOPs && b.transport === transport).map((b) => (b.linkMBs === null ? 'never' : fmt(b.linkMBs)));
       lines.push(`| ${deviceTFLOPs} TFLOP/s | ${transport} | ${cells.join(' | ')} |`);
     }
+  const b = r.measuredBlock;
+  lines.push(
+    '',
+    '## Held to a measurement',
+    '',
+    b
+      ? `One block of the full-size model (bench/block-cost.ts, ${b.date.slice(0, 10)}: the published layout's first block, ${b.tokens} tokens, the 512-row text, WASM on one thread of this machine) took **${fmt(b.blockMs / 1000)} s**: ${b.effectiveGflopS} GFLOP/s over its ${b.blockGflop} GFLOP, where the probe's matrix multiply ran at ${b.probe.gflopS}. The cost model predicted ${fmt(b.predicted.blockMs / 1000)} s for it from the probe rates (measured / predicted = ${b.predicted.measuredOverPredicted}). The device column above is such an effective rate over whole blocks, not a GPU's peak. Scaled by FLOPs, this machine alone would take ${fmt(b.stepAt480pS)} s per 480p step.`
+      : 'No full-size block has been measured on this machine yet: `npm run bench -- block-cost` times one and this section compares it with the cost model.',
+  );
   const perRank = (t: string) => DEGREES.filter((d) => d > 1).map((d) => `P=${d} ${(r.rows.find((x) => x.transport === t && x.degree === d)!.bytesPerRankPerStep / 1e9).toFixed(1)} GB`).join(', ');
   lines.push('', `Bytes each rank sends per step (both passes, 30 blocks): fp32 ${perRank('fp32')}; fp16 ${perRank('fp16')}.`, '', `Assumptions: ${r.config.assumptions.join('; ')}.`, '');
   return lines.join('\n');

@@ -2,7 +2,7 @@
 // never at once), each writing its own report under bench/out/, then the headline figures in
 // bench/out/scaling.json.
 //
-//   npm run bench                      scaling, local overhead, projection, threads, full-size
+//   npm run bench                      block cost, projection, local overhead, scaling, threads, full-size
 //   npm run bench -- scaling [flags]   one of them (flags as in bench/scaling.ts etc.)
 
 import { parseOverheadArgs, runLocalOverhead } from './local-overhead.ts';
@@ -11,8 +11,9 @@ import { projectionMarkdown, runProjection } from './projection.ts';
 import { parseScalingArgs, runScaling } from './scaling.ts';
 import { parseThreadsArgs, runThreads } from './threads.ts';
 import { parseFullSizeArgs, runFullSize } from './full-size.ts';
+import { parseBlockCostArgs, runBlockCost } from './block-cost.ts';
 
-const BENCHMARKS = ['scaling', 'local-overhead', 'projection', 'threads', 'full-size'] as const;
+const BENCHMARKS = ['block-cost', 'scaling', 'local-overhead', 'projection', 'threads', 'full-size'] as const;
 type Benchmark = (typeof BENCHMARKS)[number];
 
 const [first, ...rest] = process.argv.slice(2);
@@ -23,6 +24,13 @@ if (first !== undefined && !(BENCHMARKS as readonly string[]).includes(first)) {
 const chosen: Benchmark[] = first ? [first as Benchmark] : [...BENCHMARKS];
 const args = first ? rest : [];
 const started = Date.now();
+
+// the projection is held to the block measured here: that comes first
+if (chosen.includes('block-cost')) {
+  const blockCost = await runBlockCost(parseBlockCostArgs(args));
+  writeReport('block-cost.json', blockCost);
+  console.log(`block-cost: ${blockCost.config.tokens} tokens: ${blockCost.measured.blockMs} ms per block (predicted ${blockCost.predicted.blockMs}); a 480p step here ≈ ${blockCost.stepAt480pS} s`);
+}
 
 if (chosen.includes('projection')) {
   const projection = runProjection();
