@@ -85,9 +85,10 @@ export interface GenerateReport {
   /**
    * each rank's EP, and why it runs there ("WASM: 21.3 GFLOP/s vs WebGPU 0.2"); how long its model
    * took to load and where the weights came from (the network or its browser's cache); the most
-   * memory its page held during the job; the largest tensor its stages make (larger ones run in chunks)
+   * memory its page held during the job (JS heaps, the wasm heap among them) and the GPU bytes its weights
+   * took; the largest tensor its stages make (larger ones run in chunks)
    */
-  workers: { id: string; ep: string; adapter: string; why: string; threads: number; loadMs: number; weights: WeightsSource; maxBufferBytes: number; weightType: LoadedModel['weightType']; peakMemoryBytes: number | null }[];
+  workers: { id: string; ep: string; adapter: string; why: string; threads: number; loadMs: number; weights: WeightsSource; maxBufferBytes: number; weightType: LoadedModel['weightType']; gpuWeightBytes: number; peakMemoryBytes: number | null }[];
   /** which links of the last placement were direct data channels and which went through the relay */
   links: LinkReport[];
   /** the cost model's choice of degree when it was 'auto' (null when asked for, or unmeasured) */
@@ -250,6 +251,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
             weights: w.weights,
             maxBufferBytes: w.maxBufferBytes,
             weightType: w.weightType,
+            gpuWeightBytes: w.gpuWeightBytes,
             peakMemoryBytes: steps.flatMap((s) => s.ranks).filter((r) => r.worker === w.id).reduce<number | null>((peak, r) => maxOrNull(peak, r.peakMemoryBytes), null),
           })),
           links: executor.linkReport(),

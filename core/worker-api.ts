@@ -55,6 +55,8 @@ export interface LoadedModel {
   maxBufferBytes: number;
   /** how its blocks' weights are stored: float16 on WebGPU where the device has shader-f16 */
   weightType: WeightType;
+  /** GPU buffers it allocated for the weights (0 on WASM; the activations' are onnxruntime's and not counted) */
+  gpuWeightBytes: number;
 }
 
 /** Where a worker's weights came from when it loaded them: bytes over the network and from its browser's cache. */
@@ -258,7 +260,7 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
   },
   loadModel: {
     args: fields({ modelUrl: text(), ep: oneOf(...EXECUTION_PROVIDERS, 'auto') }),
-    reply: fields({ ep, adapter: text(), loadMs: ms, why: text(), weights: checkWeightsSource, maxBufferBytes: num(1), weightType: oneOf('float32', 'float16') }),
+    reply: fields({ ep, adapter: text(), loadMs: ms, why: text(), weights: checkWeightsSource, maxBufferBytes: num(1), weightType: oneOf('float32', 'float16'), gpuWeightBytes: bytes }),
   },
   rehearse: {
     args: fields({ modelUrl: text(), ep: oneOf(...EXECUTION_PROVIDERS, 'auto'), latentShape: shape, textTokens: int(1, 1 << 16), degrees: list(int(1, MAX_RANKS), { min: 1, max: 16 }) }),

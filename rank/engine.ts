@@ -20,6 +20,7 @@ export interface EngineInfo {
   weights: WeightsSource;
   maxBufferBytes: number;
   weightType: WeightType;
+  gpuWeightBytes: number;
 }
 
 export interface EngineApi extends DeviceStageRunner {
@@ -70,7 +71,7 @@ export function createEngine(threads = 1): EngineApi {
       }).finally(() => files.close());
       const runner = await onnxStages(model, ep);
       stages = runner;
-      const info: EngineInfo = { ep, adapter, config: model.config, loadMs: performance.now() - started, weights: files.source(), maxBufferBytes: runner.maxBufferBytes, weightType: runner.weightType };
+      const info: EngineInfo = { ep, adapter, config: model.config, loadMs: performance.now() - started, weights: files.source(), maxBufferBytes: runner.maxBufferBytes, weightType: runner.weightType, gpuWeightBytes: runner.gpuWeightBytes };
       loaded = { key, info };
       return info;
     }),

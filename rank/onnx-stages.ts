@@ -21,7 +21,7 @@ async function webGpuMaxBufferBytes(): Promise<number> {
 }
 
 /** A runner that says how large a buffer it cuts its stages to (chunks.ts) and how it stores the blocks' weights; disposed when its model is replaced. */
-export type OnnxStages = Required<DeviceStageRunner> & { maxBufferBytes: number; weightType: WeightType; dispose(): Promise<void> };
+export type OnnxStages = Required<DeviceStageRunner> & { maxBufferBytes: number; weightType: WeightType; gpuWeightBytes: number; dispose(): Promise<void> };
 
 /** The parts of a WebGPU device this runner uses (the DOM's WebGPU types are not in this build's lib). */
 interface GpuDevice {
@@ -61,6 +61,7 @@ export async function onnxStages(m: WanModel, ep: ExecutionProvider, limits: { m
   const pre = await session(preGraph.bytes);
   const post = await session(postGraph.bytes, onDevice('x_out'));
   const gpuBuffers: { destroy(): void }[] = [];
+  let gpuWeightBytes = 0;
   const weightTensor = (data: Float32Array, dims: number[]): ort.Tensor => {
     const values = weightType === 'float16' ? toF16(data) : data;
     if (!device) return new ort.Tensor(weightType, values, dims);
@@ -71,6 +72,7 @@ export async function onnxStages(m: WanModel, ep: ExecutionProvider, limits: { m
     const buffer = device.createBuffer({ size, usage: GPU_BUFFER_USAGE.STORAGE | GPU_BUFFER_USAGE.COPY_SRC | GPU_BUFFER_USAGE.COPY_DST });
     device.queue.writeBuffer(buffer, 0, words.buffer, words.byteOffset, size);
     gpuBuffers.push(buffer);
+    gpuWeightBytes += size;
     return ort.Tensor.fromGpuBuffer(buffer as never, { dataType: weightType, dims });
   };
   const blockWeights = (graph: BlockGraph) =>
@@ -116,6 +118,7 @@ export async function onnxStages(m: WanModel, ep: ExecutionProvider, limits: { m
   return {
     maxBufferBytes,
     weightType,
+    gpuWeightBytes,
     async dispose() {
       for (const buffer of gpuBuffers) buffer.destroy();
       await Promise.all([embed, attention, head, pre, post].map((s) => s.release()));

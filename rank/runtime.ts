@@ -139,7 +139,7 @@ export class WorkerRuntime implements WorkerApi {
     this.modelUrl = args.modelUrl;
     this.epWhy = why;
     this.setState('ready', `model loaded on ${info.ep} in ${info.loadMs.toFixed(0)} ms (${why}); ${describeWeights(info.weights)}`);
-    return { ep: info.ep, adapter: info.adapter, loadMs: info.loadMs, why, weights: info.weights, maxBufferBytes: info.maxBufferBytes, weightType: info.weightType };
+    return { ep: info.ep, adapter: info.adapter, loadMs: info.loadMs, why, weights: info.weights, maxBufferBytes: info.maxBufferBytes, weightType: info.weightType, gpuWeightBytes: info.gpuWeightBytes };
   }
 
   /** The model on the EP asked for, or with 'auto' the fastest one; the engine keeps the last one it loaded. */

@@ -29,8 +29,9 @@ test.describe.serial('WebGPU worker: device-resident activations', () => {
     // the blocks' weights live in GPU buffers: float32 here (SwiftShader has no shader-f16); the
     // stages are cut to the adapter's largest binding (SwiftShader: 1 GiB), which the report gives
     expect(gpu.run.report.workers[0]).toMatchObject({ weightType: 'float32', maxBufferBytes: 2 ** 30 });
+    expect(gpu.run.report.workers[0].gpuWeightBytes).toBeGreaterThan(0);
     const cpu = await measured('wasm');
-    expect(cpu.run.report.workers[0].ep).toBe('wasm');
+    expect(cpu.run.report.workers[0]).toMatchObject({ ep: 'wasm', gpuWeightBytes: 0 });
 
     const diff = maxAbsDiff(gpu.run.latent, cpu.run.latent);
     console.log(`webgpu (device-resident) vs wasm: max-abs ${diff.toExponential(2)}`);
