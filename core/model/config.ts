@@ -159,7 +159,11 @@ export function expectedWeightShapes(cfg: WanConfig): Map<string, number[]> {
 
 /** Missing, unexpected or misshapen weights are one error that lists all of them (and the file of each misshapen one). */
 export function checkWeights(cfg: WanConfig, weights: ReadonlyMap<string, { shape: number[]; file?: string }>, source: string): void {
-  const expected = expectedWeightShapes(cfg);
+  checkShapes(expectedWeightShapes(cfg), weights, source);
+}
+
+/** Every expected tensor is there with its shape, and nothing else: else one error naming each key (and its file) that is not. */
+export function checkShapes(expected: ReadonlyMap<string, number[]>, weights: ReadonlyMap<string, { shape: number[]; file?: string }>, source: string): void {
   const missing = [...expected.keys()].filter((k) => !weights.has(k));
   const unexpected = [...weights.keys()].filter((k) => !expected.has(k));
   const misshapen = [...expected]

@@ -7,6 +7,7 @@ const INT64 = onnx.TensorProto.DataType.INT64;
 
 /** How weights fed as inputs are stored: float16 halves their memory (computed in float32 all the same). */
 export type WeightType = 'float32' | 'float16';
+const ELEMENT_TYPES = { float32: FLOAT, float16: FLOAT16, int64: INT64 };
 export const OPSET = 17;
 
 export type Dim = number | string; // a string is a symbolic dimension, e.g. the sequence length
@@ -25,8 +26,8 @@ export class OnnxGraph {
 
   constructor(readonly name: string) {}
 
-  input(name: string, dims: Dim[], type: WeightType = 'float32'): string {
-    this.inputs.push(valueInfo(name, dims, type === 'float16' ? FLOAT16 : FLOAT));
+  input(name: string, dims: Dim[], type: keyof typeof ELEMENT_TYPES = 'float32'): string {
+    this.inputs.push(valueInfo(name, dims, ELEMENT_TYPES[type]));
     return name;
   }
 
@@ -58,6 +59,21 @@ export class OnnxGraph {
     const name = `const_${this.counter++}`;
     this.initializers.push({ name, dims: [], dataType: FLOAT, floatData: [value] });
     return name;
+  }
+
+  /** RMSNorm over the last axis with a learned scale (no mean, no bias: Wan's q/k norms, T5's layer norms). */
+  rmsNorm(x: string, weight: string, eps: number): string {
+    const meanSquare = this.op('ReduceMean', [this.op('Mul', [x, x])], { axes: [-1], keepdims: 1 });
+    const inv = this.op('Reciprocal', [this.op('Sqrt', [this.op('Add', [meanSquare, this.scalar(eps)])])]);
+    return this.op('Mul', [this.op('Mul', [x, inv]), weight]);
+  }
+
+  /** GELU's tanh approximation (diffusers' "gelu-approximate", transformers' gelu_new). */
+  geluTanh(x: string): string {
+    const cube = this.op('Mul', [this.op('Mul', [x, x]), x]);
+    const inner = this.op('Mul', [this.op('Add', [x, this.op('Mul', [cube, this.scalar(0.044715)])]), this.scalar(Math.sqrt(2 / Math.PI))]);
+    const half = this.op('Mul', [x, this.scalar(0.5)]);
+    return this.op('Mul', [half, this.op('Add', [this.op('Tanh', [inner]), this.scalar(1)])]);
   }
 
   /** Appends one node and returns its output. Whole-number attributes are INT, others FLOAT. */

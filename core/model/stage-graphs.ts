@@ -84,20 +84,11 @@ class WanGraph extends OnnxGraph {
   }
 
   rmsNorm(x: string, weight: string): string {
-    const meanSquare = this.op('ReduceMean', [this.op('Mul', [x, x])], { axes: [-1], keepdims: 1 });
-    const inv = this.op('Reciprocal', [this.op('Sqrt', [this.op('Add', [meanSquare, this.scalar(this.cfg.eps)])])]);
-    return this.op('Mul', [this.op('Mul', [x, inv]), this.param(weight)]);
+    return super.rmsNorm(x, this.param(weight), this.cfg.eps);
   }
 
   silu(x: string): string {
     return this.op('Mul', [x, this.op('Sigmoid', [x])]);
-  }
-
-  geluTanh(x: string): string {
-    const cube = this.op('Mul', [this.op('Mul', [x, x]), x]);
-    const inner = this.op('Mul', [this.op('Add', [x, this.op('Mul', [cube, this.scalar(0.044715)])]), this.scalar(Math.sqrt(2 / Math.PI))]);
-    const half = this.op('Mul', [x, this.scalar(0.5)]);
-    return this.op('Mul', [half, this.op('Add', [this.op('Tanh', [inner]), this.scalar(1)])]);
   }
 
   /** The six modulation rows of a block, each [1, D]. */

@@ -8,19 +8,23 @@
 //   wan2.1-t2v-1.3b  the published Wan-AI/Wan2.1-T2V-1.3B-Diffusers transformer exactly as published:
 //          its config.json, 30 blocks of width 1536, fp32 shards split at 5 GB in state-dict order with
 //          their index (5.68 GB), the folder's model_index.json and the scheduler, text encoder and
-//          VAE configs (their weights are not written: prompt embeddings and latent output skip them).
-//          `--layers N` keeps the layout with fewer blocks. Outside the repository: ~/.cache/ditswarm/…
+//          VAE configs (its weights are not written: latent output skips it), and the text encoder
+//          (umT5-XXL's encoder at full width, `--text-layers N` of its 24 layers, default 2, with a small
+//          vocabulary and tokenizer of the same format). `--layers N` keeps the layout with fewer
+//          blocks. Outside the repository: ~/.cache/ditswarm/…
 // The small presets' transformers have every key family of Wan2.1-T2V-1.3B and its 12 heads (so
 // Ulysses degrees 1, 2, 3, 4, 6 are valid), with a stand-in text encoder and VAE.
 //
 //   npm run make-model [-- --preset tiny|bench|wan2.1-t2v-1.3b --out DIR --seed N --layers N
-//                          --head-dim N --ffn N --shard-bytes N]
+//                          --text-layers N --head-dim N --ffn N --shard-bytes N]
 
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { expectedWeightShapes, parseWanConfig, toDiffusersConfig, wanConfigOfSize, type WanConfig } from '../../core/model/config.ts';
 import { TEXT_ENCODER_CLASS } from '../../core/model/text-encoder.ts';
+import { parseUmt5Config, TEXT_ENCODER_CONFIG, TEXT_ENCODER_WEIGHTS_NAME, TOKEN_EMBEDDING, umt5WeightShapes } from '../../core/model/umt5.ts';
+import { makeTestTokenizerJson, TEST_TOKENIZER_PIECES } from '../../core/model/umt5-tokenizer.ts';
 import { TRANSFORMER_CONFIG, TRANSFORMER_WEIGHTS_NAME } from '../../core/model/transformer.ts';
 import { VAE_DECODER_CLASS } from '../../core/model/vae-decoder.ts';
 import { SeededRandom } from '../../core/random.ts';
@@ -33,7 +37,7 @@ import { WAN21_T2V_1_3B } from '../wan21-layout.ts';
 const PRESETS = {
   tiny: { name: 'tiny-wan', out: 'public/models/tiny-wan', seed: '20250225', layers: '2', 'head-dim': '24', ffn: '768', 'text-dim': '64', 'text-length': '32' },
   bench: { name: 'bench-wan', out: 'bench/out/models/bench-wan', seed: '20250226', layers: '2', 'head-dim': '48', ffn: '3456', 'text-dim': '64', 'text-length': '32' },
-  'wan2.1-t2v-1.3b': { name: 'wan2.1-t2v-1.3b', out: join(CACHE_ROOT, 'models/wan2.1-t2v-1.3b'), seed: '20250227', layers: '30', 'head-dim': '128', ffn: '8960', 'text-dim': '4096', 'text-length': '512' },
+  'wan2.1-t2v-1.3b': { name: 'wan2.1-t2v-1.3b', out: join(CACHE_ROOT, 'models/wan2.1-t2v-1.3b'), seed: '20250227', layers: '30', 'text-layers': '2', 'head-dim': '128', ffn: '8960', 'text-dim': '4096', 'text-length': '512' },
 };
 type Preset = keyof typeof PRESETS;
 
@@ -48,6 +52,7 @@ const { values: flags } = parseArgs({
     'text-dim': { type: 'string' },
     'text-length': { type: 'string' },
     'shard-bytes': { type: 'string' },
+    'text-layers': { type: 'string' },
   },
 });
 const fail = (message: string): never => {
@@ -56,12 +61,14 @@ const fail = (message: string): never => {
 };
 if (!Object.hasOwn(PRESETS, flags.preset!)) fail(`unknown --preset ${flags.preset}; valid presets: ${Object.keys(PRESETS).join(', ')}`);
 const published = flags.preset === 'wan2.1-t2v-1.3b';
-if (published && (flags['head-dim'] || flags.ffn || flags['text-dim'] || flags['text-length'])) fail('--preset wan2.1-t2v-1.3b is the published layout: only --layers, --out and --seed change it');
+if (published && (flags['head-dim'] || flags.ffn || flags['text-dim'] || flags['text-length'])) fail('--preset wan2.1-t2v-1.3b is the published layout: only --layers, --text-layers, --out and --seed change it');
+if (!published && flags['text-layers']) fail('--text-layers is for --preset wan2.1-t2v-1.3b (umT5): the small presets have a stand-in text encoder');
 const preset = PRESETS[flags.preset as Preset];
 const values = { ...preset, ...Object.fromEntries(Object.entries(flags).filter(([, v]) => v !== undefined)) };
-const whole = (flag: keyof typeof values, min: number): number => {
-  const n = Number(values[flag]);
-  return Number.isInteger(n) && n >= min ? n : fail(`--${flag} must be a whole number ≥ ${min}, got ${JSON.stringify(values[flag])}`);
+const whole = (flag: string, min: number): number => {
+  const value = (values as Record<string, string | undefined>)[flag];
+  const n = Number(value);
+  return Number.isInteger(n) && n >= min ? n : fail(`--${flag} must be a whole number ≥ ${min}, got ${JSON.stringify(value)}`);
 };
 
 const seed = whole('seed', 0);
@@ -107,12 +114,12 @@ const files = await writeCheckpoint(join(out, 'transformer'), TRANSFORMER_WEIGHT
 }, { maxShardBytes: shardBytes, metadata: published ? { format: 'pt' } : made });
 
 if (published) {
-  // the folder's own files as published; text encoder and VAE weights are not written (issues 15, 16)
+  // the folder's own files as published; the VAE's weights are not written (issue 16)
   write('model_index.json', WAN21_T2V_1_3B.modelIndex);
   write(TRANSFORMER_CONFIG, { ...WAN21_T2V_1_3B.transformer, num_layers: config.numLayers });
   write('scheduler/scheduler_config.json', WAN21_T2V_1_3B.scheduler);
-  write('text_encoder/config.json', WAN21_T2V_1_3B.textEncoder);
   write('vae/config.json', WAN21_T2V_1_3B.vae);
+  await writeTextEncoder(whole('text-layers', 1));
 } else {
   const random = randomFor('text_encoder and vae');
   const textEncoder: TensorMap = new Map([
@@ -129,6 +136,38 @@ if (published) {
   write('text_encoder/model.safetensors', writeSafetensors(textEncoder, made));
   write('vae/config.json', { _class_name: VAE_DECODER_CLASS, latent_channels: 16, scale_factor_temporal: 4, scale_factor_spatial: 8 });
   write('vae/diffusion_pytorch_model.safetensors', writeSafetensors(vae, made));
+}
+
+/**
+ * umT5-XXL's encoder at full width with `layers` layers, initialised as transformers initialises
+ * UMT5 (unit-variance embeddings, projections scaled by their fan-in), and a small tokenizer.json in
+ * T5TokenizerFast's format whose vocabulary is the encoder's: no real tokenizer can be fetched here.
+ */
+async function writeTextEncoder(layers: number): Promise<void> {
+  const tokenizer = makeTestTokenizerJson(TEST_TOKENIZER_PIECES);
+  const textConfig = { ...WAN21_T2V_1_3B.textEncoder, num_layers: layers, num_decoder_layers: layers, vocab_size: tokenizer.model.vocab.length };
+  const umt5 = parseUmt5Config(textConfig, 'make-model');
+  const specs = [...umt5WeightShapes(umt5)].map(([name, shape]) => ({ name, shape }));
+  const bytes = 4 * specs.reduce((n, t) => n + sizeOf(t.shape), 0);
+  const progress = byteProgress('make-model text encoder');
+  let done = 0;
+  const std = (name: string): number => {
+    const { dModel: d, dKv, numHeads, dFf } = umt5;
+    if (name === TOKEN_EMBEDDING) return 1;
+    if (name.endsWith('.q.weight')) return (d * dKv) ** -0.5;
+    if (name.endsWith('.o.weight')) return (numHeads * dKv) ** -0.5;
+    if (name.endsWith('.wo.weight')) return dFf ** -0.5;
+    return d ** -0.5; // k, v, wi_0, wi_1, the relative-attention bias
+  };
+  const files = await writeCheckpoint(join(out, 'text_encoder'), TEXT_ENCODER_WEIGHTS_NAME, specs, ({ name, shape }) => {
+    progress((done += 4 * sizeOf(shape)), bytes);
+    const random = randomFor(name);
+    return /norm\.weight$/.test(name) ? random.normals(sizeOf(shape), 0.05).map((v) => 1 + v) : random.normals(sizeOf(shape), std(name));
+  }, { maxShardBytes: shardBytes, metadata: { format: 'pt' } });
+  write(TEXT_ENCODER_CONFIG, textConfig);
+  write('tokenizer/tokenizer.json', tokenizer);
+  write('tokenizer/tokenizer_config.json', { tokenizer_class: 'T5Tokenizer', model_max_length: 512, eos_token: '</s>', pad_token: '<pad>', unk_token: '<unk>', ...made });
+  console.log(`wrote ${out}/text_encoder: umT5 encoder, ${layers} layers of width ${umt5.dModel}, vocabulary ${umt5.vocabSize}, in ${files.join(', ')}`);
 }
 
 const params = tensors.reduce((n, t) => n + sizeOf(t.shape), 0);

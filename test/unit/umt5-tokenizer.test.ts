@@ -1,0 +1,87 @@
+import { describe, expect, it } from 'vitest';
+import { cleanPrompt, makeTestTokenizerJson, Umt5Tokenizer, UnsupportedTokenizer } from '../../core/model/umt5-tokenizer.ts';
+
+// Vocabulary: <pad> 0, </s> 1, <unk> 2, the pieces below 3..10 (log-probs -1 .. -1.875), then
+// ▁ 11 and the printable ASCII characters '!' 12 .. '~' 105 (log-probs below -10). A piece
+// always beats characters, and fewer pieces beat more, so each segmentation below is the only best one.
+const PIECES = ['▁a', '▁red', '▁ball', '▁the', '▁cat', '▁roll', 'ing', '▁caf'];
+const tokenizer = new Umt5Tokenizer(makeTestTokenizerJson(PIECES));
+
+describe('cleanPrompt (diffusers prompt_clean)', () => {
+  it.each([
+    ['  a\tred\n\nball  ', 'a red ball'],
+    ['\u3000a\u00a0\x1cb\x85', 'a b'], // Python's whitespace, not JS's \s ...
+    ['\ufeffa', '\ufeffa'], // ... which would also strip the BOM
+    ['red &amp; ball', 'red & ball'],
+    ['&amp;amp;', '&'], // unescaped twice ...
+    ['&amp;amp;amp;', '&amp;'], // ... and only twice (ftfy, not ported, would go on)
+    ['&amp;lt;b&amp;gt;', '<b>'],
+    ['&quot;x&quot; &#39;y&#39; &apos;z&apos;', '"x" \'y\' \'z\''],
+    ['a&nbsp;b', 'a b'], // U+00A0, then collapsed as whitespace
+    ['&#233;&#xE9;&#XE9;', 'ééé'],
+    ['&#39 &amp &ampx &AMP;', "' & &x &"], // legacy forms without ';'
+    ['&apos &#; &#x;', '&apos &#; &#x;'], // &apos has no legacy form; the others are not references
+    ['&#0;&#xD800;&#x110000;', '\ufffd\ufffd\ufffd'],
+    ['&#150;&#128;&#x81;', '\u2013\u20ac\x81'], // windows-1252, as browsers read them
+    ['a&#1;b&#x7f;c&#xFFFF;d', 'abcd'], // invalid code points are dropped
+  ])('%j → %j', (prompt, cleaned) => {
+    expect(cleanPrompt(prompt)).toBe(cleaned);
+  });
+});
+
+describe('Umt5Tokenizer.encode', () => {
+  it.each<[string, string, number[]]>([
+    ['a red ball', '▁a ▁red ▁ball </s>', [3, 4, 5, 1]],
+    ['the cat rolling', '▁the ▁cat ▁roll ing </s>', [6, 7, 8, 9, 1]],
+    ['a dog', '▁a ▁ d o g </s>', [3, 11, 79, 90, 82, 1]],
+    ['café', '▁caf é=<unk> </s>', [10, 2, 1]],
+    ['cafe\u0301', 'NFKC composes e + U+0301 into é: ▁caf <unk> </s>', [10, 2, 1]],
+    ['a 🐱', '▁a ▁ 🐱=<unk> </s>', [3, 11, 2, 1]],
+    ['🐱🐶 cat', '▁ 🐱🐶=one <unk> (unknown neighbours fuse) ▁cat </s>', [11, 2, 7, 1]],
+    ['  a\tred\n\nball  ', 'cleaned to "a red ball"', [3, 4, 5, 1]],
+    ['red &amp;amp; ball', 'cleaned to "red & ball": ▁red ▁ & ▁ball </s>', [4, 11, 17, 5, 1]],
+    ['the cat&#39;s ball', "▁the ▁cat ' s ▁ball </s>", [6, 7, 18, 94, 5, 1]],
+    ['', '</s>', [1]],
+    [' \t\n', 'cleaned to "": </s>', [1]],
+  ])('%j → %s', (prompt, _segmentation, ids) => {
+    expect(tokenizer.encode(prompt, 512)).toEqual({ ids, truncated: false, tokens: ids.length });
+  });
+
+  it('truncates like transformers: the first maxLength-1 tokens, then </s>', () => {
+    expect(tokenizer.encode('a red ball a red ball', 5)).toEqual({ ids: [3, 4, 5, 3, 1], truncated: true, tokens: 7 });
+    expect(tokenizer.encode('a red ball', 4)).toEqual({ ids: [3, 4, 5, 1], truncated: false, tokens: 4 });
+    expect(tokenizer.encode('a red ball', 1)).toEqual({ ids: [1], truncated: true, tokens: 4 });
+    expect(() => tokenizer.encode('a', 0)).toThrow(/maxLength must be an integer of at least 1/);
+  });
+
+  it('segments each word apart (Metaspace split: true): no piece spans a space', () => {
+    const spanning = new Umt5Tokenizer(makeTestTokenizerJson(['▁red▁ball', '▁red', '▁ball']));
+    expect(spanning.encode('red ball', 512).ids).toEqual([4, 5, 1]); // not [3 (▁red▁ball), 1]
+  });
+
+  it('refuses a tokenizer.json that is not T5 Unigram, saying what it is', () => {
+    const t5 = makeTestTokenizerJson(PIECES) as Record<string, unknown>;
+    const bpe = { ...t5, model: { type: 'BPE', vocab: {}, merges: [] } };
+    expect(() => new Umt5Tokenizer(bpe)).toThrow(UnsupportedTokenizer);
+    expect(() => new Umt5Tokenizer(bpe)).toThrow('tokenizer/tokenizer.json is a BPE tokenizer; a T5 (Unigram) one was expected');
+    expect(() => new Umt5Tokenizer({ ...t5, post_processor: null })).toThrow(/post_processor .*"\$A <\/s>".* must be a JSON object; it is null/);
+    const bert = { type: 'BertProcessing', sep: ['[SEP]', 102], cls: ['[CLS]', 101] };
+    expect(() => new Umt5Tokenizer({ ...t5, post_processor: bert })).toThrow(/post_processor must be T5's TemplateProcessing .*; it is "BertProcessing"/);
+    expect(() => new Umt5Tokenizer([])).toThrow('tokenizer/tokenizer.json must be a JSON object; it is an array');
+  });
+});
+
+describe('makeTestTokenizerJson', () => {
+  it("writes T5TokenizerFast's layout: specials 0-2, the pieces, then ▁ and ASCII", () => {
+    const json = makeTestTokenizerJson(['▁a', 'x']);
+    expect((json.added_tokens as { id: number; content: string; special: boolean }[]).map((t) => [t.id, t.content, t.special])).toEqual([[0, '<pad>', true], [1, '</s>', true], [2, '<unk>', true]]);
+    expect(json.model.type).toBe('Unigram');
+    expect(json.model.unk_id).toBe(2);
+    const vocab = json.model.vocab;
+    expect(vocab.slice(0, 6)).toEqual([['<pad>', 0], ['</s>', 0], ['<unk>', 0], ['▁a', -1], ['x', -1.5], ['▁', -10]]);
+    expect(vocab.filter(([piece]) => piece === 'x')).toHaveLength(1); // a piece is not repeated as a character
+    expect(vocab).toHaveLength(3 + 2 + 1 + 94 - 1);
+    const scores = vocab.slice(3).map(([, score]) => score);
+    expect(scores.every((score, i) => i === 0 || score < scores[i - 1])).toBe(true);
+  });
+});

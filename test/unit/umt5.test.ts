@@ -1,0 +1,100 @@
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { SeededRandom } from '../../core/random.ts';
+import { maxAbsDiff } from '../../core/tensor.ts';
+import { openUmt5, relativePositionBuckets, TEXT_ENCODER_WEIGHTS_NAME, umt5FinalNorm, umt5LayerReference, umt5WeightShapes, type Umt5Checkpoint, type Umt5Config } from '../../core/model/umt5.ts';
+import { onnxUmt5Layers } from '../../rank/umt5-layers.ts';
+import { folderFiles, writeCheckpoint } from '../../server/model-folder.ts';
+
+// umT5-XXL's layout and math at a small width: 8 heads of 8, the published 32 buckets and distance 128
+const CONFIG = { architectures: ['UMT5EncoderModel'], model_type: 'umt5', d_model: 64, d_kv: 8, num_heads: 8, d_ff: 96, num_layers: 2, relative_attention_num_buckets: 32, relative_attention_max_distance: 128, vocab_size: 300, layer_norm_epsilon: 1e-6, feed_forward_proj: 'gated-gelu', dense_act_fn: 'gelu_new' };
+
+let dir: string;
+let encoder: Umt5Checkpoint;
+let cfg: Umt5Config;
+
+/** A random umT5 encoder folder in the published layout, its shards small enough to split it in three. */
+async function writeEncoder(folder: string, config: Record<string, unknown>, shapes?: Map<string, number[]>): Promise<void> {
+  const { parseUmt5Config } = await import('../../core/model/umt5.ts');
+  const specs = [...(shapes ?? umt5WeightShapes(parseUmt5Config(config, 'test')))].map(([name, shape]) => ({ name, shape }));
+  writeFileSync(join(folder, 'config.json'), '{}');
+  await writeCheckpoint(join(folder, 'text_encoder'), TEXT_ENCODER_WEIGHTS_NAME, specs, ({ name, shape }) => {
+    const n = shape.reduce((a, b) => a * b, 1);
+    const random = new SeededRandom([...name].reduce((h, c) => Math.imul(h ^ c.charCodeAt(0), 0x01000193), 0x811c9dc5));
+    return name.endsWith('norm.weight') ? random.normals(n, 0.05).map((v) => 1 + v) : random.normals(n, name.includes('relative') ? 1 : 1 / Math.sqrt(shape[1]));
+  }, { maxShardBytes: 60_000 });
+  writeFileSync(join(folder, 'text_encoder/config.json'), JSON.stringify(config));
+}
+
+beforeAll(async () => {
+  dir = mkdtempSync(join(tmpdir(), 'ditswarm-umt5-'));
+  await writeEncoder(dir, CONFIG);
+  encoder = await openUmt5(folderFiles(dir));
+  cfg = encoder.config;
+});
+afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+describe("umT5's relative-position buckets", () => {
+  it('are exact up to 8 apart, log-spaced to 128, and keys after the query take the upper half', () => {
+    const T = 200;
+    const b = relativePositionBuckets(T, 32, 128);
+    const at = (q: number, k: number) => b[q * T + k];
+    // key before the query (relative < 0): buckets 0–15; after: 16–31
+    expect([0, 1, 7].map((d) => at(d, 0))).toEqual([0, 1, 7]);
+    expect([1, 7].map((d) => at(0, d))).toEqual([17, 23]);
+    // 8 + trunc(8 · ln(d/8) / ln 16): 8 → 8, 31 → 11, 32 → 12, 127 → 15, and everything farther → 15
+    expect([8, 31, 32, 127, 128, 199].map((d) => at(d, 0))).toEqual([8, 11, 12, 15, 15, 15]);
+    expect([8, 32, 199].map((d) => at(0, d))).toEqual([24, 28, 31]);
+  });
+});
+
+describe('the umT5 encoder layer', () => {
+  it('on ONNX equals the plain-TS reference within 1e-4 relative, for prompts of 1, 7 and 40 tokens', async () => {
+    const onnx = await onnxUmt5Layers(cfg, 'wasm');
+    const layer = await encoder.layer(1);
+    for (const tokens of [1, 7, 40]) {
+      const ids = Array.from({ length: tokens }, (_, t) => (t * 37 + 5) % cfg.vocabSize);
+      const hidden = await encoder.tokenRows(ids);
+      const buckets = relativePositionBuckets(tokens, cfg.numBuckets, cfg.maxDistance);
+      const [reference, graph] = [umt5LayerReference(cfg, layer, hidden, buckets), await onnx.run(layer, hidden, buckets)];
+      const scale = reference.reduce((m, v) => Math.max(m, Math.abs(v)), 0);
+      expect(maxAbsDiff(graph, reference) / scale, `${tokens} tokens`).toBeLessThan(1e-4);
+      // the layer did something: its output is not its input
+      expect(maxAbsDiff(reference, hidden)).toBeGreaterThan(0.01);
+    }
+    const normed = umt5FinalNorm(cfg, await encoder.finalNorm(), new Float32Array(cfg.dModel).fill(2));
+    expect(normed[0]).toBeCloseTo((await encoder.finalNorm())[0], 4); // RMS of a constant row is the constant
+  });
+
+  it("reads a prompt's embedding rows alone, each the embedding's row of its id", async () => {
+    const { readSafetensors } = await import('../../core/safetensors.ts');
+    const { readdirSync, readFileSync } = await import('node:fs');
+    const first = readdirSync(join(dir, 'text_encoder')).filter((f) => f.endsWith('.safetensors')).sort()[0];
+    const embedding = readSafetensors(readFileSync(join(dir, 'text_encoder', first)), first).get('shared.weight')!;
+    const rows = await encoder.tokenRows([299, 0, 299]);
+    const d = cfg.dModel;
+    expect(rows.subarray(0, d)).toEqual(embedding.data.subarray(299 * d, 300 * d));
+    expect(rows.subarray(d, 2 * d)).toEqual(embedding.data.subarray(0, d));
+    expect(rows.subarray(2 * d)).toEqual(rows.subarray(0, d));
+    await expect(encoder.tokenRows([300])).rejects.toThrow("token id 300 is outside the text encoder's vocabulary of 300");
+  });
+
+  it('refuses a folder whose weights disagree with its config, naming the file and the tensor', async () => {
+    const bad = mkdtempSync(join(tmpdir(), 'ditswarm-umt5-bad-'));
+    try {
+      const shapes = umt5WeightShapes(cfg);
+      shapes.set('encoder.block.1.layer.1.DenseReluDense.wo.weight', [64, 95]);
+      shapes.delete('encoder.final_layer_norm.weight');
+      await writeEncoder(bad, CONFIG, shapes);
+      await expect(openUmt5(folderFiles(bad))).rejects.toThrow(
+        /text_encoder\/model\.safetensors\.index\.json does not match its config: missing keys: encoder\.final_layer_norm\.weight\. wrong shapes: encoder\.block\.1\.layer\.1\.DenseReluDense\.wo\.weight in text_encoder\/model-0000\d-of-0000\d\.safetensors is \[64,95\], expected \[64,96\]/,
+      );
+      writeFileSync(join(bad, 'text_encoder/config.json'), JSON.stringify({ ...CONFIG, model_type: 't5', architectures: ['T5EncoderModel'] }));
+      await expect(openUmt5(folderFiles(bad))).rejects.toThrow('text_encoder/config.json: model_type is "t5"; expected "umt5"');
+    } finally {
+      rmSync(bad, { recursive: true, force: true });
+    }
+  });
+});
