@@ -5,6 +5,7 @@ import {
   DEFAULT_MODEL_URL,
   loadModelConfig,
   openJobQueue,
+  openPromptCache,
   openSwarm,
   probeWebM,
   validDegrees,
@@ -14,6 +15,7 @@ import {
   type JobPlacement,
   type JobQueue,
   type Pipeline,
+  type PromptCache,
   type RunJob,
   type StoredJob,
   type Swarm,
@@ -41,6 +43,8 @@ let queue: JobQueue | null = null;
 let pipeline: { key: string; pipe: Pipeline } | null = null;
 /** the form's model's head count, once its config is read: the degrees a job may ask for divide it */
 let modelHeads: number | null = null;
+/** encoded prompts kept across jobs and reloads (none where IndexedDB is unavailable: every prompt is encoded) */
+let promptCache: PromptCache | undefined;
 
 function readForm(): { params: Partial<Record<keyof JobParams, unknown>>; placement: JobPlacement } {
   const params: Partial<Record<keyof JobParams, unknown>> = { prompt: field('prompt').value, negativePrompt: field('negativePrompt').value };
@@ -67,7 +71,7 @@ async function pipelineFor({ backend, model = DEFAULT_MODEL_URL }: JobPlacement)
   if (pipeline?.key === key) return pipeline.pipe;
   await pipeline?.pipe.shutdown({ graceMs: 2000 });
   pipeline = null;
-  const pipe = await createPipeline({ model, backend, swarm: swarm ?? undefined, placementTimeoutMs: 60_000 });
+  const pipe = await createPipeline({ model, backend, swarm: swarm ?? undefined, placementTimeoutMs: 60_000, promptCache: (promptCache ??= await openPromptCache().catch(() => undefined)) });
   pipeline = { key, pipe };
   return pipe;
 }

@@ -21,6 +21,8 @@ export type { FailureRecord, PlacementRequest, PlannedDegree } from './placement
 export { DEFAULT_JOB, LIMITS, checkJobParams, JobParamsError, type JobParams, type FieldErrors } from '../core/job.ts';
 export { validDegrees } from '../core/parallel.ts';
 export { probeWebM } from './video.ts';
+export { openPromptCache } from './prompt-cache.ts';
+export type { PromptCache, PromptEncoding } from './text-encoding.ts';
 export type { ExecutionProvider };
 export type ExecutionProviderChoice = ExecutionProvider | 'auto';
 

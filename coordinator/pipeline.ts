@@ -11,8 +11,9 @@ import { loadWanPipelineParts } from '../core/model/wan-pipeline.ts';
 import type { DType } from '../core/net/protocol.ts';
 import { sample } from '../core/sampler.ts';
 import type { ExecutionProvider, LoadedModel, WeightsSource } from '../core/worker-api.ts';
+import { standInEncoding, umt5Encoding, type PromptCache, type PromptEncoding } from './text-encoding.ts';
 import type { Backend } from './backends.ts';
-import { maxOrNull, type Executor, type LinkReport, type RankReport } from './executor.ts';
+import { loadTimeoutMs, maxOrNull, type Executor, type LinkReport, type RankReport } from './executor.ts';
 import { Placer, type FailureRecord, type MeshProbeReport, type PlacementRequest, type PlannedDegree } from './placement.ts';
 import type { Swarm } from './swarm.ts';
 import { encodeWebM } from './video.ts';
@@ -41,6 +42,8 @@ export interface PipelineOptions {
   rpcTimeoutMs?: number;
   /** the last stage, frames → video file: WebM through WebCodecs unless replaced (Node has no WebCodecs) */
   encodeVideo?(frames: DecodedVideo): Promise<Blob>;
+  /** encoded prompts kept between jobs (the dashboard's IndexedDB); none: every prompt is encoded */
+  promptCache?: PromptCache;
 }
 
 export interface StepProgress {
@@ -91,6 +94,8 @@ export interface GenerateReport {
   workers: { id: string; ep: string; adapter: string; why: string; threads: number; loadMs: number; weights: WeightsSource; maxBufferBytes: number; weightType: LoadedModel['weightType']; gpuWeightBytes: number; peakMemoryBytes: number | null }[];
   /** which links of the last placement were direct data channels and which went through the relay */
   links: LinkReport[];
+  /** how each prompt became its embedding: given, encoded (where each text encoder layer ran) or from the cache */
+  encoding: { prompt: PromptEncoding; negativePrompt: PromptEncoding | null };
   /** the cost model's choice of degree when it was 'auto' (null when asked for, or unmeasured) */
   plan: PlannedDegree | null;
   /** why the job did not run CFG parallel although it was asked for (null when it did, or was not asked) */
@@ -142,17 +147,34 @@ export async function loadModelConfig(model: string = DEFAULT_MODEL_URL): Promis
 export async function createPipeline(options: PipelineOptions = {}): Promise<Pipeline> {
   const backend = options.backend ?? 'local';
   const modelUrl = new URL(options.model ?? DEFAULT_MODEL_URL, globalThis.location?.href).href;
-  const { config, textTokens, textEncoder, decoder, flowShift } = await loadWanPipelineParts(fetchModelFiles(modelUrl));
+  const files = fetchModelFiles(modelUrl);
+  const { config, textTokens, umt5, textEncoder, decoder, flowShift } = await loadWanPipelineParts(files);
   const placer = new Placer({ config, modelUrl, backend, swarm: options.swarm, textTokens, placementTimeoutMs: options.placementTimeoutMs, rpcTimeoutMs: options.rpcTimeoutMs });
+  const textEncoding = umt5
+    ? umt5Encoding({
+        modelUrl,
+        files,
+        maxLength: textTokens,
+        ep: 'auto',
+        timeoutMs: loadTimeoutMs(options.rpcTimeoutMs),
+        cache: options.promptCache,
+        async hosts() {
+          if (!options.swarm || backend !== 'swarm') throw new Error("this folder's text encoder (umT5) runs on the swarm's workers: use the swarm backend, or give the prompt embeddings (promptEmbeds)");
+          await options.swarm.waitForWorkers(1, options.placementTimeoutMs ?? 30_000);
+          return options.swarm.workers();
+        },
+      })
+    : standInEncoding(textEncoder);
   /** A given embedding's rows, checked against the model; else the prompt encoded. */
-  const embed = async (given: PromptEmbeds | undefined, prompt: string, what: string): Promise<Float32Array> => {
-    if (!given) return (await textEncoder()).encode(prompt);
+  const embed = async (given: PromptEmbeds | undefined, prompt: string, what: string): Promise<{ embeds: Float32Array; report: PromptEncoding }> => {
+    if (!given) return textEncoding.encode(prompt);
+    const started = performance.now();
     const [L, width] = given.shape.length === 3 && given.shape[0] === 1 ? given.shape.slice(1) : given.shape;
     if (given.shape.length < 2 || given.shape.length > 3 || width !== config.textDim || !(L >= 1 && L <= MAX_TEXT_TOKENS) || given.data.length !== L * width) {
       throw new Error(`${what} must be [L, ${config.textDim}] or [1, L, ${config.textDim}] with 1 ≤ L ≤ ${MAX_TEXT_TOKENS} and as many values, got [${given.shape}] with ${given.data.length} values`);
     }
     if (!given.data.every(Number.isFinite)) throw new Error(`${what} holds NaN or infinite values`);
-    return given.data;
+    return { embeds: given.data, report: { source: 'given', tokens: null, truncated: false, ms: performance.now() - started, layers: [] } };
   };
   const defaults: PlacementRequest = {
     ulyssesDegree: options.parallel?.ulyssesDegree ?? options.workers ?? 'auto',
@@ -181,8 +203,9 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
       };
       // the prompts and the decoder first: what a job cannot do is refused before any worker is asked
       enter('encoding');
-      const texts = [await embed(promptEmbeds, params.prompt, 'promptEmbeds')];
-      if (usesGuidance(params)) texts.push(await embed(negativePromptEmbeds, params.negativePrompt, 'negativePromptEmbeds'));
+      const encoded = [await embed(promptEmbeds, params.prompt, 'promptEmbeds')];
+      if (usesGuidance(params)) encoded.push(await embed(negativePromptEmbeds, params.negativePrompt, 'negativePromptEmbeds'));
+      const texts = encoded.map((e) => e.embeds);
       const decode = outputType === 'video' ? await decoder() : null;
       enter('placing');
       const { plan, cfgFallback } = await placer.place(params, { ...defaults, ...asked });
@@ -241,6 +264,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
           plan,
           cfgFallback,
           meshProbe,
+          encoding: { prompt: encoded[0].report, negativePrompt: encoded[1]?.report ?? null },
           workers: executor.workers.map((w) => ({
             id: w.id,
             ep: w.ep,

@@ -160,6 +160,29 @@ export interface RehearseArgs extends LoadArgs {
   degrees: number[];
 }
 
+/**
+ * A run of the text encoder's layers (umT5, core/model/umt5.ts) on a prompt's hidden states: the
+ * coordinator passes the [tokens, d_model] state from worker to worker, each running its layers
+ * [from, to). A worker keeps the layers it ran while they fit its budget, else reads them again
+ * (from its browser's cache) the next time.
+ */
+export interface EncodeTextArgs {
+  modelUrl: string;
+  ep: ExecutionProvider | 'auto';
+  from: number;
+  to: number;
+  tokens: number;
+  hidden: Float32Array;
+}
+
+export interface EncodedText {
+  hidden: Float32Array;
+  /** each layer's compute time */
+  layerMs: number[];
+  /** layers whose weights it read for this call (the rest it held) */
+  layersRead: number;
+}
+
 /** A timed all-to-all on the job's own mesh (rank/mesh-probe.ts). */
 export interface MeshProbe {
   rank: number;
@@ -217,6 +240,8 @@ export interface WorkerApi {
   loadModel(args: LoadArgs): Promise<LoadedModel>;
   /** loads the model if it is not loaded and times one rank's forward under each degree: ms per degree */
   rehearse(args: RehearseArgs): Promise<{ forwardMs: number[] }>;
+  /** runs the text encoder's layers [from, to) on a prompt's hidden states, between jobs */
+  encodeText(args: EncodeTextArgs): Promise<EncodedText>;
   prepareJob(args: PrepareArgs): Promise<{ job: number }>;
   probeMesh(args: { job: number }): Promise<MeshProbe>;
   executeModel(args: ExecuteArgs): Promise<ExecuteResult>;
@@ -231,6 +256,8 @@ export type ReplyOf<M extends WorkerMethod> = Awaited<ReturnType<WorkerApi[M]>>;
 
 // Bounds: generous for any real model, small enough that a hostile value cannot make a side allocate much.
 const MAX_RANKS = 256;
+/** a prompt's tokens at most: WanPipeline's 512, with room */
+const MAX_PROMPT_TOKENS = 4096;
 const ep = oneOf(...EXECUTION_PROVIDERS);
 const ms = num(0);
 const bytes = num(0);
@@ -265,6 +292,10 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
   rehearse: {
     args: fields({ modelUrl: text(), ep: oneOf(...EXECUTION_PROVIDERS, 'auto'), latentShape: shape, textTokens: int(1, 1 << 16), degrees: list(int(1, MAX_RANKS), { min: 1, max: 16 }) }),
     reply: fields({ forwardMs: list(ms, { min: 1, max: 16 }) }),
+  },
+  encodeText: {
+    args: fields({ modelUrl: text(), ep: oneOf(...EXECUTION_PROVIDERS, 'auto'), from: int(0, 1023), to: int(1, 1024), tokens: int(1, MAX_PROMPT_TOKENS), hidden: floats(MAX_PROMPT_TOKENS * 65_536) }),
+    reply: fields({ hidden: floats(MAX_PROMPT_TOKENS * 65_536), layerMs: list(ms, { max: 1024 }), layersRead: int(0, 1024) }),
   },
   prepareJob: {
     args: fields({ job: int(0), texts: list(floats(), { min: 1, max: 2 }), latentShape: shape }),

@@ -78,6 +78,7 @@ export class EngineHost implements EngineApi {
     return this.inTurn((engine) => this.gate(() => engine.probe(ep)));
   }
 
+  encodeText: EngineApi['encodeText'] = (args) => this.inTurn((e) => e.encodeText(args));
   embed: EngineApi['embed'] = (...a) => this.inTurn((e) => e.embed(...a));
   preAttention: EngineApi['preAttention'] = (...a) => this.inTurn((e) => e.preAttention(...a));
   attention: EngineApi['attention'] = (...a) => this.inTurn((e) => e.attention(...a));

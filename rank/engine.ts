@@ -5,11 +5,12 @@ import * as ort from 'onnxruntime-web';
 import type { WanConfig } from '../core/model/config.ts';
 import type { WeightType } from '../core/model/onnx-builder.ts';
 import { loadTransformer } from '../core/model/transformer.ts';
-import type { ComputeProbe, ExecutionProvider, LoadStatus, WeightsSource } from '../core/worker-api.ts';
+import type { ComputeProbe, EncodedText, EncodeTextArgs, ExecutionProvider, LoadStatus, WeightsSource } from '../core/worker-api.ts';
 import { onnxStages, type OnnxStages } from './onnx-stages.ts';
 import { probeThroughput } from './throughput-probe.ts';
 import { probeWebGpu } from './webgpu.ts';
 import type { DeviceStageRunner } from './stages.ts';
+import { textLayers } from './text-layers.ts';
 import { cachedModelFiles } from './weight-cache.ts';
 
 export interface EngineInfo {
@@ -28,6 +29,8 @@ export interface EngineApi extends DeviceStageRunner {
   load(modelUrl: string, ep: ExecutionProvider, onProgress?: (status: LoadStatus) => void): Promise<EngineInfo>;
   /** matrix-multiply and softmax throughput on an EP */
   probe(ep: ExecutionProvider): Promise<ComputeProbe>;
+  /** the text encoder's layers [from, to) of the folder at modelUrl on a prompt's hidden states (text-layers.ts) */
+  encodeText(args: Omit<EncodeTextArgs, 'ep'> & { ep: ExecutionProvider }): Promise<EncodedText>;
 }
 
 /**
@@ -46,6 +49,7 @@ export function createEngine(threads = 1): EngineApi {
     return next;
   };
   let stages: OnnxStages | null = null;
+  const text = textLayers();
   let loaded: { key: string; info: EngineInfo } | null = null;
   const need = (): DeviceStageRunner => {
     if (!stages) throw new Error('the engine has no model yet: call load() first');
@@ -81,6 +85,7 @@ export function createEngine(threads = 1): EngineApi {
         const { flops, softmaxRate, stageMs } = await probeThroughput(ep);
         return { ep, flops, softmaxRate, stageMs };
       }),
+    encodeText: (args) => serial(() => text.encode(args)),
     embed: (...a) => serial(() => need().embed(...a)),
     preAttention: (...a) => serial(() => need().preAttention(...a)),
     attention: (...a) => serial(() => need().attention(...a)),

@@ -11,6 +11,7 @@ import { planUlysses, type UlyssesPlan } from '../core/parallel.ts';
 import { BYTES_PER_ELEMENT } from '../core/net/protocol.ts';
 import type {
   ComputeProbe,
+  EncodeTextArgs,
   ExecuteArgs,
   ExecuteResult,
   ExecutionProvider,
@@ -188,6 +189,20 @@ export class WorkerRuntime implements WorkerApi {
     const wasm = measured.wasm ?? this.probe(measured, 'wasm');
     const webgpu = ep === 'webgpu' && !softwareAdapter ? (measured.webgpu ?? this.probe(measured, 'webgpu')) : undefined;
     return fastestEp({ wasm: await wasm, webgpu: await webgpu }, softwareAdapter);
+  }
+
+  async encodeText(args: EncodeTextArgs) {
+    if (this.state === 'computing') throw new Error('encodeText while a job is computing on this worker: encode between jobs');
+    if (args.from >= args.to) throw new Error(`encodeText needs layers [from, to) with from < to, got [${args.from}, ${args.to})`);
+    await this.hooks.betweenJobs?.();
+    const ep = args.ep === 'auto' ? (await this.fastestEp()).ep : args.ep;
+    const before = { state: this.state, detail: this.detail };
+    this.setState('computing', `encoding a prompt: text encoder layers ${args.from + 1}–${args.to}`);
+    try {
+      return await this.engine.encodeText({ ...args, ep });
+    } finally {
+      this.setState(before.state, before.detail);
+    }
   }
 
   async prepareJob({ job, texts, latentShape }: PrepareArgs) {

@@ -8,6 +8,9 @@ import { join } from 'node:path';
 import { MissingFile, type ModelFiles } from '../core/model/files.ts';
 import { planShards, safetensorsHeader, type TensorSpec } from '../core/safetensors.ts';
 import { sizeOf } from '../core/tensor.ts';
+import { SeededRandom } from '../core/random.ts';
+import { parseUmt5Config, TEXT_ENCODER_CONFIG, TEXT_ENCODER_WEIGHTS_NAME, TOKEN_EMBEDDING, umt5WeightShapes, type Umt5Config } from '../core/model/umt5.ts';
+import { makeTestTokenizerJson, TEST_TOKENIZER_PIECES } from '../core/model/umt5-tokenizer.ts';
 
 /** where ditswarm keeps what it makes or fetches on this machine (test models, the CLIs' browser profile), outside the repository */
 export const CACHE_ROOT = join(homedir(), '.cache/ditswarm');
@@ -71,4 +74,49 @@ export async function writeCheckpoint(
   const totalSize = tensors.reduce((n, t) => n + 4 * sizeOf(t.shape), 0);
   await writeFile(join(dir, `${name}.safetensors.index.json`), JSON.stringify({ metadata: { total_size: totalSize }, weight_map: weightMap }, null, 2) + '\n');
   return [...shards.map((_, i) => fileOf(i)), `${name}.safetensors.index.json`];
+}
+
+/** A tensor's own stream of numbers: FNV-1a of the seed and its name (values independent of how the checkpoint is split). */
+export function seededRandom(seed: string, name: string): SeededRandom {
+  let hash = 0x811c9dc5;
+  for (const c of `${seed}:${name}`) hash = Math.imul(hash ^ c.charCodeAt(0), 0x01000193);
+  return new SeededRandom(hash);
+}
+
+/**
+ * A umT5 encoder in a model folder's text_encoder/ (config, safetensors shards and index as
+ * transformers saves them) with seeded random weights, initialised as transformers initialises
+ * UMT5 (unit-variance embeddings, projections scaled by their fan-in), and tokenizer/ with the
+ * test tokenizer (makeTestTokenizerJson), whose vocabulary the encoder's is: no real tokenizer can
+ * be fetched here. `config` is transformers' config.json; its vocab_size becomes the tokenizer's.
+ */
+export async function writeUmt5Folder(
+  folder: string,
+  config: Record<string, unknown>,
+  { seed = '0', maxShardBytes = MAX_SHARD_BYTES, onProgress }: { seed?: string; maxShardBytes?: number; onProgress?(done: number, total: number): void } = {},
+): Promise<{ config: Umt5Config; files: string[] }> {
+  const tokenizer = makeTestTokenizerJson(TEST_TOKENIZER_PIECES);
+  const json = { ...config, vocab_size: tokenizer.model.vocab.length };
+  const umt5 = parseUmt5Config(json, 'writeUmt5Folder');
+  const specs = [...umt5WeightShapes(umt5)].map(([name, shape]) => ({ name, shape }));
+  const total = 4 * specs.reduce((n, t) => n + sizeOf(t.shape), 0);
+  const { dModel: d, dKv, numHeads, dFf } = umt5;
+  const std = (name: string): number => {
+    if (name === TOKEN_EMBEDDING) return 1;
+    if (name.endsWith('.q.weight')) return (d * dKv) ** -0.5;
+    if (name.endsWith('.o.weight')) return (numHeads * dKv) ** -0.5;
+    if (name.endsWith('.wo.weight')) return dFf ** -0.5;
+    return d ** -0.5; // k, v, wi_0, wi_1, the relative-attention bias
+  };
+  let done = 0;
+  const files = await writeCheckpoint(join(folder, 'text_encoder'), TEXT_ENCODER_WEIGHTS_NAME, specs, ({ name, shape }) => {
+    onProgress?.((done += 4 * sizeOf(shape)), total);
+    const random = seededRandom(seed, name);
+    return /norm\.weight$/.test(name) ? random.normals(sizeOf(shape), 0.05).map((v) => 1 + v) : random.normals(sizeOf(shape), std(name));
+  }, { maxShardBytes });
+  await writeFile(join(folder, TEXT_ENCODER_CONFIG), JSON.stringify(json, null, 2) + '\n');
+  mkdirSync(join(folder, 'tokenizer'), { recursive: true });
+  await writeFile(join(folder, 'tokenizer/tokenizer.json'), JSON.stringify(tokenizer));
+  await writeFile(join(folder, 'tokenizer/tokenizer_config.json'), JSON.stringify({ tokenizer_class: 'T5Tokenizer', model_max_length: 512, eos_token: '</s>', pad_token: '<pad>', unk_token: '<unk>' }, null, 2) + '\n');
+  return { config: umt5, files };
 }

@@ -40,12 +40,17 @@ export interface Umt5Config {
   eps: number;
 }
 
+/** transformers' config of a umT5 encoder (as Wan2.1's text_encoder/config.json is) */
+export function isUmt5Config(json: unknown): boolean {
+  const c = (json ?? {}) as Record<string, unknown>;
+  return c.model_type === 'umt5' || (Array.isArray(c.architectures) && c.architectures.includes('UMT5EncoderModel'));
+}
+
 export function parseUmt5Config(json: unknown, source: string): Umt5Config {
   const fail = (what: string) => new ModelConfigError(`${source}: ${what}`);
   if (typeof json !== 'object' || json === null) throw fail('config is not a JSON object');
   const c = json as Record<string, unknown>;
-  const architectures = Array.isArray(c.architectures) ? c.architectures : [];
-  if (c.model_type !== 'umt5' && !architectures.includes('UMT5EncoderModel')) {
+  if (!isUmt5Config(c)) {
     throw fail(`model_type is ${JSON.stringify(c.model_type)}; expected "umt5" (UMT5EncoderModel, as Wan2.1 publishes its text encoder)`);
   }
   if ((c.feed_forward_proj ?? 'gated-gelu') !== 'gated-gelu' || (c.dense_act_fn ?? 'gelu_new') !== 'gelu_new') {

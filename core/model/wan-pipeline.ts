@@ -9,6 +9,7 @@ import { parseWanConfig, type WanConfig } from './config.ts';
 import { readJson, type ModelFiles } from './files.ts';
 import { loadTextEncoder, TEXT_ENCODER_CLASS, type TextEncoder } from './text-encoder.ts';
 import { TRANSFORMER_CONFIG } from './transformer.ts';
+import { isUmt5Config } from './umt5.ts';
 import { loadVaeDecoder, type DecodedVideo } from './vae-decoder.ts';
 
 /** WanPipeline's max_sequence_length: an encoded prompt is padded to this many rows */
@@ -18,6 +19,9 @@ export interface WanPipelineParts {
   config: WanConfig;
   /** rows of every text embedding the text encoder makes: the cross-attention length */
   textTokens: number;
+  /** text_encoder/ is umT5's encoder (the published folders'): too large for one tab, it runs on the workers (coordinator/text-encoding.ts) */
+  umt5: boolean;
+  /** the tiny models' stand-in encoder */
   textEncoder(): Promise<TextEncoder>;
   decoder(): Promise<(latent: Tensor) => DecodedVideo>;
   /** the folder's flow shift (model_index.json), the default job's where it has none */
@@ -40,6 +44,7 @@ export async function loadWanPipelineParts(files: ModelFiles): Promise<WanPipeli
   return {
     config,
     textTokens: textConfig._class_name === TEXT_ENCODER_CLASS && typeof textConfig.max_length === 'number' ? textConfig.max_length : WAN_TEXT_TOKENS,
+    umt5: isUmt5Config(textConfig),
     textEncoder: once(() => loadTextEncoder(files)),
     decoder: once(() => loadVaeDecoder(files)),
     flowShift: typeof flowShift === 'number' ? flowShift : DEFAULT_JOB.flowShift,

@@ -23,14 +23,12 @@ import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { expectedWeightShapes, parseWanConfig, toDiffusersConfig, wanConfigOfSize, type WanConfig } from '../../core/model/config.ts';
 import { TEXT_ENCODER_CLASS } from '../../core/model/text-encoder.ts';
-import { parseUmt5Config, TEXT_ENCODER_CONFIG, TEXT_ENCODER_WEIGHTS_NAME, TOKEN_EMBEDDING, umt5WeightShapes } from '../../core/model/umt5.ts';
-import { makeTestTokenizerJson, TEST_TOKENIZER_PIECES } from '../../core/model/umt5-tokenizer.ts';
 import { TRANSFORMER_CONFIG, TRANSFORMER_WEIGHTS_NAME } from '../../core/model/transformer.ts';
 import { VAE_DECODER_CLASS } from '../../core/model/vae-decoder.ts';
 import { SeededRandom } from '../../core/random.ts';
 import { writeSafetensors, type TensorMap } from '../../core/safetensors.ts';
 import { sizeOf } from '../../core/tensor.ts';
-import { CACHE_ROOT, MAX_SHARD_BYTES, writeCheckpoint } from '../model-folder.ts';
+import { CACHE_ROOT, MAX_SHARD_BYTES, seededRandom, writeCheckpoint, writeUmt5Folder } from '../model-folder.ts';
 import { byteProgress } from './progress.ts';
 import { WAN21_T2V_1_3B } from '../wan21-layout.ts';
 
@@ -79,12 +77,7 @@ const config: WanConfig = published
   : wanConfigOfSize({ headDim: whole('head-dim', 2), textDim, ffnDim: whole('ffn', 1), numLayers: whole('layers', 1) }, 'make-model flags');
 const shardBytes = flags['shard-bytes'] === undefined ? MAX_SHARD_BYTES : Number(flags['shard-bytes']) >= 1 ? Number(flags['shard-bytes']) : fail(`--shard-bytes must be a number ≥ 1, got ${JSON.stringify(flags['shard-bytes'])}`);
 
-/** A tensor's own stream of numbers: FNV-1a of the seed and its name. */
-function randomFor(name: string): SeededRandom {
-  let hash = 0x811c9dc5;
-  for (const c of `${seed}:${name}`) hash = Math.imul(hash ^ c.charCodeAt(0), 0x01000193);
-  return new SeededRandom(hash);
-}
+const randomFor = (name: string): SeededRandom => seededRandom(String(seed), name);
 
 /** Initialised so activations stay O(1) through the blocks, as a trained model's do. */
 function initialise(name: string, shape: number[]): Float32Array {
@@ -138,35 +131,10 @@ if (published) {
   write('vae/diffusion_pytorch_model.safetensors', writeSafetensors(vae, made));
 }
 
-/**
- * umT5-XXL's encoder at full width with `layers` layers, initialised as transformers initialises
- * UMT5 (unit-variance embeddings, projections scaled by their fan-in), and a small tokenizer.json in
- * T5TokenizerFast's format whose vocabulary is the encoder's: no real tokenizer can be fetched here.
- */
+/** umT5-XXL's encoder at full width with `layers` layers, and its test tokenizer (writeUmt5Folder). */
 async function writeTextEncoder(layers: number): Promise<void> {
-  const tokenizer = makeTestTokenizerJson(TEST_TOKENIZER_PIECES);
-  const textConfig = { ...WAN21_T2V_1_3B.textEncoder, num_layers: layers, num_decoder_layers: layers, vocab_size: tokenizer.model.vocab.length };
-  const umt5 = parseUmt5Config(textConfig, 'make-model');
-  const specs = [...umt5WeightShapes(umt5)].map(([name, shape]) => ({ name, shape }));
-  const bytes = 4 * specs.reduce((n, t) => n + sizeOf(t.shape), 0);
   const progress = byteProgress('make-model text encoder');
-  let done = 0;
-  const std = (name: string): number => {
-    const { dModel: d, dKv, numHeads, dFf } = umt5;
-    if (name === TOKEN_EMBEDDING) return 1;
-    if (name.endsWith('.q.weight')) return (d * dKv) ** -0.5;
-    if (name.endsWith('.o.weight')) return (numHeads * dKv) ** -0.5;
-    if (name.endsWith('.wo.weight')) return dFf ** -0.5;
-    return d ** -0.5; // k, v, wi_0, wi_1, the relative-attention bias
-  };
-  const files = await writeCheckpoint(join(out, 'text_encoder'), TEXT_ENCODER_WEIGHTS_NAME, specs, ({ name, shape }) => {
-    progress((done += 4 * sizeOf(shape)), bytes);
-    const random = randomFor(name);
-    return /norm\.weight$/.test(name) ? random.normals(sizeOf(shape), 0.05).map((v) => 1 + v) : random.normals(sizeOf(shape), std(name));
-  }, { maxShardBytes: shardBytes, metadata: { format: 'pt' } });
-  write(TEXT_ENCODER_CONFIG, textConfig);
-  write('tokenizer/tokenizer.json', tokenizer);
-  write('tokenizer/tokenizer_config.json', { tokenizer_class: 'T5Tokenizer', model_max_length: 512, eos_token: '</s>', pad_token: '<pad>', unk_token: '<unk>', ...made });
+  const { config: umt5, files } = await writeUmt5Folder(out, { ...WAN21_T2V_1_3B.textEncoder, num_layers: layers, num_decoder_layers: layers }, { seed: String(seed), maxShardBytes: shardBytes, onProgress: progress });
   console.log(`wrote ${out}/text_encoder: umT5 encoder, ${layers} layers of width ${umt5.dModel}, vocabulary ${umt5.vocabSize}, in ${files.join(', ')}`);
 }
 

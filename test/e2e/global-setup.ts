@@ -1,8 +1,8 @@
-import { cpSync, mkdtempSync, rmSync, truncateSync } from 'node:fs';
+import { cpSync, mkdtempSync, readFileSync, rmSync, truncateSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { loadTransformer, TRANSFORMER_WEIGHTS, TRANSFORMER_WEIGHTS_NAME } from '../../core/model/transformer.ts';
-import { folderFiles, writeCheckpoint } from '../../server/model-folder.ts';
+import { folderFiles, writeCheckpoint, writeUmt5Folder } from '../../server/model-folder.ts';
 import { startServer } from '../../server/serve.ts';
 
 const TINY_MODEL = join(import.meta.dirname, '../../public/models/tiny-wan');
@@ -10,6 +10,19 @@ const TINY_MODEL = join(import.meta.dirname, '../../public/models/tiny-wan');
 export const SHARDED_MODEL_PATH = '/models/tiny-wan-sharded';
 /** the same with its last shard cut short: a broken download */
 export const TRUNCATED_MODEL_PATH = '/models/tiny-wan-truncated';
+/** the tiny model with umT5's encoder (3 layers of width 64, the transformer's text_dim) and a tokenizer, as a published folder has */
+export const UMT5_MODEL_PATH = '/models/tiny-wan-umt5';
+
+/** The tiny model's folder with its stand-in text encoder replaced by a small umT5 encoder in the published layout. */
+async function umt5Copy(): Promise<string> {
+  const dir = mkdtempSync(join(tmpdir(), 'ditswarm-e2e-umt5-'));
+  cpSync(TINY_MODEL, dir, { recursive: true });
+  rmSync(join(dir, 'text_encoder'), { recursive: true });
+  const index = JSON.parse(readFileSync(join(dir, 'model_index.json'), 'utf8'));
+  writeFileSync(join(dir, 'model_index.json'), JSON.stringify({ ...index, text_encoder: ['transformers', 'UMT5EncoderModel'], tokenizer: ['transformers', 'T5TokenizerFast'] }));
+  await writeUmt5Folder(dir, { architectures: ['UMT5EncoderModel'], model_type: 'umt5', d_model: 64, d_kv: 8, num_heads: 8, d_ff: 128, num_layers: 3, relative_attention_num_buckets: 32, relative_attention_max_distance: 128, layer_norm_epsilon: 1e-6, feed_forward_proj: 'gated-gelu', dense_act_fn: 'gelu_new' }, { seed: '15', maxShardBytes: 100_000 });
+  return dir;
+}
 
 /** The tiny model's folder with its transformer in shards; `truncate` cuts the last one to 1000 bytes. */
 async function shardedCopy(truncate: boolean): Promise<string> {
@@ -28,12 +41,12 @@ async function shardedCopy(truncate: boolean): Promise<string> {
  */
 export default async function globalSetup(): Promise<(() => Promise<void>) | undefined> {
   if (process.env.DITSWARM_URL) return undefined;
-  const [sharded, truncated] = [await shardedCopy(false), await shardedCopy(true)];
-  const server = await startServer({ port: 0, quiet: true, modelFolders: { [SHARDED_MODEL_PATH]: sharded, [TRUNCATED_MODEL_PATH]: truncated } });
+  const [sharded, truncated, umt5] = [await shardedCopy(false), await shardedCopy(true), await umt5Copy()];
+  const server = await startServer({ port: 0, quiet: true, modelFolders: { [SHARDED_MODEL_PATH]: sharded, [TRUNCATED_MODEL_PATH]: truncated, [UMT5_MODEL_PATH]: umt5 } });
   process.env.DITSWARM_URL = server.url;
   process.env.DITSWARM_SHARDED_DIR = sharded; // where a test may change a served file
   return async () => {
     await server.close();
-    for (const dir of [sharded, truncated]) rmSync(dir, { recursive: true, force: true });
+    for (const dir of [sharded, truncated, umt5]) rmSync(dir, { recursive: true, force: true });
   };
 }

@@ -1,0 +1,54 @@
+// The text encoder's layers a worker runs (coordinator/text-encoding.ts gives each worker a run of
+// umT5's layers and passes the prompt's hidden states along). Weights come through the browser's
+// weight cache, a layer at a time; a worker keeps the layers it ran while they fit
+// HELD_LAYER_BYTES — with the transformer's 5.7 GB beside them — and reads the others again next
+// time (from disk: the cache kept them). Float32 compute: T5's activations overflow float16.
+import type { ModelFiles } from '../core/model/files.ts';
+import { relativePositionBuckets, openUmt5, type Umt5Config, type Umt5LayerWeights } from '../core/model/umt5.ts';
+import type { EncodedText, EncodeTextArgs, ExecutionProvider } from '../core/worker-api.ts';
+import { onnxUmt5Layers, type Umt5LayerRunner } from './umt5-layers.ts';
+import { cachedModelFiles } from './weight-cache.ts';
+
+/** umT5-XXL's layer is 0.77 GB: two or three of them stay */
+export const HELD_LAYER_BYTES = 2.5e9;
+
+/** A model folder's files for one call, closed after it (a page's: through its weight cache). */
+export type FolderFiles = (modelUrl: string) => ModelFiles & { close(): Promise<void> };
+
+export function textLayers(folder: FolderFiles = cachedModelFiles): { encode(args: Omit<EncodeTextArgs, 'ep'> & { ep: ExecutionProvider }): Promise<EncodedText> } {
+  let model: { key: string; config: Umt5Config; runner: Umt5LayerRunner; held: Map<number, Umt5LayerWeights> } | null = null;
+  return {
+    async encode({ modelUrl, ep, from, to, tokens, hidden }) {
+      const files = folder(modelUrl);
+      try {
+        const encoder = await openUmt5(files);
+        const { config } = encoder;
+        if (!(from < to && to <= config.numLayers)) throw new Error(`the text encoder has layers 0–${config.numLayers - 1}: cannot run [${from}, ${to})`);
+        if (hidden.length !== tokens * config.dModel) throw new Error(`hidden states must be [${tokens}, ${config.dModel}], got ${hidden.length} values`);
+        const key = `${modelUrl} ${ep}`;
+        if (model?.key !== key) model = { key, config, runner: await onnxUmt5Layers(config, ep), held: new Map() };
+        const { runner, held } = model;
+        // a new run of layers for this worker: the ones it no longer runs go
+        for (const layer of held.keys()) if (layer < from || layer >= to) held.delete(layer);
+        const layerBytes = 4 * (4 * config.dModel * config.numHeads * config.dKv + 3 * config.dModel * config.dFf);
+        const buckets = relativePositionBuckets(tokens, config.numBuckets, config.maxDistance);
+        const layerMs: number[] = [];
+        let layersRead = 0;
+        for (let layer = from; layer < to; layer++) {
+          let weights = held.get(layer);
+          if (!weights) {
+            weights = await encoder.layer(layer);
+            layersRead++;
+            if ((held.size + 1) * layerBytes <= HELD_LAYER_BYTES) held.set(layer, weights);
+          }
+          const started = performance.now();
+          hidden = await runner.run(weights, hidden, buckets);
+          layerMs.push(performance.now() - started);
+        }
+        return { hidden, layerMs, layersRead };
+      } finally {
+        await files.close();
+      }
+    },
+  };
+}
