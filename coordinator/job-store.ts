@@ -58,10 +58,13 @@ export class MemoryJobStore implements JobStore {
   }
 }
 
+/** The dashboard's IndexedDB database of jobs. */
+export const JOB_DATABASE = 'ditswarm';
+
 export class IdbJobStore implements JobStore {
   private constructor(private readonly db: IDBPDatabase) {}
 
-  static async open(name = 'ditswarm'): Promise<IdbJobStore> {
+  static async open(name = JOB_DATABASE): Promise<IdbJobStore> {
     const db = await openDB(name, 1, {
       upgrade(db) {
         db.createObjectStore('jobs', { keyPath: 'id' });

@@ -4,6 +4,7 @@ import { join } from 'node:path';
 import { chromium, type BrowserContext, type Page } from '@playwright/test';
 import { chromiumArgs, chromiumExecutable } from '../chromium.ts';
 import type { RelayMode } from '../../core/net/peer-link.ts';
+import { JOB_DATABASE } from '../../coordinator/job-store.ts';
 import { startServer, type RunningServer } from '../serve.ts';
 
 /**
@@ -25,9 +26,10 @@ export interface LocalSwarmOptions {
   relay?: RelayMode;
   modelFolders?: Record<string, string>;
   /**
-   * The browser's profile: where its worker tabs keep the weights they fetched (rank/weight-cache.ts),
-   * so that the next run with the same profile loads them from disk. Without it, or while another
-   * run holds it, a new profile that is deleted at close.
+   * The browser's profile: where its worker tabs keep the weights they fetched (rank/weight-cache.ts)
+   * and the dashboard its encoded prompts, so that the next run with the same profile and port (the
+   * browser keeps them per origin) finds them. Without it, or while another run holds it, a new
+   * profile that is deleted at close.
    */
   profileDir?: string;
   log?(line: string): void;
@@ -35,9 +37,15 @@ export interface LocalSwarmOptions {
 
 export async function startLocalSwarm({ workers = 0, port = 0, relay = 'fallback', modelFolders, profileDir, log = () => {} }: LocalSwarmOptions = {}): Promise<LocalSwarm> {
   const server = await startServer({ port, quiet: true, relay, modelFolders });
-  const { context, close: closeBrowser } = await launchBrowser(profileDir, log);
+  const { context, kept, close: closeBrowser } = await launchBrowser(profileDir, log);
   try {
     const dashboard = await context.newPage();
+    if (kept) {
+      // a kept profile keeps the weights and encoded prompts for the next run, not this run's jobs:
+      // a dashboard restores its queue at start, and the last run's would run before this one's
+      await dashboard.goto(`${server.url}/models.json`);
+      await dashboard.evaluate((name) => new Promise((done) => Object.assign(indexedDB.deleteDatabase(name), { onsuccess: done, onerror: done, onblocked: done })), JOB_DATABASE);
+    }
     const forward = (page: Page, who: string) =>
       page.on('console', (m) => (m.type() === 'error' || m.type() === 'warning') && log(`[${who}] ${m.text()}`));
     forward(dashboard, 'dashboard');
@@ -72,12 +80,12 @@ export async function startLocalSwarm({ workers = 0, port = 0, relay = 'fallback
 }
 
 /** Chromium on a profile of its own: `profileDir` if no other browser has it open, else a new one removed at close. */
-async function launchBrowser(profileDir: string | undefined, log: (line: string) => void): Promise<{ context: BrowserContext; close(): Promise<void> }> {
+async function launchBrowser(profileDir: string | undefined, log: (line: string) => void): Promise<{ context: BrowserContext; kept: boolean; close(): Promise<void> }> {
   const launch = (dir: string) => chromium.launchPersistentContext(dir, { executablePath: chromiumExecutable(), args: [...chromiumArgs] });
   if (profileDir) {
     try {
       const context = await launch(profileDir);
-      return { context, close: () => context.close() };
+      return { context, kept: true, close: () => context.close() };
     } catch (e) {
       log(`the browser profile ${profileDir} could not be opened (another run may have it), so this run keeps no weights for the next: ${(e as Error).message.split('\n')[0]}`);
     }
@@ -86,6 +94,7 @@ async function launchBrowser(profileDir: string | undefined, log: (line: string)
   const context = await launch(dir);
   return {
     context,
+    kept: false,
     close: async () => {
       await context.close();
       rmSync(dir, { recursive: true, force: true });

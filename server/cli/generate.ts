@@ -18,6 +18,9 @@ import { servedModel } from '../serve.ts';
 import { startLocalSwarm } from './browser-swarm.ts';
 import { JOB_FLAG_OPTIONS, jobFlagValues } from './job-flags.ts';
 
+/** where generate serves unless told (not the dashboard's, so both can run at once): a fixed port, as the browser keeps weights and encoded prompts per origin */
+const GENERATE_PORT = 5190;
+
 const USAGE = `usage: npm run generate -- --prompt "a red ball" [--backend local|swarm] [--workers N] [--ep auto|webgpu|wasm]
   [--frames F] [--height H] [--width W] [--steps K] [--guidance G] [--seed S] [--negative-prompt TEXT]
   [--out out/video.webm] [--report out/report.json] [--latent-out out/latent.f32] [--port P] [--verbose]
@@ -55,7 +58,7 @@ try {
       out: { type: 'string', default: 'out/video.webm' },
       report: { type: 'string', default: 'out/report.json' },
       'latent-out': { type: 'string', default: 'out/latent.f32' },
-      port: { type: 'string', default: '0' },
+      port: { type: 'string', default: String(GENERATE_PORT) },
       verbose: { type: 'boolean', default: false },
       'prompt-embeds': { type: 'string' },
       'negative-prompt-embeds': { type: 'string' },
