@@ -45,6 +45,7 @@ export default async function globalSetup(): Promise<(() => Promise<void>) | und
   const server = await startServer({ port: 0, quiet: true, modelFolders: { [SHARDED_MODEL_PATH]: sharded, [TRUNCATED_MODEL_PATH]: truncated, [UMT5_MODEL_PATH]: umt5 } });
   process.env.DITSWARM_URL = server.url;
   process.env.DITSWARM_SHARDED_DIR = sharded; // where a test may change a served file
+  process.env.DITSWARM_UMT5_DIR = umt5; // where a test may encode in Node what the tabs encode
   return async () => {
     await server.close();
     for (const dir of [sharded, truncated, umt5]) rmSync(dir, { recursive: true, force: true });

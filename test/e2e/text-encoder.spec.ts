@@ -1,6 +1,9 @@
 import { expect, test } from '@playwright/test';
+import { umt5Encoding, type TextHost } from '../../coordinator/text-encoding.ts';
+import { textLayers } from '../../rank/text-layers.ts';
+import { folderFiles } from '../../server/model-folder.ts';
 import { UMT5_MODEL_PATH } from './global-setup.ts';
-import { openTestSwarm, runJob } from './swarm-page.ts';
+import { maxAbsDiff, openTestSwarm, runJob } from './swarm-page.ts';
 
 // A folder whose text encoder is umT5, as the published ones: the dashboard tokenizes the prompt,
 // the workers run the encoder's layers (split between them), and the encoded prompts are kept in
@@ -22,6 +25,22 @@ test("a prompt through umT5's layers on two worker tabs; the same prompts again 
     expect(second.report.encoding.prompt).toMatchObject({ source: 'cache', layers: [] });
     expect(second.report.encoding.negativePrompt).toMatchObject({ source: 'cache' });
     expect(second.latent).toEqual(first.latent);
+
+    // the same prompts encoded in this process by one stand-in worker (all three layers), given to the
+    // job as embeddings: the tabs' split encoding is the same numbers, so is the latent
+    const dir = process.env.DITSWARM_UMT5_DIR;
+    if (!dir) return; // a server given from outside: its folder is not on this machine
+    const files = folderFiles(dir);
+    const oneHost: TextHost = { id: 'node', api: { encodeText: (args) => textLayers(() => ({ ...files, close: async () => {} })).encode({ ...args, ep: 'wasm' }) } };
+    const encoding = umt5Encoding({ modelUrl: 'node', files, maxLength: 512, hosts: async () => [oneHost], ep: 'wasm', timeoutMs: 60_000 });
+    const asEmbeds = async (text: string) => {
+      const { embeds } = await encoding.encode(text);
+      return { shape: [512, 64], base64: Buffer.from(embeds.buffer, embeds.byteOffset, embeds.byteLength).toString('base64') };
+    };
+    const given = await runJob(swarm.dashboard, { ...job, promptEmbeds: await asEmbeds(job.prompt), negativePromptEmbeds: await asEmbeds(job.negativePrompt) });
+    expect(given.report.encoding.prompt.source).toBe('given');
+    const scale = first.latent.reduce((m, v) => Math.max(m, Math.abs(v)), 0);
+    expect(maxAbsDiff(given.latent, first.latent) / scale).toBeLessThan(1e-5);
   } finally {
     await swarm.close();
   }
