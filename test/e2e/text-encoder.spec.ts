@@ -20,11 +20,13 @@ test("a prompt through umT5's layers on two worker tabs; the same prompts again 
     expect(prompt.layers.map((l: any) => [l.from, l.to])).toEqual([[0, 1], [1, 3]]);
     expect(new Set(prompt.layers.map((l: any) => l.worker)).size).toBe(2);
     expect(negativePrompt).toMatchObject({ source: 'encoded' });
+    await expect(swarm.dashboard.locator('#status')).toContainText('The prompt was encoded on 2 worker(s) in');
 
     const second = await runJob(swarm.dashboard, job);
     expect(second.report.encoding.prompt).toMatchObject({ source: 'cache', layers: [] });
     expect(second.report.encoding.negativePrompt).toMatchObject({ source: 'cache' });
     expect(second.latent).toEqual(first.latent);
+    await expect(swarm.dashboard.locator('#status')).toContainText('The prompt came from the cache.');
 
     // the same prompts encoded in this process by one stand-in worker (all three layers), given to the
     // job as embeddings: the tabs' split encoding is the same numbers, so is the latent
