@@ -1,0 +1,65 @@
+import { describe, expect, it } from 'vitest';
+import { initialUniPcState, unipcSchedule, unipcStep, type UniPcState } from '../../core/unipc.ts';
+
+const WAN = { order: 2, lowerOrderFinal: true } as const;
+
+// diffusers' step transcribed to numpy, line by line from scheduling_unipc_multistep.py (float32
+// tensors, as torch keeps them), on 6 steps with flow shift 3 and a nonlinear stand-in model
+// v(x, i) = sin((1 + i)·x) + x/2 from x = [0.3, −1.2, 0.7, 2, −0.4]: the samples after each step.
+const DIFFUSERS = {
+  timesteps: [999, 937, 856, 749, 599, 374],
+  sigmas: [0.9996664524078369, 0.9371482133865356, 0.8567752838134766, 0.7496247887611389, 0.5996398329734802, 0.37471866607666016, 0],
+  samples: [
+    [0.27214688062667847, -1.104219675064087, 0.6378432512283325, 1.880634069442749, -0.36315059661865234],
+    [0.21256761252880096, -1.0012128353118896, 0.525823175907135, 1.9039807319641113, -0.2865413427352905],
+    [0.1343347132205963, -0.9868927597999573, 0.39225736260414124, 1.8516781330108643, -0.18652799725532532],
+    [0.06226485222578049, -1.1055335998535156, 0.22051213681697845, 1.4182195663452148, -0.08639232069253922],
+    [0.030787434428930283, -1.107113242149353, 0.030313245952129364, 1.175912857055664, -0.03963760286569595],
+    [-0.04380763694643974, -0.7678590416908264, -0.043144725263118744, 0.6941238641738892, 0.05606885254383087],
+  ],
+};
+const model = (x: Float32Array, i: number) => x.map((v) => Math.sin(v * (1 + i)) + 0.5 * v);
+
+function run(steps: number, flowShift: number, start: Float32Array, velocity: (x: Float32Array, i: number) => Float32Array, from = 0, state: UniPcState = initialUniPcState(2), until = steps) {
+  const schedule = unipcSchedule(steps, flowShift);
+  const samples: Float32Array[] = [];
+  let x = start;
+  for (let i = from; i < until; i++) {
+    ({ sample: x, state } = unipcStep(schedule, WAN, i, velocity(x, i), x, state));
+    samples.push(x);
+  }
+  return { samples, state, x };
+}
+
+describe('UniPC as Wan2.1 configures it', () => {
+  it("has diffusers' flow sigmas and whole timesteps", () => {
+    const schedule = unipcSchedule(6, 3);
+    expect(schedule.timesteps).toEqual(DIFFUSERS.timesteps);
+    schedule.sigmas.forEach((s, i) => expect(s).toBeCloseTo(DIFFUSERS.sigmas[i], 7));
+  });
+
+  it("steps as diffusers' UniPCMultistepScheduler does (predictor, corrector, lower order at the start and the end)", () => {
+    const { samples } = run(6, 3, Float32Array.of(0.3, -1.2, 0.7, 2, -0.4), model);
+    samples.forEach((sample, step) => sample.forEach((v, i) => expect(Math.abs(v - DIFFUSERS.samples[step][i]), `step ${step + 1}, value ${i}`).toBeLessThan(2e-6)));
+  });
+
+  it('lands on the clean latent of a straight flow, whatever the steps', () => {
+    const x0 = Float32Array.of(0.5, -2, 1.25);
+    const noise = Float32Array.of(1, 0.3, -0.7);
+    for (const steps of [1, 2, 5, 20]) {
+      const schedule = unipcSchedule(steps, 5);
+      // the exact flow's velocity at σ: x = (1 − σ)·x0 + σ·noise, v = noise − x0
+      const { x } = run(steps, 5, noise.map((n, i) => (1 - schedule.sigmas[0]) * x0[i] + schedule.sigmas[0] * n), () => noise.map((n, i) => n - x0[i]));
+      x.forEach((v, i) => expect(v, `${steps} steps`).toBeCloseTo(x0[i], 5));
+    }
+  });
+
+  it('continues from its state after a reload to the same numbers', () => {
+    const start = Float32Array.of(0.3, -1.2, 0.7, 2, -0.4);
+    const whole = run(8, 3, start, model);
+    const firstHalf = run(8, 3, start, model, 0, initialUniPcState(2), 3);
+    const stored = structuredClone(firstHalf.state); // as IndexedDB keeps it
+    const rest = run(8, 3, firstHalf.x, model, 3, stored);
+    expect(rest.x).toEqual(whole.x);
+  });
+});
