@@ -4,6 +4,7 @@
 
 import { openDB, type IDBPDatabase } from 'idb';
 import type { JobParams } from '../core/job.ts';
+import type { SamplerCheckpoint } from '../core/sampler.ts';
 import type { Backend } from './backends.ts';
 import type { GenerateReport, GenerateRequest } from './pipeline.ts';
 
@@ -32,8 +33,8 @@ export interface StoredJob {
   status: JobStatus;
   createdAt: number;
   updatedAt: number;
-  /** `step` steps done; `latent` after them */
-  checkpoint?: { step: number; latent: Float32Array };
+  /** `step` steps done; `latent` after them (and UniPC's history, to continue it) */
+  checkpoint?: SamplerCheckpoint;
   error?: string;
   /** video null: the job asked for the latent only */
   result?: { video: Blob | null; latent: Float32Array; report: GenerateReport };

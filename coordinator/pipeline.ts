@@ -9,7 +9,8 @@ import { TRANSFORMER_CONFIG } from '../core/model/transformer.ts';
 import type { DecodedVideo } from '../core/model/vae-decoder.ts';
 import { loadWanPipelineParts } from '../core/model/wan-pipeline.ts';
 import type { DType } from '../core/net/protocol.ts';
-import { sample } from '../core/sampler.ts';
+import { sample, scheduleOf, type SamplerCheckpoint, type Solver } from '../core/sampler.ts';
+import type { Schedule } from '../core/scheduler.ts';
 import type { ExecutionProvider, LoadedModel, WeightsSource } from '../core/worker-api.ts';
 import { standInEncoding, umt5Encoding, type PromptCache, type PromptEncoding } from './text-encoding.ts';
 import type { Backend } from './backends.ts';
@@ -71,8 +72,8 @@ export interface GenerateRequest extends Partial<JobParams> {
   /** where this job runs, where it differs from the pipeline's options */
   placement?: Partial<PlacementRequest>;
   /** continue a job from a checkpoint: `step` steps done, `latent` after them */
-  resume?: { step: number; latent: Float32Array };
-  onCheckpoint?(c: { step: number; latent: Float32Array }): void;
+  resume?: SamplerCheckpoint;
+  onCheckpoint?(c: SamplerCheckpoint): void;
   onFailure?(f: FailureRecord): void;
   onProgress?(p: StepProgress): void;
   onPhase?(phase: JobPhase): void;
@@ -94,6 +95,8 @@ export interface GenerateReport {
   workers: { id: string; ep: string; adapter: string; why: string; threads: number; loadMs: number; weights: WeightsSource; maxBufferBytes: number; weightType: LoadedModel['weightType']; gpuWeightBytes: number; peakMemoryBytes: number | null }[];
   /** which links of the last placement were direct data channels and which went through the relay */
   links: LinkReport[];
+  /** the folder's scheduler and what it stepped through: the timesteps the model was given and the sigmas */
+  schedule: Schedule & { scheduler: Solver['kind'] };
   /** how each prompt became its embedding: given, encoded (where each text encoder layer ran) or from the cache */
   encoding: { prompt: PromptEncoding; negativePrompt: PromptEncoding | null };
   /** the cost model's choice of degree when it was 'auto' (null when asked for, or unmeasured) */
@@ -148,7 +151,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
   const backend = options.backend ?? 'local';
   const modelUrl = new URL(options.model ?? DEFAULT_MODEL_URL, globalThis.location?.href).href;
   const files = fetchModelFiles(modelUrl);
-  const { config, textTokens, umt5, textEncoder, decoder, flowShift } = await loadWanPipelineParts(files);
+  const { config, textTokens, umt5, textEncoder, decoder, flowShift, solver } = await loadWanPipelineParts(files);
   const placer = new Placer({ config, modelUrl, backend, swarm: options.swarm, textTokens, placementTimeoutMs: options.placementTimeoutMs, rpcTimeoutMs: options.rpcTimeoutMs });
   const textEncoding = umt5
     ? umt5Encoding({
@@ -225,6 +228,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
         steps: params.steps,
         flowShift: params.flowShift,
         seed: params.seed,
+        solver,
         resume,
         signal,
         async velocity(at) {
@@ -241,9 +245,10 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
             }
           }
         },
-        onStep({ step, latent, stepMs }) {
+        onStep({ stepMs, ...checkpoint }) {
+          const { step } = checkpoint;
           steps.push({ step: step - 1, ms: stepMs, ranks });
-          onCheckpoint?.({ step, latent });
+          onCheckpoint?.(checkpoint);
           const elapsedMs = performance.now() - loopStart;
           onProgress?.({ step, steps: params.steps, stepMs, elapsedMs, etaMs: (elapsedMs / (step - first)) * (params.steps - step), ranks });
         },
@@ -265,6 +270,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
           cfgFallback,
           meshProbe,
           encoding: { prompt: encoded[0].report, negativePrompt: encoded[1]?.report ?? null },
+          schedule: { scheduler: solver.kind, ...scheduleOf(solver, params.steps, params.flowShift) },
           workers: executor.workers.map((w) => ({
             id: w.id,
             ep: w.ep,

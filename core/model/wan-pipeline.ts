@@ -5,12 +5,15 @@
 // encoder, one asking for the latent no decoder (as WanPipeline's prompt_embeds= and output_type="latent").
 import { DEFAULT_JOB } from '../job.ts';
 import type { Tensor } from '../tensor.ts';
-import { parseWanConfig, type WanConfig } from './config.ts';
-import { readJson, type ModelFiles } from './files.ts';
+import { EULER, type Solver } from '../sampler.ts';
+import { ModelConfigError, parseWanConfig, type WanConfig } from './config.ts';
+import { MissingFile, readJson, type ModelFiles } from './files.ts';
 import { loadTextEncoder, TEXT_ENCODER_CLASS, type TextEncoder } from './text-encoder.ts';
 import { TRANSFORMER_CONFIG } from './transformer.ts';
 import { isUmt5Config } from './umt5.ts';
 import { loadVaeDecoder, type DecodedVideo } from './vae-decoder.ts';
+
+export const SCHEDULER_CONFIG = 'scheduler/scheduler_config.json';
 
 /** WanPipeline's max_sequence_length: an encoded prompt is padded to this many rows */
 export const WAN_TEXT_TOKENS = 512;
@@ -24,8 +27,35 @@ export interface WanPipelineParts {
   /** the tiny models' stand-in encoder */
   textEncoder(): Promise<TextEncoder>;
   decoder(): Promise<(latent: Tensor) => DecodedVideo>;
-  /** the folder's flow shift (model_index.json), the default job's where it has none */
+  /** the folder's flow shift (model_index.json, else its scheduler's config), the default job's where it has neither */
   flowShift: number;
+  /** the folder's scheduler (scheduler/scheduler_config.json); flow-matching Euler where it has none, as the tiny models */
+  solver: Solver;
+}
+
+/**
+ * The scheduler a folder names, as far as ditswarm runs it: UniPC as Wan2.1 configures it, or
+ * flow-matching Euler. Anything else is refused by name rather than run differently.
+ */
+export function parseSchedulerConfig(json: unknown, source: string): { solver: Solver; flowShift?: number } {
+  const c = (json ?? {}) as Record<string, unknown>;
+  const fail = (what: string) => new ModelConfigError(`${source}: ${what}`);
+  const flowShift = typeof c.flow_shift === 'number' ? c.flow_shift : typeof c.shift === 'number' ? c.shift : undefined;
+  if (c._class_name === 'FlowMatchEulerDiscreteScheduler') return { solver: EULER, flowShift };
+  if (c._class_name !== 'UniPCMultistepScheduler') throw fail(`_class_name ${JSON.stringify(c._class_name)} is not a scheduler ditswarm runs; expected UniPCMultistepScheduler or FlowMatchEulerDiscreteScheduler`);
+  const expect = (key: string, wanted: unknown, fallback: unknown) => {
+    const value = c[key] ?? fallback;
+    if (value !== wanted) throw fail(`${key} is ${JSON.stringify(value)}; ditswarm runs UniPC with ${key} ${JSON.stringify(wanted)}, as Wan2.1 publishes it`);
+  };
+  expect('prediction_type', 'flow_prediction', 'epsilon');
+  expect('use_flow_sigmas', true, false);
+  expect('predict_x0', true, true);
+  expect('solver_type', 'bh2', 'bh2');
+  expect('final_sigmas_type', 'zero', 'zero');
+  expect('thresholding', false, false);
+  const order = c.solver_order ?? 2;
+  if (order !== 1 && order !== 2) throw fail(`solver_order ${JSON.stringify(order)} is not supported; ditswarm runs UniPC of order 1 or 2`);
+  return { solver: { kind: 'UniPCMultistepScheduler', order, lowerOrderFinal: c.lower_order_final !== false }, flowShift };
 }
 
 /** `load` once, when first asked; a failed load is tried again next time. */
@@ -35,12 +65,16 @@ function once<T>(load: () => Promise<T>): () => Promise<T> {
 }
 
 export async function loadWanPipelineParts(files: ModelFiles): Promise<WanPipelineParts> {
-  const [config, textConfig, index] = await Promise.all([
+  const [config, textConfig, index, scheduler] = await Promise.all([
     readJson(files, TRANSFORMER_CONFIG).then((json) => parseWanConfig(json, TRANSFORMER_CONFIG)),
     readJson(files, 'text_encoder/config.json') as Promise<{ _class_name?: string; max_length?: number }>,
     readJson(files, 'model_index.json'),
+    readJson(files, SCHEDULER_CONFIG).then(
+      (json) => parseSchedulerConfig(json, SCHEDULER_CONFIG),
+      (e) => (e instanceof MissingFile ? { solver: EULER, flowShift: undefined } : Promise.reject(e)),
+    ),
   ]);
-  const flowShift = (index as { flow_shift?: unknown }).flow_shift;
+  const flowShift = (index as { flow_shift?: unknown }).flow_shift ?? scheduler.flowShift;
   return {
     config,
     textTokens: textConfig._class_name === TEXT_ENCODER_CLASS && typeof textConfig.max_length === 'number' ? textConfig.max_length : WAN_TEXT_TOKENS,
@@ -48,5 +82,6 @@ export async function loadWanPipelineParts(files: ModelFiles): Promise<WanPipeli
     textEncoder: once(() => loadTextEncoder(files)),
     decoder: once(() => loadVaeDecoder(files)),
     flowShift: typeof flowShift === 'number' ? flowShift : DEFAULT_JOB.flowShift,
+    solver: scheduler.solver,
   };
 }

@@ -1,4 +1,4 @@
-import { cpSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { cpSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { createServer, type Server } from 'node:http';
@@ -15,6 +15,8 @@ import { loadTransformer } from '../../core/model/transformer.ts';
 import { loadWanPipelineParts } from '../../core/model/wan-pipeline.ts';
 import { inProcess } from '../../core/net/rpc.ts';
 import { maxAbsDiff } from '../../core/tensor.ts';
+import { unipcSchedule } from '../../core/unipc.ts';
+import type { SamplerCheckpoint } from '../../core/sampler.ts';
 import { WORKER_CONTRACT, type ExecuteArgs, type InitArgs, type WorkerApi, type WorkerInfo } from '../../core/worker-api.ts';
 import type { EngineApi } from '../../rank/engine.ts';
 import { memoryExchanges } from '../../rank/exchange/memory.ts';
@@ -100,7 +102,7 @@ const pipelineOn = (swarm: Swarm, workers: number) =>
 
 /** Runs the job, collecting its checkpoints and failures. */
 async function run(pipeline: Pipeline, extra: Parameters<Pipeline['generate']>[0] = {}) {
-  const checkpoints: { step: number; latent: Float32Array }[] = [];
+  const checkpoints: SamplerCheckpoint[] = [];
   const failures: FailureRecord[] = [];
   const result = await pipeline.generate({ ...JOB, onCheckpoint: (c) => checkpoints.push(c), onFailure: (f) => failures.push(f), ...extra });
   return { result, checkpoints, failures };
@@ -328,6 +330,38 @@ describe('generate(): a lost rank costs a re-placement and one step, not the job
     const error = await rejection(run(await pipelineOn(swarm, 1)));
     expect(error.message).toMatch(/^lost rank 0 \(worker w0: disconnected, its tab closed\) in step 2, and the job could not be placed again: 0 workers joined within 1 s but 1 is needed: open /);
     expect(error.cause).toBeInstanceOf(WorkerError);
+  });
+});
+
+describe('generate(): the folder\'s scheduler', () => {
+  it("a folder naming UniPC (Wan2.1's scheduler_config.json) samples with it, reports its schedule, and resumes from a checkpoint to the same latent", async () => {
+    const folder = mkdtempSync(join(tmpdir(), 'ditswarm-unipc-'));
+    cpSync(join(PUBLIC_DIR, 'models/tiny-wan'), folder, { recursive: true });
+    mkdirSync(join(folder, 'scheduler'));
+    writeFileSync(join(folder, 'scheduler/scheduler_config.json'), JSON.stringify(WAN21_T2V_1_3B.scheduler));
+    const { swarm, join: joinWorker } = testSwarm();
+    joinWorker();
+    const own = await serveFolder(folder);
+    try {
+      const url = `http://127.0.0.1:${(own.address() as AddressInfo).port}`;
+      const pipe = await createPipeline({ model: url, backend: 'swarm', swarm, workers: 1, encodeVideo: async () => new Blob(['x']), placementTimeoutMs: 1_000 });
+      const { result: full, checkpoints } = await run(pipe);
+      expect(full.report.schedule).toEqual({ scheduler: 'UniPCMultistepScheduler', ...unipcSchedule(JOB.steps, 3) });
+      expect(full.report.schedule.timesteps.every(Number.isInteger)).toBe(true);
+      // not the Euler sampler's latent: the scheduler made a difference
+      expect(maxAbsDiff(full.latent, reference.result.latent)).toBeGreaterThan(1e-3);
+      for (const k of [1, 2]) {
+        const { result } = await run(pipe, { resume: checkpoints[k - 1] });
+        expect(result.latent, `resumed after ${k} steps`).toEqual(full.latent);
+      }
+      const { solver: _, ...withoutHistory } = checkpoints[1];
+      expect((await rejection(run(pipe, { resume: withoutHistory }))).message).toBe('resuming UniPC at step 2 needs its state from the checkpoint, which has none');
+      await pipe.shutdown({ graceMs: 100 });
+    } finally {
+      own.closeAllConnections();
+      await new Promise((closed) => own.close(closed));
+      rmSync(folder, { recursive: true, force: true });
+    }
   });
 });
 

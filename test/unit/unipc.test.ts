@@ -63,3 +63,15 @@ describe('UniPC as Wan2.1 configures it', () => {
     expect(rest.x).toEqual(whole.x);
   });
 });
+
+describe("a folder's scheduler_config.json", () => {
+  it("Wan2.1's is UniPC of order 2 with its flow shift; what ditswarm does not run is refused by name", async () => {
+    const { parseSchedulerConfig } = await import('../../core/model/wan-pipeline.ts');
+    const { WAN21_T2V_1_3B } = await import('../../server/wan21-layout.ts');
+    expect(parseSchedulerConfig(WAN21_T2V_1_3B.scheduler, 's')).toEqual({ solver: { kind: 'UniPCMultistepScheduler', order: 2, lowerOrderFinal: true }, flowShift: 3 });
+    expect(parseSchedulerConfig({ _class_name: 'FlowMatchEulerDiscreteScheduler', shift: 5 }, 's')).toEqual({ solver: { kind: 'FlowMatchEulerDiscreteScheduler' }, flowShift: 5 });
+    expect(() => parseSchedulerConfig({ ...WAN21_T2V_1_3B.scheduler, solver_order: 3 }, 's')).toThrow('s: solver_order 3 is not supported; ditswarm runs UniPC of order 1 or 2');
+    expect(() => parseSchedulerConfig({ ...WAN21_T2V_1_3B.scheduler, prediction_type: 'epsilon' }, 's')).toThrow('s: prediction_type is "epsilon"; ditswarm runs UniPC with prediction_type "flow_prediction", as Wan2.1 publishes it');
+    expect(() => parseSchedulerConfig({ _class_name: 'DDIMScheduler' }, 's')).toThrow('s: _class_name "DDIMScheduler" is not a scheduler ditswarm runs');
+  });
+});
