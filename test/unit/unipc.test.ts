@@ -38,6 +38,26 @@ describe('UniPC as Wan2.1 configures it', () => {
     schedule.sigmas.forEach((s, i) => expect(s).toBeCloseTo(DIFFUSERS.sigmas[i], 7));
   });
 
+  it("has diffusers' timesteps and sigmas for 50 steps at shift 3.0 (480p) and 5.0 (720p)", () => {
+    // numpy's set_timesteps(50) with use_flow_sigmas, from scheduling_unipc_multistep.py: every timestep, every 7th sigma
+    const expected = {
+      3: {
+        timesteps: [999, 992, 985, 978, 971, 963, 956, 948, 939, 931, 922, 913, 904, 894, 884, 874, 864, 853, 841, 829, 817, 805, 792, 778, 764, 749, 734, 718, 701, 684, 666, 647, 627, 606, 585, 562, 538, 512, 486, 458, 428, 396, 363, 327, 290, 249, 206, 160, 111, 57],
+        sigmas: [0.9996664524078369, 0.9481804966926575, 0.8848828673362732, 0.8051823973655701, 0.7017540335655212, 0.5621483325958252, 0.36336082220077515, 0.05763683095574379],
+      },
+      5: {
+        timesteps: [999, 995, 991, 987, 982, 978, 973, 968, 963, 957, 952, 946, 940, 934, 927, 920, 913, 906, 898, 890, 882, 873, 863, 854, 843, 833, 821, 809, 796, 783, 768, 753, 737, 720, 701, 681, 660, 636, 611, 584, 555, 522, 487, 448, 405, 356, 302, 241, 172, 92],
+        sigmas: [0.9997998476028442, 0.9682501554489136, 0.9275957345962524, 0.8732306957244873, 0.7968124747276306, 0.6815081238746643, 0.48750731348991394, 0.09250685572624207],
+      },
+    };
+    for (const [shift, { timesteps, sigmas }] of Object.entries(expected)) {
+      const schedule = unipcSchedule(50, Number(shift));
+      expect(schedule.timesteps, `shift ${shift}`).toEqual(timesteps);
+      expect(schedule.sigmas.filter((_, i) => i % 7 === 0), `shift ${shift}`).toEqual(sigmas);
+      expect(schedule.sigmas.at(-1)).toBe(0);
+    }
+  });
+
   it("steps as diffusers' UniPCMultistepScheduler does (predictor, corrector, lower order at the start and the end)", () => {
     const { samples } = run(6, 3, Float32Array.of(0.3, -1.2, 0.7, 2, -0.4), model);
     samples.forEach((sample, step) => sample.forEach((v, i) => expect(Math.abs(v - DIFFUSERS.samples[step][i]), `step ${step + 1}, value ${i}`).toBeLessThan(2e-6)));
