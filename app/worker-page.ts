@@ -1,3 +1,4 @@
+import { formatBytes } from '../core/worker-api.ts';
 import { startWorkerEndpoint, type WorkerStatus } from '../worker/endpoint.ts';
 
 // The worker page: joins the swarm when opened and shows what it is doing. No compute here.
@@ -38,8 +39,7 @@ async function showStorage(): Promise<void> {
     return;
   }
   const [{ usage = 0, quota = 0 }, persisted] = await Promise.all([navigator.storage.estimate(), navigator.storage.persisted?.() ?? false]);
-  const gb = (bytes: number) => `${(bytes / 1e9).toFixed(2)} GB`;
-  $('storage').textContent = `${gb(usage)} stored, room for ${gb(Math.max(0, quota - usage))} more; ${persisted ? 'persistent' : 'the browser may clear it when its disk runs low'}`;
+  $('storage').textContent = `${formatBytes(usage)} stored, room for ${formatBytes(Math.max(0, quota - usage))} more; ${persisted ? 'persistent' : 'the browser may clear it when its disk runs low'}`;
 }
 void (navigator.storage?.persist?.() ?? Promise.resolve(false)).catch(() => false).then(showStorage);
 

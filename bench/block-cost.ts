@@ -21,8 +21,8 @@ import { SeededRandom } from '../core/random.ts';
 import { readTensor } from '../core/safetensors.ts';
 import { onnxStages } from '../rank/onnx-stages.ts';
 import { probeThroughput } from '../rank/throughput-probe.ts';
-import { folderFiles } from '../server/model-folder.ts';
-import { ensureFullSizeModel, FULL_SIZE_MODEL_DIR, isMain, log, machine, median, round, versions, writeReport } from './lib.ts';
+import { folderFiles, FULL_SIZE_MODEL_DIR } from '../server/model-folder.ts';
+import { ensureFullSizeModel, isMain, log, machine, median, round, versions, writeReport } from './lib.ts';
 
 /** WanPipeline pads every prompt to 512 rows */
 const TEXT_TOKENS = 512;

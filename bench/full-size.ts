@@ -12,9 +12,10 @@ import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { SeededRandom } from '../core/random.ts';
+import { FULL_SIZE_MODEL_DIR } from '../server/model-folder.ts';
 import { LOCAL_MODEL_PATH } from '../server/serve.ts';
 import { startLocalSwarm } from '../server/cli/browser-swarm.ts';
-import { ensureFullSizeModel, FULL_SIZE_MODEL_DIR, isMain, latentFromBase64, log, machine, round, versions, waitForQuietMachine, writeReport } from './lib.ts';
+import { ensureFullSizeModel, isMain, latentFromBase64, log, machine, round, versions, waitForQuietMachine, writeReport } from './lib.ts';
 
 /** rows of the prompt embedding: WanPipeline pads every prompt to 512 */
 const TEXT_TOKENS = 512;
@@ -85,7 +86,8 @@ export async function runFullSize(o: FullSizeOptions) {
         ranks: P,
         afterReload,
         /** each rank's model load, and where its weights came from (its browser's cache or the server) */
-        loads: report.workers.map((w: { loadMs: number; weights: { networkBytes: number; cacheBytes: number; note: string } }) => ({
+        loads: report.workers.map((w: { inMemory: boolean; loadMs: number; weights: { networkBytes: number; cacheBytes: number; note: string } }) => ({
+          ...(w.inMemory ? { inMemory: true } : {}), // loaded for an earlier run: the figures are that load's
           loadS: round(w.loadMs / 1000, 1),
           networkGB: round(w.weights.networkBytes / 1e9, 3),
           cacheGB: round(w.weights.cacheBytes / 1e9, 3),

@@ -7,7 +7,6 @@ import { dirname, extname, join, normalize, relative } from 'node:path';
 import type { BrowserContext, Page } from '@playwright/test';
 import { build } from 'vite';
 import { parseWanConfig, type WanConfig } from '../core/model/config.ts';
-import { CACHE_ROOT } from '../server/model-folder.ts';
 
 export const ROOT = join(import.meta.dirname, '..');
 export const OUT_DIR = join(ROOT, 'bench/out');
@@ -19,8 +18,6 @@ export const APP_MODEL_PATH = '/models/tiny-wan';
 
 export const log = (line: string) => console.error(`[bench] ${line}`);
 
-/** Where the full-size random Wan2.1-T2V-1.3B transformer is kept, outside the repository. */
-export const FULL_SIZE_MODEL_DIR = join(CACHE_ROOT, 'models/wan2.1-t2v-1.3b');
 
 /** Writes the full-size model (make-model --preset wan2.1-t2v-1.3b, 5.7 GB) into `dir` unless it is there. */
 export function ensureFullSizeModel(dir: string): void {

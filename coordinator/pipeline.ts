@@ -11,7 +11,7 @@ import { loadWanPipelineParts } from '../core/model/wan-pipeline.ts';
 import type { DType } from '../core/net/protocol.ts';
 import { sample, scheduleOf, type SamplerCheckpoint, type Solver } from '../core/sampler.ts';
 import type { Schedule } from '../core/scheduler.ts';
-import type { ExecutionProvider, LoadedModel, WeightsSource } from '../core/worker-api.ts';
+import type { ExecutionProvider, LoadedModel } from '../core/worker-api.ts';
 import { standInEncoding, umt5Encoding, type PromptCache, type PromptEncoding } from './text-encoding.ts';
 import type { Backend } from './backends.ts';
 import { loadTimeoutMs, maxOrNull, type Executor, type LinkReport, type RankReport } from './executor.ts';
@@ -92,7 +92,7 @@ export interface GenerateReport {
    * memory its page held during the job (JS heaps, the wasm heap among them) and the GPU bytes its weights
    * took; the largest tensor its stages make (larger ones run in chunks)
    */
-  workers: { id: string; ep: string; adapter: string; why: string; threads: number; loadMs: number; weights: WeightsSource; maxBufferBytes: number; weightType: LoadedModel['weightType']; gpuWeightBytes: number; peakMemoryBytes: number | null }[];
+  workers: (LoadedModel & { id: string; threads: number; peakMemoryBytes: number | null })[];
   /** which links of the last placement were direct data channels and which went through the relay */
   links: LinkReport[];
   /** the folder's scheduler and what it stepped through: the timesteps the model was given and the sigmas */
@@ -271,18 +271,19 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
           meshProbe,
           encoding: { prompt: encoded[0].report, negativePrompt: encoded[1]?.report ?? null },
           schedule: { scheduler: solver.kind, ...scheduleOf(solver, params.steps, params.flowShift) },
-          workers: executor.workers.map((w) => ({
-            id: w.id,
-            ep: w.ep,
-            adapter: w.adapter,
-            why: w.why,
-            threads: w.threads,
-            loadMs: w.loadMs,
-            weights: w.weights,
-            maxBufferBytes: w.maxBufferBytes,
-            weightType: w.weightType,
-            gpuWeightBytes: w.gpuWeightBytes,
-            peakMemoryBytes: steps.flatMap((s) => s.ranks).filter((r) => r.worker === w.id).reduce<number | null>((peak, r) => maxOrNull(peak, r.peakMemoryBytes), null),
+          workers: executor.workers.map(({ id, ep, adapter, why, threads, inMemory, loadMs, weights, maxBufferBytes, weightType, gpuWeightBytes }) => ({
+            id,
+            ep,
+            adapter,
+            why,
+            threads,
+            inMemory,
+            loadMs,
+            weights,
+            maxBufferBytes,
+            weightType,
+            gpuWeightBytes,
+            peakMemoryBytes: steps.flatMap((s) => s.ranks).filter((r) => r.worker === id).reduce<number | null>((peak, r) => maxOrNull(peak, r.peakMemoryBytes), null),
           })),
           links: executor.linkReport(),
           steps,

@@ -10,7 +10,8 @@
 import { MissingFile, readJson, type ModelFiles } from '../core/model/files.ts';
 import type { TextEncoder } from '../core/model/text-encoder.ts';
 import { Umt5Tokenizer } from '../core/model/umt5-tokenizer.ts';
-import { openUmt5, padPromptEmbeds, umt5FinalNorm, type Umt5Checkpoint } from '../core/model/umt5.ts';
+import { openUmt5, padPromptEmbeds, umt5FinalNorm } from '../core/model/umt5.ts';
+import { once } from '../core/model/wan-pipeline.ts';
 import type { Remote } from '../core/net/rpc.ts';
 import type { ExecutionProvider, WorkerApi } from '../core/worker-api.ts';
 
@@ -68,24 +69,23 @@ export function standInEncoding(load: () => Promise<TextEncoder>): TextEncoding 
 }
 
 export function umt5Encoding(o: Umt5EncodingOptions): TextEncoding {
-  let opened: Promise<{ encoder: Umt5Checkpoint; tokenizer: Umt5Tokenizer }> | null = null;
-  const open = () =>
-    (opened ??= (async () => {
+  const open = once(async () => {
+    try {
       const [encoder, tokenizerJson, tokenizerConfig] = await Promise.all([
         openUmt5(o.files),
         readJson(o.files, 'tokenizer/tokenizer.json'),
         readJson(o.files, 'tokenizer/tokenizer_config.json').catch(() => ({})),
       ]);
-      return { encoder, tokenizer: new Umt5Tokenizer(tokenizerJson, tokenizerConfig) };
-    })().catch((e: Error) => {
-      opened = null;
+      return { encoder, tokenizer: new Umt5Tokenizer(tokenizerJson, tokenizerConfig), finalNorm: await encoder.finalNorm() };
+    } catch (e) {
       // a folder of configs without the encoder's weights (or its tokenizer) cannot encode: say what to give instead
       throw e instanceof MissingFile ? new MissingFile(`the text encoder (umT5) cannot run: ${e.message}; give the prompt's embeddings instead (promptEmbeds [L, text_dim]; --prompt-embeds FILE with npm run generate)`) : e;
-    }));
+    }
+  });
   return {
     async encode(prompt) {
       const started = performance.now();
-      const { encoder, tokenizer } = await open();
+      const { encoder, tokenizer, finalNorm } = await open();
       const { config } = encoder;
       const { ids, truncated } = tokenizer.encode(prompt, o.maxLength);
       const key = `${o.modelUrl}\n${o.maxLength}\n${prompt}`;
@@ -107,7 +107,7 @@ export function umt5Encoding(o: Umt5EncodingOptions): TextEncoding {
         hidden = ran.hidden;
         layers.push({ worker: host.id, from, to, computeMs: ran.layerMs.reduce((a, b) => a + b, 0), layersRead: ran.layersRead });
       }
-      hidden = umt5FinalNorm(config, await encoder.finalNorm(), hidden);
+      hidden = umt5FinalNorm(config, finalNorm, hidden);
       await o.cache?.put(key, { hidden, truncated }).catch(() => {}); // a full or missing cache costs a re-encode, nothing more
       return { embeds: padPromptEmbeds(hidden, config.dModel, o.maxLength), report: report('encoded', layers) };
     },

@@ -47,6 +47,8 @@ export interface LoadArgs {
 export interface LoadedModel {
   ep: ExecutionProvider;
   adapter: string;
+  /** the model was in memory already, from an earlier job or rehearsal: loadMs and weights are that load's */
+  inMemory: boolean;
   loadMs: number;
   /** why this EP: asked for by the job, or the faster one measured ("WASM: 21.3 GFLOP/s vs WebGPU 0.2") */
   why: string;
@@ -95,8 +97,9 @@ export function describeWeights({ networkBytes, cacheBytes, note }: WeightsSourc
   return `weights: ${parts.join(', ') || 'none read'}${note ? ` (${note})` : ''}`;
 }
 
-/** bytes as MB below a GB, GB above */
-const amount = (bytes: number) => (bytes >= 1e9 ? `${(bytes / 1e9).toFixed(2)} GB` : `${(bytes / 1e6).toFixed(1)} MB`);
+/** bytes as pages show them: MB below a GB, GB above */
+export const formatBytes = (bytes: number): string => (bytes >= 1e9 ? `${(bytes / 1e9).toFixed(2)} GB` : `${(bytes / 1e6).toFixed(1)} MB`);
+const amount = formatBytes;
 
 export interface PrepareArgs {
   job: number;
@@ -287,7 +290,7 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
   },
   loadModel: {
     args: fields({ modelUrl: text(), ep: oneOf(...EXECUTION_PROVIDERS, 'auto') }),
-    reply: fields({ ep, adapter: text(), loadMs: ms, why: text(), weights: checkWeightsSource, maxBufferBytes: num(1), weightType: oneOf('float32', 'float16'), gpuWeightBytes: bytes }),
+    reply: fields({ ep, adapter: text(), inMemory: oneOf(true, false), loadMs: ms, why: text(), weights: checkWeightsSource, maxBufferBytes: num(1), weightType: oneOf('float32', 'float16'), gpuWeightBytes: bytes }),
   },
   rehearse: {
     args: fields({ modelUrl: text(), ep: oneOf(...EXECUTION_PROVIDERS, 'auto'), latentShape: shape, textTokens: int(1, 1 << 16), degrees: list(int(1, MAX_RANKS), { min: 1, max: 16 }) }),

@@ -3,9 +3,8 @@
 // touches the DOM or the network beyond fetching the model.
 import * as ort from 'onnxruntime-web';
 import type { WanConfig } from '../core/model/config.ts';
-import type { WeightType } from '../core/model/onnx-builder.ts';
 import { loadTransformer } from '../core/model/transformer.ts';
-import type { ComputeProbe, EncodedText, EncodeTextArgs, ExecutionProvider, LoadStatus, WeightsSource } from '../core/worker-api.ts';
+import type { ComputeProbe, EncodedText, EncodeTextArgs, ExecutionProvider, LoadedModel, LoadStatus } from '../core/worker-api.ts';
 import { onnxStages, type OnnxStages } from './onnx-stages.ts';
 import { probeThroughput } from './throughput-probe.ts';
 import { probeWebGpu } from './webgpu.ts';
@@ -13,15 +12,9 @@ import type { DeviceStageRunner } from './stages.ts';
 import { textLayers } from './text-layers.ts';
 import { cachedModelFiles } from './weight-cache.ts';
 
-export interface EngineInfo {
-  ep: ExecutionProvider;
-  adapter: string;
+/** What the worker reports of a load (less why its EP was chosen: the runtime's), and the model's config. */
+export interface EngineInfo extends Omit<LoadedModel, 'why'> {
   config: WanConfig;
-  loadMs: number;
-  weights: WeightsSource;
-  maxBufferBytes: number;
-  weightType: WeightType;
-  gpuWeightBytes: number;
 }
 
 export interface EngineApi extends DeviceStageRunner {
@@ -59,7 +52,7 @@ export function createEngine(threads = 1): EngineApi {
     load: (modelUrl, ep, onProgress) => serial(async () => {
       // a worker page serves executor after executor: the same model on the same EP loads once
       const key = `${modelUrl} ${ep}`;
-      if (loaded?.key === key) return loaded.info;
+      if (loaded?.key === key) return { ...loaded.info, inMemory: true };
       const started = performance.now();
       // the device it computes on: on wasm the CPU, whether or not the browser also has a WebGPU adapter
       const adapter = ep === 'wasm' ? 'WebAssembly (CPU)' : (await probeWebGpu())?.name;
@@ -75,7 +68,8 @@ export function createEngine(threads = 1): EngineApi {
       }).finally(() => files.close());
       const runner = await onnxStages(model, ep);
       stages = runner;
-      const info: EngineInfo = { ep, adapter, config: model.config, loadMs: performance.now() - started, weights: files.source(), maxBufferBytes: runner.maxBufferBytes, weightType: runner.weightType, gpuWeightBytes: runner.gpuWeightBytes };
+      const { maxBufferBytes, weightType, gpuWeightBytes } = runner;
+      const info: EngineInfo = { ep, adapter, inMemory: false, config: model.config, loadMs: performance.now() - started, weights: files.source(), maxBufferBytes, weightType, gpuWeightBytes };
       loaded = { key, info };
       return info;
     }),

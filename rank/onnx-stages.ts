@@ -20,6 +20,33 @@ async function webGpuMaxBufferBytes(): Promise<number> {
   return Math.min(limits.maxStorageBufferBindingSize, limits.maxBufferSize);
 }
 
+/**
+ * Every block's weights as the block graphs' inputs, per graph and block. On WebGPU they go to GPU
+ * buffers once. A function of its own so that the stage methods' closures do not hold the model:
+ * on WebGPU its 5.7 GB of CPU copies are free to go once uploaded.
+ */
+function blockWeightTensors(m: WanModel, graphs: BlockGraph[], weightType: WeightType, device: GpuDevice | null) {
+  const buffers: { destroy(): void }[] = [];
+  let gpuBytes = 0;
+  const tensor = (data: Float32Array, dims: number[]): ort.Tensor => {
+    const values = weightType === 'float16' ? toF16(data) : data;
+    if (!device) return new ort.Tensor(weightType, values, dims);
+    // writeBuffer copies whole 4-byte words: an odd count of float16 values goes padded
+    const size = Math.ceil(values.byteLength / 4) * 4;
+    const words = size === values.byteLength ? new Uint8Array(values.buffer, values.byteOffset, size) : new Uint8Array(size);
+    if (words.buffer !== values.buffer) words.set(new Uint8Array(values.buffer, values.byteOffset, values.byteLength));
+    const buffer = device.createBuffer({ size, usage: GPU_BUFFER_USAGE.STORAGE | GPU_BUFFER_USAGE.COPY_SRC | GPU_BUFFER_USAGE.COPY_DST });
+    device.queue.writeBuffer(buffer, 0, words.buffer, words.byteOffset, size);
+    buffers.push(buffer);
+    gpuBytes += size;
+    return ort.Tensor.fromGpuBuffer(buffer as never, { dataType: weightType, dims });
+  };
+  const perGraph = graphs.map((graph) =>
+    Array.from({ length: m.config.numLayers }, (_, b) => Object.fromEntries(graph.weights.map(({ name, dims }) => [name, tensor(m.weights.get(`blocks.${b}.${name}`)!.data, dims)]))),
+  );
+  return { perGraph, gpuBytes, destroy: () => buffers.forEach((buffer) => buffer.destroy()) };
+}
+
 /** A runner that says how large a buffer it cuts its stages to (chunks.ts) and how it stores the blocks' weights; disposed when its model is replaced. */
 export type OnnxStages = Required<DeviceStageRunner> & { maxBufferBytes: number; weightType: WeightType; gpuWeightBytes: number; dispose(): Promise<void> };
 
@@ -60,27 +87,8 @@ export async function onnxStages(m: WanModel, ep: ExecutionProvider, limits: { m
   const postGraph = buildPostAttentionGraph(m, weightType);
   const pre = await session(preGraph.bytes);
   const post = await session(postGraph.bytes, onDevice('x_out'));
-  const gpuBuffers: { destroy(): void }[] = [];
-  let gpuWeightBytes = 0;
-  const weightTensor = (data: Float32Array, dims: number[]): ort.Tensor => {
-    const values = weightType === 'float16' ? toF16(data) : data;
-    if (!device) return new ort.Tensor(weightType, values, dims);
-    // writeBuffer copies whole 4-byte words: an odd count of float16 values goes padded
-    const size = Math.ceil(values.byteLength / 4) * 4;
-    const words = size === values.byteLength ? new Uint8Array(values.buffer, values.byteOffset, size) : new Uint8Array(size);
-    if (words.buffer !== values.buffer) words.set(new Uint8Array(values.buffer, values.byteOffset, values.byteLength));
-    const buffer = device.createBuffer({ size, usage: GPU_BUFFER_USAGE.STORAGE | GPU_BUFFER_USAGE.COPY_SRC | GPU_BUFFER_USAGE.COPY_DST });
-    device.queue.writeBuffer(buffer, 0, words.buffer, words.byteOffset, size);
-    gpuBuffers.push(buffer);
-    gpuWeightBytes += size;
-    return ort.Tensor.fromGpuBuffer(buffer as never, { dataType: weightType, dims });
-  };
-  const blockWeights = (graph: BlockGraph) =>
-    Array.from({ length: m.config.numLayers }, (_, b) =>
-      Object.fromEntries(graph.weights.map(({ name, dims }) => [name, weightTensor(m.weights.get(`blocks.${b}.${name}`)!.data, dims)])),
-    );
-  const preWeights = blockWeights(preGraph);
-  const postWeights = blockWeights(postGraph);
+  const blockWeights = blockWeightTensors(m, [preGraph, postGraph], weightType, device);
+  const [preWeights, postWeights] = blockWeights.perGraph;
 
   // GPU tensors this runner handed out by id; the caller releases each once it is done with it
   const kept = new Map<number, ort.Tensor>();
@@ -118,9 +126,9 @@ export async function onnxStages(m: WanModel, ep: ExecutionProvider, limits: { m
   return {
     maxBufferBytes,
     weightType,
-    gpuWeightBytes,
+    gpuWeightBytes: blockWeights.gpuBytes,
     async dispose() {
-      for (const buffer of gpuBuffers) buffer.destroy();
+      blockWeights.destroy();
       await Promise.all([embed, attention, head, pre, post].map((s) => s.release()));
     },
     async embed(patches, timestep, text) {

@@ -140,7 +140,8 @@ export class WorkerRuntime implements WorkerApi {
     this.modelUrl = args.modelUrl;
     this.epWhy = why;
     this.setState('ready', `model loaded on ${info.ep} in ${info.loadMs.toFixed(0)} ms (${why}); ${describeWeights(info.weights)}`);
-    return { ep: info.ep, adapter: info.adapter, loadMs: info.loadMs, why, weights: info.weights, maxBufferBytes: info.maxBufferBytes, weightType: info.weightType, gpuWeightBytes: info.gpuWeightBytes };
+    const { config: _, ...loaded } = info;
+    return { ...loaded, why };
   }
 
   /** The model on the EP asked for, or with 'auto' the fastest one; the engine keeps the last one it loaded. */
@@ -192,13 +193,13 @@ export class WorkerRuntime implements WorkerApi {
   }
 
   async encodeText(args: EncodeTextArgs) {
-    if (this.state === 'computing') throw new Error('encodeText while a job is computing on this worker: encode between jobs');
-    if (args.from >= args.to) throw new Error(`encodeText needs layers [from, to) with from < to, got [${args.from}, ${args.to})`);
-    await this.hooks.betweenJobs?.();
-    const ep = args.ep === 'auto' ? (await this.fastestEp()).ep : args.ep;
+    if (this.state === 'computing') throw new Error('encodeText while this worker is computing: encode between jobs');
+    // taken at once, before any await: a second call arriving meanwhile is refused, not interleaved
     const before = { state: this.state, detail: this.detail };
     this.setState('computing', `encoding a prompt: text encoder layers ${args.from + 1}–${args.to}`);
     try {
+      await this.hooks.betweenJobs?.();
+      const ep = args.ep === 'auto' ? (await this.fastestEp()).ep : args.ep;
       return await this.engine.encodeText({ ...args, ep });
     } finally {
       this.setState(before.state, before.detail);

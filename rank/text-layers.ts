@@ -4,7 +4,7 @@
 // HELD_LAYER_BYTES — with the transformer's 5.7 GB beside them — and reads the others again next
 // time (from disk: the cache kept them). Float32 compute: T5's activations overflow float16.
 import type { ModelFiles } from '../core/model/files.ts';
-import { relativePositionBuckets, openUmt5, type Umt5Config, type Umt5LayerWeights } from '../core/model/umt5.ts';
+import { openUmt5, relativePositionBuckets, runLayers, type Umt5Config, type Umt5LayerWeights } from '../core/model/umt5.ts';
 import type { EncodedText, EncodeTextArgs, ExecutionProvider } from '../core/worker-api.ts';
 import { onnxUmt5Layers, type Umt5LayerRunner } from './umt5-layers.ts';
 import { cachedModelFiles } from './weight-cache.ts';
@@ -26,25 +26,26 @@ export function textLayers(folder: FolderFiles = cachedModelFiles): { encode(arg
         if (!(from < to && to <= config.numLayers)) throw new Error(`the text encoder has layers 0–${config.numLayers - 1}: cannot run [${from}, ${to})`);
         if (hidden.length !== tokens * config.dModel) throw new Error(`hidden states must be [${tokens}, ${config.dModel}], got ${hidden.length} values`);
         const key = `${modelUrl} ${ep}`;
-        if (model?.key !== key) model = { key, config, runner: await onnxUmt5Layers(config, ep), held: new Map() };
+        if (model?.key !== key) {
+          await model?.runner.release();
+          model = { key, config, runner: await onnxUmt5Layers(config, ep), held: new Map() };
+        }
         const { runner, held } = model;
         // a new run of layers for this worker: the ones it no longer runs go
         for (const layer of held.keys()) if (layer < from || layer >= to) held.delete(layer);
-        const layerBytes = 4 * (4 * config.dModel * config.numHeads * config.dKv + 3 * config.dModel * config.dFf);
-        const buckets = relativePositionBuckets(tokens, config.numBuckets, config.maxDistance);
         const layerMs: number[] = [];
         let layersRead = 0;
-        for (let layer = from; layer < to; layer++) {
-          let weights = held.get(layer);
-          if (!weights) {
-            weights = await encoder.layer(layer);
-            layersRead++;
-            if ((held.size + 1) * layerBytes <= HELD_LAYER_BYTES) held.set(layer, weights);
-          }
-          const started = performance.now();
-          hidden = await runner.run(weights, hidden, buckets);
-          layerMs.push(performance.now() - started);
-        }
+        const weightsOf = async (layer: number) => {
+          const kept = held.get(layer);
+          if (kept) return kept;
+          const weights = await encoder.layer(layer);
+          layersRead++;
+          const bytes = Object.values(weights).reduce((sum, w) => sum + w.byteLength, 0);
+          if ((held.size + 1) * bytes <= HELD_LAYER_BYTES) held.set(layer, weights);
+          return weights;
+        };
+        const buckets = relativePositionBuckets(tokens, config.numBuckets, config.maxDistance);
+        hidden = await runLayers({ from, to }, hidden, buckets, weightsOf, runner.run, (_, ms) => layerMs.push(ms));
         return { hidden, layerMs, layersRead };
       } finally {
         await files.close();

@@ -5,10 +5,12 @@
 // keeps what it had), through a synchronous access handle — which only a dedicated Web Worker has,
 // where the engine runs. A file is known by its URL; its size and validator (ETag, else
 // Last-Modified: the content hash where the server gives one) are checked on every load, and a
-// file that changed is fetched again. One tab at a time fills a file (a Web Lock per file): a second
-// tab loading the same model waits and then reads what the first kept.
+// file that changed is fetched again. One tab at a time loads from a folder (one Web Lock per
+// folder, held from the first read to close(): a lock per file, taken in whatever order a load
+// reaches its shards, let two tabs each hold a shard the other waited for): a second tab loading
+// the same model waits and then reads what the first kept.
 import { fetchModelFiles, type ModelFiles } from '../core/model/files.ts';
-import type { WeightsSource } from '../core/worker-api.ts';
+import { formatBytes, type WeightsSource } from '../core/worker-api.ts';
 
 const CACHE_DIR = 'ditswarm-weights';
 /** the list of kept ranges is saved after this many new bytes (and when the load ends) */
@@ -66,6 +68,8 @@ export function cachedModelFiles(baseUrl: string): CachedModelFiles {
   const source: WeightsSource = { networkBytes: 0, cacheBytes: 0, note: '' };
   const notes = new Set<string>();
   const kept = new Map<string, Promise<KeptFile>>();
+  let folderLock: Promise<(() => void) | null> | null = null;
+  let closed = false;
   const fromNetwork = (path: string): KeptFile => ({
     read: async (begin, end) => {
       const bytes = await network.readRange(path, begin, end);
@@ -76,7 +80,10 @@ export function cachedModelFiles(baseUrl: string): CachedModelFiles {
   });
   const keep = async (path: string): Promise<KeptFile> => {
     try {
-      return await keepFile(`${base}/${path}`, network, path, source);
+      if (!navigator.storage?.getDirectory || !navigator.locks) throw new Error('this browser has no origin private file system or Web Locks');
+      folderLock ??= fileKey(base).then((key) => lock(`${CACHE_DIR}/${key}`));
+      await folderLock;
+      return await keepFile(`${base}/${path}`, network, path, source, () => notes.add(`not kept in this browser: a write to its storage failed, the rest came from the network`));
     } catch (e) {
       notes.add(`not kept in this browser: ${(e as Error).message}`);
       return fromNetwork(path);
@@ -85,14 +92,22 @@ export function cachedModelFiles(baseUrl: string): CachedModelFiles {
   return {
     read: (path) => network.read(path),
     async readRange(path, begin, end) {
+      // a read still on its way after close() (a load that failed with reads in flight) takes no lock again
+      if (closed) return fromNetwork(path).read(begin, end);
       let file = kept.get(path);
       if (!file) kept.set(path, (file = keep(path)));
       return (await file).read(begin, end);
     },
     source: () => ({ ...source, note: [...notes].join('; ') }),
     async close() {
-      await Promise.all([...kept.values()].map(async (file) => (await file).close()));
-      kept.clear();
+      closed = true;
+      try {
+        await Promise.all([...kept.values()].map(async (file) => (await file).close()));
+      } finally {
+        kept.clear();
+        (await folderLock?.catch(() => null))?.();
+        folderLock = null;
+      }
     },
   };
 }
@@ -106,14 +121,13 @@ type SyncHandle = {
 };
 type SyncFileHandle = FileSystemFileHandle & { createSyncAccessHandle(): Promise<SyncHandle> };
 
-async function keepFile(url: string, network: ModelFiles, path: string, source: WeightsSource): Promise<KeptFile> {
-  if (!navigator.storage?.getDirectory || !navigator.locks) throw new Error('this browser has no origin private file system or Web Locks');
+/** One file of a folder whose lock the caller holds; `onWriteFailed` hears of a write that failed (the file goes on from the network). */
+async function keepFile(url: string, network: ModelFiles, path: string, source: WeightsSource, onWriteFailed: () => void): Promise<KeptFile> {
   const head = await fetch(url, { method: 'HEAD', cache: 'no-store' });
   const size = Number(head.headers.get('Content-Length'));
   if (!head.ok || !Number.isFinite(size) || !head.headers.get('Content-Length')) throw new Error(`the server gave no size for ${url} (HTTP ${head.status})`);
   const validator = head.headers.get('ETag') ?? head.headers.get('Last-Modified') ?? '';
   const name = await fileKey(url);
-  const unlock = await lock(`${CACHE_DIR}/${name}`);
   const handles: SyncHandle[] = [];
   try {
     const dir = await (await navigator.storage.getDirectory()).getDirectoryHandle(CACHE_DIR, { create: true });
@@ -132,7 +146,7 @@ async function keepFile(url: string, network: ModelFiles, path: string, source: 
     if (missing > 0) {
       const { quota = 0, usage = 0 } = await navigator.storage.estimate();
       if (quota - usage < missing) {
-        throw new Error(`${path} needs ${gb(missing)} more and this browser lets the page store ${gb(Math.max(0, quota - usage))}`);
+        throw new Error(`${path} needs ${formatBytes(missing)} more and this browser lets the page store ${formatBytes(Math.max(0, quota - usage))}`);
       }
     }
     const save = () => {
@@ -144,6 +158,7 @@ async function keepFile(url: string, network: ModelFiles, path: string, source: 
     };
     save();
     let unsaved = 0;
+    let writable = true;
     return {
       async read(begin, end) {
         end = Math.min(end, size);
@@ -155,26 +170,31 @@ async function keepFile(url: string, network: ModelFiles, path: string, source: 
         }
         const bytes = await network.readRange(path, begin, end);
         source.networkBytes += bytes.byteLength;
-        data.write(bytes, { at: begin });
-        ranges.add(begin, begin + bytes.byteLength);
-        if ((unsaved += bytes.byteLength) >= SAVE_EVERY_BYTES) {
-          save();
-          unsaved = 0;
+        if (!writable) return bytes;
+        try {
+          data.write(bytes, { at: begin });
+          ranges.add(begin, begin + bytes.byteLength);
+          if ((unsaved += bytes.byteLength) >= SAVE_EVERY_BYTES) {
+            save();
+            unsaved = 0;
+          }
+        } catch {
+          // the disk filled up, say: the bytes are here all the same, and what was kept stays kept
+          writable = false;
+          onWriteFailed();
         }
         return bytes;
       },
       async close() {
         try {
-          save();
+          if (writable) save();
         } finally {
           for (const handle of handles) handle.close();
-          unlock();
         }
       },
     };
   } catch (e) {
     for (const handle of handles) handle.close();
-    unlock();
     throw e;
   }
 }
@@ -202,4 +222,3 @@ async function fileKey(url: string): Promise<string> {
   return [...digest.subarray(0, 16)].map((b) => b.toString(16).padStart(2, '0')).join('');
 }
 
-const gb = (bytes: number) => `${(bytes / 1e9).toFixed(2)} GB`;

@@ -14,6 +14,8 @@ import { makeTestTokenizerJson, TEST_TOKENIZER_PIECES } from '../core/model/umt5
 
 /** where ditswarm keeps what it makes or fetches on this machine (test models, the CLIs' browser profile), outside the repository */
 export const CACHE_ROOT = join(homedir(), '.cache/ditswarm');
+/** where make-model's wan2.1-t2v-1.3b preset writes, and the benchmarks read */
+export const FULL_SIZE_MODEL_DIR = join(CACHE_ROOT, 'models/wan2.1-t2v-1.3b');
 
 export function folderFiles(dir: string): ModelFiles {
   const missing = (e: unknown, path: string) => ((e as NodeJS.ErrnoException).code === 'ENOENT' ? new MissingFile(`${join(dir, path)}: no such file`) : e);

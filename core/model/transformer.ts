@@ -30,9 +30,14 @@ export async function loadTransformer(files: ModelFiles, onProgress?: LoadProgre
   // a few reads in flight: one request at a time leaves a page's link idle between tensors
   const queue = [...checkpoint.tensors.values()];
   const reader = async () => {
-    for (let entry = queue.shift(); entry; entry = queue.shift()) {
-      weights.set(entry.name, await readTensor(files, entry));
-      onProgress?.((loaded += entry.end - entry.begin), total);
+    try {
+      for (let entry = queue.shift(); entry; entry = queue.shift()) {
+        weights.set(entry.name, await readTensor(files, entry));
+        onProgress?.((loaded += entry.end - entry.begin), total);
+      }
+    } catch (e) {
+      queue.length = 0; // one read failed: the other readers stop rather than read on after the load
+      throw e;
     }
   };
   await Promise.all(Array.from({ length: READS_IN_FLIGHT }, reader));

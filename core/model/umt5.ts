@@ -228,23 +228,38 @@ export async function openUmt5(files: ModelFiles): Promise<Umt5Checkpoint> {
 export type Umt5LayerFn = (weights: Umt5LayerWeights, hidden: Float32Array, buckets: Int32Array) => Promise<Float32Array>;
 
 /**
- * last_hidden_state [T, d_model] of a prompt's token ids: its embedding rows through every layer, a
- * layer's weights read when it runs and dropped after (the whole encoder is 22.7 GB), then the
- * final norm. `onLayer` hears each layer's time.
+ * Hidden states through layers [from, to): each layer's weights asked for while the one before it
+ * computes (`weightsOf` reads them, or hands over ones held), then run; `onLayer` hears each
+ * layer's compute time.
  */
-export async function encodeIds(encoder: Umt5Checkpoint, ids: number[], runLayer: Umt5LayerFn, onLayer?: (layer: number, ms: number) => void): Promise<Float32Array> {
-  const { config } = encoder;
-  const buckets = relativePositionBuckets(ids.length, config.numBuckets, config.maxDistance);
-  let hidden = await encoder.tokenRows(ids);
-  let next = encoder.layer(0);
-  for (let layer = 0; layer < config.numLayers; layer++) {
-    const weights = await next;
-    // the next layer's weights are read while this one computes
-    if (layer + 1 < config.numLayers) next = encoder.layer(layer + 1);
+export async function runLayers(
+  range: { from: number; to: number },
+  hidden: Float32Array,
+  buckets: Int32Array,
+  weightsOf: (layer: number) => Promise<Umt5LayerWeights>,
+  runLayer: Umt5LayerFn,
+  onLayer?: (layer: number, ms: number) => void,
+): Promise<Float32Array> {
+  let next = range.from < range.to ? weightsOf(range.from) : null;
+  for (let layer = range.from; layer < range.to; layer++) {
+    const weights = await next!;
+    if (layer + 1 < range.to) next = weightsOf(layer + 1);
     const started = performance.now();
     hidden = await runLayer(weights, hidden, buckets);
     onLayer?.(layer, performance.now() - started);
   }
+  return hidden;
+}
+
+/**
+ * last_hidden_state [T, d_model] of a prompt's token ids: its embedding rows through every layer, a
+ * layer's weights read when it runs and dropped after (the whole encoder is 22.7 GB), then the
+ * final norm.
+ */
+export async function encodeIds(encoder: Umt5Checkpoint, ids: number[], runLayer: Umt5LayerFn, onLayer?: (layer: number, ms: number) => void): Promise<Float32Array> {
+  const { config } = encoder;
+  const buckets = relativePositionBuckets(ids.length, config.numBuckets, config.maxDistance);
+  const hidden = await runLayers({ from: 0, to: config.numLayers }, await encoder.tokenRows(ids), buckets, (layer) => encoder.layer(layer), runLayer, onLayer);
   return umt5FinalNorm(config, await encoder.finalNorm(), hidden);
 }
 

@@ -59,7 +59,7 @@ export function parseSchedulerConfig(json: unknown, source: string): { solver: S
 }
 
 /** `load` once, when first asked; a failed load is tried again next time. */
-function once<T>(load: () => Promise<T>): () => Promise<T> {
+export function once<T>(load: () => Promise<T>): () => Promise<T> {
   let loading: Promise<T> | null = null;
   return () => (loading ??= load().catch((e) => ((loading = null), Promise.reject(e))));
 }

@@ -62,8 +62,7 @@ async function run(): Promise<void> {
   if (values.backend === 'onnx') {
     const ort = await import('onnxruntime-web');
     ort.env.wasm.numThreads = 1; // as each worker engine runs
-    const runner = await (await import('../../rank/umt5-layers.ts')).onnxUmt5Layers(config, 'wasm');
-    runLayer = (weights, hidden, buckets) => runner.run(weights, hidden, buckets);
+    runLayer = (await (await import('../../rank/umt5-layers.ts')).onnxUmt5Layers(config, 'wasm')).run;
   }
   const layerMs: number[] = [];
   const started = performance.now();

@@ -28,14 +28,14 @@ import { VAE_DECODER_CLASS } from '../../core/model/vae-decoder.ts';
 import { SeededRandom } from '../../core/random.ts';
 import { writeSafetensors, type TensorMap } from '../../core/safetensors.ts';
 import { sizeOf } from '../../core/tensor.ts';
-import { CACHE_ROOT, MAX_SHARD_BYTES, seededRandom, writeCheckpoint, writeUmt5Folder } from '../model-folder.ts';
+import { FULL_SIZE_MODEL_DIR, MAX_SHARD_BYTES, seededRandom, writeCheckpoint, writeUmt5Folder } from '../model-folder.ts';
 import { byteProgress } from './progress.ts';
 import { WAN21_T2V_1_3B } from '../wan21-layout.ts';
 
 const PRESETS = {
   tiny: { name: 'tiny-wan', out: 'public/models/tiny-wan', seed: '20250225', layers: '2', 'head-dim': '24', ffn: '768', 'text-dim': '64', 'text-length': '32' },
   bench: { name: 'bench-wan', out: 'bench/out/models/bench-wan', seed: '20250226', layers: '2', 'head-dim': '48', ffn: '3456', 'text-dim': '64', 'text-length': '32' },
-  'wan2.1-t2v-1.3b': { name: 'wan2.1-t2v-1.3b', out: join(CACHE_ROOT, 'models/wan2.1-t2v-1.3b'), seed: '20250227', layers: '30', 'text-layers': '2', 'head-dim': '128', ffn: '8960', 'text-dim': '4096', 'text-length': '512' },
+  'wan2.1-t2v-1.3b': { name: 'wan2.1-t2v-1.3b', out: FULL_SIZE_MODEL_DIR, seed: '20250227', layers: '30', 'text-layers': '2', 'head-dim': '128', ffn: '8960', 'text-dim': '4096', 'text-length': '512' },
 };
 type Preset = keyof typeof PRESETS;
 

@@ -24,7 +24,7 @@ ort.env.wasm.numThreads = 1;
 export function stubEngine(stages: DeviceStageRunner, config: WanConfig): EngineApi {
   return {
     ...stages,
-    load: async () => ({ ep: 'wasm', adapter: 'test', config, loadMs: 0, weights: { networkBytes: 0, cacheBytes: 0, note: '' }, maxBufferBytes: 1 << 28, weightType: 'float32', gpuWeightBytes: 0 }),
+    load: async () => ({ ep: 'wasm', adapter: 'test', inMemory: false, config, loadMs: 0, weights: { networkBytes: 0, cacheBytes: 0, note: '' }, maxBufferBytes: 1 << 28, weightType: 'float32', gpuWeightBytes: 0 }),
     probe: async (ep) => ({ ep, flops: 1e9, softmaxRate: 2e8, stageMs: 0.5 }),
     encodeText: async () => {
       throw new Error('this stub engine has no text encoder');

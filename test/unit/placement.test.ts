@@ -67,7 +67,7 @@ function testSwarm() {
         initWorker: answer('initWorker', (a: InitArgs) => ({ rank: a.rank, world: a.world })),
         loadModel: answer('loadModel', () => {
           if (worker.failsToLoad) throw new RemoteError('no WebGPU adapter and no wasm either');
-          return { ep: 'wasm', adapter: 'stub', loadMs: 0, why: 'asked for', weights: { networkBytes: 0, cacheBytes: 0, note: '' }, maxBufferBytes: 1 << 28, weightType: 'float32', gpuWeightBytes: 0 };
+          return { ep: 'wasm', adapter: 'stub', inMemory: false, loadMs: 0, why: 'asked for', weights: { networkBytes: 0, cacheBytes: 0, note: '' }, maxBufferBytes: 1 << 28, weightType: 'float32', gpuWeightBytes: 0 };
         }),
         rehearse: answer('rehearse', (a: { degrees: number[] }) => {
           if (!worker.rehearsal) throw new RemoteError('this stub does not rehearse');
