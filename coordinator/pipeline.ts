@@ -163,8 +163,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
         cache: options.promptCache,
         async hosts() {
           if (!options.swarm || backend !== 'swarm') throw new Error("this folder's text encoder (umT5) runs on the swarm's workers: use the swarm backend, or give the prompt embeddings (promptEmbeds)");
-          await options.swarm.waitForWorkers(1, options.placementTimeoutMs ?? 30_000);
-          return options.swarm.workers();
+          return placer.liveWorkers(1);
         },
       })
     : standInEncoding(textEncoder);

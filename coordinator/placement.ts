@@ -328,7 +328,7 @@ export class Placer {
   }
 
   /** The live workers once at least `count` have joined; an error saying how many joined after the placement timeout. */
-  private async liveWorkers(count: number): Promise<SwarmWorker[]> {
+  async liveWorkers(count: number): Promise<SwarmWorker[]> {
     const swarm = this.options.swarm!;
     await swarm.waitForWorkers(count, this.options.placementTimeoutMs ?? 30_000);
     return swarm.workers();

@@ -178,15 +178,16 @@ export function umt5FinalNorm(cfg: Umt5Config, weight: Float32Array, hidden: Flo
 export async function readTokenRows(files: ByteRanges, embedding: TensorEntry, ids: number[]): Promise<Float32Array> {
   const [vocab, d] = embedding.shape;
   const rowBytes = (embedding.end - embedding.begin) / vocab;
+  // each distinct id read once: a prompt repeats tokens
+  const read = new Map<number, Promise<Float32Array>>();
+  const rowOf = (id: number) => {
+    if (!Number.isInteger(id) || id < 0 || id >= vocab) throw new Error(`token id ${id} is outside the text encoder's vocabulary of ${vocab}`);
+    const begin = embedding.begin + id * rowBytes;
+    if (!read.has(id)) read.set(id, readTensor(files, { ...embedding, name: `${embedding.name}[${id}]`, shape: [1, d], begin, end: begin + rowBytes }).then((t) => t.data));
+    return read.get(id)!;
+  };
   const rows = new Float32Array(ids.length * d);
-  await Promise.all(
-    ids.map(async (id, t) => {
-      if (!Number.isInteger(id) || id < 0 || id >= vocab) throw new Error(`token id ${id} is outside the text encoder's vocabulary of ${vocab}`);
-      const begin = embedding.begin + id * rowBytes;
-      const row = await readTensor(files, { ...embedding, name: `${embedding.name}[${id}]`, shape: [1, d], begin, end: begin + rowBytes });
-      rows.set(row.data, t * d);
-    }),
-  );
+  await Promise.all(ids.map(async (id, t) => rows.set(await rowOf(id), t * d)));
   return rows;
 }
 
