@@ -1,7 +1,7 @@
 // A model folder on disk: the loaders' file source in Node (whole files, and byte ranges of the
 // large ones), and the writer of checkpoints in the layout diffusers publishes them in: one
 // `<name>.safetensors`, or shards of at most 5 GB and their `<name>.safetensors.index.json`.
-import { createWriteStream, mkdirSync } from 'node:fs';
+import { createWriteStream, mkdirSync, statSync } from 'node:fs';
 import { open, readFile, writeFile } from 'node:fs/promises';
 import { homedir } from 'node:os';
 import { join } from 'node:path';
@@ -11,6 +11,7 @@ import { sizeOf } from '../core/tensor.ts';
 import { SeededRandom } from '../core/random.ts';
 import { parseUmt5Config, TEXT_ENCODER_CONFIG, TEXT_ENCODER_WEIGHTS_NAME, TOKEN_EMBEDDING, umt5WeightShapes, type Umt5Config } from '../core/model/umt5.ts';
 import { makeTestTokenizerJson, TEST_TOKENIZER_PIECES } from '../core/model/umt5-tokenizer.ts';
+import { parseWanVaeConfig, VAE_CONFIG, VAE_WEIGHTS, wanVaeWeightShapes, type WanVaeConfig } from '../core/model/wan-vae.ts';
 
 /** where ditswarm keeps what it makes or fetches on this machine (test models, the CLIs' browser profile), outside the repository */
 export const CACHE_ROOT = join(homedir(), '.cache/ditswarm');
@@ -121,4 +122,24 @@ export async function writeUmt5Folder(
   await writeFile(join(folder, 'tokenizer/tokenizer.json'), JSON.stringify(tokenizer));
   await writeFile(join(folder, 'tokenizer/tokenizer_config.json'), JSON.stringify({ tokenizer_class: 'T5Tokenizer', model_max_length: 512, eos_token: '</s>', pad_token: '<pad>', unk_token: '<unk>' }, null, 2) + '\n');
   return { config: umt5, files };
+}
+
+/**
+ * AutoencoderKLWan in a model folder's vae/ (config.json and diffusion_pytorch_model.safetensors,
+ * the encoder's and the decoder's tensors in the published layout) with seeded random weights:
+ * convolutions N(0, 1/fan_in), norms' γ near 1, small biases, so activations stay O(1) as a trained
+ * model's do. `config` is diffusers' config.json.
+ */
+export async function writeWanVaeFolder(folder: string, config: Record<string, unknown>, { seed = '0' }: { seed?: string } = {}): Promise<{ config: WanVaeConfig; bytes: number }> {
+  const vae = parseWanVaeConfig(config, 'writeWanVaeFolder');
+  const specs = [...wanVaeWeightShapes(vae)].map(([name, shape]) => ({ name, shape }));
+  await writeCheckpoint(join(folder, 'vae'), 'diffusion_pytorch_model', specs, ({ name, shape }) => {
+    const random = seededRandom(seed, name);
+    const n = sizeOf(shape);
+    if (name.endsWith('.gamma')) return random.normals(n, 0.05).map((v) => 1 + v);
+    if (name.endsWith('.bias')) return random.normals(n, 0.02);
+    return random.normals(n, 1 / Math.sqrt(n / shape[0]));
+  });
+  await writeFile(join(folder, VAE_CONFIG), JSON.stringify(config, null, 2) + '\n');
+  return { config: vae, bytes: statSync(join(folder, VAE_WEIGHTS)).size };
 }
