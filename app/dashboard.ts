@@ -147,6 +147,7 @@ interface AutomationInputs {
   outputType?: 'video' | 'latent';
 }
 
+/** Float32 values as page.evaluate carries them: the shape, and the values in base64. */
 const embedsFromBase64 = ({ shape, base64 }: { shape: number[]; base64: string }) => {
   const bytes = Uint8Array.from(atob(base64), (c) => c.charCodeAt(0));
   return { shape, data: new Float32Array(bytes.buffer, 0, bytes.byteLength >> 2) };
@@ -205,7 +206,7 @@ async function start() {
       addTimelineStep(e.progress.stepMs, e.progress.ranks);
       $('status').textContent = `#${e.job.id} step ${e.progress.step} of ${e.progress.steps}.`;
     } else if (e.type === 'phase') {
-      showJobPhase(e.job, e.phase);
+      showJobPhase(e.job, e.phase, e.detail);
       if (e.phase === 'placing') resetTimeline();
     } else {
       if (e.job.status === 'done') showFinished(e.job);
@@ -243,6 +244,13 @@ const automation = {
   async generate(overrides: Record<string, unknown>) {
     return automation.result(await automation.submit(overrides));
   },
+  /** a latent [z_dim, T, h, w] through the model's VAE alone, on this swarm: the video [3, F, 8h, 8w] in [−1, 1] (npm run decode) */
+  async decode({ model, latent }: { model?: string; latent: { shape: number[]; base64: string } }) {
+    const pipe = await pipelineFor({ model, backend: 'swarm', workers: 'auto', ep: 'auto' });
+    const { video, report } = await pipe.decode(embedsFromBase64(latent), (p) => progressHook()?.({ phase: 'decoding', detail: `tile ${p.tilesDone} of ${p.tiles}` }));
+    if (!video) throw new Error(`${model ?? DEFAULT_MODEL_URL}'s VAE is a stand-in that makes display frames, not a video in [-1, 1]`);
+    return { report, video: { shape: video.shape, base64: bytesToBase64(new Uint8Array(video.data.buffer, video.data.byteOffset, video.data.byteLength)) } };
+  },
   /** What the page's <video> and the WebM file itself say about the video on show. */
   async inspectVideo() {
     const video = $<HTMLVideoElement>('video');
@@ -259,7 +267,7 @@ const progressHook = () => (window as unknown as { ditswarmProgress?: (p: object
 automation.ready.then(() =>
   queue!.on((e) => {
     if (e.type === 'progress') progressHook()?.({ job: e.job.id, step: e.progress.step, steps: e.progress.steps, stepMs: e.progress.stepMs, etaMs: e.progress.etaMs });
-    if (e.type === 'phase') progressHook()?.({ job: e.job.id, phase: e.phase });
+    if (e.type === 'phase') progressHook()?.({ job: e.job.id, phase: e.phase, detail: e.detail });
   }),
 );
 

@@ -8,7 +8,7 @@ import type { JobInputs, JobPlacement, JobStore, StoredJob } from './job-store.t
 
 export type RunJob = (job: StoredJob, hooks: Pick<GenerateRequest, 'resume' | 'onCheckpoint' | 'onProgress' | 'onPhase' | 'onFailure'>) => Promise<GenerateResult>;
 
-export type QueueEvent = { type: 'changed'; job: StoredJob } | { type: 'progress'; job: StoredJob; progress: StepProgress } | { type: 'phase'; job: StoredJob; phase: string };
+export type QueueEvent = { type: 'changed'; job: StoredJob } | { type: 'progress'; job: StoredJob; progress: StepProgress } | { type: 'phase'; job: StoredJob; phase: string; detail?: string };
 
 export class JobQueue {
   private readonly jobs = new Map<number, StoredJob>();
@@ -111,7 +111,7 @@ export class JobQueue {
           void this.save(job);
         },
         onProgress: (progress) => this.emit({ type: 'progress', job, progress }),
-        onPhase: (phase) => this.emit({ type: 'phase', job, phase }),
+        onPhase: (phase, detail) => this.emit({ type: 'phase', job, phase, detail }),
       });
       job.status = 'done';
       job.result = { video: result.video, latent: result.latent, report: result.report };

@@ -11,8 +11,10 @@ import { loadWanPipelineParts } from '../core/model/wan-pipeline.ts';
 import type { DType } from '../core/net/protocol.ts';
 import { sample, scheduleOf, type SamplerCheckpoint, type Solver } from '../core/sampler.ts';
 import type { Schedule } from '../core/scheduler.ts';
+import type { Tensor } from '../core/tensor.ts';
 import type { ExecutionProvider, LoadedModel } from '../core/worker-api.ts';
 import { standInEncoding, umt5Encoding, type PromptCache, type PromptEncoding } from './text-encoding.ts';
+import { standInDecoding, tiledDecoding, type DecodeProgress, type DecodeReport, type DecodeResult } from './vae-decoding.ts';
 import type { Backend } from './backends.ts';
 import { loadTimeoutMs, maxOrNull, type Executor, type LinkReport, type RankReport } from './executor.ts';
 import { Placer, type FailureRecord, type MeshProbeReport, type PlacementRequest, type PlannedDegree } from './placement.ts';
@@ -76,7 +78,8 @@ export interface GenerateRequest extends Partial<JobParams> {
   onCheckpoint?(c: SamplerCheckpoint): void;
   onFailure?(f: FailureRecord): void;
   onProgress?(p: StepProgress): void;
-  onPhase?(phase: JobPhase): void;
+  /** a phase begins, or moves on (detail: how far it is, e.g. "tile 3 of 15") */
+  onPhase?(phase: JobPhase, detail?: string): void;
   signal?: AbortSignal;
 }
 
@@ -97,6 +100,8 @@ export interface GenerateReport {
   links: LinkReport[];
   /** the folder's scheduler and what it stepped through: the timesteps the model was given and the sigmas */
   schedule: Schedule & { scheduler: Solver['kind'] };
+  /** how the latent became frames: where, in which tiles, each worker's share (null with outputType 'latent') */
+  decoding: DecodeReport | null;
   /** how each prompt became its embedding: given, encoded (where each text encoder layer ran) or from the cache */
   encoding: { prompt: PromptEncoding; negativePrompt: PromptEncoding | null };
   /** the cost model's choice of degree when it was 'auto' (null when asked for, or unmeasured) */
@@ -133,6 +138,8 @@ export interface Pipeline {
   /** the current placement's executor, once a job has been placed */
   readonly executor: Executor | null;
   generate(request: GenerateRequest): Promise<GenerateResult>;
+  /** a latent [z_dim, T, h, w] through the folder's VAE alone (on the swarm's workers for AutoencoderKLWan) */
+  decode(latent: Tensor, onProgress?: (p: DecodeProgress) => void): Promise<DecodeResult>;
   shutdown(options?: { graceMs?: number }): Promise<void>;
 }
 
@@ -151,7 +158,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
   const backend = options.backend ?? 'local';
   const modelUrl = new URL(options.model ?? DEFAULT_MODEL_URL, globalThis.location?.href).href;
   const files = fetchModelFiles(modelUrl);
-  const { config, textTokens, umt5, textEncoder, decoder, flowShift, solver } = await loadWanPipelineParts(files);
+  const { config, textTokens, umt5, textEncoder, wanVae, decoder, flowShift, solver } = await loadWanPipelineParts(files);
   const placer = new Placer({ config, modelUrl, backend, swarm: options.swarm, textTokens, placementTimeoutMs: options.placementTimeoutMs, rpcTimeoutMs: options.rpcTimeoutMs });
   const textEncoding = umt5
     ? umt5Encoding({
@@ -167,9 +174,24 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
         },
       })
     : standInEncoding(textEncoder);
+  const videoDecoding = wanVae
+    ? tiledDecoding({
+        modelUrl,
+        files,
+        config: wanVae,
+        ep: 'auto',
+        timeoutMs: loadTimeoutMs(options.rpcTimeoutMs),
+        async hosts() {
+          if (!options.swarm || backend !== 'swarm') throw new Error("this folder's VAE (AutoencoderKLWan) decodes on the swarm's workers: use the swarm backend, or ask for the latent (outputType 'latent')");
+          return placer.liveWorkers(1);
+        },
+        // the workers of the job's placement say what buffers they allow
+        maxBufferBytes: () => Math.min(...(placer.current?.workers.map((w) => w.maxBufferBytes) ?? []), Infinity),
+      })
+    : standInDecoding(decoder);
   /** A given embedding's rows, checked against the model; else the prompt encoded. */
-  const embed = async (given: PromptEmbeds | undefined, prompt: string, what: string): Promise<{ embeds: Float32Array; report: PromptEncoding }> => {
-    if (!given) return textEncoding.encode(prompt);
+  const embed = async (given: PromptEmbeds | undefined, prompt: string, what: string, onProgress?: (detail: string) => void): Promise<{ embeds: Float32Array; report: PromptEncoding }> => {
+    if (!given) return textEncoding.encode(prompt, onProgress);
     const started = performance.now();
     const [L, width] = given.shape.length === 3 && given.shape[0] === 1 ? given.shape.slice(1) : given.shape;
     if (given.shape.length < 2 || given.shape.length > 3 || width !== config.textDim || !(L >= 1 && L <= MAX_TEXT_TOKENS) || given.data.length !== L * width) {
@@ -205,10 +227,10 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
       };
       // the prompts and the decoder first: what a job cannot do is refused before any worker is asked
       enter('encoding');
-      const encoded = [await embed(promptEmbeds, params.prompt, 'promptEmbeds')];
-      if (usesGuidance(params)) encoded.push(await embed(negativePromptEmbeds, params.negativePrompt, 'negativePromptEmbeds'));
+      const encoded = [await embed(promptEmbeds, params.prompt, 'promptEmbeds', (detail) => onPhase?.('encoding', `the prompt: ${detail}`))];
+      if (usesGuidance(params)) encoded.push(await embed(negativePromptEmbeds, params.negativePrompt, 'negativePromptEmbeds', (detail) => onPhase?.('encoding', `the negative prompt: ${detail}`)));
       const texts = encoded.map((e) => e.embeds);
-      const decode = outputType === 'video' ? await decoder() : null;
+      if (outputType === 'video') await videoDecoding.ready();
       enter('placing');
       const { plan, cfgFallback } = await placer.place(params, { ...defaults, ...asked });
       const setupMs = performance.now() - started;
@@ -254,7 +276,8 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
       });
 
       enter('decoding');
-      const frames = decode?.(latent) ?? null;
+      const decoded = outputType === 'video' ? await videoDecoding.decode(latent, ({ tilesDone, tiles }) => onPhase?.('decoding', `tile ${tilesDone} of ${tiles}`)) : null;
+      const frames = decoded?.frames ?? null;
       enter('muxing');
       const video = frames && (await (options.encodeVideo ?? encodeWebM)(frames));
       enter(null);
@@ -268,6 +291,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
           plan,
           cfgFallback,
           meshProbe,
+          decoding: decoded?.report ?? null,
           encoding: { prompt: encoded[0].report, negativePrompt: encoded[1]?.report ?? null },
           schedule: { scheduler: solver.kind, ...scheduleOf(solver, params.steps, params.flowShift) },
           workers: executor.workers.map(({ id, ep, adapter, why, threads, inMemory, loadMs, weights, maxBufferBytes, weightType, gpuWeightBytes }) => ({
@@ -297,6 +321,10 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
           latentSha256: await sha256(latent.data),
         },
       };
+    },
+    async decode(latent, onProgress) {
+      await videoDecoding.ready();
+      return videoDecoding.decode(latent, onProgress);
     },
     shutdown: (opts) => placer.shutdown(opts),
   };

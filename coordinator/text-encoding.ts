@@ -36,7 +36,7 @@ export interface PromptCache {
 
 export interface TextEncoding {
   /** the prompt as the transformer reads it, [max length, text_dim], and how it was made */
-  encode(prompt: string): Promise<{ embeds: Float32Array; report: PromptEncoding }>;
+  encode(prompt: string, onProgress?: (detail: string) => void): Promise<{ embeds: Float32Array; report: PromptEncoding }>;
 }
 
 /** A worker that can run text encoder layers: its id and its API. */
@@ -83,7 +83,7 @@ export function umt5Encoding(o: Umt5EncodingOptions): TextEncoding {
     }
   });
   return {
-    async encode(prompt) {
+    async encode(prompt, onProgress) {
       const started = performance.now();
       const { encoder, tokenizer, finalNorm } = await open();
       const { config } = encoder;
@@ -100,6 +100,7 @@ export function umt5Encoding(o: Umt5EncodingOptions): TextEncoding {
       // contiguous runs of layers, as even as the count allows: the hidden state crosses once per worker
       for (const [i, host] of hosts.entries()) {
         const [from, to] = [Math.floor((i * config.numLayers) / hosts.length), Math.floor(((i + 1) * config.numLayers) / hosts.length)];
+        onProgress?.(`text encoder layers ${from + 1}–${to} of ${config.numLayers} on worker ${host.id}`);
         const ran = await host.api.encodeText({ modelUrl: o.modelUrl, ep: o.ep, from, to, tokens: ids.length, hidden }, o.timeoutMs);
         if (ran.hidden.length !== hidden.length || !ran.hidden.every(Number.isFinite)) {
           throw new Error(`worker ${host.id} returned the text encoder's layers ${from}–${to - 1} as ${ran.hidden.length} values${ran.hidden.length === hidden.length ? ' with NaN or infinite ones' : `, not ${hidden.length}`}`);

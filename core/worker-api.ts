@@ -186,6 +186,33 @@ export interface EncodedText {
   layersRead: number;
 }
 
+/**
+ * A run of latent frames of one VAE tile (coordinator/vae-decoding.ts): a tile is decoded a few
+ * latent frames per call, so that no reply outgrows a message, the worker carrying the tile's
+ * causal caches from one call to the next. `from` 0 starts a tile (a tile left open is dropped);
+ * a later call continues the open tile of the same name from where it stopped.
+ */
+export interface DecodeTileArgs {
+  modelUrl: string;
+  ep: ExecutionProvider | 'auto';
+  tile: string;
+  /** latent frames of this tile decoded by earlier calls */
+  from: number;
+  /** the frames' latent [z_dim, n, h, w], as the transformer made it */
+  shape: number[];
+  latent: Float32Array;
+}
+
+export interface DecodedTile {
+  /** [F, 3, 8h, 8w], before blending and clamping */
+  frames: Float32Array;
+  shape: number[];
+  computeMs: number;
+  /** bytes the tile's causal caches take on the worker, and the decoder's weights */
+  cacheBytes: number;
+  weightBytes: number;
+}
+
 /** A timed all-to-all on the job's own mesh (rank/mesh-probe.ts). */
 export interface MeshProbe {
   rank: number;
@@ -245,6 +272,8 @@ export interface WorkerApi {
   rehearse(args: RehearseArgs): Promise<{ forwardMs: number[] }>;
   /** runs the text encoder's layers [from, to) on a prompt's hidden states, between jobs */
   encodeText(args: EncodeTextArgs): Promise<EncodedText>;
+  /** decodes a run of latent frames of one VAE tile, between jobs */
+  decodeTile(args: DecodeTileArgs): Promise<DecodedTile>;
   prepareJob(args: PrepareArgs): Promise<{ job: number }>;
   probeMesh(args: { job: number }): Promise<MeshProbe>;
   executeModel(args: ExecuteArgs): Promise<ExecuteResult>;
@@ -261,6 +290,10 @@ export type ReplyOf<M extends WorkerMethod> = Awaited<ReturnType<WorkerApi[M]>>;
 const MAX_RANKS = 256;
 /** a prompt's tokens at most: WanPipeline's 512, with room */
 const MAX_PROMPT_TOKENS = 4096;
+/** a VAE tile's latent frames in one call: 16 channels of 64×64 pixels, 64 frames */
+const MAX_TILE_LATENT_VALUES = 1 << 22;
+/** what one reply may carry: the links' message cap (64 MiB) less room for the rest */
+export const MAX_MESSAGE_FLOATS = 15 << 20;
 const ep = oneOf(...EXECUTION_PROVIDERS);
 const ms = num(0);
 const bytes = num(0);
@@ -299,6 +332,10 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
   encodeText: {
     args: fields({ modelUrl: text(), ep: oneOf(...EXECUTION_PROVIDERS, 'auto'), from: int(0, 1023), to: int(1, 1024), tokens: int(1, MAX_PROMPT_TOKENS), hidden: floats(MAX_PROMPT_TOKENS * 65_536) }),
     reply: fields({ hidden: floats(MAX_PROMPT_TOKENS * 65_536), layerMs: list(ms, { max: 1024 }), layersRead: int(0, 1024) }),
+  },
+  decodeTile: {
+    args: fields({ modelUrl: text(), ep: oneOf(...EXECUTION_PROVIDERS, 'auto'), tile: text(256), from: int(0, 1 << 16), shape, latent: floats(MAX_TILE_LATENT_VALUES) }),
+    reply: fields({ frames: floats(MAX_MESSAGE_FLOATS), shape: list(int(1, 1 << 16), { min: 4, max: 4 }), computeMs: ms, cacheBytes: bytes, weightBytes: bytes }),
   },
   prepareJob: {
     args: fields({ job: int(0), texts: list(floats(), { min: 1, max: 2 }), latentShape: shape }),

@@ -4,12 +4,13 @@
 import * as ort from 'onnxruntime-web';
 import type { WanConfig } from '../core/model/config.ts';
 import { loadTransformer } from '../core/model/transformer.ts';
-import type { ComputeProbe, EncodedText, EncodeTextArgs, ExecutionProvider, LoadedModel, LoadStatus } from '../core/worker-api.ts';
+import type { ComputeProbe, DecodedTile, DecodeTileArgs, EncodedText, EncodeTextArgs, ExecutionProvider, LoadedModel, LoadStatus } from '../core/worker-api.ts';
 import { onnxStages, type OnnxStages } from './onnx-stages.ts';
 import { probeThroughput } from './throughput-probe.ts';
 import { probeWebGpu } from './webgpu.ts';
 import type { DeviceStageRunner } from './stages.ts';
 import { textLayers } from './text-layers.ts';
+import { vaeTiles } from './vae-tiles.ts';
 import { cachedModelFiles } from './weight-cache.ts';
 
 /** What the worker reports of a load (less why its EP was chosen: the runtime's), and the model's config. */
@@ -24,6 +25,8 @@ export interface EngineApi extends DeviceStageRunner {
   probe(ep: ExecutionProvider): Promise<ComputeProbe>;
   /** the text encoder's layers [from, to) of the folder at modelUrl on a prompt's hidden states (text-layers.ts) */
   encodeText(args: Omit<EncodeTextArgs, 'ep'> & { ep: ExecutionProvider }): Promise<EncodedText>;
+  /** a run of latent frames of one VAE tile of the folder at modelUrl (vae-tiles.ts) */
+  decodeTile(args: Omit<DecodeTileArgs, 'ep'> & { ep: ExecutionProvider }): Promise<DecodedTile>;
 }
 
 /**
@@ -43,6 +46,7 @@ export function createEngine(threads = 1): EngineApi {
   };
   let stages: OnnxStages | null = null;
   const text = textLayers();
+  const vae = vaeTiles();
   let loaded: { key: string; info: EngineInfo } | null = null;
   const need = (): DeviceStageRunner => {
     if (!stages) throw new Error('the engine has no model yet: call load() first');
@@ -80,6 +84,7 @@ export function createEngine(threads = 1): EngineApi {
         return { ep, flops, softmaxRate, stageMs };
       }),
     encodeText: (args) => serial(() => text.encode(args)),
+    decodeTile: (args) => serial(() => vae.decode(args)),
     embed: (...a) => serial(() => need().embed(...a)),
     preAttention: (...a) => serial(() => need().preAttention(...a)),
     attention: (...a) => serial(() => need().attention(...a)),

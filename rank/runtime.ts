@@ -11,6 +11,7 @@ import { planUlysses, type UlyssesPlan } from '../core/parallel.ts';
 import { BYTES_PER_ELEMENT } from '../core/net/protocol.ts';
 import type {
   ComputeProbe,
+  DecodeTileArgs,
   EncodeTextArgs,
   ExecuteArgs,
   ExecuteResult,
@@ -192,15 +193,24 @@ export class WorkerRuntime implements WorkerApi {
     return fastestEp({ wasm: await wasm, webgpu: await webgpu }, softwareAdapter);
   }
 
-  async encodeText(args: EncodeTextArgs) {
-    if (this.state === 'computing') throw new Error('encodeText while this worker is computing: encode between jobs');
+  encodeText(args: EncodeTextArgs) {
+    return this.betweenJobs('encodeText', `encoding a prompt: text encoder layers ${args.from + 1}–${args.to}`, args.ep, (ep) => this.engine.encodeText({ ...args, ep }));
+  }
+
+  decodeTile(args: DecodeTileArgs) {
+    const frames = args.shape[1];
+    return this.betweenJobs('decodeTile', `decoding the video: tile ${args.tile}, latent frames ${args.from + 1}–${args.from + frames}`, args.ep, (ep) => this.engine.decodeTile({ ...args, ep }));
+  }
+
+  /** Work a coordinator asks for between jobs (the text encoder, the VAE), on the EP it names or the fastest. */
+  private async betweenJobs<T>(method: string, detail: string, asked: ExecutionProvider | 'auto', work: (ep: ExecutionProvider) => Promise<T>): Promise<T> {
+    if (this.state === 'computing') throw new Error(`${method} while this worker is computing: call it between jobs`);
     // taken at once, before any await: a second call arriving meanwhile is refused, not interleaved
     const before = { state: this.state, detail: this.detail };
-    this.setState('computing', `encoding a prompt: text encoder layers ${args.from + 1}–${args.to}`);
+    this.setState('computing', detail);
     try {
       await this.hooks.betweenJobs?.();
-      const ep = args.ep === 'auto' ? (await this.fastestEp()).ep : args.ep;
-      return await this.engine.encodeText({ ...args, ep });
+      return await work(asked === 'auto' ? (await this.fastestEp()).ep : asked);
     } finally {
       this.setState(before.state, before.detail);
     }

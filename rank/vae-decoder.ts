@@ -5,13 +5,26 @@
 // uploaded to GPU buffers once; on WASM everything is CPU data.
 import * as ort from 'onnxruntime-web';
 import { buildVaeChunkGraph, vaeWeightFeeds } from '../core/model/wan-vae-graphs.ts';
-import { emptyCaches, decoderPlan, joinFrames, latentSlice, type Frames, type WanVaeConfig } from '../core/model/wan-vae.ts';
+import { cacheBytes, emptyCaches, decoderPlan, joinFrames, latentSlice, type Frames, type WanVaeConfig } from '../core/model/wan-vae.ts';
 import type { TensorMap } from '../core/safetensors.ts';
 import type { Tensor } from '../core/tensor.ts';
 import type { ExecutionProvider } from '../core/worker-api.ts';
 
+/** One tile being decoded: its latent frames go in a run at a time, the causal caches carried between them. */
+export interface VaeTileStream {
+  /** the tile's next latent frames [z_dim, n, h, w] → their frames [n' , 3, 8h, 8w] (n' = 1 + 4(n−1) for the first run, 4n after), before blending and clamping */
+  next(latent: Tensor): Promise<Frames>;
+  /** latent frames decoded so far */
+  readonly done: number;
+  /** bytes its causal caches take */
+  readonly cacheBytes: number;
+  close(): void;
+}
+
 export interface VaeTileDecoder {
-  /** a tile's latent [z_dim, T, h, w] → its frames [1 + 4(T−1), 3, 8h, 8w], before blending and clamping */
+  /** starts a tile of h×w latent pixels */
+  open(h: number, w: number): VaeTileStream;
+  /** a whole tile: [z_dim, T, h, w] → [1 + 4(T−1), 3, 8h, 8w] */
   decode(latent: Tensor): Promise<Frames>;
   /** bytes of the weights it holds (GPU bytes on WebGPU) */
   weightBytes: number;
@@ -54,32 +67,51 @@ export async function onnxVaeDecoder(cfg: WanVaeConfig, tensors: TensorMap, ep: 
   }
   const plan = decoderPlan(cfg);
 
-  return {
-    weightBytes,
-    async decode(latent) {
-      const [C, T, h, w] = latent.shape;
-      if (C !== cfg.zDim) throw new Error(`the VAE decodes latents of ${cfg.zDim} channels, got [${latent.shape}]`);
-      let caches: ort.Tensor[] = emptyCaches(plan, h, w).map((c) => new ort.Tensor('float32', c.data, [c.frames, c.channels, c.height, c.width]));
-      const chunks: Frames[] = [];
-      try {
+  const open = (h: number, w: number): VaeTileStream => {
+    let caches: ort.Tensor[] | null = emptyCaches(plan, h, w).map((c) => new ort.Tensor('float32', c.data, [c.frames, c.channels, c.height, c.width]));
+    let done = 0;
+    return {
+      get done() {
+        return done;
+      },
+      cacheBytes: cacheBytes(plan, h, w),
+      async next(latent) {
+        const [C, T, lh, lw] = latent.shape;
+        if (C !== cfg.zDim || lh !== h || lw !== w) throw new Error(`this tile decodes latents [${cfg.zDim}, T, ${h}, ${w}], got [${latent.shape}]`);
+        const chunks: Frames[] = [];
         for (let t = 0; t < T; t++) {
-          const which = t === 0 ? 0 : 1;
+          if (!caches) throw new Error('this tile was closed');
+          const which = done === 0 ? 0 : 1;
           // the graph un-normalises: the frame goes in as the transformer made it
           const feed: Record<string, ort.Tensor> = { latent: new ort.Tensor('float32', latentSlice(latent, t).data, [1, C, h, w]) };
           for (const { input } of graphs[which].weights) feed[input] = weights[input]; // the first chunk's graph has no time_conv
-          graphs[which].caches.forEach((name, slot) => (feed[name] = caches[slot]));
+          graphs[which].caches.forEach((name, slot) => (feed[name] = caches![slot]));
           const out = await sessions[which].run(feed);
-          const next = cacheOutputs.map((name) => out[name]);
-          release(caches.filter((c) => !next.includes(c)));
-          caches = next;
-          const frames = out.frames;
-          const [F, rgb, H, W] = frames.dims;
-          chunks.push({ frames: F, channels: rgb, height: H, width: W, data: frames.data as Float32Array });
+          release(caches);
+          caches = cacheOutputs.map((name) => out[name]);
+          done++;
+          const [F, rgb, H, W] = out.frames.dims;
+          chunks.push({ frames: F, channels: rgb, height: H, width: W, data: out.frames.data as Float32Array });
         }
+        return joinFrames(chunks);
+      },
+      close() {
+        if (caches) release(caches);
+        caches = null;
+      },
+    };
+  };
+
+  return {
+    weightBytes,
+    open,
+    async decode(latent) {
+      const tile = open(latent.shape[2], latent.shape[3]);
+      try {
+        return await tile.next(latent);
       } finally {
-        release(caches);
+        tile.close();
       }
-      return joinFrames(chunks);
     },
     async release() {
       await Promise.all(sessions.map((s) => s.release()));

@@ -41,7 +41,7 @@ export function showJobProgress(job: StoredJob, p: StepProgress): void {
   line.text.textContent = `step ${p.step}/${p.steps} · ${seconds(p.stepMs)} per step · ${seconds(p.etaMs)} left`;
 }
 
-export function showJobPhase(job: StoredJob, phase: string): void {
+export function showJobPhase(job: StoredJob, phase: string, detail?: string): void {
   const line = lines.get(job.id);
-  if (line && phase !== 'denoising') line.text.textContent = phase === 'placing' ? 'placing on workers…' : `${phase}…`;
+  if (line && phase !== 'denoising') line.text.textContent = `${phase === 'placing' ? 'placing on workers' : phase}…${detail ? ` ${detail}` : ''}`;
 }

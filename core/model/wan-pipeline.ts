@@ -12,6 +12,7 @@ import { loadTextEncoder, TEXT_ENCODER_CLASS, type TextEncoder } from './text-en
 import { TRANSFORMER_CONFIG } from './transformer.ts';
 import { isUmt5Config } from './umt5.ts';
 import { loadVaeDecoder, type DecodedVideo } from './vae-decoder.ts';
+import { isWanVaeConfig, parseWanVaeConfig, VAE_CONFIG, type WanVaeConfig } from './wan-vae.ts';
 
 export const SCHEDULER_CONFIG = 'scheduler/scheduler_config.json';
 
@@ -26,6 +27,9 @@ export interface WanPipelineParts {
   umt5: boolean;
   /** the tiny models' stand-in encoder */
   textEncoder(): Promise<TextEncoder>;
+  /** vae/ is AutoencoderKLWan (the published folders'): it decodes in tiles on the workers (coordinator/vae-decoding.ts) */
+  wanVae: WanVaeConfig | null;
+  /** the tiny models' stand-in decoder */
   decoder(): Promise<(latent: Tensor) => DecodedVideo>;
   /** the folder's flow shift (model_index.json, else its scheduler's config), the default job's where it has neither */
   flowShift: number;
@@ -65,9 +69,10 @@ export function once<T>(load: () => Promise<T>): () => Promise<T> {
 }
 
 export async function loadWanPipelineParts(files: ModelFiles): Promise<WanPipelineParts> {
-  const [config, textConfig, index, scheduler] = await Promise.all([
+  const [config, textConfig, vaeConfig, index, scheduler] = await Promise.all([
     readJson(files, TRANSFORMER_CONFIG).then((json) => parseWanConfig(json, TRANSFORMER_CONFIG)),
     readJson(files, 'text_encoder/config.json') as Promise<{ _class_name?: string; max_length?: number }>,
+    readJson(files, VAE_CONFIG),
     readJson(files, 'model_index.json'),
     readJson(files, SCHEDULER_CONFIG).then(
       (json) => parseSchedulerConfig(json, SCHEDULER_CONFIG),
@@ -80,6 +85,7 @@ export async function loadWanPipelineParts(files: ModelFiles): Promise<WanPipeli
     textTokens: textConfig._class_name === TEXT_ENCODER_CLASS && typeof textConfig.max_length === 'number' ? textConfig.max_length : WAN_TEXT_TOKENS,
     umt5: isUmt5Config(textConfig),
     textEncoder: once(() => loadTextEncoder(files)),
+    wanVae: isWanVaeConfig(vaeConfig) ? parseWanVaeConfig(vaeConfig, VAE_CONFIG) : null,
     decoder: once(() => loadVaeDecoder(files)),
     flowShift: typeof flowShift === 'number' ? flowShift : DEFAULT_JOB.flowShift,
     solver: scheduler.solver,

@@ -60,7 +60,9 @@ export function parseWanVaeConfig(json: unknown, source: string): WanVaeConfig {
   const baseDim = whole('base_dim', 96);
   const zDim = whole('z_dim', 16);
   const dimMult = (c.dim_mult ?? [1, 2, 4, 4]) as unknown;
-  if (!Array.isArray(dimMult) || dimMult.length < 2 || !dimMult.every((m) => Number.isInteger(m) && m >= 1)) throw fail(`dim_mult must be a list of whole numbers ≥ 1, got ${JSON.stringify(dimMult)}`);
+  // four blocks: three spatial doublings, the ×8 every latent pixel decodes to
+  if (!Array.isArray(dimMult) || dimMult.length !== 4 || !dimMult.every((m) => Number.isInteger(m) && m >= 1)) throw fail(`dim_mult must be 4 whole numbers ≥ 1 (Wan2.1's VAE: 8 pixels a latent pixel), got ${JSON.stringify(dimMult)}`);
+  if (Array.isArray(c.attn_scales) && c.attn_scales.length) throw fail(`attn_scales ${JSON.stringify(c.attn_scales)}: Wan2.1's VAE has no attention in its down-blocks ([])`);
   const temporal = (c.temperal_downsample ?? [false, true, true]) as unknown;
   if (!Array.isArray(temporal) || temporal.length !== dimMult.length - 1 || !temporal.every((t) => typeof t === 'boolean')) {
     throw fail(`temperal_downsample must be ${dimMult.length - 1} booleans (one per downsampling block), got ${JSON.stringify(temporal)}`);
@@ -568,6 +570,7 @@ export async function openWanVae(files: ModelFiles): Promise<WanVaeCheckpoint> {
   const checkpoint = await openCheckpoint(files, 'vae', 'diffusion_pytorch_model');
   const isDecoder = (name: string) => name.startsWith('decoder.') || name.startsWith('post_quant_conv.');
   const entries = new Map([...checkpoint.tensors].filter(([name]) => isDecoder(name)));
+  if (!entries.size) throw new ModelConfigError(`${checkpoint.source} holds no decoder tensors (decoder.*, post_quant_conv.*): it is not AutoencoderKLWan's, as ${VAE_CONFIG} says`);
   checkShapes(decoderWeightShapes(config), entries, checkpoint.source);
   return {
     config,

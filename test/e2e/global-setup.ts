@@ -1,8 +1,9 @@
-import { cpSync, mkdtempSync, readFileSync, rmSync, truncateSync, writeFileSync } from 'node:fs';
+import { cpSync, mkdirSync, mkdtempSync, readFileSync, rmSync, truncateSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { loadTransformer, TRANSFORMER_WEIGHTS, TRANSFORMER_WEIGHTS_NAME } from '../../core/model/transformer.ts';
-import { folderFiles, writeCheckpoint, writeUmt5Folder } from '../../server/model-folder.ts';
+import { folderFiles, writeCheckpoint, writeUmt5Folder, writeWanVaeFolder } from '../../server/model-folder.ts';
+import { WAN21_T2V_1_3B } from '../../server/wan21-layout.ts';
 import { startServer } from '../../server/serve.ts';
 
 const TINY_MODEL = join(import.meta.dirname, '../../public/models/tiny-wan');
@@ -10,16 +11,26 @@ const TINY_MODEL = join(import.meta.dirname, '../../public/models/tiny-wan');
 export const SHARDED_MODEL_PATH = '/models/tiny-wan-sharded';
 /** the same with its last shard cut short: a broken download */
 export const TRUNCATED_MODEL_PATH = '/models/tiny-wan-truncated';
-/** the tiny model with umT5's encoder (3 layers of width 64, the transformer's text_dim) and a tokenizer, as a published folder has */
-export const UMT5_MODEL_PATH = '/models/tiny-wan-umt5';
+/**
+ * The tiny model in a published folder's full layout: umT5's encoder (3 layers of width 64, the
+ * transformer's text_dim) and a tokenizer, AutoencoderKLWan at base width 8 (its published
+ * structure and latent statistics), UniPC as Wan2.1's scheduler config names it.
+ */
+export const FULL_LAYOUT_MODEL_PATH = '/models/tiny-wan-full';
+/** its VAE's config */
+export const FULL_LAYOUT_VAE = { ...WAN21_T2V_1_3B.vae, base_dim: 8 };
 
-/** The tiny model's folder with its stand-in text encoder replaced by a small umT5 encoder in the published layout. */
-async function umt5Copy(): Promise<string> {
-  const dir = mkdtempSync(join(tmpdir(), 'ditswarm-e2e-umt5-'));
+/** The tiny model's folder with its stand-ins replaced by small models of the published classes, in their layouts. */
+async function fullLayoutCopy(): Promise<string> {
+  const dir = mkdtempSync(join(tmpdir(), 'ditswarm-e2e-full-'));
   cpSync(TINY_MODEL, dir, { recursive: true });
-  rmSync(join(dir, 'text_encoder'), { recursive: true });
+  for (const part of ['text_encoder', 'vae']) rmSync(join(dir, part), { recursive: true });
   const index = JSON.parse(readFileSync(join(dir, 'model_index.json'), 'utf8'));
-  writeFileSync(join(dir, 'model_index.json'), JSON.stringify({ ...index, text_encoder: ['transformers', 'UMT5EncoderModel'], tokenizer: ['transformers', 'T5TokenizerFast'] }));
+  const { flow_shift: _, ...published } = index; // the scheduler's config holds the shift
+  writeFileSync(join(dir, 'model_index.json'), JSON.stringify({ ...published, text_encoder: ['transformers', 'UMT5EncoderModel'], tokenizer: ['transformers', 'T5TokenizerFast'], vae: ['diffusers', 'AutoencoderKLWan'], scheduler: ['diffusers', 'UniPCMultistepScheduler'] }));
+  mkdirSync(join(dir, 'scheduler'));
+  writeFileSync(join(dir, 'scheduler/scheduler_config.json'), JSON.stringify(WAN21_T2V_1_3B.scheduler));
+  await writeWanVaeFolder(dir, FULL_LAYOUT_VAE, { seed: '16' });
   await writeUmt5Folder(dir, { architectures: ['UMT5EncoderModel'], model_type: 'umt5', d_model: 64, d_kv: 8, num_heads: 8, d_ff: 128, num_layers: 3, relative_attention_num_buckets: 32, relative_attention_max_distance: 128, layer_norm_epsilon: 1e-6, feed_forward_proj: 'gated-gelu', dense_act_fn: 'gelu_new' }, { seed: '15', maxShardBytes: 100_000 });
   return dir;
 }
@@ -41,13 +52,13 @@ async function shardedCopy(truncate: boolean): Promise<string> {
  */
 export default async function globalSetup(): Promise<(() => Promise<void>) | undefined> {
   if (process.env.DITSWARM_URL) return undefined;
-  const [sharded, truncated, umt5] = [await shardedCopy(false), await shardedCopy(true), await umt5Copy()];
-  const server = await startServer({ port: 0, quiet: true, modelFolders: { [SHARDED_MODEL_PATH]: sharded, [TRUNCATED_MODEL_PATH]: truncated, [UMT5_MODEL_PATH]: umt5 } });
+  const [sharded, truncated, full] = [await shardedCopy(false), await shardedCopy(true), await fullLayoutCopy()];
+  const server = await startServer({ port: 0, quiet: true, modelFolders: { [SHARDED_MODEL_PATH]: sharded, [TRUNCATED_MODEL_PATH]: truncated, [FULL_LAYOUT_MODEL_PATH]: full } });
   process.env.DITSWARM_URL = server.url;
   process.env.DITSWARM_SHARDED_DIR = sharded; // where a test may change a served file
-  process.env.DITSWARM_UMT5_DIR = umt5; // where a test may encode in Node what the tabs encode
+  process.env.DITSWARM_FULL_LAYOUT_DIR = full; // where a test may compute in Node what the tabs compute
   return async () => {
     await server.close();
-    for (const dir of [sharded, truncated, umt5]) rmSync(dir, { recursive: true, force: true });
+    for (const dir of [sharded, truncated, full]) rmSync(dir, { recursive: true, force: true });
   };
 }

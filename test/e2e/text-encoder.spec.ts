@@ -2,7 +2,7 @@ import { expect, test } from '@playwright/test';
 import { umt5Encoding, type TextHost } from '../../coordinator/text-encoding.ts';
 import { textLayers } from '../../rank/text-layers.ts';
 import { folderFiles } from '../../server/model-folder.ts';
-import { UMT5_MODEL_PATH } from './global-setup.ts';
+import { FULL_LAYOUT_MODEL_PATH } from './global-setup.ts';
 import { maxAbsDiff, openTestSwarm, runJob } from './swarm-page.ts';
 
 // A folder whose text encoder is umT5, as the published ones: the dashboard tokenizes the prompt,
@@ -11,7 +11,7 @@ import { maxAbsDiff, openTestSwarm, runJob } from './swarm-page.ts';
 test("a prompt through umT5's layers on three worker tabs; the same prompts again come from the dashboard's cache, to the same latent", async ({ browser, baseURL }) => {
   const swarm = await openTestSwarm(browser, baseURL!, 3);
   try {
-    const job = { prompt: 'a red ball moving right', negativePrompt: 'a blue square', frames: 5, height: 32, width: 32, steps: 2, guidance: 4, seed: 5, backend: 'swarm', workers: 2, ep: 'wasm', outputType: 'latent', model: UMT5_MODEL_PATH };
+    const job = { prompt: 'a red ball moving right', negativePrompt: 'a blue square', frames: 5, height: 32, width: 32, steps: 2, guidance: 4, seed: 5, backend: 'swarm', workers: 2, ep: 'wasm', outputType: 'latent', model: FULL_LAYOUT_MODEL_PATH };
     const first = await runJob(swarm.dashboard, job);
     const { prompt, negativePrompt } = first.report.encoding;
     expect(prompt).toMatchObject({ source: 'encoded', truncated: false });
@@ -30,7 +30,7 @@ test("a prompt through umT5's layers on three worker tabs; the same prompts agai
 
     // the same prompts encoded in this process by one stand-in worker (all three layers), given to the
     // job as embeddings: the three tabs' split encoding is the same numbers (the latent within 1e-5)
-    const dir = process.env.DITSWARM_UMT5_DIR;
+    const dir = process.env.DITSWARM_FULL_LAYOUT_DIR;
     if (!dir) return; // a server given from outside: its folder is not on this machine
     const files = folderFiles(dir);
     const oneHost: TextHost = { id: 'node', api: { encodeText: (args) => textLayers(() => ({ ...files, close: async () => {} })).encode({ ...args, ep: 'wasm' }) } };

@@ -29,6 +29,9 @@ export function stubEngine(stages: DeviceStageRunner, config: WanConfig): Engine
     encodeText: async () => {
       throw new Error('this stub engine has no text encoder');
     },
+    decodeTile: async () => {
+      throw new Error('this stub engine has no VAE');
+    },
   };
 }
 

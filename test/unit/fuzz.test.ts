@@ -390,6 +390,7 @@ describe('hostile arguments to every worker method', () => {
       executeModel: { args: { ...executable, job: 99 }, runtimeRefuses: true },
       rehearse: { args: { modelUrl: '/models/tiny-wan', ep: 'wasm', latentShape: [15, 1, 14, 10], textTokens: 4, degrees: [1] }, runtimeRefuses: true },
       encodeText: { args: { modelUrl: '/models/tiny-wan', ep: 'wasm', from: 3, to: 1, tokens: 2, hidden: new Float32Array(8) }, runtimeRefuses: true },
+      decodeTile: { args: { modelUrl: '/models/tiny-wan', ep: 'wasm', tile: 't', from: 3, shape: [16, 1, 2, 2], latent: new Float32Array(64) }, runtimeRefuses: true },
     };
     const cases: [WorkerMethod, unknown][] = [];
     for (const method of WORKER_METHODS) {
@@ -462,7 +463,7 @@ describe('hostile arguments to every worker method', () => {
     const byContract = hostile.filter(([method], id) => channel.replies.get(id)![0]!.error!.startsWith(`${method} arguments`)).length;
     expect(calls).toEqual(expectedCalls);
     expect(byContract + Object.values(calls).reduce((a, b) => a + b, 0)).toBe(hostile.length);
-    expect(Object.keys(expectedCalls).sort()).toEqual(['encodeText', 'executeModel', 'initWorker', 'prepareJob', 'probeMesh', 'rehearse']);
+    expect(Object.keys(expectedCalls).sort()).toEqual(['decodeTile', 'encodeText', 'executeModel', 'initWorker', 'prepareJob', 'probeMesh', 'rehearse']);
     // only the contract's own fields reach a method
     expect([...argKeys].filter((k) => ['extra', 'constructor', '__proto__', 'polluted'].includes(k))).toEqual([]);
     expect(Object.prototype).not.toHaveProperty('polluted');

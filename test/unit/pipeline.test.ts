@@ -366,13 +366,14 @@ describe('generate(): the folder\'s scheduler', () => {
 });
 
 describe("generate(): WanPipeline's escape hatches, prompt embeddings and the latent alone", () => {
-  /** the tiny model's folder with the published umT5 text encoder and AutoencoderKLWan configs, neither of which runs here */
+  /** the tiny model's folder with the published umT5 text encoder and AutoencoderKLWan configs without their weights, as make-model's full-size folder has them */
   let published: string;
   beforeAll(async () => {
     published = mkdtempSync(join(tmpdir(), 'ditswarm-published-'));
     cpSync(join(PUBLIC_DIR, 'models/tiny-wan'), published, { recursive: true });
     writeFileSync(join(published, 'text_encoder/config.json'), JSON.stringify(WAN21_T2V_1_3B.textEncoder));
     writeFileSync(join(published, 'vae/config.json'), JSON.stringify(WAN21_T2V_1_3B.vae));
+    rmSync(join(published, 'vae/diffusion_pytorch_model.safetensors'));
   });
   afterAll(() => rmSync(published, { recursive: true, force: true }));
 
@@ -406,7 +407,7 @@ describe("generate(): WanPipeline's escape hatches, prompt embeddings and the la
     expect(pages.map((p) => p.forwards.length)).toEqual(before);
   });
 
-  it('a published folder without its text encoder\'s weights and a VAE that cannot run here: a job without embeddings is told what to give, one with them and the latent alone runs', async () => {
+  it('a published folder without its text encoder\'s or its VAE\'s weights: a job without embeddings is told what to give, one with them is told to ask for the latent, and the latent alone runs', async () => {
     const { swarm, join: joinWorker } = testSwarm();
     joinWorker();
     const own = await serveFolder(published);
@@ -417,7 +418,9 @@ describe("generate(): WanPipeline's escape hatches, prompt embeddings and the la
         `the text encoder (umT5) cannot run: ${url}/tokenizer/tokenizer.json: not found; give the prompt's embeddings instead (promptEmbeds [L, text_dim]; --prompt-embeds FILE with npm run generate)`,
       );
       const [promptEmbeds, negativePromptEmbeds] = await Promise.all([embeds(JOB.prompt), embeds('')]);
-      expect((await rejection(run(pipe, { promptEmbeds, negativePromptEmbeds }))).message).toContain('vae/ is AutoencoderKLWan, which ditswarm cannot decode yet');
+      expect((await rejection(run(pipe, { promptEmbeds, negativePromptEmbeds }))).message).toBe(
+        `the VAE cannot decode: vae/ has neither diffusion_pytorch_model.safetensors nor diffusion_pytorch_model.safetensors.index.json: is it a diffusers model folder?; ask for the latent instead (outputType 'latent'; --output-type latent with npm run generate)`,
+      );
       const { result } = await run(pipe, { promptEmbeds, negativePromptEmbeds, outputType: 'latent' });
       expect(result.latent).toEqual(reference.result.latent);
       await pipe.shutdown({ graceMs: 100 });

@@ -1,0 +1,104 @@
+// core/model/wan-vae.ts's plain TypeScript decoder held to diffusers' AutoencoderKLWan as the
+// upstream Python runs it: wan-vae.fixture.json is what test/reference/wan_vae_numpy.py (a
+// line-by-line numpy float32 transcription of autoencoder_kl_wan.py's decoder, _decode and
+// tiled_decode, with WanPipeline's un-normalisation first) gives for a tiny seeded VAE in the
+// published layout. Regenerate it with `npx tsx test/reference/make-wan-vae-fixture.ts`; this test
+// makes the same weights and latents without Python.
+
+import { readFileSync } from 'node:fs';
+import { describe, expect, it } from 'vitest';
+import {
+  blendTiles,
+  cutTile,
+  decodeTileReference,
+  decodeWanVaeReference,
+  parseWanVaeConfig,
+  vaeTiles,
+  wanVaeWeightShapes,
+} from '../../core/model/wan-vae.ts';
+import { safetensorsHeader } from '../../core/safetensors.ts';
+import { sizeOf, type Tensor } from '../../core/tensor.ts';
+import { FIXTURE_PATH, INIT, seededDecoderTensors, seededLatent, summarise, TINY_VAE_CONFIG } from '../reference/make-wan-vae-fixture.ts';
+
+interface FixtureCase {
+  name: string;
+  latentShape: number[];
+  tiling: { tile: number; stride: number } | null;
+  tiles: number;
+  shape: number[];
+  sum: number;
+  sumOfSquares: number;
+  frameChannelSums: number[][];
+  positions: number[];
+  values: number[];
+}
+
+const fixture = JSON.parse(readFileSync(FIXTURE_PATH, 'utf8')) as { config: Record<string, unknown>; seed: string; init: string; cases: FixtureCase[] };
+const cfg = parseWanVaeConfig(fixture.config, 'wan-vae.fixture.json');
+const tensors = seededDecoderTensors(cfg, fixture.seed);
+
+/** float32 accumulation order differs (numpy's BLAS against the reference's loops) */
+const TOLERANCE = 1e-4;
+
+function decode(c: FixtureCase): { video: Tensor; tiles: number } {
+  const latent = seededLatent(fixture.seed, c.latentShape);
+  if (!c.tiling) return { video: decodeWanVaeReference(cfg, tensors, latent), tiles: 0 };
+  const [, , h, w] = c.latentShape;
+  const tiles = vaeTiles(h, w, c.tiling);
+  const decoded = tiles.map((tile) => decodeTileReference(cfg, tensors, cutTile(latent, tile)));
+  return { video: blendTiles(tiles, decoded, h, w, c.tiling), tiles: tiles.length };
+}
+
+describe("wan-vae.ts's reference decoder against diffusers' AutoencoderKLWan (numpy transcription)", () => {
+  it('uses the fixture as it was made', () => {
+    expect(fixture.config).toEqual(TINY_VAE_CONFIG);
+    expect(fixture.init).toBe(INIT);
+    expect(fixture.cases.map((c) => c.name)).toEqual(['one frame', 'three frames', 'tiled 2×2']);
+  });
+
+  for (const c of fixture.cases) {
+    it(`decodes ${c.name}: latent [${c.latentShape}]${c.tiling ? `, tiles of ${c.tiling.tile} px every ${c.tiling.stride} px` : ', untiled'}`, () => {
+      const { video, tiles } = decode(c);
+      expect(video.shape).toEqual(c.shape);
+      expect(tiles).toBe(c.tiles);
+      const ours = summarise(c.name, fixture.seed, video.shape, video.data);
+      expect(ours.positions).toEqual(c.positions);
+      let worst = 0;
+      let where = -1;
+      ours.values.forEach((v, i) => {
+        const d = Math.abs(v - c.values[i]);
+        if (d > worst) [worst, where] = [d, c.positions[i]];
+      });
+      // where a wrong value first shows: [channel, frame, y, x] of the worst sampled value
+      const [, F, H, W] = c.shape;
+      const at = [Math.floor(where / (F * H * W)), Math.floor(where / (H * W)) % F, Math.floor(where / W) % H, where % W];
+      expect(worst, `max |Δ| over ${c.values.length} sampled values, worst at [c, t, y, x] = [${at}]`).toBeLessThan(TOLERANCE);
+      // the whole video: each (frame, channel) plane's sum, the sum and the sum of squares, to TOLERANCE per value
+      const n = sizeOf(c.shape);
+      const plane = H * W;
+      ours.frameChannelSums.forEach((row, t) => row.forEach((s, ch) => expect(Math.abs(s - c.frameChannelSums[t][ch]), `sum of frame ${t}, channel ${ch}`).toBeLessThan(TOLERANCE * plane)));
+      expect(Math.abs(ours.sum - c.sum)).toBeLessThan(TOLERANCE * n);
+      expect(Math.abs(ours.sumOfSquares - c.sumOfSquares)).toBeLessThan(TOLERANCE * n);
+    });
+  }
+});
+
+describe("wan-vae.ts's layout of the published Wan2.1 VAE", () => {
+  // Wan-AI/Wan2.1-T2V-1.3B-Diffusers vae/config.json: the fixture's config at 96 channels
+  const published = parseWanVaeConfig({ ...TINY_VAE_CONFIG, base_dim: 96 }, 'published vae/config.json');
+  const shapes = wanVaeWeightShapes(published);
+
+  it('has 194 tensors, 108 of them the decoder’s (decoder.* and post_quant_conv.*)', () => {
+    expect(shapes.size).toBe(194);
+    expect([...shapes.keys()].filter((name) => name.startsWith('decoder.') || name.startsWith('post_quant_conv.')).length).toBe(108);
+  });
+
+  it('makes a safetensors file of exactly the published size, 507,591,892 bytes', () => {
+    const specs = [...shapes].map(([name, shape]) => ({ name, shape }));
+    const params = specs.reduce((n, t) => n + sizeOf(t.shape), 0);
+    // save_pretrained writes metadata {"format": "pt"}; `head` is the 8-byte length and the JSON
+    const { head } = safetensorsHeader(specs, { format: 'pt' });
+    expect(head.length + 4 * params).toBe(507_591_892);
+    expect(params).toBe(126_892_531);
+  });
+});
