@@ -8,14 +8,14 @@
 //
 //   npm run bench -- full-size [--model DIR] [--ranks 1,2,3] [--frames 9 --height 32 --width 32 --steps 2]
 
-import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { SeededRandom } from '../core/random.ts';
 import { FULL_SIZE_MODEL_DIR } from '../server/model-folder.ts';
 import { LOCAL_MODEL_PATH } from '../server/serve.ts';
 import { startLocalSwarm } from '../server/cli/browser-swarm.ts';
-import { ensureFullSizeModel, isMain, latentFromBase64, log, machine, round, versions, waitForQuietMachine, writeReport } from './lib.ts';
+import { ensureFullSizeModel, isMain, latentFromBase64, log, machine, rendererPeaks, round, versions, waitForQuietMachine, writeReport } from './lib.ts';
 
 /** rows of the prompt embedding: WanPipeline pads every prompt to 512 */
 const TEXT_TOKENS = 512;
@@ -29,22 +29,6 @@ export interface FullSizeOptions {
   height: number;
   width: number;
   steps: number;
-}
-
-/** Peak resident memory (VmHWM) of each Chromium renderer process now, in bytes, largest first: Linux only. */
-function rendererPeaks(): number[] {
-  if (!existsSync('/proc/self/status')) return [];
-  const peaks: number[] = [];
-  for (const pid of readdirSync('/proc').filter((p) => /^\d+$/.test(p))) {
-    try {
-      if (!readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes('--type=renderer')) continue;
-      const kb = /VmHWM:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1];
-      if (kb) peaks.push(Number(kb) * 1024);
-    } catch {
-      // the process ended while being read
-    }
-  }
-  return peaks.sort((a, b) => b - a);
 }
 
 export async function runFullSize(o: FullSizeOptions) {

@@ -1,7 +1,7 @@
 // What every benchmark shares: the bench-size model, the probe page, where reports go and what
 // they record about the machine.
 import { spawnSync } from 'node:child_process';
-import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { cpus, loadavg, totalmem } from 'node:os';
 import { dirname, extname, join, normalize, relative } from 'node:path';
 import type { BrowserContext, Page } from '@playwright/test';
@@ -152,3 +152,19 @@ export const latentFromBase64 = (b64: string): Float32Array => {
 
 /** True when this module is the script node was started with (each bench runs alone or from run.ts). */
 export const isMain = (meta: ImportMeta): boolean => process.argv[1] !== undefined && normalize(process.argv[1]) === meta.filename;
+
+/** Peak resident memory (VmHWM) of each Chromium renderer process now, in bytes, largest first: Linux only. */
+export function rendererPeaks(): number[] {
+  if (!existsSync('/proc/self/status')) return [];
+  const peaks: number[] = [];
+  for (const pid of readdirSync('/proc').filter((p) => /^\d+$/.test(p))) {
+    try {
+      if (!readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes('--type=renderer')) continue;
+      const kb = /VmHWM:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1];
+      if (kb) peaks.push(Number(kb) * 1024);
+    } catch {
+      // the process ended while being read
+    }
+  }
+  return peaks.sort((a, b) => b - a);
+}

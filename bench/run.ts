@@ -2,7 +2,7 @@
 // never at once), each writing its own report under bench/out/, then the headline figures in
 // bench/out/scaling.json.
 //
-//   npm run bench                      block cost, projection, local overhead, scaling, threads, full-size
+//   npm run bench                      block cost, projection, local overhead, scaling, threads, full-size, vae
 //   npm run bench -- scaling [flags]   one of them (flags as in bench/scaling.ts etc.)
 
 import { parseOverheadArgs, runLocalOverhead } from './local-overhead.ts';
@@ -12,8 +12,9 @@ import { parseScalingArgs, runScaling } from './scaling.ts';
 import { parseThreadsArgs, runThreads } from './threads.ts';
 import { parseFullSizeArgs, runFullSize } from './full-size.ts';
 import { parseBlockCostArgs, runBlockCost } from './block-cost.ts';
+import { parseVaeArgs, runVae } from './vae.ts';
 
-const BENCHMARKS = ['block-cost', 'scaling', 'local-overhead', 'projection', 'threads', 'full-size'] as const;
+const BENCHMARKS = ['block-cost', 'scaling', 'local-overhead', 'projection', 'threads', 'full-size', 'vae'] as const;
 type Benchmark = (typeof BENCHMARKS)[number];
 
 const [first, ...rest] = process.argv.slice(2);
@@ -70,5 +71,12 @@ if (chosen.includes('full-size')) {
   const fullSize = await runFullSize(parseFullSizeArgs(args));
   writeReport('full-size.json', fullSize);
   for (const r of fullSize.runs) console.log(`full-size: ${r.ranks} tab(s)${r.afterReload ? ' after reloading them' : ''}: placing ${r.placingMs} ms, steps ${r.stepsMs.join(', ')} ms, peak ${r.peakMemoryGiB.join(', ')} GiB; ${r.relativeToOneTab} of one tab's latent; loads ${JSON.stringify(r.loads)}`);
+}
+if (chosen.includes('vae')) {
+  const vae = await runVae(parseVaeArgs(args));
+  writeReport('vae.json', vae);
+  for (const c of vae.parity?.cases ?? []) console.log(`vae: latent [${c.latent}]: max |onnx − reference| ${c.maxAbs.toExponential(2)} (${c.within ? 'within' : 'OVER'} ${vae.parity!.bound})`);
+  const t = vae.tile;
+  if (t) console.log(`vae: a 256-px tile, ${t.perLatentFrameMs} ms per latent frame on one tab, caches ${(t.cacheBytes / 2 ** 20).toFixed(0)} MiB, weights ${(t.weightBytes / 2 ** 20).toFixed(0)} MiB; 480p × 81 frames ≈ ${t.projected480p81FramesOneTabS} s on one tab`);
 }
 log(`done in ${((Date.now() - started) / 1000).toFixed(0)} s`);

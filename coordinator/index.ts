@@ -9,7 +9,8 @@ import { JobQueue, type RunJob } from './job-queue.ts';
 import { IdbJobStore, type JobStore } from './job-store.ts';
 import { Swarm, type SwarmIdentity } from './swarm.ts';
 
-export { createPipeline, DEFAULT_MODEL_URL, loadModelConfig } from './pipeline.ts';
+export { createPipeline, DEFAULT_MODEL_URL, loadJobDefaults, loadModelConfig } from './pipeline.ts';
+export { WAN_SIZES } from '../core/model/wan-pipeline.ts';
 export type { GenerateReport, GenerateRequest, GenerateResult, Pipeline, PipelineOptions, StepProgress } from './pipeline.ts';
 export { BACKENDS, getExecutorClass, type Backend } from './backends.ts';
 export { Executor, TimeoutError, WorkerError, type RankReport } from './executor.ts';
@@ -20,7 +21,7 @@ export { MemoryJobStore, type JobInputs, type JobPlacement, type JobStore, type 
 export type { FailureRecord, PlacementRequest, PlannedDegree } from './placement.ts';
 export { DEFAULT_JOB, LIMITS, checkJobParams, JobParamsError, type JobParams, type FieldErrors } from '../core/job.ts';
 export { validDegrees } from '../core/parallel.ts';
-export { probeWebM } from './video.ts';
+export { encodeWebM, probeWebM } from './video.ts';
 export { openPromptCache } from './prompt-cache.ts';
 export type { PromptCache, PromptEncoding } from './text-encoding.ts';
 export type { ExecutionProvider };

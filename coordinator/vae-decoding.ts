@@ -7,7 +7,7 @@
 // workers gives the same video. The tiny models' stand-in decoders run here, in the coordinator's page.
 
 import { MissingFile, type ModelFiles } from '../core/model/files.ts';
-import { blendTiles, cutTile, decoderPlan, framesOfChunk, joinFrames, openWanVae, TILE_PIXELS, TILE_STRIDE_PIXELS, vaeTiles, type Frames, type Tiling, type WanVaeConfig } from '../core/model/wan-vae.ts';
+import { blendTiles, cutTile, decoderPlan, framesOfChunk, joinFrames, openWanVae, TILE_PIXELS, TILE_STRIDE_PIXELS, tilesOf, type Frames, type Tiling, type WanVaeConfig } from '../core/model/wan-vae.ts';
 import type { DecodedVideo } from '../core/model/vae-decoder.ts';
 import type { Remote } from '../core/net/rpc.ts';
 import { sizeOf, type Tensor } from '../core/tensor.ts';
@@ -63,6 +63,8 @@ export interface TiledDecodingOptions {
   timeoutMs: number;
   /** the largest buffer the workers may hold (their smallest): tiles shrink until theirs fit */
   maxBufferBytes?(): number;
+  /** tiles other than diffusers' (tests: many tiles of a small latent) */
+  tiling?: Tiling;
 }
 
 /** The stand-in decoders of the tiny models, in this page. */
@@ -99,8 +101,8 @@ export function tiledDecoding(o: TiledDecodingOptions): VideoDecoding {
     const started = performance.now();
     const [C, T, h, w] = latent.shape;
     if (C !== o.config.zDim || latent.data.length !== sizeOf(latent.shape)) throw new Error(`the VAE decodes latents [${o.config.zDim}, T, h, w], got [${latent.shape}] with ${latent.data.length} values`);
-    const tiling = chooseTiling(o.config, o.maxBufferBytes?.() ?? Infinity);
-    const tiles = vaeTiles(h, w, tiling);
+    const tiling = o.tiling ? { ...o.tiling, why: 'as asked' } : chooseTiling(o.config, o.maxBufferBytes?.() ?? Infinity);
+    const tiles = tilesOf(h, w, tiling);
     const decoded: Frames[] = new Array(tiles.length);
     const queue = tiles.map((_, i) => i);
     const ranks = new Map<string, DecodeReport['ranks'][number]>();
@@ -122,9 +124,9 @@ export function tiledDecoding(o: TiledDecodingOptions): VideoDecoding {
         for (let c = 0; c < C; c++) frames.set(part.data.subarray((c * T + from) * tile.height * tile.width, (c * T + from + n) * tile.height * tile.width), c * n * tile.height * tile.width);
         const got = await host.api.decodeTile({ modelUrl: o.modelUrl, ep: o.ep, tile: `${tile.row},${tile.col}`, from, shape: [C, n, tile.height, tile.width], latent: frames }, o.timeoutMs);
         const expected = [from === 0 ? 1 + framesOfChunk(o.config, false) * (n - 1) : framesOfChunk(o.config, false) * n, 3, 8 * tile.height, 8 * tile.width];
-        if (got.shape.join() !== expected.join() || got.frames.length !== sizeOf(expected) || !got.frames.every(Number.isFinite)) {
-          throw new Error(`worker ${host.id} returned tile ${tile.row},${tile.col}'s latent frames ${from}–${from + n - 1} as [${got.shape}] with ${got.frames.length} values${got.frames.length === sizeOf(expected) ? ' (NaN or infinite ones among them)' : ''}, not [${expected}]`);
-        }
+        const what = `tile ${tile.row},${tile.col}'s latent frames ${from}–${from + n - 1}`;
+        if (got.shape.join() !== expected.join() || got.frames.length !== sizeOf(expected)) throw new Error(`returned ${what} as [${got.shape}] with ${got.frames.length} values, not [${expected}]`);
+        if (!got.frames.every(Number.isFinite)) throw new Error(`returned ${what} with NaN or infinite values`);
         parts.push({ frames: expected[0], channels: 3, height: expected[2], width: expected[3], data: got.frames });
         rank.computeMs += got.computeMs;
         rank.bytesSent += got.frames.byteLength;

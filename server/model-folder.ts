@@ -17,6 +17,8 @@ import { parseWanVaeConfig, VAE_CONFIG, VAE_WEIGHTS, wanVaeWeightShapes, type Wa
 export const CACHE_ROOT = join(homedir(), '.cache/ditswarm');
 /** where make-model's wan2.1-t2v-1.3b preset writes, and the benchmarks read */
 export const FULL_SIZE_MODEL_DIR = join(CACHE_ROOT, 'models/wan2.1-t2v-1.3b');
+/** make-model's wan2.1-few-layers: the published layout at full width, with 2 transformer blocks and 2 umT5 layers */
+export const FEW_LAYERS_MODEL_DIR = join(CACHE_ROOT, 'models/wan2.1-few-layers');
 
 export function folderFiles(dir: string): ModelFiles {
   const missing = (e: unknown, path: string) => ((e as NodeJS.ErrnoException).code === 'ENOENT' ? new MissingFile(`${join(dir, path)}: no such file`) : e);
@@ -130,12 +132,19 @@ export async function writeUmt5Folder(
  * convolutions N(0, 1/fan_in), norms' γ near 1, small biases, so activations stay O(1) as a trained
  * model's do. `config` is diffusers' config.json.
  */
-export async function writeWanVaeFolder(folder: string, config: Record<string, unknown>, { seed = '0' }: { seed?: string } = {}): Promise<{ config: WanVaeConfig; bytes: number }> {
+export async function writeWanVaeFolder(
+  folder: string,
+  config: Record<string, unknown>,
+  { seed = '0', onProgress }: { seed?: string; onProgress?(done: number, total: number): void } = {},
+): Promise<{ config: WanVaeConfig; bytes: number }> {
   const vae = parseWanVaeConfig(config, 'writeWanVaeFolder');
   const specs = [...wanVaeWeightShapes(vae)].map(([name, shape]) => ({ name, shape }));
+  const total = 4 * specs.reduce((n, t) => n + sizeOf(t.shape), 0);
+  let done = 0;
   await writeCheckpoint(join(folder, 'vae'), 'diffusion_pytorch_model', specs, ({ name, shape }) => {
     const random = seededRandom(seed, name);
     const n = sizeOf(shape);
+    onProgress?.((done += 4 * n), total);
     if (name.endsWith('.gamma')) return random.normals(n, 0.05).map((v) => 1 + v);
     if (name.endsWith('.bias')) return random.normals(n, 0.02);
     return random.normals(n, 1 / Math.sqrt(n / shape[0]));

@@ -476,7 +476,7 @@ export interface Tiling {
 }
 
 /** The tiles diffusers' tiled_decode makes of an h×w latent (one tile when it fits in one, as _decode decides). */
-export function vaeTiles(h: number, w: number, { tile, stride }: Tiling): VaeTile[] {
+export function tilesOf(h: number, w: number, { tile, stride }: Tiling): VaeTile[] {
   const [t, s] = [tile / SPATIAL, stride / SPATIAL];
   if (h <= t && w <= t) return [{ row: 0, col: 0, y: 0, x: 0, height: h, width: w }];
   const tiles: VaeTile[] = [];
@@ -544,7 +544,7 @@ export function blendTiles(tiles: VaeTile[], decoded: Frames[], h: number, w: nu
 export function decodeWanVaeReference(cfg: WanVaeConfig, tensors: TensorMap, latent: Tensor): Tensor {
   const [, , h, w] = latent.shape;
   const whole = { tile: Math.max(h, w) * SPATIAL, stride: Math.max(h, w) * SPATIAL };
-  return blendTiles(vaeTiles(h, w, whole), [decodeTileReference(cfg, tensors, latent)], h, w, whole);
+  return blendTiles(tilesOf(h, w, whole), [decodeTileReference(cfg, tensors, latent)], h, w, whole);
 }
 
 /** Bytes of a tile's causal caches in float32. */

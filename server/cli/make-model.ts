@@ -5,17 +5,19 @@
 //   tiny   (default) public/models/tiny-wan: width 288, small enough to ship in the repository
 //   bench  bench/out/models/bench-wan: width 576 (head dim 48), FFN 3456 (6·D, Wan's ratio), 2 blocks,
 //          ~56 MB, generated on demand into a git-ignored folder, never committed
-//   wan2.1-t2v-1.3b  the published Wan-AI/Wan2.1-T2V-1.3B-Diffusers transformer exactly as published:
-//          its config.json, 30 blocks of width 1536, fp32 shards split at 5 GB in state-dict order with
-//          their index (5.68 GB), the folder's model_index.json and the scheduler, text encoder and
-//          VAE configs (its weights are not written: latent output skips it), and the text encoder
-//          (umT5-XXL's encoder at full width, `--text-layers N` of its 24 layers, default 2, with a small
-//          vocabulary and tokenizer of the same format). `--layers N` keeps the layout with fewer
-//          blocks. Outside the repository: ~/.cache/ditswarm/…
+//   wan2.1-t2v-1.3b  the published Wan-AI/Wan2.1-T2V-1.3B-Diffusers folder's layout at full width: the
+//          transformer exactly as published (its config.json, 30 blocks of width 1536, fp32 shards split
+//          at 5 GB in state-dict order with their index, 5.68 GB), the folder's model_index.json and
+//          scheduler config, the VAE (AutoencoderKLWan, encoder and decoder, one 508 MB file as
+//          published), and the text encoder (umT5-XXL's encoder at full width, `--text-layers N` of its
+//          24 layers, default 2, with a small vocabulary and tokenizer of the same format). `--layers N`
+//          keeps the layout with fewer blocks. Outside the repository: ~/.cache/ditswarm/…
+//   wan2.1-few-layers  the same with 2 transformer blocks and 2 umT5 layers (4.3 GB): every part of
+//          the published folder at its width, for end-to-end runs that finish
 // The small presets' transformers have every key family of Wan2.1-T2V-1.3B and its 12 heads (so
 // Ulysses degrees 1, 2, 3, 4, 6 are valid), with a stand-in text encoder and VAE.
 //
-//   npm run make-model [-- --preset tiny|bench|wan2.1-t2v-1.3b --out DIR --seed N --layers N
+//   npm run make-model [-- --preset tiny|bench|wan2.1-t2v-1.3b|wan2.1-few-layers --out DIR --seed N --layers N
 //                          --text-layers N --head-dim N --ffn N --shard-bytes N]
 
 import { mkdirSync, writeFileSync } from 'node:fs';
@@ -28,7 +30,7 @@ import { VAE_DECODER_CLASS } from '../../core/model/vae-decoder.ts';
 import { SeededRandom } from '../../core/random.ts';
 import { writeSafetensors, type TensorMap } from '../../core/safetensors.ts';
 import { sizeOf } from '../../core/tensor.ts';
-import { FULL_SIZE_MODEL_DIR, MAX_SHARD_BYTES, seededRandom, writeCheckpoint, writeUmt5Folder } from '../model-folder.ts';
+import { FEW_LAYERS_MODEL_DIR, FULL_SIZE_MODEL_DIR, MAX_SHARD_BYTES, seededRandom, writeCheckpoint, writeUmt5Folder, writeWanVaeFolder } from '../model-folder.ts';
 import { byteProgress } from './progress.ts';
 import { WAN21_T2V_1_3B } from '../wan21-layout.ts';
 
@@ -36,6 +38,7 @@ const PRESETS = {
   tiny: { name: 'tiny-wan', out: 'public/models/tiny-wan', seed: '20250225', layers: '2', 'head-dim': '24', ffn: '768', 'text-dim': '64', 'text-length': '32' },
   bench: { name: 'bench-wan', out: 'bench/out/models/bench-wan', seed: '20250226', layers: '2', 'head-dim': '48', ffn: '3456', 'text-dim': '64', 'text-length': '32' },
   'wan2.1-t2v-1.3b': { name: 'wan2.1-t2v-1.3b', out: FULL_SIZE_MODEL_DIR, seed: '20250227', layers: '30', 'text-layers': '2', 'head-dim': '128', ffn: '8960', 'text-dim': '4096', 'text-length': '512' },
+  'wan2.1-few-layers': { name: 'wan2.1-few-layers', out: FEW_LAYERS_MODEL_DIR, seed: '20250227', layers: '2', 'text-layers': '2', 'head-dim': '128', ffn: '8960', 'text-dim': '4096', 'text-length': '512' },
 };
 type Preset = keyof typeof PRESETS;
 
@@ -58,9 +61,9 @@ const fail = (message: string): never => {
   process.exit(1);
 };
 if (!Object.hasOwn(PRESETS, flags.preset!)) fail(`unknown --preset ${flags.preset}; valid presets: ${Object.keys(PRESETS).join(', ')}`);
-const published = flags.preset === 'wan2.1-t2v-1.3b';
-if (published && (flags['head-dim'] || flags.ffn || flags['text-dim'] || flags['text-length'])) fail('--preset wan2.1-t2v-1.3b is the published layout: only --layers, --text-layers, --out and --seed change it');
-if (!published && flags['text-layers']) fail('--text-layers is for --preset wan2.1-t2v-1.3b (umT5): the small presets have a stand-in text encoder');
+const published = flags.preset!.startsWith('wan2.1-');
+if (published && (flags['head-dim'] || flags.ffn || flags['text-dim'] || flags['text-length'])) fail(`--preset ${flags.preset} is the published layout: only --layers, --text-layers, --out and --seed change it`);
+if (!published && flags['text-layers']) fail('--text-layers is for the wan2.1 presets (umT5): the small presets have a stand-in text encoder');
 const preset = PRESETS[flags.preset as Preset];
 const values = { ...preset, ...Object.fromEntries(Object.entries(flags).filter(([, v]) => v !== undefined)) };
 const whole = (flag: string, min: number): number => {
@@ -107,11 +110,12 @@ const files = await writeCheckpoint(join(out, 'transformer'), TRANSFORMER_WEIGHT
 }, { maxShardBytes: shardBytes, metadata: published ? { format: 'pt' } : made });
 
 if (published) {
-  // the folder's own files as published; the VAE's weights are not written (issue 16)
+  // the folder's own files as published
   write('model_index.json', WAN21_T2V_1_3B.modelIndex);
   write(TRANSFORMER_CONFIG, { ...WAN21_T2V_1_3B.transformer, num_layers: config.numLayers });
   write('scheduler/scheduler_config.json', WAN21_T2V_1_3B.scheduler);
-  write('vae/config.json', WAN21_T2V_1_3B.vae);
+  const { bytes } = await writeWanVaeFolder(out, WAN21_T2V_1_3B.vae, { seed: String(seed), onProgress: byteProgress('make-model VAE') });
+  console.log(`wrote ${out}/vae: AutoencoderKLWan, encoder and decoder, ${(bytes / 1e6).toFixed(0)} MB`);
   await writeTextEncoder(whole('text-layers', 1));
 } else {
   const random = randomFor('text_encoder and vae');

@@ -13,7 +13,7 @@ import {
   decodeTileReference,
   decodeWanVaeReference,
   parseWanVaeConfig,
-  vaeTiles,
+  tilesOf,
   wanVaeWeightShapes,
 } from '../../core/model/wan-vae.ts';
 import { safetensorsHeader } from '../../core/safetensors.ts';
@@ -44,7 +44,7 @@ function decode(c: FixtureCase): { video: Tensor; tiles: number } {
   const latent = seededLatent(fixture.seed, c.latentShape);
   if (!c.tiling) return { video: decodeWanVaeReference(cfg, tensors, latent), tiles: 0 };
   const [, , h, w] = c.latentShape;
-  const tiles = vaeTiles(h, w, c.tiling);
+  const tiles = tilesOf(h, w, c.tiling);
   const decoded = tiles.map((tile) => decodeTileReference(cfg, tensors, cutTile(latent, tile)));
   return { video: blendTiles(tiles, decoded, h, w, c.tiling), tiles: tiles.length };
 }
