@@ -3,12 +3,15 @@ import {
   createPipeline,
   DEFAULT_JOB,
   DEFAULT_MODEL_URL,
+  encodeWebM,
+  loadJobDefaults,
   loadModelConfig,
   openJobQueue,
   openPromptCache,
   openSwarm,
   probeWebM,
   validDegrees,
+  WAN_SIZES,
   type Backend,
   type JobInputs,
   type JobParams,
@@ -30,13 +33,39 @@ import { addTimelineStep, resetTimeline } from './views/timeline.ts';
 // The dashboard: a thin client of the library API. No math here, only the form and the views.
 const form = $<HTMLFormElement>('job-form');
 const field = (name: string) => form.elements.namedItem(name) as HTMLInputElement | HTMLSelectElement;
-const NUMERIC: (keyof JobParams)[] = ['frames', 'height', 'width', 'steps', 'guidance', 'seed'];
+const NUMERIC: (keyof JobParams)[] = ['frames', 'height', 'width', 'steps', 'guidance', 'flowShift', 'seed'];
 const IDENTITY_KEY = 'ditswarm.swarm';
+/** the fields that are the user's once typed in: a change of model leaves them be */
+const TYPED: (keyof JobParams)[] = ['prompt', 'negativePrompt', 'seed'];
+const sizeSelect = field('size') as HTMLSelectElement;
+sizeSelect.prepend(...Object.entries(WAN_SIZES).map(([name, { height, width }]) => new Option(`${name} · ${height}×${width}`, name)));
 
-for (const [key, value] of Object.entries(DEFAULT_JOB)) {
-  const input = form.elements.namedItem(key) as HTMLInputElement | null;
-  if (input) input.value = String(value);
+/** the defaults the form was last filled with: a TYPED field that differs from them was typed */
+let shownDefaults: JobParams | null = null;
+
+/** Fills the form with a model's defaults, keeping what the user typed in TYPED fields. */
+function showDefaults(defaults: JobParams): void {
+  for (const key of Object.keys(defaults) as (keyof JobParams)[]) {
+    if (shownDefaults && TYPED.includes(key) && field(key).value !== String(shownDefaults[key])) continue;
+    field(key).value = String(defaults[key]);
+  }
+  shownDefaults = defaults;
+  showPreset();
 }
+
+/** A preset sets the size and the flow shift Wan gives it; "custom" leaves the fields as they are. */
+function choosePreset(): void {
+  const preset = WAN_SIZES[sizeSelect.value as keyof typeof WAN_SIZES];
+  if (preset) for (const [key, value] of Object.entries(preset)) field(key).value = String(value);
+}
+
+/** The size select names the preset the height and width are, else custom. */
+function showPreset(): void {
+  const [height, width] = [Number(field('height').value), Number(field('width').value)];
+  sizeSelect.value = Object.entries(WAN_SIZES).find(([, size]) => size.height === height && size.width === width)?.[0] ?? 'custom';
+}
+
+showDefaults(DEFAULT_JOB);
 
 let swarm: Swarm | null = null;
 let queue: JobQueue | null = null;
@@ -81,13 +110,18 @@ function runJob(job: StoredJob, hooks: Parameters<RunJob>[1]) {
   return pipelineFor(job.placement).then((pipe) => pipe.generate({ ...job.params, ...job.inputs, ...hooks, placement: { ulyssesDegree: workers, ep, dtype, cfgParallel } }));
 }
 
-/** the form's model's head count: the degrees a job may ask for divide it */
-async function readModelHeads(): Promise<void> {
+/** The form's model: its head count (the degrees a job may ask for divide it), and its job defaults, which fill the form. */
+async function readModel(): Promise<void> {
+  const model = readForm().placement.model;
   modelHeads = null;
   try {
-    modelHeads = (await loadModelConfig(readForm().placement.model)).numHeads;
+    const [config, defaults] = await Promise.all([loadModelConfig(model), loadJobDefaults(model)]);
+    if (model !== readForm().placement.model) return; // changed again meanwhile: the newer read fills the form
+    modelHeads = config.numHeads;
+    showDefaults(defaults);
+    showErrors(checkJobParams(readForm().params));
   } catch (e) {
-    $('status').textContent = `The model ${readForm().placement.model} cannot be read: ${(e as Error).message}`;
+    $('status').textContent = `The model ${model} cannot be read: ${(e as Error).message}`;
   }
   refreshSwarm();
 }
@@ -157,7 +191,11 @@ form.addEventListener('submit', (event) => {
   event.preventDefault();
   submitFromForm().catch(() => {});
 });
-form.addEventListener('input', () => showErrors(checkJobParams(readForm().params)));
+form.addEventListener('input', (event) => {
+  if (event.target === sizeSelect) choosePreset();
+  else showPreset();
+  showErrors(checkJobParams(readForm().params));
+});
 form.addEventListener('keydown', (event) => {
   if (event.key === 'Enter' && !event.shiftKey && event.target instanceof HTMLTextAreaElement) {
     event.preventDefault();
@@ -192,8 +230,8 @@ async function start() {
   // the model the server was started with (`npm start -- --model PATH|URL`), else the bundled demo
   const served = await fetch('/models.json').then((r) => r.json() as Promise<{ default: string | null }>, () => ({ default: null }));
   field('model').value = served.default ?? DEFAULT_MODEL_URL;
-  await readModelHeads();
-  field('model').addEventListener('change', () => void readModelHeads());
+  await readModel();
+  field('model').addEventListener('change', () => void readModel());
   queue = await openJobQueue(runJob);
   const jobs = queue;
   const refreshJobs = () => {
@@ -244,12 +282,19 @@ const automation = {
   async generate(overrides: Record<string, unknown>) {
     return automation.result(await automation.submit(overrides));
   },
-  /** a latent [z_dim, T, h, w] through the model's VAE alone, on this swarm: the video [3, F, 8h, 8w] in [−1, 1] (npm run decode) */
-  async decode({ model, latent }: { model?: string; latent: { shape: number[]; base64: string } }) {
-    const pipe = await pipelineFor({ model, backend: 'swarm', workers: 'auto', ep: 'auto' });
-    const { video, report } = await pipe.decode(embedsFromBase64(latent), (p) => progressHook()?.({ phase: 'decoding', detail: `tile ${p.tilesDone} of ${p.tiles}` }));
+  /**
+   * A latent [z_dim, T, h, w] through the model's VAE alone, on this swarm's workers: the video
+   * [3, F, 8h, 8w] in [−1, 1], and with `webm` its WebM as a job's (npm run decode, the e2e tests).
+   */
+  async decode({ model, latent, ep = 'auto', webm = false }: { model?: string; latent: { shape: number[]; base64: string }; ep?: 'auto' | 'webgpu' | 'wasm'; webm?: boolean }) {
+    const pipe = await pipelineFor({ model, backend: 'swarm', workers: 'auto', ep });
+    const { video, frames, report } = await pipe.decode(embedsFromBase64(latent), { ep, onProgress: (p) => progressHook()?.({ phase: 'decoding', detail: `tile ${p.tilesDone} of ${p.tiles}` }) });
     if (!video) throw new Error(`${model ?? DEFAULT_MODEL_URL}'s VAE is a stand-in that makes display frames, not a video in [-1, 1]`);
-    return { report, video: { shape: video.shape, base64: bytesToBase64(new Uint8Array(video.data.buffer, video.data.byteOffset, video.data.byteLength)) } };
+    return {
+      report,
+      video: { shape: video.shape, base64: bytesToBase64(new Uint8Array(video.data.buffer, video.data.byteOffset, video.data.byteLength)) },
+      webm: webm ? bytesToBase64(new Uint8Array(await (await encodeWebM(frames)).arrayBuffer())) : null,
+    };
   },
   /** What the page's <video> and the WebM file itself say about the video on show. */
   async inspectVideo() {

@@ -14,7 +14,7 @@ import type { Schedule } from '../core/scheduler.ts';
 import type { Tensor } from '../core/tensor.ts';
 import type { ExecutionProvider, LoadedModel } from '../core/worker-api.ts';
 import { standInEncoding, umt5Encoding, type PromptCache, type PromptEncoding } from './text-encoding.ts';
-import { standInDecoding, tiledDecoding, type DecodeProgress, type DecodeReport, type DecodeResult } from './vae-decoding.ts';
+import { standInDecoding, tiledDecoding, type DecodeOptions, type DecodeReport, type DecodeResult } from './vae-decoding.ts';
 import type { Backend } from './backends.ts';
 import { loadTimeoutMs, maxOrNull, type Executor, type LinkReport, type RankReport } from './executor.ts';
 import { Placer, type FailureRecord, type MeshProbeReport, type PlacementRequest, type PlannedDegree } from './placement.ts';
@@ -139,7 +139,7 @@ export interface Pipeline {
   readonly executor: Executor | null;
   generate(request: GenerateRequest): Promise<GenerateResult>;
   /** a latent [z_dim, T, h, w] through the folder's VAE alone (on the swarm's workers for AutoencoderKLWan) */
-  decode(latent: Tensor, onProgress?: (p: DecodeProgress) => void): Promise<DecodeResult>;
+  decode(latent: Tensor, options?: DecodeOptions): Promise<DecodeResult>;
   shutdown(options?: { graceMs?: number }): Promise<void>;
 }
 
@@ -154,11 +154,16 @@ export async function loadModelConfig(model: string = DEFAULT_MODEL_URL): Promis
   return parseWanConfig(await readJson(fetchModelFiles(new URL(model, globalThis.location?.href).href), TRANSFORMER_CONFIG), TRANSFORMER_CONFIG);
 }
 
+/** What a job on a model folder is where it says nothing more: WanPipeline's defaults for a published folder, DEFAULT_JOB for the tiny ones (a form fills itself with it). */
+export async function loadJobDefaults(model: string = DEFAULT_MODEL_URL): Promise<JobParams> {
+  return (await loadWanPipelineParts(fetchModelFiles(new URL(model, globalThis.location?.href).href))).defaults;
+}
+
 export async function createPipeline(options: PipelineOptions = {}): Promise<Pipeline> {
   const backend = options.backend ?? 'local';
   const modelUrl = new URL(options.model ?? DEFAULT_MODEL_URL, globalThis.location?.href).href;
   const files = fetchModelFiles(modelUrl);
-  const { config, textTokens, umt5, textEncoder, wanVae, decoder, flowShift, solver } = await loadWanPipelineParts(files);
+  const { config, textTokens, umt5, textEncoder, wanVae, decoder, solver, defaults: folderDefaults } = await loadWanPipelineParts(files);
   const placer = new Placer({ config, modelUrl, backend, swarm: options.swarm, textTokens, placementTimeoutMs: options.placementTimeoutMs, rpcTimeoutMs: options.rpcTimeoutMs });
   const textEncoding = umt5
     ? umt5Encoding({
@@ -215,7 +220,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
     },
     async generate(request) {
       const { placement: asked, resume, onCheckpoint, onFailure, onProgress, onPhase, signal, promptEmbeds, negativePromptEmbeds, outputType = 'video', ...input } = request;
-      const params = jobParams({ flowShift, ...input });
+      const params = jobParams(input, folderDefaults);
       const started = performance.now();
       const phasesMs: Record<JobPhase, number> = { encoding: 0, placing: 0, denoising: 0, decoding: 0, muxing: 0 };
       let phase: { name: JobPhase; since: number } | null = null;
@@ -232,7 +237,8 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
       const texts = encoded.map((e) => e.embeds);
       if (outputType === 'video') await videoDecoding.ready();
       enter('placing');
-      const { plan, cfgFallback } = await placer.place(params, { ...defaults, ...asked });
+      const placement = { ...defaults, ...asked };
+      const { plan, cfgFallback } = await placer.place(params, placement);
       const setupMs = performance.now() - started;
       const job = ++jobs;
       const shape = latentShape(params, config.inChannels);
@@ -276,7 +282,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
       });
 
       enter('decoding');
-      const decoded = outputType === 'video' ? await videoDecoding.decode(latent, ({ tilesDone, tiles }) => onPhase?.('decoding', `tile ${tilesDone} of ${tiles}`)) : null;
+      const decoded = outputType === 'video' ? await videoDecoding.decode(latent, { ep: placement.ep, onProgress: ({ tilesDone, tiles }) => onPhase?.('decoding', `tile ${tilesDone} of ${tiles}`) }) : null;
       const frames = decoded?.frames ?? null;
       enter('muxing');
       const video = frames && (await (options.encodeVideo ?? encodeWebM)(frames));
@@ -322,9 +328,9 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
         },
       };
     },
-    async decode(latent, onProgress) {
+    async decode(latent, options) {
       await videoDecoding.ready();
-      return videoDecoding.decode(latent, onProgress);
+      return videoDecoding.decode(latent, options);
     },
     shutdown: (opts) => placer.shutdown(opts),
   };

@@ -32,6 +32,12 @@ export interface DecodeProgress {
   tiles: number;
 }
 
+export interface DecodeOptions {
+  /** where the workers compute (the job's EP); the decoding's own otherwise */
+  ep?: ExecutionProvider | 'auto';
+  onProgress?(p: DecodeProgress): void;
+}
+
 export interface DecodeResult {
   frames: DecodedVideo;
   video: Tensor | null;
@@ -42,7 +48,7 @@ export interface VideoDecoding {
   /** refuses what cannot decode (a folder without the VAE's weights, say) before a job starts */
   ready(): Promise<void>;
   /** latent [z, T, h, w] → frames in [0, 1] for the video file, the VAE's own output [3, F, H, W] in [−1, 1] (null for a stand-in), and how it went */
-  decode(latent: Tensor, onProgress?: (p: DecodeProgress) => void): Promise<DecodeResult>;
+  decode(latent: Tensor, options?: DecodeOptions): Promise<DecodeResult>;
 }
 
 /** A worker that can decode VAE tiles: its id and its API. */
@@ -58,6 +64,7 @@ export interface TiledDecodingOptions {
   config: WanVaeConfig;
   /** the workers to decode on (waits for at least one) */
   hosts(): Promise<TileHost[]>;
+  /** unless a decode asks for another */
   ep: ExecutionProvider | 'auto';
   /** how long one call may take: the first reads the decoder's weights */
   timeoutMs: number;
@@ -97,7 +104,7 @@ export function chooseTiling(cfg: WanVaeConfig, maxBufferBytes: number): Tiling 
 }
 
 export function tiledDecoding(o: TiledDecodingOptions): VideoDecoding {
-  const decodeTiles = async (latent: Tensor, onProgress?: (p: DecodeProgress) => void) => {
+  const decodeTiles = async (latent: Tensor, { ep = o.ep, onProgress }: DecodeOptions) => {
     const started = performance.now();
     const [C, T, h, w] = latent.shape;
     if (C !== o.config.zDim || latent.data.length !== sizeOf(latent.shape)) throw new Error(`the VAE decodes latents [${o.config.zDim}, T, h, w], got [${latent.shape}] with ${latent.data.length} values`);
@@ -122,7 +129,7 @@ export function tiledDecoding(o: TiledDecodingOptions): VideoDecoding {
         const n = Math.min(step, T - from);
         const frames = new Float32Array(plane * n);
         for (let c = 0; c < C; c++) frames.set(part.data.subarray((c * T + from) * tile.height * tile.width, (c * T + from + n) * tile.height * tile.width), c * n * tile.height * tile.width);
-        const got = await host.api.decodeTile({ modelUrl: o.modelUrl, ep: o.ep, tile: `${tile.row},${tile.col}`, from, shape: [C, n, tile.height, tile.width], latent: frames }, o.timeoutMs);
+        const got = await host.api.decodeTile({ modelUrl: o.modelUrl, ep, tile: `${tile.row},${tile.col}`, from, shape: [C, n, tile.height, tile.width], latent: frames }, o.timeoutMs);
         const expected = [from === 0 ? 1 + framesOfChunk(o.config, false) * (n - 1) : framesOfChunk(o.config, false) * n, 3, 8 * tile.height, 8 * tile.width];
         const what = `tile ${tile.row},${tile.col}'s latent frames ${from}–${from + n - 1}`;
         if (got.shape.join() !== expected.join() || got.frames.length !== sizeOf(expected)) throw new Error(`returned ${what} as [${got.shape}] with ${got.frames.length} values, not [${expected}]`);
@@ -172,8 +179,8 @@ export function tiledDecoding(o: TiledDecodingOptions): VideoDecoding {
         throw e instanceof MissingFile ? new MissingFile(`the VAE cannot decode: ${e.message}; ask for the latent instead (outputType 'latent'; --output-type latent with npm run generate)`) : e;
       }
     },
-    async decode(latent, onProgress) {
-      const { video, report } = await decodeTiles(latent, onProgress);
+    async decode(latent, options = {}) {
+      const { video, report } = await decodeTiles(latent, options);
       return { frames: displayFrames(video), video, report };
     },
   };

@@ -48,8 +48,9 @@ export class JobParamsError extends Error {
   }
 }
 
-export function checkJobParams(input: Partial<Record<keyof JobParams, unknown>>): FieldErrors {
-  const p = { ...DEFAULT_JOB, ...input };
+/** `defaults`: what a field the input leaves out is (a model folder's, core/model/wan-pipeline.ts) */
+export function checkJobParams(input: Partial<Record<keyof JobParams, unknown>>, defaults: JobParams = DEFAULT_JOB): FieldErrors {
+  const p = { ...defaults, ...input };
   const errors: FieldErrors = {};
   const show = (v: unknown) => (typeof v === 'number' ? String(v) : JSON.stringify(v));
   const intIn = (key: keyof JobParams, min: number, max: number, extra?: (v: number) => string | null) => {
@@ -82,11 +83,11 @@ export function checkJobParams(input: Partial<Record<keyof JobParams, unknown>>)
   return errors;
 }
 
-/** Defaults filled in, every field checked; throws a JobParamsError naming each bad field. */
-export function jobParams(input: Partial<Record<keyof JobParams, unknown>>): JobParams {
-  const errors = checkJobParams(input);
+/** `defaults` beneath the input's fields, every field checked; throws a JobParamsError naming each bad field. */
+export function jobParams(input: Partial<Record<keyof JobParams, unknown>>, defaults: JobParams = DEFAULT_JOB): JobParams {
+  const errors = checkJobParams(input, defaults);
   if (Object.keys(errors).length) throw new JobParamsError(errors);
-  return { ...DEFAULT_JOB, ...input } as JobParams;
+  return { ...defaults, ...input } as JobParams;
 }
 
 /** [16, T, H/8, W/8] with T = (frames − 1)/4 + 1 */

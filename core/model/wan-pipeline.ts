@@ -1,9 +1,10 @@
 // The parts of a WanPipeline folder that run beside the transformer (it runs on the ranks): the
 // transformer's config, the text encoder, the VAE decoder and the sampler's flow shift, read from the
-// folder as diffusers lays it out. The coordinator's pipeline and the demo's Node sampler load them here.
+// folder as diffusers lays it out, and what a job on it is by default (WanPipeline's __call__ defaults
+// for a published folder). The coordinator's pipeline and the demo's Node sampler load them here.
 // The text encoder and the decoder load when first used: a job given prompt embeddings needs no text
 // encoder, one asking for the latent no decoder (as WanPipeline's prompt_embeds= and output_type="latent").
-import { DEFAULT_JOB } from '../job.ts';
+import { DEFAULT_JOB, type JobParams } from '../job.ts';
 import type { Tensor } from '../tensor.ts';
 import { EULER, type Solver } from '../sampler.ts';
 import { ModelConfigError, parseWanConfig, type WanConfig } from './config.ts';
@@ -18,6 +19,26 @@ export const SCHEDULER_CONFIG = 'scheduler/scheduler_config.json';
 
 /** WanPipeline's max_sequence_length: an encoded prompt is padded to this many rows */
 export const WAN_TEXT_TOKENS = 512;
+
+/** Wan2.1's two resolutions, each with the flow shift its docs give it (diffusers' Wan example: "5.0 for 720P, 3.0 for 480P") */
+export const WAN_SIZES = {
+  '480p': { height: 480, width: 832, flowShift: 3 },
+  '720p': { height: 720, width: 1280, flowShift: 5 },
+} as const satisfies Record<string, Pick<JobParams, 'height' | 'width' | 'flowShift'>>;
+
+/** The negative prompt of diffusers' Wan example (pipeline_wan.py, EXAMPLE_DOC_STRING), word for word */
+export const WAN_NEGATIVE_PROMPT =
+  'Bright tones, overexposed, static, blurred details, subtitles, style, works, paintings, images, static, overall gray, worst quality, low quality, JPEG compression residue, ugly, incomplete, extra fingers, poorly drawn hands, poorly drawn faces, deformed, disfigured, misshapen limbs, fused fingers, still picture, messy background, three legs, many people in the background, walking backwards';
+
+/** WanPipeline.__call__'s defaults (height, width, num_frames, num_inference_steps, guidance_scale), with that negative prompt */
+export const WAN_PIPELINE_DEFAULTS = {
+  height: WAN_SIZES['480p'].height,
+  width: WAN_SIZES['480p'].width,
+  frames: 81,
+  steps: 50,
+  guidance: 5,
+  negativePrompt: WAN_NEGATIVE_PROMPT,
+} satisfies Partial<JobParams>;
 
 export interface WanPipelineParts {
   config: WanConfig;
@@ -35,6 +56,8 @@ export interface WanPipelineParts {
   flowShift: number;
   /** the folder's scheduler (scheduler/scheduler_config.json); flow-matching Euler where it has none, as the tiny models */
   solver: Solver;
+  /** what a job's missing fields are on this folder (jobDefaults) */
+  defaults: JobParams;
 }
 
 /**
@@ -62,6 +85,16 @@ export function parseSchedulerConfig(json: unknown, source: string): { solver: S
   return { solver: { kind: 'UniPCMultistepScheduler', order, lowerOrderFinal: c.lower_order_final !== false }, flowShift };
 }
 
+/**
+ * What a job's missing fields are on a folder: WanPipeline's defaults where it holds what WanPipeline
+ * runs as published (umT5, AutoencoderKLWan, UniPC), DEFAULT_JOB for the tiny models (an 81-frame
+ * 480×832 clip means nothing to them); the folder's flow shift in both.
+ */
+export function jobDefaults({ umt5, wanVae, solver, flowShift }: Pick<WanPipelineParts, 'umt5' | 'wanVae' | 'solver' | 'flowShift'>): JobParams {
+  const published = umt5 && wanVae !== null && solver.kind === 'UniPCMultistepScheduler';
+  return { ...DEFAULT_JOB, ...(published ? WAN_PIPELINE_DEFAULTS : {}), flowShift };
+}
+
 /** `load` once, when first asked; a failed load is tried again next time. */
 export function once<T>(load: () => Promise<T>): () => Promise<T> {
   let loading: Promise<T> | null = null;
@@ -80,7 +113,7 @@ export async function loadWanPipelineParts(files: ModelFiles): Promise<WanPipeli
     ),
   ]);
   const flowShift = (index as { flow_shift?: unknown }).flow_shift ?? scheduler.flowShift;
-  return {
+  const parts: Omit<WanPipelineParts, 'defaults'> = {
     config,
     textTokens: textConfig._class_name === TEXT_ENCODER_CLASS && typeof textConfig.max_length === 'number' ? textConfig.max_length : WAN_TEXT_TOKENS,
     umt5: isUmt5Config(textConfig),
@@ -90,4 +123,5 @@ export async function loadWanPipelineParts(files: ModelFiles): Promise<WanPipeli
     flowShift: typeof flowShift === 'number' ? flowShift : DEFAULT_JOB.flowShift,
     solver: scheduler.solver,
   };
+  return { ...parts, defaults: jobDefaults(parts) };
 }

@@ -47,19 +47,20 @@ export function buildVaeChunkGraph(cfg: WanVaeConfig, first: boolean): VaeChunkG
   const caches = plan.caches.map(({ channels, scale }, slot) => g.input(cacheName(slot), [CACHE_FRAMES, channels, ...side(scale)]));
   const nextCaches: string[] = [...caches];
 
+  /** a k×k 2D convolution, stride 1, zero-padded to keep the size; every attribute spelled out (WebGPU's Conv wants them when its weight is an input) */
+  const conv2d = (inputs: string[], k: 1 | 3) => g.op('Conv', inputs, { kernel_shape: [k, k], pads: Array(4).fill(k >> 1), strides: [1, 1], dilations: [1, 1], group: 1 });
   /** a causal convolution on x of `frames` frames: three taps over [cache, x], the cache's next value kept */
   const causalConv = (c: CausalConv, x: string, frames: number, timeConv = false): string => {
     const spatial = c.kernel === 3 && !timeConv ? 3 : 1;
-    const pads = spatial === 3 ? [1, 1, 1, 1] : [0, 0, 0, 0];
     const bias = weight(`${c.name}.bias`, [c.outDim]);
-    if (c.cache === null) return g.op('Conv', [x, weight(`${c.name}.weight`, [c.outDim, c.inDim, 1, 1], 0), bias], { pads });
+    if (c.cache === null) return conv2d([x, weight(`${c.name}.weight`, [c.outDim, c.inDim, 1, 1], 0), bias], 1);
     const joined = g.op('Concat', [caches[c.cache], x], { axis: 0 });
     nextCaches[c.cache] = g.op('Slice', [joined, g.ints([frames]), g.ints([frames + CACHE_FRAMES]), g.ints([0])]);
     let sum = '';
     for (let tap = 0; tap < 3; tap++) {
       const frameSlice = g.op('Slice', [joined, g.ints([tap]), g.ints([tap + frames]), g.ints([0])]);
       const w = weight(`${c.name}.weight`, [c.outDim, c.inDim, spatial, spatial], tap);
-      const y = g.op('Conv', tap === 0 ? [frameSlice, w, bias] : [frameSlice, w], { pads });
+      const y = conv2d(tap === 0 ? [frameSlice, w, bias] : [frameSlice, w], spatial);
       sum = tap === 0 ? y : g.op('Add', [sum, y]);
     }
     return sum;
@@ -85,11 +86,11 @@ export function buildVaeChunkGraph(cfg: WanVaeConfig, first: boolean): VaeChunkG
       case 'attention': {
         const C = l.dim;
         const normed = norm(x, `${l.name}.norm.gamma`, [C, 1, 1]);
-        const qkv = g.op('Conv', [normed, weight(`${l.name}.to_qkv.weight`, [3 * C, C, 1, 1]), weight(`${l.name}.to_qkv.bias`, [3 * C])]);
+        const qkv = conv2d([normed, weight(`${l.name}.to_qkv.weight`, [3 * C, C, 1, 1]), weight(`${l.name}.to_qkv.bias`, [3 * C])], 1);
         const [q, k, v] = g.opMulti('Split', [g.op('Reshape', [qkv, g.ints([frames, 3 * C, -1])])], { axis: 1 }, 3); // each [T, C, hw]
         const scores = g.op('Mul', [g.op('MatMul', [g.op('Transpose', [q], { perm: [0, 2, 1] }), k]), g.scalar(1 / Math.sqrt(C))]); // [T, hw(q), hw(k)]
         const attended = g.op('MatMul', [v, g.op('Transpose', [g.op('Softmax', [scores], { axis: -1 })], { perm: [0, 2, 1] })]); // [T, C, hw(q)]
-        const out = g.op('Conv', [g.op('Reshape', [attended, g.op('Shape', [x])]), weight(`${l.name}.proj.weight`, [C, C, 1, 1]), weight(`${l.name}.proj.bias`, [C])]);
+        const out = conv2d([g.op('Reshape', [attended, g.op('Shape', [x])]), weight(`${l.name}.proj.weight`, [C, C, 1, 1]), weight(`${l.name}.proj.bias`, [C])], 1);
         return { x: g.op('Add', [out, x]), frames };
       }
       case 'upsample': {
@@ -100,7 +101,7 @@ export function buildVaeChunkGraph(cfg: WanVaeConfig, first: boolean): VaeChunkG
         }
         // nearest ×2: with half_pixel coordinates and round_prefer_floor (Resize's defaults) pixel i reads i/2 rounded down, as nearest-exact
         const big = g.op('Resize', [x, '', g.weight('upsample_scales', [4], new Float32Array([1, 1, 2, 2]))]);
-        const out = g.op('Conv', [big, weight(`${l.name}.resample.1.weight`, [l.outDim, l.dim, 3, 3]), weight(`${l.name}.resample.1.bias`, [l.outDim])], { pads: [1, 1, 1, 1] });
+        const out = conv2d([big, weight(`${l.name}.resample.1.weight`, [l.outDim, l.dim, 3, 3]), weight(`${l.name}.resample.1.bias`, [l.outDim])], 3);
         return { x: out, frames };
       }
       case 'head':

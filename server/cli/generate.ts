@@ -11,7 +11,7 @@ import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { cpus, totalmem } from 'node:os';
 import { dirname, join } from 'node:path';
 import { parseArgs } from 'node:util';
-import { checkJobParams, DEFAULT_JOB, type JobParams } from '../../core/job.ts';
+import { checkJobParams, type JobParams } from '../../core/job.ts';
 import { readSafetensors } from '../../core/safetensors.ts';
 import { CACHE_ROOT } from '../model-folder.ts';
 import { servedModel } from '../serve.ts';
@@ -118,11 +118,11 @@ Object.assign(params, jobFlagValues(values));
 const errors = checkJobParams(params);
 if (Object.keys(errors).length) fail(`bad job parameters:\n${Object.entries(errors).map(([k, v]) => `  --${k}: ${v}`).join('\n')}`);
 
-const job = { ...DEFAULT_JOB, ...params };
 const tty = process.stderr.isTTY;
 const progress = (line: string) => (tty ? process.stderr.write(`\r\x1b[K${line}`) : console.error(line));
 const swarmWorkers = values.backend === 'swarm' ? workers : 0;
-console.error(`generate: "${job.prompt}" ${job.frames} frames ${job.width}×${job.height}, ${job.steps} steps on ${values.backend}${swarmWorkers ? ` with ${workers} worker tab(s)` : ''}`);
+// the sizes the flags leave out are the model folder's defaults (WanPipeline's for a published folder): the report says which
+console.error(`generate: "${values.prompt}" on ${values.backend}${swarmWorkers ? ` with ${workers} worker tab(s)` : ''}`);
 
 const { modelFolders, defaultModel: modelUrl } = servedModel(values.model);
 const swarm = await startLocalSwarm({
@@ -183,7 +183,8 @@ try {
   write(values.report!, JSON.stringify(report, null, 2) + '\n');
   const perStep = report.steps.map((s: { ms: number }) => s.ms.toFixed(0)).join(', ');
   const wrote = [...(result.video ? [values.out] : []), values['latent-out'], values.report].join(', ');
-  console.error(`generate: wrote ${wrote}; ${report.steps.length} steps (${perStep} ms), total ${(report.totalMs / 1000).toFixed(1)} s`);
+  const { frames, width, height } = report.config;
+  console.error(`generate: wrote ${wrote}: ${frames} frames ${width}×${height}; ${report.steps.length} steps (${perStep} ms), total ${(report.totalMs / 1000).toFixed(1)} s`);
   const links: { from: string | number; to: number; transport: string }[] = report.links ?? [];
   if (links.length) {
     const relayed = links.filter((l) => l.transport === 'relay');

@@ -1,6 +1,7 @@
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
-import { expect, test } from '@playwright/test';
+import { expect, test, type Page } from '@playwright/test';
+import { FULL_LAYOUT_MODEL_PATH } from './global-setup.ts';
 import { openTestSwarm } from './swarm-page.ts';
 
 // What a person sees: the dashboard idle, running on two workers, done; the worker page; a phone.
@@ -26,6 +27,29 @@ test('the dashboard idle, running on 2 workers and done, and the worker page, as
   await expect(dashboard.locator('#form-errors')).toContainText('frames must be 4k+1');
   await dashboard.fill('[name=frames]', '9');
   await expect(dashboard.locator('#form-errors')).toHaveText('');
+
+  // the size presets: 720p sets Wan's 720×1280 and its flow shift 5, 480p 480×832 and 3; any other size is custom
+  const form = (fields: Record<string, string | RegExp>) => Promise.all(Object.entries(fields).map(([name, value]) => expect(dashboard.locator(`[name=${name}]`)).toHaveValue(value)));
+  await expect(dashboard.locator('[name=size]')).toHaveValue('custom');
+  await dashboard.selectOption('[name=size]', '720p');
+  await form({ height: '720', width: '1280', flowShift: '5' });
+  await dashboard.selectOption('[name=size]', '480p');
+  await form({ height: '480', width: '832', flowShift: '3' });
+  await dashboard.fill('[name=width]', '848');
+  await form({ size: 'custom', height: '480', width: '848' });
+  await expect(dashboard.locator('#form-errors')).toHaveText('');
+
+  // a Wan folder in the Model field fills the form with WanPipeline's defaults, the prompt typed kept;
+  // the demo model again gives its own back
+  await dashboard.fill('[name=prompt]', 'a cat and a dog baking a cake');
+  await chooseModel(dashboard, FULL_LAYOUT_MODEL_PATH);
+  await form({ prompt: 'a cat and a dog baking a cake', negativePrompt: /^Bright tones, overexposed, .* walking backwards$/, size: '480p', height: '480', width: '832', frames: '81', steps: '50', guidance: '5', flowShift: '3', seed: '42' });
+  // every field of the form, the size preset among them, fits its card
+  const formOverflow = () => dashboard.evaluate(() => document.getElementById('job-form')!.scrollWidth - document.getElementById('job-form')!.clientWidth);
+  expect(await formOverflow()).toBeLessThanOrEqual(0);
+  await dashboard.locator('#job-form').screenshot({ path: join(SHOTS, 'dashboard-wan-defaults.png') });
+  await chooseModel(dashboard, '/models/tiny-wan-demo');
+  await form({ prompt: 'a cat and a dog baking a cake', negativePrompt: '', size: 'custom', height: '64', width: '64', frames: '9', steps: '20', guidance: '4', flowShift: '3' });
 
   const workers = [];
   for (let i = 0; i < 2; i++) {
@@ -85,6 +109,7 @@ test('the dashboard idle, running on 2 workers and done, and the worker page, as
   const overflow = await dashboard.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
   expect(overflow).toBeLessThanOrEqual(0);
   expect(await tableOverflow()).toBeLessThanOrEqual(0);
+  expect(await formOverflow()).toBeLessThanOrEqual(0);
   await dashboard.screenshot({ path: join(SHOTS, 'dashboard-phone.png'), fullPage: true });
   await context.close();
 });
@@ -128,3 +153,9 @@ test('the default job on two worker tabs: Enter on the prompt the dashboard open
     await swarm.close();
   }
 });
+
+/** Types a model folder into the Model field and leaves it, as a person does. */
+async function chooseModel(dashboard: Page, model: string): Promise<void> {
+  await dashboard.fill('[name=model]', model);
+  await dashboard.locator('[name=model]').blur();
+}

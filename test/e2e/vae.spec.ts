@@ -60,3 +60,29 @@ test("a prompt through umT5, the transformer and AutoencoderKLWan's tiles on thr
     await swarm.close();
   }
 });
+
+// On WebGPU the decoder's weights are uploaded to GPU buffers once and the causal caches stay in GPU
+// buffers between a tile's chunks (SwiftShader here, slow: a small latent).
+test("AutoencoderKLWan's tiles on a WebGPU worker equal WASM's", async ({ browser, baseURL }) => {
+  test.setTimeout(240_000);
+  const swarm = await openTestSwarm(browser, baseURL!, 1);
+  try {
+    const shape = [16, 3, 2, 3];
+    const data = Float32Array.from({ length: 16 * 3 * 2 * 3 }, (_, i) => Math.sin(i * 0.7));
+    const latent = { shape, base64: Buffer.from(data.buffer).toString('base64') };
+    const decode = async (ep: 'webgpu' | 'wasm') => {
+      const { video } = await swarm.dashboard.evaluate((a) => (window as any).ditswarm.decode(a), { model: FULL_LAYOUT_MODEL_PATH, latent, ep });
+      const bytes = Buffer.from(video.base64, 'base64');
+      expect(video.shape).toEqual([3, 9, 16, 24]);
+      return new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
+    };
+    const gpu = await decode('webgpu');
+    const cpu = await decode('wasm');
+    const diff = maxAbsDiff(gpu, cpu);
+    console.log(`VAE webgpu vs wasm: max-abs ${diff.toExponential(2)}`);
+    expect(cpu.some((v) => Math.abs(v) > 0.1)).toBe(true);
+    expect(diff).toBeLessThan(5e-4);
+  } finally {
+    await swarm.close();
+  }
+});
