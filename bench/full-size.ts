@@ -1,6 +1,6 @@
 // Wan2.1-T2V-1.3B's transformer at full size in Chromium worker tabs (WASM): seeded random weights in
 // exactly the published layout (make-model --preset wan2.1-t2v-1.3b, written on demand outside the
-// repository), prompt embeddings and the latent alone (its umT5 and VAE do not run here yet). The
+// repository), prompt embeddings and the latent alone (the transformer is what this measures). The
 // same job on 1, 2 and 3 worker tabs in one run, then on all of them again after reloading them;
 // writes bench/out/full-size.json: per run each rank's model load and whether its weights came from
 // the network or its browser's cache, per-step times, each rank's peak memory as its page measured

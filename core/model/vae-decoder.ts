@@ -154,7 +154,7 @@ const DECODERS: Record<string, (weights: TensorMap, latent: Tensor, config: VaeC
 export async function loadVaeDecoder(files: ModelFiles): Promise<(latent: Tensor) => DecodedVideo> {
   const config = (await readJson(files, 'vae/config.json')) as VaeConfig;
   const decode = DECODERS[config._class_name ?? ''];
-  if (!decode) throw new Error(`vae/ is ${config._class_name}, which ditswarm cannot decode yet (it decodes ${Object.keys(DECODERS).join(', ')}): ask for the latent instead (outputType 'latent'; --output-type latent with npm run generate)`);
+  if (!decode) throw new Error(`vae/ is ${config._class_name}, which ditswarm does not decode (it decodes AutoencoderKLWan, on the workers, and the stand-ins ${Object.keys(DECODERS).join(', ')}): ask for the latent instead (outputType 'latent'; --output-type latent with npm run generate)`);
   const weights = await readWeights(files, 'vae/diffusion_pytorch_model.safetensors');
   return (latent) => decode(weights, latent, config);
 }

@@ -9,8 +9,8 @@ import { maxAbsDiff, openTestSwarm, runJob } from './swarm-page.ts';
 // A folder of the published classes (umT5, AutoencoderKLWan, UniPC) at small widths: a text
 // prompt goes prompt → umT5 → transformer → VAE on the workers, the dashboard saying how far
 // each phase is, and the VAE's tiles (diffusers' 256-pixel tiles: 4 of them at 256×320) decode
-// to the same video on three tabs, on two, and on one worker in this process.
-test("a prompt through umT5, the transformer and AutoencoderKLWan's tiles on three tabs plays in the dashboard; its tiles decode alike on 3 tabs, 2, and one worker", async ({ browser, baseURL }) => {
+// to the same video on three tabs, on two, on one, and on one worker in this process.
+test("a prompt through umT5, the transformer and AutoencoderKLWan's tiles on three tabs plays in the dashboard; its tiles decode alike on 3 tabs, 2, 1, and one worker in Node", async ({ browser, baseURL }) => {
   test.setTimeout(240_000);
   const swarm = await openTestSwarm(browser, baseURL!, 3);
   try {
@@ -44,6 +44,12 @@ test("a prompt through umT5, the transformer and AutoencoderKLWan's tiles on thr
     await swarm.workers[2].close();
     await expect.poll(() => swarm.dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 30_000 }).toBe(2);
     const onTwo = await decodeOnTabs();
+    await swarm.workers[1].close();
+    await expect.poll(() => swarm.dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 30_000 }).toBe(1);
+    const onOne = await decodeOnTabs();
+    expect(onOne.decoding.ranks.filter((r: any) => r.tiles > 0)).toHaveLength(1);
+    expect(maxAbsDiff(onThree.data, onOne.data)).toBeLessThan(1e-5);
+    expect(maxAbsDiff(onTwo.data, onOne.data)).toBeLessThan(1e-5);
 
     // one worker in this process: the same tiles, one after another
     const files = folderFiles(dir);
