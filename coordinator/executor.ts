@@ -271,6 +271,8 @@ export abstract class Executor {
       if (r.rows.length !== plan.localTokens * rowWidth) {
         throw new WorkerError(ranks[i], 'executeModel', `returned ${r.rows.length} values; its share is ${plan.localTokens}×${rowWidth}`, null, true);
       }
+      // well-formed garbage would go into the latent, the checkpoint and the video (as black)
+      if (!r.rows.every(Number.isFinite)) throw new WorkerError(ranks[i], 'executeModel', 'returned NaN or infinite values', null, true);
     });
     return {
       output: gatherLatent(config, plan, results.map((r) => r.rows), request.latent.shape),

@@ -22,7 +22,7 @@ import { COORDINATOR } from '../core/net/protocol.ts';
 import type { RelayClient } from '../core/net/relay-client.ts';
 import { passing } from '../core/net/check.ts';
 import { remote } from '../core/net/rpc.ts';
-import { checkLoadStatus, WORKER_CONTRACT, type WorkerInfo, type WorkerRemote } from '../core/worker-api.ts';
+import { checkPulse, WORKER_CONTRACT, type WorkerInfo, type WorkerRemote } from '../core/worker-api.ts';
 import { measureWorker, type WorkerMeasurement } from './measure.ts';
 
 const DESCRIBE_TIMEOUT_MS = 15_000;
@@ -273,8 +273,9 @@ export class Swarm {
           this.drop(joined, `no answer for ${(silentMs / 1000).toFixed(1)} s (tab closed, crashed or frozen)`, silentMs);
           conn.close();
         },
-        onPulse: (pulse) => {
-          pulse = { ...pulse, load: pulse.load && passing(checkLoadStatus, pulse.load, 'pulse.load') };
+        onPulse: (sent) => {
+          const pulse = passing(checkPulse, sent, 'pulse');
+          if (!pulse) return; // a malformed pulse says nothing; the link's silence or the job's calls judge its sender
           const changed =
             joined.pulse?.state !== pulse.state ||
             joined.pulse?.framesDropped !== pulse.framesDropped ||

@@ -6,6 +6,7 @@ import type { WeightType } from './model/onnx-builder.ts';
 import type { DType } from './net/protocol.ts';
 import { fields, floats, int, list, none, nullable, num, oneOf, optional, text, type Check } from './net/check.ts';
 import type { ApiContract, Remote } from './net/rpc.ts';
+import type { WorkerPulse } from './net/heartbeat.ts';
 
 /** An onnxruntime-web execution provider a worker can run on. */
 export type ExecutionProvider = 'webgpu' | 'wasm';
@@ -302,6 +303,14 @@ const stats = { computeMs: ms, commMs: ms, bytesDownloaded: bytes, bytesKept: by
 const checkWeightsSource: Check<WeightsSource> = fields({ networkBytes: bytes, cacheBytes: bytes, note: text() });
 /** a loading worker's pulse, judged where the coordinator receives it */
 export const checkLoadStatus: Check<LoadStatus> = fields({ bytes, totalBytes: bytes, networkBytes: bytes, elapsedMs: ms, note: text(1000) });
+/** a worker's answer to a heartbeat, judged where the coordinator receives it (a bad one is dropped, not its sender) */
+export const checkPulse: Check<WorkerPulse> = fields({
+  state: text(64),
+  framesDropped: int(0),
+  mesh: optional(list(fields({ peer: text(256), transport: oneOf('direct', 'relay') }), { max: MAX_RANKS })),
+  threads: optional(int(1, 1024)),
+  load: optional(checkLoadStatus),
+});
 const totals: Check<WorkerTotals> = fields({ steps: int(0), bytesSent: bytes, computeMs: ms, bytesDownloaded: bytes, bytesKept: bytes, deviceTensorsLeft: int(0) });
 
 export const WORKER_CONTRACT: ApiContract<WorkerApi> = {

@@ -50,7 +50,8 @@ export function answerHeartbeats(link: Link, from: number, pulse: () => WorkerPu
 export function watchHeartbeats(
   link: Link,
   from: number,
-  handlers: { onDead(silentMs: number): void; onPulse?(pulse: WorkerPulse): void },
+  /** the pulse as the worker sent it, unchecked: the receiver judges it (checkPulse) */
+  handlers: { onDead(silentMs: number): void; onPulse?(pulse: unknown): void },
   { intervalMs = HEARTBEAT_INTERVAL_MS, deadAfterMs = DEAD_AFTER_MS } = {},
 ): () => void {
   let loading = false;

@@ -1,7 +1,11 @@
 import type { Link } from '../../core/net/link.ts';
 import { tensorPayload, tensorValues, type DType, type Message, type TensorTag } from '../../core/net/protocol.ts';
 import type { Exchange, ExchangeTag } from '../ulysses.ts';
+import { PeerLost } from '../../core/worker-api.ts';
 import { Mailbox } from './mailbox.ts';
+
+/** the largest finite float16 */
+const FLOAT16_MAX = 65504;
 
 /**
  * The all-to-all of one rank over direct data channels to every other rank of its job. Tensors
@@ -45,11 +49,24 @@ export class MeshExchange implements Exchange {
   private deliver(peerRank: number, msg: Message): void {
     if (msg.kind !== 'tensor' || msg.dtype !== this.dtype) return;
     if (msg.from !== peerRank) return; // a rank may only speak for itself (also refused by the link's accept hook)
-    this.mailbox.deliver(MeshExchange.key(msg.tag, peerRank), tensorValues(msg.data, this.dtype));
+    const values = tensorValues(msg.data, this.dtype);
+    // well-formed garbage: the right size, but NaN or infinite. Every rank checks what it sends
+    // (allToAll), so such values are the sender's doing: it is blamed, and its link closed.
+    if (!values.every(Number.isFinite)) {
+      this.fail(new PeerLost({ rank: peerRank, cause: 'misbehaved', evidence: `sent NaN or infinite values in step ${msg.tag.step + 1}, block ${msg.tag.block}; disconnected` }));
+      this.links.get(peerRank)?.close('it sent NaN or infinite values');
+      return;
+    }
+    this.mailbox.deliver(MeshExchange.key(msg.tag, peerRank), values);
   }
 
   async allToAll(tag: ExchangeTag, parts: Float32Array[]): Promise<Float32Array[]> {
     if (this.failure) throw this.failure;
+    // what this rank sends is finite (and fits float16 when it sends float16): else the fault is its own, not a peer's
+    const limit = this.dtype === 'f16' ? FLOAT16_MAX : Number.MAX_VALUE;
+    if (!parts.every((part) => part.every((v) => Math.abs(v) <= limit))) {
+      throw new Error(`rank ${this.rank}'s activations in step ${tag.step + 1}, block ${tag.block} are NaN, infinite${this.dtype === 'f16' ? ' or beyond float16 (send float32 instead)' : ''}`);
+    }
     const sends = parts.map((part, to) => {
       if (to === this.rank) return Promise.resolve();
       const link = this.links.get(to);

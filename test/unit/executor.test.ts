@@ -182,6 +182,17 @@ describe.each<Transport>(['direct', 'rpc'])('Executor over %s calls', (transport
     expect(maxAbsDiff(outputs[0].data, referenceForward(model, latent, 500, text).data)).toBeLessThanOrEqual(1e-4);
   });
 
+  it("NaN rows of the right length are refused where they arrive, as a breach by the rank that sent them (the coordinator's own evidence): nothing reaches the latent", async () => {
+    const poisoned: EngineApi = { ...engine, head: async (x, temb) => (await engine.head(x, temb)).fill(NaN, 0, 1) };
+    const executor = new InProcessExecutor({ ...options, layout: new RankLayout(2) }, poisoned, transport);
+    await executor.initialize();
+    await executor.prepareJob(7, [text], latent.shape);
+    const error = await rejection(executor.executeModel({ job: 7, step: 0, pass: 0, timestep: 500, latent }));
+    expect(error).toBeInstanceOf(WorkerError);
+    expect(error).toMatchObject({ rank: 0, method: 'executeModel', remoteMessage: 'returned NaN or infinite values', breach: true });
+    await executor.shutdown({ graceMs: 1_000 });
+  });
+
   it('executeModel with a patches array of the wrong length is refused by every rank, naming the length its share needs, before any compute', async () => {
     const executor = await started(3, transport);
     await executor.prepareJob(7, [text], latent.shape);
@@ -245,7 +256,7 @@ describe('the worker contract on the wire', () => {
 
   it('an unknown method, an inherited property among them, is refused with the list of worker methods', async () => {
     const runtime = new WorkerRuntime(engine, { connectMesh: async () => memoryExchanges(1)[0], describe: async () => ({ ep: 'wasm', adapter: 't', softwareAdapter: false, threads: 1, memoryGiB: null, userAgent: 'u' }) });
-    expect(WORKER_METHODS).toEqual(['describe', 'probeCompute', 'probeLink', 'initWorker', 'loadModel', 'rehearse', 'encodeText', 'prepareJob', 'probeMesh', 'executeModel', 'ping', 'shutdown']);
+    expect(WORKER_METHODS).toEqual(['describe', 'probeCompute', 'probeLink', 'initWorker', 'loadModel', 'rehearse', 'encodeText', 'decodeTile', 'prepareJob', 'probeMesh', 'executeModel', 'ping', 'shutdown']);
     for (const method of ['eval', 'constructor', '__proto__', 'toString', 'judgeTensor']) {
       expect(await rawRequest(runtime, method, {})).toEqual({
         type: 'reply',

@@ -1,7 +1,9 @@
 import { afterEach, beforeAll, beforeEach, describe, expect, it, vi } from 'vitest';
 import { WorkerError } from '../../coordinator/executor.ts';
+import { passing } from '../../core/net/check.ts';
+import { checkPulse } from '../../core/worker-api.ts';
 import type { Channel } from '../../core/net/channel.ts';
-import { answerHeartbeats, DEAD_AFTER_MS, HEARTBEAT_INTERVAL_MS, LOADING_DEAD_AFTER_MS, watchHeartbeats, type WorkerPulse } from '../../core/net/heartbeat.ts';
+import { answerHeartbeats, DEAD_AFTER_MS, HEARTBEAT_INTERVAL_MS, LOADING_DEAD_AFTER_MS, watchHeartbeats } from '../../core/net/heartbeat.ts';
 import { Link } from '../../core/net/link.ts';
 import { COORDINATOR, encodeFrames, HEADER_BYTES, type FrameHeader, type Message } from '../../core/net/protocol.ts';
 import type { WanModel } from '../../core/model/reference.ts';
@@ -24,7 +26,7 @@ const coordinatorAccept = (h: FrameHeader) => (h.kind !== 'rpc' ? 'a worker may 
 
 function watched(link: Link) {
   const deaths: number[] = [];
-  const pulses: WorkerPulse[] = [];
+  const pulses: unknown[] = [];
   watchHeartbeats(link, COORDINATOR, { onDead: (silentMs) => deaths.push(silentMs), onPulse: (p) => pulses.push(p) });
   return { deaths, pulses };
 }
@@ -249,5 +251,29 @@ describe.each<Transport>(['direct', 'rpc'])('collectiveRpc over %s calls', (tran
     expect(error).toMatchObject({ rank: 1, method: 'ping', remoteMessage: 'out of GPU memory', blame: null, breach: false });
     expect(executor.received.map((methods) => methods.at(-1))).toEqual(['ping', 'ping', 'ping']); // rank 2 was asked, and is still silent
     expect(vi.getTimerCount()).toBeGreaterThan(0); // its call's timeout is still pending
+  });
+});
+
+describe("a worker's pulse, judged where the coordinator receives it (checkPulse)", () => {
+  const honest = { state: 'ready', framesDropped: 2, mesh: [{ peer: 'ditswarm-w-1', transport: 'direct' }], threads: 2, load: { bytes: 1, totalBytes: 2, networkBytes: 1, elapsedMs: 5, note: '' } };
+  it('passes an honest one whole, and drops fields it does not know', () => {
+    expect(checkPulse({ ...honest, extra: 'x' }, 'pulse')).toEqual(honest);
+    expect(checkPulse({ state: 'idle', framesDropped: 0 }, 'pulse')).toEqual({ state: 'idle', framesDropped: 0 });
+  });
+  // what once threw after a job's last step (the link report read mesh.find) and broke the swarm table
+  it.each([
+    ['mesh: "not-an-array"', { mesh: 'not-an-array' }],
+    ['a mesh entry without a peer', { mesh: [{ transport: 'direct' }] }],
+    ['a transport that is neither', { mesh: [{ peer: 'p', transport: 'carrier pigeon' }] }],
+    ['257 mesh entries', { mesh: Array.from({ length: 257 }, (_, i) => ({ peer: `p${i}`, transport: 'relay' })) }],
+    ['framesDropped −1', { framesDropped: -1 }],
+    ['threads 0', { threads: 0 }],
+    ['a load with NaN bytes', { load: { ...honest.load, bytes: NaN } }],
+    ['a 100 kB state', { state: 'x'.repeat(100_000) }],
+  ])('refuses %s', (_, change) => {
+    expect(passing(checkPulse, { ...honest, ...change }, 'pulse')).toBeUndefined();
+  });
+  it('refuses what is not a pulse at all', () => {
+    for (const value of [null, 'ready', 42, [], { state: 'ready' }]) expect(passing(checkPulse, value, 'pulse')).toBeUndefined();
   });
 });

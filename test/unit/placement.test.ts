@@ -471,6 +471,14 @@ describe('who is lost: the coordinator’s own evidence, never one rank’s word
     expect(swarm.workers().map((w) => w.id)).toEqual(['w0', 'w1', 'w3']);
   });
 
+  it('a rank accused of misbehaving that still answers is let go with its accuser: the coordinator cannot tell which one lies', async () => {
+    const { swarm, executor } = await placed(3);
+    const lost = await executor.lostRanks(new WorkerError(1, 'executeModel', 'rank 0 misbehaved: NaN', { rank: 0, cause: 'misbehaved', evidence: 'sent NaN or infinite values in step 1, block 0; disconnected' }));
+    expect(lost.map((l) => [l.rank, l.worker, l.cause])).toEqual([[0, 'w0', 'misbehaved'], [1, 'w1', 'misbehaved']]);
+    expect(lost[0].evidence).toBe('rank 1 reported: sent NaN or infinite values in step 1, block 0; disconnected');
+    expect(swarm.workers().map((w) => w.id)).toEqual(['w2']);
+  });
+
   it('a reply that broke the contract is the coordinator’s own evidence: that rank is let go', async () => {
     const { swarm, executor } = await placed(2);
     const lost = await executor.lostRanks(new WorkerError(1, 'executeModel', 'returned 3 values; its share is 18×64', null, true));
