@@ -43,6 +43,11 @@ export interface RuntimeHooks {
   betweenJobs?(): Promise<void>;
   /** the most memory the page was measured to hold so far, null where it cannot be measured */
   peakMemoryBytes?(): number | null;
+  /**
+   * Why a model folder may not be read, or null where it may: a page fetches what its coordinator
+   * names, so it reads only where its own server says (worker/endpoint.ts).
+   */
+  refuseModel?(modelUrl: string): string | null;
   onState?(state: WorkerState, detail: string): void;
   onShutdown?(): void;
 }
@@ -135,6 +140,7 @@ export class WorkerRuntime implements WorkerApi {
 
   async loadModel(args: LoadArgs) {
     this.needInit('loadModel');
+    this.checkModel(args.modelUrl);
     this.setState('loading', `loading ${args.modelUrl}`);
     const { info, why } = await this.load(args);
     this.model = info;
@@ -147,6 +153,7 @@ export class WorkerRuntime implements WorkerApi {
 
   /** The model on the EP asked for, or with 'auto' the fastest one; the engine keeps the last one it loaded. */
   private async load({ modelUrl, ep }: LoadArgs): Promise<{ info: EngineInfo; why: string }> {
+    this.checkModel(modelUrl);
     await this.hooks.betweenJobs?.();
     const choice = ep === 'auto' ? await this.fastestEp() : { ep, why: `${ep === 'wasm' ? 'WASM' : 'WebGPU'}: asked for by the job` };
     // a real model's weights are GBs: the page (and through the pulse the dashboard) says how far
@@ -194,17 +201,23 @@ export class WorkerRuntime implements WorkerApi {
   }
 
   encodeText(args: EncodeTextArgs) {
-    return this.betweenJobs('encodeText', `encoding a prompt: text encoder layers ${args.from + 1}–${args.to}`, args.ep, (ep) => this.engine.encodeText({ ...args, ep }));
+    return this.betweenJobs('encodeText', `encoding a prompt: text encoder layers ${args.from + 1}–${args.to}`, args, (ep) => this.engine.encodeText({ ...args, ep }));
   }
 
   decodeTile(args: DecodeTileArgs) {
     const frames = args.shape[1];
-    return this.betweenJobs('decodeTile', `decoding the video: tile ${args.tile}, latent frames ${args.from + 1}–${args.from + frames}`, args.ep, (ep) => this.engine.decodeTile({ ...args, ep }));
+    return this.betweenJobs('decodeTile', `decoding the video: tile ${args.tile}, latent frames ${args.from + 1}–${args.from + frames}`, args, (ep) => this.engine.decodeTile({ ...args, ep }));
+  }
+
+  private checkModel(modelUrl: string): void {
+    const refusal = this.hooks.refuseModel?.(modelUrl);
+    if (refusal) throw new Error(refusal);
   }
 
   /** Work a coordinator asks for between jobs (the text encoder, the VAE), on the EP it names or the fastest. */
-  private async betweenJobs<T>(method: string, detail: string, asked: ExecutionProvider | 'auto', work: (ep: ExecutionProvider) => Promise<T>): Promise<T> {
+  private async betweenJobs<T>(method: string, detail: string, { modelUrl, ep: asked }: { modelUrl: string; ep: ExecutionProvider | 'auto' }, work: (ep: ExecutionProvider) => Promise<T>): Promise<T> {
     if (this.state === 'computing') throw new Error(`${method} while this worker is computing: call it between jobs`);
+    this.checkModel(modelUrl);
     // taken at once, before any await: a second call arriving meanwhile is refused, not interleaved
     const before = { state: this.state, detail: this.detail };
     this.setState('computing', detail);

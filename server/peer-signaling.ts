@@ -76,16 +76,24 @@ export interface Signaling {
 /**
  * Mounts the PeerJS signaling server on `app` at SIGNALING_PATH. Its websocket endpoint is
  * `${SIGNALING_PATH}/peerjs?key=…`, reached through `handleUpgrade` (the server routes upgrades:
- * the relay shares the port); peer discovery is `GET ${SIGNALING_PATH}/<key>/peers`.
+ * the relay shares the port). No peer discovery: a worker link names its dashboard, and a list of
+ * ids would tell anyone which one to take over when its owner goes. Signaling messages are small
+ * (an SDP offer is a few KB): larger ones are refused, as are clients past a few hundred.
  */
+/** an OFFER or ANSWER with its ICE candidates is a few KB; peer's own default is 100 MiB */
+export const MAX_SIGNALING_MESSAGE_BYTES = 64 * 1024;
+/** pages registered at once: a lab's swarm, not peer's default 5,000 */
+export const MAX_SIGNALING_CLIENTS = 512;
+
 export function mountSignaling(app: Express, server: Server, key: string): Signaling {
   let websockets: WebSocketServer | null = null;
   const peerServer = ExpressPeerServer(server, {
     path: '/',
     key,
-    allow_discovery: true,
+    allow_discovery: false,
+    concurrent_limit: MAX_SIGNALING_CLIENTS,
     // Left on the http server, peer's WebSocketServer would answer every other upgrade path (the relay's) with 400.
-    createWebSocketServer: (options) => (websockets = new WebSocketServer({ path: options.path, noServer: true })),
+    createWebSocketServer: (options) => (websockets = new WebSocketServer({ path: options.path, noServer: true, maxPayload: MAX_SIGNALING_MESSAGE_BYTES })),
   });
   // peer re-emits the http server's own errors (a busy port during listen) and every bad client
   // socket as 'error'; unheard, that would throw and end the process.

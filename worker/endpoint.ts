@@ -12,12 +12,10 @@ import {
   dial,
   newPeerId,
   openLink,
-  PEER_ID_PREFIX,
   peerOptions,
   registerPeer,
   signalingOptions,
   transportOf,
-  type SignalingOptions,
 } from '../core/net/peer-link.ts';
 import { RelayRefused, type RelayClient } from '../core/net/relay-client.ts';
 import { serve } from '../core/net/rpc.ts';
@@ -28,6 +26,7 @@ import { sampleMemoryPeak } from '../rank/memory.ts';
 import { describeCompute } from '../rank/webgpu.ts';
 import { shareCores, type CoreShare } from './cores.ts';
 import { WorkerMesh } from './mesh.ts';
+import { modelRefusal } from './model-origin.ts';
 
 const RECONNECT_MS = 2_000;
 const REFUSED_RETRY_MS = 15_000;
@@ -52,7 +51,7 @@ export interface WorkerStatus {
 
 export interface WorkerEndpointOptions {
   origin: string;
-  /** the coordinator's peer id from the worker link; without it the newest coordinator is found */
+  /** the coordinator's peer id from the worker link (a link without it joins nothing: no dashboard is guessed) */
   swarm?: string | null;
   /** the join token from the worker link */
   token?: string | null;
@@ -61,6 +60,10 @@ export interface WorkerEndpointOptions {
 
 export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promise<{ leave(): void }> {
   const signaling = await signalingOptions(options.origin);
+  const served: { default?: unknown } = await fetch(new URL('/models.json', options.origin))
+    .then((r) => r.json())
+    .catch(() => ({ default: null }));
+  const refuseModel = modelRefusal(options.origin, typeof served.default === 'string' ? served.default : null);
   const peer = await registerPeer(() => new Peer(newPeerId('worker'), peerOptions(signaling)), options.origin);
   const info: WorkerInfo = {
     ...(await describeCompute()),
@@ -135,6 +138,7 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
     describe: async () => ({ ...info, threads: cores.threads() }),
     betweenJobs: takeShare,
     peakMemoryBytes: sampleMemoryPeak(),
+    refuseModel,
     onState: (state, detail) => publish({ state, detail, totals: { ...runtime.totals }, ep: runtime.ep, epWhy: runtime.epReason }),
     onShutdown: () => mesh.close('released by the coordinator'),
   });
@@ -142,8 +146,11 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
   async function joinCoordinator(): Promise<void> {
     while (!leaving) {
       try {
-        const coordinator = options.swarm ?? (await discoverCoordinator(signaling, options.origin));
-        if (!coordinator) throw new Error('no dashboard is open yet');
+        const coordinator = options.swarm;
+        if (!coordinator) {
+          publish({ state: 'refused', detail: 'this link names no dashboard: open the worker link the dashboard shows (…/worker.html?swarm=…&token=…)' });
+          return;
+        }
         publish({ coordinator, detail: `connecting to ${coordinator}${signaling.relay.mode === 'force' ? ' through the relay' : ''}` });
         if (signaling.relay.mode === 'fallback') await relayClient().catch(() => null); // only links that need it use it
         const conn = await dial(peer, coordinator, { role: 'worker', token: options.token ?? '' }, { mode: signaling.relay.mode, client: relayClient });
@@ -204,11 +211,3 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
  * its share of the cores as a job will use it, not a crowd of probes fighting over them.
  */
 const oneProbeAtATime: ProbeGate = async (probe) => (navigator.locks ? await navigator.locks.request('ditswarm-compute-probe', () => probe()) : probe());
-
-/** The newest dashboard registered with this origin's signaling server. */
-async function discoverCoordinator(s: SignalingOptions, origin: string): Promise<string | null> {
-  const response = await fetch(new URL(`${s.path.replace(/\/$/, '')}/${s.key}/peers`, origin));
-  if (!response.ok) return null;
-  const ids = ((await response.json()) as string[]).filter((id) => id.startsWith(PEER_ID_PREFIX.coordinator));
-  return ids.at(-1) ?? null;
-}

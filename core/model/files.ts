@@ -21,6 +21,32 @@ export class MissingFile extends Error {
  * asked for. A server that ignores Range (it answers 200 with the whole file) has its answer kept,
  * so that a file crosses the network once.
  */
+/** the most a whole file may be (configs, tokenizer.json at 17 MB, small weights); larger ones are read by ranges */
+export const MAX_WHOLE_FILE_BYTES = 256 * 2 ** 20;
+
+/** A response's body, refused past `max` bytes (by its Content-Length, else as it streams). */
+async function boundedBody(response: Response, max: number, url: string): Promise<Uint8Array> {
+  const tooLarge = () => new Error(`${url} is larger than ${max} bytes: a model folder's file is read whole only when small (a server that ignores Range requests cannot serve large weights)`);
+  if (Number(response.headers.get('Content-Length') ?? 0) > max) {
+    await response.body?.cancel();
+    throw tooLarge();
+  }
+  if (!response.body) return new Uint8Array(await response.arrayBuffer());
+  const parts: Uint8Array[] = [];
+  let total = 0;
+  const reader = response.body.getReader();
+  for (let r = await reader.read(); !r.done; r = await reader.read()) {
+    if ((total += r.value.byteLength) > max) {
+      await reader.cancel();
+      throw tooLarge();
+    }
+    parts.push(r.value);
+  }
+  const body = new Uint8Array(total);
+  parts.reduce((at, p) => (body.set(p, at), at + p.byteLength), 0);
+  return body;
+}
+
 export function fetchModelFiles(baseUrl: string): ModelFiles {
   const base = baseUrl.replace(/\/$/, '');
   const get = async (path: string, range?: [number, number]): Promise<Response> => {
@@ -33,7 +59,7 @@ export function fetchModelFiles(baseUrl: string): ModelFiles {
   };
   const whole = new Map<string, Promise<Uint8Array>>();
   return {
-    read: async (path) => new Uint8Array(await (await get(path)).arrayBuffer()),
+    read: async (path) => boundedBody(await get(path), MAX_WHOLE_FILE_BYTES, `${base}/${path}`),
     async readRange(path, begin, end) {
       if (end <= begin) return new Uint8Array(0);
       const kept = whole.get(path);
@@ -48,7 +74,7 @@ export function fetchModelFiles(baseUrl: string): ModelFiles {
         }
         return body;
       }
-      const all = response.arrayBuffer().then((b) => new Uint8Array(b));
+      const all = boundedBody(response, MAX_WHOLE_FILE_BYTES, `${base}/${path}`);
       whole.set(path, all);
       return (await all).subarray(begin, end);
     },

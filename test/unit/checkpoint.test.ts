@@ -4,7 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { expectedWeightShapes, parseWanConfig } from '../../core/model/config.ts';
-import { fetchModelFiles, type ModelFiles } from '../../core/model/files.ts';
+import { fetchModelFiles, MAX_WHOLE_FILE_BYTES, type ModelFiles } from '../../core/model/files.ts';
 import type { WanModel } from '../../core/model/reference.ts';
 import { loadTransformer, TRANSFORMER_CONFIG, TRANSFORMER_WEIGHTS_NAME } from '../../core/model/transformer.ts';
 import { planShards, safetensorsHeader } from '../../core/safetensors.ts';
@@ -153,5 +153,25 @@ describe('a sharded checkpoint', () => {
 
     const noCheckpoint = await failure(await spoiled((to) => rmSync(join(to, 'transformer/diffusion_pytorch_model.safetensors.index.json'))));
     expect(noCheckpoint.message).toBe('transformer/ has neither diffusion_pytorch_model.safetensors nor diffusion_pytorch_model.safetensors.index.json: is it a diffusers model folder?');
+  });
+});
+
+describe("a model folder's files over HTTP", () => {
+  it('a whole file past MAX_WHOLE_FILE_BYTES is refused by its Content-Length, before its body is read', async () => {
+    const server: Server = await new Promise((resolve) => {
+      const s = createServer((_req, res) => {
+        res.writeHead(200, { 'Content-Length': String(MAX_WHOLE_FILE_BYTES + 1) });
+        res.write(new Uint8Array(1024)); // and never the rest
+      });
+      s.listen(0, '127.0.0.1', () => resolve(s));
+    });
+    try {
+      const { port } = server.address() as { port: number };
+      const base = `http://127.0.0.1:${port}`;
+      await expect(fetchModelFiles(base).read('transformer/config.json')).rejects.toThrow(`${base}/transformer/config.json is larger than ${MAX_WHOLE_FILE_BYTES} bytes`);
+    } finally {
+      server.closeAllConnections();
+      server.close();
+    }
   });
 });

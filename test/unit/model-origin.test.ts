@@ -1,0 +1,51 @@
+import { describe, expect, it } from 'vitest';
+import type { EngineApi } from '../../rank/engine.ts';
+import { memoryExchanges } from '../../rank/exchange/memory.ts';
+import { WorkerRuntime } from '../../rank/runtime.ts';
+import { modelRefusal } from '../../worker/model-origin.ts';
+
+// A coordinator (or whoever took its id) names the model a worker loads: the worker reads only
+// its own server's folders and the one that server was started on (issue 17, finding 1).
+describe("a worker page's model folders", () => {
+  const refuse = modelRefusal('http://192.168.1.5:5173', 'https://models.example.org/wan2.1/');
+  it("reads its own server's folders and the server's --model", () => {
+    expect(refuse('http://192.168.1.5:5173/models/tiny-wan')).toBeNull();
+    expect(refuse('http://192.168.1.5:5173/models/local/')).toBeNull();
+    expect(refuse('https://models.example.org/wan2.1')).toBeNull();
+  });
+  it('refuses any other origin, or a folder of the --model origin other than it, naming what it reads', () => {
+    expect(refuse('http://evil.example/huge.bin')).toBe('this worker reads model folders from http://192.168.1.5:5173 and https://models.example.org/wan2.1 only, not http://evil.example');
+    expect(refuse('https://models.example.org/other')).toMatch(/not https:\/\/models\.example\.org$/);
+    expect(refuse('http://192.168.1.5:5174/models/tiny-wan')).toMatch(/not http:\/\/192\.168\.1\.5:5174$/);
+    expect(refuse('file:///etc/passwd')).toMatch(/not null$|not file:/);
+    expect(refuse('not a url')).toBe('"not a url" is not a URL');
+  });
+  it('without a --model, reads its own server only', () => {
+    expect(modelRefusal('http://localhost:5173', null)('https://models.example.org/wan2.1')).toBe('this worker reads model folders from http://localhost:5173 only, not https://models.example.org');
+  });
+});
+
+describe('a worker runtime asked for a folder its page refuses', () => {
+  it('refuses loadModel, rehearse, encodeText and decodeTile before its engine reads anything', async () => {
+    const loads: string[] = [];
+    const engine = {
+      load: async (url: string) => (loads.push(url), Promise.reject(new Error('not reached'))),
+      encodeText: async () => (loads.push('encodeText'), Promise.reject(new Error('not reached'))),
+      decodeTile: async () => (loads.push('decodeTile'), Promise.reject(new Error('not reached'))),
+    } as unknown as EngineApi;
+    const runtime = new WorkerRuntime(engine, {
+      connectMesh: async () => memoryExchanges(1)[0],
+      describe: async () => ({ ep: 'wasm', adapter: 'test', softwareAdapter: false, threads: 1, memoryGiB: null, userAgent: 'node' }),
+      refuseModel: modelRefusal('http://localhost:5173', null),
+    });
+    await runtime.initWorker({ rank: 0, world: 1, peers: ['w0'], session: 's' });
+    const evil = 'http://evil.example/model';
+    const refusal = 'this worker reads model folders from http://localhost:5173 only, not http://evil.example';
+    await expect(runtime.loadModel({ modelUrl: evil, ep: 'wasm' })).rejects.toThrow(refusal);
+    await expect(runtime.rehearse({ modelUrl: evil, ep: 'wasm', latentShape: [16, 1, 2, 2], textTokens: 4, degrees: [1] })).rejects.toThrow(refusal);
+    await expect(runtime.encodeText({ modelUrl: evil, ep: 'wasm', from: 0, to: 1, tokens: 1, hidden: new Float32Array(4) })).rejects.toThrow(refusal);
+    await expect(runtime.decodeTile({ modelUrl: evil, ep: 'wasm', tile: 't', from: 0, shape: [16, 1, 1, 1], latent: new Float32Array(16) })).rejects.toThrow(refusal);
+    expect(loads).toEqual([]);
+    expect(runtime.state).toBe('initialized');
+  });
+});
