@@ -160,7 +160,7 @@ function showFinished(job: StoredJob): void {
   const fallback = r.cfgFallback ? ` ${r.cfgFallback[0].toUpperCase()}${r.cfgFallback.slice(1)}.` : '';
   const prompt = r.encoding?.prompt; // jobs stored before the report had it have none
   const encoded = !prompt || prompt.source === 'given' ? '' : prompt.source === 'cache' ? ' The prompt came from the cache.' : prompt.layers.length ? ` The prompt was encoded on ${new Set(prompt.layers.map((l) => l.worker)).size} worker(s) in ${(prompt.ms / 1000).toFixed(1)} s.` : '';
-  $('status').textContent = `#${job.id} done: ${r.config.frames} frames in ${(r.totalMs / 1000).toFixed(1)} s on ${r.config.workers} ${r.config.backend} rank${r.config.workers === 1 ? '' : 's'}${groups}${recovered}, each on ${computedOn}.${planned}${fallback}${encoded}`;
+  $('status').textContent = `#${job.id} done: ${r.config.frames} frames in ${(r.totalMs / 1000).toFixed(1)} s on ${r.config.workers} ${r.config.backend} rank${r.config.workers === 1 ? '' : 's'}${groups}${recovered}, each on ${computedOn}.${planned}${fallback}${encoded}${job.storageNote ? ` Not kept: ${job.storageNote}.` : ''}`;
 }
 
 function submitFromForm(overrides: Record<string, unknown> = {}): Promise<StoredJob> {
@@ -235,7 +235,7 @@ async function start() {
   queue = await openJobQueue(runJob);
   const jobs = queue;
   const refreshJobs = () => {
-    renderQueue(jobs.list());
+    renderQueue(jobs.list(), (id) => void jobs.cancel(id));
     renderGallery(jobs.list(), showFinished);
   };
   jobs.on((e) => {
@@ -243,6 +243,8 @@ async function start() {
       showJobProgress(e.job, e.progress);
       addTimelineStep(e.progress.stepMs, e.progress.ranks);
       $('status').textContent = `#${e.job.id} step ${e.progress.step} of ${e.progress.steps}.`;
+    } else if (e.type === 'storage') {
+      $('status').textContent = `#${e.job.id}: ${e.message}`;
     } else if (e.type === 'phase') {
       showJobPhase(e.job, e.phase, e.detail);
       if (e.phase === 'placing') resetTimeline();

@@ -77,6 +77,6 @@ if (chosen.includes('vae')) {
   writeReport('vae.json', vae);
   for (const c of vae.parity?.cases ?? []) console.log(`vae: latent [${c.latent}]: max |onnx − reference| ${c.maxAbs.toExponential(2)} (${c.within ? 'within' : 'OVER'} ${vae.parity!.bound})`);
   const t = vae.tile;
-  if (t) console.log(`vae: a 256-px tile, ${t.perLatentFrameMs} ms per latent frame on one tab, caches ${(t.cacheBytes / 2 ** 20).toFixed(0)} MiB, weights ${(t.weightBytes / 2 ** 20).toFixed(0)} MiB; 480p × 81 frames ≈ ${t.projected480p81FramesOneTabS} s on one tab`);
+  if (t) console.log(`vae: a 256-px tile, ${t.perVideoFrameMs} ms per frame on one tab, caches ${(t.cacheBytes / 2 ** 20).toFixed(0)} MiB, weights ${(t.weightBytes / 2 ** 20).toFixed(0)} MiB; 480p × 81 frames ≈ ${t.projected480p81FramesOneTabS} s on one tab`);
 }
 log(`done in ${((Date.now() - started) / 1000).toFixed(0)} s`);

@@ -1,14 +1,28 @@
 // The dashboard's jobs, one at a time in the order they were submitted. Every change is written
 // to the store before it is announced, so a reload finds the queue as it was: finished jobs keep
 // their videos, an interrupted job resumes from its last completed step, queued ones still wait.
+// A write the browser refuses (its storage full, say) loses nothing this page holds: the job goes
+// on in memory, the oldest videos and latents make room, a finished job is kept without its video
+// and latent if it must, and a 'storage' event says what happened and what to do. A job that keeps
+// ending its page (a crash, a reload while it runs) is given up after MAX_ATTEMPTS starts.
 
 import { jobParams, type JobParams } from '../core/job.ts';
 import type { GenerateRequest, GenerateResult, StepProgress } from './pipeline.ts';
 import type { JobInputs, JobPlacement, JobStore, StoredJob } from './job-store.ts';
 
-export type RunJob = (job: StoredJob, hooks: Pick<GenerateRequest, 'resume' | 'onCheckpoint' | 'onProgress' | 'onPhase' | 'onFailure'>) => Promise<GenerateResult>;
+export type RunJob = (job: StoredJob, hooks: Pick<GenerateRequest, 'resume' | 'onCheckpoint' | 'onProgress' | 'onPhase' | 'onFailure' | 'signal'>) => Promise<GenerateResult>;
 
-export type QueueEvent = { type: 'changed'; job: StoredJob } | { type: 'progress'; job: StoredJob; progress: StepProgress } | { type: 'phase'; job: StoredJob; phase: string; detail?: string };
+export type QueueEvent =
+  | { type: 'changed'; job: StoredJob }
+  | { type: 'progress'; job: StoredJob; progress: StepProgress }
+  | { type: 'phase'; job: StoredJob; phase: string; detail?: string }
+  /** a write to the store failed: what was kept, what was not, what to do */
+  | { type: 'storage'; job: StoredJob; message: string };
+
+/** starts of one job before it is given up: each start a reload or a crash interrupted counts */
+export const MAX_ATTEMPTS = 3;
+/** what a cancelled job's error says */
+export const CANCELLED = 'cancelled';
 
 export class JobQueue {
   private readonly jobs = new Map<number, StoredJob>();
@@ -16,6 +30,10 @@ export class JobQueue {
   private readonly waiters = new Map<number, ((job: StoredJob) => void)[]>();
   private nextId = 1;
   private running = false;
+  /** the store's writes, in order */
+  private writes: Promise<void> = Promise.resolve();
+  /** the running job's way to stop */
+  private abort: { id: number; controller: AbortController } | null = null;
 
   private constructor(
     private readonly store: JobStore,
@@ -26,7 +44,12 @@ export class JobQueue {
   static async restore(store: JobStore, run: RunJob): Promise<JobQueue> {
     const queue = new JobQueue(store, run);
     for (const job of await store.all()) {
-      if (job.status === 'running') job.status = 'queued'; // interrupted by a reload: resume from its checkpoint
+      if (job.status === 'running' && (job.attempts ?? 0) >= MAX_ATTEMPTS) {
+        // it ended the page every time it ran: running it again would too
+        job.status = 'failed';
+        job.error = `the job was interrupted ${job.attempts} times (a crash or a reload of the dashboard while it ran); it is not started again`;
+        await queue.save(job);
+      } else if (job.status === 'running') job.status = 'queued'; // interrupted by a reload: resume from its checkpoint
       queue.jobs.set(job.id, job);
       queue.nextId = Math.max(queue.nextId, job.id + 1);
     }
@@ -61,6 +84,16 @@ export class JobQueue {
     return new Promise((resolve) => this.waiters.set(id, [...(this.waiters.get(id) ?? []), resolve]));
   }
 
+  /** Stops a job: a queued one never starts, a running one stops at its next step (its checkpoint stays). */
+  async cancel(id: number): Promise<void> {
+    const job = this.jobs.get(id);
+    if (!job || job.status === 'done' || job.status === 'failed') return;
+    if (job.status === 'running') return void (this.abort?.id === id && this.abort.controller.abort(new Error(CANCELLED)));
+    job.status = 'failed';
+    job.error = CANCELLED;
+    await this.save(job);
+  }
+
   async remove(id: number): Promise<void> {
     const job = this.jobs.get(id);
     if (!job || job.status === 'running') throw new Error(`job ${id} cannot be removed while it runs`);
@@ -68,15 +101,57 @@ export class JobQueue {
     await this.store.delete(id);
   }
 
-  private async save(job: StoredJob): Promise<void> {
+  /**
+   * Writes the job, then announces it; a write the store refuses is reported, never thrown. Writes
+   * go one after another (a checkpoint's, then the job's end), so none overtakes an earlier one.
+   */
+  private save(job: StoredJob): Promise<void> {
     job.updatedAt = Date.now();
     this.jobs.set(job.id, job);
-    await this.store.put(job);
-    this.emit({ type: 'changed', job });
-    if (job.status === 'done' || job.status === 'failed') {
-      for (const resolve of this.waiters.get(job.id) ?? []) resolve(job);
-      this.waiters.delete(job.id);
+    this.writes = this.writes.then(async () => {
+      const written = job.status; // the job may move on while it is written
+      await this.store.put(job).catch((e: unknown) => this.keepWhatFits(job, e as Error));
+      this.emit({ type: 'changed', job });
+      if (written === 'done' || written === 'failed') {
+        for (const resolve of this.waiters.get(job.id) ?? []) resolve(job);
+        this.waiters.delete(job.id);
+      }
+    });
+    return this.writes;
+  }
+
+  /**
+   * The store refused `job` (full, most likely): the oldest finished jobs' videos and latents make
+   * room, then it is written again; a finished job is written without its own if it must.
+   */
+  private async keepWhatFits(job: StoredJob, error: Error): Promise<void> {
+    const report = (message: string) => this.emit({ type: 'storage', job, message });
+    const why = error.message || error.name;
+    const withoutResult = (j: StoredJob, storageNote: string): StoredJob => ({ ...j, result: { ...j.result!, video: null, latent: new Float32Array(0) }, storageNote });
+    // already kept without its video and latent, and said so: kept so again
+    if (job.storageNote && job.result) return this.store.put(withoutResult(job, job.storageNote)).catch(() => {});
+    for (const old of this.list().filter((j) => j.id !== job.id && !j.storageNote && j.result && (j.result.video || j.result.latent.length))) {
+      const note = `its video and latent were removed from this browser to make room for job ${job.id}`;
+      try {
+        await this.store.put(withoutResult(old, note));
+        old.storageNote = note;
+        await this.store.put(job);
+        return report(`job ${job.id} was kept in this browser after removing the video and latent of job ${old.id} (${why})`);
+      } catch {
+        // no room yet: the next oldest
+      }
     }
+    if (job.result && (job.result.video || job.result.latent.length)) {
+      const note = `its video and latent could not be kept in this browser (${why}): download the video before closing this page`;
+      try {
+        await this.store.put(withoutResult(job, note));
+        job.storageNote = note;
+        return report(`job ${job.id} was kept without its video and latent: ${note}`);
+      } catch {
+        // not even that
+      }
+    }
+    report(`job ${job.id} could not be saved in this browser (${why}): it is kept until this page closes; free storage (remove finished jobs) to keep it`);
   }
 
   private emit(e: QueueEvent): void {
@@ -102,13 +177,17 @@ export class JobQueue {
 
   private async execute(job: StoredJob): Promise<void> {
     job.status = 'running';
+    job.attempts = (job.attempts ?? 0) + 1;
+    const controller = new AbortController();
+    this.abort = { id: job.id, controller };
     await this.save(job);
     try {
       const result = await this.run(job, {
         resume: job.checkpoint,
+        signal: controller.signal,
         onCheckpoint: (checkpoint) => {
           job.checkpoint = checkpoint;
-          void this.save(job);
+          void this.save(job); // never throws: a refused write is reported
         },
         onProgress: (progress) => this.emit({ type: 'progress', job, progress }),
         onPhase: (phase, detail) => this.emit({ type: 'phase', job, phase, detail }),
@@ -118,8 +197,9 @@ export class JobQueue {
       job.checkpoint = undefined;
     } catch (e) {
       job.status = 'failed';
-      job.error = (e as Error).message;
+      job.error = controller.signal.aborted ? CANCELLED : (e as Error).message;
     }
+    this.abort = null;
     await this.save(job);
   }
 }

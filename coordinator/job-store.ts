@@ -36,8 +36,12 @@ export interface StoredJob {
   /** `step` steps done; `latent` after them (and UniPC's history, to continue it) */
   checkpoint?: SamplerCheckpoint;
   error?: string;
-  /** video null: the job asked for the latent only */
+  /** video null: the job asked for the latent only, or the browser had no room to keep it (storageNote says) */
   result?: { video: Blob | null; latent: Float32Array; report: GenerateReport };
+  /** times it started: a start that a reload or a crash interrupted counts too */
+  attempts?: number;
+  /** what of it this browser could not keep, and why */
+  storageNote?: string;
 }
 
 export interface JobStore {
@@ -71,6 +75,8 @@ export class IdbJobStore implements JobStore {
         db.createObjectStore('jobs', { keyPath: 'id' });
       },
     });
+    // finished videos are worth keeping: ask the browser not to evict them under storage pressure
+    void navigator.storage?.persist?.().catch(() => false);
     return new IdbJobStore(db);
   }
 

@@ -4,9 +4,10 @@
 import type { StepProgress, StoredJob } from '../../coordinator/index.ts';
 import { $, h, seconds } from './dom.ts';
 
-const lines = new Map<number, { li: HTMLLIElement; bar: HTMLProgressElement; text: HTMLSpanElement }>();
+const lines = new Map<number, { li: HTMLLIElement; bar: HTMLProgressElement; text: HTMLSpanElement; cancel: HTMLButtonElement }>();
 
-export function renderQueue(jobs: StoredJob[]): void {
+/** `onCancel`: a job's Cancel button was pressed */
+export function renderQueue(jobs: StoredJob[], onCancel: (id: number) => void): void {
   const list = $('queue');
   const open = jobs.filter((j) => j.status !== 'done');
   for (const [id, line] of lines) {
@@ -21,12 +22,15 @@ export function renderQueue(jobs: StoredJob[]): void {
       const bar = h('progress', { max: job.params.steps, value: job.checkpoint?.step ?? 0 });
       bar.setAttribute('aria-label', `progress of job ${job.id}`);
       const text = h('span', { className: 'job-state' });
-      const li = h('li', { dataset: { job: String(job.id) } }, h('span', { className: 'job-prompt' }, `#${job.id} “${job.params.prompt}”`), bar, text);
-      line = { li, bar, text };
+      const cancel = h('button', { type: 'button', className: 'job-cancel', textContent: 'Cancel', onclick: () => onCancel(job.id) });
+      cancel.setAttribute('aria-label', `cancel job ${job.id}`);
+      const li = h('li', { dataset: { job: String(job.id) } }, h('span', { className: 'job-prompt' }, `#${job.id} “${job.params.prompt}”`), bar, text, cancel);
+      line = { li, bar, text, cancel };
       lines.set(job.id, line);
       list.append(li);
     }
     line.li.dataset.status = job.status;
+    line.cancel.hidden = job.status === 'failed';
     if (job.checkpoint) line.bar.value = job.checkpoint.step;
     if (job.status !== 'running') line.text.textContent = job.status === 'failed' ? `failed: ${job.error}` : job.checkpoint ? `waiting, ${job.checkpoint.step} steps done` : 'waiting';
   }

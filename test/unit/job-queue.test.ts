@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
-import { JobQueue, type RunJob } from '../../coordinator/job-queue.ts';
-import { MemoryJobStore, type JobPlacement } from '../../coordinator/job-store.ts';
+import { CANCELLED, JobQueue, MAX_ATTEMPTS, type RunJob } from '../../coordinator/job-queue.ts';
+import { MemoryJobStore, type JobPlacement, type StoredJob } from '../../coordinator/job-store.ts';
 import { JobParamsError } from '../../core/job.ts';
 
 const placement: JobPlacement = { backend: 'swarm', workers: 1, ep: 'wasm' };
@@ -70,5 +70,91 @@ describe('job queue', () => {
     expect((await queue.settled(a.id)).error).toContain('boom');
     expect((await queue.settled(b.id)).status).toBe('done');
     expect(log).toEqual(oneAtATime([a.id, b.id]));
+  });
+});
+
+describe('job queue: what the browser will not store, and jobs that never finish', () => {
+  const quota = () => Object.assign(new Error('The quota has been exceeded.'), { name: 'QuotaExceededError' });
+  /** A store that refuses any job holding more than `room` bytes of videos and latents in all. */
+  class FullStore extends MemoryJobStore {
+    constructor(private readonly room: number) {
+      super();
+    }
+    override async put(job: StoredJob) {
+      const held = [...(await this.all()).filter((j) => j.id !== job.id), job].reduce((n, j) => n + (j.result ? (j.result.video?.size ?? 0) + j.result.latent.byteLength : 0), 0);
+      if (held > this.room) throw quota();
+      return super.put(job);
+    }
+  }
+
+  it("the final write refused: the oldest job's video makes room, the job is done in memory and in the store, and a storage event says so", async () => {
+    const store = new FullStore(15);
+    const queue = await JobQueue.restore(store, fakeRunner([]));
+    const events: string[] = [];
+    queue.on((e) => e.type === 'storage' && events.push(e.message));
+    const first = await queue.settled((await queue.submit({ prompt: 'a', seed: 11, steps: 1 }, placement)).id); // video 2 B + latent 4 B
+    const second = await queue.settled((await queue.submit({ prompt: 'b', seed: 1234567890, steps: 1 }, placement)).id); // video 10 B + latent 4 B
+    expect([first.status, second.status]).toEqual(['done', 'done']);
+    expect(events).toEqual([`job 2 was kept in this browser after removing the video and latent of job 1 (The quota has been exceeded.)`]);
+    const stored = await store.all();
+    expect(stored.map((j) => [j.id, j.status, j.result?.video?.size ?? null])).toEqual([[1, 'done', null], [2, 'done', 10]]);
+    expect(stored[0].storageNote).toBe('its video and latent were removed from this browser to make room for job 2');
+    expect(queue.list()[0].result!.video).not.toBeNull(); // this page still has it
+  });
+
+  it('no room even alone: the job is stored done without its video and latent, and settled() still resolves with them', async () => {
+    const store = new FullStore(0);
+    const queue = await JobQueue.restore(store, fakeRunner([]));
+    const events: string[] = [];
+    queue.on((e) => e.type === 'storage' && events.push(e.message));
+    const job = await queue.settled((await queue.submit({ prompt: 'a', seed: 7, steps: 2 }, placement)).id);
+    expect(job.status).toBe('done');
+    expect(job.result!.video).not.toBeNull();
+    expect(events).toEqual([expect.stringMatching(/^job 1 was kept without its video and latent: its video and latent could not be kept in this browser \(The quota has been exceeded\.\): download the video before closing this page$/)]);
+    const [stored] = await store.all();
+    expect([stored.status, stored.result!.video, stored.result!.latent.length]).toEqual(['done', null, 0]);
+  });
+
+  it(`a job that was running at ${MAX_ATTEMPTS} reloads is failed, not started again`, async () => {
+    const store = new MemoryJobStore();
+    const now = Date.now();
+    const params = { prompt: 'x', negativePrompt: '', frames: 9, height: 64, width: 64, steps: 5, guidance: 5, seed: 1, flowShift: 3 };
+    await store.put({ id: 1, params, placement, status: 'running', createdAt: now, updatedAt: now, attempts: MAX_ATTEMPTS });
+    const log: string[] = [];
+    const queue = await JobQueue.restore(store, fakeRunner(log));
+    const job = await queue.settled(1);
+    expect(log).toEqual([]);
+    expect(job).toMatchObject({ status: 'failed', error: `the job was interrupted ${MAX_ATTEMPTS} times (a crash or a reload of the dashboard while it ran); it is not started again` });
+    expect((await store.all())[0].status).toBe('failed');
+  });
+
+  it('each start counts: a job interrupted twice runs a third time', async () => {
+    const store = new MemoryJobStore();
+    const now = Date.now();
+    const params = { prompt: 'x', negativePrompt: '', frames: 9, height: 64, width: 64, steps: 2, guidance: 5, seed: 1, flowShift: 3 };
+    await store.put({ id: 1, params, placement, status: 'running', createdAt: now, updatedAt: now, attempts: MAX_ATTEMPTS - 1 });
+    const job = await (await JobQueue.restore(store, fakeRunner([]))).settled(1);
+    expect(job).toMatchObject({ status: 'done', attempts: MAX_ATTEMPTS });
+  });
+
+  it('cancel: a queued job never starts, a running one stops at its next step', async () => {
+    const log: string[] = [];
+    const runner: RunJob = async (job, hooks) => {
+      log.push(`start ${job.id}`);
+      for (let step = 0; step < job.params.steps; step++) {
+        hooks.signal?.throwIfAborted();
+        await new Promise((r) => setTimeout(r, 5));
+      }
+      return { video: null, latent: new Float32Array(1), frames: null, report: {} as never };
+    };
+    const queue = await JobQueue.restore(new MemoryJobStore(), runner);
+    const running = await queue.submit({ prompt: 'a', steps: 100 }, placement);
+    const waiting = await queue.submit({ prompt: 'b', steps: 1 }, placement);
+    await queue.cancel(waiting.id);
+    await new Promise((r) => setTimeout(r, 20));
+    await queue.cancel(running.id);
+    const [a, b] = await Promise.all([queue.settled(running.id), queue.settled(waiting.id)]);
+    expect([a.status, a.error, b.status, b.error]).toEqual(['failed', CANCELLED, 'failed', CANCELLED]);
+    expect(log).toEqual([`start ${running.id}`]);
   });
 });
