@@ -11,10 +11,13 @@ interface Slot<T> {
 export class Mailbox<T> {
   private readonly slots = new Map<string, Slot<T>>();
 
-  deliver(key: string, value: T): void {
+  /** Hands `value` to the receiver waiting under `key`, or keeps it: 'taken' or 'kept' ('duplicate': one is kept already, and stays). */
+  deliver(key: string, value: T): 'taken' | 'kept' | 'duplicate' {
     const slot = this.slot(key);
-    if (slot.resolve) slot.resolve(value);
-    else slot.value = value;
+    if (slot.resolve) return slot.resolve(value), 'taken';
+    if (slot.value !== undefined) return 'duplicate';
+    slot.value = value;
+    return 'kept';
   }
 
   /** The message under `key`, now or once it arrives; receiving it empties the slot. */

@@ -1,11 +1,13 @@
 import type { Link } from '../../core/net/link.ts';
 import { tensorPayload, tensorValues, type DType, type Message, type TensorTag } from '../../core/net/protocol.ts';
-import type { Exchange, ExchangeTag } from '../ulysses.ts';
+import { ExchangePhase, type Exchange, type ExchangeTag } from '../ulysses.ts';
 import { PeerLost } from '../../core/worker-api.ts';
 import { Mailbox } from './mailbox.ts';
 
 /** the largest finite float16 */
 const FLOAT16_MAX = 65504;
+/** tensors a peer may send ahead of this rank: in lockstep it is one phase ahead at most, with room */
+export const MAX_AHEAD = 4;
 
 /**
  * The all-to-all of one rank over direct data channels to every other rank of its job. Tensors
@@ -16,6 +18,12 @@ export class MeshExchange implements Exchange {
   bytesSent = 0;
   private readonly mailbox = new Mailbox<Float32Array>();
   private failure: Error | null = null;
+  /** the forward this rank is in (its last all-to-all's tag) */
+  private current: ExchangeTag | null = null;
+  /** per peer, the keys of tensors kept for phases this rank has not reached */
+  private readonly ahead = new Map<number, Set<string>>();
+  /** tensors refused whole: of a forward already past, or of another dtype */
+  private refused = 0;
 
   /** links to the other ranks, by rank */
   private readonly links = new Map<number, Link>();
@@ -31,9 +39,9 @@ export class MeshExchange implements Exchange {
     link.onMessage((msg) => this.deliver(peerRank, msg));
   }
 
-  /** bad frames dropped on the links to the other ranks */
+  /** bad frames dropped on the links to the other ranks, and tensors refused whole */
   framesDropped(): number {
-    let n = 0;
+    let n = this.refused;
     for (const link of this.links.values()) n += link.stats.framesDropped;
     return n;
   }
@@ -47,21 +55,36 @@ export class MeshExchange implements Exchange {
   }
 
   private deliver(peerRank: number, msg: Message): void {
-    if (msg.kind !== 'tensor' || msg.dtype !== this.dtype) return;
-    if (msg.from !== peerRank) return; // a rank may only speak for itself (also refused by the link's accept hook)
+    if (msg.kind !== 'tensor') return;
+    if (msg.dtype !== this.dtype || msg.from !== peerRank || this.isPast(msg.tag)) return void this.refused++; // a rank speaks only for itself (its link refuses it too)
     const values = tensorValues(msg.data, this.dtype);
     // well-formed garbage: the right size, but NaN or infinite. Every rank checks what it sends
     // (allToAll), so such values are the sender's doing: it is blamed, and its link closed.
-    if (!values.every(Number.isFinite)) {
-      this.fail(new PeerLost({ rank: peerRank, cause: 'misbehaved', evidence: `sent NaN or infinite values in step ${msg.tag.step + 1}, block ${msg.tag.block}; disconnected` }));
-      this.links.get(peerRank)?.close('it sent NaN or infinite values');
-      return;
-    }
-    this.mailbox.deliver(MeshExchange.key(msg.tag, peerRank), values);
+    if (!values.every(Number.isFinite)) return this.misbehaved(peerRank, `sent NaN or infinite values in step ${msg.tag.step + 1}, block ${msg.tag.block}`);
+    const key = MeshExchange.key(msg.tag, peerRank);
+    const kept = this.ahead.get(peerRank) ?? new Set<string>();
+    this.ahead.set(peerRank, kept);
+    // in lockstep a peer is at most a phase or two ahead: more is a flood, the same tensor twice a lie
+    if (kept.size >= MAX_AHEAD || kept.has(key)) return this.misbehaved(peerRank, kept.has(key) ? `sent the tensor of step ${msg.tag.step + 1}, block ${msg.tag.block}, phase ${msg.tag.phase} twice` : `sent ${MAX_AHEAD + 1} tensors ahead of this rank`);
+    if (this.mailbox.deliver(key, values) === 'kept') kept.add(key);
+  }
+
+  private misbehaved(peerRank: number, evidence: string): void {
+    this.fail(new PeerLost({ rank: peerRank, cause: 'misbehaved', evidence: `${evidence}; disconnected` }));
+    this.links.get(peerRank)?.close(evidence);
+  }
+
+  /** A tensor of a forward this rank has left (the probe's exchanges aside, which precede every forward). */
+  private isPast(tag: TensorTag): boolean {
+    const now = this.current;
+    if (!now || now.phase === ExchangePhase.Probe || tag.phase === ExchangePhase.Probe) return false;
+    if (tag.job !== now.job) return tag.job < now.job; // a coordinator numbers its jobs upwards
+    return tag.step < now.step || (tag.step === now.step && tag.pass < now.pass);
   }
 
   async allToAll(tag: ExchangeTag, parts: Float32Array[]): Promise<Float32Array[]> {
     if (this.failure) throw this.failure;
+    this.current = tag;
     // what this rank sends is finite (and fits float16 when it sends float16): else the fault is its own, not a peer's
     const limit = this.dtype === 'f16' ? FLOAT16_MAX : Number.MAX_VALUE;
     if (!parts.every((part) => part.every((v) => Math.abs(v) <= limit))) {
@@ -75,9 +98,12 @@ export class MeshExchange implements Exchange {
       this.bytesSent += data.byteLength;
       return link.send({ kind: 'tensor', from: this.rank, tag, dtype: this.dtype, shape: [part.length], data });
     });
-    const receives = parts.map((own, from) =>
-      from === this.rank ? Promise.resolve(own) : this.mailbox.receive(MeshExchange.key(tag, from)),
-    );
+    const receives = parts.map((own, from) => {
+      if (from === this.rank) return Promise.resolve(own);
+      const key = MeshExchange.key(tag, from);
+      this.ahead.get(from)?.delete(key);
+      return this.mailbox.receive(key);
+    });
     await Promise.all(sends);
     return Promise.all(receives);
   }

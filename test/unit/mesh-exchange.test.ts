@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { PeerLost } from '../../core/worker-api.ts';
-import { MeshExchange } from '../../rank/exchange/mesh.ts';
+import { MAX_AHEAD, MeshExchange } from '../../rank/exchange/mesh.ts';
 import { channelPair } from './fixtures.ts';
 
 // Well-formed garbage between ranks: the right size, NaN or infinite. The receiver blames its
@@ -40,5 +40,47 @@ describe('the mesh exchange and non-finite tensors', () => {
     half.addPeer(0, channelPair()[1]);
     await expect(half.allToAll(tag, [new Float32Array([70_000]), new Float32Array(1)])).rejects.toThrow('beyond float16 (send float32 instead)');
     expect(half.bytesSent).toBe(0);
+  });
+});
+
+// A peer that floods the mesh: tensors for steps far ahead, the same tensor twice, tensors of a
+// forward already past, of another dtype (issue 17, finding 6).
+describe('the mesh exchange and a flooding peer', () => {
+  const pair = () => {
+    const [a, b] = channelPair();
+    const rank0 = new MeshExchange(0, 2);
+    rank0.addPeer(1, a);
+    return { rank0, from1: (tag: object, data = new Float32Array(2), dtype: 'f32' | 'f16' = 'f32') => b.send({ kind: 'tensor', from: 1, tag: { job: 1, step: 0, pass: 0, block: 0, phase: 0, ...tag }, dtype, shape: [dtype === 'f16' ? 2 * data.length : data.length], data: new Uint8Array(data.buffer) }) };
+  };
+  const settle = () => new Promise((r) => setTimeout(r, 20));
+
+  it(`keeps at most ${MAX_AHEAD} tensors ahead of this rank: the next one is a flood, its sender misbehaving`, async () => {
+    const { rank0, from1 } = pair();
+    for (let step = 0; step < 2000; step++) await from1({ step });
+    await settle();
+    const error = await rank0.allToAll({ job: 1, step: 0, pass: 0, block: 0, phase: 0 }, [new Float32Array(2), new Float32Array(2)]).catch((e: unknown) => e);
+    expect((error as PeerLost).detail).toEqual({ rank: 1, cause: 'misbehaved', evidence: `sent ${MAX_AHEAD + 1} tensors ahead of this rank; disconnected` });
+  });
+
+  it('the same tensor twice is a lie', async () => {
+    const { rank0, from1 } = pair();
+    await from1({ block: 1 });
+    await from1({ block: 1 });
+    await settle();
+    await expect(rank0.allToAll({ job: 1, step: 0, pass: 0, block: 0, phase: 0 }, [new Float32Array(2), new Float32Array(2)])).rejects.toThrow('sent the tensor of step 1, block 1, phase 0 twice');
+  });
+
+  it('a tensor of a forward already past, or of another dtype, is refused whole and counted; the exchange goes on', async () => {
+    const { rank0, from1 } = pair();
+    const now = { job: 1, step: 3, pass: 1, block: 0, phase: 0 };
+    const exchange = rank0.allToAll(now, [new Float32Array(2), new Float32Array(2)]);
+    await from1({ step: 2 }); // an earlier step
+    await from1({ step: 3, pass: 0 }); // this step's other pass, done
+    await from1({ job: 0, step: 9 }); // an earlier job
+    await from1({ ...now }, new Float32Array(1), 'f16'); // float16 on a float32 mesh (2 values in 4 bytes)
+    await from1({ ...now }, Float32Array.of(5, 6));
+    const [, got] = await exchange;
+    expect([...got]).toEqual([5, 6]);
+    expect(rank0.framesDropped()).toBe(4);
   });
 });
