@@ -1,12 +1,15 @@
-import { type NetworkInterfaceInfo, networkInterfaces } from 'node:os';
 import { parseArgs } from 'node:util';
 import { RELAY_MODES, type RelayMode } from '../core/net/peer-link.ts';
 import { newPeerKey, parseIceServers } from './peer-signaling.ts';
+import { lanAddresses } from './origins.ts';
 import { DEFAULT_PORT, servedModel, startServer } from './serve.ts';
 
-// `npm start [-- --model PATH|URL] [--port N] [--rebuild] [--key K] [--ice-servers LIST] [--relay fallback|force|off | --force-relay]`:
+// `npm start [-- --model PATH|URL] [--port N] [--rebuild] [--key K] [--ice-servers LIST] [--relay fallback|force|off | --force-relay]
+//   [--allow-origin ORIGIN ...]`:
 // build if needed, serve, print where to go. With --model the dashboard starts on that model
-// folder: one on this machine (served to the pages, with Range requests) or a URL.
+// folder: one on this machine (served to the pages, with Range requests) or a URL. The server
+// answers to its own names (localhost, its LAN addresses, its machine name) and pages of its own
+// origins, and of those --allow-origin names (a page of yours embedding the library).
 const { values: flags } = parseArgs({
   options: {
     port: { type: 'string' },
@@ -16,8 +19,17 @@ const { values: flags } = parseArgs({
     'ice-servers': { type: 'string' },
     relay: { type: 'string' },
     'force-relay': { type: 'boolean', default: false },
+    'allow-origin': { type: 'string', multiple: true, default: [] },
   },
 });
+
+const allowOrigins = flags['allow-origin']!;
+for (const origin of allowOrigins) {
+  if (!URL.canParse(origin) || new URL(origin).origin !== origin.replace(/\/$/, '')) {
+    console.error(`--allow-origin takes an origin such as https://example.org or http://10.0.0.5:8080, got ${JSON.stringify(origin)}`);
+    process.exit(2);
+  }
+}
 
 const requestedPort = Number(flags.port ?? process.env.PORT ?? DEFAULT_PORT);
 if (!Number.isInteger(requestedPort) || requestedPort < 0 || requestedPort > 65535) {
@@ -45,6 +57,7 @@ const server = await startServer({
   peerKey: flags.key ?? process.env.DITSWARM_KEY ?? newPeerKey(),
   iceServers,
   relay,
+  allowOrigins,
   ...servedModel(flags.model),
 });
 const iceUrls = iceServers.flatMap((s) => s.urls); // credentials stay out of the log
@@ -75,11 +88,4 @@ for (const signal of ['SIGINT', 'SIGTERM'] as const) {
   process.once(signal, () => {
     void server.close().finally(() => process.exit(0));
   });
-}
-
-function lanAddresses(): string[] {
-  return Object.values(networkInterfaces())
-    .flat()
-    .filter((nic): nic is NetworkInterfaceInfo => nic?.family === 'IPv4' && !nic.internal)
-    .map((nic) => nic.address);
 }

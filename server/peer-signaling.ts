@@ -6,6 +6,7 @@ import type { Express } from 'express';
 import { ExpressPeerServer } from 'peer';
 import { WebSocketServer } from 'ws';
 import type { IceServer } from '../core/net/peer-link.ts';
+import type { Origins } from './origins.ts';
 
 /** Where pages find the PeerServer: `new Peer(id, { host, port, path: SIGNALING_PATH, key })`. */
 export const SIGNALING_PATH = '/peerjs';
@@ -85,12 +86,14 @@ export const MAX_SIGNALING_MESSAGE_BYTES = 64 * 1024;
 /** pages registered at once: a lab's swarm, not peer's default 5,000 */
 export const MAX_SIGNALING_CLIENTS = 512;
 
-export function mountSignaling(app: Express, server: Server, key: string): Signaling {
+export function mountSignaling(app: Express, server: Server, key: string, origins: Origins): Signaling {
   let websockets: WebSocketServer | null = null;
   const peerServer = ExpressPeerServer(server, {
     path: '/',
     key,
     allow_discovery: false,
+    // CORS for this server's own origins and the allowed ones only, not whichever asks
+    corsOptions: { origin: (origin: string | undefined, allow: (error: Error | null, allowed: boolean) => void) => allow(null, origins.originAllowed(origin)) },
     concurrent_limit: MAX_SIGNALING_CLIENTS,
     // Left on the http server, peer's WebSocketServer would answer every other upgrade path (the relay's) with 400.
     createWebSocketServer: (options) => (websockets = new WebSocketServer({ path: options.path, noServer: true, maxPayload: MAX_SIGNALING_MESSAGE_BYTES })),

@@ -7,6 +7,7 @@ import type { Duplex } from 'node:stream';
 import type { IceServer, RelayMode } from '../core/net/peer-link.ts';
 import { RELAY_PATH } from '../core/net/relay-client.ts';
 import { newPeerKey, SIGNALING_PATH, mountSignaling } from './peer-signaling.ts';
+import { serverOrigins } from './origins.ts';
 import { createRelay, type Relay } from './relay.ts';
 
 export const DEFAULT_PORT = 5173;
@@ -31,6 +32,8 @@ export interface ServerOptions {
   modelFolders?: Record<string, string>;
   /** the model the dashboard's form starts with (GET /models.json); the bundled demo model without it */
   defaultModel?: string;
+  /** origins beyond this server's own whose pages may use it (a page embedding the library: `openSwarm(origin)`) */
+  allowOrigins?: string[];
 }
 
 /** Where a model folder given as a local path is served (`--model PATH`). */
@@ -62,14 +65,23 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
 
   const app = express();
   const server = http.createServer(app);
+  const origins = serverOrigins(options.allowOrigins);
+  app.use((request, response, next) => {
+    if (origins.hostAllowed(request.headers.host)) return next();
+    response.status(421).type('text').send(`this server does not answer to the host ${JSON.stringify(request.headers.host ?? '')}: open it at localhost or its LAN address`);
+  });
   app.use(crossOriginIsolation);
-  const signaling = mountSignaling(app, server, peerKey);
+  const signaling = mountSignaling(app, server, peerKey, origins);
   const relay = createRelay({ vouch: signaling.vouch, socketCapBytes: options.relaySocketCapBytes });
   // One port for the app, the signaling websocket and the relay: upgrades are routed by path.
   const upgraded = new Set<Duplex>();
   server.on('upgrade', (request, socket: Duplex, head: Buffer) => {
     upgraded.add(socket);
     socket.once('close', () => upgraded.delete(socket));
+    if (!origins.hostAllowed(request.headers.host) || !origins.originAllowed(request.headers.origin)) {
+      socket.end('HTTP/1.1 403 Forbidden\r\nConnection: close\r\n\r\n');
+      return;
+    }
     const path = (request.url ?? '/').split('?')[0]; // as ws matches paths; never throws on a hostile URL
     if (path === RELAY_PATH && relayMode !== 'off') relay.handleUpgrade(request, socket, head);
     else signaling.handleUpgrade(request, socket, head);

@@ -1,3 +1,4 @@
+import http from 'node:http';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { WebSocket } from 'ws';
 import { MAX_SIGNALING_MESSAGE_BYTES } from '../../server/peer-signaling.ts';
@@ -41,5 +42,50 @@ describe('the signaling server', () => {
     expect(JSON.parse(await got)).toMatchObject({ type: 'OFFER', src: 'honest-a' });
     a.close();
     b.close();
+  });
+});
+
+// DNS rebinding and foreign pages (issue 17, finding 11): the server answers to its own names only,
+// websockets and CORS only for its own origins and those it was told to allow.
+describe("the server's hosts and origins", () => {
+  const get = (path: string, headers: Record<string, string>) =>
+    new Promise<{ status: number; headers: http.IncomingHttpHeaders }>((resolve, reject) => {
+      const url = new URL(path, server.url);
+      http.get({ host: '127.0.0.1', port: url.port, path: url.pathname, headers }, (res) => {
+        res.resume();
+        resolve({ status: res.statusCode!, headers: res.headers });
+      }).on('error', reject);
+    });
+  const upgrade = (origin: string, at = server) =>
+    new Promise<number | 'open'>((resolve) => {
+      const ws = new WebSocket(`${at.url.replace('http', 'ws')}/relay`, { headers: { Origin: origin } });
+      ws.once('open', () => (ws.close(), resolve('open')));
+      ws.once('unexpected-response', (_req, res) => resolve(res.statusCode!));
+      ws.once('error', () => {});
+    });
+
+  it('refuses a request naming another host (421), and serves its own names', async () => {
+    expect((await get('/signaling.json', { Host: 'rebound.evil.example:5173' })).status).toBe(421);
+    expect((await get('/signaling.json', { Host: `localhost:${server.port}` })).status).toBe(200);
+    expect((await get('/signaling.json', { Host: `127.0.0.1:${server.port}` })).status).toBe(200);
+  });
+
+  it("answers CORS for its own origin only", async () => {
+    const own = await get(`${signaling.path}/${signaling.key}/id`, { Host: `localhost:${server.port}`, Origin: server.url });
+    expect(own.headers['access-control-allow-origin']).toBe(server.url);
+    const foreign = await get(`${signaling.path}/${signaling.key}/id`, { Host: `localhost:${server.port}`, Origin: 'http://evil.example' });
+    expect(foreign.headers['access-control-allow-origin']).toBeUndefined();
+  });
+
+  it('refuses a websocket from a foreign page (403), takes one from its own and from an allowed origin', async () => {
+    expect(await upgrade('http://evil.example')).toBe(403);
+    expect(await upgrade(server.url)).not.toBe(403);
+    const allowing = await startServer({ port: 0, quiet: true, allowOrigins: ['https://mine.example'] });
+    try {
+      expect(await upgrade('https://mine.example', allowing)).not.toBe(403);
+      expect(await upgrade('https://other.example', allowing)).toBe(403);
+    } finally {
+      await allowing.close();
+    }
   });
 });

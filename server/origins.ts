@@ -1,0 +1,52 @@
+// Who may talk to this server: requests must name it by one of its own host names (localhost, its
+// LAN addresses, its machine name), so that a web page of another site cannot reach it through a
+// DNS name it controls (DNS rebinding) and read the signaling key; browser pages must come from
+// one of those origins or one the server was told to allow (a page of the user's own embedding
+// the library through `openSwarm(origin)`), for websockets as for CORS.
+import { hostname, networkInterfaces, type NetworkInterfaceInfo } from 'node:os';
+
+/** This machine's IPv4 addresses other pages of a LAN reach it at. */
+export function lanAddresses(): string[] {
+  return Object.values(networkInterfaces())
+    .flat()
+    .filter((nic): nic is NetworkInterfaceInfo => nic?.family === 'IPv4' && !nic.internal)
+    .map((nic) => nic.address);
+}
+
+export interface Origins {
+  /** the Host header names this server */
+  hostAllowed(host: string | undefined): boolean;
+  /** a browser's Origin header is this server's or an allowed one (no Origin: not a browser page) */
+  originAllowed(origin: string | undefined): boolean;
+}
+
+/** `allowOrigins`: origins beyond the server's own whose pages may use it (`--allow-origin`). */
+export function serverOrigins(allowOrigins: string[] = []): Origins {
+  const extra = new Set(allowOrigins.map((o) => new URL(o).origin));
+  const own = (name: string) => {
+    const machine = hostname().toLowerCase();
+    return ['localhost', '127.0.0.1', '[::1]', machine, `${machine}.local`].includes(name) || lanAddresses().includes(name);
+  };
+  const hostOf = (host: string) => {
+    try {
+      return new URL(`http://${host}`).hostname.toLowerCase();
+    } catch {
+      return null;
+    }
+  };
+  return {
+    hostAllowed(host) {
+      const name = host && hostOf(host);
+      return !!name && (own(name) || [...extra].some((o) => new URL(o).hostname === name));
+    },
+    originAllowed(origin) {
+      if (origin === undefined) return true;
+      if (extra.has(origin)) return true;
+      try {
+        return own(new URL(origin).hostname.toLowerCase());
+      } catch {
+        return false;
+      }
+    },
+  };
+}
