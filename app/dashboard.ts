@@ -221,7 +221,7 @@ async function start() {
   // the same peer id and token after a reload, so the workers' links and reconnections still work
   swarm = await openSwarm(location.origin, savedIdentity());
   localStorage.setItem(IDENTITY_KEY, JSON.stringify({ id: swarm.id, token: swarm.token }));
-  showJoinLink(swarm.joinUrl);
+  showJoinLink(swarm.lanJoinUrl, swarm.joinUrl);
   swarm.on((e) => {
     if (e.type === 'leave') $('swarm-events').textContent = `Worker ${e.worker.id.slice(-6)} left: ${e.reason}.`;
     if (e.type === 'refused') $('swarm-events').textContent = `Refused ${e.peer.slice(-6)}: ${e.reason}.`;
@@ -258,7 +258,7 @@ async function start() {
   resetTimeline();
   const latest = jobs.list().filter((j) => j.status === 'done').at(-1);
   if (latest) showFinished(latest);
-  return { swarmId: swarm.id, joinUrl: swarm.joinUrl };
+  return { swarmId: swarm.id, joinUrl: swarm.joinUrl, lanJoinUrl: swarm.lanJoinUrl };
 }
 
 // What `npm run generate` and the e2e tests drive: the same queue as the Generate button.

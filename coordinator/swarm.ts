@@ -132,9 +132,23 @@ export class Swarm {
     }, RELAY_RECONNECT_MS);
   }
 
-  /** The link other machines open to join this swarm. */
+  /** The link a worker opens to join this swarm, at this page's origin (tabs of this machine: a secure context there). */
   get joinUrl(): string {
-    return `${this.origin}/worker.html?swarm=${encodeURIComponent(this.id)}&token=${encodeURIComponent(this.token)}`;
+    return this.joinUrlAt(this.origin);
+  }
+
+  /**
+   * The link other machines open: at the server's LAN address where this page was opened at
+   * localhost (a localhost link means nothing elsewhere), else the same as joinUrl.
+   */
+  get lanJoinUrl(): string {
+    const local = ['localhost', '127.0.0.1', '[::1]'].includes(new URL(this.origin).hostname);
+    const [lan] = this.signaling.lanOrigins;
+    return local && lan ? this.joinUrlAt(lan) : this.joinUrl;
+  }
+
+  private joinUrlAt(origin: string): string {
+    return `${origin}/worker.html?swarm=${encodeURIComponent(this.id)}&token=${encodeURIComponent(this.token)}`;
   }
 
   workers(): SwarmWorker[] {

@@ -7,7 +7,7 @@ import type { Duplex } from 'node:stream';
 import type { IceServer, RelayMode } from '../core/net/peer-link.ts';
 import { RELAY_PATH } from '../core/net/relay-client.ts';
 import { newPeerKey, SIGNALING_PATH, mountSignaling } from './peer-signaling.ts';
-import { serverOrigins } from './origins.ts';
+import { lanAddresses, serverOrigins } from './origins.ts';
 import { createRelay, type Relay } from './relay.ts';
 
 export const DEFAULT_PORT = 5173;
@@ -86,8 +86,9 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     if (path === RELAY_PATH && relayMode !== 'off') relay.handleUpgrade(request, socket, head);
     else signaling.handleUpgrade(request, socket, head);
   });
-  app.get('/signaling.json', (_request, response) => {
-    response.json({ path: SIGNALING_PATH, key: peerKey, iceServers, relay: { mode: relayMode, path: RELAY_PATH } });
+  app.get('/signaling.json', (request, response) => {
+    const port = request.socket.localPort;
+    response.json({ path: SIGNALING_PATH, key: peerKey, iceServers, relay: { mode: relayMode, path: RELAY_PATH }, lanOrigins: lanAddresses().map((address) => `http://${address}:${port}`) });
   });
   app.get('/models.json', (_request, response) => {
     response.json({ default: options.defaultModel ?? null });

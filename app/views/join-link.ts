@@ -1,8 +1,14 @@
 import qrcode from 'qrcode-generator';
 import { $ } from './dom.ts';
 
-/** The worker link, copyable and as a QR code, so a phone or another machine can join. */
-export function showJoinLink(url: string): void {
+/**
+ * The worker link, copyable and as a QR code, so a phone or another machine can join (`url`: at
+ * the server's LAN address when this page is at localhost), and this machine's own (`local`).
+ */
+export function showJoinLink(url: string, local: string): void {
+  const localLink = $<HTMLAnchorElement>('local-join-link');
+  localLink.href = localLink.textContent = local;
+  $('local-join').hidden = local === url;
   const link = $<HTMLAnchorElement>('join-link');
   link.href = link.textContent = url;
   const qr = qrcode(0, 'M');

@@ -30,6 +30,8 @@ export interface SignalingOptions {
   iceServers: IceServer[];
   /** when links go through the server's relay instead of a data channel, and where it listens */
   relay: { mode: RelayMode; path: string };
+  /** the server at its LAN addresses: where other machines reach it */
+  lanOrigins: string[];
 }
 
 /**
@@ -84,10 +86,11 @@ export async function signalingOptions(origin: string): Promise<SignalingOptions
   const url = new URL(origin);
   const response = await fetch(new URL('/signaling.json', url));
   if (!response.ok) throw new Error(`no signaling server at ${url.origin} (HTTP ${response.status}); is this a ditswarm server?`);
-  const published = (await response.json()) as { path: string; key: string; iceServers?: IceServer[]; relay?: { mode: RelayMode; path: string } };
+  const published = (await response.json()) as { path: string; key: string; iceServers?: IceServer[]; relay?: { mode: RelayMode; path: string }; lanOrigins?: unknown };
   const { path, key, iceServers = [], relay = { mode: 'off', path: RELAY_PATH } } = published;
+  const lanOrigins = Array.isArray(published.lanOrigins) ? published.lanOrigins.filter((o): o is string => typeof o === 'string' && URL.canParse(o)) : [];
   const secure = url.protocol === 'https:';
-  return { host: url.hostname, port: Number(url.port) || (secure ? 443 : 80), path, key, secure, iceServers, relay };
+  return { host: url.hostname, port: Number(url.port) || (secure ? 443 : 80), path, key, secure, iceServers, relay, lanOrigins };
 }
 
 /** Opens this page's relay socket; `auth` is the token its PeerJS id was registered with (`peer.options.token`). */

@@ -13,12 +13,17 @@ test('the dashboard idle, running on 2 workers and done, and the worker page, as
   const context = await browser.newContext({ viewport: { width: 1280, height: 800 } });
   const dashboard = await context.newPage();
   await dashboard.goto(`${baseURL}/`);
-  const { joinUrl } = await dashboard.evaluate(() => (window as any).ditswarm.ready);
+  const { joinUrl, lanJoinUrl } = await dashboard.evaluate(() => (window as any).ditswarm.ready);
 
   // idle: nobody joined yet, the link and its QR code are there to share
   await expect(dashboard.locator('#worker-count')).toHaveText('0 workers');
   await expect(dashboard.locator('#workers tbody')).toContainText('No workers yet');
-  await expect(dashboard.locator('#join-link')).toHaveText(joinUrl);
+  // opened at localhost: the link to share is at the server's LAN address (other machines cannot
+  // reach localhost), this machine's own beside it (issue 17, finding 15)
+  const lan = (await (await dashboard.request.get('/signaling.json')).json()).lanOrigins as string[];
+  expect(lanJoinUrl).toBe(lan.length ? joinUrl.replace(new URL(joinUrl).origin, lan[0]) : joinUrl);
+  await expect(dashboard.locator('#join-link')).toHaveText(lanJoinUrl);
+  if (lan.length) await expect(dashboard.locator('#local-join-link')).toHaveText(joinUrl);
   await expect(dashboard.locator('#join-qr svg')).toBeVisible();
   await dashboard.screenshot({ path: join(SHOTS, 'dashboard-idle.png'), fullPage: true });
 
