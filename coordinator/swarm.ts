@@ -26,6 +26,14 @@ import { checkPulse, WORKER_CONTRACT, type WorkerInfo, type WorkerRemote } from 
 import { measureWorker, type WorkerMeasurement } from './measure.ts';
 
 const DESCRIBE_TIMEOUT_MS = 15_000;
+/** what a page may send before it has described itself: its describe reply is a few hundred bytes */
+export const UNDESCRIBED_MAX_MESSAGE_BYTES = 64 * 1024;
+/** what a worker may send in one message (a tile of video frames, a rank's rows) */
+const MAX_MESSAGE_BYTES = 1 << 26;
+/** how long a refused page's channel may take to open, to be told why */
+const REFUSED_OPEN_TIMEOUT_MS = 3_000;
+/** refused pages remembered for the dashboard */
+export const MAX_REFUSALS = 100;
 const RELAY_RECONNECT_MS = 2_000;
 
 export interface SwarmWorker {
@@ -66,6 +74,7 @@ export class Swarm {
   private readonly measuring = new Map<string, Promise<void>>();
   private readonly connections = new Map<string, DataConnectionLike>();
   private readonly listeners = new Set<(e: SwarmEvent) => void>();
+  /** the last MAX_REFUSALS pages refused, newest last */
   readonly refusals: { peer: string; reason: string; at: number }[] = [];
   private relay: RelayClient | null = null;
   private closed = false;
@@ -254,6 +263,9 @@ export class Swarm {
     if (meta?.role !== 'worker') return conn.close();
     let worker: SwarmWorker | null = null;
     let api: WorkerRemote | null = null;
+    const admitted = meta.token === this.token;
+    // a page sends nothing large before it has said what it is: nothing to reserve memory for
+    let maxMessageBytes = UNDESCRIBED_MAX_MESSAGE_BYTES;
     try {
       const link = await openLink(
         conn,
@@ -262,13 +274,15 @@ export class Swarm {
           else api?.failAll?.(reason);
         },
         {
-          accept: (h) => (h.kind !== 'rpc' ? 'a worker may only send RPC messages to the coordinator' : h.totalBytes > 1 << 26 ? 'reply too large' : null),
-          openTimeoutMs: conn.open ? undefined : DIRECT_OPEN_TIMEOUT_MS,
+          accept: (h) => (h.kind !== 'rpc' ? 'a worker may only send RPC messages to the coordinator' : h.totalBytes > maxMessageBytes ? 'reply too large' : null),
+          // a refused page's channel is opened only to say why: it gets a few seconds, not a worker's
+          openTimeoutMs: conn.open ? undefined : admitted ? DIRECT_OPEN_TIMEOUT_MS : REFUSED_OPEN_TIMEOUT_MS,
         },
       );
-      if (meta.token !== this.token) {
+      if (!admitted) {
         const reason = 'wrong join token: open the join link shown on the dashboard';
         this.refusals.push({ peer: conn.peer, reason, at: Date.now() });
+        if (this.refusals.length > MAX_REFUSALS) this.refusals.shift();
         this.emit({ type: 'refused', peer: conn.peer, reason });
         await link.send({ kind: 'rpc', from: COORDINATOR, body: { type: 'refused', reason }, tensors: [] }).catch(() => {});
         setTimeout(() => conn.close(), 500); // let the refusal reach the page first
@@ -279,6 +293,7 @@ export class Swarm {
       this.connections.set(conn.peer, conn);
       api = remote(link, COORDINATOR, WORKER_CONTRACT, `worker ${conn.peer}`);
       const info = await api.describe({}, DESCRIBE_TIMEOUT_MS);
+      maxMessageBytes = MAX_MESSAGE_BYTES;
       const joined: SwarmWorker = { id: conn.peer, info, api, link, joinedAt: Date.now(), activity: 'idle', pulse: null, framesDropped: 0, transport: transportOf(conn), measurement: null };
       worker = joined;
       this.roster.set(joined.id, joined);

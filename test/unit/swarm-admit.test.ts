@@ -1,0 +1,68 @@
+import { describe, expect, it } from 'vitest';
+import type { DataConnectionLike } from '../../core/net/channel.ts';
+import type { SignalingOptions } from '../../core/net/peer-link.ts';
+import { frameMessage } from '../../core/net/protocol.ts';
+import { MAX_REFUSALS, Swarm } from '../../coordinator/swarm.ts';
+import { SinkChannel } from './fixtures.ts';
+
+// Pages that reach the dashboard's peer id with only what anyone can get: a wrong token, or the
+// right one and a first message declaring 64 MiB (issue 17, findings 12 and 13).
+const signaling: SignalingOptions = { host: 'localhost', port: 1, path: '/peerjs', key: 'k', secure: false, iceServers: [], relay: { mode: 'off', path: '/relay' }, lanOrigins: [] };
+const swarmWithToken = (token: string) => {
+  const peer = { id: 'ditswarm-c-test', on() {}, destroy() {} };
+  const swarm = new (Swarm as unknown as new (peer: unknown, origin: string, token: string, signaling: SignalingOptions) => Swarm)(peer, 'http://localhost:1', token, signaling);
+  return { swarm, admit: (conn: DataConnectionLike) => (swarm as unknown as { admit(c: DataConnectionLike): Promise<void> }).admit(conn) };
+};
+
+function fakeConn(peer: string, metadata: unknown) {
+  const handlers: Record<string, ((x?: unknown) => void)[]> = {};
+  const conn = {
+    peer,
+    metadata,
+    open: true,
+    dataChannel: new SinkChannel(),
+    closed: false,
+    on(event: string, cb: (x?: unknown) => void) {
+      (handlers[event] ??= []).push(cb);
+    },
+    close() {
+      conn.closed = true;
+    },
+    deliver(frame: ArrayBuffer) {
+      for (const cb of handlers.data ?? []) cb(frame);
+    },
+  };
+  return conn;
+}
+
+describe("the dashboard's door", () => {
+  it(`remembers the last ${MAX_REFUSALS} refused pages, and closes each`, async () => {
+    const { swarm, admit } = swarmWithToken('secret');
+    const conns = Array.from({ length: 150 }, (_, i) => fakeConn(`ditswarm-w-${i}`, { role: 'worker', token: 'guess' }));
+    await Promise.all(conns.map((c) => admit(c as unknown as DataConnectionLike)));
+    expect(swarm.refusals).toHaveLength(MAX_REFUSALS);
+    expect(swarm.refusals.at(-1)!.peer).toBe('ditswarm-w-149');
+    await new Promise((r) => setTimeout(r, 600));
+    expect(conns.every((c) => c.closed)).toBe(true);
+    swarm.close();
+  });
+
+  it('reserves nothing for a large message before the page has described itself: six first chunks declaring 64 MiB each hold no memory', async () => {
+    const { swarm, admit } = swarmWithToken('secret');
+    const conn = fakeConn('ditswarm-w-x', { role: 'worker', token: 'secret' });
+    const joining = admit(conn as unknown as DataConnectionLike); // waits for its describe reply, which never comes
+    await new Promise((r) => setImmediate(r));
+    const first = new Uint8Array(frameMessage({ kind: 'rpc', from: 0, body: 'x', tensors: [new Float32Array((16 << 20) - 4096)] }, 1).frame(0)).slice(); // just under the links' 64 MiB cap
+    const before = process.memoryUsage().arrayBuffers;
+    for (let id = 1; id <= 6; id++) {
+      const frame = first.slice();
+      new DataView(frame.buffer).setUint32(8, id, true); // msgId
+      conn.deliver(frame.buffer);
+    }
+    const grown = process.memoryUsage().arrayBuffers - before;
+    expect(grown).toBeLessThan(8 << 20); // not 6 × 64 MiB
+    conn.close();
+    swarm.close();
+    void joining.catch(() => {});
+  });
+});
