@@ -163,10 +163,12 @@ function showFinished(job: StoredJob): void {
   $('status').textContent = `#${job.id} done: ${r.config.frames} frames in ${(r.totalMs / 1000).toFixed(1)} s on ${r.config.workers} ${r.config.backend} rank${r.config.workers === 1 ? '' : 's'}${groups}${recovered}, each on ${computedOn}.${planned}${fallback}${encoded}${job.storageNote ? ` Not kept: ${job.storageNote}.` : ''}`;
 }
 
-function submitFromForm(overrides: Record<string, unknown> = {}): Promise<StoredJob> {
+async function submitFromForm(overrides: Record<string, unknown> = {}): Promise<StoredJob> {
   const formValues = readForm();
   const { backend, workers, ep, dtype, cfgParallel, model, promptEmbeds, negativePromptEmbeds, outputType, ...rest } = overrides as Partial<JobPlacement> & AutomationInputs;
-  const params = { ...formValues.params, ...rest };
+  // a job on another model than the form's (npm run generate --model) is that model's defaults beneath what it gives
+  const beneath = model !== undefined && model !== formValues.placement.model ? await loadJobDefaults(model) : formValues.params;
+  const params = { ...beneath, ...rest };
   if (!showErrors(checkJobParams(params))) return Promise.reject(new Error(`invalid job: ${$('form-errors').textContent}`));
   if (!queue) return Promise.reject(new Error('the dashboard is still starting'));
   const placement: JobPlacement = { ...formValues.placement, backend: backend ?? formValues.placement.backend, workers: workers ?? formValues.placement.workers, ep: ep ?? formValues.placement.ep, dtype, cfgParallel: cfgParallel ?? formValues.placement.cfgParallel, model: model ?? formValues.placement.model };
