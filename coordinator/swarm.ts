@@ -5,7 +5,7 @@
 // through the server's relay (its socket is open while the swarm is, registered with the token).
 import { Peer } from 'peerjs';
 import type { DataConnectionLike, Transport } from '../core/net/channel.ts';
-import { watchHeartbeats, type WorkerPulse } from '../core/net/heartbeat.ts';
+import { watchHeartbeats } from '../core/net/heartbeat.ts';
 import type { Link } from '../core/net/link.ts';
 import {
   connectRelay,
@@ -22,7 +22,7 @@ import { COORDINATOR } from '../core/net/protocol.ts';
 import type { RelayClient } from '../core/net/relay-client.ts';
 import { passing } from '../core/net/check.ts';
 import { remote } from '../core/net/rpc.ts';
-import { checkPulse, WORKER_CONTRACT, type WorkerInfo, type WorkerRemote } from '../core/worker-api.ts';
+import { checkPulse, WORKER_CONTRACT, type WorkerInfo, type WorkerPulse, type WorkerRemote } from '../core/worker-api.ts';
 import { measureWorker, type WorkerMeasurement } from './measure.ts';
 
 const DESCRIBE_TIMEOUT_MS = 15_000;

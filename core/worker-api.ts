@@ -6,7 +6,7 @@ import type { WeightType } from './model/onnx-builder.ts';
 import type { DType } from './net/protocol.ts';
 import { fields, floats, int, list, none, nullable, num, oneOf, optional, text, type Check } from './net/check.ts';
 import type { ApiContract, Remote } from './net/rpc.ts';
-import type { WorkerPulse } from './net/heartbeat.ts';
+import type { Transport } from './net/channel.ts';
 
 /** An onnxruntime-web execution provider a worker can run on. */
 export type ExecutionProvider = 'webgpu' | 'wasm';
@@ -301,6 +301,18 @@ const bytes = num(0);
 const shape = list(int(1, 1 << 20), { min: 4, max: 4 });
 const stats = { computeMs: ms, commMs: ms, bytesDownloaded: bytes, bytesKept: bytes, deviceTensorsLeft: int(0) };
 const checkWeightsSource: Check<WeightsSource> = fields({ networkBytes: bytes, cacheBytes: bytes, note: text() });
+/** What a worker reports with each answer, for the swarm view. */
+export interface WorkerPulse {
+  state: string;
+  framesDropped: number;
+  /** its open links to the other ranks of its job: which peer, and whether direct or relayed */
+  mesh?: { peer: string; transport: Transport }[];
+  /** the WASM threads it computes on from its next job: its share of its machine's cores */
+  threads?: number;
+  /** how far the model load under way is */
+  load?: LoadStatus;
+}
+
 /** a loading worker's pulse, judged where the coordinator receives it */
 export const checkLoadStatus: Check<LoadStatus> = fields({ bytes, totalBytes: bytes, networkBytes: bytes, elapsedMs: ms, note: text(1000) });
 /** a worker's answer to a heartbeat, judged where the coordinator receives it (a bad one is dropped, not its sender) */

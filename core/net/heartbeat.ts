@@ -12,24 +12,11 @@
 // embedding, at a data channel's few MB/s): a worker cannot answer a beat it has not been sent.
 
 import type { Link } from './link.ts';
-import type { LoadStatus } from '../worker-api.ts';
-import type { Transport } from './channel.ts';
+import type { WorkerPulse } from '../worker-api.ts';
 
 export const HEARTBEAT_INTERVAL_MS = 500;
 export const DEAD_AFTER_MS = 3_000;
 export const LOADING_DEAD_AFTER_MS = 60_000;
-
-/** What a worker reports with each answer, for the swarm view. */
-export interface WorkerPulse {
-  state: string;
-  framesDropped: number;
-  /** its open links to the other ranks of its job: which peer, and whether direct or relayed */
-  mesh?: { peer: string; transport: Transport }[];
-  /** the WASM threads it computes on from its next job: its share of its machine's cores */
-  threads?: number;
-  /** how far the model load under way is */
-  load?: LoadStatus;
-}
 
 type HeartbeatBody = { type: 'heartbeat' } | { type: 'heartbeat-echo'; pulse: WorkerPulse };
 
