@@ -75,7 +75,7 @@ try {
   if (values.out) write(values.out, Buffer.from(result.webm, 'base64'));
   const r = result.report;
   const ranks = r.ranks.map((k: { worker: string; tiles: number; computeMs: number; cacheBytes: number }) => `${k.worker.slice(-6)}: ${k.tiles} tile(s), ${(k.computeMs / 1000).toFixed(1)} s, caches ${(k.cacheBytes / 2 ** 20).toFixed(0)} MiB`);
-  console.error(`decode: wrote ${[values.output, ...(values.out ? [values.out] : [])].join(', ')}: video [1, ${result.video.shape}] from ${r.tiles} tile(s) of ${r.tiling.tile} px every ${r.tiling.stride} in ${(r.ms / 1000).toFixed(1)} s (${ranks.join('; ')})`);
+  console.error(`decode: wrote ${[values.output, ...(values.out ? [values.out] : [])].join(', ')}: video [1, ${result.video.shape.join(', ')}] from ${r.tiles} tile(s) of ${r.tiling.tile} px every ${r.tiling.stride} in ${(r.ms / 1000).toFixed(1)} s (${ranks.join('; ')})`);
 } catch (e) {
   if (tty) process.stderr.write('\n');
   const message = (e as Error).message.replace(/^page\.evaluate: (Error: )?/, '').split('\n')[0];
