@@ -4,6 +4,9 @@ import { startWorkerEndpoint, type WorkerStatus } from '../worker/endpoint.ts';
 // The worker page: joins the swarm when opened and shows what it is doing. No compute here.
 const $ = (id: string) => document.getElementById(id)!;
 const query = new URLSearchParams(location.search);
+/** the join token: in the link's fragment (never sent to a server), or in its query as older links had it */
+const tokenOf = (url: URL) => new URLSearchParams(url.hash.slice(1)).get('token') ?? url.searchParams.get('token');
+const token = tokenOf(new URL(location.href));
 
 // every state change this page went through, for anyone checking what happened (tests included)
 const history: string[] = [];
@@ -49,7 +52,7 @@ function coresText({ threads, next, of, tabs }: NonNullable<WorkerStatus['cores'
   return next === threads ? share : `${share}; ${next} from the next job`;
 }
 
-if (!query.get('token')) {
+if (!token) {
   // without a token the dashboard would refuse this page: ask for the real link instead
   const paste = document.getElementById('paste-link') as HTMLFormElement;
   paste.hidden = false;
@@ -57,15 +60,19 @@ if (!query.get('token')) {
   paste.addEventListener('submit', (event) => {
     event.preventDefault();
     const link = new URL((paste.elements.namedItem('link') as HTMLInputElement).value, location.href);
-    if (link.searchParams.get('token')) location.href = link.href;
-    else $('detail').textContent = 'That link has no token either: copy the worker link from the dashboard.';
+    if (!tokenOf(link)) $('detail').textContent = 'That link has no token either: copy the worker link from the dashboard.';
+    else if (link.href.split('#')[0] !== location.href.split('#')[0]) location.href = link.href;
+    else {
+      location.hash = link.hash; // the same page with a fragment: no navigation, so load it again
+      location.reload();
+    }
   });
 } else {
   join();
 }
 
 function join(): void {
-  startWorkerEndpoint({ origin: location.origin, swarm: query.get('swarm'), token: query.get('token'), onStatus: render })
+  startWorkerEndpoint({ origin: location.origin, swarm: query.get('swarm'), token, onStatus: render })
     .then((endpoint) => {
       $('leave').addEventListener('click', () => endpoint.leave());
       window.addEventListener('pagehide', () => endpoint.leave());

@@ -157,7 +157,8 @@ export class Swarm {
   }
 
   private joinUrlAt(origin: string): string {
-    return `${origin}/worker.html?swarm=${encodeURIComponent(this.id)}&token=${encodeURIComponent(this.token)}`;
+    // the token in the fragment: a browser sends neither it to the server nor it in a Referer
+    return `${origin}/worker.html?swarm=${encodeURIComponent(this.id)}#token=${encodeURIComponent(this.token)}`;
   }
 
   workers(): SwarmWorker[] {

@@ -148,7 +148,7 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
       try {
         const coordinator = options.swarm;
         if (!coordinator) {
-          publish({ state: 'refused', detail: 'this link names no dashboard: open the worker link the dashboard shows (…/worker.html?swarm=…&token=…)' });
+          publish({ state: 'refused', detail: 'this link names no dashboard: open the worker link the dashboard shows (…/worker.html?swarm=…#token=…)' });
           return;
         }
         publish({ coordinator, detail: `connecting to ${coordinator}${signaling.relay.mode === 'force' ? ' through the relay' : ''}` });

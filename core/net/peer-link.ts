@@ -55,8 +55,13 @@ export interface SignalingPeer {
 }
 
 /** PeerJS's options for this server: where it listens and the ICE servers every RTCPeerConnection uses. */
+/**
+ * PeerJS's options for a page. Its token (what proves a page holds its id, to the signaling server
+ * and the relay) comes from the crypto RNG: PeerJS's own default is Math.random.
+ */
 export function peerOptions(signaling: SignalingOptions) {
-  return { ...signaling, config: { iceServers: signaling.iceServers }, debug: 1 } as const;
+  const token = Array.from(crypto.getRandomValues(new Uint8Array(16)), (b) => b.toString(16).padStart(2, '0')).join('');
+  return { ...signaling, token, config: { iceServers: signaling.iceServers }, debug: 1 } as const;
 }
 
 /**

@@ -1,4 +1,5 @@
 import http from 'node:http';
+import { peerOptions } from '../../core/net/peer-link.ts';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { WebSocket } from 'ws';
 import { MAX_SIGNALING_MESSAGE_BYTES } from '../../server/peer-signaling.ts';
@@ -87,5 +88,14 @@ describe("the server's hosts and origins", () => {
     } finally {
       await allowing.close();
     }
+  });
+});
+
+describe("a page's PeerJS token (issue 17, finding 14)", () => {
+  it('is 128 bits from the crypto RNG, not PeerJS\'s Math.random default', () => {
+    const options = { host: 'h', port: 1, path: '/peerjs', key: 'k', secure: false, iceServers: [], relay: { mode: 'off' as const, path: '/relay' }, lanOrigins: [] };
+    const [a, b] = [peerOptions(options).token, peerOptions(options).token];
+    expect(a).toMatch(/^[0-9a-f]{32}$/);
+    expect(a).not.toBe(b);
   });
 });
