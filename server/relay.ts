@@ -5,27 +5,34 @@
 //   signaling server (so nobody can take another page's id), and the swarm's join token. A
 //   dashboard opens a swarm's room; a worker is admitted only to a room a dashboard holds, and
 //   frames go only between pages of one room.
-// - How much: the server holds at most `socketCapBytes` (plus the frames already read from the
-//   senders' sockets) queued for one receiving socket. Past it, it stops reading from the sockets
-//   that send to it until it has drained to half: TCP then pushes back on the senders, and a page
-//   that never reads makes its senders wait, never the server's memory grow.
-// - When: every frame is acked to its sender once written to the receiver's socket, which is
-//   what the page's `bufferedAmount` and `bufferedamountlow` are made of.
+// - How much: every connection has a credit each way, what an honest Link keeps in flight at
+//   most (its high-water mark and one frame): frames are acked to the sender once written to
+//   the receiver's socket, which is what the page's `bufferedAmount` and `bufferedamountlow` are
+//   made of, so an honest sender waits for acks. A sender past its credit ignores them: that one
+//   connection is closed. A page that never reads stalls only the connections to it, never its
+//   senders' other connections (heartbeats to the dashboard among them), and the server never
+//   stops reading a socket. All connections together hold at most `budgetBytes`; past it, the
+//   connection whose frame would exceed it is closed.
 
 import type { IncomingMessage } from 'node:http';
 import type { Duplex } from 'node:stream';
 import { WebSocketServer, type RawData, type WebSocket } from 'ws';
+import { MAX_HIGH_WATER_BYTES } from '../core/net/link.ts';
 import { MAX_FRAME_BYTES } from '../core/net/protocol.ts';
 import { CLOSED_BY_OTHER_SIDE, MAX_RELAY_CONTROL_BYTES, RELAY_ENVELOPE_BYTES, type RelayControl, type RelayRole } from '../core/net/relay-client.ts';
 
-export const DEFAULT_RELAY_SOCKET_CAP_BYTES = 16 * 1024 * 1024;
+/** what one connection may have in flight one way: an honest Link's high-water mark, one frame, and room for the envelopes */
+export const CONNECTION_CREDIT_BYTES = MAX_HIGH_WATER_BYTES + 2 * MAX_FRAME_BYTES;
+/** what all connections may have queued at once */
+export const DEFAULT_RELAY_BUDGET_BYTES = 512 * 1024 * 1024;
 const MAX_CONNECTIONS_PER_SOCKET = 64;
 const MAX_METADATA_BYTES = 1024;
 
 export interface RelayOptions {
   /** Whether `peer` is registered on the signaling server with `auth` as its token. */
   vouch(peer: string, auth: string): boolean;
-  socketCapBytes?: number;
+  /** bytes all connections may have queued at once */
+  budgetBytes?: number;
 }
 
 export interface RelaySocketStats {
@@ -35,8 +42,6 @@ export interface RelaySocketStats {
   queued: number;
   /** the most it ever had queued */
   peakQueued: number;
-  /** whether the server has stopped reading from it (a receiver it sends to is full) */
-  paused: boolean;
 }
 
 export interface RelayStats {
@@ -44,8 +49,12 @@ export interface RelayStats {
   connections: number;
   framesForwarded: number;
   bytesForwarded: number;
-  /** frames for a connection that is not the sender's (closed meanwhile, or never its own) */
+  /** frames for a connection that is not the sender's (closed meanwhile, or never its own), or past a credit or the budget */
   framesDropped: number;
+  /** connections closed because a sender went past its credit or the budget */
+  connectionsCut: number;
+  /** bytes queued for all sockets now */
+  queued: number;
   refused: { peer: string; reason: string }[];
 }
 
@@ -63,10 +72,6 @@ interface Client {
   role: RelayRole;
   queued: number;
   peakQueued: number;
-  /** receivers over the cap that this socket sends to: it is not read from until they drain */
-  blockedOn: Set<Client>;
-  /** senders waiting for this socket to drain */
-  blocking: Set<Client>;
   conns: Set<number>;
 }
 
@@ -74,47 +79,35 @@ interface Connection {
   id: number;
   a: Client;
   b: Client;
+  /** bytes each side sent on it that are not yet written to the other */
+  inFlight: Map<Client, number>;
 }
 
 export function createRelay(options: RelayOptions): Relay {
-  const cap = options.socketCapBytes ?? DEFAULT_RELAY_SOCKET_CAP_BYTES;
+  const budget = options.budgetBytes ?? DEFAULT_RELAY_BUDGET_BYTES;
   const wss = new WebSocketServer({ noServer: true, maxPayload: RELAY_ENVELOPE_BYTES + MAX_FRAME_BYTES, perMessageDeflate: false });
   const clients = new Map<string, Client>();
   const connections = new Map<number, Connection>();
-  const counters = { framesForwarded: 0, bytesForwarded: 0, framesDropped: 0 };
+  const counters = { framesForwarded: 0, bytesForwarded: 0, framesDropped: 0, connectionsCut: 0 };
+  let queuedTotal = 0;
   const refused: RelayStats['refused'] = [];
   let nextConn = 1;
 
-  /** Queues `data` on `to`; past the cap, stops reading from `cause`, whose traffic filled it. */
-  function write(to: Client, data: Buffer | string, cause: Client | null, written?: () => void): void {
+  /** Queues `data` on `to`; `written` once the socket has taken it. */
+  function write(to: Client, data: Buffer | string, written?: () => void): void {
     if (to.ws.readyState !== to.ws.OPEN) return;
     const size = typeof data === 'string' ? Buffer.byteLength(data) : data.byteLength;
     to.queued += size;
+    queuedTotal += size;
     to.peakQueued = Math.max(to.peakQueued, to.queued);
     to.ws.send(data, { binary: typeof data !== 'string' }, (error) => {
       to.queued -= size;
+      queuedTotal -= size;
       if (!error) written?.();
-      if (to.queued <= cap / 2) release(to);
     });
-    if (to.queued > cap && cause) block(cause, to);
   }
 
-  function block(sender: Client, receiver: Client): void {
-    if (sender.blockedOn.has(receiver)) return;
-    if (sender.blockedOn.size === 0) sender.ws.pause();
-    sender.blockedOn.add(receiver);
-    receiver.blocking.add(sender);
-  }
-
-  function release(receiver: Client): void {
-    for (const sender of receiver.blocking) {
-      sender.blockedOn.delete(receiver);
-      if (sender.blockedOn.size === 0) sender.ws.resume();
-    }
-    receiver.blocking.clear();
-  }
-
-  const control = (to: Client, message: RelayControl, cause: Client | null = null) => write(to, JSON.stringify(message), cause);
+  const control = (to: Client, message: RelayControl) => write(to, JSON.stringify(message));
 
   function refuse(ws: WebSocket, peer: string, reason: string): void {
     refused.push({ peer, reason });
@@ -133,7 +126,7 @@ export function createRelay(options: RelayOptions): Relay {
       return refuse(ws, peer, 'no dashboard on the relay holds this join token: open the join link the dashboard shows');
     }
     clients.get(peer)?.ws.close(4000, 'replaced by a newer relay socket of the same page');
-    const client: Client = { ws, peer, token, role, queued: 0, peakQueued: 0, blockedOn: new Set(), blocking: new Set(), conns: new Set() };
+    const client: Client = { ws, peer, token, role, queued: 0, peakQueued: 0, conns: new Set() };
     clients.set(peer, client);
     ws.on('message', (data, isBinary) => (isBinary ? forward(client, toBuffer(data)) : onControl(client, toBuffer(data))));
     ws.on('close', () => leave(client));
@@ -149,10 +142,21 @@ export function createRelay(options: RelayOptions): Relay {
       return;
     }
     const bytes = data.byteLength - RELAY_ENVELOPE_BYTES;
+    const inFlight = (conn.inFlight.get(from) ?? 0) + data.byteLength;
+    const over = inFlight > CONNECTION_CREDIT_BYTES ? `${from.peer} sent ${inFlight} bytes its receiver has not taken, past the connection's credit of ${CONNECTION_CREDIT_BYTES}` : queuedTotal + data.byteLength > budget ? `the relay holds ${queuedTotal} bytes, its budget` : null;
+    if (over) {
+      counters.framesDropped++;
+      counters.connectionsCut++;
+      closeConnection(conn.id, from, over);
+      control(from, { t: 'closed', conn: conn.id, reason: over });
+      return;
+    }
+    conn.inFlight.set(from, inFlight);
     counters.framesForwarded++;
     counters.bytesForwarded += bytes;
-    write(to, data, from, () => {
-      if (connections.has(conn.id)) control(from, { t: 'ack', conn: conn.id, bytes }, from);
+    write(to, data, () => {
+      conn.inFlight.set(from, (conn.inFlight.get(from) ?? 0) - data.byteLength);
+      if (connections.has(conn.id)) control(from, { t: 'ack', conn: conn.id, bytes });
     });
   }
 
@@ -170,7 +174,7 @@ export function createRelay(options: RelayOptions): Relay {
   }
 
   function dialFor(from: Client, { ref, to, metadata }: { ref: number; to: string; metadata: unknown }): void {
-    const fail = (reason: string) => control(from, { t: 'dial-failed', ref, reason }, from);
+    const fail = (reason: string) => control(from, { t: 'dial-failed', ref, reason });
     const target = typeof to === 'string' ? clients.get(to) : undefined;
     if (!target || target.token !== from.token) return fail(`peer ${to} is not on the relay with this swarm's join token`);
     if (target === from) return fail('a page cannot dial itself');
@@ -178,12 +182,12 @@ export function createRelay(options: RelayOptions): Relay {
     if (from.conns.size >= MAX_CONNECTIONS_PER_SOCKET || target.conns.size >= MAX_CONNECTIONS_PER_SOCKET) {
       return fail(`over ${MAX_CONNECTIONS_PER_SOCKET} relayed connections on one page`);
     }
-    const conn: Connection = { id: nextConn++, a: from, b: target };
+    const conn: Connection = { id: nextConn++, a: from, b: target, inFlight: new Map() };
     connections.set(conn.id, conn);
     from.conns.add(conn.id);
     target.conns.add(conn.id);
-    control(target, { t: 'incoming', conn: conn.id, from: from.peer, metadata }, from);
-    control(from, { t: 'dialed', ref, conn: conn.id }, from);
+    control(target, { t: 'incoming', conn: conn.id, from: from.peer, metadata });
+    control(from, { t: 'dialed', ref, conn: conn.id });
   }
 
   function closeConnection(id: number, by: Client, reason = CLOSED_BY_OTHER_SIDE): void {
@@ -199,9 +203,6 @@ export function createRelay(options: RelayOptions): Relay {
   function leave(client: Client): void {
     if (clients.get(client.peer) === client) clients.delete(client.peer);
     for (const id of [...client.conns]) closeConnection(id, client, `peer ${client.peer} left the relay`);
-    release(client);
-    for (const receiver of client.blockedOn) receiver.blocking.delete(client);
-    client.blockedOn.clear();
   }
 
   return {
@@ -209,9 +210,10 @@ export function createRelay(options: RelayOptions): Relay {
       wss.handleUpgrade(request, socket, head, (ws) => admit(ws, request));
     },
     stats: () => ({
-      sockets: [...clients.values()].map((c) => ({ peer: c.peer, role: c.role, queued: c.queued, peakQueued: c.peakQueued, paused: c.blockedOn.size > 0 })),
+      sockets: [...clients.values()].map((c) => ({ peer: c.peer, role: c.role, queued: c.queued, peakQueued: c.peakQueued })),
       connections: connections.size,
       ...counters,
+      queued: queuedTotal,
       refused: [...refused],
     }),
     close() {

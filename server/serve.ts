@@ -26,8 +26,8 @@ export interface ServerOptions {
   iceServers?: IceServer[];
   /** `fallback` (default): links whose data channel does not open go through this server; `force`: every link does; `off`: none. */
   relay?: RelayMode;
-  /** bytes the relay queues for one page before it stops reading from the pages sending to it */
-  relaySocketCapBytes?: number;
+  /** bytes the relay may hold queued for all pages at once */
+  relayBudgetBytes?: number;
   /** model folders on this machine, served under these URL paths (with Range requests, so pages read shards tensor by tensor) */
   modelFolders?: Record<string, string>;
   /** the model the dashboard's form starts with (GET /models.json); the bundled demo model without it */
@@ -72,7 +72,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
   });
   app.use(crossOriginIsolation);
   const signaling = mountSignaling(app, server, peerKey, origins);
-  const relay = createRelay({ vouch: signaling.vouch, socketCapBytes: options.relaySocketCapBytes });
+  const relay = createRelay({ vouch: signaling.vouch, budgetBytes: options.relayBudgetBytes });
   // One port for the app, the signaling websocket and the relay: upgrades are routed by path.
   const upgraded = new Set<Duplex>();
   server.on('upgrade', (request, socket: Duplex, head: Buffer) => {
