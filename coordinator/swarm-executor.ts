@@ -56,7 +56,8 @@ export class SwarmExecutor extends Executor {
    * not answer a ping within CONFIRM_PING_MS — every rank is pinged, so a rank another rank blames
    * is let go only if it is silent to the coordinator too. One rank's word alone evicts nobody but
    * itself: a rank accused of misbehaving (NaN sent between ranks, say: the coordinator never sees
-   * those tensors) that still answers is let go together with its accuser, for one of the two lies.
+   * those tensors) or of withholding its tensors that still answers is let go together with its
+   * accuser, for one of the two lies.
    */
   override async lostRanks(error: Error): Promise<LostRank[]> {
     if (error instanceof WorkerError && error.breach) this.letGo(error.rank, 'misbehaved', `its ${error.method} reply broke the contract: ${error.remoteMessage}`, 0);
@@ -72,9 +73,9 @@ export class SwarmExecutor extends Executor {
       const timedOut = silentAtTimeout.has(rank) ? `; it had not answered ${(error as TimeoutError).method}` : '';
       this.letGo(rank, 'silent', `did not answer a ping within ${CONFIRM_PING_MS / 1000} s${timedOut}${said}`, Date.now() - started);
     });
-    if (accused?.cause === 'misbehaved' && error instanceof WorkerError && accused.rank !== error.rank && !this.lost.has(accused.rank)) {
+    if ((accused?.cause === 'misbehaved' || accused?.cause === 'silent') && error instanceof WorkerError && accused.rank !== error.rank && !this.lost.has(accused.rank)) {
       this.letGo(accused.rank, 'misbehaved', `rank ${error.rank} reported: ${accused.evidence}`, 0);
-      this.letGo(error.rank, 'misbehaved', `it reported rank ${accused.rank} misbehaving, which the coordinator cannot confirm: one of the two is let go with the other`, 0);
+      this.letGo(error.rank, 'misbehaved', `it reported rank ${accused.rank} ${accused.cause === 'silent' ? 'withholding its tensors' : 'misbehaving'}, which the coordinator cannot confirm: one of the two is let go with the other`, 0);
     }
     return [...this.lost.values()].sort((a, b) => a.rank - b.rank);
   }

@@ -8,6 +8,11 @@ import { Mailbox } from './mailbox.ts';
 const FLOAT16_MAX = 65504;
 /** tensors a peer may send ahead of this rank: in lockstep it is one phase ahead at most, with room */
 export const MAX_AHEAD = 4;
+/**
+ * How long a rank waits for a peer's tensor: the peers compute shares like its own, so ten times
+ * what its own share of the phase took, and never less than this (a slow link's transfer, a GC).
+ */
+export const MIN_EXCHANGE_TIMEOUT_MS = 60_000;
 
 /**
  * The all-to-all of one rank over direct data channels to every other rank of its job. Tensors
@@ -24,6 +29,8 @@ export class MeshExchange implements Exchange {
   private readonly ahead = new Map<number, Set<string>>();
   /** tensors refused whole: of a forward already past, or of another dtype */
   private refused = 0;
+  /** when this rank's last all-to-all ended: what it computed since is its share of this phase */
+  private lastExchangeEnd = performance.now();
 
   /** links to the other ranks, by rank */
   private readonly links = new Map<number, Link>();
@@ -32,6 +39,7 @@ export class MeshExchange implements Exchange {
     readonly rank: number,
     readonly world: number,
     readonly dtype: DType = 'f32',
+    private readonly minTimeoutMs = MIN_EXCHANGE_TIMEOUT_MS,
   ) {}
 
   addPeer(peerRank: number, link: Link): void {
@@ -98,14 +106,23 @@ export class MeshExchange implements Exchange {
       this.bytesSent += data.byteLength;
       return link.send({ kind: 'tensor', from: this.rank, tag, dtype: this.dtype, shape: [part.length], data });
     });
+    // a peer that withholds its part is named: the exchange fails with it as silent, not at the coordinator's timeout
+    const timeoutMs = Math.max(this.minTimeoutMs, 10 * (performance.now() - this.lastExchangeEnd));
+    const timers: ReturnType<typeof setTimeout>[] = [];
     const receives = parts.map((own, from) => {
       if (from === this.rank) return Promise.resolve(own);
       const key = MeshExchange.key(tag, from);
       this.ahead.get(from)?.delete(key);
+      timers.push(setTimeout(() => this.fail(new PeerLost({ rank: from, cause: 'silent', evidence: `sent no tensor for step ${tag.step + 1}, block ${tag.block}, phase ${tag.phase} within ${(timeoutMs / 1000).toFixed(0)} s` })), timeoutMs));
       return this.mailbox.receive(key);
     });
-    await Promise.all(sends);
-    return Promise.all(receives);
+    try {
+      await Promise.all(sends);
+      return await Promise.all(receives);
+    } finally {
+      timers.forEach(clearTimeout);
+      this.lastExchangeEnd = performance.now();
+    }
   }
 
   /** A peer is gone: every pending and future exchange fails with this error instead of hanging. */

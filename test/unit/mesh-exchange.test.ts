@@ -84,3 +84,18 @@ describe('the mesh exchange and a flooding peer', () => {
     expect(rank0.framesDropped()).toBe(4);
   });
 });
+
+// A peer that withholds its part (issue 17, finding 7): the waiting rank names it, at ten times
+// its own share of the phase (at least the minimum), not at the coordinator's job timeout.
+describe('the mesh exchange and a peer that withholds its tensors', () => {
+  it('fails the exchange naming the silent peer', async () => {
+    const [a] = channelPair();
+    const rank0 = new MeshExchange(0, 2, 'f32', 50);
+    rank0.addPeer(1, a);
+    const started = performance.now();
+    const error = await rank0.allToAll({ job: 1, step: 4, pass: 0, block: 2, phase: 1 }, [new Float32Array(1), new Float32Array(1)]).catch((e: unknown) => e);
+    expect(performance.now() - started).toBeGreaterThanOrEqual(45);
+    expect((error as PeerLost).detail).toMatchObject({ rank: 1, cause: 'silent' });
+    expect((error as PeerLost).detail.evidence).toMatch(/^sent no tensor for step 5, block 2, phase 1 within \d+ s$/);
+  });
+});

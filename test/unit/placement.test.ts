@@ -211,7 +211,7 @@ describe('Placer: where a job runs', () => {
     const t0 = performance.now();
     const error = await rejection(placerOn(swarm).place(guided, ask({ ulyssesDegree: 4 })));
     const elapsed = performance.now() - t0;
-    expect(error.message).toMatch(/^2 workers joined within .* but 4 are needed: open http:\/\/localhost:8080\/worker\.html\?swarm=ditswarm-c-test&token=token in 2 more tab/);
+    expect(error.message).toMatch(/^2 workers joined within .* but 4 are needed: open http:\/\/localhost:8080\/worker\.html\?swarm=ditswarm-c-test#token=token in 2 more tab/);
     // it waited the placer's 300 ms, not the 30 s default (upper bound wide for a loaded machine)
     expect(elapsed).toBeGreaterThanOrEqual(290);
     expect(elapsed).toBeLessThan(15_000);
@@ -477,6 +477,14 @@ describe('who is lost: the coordinator’s own evidence, never one rank’s word
     expect(lost.map((l) => [l.rank, l.worker, l.cause])).toEqual([[0, 'w0', 'misbehaved'], [1, 'w1', 'misbehaved']]);
     expect(lost[0].evidence).toBe('rank 1 reported: sent NaN or infinite values in step 1, block 0; disconnected');
     expect(swarm.workers().map((w) => w.id)).toEqual(['w2']);
+  });
+
+  it('a rank accused of withholding its tensors that still answers is let go with its accuser', async () => {
+    const { swarm, executor } = await placed(3);
+    const lost = await executor.lostRanks(new WorkerError(2, 'executeModel', 'rank 1 is gone', { rank: 1, cause: 'silent', evidence: 'sent no tensor for step 1, block 0, phase 0 within 60 s' }));
+    expect(lost.map((l) => [l.rank, l.cause])).toEqual([[1, 'misbehaved'], [2, 'misbehaved']]);
+    expect(lost[1].evidence).toBe('it reported rank 1 withholding its tensors, which the coordinator cannot confirm: one of the two is let go with the other');
+    expect(swarm.workers().map((w) => w.id)).toEqual(['w0']);
   });
 
   it('a reply that broke the contract is the coordinator’s own evidence: that rank is let go', async () => {
