@@ -101,3 +101,10 @@ async function launchBrowser(profileDir: string | undefined, log: (line: string)
     },
   };
 }
+
+/** What a page's own error said, from Playwright's wrapping of it: its first line, as the page worded it. */
+export function pageError(e: unknown): string {
+  return String((e as Error)?.message ?? e)
+    .replace(/^page\.evaluate: (Error: )?/, '')
+    .split('\n')[0];
+}

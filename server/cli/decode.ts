@@ -12,7 +12,7 @@ import { parseArgs } from 'node:util';
 import { readSafetensors, writeSafetensors } from '../../core/safetensors.ts';
 import { CACHE_ROOT } from '../model-folder.ts';
 import { servedModel } from '../serve.ts';
-import { startLocalSwarm } from './browser-swarm.ts';
+import { pageError, startLocalSwarm } from './browser-swarm.ts';
 
 const USAGE = `usage: npm run decode -- --model DIR --latent F.safetensors --output V.safetensors [--out video.webm] [--workers N]
   --latent   a safetensors file holding the transformer's latent [1, 16, T, h, w] (or [16, T, h, w]): its tensor "latent", or its only one
@@ -78,8 +78,7 @@ try {
   console.error(`decode: wrote ${[values.output, ...(values.out ? [values.out] : [])].join(', ')}: video [1, ${result.video.shape.join(', ')}] from ${r.tiles} tile(s) of ${r.tiling.tile} px every ${r.tiling.stride} in ${(r.ms / 1000).toFixed(1)} s (${ranks.join('; ')})`);
 } catch (e) {
   if (tty) process.stderr.write('\n');
-  const message = (e as Error).message.replace(/^page\.evaluate: (Error: )?/, '').split('\n')[0];
   await swarm.close();
-  fail(message);
+  fail(pageError(e));
 }
 await swarm.close();

@@ -15,7 +15,7 @@ import { checkJobParams, type JobParams } from '../../core/job.ts';
 import { readSafetensors } from '../../core/safetensors.ts';
 import { CACHE_ROOT } from '../model-folder.ts';
 import { servedModel } from '../serve.ts';
-import { startLocalSwarm } from './browser-swarm.ts';
+import { pageError, startLocalSwarm } from './browser-swarm.ts';
 import { JOB_FLAG_OPTIONS, jobFlagValues } from './job-flags.ts';
 
 /** where generate serves unless told (not the dashboard's, so both can run at once): a fixed port, as the browser keeps weights and encoded prompts per origin */
@@ -196,8 +196,7 @@ try {
   }
 } catch (e) {
   if (tty) process.stderr.write('\n');
-  const message = (e as Error).message.replace(/^page\.evaluate: (Error: )?/, '').split('\n')[0];
   await swarm.close();
-  fail(message);
+  fail(pageError(e));
 }
 await swarm.close();
