@@ -19,7 +19,7 @@ export type QueueEvent =
   /** a write to the store failed: what was kept, what was not, what to do */
   | { type: 'storage'; job: StoredJob; message: string };
 
-/** starts of one job before it is given up: each start a reload or a crash interrupted counts */
+/** starts of one job without a step done before it is given up: each start a reload or a crash interrupted before its first checkpoint counts */
 export const MAX_ATTEMPTS = 3;
 /** what a cancelled job's error says */
 export const CANCELLED = 'cancelled';
@@ -187,6 +187,7 @@ export class JobQueue {
         signal: controller.signal,
         onCheckpoint: (checkpoint) => {
           job.checkpoint = checkpoint;
+          job.attempts = 1; // it makes progress: a reload after this is not a crash that repeats
           void this.save(job); // never throws: a refused write is reported
         },
         onProgress: (progress) => this.emit({ type: 'progress', job, progress }),

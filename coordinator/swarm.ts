@@ -18,6 +18,7 @@ import {
   transportOf,
   type SignalingOptions,
 } from '../core/net/peer-link.ts';
+import { admitWorker, joinMetadata } from '../core/net/join.ts';
 import { COORDINATOR } from '../core/net/protocol.ts';
 import type { RelayClient } from '../core/net/relay-client.ts';
 import { passing } from '../core/net/check.ts';
@@ -30,8 +31,6 @@ const DESCRIBE_TIMEOUT_MS = 15_000;
 export const UNDESCRIBED_MAX_MESSAGE_BYTES = 64 * 1024;
 /** what a worker may send in one message (a tile of video frames, a rank's rows) */
 const MAX_MESSAGE_BYTES = 1 << 26;
-/** how long a refused page's channel may take to open, to be told why */
-const REFUSED_OPEN_TIMEOUT_MS = 3_000;
 /** refused pages remembered for the dashboard */
 export const MAX_REFUSALS = 100;
 const RELAY_RECONNECT_MS = 2_000;
@@ -260,11 +259,10 @@ export class Swarm {
   }
 
   private async admit(conn: DataConnectionLike): Promise<void> {
-    const meta = conn.metadata as { role?: string; token?: string } | undefined;
-    if (meta?.role !== 'worker') return conn.close();
+    const meta = joinMetadata(conn.metadata);
+    if (!meta) return conn.close();
     let worker: SwarmWorker | null = null;
     let api: WorkerRemote | null = null;
-    const admitted = meta.token === this.token;
     // a page sends nothing large before it has said what it is: nothing to reserve memory for
     let maxMessageBytes = UNDESCRIBED_MAX_MESSAGE_BYTES;
     try {
@@ -276,16 +274,14 @@ export class Swarm {
         },
         {
           accept: (h) => (h.kind !== 'rpc' ? 'a worker may only send RPC messages to the coordinator' : h.totalBytes > maxMessageBytes ? 'reply too large' : null),
-          // a refused page's channel is opened only to say why: it gets a few seconds, not a worker's
-          openTimeoutMs: conn.open ? undefined : admitted ? DIRECT_OPEN_TIMEOUT_MS : REFUSED_OPEN_TIMEOUT_MS,
+          openTimeoutMs: conn.open ? undefined : DIRECT_OPEN_TIMEOUT_MS,
         },
       );
-      if (!admitted) {
-        const reason = 'wrong join token: open the join link shown on the dashboard';
-        this.refusals.push({ peer: conn.peer, reason, at: Date.now() });
+      const refusal = await admitWorker(link, this.token, { coordinator: this.id, worker: conn.peer }, meta);
+      if (refusal) {
+        this.refusals.push({ peer: conn.peer, reason: refusal, at: Date.now() });
         if (this.refusals.length > MAX_REFUSALS) this.refusals.shift();
-        this.emit({ type: 'refused', peer: conn.peer, reason });
-        await link.send({ kind: 'rpc', from: COORDINATOR, body: { type: 'refused', reason }, tensors: [] }).catch(() => {});
+        this.emit({ type: 'refused', peer: conn.peer, reason: refusal });
         setTimeout(() => conn.close(), 500); // let the refusal reach the page first
         return;
       }

@@ -129,7 +129,7 @@ export function tiledDecoding(o: TiledDecodingOptions): VideoDecoding {
         const n = Math.min(step, T - from);
         const frames = new Float32Array(plane * n);
         for (let c = 0; c < C; c++) frames.set(part.data.subarray((c * T + from) * tile.height * tile.width, (c * T + from + n) * tile.height * tile.width), c * n * tile.height * tile.width);
-        const got = await host.api.decodeTile({ modelUrl: o.modelUrl, ep, tile: `${tile.row},${tile.col}`, from, shape: [C, n, tile.height, tile.width], latent: frames }, o.timeoutMs);
+        const got = await host.api.decodeTile({ modelUrl: o.modelUrl, ep, tile: `${tile.row},${tile.col}`, from, last: from + n === T, shape: [C, n, tile.height, tile.width], latent: frames }, o.timeoutMs);
         const expected = [from === 0 ? 1 + framesOfChunk(o.config, false) * (n - 1) : framesOfChunk(o.config, false) * n, 3, 8 * tile.height, 8 * tile.width];
         const what = `tile ${tile.row},${tile.col}'s latent frames ${from}–${from + n - 1}`;
         if (got.shape.join() !== expected.join() || got.frames.length !== sizeOf(expected)) throw new Error(`returned ${what} as [${got.shape}] with ${got.frames.length} values, not [${expected}]`);

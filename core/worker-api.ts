@@ -199,6 +199,8 @@ export interface DecodeTileArgs {
   tile: string;
   /** latent frames of this tile decoded by earlier calls */
   from: number;
+  /** these are the tile's last latent frames: the worker lets its caches go after them */
+  last: boolean;
   /** the frames' latent [z_dim, n, h, w], as the transformer made it */
   shape: number[];
   latent: Float32Array;
@@ -355,7 +357,7 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
     reply: fields({ hidden: floats(MAX_PROMPT_TOKENS * 65_536), layerMs: list(ms, { max: 1024 }), layersRead: int(0, 1024) }),
   },
   decodeTile: {
-    args: fields({ modelUrl: text(), ep: oneOf(...EXECUTION_PROVIDERS, 'auto'), tile: text(256), from: int(0, 1 << 16), shape, latent: floats(MAX_TILE_LATENT_VALUES) }),
+    args: fields({ modelUrl: text(), ep: oneOf(...EXECUTION_PROVIDERS, 'auto'), tile: text(256), from: int(0, 1 << 16), last: oneOf(true, false), shape, latent: floats(MAX_TILE_LATENT_VALUES) }),
     reply: fields({ frames: floats(MAX_MESSAGE_FLOATS), shape: list(int(1, 1 << 16), { min: 4, max: 4 }), computeMs: ms, cacheBytes: bytes, weightBytes: bytes }),
   },
   prepareJob: {

@@ -12,7 +12,7 @@ export function vaeTiles(folder: FolderFiles = cachedModelFiles): { decode(args:
   let model: { key: string; decoder: VaeTileDecoder } | null = null;
   let open: { tile: string; stream: VaeTileStream } | null = null;
   return {
-    async decode({ modelUrl, ep, tile, from, shape, latent }) {
+    async decode({ modelUrl, ep, tile, from, last, shape, latent }) {
       const key = `${modelUrl} ${ep}`;
       if (model?.key !== key) {
         open?.stream.close();
@@ -36,7 +36,13 @@ export function vaeTiles(folder: FolderFiles = cachedModelFiles): { decode(args:
       }
       const started = performance.now();
       const frames = await open.stream.next({ shape, data: latent });
-      return { frames: frames.data, shape: [frames.frames, frames.channels, frames.height, frames.width], computeMs: performance.now() - started, cacheBytes: open.stream.cacheBytes, weightBytes: model.decoder.weightBytes };
+      const { cacheBytes } = open.stream;
+      // the tile's last latent frames: its caches (hundreds of MB on the GPU) go now, not at the next tile
+      if (last) {
+        open.stream.close();
+        open = null;
+      }
+      return { frames: frames.data, shape: [frames.frames, frames.channels, frames.height, frames.width], computeMs: performance.now() - started, cacheBytes, weightBytes: model.decoder.weightBytes };
     },
   };
 }

@@ -7,6 +7,8 @@
 import { Peer } from 'peerjs';
 import type { DataConnectionLike, Transport } from '../core/net/channel.ts';
 import { answerHeartbeats } from '../core/net/heartbeat.ts';
+import { nonce } from '../core/net/hmac.ts';
+import { joinDashboard, type JoinMetadata } from '../core/net/join.ts';
 import {
   connectRelay,
   dial,
@@ -153,17 +155,23 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
         }
         publish({ coordinator, detail: `connecting to ${coordinator}${signaling.relay.mode === 'force' ? ' through the relay' : ''}` });
         if (signaling.relay.mode === 'fallback') await relayClient().catch(() => null); // only links that need it use it
-        const conn = await dial(peer, coordinator, { role: 'worker', token: options.token ?? '' }, { mode: signaling.relay.mode, client: relayClient });
+        // the token never leaves this page: the dashboard and this worker prove they hold it (core/net/join.ts)
+        const metadata: JoinMetadata = { role: 'worker', nonce: nonce() };
+        const conn = await dial(peer, coordinator, metadata, { mode: signaling.relay.mode, client: relayClient });
         let closed!: () => void;
         const gone = new Promise<void>((resolve) => (closed = resolve));
         const link = await openLink(conn, () => closed(), {
           accept: (h) => (h.kind !== 'rpc' ? 'the coordinator may only send RPC messages' : null),
         });
-        let refusal: string | null = null;
-        link.onMessage((msg) => {
-          const body = msg.kind === 'rpc' ? (msg.body as { type?: string; reason?: unknown }) : null;
-          if (body?.type === 'refused') refusal = String(body.reason);
-        });
+        // nothing is served before the dashboard has proved it holds the join token
+        const refusal = await joinDashboard(link, options.token ?? '', { coordinator, worker: peer.id }, metadata);
+        if (refusal) {
+          link.close(refusal.refused);
+          conn.close();
+          publish({ connected: false, transport: null, state: 'refused', detail: refusal.refused });
+          await new Promise((r) => setTimeout(r, REFUSED_RETRY_MS));
+          continue;
+        }
         serve<WorkerApi>(link, 0, WORKER_CONTRACT, runtime);
         answerHeartbeats(link, 0, () => {
           const framesDropped = link.stats.framesDropped + mesh.framesDropped();
@@ -174,11 +182,6 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
         publish({ connected: true, transport, state: runtime.state, detail: `joined the swarm${transport === 'relay' ? ' (through the relay)' : ''}` });
         await gone;
         mesh.close('lost the dashboard');
-        if (refusal) {
-          publish({ connected: false, state: 'refused', detail: `the dashboard refused this worker: ${refusal}` });
-          await new Promise((r) => setTimeout(r, REFUSED_RETRY_MS));
-          continue;
-        }
         publish({ connected: false, transport: null, state: 'disconnected', detail: 'lost the dashboard; reconnecting' });
       } catch (e) {
         if (e instanceof RelayRefused) {

@@ -96,7 +96,11 @@ export class MeshExchange implements Exchange {
     // what this rank sends is finite (and fits float16 when it sends float16): else the fault is its own, not a peer's
     const limit = this.dtype === 'f16' ? FLOAT16_MAX : Number.MAX_VALUE;
     if (!parts.every((part) => part.every((v) => Math.abs(v) <= limit))) {
-      throw new Error(`rank ${this.rank}'s activations in step ${tag.step + 1}, block ${tag.block} are NaN, infinite${this.dtype === 'f16' ? ' or beyond float16 (send float32 instead)' : ''}`);
+      // its peers hear of it at once (their links close), rather than wait for what will not come
+      const error = new Error(`rank ${this.rank}'s activations in step ${tag.step + 1}, block ${tag.block} are NaN, infinite${this.dtype === 'f16' ? ' or beyond float16 (send float32 instead)' : ''}`);
+      this.fail(error);
+      this.closeLinks(error.message);
+      throw error;
     }
     const sends = parts.map((part, to) => {
       if (to === this.rank) return Promise.resolve();

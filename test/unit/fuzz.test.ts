@@ -390,7 +390,7 @@ describe('hostile arguments to every worker method', () => {
       executeModel: { args: { ...executable, job: 99 }, runtimeRefuses: true },
       rehearse: { args: { modelUrl: '/models/tiny-wan', ep: 'wasm', latentShape: [15, 1, 14, 10], textTokens: 4, degrees: [1] }, runtimeRefuses: true },
       encodeText: { args: { modelUrl: '/models/tiny-wan', ep: 'wasm', from: 3, to: 1, tokens: 2, hidden: new Float32Array(8) }, runtimeRefuses: true },
-      decodeTile: { args: { modelUrl: '/models/tiny-wan', ep: 'wasm', tile: 't', from: 3, shape: [16, 1, 2, 2], latent: new Float32Array(64) }, runtimeRefuses: true },
+      decodeTile: { args: { modelUrl: '/models/tiny-wan', ep: 'wasm', tile: 't', from: 3, last: true, shape: [16, 1, 2, 2], latent: new Float32Array(64) }, runtimeRefuses: true },
     };
     const cases: [WorkerMethod, unknown][] = [];
     for (const method of WORKER_METHODS) {

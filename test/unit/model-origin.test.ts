@@ -44,7 +44,7 @@ describe('a worker runtime asked for a folder its page refuses', () => {
     await expect(runtime.loadModel({ modelUrl: evil, ep: 'wasm' })).rejects.toThrow(refusal);
     await expect(runtime.rehearse({ modelUrl: evil, ep: 'wasm', latentShape: [16, 1, 2, 2], textTokens: 4, degrees: [1] })).rejects.toThrow(refusal);
     await expect(runtime.encodeText({ modelUrl: evil, ep: 'wasm', from: 0, to: 1, tokens: 1, hidden: new Float32Array(4) })).rejects.toThrow(refusal);
-    await expect(runtime.decodeTile({ modelUrl: evil, ep: 'wasm', tile: 't', from: 0, shape: [16, 1, 1, 1], latent: new Float32Array(16) })).rejects.toThrow(refusal);
+    await expect(runtime.decodeTile({ modelUrl: evil, ep: 'wasm', tile: 't', from: 0, last: true, shape: [16, 1, 1, 1], latent: new Float32Array(16) })).rejects.toThrow(refusal);
     expect(loads).toEqual([]);
     expect(runtime.state).toBe('initialized');
   });

@@ -1,12 +1,13 @@
 import { describe, expect, it } from 'vitest';
 import type { DataConnectionLike } from '../../core/net/channel.ts';
 import type { SignalingOptions } from '../../core/net/peer-link.ts';
-import { frameMessage } from '../../core/net/protocol.ts';
+import { nonce } from '../../core/net/hmac.ts';
+import { encodeFrames, frameMessage } from '../../core/net/protocol.ts';
 import { MAX_REFUSALS, Swarm } from '../../coordinator/swarm.ts';
 import { SinkChannel } from './fixtures.ts';
 
-// Pages that reach the dashboard's peer id with only what anyone can get: a wrong token, or the
-// right one and a first message declaring 64 MiB (issue 17, findings 12 and 13).
+// Pages that reach the dashboard's peer id with only what anyone can get: a join handshake answered
+// with a wrong proof, or a first message declaring 64 MiB before any proof (issue 17, findings 12 and 13).
 const signaling: SignalingOptions = { host: 'localhost', port: 1, path: '/peerjs', key: 'k', secure: false, iceServers: [], relay: { mode: 'off', path: '/relay' }, lanOrigins: [] };
 const swarmWithToken = (token: string) => {
   const peer = { id: 'ditswarm-c-test', on() {}, destroy() {} };
@@ -38,8 +39,13 @@ function fakeConn(peer: string, metadata: unknown) {
 describe("the dashboard's door", () => {
   it(`remembers the last ${MAX_REFUSALS} refused pages, and closes each`, async () => {
     const { swarm, admit } = swarmWithToken('secret');
-    const conns = Array.from({ length: 150 }, (_, i) => fakeConn(`ditswarm-w-${i}`, { role: 'worker', token: 'guess' }));
-    await Promise.all(conns.map((c) => admit(c as unknown as DataConnectionLike)));
+    const conns = Array.from({ length: 150 }, (_, i) => fakeConn(`ditswarm-w-${i}`, { role: 'worker', nonce: nonce() }));
+    const admits = conns.map((c) => admit(c as unknown as DataConnectionLike));
+    await new Promise((r) => setTimeout(r, 50)); // each was challenged
+    // each answers with a proof made without the token
+    for (const c of conns) for (const frame of encodeFrames({ kind: 'rpc', from: 0, body: { type: 'hello', proof: '0'.repeat(64) }, tensors: [] }, 1)) c.deliver(frame);
+    await Promise.all(admits);
+    expect(swarm.refusals[0].reason).toBe('it did not prove it holds the join token: open the join link shown on the dashboard');
     expect(swarm.refusals).toHaveLength(MAX_REFUSALS);
     expect(swarm.refusals.at(-1)!.peer).toBe('ditswarm-w-149');
     await new Promise((r) => setTimeout(r, 600));
@@ -49,8 +55,8 @@ describe("the dashboard's door", () => {
 
   it('reserves nothing for a large message before the page has described itself: six first chunks declaring 64 MiB each hold no memory', async () => {
     const { swarm, admit } = swarmWithToken('secret');
-    const conn = fakeConn('ditswarm-w-x', { role: 'worker', token: 'secret' });
-    const joining = admit(conn as unknown as DataConnectionLike); // waits for its describe reply, which never comes
+    const conn = fakeConn('ditswarm-w-x', { role: 'worker', nonce: nonce() });
+    const joining = admit(conn as unknown as DataConnectionLike); // waits for its proof, which never comes
     await new Promise((r) => setImmediate(r));
     const first = new Uint8Array(frameMessage({ kind: 'rpc', from: 0, body: 'x', tensors: [new Float32Array((16 << 20) - 4096)] }, 1).frame(0)).slice(); // just under the links' 64 MiB cap
     const before = process.memoryUsage().arrayBuffers;

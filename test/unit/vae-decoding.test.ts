@@ -86,20 +86,21 @@ describe('tiled decoding on workers', () => {
     expect((error as Error).message).toBe("no worker could decode VAE tile 0,0: worker bad: returned tile 0,0's latent frames 0–1 with NaN or infinite values");
   });
 
-  it("a run of a tile's latent frames continues only the tile that is open, where it stopped", async () => {
+  it("a run of a tile's latent frames continues only the tile that is open, where it stopped; after its last frames the tile is closed", async () => {
     const files = folderFiles(dir);
     const tiles = vaeTiles(() => ({ ...files, close: async () => {} }));
     const part = cutTile(latent, { row: 0, col: 0, y: 0, x: 0, height: 4, width: 4 });
     const frame = (t: number) => ({ shape: [16, 1, 4, 4], latent: part.data.filter((_, i) => Math.floor(i / 16) % 2 === t) });
-    const args = { modelUrl: 'test', ep: 'wasm' as const, tile: 'x' };
+    const args = { modelUrl: 'test', ep: 'wasm' as const, tile: 'x', last: false };
     await tiles.decode({ ...args, from: 0, ...frame(0) });
     await expect(tiles.decode({ ...args, tile: 'y', from: 1, ...frame(1) })).rejects.toThrow('tile y from latent frame 1: this worker has tile x open at latent frame 1; start the tile again from 0');
     await expect(tiles.decode({ ...args, from: 2, ...frame(1) })).rejects.toThrow('tile x from latent frame 2');
     // in two runs, the frames one run makes
-    const second = await tiles.decode({ ...args, from: 1, ...frame(1) });
+    const second = await tiles.decode({ ...args, from: 1, last: true, ...frame(1) });
     const whole = decodeTileReference(cfg, tensors, part);
     expect(second.shape).toEqual([4, 3, 32, 32]);
     expect(maxAbsDiff(second.frames, whole.data.subarray(3 * 32 * 32))).toBeLessThan(1e-4);
+    await expect(tiles.decode({ ...args, from: 2, ...frame(1) })).rejects.toThrow('this worker has no tile open');
   });
 });
 

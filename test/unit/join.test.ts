@@ -1,0 +1,58 @@
+import { describe, expect, it } from 'vitest';
+import type { Channel } from '../../core/net/channel.ts';
+import { nonce } from '../../core/net/hmac.ts';
+import { admitWorker, joinDashboard, type JoinMetadata } from '../../core/net/join.ts';
+import { Link } from '../../core/net/link.ts';
+
+// The join handshake (issue 17, finding 1): a worker serves only a dashboard that proves it holds
+// the join token, a dashboard admits only a worker that does, and the token crosses no link.
+function tappedPair(): { dashboard: Link; worker: Link; sentByWorker: Uint8Array[] } {
+  const sentByWorker: Uint8Array[] = [];
+  const channel = (deliver: (frame: ArrayBuffer) => void, tap?: Uint8Array[]): Channel => ({
+    bufferedAmount: 0,
+    bufferedAmountLowThreshold: 0,
+    send: (frame) => (tap?.push(new Uint8Array(frame.slice(0))), void setImmediate(() => deliver(frame))),
+    addEventListener() {},
+    removeEventListener() {},
+  });
+  const dashboard: Link = new Link(channel((f) => worker.receive(f)));
+  const worker: Link = new Link(channel((f) => dashboard.receive(f), sentByWorker));
+  return { dashboard, worker, sentByWorker };
+}
+
+const ids = { coordinator: 'ditswarm-c-1', worker: 'ditswarm-w-1' };
+const metadata = (): JoinMetadata => ({ role: 'worker', nonce: nonce() });
+
+describe('the join handshake', () => {
+  it('both hold the token: the worker serves, the dashboard admits', async () => {
+    const { dashboard, worker } = tappedPair();
+    const m = metadata();
+    const [admitted, joined] = await Promise.all([admitWorker(dashboard, 'the-token', ids, m), joinDashboard(worker, 'the-token', ids, m)]);
+    expect([admitted, joined]).toEqual([null, null]);
+  });
+
+  it('a page that took the dashboard’s id without the token is refused by the worker, which never sends the token', async () => {
+    const { dashboard, worker, sentByWorker } = tappedPair();
+    const m = metadata();
+    const impostor = admitWorker(dashboard, 'a-guess', ids, m);
+    const joined = await joinDashboard(worker, 'the-secret-token', ids, m);
+    expect(joined).toEqual({ refused: "the dashboard did not prove it holds this link's join token: open the join link the dashboard shows (a page that took its place cannot)" });
+    worker.close('refused'); // as the worker page does
+    expect(await impostor).toMatch(/did not prove it holds the join token/);
+    const everything = Buffer.concat(sentByWorker).toString('latin1');
+    expect(everything).not.toContain('the-secret-token');
+  });
+
+  it('a proof for one exchange does not answer another (the nonces are bound into it)', async () => {
+    const first = tappedPair();
+    const m = metadata();
+    // a recorded challenge replayed to a worker that dialled with a fresh nonce
+    const recorded: unknown[] = [];
+    first.worker.onMessage((msg) => recorded.push(msg));
+    await Promise.all([admitWorker(first.dashboard, 'the-token', ids, m), joinDashboard(first.worker, 'the-token', ids, m)]);
+    const second = tappedPair();
+    const replay = recorded.find((msg) => (msg as { body?: { type?: string } }).body?.type === 'challenge') as { body: object };
+    await second.dashboard.send({ kind: 'rpc', from: 255, body: replay.body, tensors: [] });
+    expect(await joinDashboard(second.worker, 'the-token', ids, metadata())).toMatchObject({ refused: expect.stringMatching(/did not prove/) });
+  });
+});
