@@ -234,7 +234,8 @@ export abstract class Executor {
 
   /** Gives every rank the job's text embeddings (conditional, then unconditional) and latent shape. */
   async prepareJob(job: number, texts: Float32Array[], latentShape: number[]): Promise<void> {
-    await this.collectiveRpc('prepareJob', { args: { job, texts, latentShape } });
+    // a rank names a silent peer within half the coordinator's patience for a forward: before that runs out
+    await this.collectiveRpc('prepareJob', { args: { job, texts, latentShape, exchangeTimeoutMs: Math.round(this.rpcTimeoutMs / 2) } });
     // a worker takes up a new share of its machine's cores as it prepares a job: report the threads it has now
     const infos = await this.collectiveRpc('describe');
     this.workers.forEach((w, rank) => (w.threads = infos[rank].threads));

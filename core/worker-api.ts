@@ -107,6 +107,8 @@ export interface PrepareArgs {
   /** text embeddings [L, text_dim]: the conditional pass's, then with guidance the unconditional one's */
   texts: Float32Array[];
   latentShape: number[]; // [C, T, H, W]
+  /** how long a rank waits for a peer's tensor before naming it silent: within the coordinator's own patience for a forward */
+  exchangeTimeoutMs?: number;
 }
 
 export interface ExecuteArgs {
@@ -361,7 +363,7 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
     reply: fields({ frames: floats(MAX_MESSAGE_FLOATS), shape: list(int(1, 1 << 16), { min: 4, max: 4 }), computeMs: ms, cacheBytes: bytes, weightBytes: bytes }),
   },
   prepareJob: {
-    args: fields({ job: int(0), texts: list(floats(), { min: 1, max: 2 }), latentShape: shape }),
+    args: fields({ job: int(0), texts: list(floats(), { min: 1, max: 2 }), latentShape: shape, exchangeTimeoutMs: optional(int(1_000, 86_400_000)) }),
     reply: fields({ job: int(0) }),
   },
   probeMesh: {

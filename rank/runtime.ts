@@ -229,7 +229,7 @@ export class WorkerRuntime implements WorkerApi {
     }
   }
 
-  async prepareJob({ job, texts, latentShape }: PrepareArgs) {
+  async prepareJob({ job, texts, latentShape, exchangeTimeoutMs }: PrepareArgs) {
     const exchange = this.needInit('prepareJob');
     const cfg = this.needModel();
     if (!texts.every((t) => t.length > 0 && t.length % cfg.textDim === 0)) {
@@ -240,6 +240,7 @@ export class WorkerRuntime implements WorkerApi {
     this.plan = planUlysses(cfg, tokenGrid(cfg, latentShape).count, exchange.world);
     this.job = job;
     this.texts = texts;
+    if (exchangeTimeoutMs !== undefined) exchange.waitAtMost?.(exchangeTimeoutMs);
     return { job };
   }
 

@@ -36,6 +36,8 @@ export interface Exchange {
   /** how activations travel: float32, or float16 for half the bytes */
   readonly dtype: DType;
   allToAll(tag: ExchangeTag, parts: Float32Array[]): Promise<Float32Array[]>;
+  /** how long to wait for a peer's part before naming it silent (an exchange over links) */
+  waitAtMost?(ms: number): void;
 }
 
 export interface ForwardInput {

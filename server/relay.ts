@@ -11,8 +11,9 @@
 //   made of, so an honest sender waits for acks. A sender past its credit ignores them: that one
 //   connection is closed. A page that never reads stalls only the connections to it, never its
 //   senders' other connections (heartbeats to the dashboard among them), and the server never
-//   stops reading a socket. All connections together hold at most `budgetBytes`; past it, the
-//   connection whose frame would exceed it is closed.
+//   stops reading a socket. A page that does not read its own acks and controls (past
+//   MAX_CONTROL_QUEUE_BYTES) is let go; past `budgetBytes` queued for all pages together, so is
+//   the page with the most queued for it (the one not reading).
 
 import type { IncomingMessage } from 'node:http';
 import type { Duplex } from 'node:stream';
@@ -23,8 +24,10 @@ import { CLOSED_BY_OTHER_SIDE, MAX_RELAY_CONTROL_BYTES, RELAY_ENVELOPE_BYTES, ty
 
 /** what one connection may have in flight one way: an honest Link's high-water mark, one frame, and room for the envelopes */
 export const CONNECTION_CREDIT_BYTES = MAX_HIGH_WATER_BYTES + 2 * MAX_FRAME_BYTES;
-/** what all connections may have queued at once */
-export const DEFAULT_RELAY_BUDGET_BYTES = 512 * 1024 * 1024;
+/** what all pages may have queued at once: above what honest pages reach (each connection's credit, both ways) */
+export const DEFAULT_RELAY_BUDGET_BYTES = 1024 * 1024 * 1024;
+/** acks and controls queued for one page that does not read them: an honest page reads them as they come */
+export const MAX_CONTROL_QUEUE_BYTES = 1024 * 1024;
 const MAX_CONNECTIONS_PER_SOCKET = 64;
 const MAX_METADATA_BYTES = 1024;
 
@@ -49,10 +52,12 @@ export interface RelayStats {
   connections: number;
   framesForwarded: number;
   bytesForwarded: number;
-  /** frames for a connection that is not the sender's (closed meanwhile, or never its own), or past a credit or the budget */
+  /** frames for a connection that is not the sender's (closed meanwhile, or never its own), or past its credit */
   framesDropped: number;
-  /** connections closed because a sender went past its credit or the budget */
+  /** connections closed because a sender went past its credit */
   connectionsCut: number;
+  /** pages let go for not reading what the relay sent them */
+  socketsCut: number;
   /** bytes queued for all sockets now */
   queued: number;
   refused: { peer: string; reason: string }[];
@@ -71,6 +76,8 @@ interface Client {
   token: string;
   role: RelayRole;
   queued: number;
+  /** of it, acks and controls */
+  controlQueued: number;
   peakQueued: number;
   conns: Set<number>;
 }
@@ -88,23 +95,34 @@ export function createRelay(options: RelayOptions): Relay {
   const wss = new WebSocketServer({ noServer: true, maxPayload: RELAY_ENVELOPE_BYTES + MAX_FRAME_BYTES, perMessageDeflate: false });
   const clients = new Map<string, Client>();
   const connections = new Map<number, Connection>();
-  const counters = { framesForwarded: 0, bytesForwarded: 0, framesDropped: 0, connectionsCut: 0 };
+  const counters = { framesForwarded: 0, bytesForwarded: 0, framesDropped: 0, connectionsCut: 0, socketsCut: 0 };
   let queuedTotal = 0;
   const refused: RelayStats['refused'] = [];
   let nextConn = 1;
 
-  /** Queues `data` on `to`; `written` once the socket has taken it. */
+  /** Queues `data` on `to`; `written` once the socket has taken it. A page that does not read is let go. */
   function write(to: Client, data: Buffer | string, written?: () => void): void {
     if (to.ws.readyState !== to.ws.OPEN) return;
-    const size = typeof data === 'string' ? Buffer.byteLength(data) : data.byteLength;
+    const control = typeof data === 'string';
+    const size = control ? Buffer.byteLength(data) : data.byteLength;
     to.queued += size;
+    if (control) to.controlQueued += size;
     queuedTotal += size;
     to.peakQueued = Math.max(to.peakQueued, to.queued);
-    to.ws.send(data, { binary: typeof data !== 'string' }, (error) => {
+    to.ws.send(data, { binary: !control }, (error) => {
       to.queued -= size;
+      if (control) to.controlQueued -= size;
       queuedTotal -= size;
       if (!error) written?.();
     });
+    if (to.controlQueued > MAX_CONTROL_QUEUE_BYTES) cut(to);
+    else if (queuedTotal > budget) cut([...clients.values()].reduce((most, c) => (c.queued > most.queued ? c : most)));
+  }
+
+  /** Lets go a page that does not read what it is sent: its connections close, the others are told. */
+  function cut(client: Client): void {
+    counters.socketsCut++;
+    client.ws.terminate();
   }
 
   const control = (to: Client, message: RelayControl) => write(to, JSON.stringify(message));
@@ -126,7 +144,7 @@ export function createRelay(options: RelayOptions): Relay {
       return refuse(ws, peer, 'no dashboard on the relay holds this join token: open the join link the dashboard shows');
     }
     clients.get(peer)?.ws.close(4000, 'replaced by a newer relay socket of the same page');
-    const client: Client = { ws, peer, token, role, queued: 0, peakQueued: 0, conns: new Set() };
+    const client: Client = { ws, peer, token, role, queued: 0, controlQueued: 0, peakQueued: 0, conns: new Set() };
     clients.set(peer, client);
     ws.on('message', (data, isBinary) => (isBinary ? forward(client, toBuffer(data)) : onControl(client, toBuffer(data))));
     ws.on('close', () => leave(client));
@@ -143,8 +161,8 @@ export function createRelay(options: RelayOptions): Relay {
     }
     const bytes = data.byteLength - RELAY_ENVELOPE_BYTES;
     const inFlight = (conn.inFlight.get(from) ?? 0) + data.byteLength;
-    const over = inFlight > CONNECTION_CREDIT_BYTES ? `${from.peer} sent ${inFlight} bytes its receiver has not taken, past the connection's credit of ${CONNECTION_CREDIT_BYTES}` : queuedTotal + data.byteLength > budget ? `the relay holds ${queuedTotal} bytes, its budget` : null;
-    if (over) {
+    if (inFlight > CONNECTION_CREDIT_BYTES) {
+      const over = `${from.peer} sent ${inFlight} bytes its receiver has not taken, past the connection's credit of ${CONNECTION_CREDIT_BYTES}`;
       counters.framesDropped++;
       counters.connectionsCut++;
       closeConnection(conn.id, from, over);

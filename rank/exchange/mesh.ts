@@ -9,10 +9,10 @@ const FLOAT16_MAX = 65504;
 /** tensors a peer may send ahead of this rank: in lockstep it is one phase ahead at most, with room */
 export const MAX_AHEAD = 4;
 /**
- * How long a rank waits for a peer's tensor: the peers compute shares like its own, so ten times
- * what its own share of the phase took, and never less than this (a slow link's transfer, a GC).
+ * How long a rank waits for a peer's tensor, hearing nothing from it, before naming it silent,
+ * until its job says (prepareJob: half the coordinator's patience for a forward).
  */
-export const MIN_EXCHANGE_TIMEOUT_MS = 60_000;
+export const EXCHANGE_TIMEOUT_MS = 60_000;
 
 /**
  * The all-to-all of one rank over direct data channels to every other rank of its job. Tensors
@@ -29,8 +29,6 @@ export class MeshExchange implements Exchange {
   private readonly ahead = new Map<number, Set<string>>();
   /** tensors refused whole: of a forward already past, or of another dtype */
   private refused = 0;
-  /** when this rank's last all-to-all ended: what it computed since is its share of this phase */
-  private lastExchangeEnd = performance.now();
 
   /** links to the other ranks, by rank */
   private readonly links = new Map<number, Link>();
@@ -39,8 +37,12 @@ export class MeshExchange implements Exchange {
     readonly rank: number,
     readonly world: number,
     readonly dtype: DType = 'f32',
-    private readonly minTimeoutMs = MIN_EXCHANGE_TIMEOUT_MS,
+    private timeoutMs = EXCHANGE_TIMEOUT_MS,
   ) {}
+
+  waitAtMost(ms: number): void {
+    this.timeoutMs = ms;
+  }
 
   addPeer(peerRank: number, link: Link): void {
     this.links.set(peerRank, link);
@@ -110,22 +112,27 @@ export class MeshExchange implements Exchange {
       this.bytesSent += data.byteLength;
       return link.send({ kind: 'tensor', from: this.rank, tag, dtype: this.dtype, shape: [part.length], data });
     });
-    // a peer that withholds its part is named: the exchange fails with it as silent, not at the coordinator's timeout
-    const timeoutMs = Math.max(this.minTimeoutMs, 10 * (performance.now() - this.lastExchangeEnd));
-    const timers: ReturnType<typeof setTimeout>[] = [];
+    // a peer that withholds its part is named, before the coordinator's call times out: silent
+    // means nothing heard from it for timeoutMs (its part still arriving over a slow link is not)
+    const timers = new Map<number, ReturnType<typeof setTimeout>>();
+    const watch = (from: number, since: number) =>
+      timers.set(from, setTimeout(() => {
+        const heard = this.links.get(from)?.lastHeardAt ?? 0;
+        if (heard > since) return watch(from, heard);
+        this.fail(new PeerLost({ rank: from, cause: 'silent', evidence: `sent no tensor for step ${tag.step + 1}, block ${tag.block}, phase ${tag.phase} in ${(this.timeoutMs / 1000).toFixed(0)} s` }));
+      }, Math.max(0, since + this.timeoutMs - Date.now())));
     const receives = parts.map((own, from) => {
       if (from === this.rank) return Promise.resolve(own);
       const key = MeshExchange.key(tag, from);
       this.ahead.get(from)?.delete(key);
-      timers.push(setTimeout(() => this.fail(new PeerLost({ rank: from, cause: 'silent', evidence: `sent no tensor for step ${tag.step + 1}, block ${tag.block}, phase ${tag.phase} within ${(timeoutMs / 1000).toFixed(0)} s` })), timeoutMs));
-      return this.mailbox.receive(key);
+      watch(from, Date.now());
+      return this.mailbox.receive(key).finally(() => clearTimeout(timers.get(from)));
     });
     try {
       await Promise.all(sends);
       return await Promise.all(receives);
     } finally {
       timers.forEach(clearTimeout);
-      this.lastExchangeEnd = performance.now();
     }
   }
 

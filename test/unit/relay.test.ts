@@ -164,6 +164,26 @@ describe('the relay', () => {
     await expect.poll(acked, { timeout: 10_000 }).toBe(4);
   });
 
+  it('lets go a page that floods tiny frames and never reads its acks: the acks queued for it are bounded', async () => {
+    const { coordinator } = await pair();
+    coordinator.onConnection(() => {});
+    const ws = new WebSocket(relayUrl(origin, '/relay', registration('acker', 'swarm-token', 'worker')));
+    opened.push({ close: () => ws.terminate() });
+    const messages: string[] = [];
+    ws.on('message', (data, binary) => !binary && messages.push(data.toString()));
+    await new Promise((resolve) => ws.once('open', resolve));
+    await expect.poll(() => messages.some((m) => m.includes('welcome'))).toBe(true);
+    ws.send(JSON.stringify({ t: 'dial', ref: 1, to: 'c', metadata: {} }));
+    await expect.poll(() => messages.some((m) => m.includes('dialed'))).toBe(true);
+    const conn = (JSON.parse(messages.find((m) => m.includes('dialed'))!) as { conn: number }).conn;
+    ws.pause(); // reads nothing from now on: every ack waits in the server
+    const tiny = Buffer.alloc(5);
+    tiny.writeUInt32LE(conn, 0);
+    for (let i = 0; i < 400_000; i++) ws.send(tiny);
+    await expect.poll(() => relay.stats().socketsCut, { timeout: 60_000 }).toBe(1);
+    expect(relay.stats().sockets.map((s) => s.peer)).not.toContain('acker');
+  });
+
   it('closes the other side of a connection when one page closes it (quietly) or leaves (with the reason)', async () => {
     const { coordinator, worker, dialed, accepted } = await pair();
     const errors: string[] = [];
