@@ -31,6 +31,11 @@ export class Mailbox<T> {
     });
   }
 
+  /** Drops a message nobody will ask for (a receiver waiting under `key` keeps waiting). */
+  drop(key: string): void {
+    if (this.slots.get(key)?.resolve === undefined) this.slots.delete(key);
+  }
+
   /** Every waiting receiver fails with `error`; messages nobody asked for are dropped. */
   rejectAll(error: Error): void {
     for (const slot of this.slots.values()) slot.reject?.(error);

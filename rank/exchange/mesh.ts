@@ -29,6 +29,8 @@ export class MeshExchange implements Exchange {
   private readonly ahead = new Map<number, Set<string>>();
   /** tensors refused whole: of a forward already past, or of another dtype */
   private refused = 0;
+  /** the newest job seen on this mesh */
+  private newestJob: number | null = null;
 
   /** links to the other ranks, by rank */
   private readonly links = new Map<number, Link>();
@@ -71,12 +73,28 @@ export class MeshExchange implements Exchange {
     // well-formed garbage: the right size, but NaN or infinite. Every rank checks what it sends
     // (allToAll), so such values are the sender's doing: it is blamed, and its link closed.
     if (!values.every(Number.isFinite)) return this.misbehaved(peerRank, `sent NaN or infinite values in step ${msg.tag.step + 1}, block ${msg.tag.block}`);
+    this.dropBefore(msg.tag.job);
     const key = MeshExchange.key(msg.tag, peerRank);
     const kept = this.ahead.get(peerRank) ?? new Set<string>();
     this.ahead.set(peerRank, kept);
     // in lockstep a peer is at most a phase or two ahead: more is a flood, the same tensor twice a lie
     if (kept.size >= MAX_AHEAD || kept.has(key)) return this.misbehaved(peerRank, kept.has(key) ? `sent the tensor of step ${msg.tag.step + 1}, block ${msg.tag.block}, phase ${msg.tag.phase} twice` : `sent ${MAX_AHEAD + 1} tensors ahead of this rank`);
     if (this.mailbox.deliver(key, values) === 'kept') kept.add(key);
+  }
+
+  /**
+   * A new job on this mesh (this rank's, or a peer's tensors of it arriving first): what earlier
+   * jobs left unasked (a forward cut short) is dropped, not held against its sender.
+   */
+  private dropBefore(job: number): void {
+    if (this.newestJob !== null && job <= this.newestJob) return;
+    this.newestJob = job;
+    for (const kept of this.ahead.values())
+      for (const key of kept) {
+        if (Number(key.split('/')[0]) >= job) continue;
+        this.mailbox.drop(key);
+        kept.delete(key);
+      }
   }
 
   private misbehaved(peerRank: number, evidence: string): void {
@@ -94,6 +112,7 @@ export class MeshExchange implements Exchange {
 
   async allToAll(tag: ExchangeTag, parts: Float32Array[]): Promise<Float32Array[]> {
     if (this.failure) throw this.failure;
+    this.dropBefore(tag.job);
     this.current = tag;
     // what this rank sends is finite (and fits float16 when it sends float16): else the fault is its own, not a peer's
     const limit = this.dtype === 'f16' ? FLOAT16_MAX : Number.MAX_VALUE;

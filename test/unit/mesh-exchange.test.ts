@@ -115,3 +115,25 @@ describe('the mesh exchange and a peer that withholds its tensors', () => {
     expect([...got]).toEqual([7]);
   });
 });
+
+describe('the mesh exchange across jobs', () => {
+  it("what a job cut short left unasked is dropped when the next job starts, not counted against the peer", async () => {
+    const [a, b] = channelPair();
+    const rank0 = new MeshExchange(0, 2);
+    rank0.addPeer(1, a);
+    const send = (tag: object, value: number) => b.send({ kind: 'tensor', from: 1, tag: { job: 1, step: 0, pass: 0, block: 0, phase: 0, ...tag }, dtype: 'f32', shape: [1], data: new Uint8Array(Float32Array.of(value).buffer) });
+    // job 1: one exchange done, then the peer's parts for three blocks this rank never reached
+    const first = rank0.allToAll({ job: 1, step: 0, pass: 0, block: 0, phase: 0 }, [new Float32Array(1), new Float32Array(1)]);
+    await send({}, 1);
+    await first;
+    for (const block of [1, 2, 3]) await send({ block }, 9);
+    await new Promise((r) => setTimeout(r, 20));
+    // job 2 runs as usual: two tensors ahead of it are not a flood on top of job 1's leftovers
+    const second = rank0.allToAll({ job: 2, step: 0, pass: 0, block: 0, phase: 0 }, [new Float32Array(1), new Float32Array(1)]);
+    await send({ job: 2, block: 1 }, 5);
+    await send({ job: 2, block: 2 }, 6);
+    await send({ job: 2 }, 4);
+    expect([...(await second)[1]]).toEqual([4]);
+    expect([...(await rank0.allToAll({ job: 2, step: 0, pass: 0, block: 1, phase: 0 }, [new Float32Array(1), new Float32Array(1)]))[1]]).toEqual([5]);
+  });
+});
