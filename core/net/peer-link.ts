@@ -1,4 +1,5 @@
 import type { DataConnectionLike, Transport } from './channel.ts';
+import { joinProof } from './hmac.ts';
 import { Link, type LinkOptions } from './link.ts';
 import { RELAY_PATH, relayUrl, RelayClient, type RelayRegistration } from './relay-client.ts';
 
@@ -98,9 +99,13 @@ export async function signalingOptions(origin: string): Promise<SignalingOptions
   return { host: url.hostname, port: Number(url.port) || (secure ? 443 : 80), path, key, secure, iceServers, relay, lanOrigins };
 }
 
-/** Opens this page's relay socket; `auth` is the token its PeerJS id was registered with (`peer.options.token`). */
+/**
+ * Opens this page's relay socket; `auth` is the token its PeerJS id was registered with
+ * (`peer.options.token`). The relay groups pages by the swarm they join: it is given a name derived
+ * from the join token (an HMAC of it), never the token itself, which leaves no page.
+ */
 export function connectRelay(origin: string, signaling: SignalingOptions, registration: RelayRegistration): Promise<RelayClient> {
-  return RelayClient.connect(relayUrl(origin, signaling.relay.path, registration));
+  return RelayClient.connect(relayUrl(origin, signaling.relay.path, { ...registration, token: joinProof(registration.token, 'relay room') }));
 }
 
 export function transportOf(conn: DataConnectionLike): Transport {

@@ -1,6 +1,10 @@
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { describe, expect, it } from 'vitest';
+import { WebSocket } from 'ws';
 import type { Channel } from '../../core/net/channel.ts';
-import { nonce } from '../../core/net/hmac.ts';
+import { joinProof, nonce } from '../../core/net/hmac.ts';
+import { connectRelay } from '../../core/net/peer-link.ts';
 import { admitWorker, joinDashboard, type JoinMetadata } from '../../core/net/join.ts';
 import { Link } from '../../core/net/link.ts';
 
@@ -37,7 +41,8 @@ describe('the join handshake', () => {
     const impostor = admitWorker(dashboard, 'a-guess', ids, m);
     const joined = await joinDashboard(worker, 'the-secret-token', ids, m);
     expect(joined).toEqual({ refused: "the dashboard did not prove it holds this link's join token: open the join link the dashboard shows (a page that took its place cannot)" });
-    worker.close('refused'); // as the worker page does
+    worker.close('refused'); // as the worker page does: its connection closes, and with it the other side's
+    dashboard.close('the worker closed the connection');
     expect(await impostor).toMatch(/did not prove it holds the join token/);
     const everything = Buffer.concat(sentByWorker).toString('latin1');
     expect(everything).not.toContain('the-secret-token');
@@ -54,5 +59,38 @@ describe('the join handshake', () => {
     const replay = recorded.find((msg) => (msg as { body?: { type?: string } }).body?.type === 'challenge') as { body: object };
     await second.dashboard.send({ kind: 'rpc', from: 255, body: replay.body, tensors: [] });
     expect(await joinDashboard(second.worker, 'the-token', ids, metadata())).toMatchObject({ refused: expect.stringMatching(/did not prove/) });
+  });
+});
+
+describe("a page's relay registration", () => {
+  it('names its swarm by an HMAC of the join token, never the token', async () => {
+    const urls: string[] = [];
+    const server = http.createServer();
+    server.on('upgrade', (request, socket) => {
+      urls.push(request.url ?? '');
+      socket.destroy();
+    });
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    const origin = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+    const signaling = { host: '127.0.0.1', port: 0, path: '/peerjs', key: 'k', secure: false, iceServers: [], relay: { mode: 'fallback' as const, path: '/relay' }, lanOrigins: [] };
+    // a page's WebSocket (Node 20 has none of its own)
+    const globals = globalThis as { WebSocket?: unknown };
+    const before = globals.WebSocket;
+    globals.WebSocket = class extends WebSocket {
+      constructor(url: string) {
+        super(url);
+        this.on('error', () => {}); // the stand-in server hangs up: expected
+      }
+    };
+    try {
+      void connectRelay(origin, signaling, { peer: 'p', auth: 'a', token: 'the-secret-token', role: 'worker' }).catch(() => {});
+      await expect.poll(() => urls.length).toBe(1);
+    } finally {
+      globals.WebSocket = before;
+      server.close();
+    }
+    expect(urls).toHaveLength(1);
+    expect(urls[0]).not.toContain('the-secret-token');
+    expect(new URL(urls[0], origin).searchParams.get('token')).toBe(joinProof('the-secret-token', 'relay room'));
   });
 });
