@@ -2,10 +2,10 @@ import * as ort from 'onnxruntime-web';
 import type { WanModel } from '../core/model/reference.ts';
 import type { ExecutionProvider } from '../core/worker-api.ts';
 import type { WeightType } from '../core/model/onnx-builder.ts';
-import { toF16 } from '../core/net/protocol.ts';
 import { buildAttentionGraph, buildEmbedGraph, buildHeadGraph, buildPostAttentionGraph, buildPreAttentionGraph, type BlockGraph } from '../core/model/stage-graphs.ts';
 import { concat, setCols, sliceCols } from '../core/tensor.ts';
 import { rowChunks, rowsPerBuffer } from './chunks.ts';
+import { weightTensors, type GpuDevice } from './gpu-weights.ts';
 import type { Activation, DeviceStageRunner, DeviceTensor } from './stages.ts';
 
 /**
@@ -26,38 +26,16 @@ async function webGpuMaxBufferBytes(): Promise<number> {
  * on WebGPU its 5.7 GB of CPU copies are free to go once uploaded.
  */
 function blockWeightTensors(m: WanModel, graphs: BlockGraph[], weightType: WeightType, device: GpuDevice | null) {
-  const buffers: { destroy(): void }[] = [];
-  let gpuBytes = 0;
-  const tensor = (data: Float32Array, dims: number[]): ort.Tensor => {
-    const values = weightType === 'float16' ? toF16(data) : data;
-    if (!device) return new ort.Tensor(weightType, values, dims);
-    // writeBuffer copies whole 4-byte words: an odd count of float16 values goes padded
-    const size = Math.ceil(values.byteLength / 4) * 4;
-    const words = size === values.byteLength ? new Uint8Array(values.buffer, values.byteOffset, size) : new Uint8Array(size);
-    if (words.buffer !== values.buffer) words.set(new Uint8Array(values.buffer, values.byteOffset, values.byteLength));
-    const buffer = device.createBuffer({ size, usage: GPU_BUFFER_USAGE.STORAGE | GPU_BUFFER_USAGE.COPY_SRC | GPU_BUFFER_USAGE.COPY_DST });
-    device.queue.writeBuffer(buffer, 0, words.buffer, words.byteOffset, size);
-    buffers.push(buffer);
-    gpuBytes += size;
-    return ort.Tensor.fromGpuBuffer(buffer as never, { dataType: weightType, dims });
-  };
+  const weights = weightTensors(device, weightType);
   const perGraph = graphs.map((graph) =>
-    Array.from({ length: m.config.numLayers }, (_, b) => Object.fromEntries(graph.weights.map(({ name, dims }) => [name, tensor(m.weights.get(`blocks.${b}.${name}`)!.data, dims)]))),
+    Array.from({ length: m.config.numLayers }, (_, b) => Object.fromEntries(graph.weights.map(({ name, dims }) => [name, weights.tensor(m.weights.get(`blocks.${b}.${name}`)!.data, dims)]))),
   );
-  return { perGraph, gpuBytes, destroy: () => buffers.forEach((buffer) => buffer.destroy()) };
+  return { perGraph, gpuBytes: weights.gpuBytes, destroy: weights.destroy };
 }
 
 /** A runner that says how large a buffer it cuts its stages to (chunks.ts) and how it stores the blocks' weights; disposed when its model is replaced. */
 export type OnnxStages = Required<DeviceStageRunner> & { maxBufferBytes: number; weightType: WeightType; gpuWeightBytes: number; dispose(): Promise<void> };
 
-/** The parts of a WebGPU device this runner uses (the DOM's WebGPU types are not in this build's lib). */
-interface GpuDevice {
-  features: { has(feature: string): boolean };
-  createBuffer(descriptor: { size: number; usage: number }): { destroy(): void };
-  queue: { writeBuffer(buffer: unknown, offset: number, data: ArrayBufferLike, dataOffset: number, size: number): void };
-}
-/** WebGPU's GPUBufferUsage flags (a browser global) */
-const GPU_BUFFER_USAGE = { COPY_SRC: 0x0004, COPY_DST: 0x0008, STORAGE: 0x0080 };
 
 /**
  * The stage graphs of one model as onnxruntime-web sessions: one session per graph, built once

@@ -9,6 +9,7 @@ import { cacheBytes, emptyCaches, decoderPlan, joinFrames, latentSlice, type Fra
 import type { TensorMap } from '../core/safetensors.ts';
 import type { Tensor } from '../core/tensor.ts';
 import type { ExecutionProvider } from '../core/worker-api.ts';
+import { weightTensors, type GpuDevice } from './gpu-weights.ts';
 
 /** One tile being decoded: its latent frames go in a run at a time, the causal caches carried between them. */
 export interface VaeTileStream {
@@ -31,13 +32,6 @@ export interface VaeTileDecoder {
   release(): Promise<void>;
 }
 
-/** The parts of a WebGPU device this uses (the DOM's WebGPU types are not in this build's lib). */
-interface GpuDevice {
-  createBuffer(descriptor: { size: number; usage: number }): { destroy(): void };
-  queue: { writeBuffer(buffer: unknown, offset: number, data: ArrayBufferLike, dataOffset: number, size: number): void };
-}
-const GPU_BUFFER_USAGE = { COPY_SRC: 0x0004, COPY_DST: 0x0008, STORAGE: 0x0080 };
-
 export async function onnxVaeDecoder(cfg: WanVaeConfig, tensors: TensorMap, ep: ExecutionProvider): Promise<VaeTileDecoder> {
   const graphs = [buildVaeChunkGraph(cfg, true), buildVaeChunkGraph(cfg, false)];
   const cacheOutputs = graphs[0].caches.map((name) => `${name}.next`);
@@ -48,22 +42,14 @@ export async function onnxVaeDecoder(cfg: WanVaeConfig, tensors: TensorMap, ep: 
     ...(ep === 'webgpu' ? { preferredOutputLocation: { frames: 'cpu', ...Object.fromEntries(cacheOutputs.map((name) => [name, 'gpu-buffer' as const])) } } : {}),
   };
   const sessions = await Promise.all(graphs.map((g) => ort.InferenceSession.create(g.bytes, options)));
-  const device = ep === 'webgpu' ? ((await ort.env.webgpu.device) as GpuDevice) : null;
-  const buffers: { destroy(): void }[] = [];
+  const uploaded = weightTensors(ep === 'webgpu' ? ((await ort.env.webgpu.device) as GpuDevice) : null);
   let weightBytes = 0;
   const weights: Record<string, ort.Tensor> = {};
   const feeds = vaeWeightFeeds(graphs[1].weights, tensors);
   for (const { input, dims } of graphs[1].weights) {
     const data = feeds.get(input)!;
     weightBytes += data.byteLength;
-    if (!device) {
-      weights[input] = new ort.Tensor('float32', data, dims);
-      continue;
-    }
-    const buffer = device.createBuffer({ size: data.byteLength, usage: GPU_BUFFER_USAGE.STORAGE | GPU_BUFFER_USAGE.COPY_SRC | GPU_BUFFER_USAGE.COPY_DST });
-    device.queue.writeBuffer(buffer, 0, data.buffer, data.byteOffset, data.byteLength);
-    buffers.push(buffer);
-    weights[input] = ort.Tensor.fromGpuBuffer(buffer as never, { dataType: 'float32', dims });
+    weights[input] = uploaded.tensor(data, dims);
   }
   const plan = decoderPlan(cfg);
 
@@ -115,7 +101,7 @@ export async function onnxVaeDecoder(cfg: WanVaeConfig, tensors: TensorMap, ep: 
     },
     async release() {
       await Promise.all(sessions.map((s) => s.release()));
-      buffers.forEach((b) => b.destroy());
+      uploaded.destroy();
     },
   };
 }

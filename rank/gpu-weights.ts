@@ -1,0 +1,49 @@
+// Weights as onnxruntime-web tensors fed to a session at every run: on WebGPU uploaded once into
+// GPU buffers (as float16 where asked: half the memory, widened in the graph), on WASM CPU data.
+// The transformer's blocks (onnx-stages.ts) and the VAE decoder (vae-decoder.ts) hold theirs here.
+import * as ort from 'onnxruntime-web';
+import type { WeightType } from '../core/model/onnx-builder.ts';
+import { toF16 } from '../core/net/protocol.ts';
+
+/** The parts of a WebGPU device the runners use (the DOM's WebGPU types are not in this build's lib). */
+export interface GpuDevice {
+  features: { has(feature: string): boolean };
+  createBuffer(descriptor: { size: number; usage: number }): { destroy(): void };
+  queue: { writeBuffer(buffer: unknown, offset: number, data: ArrayBufferLike, dataOffset: number, size: number): void };
+}
+/** WebGPU's GPUBufferUsage flags (a browser global) */
+const GPU_BUFFER_USAGE = { COPY_SRC: 0x0004, COPY_DST: 0x0008, STORAGE: 0x0080 };
+
+export interface WeightTensors {
+  /** `data` as a tensor of `weightType` shaped `dims` */
+  tensor(data: Float32Array, dims: number[]): ort.Tensor;
+  /** bytes of GPU buffers made so far (0 on WASM) */
+  readonly gpuBytes: number;
+  /** frees the GPU buffers */
+  destroy(): void;
+}
+
+/** `device` null: WASM, CPU tensors. */
+export function weightTensors(device: GpuDevice | null, weightType: WeightType = 'float32'): WeightTensors {
+  const buffers: { destroy(): void }[] = [];
+  let gpuBytes = 0;
+  return {
+    tensor(data, dims) {
+      const values = weightType === 'float16' ? toF16(data) : data;
+      if (!device) return new ort.Tensor(weightType, values, dims);
+      // writeBuffer copies whole 4-byte words: an odd count of float16 values goes padded
+      const size = Math.ceil(values.byteLength / 4) * 4;
+      const words = size === values.byteLength ? new Uint8Array(values.buffer, values.byteOffset, size) : new Uint8Array(size);
+      if (words.buffer !== values.buffer) words.set(new Uint8Array(values.buffer, values.byteOffset, values.byteLength));
+      const buffer = device.createBuffer({ size, usage: GPU_BUFFER_USAGE.STORAGE | GPU_BUFFER_USAGE.COPY_SRC | GPU_BUFFER_USAGE.COPY_DST });
+      device.queue.writeBuffer(buffer, 0, words.buffer, words.byteOffset, size);
+      buffers.push(buffer);
+      gpuBytes += size;
+      return ort.Tensor.fromGpuBuffer(buffer as never, { dataType: weightType, dims });
+    },
+    get gpuBytes() {
+      return gpuBytes;
+    },
+    destroy: () => buffers.forEach((buffer) => buffer.destroy()),
+  };
+}
