@@ -219,11 +219,31 @@ const bytesToBase64 = (bytes: Uint8Array) => {
   return btoa(s);
 };
 
+function showIdentity(opened: Swarm): { joinUrl: string; lanJoinUrl: string } {
+  localStorage.setItem(IDENTITY_KEY, JSON.stringify({ id: opened.id, token: opened.token }));
+  showJoinLink(opened.lanJoinUrl, opened.joinUrl);
+  return { joinUrl: opened.joinUrl, lanJoinUrl: opened.lanJoinUrl };
+}
+
+/** The Revoke button's work: a new link on show and kept, the old one's workers gone. */
+async function revokeJoinLink(): Promise<{ joinUrl: string; lanJoinUrl: string } | null> {
+  try {
+    await swarm!.revokeJoinLink();
+    $('swarm-events').textContent = 'The old worker link is revoked: share the new one.';
+    return showIdentity(swarm!);
+  } catch (e) {
+    $('swarm-events').textContent = `Could not revoke the link: ${(e as Error).message}`;
+    return null;
+  }
+}
+
 async function start() {
   // the same peer id and token after a reload, so the workers' links and reconnections still work
   swarm = await openSwarm(location.origin, savedIdentity());
-  localStorage.setItem(IDENTITY_KEY, JSON.stringify({ id: swarm.id, token: swarm.token }));
-  showJoinLink(swarm.lanJoinUrl, swarm.joinUrl);
+  showIdentity(swarm);
+  $<HTMLButtonElement>('revoke-link').onclick = () => {
+    if (confirm('Revoke this worker link? It stops working, the workers that joined with it leave, and a new link replaces it.')) void revokeJoinLink();
+  };
   swarm.on((e) => {
     if (e.type === 'leave') $('swarm-events').textContent = `Worker ${e.worker.id.slice(-6)} left: ${e.reason}.`;
     if (e.type === 'refused') $('swarm-events').textContent = `Refused ${e.peer.slice(-6)}: ${e.reason}.`;
@@ -267,6 +287,7 @@ async function start() {
 const automation = {
   ready: start(),
   workerCount: () => swarm?.workers().length ?? 0,
+  revokeJoinLink,
   /** peer ids of the running executor's ranks, in rank order */
   ranks: () => pipeline?.pipe.executor?.workers.map((w) => w.id) ?? [],
   jobs: () => (queue?.list() ?? []).map(({ id, status, params, checkpoint, error }) => ({ id, status, prompt: params.prompt, step: checkpoint?.step ?? null, error })),

@@ -19,6 +19,7 @@ import {
   type SignalingOptions,
 } from '../core/net/peer-link.ts';
 import { admitWorker, joinMetadata } from '../core/net/join.ts';
+import { obtainJoinToken, revokeJoinToken } from '../core/net/join-token.ts';
 import { COORDINATOR } from '../core/net/protocol.ts';
 import type { RelayClient } from '../core/net/relay-client.ts';
 import { passing } from '../core/net/check.ts';
@@ -61,11 +62,9 @@ export type SwarmEvent =
 export interface SwarmIdentity {
   /** peer id to register; reusing it after a reload lets workers find the dashboard again */
   id?: string;
-  /** join token every worker must present */
+  /** the join token it had: kept where the server still stands by it, else the server gives a new one */
   token?: string;
 }
-
-export const newJoinToken = (): string => Array.from(crypto.getRandomValues(new Uint8Array(12)), (b) => b.toString(16).padStart(2, '0')).join('');
 
 export class Swarm {
   private readonly roster = new Map<string, SwarmWorker>();
@@ -81,7 +80,7 @@ export class Swarm {
   private constructor(
     private readonly peer: Peer,
     readonly origin: string,
-    readonly token: string,
+    private joinToken: string,
     private readonly signaling: SignalingOptions,
   ) {
     peer.on('connection', (conn) => void this.admit(conn as unknown as DataConnectionLike));
@@ -92,7 +91,11 @@ export class Swarm {
     const signaling = await signalingOptions(origin);
     const id = identity.id ?? newPeerId('coordinator');
     const peer = await registerPeer(() => new Peer(id, peerOptions(signaling)), origin, { retries: 10 });
-    const swarm = new Swarm(peer, origin, identity.token ?? newJoinToken(), signaling);
+    const token = await obtainJoinToken(origin, identity.token).catch((e: Error) => {
+      peer.destroy();
+      throw e;
+    });
+    const swarm = new Swarm(peer, origin, token, signaling);
     if (signaling.relay.mode === 'off') return swarm;
     try {
       await swarm.openRelay();
@@ -112,6 +115,24 @@ export class Swarm {
     return this.peer.id;
   }
 
+  /** the join token every worker must prove it holds (it is in joinUrl's fragment) */
+  get token(): string {
+    return this.joinToken;
+  }
+
+  /**
+   * Revokes the join link (it went where it should not): the server gives a new one, the old one
+   * opens nothing again (the relay lets its pages go), and every worker that joined with it is let
+   * go — whoever holds the new link joins again.
+   */
+  async revokeJoinLink(): Promise<void> {
+    const [old, joined] = [this.joinToken, this.workers()];
+    this.joinToken = await obtainJoinToken(this.origin);
+    this.relay?.close('the join link was revoked'); // reopened with the new token
+    await revokeJoinToken(this.origin, old);
+    for (const worker of joined) this.evict(worker, 'the join link it joined with was revoked');
+  }
+
   /** 'force' when the server sends every link through its relay. */
   get relayMode(): SignalingOptions['relay']['mode'] {
     return this.signaling.relay.mode;
@@ -120,7 +141,7 @@ export class Swarm {
   // The relay socket lives as long as the swarm: workers that cannot reach this page directly come through it.
   private async openRelay(): Promise<void> {
     const auth = this.peer.options.token ?? '';
-    const relay = await connectRelay(this.origin, this.signaling, { peer: this.peer.id, auth, token: this.token, role: 'coordinator' });
+    const relay = await connectRelay(this.origin, this.signaling, { peer: this.peer.id, auth, token: this.joinToken, role: 'coordinator' });
     this.relay = relay;
     relay.onConnection((conn) => void this.admit(conn));
     relay.onClose((reason) => {
@@ -277,7 +298,7 @@ export class Swarm {
           openTimeoutMs: conn.open ? undefined : DIRECT_OPEN_TIMEOUT_MS,
         },
       );
-      const refusal = await admitWorker(link, this.token, { coordinator: this.id, worker: conn.peer }, meta);
+      const refusal = await admitWorker(link, this.joinToken, { coordinator: this.id, worker: conn.peer }, meta);
       if (refusal) {
         this.refusals.push({ peer: conn.peer, reason: refusal, at: Date.now() });
         if (this.refusals.length > MAX_REFUSALS) this.refusals.shift();

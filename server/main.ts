@@ -1,6 +1,8 @@
 import { parseArgs } from 'node:util';
 import { RELAY_MODES, type RelayMode } from '../core/net/peer-link.ts';
 import { newPeerKey, parseIceServers } from './peer-signaling.ts';
+import { join } from 'node:path';
+import { CACHE_ROOT } from './model-folder.ts';
 import { lanAddresses } from './origins.ts';
 import { DEFAULT_PORT, servedModel, startServer } from './serve.ts';
 
@@ -58,6 +60,8 @@ const server = await startServer({
   iceServers,
   relay,
   allowOrigins,
+  // the join links given out outlive a restart of the server
+  stateDir: join(CACHE_ROOT, 'server'),
   ...servedModel(flags.model),
 });
 const iceUrls = iceServers.flatMap((s) => s.urls); // credentials stay out of the log

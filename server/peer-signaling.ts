@@ -7,6 +7,7 @@ import { ExpressPeerServer } from 'peer';
 import { WebSocketServer } from 'ws';
 import type { IceServer } from '../core/net/peer-link.ts';
 import type { Origins } from './origins.ts';
+import { perAddressCap, rateLimit } from './rate-limit.ts';
 
 /** Where pages find the PeerServer: `new Peer(id, { host, port, path: SIGNALING_PATH, key })`. */
 export const SIGNALING_PATH = '/peerjs';
@@ -85,6 +86,11 @@ export interface Signaling {
 export const MAX_SIGNALING_MESSAGE_BYTES = 64 * 1024;
 /** pages registered at once: a lab's swarm, not peer's default 5,000 */
 export const MAX_SIGNALING_CLIENTS = 512;
+/** of them from one address: a machine's tabs (a NAT's machines share one), not the whole limit */
+export const MAX_SIGNALING_CLIENTS_PER_ADDRESS = 64;
+/** signaling messages one page may send in a burst, and a second on average: a data channel's offer and its ICE candidates are a few dozen, heartbeats one every few seconds */
+export const SIGNALING_BURST = 200;
+export const SIGNALING_MESSAGES_PER_SECOND = 20;
 
 export function mountSignaling(app: Express, server: Server, key: string, origins: Origins): Signaling {
   let websockets: WebSocketServer | null = null;
@@ -110,12 +116,23 @@ export function mountSignaling(app: Express, server: Server, key: string, origin
   peerServer.on('disconnect', (client: Client) => {
     if (registered.get(client.getId()) === client.getToken()) registered.delete(client.getId());
   });
+  const perAddress = perAddressCap(MAX_SIGNALING_CLIENTS_PER_ADDRESS);
   const housekeeping = trackTimersStartedBy(() => app.use(SIGNALING_PATH, peerServer));
   return {
     handleUpgrade(request, socket, head) {
       if (!websockets) throw new Error('the PeerServer has no websocket server: mountSignaling did not mount it');
       const wss = websockets;
-      wss.handleUpgrade(request, socket, head, (ws) => wss.emit('connection', ws, request));
+      const release = perAddress(request.socket.remoteAddress ?? '');
+      if (!release) return void socket.end(`HTTP/1.1 429 Too Many Requests\r\nConnection: close\r\n\r\n${MAX_SIGNALING_CLIENTS_PER_ADDRESS} pages of this address are registered already`);
+      socket.once('close', release); // a refused upgrade too
+      wss.handleUpgrade(request, socket, head, (ws) => {
+        // heard before peer's own listener: a page past its rate is cut before its message is handled
+        const within = rateLimit(SIGNALING_BURST, (SIGNALING_BURST / SIGNALING_MESSAGES_PER_SECOND) * 1000);
+        ws.on('message', () => {
+          if (!within()) ws.terminate();
+        });
+        wss.emit('connection', ws, request);
+      });
     },
     vouch: (peer, token) => token !== '' && registered.get(peer) === token,
     close() {

@@ -2,9 +2,11 @@
 // over one WebSocket each, and the server forwards them (see core/net/relay-client.ts for the wire).
 //
 // - Who: a page registers with its PeerJS id, the token it registered that id with on the
-//   signaling server (so nobody can take another page's id), and the swarm's join token. A
-//   dashboard opens a swarm's room; a worker is admitted only to a room a dashboard holds, and
-//   frames go only between pages of one room.
+//   signaling server (so nobody can take another page's id), its swarm's room and its proof that
+//   it holds the room's join token, a token this server made (server/join-tokens.ts: a made-up or
+//   revoked one opens nothing). A dashboard opens a swarm's room; a worker is admitted only to a
+//   room a dashboard holds, and frames go only between pages of one room. A revoked room's pages
+//   are let go.
 // - How much: every connection has a credit each way, what an honest Link keeps in flight at
 //   most (its high-water mark and one frame): frames are acked to the sender once written to
 //   the receiver's socket, which is what the page's `bufferedAmount` and `bufferedamountlow` are
@@ -20,7 +22,9 @@ import type { Duplex } from 'node:stream';
 import { WebSocketServer, type RawData, type WebSocket } from 'ws';
 import { MAX_HIGH_WATER_BYTES } from '../core/net/link.ts';
 import { MAX_FRAME_BYTES } from '../core/net/protocol.ts';
+import { relayProof } from '../core/net/join-token.ts';
 import { CLOSED_BY_OTHER_SIDE, MAX_RELAY_CONTROL_BYTES, RELAY_ENVELOPE_BYTES, type RelayControl, type RelayRole } from '../core/net/relay-client.ts';
+import { sameProof, type JoinTokens } from './join-tokens.ts';
 
 /** what one connection may have in flight one way: an honest Link's high-water mark, one frame, and room for the envelopes */
 export const CONNECTION_CREDIT_BYTES = MAX_HIGH_WATER_BYTES + 2 * MAX_FRAME_BYTES;
@@ -34,6 +38,8 @@ const MAX_METADATA_BYTES = 1024;
 export interface RelayOptions {
   /** Whether `peer` is registered on the signaling server with `auth` as its token. */
   vouch(peer: string, auth: string): boolean;
+  /** the join tokens this server made and stands by */
+  tokens: Pick<JoinTokens, 'standing' | 'onRevoke'>;
   /** bytes all connections may have queued at once */
   budgetBytes?: number;
 }
@@ -73,7 +79,7 @@ export interface Relay {
 interface Client {
   ws: WebSocket;
   peer: string;
-  token: string;
+  room: string;
   role: RelayRole;
   queued: number;
   /** of it, acks and controls */
@@ -99,6 +105,9 @@ export function createRelay(options: RelayOptions): Relay {
   let queuedTotal = 0;
   const refused: RelayStats['refused'] = [];
   let nextConn = 1;
+  options.tokens.onRevoke((room) => {
+    for (const client of clients.values()) if (client.room === room) client.ws.close(4003, 'the join link was revoked: open the one the dashboard shows now');
+  });
 
   /** Queues `data` on `to`; `written` once the socket has taken it. A page that does not read is let go. */
   function write(to: Client, data: Buffer | string, written?: () => void): void {
@@ -136,15 +145,18 @@ export function createRelay(options: RelayOptions): Relay {
 
   function admit(ws: WebSocket, request: IncomingMessage): void {
     const query = new URL(request.url ?? '/', 'http://relay').searchParams;
-    const [peer, auth, token, role] = ['peer', 'auth', 'token', 'role'].map((k) => query.get(k) ?? '');
-    if (!token) return refuse(ws, peer, "a page needs the swarm's join token to use the relay: open the join link the dashboard shows");
+    const [peer, auth, room, proof, role] = ['peer', 'auth', 'room', 'proof', 'role'].map((k) => query.get(k) ?? '');
     if (role !== 'coordinator' && role !== 'worker') return refuse(ws, peer, `role must be coordinator or worker, got "${role}"`);
     if (!peer || !options.vouch(peer, auth)) return refuse(ws, peer, `peer "${peer}" is not registered on the signaling server with this credential`);
-    if (role === 'worker' && ![...clients.values()].some((c) => c.role === 'coordinator' && c.token === token)) {
-      return refuse(ws, peer, 'no dashboard on the relay holds this join token: open the join link the dashboard shows');
+    const token = options.tokens.standing(room);
+    if (!token || !sameProof(proof, relayProof(token, peer, auth))) {
+      return refuse(ws, peer, "this page does not hold a join token this server stands by (made up, revoked, or from another server): open the join link the dashboard shows now");
+    }
+    if (role === 'worker' && ![...clients.values()].some((c) => c.role === 'coordinator' && c.room === room)) {
+      return refuse(ws, peer, 'no dashboard of this join link is on the relay: open the join link the dashboard shows');
     }
     clients.get(peer)?.ws.close(4000, 'replaced by a newer relay socket of the same page');
-    const client: Client = { ws, peer, token, role, queued: 0, controlQueued: 0, peakQueued: 0, conns: new Set() };
+    const client: Client = { ws, peer, room, role, queued: 0, controlQueued: 0, peakQueued: 0, conns: new Set() };
     clients.set(peer, client);
     ws.on('message', (data, isBinary) => (isBinary ? forward(client, toBuffer(data)) : onControl(client, toBuffer(data))));
     ws.on('close', () => leave(client));
@@ -194,7 +206,7 @@ export function createRelay(options: RelayOptions): Relay {
   function dialFor(from: Client, { ref, to, metadata }: { ref: number; to: string; metadata: unknown }): void {
     const fail = (reason: string) => control(from, { t: 'dial-failed', ref, reason });
     const target = typeof to === 'string' ? clients.get(to) : undefined;
-    if (!target || target.token !== from.token) return fail(`peer ${to} is not on the relay with this swarm's join token`);
+    if (!target || target.room !== from.room) return fail(`peer ${to} is not on the relay in this swarm's room`);
     if (target === from) return fail('a page cannot dial itself');
     if (JSON.stringify(metadata ?? null).length > MAX_METADATA_BYTES) return fail(`metadata over ${MAX_METADATA_BYTES} bytes`);
     if (from.conns.size >= MAX_CONNECTIONS_PER_SOCKET || target.conns.size >= MAX_CONNECTIONS_PER_SOCKET) {

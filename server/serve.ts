@@ -7,6 +7,7 @@ import type { Duplex } from 'node:stream';
 import type { IceServer, RelayMode } from '../core/net/peer-link.ts';
 import { RELAY_PATH } from '../core/net/relay-client.ts';
 import { newPeerKey, SIGNALING_PATH, mountSignaling } from './peer-signaling.ts';
+import { mountJoinTokens, openJoinTokens, type JoinTokens } from './join-tokens.ts';
 import { lanAddresses, serverOrigins } from './origins.ts';
 import { createRelay, type Relay } from './relay.ts';
 
@@ -34,6 +35,8 @@ export interface ServerOptions {
   defaultModel?: string;
   /** origins beyond this server's own whose pages may use it (a page embedding the library: `openSwarm(origin)`) */
   allowOrigins?: string[];
+  /** where the join tokens' secret and revocations are kept across restarts (npm start); without it, a fresh secret each start */
+  stateDir?: string;
 }
 
 /** Where a model folder given as a local path is served (`--model PATH`). */
@@ -55,6 +58,7 @@ export interface RunningServer {
   port: number;
   peerKey: string;
   relay: Relay;
+  joinTokens: JoinTokens;
   close(): Promise<void>;
 }
 
@@ -72,7 +76,9 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
   });
   app.use(crossOriginIsolation);
   const signaling = mountSignaling(app, server, peerKey, origins);
-  const relay = createRelay({ vouch: signaling.vouch, budgetBytes: options.relayBudgetBytes });
+  const joinTokens = openJoinTokens(options.stateDir);
+  mountJoinTokens(app, joinTokens, origins);
+  const relay = createRelay({ vouch: signaling.vouch, tokens: joinTokens, budgetBytes: options.relayBudgetBytes });
   // One port for the app, the signaling websocket and the relay: upgrades are routed by path.
   const upgraded = new Set<Duplex>();
   server.on('upgrade', (request, socket: Duplex, head: Buffer) => {
@@ -105,6 +111,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     port: boundPort,
     peerKey,
     relay,
+    joinTokens,
     close: () =>
       new Promise<void>((resolve, reject) => {
         signaling.close();

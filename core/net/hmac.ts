@@ -64,9 +64,9 @@ export function nonce(): string {
 /**
  * What proves that a side of a join holds the swarm's token: the HMAC of who it is and everything
  * the exchange is bound to (both nonces, both peer ids), keyed by the token. The token itself is
- * never sent; a proof answers only this exchange. ('relay room': the name the relay groups a
- * swarm's pages by, which tells nothing of the token.)
+ * never sent; a proof answers only this exchange. (The server is shown proofs too:
+ * core/net/join-token.ts.)
  */
-export function joinProof(token: string, purpose: 'coordinator' | 'worker' | 'relay room', ...bound: string[]): string {
+export function joinProof(token: string, purpose: 'coordinator' | 'worker' | 'relay' | 'keep' | 'revoke', ...bound: string[]): string {
   return hex(hmacSha256(utf8(token), utf8([purpose, ...bound].join('\n'))));
 }

@@ -1,7 +1,7 @@
 import type { DataConnectionLike, Transport } from './channel.ts';
-import { joinProof } from './hmac.ts';
+import { relayProof, roomOf } from './join-token.ts';
 import { Link, type LinkOptions } from './link.ts';
-import { RELAY_PATH, relayUrl, RelayClient, type RelayRegistration } from './relay-client.ts';
+import { RELAY_PATH, relayUrl, RelayClient, type RelayRole } from './relay-client.ts';
 
 // The one place a PeerJS data connection becomes a Link, for both sides of the wire.
 
@@ -101,11 +101,12 @@ export async function signalingOptions(origin: string): Promise<SignalingOptions
 
 /**
  * Opens this page's relay socket; `auth` is the token its PeerJS id was registered with
- * (`peer.options.token`). The relay groups pages by the swarm they join: it is given a name derived
- * from the join token (an HMAC of it), never the token itself, which leaves no page.
+ * (`peer.options.token`). The relay groups pages by their swarm's room, and admits a page that
+ * proves it holds the room's join token (which leaves no page).
  */
-export function connectRelay(origin: string, signaling: SignalingOptions, registration: RelayRegistration): Promise<RelayClient> {
-  return RelayClient.connect(relayUrl(origin, signaling.relay.path, { ...registration, token: joinProof(registration.token, 'relay room') }));
+export function connectRelay(origin: string, signaling: SignalingOptions, page: { peer: string; auth: string; token: string; role: RelayRole }): Promise<RelayClient> {
+  const { peer, auth, token, role } = page;
+  return RelayClient.connect(relayUrl(origin, signaling.relay.path, { peer, auth, room: roomOf(token) ?? '', proof: relayProof(token, peer, auth), role }));
 }
 
 export function transportOf(conn: DataConnectionLike): Transport {

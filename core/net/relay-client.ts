@@ -30,8 +30,10 @@ export interface RelayRegistration {
   peer: string;
   /** the token this page registered its PeerJS id with: the server vouches for the id by it */
   auth: string;
-  /** the swarm's join token: the relay forwards only between pages that present the same one */
-  token: string;
+  /** the swarm's room (core/net/join-token.ts): the relay forwards only between pages of one room */
+  room: string;
+  /** that this page holds the room's join token (relayProof), which it never sends */
+  proof: string;
   role: RelayRole;
 }
 

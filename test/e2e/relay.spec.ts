@@ -61,8 +61,29 @@ test('with the relay forced, a worker page without the join token is refused by 
     await stranger.goto(joinUrl.replace(/token=[^&]+/, 'token=not-the-token'));
     await expect(stranger.locator('#state')).toHaveText('refused', { timeout: 20_000 });
     await expect(stranger.locator('#detail')).toContainText('join token');
-    expect(forced.relay.stats().refused.at(-1)?.reason).toMatch(/no dashboard on the relay holds this join token/);
+    expect(forced.relay.stats().refused.at(-1)?.reason).toMatch(/does not hold a join token this server stands by/);
     expect(await swarm.dashboard.evaluate(() => (window as any).ditswarm.workerCount())).toBe(1);
+  } finally {
+    await swarm.close();
+  }
+});
+
+test('revoking the join link lets its workers go, the old link opens nothing, the new one joins, and a reload keeps the new one (issue 17, findings 4 and 14)', async ({ browser }) => {
+  const swarm = await openTestSwarm(browser, forced.url, 1);
+  try {
+    const { joinUrl: oldUrl } = await swarm.dashboard.evaluate(() => (window as any).ditswarm.ready);
+    const { joinUrl, lanJoinUrl } = await swarm.dashboard.evaluate(() => (window as any).ditswarm.revokeJoinLink());
+    expect(joinUrl).not.toBe(oldUrl);
+    await expect(swarm.dashboard.locator('#join-link')).toHaveAttribute('href', lanJoinUrl);
+    await expect.poll(() => swarm.dashboard.evaluate(() => (window as any).ditswarm.workerCount())).toBe(0);
+    // the revoked link's page stays out: the relay refuses it
+    await expect(swarm.workers[0].locator('#state')).toHaveText('refused', { timeout: 20_000 });
+    expect(forced.relay.stats().refused.at(-1)?.reason).toMatch(/does not hold a join token this server stands by/);
+    const fresh = await swarm.dashboard.context().newPage();
+    await fresh.goto(joinUrl);
+    await expect.poll(() => swarm.dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 30_000 }).toBe(1);
+    await swarm.dashboard.reload();
+    expect((await swarm.dashboard.evaluate(() => (window as any).ditswarm.ready)).joinUrl).toBe(joinUrl);
   } finally {
     await swarm.close();
   }

@@ -6,19 +6,26 @@ import type { Link } from '../../core/net/link.ts';
 import { dial, openLink, type PeerDialer } from '../../core/net/peer-link.ts';
 import type { Message, TensorTag } from '../../core/net/protocol.ts';
 import { RelayClient, RelayRefused, relayUrl, type RelayConnection, type RelayRegistration, type RelaySocket } from '../../core/net/relay-client.ts';
+import { relayProof, roomOf } from '../../core/net/join-token.ts';
+import { openJoinTokens, type JoinTokens } from '../../server/join-tokens.ts';
 import { CONNECTION_CREDIT_BYTES, createRelay, type Relay } from '../../server/relay.ts';
 
 // The relay, as pages see it: real `ws` sockets against the relay on a real http server. Pages
 // are vouched for by a stand-in for the signaling server: peer p holds the credential `auth-p`.
+// Join tokens are the server's (openJoinTokens); a test names them, and each name is a token.
 const FRAME = 256 * 1024;
 
 let server: http.Server;
 let relay: Relay;
 let origin: string;
+let tokens: JoinTokens;
+let named: Map<string, string>;
 const opened: { close(): void }[] = [];
 
 beforeEach(async () => {
-  relay = createRelay({ vouch: (peer, auth) => auth === `auth-${peer}` });
+  tokens = openJoinTokens();
+  named = new Map([['', ''], ['made-up', `${'0'.repeat(24)}.${'0'.repeat(32)}`]]);
+  relay = createRelay({ vouch: (peer, auth) => auth === `auth-${peer}`, tokens });
   server = http.createServer();
   server.on('upgrade', (request, socket, head) => relay.handleUpgrade(request, socket, head));
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
@@ -32,7 +39,16 @@ afterEach(async () => {
   await new Promise((resolve) => server.close(resolve));
 });
 
-const registration = (peer: string, token: string, role: RelayRegistration['role']): RelayRegistration => ({ peer, auth: `auth-${peer}`, token, role });
+/** the server's token called `name` in this test */
+function token(name: string): string {
+  if (!named.has(name)) named.set(name, tokens.issue());
+  return named.get(name)!;
+}
+
+function registration(peer: string, name: string, role: RelayRegistration['role'], auth = `auth-${peer}`): RelayRegistration {
+  const t = token(name);
+  return { peer, auth, room: roomOf(t) ?? '', proof: t && relayProof(t, peer, auth), role };
+}
 
 async function page(peer: string, token: string, role: RelayRegistration['role']): Promise<RelayClient> {
   const client = await RelayClient.connect(relayUrl(origin, '/relay', registration(peer, token, role)), (url) => new WebSocket(url) as unknown as RelaySocket);
@@ -100,21 +116,34 @@ describe('the relay', () => {
     expect(Buffer.compare(got, hello)).toBe(0);
   });
 
-  it('refuses a page without the join token, with a token no dashboard holds, or with a peer id it does not hold', async () => {
+  it("refuses a page without a join token, with one the server did not make, with another page's proof, with a token no dashboard holds, or with a peer id it does not hold", async () => {
     await page('c', 'swarm-token', 'coordinator');
-    await expect(page('w1', '', 'worker')).rejects.toThrow(/needs the swarm's join token/);
-    await expect(page('w2', 'not-the-token', 'worker')).rejects.toThrow(/no dashboard on the relay holds this join token/);
-    const impostor = RelayClient.connect(relayUrl(origin, '/relay', { peer: 'c', auth: 'guessed', token: 'swarm-token', role: 'worker' }), (url) => new WebSocket(url) as unknown as RelaySocket);
+    await expect(page('w1', '', 'worker')).rejects.toThrow(/does not hold a join token this server stands by/);
+    await expect(page('w2', 'made-up', 'coordinator')).rejects.toThrow(/does not hold a join token this server stands by/);
+    // a proof overheard from page c's registration opens nothing for another page
+    const overheard = { ...registration('w3', 'swarm-token', 'worker'), proof: registration('c', 'swarm-token', 'worker').proof };
+    await expect(RelayClient.connect(relayUrl(origin, '/relay', overheard), (url) => new WebSocket(url) as unknown as RelaySocket)).rejects.toThrow(/does not hold a join token/);
+    await expect(page('w4', 'another-swarm', 'worker')).rejects.toThrow(/no dashboard of this join link is on the relay/);
+    const impostor = RelayClient.connect(relayUrl(origin, '/relay', registration('c', 'swarm-token', 'worker', 'guessed')), (url) => new WebSocket(url) as unknown as RelaySocket);
     await expect(impostor).rejects.toBeInstanceOf(RelayRefused);
     await expect(impostor).rejects.toThrow(/"c" is not registered on the signaling server/);
     expect(relay.stats().sockets.map((s) => s.peer)).toEqual(['c']);
+  });
+
+  it('lets go the pages of a revoked join token and admits none with it again (issue 17, findings 4 and 14)', async () => {
+    const { coordinator, worker } = await pair();
+    const closed = Promise.all([coordinator, worker].map((p) => new Promise<string>((resolve) => p.onClose(resolve))));
+    tokens.revoke(roomOf(token('swarm-token'))!);
+    expect(await closed).toEqual([expect.stringMatching(/join link was revoked/), expect.stringMatching(/join link was revoked/)]);
+    await expect(page('c', 'swarm-token', 'coordinator')).rejects.toThrow(/does not hold a join token this server stands by/);
+    await page('c', 'new-token', 'coordinator');
   });
 
   it('does not connect pages of different swarms', async () => {
     await page('c1', 'token-1', 'coordinator');
     await page('c2', 'token-2', 'coordinator');
     const worker = await page('w', 'token-2', 'worker');
-    await expect(worker.dial('c1', { role: 'worker', token: 'token-1' })).rejects.toThrow(/peer c1 is not on the relay with this swarm's join token/);
+    await expect(worker.dial('c1', { role: 'worker', token: 'token-1' })).rejects.toThrow(/peer c1 is not on the relay in this swarm's room/);
     expect(relay.stats().connections).toBe(0);
   });
 

@@ -2,7 +2,7 @@ import http from 'node:http';
 import { peerOptions } from '../../core/net/peer-link.ts';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { WebSocket } from 'ws';
-import { MAX_SIGNALING_MESSAGE_BYTES } from '../../server/peer-signaling.ts';
+import { MAX_SIGNALING_CLIENTS_PER_ADDRESS, MAX_SIGNALING_MESSAGE_BYTES, SIGNALING_BURST } from '../../server/peer-signaling.ts';
 import { startServer, type RunningServer } from '../../server/serve.ts';
 
 // The signaling server against a hostile client with only what the server hands anyone (its
@@ -34,6 +34,22 @@ describe('the signaling server', () => {
     const closed = new Promise<number>((resolve) => ws.once('close', resolve));
     ws.send(JSON.stringify({ type: 'OFFER', dst: 'nobody', payload: { sdp: 'x'.repeat(MAX_SIGNALING_MESSAGE_BYTES) } }));
     expect(await closed).toBe(1009); // message too big
+  });
+
+  it('cuts a socket that sends past its rate, and takes no more pages from one address than its share (finding 9)', async () => {
+    const flooder = await socket('flooder');
+    const closed = new Promise<number>((resolve) => flooder.once('close', resolve));
+    for (let i = 0; i <= SIGNALING_BURST; i++) flooder.send(JSON.stringify({ type: 'HEARTBEAT' }));
+    expect(await closed).toBe(1006); // terminated
+    const held = await Promise.all(Array.from({ length: MAX_SIGNALING_CLIENTS_PER_ADDRESS }, (_, i) => socket(`many-${i}`)));
+    await expect(socket('one-too-many')).rejects.toThrow(/429/);
+    // a place given back is free again
+    const opens = () => socket(`again-${held.length}`).then((ws) => (held.push(ws), true), () => false);
+    held.shift()!.close();
+    await expect.poll(opens).toBe(true);
+    for (const ws of held.splice(0)) ws.close();
+    await expect.poll(opens).toBe(true);
+    held[0].close();
   });
 
   it('still takes a small OFFER', async () => {

@@ -1,0 +1,104 @@
+// The swarms' join tokens, held by the server (core/net/join-token.ts for their form): the server
+// makes each one from a secret only it has, so the relay admits no page with a token of its own
+// making, and a token can be revoked. A dashboard asks for one (POST SWARMS_PATH), keeps it across
+// reloads by proving it holds it, and revokes it (POST REVOKE_PATH) when its link went where it
+// should not: the relay then lets go the pages in that room and admits none with it again. With a
+// state folder (npm start) the secret and the revocations outlive the server, so a restart keeps
+// the links it gave out.
+import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
+import { appendFileSync, existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import express, { type Express } from 'express';
+import { keepProof, REVOKE_PATH, revokeProof, roomOf, SWARMS_PATH, type SwarmAnswer, type SwarmRequest } from '../core/net/join-token.ts';
+import type { Origins } from './origins.ts';
+import { perAddressLimit } from './rate-limit.ts';
+
+/**
+ * join tokens one address may be given a minute: a dashboard asks once a load (and keeps the one
+ * it has). Making one costs nothing kept, but each can be revoked, and revocations are kept.
+ */
+export const TOKENS_PER_MINUTE = 60;
+
+export interface JoinTokens {
+  /** A new token, for a new swarm. */
+  issue(): string;
+  /** The token of `room` if this server made it and it is not revoked, else null. */
+  standing(room: string): string | null;
+  /** No page enters `room` again; `onRevoke`'s listeners let go those in it. */
+  revoke(room: string): void;
+  onRevoke(listener: (room: string) => void): void;
+}
+
+/** `stateDir`: where the secret and the revoked rooms are kept across restarts; without it they last as long as the process. */
+export function openJoinTokens(stateDir?: string): JoinTokens {
+  const secret = loadSecret(stateDir);
+  const revokedFile = stateDir && join(stateDir, 'revoked-rooms');
+  const revoked = new Set(revokedFile && existsSync(revokedFile) ? readFileSync(revokedFile, 'utf8').split('\n').filter(Boolean) : []);
+  const listeners = new Set<(room: string) => void>();
+  const tokenOf = (room: string) => `${room}.${createHmac('sha256', secret).update(`join token\n${room}`).digest('hex').slice(0, 32)}`;
+  return {
+    issue: () => tokenOf(randomBytes(12).toString('hex')),
+    standing: (room) => (/^[0-9a-f]{24}$/.test(room) && !revoked.has(room) ? tokenOf(room) : null),
+    revoke(room) {
+      if (revoked.has(room)) return;
+      revoked.add(room);
+      if (revokedFile) appendFileSync(revokedFile, `${room}\n`);
+      for (const listener of listeners) listener(room);
+    },
+    onRevoke: (listener) => void listeners.add(listener),
+  };
+}
+
+function loadSecret(stateDir: string | undefined): Buffer {
+  if (!stateDir) return randomBytes(32);
+  const file = join(stateDir, 'join-secret');
+  if (existsSync(file)) {
+    const secret = Buffer.from(readFileSync(file, 'utf8').trim(), 'hex');
+    if (secret.length === 32) return secret;
+    throw new Error(`${file} is not a 64-digit hex secret: delete it (the join links given out so far stop working) and start again`);
+  }
+  mkdirSync(stateDir, { recursive: true });
+  const secret = randomBytes(32);
+  writeFileSync(file, secret.toString('hex') + '\n', { mode: 0o600 });
+  return secret;
+}
+
+/** Whether `proof` is what `expected` is, in time that does not tell how much of it matched. */
+export function sameProof(proof: unknown, expected: string): boolean {
+  return typeof proof === 'string' && proof.length === expected.length && timingSafeEqual(Buffer.from(proof), Buffer.from(expected));
+}
+
+/**
+ * POST SWARMS_PATH (`{room, proof}` to keep a token → `{}`; anything else → `{token}`, a new one)
+ * and POST REVOKE_PATH (`{room, proof}` → 204). Pages of this server's origins and the allowed ones
+ * only (CORS for those), a few tokens a minute from one address.
+ */
+export function mountJoinTokens(app: Express, tokens: JoinTokens, origins: Origins): void {
+  const limit = perAddressLimit(TOKENS_PER_MINUTE, 60_000);
+  const json = express.json({ limit: 1024 });
+  app.use([SWARMS_PATH, REVOKE_PATH], (request, response, next) => {
+    const origin = request.headers.origin;
+    if (!origins.originAllowed(origin)) return void response.status(403).type('text').send('pages of this origin may not open swarms on this server: start it with --allow-origin for it');
+    if (origin) response.setHeader('Access-Control-Allow-Origin', origin).setHeader('Vary', 'Origin');
+    if (request.method === 'OPTIONS') return void response.setHeader('Access-Control-Allow-Methods', 'POST').setHeader('Access-Control-Allow-Headers', 'content-type').sendStatus(204);
+    next();
+  });
+  const held = (body: SwarmRequest | undefined, proofOf: (token: string) => string): string | null => {
+    const token = typeof body?.room === 'string' ? tokens.standing(body.room) : null;
+    return token && sameProof(body?.proof, proofOf(token)) ? token : null;
+  };
+  app.post(SWARMS_PATH, json, (request, response) => {
+    if (held(request.body, keepProof)) return void response.json({} satisfies SwarmAnswer);
+    if (!limit(request.socket.remoteAddress ?? '')) return void response.status(429).type('text').send(`over ${TOKENS_PER_MINUTE} join links a minute from this address: wait a minute`);
+    response.json({ token: tokens.issue() } satisfies SwarmAnswer);
+  });
+  app.post(REVOKE_PATH, json, (request, response) => {
+    const token = held(request.body, revokeProof);
+    if (!token) return void response.status(403).type('text').send('no proof of a join token this server stands by');
+    tokens.revoke(roomOf(token)!);
+    response.sendStatus(204);
+  });
+  app.use([SWARMS_PATH, REVOKE_PATH], ((error, _request, response, _next) => {
+    response.status(400).type('text').send(`a join-link request is JSON of at most 1 KiB: ${(error as Error).message}`);
+  }) as express.ErrorRequestHandler);
+}
