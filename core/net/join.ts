@@ -30,12 +30,13 @@ function next<T extends JoinBody['type']>(link: Link, types: T[], timeoutMs: num
   return new Promise((resolve) => {
     const done = (value: Extract<JoinBody, { type: T }> | null) => {
       clearTimeout(timer);
-      clearInterval(watch);
+      offClose();
       off();
       resolve(value);
     };
     const timer = setTimeout(() => done(null), timeoutMs);
-    const watch = setInterval(() => link.closed && done(null), 200);
+    const offClose = link.onClose(() => done(null));
+    if (link.closed) queueMicrotask(() => done(null));
     const off = link.onMessage((msg) => {
       const body = msg.kind === 'rpc' ? (msg.body as Partial<JoinBody> | null) : null;
       if (body && types.includes(body.type as T)) done(body as Extract<JoinBody, { type: T }>);

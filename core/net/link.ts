@@ -58,6 +58,7 @@ export class Link {
   private readonly queue: Outgoing[] = [];
   private readonly messageListeners = new Set<(msg: Message) => void>();
   private readonly errorListeners = new Set<(error: Error) => void>();
+  private readonly closeListeners = new Set<(reason: string) => void>();
   private nextMsgId = 0;
   private pumping = false;
   private closedReason: string | null = null;
@@ -136,6 +137,12 @@ export class Link {
     return () => this.errorListeners.delete(cb);
   }
 
+  /** Hears the link close (its channel closed, or its owner closed it), once. Returns a function that removes the listener. */
+  onClose(cb: (reason: string) => void): () => void {
+    this.closeListeners.add(cb);
+    return () => this.closeListeners.delete(cb);
+  }
+
   /** Stops sending: queued and later sends reject. The channel itself is the owner's to close. */
   close(reason = 'link closed by its owner'): void {
     if (this.closedReason !== null) return;
@@ -144,6 +151,8 @@ export class Link {
     this.channel.removeEventListener('close', this.onChannelClose);
     const pending = this.queue.splice(0);
     for (const out of pending) out.reject(new Error(`${reason} before ${out.frames.frameCount - out.next} of ${out.frames.frameCount} frames were sent`));
+    for (const cb of [...this.closeListeners]) cb(reason);
+    this.closeListeners.clear();
   }
 
   get closed(): boolean {

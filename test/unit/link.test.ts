@@ -156,6 +156,19 @@ describe('Link', () => {
     await expect(a.send({ kind: 'rpc', from: 0, body: 1, tensors: [] })).rejects.toThrow(/cannot send: channel closed/);
   });
 
+  it('tells its close listeners once, with the reason, and not a listener removed before', async () => {
+    const { a, aToB, b } = linkedPair();
+    const heard: string[] = [];
+    a.onClose((reason) => heard.push(reason));
+    a.onClose((reason) => heard.push(`again: ${reason}`))();
+    aToB.close();
+    await vi.waitFor(() => expect(a.closed).toBe(true));
+    a.close('later');
+    b.onClose((reason) => heard.push(`b: ${reason}`));
+    b.close('its owner let it go');
+    expect(heard).toEqual(['channel closed', 'b: its owner let it go']);
+  });
+
   it('rejects a send the channel refuses, and keeps going with the next', async () => {
     const channel = new FakeChannel();
     const link = new Link(channel);
