@@ -51,7 +51,6 @@ export async function runBlockCost(o: BlockCostOptions) {
   const T = o.tokens;
   const [x, o1, tproj, context] = [random.normals(T * D), random.normals(T * D, 0.1), random.normals(6 * D, 0.1), random.normals(TEXT_TOKENS * D)];
   const [cos, sin] = [random.normals((T * headDim) / 2), random.normals((T * headDim) / 2)];
-  const keyBias = new Float32Array(T);
   const timed = async <R>(work: () => Promise<R>): Promise<[number, R]> => {
     const started = performance.now();
     const result = await work();
@@ -60,7 +59,7 @@ export async function runBlockCost(o: BlockCostOptions) {
   const samples: { preMs: number; attentionMs: number; postMs: number }[] = [];
   for (let run = 0; run <= o.runs; run++) {
     const [preMs, qkv] = await timed(() => stages.preAttention(0, x, tproj, cos, sin));
-    const [attentionMs] = await timed(() => stages.attention(qkv, keyBias));
+    const [attentionMs] = await timed(() => stages.attention(qkv, T));
     const [postMs] = await timed(() => stages.postAttention(0, x, o1, tproj, context));
     if (run > 0) samples.push({ preMs, attentionMs, postMs }); // the first run warms the sessions
     log(`block-cost: ${T} tokens: pre ${preMs.toFixed(0)} ms, attention ${attentionMs.toFixed(0)} ms, post ${postMs.toFixed(0)} ms`);

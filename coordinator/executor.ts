@@ -253,9 +253,10 @@ export abstract class Executor {
   async executeModel(request: ForwardRequest): Promise<{ output: Tensor; ranks: RankReport[] }> {
     const { config } = this.options;
     const layout = this.layout;
-    const plan = planUlysses(config, tokenGrid(config, request.latent.shape).count, layout.ulyssesDegree);
+    const group = layout.groupForPass(request.pass);
+    const plan = planUlysses(config, tokenGrid(config, request.latent.shape).count, layout.headsOf(group));
     const patches = scatterLatent(config, plan, request.latent);
-    const ranks = layout.groupRanks(layout.groupForPass(request.pass));
+    const ranks = layout.groupRanks(group);
     const results = await this.collectiveRpc('executeModel', {
       ranks,
       args: (rank) => ({
@@ -269,8 +270,8 @@ export abstract class Executor {
     });
     const rowWidth = config.outChannels * config.patchSize.reduce((a, b) => a * b, 1);
     results.forEach((r: ExecuteResult, i) => {
-      if (r.rows.length !== plan.localTokens * rowWidth) {
-        throw new WorkerError(ranks[i], 'executeModel', `returned ${r.rows.length} values; its share is ${plan.localTokens}×${rowWidth}`, null, true);
+      if (r.rows.length !== plan.rows[i] * rowWidth) {
+        throw new WorkerError(ranks[i], 'executeModel', `returned ${r.rows.length} values; its share is ${plan.rows[i]}×${rowWidth}`, null, true);
       }
       // well-formed garbage would go into the latent, the checkpoint and the video (as black)
       if (!r.rows.every(Number.isFinite)) throw new WorkerError(ranks[i], 'executeModel', 'returned NaN or infinite values', null, true);

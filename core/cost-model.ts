@@ -4,7 +4,7 @@
 
 import type { WanConfig } from './model/config.ts';
 import type { ComputeProbe, ExecutionProvider, MeshProbe } from './worker-api.ts';
-import { checkDegree, exchangeFloatsPerBlock, planUlysses, validDegrees } from './parallel.ts';
+import { checkDegree, evenDegrees, exchangeFloatsPerBlock, planUlysses } from './parallel.ts';
 
 /** The sizes a forward's cost depends on (a WanConfig has them all). */
 export type ModelShape = Pick<WanConfig, 'numHeads' | 'headDim' | 'dim' | 'ffnDim' | 'numLayers' | 'inChannels' | 'outChannels' | 'patchSize' | 'textDim' | 'freqDim'>;
@@ -78,7 +78,7 @@ export interface ForwardFlops {
   block: { selfProjections: number; attention: number; crossProjections: number; crossAttention: number; ffn: number; total: number };
   head: number;
   total: number;
-  /** attention score elements the rank softmaxes, self (H/P heads × S_pad × S_pad) and cross, all blocks */
+  /** attention score elements the rank softmaxes, self (its heads × S × S) and cross, all blocks */
   scores: number;
 }
 
@@ -96,22 +96,23 @@ export interface StepPrediction {
   stepS: number;
 }
 
-/** One rank's FLOPs for one forward under Ulysses degree P (sequence padded to ceil(S/P)·P). */
+/** FLOPs of the busiest rank's forward under Ulysses degree P (rank 0: even shares give it the most heads and tokens). */
 export function forwardFlops(model: ModelShape, tokens: number, textTokens: number, degree: number): ForwardFlops {
   const { dim: D, ffnDim, numLayers, inChannels, outChannels, patchSize, textDim, freqDim } = model;
   const patch = patchSize.reduce((a, b) => a * b, 1);
-  const Sl = Math.ceil(tokens / degree);
-  const Spad = Sl * degree;
+  const plan = planUlysses(model, tokens, degree);
+  const Sl = plan.rows[0];
+  const heads = plan.heads[0];
   const L = textTokens;
   const selfProjections = 4 * 2 * Sl * D * D; // q, k, v, out on the local tokens
-  const attention = (2 * 2 * Spad * Spad * D) / degree; // QKᵀ and AV, H/P heads over all tokens
+  const attention = (2 * 2 * tokens * tokens * D * heads) / model.numHeads; // QKᵀ and AV, its heads over all tokens
   const crossProjections = 2 * 2 * Sl * D * D + 2 * 2 * L * D * D; // q, out on local tokens; k, v on the text
   const crossAttention = 2 * 2 * Sl * L * D;
   const ffn = 2 * 2 * Sl * D * ffnDim;
   const blockTotal = selfProjections + attention + crossProjections + crossAttention + ffn;
   const embed = 2 * Sl * inChannels * patch * D + 2 * (freqDim * D + D * D + D * 6 * D) + 2 * L * (textDim * D + D * D);
   const head = 2 * Sl * D * outChannels * patch;
-  const scores = numLayers * ((model.numHeads / degree) * Spad * Spad + model.numHeads * Sl * L);
+  const scores = numLayers * (heads * tokens * tokens + model.numHeads * Sl * L);
   return {
     embed,
     block: { selfProjections, attention, crossProjections, crossAttention, ffn, total: blockTotal },
@@ -127,10 +128,11 @@ export function forwardFlops(model: ModelShape, tokens: number, textTokens: numb
  */
 export const stageCallsPerForward = (model: Pick<ModelShape, 'numLayers'>): number => 3 * model.numLayers + 2;
 
-/** Bytes one rank sends in one forward: 4·ceil(S/P)·D·(P−1)/P elements per block. */
+/** Bytes the busiest rank sends in one forward (about 4·(S/P)·D·(P−1)/P elements per block). */
 export function forwardBytes(model: ModelShape, tokens: number, degree: number, bytesPerElement: number): number {
-  const plan = planUlysses(model as WanConfig, tokens, degree);
-  return exchangeFloatsPerBlock(plan, model.dim) * bytesPerElement * model.numLayers;
+  const plan = planUlysses(model, tokens, degree);
+  const busiest = Math.max(...plan.heads.map((_, rank) => exchangeFloatsPerBlock(plan, rank)));
+  return busiest * bytesPerElement * model.numLayers;
 }
 
 const patchVolume = (m: ModelShape): number => m.patchSize.reduce((a, b) => a * b, 1);
@@ -192,10 +194,10 @@ export function predictStep(work: Workload, plan: Plan, hw: Hardware): StepPredi
   };
 }
 
-/** Every plan the workers allow: each valid Ulysses degree, with and without CFG parallel. */
+/** The plans worth predicting on workers of equal speed: each even degree (evenDegrees), with and without CFG parallel. */
 export function candidatePlans(work: Workload, workers: number): Plan[] {
   const plans: Plan[] = [];
-  for (const d of validDegrees(work.model.numHeads, workers)) {
+  for (const d of evenDegrees(work.model.numHeads, workers)) {
     plans.push({ ulyssesDegree: d, cfgParallel: false });
     if (work.passes === 2 && 2 * d <= workers) plans.push({ ulyssesDegree: d, cfgParallel: true });
   }

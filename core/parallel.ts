@@ -3,25 +3,29 @@ import { patchify, unpatchify } from './model/tokens.ts';
 import { sliceRows, type Tensor } from './tensor.ts';
 
 /**
- * The Ulysses layout of one forward pass: S tokens split into P equal slices of ceil(S/P) tokens
- * (the last padded with zero tokens), H heads split into P groups of H/P. Rank r owns tokens
- * [r·Sl, (r+1)·Sl) outside attention and heads [r·H/P, (r+1)·H/P) inside it.
+ * The Ulysses layout of one forward pass: the H heads shared among P ranks (`heads`, each at
+ * least one, in rank order; equal where P divides H, else as near as can be, or in proportion to
+ * each rank's speed) and the S tokens in proportion to them (`rows`), so each rank's share of a
+ * block's work, outside attention and inside it, is its share of the heads. Rank r owns tokens
+ * [tokenStart(r), tokenStart(r) + rows[r]) outside attention and heads [headStart(r),
+ * headStart(r) + heads[r]) inside it. No padding: every token is some rank's.
  */
 export interface UlyssesPlan {
   degree: number; // P
-  tokens: number; // S, real tokens
-  localTokens: number; // Sl = ceil(S/P)
-  paddedTokens: number; // Sl·P
-  headsPerRank: number; // H/P
-  /** columns of one rank's heads in a [*, D] activation: (H/P)·d */
-  headWidth: number;
+  tokens: number; // S
+  /** heads of each rank: whole, at least one, summing to H */
+  heads: number[];
+  /** tokens of each rank: at least one, summing to S */
+  rows: number[];
+  headDim: number;
 }
 
 /**
  * Which rank does what in one placement, as xDiT's RankGenerator: `cfgGroups` groups (two with CFG
  * parallel: group 0 runs the conditional pass, group 1 the unconditional one) of `ulyssesDegree`
  * ranks, each group a Ulysses mesh of its own. Rank r is rank r mod P of group ⌊r/P⌋. Nobody else
- * does this arithmetic.
+ * does this arithmetic. `heads`: each group's ranks' shares of the heads (planUlysses), where they
+ * are not even (ranks of unequal speed).
  */
 export class RankLayout {
   readonly world: number;
@@ -29,9 +33,18 @@ export class RankLayout {
   constructor(
     readonly ulyssesDegree: number,
     readonly cfgGroups: 1 | 2 = 1,
+    readonly heads: number[][] | null = null,
   ) {
     if (!Number.isInteger(ulyssesDegree) || ulyssesDegree < 1) throw new ParallelConfigError(`a Ulysses degree is a whole number of ranks, got ${ulyssesDegree}`);
+    if (heads && (heads.length !== cfgGroups || heads.some((g) => g.length !== ulyssesDegree))) {
+      throw new ParallelConfigError(`head shares ${JSON.stringify(heads)} are not ${cfgGroups} group(s) of ${ulyssesDegree} ranks`);
+    }
     this.world = ulyssesDegree * cfgGroups;
+  }
+
+  /** The heads of each rank of `group` (planUlysses takes either): shares where given, else the degree (even). */
+  headsOf(group: number): number[] | number {
+    return this.heads?.[group] ?? this.ulyssesDegree;
   }
 
   get cfgParallel(): boolean {
@@ -61,14 +74,15 @@ export class RankLayout {
     return this.cfgParallel ? pass : 0;
   }
 
-  /** The rank's mesh: its group's ranks, their peers, and a session of the group's own. */
-  meshOf(rank: number, peers: string[], session: string): { rank: number; world: number; peers: string[]; session: string } {
+  /** The rank's mesh: its group's ranks, their peers, their head shares, and a session of the group's own. */
+  meshOf(rank: number, peers: string[], session: string): { rank: number; world: number; peers: string[]; session: string; heads?: number[] } {
     const group = this.groupOf(rank);
     return {
       rank: this.localRank(rank),
       world: this.ulyssesDegree,
       peers: this.groupRanks(group).map((r) => peers[r]),
       session: this.cfgParallel ? `${session}.${group}` : session,
+      ...(this.heads && { heads: this.heads[group] }),
     };
   }
 
@@ -78,7 +92,11 @@ export class RankLayout {
   }
 
   describe(rank: number): string {
-    return `rank ${rank} of ${this.world}${this.cfgParallel ? ` (${this.groupOf(rank) === 0 ? 'conditional' : 'unconditional'} group)` : ''}`;
+    const notes = [
+      this.cfgParallel && `${this.groupOf(rank) === 0 ? 'conditional' : 'unconditional'} group`,
+      this.heads && `${this.heads[this.groupOf(rank)][this.localRank(rank)]} heads`,
+    ].filter(Boolean);
+    return `rank ${rank} of ${this.world}${notes.length ? ` (${notes.join(', ')})` : ''}`;
   }
 }
 
@@ -86,71 +104,115 @@ export class ParallelConfigError extends Error {
   override name = 'ParallelConfigError';
 }
 
-/** Degrees that divide the head count, up to the number of workers available. */
+/** Ulysses degrees a model of `numHeads` heads allows (each rank at least one head), up to the number of workers available. */
 export function validDegrees(numHeads: number, maxWorkers = numHeads): number[] {
-  return Array.from({ length: Math.min(numHeads, maxWorkers) }, (_, i) => i + 1).filter((p) => numHeads % p === 0);
+  return Array.from({ length: Math.max(0, Math.min(numHeads, maxWorkers)) }, (_, i) => i + 1);
 }
 
-/** The largest valid degree that `liveWorkers` allow (at least 1). */
+/**
+ * The degrees worth trying on workers of equal speed: each the fewest ranks for its busiest rank's
+ * heads, ⌈H/P⌉ (12 heads: 1, 2, 3, 4, 6, 12 — five ranks wait for ranks of 3 heads as four do).
+ */
+export function evenDegrees(numHeads: number, maxWorkers = numHeads): number[] {
+  return validDegrees(numHeads, maxWorkers).filter((p) => p === 1 || Math.ceil(numHeads / p) < Math.ceil(numHeads / (p - 1)));
+}
+
+/** The degree to take before the workers are measured: the largest even degree `liveWorkers` allow (at least 1). */
 export function defaultDegree(numHeads: number, liveWorkers: number): number {
-  return Math.max(1, ...validDegrees(numHeads, liveWorkers));
+  return Math.max(1, ...evenDegrees(numHeads, liveWorkers));
 }
 
 export function checkDegree(numHeads: number, degree: number, liveWorkers = Infinity): void {
-  const valid = validDegrees(numHeads);
-  if (!Number.isInteger(degree) || degree < 1 || numHeads % degree !== 0) {
-    throw new ParallelConfigError(`ulyssesDegree ${degree} does not divide the model's ${numHeads} heads; valid degrees: ${valid.join(', ')}`);
+  if (!Number.isInteger(degree) || degree < 1 || degree > numHeads) {
+    throw new ParallelConfigError(`ulyssesDegree ${degree} is not a whole number of ranks from 1 to the model's ${numHeads} heads (each rank takes at least one)`);
   }
   if (degree > liveWorkers) {
-    const usable = validDegrees(numHeads, liveWorkers);
     throw new ParallelConfigError(
       `ulyssesDegree ${degree} needs ${degree} worker${degree === 1 ? '' : 's'} but ${liveWorkers} ${liveWorkers === 1 ? 'is' : 'are'} live; ` +
-        (usable.length ? `valid degrees now: ${usable.join(', ')}, or open more worker pages` : 'open a worker page first'),
+        (liveWorkers >= 1 ? `at most ${Math.min(liveWorkers, numHeads)} now, or open more worker pages` : 'open a worker page first'),
     );
   }
 }
 
-export function planUlysses(cfg: WanConfig, tokens: number, degree: number): UlyssesPlan {
-  checkDegree(cfg.numHeads, degree);
-  const localTokens = Math.ceil(tokens / degree);
-  const headsPerRank = cfg.numHeads / degree;
-  return { degree, tokens, localTokens, paddedTokens: localTokens * degree, headsPerRank, headWidth: headsPerRank * cfg.headDim };
+/**
+ * `total` split into whole shares in proportion to `weights`, each at least one (largest
+ * remainders, ties to the lower rank): the same weights give the same split on every page.
+ */
+export function proportionalShares(total: number, weights: number[]): number[] {
+  const n = weights.length;
+  if (n < 1 || n > total) throw new ParallelConfigError(`${total} cannot be shared among ${n} ranks with at least one each`);
+  if (!weights.every((w) => Number.isFinite(w) && w > 0)) throw new ParallelConfigError(`shares need positive weights, got ${weights.join(', ')}`);
+  const sum = weights.reduce((a, b) => a + b, 0);
+  // one each first, the rest in proportion
+  const exact = weights.map((w) => ((total - n) * w) / sum);
+  const shares = exact.map((x) => 1 + Math.floor(x));
+  let left = total - shares.reduce((a, b) => a + b, 0);
+  const byRemainder = exact.map((x, i) => ({ i, r: x - Math.floor(x) })).sort((a, b) => b.r - a.r || a.i - b.i);
+  for (const { i } of byRemainder) {
+    if (left-- <= 0) break;
+    shares[i]++;
+  }
+  return shares;
 }
+
+/** Heads as equal as they can be: P | H gives H/P each, else the first ranks one more. */
+export const evenHeads = (numHeads: number, degree: number): number[] => proportionalShares(numHeads, new Array(degree).fill(1));
+
+/**
+ * The plan of a forward over `tokens` tokens: `heads` as given (a rank's share each), or that many
+ * ranks with even heads; tokens in proportion to the heads.
+ */
+export function planUlysses(cfg: Pick<WanConfig, 'numHeads' | 'headDim'>, tokens: number, heads: number | number[]): UlyssesPlan {
+  const shares = typeof heads === 'number' ? (checkDegree(cfg.numHeads, heads), evenHeads(cfg.numHeads, heads)) : heads;
+  checkDegree(cfg.numHeads, shares.length);
+  if (!shares.every((h) => Number.isInteger(h) && h >= 1) || shares.reduce((a, b) => a + b, 0) !== cfg.numHeads) {
+    throw new ParallelConfigError(`head shares ${shares.join('/')} are not whole shares of at least one summing to the model's ${cfg.numHeads} heads`);
+  }
+  if (tokens < shares.length) throw new ParallelConfigError(`${tokens} tokens cannot be shared among ${shares.length} ranks: use fewer workers or a larger video`);
+  return { degree: shares.length, tokens, heads: shares, rows: proportionalShares(tokens, shares), headDim: cfg.headDim };
+}
+
+const sumBefore = (xs: number[], r: number) => xs.slice(0, r).reduce((a, b) => a + b, 0);
 
 /** Rank r's first token. */
-export const tokenStart = (plan: UlyssesPlan, rank: number): number => rank * plan.localTokens;
+export const tokenStart = (plan: UlyssesPlan, rank: number): number => sumBefore(plan.rows, rank);
 
-/** Attention bias over all padded keys: 0 for real tokens, a large negative for padding. */
-export function keyPaddingBias(plan: UlyssesPlan): Float32Array {
-  return Float32Array.from({ length: plan.paddedTokens }, (_, s) => (s < plan.tokens ? 0 : -1e9));
-}
+/** Rank r's first head. */
+export const headStart = (plan: UlyssesPlan, rank: number): number => sumBefore(plan.heads, rank);
 
-/** Rows of rank r from a [S, width] matrix, zero-padded to Sl rows. */
+/** Rows of rank r from a [S, width] matrix. */
 export function scatterRows(plan: UlyssesPlan, rows: Float32Array, width: number, rank: number): Float32Array {
-  return sliceRows(rows, width, tokenStart(plan, rank), plan.localTokens);
+  return sliceRows(rows, width, tokenStart(plan, rank), plan.rows[rank]);
 }
 
-/** Ranks' [Sl, width] outputs in rank order → [S, width], padding dropped. */
+/** Ranks' [rows[r], width] outputs in rank order → [S, width]. */
 export function gatherRows(plan: UlyssesPlan, parts: Float32Array[], width: number): Float32Array {
   const out = new Float32Array(plan.tokens * width);
-  parts.forEach((part, rank) => {
-    const start = tokenStart(plan, rank);
-    const count = Math.max(0, Math.min(plan.localTokens, plan.tokens - start));
-    out.set(part.subarray(0, count * width), start * width);
-  });
+  parts.forEach((part, rank) => out.set(part.subarray(0, plan.rows[rank] * width), tokenStart(plan, rank) * width));
   return out;
 }
 
-/** Payload floats one rank sends per transformer block: 4·Sl·D·(P−1)/P (q, k, v out; attention back). */
-export const exchangeFloatsPerBlock = (plan: UlyssesPlan, dim: number): number => (4 * plan.localTokens * dim * (plan.degree - 1)) / plan.degree;
+/**
+ * Payload floats rank r sends per transformer block: q, k, v of its tokens for the other ranks'
+ * heads, and its heads' attention output for the other ranks' tokens.
+ */
+export function exchangeFloatsPerBlock(plan: UlyssesPlan, rank: number): number {
+  const H = plan.heads.reduce((a, b) => a + b, 0);
+  return (3 * plan.rows[rank] * (H - plan.heads[rank]) + plan.heads[rank] * (plan.tokens - plan.rows[rank])) * plan.headDim;
+}
 
-/** A latent's tokens as each rank's patch rows, in rank order: rank r gets [Sl, C·pt·ph·pw]. */
+/** The floats of one exchanged part from rank `from` to rank `to`: q, k, v [3, rows[from], heads[to]·d], or attention output [rows[to], heads[from]·d]. */
+export function partFloats(plan: UlyssesPlan, phase: 'qkv' | 'output', from: number, to: number): number {
+  return phase === 'qkv' ? 3 * plan.rows[from] * plan.heads[to] * plan.headDim : plan.rows[to] * plan.heads[from] * plan.headDim;
+}
+
+/** A latent's tokens as each rank's patch rows, in rank order: rank r gets [rows[r], C·pt·ph·pw]. */
 export function scatterLatent(cfg: WanConfig, plan: UlyssesPlan, latent: Tensor): Float32Array[] {
   const patches = patchify(cfg, latent);
   return Array.from({ length: plan.degree }, (_, rank) => scatterRows(plan, patches.data, patches.shape[1], rank));
 }
 
-/** The ranks' output rows [Sl, pt·ph·pw·C] in rank order → the output, shaped like the latent. */
+/** The ranks' output rows [rows[r], pt·ph·pw·C] in rank order → the output, shaped like the latent. */
 export function gatherLatent(cfg: WanConfig, plan: UlyssesPlan, rows: Float32Array[], shape: number[]): Tensor {
-  return unpatchify(cfg, gatherRows(plan, rows, rows[0].length / plan.localTokens), shape);
+  return unpatchify(cfg, gatherRows(plan, rows, rows[0].length / plan.rows[0]), shape);
 }

@@ -37,6 +37,8 @@ export interface InitArgs {
   session: string;
   /** how activations travel between ranks; float32 unless the coordinator asks for float16 */
   dtype?: DType;
+  /** each rank's share of the model's heads, in rank order (core/parallel.ts); even without it */
+  heads?: number[];
 }
 
 export interface LoadArgs {
@@ -293,6 +295,8 @@ export type ReplyOf<M extends WorkerMethod> = Awaited<ReturnType<WorkerApi[M]>>;
 
 // Bounds: generous for any real model, small enough that a hostile value cannot make a side allocate much.
 const MAX_RANKS = 256;
+/** more heads than any DiT has (Wan2.1 14B: 40) */
+const MAX_HEADS = 1024;
 /** a prompt's tokens at most: WanPipeline's 512, with room */
 const MAX_PROMPT_TOKENS = 4096;
 /** a VAE tile's latent frames in one call: 16 channels of 64×64 pixels, 64 frames */
@@ -343,7 +347,7 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
     reply: fields({ bytes: int(0) }),
   },
   initWorker: {
-    args: fields({ rank: int(0, MAX_RANKS - 1), world: int(1, MAX_RANKS), peers: list(text(256), { min: 1, max: MAX_RANKS }), session: text(256), dtype: optional(oneOf('f32', 'f16')) }),
+    args: fields({ rank: int(0, MAX_RANKS - 1), world: int(1, MAX_RANKS), peers: list(text(256), { min: 1, max: MAX_RANKS }), session: text(256), dtype: optional(oneOf('f32', 'f16')), heads: optional(list(int(1, MAX_HEADS), { min: 1, max: MAX_RANKS })) }),
     reply: fields({ rank: int(0), world: int(1) }),
   },
   loadModel: {

@@ -143,11 +143,9 @@ export async function onnxStages(m: WanModel, ep: ExecutionProvider, limits: { m
       }
       return { q: concat(parts.q), k: concat(parts.k), v: concat(parts.v) };
     },
-    async attention({ q, k, v }, keyBias) {
-      const tokens = keyBias.length;
+    async attention({ q, k, v }, tokens) {
       const width = q.length / tokens;
-      const run = async (qs: Float32Array, ks: Float32Array, vs: Float32Array, w: number) =>
-        out(await attention.run({ q: t(qs, w), k: t(ks, w), v: t(vs, w), key_bias: new ort.Tensor('float32', keyBias, [tokens]) }), 'o');
+      const run = async (qs: Float32Array, ks: Float32Array, vs: Float32Array, w: number) => out(await attention.run({ q: t(qs, w), k: t(ks, w), v: t(vs, w) }), 'o');
       // heads are independent: as many at a time as one buffer holds [tokens, heads·d]
       const headsAtOnce = Math.floor(maxBufferBytes / (4 * tokens * headDim));
       if (headsAtOnce < 1) throw new Error(`attention over ${tokens} tokens needs ${4 * tokens * headDim} bytes per head, more than one buffer of this worker holds (${maxBufferBytes}): use more workers`);

@@ -4,11 +4,11 @@
 // a forward on the job's own model and shapes, through the same stage calls, and plans with that.
 import type { WanConfig } from '../core/model/config.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
-import { checkDegree, planUlysses } from '../core/parallel.ts';
+import { checkDegree, partFloats, planUlysses, type UlyssesPlan } from '../core/parallel.ts';
 import { SeededRandom } from '../core/random.ts';
 import type { DeviceStageRunner } from './stages.ts';
 import { medianSample } from './throughput-probe.ts';
-import { forwardRank, noStats, type Exchange } from './ulysses.ts';
+import { ExchangePhase, forwardRank, noStats, type Exchange } from './ulysses.ts';
 
 /**
  * forwards timed per degree at most (after a warm-up), within BUDGET_MS: a step's time varies by a
@@ -23,10 +23,16 @@ const LONG_MS = 2_000;
 const MAX_TOKENS = 1 << 17;
 
 /**
- * The mesh of a rehearsal, without peers: every part comes back as the part a peer of the same
- * share would have sent (the same size), so rank 0 of `world` computes exactly its share.
+ * The mesh of a rehearsal, without peers: rank 0 of the plan is sent parts of the sizes its peers
+ * would send it (zeros), so it computes exactly its share.
  */
-const echoExchange = (world: number): Exchange => ({ rank: 0, world, bytesSent: 0, dtype: 'f32', allToAll: async (_tag, parts) => parts });
+const echoExchange = (plan: UlyssesPlan): Exchange => ({
+  rank: 0,
+  world: plan.degree,
+  bytesSent: 0,
+  dtype: 'f32',
+  allToAll: async (tag, parts) => parts.map((part, j) => (j === 0 ? part : new Float32Array(partFloats(plan, tag.phase === ExchangePhase.QKV ? 'qkv' : 'output', j, 0)))),
+});
 
 /** ms of one rank's compute in one forward under each Ulysses degree: the median of a few where one is quick, else blocks × one block. */
 export async function rehearseForwards(cfg: WanConfig, stages: DeviceStageRunner, latentShape: number[], textTokens: number, degrees: number[]): Promise<number[]> {
@@ -40,10 +46,10 @@ export async function rehearseForwards(cfg: WanConfig, stages: DeviceStageRunner
   for (const degree of degrees) {
     checkDegree(cfg.numHeads, degree);
     const plan = planUlysses(cfg, grid.count, degree);
-    const input = { patches: random.normals(plan.localTokens * patchWidth), timestep: 500, text, grid, tag: { job: 0, step: 0, pass: 0 } };
+    const input = { patches: random.normals(plan.rows[0] * patchWidth), timestep: 500, text, grid, tag: { job: 0, step: 0, pass: 0 } };
     const forward = async (numLayers: number) => {
       const stats = noStats();
-      await forwardRank({ ...cfg, numLayers }, plan, stages, echoExchange(degree), input, stats);
+      await forwardRank({ ...cfg, numLayers }, plan, stages, echoExchange(plan), input, stats);
       return stats.computeMs;
     };
     // A forward of one block first (it also warms up): where the whole forward would take long (a

@@ -7,7 +7,7 @@ import type { WanConfig } from '../core/model/config.ts';
 import { describeLoad, describeWeights } from '../core/worker-api.ts';
 import { fastestEp } from '../core/cost-model.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
-import { planUlysses, type UlyssesPlan } from '../core/parallel.ts';
+import { partFloats, planUlysses, type UlyssesPlan } from '../core/parallel.ts';
 import { BYTES_PER_ELEMENT } from '../core/net/protocol.ts';
 import type {
   ComputeProbe,
@@ -132,6 +132,7 @@ export class WorkerRuntime implements WorkerApi {
     const { rank, world, peers } = init;
     if (rank >= world) throw new Error(`initWorker needs 0 ≤ rank < world, got rank ${rank} of ${world}`);
     if (peers.length !== world) throw new Error(`initWorker needs ${world} peer ids, got ${peers.length}`);
+    if (init.heads && init.heads.length !== world) throw new Error(`initWorker needs a head share for each of ${world} ranks, got ${init.heads.length}`);
     this.init = init;
     this.exchange = await this.hooks.connectMesh(init);
     this.setState('initialized', `rank ${rank} of ${world}`);
@@ -237,7 +238,7 @@ export class WorkerRuntime implements WorkerApi {
     }
     if (latentShape[0] !== cfg.inChannels) throw new Error(`prepareJob needs a latent shape [${cfg.inChannels}, T, H, W], got ${JSON.stringify(latentShape)}`);
     await this.hooks.betweenJobs?.();
-    this.plan = planUlysses(cfg, tokenGrid(cfg, latentShape).count, exchange.world);
+    this.plan = planUlysses(cfg, tokenGrid(cfg, latentShape).count, this.init?.heads ?? exchange.world);
     this.job = job;
     this.texts = texts;
     if (exchangeTimeoutMs !== undefined) exchange.waitAtMost?.(exchangeTimeoutMs);
@@ -255,7 +256,7 @@ export class WorkerRuntime implements WorkerApi {
    * buffered: it must belong to the prepared job and have exactly the size the plan gives its
    * phase. Returns why it is refused, or null.
    */
-  judgeTensor(tag: { job: number; step: number; pass: number; block: number; phase: number }, totalBytes: number): string | null {
+  judgeTensor(from: number, tag: { job: number; step: number; pass: number; block: number; phase: number }, totalBytes: number): string | null {
     const plan = this.plan;
     const cfg = this.model?.config;
     if (!plan || !cfg || !this.exchange) return 'no job is prepared on this rank';
@@ -263,7 +264,9 @@ export class WorkerRuntime implements WorkerApi {
     if (tag.pass >= this.texts.length) return `tensor for pass ${tag.pass}, but the job has ${this.texts.length}`;
     if (tag.block >= cfg.numLayers) return `tensor for block ${tag.block} of ${cfg.numLayers}`;
     if (tag.step >= 1000) return `tensor for step ${tag.step}`;
-    const floats = tag.phase === ExchangePhase.Probe ? PROBE_FLOATS[tag.step] : [3 * plan.localTokens * plan.headWidth, plan.localTokens * plan.headWidth][tag.phase];
+    if (!(from >= 0 && from < plan.degree)) return `tensor from rank ${from} of a mesh of ${plan.degree}`;
+    const me = this.exchange.rank;
+    const floats = tag.phase === ExchangePhase.Probe ? PROBE_FLOATS[tag.step] : tag.phase === ExchangePhase.QKV ? partFloats(plan, 'qkv', from, me) : tag.phase === ExchangePhase.Output ? partFloats(plan, 'output', from, me) : undefined;
     if (floats === undefined) return `unknown exchange phase ${tag.phase}${tag.phase === ExchangePhase.Probe ? ` step ${tag.step}` : ''}`;
     const bytes = floats * BYTES_PER_ELEMENT[this.exchange.dtype];
     if (totalBytes !== bytes) return `phase ${tag.phase} tensor of ${totalBytes} bytes; the plan says ${bytes}`;
@@ -279,8 +282,9 @@ export class WorkerRuntime implements WorkerApi {
     const grid = tokenGrid(cfg, args.latentShape);
     if (grid.count !== this.plan.tokens) throw new Error(`executeModel with ${grid.count} tokens but the job was prepared for ${this.plan.tokens}`);
     const patchWidth = cfg.inChannels * cfg.patchSize.reduce((x, y) => x * y, 1);
-    if (args.patches.length !== this.plan.localTokens * patchWidth) {
-      throw new Error(`executeModel expected ${this.plan.localTokens}×${patchWidth} patch values for rank ${exchange.rank}, got ${args.patches.length}`);
+    const share = this.plan.rows[exchange.rank];
+    if (args.patches.length !== share * patchWidth) {
+      throw new Error(`executeModel expected ${share}×${patchWidth} patch values for rank ${exchange.rank}, got ${args.patches.length}`);
     }
     this.setState('computing', `job ${args.job} step ${args.step} pass ${args.pass}`);
     const stats = noStats();

@@ -1,7 +1,7 @@
 import type { WanConfig } from '../core/model/config.ts';
 import type { DType } from '../core/net/protocol.ts';
 import { ropeTables, tokenGrid, type TokenGrid } from '../core/model/tokens.ts';
-import { gatherLatent, keyPaddingBias, planUlysses, scatterLatent, tokenStart, type UlyssesPlan } from '../core/parallel.ts';
+import { gatherLatent, headStart, planUlysses, scatterLatent, tokenStart, type UlyssesPlan } from '../core/parallel.ts';
 import { concat, setCols, sliceCols, type Tensor } from '../core/tensor.ts';
 import type { RankStats } from '../core/worker-api.ts';
 import type { Activation, DeviceStageRunner, DeviceTensor } from './stages.ts';
@@ -41,7 +41,7 @@ export interface Exchange {
 }
 
 export interface ForwardInput {
-  patches: Float32Array; // this rank's [Sl, C·pt·ph·pw]
+  patches: Float32Array; // this rank's [rows, C·pt·ph·pw]
   timestep: number;
   text: Float32Array; // [L, text_dim]
   grid: TokenGrid;
@@ -53,7 +53,8 @@ export const noStats = (): RankStats => ({ computeMs: 0, commMs: 0, bytesDownloa
 /**
  * One rank's share of a DiT forward pass under Ulysses sequence parallelism: per block, q/k/v for
  * the local tokens of all heads → all-to-all → attention over all tokens for the local heads →
- * all-to-all back → the rest of the block on the local tokens. Returns proj_out rows [Sl, ·].
+ * all-to-all back → the rest of the block on the local tokens. Returns proj_out rows [rows, ·].
+ * Shares may be uneven (plan.heads, plan.rows): each part exchanged has its own size.
  * The residual stream and the conditioning never leave the rank, so on a device runner they stay
  * device tensors; each is released once nothing reads it, and all are when the pass fails.
  */
@@ -65,8 +66,13 @@ export async function forwardRank(
   input: ForwardInput,
   stats: RankStats = noStats(),
 ): Promise<Float32Array> {
-  const { dim: D } = cfg;
-  const { localTokens: Sl, headWidth: W, degree: P } = plan;
+  const { dim: D, headDim: d } = cfg;
+  const { degree: P, rows } = plan;
+  const me = exchange.rank;
+  const Sl = rows[me];
+  const W = plan.heads[me] * d;
+  /** rank j's heads: columns [headStart(j)·d, +heads[j]·d) of a [*, D] activation */
+  const cols = (j: number) => [headStart(plan, j) * d, plan.heads[j] * d] as const;
   const now = () => performance.now();
   const timed = async <T>(kind: 'computeMs' | 'commMs', work: Promise<T>): Promise<T> => {
     const start = now();
@@ -91,8 +97,7 @@ export async function forwardRank(
     if (tensors.length && stages.release) stats.deviceTensorsLeft = await stages.release(tensors);
   };
 
-  const { cos, sin } = ropeTables(cfg, input.grid, tokenStart(plan, exchange.rank), Sl);
-  const keyBias = keyPaddingBias(plan);
+  const { cos, sin } = ropeTables(cfg, input.grid, tokenStart(plan, me), Sl);
   try {
     const embedded = await timed('computeMs', stages.embed(input.patches, input.timestep, input.text));
     const { temb, tproj, context } = embedded;
@@ -101,24 +106,24 @@ export async function forwardRank(
     for (let block = 0; block < cfg.numLayers; block++) {
       const { q, k, v } = await timed('computeMs', stages.preAttention(block, x, tproj, cos, sin));
       [q, k, v].forEach(arrived);
-      // one combined message per peer: its heads' q, k, v for my tokens, [3, Sl, W]
-      const outgoing = Array.from({ length: P }, (_, j) => concat([q, k, v].map((m) => sliceCols(m, D, j * W, W))));
+      // one combined message per peer: its heads' q, k, v for my tokens, [3, Sl, W_j]
+      const outgoing = Array.from({ length: P }, (_, j) => concat([q, k, v].map((m) => sliceCols(m, D, ...cols(j)))));
       const incoming = await timed('commMs', exchange.allToAll({ ...input.tag, block, phase: ExchangePhase.QKV }, outgoing));
-      // my heads for all tokens: rank j's slice fills rows [j·Sl, (j+1)·Sl)
-      const full = [0, 1, 2].map((which) => concat(incoming.map((part) => part.subarray(which * Sl * W, (which + 1) * Sl * W))));
-      const o = arrived(await timed('computeMs', stages.attention({ q: full[0], k: full[1], v: full[2] }, keyBias))); // [S_pad, W]
+      // my heads for all tokens: rank j's part [3, rows[j], W] fills rows [tokenStart(j), +rows[j])
+      const full = [0, 1, 2].map((which) => concat(incoming.map((part, j) => part.subarray(which * rows[j] * W, (which + 1) * rows[j] * W))));
+      const o = arrived(await timed('computeMs', stages.attention({ q: full[0], k: full[1], v: full[2] }, plan.tokens))); // [S, W]
 
-      const back = Array.from({ length: P }, (_, j) => o.slice(j * Sl * W, (j + 1) * Sl * W));
+      const back = Array.from({ length: P }, (_, j) => o.slice(tokenStart(plan, j) * W, (tokenStart(plan, j) + rows[j]) * W));
       const returned = await timed('commMs', exchange.allToAll({ ...input.tag, block, phase: ExchangePhase.Output }, back));
-      const attn = new Float32Array(Sl * D); // [Sl, D]: rank j's heads fill columns [j·W, (j+1)·W)
-      returned.forEach((part, j) => setCols(attn, D, j * W, part, W));
+      const attn = new Float32Array(Sl * D); // [Sl, D]: rank j's heads fill its columns
+      returned.forEach((part, j) => setCols(attn, D, cols(j)[0], part, cols(j)[1]));
       const next = arrived(await timed('computeMs', stages.postAttention(block, x, attn, tproj, context)));
       await timed('computeMs', release([x]));
       x = next;
     }
-    const rows = arrived(await timed('computeMs', stages.head(x, temb)));
+    const output = arrived(await timed('computeMs', stages.head(x, temb)));
     await timed('computeMs', release([...held]));
-    return rows;
+    return output;
   } catch (error) {
     await release([...held]).catch(() => {}); // the pass's own error says more than a failed cleanup
     throw error;
@@ -127,7 +132,8 @@ export async function forwardRank(
 
 /**
  * A whole forward pass with all P ranks in this process (the `local` backend, and tests):
- * scatter the latent's tokens, run every rank, gather their rows in token order.
+ * scatter the latent's tokens, run every rank, gather their rows in token order. `heads`: each
+ * rank's share of the heads (even without it).
  */
 export async function forwardInProcess(
   cfg: WanConfig,
@@ -137,9 +143,11 @@ export async function forwardInProcess(
   timestep: number,
   text: Float32Array,
   tag: ForwardInput['tag'] = { job: 0, step: 0, pass: 0 },
+  heads: number[] | number = exchanges.length,
 ): Promise<Tensor> {
   const grid = tokenGrid(cfg, latent.shape);
-  const plan = planUlysses(cfg, grid.count, exchanges.length);
+  const plan = planUlysses(cfg, grid.count, heads);
+  if (plan.degree !== exchanges.length) throw new Error(`${exchanges.length} ranks for head shares ${plan.heads.join('/')}`);
   const patches = scatterLatent(cfg, plan, latent);
   const outputs = await Promise.all(
     exchanges.map((exchange) => forwardRank(cfg, plan, stages, exchange, { patches: patches[exchange.rank], timestep, text, grid, tag })),

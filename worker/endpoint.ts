@@ -128,7 +128,7 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
     return relay;
   };
 
-  const mesh: WorkerMesh = new WorkerMesh(peer, signaling.relay.mode, relayClient, (tag, bytes) => runtime.judgeTensor(tag, bytes));
+  const mesh: WorkerMesh = new WorkerMesh(peer, signaling.relay.mode, relayClient, (from, tag, bytes) => runtime.judgeTensor(from, tag, bytes));
   peer.on('connection', (conn) => mesh.incoming(conn as unknown as DataConnectionLike));
 
   const runtime: WorkerRuntime = new WorkerRuntime(engine, {

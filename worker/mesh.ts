@@ -13,8 +13,8 @@ const MESH_TIMEOUT_MS = 30_000;
 /** Connections of one rank kept until this rank asks for them (a data channel, then maybe a relayed one). */
 const MAX_EARLY_CANDIDATES = 4;
 
-/** Judges a tensor by its tag and size (the runtime's judgeTensor): why it is refused, or null. */
-export type TensorJudge = (tag: FrameHeader['tag'], totalBytes: number) => string | null;
+/** Judges a tensor by its sender's rank, its tag and size (the runtime's judgeTensor): why it is refused, or null. */
+export type TensorJudge = (from: number, tag: FrameHeader['tag'], totalBytes: number) => string | null;
 
 /**
  * What rank `rank` may send this one on the mesh: only tensors, only in its own name, only of the
@@ -24,7 +24,7 @@ export type TensorJudge = (tag: FrameHeader['tag'], totalBytes: number) => strin
 export function judgeMeshFrame(rank: number, header: FrameHeader, judge: TensorJudge): { refused: string; misbehaved: boolean } | null {
   if (header.kind !== 'tensor') return { refused: `rank ${rank} sent a ${header.kind} message on the mesh`, misbehaved: false };
   if (header.from !== rank) return { refused: `it sent a tensor in the name of rank ${header.from}`, misbehaved: true };
-  const refused = judge(header.tag, header.totalBytes);
+  const refused = judge(rank, header.tag, header.totalBytes);
   return refused === null ? null : { refused, misbehaved: false };
 }
 

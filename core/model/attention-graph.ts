@@ -2,7 +2,7 @@
 // score matrix never exceeds `scoreBudget` floats: a [h, S, S] matrix is 3.2 GB at 12 heads and
 // S = 8192 — past what a 32-bit wasm heap (and onnxruntime's size arithmetic) allows — while a
 // [h, c, S] chunk of it is not. The math of `attention` in ops.ts, rows independent of the chunking:
-//   q, k, v [S, h·d], key_bias [S] (0 real key, −1e9 padding) → o [S, h·d], h = width / d.
+//   q, k, v [S, h·d] → o [S, h·d], h = width / d.
 //
 // In ONNX: an outer graph puts heads first and pads the queries to n·c rows, a Loop of n
 // iterations attends one [h, c, d] chunk of queries to all keys, and the stacked chunk outputs
@@ -23,7 +23,6 @@ export function buildChunkedAttentionGraph(headDim: number, scoreBudget = DEFAUL
   const d = headDim;
 
   const [q, k, v] = ['q', 'k', 'v'].map((name) => outer.input(name, FLOAT, ['S', 'W']));
-  const keyBias = outer.input('key_bias', FLOAT, ['S']);
   const heads = (x: string, perm: number[]) => outer.op('Transpose', [outer.op('Reshape', [x, outer.ints([0, -1, d])])], { perm });
   const qh = outer.op('Mul', [heads(q, [1, 0, 2]), outer.float(1 / Math.sqrt(d))]); // [h, S, d], pre-scaled
   const kt = heads(k, [1, 2, 0]); // [h, d, S]
@@ -41,12 +40,12 @@ export function buildChunkedAttentionGraph(headDim: number, scoreBudget = DEFAUL
   const pads = outer.op('Concat', [outer.ints([0, 0, 0, 0]), padRows, outer.ints([0])], { axis: 0 });
   const qPadded = outer.op('Pad', [qh, pads]); // [h, n·c, d]
 
-  // body: (i, cond) → (cond, o_i [h, c, d]); q, k, v, bias and c come from the outer scope
+  // body: (i, cond) → (cond, o_i [h, c, d]); q, k, v and c come from the outer scope
   const i = body.input('i', INT64, []);
   const cond = body.input('cond_in', BOOL, []);
   const start = body.op('Mul', [body.op('Unsqueeze', [i, body.ints([0])]), chunk]);
   const qc = body.op('Slice', [qPadded, start, body.op('Add', [start, chunk]), body.ints([1])]); // [h, c, d]
-  const scores = body.op('Add', [body.op('MatMul', [qc, kt]), keyBias]); // [h, c, S]
+  const scores = body.op('MatMul', [qc, kt]); // [h, c, S]
   const oc = body.op('MatMul', [body.op('Softmax', [scores], { axis: -1 }), vh]); // [h, c, d]
   body.output(cond, 'cond_out', BOOL, []);
   body.output(oc, 'o_chunk', FLOAT, ['h', 'c', d]);

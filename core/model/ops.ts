@@ -63,12 +63,12 @@ export function gatedAdd(x: Float32Array, y: Float32Array, dim: number, gate?: F
 
 /**
  * Scaled dot-product attention per head. q [Sq, H·d], k and v [Sk, H·d], heads in contiguous
- * column blocks. Keys at index ≥ validKeys are masked out (sequence padding).
+ * column blocks.
  */
-export function attention(q: Float32Array, k: Float32Array, v: Float32Array, headDim: number, width: number, validKeys?: number): Float32Array {
+export function attention(q: Float32Array, k: Float32Array, v: Float32Array, headDim: number, width: number): Float32Array {
   const sq = q.length / width;
   const sk = k.length / width;
-  const keys = Math.min(validKeys ?? sk, sk);
+  const keys = sk;
   const heads = width / headDim;
   const scale = 1 / Math.sqrt(headDim);
   const out = new Float32Array(q.length);

@@ -4,7 +4,7 @@
 //   embed            patches [S, C·pt·ph·pw], timestep [1], text [L, text_dim]
 //                    → x [S, D], temb [1, D], tproj [6, D], context [L, D]
 //   block i pre      x, tproj, rope cos/sin [S, d/2] → q, k, v [S, D]   (all heads, local tokens)
-//   attention        q, k, v [S, h·d], key_bias [S] → o [S, h·d]        (any number of heads h)
+//   attention        q, k, v [S, h·d] → o [S, h·d]                      (any number of heads h)
 //   block i post     x, o [S, D], tproj, context → x
 //   head             x, temb → rows [S, pt·ph·pw·C]
 // The embed and head graphs hold their weights; the block graphs are one pre and one post graph for
@@ -113,12 +113,11 @@ class WanGraph extends OnnxGraph {
     return this.op('Reshape', [this.op('Concat', [o1, o2], { axis: 3 }), this.ints([0, dim])]);
   }
 
-  /** Softmax attention per head over [Sq, h·d] queries and [Sk, h·d] keys/values; bias [Sk] masks keys. */
-  attend(q: string, k: string, v: string, keyBias?: string): string {
+  /** Softmax attention per head over [Sq, h·d] queries and [Sk, h·d] keys/values. */
+  attend(q: string, k: string, v: string): string {
     const d = this.cfg.headDim;
     const heads = (x: string, perm: number[]) => this.op('Transpose', [this.op('Reshape', [x, this.ints([0, -1, d])])], { perm });
-    let scores = this.op('Mul', [this.op('MatMul', [heads(q, [1, 0, 2]), heads(k, [1, 2, 0])]), this.scalar(1 / Math.sqrt(d))]);
-    if (keyBias) scores = this.op('Add', [scores, keyBias]);
+    const scores = this.op('Mul', [this.op('MatMul', [heads(q, [1, 0, 2]), heads(k, [1, 2, 0])]), this.scalar(1 / Math.sqrt(d))]);
     const o = this.op('MatMul', [this.op('Softmax', [scores], { axis: -1 }), heads(v, [1, 0, 2])]);
     return this.op('Reshape', [this.op('Transpose', [o], { perm: [1, 0, 2] }), this.ints([0, -1])]);
   }

@@ -1,7 +1,7 @@
 import { beforeAll, describe, expect, it } from 'vitest';
 import { Executor, type ExecutorOptions } from '../../coordinator/executor.ts';
 import { inProcess, type Remote } from '../../core/net/rpc.ts';
-import { RankLayout } from '../../core/parallel.ts';
+import { exchangeFloatsPerBlock, planUlysses, RankLayout } from '../../core/parallel.ts';
 import type { WanModel } from '../../core/model/reference.ts';
 import { loadTransformer } from '../../core/model/transformer.ts';
 import { SeededRandom } from '../../core/random.ts';
@@ -119,9 +119,10 @@ describe('CFG parallel over in-process ranks', () => {
   it('a rank of a CFG-parallel group sends the bytes of one Ulysses pass per step, half of plain Ulysses at the same degree', async () => {
     const cfg = await sample(2, true);
     const plain = await sample(2, false);
-    const perPass = 4 * Math.ceil(35 / 2) * model.config.dim * (1 / 2) * 4 * model.config.numLayers;
-    for (const ranks of cfg.reports) expect(ranks.map((r) => r.bytesSent)).toEqual([perPass, perPass, perPass, perPass]);
-    for (const ranks of plain.reports) expect(ranks.map((r) => r.bytesSent)).toEqual([2 * perPass, 2 * perPass]);
+    const plan = planUlysses(model.config, 35, 2); // tokens 18/17
+    const perPass = [0, 1].map((r) => 4 * exchangeFloatsPerBlock(plan, r) * model.config.numLayers);
+    for (const ranks of cfg.reports) expect(ranks.map((r) => r.bytesSent)).toEqual([...perPass, ...perPass]);
+    for (const ranks of plain.reports) expect(ranks.map((r) => r.bytesSent)).toEqual(perPass.map((b) => 2 * b));
     expect(maxAbsDiff(cfg.latent, plain.latent)).toBeLessThanOrEqual(1e-4);
   });
 });

@@ -7,19 +7,20 @@ const wan13b: ModelShape = { numHeads: 12, headDim: 128, dim: 1536, ffnDim: 8960
 const bench: ModelShape = { ...wan13b, headDim: 48, dim: 576, ffnDim: 3456, numLayers: 2, textDim: 64 };
 
 describe('cost model: FLOPs and bytes of one rank', () => {
-  it('counts one forward by hand: D 4, FFN 8, 1 block, S 6 (or 5, padded to 6), L 2, P 2 → 1872 FLOPs', () => {
-    for (const tokens of [6, 5]) {
+  it('counts the busiest rank\'s forward by hand: D 4, FFN 8, 1 block, S 6 (or 5: tokens 3/2, no padding), L 2, P 2 → 1872 (1784) FLOPs', () => {
+    for (const [tokens, attention, total] of [[6, 288, 1872], [5, 200, 1784]]) {
       const f = forwardFlops(small, tokens, 2, 2);
-      // Sl = 3, S_pad = 6
+      // rank 0: 3 tokens, 1 head of 2
       expect(f.block.selfProjections).toBe(4 * 2 * 3 * 16); // 384
-      expect(f.block.attention).toBe((2 * 2 * 6 * 6 * 4) / 2); // 288
+      expect(f.block.attention).toBe((2 * 2 * tokens * tokens * 4) / 2); // 288 (200): one head over all S tokens
+      expect(f.block.attention).toBe(attention);
       expect(f.block.crossProjections).toBe(2 * 2 * 3 * 16 + 2 * 2 * 2 * 16); // 320
       expect(f.block.crossAttention).toBe(2 * 2 * 3 * 2 * 4); // 96
       expect(f.block.ffn).toBe(2 * 2 * 3 * 4 * 8); // 384
       expect(f.embed).toBe(2 * 3 * 1 * 4 + 2 * (2 * 4 + 16 + 4 * 24) + 2 * 2 * (3 * 4 + 16)); // 376
       expect(f.head).toBe(2 * 3 * 4 * 1); // 24
-      expect(f.total).toBe(1872);
-      expect(f.scores).toBe(1 * 6 * 6 + 2 * 3 * 2); // 1 head of 2 over 6×6 padded keys; cross: 2 heads × 3 tokens × 2 text tokens
+      expect(f.total).toBe(total);
+      expect(f.scores).toBe(1 * tokens * tokens + 2 * 3 * 2); // 1 head of 2 over S×S keys; cross: 2 heads × 3 tokens × 2 text tokens
     }
   });
 
@@ -47,15 +48,16 @@ describe('cost model: FLOPs and bytes of one rank', () => {
     }
   });
 
-  it('predicts the bytes one rank sends per forward: 4·ceil(S/P)·D·(P−1)/P floats per block, at 4 B, over 2 blocks of D 576', () => {
+  it('predicts the bytes the busiest rank sends per forward: 4·(S/P)·D·(P−1)/P floats per block where P divides S, at 4 B, over 2 blocks of D 576', () => {
+    // rank r sends q, k, v of its rows for the others' heads and its heads' output for the others' rows: (3·rows·(H−h) + h·(S−rows))·d
     const cases: [tokens: number, P: number, bytes: number][] = [
       [12288, 1, 0], // one rank exchanges nothing
       [12288, 2, 56_623_104], // 4 · 6144 · 576 · 1/2 · 4 B · 2 blocks
       [12288, 4, 42_467_328], // 4 · 3072 · 576 · 3/4 · 4 B · 2 blocks
       [32760, 6, 83_865_600], // 4 · 5460 · 576 · 5/6 · 4 B · 2 blocks
-      [35, 3, 147_456], // 4 · 12 · 576 · 2/3 · 4 B · 2 blocks
-      [35, 4, 124_416], // 35 tokens pad to 4 · 9: 4 · 9 · 576 · 3/4 · 4 B · 2 blocks
-      [35, 6, 92_160], // 4 · 6 · 576 · 5/6 · 4 B · 2 blocks
+      [35, 3, 145_920], // rows 12/12/11, rank 0: (3·12·8 + 4·23)·48 · 4 B · 2 blocks
+      [35, 4, 123_264], // rows 9/9/9/8, rank 0: (3·9·9 + 3·26)·48 · 4 B · 2 blocks
+      [35, 6, 91_392], // rows 6×5 and 5, rank 0: (3·6·10 + 2·29)·48 · 4 B · 2 blocks
     ];
     for (const [tokens, P, bytes] of cases) {
       expect(forwardBytes(bench, tokens, P, 4), `S ${tokens}, P ${P}`).toBe(bytes);
@@ -144,8 +146,8 @@ describe('planSwarm', () => {
     }
   });
 
-  it('refuses a degree that does not divide the heads, naming the valid ones', () => {
-    expect(() => planSwarm(work, { workerFlops: [1e9, 1e9, 1e9, 1e9, 1e9], link: { bandwidth: 1e9, latency: 0 }, bytesPerElement: 4 }, [{ ulyssesDegree: 5, cfgParallel: false }])).toThrowError(/valid degrees: 1, 2, 3, 4, 6, 12/);
+  it('refuses a degree of more ranks than heads, saying what it allows', () => {
+    expect(() => planSwarm(work, { workerFlops: new Array(13).fill(1e9), link: { bandwidth: 1e9, latency: 0 }, bytesPerElement: 4 }, [{ ulyssesDegree: 13, cfgParallel: false }])).toThrowError(/from 1 to the model's 12 heads/);
   });
 });
 

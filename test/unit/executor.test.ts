@@ -25,7 +25,7 @@ let model: WanModel;
 let engine: EngineApi;
 const random = new SeededRandom(5);
 let text: Float32Array;
-const latent: Tensor = { shape: [16, 1, 14, 10], data: random.normals(16 * 14 * 10) }; // 35 tokens: P = 3 pads
+const latent: Tensor = { shape: [16, 1, 14, 10], data: random.normals(16 * 14 * 10) }; // 35 tokens: 12/12/11 at P = 3
 let options: ExecutorOptions;
 
 beforeAll(async () => {
@@ -161,7 +161,7 @@ describe.each<Transport>(['direct', 'rpc'])('Executor over %s calls', (transport
     expect(executor.runtimes.map((r) => r.state)).toEqual(['ready', 'ready']);
   });
 
-  it('executeModel over P = 1 and P = 3 gives the same output, and each rank sends 4·ceil(S/P)·D·(P−1)/P·4 bytes per block', async () => {
+  it('executeModel over P = 1 and P = 3 gives the same output, and each rank sends the bytes its share gives it (about 4·(S/P)·D·(P−1)/P·4 per block)', async () => {
     const request = { job: 7, step: 0, pass: 0, timestep: 500, latent };
     const outputs: Tensor[] = [];
     for (const P of [1, 3]) {
@@ -172,10 +172,11 @@ describe.each<Transport>(['direct', 'rpc'])('Executor over %s calls', (transport
       outputs.push(output);
       const S = tokenGrid(model.config, latent.shape).count;
       expect(S).toBe(35);
-      const perRank = 4 * Math.ceil(S / P) * model.config.dim * ((P - 1) / P) * 4 * model.config.numLayers;
-      expect(perRank).toBe(4 * exchangeFloatsPerBlock(planUlysses(model.config, S, P), model.config.dim) * model.config.numLayers);
-      expect(ranks.map((r) => [r.rank, r.worker, r.bytesSent])).toEqual(Array.from({ length: P }, (_, r) => [r, `rank-${r}`, perRank]));
-      if (P === 3) expect(perRank).toBe(73_728); // 4 · 12 · 288 · 2/3 · 4 B · 2 blocks
+      const plan = planUlysses(model.config, S, P);
+      const perRank = (r: number) => 4 * exchangeFloatsPerBlock(plan, r) * model.config.numLayers;
+      expect(ranks.map((r) => [r.rank, r.worker, r.bytesSent])).toEqual(Array.from({ length: P }, (_, r) => [r, `rank-${r}`, perRank(r)]));
+      // tokens 12/12/11, 4 heads each of 24: (3·12·8 + 4·23)·24 floats · 4 B · 2 blocks for the first two
+      if (P === 3) expect(ranks.map((r) => r.bytesSent)).toEqual([72_960, 72_960, 69_120]);
       await executor.shutdown({ graceMs: 1_000 });
     }
     expect(maxAbsDiff(outputs[1].data, outputs[0].data)).toBeLessThanOrEqual(1e-4);
@@ -193,18 +194,36 @@ describe.each<Transport>(['direct', 'rpc'])('Executor over %s calls', (transport
     await executor.shutdown({ graceMs: 1_000 });
   });
 
+  it('a layout of uneven head shares (6/4/2: ranks of unequal speed) tells each rank its share, scatters the tokens by it (17/12/6) and gives the P = 1 output (issue 18)', async () => {
+    const request = { job: 7, step: 0, pass: 0, timestep: 500, latent };
+    const single = await started(1, transport);
+    await single.prepareJob(7, [text], latent.shape);
+    const expected = (await single.executeModel(request)).output;
+    await single.shutdown({ graceMs: 1_000 });
+    const executor = new InProcessExecutor({ ...options, layout: new RankLayout(3, 1, [[6, 4, 2]]) }, engine, transport);
+    await executor.initialize();
+    await executor.prepareJob(7, [text], latent.shape);
+    const { output, ranks } = await executor.executeModel(request);
+    expect(maxAbsDiff(output.data, expected.data)).toBeLessThanOrEqual(1e-4);
+    const plan = planUlysses(model.config, 35, [6, 4, 2]);
+    expect(plan.rows).toEqual([17, 12, 6]);
+    expect(ranks.map((r) => r.bytesSent)).toEqual([0, 1, 2].map((r) => 4 * exchangeFloatsPerBlock(plan, r) * model.config.numLayers));
+    await executor.shutdown({ graceMs: 1_000 });
+  });
+
   it('executeModel with a patches array of the wrong length is refused by every rank, naming the length its share needs, before any compute', async () => {
     const executor = await started(3, transport);
     await executor.prepareJob(7, [text], latent.shape);
-    // the whole latent's 35 token rows of 16·1·2·2 values, where each rank's share is 12 rows (35 padded to 36)
+    // the whole latent's 35 token rows of 16·1·2·2 values, where the ranks' shares are 12, 12 and 11 rows
     const whole = new Float32Array(35 * 64);
     const error = await rejection(executor.collectiveRpc('executeModel', { args: { job: 7, step: 0, pass: 0, timestep: 500, latentShape: latent.shape, patches: whole } }));
     expect(error).toBeInstanceOf(WorkerError);
     const { rank, remoteMessage } = error as WorkerError;
-    expect(remoteMessage).toBe(`executeModel expected 12×64 patch values for rank ${rank}, got 2240`);
+    expect(remoteMessage).toBe(`executeModel expected ${[12, 12, 11][rank]}×64 patch values for rank ${rank}, got 2240`);
     for (const [r, runtime] of executor.runtimes.entries()) {
-      await expect(runtime.executeModel({ job: 7, step: 0, pass: 0, timestep: 500, latentShape: latent.shape, patches: new Float32Array(12 * 64 - 1) })).rejects.toThrow(
-        `executeModel expected 12×64 patch values for rank ${r}, got 767`,
+      const share = [12, 12, 11][r];
+      await expect(runtime.executeModel({ job: 7, step: 0, pass: 0, timestep: 500, latentShape: latent.shape, patches: new Float32Array(share * 64 - 1) })).rejects.toThrow(
+        `executeModel expected ${share}×64 patch values for rank ${r}, got ${share * 64 - 1}`,
       );
       expect(runtime.state).toBe('ready');
     }

@@ -71,10 +71,10 @@ describe('npm run forward', () => {
     expect(maxAbsDiff(reference.data, input.data)).toBeGreaterThan(0.1); // a real forward, not a copy
   });
 
-  it('--ulysses is read: a degree that does not divide the 12 heads exits 1 naming the valid degrees, and writes nothing', async () => {
-    const run = await forward('--input', join(dir, 'in.safetensors'), '--output', join(dir, 'p5.safetensors'), '--backend', 'reference', '--ulysses', '5');
+  it('--ulysses is read: more ranks than the 12 heads exits 1 saying what it allows, and writes nothing', async () => {
+    const run = await forward('--input', join(dir, 'in.safetensors'), '--output', join(dir, 'p5.safetensors'), '--backend', 'reference', '--ulysses', '13');
     expect(run.code).toBe(1);
-    expect(run.stderr).toContain("forward: ulyssesDegree 5 does not divide the model's 12 heads; valid degrees: 1, 2, 3, 4, 6, 12");
+    expect(run.stderr).toContain("forward: ulyssesDegree 13 is not a whole number of ranks from 1 to the model's 12 heads (each rank takes at least one)");
     expect(run.stderr).not.toMatch(/\n\s+at /);
     expect(run.stdout).toBe('');
     await expect(readFile(join(dir, 'p5.safetensors'))).rejects.toThrow(/ENOENT/);

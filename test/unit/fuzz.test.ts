@@ -111,10 +111,10 @@ async function observed(runtime: WorkerRuntime) {
   const tag: TensorTag = { job: 5, step: 0, pass: 0, block: 0, phase: 1 };
   return {
     ping: await runtime.ping(),
-    job: runtime.judgeTensor({ ...tag, job: 0 }, 0),
-    passes: runtime.judgeTensor({ ...tag, pass: 9 }, 0),
-    qkvBytes: runtime.judgeTensor({ ...tag, phase: 0 }, 0),
-    outputBytes: runtime.judgeTensor(tag, 0),
+    job: runtime.judgeTensor(0, { ...tag, job: 0 }, 0),
+    passes: runtime.judgeTensor(0, { ...tag, pass: 9 }, 0),
+    qkvBytes: runtime.judgeTensor(0, { ...tag, phase: 0 }, 0),
+    outputBytes: runtime.judgeTensor(0, tag, 0),
   };
 }
 
@@ -234,25 +234,27 @@ describe(`fuzz: ${FRAMES_PER_TARGET} hostile frames per target`, () => {
     let misbehaved = 0;
     const link = new Link(new SinkChannel(), {
       accept: (header) => {
-        const verdict = judgeMeshFrame(1, header, (tag, bytes) => runtime.judgeTensor(tag, bytes));
+        const verdict = judgeMeshFrame(1, header, (from, tag, bytes) => runtime.judgeTensor(from, tag, bytes));
         if (verdict?.misbehaved) misbehaved++;
         return verdict?.refused ?? null;
       },
     });
     link.onMessage((m) => delivered.push(m));
     exchange.addPeer(1, link);
-    const Sl = 18; // 35 tokens over 2 ranks
-    const W = 6 * model.config.headDim; // 12 heads / 2 ranks
+    // 35 tokens over 2 ranks: 18 for rank 0, 17 for rank 1; 12 heads / 2 ranks. Rank 1 sends q, k, v
+    // of its 17 tokens for rank 0's heads, and the output of its heads for rank 0's 18 tokens.
+    const [Sl, Sfrom] = [18, 17];
+    const W = 6 * model.config.headDim;
     const { numLayers } = model.config;
     const tag = (t: Partial<TensorTag> = {}): TensorTag => ({ job: 5, step: 0, pass: 0, block: 0, phase: 1, ...t });
     const tensor = (t: TensorTag, floats: number, from = 1): Message => ({ kind: 'tensor', from, tag: t, dtype: 'f32', shape: [floats], data: new Uint8Array(floats * 4) });
     const hostile: [Message, RegExp][] = [
-      [tensor(tag({ phase: 0 }), 3 * Sl * W, 0), /in the name of rank 0/],
+      [tensor(tag({ phase: 0 }), 3 * Sfrom * W, 0), /in the name of rank 0/],
       [tensor(tag({ job: 4 }), Sl * W), /tensor for job 4, but job 5 is running/],
       [tensor(tag({ block: numLayers }), Sl * W), /tensor for block 2 of 2/],
       [tensor(tag({ pass: 1 }), Sl * W), /tensor for pass 1, but the job has 1/], // pass ≥ texts.length
       [tensor(tag({ step: 1000 }), Sl * W), /tensor for step 1000/],
-      [tensor(tag({ phase: 0 }), 3 * Sl * W + 1), /phase 0 tensor of 31108 bytes; the plan says 31104/],
+      [tensor(tag({ phase: 0 }), 3 * Sfrom * W + 1), /phase 0 tensor of 29380 bytes; the plan says 29376/],
       [tensor(tag(), Sl * W - 1), /phase 1 tensor of 10364 bytes; the plan says 10368/],
       [tensor(tag({ phase: 3 }), Sl * W), /unknown exchange phase 3/],
       [{ kind: 'rpc', from: 1, body: 'hello', tensors: [] }, /rank 1 sent a rpc message on the mesh/],
@@ -269,7 +271,7 @@ describe(`fuzz: ${FRAMES_PER_TARGET} hostile frames per target`, () => {
     expect(misbehaved).toBe(encodeFrames(hostile[0]![0], 0, 8192).length); // each frame in another rank's name, and only those
 
     // The rule as a spec, independent of judgeTensor: what may come through at all.
-    const plannedBytes = (t: TensorTag) => 4 * (t.phase === 0 ? 3 * Sl * W : t.phase === 1 ? Sl * W : t.phase === 2 ? (PROBE_FLOATS[t.step] ?? NaN) : NaN);
+    const plannedBytes = (t: TensorTag) => 4 * (t.phase === 0 ? 3 * Sfrom * W : t.phase === 1 ? Sl * W : t.phase === 2 ? (PROBE_FLOATS[t.step] ?? NaN) : NaN);
     const allowed = (m: Message) =>
       m.kind === 'tensor' && m.from === 1 && m.tag.job === 5 && m.tag.pass === 0 && m.tag.block < numLayers && m.tag.step < 1000 && m.data.byteLength === plannedBytes(m.tag);
     for (let i = 0; i < FRAMES_PER_TARGET; i++) link.receive(mutate(valid));

@@ -12,7 +12,7 @@ import { tokenGrid } from '../../core/model/tokens.ts';
 import { TRANSFORMER_CONFIG } from '../../core/model/transformer.ts';
 import { COORDINATOR } from '../../core/net/protocol.ts';
 import { remote, RemoteError, RpcTimeout, serve } from '../../core/net/rpc.ts';
-import { checkDegree, defaultDegree, ParallelConfigError, RankLayout, validDegrees } from '../../core/parallel.ts';
+import { checkDegree, defaultDegree, evenDegrees, ParallelConfigError, planUlysses, proportionalShares, RankLayout, validDegrees } from '../../core/parallel.ts';
 import { WORKER_CONTRACT, type InitArgs, type MeshProbe, type WorkerApi, type WorkerRemote } from '../../core/worker-api.ts';
 import { createEngine } from '../../rank/engine.ts';
 import { memoryExchanges } from '../../rank/exchange/memory.ts';
@@ -147,32 +147,49 @@ async function rejection(work: Promise<unknown>): Promise<Error> {
 }
 
 describe('Ulysses degree rules (core/parallel)', () => {
-  it('valid degrees are the divisors of the head count, capped by the workers available', () => {
+  it('any number of ranks up to the heads is valid (issue 18), capped by the workers available', () => {
     expect(config.numHeads).toBe(12);
-    expect(validDegrees(12)).toEqual([1, 2, 3, 4, 6, 12]);
-    expect(validDegrees(12, 5)).toEqual([1, 2, 3, 4]);
-    expect(validDegrees(12, 7)).toEqual([1, 2, 3, 4, 6]);
-    expect(validDegrees(40, 8)).toEqual([1, 2, 4, 5, 8]);
+    expect(validDegrees(12)).toEqual([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
+    expect(validDegrees(12, 5)).toEqual([1, 2, 3, 4, 5]);
     expect(validDegrees(12, 0)).toEqual([]);
   });
 
-  it('the default degree is the largest valid one the live workers allow, at least 1', () => {
+  it('the even degrees are the fewest ranks for each busiest share: the divisors of 12, and for 40 heads 3 (14/13/13) beside 2 and 4', () => {
+    expect(evenDegrees(12)).toEqual([1, 2, 3, 4, 6, 12]);
+    expect(evenDegrees(12, 7)).toEqual([1, 2, 3, 4, 6]);
+    expect(evenDegrees(40, 10)).toEqual([1, 2, 3, 4, 5, 6, 7, 8, 10]);
+  });
+
+  it('the default degree is the largest even one the live workers allow, at least 1', () => {
     expect([0, 1, 2, 3, 4, 5, 6, 7, 11, 12, 13].map((live) => defaultDegree(12, live))).toEqual([1, 1, 2, 3, 4, 4, 6, 6, 6, 12, 12]);
   });
 
-  it('a degree that does not divide the heads is an error listing the valid degrees', () => {
-    expect(() => checkDegree(12, 5)).toThrow(ParallelConfigError);
-    expect(() => checkDegree(12, 5), 'named, so a caller can tell it from a failure of the swarm').toThrow(expect.objectContaining({ name: 'ParallelConfigError' }));
-    expect(() => checkDegree(12, 5)).toThrow("ulyssesDegree 5 does not divide the model's 12 heads; valid degrees: 1, 2, 3, 4, 6, 12");
-    for (const bad of [0, -2, 2.5, Number.NaN, 24]) expect(() => checkDegree(12, bad), String(bad)).toThrow(/valid degrees: 1, 2, 3, 4, 6, 12$/);
-    for (const good of [1, 2, 3, 4, 6, 12]) expect(() => checkDegree(12, good)).not.toThrow();
+  it('a degree that is no whole number of ranks from 1 to the heads is an error saying so', () => {
+    expect(() => checkDegree(12, 13)).toThrow(ParallelConfigError);
+    expect(() => checkDegree(12, 13), 'named, so a caller can tell it from a failure of the swarm').toThrow(expect.objectContaining({ name: 'ParallelConfigError' }));
+    expect(() => checkDegree(12, 13)).toThrow("ulyssesDegree 13 is not a whole number of ranks from 1 to the model's 12 heads (each rank takes at least one)");
+    for (const bad of [0, -2, 2.5, Number.NaN, 24]) expect(() => checkDegree(12, bad), String(bad)).toThrow(/from 1 to the model's 12 heads/);
+    for (const good of [1, 2, 3, 4, 5, 6, 7, 12]) expect(() => checkDegree(12, good)).not.toThrow();
   });
 
-  it('a degree above the live workers says how many are live and which degrees fit now', () => {
-    expect(() => checkDegree(12, 6, 4)).toThrow('ulyssesDegree 6 needs 6 workers but 4 are live; valid degrees now: 1, 2, 3, 4, or open more worker pages');
-    expect(() => checkDegree(12, 2, 1)).toThrow('ulyssesDegree 2 needs 2 workers but 1 is live; valid degrees now: 1, or open more worker pages');
+  it('a degree above the live workers says how many are live and how many ranks fit now', () => {
+    expect(() => checkDegree(12, 6, 4)).toThrow('ulyssesDegree 6 needs 6 workers but 4 are live; at most 4 now, or open more worker pages');
+    expect(() => checkDegree(12, 2, 1)).toThrow('ulyssesDegree 2 needs 2 workers but 1 is live; at most 1 now, or open more worker pages');
     expect(() => checkDegree(12, 1, 0)).toThrow('ulyssesDegree 1 needs 1 worker but 0 are live; open a worker page first');
     expect(() => checkDegree(12, 4, 4)).not.toThrow();
+  });
+
+  it('shares in proportion to speed are whole, at least one each, sum to the total, and the same on every page', () => {
+    expect(proportionalShares(12, [3, 2, 1])).toEqual([6, 4, 2]);
+    expect(proportionalShares(12, [1, 1, 1, 1, 1])).toEqual([3, 3, 2, 2, 2]);
+    expect(proportionalShares(12, [100, 1, 1])).toEqual([10, 1, 1]);
+    expect(proportionalShares(35, [6, 4, 2])).toEqual([17, 12, 6]);
+    expect(() => proportionalShares(2, [1, 1, 1])).toThrow(/2 cannot be shared among 3 ranks/);
+    expect(() => proportionalShares(12, [1, Number.NaN])).toThrow(/positive weights/);
+    const plan = planUlysses(config, 35, [6, 4, 2]);
+    expect(plan.rows).toEqual([17, 12, 6]);
+    expect(() => planUlysses(config, 35, [6, 4, 1])).toThrow(/not whole shares of at least one summing to the model's 12 heads/);
+    expect(() => planUlysses(config, 2, 3)).toThrow(/2 tokens cannot be shared among 3 ranks/);
   });
 });
 
@@ -236,13 +253,13 @@ describe('Placer: where a job runs', () => {
   it('an invalid degree fails at once, listing the valid degrees, without waiting for workers or touching them', async () => {
     const { swarm, join } = testSwarm();
     join(12);
-    const error = await rejection(placerOn(swarm, 60_000).place(guided, ask({ ulyssesDegree: 5 })));
+    const error = await rejection(placerOn(swarm, 60_000).place(guided, ask({ ulyssesDegree: 13 })));
     expect(error).toBeInstanceOf(ParallelConfigError);
-    expect(error.message).toBe("ulyssesDegree 5 does not divide the model's 12 heads; valid degrees: 1, 2, 3, 4, 6, 12");
+    expect(error.message).toBe("ulyssesDegree 13 is not a whole number of ranks from 1 to the model's 12 heads (each rank takes at least one)");
     expect(swarm.workers().every((w) => w.activity === 'idle')).toBe(true);
   });
 
-  it('"auto" before the workers are measured takes the largest valid degree they allow: 4 → 4, 5 → 4, 7 → 6, 13 → 12', async () => {
+  it('"auto" before the workers are measured takes the largest even degree they allow: 4 → 4, 5 → 4, 7 → 6, 13 → 12', async () => {
     for (const [live, degree] of [[1, 1], [4, 4], [5, 4], [7, 6], [13, 12]]) {
       const { swarm, join } = testSwarm();
       join(live);

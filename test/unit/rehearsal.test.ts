@@ -44,7 +44,7 @@ describe('a rehearsal', () => {
         await r.prepareJob({ job: 1, texts: [text], latentShape: shape });
       }));
       const patchWidth = cfg.inChannels * 4;
-      await Promise.all(jobRuntimes.map((r) => r.executeModel({ job: 1, step: 0, pass: 0, timestep: 500, latentShape: shape, patches: new Float32Array(plan.localTokens * patchWidth) })));
+      await Promise.all(jobRuntimes.map((r, rank) => r.executeModel({ job: 1, step: 0, pass: 0, timestep: 500, latentShape: shape, patches: new Float32Array(plan.rows[rank] * patchWidth) })));
 
       const rehearsal = recording(referenceStages(model));
       const runtime = new WorkerRuntime(stubEngine(rehearsal.stages, cfg), { connectMesh: async () => memoryExchanges(1)[0], describe: async () => ({ ep: 'wasm', adapter: 'test', softwareAdapter: false, threads: 1, memoryGiB: null, userAgent: 'node' }) });
@@ -89,7 +89,7 @@ describe('a rehearsal', () => {
   it('refuses a degree the heads do not allow, a latent of the wrong channels and more tokens than any video, before computing', async () => {
     const runtime = new WorkerRuntime(stubEngine(referenceStages(model), model.config), { connectMesh: async () => memoryExchanges(1)[0], describe: async () => ({ ep: 'wasm', adapter: 'test', softwareAdapter: false, threads: 1, memoryGiB: null, userAgent: 'node' }) });
     const args = { modelUrl: 'tiny', ep: 'wasm' as const, latentShape: shape, textTokens: 4 };
-    await expect(runtime.rehearse({ ...args, degrees: [5] })).rejects.toThrow(/5/);
+    await expect(runtime.rehearse({ ...args, degrees: [13] })).rejects.toThrow(/13/);
     await expect(runtime.rehearse({ ...args, latentShape: [15, 2, 7, 5], degrees: [1] })).rejects.toThrow('rehearse needs a latent shape [16, T, H, W], got [15,2,7,5]');
     await expect(runtime.rehearse({ ...args, latentShape: [16, 1 << 10, 1 << 10, 1 << 10], degrees: [1] })).rejects.toThrow('rehearse of 268435456 tokens: at most 131072');
   });
