@@ -74,7 +74,6 @@ function eachRowElement(cfg: WanConfig, latentShape: readonly number[], visit: (
 /**
  * RoPE tables of tokens [start, start+count): cos and sin, each [count, headDim/2], one angle per
  * channel pair, the pairs split t/h/w as diffusers splits its tables (angles in float64 as there).
- * Tokens past the grid (padding) get no rotation; their keys are masked anyway.
  */
 export function ropeTables(cfg: WanConfig, grid: TokenGrid, start: number, count: number): { cos: Float32Array; sin: Float32Array } {
   const longest = Math.max(grid.frames, grid.rows, grid.cols);
@@ -89,11 +88,11 @@ export function ropeTables(cfg: WanConfig, grid: TokenGrid, start: number, count
       freqOf.push(1 / 10000 ** ((2 * k) / dim));
     }
   });
-  const cos = new Float32Array(count * half).fill(1);
+  if (start < 0 || start + count > grid.count) throw new Error(`RoPE tables of tokens ${start}…${start + count - 1} of a grid of ${grid.count}`);
+  const cos = new Float32Array(count * half);
   const sin = new Float32Array(count * half);
   for (let n = 0; n < count; n++) {
     const s = start + n;
-    if (s >= grid.count) continue;
     const pos = [Math.floor(s / (grid.rows * grid.cols)), Math.floor(s / grid.cols) % grid.rows, s % grid.cols];
     for (let p = 0; p < half; p++) {
       const angle = pos[axisOf[p]] * freqOf[p];
