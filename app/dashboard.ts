@@ -153,8 +153,10 @@ function showFinished(job: StoredJob): void {
   const r = job.result!.report;
   const recovered = r.failures.length ? `, recovered from ${r.failures.length} lost worker(s)` : '';
   const stepMs = r.medianStepMs;
-  const chose = r.plan?.cfgParallel ? `CFG parallel on two groups of ${r.plan.degree} rank${r.plan.degree === 1 ? '' : 's'}` : `${r.plan?.degree} rank${r.plan?.degree === 1 ? '' : 's'}`;
-  const planned = r.plan?.predictedStepMs ? ` ${r.plan.asked ? 'The job asked for' : 'The cost model chose'} ${chose}, predicting ${(r.plan.predictedStepMs / 1000).toFixed(2)} s per step; measured ${(stepMs / 1000).toFixed(2)} s (the median step).` : '';
+  const shares = r.plan?.heads ? ` sharing the heads ${r.plan.heads.join('/')} (and the tokens alike) by each one's rehearsed speed` : '';
+  const chose = r.plan?.cfgParallel ? `CFG parallel on two groups of ${r.plan.degree} rank${r.plan.degree === 1 ? '' : 's'}` : `${r.plan?.degree} rank${r.plan?.degree === 1 ? '' : 's'}${shares}`;
+  const leftOut = r.plan?.leftOut ? ` ${r.plan.leftOut[0].toUpperCase()}${r.plan.leftOut.slice(1)}.` : '';
+  const planned = r.plan?.predictedStepMs ? ` ${r.plan.asked ? 'The job asked for' : 'The cost model chose'} ${chose}, predicting ${(r.plan.predictedStepMs / 1000).toFixed(2)} s per step; measured ${(stepMs / 1000).toFixed(2)} s (the median step).${leftOut}` : '';
   const computedOn = [...new Set(r.workers.map((w) => `${w.ep === 'webgpu' ? 'WebGPU' : 'WASM'} on ${w.threads} thread${w.threads === 1 ? '' : 's'}`))].join(', ');
   const groups = r.config.cfgParallel ? ` (CFG parallel: two groups of ${r.config.ulyssesDegree})` : '';
   const fallback = r.cfgFallback ? ` ${r.cfgFallback[0].toUpperCase()}${r.cfgFallback.slice(1)}.` : '';

@@ -2,7 +2,7 @@
 // (what was asked, or the cost model's choice for 'auto'), which workers become which ranks,
 // whether the placement of the last job still fits, the mesh probe of a new placement, and the
 // re-placement after a lost rank. Executors only carry out a RankLayout; the pipeline only asks.
-import { candidatePlans, fitMeshProbe, planSwarm, planWorld, predictStep, type Hardware, type LinkSpeed, type Plan, type Workload } from '../core/cost-model.ts';
+import { candidatePlans, fitMeshProbe, planSwarm, planWorld, predictStep, unevenPlan, type Hardware, type LinkSpeed, type Plan, type Workload } from '../core/cost-model.ts';
 import { latentShape, usesGuidance, type JobParams } from '../core/job.ts';
 import type { WanConfig } from '../core/model/config.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
@@ -36,6 +36,10 @@ export interface PlannedDegree {
   link: LinkSpeed & { from: 'mesh probe' | 'coordinator links' };
   predictedStepMs: number;
   oneWorkerStepMs: number;
+  /** each rank's share of the heads where the workers' speeds differ enough to share unevenly (issue 18), else null: even */
+  heads: number[] | null;
+  /** why fewer workers are used than are live, or null */
+  leftOut: string | null;
 }
 
 /** Where a job runs, and why. */
@@ -99,7 +103,7 @@ export class Placer {
   /** re-placements since the prepared job started */
   private replans = 0;
   /** seconds of one forward by degree, rehearsed on a group of workers for a job's shape (rehearsalKey) */
-  private readonly rehearsals = new Map<string, Map<number, number>>();
+  private readonly rehearsals = new Map<string, Map<number, number[]>>();
 
   constructor(private readonly options: PlacerOptions) {
     if (options.backend === 'swarm' && !options.swarm) throw new Error('the swarm backend needs a Swarm: pass one from openSwarm()');
@@ -118,7 +122,7 @@ export class Placer {
     // placedFor is set exactly while there is an executor
     const fits =
       !this.lostARank && this.placedFor !== null &&
-      this.placedFor.layout.ulyssesDegree === layout.ulyssesDegree && this.placedFor.layout.cfgGroups === layout.cfgGroups &&
+      this.placedFor.layout.sameAs(layout) &&
       this.placedFor.ep === request.ep && this.placedFor.dtype === request.dtype;
     if (!fits) await this.placeOn(layout, request);
     return { executor: this.executor!, plan: plan && cfgFallback ? { ...plan, by: `${plan.by}; ${cfgFallback}` } : plan, cfgFallback };
@@ -201,24 +205,45 @@ export class Placer {
     const workers = await this.liveWorkers(request.cfgParallel ? 2 : 1);
     await this.options.swarm!.measuredNow();
     const { degree, cfgParallel, plan } = await this.planFor(params, workers, request.cfgParallel && guided, request);
-    return { layout: new RankLayout(degree, cfgParallel ? 2 : 1), plan };
+    return { layout: new RankLayout(degree, cfgParallel ? 2 : 1, plan?.heads ? [plan.heads] : null), plan };
   }
 
   /**
-   * 'auto' on a swarm: the degree the cost model predicts fastest for this job, from the workers'
-   * rehearsed forwards and measured links (never a plan predicted slower than one worker). Until
-   * every live worker has been measured, the largest valid degree, and no plan to show.
+   * 'auto' on a swarm: the plan the cost model predicts fastest for this job, from the workers'
+   * rehearsed forwards and measured links (never a plan predicted slower than one worker): an even
+   * degree, or where the workers' speeds differ, the heads shared in proportion to them on the
+   * workers of an even degree or on all of them. Until every live worker has been measured, the
+   * largest even degree, and no plan to show.
    */
   private async planFor(params: JobParams, workers: SwarmWorker[], cfgParallel: boolean | undefined, request: PlacementRequest): Promise<{ degree: number; cfgParallel: boolean; plan: PlannedDegree | null }> {
     const { config } = this.options;
     const work = this.workloadOf(params);
     const candidates = candidatePlans(work, workers.length).filter((p) => cfgParallel === undefined || p.cfgParallel === cfgParallel);
-    const hw = await this.hardwareOf(workers, request, params, [{ ulyssesDegree: 1, cfgParallel: false }, ...candidates]);
+    // every worker at once is worth rehearsing too: with uneven shares a degree need not be even
+    const all: Plan = { ulyssesDegree: Math.min(workers.length, config.numHeads), cfgParallel: false };
+    const rehearsed = cfgParallel || candidates.some((p) => planWorld(p) === all.ulyssesDegree && !p.cfgParallel) ? candidates : [...candidates, all];
+    const hw = await this.hardwareOf(workers, request, params, [{ ulyssesDegree: 1, cfgParallel: false }, ...rehearsed]);
     if (!hw) return { degree: defaultDegree(config.numHeads, cfgParallel ? Math.floor(workers.length / 2) : workers.length), cfgParallel: !!cfgParallel, plan: null };
-    const choice = planSwarm(work, hw, candidates);
+    const uneven = cfgParallel ? [] : rehearsed.filter((p) => !p.cfgParallel).flatMap((p) => unevenPlan(work, hw, p.ulyssesDegree) ?? []);
+    const choice = planSwarm(work, hw, [...candidates, ...uneven]);
     // one worker is always ranked; asked for CFG parallel, the fastest CFG-parallel plan
     const best = cfgParallel ? (choice.ranked.find((p) => p.plan.cfgParallel) ?? choice.best) : choice.best;
-    const plan: PlannedDegree = { degree: best.plan.ulyssesDegree, cfgParallel: best.plan.cfgParallel, asked: false, by: `cost model (${hw.forwardsFrom}; rank links from ${hw.link.from})`, link: hw.link, predictedStepMs: best.stepS * 1000, oneWorkerStepMs: choice.baseline.stepS * 1000 };
+    const more = choice.ranked.find((p) => p.world > best.world);
+    const leftOut =
+      best.world < workers.length && more
+        ? `${workers.length - best.world} of ${workers.length} workers left out: with ${more.world} the cost model predicts ${(more.stepS * 1000).toFixed(0)} ms a step, not ${(best.stepS * 1000).toFixed(0)}`
+        : null;
+    const plan: PlannedDegree = {
+      degree: best.plan.ulyssesDegree,
+      cfgParallel: best.plan.cfgParallel,
+      asked: false,
+      by: `cost model (${hw.forwardsFrom}; rank links from ${hw.link.from})`,
+      link: hw.link,
+      predictedStepMs: best.stepS * 1000,
+      oneWorkerStepMs: choice.baseline.stepS * 1000,
+      heads: best.plan.heads ?? null,
+      leftOut,
+    };
     return { degree: plan.degree, cfgParallel: plan.cfgParallel, plan };
   }
 
@@ -235,7 +260,17 @@ export class Placer {
     const hw = await this.hardwareOf(swarm.workers(), request, params, [oneWorker, asked]);
     if (!hw) return null;
     const work = this.workloadOf(params);
-    return { degree: layout.ulyssesDegree, cfgParallel: layout.cfgParallel, asked: true, by: `asked for (predicted from ${hw.forwardsFrom}; rank links from ${hw.link.from})`, link: hw.link, predictedStepMs: predictStep(work, asked, hw).stepS * 1000, oneWorkerStepMs: predictStep(work, oneWorker, hw).stepS * 1000 };
+    return {
+      degree: layout.ulyssesDegree,
+      cfgParallel: layout.cfgParallel,
+      asked: true,
+      by: `asked for (predicted from ${hw.forwardsFrom}; rank links from ${hw.link.from})`,
+      link: hw.link,
+      predictedStepMs: predictStep(work, asked, hw).stepS * 1000,
+      oneWorkerStepMs: predictStep(work, oneWorker, hw).stepS * 1000,
+      heads: null,
+      leftOut: null,
+    };
   }
 
   private workloadOf(params: JobParams): Workload {
@@ -258,7 +293,7 @@ export class Placer {
   private async hardwareOf(workers: SwarmWorker[], request: PlacementRequest, params: JobParams, plans: Plan[]): Promise<(Hardware & { link: PlannedDegree['link']; forwardsFrom: string }) | null> {
     const measured = workers.map((w) => w.measurement);
     if (measured.some((m) => !m)) return null;
-    let rehearsed: Hardware['rehearsedForwardS'];
+    let rehearsed: ((degree: number, world: number) => number[] | undefined) | undefined;
     let forwardsFrom = 'forwards rehearsed on these workers';
     try {
       rehearsed = await this.rehearse(workers, request, params, plans);
@@ -271,7 +306,9 @@ export class Placer {
       workerFlops: measured.map((m) => epOf(m!)?.flops ?? 0),
       workerSoftmaxRates: measured.map((m) => epOf(m!)?.softmaxRate ?? Infinity),
       workerStageS: measured.map((m) => (epOf(m!)?.stageMs ?? 0) / 1000),
-      rehearsedForwardS: rehearsed,
+      // even plans: the slowest of the workers; uneven ones the cost model makes from each worker's (unevenPlan)
+      rehearsedForwardS: rehearsed && ((plan) => (plan.heads ? undefined : slowest(rehearsed!(plan.ulyssesDegree, planWorld(plan))))),
+      rehearsedRankForwardS: rehearsed && ((degree) => rehearsed!(degree, degree)),
       link: this.linkOf(workers),
       bytesPerElement: request.dtype === 'f16' ? 2 : 4,
       forwardsFrom,
@@ -281,9 +318,10 @@ export class Placer {
   /**
    * Each plan's forward rehearsed on the workers it would run on (placeOn's: the first to have
    * joined), all of them at once as in the job, since tabs of one machine slow each other: seconds
-   * of the slowest, by plan. Kept for the next jobs of the same shape on the same workers and threads.
+   * of each of the `world` workers at `degree` with even shares. Kept for the next jobs of the same
+   * shape on the same workers and threads.
    */
-  private async rehearse(workers: SwarmWorker[], request: PlacementRequest, params: JobParams, plans: Plan[]): Promise<(plan: Plan) => number | undefined> {
+  private async rehearse(workers: SwarmWorker[], request: PlacementRequest, params: JobParams, plans: Plan[]): Promise<(degree: number, world: number) => number[] | undefined> {
     const { config, modelUrl, textTokens, rpcTimeoutMs } = this.options;
     const shape = latentShape(params, config.inChannels);
     const keyOf = (world: number) => [modelUrl, request.ep, shape.join('×'), ...workers.slice(0, world).map((w) => `${w.id}:${w.info.threads}`)].join(' ');
@@ -295,14 +333,14 @@ export class Placer {
       group.forEach((w) => this.options.swarm!.setActivity(w, `rehearsing the job's forward (degree ${degrees.join(', ')})`));
       try {
         const replies = await Promise.all(group.map((w) => w.api.rehearse({ modelUrl, ep: request.ep, latentShape: shape, textTokens, degrees }, loadTimeoutMs(rpcTimeoutMs))));
-        const byDegree = this.rehearsals.get(key) ?? new Map<number, number>();
-        degrees.forEach((d, i) => byDegree.set(d, Math.max(...replies.map((r) => r.forwardMs[i])) / 1000));
+        const byDegree = this.rehearsals.get(key) ?? new Map<number, number[]>();
+        degrees.forEach((d, i) => byDegree.set(d, replies.map((r) => r.forwardMs[i] / 1000)));
         this.rehearsals.set(key, byDegree);
       } finally {
         group.forEach((w) => this.options.swarm!.setActivity(w, 'idle'));
       }
     }
-    return (plan) => this.rehearsals.get(keyOf(planWorld(plan)))?.get(plan.ulyssesDegree);
+    return (degree, world) => this.rehearsals.get(keyOf(world))?.get(degree);
   }
 
   /** Replaces the current executor by one on `layout` (the first workers to have joined); a failed placement leaves none. */
@@ -339,3 +377,5 @@ export class Placer {
     return this.executor;
   }
 }
+
+const slowest = (seconds: number[] | undefined): number | undefined => (seconds ? Math.max(...seconds) : undefined);

@@ -4,7 +4,7 @@
 
 import type { WanConfig } from './model/config.ts';
 import type { ComputeProbe, ExecutionProvider, MeshProbe } from './worker-api.ts';
-import { checkDegree, evenDegrees, exchangeFloatsPerBlock, planUlysses } from './parallel.ts';
+import { checkDegree, evenDegrees, evenHeads, exchangeFloatsPerBlock, planUlysses, proportionalShares } from './parallel.ts';
 
 /** The sizes a forward's cost depends on (a WanConfig has them all). */
 export type ModelShape = Pick<WanConfig, 'numHeads' | 'headDim' | 'dim' | 'ffnDim' | 'numLayers' | 'inChannels' | 'outChannels' | 'patchSize' | 'textDim' | 'freqDim'>;
@@ -23,6 +23,11 @@ export interface Plan {
   ulyssesDegree: number;
   /** conditional and unconditional passes on two groups of `ulyssesDegree` workers each */
   cfgParallel: boolean;
+  /**
+   * each rank's share of the heads, for workers of unequal speed (rank i on the i-th worker of
+   * the Hardware, as placed); even shares without it
+   */
+  heads?: number[];
 }
 
 /** Workers a plan occupies: its degree, twice over with CFG parallel. */
@@ -55,6 +60,11 @@ export interface Hardware {
    * each other (rank/rehearsal.ts).
    */
   rehearsedForwardS?: (plan: Plan) => number | undefined;
+  /**
+   * seconds of each of the first `degree` workers' forward at that degree with even shares, as
+   * rehearsed all at once: what an uneven plan's shares and prediction come from (unevenPlan)
+   */
+  rehearsedRankForwardS?: (degree: number) => number[] | undefined;
   /** the link between workers i and j (indices into workerFlops), or one link for every pair */
   link: LinkSpeed | ((i: number, j: number) => LinkSpeed);
   /** activations on the wire: 4 for fp32 transport, 2 for fp16 */
@@ -96,13 +106,16 @@ export interface StepPrediction {
   stepS: number;
 }
 
-/** FLOPs of the busiest rank's forward under Ulysses degree P (rank 0: even shares give it the most heads and tokens). */
-export function forwardFlops(model: ModelShape, tokens: number, textTokens: number, degree: number): ForwardFlops {
+/**
+ * FLOPs of one rank's forward: under Ulysses degree P with even shares (rank 0, the busiest: it has
+ * the most heads and tokens), or rank `rank` of the given head shares.
+ */
+export function forwardFlops(model: ModelShape, tokens: number, textTokens: number, shares: number | number[], rank = 0): ForwardFlops {
   const { dim: D, ffnDim, numLayers, inChannels, outChannels, patchSize, textDim, freqDim } = model;
   const patch = patchSize.reduce((a, b) => a * b, 1);
-  const plan = planUlysses(model, tokens, degree);
-  const Sl = plan.rows[0];
-  const heads = plan.heads[0];
+  const plan = planUlysses(model, tokens, shares);
+  const Sl = plan.rows[rank];
+  const heads = plan.heads[rank];
   const L = textTokens;
   const selfProjections = 4 * 2 * Sl * D * D; // q, k, v, out on the local tokens
   const attention = (2 * 2 * tokens * tokens * D * heads) / model.numHeads; // QKᵀ and AV, its heads over all tokens
@@ -128,9 +141,9 @@ export function forwardFlops(model: ModelShape, tokens: number, textTokens: numb
  */
 export const stageCallsPerForward = (model: Pick<ModelShape, 'numLayers'>): number => 3 * model.numLayers + 2;
 
-/** Bytes the busiest rank sends in one forward (about 4·(S/P)·D·(P−1)/P elements per block). */
-export function forwardBytes(model: ModelShape, tokens: number, degree: number, bytesPerElement: number): number {
-  const plan = planUlysses(model, tokens, degree);
+/** Bytes the busiest rank sends in one forward (about 4·(S/P)·D·(P−1)/P elements per block with even shares). */
+export function forwardBytes(model: ModelShape, tokens: number, shares: number | number[], bytesPerElement: number): number {
+  const plan = planUlysses(model, tokens, shares);
   const busiest = Math.max(...plan.heads.map((_, rank) => exchangeFloatsPerBlock(plan, rank)));
   return busiest * bytesPerElement * model.numLayers;
 }
@@ -152,23 +165,35 @@ function slowestLink(hw: Hardware, workers: number[]): LinkSpeed {
   return { bandwidth, latency };
 }
 
-/** The plan's per-step time on the fastest `world` workers of `hw`. */
+/**
+ * The plan's per-step time: on the fastest `world` workers of `hw` with even shares, or on its
+ * first `world` workers in order (rank i on worker i, as placed) with the plan's head shares.
+ */
 export function predictStep(work: Workload, plan: Plan, hw: Hardware): StepPrediction {
   const P = plan.ulyssesDegree;
   checkDegree(work.model.numHeads, P);
   if (plan.cfgParallel && work.passes !== 2) throw new Error('cfgParallel needs two passes per step (guidance ≠ 1); this workload has one');
+  if (plan.heads && (plan.cfgParallel || plan.heads.length !== P)) throw new Error(`head shares ${plan.heads.join('/')} are for one group of ${P} ranks`);
   const world = planWorld(plan);
   if (world > hw.workerFlops.length) throw new Error(`plan needs ${world} workers, ${hw.workerFlops.length} measured`);
-  const chosen = hw.workerFlops.map((f, i) => ({ f, i })).sort((a, b) => b.f - a.f).slice(0, world);
-  const flops = Math.min(...chosen.map((c) => c.f));
-  const softmaxRate = hw.workerSoftmaxRates ? Math.min(...chosen.map((c) => hw.workerSoftmaxRates![c.i])) : Infinity;
+  const shares = plan.heads ?? P;
+  const chosen = plan.heads
+    ? plan.heads.map((_, i) => ({ f: hw.workerFlops[i], i }))
+    : hw.workerFlops.map((f, i) => ({ f, i })).sort((a, b) => b.f - a.f).slice(0, world);
+  const softmaxRateOf = (i: number) => hw.workerSoftmaxRates?.[i] ?? Infinity;
   const stageS = hw.workerStageS ? Math.max(...chosen.map((c) => hw.workerStageS![c.i])) : 0;
   const link = world > 1 ? slowestLink(hw, chosen.map((c) => c.i)) : { bandwidth: Infinity, latency: 0 };
+  // a rank's forward at rates (flop/s, softmax/s); the slowest rank's is the step's: with even
+  // shares the busiest share at the slowest rates, else each rank's share at its own worker's
+  const forwardAt = (f: ForwardFlops, flops: number, softmaxRate: number) => f.total / flops + f.scores / softmaxRate + stageCallsPerForward(work.model) * stageS;
+  const forward = forwardFlops(work.model, work.tokens, work.textTokens, shares);
+  const estimatedForwardS = plan.heads
+    ? (unevenRehearsedS(work, plan.heads, hw) ?? Math.max(...chosen.map((c, rank) => forwardAt(forwardFlops(work.model, work.tokens, work.textTokens, shares, rank), c.f, softmaxRateOf(c.i)))))
+    : forwardAt(forward, Math.min(...chosen.map((c) => c.f)), Math.min(...chosen.map((c) => softmaxRateOf(c.i))));
 
   const passesPerGroup = plan.cfgParallel ? 1 : work.passes;
-  const forward = forwardFlops(work.model, work.tokens, work.textTokens, P);
   // one rank alone sends nothing and waits for no one: both terms are 0 at P = 1
-  const bytes = forwardBytes(work.model, work.tokens, P, hw.bytesPerElement);
+  const bytes = forwardBytes(work.model, work.tokens, shares, hw.bytesPerElement);
   const exchanges = (hw.exchangesPerBlock ?? 2) * work.model.numLayers;
   const commPerForward = bytes / link.bandwidth + exchanges * (P - 1) * link.latency;
   // CFG parallel: one group's output rows [S, pt·ph·pw·C] go to the other once per step
@@ -176,7 +201,7 @@ export function predictStep(work: Workload, plan: Plan, hw: Hardware): StepPredi
   const cfgBytes = plan.cfgParallel ? work.tokens * outWidth * hw.bytesPerElement : 0;
   const cfgComm = plan.cfgParallel ? cfgBytes / link.bandwidth + link.latency : 0;
 
-  const forwardS = hw.rehearsedForwardS?.(plan) ?? forward.total / flops + forward.scores / softmaxRate + stageCallsPerForward(work.model) * stageS;
+  const forwardS = hw.rehearsedForwardS?.(plan) ?? estimatedForwardS;
   const computeS = passesPerGroup * forwardS;
   const commS = passesPerGroup * commPerForward * (1 - (hw.overlap ?? 0)) + cfgComm;
   const coordinator = hw.coordinatorLink === undefined ? (typeof hw.link === 'function' ? slowestLink(hw, chosen.map((c) => c.i)) : hw.link) : hw.coordinatorLink;
@@ -202,6 +227,32 @@ export function candidatePlans(work: Workload, workers: number): Plan[] {
     if (work.passes === 2 && 2 * d <= workers) plans.push({ ulyssesDegree: d, cfgParallel: true });
   }
   return plans;
+}
+
+/**
+ * Uneven shares' forward from the even one each worker rehearsed at that degree: a rank's work
+ * (its tokens outside attention, its heads inside) grows with its share of the heads, so worker i
+ * takes its even time × its heads / the even share's.
+ */
+function unevenRehearsedS(work: Workload, heads: number[], hw: Hardware): number | undefined {
+  const even = hw.rehearsedRankForwardS?.(heads.length);
+  if (!even || even.length < heads.length) return undefined;
+  const evenShare = Math.ceil(work.model.numHeads / heads.length);
+  return Math.max(...heads.map((h, i) => (even[i] * h) / evenShare));
+}
+
+/**
+ * The plan of `degree` ranks on the first `degree` workers with the heads in proportion to each
+ * one's speed (its rehearsed forward, else its FLOP rate), or null where that is the even split.
+ */
+export function unevenPlan(work: Workload, hw: Hardware, degree: number): Plan | null {
+  if (degree < 2 || degree > hw.workerFlops.length) return null;
+  const rehearsed = hw.rehearsedRankForwardS?.(degree);
+  const speeds = rehearsed && rehearsed.length >= degree ? rehearsed.slice(0, degree).map((s) => 1 / s) : hw.workerFlops.slice(0, degree);
+  if (!speeds.every((s) => Number.isFinite(s) && s > 0)) return null;
+  const heads = proportionalShares(work.model.numHeads, speeds);
+  const even = evenHeads(work.model.numHeads, degree);
+  return heads.every((h, i) => h === even[i]) ? null : { ulyssesDegree: degree, cfgParallel: false, heads };
 }
 
 export interface SwarmPlanChoice {

@@ -51,6 +51,11 @@ export class RankLayout {
     return this.cfgGroups === 2;
   }
 
+  /** The same ranks doing the same shares: a placement on this layout serves `other`. */
+  sameAs(other: RankLayout): boolean {
+    return this.ulyssesDegree === other.ulyssesDegree && this.cfgGroups === other.cfgGroups && JSON.stringify(this.heads) === JSON.stringify(other.heads);
+  }
+
   groupOf(rank: number): number {
     return Math.floor(rank / this.ulyssesDegree);
   }
@@ -135,22 +140,22 @@ export function checkDegree(numHeads: number, degree: number, liveWorkers = Infi
 }
 
 /**
- * `total` split into whole shares in proportion to `weights`, each at least one (largest
- * remainders, ties to the lower rank): the same weights give the same split on every page.
+ * `total` split into whole shares, at least one each, as near to `weights`' proportions as whole
+ * numbers allow: the split whose largest share per weight (a rank's time, where weights are
+ * speeds) is least — each unit past the proportional floors goes where it costs the least time,
+ * ties to the lower rank, so the same weights give the same split on every page.
  */
 export function proportionalShares(total: number, weights: number[]): number[] {
   const n = weights.length;
   if (n < 1 || n > total) throw new ParallelConfigError(`${total} cannot be shared among ${n} ranks with at least one each`);
   if (!weights.every((w) => Number.isFinite(w) && w > 0)) throw new ParallelConfigError(`shares need positive weights, got ${weights.join(', ')}`);
   const sum = weights.reduce((a, b) => a + b, 0);
-  // one each first, the rest in proportion
-  const exact = weights.map((w) => ((total - n) * w) / sum);
-  const shares = exact.map((x) => 1 + Math.floor(x));
-  let left = total - shares.reduce((a, b) => a + b, 0);
-  const byRemainder = exact.map((x, i) => ({ i, r: x - Math.floor(x) })).sort((a, b) => b.r - a.r || a.i - b.i);
-  for (const { i } of byRemainder) {
-    if (left-- <= 0) break;
-    shares[i]++;
+  const floors = weights.map((w) => Math.max(1, Math.floor((total * w) / sum)));
+  const shares = floors.reduce((a, b) => a + b, 0) <= total ? floors : new Array<number>(n).fill(1);
+  for (let left = total - shares.reduce((a, b) => a + b, 0); left > 0; left--) {
+    let best = 0;
+    for (let i = 1; i < n; i++) if ((shares[i] + 1) / weights[i] < (shares[best] + 1) / weights[best]) best = i;
+    shares[best]++;
   }
   return shares;
 }

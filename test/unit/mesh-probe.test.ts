@@ -63,18 +63,18 @@ describe('mesh probe: the rank-to-rank link timed on the job’s own all-to-all'
     expect(rank.judgeTensor(1, { ...tag(0), phase: 3 }, 4)).toMatch(/unknown exchange phase 3/);
   });
 
-  it("with uneven shares (heads 6/4/2 of 12, tokens 8/5/3 of 16) a peer's tensor is judged at the size of its share and this rank's (issue 18)", async () => {
+  it("with uneven shares (heads 6/4/2 of 12, tokens 9/5/2 of 16) a peer's tensor is judged at the size of its share and this rank's (issue 18)", async () => {
     const { runtimes } = await preparedRanks(3, [6, 4, 2]);
     const d = model.config.headDim;
     const tag = (phase: number) => ({ job: 5, step: 0, pass: 0, block: 0, phase });
-    // rank 0 gets q, k, v of rank 2's 3 tokens for its own 6 heads, and rank 2's 2 heads' output for its 8 tokens
-    expect(runtimes[0].judgeTensor(2, tag(0), 4 * 3 * 3 * 6 * d)).toBeNull();
-    expect(runtimes[0].judgeTensor(2, tag(1), 4 * 8 * 2 * d)).toBeNull();
-    // rank 2 gets rank 0's 8 tokens for its 2 heads, and rank 0's 6 heads' output for its 3 tokens
-    expect(runtimes[2].judgeTensor(0, tag(0), 4 * 3 * 8 * 2 * d)).toBeNull();
-    expect(runtimes[2].judgeTensor(0, tag(1), 4 * 3 * 6 * d)).toBeNull();
+    // rank 0 gets q, k, v of rank 2's 2 tokens for its own 6 heads, and rank 2's 2 heads' output for its 9 tokens
+    expect(runtimes[0].judgeTensor(2, tag(0), 4 * 3 * 2 * 6 * d)).toBeNull();
+    expect(runtimes[0].judgeTensor(2, tag(1), 4 * 9 * 2 * d)).toBeNull();
+    // rank 2 gets rank 0's 9 tokens for its 2 heads, and rank 0's 6 heads' output for its 2 tokens
+    expect(runtimes[2].judgeTensor(0, tag(0), 4 * 3 * 9 * 2 * d)).toBeNull();
+    expect(runtimes[2].judgeTensor(0, tag(1), 4 * 2 * 6 * d)).toBeNull();
     // an even share's size is refused
-    expect(runtimes[0].judgeTensor(2, tag(0), 4 * 3 * 5 * 4 * d)).toMatch(/the plan says 5184/);
+    expect(runtimes[0].judgeTensor(2, tag(0), 4 * 3 * 5 * 4 * d)).toMatch(new RegExp(`the plan says ${4 * 3 * 2 * 6 * d}$`));
     expect(runtimes[1].judgeTensor(3, tag(0), 0)).toMatch(/from rank 3 of a mesh of 3/);
     await expect(runtimes[0].initWorker({ rank: 0, world: 3, peers: ['a', 'b', 'c'], session: 't', heads: [6, 6] })).rejects.toThrow(/a head share for each of 3 ranks/);
   });

@@ -4,7 +4,7 @@ import { measureWorker, type WorkerMeasurement } from '../../coordinator/measure
 import { MAX_REPLANS, Placer, ReplacementsExhausted, type PlacementRequest } from '../../coordinator/placement.ts';
 import { Swarm, type SwarmEvent, type SwarmWorker } from '../../coordinator/swarm.ts';
 import { SwarmExecutor } from '../../coordinator/swarm-executor.ts';
-import { candidatePlans, planSwarm, predictStep, type Hardware, type Workload } from '../../core/cost-model.ts';
+import { candidatePlans, planSwarm, predictStep, unevenPlan, type Hardware, type Plan, type Workload } from '../../core/cost-model.ts';
 import { DEFAULT_JOB, jobParams, latentShape } from '../../core/job.ts';
 import { parseWanConfig, type WanConfig } from '../../core/model/config.ts';
 import { readJson } from '../../core/model/files.ts';
@@ -179,15 +179,17 @@ describe('Ulysses degree rules (core/parallel)', () => {
     expect(() => checkDegree(12, 4, 4)).not.toThrow();
   });
 
-  it('shares in proportion to speed are whole, at least one each, sum to the total, and the same on every page', () => {
+  it('shares in proportion to speed are whole, at least one each, sum to the total, leave the slowest rank the least time, and are the same on every page', () => {
     expect(proportionalShares(12, [3, 2, 1])).toEqual([6, 4, 2]);
     expect(proportionalShares(12, [1, 1, 1, 1, 1])).toEqual([3, 3, 2, 2, 2]);
     expect(proportionalShares(12, [100, 1, 1])).toEqual([10, 1, 1]);
-    expect(proportionalShares(35, [6, 4, 2])).toEqual([17, 12, 6]);
+    expect(proportionalShares(35, [6, 4, 2])).toEqual([18, 12, 5]);
+    // a worker half as fast: 5/5/2 (its time 2·2 = 4 units, theirs 5), where largest remainders gave 5/4/3 (3·2 = 6)
+    expect(proportionalShares(12, [2, 2, 1])).toEqual([5, 5, 2]);
     expect(() => proportionalShares(2, [1, 1, 1])).toThrow(/2 cannot be shared among 3 ranks/);
     expect(() => proportionalShares(12, [1, Number.NaN])).toThrow(/positive weights/);
     const plan = planUlysses(config, 35, [6, 4, 2]);
-    expect(plan.rows).toEqual([17, 12, 6]);
+    expect(plan.rows).toEqual([18, 12, 5]);
     expect(() => planUlysses(config, 35, [6, 4, 1])).toThrow(/not whole shares of at least one summing to the model's 12 heads/);
     expect(() => planUlysses(config, 2, 3)).toThrow(/2 tokens cannot be shared among 3 ranks/);
   });
@@ -645,11 +647,17 @@ describe('the cost model sees what the workers measured', () => {
     const args = (degrees: number[]) => ({ modelUrl: '/models/tiny-wan', ep: 'wasm', latentShape: shape, textTokens: 16, degrees });
     // one group of one worker (degree 1), one of two at once (degree 1 for CFG parallel, and 2)
     expect(rehearsals).toEqual([[args([1]), args([1, 2])], [args([1, 2])]]);
-    const rehearsed = (p: { ulyssesDegree: number; cfgParallel: boolean }) => (p.ulyssesDegree === 1 && !p.cfgParallel ? 0.1 : p.ulyssesDegree === 1 ? 0.15 : 0.08);
-    const expected = planSwarm(workload(guided), { ...hardware(2, 'wasm', fast), rehearsedForwardS: rehearsed });
+    const rehearsed = (p: Plan) => (p.heads ? undefined : p.ulyssesDegree === 1 && !p.cfgParallel ? 0.1 : p.ulyssesDegree === 1 ? 0.15 : 0.08);
+    const hw: Hardware = { ...hardware(2, 'wasm', fast), rehearsedForwardS: rehearsed, rehearsedRankForwardS: (d) => (d === 1 ? [0.1] : d === 2 ? [0.08, 0.06] : undefined) };
+    // rank 1 is faster at degree 2: it takes 7 of the 12 heads, and the step waits for 0.06 × 7/6 s, not 0.08
+    const uneven = unevenPlan(workload(guided), hw, 2)!;
+    expect(uneven.heads).toEqual([5, 7]);
+    const expected = planSwarm(workload(guided), hw, [...candidatePlans(workload(guided), 2), uneven]);
     expect(plan!.by).toBe('cost model (forwards rehearsed on these workers; rank links from coordinator links)');
     expect(plan!.oneWorkerStepMs).toBeCloseTo(expected.baseline.stepS * 1000, 9);
     expect(plan!.predictedStepMs).toBeCloseTo(expected.best.stepS * 1000, 9);
+    expect([plan!.degree, plan!.heads]).toEqual([2, [5, 7]]);
+    expect(expected.best.computeS).toBeCloseTo(2 * 0.07, 12);
     // two passes of 100 ms alone, against one of 150 ms on each of two workers at once
     expect(expected.baseline.computeS).toBeCloseTo(0.2, 12);
     expect(expected.ranked.find((p) => p.plan.cfgParallel)!.computeS).toBeCloseTo(0.15, 12);
@@ -663,6 +671,27 @@ describe('the cost model sees what the workers measured', () => {
     await placer.place(guided, ask({ ep: 'wasm' }));
     // only the group rank 1 is in: rank 0 alone was rehearsed on these threads already
     expect([callsOf(workers[0], 'rehearse').length, callsOf(workers[1], 'rehearse').length]).toEqual([5, 3]);
+  });
+
+  it('shares the heads in proportion to speed where one worker is 2× slower, says which workers it leaves out and why, and places the shares (issue 18)', async () => {
+    const { swarm, join } = testSwarm();
+    const workers = join(3, measured(fast));
+    // as rehearsed all at once: two workers at 30 ms a forward at degree 3, the third at 60
+    workers.forEach((w, i) => (w.rehearsal = (d) => (i === 2 ? 2 : 1) * (d === 1 ? 90 : d === 2 ? 45 : 30)));
+    const placement = await placerOn(swarm).place(unguided, ask({ ep: 'wasm' }));
+    expect(placement.plan).toMatchObject({ degree: 3, heads: [5, 5, 2], leftOut: null });
+    // even 4/4/4: 60 ms a forward; the two fast ones alone: 45; shares 5/5/2: max(30·5/4, 30·5/4, 60·2/4) = 37.5
+    expect(placement.executor.layout.heads).toEqual([[5, 5, 2]]);
+    expect(workers.map((w) => (callsOf(w, 'initWorker')[0].args as InitArgs).heads)).toEqual([[5, 5, 2], [5, 5, 2], [5, 5, 2]]);
+    expect(workers.map((w) => w.activity)).toEqual(['rank 0 of 3 (5 heads)', 'rank 1 of 3 (5 heads)', 'rank 2 of 3 (2 heads)']);
+
+    // a worker so slow that the others alone are faster is left out, and the plan says so
+    const { swarm: other, join: joinOther } = testSwarm();
+    const three = joinOther(3, measured(fast));
+    three.forEach((w, i) => (w.rehearsal = (d) => (i === 2 ? 1000 : 1) * (d === 1 ? 90 : d === 2 ? 45 : 30)));
+    const { plan } = await placerOn(other).place(unguided, ask({ ep: 'wasm' }));
+    expect(plan).toMatchObject({ degree: 2, heads: null });
+    expect(plan!.leftOut).toMatch(/^1 of 3 workers left out: with 3 the cost model predicts \d+ ms a step, not \d+$/);
   });
 
   it('plans with each worker’s rate on the EP it will run: with ep auto the faster one it measured, else the one asked for', async () => {
