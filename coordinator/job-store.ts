@@ -7,6 +7,7 @@ import type { JobParams } from '../core/job.ts';
 import type { SamplerCheckpoint } from '../core/sampler.ts';
 import type { Backend } from './backends.ts';
 import type { GenerateReport, GenerateRequest } from './pipeline.ts';
+import type { PlacementRequest } from './placement.ts';
 
 export type JobStatus = 'queued' | 'running' | 'done' | 'failed';
 
@@ -18,6 +19,8 @@ export interface JobPlacement {
   dtype?: 'f32' | 'f16';
   /** conditional and unconditional passes on two worker groups: always, never, or (unset) as the planner chooses */
   cfgParallel?: boolean;
+  /** the heads shared evenly, by the workers' speed, or (unset) as the planner predicts faster */
+  shares?: PlacementRequest['shares'];
   /** URL of the model folder; the bundled default model unless set */
   model?: string;
 }

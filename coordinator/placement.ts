@@ -22,6 +22,12 @@ export interface PlacementRequest {
   cfgParallel?: boolean;
   ep: ExecutionProvider | 'auto';
   dtype: DType;
+  /**
+   * how a group's ranks share the heads (and tokens): 'even'; in proportion to each worker's
+   * rehearsed speed ('speed', for a degree asked for); or (unset, and 'speed' with 'auto')
+   * whichever the cost model predicts faster
+   */
+  shares?: 'even' | 'speed';
 }
 
 /** How the degree of an 'auto' job was chosen, and what the cost model expected of it. */
@@ -198,8 +204,8 @@ export class Placer {
     }
     if (request.ulyssesDegree !== 'auto') {
       checkDegree(config.numHeads, request.ulyssesDegree);
-      const layout = new RankLayout(request.ulyssesDegree, cfgGroups);
-      return { layout, plan: await this.predictAsked(params, layout, request) };
+      const plan = await this.predictAsked(params, new RankLayout(request.ulyssesDegree, cfgGroups), request);
+      return { layout: new RankLayout(request.ulyssesDegree, cfgGroups, plan?.heads ? [plan.heads] : null), plan };
     }
     // CFG parallel asked for: wait for its two groups' first workers, as a fixed degree waits for its workers
     const workers = await this.liveWorkers(request.cfgParallel ? 2 : 1);
@@ -224,7 +230,7 @@ export class Placer {
     const rehearsed = cfgParallel || candidates.some((p) => planWorld(p) === all.ulyssesDegree && !p.cfgParallel) ? candidates : [...candidates, all];
     const hw = await this.hardwareOf(workers, request, params, [{ ulyssesDegree: 1, cfgParallel: false }, ...rehearsed]);
     if (!hw) return { degree: defaultDegree(config.numHeads, cfgParallel ? Math.floor(workers.length / 2) : workers.length), cfgParallel: !!cfgParallel, plan: null };
-    const uneven = cfgParallel ? [] : rehearsed.filter((p) => !p.cfgParallel).flatMap((p) => unevenPlan(work, hw, p.ulyssesDegree) ?? []);
+    const uneven = cfgParallel || request.shares === 'even' ? [] : rehearsed.filter((p) => !p.cfgParallel).flatMap((p) => unevenPlan(work, hw, p.ulyssesDegree) ?? []);
     const choice = planSwarm(work, hw, [...candidates, ...uneven]);
     // one worker is always ranked; asked for CFG parallel, the fastest CFG-parallel plan
     const best = cfgParallel ? (choice.ranked.find((p) => p.plan.cfgParallel) ?? choice.best) : choice.best;
@@ -249,26 +255,31 @@ export class Placer {
 
   /**
    * A degree the job asked for, predicted like the planner's choices so that every report carries
-   * predicted next to measured: once the live workers are enough for it and all measured.
+   * predicted next to measured: once the live workers are enough for it and all measured. Its
+   * ranks share the heads by speed where the job asks that, or (shares unset) where the cost model
+   * predicts it faster.
    */
   private async predictAsked(params: JobParams, layout: RankLayout, request: PlacementRequest): Promise<PlannedDegree | null> {
     const swarm = this.options.swarm;
     if (!swarm || swarm.workers().length < layout.world) return null;
     await swarm.measuredNow();
-    const asked: Plan = { ulyssesDegree: layout.ulyssesDegree, cfgParallel: layout.cfgParallel };
+    const even: Plan = { ulyssesDegree: layout.ulyssesDegree, cfgParallel: layout.cfgParallel };
     const oneWorker: Plan = { ulyssesDegree: 1, cfgParallel: false };
-    const hw = await this.hardwareOf(swarm.workers(), request, params, [oneWorker, asked]);
+    const hw = await this.hardwareOf(swarm.workers(), request, params, [oneWorker, even]);
     if (!hw) return null;
     const work = this.workloadOf(params);
+    const uneven = layout.cfgParallel || request.shares === 'even' ? null : unevenPlan(work, hw, layout.ulyssesDegree);
+    const [evenStep, unevenStep] = [predictStep(work, even, hw), uneven && predictStep(work, uneven, hw)];
+    const chosen = unevenStep && (request.shares === 'speed' || unevenStep.stepS < evenStep.stepS) ? unevenStep : evenStep;
     return {
       degree: layout.ulyssesDegree,
       cfgParallel: layout.cfgParallel,
       asked: true,
       by: `asked for (predicted from ${hw.forwardsFrom}; rank links from ${hw.link.from})`,
       link: hw.link,
-      predictedStepMs: predictStep(work, asked, hw).stepS * 1000,
+      predictedStepMs: chosen.stepS * 1000,
       oneWorkerStepMs: predictStep(work, oneWorker, hw).stepS * 1000,
-      heads: null,
+      heads: chosen.plan.heads ?? null,
       leftOut: null,
     };
   }

@@ -694,6 +694,22 @@ describe('the cost model sees what the workers measured', () => {
     expect(plan!.leftOut).toMatch(/^1 of 3 workers left out: with 3 the cost model predicts \d+ ms a step, not \d+$/);
   });
 
+  it('a degree asked for shares the heads by speed where the cost model predicts it faster, or as the job asks: evenly, or by speed', async () => {
+    const placed = async (shares: PlacementRequest['shares'], slowdown: number) => {
+      const { swarm, join } = testSwarm();
+      const workers = join(3, measured(fast));
+      workers.forEach((w, i) => (w.rehearsal = (d) => (i === 2 ? slowdown : 1) * (d === 1 ? 90 : d === 2 ? 45 : 30)));
+      const { plan, executor } = await placerOn(swarm).place(unguided, ask({ ep: 'wasm', ulyssesDegree: 3, shares }));
+      expect(plan!.asked).toBe(true);
+      expect(executor.layout.heads).toEqual(plan!.heads && [plan!.heads]);
+      return plan!.heads;
+    };
+    expect(await placed(undefined, 2)).toEqual([5, 5, 2]);
+    expect(await placed('even', 2)).toBeNull();
+    expect(await placed(undefined, 1)).toBeNull(); // equal speeds: even shares
+    expect(await placed('speed', 1.5)).toEqual([5, 4, 3]);
+  });
+
   it('plans with each worker’s rate on the EP it will run: with ep auto the faster one it measured, else the one asked for', async () => {
     for (const ep of ['auto', 'wasm'] as const) {
       const { swarm, join } = testSwarm();
