@@ -2,7 +2,7 @@
 // never at once), each writing its own report under bench/out/, then the headline figures in
 // bench/out/scaling.json.
 //
-//   npm run bench                      block cost, projection, local overhead, scaling, threads, full-size, vae
+//   npm run bench                      block cost, projection, local overhead, scaling, threads, full-size, vae, uneven
 //   npm run bench -- scaling [flags]   one of them (flags as in bench/scaling.ts etc.)
 
 import { parseOverheadArgs, runLocalOverhead } from './local-overhead.ts';
@@ -13,8 +13,9 @@ import { parseThreadsArgs, runThreads } from './threads.ts';
 import { parseFullSizeArgs, runFullSize } from './full-size.ts';
 import { parseBlockCostArgs, runBlockCost } from './block-cost.ts';
 import { parseVaeArgs, runVae } from './vae.ts';
+import { parseUnevenArgs, runUneven } from './uneven.ts';
 
-const BENCHMARKS = ['block-cost', 'scaling', 'local-overhead', 'projection', 'threads', 'full-size', 'vae'] as const;
+const BENCHMARKS = ['block-cost', 'scaling', 'local-overhead', 'projection', 'threads', 'full-size', 'vae', 'uneven'] as const;
 type Benchmark = (typeof BENCHMARKS)[number];
 
 const [first, ...rest] = process.argv.slice(2);
@@ -78,5 +79,11 @@ if (chosen.includes('vae')) {
   for (const c of vae.parity?.cases ?? []) console.log(`vae: latent [${c.latent}]: max |onnx − reference| ${c.maxAbs.toExponential(2)} (${c.within ? 'within' : 'OVER'} ${vae.parity!.bound})`);
   const t = vae.tile;
   if (t) console.log(`vae: a 256-px tile, ${t.perVideoFrameMs} ms per frame on one tab, caches ${(t.cacheBytes / 2 ** 20).toFixed(0)} MiB, weights ${(t.weightBytes / 2 ** 20).toFixed(0)} MiB; 480p × 81 frames ≈ ${t.projected480p81FramesOneTabS} s on one tab`);
+}
+if (chosen.includes('uneven')) {
+  const uneven = await runUneven(parseUnevenArgs(args));
+  writeReport('uneven.json', uneven);
+  const { even, bySpeed, auto } = uneven.runs;
+  console.log(`uneven: the third tab ${uneven.measuredSlowdown}× slower; even shares ${even.stepMs} ms a step, by speed (${bySpeed.heads?.join('/') ?? 'even'}) ${bySpeed.stepMs} ms: ${uneven.gain}×; auto chose ${auto.degree} (${auto.heads?.join('/') ?? 'even'}); ${JSON.stringify(uneven.meets)}`);
 }
 log(`done in ${((Date.now() - started) / 1000).toFixed(0)} s`);
