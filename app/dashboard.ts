@@ -106,8 +106,8 @@ async function pipelineFor({ backend, model = DEFAULT_MODEL_URL }: JobPlacement)
 }
 
 function runJob(job: StoredJob, hooks: Parameters<RunJob>[1]) {
-  const { workers, ep, dtype = 'f32', cfgParallel, shares } = job.placement;
-  return pipelineFor(job.placement).then((pipe) => pipe.generate({ ...job.params, ...job.inputs, ...hooks, placement: { ulyssesDegree: workers, ep, dtype, cfgParallel, shares } }));
+  const { workers, ep, dtype = 'f32', cfgParallel, shares, spotCheckRate } = job.placement;
+  return pipelineFor(job.placement).then((pipe) => pipe.generate({ ...job.params, ...job.inputs, ...hooks, placement: { ulyssesDegree: workers, ep, dtype, cfgParallel, shares, spotCheckRate } }));
 }
 
 /** The form's model: its head count (the degrees a job may ask for divide it), and its job defaults, which fill the form. */
@@ -152,6 +152,8 @@ function showFinished(job: StoredJob): void {
   $('report').textContent = JSON.stringify(job.result!.report, null, 2);
   const r = job.result!.report;
   const recovered = r.failures.length ? `, recovered from ${r.failures.length} lost worker(s)` : '';
+  const caught = (r.spotChecks ?? []).flatMap((c) => (c.verdict === 'agreed' ? [] : [`rank ${c.verdict.convicted.join(' and ')}: ${c.verdict.why}`])); // jobs stored before spot checks have none
+  const checked = r.spotChecks?.length ? ` ${r.spotChecks.length} forward(s) recomputed to spot-check the workers${caught.length ? `; caught ${caught.join('; ')}` : ', all agreed'}.` : '';
   const stepMs = r.medianStepMs;
   const shares = r.plan?.heads ? ` sharing the heads ${r.plan.heads.join('/')} (and the tokens alike) by each one's rehearsed speed` : '';
   const chose = r.plan?.cfgParallel ? `CFG parallel on two groups of ${r.plan.degree} rank${r.plan.degree === 1 ? '' : 's'}` : `${r.plan?.degree} rank${r.plan?.degree === 1 ? '' : 's'}${shares}`;
@@ -162,18 +164,18 @@ function showFinished(job: StoredJob): void {
   const fallback = r.cfgFallback ? ` ${r.cfgFallback[0].toUpperCase()}${r.cfgFallback.slice(1)}.` : '';
   const prompt = r.encoding?.prompt; // jobs stored before the report had it have none
   const encoded = !prompt || prompt.source === 'given' ? '' : prompt.source === 'cache' ? ' The prompt came from the cache.' : prompt.layers.length ? ` The prompt was encoded on ${new Set(prompt.layers.map((l) => l.worker)).size} worker(s) in ${(prompt.ms / 1000).toFixed(1)} s.` : '';
-  $('status').textContent = `#${job.id} done: ${r.config.frames} frames in ${(r.totalMs / 1000).toFixed(1)} s on ${r.config.workers} ${r.config.backend} rank${r.config.workers === 1 ? '' : 's'}${groups}${recovered}, each on ${computedOn}.${planned}${fallback}${encoded}${job.storageNote ? ` Not kept: ${job.storageNote}.` : ''}`;
+  $('status').textContent = `#${job.id} done: ${r.config.frames} frames in ${(r.totalMs / 1000).toFixed(1)} s on ${r.config.workers} ${r.config.backend} rank${r.config.workers === 1 ? '' : 's'}${groups}${recovered}, each on ${computedOn}.${planned}${fallback}${checked}${encoded}${job.storageNote ? ` Not kept: ${job.storageNote}.` : ''}`;
 }
 
 async function submitFromForm(overrides: Record<string, unknown> = {}): Promise<StoredJob> {
   const formValues = readForm();
-  const { backend, workers, ep, dtype, cfgParallel, shares, model, promptEmbeds, negativePromptEmbeds, outputType, ...rest } = overrides as Partial<JobPlacement> & AutomationInputs;
+  const { backend, workers, ep, dtype, cfgParallel, shares, spotCheckRate, model, promptEmbeds, negativePromptEmbeds, outputType, ...rest } = overrides as Partial<JobPlacement> & AutomationInputs;
   // a job on another model than the form's (npm run generate --model) is that model's defaults beneath what it gives
   const beneath = model !== undefined && model !== formValues.placement.model ? await loadJobDefaults(model) : formValues.params;
   const params = { ...beneath, ...rest };
   if (!showErrors(checkJobParams(params))) return Promise.reject(new Error(`invalid job: ${$('form-errors').textContent}`));
   if (!queue) return Promise.reject(new Error('the dashboard is still starting'));
-  const placement: JobPlacement = { ...formValues.placement, backend: backend ?? formValues.placement.backend, workers: workers ?? formValues.placement.workers, ep: ep ?? formValues.placement.ep, dtype, cfgParallel: cfgParallel ?? formValues.placement.cfgParallel, shares, model: model ?? formValues.placement.model };
+  const placement: JobPlacement = { ...formValues.placement, backend: backend ?? formValues.placement.backend, workers: workers ?? formValues.placement.workers, ep: ep ?? formValues.placement.ep, dtype, cfgParallel: cfgParallel ?? formValues.placement.cfgParallel, shares, spotCheckRate, model: model ?? formValues.placement.model };
   const inputs: JobInputs = { outputType, promptEmbeds: promptEmbeds && embedsFromBase64(promptEmbeds), negativePromptEmbeds: negativePromptEmbeds && embedsFromBase64(negativePromptEmbeds) };
   return queue.submit(params, placement, inputs);
 }

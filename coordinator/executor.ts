@@ -4,12 +4,13 @@
 // the placer (placement.ts) hands it a RankLayout, and the swarm backend the workers to use.
 import { usesGuidance } from '../core/job.ts';
 import type { WanConfig } from '../core/model/config.ts';
-import { tokenGrid } from '../core/model/tokens.ts';
 import type { Transport } from '../core/net/channel.ts';
 import { ContractError } from '../core/net/check.ts';
 import type { DType } from '../core/net/protocol.ts';
 import { RemoteError, RpcTimeout, type Remote } from '../core/net/rpc.ts';
-import { gatherLatent, planUlysses, scatterLatent, type RankLayout } from '../core/parallel.ts';
+import { gatherLatent, planUlysses, scatterLatent, type RankLayout, type UlyssesPlan } from '../core/parallel.ts';
+import { patchify, tokenGrid } from '../core/model/tokens.ts';
+import { DEFAULT_SPOT_CHECK_RATE, judgeSpotCheck, spotCheckSchedule, type SpotCheck } from './spot-check.ts';
 import { guide } from '../core/scheduler.ts';
 import type { Tensor } from '../core/tensor.ts';
 import {
@@ -37,6 +38,8 @@ export interface ExecutorOptions {
   ep?: ExecutionProvider | 'auto';
   /** how activations travel between ranks: float32 (exact), or float16 (half the bytes) */
   dtype?: DType;
+  /** share of forward passes another rank recomputes alone to check the group's (spot-check.ts); DEFAULT_SPOT_CHECK_RATE unless set, 0 for none */
+  spotCheckRate?: number;
 }
 
 export interface RpcOptions<M extends WorkerMethod> {
@@ -133,8 +136,19 @@ export abstract class Executor {
   protected readonly failureListeners = new Set<FailureListener>();
   private placed = false;
   private closed = false;
+  private forwards = 0;
+  private readonly spotCheckDue: (forward: number) => boolean;
+  /** spot checks made and not yet taken (takeSpotChecks) */
+  private spotChecks: SpotCheck[] = [];
 
-  constructor(readonly options: ExecutorOptions) {}
+  constructor(readonly options: ExecutorOptions) {
+    this.spotCheckDue = spotCheckSchedule(options.spotCheckRate ?? DEFAULT_SPOT_CHECK_RATE);
+  }
+
+  /** The spot checks made since the last call: the report's. */
+  takeSpotChecks(): SpotCheck[] {
+    return this.spotChecks.splice(0);
+  }
 
   /** Reserves the ranks; returns their peer ids in rank order. */
   protected abstract place(): Promise<string[]>;
@@ -276,10 +290,47 @@ export abstract class Executor {
       // well-formed garbage would go into the latent, the checkpoint and the video (as black)
       if (!r.rows.every(Number.isFinite)) throw new WorkerError(ranks[i], 'executeModel', 'returned NaN or infinite values', null, true);
     });
+    // well-formed, finite and plausible, and still wrong: now and then another rank recomputes the pass
+    if (this.world > 1 && this.spotCheckDue(this.forwards++)) await this.spotCheck(request, plan, ranks, results.map((r) => r.rows), rowWidth);
     return {
       output: gatherLatent(config, plan, results.map((r) => r.rows), request.latent.shape),
       ranks: results.map((r, i) => ({ rank: ranks[i], worker: this.workers[ranks[i]]?.id ?? '', computeMs: r.computeMs, commMs: r.commMs, bytesSent: r.bytesSent, peakMemoryBytes: r.peakMemoryBytes })),
     };
+  }
+
+  /**
+   * Has another rank recompute the pass alone and judges the group's rows by it (spot-check.ts):
+   * a rank convicted is thrown as a breach (with its co-accused as blame), so the placer lets it go
+   * and the step runs again without it.
+   */
+  private async spotCheck(request: ForwardRequest, plan: UlyssesPlan, ranks: number[], parts: Float32Array[], width: number): Promise<void> {
+    const started = performance.now();
+    const { config } = this.options;
+    const args = { job: request.job, step: request.step, pass: request.pass, timestep: request.timestep, latentShape: request.latent.shape, patches: patchify(config, request.latent).data };
+    const anyRankBut = (out: number[]) => {
+      const free = Array.from({ length: this.world }, (_, r) => r).filter((r) => !out.includes(r));
+      return free.length ? free[Math.floor(Math.random() * free.length)] : null;
+    };
+    const recompute = async (rank: number) => {
+      const { rows } = await this.callRank(rank, 'recompute', args, this.rpcTimeoutMs).catch((e: unknown) => {
+        throw this.workerError(rank, 'recompute', e);
+      });
+      if (rows.length !== plan.tokens * width || !rows.every(Number.isFinite)) throw new WorkerError(rank, 'recompute', `returned ${rows.length} values${rows.every(Number.isFinite) ? '' : ' with NaN or infinite ones'}, not ${plan.tokens}×${width}`, null, true);
+      return { rank, rows };
+    };
+    const checker = await recompute(anyRankBut([])!);
+    let judged = judgeSpotCheck(plan, ranks, parts, width, checker, null);
+    let third: number | null = null;
+    if (judged.verdict !== 'agreed') {
+      // a rank independent of both the checker and the suspect decides
+      third = anyRankBut([checker.rank, judged.verdict.convicted[0]]);
+      if (third !== null) judged = judgeSpotCheck(plan, ranks, parts, width, checker, await recompute(third));
+    }
+    this.spotChecks.push({ step: request.step, pass: request.pass, checker: checker.rank, third, ...judged, ms: performance.now() - started });
+    if (judged.verdict === 'agreed') return;
+    const [convicted, alsoConvicted] = judged.verdict.convicted;
+    const blame: RankLost | null = alsoConvicted === undefined ? null : { rank: alsoConvicted, cause: 'misbehaved', evidence: `a spot check of step ${request.step + 1}: ${judged.verdict.why}` };
+    throw new WorkerError(convicted, 'spot check', `step ${request.step + 1}${request.pass ? ' (unconditional)' : ''}: ${judged.verdict.why}`, blame, true);
   }
 
   /**

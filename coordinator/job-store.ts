@@ -21,6 +21,8 @@ export interface JobPlacement {
   cfgParallel?: boolean;
   /** the heads shared evenly, by the workers' speed, or (unset) as the planner predicts faster */
   shares?: PlacementRequest['shares'];
+  /** share of forward passes another worker recomputes to check the group's; the default unless set, 0 for none */
+  spotCheckRate?: number;
   /** URL of the model folder; the bundled default model unless set */
   model?: string;
 }

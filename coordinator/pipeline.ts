@@ -18,6 +18,7 @@ import { standInDecoding, tiledDecoding, type DecodeOptions, type DecodeReport, 
 import type { Backend } from './backends.ts';
 import { loadTimeoutMs, maxOrNull, type Executor, type LinkReport, type RankReport } from './executor.ts';
 import { Placer, type FailureRecord, type MeshProbeReport, type PlacementRequest, type PlannedDegree } from './placement.ts';
+import type { SpotCheck } from './spot-check.ts';
 import type { Swarm } from './swarm.ts';
 import { encodeWebM } from './video.ts';
 
@@ -117,6 +118,8 @@ export interface GenerateReport {
   failures: FailureRecord[];
   /** time spent re-placing after lost ranks */
   recoveryMs: number;
+  /** forwards another rank recomputed to check its group's rows, and what came of it (coordinator/spot-check.ts) */
+  spotChecks: SpotCheck[];
   setupMs: number;
   /** where the job's time went, phase by phase */
   phasesMs: Record<JobPhase, number>;
@@ -248,6 +251,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
       const first = resume?.step ?? 0;
       const steps: GenerateReport['steps'] = [];
       const failures: FailureRecord[] = [];
+      const spotChecks: SpotCheck[] = [];
       const loopStart = performance.now();
       let ranks: RankReport[] = [];
       const latent = await sample({
@@ -265,6 +269,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
               ranks = result.ranks;
               return result.velocity;
             } catch (e) {
+              spotChecks.push(...placer.current!.takeSpotChecks());
               const failure = await placer.replace(e as Error, at.step);
               if (!failure) throw e;
               failures.push(failure);
@@ -273,6 +278,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
           }
         },
         onStep({ stepMs, ...checkpoint }) {
+          spotChecks.push(...placer.current!.takeSpotChecks());
           const { step } = checkpoint;
           steps.push({ step: step - 1, ms: stepMs, ranks });
           onCheckpoint?.(checkpoint);
@@ -320,6 +326,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
           resumedFromStep: first,
           failures,
           recoveryMs: failures.reduce((t, f) => t + f.replanMs, 0),
+          spotChecks,
           setupMs,
           phasesMs,
           totalMs: performance.now() - started,

@@ -284,6 +284,8 @@ export interface WorkerApi {
   prepareJob(args: PrepareArgs): Promise<{ job: number }>;
   probeMesh(args: { job: number }): Promise<MeshProbe>;
   executeModel(args: ExecuteArgs): Promise<ExecuteResult>;
+  /** a whole forward of the prepared job on this worker alone, every token (patches [S, ·]): a spot check of its group's */
+  recompute(args: ExecuteArgs): Promise<{ rows: Float32Array; computeMs: number }>;
   ping(args: Record<string, never>): Promise<PingReply>;
   /** releases the job's ranks; the worker waits for the next initWorker */
   shutdown(args: Record<string, never>): Promise<'bye'>;
@@ -377,6 +379,10 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
   executeModel: {
     args: fields({ job: int(0), step: int(0, 9999), pass: int(0, 1), timestep: num(0, 1000), latentShape: shape, patches: floats() }),
     reply: fields({ rows: floats(), bytesSent: bytes, peakMemoryBytes: nullable(bytes), ...stats }),
+  },
+  recompute: {
+    args: fields({ job: int(0), step: int(0, 9999), pass: int(0, 1), timestep: num(0, 1000), latentShape: shape, patches: floats() }),
+    reply: fields({ rows: floats(), computeMs: ms }),
   },
   ping: {
     args: none,

@@ -30,6 +30,7 @@ import type { EngineApi, EngineInfo } from './engine.ts';
 import { probeMesh, PROBE_FLOATS } from './mesh-probe.ts';
 import { rehearseForwards } from './rehearsal.ts';
 import { ExchangePhase, forwardRank, noStats, type Exchange } from './ulysses.ts';
+import { memoryExchanges } from './exchange/memory.ts';
 
 export interface RuntimeHooks {
   /** Builds this rank's side of the all-to-all for a job's ranks. */
@@ -271,6 +272,31 @@ export class WorkerRuntime implements WorkerApi {
     const bytes = floats * BYTES_PER_ELEMENT[this.exchange.dtype];
     if (totalBytes !== bytes) return `phase ${tag.phase} tensor of ${totalBytes} bytes; the plan says ${bytes}`;
     return null;
+  }
+
+  /**
+   * A whole forward of the prepared job's pass on this worker alone (every token, all heads): the
+   * coordinator checks its group's rows against it now and then (coordinator/spot-check.ts).
+   */
+  async recompute(args: ExecuteArgs) {
+    const cfg = this.needModel();
+    if (args.job !== this.job || !this.plan) throw new Error(`recompute for job ${args.job} but job ${this.job} was prepared`);
+    const text = this.texts[args.pass];
+    if (!text) throw new Error(`no text embedding for pass ${args.pass}: the job was prepared with ${this.texts.length}`);
+    const grid = tokenGrid(cfg, args.latentShape);
+    const patchWidth = cfg.inChannels * cfg.patchSize.reduce((x, y) => x * y, 1);
+    if (grid.count !== this.plan.tokens || args.patches.length !== grid.count * patchWidth) {
+      throw new Error(`recompute expected all ${this.plan.tokens}×${patchWidth} patch values of the prepared job, got ${args.patches.length} for ${grid.count} tokens`);
+    }
+    const stats = noStats();
+    const rows = await forwardRank(cfg, planUlysses(cfg, grid.count, 1), this.engine, memoryExchanges(1)[0], {
+      patches: args.patches,
+      timestep: args.timestep,
+      text,
+      grid,
+      tag: { job: args.job, step: args.step, pass: args.pass },
+    }, stats);
+    return { rows, computeMs: stats.computeMs };
   }
 
   async executeModel(args: ExecuteArgs): Promise<ExecuteResult> {

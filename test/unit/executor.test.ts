@@ -11,7 +11,7 @@ import { loadTransformer } from '../../core/model/transformer.ts';
 import { exchangeFloatsPerBlock, planUlysses, RankLayout } from '../../core/parallel.ts';
 import { SeededRandom } from '../../core/random.ts';
 import { maxAbsDiff, type Tensor } from '../../core/tensor.ts';
-import { PeerLost, WORKER_CONTRACT, WORKER_METHODS, type WorkerApi } from '../../core/worker-api.ts';
+import { PeerLost, WORKER_CONTRACT, WORKER_METHODS, type ExecuteResult, type WorkerApi } from '../../core/worker-api.ts';
 import type { EngineApi } from '../../rank/engine.ts';
 import { memoryExchanges } from '../../rank/exchange/memory.ts';
 import { onnxStages } from '../../rank/onnx-stages.ts';
@@ -211,6 +211,32 @@ describe.each<Transport>(['direct', 'rpc'])('Executor over %s calls', (transport
     await executor.shutdown({ graceMs: 1_000 });
   });
 
+  it('spot checks: another rank recomputes the pass alone; honest ranks agree, and a rank returning slightly altered rows (right size, finite) is convicted as a breach (issue 18)', async () => {
+    const request = { job: 7, step: 0, pass: 0, timestep: 500, latent };
+    const honest = new InProcessExecutor({ ...options, layout: new RankLayout(3), spotCheckRate: 1 }, engine, transport);
+    await honest.initialize();
+    await honest.prepareJob(7, [text], latent.shape);
+    await honest.executeModel(request);
+    const [check] = honest.takeSpotChecks();
+    expect(check).toMatchObject({ step: 0, pass: 0, third: null, verdict: 'agreed' });
+    expect(check.difference).toBeLessThan(1e-5);
+    expect(honest.received[check.checker]).toContain('recompute');
+    await honest.shutdown({ graceMs: 1_000 });
+
+    const cheating = new InProcessExecutor({ ...options, layout: new RankLayout(3), spotCheckRate: 1 }, engine, transport);
+    cheating.fault = (rank, method) => (rank === 1 && method === 'executeModel' ? { alters: (r: ExecuteResult) => ({ ...r, rows: r.rows.map((v, i) => (i === 5 ? v + 0.01 : v)) }) } : null);
+    await cheating.initialize();
+    await cheating.prepareJob(7, [text], latent.shape);
+    const error = await rejection(cheating.executeModel(request));
+    expect(error).toBeInstanceOf(WorkerError);
+    expect(error).toMatchObject({ rank: 1, method: 'spot check', breach: true, blame: null });
+    expect((error as WorkerError).remoteMessage).toMatch(/^step 1: its rows of the pass differ from a recomputation by .* \(ranks \d and \d recomputed it alike\)$/);
+    const [caught] = cheating.takeSpotChecks();
+    expect(caught.verdict).toMatchObject({ convicted: [1] });
+    expect(caught.third).not.toBeNull();
+    await cheating.shutdown({ graceMs: 1_000 });
+  });
+
   it('executeModel with a patches array of the wrong length is refused by every rank, naming the length its share needs, before any compute', async () => {
     const executor = await started(3, transport);
     await executor.prepareJob(7, [text], latent.shape);
@@ -275,7 +301,7 @@ describe('the worker contract on the wire', () => {
 
   it('an unknown method, an inherited property among them, is refused with the list of worker methods', async () => {
     const runtime = new WorkerRuntime(engine, { connectMesh: async () => memoryExchanges(1)[0], describe: async () => ({ ep: 'wasm', adapter: 't', softwareAdapter: false, threads: 1, memoryGiB: null, userAgent: 'u' }) });
-    expect(WORKER_METHODS).toEqual(['describe', 'probeCompute', 'probeLink', 'initWorker', 'loadModel', 'rehearse', 'encodeText', 'decodeTile', 'prepareJob', 'probeMesh', 'executeModel', 'ping', 'shutdown']);
+    expect(WORKER_METHODS).toEqual(['describe', 'probeCompute', 'probeLink', 'initWorker', 'loadModel', 'rehearse', 'encodeText', 'decodeTile', 'prepareJob', 'probeMesh', 'executeModel', 'recompute', 'ping', 'shutdown']);
     for (const method of ['eval', 'constructor', '__proto__', 'toString', 'judgeTensor']) {
       expect(await rawRequest(runtime, method, {})).toEqual({
         type: 'reply',

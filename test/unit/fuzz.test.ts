@@ -390,6 +390,7 @@ describe('hostile arguments to every worker method', () => {
       prepareJob: { args: { job: 9, texts: [new Float32Array(textDim + 1)], latentShape: LATENT }, runtimeRefuses: true },
       probeMesh: { args: { job: 99 }, runtimeRefuses: true },
       executeModel: { args: { ...executable, job: 99 }, runtimeRefuses: true },
+      recompute: { args: { ...executable, job: 99 }, runtimeRefuses: true },
       rehearse: { args: { modelUrl: '/models/tiny-wan', ep: 'wasm', latentShape: [15, 1, 14, 10], textTokens: 4, degrees: [1] }, runtimeRefuses: true },
       encodeText: { args: { modelUrl: '/models/tiny-wan', ep: 'wasm', from: 3, to: 1, tokens: 2, hidden: new Float32Array(8) }, runtimeRefuses: true },
       decodeTile: { args: { modelUrl: '/models/tiny-wan', ep: 'wasm', tile: 't', from: 3, last: true, shape: [16, 1, 2, 2], latent: new Float32Array(64) }, runtimeRefuses: true },
@@ -465,7 +466,7 @@ describe('hostile arguments to every worker method', () => {
     const byContract = hostile.filter(([method], id) => channel.replies.get(id)![0]!.error!.startsWith(`${method} arguments`)).length;
     expect(calls).toEqual(expectedCalls);
     expect(byContract + Object.values(calls).reduce((a, b) => a + b, 0)).toBe(hostile.length);
-    expect(Object.keys(expectedCalls).sort()).toEqual(['decodeTile', 'encodeText', 'executeModel', 'initWorker', 'prepareJob', 'probeMesh', 'rehearse']);
+    expect(Object.keys(expectedCalls).sort()).toEqual(['decodeTile', 'encodeText', 'executeModel', 'initWorker', 'prepareJob', 'probeMesh', 'recompute', 'rehearse']);
     // only the contract's own fields reach a method
     expect([...argKeys].filter((k) => ['extra', 'constructor', '__proto__', 'polluted'].includes(k))).toEqual([]);
     expect(Object.prototype).not.toHaveProperty('polluted');

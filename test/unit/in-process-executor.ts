@@ -13,8 +13,8 @@ import { channelPair } from './fixtures.ts';
 // remote() and serve() over an in-memory channel (as the swarm backend does), with a fault of the
 // test's choosing in front of any method.
 export type Transport = 'direct' | 'rpc';
-/** What a rank does instead of answering normally. */
-export type Fault = { silent: true } | { throws: string } | { delayMs: number };
+/** What a rank does instead of answering normally: nothing, an error, a late answer, or an altered one. */
+export type Fault = { silent: true } | { throws: string } | { delayMs: number } | { alters: (reply: any) => unknown };
 
 export class InProcessExecutor extends Executor {
   readonly runtimes: WorkerRuntime[] = [];
@@ -59,7 +59,8 @@ export class InProcessExecutor extends Executor {
             if (fault && 'silent' in fault) return new Promise(() => {});
             if (fault && 'throws' in fault) throw new Error(fault.throws);
             if (fault && 'delayMs' in fault) await new Promise((r) => setTimeout(r, fault.delayMs));
-            return (runtime[method] as (a: unknown) => Promise<unknown>).call(runtime, args);
+            const reply = await (runtime[method] as (a: unknown) => Promise<unknown>).call(runtime, args);
+            return fault && 'alters' in fault ? fault.alters(reply) : reply;
           },
         ]),
       ) as unknown as WorkerApi;

@@ -1,0 +1,79 @@
+// Spot checks (issue 18): a volunteer's tab can return rows of the right size, finite and plausible,
+// and wrong; no check of shapes or finiteness sees that. Now and then the coordinator has another
+// rank recompute a forward pass alone — every token, from the same latent, timestep and text — and
+// compares each rank's rows with it. Where they disagree, a third rank recomputes it too: the two
+// recomputations agreeing convicts the rank whose rows differ most; the third agreeing with the
+// group convicts the checker; with no third rank to ask, checker and suspect both go (one of the
+// two lies). A rank that alters only what it sends its peers corrupts every rank's rows: that is
+// caught all the same (the group disagrees with two recomputations) but blamed on the rank whose
+// rows differ most, which may be a victim: the step is re-run without it either way.
+import { tokenStart, type UlyssesPlan } from '../core/parallel.ts';
+
+/** forwards checked, on average: one in sixteen (a constant cheat is caught within sixteen forwards) */
+export const DEFAULT_SPOT_CHECK_RATE = 1 / 16;
+/**
+ * how far a rank's rows may be from a recomputation, relative to the rows' scale: float32 forwards
+ * split differently agree to ~1e-6 of it, float16 transport to ~3e-4
+ */
+export const SPOT_CHECK_TOLERANCE = 2e-3;
+
+/**
+ * Which forwards to check at `rate`: every ⌈1/rate⌉-th one from a random start, so a rank cannot
+ * tell a checked forward from another and a cheat that lasts that many forwards is caught.
+ * 0: none.
+ */
+export function spotCheckSchedule(rate: number, random: () => number = Math.random): (forward: number) => boolean {
+  if (!(rate >= 0 && rate <= 1)) throw new RangeError(`a spot-check rate is between 0 and 1, got ${rate}`);
+  if (rate === 0) return () => false;
+  const period = Math.max(1, Math.round(1 / rate));
+  const phase = Math.floor(random() * period);
+  return (forward) => (forward + phase) % period === 0;
+}
+
+/** Per rank of the plan, how far its token rows are from `reference` [S, width], relative to the reference's scale. */
+export function rowDifferences(plan: UlyssesPlan, parts: Float32Array[], reference: Float32Array, width: number): number[] {
+  const scale = Math.max(1, reference.reduce((m, v) => Math.max(m, Math.abs(v)), 0));
+  return parts.map((part, rank) => {
+    const start = tokenStart(plan, rank) * width;
+    let worst = 0;
+    for (let i = 0; i < plan.rows[rank] * width; i++) worst = Math.max(worst, Math.abs(part[i] - reference[start + i]));
+    return worst / scale;
+  });
+}
+
+export interface SpotCheck {
+  step: number;
+  pass: number;
+  /** global ranks: who recomputed, and who decided where that disagreed */
+  checker: number;
+  third: number | null;
+  /** the largest difference of a rank's rows from the checker's, relative to their scale */
+  difference: number;
+  verdict: 'agreed' | { convicted: number[]; why: string };
+  ms: number;
+}
+
+/**
+ * What a check found: the group's parts against the checker's rows and, where those disagree, a
+ * third rank's. `ranks` are the group's global ranks in plan order.
+ */
+export function judgeSpotCheck(
+  plan: UlyssesPlan,
+  ranks: number[],
+  parts: Float32Array[],
+  width: number,
+  checker: { rank: number; rows: Float32Array },
+  third: { rank: number; rows: Float32Array } | null,
+): Pick<SpotCheck, 'difference' | 'verdict'> {
+  const byChecker = rowDifferences(plan, parts, checker.rows, width);
+  const difference = Math.max(...byChecker);
+  if (difference <= SPOT_CHECK_TOLERANCE) return { difference, verdict: 'agreed' };
+  const suspect = ranks[byChecker.indexOf(difference)];
+  const what = `its rows of the pass differ from a recomputation by ${difference.toExponential(1)} of their scale`;
+  if (!third) return { difference, verdict: { convicted: [suspect, checker.rank].filter((r, i, all) => all.indexOf(r) === i), why: `${what}, and no third rank could say whether the recomputation (rank ${checker.rank}) or the rank was wrong: both are let go` } };
+  const recomputationsAgree = Math.max(...rowDifferences({ ...plan, degree: 1, rows: [plan.tokens] }, [third.rows], checker.rows, width)) <= SPOT_CHECK_TOLERANCE;
+  if (recomputationsAgree) return { difference, verdict: { convicted: [suspect], why: `${what} (ranks ${checker.rank} and ${third.rank} recomputed it alike)` } };
+  const groupAgreesWithThird = Math.max(...rowDifferences(plan, parts, third.rows, width)) <= SPOT_CHECK_TOLERANCE;
+  if (groupAgreesWithThird) return { difference, verdict: { convicted: [checker.rank], why: `its recomputation of the pass disagreed with its group and with rank ${third.rank}'s` } };
+  return { difference, verdict: { convicted: [suspect, checker.rank].filter((r, i, all) => all.indexOf(r) === i), why: `${what}, and the recomputations of ranks ${checker.rank} and ${third.rank} disagree too: both the rank and the first checker are let go` } };
+}
