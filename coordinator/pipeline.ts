@@ -16,11 +16,16 @@ import type { ExecutionProvider, LoadedModel } from '../core/worker-api.ts';
 import { standInEncoding, umt5Encoding, type PromptCache, type PromptEncoding } from './text-encoding.ts';
 import { standInDecoding, tiledDecoding, type DecodeOptions, type DecodeReport, type DecodeResult } from './vae-decoding.ts';
 import type { Backend } from './backends.ts';
-import { loadTimeoutMs, maxOrNull, type Executor, type LinkReport, type RankReport } from './executor.ts';
+import { loadTimeoutMs, maxOrNull, WorkerError, type Executor, type LinkReport, type RankReport } from './executor.ts';
 import { Placer, type FailureRecord, type MeshProbeReport, type PlacementRequest, type PlannedDegree } from './placement.ts';
 import type { SpotCheck } from './spot-check.ts';
 import type { Swarm } from './swarm.ts';
 import { encodeWebM } from './video.ts';
+
+/** A rank was caught returning wrong rows: the steps since it was placed run again (the sampler is left by it). */
+class RerunSteps extends Error {
+  override name = 'RerunSteps';
+}
 
 export interface PipelineOptions {
   /** URL of a diffusers-layout model folder; the bundled demo model by default */
@@ -254,38 +259,62 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
       const spotChecks: SpotCheck[] = [];
       const loopStart = performance.now();
       let ranks: RankReport[] = [];
-      const latent = await sample({
-        shape,
-        steps: params.steps,
-        flowShift: params.flowShift,
-        seed: params.seed,
-        solver,
-        resume,
-        signal,
-        async velocity(at) {
-          for (;;) {
-            try {
-              const result = await placer.current!.velocity({ job, ...at }, params.guidance);
-              ranks = result.ranks;
-              return result.velocity;
-            } catch (e) {
-              spotChecks.push(...placer.current!.takeSpotChecks());
-              const failure = await placer.replace(e as Error, at.step);
-              if (!failure) throw e;
-              failures.push(failure);
-              onFailure?.(failure);
+      // the checkpoint after each step, to go back to: a rank caught returning wrong rows by a spot
+      // check may have returned them unchecked since it was placed, so the steps since then run again
+      const checkpoints = new Map<number, SamplerCheckpoint | undefined>([[first, resume]]);
+      let placedFrom = first;
+      /** where the sampler goes back to after a spot check caught a rank (set from its velocity callback) */
+      const rerun: { from: number | null } = { from: null };
+      let latent: Tensor | undefined;
+      while (!latent) {
+        const from = rerun.from ?? first;
+        rerun.from = null;
+        placedFrom = from;
+        steps.splice(0, steps.length, ...steps.filter((s) => s.step < from));
+        latent = await sample({
+          shape,
+          steps: params.steps,
+          flowShift: params.flowShift,
+          seed: params.seed,
+          solver,
+          resume: checkpoints.get(from),
+          signal,
+          async velocity(at) {
+            for (;;) {
+              try {
+                const result = await placer.current!.velocity({ job, ...at }, params.guidance);
+                ranks = result.ranks;
+                return result.velocity;
+              } catch (e) {
+                spotChecks.push(...placer.current!.takeSpotChecks());
+                const failure = await placer.replace(e as Error, at.step);
+                if (!failure) throw e;
+                const caught = e instanceof WorkerError && e.method === 'spot check';
+                const record = { ...failure, rerunFromStep: caught ? placedFrom : null };
+                failures.push(record);
+                onFailure?.(record);
+                if (caught) {
+                  rerun.from = placedFrom;
+                  throw new RerunSteps();
+                }
+                placedFrom = at.step;
+              }
             }
-          }
-        },
-        onStep({ stepMs, ...checkpoint }) {
-          spotChecks.push(...placer.current!.takeSpotChecks());
-          const { step } = checkpoint;
-          steps.push({ step: step - 1, ms: stepMs, ranks });
-          onCheckpoint?.(checkpoint);
-          const elapsedMs = performance.now() - loopStart;
-          onProgress?.({ step, steps: params.steps, stepMs, elapsedMs, etaMs: (elapsedMs / (step - first)) * (params.steps - step), ranks });
-        },
-      });
+          },
+          onStep({ stepMs, ...checkpoint }) {
+            spotChecks.push(...placer.current!.takeSpotChecks());
+            const { step } = checkpoint;
+            checkpoints.set(step, checkpoint);
+            steps.push({ step: step - 1, ms: stepMs, ranks });
+            onCheckpoint?.(checkpoint);
+            const elapsedMs = performance.now() - loopStart;
+            onProgress?.({ step, steps: params.steps, stepMs, elapsedMs, etaMs: (elapsedMs / (step - first)) * (params.steps - step), ranks });
+          },
+        }).catch((e: unknown) => {
+          if (e instanceof RerunSteps && rerun.from !== null) return undefined;
+          throw e;
+        });
+      }
 
       enter('decoding');
       const decoded = outputType === 'video' ? await videoDecoding.decode(latent, { ep: placement.ep, onProgress: ({ tilesDone, tiles }) => onPhase?.('decoding', `tile ${tilesDone} of ${tiles}`) }) : null;

@@ -69,6 +69,11 @@ export interface FailureRecord {
   degreeBefore: number;
   degreeAfter: number;
   replanMs: number;
+  /**
+   * where a rank was caught returning wrong rows (a spot check), the step the job went back to:
+   * the first its rows went into (null: only the interrupted step runs again)
+   */
+  rerunFromStep?: number | null;
 }
 
 /** A lost rank costs a re-placement; after this many in one job, the job fails. */

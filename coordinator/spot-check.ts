@@ -70,10 +70,11 @@ export function judgeSpotCheck(
   if (difference <= SPOT_CHECK_TOLERANCE) return { difference, verdict: 'agreed' };
   const suspect = ranks[byChecker.indexOf(difference)];
   const what = `its rows of the pass differ from a recomputation by ${difference.toExponential(1)} of their scale`;
-  if (!third) return { difference, verdict: { convicted: [suspect, checker.rank].filter((r, i, all) => all.indexOf(r) === i), why: `${what}, and no third rank could say whether the recomputation (rank ${checker.rank}) or the rank was wrong: both are let go` } };
+  if (!third) return { difference, verdict: { convicted: suspect === checker.rank ? [suspect] : [suspect, checker.rank], why: `${what}, and no third rank could say whether the recomputation (rank ${checker.rank}) or the rank was wrong: ${suspect === checker.rank ? 'it recomputed its own' : 'both are let go'}` } };
   const recomputationsAgree = Math.max(...rowDifferences({ ...plan, degree: 1, rows: [plan.tokens] }, [third.rows], checker.rows, width)) <= SPOT_CHECK_TOLERANCE;
   if (recomputationsAgree) return { difference, verdict: { convicted: [suspect], why: `${what} (ranks ${checker.rank} and ${third.rank} recomputed it alike)` } };
   const groupAgreesWithThird = Math.max(...rowDifferences(plan, parts, third.rows, width)) <= SPOT_CHECK_TOLERANCE;
   if (groupAgreesWithThird) return { difference, verdict: { convicted: [checker.rank], why: `its recomputation of the pass disagreed with its group and with rank ${third.rank}'s` } };
-  return { difference, verdict: { convicted: [suspect, checker.rank].filter((r, i, all) => all.indexOf(r) === i), why: `${what}, and the recomputations of ranks ${checker.rank} and ${third.rank} disagree too: both the rank and the first checker are let go` } };
+  if (suspect === checker.rank) return { difference, verdict: { convicted: [suspect], why: `its rows of the pass and its own recomputation of it disagree with each other and with rank ${third.rank}'s` } };
+  return { difference, verdict: { convicted: [suspect, checker.rank], why: `${what}, and the recomputations of ranks ${checker.rank} and ${third.rank} disagree too: both the rank and the first checker are let go` } };
 }

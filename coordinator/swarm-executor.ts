@@ -60,7 +60,7 @@ export class SwarmExecutor extends Executor {
    * accuser, for one of the two lies.
    */
   override async lostRanks(error: Error): Promise<LostRank[]> {
-    if (error instanceof WorkerError && error.breach) this.letGo(error.rank, 'misbehaved', `its ${error.method} reply broke the contract: ${error.remoteMessage}`, 0);
+    if (error instanceof WorkerError && error.breach) this.letGo(error.rank, 'misbehaved', `its ${error.method} reply broke the contract: ${error.remoteMessage}`, 0, { ban: true });
     const accused = error instanceof WorkerError ? error.blame : null;
     const silentAtTimeout = error instanceof TimeoutError ? new Set(error.silentRanks) : new Set<number>();
     const started = Date.now();
@@ -80,11 +80,12 @@ export class SwarmExecutor extends Executor {
     return [...this.lost.values()].sort((a, b) => a.rank - b.rank);
   }
 
-  private letGo(rank: number, cause: RankLost['cause'], evidence: string, silentMs: number): void {
+  /** `ban`: on the coordinator's own evidence of wrong results, the worker is not admitted again */
+  private letGo(rank: number, cause: RankLost['cause'], evidence: string, silentMs: number, { ban = false } = {}): void {
     const worker = this.ranks[rank];
     if (!worker || this.lost.has(rank)) return;
     this.lost.set(rank, { rank, worker: worker.id, cause, evidence, silentMs });
-    this.swarm.evict(worker, evidence);
+    this.swarm.evict(worker, evidence, { ban });
   }
 
   /** The coordinator's links as the swarm admitted them; the meshes as each rank last reported them in its pulse. */

@@ -74,6 +74,8 @@ export class Swarm {
   private readonly listeners = new Set<(e: SwarmEvent) => void>();
   /** the last MAX_REFUSALS pages refused, newest last */
   readonly refusals: { peer: string; reason: string; at: number }[] = [];
+  /** pages let go for wrong results, and why: not admitted again */
+  private readonly banned = new Map<string, string>();
   private relay: RelayClient | null = null;
   private closed = false;
 
@@ -195,8 +197,16 @@ export class Swarm {
     this.emit({ type: 'update', worker });
   }
 
-  /** Disconnects a worker (it misbehaved, or the executor gave up on it). */
-  evict(worker: SwarmWorker, reason: string): void {
+  /**
+   * Disconnects a worker (it misbehaved, or the executor gave up on it). `ban`: on the
+   * coordinator's own evidence of wrong results, the page is not admitted again (until it reloads:
+   * a new peer id is a new page).
+   */
+  evict(worker: SwarmWorker, reason: string, { ban = false } = {}): void {
+    if (ban) {
+      this.banned.set(worker.id, reason);
+      if (this.banned.size > MAX_REFUSALS) this.banned.delete(this.banned.keys().next().value!);
+    }
     const conn = this.connections.get(worker.id);
     this.drop(worker, reason, 0);
     conn?.close();
@@ -298,7 +308,8 @@ export class Swarm {
           openTimeoutMs: conn.open ? undefined : DIRECT_OPEN_TIMEOUT_MS,
         },
       );
-      const refusal = await admitWorker(link, this.joinToken, { coordinator: this.id, worker: conn.peer }, meta);
+      const banned = this.banned.get(conn.peer);
+      const refusal = banned ? `it was let go for returning wrong results (${banned}): reload it to join again` : await admitWorker(link, this.joinToken, { coordinator: this.id, worker: conn.peer }, meta);
       if (refusal) {
         this.refusals.push({ peer: conn.peer, reason: refusal, at: Date.now() });
         if (this.refusals.length > MAX_REFUSALS) this.refusals.shift();

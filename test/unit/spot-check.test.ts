@@ -40,5 +40,7 @@ describe('spot checks', () => {
     expect(judgeSpotCheck(plan, ranks, partsOf(truth), width, { rank: 0, rows: off(truth, 0) }, { rank: 1, rows: truth }).verdict).toMatchObject({ convicted: [0] });
     expect(judgeSpotCheck(plan, ranks, cheated, width, checker, null).verdict).toMatchObject({ convicted: [5, 0], why: expect.stringMatching(/no third rank/) });
     expect(judgeSpotCheck(plan, ranks, cheated, width, checker, { rank: 1, rows: off(truth, 11) }).verdict).toMatchObject({ convicted: [5, 0] });
+    // a cheat that checks itself: its rows and its recomputation disagree with each other and with a third
+    expect(judgeSpotCheck(plan, ranks, cheated, width, { rank: 5, rows: off(truth, 6) }, { rank: 4, rows: truth }).verdict).toMatchObject({ convicted: [5], why: expect.stringMatching(/its own recomputation/) });
   });
 });

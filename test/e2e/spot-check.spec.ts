@@ -1,0 +1,61 @@
+import { expect, test } from '@playwright/test';
+import { maxAbsDiff, openTestSwarm, runJob } from './swarm-page.ts';
+
+// Spot checks over real tabs (issue 18): a worker tab scripted to perturb the rows it returns —
+// right size, finite, plausible (one float of each reply off by about 1.6%) — is caught by the
+// default rate within a job of 20 steps, let go and not admitted again; the steps it took part in
+// run again, so the job ends with the honest latent.
+
+/**
+ * The cheat, as a page script: in the last frame of every RPC reply of rows this page sends (those
+ * of executeModel and recompute, its only replies past 2 KiB: tensors come last), each of the last
+ * 64 floats (a token's row) has, at random, a mantissa bit flipped: each off by 1.6% or not at all.
+ */
+function perturbRows(): void {
+  const send = RTCDataChannel.prototype.send;
+  RTCDataChannel.prototype.send = function (this: RTCDataChannel, data: any) {
+    if (data instanceof ArrayBuffer && data.byteLength > 64) {
+      const view = new DataView(data);
+      const rpc = view.getUint16(0, true) === 0x5744 && view.getUint8(3) === 1 && view.getUint8(5) !== 255;
+      const last = view.getUint32(12, true) === view.getUint32(16, true) - 1;
+      if (rpc && last && view.getUint32(24, true) > 2048) for (let k = 1; k <= 64; k++) if (Math.random() < 0.5) new Uint8Array(data)[data.byteLength - 4 * k + 2] ^= 0x02;
+    }
+    return send.call(this, data);
+  } as typeof send;
+}
+
+test('a worker returning slightly wrong rows is caught by spot checks within 20 steps, let go, kept out, and the job ends with the honest latent', async ({ browser, baseURL }) => {
+  test.setTimeout(240_000);
+  const swarm = await openTestSwarm(browser, baseURL!, 2);
+  try {
+    const job = { prompt: 'a red ball', frames: 1, height: 112, width: 80, steps: 20, guidance: 5, seed: 11, backend: 'swarm', ep: 'wasm' };
+    const honest = await runJob(swarm.dashboard, { ...job, workers: 1 });
+    expect(honest.report.spotChecks).toEqual([]); // one rank: nobody to check it
+
+    const cheater = await swarm.dashboard.context().newPage();
+    await cheater.addInitScript(perturbRows);
+    const { joinUrl } = await swarm.dashboard.evaluate(() => (window as any).ditswarm.ready);
+    await cheater.goto(joinUrl);
+    await expect.poll(() => swarm.dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 60_000 }).toBe(3);
+    const cheaterId = await cheater.evaluate(() => (window as any).ditswarmWorker.peerId);
+
+    const run = await runJob(swarm.dashboard, { ...job, workers: 3, shares: 'even' });
+    const caught = run.report.spotChecks.filter((c: any) => c.verdict !== 'agreed');
+    console.log(
+      `spot checks: ${run.report.spotChecks.length} in ${run.report.steps.length} steps (the first at step ${run.report.spotChecks[0]?.step + 1}), ` +
+        `caught at step ${caught[0]?.step + 1}: ${caught[0]?.verdict.why}; failures ${JSON.stringify(run.report.failures.map((f: any) => ({ step: f.step, rerunFrom: f.rerunFromStep, lost: f.lost.map((l: any) => l.worker) })))}; ` +
+        `spot-check ms ${run.report.spotChecks.map((c: any) => Math.round(c.ms)).join('/')}`,
+    );
+    expect(caught.length).toBeGreaterThanOrEqual(1);
+    const lost = run.report.failures.flatMap((f: any) => f.lost.map((l: any) => l.worker));
+    expect(lost).toContain(cheaterId);
+    expect(run.report.failures.find((f: any) => f.lost.some((l: any) => l.worker === cheaterId)).rerunFromStep).toBe(0);
+    // the steps it took part in ran again without it: the honest latent
+    expect(maxAbsDiff(run.latent, honest.latent)).toBeLessThanOrEqual(1e-4);
+    // and it stays out: its page is refused when it dials again
+    await expect.poll(() => swarm.dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 30_000 }).toBe(2);
+    await expect(swarm.dashboard.locator('#swarm-events')).toContainText(/returning wrong results/, { timeout: 30_000 });
+  } finally {
+    await swarm.close();
+  }
+});
