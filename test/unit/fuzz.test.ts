@@ -1,23 +1,29 @@
 // What a peer sends can never hurt a page: 10,000+ random and mutated frames go to the frame
 // decoder, to a worker's RPC dispatch, to a rank's mesh link and to the coordinator's RPC client,
 // and hostile arguments to every worker method. Every frame is dropped for a stated reason or
-// delivered whole, no request changes a prepared job, and what is held stays bounded.
+// delivered whole, no request changes a prepared job, and what is held stays bounded. Then
+// structured mutations, well-formed frames whose meaning is hostile: tensors between ranks,
+// the rows a rank returns, the replies to every method and the heartbeat's pulse.
 import { beforeAll, describe, expect, it, vi } from 'vitest';
 import { Link } from '../../core/net/link.ts';
-import { ContractError } from '../../core/net/check.ts';
+import { ContractError, passing } from '../../core/net/check.ts';
 import { loadTransformer } from '../../core/model/transformer.ts';
 import type { WanModel } from '../../core/model/reference.ts';
 import { BYTES_PER_ELEMENT, COORDINATOR, encodeFrames, readHeader, Reassembler, type Message, type TensorTag } from '../../core/net/protocol.ts';
 import { packValue, remote, serve, unpackValue } from '../../core/net/rpc.ts';
-import { WORKER_CONTRACT, WORKER_METHODS, type PingReply, type WorkerApi, type WorkerMethod } from '../../core/worker-api.ts';
+import { watchHeartbeats } from '../../core/net/heartbeat.ts';
+import { RankLayout } from '../../core/parallel.ts';
+import { checkPulse, PeerLost, WORKER_CONTRACT, WORKER_METHODS, type ExecuteResult, type PingReply, type WorkerApi, type WorkerMethod } from '../../core/worker-api.ts';
+import { WorkerError } from '../../coordinator/executor.ts';
 import { SeededRandom } from '../../core/random.ts';
-import { MeshExchange } from '../../rank/exchange/mesh.ts';
+import { MAX_AHEAD, MeshExchange } from '../../rank/exchange/mesh.ts';
 import { PROBE_FLOATS } from '../../rank/mesh-probe.ts';
 import { referenceStages } from '../../rank/stages.ts';
 import { memoryExchanges } from '../../rank/exchange/memory.ts';
 import { WorkerRuntime } from '../../rank/runtime.ts';
 import { judgeMeshFrame } from '../../worker/mesh.ts';
 import { SinkChannel, stubEngine, tinyModelFiles } from './fixtures.ts';
+import { InProcessExecutor } from './in-process-executor.ts';
 
 const FRAMES_PER_TARGET = 10_000;
 const random = new SeededRandom(99);
@@ -475,5 +481,301 @@ describe('hostile arguments to every worker method', () => {
     // and the served link still answers an honest call
     for (const frame of encodeFrames({ kind: 'rpc', from: COORDINATOR, body: { type: 'request', id: 1e6, method: 'ping', args: {} }, tensors: [] }, 1e6)) link.receive(frame);
     await vi.waitFor(() => expect(channel.replies.get(1e6)).toEqual([{ type: 'reply', id: 1e6, ok: true, result: PREPARED.ping }]));
+  });
+});
+
+// ------------------------------------------------------------------ structured mutations
+
+// Hostile values that are well-formed where bytes are checked: the frames parse, the messages
+// decode, and what is wrong is their meaning. Each is generated from an honest value and judged
+// against the rule it breaks (issue 17: #3, #6, #8).
+
+/** how many structured mutations each target gets */
+const MUTATIONS = 400;
+
+describe(`fuzz: ${MUTATIONS} structured mutations per target`, () => {
+  it(`tensors between ranks — NaN or ±Infinity anywhere, future steps and blocks, past forwards, other jobs and dtypes, replays, another rank's name — are each refused and counted or blamed on their sender; at most ${MAX_AHEAD} are held ahead, and the next honest tensor arrives exact`, async () => {
+    // rank 0's side of a P = 2 mesh, its link judging frames as a worker's does (job 5, 35 tokens)
+    const runtime = runtimeFor(0, 2);
+    await runtime.initWorker({ rank: 0, world: 2, peers: ['a', 'b'], session: 's' });
+    await runtime.loadModel({ modelUrl: '/models/tiny-wan', ep: 'wasm' });
+    await runtime.prepareJob({ job: 5, texts: [new Float32Array(32 * model.config.textDim)], latentShape: LATENT });
+    // 35 tokens over 2 ranks, 18 and 17; 12 heads, 6 each: rank 1 sends q, k, v of its 17 tokens for rank 0's heads, and the output of its heads for rank 0's 18 tokens
+    const floatsOf = (phase: number) => (phase === 0 ? 3 * 17 : 18) * 6 * model.config.headDim;
+    type Kind = 'nonfinite' | 'ahead' | 'replay' | 'past' | 'f16' | 'other job' | 'step 1000' | 'other block' | 'short' | 'spoofed';
+    const kinds: Kind[] = ['nonfinite', 'ahead', 'ahead', 'replay', 'past', 'f16', 'other job', 'step 1000', 'other block', 'short', 'spoofed'];
+    const outcomes = { linkDrops: 0, refused: 0, held: 0, blamed: 0, delivered: 0 };
+    const honestParts = [0, 1].map((phase) => Float32Array.from({ length: floatsOf(phase) }, (_, i) => (i % 97) / 97 - 0.5));
+
+    for (let scenario = 0; scenario < MUTATIONS; scenario++) {
+      const exchange = new MeshExchange(0, 2);
+      const link = new Link(new SinkChannel(), { accept: (header) => judgeMeshFrame(1, header, (from, tag, bytes) => runtime.judgeTensor(from, tag, bytes))?.refused ?? null });
+      exchange.addPeer(1, link);
+      let msgId = 0;
+      const send = (tag: TensorTag, values: Float32Array, { dtype = 'f32', from = 1, msg = msgId++ }: { dtype?: 'f32' | 'f16'; from?: number; msg?: number } = {}) => {
+        const shape = [dtype === 'f16' ? 2 * values.length : values.length];
+        for (const frame of encodeFrames({ kind: 'tensor', from, tag, dtype, shape, data: new Uint8Array(values.buffer, values.byteOffset, values.byteLength) }, msg)) link.receive(frame);
+      };
+      const step = 2 + Math.floor(random.uniform() * 20);
+      const now: TensorTag = { job: 5, step, pass: 0, block: 0, phase: 0 };
+      const next: TensorTag = { ...now, block: 1, phase: 1 };
+      const key = (t: TensorTag) => `${t.step}/${t.block}/${t.phase}`;
+      const honest = (t: TensorTag) => honestParts[t.phase];
+      const same = (a: Float32Array, b: Float32Array) => Buffer.from(a.buffer, a.byteOffset, a.byteLength).equals(Buffer.from(b.buffer, b.byteOffset, b.byteLength));
+      // the forward rank 0 is in: its peer's part arrives and is taken
+      const current = exchange.allToAll(now, [honest(now), honest(now)]);
+      send(now, honest(now));
+      expect(same((await current)[1], honest(now))).toBe(true);
+
+      // then 1 to 8 hostile tensors, and what the rules say of each, in order
+      const expected = { linkDrops: 0, refused: 0, held: new Set<string>(), blame: null as RegExp | null };
+      const sent: TensorTag[] = [];
+      for (let i = 0, n = 1 + Math.floor(random.uniform() * 8); i < n; i++) {
+        const kind = pick(kinds);
+        const ahead: TensorTag = random.uniform() < 0.8 ? { ...now, step: step + 1 + Math.floor(random.uniform() * 50), block: Math.floor(random.uniform() * 2), phase: Math.floor(random.uniform() * 2) } : { ...now, phase: 1 };
+        let tag = kind === 'replay' && sent.length ? pick(sent) : ahead;
+        let values = honest(tag);
+        let options: { dtype?: 'f32' | 'f16'; from?: number } = {};
+        if (kind === 'nonfinite') {
+          values = values.slice();
+          for (let k = 0, count = 1 + Math.floor(random.uniform() * 3); k < count; k++) values[Math.floor(random.uniform() * values.length)] = pick([NaN, Infinity, -Infinity]);
+        } else if (kind === 'past') tag = { ...tag, step: Math.floor(random.uniform() * step) };
+        else if (kind === 'other job') tag = { ...tag, job: pick([0, 4, 6, 2 ** 31]) };
+        else if (kind === 'step 1000') tag = { ...tag, step: 1000 + Math.floor(random.uniform() * 1e6) };
+        else if (kind === 'other block') tag = { ...tag, block: 2 + Math.floor(random.uniform() * 100) };
+        else if (kind === 'short') values = values.subarray(0, values.length - 1 - Math.floor(random.uniform() * 64));
+        else if (kind === 'f16') options = { dtype: 'f16' }; // the same bytes as twice as many float16 values
+        else if (kind === 'spoofed') options = { from: 0 };
+        send(tag, values, options);
+
+        // the link judges the header: another job, step ≥ 1000, a block the model does not have, another size, another rank's name
+        if (['other job', 'step 1000', 'other block', 'short', 'spoofed'].includes(kind)) {
+          expected.linkDrops++;
+          continue;
+        }
+        // the exchange judges the tensor: another dtype or a forward already past is refused whole
+        if (options.dtype === 'f16' || tag.step < step) {
+          expected.refused++;
+          continue;
+        }
+        if (kind === 'nonfinite') {
+          expected.blame = /^sent NaN or infinite values in step \d+, block \d; disconnected$/;
+          continue;
+        }
+        if (expected.held.has(key(tag))) expected.blame = /^sent the tensor of step \d+, block \d, phase \d twice; disconnected$/;
+        else if (expected.held.size >= MAX_AHEAD) expected.blame = new RegExp(`^sent ${MAX_AHEAD + 1} tensors ahead of this rank; disconnected$`);
+        else {
+          expected.held.add(key(tag));
+          sent.push(tag);
+        }
+      }
+
+      expect([scenario, exchange.framesDropped()]).toEqual([scenario, expected.linkDrops + expected.refused]);
+      outcomes.linkDrops += expected.linkDrops;
+      outcomes.refused += expected.refused;
+      outcomes.held += expected.held.size;
+      // a fifth tensor while four are held is a flood, the one this rank now waits for included
+      if (!expected.blame && expected.held.size >= MAX_AHEAD) expected.blame = new RegExp(`^sent ${MAX_AHEAD + 1} tensors ahead of this rank; disconnected$`);
+      const following = exchange.allToAll(next, [honest(next), honest(next)]);
+      if (expected.blame) {
+        send(next, honest(next));
+        const error = await following.then(() => null, (e: unknown) => e);
+        expect(error).toBeInstanceOf(PeerLost);
+        expect((error as PeerLost).detail).toEqual({ rank: 1, cause: 'misbehaved', evidence: expect.stringMatching(expected.blame) });
+        outcomes.blamed++;
+      } else {
+        send(next, honest(next));
+        expect(same((await following)[1], honest(next))).toBe(true);
+        outcomes.delivered++;
+      }
+      expect(link.stats.listenerErrors).toBe(0);
+    }
+    // every rule was exercised, many times
+    for (const count of Object.values(outcomes)) expect(count).toBeGreaterThan(MUTATIONS / 10);
+  });
+
+  it("rows a rank returns — NaN or ±Infinity anywhere, too few or too many values, none, another type — are each a breach by that rank, and nothing of them is gathered; its honest rows gather to the same output", async () => {
+    // no spot checks (they recompute a forward now and then): each round is one forward, judged where its rows arrive
+    const executor = new InProcessExecutor({ config: model.config, modelUrl: '/models/tiny-wan', layout: new RankLayout(2), rpcTimeoutMs: 10_000, spotCheckRate: 0 }, stubEngine(referenceStages(model), model.config), 'rpc');
+    await executor.initialize();
+    const latent = { shape: LATENT, data: new SeededRandom(3).normals(16 * 14 * 10) };
+    await executor.prepareJob(5, [new SeededRandom(4).normals(32 * model.config.textDim)], LATENT);
+    // each rank computes its rows once; later calls answer them again, or as the mutation makes them
+    const honest: ExecuteResult[] = [];
+    const reply: ((rows: Float32Array) => unknown)[] = [];
+    executor.runtimes.forEach((runtime, rank) => {
+      const compute = runtime.executeModel.bind(runtime);
+      runtime.executeModel = async (args) => {
+        honest[rank] ??= await compute(args);
+        const make = reply[rank];
+        return (make ? { ...honest[rank], rows: make(honest[rank].rows) } : honest[rank]) as ExecuteResult;
+      };
+    });
+    const forward = () => executor.executeModel({ job: 5, step: 0, pass: 0, timestep: 500, latent });
+    const expected = (await forward()).output.data;
+    const rowWidth = 64;
+    type Mutation = [what: RegExp, make: (rows: Float32Array) => unknown];
+    const mutations: Mutation[] = [
+      [/returned NaN or infinite values/, (rows) => {
+        const out = rows.slice();
+        for (let k = 0, n = 1 + Math.floor(random.uniform() * 4); k < n; k++) out[Math.floor(random.uniform() * out.length)] = pick([NaN, Infinity, -Infinity]);
+        return out;
+      }],
+      [/returned \d+ values; its share is 1[78]×64/, (rows) => rows.slice(0, rows.length - 1 - Math.floor(random.uniform() * 3 * rowWidth))],
+      [/returned \d+ values; its share is 1[78]×64/, (rows) => Float32Array.from({ length: rows.length + 1 + Math.floor(random.uniform() * 3 * rowWidth) }, (_, i) => rows[i % rows.length])],
+      [/returned 0 values/, () => new Float32Array(0)],
+      [/malformed reply: reply\.rows: expected a Float32Array/, (rows) => pick<unknown>([Array.from(rows), new Float64Array(rows), 'rows', null, {}, rows.length])],
+    ];
+    let breaches = 0;
+    for (let round = 0; round < MUTATIONS; round++) {
+      const rank = Math.floor(random.uniform() * 2);
+      const honestRound = random.uniform() < 0.2;
+      const [what, make] = pick(mutations);
+      reply[rank] = honestRound ? undefined! : make;
+      const outcome = await forward().then((r) => r.output.data, (e: unknown) => e);
+      reply[rank] = undefined!;
+      if (honestRound) {
+        expect(outcome).toEqual(expected);
+        continue;
+      }
+      expect(outcome).toBeInstanceOf(WorkerError);
+      expect(outcome).toMatchObject({ rank, method: 'executeModel', breach: true, remoteMessage: expect.stringMatching(what) });
+      breaches++;
+    }
+    expect(breaches).toBeGreaterThan(MUTATIONS / 2);
+    await executor.shutdown({ graceMs: 100 });
+  });
+
+  // Honest replies of every worker method, as a worker sends them.
+  const honestReplies: Record<WorkerMethod, unknown> = {
+    describe: { ep: 'wasm', adapter: 'SwiftShader', softwareAdapter: true, threads: 2, memoryGiB: 8, userAgent: 'Chromium' },
+    probeCompute: { ep: 'wasm', flops: 2e10, softmaxRate: 3e8, stageMs: 0.4 },
+    probeLink: { bytes: 524_288 },
+    initWorker: { rank: 1, world: 2 },
+    loadModel: { ep: 'wasm', adapter: 'cpu', inMemory: false, loadMs: 3_000, why: 'WASM: asked for by the job', weights: { networkBytes: 12e6, cacheBytes: 0, note: '' }, maxBufferBytes: 1 << 28, weightType: 'float32', gpuWeightBytes: 0 },
+    rehearse: { forwardMs: [120, 70] },
+    encodeText: { hidden: Float32Array.from({ length: 8 }, (_, i) => i), layerMs: [3, 4], layersRead: 2 },
+    decodeTile: { frames: Float32Array.from({ length: 12 }, (_, i) => -i), shape: [1, 3, 2, 2], computeMs: 9, cacheBytes: 100, weightBytes: 1000 },
+    prepareJob: { job: 5 },
+    probeMesh: { rank: 1, bytesPerPeer: 1e6, smallBytes: 1e3, bytesSent: 1e6, smallMs: 2, largeMs: 200 },
+    executeModel: { rows: Float32Array.from({ length: 64 }, (_, i) => i / 64), bytesSent: 4096, peakMemoryBytes: null, computeMs: 12, commMs: 3, bytesDownloaded: 0, bytesKept: 0, deviceTensorsLeft: 0 },
+    recompute: { rows: Float32Array.from({ length: 64 }, (_, i) => -i / 64), computeMs: 30 },
+    ping: { state: 'ready', rank: 1, totals: { steps: 3, bytesSent: 10, computeMs: 5, bytesDownloaded: 0, bytesKept: 0, deviceTensorsLeft: 0 } },
+    shutdown: 'bye',
+  };
+
+  /** Every place in a value a mutation may go: its object fields and array items, by path. */
+  function placesIn(value: unknown, path: (string | number)[] = []): (string | number)[][] {
+    if (value instanceof Float32Array || value === null || typeof value !== 'object') return [path];
+    const children = Array.isArray(value) ? value.map((v, i) => placesIn(v, [...path, i])) : Object.entries(value).map(([k, v]) => placesIn(v, [...path, k]));
+    return [path, ...children.flat()];
+  }
+
+  const at = (value: unknown, path: (string | number)[]): unknown => path.reduce<unknown>((v, k) => (v as Record<string | number, unknown>)[k], value);
+
+  /**
+   * The value with the thing at `path` replaced by one of another kind (a field of an object may
+   * also be left out): what no check of its type may pass. Every field of every reply is required
+   * (the nullable ones too), so leaving one out breaks it as well.
+   */
+  function retyped(value: unknown, path: (string | number)[]): unknown {
+    const original = at(value, path);
+    const other =
+      typeof original === 'string' ? pick<unknown>([7, 'x'.repeat(10_000), [original], null])
+      : typeof original === 'number' ? pick<unknown>(['seven', -1, [original], {}])
+      : typeof original === 'boolean' ? pick<unknown>(['true', 1, null])
+      : original instanceof Float32Array ? pick<unknown>([Array.from(original), 'tensor', original.length, {}])
+      : Array.isArray(original) ? pick<unknown>(['not-an-array', {}, 3])
+      : original === null ? pick<unknown>(['null', -1, {}])
+      : pick<unknown>(['x', [], 0, null]);
+    if (path.length === 0) return other;
+    const copy = structuredClone(value) as Record<string | number, unknown>;
+    const parent = at(copy, path.slice(0, -1)) as Record<string | number, unknown>;
+    const leaf = path.at(-1)!;
+    if (!Array.isArray(parent) && random.uniform() < 0.3) delete parent[leaf];
+    else parent[leaf] = other;
+    return copy;
+  }
+
+  /** The value with an unknown field added to one of its objects: what a check drops, not refuses. */
+  function withExtra(value: unknown): unknown {
+    const objects = placesIn(value).filter((p) => { const v = at(value, p); return v !== null && typeof v === 'object' && !Array.isArray(v) && !(v instanceof Float32Array); });
+    if (!objects.length) return value;
+    const copy = structuredClone(value);
+    (at(copy, pick(objects)) as Record<string, unknown>)[pick(['extra', 'constructor', 'toString', '__hostile'])] = { nested: [1, 'x'] };
+    return copy;
+  }
+
+  it("malformed replies to every worker method — a field missing or of another kind, at any depth — are refused where they arrive, naming the worker, the method and the field; unknown fields are dropped and the rest arrives whole", async () => {
+    const link = new Link(new SinkChannel());
+    const client = remote(link, COORDINATOR, WORKER_CONTRACT, 'worker w1');
+    let callId = 0;
+    let msgId = 0;
+    const answer = async (method: WorkerMethod, result: unknown) => {
+      const call = (client[method] as (args: unknown, timeoutMs?: number) => Promise<unknown>)({}, 5_000);
+      const id = ++callId;
+      const { packed, tensors } = packValue(result);
+      for (const frame of encodeFrames({ kind: 'rpc', from: 1, body: { type: 'reply', id, ok: true, result: packed }, tensors }, msgId++)) link.receive(frame);
+      return call.then((value) => ({ value }), (error: unknown) => ({ error }));
+    };
+    for (const method of WORKER_METHODS) expect([method, await answer(method, honestReplies[method])]).toEqual([method, { value: honestReplies[method] }]);
+
+    let refused = 0;
+    for (let i = 0; i < MUTATIONS * 2; i++) {
+      const method = pick(WORKER_METHODS);
+      const honest = honestReplies[method];
+      if (random.uniform() < 0.2) {
+        expect(await answer(method, withExtra(honest))).toEqual({ value: honest });
+        continue;
+      }
+      const path = pick(placesIn(honest));
+      const outcome = (await answer(method, retyped(honest, path))) as { error?: Error };
+      expect(outcome.error).toBeInstanceOf(ContractError);
+      const field = path.length ? `reply${path.map((k) => (typeof k === 'number' ? `[${k}]` : `.${k}`)).join('')}` : 'reply';
+      expect([method, path.join('.'), outcome.error!.message.startsWith(`worker w1 answered ${method} with a malformed reply: ${field}`)]).toEqual([method, path.join('.'), true]);
+      refused++;
+    }
+    expect(refused).toBeGreaterThan(MUTATIONS);
+    expect(link.stats.listenerErrors).toBe(0);
+  });
+
+  it("malformed heartbeat answers — a pulse's field of another kind, at any depth — are dropped whole where they arrive; its optional fields may be left out, unknown ones are dropped", async () => {
+    const honest = { state: 'ready', framesDropped: 2, mesh: [{ peer: 'ditswarm-w-1', transport: 'direct' }, { peer: 'ditswarm-w-2', transport: 'relay' }], threads: 2, load: { bytes: 10, totalBytes: 20, networkBytes: 5, elapsedMs: 100, note: '' } };
+    const optional = ['mesh', 'threads', 'load'];
+    const link = new Link(new SinkChannel());
+    const pulses: unknown[] = [];
+    const stop = watchHeartbeats(link, COORDINATOR, { onDead: () => {}, onPulse: (sent) => pulses.push(passing(checkPulse, sent, 'pulse') ?? 'dropped') }, { intervalMs: 60_000 });
+    let msgId = 0;
+    const echo = (pulse: unknown) => {
+      const before = pulses.length;
+      for (const frame of encodeFrames({ kind: 'rpc', from: 0, body: { type: 'heartbeat-echo', pulse }, tensors: [] }, msgId++)) link.receive(frame);
+      return pulses.length > before ? pulses.at(-1) : 'dropped';
+    };
+    expect(echo(honest)).toEqual(honest);
+    let dropped = 0;
+    for (let i = 0; i < MUTATIONS; i++) {
+      const roll = random.uniform();
+      if (roll < 0.15) {
+        expect(echo(withExtra(honest))).toEqual(honest);
+      } else if (roll < 0.3) {
+        const left = pick(optional);
+        const { [left]: _, ...rest } = honest as Record<string, unknown>;
+        expect(echo(rest)).toEqual(rest);
+      } else {
+        const path = pick(placesIn(honest).filter((p) => p.length > 0));
+        const mutated = structuredClone(honest) as Record<string | number, unknown>;
+        const parent = at(mutated, path.slice(0, -1)) as Record<string | number, unknown>;
+        const original = parent[path.at(-1)!];
+        // another kind, never left out (a left-out optional field is a pulse without it)
+        parent[path.at(-1)!] = typeof original === 'string' ? pick<unknown>([7, 'x'.repeat(5_000), {}]) : typeof original === 'number' ? pick<unknown>(['seven', -1, 1.5, {}]) : pick<unknown>(['not-an-array', 7, true]);
+        const fractionAllowed = typeof original === 'number' && parent[path.at(-1)!] === 1.5 && ['bytes', 'totalBytes', 'networkBytes', 'elapsedMs'].includes(String(path.at(-1)));
+        if (fractionAllowed) continue; // byte counts and ms may be fractions
+        expect([path.join('.'), echo(mutated)]).toEqual([path.join('.'), 'dropped']);
+        dropped++;
+      }
+    }
+    stop();
+    expect(dropped).toBeGreaterThan(MUTATIONS / 2);
+    expect(link.stats.listenerErrors).toBe(0);
   });
 });

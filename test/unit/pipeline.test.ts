@@ -45,13 +45,15 @@ class WorkerPage extends WorkerRuntime {
   readonly forwards: number[] = [];
   /** runs once its share of a forward pass is computed; throwing replaces the reply by that error */
   afterForward: ((args: ExecuteArgs) => void) | null = null;
+  /** what a cheating page makes of its rows before it replies */
+  altersRows: ((rows: Float32Array, args: ExecuteArgs) => Float32Array) | null = null;
   answersPings = true;
 
   override async executeModel(args: ExecuteArgs) {
     this.forwards.push(args.step);
     const reply = await super.executeModel(args);
     this.afterForward?.(args);
-    return reply;
+    return this.altersRows ? { ...reply, rows: this.altersRows(reply.rows, args) } : reply;
   }
 
   override ping(): ReturnType<WorkerRuntime['ping']> {
@@ -104,7 +106,8 @@ const pipelineOn = (swarm: Swarm, workers: number) =>
 async function run(pipeline: Pipeline, extra: Parameters<Pipeline['generate']>[0] = {}) {
   const checkpoints: SamplerCheckpoint[] = [];
   const failures: FailureRecord[] = [];
-  const result = await pipeline.generate({ ...JOB, onCheckpoint: (c) => checkpoints.push(c), onFailure: (f) => failures.push(f), ...extra });
+  // no spot checks (their forwards are chosen at random) unless the test asks for them
+  const result = await pipeline.generate({ ...JOB, onCheckpoint: (c) => checkpoints.push(c), onFailure: (f) => failures.push(f), ...extra, placement: { spotCheckRate: 0, ...extra.placement } });
   return { result, checkpoints, failures };
 }
 
@@ -206,6 +209,7 @@ describe('generate(): a lost rank costs a re-placement and one step, not the job
       degreeBefore: 3,
       degreeAfter: 2,
       replanMs: expect.any(Number),
+      rerunFromStep: null,
     };
     expect(result.report.failures).toEqual([failure]);
     expect(failures).toEqual([failure]);
@@ -225,6 +229,24 @@ describe('generate(): a lost rank costs a re-placement and one step, not the job
     const diff = maxAbsDiff(result.latent, reference.result.latent);
     console.log(`tab closed in step 2, 3 → 2 ranks: max-abs vs uninterrupted ${diff.toExponential(2)}`);
     expect(diff).toBeLessThanOrEqual(1e-4);
+  });
+
+  it('a rank returning altered rows from step 2 on is caught by a spot check, let go and kept out, and the job goes back to the step it was placed at: the uninterrupted latent (issue 18)', async () => {
+    const { swarm, join } = testSwarm();
+    const [, w1] = [join(), join(), join()];
+    w1.page.altersRows = (rows, { step }) => (step >= 1 ? rows.map((v, i) => (i === 0 ? v * 1.05 + 0.01 : v)) : rows);
+    // every forward checked from step 2 on: the first altered one is caught
+    const { result } = await run(await pipelineOn(swarm, 3), { placement: { spotCheckRate: 1 } });
+    const caught = result.report.spotChecks.filter((c) => c.verdict !== 'agreed');
+    expect(caught).toHaveLength(1);
+    expect(caught[0]).toMatchObject({ step: 1, pass: 0, verdict: { convicted: [1] } });
+    expect(result.report.spotChecks.filter((c) => c.step === 0).every((c) => c.verdict === 'agreed')).toBe(true);
+    expect(result.report.failures).toMatchObject([{ step: 1, rerunFromStep: 0, lost: [{ rank: 1, worker: 'w1', cause: 'misbehaved' }] }]);
+    expect(result.report.steps.map((s) => s.step)).toEqual([0, 1, 2]);
+    expect(result.report.workers.map((w) => w.id)).toEqual(['w0', 'w2']);
+    expect(maxAbsDiff(result.latent, reference.result.latent)).toBeLessThanOrEqual(1e-4);
+    // kept out: it joins again and is refused
+    expect((swarm as unknown as { banned: Map<string, string> }).banned.has('w1')).toBe(true);
   });
 
   it(`a rank that fails step 2 and no longer answers is let go after the coordinator's ${CONFIRM_PING_MS / 1000} s ping, and the survivors finish the job within 1e-4`, async () => {
