@@ -1,0 +1,66 @@
+import { expect, test } from '@playwright/test';
+import { WebSocket } from 'ws';
+import { relayProof } from '../../core/net/join-token.ts';
+import { SIGNALING_BURST } from '../../server/peer-signaling.ts';
+import { maxAbsDiff, openTestSwarm, runJob } from './swarm-page.ts';
+
+// A hostile socket against the real server while an honest swarm works (issue 17, findings 4, 9
+// and 14): with only what the server hands anyone (/signaling.json), it cannot open a relay room
+// with a token of its own making or enter the swarm's with one (the server makes join tokens), it
+// is cut when it floods signaling, and a revoked link (relay.spec.ts) opens nothing. The honest job
+// finishes with the latent it has unattacked.
+
+const job = { prompt: 'a red ball', frames: 1, height: 112, width: 80, steps: 3, guidance: 5, seed: 5, backend: 'swarm', ep: 'wasm', workers: 2 };
+
+/** A raw socket's first answer: the message it got, or how it closed. */
+function firstWord(ws: WebSocket): Promise<string> {
+  return new Promise((resolve) => {
+    ws.once('message', (data) => resolve(String(data)));
+    ws.once('close', (code, reason) => resolve(`closed ${code} ${reason}`));
+    ws.once('unexpected-response', (_request, response) => resolve(`HTTP ${response.statusCode}`));
+    ws.once('error', (e) => resolve(`error ${e.message}`));
+  });
+}
+
+test('a socket with a made-up join token opens no relay room and enters none, one flooding signaling is cut, and the honest job ends as it would unattacked', async ({ browser, baseURL }) => {
+  test.setTimeout(180_000);
+  const swarm = await openTestSwarm(browser, baseURL!, 2);
+  const sockets: WebSocket[] = [];
+  try {
+    const unattacked = await runJob(swarm.dashboard, job);
+    const signaling = await (await fetch(`${baseURL}/signaling.json`)).json();
+    const ws = (path: string) => {
+      const socket = new WebSocket(`${baseURL!.replace('http', 'ws')}${path}`);
+      sockets.push(socket);
+      return socket;
+    };
+    const register = async (id: string) => {
+      const socket = ws(`${signaling.path}/peerjs?key=${signaling.key}&id=${id}&token=t-${id}`);
+      expect(await firstWord(socket)).toContain('OPEN');
+      return socket;
+    };
+
+    const attacked = runJob(swarm.dashboard, job);
+    // #4: a room of its own making (the seal is not the server's), as a dashboard and as a worker
+    await register('attacker-c');
+    const madeUp = `${'ab'.repeat(12)}.${'cd'.repeat(16)}`;
+    const relayAs = (role: string, token: string) => ws(`/relay?peer=attacker-c&auth=t-attacker-c&room=${token.split('.')[0]}&proof=${relayProof(token, 'attacker-c', 't-attacker-c')}&role=${role}`);
+    for (const role of ['coordinator', 'worker']) expect(await firstWord(relayAs(role, madeUp))).toMatch(/"refused".*does not hold a join token this server stands by/);
+    // the swarm's room (public: it is in every relayed page's query) without its token: the proof is wrong
+    const { joinUrl } = await swarm.dashboard.evaluate(() => (window as any).ditswarm.ready);
+    const room = new URL(joinUrl).hash.match(/token=([0-9a-f]{24})\./)![1];
+    expect(await firstWord(ws(`/relay?peer=attacker-c&auth=t-attacker-c&room=${room}&proof=${'0'.repeat(64)}&role=worker`))).toMatch(/does not hold a join token/);
+    // #9: a signaling flood is cut
+    const flooder = await register('attacker-f');
+    const cut = new Promise<number>((resolve) => flooder.once('close', resolve));
+    for (let i = 0; i <= SIGNALING_BURST; i++) flooder.send(JSON.stringify({ type: 'HEARTBEAT' }));
+    expect(await cut).toBe(1006);
+
+    const { latent } = await attacked;
+    expect(maxAbsDiff(latent, unattacked.latent)).toBe(0);
+    expect(await swarm.dashboard.evaluate(() => (window as any).ditswarm.workerCount())).toBe(2);
+  } finally {
+    for (const s of sockets) s.terminate();
+    await swarm.close();
+  }
+});
