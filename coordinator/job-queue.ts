@@ -122,7 +122,8 @@ export class JobQueue {
 
   /**
    * The store refused `job` (full, most likely): the oldest finished jobs' videos and latents make
-   * room, then it is written again; a finished job is written without its own if it must.
+   * room, then it is written again; a finished job is written without its own if it must, and then
+   * the older ones get theirs back (a job too large to keep costs no other job its video).
    */
   private async keepWhatFits(job: StoredJob, error: Error): Promise<void> {
     const report = (message: string) => this.emit({ type: 'storage', job, message });
@@ -130,16 +131,24 @@ export class JobQueue {
     const withoutResult = (j: StoredJob, storageNote: string): StoredJob => ({ ...j, result: { ...j.result!, video: null, latent: new Float32Array(0) }, storageNote });
     // already kept without its video and latent, and said so: kept so again
     if (job.storageNote && job.result) return this.store.put(withoutResult(job, job.storageNote)).catch(() => {});
+    const stripped: StoredJob[] = [];
     for (const old of this.list().filter((j) => j.id !== job.id && !j.storageNote && j.result && (j.result.video || j.result.latent.length))) {
       const note = `its video and latent were removed from this browser to make room for job ${job.id}`;
       try {
         await this.store.put(withoutResult(old, note));
         old.storageNote = note;
+        stripped.push(old);
         await this.store.put(job);
         return report(`job ${job.id} was kept in this browser after removing the video and latent of job ${old.id} (${why})`);
       } catch {
         // no room yet: the next oldest
       }
+    }
+    // it does not fit even so: the others get back what they gave up (what no longer fits stays noted)
+    for (const old of stripped) {
+      const note = old.storageNote;
+      old.storageNote = undefined;
+      await this.store.put(old).catch(() => (old.storageNote = note));
     }
     if (job.result && (job.result.video || job.result.latent.length)) {
       const note = `its video and latent could not be kept in this browser (${why}): download the video before closing this page`;

@@ -60,6 +60,7 @@ export class SwarmExecutor extends Executor {
    * accuser, for one of the two lies.
    */
   override async lostRanks(error: Error): Promise<LostRank[]> {
+    const lostBefore = this.lost.size;
     if (error instanceof WorkerError && error.breach) this.letGo(error.rank, 'misbehaved', `its ${error.method} reply broke the contract: ${error.remoteMessage}`, 0, { ban: true });
     const accused = error instanceof WorkerError ? error.blame : null;
     const silentAtTimeout = error instanceof TimeoutError ? new Set(error.silentRanks) : new Set<number>();
@@ -73,10 +74,13 @@ export class SwarmExecutor extends Executor {
       const timedOut = silentAtTimeout.has(rank) ? `; it had not answered ${(error as TimeoutError).method}` : '';
       this.letGo(rank, 'silent', `did not answer a ping within ${CONFIRM_PING_MS / 1000} s${timedOut}${said}`, Date.now() - started);
     });
-    if ((accused?.cause === 'misbehaved' || accused?.cause === 'silent') && error instanceof WorkerError && accused.rank !== error.rank && !this.lost.has(accused.rank)) {
+    if (accused && error instanceof WorkerError && accused.rank !== error.rank && !this.lost.has(accused.rank)) {
+      const what = { silent: 'withholding its tensors', misbehaved: 'misbehaving', disconnected: 'gone' }[accused.cause];
       this.letGo(accused.rank, 'misbehaved', `rank ${error.rank} reported: ${accused.evidence}`, 0);
-      this.letGo(error.rank, 'misbehaved', `it reported rank ${accused.rank} ${accused.cause === 'silent' ? 'withholding its tensors' : 'misbehaving'}, which the coordinator cannot confirm: one of the two is let go with the other`, 0);
+      this.letGo(error.rank, 'misbehaved', `it reported rank ${accused.rank} ${what}, which the coordinator cannot confirm: one of the two is let go with the other`, 0);
     }
+    // a rank that failed its call and blames nobody the coordinator can confirm cannot be trusted with the step again
+    if (this.lost.size === lostBefore && error instanceof WorkerError) this.letGo(error.rank, 'misbehaved', `its ${error.method} failed, blaming nobody the coordinator can confirm: ${error.remoteMessage}`, 0);
     return [...this.lost.values()].sort((a, b) => a.rank - b.rank);
   }
 

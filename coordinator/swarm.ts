@@ -9,7 +9,6 @@ import { watchHeartbeats } from '../core/net/heartbeat.ts';
 import type { Link } from '../core/net/link.ts';
 import {
   connectRelay,
-  DIRECT_OPEN_TIMEOUT_MS,
   newPeerId,
   openLink,
   peerOptions,
@@ -18,7 +17,7 @@ import {
   transportOf,
   type SignalingOptions,
 } from '../core/net/peer-link.ts';
-import { admitWorker, joinMetadata } from '../core/net/join.ts';
+import { admitWorker, JOIN_STEP_TIMEOUT_MS, joinMetadata, type JoinMetadata } from '../core/net/join.ts';
 import { obtainJoinToken, revokeJoinToken } from '../core/net/join-token.ts';
 import { COORDINATOR } from '../core/net/protocol.ts';
 import type { RelayClient } from '../core/net/relay-client.ts';
@@ -34,6 +33,11 @@ export const UNDESCRIBED_MAX_MESSAGE_BYTES = 64 * 1024;
 const MAX_MESSAGE_BYTES = 1 << 26;
 /** refused pages remembered for the dashboard */
 export const MAX_REFUSALS = 100;
+/**
+ * pages in the middle of joining at once: a page that dials and never proves the token (or whose
+ * channel never opens) holds a peer connection until let go, and a browser holds a few hundred
+ */
+export const MAX_JOINING = 16;
 const RELAY_RECONNECT_MS = 2_000;
 
 export interface SwarmWorker {
@@ -76,6 +80,8 @@ export class Swarm {
   readonly refusals: { peer: string; reason: string; at: number }[] = [];
   /** pages let go for wrong results, and why: not admitted again */
   private readonly banned = new Map<string, string>();
+  /** pages between their dial and their describe reply */
+  private joining = 0;
   private relay: RelayClient | null = null;
   private closed = false;
 
@@ -291,7 +297,16 @@ export class Swarm {
 
   private async admit(conn: DataConnectionLike): Promise<void> {
     const meta = joinMetadata(conn.metadata);
-    if (!meta) return conn.close();
+    if (!meta || this.joining >= MAX_JOINING) return conn.close();
+    this.joining++;
+    try {
+      await this.join(conn, meta);
+    } finally {
+      this.joining--;
+    }
+  }
+
+  private async join(conn: DataConnectionLike, meta: JoinMetadata): Promise<void> {
     let worker: SwarmWorker | null = null;
     let api: WorkerRemote | null = null;
     // a page sends nothing large before it has said what it is: nothing to reserve memory for
@@ -305,7 +320,8 @@ export class Swarm {
         },
         {
           accept: (h) => (h.kind !== 'rpc' ? 'a worker may only send RPC messages to the coordinator' : h.totalBytes > maxMessageBytes ? 'reply too large' : null),
-          openTimeoutMs: conn.open ? undefined : DIRECT_OPEN_TIMEOUT_MS,
+          // a worker whose data channel is slow to open dials through the relay too: this one need not wait long
+          openTimeoutMs: conn.open ? undefined : JOIN_STEP_TIMEOUT_MS,
         },
       );
       const banned = this.banned.get(conn.peer);

@@ -12,6 +12,10 @@ import { MeshExchange } from '../rank/exchange/mesh.ts';
 const MESH_TIMEOUT_MS = 30_000;
 /** Connections of one rank kept until this rank asks for them (a data channel, then maybe a relayed one). */
 const MAX_EARLY_CANDIDATES = 4;
+/** early connections of all sessions held at once */
+const MAX_HELD_CANDIDATES = 16;
+/** how long an early connection waits for its rank's initWorker: the coordinator sends them together */
+export const EARLY_CANDIDATE_MS = 10_000;
 
 /** Judges a tensor by its sender's rank, its tag and size (the runtime's judgeTensor): why it is refused, or null. */
 export type TensorJudge = (from: number, tag: FrameHeader['tag'], totalBytes: number) => string | null;
@@ -58,9 +62,20 @@ export class WorkerMesh {
     const key = `${meta.session}/${meta.rank}`;
     const waiter = this.waiters.get(key);
     if (waiter) return waiter(conn);
+    // a connection for a mesh this rank is not (yet) in: kept a little while for its initWorker,
+    // a few at a time, as a page that names any session it likes could otherwise keep any number
     const early = this.candidates.get(key) ?? [];
-    if (early.length >= MAX_EARLY_CANDIDATES) return conn.close();
+    const held = [...this.candidates.values()].reduce((n, list) => n + list.length, 0);
+    if (early.length >= MAX_EARLY_CANDIDATES || held >= MAX_HELD_CANDIDATES) return conn.close();
     this.candidates.set(key, [...early, conn]);
+    setTimeout(() => {
+      const still = this.candidates.get(key);
+      if (!still?.includes(conn)) return; // taken by its mesh
+      const rest = still.filter((c) => c !== conn);
+      if (rest.length) this.candidates.set(key, rest);
+      else this.candidates.delete(key);
+      conn.close();
+    }, EARLY_CANDIDATE_MS);
   }
 
   close(reason = 'job mesh closed'): void {

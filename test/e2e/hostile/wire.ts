@@ -1,0 +1,326 @@
+// A hostile worker page: the real worker page of the join link, with every frame it hands to a data
+// channel or to its relay socket passing through rules the test sets (window.__hostile). What the
+// page then sends is what a peer that controls its own page can send: the frames of the wire
+// protocol (core/net/protocol.ts), rewritten. Nothing in the product is changed; the page's own
+// globals are (RTCDataChannel, RTCPeerConnection, WebSocket), before its scripts run.
+import type { Page } from '@playwright/test';
+
+/** What a hostile worker page does to what it sends; unset parts are sent as the page made them. */
+export interface HostileRules {
+  /** its executeModel replies, from its `from`-th of the job (0-based) on */
+  rows?: {
+    from: number;
+    /** NaN values of the right length, or an error instead of the rows */
+    make: 'nan' | 'error';
+    error?: string;
+    /** blame sent with the error, as data: `rank` 'next' is the rank after this one in its mesh */
+    blame?: { rank: number | 'next'; cause: string; evidence: string };
+  };
+  /** the tensors it sends the other ranks of its job in the forwards of step `step` (0-based) and later */
+  mesh?: {
+    step: number;
+    /**
+     * nan: the first value NaN; withhold: none sent; flood: each one sent, and with the first of
+     * step `step` `count` more for later steps (the ranks' all-to-all has never asked for them);
+     * stale: each one sent, and with the first of step `step` a copy of it for two steps back
+     * and a copy as float16 (the same bytes as twice as many values)
+     */
+    make: 'nan' | 'withhold' | 'flood' | 'stale';
+    count?: number;
+  };
+  /** replaces the pulse of each of its heartbeat answers */
+  pulse?: unknown;
+  /**
+   * Before it is admitted: `bigChunks` first chunks of RPC messages that each declare 64 MiB, sent
+   * as its link to the dashboard opens; `neverClose`: the page closes none of its data channels
+   * (the other side has to).
+   */
+  join?: { bigChunks?: number; neverClose?: boolean };
+}
+
+/** What the hostile page did, and what it learnt from what it received. */
+export interface HostileLog {
+  rowsReplies: number;
+  rowsTampered: number;
+  tensorsPoisoned: number;
+  tensorsWithheld: number;
+  tensorsInjected: number;
+  pulsesReplaced: number;
+  /** its rank and world, from the last initWorker it was sent */
+  rank: number | null;
+  world: number | null;
+  /** the data channels it dialed: when each opened and closed (ms since the epoch) */
+  channels: { openedAt: number | null; closedAt: number | null }[];
+}
+
+/**
+ * Installs the rules machinery in `page` (before its scripts run), starting with `rules`; a test
+ * changes them later with setRules. Without rules the page behaves as the product made it.
+ */
+export async function makeHostile(page: Page, rules: HostileRules = {}): Promise<void> {
+  await page.addInitScript(hostileWire, rules);
+}
+
+export async function setRules(page: Page, rules: HostileRules): Promise<void> {
+  await page.evaluate((r) => {
+    const w = window as unknown as { __hostile: HostileRules; __hostileLog: HostileLog };
+    w.__hostile = r;
+    Object.assign(w.__hostileLog, { rowsReplies: 0, rowsTampered: 0, tensorsPoisoned: 0, tensorsWithheld: 0, tensorsInjected: 0, pulsesReplaced: 0 });
+  }, rules);
+}
+
+export function hostileLog(page: Page): Promise<HostileLog> {
+  return page.evaluate(() => (window as unknown as { __hostileLog: HostileLog }).__hostileLog);
+}
+
+/** Runs in the page, before its scripts: self-contained (Playwright sends it as source). */
+function hostileWire(initial: HostileRules): void {
+  const w = window as unknown as { __hostile: HostileRules; __hostileLog: HostileLog };
+  w.__hostile = initial;
+  const log: HostileLog = (w.__hostileLog = { rowsReplies: 0, rowsTampered: 0, tensorsPoisoned: 0, tensorsWithheld: 0, tensorsInjected: 0, pulsesReplaced: 0, rank: null, world: null, channels: [] });
+  const HEADER = 60;
+  const RPC = 1;
+  const TENSOR = 2;
+  const PROBE_PHASE = 2;
+  const COORDINATOR = 255;
+  const utf8 = new TextEncoder();
+  const fromUtf8 = new TextDecoder();
+
+  const bytesOf = (data: unknown): Uint8Array | null =>
+    data instanceof ArrayBuffer ? new Uint8Array(data) : ArrayBuffer.isView(data) ? new Uint8Array(data.buffer, data.byteOffset, data.byteLength) : null;
+  const isFrame = (b: Uint8Array) => b.byteLength >= HEADER && b[0] === 0x44 && b[1] === 0x57 && b[2] === 1;
+  const view = (b: Uint8Array) => new DataView(b.buffer, b.byteOffset, b.byteLength);
+  const headerOf = (b: Uint8Array) => {
+    const v = view(b);
+    return { kind: v.getUint8(3), dtype: v.getUint8(4), from: v.getUint8(5), chunkIndex: v.getUint32(12, true), chunkCount: v.getUint32(16, true), job: v.getUint32(28, true), step: v.getUint32(32, true), phase: v.getUint16(40, true) };
+  };
+
+  /** A single-frame RPC message's body and tensors (copies). */
+  function decodeRpc(frame: Uint8Array): { body: any; tensors: Float32Array[] } | null {
+    const h = headerOf(frame);
+    if (h.kind !== RPC || h.chunkCount !== 1) return null;
+    const p = frame.subarray(HEADER);
+    const v = view(p);
+    const jsonBytes = v.getUint32(0, true);
+    const count = v.getUint32(4, true);
+    const lengths = Array.from({ length: count }, (_, i) => v.getUint32(8 + 4 * i, true));
+    const jsonStart = 8 + 4 * count;
+    const body = JSON.parse(fromUtf8.decode(p.subarray(jsonStart, jsonStart + jsonBytes)));
+    let at = jsonStart + jsonBytes;
+    at += (4 - (at % 4)) % 4;
+    const tensors = lengths.map((n) => {
+      const t = new Float32Array(p.slice(at, at + 4 * n).buffer);
+      at += 4 * n;
+      return t;
+    });
+    return { body, tensors };
+  }
+
+  /** One frame holding an RPC message, with `like`'s header (kind, from, msgId) and its own sizes. */
+  function encodeRpc(like: Uint8Array, body: unknown, tensors: Float32Array[]): ArrayBuffer {
+    const json = utf8.encode(JSON.stringify(body));
+    const prefix = 8 + 4 * tensors.length;
+    const pad = (4 - ((prefix + json.byteLength) % 4)) % 4;
+    const total = prefix + json.byteLength + pad + tensors.reduce((n, t) => n + t.byteLength, 0);
+    const out = new Uint8Array(HEADER + total);
+    out.set(like.subarray(0, HEADER));
+    const v = view(out);
+    v.setUint32(12, 0, true); // chunkIndex
+    v.setUint32(16, 1, true); // chunkCount
+    v.setUint32(20, Math.max(total, v.getUint32(20, true)), true); // chunkStride: the whole payload in one chunk
+    v.setUint32(24, total, true);
+    v.setUint32(HEADER, json.byteLength, true);
+    v.setUint32(HEADER + 4, tensors.length, true);
+    tensors.forEach((t, i) => v.setUint32(HEADER + 8 + 4 * i, t.length, true));
+    out.set(json, HEADER + prefix);
+    let at = HEADER + prefix + json.byteLength + pad;
+    for (const t of tensors) {
+      out.set(new Uint8Array(t.buffer, t.byteOffset, t.byteLength), at);
+      at += t.byteLength;
+    }
+    return out.buffer;
+  }
+
+  /** the method of each request its coordinator sent, by id: what a reply answers */
+  const methods = new Map<number, string>();
+
+  /** Learns the page's rank from the initWorker requests its coordinator sends it, and what each request asks. */
+  function sniff(data: unknown): void {
+    const b = bytesOf(data);
+    const frame = b && (isFrame(b) ? b : b.byteLength > 4 && isFrame(b.subarray(4)) ? b.subarray(4) : null);
+    if (!frame || headerOf(frame).from !== COORDINATOR) return;
+    try {
+      const body = decodeRpc(frame)?.body;
+      if (body?.type !== 'request') return;
+      methods.set(body.id, body.method);
+      if (body.method === 'initWorker') {
+        log.rank = body.args.rank;
+        log.world = body.args.world;
+      }
+    } catch {
+      // not a message this page understands: the page's own code judges it
+    }
+  }
+
+  /** channels a flood or a stale copy was sent on already, by job */
+  const injectedOn = new WeakMap<object, Set<number>>();
+  let nextInjectedId = 0x40000000;
+
+  /** What goes out instead of `frame` on `channel`: the frames to send (none: withheld). */
+  function route(frame: Uint8Array, channel: object): ArrayBuffer[] {
+    const rules = w.__hostile ?? {};
+    const h = headerOf(frame);
+    const copy = () => frame.slice().buffer;
+    if (h.kind === TENSOR && rules.mesh && h.phase !== PROBE_PHASE && h.step >= rules.mesh.step) {
+      const mesh = rules.mesh;
+      if (mesh.make === 'withhold') {
+        log.tensorsWithheld++;
+        return [];
+      }
+      if (mesh.make === 'nan') {
+        const out = frame.slice();
+        if (h.chunkIndex === 0) {
+          if (h.dtype === 0) view(out).setFloat32(HEADER, NaN, true);
+          else view(out).setUint16(HEADER, 0x7e00, true);
+          log.tensorsPoisoned++;
+        }
+        return [out.buffer];
+      }
+      const done = injectedOn.get(channel) ?? new Set<number>();
+      injectedOn.set(channel, done);
+      if (h.chunkIndex !== 0 || h.chunkCount !== 1 || h.step !== mesh.step || done.has(h.job)) return [copy()];
+      done.add(h.job);
+      const variant = (edit: (v: DataView) => void) => {
+        const out = frame.slice();
+        const v = view(out);
+        v.setUint32(8, nextInjectedId++, true); // a message id of its own: not a replay of the real one
+        edit(v);
+        log.tensorsInjected++;
+        return out.buffer;
+      };
+      if (mesh.make === 'flood') {
+        const floods = Array.from({ length: mesh.count ?? 1000 }, (_, i) => variant((v) => v.setUint32(32, h.step + 1 + (i % (998 - h.step)), true)));
+        return [copy(), ...floods];
+      }
+      // stale: a forward two steps back, and the same bytes as float16 (twice the values)
+      const past = variant((v) => v.setUint32(32, h.step - 2, true));
+      const f16 = variant((v) => {
+        v.setUint8(4, 1);
+        v.setUint32(44, 2 * v.getUint32(44, true), true);
+      });
+      return [copy(), past, f16];
+    }
+    if (h.kind !== RPC || h.chunkCount !== 1 || (!rules.rows && rules.pulse === undefined)) return [copy()];
+    const rpc = decodeRpc(frame);
+    const body = rpc?.body;
+    if (!rpc || !body || typeof body !== 'object') return [copy()];
+    if (body.type === 'heartbeat-echo' && rules.pulse !== undefined) {
+      log.pulsesReplaced++;
+      return [encodeRpc(frame, { ...body, pulse: rules.pulse }, rpc.tensors)];
+    }
+    const rowsRef = body.type === 'reply' && body.ok === true && methods.get(body.id) === 'executeModel' ? body.result?.rows?.$tensor : undefined;
+    if (typeof rowsRef !== 'number') return [copy()];
+    const index = log.rowsReplies++;
+    if (!rules.rows || index < rules.rows.from) return [copy()];
+    log.rowsTampered++;
+    const { make } = rules.rows;
+    if (make === 'nan') {
+      rpc.tensors[rowsRef].fill(NaN);
+      return [encodeRpc(frame, body, rpc.tensors)];
+    }
+    const blame = rules.rows.blame;
+    const detail = blame && { ...blame, rank: blame.rank === 'next' ? ((log.rank ?? 0) + 1) % (log.world ?? 1) : blame.rank };
+    return [encodeRpc(frame, { type: 'reply', id: body.id, ok: false, error: rules.rows.error ?? 'failed', ...(detail ? { detail } : {}) }, [])];
+  }
+
+  const sendOn = (channel: object, data: unknown, send: (out: ArrayBuffer | unknown) => void, envelope: Uint8Array | null) => {
+    const b = bytesOf(data);
+    const frame = b && (envelope ? b.subarray(4) : b);
+    if (!frame || !isFrame(frame)) return send(data);
+    let outs: ArrayBuffer[];
+    try {
+      outs = route(frame, channel);
+    } catch {
+      outs = [frame.slice().buffer];
+    }
+    outs.forEach((out, i) => {
+      const wrapped = envelope ? (() => {
+        const e = new Uint8Array(4 + out.byteLength);
+        e.set(envelope);
+        e.set(new Uint8Array(out), 4);
+        return e.buffer;
+      })() : out;
+      if (i === 0) return send(wrapped);
+      try {
+        send(wrapped); // injected: the channel may have been closed by the peer meanwhile
+      } catch {
+        // a closed channel: the rest go nowhere either
+      }
+    });
+  };
+
+  const dcSend = RTCDataChannel.prototype.send as (this: RTCDataChannel, data: ArrayBuffer) => void;
+  RTCDataChannel.prototype.send = function (this: RTCDataChannel, data: any) {
+    sendOn(this, data, (out) => dcSend.call(this, out as ArrayBuffer), null);
+  } as typeof RTCDataChannel.prototype.send;
+  const wsSend = WebSocket.prototype.send as (this: WebSocket, data: unknown) => void;
+  WebSocket.prototype.send = function (this: WebSocket, data: any) {
+    const b = typeof data === 'string' ? null : bytesOf(data);
+    if (!b || b.byteLength < 4 + HEADER || !isFrame(b.subarray(4))) return wsSend.call(this, data);
+    sendOn(this, data, (out) => wsSend.call(this, out as ArrayBuffer), b.slice(0, 4));
+  } as typeof WebSocket.prototype.send;
+
+  // what it is sent, read before the page's own listeners: the same listener removes as it was added
+  const listen = EventTarget.prototype.addEventListener;
+  const unlisten = EventTarget.prototype.removeEventListener;
+  const sniffing = new WeakMap<object, EventListener>();
+  const sniffer = (inner: any): EventListener => {
+    if (!sniffing.has(inner)) {
+      sniffing.set(inner, function (this: unknown, event: Event) {
+        sniff((event as MessageEvent).data);
+        return typeof inner === 'function' ? inner.call(this, event) : inner.handleEvent(event);
+      });
+    }
+    return sniffing.get(inner)!;
+  };
+  const sniffed = (target: EventTarget, type: string, listener: unknown) => type === 'message' && !!listener && (target instanceof RTCDataChannel || target instanceof WebSocket);
+  EventTarget.prototype.addEventListener = function (this: EventTarget, type: string, listener: any, options?: any) {
+    return listen.call(this, type, sniffed(this, type, listener) ? sniffer(listener) : listener, options);
+  };
+  EventTarget.prototype.removeEventListener = function (this: EventTarget, type: string, listener: any, options?: any) {
+    return unlisten.call(this, type, sniffed(this, type, listener) ? sniffer(listener) : listener, options);
+  };
+
+  // the channels it dials: when they open, what it sends before it is admitted, and when the other side closes them
+  const createDataChannel = RTCPeerConnection.prototype.createDataChannel;
+  RTCPeerConnection.prototype.createDataChannel = function (this: RTCPeerConnection, ...args: Parameters<RTCPeerConnection['createDataChannel']>) {
+    const channel = createDataChannel.apply(this, args);
+    const seen = { openedAt: null as number | null, closedAt: null as number | null };
+    log.channels.push(seen);
+    listen.call(channel, 'open', () => {
+      seen.openedAt = Date.now();
+      const chunks = w.__hostile?.join?.bigChunks ?? 0;
+      const stride = 64 * 1024 - HEADER;
+      const declared = 64 * 1024 * 1024;
+      for (let i = 0; i < chunks; i++) {
+        const frame = new Uint8Array(64 * 1024);
+        const v = view(frame);
+        v.setUint16(0, 0x5744, true);
+        v.setUint8(2, 1);
+        v.setUint8(3, RPC);
+        v.setUint8(5, 0);
+        v.setUint32(8, 0x70000000 + i, true);
+        v.setUint32(16, Math.ceil(declared / stride), true);
+        v.setUint32(20, stride, true);
+        v.setUint32(24, declared, true);
+        dcSend.call(channel, frame.buffer);
+      }
+    });
+    listen.call(channel, 'close', () => (seen.closedAt = Date.now()));
+    return channel;
+  };
+  if (initial.join?.neverClose) {
+    RTCDataChannel.prototype.close = function () {};
+    RTCPeerConnection.prototype.close = function () {};
+  }
+}
