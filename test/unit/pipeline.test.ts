@@ -300,31 +300,18 @@ describe('generate(): a lost rank costs a re-placement and one step, not the job
     expect(w0.page.forwards).toEqual(Array(9).fill(0));
   });
 
-  it('a rank that throws a plain error while every rank answers its ping fails the job at once, with that error and without re-placing', async () => {
+  it('a rank that throws a plain error while every rank answers its ping is let go (it blames nobody the coordinator can confirm), and the others finish the job within 1e-4 (issue 17, #2)', async () => {
     const { swarm, join } = testSwarm();
     const pages = [join(), join(), join()].map((w) => w.page);
-    let thrownAt = 0;
     pages[1].afterForward = ({ step }) => {
-      if (step !== 1) return;
-      thrownAt = performance.now();
-      throw new Error('out of memory: could not allocate the attention scores');
+      if (step === 1) throw new Error('out of memory: could not allocate the attention scores');
     };
-    const pipeline = await pipelineOn(swarm, 3);
-    let placed: Pipeline['executor'] = null;
-    const failures: FailureRecord[] = [];
-    const error = await rejection(pipeline.generate({ ...JOB, onFailure: (f) => failures.push(f), onPhase: (phase) => phase === 'denoising' && (placed = pipeline.executor) }));
-    const failedAfterMs = performance.now() - thrownAt;
-
-    expect(error).toBeInstanceOf(WorkerError);
-    expect(error.message).toBe('rank 1 failed in executeModel: out of memory: could not allocate the attention scores');
-    expect((error as WorkerError).rank).toBe(1);
-    expect(failedAfterMs).toBeLessThan(CONFIRM_PING_MS / 2);
-    expect(failures).toEqual([]);
-    expect(placed).not.toBeNull();
-    expect(pipeline.executor).toBe(placed);
-    expect(swarm.workers().map((w) => w.id)).toEqual(['w0', 'w1', 'w2']);
-    // step 1's first pass ran once on each rank, and was not tried again
-    for (const page of pages) expect(page.forwards).toEqual([0, 0, 1]);
+    const { result, failures } = await run(await pipelineOn(swarm, 3));
+    expect(failures).toMatchObject([
+      { step: 1, error: 'rank 1 failed in executeModel: out of memory: could not allocate the attention scores', lost: [{ rank: 1, worker: 'w1', cause: 'misbehaved' }], degreeAfter: 2, rerunFromStep: null },
+    ]);
+    expect(swarm.workers().map((w) => w.id)).toEqual(['w0', 'w2']);
+    expect(maxAbsDiff(result.latent, reference.result.latent)).toBeLessThanOrEqual(1e-4);
   });
 
   it('a re-placement never takes more ranks than the job had: 2 ranks of 5 live workers, one lost, go on with 2', async () => {

@@ -463,13 +463,20 @@ describe('who is lost: the coordinator’s own evidence, never one rank’s word
     return { swarm, workers, executor: executor as SwarmExecutor };
   }
 
-  it('a rank naming other ranks in its error, as text or as blame, evicts nobody while they answer the coordinator', async () => {
+  it('a rank naming other ranks in its error text evicts none of them while they answer the coordinator: it is let go itself, having failed and blamed nobody it can confirm (issue 17, #2)', async () => {
     const { swarm, executor } = await placed(3);
     const byText = new WorkerError(1, 'executeModel', 'rank 0 is gone rank 2: x misbehaving rank 0: y');
-    expect(await executor.lostRanks(byText)).toEqual([]);
+    expect(await executor.lostRanks(byText)).toEqual([
+      { rank: 1, worker: 'w1', cause: 'misbehaved', evidence: 'its executeModel failed, blaming nobody the coordinator can confirm: rank 0 is gone rank 2: x misbehaving rank 0: y', silentMs: 0 },
+    ]);
+    expect(swarm.workers().map((w) => w.id)).toEqual(['w0', 'w2']);
+  });
+
+  it('a rank blaming a rank as gone that still answers the coordinator is let go with it: one of the two lies (issue 17, #2)', async () => {
+    const { swarm, executor } = await placed(3);
     const byBlame = new WorkerError(1, 'executeModel', 'rank 0 is gone: closed', { rank: 0, cause: 'disconnected', evidence: 'closed' });
-    expect(await executor.lostRanks(byBlame)).toEqual([]);
-    expect(swarm.workers().map((w) => w.id)).toEqual(['w0', 'w1', 'w2']);
+    expect((await executor.lostRanks(byBlame)).map((l) => [l.rank, l.cause])).toEqual([[0, 'misbehaved'], [1, 'misbehaved']]);
+    expect(swarm.workers().map((w) => w.id)).toEqual(['w2']);
   });
 
   it('the accused is let go only when the coordinator confirms it: no answer to its own ping', async () => {

@@ -3,7 +3,7 @@ import type { DataConnectionLike } from '../../core/net/channel.ts';
 import type { SignalingOptions } from '../../core/net/peer-link.ts';
 import { nonce } from '../../core/net/hmac.ts';
 import { encodeFrames, frameMessage } from '../../core/net/protocol.ts';
-import { MAX_REFUSALS, Swarm } from '../../coordinator/swarm.ts';
+import { MAX_JOINING, MAX_REFUSALS, Swarm } from '../../coordinator/swarm.ts';
 import { SinkChannel } from './fixtures.ts';
 
 // Pages that reach the dashboard's peer id with only what anyone can get: a join handshake answered
@@ -40,16 +40,32 @@ describe("the dashboard's door", () => {
   it(`remembers the last ${MAX_REFUSALS} refused pages, and closes each`, async () => {
     const { swarm, admit } = swarmWithToken('secret');
     const conns = Array.from({ length: 150 }, (_, i) => fakeConn(`ditswarm-w-${i}`, { role: 'worker', nonce: nonce() }));
-    const admits = conns.map((c) => admit(c as unknown as DataConnectionLike));
-    await new Promise((r) => setTimeout(r, 50)); // each was challenged
-    // each answers with a proof made without the token
-    for (const c of conns) for (const frame of encodeFrames({ kind: 'rpc', from: 0, body: { type: 'hello', proof: '0'.repeat(64) }, tensors: [] }, 1)) c.deliver(frame);
-    await Promise.all(admits);
+    // in tens (the door holds MAX_JOINING pages joining at once)
+    for (let i = 0; i < conns.length; i += 10) {
+      const batch = conns.slice(i, i + 10);
+      const admits = batch.map((c) => admit(c as unknown as DataConnectionLike));
+      await new Promise((r) => setTimeout(r, 50)); // each was challenged
+      // each answers with a proof made without the token
+      for (const c of batch) for (const frame of encodeFrames({ kind: 'rpc', from: 0, body: { type: 'hello', proof: '0'.repeat(64) }, tensors: [] }, 1)) c.deliver(frame);
+      await Promise.all(admits);
+    }
     expect(swarm.refusals[0].reason).toBe('it did not prove it holds the join token: open the join link shown on the dashboard');
     expect(swarm.refusals).toHaveLength(MAX_REFUSALS);
     expect(swarm.refusals.at(-1)!.peer).toBe('ditswarm-w-149');
     await new Promise((r) => setTimeout(r, 600));
     expect(conns.every((c) => c.closed)).toBe(true);
+    swarm.close();
+  });
+
+  it(`holds at most ${MAX_JOINING} pages joining at once: more are closed at once, unchallenged (issue 17, #12)`, async () => {
+    const { swarm, admit } = swarmWithToken('secret');
+    const conns = Array.from({ length: MAX_JOINING + 4 }, (_, i) => fakeConn(`ditswarm-w-${i}`, { role: 'worker', nonce: nonce() }));
+    const admits = conns.map((c) => admit(c as unknown as DataConnectionLike));
+    await new Promise((r) => setTimeout(r, 50));
+    expect(conns.map((c) => c.closed)).toEqual(conns.map((_, i) => i >= MAX_JOINING));
+    for (const c of conns) for (const frame of encodeFrames({ kind: 'rpc', from: 0, body: { type: 'hello', proof: '0'.repeat(64) }, tensors: [] }, 1)) c.deliver(frame);
+    await Promise.all(admits);
+    expect(swarm.refusals).toHaveLength(MAX_JOINING);
     swarm.close();
   });
 
