@@ -84,6 +84,6 @@ if (chosen.includes('uneven')) {
   const uneven = await runUneven(parseUnevenArgs(args));
   writeReport('uneven.json', uneven);
   const { even, bySpeed, auto } = uneven.runs;
-  console.log(`uneven: the third tab ${uneven.measuredSlowdown}× slower; even shares ${even.stepMs} ms a step, by speed (${bySpeed.heads?.join('/') ?? 'even'}) ${bySpeed.stepMs} ms: ${uneven.gain}×; auto chose ${auto.degree} (${auto.heads?.join('/') ?? 'even'}); ${JSON.stringify(uneven.meets)}`);
+  console.log(`uneven: the third tab ${uneven.measuredSlowdown}× slower; even shares ${even.stepMs} ms a step, by speed (${bySpeed.heads?.join('/') ?? 'even'}) ${bySpeed.stepMs} ms: ${uneven.gain}×; auto chose ${auto.degree} (${auto.heads?.join('/') ?? 'even'}); spot checks ${JSON.stringify(uneven.spotCheckCost)}; ${JSON.stringify(uneven.meets)}`);
 }
 log(`done in ${((Date.now() - started) / 1000).toFixed(0)} s`);

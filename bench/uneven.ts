@@ -17,6 +17,7 @@ import { latentShape } from '../core/job.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
 import { chromiumArgs, chromiumExecutable } from '../server/chromium.ts';
 import { startServer } from '../server/serve.ts';
+import { DEFAULT_SPOT_CHECK_RATE } from '../coordinator/spot-check.ts';
 import { APP_MODEL_PATH, buildBenchPages, ensureBenchModel, isMain, log, machine, median, round, serveBenchFiles, versions, writeReport } from './lib.ts';
 
 /** the uneven plan's step must beat the even plan's by this much (issue 18) */
@@ -25,16 +26,19 @@ const PARITY = 1e-4;
 
 export interface UnevenOptions {
   burners: number;
+  /** forwards spot-checked in the run that measures their cost (1: every one) */
+  spotCheckRate: number;
   frames: number;
   height: number;
   width: number;
   steps: number;
 }
 
-export const DEFAULT_UNEVEN: UnevenOptions = { burners: 10, frames: 9, height: 256, width: 256, steps: 3 };
+export const DEFAULT_UNEVEN: UnevenOptions = { spotCheckRate: 1, burners: 10, frames: 9, height: 256, width: 256, steps: 3 };
 
 interface Report {
   steps: { ms: number; ranks: { rank: number; worker: string; computeMs: number }[] }[];
+  spotChecks: { step: number; ms: number; verdict: unknown }[];
   medianStepMs: number;
   plan: { heads: number[] | null; predictedStepMs: number | null; by: string } | null;
   config: { ulyssesDegree: number };
@@ -74,7 +78,8 @@ export async function runUneven(options: Partial<UnevenOptions> = {}) {
     }
     for (let i = 0; i < o.burners; i++) burners.push(spawn('taskset', ['-c', '1', process.execPath, '-e', 'for (;;);'], { stdio: 'ignore' }));
 
-    const job = { prompt: 'a red ball bouncing on a wooden floor', frames: o.frames, height: o.height, width: o.width, steps: o.steps, guidance: 1, seed: 7, backend: 'swarm', ep: 'wasm', model: APP_MODEL_PATH };
+    // no spot checks but in the run that measures them: they would blur the comparison of shares
+    const job = { prompt: 'a red ball bouncing on a wooden floor', frames: o.frames, height: o.height, width: o.width, steps: o.steps, guidance: 1, seed: 7, backend: 'swarm', ep: 'wasm', model: APP_MODEL_PATH, spotCheckRate: 0 };
     const run = async (label: string, placement: Record<string, unknown>) => {
       log(`${label}: generating…`);
       const { report, latent } = (await dashboard.evaluate((j) => (window as any).ditswarm.generate(j), { ...job, ...placement })) as { report: Report; latent: string };
@@ -90,6 +95,12 @@ export async function runUneven(options: Partial<UnevenOptions> = {}) {
         predictedStepMs: report.plan?.predictedStepMs == null ? null : round(report.plan.predictedStepMs, 1),
         /** each rank's compute in a step (the median step), rank order */
         rankComputeMs: computeMs,
+        /** forwards recomputed to spot-check the ranks (the default rate), their time, and its share of the steps' */
+        spotChecks: {
+          count: report.spotChecks.length,
+          ms: round(report.spotChecks.reduce((t, c) => t + c.ms, 0), 1),
+          shareOfSteps: round(report.spotChecks.reduce((t, c) => t + c.ms, 0) / report.steps.reduce((t, s) => t + s.ms, 0)),
+        },
       };
       log(`${label}: ${JSON.stringify(result)}`);
       return { result, values };
@@ -98,12 +109,13 @@ export async function runUneven(options: Partial<UnevenOptions> = {}) {
     const even = await run('three tabs, even shares', { workers: 3, shares: 'even' });
     const bySpeed = await run('three tabs, shares by speed', { workers: 3, shares: 'speed' });
     const auto = await run("three tabs, 'auto'", { workers: 'auto' });
+    const checked = await run(`three tabs, shares by speed, spot checks at rate ${o.spotCheckRate}`, { workers: 3, shares: 'speed', spotCheckRate: o.spotCheckRate });
     const maxAbs = (a: Float32Array) => a.reduce((m, v, i) => Math.max(m, Math.abs(v - one.values[i])), 0);
     // with even shares every rank does the same work: its compute time is its speed
     const [r0, r1, r2] = even.result.rankComputeMs;
     const slowdown = round(r2 / ((r0 + r1) / 2), 2);
     const gain = round(even.result.stepMs / bySpeed.result.stepMs, 2);
-    const parity = { even: maxAbs(even.values), bySpeed: maxAbs(bySpeed.values), auto: maxAbs(auto.values) };
+    const parity = { even: maxAbs(even.values), bySpeed: maxAbs(bySpeed.values), auto: maxAbs(auto.values), checked: maxAbs(checked.values) };
     return {
       benchmark: 'uneven',
       date: new Date(started).toISOString(),
@@ -120,7 +132,14 @@ export async function runUneven(options: Partial<UnevenOptions> = {}) {
       versions: versions(),
       /** the slow tab's compute over the fast tabs' in the even run */
       measuredSlowdown: slowdown,
-      runs: { one: one.result, even: even.result, bySpeed: bySpeed.result, auto: auto.result },
+      runs: { one: one.result, even: even.result, bySpeed: bySpeed.result, auto: auto.result, checked: checked.result },
+      /** what spot checks cost: a check's time, and the step's growth at the checked run's rate, over the same plan unchecked */
+      spotCheckCost: {
+        rate: o.spotCheckRate,
+        msPerCheck: checked.result.spotChecks.count ? round(checked.result.spotChecks.ms / checked.result.spotChecks.count, 1) : null,
+        stepGrowth: round(checked.result.stepMs / bySpeed.result.stepMs - 1),
+        atDefaultRate: round((checked.result.stepMs / bySpeed.result.stepMs - 1) * (DEFAULT_SPOT_CHECK_RATE / Math.max(o.spotCheckRate, 1e-9))),
+      },
       /** the even plan's step over the uneven plan's */
       gain,
       parityMaxAbs: parity,
@@ -142,7 +161,7 @@ export function parseUnevenArgs(args: string[]): Partial<UnevenOptions> {
   const out: Partial<UnevenOptions> = {};
   for (const [k, v] of Object.entries(values)) {
     const n = Number(v);
-    if (!Number.isInteger(n) || n < 0) throw new Error(`--${k} takes a whole number, got ${v}`);
+    if (k === 'spotCheckRate' ? !(n >= 0 && n <= 1) : !Number.isInteger(n) || n < 0) throw new Error(`--${k} takes ${k === 'spotCheckRate' ? 'a rate from 0 to 1' : 'a whole number'}, got ${v}`);
     out[k as keyof UnevenOptions] = n;
   }
   return out;

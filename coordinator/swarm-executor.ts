@@ -79,6 +79,11 @@ export class SwarmExecutor extends Executor {
       this.letGo(accused.rank, 'misbehaved', `rank ${error.rank} reported: ${accused.evidence}`, 0);
       this.letGo(error.rank, 'misbehaved', `it reported rank ${accused.rank} ${what}, which the coordinator cannot confirm: one of the two is let go with the other`, 0);
     }
+    // a rank that answers pings but not its call within the call's time: its page lives, its engine
+    // (which pings do not reach) hangs or crawls; with nobody else to blame, it goes
+    if (this.lost.size === lostBefore && error instanceof TimeoutError) {
+      for (const rank of error.silentRanks) this.letGo(rank, 'silent', `it answered pings but not ${error.method} within its time (its engine hangs or is far slower than planned)`, 0);
+    }
     // a rank that failed its call and blames nobody the coordinator can confirm cannot be trusted with the step again
     if (this.lost.size === lostBefore && error instanceof WorkerError) this.letGo(error.rank, 'misbehaved', `its ${error.method} failed, blaming nobody the coordinator can confirm: ${error.remoteMessage}`, 0);
     return [...this.lost.values()].sort((a, b) => a.rank - b.rank);

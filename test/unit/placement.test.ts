@@ -1,5 +1,5 @@
 import { beforeAll, describe, expect, it } from 'vitest';
-import { LOAD_TIMEOUT_MS, WorkerError } from '../../coordinator/executor.ts';
+import { LOAD_TIMEOUT_MS, TimeoutError, WorkerError } from '../../coordinator/executor.ts';
 import { measureWorker, type WorkerMeasurement } from '../../coordinator/measure.ts';
 import { MAX_REPLANS, Placer, ReplacementsExhausted, type PlacementRequest } from '../../coordinator/placement.ts';
 import { Swarm, type SwarmEvent, type SwarmWorker } from '../../coordinator/swarm.ts';
@@ -470,6 +470,14 @@ describe('who is lost: the coordinator’s own evidence, never one rank’s word
       { rank: 1, worker: 'w1', cause: 'misbehaved', evidence: 'its executeModel failed, blaming nobody the coordinator can confirm: rank 0 is gone rank 2: x misbehaving rank 0: y', silentMs: 0 },
     ]);
     expect(swarm.workers().map((w) => w.id)).toEqual(['w0', 'w2']);
+  });
+
+  it('a rank that answers pings but not its call in time is let go: its engine, which pings do not reach, hangs (issue 17, #7)', async () => {
+    const { swarm, executor } = await placed(3);
+    expect(await executor.lostRanks(new TimeoutError('executeModel', [2], 60_000))).toEqual([
+      { rank: 2, worker: 'w2', cause: 'silent', evidence: 'it answered pings but not executeModel within its time (its engine hangs or is far slower than planned)', silentMs: 0 },
+    ]);
+    expect(swarm.workers().map((w) => w.id)).toEqual(['w0', 'w1']);
   });
 
   it('a rank blaming a rank as gone that still answers the coordinator is let go with it: one of the two lies (issue 17, #2)', async () => {
