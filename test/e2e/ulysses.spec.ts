@@ -2,13 +2,14 @@ import { expect, test } from '@playwright/test';
 import { exchangeFloatsPerBlock, planUlysses } from '../../core/parallel.ts';
 import { maxAbsDiff, openTestSwarm, runJob, type TestSwarm } from './swarm-page.ts';
 
-// Ulysses across 2, 3, 4 and 5 worker tabs over WebRTC equals one worker, with tokens that P divides
-// and that it does not; 5 ranks share the 12 heads 3/3/2/2/2 (issue 18). wasm EP: the parity is
-// about the split and the exchange; the WebGPU path is covered in foundation.
+// Ulysses across 2, 3 and 5 worker tabs over WebRTC equals one worker, with 35 tokens (no degree
+// divides them; 72 that P divides run in multihost.spec.ts); 5 ranks share the 12 heads 3/3/2/2/2
+// (issue 18). Even shares, asked for: the byte counts are the plan's (shares by speed follow the
+// tabs' measured speeds; placement.test.ts has them). wasm EP: the parity is about the split and
+// the exchange; the WebGPU path is covered in foundation.
 const TINY = { numHeads: 12, headDim: 24 };
 const LAYERS = 2;
 const shapes = {
-  'divisible: 72 tokens': { frames: 5, height: 96, width: 96, tokens: 72 },
   'uneven: 35 tokens': { frames: 1, height: 112, width: 80, tokens: 35 },
 };
 
@@ -20,12 +21,12 @@ test.describe.serial('Ulysses over worker tabs', () => {
   test.afterAll(async () => swarm?.close());
 
   for (const [name, shape] of Object.entries(shapes)) {
-    test(`P = 2, 3, 4, 5 equal P = 1 within 1e-4 (${name}); each rank sends what its share of tokens and heads gives it`, async () => {
+    test(`P = 2, 3, 5 equal P = 1 within 1e-4 (${name}); each rank sends what its share of tokens and heads gives it`, async () => {
       test.setTimeout(300_000);
       const { tokens, ...size } = shape;
-      const job = { prompt: 'a red ball', ...size, steps: 2, guidance: 5, seed: 3, backend: 'swarm', ep: 'wasm' };
+      const job = { prompt: 'a red ball', ...size, steps: 2, guidance: 5, seed: 3, backend: 'swarm', ep: 'wasm', shares: 'even' };
       const single = await runJob(swarm.dashboard, { ...job, workers: 1 });
-      for (const P of [2, 3, 4, 5]) {
+      for (const P of [2, 3, 5]) {
         const run = await runJob(swarm.dashboard, { ...job, workers: P });
         expect(run.report.config.ulyssesDegree).toBe(P);
         const diff = maxAbsDiff(run.latent, single.latent);
