@@ -20,6 +20,7 @@ import type {
   LoadArgs,
   LoadStatus,
   PrepareArgs,
+  RankStats,
   RehearseArgs,
   WorkerApi,
   WorkerInfo,
@@ -279,49 +280,26 @@ export class WorkerRuntime implements WorkerApi {
    * coordinator checks its group's rows against it now and then (coordinator/spot-check.ts).
    */
   async recompute(args: ExecuteArgs) {
-    const cfg = this.needModel();
-    if (args.job !== this.job || !this.plan) throw new Error(`recompute for job ${args.job} but job ${this.job} was prepared`);
-    const text = this.texts[args.pass];
-    if (!text) throw new Error(`no text embedding for pass ${args.pass}: the job was prepared with ${this.texts.length}`);
-    const grid = tokenGrid(cfg, args.latentShape);
-    const patchWidth = cfg.inChannels * cfg.patchSize.reduce((x, y) => x * y, 1);
-    if (grid.count !== this.plan.tokens || args.patches.length !== grid.count * patchWidth) {
-      throw new Error(`recompute expected all ${this.plan.tokens}×${patchWidth} patch values of the prepared job, got ${args.patches.length} for ${grid.count} tokens`);
+    const pass = this.preparedPass('recompute', args);
+    if (args.patches.length !== pass.plan.tokens * pass.patchWidth) {
+      throw new Error(`recompute expected all ${pass.plan.tokens}×${pass.patchWidth} patch values of the prepared job, got ${args.patches.length}`);
     }
     const stats = noStats();
-    const rows = await forwardRank(cfg, planUlysses(cfg, grid.count, 1), this.engine, memoryExchanges(1)[0], {
-      patches: args.patches,
-      timestep: args.timestep,
-      text,
-      grid,
-      tag: { job: args.job, step: args.step, pass: args.pass },
-    }, stats);
+    const rows = await this.forward(pass, planUlysses(pass.cfg, pass.plan.tokens, 1), memoryExchanges(1)[0], args, stats);
     return { rows, computeMs: stats.computeMs };
   }
 
   async executeModel(args: ExecuteArgs): Promise<ExecuteResult> {
     const exchange = this.needInit('executeModel');
-    const cfg = this.needModel();
-    if (args.job !== this.job || !this.plan) throw new Error(`executeModel for job ${args.job} but job ${this.job} was prepared`);
-    const text = this.texts[args.pass];
-    if (!text) throw new Error(`no text embedding for pass ${args.pass}: the job was prepared with ${this.texts.length}`);
-    const grid = tokenGrid(cfg, args.latentShape);
-    if (grid.count !== this.plan.tokens) throw new Error(`executeModel with ${grid.count} tokens but the job was prepared for ${this.plan.tokens}`);
-    const patchWidth = cfg.inChannels * cfg.patchSize.reduce((x, y) => x * y, 1);
-    const share = this.plan.rows[exchange.rank];
-    if (args.patches.length !== share * patchWidth) {
-      throw new Error(`executeModel expected ${share}×${patchWidth} patch values for rank ${exchange.rank}, got ${args.patches.length}`);
+    const pass = this.preparedPass('executeModel', args);
+    const share = pass.plan.rows[exchange.rank];
+    if (args.patches.length !== share * pass.patchWidth) {
+      throw new Error(`executeModel expected ${share}×${pass.patchWidth} patch values for rank ${exchange.rank}, got ${args.patches.length}`);
     }
     this.setState('computing', `job ${args.job} step ${args.step} pass ${args.pass}`);
     const stats = noStats();
     const sentBefore = exchange.bytesSent;
-    const rows = await forwardRank(cfg, this.plan, this.engine, exchange, {
-      patches: args.patches,
-      timestep: args.timestep,
-      text,
-      grid,
-      tag: { job: args.job, step: args.step, pass: args.pass },
-    }, stats);
+    const rows = await this.forward(pass, pass.plan, exchange, args, stats);
     const bytesSent = exchange.bytesSent - sentBefore;
     this.totals.steps++;
     this.totals.bytesSent += bytesSent;
@@ -331,6 +309,23 @@ export class WorkerRuntime implements WorkerApi {
     this.totals.deviceTensorsLeft = stats.deviceTensorsLeft;
     this.setState('ready', `finished step ${args.step}`);
     return { rows, ...stats, bytesSent, peakMemoryBytes: this.hooks.peakMemoryBytes?.() ?? null };
+  }
+
+  /** What a forward of the prepared job needs from `args`, checked against what was prepared. */
+  private preparedPass(method: string, args: ExecuteArgs) {
+    const cfg = this.needModel();
+    const plan = this.plan;
+    if (args.job !== this.job || !plan) throw new Error(`${method} for job ${args.job} but job ${this.job} was prepared`);
+    const text = this.texts[args.pass];
+    if (!text) throw new Error(`no text embedding for pass ${args.pass}: the job was prepared with ${this.texts.length}`);
+    const grid = tokenGrid(cfg, args.latentShape);
+    if (grid.count !== plan.tokens) throw new Error(`${method} with ${grid.count} tokens but the job was prepared for ${plan.tokens}`);
+    return { cfg, plan, text, grid, patchWidth: cfg.inChannels * cfg.patchSize.reduce((x, y) => x * y, 1) };
+  }
+
+  private forward(pass: ReturnType<WorkerRuntime['preparedPass']>, plan: UlyssesPlan, exchange: Exchange, args: ExecuteArgs, stats: RankStats): Promise<Float32Array> {
+    const { cfg, text, grid } = pass;
+    return forwardRank(cfg, plan, this.engine, exchange, { patches: args.patches, timestep: args.timestep, text, grid, tag: { job: args.job, step: args.step, pass: args.pass } }, stats);
   }
 
   private setState(state: WorkerState, detail: string): void {
