@@ -259,25 +259,24 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
       const spotChecks: SpotCheck[] = [];
       const loopStart = performance.now();
       let ranks: RankReport[] = [];
-      // the checkpoint after each step, to go back to: a rank caught returning wrong rows by a spot
-      // check may have returned them unchecked since it was placed, so the steps since then run again
-      const checkpoints = new Map<number, SamplerCheckpoint | undefined>([[first, resume]]);
-      let placedFrom = first;
-      /** where the sampler goes back to after a spot check caught a rank (set from its velocity callback) */
-      const rerun: { from: number | null } = { from: null };
+      // where the current placement started, and the last step done: a rank caught returning wrong
+      // rows by a spot check may have returned them unchecked since it was placed, so the steps
+      // since then run again from the checkpoint it was placed at (kept alone: a real model's
+      // latent is megabytes, one per step)
+      type Point = { step: number; checkpoint: SamplerCheckpoint | undefined };
+      let placedAt: Point = { step: first, checkpoint: resume };
       let latent: Tensor | undefined;
       while (!latent) {
-        const from = rerun.from ?? first;
-        rerun.from = null;
-        placedFrom = from;
-        steps.splice(0, steps.length, ...steps.filter((s) => s.step < from));
+        const from = placedAt;
+        let lastDone = from;
+        steps.splice(0, steps.length, ...steps.filter((s) => s.step < from.step));
         latent = await sample({
           shape,
           steps: params.steps,
           flowShift: params.flowShift,
           seed: params.seed,
           solver,
-          resume: checkpoints.get(from),
+          resume: from.checkpoint,
           signal,
           async velocity(at) {
             for (;;) {
@@ -290,28 +289,25 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
                 const failure = await placer.replace(e as Error, at.step);
                 if (!failure) throw e;
                 const caught = e instanceof WorkerError && e.method === 'spot check';
-                const record = { ...failure, rerunFromStep: caught ? placedFrom : null };
+                const record = { ...failure, rerunFromStep: caught ? placedAt.step : null };
                 failures.push(record);
                 onFailure?.(record);
-                if (caught) {
-                  rerun.from = placedFrom;
-                  throw new RerunSteps();
-                }
-                placedFrom = at.step;
+                if (caught) throw new RerunSteps(); // from placedAt, on the new placement
+                placedAt = lastDone; // the new placement starts at this step
               }
             }
           },
           onStep({ stepMs, ...checkpoint }) {
             spotChecks.push(...placer.current!.takeSpotChecks());
             const { step } = checkpoint;
-            checkpoints.set(step, checkpoint);
+            lastDone = { step, checkpoint };
             steps.push({ step: step - 1, ms: stepMs, ranks });
             onCheckpoint?.(checkpoint);
             const elapsedMs = performance.now() - loopStart;
             onProgress?.({ step, steps: params.steps, stepMs, elapsedMs, etaMs: (elapsedMs / (step - first)) * (params.steps - step), ranks });
           },
         }).catch((e: unknown) => {
-          if (e instanceof RerunSteps && rerun.from !== null) return undefined;
+          if (e instanceof RerunSteps) return undefined;
           throw e;
         });
       }
