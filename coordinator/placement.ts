@@ -383,10 +383,12 @@ export class Placer {
     this.placedFor = { layout, ...request };
   }
 
-  /** The live workers once at least `count` have joined; an error saying how many joined after the placement timeout. */
+  /** The live workers, each engine answering, once at least `count` have joined; an error saying how many joined after the placement timeout. */
   async liveWorkers(count: number): Promise<SwarmWorker[]> {
     const swarm = this.options.swarm!;
-    await swarm.waitForWorkers(count, this.options.placementTimeoutMs ?? 30_000);
+    // workers whose engines hang are let go and the rest counted again (a hung one is refused as it dials again)
+    do await swarm.waitForWorkers(count, this.options.placementTimeoutMs ?? 30_000);
+    while (await swarm.letGoHungEngines());
     return swarm.workers();
   }
 

@@ -39,6 +39,11 @@ export const MAX_REFUSALS = 100;
  */
 export const MAX_JOINING = 16;
 const RELAY_RECONNECT_MS = 2_000;
+/**
+ * How long a page's engine has to answer pingEngine: behind the calls queued before it (its probe at
+ * join, a released job's last stage), which on a slow machine take tens of seconds.
+ */
+export const ENGINE_CHECK_MS = 60_000;
 
 export interface SwarmWorker {
   id: string;
@@ -295,6 +300,31 @@ export class Swarm {
     this.emit({ type: 'leave', worker, reason, at: Date.now(), silentMs });
   }
 
+  /**
+   * Health checks that go through the engine (ping does not): every live worker's engine answers
+   * pingEngine, after its measurement at join if that is under way; a worker whose engine does not
+   * is let go — it would hold a placement, a text encoding or a decode for the length of a load.
+   * How many were let go.
+   */
+  async letGoHungEngines(): Promise<number> {
+    const hung = await Promise.all(
+      this.workers().map(async (w) => {
+        await this.measuring.get(w.id);
+        return [w, await engineHangs(w.api)] as const;
+      }),
+    );
+    const letGo = hung.filter(([w, why]) => why && this.roster.get(w.id) === w);
+    for (const [w, why] of letGo) this.evict(w, why!);
+    return letGo.length;
+  }
+
+  private refuse(conn: DataConnectionLike, reason: string): void {
+    this.refusals.push({ peer: conn.peer, reason, at: Date.now() });
+    if (this.refusals.length > MAX_REFUSALS) this.refusals.shift();
+    this.emit({ type: 'refused', peer: conn.peer, reason });
+    setTimeout(() => conn.close(), 500); // let the refusal reach the page first
+  }
+
   private async admit(conn: DataConnectionLike): Promise<void> {
     const meta = joinMetadata(conn.metadata);
     if (!meta || this.joining >= MAX_JOINING) return conn.close();
@@ -326,18 +356,15 @@ export class Swarm {
       );
       const banned = this.banned.get(conn.peer);
       const refusal = banned ? `it was let go for returning wrong results (${banned}): reload it to join again` : await admitWorker(link, this.joinToken, { coordinator: this.id, worker: conn.peer }, meta);
-      if (refusal) {
-        this.refusals.push({ peer: conn.peer, reason: refusal, at: Date.now() });
-        if (this.refusals.length > MAX_REFUSALS) this.refusals.shift();
-        this.emit({ type: 'refused', peer: conn.peer, reason: refusal });
-        setTimeout(() => conn.close(), 500); // let the refusal reach the page first
-        return;
-      }
+      if (refusal) return this.refuse(conn, refusal);
       const previous = this.roster.get(conn.peer);
       if (previous) this.evict(previous, 'it joined again over a new connection');
       this.connections.set(conn.peer, conn);
       api = remote(link, COORDINATOR, WORKER_CONTRACT, `worker ${conn.peer}`);
       const info = await api.describe({}, DESCRIBE_TIMEOUT_MS);
+      // a page whose engine hangs (let go for it, and dialling again) joins once its engine answers
+      const hung = await engineHangs(api);
+      if (hung) return this.refuse(conn, hung);
       maxMessageBytes = MAX_MESSAGE_BYTES;
       const joined: SwarmWorker = { id: conn.peer, info, api, link, joinedAt: Date.now(), activity: 'idle', pulse: null, framesDropped: 0, transport: transportOf(conn), measurement: null };
       worker = joined;
@@ -375,5 +402,15 @@ export class Swarm {
       console.warn(`worker ${conn.peer} could not join: ${(e as Error).message}`);
       conn.close();
     }
+  }
+}
+
+/** Why a worker's engine is not to be trusted with work (it did not answer pingEngine in time), or null. */
+async function engineHangs(api: Pick<WorkerRemote, 'pingEngine'>): Promise<string | null> {
+  try {
+    await api.pingEngine({}, ENGINE_CHECK_MS);
+    return null;
+  } catch (e) {
+    return `its engine did not answer within ${ENGINE_CHECK_MS / 1000} s (${(e as Error).message}): it hangs or is still busy; it may join again once it answers, or reload the page`;
   }
 }

@@ -287,6 +287,11 @@ export interface WorkerApi {
   /** a whole forward of the prepared job on this worker alone, every token (patches [S, ·]): a spot check of its group's */
   recompute(args: ExecuteArgs): Promise<{ rows: Float32Array; computeMs: number }>;
   ping(args: Record<string, never>): Promise<PingReply>;
+  /**
+   * answers once its engine gets to it, after the calls queued before it: a health check that, unlike
+   * ping, goes through the engine (a worker whose engine hangs answers pings but never this)
+   */
+  pingEngine(args: Record<string, never>): Promise<{ waitedMs: number }>;
   /** releases the job's ranks; the worker waits for the next initWorker */
   shutdown(args: Record<string, never>): Promise<'bye'>;
 }
@@ -387,6 +392,10 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
   ping: {
     args: none,
     reply: fields({ state: oneOf('idle', 'initialized', 'loading', 'ready', 'computing'), rank: nullable(int(0)), totals }),
+  },
+  pingEngine: {
+    args: none,
+    reply: fields({ waitedMs: ms }),
   },
   shutdown: {
     args: none,

@@ -80,6 +80,7 @@ export class EngineHost implements EngineApi {
 
   encodeText: EngineApi['encodeText'] = (args) => this.inTurn((e) => e.encodeText(args));
   decodeTile: EngineApi['decodeTile'] = (args) => this.inTurn((e) => e.decodeTile(args));
+  alive: EngineApi['alive'] = () => this.inTurn((e) => e.alive());
   embed: EngineApi['embed'] = (...a) => this.inTurn((e) => e.embed(...a));
   preAttention: EngineApi['preAttention'] = (...a) => this.inTurn((e) => e.preAttention(...a));
   attention: EngineApi['attention'] = (...a) => this.inTurn((e) => e.attention(...a));

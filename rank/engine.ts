@@ -27,6 +27,8 @@ export interface EngineApi extends DeviceStageRunner {
   encodeText(args: Omit<EncodeTextArgs, 'ep'> & { ep: ExecutionProvider }): Promise<EncodedText>;
   /** a run of latent frames of one VAE tile of the folder at modelUrl (vae-tiles.ts) */
   decodeTile(args: Omit<DecodeTileArgs, 'ep'> & { ep: ExecutionProvider }): Promise<DecodedTile>;
+  /** resolves once the calls queued before it are done: an engine that hangs never does */
+  alive(): Promise<void>;
 }
 
 /**
@@ -85,6 +87,7 @@ export function createEngine(threads = 1): EngineApi {
       }),
     encodeText: (args) => serial(() => text.encode(args)),
     decodeTile: (args) => serial(() => vae.decode(args)),
+    alive: () => serial(async () => {}),
     embed: (...a) => serial(() => need().embed(...a)),
     preAttention: (...a) => serial(() => need().preAttention(...a)),
     attention: (...a) => serial(() => need().attention(...a)),

@@ -119,6 +119,12 @@ export class WorkerRuntime implements WorkerApi {
     return { state: this.state, rank: this.init?.rank ?? null, totals: { ...this.totals } };
   }
 
+  async pingEngine() {
+    const started = performance.now();
+    await this.engine.alive();
+    return { waitedMs: performance.now() - started };
+  }
+
   async shutdown() {
     // a browser worker outlives its executor: release the job's ranks and wait for the next initWorker
     this.init = null;

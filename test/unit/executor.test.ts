@@ -302,7 +302,7 @@ describe('the worker contract on the wire', () => {
 
   it('an unknown method, an inherited property among them, is refused with the list of worker methods', async () => {
     const runtime = new WorkerRuntime(engine, { connectMesh: async () => memoryExchanges(1)[0], describe: async () => ({ ep: 'wasm', adapter: 't', softwareAdapter: false, threads: 1, memoryGiB: null, userAgent: 'u' }) });
-    expect(WORKER_METHODS).toEqual(['describe', 'probeCompute', 'probeLink', 'initWorker', 'loadModel', 'rehearse', 'encodeText', 'decodeTile', 'prepareJob', 'probeMesh', 'executeModel', 'recompute', 'ping', 'shutdown']);
+    expect(WORKER_METHODS).toEqual(['describe', 'probeCompute', 'probeLink', 'initWorker', 'loadModel', 'rehearse', 'encodeText', 'decodeTile', 'prepareJob', 'probeMesh', 'executeModel', 'recompute', 'ping', 'pingEngine', 'shutdown']);
     for (const method of ['eval', 'constructor', '__proto__', 'toString', 'judgeTensor']) {
       expect(await rawRequest(runtime, method, {})).toEqual({
         type: 'reply',

@@ -32,6 +32,7 @@ export function stubEngine(stages: DeviceStageRunner, config: WanConfig): Engine
     decodeTile: async () => {
       throw new Error('this stub engine has no VAE');
     },
+    alive: async () => {},
   };
 }
 

@@ -388,6 +388,7 @@ describe('hostile arguments to every worker method', () => {
     const bases: Record<WorkerMethod, { args: Record<string, unknown>; runtimeRefuses: boolean }> = {
       describe: { args: {}, runtimeRefuses: false },
       ping: { args: {}, runtimeRefuses: false },
+      pingEngine: { args: {}, runtimeRefuses: false },
       shutdown: { args: {}, runtimeRefuses: false },
       probeCompute: { args: { ep: 'wasm' }, runtimeRefuses: false },
       probeLink: { args: { payload: new Float32Array(4) }, runtimeRefuses: false },
@@ -661,6 +662,7 @@ describe(`fuzz: ${MUTATIONS} structured mutations per target`, () => {
     executeModel: { rows: Float32Array.from({ length: 64 }, (_, i) => i / 64), bytesSent: 4096, peakMemoryBytes: null, computeMs: 12, commMs: 3, bytesDownloaded: 0, bytesKept: 0, deviceTensorsLeft: 0 },
     recompute: { rows: Float32Array.from({ length: 64 }, (_, i) => -i / 64), computeMs: 30 },
     ping: { state: 'ready', rank: 1, totals: { steps: 3, bytesSent: 10, computeMs: 5, bytesDownloaded: 0, bytesKept: 0, deviceTensorsLeft: 0 } },
+    pingEngine: { waitedMs: 0.4 },
     shutdown: 'bye',
   };
 

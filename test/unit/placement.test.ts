@@ -2,7 +2,7 @@ import { beforeAll, describe, expect, it } from 'vitest';
 import { LOAD_TIMEOUT_MS, TimeoutError, WorkerError } from '../../coordinator/executor.ts';
 import { measureWorker, type WorkerMeasurement } from '../../coordinator/measure.ts';
 import { MAX_REPLANS, Placer, ReplacementsExhausted, type PlacementRequest } from '../../coordinator/placement.ts';
-import { Swarm, type SwarmEvent, type SwarmWorker } from '../../coordinator/swarm.ts';
+import { ENGINE_CHECK_MS, Swarm, type SwarmEvent, type SwarmWorker } from '../../coordinator/swarm.ts';
 import { SwarmExecutor } from '../../coordinator/swarm-executor.ts';
 import { candidatePlans, planSwarm, predictStep, unevenPlan, type Hardware, type Plan, type Workload } from '../../core/cost-model.ts';
 import { DEFAULT_JOB, jobParams, latentShape } from '../../core/job.ts';
@@ -34,6 +34,8 @@ interface FakeWorker extends SwarmWorker {
   calls: { method: string; args: unknown; timeoutMs?: number }[];
   /** what its ping does: answer, throw at once as a closed link's would, or never answer */
   pingFault: 'none' | 'silent' | 'gone';
+  /** its engine never answers (pings, which do not reach it, still do) */
+  engineHangs: boolean;
   /** what its mesh probe reports */
   probe: Omit<MeshProbe, 'rank'>;
   /** its loadModel fails */
@@ -83,6 +85,10 @@ function testSwarm() {
           if (worker.pingFault === 'gone') throw new RemoteError(`worker ${id} is gone`);
           return { state: 'ready', rank: 0, totals: { steps: 0, bytesSent: 0, computeMs: 0, bytesDownloaded: 0, bytesKept: 0, deviceTensorsLeft: 0 } };
         }),
+        pingEngine: answer('pingEngine', (_args, timeoutMs) => {
+          if (worker.engineHangs) throw new RpcTimeout(`pingEngine did not answer within ${timeoutMs} ms`);
+          return { waitedMs: 0.1 };
+        }),
         shutdown: answer('shutdown', () => 'bye'),
       };
       const worker: FakeWorker = {
@@ -98,6 +104,7 @@ function testSwarm() {
         measurement,
         calls: [],
         pingFault: 'none',
+        engineHangs: false,
         probe: { bytesPerPeer: 4, smallBytes: 4, bytesSent: 1 << 20, smallMs: 1, largeMs: 100 },
         failsToLoad: false,
         share: 1,
@@ -120,6 +127,8 @@ const ask = (request: Partial<PlacementRequest> = {}): PlacementRequest => ({ ul
 const guided = jobParams(DEFAULT_JOB);
 const unguided = jobParams({ ...DEFAULT_JOB, guidance: 1 });
 const callsOf = (w: FakeWorker, method: string) => w.calls.filter((c) => c.method === method);
+/** its calls but the health checks every placement begins with */
+const workCalls = (w: FakeWorker) => w.calls.filter((c) => c.method !== 'pingEngine');
 const texts = [new Float32Array(16 * 4)];
 const shape = [16, 1, 4, 4];
 
@@ -277,11 +286,12 @@ describe('Placer: where a job runs', () => {
     const workers = join(3);
     await placerOn(swarm).place(guided, ask({ ulyssesDegree: 3 }));
     workers.forEach((w, rank) => {
-      expect(w.calls.map((c) => c.method)).toEqual(['initWorker', 'describe', 'loadModel']);
-      expect(w.calls[0].args).toMatchObject({ rank, world: 3, peers: ['w0', 'w1', 'w2'], dtype: 'f32' });
-      expect(w.calls[2].args).toEqual({ modelUrl: '/models/tiny-wan', ep: 'auto' });
+      const calls = workCalls(w);
+      expect(calls.map((c) => c.method)).toEqual(['initWorker', 'describe', 'loadModel']);
+      expect(calls[0].args).toMatchObject({ rank, world: 3, peers: ['w0', 'w1', 'w2'], dtype: 'f32' });
+      expect(calls[2].args).toEqual({ modelUrl: '/models/tiny-wan', ep: 'auto' });
       // a real model's GBs may take minutes: not the 1 s the other calls of this placer get
-      expect([w.calls[0].timeoutMs, w.calls[2].timeoutMs]).toEqual([1_000, LOAD_TIMEOUT_MS]);
+      expect([calls[0].timeoutMs, calls[2].timeoutMs]).toEqual([1_000, LOAD_TIMEOUT_MS]);
     });
   });
 
@@ -316,6 +326,35 @@ describe('Placer: where a job runs', () => {
     expect((await placer.place(guided, ask({ ulyssesDegree: 3, cfgParallel: true, ep: 'wasm' }))).executor).toBe(wasm);
   });
 
+  it('a worker whose engine hangs (it answers pings, not pingEngine) is let go before it is placed, saying why, and the job is placed on the others (issue 17, #7)', async () => {
+    const { swarm, join } = testSwarm();
+    const workers = join(3);
+    workers[1].engineHangs = true;
+    const left: string[] = [];
+    swarm.on((e) => e.type === 'leave' && left.push(`${e.worker.id}: ${e.reason}`));
+    const { executor } = await placerOn(swarm).place(guided, ask({ ulyssesDegree: 2 }));
+    expect(executor.workers.map((w) => w.id)).toEqual(['w0', 'w2']);
+    expect(left).toEqual([`w1: its engine did not answer within ${ENGINE_CHECK_MS / 1000} s (pingEngine did not answer within ${ENGINE_CHECK_MS} ms): it hangs or is still busy; it may join again once it answers, or reload the page`]);
+    expect(callsOf(workers[1], 'initWorker')).toEqual([]);
+    // every placement checks the engines anew
+    const checks = callsOf(workers[0], 'pingEngine');
+    expect(new Set(checks.map((c) => c.timeoutMs))).toEqual(new Set([ENGINE_CHECK_MS]));
+    await placerOn(swarm).place(guided, ask({ ulyssesDegree: 1 }));
+    expect(callsOf(workers[0], 'pingEngine').length).toBeGreaterThan(checks.length);
+  });
+
+  it('pingEngine goes through the engine, as ping does not: a real engine answers it only after the probe queued before it', async () => {
+    const engine = createEngine();
+    const runtime = new WorkerRuntime(engine, { connectMesh: async () => memoryExchanges(1)[0], describe: async () => ({ ep: 'wasm', adapter: 'test', softwareAdapter: false, threads: 1, memoryGiB: null, userAgent: 'test' }) });
+    const order: string[] = [];
+    const probe = engine.probe('wasm').then(() => order.push('probe'));
+    const ping = runtime.ping().then(() => order.push('ping'));
+    const check = runtime.pingEngine().then((r) => (order.push('pingEngine'), r));
+    await Promise.all([probe, ping, check]);
+    expect(order).toEqual(['ping', 'probe', 'pingEngine']);
+    expect((await check).waitedMs).toBeGreaterThan(1);
+  });
+
   it('a placement whose ranks fail to load is shut down with 0.5 s for the acks, the error passed on, and no placement left', async () => {
     const { swarm, join } = testSwarm();
     const workers = join(2);
@@ -346,7 +385,7 @@ describe('Placer: where a job runs', () => {
     expect([executor.world, executor.layout.ulyssesDegree, executor.layout.cfgParallel]).toEqual([4, 2, true]);
     const ids = executor.workers.map((w) => w.id);
     expect(ids).toEqual(['w0', 'w1', 'w2', 'w3']);
-    const inits = workers.slice(0, 4).map((w) => w.calls[0].args as InitArgs);
+    const inits = workers.slice(0, 4).map((w) => callsOf(w, 'initWorker')[0].args as InitArgs);
     expect(inits.map((i) => [i.rank, i.world, i.peers])).toEqual([
       [0, 2, ['w0', 'w1']],
       [1, 2, ['w0', 'w1']],
@@ -356,7 +395,7 @@ describe('Placer: where a job runs', () => {
     expect(inits[0].session).toBe(inits[1].session);
     expect(inits[2].session).toBe(inits[3].session);
     expect(inits[0].session).not.toBe(inits[2].session);
-    expect(workers[4].calls).toEqual([]);
+    expect(workCalls(workers[4])).toEqual([]);
     expect(swarm.workers().map((w) => w.activity)).toEqual([
       'rank 0 of 4 (conditional group)',
       'rank 1 of 4 (conditional group)',
