@@ -8,7 +8,7 @@
 
 import { jobParams, type JobParams } from '../core/job.ts';
 import type { GenerateRequest, GenerateResult, StepProgress } from './pipeline.ts';
-import type { JobInputs, JobPlacement, JobStore, StoredJob } from './job-store.ts';
+import { resultBytes, type JobInputs, type JobPlacement, type JobStore, type StoredJob } from './job-store.ts';
 
 export type RunJob = (job: StoredJob, hooks: Pick<GenerateRequest, 'resume' | 'onCheckpoint' | 'onProgress' | 'onPhase' | 'onFailure' | 'signal'>) => Promise<GenerateResult>;
 
@@ -132,7 +132,11 @@ export class JobQueue {
     // already kept without its video and latent, and said so: kept so again
     if (job.storageNote && job.result) return this.store.put(withoutResult(job, job.storageNote)).catch(() => {});
     const stripped: StoredJob[] = [];
-    for (const old of this.list().filter((j) => j.id !== job.id && !j.storageNote && j.result && (j.result.video || j.result.latent.length))) {
+    const older = this.list().filter((j) => j.id !== job.id && !j.storageNote && resultBytes(j) > 0);
+    // a job that would not fit with every older result gone strips none of them (the disk may not take them back)
+    const room = await this.store.room().catch(() => null);
+    const fits = room === null || resultBytes(job) <= room + older.reduce((n, j) => n + resultBytes(j), 0);
+    for (const old of fits ? older : []) {
       const note = `its video and latent were removed from this browser to make room for job ${job.id}`;
       try {
         await this.store.put(withoutResult(old, note));
@@ -150,7 +154,7 @@ export class JobQueue {
       old.storageNote = undefined;
       await this.store.put(old).catch(() => (old.storageNote = note));
     }
-    if (job.result && (job.result.video || job.result.latent.length)) {
+    if (resultBytes(job) > 0) {
       const note = `its video and latent could not be kept in this browser (${why}): download the video before closing this page`;
       try {
         await this.store.put(withoutResult(job, note));

@@ -53,7 +53,12 @@ export interface JobStore {
   all(): Promise<StoredJob[]>;
   put(job: StoredJob): Promise<void>;
   delete(id: number): Promise<void>;
+  /** bytes it can still take, as far as the browser says (below 0 where it holds more than its quota now allows; null: it does not say) */
+  room(): Promise<number | null>;
 }
+
+/** The bytes a job's video and latent take in a store. */
+export const resultBytes = (job: StoredJob): number => (job.result ? (job.result.video?.size ?? 0) + job.result.latent.byteLength : 0);
 
 export class MemoryJobStore implements JobStore {
   private readonly jobs = new Map<number, StoredJob>();
@@ -62,6 +67,9 @@ export class MemoryJobStore implements JobStore {
   }
   async put(job: StoredJob) {
     this.jobs.set(job.id, structuredClone(job));
+  }
+  async room(): Promise<number | null> {
+    return null;
   }
   async delete(id: number) {
     this.jobs.delete(id);
@@ -93,5 +101,10 @@ export class IdbJobStore implements JobStore {
   }
   async delete(id: number): Promise<void> {
     await this.db.delete('jobs', id);
+  }
+  async room(): Promise<number | null> {
+    // the origin's whole quota and usage (the workers' weight cache counts too): what any write may still take
+    const { quota, usage } = (await navigator.storage?.estimate?.()) ?? {};
+    return quota !== undefined && usage !== undefined ? quota - usage : null;
   }
 }

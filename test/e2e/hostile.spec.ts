@@ -489,12 +489,10 @@ test.describe.serial('a dashboard and one worker tab', () => {
     expect(given).toMatchObject({ status: 'failed', error: expect.stringMatching(/interrupted 3 times/) });
   });
 
-  // Known gap: to make room for a job that then does not fit even alone, the queue strips the older
-  // jobs of their video and latent, oldest first, and then puts them back; but on this simulated
-  // disk (its quota set below what is already stored) putting them back is refused too. Knowing
-  // beforehand that the job cannot fit needs the browser's quota estimate; remove test.fail then.
+  // Before the fix, the queue stripped the older jobs of their video and latent to make room for a
+  // job that then did not fit even alone, and put them back; but a disk whose quota is below what
+  // is already stored refuses them back. The browser's estimate now tells beforehand.
   test('#10 …and a job too large to keep costs no older job its video', async () => {
-    test.fail(true, 'issue 17 #10: a job that does not fit even alone strips the older jobs first (they are put back where the disk takes them)');
     expect(storage.madeRoom).not.toBeNull();
     const video = await dashboard.evaluate((id) => (window as any).ditswarm.result(id).then((r: any) => r.video !== null), storage.madeRoom!);
     expect(video).toBe(true);

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { CANCELLED, JobQueue, MAX_ATTEMPTS, type RunJob } from '../../coordinator/job-queue.ts';
-import { MemoryJobStore, type JobPlacement, type StoredJob } from '../../coordinator/job-store.ts';
+import { MemoryJobStore, resultBytes, type JobPlacement, type StoredJob } from '../../coordinator/job-store.ts';
 import { JobParamsError } from '../../core/job.ts';
 
 const placement: JobPlacement = { backend: 'swarm', workers: 1, ep: 'wasm' };
@@ -75,15 +75,23 @@ describe('job queue', () => {
 
 describe('job queue: what the browser will not store, and jobs that never finish', () => {
   const quota = () => Object.assign(new Error('The quota has been exceeded.'), { name: 'QuotaExceededError' });
-  /** A store that refuses any job holding more than `room` bytes of videos and latents in all. */
+  /** A store that refuses any job holding more than `capacity` bytes of videos and latents in all, and says how much is left. */
   class FullStore extends MemoryJobStore {
-    constructor(private readonly room: number) {
+    /** each write it took: the job and the bytes of its result */
+    readonly written: [number, number][] = [];
+    constructor(public capacity: number) {
       super();
     }
+    private async held(except?: number) {
+      return (await this.all()).filter((j) => j.id !== except).reduce((n, j) => n + resultBytes(j), 0);
+    }
     override async put(job: StoredJob) {
-      const held = [...(await this.all()).filter((j) => j.id !== job.id), job].reduce((n, j) => n + (j.result ? (j.result.video?.size ?? 0) + j.result.latent.byteLength : 0), 0);
-      if (held > this.room) throw quota();
+      if ((await this.held(job.id)) + resultBytes(job) > this.capacity) throw quota();
+      this.written.push([job.id, resultBytes(job)]);
       return super.put(job);
+    }
+    override async room() {
+      return this.capacity - (await this.held());
     }
   }
 
@@ -113,6 +121,21 @@ describe('job queue: what the browser will not store, and jobs that never finish
     expect(events).toEqual([expect.stringMatching(/^job 1 was kept without its video and latent: its video and latent could not be kept in this browser \(The quota has been exceeded\.\): download the video before closing this page$/)]);
     const [stored] = await store.all();
     expect([stored.status, stored.result!.video, stored.result!.latent.length]).toEqual(['done', null, 0]);
+  });
+
+  it('a job that would not fit even with every older result gone strips none of them: the browser says how much room is left (issue 17, #10)', async () => {
+    const store = new FullStore(15);
+    const queue = await JobQueue.restore(store, fakeRunner([]));
+    const first = await queue.settled((await queue.submit({ prompt: 'a', seed: 11, steps: 1 }, placement)).id); // video 2 B + latent 4 B
+    store.capacity = 10;
+    const since = store.written.length;
+    await queue.settled((await queue.submit({ prompt: 'b', seed: 1234567890, steps: 1 }, placement)).id); // video 10 B + latent 4 B: 14 > 10
+    // job 1 was never written without its video and latent (without the estimate it was, then put back)
+    expect(store.written.slice(since).filter(([id]) => id === first.id).map(([, bytes]) => bytes)).not.toContain(0);
+    expect((await store.all()).map((j) => [j.id, resultBytes(j), j.storageNote ?? null])).toEqual([
+      [1, 6, null],
+      [2, 0, expect.stringMatching(/download the video before closing this page/)],
+    ]);
   });
 
   it(`a job that was running at ${MAX_ATTEMPTS} reloads is failed, not started again`, async () => {

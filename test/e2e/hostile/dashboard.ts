@@ -26,7 +26,7 @@ export async function shortenExchangeTimeout(page: Page): Promise<void> {
 /**
  * IndexedDB as on a nearly full disk: once window.__quotaBytes is set, a put that would make the
  * finished jobs' videos and latents together grow past it throws QuotaExceededError, as the
- * browser's does. What is counted is kept per record (a job without its result counts 0);
+ * browser's does, and navigator.storage.estimate() says how full it is. What is counted is kept per record (a job without its result counts 0);
  * window.__storedResultBytes holds it, by job id.
  */
 export async function emulateStorageQuota(page: Page): Promise<void> {
@@ -56,6 +56,13 @@ export async function emulateStorageQuota(page: Page): Promise<void> {
         stored[value.id] = resultBytes(value);
       }
       return put.call(this, value, key);
+    };
+    // and the browser's estimate says so, as a full disk's does: usage is what is stored, the quota the one set
+    const estimate = StorageManager.prototype.estimate;
+    StorageManager.prototype.estimate = async function (this: StorageManager) {
+      const real = await estimate.call(this);
+      if (w.__quotaBytes === undefined) return real;
+      return { ...real, quota: w.__quotaBytes, usage: Object.values(w.__storedResultBytes).reduce((n, bytes) => n + bytes, 0) };
     };
   });
 }
