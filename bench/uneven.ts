@@ -1,14 +1,18 @@
-// Three worker tabs of unequal speed (issue 18): two in one Chromium pinned to core 0, one in another
-// Chromium pinned to core 1 beside `--burners` busy processes pinned there too (a competing load,
-// the real means: DevTools CPU throttling does not reach a page's Web Workers, where onnxruntime
-// computes). The same job on one tab, on the three with even shares, and on the three with shares
-// by speed; each rank's compute time in the even run is its measured speed. Writes
+// Three worker tabs of unequal speed (issue 18), each in a Chromium of its own given a share of one
+// core by the kernel's CPU bandwidth control (a cgroup's CFS quota: what a container or a cloud VM's
+// vCPU share is) and pinned to it: two tabs get `fastShare` of a core each, the third `slowShare`
+// (0.75 and 0.25: the third 3× slower), and each browser sees one core. The dashboard has a
+// Chromium of its own beside the first tab. (DevTools CPU throttling does not reach a page's Web
+// Workers, where onnxruntime computes; busy processes beside a tab made its speed depend on who
+// else was computing.) The same job on one tab, on the three with even shares, and on the three
+// with shares by speed; each rank's compute time in the even run is its measured speed. Writes
 // bench/out/uneven.json; `meets` says whether the issue's figures hold.
 //
-//   npm run bench -- uneven [--burners 10 --frames 9 --height 256 --width 256 --steps 3]
+//   npm run bench -- uneven [--fastShare 0.75 --slowShare 0.25 --frames 9 --height 256 --width 256 --steps 3]
+//
+// Needs a writable cpu cgroup (root; cgroup v1's cpu controller or v2's cpu.max).
 
-import { spawn, type ChildProcess } from 'node:child_process';
-import { chmodSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { chmodSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
@@ -25,7 +29,9 @@ const MIN_GAIN = 1.3;
 const PARITY = 1e-4;
 
 export interface UnevenOptions {
-  burners: number;
+  /** of one core: the two fast tabs' and the slow tab's */
+  fastShare: number;
+  slowShare: number;
   /** forwards spot-checked in the run that measures their cost (1: every one) */
   spotCheckRate: number;
   frames: number;
@@ -34,7 +40,9 @@ export interface UnevenOptions {
   steps: number;
 }
 
-export const DEFAULT_UNEVEN: UnevenOptions = { spotCheckRate: 1, burners: 10, frames: 9, height: 256, width: 256, steps: 3 };
+export const DEFAULT_UNEVEN: UnevenOptions = { spotCheckRate: 1, fastShare: 0.75, slowShare: 0.25, frames: 9, height: 256, width: 256, steps: 3 };
+/** the CFS period: short, so a tab out of its quota waits at most a few ms to answer a peer */
+const PERIOD_US = 10_000;
 
 interface Report {
   steps: { ms: number; ranks: { rank: number; worker: string; computeMs: number }[] }[];
@@ -44,12 +52,40 @@ interface Report {
   config: { ulyssesDegree: number };
 }
 
-/** Chromium pinned to one core (taskset through a wrapper: every process it starts inherits the pinning). */
-async function pinnedBrowser(core: number, dir: string): Promise<BrowserContext> {
-  const wrapper = join(dir, `chromium-core-${core}.sh`);
-  writeFileSync(wrapper, `#!/bin/sh\nexec taskset -c ${core} ${chromiumExecutable()} "$@"\n`);
+/** A cpu cgroup holding `share` of one core (null: unlimited), as cgroup v1 or v2 offers it; its directory. */
+function cpuGroup(name: string, share: number): string {
+  const v1 = '/sys/fs/cgroup/cpu';
+  const v2 = '/sys/fs/cgroup';
+  const quota = String(Math.round(share * PERIOD_US));
+  if (existsSync(join(v1, 'cpu.cfs_quota_us'))) {
+    const dir = join(v1, name);
+    mkdirSync(dir, { recursive: true });
+    writeFileSync(join(dir, 'cpu.cfs_period_us'), String(PERIOD_US));
+    writeFileSync(join(dir, 'cpu.cfs_quota_us'), quota);
+    return dir;
+  }
+  if (existsSync(join(v2, 'cgroup.controllers')) && readFileSync(join(v2, 'cgroup.controllers'), 'utf8').includes('cpu')) {
+    writeFileSync(join(v2, 'cgroup.subtree_control'), '+cpu');
+    const dir = join(v2, name);
+    mkdirSync(dir, { recursive: true });
+    writeFileSync(join(dir, 'cpu.max'), `${quota} ${PERIOD_US}`);
+    return dir;
+  }
+  throw new Error('bench uneven gives its tabs unequal CPU through a cpu cgroup, and this machine has none writable: run it as root where cgroup v1 (cpu) or v2 (cpu.max) is mounted');
+}
+
+/**
+ * A Chromium pinned to one core (taskset) and, with `group`, inside that cpu cgroup (every process
+ * it starts inherits both), its pages told they have one core, as a one-core machine's would.
+ */
+async function pinnedBrowser(name: string, core: number, group: string | null, dir: string): Promise<BrowserContext> {
+  const wrapper = join(dir, `chromium-${name}.sh`);
+  const enter = group ? `echo $$ > ${join(group, 'cgroup.procs')}\n` : '';
+  writeFileSync(wrapper, `#!/bin/sh\n${enter}exec taskset -c ${core} ${chromiumExecutable()} "$@"\n`);
   chmodSync(wrapper, 0o755);
-  return chromium.launchPersistentContext(join(dir, `profile-${core}`), { executablePath: wrapper, args: [...chromiumArgs] });
+  const context = await chromium.launchPersistentContext(join(dir, `profile-${name}`), { executablePath: wrapper, args: [...chromiumArgs] });
+  await context.addInitScript(() => Object.defineProperty(Navigator.prototype, 'hardwareConcurrency', { get: () => 1 }));
+  return context;
 }
 
 export async function runUneven(options: Partial<UnevenOptions> = {}) {
@@ -57,26 +93,34 @@ export async function runUneven(options: Partial<UnevenOptions> = {}) {
   const model = ensureBenchModel();
   await buildBenchPages();
   const tokens = tokenGrid(model, latentShape(o, model.inChannels)).count;
-  log(`uneven: bench-wan (D ${model.dim}, ${model.numLayers} blocks, ${model.numHeads} heads), ${tokens} tokens, ${o.steps} steps; the third tab beside ${o.burners} busy processes`);
+  log(`uneven: bench-wan (D ${model.dim}, ${model.numLayers} blocks, ${model.numHeads} heads), ${tokens} tokens, ${o.steps} steps; tabs on ${o.fastShare}, ${o.fastShare} and ${o.slowShare} of a core`);
   const dir = mkdtempSync(join(tmpdir(), 'ditswarm-uneven-'));
   const server = await startServer({ port: 0, quiet: true });
-  const burners: ChildProcess[] = [];
+  const groups: string[] = [];
   const contexts: BrowserContext[] = [];
   const started = Date.now();
   try {
-    const fast = await pinnedBrowser(0, dir);
-    const slow = await pinnedBrowser(1, dir);
-    contexts.push(fast, slow);
+    // core 0: the dashboard and a fast tab; core 1: the other fast tab and the slow one
+    const tabs = [
+      { name: 'fast-a', core: 0, share: o.fastShare },
+      { name: 'fast-b', core: 1, share: o.fastShare },
+      { name: 'slow', core: 1, share: o.slowShare },
+    ];
+    const dashboardBrowser = await pinnedBrowser('dashboard', 0, null, dir);
+    contexts.push(dashboardBrowser);
+    for (const tab of tabs) {
+      groups.push(cpuGroup(`ditswarm-bench-${tab.name}`, tab.share));
+      contexts.push(await pinnedBrowser(tab.name, tab.core, groups.at(-1)!, dir));
+    }
     for (const context of contexts) await serveBenchFiles(context);
-    const dashboard = await fast.newPage();
+    const dashboard = await dashboardBrowser.newPage();
     await dashboard.goto(`${server.url}/`);
     const { joinUrl } = await dashboard.evaluate(() => (window as any).ditswarm.ready);
     // the fast tabs join first: ranks 0 and 1, and one rank alone runs on the first of them
-    for (const [i, context] of [fast, fast, slow].entries()) {
+    for (const [i, context] of contexts.slice(1).entries()) {
       await (await context.newPage()).goto(joinUrl);
       await dashboard.waitForFunction((n) => (window as any).ditswarm.workerCount() >= n, i + 1, { timeout: 60_000 });
     }
-    for (let i = 0; i < o.burners; i++) burners.push(spawn('taskset', ['-c', '1', process.execPath, '-e', 'for (;;);'], { stdio: 'ignore' }));
 
     // no spot checks but in the run that measures them: they would blur the comparison of shares
     const job = { prompt: 'a red ball bouncing on a wooden floor', frames: o.frames, height: o.height, width: o.width, steps: o.steps, guidance: 1, seed: 7, backend: 'swarm', ep: 'wasm', model: APP_MODEL_PATH, spotCheckRate: 0 };
@@ -126,9 +170,9 @@ export async function runUneven(options: Partial<UnevenOptions> = {}) {
         ...o,
         guidance: 1,
         ep: 'wasm',
-        slowdownBy: `the third worker's Chromium pinned to core 1 (taskset) beside ${o.burners} busy Node processes pinned there; the other two tabs share core 0`,
+        slowdownBy: `each worker tab in a Chromium of its own pinned to one core (taskset) in a cpu cgroup with a CFS quota of ${o.fastShare}, ${o.fastShare} and ${o.slowShare} of a core (period ${PERIOD_US / 1000} ms): cores 0, 1 and 1; the dashboard's Chromium on core 0 unlimited; each browser told it has one core`,
       },
-      machine: machine(fast.browser()?.version()),
+      machine: machine(contexts[0].browser()?.version()),
       versions: versions(),
       /** the slow tab's compute over the fast tabs' in the even run */
       measuredSlowdown: slowdown,
@@ -149,8 +193,14 @@ export async function runUneven(options: Partial<UnevenOptions> = {}) {
       },
     };
   } finally {
-    for (const b of burners) b.kill('SIGKILL');
     for (const c of contexts) await c.close().catch(() => {});
+    for (const group of groups) {
+      try {
+        rmdirSync(group); // empty once its browser is gone
+      } catch (e) {
+        console.warn(`could not remove the cgroup ${group}: ${(e as Error).message}`);
+      }
+    }
     await server.close();
     rmSync(dir, { recursive: true, force: true });
   }
@@ -161,7 +211,8 @@ export function parseUnevenArgs(args: string[]): Partial<UnevenOptions> {
   const out: Partial<UnevenOptions> = {};
   for (const [k, v] of Object.entries(values)) {
     const n = Number(v);
-    if (k === 'spotCheckRate' ? !(n >= 0 && n <= 1) : !Number.isInteger(n) || n < 0) throw new Error(`--${k} takes ${k === 'spotCheckRate' ? 'a rate from 0 to 1' : 'a whole number'}, got ${v}`);
+    const fraction = k === 'spotCheckRate' || k === 'fastShare' || k === 'slowShare';
+    if (fraction ? !(n >= 0 && n <= 1) || (k !== 'spotCheckRate' && n === 0) : !Number.isInteger(n) || n < 0) throw new Error(`--${k} takes ${fraction ? 'a fraction from 0 to 1' : 'a whole number'}, got ${v}`);
     out[k as keyof UnevenOptions] = n;
   }
   return out;
