@@ -22,6 +22,7 @@ import {
   type RunJob,
   type StoredJob,
   type Swarm,
+  type SwarmIdentity,
 } from '../coordinator/index.ts';
 import { $ } from './views/dom.ts';
 import { renderGallery, videoUrl } from './views/gallery.ts';
@@ -209,7 +210,7 @@ form.addEventListener('keydown', (event) => {
   }
 });
 
-function savedIdentity(): { id?: string; token?: string } {
+function savedIdentity(): SwarmIdentity {
   try {
     return JSON.parse(localStorage.getItem(IDENTITY_KEY) ?? '{}');
   } catch {
@@ -224,7 +225,7 @@ const bytesToBase64 = (bytes: Uint8Array) => {
 };
 
 function showIdentity(opened: Swarm): { joinUrl: string; lanJoinUrl: string } {
-  localStorage.setItem(IDENTITY_KEY, JSON.stringify({ id: opened.id, token: opened.token }));
+  localStorage.setItem(IDENTITY_KEY, JSON.stringify(opened.identity));
   showJoinLink(opened.lanJoinUrl, opened.joinUrl);
   return { joinUrl: opened.joinUrl, lanJoinUrl: opened.lanJoinUrl };
 }

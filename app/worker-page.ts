@@ -72,7 +72,7 @@ if (!token) {
 }
 
 function join(): void {
-  startWorkerEndpoint({ origin: location.origin, swarm: query.get('swarm'), token, onStatus: render })
+  startWorkerEndpoint({ origin: location.origin, token, onStatus: render })
     .then((endpoint) => {
       $('leave').addEventListener('click', () => endpoint.leave());
       window.addEventListener('pagehide', () => endpoint.leave());

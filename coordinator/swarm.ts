@@ -18,7 +18,7 @@ import {
   type SignalingOptions,
 } from '../core/net/peer-link.ts';
 import { admitWorker, JOIN_STEP_TIMEOUT_MS, joinMetadata, type JoinMetadata } from '../core/net/join.ts';
-import { obtainJoinToken, revokeJoinToken } from '../core/net/join-token.ts';
+import { obtainSwarmKeys, registerCoordinator, revokeJoinToken, type SwarmKeys } from '../core/net/join-token.ts';
 import { COORDINATOR } from '../core/net/protocol.ts';
 import type { RelayClient } from '../core/net/relay-client.ts';
 import { passing } from '../core/net/check.ts';
@@ -68,12 +68,8 @@ export type SwarmEvent =
   | { type: 'leave'; worker: SwarmWorker; reason: string; at: number; silentMs: number }
   | { type: 'refused'; peer: string; reason: string };
 
-export interface SwarmIdentity {
-  /** peer id to register; reusing it after a reload lets workers find the dashboard again */
-  id?: string;
-  /** the join token it had: kept where the server still stands by it, else the server gives a new one */
-  token?: string;
-}
+/** What a dashboard keeps across reloads: its swarm's keys (its PeerJS id is new each load). */
+export type SwarmIdentity = Partial<SwarmKeys>;
 
 export class Swarm {
   private readonly roster = new Map<string, SwarmWorker>();
@@ -93,22 +89,29 @@ export class Swarm {
   private constructor(
     private readonly peer: Peer,
     readonly origin: string,
-    private joinToken: string,
+    private keys: SwarmKeys,
     private readonly signaling: SignalingOptions,
   ) {
     peer.on('connection', (conn) => void this.admit(conn as unknown as DataConnectionLike));
   }
 
-  /** Registers this dashboard with the signaling server of `origin`. */
+  /**
+   * Registers this dashboard with the signaling server of `origin` under a fresh id (nobody can
+   * hold it in wait for a reload), and tells the server that id for the swarm of `identity`'s
+   * keys where it still stands by them, else of new ones: its workers find it by the server.
+   */
   static async open(origin: string, identity: SwarmIdentity = {}): Promise<Swarm> {
     const signaling = await signalingOptions(origin);
-    const id = identity.id ?? newPeerId('coordinator');
-    const peer = await registerPeer(() => new Peer(id, peerOptions(signaling)), origin, { retries: 10 });
-    const token = await obtainJoinToken(origin, identity.token).catch((e: Error) => {
+    const peer = await registerPeer(() => new Peer(newPeerId('coordinator'), peerOptions(signaling)), origin);
+    let keys: SwarmKeys;
+    try {
+      keys = await obtainSwarmKeys(origin, identity);
+      await registerCoordinator(origin, keys, peer.id);
+    } catch (e) {
       peer.destroy();
       throw e;
-    });
-    const swarm = new Swarm(peer, origin, token, signaling);
+    }
+    const swarm = new Swarm(peer, origin, keys, signaling);
     if (signaling.relay.mode === 'off') return swarm;
     try {
       await swarm.openRelay();
@@ -130,7 +133,12 @@ export class Swarm {
 
   /** the join token every worker must prove it holds (it is in joinUrl's fragment) */
   get token(): string {
-    return this.joinToken;
+    return this.keys.token;
+  }
+
+  /** what the page keeps to open this swarm again after a reload */
+  get identity(): SwarmKeys {
+    return { ...this.keys };
   }
 
   /**
@@ -139,8 +147,10 @@ export class Swarm {
    * go — whoever holds the new link joins again.
    */
   async revokeJoinLink(): Promise<void> {
-    const [old, joined] = [this.joinToken, this.workers()];
-    this.joinToken = await obtainJoinToken(this.origin);
+    const [old, joined] = [this.keys, this.workers()];
+    const keys = await obtainSwarmKeys(this.origin);
+    await registerCoordinator(this.origin, keys, this.id);
+    this.keys = keys;
     this.relay?.close('the join link was revoked'); // reopened with the new token
     await revokeJoinToken(this.origin, old);
     for (const worker of joined) this.evict(worker, 'the join link it joined with was revoked');
@@ -154,7 +164,7 @@ export class Swarm {
   // The relay socket lives as long as the swarm: workers that cannot reach this page directly come through it.
   private async openRelay(): Promise<void> {
     const auth = this.peer.options.token ?? '';
-    const relay = await connectRelay(this.origin, this.signaling, { peer: this.peer.id, auth, token: this.joinToken, role: 'coordinator' });
+    const relay = await connectRelay(this.origin, this.signaling, { peer: this.peer.id, auth, token: this.keys.token, role: 'coordinator' });
     this.relay = relay;
     relay.onConnection((conn) => void this.admit(conn));
     relay.onClose((reason) => {
@@ -190,8 +200,9 @@ export class Swarm {
   }
 
   private joinUrlAt(origin: string): string {
-    // the token in the fragment: a browser sends neither it to the server nor it in a Referer
-    return `${origin}/worker.html?swarm=${encodeURIComponent(this.id)}#token=${encodeURIComponent(this.token)}`;
+    // the token in the fragment: a browser sends neither it to the server nor it in a Referer. No
+    // id: the worker asks the server for this load's (core/net/join-token.ts)
+    return `${origin}/worker.html#token=${encodeURIComponent(this.token)}`;
   }
 
   workers(): SwarmWorker[] {
@@ -355,7 +366,7 @@ export class Swarm {
         },
       );
       const banned = this.banned.get(conn.peer);
-      const refusal = banned ? `it was let go for returning wrong results (${banned}): reload it to join again` : await admitWorker(link, this.joinToken, { coordinator: this.id, worker: conn.peer }, meta);
+      const refusal = banned ? `it was let go for returning wrong results (${banned}): reload it to join again` : await admitWorker(link, this.keys.token, { coordinator: this.id, worker: conn.peer }, meta);
       if (refusal) return this.refuse(conn, refusal);
       const previous = this.roster.get(conn.peer);
       if (previous) this.evict(previous, 'it joined again over a new connection');

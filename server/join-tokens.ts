@@ -9,7 +9,7 @@ import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
 import { appendFileSync, existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import express, { type Express } from 'express';
-import { keepProof, REVOKE_PATH, revokeProof, roomOf, SWARMS_PATH, type SwarmAnswer, type SwarmRequest } from '../core/net/join-token.ts';
+import { findProof, FIND_PATH, keepProof, REGISTER_PATH, registerProof, REVOKE_PATH, revokeProof, roomOf, SWARMS_PATH, type CoordinatorAnswer, type CoordinatorRequest, type SwarmAnswer, type SwarmRequest } from '../core/net/join-token.ts';
 import type { Origins } from './origins.ts';
 import { perAddressLimit } from './rate-limit.ts';
 
@@ -18,12 +18,20 @@ import { perAddressLimit } from './rate-limit.ts';
  * it has). Making one costs nothing kept, but each can be revoked, and revocations are kept.
  */
 export const TOKENS_PER_MINUTE = 60;
+/** swarms whose dashboard's id is kept (the least recently registered go first): far more than one server serves */
+export const MAX_SWARMS = 10_000;
 
 export interface JoinTokens {
   /** A new token, for a new swarm. */
   issue(): string;
   /** The token of `room` if this server made it and it is not revoked, else null. */
   standing(room: string): string | null;
+  /** What only the dashboard of `room` is given: it proves it is that swarm's dashboard. */
+  dashboardKey(room: string): string;
+  /** The dashboard of `room` has the PeerJS id `peer` now (a fresh one each time it loads). */
+  register(room: string, peer: string): void;
+  /** The id the dashboard of `room` last registered, or null. */
+  coordinatorOf(room: string): string | null;
   /** No page enters `room` again; `onRevoke`'s listeners let go those in it. */
   revoke(room: string): void;
   onRevoke(listener: (room: string) => void): void;
@@ -35,13 +43,24 @@ export function openJoinTokens(stateDir?: string): JoinTokens {
   const revokedFile = stateDir && join(stateDir, 'revoked-rooms');
   const revoked = new Set(revokedFile && existsSync(revokedFile) ? readFileSync(revokedFile, 'utf8').split('\n').filter(Boolean) : []);
   const listeners = new Set<(room: string) => void>();
-  const tokenOf = (room: string) => `${room}.${createHmac('sha256', secret).update(`join token\n${room}`).digest('hex').slice(0, 32)}`;
+  const sealed = (what: string, room: string) => createHmac('sha256', secret).update(`${what}\n${room}`).digest('hex').slice(0, 32);
+  const tokenOf = (room: string) => `${room}.${sealed('join token', room)}`;
+  // each swarm's dashboard id for this load: in memory (a dashboard registers again as it loads)
+  const coordinators = new Map<string, string>();
   return {
     issue: () => tokenOf(randomBytes(12).toString('hex')),
     standing: (room) => (/^[0-9a-f]{24}$/.test(room) && !revoked.has(room) ? tokenOf(room) : null),
+    dashboardKey: (room) => sealed('dashboard key', room),
+    register(room, peer) {
+      coordinators.delete(room);
+      coordinators.set(room, peer);
+      if (coordinators.size > MAX_SWARMS) coordinators.delete(coordinators.keys().next().value!);
+    },
+    coordinatorOf: (room) => coordinators.get(room) ?? null,
     revoke(room) {
       if (revoked.has(room)) return;
       revoked.add(room);
+      coordinators.delete(room);
       if (revokedFile) appendFileSync(revokedFile, `${room}\n`);
       for (const listener of listeners) listener(room);
     },
@@ -69,36 +88,64 @@ export function sameProof(proof: unknown, expected: string): boolean {
 }
 
 /**
- * POST SWARMS_PATH (`{room, proof}` to keep a token → `{}`; anything else → `{token}`, a new one)
- * and POST REVOKE_PATH (`{room, proof}` → 204). Pages of this server's origins and the allowed ones
- * only (CORS for those), a few tokens a minute from one address.
+ * POST SWARMS_PATH (`{room, proof}` of its dashboard key to keep a token → `{}`; anything else →
+ * `{token, dashboardKey}`, new ones), POST REVOKE_PATH (`{room, proof}` of the dashboard key → 204), POST REGISTER_PATH (a dashboard's id for
+ * this load, proved with its dashboard key → 204) and POST FIND_PATH (a worker's proof of the
+ * token → `{coordinator}`). Pages of this server's origins and the allowed ones only (CORS for
+ * those), a few tokens a minute from one address.
  */
 export function mountJoinTokens(app: Express, tokens: JoinTokens, origins: Origins): void {
   const limit = perAddressLimit(TOKENS_PER_MINUTE, 60_000);
   const json = express.json({ limit: 1024 });
-  app.use([SWARMS_PATH, REVOKE_PATH], (request, response, next) => {
+  // SWARMS_PATH covers every path under it
+  app.use(SWARMS_PATH, (request, response, next) => {
     const origin = request.headers.origin;
     if (!origins.originAllowed(origin)) return void response.status(403).type('text').send('pages of this origin may not open swarms on this server: start it with --allow-origin for it');
     if (origin) response.setHeader('Access-Control-Allow-Origin', origin).setHeader('Vary', 'Origin');
     if (request.method === 'OPTIONS') return void response.setHeader('Access-Control-Allow-Methods', 'POST').setHeader('Access-Control-Allow-Headers', 'content-type').sendStatus(204);
     next();
   });
-  const held = (body: SwarmRequest | undefined, proofOf: (token: string) => string): string | null => {
-    const token = typeof body?.room === 'string' ? tokens.standing(body.room) : null;
-    return token && sameProof(body?.proof, proofOf(token)) ? token : null;
+  /** the token of a request's room where its proof is `proofOf` the room's dashboard key, or null */
+  const held = (body: SwarmRequest | undefined, proofOf: (dashboardKey: string, room: string) => string): string | null => {
+    const room = body?.room;
+    const token = typeof room === 'string' ? tokens.standing(room) : null;
+    return token && sameProof(body?.proof, proofOf(tokens.dashboardKey(room!), room!)) ? token : null;
+  };
+  /** the room of a CoordinatorRequest whose proof `proofOf` makes from the room's token, or null */
+  const proven = (body: Partial<CoordinatorRequest> | undefined, proofOf: (token: string, room: string, peer: string) => string): string | null => {
+    const { room, peer } = body ?? {};
+    const token = typeof room === 'string' ? tokens.standing(room) : null;
+    return token && typeof peer === 'string' && PEER_ID.test(peer) && sameProof(body?.proof, proofOf(token, room!, peer)) ? room! : null;
   };
   app.post(SWARMS_PATH, json, (request, response) => {
     if (held(request.body, keepProof)) return void response.json({} satisfies SwarmAnswer);
     if (!limit(request.socket.remoteAddress ?? '')) return void response.status(429).type('text').send(`over ${TOKENS_PER_MINUTE} join links a minute from this address: wait a minute`);
-    response.json({ token: tokens.issue() } satisfies SwarmAnswer);
+    const token = tokens.issue();
+    response.json({ token, dashboardKey: tokens.dashboardKey(roomOf(token)!) } satisfies SwarmAnswer);
   });
   app.post(REVOKE_PATH, json, (request, response) => {
     const token = held(request.body, revokeProof);
-    if (!token) return void response.status(403).type('text').send('no proof of a join token this server stands by');
+    if (!token) return void response.status(403).type('text').send("no proof of the dashboard key of a join token this server stands by");
     tokens.revoke(roomOf(token)!);
     response.sendStatus(204);
   });
-  app.use([SWARMS_PATH, REVOKE_PATH], ((error, _request, response, _next) => {
+  app.post(REGISTER_PATH, json, (request, response) => {
+    const room = proven(request.body, (_token, room, peer) => registerProof(tokens.dashboardKey(room), room, peer));
+    if (!room) return void response.status(403).type('text').send("no proof of this swarm's dashboard key");
+    tokens.register(room, request.body.peer);
+    response.sendStatus(204);
+  });
+  app.post(FIND_PATH, json, (request, response) => {
+    const room = proven(request.body, (token, _room, peer) => findProof(token, peer));
+    if (!room) return void response.status(403).type('text').send('no proof of a join token this server stands by: the link was revoked, or is not of this server');
+    const coordinator = tokens.coordinatorOf(room);
+    if (!coordinator) return void response.status(404).type('text').send("this swarm's dashboard is not open: open it (or wait for it to load)");
+    response.json({ coordinator } satisfies CoordinatorAnswer);
+  });
+  app.use(SWARMS_PATH, ((error, _request, response, _next) => {
     response.status(400).type('text').send(`a join-link request is JSON of at most 1 KiB: ${(error as Error).message}`);
   }) as express.ErrorRequestHandler);
 }
+
+/** a PeerJS id as this project's pages make them (core/net/peer-link.ts), bounded */
+const PEER_ID = /^[A-Za-z0-9_-]{1,64}$/;

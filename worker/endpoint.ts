@@ -9,6 +9,7 @@ import type { DataConnectionLike, Transport } from '../core/net/channel.ts';
 import { answerHeartbeats } from '../core/net/heartbeat.ts';
 import { nonce } from '../core/net/hmac.ts';
 import { joinDashboard, type JoinMetadata } from '../core/net/join.ts';
+import { findCoordinator } from '../core/net/join-token.ts';
 import {
   connectRelay,
   dial,
@@ -53,8 +54,6 @@ export interface WorkerStatus {
 
 export interface WorkerEndpointOptions {
   origin: string;
-  /** the coordinator's peer id from the worker link (a link without it joins nothing: no dashboard is guessed) */
-  swarm?: string | null;
   /** the join token from the worker link */
   token?: string | null;
   onStatus(status: WorkerStatus): void;
@@ -148,11 +147,23 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
   async function joinCoordinator(): Promise<void> {
     while (!leaving) {
       try {
-        const coordinator = options.swarm;
-        if (!coordinator) {
-          publish({ state: 'refused', detail: 'this link names no dashboard: open the worker link the dashboard shows (…/worker.html?swarm=…#token=…)' });
+        if (!options.token) {
+          publish({ state: 'refused', detail: 'this link has no join token: open the worker link the dashboard shows (…/worker.html#token=…)' });
           return;
         }
+        // the dashboard's id changes each time it loads: the server says which it is now, to a page that proves the token
+        const found = await findCoordinator(options.origin, options.token, peer.id);
+        if ('refused' in found) {
+          publish({ connected: false, transport: null, state: 'refused', detail: found.refused });
+          await new Promise((r) => setTimeout(r, REFUSED_RETRY_MS));
+          continue;
+        }
+        if ('waiting' in found) {
+          publish({ connected: false, transport: null, state: 'disconnected', detail: `waiting for the dashboard: ${found.waiting}` });
+          await new Promise((r) => setTimeout(r, RECONNECT_MS));
+          continue;
+        }
+        const { coordinator } = found;
         publish({ coordinator, detail: `connecting to ${coordinator}${signaling.relay.mode === 'force' ? ' through the relay' : ''}` });
         if (signaling.relay.mode === 'fallback') await relayClient().catch(() => null); // only links that need it use it
         // the token never leaves this page: the dashboard and this worker prove they hold it (core/net/join.ts)

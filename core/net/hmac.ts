@@ -67,6 +67,6 @@ export function nonce(): string {
  * never sent; a proof answers only this exchange. (The server is shown proofs too:
  * core/net/join-token.ts.)
  */
-export function joinProof(token: string, purpose: 'coordinator' | 'worker' | 'relay' | 'keep' | 'revoke', ...bound: string[]): string {
+export function joinProof(token: string, purpose: 'coordinator' | 'worker' | 'relay' | 'keep' | 'revoke' | 'register' | 'find', ...bound: string[]): string {
   return hex(hmacSha256(utf8(token), utf8([purpose, ...bound].join('\n'))));
 }

@@ -4,12 +4,21 @@
 // token the relay takes, and the server checks one without keeping a list: it recomputes it from
 // the room. Pages still never send the token: they show the server proofs made with it (joinProof),
 // bound to what they ask, as they show each other (core/net/join.ts).
+//
+// A dashboard takes a fresh PeerJS id each time it loads, so nobody can hold the id its workers
+// will dial next; it tells the server that id (with a dashboard key the server gave it alone, so
+// a worker holding the join token cannot take its place), and workers ask the server for it with
+// a proof of the token: the link names no id, and the server tells it to nobody without the token.
 import { joinProof } from './hmac.ts';
 
 /** Where a dashboard asks its server for a join token, or to keep the one it has. */
 export const SWARMS_PATH = '/swarms';
 /** Where a dashboard tells its server that a join token is no longer good. */
 export const REVOKE_PATH = '/swarms/revoke';
+/** Where a dashboard tells its server its id for this load. */
+export const REGISTER_PATH = '/swarms/coordinator';
+/** Where a worker asks its server for the id of its swarm's dashboard. */
+export const FIND_PATH = '/swarms/find';
 
 const TOKEN_PATTERN = /^([0-9a-f]{24})\.[0-9a-f]{32}$/;
 
@@ -21,41 +30,96 @@ export function roomOf(token: string): string | null {
 /** What a page shows the relay to enter its swarm's room: bound to its PeerJS id and credential. */
 export const relayProof = (token: string, peer: string, auth: string): string => joinProof(token, 'relay', roomOf(token) ?? '', peer, auth);
 
-/** What the dashboard asks its server: keep this token (proof that it holds it), or a new one. */
+/** What the dashboard asks its server: keep this token (proof that it holds its dashboard key), or a new one. */
 export interface SwarmRequest {
   room?: string;
   proof?: string;
 }
 
-/** What the server answers: a new token, or none when the one the dashboard holds stands. */
+/** What the server answers: a new token and its dashboard key, or none when the one the dashboard holds stands. */
 export interface SwarmAnswer {
   token?: string;
+  dashboardKey?: string;
 }
 
-export const keepProof = (token: string): string => joinProof(token, 'keep', roomOf(token) ?? '');
-export const revokeProof = (token: string): string => joinProof(token, 'revoke', roomOf(token) ?? '');
+/** What a dashboard holds of its swarm: the token its workers prove, and the key that says it is the swarm's dashboard. */
+export interface SwarmKeys {
+  token: string;
+  dashboardKey: string;
+}
 
-async function post(origin: string, path: string, body: SwarmRequest): Promise<Response> {
+/** A dashboard's id for this load (REGISTER_PATH), or a worker asking for it (FIND_PATH). */
+export interface CoordinatorRequest {
+  room: string;
+  /** the id registered, or the asking worker's own */
+  peer: string;
+  proof: string;
+}
+
+export interface CoordinatorAnswer {
+  coordinator: string;
+}
+
+// Keyed by the dashboard key: only the dashboard the server gave the token to keeps it, revokes it
+// or says where it is (a worker holding the token could otherwise cut off or take over the swarm).
+export const keepProof = (dashboardKey: string, room: string): string => joinProof(dashboardKey, 'keep', room);
+export const revokeProof = (dashboardKey: string, room: string): string => joinProof(dashboardKey, 'revoke', room);
+export const registerProof = (dashboardKey: string, room: string, peer: string): string => joinProof(dashboardKey, 'register', room, peer);
+export const findProof = (token: string, peer: string): string => joinProof(token, 'find', roomOf(token) ?? '', peer);
+
+async function post(origin: string, path: string, body: SwarmRequest | CoordinatorRequest): Promise<Response> {
   const response = await fetch(new URL(path, origin), { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
-  if (!response.ok) throw new Error(`the server at ${origin} would not ${path === REVOKE_PATH ? 'revoke the join link' : 'give this dashboard a join link'}: HTTP ${response.status} ${await response.text()}`);
+  if (!response.ok) throw new Error(`the server at ${origin} would not ${WHAT_FOR[path]}: HTTP ${response.status} ${await response.text()}`);
   return response;
 }
 
+const WHAT_FOR: Record<string, string> = {
+  [SWARMS_PATH]: 'give this dashboard a join link',
+  [REVOKE_PATH]: 'revoke the join link',
+  [REGISTER_PATH]: "take this dashboard's id",
+};
+
 /**
- * The join token a dashboard of `origin` works with: `held` where the server still stands by it
- * (a reload keeps its workers' links), else a new one from the server.
+ * The keys a dashboard of `origin` works with: `held` where the server still stands by its token
+ * (a reload keeps its workers' links), else new ones from the server.
  */
-export async function obtainJoinToken(origin: string, held?: string): Promise<string> {
-  const room = held === undefined ? null : roomOf(held);
-  const request: SwarmRequest = room && held ? { room, proof: keepProof(held) } : {};
+export async function obtainSwarmKeys(origin: string, held?: Partial<SwarmKeys>): Promise<SwarmKeys> {
+  const room = held?.token === undefined ? null : roomOf(held.token);
+  const keep = room && held?.token && held.dashboardKey ? (held as SwarmKeys) : null;
+  const request: SwarmRequest = keep ? { room: room!, proof: keepProof(keep.dashboardKey, room!) } : {};
   const answer = (await (await post(origin, SWARMS_PATH, request)).json()) as SwarmAnswer;
-  if (typeof answer.token === 'string' && roomOf(answer.token)) return answer.token;
-  if (held && room && answer.token === undefined) return held;
+  if (typeof answer.token === 'string' && roomOf(answer.token) && typeof answer.dashboardKey === 'string') return { token: answer.token, dashboardKey: answer.dashboardKey };
+  if (keep && answer.token === undefined) return keep;
   throw new Error(`the server at ${origin} answered ${JSON.stringify(answer).slice(0, 200)} for a join token`);
 }
 
 /** Tells the server `token` is no longer good: no page enters its relay room again, the pages in it are let go. */
-export async function revokeJoinToken(origin: string, token: string): Promise<void> {
+export async function revokeJoinToken(origin: string, keys: SwarmKeys): Promise<void> {
+  const room = roomOf(keys.token);
+  if (room) await post(origin, REVOKE_PATH, { room, proof: revokeProof(keys.dashboardKey, room) });
+}
+
+/** Tells the server that `peer` is the swarm's dashboard now: its workers are sent there. */
+export async function registerCoordinator(origin: string, keys: SwarmKeys, peer: string): Promise<void> {
+  const room = roomOf(keys.token)!;
+  await post(origin, REGISTER_PATH, { room, peer, proof: registerProof(keys.dashboardKey, room, peer) });
+}
+
+/**
+ * The id of the swarm's dashboard as the server has it; else why not: `refused` where the server
+ * does not stand by the token (revoked, or none of its making), `waiting` where no dashboard of the
+ * swarm is open. A server that cannot be reached throws.
+ */
+export async function findCoordinator(origin: string, token: string, worker: string): Promise<{ coordinator: string } | { refused: string } | { waiting: string }> {
   const room = roomOf(token);
-  if (room) await post(origin, REVOKE_PATH, { room, proof: revokeProof(token) });
+  if (!room) return { refused: 'this link has no join token of this server: open the worker link the dashboard shows' };
+  const body: CoordinatorRequest = { room, peer: worker, proof: findProof(token, worker) };
+  const response = await fetch(new URL(FIND_PATH, origin), { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+  const text = async () => (await response.text()).slice(0, 300);
+  if (response.status === 403) return { refused: `the server refused this link: ${await text()}` };
+  if (response.status === 404) return { waiting: await text() };
+  if (!response.ok) throw new Error(`the server at ${origin} would not say where this swarm's dashboard is: HTTP ${response.status} ${await text()}`);
+  const answer = (await response.json()) as Partial<CoordinatorAnswer>;
+  if (typeof answer.coordinator !== 'string') throw new Error(`the server at ${origin} answered ${JSON.stringify(answer).slice(0, 200)} for the dashboard's id`);
+  return { coordinator: answer.coordinator };
 }

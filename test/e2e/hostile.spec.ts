@@ -240,9 +240,9 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
     await dashboard.evaluate(() => delete (window as any).__probe);
 
     const baseline = await arrayBuffers();
-    const { joinUrl } = await dashboard.evaluate(() => (window as any).ditswarm.ready);
+    const { joinUrl, swarmId } = await dashboard.evaluate(() => (window as any).ditswarm.ready);
     const stranger = await context.newPage();
-    await makeHostile(stranger, { join: { bigChunks: 6, neverClose: true } });
+    await makeHostile(stranger, { join: { bigChunks: 6, neverClose: true, coordinator: swarmId } });
     await stranger.goto(wrongToken(joinUrl, baseURL!));
     try {
       await expect.poll(async () => (await hostileLog(stranger)).channels.some((c) => c.openedAt !== null && c.closedAt === null), { timeout: 20_000 }).toBe(true);
@@ -265,7 +265,7 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
     // Without the fix they were kept up to 18 s (a refused page's channel), or without end.
     const { joinUrl, swarmId } = await dashboard.evaluate(() => (window as any).ditswarm.ready);
     const stranger = await context.newPage();
-    await makeHostile(stranger, { join: { neverClose: true } });
+    await makeHostile(stranger, { join: { neverClose: true, coordinator: swarmId } });
     await stranger.goto(wrongToken(joinUrl, baseURL!));
     const raw = await openRawPeer(context, baseURL!);
     await raw.dial(swarmId, { role: 'worker', nonce: '0'.repeat(32) });
@@ -378,27 +378,27 @@ test.describe.serial('a dashboard and one worker tab', () => {
     await context?.close();
   });
 
-  test('#1 a page holding the dashboard\'s id once it closed learns nothing from the worker and is served nothing; the real dashboard gets it back', async ({ browser, baseURL }) => {
+  test('#1 a page holding the dashboard\'s id once it closed learns nothing from the worker and is served nothing; the dashboard comes back under a fresh id, which its worker finds', async ({ browser, baseURL }) => {
     test.setTimeout(120_000);
-    const secret = new URLSearchParams(new URL(joinUrl).hash.slice(1)).get('token') ?? new URL(joinUrl).searchParams.get('token')!;
+    const secret = new URLSearchParams(new URL(joinUrl).hash.slice(1)).get('token')!;
     const fetched: string[] = [];
     worker.on('request', (r) => fetched.push(r.url()));
     const attackerContext = await browser.newContext();
     try {
-      // no peer discovery: the list of ids that told the attacker which one to take is gone
+      // no peer discovery: the list of ids that told the attacker which one to take is gone, and the
+      // server tells a dashboard's id to no page without the token
       const key = (await (await attackerContext.request.get(`${baseURL}/signaling.json`)).json()).key;
       for (const k of [key, 'any-key']) expect((await attackerContext.request.get(`${baseURL}/peerjs/${k}/peers`)).ok()).toBe(false);
+      const room = secret.split('.')[0];
+      expect((await attackerContext.request.post(`${baseURL}/swarms/find`, { data: { room, peer: 'ditswarm-w-000000000000', proof: 'f'.repeat(64) } })).status()).toBe(403);
 
       // the dashboard closes while its worker stays; the attacker registers its id
+      const closedId = swarmId;
       await dashboard.close();
-      const impostor = await openRawPeer(attackerContext, baseURL!, swarmId);
-      // a link without swarm= joins nothing (it used to join the newest dashboard id: the impostor's)
-      const nameless = await context.newPage();
-      await nameless.goto(`${baseURL}/worker.html#token=${encodeURIComponent(secret)}`);
-      await expect(nameless.locator('#state')).toHaveText('refused');
-      await nameless.close();
-      // the worker redials its dashboard's id: it reaches the impostor, which plays the dashboard:
-      // a challenge it cannot prove, then the calls it wants served
+      const impostor = await openRawPeer(attackerContext, baseURL!, closedId);
+      // the server still names the closed dashboard's id (it cannot tell the page is gone): the
+      // worker redials it and reaches the impostor, which plays the dashboard: a challenge it
+      // cannot prove, then the calls it wants served
       await expect.poll(async () => (await impostor.connections()).length, { timeout: 30_000 }).toBeGreaterThan(0);
       await impostor.sendRpc(0, [
         { type: 'challenge', nonce: 'ab'.repeat(16), proof: 'cd'.repeat(32) },
@@ -418,16 +418,19 @@ test.describe.serial('a dashboard and one worker tab', () => {
         expect(c.bodies).toEqual([]);
       }
       expect(fetched.filter((url) => url.includes('evil.example'))).toEqual([]);
+
+      // the real dashboard comes back under a fresh id while the impostor still holds the old one
+      // (it used to reuse its id, and gave up while the impostor held it): the server sends its
+      // worker there, and the job is the unattacked one
+      dashboard = await openDashboard(baseURL!);
+      expect(swarmId).not.toBe(closedId);
+      await expect.poll(workerCount, { timeout: 45_000 }).toBe(1);
+      const run = await runJob(dashboard, { ...job, workers: 1 });
+      expect(maxAbsDiff(run.latent, unattacked!)).toBeLessThanOrEqual(SAME_LATENT);
       await impostor.destroy();
     } finally {
       await attackerContext.close();
     }
-
-    // the real dashboard comes back under its id: its worker joins it again and the job is the unattacked one
-    dashboard = await openDashboard(baseURL!);
-    await expect.poll(workerCount, { timeout: 45_000 }).toBe(1);
-    const run = await runJob(dashboard, { ...job, workers: 1 });
-    expect(maxAbsDiff(run.latent, unattacked!)).toBeLessThanOrEqual(SAME_LATENT);
   });
 
   /** the job that made room for itself, and the one too large to keep even alone */
@@ -540,10 +543,11 @@ test('#11 a page of another site reads nothing of the server and opens no socket
 });
 
 /** The join link with its token replaced: a page that cannot prove it holds the swarm's. */
+/** The join link with a token of the swarm's room under a made-up seal: well-formed, not the swarm's. */
 function wrongToken(joinUrl: string, baseURL: string): string {
   const url = new URL(joinUrl, baseURL);
-  url.hash = 'token=not-the-token';
-  url.searchParams.delete('token');
+  const room = new URLSearchParams(url.hash.slice(1)).get('token')!.split('.')[0];
+  url.hash = `token=${room}.${'0'.repeat(32)}`;
   return url.href;
 }
 

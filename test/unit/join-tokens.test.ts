@@ -2,7 +2,7 @@ import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { keepProof, obtainJoinToken, REVOKE_PATH, revokeJoinToken, revokeProof, roomOf, SWARMS_PATH } from '../../core/net/join-token.ts';
+import { findCoordinator, findProof, keepProof, obtainSwarmKeys, REGISTER_PATH, registerCoordinator, registerProof, REVOKE_PATH, revokeJoinToken, revokeProof, roomOf, SWARMS_PATH } from '../../core/net/join-token.ts';
 import { openJoinTokens, TOKENS_PER_MINUTE } from '../../server/join-tokens.ts';
 import { startServer, type RunningServer } from '../../server/serve.ts';
 
@@ -51,6 +51,8 @@ describe('asking the server for a join token', () => {
   const post = (path: string, body: unknown, headers: Record<string, string> = {}) =>
     fetch(`${server.url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body: typeof body === 'string' ? body : JSON.stringify(body) });
 
+  const obtainJoinToken = async (origin: string, held?: string) => (await obtainSwarmKeys(origin, held ? { token: held, dashboardKey: server.joinTokens.dashboardKey(roomOf(held) ?? '') } : {})).token;
+
   it('gives a new token, keeps one its holder proves it holds, and not one it does not', async () => {
     const token = await obtainJoinToken(server.url);
     expect(server.joinTokens.standing(roomOf(token)!)).toBe(token);
@@ -63,17 +65,49 @@ describe('asking the server for a join token', () => {
     expect(await obtainJoinToken(server.url, '0123456789abcdef01234567')).not.toBe('0123456789abcdef01234567');
   });
 
-  it('revokes a token on proof of it only, and then gives its holder a new one', async () => {
-    const token = await obtainJoinToken(server.url);
+  it('revokes a token on proof of its dashboard key only, and then gives its holder a new one', async () => {
+    const keys = await obtainSwarmKeys(server.url);
+    const { token, dashboardKey } = keys;
     const room = roomOf(token)!;
-    expect((await post(REVOKE_PATH, { room, proof: keepProof(token) })).status).toBe(403); // a keep proof is no revoke proof
+    expect((await post(REVOKE_PATH, { room, proof: keepProof(dashboardKey, room) })).status).toBe(403); // a keep proof is no revoke proof
+    expect((await post(REVOKE_PATH, { room, proof: revokeProof(token, room) })).status).toBe(403); // a worker holds the token, not the dashboard key
     expect(server.joinTokens.standing(room)).toBe(token);
-    await revokeJoinToken(server.url, token);
+    await revokeJoinToken(server.url, keys);
     expect(server.joinTokens.standing(room)).toBeNull();
-    expect((await post(REVOKE_PATH, { room, proof: revokeProof(token) })).status).toBe(403); // gone
+    expect((await post(REVOKE_PATH, { room, proof: revokeProof(dashboardKey, room) })).status).toBe(403); // gone
     expect(await obtainJoinToken(server.url, token)).not.toBe(token);
   });
 
+  it("tells a worker that proves the token the id its dashboard registered for this load, and lets only the dashboard register one", async () => {
+    const keys = await obtainSwarmKeys(server.url);
+    const room = roomOf(keys.token)!;
+    const worker = 'ditswarm-w-0123456789ab';
+    // no dashboard open yet: the worker waits
+    expect(await findCoordinator(server.url, keys.token, worker)).toEqual({ waiting: "this swarm's dashboard is not open: open it (or wait for it to load)" });
+    await registerCoordinator(server.url, keys, 'ditswarm-c-first');
+    expect(await findCoordinator(server.url, keys.token, worker)).toEqual({ coordinator: 'ditswarm-c-first' });
+    // a reload registers a fresh id: workers are sent there
+    await registerCoordinator(server.url, keys, 'ditswarm-c-second');
+    expect(await findCoordinator(server.url, keys.token, worker)).toEqual({ coordinator: 'ditswarm-c-second' });
+    // a worker holds the token, not the dashboard key: it cannot send the swarm's workers to itself
+    expect((await post(REGISTER_PATH, { room, peer: worker, proof: registerProof(keys.token, room, worker) })).status).toBe(403);
+    // without the token, nothing is told: a made-up proof, or a proof made for another page's id
+    expect((await post('/swarms/find', { room, peer: worker, proof: 'f'.repeat(64) })).status).toBe(403);
+    expect((await post('/swarms/find', { room, peer: 'ditswarm-w-other', proof: findProof(keys.token, worker) })).status).toBe(403);
+    expect((await post(REGISTER_PATH, { room, peer: 'not an id!', proof: registerProof(keys.dashboardKey, room, 'not an id!') })).status).toBe(403);
+    expect(await findCoordinator(server.url, keys.token, worker)).toEqual({ coordinator: 'ditswarm-c-second' });
+    // a revoked link is told nothing
+    await revokeJoinToken(server.url, keys);
+    expect(await findCoordinator(server.url, keys.token, worker)).toEqual({ refused: 'the server refused this link: no proof of a join token this server stands by: the link was revoked, or is not of this server' });
+  });
+
+  it('keeps the keys a dashboard holds only with its dashboard key: a page with the token alone gets new ones', async () => {
+    const keys = await obtainSwarmKeys(server.url);
+    expect(await obtainSwarmKeys(server.url, keys)).toEqual(keys);
+    expect((await obtainSwarmKeys(server.url, { token: keys.token })).token).not.toBe(keys.token);
+  });
+
+  // last: it uses up this address's tokens for the minute
   it('answers pages of its own origins only, refuses malformed requests, and gives one address a few tokens a minute', async () => {
     const foreign = await post(SWARMS_PATH, {}, { origin: 'https://evil.example' });
     expect(foreign.status).toBe(403);

@@ -1,4 +1,5 @@
 import { cpSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import type { SwarmKeys } from '../../core/net/join-token.ts';
 import { readFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { createServer, type Server } from 'node:http';
@@ -64,7 +65,7 @@ class WorkerPage extends WorkerRuntime {
 /** A Swarm on a stub peer (as in placement.test.ts) whose workers are WorkerPages; join and leave as PeerJS would cause them. */
 function testSwarm() {
   const peer = { id: 'ditswarm-c-test', on() {}, destroy() {} };
-  const swarm = new (Swarm as unknown as new (peer: unknown, origin: string, token: string) => Swarm)(peer, origin, 'token');
+  const swarm = new (Swarm as unknown as new (peer: unknown, origin: string, keys: SwarmKeys) => Swarm)(peer, origin, { token: 'token', dashboardKey: 'key' });
   const internals = swarm as unknown as { roster: Map<string, SwarmWorker>; emit(e: SwarmEvent): void };
   // the ranks that share an initWorker session share one in-memory all-to-all
   const meshes = new Map<string, Exchange[]>();

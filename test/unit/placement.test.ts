@@ -1,4 +1,5 @@
 import { beforeAll, describe, expect, it } from 'vitest';
+import type { SwarmKeys } from '../../core/net/join-token.ts';
 import { LOAD_TIMEOUT_MS, TimeoutError, WorkerError } from '../../coordinator/executor.ts';
 import { measureWorker, type WorkerMeasurement } from '../../coordinator/measure.ts';
 import { MAX_REPLANS, Placer, ReplacementsExhausted, type PlacementRequest } from '../../coordinator/placement.ts';
@@ -49,7 +50,7 @@ interface FakeWorker extends SwarmWorker {
 /** A Swarm on a stub peer, plus the two roster changes PeerJS would cause. */
 function testSwarm() {
   const peer = { id: 'ditswarm-c-test', on() {}, destroy() {} };
-  const swarm = new (Swarm as unknown as new (peer: unknown, origin: string, token: string) => Swarm)(peer, 'http://localhost:8080', 'token');
+  const swarm = new (Swarm as unknown as new (peer: unknown, origin: string, keys: SwarmKeys) => Swarm)(peer, 'http://localhost:8080', { token: 'token', dashboardKey: 'key' });
   const internals = swarm as unknown as { roster: Map<string, SwarmWorker>; emit(e: SwarmEvent): void };
   let joined = 0;
   /** `count` workers join, measured as given (null: not yet measured) */
@@ -239,7 +240,7 @@ describe('Placer: where a job runs', () => {
     const t0 = performance.now();
     const error = await rejection(placerOn(swarm).place(guided, ask({ ulyssesDegree: 4 })));
     const elapsed = performance.now() - t0;
-    expect(error.message).toMatch(/^2 workers joined within .* but 4 are needed: open http:\/\/localhost:8080\/worker\.html\?swarm=ditswarm-c-test#token=token in 2 more tab/);
+    expect(error.message).toMatch(/^2 workers joined within .* but 4 are needed: open http:\/\/localhost:8080\/worker\.html#token=token in 2 more tab/);
     // it waited the placer's 300 ms, not the 30 s default (upper bound wide for a loaded machine)
     expect(elapsed).toBeGreaterThanOrEqual(290);
     expect(elapsed).toBeLessThan(15_000);

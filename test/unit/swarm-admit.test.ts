@@ -1,4 +1,5 @@
 import { describe, expect, it } from 'vitest';
+import type { SwarmKeys } from '../../core/net/join-token.ts';
 import type { DataConnectionLike } from '../../core/net/channel.ts';
 import type { SignalingOptions } from '../../core/net/peer-link.ts';
 import { nonce } from '../../core/net/hmac.ts';
@@ -11,7 +12,7 @@ import { SinkChannel } from './fixtures.ts';
 const signaling: SignalingOptions = { host: 'localhost', port: 1, path: '/peerjs', key: 'k', secure: false, iceServers: [], relay: { mode: 'off', path: '/relay' }, lanOrigins: [] };
 const swarmWithToken = (token: string) => {
   const peer = { id: 'ditswarm-c-test', on() {}, destroy() {} };
-  const swarm = new (Swarm as unknown as new (peer: unknown, origin: string, token: string, signaling: SignalingOptions) => Swarm)(peer, 'http://localhost:1', token, signaling);
+  const swarm = new (Swarm as unknown as new (peer: unknown, origin: string, keys: SwarmKeys, signaling: SignalingOptions) => Swarm)(peer, 'http://localhost:1', { token, dashboardKey: 'key' }, signaling);
   return { swarm, admit: (conn: DataConnectionLike) => (swarm as unknown as { admit(c: DataConnectionLike): Promise<void> }).admit(conn) };
 };
 

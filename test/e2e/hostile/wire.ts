@@ -33,9 +33,11 @@ export interface HostileRules {
   /**
    * Before it is admitted: `bigChunks` first chunks of RPC messages that each declare 64 MiB, sent
    * as its link to the dashboard opens; `neverClose`: the page closes none of its data channels
-   * (the other side has to).
+   * (the other side has to); `coordinator`: the dashboard id it dials, known from elsewhere (a link
+   * it held before it was revoked, say): the server, which names it to no page without the token,
+   * is not asked.
    */
-  join?: { bigChunks?: number; neverClose?: boolean };
+  join?: { bigChunks?: number; neverClose?: boolean; coordinator?: string };
 }
 
 /** What the hostile page did, and what it learnt from what it received. */
@@ -319,6 +321,13 @@ function hostileWire(initial: HostileRules): void {
     listen.call(channel, 'close', () => (seen.closedAt = Date.now()));
     return channel;
   };
+  const fetchOriginal = window.fetch;
+  window.fetch = function (input: RequestInfo | URL, init?: RequestInit) {
+    const coordinator = w.__hostile?.join?.coordinator;
+    const url = new URL(input instanceof Request ? input.url : String(input), location.href);
+    if (coordinator && url.pathname === '/swarms/find') return Promise.resolve(new Response(JSON.stringify({ coordinator }), { headers: { 'content-type': 'application/json' } }));
+    return fetchOriginal.call(window, input, init);
+  } as typeof window.fetch;
   if (initial.join?.neverClose) {
     RTCDataChannel.prototype.close = function () {};
     RTCPeerConnection.prototype.close = function () {};
