@@ -1,5 +1,6 @@
 // The `swarm` backend: ranks on worker pages that joined the swarm over WebRTC (or the relay). The
 // placer chose the workers; this class reaches them, watches them leave, and judges who is lost.
+import { tokenGrid } from '../core/model/tokens.ts';
 import type { Remote } from '../core/net/rpc.ts';
 import type { ArgsOf, RankLost, ReplyOf, WorkerApi, WorkerMethod } from '../core/worker-api.ts';
 import { Executor, TimeoutError, WorkerError, type ExecutorOptions, type LinkReport, type LostRank } from './executor.ts';
@@ -22,6 +23,9 @@ export class SwarmExecutor extends Executor {
     super(options);
   }
 
+  /** each rank's share of the prepared job, as the swarm view shows it ("rank 0 of 3 (5 heads, 410 tokens)") */
+  private readonly jobShares: string[] = [];
+
   protected async place(): Promise<string[]> {
     const live = new Set(this.swarm.workers());
     const gone = this.ranks.filter((w) => !live.has(w));
@@ -43,11 +47,18 @@ export class SwarmExecutor extends Executor {
 
   protected override callRank<M extends WorkerMethod>(rank: number, method: M, args: ArgsOf<M>, timeoutMs: number): Promise<ReplyOf<M>> {
     const worker = this.ranks[rank];
-    if (method !== 'executeModel' || !worker) return super.callRank(rank, method, args, timeoutMs);
-    // what each rank is doing, for the dashboard's swarm view
+    if (!worker) return super.callRank(rank, method, args, timeoutMs);
+    // what each rank is doing, for the dashboard's swarm view, with its share of the job once it has one
+    if (method === 'prepareJob') {
+      const { config } = this.options;
+      this.jobShares[rank] = this.layout.describe(rank, { numHeads: config.numHeads, tokens: tokenGrid(config, (args as ArgsOf<'prepareJob'>).latentShape).count });
+      this.swarm.setActivity(worker, this.jobShares[rank]);
+    }
+    if (method !== 'executeModel') return super.callRank(rank, method, args, timeoutMs);
     const { step, pass } = args as ArgsOf<'executeModel'>;
-    this.swarm.setActivity(worker, `rank ${rank}: step ${step + 1}${pass ? ' (unconditional)' : ''}`);
-    return super.callRank(rank, method, args, timeoutMs).finally(() => this.swarm.setActivity(worker, `rank ${rank}: waiting`));
+    const who = this.jobShares[rank] ?? `rank ${rank}`;
+    this.swarm.setActivity(worker, `${who}: step ${step + 1}${pass ? ' (unconditional)' : ''}`);
+    return super.callRank(rank, method, args, timeoutMs).finally(() => this.swarm.setActivity(worker, `${who}: waiting`));
   }
 
   /**

@@ -91,15 +91,24 @@ export class RankLayout {
     };
   }
 
+  /** The heads and tokens of a sequence of `tokens` that `rank` computes (planUlysses' shares). */
+  shareOf(rank: number, numHeads: number, tokens: number): { heads: number; tokens: number } {
+    const plan = planUlysses({ numHeads, headDim: 1 }, tokens, this.headsOf(this.groupOf(rank)));
+    const local = this.localRank(rank);
+    return { heads: plan.heads[local], tokens: plan.rows[local] };
+  }
+
   /** Every pair of ranks that share a mesh, the higher rank first (it dials). */
   meshPairs(): [number, number][] {
     return Array.from({ length: this.world }, (_, from) => this.groupRanks(this.groupOf(from)).filter((to) => to < from).map((to): [number, number] => [from, to])).flat();
   }
 
-  describe(rank: number): string {
+  /** With a job (its model's heads and its tokens), the rank's share of it; else its heads where they are uneven. */
+  describe(rank: number, job?: { numHeads: number; tokens: number }): string {
+    const share = job && this.shareOf(rank, job.numHeads, job.tokens);
     const notes = [
       this.cfgParallel && `${this.groupOf(rank) === 0 ? 'conditional' : 'unconditional'} group`,
-      this.heads && `${this.heads[this.groupOf(rank)][this.localRank(rank)]} heads`,
+      share ? `${share.heads} heads, ${share.tokens} tokens` : this.heads && `${this.heads[this.groupOf(rank)][this.localRank(rank)]} heads`,
     ].filter(Boolean);
     return `rank ${rank} of ${this.world}${notes.length ? ` (${notes.join(', ')})` : ''}`;
   }

@@ -739,6 +739,9 @@ describe('the cost model sees what the workers measured', () => {
     expect(placement.executor.layout.heads).toEqual([[5, 5, 2]]);
     expect(workers.map((w) => (callsOf(w, 'initWorker')[0].args as InitArgs).heads)).toEqual([[5, 5, 2], [5, 5, 2], [5, 5, 2]]);
     expect(workers.map((w) => w.activity)).toEqual(['rank 0 of 3 (5 heads)', 'rank 1 of 3 (5 heads)', 'rank 2 of 3 (2 heads)']);
+    // the swarm view shows each rank's share of a job once it is prepared: its heads and tokens (a 16×16 latent: 64 tokens, shared 5/5/2 alike)
+    await placement.executor.prepareJob(1, texts, [16, 1, 16, 16]);
+    expect(workers.map((w) => w.activity)).toEqual(['rank 0 of 3 (5 heads, 27 tokens)', 'rank 1 of 3 (5 heads, 27 tokens)', 'rank 2 of 3 (2 heads, 10 tokens)']);
 
     // a worker so slow that the others alone are faster is left out, and the plan says so
     const { swarm: other, join: joinOther } = testSwarm();
