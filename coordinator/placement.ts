@@ -6,7 +6,7 @@ import { candidatePlans, fitMeshProbe, planSwarm, planWorld, predictStep, uneven
 import { latentShape, usesGuidance, type JobParams } from '../core/job.ts';
 import type { WanConfig } from '../core/model/config.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
-import type { DType } from '../core/net/protocol.ts';
+import { I8_GROUP, payloadBytes, type DType } from '../core/net/protocol.ts';
 import { checkDegree, defaultDegree, RankLayout } from '../core/parallel.ts';
 import type { ExecutionProvider, MeshProbe } from '../core/worker-api.ts';
 import { createExecutor, type Backend } from './backends.ts';
@@ -328,7 +328,7 @@ export class Placer {
       rehearsedForwardS: rehearsed && ((plan) => (plan.heads ? undefined : slowest(rehearsed!(plan.ulyssesDegree, planWorld(plan))))),
       rehearsedRankForwardS: rehearsed && ((degree) => rehearsed!(degree, degree)),
       link: this.linkOf(workers),
-      bytesPerElement: request.dtype === 'f16' ? 2 : 4,
+      bytesPerElement: payloadBytes(I8_GROUP, request.dtype ?? 'f32') / I8_GROUP,
       forwardsFrom,
     };
   }

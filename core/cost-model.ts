@@ -67,8 +67,8 @@ export interface Hardware {
   rehearsedRankForwardS?: (degree: number) => number[] | undefined;
   /** the link between workers i and j (indices into workerFlops), or one link for every pair */
   link: LinkSpeed | ((i: number, j: number) => LinkSpeed);
-  /** activations on the wire: 4 for fp32 transport, 2 for fp16 */
-  bytesPerElement: 2 | 4;
+  /** activations on the wire, bytes a value: 4 for fp32 transport, 2 for fp16, about 1 for int8 (payloadBytes) */
+  bytesPerElement: number;
   /** all-to-alls per transformer block; Ulysses has 2 (q/k/v out, attention output back) */
   exchangesPerBlock?: number;
   /** share of the exchange time hidden behind compute, 0 (none) … 1 (all) */

@@ -354,7 +354,7 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
     reply: fields({ bytes: int(0) }),
   },
   initWorker: {
-    args: fields({ rank: int(0, MAX_RANKS - 1), world: int(1, MAX_RANKS), peers: list(text(256), { min: 1, max: MAX_RANKS }), session: text(256), dtype: optional(oneOf('f32', 'f16')), heads: optional(list(int(1, MAX_HEADS), { min: 1, max: MAX_RANKS })) }),
+    args: fields({ rank: int(0, MAX_RANKS - 1), world: int(1, MAX_RANKS), peers: list(text(256), { min: 1, max: MAX_RANKS }), session: text(256), dtype: optional(oneOf('f32', 'f16', 'i8')), heads: optional(list(int(1, MAX_HEADS), { min: 1, max: MAX_RANKS })) }),
     reply: fields({ rank: int(0), world: int(1) }),
   },
   loadModel: {

@@ -2,7 +2,7 @@
 // exchanges of one float per peer (the latency; the faster counts) and one of PROBE_FLOATS per
 // peer (latency + bytes). Every rank sends to every other at once, as in a Ulysses exchange, so
 // the fit is the bandwidth a rank actually gets while all links are busy.
-import { BYTES_PER_ELEMENT } from '../core/net/protocol.ts';
+import { payloadBytes } from '../core/net/protocol.ts';
 import type { MeshProbe } from '../core/worker-api.ts';
 import { ExchangePhase, type Exchange } from './ulysses.ts';
 
@@ -16,12 +16,12 @@ export async function probeMesh(exchange: Exchange, job: number): Promise<MeshPr
     await exchange.allToAll({ job, step, pass: 0, block: 0, phase: ExchangePhase.Probe }, parts);
     times.push(performance.now() - start);
   }
-  const bytes = BYTES_PER_ELEMENT[exchange.dtype];
+  const bytes = (floats: number) => payloadBytes(floats, exchange.dtype);
   return {
     rank: exchange.rank,
-    bytesPerPeer: PROBE_FLOATS[2] * bytes,
-    smallBytes: PROBE_FLOATS[0] * bytes * (exchange.world - 1),
-    bytesSent: PROBE_FLOATS[2] * bytes * (exchange.world - 1),
+    bytesPerPeer: bytes(PROBE_FLOATS[2]),
+    smallBytes: bytes(PROBE_FLOATS[0]) * (exchange.world - 1),
+    bytesSent: bytes(PROBE_FLOATS[2]) * (exchange.world - 1),
     smallMs: Math.min(times[0], times[1]),
     largeMs: times[2],
   };

@@ -8,7 +8,7 @@ import { describeLoad, describeWeights } from '../core/worker-api.ts';
 import { fastestEp } from '../core/cost-model.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
 import { partFloats, planUlysses, type UlyssesPlan } from '../core/parallel.ts';
-import { BYTES_PER_ELEMENT } from '../core/net/protocol.ts';
+import { payloadBytes } from '../core/net/protocol.ts';
 import type {
   ComputeProbe,
   DecodeTileArgs,
@@ -276,7 +276,7 @@ export class WorkerRuntime implements WorkerApi {
     const me = this.exchange.rank;
     const floats = tag.phase === ExchangePhase.Probe ? PROBE_FLOATS[tag.step] : tag.phase === ExchangePhase.QKV ? partFloats(plan, 'qkv', from, me) : tag.phase === ExchangePhase.Output ? partFloats(plan, 'output', from, me) : undefined;
     if (floats === undefined) return `unknown exchange phase ${tag.phase}${tag.phase === ExchangePhase.Probe ? ` step ${tag.step}` : ''}`;
-    const bytes = floats * BYTES_PER_ELEMENT[this.exchange.dtype];
+    const bytes = payloadBytes(floats, this.exchange.dtype);
     if (totalBytes !== bytes) return `phase ${tag.phase} tensor of ${totalBytes} bytes; the plan says ${bytes}`;
     return null;
   }

@@ -13,7 +13,7 @@
 //    0   u16  magic 0x5744 ('DW')
 //    2   u8   version (1)
 //    3   u8   kind: 1 rpc, 2 tensor
-//    4   u8   dtype: 0 f32, 1 f16 (rpc: always f32)
+//    4   u8   dtype: 0 f32, 1 f16, 2 i8 (rpc: always f32)
 //    5   u8   from: rank 0..254, or COORDINATOR (255)
 //    6   u8   ndim 0..4 (rpc: 0)
 //    7   u8   reserved, 0
@@ -35,7 +35,8 @@
 // tensor, UTF-8 JSON, zero padding to a multiple of 4, then each tensor's
 // float32 data in order.
 
-export type DType = 'f32' | 'f16';
+/** How activations travel between ranks: float32 (exact), float16, or int8 with a float32 scale per I8_GROUP values. */
+export type DType = 'f32' | 'f16' | 'i8';
 
 /** Identifies one activation tensor of the all-to-all. All fields are small non-negative integers. */
 export interface TensorTag {
@@ -70,15 +71,24 @@ export const HEADER_BYTES = 60;
 /** Chrome rejects a data-channel message larger than this. */
 export const MAX_FRAME_BYTES = 256 * 1024;
 export const DEFAULT_CHUNK_BYTES = 64 * 1024;
-export const BYTES_PER_ELEMENT: Record<DType, number> = { f32: 4, f16: 2 };
+/**
+ * Values per int8 scale: each group of 64 is sent as round(x / s) with s = max|x| / 127, so a
+ * value is off by at most half a step of its group's largest (a Wan head's row is 128 values).
+ */
+export const I8_GROUP = 64;
+
+/** Bytes of `elements` values of `dtype` on the wire. */
+export function payloadBytes(elements: number, dtype: DType): number {
+  return dtype === 'i8' ? elements + 4 * Math.ceil(elements / I8_GROUP) : elements * (dtype === 'f16' ? 2 : 4);
+}
 export const MAX_NDIM = 4;
 
 const MAGIC = 0x5744;
 const VERSION = 1;
 const KIND_CODE = { rpc: 1, tensor: 2 } as const;
 const KIND_NAME = [undefined, 'rpc', 'tensor'] as const;
-const DTYPE_CODE: Record<DType, number> = { f32: 0, f16: 1 };
-const DTYPE_NAME = ['f32', 'f16'] as const;
+const DTYPE_CODE: Record<DType, number> = { f32: 0, f16: 1, i8: 2 };
+const DTYPE_NAME = ['f32', 'f16', 'i8'] as const;
 const U16_MAX = 0xffff;
 const U32_MAX = 0xffffffff;
 const NO_TAG: TensorTag = { job: 0, step: 0, pass: 0, block: 0, phase: 0 };
@@ -182,7 +192,7 @@ function tensorBytes(msg: Extract<Message, { kind: 'tensor' }>): Uint8Array {
   if (!(dtype in DTYPE_CODE)) throw new TypeError(`dtype must be one of ${Object.keys(DTYPE_CODE).join(', ')}, got ${String(dtype)}`);
   if (shape.length > MAX_NDIM) throw new RangeError(`a tensor has at most ${MAX_NDIM} dims, got shape [${shape}]`);
   shape.forEach((d, i) => checkUint(`shape[${i}]`, d, U32_MAX));
-  const expected = shape.reduce((a, b) => a * b, 1) * BYTES_PER_ELEMENT[dtype];
+  const expected = payloadBytes(shape.reduce((a, b) => a * b, 1), dtype);
   if (data.byteLength !== expected) {
     throw new RangeError(`tensor of shape [${shape}] ${dtype} needs ${expected} bytes, data has ${data.byteLength}`);
   }
@@ -409,8 +419,8 @@ export function readHeader(bytes: Uint8Array): FrameHeader | string {
     if (totalBytes < 8) return `rpc payload of ${totalBytes} bytes is shorter than its 8-byte prefix`;
   } else {
     const elements = shape.reduce((a, b) => a * b, 1);
-    if (elements * BYTES_PER_ELEMENT[dtype] !== totalBytes) {
-      return `tensor shape [${shape}] ${dtype} needs ${elements * BYTES_PER_ELEMENT[dtype]} bytes, header declares ${totalBytes}`;
+    if (payloadBytes(elements, dtype) !== totalBytes) {
+      return `tensor shape [${shape}] ${dtype} needs ${payloadBytes(elements, dtype)} bytes, header declares ${totalBytes}`;
     }
   }
   if (chunkStride === 0 || chunkStride > MAX_FRAME_BYTES - HEADER_BYTES) {
@@ -550,14 +560,53 @@ function buildF16Table(): Float32Array {
   return t;
 }
 
-/** A tensor's values as they travel: float32 as is, or rounded to float16 (half the bytes). */
+// ---------------------------------------------------------------- i8
+
+/** int8 with a float32 scale per I8_GROUP values: the scales first, then the values. */
+function toI8(src: Float32Array): Uint8Array {
+  const groups = Math.ceil(src.length / I8_GROUP);
+  const out = new Uint8Array(payloadBytes(src.length, 'i8'));
+  const scales = new Float32Array(out.buffer, 0, groups);
+  const q = new Int8Array(out.buffer, 4 * groups, src.length);
+  for (let g = 0; g < groups; g++) {
+    const end = Math.min(src.length, (g + 1) * I8_GROUP);
+    let max = 0;
+    for (let i = g * I8_GROUP; i < end; i++) max = Math.max(max, Math.abs(src[i]!));
+    const scale = max / 127;
+    scales[g] = scale;
+    // |x| ≤ max rounds to at most 127; a NaN or infinite value makes the scale NaN or infinite, which the receiver refuses
+    for (let i = g * I8_GROUP; i < end; i++) q[i] = scale > 0 ? Math.round(src[i]! / scale) : 0;
+  }
+  return out;
+}
+
+function fromI8(data: Uint8Array): Float32Array {
+  const n = elementsOfI8(data.byteLength);
+  const groups = Math.ceil(n / I8_GROUP);
+  const aligned = data.byteOffset % 4 === 0 ? data : data.slice();
+  const scales = new Float32Array(aligned.buffer, aligned.byteOffset, groups);
+  const q = new Int8Array(aligned.buffer, aligned.byteOffset + 4 * groups, n);
+  const out = new Float32Array(n);
+  for (let i = 0; i < n; i++) out[i] = q[i]! * scales[(i / I8_GROUP) | 0]!;
+  return out;
+}
+
+/** The values in an int8 payload of `bytes` (the inverse of payloadBytes). */
+function elementsOfI8(bytes: number): number {
+  const groups = Math.ceil(bytes / (I8_GROUP + 4));
+  return bytes - 4 * groups;
+}
+
+/** A tensor's values as they travel: float32 as is, rounded to float16 (half the bytes), or int8 with scales (about a quarter). */
 export function tensorPayload(values: Float32Array, dtype: DType): Uint8Array {
+  if (dtype === 'i8') return toI8(values);
   const wire = dtype === 'f16' ? toF16(values) : values;
   return new Uint8Array(wire.buffer, wire.byteOffset, wire.byteLength);
 }
 
 /** The float32 values of a received payload of the given dtype. */
 export function tensorValues(data: Uint8Array, dtype: DType): Float32Array {
+  if (dtype === 'i8') return fromI8(data);
   if (dtype === 'f16') {
     const aligned = data.byteOffset % 2 === 0 ? data : data.slice();
     return fromF16(new Uint16Array(aligned.buffer, aligned.byteOffset, aligned.byteLength / 2));

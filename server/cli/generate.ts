@@ -31,6 +31,7 @@ const USAGE = `usage: npm run generate -- --prompt "a red ball" [--backend local
                      WanPipeline's prompt_embeds=: the text encoder is not run (the prompt is only a label then)
   [--output-type video|latent]   latent: stop before the VAE and write the latent and the report only (output_type="latent")
   [--fp16]   send activations between ranks as float16 (half the bytes, not bit-exact)
+  [--int8]   send them as int8 with a float32 scale per 64 values (about a quarter of the bytes, less exact still)
   [--cfg-parallel]   conditional and unconditional passes at once on two groups of N/2 workers (N even; guidance ≠ 1)
   [--force-relay]   send every link through the server's relay instead of WebRTC data channels (networks that block UDP; tests)`;
 
@@ -49,6 +50,7 @@ try {
       workers: { type: 'string', default: '1' },
       ep: { type: 'string', default: 'auto' },
       fp16: { type: 'boolean', default: false },
+      int8: { type: 'boolean', default: false },
       model: { type: 'string' },
       'cfg-parallel': { type: 'boolean', default: false },
       'drop-worker': { type: 'string' },
@@ -77,6 +79,7 @@ if (values.help) {
 if (!values.prompt) fail(`--prompt is required\n${USAGE}`);
 if (values.backend !== 'local' && values.backend !== 'swarm') fail(`--backend must be local or swarm, got ${values.backend}`);
 if (!['auto', 'webgpu', 'wasm'].includes(values.ep!)) fail(`--ep must be auto, webgpu or wasm, got ${values.ep}`);
+if (values.fp16 && values.int8) fail('--fp16 and --int8 are two ways to send activations between ranks: give one of them');
 const workers = Number(values.workers);
 if (!Number.isInteger(workers) || workers < 1) fail(`--workers must be a whole number ≥ 1, got ${values.workers}`);
 const cfgParallel = values['cfg-parallel']!;
@@ -162,7 +165,7 @@ try {
       return (window as any).ditswarm.generate(overrides);
     },
     // with CFG parallel the degree is that of each of the two groups
-    { overrides: { ...params, ...inputs, backend: values.backend, workers: values.backend === 'swarm' ? workers / (cfgParallel ? 2 : 1) : 1, ep: values.ep, dtype: values.fp16 ? 'f16' : 'f32', cfgParallel, model: modelUrl } },
+    { overrides: { ...params, ...inputs, backend: values.backend, workers: values.backend === 'swarm' ? workers / (cfgParallel ? 2 : 1) : 1, ep: values.ep, dtype: values.int8 ? 'i8' : values.fp16 ? 'f16' : 'f32', cfgParallel, model: modelUrl } },
   );
   if (tty) process.stderr.write('\n');
   const injected = harm.map((h) => {

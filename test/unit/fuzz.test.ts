@@ -9,7 +9,7 @@ import { Link } from '../../core/net/link.ts';
 import { ContractError, passing } from '../../core/net/check.ts';
 import { loadTransformer } from '../../core/model/transformer.ts';
 import type { WanModel } from '../../core/model/reference.ts';
-import { BYTES_PER_ELEMENT, COORDINATOR, encodeFrames, readHeader, Reassembler, type Message, type TensorTag } from '../../core/net/protocol.ts';
+import { COORDINATOR, payloadBytes, encodeFrames, readHeader, Reassembler, type Message, type TensorTag } from '../../core/net/protocol.ts';
 import { packValue, remote, serve, unpackValue } from '../../core/net/rpc.ts';
 import { watchHeartbeats } from '../../core/net/heartbeat.ts';
 import { RankLayout } from '../../core/parallel.ts';
@@ -180,7 +180,7 @@ describe(`fuzz: ${FRAMES_PER_TARGET} hostile frames per target`, () => {
       }
       if (msg !== null) {
         delivered++;
-        const size = msg.kind === 'tensor' ? msg.shape.reduce((a, b) => a * b, 1) * BYTES_PER_ELEMENT[msg.dtype] : 0;
+        const size = msg.kind === 'tensor' ? payloadBytes(msg.shape.reduce((a, b) => a * b, 1), msg.dtype) : 0;
         if (msg.kind === 'tensor' && msg.data.byteLength !== size) inconsistent.push(msg);
       }
       peakHeld = Math.max(peakHeld, reassembler.heldBytes);

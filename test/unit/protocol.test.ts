@@ -5,7 +5,9 @@ import {
   frameMessage,
   fromF16,
   HEADER_BYTES,
+  I8_GROUP,
   MAX_FRAME_BYTES,
+  payloadBytes,
   readHeader,
   Reassembler,
   tensorPayload,
@@ -520,14 +522,15 @@ describe('the Reassembler\'s bookkeeping', () => {
   });
 });
 
+/** A copy of `bytes` that starts `offset` bytes into its buffer. */
+const placed = (bytes: Uint8Array, offset: number) => {
+  const buffer = new Uint8Array(offset + bytes.byteLength);
+  buffer.set(bytes, offset);
+  return buffer.subarray(offset);
+};
+
 describe('tensorValues', () => {
   const values = new Float32Array([1, -2, 0.5, 65504]);
-  /** A copy of `bytes` that starts `offset` bytes into its buffer. */
-  const placed = (bytes: Uint8Array, offset: number) => {
-    const buffer = new Uint8Array(offset + bytes.byteLength);
-    buffer.set(bytes, offset);
-    return buffer.subarray(offset);
-  };
 
   it('f32 at a 4-aligned byteOffset (0, 4) is a view of the payload; at a misaligned one (2) a copy of the same values', () => {
     const wire = tensorPayload(values, 'f32');
@@ -552,6 +555,39 @@ describe('tensorValues', () => {
     } finally {
       slice.mockRestore();
     }
+  });
+});
+
+describe('i8', () => {
+  it('sends a float32 scale per 64 values and one byte a value; each value within half a step of its group\'s largest, zeros exact', () => {
+    const random = rng(8);
+    // groups of very different sizes, a group of zeros, and a last group cut short
+    const values = Float32Array.from({ length: 3 * I8_GROUP + 17 }, (_, i) => (i < I8_GROUP ? 0 : (random() - 0.5) * 10 ** ((i / I8_GROUP) | 0)));
+    const wire = tensorPayload(values, 'i8');
+    expect(wire.byteLength).toBe(payloadBytes(values.length, 'i8'));
+    expect(wire.byteLength).toBe(values.length + 4 * 4);
+    for (const offset of [0, 1, 3]) {
+      const out = tensorValues(placed(wire, offset), 'i8');
+      expect(out.length).toBe(values.length);
+      for (let g = 0; g * I8_GROUP < values.length; g++) {
+        const group = values.subarray(g * I8_GROUP, (g + 1) * I8_GROUP);
+        const step = Math.max(...group.map(Math.abs)) / 127;
+        group.forEach((v, i) => expect(Math.abs(out[g * I8_GROUP + i] - v)).toBeLessThanOrEqual(step / 2 + 1e-6 * Math.abs(v)));
+      }
+      expect(out.subarray(0, I8_GROUP).every((v) => v === 0)).toBe(true);
+    }
+  });
+
+  it('a NaN or infinite value makes its group NaN on arrival (the receiver refuses it); frames declare int8 sizes', () => {
+    const values = Float32Array.from({ length: 2 * I8_GROUP }, (_, i) => i);
+    values[5] = NaN;
+    values[I8_GROUP + 1] = Infinity;
+    const out = tensorValues(tensorPayload(values, 'i8'), 'i8');
+    expect(out.subarray(0, 2 * I8_GROUP).every((v) => Number.isNaN(v))).toBe(true);
+    const data = tensorPayload(Float32Array.from({ length: 100 }, (_, i) => i), 'i8');
+    const [frame] = encodeFrames({ kind: 'tensor', from: 0, tag: TAG, dtype: 'i8', shape: [100], data }, 1);
+    expect(readHeader(new Uint8Array(frame))).toMatchObject({ dtype: 'i8', shape: [100], totalBytes: 108 });
+    expect(() => encodeFrames({ kind: 'tensor', from: 0, tag: TAG, dtype: 'i8', shape: [101], data }, 1)).toThrow('tensor of shape [101] i8 needs 109 bytes, data has 108');
   });
 });
 

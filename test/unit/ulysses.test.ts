@@ -6,6 +6,7 @@ import { stageCallsPerForward } from '../../core/cost-model.ts';
 import { exchangeFloatsPerBlock, planUlysses } from '../../core/parallel.ts';
 import { SeededRandom } from '../../core/random.ts';
 import { maxAbsDiff, type Tensor } from '../../core/tensor.ts';
+import type { DType } from '../../core/net/protocol.ts';
 import { memoryExchanges } from '../../rank/exchange/memory.ts';
 import { onnxStages } from '../../rank/onnx-stages.ts';
 import { hostValues, type Activation, type DeviceStageRunner, type DeviceTensor, type StageRunner } from '../../rank/stages.ts';
@@ -84,28 +85,38 @@ describe('Ulysses sequence parallelism, in memory', () => {
   });
 });
 
-describe('fp16 activation transport', () => {
-  it('halves the bytes each rank sends, and moves a 4-step guided sample by at most 1e-3', async () => {
-    const latentShape = [16, 3, 8, 8];
-    const sample = async (dtype: 'f32' | 'f16') => {
-      const exchanges = memoryExchanges(2, dtype);
-      let x = { shape: latentShape, data: new SeededRandom(5).normals(16 * 3 * 8 * 8) };
-      const sigmas = [1, 0.9, 0.75, 0.5, 0];
-      for (let step = 0; step < 4; step++) {
-        const t = sigmas[step] * 1000;
-        const cond = await forwardInProcess(m.config, onnx, exchanges, x, t, text, { job: 1, step, pass: 0 });
-        const uncond = await forwardInProcess(m.config, onnx, exchanges, x, t, new Float32Array(text.length), { job: 1, step, pass: 1 });
-        const dt = sigmas[step + 1] - sigmas[step];
-        x = { shape: latentShape, data: x.data.map((v, i) => v + dt * (uncond.data[i] + 5 * (cond.data[i] - uncond.data[i]))) };
-      }
-      return { latent: x.data, bytes: exchanges[0].bytesSent };
-    };
+describe('fp16 and int8 activation transport', () => {
+  const latentShape = [16, 3, 8, 8];
+  const sample = async (dtype: DType) => {
+    const exchanges = memoryExchanges(2, dtype);
+    let x = { shape: latentShape, data: new SeededRandom(5).normals(16 * 3 * 8 * 8) };
+    const sigmas = [1, 0.9, 0.75, 0.5, 0];
+    for (let step = 0; step < 4; step++) {
+      const t = sigmas[step] * 1000;
+      const cond = await forwardInProcess(m.config, onnx, exchanges, x, t, text, { job: 1, step, pass: 0 });
+      const uncond = await forwardInProcess(m.config, onnx, exchanges, x, t, new Float32Array(text.length), { job: 1, step, pass: 1 });
+      const dt = sigmas[step + 1] - sigmas[step];
+      x = { shape: latentShape, data: x.data.map((v, i) => v + dt * (uncond.data[i] + 5 * (cond.data[i] - uncond.data[i]))) };
+    }
+    return { latent: x.data, bytes: exchanges[0].bytesSent };
+  };
+
+  it('fp16 halves the bytes each rank sends, and moves a 4-step guided sample by at most 1e-3', async () => {
     const [full, half] = [await sample('f32'), await sample('f16')];
     const diff = maxAbsDiff(full.latent, half.latent);
     console.log(`fp16 transport: bytes ratio ${(half.bytes / full.bytes).toFixed(4)}, final latent max-abs ${diff.toExponential(2)}`);
     expect(half.bytes / full.bytes).toBe(0.5);
     expect(diff).toBeLessThanOrEqual(1e-3);
     expect(diff).toBeGreaterThan(0); // the rounding is real
+  });
+
+  it('int8 with a scale per 64 values sends a little over a quarter of the bytes, and moves the same sample by at most 3e-2', async () => {
+    const [full, quarter] = [await sample('f32'), await sample('i8')];
+    const diff = maxAbsDiff(full.latent, quarter.latent);
+    console.log(`int8 transport: bytes ratio ${(quarter.bytes / full.bytes).toFixed(4)}, final latent max-abs ${diff.toExponential(2)}`);
+    expect(quarter.bytes / full.bytes).toBeCloseTo((1 + 4 / 64) / 4, 2);
+    expect(diff).toBeLessThanOrEqual(3e-2);
+    expect(diff).toBeGreaterThan(0);
   });
 });
 
