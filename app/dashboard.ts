@@ -107,8 +107,8 @@ async function pipelineFor({ backend, model = DEFAULT_MODEL_URL }: JobPlacement)
 }
 
 function runJob(job: StoredJob, hooks: Parameters<RunJob>[1]) {
-  const { workers, ep, dtype = 'f32', cfgParallel, shares, spotCheckRate } = job.placement;
-  return pipelineFor(job.placement).then((pipe) => pipe.generate({ ...job.params, ...job.inputs, ...hooks, placement: { ulyssesDegree: workers, ep, dtype, cfgParallel, shares, spotCheckRate } }));
+  const { workers, ep, dtype = 'f32', cfgParallel, shares, spotCheckRate, emulateLink } = job.placement;
+  return pipelineFor(job.placement).then((pipe) => pipe.generate({ ...job.params, ...job.inputs, ...hooks, placement: { ulyssesDegree: workers, ep, dtype, cfgParallel, shares, spotCheckRate, emulateLink } }));
 }
 
 /** The form's model: its head count (the degrees a job may ask for divide it), and its job defaults, which fill the form. */
@@ -170,13 +170,13 @@ function showFinished(job: StoredJob): void {
 
 async function submitFromForm(overrides: Record<string, unknown> = {}): Promise<StoredJob> {
   const formValues = readForm();
-  const { backend, workers, ep, dtype, cfgParallel, shares, spotCheckRate, model, promptEmbeds, negativePromptEmbeds, outputType, ...rest } = overrides as Partial<JobPlacement> & AutomationInputs;
+  const { backend, workers, ep, dtype, cfgParallel, shares, spotCheckRate, emulateLink, model, promptEmbeds, negativePromptEmbeds, outputType, ...rest } = overrides as Partial<JobPlacement> & AutomationInputs;
   // a job on another model than the form's (npm run generate --model) is that model's defaults beneath what it gives
   const beneath = model !== undefined && model !== formValues.placement.model ? await loadJobDefaults(model) : formValues.params;
   const params = { ...beneath, ...rest };
   if (!showErrors(checkJobParams(params))) return Promise.reject(new Error(`invalid job: ${$('form-errors').textContent}`));
   if (!queue) return Promise.reject(new Error('the dashboard is still starting'));
-  const placement: JobPlacement = { ...formValues.placement, backend: backend ?? formValues.placement.backend, workers: workers ?? formValues.placement.workers, ep: ep ?? formValues.placement.ep, dtype, cfgParallel: cfgParallel ?? formValues.placement.cfgParallel, shares, spotCheckRate, model: model ?? formValues.placement.model };
+  const placement: JobPlacement = { ...formValues.placement, backend: backend ?? formValues.placement.backend, workers: workers ?? formValues.placement.workers, ep: ep ?? formValues.placement.ep, dtype, cfgParallel: cfgParallel ?? formValues.placement.cfgParallel, shares, spotCheckRate, emulateLink, model: model ?? formValues.placement.model };
   const inputs: JobInputs = { outputType, promptEmbeds: promptEmbeds && embedsFromBase64(promptEmbeds), negativePromptEmbeds: negativePromptEmbeds && embedsFromBase64(negativePromptEmbeds) };
   return queue.submit(params, placement, inputs);
 }

@@ -19,7 +19,8 @@ function lastBlockCost(): BlockCostReport | null {
 }
 
 export const WAN_1_3B: ModelShape = { numHeads: 12, headDim: 128, dim: 1536, ffnDim: 8960, numLayers: 30, inChannels: 16, outChannels: 16, patchSize: [1, 2, 2], textDim: 4096, freqDim: 256 };
-const WORKLOAD: Workload = { model: WAN_1_3B, tokens: 32760, textTokens: 512, passes: 2 };
+/** 480p, 81 frames, guided */
+export const WAN_480P_WORKLOAD: Workload = { model: WAN_1_3B, tokens: 32760, textTokens: 512, passes: 2 };
 const STEPS = 50;
 const DEGREES = [1, 2, 3, 4, 6];
 const LINKS_MB_S = [12.5, 125, 1250]; // 100 Mbit/s, 1 Gbit/s, 10 Gbit/s
@@ -28,7 +29,8 @@ const TRANSPORTS = [
   { name: 'fp32', bytesPerElement: 4 },
   { name: 'fp16', bytesPerElement: 2 },
 ] as const;
-const LATENCY_S = 0.001;
+/** one-way link latency of a LAN */
+export const LATENCY_S = 0.001;
 
 export function runProjection(blockCost: BlockCostReport | null = lastBlockCost()) {
   const rows: {
@@ -49,9 +51,9 @@ export function runProjection(blockCost: BlockCostReport | null = lastBlockCost(
       for (const deviceTFLOPs of DEVICES_TFLOP_S) {
         const hw: Hardware = { workerFlops: Array(6).fill(deviceTFLOPs * 1e12), link: { bandwidth: linkMBs * 1e6, latency: LATENCY_S }, bytesPerElement: transport.bytesPerElement };
         // one browser runs alone (the local backend: no coordinator link); a swarm is driven over the link
-        const one = predictStep(WORKLOAD, { ulyssesDegree: 1, cfgParallel: false }, { ...hw, coordinatorLink: null });
+        const one = predictStep(WAN_480P_WORKLOAD, { ulyssesDegree: 1, cfgParallel: false }, { ...hw, coordinatorLink: null });
         for (const degree of DEGREES) {
-          const p = degree === 1 ? one : predictStep(WORKLOAD, { ulyssesDegree: degree, cfgParallel: false }, hw);
+          const p = degree === 1 ? one : predictStep(WAN_480P_WORKLOAD, { ulyssesDegree: degree, cfgParallel: false }, hw);
           rows.push({
             linkMBs,
             deviceTFLOPs,
@@ -75,9 +77,9 @@ export function runProjection(blockCost: BlockCostReport | null = lastBlockCost(
     for (const linkMBs of LINKS_MB_S)
       for (const deviceTFLOPs of DEVICES_TFLOP_S) {
         const hw: Hardware = { workerFlops: Array(6).fill(deviceTFLOPs * 1e12), link: { bandwidth: linkMBs * 1e6, latency: LATENCY_S }, bytesPerElement: transport.bytesPerElement };
-        const one = predictStep(WORKLOAD, { ulyssesDegree: 1, cfgParallel: false }, { ...hw, coordinatorLink: null });
+        const one = predictStep(WAN_480P_WORKLOAD, { ulyssesDegree: 1, cfgParallel: false }, { ...hw, coordinatorLink: null });
         for (const degree of [1, 2]) {
-          const p = predictStep(WORKLOAD, { ulyssesDegree: degree, cfgParallel: true }, hw);
+          const p = predictStep(WAN_480P_WORKLOAD, { ulyssesDegree: degree, cfgParallel: true }, hw);
           cfgParallel.push({ linkMBs, deviceTFLOPs, transport: transport.name, browsers: 2 * degree, stepS: round(p.stepS), speedup: round(one.stepS / p.stepS) });
         }
       }
@@ -86,8 +88,8 @@ export function runProjection(blockCost: BlockCostReport | null = lastBlockCost(
   for (const deviceTFLOPs of DEVICES_TFLOP_S)
     for (const transport of TRANSPORTS)
       for (const degree of DEGREES.filter((d) => d > 1)) {
-        const at = (bandwidth: number) => predictStep(WORKLOAD, { ulyssesDegree: degree, cfgParallel: false }, { workerFlops: Array(6).fill(deviceTFLOPs * 1e12), link: { bandwidth, latency: LATENCY_S }, bytesPerElement: transport.bytesPerElement });
-        const one = predictStep(WORKLOAD, { ulyssesDegree: 1, cfgParallel: false }, { workerFlops: [deviceTFLOPs * 1e12], link: { bandwidth: 1, latency: 0 }, bytesPerElement: transport.bytesPerElement, coordinatorLink: null });
+        const at = (bandwidth: number) => predictStep(WAN_480P_WORKLOAD, { ulyssesDegree: degree, cfgParallel: false }, { workerFlops: Array(6).fill(deviceTFLOPs * 1e12), link: { bandwidth, latency: LATENCY_S }, bytesPerElement: transport.bytesPerElement });
+        const one = predictStep(WAN_480P_WORKLOAD, { ulyssesDegree: 1, cfgParallel: false }, { workerFlops: [deviceTFLOPs * 1e12], link: { bandwidth: 1, latency: 0 }, bytesPerElement: transport.bytesPerElement, coordinatorLink: null });
         // time over the link ∝ 1/bandwidth: exchange bytes per rank plus the coordinator's patches and rows
         const ideal = at(Infinity);
         const linkBytes = (at(1e6).stepS - ideal.stepS) * 1e6; // step time = ideal + linkBytes / bandwidth
@@ -103,7 +105,7 @@ export function runProjection(blockCost: BlockCostReport | null = lastBlockCost(
       video: '480p: 832×480, 81 frames → latent 21 × 60 × 104 → 32,760 tokens',
       steps: STEPS,
       guidance: 'classifier-free (2 forward passes per step, one after the other: no CFG parallel)',
-      textTokens: WORKLOAD.textTokens,
+      textTokens: WAN_480P_WORKLOAD.textTokens,
       degrees: DEGREES,
       linksMBs: LINKS_MB_S,
       devicesTFLOPs: DEVICES_TFLOP_S,

@@ -2,7 +2,7 @@
 // never at once), each writing its own report under bench/out/, then the headline figures in
 // bench/out/scaling.json.
 //
-//   npm run bench                      block cost, projection, local overhead, scaling, threads, full-size, vae, uneven
+//   npm run bench                      block cost, projection, local overhead, scaling, threads, full-size, vae, uneven, slow-link
 //   npm run bench -- scaling [flags]   one of them (flags as in bench/scaling.ts etc.)
 
 import { parseOverheadArgs, runLocalOverhead } from './local-overhead.ts';
@@ -14,8 +14,9 @@ import { parseFullSizeArgs, runFullSize } from './full-size.ts';
 import { parseBlockCostArgs, runBlockCost } from './block-cost.ts';
 import { parseVaeArgs, runVae } from './vae.ts';
 import { parseUnevenArgs, runUneven } from './uneven.ts';
+import { parseSlowLinkArgs, runSlowLink } from './slow-link.ts';
 
-const BENCHMARKS = ['block-cost', 'scaling', 'local-overhead', 'projection', 'threads', 'full-size', 'vae', 'uneven'] as const;
+const BENCHMARKS = ['block-cost', 'scaling', 'local-overhead', 'projection', 'threads', 'full-size', 'vae', 'uneven', 'slow-link'] as const;
 type Benchmark = (typeof BENCHMARKS)[number];
 
 const [first, ...rest] = process.argv.slice(2);
@@ -85,5 +86,10 @@ if (chosen.includes('uneven')) {
   writeReport('uneven.json', uneven);
   const { even, bySpeed, auto } = uneven.runs;
   console.log(`uneven: the third tab ${uneven.measuredSlowdown}× slower; even shares ${even.stepMs} ms a step, by speed (${bySpeed.heads?.join('/') ?? 'even'}) ${bySpeed.stepMs} ms: ${uneven.gain}×; auto chose ${auto.degree} (${auto.heads?.join('/') ?? 'even'}); spot checks ${JSON.stringify(uneven.spotCheckCost)}; ${JSON.stringify(uneven.meets)}`);
+}
+if (chosen.includes('slow-link')) {
+  const slowLink = await runSlowLink(parseSlowLinkArgs(args));
+  writeReport('slow-link.json', slowLink);
+  console.log(`slow-link: emulated ${(slowLink.emulateLink.bandwidth / 1e6).toFixed(2)} MB/s, ${slowLink.emulateLink.latencyMs} ms: exchange/compute at P = 2 ${slowLink.emulatedRatio.measured} (target ${slowLink.emulatedRatio.target}); ${JSON.stringify(slowLink.runs)}`);
 }
 log(`done in ${((Date.now() - started) / 1000).toFixed(0)} s`);

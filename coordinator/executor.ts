@@ -7,6 +7,7 @@ import type { WanConfig } from '../core/model/config.ts';
 import type { Transport } from '../core/net/channel.ts';
 import { ContractError } from '../core/net/check.ts';
 import type { DType } from '../core/net/protocol.ts';
+import type { LinkEmulation } from '../core/net/paced-channel.ts';
 import { RemoteError, RpcTimeout, type Remote } from '../core/net/rpc.ts';
 import { gatherLatent, planUlysses, scatterLatent, type RankLayout, type UlyssesPlan } from '../core/parallel.ts';
 import { patchify, tokenGrid } from '../core/model/tokens.ts';
@@ -36,8 +37,10 @@ export interface ExecutorOptions {
   layout: RankLayout;
   rpcTimeoutMs?: number;
   ep?: ExecutionProvider | 'auto';
-  /** how activations travel between ranks: float32 (exact), or float16 (half the bytes) */
+  /** how activations travel between ranks: float32 (exact), float16 (half the bytes) or int8 (about a quarter) */
   dtype?: DType;
+  /** the ranks' links to each other paced as this slower link (benchmarks and tests) */
+  emulateLink?: LinkEmulation;
   /** share of forward passes another rank recomputes alone to check the group's (spot-check.ts); DEFAULT_SPOT_CHECK_RATE unless set, 0 for none */
   spotCheckRate?: number;
 }
@@ -176,7 +179,8 @@ export abstract class Executor {
     this.placed = true;
     const session = `${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 8)}`;
     const dtype = this.options.dtype ?? 'f32';
-    await this.collectiveRpc('initWorker', { args: (rank) => ({ ...this.layout.meshOf(rank, peers, session), dtype }) });
+    const { emulateLink } = this.options;
+    await this.collectiveRpc('initWorker', { args: (rank) => ({ ...this.layout.meshOf(rank, peers, session), dtype, ...(emulateLink && { emulateLink }) }) });
     const infos = await this.collectiveRpc('describe');
     const loaded = await this.collectiveRpc('loadModel', { args: { modelUrl: this.options.modelUrl, ep: this.options.ep ?? 'auto' }, timeoutMs: loadTimeoutMs(this.rpcTimeoutMs) });
     this.workers = infos.map((info, rank) => ({ ...info, ...loaded[rank], id: peers[rank] }));

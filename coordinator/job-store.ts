@@ -24,6 +24,8 @@ export interface JobPlacement {
   shares?: PlacementRequest['shares'];
   /** share of forward passes another worker recomputes to check the group's; the default unless set, 0 for none */
   spotCheckRate?: number;
+  /** the ranks' links to each other paced as this slower link (benchmarks and tests) */
+  emulateLink?: PlacementRequest['emulateLink'];
   /** URL of the model folder; the bundled default model unless set */
   model?: string;
 }

@@ -13,6 +13,7 @@ import { createExecutor, type Backend } from './backends.ts';
 import { loadTimeoutMs, type Executor, type LostRank } from './executor.ts';
 import type { WorkerMeasurement } from './measure.ts';
 import type { Swarm, SwarmWorker } from './swarm.ts';
+import type { LinkEmulation } from '../core/net/paced-channel.ts';
 
 /** What a job asks of placement; what it leaves unset, the pipeline's defaults fill. */
 export interface PlacementRequest {
@@ -30,7 +31,13 @@ export interface PlacementRequest {
   shares?: 'even' | 'speed';
   /** share of forward passes another rank recomputes to check the group's (coordinator/spot-check.ts); its default unless set, 0 for none */
   spotCheckRate?: number;
+  /** the ranks' links to each other paced as this slower link (benchmarks and tests: core/net/paced-channel.ts) */
+  emulateLink?: LinkEmulation;
 }
+
+/** What a placement is made for besides its layout: a job asking for other of these is placed anew. */
+type PlacedFor = Pick<PlacementRequest, 'ep' | 'dtype' | 'spotCheckRate' | 'emulateLink'>;
+const placedForOf = ({ ep, dtype, spotCheckRate, emulateLink }: PlacedFor): PlacedFor => ({ ep, dtype, spotCheckRate, emulateLink });
 
 /** How the degree of an 'auto' job was chosen, and what the cost model expected of it. */
 export interface PlannedDegree {
@@ -104,7 +111,7 @@ export interface PlacerOptions {
 export class Placer {
   private executor: Executor | null = null;
   /** what the current executor was placed for */
-  private placedFor: ({ layout: RankLayout } & Pick<PlacementRequest, 'ep' | 'dtype' | 'spotCheckRate'>) | null = null;
+  private placedFor: ({ layout: RankLayout } & PlacedFor) | null = null;
   /** the placement lost a rank: the next job places afresh instead of failing on the gone rank */
   // Stryker disable next-line BooleanLiteral: placeOn sets it before anything reads it
   private lostARank = false;
@@ -136,7 +143,7 @@ export class Placer {
     const fits =
       !this.lostARank && this.placedFor !== null &&
       this.placedFor.layout.sameAs(layout) &&
-      this.placedFor.ep === request.ep && this.placedFor.dtype === request.dtype && this.placedFor.spotCheckRate === request.spotCheckRate;
+      JSON.stringify(placedForOf(this.placedFor)) === JSON.stringify(placedForOf(request));
     if (!fits) await this.placeOn(layout, request);
     return { executor: this.executor!, plan: plan && cfgFallback ? { ...plan, by: `${plan.by}; ${cfgFallback}` } : plan, cfgFallback };
   }
@@ -178,12 +185,12 @@ export class Placer {
     if (this.replans >= MAX_REPLANS) throw new ReplacementsExhausted(lost, error);
     this.replans++;
     const started = performance.now();
-    const { ep, dtype, spotCheckRate } = this.placedFor;
+    const placedFor = placedForOf(this.placedFor);
     let degree = 1;
     try {
       // Stryker disable next-line ConditionalExpression: only a swarm loses ranks (Executor.lostRanks is empty for the local backend, which returns before this)
       if (this.options.swarm) degree = defaultDegree(this.options.config.numHeads, Math.min((await this.liveWorkers(1)).length, before.world));
-      await this.placeOn(new RankLayout(degree), { ep, dtype, spotCheckRate });
+      await this.placeOn(new RankLayout(degree), placedFor);
     } catch (e) {
       const what = lost.map((l) => `rank ${l.rank} (worker ${l.worker}: ${l.cause}, ${l.evidence})`).join(', ');
       throw new Error(`lost ${what} in step ${step + 1}, and the job could not be placed again: ${(e as Error).message}`, { cause: error });
@@ -362,11 +369,11 @@ export class Placer {
   }
 
   /** Replaces the current executor by one on `layout` (the first workers to have joined); a failed placement leaves none. */
-  private async placeOn(layout: RankLayout, request: Pick<PlacementRequest, 'ep' | 'dtype' | 'spotCheckRate'>): Promise<void> {
+  private async placeOn(layout: RankLayout, request: PlacedFor): Promise<void> {
     await this.shutdown({ graceMs: 1_000 });
     const { config, modelUrl, backend, swarm, rpcTimeoutMs } = this.options;
     const workers = backend === 'swarm' ? (await this.liveWorkers(layout.world)).slice(0, layout.world) : [];
-    const executor = createExecutor(backend, { config, modelUrl, layout, ep: request.ep, dtype: request.dtype, spotCheckRate: request.spotCheckRate, rpcTimeoutMs }, swarm, workers);
+    const executor = createExecutor(backend, { config, modelUrl, layout, ...placedForOf(request), rpcTimeoutMs }, swarm, workers);
     executor.onFailure(() => {
       // Stryker disable next-line ConditionalExpression: a replaced executor is shut down first, and a shut-down executor reports no failures
       if (this.executor === executor) this.lostARank = true;
@@ -380,7 +387,7 @@ export class Placer {
       throw e;
     }
     this.executor = executor;
-    this.placedFor = { layout, ...request };
+    this.placedFor = { layout, ...placedForOf(request) };
   }
 
   /** The live workers, each engine answering, once at least `count` have joined; an error saying how many joined after the placement timeout. */

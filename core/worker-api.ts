@@ -7,6 +7,7 @@ import type { DType } from './net/protocol.ts';
 import { fields, floats, int, list, none, nullable, num, oneOf, optional, text, type Check } from './net/check.ts';
 import type { ApiContract, Remote } from './net/rpc.ts';
 import type { Transport } from './net/channel.ts';
+import type { LinkEmulation } from './net/paced-channel.ts';
 
 /** An onnxruntime-web execution provider a worker can run on. */
 export type ExecutionProvider = 'webgpu' | 'wasm';
@@ -39,6 +40,8 @@ export interface InitArgs {
   dtype?: DType;
   /** each rank's share of the model's heads, in rank order (core/parallel.ts); even without it */
   heads?: number[];
+  /** its links to the other ranks paced as this slower link (benchmarks and tests: core/net/paced-channel.ts) */
+  emulateLink?: LinkEmulation;
 }
 
 export interface LoadArgs {
@@ -354,7 +357,7 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
     reply: fields({ bytes: int(0) }),
   },
   initWorker: {
-    args: fields({ rank: int(0, MAX_RANKS - 1), world: int(1, MAX_RANKS), peers: list(text(256), { min: 1, max: MAX_RANKS }), session: text(256), dtype: optional(oneOf('f32', 'f16', 'i8')), heads: optional(list(int(1, MAX_HEADS), { min: 1, max: MAX_RANKS })) }),
+    args: fields({ rank: int(0, MAX_RANKS - 1), world: int(1, MAX_RANKS), peers: list(text(256), { min: 1, max: MAX_RANKS }), session: text(256), dtype: optional(oneOf('f32', 'f16', 'i8')), heads: optional(list(int(1, MAX_HEADS), { min: 1, max: MAX_RANKS })), emulateLink: optional(fields({ bandwidth: num(1, 1e12), latencyMs: num(0, 10_000) })) }),
     reply: fields({ rank: int(0), world: int(1) }),
   },
   loadModel: {

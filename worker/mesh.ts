@@ -8,6 +8,7 @@ import type { FrameHeader } from '../core/net/protocol.ts';
 import type { RelayClient } from '../core/net/relay-client.ts';
 import { PeerLost, type InitArgs } from '../core/worker-api.ts';
 import { MeshExchange } from '../rank/exchange/mesh.ts';
+import { EmulatedWire } from '../core/net/paced-channel.ts';
 
 const MESH_TIMEOUT_MS = 30_000;
 /** Connections of one rank kept until this rank asks for them (a data channel, then maybe a relayed one). */
@@ -90,9 +91,12 @@ export class WorkerMesh {
   async connect(init: InitArgs): Promise<MeshExchange> {
     this.close('a new job mesh replaced it');
     const exchange = new MeshExchange(init.rank, init.world, init.dtype ?? 'f32');
+    // one emulated uplink for all of this rank's links, where the job asks for one
+    const wire = init.emulateLink && new EmulatedWire(init.emulateLink);
     const mesh = (this.current = { exchange, connections: [] as DataConnectionLike[], links: new Map<number, { peer: string; transport: Transport }>() });
     const linkTo = async (rank: number): Promise<void> => {
       const linkOptions = (conn: DataConnectionLike): OpenLinkOptions => ({
+        emulate: wire,
         accept: (header) => {
           const verdict = judgeMeshFrame(rank, header, this.judge);
           if (verdict?.misbehaved) {

@@ -2,6 +2,7 @@ import type { DataConnectionLike, Transport } from './channel.ts';
 import { relayProof, roomOf } from './join-token.ts';
 import { Link, type LinkOptions } from './link.ts';
 import { RELAY_PATH, relayUrl, RelayClient, type RelayRole } from './relay-client.ts';
+import { PacedChannel, type EmulatedWire } from './paced-channel.ts';
 
 // The one place a PeerJS data connection becomes a Link, for both sides of the wire.
 
@@ -153,6 +154,8 @@ export async function dial(
 export interface OpenLinkOptions extends LinkOptions {
   /** give up (and close the connection) if it is not open by then; the other side may be trying the relay */
   openTimeoutMs?: number;
+  /** send as over this slower wire (benchmarks and tests) */
+  emulate?: EmulatedWire;
 }
 
 /** Resolves with a Link once the connection is open; `onClose` runs once when it goes away. */
@@ -178,7 +181,7 @@ export function openLink(conn: DataConnectionLike, onClose: (reason: string) => 
     const start = () => {
       if (closed || link) return;
       clearTimeout(timer);
-      link = new Link(conn.dataChannel, options);
+      link = new Link(options.emulate ? new PacedChannel(conn.dataChannel, options.emulate) : conn.dataChannel, options);
       resolve(link);
     };
     conn.on('data', (data) => {

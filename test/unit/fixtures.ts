@@ -78,6 +78,6 @@ export class SinkChannel implements Channel {
   send(data: ArrayBuffer) {
     this.sent.push(data);
   }
-  addEventListener() {}
-  removeEventListener() {}
+  addEventListener(_type: 'bufferedamountlow' | 'close', _cb: () => void) {}
+  removeEventListener(_type: 'bufferedamountlow' | 'close', _cb: () => void) {}
 }

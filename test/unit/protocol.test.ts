@@ -140,7 +140,7 @@ describe('frames', () => {
     expect(thrown(() => encodeFrames({ ...t, tag: { ...TAG, phase: 0.5 } }, 0))).toBe(u16('tag.phase', 0.5));
     // a dim past the u32 range in an empty tensor: the byte count (0) alone would not notice it
     expect(thrown(() => encodeFrames({ ...f32Tensor([0]), shape: [0, 2 ** 32] }, 0))).toBe(u32('shape[1]', 2 ** 32));
-    expect(thrown(() => encodeFrames({ ...t, dtype: 'bf16' as DType }, 0))).toBe('TypeError: dtype must be one of f32, f16, got bf16');
+    expect(thrown(() => encodeFrames({ ...t, dtype: 'bf16' as DType }, 0))).toBe('TypeError: dtype must be one of f32, f16, i8, got bf16');
   });
 
   it('accept every header field at its maximum: msgId and job/step 2^32-1, from 255, pass/block/phase 65535, a shape dim 2^32-1', () => {

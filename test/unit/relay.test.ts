@@ -4,6 +4,7 @@ import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { WebSocket } from 'ws';
 import type { Link } from '../../core/net/link.ts';
 import { dial, openLink, type PeerDialer } from '../../core/net/peer-link.ts';
+import { EmulatedWire } from '../../core/net/paced-channel.ts';
 import type { Message, TensorTag } from '../../core/net/protocol.ts';
 import { RelayClient, RelayRefused, relayUrl, type RelayConnection, type RelayRegistration, type RelaySocket } from '../../core/net/relay-client.ts';
 import { relayProof, roomOf } from '../../core/net/join-token.ts';
@@ -263,6 +264,21 @@ describe('a Link over a relayed connection', () => {
     expect(peak).toBeLessThanOrEqual(highWaterBytes + chunkBytes); // ... and held
     expect(lowEvents).toBeGreaterThan(0);
     expect(receiver.stats.framesDropped).toBe(0);
+  });
+
+  it('on an emulated wire (issue 20) it delivers as the slower link would: 500 kB at 1 MB/s take at least half a second, intact', async () => {
+    const { dialed, accepted } = await pair();
+    const [sender, receiver] = await Promise.all([openLink(dialed, () => {}, { emulate: new EmulatedWire({ bandwidth: 1e6, latencyMs: 5 }) }), openLink(accepted, () => {})]);
+    const data = patterned(500_000);
+    const arrived = next(receiver);
+    const started = performance.now();
+    await sender.send({ kind: 'tensor', from: 1, tag: { job: 1, step: 0, pass: 0, block: 0, phase: 0 }, dtype: 'f32', shape: [125_000], data });
+    const out = await arrived;
+    const ms = performance.now() - started;
+    if (out.kind !== 'tensor') throw new Error('expected a tensor');
+    expect(Buffer.compare(out.data, data)).toBe(0);
+    expect(ms).toBeGreaterThanOrEqual((sender.stats.bytesSent / 1e6) * 1000 + 5 - 1);
+    expect(ms).toBeLessThan(2_000);
   });
 
   it('closes the Link when the relay drops the connection', async () => {

@@ -1,0 +1,72 @@
+import { describe, expect, it } from 'vitest';
+import { Link } from '../../core/net/link.ts';
+import { EmulatedWire, PacedChannel } from '../../core/net/paced-channel.ts';
+import type { Message } from '../../core/net/protocol.ts';
+import { SinkChannel } from './fixtures.ts';
+
+// The slow-link emulator (issue 20): frames reach the real channel as a link of the set bandwidth
+// and latency would deliver them, in order, and a Link on it sends no faster.
+describe('PacedChannel', () => {
+  const arrivals = (sink: SinkChannel, started: number) => {
+    const at: number[] = [];
+    const send = sink.send.bind(sink);
+    sink.send = (data) => {
+      at.push(performance.now() - started);
+      send(data);
+    };
+    return at;
+  };
+
+  it('hands each frame on once the wire has carried it and the latency has passed, in order, holding it as buffered meanwhile', async () => {
+    const sink = new SinkChannel();
+    const paced = new PacedChannel(sink, new EmulatedWire({ bandwidth: 1e6, latencyMs: 20 })); // 1 MB/s: 100 kB take 100 ms
+    const started = performance.now();
+    const at = arrivals(sink, started);
+    for (let i = 0; i < 3; i++) paced.send(new Uint8Array(100_000).fill(i).buffer);
+    expect(paced.bufferedAmount).toBe(300_000);
+    await new Promise((r) => setTimeout(r, 400));
+    expect(sink.sent.map((frame) => new Uint8Array(frame)[0])).toEqual([0, 1, 2]);
+    // 100, 200 and 300 ms on the wire, then 20 ms of latency (timers fire a little late, never early)
+    at.forEach((ms, i) => expect(ms).toBeGreaterThanOrEqual(100 * (i + 1) + 20 - 1));
+    expect(at[2]).toBeLessThan(380);
+    expect(paced.bufferedAmount).toBe(0);
+  });
+
+  it('a Link on it sends a 1 MB message at the set bandwidth: about 1 s at 1 MB/s, where the real channel takes none', async () => {
+    const sink = new SinkChannel();
+    const link = new Link(new PacedChannel(sink, new EmulatedWire({ bandwidth: 1e6, latencyMs: 5 })), { highWaterBytes: 256 * 1024 });
+    const started = performance.now();
+    const at = arrivals(sink, started);
+    const message: Message = { kind: 'tensor', from: 0, tag: { job: 1, step: 0, pass: 0, block: 0, phase: 0 }, dtype: 'f32', shape: [250_000], data: new Uint8Array(1_000_000) };
+    await link.send(message);
+    await new Promise((r) => setTimeout(r, 1_200));
+    const bytes = sink.sent.reduce((n, f) => n + f.byteLength, 0);
+    expect(bytes).toBeGreaterThan(1_000_000);
+    expect(at.at(-1)!).toBeGreaterThanOrEqual((bytes / 1e6) * 1000 + 5 - 1);
+    expect(at.at(-1)!).toBeLessThan(1_150);
+  });
+
+  it('the channels of one page share its wire, as its links share an uplink: two 100 kB frames on two channels take 200 ms', async () => {
+    const wire = new EmulatedWire({ bandwidth: 1e6, latencyMs: 0 });
+    const [a, b] = [new SinkChannel(), new SinkChannel()];
+    const started = performance.now();
+    const [atA, atB] = [arrivals(a, started), arrivals(b, started)];
+    new PacedChannel(a, wire).send(new ArrayBuffer(100_000));
+    new PacedChannel(b, wire).send(new ArrayBuffer(100_000));
+    await new Promise((r) => setTimeout(r, 300));
+    expect(atA[0]).toBeGreaterThanOrEqual(99);
+    expect(atB[0]).toBeGreaterThanOrEqual(199);
+  });
+
+  it('hands nothing on once the real channel has closed', async () => {
+    const sink = new SinkChannel();
+    let onClose = () => {};
+    sink.addEventListener = (type, cb) => void (type === 'close' && (onClose = cb));
+    const paced = new PacedChannel(sink, new EmulatedWire({ bandwidth: 1e6, latencyMs: 10 }));
+    paced.send(new ArrayBuffer(1000));
+    onClose();
+    await new Promise((r) => setTimeout(r, 50));
+    expect(sink.sent).toEqual([]);
+    expect(() => paced.send(new ArrayBuffer(1))).toThrow('the channel is closed');
+  });
+});
