@@ -11,7 +11,7 @@ import type { LinkEmulation } from '../core/net/paced-channel.ts';
 import { RemoteError, RpcTimeout, type Remote } from '../core/net/rpc.ts';
 import { gatherLatent, planUlysses, scatterLatent, type RankLayout, type UlyssesPlan } from '../core/parallel.ts';
 import { patchify, tokenGrid } from '../core/model/tokens.ts';
-import { DEFAULT_SPOT_CHECK_RATE, judgeSpotCheck, spotCheckSchedule, type SpotCheck } from './spot-check.ts';
+import { DEFAULT_SPOT_CHECK_RATE, judgeSpotCheck, spotCheckSchedule, spotCheckTolerance, type SpotCheck } from './spot-check.ts';
 import { guide } from '../core/scheduler.ts';
 import type { Tensor } from '../core/tensor.ts';
 import {
@@ -323,12 +323,13 @@ export abstract class Executor {
       return { rank, rows };
     };
     const checker = await recompute(anyRankBut([])!);
-    let judged = judgeSpotCheck(plan, ranks, parts, width, checker, null);
+    const tolerance = spotCheckTolerance(this.options.dtype ?? 'f32');
+    let judged = judgeSpotCheck(plan, ranks, parts, width, checker, null, tolerance);
     let third: number | null = null;
     if (judged.verdict !== 'agreed') {
       // a rank independent of both the checker and the suspect decides
       third = anyRankBut([checker.rank, judged.verdict.convicted[0]]);
-      if (third !== null) judged = judgeSpotCheck(plan, ranks, parts, width, checker, await recompute(third));
+      if (third !== null) judged = judgeSpotCheck(plan, ranks, parts, width, checker, await recompute(third), tolerance);
     }
     this.spotChecks.push({ step: request.step, pass: request.pass, checker: checker.rank, third, ...judged, ms: performance.now() - started });
     if (judged.verdict === 'agreed') return;

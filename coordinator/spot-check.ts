@@ -7,15 +7,21 @@
 // two lies). A rank that alters only what it sends its peers corrupts every rank's rows: that is
 // caught all the same (the group disagrees with two recomputations) but blamed on the rank whose
 // rows differ most, which may be a victim: the step is re-run without it either way.
+import type { DType } from '../core/net/protocol.ts';
 import { tokenStart, type UlyssesPlan } from '../core/parallel.ts';
 
 /** forwards checked, on average: one in sixteen (a constant cheat is caught within sixteen forwards) */
 export const DEFAULT_SPOT_CHECK_RATE = 1 / 16;
 /**
- * how far a rank's rows may be from a recomputation, relative to the rows' scale: float32 forwards
- * split differently agree to ~1e-6 of it, float16 transport to ~3e-4
+ * How far a rank's rows may be from a recomputation (made alone, so exact), relative to the rows'
+ * scale, under each transport: float32 forwards split differently agree to ~1e-6 of it and float16
+ * transport to ~4e-5; int8 moved the tiny model's forwards by up to 1.4e-3 (27 forwards: P = 2
+ * and 3, three latents, three timesteps), so it gets a wider bound, and a cheat must be larger to
+ * be caught there.
  */
-export const SPOT_CHECK_TOLERANCE = 2e-3;
+export function spotCheckTolerance(dtype: DType): number {
+  return dtype === 'i8' ? 8e-3 : 2e-3;
+}
 
 /**
  * Which forwards to check at `rate`: every ⌈1/rate⌉-th one from a random start, so a rank cannot
@@ -64,16 +70,17 @@ export function judgeSpotCheck(
   width: number,
   checker: { rank: number; rows: Float32Array },
   third: { rank: number; rows: Float32Array } | null,
+  tolerance: number,
 ): Pick<SpotCheck, 'difference' | 'verdict'> {
   const byChecker = rowDifferences(plan, parts, checker.rows, width);
   const difference = Math.max(...byChecker);
-  if (difference <= SPOT_CHECK_TOLERANCE) return { difference, verdict: 'agreed' };
+  if (difference <= tolerance) return { difference, verdict: 'agreed' };
   const suspect = ranks[byChecker.indexOf(difference)];
   const what = `its rows of the pass differ from a recomputation by ${difference.toExponential(1)} of their scale`;
   if (!third) return { difference, verdict: { convicted: suspect === checker.rank ? [suspect] : [suspect, checker.rank], why: `${what}, and no third rank could say whether the recomputation (rank ${checker.rank}) or the rank was wrong: ${suspect === checker.rank ? 'it recomputed its own' : 'both are let go'}` } };
-  const recomputationsAgree = Math.max(...rowDifferences({ ...plan, degree: 1, rows: [plan.tokens] }, [third.rows], checker.rows, width)) <= SPOT_CHECK_TOLERANCE;
+  const recomputationsAgree = Math.max(...rowDifferences({ ...plan, degree: 1, rows: [plan.tokens] }, [third.rows], checker.rows, width)) <= tolerance;
   if (recomputationsAgree) return { difference, verdict: { convicted: [suspect], why: `${what} (ranks ${checker.rank} and ${third.rank} recomputed it alike)` } };
-  const groupAgreesWithThird = Math.max(...rowDifferences(plan, parts, third.rows, width)) <= SPOT_CHECK_TOLERANCE;
+  const groupAgreesWithThird = Math.max(...rowDifferences(plan, parts, third.rows, width)) <= tolerance;
   if (groupAgreesWithThird) return { difference, verdict: { convicted: [checker.rank], why: `its recomputation of the pass disagreed with its group and with rank ${third.rank}'s` } };
   if (suspect === checker.rank) return { difference, verdict: { convicted: [suspect], why: `its rows of the pass and its own recomputation of it disagree with each other and with rank ${third.rank}'s` } };
   return { difference, verdict: { convicted: [suspect, checker.rank], why: `${what}, and the recomputations of ranks ${checker.rank} and ${third.rank} disagree too: both the rank and the first checker are let go` } };

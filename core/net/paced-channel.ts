@@ -15,17 +15,35 @@ export interface LinkEmulation {
   latencyMs: number;
 }
 
-/** One page's uplink: the frames of all its paced channels go out on it one after another. */
+/**
+ * One page's uplink: the frames of all its paced channels go out on it one after another, in the
+ * order they were sent, through one queue and one timer (timers of their own could fire out of
+ * order: a browser clamps some delays to 4 ms).
+ */
 export class EmulatedWire {
   /** when it has sent everything given it so far (performance.now() ms) */
   private freeAt = 0;
+  private readonly queue: { due: number; deliver: () => void }[] = [];
+  private timer: ReturnType<typeof setTimeout> | null = null;
 
   constructor(readonly link: LinkEmulation) {}
 
-  /** When a frame of `bytes` given it now arrives at the other end (performance.now() ms). */
-  schedule(bytes: number): number {
+  /** Runs `deliver` when a frame of `bytes` given it now has crossed the wire and its latency. */
+  carry(bytes: number, deliver: () => void): void {
     this.freeAt = Math.max(performance.now(), this.freeAt) + (bytes / this.link.bandwidth) * 1000;
-    return this.freeAt + this.link.latencyMs;
+    this.queue.push({ due: this.freeAt + this.link.latencyMs, deliver });
+    this.arm();
+  }
+
+  private arm(): void {
+    if (this.timer !== null || !this.queue.length) return;
+    this.timer = setTimeout(() => {
+      this.timer = null;
+      // a timer may fire a little early or late: everything due by now goes, in order
+      const now = performance.now() + 1;
+      while (this.queue.length && this.queue[0]!.due <= now) this.queue.shift()!.deliver();
+      this.arm();
+    }, Math.max(0, this.queue[0]!.due - performance.now()));
   }
 }
 
@@ -56,10 +74,8 @@ export class PacedChannel implements Channel {
 
   send(data: ArrayBuffer): void {
     if (this.closed) throw new Error('the channel is closed');
-    const due = this.wire.schedule(data.byteLength);
     this.held += data.byteLength;
-    // due times only grow, so the frames reach the real channel in the order they were sent
-    setTimeout(() => {
+    this.wire.carry(data.byteLength, () => {
       this.held -= data.byteLength;
       if (this.closed) return;
       try {
@@ -68,7 +84,7 @@ export class PacedChannel implements Channel {
         return; // it closed meanwhile: its close event tells the Link
       }
       if (this.bufferedAmount <= this.bufferedAmountLowThreshold) for (const cb of this.lowListeners) cb();
-    }, due - performance.now());
+    });
   }
 
   addEventListener(type: 'bufferedamountlow' | 'close', cb: () => void): void {

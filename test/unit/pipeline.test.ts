@@ -1,5 +1,6 @@
 import { cpSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import type { SwarmKeys } from '../../core/net/join-token.ts';
+import { spotCheckTolerance } from '../../coordinator/spot-check.ts';
 import { readFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { createServer, type Server } from 'node:http';
@@ -69,7 +70,7 @@ function testSwarm() {
   const internals = swarm as unknown as { roster: Map<string, SwarmWorker>; emit(e: SwarmEvent): void };
   // the ranks that share an initWorker session share one in-memory all-to-all
   const meshes = new Map<string, Exchange[]>();
-  const meshOf = (init: InitArgs) => meshes.get(init.session) ?? meshes.set(init.session, memoryExchanges(init.world)).get(init.session)!;
+  const meshOf = (init: InitArgs) => meshes.get(init.session) ?? meshes.set(init.session, memoryExchanges(init.world, init.dtype)).get(init.session)!;
   let joined = 0;
   /** a worker page joins; `memory` is what its page measures it holds, step by step (none: it cannot measure) */
   const join = (memory?: () => number) => {
@@ -248,6 +249,17 @@ describe('generate(): a lost rank costs a re-placement and one step, not the job
     expect(maxAbsDiff(result.latent, reference.result.latent)).toBeLessThanOrEqual(1e-4);
     // kept out: it joins again and is refused
     expect((swarm as unknown as { banned: Map<string, string> }).banned.has('w1')).toBe(true);
+  });
+
+  it('with int8 transport every forward spot-checked finds the honest ranks within its tolerance: none is let go, and the latent is near the exact one (issue 20)', async () => {
+    const { swarm, join } = testSwarm();
+    for (let i = 0; i < 3; i++) join();
+    const { result } = await run(await pipelineOn(swarm, 3), { frames: 5, height: 64, width: 64, placement: { spotCheckRate: 1, dtype: 'i8' } });
+    const differences = result.report.spotChecks.map((c) => c.difference);
+    console.log(`int8 spot checks: ${differences.map((d) => d.toExponential(1)).join(', ')}`);
+    expect(result.report.spotChecks.every((c) => c.verdict === 'agreed')).toBe(true);
+    expect(result.report.failures).toEqual([]);
+    expect(Math.max(...differences)).toBeLessThanOrEqual(spotCheckTolerance('i8'));
   });
 
   it(`a rank that fails step 2 and no longer answers is let go after the coordinator's ${CONFIRM_PING_MS / 1000} s ping, and the survivors finish the job within 1e-4`, async () => {
