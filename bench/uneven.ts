@@ -111,6 +111,8 @@ export async function runUneven(options: Partial<UnevenOptions> = {}) {
     for (const tab of tabs) {
       groups.push(cpuGroup(`ditswarm-bench-${tab.name}`, tab.share));
       contexts.push(await pinnedBrowser(tab.name, tab.core, groups.at(-1)!, dir));
+      // the wrapper's write into the group does not stop the browser if it fails: see that it did not
+      if (!readFileSync(join(groups.at(-1)!, 'cgroup.procs'), 'utf8').trim()) throw new Error(`the ${tab.name} tab's Chromium is not in its cpu cgroup ${groups.at(-1)}: this machine does not let it be limited`);
     }
     for (const context of contexts) await serveBenchFiles(context);
     const dashboard = await dashboardBrowser.newPage();

@@ -108,6 +108,9 @@ export interface PlacerOptions {
   rpcTimeoutMs?: number;
 }
 
+/** rounds of engine checks before a placement: each lets go the workers whose engines hang */
+const MAX_ENGINE_CHECK_ROUNDS = 3;
+
 export class Placer {
   private executor: Executor | null = null;
   /** what the current executor was placed for */
@@ -393,10 +396,13 @@ export class Placer {
   /** The live workers, each engine answering, once at least `count` have joined; an error saying how many joined after the placement timeout. */
   async liveWorkers(count: number): Promise<SwarmWorker[]> {
     const swarm = this.options.swarm!;
-    // workers whose engines hang are let go and the rest counted again (a hung one is refused as it dials again)
-    do await swarm.waitForWorkers(count, this.options.placementTimeoutMs ?? 30_000);
-    while (await swarm.letGoHungEngines());
-    return swarm.workers();
+    // workers whose engines hang are let go and the rest counted again (a hung one is refused as it
+    // dials again); a few rounds at most, so pages that pass the check at join and fail it here
+    // cannot hold a placement for ever
+    for (let round = 1; ; round++) {
+      await swarm.waitForWorkers(count, this.options.placementTimeoutMs ?? 30_000);
+      if (!(await swarm.letGoHungEngines()) || round === MAX_ENGINE_CHECK_ROUNDS) return swarm.workers();
+    }
   }
 
   private need(): Executor {

@@ -40,10 +40,12 @@ export const MAX_REFUSALS = 100;
 export const MAX_JOINING = 16;
 const RELAY_RECONNECT_MS = 2_000;
 /**
- * How long a page's engine has to answer pingEngine: behind the calls queued before it (its probe at
- * join, a released job's last stage), which on a slow machine take tens of seconds.
+ * How long a page's engine has to answer pingEngine before a placement: behind the calls queued
+ * before it (a released job's last stage), which on a slow machine take tens of seconds.
  */
 export const ENGINE_CHECK_MS = 60_000;
+/** ... and as it joins, when its engine has nothing queued unless it was let go mid-call: a joining page holds one of MAX_JOINING places meanwhile */
+export const JOIN_ENGINE_CHECK_MS = 15_000;
 
 export interface SwarmWorker {
   id: string;
@@ -106,7 +108,7 @@ export class Swarm {
     let keys: SwarmKeys;
     try {
       keys = await obtainSwarmKeys(origin, identity);
-      await registerCoordinator(origin, keys, peer.id);
+      await registerCoordinator(origin, keys, peer.id, peer.options.token ?? '');
     } catch (e) {
       peer.destroy();
       throw e;
@@ -149,7 +151,7 @@ export class Swarm {
   async revokeJoinLink(): Promise<void> {
     const [old, joined] = [this.keys, this.workers()];
     const keys = await obtainSwarmKeys(this.origin);
-    await registerCoordinator(this.origin, keys, this.id);
+    await registerCoordinator(this.origin, keys, this.id, this.peer.options.token ?? '');
     this.keys = keys;
     this.relay?.close('the join link was revoked'); // reopened with the new token
     await revokeJoinToken(this.origin, old);
@@ -321,7 +323,7 @@ export class Swarm {
     const hung = await Promise.all(
       this.workers().map(async (w) => {
         await this.measuring.get(w.id);
-        return [w, await engineHangs(w.api)] as const;
+        return [w, await engineHangs(w.api, ENGINE_CHECK_MS)] as const;
       }),
     );
     const letGo = hung.filter(([w, why]) => why && this.roster.get(w.id) === w);
@@ -368,14 +370,14 @@ export class Swarm {
       const banned = this.banned.get(conn.peer);
       const refusal = banned ? `it was let go for returning wrong results (${banned}): reload it to join again` : await admitWorker(link, this.keys.token, { coordinator: this.id, worker: conn.peer }, meta);
       if (refusal) return this.refuse(conn, refusal);
-      const previous = this.roster.get(conn.peer);
-      if (previous) this.evict(previous, 'it joined again over a new connection');
-      this.connections.set(conn.peer, conn);
       api = remote(link, COORDINATOR, WORKER_CONTRACT, `worker ${conn.peer}`);
       const info = await api.describe({}, DESCRIBE_TIMEOUT_MS);
       // a page whose engine hangs (let go for it, and dialling again) joins once its engine answers
-      const hung = await engineHangs(api);
+      const hung = await engineHangs(api, JOIN_ENGINE_CHECK_MS);
       if (hung) return this.refuse(conn, hung);
+      const previous = this.roster.get(conn.peer);
+      if (previous) this.evict(previous, 'it joined again over a new connection');
+      this.connections.set(conn.peer, conn);
       maxMessageBytes = MAX_MESSAGE_BYTES;
       const joined: SwarmWorker = { id: conn.peer, info, api, link, joinedAt: Date.now(), activity: 'idle', pulse: null, framesDropped: 0, transport: transportOf(conn), measurement: null };
       worker = joined;
@@ -416,12 +418,12 @@ export class Swarm {
   }
 }
 
-/** Why a worker's engine is not to be trusted with work (it did not answer pingEngine in time), or null. */
-async function engineHangs(api: Pick<WorkerRemote, 'pingEngine'>): Promise<string | null> {
+/** Why a worker's engine is not to be trusted with work (it did not answer pingEngine within `ms`), or null. */
+async function engineHangs(api: Pick<WorkerRemote, 'pingEngine'>, ms: number): Promise<string | null> {
   try {
-    await api.pingEngine({}, ENGINE_CHECK_MS);
+    await api.pingEngine({}, ms);
     return null;
   } catch (e) {
-    return `its engine did not answer within ${ENGINE_CHECK_MS / 1000} s (${(e as Error).message}): it hangs or is still busy; it may join again once it answers, or reload the page`;
+    return `its engine did not answer within ${ms / 1000} s (${(e as Error).message}): it hangs or is still busy; it may join again once it answers, or reload the page`;
   }
 }

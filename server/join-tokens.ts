@@ -12,6 +12,7 @@ import express, { type Express } from 'express';
 import { findProof, FIND_PATH, keepProof, REGISTER_PATH, registerProof, REVOKE_PATH, revokeProof, roomOf, SWARMS_PATH, type CoordinatorAnswer, type CoordinatorRequest, type SwarmAnswer, type SwarmRequest } from '../core/net/join-token.ts';
 import type { Origins } from './origins.ts';
 import { perAddressLimit } from './rate-limit.ts';
+import { PEER_ID_PREFIX } from '../core/net/peer-link.ts';
 
 /**
  * join tokens one address may be given a minute: a dashboard asks once a load (and keeps the one
@@ -20,6 +21,8 @@ import { perAddressLimit } from './rate-limit.ts';
 export const TOKENS_PER_MINUTE = 60;
 /** swarms whose dashboard's id is kept (the least recently registered go first): far more than one server serves */
 export const MAX_SWARMS = 10_000;
+/** a swarm's earlier dashboard ids kept, so that none is registered again */
+const PAST_IDS = 16;
 
 export interface JoinTokens {
   /** A new token, for a new swarm. */
@@ -28,10 +31,15 @@ export interface JoinTokens {
   standing(room: string): string | null;
   /** What only the dashboard of `room` is given: it proves it is that swarm's dashboard. */
   dashboardKey(room: string): string;
-  /** The dashboard of `room` has the PeerJS id `peer` now (a fresh one each time it loads). */
-  register(room: string, peer: string): void;
-  /** The id the dashboard of `room` last registered, or null. */
+  /**
+   * The dashboard of `room` has the PeerJS id `peer` now (a fresh one each time it loads); false
+   * for an id it had before (a request replayed to send its workers to an id that was let go).
+   */
+  register(room: string, peer: string): boolean;
+  /** The id the dashboard of `room` last registered while its page holds it, or null. */
   coordinatorOf(room: string): string | null;
+  /** `peer`'s page let it go: it is no swarm's dashboard any more. */
+  forgetCoordinator(peer: string): void;
   /** No page enters `room` again; `onRevoke`'s listeners let go those in it. */
   revoke(room: string): void;
   onRevoke(listener: (room: string) => void): void;
@@ -45,21 +53,43 @@ export function openJoinTokens(stateDir?: string): JoinTokens {
   const listeners = new Set<(room: string) => void>();
   const sealed = (what: string, room: string) => createHmac('sha256', secret).update(`${what}\n${room}`).digest('hex').slice(0, 32);
   const tokenOf = (room: string) => `${room}.${sealed('join token', room)}`;
-  // each swarm's dashboard id for this load: in memory (a dashboard registers again as it loads)
-  const coordinators = new Map<string, string>();
+  // each swarm's dashboard id for this load: in memory (a dashboard registers again as it loads),
+  // with the ids it had before (at most PAST_IDS), which it never has again
+  const coordinators = new Map<string, { peer: string; past: string[] }>();
+  const roomOfPeer = new Map<string, string>();
   return {
     issue: () => tokenOf(randomBytes(12).toString('hex')),
     standing: (room) => (/^[0-9a-f]{24}$/.test(room) && !revoked.has(room) ? tokenOf(room) : null),
     dashboardKey: (room) => sealed('dashboard key', room),
     register(room, peer) {
-      coordinators.delete(room);
-      coordinators.set(room, peer);
-      if (coordinators.size > MAX_SWARMS) coordinators.delete(coordinators.keys().next().value!);
+      const entry = coordinators.get(room) ?? { peer: '', past: [] };
+      if (entry.peer === peer || entry.past.includes(peer)) return entry.peer === peer;
+      if (entry.peer) entry.past = [...entry.past, entry.peer].slice(-PAST_IDS);
+      roomOfPeer.delete(entry.peer);
+      entry.peer = peer;
+      roomOfPeer.set(peer, room);
+      coordinators.delete(room); // the most recently registered last
+      coordinators.set(room, entry);
+      if (coordinators.size > MAX_SWARMS) {
+        const [oldest, { peer: old }] = coordinators.entries().next().value!;
+        coordinators.delete(oldest);
+        roomOfPeer.delete(old);
+      }
+      return true;
     },
-    coordinatorOf: (room) => coordinators.get(room) ?? null,
+    coordinatorOf: (room) => coordinators.get(room)?.peer || null,
+    forgetCoordinator(peer) {
+      const room = roomOfPeer.get(peer);
+      if (room === undefined) return;
+      roomOfPeer.delete(peer);
+      const entry = coordinators.get(room)!;
+      entry.past = [...entry.past, peer].slice(-PAST_IDS);
+      entry.peer = '';
+    },
     revoke(room) {
       if (revoked.has(room)) return;
       revoked.add(room);
+      roomOfPeer.delete(coordinators.get(room)?.peer ?? '');
       coordinators.delete(room);
       if (revokedFile) appendFileSync(revokedFile, `${room}\n`);
       for (const listener of listeners) listener(room);
@@ -94,7 +124,7 @@ export function sameProof(proof: unknown, expected: string): boolean {
  * token → `{coordinator}`). Pages of this server's origins and the allowed ones only (CORS for
  * those), a few tokens a minute from one address.
  */
-export function mountJoinTokens(app: Express, tokens: JoinTokens, origins: Origins): void {
+export function mountJoinTokens(app: Express, tokens: JoinTokens, origins: Origins, vouch: (peer: string, auth: string) => boolean): void {
   const limit = perAddressLimit(TOKENS_PER_MINUTE, 60_000);
   const json = express.json({ limit: 1024 });
   // SWARMS_PATH covers every path under it
@@ -132,7 +162,10 @@ export function mountJoinTokens(app: Express, tokens: JoinTokens, origins: Origi
   app.post(REGISTER_PATH, json, (request, response) => {
     const room = proven(request.body, (_token, room, peer) => registerProof(tokens.dashboardKey(room), room, peer));
     if (!room) return void response.status(403).type('text').send("no proof of this swarm's dashboard key");
-    tokens.register(room, request.body.peer);
+    const { peer, auth } = request.body as CoordinatorRequest;
+    // the id is named to workers only while a page holds it, and only the page that holds it may name it
+    if (!peer.startsWith(PEER_ID_PREFIX.coordinator) || typeof auth !== 'string' || !vouch(peer, auth)) return void response.status(403).type('text').send(`${peer} is not a dashboard id this page holds on the signaling server`);
+    if (!tokens.register(room, peer)) return void response.status(409).type('text').send(`${peer} was this swarm's dashboard before: a dashboard takes a fresh id each load`);
     response.sendStatus(204);
   });
   app.post(FIND_PATH, json, (request, response) => {

@@ -71,6 +71,8 @@ export interface Signaling {
   handleUpgrade(request: IncomingMessage, socket: Duplex, head: Buffer): void;
   /** Whether a page holds `peer` on this PeerServer, registered with `token` (PeerJS's per-page secret). */
   vouch(peer: string, token: string): boolean;
+  /** Hears each id its page lets go (the page closed or lost the server). */
+  onRelease(listener: (peer: string) => void): void;
   /** Stops the PeerServer's housekeeping timers (the server closes the sockets). */
   close(): void;
 }
@@ -113,8 +115,11 @@ export function mountSignaling(app: Express, server: Server, key: string, origin
   const registered = new Map<string, string>();
   type Client = { getId(): string; getToken(): string };
   peerServer.on('connection', (client: Client) => registered.set(client.getId(), client.getToken()));
+  const releaseListeners = new Set<(peer: string) => void>();
   peerServer.on('disconnect', (client: Client) => {
-    if (registered.get(client.getId()) === client.getToken()) registered.delete(client.getId());
+    if (registered.get(client.getId()) !== client.getToken()) return;
+    registered.delete(client.getId());
+    for (const listener of releaseListeners) listener(client.getId());
   });
   const perAddress = perAddressCap(MAX_SIGNALING_CLIENTS_PER_ADDRESS);
   const housekeeping = trackTimersStartedBy(() => app.use(SIGNALING_PATH, peerServer));
@@ -135,6 +140,7 @@ export function mountSignaling(app: Express, server: Server, key: string, origin
       });
     },
     vouch: (peer, token) => token !== '' && registered.get(peer) === token,
+    onRelease: (listener) => void releaseListeners.add(listener),
     close() {
       housekeeping.stop();
     },

@@ -77,7 +77,9 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
   app.use(crossOriginIsolation);
   const signaling = mountSignaling(app, server, peerKey, origins);
   const joinTokens = openJoinTokens(options.stateDir);
-  mountJoinTokens(app, joinTokens, origins);
+  mountJoinTokens(app, joinTokens, origins, signaling.vouch);
+  // a dashboard's id is named to its workers only while its page holds it: once the page is gone, the id is anyone's to take
+  signaling.onRelease((peer) => joinTokens.forgetCoordinator(peer));
   const relay = createRelay({ vouch: signaling.vouch, tokens: joinTokens, budgetBytes: options.relayBudgetBytes });
   // One port for the app, the signaling websocket and the relay: upgrades are routed by path.
   const upgraded = new Set<Duplex>();

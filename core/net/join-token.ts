@@ -54,6 +54,8 @@ export interface CoordinatorRequest {
   /** the id registered, or the asking worker's own */
   peer: string;
   proof: string;
+  /** registering: the PeerJS token the id is held with, so the server knows the page holds it */
+  auth?: string;
 }
 
 export interface CoordinatorAnswer {
@@ -99,10 +101,10 @@ export async function revokeJoinToken(origin: string, keys: SwarmKeys): Promise<
   if (room) await post(origin, REVOKE_PATH, { room, proof: revokeProof(keys.dashboardKey, room) });
 }
 
-/** Tells the server that `peer` is the swarm's dashboard now: its workers are sent there. */
-export async function registerCoordinator(origin: string, keys: SwarmKeys, peer: string): Promise<void> {
+/** Tells the server that `peer` (held with the PeerJS token `auth`) is the swarm's dashboard now: its workers are sent there. */
+export async function registerCoordinator(origin: string, keys: SwarmKeys, peer: string, auth: string): Promise<void> {
   const room = roomOf(keys.token)!;
-  await post(origin, REGISTER_PATH, { room, peer, proof: registerProof(keys.dashboardKey, room, peer) });
+  await post(origin, REGISTER_PATH, { room, peer, proof: registerProof(keys.dashboardKey, room, peer), auth });
 }
 
 /**

