@@ -19,7 +19,7 @@ import { PEER_ID_PREFIX } from '../core/net/peer-link.ts';
  * it has). Making one costs nothing kept, but each can be revoked, and revocations are kept.
  */
 export const TOKENS_PER_MINUTE = 60;
-/** swarms whose dashboard's id is kept (the least recently registered go first): far more than one server serves */
+/** swarms whose dashboard ids are kept (those of closed dashboards go first): far more than one server serves */
 export const MAX_SWARMS = 10_000;
 /** a swarm's earlier dashboard ids kept, so that none is registered again */
 const PAST_IDS = 16;
@@ -71,7 +71,9 @@ export function openJoinTokens(stateDir?: string): JoinTokens {
       coordinators.delete(room); // the most recently registered last
       coordinators.set(room, entry);
       if (coordinators.size > MAX_SWARMS) {
-        const [oldest, { peer: old }] = coordinators.entries().next().value!;
+        // the least recently registered whose page is gone; a swarm whose dashboard is open only if
+        // all are open (they hold signaling ids, of which there are far fewer than MAX_SWARMS)
+        const [oldest, { peer: old }] = [...coordinators].find(([, e]) => !e.peer) ?? coordinators.entries().next().value!;
         coordinators.delete(oldest);
         roomOfPeer.delete(old);
       }

@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { WebSocket } from 'ws';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { findCoordinator, findProof, keepProof, obtainSwarmKeys, REGISTER_PATH, registerCoordinator, registerProof, REVOKE_PATH, revokeJoinToken, revokeProof, roomOf, SWARMS_PATH } from '../../core/net/join-token.ts';
-import { openJoinTokens, TOKENS_PER_MINUTE } from '../../server/join-tokens.ts';
+import { MAX_SWARMS, openJoinTokens, TOKENS_PER_MINUTE } from '../../server/join-tokens.ts';
 import { startServer, type RunningServer } from '../../server/serve.ts';
 
 // Join tokens are the server's to give (issue 17, findings 4 and 14): a token nobody can make up,
@@ -25,6 +25,24 @@ describe('the join tokens a server makes', () => {
     tokens.revoke(room);
     expect(tokens.standing(room)).toBeNull();
     expect(heard).toEqual([room]);
+  });
+
+  it(`keep the ids of ${MAX_SWARMS} swarms' dashboards, letting those of closed dashboards go first: an open one is not pushed out by new swarms`, () => {
+    const tokens = openJoinTokens();
+    const open = roomOf(tokens.issue())!;
+    expect(tokens.register(open, 'ditswarm-c-open')).toBe(true);
+    for (let i = 0; i < MAX_SWARMS + 10; i++) {
+      const room = roomOf(tokens.issue())!;
+      tokens.register(room, `ditswarm-c-${i}`);
+      tokens.forgetCoordinator(`ditswarm-c-${i}`);
+    }
+    expect(tokens.coordinatorOf(open)).toBe('ditswarm-c-open');
+    // a closed dashboard's id is named to nobody, and never registered again
+    const room = roomOf(tokens.issue())!;
+    tokens.register(room, 'ditswarm-c-gone');
+    tokens.forgetCoordinator('ditswarm-c-gone');
+    expect(tokens.coordinatorOf(room)).toBeNull();
+    expect(tokens.register(room, 'ditswarm-c-gone')).toBe(false);
   });
 
   it('outlive a restart with a state folder: the same secret, the same revocations', () => {
