@@ -163,9 +163,12 @@ function showFinished(job: StoredJob): void {
   const computedOn = [...new Set(r.workers.map((w) => `${w.ep === 'webgpu' ? 'WebGPU' : 'WASM'} on ${w.threads} thread${w.threads === 1 ? '' : 's'}`))].join(', ');
   const groups = r.config.cfgParallel ? ` (CFG parallel: two groups of ${r.config.ulyssesDegree})` : '';
   const fallback = r.cfgFallback ? ` ${r.cfgFallback[0].toUpperCase()}${r.cfgFallback.slice(1)}.` : '';
+  // jobs stored before the report had them say float32 and no emulation
+  const transport = r.config.dtype && r.config.dtype !== 'f32' && r.config.workers > 1 ? ` Activations went between ranks as ${r.config.dtype === 'f16' ? 'float16' : 'int8 with a scale per 64 values'}, not exact float32.` : '';
+  const emulated = r.config.emulateLink ? ` Rank links were paced as a ${(r.config.emulateLink.bandwidth / 1e6).toFixed(2)} MB/s, ${r.config.emulateLink.latencyMs} ms link (an emulated LAN).` : '';
   const prompt = r.encoding?.prompt; // jobs stored before the report had it have none
   const encoded = !prompt || prompt.source === 'given' ? '' : prompt.source === 'cache' ? ' The prompt came from the cache.' : prompt.layers.length ? ` The prompt was encoded on ${new Set(prompt.layers.map((l) => l.worker)).size} worker(s) in ${(prompt.ms / 1000).toFixed(1)} s.` : '';
-  $('status').textContent = `#${job.id} done: ${r.config.frames} frames in ${(r.totalMs / 1000).toFixed(1)} s on ${r.config.workers} ${r.config.backend} rank${r.config.workers === 1 ? '' : 's'}${groups}${recovered}, each on ${computedOn}.${planned}${fallback}${checked}${encoded}${job.storageNote ? ` Not kept: ${job.storageNote}.` : ''}`;
+  $('status').textContent = `#${job.id} done: ${r.config.frames} frames in ${(r.totalMs / 1000).toFixed(1)} s on ${r.config.workers} ${r.config.backend} rank${r.config.workers === 1 ? '' : 's'}${groups}${recovered}, each on ${computedOn}.${planned}${fallback}${transport}${emulated}${checked}${encoded}${job.storageNote ? ` Not kept: ${job.storageNote}.` : ''}`;
 }
 
 async function submitFromForm(overrides: Record<string, unknown> = {}): Promise<StoredJob> {

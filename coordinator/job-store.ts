@@ -4,7 +4,6 @@
 
 import { openDB, type IDBPDatabase } from 'idb';
 import type { JobParams } from '../core/job.ts';
-import type { DType } from '../core/net/protocol.ts';
 import type { SamplerCheckpoint } from '../core/sampler.ts';
 import type { Backend } from './backends.ts';
 import type { GenerateReport, GenerateRequest } from './pipeline.ts';
@@ -16,8 +15,8 @@ export interface JobPlacement {
   backend: Backend;
   workers: number | 'auto';
   ep: 'auto' | 'webgpu' | 'wasm';
-  /** activations between ranks; float32 unless asked */
-  dtype?: DType;
+  /** activations between ranks; float32 unless asked ('auto': the planner's choice) */
+  dtype?: PlacementRequest['dtype'];
   /** conditional and unconditional passes on two worker groups: always, never, or (unset) as the planner chooses */
   cfgParallel?: boolean;
   /** the heads shared evenly, by the workers' speed, or (unset) as the planner predicts faster */

@@ -9,6 +9,7 @@ import { TRANSFORMER_CONFIG } from '../core/model/transformer.ts';
 import type { DecodedVideo } from '../core/model/vae-decoder.ts';
 import { loadWanPipelineParts } from '../core/model/wan-pipeline.ts';
 import type { DType } from '../core/net/protocol.ts';
+import type { LinkEmulation } from '../core/net/paced-channel.ts';
 import { sample, scheduleOf, type SamplerCheckpoint, type Solver } from '../core/sampler.ts';
 import type { Schedule } from '../core/scheduler.ts';
 import type { Tensor } from '../core/tensor.ts';
@@ -94,7 +95,18 @@ export type JobPhase = 'encoding' | 'placing' | 'denoising' | 'decoding' | 'muxi
 
 export interface GenerateReport {
   /** workers = ulyssesDegree, ×2 with cfgParallel */
-  config: JobParams & { backend: Backend; workers: number; ulyssesDegree: number; cfgParallel: boolean; model: string; outputType: 'video' | 'latent'; promptEmbeds: 'encoded' | 'given' };
+  config: JobParams & {
+    backend: Backend;
+    workers: number;
+    ulyssesDegree: number;
+    cfgParallel: boolean;
+    model: string;
+    outputType: 'video' | 'latent';
+    promptEmbeds: 'encoded' | 'given';
+    /** how activations went between ranks, and over what emulated link if any (benchmarks) */
+    dtype: DType;
+    emulateLink: LinkEmulation | null;
+  };
   /**
    * each rank's EP, and why it runs there ("WASM: 21.3 GFLOP/s vs WebGPU 0.2"); how long its model
    * took to load and where the weights came from (the network or its browser's cache); the most
@@ -324,7 +336,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
         latent: latent.data,
         frames,
         report: {
-          config: { ...params, backend, workers: executor.world, ulyssesDegree: executor.layout.ulyssesDegree, cfgParallel: executor.layout.cfgParallel, model: modelUrl, outputType, promptEmbeds: promptEmbeds ? 'given' : 'encoded' },
+          config: { ...params, backend, workers: executor.world, ulyssesDegree: executor.layout.ulyssesDegree, cfgParallel: executor.layout.cfgParallel, model: modelUrl, outputType, promptEmbeds: promptEmbeds ? 'given' : 'encoded', dtype: executor.options.dtype ?? 'f32', emulateLink: placement.emulateLink ?? null },
           plan,
           cfgFallback,
           meshProbe,

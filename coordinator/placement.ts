@@ -22,7 +22,8 @@ export interface PlacementRequest {
   /** both passes of a guided step at once on two groups: always (true), never (false), or as the cost model chooses (unset) */
   cfgParallel?: boolean;
   ep: ExecutionProvider | 'auto';
-  dtype: DType;
+  /** how activations go between ranks; 'auto': the least exact one only where the cost model predicts it enough faster (TRANSPORTS) */
+  dtype: DType | 'auto';
   /**
    * how a group's ranks share the heads (and tokens): 'even'; in proportion to each worker's
    * rehearsed speed ('speed', for a degree asked for); or (unset, and 'speed' with 'auto')
@@ -36,7 +37,7 @@ export interface PlacementRequest {
 }
 
 /** What a placement is made for besides its layout: a job asking for other of these is placed anew. */
-type PlacedFor = Pick<PlacementRequest, 'ep' | 'dtype' | 'spotCheckRate' | 'emulateLink'>;
+type PlacedFor = Pick<PlacementRequest, 'ep' | 'spotCheckRate' | 'emulateLink'> & { dtype: DType };
 const placedForOf = ({ ep, dtype, spotCheckRate, emulateLink }: PlacedFor): PlacedFor => ({ ep, dtype, spotCheckRate, emulateLink });
 
 /** How the degree of an 'auto' job was chosen, and what the cost model expected of it. */
@@ -55,7 +56,35 @@ export interface PlannedDegree {
   heads: number[] | null;
   /** why fewer workers are used than are live, or null */
   leftOut: string | null;
+  /** how activations go between ranks: as asked, or with 'auto' the cost model's choice */
+  dtype: DType;
 }
+
+/**
+ * The transports 'auto' weighs, most exact first, with how far each moved the bench model's latent
+ * from float32's (bench slow-link: 2 steps at P = 2 and 4). A less exact one is taken only where
+ * it is predicted at least LESS_EXACT_GAIN faster than the more exact ones.
+ */
+export const TRANSPORTS: { dtype: DType; name: string; deviation: string }[] = [
+  { dtype: 'f32', name: 'float32', deviation: 'exact' },
+  { dtype: 'f16', name: 'float16', deviation: 'about 1e-4 from exact' },
+  { dtype: 'i8', name: 'int8', deviation: 'about 3e-3 from exact' },
+];
+const LESS_EXACT_GAIN = 1.1;
+
+/** The transport for `dtype` given what each would take a step (seconds): as asked, or with 'auto' the choice and why. */
+function chooseTransport(dtype: DType | 'auto', stepS: (dtype: DType) => number): { dtype: DType; why: string } {
+  if (dtype !== 'auto') return { dtype, why: '' };
+  let best = TRANSPORTS[0];
+  for (const t of TRANSPORTS.slice(1)) if (stepS(t.dtype) * LESS_EXACT_GAIN <= stepS(best.dtype)) best = t;
+  const exact = TRANSPORTS[0];
+  const why = best === exact
+    ? `; float32 transport: no other predicted ${LESS_EXACT_GAIN}× faster`
+    : `; ${best.name} transport (${best.deviation}): predicted ${(stepS(best.dtype) * 1000).toFixed(0)} ms a step, float32 ${(stepS(exact.dtype) * 1000).toFixed(0)} ms`;
+  return { dtype: best.dtype, why };
+}
+
+const bytesPerElement = (dtype: DType) => payloadBytes(I8_GROUP, dtype) / I8_GROUP;
 
 /** Where a job runs, and why. */
 export interface Placement {
@@ -142,12 +171,14 @@ export class Placer {
     const guided = usesGuidance(params);
     const cfgFallback = request.cfgParallel && !guided ? 'no CFG parallel: guidance 1 means one forward pass per step, so there is no second pass for a second group' : null;
     const { layout, plan } = await this.layoutFor(params, request, guided);
+    // 'auto' transport without a plan (workers not yet measured): exact
+    const placing: PlacedFor = { ...request, dtype: plan?.dtype ?? (request.dtype === 'auto' ? 'f32' : request.dtype) };
     // placedFor is set exactly while there is an executor
     const fits =
       !this.lostARank && this.placedFor !== null &&
       this.placedFor.layout.sameAs(layout) &&
-      JSON.stringify(placedForOf(this.placedFor)) === JSON.stringify(placedForOf(request));
-    if (!fits) await this.placeOn(layout, request);
+      JSON.stringify(placedForOf(this.placedFor)) === JSON.stringify(placedForOf(placing));
+    if (!fits) await this.placeOn(layout, placing);
     return { executor: this.executor!, plan: plan && cfgFallback ? { ...plan, by: `${plan.by}; ${cfgFallback}` } : plan, cfgFallback };
   }
 
@@ -248,9 +279,14 @@ export class Placer {
     const hw = await this.hardwareOf(workers, request, params, [{ ulyssesDegree: 1, cfgParallel: false }, ...rehearsed]);
     if (!hw) return { degree: defaultDegree(config.numHeads, cfgParallel ? Math.floor(workers.length / 2) : workers.length), cfgParallel: !!cfgParallel, plan: null };
     const uneven = cfgParallel || request.shares === 'even' ? [] : rehearsed.filter((p) => !p.cfgParallel).flatMap((p) => unevenPlan(work, hw, p.ulyssesDegree) ?? []);
-    const choice = planSwarm(work, hw, [...candidates, ...uneven]);
-    // one worker is always ranked; asked for CFG parallel, the fastest CFG-parallel plan
-    const best = cfgParallel ? (choice.ranked.find((p) => p.plan.cfgParallel) ?? choice.best) : choice.best;
+    // the fastest plan under each transport the job allows, then the transport
+    const bestUnder = (dtype: DType) => {
+      const choice = planSwarm(work, { ...hw, bytesPerElement: bytesPerElement(dtype) }, [...candidates, ...uneven]);
+      // one worker is always ranked; asked for CFG parallel, the fastest CFG-parallel plan
+      return { choice, best: cfgParallel ? (choice.ranked.find((p) => p.plan.cfgParallel) ?? choice.best) : choice.best };
+    };
+    const transport = chooseTransport(request.dtype, (dtype) => bestUnder(dtype).best.stepS);
+    const { choice, best } = bestUnder(transport.dtype);
     const more = choice.ranked.find((p) => p.world > best.world);
     const leftOut =
       best.world < workers.length && more
@@ -260,12 +296,13 @@ export class Placer {
       degree: best.plan.ulyssesDegree,
       cfgParallel: best.plan.cfgParallel,
       asked: false,
-      by: `cost model (${hw.forwardsFrom}; rank links from ${hw.link.from})`,
+      by: `cost model (${hw.forwardsFrom}; rank links from ${hw.link.from}${transport.why})`,
       link: hw.link,
       predictedStepMs: best.stepS * 1000,
       oneWorkerStepMs: choice.baseline.stepS * 1000,
       heads: best.plan.heads ?? null,
       leftOut,
+      dtype: transport.dtype,
     };
     return { degree: plan.degree, cfgParallel: plan.cfgParallel, plan };
   }
@@ -286,18 +323,24 @@ export class Placer {
     if (!hw) return null;
     const work = this.workloadOf(params);
     const uneven = layout.cfgParallel || request.shares === 'even' ? null : unevenPlan(work, hw, layout.ulyssesDegree);
-    const [evenStep, unevenStep] = [predictStep(work, even, hw), uneven && predictStep(work, uneven, hw)];
-    const chosen = unevenStep && (request.shares === 'speed' || unevenStep.stepS < evenStep.stepS) ? unevenStep : evenStep;
+    const stepUnder = (dtype: DType) => {
+      const hwD = { ...hw, bytesPerElement: bytesPerElement(dtype) };
+      const [evenStep, unevenStep] = [predictStep(work, even, hwD), uneven && predictStep(work, uneven, hwD)];
+      return unevenStep && (request.shares === 'speed' || unevenStep.stepS < evenStep.stepS) ? unevenStep : evenStep;
+    };
+    const transport = chooseTransport(request.dtype, (dtype) => stepUnder(dtype).stepS);
+    const chosen = stepUnder(transport.dtype);
     return {
       degree: layout.ulyssesDegree,
       cfgParallel: layout.cfgParallel,
       asked: true,
-      by: `asked for (predicted from ${hw.forwardsFrom}; rank links from ${hw.link.from})`,
+      by: `asked for (predicted from ${hw.forwardsFrom}; rank links from ${hw.link.from}${transport.why})`,
       link: hw.link,
       predictedStepMs: chosen.stepS * 1000,
       oneWorkerStepMs: predictStep(work, oneWorker, hw).stepS * 1000,
       heads: chosen.plan.heads ?? null,
       leftOut: null,
+      dtype: transport.dtype,
     };
   }
 
@@ -338,7 +381,8 @@ export class Placer {
       rehearsedForwardS: rehearsed && ((plan) => (plan.heads ? undefined : slowest(rehearsed!(plan.ulyssesDegree, planWorld(plan))))),
       rehearsedRankForwardS: rehearsed && ((degree) => rehearsed!(degree, degree)),
       link: this.linkOf(workers),
-      bytesPerElement: payloadBytes(I8_GROUP, request.dtype ?? 'f32') / I8_GROUP,
+      // the transport asked for; 'auto' weighs each (chooseTransport), from float32
+      bytesPerElement: bytesPerElement(request.dtype === 'auto' ? 'f32' : request.dtype),
       forwardsFrom,
     };
   }

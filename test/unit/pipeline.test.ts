@@ -260,6 +260,7 @@ describe('generate(): a lost rank costs a re-placement and one step, not the job
     expect(result.report.spotChecks.every((c) => c.verdict === 'agreed')).toBe(true);
     expect(result.report.failures).toEqual([]);
     expect(Math.max(...differences)).toBeLessThanOrEqual(spotCheckTolerance('i8'));
+    expect(result.report.config).toMatchObject({ dtype: 'i8', emulateLink: null });
   });
 
   it(`a rank that fails step 2 and no longer answers is let go after the coordinator's ${CONFIRM_PING_MS / 1000} s ping, and the survivors finish the job within 1e-4`, async () => {

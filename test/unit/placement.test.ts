@@ -797,6 +797,24 @@ describe('the cost model sees what the workers measured', () => {
     }
   });
 
+  it("'auto' transport takes a less exact one only where the cost model predicts it 1.1× faster: int8 over a slow link, float32 over a fast one, and says why (issue 20)", async () => {
+    for (const [bandwidth, expected] of [[1e5, 'i8'], [1e10, 'f32']] as const) {
+      const link = { rttMs: 1, bandwidth };
+      const { swarm, join } = testSwarm();
+      const workers = join(2, measured(link));
+      const { plan, executor } = await placerOn(swarm).place(unguided, ask({ ulyssesDegree: 2, ep: 'wasm', dtype: 'auto', cfgParallel: false }));
+      expect(plan!.dtype, `${bandwidth} B/s`).toBe(expected);
+      expect(executor.options.dtype).toBe(expected);
+      expect((callsOf(workers[0], 'initWorker')[0].args as InitArgs).dtype).toBe(expected);
+      const work = workload(unguided);
+      const stepMs = (bytes: number) => predictStep(work, { ulyssesDegree: 2, cfgParallel: false }, hardware(2, 'wasm', link, bytes as 2 | 4)).stepS * 1000;
+      if (expected === 'i8') {
+        expect(plan!.by).toMatch(/; int8 transport \(about 3e-3 from exact\): predicted \d+ ms a step, float32 \d+ ms\)$/);
+        expect(plan!.predictedStepMs).toBeLessThan(stepMs(4) / 1.1);
+      } else expect(plan!.by).toMatch(/; float32 transport: no other predicted 1.1× faster\)$/);
+    }
+  });
+
   it('cfgParallel false never takes a CFG-parallel plan, even one predicted fastest; left unset, the planner may', async () => {
     // a LAN: a 0.02 ms round trip at 1 GB/s
     const lan = { rttMs: 0.02, bandwidth: 1e9 };
