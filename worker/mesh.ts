@@ -4,7 +4,7 @@
 import type { DataConnectionLike, Transport } from '../core/net/channel.ts';
 import type { Link } from '../core/net/link.ts';
 import { dial, DIRECT_OPEN_TIMEOUT_MS, openLink, transportOf, type OpenLinkOptions, type PeerDialer, type RelayMode } from '../core/net/peer-link.ts';
-import type { FrameHeader } from '../core/net/protocol.ts';
+import type { DType, FrameHeader } from '../core/net/protocol.ts';
 import type { RelayClient } from '../core/net/relay-client.ts';
 import { PeerLost, type InitArgs } from '../core/worker-api.ts';
 import { MeshExchange } from '../rank/exchange/mesh.ts';
@@ -23,12 +23,14 @@ export type TensorJudge = (from: number, tag: FrameHeader['tag'], totalBytes: nu
 
 /**
  * What rank `rank` may send this one on the mesh: only tensors, only in its own name, only of the
- * running job at the planned size. Returns why a frame is refused, and whether that refusal makes
- * the rank a misbehaving one (speaking in another rank's name) rather than a bad frame to drop.
+ * mesh's dtype, only of the running job at the planned size. Returns why a frame is refused, and
+ * whether that refusal makes the rank a misbehaving one (speaking in another rank's name) rather
+ * than a bad frame to drop.
  */
-export function judgeMeshFrame(rank: number, header: FrameHeader, judge: TensorJudge): { refused: string; misbehaved: boolean } | null {
+export function judgeMeshFrame(rank: number, header: FrameHeader, judge: TensorJudge, dtype: DType): { refused: string; misbehaved: boolean } | null {
   if (header.kind !== 'tensor') return { refused: `rank ${rank} sent a ${header.kind} message on the mesh`, misbehaved: false };
   if (header.from !== rank) return { refused: `it sent a tensor in the name of rank ${header.from}`, misbehaved: true };
+  if (header.dtype !== dtype) return { refused: `a ${header.dtype} tensor on a ${dtype} mesh`, misbehaved: false };
   const refused = judge(rank, header.tag, header.totalBytes);
   return refused === null ? null : { refused, misbehaved: false };
 }
@@ -98,7 +100,7 @@ export class WorkerMesh {
       const linkOptions = (conn: DataConnectionLike): OpenLinkOptions => ({
         emulate: wire,
         accept: (header) => {
-          const verdict = judgeMeshFrame(rank, header, this.judge);
+          const verdict = judgeMeshFrame(rank, header, this.judge, exchange.dtype);
           if (verdict?.misbehaved) {
             exchange.fail(new PeerLost({ rank, cause: 'misbehaved', evidence: `${verdict.refused}; disconnected` }));
             conn.close();

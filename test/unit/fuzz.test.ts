@@ -9,7 +9,7 @@ import { Link } from '../../core/net/link.ts';
 import { ContractError, passing } from '../../core/net/check.ts';
 import { loadTransformer } from '../../core/model/transformer.ts';
 import type { WanModel } from '../../core/model/reference.ts';
-import { COORDINATOR, payloadBytes, encodeFrames, readHeader, Reassembler, type Message, type TensorTag } from '../../core/net/protocol.ts';
+import { COORDINATOR, payloadBytes, encodeFrames, readHeader, Reassembler, type DType, type FrameHeader, type Message, type TensorTag } from '../../core/net/protocol.ts';
 import { packValue, remote, serve, unpackValue } from '../../core/net/rpc.ts';
 import { watchHeartbeats } from '../../core/net/heartbeat.ts';
 import { RankLayout } from '../../core/parallel.ts';
@@ -230,6 +230,14 @@ describe(`fuzz: ${FRAMES_PER_TARGET} hostile frames per target`, () => {
     expect(await observed(runtime)).toEqual(PREPARED);
   });
 
+  it("a rank's mesh link refuses a tensor of another dtype by its header, before a byte of it is buffered, whatever its size", () => {
+    const header = (dtype: DType): FrameHeader => ({ kind: 'tensor', dtype, from: 1, tag: { job: 5, step: 0, pass: 0, block: 0, phase: 0 }, shape: [16], msgId: 0, chunkIndex: 0, chunkCount: 1, chunkStride: 64, totalBytes: 64 });
+    const anySize = () => null;
+    expect(judgeMeshFrame(1, header('f16'), anySize, 'f32')).toEqual({ refused: 'a f16 tensor on a f32 mesh', misbehaved: false });
+    expect(judgeMeshFrame(1, header('f32'), anySize, 'i8')).toEqual({ refused: 'a f32 tensor on a i8 mesh', misbehaved: false });
+    expect(judgeMeshFrame(1, header('i8'), anySize, 'i8')).toBeNull();
+  });
+
   it("a rank's mesh link (judgeMeshFrame with the runtime's judgeTensor) refuses each hostile tensor whole, and no mutation of them delivers anything but a tensor of the prepared job at its planned size", async () => {
     const runtime = runtimeFor(0, 2);
     await runtime.initWorker({ rank: 0, world: 2, peers: ['a', 'b'], session: 's' });
@@ -240,7 +248,7 @@ describe(`fuzz: ${FRAMES_PER_TARGET} hostile frames per target`, () => {
     let misbehaved = 0;
     const link = new Link(new SinkChannel(), {
       accept: (header) => {
-        const verdict = judgeMeshFrame(1, header, (from, tag, bytes) => runtime.judgeTensor(from, tag, bytes));
+        const verdict = judgeMeshFrame(1, header, (from, tag, bytes) => runtime.judgeTensor(from, tag, bytes), 'f32');
         if (verdict?.misbehaved) misbehaved++;
         return verdict?.refused ?? null;
       },
@@ -510,7 +518,7 @@ describe(`fuzz: ${MUTATIONS} structured mutations per target`, () => {
 
     for (let scenario = 0; scenario < MUTATIONS; scenario++) {
       const exchange = new MeshExchange(0, 2);
-      const link = new Link(new SinkChannel(), { accept: (header) => judgeMeshFrame(1, header, (from, tag, bytes) => runtime.judgeTensor(from, tag, bytes))?.refused ?? null });
+      const link = new Link(new SinkChannel(), { accept: (header) => judgeMeshFrame(1, header, (from, tag, bytes) => runtime.judgeTensor(from, tag, bytes), 'f32')?.refused ?? null });
       exchange.addPeer(1, link);
       let msgId = 0;
       const send = (tag: TensorTag, values: Float32Array, { dtype = 'f32', from = 1, msg = msgId++ }: { dtype?: 'f32' | 'f16'; from?: number; msg?: number } = {}) => {
@@ -549,13 +557,13 @@ describe(`fuzz: ${MUTATIONS} structured mutations per target`, () => {
         else if (kind === 'spoofed') options = { from: 0 };
         send(tag, values, options);
 
-        // the link judges the header: another job, step ≥ 1000, a block the model does not have, another size, another rank's name
-        if (['other job', 'step 1000', 'other block', 'short', 'spoofed'].includes(kind)) {
+        // the link judges the header: another job, step ≥ 1000, a block the model does not have, another size, another rank's name, another dtype
+        if (['other job', 'step 1000', 'other block', 'short', 'spoofed', 'f16'].includes(kind)) {
           expected.linkDrops++;
           continue;
         }
-        // the exchange judges the tensor: another dtype or a forward already past is refused whole
-        if (options.dtype === 'f16' || tag.step < step) {
+        // the exchange judges the tensor: a forward already past is refused whole
+        if (tag.step < step) {
           expected.refused++;
           continue;
         }
