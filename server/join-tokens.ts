@@ -66,6 +66,9 @@ export function openJoinTokens(stateDir?: string): JoinTokens {
       if (entry.peer === peer || entry.past.includes(peer)) return entry.peer === peer;
       if (entry.peer) entry.past = [...entry.past, entry.peer].slice(-PAST_IDS);
       roomOfPeer.delete(entry.peer);
+      // one swarm per page: a dashboard whose link was revoked names its id for the new swarm only
+      const before = roomOfPeer.get(peer);
+      if (before !== undefined) coordinators.get(before)!.peer = '';
       entry.peer = peer;
       roomOfPeer.set(peer, room);
       coordinators.delete(room); // the most recently registered last
@@ -91,7 +94,8 @@ export function openJoinTokens(stateDir?: string): JoinTokens {
     revoke(room) {
       if (revoked.has(room)) return;
       revoked.add(room);
-      roomOfPeer.delete(coordinators.get(room)?.peer ?? '');
+      const peer = coordinators.get(room)?.peer;
+      if (peer && roomOfPeer.get(peer) === room) roomOfPeer.delete(peer);
       coordinators.delete(room);
       if (revokedFile) appendFileSync(revokedFile, `${room}\n`);
       for (const listener of listeners) listener(room);

@@ -43,6 +43,15 @@ describe('the join tokens a server makes', () => {
     tokens.forgetCoordinator('ditswarm-c-gone');
     expect(tokens.coordinatorOf(room)).toBeNull();
     expect(tokens.register(room, 'ditswarm-c-gone')).toBe(false);
+    // a dashboard that revokes its link names the same id for its new swarm, and only there; once
+    // its page closes, neither names it
+    const [oldRoom, newRoom] = [roomOf(tokens.issue())!, roomOf(tokens.issue())!];
+    tokens.register(oldRoom, 'ditswarm-c-revoker');
+    tokens.register(newRoom, 'ditswarm-c-revoker');
+    expect([tokens.coordinatorOf(oldRoom), tokens.coordinatorOf(newRoom)]).toEqual([null, 'ditswarm-c-revoker']);
+    tokens.revoke(oldRoom);
+    tokens.forgetCoordinator('ditswarm-c-revoker');
+    expect(tokens.coordinatorOf(newRoom)).toBeNull();
   });
 
   it('outlive a restart with a state folder: the same secret, the same revocations', () => {
