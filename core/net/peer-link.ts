@@ -66,26 +66,18 @@ export function peerOptions(signaling: SignalingOptions) {
   return { ...signaling, token, config: { iceServers: signaling.iceServers }, debug: 1 } as const;
 }
 
-/**
- * Registers a peer (`create` makes it) with the signaling server. A reloaded page reuses its id,
- * which the server may still hold for a moment: an 'unavailable-id' refusal is retried `retries` times.
- */
-export async function registerPeer<P extends SignalingPeer>(create: () => P, server: string, { retries = 0, retryMs = 1_000 } = {}): Promise<P> {
-  for (let attempt = 0; ; attempt++) {
-    const peer = create();
-    try {
-      await new Promise<void>((resolve, reject) => {
-        peer.once('open', () => resolve());
-        peer.once('error', (e) => reject(e));
-      });
-      return peer;
-    } catch (e) {
-      peer.destroy();
-      if ((e as { type?: string }).type !== 'unavailable-id' || attempt >= retries) {
-        throw new Error(`could not register with the signaling server at ${server}: ${(e as Error).message}`);
-      }
-      await new Promise((r) => setTimeout(r, retryMs));
-    }
+/** Registers a peer (`create` makes it, under a fresh id) with the signaling server. */
+export async function registerPeer<P extends SignalingPeer>(create: () => P, server: string): Promise<P> {
+  const peer = create();
+  try {
+    await new Promise<void>((resolve, reject) => {
+      peer.once('open', () => resolve());
+      peer.once('error', (e) => reject(e));
+    });
+    return peer;
+  } catch (e) {
+    peer.destroy();
+    throw new Error(`could not register with the signaling server at ${server}: ${(e as Error).message}`);
   }
 }
 
