@@ -9,7 +9,7 @@ import { ContractError } from '../core/net/check.ts';
 import type { DType } from '../core/net/protocol.ts';
 import type { LinkEmulation } from '../core/net/paced-channel.ts';
 import { RemoteError, RpcTimeout, type Remote } from '../core/net/rpc.ts';
-import { gatherLatent, planUlysses, scatterLatent, type RankLayout, type UlyssesPlan } from '../core/parallel.ts';
+import { gatherLatent, planUlysses, scatterLatent, type ParallelMode, type RankLayout, type UlyssesPlan } from '../core/parallel.ts';
 import { patchify, tokenGrid } from '../core/model/tokens.ts';
 import { DEFAULT_SPOT_CHECK_RATE, judgeSpotCheck, spotCheckSchedule, spotCheckTolerance, type SpotCheck } from './spot-check.ts';
 import { guide } from '../core/scheduler.ts';
@@ -43,7 +43,17 @@ export interface ExecutorOptions {
   emulateLink?: LinkEmulation;
   /** share of forward passes another rank recomputes alone to check the group's (spot-check.ts); DEFAULT_SPOT_CHECK_RATE unless set, 0 for none */
   spotCheckRate?: number;
+  /** how a group's ranks share self-attention: Ulysses (exact) unless displaced is asked for */
+  parallel?: ParallelMode;
+  /** displaced mode: the first steps exact (DistriFusion's warm-up), DEFAULT_WARMUP_STEPS unless set */
+  warmupSteps?: number;
 }
+
+/**
+ * Displaced mode's exact steps before stale keys and values: the first steps move the latent most
+ * (DistriFusion warms up on a few of 50; the demo's 20 steps move further each)
+ */
+export const DEFAULT_WARMUP_STEPS = 2;
 
 export interface RpcOptions<M extends WorkerMethod> {
   /** the arguments, the same for every rank or each rank's own */
@@ -140,6 +150,8 @@ export abstract class Executor {
   private placed = false;
   private closed = false;
   private forwards = 0;
+  /** displaced mode: per pass, the last step its group ran on this placement (whose keys and values the ranks hold) */
+  private readonly lastStepOf = new Map<number, number>();
   private readonly spotCheckDue: (forward: number) => boolean;
   /** spot checks made and not yet taken (takeSpotChecks) */
   private spotChecks: SpotCheck[] = [];
@@ -180,7 +192,8 @@ export abstract class Executor {
     const session = `${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 8)}`;
     const dtype = this.options.dtype ?? 'f32';
     const { emulateLink } = this.options;
-    await this.collectiveRpc('initWorker', { args: (rank) => ({ ...this.layout.meshOf(rank, peers, session), dtype, ...(emulateLink && { emulateLink }) }) });
+    const parallel = this.options.parallel ?? 'ulysses';
+    await this.collectiveRpc('initWorker', { args: (rank) => ({ ...this.layout.meshOf(rank, peers, session), dtype, parallel, ...(emulateLink && { emulateLink }) }) });
     const infos = await this.collectiveRpc('describe');
     const loaded = await this.collectiveRpc('loadModel', { args: { modelUrl: this.options.modelUrl, ep: this.options.ep ?? 'auto' }, timeoutMs: loadTimeoutMs(this.rpcTimeoutMs) });
     this.workers = infos.map((info, rank) => ({ ...info, ...loaded[rank], id: peers[rank] }));
@@ -254,6 +267,7 @@ export abstract class Executor {
   async prepareJob(job: number, texts: Float32Array[], latentShape: number[]): Promise<void> {
     // a rank names a silent peer within half the coordinator's patience for a forward: before that runs out
     await this.collectiveRpc('prepareJob', { args: { job, texts, latentShape, exchangeTimeoutMs: Math.round(this.rpcTimeoutMs / 2) } });
+    this.lastStepOf.clear(); // a prepared job's ranks hold no keys and values
     // a worker takes up a new share of its machine's cores as it prepares a job: report the threads it has now
     const infos = await this.collectiveRpc('describe');
     this.workers.forEach((w, rank) => (w.threads = infos[rank].threads));
@@ -275,6 +289,11 @@ export abstract class Executor {
     const plan = planUlysses(config, tokenGrid(config, request.latent.shape).count, layout.headsOf(group));
     const patches = scatterLatent(config, plan, request.latent);
     const ranks = layout.groupRanks(group);
+    // a forward spot-checked is exact (a rank's recomputation is), as are displaced mode's warm-up
+    // steps and the first after a placement: stale only where the ranks hold the step before's
+    const checked = this.world > 1 && this.spotCheckDue(this.forwards++);
+    const stale = this.stale(request, checked);
+    this.lastStepOf.set(request.pass, request.step);
     const results = await this.collectiveRpc('executeModel', {
       ranks,
       args: (rank) => ({
@@ -284,6 +303,7 @@ export abstract class Executor {
         timestep: request.timestep,
         latentShape: request.latent.shape,
         patches: patches[layout.localRank(rank)],
+        ...(stale && { stale }),
       }),
     });
     const rowWidth = config.outChannels * config.patchSize.reduce((a, b) => a * b, 1);
@@ -295,11 +315,17 @@ export abstract class Executor {
       if (!r.rows.every(Number.isFinite)) throw new WorkerError(ranks[i], 'executeModel', 'returned NaN or infinite values', null, true);
     });
     // well-formed, finite and plausible, and still wrong: now and then another rank recomputes the pass
-    if (this.world > 1 && this.spotCheckDue(this.forwards++)) await this.spotCheck(request, plan, ranks, results.map((r) => r.rows), rowWidth);
+    if (checked) await this.spotCheck(request, plan, ranks, results.map((r) => r.rows), rowWidth);
     return {
       output: gatherLatent(config, plan, results.map((r) => r.rows), request.latent.shape),
       ranks: results.map((r, i) => ({ rank: ranks[i], worker: this.workers[ranks[i]]?.id ?? '', computeMs: r.computeMs, commMs: r.commMs, bytesSent: r.bytesSent, peakMemoryBytes: r.peakMemoryBytes })),
     };
+  }
+
+  /** Whether this forward attends to stale keys and values (displaced mode past its warm-up, the ranks holding the step before's). */
+  private stale(request: ForwardRequest, checked: boolean): boolean {
+    if (this.options.parallel !== 'displaced' || checked) return false;
+    return request.step >= (this.options.warmupSteps ?? DEFAULT_WARMUP_STEPS) && this.lastStepOf.get(request.pass) === request.step - 1;
   }
 
   /**

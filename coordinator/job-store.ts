@@ -17,6 +17,10 @@ export interface JobPlacement {
   ep: 'auto' | 'webgpu' | 'wasm';
   /** activations between ranks; float32 unless asked ('auto': the planner's choice) */
   dtype?: PlacementRequest['dtype'];
+  /** how the ranks share self-attention; Ulysses (exact) unless asked ('auto': the planner's choice) */
+  parallel?: PlacementRequest['parallel'];
+  /** displaced mode's exact steps first; its default unless set */
+  warmupSteps?: number;
   /** conditional and unconditional passes on two worker groups: always, never, or (unset) as the planner chooses */
   cfgParallel?: boolean;
   /** the heads shared evenly, by the workers' speed, or (unset) as the planner predicts faster */

@@ -17,7 +17,8 @@ import type { ExecutionProvider, LoadedModel } from '../core/worker-api.ts';
 import { standInEncoding, umt5Encoding, type PromptCache, type PromptEncoding } from './text-encoding.ts';
 import { standInDecoding, tiledDecoding, type DecodeOptions, type DecodeReport, type DecodeResult } from './vae-decoding.ts';
 import type { Backend } from './backends.ts';
-import { loadTimeoutMs, maxOrNull, WorkerError, type Executor, type LinkReport, type RankReport } from './executor.ts';
+import { DEFAULT_WARMUP_STEPS, loadTimeoutMs, maxOrNull, WorkerError, type Executor, type LinkReport, type RankReport } from './executor.ts';
+import type { ParallelMode } from '../core/parallel.ts';
 import { Placer, type FailureRecord, type MeshProbeReport, type PlacementRequest, type PlannedDegree } from './placement.ts';
 import type { SpotCheck } from './spot-check.ts';
 import type { Swarm } from './swarm.ts';
@@ -105,6 +106,9 @@ export interface GenerateReport {
     promptEmbeds: 'encoded' | 'given';
     /** how activations went between ranks, and over what emulated link if any (benchmarks) */
     dtype: DType;
+    /** how the ranks shared self-attention, and (displaced) how many exact steps came first */
+    parallel: ParallelMode;
+    warmupSteps: number;
     emulateLink: LinkEmulation | null;
   };
   /**
@@ -336,7 +340,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
         latent: latent.data,
         frames,
         report: {
-          config: { ...params, backend, workers: executor.world, ulyssesDegree: executor.layout.ulyssesDegree, cfgParallel: executor.layout.cfgParallel, model: modelUrl, outputType, promptEmbeds: promptEmbeds ? 'given' : 'encoded', dtype: executor.options.dtype ?? 'f32', emulateLink: placement.emulateLink ?? null },
+          config: { ...params, backend, workers: executor.world, ulyssesDegree: executor.layout.ulyssesDegree, cfgParallel: executor.layout.cfgParallel, model: modelUrl, outputType, promptEmbeds: promptEmbeds ? 'given' : 'encoded', dtype: executor.options.dtype ?? 'f32', parallel: executor.options.parallel ?? 'ulysses', warmupSteps: executor.options.warmupSteps ?? DEFAULT_WARMUP_STEPS, emulateLink: placement.emulateLink ?? null },
           plan,
           cfgFallback,
           meshProbe,

@@ -7,7 +7,7 @@ import { latentShape, usesGuidance, type JobParams } from '../core/job.ts';
 import type { WanConfig } from '../core/model/config.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
 import { I8_GROUP, payloadBytes, type DType } from '../core/net/protocol.ts';
-import { checkDegree, defaultDegree, RankLayout } from '../core/parallel.ts';
+import { checkDegree, defaultDegree, RankLayout, type ParallelMode } from '../core/parallel.ts';
 import type { ExecutionProvider, MeshProbe } from '../core/worker-api.ts';
 import { createExecutor, type Backend } from './backends.ts';
 import { loadTimeoutMs, type Executor, type LostRank } from './executor.ts';
@@ -34,11 +34,19 @@ export interface PlacementRequest {
   spotCheckRate?: number;
   /** the ranks' links to each other paced as this slower link (benchmarks and tests: core/net/paced-channel.ts) */
   emulateLink?: LinkEmulation;
+  /**
+   * how a group's ranks share self-attention: Ulysses (exact), displaced (keys and values one step
+   * stale, the exchange off the critical path), or 'auto': displaced only where the cost model
+   * predicts it enough faster (EXCHANGES). Ulysses unless set.
+   */
+  parallel?: ParallelMode | 'auto';
+  /** displaced mode's exact steps first (DEFAULT_WARMUP_STEPS unless set) */
+  warmupSteps?: number;
 }
 
 /** What a placement is made for besides its layout: a job asking for other of these is placed anew. */
-type PlacedFor = Pick<PlacementRequest, 'ep' | 'spotCheckRate' | 'emulateLink'> & { dtype: DType };
-const placedForOf = ({ ep, dtype, spotCheckRate, emulateLink }: PlacedFor): PlacedFor => ({ ep, dtype, spotCheckRate, emulateLink });
+type PlacedFor = Pick<PlacementRequest, 'ep' | 'spotCheckRate' | 'emulateLink' | 'warmupSteps'> & Exchange;
+const placedForOf = ({ ep, dtype, parallel, warmupSteps, spotCheckRate, emulateLink }: PlacedFor): PlacedFor => ({ ep, dtype, parallel, warmupSteps, spotCheckRate, emulateLink });
 
 /** How the degree of an 'auto' job was chosen, and what the cost model expected of it. */
 export interface PlannedDegree {
@@ -58,30 +66,58 @@ export interface PlannedDegree {
   leftOut: string | null;
   /** how activations go between ranks: as asked, or with 'auto' the cost model's choice */
   dtype: DType;
+  /** how the ranks share self-attention: as asked, or with 'auto' the cost model's choice */
+  parallel: ParallelMode;
 }
 
 /**
  * The transports 'auto' weighs, most exact first, with how far each moved the bench model's latent
- * from float32's (bench slow-link: 2 steps at P = 2 and 4). A less exact one is taken only where
- * it is predicted at least LESS_EXACT_GAIN faster than the more exact ones.
+ * from float32's (bench slow-link: 2 steps at P = 2 and 4).
  */
 export const TRANSPORTS: { dtype: DType; name: string; deviation: string }[] = [
   { dtype: 'f32', name: 'float32', deviation: 'exact' },
   { dtype: 'f16', name: 'float16', deviation: 'about 1e-4 from exact' },
   { dtype: 'i8', name: 'int8', deviation: 'about 3e-3 from exact' },
 ];
+
+/** How a group's ranks exchange: the parallel mode and the transport of its activations. */
+export interface Exchange {
+  parallel: ParallelMode;
+  dtype: DType;
+}
+
+/**
+ * Every exchange 'auto' weighs, most exact first: Ulysses under each transport, then displaced
+ * under each (stale keys move the latent more than any transport does: bench slow-link). A less
+ * exact one is taken only where it is predicted at least LESS_EXACT_GAIN faster than the more
+ * exact ones.
+ */
+export const EXCHANGES: Exchange[] = (['ulysses', 'displaced'] as const).flatMap((parallel) => TRANSPORTS.map(({ dtype }) => ({ parallel, dtype })));
 const LESS_EXACT_GAIN = 1.1;
 
-/** The transport for `dtype` given what each would take a step (seconds): as asked, or with 'auto' the choice and why. */
-function chooseTransport(dtype: DType | 'auto', stepS: (dtype: DType) => number): { dtype: DType; why: string } {
-  if (dtype !== 'auto') return { dtype, why: '' };
-  let best = TRANSPORTS[0];
-  for (const t of TRANSPORTS.slice(1)) if (stepS(t.dtype) * LESS_EXACT_GAIN <= stepS(best.dtype)) best = t;
-  const exact = TRANSPORTS[0];
+/** An exchange's name ('float32', 'displaced int8'), and with what it costs in fidelity. */
+const nameOf = ({ parallel, dtype }: Exchange): string => `${parallel === 'displaced' ? 'displaced ' : ''}${TRANSPORTS.find((t) => t.dtype === dtype)!.name}`;
+const describeExchange = (e: Exchange): string =>
+  e.parallel === 'displaced' ? `${nameOf(e)} (keys and values one step stale past the warm-up)` : `${nameOf(e)} transport (${TRANSPORTS.find((t) => t.dtype === e.dtype)!.deviation})`;
+
+/** The exchange a job gets given what each would take a step (seconds): as asked, or where it leaves a choice ('auto'), the choice and why. */
+function chooseExchange(request: Pick<PlacementRequest, 'dtype' | 'parallel'>, stepS: (exchange: Exchange) => number): Exchange & { why: string } {
+  const asked = (e: Exchange) => (request.dtype === 'auto' || e.dtype === request.dtype) && ((request.parallel ?? 'ulysses') === 'auto' || e.parallel === (request.parallel ?? 'ulysses'));
+  const options = EXCHANGES.filter(asked);
+  if (options.length === 1) return { ...options[0], why: '' };
+  let best = options[0];
+  for (const e of options.slice(1)) if (stepS(e) * LESS_EXACT_GAIN <= stepS(best)) best = e;
+  const exact = options[0];
   const why = best === exact
-    ? `; float32 transport: no other predicted ${LESS_EXACT_GAIN}× faster`
-    : `; ${best.name} transport (${best.deviation}): predicted ${(stepS(best.dtype) * 1000).toFixed(0)} ms a step, float32 ${(stepS(exact.dtype) * 1000).toFixed(0)} ms`;
-  return { dtype: best.dtype, why };
+    ? `; ${nameOf(exact)}${exact.parallel === 'displaced' ? '' : ' transport'}: no other predicted ${LESS_EXACT_GAIN}× faster`
+    : `; ${describeExchange(best)}: predicted ${(stepS(best) * 1000).toFixed(0)} ms a step, ${nameOf(exact)} ${(stepS(exact) * 1000).toFixed(0)} ms`;
+  return { ...best, why };
+}
+
+/** A job's parallel mode and warm-up, as asked: an error that says what is valid. */
+function checkExchangeRequest({ parallel, warmupSteps }: PlacementRequest): void {
+  if (parallel !== undefined && !['ulysses', 'displaced', 'auto'].includes(parallel)) throw new Error(`parallel must be 'ulysses', 'displaced' or 'auto', got ${JSON.stringify(parallel)}`);
+  if (warmupSteps !== undefined && !(Number.isInteger(warmupSteps) && warmupSteps >= 0)) throw new Error(`warmupSteps is a whole number ≥ 0 of exact steps before displaced ones, got ${JSON.stringify(warmupSteps)}`);
 }
 
 const bytesPerElement = (dtype: DType) => payloadBytes(I8_GROUP, dtype) / I8_GROUP;
@@ -168,11 +204,16 @@ export class Placer {
 
   /** Places a job: keeps the current placement if it still fits what the job needs, else places anew. */
   async place(params: JobParams, request: PlacementRequest): Promise<Placement> {
+    checkExchangeRequest(request);
     const guided = usesGuidance(params);
     const cfgFallback = request.cfgParallel && !guided ? 'no CFG parallel: guidance 1 means one forward pass per step, so there is no second pass for a second group' : null;
     const { layout, plan } = await this.layoutFor(params, request, guided);
-    // 'auto' transport without a plan (workers not yet measured): exact
-    const placing: PlacedFor = { ...request, dtype: plan?.dtype ?? (request.dtype === 'auto' ? 'f32' : request.dtype) };
+    // 'auto' without a plan (workers not yet measured): exact
+    const placing: PlacedFor = {
+      ...request,
+      dtype: plan?.dtype ?? (request.dtype === 'auto' ? 'f32' : request.dtype),
+      parallel: plan?.parallel ?? (request.parallel === 'displaced' ? 'displaced' : 'ulysses'),
+    };
     // placedFor is set exactly while there is an executor
     const fits =
       !this.lostARank && this.placedFor !== null &&
@@ -279,14 +320,14 @@ export class Placer {
     const hw = await this.hardwareOf(workers, request, params, [{ ulyssesDegree: 1, cfgParallel: false }, ...rehearsed]);
     if (!hw) return { degree: defaultDegree(config.numHeads, cfgParallel ? Math.floor(workers.length / 2) : workers.length), cfgParallel: !!cfgParallel, plan: null };
     const uneven = cfgParallel || request.shares === 'even' ? [] : rehearsed.filter((p) => !p.cfgParallel).flatMap((p) => unevenPlan(work, hw, p.ulyssesDegree) ?? []);
-    // the fastest plan under each transport the job allows, then the transport
-    const bestUnder = (dtype: DType) => {
-      const choice = planSwarm(work, { ...hw, bytesPerElement: bytesPerElement(dtype) }, [...candidates, ...uneven]);
+    // the fastest plan under each exchange the job allows, then the exchange
+    const bestUnder = (exchange: Exchange) => {
+      const choice = planSwarm(work, { ...hw, bytesPerElement: bytesPerElement(exchange.dtype) }, [...candidates, ...uneven].map((p) => ({ ...p, mode: exchange.parallel })));
       // one worker is always ranked; asked for CFG parallel, the fastest CFG-parallel plan
       return { choice, best: cfgParallel ? (choice.ranked.find((p) => p.plan.cfgParallel) ?? choice.best) : choice.best };
     };
-    const transport = chooseTransport(request.dtype, (dtype) => bestUnder(dtype).best.stepS);
-    const { choice, best } = bestUnder(transport.dtype);
+    const transport = chooseExchange(request, (exchange) => bestUnder(exchange).best.stepS);
+    const { choice, best } = bestUnder(transport);
     const more = choice.ranked.find((p) => p.world > best.world);
     const leftOut =
       best.world < workers.length && more
@@ -303,6 +344,7 @@ export class Placer {
       heads: best.plan.heads ?? null,
       leftOut,
       dtype: transport.dtype,
+      parallel: transport.parallel,
     };
     return { degree: plan.degree, cfgParallel: plan.cfgParallel, plan };
   }
@@ -323,13 +365,13 @@ export class Placer {
     if (!hw) return null;
     const work = this.workloadOf(params);
     const uneven = layout.cfgParallel || request.shares === 'even' ? null : unevenPlan(work, hw, layout.ulyssesDegree);
-    const stepUnder = (dtype: DType) => {
+    const stepUnder = ({ dtype, parallel }: Exchange) => {
       const hwD = { ...hw, bytesPerElement: bytesPerElement(dtype) };
-      const [evenStep, unevenStep] = [predictStep(work, even, hwD), uneven && predictStep(work, uneven, hwD)];
+      const [evenStep, unevenStep] = [predictStep(work, { ...even, mode: parallel }, hwD), uneven && predictStep(work, { ...uneven, mode: parallel }, hwD)];
       return unevenStep && (request.shares === 'speed' || unevenStep.stepS < evenStep.stepS) ? unevenStep : evenStep;
     };
-    const transport = chooseTransport(request.dtype, (dtype) => stepUnder(dtype).stepS);
-    const chosen = stepUnder(transport.dtype);
+    const transport = chooseExchange(request, (exchange) => stepUnder(exchange).stepS);
+    const chosen = stepUnder(transport);
     return {
       degree: layout.ulyssesDegree,
       cfgParallel: layout.cfgParallel,
@@ -341,6 +383,7 @@ export class Placer {
       heads: chosen.plan.heads ?? null,
       leftOut: null,
       dtype: transport.dtype,
+      parallel: transport.parallel,
     };
   }
 

@@ -4,7 +4,7 @@
 
 import type { WanConfig } from './model/config.ts';
 import type { ComputeProbe, ExecutionProvider, MeshProbe } from './worker-api.ts';
-import { checkDegree, evenDegrees, evenHeads, exchangeFloatsPerBlock, planUlysses, proportionalShares } from './parallel.ts';
+import { checkDegree, displacedFloatsPerBlock, evenDegrees, evenHeads, exchangeFloatsPerBlock, planUlysses, proportionalShares, type ParallelMode } from './parallel.ts';
 
 /** The sizes a forward's cost depends on (a WanConfig has them all). */
 export type ModelShape = Pick<WanConfig, 'numHeads' | 'headDim' | 'dim' | 'ffnDim' | 'numLayers' | 'inChannels' | 'outChannels' | 'patchSize' | 'textDim' | 'freqDim'>;
@@ -28,6 +28,8 @@ export interface Plan {
    * the Hardware, as placed); even shares without it
    */
   heads?: number[];
+  /** how a group's ranks share self-attention; Ulysses without it */
+  mode?: ParallelMode;
 }
 
 /** Workers a plan occupies: its degree, twice over with CFG parallel. */
@@ -141,10 +143,14 @@ export function forwardFlops(model: ModelShape, tokens: number, textTokens: numb
  */
 export const stageCallsPerForward = (model: Pick<ModelShape, 'numLayers'>): number => 3 * model.numLayers + 2;
 
-/** Bytes the busiest rank sends in one forward (about 4·(S/P)·D·(P−1)/P elements per block with even shares). */
-export function forwardBytes(model: ModelShape, tokens: number, shares: number | number[], bytesPerElement: number): number {
+/**
+ * Bytes the busiest rank sends in one forward: Ulysses about 4·(S/P)·D·(P−1)/P elements per block
+ * with even shares, displaced 2·(S/P)·D·(P−1).
+ */
+export function forwardBytes(model: ModelShape, tokens: number, shares: number | number[], bytesPerElement: number, mode: ParallelMode = 'ulysses'): number {
   const plan = planUlysses(model, tokens, shares);
-  const busiest = Math.max(...plan.heads.map((_, rank) => exchangeFloatsPerBlock(plan, rank)));
+  const perBlock = mode === 'displaced' ? displacedFloatsPerBlock : exchangeFloatsPerBlock;
+  const busiest = Math.max(...plan.heads.map((_, rank) => perBlock(plan, rank)));
   return busiest * bytesPerElement * model.numLayers;
 }
 
@@ -193,17 +199,22 @@ export function predictStep(work: Workload, plan: Plan, hw: Hardware): StepPredi
 
   const passesPerGroup = plan.cfgParallel ? 1 : work.passes;
   // one rank alone sends nothing and waits for no one: both terms are 0 at P = 1
-  const bytes = forwardBytes(work.model, work.tokens, shares, hw.bytesPerElement);
-  const exchanges = (hw.exchangesPerBlock ?? 2) * work.model.numLayers;
-  const commPerForward = bytes / link.bandwidth + exchanges * (P - 1) * link.latency;
+  const displaced = plan.mode === 'displaced';
+  const bytes = forwardBytes(work.model, work.tokens, shares, hw.bytesPerElement, plan.mode);
+  const exchanges = (displaced ? 1 : (hw.exchangesPerBlock ?? 2)) * work.model.numLayers;
+  const wireS = bytes / link.bandwidth + exchanges * (P - 1) * link.latency;
   // CFG parallel: one group's output rows [S, pt·ph·pw·C] go to the other once per step
   const outWidth = work.model.outChannels * patchVolume(work.model);
   const cfgBytes = plan.cfgParallel ? work.tokens * outWidth * hw.bytesPerElement : 0;
   const cfgComm = plan.cfgParallel ? cfgBytes / link.bandwidth + link.latency : 0;
 
+  // displaced ranks do Ulysses' work (their tokens over all heads, not all tokens over their heads)
   const forwardS = hw.rehearsedForwardS?.(plan) ?? estimatedForwardS;
   const computeS = passesPerGroup * forwardS;
-  const commS = passesPerGroup * commPerForward * (1 - (hw.overlap ?? 0)) + cfgComm;
+  // displaced (past its warm-up): a forward's gather has the next forward of its pass to arrive in;
+  // only what takes longer waits
+  const commPerForward = displaced ? Math.max(0, wireS - forwardS) : wireS * (1 - (hw.overlap ?? 0));
+  const commS = passesPerGroup * commPerForward + cfgComm;
   const coordinator = hw.coordinatorLink === undefined ? (typeof hw.link === 'function' ? slowestLink(hw, chosen.map((c) => c.i)) : hw.link) : hw.coordinatorLink;
   const ioBytes = work.passes * work.tokens * (work.model.inChannels + work.model.outChannels) * patchVolume(work.model) * 4;
   const ioS = coordinator ? ioBytes / coordinator.bandwidth + 2 * work.passes * coordinator.latency : 0;

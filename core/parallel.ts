@@ -215,9 +215,23 @@ export function exchangeFloatsPerBlock(plan: UlyssesPlan, rank: number): number 
   return (3 * plan.rows[rank] * (H - plan.heads[rank]) + plan.heads[rank] * (plan.tokens - plan.rows[rank])) * plan.headDim;
 }
 
-/** The floats of one exchanged part from rank `from` to rank `to`: q, k, v [3, rows[from], heads[to]·d], or attention output [rows[to], heads[from]·d]. */
-export function partFloats(plan: UlyssesPlan, phase: 'qkv' | 'output', from: number, to: number): number {
+/**
+ * The floats of one exchanged part from rank `from` to rank `to`: q, k, v [3, rows[from],
+ * heads[to]·d], or attention output [rows[to], heads[from]·d] (Ulysses); or k, v of all heads
+ * [2, rows[from], H·d] (displaced).
+ */
+export function partFloats(plan: UlyssesPlan, phase: 'qkv' | 'output' | 'kv', from: number, to: number): number {
+  const H = plan.heads.reduce((a, b) => a + b, 0);
+  if (phase === 'kv') return 2 * plan.rows[from] * H * plan.headDim;
   return phase === 'qkv' ? 3 * plan.rows[from] * plan.heads[to] * plan.headDim : plan.rows[to] * plan.heads[from] * plan.headDim;
+}
+
+/** How a group's ranks share a block's self-attention: Ulysses (exact, on the critical path) or displaced (one step stale, off it: rank/displaced.ts). */
+export type ParallelMode = 'ulysses' | 'displaced';
+
+/** Payload floats rank r sends per transformer block in displaced mode: k, v of its tokens, all heads, to each other rank. */
+export function displacedFloatsPerBlock(plan: UlyssesPlan, rank: number): number {
+  return partFloats(plan, 'kv', rank, 0) * (plan.degree - 1);
 }
 
 /** A latent's tokens as each rank's patch rows, in rank order: rank r gets [rows[r], C·pt·ph·pw]. */

@@ -4,6 +4,7 @@
 // receives it. The compiler holds the table to the interface, so the two sides cannot drift.
 import type { WeightType } from './model/onnx-builder.ts';
 import type { DType } from './net/protocol.ts';
+import type { ParallelMode } from './parallel.ts';
 import { fields, floats, int, list, none, nullable, num, oneOf, optional, text, type Check } from './net/check.ts';
 import type { ApiContract, Remote } from './net/rpc.ts';
 import type { Transport } from './net/channel.ts';
@@ -40,6 +41,8 @@ export interface InitArgs {
   dtype?: DType;
   /** each rank's share of the model's heads, in rank order (core/parallel.ts); even without it */
   heads?: number[];
+  /** how the ranks share self-attention: Ulysses unless the coordinator asks for displaced (rank/displaced.ts) */
+  parallel?: ParallelMode;
   /** its links to the other ranks paced as this slower link (benchmarks and tests: core/net/paced-channel.ts) */
   emulateLink?: LinkEmulation;
 }
@@ -123,6 +126,11 @@ export interface ExecuteArgs {
   timestep: number;
   latentShape: number[];
   patches: Float32Array; // this rank's [Sl, C·pt·ph·pw]
+  /**
+   * displaced mode: attend to the other ranks' keys and values of the previous step (this pass's)
+   * rather than wait for this step's; exact where unset, or where this rank did not run that step
+   */
+  stale?: boolean;
 }
 
 /** What one forward pass of a rank cost: time computing and waiting, bytes between device and CPU. */
@@ -357,7 +365,7 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
     reply: fields({ bytes: int(0) }),
   },
   initWorker: {
-    args: fields({ rank: int(0, MAX_RANKS - 1), world: int(1, MAX_RANKS), peers: list(text(256), { min: 1, max: MAX_RANKS }), session: text(256), dtype: optional(oneOf('f32', 'f16', 'i8')), heads: optional(list(int(1, MAX_HEADS), { min: 1, max: MAX_RANKS })), emulateLink: optional(fields({ bandwidth: num(1e4, 1e12), latencyMs: num(0, 10_000) })) }),
+    args: fields({ rank: int(0, MAX_RANKS - 1), world: int(1, MAX_RANKS), peers: list(text(256), { min: 1, max: MAX_RANKS }), session: text(256), dtype: optional(oneOf('f32', 'f16', 'i8')), heads: optional(list(int(1, MAX_HEADS), { min: 1, max: MAX_RANKS })), parallel: optional(oneOf('ulysses', 'displaced')), emulateLink: optional(fields({ bandwidth: num(1e4, 1e12), latencyMs: num(0, 10_000) })) }),
     reply: fields({ rank: int(0), world: int(1) }),
   },
   loadModel: {
@@ -385,11 +393,11 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
     reply: fields({ rank: int(0), bytesPerPeer: bytes, smallBytes: bytes, bytesSent: bytes, smallMs: ms, largeMs: ms }),
   },
   executeModel: {
-    args: fields({ job: int(0), step: int(0, 9999), pass: int(0, 1), timestep: num(0, 1000), latentShape: shape, patches: floats() }),
+    args: fields({ job: int(0), step: int(0, 9999), pass: int(0, 1), timestep: num(0, 1000), latentShape: shape, patches: floats(), stale: optional(oneOf(true, false)) }),
     reply: fields({ rows: floats(), bytesSent: bytes, peakMemoryBytes: nullable(bytes), ...stats }),
   },
   recompute: {
-    args: fields({ job: int(0), step: int(0, 9999), pass: int(0, 1), timestep: num(0, 1000), latentShape: shape, patches: floats() }),
+    args: fields({ job: int(0), step: int(0, 9999), pass: int(0, 1), timestep: num(0, 1000), latentShape: shape, patches: floats(), stale: optional(oneOf(true, false)) }),
     reply: fields({ rows: floats(), computeMs: ms }),
   },
   ping: {

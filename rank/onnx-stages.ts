@@ -143,8 +143,8 @@ export async function onnxStages(m: WanModel, ep: ExecutionProvider, limits: { m
       }
       return { q: concat(parts.q), k: concat(parts.k), v: concat(parts.v) };
     },
-    async attention({ q, k, v }, tokens) {
-      const width = q.length / tokens;
+    async attention({ q, k, v }, width) {
+      const tokens = Math.max(q.length, k.length) / width;
       const run = async (qs: Float32Array, ks: Float32Array, vs: Float32Array, w: number) => out(await attention.run({ q: t(qs, w), k: t(ks, w), v: t(vs, w) }), 'o');
       // heads are independent: as many at a time as one buffer holds [tokens, heads·d]
       const headsAtOnce = Math.floor(maxBufferBytes / (4 * tokens * headDim));

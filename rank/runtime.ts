@@ -30,7 +30,8 @@ import type {
 import type { EngineApi, EngineInfo } from './engine.ts';
 import { probeMesh, PROBE_FLOATS } from './mesh-probe.ts';
 import { rehearseForwards } from './rehearsal.ts';
-import { ExchangePhase, forwardRank, noStats, type Exchange } from './ulysses.ts';
+import { ExchangePhase, forwardRank, noStats, type BlockAttention, type Exchange } from './ulysses.ts';
+import { displacedAttention, KeysValuesHistory } from './displaced.ts';
 import { memoryExchanges } from './exchange/memory.ts';
 
 export interface RuntimeHooks {
@@ -64,6 +65,8 @@ export class WorkerRuntime implements WorkerApi {
   private texts: Float32Array[] = [];
   private plan: UlyssesPlan | null = null;
   private job = -1;
+  /** displaced mode: the keys and values gathered in the prepared job's last step, per pass and block */
+  private readonly keysValues = new KeysValuesHistory();
   /**
    * What each EP measured on the threads it had (the coordinator's probes fill it; loadModel measures
    * what is missing). Kept as promises: a load that needs a probe the coordinator's is still taking
@@ -131,6 +134,7 @@ export class WorkerRuntime implements WorkerApi {
     this.exchange = null;
     this.texts = [];
     this.plan = null;
+    this.keysValues.clear();
     this.setState('idle', 'released by the coordinator');
     queueMicrotask(() => this.hooks.onShutdown?.());
     return 'bye' as const;
@@ -142,6 +146,7 @@ export class WorkerRuntime implements WorkerApi {
     if (peers.length !== world) throw new Error(`initWorker needs ${world} peer ids, got ${peers.length}`);
     if (init.heads && init.heads.length !== world) throw new Error(`initWorker needs a head share for each of ${world} ranks, got ${init.heads.length}`);
     this.init = init;
+    this.keysValues.clear();
     this.exchange = await this.hooks.connectMesh(init);
     this.setState('initialized', `rank ${rank} of ${world}`);
     return { rank, world };
@@ -249,7 +254,10 @@ export class WorkerRuntime implements WorkerApi {
     this.plan = planUlysses(cfg, tokenGrid(cfg, latentShape).count, this.init?.heads ?? exchange.world);
     this.job = job;
     this.texts = texts;
+    this.keysValues.clear();
     if (exchangeTimeoutMs !== undefined) exchange.waitAtMost?.(exchangeTimeoutMs);
+    // displaced ranks meet once a forward, not once a block: a peer may send all its blocks' keys and values ahead
+    if (this.init?.parallel === 'displaced') exchange.allowAhead?.(cfg.numLayers + 1);
     return { job };
   }
 
@@ -274,11 +282,18 @@ export class WorkerRuntime implements WorkerApi {
     if (tag.step >= 1000) return `tensor for step ${tag.step}`;
     if (!(from >= 0 && from < plan.degree)) return `tensor from rank ${from} of a mesh of ${plan.degree}`;
     const me = this.exchange.rank;
-    const floats = tag.phase === ExchangePhase.Probe ? PROBE_FLOATS[tag.step] : tag.phase === ExchangePhase.QKV ? partFloats(plan, 'qkv', from, me) : tag.phase === ExchangePhase.Output ? partFloats(plan, 'output', from, me) : undefined;
+    const floats = this.expectedFloats(plan, tag, from, me);
     if (floats === undefined) return `unknown exchange phase ${tag.phase}${tag.phase === ExchangePhase.Probe ? ` step ${tag.step}` : ''}`;
     const bytes = payloadBytes(floats, this.exchange.dtype);
     if (totalBytes !== bytes) return `phase ${tag.phase} tensor of ${totalBytes} bytes; the plan says ${bytes}`;
     return null;
+  }
+
+  /** The floats of a peer's tensor for this phase in this rank's parallel mode; undefined for a phase the mode has not. */
+  private expectedFloats(plan: UlyssesPlan, tag: { step: number; phase: number }, from: number, me: number): number | undefined {
+    if (tag.phase === ExchangePhase.Probe) return PROBE_FLOATS[tag.step];
+    if (this.init?.parallel === 'displaced') return tag.phase === ExchangePhase.KeysValues ? partFloats(plan, 'kv', from, me) : undefined;
+    return tag.phase === ExchangePhase.QKV ? partFloats(plan, 'qkv', from, me) : tag.phase === ExchangePhase.Output ? partFloats(plan, 'output', from, me) : undefined;
   }
 
   /**
@@ -305,7 +320,9 @@ export class WorkerRuntime implements WorkerApi {
     this.setState('computing', `job ${args.job} step ${args.step} pass ${args.pass}`);
     const stats = noStats();
     const sentBefore = exchange.bytesSent;
-    const rows = await this.forward(pass, pass.plan, exchange, args, stats);
+    const displaced = this.init?.parallel === 'displaced' && pass.plan.degree > 1;
+    const attend = displaced ? displacedAttention(pass.cfg, pass.plan, this.engine, exchange, this.keysValues, { step: args.step, pass: args.pass, stale: args.stale ?? false }) : undefined;
+    const rows = await this.forward(pass, pass.plan, exchange, args, stats, attend);
     const bytesSent = exchange.bytesSent - sentBefore;
     this.totals.steps++;
     this.totals.bytesSent += bytesSent;
@@ -329,9 +346,9 @@ export class WorkerRuntime implements WorkerApi {
     return { cfg, plan, text, grid, patchWidth: cfg.inChannels * cfg.patchSize.reduce((x, y) => x * y, 1) };
   }
 
-  private forward(pass: ReturnType<WorkerRuntime['preparedPass']>, plan: UlyssesPlan, exchange: Exchange, args: ExecuteArgs, stats: RankStats): Promise<Float32Array> {
+  private forward(pass: ReturnType<WorkerRuntime['preparedPass']>, plan: UlyssesPlan, exchange: Exchange, args: ExecuteArgs, stats: RankStats, attend?: BlockAttention): Promise<Float32Array> {
     const { cfg, text, grid } = pass;
-    return forwardRank(cfg, plan, this.engine, exchange, { patches: args.patches, timestep: args.timestep, text, grid, tag: { job: args.job, step: args.step, pass: args.pass } }, stats);
+    return forwardRank(cfg, plan, this.engine, exchange, { patches: args.patches, timestep: args.timestep, text, grid, tag: { job: args.job, step: args.step, pass: args.pass } }, stats, attend);
   }
 
   private setState(state: WorkerState, detail: string): void {

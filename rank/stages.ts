@@ -42,8 +42,11 @@ export interface QKV {
 export interface StageRunner {
   embed(patches: Float32Array, timestep: number, text: Float32Array): Promise<Embedded>;
   preAttention(block: number, x: Activation, tproj: Activation, cos: Float32Array, sin: Float32Array): Promise<QKV>;
-  /** self-attention over all `tokens` tokens for this rank's heads: q, k, v [tokens, heads·d] → [tokens, heads·d] */
-  attention(qkv: QKV, tokens: number): Promise<Float32Array>;
+  /**
+   * self-attention of `width` = heads·d columns: q [Sq, width] over k, v [Sk, width] → [Sq, width]
+   * (Ulysses: every token for this rank's heads, Sq = Sk; displaced: this rank's tokens over all)
+   */
+  attention(qkv: QKV, width: number): Promise<Float32Array>;
   postAttention(block: number, x: Activation, o: Float32Array, tproj: Activation, context: Activation): Promise<Activation>;
   head(x: Activation, temb: Activation): Promise<Float32Array>;
 }
@@ -68,8 +71,8 @@ export function referenceStages(m: WanModel): StageRunner {
     async preAttention(block, x, tproj, cos, sin) {
       return preAttention(m, block, cpu(x), cpu(tproj), cos, sin);
     },
-    async attention({ q, k, v }, tokens) {
-      return attention(q, k, v, headDim, q.length / tokens);
+    async attention({ q, k, v }, width) {
+      return attention(q, k, v, headDim, width);
     },
     async postAttention(block, x, o, tproj, context) {
       return postAttention(m, block, cpu(x), o, { temb: new Float32Array(0), tproj: cpu(tproj), context: cpu(context) });

@@ -101,7 +101,7 @@ async function stageCallMs(ep: ExecutionProvider, runs: number): Promise<number>
   const forward = async () => {
     const { x, temb, tproj, context } = await stages.embed(patches, 500, text);
     const qkv = await stages.preAttention(0, x, tproj, cos, sin);
-    const o = await stages.attention(qkv, 1);
+    const o = await stages.attention(qkv, qkv.q.length);
     const next = await stages.postAttention(0, x, o, tproj, context);
     await stages.head(next, temb);
     await stages.release([x, temb, tproj, context, next].filter((a) => !(a instanceof Float32Array)) as DeviceTensor[]);

@@ -2,7 +2,7 @@
 // score matrix never exceeds `scoreBudget` floats: a [h, S, S] matrix is 3.2 GB at 12 heads and
 // S = 8192 — past what a 32-bit wasm heap (and onnxruntime's size arithmetic) allows — while a
 // [h, c, S] chunk of it is not. The math of `attention` in ops.ts, rows independent of the chunking:
-//   q, k, v [S, h·d] → o [S, h·d], h = width / d.
+//   q [S, h·d], k, v [Sk, h·d] → o [S, h·d], h = width / d.
 //
 // In ONNX: an outer graph puts heads first and pads the queries to n·c rows, a Loop of n
 // iterations attends one [h, c, d] chunk of queries to all keys, and the stacked chunk outputs
@@ -22,18 +22,21 @@ export function buildChunkedAttentionGraph(headDim: number, scoreBudget = DEFAUL
   const body = new ProtoGraph('attention_chunk');
   const d = headDim;
 
-  const [q, k, v] = ['q', 'k', 'v'].map((name) => outer.input(name, FLOAT, ['S', 'W']));
+  // queries and keys may differ in number (a displaced rank's own tokens over every token)
+  const q = outer.input('q', FLOAT, ['S', 'W']);
+  const [k, v] = ['k', 'v'].map((name) => outer.input(name, FLOAT, ['Sk', 'W']));
   const heads = (x: string, perm: number[]) => outer.op('Transpose', [outer.op('Reshape', [x, outer.ints([0, -1, d])])], { perm });
   const qh = outer.op('Mul', [heads(q, [1, 0, 2]), outer.float(1 / Math.sqrt(d))]); // [h, S, d], pre-scaled
-  const kt = heads(k, [1, 2, 0]); // [h, d, S]
-  const vh = heads(v, [1, 0, 2]); // [h, S, d]
+  const kt = heads(k, [1, 2, 0]); // [h, d, Sk]
+  const vh = heads(v, [1, 0, 2]); // [h, Sk, d]
 
-  // chunk rows c = clamp(budget / (h·S), 1, S); n = ceil(S / c) chunks; queries padded to n·c rows
+  // chunk rows c = clamp(budget / (h·Sk), 1, S); n = ceil(S / c) chunks; queries padded to n·c rows
   const qShape = outer.op('Shape', [q]);
   const rows = outer.op('Gather', [qShape, outer.ints([0])], { axis: 0 }); // [1]: S
   const width = outer.op('Gather', [qShape, outer.ints([1])], { axis: 0 }); // [1]: h·d
   const headCount = outer.op('Div', [width, outer.ints([d])]);
-  const fit = outer.op('Div', [outer.ints([scoreBudget]), outer.op('Mul', [headCount, rows])]);
+  const keyRows = outer.op('Gather', [outer.op('Shape', [k]), outer.ints([0])], { axis: 0 }); // [1]: Sk
+  const fit = outer.op('Div', [outer.ints([scoreBudget]), outer.op('Mul', [headCount, keyRows])]);
   const chunk = outer.op('Min', [outer.op('Max', [fit, outer.ints([1])]), rows]); // [1]: c
   const count = outer.op('Div', [outer.op('Sub', [outer.op('Add', [rows, chunk]), outer.ints([1])]), chunk]); // [1]: n
   const padRows = outer.op('Sub', [outer.op('Mul', [count, chunk]), rows]);
@@ -45,7 +48,7 @@ export function buildChunkedAttentionGraph(headDim: number, scoreBudget = DEFAUL
   const cond = body.input('cond_in', BOOL, []);
   const start = body.op('Mul', [body.op('Unsqueeze', [i, body.ints([0])]), chunk]);
   const qc = body.op('Slice', [qPadded, start, body.op('Add', [start, chunk]), body.ints([1])]); // [h, c, d]
-  const scores = body.op('MatMul', [qc, kt]); // [h, c, S]
+  const scores = body.op('MatMul', [qc, kt]); // [h, c, Sk]
   const oc = body.op('MatMul', [body.op('Softmax', [scores], { axis: -1 }), vh]); // [h, c, d]
   body.output(cond, 'cond_out', BOOL, []);
   body.output(oc, 'o_chunk', FLOAT, ['h', 'c', d]);

@@ -31,6 +31,11 @@ export class Mailbox<T> {
     });
   }
 
+  /** A receiver waits under `key`. */
+  awaited(key: string): boolean {
+    return this.slots.get(key)?.resolve !== undefined;
+  }
+
   /** Drops a message nobody will ask for (a receiver waiting under `key` keeps waiting). */
   drop(key: string): void {
     if (this.slots.get(key)?.resolve === undefined) this.slots.delete(key);

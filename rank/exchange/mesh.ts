@@ -31,6 +31,8 @@ export class MeshExchange implements Exchange {
   private refused = 0;
   /** the newest job seen on this mesh */
   private newestJob: number | null = null;
+  /** tensors a peer may send ahead of this rank (allowAhead) */
+  private maxAhead = MAX_AHEAD;
 
   /** links to the other ranks, by rank */
   private readonly links = new Map<number, Link>();
@@ -44,6 +46,10 @@ export class MeshExchange implements Exchange {
 
   waitAtMost(ms: number): void {
     this.timeoutMs = ms;
+  }
+
+  allowAhead(tensors: number): void {
+    this.maxAhead = Math.max(MAX_AHEAD, tensors);
   }
 
   addPeer(peerRank: number, link: Link): void {
@@ -68,17 +74,19 @@ export class MeshExchange implements Exchange {
 
   private deliver(peerRank: number, msg: Message): void {
     if (msg.kind !== 'tensor') return;
-    if (msg.dtype !== this.dtype || msg.from !== peerRank || this.isPast(msg.tag)) return void this.refused++; // a rank speaks only for itself (its link refuses it too)
+    const key = MeshExchange.key(msg.tag, peerRank);
+    // a gather this rank still waits for is never past (displaced mode awaits it a step later)
+    const past = this.isPast(msg.tag) && !this.mailbox.awaited(key);
+    if (msg.dtype !== this.dtype || msg.from !== peerRank || past) return void this.refused++; // a rank speaks only for itself (its link refuses it too)
     const values = tensorValues(msg.data, this.dtype);
     // well-formed garbage: the right size, but NaN or infinite. Every rank checks what it sends
     // (allToAll), so such values are the sender's doing: it is blamed, and its link closed.
     if (!values.every(Number.isFinite)) return this.misbehaved(peerRank, `sent NaN or infinite values in step ${msg.tag.step + 1}, block ${msg.tag.block}`);
     this.dropBefore(msg.tag.job);
-    const key = MeshExchange.key(msg.tag, peerRank);
     const kept = this.ahead.get(peerRank) ?? new Set<string>();
     this.ahead.set(peerRank, kept);
-    // in lockstep a peer is at most a phase or two ahead: more is a flood, the same tensor twice a lie
-    if (kept.size >= MAX_AHEAD || kept.has(key)) return this.misbehaved(peerRank, kept.has(key) ? `sent the tensor of step ${msg.tag.step + 1}, block ${msg.tag.block}, phase ${msg.tag.phase} twice` : `sent ${MAX_AHEAD + 1} tensors ahead of this rank`);
+    // in lockstep a peer is at most a phase or two ahead (a forward's blocks, displaced): more is a flood, the same tensor twice a lie
+    if (kept.size >= this.maxAhead || kept.has(key)) return this.misbehaved(peerRank, kept.has(key) ? `sent the tensor of step ${msg.tag.step + 1}, block ${msg.tag.block}, phase ${msg.tag.phase} twice` : `sent ${this.maxAhead + 1} tensors ahead of this rank`);
     if (this.mailbox.deliver(key, values) === 'kept') kept.add(key);
   }
 

@@ -32,6 +32,8 @@ const USAGE = `usage: npm run generate -- --prompt "a red ball" [--backend local
   [--output-type video|latent]   latent: stop before the VAE and write the latent and the report only (output_type="latent")
   [--fp16]   send activations between ranks as float16 (half the bytes, not bit-exact)
   [--int8]   send them as int8 with a float32 scale per 64 values (about a quarter of the bytes, less exact still)
+  [--displaced] [--warmup-steps N]   displaced patch parallelism: past N exact steps (default 2), each rank attends to the
+                     others' keys and values of the step before while this step's travel (the exchange off the critical path, not exact)
   [--cfg-parallel]   conditional and unconditional passes at once on two groups of N/2 workers (N even; guidance ≠ 1)
   [--force-relay]   send every link through the server's relay instead of WebRTC data channels (networks that block UDP; tests)`;
 
@@ -53,6 +55,8 @@ try {
       int8: { type: 'boolean', default: false },
       model: { type: 'string' },
       'cfg-parallel': { type: 'boolean', default: false },
+      displaced: { type: 'boolean', default: false },
+      'warmup-steps': { type: 'string' },
       'drop-worker': { type: 'string' },
       'crash-worker': { type: 'string' },
       'force-relay': { type: 'boolean', default: false },
@@ -83,6 +87,8 @@ if (values.fp16 && values.int8) fail('--fp16 and --int8 are two ways to send act
 const workers = Number(values.workers);
 if (!Number.isInteger(workers) || workers < 1) fail(`--workers must be a whole number ≥ 1, got ${values.workers}`);
 const cfgParallel = values['cfg-parallel']!;
+const warmupSteps = values['warmup-steps'] === undefined ? undefined : Number(values['warmup-steps']);
+if (warmupSteps !== undefined && !(Number.isInteger(warmupSteps) && warmupSteps >= 0 && values.displaced)) fail(`--warmup-steps is a whole number ≥ 0 of exact steps for --displaced, got ${values['warmup-steps']}${values.displaced ? '' : ' without --displaced'}`);
 if (cfgParallel && (values.backend !== 'swarm' || workers % 2)) fail(`--cfg-parallel runs two equal groups of worker tabs: it needs --backend swarm and an even --workers, got ${values.backend} with ${workers}`);
 
 /** --drop-worker / --crash-worker: which rank's tab to close or crash, when its step starts. */
@@ -165,7 +171,7 @@ try {
       return (window as any).ditswarm.generate(overrides);
     },
     // with CFG parallel the degree is that of each of the two groups
-    { overrides: { ...params, ...inputs, backend: values.backend, workers: values.backend === 'swarm' ? workers / (cfgParallel ? 2 : 1) : 1, ep: values.ep, dtype: values.int8 ? 'i8' : values.fp16 ? 'f16' : 'f32', cfgParallel, model: modelUrl } },
+    { overrides: { ...params, ...inputs, backend: values.backend, workers: values.backend === 'swarm' ? workers / (cfgParallel ? 2 : 1) : 1, ep: values.ep, dtype: values.int8 ? 'i8' : values.fp16 ? 'f16' : 'f32', parallel: values.displaced ? 'displaced' : 'ulysses', warmupSteps, cfgParallel, model: modelUrl } },
   );
   if (tty) process.stderr.write('\n');
   const injected = harm.map((h) => {

@@ -815,6 +815,37 @@ describe('the cost model sees what the workers measured', () => {
     }
   });
 
+  it("'auto' parallel takes displaced only where the cost model predicts it 1.1× faster: where the exchange takes about a forward, not where it is nothing or everything; the mode reaches every rank and the executor (issue 20)", async () => {
+    const chosen: string[] = [];
+    for (const bandwidth of [1e4, 1e5, 1e6, 1e7, 1e8, 1e10]) {
+      const link = { rttMs: 1, bandwidth };
+      const { swarm, join } = testSwarm();
+      const workers = join(2, measured(link));
+      const { plan, executor } = await placerOn(swarm).place(unguided, ask({ ulyssesDegree: 2, ep: 'wasm', dtype: 'f32', parallel: 'auto', warmupSteps: 3, cfgParallel: false }));
+      const work = workload(unguided);
+      const stepMs = (mode: 'ulysses' | 'displaced') => predictStep(work, { ulyssesDegree: 2, cfgParallel: false, mode }, hardware(2, 'wasm', link, 4)).stepS * 1000;
+      const expected = stepMs('displaced') * 1.1 <= stepMs('ulysses') ? 'displaced' : 'ulysses';
+      chosen.push(expected);
+      expect(plan!.parallel, `${bandwidth} B/s`).toBe(expected);
+      expect(executor.options).toMatchObject({ parallel: expected, warmupSteps: 3 });
+      for (const w of workers) expect((callsOf(w, 'initWorker')[0].args as InitArgs).parallel).toBe(expected);
+      if (expected === 'displaced') {
+        expect(plan!.by).toMatch(/; displaced float32 \(keys and values one step stale past the warm-up\): predicted \d+ ms a step, float32 \d+ ms\)$/);
+        expect(plan!.predictedStepMs).toBeCloseTo(stepMs('displaced'), 6);
+      } else expect(plan!.by).toMatch(/; float32 transport: no other predicted 1.1× faster\)$/);
+    }
+    console.log(`'auto' parallel at 1e4…1e10 B/s: ${chosen.join(', ')}`);
+    expect(chosen).toContain('displaced');
+    expect(chosen.at(-1)).toBe('ulysses');
+    // asked for, it is what runs; a mode or warm-up that is not one is refused, saying what is
+    const { swarm, join } = testSwarm();
+    join(2, measured({ rttMs: 1, bandwidth: 1e10 }));
+    const placer = placerOn(swarm);
+    expect((await placer.place(unguided, ask({ ulyssesDegree: 2, ep: 'wasm', dtype: 'f32', parallel: 'displaced', cfgParallel: false }))).plan!.parallel).toBe('displaced');
+    await expect(placer.place(unguided, ask({ ulyssesDegree: 2, ep: 'wasm', dtype: 'f32', parallel: 'ring' as never }))).rejects.toThrow(`parallel must be 'ulysses', 'displaced' or 'auto', got "ring"`);
+    await expect(placer.place(unguided, ask({ ulyssesDegree: 2, ep: 'wasm', dtype: 'f32', parallel: 'displaced', warmupSteps: 1.5 }))).rejects.toThrow('warmupSteps is a whole number ≥ 0 of exact steps before displaced ones, got 1.5');
+  });
+
   it('cfgParallel false never takes a CFG-parallel plan, even one predicted fastest; left unset, the planner may', async () => {
     // a LAN: a 0.02 ms round trip at 1 GB/s
     const lan = { rttMs: 0.02, bandwidth: 1e9 };

@@ -38,7 +38,7 @@ async function expectStagesEqualReference(runner: StageRunner): Promise<void> {
   // four heads only
   const width = 4 * m.config.headDim;
   const heads = { q: random.normals(grid.count * width), k: random.normals(grid.count * width), v: random.normals(grid.count * width) };
-  expect(maxAbsDiff(await runner.attention(heads, grid.count), await ref.attention(heads, grid.count))).toBeLessThan(1e-4);
+  expect(maxAbsDiff(await runner.attention(heads, width), await ref.attention(heads, width))).toBeLessThan(1e-4);
 
   const o = random.normals(grid.count * m.config.dim);
   const [pa, pb] = [await runner.postAttention(0, b.x, o, b.tproj, b.context), await ref.postAttention(0, b.x, o, b.tproj, b.context)];
@@ -57,7 +57,7 @@ describe('ONNX stage graphs equal the TypeScript reference (max-abs ≤ 1e-4)', 
     // a budget below one head of the sequence is refused, saying what it would take
     const tooSmall = await onnxStages(m, 'wasm', { maxBufferBytes: 4 * 71 * m.config.headDim });
     const heads = { q: new Float32Array(72 * 4 * m.config.headDim), k: new Float32Array(72 * 4 * m.config.headDim), v: new Float32Array(72 * 4 * m.config.headDim) };
-    await expect(tooSmall.attention(heads, 72)).rejects.toThrow(`attention over 72 tokens needs ${4 * 72 * m.config.headDim} bytes per head, more than one buffer of this worker holds`);
+    await expect(tooSmall.attention(heads, 4 * m.config.headDim)).rejects.toThrow(`attention over 72 tokens needs ${4 * 72 * m.config.headDim} bytes per head, more than one buffer of this worker holds`);
   });
 
   it("with the blocks' weights stored as float16 (WebGPU with shader-f16) stay within float16's rounding of the reference", async () => {

@@ -143,7 +143,7 @@ function deviceResident(inner: StageRunner): { runner: Required<DeviceStageRunne
       return { x: keep(e.x), temb: keep(e.temb), tproj: keep(e.tproj), context: keep(e.context) };
     },
     preAttention: (block, x, tproj, cos, sin) => inner.preAttention(block, read(x), read(tproj), cos, sin),
-    attention: (qkv, tokens) => inner.attention(qkv, tokens),
+    attention: (qkv, width) => inner.attention(qkv, width),
     postAttention: async (block, x, o, tproj, context) => keep(await inner.postAttention(block, read(x), o, read(tproj), read(context))),
     head: (x, temb) => inner.head(read(x), read(temb)),
     async release(tensors) {

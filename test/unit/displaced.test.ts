@@ -1,0 +1,113 @@
+import { beforeAll, describe, expect, it } from 'vitest';
+import type { ExecutorOptions } from '../../coordinator/executor.ts';
+import type { WanModel } from '../../core/model/reference.ts';
+import { loadTransformer } from '../../core/model/transformer.ts';
+import { tokenGrid } from '../../core/model/tokens.ts';
+import { displacedFloatsPerBlock, planUlysses, RankLayout } from '../../core/parallel.ts';
+import { SeededRandom } from '../../core/random.ts';
+import { maxAbsDiff, type Tensor } from '../../core/tensor.ts';
+import type { EngineApi } from '../../rank/engine.ts';
+import { onnxStages } from '../../rank/onnx-stages.ts';
+import { stubEngine, tinyModelFiles } from './fixtures.ts';
+import { InProcessExecutor } from './in-process-executor.ts';
+
+// Displaced patch parallelism (rank/displaced.ts) through the executor and real WorkerRuntimes, the
+// mesh in memory: what it computes exactly, what it computes stale, and who decides which.
+let model: WanModel;
+let engine: EngineApi;
+let options: ExecutorOptions;
+const random = new SeededRandom(23);
+let text: Float32Array;
+const latent = (): Tensor => ({ shape: [16, 1, 14, 10], data: random.normals(16 * 14 * 10) }); // 35 tokens
+
+beforeAll(async () => {
+  model = await loadTransformer(tinyModelFiles);
+  engine = stubEngine(await onnxStages(model, 'wasm'), model.config);
+  text = random.normals(16 * model.config.textDim);
+  options = { config: model.config, modelUrl: '/models/tiny-wan', rpcTimeoutMs: 10_000, layout: new RankLayout(1), spotCheckRate: 0 };
+});
+
+async function onRanks(P: number, extra: Partial<ExecutorOptions> = {}): Promise<InProcessExecutor> {
+  const executor = new InProcessExecutor({ ...options, layout: new RankLayout(P), ...extra }, engine, 'rpc');
+  await executor.initialize();
+  await executor.prepareJob(3, [text, text], [16, 1, 14, 10]);
+  return executor;
+}
+
+/** The stale flag each rank was given per forward, as the runtimes saw their executeModel calls. */
+function staleFlags(executor: InProcessExecutor): boolean[][] {
+  const seen: boolean[][] = executor.runtimes.map(() => []);
+  executor.runtimes.forEach((runtime, rank) => {
+    const execute = runtime.executeModel.bind(runtime);
+    runtime.executeModel = (args) => (seen[rank].push(args.stale ?? false), execute(args));
+  });
+  return seen;
+}
+
+describe('displaced patch parallelism (issue 20)', () => {
+  it('exact forwards (warm-up) on P = 2 and 3 equal one rank within 1e-4; each rank sends k, v of its tokens, all heads, to every peer: 2·Sl·D·(P−1) floats a block', async () => {
+    const x = latent();
+    const single = await onRanks(1);
+    const expected = (await single.executeModel({ job: 3, step: 0, pass: 0, timestep: 500, latent: x })).output;
+    await single.shutdown({ graceMs: 500 });
+    for (const P of [2, 3]) {
+      const executor = await onRanks(P, { parallel: 'displaced' });
+      const { output, ranks } = await executor.executeModel({ job: 3, step: 0, pass: 0, timestep: 500, latent: x });
+      const diff = maxAbsDiff(output.data, expected.data);
+      console.log(`displaced P=${P}, exact step: max-abs vs one rank ${diff.toExponential(2)}`);
+      expect(diff).toBeLessThan(1e-4);
+      const plan = planUlysses(model.config, tokenGrid(model.config, x.shape).count, P);
+      expect(ranks.map((r) => r.bytesSent)).toEqual(plan.rows.map((_, r) => 4 * displacedFloatsPerBlock(plan, r) * model.config.numLayers));
+      await executor.shutdown({ graceMs: 500 });
+    }
+  });
+
+  it('past the warm-up a forward attends to the other ranks\' keys and values of the step before: the same input twice gives the exact output, a new input one a little off it', async () => {
+    const [a, b] = [latent(), latent()];
+    const single = await onRanks(1);
+    const exactB = (await single.executeModel({ job: 3, step: 1, pass: 0, timestep: 480, latent: b })).output;
+    await single.shutdown({ graceMs: 500 });
+
+    const executor = await onRanks(2, { parallel: 'displaced', warmupSteps: 1 });
+    const flags = staleFlags(executor);
+    await executor.executeModel({ job: 3, step: 0, pass: 0, timestep: 480, latent: b });
+    const again = (await executor.executeModel({ job: 3, step: 1, pass: 0, timestep: 480, latent: b })).output;
+    expect(maxAbsDiff(again.data, exactB.data)).toBeLessThan(1e-4); // stale keys equal to this step's: exact
+    await executor.executeModel({ job: 3, step: 2, pass: 0, timestep: 480, latent: a });
+    const stale = (await executor.executeModel({ job: 3, step: 3, pass: 0, timestep: 480, latent: b })).output; // attends to a's keys
+    const off = maxAbsDiff(stale.data, exactB.data);
+    const scale = Math.max(...exactB.data.map(Math.abs));
+    console.log(`displaced P=2, keys of another latent: max-abs ${off.toExponential(2)} of a scale ${scale.toFixed(2)}`);
+    expect(off).toBeGreaterThan(1e-3);
+    expect(off).toBeLessThan(scale);
+    expect(flags).toEqual([[false, true, true, true], [false, true, true, true]]);
+    await executor.shutdown({ graceMs: 500 });
+  });
+
+  it('the executor decides: the warm-up steps, each pass\'s first forward on a placement or job, and a spot-checked forward are exact; Ulysses is never stale', async () => {
+    const x = latent();
+    const executor = await onRanks(2, { parallel: 'displaced', warmupSteps: 2 });
+    const flags = staleFlags(executor);
+    // guided steps 0..3, then the job prepared again (a re-placement does that) and step 4
+    for (let step = 0; step < 4; step++) await executor.velocity({ job: 3, step, timestep: 500 - step, latent: x }, 4);
+    await executor.prepareJob(3, [text, text], x.shape);
+    await executor.velocity({ job: 3, step: 4, timestep: 496, latent: x }, 4);
+    // per rank: cond and uncond of each step
+    const expected = [false, false, false, false, true, true, true, true, false, false];
+    expect(flags).toEqual([expected, expected]);
+    await executor.shutdown({ graceMs: 500 });
+
+    const checked = await onRanks(2, { parallel: 'displaced', warmupSteps: 0, spotCheckRate: 1 });
+    const checkedFlags = staleFlags(checked);
+    for (let step = 0; step < 3; step++) await checked.executeModel({ job: 3, step, pass: 0, timestep: 500, latent: x });
+    expect(checkedFlags[0]).toEqual([false, false, false]);
+    expect(checked.takeSpotChecks().map((c) => c.verdict)).toEqual(['agreed', 'agreed', 'agreed']);
+    await checked.shutdown({ graceMs: 500 });
+
+    const ulysses = await onRanks(2, { warmupSteps: 0 });
+    const ulyssesFlags = staleFlags(ulysses);
+    for (let step = 0; step < 3; step++) await ulysses.executeModel({ job: 3, step, pass: 0, timestep: 500, latent: x });
+    expect(ulyssesFlags[0]).toEqual([false, false, false]);
+    await ulysses.shutdown({ graceMs: 500 });
+  });
+});
