@@ -33,6 +33,8 @@ export const DEFAULT_SLOW_LINK: SlowLinkOptions = { frames: 9, height: 256, widt
 const TARGET = { deviceFlops: 20e12, bandwidth: 125e6, latencyS: LATENCY_S, degree: 2 };
 const TRANSPORTS: DType[] = ['f32', 'f16', 'i8'];
 const MODES: ParallelMode[] = ['ulysses', 'displaced'];
+/** float16 sits between float32 and int8 in bytes and fidelity; int4 carries displaced deltas only */
+const DISPLACED_TRANSPORTS: DType[] = ['f32', 'i8', 'i4'];
 /** displaced runs: one exact step, the rest stale (the median step is a stale one) */
 const WARMUP_STEPS = 1;
 
@@ -84,8 +86,7 @@ export async function runSlowLink(options: Partial<SlowLinkOptions> = {}) {
     const runs: Record<string, Record<string, unknown>> = {};
     for (const degree of o.degrees) {
       for (const parallel of MODES)
-        for (const dtype of TRANSPORTS) {
-          if (parallel === 'displaced' && dtype === 'f16') continue; // between the other two in bytes and fidelity
+        for (const dtype of parallel === 'displaced' ? DISPLACED_TRANSPORTS : TRANSPORTS) {
           const { result, latent } = await run(`P = ${degree}, ${parallel} ${dtype}, emulated LAN`, { workers: degree, dtype, parallel, warmupSteps: WARMUP_STEPS, emulateLink });
           runs[`P=${degree} ${parallel === 'displaced' ? 'displaced ' : ''}${dtype}`] = { degree, parallel, dtype, ...result, speedupOverOne: round(one.result.stepMs / result.stepMs, 3), latentMaxAbsVsOne: maxAbs(latent, one.latent) };
         }

@@ -78,6 +78,7 @@ export const TRANSPORTS: { dtype: DType; name: string; deviation: string }[] = [
   { dtype: 'f32', name: 'float32', deviation: 'exact' },
   { dtype: 'f16', name: 'float16', deviation: 'about 1e-4 from exact' },
   { dtype: 'i8', name: 'int8', deviation: 'about 3e-3 from exact' },
+  { dtype: 'i4', name: 'int4', deviation: 'displaced deltas only' },
 ];
 
 /** How a group's ranks exchange: the parallel mode and the transport of its activations. */
@@ -88,11 +89,11 @@ export interface Exchange {
 
 /**
  * Every exchange 'auto' weighs, most exact first: Ulysses under each transport, then displaced
- * under each (stale keys move the latent more than any transport does: bench slow-link). A less
+ * under each and int4 (stale keys move the latent more than any transport does: bench slow-link). A less
  * exact one is taken only where it is predicted at least LESS_EXACT_GAIN faster than the more
  * exact ones.
  */
-export const EXCHANGES: Exchange[] = (['ulysses', 'displaced'] as const).flatMap((parallel) => TRANSPORTS.map(({ dtype }) => ({ parallel, dtype })));
+export const EXCHANGES: Exchange[] = (['ulysses', 'displaced'] as const).flatMap((parallel) => TRANSPORTS.filter(({ dtype }) => dtype !== 'i4' || parallel === 'displaced').map(({ dtype }) => ({ parallel, dtype })));
 const LESS_EXACT_GAIN = 1.1;
 
 /** An exchange's name ('float32', 'displaced int8'), and with what it costs in fidelity. */
@@ -115,7 +116,9 @@ function chooseExchange(request: Pick<PlacementRequest, 'dtype' | 'parallel'>, s
 }
 
 /** A job's parallel mode and warm-up, as asked: an error that says what is valid. */
-function checkExchangeRequest({ parallel, warmupSteps }: PlacementRequest): void {
+function checkExchangeRequest({ parallel, warmupSteps, dtype }: PlacementRequest): void {
+  // int4 would lose too much of Ulysses' q, k, v; displaced sends only keys' and values' change a step
+  if (dtype === 'i4' && parallel !== 'displaced' && parallel !== 'auto') throw new Error(`dtype 'i4' carries displaced mode's deltas of keys and values only: ask for parallel 'displaced' too (or 'f32', 'f16', 'i8' for Ulysses)`);
   if (parallel !== undefined && !['ulysses', 'displaced', 'auto'].includes(parallel)) throw new Error(`parallel must be 'ulysses', 'displaced' or 'auto', got ${JSON.stringify(parallel)}`);
   if (warmupSteps !== undefined && !(Number.isInteger(warmupSteps) && warmupSteps >= 0)) throw new Error(`warmupSteps is a whole number ≥ 0 of exact steps before displaced ones, got ${JSON.stringify(warmupSteps)}`);
 }

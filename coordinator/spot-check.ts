@@ -20,7 +20,7 @@ export const DEFAULT_SPOT_CHECK_RATE = 1 / 16;
  * be caught there.
  */
 export function spotCheckTolerance(dtype: DType): number {
-  return dtype === 'i8' ? 8e-3 : 2e-3;
+  return dtype === 'i4' ? 3e-2 : dtype === 'i8' ? 8e-3 : 2e-3;
 }
 
 /**

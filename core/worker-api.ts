@@ -365,7 +365,7 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
     reply: fields({ bytes: int(0) }),
   },
   initWorker: {
-    args: fields({ rank: int(0, MAX_RANKS - 1), world: int(1, MAX_RANKS), peers: list(text(256), { min: 1, max: MAX_RANKS }), session: text(256), dtype: optional(oneOf('f32', 'f16', 'i8')), heads: optional(list(int(1, MAX_HEADS), { min: 1, max: MAX_RANKS })), parallel: optional(oneOf('ulysses', 'displaced')), emulateLink: optional(fields({ bandwidth: num(1e4, 1e12), latencyMs: num(0, 10_000) })) }),
+    args: fields({ rank: int(0, MAX_RANKS - 1), world: int(1, MAX_RANKS), peers: list(text(256), { min: 1, max: MAX_RANKS }), session: text(256), dtype: optional(oneOf('f32', 'f16', 'i8', 'i4')), heads: optional(list(int(1, MAX_HEADS), { min: 1, max: MAX_RANKS })), parallel: optional(oneOf('ulysses', 'displaced')), emulateLink: optional(fields({ bandwidth: num(1e4, 1e12), latencyMs: num(0, 10_000) })) }),
     reply: fields({ rank: int(0), world: int(1) }),
   },
   loadModel: {

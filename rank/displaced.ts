@@ -4,35 +4,45 @@
 // background for the next one. The exchange leaves the critical path; the price is attention over
 // keys one step stale, small because activations change little between neighbouring steps. An
 // exact forward (the warm-up steps, a spot-checked forward, the first after a placement) waits
-// for this step's keys and values instead, and equals Ulysses and one rank.
+// for this step's keys and values instead, and equals Ulysses and one rank. Over a quantizing
+// transport (int8, int4) keys and values go as deltas with error feedback (sendsDeltas).
 import type { WanConfig } from '../core/model/config.ts';
 import type { UlyssesPlan } from '../core/parallel.ts';
+import { tensorPayload, tensorValues, type DType } from '../core/net/protocol.ts';
 import { concat } from '../core/tensor.ts';
 import type { StageRunner } from './stages.ts';
 import { ExchangePhase, type BlockAttention, type Exchange } from './ulysses.ts';
 
+/** One gather of a pass and block: its step, what this rank's peers now hold of its keys and values, and every rank's. */
+interface Gathered {
+  step: number;
+  /** this rank's keys and values as its peers reconstruct them (the values themselves without deltas) */
+  sent: Float32Array;
+  /** [2, rows[j], D] of each rank j, as this rank holds them (still arriving, or arrived) */
+  parts: Promise<Float32Array[]>;
+}
+
 /**
  * The keys and values every rank gathered for one job, per pass and block: the newest step's
- * all-gather (still arriving, or arrived), [2, rows[j], D] from each rank j. One step per pass and
- * block is kept; a new placement starts with none.
+ * all-gather. One step per pass and block is kept; a new placement or job starts with none, on
+ * every rank alike (so senders and receivers of deltas agree on what they are deltas of).
  */
 export class KeysValuesHistory {
-  private readonly gathered = new Map<string, { step: number; parts: Promise<Float32Array[]> }>();
+  private readonly gathered = new Map<string, Gathered>();
 
   private static key(pass: number, block: number): string {
     return `${pass}/${block}`;
   }
 
-  /** The gather of the step before `step`, where this rank took part in it. */
-  previous(pass: number, block: number, step: number): Promise<Float32Array[]> | null {
-    const held = this.gathered.get(KeysValuesHistory.key(pass, block));
-    return held && held.step === step - 1 ? held.parts : null;
+  /** The newest gather of this pass and block, where this rank took part in one. */
+  latest(pass: number, block: number): Gathered | null {
+    return this.gathered.get(KeysValuesHistory.key(pass, block)) ?? null;
   }
 
-  keep(pass: number, block: number, step: number, parts: Promise<Float32Array[]>): void {
+  keep(pass: number, block: number, gathered: Gathered): void {
     // a gather that fails is the next forward's error, when it is awaited; not an unhandled one now
-    parts.catch(() => {});
-    this.gathered.set(KeysValuesHistory.key(pass, block), { step, parts });
+    gathered.parts.catch(() => {});
+    this.gathered.set(KeysValuesHistory.key(pass, block), gathered);
   }
 
   clear(): void {
@@ -41,22 +51,45 @@ export class KeysValuesHistory {
 }
 
 /**
+ * Whether keys and values go as their change since the last gather (error feedback): a quantizing
+ * transport's error is then a fraction of a step's change, not of the values, and does not pile
+ * up, since each delta is taken from what the peers reconstructed. Float transports send values.
+ */
+const sendsDeltas = (dtype: DType): boolean => dtype === 'i8' || dtype === 'i4';
+
+const plus = (a: Float32Array, b: Float32Array): Float32Array => a.map((x, i) => x + b[i]!);
+
+/**
  * A rank's block attention in displaced mode: its queries [Sl, D] over every rank's keys and values
  * [S, D], all heads. `stale`: the other ranks' as of the previous step where this rank holds them
- * (else this step's, waited for: exact). Sends [2, Sl, D] to each peer per block, whichever.
+ * (else this step's, waited for: exact up to the transport). Sends [2, Sl, D] (or its delta) to
+ * each peer per block, whichever.
  */
 export function displacedAttention(cfg: WanConfig, plan: UlyssesPlan, stages: StageRunner, exchange: Exchange, history: KeysValuesHistory, at: { step: number; pass: number; stale: boolean }): BlockAttention {
   const D = cfg.dim;
   const { degree: P, rows } = plan;
   const me = exchange.rank;
+  const deltas = sendsDeltas(exchange.dtype);
   return async (block, { q, k, v }, io) => {
     const own = concat([k, v]); // [2, Sl, D]
-    const gather = exchange.allToAll(io.tag(block, ExchangePhase.KeysValues), new Array<Float32Array>(P).fill(own));
-    const previous = at.stale ? history.previous(at.pass, block, at.step) : null;
-    history.keep(at.pass, block, at.step, gather);
-    const parts = await io.wait(previous ?? gather);
-    // every rank's rows in token order; this rank's own always this step's
-    const half = (which: 0 | 1) => concat(parts.map((part, j) => (j === me ? (which === 0 ? k : v) : part.subarray(which * rows[j] * D, (which + 1) * rows[j] * D))));
+    const before = history.latest(at.pass, block);
+    let send = own;
+    let sent = own;
+    if (deltas) {
+      // the delta as the peers will have it off the wire: what they reconstruct, exactly as here
+      send = before ? own.map((x, i) => x - before.sent[i]!) : own;
+      const arrives = tensorValues(tensorPayload(send, exchange.dtype), exchange.dtype);
+      sent = before ? plus(before.sent, arrives) : arrives;
+    }
+    const received = exchange.allToAll(io.tag(block, ExchangePhase.KeysValues), new Array<Float32Array>(P).fill(send));
+    const parts = deltas && before
+      ? Promise.all([received, before.parts]).then(([got, held]) => got.map((part, j) => (j === me ? sent : plus(held[j]!, part))))
+      : received.then((got) => got.map((part, j) => (j === me ? sent : part)));
+    const previous = at.stale && before?.step === at.step - 1 ? before.parts : null;
+    history.keep(at.pass, block, { step: at.step, sent, parts });
+    const kv = await io.wait(previous ?? parts);
+    // every rank's rows in token order; this rank's own always this step's, exact
+    const half = (which: 0 | 1) => concat(kv.map((part, j) => (j === me ? (which === 0 ? k : v) : part.subarray(which * rows[j] * D, (which + 1) * rows[j] * D))));
     return io.compute(stages.attention({ q, k: half(0), v: half(1) }, D)); // [Sl, D]
   };
 }

@@ -13,7 +13,7 @@
 //    0   u16  magic 0x5744 ('DW')
 //    2   u8   version (1)
 //    3   u8   kind: 1 rpc, 2 tensor
-//    4   u8   dtype: 0 f32, 1 f16, 2 i8 (rpc: always f32)
+//    4   u8   dtype: 0 f32, 1 f16, 2 i8, 3 i4 (rpc: always f32)
 //    5   u8   from: rank 0..254, or COORDINATOR (255)
 //    6   u8   ndim 0..4 (rpc: 0)
 //    7   u8   reserved, 0
@@ -35,8 +35,11 @@
 // tensor, UTF-8 JSON, zero padding to a multiple of 4, then each tensor's
 // float32 data in order.
 
-/** How activations travel between ranks: float32 (exact), float16, or int8 with a float32 scale per I8_GROUP values. */
-export type DType = 'f32' | 'f16' | 'i8';
+/**
+ * How activations travel between ranks: float32 (exact), float16, or int8 or int4 with a float32
+ * scale per I8_GROUP values (int4: displaced mode's deltas of keys and values only, rank/displaced.ts).
+ */
+export type DType = 'f32' | 'f16' | 'i8' | 'i4';
 
 /** Identifies one activation tensor of the all-to-all. All fields are small non-negative integers. */
 export interface TensorTag {
@@ -79,7 +82,10 @@ export const I8_GROUP = 64;
 
 /** Bytes of `elements` values of `dtype` on the wire. */
 export function payloadBytes(elements: number, dtype: DType): number {
-  return dtype === 'i8' ? elements + 4 * Math.ceil(elements / I8_GROUP) : elements * (dtype === 'f16' ? 2 : 4);
+  const scales = 4 * Math.ceil(elements / I8_GROUP);
+  if (dtype === 'i8') return elements + scales;
+  if (dtype === 'i4') return Math.ceil(elements / 2) + scales;
+  return elements * (dtype === 'f16' ? 2 : 4);
 }
 export const MAX_NDIM = 4;
 
@@ -87,8 +93,8 @@ const MAGIC = 0x5744;
 const VERSION = 1;
 const KIND_CODE = { rpc: 1, tensor: 2 } as const;
 const KIND_NAME = [undefined, 'rpc', 'tensor'] as const;
-const DTYPE_CODE: Record<DType, number> = { f32: 0, f16: 1, i8: 2 };
-const DTYPE_NAME = ['f32', 'f16', 'i8'] as const;
+const DTYPE_CODE: Record<DType, number> = { f32: 0, f16: 1, i8: 2, i4: 3 };
+const DTYPE_NAME = ['f32', 'f16', 'i8', 'i4'] as const;
 const U16_MAX = 0xffff;
 const U32_MAX = 0xffffffff;
 const NO_TAG: TensorTag = { job: 0, step: 0, pass: 0, block: 0, phase: 0 };
@@ -562,22 +568,31 @@ function buildF16Table(): Float32Array {
 
 // ---------------------------------------------------------------- i8
 
-/** int8 with a float32 scale per I8_GROUP values: the scales first, then the values. */
-function toI8(src: Float32Array): Uint8Array {
+/**
+ * Integers of at most `levels` either side of 0 with a float32 scale per I8_GROUP values
+ * (s = max|x| / levels): the scales go first in `out`; `put(i, q)` stores value i's integer.
+ * |x| ≤ max rounds to at most `levels`; a NaN or infinite value makes its scale NaN or infinite,
+ * which the receiver refuses.
+ */
+function quantize(src: Float32Array, out: Uint8Array, levels: number, put: (i: number, q: number) => void): Uint8Array {
   const groups = Math.ceil(src.length / I8_GROUP);
-  const out = new Uint8Array(payloadBytes(src.length, 'i8'));
   const scales = new Float32Array(out.buffer, 0, groups);
-  const q = new Int8Array(out.buffer, 4 * groups, src.length);
   for (let g = 0; g < groups; g++) {
     const end = Math.min(src.length, (g + 1) * I8_GROUP);
     let max = 0;
     for (let i = g * I8_GROUP; i < end; i++) max = Math.max(max, Math.abs(src[i]!));
-    const scale = max / 127;
+    const scale = max / levels;
     scales[g] = scale;
-    // |x| ≤ max rounds to at most 127; a NaN or infinite value makes the scale NaN or infinite, which the receiver refuses
-    for (let i = g * I8_GROUP; i < end; i++) q[i] = scale > 0 ? Math.round(src[i]! / scale) : 0;
+    for (let i = g * I8_GROUP; i < end; i++) put(i, scale > 0 ? Math.round(src[i]! / scale) : 0);
   }
   return out;
+}
+
+/** int8 with a float32 scale per I8_GROUP values: the scales first, then the values. */
+function toI8(src: Float32Array): Uint8Array {
+  const out = new Uint8Array(payloadBytes(src.length, 'i8'));
+  const q = new Int8Array(out.buffer, 4 * Math.ceil(src.length / I8_GROUP), src.length);
+  return quantize(src, out, 127, (i, v) => (q[i] = v));
 }
 
 function fromI8(data: Uint8Array): Float32Array {
@@ -597,9 +612,33 @@ function elementsOfI8(bytes: number): number {
   return bytes - 4 * groups;
 }
 
-/** A tensor's values as they travel: float32 as is, rounded to float16 (half the bytes), or int8 with scales (about a quarter). */
+// ---------------------------------------------------------------- i4
+
+/**
+ * int4 with a float32 scale per I8_GROUP values (s = max|x| / 7): the scales first, then two values
+ * a byte, low nibble first, each stored as q + 8 (1…15), so a 0 nibble is the padding of an odd count.
+ */
+function toI4(src: Float32Array): Uint8Array {
+  const out = new Uint8Array(payloadBytes(src.length, 'i4'));
+  const nibbles = out.subarray(4 * Math.ceil(src.length / I8_GROUP));
+  return quantize(src, out, 7, (i, v) => (nibbles[i >> 1] |= (v + 8) << (4 * (i & 1))));
+}
+
+function fromI4(data: Uint8Array): Float32Array {
+  const groups = Math.ceil(data.byteLength / (I8_GROUP / 2 + 4));
+  const aligned = data.byteOffset % 4 === 0 ? data : data.slice();
+  const scales = new Float32Array(aligned.buffer, aligned.byteOffset, groups);
+  const nibbles = aligned.subarray(4 * groups);
+  const n = 2 * nibbles.length - (nibbles.length && nibbles[nibbles.length - 1]! >> 4 === 0 ? 1 : 0);
+  const out = new Float32Array(n);
+  for (let i = 0; i < n; i++) out[i] = (((nibbles[i >> 1]! >> (4 * (i & 1))) & 0xf) - 8) * scales[(i / I8_GROUP) | 0]!;
+  return out;
+}
+
+/** A tensor's values as they travel: float32 as is, rounded to float16 (half the bytes), or int8 (about a quarter) or int4 (an eighth) with scales. */
 export function tensorPayload(values: Float32Array, dtype: DType): Uint8Array {
   if (dtype === 'i8') return toI8(values);
+  if (dtype === 'i4') return toI4(values);
   const wire = dtype === 'f16' ? toF16(values) : values;
   return new Uint8Array(wire.buffer, wire.byteOffset, wire.byteLength);
 }
@@ -607,6 +646,7 @@ export function tensorPayload(values: Float32Array, dtype: DType): Uint8Array {
 /** The float32 values of a received payload of the given dtype. */
 export function tensorValues(data: Uint8Array, dtype: DType): Float32Array {
   if (dtype === 'i8') return fromI8(data);
+  if (dtype === 'i4') return fromI4(data);
   if (dtype === 'f16') {
     const aligned = data.byteOffset % 2 === 0 ? data : data.slice();
     return fromF16(new Uint16Array(aligned.buffer, aligned.byteOffset, aligned.byteLength / 2));

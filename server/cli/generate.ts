@@ -32,6 +32,7 @@ const USAGE = `usage: npm run generate -- --prompt "a red ball" [--backend local
   [--output-type video|latent]   latent: stop before the VAE and write the latent and the report only (output_type="latent")
   [--fp16]   send activations between ranks as float16 (half the bytes, not bit-exact)
   [--int8]   send them as int8 with a float32 scale per 64 values (about a quarter of the bytes, less exact still)
+  [--int4]   with --displaced: keys' and values' change since the last step as int4 with a scale per 64 values (an eighth)
   [--displaced] [--warmup-steps N]   displaced patch parallelism: past N exact steps (default 2), each rank attends to the
                      others' keys and values of the step before while this step's travel (the exchange off the critical path, not exact)
   [--cfg-parallel]   conditional and unconditional passes at once on two groups of N/2 workers (N even; guidance ≠ 1)
@@ -53,6 +54,7 @@ try {
       ep: { type: 'string', default: 'auto' },
       fp16: { type: 'boolean', default: false },
       int8: { type: 'boolean', default: false },
+      int4: { type: 'boolean', default: false },
       model: { type: 'string' },
       'cfg-parallel': { type: 'boolean', default: false },
       displaced: { type: 'boolean', default: false },
@@ -83,7 +85,8 @@ if (values.help) {
 if (!values.prompt) fail(`--prompt is required\n${USAGE}`);
 if (values.backend !== 'local' && values.backend !== 'swarm') fail(`--backend must be local or swarm, got ${values.backend}`);
 if (!['auto', 'webgpu', 'wasm'].includes(values.ep!)) fail(`--ep must be auto, webgpu or wasm, got ${values.ep}`);
-if (values.fp16 && values.int8) fail('--fp16 and --int8 are two ways to send activations between ranks: give one of them');
+if ([values.fp16, values.int8, values.int4].filter(Boolean).length > 1) fail('--fp16, --int8 and --int4 are ways to send activations between ranks: give one of them');
+if (values.int4 && !values.displaced) fail('--int4 sends displaced mode\'s deltas of keys and values: give --displaced too');
 const workers = Number(values.workers);
 if (!Number.isInteger(workers) || workers < 1) fail(`--workers must be a whole number ≥ 1, got ${values.workers}`);
 const cfgParallel = values['cfg-parallel']!;
@@ -171,7 +174,7 @@ try {
       return (window as any).ditswarm.generate(overrides);
     },
     // with CFG parallel the degree is that of each of the two groups
-    { overrides: { ...params, ...inputs, backend: values.backend, workers: values.backend === 'swarm' ? workers / (cfgParallel ? 2 : 1) : 1, ep: values.ep, dtype: values.int8 ? 'i8' : values.fp16 ? 'f16' : 'f32', parallel: values.displaced ? 'displaced' : 'ulysses', warmupSteps, cfgParallel, model: modelUrl } },
+    { overrides: { ...params, ...inputs, backend: values.backend, workers: values.backend === 'swarm' ? workers / (cfgParallel ? 2 : 1) : 1, ep: values.ep, dtype: values.int4 ? 'i4' : values.int8 ? 'i8' : values.fp16 ? 'f16' : 'f32', parallel: values.displaced ? 'displaced' : 'ulysses', warmupSteps, cfgParallel, model: modelUrl } },
   );
   if (tty) process.stderr.write('\n');
   const injected = harm.map((h) => {

@@ -3,7 +3,8 @@ import type { ExecutorOptions } from '../../coordinator/executor.ts';
 import type { WanModel } from '../../core/model/reference.ts';
 import { loadTransformer } from '../../core/model/transformer.ts';
 import { tokenGrid } from '../../core/model/tokens.ts';
-import { displacedFloatsPerBlock, planUlysses, RankLayout } from '../../core/parallel.ts';
+import { displacedFloatsPerBlock, partFloats, planUlysses, RankLayout } from '../../core/parallel.ts';
+import { payloadBytes } from '../../core/net/protocol.ts';
 import { SeededRandom } from '../../core/random.ts';
 import { maxAbsDiff, type Tensor } from '../../core/tensor.ts';
 import type { EngineApi } from '../../rank/engine.ts';
@@ -109,5 +110,33 @@ describe('displaced patch parallelism (issue 20)', () => {
     for (let step = 0; step < 3; step++) await ulysses.executeModel({ job: 3, step, pass: 0, timestep: 500, latent: x });
     expect(ulyssesFlags[0]).toEqual([false, false, false]);
     await ulysses.shutdown({ graceMs: 500 });
+  });
+});
+
+describe('displaced keys and values over a quantizing transport go as deltas with error feedback (issue 20)', () => {
+  it('int8 and int4: each step sends an eighth (int4) or a quarter (int8) of float32, and the error falls as the input changes little, where raw values would keep it', async () => {
+    const base = latent();
+    const noise = latent();
+    const steps = 4;
+    // a latent that changes a little each step, as a denoising one does
+    const at = (step: number): Tensor => ({ shape: base.shape, data: base.data.map((x, i) => x + 0.02 * step * noise.data[i]!) });
+    const single = await onRanks(1);
+    const exact: Tensor[] = [];
+    for (let step = 0; step < steps; step++) exact.push((await single.executeModel({ job: 3, step, pass: 0, timestep: 500, latent: at(step) })).output);
+    await single.shutdown({ graceMs: 500 });
+    const plan = planUlysses(model.config, 35, 2);
+    for (const dtype of ['i8', 'i4'] as const) {
+      // every step exact (fresh keys): what is left is the transport's error
+      const executor = await onRanks(2, { parallel: 'displaced', warmupSteps: steps, dtype });
+      const errors: number[] = [];
+      for (let step = 0; step < steps; step++) {
+        const { output, ranks } = await executor.executeModel({ job: 3, step, pass: 0, timestep: 500, latent: at(step) });
+        errors.push(maxAbsDiff(output.data, exact[step].data));
+        expect(ranks.map((r) => r.bytesSent)).toEqual([0, 1].map((r) => payloadBytes(partFloats(plan, 'kv', r, 0), dtype) * model.config.numLayers));
+      }
+      console.log(`displaced ${dtype} deltas: max-abs vs exact per step ${errors.map((e) => e.toExponential(2)).join(', ')}`);
+      expect(errors.at(-1)!).toBeLessThan(errors[0] / 2);
+      await executor.shutdown({ graceMs: 500 });
+    }
   });
 });

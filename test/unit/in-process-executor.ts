@@ -41,7 +41,7 @@ export class InProcessExecutor extends Executor {
 
   protected async place(): Promise<string[]> {
     const ranks = this.layout.world;
-    const exchanges = memoryExchanges(ranks);
+    const exchanges = memoryExchanges(ranks, this.options.dtype);
     for (let rank = 0; rank < ranks; rank++) {
       const runtime = new WorkerRuntime(this.engine, {
         connectMesh: async (init) => exchanges[init.rank],

@@ -140,7 +140,7 @@ describe('frames', () => {
     expect(thrown(() => encodeFrames({ ...t, tag: { ...TAG, phase: 0.5 } }, 0))).toBe(u16('tag.phase', 0.5));
     // a dim past the u32 range in an empty tensor: the byte count (0) alone would not notice it
     expect(thrown(() => encodeFrames({ ...f32Tensor([0]), shape: [0, 2 ** 32] }, 0))).toBe(u32('shape[1]', 2 ** 32));
-    expect(thrown(() => encodeFrames({ ...t, dtype: 'bf16' as DType }, 0))).toBe('TypeError: dtype must be one of f32, f16, i8, got bf16');
+    expect(thrown(() => encodeFrames({ ...t, dtype: 'bf16' as DType }, 0))).toBe('TypeError: dtype must be one of f32, f16, i8, i4, got bf16');
   });
 
   it('accept every header field at its maximum: msgId and job/step 2^32-1, from 255, pass/block/phase 65535, a shape dim 2^32-1', () => {
@@ -285,7 +285,7 @@ describe('bad frames are dropped with a reason, never thrown', () => {
     const r = new Reassembler();
     expectDropped(r, patch(good[0]!, (v) => v.setUint8(2, 9)), /protocol version 9/);
     expectDropped(r, patch(good[0]!, (v) => v.setUint8(3, 7)), /unknown kind 7/);
-    expectDropped(r, patch(good[0]!, (v) => v.setUint8(4, 3)), /unknown dtype 3/);
+    expectDropped(r, patch(good[0]!, (v) => v.setUint8(4, 4)), /unknown dtype 4/);
   });
 
   it('more than 4 dims', () => {
@@ -639,5 +639,29 @@ describe('f16', () => {
     for (let i = 0; i < xs.length; i++) worst = Math.max(worst, Math.abs(back[i]! - xs[i]!) / Math.abs(xs[i]!));
     expect(worst).toBeLessThanOrEqual(2 ** -11);
     expect(worst).toBeGreaterThan(2 ** -12); // the bound is tight, so the test would notice truncation
+  });
+});
+
+describe('i4', () => {
+  it('sends a float32 scale per 64 values and half a byte a value; each value within half a step (its group\'s largest / 7), zeros exact, odd counts whole', () => {
+    const random = rng(9);
+    for (const length of [3 * I8_GROUP + 17, 3 * I8_GROUP + 18, 1]) {
+      const values = Float32Array.from({ length }, (_, i) => (i < I8_GROUP ? 0 : (random() - 0.5) * 10 ** ((i / I8_GROUP) | 0)));
+      const wire = tensorPayload(values, 'i4');
+      expect(wire.byteLength).toBe(payloadBytes(length, 'i4'));
+      expect(wire.byteLength).toBe(Math.ceil(length / 2) + 4 * Math.ceil(length / I8_GROUP));
+      for (const offset of [0, 1]) {
+        const out = tensorValues(placed(wire, offset), 'i4');
+        expect(out.length, `${length} values`).toBe(length);
+        for (let g = 0; g * I8_GROUP < length; g++) {
+          const group = values.subarray(g * I8_GROUP, (g + 1) * I8_GROUP);
+          const step = Math.max(...group.map(Math.abs)) / 7;
+          group.forEach((v, i) => expect(Math.abs(out[g * I8_GROUP + i] - v)).toBeLessThanOrEqual(step / 2 + 1e-6 * Math.abs(v)));
+        }
+      }
+    }
+    const nan = Float32Array.from({ length: I8_GROUP }, (_, i) => i);
+    nan[3] = NaN;
+    expect(tensorValues(tensorPayload(nan, 'i4'), 'i4').every((v) => Number.isNaN(v))).toBe(true);
   });
 });
