@@ -7,6 +7,8 @@
 //   npm run bench -- projection
 
 import { predictStep, type Hardware, type ModelShape, type Workload } from '../core/cost-model.ts';
+import { I8_GROUP, payloadBytes } from '../core/net/protocol.ts';
+import { staleKeysValuesBytes } from '../core/parallel.ts';
 import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { BlockCostReport } from './block-cost.ts';
@@ -31,6 +33,8 @@ const TRANSPORTS = [
 ] as const;
 /** one-way link latency of a LAN */
 export const LATENCY_S = 0.001;
+/** displaced mode's transports: its keys' and values' deltas as int8 or int4 with a scale per 64 values */
+const DISPLACED_TRANSPORTS = (['i8', 'i4'] as const).map((dtype) => ({ name: dtype === 'i8' ? 'int8' : 'int4', bytesPerElement: payloadBytes(I8_GROUP, dtype) / I8_GROUP }));
 
 export function runProjection(blockCost: BlockCostReport | null = lastBlockCost()) {
   const rows: {
@@ -83,6 +87,19 @@ export function runProjection(blockCost: BlockCostReport | null = lastBlockCost(
           cfgParallel.push({ linkMBs, deviceTFLOPs, transport: transport.name, browsers: 2 * degree, stepS: round(p.stepS), speedup: round(one.stepS / p.stepS) });
         }
       }
+  // displaced patch parallelism past its warm-up: each rank's all-gather of keys and values hides
+  // behind the next forward of its pass; it holds every rank's keys and values of each pass and block
+  const displaced: { linkMBs: number; deviceTFLOPs: number; transport: string; degree: number; stepS: number; speedup: number; staleGB: number }[] = [];
+  for (const transport of DISPLACED_TRANSPORTS)
+    for (const linkMBs of LINKS_MB_S)
+      for (const deviceTFLOPs of DEVICES_TFLOP_S) {
+        const hw: Hardware = { workerFlops: Array(6).fill(deviceTFLOPs * 1e12), link: { bandwidth: linkMBs * 1e6, latency: LATENCY_S }, bytesPerElement: transport.bytesPerElement };
+        const one = predictStep(WAN_480P_WORKLOAD, { ulyssesDegree: 1, cfgParallel: false }, { ...hw, coordinatorLink: null });
+        for (const degree of DEGREES.filter((d) => d > 1)) {
+          const p = predictStep(WAN_480P_WORKLOAD, { ulyssesDegree: degree, cfgParallel: false, mode: 'displaced' }, hw);
+          displaced.push({ linkMBs, deviceTFLOPs, transport: transport.name, degree, stepS: round(p.stepS), speedup: round(one.stepS / p.stepS), staleGB: round(staleKeysValuesBytes(WAN_480P_WORKLOAD, degree) / 1e9, 1) });
+        }
+      }
   // the uplink at which P browsers take exactly as long as one: bytes / (t₁ − compute_P − latency terms)
   const breakEven: { deviceTFLOPs: number; transport: string; degree: number; linkMBs: number | null }[] = [];
   for (const deviceTFLOPs of DEVICES_TFLOP_S)
@@ -123,6 +140,7 @@ export function runProjection(blockCost: BlockCostReport | null = lastBlockCost(
     best,
     breakEven,
     cfgParallel,
+    displaced,
     /** the full-size block measured on this machine, against the cost model's prediction for it */
     measuredBlock: blockCost && { date: blockCost.date, tokens: blockCost.config.tokens, ...blockCost.measured, predicted: blockCost.predicted, probe: blockCost.probe, stepAt480pS: blockCost.stepAt480pS },
   };
@@ -161,6 +179,22 @@ function markdown(r: ReturnType<typeof runProjection>): string {
       const one = r.rows.find((x) => x.transport === 'fp32' && x.linkMBs === linkMBs && x.deviceTFLOPs === deviceTFLOPs && x.degree === 1)!;
       const cells = TRANSPORTS.flatMap((t) => [2, 4].map((browsers) => r.cfgParallel.find((c) => c.transport === t.name && c.linkMBs === linkMBs && c.deviceTFLOPs === deviceTFLOPs && c.browsers === browsers)!));
       lines.push(`| ${linkMBs} MB/s | ${deviceTFLOPs} TFLOP/s | ${fmt(one.stepS)} s | ${cells.map((c) => `${fmt(c.stepS)} s (${c.speedup}×)`).join(' | ')} |`);
+    }
+  lines.push(
+    '',
+    '## Displaced patch parallelism',
+    '',
+    'Each rank attends with its own fresh keys and values and the other ranks’ of the step before, gathered in the background (int8 or int4 deltas with error feedback): past the warm-up the exchange waits only for what a forward cannot hide. Not exact (bench slow-link and eval-demo measure what it costs). Each rank holds every rank’s keys and values of each pass and block, in float32: the last column.',
+    '',
+    `| link | device | P=1 | ${DISPLACED_TRANSPORTS.flatMap((t) => DEGREES.filter((d) => d > 1).map((d) => `${t.name} P=${d}`)).join(' | ')} | stale keys and values per rank |`,
+    `|---|---|---:|${DISPLACED_TRANSPORTS.flatMap(() => DEGREES.filter((d) => d > 1).map(() => '---:')).join('|')}|---|`,
+  );
+  for (const linkMBs of LINKS_MB_S)
+    for (const deviceTFLOPs of DEVICES_TFLOP_S) {
+      const one = r.rows.find((x) => x.transport === 'fp32' && x.linkMBs === linkMBs && x.deviceTFLOPs === deviceTFLOPs && x.degree === 1)!;
+      const cells = r.displaced.filter((c) => c.linkMBs === linkMBs && c.deviceTFLOPs === deviceTFLOPs);
+      const stale = [...new Set(cells.map((c) => `P=${c.degree} ${c.staleGB} GB`))].join(', ');
+      lines.push(`| ${linkMBs} MB/s | ${deviceTFLOPs} TFLOP/s | ${fmt(one.stepS)} s | ${cells.map((c) => `${fmt(c.stepS)} s (${c.speedup}×)`).join(' | ')} | ${stale} |`);
     }
   lines.push('', '## Where adding browsers stops paying off', '');
   for (const transport of TRANSPORTS.map((t) => t.name))

@@ -366,7 +366,9 @@ export abstract class Executor {
 
   /**
    * One denoising step's velocity: the conditional pass, and with guidance the unconditional one —
-   * at the same time on their two groups with CFG parallel, where `guide` is the step's one exchange.
+   * at the same time on their two groups with CFG parallel, where `guide` is the step's one exchange;
+   * on one group of several ranks at the same time too, so that while one pass waits for its
+   * all-to-all the ranks compute the other's (their engines take the two passes' stages in turn).
    */
   async velocity(at: Omit<ForwardRequest, 'pass'>, guidance: number): Promise<{ velocity: Float32Array; ranks: RankReport[] }> {
     if (!usesGuidance({ guidance })) {
@@ -377,8 +379,9 @@ export abstract class Executor {
       const [cond, uncond] = await Promise.all([this.executeModel({ ...at, pass: 0 }), this.executeModel({ ...at, pass: 1 })]);
       return { velocity: guide(cond.output.data, uncond.output.data, guidance), ranks: [...cond.ranks, ...uncond.ranks] };
     }
-    const cond = await this.executeModel({ ...at, pass: 0 });
-    const uncond = await this.executeModel({ ...at, pass: 1 });
+    const [cond, uncond] = this.layout.ulyssesDegree > 1
+      ? await Promise.all([this.executeModel({ ...at, pass: 0 }), this.executeModel({ ...at, pass: 1 })])
+      : [await this.executeModel({ ...at, pass: 0 }), await this.executeModel({ ...at, pass: 1 })];
     const ranks = cond.ranks.map((r, i) => ({
       ...r,
       computeMs: r.computeMs + uncond.ranks[i].computeMs,

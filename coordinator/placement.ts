@@ -7,8 +7,8 @@ import { latentShape, usesGuidance, type JobParams } from '../core/job.ts';
 import type { WanConfig } from '../core/model/config.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
 import { I8_GROUP, payloadBytes, type DType } from '../core/net/protocol.ts';
-import { checkDegree, defaultDegree, RankLayout, type ParallelMode } from '../core/parallel.ts';
-import type { ExecutionProvider, MeshProbe } from '../core/worker-api.ts';
+import { checkDegree, defaultDegree, RankLayout, staleKeysValuesBytes, type ParallelMode } from '../core/parallel.ts';
+import { formatBytes, type ExecutionProvider, type MeshProbe } from '../core/worker-api.ts';
 import { createExecutor, type Backend } from './backends.ts';
 import { loadTimeoutMs, type Executor, type LostRank } from './executor.ts';
 import type { WorkerMeasurement } from './measure.ts';
@@ -101,9 +101,22 @@ const nameOf = ({ parallel, dtype }: Exchange): string => `${parallel === 'displ
 const describeExchange = (e: Exchange): string =>
   e.parallel === 'displaced' ? `${nameOf(e)} (keys and values one step stale past the warm-up)` : `${nameOf(e)} transport (${TRANSPORTS.find((t) => t.dtype === e.dtype)!.deviation})`;
 
+/**
+ * Why displaced mode does not fit these workers, or null where it does: each rank holds every
+ * rank's keys and values of each pass and block (staleKeysValuesBytes), which must take at most
+ * half the least memory a worker reports (DEFAULT_WORKER_GIB where a browser does not say).
+ */
+function displacedMisfit(work: Workload, degree: number, workers: SwarmWorker[]): string | null {
+  const bytes = staleKeysValuesBytes(work, degree);
+  const gib = Math.min(...workers.slice(0, degree).map((w) => w.info.memoryGiB ?? DEFAULT_WORKER_GIB));
+  return bytes > (gib * 2 ** 30) / 2 ? `displaced mode would hold ${formatBytes(bytes)} of keys and values on each rank, more than half of the ${gib} GiB its workers have: use Ulysses, or a shorter or smaller video` : null;
+}
+const DEFAULT_WORKER_GIB = 4;
+
 /** The exchange a job gets given what each would take a step (seconds): as asked, or where it leaves a choice ('auto'), the choice and why. */
-function chooseExchange(request: Pick<PlacementRequest, 'dtype' | 'parallel'>, stepS: (exchange: Exchange) => number): Exchange & { why: string } {
-  const asked = (e: Exchange) => (request.dtype === 'auto' || e.dtype === request.dtype) && ((request.parallel ?? 'ulysses') === 'auto' || e.parallel === (request.parallel ?? 'ulysses'));
+function chooseExchange(request: Pick<PlacementRequest, 'dtype' | 'parallel'>, stepS: (exchange: Exchange) => number, misfit: string | null): Exchange & { why: string } {
+  if (request.parallel === 'displaced' && misfit) throw new Error(misfit);
+  const asked = (e: Exchange) => (request.dtype === 'auto' || e.dtype === request.dtype) && ((request.parallel ?? 'ulysses') === 'auto' || e.parallel === (request.parallel ?? 'ulysses')) && !(misfit && e.parallel === 'displaced');
   const options = EXCHANGES.filter(asked);
   if (options.length === 1) return { ...options[0], why: '' };
   let best = options[0];
@@ -329,7 +342,7 @@ export class Placer {
       // one worker is always ranked; asked for CFG parallel, the fastest CFG-parallel plan
       return { choice, best: cfgParallel ? (choice.ranked.find((p) => p.plan.cfgParallel) ?? choice.best) : choice.best };
     };
-    const transport = chooseExchange(request, (exchange) => bestUnder(exchange).best.stepS);
+    const transport = chooseExchange(request, (exchange) => bestUnder(exchange).best.stepS, displacedMisfit(work, Math.max(...candidates.map((p) => p.ulyssesDegree)), workers));
     const { choice, best } = bestUnder(transport);
     const more = choice.ranked.find((p) => p.world > best.world);
     const leftOut =
@@ -373,7 +386,7 @@ export class Placer {
       const [evenStep, unevenStep] = [predictStep(work, { ...even, mode: parallel }, hwD), uneven && predictStep(work, { ...uneven, mode: parallel }, hwD)];
       return unevenStep && (request.shares === 'speed' || unevenStep.stepS < evenStep.stepS) ? unevenStep : evenStep;
     };
-    const transport = chooseExchange(request, (exchange) => stepUnder(exchange).stepS);
+    const transport = chooseExchange(request, (exchange) => stepUnder(exchange).stepS, displacedMisfit(work, layout.ulyssesDegree, swarm.workers()));
     const chosen = stepUnder(transport);
     return {
       degree: layout.ulyssesDegree,

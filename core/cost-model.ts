@@ -212,8 +212,10 @@ export function predictStep(work: Workload, plan: Plan, hw: Hardware): StepPredi
   const forwardS = hw.rehearsedForwardS?.(plan) ?? estimatedForwardS;
   const computeS = passesPerGroup * forwardS;
   // displaced (past its warm-up): a forward's gather has the next forward of its pass to arrive in;
-  // only what takes longer waits
-  const commPerForward = displaced ? Math.max(0, wireS - forwardS) : wireS * (1 - (hw.overlap ?? 0));
+  // two passes on one group run at once, so one's all-to-alls wait behind the other's compute
+  // (coordinator/executor.ts velocity); only what takes longer waits
+  const hiddenBehind = displaced || (passesPerGroup > 1 && P > 1) ? forwardS : wireS * (hw.overlap ?? 0);
+  const commPerForward = Math.max(0, wireS - hiddenBehind);
   const commS = passesPerGroup * commPerForward + cfgComm;
   const coordinator = hw.coordinatorLink === undefined ? (typeof hw.link === 'function' ? slowestLink(hw, chosen.map((c) => c.i)) : hw.link) : hw.coordinatorLink;
   const ioBytes = work.passes * work.tokens * (work.model.inChannels + work.model.outChannels) * patchVolume(work.model) * 4;

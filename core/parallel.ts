@@ -229,6 +229,14 @@ export function partFloats(plan: UlyssesPlan, phase: 'qkv' | 'output' | 'kv', fr
 /** How a group's ranks share a block's self-attention: Ulysses (exact, on the critical path) or displaced (one step stale, off it: rank/displaced.ts). */
 export type ParallelMode = 'ulysses' | 'displaced';
 
+/**
+ * Bytes a rank holds in displaced mode: every rank's keys and values [2, S, D] in float32, for
+ * each pass and block (rank/displaced.ts), at degree P with even shares.
+ */
+export function staleKeysValuesBytes(work: { model: Pick<WanConfig, 'numLayers' | 'dim'>; tokens: number; passes: number }, degree: number): number {
+  return degree < 2 ? 0 : work.passes * work.model.numLayers * 2 * work.tokens * work.model.dim * 4;
+}
+
 /** Payload floats rank r sends per transformer block in displaced mode: k, v of its tokens, all heads, to each other rank. */
 export function displacedFloatsPerBlock(plan: UlyssesPlan, rank: number): number {
   return partFloats(plan, 'kv', rank, 0) * (plan.degree - 1);

@@ -14,7 +14,10 @@ import type { Tensor } from '../core/tensor.ts';
 import { memoryExchanges } from '../rank/exchange/memory.ts';
 import { onnxStages } from '../rank/onnx-stages.ts';
 import type { StageRunner } from '../rank/stages.ts';
-import { forwardInProcess } from '../rank/ulysses.ts';
+import { forwardInProcess, type Exchange } from '../rank/ulysses.ts';
+import { displacedAttention, KeysValuesHistory } from '../rank/displaced.ts';
+import type { UlyssesPlan } from '../core/parallel.ts';
+import type { DType } from '../core/net/protocol.ts';
 
 export interface LoadedModel extends WanPipelineParts {
   transformer: WanModel;
@@ -26,20 +29,29 @@ export async function loadModel(files: ModelFiles): Promise<LoadedModel> {
   return { ...parts, transformer, stages: await onnxStages(transformer, 'wasm') };
 }
 
-export type SampleParams = Pick<JobParams, 'prompt' | 'negativePrompt' | 'frames' | 'height' | 'width' | 'steps' | 'guidance' | 'seed'> & { ranks?: number };
+export type SampleParams = Pick<JobParams, 'prompt' | 'negativePrompt' | 'frames' | 'height' | 'width' | 'steps' | 'guidance' | 'seed'> & {
+  ranks?: number;
+  /** displaced mode (rank/displaced.ts) past this many exact steps, as the executor runs it; Ulysses without it */
+  displaced?: { warmupSteps: number };
+  /** how activations go between the ranks */
+  dtype?: DType;
+};
 
 export async function sampleVideo(m: LoadedModel, p: SampleParams): Promise<{ latent: Tensor; video: DecodedVideo }> {
   const cfg = m.transformer.config;
   const textEncoder = await m.textEncoder();
   const texts = [textEncoder.encode(p.prompt), textEncoder.encode(p.negativePrompt)];
   const ranks = p.ranks ?? 1;
+  const histories = Array.from({ length: ranks }, () => new KeysValuesHistory());
   const latent = await sample({
     shape: latentShape(p, cfg.inChannels),
     steps: p.steps,
     flowShift: m.flowShift,
     seed: p.seed,
     async velocity({ step, timestep, latent }) {
-      const forward = (pass: number) => forwardInProcess(cfg, m.stages, memoryExchanges(ranks), latent, timestep, texts[pass], { job: 0, step, pass });
+      const stale = !!p.displaced && step >= p.displaced.warmupSteps;
+      const attendOf = (pass: number) => p.displaced && ((exchange: Exchange, plan: UlyssesPlan) => displacedAttention(cfg, plan, m.stages, exchange, histories[exchange.rank], { step, pass, stale }));
+      const forward = (pass: number) => forwardInProcess(cfg, m.stages, memoryExchanges(ranks, p.dtype), latent, timestep, texts[pass], { job: 0, step, pass }, ranks, attendOf(pass) || undefined);
       const cond = (await forward(0)).data;
       return usesGuidance(p) ? guide(cond, (await forward(1)).data, p.guidance) : cond;
     },

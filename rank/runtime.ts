@@ -33,6 +33,7 @@ import { rehearseForwards } from './rehearsal.ts';
 import { ExchangePhase, forwardRank, noStats, type BlockAttention, type Exchange } from './ulysses.ts';
 import { displacedAttention, KeysValuesHistory } from './displaced.ts';
 import { memoryExchanges } from './exchange/memory.ts';
+import { MAX_AHEAD } from './exchange/mesh.ts';
 
 export interface RuntimeHooks {
   /** Builds this rank's side of the all-to-all for a job's ranks. */
@@ -67,6 +68,8 @@ export class WorkerRuntime implements WorkerApi {
   private job = -1;
   /** displaced mode: the keys and values gathered in the prepared job's last step, per pass and block */
   private readonly keysValues = new KeysValuesHistory();
+  /** forwards under way: a guided step's two passes run at once */
+  private forwardsRunning = 0;
   /**
    * What each EP measured on the threads it had (the coordinator's probes fill it; loadModel measures
    * what is missing). Kept as promises: a load that needs a probe the coordinator's is still taking
@@ -256,8 +259,9 @@ export class WorkerRuntime implements WorkerApi {
     this.texts = texts;
     this.keysValues.clear();
     if (exchangeTimeoutMs !== undefined) exchange.waitAtMost?.(exchangeTimeoutMs);
-    // displaced ranks meet once a forward, not once a block: a peer may send all its blocks' keys and values ahead
-    if (this.init?.parallel === 'displaced') exchange.allowAhead?.(cfg.numLayers + 1);
+    // a guided step's two passes run at once, each a phase or two ahead; displaced ranks meet once
+    // a forward, not once a block: a peer may send all its blocks' keys and values ahead
+    exchange.allowAhead?.(texts.length * (this.init?.parallel === 'displaced' ? cfg.numLayers + 1 : MAX_AHEAD));
     return { job };
   }
 
@@ -318,19 +322,37 @@ export class WorkerRuntime implements WorkerApi {
       throw new Error(`executeModel expected ${share}×${pass.patchWidth} patch values for rank ${exchange.rank}, got ${args.patches.length}`);
     }
     this.setState('computing', `job ${args.job} step ${args.step} pass ${args.pass}`);
+    this.forwardsRunning++;
     const stats = noStats();
-    const sentBefore = exchange.bytesSent;
+    // a guided step's two passes share the mesh at once: each counts what it sends itself
+    let bytesSent = 0;
+    const counting: Exchange = {
+      rank: exchange.rank,
+      world: exchange.world,
+      dtype: exchange.dtype,
+      get bytesSent() {
+        return bytesSent;
+      },
+      allToAll: (tag, parts) => {
+        bytesSent += parts.reduce((n, part, to) => n + (to === exchange.rank ? 0 : payloadBytes(part.length, exchange.dtype)), 0);
+        return exchange.allToAll(tag, parts);
+      },
+    };
     const displaced = this.init?.parallel === 'displaced' && pass.plan.degree > 1;
-    const attend = displaced ? displacedAttention(pass.cfg, pass.plan, this.engine, exchange, this.keysValues, { step: args.step, pass: args.pass, stale: args.stale ?? false }) : undefined;
-    const rows = await this.forward(pass, pass.plan, exchange, args, stats, attend);
-    const bytesSent = exchange.bytesSent - sentBefore;
+    const attend = displaced ? displacedAttention(pass.cfg, pass.plan, this.engine, counting, this.keysValues, { step: args.step, pass: args.pass, stale: args.stale ?? false }) : undefined;
+    let rows: Float32Array;
+    try {
+      rows = await this.forward(pass, pass.plan, counting, args, stats, attend);
+    } finally {
+      this.forwardsRunning--;
+    }
     this.totals.steps++;
     this.totals.bytesSent += bytesSent;
     this.totals.computeMs += stats.computeMs;
     this.totals.bytesDownloaded += stats.bytesDownloaded;
     this.totals.bytesKept += stats.bytesKept;
     this.totals.deviceTensorsLeft = stats.deviceTensorsLeft;
-    this.setState('ready', `finished step ${args.step}`);
+    if (this.forwardsRunning === 0) this.setState('ready', `finished step ${args.step}`);
     return { rows, ...stats, bytesSent, peakMemoryBytes: this.hooks.peakMemoryBytes?.() ?? null };
   }
 

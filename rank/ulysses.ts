@@ -167,7 +167,8 @@ export async function forwardRank(
 /**
  * A whole forward pass with all P ranks in this process (the `local` backend, and tests):
  * scatter the latent's tokens, run every rank, gather their rows in token order. `heads`: each
- * rank's share of the heads (even without it).
+ * rank's share of the heads (even without it); `attendOf`: each rank's block attention (Ulysses
+ * without it).
  */
 export async function forwardInProcess(
   cfg: WanConfig,
@@ -178,13 +179,14 @@ export async function forwardInProcess(
   text: Float32Array,
   tag: ForwardInput['tag'] = { job: 0, step: 0, pass: 0 },
   heads: number[] | number = exchanges.length,
+  attendOf?: (exchange: Exchange, plan: UlyssesPlan) => BlockAttention,
 ): Promise<Tensor> {
   const grid = tokenGrid(cfg, latent.shape);
   const plan = planUlysses(cfg, grid.count, heads);
   if (plan.degree !== exchanges.length) throw new Error(`${exchanges.length} ranks for head shares ${plan.heads.join('/')}`);
   const patches = scatterLatent(cfg, plan, latent);
   const outputs = await Promise.all(
-    exchanges.map((exchange) => forwardRank(cfg, plan, stages, exchange, { patches: patches[exchange.rank], timestep, text, grid, tag })),
+    exchanges.map((exchange) => forwardRank(cfg, plan, stages, exchange, { patches: patches[exchange.rank], timestep, text, grid, tag }, noStats(), attendOf?.(exchange, plan))),
   );
   return gatherLatent(cfg, plan, outputs, latent.shape);
 }

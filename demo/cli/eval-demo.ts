@@ -3,7 +3,10 @@
 // stage graphs workers run), decodes them and reads them with the detector of demo/. Writes
 // bench/out/demo-eval.json with colorAccuracy, directionAccuracy and every prompt's result.
 //
-//   npm run eval-demo [-- --model DIR --steps N --guidance X --seeds N --ranks P --set held-out|training]
+//   npm run eval-demo [-- --model DIR --steps N --guidance X --seeds N --ranks P --set held-out|training
+//                        --displaced --warmup-steps N --dtype f32|f16|i8|i4]
+// With --displaced the ranks run displaced patch parallelism (keys and values one step stale past
+// the warm-up, as the executor runs it) instead of Ulysses: its cost in accuracy (issue 20).
 
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { cpus, totalmem } from 'node:os';
@@ -14,6 +17,8 @@ import { detect } from '../detector.ts';
 import { CLIP, DEMO_SAMPLING, HELD_OUT_COMBOS, promptOf, TRAINING_COMBOS } from '../world.ts';
 import { loadModel, sampleVideo } from '../generate.ts';
 import { folderFiles } from '../../server/model-folder.ts';
+import { DEFAULT_WARMUP_STEPS } from '../../coordinator/executor.ts';
+import type { DType } from '../../core/net/protocol.ts';
 
 const { values } = parseArgs({
   options: {
@@ -25,6 +30,9 @@ const { values } = parseArgs({
     'first-seed': { type: 'string', default: '1000' },
     ranks: { type: 'string', default: '1' },
     set: { type: 'string', default: 'held-out' },
+    displaced: { type: 'boolean', default: false },
+    'warmup-steps': { type: 'string', default: String(DEFAULT_WARMUP_STEPS) },
+    dtype: { type: 'string', default: 'f32' },
   },
 });
 
@@ -36,6 +44,11 @@ const steps = Number(values.steps);
 const guidance = Number(values.guidance);
 const seeds = Array.from({ length: Number(values.seeds) }, (_, i) => Number(values['first-seed']) + i);
 const ranks = Number(values.ranks);
+if (!['f32', 'f16', 'i8', 'i4'].includes(values.dtype!)) throw new Error(`--dtype is f32, f16, i8 or i4, got ${values.dtype}`);
+const dtype = values.dtype as DType;
+const warmupSteps = Number(values['warmup-steps']);
+if (!(Number.isInteger(warmupSteps) && warmupSteps >= 0)) throw new Error(`--warmup-steps is a whole number ≥ 0, got ${values['warmup-steps']}`);
+const displaced = values.displaced ? { warmupSteps } : undefined;
 
 interface PromptResult {
   prompt: string;
@@ -50,7 +63,7 @@ const results: PromptResult[] = [];
 for (const combo of combos) {
   const prompt = promptOf(combo);
   for (const seed of seeds) {
-    const { video } = await sampleVideo(model, { prompt, negativePrompt: '', frames: CLIP.frames, height: CLIP.height, width: CLIP.width, steps, guidance, seed, ranks });
+    const { video } = await sampleVideo(model, { prompt, negativePrompt: '', frames: CLIP.frames, height: CLIP.height, width: CLIP.width, steps, guidance, seed, ranks, displaced, dtype });
     const seen = detect(video);
     const result: PromptResult = {
       prompt,
@@ -75,7 +88,7 @@ const report = {
   bothAccuracy: share((r) => r.colourCorrect && r.directionCorrect),
   promptCount: combos.length,
   videoCount: results.length,
-  sampling: { steps, guidance, seeds, negativePrompt: '', frames: CLIP.frames, height: CLIP.height, width: CLIP.width, flowShift: model.flowShift, ulyssesRanks: ranks, stages: 'onnx wasm' },
+  sampling: { steps, guidance, seeds, negativePrompt: '', frames: CLIP.frames, height: CLIP.height, width: CLIP.width, flowShift: model.flowShift, ulyssesRanks: ranks, parallel: displaced ? 'displaced' : 'ulysses', warmupSteps: displaced?.warmupSteps ?? null, dtype, stages: 'onnx wasm' },
   seconds: Math.round((performance.now() - started) / 1000),
   machine: { cpus: cpus().length, cpu: cpus()[0]?.model, memoryGiB: Math.round(totalmem() / 2 ** 30), node: process.version, platform: process.platform },
   results,

@@ -23,8 +23,8 @@ export class MeshExchange implements Exchange {
   bytesSent = 0;
   private readonly mailbox = new Mailbox<Float32Array>();
   private failure: Error | null = null;
-  /** the forward this rank is in (its last all-to-all's tag) */
-  private current: ExchangeTag | null = null;
+  /** the newest step this rank's forwards are in (a guided step runs its two passes at once), the probe's aside */
+  private current: { job: number; step: number } | null = null;
   /** per peer, the keys of tensors kept for phases this rank has not reached */
   private readonly ahead = new Map<number, Set<string>>();
   /** tensors refused whole: of a forward already past, or of another dtype */
@@ -113,15 +113,16 @@ export class MeshExchange implements Exchange {
   /** A tensor of a forward this rank has left (the probe's exchanges aside, which precede every forward). */
   private isPast(tag: TensorTag): boolean {
     const now = this.current;
-    if (!now || now.phase === ExchangePhase.Probe || tag.phase === ExchangePhase.Probe) return false;
+    if (!now || tag.phase === ExchangePhase.Probe) return false;
     if (tag.job !== now.job) return tag.job < now.job; // a coordinator numbers its jobs upwards
-    return tag.step < now.step || (tag.step === now.step && tag.pass < now.pass);
+    return tag.step < now.step; // both passes of a step before were done before this one started
   }
 
   async allToAll(tag: ExchangeTag, parts: Float32Array[]): Promise<Float32Array[]> {
     if (this.failure) throw this.failure;
     this.dropBefore(tag.job);
-    this.current = tag;
+    const now = this.current;
+    if (tag.phase !== ExchangePhase.Probe && (!now || tag.job > now.job || (tag.job === now.job && tag.step > now.step))) this.current = { job: tag.job, step: tag.step };
     // what this rank sends is finite (and fits float16 when it sends float16): else the fault is its own, not a peer's
     const limit = this.dtype === 'f16' ? FLOAT16_MAX : Number.MAX_VALUE;
     if (!parts.every((part) => part.every((v) => Math.abs(v) <= limit))) {

@@ -13,8 +13,8 @@ import { tokenGrid } from '../../core/model/tokens.ts';
 import { TRANSFORMER_CONFIG } from '../../core/model/transformer.ts';
 import { COORDINATOR } from '../../core/net/protocol.ts';
 import { remote, RemoteError, RpcTimeout, serve } from '../../core/net/rpc.ts';
-import { checkDegree, defaultDegree, evenDegrees, ParallelConfigError, planUlysses, proportionalShares, RankLayout, validDegrees } from '../../core/parallel.ts';
-import { WORKER_CONTRACT, type InitArgs, type MeshProbe, type WorkerApi, type WorkerRemote } from '../../core/worker-api.ts';
+import { checkDegree, defaultDegree, evenDegrees, ParallelConfigError, planUlysses, proportionalShares, RankLayout, staleKeysValuesBytes, validDegrees } from '../../core/parallel.ts';
+import { formatBytes, WORKER_CONTRACT, type InitArgs, type MeshProbe, type WorkerApi, type WorkerRemote } from '../../core/worker-api.ts';
 import { createEngine } from '../../rank/engine.ts';
 import { memoryExchanges } from '../../rank/exchange/memory.ts';
 import { WorkerRuntime } from '../../rank/runtime.ts';
@@ -837,6 +837,17 @@ describe('the cost model sees what the workers measured', () => {
     console.log(`'auto' parallel at 1e4…1e10 B/s: ${chosen.join(', ')}`);
     expect(chosen).toContain('displaced');
     expect(chosen.at(-1)).toBe('ulysses');
+    // workers too small for every rank's keys and values: 'auto' keeps to Ulysses, displaced asked for is refused, saying why
+    const small = testSwarm();
+    for (const w of small.join(2, measured({ rttMs: 1, bandwidth: 1e6 }))) w.info.memoryGiB = 1e-4;
+    const work = workload(unguided);
+    expect((await placerOn(small.swarm).place(unguided, ask({ ulyssesDegree: 2, ep: 'wasm', dtype: 'f32', parallel: 'auto', cfgParallel: false }))).plan!.parallel).toBe('ulysses');
+    await expect(placerOn(small.swarm).place(unguided, ask({ ulyssesDegree: 2, ep: 'wasm', dtype: 'f32', parallel: 'displaced', cfgParallel: false }))).rejects.toThrow(
+      `displaced mode would hold ${formatBytes(staleKeysValuesBytes(work, 2))} of keys and values on each rank, more than half of the 0.0001 GiB its workers have: use Ulysses, or a shorter or smaller video`,
+    );
+    // the real model at 480p: every rank's keys and values of both passes and 30 blocks, 24 GB
+    expect(staleKeysValuesBytes({ model: { numLayers: 30, dim: 1536 }, tokens: 32760, passes: 2 }, 4)).toBe(2 * 30 * 2 * 32760 * 1536 * 4);
+
     // asked for, it is what runs; a mode or warm-up that is not one is refused, saying what is
     const { swarm, join } = testSwarm();
     join(2, measured({ rttMs: 1, bandwidth: 1e10 }));
