@@ -13,7 +13,7 @@ import { guide } from '../core/scheduler.ts';
 import type { Tensor } from '../core/tensor.ts';
 import { memoryExchanges } from '../rank/exchange/memory.ts';
 import { onnxStages } from '../rank/onnx-stages.ts';
-import type { StageRunner } from '../rank/stages.ts';
+import { serialStages, type StageRunner } from '../rank/stages.ts';
 import { forwardInProcess, type Exchange } from '../rank/ulysses.ts';
 import { displacedAttention, KeysValuesHistory } from '../rank/displaced.ts';
 import type { UlyssesPlan } from '../core/parallel.ts';
@@ -26,7 +26,8 @@ export interface LoadedModel extends WanPipelineParts {
 
 export async function loadModel(files: ModelFiles): Promise<LoadedModel> {
   const [transformer, parts] = await Promise.all([loadTransformer(files), loadWanPipelineParts(files)]);
-  return { ...parts, transformer, stages: await onnxStages(transformer, 'wasm') };
+  // its ranks in this process share one engine's sessions, a stage at a time, as a worker's engine runs them
+  return { ...parts, transformer, stages: serialStages(await onnxStages(transformer, 'wasm')) };
 }
 
 export type SampleParams = Pick<JobParams, 'prompt' | 'negativePrompt' | 'frames' | 'height' | 'width' | 'steps' | 'guidance' | 'seed'> & {

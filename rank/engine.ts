@@ -8,7 +8,7 @@ import type { ComputeProbe, DecodedTile, DecodeTileArgs, EncodedText, EncodeText
 import { onnxStages, type OnnxStages } from './onnx-stages.ts';
 import { probeThroughput } from './throughput-probe.ts';
 import { probeWebGpu } from './webgpu.ts';
-import type { DeviceStageRunner } from './stages.ts';
+import { oneAtATime, type DeviceStageRunner } from './stages.ts';
 import { textLayers } from './text-layers.ts';
 import { vaeTiles } from './vae-tiles.ts';
 import { cachedModelFiles } from './weight-cache.ts';
@@ -38,14 +38,9 @@ export interface EngineApi extends DeviceStageRunner {
  */
 export function createEngine(threads = 1): EngineApi {
   ort.env.wasm.numThreads = threads;
-  // One run at a time: onnxruntime-web's WebGPU backend refuses overlapping session runs, and a
-  // probe or a released job's last stage may arrive while another job's stage is running.
-  let queue: Promise<unknown> = Promise.resolve();
-  const serial = <T>(work: () => Promise<T>): Promise<T> => {
-    const next = queue.then(work, work);
-    queue = next.catch(() => {});
-    return next;
-  };
+  // One run at a time: a probe or a released job's last stage may arrive while another job's stage
+  // is running, and a guided step's two passes call stages at once.
+  const serial = oneAtATime();
   let stages: OnnxStages | null = null;
   const text = textLayers();
   const vae = vaeTiles();

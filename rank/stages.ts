@@ -60,6 +60,33 @@ export interface DeviceStageRunner extends StageRunner {
   release?(tensors: DeviceTensor[]): Promise<number>;
 }
 
+/**
+ * A queue of work that runs one item at a time, in order: onnxruntime-web's WebGPU backend refuses
+ * overlapping session runs, and its WASM heap is not to be shared by runs of sessions at once.
+ */
+export function oneAtATime(): <T>(work: () => Promise<T>) => Promise<T> {
+  let queue: Promise<unknown> = Promise.resolve();
+  return <T>(work: () => Promise<T>): Promise<T> => {
+    const next = queue.then(work, work);
+    queue = next.catch(() => {});
+    return next;
+  };
+}
+
+/** A runner whose stages run one at a time, whoever calls them (ranks in one process, a guided step's two passes), as a worker's engine runs them. */
+export function serialStages<R extends DeviceStageRunner>(runner: R): R {
+  const serial = oneAtATime();
+  return {
+    ...runner,
+    embed: (...a) => serial(() => runner.embed(...a)),
+    preAttention: (...a) => serial(() => runner.preAttention(...a)),
+    attention: (...a) => serial(() => runner.attention(...a)),
+    postAttention: (...a) => serial(() => runner.postAttention(...a)),
+    head: (...a) => serial(() => runner.head(...a)),
+    ...(runner.release && { release: (tensors: DeviceTensor[]) => serial(() => runner.release!(tensors)) }),
+  };
+}
+
 /** The plain TypeScript reference behind the same interface (the `reference` backend). */
 export function referenceStages(m: WanModel): StageRunner {
   const { headDim } = m.config;

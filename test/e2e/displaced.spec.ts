@@ -1,5 +1,6 @@
 import { expect, test } from '@playwright/test';
-import { displacedFloatsPerBlock, planUlysses } from '../../core/parallel.ts';
+import { payloadBytes } from '../../core/net/protocol.ts';
+import { displacedFloatsPerBlock, partFloats, planUlysses } from '../../core/parallel.ts';
 import { maxAbsDiff, openTestSwarm, runJob, TEST_MODEL } from './swarm-page.ts';
 
 // Displaced patch parallelism over real WebRTC tabs (issue 20): exact where it waits for this
@@ -27,6 +28,13 @@ test('a displaced job on 3 worker tabs: all steps exact equals one worker within
     const plan = planUlysses({ numHeads: 12, headDim: 24 }, TOKENS, 3);
     for (const step of displaced.report.steps) expect(step.ranks.map((r: any) => r.bytesSent)).toEqual(plan.rows.map((_, r) => 2 * 4 * displacedFloatsPerBlock(plan, r) * LAYERS));
     await expect(swarm.dashboard.locator('#status')).toContainText('Displaced: past 2 exact steps');
+
+    // over int4 the keys and values go as deltas: an eighth of the bytes and about as near
+    const int4 = await runJob(swarm.dashboard, { ...job, workers: 3, parallel: 'displaced', warmupSteps: 2, dtype: 'i4' });
+    const int4Deviation = maxAbsDiff(int4.latent, one.latent);
+    console.log(`displaced int4 P=3: max-abs vs one worker ${int4Deviation.toExponential(2)}`);
+    expect(int4Deviation).toBeLessThan(0.1 * scale);
+    for (const step of int4.report.steps) expect(step.ranks.map((r: any) => r.bytesSent)).toEqual(plan.rows.map((_, r) => 2 * 2 * payloadBytes(partFloats(plan, 'kv', r, 0), 'i4') * LAYERS));
 
     // rank 1's tab closes as step 4 starts (past the warm-up): the job re-plans on two and finishes
     let closedAt = 0;

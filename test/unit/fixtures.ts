@@ -12,7 +12,7 @@ import type { EngineApi } from '../../rank/engine.ts';
 import { memoryExchanges } from '../../rank/exchange/memory.ts';
 import { WorkerRuntime } from '../../rank/runtime.ts';
 import { folderFiles } from '../../server/model-folder.ts';
-import type { DeviceStageRunner } from '../../rank/stages.ts';
+import { serialStages, type DeviceStageRunner } from '../../rank/stages.ts';
 
 export const TINY_MODEL_DIR = join(import.meta.dirname, '../../public/models/tiny-wan');
 
@@ -23,7 +23,7 @@ ort.env.wasm.numThreads = 1;
 /** An engine on these stages that loads and probes at once, as a worker's would once its model is in. */
 export function stubEngine(stages: DeviceStageRunner, config: WanConfig): EngineApi {
   return {
-    ...stages,
+    ...serialStages(stages),
     load: async () => ({ ep: 'wasm', adapter: 'test', inMemory: false, config, loadMs: 0, weights: { networkBytes: 0, cacheBytes: 0, note: '' }, maxBufferBytes: 1 << 28, weightType: 'float32', gpuWeightBytes: 0 }),
     probe: async (ep) => ({ ep, flops: 1e9, softmaxRate: 2e8, stageMs: 0.5 }),
     encodeText: async () => {
