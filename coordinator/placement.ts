@@ -228,7 +228,7 @@ export class Placer {
     const placing: PlacedFor = {
       ...request,
       dtype: plan?.dtype ?? (request.dtype === 'auto' ? 'f32' : request.dtype),
-      parallel: plan?.parallel ?? (request.parallel === 'displaced' ? 'displaced' : 'ulysses'),
+      parallel: plan?.parallel ?? (request.parallel === 'displaced' || request.dtype === 'i4' ? 'displaced' : 'ulysses'),
     };
     // placedFor is set exactly while there is an executor
     const fits =
