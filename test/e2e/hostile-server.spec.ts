@@ -54,7 +54,8 @@ test('a socket with a made-up join token opens no relay room and enters none, on
     const flooder = await register('attacker-f');
     const cut = new Promise<number>((resolve) => flooder.once('close', resolve));
     for (let i = 0; i <= SIGNALING_BURST; i++) flooder.send(JSON.stringify({ type: 'HEARTBEAT' }));
-    expect(await cut).toBe(1006);
+    // cut: the server terminates it (1006 here), or the close frame races the cut (1005, seen once in CI)
+    expect([1005, 1006]).toContain(await cut);
 
     const { latent } = await attacked;
     expect(maxAbsDiff(latent, unattacked.latent)).toBe(0);
