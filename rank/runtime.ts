@@ -56,6 +56,23 @@ export interface RuntimeHooks {
   onShutdown?(): void;
 }
 
+/** `exchange` as one forward uses it: its own payload bytes counted apart from any other forward's on the same mesh. */
+function countingSends(exchange: Exchange): Exchange {
+  let bytesSent = 0;
+  return {
+    rank: exchange.rank,
+    world: exchange.world,
+    dtype: exchange.dtype,
+    get bytesSent() {
+      return bytesSent;
+    },
+    allToAll: (tag, parts) => {
+      bytesSent += parts.reduce((n, part, to) => n + (to === exchange.rank ? 0 : payloadBytes(part.length, exchange.dtype)), 0);
+      return exchange.allToAll(tag, parts);
+    },
+  };
+}
+
 export class WorkerRuntime implements WorkerApi {
   state: WorkerState = 'idle';
   private detail = '';
@@ -325,19 +342,7 @@ export class WorkerRuntime implements WorkerApi {
     this.forwardsRunning++;
     const stats = noStats();
     // a guided step's two passes share the mesh at once: each counts what it sends itself
-    let bytesSent = 0;
-    const counting: Exchange = {
-      rank: exchange.rank,
-      world: exchange.world,
-      dtype: exchange.dtype,
-      get bytesSent() {
-        return bytesSent;
-      },
-      allToAll: (tag, parts) => {
-        bytesSent += parts.reduce((n, part, to) => n + (to === exchange.rank ? 0 : payloadBytes(part.length, exchange.dtype)), 0);
-        return exchange.allToAll(tag, parts);
-      },
-    };
+    const counting = countingSends(exchange);
     const displaced = this.init?.parallel === 'displaced' && pass.plan.degree > 1;
     const attend = displaced ? displacedAttention(pass.cfg, pass.plan, this.engine, counting, this.keysValues, { step: args.step, pass: args.pass, stale: args.stale ?? false }) : undefined;
     let rows: Float32Array;
@@ -346,6 +351,7 @@ export class WorkerRuntime implements WorkerApi {
     } finally {
       this.forwardsRunning--;
     }
+    const { bytesSent } = counting;
     this.totals.steps++;
     this.totals.bytesSent += bytesSent;
     this.totals.computeMs += stats.computeMs;
