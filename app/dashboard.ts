@@ -314,8 +314,24 @@ const automation = {
       video: video && bytesToBase64(new Uint8Array(await video.arrayBuffer())),
     };
   },
-  async generate(overrides: Record<string, unknown>) {
-    return automation.result(await automation.submit(overrides));
+  /** a job through the queue; with `stepLatents`, the latent after each step too (the benchmarks' deviation per step) */
+  async generate(overrides: Record<string, unknown>, { stepLatents = false } = {}) {
+    const after = new Map<number, string[]>(); // job id → base64 latent after each step
+    const off = stepLatents
+      ? queue!.on((e) => {
+          if (e.type !== 'progress' || !e.job.checkpoint) return;
+          const { latent } = e.job.checkpoint;
+          const steps = after.get(e.job.id) ?? [];
+          steps[e.progress.step - 1] = bytesToBase64(new Uint8Array(latent.buffer, latent.byteOffset, latent.byteLength));
+          after.set(e.job.id, steps);
+        })
+      : () => {};
+    try {
+      const id = await automation.submit(overrides);
+      return { ...(await automation.result(id)), stepLatents: stepLatents ? (after.get(id) ?? []) : null };
+    } finally {
+      off();
+    }
   },
   /**
    * A latent [z_dim, T, h, w] through the model's VAE alone, on this swarm's workers: the video

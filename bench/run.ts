@@ -90,6 +90,6 @@ if (chosen.includes('uneven')) {
 if (chosen.includes('slow-link')) {
   const slowLink = await runSlowLink(parseSlowLinkArgs(args));
   writeReport('slow-link.json', slowLink);
-  console.log(`slow-link: emulated ${(slowLink.emulateLink.bandwidth / 1e6).toFixed(2)} MB/s, ${slowLink.emulateLink.latencyMs} ms: exchange/compute at P = 2 ${slowLink.emulatedRatio.measured} (target ${slowLink.emulatedRatio.target}); ${JSON.stringify(slowLink.runs)}`);
+  console.log(`slow-link: emulated ${(slowLink.emulateLink.bandwidth / 1e6).toFixed(2)} MB/s, ${slowLink.emulateLink.latencyMs} ms: exchange/compute at P = 2 ${slowLink.emulatedRatio.measured} (target ${slowLink.emulatedRatio.target}); ${JSON.stringify(slowLink.runs)}; guided ${JSON.stringify(slowLink.guided)}; ${JSON.stringify(slowLink.meets)}`);
 }
 log(`done in ${((Date.now() - started) / 1000).toFixed(0)} s`);

@@ -1,23 +1,32 @@
-// The exchange as it costs between machines on a LAN (issue 20): worker tabs of one machine talk
-// over loopback, so their rank-to-rank links are paced (core/net/paced-channel.ts: each page's
-// uplink a set bandwidth, each frame a set latency) so that at P = 2 the exchange takes the same
-// share of a step as the projection gives the real model on 20 TFLOP/s GPUs over 125 MB/s
-// (bench/projection.ts). The bandwidth is found from a P = 2 run without pacing: its compute and
-// bytes per step. Then, under that link, each transport (float32, float16, int8) at each degree:
-// step time, its speed-up over one browser, and the latent's deviation from one browser's, under
-// Ulysses and under displaced patch parallelism (one exact step, then keys and values a step stale).
-// Writes bench/out/slow-link.json.
+// The exchange as it costs between machines on a LAN (issue 20). Each worker is a machine of its
+// own (bench/machines.ts: a Chromium pinned to a core and given `share` of it, so that four workers
+// on this 2-core machine compute as four equal machines would, each at a fraction of the speed),
+// and the rank-to-rank links are paced (core/net/paced-channel.ts: each page's uplink a set
+// bandwidth, each frame a set latency) so that at P = 2 the exchange takes the same share of a step
+// as the projection gives the real model on 20 TFLOP/s GPUs over 125 MB/s (bench/projection.ts).
+// The bandwidth is found from a P = 2 run without pacing (its compute and bytes per step), then
+// checked by a paced float32 run and corrected once where that run's ratio is off by more than
+// CALIBRATION_SLACK. Under that link, each transport at each degree: step time, speed-up over one
+// browser, and the latent's deviation from one browser's after every step, under Ulysses and under
+// displaced patch parallelism (one exact step, then keys and values a step stale); then the real
+// model's guided job (guidance 5: two passes a step), where P = 4 is CFG parallel × 2. Last, the
+// trained demo's held-out accuracy in each mode (npm run eval-demo). Writes bench/out/slow-link.json.
 //
-//   npm run bench -- slow-link [--frames 9 --height 256 --width 256 --steps 4 --degrees 2,4]
+//   npm run bench -- slow-link [--frames 9 --height 256 --width 256 --steps 4 --degrees 2,4 --share 0.45 --accuracy 1]
+//
+// Needs a writable cpu cgroup (root), as bench uneven does.
 
+import { spawnSync } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { predictStep } from '../core/cost-model.ts';
 import { latentShape } from '../core/job.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
 import type { DType } from '../core/net/protocol.ts';
 import type { ParallelMode } from '../core/parallel.ts';
-import { startLocalSwarm } from '../server/cli/browser-swarm.ts';
-import { APP_MODEL_PATH, buildBenchPages, ensureBenchModel, isMain, latentFromBase64, log, machine, maxAbs, median, round, serveBenchFiles, versions, writeReport } from './lib.ts';
+import { APP_MODEL_PATH, buildBenchPages, ensureBenchModel, isMain, latentFromBase64, log, machine, maxAbs, median, OUT_DIR, ROOT, round, versions, writeReport } from './lib.ts';
+import { startMachines } from './machines.ts';
 import { LATENCY_S, WAN_480P_WORKLOAD } from './projection.ts';
 
 export interface SlowLinkOptions {
@@ -26,21 +35,30 @@ export interface SlowLinkOptions {
   width: number;
   steps: number;
   degrees: number[];
+  /** of a core, each worker's machine */
+  share: number;
+  /** 1: measure the demo's held-out accuracy in each mode (minutes); 0: leave it out */
+  accuracy: number;
 }
 
-export const DEFAULT_SLOW_LINK: SlowLinkOptions = { frames: 9, height: 256, width: 256, steps: 4, degrees: [2, 4] };
+export const DEFAULT_SLOW_LINK: SlowLinkOptions = { frames: 9, height: 256, width: 256, steps: 4, degrees: [2, 4], share: 0.45, accuracy: 1 };
 /** the LAN of the issue: 20 TFLOP/s GPUs, 125 MB/s links, float32 transport, P = 2 */
 const TARGET = { deviceFlops: 20e12, bandwidth: 125e6, latencyS: LATENCY_S, degree: 2 };
+/** a paced run's exchange/compute ratio this far from the target has the bandwidth corrected once */
+const CALIBRATION_SLACK = 0.15;
 const TRANSPORTS: DType[] = ['f32', 'f16', 'i8'];
 const MODES: ParallelMode[] = ['ulysses', 'displaced'];
 /** float16 sits between float32 and int8 in bytes and fidelity; int4 carries displaced deltas only */
 const DISPLACED_TRANSPORTS: DType[] = ['f32', 'i8', 'i4'];
 /** displaced runs: one exact step, the rest stale (the median step is a stale one) */
 const WARMUP_STEPS = 1;
+/** the real model's guidance (Wan2.1's model_index defaults): two passes a step */
+const GUIDANCE = 5;
 
 interface Report {
   steps: { ms: number; ranks: { rank: number; computeMs: number; bytesSent: number }[] }[];
   medianStepMs: number;
+  config: { workers: number; ulyssesDegree: number; cfgParallel: boolean; parallel: ParallelMode; dtype: DType };
 }
 
 /** The projection's exchange time over compute time for the real model at P = 2 on the target LAN. */
@@ -50,64 +68,138 @@ export function projectedExchangeRatio(): { ratio: number; stepS: number; comput
   return { ratio: p.commS / p.computeS, stepS: p.stepS, computeS: p.computeS, commS: p.commS };
 }
 
+/** The largest difference after each step, and that over the reference's largest value then. */
+function deviationPerStep(steps: Float32Array[], reference: Float32Array[]) {
+  return steps.map((latent, i) => {
+    const d = maxAbs(latent, reference[i]);
+    const scale = reference[i].reduce((m, v) => Math.max(m, Math.abs(v)), 0);
+    return { maxAbs: round(d, 5), relative: round(d / scale, 5) };
+  });
+}
+
+/** The demo's held-out colour and direction accuracy (npm run eval-demo, in Node through the same rank code) with these flags. */
+function demoAccuracy(label: string, flags: string[]): { colorAccuracy: number; directionAccuracy: number; flags: string[] } {
+  const out = join(OUT_DIR, `demo-eval-${label}.json`);
+  log(`demo accuracy, ${label}: npm run eval-demo -- ${flags.join(' ')}…`);
+  const ran = spawnSync(process.execPath, ['--import', 'tsx', 'demo/cli/eval-demo.ts', '--seeds', '2', '--out', out, ...flags], { cwd: ROOT, stdio: ['ignore', 'ignore', 'inherit'] });
+  if (ran.status !== 0) throw new Error(`eval-demo ${flags.join(' ')} failed with status ${ran.status}`);
+  const { colorAccuracy, directionAccuracy } = JSON.parse(readFileSync(out, 'utf8')) as { colorAccuracy: number; directionAccuracy: number };
+  return { colorAccuracy, directionAccuracy, flags };
+}
+
 export async function runSlowLink(options: Partial<SlowLinkOptions> = {}) {
   const o = { ...DEFAULT_SLOW_LINK, ...options };
   const model = ensureBenchModel();
   await buildBenchPages();
   const tokens = tokenGrid(model, latentShape(o, model.inChannels)).count;
   const target = projectedExchangeRatio();
-  log(`slow-link: bench-wan (D ${model.dim}, ${model.numLayers} blocks), ${tokens} tokens, ${o.steps} steps; target exchange/compute at P = 2: ${target.ratio.toFixed(2)} (the projection's real model on 20 TFLOP/s over 125 MB/s)`);
-  const swarm = await startLocalSwarm({ workers: Math.max(...o.degrees), log });
+  const workers = Math.max(...o.degrees, 4); // the guided P = 4 runs
+  log(`slow-link: bench-wan (D ${model.dim}, ${model.numLayers} blocks), ${tokens} tokens, ${o.steps} steps, ${workers} machines of ${o.share} of a core; target exchange/compute at P = 2: ${target.ratio.toFixed(2)} (the projection's real model on 20 TFLOP/s over 125 MB/s)`);
+  // the dashboard on core 0 beside the even machines; the odd ones on core 1
+  const machines = await startMachines(Array.from({ length: workers }, (_, i) => ({ name: `machine-${i}`, core: i % 2, share: o.share })));
   const started = Date.now();
   try {
-    await serveBenchFiles(swarm.dashboard.context());
     const run = async (label: string, placement: Record<string, unknown>) => {
       log(`${label}: generating…`);
-      const job = { prompt: 'a red ball bouncing on a wooden floor', frames: o.frames, height: o.height, width: o.width, steps: o.steps, guidance: 1, seed: 7, backend: 'swarm', ep: 'wasm', model: APP_MODEL_PATH, spotCheckRate: 0, shares: 'even', ...placement };
-      const out = (await swarm.dashboard.evaluate((j) => (window as any).ditswarm.generate(j), job)) as { report: Report; latent: string };
+      const job = { prompt: 'a red ball bouncing on a wooden floor', frames: o.frames, height: o.height, width: o.width, steps: o.steps, guidance: 1, seed: 7, backend: 'swarm', ep: 'wasm', model: APP_MODEL_PATH, spotCheckRate: 0, shares: 'even', cfgParallel: false, ...placement };
+      const out = (await machines.dashboard.evaluate(([j, opts]) => (window as any).ditswarm.generate(j, opts), [job, { stepLatents: true }] as const)) as { report: Report; stepLatents: string[] };
       const { steps } = out.report;
       // the busiest rank of each step: its compute, and what it sent
       const computeMs = median(steps.map((s) => Math.max(...s.ranks.map((r) => r.computeMs))));
       const bytesPerStep = median(steps.map((s) => Math.max(...s.ranks.map((r) => r.bytesSent))));
-      const result = { stepMs: round(out.report.medianStepMs, 1), computeMs: round(computeMs, 1), exchangeOverCompute: round((out.report.medianStepMs - computeMs) / computeMs, 2), bytesPerStep };
+      const { workers: world, ulyssesDegree, cfgParallel, parallel, dtype } = out.report.config;
+      const result = { world, ulyssesDegree, cfgParallel, parallel, dtype, stepMs: round(out.report.medianStepMs, 1), computeMs: round(computeMs, 1), exchangeOverCompute: round((out.report.medianStepMs - computeMs) / computeMs, 2), bytesPerStep };
       log(`${label}: ${JSON.stringify(result)}`);
-      return { result, latent: latentFromBase64(out.latent) };
+      return { result, stepLatents: out.stepLatents.map(latentFromBase64) };
     };
+    const against = (one: Awaited<ReturnType<typeof run>>, r: Awaited<ReturnType<typeof run>>) => ({
+      ...r.result,
+      speedupOverOne: round(one.result.stepMs / r.result.stepMs, 3),
+      latentMaxAbsVsOne: maxAbs(r.stepLatents.at(-1)!, one.stepLatents.at(-1)!),
+      deviationPerStep: deviationPerStep(r.stepLatents, one.stepLatents),
+    });
 
-    const one = await run('one browser', { workers: 1 });
+    // a fresh tab's WebAssembly gets faster over its first seconds of compute (the browser optimises
+    // what runs hot): every machine computes a job before any is timed
+    await run('warm-up on every machine (not timed)', { workers });
+    const one = await run('one machine', { workers: 1 });
     // the exchange's bytes and the compute of a step at P = 2 over loopback: what the pacing is set from
     const loopback = await run('P = 2 over loopback', { workers: TARGET.degree });
     const latencyMsPerStep = 2 * model.numLayers * (TARGET.degree - 1) * TARGET.latencyS * 1000; // 2 all-to-alls a block, as the cost model counts them
     const wireMs = target.ratio * loopback.result.computeMs - latencyMsPerStep;
     if (!(wireMs > 0)) throw new Error(`the link's latency alone (${latencyMsPerStep} ms a step) passes the target exchange time: use a larger video`);
-    const emulateLink = { bandwidth: Math.round(loopback.result.bytesPerStep / (wireMs / 1000)), latencyMs: TARGET.latencyS * 1000 };
-    log(`emulated link: ${(emulateLink.bandwidth / 1e6).toFixed(2)} MB/s per page, ${emulateLink.latencyMs} ms`);
+    let emulateLink = { bandwidth: Math.round(loopback.result.bytesPerStep / (wireMs / 1000)), latencyMs: TARGET.latencyS * 1000 };
+    const calibration: { bandwidth: number; exchangeOverCompute: number }[] = [];
+    const exactRun = () => run(`P = 2, ulysses f32, ${(emulateLink.bandwidth / 1e6).toFixed(2)} MB/s`, { workers: TARGET.degree, dtype: 'f32', parallel: 'ulysses', emulateLink });
+    let exact = await exactRun();
+    calibration.push({ bandwidth: emulateLink.bandwidth, exchangeOverCompute: exact.result.exchangeOverCompute });
+    if (Math.abs(exact.result.exchangeOverCompute / target.ratio - 1) > CALIBRATION_SLACK) {
+      // the wire time scales with 1 / bandwidth: what it took over what it should have
+      emulateLink = { ...emulateLink, bandwidth: Math.round((emulateLink.bandwidth * exact.result.exchangeOverCompute) / target.ratio) };
+      exact = await exactRun();
+      calibration.push({ bandwidth: emulateLink.bandwidth, exchangeOverCompute: exact.result.exchangeOverCompute });
+    }
+    log(`emulated link: ${(emulateLink.bandwidth / 1e6).toFixed(2)} MB/s per page, ${emulateLink.latencyMs} ms: exchange/compute ${exact.result.exchangeOverCompute} (target ${target.ratio.toFixed(2)})`);
 
-    const runs: Record<string, Record<string, unknown>> = {};
+    const runs: Record<string, unknown> = {};
     for (const degree of o.degrees) {
       for (const parallel of MODES)
         for (const dtype of parallel === 'displaced' ? DISPLACED_TRANSPORTS : TRANSPORTS) {
-          const { result, latent } = await run(`P = ${degree}, ${parallel} ${dtype}, emulated LAN`, { workers: degree, dtype, parallel, warmupSteps: WARMUP_STEPS, emulateLink });
-          runs[`P=${degree} ${parallel === 'displaced' ? 'displaced ' : ''}${dtype}`] = { degree, parallel, dtype, ...result, speedupOverOne: round(one.result.stepMs / result.stepMs, 3), latentMaxAbsVsOne: maxAbs(latent, one.latent) };
+          const r = degree === TARGET.degree && parallel === 'ulysses' && dtype === 'f32' ? exact : await run(`P = ${degree}, ${parallel} ${dtype}`, { workers: degree, dtype, parallel, warmupSteps: WARMUP_STEPS, emulateLink });
+          runs[`P=${degree} ${parallel === 'displaced' ? 'displaced ' : ''}${dtype}`] = against(one, r);
         }
     }
-    const exact = runs[`P=${TARGET.degree} f32`] as { exchangeOverCompute: number };
+
+    // the real model's job has two passes a step: CFG parallel puts them on two groups at once, and a
+    // group of two ranks runs displaced beside it (P = 4: CFG parallel × displaced 2)
+    const guidedOne = await run(`guidance ${GUIDANCE}: one machine`, { workers: 1, guidance: GUIDANCE });
+    const guided: Record<string, unknown> = {};
+    for (const [label, placement] of [
+      ['P=2 CFG parallel', { workers: 1, cfgParallel: true }],
+      ['P=2 displaced i4', { workers: 2, parallel: 'displaced', dtype: 'i4' }],
+      ['P=4 CFG parallel × displaced i4', { workers: 2, cfgParallel: true, parallel: 'displaced', dtype: 'i4' }],
+      ['P=4 CFG parallel × ulysses i8', { workers: 2, cfgParallel: true, dtype: 'i8' }],
+    ] as const) {
+      guided[label] = against(guidedOne, await run(`guidance ${GUIDANCE}: ${label}`, { guidance: GUIDANCE, warmupSteps: WARMUP_STEPS, emulateLink, ...placement }));
+    }
+
+    // accuracy costs no browser: after the timed runs, so as not to slow them
+    const accuracy = o.accuracy
+      ? {
+          'exact (ulysses P=2)': demoAccuracy('exact-p2', ['--ranks', '2']),
+          'P=2 displaced f32': demoAccuracy('displaced-p2-f32', ['--ranks', '2', '--displaced']),
+          'P=2 displaced i4': demoAccuracy('displaced-p2-i4', ['--ranks', '2', '--displaced', '--dtype', 'i4']),
+          'P=4 displaced i4': demoAccuracy('displaced-p4-i4', ['--ranks', '4', '--displaced', '--dtype', 'i4']),
+        }
+      : null;
+    const exactReport = runs[`P=${TARGET.degree} f32`] as { exchangeOverCompute: number };
+    const step = (r: unknown) => (r as { stepMs: number }).stepMs;
+    const bestDisplaced = (degree: number) => Math.min(...DISPLACED_TRANSPORTS.map((d) => step(runs[`P=${degree} displaced ${d}`])));
     return {
       benchmark: 'slow-link',
       date: new Date(started).toISOString(),
       durationS: round((Date.now() - started) / 1000, 1),
-      config: { model: { path: 'bench/out/models/bench-wan', ...model }, tokens, ...o, guidance: 1, ep: 'wasm', shares: 'even', tabs: 'worker tabs of one Chromium on this machine' },
-      machine: machine(swarm.browserVersion),
+      config: { model: { path: 'bench/out/models/bench-wan', ...model }, tokens, ...o, guidance: [1, GUIDANCE], warmupSteps: WARMUP_STEPS, ep: 'wasm', shares: 'even', machines: `each worker tab a Chromium of its own pinned to core i % 2 with a CFS quota of ${o.share} of it, told it has one core; the dashboard's Chromium on core 0 unlimited` },
+      machine: machine(machines.browserVersion),
       versions: versions(),
       target: { ...TARGET, projected: { stepS: round(target.stepS, 2), computeS: round(target.computeS, 2), commS: round(target.commS, 2), exchangeOverCompute: round(target.ratio, 2) } },
       emulateLink,
+      calibration,
       /** the exchange over compute the emulated link gave at P = 2 in float32, against the target */
-      emulatedRatio: { measured: exact.exchangeOverCompute, target: round(target.ratio, 2) },
+      emulatedRatio: { measured: exactReport.exchangeOverCompute, target: round(target.ratio, 2) },
       runs: { one: one.result, loopbackP2: loopback.result, ...runs },
-      notYet: 'overlap of the exchange with compute per head group: not built; the demo accuracy per mode and the deviation per step: not measured',
+      guided: { one: guidedOne.result, ...guided },
+      accuracy,
+      meets: {
+        'displaced at P = 2 at least 1.5× faster than one machine (guidance 1)': one.result.stepMs / bestDisplaced(2) >= 1.5,
+        'displaced at P = 4 faster than at P = 2 (guidance 1)': o.degrees.includes(4) ? bestDisplaced(4) < bestDisplaced(2) : null,
+        [`P = 4 (CFG parallel × displaced i4) faster than P = 2 displaced i4 (guidance ${GUIDANCE})`]: step(guided['P=4 CFG parallel × displaced i4']) < step(guided['P=2 displaced i4']),
+        'displaced accuracy within 3 points of exact': accuracy ? Object.values(accuracy).every((a) => Math.abs(a.colorAccuracy - accuracy['exact (ulysses P=2)'].colorAccuracy) <= 0.03 && Math.abs(a.directionAccuracy - accuracy['exact (ulysses P=2)'].directionAccuracy) <= 0.03) : null,
+      },
+      notYet: 'overlap of the exchange with compute per head group: not built',
     };
   } finally {
-    await swarm.close();
+    await machines.close();
   }
 }
 
@@ -115,10 +207,17 @@ export function parseSlowLinkArgs(args: string[]): Partial<SlowLinkOptions> {
   const { values } = parseArgs({ args, options: Object.fromEntries(Object.keys(DEFAULT_SLOW_LINK).map((k) => [k, { type: 'string' as const }])) });
   const out: Partial<SlowLinkOptions> = {};
   for (const [k, v] of Object.entries(values)) {
+    if (k === 'share') {
+      const share = Number(v);
+      if (!(share > 0 && share <= 1)) throw new Error(`--share takes a fraction of a core, above 0 and at most 1, got ${v}`);
+      out.share = share;
+      continue;
+    }
     const numbers = v!.split(',').map(Number);
-    if (!numbers.every((n) => Number.isInteger(n) && n >= 1)) throw new Error(`--${k} takes ${k === 'degrees' ? 'whole numbers ≥ 1, comma-separated' : 'a whole number ≥ 1'}, got ${v}`);
+    const least = k === 'accuracy' ? 0 : 1;
+    if (!numbers.every((n) => Number.isInteger(n) && n >= least)) throw new Error(`--${k} takes ${k === 'degrees' ? 'whole numbers ≥ 1, comma-separated' : `a whole number ≥ ${least}`}, got ${v}`);
     if (k === 'degrees') out.degrees = numbers;
-    else out[k as Exclude<keyof SlowLinkOptions, 'degrees'>] = numbers[0];
+    else out[k as Exclude<keyof SlowLinkOptions, 'degrees' | 'share'>] = numbers[0];
   }
   return out;
 }
@@ -126,5 +225,5 @@ export function parseSlowLinkArgs(args: string[]): Partial<SlowLinkOptions> {
 if (isMain(import.meta)) {
   const report = await runSlowLink(parseSlowLinkArgs(process.argv.slice(2)));
   writeReport('slow-link.json', report);
-  console.log(JSON.stringify({ emulatedRatio: report.emulatedRatio, emulateLink: report.emulateLink, runs: report.runs }, null, 2));
+  console.log(JSON.stringify({ emulatedRatio: report.emulatedRatio, emulateLink: report.emulateLink, runs: report.runs, guided: report.guided, accuracy: report.accuracy, meets: report.meets }, null, 2));
 }
