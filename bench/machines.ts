@@ -16,7 +16,7 @@ import { chromiumArgs, chromiumExecutable } from '../server/chromium.ts';
 import { startServer } from '../server/serve.ts';
 import { serveBenchFiles } from './lib.ts';
 
-/** the CFS period: short, so a tab out of its quota waits at most a few ms to answer a peer */
+/** the CFS period: short, so a tab out of its quota waits at most a few ms to answer a peer (10 ms unless a bench sets it) */
 export const PERIOD_US = 10_000;
 
 export interface Machine {
@@ -34,14 +34,14 @@ export interface Machines {
 }
 
 /** A cpu cgroup holding `share` of one core, as cgroup v1 or v2 offers it; its directory. */
-function cpuGroup(name: string, share: number): string {
+function cpuGroup(name: string, share: number, periodUs: number): string {
   const v1 = '/sys/fs/cgroup/cpu';
   const v2 = '/sys/fs/cgroup';
-  const quota = String(Math.round(share * PERIOD_US));
+  const quota = String(Math.round(share * periodUs));
   if (existsSync(join(v1, 'cpu.cfs_quota_us'))) {
     const dir = join(v1, name);
     mkdirSync(dir, { recursive: true });
-    writeFileSync(join(dir, 'cpu.cfs_period_us'), String(PERIOD_US));
+    writeFileSync(join(dir, 'cpu.cfs_period_us'), String(periodUs));
     writeFileSync(join(dir, 'cpu.cfs_quota_us'), quota);
     return dir;
   }
@@ -49,7 +49,7 @@ function cpuGroup(name: string, share: number): string {
     writeFileSync(join(v2, 'cgroup.subtree_control'), '+cpu');
     const dir = join(v2, name);
     mkdirSync(dir, { recursive: true });
-    writeFileSync(join(dir, 'cpu.max'), `${quota} ${PERIOD_US}`);
+    writeFileSync(join(dir, 'cpu.max'), `${quota} ${periodUs}`);
     return dir;
   }
   throw new Error('emulated machines take their CPU shares from a cpu cgroup, and this machine has none writable: run the bench as root where cgroup v1 (cpu) or v2 (cpu.max) is mounted');
@@ -70,7 +70,7 @@ async function pinnedBrowser(name: string, core: number, group: string | null, d
  * The server, a dashboard on `dashboardCore` and one worker tab on each machine, joined in order
  * (rank order, and a job on fewer workers takes the first), every page served the bench model.
  */
-export async function startMachines(machines: Machine[], dashboardCore = 0): Promise<Machines> {
+export async function startMachines(machines: Machine[], { dashboardCore = 0, periodUs = PERIOD_US } = {}): Promise<Machines> {
   const dir = mkdtempSync(join(tmpdir(), 'ditswarm-machines-'));
   const server = await startServer({ port: 0, quiet: true });
   const groups: string[] = [];
@@ -91,7 +91,7 @@ export async function startMachines(machines: Machine[], dashboardCore = 0): Pro
     const dashboardBrowser = await pinnedBrowser('dashboard', dashboardCore, null, dir);
     contexts.push(dashboardBrowser);
     for (const m of machines) {
-      const group = m.share === null ? null : cpuGroup(`ditswarm-bench-${m.name}`, m.share);
+      const group = m.share === null ? null : cpuGroup(`ditswarm-bench-${m.name}`, m.share, periodUs);
       if (group) groups.push(group);
       contexts.push(await pinnedBrowser(m.name, m.core, group, dir));
       // the wrapper's write into the group does not stop the browser if it fails: see that it did not

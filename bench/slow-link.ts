@@ -52,6 +52,8 @@ const MODES: ParallelMode[] = ['ulysses', 'displaced'];
 const DISPLACED_TRANSPORTS: DType[] = ['f32', 'i8', 'i4'];
 /** displaced runs: one exact step, the rest stale (the median step is a stale one) */
 const WARMUP_STEPS = 1;
+/** the machines' CFS period (bench/machines.ts) */
+const PERIOD_US = 2_000;
 /** the real model's guidance (Wan2.1's model_index defaults): two passes a step */
 const GUIDANCE = 5;
 
@@ -95,8 +97,10 @@ export async function runSlowLink(options: Partial<SlowLinkOptions> = {}) {
   const target = projectedExchangeRatio();
   const workers = Math.max(...o.degrees, 4); // the guided P = 4 runs
   log(`slow-link: bench-wan (D ${model.dim}, ${model.numLayers} blocks), ${tokens} tokens, ${o.steps} steps, ${workers} machines of ${o.share} of a core; target exchange/compute at P = 2: ${target.ratio.toFixed(2)} (the projection's real model on 20 TFLOP/s over 125 MB/s)`);
-  // the dashboard on core 0 beside the even machines; the odd ones on core 1
-  const machines = await startMachines(Array.from({ length: workers }, (_, i) => ({ name: `machine-${i}`, core: i % 2, share: o.share })));
+  // the dashboard on core 0 beside the even machines; the odd ones on core 1. A short CFS period: a
+  // slower machine is slower all the time, not stopped for most of each period (a rank's every
+  // message to its peers and engine would wait for its next one)
+  const machines = await startMachines(Array.from({ length: workers }, (_, i) => ({ name: `machine-${i}`, core: i % 2, share: o.share })), { periodUs: PERIOD_US });
   const started = Date.now();
   try {
     const run = async (label: string, placement: Record<string, unknown>) => {
@@ -179,7 +183,7 @@ export async function runSlowLink(options: Partial<SlowLinkOptions> = {}) {
       benchmark: 'slow-link',
       date: new Date(started).toISOString(),
       durationS: round((Date.now() - started) / 1000, 1),
-      config: { model: { path: 'bench/out/models/bench-wan', ...model }, tokens, ...o, guidance: [1, GUIDANCE], warmupSteps: WARMUP_STEPS, ep: 'wasm', shares: 'even', machines: `each worker tab a Chromium of its own pinned to core i % 2 with a CFS quota of ${o.share} of it, told it has one core; the dashboard's Chromium on core 0 unlimited` },
+      config: { model: { path: 'bench/out/models/bench-wan', ...model }, tokens, ...o, guidance: [1, GUIDANCE], warmupSteps: WARMUP_STEPS, ep: 'wasm', shares: 'even', machines: `each worker tab a Chromium of its own pinned to core i % 2 with a CFS quota of ${o.share} of it (period ${PERIOD_US / 1000} ms), told it has one core; the dashboard's Chromium on core 0 unlimited` },
       machine: machine(machines.browserVersion),
       versions: versions(),
       target: { ...TARGET, projected: { stepS: round(target.stepS, 2), computeS: round(target.computeS, 2), commS: round(target.commS, 2), exchangeOverCompute: round(target.ratio, 2) } },
