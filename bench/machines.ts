@@ -18,6 +18,8 @@ import { serveBenchFiles } from './lib.ts';
 
 /** the CFS period: short, so a tab out of its quota waits at most a few ms to answer a peer (10 ms unless a bench sets it) */
 export const PERIOD_US = 10_000;
+/** the kernel refuses a CFS quota under 1 ms */
+const MIN_QUOTA_US = 1_000;
 
 export interface Machine {
   name: string;
@@ -38,6 +40,7 @@ function cpuGroup(name: string, share: number, periodUs: number): string {
   const v1 = '/sys/fs/cgroup/cpu';
   const v2 = '/sys/fs/cgroup';
   const quota = String(Math.round(share * periodUs));
+  if (Number(quota) < MIN_QUOTA_US) throw new Error(`${share} of a core in a ${periodUs / 1000} ms period is a quota of ${Number(quota) / 1000} ms, under the kernel's least (${MIN_QUOTA_US / 1000} ms): take a longer period or a larger share`);
   if (existsSync(join(v1, 'cpu.cfs_quota_us'))) {
     const dir = join(v1, name);
     mkdirSync(dir, { recursive: true });
