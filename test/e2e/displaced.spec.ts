@@ -9,7 +9,7 @@ const job = { prompt: 'a red ball', frames: 9, height: 64, width: 64, steps: 6, 
 const LAYERS = 2; // the test model's blocks
 const TOKENS = 48; // 9 frames of 64×64: 3 latent frames of 8×8 in patches of 1×2×2
 
-test('a displaced job on 3 worker tabs: all steps exact equals one worker within 1e-4; past 2 exact steps it is near it, each rank sending k, v of its tokens a block; a tab closed mid-job costs a step', async ({ browser, baseURL }) => {
+test('a displaced job on 3 worker tabs: all steps exact equals one worker within 1e-4; past 2 exact steps (equal after each) it moves away and stays near it, each rank sending k, v of its tokens a block; a tab closed mid-job costs a step', async ({ browser, baseURL }) => {
   test.setTimeout(240_000);
   const swarm = await openTestSwarm(browser, baseURL!, 3);
   try {
@@ -22,7 +22,13 @@ test('a displaced job on 3 worker tabs: all steps exact equals one worker within
 
     const displaced = await runJob(swarm.dashboard, { ...job, workers: 3, parallel: 'displaced', warmupSteps: 2 });
     const deviation = maxAbsDiff(displaced.latent, one.latent);
-    console.log(`displaced P=3, 2 exact of ${job.steps} steps: max-abs vs one worker ${deviation.toExponential(2)} of a scale ${scale.toFixed(2)}; step ms ${displaced.report.steps.map((s: any) => s.ms.toFixed(0)).join('/')}`);
+    // after each step: the 2 exact ones equal one worker's, the stale ones move away
+    const perStep = displaced.stepLatents.map((latent, i) => maxAbsDiff(latent, one.stepLatents[i]));
+    console.log(`displaced P=3, 2 exact of ${job.steps} steps: max-abs vs one worker ${deviation.toExponential(2)} of a scale ${scale.toFixed(2)}, after each step ${perStep.map((d) => d.toExponential(1)).join(' ')}; step ms ${displaced.report.steps.map((s: any) => s.ms.toFixed(0)).join('/')}`);
+    expect(perStep).toHaveLength(job.steps);
+    expect(perStep.slice(0, 2).every((d) => d <= 1e-4)).toBe(true);
+    expect(perStep.slice(2).every((d) => d > 1e-4)).toBe(true);
+    expect(perStep.at(-1)).toBe(deviation);
     expect(deviation).toBeGreaterThan(1e-4); // stale keys were used
     expect(deviation).toBeLessThan(0.1 * scale);
     const plan = planUlysses({ numHeads: 12, headDim: 24 }, TOKENS, 3);

@@ -25,6 +25,8 @@ export async function openTestSwarm(browser: Browser, baseURL: string, workers: 
 export interface JobOutcome {
   report: any;
   latent: Float32Array;
+  /** the latent after each step */
+  stepLatents: Float32Array[];
 }
 
 /**
@@ -35,9 +37,12 @@ export interface JobOutcome {
 export const TEST_MODEL = '/models/tiny-wan';
 
 export async function runJob(dashboard: Page, overrides: Record<string, unknown>): Promise<JobOutcome> {
-  const { report, latent } = await dashboard.evaluate((o) => (window as any).ditswarm.generate(o), { model: TEST_MODEL, ...overrides });
-  const bytes = Buffer.from(latent, 'base64');
-  return { report, latent: new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4) };
+  const { report, latent, stepLatents } = await dashboard.evaluate(([o, options]) => (window as any).ditswarm.generate(o, options), [{ model: TEST_MODEL, ...overrides }, { stepLatents: true }] as const);
+  const floats = (b64: string) => {
+    const bytes = Buffer.from(b64, 'base64');
+    return new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
+  };
+  return { report, latent: floats(latent), stepLatents: (stepLatents as string[]).map(floats) };
 }
 
 export function maxAbsDiff(a: Float32Array, b: Float32Array): number {
