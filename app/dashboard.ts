@@ -317,8 +317,9 @@ const automation = {
   /** a job through the queue; with `stepLatents`, the latent after each step too (the benchmarks' deviation per step) */
   async generate(overrides: Record<string, unknown>, { stepLatents = false } = {}) {
     const after = new Map<number, string[]>(); // job id → base64 latent after each step
-    const off = stepLatents
-      ? queue!.on((e) => {
+    // no queue yet: submit says the dashboard is still starting
+    const off = stepLatents && queue
+      ? queue.on((e) => {
           if (e.type !== 'progress' || !e.job.checkpoint) return;
           const { latent } = e.job.checkpoint;
           const steps = after.get(e.job.id) ?? [];
