@@ -99,7 +99,7 @@ const LESS_EXACT_GAIN = 1.1;
 /** An exchange's name ('float32', 'displaced int8'), and with what it costs in fidelity. */
 const nameOf = ({ parallel, dtype }: Exchange): string => `${parallel === 'displaced' ? 'displaced ' : ''}${TRANSPORTS.find((t) => t.dtype === dtype)!.name}`;
 /** what displaced mode costs in fidelity, as bench slow-link and eval-demo measured it (issue 20) */
-const DISPLACED_DEVIATION = "keys and values one step stale past the warm-up: about 2% of the latent from exact after 4 steps, the demo's held-out accuracy within 2.5 points";
+const DISPLACED_DEVIATION = "keys and values one step stale past the warm-up: 1 to 2.5% of the latent from exact in bench slow-link, the demo's held-out accuracy within 2.5 points";
 const describeExchange = (e: Exchange): string =>
   e.parallel === 'displaced' ? `${nameOf(e)} (${DISPLACED_DEVIATION})` : `${nameOf(e)} transport (${TRANSPORTS.find((t) => t.dtype === e.dtype)!.deviation})`;
 

@@ -830,7 +830,7 @@ describe('the cost model sees what the workers measured', () => {
       expect(executor.options).toMatchObject({ parallel: expected, warmupSteps: 3 });
       for (const w of workers) expect((callsOf(w, 'initWorker')[0].args as InitArgs).parallel).toBe(expected);
       if (expected === 'displaced') {
-        expect(plan!.by).toMatch(/; displaced float32 \(keys and values one step stale past the warm-up: about 2% of the latent from exact after 4 steps, the demo's held-out accuracy within 2.5 points\): predicted \d+ ms a step, float32 \d+ ms\)$/);
+        expect(plan!.by).toMatch(/; displaced float32 \(keys and values one step stale past the warm-up: 1 to 2.5% of the latent from exact in bench slow-link, the demo's held-out accuracy within 2.5 points\): predicted \d+ ms a step, float32 \d+ ms\)$/);
         expect(plan!.predictedStepMs).toBeCloseTo(stepMs('displaced'), 6);
       } else expect(plan!.by).toMatch(/; float32 transport: no other predicted 1.1× faster\)$/);
     }
