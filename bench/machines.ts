@@ -25,8 +25,8 @@ export interface Machine {
   name: string;
   /** the core its Chromium is pinned to */
   core: number;
-  /** of that core (null: unlimited) */
-  share: number | null;
+  /** of that core */
+  share: number;
 }
 
 export interface Machines {
@@ -94,11 +94,11 @@ export async function startMachines(machines: Machine[], { dashboardCore = 0, pe
     const dashboardBrowser = await pinnedBrowser('dashboard', dashboardCore, null, dir);
     contexts.push(dashboardBrowser);
     for (const m of machines) {
-      const group = m.share === null ? null : cpuGroup(`ditswarm-bench-${m.name}`, m.share, periodUs);
-      if (group) groups.push(group);
+      const group = cpuGroup(`ditswarm-bench-${m.name}`, m.share, periodUs);
+      groups.push(group);
       contexts.push(await pinnedBrowser(m.name, m.core, group, dir));
       // the wrapper's write into the group does not stop the browser if it fails: see that it did not
-      if (group && !readFileSync(join(group, 'cgroup.procs'), 'utf8').trim()) throw new Error(`the ${m.name} tab's Chromium is not in its cpu cgroup ${group}: this machine does not let it be limited`);
+      if (!readFileSync(join(group, 'cgroup.procs'), 'utf8').trim()) throw new Error(`the ${m.name} tab's Chromium is not in its cpu cgroup ${group}: this machine does not let it be limited`);
     }
     for (const context of contexts) await serveBenchFiles(context);
     const dashboard = await dashboardBrowser.newPage();
