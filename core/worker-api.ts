@@ -3,7 +3,7 @@
 // every call's arguments where the worker receives them and every reply where the coordinator
 // receives it. The compiler holds the table to the interface, so the two sides cannot drift.
 import type { WeightType } from './model/onnx-builder.ts';
-import type { DType } from './net/protocol.ts';
+import { DTYPES, type DType } from './net/protocol.ts';
 import type { ParallelMode } from './parallel.ts';
 import { fields, floats, int, list, none, nullable, num, oneOf, optional, text, type Check } from './net/check.ts';
 import type { ApiContract, Remote } from './net/rpc.ts';
@@ -365,7 +365,7 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
     reply: fields({ bytes: int(0) }),
   },
   initWorker: {
-    args: fields({ rank: int(0, MAX_RANKS - 1), world: int(1, MAX_RANKS), peers: list(text(256), { min: 1, max: MAX_RANKS }), session: text(256), dtype: optional(oneOf('f32', 'f16', 'i8', 'i4')), heads: optional(list(int(1, MAX_HEADS), { min: 1, max: MAX_RANKS })), parallel: optional(oneOf('ulysses', 'displaced')), emulateLink: optional(fields({ bandwidth: num(1e4, 1e12), latencyMs: num(0, 10_000) })) }),
+    args: fields({ rank: int(0, MAX_RANKS - 1), world: int(1, MAX_RANKS), peers: list(text(256), { min: 1, max: MAX_RANKS }), session: text(256), dtype: optional(oneOf(...DTYPES)), heads: optional(list(int(1, MAX_HEADS), { min: 1, max: MAX_RANKS })), parallel: optional(oneOf('ulysses', 'displaced')), emulateLink: optional(fields({ bandwidth: num(1e4, 1e12), latencyMs: num(0, 10_000) })) }),
     reply: fields({ rank: int(0), world: int(1) }),
   },
   loadModel: {

@@ -38,8 +38,10 @@
 /**
  * How activations travel between ranks: float32 (exact), float16, or int8 or int4 with a float32
  * scale per I8_GROUP values (int4: displaced mode's deltas of keys and values only, rank/displaced.ts).
+ * Each one's place here is its code on the wire: a new one goes last.
  */
-export type DType = 'f32' | 'f16' | 'i8' | 'i4';
+export const DTYPES = ['f32', 'f16', 'i8', 'i4'] as const;
+export type DType = (typeof DTYPES)[number];
 
 /** Identifies one activation tensor of the all-to-all. All fields are small non-negative integers. */
 export interface TensorTag {
@@ -93,8 +95,8 @@ const MAGIC = 0x5744;
 const VERSION = 1;
 const KIND_CODE = { rpc: 1, tensor: 2 } as const;
 const KIND_NAME = [undefined, 'rpc', 'tensor'] as const;
-const DTYPE_CODE: Record<DType, number> = { f32: 0, f16: 1, i8: 2, i4: 3 };
-const DTYPE_NAME = ['f32', 'f16', 'i8', 'i4'] as const;
+/** a dtype's code on the wire (byte 4) is its place in DTYPES */
+const DTYPE_CODE = Object.fromEntries(DTYPES.map((d, code) => [d, code])) as Record<DType, number>;
 const U16_MAX = 0xffff;
 const U32_MAX = 0xffffffff;
 const NO_TAG: TensorTag = { job: 0, step: 0, pass: 0, block: 0, phase: 0 };
@@ -394,7 +396,7 @@ export function readHeader(bytes: Uint8Array): FrameHeader | string {
   if (version !== VERSION) return `protocol version ${version}, this page speaks ${VERSION}`;
   const kind = KIND_NAME[v.getUint8(3)];
   if (kind === undefined) return `unknown kind ${v.getUint8(3)}`;
-  const dtype = DTYPE_NAME[v.getUint8(4)];
+  const dtype = DTYPES[v.getUint8(4)];
   if (dtype === undefined) return `unknown dtype ${v.getUint8(4)}`;
   const from = v.getUint8(5);
   const ndim = v.getUint8(6);

@@ -18,7 +18,7 @@ import { CLIP, DEMO_SAMPLING, HELD_OUT_COMBOS, promptOf, TRAINING_COMBOS } from 
 import { loadModel, sampleVideo } from '../generate.ts';
 import { folderFiles } from '../../server/model-folder.ts';
 import { DEFAULT_WARMUP_STEPS } from '../../coordinator/executor.ts';
-import type { DType } from '../../core/net/protocol.ts';
+import { DTYPES, type DType } from '../../core/net/protocol.ts';
 
 const { values } = parseArgs({
   options: {
@@ -44,7 +44,7 @@ const steps = Number(values.steps);
 const guidance = Number(values.guidance);
 const seeds = Array.from({ length: Number(values.seeds) }, (_, i) => Number(values['first-seed']) + i);
 const ranks = Number(values.ranks);
-if (!['f32', 'f16', 'i8', 'i4'].includes(values.dtype!)) throw new Error(`--dtype is f32, f16, i8 or i4, got ${values.dtype}`);
+if (!(DTYPES as readonly string[]).includes(values.dtype!)) throw new Error(`--dtype is ${DTYPES.join(', ')}, got ${values.dtype}`);
 const dtype = values.dtype as DType;
 const warmupSteps = Number(values['warmup-steps']);
 if (!(Number.isInteger(warmupSteps) && warmupSteps >= 0)) throw new Error(`--warmup-steps is a whole number ≥ 0, got ${values['warmup-steps']}`);
