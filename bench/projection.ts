@@ -7,7 +7,7 @@
 //   npm run bench -- projection
 
 import { predictStep, type Hardware, type ModelShape, type Workload } from '../core/cost-model.ts';
-import { I8_GROUP, payloadBytes } from '../core/net/protocol.ts';
+import { bytesPerElement } from '../core/net/protocol.ts';
 import { staleKeysValuesBytes } from '../core/parallel.ts';
 import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -34,7 +34,7 @@ const TRANSPORTS = [
 /** one-way link latency of a LAN */
 export const LATENCY_S = 0.001;
 /** displaced mode's transports: its keys' and values' deltas as int8 or int4 with a scale per 64 values */
-const DISPLACED_TRANSPORTS = (['i8', 'i4'] as const).map((dtype) => ({ name: dtype === 'i8' ? 'int8' : 'int4', bytesPerElement: payloadBytes(I8_GROUP, dtype) / I8_GROUP }));
+const DISPLACED_TRANSPORTS = (['i8', 'i4'] as const).map((dtype) => ({ name: dtype === 'i8' ? 'int8' : 'int4', bytesPerElement: bytesPerElement(dtype) }));
 
 export function runProjection(blockCost: BlockCostReport | null = lastBlockCost()) {
   const rows: {

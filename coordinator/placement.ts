@@ -6,7 +6,7 @@ import { candidatePlans, fitMeshProbe, planSwarm, planWorld, predictStep, uneven
 import { latentShape, usesGuidance, type JobParams } from '../core/job.ts';
 import type { WanConfig } from '../core/model/config.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
-import { I8_GROUP, payloadBytes, type DType } from '../core/net/protocol.ts';
+import { bytesPerElement, type DType } from '../core/net/protocol.ts';
 import { checkDegree, defaultDegree, RankLayout, staleKeysValuesBytes, type ParallelMode } from '../core/parallel.ts';
 import { formatBytes, type ExecutionProvider, type MeshProbe } from '../core/worker-api.ts';
 import { createExecutor, type Backend } from './backends.ts';
@@ -138,7 +138,6 @@ function checkExchangeRequest({ parallel, warmupSteps, dtype }: PlacementRequest
   if (warmupSteps !== undefined && !(Number.isInteger(warmupSteps) && warmupSteps >= 0)) throw new Error(`warmupSteps is a whole number ≥ 0 of exact steps before displaced ones, got ${JSON.stringify(warmupSteps)}`);
 }
 
-const bytesPerElement = (dtype: DType) => payloadBytes(I8_GROUP, dtype) / I8_GROUP;
 
 /** Where a job runs, and why. */
 export interface Placement {

@@ -89,6 +89,9 @@ export function payloadBytes(elements: number, dtype: DType): number {
   if (dtype === 'i4') return Math.ceil(elements / 2) + scales;
   return elements * (dtype === 'f16' ? 2 : 4);
 }
+
+/** Bytes a value of `dtype` takes on the wire on average, its scales counted (int8: 1.0625). */
+export const bytesPerElement = (dtype: DType): number => payloadBytes(I8_GROUP, dtype) / I8_GROUP;
 export const MAX_NDIM = 4;
 
 const MAGIC = 0x5744;
