@@ -107,8 +107,8 @@ async function pipelineFor({ backend, model = DEFAULT_MODEL_URL }: JobPlacement)
 }
 
 function runJob(job: StoredJob, hooks: Parameters<RunJob>[1]) {
-  const { workers, ep, dtype = 'f32', parallel, warmupSteps, cfgParallel, shares, spotCheckRate, emulateLink } = job.placement;
-  return pipelineFor(job.placement).then((pipe) => pipe.generate({ ...job.params, ...job.inputs, ...hooks, placement: { ulyssesDegree: workers, ep, dtype, parallel, warmupSteps, cfgParallel, shares, spotCheckRate, emulateLink } }));
+  const { workers, ep, dtype = 'f32', parallel, warmupSteps, headGroups, cfgParallel, shares, spotCheckRate, emulateLink } = job.placement;
+  return pipelineFor(job.placement).then((pipe) => pipe.generate({ ...job.params, ...job.inputs, ...hooks, placement: { ulyssesDegree: workers, ep, dtype, parallel, warmupSteps, headGroups, cfgParallel, shares, spotCheckRate, emulateLink } }));
 }
 
 /** The form's model: its head count (the degrees a job may ask for divide it), and its job defaults, which fill the form. */
@@ -167,21 +167,24 @@ function showFinished(job: StoredJob): void {
   const transport = r.config.dtype && r.config.dtype !== 'f32' && r.config.workers > 1 ? ` Activations went between ranks as ${r.config.dtype === 'f16' ? 'float16' : 'int8 with a scale per 64 values'}, not exact float32.` : '';
   // jobs stored before the report had it ran Ulysses
   const displaced = r.config.parallel === 'displaced' && r.config.workers > 1 ? ` Displaced: past ${r.config.warmupSteps} exact step${r.config.warmupSteps === 1 ? '' : 's'}, each rank attended to the others' keys and values of the step before (the exchange off the critical path), not exact.` : '';
+  // jobs stored before the report had it exchanged all heads at once
+  const hidden = r.steps.length ? Math.max(...r.steps.map((s) => Math.max(...s.ranks.map((rank) => rank.overlapMs ?? 0)))) : 0;
+  const overlapped = (r.config.headGroups ?? 1) > 1 && r.config.parallel === 'ulysses' && r.config.workers > 1 ? ` Ulysses in ${r.config.headGroups} head groups: attention over one group ran while the next was on the wire (up to ${(hidden / 1000).toFixed(2)} s of exchange hidden behind compute in a step).` : '';
   const emulated = r.config.emulateLink ? ` Rank links were paced as a ${(r.config.emulateLink.bandwidth / 1e6).toFixed(2)} MB/s, ${r.config.emulateLink.latencyMs} ms link (an emulated LAN).` : '';
   const prompt = r.encoding?.prompt; // jobs stored before the report had it have none
   const encoded = !prompt || prompt.source === 'given' ? '' : prompt.source === 'cache' ? ' The prompt came from the cache.' : prompt.layers.length ? ` The prompt was encoded on ${new Set(prompt.layers.map((l) => l.worker)).size} worker(s) in ${(prompt.ms / 1000).toFixed(1)} s.` : '';
-  $('status').textContent = `#${job.id} done: ${r.config.frames} frames in ${(r.totalMs / 1000).toFixed(1)} s on ${r.config.workers} ${r.config.backend} rank${r.config.workers === 1 ? '' : 's'}${groups}${recovered}, each on ${computedOn}.${planned}${fallback}${transport}${displaced}${emulated}${checked}${encoded}${job.storageNote ? ` Not kept: ${job.storageNote}.` : ''}`;
+  $('status').textContent = `#${job.id} done: ${r.config.frames} frames in ${(r.totalMs / 1000).toFixed(1)} s on ${r.config.workers} ${r.config.backend} rank${r.config.workers === 1 ? '' : 's'}${groups}${recovered}, each on ${computedOn}.${planned}${fallback}${transport}${displaced}${overlapped}${emulated}${checked}${encoded}${job.storageNote ? ` Not kept: ${job.storageNote}.` : ''}`;
 }
 
 async function submitFromForm(overrides: Record<string, unknown> = {}): Promise<StoredJob> {
   const formValues = readForm();
-  const { backend, workers, ep, dtype, parallel, warmupSteps, cfgParallel, shares, spotCheckRate, emulateLink, model, promptEmbeds, negativePromptEmbeds, outputType, ...rest } = overrides as Partial<JobPlacement> & AutomationInputs;
+  const { backend, workers, ep, dtype, parallel, warmupSteps, headGroups, cfgParallel, shares, spotCheckRate, emulateLink, model, promptEmbeds, negativePromptEmbeds, outputType, ...rest } = overrides as Partial<JobPlacement> & AutomationInputs;
   // a job on another model than the form's (npm run generate --model) is that model's defaults beneath what it gives
   const beneath = model !== undefined && model !== formValues.placement.model ? await loadJobDefaults(model) : formValues.params;
   const params = { ...beneath, ...rest };
   if (!showErrors(checkJobParams(params))) return Promise.reject(new Error(`invalid job: ${$('form-errors').textContent}`));
   if (!queue) return Promise.reject(new Error('the dashboard is still starting'));
-  const placement: JobPlacement = { ...formValues.placement, backend: backend ?? formValues.placement.backend, workers: workers ?? formValues.placement.workers, ep: ep ?? formValues.placement.ep, dtype, parallel, warmupSteps, cfgParallel: cfgParallel ?? formValues.placement.cfgParallel, shares, spotCheckRate, emulateLink, model: model ?? formValues.placement.model };
+  const placement: JobPlacement = { ...formValues.placement, backend: backend ?? formValues.placement.backend, workers: workers ?? formValues.placement.workers, ep: ep ?? formValues.placement.ep, dtype, parallel, warmupSteps, headGroups, cfgParallel: cfgParallel ?? formValues.placement.cfgParallel, shares, spotCheckRate, emulateLink, model: model ?? formValues.placement.model };
   const inputs: JobInputs = { outputType, promptEmbeds: promptEmbeds && embedsFromBase64(promptEmbeds), negativePromptEmbeds: negativePromptEmbeds && embedsFromBase64(negativePromptEmbeds) };
   return queue.submit(params, placement, inputs);
 }

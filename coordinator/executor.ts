@@ -45,6 +45,8 @@ export interface ExecutorOptions {
   spotCheckRate?: number;
   /** how a group's ranks share self-attention: Ulysses (exact) unless displaced is asked for */
   parallel?: ParallelMode;
+  /** Ulysses: the head groups a block's exchange goes in, so attention overlaps it (the cost model's choice); 1 unless set */
+  headGroups?: number;
   /** displaced mode: the first steps exact (DistriFusion's warm-up), DEFAULT_WARMUP_STEPS unless set */
   warmupSteps?: number;
 }
@@ -83,6 +85,8 @@ export interface RankReport {
   worker: string;
   computeMs: number;
   commMs: number;
+  /** time computing while an exchange of the rank's was on the wire (RankStats) */
+  overlapMs: number;
   bytesSent: number;
   /** the most memory the rank's page held so far (null: its browser cannot measure it) */
   peakMemoryBytes: number | null;
@@ -191,9 +195,9 @@ export abstract class Executor {
     this.placed = true;
     const session = `${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 8)}`;
     const dtype = this.options.dtype ?? 'f32';
-    const { emulateLink } = this.options;
+    const { emulateLink, headGroups = 1 } = this.options;
     const parallel = this.options.parallel ?? 'ulysses';
-    await this.collectiveRpc('initWorker', { args: (rank) => ({ ...this.layout.meshOf(rank, peers, session), dtype, parallel, ...(emulateLink && { emulateLink }) }) });
+    await this.collectiveRpc('initWorker', { args: (rank) => ({ ...this.layout.meshOf(rank, peers, session), dtype, parallel, headGroups, ...(emulateLink && { emulateLink }) }) });
     const infos = await this.collectiveRpc('describe');
     const loaded = await this.collectiveRpc('loadModel', { args: { modelUrl: this.options.modelUrl, ep: this.options.ep ?? 'auto' }, timeoutMs: loadTimeoutMs(this.rpcTimeoutMs) });
     this.workers = infos.map((info, rank) => ({ ...info, ...loaded[rank], id: peers[rank] }));
@@ -318,7 +322,7 @@ export abstract class Executor {
     if (checked) await this.spotCheck(request, plan, ranks, results.map((r) => r.rows), rowWidth);
     return {
       output: gatherLatent(config, plan, results.map((r) => r.rows), request.latent.shape),
-      ranks: results.map((r, i) => ({ rank: ranks[i], worker: this.workers[ranks[i]]?.id ?? '', computeMs: r.computeMs, commMs: r.commMs, bytesSent: r.bytesSent, peakMemoryBytes: r.peakMemoryBytes })),
+      ranks: results.map((r, i) => ({ rank: ranks[i], worker: this.workers[ranks[i]]?.id ?? '', computeMs: r.computeMs, commMs: r.commMs, overlapMs: r.overlapMs, bytesSent: r.bytesSent, peakMemoryBytes: r.peakMemoryBytes })),
     };
   }
 
@@ -386,6 +390,7 @@ export abstract class Executor {
       ...r,
       computeMs: r.computeMs + uncond.ranks[i].computeMs,
       commMs: r.commMs + uncond.ranks[i].commMs,
+      overlapMs: r.overlapMs + uncond.ranks[i].overlapMs,
       bytesSent: r.bytesSent + uncond.ranks[i].bytesSent,
       peakMemoryBytes: maxOrNull(r.peakMemoryBytes, uncond.ranks[i].peakMemoryBytes),
     }));

@@ -21,6 +21,8 @@ export interface JobPlacement {
   parallel?: PlacementRequest['parallel'];
   /** displaced mode's exact steps first; its default unless set */
   warmupSteps?: number;
+  /** Ulysses: the head groups a block's exchange goes in; the planner's choice unless set */
+  headGroups?: number;
   /** conditional and unconditional passes on two worker groups: always, never, or (unset) as the planner chooses */
   cfgParallel?: boolean;
   /** the heads shared evenly, by the workers' speed, or (unset) as the planner predicts faster */

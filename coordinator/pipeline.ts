@@ -109,6 +109,8 @@ export interface GenerateReport {
     /** how the ranks shared self-attention, and (displaced) how many exact steps came first */
     parallel: ParallelMode;
     warmupSteps: number;
+    /** Ulysses: the head groups a block's exchange went in (1: all heads at once, no overlap) */
+    headGroups: number;
     emulateLink: LinkEmulation | null;
   };
   /**
@@ -340,7 +342,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
         latent: latent.data,
         frames,
         report: {
-          config: { ...params, backend, workers: executor.world, ulyssesDegree: executor.layout.ulyssesDegree, cfgParallel: executor.layout.cfgParallel, model: modelUrl, outputType, promptEmbeds: promptEmbeds ? 'given' : 'encoded', dtype: executor.options.dtype ?? 'f32', parallel: executor.options.parallel ?? 'ulysses', warmupSteps: executor.options.warmupSteps ?? DEFAULT_WARMUP_STEPS, emulateLink: placement.emulateLink ?? null },
+          config: { ...params, backend, workers: executor.world, ulyssesDegree: executor.layout.ulyssesDegree, cfgParallel: executor.layout.cfgParallel, model: modelUrl, outputType, promptEmbeds: promptEmbeds ? 'given' : 'encoded', dtype: executor.options.dtype ?? 'f32', parallel: executor.options.parallel ?? 'ulysses', headGroups: executor.options.headGroups ?? 1, warmupSteps: executor.options.warmupSteps ?? DEFAULT_WARMUP_STEPS, emulateLink: placement.emulateLink ?? null },
           plan,
           cfgFallback,
           meshProbe,

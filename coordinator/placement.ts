@@ -42,11 +42,13 @@ export interface PlacementRequest {
   parallel?: ParallelMode | 'auto';
   /** displaced mode's exact steps first (DEFAULT_WARMUP_STEPS unless set) */
   warmupSteps?: number;
+  /** Ulysses: the head groups a block's exchange goes in (core/parallel.ts headGroup); unset: the cost model's choice, 1 until the workers are measured */
+  headGroups?: number;
 }
 
 /** What a placement is made for besides its layout: a job asking for other of these is placed anew. */
-type PlacedFor = Pick<PlacementRequest, 'ep' | 'spotCheckRate' | 'emulateLink' | 'warmupSteps'> & Exchange;
-const placedForOf = ({ ep, dtype, parallel, warmupSteps, spotCheckRate, emulateLink }: PlacedFor): PlacedFor => ({ ep, dtype, parallel, warmupSteps, spotCheckRate, emulateLink });
+type PlacedFor = Pick<PlacementRequest, 'ep' | 'spotCheckRate' | 'emulateLink' | 'warmupSteps'> & Exchange & { headGroups: number };
+const placedForOf = ({ ep, dtype, parallel, headGroups, warmupSteps, spotCheckRate, emulateLink }: PlacedFor): PlacedFor => ({ ep, dtype, parallel, headGroups, warmupSteps, spotCheckRate, emulateLink });
 
 /** How the degree of an 'auto' job was chosen, and what the cost model expected of it. */
 export interface PlannedDegree {
@@ -68,6 +70,8 @@ export interface PlannedDegree {
   dtype: DType;
   /** how the ranks share self-attention: as asked, or with 'auto' the cost model's choice */
   parallel: ParallelMode;
+  /** Ulysses: the head groups a block's exchange goes in, as asked or the cost model's choice (1: no overlap) */
+  headGroups: number;
 }
 
 /**
@@ -130,12 +134,17 @@ function chooseExchange(request: Pick<PlacementRequest, 'dtype' | 'parallel'>, s
   return { ...best, why };
 }
 
+/** What head groups a plan's exchange goes in, in words for its `by` (nothing for one group the job left to the cost model). */
+const overlapWhy = (headGroups: number, request: Pick<PlacementRequest, 'headGroups'>): string =>
+  headGroups > 1 ? `; q, k, v in ${headGroups} head groups, so attention overlaps the exchange${request.headGroups ? ' (asked for)' : ''}` : request.headGroups ? '; q, k, v in one head group (asked for)' : '';
+
 /** A job's parallel mode and warm-up, as asked: an error that says what is valid. */
-function checkExchangeRequest({ parallel, warmupSteps, dtype }: PlacementRequest): void {
+function checkExchangeRequest({ parallel, warmupSteps, dtype, headGroups }: PlacementRequest): void {
   // int4 would lose too much of Ulysses' q, k, v; displaced sends only keys' and values' change a step
   if (dtype === 'i4' && parallel !== 'displaced' && parallel !== 'auto') throw new Error(`dtype 'i4' carries displaced mode's deltas of keys and values only: ask for parallel 'displaced' too (or 'f32', 'f16', 'i8' for Ulysses)`);
   if (parallel !== undefined && !['ulysses', 'displaced', 'auto'].includes(parallel)) throw new Error(`parallel must be 'ulysses', 'displaced' or 'auto', got ${JSON.stringify(parallel)}`);
   if (warmupSteps !== undefined && !(Number.isInteger(warmupSteps) && warmupSteps >= 0)) throw new Error(`warmupSteps is a whole number ≥ 0 of exact steps before displaced ones, got ${JSON.stringify(warmupSteps)}`);
+  if (headGroups !== undefined && !(Number.isInteger(headGroups) && headGroups >= 1)) throw new Error(`headGroups is a whole number ≥ 1 of head groups a block's exchange goes in (1: all heads at once), got ${JSON.stringify(headGroups)}`);
 }
 
 
@@ -230,6 +239,7 @@ export class Placer {
       ...request,
       dtype: plan?.dtype ?? (request.dtype === 'auto' ? 'f32' : request.dtype),
       parallel: plan?.parallel ?? (request.parallel === 'displaced' || request.dtype === 'i4' ? 'displaced' : 'ulysses'),
+      headGroups: plan?.headGroups ?? request.headGroups ?? 1,
     };
     // placedFor is set exactly while there is an executor
     const fits =
@@ -339,7 +349,7 @@ export class Placer {
     const uneven = cfgParallel || request.shares === 'even' ? [] : rehearsed.filter((p) => !p.cfgParallel).flatMap((p) => unevenPlan(work, hw, p.ulyssesDegree) ?? []);
     // the fastest plan under each exchange the job allows, then the exchange
     const bestUnder = (exchange: Exchange) => {
-      const choice = planSwarm(work, { ...hw, bytesPerElement: bytesPerElement(exchange.dtype) }, [...candidates, ...uneven].map((p) => ({ ...p, mode: exchange.parallel })));
+      const choice = planSwarm(work, { ...hw, bytesPerElement: bytesPerElement(exchange.dtype) }, [...candidates, ...uneven].map((p) => ({ ...p, mode: exchange.parallel, headGroups: request.headGroups })));
       // one worker is always ranked; asked for CFG parallel, the fastest CFG-parallel plan
       return { choice, best: cfgParallel ? (choice.ranked.find((p) => p.plan.cfgParallel) ?? choice.best) : choice.best };
     };
@@ -354,7 +364,7 @@ export class Placer {
       degree: best.plan.ulyssesDegree,
       cfgParallel: best.plan.cfgParallel,
       asked: false,
-      by: `cost model (${hw.forwardsFrom}; rank links from ${hw.link.from}${transport.why})`,
+      by: `cost model (${hw.forwardsFrom}; rank links from ${hw.link.from}${transport.why}${overlapWhy(best.headGroups, request)})`,
       link: hw.link,
       predictedStepMs: best.stepS * 1000,
       oneWorkerStepMs: choice.baseline.stepS * 1000,
@@ -362,6 +372,7 @@ export class Placer {
       leftOut,
       dtype: transport.dtype,
       parallel: transport.parallel,
+      headGroups: best.headGroups,
     };
     return { degree: plan.degree, cfgParallel: plan.cfgParallel, plan };
   }
@@ -376,7 +387,7 @@ export class Placer {
     const swarm = this.options.swarm;
     if (!swarm || swarm.workers().length < layout.world) return null;
     await swarm.measuredNow();
-    const even: Plan = { ulyssesDegree: layout.ulyssesDegree, cfgParallel: layout.cfgParallel };
+    const even: Plan = { ulyssesDegree: layout.ulyssesDegree, cfgParallel: layout.cfgParallel, headGroups: request.headGroups };
     const oneWorker: Plan = { ulyssesDegree: 1, cfgParallel: false };
     const hw = await this.hardwareOf(swarm.workers(), request, params, [oneWorker, even]);
     if (!hw) return null;
@@ -384,7 +395,7 @@ export class Placer {
     const uneven = layout.cfgParallel || request.shares === 'even' ? null : unevenPlan(work, hw, layout.ulyssesDegree);
     const stepUnder = ({ dtype, parallel }: Exchange) => {
       const hwD = { ...hw, bytesPerElement: bytesPerElement(dtype) };
-      const [evenStep, unevenStep] = [predictStep(work, { ...even, mode: parallel }, hwD), uneven && predictStep(work, { ...uneven, mode: parallel }, hwD)];
+      const [evenStep, unevenStep] = [predictStep(work, { ...even, mode: parallel }, hwD), uneven && predictStep(work, { ...uneven, mode: parallel, headGroups: request.headGroups }, hwD)];
       return unevenStep && (request.shares === 'speed' || unevenStep.stepS < evenStep.stepS) ? unevenStep : evenStep;
     };
     const transport = chooseExchange(request, (exchange) => stepUnder(exchange).stepS, displacedMisfit(work, layout.ulyssesDegree, swarm.workers()));
@@ -393,7 +404,7 @@ export class Placer {
       degree: layout.ulyssesDegree,
       cfgParallel: layout.cfgParallel,
       asked: true,
-      by: `asked for (predicted from ${hw.forwardsFrom}; rank links from ${hw.link.from}${transport.why})`,
+      by: `asked for (predicted from ${hw.forwardsFrom}; rank links from ${hw.link.from}${transport.why}${overlapWhy(chosen.headGroups, request)})`,
       link: hw.link,
       predictedStepMs: chosen.stepS * 1000,
       oneWorkerStepMs: predictStep(work, oneWorker, hw).stepS * 1000,
@@ -401,6 +412,7 @@ export class Placer {
       leftOut: null,
       dtype: transport.dtype,
       parallel: transport.parallel,
+      headGroups: chosen.headGroups,
     };
   }
 

@@ -4,7 +4,7 @@
 
 import type { WanConfig } from './model/config.ts';
 import type { ComputeProbe, ExecutionProvider, MeshProbe } from './worker-api.ts';
-import { checkDegree, displacedFloatsPerBlock, evenDegrees, evenHeads, exchangeFloatsPerBlock, planUlysses, proportionalShares, type ParallelMode } from './parallel.ts';
+import { checkDegree, displacedFloatsPerBlock, evenDegrees, evenHeads, exchangeFloatsPerBlock, MAX_HEAD_GROUPS, planUlysses, proportionalShares, type ParallelMode } from './parallel.ts';
 
 /** The sizes a forward's cost depends on (a WanConfig has them all). */
 export type ModelShape = Pick<WanConfig, 'numHeads' | 'headDim' | 'dim' | 'ffnDim' | 'numLayers' | 'inChannels' | 'outChannels' | 'patchSize' | 'textDim' | 'freqDim'>;
@@ -30,6 +30,11 @@ export interface Plan {
   heads?: number[];
   /** how a group's ranks share self-attention; Ulysses without it */
   mode?: ParallelMode;
+  /**
+   * Ulysses: the head groups a block's exchange goes in (core/parallel.ts headGroup); without it
+   * the prediction takes the fastest, and says which (StepPrediction.plan)
+   */
+  headGroups?: number;
 }
 
 /** Workers a plan occupies: its degree, twice over with CFG parallel. */
@@ -73,8 +78,6 @@ export interface Hardware {
   bytesPerElement: number;
   /** all-to-alls per transformer block; Ulysses has 2 (q/k/v out, attention output back) */
   exchangesPerBlock?: number;
-  /** share of the exchange time hidden behind compute, 0 (none) … 1 (all) */
-  overlap?: number;
   /**
    * The coordinator's link to the workers: every forward it sends the patches [S, C·pt·ph·pw] out
    * and gathers the rows [S, pt·ph·pw·C] back, as fp32, through its one uplink whatever P is.
@@ -92,10 +95,14 @@ export interface ForwardFlops {
   total: number;
   /** attention score elements the rank softmaxes, self (its heads × S × S) and cross, all blocks */
   scores: number;
+  /** of which self-attention's */
+  selfScores: number;
 }
 
 export interface StepPrediction {
   plan: Plan;
+  /** the head groups predicted: the plan's, or without them the fastest (1 but for Ulysses over several ranks) */
+  headGroups: number;
   /** workers the plan occupies: degree, ×2 with CFG parallel */
   world: number;
   flopsPerRank: number; // per step
@@ -127,21 +134,23 @@ export function forwardFlops(model: ModelShape, tokens: number, textTokens: numb
   const blockTotal = selfProjections + attention + crossProjections + crossAttention + ffn;
   const embed = 2 * Sl * inChannels * patch * D + 2 * (freqDim * D + D * D + D * 6 * D) + 2 * L * (textDim * D + D * D);
   const head = 2 * Sl * D * outChannels * patch;
-  const scores = numLayers * (heads * tokens * tokens + model.numHeads * Sl * L);
+  const selfScores = numLayers * heads * tokens * tokens;
+  const scores = selfScores + numLayers * model.numHeads * Sl * L;
   return {
     embed,
     block: { selfProjections, attention, crossProjections, crossAttention, ffn, total: blockTotal },
     head,
     total: embed + numLayers * blockTotal + head,
     scores,
+    selfScores,
   };
 }
 
 /**
  * Engine calls of one rank's forward (rank/ulysses.ts): embed, then per block pre-attention,
- * attention and post-attention, then the head.
+ * attention (once per head group) and post-attention, then the head.
  */
-export const stageCallsPerForward = (model: Pick<ModelShape, 'numLayers'>): number => 3 * model.numLayers + 2;
+export const stageCallsPerForward = (model: Pick<ModelShape, 'numLayers'>, headGroups = 1): number => (2 + headGroups) * model.numLayers + 2;
 
 /**
  * Bytes the busiest rank sends in one forward: Ulysses about 4·(S/P)·D·(P−1)/P elements per block
@@ -174,10 +183,23 @@ function slowestLink(hw: Hardware, workers: number[]): LinkSpeed {
 /**
  * The plan's per-step time: on the fastest `world` workers of `hw` with even shares, or on its
  * first `world` workers in order (rank i on worker i, as placed) with the plan's head shares.
+ * Ulysses over several ranks: in the plan's head groups, or without them the fastest.
  */
 export function predictStep(work: Workload, plan: Plan, hw: Hardware): StepPrediction {
+  checkDegree(work.model.numHeads, plan.ulyssesDegree);
+  // displaced ranks exchange once a block, and one rank not at all: one group
+  if (plan.mode === 'displaced' || plan.ulyssesDegree < 2) return predictGrouped(work, plan, 1, hw);
+  // as in planUlysses, at most as many groups as the rank with the fewest heads has
+  const fewestHeads = Math.min(...(plan.heads ?? evenHeads(work.model.numHeads, plan.ulyssesDegree)));
+  if (plan.headGroups !== undefined) return predictGrouped(work, plan, Math.min(plan.headGroups, fewestHeads), hw);
+  const most = Math.min(MAX_HEAD_GROUPS, fewestHeads);
+  const each = Array.from({ length: most }, (_, g) => predictGrouped(work, plan, g + 1, hw));
+  // ties to fewer groups: fewer calls and messages for the same time
+  return each.reduce((best, p) => (p.stepS < best.stepS ? p : best));
+}
+
+function predictGrouped(work: Workload, plan: Plan, headGroups: number, hw: Hardware): StepPrediction {
   const P = plan.ulyssesDegree;
-  checkDegree(work.model.numHeads, P);
   if (plan.cfgParallel && work.passes !== 2) throw new Error('cfgParallel needs two passes per step (guidance ≠ 1); this workload has one');
   if (plan.heads && (plan.cfgParallel || plan.heads.length !== P)) throw new Error(`head shares ${plan.heads.join('/')} are for one group of ${P} ranks`);
   const world = planWorld(plan);
@@ -191,30 +213,38 @@ export function predictStep(work: Workload, plan: Plan, hw: Hardware): StepPredi
   const link = world > 1 ? slowestLink(hw, chosen.map((c) => c.i)) : { bandwidth: Infinity, latency: 0 };
   // a rank's forward at rates (flop/s, softmax/s); the slowest rank's is the step's: with even
   // shares the busiest share at the slowest rates, else each rank's share at its own worker's
-  const forwardAt = (f: ForwardFlops, flops: number, softmaxRate: number) => f.total / flops + f.scores / softmaxRate + stageCallsPerForward(work.model) * stageS;
+  const forwardAt = (f: ForwardFlops, flops: number, softmaxRate: number) => f.total / flops + f.scores / softmaxRate + stageCallsPerForward(work.model, headGroups) * stageS;
   const forward = forwardFlops(work.model, work.tokens, work.textTokens, shares);
+  const slowest = { flops: Math.min(...chosen.map((c) => c.f)), softmaxRate: Math.min(...chosen.map((c) => softmaxRateOf(c.i))) };
   const estimatedForwardS = plan.heads
     ? (unevenRehearsedS(work, plan.heads, hw) ?? Math.max(...chosen.map((c, rank) => forwardAt(forwardFlops(work.model, work.tokens, work.textTokens, shares, rank), c.f, softmaxRateOf(c.i)))))
-    : forwardAt(forward, Math.min(...chosen.map((c) => c.f)), Math.min(...chosen.map((c) => softmaxRateOf(c.i))));
+    : forwardAt(forward, slowest.flops, slowest.softmaxRate);
 
   const passesPerGroup = plan.cfgParallel ? 1 : work.passes;
   // one rank alone sends nothing and waits for no one: both terms are 0 at P = 1
   const displaced = plan.mode === 'displaced';
   const bytes = forwardBytes(work.model, work.tokens, shares, hw.bytesPerElement, plan.mode);
-  const exchanges = (displaced ? 1 : (hw.exchangesPerBlock ?? 2)) * work.model.numLayers;
+  const exchanges = (displaced ? 1 : (hw.exchangesPerBlock ?? 2) * headGroups) * work.model.numLayers;
   const wireS = bytes / link.bandwidth + exchanges * (P - 1) * link.latency;
   // CFG parallel: one group's output rows [S, pt·ph·pw·C] go to the other once per step
   const outWidth = work.model.outChannels * patchVolume(work.model);
   const cfgBytes = plan.cfgParallel ? work.tokens * outWidth * hw.bytesPerElement : 0;
   const cfgComm = plan.cfgParallel ? cfgBytes / link.bandwidth + link.latency : 0;
 
-  // displaced ranks do Ulysses' work (their tokens over all heads, not all tokens over their heads)
-  const forwardS = hw.rehearsedForwardS?.(plan) ?? estimatedForwardS;
+  // displaced ranks do Ulysses' work (their tokens over all heads, not all tokens over their
+  // heads); a forward is rehearsed in one head group, and each group past it is a call more a block
+  const rehearsedS = hw.rehearsedForwardS?.(plan);
+  const forwardS = rehearsedS === undefined ? estimatedForwardS : rehearsedS + (headGroups - 1) * work.model.numLayers * stageS;
   const computeS = passesPerGroup * forwardS;
+  // the self-attention of the forward (its share of the estimate at the slowest rates): head groups
+  // hide all of it but the last group's behind the exchange, as far as the exchange is long
+  const selfAttentionS = (work.model.numLayers * forward.block.attention) / slowest.flops + forward.selfScores / slowest.softmaxRate;
+  const attentionShare = selfAttentionS > 0 ? selfAttentionS / forwardAt(forward, slowest.flops, slowest.softmaxRate) : 0;
+  const groupsHide = forwardS * attentionShare * (1 - 1 / headGroups);
   // displaced (past its warm-up): a forward's gather has the next forward of its pass to arrive in;
   // two passes on one group run at once, so one's all-to-alls wait behind the other's compute
   // (coordinator/executor.ts velocity); only what takes longer waits
-  const hiddenBehind = displaced || (passesPerGroup > 1 && P > 1) ? forwardS : wireS * (hw.overlap ?? 0);
+  const hiddenBehind = displaced || (passesPerGroup > 1 && P > 1) ? forwardS : groupsHide;
   const commPerForward = Math.max(0, wireS - hiddenBehind);
   const commS = passesPerGroup * commPerForward + cfgComm;
   const coordinator = hw.coordinatorLink === undefined ? (typeof hw.link === 'function' ? slowestLink(hw, chosen.map((c) => c.i)) : hw.link) : hw.coordinatorLink;
@@ -222,6 +252,7 @@ export function predictStep(work: Workload, plan: Plan, hw: Hardware): StepPredi
   const ioS = coordinator ? ioBytes / coordinator.bandwidth + 2 * work.passes * coordinator.latency : 0;
   return {
     plan,
+    headGroups,
     world,
     flopsPerRank: passesPerGroup * forward.total,
     bytesPerRank: passesPerGroup * bytes + cfgBytes,

@@ -18,6 +18,11 @@ export interface UlyssesPlan {
   /** tokens of each rank: at least one, summing to S */
   rows: number[];
   headDim: number;
+  /**
+   * the head groups a block's exchange goes in (headGroup): 1, all of a rank's heads at once, or
+   * more, so that attention overlaps the exchange; at most the fewest heads a rank has
+   */
+  headGroups: number;
 }
 
 /**
@@ -174,16 +179,18 @@ export const evenHeads = (numHeads: number, degree: number): number[] => proport
 
 /**
  * The plan of a forward over `tokens` tokens: `heads` as given (a rank's share each), or that many
- * ranks with even heads; tokens in proportion to the heads.
+ * ranks with even heads; tokens in proportion to the heads; the exchange in `headGroups` head
+ * groups, or as many as the rank with the fewest heads has where that is fewer.
  */
-export function planUlysses(cfg: Pick<WanConfig, 'numHeads' | 'headDim'>, tokens: number, heads: number | number[]): UlyssesPlan {
+export function planUlysses(cfg: Pick<WanConfig, 'numHeads' | 'headDim'>, tokens: number, heads: number | number[], headGroups = 1): UlyssesPlan {
   const shares = typeof heads === 'number' ? (checkDegree(cfg.numHeads, heads), evenHeads(cfg.numHeads, heads)) : heads;
   checkDegree(cfg.numHeads, shares.length);
   if (!shares.every((h) => Number.isInteger(h) && h >= 1) || shares.reduce((a, b) => a + b, 0) !== cfg.numHeads) {
     throw new ParallelConfigError(`head shares ${shares.join('/')} are not whole shares of at least one summing to the model's ${cfg.numHeads} heads`);
   }
   if (tokens < shares.length) throw new ParallelConfigError(`${tokens} tokens cannot be shared among ${shares.length} ranks: use fewer workers or a larger video`);
-  return { degree: shares.length, tokens, heads: shares, rows: proportionalShares(tokens, shares), headDim: cfg.headDim };
+  if (!(Number.isInteger(headGroups) && headGroups >= 1)) throw new ParallelConfigError(`headGroups is a whole number of head groups ≥ 1, got ${headGroups}`);
+  return { degree: shares.length, tokens, heads: shares, rows: proportionalShares(tokens, shares), headDim: cfg.headDim, headGroups: Math.min(headGroups, ...shares) };
 }
 
 const sumBefore = (xs: number[], r: number) => xs.slice(0, r).reduce((a, b) => a + b, 0);
@@ -216,14 +223,29 @@ export function exchangeFloatsPerBlock(plan: UlyssesPlan, rank: number): number 
 }
 
 /**
- * The floats of one exchanged part from rank `from` to rank `to`: q, k, v [3, rows[from],
- * heads[to]·d], or attention output [rows[to], heads[from]·d] (Ulysses); or k, v of all heads
- * [2, rows[from], H·d] (displaced).
+ * Most head groups the cost model weighs for a Ulysses block's exchange (core/cost-model.ts).
+ * Attention over one group's heads starts once that group has arrived, while the next groups are
+ * still on the wire, and its output goes back while the next group computes (rank/ulysses.ts): all
+ * of a block's attention but the last group's can hide behind the exchange, at the cost of an
+ * engine call and a message per peer for each group past the first.
  */
-export function partFloats(plan: UlyssesPlan, phase: 'qkv' | 'output' | 'kv', from: number, to: number): number {
+export const MAX_HEAD_GROUPS = 3;
+
+/** Rank r's heads in head group g, counted from its first head: its heads shared as evenly as they can be. */
+export function headGroup(plan: UlyssesPlan, rank: number, group: number): { start: number; heads: number } {
+  const shares = evenHeads(plan.heads[rank], plan.headGroups);
+  return { start: sumBefore(shares, group), heads: shares[group] };
+}
+
+/**
+ * The floats of one exchanged part from rank `from` to rank `to`: q, k, v [3, rows[from],
+ * heads·d] of `to`'s heads in head group `group`, or attention output [rows[to], heads·d] of
+ * `from`'s heads in it (Ulysses); or k, v of all heads [2, rows[from], H·d] (displaced).
+ */
+export function partFloats(plan: UlyssesPlan, phase: 'qkv' | 'output' | 'kv', from: number, to: number, group = 0): number {
   const H = plan.heads.reduce((a, b) => a + b, 0);
   if (phase === 'kv') return 2 * plan.rows[from] * H * plan.headDim;
-  return phase === 'qkv' ? 3 * plan.rows[from] * plan.heads[to] * plan.headDim : plan.rows[to] * plan.heads[from] * plan.headDim;
+  return phase === 'qkv' ? 3 * plan.rows[from] * headGroup(plan, to, group).heads * plan.headDim : plan.rows[to] * headGroup(plan, from, group).heads * plan.headDim;
 }
 
 /** How a group's ranks share a block's self-attention: Ulysses (exact, on the critical path) or displaced (one step stale, off it: rank/displaced.ts). */

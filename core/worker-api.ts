@@ -43,6 +43,8 @@ export interface InitArgs {
   heads?: number[];
   /** how the ranks share self-attention: Ulysses unless the coordinator asks for displaced (rank/displaced.ts) */
   parallel?: ParallelMode;
+  /** Ulysses: the head groups a block's exchange goes in, so attention overlaps it (core/parallel.ts headGroup); 1 unless asked */
+  headGroups?: number;
   /** its links to the other ranks paced as this slower link (benchmarks and tests: core/net/paced-channel.ts) */
   emulateLink?: LinkEmulation;
 }
@@ -137,6 +139,8 @@ export interface ExecuteArgs {
 export interface RankStats {
   computeMs: number;
   commMs: number;
+  /** time computing while an exchange of the rank's was on the wire: the exchange hidden behind compute */
+  overlapMs: number;
   /** bytes of stage outputs that came to the CPU side (on WebGPU: read back from GPU buffers) */
   bytesDownloaded: number;
   /** bytes of stage outputs that stayed on the device for this rank's next stages */
@@ -325,7 +329,7 @@ const ep = oneOf(...EXECUTION_PROVIDERS);
 const ms = num(0);
 const bytes = num(0);
 const shape = list(int(1, 1 << 20), { min: 4, max: 4 });
-const stats = { computeMs: ms, commMs: ms, bytesDownloaded: bytes, bytesKept: bytes, deviceTensorsLeft: int(0) };
+const stats = { computeMs: ms, commMs: ms, overlapMs: ms, bytesDownloaded: bytes, bytesKept: bytes, deviceTensorsLeft: int(0) };
 const checkWeightsSource: Check<WeightsSource> = fields({ networkBytes: bytes, cacheBytes: bytes, note: text() });
 /** What a worker reports with each answer, for the swarm view. */
 export interface WorkerPulse {
@@ -365,7 +369,7 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
     reply: fields({ bytes: int(0) }),
   },
   initWorker: {
-    args: fields({ rank: int(0, MAX_RANKS - 1), world: int(1, MAX_RANKS), peers: list(text(256), { min: 1, max: MAX_RANKS }), session: text(256), dtype: optional(oneOf(...DTYPES)), heads: optional(list(int(1, MAX_HEADS), { min: 1, max: MAX_RANKS })), parallel: optional(oneOf('ulysses', 'displaced')), emulateLink: optional(fields({ bandwidth: num(1e4, 1e12), latencyMs: num(0, 10_000) })) }),
+    args: fields({ rank: int(0, MAX_RANKS - 1), world: int(1, MAX_RANKS), peers: list(text(256), { min: 1, max: MAX_RANKS }), session: text(256), dtype: optional(oneOf(...DTYPES)), heads: optional(list(int(1, MAX_HEADS), { min: 1, max: MAX_RANKS })), parallel: optional(oneOf('ulysses', 'displaced')), headGroups: optional(int(1, MAX_HEADS)), emulateLink: optional(fields({ bandwidth: num(1e4, 1e12), latencyMs: num(0, 10_000) })) }),
     reply: fields({ rank: int(0), world: int(1) }),
   },
   loadModel: {

@@ -81,7 +81,7 @@ export function displacedAttention(cfg: WanConfig, plan: UlyssesPlan, stages: St
       const arrives = tensorValues(tensorPayload(send, exchange.dtype), exchange.dtype);
       sent = before ? plus(before.sent, arrives) : arrives;
     }
-    const received = exchange.allToAll(io.tag(block, ExchangePhase.KeysValues), new Array<Float32Array>(P).fill(send));
+    const received = io.onWire(exchange.allToAll(io.tag(block, ExchangePhase.KeysValues), new Array<Float32Array>(P).fill(send)));
     const parts = deltas && before
       ? Promise.all([received, before.parts]).then(([got, held]) => got.map((part, j) => (j === me ? sent : plus(held[j]!, part))))
       : received.then((got) => got.map((part, j) => (j === me ? sent : part)));

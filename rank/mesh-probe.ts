@@ -13,7 +13,7 @@ export async function probeMesh(exchange: Exchange, job: number): Promise<MeshPr
   for (const [step, floats] of PROBE_FLOATS.entries()) {
     const parts = Array.from({ length: exchange.world }, () => new Float32Array(floats));
     const start = performance.now();
-    await exchange.allToAll({ job, step, pass: 0, block: 0, phase: ExchangePhase.Probe }, parts);
+    await exchange.allToAll({ job, step, pass: 0, block: 0, phase: ExchangePhase.Probe, group: 0 }, parts);
     times.push(performance.now() - start);
   }
   const bytes = (floats: number) => payloadBytes(floats, exchange.dtype);

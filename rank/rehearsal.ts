@@ -31,7 +31,7 @@ const echoExchange = (plan: UlyssesPlan): Exchange => ({
   world: plan.degree,
   bytesSent: 0,
   dtype: 'f32',
-  allToAll: async (tag, parts) => parts.map((part, j) => (j === 0 ? part : new Float32Array(partFloats(plan, tag.phase === ExchangePhase.QKV ? 'qkv' : 'output', j, 0)))),
+  allToAll: async (tag, parts) => parts.map((part, j) => (j === 0 ? part : new Float32Array(partFloats(plan, tag.phase === ExchangePhase.QKV ? 'qkv' : 'output', j, 0, tag.group)))),
 });
 
 /** ms of one rank's compute in one forward under each Ulysses degree: the median of a few where one is quick, else blocks × one block. */

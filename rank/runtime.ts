@@ -8,7 +8,7 @@ import { describeLoad, describeWeights } from '../core/worker-api.ts';
 import { fastestEp } from '../core/cost-model.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
 import { partFloats, planUlysses, type UlyssesPlan } from '../core/parallel.ts';
-import { payloadBytes } from '../core/net/protocol.ts';
+import { payloadBytes, type TensorTag } from '../core/net/protocol.ts';
 import type {
   ComputeProbe,
   DecodeTileArgs,
@@ -271,14 +271,18 @@ export class WorkerRuntime implements WorkerApi {
     }
     if (latentShape[0] !== cfg.inChannels) throw new Error(`prepareJob needs a latent shape [${cfg.inChannels}, T, H, W], got ${JSON.stringify(latentShape)}`);
     await this.hooks.betweenJobs?.();
-    this.plan = planUlysses(cfg, tokenGrid(cfg, latentShape).count, this.init?.heads ?? exchange.world);
+    // head groups are Ulysses' overlap: displaced ranks exchange once a block whatever they are
+    const headGroups = this.init?.parallel === 'displaced' ? 1 : (this.init?.headGroups ?? 1);
+    this.plan = planUlysses(cfg, tokenGrid(cfg, latentShape).count, this.init?.heads ?? exchange.world, headGroups);
     this.job = job;
     this.texts = texts;
     this.keysValues.clear();
     if (exchangeTimeoutMs !== undefined) exchange.waitAtMost?.(exchangeTimeoutMs);
-    // a guided step's two passes run at once, each a phase or two ahead; displaced ranks meet once
-    // a forward, not once a block: a peer may send all its blocks' keys and values ahead
-    exchange.allowAhead?.(texts.length * (this.init?.parallel === 'displaced' ? cfg.numLayers + 1 : MAX_AHEAD));
+    // a guided step's two passes run at once, each a phase or two ahead (a phase: one tensor per
+    // head group); displaced ranks meet once a forward, not once a block: a peer may send all its
+    // blocks' keys and values ahead
+    const perPass = this.init?.parallel === 'displaced' ? cfg.numLayers + 1 : MAX_AHEAD * this.plan.headGroups;
+    exchange.allowAhead?.(texts.length * perPass);
     return { job };
   }
 
@@ -293,7 +297,7 @@ export class WorkerRuntime implements WorkerApi {
    * buffered: it must belong to the prepared job and have exactly the size the plan gives its
    * phase. Returns why it is refused, or null.
    */
-  judgeTensor(from: number, tag: { job: number; step: number; pass: number; block: number; phase: number }, totalBytes: number): string | null {
+  judgeTensor(from: number, tag: TensorTag, totalBytes: number): string | null {
     const plan = this.plan;
     const cfg = this.model?.config;
     if (!plan || !cfg || !this.exchange) return 'no job is prepared on this rank';
@@ -302,6 +306,8 @@ export class WorkerRuntime implements WorkerApi {
     if (tag.block >= cfg.numLayers) return `tensor for block ${tag.block} of ${cfg.numLayers}`;
     if (tag.step >= 1000) return `tensor for step ${tag.step}`;
     if (!(from >= 0 && from < plan.degree)) return `tensor from rank ${from} of a mesh of ${plan.degree}`;
+    const groups = tag.phase === ExchangePhase.QKV || tag.phase === ExchangePhase.Output ? plan.headGroups : 1;
+    if (tag.group >= groups) return `tensor for head group ${tag.group} of ${groups}`;
     const me = this.exchange.rank;
     const floats = this.expectedFloats(plan, tag, from, me);
     if (floats === undefined) return `unknown exchange phase ${tag.phase}${tag.phase === ExchangePhase.Probe ? ` step ${tag.step}` : ''}`;
@@ -311,10 +317,10 @@ export class WorkerRuntime implements WorkerApi {
   }
 
   /** The floats of a peer's tensor for this phase in this rank's parallel mode; undefined for a phase the mode has not. */
-  private expectedFloats(plan: UlyssesPlan, tag: { step: number; phase: number }, from: number, me: number): number | undefined {
+  private expectedFloats(plan: UlyssesPlan, tag: TensorTag, from: number, me: number): number | undefined {
     if (tag.phase === ExchangePhase.Probe) return PROBE_FLOATS[tag.step];
     if (this.init?.parallel === 'displaced') return tag.phase === ExchangePhase.KeysValues ? partFloats(plan, 'kv', from, me) : undefined;
-    return tag.phase === ExchangePhase.QKV ? partFloats(plan, 'qkv', from, me) : tag.phase === ExchangePhase.Output ? partFloats(plan, 'output', from, me) : undefined;
+    return tag.phase === ExchangePhase.QKV ? partFloats(plan, 'qkv', from, me, tag.group) : tag.phase === ExchangePhase.Output ? partFloats(plan, 'output', from, me, tag.group) : undefined;
   }
 
   /**

@@ -1,7 +1,7 @@
 import type { WanConfig } from '../core/model/config.ts';
 import type { DType } from '../core/net/protocol.ts';
 import { ropeTables, tokenGrid, type TokenGrid } from '../core/model/tokens.ts';
-import { gatherLatent, headStart, planUlysses, scatterLatent, tokenStart, type UlyssesPlan } from '../core/parallel.ts';
+import { gatherLatent, headGroup, headStart, planUlysses, scatterLatent, tokenStart, type UlyssesPlan } from '../core/parallel.ts';
 import { concat, setCols, sliceCols, type Tensor } from '../core/tensor.ts';
 import type { RankStats } from '../core/worker-api.ts';
 import type { Activation, DeviceStageRunner, DeviceTensor, QKV, StageRunner } from './stages.ts';
@@ -13,6 +13,8 @@ export interface ExchangeTag {
   pass: number; // 0 conditional, 1 unconditional
   block: number;
   phase: ExchangePhase;
+  /** the head group of a Ulysses exchange (core/parallel.ts headGroup); 0 in every other phase */
+  group: number;
 }
 
 export const enum ExchangePhase {
@@ -49,10 +51,10 @@ export interface ForwardInput {
   timestep: number;
   text: Float32Array; // [L, text_dim]
   grid: TokenGrid;
-  tag: Omit<ExchangeTag, 'block' | 'phase'>;
+  tag: Omit<ExchangeTag, 'block' | 'phase' | 'group'>;
 }
 
-export const noStats = (): RankStats => ({ computeMs: 0, commMs: 0, bytesDownloaded: 0, bytesKept: 0, deviceTensorsLeft: 0 });
+export const noStats = (): RankStats => ({ computeMs: 0, commMs: 0, overlapMs: 0, bytesDownloaded: 0, bytesKept: 0, deviceTensorsLeft: 0 });
 
 /**
  * How one block's self-attention reaches the other ranks: q, k, v [Sl, D] of this rank's tokens
@@ -63,38 +65,96 @@ export type BlockAttention = (block: number, qkv: QKV, io: BlockIO) => Promise<F
 
 /** What a block's attention is given by the forward it is part of: its tags, and its clocks. */
 export interface BlockIO {
-  tag(block: number, phase: ExchangePhase): ExchangeTag;
+  tag(block: number, phase: ExchangePhase, group?: number): ExchangeTag;
   /** time spent computing */
   compute<T>(work: Promise<T>): Promise<T>;
   /** time spent waiting for peers */
   wait<T>(work: Promise<T>): Promise<T>;
+  /** an exchange of this rank's, on the wire until it settles: what the rank computes meanwhile is overlap */
+  onWire<T>(exchange: Promise<T>): Promise<T>;
+}
+
+/**
+ * A forward's clocks (RankStats): time computing, time waiting for peers, and time computing while
+ * an exchange of its own is on the wire (overlapMs: the exchange hidden behind compute). A forward's
+ * stages run one after another, so at most one compute is open at a time; its exchanges may be many.
+ */
+class ForwardClocks implements Omit<BlockIO, 'tag'> {
+  private computing = 0;
+  private onWireCount = 0;
+  private since = performance.now();
+  private stopped = false;
+
+  constructor(private readonly stats: RankStats) {}
+
+  compute = <T>(work: Promise<T>): Promise<T> => this.span('computeMs', work, () => this.computing++, () => this.computing--);
+  wait = <T>(work: Promise<T>): Promise<T> => this.span('commMs', work);
+  onWire = <T>(exchange: Promise<T>): Promise<T> => this.span(null, exchange, () => this.onWireCount++, () => this.onWireCount--);
+
+  /** The forward is over: an exchange still on the wire (displaced mode's gather for the next step) counts no more. */
+  stop(): void {
+    this.tick();
+    this.stopped = true;
+  }
+
+  private async span<T>(kind: 'computeMs' | 'commMs' | null, work: Promise<T>, open = () => {}, close = () => {}): Promise<T> {
+    this.tick();
+    open();
+    const start = performance.now();
+    try {
+      return await work;
+    } finally {
+      this.tick();
+      close();
+      if (kind && !this.stopped) this.stats[kind] += performance.now() - start;
+    }
+  }
+
+  private tick(): void {
+    const now = performance.now();
+    if (!this.stopped && this.computing > 0 && this.onWireCount > 0) this.stats.overlapMs += now - this.since;
+    this.since = now;
+  }
 }
 
 /**
  * Ulysses: all-to-all so each rank has its heads for every token → attention over all tokens for
- * its heads → all-to-all back. Shares may be uneven (plan.heads, plan.rows): each part exchanged
- * has its own size.
+ * its heads → all-to-all back, a head group at a time (core/parallel.ts headGroup): every group's
+ * q, k, v go at once, each group's attention starts when that group has arrived, and its output
+ * goes back while the next group computes. Shares may be uneven (plan.heads, plan.rows): each
+ * part exchanged has its own size.
  */
 export function ulyssesAttention(cfg: WanConfig, plan: UlyssesPlan, stages: StageRunner, exchange: Exchange): BlockAttention {
   const { dim: D, headDim: d } = cfg;
   const { degree: P, rows } = plan;
   const me = exchange.rank;
   const Sl = rows[me];
-  const W = plan.heads[me] * d;
-  /** rank j's heads: columns [headStart(j)·d, +heads[j]·d) of a [*, D] activation */
-  const cols = (j: number) => [headStart(plan, j) * d, plan.heads[j] * d] as const;
+  const groups = Array.from({ length: plan.headGroups }, (_, g) => g);
+  /** rank j's heads of group g: columns [·, +heads·d) of a [*, D] activation */
+  const cols = (j: number, g: number) => {
+    const { start, heads } = headGroup(plan, j, g);
+    return [(headStart(plan, j) + start) * d, heads * d] as const;
+  };
   return async (block, { q, k, v }, io) => {
-    // one combined message per peer: its heads' q, k, v for my tokens, [3, Sl, W_j]
-    const outgoing = Array.from({ length: P }, (_, j) => concat([q, k, v].map((m) => sliceCols(m, D, ...cols(j)))));
-    const incoming = await io.wait(exchange.allToAll(io.tag(block, ExchangePhase.QKV), outgoing));
-    // my heads for all tokens: rank j's part [3, rows[j], W] fills rows [tokenStart(j), +rows[j])
-    const full = [0, 1, 2].map((which) => concat(incoming.map((part, j) => part.subarray(which * rows[j] * W, (which + 1) * rows[j] * W))));
-    const o = await io.compute(stages.attention({ q: full[0], k: full[1], v: full[2] }, W)); // [S, W]
-
-    const back = Array.from({ length: P }, (_, j) => o.slice(tokenStart(plan, j) * W, (tokenStart(plan, j) + rows[j]) * W));
-    const returned = await io.wait(exchange.allToAll(io.tag(block, ExchangePhase.Output), back));
-    const attn = new Float32Array(Sl * D); // [Sl, D]: rank j's heads fill its columns
-    returned.forEach((part, j) => setCols(attn, D, cols(j)[0], part, cols(j)[1]));
+    // per group, one combined message per peer: its heads' q, k, v for my tokens, [3, Sl, W_j]
+    const arriving = groups.map((g) => {
+      const outgoing = Array.from({ length: P }, (_, j) => concat([q, k, v].map((m) => sliceCols(m, D, ...cols(j, g)))));
+      return io.onWire(exchange.allToAll(io.tag(block, ExchangePhase.QKV, g), outgoing));
+    });
+    arriving.forEach((part) => part.catch(() => {})); // a failed group is awaited below: not an unhandled rejection meanwhile
+    const returning: Promise<Float32Array[]>[] = [];
+    for (const g of groups) {
+      const incoming = await io.wait(arriving[g]);
+      const W = cols(me, g)[1];
+      // my group's heads for all tokens: rank j's part [3, rows[j], W] fills rows [tokenStart(j), +rows[j])
+      const full = [0, 1, 2].map((which) => concat(incoming.map((part, j) => part.subarray(which * rows[j] * W, (which + 1) * rows[j] * W))));
+      const o = await io.compute(stages.attention({ q: full[0], k: full[1], v: full[2] }, W)); // [S, W]
+      const back = Array.from({ length: P }, (_, j) => o.slice(tokenStart(plan, j) * W, (tokenStart(plan, j) + rows[j]) * W));
+      returning.push(io.onWire(exchange.allToAll(io.tag(block, ExchangePhase.Output, g), back)));
+      returning[g].catch(() => {});
+    }
+    const attn = new Float32Array(Sl * D); // [Sl, D]: rank j's heads of group g fill their columns
+    for (const g of groups) (await io.wait(returning[g])).forEach((part, j) => setCols(attn, D, cols(j, g)[0], part, cols(j, g)[1]));
     return attn;
   };
 }
@@ -116,16 +176,8 @@ export async function forwardRank(
   attend: BlockAttention = ulyssesAttention(cfg, plan, stages, exchange),
 ): Promise<Float32Array> {
   const me = exchange.rank;
-  const now = () => performance.now();
-  const timed = (kind: 'computeMs' | 'commMs') => async <T>(work: Promise<T>): Promise<T> => {
-    const start = now();
-    try {
-      return await work;
-    } finally {
-      stats[kind] += now() - start;
-    }
-  };
-  const io: BlockIO = { tag: (block, phase) => ({ ...input.tag, block, phase }), compute: timed('computeMs'), wait: timed('commMs') };
+  const clocks = new ForwardClocks(stats);
+  const io: BlockIO = { tag: (block, phase, group = 0) => ({ ...input.tag, block, phase, group }), compute: clocks.compute, wait: clocks.wait, onWire: clocks.onWire };
   const held = new Set<DeviceTensor>();
   const arrived = <A extends Activation>(a: A): A => {
     if (a instanceof Float32Array) stats.bytesDownloaded += a.byteLength;
@@ -161,6 +213,8 @@ export async function forwardRank(
   } catch (error) {
     await release([...held]).catch(() => {}); // the pass's own error says more than a failed cleanup
     throw error;
+  } finally {
+    clocks.stop();
   }
 }
 

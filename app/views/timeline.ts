@@ -1,10 +1,14 @@
 // The per-step timeline: for the last steps, one lane per rank with its compute (blue), its
-// waiting for peers (orange) and the rest of the step (grey: coordinator, scheduling, idle).
+// waiting for peers (orange) and the rest of the step (grey: coordinator, scheduling, idle). An
+// orange band along the bottom of the compute is the part of it an exchange of the rank's was on
+// the wire meanwhile: the exchange hidden behind compute (head groups, displaced mode's gather).
 
 import type { RankReport } from '../../coordinator/index.ts';
 
 const COLORS = { compute: '#2454d6', comm: '#f08c00', idle: '#d0d5dd' };
 const MAX_STEPS = 12;
+/** px: the band of the compute under which an exchange was on the wire */
+const HIDDEN_BAND = 4;
 const steps: { ms: number; ranks: RankReport[] }[] = [];
 
 export function resetTimeline(): void {
@@ -55,6 +59,9 @@ function draw(): void {
       g.fillRect(x, y, compute, laneHeight);
       g.fillStyle = COLORS.comm;
       g.fillRect(x + compute, y, Math.max(comm, 0), laneHeight);
+      // reports stored before ranks measured it have none
+      const hidden = Math.min(rank.overlapMs ?? 0, rank.computeMs, step.ms) * scale;
+      g.fillRect(x, y + laneHeight - HIDDEN_BAND, hidden, HIDDEN_BAND);
     });
     x += w;
   }

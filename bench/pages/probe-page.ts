@@ -96,13 +96,13 @@ const bench = {
     const start = performance.now();
     const arrived = new Promise<void>((resolve) => (received >= target ? resolve() : waiters.push({ bytes: target, resolve })));
     const data = new Uint8Array(bytes);
-    await link!.send({ kind: 'tensor', from: 0, tag: { job: 0, step: 0, pass: 0, block: 0, phase: 0 }, dtype: 'f32', shape: [bytes / 4], data });
+    await link!.send({ kind: 'tensor', from: 0, tag: { job: 0, step: 0, pass: 0, block: 0, phase: 0, group: 0 }, dtype: 'f32', shape: [bytes / 4], data });
     await arrived;
     return (performance.now() - start) / 1000;
   },
   /** One way only: sends `bytes` and resolves once they are handed to the channel. */
   async linkSend(bytes: number): Promise<void> {
-    await link!.send({ kind: 'tensor', from: 0, tag: { job: 0, step: 0, pass: 0, block: 0, phase: 0 }, dtype: 'f32', shape: [bytes / 4], data: new Uint8Array(bytes) });
+    await link!.send({ kind: 'tensor', from: 0, tag: { job: 0, step: 0, pass: 0, block: 0, phase: 0, group: 0 }, dtype: 'f32', shape: [bytes / 4], data: new Uint8Array(bytes) });
   },
   /** Waits until `bytes` more arrived from the peer; seconds. */
   async linkReceive(bytes: number): Promise<number> {

@@ -11,7 +11,7 @@
 // Header (HEADER_BYTES = 60, little-endian):
 //   off size field
 //    0   u16  magic 0x5744 ('DW')
-//    2   u8   version (1)
+//    2   u8   version (2: the head group at 42)
 //    3   u8   kind: 1 rpc, 2 tensor
 //    4   u8   dtype: 0 f32, 1 f16, 2 i8, 3 i4 (rpc: always f32)
 //    5   u8   from: rank 0..254, or COORDINATOR (255)
@@ -27,7 +27,7 @@
 //   36   u16  pass
 //   38   u16  block
 //   40   u16  phase
-//   42   u16  reserved, 0
+//   42   u16  group: a Ulysses block's head group (core/parallel.ts headGroup), else 0
 //   44   u32×4 shape (unused dims 0)
 //   60        payload slice: bytes [chunkIndex·chunkStride, +min(chunkStride, rest))
 //
@@ -50,6 +50,7 @@ export interface TensorTag {
   pass: number;
   block: number;
   phase: number;
+  group: number;
 }
 
 export type Message =
@@ -95,14 +96,14 @@ export const bytesPerElement = (dtype: DType): number => payloadBytes(I8_GROUP, 
 export const MAX_NDIM = 4;
 
 const MAGIC = 0x5744;
-const VERSION = 1;
+const VERSION = 2;
 const KIND_CODE = { rpc: 1, tensor: 2 } as const;
 const KIND_NAME = [undefined, 'rpc', 'tensor'] as const;
 /** a dtype's code on the wire (byte 4) is its place in DTYPES */
 const DTYPE_CODE = Object.fromEntries(DTYPES.map((d, code) => [d, code])) as Record<DType, number>;
 const U16_MAX = 0xffff;
 const U32_MAX = 0xffffffff;
-const NO_TAG: TensorTag = { job: 0, step: 0, pass: 0, block: 0, phase: 0 };
+const NO_TAG: TensorTag = { job: 0, step: 0, pass: 0, block: 0, phase: 0, group: 0 };
 
 // ---------------------------------------------------------------- encoding
 
@@ -155,6 +156,7 @@ export function frameMessage(msg: Message, msgId: number, chunkBytes = DEFAULT_C
   v.setUint16(36, tag.pass, true);
   v.setUint16(38, tag.block, true);
   v.setUint16(40, tag.phase, true);
+  v.setUint16(42, tag.group, true);
   shape.forEach((d, i) => v.setUint32(44 + 4 * i, d, true));
 
   return {
@@ -200,6 +202,7 @@ function tensorBytes(msg: Extract<Message, { kind: 'tensor' }>): Uint8Array {
   checkUint('tag.pass', tag.pass, U16_MAX);
   checkUint('tag.block', tag.block, U16_MAX);
   checkUint('tag.phase', tag.phase, U16_MAX);
+  checkUint('tag.group', tag.group, U16_MAX);
   if (!(dtype in DTYPE_CODE)) throw new TypeError(`dtype must be one of ${Object.keys(DTYPE_CODE).join(', ')}, got ${String(dtype)}`);
   if (shape.length > MAX_NDIM) throw new RangeError(`a tensor has at most ${MAX_NDIM} dims, got shape [${shape}]`);
   shape.forEach((d, i) => checkUint(`shape[${i}]`, d, U32_MAX));
@@ -404,8 +407,7 @@ export function readHeader(bytes: Uint8Array): FrameHeader | string {
   const from = v.getUint8(5);
   const ndim = v.getUint8(6);
   if (ndim > MAX_NDIM) return `ndim ${ndim} exceeds ${MAX_NDIM}`;
-  // Stryker disable next-line BooleanLiteral: two bytes read as a u16 are zero in one byte order exactly when they are zero in the other, so reading bytes 42-43 big-endian tests the same thing
-  if (v.getUint8(7) !== 0 || v.getUint16(42, true) !== 0) return 'reserved header bytes are not zero';
+  if (v.getUint8(7) !== 0) return 'reserved header byte is not zero';
   const msgId = v.getUint32(8, true);
   const chunkIndex = v.getUint32(12, true);
   const chunkCount = v.getUint32(16, true);
@@ -417,6 +419,7 @@ export function readHeader(bytes: Uint8Array): FrameHeader | string {
     pass: v.getUint16(36, true),
     block: v.getUint16(38, true),
     phase: v.getUint16(40, true),
+    group: v.getUint16(42, true),
   };
   const shape: number[] = [];
   for (let i = 0; i < MAX_NDIM; i++) {

@@ -6,13 +6,16 @@ import { Mailbox } from './mailbox.ts';
 
 /** the largest finite float16 */
 const FLOAT16_MAX = 65504;
-/** tensors a peer may send ahead of this rank: in lockstep it is one phase ahead at most, with room */
+/** tensors a peer may send ahead of this rank: in lockstep it is one phase ahead at most, with room (more with head groups: allowAhead) */
 export const MAX_AHEAD = 4;
 /**
  * How long a rank waits for a peer's tensor, hearing nothing from it, before naming it silent,
  * until its job says (prepareJob: half the coordinator's patience for a forward).
  */
 export const EXCHANGE_TIMEOUT_MS = 60_000;
+
+/** A tensor's place in a job, for evidence against its sender: "step 3, block 1, phase 0, head group 2". */
+const tensorOf = (tag: TensorTag): string => `step ${tag.step + 1}, block ${tag.block}, phase ${tag.phase}${tag.group ? `, head group ${tag.group}` : ''}`;
 
 /**
  * The all-to-all of one rank over direct data channels to every other rank of its job. Tensors
@@ -69,7 +72,7 @@ export class MeshExchange implements Exchange {
   }
 
   private static key(tag: TensorTag, from: number): string {
-    return `${tag.job}/${tag.step}/${tag.pass}/${tag.block}/${tag.phase}<${from}`;
+    return `${tag.job}/${tag.step}/${tag.pass}/${tag.block}/${tag.phase}/${tag.group}<${from}`;
   }
 
   private deliver(peerRank: number, msg: Message): void {
@@ -86,7 +89,7 @@ export class MeshExchange implements Exchange {
     const kept = this.ahead.get(peerRank) ?? new Set<string>();
     this.ahead.set(peerRank, kept);
     // in lockstep a peer is at most a phase or two ahead (a forward's blocks, displaced): more is a flood, the same tensor twice a lie
-    if (kept.size >= this.maxAhead || kept.has(key)) return this.misbehaved(peerRank, kept.has(key) ? `sent the tensor of step ${msg.tag.step + 1}, block ${msg.tag.block}, phase ${msg.tag.phase} twice` : `sent ${this.maxAhead + 1} tensors ahead of this rank`);
+    if (kept.size >= this.maxAhead || kept.has(key)) return this.misbehaved(peerRank, kept.has(key) ? `sent the tensor of ${tensorOf(msg.tag)} twice` : `sent ${this.maxAhead + 1} tensors ahead of this rank`);
     if (this.mailbox.deliver(key, values) === 'kept') kept.add(key);
   }
 
@@ -147,7 +150,7 @@ export class MeshExchange implements Exchange {
       timers.set(from, setTimeout(() => {
         const heard = this.links.get(from)?.lastHeardAt ?? 0;
         if (heard > since) return watch(from, heard);
-        this.fail(new PeerLost({ rank: from, cause: 'silent', evidence: `sent no tensor for step ${tag.step + 1}, block ${tag.block}, phase ${tag.phase} in ${(this.timeoutMs / 1000).toFixed(0)} s` }));
+        this.fail(new PeerLost({ rank: from, cause: 'silent', evidence: `sent no tensor for ${tensorOf(tag)} in ${(this.timeoutMs / 1000).toFixed(0)} s` }));
       }, Math.max(0, since + this.timeoutMs - Date.now())));
     const receives = parts.map((own, from) => {
       if (from === this.rank) return Promise.resolve(own);

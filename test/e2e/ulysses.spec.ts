@@ -42,6 +42,16 @@ test.describe.serial('Ulysses over worker tabs', () => {
           for (const rank of step.ranks) expect(rank.bytesSent, `P=${P} rank ${rank.rank}`).toBe(2 * 4 * exchangeFloatsPerBlock(plan, rank.rank) * LAYERS);
         }
       }
+      // in head groups, asked for: each group's attention while the next is on the wire, the same latent and bytes (issue 20)
+      const grouped = await runJob(swarm.dashboard, { ...job, workers: 3, headGroups: 3 });
+      expect(grouped.report.config.headGroups).toBe(3);
+      const groupedDiff = maxAbsDiff(grouped.latent, single.latent);
+      const overlapMs = (rank: number) => grouped.report.steps.reduce((ms: number, s: any) => ms + s.ranks[rank].overlapMs, 0);
+      console.log(`${name}: P=3 in 3 head groups max-abs vs P=1 ${groupedDiff.toExponential(2)}, exchange hidden behind compute ${[0, 1, 2].map((r) => overlapMs(r).toFixed(0)).join('/')} ms`);
+      expect(groupedDiff).toBeLessThanOrEqual(1e-4);
+      const plan = planUlysses(TINY, tokens, 3, 3);
+      for (const step of grouped.report.steps) for (const rank of step.ranks) expect(rank.bytesSent).toBe(2 * 4 * exchangeFloatsPerBlock(plan, rank.rank) * LAYERS);
+      for (const rank of [0, 1, 2]) expect(overlapMs(rank), `rank ${rank}`).toBeGreaterThan(0);
       // 'auto' plans with the rank-to-rank link the last mesh probe measured, not the coordinator's
       const auto = await runJob(swarm.dashboard, { ...job, workers: 'auto' });
       console.log(`${name}: auto chose ${auto.report.plan.degree} (${auto.report.plan.by}), predicted ${auto.report.plan.predictedStepMs?.toFixed(0)} ms/step`);

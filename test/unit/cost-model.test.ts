@@ -74,16 +74,40 @@ describe('cost model: FLOPs and bytes of one rank', () => {
     for (const bandwidth of [1e7, 1e8, 1e10]) {
       const hw: Hardware = { workerFlops: [2e13, 2e13], link: { bandwidth, latency: 0 }, bytesPerElement: 4 };
       const guided = predictStep(work, { ulyssesDegree: 2, cfgParallel: false }, hw);
-      const one = predictStep({ ...work, passes: 1 }, { ulyssesDegree: 2, cfgParallel: false }, hw); // a pass alone: its whole exchange waits
+      // a pass alone, its heads in one group: its whole exchange waits
+      const one = predictStep({ ...work, passes: 1 }, { ulyssesDegree: 2, cfgParallel: false, headGroups: 1 }, hw);
+      expect(guided.headGroups, 'the other pass hides more than head groups would').toBe(1);
       expect(guided.computeS).toBeCloseTo(2 * one.computeS, 9);
       expect(guided.commS, `${bandwidth} B/s`).toBeCloseTo(2 * Math.max(0, one.commS - one.computeS), 9);
     }
   });
 
+  it('head groups hide all of a block\'s attention but the last group\'s behind its exchange, each group past the first a stage call more a block: the fastest is predicted (issue 20)', () => {
+    const work: Workload = { model: bench, tokens: 12288, textTokens: 32, passes: 1 };
+    const f = forwardFlops(bench, 12288, 32, 2);
+    const attentionS = (bench.numLayers * f.block.attention) / 1e10; // softmax free
+    const slowLink: Hardware = { workerFlops: [1e10, 1e10], link: { bandwidth: 1e6, latency: 0 }, bytesPerElement: 4 };
+    const wireS = forwardBytes(bench, 12288, 2, 4) / 1e6;
+    expect(wireS).toBeGreaterThan(attentionS); // the exchange is long enough to hide all of it
+    const at = (headGroups: number, hw = slowLink) => predictStep(work, { ulyssesDegree: 2, cfgParallel: false, headGroups }, hw);
+    for (const G of [1, 2, 3]) {
+      expect(at(G).commS, `${G} groups`).toBeCloseTo(wireS - attentionS * (1 - 1 / G), 9);
+      expect(at(G).computeS).toBeCloseTo(f.total / 1e10, 9);
+    }
+    expect(predictStep(work, { ulyssesDegree: 2, cfgParallel: false }, slowLink).headGroups).toBe(3);
+    // a stage call that costs more than a third of the attention a block hides: one group
+    const dearCalls: Hardware = { ...slowLink, workerStageS: [attentionS, attentionS] };
+    expect(at(2, dearCalls).computeS - at(1, dearCalls).computeS).toBeCloseTo(bench.numLayers * attentionS, 9);
+    expect(predictStep(work, { ulyssesDegree: 2, cfgParallel: false }, dearCalls).headGroups).toBe(1);
+    // displaced ranks and one rank exchange in one group whatever is asked
+    expect(predictStep(work, { ulyssesDegree: 2, cfgParallel: false, mode: 'displaced', headGroups: 3 }, slowLink).headGroups).toBe(1);
+    expect(predictStep(work, { ulyssesDegree: 1, cfgParallel: false, headGroups: 3 }, slowLink).headGroups).toBe(1);
+  });
+
   it('fp16 transport halves the bytes and the transfer time', () => {
     const work: Workload = { model: wan13b, tokens: 32760, textTokens: 512, passes: 1 };
     const hw = (bpe: 2 | 4): Hardware => ({ workerFlops: [2e13, 2e13], link: { bandwidth: 125e6, latency: 0 }, bytesPerElement: bpe });
-    const [f32, f16] = [predictStep(work, { ulyssesDegree: 2, cfgParallel: false }, hw(4)), predictStep(work, { ulyssesDegree: 2, cfgParallel: false }, hw(2))];
+    const [f32, f16] = [4, 2].map((bpe) => predictStep(work, { ulyssesDegree: 2, cfgParallel: false, headGroups: 1 }, hw(bpe as 2 | 4)));
     expect(f16.bytesPerRank / f32.bytesPerRank).toBe(0.5);
     expect(f16.commS / f32.commS).toBeCloseTo(0.5, 12);
   });
@@ -91,8 +115,8 @@ describe('cost model: FLOPs and bytes of one rank', () => {
   it('charges (P−1)·latency twice per block and one extra exchange per step for CFG parallel', () => {
     const work: Workload = { model: bench, tokens: 12288, textTokens: 32, passes: 2 };
     const hw: Hardware = { workerFlops: [1e10, 1e10, 1e10, 1e10], link: { bandwidth: Infinity, latency: 0.01 }, bytesPerElement: 4 };
-    expect(predictStep({ ...work, passes: 1 }, { ulyssesDegree: 3, cfgParallel: false }, { ...hw, workerFlops: [1e10, 1e10, 1e10] }).commS).toBeCloseTo(2 * 2 * 2 * 0.01, 12);
-    const cfg = predictStep(work, { ulyssesDegree: 2, cfgParallel: true }, hw);
+    expect(predictStep({ ...work, passes: 1 }, { ulyssesDegree: 3, cfgParallel: false, headGroups: 1 }, { ...hw, workerFlops: [1e10, 1e10, 1e10] }).commS).toBeCloseTo(2 * 2 * 2 * 0.01, 12);
+    const cfg = predictStep(work, { ulyssesDegree: 2, cfgParallel: true, headGroups: 1 }, hw);
     expect(cfg.world).toBe(4);
     expect(cfg.commS).toBeCloseTo(2 * 1 * 2 * 0.01 + 0.01, 12); // one pass per group + the CFG exchange
     expect(cfg.computeS).toBeCloseTo(forwardFlops(bench, 12288, 32, 2).total / 1e10, 9);
@@ -204,6 +228,7 @@ describe('predictStep', () => {
     const hw: Hardware = { workerFlops: [1152, 4608, 2304], workerSoftmaxRates: [12, 48, 24], link, bytesPerElement: 4 };
     expect(predictStep(work, { ulyssesDegree: 2, cfgParallel: false }, hw)).toEqual({
       plan: { ulyssesDegree: 2, cfgParallel: false },
+      headGroups: 1, // a head each: one group
       world: 2,
       flopsPerRank: TOTAL_P2,
       bytesPerRank: 96,
@@ -214,20 +239,21 @@ describe('predictStep', () => {
     });
   });
 
-  it('with CFG parallel on two groups of 2: one pass per group, the hidden share of the all-to-alls, and one exchange of output rows', () => {
-    const hw: Hardware = { workerFlops: [2304, 2304, 2304, 2304], link: { bandwidth: 48, latency: 0.5 }, bytesPerElement: 4, overlap: 0.25, coordinatorLink: { bandwidth: 96, latency: 1 } };
+  it('with CFG parallel on two groups of 2: one pass per group, its all-to-alls, and one exchange of output rows', () => {
+    const hw: Hardware = { workerFlops: [2304, 2304, 2304, 2304], link: { bandwidth: 48, latency: 0.5 }, bytesPerElement: 4, coordinatorLink: { bandwidth: 96, latency: 1 } };
     const p = predictStep({ ...work, passes: 2 }, { ulyssesDegree: 2, cfgParallel: true }, hw);
     // rows [S, pt·ph·pw·C_out] = 6 × 12 floats, 288 bytes, from one group to the other
     const cfgComm = 288 / 48 + 0.5;
     expect(p).toEqual({
       plan: { ulyssesDegree: 2, cfgParallel: true },
+      headGroups: 1,
       world: 4,
       flopsPerRank: TOTAL_P2,
       bytesPerRank: 96 + 288,
       computeS: 1,
-      commS: (96 / 48 + 2 * 0.5) * (1 - 0.25) + cfgComm, // 2.25 + 6.5
+      commS: 96 / 48 + 2 * 0.5 + cfgComm, // 3 + 6.5
       ioS: (2 * 6 * (2 + 3) * 4 * 4) / 96 + 2 * 2 * 1, // both passes' patches over the coordinator's own link: 10 + 4
-      stepS: 1 + 8.75 + 14,
+      stepS: 1 + 9.5 + 14,
     });
   });
 

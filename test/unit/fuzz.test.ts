@@ -114,7 +114,7 @@ async function preparedRuntime(): Promise<WorkerRuntime> {
 
 /** What a runtime's job, its passes, its plan and its totals are, read through its public methods. */
 async function observed(runtime: WorkerRuntime) {
-  const tag: TensorTag = { job: 5, step: 0, pass: 0, block: 0, phase: 1 };
+  const tag: TensorTag = { job: 5, step: 0, pass: 0, block: 0, phase: 1, group: 0 };
   return {
     ping: await runtime.ping(),
     job: runtime.judgeTensor(0, { ...tag, job: 0 }, 0),
@@ -155,9 +155,9 @@ const rpcOnly = { accept: (h: { kind: string }) => (h.kind !== 'rpc' ? 'rpc only
 describe(`fuzz: ${FRAMES_PER_TARGET} hostile frames per target`, () => {
   it('the frame decoder drops each hostile frame for a stated reason (never an internal error), delivers only consistent messages, stays within its caps, and still takes an honest message', () => {
     const reassembler = new Reassembler({ maxMessageBytes: 1 << 20, maxOpenMessages: 16 });
-    const tensor: Message = { kind: 'tensor', from: 1, tag: { job: 1, step: 2, pass: 0, block: 1, phase: 0 }, dtype: 'f32', shape: [4096], data: new Uint8Array(16384) };
+    const tensor: Message = { kind: 'tensor', from: 1, tag: { job: 1, step: 2, pass: 0, block: 1, phase: 0, group: 0 }, dtype: 'f32', shape: [4096], data: new Uint8Array(16384) };
     const rpc: Message = { kind: 'rpc', from: COORDINATOR, body: { type: 'request', id: 1, method: 'ping', args: {} }, tensors: [new Float32Array(3000).map((_, i) => i)] };
-    const small: Message = { kind: 'tensor', from: 1, tag: { job: 1, step: 2, pass: 0, block: 1, phase: 1 }, dtype: 'f16', shape: [8, 8], data: new Uint8Array(128) };
+    const small: Message = { kind: 'tensor', from: 1, tag: { job: 1, step: 2, pass: 0, block: 1, phase: 1, group: 0 }, dtype: 'f16', shape: [8, 8], data: new Uint8Array(128) };
     const valid = [...encodeFrames(tensor, 1, 4096), ...encodeFrames(rpc, 2, 2048), ...encodeFrames(small, 3)];
     let peakHeld = 0;
     let peakOpen = 0;
@@ -231,7 +231,7 @@ describe(`fuzz: ${FRAMES_PER_TARGET} hostile frames per target`, () => {
   });
 
   it("a rank's mesh link refuses a tensor of another dtype by its header, before a byte of it is buffered, whatever its size", () => {
-    const header = (dtype: DType): FrameHeader => ({ kind: 'tensor', dtype, from: 1, tag: { job: 5, step: 0, pass: 0, block: 0, phase: 0 }, shape: [16], msgId: 0, chunkIndex: 0, chunkCount: 1, chunkStride: 64, totalBytes: 64 });
+    const header = (dtype: DType): FrameHeader => ({ kind: 'tensor', dtype, from: 1, tag: { job: 5, step: 0, pass: 0, block: 0, phase: 0, group: 0 }, shape: [16], msgId: 0, chunkIndex: 0, chunkCount: 1, chunkStride: 64, totalBytes: 64 });
     const anySize = () => null;
     expect(judgeMeshFrame(1, header('f16'), anySize, 'f32')).toEqual({ refused: 'a f16 tensor on a f32 mesh', misbehaved: false });
     expect(judgeMeshFrame(1, header('f32'), anySize, 'i8')).toEqual({ refused: 'a f32 tensor on a i8 mesh', misbehaved: false });
@@ -260,7 +260,7 @@ describe(`fuzz: ${FRAMES_PER_TARGET} hostile frames per target`, () => {
     const [Sl, Sfrom] = [18, 17];
     const W = 6 * model.config.headDim;
     const { numLayers } = model.config;
-    const tag = (t: Partial<TensorTag> = {}): TensorTag => ({ job: 5, step: 0, pass: 0, block: 0, phase: 1, ...t });
+    const tag = (t: Partial<TensorTag> = {}): TensorTag => ({ job: 5, step: 0, pass: 0, block: 0, phase: 1, group: 0, ...t });
     const tensor = (t: TensorTag, floats: number, from = 1): Message => ({ kind: 'tensor', from, tag: t, dtype: 'f32', shape: [floats], data: new Uint8Array(floats * 4) });
     const hostile: [Message, RegExp][] = [
       [tensor(tag({ phase: 0 }), 3 * Sfrom * W, 0), /in the name of rank 0/],
@@ -526,8 +526,8 @@ describe(`fuzz: ${MUTATIONS} structured mutations per target`, () => {
         for (const frame of encodeFrames({ kind: 'tensor', from, tag, dtype, shape, data: new Uint8Array(values.buffer, values.byteOffset, values.byteLength) }, msg)) link.receive(frame);
       };
       const step = 2 + Math.floor(random.uniform() * 20);
-      const now: TensorTag = { job: 5, step, pass: 0, block: 0, phase: 0 };
-      const next: TensorTag = { ...now, block: 1, phase: 1 };
+      const now: TensorTag = { job: 5, step, pass: 0, block: 0, phase: 0, group: 0 };
+      const next: TensorTag = { ...now, block: 1, phase: 1, group: 0 };
       const key = (t: TensorTag) => `${t.step}/${t.block}/${t.phase}`;
       const honest = (t: TensorTag) => honestParts[t.phase];
       const same = (a: Float32Array, b: Float32Array) => Buffer.from(a.buffer, a.byteOffset, a.byteLength).equals(Buffer.from(b.buffer, b.byteOffset, b.byteLength));
@@ -541,7 +541,7 @@ describe(`fuzz: ${MUTATIONS} structured mutations per target`, () => {
       const sent: TensorTag[] = [];
       for (let i = 0, n = 1 + Math.floor(random.uniform() * 8); i < n; i++) {
         const kind = pick(kinds);
-        const ahead: TensorTag = random.uniform() < 0.8 ? { ...now, step: step + 1 + Math.floor(random.uniform() * 50), block: Math.floor(random.uniform() * 2), phase: Math.floor(random.uniform() * 2) } : { ...now, phase: 1 };
+        const ahead: TensorTag = random.uniform() < 0.8 ? { ...now, step: step + 1 + Math.floor(random.uniform() * 50), block: Math.floor(random.uniform() * 2), phase: Math.floor(random.uniform() * 2), group: 0 } : { ...now, phase: 1 };
         let tag = kind === 'replay' && sent.length ? pick(sent) : ahead;
         let values = honest(tag);
         let options: { dtype?: 'f32' | 'f16'; from?: number } = {};
@@ -667,7 +667,7 @@ describe(`fuzz: ${MUTATIONS} structured mutations per target`, () => {
     decodeTile: { frames: Float32Array.from({ length: 12 }, (_, i) => -i), shape: [1, 3, 2, 2], computeMs: 9, cacheBytes: 100, weightBytes: 1000 },
     prepareJob: { job: 5 },
     probeMesh: { rank: 1, bytesPerPeer: 1e6, smallBytes: 1e3, bytesSent: 1e6, smallMs: 2, largeMs: 200 },
-    executeModel: { rows: Float32Array.from({ length: 64 }, (_, i) => i / 64), bytesSent: 4096, peakMemoryBytes: null, computeMs: 12, commMs: 3, bytesDownloaded: 0, bytesKept: 0, deviceTensorsLeft: 0 },
+    executeModel: { rows: Float32Array.from({ length: 64 }, (_, i) => i / 64), bytesSent: 4096, peakMemoryBytes: null, computeMs: 12, commMs: 3, overlapMs: 1, bytesDownloaded: 0, bytesKept: 0, deviceTensorsLeft: 0 },
     recompute: { rows: Float32Array.from({ length: 64 }, (_, i) => -i / 64), computeMs: 30 },
     ping: { state: 'ready', rank: 1, totals: { steps: 3, bytesSent: 10, computeMs: 5, bytesDownloaded: 0, bytesKept: 0, deviceTensorsLeft: 0 } },
     pingEngine: { waitedMs: 0.4 },

@@ -85,7 +85,7 @@ function nextMessages(link: Link, count: number): Promise<Message[]> {
   });
 }
 
-const TAG: TensorTag = { job: 1, step: 0, pass: 0, block: 5, phase: 1 };
+const TAG: TensorTag = { job: 1, step: 0, pass: 0, block: 5, phase: 1, group: 0 };
 
 function patterned(bytes: number): Uint8Array {
   const data = new Uint8Array(bytes);

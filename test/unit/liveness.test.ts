@@ -109,7 +109,7 @@ describe('heartbeats', () => {
     const link = new Link(channel, { accept: coordinatorAccept });
     const { deaths } = watched(link);
     let sent = false;
-    void link.send({ kind: 'tensor', from: COORDINATOR, tag: { job: 0, step: 0, pass: 0, block: 0, phase: 0 }, dtype: 'f32', shape: [2 << 20], data: new Uint8Array(8 << 20) }).then(() => (sent = true));
+    void link.send({ kind: 'tensor', from: COORDINATOR, tag: { job: 0, step: 0, pass: 0, block: 0, phase: 0, group: 0 }, dtype: 'f32', shape: [2 << 20], data: new Uint8Array(8 << 20) }).then(() => (sent = true));
     await vi.advanceTimersByTimeAsync(10_000); // the channel is stuck: 8 MB and every beat wait
     expect(deaths).toEqual([]);
     while (!sent) {
@@ -144,7 +144,7 @@ describe('heartbeats', () => {
     ['shorter than a header', () => new ArrayBuffer(7)],
     ['bad magic', (id) => corrupt(encodeFrames(echo(0), id)[0]!, 0, 0x00)],
     ['another protocol version', (id) => corrupt(encodeFrames(echo(0), id)[0]!, 2, 9)],
-    ['refused by accept (a tensor)', (id) => encodeFrames({ kind: 'tensor', from: 0, tag: { job: 1, step: 0, pass: 0, block: 0, phase: 0 }, dtype: 'f32', shape: [4], data: new Uint8Array(16) }, id)[0]!],
+    ['refused by accept (a tensor)', (id) => encodeFrames({ kind: 'tensor', from: 0, tag: { job: 1, step: 0, pass: 0, block: 0, phase: 0, group: 0 }, dtype: 'f32', shape: [4], data: new Uint8Array(16) }, id)[0]!],
     ['a replay of a delivered message', () => encodeFrames(echo(0), 0)[0]!],
     ['a duplicate chunk of an open message', () => encodeFrames({ ...echo(0), tensors: [new Float32Array(64)] }, 1, 200)[0]!],
     ['an RPC message whose body is not UTF-8 JSON', (id) => corrupt(encodeFrames(echo(0), id)[0]!, HEADER_BYTES + 8, 0xff)],

@@ -15,7 +15,7 @@ describe('the mesh exchange and non-finite tensors', () => {
     rank1.addPeer(0, b);
     return { rank0, rank1, linkFrom1: b };
   };
-  const tag = { job: 1, step: 2, pass: 0, block: 1, phase: 0 };
+  const tag = { job: 1, step: 2, pass: 0, block: 1, phase: 0, group: 0 };
 
   it('a NaN tensor from a peer fails the exchange with PeerLost naming that peer as misbehaving', async () => {
     const { rank0, linkFrom1 } = pair();
@@ -50,7 +50,7 @@ describe('the mesh exchange and a flooding peer', () => {
     const [a, b] = channelPair();
     const rank0 = new MeshExchange(0, 2);
     rank0.addPeer(1, a);
-    return { rank0, from1: (tag: object, data = new Float32Array(2), dtype: 'f32' | 'f16' = 'f32') => b.send({ kind: 'tensor', from: 1, tag: { job: 1, step: 0, pass: 0, block: 0, phase: 0, ...tag }, dtype, shape: [dtype === 'f16' ? 2 * data.length : data.length], data: new Uint8Array(data.buffer) }) };
+    return { rank0, from1: (tag: object, data = new Float32Array(2), dtype: 'f32' | 'f16' = 'f32') => b.send({ kind: 'tensor', from: 1, tag: { job: 1, step: 0, pass: 0, block: 0, phase: 0, group: 0, ...tag }, dtype, shape: [dtype === 'f16' ? 2 * data.length : data.length], data: new Uint8Array(data.buffer) }) };
   };
   const settle = () => new Promise((r) => setTimeout(r, 20));
 
@@ -58,7 +58,7 @@ describe('the mesh exchange and a flooding peer', () => {
     const { rank0, from1 } = pair();
     for (let step = 0; step < 2000; step++) await from1({ step });
     await settle();
-    const error = await rank0.allToAll({ job: 1, step: 0, pass: 0, block: 0, phase: 0 }, [new Float32Array(2), new Float32Array(2)]).catch((e: unknown) => e);
+    const error = await rank0.allToAll({ job: 1, step: 0, pass: 0, block: 0, phase: 0, group: 0 }, [new Float32Array(2), new Float32Array(2)]).catch((e: unknown) => e);
     expect((error as PeerLost).detail).toEqual({ rank: 1, cause: 'misbehaved', evidence: `sent ${MAX_AHEAD + 1} tensors ahead of this rank; disconnected` });
   });
 
@@ -67,12 +67,12 @@ describe('the mesh exchange and a flooding peer', () => {
     await from1({ block: 1 });
     await from1({ block: 1 });
     await settle();
-    await expect(rank0.allToAll({ job: 1, step: 0, pass: 0, block: 0, phase: 0 }, [new Float32Array(2), new Float32Array(2)])).rejects.toThrow('sent the tensor of step 1, block 1, phase 0 twice');
+    await expect(rank0.allToAll({ job: 1, step: 0, pass: 0, block: 0, phase: 0, group: 0 }, [new Float32Array(2), new Float32Array(2)])).rejects.toThrow('sent the tensor of step 1, block 1, phase 0 twice');
   });
 
   it('a tensor of a forward already past, or of another dtype, is refused whole and counted; the exchange goes on', async () => {
     const { rank0, from1 } = pair();
-    const now = { job: 1, step: 3, pass: 1, block: 0, phase: 0 };
+    const now = { job: 1, step: 3, pass: 1, block: 0, phase: 0, group: 0 };
     const exchange = rank0.allToAll(now, [new Float32Array(2), new Float32Array(2)]);
     await from1({ step: 2 }); // an earlier step
     await from1({ step: 3, pass: 0 }, Float32Array.of(7, 8)); // this step's other pass: a guided step runs both at once, so it is kept
@@ -95,7 +95,7 @@ describe('the mesh exchange and a peer that withholds its tensors', () => {
     const rank0 = new MeshExchange(0, 2, 'f32', 50);
     rank0.addPeer(1, a);
     const started = performance.now();
-    const error = await rank0.allToAll({ job: 1, step: 4, pass: 0, block: 2, phase: 1 }, [new Float32Array(1), new Float32Array(1)]).catch((e: unknown) => e);
+    const error = await rank0.allToAll({ job: 1, step: 4, pass: 0, block: 2, phase: 1, group: 0 }, [new Float32Array(1), new Float32Array(1)]).catch((e: unknown) => e);
     expect(performance.now() - started).toBeGreaterThanOrEqual(45);
     expect((error as PeerLost).detail).toMatchObject({ rank: 1, cause: 'silent' });
     expect((error as PeerLost).detail.evidence).toMatch(/^sent no tensor for step 5, block 2, phase 1 in \d+ s$/);
@@ -105,7 +105,7 @@ describe('the mesh exchange and a peer that withholds its tensors', () => {
     const [a, b] = channelPair();
     const rank0 = new MeshExchange(0, 2, 'f32', 80);
     rank0.addPeer(1, a);
-    const tag = { job: 1, step: 0, pass: 0, block: 0, phase: 0 };
+    const tag = { job: 1, step: 0, pass: 0, block: 0, phase: 0, group: 0 };
     const exchange = rank0.allToAll(tag, [new Float32Array(1), new Float32Array(1)]);
     // frames keep coming for 300 ms (here: an RPC the mesh ignores), then its part
     for (let i = 0; i < 6; i++) {
@@ -123,19 +123,19 @@ describe('the mesh exchange across jobs', () => {
     const [a, b] = channelPair();
     const rank0 = new MeshExchange(0, 2);
     rank0.addPeer(1, a);
-    const send = (tag: object, value: number) => b.send({ kind: 'tensor', from: 1, tag: { job: 1, step: 0, pass: 0, block: 0, phase: 0, ...tag }, dtype: 'f32', shape: [1], data: new Uint8Array(Float32Array.of(value).buffer) });
+    const send = (tag: object, value: number) => b.send({ kind: 'tensor', from: 1, tag: { job: 1, step: 0, pass: 0, block: 0, phase: 0, group: 0, ...tag }, dtype: 'f32', shape: [1], data: new Uint8Array(Float32Array.of(value).buffer) });
     // job 1: one exchange done, then the peer's parts for three blocks this rank never reached
-    const first = rank0.allToAll({ job: 1, step: 0, pass: 0, block: 0, phase: 0 }, [new Float32Array(1), new Float32Array(1)]);
+    const first = rank0.allToAll({ job: 1, step: 0, pass: 0, block: 0, phase: 0, group: 0 }, [new Float32Array(1), new Float32Array(1)]);
     await send({}, 1);
     await first;
     for (const block of [1, 2, 3]) await send({ block }, 9);
     await new Promise((r) => setTimeout(r, 20));
     // job 2 runs as usual: two tensors ahead of it are not a flood on top of job 1's leftovers
-    const second = rank0.allToAll({ job: 2, step: 0, pass: 0, block: 0, phase: 0 }, [new Float32Array(1), new Float32Array(1)]);
+    const second = rank0.allToAll({ job: 2, step: 0, pass: 0, block: 0, phase: 0, group: 0 }, [new Float32Array(1), new Float32Array(1)]);
     await send({ job: 2, block: 1 }, 5);
     await send({ job: 2, block: 2 }, 6);
     await send({ job: 2 }, 4);
     expect([...(await second)[1]]).toEqual([4]);
-    expect([...(await rank0.allToAll({ job: 2, step: 0, pass: 0, block: 1, phase: 0 }, [new Float32Array(1), new Float32Array(1)]))[1]]).toEqual([5]);
+    expect([...(await rank0.allToAll({ job: 2, step: 0, pass: 0, block: 1, phase: 0, group: 0 }, [new Float32Array(1), new Float32Array(1)]))[1]]).toEqual([5]);
   });
 });

@@ -14,11 +14,11 @@ beforeAll(async () => {
 });
 
 /** P ranks in one process, each prepared for job 5 over one in-memory mesh. */
-async function preparedRanks(world: number, heads?: number[]) {
+async function preparedRanks(world: number, heads?: number[], headGroups?: number) {
   const prepared = inProcessRanks(world, stubEngine(referenceStages(model), model.config));
   const peers = prepared.ranks.map((_, r) => `p${r}`);
   for (const [rank, api] of prepared.ranks.entries()) {
-    await api.initWorker({ rank, world, peers, session: 's', ...(heads && { heads }) });
+    await api.initWorker({ rank, world, peers, session: 's', ...(heads && { heads }), ...(headGroups && { headGroups }) });
     await api.loadModel({ modelUrl: 'x', ep: 'wasm' });
     await api.prepareJob({ job: 5, texts: [new Float32Array(32 * model.config.textDim)], latentShape: [16, 1, 8, 8] });
   }
@@ -54,7 +54,7 @@ describe('mesh probe: the rank-to-rank link timed on the job’s own all-to-all'
 
   it('a peer may send probe tensors only at the probe sizes, and only for the prepared job', async () => {
     const [rank] = (await preparedRanks(2)).runtimes;
-    const tag = (step: number, job = 5) => ({ job, step, pass: 0, block: 0, phase: 2 });
+    const tag = (step: number, job = 5) => ({ job, step, pass: 0, block: 0, phase: 2, group: 0 });
     expect(rank.judgeTensor(1, tag(0), 4)).toBeNull();
     expect(rank.judgeTensor(1, tag(2), PROBE_FLOATS[2] * 4)).toBeNull();
     expect(rank.judgeTensor(1, tag(2), 4)).toMatch(/the plan says 524288/);
@@ -63,18 +63,23 @@ describe('mesh probe: the rank-to-rank link timed on the job’s own all-to-all'
     expect(rank.judgeTensor(1, { ...tag(0), phase: 3 }, 4)).toMatch(/unknown exchange phase 3/);
   });
 
-  it("with uneven shares (heads 6/4/2 of 12, tokens 9/5/2 of 16) a peer's tensor is judged at the size of its share and this rank's (issue 18)", async () => {
-    const { runtimes } = await preparedRanks(3, [6, 4, 2]);
+  it("with uneven shares (heads 6/4/2 of 12, tokens 9/5/2 of 16) a peer's tensor is judged at the size of its share and this rank's, a head group at a time (issue 18)", async () => {
+    // three head groups asked, two given: rank 2 has two heads. Rank 0's 6 heads go as 3 + 3, rank 2's as 1 + 1
+    const { runtimes } = await preparedRanks(3, [6, 4, 2], 3);
     const d = model.config.headDim;
-    const tag = (phase: number) => ({ job: 5, step: 0, pass: 0, block: 0, phase });
-    // rank 0 gets q, k, v of rank 2's 2 tokens for its own 6 heads, and rank 2's 2 heads' output for its 9 tokens
-    expect(runtimes[0].judgeTensor(2, tag(0), 4 * 3 * 2 * 6 * d)).toBeNull();
-    expect(runtimes[0].judgeTensor(2, tag(1), 4 * 9 * 2 * d)).toBeNull();
-    // rank 2 gets rank 0's 9 tokens for its 2 heads, and rank 0's 6 heads' output for its 2 tokens
-    expect(runtimes[2].judgeTensor(0, tag(0), 4 * 3 * 9 * 2 * d)).toBeNull();
-    expect(runtimes[2].judgeTensor(0, tag(1), 4 * 2 * 6 * d)).toBeNull();
-    // an even share's size is refused
-    expect(runtimes[0].judgeTensor(2, tag(0), 4 * 3 * 5 * 4 * d)).toMatch(new RegExp(`the plan says ${4 * 3 * 2 * 6 * d}$`));
+    const tag = (phase: number, group = 0) => ({ job: 5, step: 0, pass: 0, block: 0, phase, group });
+    // rank 0 gets q, k, v of rank 2's 2 tokens for 3 of its heads, and one of rank 2's heads' output for its 9 tokens
+    for (const group of [0, 1]) {
+      expect(runtimes[0].judgeTensor(2, tag(0, group), 4 * 3 * 2 * 3 * d)).toBeNull();
+      expect(runtimes[0].judgeTensor(2, tag(1, group), 4 * 9 * 1 * d)).toBeNull();
+      // rank 2 gets rank 0's 9 tokens for one of its heads, and 3 of rank 0's heads' output for its 2 tokens
+      expect(runtimes[2].judgeTensor(0, tag(0, group), 4 * 3 * 9 * 1 * d)).toBeNull();
+      expect(runtimes[2].judgeTensor(0, tag(1, group), 4 * 2 * 3 * d)).toBeNull();
+    }
+    expect(runtimes[0].judgeTensor(2, tag(0, 2), 4 * 3 * 2 * 3 * d)).toMatch(/head group 2 of 2/);
+    // all of a rank's heads at once, or an even share's size, is refused
+    expect(runtimes[0].judgeTensor(2, tag(0), 4 * 3 * 2 * 6 * d)).toMatch(new RegExp(`the plan says ${4 * 3 * 2 * 3 * d}$`));
+    expect(runtimes[0].judgeTensor(2, tag(0), 4 * 3 * 5 * 2 * d)).toMatch(new RegExp(`the plan says ${4 * 3 * 2 * 3 * d}$`));
     expect(runtimes[1].judgeTensor(3, tag(0), 0)).toMatch(/from rank 3 of a mesh of 3/);
     await expect(runtimes[0].initWorker({ rank: 0, world: 3, peers: ['a', 'b', 'c'], session: 't', heads: [6, 6] })).rejects.toThrow(/a head share for each of 3 ranks/);
   });

@@ -857,6 +857,34 @@ describe('the cost model sees what the workers measured', () => {
     await expect(placer.place(unguided, ask({ ulyssesDegree: 2, ep: 'wasm', dtype: 'f32', parallel: 'displaced', warmupSteps: 1.5 }))).rejects.toThrow('warmupSteps is a whole number ≥ 0 of exact steps before displaced ones, got 1.5');
   });
 
+  it("head groups: the cost model's choice (more where the exchange is long enough to hide attention behind, one where it is not) reaches every rank and says why; asked for, it is what runs; a count that is none is refused (issue 20)", async () => {
+    // 768 tokens: a block's attention takes longer than the stage calls that more groups cost
+    const large = jobParams({ ...DEFAULT_JOB, guidance: 1, frames: 9, height: 256, width: 256 });
+    const chosen: number[] = [];
+    // a slow link, and one with next to no exchange to hide anything behind
+    for (const link of [{ rttMs: 1, bandwidth: 1e4 }, { rttMs: 0, bandwidth: 1e10 }]) {
+      const { swarm, join } = testSwarm();
+      const workers = join(2, measured(link));
+      const { plan, executor } = await placerOn(swarm).place(large, ask({ ulyssesDegree: 2, ep: 'wasm', dtype: 'f32', cfgParallel: false }));
+      const expected = predictStep(workload(large), { ulyssesDegree: 2, cfgParallel: false }, hardware(2, 'wasm', link, 4)).headGroups;
+      chosen.push(expected);
+      expect(plan!.headGroups, `${link.bandwidth} B/s`).toBe(expected);
+      expect(executor.options.headGroups).toBe(expected);
+      for (const w of workers) expect((callsOf(w, 'initWorker')[0].args as InitArgs).headGroups).toBe(expected);
+      if (expected > 1) expect(plan!.by).toMatch(new RegExp(`; q, k, v in ${expected} head groups, so attention overlaps the exchange\\)$`));
+      else expect(plan!.by).not.toMatch(/head group/);
+    }
+    expect(chosen).toEqual([3, 1]);
+    const { swarm, join } = testSwarm();
+    const workers = join(2, measured({ rttMs: 1, bandwidth: 1e10 }));
+    const placer = placerOn(swarm);
+    const asked = await placer.place(unguided, ask({ ulyssesDegree: 2, ep: 'wasm', dtype: 'f32', cfgParallel: false, headGroups: 2 }));
+    expect(asked.plan!.headGroups).toBe(2);
+    expect(asked.plan!.by).toMatch(/; q, k, v in 2 head groups, so attention overlaps the exchange \(asked for\)\)$/);
+    expect((callsOf(workers[1], 'initWorker').at(-1)!.args as InitArgs).headGroups).toBe(2);
+    await expect(placer.place(unguided, ask({ ulyssesDegree: 2, ep: 'wasm', dtype: 'f32', headGroups: 0 }))).rejects.toThrow("headGroups is a whole number ≥ 1 of head groups a block's exchange goes in (1: all heads at once), got 0");
+  });
+
   it('cfgParallel false never takes a CFG-parallel plan, even one predicted fastest; left unset, the planner may', async () => {
     // a LAN: a 0.02 ms round trip at 1 GB/s
     const lan = { rttMs: 0.02, bandwidth: 1e9 };

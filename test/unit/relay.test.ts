@@ -252,7 +252,7 @@ describe('a Link over a relayed connection', () => {
     channel.addEventListener('bufferedamountlow', () => lowEvents++);
 
     const data = patterned(5_000_000); // [1250000] f32
-    const tag: TensorTag = { job: 1, step: 0, pass: 0, block: 0, phase: 0 };
+    const tag: TensorTag = { job: 1, step: 0, pass: 0, block: 0, phase: 0, group: 0 };
     const message: Message = { kind: 'tensor', from: 1, tag, dtype: 'f32', shape: [1_250_000], data };
     const arrived = next(receiver);
     await sender.send(message);
@@ -272,7 +272,7 @@ describe('a Link over a relayed connection', () => {
     const data = patterned(500_000);
     const arrived = next(receiver);
     const started = performance.now();
-    await sender.send({ kind: 'tensor', from: 1, tag: { job: 1, step: 0, pass: 0, block: 0, phase: 0 }, dtype: 'f32', shape: [125_000], data });
+    await sender.send({ kind: 'tensor', from: 1, tag: { job: 1, step: 0, pass: 0, block: 0, phase: 0, group: 0 }, dtype: 'f32', shape: [125_000], data });
     const out = await arrived;
     const ms = performance.now() - started;
     if (out.kind !== 'tensor') throw new Error('expected a tensor');

@@ -3,15 +3,26 @@ import { referenceForward, type WanModel } from '../../core/model/reference.ts';
 import { patchify, tokenGrid } from '../../core/model/tokens.ts';
 import { loadTransformer } from '../../core/model/transformer.ts';
 import { stageCallsPerForward } from '../../core/cost-model.ts';
-import { exchangeFloatsPerBlock, planUlysses } from '../../core/parallel.ts';
+import { exchangeFloatsPerBlock, planUlysses, type UlyssesPlan } from '../../core/parallel.ts';
 import { SeededRandom } from '../../core/random.ts';
 import { maxAbsDiff, type Tensor } from '../../core/tensor.ts';
 import type { DType } from '../../core/net/protocol.ts';
 import { memoryExchanges } from '../../rank/exchange/memory.ts';
 import { onnxStages } from '../../rank/onnx-stages.ts';
 import { hostValues, type Activation, type DeviceStageRunner, type DeviceTensor, type StageRunner } from '../../rank/stages.ts';
-import { forwardInProcess, forwardRank, noStats, type Exchange } from '../../rank/ulysses.ts';
+import { forwardInProcess, forwardRank, noStats, ulyssesAttention, type Exchange } from '../../rank/ulysses.ts';
 import { tinyModelFiles } from './fixtures.ts';
+
+/** Each rank's block attention in `headGroups` head groups (forwardInProcess' attendOf). */
+const grouped = (headGroups: number, stages: StageRunner = onnx) => (exchange: Exchange, plan: UlyssesPlan) => ulyssesAttention(m.config, planUlysses(m.config, plan.tokens, plan.heads, headGroups), stages, exchange);
+
+/** Exchanges that count their all-to-alls. */
+const countedExchanges = (exchanges: (Exchange & { bytesSent: number })[]) =>
+  exchanges.map((e) => {
+    const counted = Object.assign(Object.create(e) as Exchange & { bytesSent: number }, { calls: 0 });
+    counted.allToAll = (tag, parts) => (counted.calls++, e.allToAll.call(e, tag, parts));
+    return counted;
+  });
 
 /** Ulysses over the in-memory transport: P ranks give the single-rank result. */
 let m: WanModel;
@@ -72,15 +83,56 @@ describe('Ulysses sequence parallelism, in memory', () => {
     expect(planUlysses(m.config, 35, 4).rows).toEqual([9, 9, 9, 8]);
   });
 
-  it('a rank makes stageCallsPerForward stage calls per forward, whatever P: the number the cost model charges each call\'s fixed cost for', async () => {
+  it('a rank makes stageCallsPerForward stage calls per forward, whatever P, an attention call per head group: the number the cost model charges each call\'s fixed cost for', async () => {
     const latent = latents['padded (35 tokens)'];
-    for (const P of [1, 3]) {
+    for (const [P, headGroups] of [[1, 1], [3, 1], [3, 3]]) {
       const calls: string[] = [];
       const counting = Object.fromEntries(
         (['embed', 'preAttention', 'attention', 'postAttention', 'head'] as const).map((stage) => [stage, (...a: never[]) => (calls.push(stage), (onnx[stage] as (...a: never[]) => unknown)(...a))]),
       ) as unknown as StageRunner;
-      await forwardInProcess(m.config, counting, memoryExchanges(P), latent, 500, text);
-      expect(calls.length / P, `P=${P}`).toBe(stageCallsPerForward(m.config));
+      await forwardInProcess(m.config, counting, memoryExchanges(P), latent, 500, text, undefined, P, grouped(headGroups, counting));
+      expect(calls.length / P, `P=${P}, ${headGroups} head groups`).toBe(stageCallsPerForward(m.config, headGroups));
+    }
+  });
+
+  it('head groups (2 and 3 of 4 heads a rank; 2 of uneven 6/4/2) give what all heads at once give, in as many exchanges per block, the same bytes in all (issue 20)', async () => {
+    const latent = latents['padded (35 tokens)'];
+    for (const heads of [3, [6, 4, 2]]) {
+      const P = typeof heads === 'number' ? heads : heads.length;
+      const whole = await forwardInProcess(m.config, onnx, memoryExchanges(P), latent, 500, text, undefined, heads);
+      for (const headGroups of [2, 3]) {
+        const exchanges = countedExchanges(memoryExchanges(P));
+        const out = await forwardInProcess(m.config, onnx, exchanges, latent, 500, text, undefined, heads, grouped(headGroups));
+        const plan = planUlysses(m.config, 35, heads, headGroups);
+        const diff = maxAbsDiff(out.data, whole.data);
+        console.log(`heads ${plan.heads.join('/')} in ${plan.headGroups} head groups: max-abs vs one group ${diff.toExponential(2)}`);
+        expect(diff, `${headGroups} groups`).toBeLessThan(1e-6);
+        expect(plan.headGroups).toBe(typeof heads === 'number' ? headGroups : 2); // rank 2 has two heads
+        exchanges.forEach((e, r) => {
+          expect(e.calls, `rank ${r}`).toBe(2 * plan.headGroups * m.config.numLayers);
+          expect(e.bytesSent, `rank ${r}`).toBe(4 * exchangeFloatsPerBlock(plan, r) * m.config.numLayers);
+        });
+      }
+    }
+  });
+
+  it('a rank computes while its head groups are on the wire: overlapMs > 0 in groups, 0 with all heads at once, never more than its compute (issue 20)', async () => {
+    const latent = latents['divisible (72 tokens)'];
+    const overlapOf = async (headGroups: number) => {
+      const grid = tokenGrid(m.config, latent.shape);
+      const plan = planUlysses(m.config, grid.count, 2, headGroups);
+      const patches = patchify(m.config, latent).data;
+      const width = patches.length / grid.count;
+      // every exchange takes 30 ms on the wire, as over a slow link
+      const slow = memoryExchanges(2).map((e): Exchange => ({ ...e, allToAll: (tag, parts) => new Promise((r) => setTimeout(r, 30)).then(() => e.allToAll(tag, parts)) }));
+      const stats = [noStats(), noStats()];
+      await Promise.all(slow.map((e, r) => forwardRank(m.config, plan, onnx, e, { patches: patches.slice(r * 36 * width, (r + 1) * 36 * width), timestep: 500, text, grid, tag: { job: 0, step: 0, pass: 0 } }, stats[r])));
+      return stats;
+    };
+    for (const s of await overlapOf(1)) expect(s.overlapMs).toBe(0);
+    for (const s of await overlapOf(3)) {
+      expect(s.overlapMs).toBeGreaterThan(0);
+      expect(s.overlapMs).toBeLessThanOrEqual(s.computeMs);
     }
   });
 });
