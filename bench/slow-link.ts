@@ -8,7 +8,9 @@
 // checked by a paced float32 run and corrected once where that run's ratio is off by more than
 // CALIBRATION_SLACK. Under that link, each transport at each degree: step time, speed-up over one
 // browser, and the latent's deviation from one browser's after every step, under Ulysses and under
-// displaced patch parallelism (one exact step, then keys and values a step stale); then the real
+// displaced patch parallelism (one exact step, then keys and values a step stale), Ulysses both with
+// all heads at once and in head groups (attention over one group while the next is on the wire,
+// and how much of the exchange that hid behind compute); then the real
 // model's guided job (guidance 5: two passes a step), where P = 4 is CFG parallel × 2. Last, the
 // trained demo's held-out accuracy in each mode (npm run eval-demo). Writes bench/out/slow-link.json.
 //
@@ -24,7 +26,7 @@ import { predictStep } from '../core/cost-model.ts';
 import { latentShape } from '../core/job.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
 import type { DType } from '../core/net/protocol.ts';
-import type { ParallelMode } from '../core/parallel.ts';
+import { MAX_HEAD_GROUPS, type ParallelMode } from '../core/parallel.ts';
 import { APP_MODEL_PATH, buildBenchPages, ensureBenchModel, isMain, latentFromBase64, log, machine, maxAbs, median, OUT_DIR, ROOT, round, versions, writeReport } from './lib.ts';
 import { startMachines } from './machines.ts';
 import { LATENCY_S, WAN_480P_WORKLOAD } from './projection.ts';
@@ -49,9 +51,10 @@ const TARGET = { deviceFlops: 20e12, bandwidth: 125e6, latencyS: LATENCY_S, degr
 /** a paced run's exchange/compute ratio this far from the target has the bandwidth corrected once */
 const CALIBRATION_SLACK = 0.15;
 const TRANSPORTS: DType[] = ['f32', 'f16', 'i8'];
-const MODES: ParallelMode[] = ['ulysses', 'displaced'];
 /** float16 sits between float32 and int8 in bytes and fidelity; int4 carries displaced deltas only */
 const DISPLACED_TRANSPORTS: DType[] = ['f32', 'i8', 'i4'];
+/** Ulysses runs in one head group (no overlap) and in this many (core/parallel.ts MAX_HEAD_GROUPS: 6 heads a rank at P = 2, 3 at P = 4) */
+const HEAD_GROUPS = [1, MAX_HEAD_GROUPS];
 /** displaced runs: one exact step, the rest stale (the median step is a stale one) */
 const WARMUP_STEPS = 1;
 /** the machines' CFS period (bench/machines.ts): short, as the kernel allows (a quota of at least 1 ms: 0.45 of 4 ms is 1.8) */
@@ -60,9 +63,9 @@ const PERIOD_US = 4_000;
 const GUIDANCE = 5;
 
 interface Report {
-  steps: { ms: number; ranks: { rank: number; computeMs: number; bytesSent: number }[] }[];
+  steps: { ms: number; ranks: { rank: number; computeMs: number; overlapMs: number; bytesSent: number }[] }[];
   medianStepMs: number;
-  config: { workers: number; ulyssesDegree: number; cfgParallel: boolean; parallel: ParallelMode; dtype: DType };
+  config: { workers: number; ulyssesDegree: number; cfgParallel: boolean; parallel: ParallelMode; dtype: DType; headGroups: number };
 }
 
 /** The projection's exchange time over compute time for the real model at P = 2 on the target LAN. */
@@ -113,8 +116,10 @@ export async function runSlowLink(options: Partial<SlowLinkOptions> = {}) {
       // the busiest rank of each step: its compute, and what it sent
       const computeMs = median(steps.map((s) => Math.max(...s.ranks.map((r) => r.computeMs))));
       const bytesPerStep = median(steps.map((s) => Math.max(...s.ranks.map((r) => r.bytesSent))));
-      const { workers: world, ulyssesDegree, cfgParallel, parallel, dtype } = out.report.config;
-      const result = { world, ulyssesDegree, cfgParallel, parallel, dtype, stepMs: round(out.report.medianStepMs, 1), stepsMs: steps.map((s) => round(s.ms, 0)), computeMs: round(computeMs, 1), exchangeOverCompute: round((out.report.medianStepMs - computeMs) / computeMs, 2), bytesPerStep };
+      // the exchange hidden behind compute a step: the least any rank hid (the step waits for the others)
+      const overlapMs = median(steps.map((s) => Math.min(...s.ranks.map((r) => r.overlapMs))));
+      const { workers: world, ulyssesDegree, cfgParallel, parallel, dtype, headGroups } = out.report.config;
+      const result = { world, ulyssesDegree, cfgParallel, parallel, dtype, headGroups, stepMs: round(out.report.medianStepMs, 1), stepsMs: steps.map((s) => round(s.ms, 0)), computeMs: round(computeMs, 1), overlapMs: round(overlapMs, 1), exchangeOverCompute: round((out.report.medianStepMs - computeMs) / computeMs, 2), bytesPerStep };
       log(`${label}: ${JSON.stringify(result)}`);
       return { result, stepLatents: out.stepLatents.map(latentFromBase64) };
     };
@@ -136,7 +141,8 @@ export async function runSlowLink(options: Partial<SlowLinkOptions> = {}) {
     if (!(wireMs > 0)) throw new Error(`the link's latency alone (${latencyMsPerStep} ms a step) passes the target exchange time: use a larger video`);
     let emulateLink = { bandwidth: Math.round(loopback.result.bytesPerStep / (wireMs / 1000)), latencyMs: TARGET.latencyS * 1000 };
     const calibration: { bandwidth: number; exchangeOverCompute: number }[] = [];
-    const exactRun = () => run(`P = 2, ulysses f32, ${(emulateLink.bandwidth / 1e6).toFixed(2)} MB/s`, { workers: TARGET.degree, dtype: 'f32', parallel: 'ulysses', emulateLink });
+    // the ratio is the exchange's with nothing hidden: all heads at once
+    const exactRun = () => run(`P = 2, ulysses f32, ${(emulateLink.bandwidth / 1e6).toFixed(2)} MB/s`, { workers: TARGET.degree, dtype: 'f32', parallel: 'ulysses', headGroups: 1, emulateLink });
     let exact = await exactRun();
     calibration.push({ bandwidth: emulateLink.bandwidth, exchangeOverCompute: exact.result.exchangeOverCompute });
     if (Math.abs(exact.result.exchangeOverCompute / target.ratio - 1) > CALIBRATION_SLACK) {
@@ -149,11 +155,13 @@ export async function runSlowLink(options: Partial<SlowLinkOptions> = {}) {
 
     const runs: Record<string, unknown> = {};
     for (const degree of o.degrees) {
-      for (const parallel of MODES)
-        for (const dtype of parallel === 'displaced' ? DISPLACED_TRANSPORTS : TRANSPORTS) {
-          const r = degree === TARGET.degree && parallel === 'ulysses' && dtype === 'f32' ? exact : await run(`P = ${degree}, ${parallel} ${dtype}`, { workers: degree, dtype, parallel, warmupSteps: WARMUP_STEPS, emulateLink });
-          runs[`P=${degree} ${parallel === 'displaced' ? 'displaced ' : ''}${dtype}`] = against(one, r);
+      for (const dtype of TRANSPORTS)
+        for (const headGroups of HEAD_GROUPS) {
+          const grouped = headGroups > 1 ? ` in ${headGroups} head groups` : '';
+          const r = degree === TARGET.degree && dtype === 'f32' && headGroups === 1 ? exact : await run(`P = ${degree}, ulysses ${dtype}${grouped}`, { workers: degree, dtype, parallel: 'ulysses', headGroups, emulateLink });
+          runs[`P=${degree} ${dtype}${grouped}`] = against(one, r);
         }
+      for (const dtype of DISPLACED_TRANSPORTS) runs[`P=${degree} displaced ${dtype}`] = against(one, await run(`P = ${degree}, displaced ${dtype}`, { workers: degree, dtype, parallel: 'displaced', warmupSteps: WARMUP_STEPS, emulateLink }));
     }
 
     // the real model's job has two passes a step: CFG parallel puts them on two groups at once, and a
@@ -164,7 +172,7 @@ export async function runSlowLink(options: Partial<SlowLinkOptions> = {}) {
       ['P=2 CFG parallel', { workers: 1, cfgParallel: true }],
       ['P=2 displaced i4', { workers: 2, parallel: 'displaced', dtype: 'i4' }],
       ['P=4 CFG parallel × displaced i4', { workers: 2, cfgParallel: true, parallel: 'displaced', dtype: 'i4' }],
-      ['P=4 CFG parallel × ulysses i8', { workers: 2, cfgParallel: true, dtype: 'i8' }],
+      ['P=4 CFG parallel × ulysses i8', { workers: 2, cfgParallel: true, dtype: 'i8', headGroups: 1 }],
     ] as const) {
       guided[label] = against(guidedOne, await run(`guidance ${GUIDANCE}: ${label}`, { guidance: GUIDANCE, warmupSteps: WARMUP_STEPS, emulateLink, ...placement }));
     }
@@ -202,7 +210,11 @@ export async function runSlowLink(options: Partial<SlowLinkOptions> = {}) {
         [`P = 4 (CFG parallel × displaced i4) faster than P = 2 displaced i4 (guidance ${GUIDANCE})`]: step(guided['P=4 CFG parallel × displaced i4']) < step(guided['P=2 displaced i4']),
         'displaced accuracy within 3 points of exact': accuracy ? Object.values(accuracy).every((a) => Math.abs(a.colorAccuracy - accuracy['exact (ulysses P=2)'].colorAccuracy) <= 0.03 && Math.abs(a.directionAccuracy - accuracy['exact (ulysses P=2)'].directionAccuracy) <= 0.03) : null,
       },
-      notYet: 'overlap of the exchange with compute per head group: not built',
+      /** Ulysses in head groups against all heads at once, each transport and degree: how much faster, and the exchange hidden behind compute a step */
+      overlap: Object.fromEntries(o.degrees.flatMap((degree) => TRANSPORTS.map((dtype) => {
+        const [whole, grouped] = HEAD_GROUPS.map((g) => runs[`P=${degree} ${dtype}${g > 1 ? ` in ${g} head groups` : ''}`] as { stepMs: number; overlapMs: number });
+        return [`P=${degree} ${dtype}`, { speedup: round(whole.stepMs / grouped.stepMs, 3), hiddenMs: grouped.overlapMs, hiddenMsInOneGroup: whole.overlapMs }];
+      }))),
     };
   } finally {
     await machines.close();
