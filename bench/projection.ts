@@ -129,7 +129,9 @@ export function runProjection(blockCost: BlockCostReport | null = lastBlockCost(
       latencyS: LATENCY_S,
       assumptions: [
         'each browser sustains the stated FLOP/s on the whole forward (matmul-dominated; elementwise ops not counted)',
-        'a rank sends its 4·ceil(S/P)·D·(P−1)/P elements per block through its own uplink at the stated bandwidth; no overlap with compute',
+        'a rank sends its 4·ceil(S/P)·D·(P−1)/P elements per block through its own uplink at the stated bandwidth',
+        "the two passes of a step run at once on one group: each pass's all-to-alls wait only for what the other pass's compute does not hide",
+        'one pass a group (CFG parallel): q, k, v in as many head groups (1 to 3) as the cost model predicts fastest, all of the attention but the last group’s hidden behind the exchange',
         'P=1 is one browser alone (local backend); a swarm also pays the coordinator sending patches and gathering rows (fp32) over the link each pass',
         '2 all-to-alls per block each cost (P−1)·latency; latency 1 ms',
       ],

@@ -70,6 +70,20 @@ describe('the mesh exchange and a flooding peer', () => {
     await expect(rank0.allToAll({ job: 1, step: 0, pass: 0, block: 0, phase: 0, group: 0 }, [new Float32Array(2), new Float32Array(2)])).rejects.toThrow('sent the tensor of step 1, block 1, phase 0 twice');
   });
 
+  it("one block's head groups are tensors of their own, each received by its own exchange; one group twice is a lie naming it (issue 20)", async () => {
+    const { rank0, from1 } = pair();
+    await from1({ block: 1, group: 1 }, Float32Array.of(1, 1));
+    await from1({ block: 1, group: 0 }, Float32Array.of(0, 0));
+    const tag = { job: 1, step: 0, pass: 0, block: 1, phase: 0 };
+    const [first, second] = await Promise.all([0, 1].map((group) => rank0.allToAll({ ...tag, group }, [new Float32Array(2), new Float32Array(2)])));
+    expect([...first[1]!, ...second[1]!]).toEqual([0, 0, 1, 1]);
+    const again = pair();
+    await again.from1({ block: 1, group: 2 });
+    await again.from1({ block: 1, group: 2 });
+    await settle();
+    await expect(again.rank0.allToAll({ ...tag, block: 0, group: 0 }, [new Float32Array(2), new Float32Array(2)])).rejects.toThrow('sent the tensor of step 1, block 1, phase 0, head group 2 twice');
+  });
+
   it('a tensor of a forward already past, or of another dtype, is refused whole and counted; the exchange goes on', async () => {
     const { rank0, from1 } = pair();
     const now = { job: 1, step: 3, pass: 1, block: 0, phase: 0, group: 0 };
