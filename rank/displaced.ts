@@ -9,7 +9,7 @@
 import type { WanConfig } from '../core/model/config.ts';
 import type { UlyssesPlan } from '../core/parallel.ts';
 import { tensorPayload, tensorValues, type DType } from '../core/net/protocol.ts';
-import { concat } from '../core/tensor.ts';
+import { add, concat, subtract } from '../core/tensor.ts';
 import type { StageRunner } from './stages.ts';
 import { ExchangePhase, type BlockAttention, type Exchange } from './ulysses.ts';
 
@@ -57,8 +57,6 @@ export class KeysValuesHistory {
  */
 const sendsDeltas = (dtype: DType): boolean => dtype === 'i8' || dtype === 'i4';
 
-const plus = (a: Float32Array, b: Float32Array): Float32Array => a.map((x, i) => x + b[i]!);
-
 /**
  * A rank's block attention in displaced mode: its queries [Sl, D] over every rank's keys and values
  * [S, D], all heads. `stale`: the other ranks' as of the previous step where this rank holds them
@@ -77,13 +75,13 @@ export function displacedAttention(cfg: WanConfig, plan: UlyssesPlan, stages: St
     let sent = own;
     if (deltas) {
       // the delta as the peers will have it off the wire: what they reconstruct, exactly as here
-      send = before ? own.map((x, i) => x - before.sent[i]!) : own;
+      send = before ? subtract(own, before.sent) : own;
       const arrives = tensorValues(tensorPayload(send, exchange.dtype), exchange.dtype);
-      sent = before ? plus(before.sent, arrives) : arrives;
+      sent = before ? add(before.sent, arrives) : arrives;
     }
     const received = io.onWire(exchange.allToAll(io.tag(block, ExchangePhase.KeysValues), new Array<Float32Array>(P).fill(send)));
     const parts = deltas && before
-      ? Promise.all([received, before.parts]).then(([got, held]) => got.map((part, j) => (j === me ? sent : plus(held[j]!, part))))
+      ? Promise.all([received, before.parts]).then(([got, held]) => got.map((part, j) => (j === me ? sent : add(held[j]!, part))))
       : received.then((got) => got.map((part, j) => (j === me ? sent : part)));
     const previous = at.stale && before?.step === at.step - 1 ? before.parts : null;
     history.keep(at.pass, block, { step: at.step, sent, parts });

@@ -578,29 +578,26 @@ function buildF16Table(): Float32Array {
 
 /**
  * Integers of at most `levels` either side of 0 with a float32 scale per I8_GROUP values
- * (s = max|x| / levels): the scales go first in `out`; `put(i, q)` stores value i's integer.
- * |x| ≤ max rounds to at most `levels`; a NaN or infinite value makes its scale NaN or infinite,
- * which the receiver refuses.
+ * (s = max|x| / levels) into `scales` and `q`. |x| ≤ max rounds to at most `levels`; a NaN or
+ * infinite value makes its scale NaN or infinite, which the receiver refuses.
  */
-function quantize(src: Float32Array, out: Uint8Array, levels: number, put: (i: number, q: number) => void): Uint8Array {
-  const groups = Math.ceil(src.length / I8_GROUP);
-  const scales = new Float32Array(out.buffer, 0, groups);
-  for (let g = 0; g < groups; g++) {
+function quantize(src: Float32Array, scales: Float32Array, q: Int8Array, levels: number): void {
+  for (let g = 0; g < scales.length; g++) {
     const end = Math.min(src.length, (g + 1) * I8_GROUP);
     let max = 0;
     for (let i = g * I8_GROUP; i < end; i++) max = Math.max(max, Math.abs(src[i]!));
     const scale = max / levels;
     scales[g] = scale;
-    for (let i = g * I8_GROUP; i < end; i++) put(i, scale > 0 ? Math.round(src[i]! / scale) : 0);
+    for (let i = g * I8_GROUP; i < end; i++) q[i] = scale > 0 ? Math.round(src[i]! / scale) : 0;
   }
-  return out;
 }
 
 /** int8 with a float32 scale per I8_GROUP values: the scales first, then the values. */
 function toI8(src: Float32Array): Uint8Array {
   const out = new Uint8Array(payloadBytes(src.length, 'i8'));
-  const q = new Int8Array(out.buffer, 4 * Math.ceil(src.length / I8_GROUP), src.length);
-  return quantize(src, out, 127, (i, v) => (q[i] = v));
+  const groups = Math.ceil(src.length / I8_GROUP);
+  quantize(src, new Float32Array(out.buffer, 0, groups), new Int8Array(out.buffer, 4 * groups, src.length), 127);
+  return out;
 }
 
 function fromI8(data: Uint8Array): Float32Array {
@@ -628,8 +625,12 @@ function elementsOfI8(bytes: number): number {
  */
 function toI4(src: Float32Array): Uint8Array {
   const out = new Uint8Array(payloadBytes(src.length, 'i4'));
-  const nibbles = out.subarray(4 * Math.ceil(src.length / I8_GROUP));
-  return quantize(src, out, 7, (i, v) => (nibbles[i >> 1] |= (v + 8) << (4 * (i & 1))));
+  const groups = Math.ceil(src.length / I8_GROUP);
+  const q = new Int8Array(src.length);
+  quantize(src, new Float32Array(out.buffer, 0, groups), q, 7);
+  const nibbles = out.subarray(4 * groups);
+  for (let i = 0; i < q.length; i++) nibbles[i >> 1] |= (q[i]! + 8) << (4 * (i & 1));
+  return out;
 }
 
 function fromI4(data: Uint8Array): Float32Array {

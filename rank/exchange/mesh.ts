@@ -2,6 +2,7 @@ import type { Link } from '../../core/net/link.ts';
 import { tensorPayload, tensorValues, type DType, type Message, type TensorTag } from '../../core/net/protocol.ts';
 import { ExchangePhase, type Exchange, type ExchangeTag } from '../ulysses.ts';
 import { PeerLost } from '../../core/worker-api.ts';
+import { allWithin } from '../../core/tensor.ts';
 import { Mailbox } from './mailbox.ts';
 
 /** the largest finite float16 */
@@ -84,7 +85,7 @@ export class MeshExchange implements Exchange {
     const values = tensorValues(msg.data, this.dtype);
     // well-formed garbage: the right size, but NaN or infinite. Every rank checks what it sends
     // (allToAll), so such values are the sender's doing: it is blamed, and its link closed.
-    if (!values.every(Number.isFinite)) return this.misbehaved(peerRank, `sent NaN or infinite values in step ${msg.tag.step + 1}, block ${msg.tag.block}`);
+    if (!allWithin(values)) return this.misbehaved(peerRank, `sent NaN or infinite values in step ${msg.tag.step + 1}, block ${msg.tag.block}`);
     this.dropBefore(msg.tag.job);
     const kept = this.ahead.get(peerRank) ?? new Set<string>();
     this.ahead.set(peerRank, kept);
@@ -128,18 +129,21 @@ export class MeshExchange implements Exchange {
     if (tag.phase !== ExchangePhase.Probe && (!now || tag.job > now.job || (tag.job === now.job && tag.step > now.step))) this.current = { job: tag.job, step: tag.step };
     // what this rank sends is finite (and fits float16 when it sends float16): else the fault is its own, not a peer's
     const limit = this.dtype === 'f16' ? FLOAT16_MAX : Number.MAX_VALUE;
-    if (!parts.every((part) => part.every((v) => Math.abs(v) <= limit))) {
+    // displaced mode sends one part to every peer: each distinct part is checked and encoded once
+    const distinct = [...new Set(parts)];
+    if (!distinct.every((part) => allWithin(part, limit))) {
       // its peers hear of it at once (their links close), rather than wait for what will not come
       const error = new Error(`rank ${this.rank}'s activations in step ${tag.step + 1}, block ${tag.block} are NaN, infinite${this.dtype === 'f16' ? ' or beyond float16 (send float32 instead)' : ''}`);
       this.fail(error);
       this.closeLinks(error.message);
       throw error;
     }
+    const payloads = new Map(distinct.map((part) => [part, tensorPayload(part, this.dtype)]));
     const sends = parts.map((part, to) => {
       if (to === this.rank) return Promise.resolve();
       const link = this.links.get(to);
       if (!link) throw new Error(`rank ${this.rank} has no link to rank ${to}`);
-      const data = tensorPayload(part, this.dtype);
+      const data = payloads.get(part)!;
       this.bytesSent += data.byteLength;
       return link.send({ kind: 'tensor', from: this.rank, tag, dtype: this.dtype, shape: [part.length], data });
     });
