@@ -96,7 +96,8 @@ export const bytesPerElement = (dtype: DType): number => payloadBytes(I8_GROUP, 
 export const MAX_NDIM = 4;
 
 const MAGIC = 0x5744;
-const VERSION = 2;
+/** the header's byte 2: pages that speak another version drop each other's frames */
+export const PROTOCOL_VERSION = 2;
 const KIND_CODE = { rpc: 1, tensor: 2 } as const;
 const KIND_NAME = [undefined, 'rpc', 'tensor'] as const;
 /** a dtype's code on the wire (byte 4) is its place in DTYPES */
@@ -142,7 +143,7 @@ export function frameMessage(msg: Message, msgId: number, chunkBytes = DEFAULT_C
   const tag = msg.kind === 'tensor' ? msg.tag : NO_TAG;
   const shape = msg.kind === 'tensor' ? msg.shape : [];
   v.setUint16(0, MAGIC, true);
-  v.setUint8(2, VERSION);
+  v.setUint8(2, PROTOCOL_VERSION);
   v.setUint8(3, KIND_CODE[msg.kind]);
   v.setUint8(4, DTYPE_CODE[msg.kind === 'tensor' ? msg.dtype : 'f32']);
   v.setUint8(5, msg.from);
@@ -399,7 +400,7 @@ export function readHeader(bytes: Uint8Array): FrameHeader | string {
   const magic = v.getUint16(0, true);
   if (magic !== MAGIC) return `bad magic 0x${magic.toString(16)}, expected 0x${MAGIC.toString(16)}`;
   const version = v.getUint8(2);
-  if (version !== VERSION) return `protocol version ${version}, this page speaks ${VERSION}`;
+  if (version !== PROTOCOL_VERSION) return `protocol version ${version}, this page speaks ${PROTOCOL_VERSION}`;
   const kind = KIND_NAME[v.getUint8(3)];
   if (kind === undefined) return `unknown kind ${v.getUint8(3)}`;
   const dtype = DTYPES[v.getUint8(4)];

@@ -8,6 +8,7 @@ import {
   I8_GROUP,
   MAX_FRAME_BYTES,
   payloadBytes,
+  PROTOCOL_VERSION,
   readHeader,
   Reassembler,
   tensorPayload,
@@ -459,7 +460,7 @@ describe('bad frames are dropped with a reason, never thrown', () => {
 
     for (let i = 0; i < 1000; i++) {
       const bytes = new Uint8Array(Math.floor(random() * 300)).map(() => random() * 256);
-      if (i % 2 === 0 && bytes.length >= 4) bytes.set([0x44, 0x57, 2], 0); // get past magic/version sometimes
+      if (i % 2 === 0 && bytes.length >= 4) bytes.set([0x44, 0x57, PROTOCOL_VERSION], 0); // get past magic/version sometimes
       const before = r.dropped;
       expect(pushCounted(bytes.buffer)).toBeNull();
       expect(r.dropped, `random frame ${i}`).toBe(before + 1);

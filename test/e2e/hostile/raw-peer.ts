@@ -6,6 +6,7 @@
 import { readFile } from 'node:fs/promises';
 import { resolve } from 'node:path';
 import type { BrowserContext, Page } from '@playwright/test';
+import { PROTOCOL_VERSION } from '../../../core/net/protocol.ts';
 
 const PEERJS_BUNDLE = resolve(import.meta.dirname, '../../../node_modules/peerjs/dist/peerjs.min.js');
 
@@ -46,7 +47,7 @@ export async function openRawPeer(context: BrowserContext, baseURL: string, id =
   const page = await context.newPage();
   await page.goto(`${baseURL}/worker.html`); // without a token it asks for a link and joins nothing
   await page.addScriptTag({ content: await readFile(PEERJS_BUNDLE, 'utf8') });
-  await page.evaluate(rawPeerScript, { id, retryMs });
+  await page.evaluate(rawPeerScript, { id, retryMs, version: PROTOCOL_VERSION });
   return {
     page,
     id,
@@ -59,7 +60,7 @@ export async function openRawPeer(context: BrowserContext, baseURL: string, id =
 }
 
 /** Runs in the attacker page, with PeerJS loaded. */
-async function rawPeerScript({ id, retryMs }: { id: string; retryMs: number }): Promise<void> {
+async function rawPeerScript({ id, retryMs, version }: { id: string; retryMs: number; version: number }): Promise<void> {
   const { Peer } = (window as any).peerjs;
   const signaling = await (await fetch('/signaling.json')).json();
   const options = { host: location.hostname, port: Number(location.port), path: signaling.path, key: signaling.key, config: { iceServers: [] }, debug: 0 };
@@ -111,7 +112,7 @@ async function rawPeerScript({ id, retryMs }: { id: string; retryMs: number }): 
     const out = new Uint8Array(60 + total);
     const v = new DataView(out.buffer);
     v.setUint16(0, 0x5744, true);
-    v.setUint8(2, 1);
+    v.setUint8(2, version);
     v.setUint8(3, 1);
     v.setUint8(5, from);
     v.setUint32(8, msgId++, true);

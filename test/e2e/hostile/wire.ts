@@ -4,6 +4,7 @@
 // protocol (core/net/protocol.ts), rewritten. Nothing in the product is changed; the page's own
 // globals are (RTCDataChannel, RTCPeerConnection, WebSocket), before its scripts run.
 import type { Page } from '@playwright/test';
+import { PROTOCOL_VERSION } from '../../../core/net/protocol.ts';
 
 /** What a hostile worker page does to what it sends; unset parts are sent as the page made them. */
 export interface HostileRules {
@@ -60,7 +61,7 @@ export interface HostileLog {
  * changes them later with setRules. Without rules the page behaves as the product made it.
  */
 export async function makeHostile(page: Page, rules: HostileRules = {}): Promise<void> {
-  await page.addInitScript(hostileWire, rules);
+  await page.addInitScript(hostileWire, { rules, version: PROTOCOL_VERSION });
 }
 
 export async function setRules(page: Page, rules: HostileRules): Promise<void> {
@@ -76,7 +77,7 @@ export function hostileLog(page: Page): Promise<HostileLog> {
 }
 
 /** Runs in the page, before its scripts: self-contained (Playwright sends it as source). */
-function hostileWire(initial: HostileRules): void {
+function hostileWire({ rules: initial, version }: { rules: HostileRules; version: number }): void {
   const w = window as unknown as { __hostile: HostileRules; __hostileLog: HostileLog };
   w.__hostile = initial;
   const log: HostileLog = (w.__hostileLog = { rowsReplies: 0, rowsTampered: 0, tensorsPoisoned: 0, tensorsWithheld: 0, tensorsInjected: 0, pulsesReplaced: 0, rank: null, world: null, channels: [] });
@@ -90,7 +91,7 @@ function hostileWire(initial: HostileRules): void {
 
   const bytesOf = (data: unknown): Uint8Array | null =>
     data instanceof ArrayBuffer ? new Uint8Array(data) : ArrayBuffer.isView(data) ? new Uint8Array(data.buffer, data.byteOffset, data.byteLength) : null;
-  const isFrame = (b: Uint8Array) => b.byteLength >= HEADER && b[0] === 0x44 && b[1] === 0x57 && b[2] === 1;
+  const isFrame = (b: Uint8Array) => b.byteLength >= HEADER && b[0] === 0x44 && b[1] === 0x57 && b[2] === version;
   const view = (b: Uint8Array) => new DataView(b.buffer, b.byteOffset, b.byteLength);
   const headerOf = (b: Uint8Array) => {
     const v = view(b);
@@ -308,7 +309,7 @@ function hostileWire(initial: HostileRules): void {
         const frame = new Uint8Array(64 * 1024);
         const v = view(frame);
         v.setUint16(0, 0x5744, true);
-        v.setUint8(2, 1);
+        v.setUint8(2, version);
         v.setUint8(3, RPC);
         v.setUint8(5, 0);
         v.setUint32(8, 0x70000000 + i, true);
