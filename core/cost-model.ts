@@ -217,7 +217,7 @@ function predictGrouped(work: Workload, plan: Plan, headGroups: number, hw: Hard
   const forward = forwardFlops(work.model, work.tokens, work.textTokens, shares);
   const slowest = { flops: Math.min(...chosen.map((c) => c.f)), softmaxRate: Math.min(...chosen.map((c) => softmaxRateOf(c.i))) };
   const estimatedForwardS = plan.heads
-    ? (unevenRehearsedS(work, plan.heads, hw) ?? Math.max(...chosen.map((c, rank) => forwardAt(forwardFlops(work.model, work.tokens, work.textTokens, shares, rank), c.f, softmaxRateOf(c.i)))))
+    ? Math.max(...chosen.map((c, rank) => forwardAt(forwardFlops(work.model, work.tokens, work.textTokens, shares, rank), c.f, softmaxRateOf(c.i))))
     : forwardAt(forward, slowest.flops, slowest.softmaxRate);
 
   const passesPerGroup = plan.cfgParallel ? 1 : work.passes;
@@ -233,7 +233,7 @@ function predictGrouped(work: Workload, plan: Plan, headGroups: number, hw: Hard
 
   // displaced ranks do Ulysses' work (their tokens over all heads, not all tokens over their
   // heads); a forward is rehearsed in one head group, and each group past it is a call more a block
-  const rehearsedS = hw.rehearsedForwardS?.(plan);
+  const rehearsedS = hw.rehearsedForwardS?.(plan) ?? (plan.heads ? unevenRehearsedS(work, plan.heads, hw) : undefined);
   const forwardS = rehearsedS === undefined ? estimatedForwardS : rehearsedS + (headGroups - 1) * work.model.numLayers * stageS;
   const computeS = passesPerGroup * forwardS;
   // the self-attention of the forward (its share of the estimate at the slowest rates): head groups
