@@ -235,11 +235,13 @@ export class Placer {
     const cfgFallback = request.cfgParallel && !guided ? 'no CFG parallel: guidance 1 means one forward pass per step, so there is no second pass for a second group' : null;
     const { layout, plan } = await this.layoutFor(params, request, guided);
     // 'auto' without a plan (workers not yet measured): exact
+    const parallel = plan?.parallel ?? (request.parallel === 'displaced' || request.dtype === 'i4' ? 'displaced' : 'ulysses');
     const placing: PlacedFor = {
       ...request,
       dtype: plan?.dtype ?? (request.dtype === 'auto' ? 'f32' : request.dtype),
-      parallel: plan?.parallel ?? (request.parallel === 'displaced' || request.dtype === 'i4' ? 'displaced' : 'ulysses'),
-      headGroups: plan?.headGroups ?? request.headGroups ?? 1,
+      parallel,
+      // displaced ranks exchange once a block: head groups are Ulysses' alone
+      headGroups: parallel === 'displaced' ? 1 : (plan?.headGroups ?? request.headGroups ?? 1),
     };
     // placedFor is set exactly while there is an executor
     const fits =

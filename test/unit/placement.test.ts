@@ -882,6 +882,15 @@ describe('the cost model sees what the workers measured', () => {
     expect(asked.plan!.headGroups).toBe(2);
     expect(asked.plan!.by).toMatch(/; q, k, v in 2 head groups, so attention overlaps the exchange \(asked for\)\)$/);
     expect((callsOf(workers[1], 'initWorker').at(-1)!.args as InitArgs).headGroups).toBe(2);
+    // displaced ranks exchange once a block, whatever a job asks, planned or not (workers unmeasured)
+    for (const measure of [true, false]) {
+      const other = testSwarm();
+      const ranks = measure ? other.join(2, measured({ rttMs: 1, bandwidth: 1e10 })) : other.join(2);
+      const displaced = await placerOn(other.swarm).place(unguided, ask({ ulyssesDegree: 2, ep: 'wasm', dtype: 'f32', cfgParallel: false, parallel: 'displaced', headGroups: 3 }));
+      expect(displaced.plan === null, 'planned').toBe(!measure);
+      expect(displaced.executor.options.headGroups).toBe(1);
+      expect((callsOf(ranks[1], 'initWorker')[0].args as InitArgs).headGroups).toBe(1);
+    }
     await expect(placer.place(unguided, ask({ ulyssesDegree: 2, ep: 'wasm', dtype: 'f32', headGroups: 0 }))).rejects.toThrow("headGroups is a whole number ≥ 1 of head groups a block's exchange goes in (1: all heads at once), got 0");
   });
 
