@@ -138,12 +138,14 @@ export class MeshExchange implements Exchange {
       this.closeLinks(error.message);
       throw error;
     }
-    const payloads = new Map(distinct.map((part) => [part, tensorPayload(part, this.dtype)]));
+    // encoded once each where sent: this rank's own part stays here
+    const payloads = new Map<Float32Array, Uint8Array>();
+    const payloadOf = (part: Float32Array) => payloads.get(part) ?? payloads.set(part, tensorPayload(part, this.dtype)).get(part)!;
     const sends = parts.map((part, to) => {
       if (to === this.rank) return Promise.resolve();
       const link = this.links.get(to);
       if (!link) throw new Error(`rank ${this.rank} has no link to rank ${to}`);
-      const data = payloads.get(part)!;
+      const data = payloadOf(part);
       this.bytesSent += data.byteLength;
       return link.send({ kind: 'tensor', from: this.rank, tag, dtype: this.dtype, shape: [part.length], data });
     });
