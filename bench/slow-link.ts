@@ -56,6 +56,9 @@ const TRANSPORTS: DType[] = ['f32', 'f16', 'i8'];
 const DISPLACED_TRANSPORTS: DType[] = ['f32', 'i8', 'i4'];
 /** Ulysses runs in one head group (no overlap) and in this many (core/parallel.ts MAX_HEAD_GROUPS: 6 heads a rank at P = 2, 3 at P = 4) */
 const HEAD_GROUPS = [1, MAX_HEAD_GROUPS];
+/** A run's row in the report: "P=2 i8", "P=2 i8 in 3 head groups", "P=2 displaced i4". */
+const ulyssesRow = (degree: number, dtype: DType, headGroups: number): string => `P=${degree} ${dtype}${headGroups > 1 ? ` in ${headGroups} head groups` : ''}`;
+const displacedRow = (degree: number, dtype: DType): string => `P=${degree} displaced ${dtype}`;
 /** displaced runs: one exact step, the rest stale (the median step is a stale one) */
 const WARMUP_STEPS = 1;
 /** the machines' CFS period (bench/machines.ts): short, as the kernel allows (a quota of at least 1 ms: 0.45 of 4 ms is 1.8) */
@@ -170,11 +173,10 @@ export async function runSlowLink(options: Partial<SlowLinkOptions> = {}) {
     for (const degree of o.degrees) {
       for (const dtype of TRANSPORTS)
         for (const headGroups of HEAD_GROUPS) {
-          const grouped = headGroups > 1 ? ` in ${headGroups} head groups` : '';
-          const r = degree === TARGET.degree && dtype === 'f32' && headGroups === 1 ? exact : await run(`P = ${degree}, ulysses ${dtype}${grouped}`, { workers: degree, dtype, parallel: 'ulysses', headGroups, emulateLink });
-          timed.push([`P=${degree} ${dtype}${grouped}`, r]);
+          const r = degree === TARGET.degree && dtype === 'f32' && headGroups === 1 ? exact : await run(`${ulyssesRow(degree, dtype, headGroups)}, ulysses`, { workers: degree, dtype, parallel: 'ulysses', headGroups, emulateLink });
+          timed.push([ulyssesRow(degree, dtype, headGroups), r]);
         }
-      for (const dtype of DISPLACED_TRANSPORTS) timed.push([`P=${degree} displaced ${dtype}`, await run(`P = ${degree}, displaced ${dtype}`, { workers: degree, dtype, parallel: 'displaced', warmupSteps: WARMUP_STEPS, emulateLink })]);
+      for (const dtype of DISPLACED_TRANSPORTS) timed.push([displacedRow(degree, dtype), await run(displacedRow(degree, dtype), { workers: degree, dtype, parallel: 'displaced', warmupSteps: WARMUP_STEPS, emulateLink })]);
     }
     const oneMachine = bothEnds(one, await run('one machine, again', { workers: 1 }));
     const runs = Object.fromEntries(timed.map(([label, r]) => [label, against(oneMachine, r)]));
@@ -203,9 +205,9 @@ export async function runSlowLink(options: Partial<SlowLinkOptions> = {}) {
           'P=4 displaced i4': demoAccuracy('displaced-p4-i4', ['--ranks', '4', '--displaced', '--dtype', 'i4']),
         }
       : null;
-    const exactReport = runs[`P=${TARGET.degree} f32`] as { exchangeOverCompute: number };
+    const exactReport = runs[ulyssesRow(TARGET.degree, 'f32', 1)] as { exchangeOverCompute: number };
     const step = (r: unknown) => (r as { stepMs: number }).stepMs;
-    const bestDisplaced = (degree: number) => Math.min(...DISPLACED_TRANSPORTS.map((d) => step(runs[`P=${degree} displaced ${d}`])));
+    const bestDisplaced = (degree: number) => Math.min(...DISPLACED_TRANSPORTS.map((d) => step(runs[displacedRow(degree, d)])));
     return {
       benchmark: 'slow-link',
       date: new Date(started).toISOString(),
@@ -229,8 +231,8 @@ export async function runSlowLink(options: Partial<SlowLinkOptions> = {}) {
       },
       /** Ulysses in head groups against all heads at once, each transport and degree: how much faster, and the exchange hidden behind compute a step */
       overlap: Object.fromEntries(o.degrees.flatMap((degree) => TRANSPORTS.map((dtype) => {
-        const [whole, grouped] = HEAD_GROUPS.map((g) => runs[`P=${degree} ${dtype}${g > 1 ? ` in ${g} head groups` : ''}`] as { stepMs: number; overlapMs: number });
-        return [`P=${degree} ${dtype}`, { speedup: round(whole.stepMs / grouped.stepMs, 3), hiddenMs: grouped.overlapMs, hiddenMsInOneGroup: whole.overlapMs }];
+        const [whole, grouped] = HEAD_GROUPS.map((g) => runs[ulyssesRow(degree, dtype, g)] as { stepMs: number; overlapMs: number });
+        return [ulyssesRow(degree, dtype, 1), { speedup: round(whole.stepMs / grouped.stepMs, 3), hiddenMs: grouped.overlapMs, hiddenMsInOneGroup: whole.overlapMs }];
       }))),
     };
   } finally {
