@@ -17,6 +17,17 @@ import { ExchangePhase, forwardRank, noStats, type Exchange } from './ulysses.ts
  */
 const RUNS = 5;
 const BUDGET_MS = 1_000;
+/**
+ * A fresh engine is cold: the browser optimises onnxruntime's WebAssembly as it runs hot, and the
+ * default job's forward fell from ~150 ms to ~35 over its first 20–40 forwards here. Timed cold, a
+ * rehearsal predicted a job whose steps sped up partway through, its median step anywhere between
+ * the two (+45% to −25% off). So a new engine's first rehearsal runs WARM_FORWARDS forwards (one
+ * block each where a forward is long), for WARM_MS at most, before it times any: the job after it
+ * then runs warm from its first step. (Forwards stopping getting faster is no sign here: they
+ * vary by a third from one to the next on a busy machine while they still speed up.)
+ */
+const WARM_FORWARDS = 24;
+const WARM_MS = 6_000;
 /** a forward longer than this is rehearsed one block at a time */
 const LONG_MS = 2_000;
 /** 720p × 129 frames of Wan2.1 is 119,600 tokens; a rehearsal allocates its patches, so a bound */
@@ -34,8 +45,11 @@ const echoExchange = (plan: UlyssesPlan): Exchange => ({
   allToAll: async (tag, parts) => parts.map((part, j) => (j === 0 ? part : new Float32Array(partFloats(plan, tag.phase === ExchangePhase.QKV ? 'qkv' : 'output', j, 0, tag.group)))),
 });
 
-/** ms of one rank's compute in one forward under each Ulysses degree: the median of a few where one is quick, else blocks × one block. */
-export async function rehearseForwards(cfg: WanConfig, stages: DeviceStageRunner, latentShape: number[], textTokens: number, degrees: number[]): Promise<number[]> {
+/**
+ * ms of one rank's forward under each Ulysses degree: the median of a few where one is quick, else
+ * blocks × one block; on an engine that has not computed yet (`cold`), after warming it up.
+ */
+export async function rehearseForwards(cfg: WanConfig, stages: DeviceStageRunner, latentShape: number[], textTokens: number, degrees: number[], cold: boolean): Promise<number[]> {
   if (latentShape[0] !== cfg.inChannels) throw new Error(`rehearse needs a latent shape [${cfg.inChannels}, T, H, W], got ${JSON.stringify(latentShape)}`);
   const grid = tokenGrid(cfg, latentShape);
   if (grid.count > MAX_TOKENS) throw new Error(`rehearse of ${grid.count} tokens: at most ${MAX_TOKENS} (720p × 129 frames)`);
@@ -43,20 +57,28 @@ export async function rehearseForwards(cfg: WanConfig, stages: DeviceStageRunner
   const text = random.normals(textTokens * cfg.textDim);
   const patchWidth = cfg.inChannels * cfg.patchSize.reduce((a, b) => a * b, 1);
   const forwardMs: number[] = [];
-  for (const degree of degrees) {
+  for (const [i, degree] of degrees.entries()) {
     checkDegree(cfg.numHeads, degree);
     const plan = planUlysses(cfg, grid.count, degree);
     const input = { patches: random.normals(plan.rows[0] * patchWidth), timestep: 500, text, grid, tag: { job: 0, step: 0, pass: 0 } };
+    // the forward's wall clock, as a job's step sees it: its stage calls and the page's work between them
     const forward = async (numLayers: number) => {
-      const stats = noStats();
-      await forwardRank({ ...cfg, numLayers }, plan, stages, echoExchange(plan), input, stats);
-      return stats.computeMs;
+      const started = performance.now();
+      await forwardRank({ ...cfg, numLayers }, plan, stages, echoExchange(plan), input, noStats());
+      return performance.now() - started;
     };
-    // A forward of one block first (it also warms up): where the whole forward would take long (a
-    // real model's 30 blocks at 480p), a second one-block forward × the blocks is the rehearsal
-    // (embedding and head counted once per block: a fraction of a per cent of a block there).
+    // A forward of one block first: where the whole forward would take long (a real model's 30
+    // blocks at 480p), a further one-block forward × the blocks is the rehearsal (embedding and head
+    // counted once per block: a fraction of a per cent of a block there).
     const oneBlockMs = await forward(1);
-    forwardMs.push(oneBlockMs * cfg.numLayers > LONG_MS ? cfg.numLayers * (await forward(1)) : await medianSample(() => forward(cfg.numLayers), RUNS, BUDGET_MS));
+    const long = oneBlockMs * cfg.numLayers > LONG_MS;
+    if (cold && i === 0) await warmUp(() => forward(long ? 1 : cfg.numLayers));
+    forwardMs.push(long ? cfg.numLayers * (await forward(1)) : await medianSample(() => forward(cfg.numLayers), RUNS, BUDGET_MS));
   }
   return forwardMs;
+}
+
+async function warmUp(forward: () => Promise<unknown>): Promise<void> {
+  const started = performance.now();
+  for (let n = 0; n < WARM_FORWARDS && performance.now() - started < WARM_MS; n++) await forward();
 }
