@@ -330,6 +330,10 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
         });
       }
 
+      const medianStepMs = median(steps.map((s) => s.ms));
+      // a job that ran on one placement throughout is what the next of its shape there is predicted from
+      if (!failures.length) placer.measuredStep(params, medianStepMs);
+
       enter('decoding');
       const decoded = outputType === 'video' ? await videoDecoding.decode(latent, { ep: placement.ep, onProgress: ({ tilesDone, tiles }) => onPhase?.('decoding', `tile ${tilesDone} of ${tiles}`) }) : null;
       const frames = decoded?.frames ?? null;
@@ -365,7 +369,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
           })),
           links: executor.linkReport(),
           steps,
-          medianStepMs: median(steps.map((s) => s.ms)),
+          medianStepMs,
           resumedFromStep: first,
           failures,
           recoveryMs: failures.reduce((t, f) => t + f.replanMs, 0),

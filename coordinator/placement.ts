@@ -2,7 +2,7 @@
 // (what was asked, or the cost model's choice for 'auto'), which workers become which ranks,
 // whether the placement of the last job still fits, the mesh probe of a new placement, and the
 // re-placement after a lost rank. Executors only carry out a RankLayout; the pipeline only asks.
-import { candidatePlans, fitMeshProbe, planSwarm, planWorld, predictStep, unevenPlan, type Hardware, type LinkSpeed, type Plan, type Workload } from '../core/cost-model.ts';
+import { candidatePlans, fitMeshProbe, planSwarm, planWorld, predictStep, unevenPlan, type Hardware, type LinkSpeed, type Plan, type StepPrediction, type Workload } from '../core/cost-model.ts';
 import { latentShape, usesGuidance, type JobParams } from '../core/job.ts';
 import type { WanConfig } from '../core/model/config.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
@@ -216,8 +216,10 @@ export class Placer {
   private prepared: { job: number; texts: Float32Array[]; shape: number[] } | null = null;
   /** re-placements since the prepared job started */
   private replans = 0;
-  /** seconds of one forward by degree, rehearsed on a group of workers for a job's shape (rehearsalKey) */
+  /** seconds of one forward by degree, rehearsed on a group of workers for a job's shape (groupKey) */
   private readonly rehearsals = new Map<string, Map<number, number[]>>();
+  /** seconds of a step of a plan as the jobs that ran it measured, the last weighing half (stepKey) */
+  private readonly measuredSteps = new Map<string, number>();
 
   constructor(private readonly options: PlacerOptions) {
     if (options.backend === 'swarm' && !options.swarm) throw new Error('the swarm backend needs a Swarm: pass one from openSwarm()');
@@ -304,6 +306,21 @@ export class Placer {
     return { step, error: error.message, lost, detectedAt, degreeBefore: before.world, degreeAfter: this.need().world, replanMs: performance.now() - started };
   }
 
+  /**
+   * The median step of a job that ran on the current placement from its start to its end: the
+   * cost model's prediction of that plan for the next jobs of the shape on these workers, averaged
+   * with the jobs' before it (each older one weighing half as much): one job's median step moved
+   * ±20% from the next one's on this busy 2-core machine.
+   */
+  measuredStep(params: JobParams, medianStepMs: number): void {
+    if (!this.executor || !this.placedFor || this.options.backend !== 'swarm' || !(medianStepMs > 0)) return;
+    const { layout, ep, dtype, parallel } = this.placedFor;
+    const plan = { ulyssesDegree: layout.ulyssesDegree, cfgParallel: layout.cfgParallel, heads: layout.heads?.[0], mode: parallel };
+    const key = this.stepKey(ep, latentShape(params, this.options.config.inChannels), this.executor.workers, plan, bytesPerElement(dtype));
+    const before = this.measuredSteps.get(key);
+    this.measuredSteps.set(key, before === undefined ? medianStepMs / 1000 : (before + medianStepMs / 1000) / 2);
+  }
+
   async shutdown(options?: { graceMs?: number }): Promise<void> {
     const executor = this.executor;
     this.executor = null;
@@ -366,7 +383,7 @@ export class Placer {
       degree: best.plan.ulyssesDegree,
       cfgParallel: best.plan.cfgParallel,
       asked: false,
-      by: `cost model (${hw.forwardsFrom}; rank links from ${hw.link.from}${transport.why}${overlapWhy(best.headGroups, request)})`,
+      by: `cost model (${predictedFrom(best, hw.forwardsFrom)}; rank links from ${hw.link.from}${transport.why}${overlapWhy(best.headGroups, request)})`,
       link: hw.link,
       predictedStepMs: best.stepS * 1000,
       oneWorkerStepMs: choice.baseline.stepS * 1000,
@@ -406,7 +423,7 @@ export class Placer {
       degree: layout.ulyssesDegree,
       cfgParallel: layout.cfgParallel,
       asked: true,
-      by: `asked for (predicted from ${hw.forwardsFrom}; rank links from ${hw.link.from}${transport.why}${overlapWhy(chosen.headGroups, request)})`,
+      by: `asked for (predicted from ${predictedFrom(chosen, hw.forwardsFrom)}; rank links from ${hw.link.from}${transport.why}${overlapWhy(chosen.headGroups, request)})`,
       link: hw.link,
       predictedStepMs: chosen.stepS * 1000,
       oneWorkerStepMs: predictStep(work, oneWorker, hw).stepS * 1000,
@@ -454,6 +471,7 @@ export class Placer {
       // even plans: the slowest of the workers; uneven ones the cost model makes from each worker's (unevenPlan)
       rehearsedForwardS: rehearsed && ((plan) => (plan.heads ? undefined : slowest(rehearsed!(plan.ulyssesDegree, planWorld(plan))))),
       rehearsedRankForwardS: rehearsed && ((degree) => rehearsed!(degree, degree)),
+      measuredStepS: (plan, bytes) => this.measuredSteps.get(this.stepKey(request.ep, latentShape(params, this.options.config.inChannels), membersOf(workers), plan, bytes)),
       link: this.linkOf(workers),
       // the transport asked for; 'auto' weighs each (chooseTransport), from float32
       bytesPerElement: bytesPerElement(request.dtype === 'auto' ? 'f32' : request.dtype),
@@ -470,7 +488,7 @@ export class Placer {
   private async rehearse(workers: SwarmWorker[], request: PlacementRequest, params: JobParams, plans: Plan[]): Promise<(degree: number, world: number) => number[] | undefined> {
     const { config, modelUrl, textTokens, rpcTimeoutMs } = this.options;
     const shape = latentShape(params, config.inChannels);
-    const keyOf = (world: number) => [modelUrl, request.ep, shape.join('×'), ...workers.slice(0, world).map((w) => `${w.id}:${w.info.threads}`)].join(' ');
+    const keyOf = (world: number) => this.groupKey(request.ep, shape, membersOf(workers.slice(0, world)));
     for (const world of new Set(plans.map(planWorld))) {
       const key = keyOf(world);
       const degrees = [...new Set(plans.filter((p) => planWorld(p) === world).map((p) => p.ulyssesDegree))].filter((d) => !this.rehearsals.get(key)?.has(d));
@@ -487,6 +505,17 @@ export class Placer {
       }
     }
     return (degree, world) => this.rehearsals.get(keyOf(world))?.get(degree);
+  }
+
+  /** A job's shape on a group of workers at their threads (placeOn's: the first to have joined), on an EP. */
+  private groupKey(ep: PlacementRequest['ep'], shape: number[], members: { id: string; threads: number }[]): string {
+    return [this.options.modelUrl, ep, shape.join('×'), ...members.map((w) => `${w.id}:${w.threads}`)].join(' ');
+  }
+
+  /** A plan as it runs on its group (Hardware.measuredStepS): one rank has no exchange, one group of one no transport. */
+  private stepKey(ep: PlacementRequest['ep'], shape: number[], members: { id: string; threads: number }[], plan: Plan, bytes: number): string {
+    const run = [`${plan.ulyssesDegree}${plan.cfgParallel ? ' ×2' : ''}`, plan.heads?.join('/') ?? 'even', plan.ulyssesDegree > 1 ? (plan.mode ?? 'ulysses') : '', planWorld(plan) > 1 ? bytes : 0];
+    return `${this.groupKey(ep, shape, members.slice(0, planWorld(plan)))} | ${run.join(' ')}`;
   }
 
   /** Replaces the current executor by one on `layout` (the first workers to have joined); a failed placement leaves none. */
@@ -530,3 +559,8 @@ export class Placer {
 }
 
 const slowest = (seconds: number[] | undefined): number | undefined => (seconds ? Math.max(...seconds) : undefined);
+
+const membersOf = (workers: SwarmWorker[]) => workers.map((w) => ({ id: w.id, threads: w.info.threads }));
+
+/** Where a prediction came from: the last job of the plan where one ran it (Hardware.measuredStepS), else the forwards. */
+const predictedFrom = (p: StepPrediction, forwardsFrom: string): string => (p.measured ? `its steps as the last jobs of this shape on these workers measured them; the other plans from ${forwardsFrom}` : forwardsFrom);

@@ -72,6 +72,14 @@ export interface Hardware {
    * rehearsed all at once: what an uneven plan's shares and prediction come from (unevenPlan)
    */
   rehearsedRankForwardS?: (degree: number) => number[] | undefined;
+  /**
+   * seconds of a step of this plan (at this transport's bytes per value) as the last job of the
+   * same shape that ran it on these workers measured it (its median step), in whichever head groups
+   * it ran (they move a step by a few per cent: 2–11% in bench slow-link): where given, that is the
+   * prediction — no rehearsal is closer to what a job takes than a job, and a plan predicted too
+   * fast on these workers is not chosen again on that prediction.
+   */
+  measuredStepS?: (plan: Plan, bytesPerElement: number) => number | undefined;
   /** the link between workers i and j (indices into workerFlops), or one link for every pair */
   link: LinkSpeed | ((i: number, j: number) => LinkSpeed);
   /** activations on the wire, bytes a value: 4 for fp32 transport, 2 for fp16, about 1 for int8 (payloadBytes) */
@@ -112,7 +120,10 @@ export interface StepPrediction {
   commS: number;
   /** patches out to the workers and rows back to the coordinator */
   ioS: number;
+  /** computeS + commS + ioS, or the step the last job of this plan measured (Hardware.measuredStepS) */
   stepS: number;
+  /** stepS is the last job's measured step */
+  measured: boolean;
 }
 
 /**
@@ -250,6 +261,7 @@ function predictGrouped(work: Workload, plan: Plan, headGroups: number, hw: Hard
   const coordinator = hw.coordinatorLink === undefined ? (typeof hw.link === 'function' ? slowestLink(hw, chosen.map((c) => c.i)) : hw.link) : hw.coordinatorLink;
   const ioBytes = work.passes * work.tokens * (work.model.inChannels + work.model.outChannels) * patchVolume(work.model) * 4;
   const ioS = coordinator ? ioBytes / coordinator.bandwidth + 2 * work.passes * coordinator.latency : 0;
+  const measuredS = hw.measuredStepS?.(plan, hw.bytesPerElement);
   return {
     plan,
     headGroups,
@@ -259,7 +271,8 @@ function predictGrouped(work: Workload, plan: Plan, headGroups: number, hw: Hard
     computeS,
     commS,
     ioS,
-    stepS: computeS + commS + ioS,
+    stepS: measuredS ?? computeS + commS + ioS,
+    measured: measuredS !== undefined,
   };
 }
 

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { candidatePlans, fitLink, fitMeshProbe, forwardBytes, forwardFlops, planSwarm, predictStep, stageCallsPerForward, type Hardware, type LinkSpeed, type ModelShape, type Workload } from '../../core/cost-model.ts';
+import { candidatePlans, fitLink, fitMeshProbe, forwardBytes, forwardFlops, planSwarm, predictStep, stageCallsPerForward, type Hardware, type LinkSpeed, type ModelShape, type Plan, type Workload } from '../../core/cost-model.ts';
 import { SeededRandom } from '../../core/random.ts';
 
 const small: ModelShape = { numHeads: 2, headDim: 2, dim: 4, ffnDim: 8, numLayers: 1, inChannels: 1, outChannels: 1, patchSize: [1, 1, 1], textDim: 3, freqDim: 2 };
@@ -236,6 +236,7 @@ describe('predictStep', () => {
       commS: 96 / 48 + 2 * (2 - 1) * 0.5, // 48 B/s and 0.5 s: the worse of the two directions, 2 all-to-alls per block
       ioS: (6 * (2 + 3) * 4 * 4) / 48 + 2 * 1 * 0.5, // 480 patch bytes over the same slowest link, out and back: 11
       stepS: 3 + 3 + 11,
+      measured: false,
     });
   });
 
@@ -254,7 +255,24 @@ describe('predictStep', () => {
       commS: 96 / 48 + 2 * 0.5 + cfgComm, // 3 + 6.5
       ioS: (2 * 6 * (2 + 3) * 4 * 4) / 96 + 2 * 2 * 1, // both passes' patches over the coordinator's own link: 10 + 4
       stepS: 1 + 9.5 + 14,
+      measured: false,
     });
+  });
+
+  it('takes the step the last job of a plan measured as its prediction, in any head groups, asked with the plan and the bytes a value, and predicts the others', () => {
+    const hw: Hardware = { workerFlops: [2304, 2304], link: { bandwidth: 48, latency: 0.5 }, bytesPerElement: 2 };
+    const asked: [Plan, number][] = [];
+    const measuredStepS = (plan: Plan, bytes: number) => (asked.push([plan, bytes]), plan.ulyssesDegree === 2 ? 42 : undefined);
+    const plan: Plan = { ulyssesDegree: 2, cfgParallel: false, headGroups: 1 };
+    const predicted = predictStep(work, plan, hw);
+    const p = predictStep(work, plan, { ...hw, measuredStepS });
+    expect(asked).toEqual([[plan, 2]]);
+    expect([p.stepS, p.measured]).toEqual([42, true]);
+    // what it would have predicted is still there to compare
+    expect([p.computeS, p.commS, p.ioS]).toEqual([predicted.computeS, predicted.commS, predicted.ioS]);
+    const one = predictStep(work, { ulyssesDegree: 1, cfgParallel: false }, { ...hw, measuredStepS });
+    expect(one.measured).toBe(false);
+    expect(one.stepS).toBe(one.computeS + one.commS + one.ioS);
   });
 
   it('on one worker never reads the rank-to-rank link, even one measured dead', () => {

@@ -728,6 +728,35 @@ describe('the cost model sees what the workers measured', () => {
     expect([callsOf(workers[0], 'rehearse').length, callsOf(workers[1], 'rehearse').length]).toEqual([5, 3]);
   });
 
+  it("predicts a plan a job ran by that job's median step: a plan predicted too fast is not chosen again on its prediction, and one that ran as predicted is predicted by its step", async () => {
+    const { swarm, join } = testSwarm();
+    const workers = join(2, measured(fast));
+    for (const w of workers) w.rehearsal = (d) => (d === 1 ? 100 : 40);
+    const placer = placerOn(swarm);
+    const place = async () => (await placer.place(guided, ask({ ep: 'wasm' }))).plan!;
+    // two passes of 40 ms at degree 2, against 2 × 100 alone and 100 on each of two (CFG parallel)
+    const first = await place();
+    expect([first.degree, first.cfgParallel, first.by]).toEqual([2, false, 'cost model (forwards rehearsed on these workers; rank links from coordinator links)']);
+    placer.measuredStep(guided, 1_000); // the job's steps took 1 s, not ~80 ms: its exchanges on a busy machine
+    const second = await place();
+    expect([second.degree, second.cfgParallel]).toEqual([1, true]); // ~100 ms predicted, the next fastest
+    expect(second.by).toBe('cost model (forwards rehearsed on these workers; rank links from coordinator links)');
+    placer.measuredStep(guided, 130);
+    const third = await place();
+    expect([third.degree, third.cfgParallel, third.predictedStepMs]).toEqual([1, true, 130]);
+    expect(third.by).toBe('cost model (its steps as the last jobs of this shape on these workers measured them; the other plans from forwards rehearsed on these workers; rank links from coordinator links)');
+    // the next job's median is averaged in, the last weighing half
+    placer.measuredStep(guided, 110);
+    expect((await place()).predictedStepMs).toBeCloseTo(120, 9);
+    placer.measuredStep(guided, 100);
+    expect((await place()).predictedStepMs).toBeCloseTo(110, 9);
+    // another shape, or the same workers on other threads, is predicted from its rehearsal again
+    expect((await placer.place(jobParams({ ...DEFAULT_JOB, frames: 5 }), ask({ ep: 'wasm' }))).plan!.predictedStepMs).not.toBeCloseTo(110, 3);
+    workers[1].info = { ...workers[1].info, threads: 2 };
+    workers[1].share = 2;
+    expect((await place()).predictedStepMs).not.toBeCloseTo(110, 3);
+  });
+
   it('shares the heads in proportion to speed where one worker is 2× slower, says which workers it leaves out and why, and places the shares (issue 18)', async () => {
     const { swarm, join } = testSwarm();
     const workers = join(3, measured(fast));
