@@ -463,11 +463,14 @@ export class Placer {
       forwardsFrom = `probe rates, as rehearsing failed: ${(e as Error).message}`;
     }
     // the EP each worker will run on: the job's, or with 'auto' the one it measured fastest (as it will choose)
-    const epOf = (m: WorkerMeasurement) => m.compute[request.ep === 'auto' ? m.auto.ep : request.ep] ?? m.compute.wasm;
+    const epNameOf = (m: WorkerMeasurement) => (request.ep === 'auto' ? m.auto.ep : request.ep);
+    const epOf = (m: WorkerMeasurement) => m.compute[epNameOf(m)] ?? m.compute.wasm;
     return {
       workerFlops: measured.map((m) => epOf(m!)?.flops ?? 0),
       workerSoftmaxRates: measured.map((m) => epOf(m!)?.softmaxRate ?? Infinity),
       workerStageS: measured.map((m) => (epOf(m!)?.stageMs ?? 0) / 1000),
+      // WASM computes on the CPU the tabs of one browser share; WebGPU on a GPU
+      workerCpus: workers.map((w, i) => (epNameOf(measured[i]!) === 'wasm' ? w.info.browser : undefined)),
       // even plans: the slowest of the workers; uneven ones the cost model makes from each worker's (unevenPlan)
       rehearsedForwardS: rehearsed && ((plan) => (plan.heads ? undefined : slowest(rehearsed!(plan.ulyssesDegree, planWorld(plan))))),
       rehearsedRankForwardS: rehearsed && ((degree) => rehearsed!(degree, degree)),

@@ -80,6 +80,13 @@ export interface Hardware {
    * fast on these workers is not chosen again on that prediction.
    */
   measuredStepS?: (plan: Plan, bytesPerElement: number) => number | undefined;
+  /**
+   * the CPU each worker computes on, where known, parallel to workerFlops: WASM tabs of one
+   * browser share their machine's cores, and their exchanges go through its loopback, whose work
+   * (the data channels' encryption and framing) is CPU time on those same cores, so no compute
+   * hides it. Unknown (undefined, or WebGPU: the GPU computes while the CPU sends): a CPU of its own.
+   */
+  workerCpus?: (string | undefined)[];
   /** the link between workers i and j (indices into workerFlops), or one link for every pair */
   link: LinkSpeed | ((i: number, j: number) => LinkSpeed);
   /** activations on the wire, bytes a value: 4 for fp32 transport, 2 for fp16, about 1 for int8 (payloadBytes) */
@@ -254,8 +261,11 @@ function predictGrouped(work: Workload, plan: Plan, headGroups: number, hw: Hard
   const groupsHide = forwardS * attentionShare * (1 - 1 / headGroups);
   // displaced (past its warm-up): a forward's gather has the next forward of its pass to arrive in;
   // two passes on one group run at once, so one's all-to-alls wait behind the other's compute
-  // (coordinator/executor.ts velocity); only what takes longer waits
-  const hiddenBehind = displaced || (passesPerGroup > 1 && P > 1) ? forwardS : groupsHide;
+  // (coordinator/executor.ts velocity); only what takes longer waits. Ranks on one CPU hide
+  // nothing: their exchange is work on the cores they compute on (workerCpus).
+  const cpus = chosen.map((c) => hw.workerCpus?.[c.i]);
+  const oneCpu = cpus.length > 1 && cpus[0] !== undefined && cpus.every((cpu) => cpu === cpus[0]);
+  const hiddenBehind = oneCpu ? 0 : displaced || (passesPerGroup > 1 && P > 1) ? forwardS : groupsHide;
   const commPerForward = Math.max(0, wireS - hiddenBehind);
   const commS = passesPerGroup * commPerForward + cfgComm;
   const coordinator = hw.coordinatorLink === undefined ? (typeof hw.link === 'function' ? slowestLink(hw, chosen.map((c) => c.i)) : hw.link) : hw.coordinatorLink;

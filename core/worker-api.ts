@@ -28,6 +28,11 @@ export interface WorkerInfo {
   threads: number;
   memoryGiB: number | null;
   userAgent: string;
+  /**
+   * an id the worker tabs of one browser share (worker/cores.ts): they compute on its machine's
+   * cores and exchange through its loopback. Absent: a page that cannot say, taken as on a machine of its own.
+   */
+  browser?: string;
 }
 
 /** A rank's place in its job's mesh (its group's mesh with CFG parallel). */
@@ -358,7 +363,7 @@ const totals: Check<WorkerTotals> = fields({ steps: int(0), bytesSent: bytes, co
 export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
   describe: {
     args: none,
-    reply: fields({ ep, adapter: text(), softwareAdapter: oneOf(true, false), threads: int(1, 1024), memoryGiB: nullable(num(0)), userAgent: text() }),
+    reply: fields({ ep, adapter: text(), softwareAdapter: oneOf(true, false), threads: int(1, 1024), memoryGiB: nullable(num(0)), userAgent: text(), browser: optional(text(64)) }),
   },
   probeCompute: {
     args: fields({ ep }),

@@ -12,6 +12,8 @@ const CHANNEL = 'ditswarm-worker-tabs';
 export interface CoreShare {
   /** the machine's cores, as the browser tells them */
   readonly cores: number;
+  /** an id every worker tab of this browser has (WorkerInfo.browser) */
+  readonly browser: string;
   /** WASM threads this tab should use now */
   threads(): number;
   /** worker tabs of this browser on this machine, this one included */
@@ -64,6 +66,7 @@ export async function shareCores(id: string, onChange: (threads: number, tabs: n
 
   return {
     cores,
+    browser: await browserId(locks),
     threads: share,
     tabs: () => tabs,
     leave() {
@@ -72,4 +75,25 @@ export async function shareCores(id: string, onChange: (threads: number, tabs: n
       channel?.close();
     },
   };
+}
+
+const BROWSER_KEY = 'ditswarm-browser';
+
+/**
+ * This browser's id, kept where all its tabs of this origin read it, made under a Web Lock so that
+ * two tabs opening at once do not make two (a new one each time where storage is refused: a tab alone).
+ */
+async function browserId(locks: LockManager | undefined): Promise<string> {
+  const keptOrMade = () => {
+    try {
+      const kept = localStorage.getItem(BROWSER_KEY);
+      if (kept) return kept;
+      const made = crypto.randomUUID();
+      localStorage.setItem(BROWSER_KEY, made);
+      return made;
+    } catch {
+      return crypto.randomUUID();
+    }
+  };
+  return locks ? locks.request(`${BROWSER_KEY}-id`, keptOrMade) : keptOrMade();
 }

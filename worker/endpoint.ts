@@ -100,6 +100,7 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
     if (runtime.state === 'idle') void takeShare(); // not placed: at once
   });
   info.threads = cores.threads();
+  info.browser = cores.browser;
   const engine = new EngineHost(cores.threads(), oneProbeAtATime);
   publish({ info });
   publishCores();

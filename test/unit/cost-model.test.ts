@@ -82,6 +82,23 @@ describe('cost model: FLOPs and bytes of one rank', () => {
     }
   });
 
+  it('ranks computing on one CPU (WASM tabs of one browser) hide none of their exchange: neither the other pass nor head groups, nor displaced mode; ranks of two CPUs, or unknown ones, do', () => {
+    const work: Workload = { model: wan13b, tokens: 32760, textTokens: 512, passes: 2 };
+    const hw: Hardware = { workerFlops: [2e13, 2e13], link: { bandwidth: 1e8, latency: 1e-3 }, bytesPerElement: 4 };
+    const oneCpu: Hardware = { ...hw, workerCpus: ['browser a', 'browser a'] };
+    for (const plan of [{ ulyssesDegree: 2, cfgParallel: false }, { ulyssesDegree: 2, cfgParallel: false, mode: 'displaced' as const }]) {
+      const shared = predictStep(work, plan, oneCpu);
+      const apart = predictStep(work, plan, hw);
+      expect(apart.commS, plan.mode ?? 'ulysses').toBeLessThan(shared.commS);
+      expect(shared.headGroups).toBe(1); // groups hide nothing, and cost calls
+      // every pass's whole exchange: what one pass alone in one group waits for, twice
+      const alone = predictStep({ ...work, passes: 1 }, { ...plan, headGroups: 1 }, oneCpu);
+      expect(shared.commS, plan.mode ?? 'ulysses').toBeCloseTo(2 * alone.commS, 9);
+      expect(alone.commS).toBeCloseTo(forwardBytes(wan13b, work.tokens, 2, 4, plan.mode) / 1e8 + (plan.mode ? 1 : 2) * wan13b.numLayers * 1e-3, 9);
+      for (const workerCpus of [['browser a', 'browser b'], ['browser a', undefined], [undefined, undefined]]) expect(predictStep(work, plan, { ...hw, workerCpus }).commS).toBe(apart.commS);
+    }
+  });
+
   it('head groups hide all of a block\'s attention but the last group\'s behind its exchange, each group past the first a stage call more a block: the fastest is predicted (issue 20)', () => {
     const work: Workload = { model: bench, tokens: 12288, textTokens: 32, passes: 1 };
     const f = forwardFlops(bench, 12288, 32, 2);

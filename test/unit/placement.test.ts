@@ -757,6 +757,22 @@ describe('the cost model sees what the workers measured', () => {
     expect((await place()).predictedStepMs).not.toBeCloseTo(110, 3);
   });
 
+  it('plans the exchange of WASM ranks in tabs of one browser as work on their shared cores, hidden by nothing; not so on WebGPU or across browsers', async () => {
+    const predicted = async (browsers: (string | undefined)[], ep: 'wasm' | 'webgpu') => {
+      const { swarm, join } = testSwarm();
+      const workers = join(2, measured({ rttMs: 2, bandwidth: 1e6 }));
+      workers.forEach((w, i) => {
+        w.info = { ...w.info, browser: browsers[i] };
+        w.rehearsal = (d) => (d === 1 ? 100 : 40);
+      });
+      return (await placerOn(swarm).place(guided, ask({ ep, ulyssesDegree: 2 }))).plan!.predictedStepMs;
+    };
+    const apart = await predicted(['a', 'b'], 'wasm');
+    expect(await predicted(['a', 'a'], 'wasm')).toBeGreaterThan(apart);
+    expect(await predicted([undefined, undefined], 'wasm')).toBe(apart);
+    expect(await predicted(['a', 'a'], 'webgpu')).toBe(await predicted(['a', 'b'], 'webgpu'));
+  });
+
   it('shares the heads in proportion to speed where one worker is 2× slower, says which workers it leaves out and why, and places the shares (issue 18)', async () => {
     const { swarm, join } = testSwarm();
     const workers = join(3, measured(fast));
