@@ -4,6 +4,7 @@
 // that joins says so on a BroadcastChannel, and every tab queues for the others' locks, which the
 // browser grants it the moment their tab closes or crashes — then it counts again.
 
+import { nonce } from '../core/net/hmac.ts';
 import { usableCores } from '../rank/engine-client.ts';
 
 const LOCK_PREFIX = 'ditswarm-worker-tab-';
@@ -88,11 +89,11 @@ async function browserId(locks: LockManager | undefined): Promise<string> {
     try {
       const kept = localStorage.getItem(BROWSER_KEY);
       if (kept) return kept;
-      const made = crypto.randomUUID();
+      const made = nonce(); // crypto.randomUUID is for secure contexts, and a LAN page on plain http is none
       localStorage.setItem(BROWSER_KEY, made);
       return made;
     } catch {
-      return crypto.randomUUID();
+      return nonce();
     }
   };
   return locks ? locks.request(`${BROWSER_KEY}-id`, keptOrMade) : keptOrMade();
