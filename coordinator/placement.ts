@@ -465,6 +465,8 @@ export class Placer {
     // the EP each worker will run on: the job's, or with 'auto' the one it measured fastest (as it will choose)
     const epNameOf = (m: WorkerMeasurement) => (request.ep === 'auto' ? m.auto.ep : request.ep);
     const epOf = (m: WorkerMeasurement) => m.compute[epNameOf(m)] ?? m.compute.wasm;
+    // what the jobs these workers ran are kept under, but for the plan (stepKey)
+    const [shape, members] = [latentShape(params, this.options.config.inChannels), membersOf(workers)];
     return {
       workerFlops: measured.map((m) => epOf(m!)?.flops ?? 0),
       workerSoftmaxRates: measured.map((m) => epOf(m!)?.softmaxRate ?? Infinity),
@@ -474,7 +476,7 @@ export class Placer {
       // even plans: the slowest of the workers; uneven ones the cost model makes from each worker's (unevenPlan)
       rehearsedForwardS: rehearsed && ((plan) => (plan.heads ? undefined : slowest(rehearsed!(plan.ulyssesDegree, planWorld(plan))))),
       rehearsedRankForwardS: rehearsed && ((degree) => rehearsed!(degree, degree)),
-      measuredStepS: (plan, bytes) => this.measuredSteps.get(this.stepKey(request.ep, latentShape(params, this.options.config.inChannels), membersOf(workers), plan, bytes)),
+      measuredStepS: (plan, bytes) => this.measuredSteps.get(this.stepKey(request.ep, shape, members, plan, bytes)),
       link: this.linkOf(workers),
       // the transport asked for; 'auto' weighs each (chooseTransport), from float32
       bytesPerElement: bytesPerElement(request.dtype === 'auto' ? 'f32' : request.dtype),
@@ -565,5 +567,5 @@ const slowest = (seconds: number[] | undefined): number | undefined => (seconds 
 
 const membersOf = (workers: SwarmWorker[]) => workers.map((w) => ({ id: w.id, threads: w.info.threads }));
 
-/** Where a prediction came from: the last job of the plan where one ran it (Hardware.measuredStepS), else the forwards. */
+/** Where a prediction came from: the jobs that ran the plan where any did (Hardware.measuredStepS), else the forwards. */
 const predictedFrom = (p: StepPrediction, forwardsFrom: string): string => (p.measured ? `its steps as the last jobs of this shape on these workers measured them; the other plans from ${forwardsFrom}` : forwardsFrom);

@@ -73,11 +73,12 @@ export interface Hardware {
    */
   rehearsedRankForwardS?: (degree: number) => number[] | undefined;
   /**
-   * seconds of a step of this plan (at this transport's bytes per value) as the last job of the
-   * same shape that ran it on these workers measured it (its median step), in whichever head groups
-   * it ran (they move a step by a few per cent: 2–11% in bench slow-link): where given, that is the
-   * prediction — no rehearsal is closer to what a job takes than a job, and a plan predicted too
-   * fast on these workers is not chosen again on that prediction.
+   * seconds of a step of this plan (at this transport's bytes per value) as the jobs of the same
+   * shape that ran it on these workers measured it (their median steps averaged, the last weighing
+   * half: Placer.measuredStep), in whichever head groups they ran (those move a step by a few per
+   * cent: 2–11% in bench slow-link): where given, that is the prediction — no rehearsal is closer
+   * to what a job takes than a job, and a plan predicted too fast on these workers is not chosen
+   * again on that prediction.
    */
   measuredStepS?: (plan: Plan, bytesPerElement: number) => number | undefined;
   /**
@@ -127,9 +128,9 @@ export interface StepPrediction {
   commS: number;
   /** patches out to the workers and rows back to the coordinator */
   ioS: number;
-  /** computeS + commS + ioS, or the step the last job of this plan measured (Hardware.measuredStepS) */
+  /** computeS + commS + ioS, or the step the jobs that ran this plan measured (Hardware.measuredStepS) */
   stepS: number;
-  /** stepS is the last job's measured step */
+  /** stepS is the jobs' measured step, not the estimate */
   measured: boolean;
 }
 
