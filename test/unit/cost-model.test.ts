@@ -276,7 +276,7 @@ describe('predictStep', () => {
     });
   });
 
-  it('takes the step the last job of a plan measured as its prediction, in any head groups, asked with the plan and the bytes a value, and predicts the others', () => {
+  it('takes the step the jobs that ran a plan measured as its prediction, in any head groups, asked with the plan and the bytes a value, and predicts the others', () => {
     const hw: Hardware = { workerFlops: [2304, 2304], link: { bandwidth: 48, latency: 0.5 }, bytesPerElement: 2 };
     const asked: [Plan, number][] = [];
     const measuredStepS = (plan: Plan, bytes: number) => (asked.push([plan, bytes]), plan.ulyssesDegree === 2 ? 42 : undefined);

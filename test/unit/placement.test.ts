@@ -728,7 +728,7 @@ describe('the cost model sees what the workers measured', () => {
     expect([callsOf(workers[0], 'rehearse').length, callsOf(workers[1], 'rehearse').length]).toEqual([5, 3]);
   });
 
-  it("predicts a plan a job ran by that job's median step: a plan predicted too fast is not chosen again on its prediction, and one that ran as predicted is predicted by its step", async () => {
+  it("predicts a plan jobs ran by their median steps, the last weighing half: a plan predicted too fast is not chosen again on its prediction, and one that ran as predicted is predicted by its steps", async () => {
     const { swarm, join } = testSwarm();
     const workers = join(2, measured(fast));
     for (const w of workers) w.rehearsal = (d) => (d === 1 ? 100 : 40);
