@@ -39,7 +39,9 @@ const IDENTITY_KEY = 'ditswarm.swarm';
 /** the fields that are the user's once typed in: a change of model leaves them be */
 const TYPED: (keyof JobParams)[] = ['prompt', 'negativePrompt', 'seed'];
 const sizeSelect = field('size') as HTMLSelectElement;
-sizeSelect.prepend(...Object.entries(WAN_SIZES).map(([name, { height, width }]) => new Option(`${name} · ${height}×${width}`, name)));
+sizeSelect.prepend(
+  ...Object.entries(WAN_SIZES).map(([name, { height, width }]) => new Option(`${name} · ${height}×${width}`, name)),
+);
 
 /** the defaults the form was last filled with: a TYPED field that differs from them was typed */
 let shownDefaults: JobParams | null = null;
@@ -63,7 +65,8 @@ function choosePreset(): void {
 /** The size select names the preset the height and width are, else custom. */
 function showPreset(): void {
   const [height, width] = [Number(field('height').value), Number(field('width').value)];
-  sizeSelect.value = Object.entries(WAN_SIZES).find(([, size]) => size.height === height && size.width === width)?.[0] ?? 'custom';
+  sizeSelect.value =
+    Object.entries(WAN_SIZES).find(([, size]) => size.height === height && size.width === width)?.[0] ?? 'custom';
 }
 
 showDefaults(DEFAULT_JOB);
@@ -77,21 +80,36 @@ let modelHeads: number | null = null;
 let promptCache: PromptCache | undefined;
 
 function readForm(): { params: Partial<Record<keyof JobParams, unknown>>; placement: JobPlacement } {
-  const params: Partial<Record<keyof JobParams, unknown>> = { prompt: field('prompt').value, negativePrompt: field('negativePrompt').value };
+  const params: Partial<Record<keyof JobParams, unknown>> = {
+    prompt: field('prompt').value,
+    negativePrompt: field('negativePrompt').value,
+  };
   for (const key of NUMERIC) params[key] = field(key).value.trim() === '' ? NaN : Number(field(key).value);
   const degree = field('degree').value;
   const ep = field('ep').value as JobPlacement['ep'];
   const cfg = field('cfg').value;
   const cfgParallel = cfg === 'auto' ? undefined : cfg === 'parallel';
   const model = field('model').value.trim() || DEFAULT_MODEL_URL;
-  return { params, placement: { backend: field('backend').value as Backend, workers: degree === 'auto' ? 'auto' : Number(degree), ep, cfgParallel, model } };
+  return {
+    params,
+    placement: {
+      backend: field('backend').value as Backend,
+      workers: degree === 'auto' ? 'auto' : Number(degree),
+      ep,
+      cfgParallel,
+      model,
+    },
+  };
 }
 
 /** Marks each bad field and says why; true when there is nothing to say. */
 function showErrors(errors: Partial<Record<string, string>>): boolean {
   for (const el of form.querySelectorAll('[aria-invalid]')) el.removeAttribute('aria-invalid');
-  for (const key of Object.keys(errors)) (form.elements.namedItem(key) as HTMLElement | null)?.setAttribute('aria-invalid', 'true');
-  $('form-errors').textContent = Object.entries(errors).map(([k, v]) => `${k} ${v}`).join('\n');
+  for (const key of Object.keys(errors))
+    (form.elements.namedItem(key) as HTMLElement | null)?.setAttribute('aria-invalid', 'true');
+  $('form-errors').textContent = Object.entries(errors)
+    .map(([k, v]) => `${k} ${v}`)
+    .join('\n');
   return Object.keys(errors).length === 0;
 }
 
@@ -101,14 +119,49 @@ async function pipelineFor({ backend, model = DEFAULT_MODEL_URL }: JobPlacement)
   if (pipeline?.key === key) return pipeline.pipe;
   await pipeline?.pipe.shutdown({ graceMs: 2000 });
   pipeline = null;
-  const pipe = await createPipeline({ model, backend, swarm: swarm ?? undefined, placementTimeoutMs: 60_000, promptCache: (promptCache ??= await openPromptCache().catch(() => undefined)) });
+  const pipe = await createPipeline({
+    model,
+    backend,
+    swarm: swarm ?? undefined,
+    placementTimeoutMs: 60_000,
+    promptCache: (promptCache ??= await openPromptCache().catch(() => undefined)),
+  });
   pipeline = { key, pipe };
   return pipe;
 }
 
 function runJob(job: StoredJob, hooks: Parameters<RunJob>[1]) {
-  const { workers, ep, dtype = 'f32', parallel, warmupSteps, headGroups, cfgParallel, shares, spotCheckRate, emulateLink } = job.placement;
-  return pipelineFor(job.placement).then((pipe) => pipe.generate({ ...job.params, ...job.inputs, ...hooks, placement: { ulyssesDegree: workers, ep, dtype, parallel, warmupSteps, headGroups, cfgParallel, shares, spotCheckRate, emulateLink } }));
+  const {
+    workers,
+    ep,
+    dtype = 'f32',
+    parallel,
+    warmupSteps,
+    headGroups,
+    cfgParallel,
+    shares,
+    spotCheckRate,
+    emulateLink,
+  } = job.placement;
+  return pipelineFor(job.placement).then((pipe) =>
+    pipe.generate({
+      ...job.params,
+      ...job.inputs,
+      ...hooks,
+      placement: {
+        ulyssesDegree: workers,
+        ep,
+        dtype,
+        parallel,
+        warmupSteps,
+        headGroups,
+        cfgParallel,
+        shares,
+        spotCheckRate,
+        emulateLink,
+      },
+    }),
+  );
 }
 
 /** The form's model: its head count (the degrees a job may ask for divide it), and its job defaults, which fill the form. */
@@ -153,39 +206,113 @@ function showFinished(job: StoredJob): void {
   $('report').textContent = JSON.stringify(job.result!.report, null, 2);
   const r = job.result!.report;
   const recovered = r.failures.length ? `, recovered from ${r.failures.length} lost worker(s)` : '';
-  const caught = (r.spotChecks ?? []).flatMap((c) => (c.verdict === 'agreed' ? [] : [`rank ${c.verdict.convicted.join(' and ')}: ${c.verdict.why}`])); // jobs stored before spot checks have none
-  const checked = r.spotChecks?.length ? ` ${r.spotChecks.length} forward(s) recomputed to spot-check the workers${caught.length ? `; caught ${caught.join('; ')}` : ', all agreed'}.` : '';
+  const caught = (r.spotChecks ?? []).flatMap((c) =>
+    c.verdict === 'agreed' ? [] : [`rank ${c.verdict.convicted.join(' and ')}: ${c.verdict.why}`],
+  ); // jobs stored before spot checks have none
+  const checked = r.spotChecks?.length
+    ? ` ${r.spotChecks.length} forward(s) recomputed to spot-check the workers${caught.length ? `; caught ${caught.join('; ')}` : ', all agreed'}.`
+    : '';
   const stepMs = r.medianStepMs;
-  const shares = r.plan?.heads ? ` sharing the heads ${r.plan.heads.join('/')} (and the tokens alike) by each one's rehearsed speed` : '';
-  const chose = r.plan?.cfgParallel ? `CFG parallel on two groups of ${r.plan.degree} rank${r.plan.degree === 1 ? '' : 's'}` : `${r.plan?.degree} rank${r.plan?.degree === 1 ? '' : 's'}${shares}`;
+  const shares = r.plan?.heads
+    ? ` sharing the heads ${r.plan.heads.join('/')} (and the tokens alike) by each one's rehearsed speed`
+    : '';
+  const chose = r.plan?.cfgParallel
+    ? `CFG parallel on two groups of ${r.plan.degree} rank${r.plan.degree === 1 ? '' : 's'}`
+    : `${r.plan?.degree} rank${r.plan?.degree === 1 ? '' : 's'}${shares}`;
   const leftOut = r.plan?.leftOut ? ` ${r.plan.leftOut[0].toUpperCase()}${r.plan.leftOut.slice(1)}.` : '';
-  const planned = r.plan?.predictedStepMs ? ` ${r.plan.asked ? 'The job asked for' : 'The cost model chose'} ${chose}, predicting ${(r.plan.predictedStepMs / 1000).toFixed(2)} s per step; measured ${(stepMs / 1000).toFixed(2)} s (the median step).${leftOut}` : '';
-  const computedOn = [...new Set(r.workers.map((w) => `${w.ep === 'webgpu' ? 'WebGPU' : 'WASM'} on ${w.threads} thread${w.threads === 1 ? '' : 's'}`))].join(', ');
+  const planned = r.plan?.predictedStepMs
+    ? ` ${r.plan.asked ? 'The job asked for' : 'The cost model chose'} ${chose}, predicting ${(r.plan.predictedStepMs / 1000).toFixed(2)} s per step; measured ${(stepMs / 1000).toFixed(2)} s (the median step).${leftOut}`
+    : '';
+  const computedOn = [
+    ...new Set(
+      r.workers.map(
+        (w) => `${w.ep === 'webgpu' ? 'WebGPU' : 'WASM'} on ${w.threads} thread${w.threads === 1 ? '' : 's'}`,
+      ),
+    ),
+  ].join(', ');
   const groups = r.config.cfgParallel ? ` (CFG parallel: two groups of ${r.config.ulyssesDegree})` : '';
   const fallback = r.cfgFallback ? ` ${r.cfgFallback[0].toUpperCase()}${r.cfgFallback.slice(1)}.` : '';
   // jobs stored before the report had them say float32 and no emulation
-  const transport = r.config.dtype && r.config.dtype !== 'f32' && r.config.workers > 1 ? ` Activations went between ranks as ${r.config.dtype === 'f16' ? 'float16' : 'int8 with a scale per 64 values'}, not exact float32.` : '';
+  const transport =
+    r.config.dtype && r.config.dtype !== 'f32' && r.config.workers > 1
+      ? ` Activations went between ranks as ${r.config.dtype === 'f16' ? 'float16' : 'int8 with a scale per 64 values'}, not exact float32.`
+      : '';
   // jobs stored before the report had it ran Ulysses
-  const displaced = r.config.parallel === 'displaced' && r.config.workers > 1 ? ` Displaced: past ${r.config.warmupSteps} exact step${r.config.warmupSteps === 1 ? '' : 's'}, each rank attended to the others' keys and values of the step before (the exchange off the critical path), not exact.` : '';
+  const displaced =
+    r.config.parallel === 'displaced' && r.config.workers > 1
+      ? ` Displaced: past ${r.config.warmupSteps} exact step${r.config.warmupSteps === 1 ? '' : 's'}, each rank attended to the others' keys and values of the step before (the exchange off the critical path), not exact.`
+      : '';
   // jobs stored before the report had it exchanged all heads at once
-  const hidden = r.steps.length ? Math.max(...r.steps.map((s) => Math.max(...s.ranks.map((rank) => rank.overlapMs ?? 0)))) : 0;
-  const overlapped = (r.config.headGroups ?? 1) > 1 && r.config.parallel === 'ulysses' && r.config.workers > 1 ? ` Ulysses in ${r.config.headGroups} head groups: attention over one group ran while the next was on the wire (up to ${(hidden / 1000).toFixed(2)} s of exchange hidden behind compute in a step).` : '';
-  const emulated = r.config.emulateLink ? ` Rank links were paced as a ${(r.config.emulateLink.bandwidth / 1e6).toFixed(2)} MB/s, ${r.config.emulateLink.latencyMs} ms link (an emulated LAN).` : '';
+  const hidden = r.steps.length
+    ? Math.max(...r.steps.map((s) => Math.max(...s.ranks.map((rank) => rank.overlapMs ?? 0))))
+    : 0;
+  const overlapped =
+    (r.config.headGroups ?? 1) > 1 && r.config.parallel === 'ulysses' && r.config.workers > 1
+      ? ` Ulysses in ${r.config.headGroups} head groups: attention over one group ran while the next was on the wire (up to ${(hidden / 1000).toFixed(2)} s of exchange hidden behind compute in a step).`
+      : '';
+  const emulated = r.config.emulateLink
+    ? ` Rank links were paced as a ${(r.config.emulateLink.bandwidth / 1e6).toFixed(2)} MB/s, ${r.config.emulateLink.latencyMs} ms link (an emulated LAN).`
+    : '';
   const prompt = r.encoding?.prompt; // jobs stored before the report had it have none
-  const encoded = !prompt || prompt.source === 'given' ? '' : prompt.source === 'cache' ? ' The prompt came from the cache.' : prompt.layers.length ? ` The prompt was encoded on ${new Set(prompt.layers.map((l) => l.worker)).size} worker(s) in ${(prompt.ms / 1000).toFixed(1)} s.` : '';
-  $('status').textContent = `#${job.id} done: ${r.config.frames} frames in ${(r.totalMs / 1000).toFixed(1)} s on ${r.config.workers} ${r.config.backend} rank${r.config.workers === 1 ? '' : 's'}${groups}${recovered}, each on ${computedOn}.${planned}${fallback}${transport}${displaced}${overlapped}${emulated}${checked}${encoded}${job.storageNote ? ` Not kept: ${job.storageNote}.` : ''}`;
+  const encoded =
+    !prompt || prompt.source === 'given'
+      ? ''
+      : prompt.source === 'cache'
+        ? ' The prompt came from the cache.'
+        : prompt.layers.length
+          ? ` The prompt was encoded on ${new Set(prompt.layers.map((l) => l.worker)).size} worker(s) in ${(prompt.ms / 1000).toFixed(1)} s.`
+          : '';
+  $('status').textContent =
+    `#${job.id} done: ${r.config.frames} frames in ${(r.totalMs / 1000).toFixed(1)} s on ${r.config.workers} ${r.config.backend} rank${r.config.workers === 1 ? '' : 's'}${groups}${recovered}, each on ${computedOn}.${planned}${fallback}${transport}${displaced}${overlapped}${emulated}${checked}${encoded}${job.storageNote ? ` Not kept: ${job.storageNote}.` : ''}`;
 }
 
 async function submitFromForm(overrides: Record<string, unknown> = {}): Promise<StoredJob> {
   const formValues = readForm();
-  const { backend, workers, ep, dtype, parallel, warmupSteps, headGroups, cfgParallel, shares, spotCheckRate, emulateLink, model, promptEmbeds, negativePromptEmbeds, outputType, ...rest } = overrides as Partial<JobPlacement> & AutomationInputs;
+  const {
+    backend,
+    workers,
+    ep,
+    dtype,
+    parallel,
+    warmupSteps,
+    headGroups,
+    cfgParallel,
+    shares,
+    spotCheckRate,
+    emulateLink,
+    model,
+    promptEmbeds,
+    negativePromptEmbeds,
+    outputType,
+    ...rest
+  } = overrides as Partial<JobPlacement> & AutomationInputs;
   // a job on another model than the form's (npm run generate --model) is that model's defaults beneath what it gives
-  const beneath = model !== undefined && model !== formValues.placement.model ? await loadJobDefaults(model) : formValues.params;
+  const beneath =
+    model !== undefined && model !== formValues.placement.model ? await loadJobDefaults(model) : formValues.params;
   const params = { ...beneath, ...rest };
-  if (!showErrors(checkJobParams(params))) return Promise.reject(new Error(`invalid job: ${$('form-errors').textContent}`));
+  if (!showErrors(checkJobParams(params)))
+    return Promise.reject(new Error(`invalid job: ${$('form-errors').textContent}`));
   if (!queue) return Promise.reject(new Error('the dashboard is still starting'));
-  const placement: JobPlacement = { ...formValues.placement, backend: backend ?? formValues.placement.backend, workers: workers ?? formValues.placement.workers, ep: ep ?? formValues.placement.ep, dtype, parallel, warmupSteps, headGroups, cfgParallel: cfgParallel ?? formValues.placement.cfgParallel, shares, spotCheckRate, emulateLink, model: model ?? formValues.placement.model };
-  const inputs: JobInputs = { outputType, promptEmbeds: promptEmbeds && embedsFromBase64(promptEmbeds), negativePromptEmbeds: negativePromptEmbeds && embedsFromBase64(negativePromptEmbeds) };
+  const placement: JobPlacement = {
+    ...formValues.placement,
+    backend: backend ?? formValues.placement.backend,
+    workers: workers ?? formValues.placement.workers,
+    ep: ep ?? formValues.placement.ep,
+    dtype,
+    parallel,
+    warmupSteps,
+    headGroups,
+    cfgParallel: cfgParallel ?? formValues.placement.cfgParallel,
+    shares,
+    spotCheckRate,
+    emulateLink,
+    model: model ?? formValues.placement.model,
+  };
+  const inputs: JobInputs = {
+    outputType,
+    promptEmbeds: promptEmbeds && embedsFromBase64(promptEmbeds),
+    negativePromptEmbeds: negativePromptEmbeds && embedsFromBase64(negativePromptEmbeds),
+  };
   return queue.submit(params, placement, inputs);
 }
 
@@ -255,7 +382,12 @@ async function start() {
   swarm = await openSwarm(location.origin, savedIdentity());
   showIdentity(swarm);
   $<HTMLButtonElement>('revoke-link').onclick = () => {
-    if (confirm('Revoke this worker link? It stops working, the workers that joined with it leave, and a new link replaces it.')) void revokeJoinLink();
+    if (
+      confirm(
+        'Revoke this worker link? It stops working, the workers that joined with it leave, and a new link replaces it.',
+      )
+    )
+      void revokeJoinLink();
   };
   swarm.on((e) => {
     if (e.type === 'leave') $('swarm-events').textContent = `Worker ${e.worker.id.slice(-6)} left: ${e.reason}.`;
@@ -263,7 +395,10 @@ async function start() {
     refreshSwarm();
   });
   // the model the server was started with (`npm start -- --model PATH|URL`), else the bundled demo
-  const served = await fetch('/models.json').then((r) => r.json() as Promise<{ default: string | null }>, () => ({ default: null }));
+  const served = await fetch('/models.json').then(
+    (r) => r.json() as Promise<{ default: string | null }>,
+    () => ({ default: null }),
+  );
   field('model').value = served.default ?? DEFAULT_MODEL_URL;
   await readModel();
   field('model').addEventListener('change', () => void readModel());
@@ -291,7 +426,10 @@ async function start() {
   });
   refreshJobs();
   resetTimeline();
-  const latest = jobs.list().filter((j) => j.status === 'done').at(-1);
+  const latest = jobs
+    .list()
+    .filter((j) => j.status === 'done')
+    .at(-1);
   if (latest) showFinished(latest);
   return { swarmId: swarm.id, joinUrl: swarm.joinUrl, lanJoinUrl: swarm.lanJoinUrl };
 }
@@ -303,7 +441,14 @@ const automation = {
   revokeJoinLink,
   /** peer ids of the running executor's ranks, in rank order */
   ranks: () => pipeline?.pipe.executor?.workers.map((w) => w.id) ?? [],
-  jobs: () => (queue?.list() ?? []).map(({ id, status, params, checkpoint, error }) => ({ id, status, prompt: params.prompt, step: checkpoint?.step ?? null, error })),
+  jobs: () =>
+    (queue?.list() ?? []).map(({ id, status, params, checkpoint, error }) => ({
+      id,
+      status,
+      prompt: params.prompt,
+      step: checkpoint?.step ?? null,
+      error,
+    })),
   async submit(overrides: Record<string, unknown>) {
     return (await submitFromForm(overrides)).id;
   },
@@ -321,15 +466,18 @@ const automation = {
   async generate(overrides: Record<string, unknown>, { stepLatents = false } = {}) {
     const after = new Map<number, string[]>(); // job id → base64 latent after each step
     // no queue yet: submit says the dashboard is still starting
-    const off = stepLatents && queue
-      ? queue.on((e) => {
-          if (e.type !== 'progress' || !e.job.checkpoint) return;
-          const { latent } = e.job.checkpoint;
-          const steps = after.get(e.job.id) ?? [];
-          steps[e.progress.step - 1] = bytesToBase64(new Uint8Array(latent.buffer, latent.byteOffset, latent.byteLength));
-          after.set(e.job.id, steps);
-        })
-      : () => {};
+    const off =
+      stepLatents && queue
+        ? queue.on((e) => {
+            if (e.type !== 'progress' || !e.job.checkpoint) return;
+            const { latent } = e.job.checkpoint;
+            const steps = after.get(e.job.id) ?? [];
+            steps[e.progress.step - 1] = bytesToBase64(
+              new Uint8Array(latent.buffer, latent.byteOffset, latent.byteLength),
+            );
+            after.set(e.job.id, steps);
+          })
+        : () => {};
     try {
       const id = await automation.submit(overrides);
       return { ...(await automation.result(id)), stepLatents: stepLatents ? (after.get(id) ?? []) : null };
@@ -341,22 +489,48 @@ const automation = {
    * A latent [z_dim, T, h, w] through the model's VAE alone, on this swarm's workers: the video
    * [3, F, 8h, 8w] in [−1, 1], and with `webm` its WebM as a job's (npm run decode, the e2e tests).
    */
-  async decode({ model, latent, ep = 'auto', webm = false }: { model?: string; latent: { shape: number[]; base64: string }; ep?: 'auto' | 'webgpu' | 'wasm'; webm?: boolean }) {
+  async decode({
+    model,
+    latent,
+    ep = 'auto',
+    webm = false,
+  }: {
+    model?: string;
+    latent: { shape: number[]; base64: string };
+    ep?: 'auto' | 'webgpu' | 'wasm';
+    webm?: boolean;
+  }) {
     const pipe = await pipelineFor({ model, backend: 'swarm', workers: 'auto', ep });
-    const { video, frames, report } = await pipe.decode(embedsFromBase64(latent), { ep, onProgress: (p) => progressHook()?.({ phase: 'decoding', detail: `tile ${p.tilesDone} of ${p.tiles}` }) });
-    if (!video) throw new Error(`${model ?? DEFAULT_MODEL_URL}'s VAE is a stand-in that makes display frames, not a video in [-1, 1]`);
+    const { video, frames, report } = await pipe.decode(embedsFromBase64(latent), {
+      ep,
+      onProgress: (p) => progressHook()?.({ phase: 'decoding', detail: `tile ${p.tilesDone} of ${p.tiles}` }),
+    });
+    if (!video)
+      throw new Error(
+        `${model ?? DEFAULT_MODEL_URL}'s VAE is a stand-in that makes display frames, not a video in [-1, 1]`,
+      );
     return {
       report,
-      video: { shape: video.shape, base64: bytesToBase64(new Uint8Array(video.data.buffer, video.data.byteOffset, video.data.byteLength)) },
+      video: {
+        shape: video.shape,
+        base64: bytesToBase64(new Uint8Array(video.data.buffer, video.data.byteOffset, video.data.byteLength)),
+      },
       webm: webm ? bytesToBase64(new Uint8Array(await (await encodeWebM(frames)).arrayBuffer())) : null,
     };
   },
   /** What the page's <video> and the WebM file itself say about the video on show. */
   async inspectVideo() {
     const video = $<HTMLVideoElement>('video');
-    if (video.readyState < HTMLMediaElement.HAVE_METADATA) await new Promise((r) => video.addEventListener('loadedmetadata', r, { once: true }));
+    if (video.readyState < HTMLMediaElement.HAVE_METADATA)
+      await new Promise((r) => video.addEventListener('loadedmetadata', r, { once: true }));
     const blob = await (await fetch(video.src)).blob();
-    return { duration: video.duration, videoWidth: video.videoWidth, videoHeight: video.videoHeight, file: await probeWebM(blob), download: $<HTMLAnchorElement>('download').href };
+    return {
+      duration: video.duration,
+      videoWidth: video.videoWidth,
+      videoHeight: video.videoHeight,
+      file: await probeWebM(blob),
+      download: $<HTMLAnchorElement>('download').href,
+    };
   },
 };
 (window as unknown as { ditswarm: typeof automation }).ditswarm = automation;
@@ -366,7 +540,14 @@ automation.ready.catch((e) => ($('status').textContent = `Could not start: ${(e 
 const progressHook = () => (window as unknown as { ditswarmProgress?: (p: object) => void }).ditswarmProgress;
 automation.ready.then(() =>
   queue!.on((e) => {
-    if (e.type === 'progress') progressHook()?.({ job: e.job.id, step: e.progress.step, steps: e.progress.steps, stepMs: e.progress.stepMs, etaMs: e.progress.etaMs });
+    if (e.type === 'progress')
+      progressHook()?.({
+        job: e.job.id,
+        step: e.progress.step,
+        steps: e.progress.steps,
+        stepMs: e.progress.stepMs,
+        etaMs: e.progress.etaMs,
+      });
     if (e.type === 'phase') progressHook()?.({ job: e.job.id, phase: e.phase, detail: e.detail });
   }),
 );

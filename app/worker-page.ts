@@ -15,11 +15,21 @@ const history: string[] = [];
 function render(s: WorkerStatus): void {
   if (history.at(-1) !== `${s.state}: ${s.detail}`) history.push(`${s.state}: ${s.detail}`);
   if (s.state === 'ready' && history.at(-2)?.startsWith('loading')) void showStorage();
-  $('state').textContent = s.connected ? s.state : s.state === 'left' || s.state === 'refused' ? s.state : 'not connected';
+  $('state').textContent = s.connected
+    ? s.state
+    : s.state === 'left' || s.state === 'refused'
+      ? s.state
+      : 'not connected';
   $('detail').textContent = s.detail;
   const ep = s.ep ?? s.info?.ep;
-  $('ep').textContent = ep ? `${ep === 'webgpu' ? 'WebGPU' : 'WebAssembly (CPU)'}${s.epWhy ? ` — ${s.epWhy}` : ''}` : '';
-  $('link').textContent = s.transport ? (s.transport === 'relay' ? 'through the server (relay): WebRTC could not connect' : 'direct (WebRTC)') : '';
+  $('ep').textContent = ep
+    ? `${ep === 'webgpu' ? 'WebGPU' : 'WebAssembly (CPU)'}${s.epWhy ? ` — ${s.epWhy}` : ''}`
+    : '';
+  $('link').textContent = s.transport
+    ? s.transport === 'relay'
+      ? 'through the server (relay): WebRTC could not connect'
+      : 'direct (WebRTC)'
+    : '';
   $('adapter').textContent = s.info?.adapter ?? '';
   $('threads').textContent = s.cores ? coresText(s.cores) : '';
   $('coordinator').textContent = s.coordinator ?? 'searching…';
@@ -41,8 +51,12 @@ async function showStorage(): Promise<void> {
     $('storage').textContent = 'nothing: this browser has no storage for them (each load downloads the weights)';
     return;
   }
-  const [{ usage = 0, quota = 0 }, persisted] = await Promise.all([navigator.storage.estimate(), navigator.storage.persisted?.() ?? false]);
-  $('storage').textContent = `${formatBytes(usage)} stored, room for ${formatBytes(Math.max(0, quota - usage))} more; ${persisted ? 'persistent' : 'the browser may clear it when its disk runs low'}`;
+  const [{ usage = 0, quota = 0 }, persisted] = await Promise.all([
+    navigator.storage.estimate(),
+    navigator.storage.persisted?.() ?? false,
+  ]);
+  $('storage').textContent =
+    `${formatBytes(usage)} stored, room for ${formatBytes(Math.max(0, quota - usage))} more; ${persisted ? 'persistent' : 'the browser may clear it when its disk runs low'}`;
 }
 void (navigator.storage?.persist?.() ?? Promise.resolve(false)).catch(() => false).then(showStorage);
 
@@ -60,7 +74,8 @@ if (!token) {
   paste.addEventListener('submit', (event) => {
     event.preventDefault();
     const link = new URL((paste.elements.namedItem('link') as HTMLInputElement).value, location.href);
-    if (!tokenOf(link)) $('detail').textContent = 'That link has no token either: copy the worker link from the dashboard.';
+    if (!tokenOf(link))
+      $('detail').textContent = 'That link has no token either: copy the worker link from the dashboard.';
     else if (link.href.split('#')[0] !== location.href.split('#')[0]) location.href = link.href;
     else {
       location.hash = link.hash; // the same page with a fragment: no navigation, so load it again

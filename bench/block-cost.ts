@@ -42,14 +42,24 @@ export async function runBlockCost(o: BlockCostOptions) {
   const config = parseWanConfig(await readJson(files, TRANSFORMER_CONFIG), TRANSFORMER_CONFIG);
   const checkpoint = await openCheckpoint(files, 'transformer', TRANSFORMER_WEIGHTS_NAME);
   // the first block and what is outside the blocks: a one-block model of the same width
-  const wanted = [...checkpoint.tensors.values()].filter((e) => !e.name.startsWith('blocks.') || e.name.startsWith('blocks.0.'));
-  const model: WanModel = { config: { ...config, numLayers: 1 }, weights: new Map(await Promise.all(wanted.map(async (e) => [e.name, await readTensor(files, e)] as const))) };
+  const wanted = [...checkpoint.tensors.values()].filter(
+    (e) => !e.name.startsWith('blocks.') || e.name.startsWith('blocks.0.'),
+  );
+  const model: WanModel = {
+    config: { ...config, numLayers: 1 },
+    weights: new Map(await Promise.all(wanted.map(async (e) => [e.name, await readTensor(files, e)] as const))),
+  };
   const stages = await onnxStages(model, 'wasm');
 
   const { dim: D, headDim } = config;
   const random = new SeededRandom(5);
   const T = o.tokens;
-  const [x, o1, tproj, context] = [random.normals(T * D), random.normals(T * D, 0.1), random.normals(6 * D, 0.1), random.normals(TEXT_TOKENS * D)];
+  const [x, o1, tproj, context] = [
+    random.normals(T * D),
+    random.normals(T * D, 0.1),
+    random.normals(6 * D, 0.1),
+    random.normals(TEXT_TOKENS * D),
+  ];
   const [cos, sin] = [random.normals((T * headDim) / 2), random.normals((T * headDim) / 2)];
   const timed = async <R>(work: () => Promise<R>): Promise<[number, R]> => {
     const started = performance.now();
@@ -62,7 +72,9 @@ export async function runBlockCost(o: BlockCostOptions) {
     const [attentionMs] = await timed(() => stages.attention(qkv, T));
     const [postMs] = await timed(() => stages.postAttention(0, x, o1, tproj, context));
     if (run > 0) samples.push({ preMs, attentionMs, postMs }); // the first run warms the sessions
-    log(`block-cost: ${T} tokens: pre ${preMs.toFixed(0)} ms, attention ${attentionMs.toFixed(0)} ms, post ${postMs.toFixed(0)} ms`);
+    log(
+      `block-cost: ${T} tokens: pre ${preMs.toFixed(0)} ms, attention ${attentionMs.toFixed(0)} ms, post ${postMs.toFixed(0)} ms`,
+    );
   }
   const measuredMs = median(samples.map((s) => s.preMs + s.attentionMs + s.postMs));
 
@@ -71,20 +83,38 @@ export async function runBlockCost(o: BlockCostOptions) {
   const blockScores = (tokens: number) => config.numHeads * tokens * (tokens + TEXT_TOKENS);
   const predictedMs = (blockFlops(T) / probe.flops + blockScores(T) / probe.softmaxRate) * 1000 + 3 * probe.stageMs;
   // the measured block, scaled by its FLOPs (attention grows as tokens²), × blocks × the two guided passes
-  const stepAt480pS = ((measuredMs / 1000) * blockFlops(TOKENS_480P)) / blockFlops(T) * config.numLayers * 2;
+  const stepAt480pS = (((measuredMs / 1000) * blockFlops(TOKENS_480P)) / blockFlops(T)) * config.numLayers * 2;
   return {
     benchmark: 'block-cost',
     date: new Date().toISOString(),
-    config: { model: o.model, tokens: T, textTokens: TEXT_TOKENS, runs: o.runs, ep: 'wasm', threads: 1, dim: D, ffnDim: config.ffnDim, numHeads: config.numHeads },
+    config: {
+      model: o.model,
+      tokens: T,
+      textTokens: TEXT_TOKENS,
+      runs: o.runs,
+      ep: 'wasm',
+      threads: 1,
+      dim: D,
+      ffnDim: config.ffnDim,
+      numHeads: config.numHeads,
+    },
     machine: machine(),
     versions: versions(),
     measured: {
       blockMs: round(measuredMs, 1),
-      partsMs: { pre: round(median(samples.map((s) => s.preMs)), 1), attention: round(median(samples.map((s) => s.attentionMs)), 1), post: round(median(samples.map((s) => s.postMs)), 1) },
+      partsMs: {
+        pre: round(median(samples.map((s) => s.preMs)), 1),
+        attention: round(median(samples.map((s) => s.attentionMs)), 1),
+        post: round(median(samples.map((s) => s.postMs)), 1),
+      },
       blockGflop: round(blockFlops(T) / 1e9, 2),
       effectiveGflopS: round(blockFlops(T) / (measuredMs / 1000) / 1e9, 2),
     },
-    probe: { gflopS: round(probe.flops / 1e9, 2), softmaxPerS: round(probe.softmaxRate, 0), stageMs: round(probe.stageMs, 2) },
+    probe: {
+      gflopS: round(probe.flops / 1e9, 2),
+      softmaxPerS: round(probe.softmaxRate, 0),
+      stageMs: round(probe.stageMs, 2),
+    },
     /** the cost model's block time from the probe rates, and measured / predicted */
     predicted: { blockMs: round(predictedMs, 1), measuredOverPredicted: round(measuredMs / predictedMs, 3) },
     /** this machine, one WASM thread, one browser: a 480p × 81-frame step (two passes, 30 blocks) from the measured block */
@@ -97,15 +127,26 @@ export type BlockCostReport = Awaited<ReturnType<typeof runBlockCost>>;
 export function parseBlockCostArgs(args: string[]): BlockCostOptions {
   const { values } = parseArgs({
     args,
-    options: { model: { type: 'string', default: FULL_SIZE_MODEL_DIR }, tokens: { type: 'string', default: '1560' }, runs: { type: 'string', default: '3' } },
+    options: {
+      model: { type: 'string', default: FULL_SIZE_MODEL_DIR },
+      tokens: { type: 'string', default: '1560' },
+      runs: { type: 'string', default: '3' },
+    },
   });
   const [tokens, runs] = [Number(values.tokens), Number(values.runs)];
-  if (!Number.isInteger(tokens) || tokens < 1 || !Number.isInteger(runs) || runs < 1) throw new Error(`--tokens and --runs must be whole numbers ≥ 1, got ${values.tokens} and ${values.runs}`);
-  return { model: values.model!, tokens, runs };
+  if (!Number.isInteger(tokens) || tokens < 1 || !Number.isInteger(runs) || runs < 1)
+    throw new Error(`--tokens and --runs must be whole numbers ≥ 1, got ${values.tokens} and ${values.runs}`);
+  return { model: values.model, tokens, runs };
 }
 
 if (isMain(import.meta)) {
   const report = await runBlockCost(parseBlockCostArgs(process.argv.slice(2)));
   writeReport('block-cost.json', report);
-  console.log(JSON.stringify({ measured: report.measured, predicted: report.predicted, stepAt480pS: report.stepAt480pS }, null, 2));
+  console.log(
+    JSON.stringify(
+      { measured: report.measured, predicted: report.predicted, stepAt480pS: report.stepAt480pS },
+      null,
+      2,
+    ),
+  );
 }

@@ -15,7 +15,18 @@ import { SeededRandom } from '../core/random.ts';
 import { FULL_SIZE_MODEL_DIR } from '../server/model-folder.ts';
 import { LOCAL_MODEL_PATH } from '../server/serve.ts';
 import { startLocalSwarm } from '../server/cli/browser-swarm.ts';
-import { ensureFullSizeModel, isMain, latentFromBase64, log, machine, rendererPeaks, round, versions, waitForQuietMachine, writeReport } from './lib.ts';
+import {
+  ensureFullSizeModel,
+  isMain,
+  latentFromBase64,
+  log,
+  machine,
+  rendererPeaks,
+  round,
+  versions,
+  waitForQuietMachine,
+  writeReport,
+} from './lib.ts';
 
 /** rows of the prompt embedding: WanPipeline pads every prompt to 512 */
 const TEXT_TOKENS = 512;
@@ -33,11 +44,21 @@ export interface FullSizeOptions {
 
 export async function runFullSize(o: FullSizeOptions) {
   ensureFullSizeModel(o.model);
-  const config = JSON.parse(readFileSync(join(o.model, 'transformer/config.json'), 'utf8')) as { text_dim: number; num_layers: number };
+  const config = JSON.parse(readFileSync(join(o.model, 'transformer/config.json'), 'utf8')) as {
+    text_dim: number;
+    num_layers: number;
+  };
   const embeds = new SeededRandom(3).normals(TEXT_TOKENS * config.text_dim, 0.2);
-  const promptEmbeds = { shape: [1, TEXT_TOKENS, config.text_dim], base64: Buffer.from(embeds.buffer).toString('base64') };
+  const promptEmbeds = {
+    shape: [1, TEXT_TOKENS, config.text_dim],
+    base64: Buffer.from(embeds.buffer).toString('base64'),
+  };
   const started = Date.now();
-  const swarm = await startLocalSwarm({ workers: Math.max(...o.ranks), modelFolders: { [LOCAL_MODEL_PATH]: o.model }, log });
+  const swarm = await startLocalSwarm({
+    workers: Math.max(...o.ranks),
+    modelFolders: { [LOCAL_MODEL_PATH]: o.model },
+    log,
+  });
   const machineAtStart = machine(swarm.browserVersion);
   try {
     const runs = [];
@@ -52,12 +73,35 @@ export async function runFullSize(o: FullSizeOptions) {
           await page.waitForFunction(() => (window as any).ditswarmWorker?.connected, null, { timeout: 120_000 });
         }
         // the old tabs' links closed as they unloaded: the swarm is the reloaded tabs alone
-        await swarm.dashboard.waitForFunction((n) => (window as any).ditswarm.workerCount() === n, swarm.workers.length, { timeout: 120_000 });
+        await swarm.dashboard.waitForFunction(
+          (n) => (window as any).ditswarm.workerCount() === n,
+          swarm.workers.length,
+          { timeout: 120_000 },
+        );
       }
       const load = await waitForQuietMachine();
-      log(`full-size: ${P} worker tab(s)${afterReload ? ' after reloading them' : ''}, ${o.frames} frames ${o.width}×${o.height}, ${o.steps} steps… (load ${load.loadAverage1m})`);
-      const job = { prompt: 'random prompt embeddings', promptEmbeds, outputType: 'latent', frames: o.frames, height: o.height, width: o.width, steps: o.steps, guidance: 1, seed: 42, backend: 'swarm', workers: P, ep: 'wasm', model: LOCAL_MODEL_PATH };
-      const { report, latent: base64 } = await swarm.dashboard.evaluate((j) => (window as any).ditswarm.generate(j), job);
+      log(
+        `full-size: ${P} worker tab(s)${afterReload ? ' after reloading them' : ''}, ${o.frames} frames ${o.width}×${o.height}, ${o.steps} steps… (load ${load.loadAverage1m})`,
+      );
+      const job = {
+        prompt: 'random prompt embeddings',
+        promptEmbeds,
+        outputType: 'latent',
+        frames: o.frames,
+        height: o.height,
+        width: o.width,
+        steps: o.steps,
+        guidance: 1,
+        seed: 42,
+        backend: 'swarm',
+        workers: P,
+        ep: 'wasm',
+        model: LOCAL_MODEL_PATH,
+      };
+      const { report, latent: base64 } = await swarm.dashboard.evaluate(
+        (j) => (window as any).ditswarm.generate(j),
+        job,
+      );
       const latent = latentFromBase64(base64);
       oneTab ??= latent;
       let maxAbs = 0;
@@ -70,38 +114,68 @@ export async function runFullSize(o: FullSizeOptions) {
         ranks: P,
         afterReload,
         /** each rank's model load, and where its weights came from (its browser's cache or the server) */
-        loads: report.workers.map((w: { inMemory: boolean; loadMs: number; weights: { networkBytes: number; cacheBytes: number; note: string } }) => ({
-          ...(w.inMemory ? { inMemory: true } : {}), // loaded for an earlier run: the figures are that load's
-          loadS: round(w.loadMs / 1000, 1),
-          networkGB: round(w.weights.networkBytes / 1e9, 3),
-          cacheGB: round(w.weights.cacheBytes / 1e9, 3),
-          ...(w.weights.note ? { note: w.weights.note } : {}),
-        })),
+        loads: report.workers.map(
+          (w: {
+            inMemory: boolean;
+            loadMs: number;
+            weights: { networkBytes: number; cacheBytes: number; note: string };
+          }) => ({
+            ...(w.inMemory ? { inMemory: true } : {}), // loaded for an earlier run: the figures are that load's
+            loadS: round(w.loadMs / 1000, 1),
+            networkGB: round(w.weights.networkBytes / 1e9, 3),
+            cacheGB: round(w.weights.cacheBytes / 1e9, 3),
+            ...(w.weights.note ? { note: w.weights.note } : {}),
+          }),
+        ),
         /** placing: the rehearsal and the placement, both of which load the model on ranks that do not have it yet */
         placingMs: round(report.phasesMs.placing, 0),
         stepsMs: report.steps.map((s: { ms: number }) => round(s.ms, 0)),
-        computeMsPerRank: report.steps.map((s: { ranks: { computeMs: number }[] }) => s.ranks.map((r) => round(r.computeMs, 0))),
+        computeMsPerRank: report.steps.map((s: { ranks: { computeMs: number }[] }) =>
+          s.ranks.map((r) => round(r.computeMs, 0)),
+        ),
         /** measureUserAgentSpecificMemory of each rank's page: JS heaps with the weights' ArrayBuffers */
-        peakMemoryGiB: report.workers.map((w: { peakMemoryBytes: number | null }) => (w.peakMemoryBytes === null ? null : round(w.peakMemoryBytes / 2 ** 30, 2))),
+        peakMemoryGiB: report.workers.map((w: { peakMemoryBytes: number | null }) =>
+          w.peakMemoryBytes === null ? null : round(w.peakMemoryBytes / 2 ** 30, 2),
+        ),
         /** the OS's peak resident memory of every renderer process so far (dashboard and worker tabs), largest first */
         rendererPeakRssGiB: rendererPeaks().map((b) => round(b / 2 ** 30, 2)),
         relativeToOneTab: round(maxAbs / Math.max(scale, Number.MIN_VALUE), 9),
         loadAverage1m: { start: load.loadAverage1m, end: machine().loadAverage1m },
       };
-      log(`full-size: ${P} tab(s): placing ${run.placingMs} ms, steps ${run.stepsMs.join(', ')} ms, peak ${run.peakMemoryGiB.join(', ')} GiB, ${run.relativeToOneTab} of one tab's latent; loads ${JSON.stringify(run.loads)}`);
+      log(
+        `full-size: ${P} tab(s): placing ${run.placingMs} ms, steps ${run.stepsMs.join(', ')} ms, peak ${run.peakMemoryGiB.join(', ')} GiB, ${run.relativeToOneTab} of one tab's latent; loads ${JSON.stringify(run.loads)}`,
+      );
       runs.push(run);
     }
     return {
       benchmark: 'full-size',
       date: new Date(started).toISOString(),
       durationS: round((Date.now() - started) / 1000, 1),
-      config: { model: o.model, layout: 'Wan-AI/Wan2.1-T2V-1.3B-Diffusers transformer (make-model --preset wan2.1-t2v-1.3b)', numLayers: config.num_layers, frames: o.frames, height: o.height, width: o.width, steps: o.steps, guidance: 1, textTokens: TEXT_TOKENS, ep: 'wasm', outputType: 'latent' },
+      config: {
+        model: o.model,
+        layout: 'Wan-AI/Wan2.1-T2V-1.3B-Diffusers transformer (make-model --preset wan2.1-t2v-1.3b)',
+        numLayers: config.num_layers,
+        frames: o.frames,
+        height: o.height,
+        width: o.width,
+        steps: o.steps,
+        guidance: 1,
+        textTokens: TEXT_TOKENS,
+        ep: 'wasm',
+        outputType: 'latent',
+      },
       machine: { ...machineAtStart, loadAverage1mAtEnd: machine().loadAverage1m },
       versions: versions(),
       runs,
       meets: {
-        [`every degree within ${MAX_RELATIVE_ERROR} of one tab, relative`]: runs.every((r) => r.relativeToOneTab <= MAX_RELATIVE_ERROR),
-        'after a reload every rank loads its weights from the browser cache': runs.filter((r) => r.afterReload).every((r) => r.loads.every((l: { networkGB: number; cacheGB: number }) => l.networkGB === 0 && l.cacheGB > 0)),
+        [`every degree within ${MAX_RELATIVE_ERROR} of one tab, relative`]: runs.every(
+          (r) => r.relativeToOneTab <= MAX_RELATIVE_ERROR,
+        ),
+        'after a reload every rank loads its weights from the browser cache': runs
+          .filter((r) => r.afterReload)
+          .every((r) =>
+            r.loads.every((l: { networkGB: number; cacheGB: number }) => l.networkGB === 0 && l.cacheGB > 0),
+          ),
       },
     };
   } finally {
@@ -112,11 +186,26 @@ export async function runFullSize(o: FullSizeOptions) {
 export function parseFullSizeArgs(args: string[]): FullSizeOptions {
   const { values } = parseArgs({
     args,
-    options: { model: { type: 'string', default: FULL_SIZE_MODEL_DIR }, ranks: { type: 'string', default: '1,2,3' }, frames: { type: 'string', default: '9' }, height: { type: 'string', default: '32' }, width: { type: 'string', default: '32' }, steps: { type: 'string', default: '2' } },
+    options: {
+      model: { type: 'string', default: FULL_SIZE_MODEL_DIR },
+      ranks: { type: 'string', default: '1,2,3' },
+      frames: { type: 'string', default: '9' },
+      height: { type: 'string', default: '32' },
+      width: { type: 'string', default: '32' },
+      steps: { type: 'string', default: '2' },
+    },
   });
-  const ranks = values.ranks!.split(',').map(Number);
-  if (!ranks.length || !ranks.every((r) => Number.isInteger(r) && r >= 1) || ranks[0] !== 1) throw new Error(`--ranks must list whole numbers starting with 1 (the reference), got ${values.ranks}`);
-  return { model: values.model!, ranks, frames: Number(values.frames), height: Number(values.height), width: Number(values.width), steps: Number(values.steps) };
+  const ranks = values.ranks.split(',').map(Number);
+  if (!ranks.length || !ranks.every((r) => Number.isInteger(r) && r >= 1) || ranks[0] !== 1)
+    throw new Error(`--ranks must list whole numbers starting with 1 (the reference), got ${values.ranks}`);
+  return {
+    model: values.model,
+    ranks,
+    frames: Number(values.frames),
+    height: Number(values.height),
+    width: Number(values.width),
+    steps: Number(values.steps),
+  };
 }
 
 if (isMain(import.meta)) {

@@ -18,12 +18,15 @@ export const APP_MODEL_PATH = '/models/tiny-wan';
 
 export const log = (line: string) => console.error(`[bench] ${line}`);
 
-
 /** Writes the full-size model (make-model --preset wan2.1-t2v-1.3b, 5.7 GB) into `dir` unless it is there. */
 export function ensureFullSizeModel(dir: string): void {
   if (existsSync(join(dir, 'transformer/config.json'))) return;
   log(`writing the full-size model into ${dir} (make-model --preset wan2.1-t2v-1.3b, 5.7 GB)…`);
-  const made = spawnSync(process.execPath, ['--import', 'tsx', 'server/cli/make-model.ts', '--preset', 'wan2.1-t2v-1.3b', '--out', dir], { cwd: ROOT, stdio: 'inherit' });
+  const made = spawnSync(
+    process.execPath,
+    ['--import', 'tsx', 'server/cli/make-model.ts', '--preset', 'wan2.1-t2v-1.3b', '--out', dir],
+    { cwd: ROOT, stdio: 'inherit' },
+  );
   if (made.status !== 0) throw new Error(`make-model failed with status ${made.status}`);
 }
 
@@ -32,7 +35,11 @@ export function ensureBenchModel(): WanConfig {
   const configPath = join(BENCH_MODEL_DIR, 'transformer/config.json');
   if (!existsSync(configPath)) {
     log('writing the bench model (make-model --preset bench)…');
-    const made = spawnSync(process.execPath, ['--import', 'tsx', 'server/cli/make-model.ts', '--preset', 'bench', '--out', BENCH_MODEL_DIR], { cwd: ROOT, stdio: 'inherit' });
+    const made = spawnSync(
+      process.execPath,
+      ['--import', 'tsx', 'server/cli/make-model.ts', '--preset', 'bench', '--out', BENCH_MODEL_DIR],
+      { cwd: ROOT, stdio: 'inherit' },
+    );
     if (made.status !== 0) throw new Error(`make-model --preset bench failed with status ${made.status}`);
   }
   return parseWanConfig(JSON.parse(readFileSync(configPath, 'utf8')), configPath);
@@ -50,13 +57,19 @@ export async function buildBenchPages(): Promise<void> {
   });
 }
 
-const CONTENT_TYPES: Record<string, string> = { '.html': 'text/html', '.js': 'text/javascript', '.json': 'application/json', '.wasm': 'application/wasm' };
+const CONTENT_TYPES: Record<string, string> = {
+  '.html': 'text/html',
+  '.js': 'text/javascript',
+  '.json': 'application/json',
+  '.wasm': 'application/wasm',
+};
 
 async function serveFrom(context: BrowserContext, pattern: string, prefix: string, dir: string): Promise<void> {
   await context.route(pattern, async (route) => {
     const path = decodeURIComponent(new URL(route.request().url()).pathname).slice(prefix.length) || '/index.html';
     const file = normalize(join(dir, path));
-    if (relative(dir, file).startsWith('..') || !existsSync(file)) return route.fulfill({ status: 404, body: `not found: ${path}` });
+    if (relative(dir, file).startsWith('..') || !existsSync(file))
+      return route.fulfill({ status: 404, body: `not found: ${path}` });
     await route.fulfill({
       status: 200,
       path: file,
@@ -102,11 +115,19 @@ export function machine(chromiumVersion?: string) {
 
 /** Declared and installed versions of the project's dependencies. */
 export function versions(): Record<string, { declared: string; installed: string | null }> {
-  const pkg = JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as { dependencies?: Record<string, string>; devDependencies?: Record<string, string> };
+  const pkg = JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as {
+    dependencies?: Record<string, string>;
+    devDependencies?: Record<string, string>;
+  };
   const out: Record<string, { declared: string; installed: string | null }> = {};
   for (const [name, declared] of Object.entries({ ...pkg.dependencies, ...pkg.devDependencies })) {
     const manifest = join(ROOT, 'node_modules', name, 'package.json');
-    out[name] = { declared, installed: existsSync(manifest) ? (JSON.parse(readFileSync(manifest, 'utf8')) as { version: string }).version : null };
+    out[name] = {
+      declared,
+      installed: existsSync(manifest)
+        ? (JSON.parse(readFileSync(manifest, 'utf8')) as { version: string }).version
+        : null,
+    };
   }
   return out;
 }
@@ -123,11 +144,17 @@ export function writeReport(name: string, report: unknown): string {
  * Waits (up to maxWaitS, env BENCH_QUIET_WAIT_S) until the 1-minute load average is below `below`:
  * other processes on a 2-core machine make every figure meaningless. Returns the load it started with.
  */
-export async function waitForQuietMachine(below = 1.5, maxWaitS = Number(process.env.BENCH_QUIET_WAIT_S ?? 120)): Promise<{ loadAverage1m: number; waitedS: number }> {
+export async function waitForQuietMachine(
+  below = 1.5,
+  maxWaitS = Number(process.env.BENCH_QUIET_WAIT_S ?? 120),
+): Promise<{ loadAverage1m: number; waitedS: number }> {
   const start = Date.now();
   while (loadavg()[0] >= below && Date.now() - start < maxWaitS * 1000) await new Promise((r) => setTimeout(r, 5000));
   const waitedS = round((Date.now() - start) / 1000, 0);
-  if (loadavg()[0] >= below) log(`the machine is busy (load ${loadavg()[0].toFixed(2)} after ${waitedS} s): measuring anyway, figures will be slower`);
+  if (loadavg()[0] >= below)
+    log(
+      `the machine is busy (load ${loadavg()[0].toFixed(2)} after ${waitedS} s): measuring anyway, figures will be slower`,
+    );
   return { loadAverage1m: Number(loadavg()[0].toFixed(2)), waitedS };
 }
 
@@ -151,7 +178,8 @@ export const latentFromBase64 = (b64: string): Float32Array => {
 };
 
 /** True when this module is the script node was started with (each bench runs alone or from run.ts). */
-export const isMain = (meta: ImportMeta): boolean => process.argv[1] !== undefined && normalize(process.argv[1]) === meta.filename;
+export const isMain = (meta: ImportMeta): boolean =>
+  process.argv[1] !== undefined && normalize(process.argv[1]) === meta.filename;
 
 /** Peak resident memory (VmHWM) of each Chromium renderer process now, in bytes, largest first: Linux only. */
 export function rendererPeaks(): number[] {

@@ -10,7 +10,21 @@ import { parseArgs } from 'node:util';
 import { latentShape } from '../core/job.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
 import { startLocalSwarm } from '../server/cli/browser-swarm.ts';
-import { APP_MODEL_PATH, buildBenchPages, ensureBenchModel, isMain, log, machine, median, openProbePage, round, serveBenchFiles, versions, waitForQuietMachine, writeReport } from './lib.ts';
+import {
+  APP_MODEL_PATH,
+  buildBenchPages,
+  ensureBenchModel,
+  isMain,
+  log,
+  machine,
+  median,
+  openProbePage,
+  round,
+  serveBenchFiles,
+  versions,
+  waitForQuietMachine,
+  writeReport,
+} from './lib.ts';
 
 export interface OverheadOptions {
   frames: number;
@@ -41,16 +55,35 @@ export async function runLocalOverhead(options: Partial<OverheadOptions> = {}) {
     const context = swarm.dashboard.context();
     await serveBenchFiles(context);
     const page = await openProbePage(context, swarm.server.url);
-    const job = { prompt: 'a red ball bouncing on a wooden floor', frames: o.frames, height: o.height, width: o.width, steps: 1, guidance: 1, seed: 42, backend: 'local', workers: 1, ep: 'wasm', model: APP_MODEL_PATH };
+    const job = {
+      prompt: 'a red ball bouncing on a wooden floor',
+      frames: o.frames,
+      height: o.height,
+      width: o.width,
+      steps: 1,
+      guidance: 1,
+      seed: 42,
+      backend: 'local',
+      workers: 1,
+      ep: 'wasm',
+      model: APP_MODEL_PATH,
+    };
     const localStep = async () => {
-      const out = (await swarm.dashboard.evaluate((j) => (window as unknown as { ditswarm: { generate(j: unknown): Promise<unknown> } }).ditswarm.generate(j), job)) as { report: { steps: { ms: number }[] } };
+      const out = (await swarm.dashboard.evaluate(
+        (j) => (window as unknown as { ditswarm: { generate(j: unknown): Promise<unknown> } }).ditswarm.generate(j),
+        job,
+      )) as { report: { steps: { ms: number }[] } };
       return out.report.steps[0].ms;
     };
     // a one-step job runs at timestep 1000 (σ = 1); the direct forward gets the same
     const directForward = () => page.evaluate(([s, t]) => bench.directForward(s, t), [shape, 1000] as const);
 
     const load = await waitForQuietMachine();
-    const warmUp = { localMs: round(await localStep(), 1), ...(await page.evaluate((url) => bench.directLoad(url), `${swarm.server.url}${APP_MODEL_PATH}`)), directMs: round((await directForward()).ms, 1) };
+    const warmUp = {
+      localMs: round(await localStep(), 1),
+      ...(await page.evaluate((url) => bench.directLoad(url), `${swarm.server.url}${APP_MODEL_PATH}`)),
+      directMs: round((await directForward()).ms, 1),
+    };
     log(`warm-up: local ${warmUp.localMs} ms, direct ${warmUp.directMs} ms (load ${load.loadAverage1m})`);
     const pairs: { localMs: number; directMs: number; ratio: number }[] = [];
     let stageMs: Record<string, number> = {};
@@ -65,7 +98,16 @@ export async function runLocalOverhead(options: Partial<OverheadOptions> = {}) {
       benchmark: 'local-overhead',
       date: new Date(started).toISOString(),
       durationS: round((Date.now() - started) / 1000, 1),
-      config: { model: { path: 'bench/out/models/bench-wan', ...model }, tokens, latentShape: shape, ...o, guidance: 1, ep: 'wasm', threads: 1, measure: 'median of local/direct over alternating pairs after a warm-up of both' },
+      config: {
+        model: { path: 'bench/out/models/bench-wan', ...model },
+        tokens,
+        latentShape: shape,
+        ...o,
+        guidance: 1,
+        ep: 'wasm',
+        threads: 1,
+        measure: 'median of local/direct over alternating pairs after a warm-up of both',
+      },
       machine: { ...machineAtStart, loadAverage1mAtEnd: machine().loadAverage1m },
       versions: versions(),
       warmUp,
@@ -83,8 +125,17 @@ export async function runLocalOverhead(options: Partial<OverheadOptions> = {}) {
 }
 
 export function parseOverheadArgs(args: string[]): Partial<OverheadOptions> {
-  const { values } = parseArgs({ args, options: { frames: { type: 'string' }, height: { type: 'string' }, width: { type: 'string' }, pairs: { type: 'string' } } });
+  const { values } = parseArgs({
+    args,
+    options: {
+      frames: { type: 'string' },
+      height: { type: 'string' },
+      width: { type: 'string' },
+      pairs: { type: 'string' },
+    },
+  });
   return Object.fromEntries(Object.entries(values).map(([k, v]) => [k, Number(v)]));
 }
 
-if (isMain(import.meta)) writeReport('local-overhead.json', await runLocalOverhead(parseOverheadArgs(process.argv.slice(2))));
+if (isMain(import.meta))
+  writeReport('local-overhead.json', await runLocalOverhead(parseOverheadArgs(process.argv.slice(2))));

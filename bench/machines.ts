@@ -40,7 +40,10 @@ function cpuGroup(name: string, share: number, periodUs: number): string {
   const v1 = '/sys/fs/cgroup/cpu';
   const v2 = '/sys/fs/cgroup';
   const quota = String(Math.round(share * periodUs));
-  if (Number(quota) < MIN_QUOTA_US) throw new Error(`${share} of a core in a ${periodUs / 1000} ms period is a quota of ${Number(quota) / 1000} ms, under the kernel's least (${MIN_QUOTA_US / 1000} ms): take a longer period or a larger share`);
+  if (Number(quota) < MIN_QUOTA_US)
+    throw new Error(
+      `${share} of a core in a ${periodUs / 1000} ms period is a quota of ${Number(quota) / 1000} ms, under the kernel's least (${MIN_QUOTA_US / 1000} ms): take a longer period or a larger share`,
+    );
   if (existsSync(join(v1, 'cpu.cfs_quota_us'))) {
     const dir = join(v1, name);
     mkdirSync(dir, { recursive: true });
@@ -48,14 +51,19 @@ function cpuGroup(name: string, share: number, periodUs: number): string {
     writeFileSync(join(dir, 'cpu.cfs_quota_us'), quota);
     return dir;
   }
-  if (existsSync(join(v2, 'cgroup.controllers')) && readFileSync(join(v2, 'cgroup.controllers'), 'utf8').includes('cpu')) {
+  if (
+    existsSync(join(v2, 'cgroup.controllers')) &&
+    readFileSync(join(v2, 'cgroup.controllers'), 'utf8').includes('cpu')
+  ) {
     writeFileSync(join(v2, 'cgroup.subtree_control'), '+cpu');
     const dir = join(v2, name);
     mkdirSync(dir, { recursive: true });
     writeFileSync(join(dir, 'cpu.max'), `${quota} ${periodUs}`);
     return dir;
   }
-  throw new Error('emulated machines take their CPU shares from a cpu cgroup, and this machine has none writable: run the bench as root where cgroup v1 (cpu) or v2 (cpu.max) is mounted');
+  throw new Error(
+    'emulated machines take their CPU shares from a cpu cgroup, and this machine has none writable: run the bench as root where cgroup v1 (cpu) or v2 (cpu.max) is mounted',
+  );
 }
 
 /** A Chromium pinned to `core` and, with `group`, inside that cpu cgroup (every process it starts inherits both), its pages told they have one core. */
@@ -64,8 +72,13 @@ async function pinnedBrowser(name: string, core: number, group: string | null, d
   const enter = group ? `echo $$ > ${join(group, 'cgroup.procs')}\n` : '';
   writeFileSync(wrapper, `#!/bin/sh\n${enter}exec taskset -c ${core} ${chromiumExecutable()} "$@"\n`);
   chmodSync(wrapper, 0o755);
-  const context = await chromium.launchPersistentContext(join(dir, `profile-${name}`), { executablePath: wrapper, args: [...chromiumArgs] });
-  await context.addInitScript(() => Object.defineProperty(Navigator.prototype, 'hardwareConcurrency', { get: () => 1 }));
+  const context = await chromium.launchPersistentContext(join(dir, `profile-${name}`), {
+    executablePath: wrapper,
+    args: [...chromiumArgs],
+  });
+  await context.addInitScript(() =>
+    Object.defineProperty(Navigator.prototype, 'hardwareConcurrency', { get: () => 1 }),
+  );
   return context;
 }
 
@@ -73,7 +86,10 @@ async function pinnedBrowser(name: string, core: number, group: string | null, d
  * The server, a dashboard on `dashboardCore` and one worker tab on each machine, joined in order
  * (rank order, and a job on fewer workers takes the first), every page served the bench model.
  */
-export async function startMachines(machines: Machine[], { dashboardCore = 0, periodUs = PERIOD_US } = {}): Promise<Machines> {
+export async function startMachines(
+  machines: Machine[],
+  { dashboardCore = 0, periodUs = PERIOD_US } = {},
+): Promise<Machines> {
   const dir = mkdtempSync(join(tmpdir(), 'ditswarm-machines-'));
   const server = await startServer({ port: 0, quiet: true });
   const groups: string[] = [];
@@ -98,7 +114,10 @@ export async function startMachines(machines: Machine[], { dashboardCore = 0, pe
       groups.push(group);
       contexts.push(await pinnedBrowser(m.name, m.core, group, dir));
       // the wrapper's write into the group does not stop the browser if it fails: see that it did not
-      if (!readFileSync(join(group, 'cgroup.procs'), 'utf8').trim()) throw new Error(`the ${m.name} tab's Chromium is not in its cpu cgroup ${group}: this machine does not let it be limited`);
+      if (!readFileSync(join(group, 'cgroup.procs'), 'utf8').trim())
+        throw new Error(
+          `the ${m.name} tab's Chromium is not in its cpu cgroup ${group}: this machine does not let it be limited`,
+        );
     }
     for (const context of contexts) await serveBenchFiles(context);
     const dashboard = await dashboardBrowser.newPage();

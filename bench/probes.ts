@@ -28,14 +28,25 @@ export interface ThroughputReport {
   probes: ThroughputProbe[];
 }
 
-export async function measureThroughput(context: BrowserContext, origin: string, repeats = 5): Promise<ThroughputReport> {
+export async function measureThroughput(
+  context: BrowserContext,
+  origin: string,
+  repeats = 5,
+): Promise<ThroughputReport> {
   const page = await openProbePage(context, origin);
   try {
     const probes: ThroughputProbe[] = [];
-    for (let i = 0; i < repeats; i++) for (const size of [256, 512]) probes.push(await page.evaluate(([n]) => bench.throughput('wasm', n, 7), [size] as const));
+    for (let i = 0; i < repeats; i++)
+      for (const size of [256, 512])
+        probes.push(await page.evaluate(([n]) => bench.throughput('wasm', n, 7), [size] as const));
     // the best of the repeats: a short probe must not take another process's burst for the machine's speed
     const standard = probes.filter((p) => p.size === 256);
-    return { ep: 'wasm', flops: Math.max(...standard.map((p) => p.flops)), softmaxRate: Math.max(...standard.map((p) => p.softmaxRate)), probes };
+    return {
+      ep: 'wasm',
+      flops: Math.max(...standard.map((p) => p.flops)),
+      softmaxRate: Math.max(...standard.map((p) => p.softmaxRate)),
+      probes,
+    };
   } finally {
     await page.close();
   }
@@ -67,11 +78,18 @@ export async function measureLink(context: BrowserContext, origin: string, attem
 
 function withTimeout<T>(work: Promise<T>, ms: number, what: string): Promise<T> {
   let timer: ReturnType<typeof setTimeout> | undefined;
-  const timeout = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`${what} did not finish within ${ms / 1000} s`)), ms)));
+  const timeout = new Promise<never>(
+    (_, reject) => (timer = setTimeout(() => reject(new Error(`${what} did not finish within ${ms / 1000} s`)), ms)),
+  );
   return Promise.race([work, timeout]).finally(() => clearTimeout(timer));
 }
 
-async function probeLink(context: BrowserContext, origin: string, sizes = [256 << 10, 1 << 20, 4 << 20, 8 << 20], repeats = 3): Promise<LinkReport> {
+async function probeLink(
+  context: BrowserContext,
+  origin: string,
+  sizes = [256 << 10, 1 << 20, 4 << 20, 8 << 20],
+  repeats = 3,
+): Promise<LinkReport> {
   const [a, b] = [await openProbePage(context, origin), await openProbePage(context, origin)];
   const measure = async (): Promise<LinkReport> => {
     const offer = await a.evaluate(() => bench.linkOffer());
@@ -88,14 +106,26 @@ async function probeLink(context: BrowserContext, origin: string, sizes = [256 <
     const oneWay: number[] = [];
     for (let r = 0; r < repeats; r++) {
       const bytes = sizes[sizes.length - 1];
-      const [, seconds] = await Promise.all([a.evaluate((n) => bench.linkSend(n), bytes), b.evaluate((n) => bench.linkReceive(n), bytes)]);
+      const [, seconds] = await Promise.all([
+        a.evaluate((n) => bench.linkSend(n), bytes),
+        b.evaluate((n) => bench.linkReceive(n), bytes),
+      ]);
       oneWay.push(bytes / seconds);
     }
     await Promise.all([a, b].map((p) => p.evaluate(() => bench.linkClose())));
     // medians per size: one transfer slowed by another process must not bend the fit
-    const perSize = sizes.map((bytes) => ({ bytes, seconds: median(samples.filter((s) => s.bytes === bytes).map((s) => s.seconds)) }));
+    const perSize = sizes.map((bytes) => ({
+      bytes,
+      seconds: median(samples.filter((s) => s.bytes === bytes).map((s) => s.seconds)),
+    }));
     const largest = perSize[perSize.length - 1];
-    return { direction: 'both ways at once', samples, fitted: fitLink(perSize), largestTransferBytesPerS: largest.bytes / largest.seconds, oneWayBytesPerS: median(oneWay) };
+    return {
+      direction: 'both ways at once',
+      samples,
+      fitted: fitLink(perSize),
+      largestTransferBytesPerS: largest.bytes / largest.seconds,
+      oneWayBytesPerS: median(oneWay),
+    };
   };
   try {
     return await withTimeout(measure(), 120_000, 'the link probe');

@@ -20,7 +20,18 @@ function lastBlockCost(): BlockCostReport | null {
   return existsSync(path) ? (JSON.parse(readFileSync(path, 'utf8')) as BlockCostReport) : null;
 }
 
-export const WAN_1_3B: ModelShape = { numHeads: 12, headDim: 128, dim: 1536, ffnDim: 8960, numLayers: 30, inChannels: 16, outChannels: 16, patchSize: [1, 2, 2], textDim: 4096, freqDim: 256 };
+export const WAN_1_3B: ModelShape = {
+  numHeads: 12,
+  headDim: 128,
+  dim: 1536,
+  ffnDim: 8960,
+  numLayers: 30,
+  inChannels: 16,
+  outChannels: 16,
+  patchSize: [1, 2, 2],
+  textDim: 4096,
+  freqDim: 256,
+};
 /** 480p, 81 frames, guided */
 export const WAN_480P_WORKLOAD: Workload = { model: WAN_1_3B, tokens: 32760, textTokens: 512, passes: 2 };
 const STEPS = 50;
@@ -34,7 +45,10 @@ const TRANSPORTS = [
 /** one-way link latency of a LAN */
 export const LATENCY_S = 0.001;
 /** displaced mode's transports: its keys' and values' deltas as int8 or int4 with a scale per 64 values */
-const DISPLACED_TRANSPORTS = (['i8', 'i4'] as const).map((dtype) => ({ name: dtype === 'i8' ? 'int8' : 'int4', bytesPerElement: bytesPerElement(dtype) }));
+const DISPLACED_TRANSPORTS = (['i8', 'i4'] as const).map((dtype) => ({
+  name: dtype === 'i8' ? 'int8' : 'int4',
+  bytesPerElement: bytesPerElement(dtype),
+}));
 
 export function runProjection(blockCost: BlockCostReport | null = lastBlockCost()) {
   const rows: {
@@ -49,15 +63,32 @@ export function runProjection(blockCost: BlockCostReport | null = lastBlockCost(
     speedup: number;
     bytesPerRankPerStep: number;
   }[] = [];
-  const best: { linkMBs: number; deviceTFLOPs: number; transport: string; bestDegree: number; bestStepS: number; oneWorkerStepS: number; worthIt: boolean }[] = [];
+  const best: {
+    linkMBs: number;
+    deviceTFLOPs: number;
+    transport: string;
+    bestDegree: number;
+    bestStepS: number;
+    oneWorkerStepS: number;
+    worthIt: boolean;
+  }[] = [];
   for (const transport of TRANSPORTS)
     for (const linkMBs of LINKS_MB_S)
       for (const deviceTFLOPs of DEVICES_TFLOP_S) {
-        const hw: Hardware = { workerFlops: Array(6).fill(deviceTFLOPs * 1e12), link: { bandwidth: linkMBs * 1e6, latency: LATENCY_S }, bytesPerElement: transport.bytesPerElement };
+        const hw: Hardware = {
+          workerFlops: Array(6).fill(deviceTFLOPs * 1e12),
+          link: { bandwidth: linkMBs * 1e6, latency: LATENCY_S },
+          bytesPerElement: transport.bytesPerElement,
+        };
         // one browser runs alone (the local backend: no coordinator link); a swarm is driven over the link
-        const one = predictStep(WAN_480P_WORKLOAD, { ulyssesDegree: 1, cfgParallel: false }, { ...hw, coordinatorLink: null });
+        const one = predictStep(
+          WAN_480P_WORKLOAD,
+          { ulyssesDegree: 1, cfgParallel: false },
+          { ...hw, coordinatorLink: null },
+        );
         for (const degree of DEGREES) {
-          const p = degree === 1 ? one : predictStep(WAN_480P_WORKLOAD, { ulyssesDegree: degree, cfgParallel: false }, hw);
+          const p =
+            degree === 1 ? one : predictStep(WAN_480P_WORKLOAD, { ulyssesDegree: degree, cfgParallel: false }, hw);
           rows.push({
             linkMBs,
             deviceTFLOPs,
@@ -71,33 +102,93 @@ export function runProjection(blockCost: BlockCostReport | null = lastBlockCost(
             bytesPerRankPerStep: p.bytesPerRank,
           });
         }
-        const fastest = rows.filter((r) => r.linkMBs === linkMBs && r.deviceTFLOPs === deviceTFLOPs && r.transport === transport.name).reduce((a, b) => (b.stepS < a.stepS ? b : a));
-        best.push({ linkMBs, deviceTFLOPs, transport: transport.name, bestDegree: fastest.degree, bestStepS: fastest.stepS, oneWorkerStepS: round(one.stepS), worthIt: fastest.degree > 1 });
+        const fastest = rows
+          .filter((r) => r.linkMBs === linkMBs && r.deviceTFLOPs === deviceTFLOPs && r.transport === transport.name)
+          .reduce((a, b) => (b.stepS < a.stepS ? b : a));
+        best.push({
+          linkMBs,
+          deviceTFLOPs,
+          transport: transport.name,
+          bestDegree: fastest.degree,
+          bestStepS: fastest.stepS,
+          oneWorkerStepS: round(one.stepS),
+          worthIt: fastest.degree > 1,
+        });
       }
   // CFG parallel: the conditional and unconditional passes on two browsers (or two Ulysses pairs);
   // the only bytes between the groups are one pass's output per step
-  const cfgParallel: { linkMBs: number; deviceTFLOPs: number; transport: string; browsers: number; stepS: number; speedup: number }[] = [];
+  const cfgParallel: {
+    linkMBs: number;
+    deviceTFLOPs: number;
+    transport: string;
+    browsers: number;
+    stepS: number;
+    speedup: number;
+  }[] = [];
   for (const transport of TRANSPORTS)
     for (const linkMBs of LINKS_MB_S)
       for (const deviceTFLOPs of DEVICES_TFLOP_S) {
-        const hw: Hardware = { workerFlops: Array(6).fill(deviceTFLOPs * 1e12), link: { bandwidth: linkMBs * 1e6, latency: LATENCY_S }, bytesPerElement: transport.bytesPerElement };
-        const one = predictStep(WAN_480P_WORKLOAD, { ulyssesDegree: 1, cfgParallel: false }, { ...hw, coordinatorLink: null });
+        const hw: Hardware = {
+          workerFlops: Array(6).fill(deviceTFLOPs * 1e12),
+          link: { bandwidth: linkMBs * 1e6, latency: LATENCY_S },
+          bytesPerElement: transport.bytesPerElement,
+        };
+        const one = predictStep(
+          WAN_480P_WORKLOAD,
+          { ulyssesDegree: 1, cfgParallel: false },
+          { ...hw, coordinatorLink: null },
+        );
         for (const degree of [1, 2]) {
           const p = predictStep(WAN_480P_WORKLOAD, { ulyssesDegree: degree, cfgParallel: true }, hw);
-          cfgParallel.push({ linkMBs, deviceTFLOPs, transport: transport.name, browsers: 2 * degree, stepS: round(p.stepS), speedup: round(one.stepS / p.stepS) });
+          cfgParallel.push({
+            linkMBs,
+            deviceTFLOPs,
+            transport: transport.name,
+            browsers: 2 * degree,
+            stepS: round(p.stepS),
+            speedup: round(one.stepS / p.stepS),
+          });
         }
       }
   // displaced patch parallelism past its warm-up: each rank's all-gather of keys and values hides
   // behind the next forward of its pass; it holds every rank's keys and values of each pass and block
-  const displaced: { linkMBs: number; deviceTFLOPs: number; transport: string; degree: number; stepS: number; speedup: number; staleGB: number }[] = [];
+  const displaced: {
+    linkMBs: number;
+    deviceTFLOPs: number;
+    transport: string;
+    degree: number;
+    stepS: number;
+    speedup: number;
+    staleGB: number;
+  }[] = [];
   for (const transport of DISPLACED_TRANSPORTS)
     for (const linkMBs of LINKS_MB_S)
       for (const deviceTFLOPs of DEVICES_TFLOP_S) {
-        const hw: Hardware = { workerFlops: Array(6).fill(deviceTFLOPs * 1e12), link: { bandwidth: linkMBs * 1e6, latency: LATENCY_S }, bytesPerElement: transport.bytesPerElement };
-        const one = predictStep(WAN_480P_WORKLOAD, { ulyssesDegree: 1, cfgParallel: false }, { ...hw, coordinatorLink: null });
+        const hw: Hardware = {
+          workerFlops: Array(6).fill(deviceTFLOPs * 1e12),
+          link: { bandwidth: linkMBs * 1e6, latency: LATENCY_S },
+          bytesPerElement: transport.bytesPerElement,
+        };
+        const one = predictStep(
+          WAN_480P_WORKLOAD,
+          { ulyssesDegree: 1, cfgParallel: false },
+          { ...hw, coordinatorLink: null },
+        );
         for (const degree of DEGREES.filter((d) => d > 1)) {
-          const p = predictStep(WAN_480P_WORKLOAD, { ulyssesDegree: degree, cfgParallel: false, mode: 'displaced' }, hw);
-          displaced.push({ linkMBs, deviceTFLOPs, transport: transport.name, degree, stepS: round(p.stepS), speedup: round(one.stepS / p.stepS), staleGB: round(staleKeysValuesBytes(WAN_480P_WORKLOAD, degree) / 1e9, 1) });
+          const p = predictStep(
+            WAN_480P_WORKLOAD,
+            { ulyssesDegree: degree, cfgParallel: false, mode: 'displaced' },
+            hw,
+          );
+          displaced.push({
+            linkMBs,
+            deviceTFLOPs,
+            transport: transport.name,
+            degree,
+            stepS: round(p.stepS),
+            speedup: round(one.stepS / p.stepS),
+            staleGB: round(staleKeysValuesBytes(WAN_480P_WORKLOAD, degree) / 1e9, 1),
+          });
         }
       }
   // the uplink at which P browsers take exactly as long as one: bytes / (t₁ − compute_P − latency terms)
@@ -105,13 +196,36 @@ export function runProjection(blockCost: BlockCostReport | null = lastBlockCost(
   for (const deviceTFLOPs of DEVICES_TFLOP_S)
     for (const transport of TRANSPORTS)
       for (const degree of DEGREES.filter((d) => d > 1)) {
-        const at = (bandwidth: number) => predictStep(WAN_480P_WORKLOAD, { ulyssesDegree: degree, cfgParallel: false }, { workerFlops: Array(6).fill(deviceTFLOPs * 1e12), link: { bandwidth, latency: LATENCY_S }, bytesPerElement: transport.bytesPerElement });
-        const one = predictStep(WAN_480P_WORKLOAD, { ulyssesDegree: 1, cfgParallel: false }, { workerFlops: [deviceTFLOPs * 1e12], link: { bandwidth: 1, latency: 0 }, bytesPerElement: transport.bytesPerElement, coordinatorLink: null });
+        const at = (bandwidth: number) =>
+          predictStep(
+            WAN_480P_WORKLOAD,
+            { ulyssesDegree: degree, cfgParallel: false },
+            {
+              workerFlops: Array(6).fill(deviceTFLOPs * 1e12),
+              link: { bandwidth, latency: LATENCY_S },
+              bytesPerElement: transport.bytesPerElement,
+            },
+          );
+        const one = predictStep(
+          WAN_480P_WORKLOAD,
+          { ulyssesDegree: 1, cfgParallel: false },
+          {
+            workerFlops: [deviceTFLOPs * 1e12],
+            link: { bandwidth: 1, latency: 0 },
+            bytesPerElement: transport.bytesPerElement,
+            coordinatorLink: null,
+          },
+        );
         // time over the link ∝ 1/bandwidth: exchange bytes per rank plus the coordinator's patches and rows
         const ideal = at(Infinity);
         const linkBytes = (at(1e6).stepS - ideal.stepS) * 1e6; // step time = ideal + linkBytes / bandwidth
         const slack = one.stepS - ideal.stepS;
-        breakEven.push({ deviceTFLOPs, transport: transport.name, degree, linkMBs: slack > 0 ? round(linkBytes / slack / 1e6, 1) : null });
+        breakEven.push({
+          deviceTFLOPs,
+          transport: transport.name,
+          degree,
+          linkMBs: slack > 0 ? round(linkBytes / slack / 1e6, 1) : null,
+        });
       }
   return {
     benchmark: 'projection',
@@ -144,7 +258,14 @@ export function runProjection(blockCost: BlockCostReport | null = lastBlockCost(
     cfgParallel,
     displaced,
     /** the full-size block measured on this machine, against the cost model's prediction for it */
-    measuredBlock: blockCost && { date: blockCost.date, tokens: blockCost.config.tokens, ...blockCost.measured, predicted: blockCost.predicted, probe: blockCost.probe, stepAt480pS: blockCost.stepAt480pS },
+    measuredBlock: blockCost && {
+      date: blockCost.date,
+      tokens: blockCost.config.tokens,
+      ...blockCost.measured,
+      predicted: blockCost.predicted,
+      probe: blockCost.probe,
+      stepAt480pS: blockCost.stepAt480pS,
+    },
   };
 }
 
@@ -158,12 +279,23 @@ function markdown(r: ReturnType<typeof runProjection>): string {
     '',
   ];
   for (const transport of TRANSPORTS.map((t) => t.name)) {
-    lines.push(`## ${transport} transport`, '', `| link | device | ${DEGREES.map((d) => `P=${d}`).join(' | ')} | best |`, `|---|---|${DEGREES.map(() => '---:').join('|')}|---|`);
+    lines.push(
+      `## ${transport} transport`,
+      '',
+      `| link | device | ${DEGREES.map((d) => `P=${d}`).join(' | ')} | best |`,
+      `|---|---|${DEGREES.map(() => '---:').join('|')}|---|`,
+    );
     for (const linkMBs of LINKS_MB_S)
       for (const deviceTFLOPs of DEVICES_TFLOP_S) {
-        const cells = r.rows.filter((x) => x.transport === transport && x.linkMBs === linkMBs && x.deviceTFLOPs === deviceTFLOPs);
-        const b = r.best.find((x) => x.transport === transport && x.linkMBs === linkMBs && x.deviceTFLOPs === deviceTFLOPs)!;
-        const text = cells.map((c) => (c.degree === b.bestDegree ? `**${fmt(c.stepS)} s (${c.speedup}×)**` : `${fmt(c.stepS)} s (${c.speedup}×)`));
+        const cells = r.rows.filter(
+          (x) => x.transport === transport && x.linkMBs === linkMBs && x.deviceTFLOPs === deviceTFLOPs,
+        );
+        const b = r.best.find(
+          (x) => x.transport === transport && x.linkMBs === linkMBs && x.deviceTFLOPs === deviceTFLOPs,
+        )!;
+        const text = cells.map((c) =>
+          c.degree === b.bestDegree ? `**${fmt(c.stepS)} s (${c.speedup}×)**` : `${fmt(c.stepS)} s (${c.speedup}×)`,
+        );
         lines.push(`| ${linkMBs} MB/s | ${deviceTFLOPs} TFLOP/s | ${text.join(' | ')} | P=${b.bestDegree} |`);
       }
     lines.push('');
@@ -178,9 +310,23 @@ function markdown(r: ReturnType<typeof runProjection>): string {
   );
   for (const linkMBs of LINKS_MB_S)
     for (const deviceTFLOPs of DEVICES_TFLOP_S) {
-      const one = r.rows.find((x) => x.transport === 'fp32' && x.linkMBs === linkMBs && x.deviceTFLOPs === deviceTFLOPs && x.degree === 1)!;
-      const cells = TRANSPORTS.flatMap((t) => [2, 4].map((browsers) => r.cfgParallel.find((c) => c.transport === t.name && c.linkMBs === linkMBs && c.deviceTFLOPs === deviceTFLOPs && c.browsers === browsers)!));
-      lines.push(`| ${linkMBs} MB/s | ${deviceTFLOPs} TFLOP/s | ${fmt(one.stepS)} s | ${cells.map((c) => `${fmt(c.stepS)} s (${c.speedup}×)`).join(' | ')} |`);
+      const one = r.rows.find(
+        (x) => x.transport === 'fp32' && x.linkMBs === linkMBs && x.deviceTFLOPs === deviceTFLOPs && x.degree === 1,
+      )!;
+      const cells = TRANSPORTS.flatMap((t) =>
+        [2, 4].map((browsers) =>
+          r.cfgParallel.find(
+            (c) =>
+              c.transport === t.name &&
+              c.linkMBs === linkMBs &&
+              c.deviceTFLOPs === deviceTFLOPs &&
+              c.browsers === browsers,
+          )!,
+        ),
+      );
+      lines.push(
+        `| ${linkMBs} MB/s | ${deviceTFLOPs} TFLOP/s | ${fmt(one.stepS)} s | ${cells.map((c) => `${fmt(c.stepS)} s (${c.speedup}×)`).join(' | ')} |`,
+      );
     }
   lines.push(
     '',
@@ -193,17 +339,23 @@ function markdown(r: ReturnType<typeof runProjection>): string {
   );
   for (const linkMBs of LINKS_MB_S)
     for (const deviceTFLOPs of DEVICES_TFLOP_S) {
-      const one = r.rows.find((x) => x.transport === 'fp32' && x.linkMBs === linkMBs && x.deviceTFLOPs === deviceTFLOPs && x.degree === 1)!;
+      const one = r.rows.find(
+        (x) => x.transport === 'fp32' && x.linkMBs === linkMBs && x.deviceTFLOPs === deviceTFLOPs && x.degree === 1,
+      )!;
       const cells = r.displaced.filter((c) => c.linkMBs === linkMBs && c.deviceTFLOPs === deviceTFLOPs);
       const stale = [...new Set(cells.map((c) => `P=${c.degree} ${c.staleGB} GB`))].join(', ');
-      lines.push(`| ${linkMBs} MB/s | ${deviceTFLOPs} TFLOP/s | ${fmt(one.stepS)} s | ${cells.map((c) => `${fmt(c.stepS)} s (${c.speedup}×)`).join(' | ')} | ${stale} |`);
+      lines.push(
+        `| ${linkMBs} MB/s | ${deviceTFLOPs} TFLOP/s | ${fmt(one.stepS)} s | ${cells.map((c) => `${fmt(c.stepS)} s (${c.speedup}×)`).join(' | ')} | ${stale} |`,
+      );
     }
   lines.push('', '## Where adding browsers stops paying off', '');
   for (const transport of TRANSPORTS.map((t) => t.name))
     for (const linkMBs of LINKS_MB_S) {
       const rowsHere = r.best.filter((x) => x.transport === transport && x.linkMBs === linkMBs);
       const parts = rowsHere.map((b) => {
-        const cells = r.rows.filter((x) => x.transport === transport && x.linkMBs === linkMBs && x.deviceTFLOPs === b.deviceTFLOPs);
+        const cells = r.rows.filter(
+          (x) => x.transport === transport && x.linkMBs === linkMBs && x.deviceTFLOPs === b.deviceTFLOPs,
+        );
         const comm = cells.find((c) => c.degree === b.bestDegree)!;
         return b.worthIt
           ? `${b.deviceTFLOPs} TFLOP/s → up to P=${b.bestDegree} (${fmt(b.bestStepS)} s vs ${fmt(b.oneWorkerStepS)} s alone; the exchange is ${Math.round((100 * comm.commS) / comm.stepS)}% of it)`
@@ -218,12 +370,18 @@ function markdown(r: ReturnType<typeof runProjection>): string {
     'Compute per rank shrinks as 1/P; the bytes each rank sends per step shrink only as (P−1)/P² — so the slower the link and the faster the device, the fewer browsers pay off.',
     'Break-even uplink per browser (MB/s) below which P browsers are slower than one:',
     '',
-    `| device | transport | ${DEGREES.filter((d) => d > 1).map((d) => `P=${d}`).join(' | ')} |`,
-    `|---|---|${DEGREES.filter((d) => d > 1).map(() => '---:').join('|')}|`,
+    `| device | transport | ${DEGREES.filter((d) => d > 1)
+      .map((d) => `P=${d}`)
+      .join(' | ')} |`,
+    `|---|---|${DEGREES.filter((d) => d > 1)
+      .map(() => '---:')
+      .join('|')}|`,
   );
   for (const deviceTFLOPs of DEVICES_TFLOP_S)
     for (const transport of TRANSPORTS.map((t) => t.name)) {
-      const cells = r.breakEven.filter((b) => b.deviceTFLOPs === deviceTFLOPs && b.transport === transport).map((b) => (b.linkMBs === null ? 'never' : fmt(b.linkMBs)));
+      const cells = r.breakEven
+        .filter((b) => b.deviceTFLOPs === deviceTFLOPs && b.transport === transport)
+        .map((b) => (b.linkMBs === null ? 'never' : fmt(b.linkMBs)));
       lines.push(`| ${deviceTFLOPs} TFLOP/s | ${transport} | ${cells.join(' | ')} |`);
     }
   const b = r.measuredBlock;
@@ -235,8 +393,20 @@ function markdown(r: ReturnType<typeof runProjection>): string {
       ? `One block of the full-size model (bench/block-cost.ts, ${b.date.slice(0, 10)}: the published layout's first block, ${b.tokens} tokens, the 512-row text, WASM on one thread of this machine) took **${fmt(b.blockMs / 1000)} s**: ${b.effectiveGflopS} GFLOP/s over its ${b.blockGflop} GFLOP, where the probe's matrix multiply ran at ${b.probe.gflopS}. The cost model predicted ${fmt(b.predicted.blockMs / 1000)} s for it from the probe rates (measured / predicted = ${b.predicted.measuredOverPredicted}). The device column above is such an effective rate over whole blocks, not a GPU's peak. Scaled by FLOPs, this machine alone would take ${fmt(b.stepAt480pS)} s per 480p step.`
       : 'No full-size block has been measured on this machine yet: `npm run bench -- block-cost` times one and this section compares it with the cost model.',
   );
-  const perRank = (t: string) => DEGREES.filter((d) => d > 1).map((d) => `P=${d} ${(r.rows.find((x) => x.transport === t && x.degree === d)!.bytesPerRankPerStep / 1e9).toFixed(1)} GB`).join(', ');
-  lines.push('', `Bytes each rank sends per step (both passes, 30 blocks): fp32 ${perRank('fp32')}; fp16 ${perRank('fp16')}.`, '', `Assumptions: ${r.config.assumptions.join('; ')}.`, '');
+  const perRank = (t: string) =>
+    DEGREES.filter((d) => d > 1)
+      .map(
+        (d) =>
+          `P=${d} ${(r.rows.find((x) => x.transport === t && x.degree === d)!.bytesPerRankPerStep / 1e9).toFixed(1)} GB`,
+      )
+      .join(', ');
+  lines.push(
+    '',
+    `Bytes each rank sends per step (both passes, 30 blocks): fp32 ${perRank('fp32')}; fp16 ${perRank('fp16')}.`,
+    '',
+    `Assumptions: ${r.config.assumptions.join('; ')}.`,
+    '',
+  );
   return lines.join('\n');
 }
 

@@ -16,7 +16,17 @@ import { parseVaeArgs, runVae } from './vae.ts';
 import { parseUnevenArgs, runUneven } from './uneven.ts';
 import { parseSlowLinkArgs, runSlowLink } from './slow-link.ts';
 
-const BENCHMARKS = ['block-cost', 'scaling', 'local-overhead', 'projection', 'threads', 'full-size', 'vae', 'uneven', 'slow-link'] as const;
+const BENCHMARKS = [
+  'block-cost',
+  'scaling',
+  'local-overhead',
+  'projection',
+  'threads',
+  'full-size',
+  'vae',
+  'uneven',
+  'slow-link',
+] as const;
 type Benchmark = (typeof BENCHMARKS)[number];
 
 const [first, ...rest] = process.argv.slice(2);
@@ -32,7 +42,9 @@ const started = Date.now();
 if (chosen.includes('block-cost')) {
   const blockCost = await runBlockCost(parseBlockCostArgs(args));
   writeReport('block-cost.json', blockCost);
-  console.log(`block-cost: ${blockCost.config.tokens} tokens: ${blockCost.measured.blockMs} ms per block (predicted ${blockCost.predicted.blockMs}); a 480p step here ≈ ${blockCost.stepAt480pS} s`);
+  console.log(
+    `block-cost: ${blockCost.config.tokens} tokens: ${blockCost.measured.blockMs} ms per block (predicted ${blockCost.predicted.blockMs}); a 480p step here ≈ ${blockCost.stepAt480pS} s`,
+  );
 }
 
 if (chosen.includes('projection')) {
@@ -52,44 +64,68 @@ if (chosen.includes('scaling')) {
   writeReport('scaling.json', {
     ...scaling,
     localOverhead: overhead?.localOverhead ?? null,
-    localOverheadDetail: overhead && { localStepMs: overhead.localStepMs, directForwardMs: overhead.directForwardMs, tokens: overhead.config.tokens, report: 'bench/out/local-overhead.json' },
+    localOverheadDetail: overhead && {
+      localStepMs: overhead.localStepMs,
+      directForwardMs: overhead.directForwardMs,
+      tokens: overhead.config.tokens,
+      report: 'bench/out/local-overhead.json',
+    },
   });
   const runs = Object.values(scaling.runs);
-  console.log('\n P | step ms | speed-up | compute ms | comm ms (of it peer wait) | idle ms | MB sent/rank | predicted ms | error | parity | load');
+  console.log(
+    '\n P | step ms | speed-up | compute ms | comm ms (of it peer wait) | idle ms | MB sent/rank | predicted ms | error | parity | load',
+  );
   for (const r of runs) {
     const speedup = r.degree === 1 ? 1 : (scaling.speedup[String(r.degree)] ?? NaN);
     console.log(
       ` ${r.degree} | ${r.stepMs.toFixed(0)} | ${speedup.toFixed(2)}× | ${r.split.computeMs.toFixed(0)} | ${r.split.commMs.toFixed(0)} (${r.split.peerWaitMs.toFixed(0)}) | ${r.split.idleMs.toFixed(0)} | ${(r.split.bytesSent / 1e6).toFixed(1)} | ${r.predicted.stepMs.toFixed(0)} | ${(100 * r.predictionError).toFixed(0)}% | ${r.parityMaxAbs.toExponential(1)} | ${r.loadAverage1m.start}`,
     );
   }
-  console.log(`localOverhead ${overhead?.localOverhead ?? 'not run'}; fp16BytesRatio ${scaling.fp16BytesRatio}; fp16MaxAbs ${scaling.fp16MaxAbs}`);
+  console.log(
+    `localOverhead ${overhead?.localOverhead ?? 'not run'}; fp16BytesRatio ${scaling.fp16BytesRatio}; fp16MaxAbs ${scaling.fp16MaxAbs}`,
+  );
 }
 if (chosen.includes('threads')) {
   const threads = await runThreads(parseThreadsArgs(args));
   writeReport('threads.json', threads);
-  console.log(`threads: alone ${threads.alone.threads} → ${threads.alone.stepMs} ms, beside another tab ${threads.beside.threads} → ${threads.beside.stepMs} ms: ${threads.speedup}×; ${JSON.stringify(threads.meets)}`);
+  console.log(
+    `threads: alone ${threads.alone.threads} → ${threads.alone.stepMs} ms, beside another tab ${threads.beside.threads} → ${threads.beside.stepMs} ms: ${threads.speedup}×; ${JSON.stringify(threads.meets)}`,
+  );
 }
 if (chosen.includes('full-size')) {
   const fullSize = await runFullSize(parseFullSizeArgs(args));
   writeReport('full-size.json', fullSize);
-  for (const r of fullSize.runs) console.log(`full-size: ${r.ranks} tab(s)${r.afterReload ? ' after reloading them' : ''}: placing ${r.placingMs} ms, steps ${r.stepsMs.join(', ')} ms, peak ${r.peakMemoryGiB.join(', ')} GiB; ${r.relativeToOneTab} of one tab's latent; loads ${JSON.stringify(r.loads)}`);
+  for (const r of fullSize.runs)
+    console.log(
+      `full-size: ${r.ranks} tab(s)${r.afterReload ? ' after reloading them' : ''}: placing ${r.placingMs} ms, steps ${r.stepsMs.join(', ')} ms, peak ${r.peakMemoryGiB.join(', ')} GiB; ${r.relativeToOneTab} of one tab's latent; loads ${JSON.stringify(r.loads)}`,
+    );
 }
 if (chosen.includes('vae')) {
   const vae = await runVae(parseVaeArgs(args));
   writeReport('vae.json', vae);
-  for (const c of vae.parity?.cases ?? []) console.log(`vae: latent [${c.latent}]: max |onnx − reference| ${c.maxAbs.toExponential(2)} (${c.within ? 'within' : 'OVER'} ${vae.parity!.bound})`);
+  for (const c of vae.parity?.cases ?? [])
+    console.log(
+      `vae: latent [${c.latent}]: max |onnx − reference| ${c.maxAbs.toExponential(2)} (${c.within ? 'within' : 'OVER'} ${vae.parity!.bound})`,
+    );
   const t = vae.tile;
-  if (t) console.log(`vae: a 256-px tile, ${t.perVideoFrameMs} ms per frame on one tab, caches ${(t.cacheBytes / 2 ** 20).toFixed(0)} MiB, weights ${(t.weightBytes / 2 ** 20).toFixed(0)} MiB; 480p × 81 frames ≈ ${t.projected480p81FramesOneTabS} s on one tab`);
+  if (t)
+    console.log(
+      `vae: a 256-px tile, ${t.perVideoFrameMs} ms per frame on one tab, caches ${(t.cacheBytes / 2 ** 20).toFixed(0)} MiB, weights ${(t.weightBytes / 2 ** 20).toFixed(0)} MiB; 480p × 81 frames ≈ ${t.projected480p81FramesOneTabS} s on one tab`,
+    );
 }
 if (chosen.includes('uneven')) {
   const uneven = await runUneven(parseUnevenArgs(args));
   writeReport('uneven.json', uneven);
   const { even, bySpeed, auto } = uneven.runs;
-  console.log(`uneven: the third tab ${uneven.measuredSlowdown}× slower; even shares ${even.stepMs} ms a step, by speed (${bySpeed.heads?.join('/') ?? 'even'}) ${bySpeed.stepMs} ms: ${uneven.gain}×; auto chose ${auto.degree} (${auto.heads?.join('/') ?? 'even'}); spot checks ${JSON.stringify(uneven.spotCheckCost)}; ${JSON.stringify(uneven.meets)}`);
+  console.log(
+    `uneven: the third tab ${uneven.measuredSlowdown}× slower; even shares ${even.stepMs} ms a step, by speed (${bySpeed.heads?.join('/') ?? 'even'}) ${bySpeed.stepMs} ms: ${uneven.gain}×; auto chose ${auto.degree} (${auto.heads?.join('/') ?? 'even'}); spot checks ${JSON.stringify(uneven.spotCheckCost)}; ${JSON.stringify(uneven.meets)}`,
+  );
 }
 if (chosen.includes('slow-link')) {
   const slowLink = await runSlowLink(parseSlowLinkArgs(args));
   writeReport('slow-link.json', slowLink);
-  console.log(`slow-link: emulated ${(slowLink.emulateLink.bandwidth / 1e6).toFixed(2)} MB/s, ${slowLink.emulateLink.latencyMs} ms: exchange/compute at P = 2 ${slowLink.emulatedRatio.measured} (target ${slowLink.emulatedRatio.target}); ${JSON.stringify(slowLink.runs)}; guided ${JSON.stringify(slowLink.guided)}; ${JSON.stringify(slowLink.meets)}`);
+  console.log(
+    `slow-link: emulated ${(slowLink.emulateLink.bandwidth / 1e6).toFixed(2)} MB/s, ${slowLink.emulateLink.latencyMs} ms: exchange/compute at P = 2 ${slowLink.emulatedRatio.measured} (target ${slowLink.emulatedRatio.target}); ${JSON.stringify(slowLink.runs)}; guided ${JSON.stringify(slowLink.guided)}; ${JSON.stringify(slowLink.meets)}`,
+  );
 }
 log(`done in ${((Date.now() - started) / 1000).toFixed(0)} s`);

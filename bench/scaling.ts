@@ -13,7 +13,21 @@ import { tokenGrid } from '../core/model/tokens.ts';
 import { latentShape, type JobParams } from '../core/job.ts';
 import { startLocalSwarm } from '../server/cli/browser-swarm.ts';
 import { JOB_FLAG_OPTIONS, jobFlagValues, type JobFlag } from '../server/cli/job-flags.ts';
-import { buildBenchPages, ensureBenchModel, isMain, latentFromBase64, log, machine, maxAbs, round, serveBenchFiles, versions, waitForQuietMachine, writeReport, APP_MODEL_PATH } from './lib.ts';
+import {
+  buildBenchPages,
+  ensureBenchModel,
+  isMain,
+  latentFromBase64,
+  log,
+  machine,
+  maxAbs,
+  round,
+  serveBenchFiles,
+  versions,
+  waitForQuietMachine,
+  writeReport,
+  APP_MODEL_PATH,
+} from './lib.ts';
 import { measureLink, measureThroughput } from './probes.ts';
 
 export interface ScalingOptions extends Pick<JobParams, JobFlag> {
@@ -25,7 +39,17 @@ export interface ScalingOptions extends Pick<JobParams, JobFlag> {
 }
 
 /** 45 frames at 512×512: 12 latent frames × 32 × 32 = 12,288 tokens. */
-export const DEFAULT_SCALING: ScalingOptions = { frames: 45, height: 512, width: 512, steps: 2, guidance: 1, seed: 42, degrees: [1, 2, 3], fp16: true, cfg: true };
+export const DEFAULT_SCALING: ScalingOptions = {
+  frames: 45,
+  height: 512,
+  width: 512,
+  steps: 2,
+  guidance: 1,
+  seed: 42,
+  degrees: [1, 2, 3],
+  fp16: true,
+  cfg: true,
+};
 /** the CFG-parallel comparison's job: 13 frames at the bench size (4,096 tokens), guided */
 const CFG_JOB = { frames: 13, guidance: 5 } as const;
 
@@ -37,7 +61,15 @@ interface RankReport {
 }
 
 interface GenerateOut {
-  report: { steps: { ms: number; ranks: RankReport[] }[]; latentSha256: string; setupMs: number; totalMs: number; workers: { id: string; ep: string }[]; config: Record<string, unknown>; plan: { predictedStepMs: number | null } | null };
+  report: {
+    steps: { ms: number; ranks: RankReport[] }[];
+    latentSha256: string;
+    setupMs: number;
+    totalMs: number;
+    workers: { id: string; ep: string }[];
+    config: Record<string, unknown>;
+    plan: { predictedStepMs: number | null } | null;
+  };
   latent: string;
 }
 
@@ -48,7 +80,9 @@ export async function runScaling(options: Partial<ScalingOptions> = {}) {
   const shape = latentShape(o, model.inChannels);
   const tokens = tokenGrid(model, shape).count;
   const workload: Workload = { model, tokens, textTokens: 32, passes: o.guidance !== 1 ? 2 : 1 };
-  log(`scaling: bench-wan (D ${model.dim}, ${model.numLayers} blocks), ${tokens} tokens, ${o.steps} steps, ${workload.passes} pass(es)/step, P = ${o.degrees.join(', ')}`);
+  log(
+    `scaling: bench-wan (D ${model.dim}, ${model.numLayers} blocks), ${tokens} tokens, ${o.steps} steps, ${workload.passes} pass(es)/step, P = ${o.degrees.join(', ')}`,
+  );
 
   const workerTabs = Math.max(...o.degrees);
   const swarm = await startLocalSwarm({ workers: workerTabs, log: (l) => log(l) });
@@ -59,13 +93,33 @@ export async function runScaling(options: Partial<ScalingOptions> = {}) {
     await serveBenchFiles(context);
     log('probing matmul throughput and the tab↔tab link…');
     const throughput = await measureThroughput(context, swarm.server.url);
-    log(`probe: ${(throughput.flops / 1e9).toFixed(1)} GFLOP/s per thread (256³ matmul), ${(throughput.softmaxRate / 1e9).toFixed(2)} G scores/s (bias + softmax)`);
+    log(
+      `probe: ${(throughput.flops / 1e9).toFixed(1)} GFLOP/s per thread (256³ matmul), ${(throughput.softmaxRate / 1e9).toFixed(2)} G scores/s (bias + softmax)`,
+    );
     const link = await measureLink(context, swarm.server.url);
-    log(`probe: link ${(link.fitted.bandwidth / 1e6).toFixed(2)} MB/s, latency ${(link.fitted.latency * 1000).toFixed(1)} ms`);
+    log(
+      `probe: link ${(link.fitted.bandwidth / 1e6).toFixed(2)} MB/s, latency ${(link.fitted.latency * 1000).toFixed(1)} ms`,
+    );
 
     const generate = async (degree: number, extra: Record<string, unknown> = {}) => {
-      const job = { prompt: 'a red ball bouncing on a wooden floor', frames: o.frames, height: o.height, width: o.width, steps: o.steps, guidance: o.guidance, seed: o.seed, backend: 'swarm', workers: degree, ep: 'wasm', model: APP_MODEL_PATH, ...extra };
-      const out = (await swarm.dashboard.evaluate((j) => (window as unknown as { ditswarm: { generate(j: unknown): Promise<unknown> } }).ditswarm.generate(j), job)) as GenerateOut;
+      const job = {
+        prompt: 'a red ball bouncing on a wooden floor',
+        frames: o.frames,
+        height: o.height,
+        width: o.width,
+        steps: o.steps,
+        guidance: o.guidance,
+        seed: o.seed,
+        backend: 'swarm',
+        workers: degree,
+        ep: 'wasm',
+        model: APP_MODEL_PATH,
+        ...extra,
+      };
+      const out = (await swarm.dashboard.evaluate(
+        (j) => (window as unknown as { ditswarm: { generate(j: unknown): Promise<unknown> } }).ditswarm.generate(j),
+        job,
+      )) as GenerateOut;
       return { report: out.report, latent: latentFromBase64(out.latent) };
     };
 
@@ -80,8 +134,13 @@ export async function runScaling(options: Partial<ScalingOptions> = {}) {
         const { report, latent } = await generate(degree);
         reference ??= latent;
         latents.set(degree, latent);
-        runs[degree] = { ...summarise(degree, report, maxAbs(latent, reference), predictionFor(degree)), loadAverage1m: { start: load.loadAverage1m, end: machine().loadAverage1m } };
-        log(`P = ${degree}: step ${runs[degree].stepMs.toFixed(0)} ms (predicted ${runs[degree].predicted.stepMs.toFixed(0)}), parity ${runs[degree].parityMaxAbs.toExponential(2)}`);
+        runs[degree] = {
+          ...summarise(degree, report, maxAbs(latent, reference), predictionFor(degree)),
+          loadAverage1m: { start: load.loadAverage1m, end: machine().loadAverage1m },
+        };
+        log(
+          `P = ${degree}: step ${runs[degree].stepMs.toFixed(0)} ms (predicted ${runs[degree].predicted.stepMs.toFixed(0)}), parity ${runs[degree].parityMaxAbs.toExponential(2)}`,
+        );
       } catch (e) {
         failures[degree] = (e as Error).message.split('\n')[0];
         log(`P = ${degree} failed: ${failures[degree]}`);
@@ -93,13 +152,33 @@ export async function runScaling(options: Partial<ScalingOptions> = {}) {
     function predictionFor(degree: number, bytesPerElement: 2 | 4 = 4) {
       // ranks on one machine share its cores: with more ranks than cores each gets a share
       const share = Math.min(1, cpus().length / degree);
-      const hw: Hardware = { workerFlops: Array(degree).fill(throughput.flops * share), workerSoftmaxRates: Array(degree).fill(throughput.softmaxRate * share), link: link.fitted, bytesPerElement };
+      const hw: Hardware = {
+        workerFlops: Array(degree).fill(throughput.flops * share),
+        workerSoftmaxRates: Array(degree).fill(throughput.softmaxRate * share),
+        link: link.fitted,
+        bytesPerElement,
+      };
       const p = predictStep(workload, { ulyssesDegree: degree, cfgParallel: false }, hw);
-      return { stepMs: p.stepS * 1000, computeMs: p.computeS * 1000, commMs: p.commS * 1000, ioMs: p.ioS * 1000, bytesPerRank: p.bytesPerRank, flopsPerRank: p.flopsPerRank, coreShare: share };
+      return {
+        stepMs: p.stepS * 1000,
+        computeMs: p.computeS * 1000,
+        commMs: p.commS * 1000,
+        ioMs: p.ioS * 1000,
+        bytesPerRank: p.bytesPerRank,
+        flopsPerRank: p.flopsPerRank,
+        coreShare: share,
+      };
     }
 
     // fp16 activation transport (the job's dtype) at the largest degree ≤ 2, against the fp32 run of that degree
-    let fp16: { degree: number; bytesRatio: number | null; maxAbsVsFp32: number | null; maxAbsVsP1: number | null; stepMs: number | null; note: string } | null = null;
+    let fp16: {
+      degree: number;
+      bytesRatio: number | null;
+      maxAbsVsFp32: number | null;
+      maxAbsVsP1: number | null;
+      stepMs: number | null;
+      note: string;
+    } | null = null;
     const fp16Degree = Math.max(...measured.filter((d) => d > 1 && d <= 2));
     if (o.fp16 && Number.isFinite(fp16Degree)) {
       await waitForQuietMachine();
@@ -115,7 +194,14 @@ export async function runScaling(options: Partial<ScalingOptions> = {}) {
           note: 'fp16 activation transport (job dtype "f16") vs the fp32 run of the same degree',
         };
       } catch (e) {
-        fp16 = { degree: fp16Degree, bytesRatio: null, maxAbsVsFp32: null, maxAbsVsP1: null, stepMs: null, note: `the fp16 run failed: ${(e as Error).message.split('\n')[0]}` };
+        fp16 = {
+          degree: fp16Degree,
+          bytesRatio: null,
+          maxAbsVsFp32: null,
+          maxAbsVsP1: null,
+          stepMs: null,
+          note: `the fp16 run failed: ${(e as Error).message.split('\n')[0]}`,
+        };
       }
       log(`fp16: ${fp16.note}`);
     }
@@ -124,7 +210,11 @@ export async function runScaling(options: Partial<ScalingOptions> = {}) {
     let cfg: Record<string, unknown> | null = null;
     if (o.cfg && workerTabs >= 2) {
       const job = { frames: CFG_JOB.frames, height: o.height, width: o.width, guidance: CFG_JOB.guidance };
-      const cfgWork: Workload = { ...workload, tokens: tokenGrid(model, latentShape(job, model.inChannels)).count, passes: 2 };
+      const cfgWork: Workload = {
+        ...workload,
+        tokens: tokenGrid(model, latentShape(job, model.inChannels)).count,
+        passes: 2,
+      };
       try {
         await waitForQuietMachine();
         log(`CFG parallel: ${cfgWork.tokens} tokens, guidance ${CFG_JOB.guidance}, one worker…`);
@@ -133,8 +223,14 @@ export async function runScaling(options: Partial<ScalingOptions> = {}) {
         log('CFG parallel: two groups of one…');
         const two = await generate(1, { ...job, cfgParallel: true }); // workers = the Ulysses degree of each group
         const last = (r: GenerateOut['report']) => r.steps[r.steps.length - 1].ms;
-        const hw: Hardware = { workerFlops: [throughput.flops, throughput.flops], workerSoftmaxRates: [throughput.softmaxRate, throughput.softmaxRate], link: link.fitted, bytesPerElement: 4 };
-        const predicted = (cfgParallel: boolean) => round(predictStep(cfgWork, { ulyssesDegree: 1, cfgParallel }, hw).stepS * 1000, 1);
+        const hw: Hardware = {
+          workerFlops: [throughput.flops, throughput.flops],
+          workerSoftmaxRates: [throughput.softmaxRate, throughput.softmaxRate],
+          link: link.fitted,
+          bytesPerElement: 4,
+        };
+        const predicted = (cfgParallel: boolean) =>
+          round(predictStep(cfgWork, { ulyssesDegree: 1, cfgParallel }, hw).stepS * 1000, 1);
         cfg = {
           tokens: cfgWork.tokens,
           guidance: CFG_JOB.guidance,
@@ -151,14 +247,21 @@ export async function runScaling(options: Partial<ScalingOptions> = {}) {
       }
     }
 
-    const speedup = Object.fromEntries(o.degrees.filter((d) => d > 1).map((d) => [String(d), runs[d] ? round(runs[1].stepMs / runs[d].stepMs) : null]));
+    const speedup = Object.fromEntries(
+      o.degrees.filter((d) => d > 1).map((d) => [String(d), runs[d] ? round(runs[1].stepMs / runs[d].stepMs) : null]),
+    );
     const predictionError = Object.fromEntries(o.degrees.map((d) => [String(d), runs[d]?.predictionError ?? null]));
     return {
       benchmark: 'scaling',
       date: new Date(started).toISOString(),
       durationS: round((Date.now() - started) / 1000, 1),
       config: {
-        model: { path: 'bench/out/models/bench-wan', servedAs: `${APP_MODEL_PATH} (Playwright route)`, preset: 'make-model --preset bench', ...model },
+        model: {
+          path: 'bench/out/models/bench-wan',
+          servedAs: `${APP_MODEL_PATH} (Playwright route)`,
+          preset: 'make-model --preset bench',
+          ...model,
+        },
         tokens,
         latentShape: shape,
         frames: o.frames,
@@ -173,7 +276,8 @@ export async function runScaling(options: Partial<ScalingOptions> = {}) {
         threadsPerWorker: 1,
         workerTabsOpen: workerTabs,
         transport: 'fp32',
-        stepMsIs: 'the last step (the first one also pays onnxruntime first-run allocation); every step is listed under runs',
+        stepMsIs:
+          'the last step (the first one also pays onnxruntime first-run allocation); every step is listed under runs',
       },
       machine: { ...machineAtStart, loadAverage1mAtEnd: machine().loadAverage1m },
       versions: versions(),
@@ -186,17 +290,33 @@ export async function runScaling(options: Partial<ScalingOptions> = {}) {
       fp16MaxAbs: fp16?.maxAbsVsFp32 ?? null,
       fp16,
       cfgParallel: cfg,
-      expectedBytesPerRankPerStep: Object.fromEntries(o.degrees.map((d) => [String(d), forwardBytes(model, tokens, d, 4) * workload.passes])),
+      expectedBytesPerRankPerStep: Object.fromEntries(
+        o.degrees.map((d) => [String(d), forwardBytes(model, tokens, d, 4) * workload.passes]),
+      ),
     };
   } finally {
     await swarm.close();
   }
 }
 
-const sumBytes = (steps: { ranks: RankReport[] }[]) => steps.reduce((n, s) => n + s.ranks.reduce((m, r) => m + r.bytesSent, 0), 0);
+const sumBytes = (steps: { ranks: RankReport[] }[]) =>
+  steps.reduce((n, s) => n + s.ranks.reduce((m, r) => m + r.bytesSent, 0), 0);
 
 /** One run: every step split per rank into compute, comm wait and idle (the step's wall time minus both). */
-function summarise(degree: number, report: GenerateOut['report'], parityMaxAbs: number, predicted: { stepMs: number; computeMs: number; commMs: number; ioMs: number; bytesPerRank: number; flopsPerRank: number; coreShare: number }) {
+function summarise(
+  degree: number,
+  report: GenerateOut['report'],
+  parityMaxAbs: number,
+  predicted: {
+    stepMs: number;
+    computeMs: number;
+    commMs: number;
+    ioMs: number;
+    bytesPerRank: number;
+    flopsPerRank: number;
+    coreShare: number;
+  },
+) {
   const steps = report.steps.map((s) => {
     // the rank that waited least in the exchange waited only for the bytes; the others also for a slower peer
     const transferMs = Math.min(...s.ranks.map((r) => r.commMs));
@@ -213,7 +333,8 @@ function summarise(degree: number, report: GenerateOut['report'], parityMaxAbs: 
     };
   });
   const last = steps[steps.length - 1];
-  const mean = (f: (r: (typeof last.ranks)[number]) => number) => round(last.ranks.reduce((a, r) => a + f(r), 0) / last.ranks.length, 1);
+  const mean = (f: (r: (typeof last.ranks)[number]) => number) =>
+    round(last.ranks.reduce((a, r) => a + f(r), 0) / last.ranks.length, 1);
   return {
     degree,
     workers: report.workers.map((w) => w.id),
@@ -234,11 +355,18 @@ function summarise(degree: number, report: GenerateOut['report'], parityMaxAbs: 
     steps,
     parityMaxAbs,
     latentSha256: report.latentSha256,
-    predicted: { ...predicted, stepMs: round(predicted.stepMs, 1), computeMs: round(predicted.computeMs, 1), commMs: round(predicted.commMs, 1), ioMs: round(predicted.ioMs, 1) },
+    predicted: {
+      ...predicted,
+      stepMs: round(predicted.stepMs, 1),
+      computeMs: round(predicted.computeMs, 1),
+      commMs: round(predicted.commMs, 1),
+      ioMs: round(predicted.ioMs, 1),
+    },
     predictionError: round(Math.abs(predicted.stepMs - last.ms) / last.ms),
     /** what the dashboard itself predicted for this job (from the workers' own probes), and its error */
     dashboardPredictedStepMs: report.plan?.predictedStepMs == null ? null : round(report.plan.predictedStepMs, 1),
-    dashboardPredictionError: report.plan?.predictedStepMs == null ? null : round((report.plan.predictedStepMs - last.ms) / last.ms),
+    dashboardPredictionError:
+      report.plan?.predictedStepMs == null ? null : round((report.plan.predictedStepMs - last.ms) / last.ms),
   };
 }
 
@@ -256,11 +384,16 @@ export function parseScalingArgs(args: string[]): Partial<ScalingOptions> {
   if (values.degrees) out.degrees = values.degrees.split(',').map(Number);
   if (values['no-fp16']) out.fp16 = false;
   if (values['no-cfg']) out.cfg = false;
-  if (out.degrees && out.degrees[0] !== 1) throw new Error(`--degrees must start with 1 (the baseline), got ${values.degrees}`);
+  if (out.degrees && out.degrees[0] !== 1)
+    throw new Error(`--degrees must start with 1 (the baseline), got ${values.degrees}`);
   return out;
 }
 
 if (isMain(import.meta)) {
   const report = await runScaling(parseScalingArgs(process.argv.slice(2)));
-  writeReport('scaling.json', { ...report, localOverhead: null, localOverheadNote: 'run `npm run bench` for the local-backend overhead' });
+  writeReport('scaling.json', {
+    ...report,
+    localOverhead: null,
+    localOverheadNote: 'run `npm run bench` for the local-backend overhead',
+  });
 }

@@ -28,7 +28,22 @@ import { latentShape } from '../core/job.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
 import type { DType } from '../core/net/protocol.ts';
 import { MAX_HEAD_GROUPS, type ParallelMode } from '../core/parallel.ts';
-import { APP_MODEL_PATH, buildBenchPages, ensureBenchModel, isMain, latentFromBase64, log, machine, maxAbs, median, OUT_DIR, ROOT, round, versions, writeReport } from './lib.ts';
+import {
+  APP_MODEL_PATH,
+  buildBenchPages,
+  ensureBenchModel,
+  isMain,
+  latentFromBase64,
+  log,
+  machine,
+  maxAbs,
+  median,
+  OUT_DIR,
+  ROOT,
+  round,
+  versions,
+  writeReport,
+} from './lib.ts';
 import { startMachines } from './machines.ts';
 import { LATENCY_S, WAN_480P_WORKLOAD } from './projection.ts';
 
@@ -46,7 +61,15 @@ export interface SlowLinkOptions {
 
 // 6 steps: the median step is a stale step that waits for the one before's gather (the first stale
 // step waits for none, and with 4 steps it was half the median: a link-bound mode looked faster)
-export const DEFAULT_SLOW_LINK: SlowLinkOptions = { frames: 9, height: 256, width: 256, steps: 6, degrees: [2, 4], share: 0.45, accuracy: 1 };
+export const DEFAULT_SLOW_LINK: SlowLinkOptions = {
+  frames: 9,
+  height: 256,
+  width: 256,
+  steps: 6,
+  degrees: [2, 4],
+  share: 0.45,
+  accuracy: 1,
+};
 /** the LAN of the issue: 20 TFLOP/s GPUs, 125 MB/s links, float32 transport, P = 2 */
 const TARGET = { deviceFlops: 20e12, bandwidth: 125e6, latencyS: LATENCY_S, degree: 2 };
 /** a paced run's exchange/compute ratio this far from the target has the bandwidth corrected once */
@@ -57,7 +80,8 @@ const DISPLACED_TRANSPORTS: DType[] = ['f32', 'i8', 'i4'];
 /** Ulysses runs in one head group (no overlap) and in this many (core/parallel.ts MAX_HEAD_GROUPS: 6 heads a rank at P = 2, 3 at P = 4) */
 const HEAD_GROUPS = [1, MAX_HEAD_GROUPS];
 /** A run's row in the report: "P=2 i8", "P=2 i8 in 3 head groups", "P=2 displaced i4". */
-const ulyssesRow = (degree: number, dtype: DType, headGroups: number): string => `P=${degree} ${dtype}${headGroups > 1 ? ` in ${headGroups} head groups` : ''}`;
+const ulyssesRow = (degree: number, dtype: DType, headGroups: number): string =>
+  `P=${degree} ${dtype}${headGroups > 1 ? ` in ${headGroups} head groups` : ''}`;
 const displacedRow = (degree: number, dtype: DType): string => `P=${degree} displaced ${dtype}`;
 /** displaced runs: one exact step, the rest stale (the median step is a stale one) */
 const WARMUP_STEPS = 1;
@@ -69,13 +93,24 @@ const GUIDANCE = 5;
 interface Report {
   steps: { ms: number; ranks: { rank: number; computeMs: number; overlapMs: number; bytesSent: number }[] }[];
   medianStepMs: number;
-  config: { workers: number; ulyssesDegree: number; cfgParallel: boolean; parallel: ParallelMode; dtype: DType; headGroups: number };
+  config: {
+    workers: number;
+    ulyssesDegree: number;
+    cfgParallel: boolean;
+    parallel: ParallelMode;
+    dtype: DType;
+    headGroups: number;
+  };
 }
 
 /** The projection's exchange time over compute time for the real model at P = 2 on the target LAN. */
 export function projectedExchangeRatio(): { ratio: number; stepS: number; computeS: number; commS: number } {
   const { deviceFlops, bandwidth, latencyS, degree } = TARGET;
-  const p = predictStep(WAN_480P_WORKLOAD, { ulyssesDegree: degree, cfgParallel: false }, { workerFlops: Array(degree).fill(deviceFlops), link: { bandwidth, latency: latencyS }, bytesPerElement: 4 });
+  const p = predictStep(
+    WAN_480P_WORKLOAD,
+    { ulyssesDegree: degree, cfgParallel: false },
+    { workerFlops: Array(degree).fill(deviceFlops), link: { bandwidth, latency: latencyS }, bytesPerElement: 4 },
+  );
   return { ratio: p.commS / p.computeS, stepS: p.stepS, computeS: p.computeS, commS: p.commS };
 }
 
@@ -87,7 +122,15 @@ export function projectedExchangeRatio(): { ratio: number; stepS: number; comput
  */
 function bothEnds<R extends { result: { stepMs: number; stepsMs: number[] } }>(first: R, last: R): R {
   const stepsMs = [...first.result.stepsMs, ...last.result.stepsMs];
-  return { ...first, result: { ...first.result, stepMs: round(median(stepsMs), 1), stepsMs, stepMsEachRun: [first.result.stepMs, last.result.stepMs] } };
+  return {
+    ...first,
+    result: {
+      ...first.result,
+      stepMs: round(median(stepsMs), 1),
+      stepsMs,
+      stepMsEachRun: [first.result.stepMs, last.result.stepMs],
+    },
+  };
 }
 
 /** The largest difference after each step, and that over the reference's largest value then. */
@@ -100,12 +143,22 @@ function deviationPerStep(steps: Float32Array[], reference: Float32Array[]) {
 }
 
 /** The demo's held-out colour and direction accuracy (npm run eval-demo, in Node through the same rank code) with these flags. */
-function demoAccuracy(label: string, flags: string[]): { colorAccuracy: number; directionAccuracy: number; flags: string[] } {
+function demoAccuracy(
+  label: string,
+  flags: string[],
+): { colorAccuracy: number; directionAccuracy: number; flags: string[] } {
   const out = join(OUT_DIR, `demo-eval-${label}.json`);
   log(`demo accuracy, ${label}: npm run eval-demo -- ${flags.join(' ')}…`);
-  const ran = spawnSync(process.execPath, ['--import', 'tsx', 'demo/cli/eval-demo.ts', '--seeds', '2', '--out', out, ...flags], { cwd: ROOT, stdio: ['ignore', 'ignore', 'inherit'] });
+  const ran = spawnSync(
+    process.execPath,
+    ['--import', 'tsx', 'demo/cli/eval-demo.ts', '--seeds', '2', '--out', out, ...flags],
+    { cwd: ROOT, stdio: ['ignore', 'ignore', 'inherit'] },
+  );
   if (ran.status !== 0) throw new Error(`eval-demo ${flags.join(' ')} failed with status ${ran.status}`);
-  const { colorAccuracy, directionAccuracy } = JSON.parse(readFileSync(out, 'utf8')) as { colorAccuracy: number; directionAccuracy: number };
+  const { colorAccuracy, directionAccuracy } = JSON.parse(readFileSync(out, 'utf8')) as {
+    colorAccuracy: number;
+    directionAccuracy: number;
+  };
   return { colorAccuracy, directionAccuracy, flags };
 }
 
@@ -116,17 +169,40 @@ export async function runSlowLink(options: Partial<SlowLinkOptions> = {}) {
   const tokens = tokenGrid(model, latentShape(o, model.inChannels)).count;
   const target = projectedExchangeRatio();
   const workers = Math.max(...o.degrees, 4); // the guided P = 4 runs
-  log(`slow-link: bench-wan (D ${model.dim}, ${model.numLayers} blocks), ${tokens} tokens, ${o.steps} steps, ${workers} machines of ${o.share} of a core; target exchange/compute at P = 2: ${target.ratio.toFixed(2)} (the projection's real model on 20 TFLOP/s over 125 MB/s)`);
+  log(
+    `slow-link: bench-wan (D ${model.dim}, ${model.numLayers} blocks), ${tokens} tokens, ${o.steps} steps, ${workers} machines of ${o.share} of a core; target exchange/compute at P = 2: ${target.ratio.toFixed(2)} (the projection's real model on 20 TFLOP/s over 125 MB/s)`,
+  );
   // the dashboard on core 0 beside the even machines; the odd ones on core 1. A short CFS period: a
   // slower machine is slower all the time, not stopped for most of each period (a rank's every
   // message to its peers and engine would wait for its next one)
-  const machines = await startMachines(Array.from({ length: workers }, (_, i) => ({ name: `machine-${i}`, core: i % 2, share: o.share })), { periodUs: PERIOD_US });
+  const machines = await startMachines(
+    Array.from({ length: workers }, (_, i) => ({ name: `machine-${i}`, core: i % 2, share: o.share })),
+    { periodUs: PERIOD_US },
+  );
   const started = Date.now();
   try {
     const run = async (label: string, placement: Record<string, unknown>) => {
       log(`${label}: generating…`);
-      const job = { prompt: 'a red ball bouncing on a wooden floor', frames: o.frames, height: o.height, width: o.width, steps: o.steps, guidance: 1, seed: 7, backend: 'swarm', ep: 'wasm', model: APP_MODEL_PATH, spotCheckRate: 0, shares: 'even', cfgParallel: false, ...placement };
-      const out = (await machines.dashboard.evaluate(([j, opts]) => (window as any).ditswarm.generate(j, opts), [job, { stepLatents: true }] as const)) as { report: Report; stepLatents: string[] };
+      const job = {
+        prompt: 'a red ball bouncing on a wooden floor',
+        frames: o.frames,
+        height: o.height,
+        width: o.width,
+        steps: o.steps,
+        guidance: 1,
+        seed: 7,
+        backend: 'swarm',
+        ep: 'wasm',
+        model: APP_MODEL_PATH,
+        spotCheckRate: 0,
+        shares: 'even',
+        cfgParallel: false,
+        ...placement,
+      };
+      const out = (await machines.dashboard.evaluate(([j, opts]) => (window as any).ditswarm.generate(j, opts), [
+        job,
+        { stepLatents: true },
+      ] as const)) as { report: Report; stepLatents: string[] };
       const { steps } = out.report;
       // the busiest rank of each step: its compute, and what it sent
       const computeMs = median(steps.map((s) => Math.max(...s.ranks.map((r) => r.computeMs))));
@@ -134,7 +210,20 @@ export async function runSlowLink(options: Partial<SlowLinkOptions> = {}) {
       // the exchange hidden behind compute a step: the least any rank hid (the step waits for the others)
       const overlapMs = median(steps.map((s) => Math.min(...s.ranks.map((r) => r.overlapMs))));
       const { workers: world, ulyssesDegree, cfgParallel, parallel, dtype, headGroups } = out.report.config;
-      const result = { world, ulyssesDegree, cfgParallel, parallel, dtype, headGroups, stepMs: round(out.report.medianStepMs, 1), stepsMs: steps.map((s) => round(s.ms, 0)), computeMs: round(computeMs, 1), overlapMs: round(overlapMs, 1), exchangeOverCompute: round((out.report.medianStepMs - computeMs) / computeMs, 2), bytesPerStep };
+      const result = {
+        world,
+        ulyssesDegree,
+        cfgParallel,
+        parallel,
+        dtype,
+        headGroups,
+        stepMs: round(out.report.medianStepMs, 1),
+        stepsMs: steps.map((s) => round(s.ms, 0)),
+        computeMs: round(computeMs, 1),
+        overlapMs: round(overlapMs, 1),
+        exchangeOverCompute: round((out.report.medianStepMs - computeMs) / computeMs, 2),
+        bytesPerStep,
+      };
       log(`${label}: ${JSON.stringify(result)}`);
       return { result, stepLatents: out.stepLatents.map(latentFromBase64) };
     };
@@ -154,29 +243,66 @@ export async function runSlowLink(options: Partial<SlowLinkOptions> = {}) {
     const loopback = await run('P = 2 over loopback', { workers: TARGET.degree });
     const latencyMsPerStep = 2 * model.numLayers * (TARGET.degree - 1) * TARGET.latencyS * 1000; // 2 all-to-alls a block, as the cost model counts them
     const wireMs = target.ratio * loopback.result.computeMs - latencyMsPerStep;
-    if (!(wireMs > 0)) throw new Error(`the link's latency alone (${latencyMsPerStep} ms a step) passes the target exchange time: use a larger video`);
-    let emulateLink = { bandwidth: Math.round(loopback.result.bytesPerStep / (wireMs / 1000)), latencyMs: TARGET.latencyS * 1000 };
+    if (!(wireMs > 0))
+      throw new Error(
+        `the link's latency alone (${latencyMsPerStep} ms a step) passes the target exchange time: use a larger video`,
+      );
+    let emulateLink = {
+      bandwidth: Math.round(loopback.result.bytesPerStep / (wireMs / 1000)),
+      latencyMs: TARGET.latencyS * 1000,
+    };
     const calibration: { bandwidth: number; exchangeOverCompute: number }[] = [];
     // the ratio is the exchange's with nothing hidden: all heads at once
-    const exactRun = () => run(`P = 2, ulysses f32, ${(emulateLink.bandwidth / 1e6).toFixed(2)} MB/s`, { workers: TARGET.degree, dtype: 'f32', parallel: 'ulysses', headGroups: 1, emulateLink });
+    const exactRun = () =>
+      run(`P = 2, ulysses f32, ${(emulateLink.bandwidth / 1e6).toFixed(2)} MB/s`, {
+        workers: TARGET.degree,
+        dtype: 'f32',
+        parallel: 'ulysses',
+        headGroups: 1,
+        emulateLink,
+      });
     let exact = await exactRun();
     calibration.push({ bandwidth: emulateLink.bandwidth, exchangeOverCompute: exact.result.exchangeOverCompute });
     if (Math.abs(exact.result.exchangeOverCompute / target.ratio - 1) > CALIBRATION_SLACK) {
       // the wire time scales with 1 / bandwidth: what it took over what it should have
-      emulateLink = { ...emulateLink, bandwidth: Math.round((emulateLink.bandwidth * exact.result.exchangeOverCompute) / target.ratio) };
+      emulateLink = {
+        ...emulateLink,
+        bandwidth: Math.round((emulateLink.bandwidth * exact.result.exchangeOverCompute) / target.ratio),
+      };
       exact = await exactRun();
       calibration.push({ bandwidth: emulateLink.bandwidth, exchangeOverCompute: exact.result.exchangeOverCompute });
     }
-    log(`emulated link: ${(emulateLink.bandwidth / 1e6).toFixed(2)} MB/s per page, ${emulateLink.latencyMs} ms: exchange/compute ${exact.result.exchangeOverCompute} (target ${target.ratio.toFixed(2)})`);
+    log(
+      `emulated link: ${(emulateLink.bandwidth / 1e6).toFixed(2)} MB/s per page, ${emulateLink.latencyMs} ms: exchange/compute ${exact.result.exchangeOverCompute} (target ${target.ratio.toFixed(2)})`,
+    );
 
     const timed: [string, Run][] = [];
     for (const degree of o.degrees) {
       for (const dtype of TRANSPORTS)
         for (const headGroups of HEAD_GROUPS) {
-          const r = degree === TARGET.degree && dtype === 'f32' && headGroups === 1 ? exact : await run(`${ulyssesRow(degree, dtype, headGroups)}, ulysses`, { workers: degree, dtype, parallel: 'ulysses', headGroups, emulateLink });
+          const r =
+            degree === TARGET.degree && dtype === 'f32' && headGroups === 1
+              ? exact
+              : await run(`${ulyssesRow(degree, dtype, headGroups)}, ulysses`, {
+                  workers: degree,
+                  dtype,
+                  parallel: 'ulysses',
+                  headGroups,
+                  emulateLink,
+                });
           timed.push([ulyssesRow(degree, dtype, headGroups), r]);
         }
-      for (const dtype of DISPLACED_TRANSPORTS) timed.push([displacedRow(degree, dtype), await run(displacedRow(degree, dtype), { workers: degree, dtype, parallel: 'displaced', warmupSteps: WARMUP_STEPS, emulateLink })]);
+      for (const dtype of DISPLACED_TRANSPORTS)
+        timed.push([
+          displacedRow(degree, dtype),
+          await run(displacedRow(degree, dtype), {
+            workers: degree,
+            dtype,
+            parallel: 'displaced',
+            warmupSteps: WARMUP_STEPS,
+            emulateLink,
+          }),
+        ]);
     }
     const oneMachine = bothEnds(one, await run('one machine, again', { workers: 1 }));
     const runs = Object.fromEntries(timed.map(([label, r]) => [label, against(oneMachine, r)]));
@@ -191,9 +317,20 @@ export async function runSlowLink(options: Partial<SlowLinkOptions> = {}) {
       ['P=4 CFG parallel × displaced i4', { workers: 2, cfgParallel: true, parallel: 'displaced', dtype: 'i4' }],
       ['P=4 CFG parallel × ulysses i8', { workers: 2, cfgParallel: true, dtype: 'i8', headGroups: 1 }],
     ] as const) {
-      guidedTimed.push([label, await run(`guidance ${GUIDANCE}: ${label}`, { guidance: GUIDANCE, warmupSteps: WARMUP_STEPS, emulateLink, ...placement })]);
+      guidedTimed.push([
+        label,
+        await run(`guidance ${GUIDANCE}: ${label}`, {
+          guidance: GUIDANCE,
+          warmupSteps: WARMUP_STEPS,
+          emulateLink,
+          ...placement,
+        }),
+      ]);
     }
-    const guidedOne = bothEnds(guidedFirst, await run(`guidance ${GUIDANCE}: one machine, again`, { workers: 1, guidance: GUIDANCE }));
+    const guidedOne = bothEnds(
+      guidedFirst,
+      await run(`guidance ${GUIDANCE}: one machine, again`, { workers: 1, guidance: GUIDANCE }),
+    );
     const guided = Object.fromEntries(guidedTimed.map(([label, r]) => [label, against(guidedOne, r)]));
 
     // accuracy costs no browser: after the timed runs, so as not to slow them
@@ -207,15 +344,33 @@ export async function runSlowLink(options: Partial<SlowLinkOptions> = {}) {
       : null;
     const exactReport = runs[ulyssesRow(TARGET.degree, 'f32', 1)] as { exchangeOverCompute: number };
     const step = (r: unknown) => (r as { stepMs: number }).stepMs;
-    const bestDisplaced = (degree: number) => Math.min(...DISPLACED_TRANSPORTS.map((d) => step(runs[displacedRow(degree, d)])));
+    const bestDisplaced = (degree: number) =>
+      Math.min(...DISPLACED_TRANSPORTS.map((d) => step(runs[displacedRow(degree, d)])));
     return {
       benchmark: 'slow-link',
       date: new Date(started).toISOString(),
       durationS: round((Date.now() - started) / 1000, 1),
-      config: { model: { path: 'bench/out/models/bench-wan', ...model }, tokens, ...o, guidance: [1, GUIDANCE], warmupSteps: WARMUP_STEPS, ep: 'wasm', shares: 'even', machines: `each worker tab a Chromium of its own pinned to core i % 2 with a CFS quota of ${o.share} of it (period ${PERIOD_US / 1000} ms), told it has one core; the dashboard's Chromium on core 0 unlimited` },
+      config: {
+        model: { path: 'bench/out/models/bench-wan', ...model },
+        tokens,
+        ...o,
+        guidance: [1, GUIDANCE],
+        warmupSteps: WARMUP_STEPS,
+        ep: 'wasm',
+        shares: 'even',
+        machines: `each worker tab a Chromium of its own pinned to core i % 2 with a CFS quota of ${o.share} of it (period ${PERIOD_US / 1000} ms), told it has one core; the dashboard's Chromium on core 0 unlimited`,
+      },
       machine: machine(machines.browserVersion),
       versions: versions(),
-      target: { ...TARGET, projected: { stepS: round(target.stepS, 2), computeS: round(target.computeS, 2), commS: round(target.commS, 2), exchangeOverCompute: round(target.ratio, 2) } },
+      target: {
+        ...TARGET,
+        projected: {
+          stepS: round(target.stepS, 2),
+          computeS: round(target.computeS, 2),
+          commS: round(target.commS, 2),
+          exchangeOverCompute: round(target.ratio, 2),
+        },
+      },
       emulateLink,
       calibration,
       /** the exchange over compute the emulated link gave at P = 2 in float32, against the target */
@@ -224,16 +379,39 @@ export async function runSlowLink(options: Partial<SlowLinkOptions> = {}) {
       guided: { one: guidedOne.result, ...guided },
       accuracy,
       meets: {
-        'displaced at P = 2 at least 1.5× faster than one machine (guidance 1)': oneMachine.result.stepMs / bestDisplaced(2) >= 1.5,
-        'displaced at P = 4 faster than at P = 2 (guidance 1)': o.degrees.includes(4) ? bestDisplaced(4) < bestDisplaced(2) : null,
-        [`P = 4 (CFG parallel × displaced i4) faster than P = 2 displaced i4 (guidance ${GUIDANCE})`]: step(guided['P=4 CFG parallel × displaced i4']) < step(guided['P=2 displaced i4']),
-        'displaced accuracy within 3 points of exact': accuracy ? Object.values(accuracy).every((a) => Math.abs(a.colorAccuracy - accuracy['exact (ulysses P=2)'].colorAccuracy) <= 0.03 && Math.abs(a.directionAccuracy - accuracy['exact (ulysses P=2)'].directionAccuracy) <= 0.03) : null,
+        'displaced at P = 2 at least 1.5× faster than one machine (guidance 1)':
+          oneMachine.result.stepMs / bestDisplaced(2) >= 1.5,
+        'displaced at P = 4 faster than at P = 2 (guidance 1)': o.degrees.includes(4)
+          ? bestDisplaced(4) < bestDisplaced(2)
+          : null,
+        [`P = 4 (CFG parallel × displaced i4) faster than P = 2 displaced i4 (guidance ${GUIDANCE})`]:
+          step(guided['P=4 CFG parallel × displaced i4']) < step(guided['P=2 displaced i4']),
+        'displaced accuracy within 3 points of exact': accuracy
+          ? Object.values(accuracy).every(
+              (a) =>
+                Math.abs(a.colorAccuracy - accuracy['exact (ulysses P=2)'].colorAccuracy) <= 0.03 &&
+                Math.abs(a.directionAccuracy - accuracy['exact (ulysses P=2)'].directionAccuracy) <= 0.03,
+            )
+          : null,
       },
       /** Ulysses in head groups against all heads at once, each transport and degree: how much faster, and the exchange hidden behind compute a step */
-      overlap: Object.fromEntries(o.degrees.flatMap((degree) => TRANSPORTS.map((dtype) => {
-        const [whole, grouped] = HEAD_GROUPS.map((g) => runs[ulyssesRow(degree, dtype, g)] as { stepMs: number; overlapMs: number });
-        return [ulyssesRow(degree, dtype, 1), { speedup: round(whole.stepMs / grouped.stepMs, 3), hiddenMs: grouped.overlapMs, hiddenMsInOneGroup: whole.overlapMs }];
-      }))),
+      overlap: Object.fromEntries(
+        o.degrees.flatMap((degree) =>
+          TRANSPORTS.map((dtype) => {
+            const [whole, grouped] = HEAD_GROUPS.map(
+              (g) => runs[ulyssesRow(degree, dtype, g)] as { stepMs: number; overlapMs: number },
+            );
+            return [
+              ulyssesRow(degree, dtype, 1),
+              {
+                speedup: round(whole.stepMs / grouped.stepMs, 3),
+                hiddenMs: grouped.overlapMs,
+                hiddenMsInOneGroup: whole.overlapMs,
+              },
+            ];
+          }),
+        ),
+      ),
     };
   } finally {
     await machines.close();
@@ -241,18 +419,25 @@ export async function runSlowLink(options: Partial<SlowLinkOptions> = {}) {
 }
 
 export function parseSlowLinkArgs(args: string[]): Partial<SlowLinkOptions> {
-  const { values } = parseArgs({ args, options: Object.fromEntries(Object.keys(DEFAULT_SLOW_LINK).map((k) => [k, { type: 'string' as const }])) });
+  const { values } = parseArgs({
+    args,
+    options: Object.fromEntries(Object.keys(DEFAULT_SLOW_LINK).map((k) => [k, { type: 'string' as const }])),
+  });
   const out: Partial<SlowLinkOptions> = {};
   for (const [k, v] of Object.entries(values)) {
     if (k === 'share') {
       const share = Number(v);
-      if (!(share > 0 && share <= 1)) throw new Error(`--share takes a fraction of a core, above 0 and at most 1, got ${v}`);
+      if (!(share > 0 && share <= 1))
+        throw new Error(`--share takes a fraction of a core, above 0 and at most 1, got ${v}`);
       out.share = share;
       continue;
     }
     const numbers = v!.split(',').map(Number);
     const least = k === 'accuracy' ? 0 : 1;
-    if (!numbers.every((n) => Number.isInteger(n) && n >= least)) throw new Error(`--${k} takes ${k === 'degrees' ? 'whole numbers ≥ 1, comma-separated' : `a whole number ≥ ${least}`}, got ${v}`);
+    if (!numbers.every((n) => Number.isInteger(n) && n >= least))
+      throw new Error(
+        `--${k} takes ${k === 'degrees' ? 'whole numbers ≥ 1, comma-separated' : `a whole number ≥ ${least}`}, got ${v}`,
+      );
     if (k === 'degrees') out.degrees = numbers;
     else out[k as Exclude<keyof SlowLinkOptions, 'degrees' | 'share'>] = numbers[0];
   }
@@ -262,5 +447,18 @@ export function parseSlowLinkArgs(args: string[]): Partial<SlowLinkOptions> {
 if (isMain(import.meta)) {
   const report = await runSlowLink(parseSlowLinkArgs(process.argv.slice(2)));
   writeReport('slow-link.json', report);
-  console.log(JSON.stringify({ emulatedRatio: report.emulatedRatio, emulateLink: report.emulateLink, runs: report.runs, guided: report.guided, accuracy: report.accuracy, meets: report.meets }, null, 2));
+  console.log(
+    JSON.stringify(
+      {
+        emulatedRatio: report.emulatedRatio,
+        emulateLink: report.emulateLink,
+        runs: report.runs,
+        guided: report.guided,
+        accuracy: report.accuracy,
+        meets: report.meets,
+      },
+      null,
+      2,
+    ),
+  );
 }

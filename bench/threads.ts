@@ -10,7 +10,19 @@ import { tokenGrid } from '../core/model/tokens.ts';
 import { latentShape, type JobParams } from '../core/job.ts';
 import { startLocalSwarm } from '../server/cli/browser-swarm.ts';
 import { JOB_FLAG_OPTIONS, jobFlagValues, type JobFlag } from '../server/cli/job-flags.ts';
-import { APP_MODEL_PATH, buildBenchPages, ensureBenchModel, isMain, log, machine, round, serveBenchFiles, versions, waitForQuietMachine, writeReport } from './lib.ts';
+import {
+  APP_MODEL_PATH,
+  buildBenchPages,
+  ensureBenchModel,
+  isMain,
+  log,
+  machine,
+  round,
+  serveBenchFiles,
+  versions,
+  waitForQuietMachine,
+  writeReport,
+} from './lib.ts';
 import { DEFAULT_SCALING } from './scaling.ts';
 
 /** two threads on one tab must beat one by this much (issue 13) */
@@ -35,11 +47,25 @@ export async function runThreads(options: Partial<Pick<JobParams, JobFlag>> = {}
   const machineAtStart = machine(swarm.browserVersion);
   try {
     await serveBenchFiles(swarm.dashboard.context());
-    const job = { prompt: 'a red ball bouncing on a wooden floor', frames: o.frames, height: o.height, width: o.width, steps: o.steps, guidance: o.guidance, seed: o.seed, backend: 'swarm', workers: 1, ep: 'wasm', model: APP_MODEL_PATH };
+    const job = {
+      prompt: 'a red ball bouncing on a wooden floor',
+      frames: o.frames,
+      height: o.height,
+      width: o.width,
+      steps: o.steps,
+      guidance: o.guidance,
+      seed: o.seed,
+      backend: 'swarm',
+      workers: 1,
+      ep: 'wasm',
+      model: APP_MODEL_PATH,
+    };
     const generate = async (label: string) => {
       const load = await waitForQuietMachine();
       log(`${label}: generating… (load ${load.loadAverage1m})`);
-      const { report } = (await swarm.dashboard.evaluate((j) => (window as any).ditswarm.generate(j), job)) as { report: Report };
+      const { report } = (await swarm.dashboard.evaluate((j) => (window as any).ditswarm.generate(j), job)) as {
+        report: Report;
+      };
       // the last step: the first also pays onnxruntime's first-run allocations
       const stepMs = report.steps[report.steps.length - 1].ms;
       const predictedStepMs = report.plan?.predictedStepMs ?? null;
@@ -69,7 +95,20 @@ export async function runThreads(options: Partial<Pick<JobParams, JobFlag>> = {}
       benchmark: 'threads',
       date: new Date(started).toISOString(),
       durationS: round((Date.now() - started) / 1000, 1),
-      config: { model: { path: 'bench/out/models/bench-wan', ...model }, tokens, frames: o.frames, height: o.height, width: o.width, steps: o.steps, guidance: o.guidance, seed: o.seed, backend: 'swarm', ep: 'wasm', degree: 1, stepMsIs: 'the last step of each run' },
+      config: {
+        model: { path: 'bench/out/models/bench-wan', ...model },
+        tokens,
+        frames: o.frames,
+        height: o.height,
+        width: o.width,
+        steps: o.steps,
+        guidance: o.guidance,
+        seed: o.seed,
+        backend: 'swarm',
+        ep: 'wasm',
+        degree: 1,
+        stepMsIs: 'the last step of each run',
+      },
       machine: { ...machineAtStart, loadAverage1mAtEnd: machine().loadAverage1m },
       versions: versions(),
       alone: { ...alone, workerPages: shownAlone },
@@ -79,7 +118,9 @@ export async function runThreads(options: Partial<Pick<JobParams, JobFlag>> = {}
       meets: {
         [`alone at least ${MIN_SPEEDUP}× faster`]: speedup >= MIN_SPEEDUP,
         'beside another tab: one thread each': beside.threads === 1 && shownBeside.every((t) => t?.startsWith('1 of')),
-        [`predictions within ${MAX_PREDICTION_ERROR * 100}%`]: errors.every((e) => e !== null && Math.abs(e) <= MAX_PREDICTION_ERROR),
+        [`predictions within ${MAX_PREDICTION_ERROR * 100}%`]: errors.every(
+          (e) => e !== null && Math.abs(e) <= MAX_PREDICTION_ERROR,
+        ),
       },
     };
   } finally {
@@ -94,5 +135,11 @@ export function parseThreadsArgs(args: string[]): Partial<Pick<JobParams, JobFla
 if (isMain(import.meta)) {
   const report = await runThreads(parseThreadsArgs(process.argv.slice(2)));
   writeReport('threads.json', report);
-  console.log(JSON.stringify({ alone: report.alone, beside: report.beside, speedup: report.speedup, meets: report.meets }, null, 2));
+  console.log(
+    JSON.stringify(
+      { alone: report.alone, beside: report.beside, speedup: report.speedup, meets: report.meets },
+      null,
+      2,
+    ),
+  );
 }

@@ -13,7 +13,18 @@ import { parseArgs } from 'node:util';
 import { latentShape } from '../core/job.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
 import { DEFAULT_SPOT_CHECK_RATE } from '../coordinator/spot-check.ts';
-import { APP_MODEL_PATH, buildBenchPages, ensureBenchModel, isMain, log, machine, median, round, versions, writeReport } from './lib.ts';
+import {
+  APP_MODEL_PATH,
+  buildBenchPages,
+  ensureBenchModel,
+  isMain,
+  log,
+  machine,
+  median,
+  round,
+  versions,
+  writeReport,
+} from './lib.ts';
 import { PERIOD_US, startMachines } from './machines.ts';
 
 /** the uneven plan's step must beat the even plan's by this much (issue 18) */
@@ -32,7 +43,15 @@ export interface UnevenOptions {
   steps: number;
 }
 
-export const DEFAULT_UNEVEN: UnevenOptions = { spotCheckRate: 1, fastShare: 0.75, slowShare: 0.4, frames: 9, height: 256, width: 256, steps: 3 };
+export const DEFAULT_UNEVEN: UnevenOptions = {
+  spotCheckRate: 1,
+  fastShare: 0.75,
+  slowShare: 0.4,
+  frames: 9,
+  height: 256,
+  width: 256,
+  steps: 3,
+};
 interface Report {
   steps: { ms: number; ranks: { rank: number; worker: string; computeMs: number }[] }[];
   spotChecks: { step: number; ms: number; verdict: unknown }[];
@@ -46,7 +65,9 @@ export async function runUneven(options: Partial<UnevenOptions> = {}) {
   const model = ensureBenchModel();
   await buildBenchPages();
   const tokens = tokenGrid(model, latentShape(o, model.inChannels)).count;
-  log(`uneven: bench-wan (D ${model.dim}, ${model.numLayers} blocks, ${model.numHeads} heads), ${tokens} tokens, ${o.steps} steps; tabs on ${o.fastShare}, ${o.fastShare} and ${o.slowShare} of a core`);
+  log(
+    `uneven: bench-wan (D ${model.dim}, ${model.numLayers} blocks, ${model.numHeads} heads), ${tokens} tokens, ${o.steps} steps; tabs on ${o.fastShare}, ${o.fastShare} and ${o.slowShare} of a core`,
+  );
   const started = Date.now();
   // core 0: the dashboard and a fast tab; core 1: the other fast tab and the slow one. The fast
   // tabs join first: ranks 0 and 1, and one rank alone runs on the first of them
@@ -58,14 +79,31 @@ export async function runUneven(options: Partial<UnevenOptions> = {}) {
   const { dashboard } = machines;
   try {
     // no spot checks but in the run that measures them: they would blur the comparison of shares
-    const job = { prompt: 'a red ball bouncing on a wooden floor', frames: o.frames, height: o.height, width: o.width, steps: o.steps, guidance: 1, seed: 7, backend: 'swarm', ep: 'wasm', model: APP_MODEL_PATH, spotCheckRate: 0 };
+    const job = {
+      prompt: 'a red ball bouncing on a wooden floor',
+      frames: o.frames,
+      height: o.height,
+      width: o.width,
+      steps: o.steps,
+      guidance: 1,
+      seed: 7,
+      backend: 'swarm',
+      ep: 'wasm',
+      model: APP_MODEL_PATH,
+      spotCheckRate: 0,
+    };
     const run = async (label: string, placement: Record<string, unknown>) => {
       log(`${label}: generating…`);
-      const { report, latent } = (await dashboard.evaluate((j) => (window as any).ditswarm.generate(j), { ...job, ...placement })) as { report: Report; latent: string };
+      const { report, latent } = (await dashboard.evaluate((j) => (window as any).ditswarm.generate(j), {
+        ...job,
+        ...placement,
+      })) as { report: Report; latent: string };
       const bytes = Buffer.from(latent, 'base64');
       const values = new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
       const ranks = report.steps[0].ranks.map((r) => r.rank);
-      const computeMs = ranks.map((rank) => round(median(report.steps.map((s) => s.ranks.find((r) => r.rank === rank)!.computeMs)), 1));
+      const computeMs = ranks.map((rank) =>
+        round(median(report.steps.map((s) => s.ranks.find((r) => r.rank === rank)!.computeMs)), 1),
+      );
       const result = {
         stepMs: round(report.medianStepMs, 1),
         stepsMs: report.steps.map((s) => round(s.ms, 1)),
@@ -77,8 +115,13 @@ export async function runUneven(options: Partial<UnevenOptions> = {}) {
         /** forwards recomputed to spot-check the ranks (the default rate), their time, and its share of the steps' */
         spotChecks: {
           count: report.spotChecks.length,
-          ms: round(report.spotChecks.reduce((t, c) => t + c.ms, 0), 1),
-          shareOfSteps: round(report.spotChecks.reduce((t, c) => t + c.ms, 0) / report.steps.reduce((t, s) => t + s.ms, 0)),
+          ms: round(
+            report.spotChecks.reduce((t, c) => t + c.ms, 0),
+            1,
+          ),
+          shareOfSteps: round(
+            report.spotChecks.reduce((t, c) => t + c.ms, 0) / report.steps.reduce((t, s) => t + s.ms, 0),
+          ),
         },
       };
       log(`${label}: ${JSON.stringify(result)}`);
@@ -88,13 +131,22 @@ export async function runUneven(options: Partial<UnevenOptions> = {}) {
     const even = await run('three tabs, even shares', { workers: 3, shares: 'even' });
     const bySpeed = await run('three tabs, shares by speed', { workers: 3, shares: 'speed' });
     const auto = await run("three tabs, 'auto'", { workers: 'auto' });
-    const checked = await run(`three tabs, shares by speed, spot checks at rate ${o.spotCheckRate}`, { workers: 3, shares: 'speed', spotCheckRate: o.spotCheckRate });
+    const checked = await run(`three tabs, shares by speed, spot checks at rate ${o.spotCheckRate}`, {
+      workers: 3,
+      shares: 'speed',
+      spotCheckRate: o.spotCheckRate,
+    });
     const maxAbs = (a: Float32Array) => a.reduce((m, v, i) => Math.max(m, Math.abs(v - one.values[i])), 0);
     // with even shares every rank does the same work: its compute time is its speed
     const [r0, r1, r2] = even.result.rankComputeMs;
     const slowdown = round(r2 / ((r0 + r1) / 2), 2);
     const gain = round(even.result.stepMs / bySpeed.result.stepMs, 2);
-    const parity = { even: maxAbs(even.values), bySpeed: maxAbs(bySpeed.values), auto: maxAbs(auto.values), checked: maxAbs(checked.values) };
+    const parity = {
+      even: maxAbs(even.values),
+      bySpeed: maxAbs(bySpeed.values),
+      auto: maxAbs(auto.values),
+      checked: maxAbs(checked.values),
+    };
     return {
       benchmark: 'uneven',
       date: new Date(started).toISOString(),
@@ -115,9 +167,14 @@ export async function runUneven(options: Partial<UnevenOptions> = {}) {
       /** what spot checks cost: a check's time, and the step's growth at the checked run's rate, over the same plan unchecked */
       spotCheckCost: {
         rate: o.spotCheckRate,
-        msPerCheck: checked.result.spotChecks.count ? round(checked.result.spotChecks.ms / checked.result.spotChecks.count, 1) : null,
+        msPerCheck: checked.result.spotChecks.count
+          ? round(checked.result.spotChecks.ms / checked.result.spotChecks.count, 1)
+          : null,
         stepGrowth: round(checked.result.stepMs / bySpeed.result.stepMs - 1),
-        atDefaultRate: round((checked.result.stepMs / bySpeed.result.stepMs - 1) * (DEFAULT_SPOT_CHECK_RATE / Math.max(o.spotCheckRate, 1e-9))),
+        atDefaultRate: round(
+          (checked.result.stepMs / bySpeed.result.stepMs - 1) *
+            (DEFAULT_SPOT_CHECK_RATE / Math.max(o.spotCheckRate, 1e-9)),
+        ),
       },
       /** the even plan's step over the uneven plan's */
       gain,
@@ -133,12 +190,16 @@ export async function runUneven(options: Partial<UnevenOptions> = {}) {
 }
 
 export function parseUnevenArgs(args: string[]): Partial<UnevenOptions> {
-  const { values } = parseArgs({ args, options: Object.fromEntries(Object.keys(DEFAULT_UNEVEN).map((k) => [k, { type: 'string' as const }])) });
+  const { values } = parseArgs({
+    args,
+    options: Object.fromEntries(Object.keys(DEFAULT_UNEVEN).map((k) => [k, { type: 'string' as const }])),
+  });
   const out: Partial<UnevenOptions> = {};
   for (const [k, v] of Object.entries(values)) {
     const n = Number(v);
     const fraction = k === 'spotCheckRate' || k === 'fastShare' || k === 'slowShare';
-    if (fraction ? !(n >= 0 && n <= 1) || (k !== 'spotCheckRate' && n === 0) : !Number.isInteger(n) || n < 0) throw new Error(`--${k} takes ${fraction ? 'a fraction from 0 to 1' : 'a whole number'}, got ${v}`);
+    if (fraction ? !(n >= 0 && n <= 1) || (k !== 'spotCheckRate' && n === 0) : !Number.isInteger(n) || n < 0)
+      throw new Error(`--${k} takes ${fraction ? 'a fraction from 0 to 1' : 'a whole number'}, got ${v}`);
     out[k as keyof UnevenOptions] = n;
   }
   return out;
@@ -147,5 +208,17 @@ export function parseUnevenArgs(args: string[]): Partial<UnevenOptions> {
 if (isMain(import.meta)) {
   const report = await runUneven(parseUnevenArgs(process.argv.slice(2)));
   writeReport('uneven.json', report);
-  console.log(JSON.stringify({ measuredSlowdown: report.measuredSlowdown, runs: report.runs, gain: report.gain, parity: report.parityMaxAbs, meets: report.meets }, null, 2));
+  console.log(
+    JSON.stringify(
+      {
+        measuredSlowdown: report.measuredSlowdown,
+        runs: report.runs,
+        gain: report.gain,
+        parity: report.parityMaxAbs,
+        meets: report.meets,
+      },
+      null,
+      2,
+    ),
+  );
 }

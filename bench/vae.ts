@@ -13,7 +13,15 @@ import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import * as ort from 'onnxruntime-web';
-import { cacheBytes, decodeTileReference, decoderPlan, openWanVae, tilesOf, TILE_PIXELS, TILE_STRIDE_PIXELS } from '../core/model/wan-vae.ts';
+import {
+  cacheBytes,
+  decodeTileReference,
+  decoderPlan,
+  openWanVae,
+  tilesOf,
+  TILE_PIXELS,
+  TILE_STRIDE_PIXELS,
+} from '../core/model/wan-vae.ts';
 import { SeededRandom } from '../core/random.ts';
 import { maxAbsDiff, type Tensor } from '../core/tensor.ts';
 import { largestTileTensorBytes } from '../coordinator/vae-decoding.ts';
@@ -37,11 +45,18 @@ export interface VaeBenchOptions {
 function ensureModel(dir: string): void {
   if (existsSync(join(dir, 'vae/diffusion_pytorch_model.safetensors'))) return;
   log(`writing the published layout into ${dir} (make-model --preset wan2.1-few-layers, 4.3 GB)…`);
-  const made = spawnSync(process.execPath, ['--import', 'tsx', 'server/cli/make-model.ts', '--preset', 'wan2.1-few-layers', '--out', dir], { cwd: ROOT, stdio: 'inherit' });
+  const made = spawnSync(
+    process.execPath,
+    ['--import', 'tsx', 'server/cli/make-model.ts', '--preset', 'wan2.1-few-layers', '--out', dir],
+    { cwd: ROOT, stdio: 'inherit' },
+  );
   if (made.status !== 0) throw new Error(`make-model failed with status ${made.status}`);
 }
 
-const latentOf = (shape: number[], seed: number): Tensor => ({ shape, data: new SeededRandom(seed).normals(shape.reduce((a, b) => a * b, 1)) });
+const latentOf = (shape: number[], seed: number): Tensor => ({
+  shape,
+  data: new SeededRandom(seed).normals(shape.reduce((a, b) => a * b, 1)),
+});
 
 async function parity(model: string) {
   const vae = await openWanVae(folderFiles(model));
@@ -50,7 +65,10 @@ async function parity(model: string) {
   const decoder = await onnxVaeDecoder(vae.config, tensors, 'wasm');
   const cases = [];
   try {
-    for (const [h, w] of [[4, 4], [6, 10]])
+    for (const [h, w] of [
+      [4, 4],
+      [6, 10],
+    ])
       for (const T of [1, 2, 3]) {
         const latent = latentOf([vae.config.zDim, T, h, w], 100 * T + h);
         let started = performance.now();
@@ -61,8 +79,18 @@ async function parity(model: string) {
         const referenceMs = performance.now() - started;
         const maxAbs = maxAbsDiff(onnx.data, reference.data);
         const scale = reference.data.reduce((m, v) => Math.max(m, Math.abs(v)), 0);
-        const c = { latent: latent.shape, video: [3, onnx.frames, onnx.height, onnx.width], maxAbs, scale: round(scale), onnxMs: Math.round(onnxMs), referenceMs: Math.round(referenceMs), within: maxAbs <= MAX_ABS_ERROR };
-        log(`vae parity: latent [${c.latent}] → video [${c.video}]: max |onnx − reference| ${maxAbs.toExponential(2)} (values up to ${c.scale}); onnx ${c.onnxMs} ms, reference ${c.referenceMs} ms`);
+        const c = {
+          latent: latent.shape,
+          video: [3, onnx.frames, onnx.height, onnx.width],
+          maxAbs,
+          scale: round(scale),
+          onnxMs: Math.round(onnxMs),
+          referenceMs: Math.round(referenceMs),
+          within: maxAbs <= MAX_ABS_ERROR,
+        };
+        log(
+          `vae parity: latent [${c.latent}] → video [${c.video}]: max |onnx − reference| ${maxAbs.toExponential(2)} (values up to ${c.scale}); onnx ${c.onnxMs} ms, reference ${c.referenceMs} ms`,
+        );
         cases.push(c);
       }
   } finally {
@@ -79,7 +107,10 @@ async function tile(model: string, latentFrames: number) {
   const load = await waitForQuietMachine();
   const swarm = await startLocalSwarm({ workers: 1, modelFolders: { [LOCAL_MODEL_PATH]: model }, log });
   try {
-    const args = { model: LOCAL_MODEL_PATH, latent: { shape: latent.shape, base64: Buffer.from(latent.data.buffer).toString('base64') } };
+    const args = {
+      model: LOCAL_MODEL_PATH,
+      latent: { shape: latent.shape, base64: Buffer.from(latent.data.buffer).toString('base64') },
+    };
     const run = () => swarm.dashboard.evaluate((a) => (window as any).ditswarm.decode(a), args);
     const first = await run(); // reads the weights, builds the sessions
     const started = Date.now();
@@ -130,11 +161,20 @@ export async function runVae(o: VaeBenchOptions) {
 }
 
 export function parseVaeArgs(args: string[]): VaeBenchOptions {
-  const { values } = parseArgs({ args, options: { model: { type: 'string', default: FEW_LAYERS_MODEL_DIR }, only: { type: 'string' }, 'tile-frames': { type: 'string', default: '2' } } });
+  const { values } = parseArgs({
+    args,
+    options: {
+      model: { type: 'string', default: FEW_LAYERS_MODEL_DIR },
+      only: { type: 'string' },
+      'tile-frames': { type: 'string', default: '2' },
+    },
+  });
   const tileFrames = Number(values['tile-frames']);
-  if (!Number.isInteger(tileFrames) || tileFrames < 1) throw new Error(`--tile-frames must be a whole number ≥ 1, got ${values['tile-frames']}`);
-  if (values.only !== undefined && values.only !== 'parity' && values.only !== 'tile') throw new Error(`--only must be parity or tile, got ${values.only}`);
-  return { model: values.model!, parts: values.only ? [values.only] : ['parity', 'tile'], tileFrames };
+  if (!Number.isInteger(tileFrames) || tileFrames < 1)
+    throw new Error(`--tile-frames must be a whole number ≥ 1, got ${values['tile-frames']}`);
+  if (values.only !== undefined && values.only !== 'parity' && values.only !== 'tile')
+    throw new Error(`--only must be parity or tile, got ${values.only}`);
+  return { model: values.model, parts: values.only ? [values.only] : ['parity', 'tile'], tileFrames };
 }
 
 if (isMain(import.meta)) writeReport('vae.json', await runVae(parseVaeArgs(process.argv.slice(2))));

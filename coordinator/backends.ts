@@ -19,7 +19,12 @@ export function getExecutorClass(backend: string): typeof LocalExecutor | typeof
 }
 
 /** An executor of `backend` over `options.layout`; the swarm backend places its ranks on `workers` of `swarm`, in order. */
-export function createExecutor(backend: Backend, options: ExecutorOptions, swarm?: Swarm, workers: SwarmWorker[] = []): LocalExecutor | SwarmExecutor {
+export function createExecutor(
+  backend: Backend,
+  options: ExecutorOptions,
+  swarm?: Swarm,
+  workers: SwarmWorker[] = [],
+): LocalExecutor | SwarmExecutor {
   const Class = getExecutorClass(backend);
   if (Class === SwarmExecutor) {
     if (!swarm) throw new Error('the swarm backend needs a Swarm: pass one from openSwarm()');

@@ -9,9 +9,22 @@ import { ContractError } from '../core/net/check.ts';
 import type { DType } from '../core/net/protocol.ts';
 import type { LinkEmulation } from '../core/net/paced-channel.ts';
 import { RemoteError, RpcTimeout, type Remote } from '../core/net/rpc.ts';
-import { gatherLatent, planUlysses, scatterLatent, type ParallelMode, type RankLayout, type UlyssesPlan } from '../core/parallel.ts';
+import {
+  gatherLatent,
+  planUlysses,
+  scatterLatent,
+  type ParallelMode,
+  type RankLayout,
+  type UlyssesPlan,
+} from '../core/parallel.ts';
 import { patchify, tokenGrid } from '../core/model/tokens.ts';
-import { DEFAULT_SPOT_CHECK_RATE, judgeSpotCheck, spotCheckSchedule, spotCheckTolerance, type SpotCheck } from './spot-check.ts';
+import {
+  DEFAULT_SPOT_CHECK_RATE,
+  judgeSpotCheck,
+  spotCheckSchedule,
+  spotCheckTolerance,
+  type SpotCheck,
+} from './spot-check.ts';
 import { guide } from '../core/scheduler.ts';
 import type { Tensor } from '../core/tensor.ts';
 import {
@@ -78,7 +91,8 @@ export const LOAD_TIMEOUT_MS = 30 * 60_000;
 export const loadTimeoutMs = (rpcTimeoutMs = 0): number => Math.max(LOAD_TIMEOUT_MS, rpcTimeoutMs);
 
 /** The larger of two measurements, either of which may be missing. */
-export const maxOrNull = (a: number | null, b: number | null): number | null => (a === null ? b : b === null ? a : Math.max(a, b));
+export const maxOrNull = (a: number | null, b: number | null): number | null =>
+  a === null ? b : b === null ? a : Math.max(a, b);
 
 export interface RankReport {
   rank: number;
@@ -116,7 +130,9 @@ export class TimeoutError extends Error {
     readonly silentRanks: number[],
     timeoutMs: number,
   ) {
-    super(`${method} timed out after ${timeoutMs} ms waiting for rank${silentRanks.length > 1 ? 's' : ''} ${silentRanks.join(', ')}`);
+    super(
+      `${method} timed out after ${timeoutMs} ms waiting for rank${silentRanks.length > 1 ? 's' : ''} ${silentRanks.join(', ')}`,
+    );
   }
 }
 
@@ -191,22 +207,40 @@ export abstract class Executor {
 
   async initialize(): Promise<void> {
     const peers = await this.place();
-    if (peers.length !== this.layout.world) throw new Error(`the layout needs ${this.layout.world} ranks but ${peers.length} were placed`);
+    if (peers.length !== this.layout.world)
+      throw new Error(`the layout needs ${this.layout.world} ranks but ${peers.length} were placed`);
     this.placed = true;
     const session = `${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 8)}`;
     const dtype = this.options.dtype ?? 'f32';
     const { emulateLink, headGroups = 1 } = this.options;
     const parallel = this.options.parallel ?? 'ulysses';
-    await this.collectiveRpc('initWorker', { args: (rank) => ({ ...this.layout.meshOf(rank, peers, session), dtype, parallel, headGroups, ...(emulateLink && { emulateLink }) }) });
+    await this.collectiveRpc('initWorker', {
+      args: (rank) => ({
+        ...this.layout.meshOf(rank, peers, session),
+        dtype,
+        parallel,
+        headGroups,
+        ...(emulateLink && { emulateLink }),
+      }),
+    });
     const infos = await this.collectiveRpc('describe');
-    const loaded = await this.collectiveRpc('loadModel', { args: { modelUrl: this.options.modelUrl, ep: this.options.ep ?? 'auto' }, timeoutMs: loadTimeoutMs(this.rpcTimeoutMs) });
+    const loaded = await this.collectiveRpc('loadModel', {
+      args: { modelUrl: this.options.modelUrl, ep: this.options.ep ?? 'auto' },
+      timeoutMs: loadTimeoutMs(this.rpcTimeoutMs),
+    });
     this.workers = infos.map((info, rank) => ({ ...info, ...loaded[rank], id: peers[rank] }));
   }
 
   /** Runs a worker method on every rank (or `ranks`): all replies in rank order, or only `uniqueReplyRank`'s. */
-  collectiveRpc<M extends WorkerMethod>(method: M, options: RpcOptions<M> & { uniqueReplyRank: number }): Promise<ReplyOf<M>>;
+  collectiveRpc<M extends WorkerMethod>(
+    method: M,
+    options: RpcOptions<M> & { uniqueReplyRank: number },
+  ): Promise<ReplyOf<M>>;
   collectiveRpc<M extends WorkerMethod>(method: M, options?: RpcOptions<M>): Promise<ReplyOf<M>[]>;
-  async collectiveRpc<M extends WorkerMethod>(method: M, options: RpcOptions<M> = {}): Promise<ReplyOf<M> | ReplyOf<M>[]> {
+  async collectiveRpc<M extends WorkerMethod>(
+    method: M,
+    options: RpcOptions<M> = {},
+  ): Promise<ReplyOf<M> | ReplyOf<M>[]> {
     if (this.world === 0) throw new Error(`${method} needs ranks: call initialize() first`);
     const only = options.uniqueReplyRank;
     // checked before any rank runs the method, so a bad call has no side effects on the workers
@@ -215,7 +249,8 @@ export abstract class Executor {
     }
     const timeoutMs = options.timeoutMs ?? this.rpcTimeoutMs;
     const ranks = options.ranks ?? Array.from({ length: this.world }, (_, r) => r);
-    const argsFor = (rank: number) => (typeof options.args === 'function' ? options.args(rank) : (options.args ?? {}) as ArgsOf<M>);
+    const argsFor = (rank: number) =>
+      typeof options.args === 'function' ? options.args(rank) : ((options.args ?? {}) as ArgsOf<M>);
     // Fails fast on the first rank that errs (a lost rank must not leave the others' calls hanging);
     // timeouts all fall due together and are reported as one TimeoutError naming every silent rank.
     const replies = await new Promise<ReplyOf<M>[]>((resolve, reject) => {
@@ -224,7 +259,14 @@ export abstract class Executor {
       let pending = ranks.length;
       const settle = () => {
         if (--pending > 0) return;
-        if (silent.length) reject(new TimeoutError(method, silent.sort((a, b) => a - b), timeoutMs));
+        if (silent.length)
+          reject(
+            new TimeoutError(
+              method,
+              silent.sort((a, b) => a - b),
+              timeoutMs,
+            ),
+          );
         else resolve(results);
       };
       ranks.forEach((rank, i) => {
@@ -245,7 +287,12 @@ export abstract class Executor {
   }
 
   /** Calls one rank's method; rejects with RpcTimeout or the remote error. */
-  protected callRank<M extends WorkerMethod>(rank: number, method: M, args: ArgsOf<M>, timeoutMs: number): Promise<ReplyOf<M>> {
+  protected callRank<M extends WorkerMethod>(
+    rank: number,
+    method: M,
+    args: ArgsOf<M>,
+    timeoutMs: number,
+  ): Promise<ReplyOf<M>> {
     const worker = this.remoteOf(rank);
     if (!worker) return Promise.reject(new Error(`no rank ${rank}: this executor has ${this.world} ranks`));
     return callWorker(worker, method, args, timeoutMs);
@@ -259,7 +306,8 @@ export abstract class Executor {
     if (reason instanceof RemoteError && reason.detail !== undefined) {
       try {
         const said = checkRankLost(reason.detail, 'blame');
-        if (said.rank < this.layout.ulyssesDegree) blame = { ...said, rank: this.layout.globalRank(this.layout.groupOf(rank), said.rank) };
+        if (said.rank < this.layout.ulyssesDegree)
+          blame = { ...said, rank: this.layout.globalRank(this.layout.groupOf(rank), said.rank) };
       } catch {
         // blame that breaks the contract is dropped; the error's text still says what happened
       }
@@ -270,7 +318,9 @@ export abstract class Executor {
   /** Gives every rank the job's text embeddings (conditional, then unconditional) and latent shape. */
   async prepareJob(job: number, texts: Float32Array[], latentShape: number[]): Promise<void> {
     // a rank names a silent peer within half the coordinator's patience for a forward: before that runs out
-    await this.collectiveRpc('prepareJob', { args: { job, texts, latentShape, exchangeTimeoutMs: Math.round(this.rpcTimeoutMs / 2) } });
+    await this.collectiveRpc('prepareJob', {
+      args: { job, texts, latentShape, exchangeTimeoutMs: Math.round(this.rpcTimeoutMs / 2) },
+    });
     this.lastStepOf.clear(); // a prepared job's ranks hold no keys and values
     // a worker takes up a new share of its machine's cores as it prepares a job: report the threads it has now
     const infos = await this.collectiveRpc('describe');
@@ -313,23 +363,53 @@ export abstract class Executor {
     const rowWidth = config.outChannels * config.patchSize.reduce((a, b) => a * b, 1);
     results.forEach((r: ExecuteResult, i) => {
       if (r.rows.length !== plan.rows[i] * rowWidth) {
-        throw new WorkerError(ranks[i], 'executeModel', `returned ${r.rows.length} values; its share is ${plan.rows[i]}×${rowWidth}`, null, true);
+        throw new WorkerError(
+          ranks[i],
+          'executeModel',
+          `returned ${r.rows.length} values; its share is ${plan.rows[i]}×${rowWidth}`,
+          null,
+          true,
+        );
       }
       // well-formed garbage would go into the latent, the checkpoint and the video (as black)
-      if (!r.rows.every(Number.isFinite)) throw new WorkerError(ranks[i], 'executeModel', 'returned NaN or infinite values', null, true);
+      if (!r.rows.every(Number.isFinite))
+        throw new WorkerError(ranks[i], 'executeModel', 'returned NaN or infinite values', null, true);
     });
     // well-formed, finite and plausible, and still wrong: now and then another rank recomputes the pass
-    if (checked) await this.spotCheck(request, plan, ranks, results.map((r) => r.rows), rowWidth);
+    if (checked)
+      await this.spotCheck(
+        request,
+        plan,
+        ranks,
+        results.map((r) => r.rows),
+        rowWidth,
+      );
     return {
-      output: gatherLatent(config, plan, results.map((r) => r.rows), request.latent.shape),
-      ranks: results.map((r, i) => ({ rank: ranks[i], worker: this.workers[ranks[i]]?.id ?? '', computeMs: r.computeMs, commMs: r.commMs, overlapMs: r.overlapMs, bytesSent: r.bytesSent, peakMemoryBytes: r.peakMemoryBytes })),
+      output: gatherLatent(
+        config,
+        plan,
+        results.map((r) => r.rows),
+        request.latent.shape,
+      ),
+      ranks: results.map((r, i) => ({
+        rank: ranks[i],
+        worker: this.workers[ranks[i]]?.id ?? '',
+        computeMs: r.computeMs,
+        commMs: r.commMs,
+        overlapMs: r.overlapMs,
+        bytesSent: r.bytesSent,
+        peakMemoryBytes: r.peakMemoryBytes,
+      })),
     };
   }
 
   /** Whether this forward attends to stale keys and values (displaced mode past its warm-up, the ranks holding the step before's). */
   private stale(request: ForwardRequest, checked: boolean): boolean {
     if (this.options.parallel !== 'displaced' || checked) return false;
-    return request.step >= (this.options.warmupSteps ?? DEFAULT_WARMUP_STEPS) && this.lastStepOf.get(request.pass) === request.step - 1;
+    return (
+      request.step >= (this.options.warmupSteps ?? DEFAULT_WARMUP_STEPS) &&
+      this.lastStepOf.get(request.pass) === request.step - 1
+    );
   }
 
   /**
@@ -337,10 +417,23 @@ export abstract class Executor {
    * a rank convicted is thrown as a breach (with its co-accused as blame), so the placer lets it go
    * and the step runs again without it.
    */
-  private async spotCheck(request: ForwardRequest, plan: UlyssesPlan, ranks: number[], parts: Float32Array[], width: number): Promise<void> {
+  private async spotCheck(
+    request: ForwardRequest,
+    plan: UlyssesPlan,
+    ranks: number[],
+    parts: Float32Array[],
+    width: number,
+  ): Promise<void> {
     const started = performance.now();
     const { config } = this.options;
-    const args = { job: request.job, step: request.step, pass: request.pass, timestep: request.timestep, latentShape: request.latent.shape, patches: patchify(config, request.latent).data };
+    const args = {
+      job: request.job,
+      step: request.step,
+      pass: request.pass,
+      timestep: request.timestep,
+      latentShape: request.latent.shape,
+      patches: patchify(config, request.latent).data,
+    };
     const anyRankBut = (out: number[]) => {
       const free = Array.from({ length: this.world }, (_, r) => r).filter((r) => !out.includes(r));
       return free.length ? free[Math.floor(Math.random() * free.length)] : null;
@@ -349,7 +442,14 @@ export abstract class Executor {
       const { rows } = await this.callRank(rank, 'recompute', args, this.rpcTimeoutMs).catch((e: unknown) => {
         throw this.workerError(rank, 'recompute', e);
       });
-      if (rows.length !== plan.tokens * width || !rows.every(Number.isFinite)) throw new WorkerError(rank, 'recompute', `returned ${rows.length} values${rows.every(Number.isFinite) ? '' : ' with NaN or infinite ones'}, not ${plan.tokens}×${width}`, null, true);
+      if (rows.length !== plan.tokens * width || !rows.every(Number.isFinite))
+        throw new WorkerError(
+          rank,
+          'recompute',
+          `returned ${rows.length} values${rows.every(Number.isFinite) ? '' : ' with NaN or infinite ones'}, not ${plan.tokens}×${width}`,
+          null,
+          true,
+        );
       return { rank, rows };
     };
     const checker = await recompute(anyRankBut([])!);
@@ -359,13 +459,34 @@ export abstract class Executor {
     if (judged.verdict !== 'agreed') {
       // a rank independent of both the checker and the suspect decides
       third = anyRankBut([checker.rank, judged.verdict.convicted[0]]);
-      if (third !== null) judged = judgeSpotCheck(plan, ranks, parts, width, checker, await recompute(third), tolerance);
+      if (third !== null)
+        judged = judgeSpotCheck(plan, ranks, parts, width, checker, await recompute(third), tolerance);
     }
-    this.spotChecks.push({ step: request.step, pass: request.pass, checker: checker.rank, third, ...judged, ms: performance.now() - started });
+    this.spotChecks.push({
+      step: request.step,
+      pass: request.pass,
+      checker: checker.rank,
+      third,
+      ...judged,
+      ms: performance.now() - started,
+    });
     if (judged.verdict === 'agreed') return;
     const [convicted, alsoConvicted] = judged.verdict.convicted;
-    const blame: RankLost | null = alsoConvicted === undefined ? null : { rank: alsoConvicted, cause: 'misbehaved', evidence: `a spot check of step ${request.step + 1}: ${judged.verdict.why}` };
-    throw new WorkerError(convicted, 'spot check', `step ${request.step + 1}${request.pass ? ' (unconditional)' : ''}: ${judged.verdict.why}`, blame, true);
+    const blame: RankLost | null =
+      alsoConvicted === undefined
+        ? null
+        : {
+            rank: alsoConvicted,
+            cause: 'misbehaved',
+            evidence: `a spot check of step ${request.step + 1}: ${judged.verdict.why}`,
+          };
+    throw new WorkerError(
+      convicted,
+      'spot check',
+      `step ${request.step + 1}${request.pass ? ' (unconditional)' : ''}: ${judged.verdict.why}`,
+      blame,
+      true,
+    );
   }
 
   /**
@@ -374,18 +495,28 @@ export abstract class Executor {
    * on one group of several ranks at the same time too, so that while one pass waits for its
    * all-to-all the ranks compute the other's (their engines take the two passes' stages in turn).
    */
-  async velocity(at: Omit<ForwardRequest, 'pass'>, guidance: number): Promise<{ velocity: Float32Array; ranks: RankReport[] }> {
+  async velocity(
+    at: Omit<ForwardRequest, 'pass'>,
+    guidance: number,
+  ): Promise<{ velocity: Float32Array; ranks: RankReport[] }> {
     if (!usesGuidance({ guidance })) {
       const cond = await this.executeModel({ ...at, pass: 0 });
       return { velocity: cond.output.data, ranks: cond.ranks };
     }
     if (this.layout.cfgParallel) {
-      const [cond, uncond] = await Promise.all([this.executeModel({ ...at, pass: 0 }), this.executeModel({ ...at, pass: 1 })]);
-      return { velocity: guide(cond.output.data, uncond.output.data, guidance), ranks: [...cond.ranks, ...uncond.ranks] };
+      const [cond, uncond] = await Promise.all([
+        this.executeModel({ ...at, pass: 0 }),
+        this.executeModel({ ...at, pass: 1 }),
+      ]);
+      return {
+        velocity: guide(cond.output.data, uncond.output.data, guidance),
+        ranks: [...cond.ranks, ...uncond.ranks],
+      };
     }
-    const [cond, uncond] = this.layout.ulyssesDegree > 1
-      ? await Promise.all([this.executeModel({ ...at, pass: 0 }), this.executeModel({ ...at, pass: 1 })])
-      : [await this.executeModel({ ...at, pass: 0 }), await this.executeModel({ ...at, pass: 1 })];
+    const [cond, uncond] =
+      this.layout.ulyssesDegree > 1
+        ? await Promise.all([this.executeModel({ ...at, pass: 0 }), this.executeModel({ ...at, pass: 1 })])
+        : [await this.executeModel({ ...at, pass: 0 }), await this.executeModel({ ...at, pass: 1 })];
     const ranks = cond.ranks.map((r, i) => ({
       ...r,
       computeMs: r.computeMs + uncond.ranks[i].computeMs,
@@ -431,6 +562,9 @@ export abstract class Executor {
     const ranks = Array.from({ length: this.world }, (_, r) => r);
     const acks = await Promise.allSettled(ranks.map((r) => this.callRank(r, 'shutdown', {}, graceMs)));
     this.closeTransport();
-    return { acked: ranks.filter((r) => acks[r].status === 'fulfilled'), silent: ranks.filter((r) => acks[r].status === 'rejected') };
+    return {
+      acked: ranks.filter((r) => acks[r].status === 'fulfilled'),
+      silent: ranks.filter((r) => acks[r].status === 'rejected'),
+    };
   }
 }

@@ -11,7 +11,14 @@ import { Swarm, type SwarmIdentity } from './swarm.ts';
 
 export { createPipeline, DEFAULT_MODEL_URL, loadJobDefaults, loadModelConfig } from './pipeline.ts';
 export { WAN_SIZES } from '../core/model/wan-pipeline.ts';
-export type { GenerateReport, GenerateRequest, GenerateResult, Pipeline, PipelineOptions, StepProgress } from './pipeline.ts';
+export type {
+  GenerateReport,
+  GenerateRequest,
+  GenerateResult,
+  Pipeline,
+  PipelineOptions,
+  StepProgress,
+} from './pipeline.ts';
 export { BACKENDS, getExecutorClass, type Backend } from './backends.ts';
 export { Executor, TimeoutError, WorkerError, type RankReport } from './executor.ts';
 export { measureWorker, type WorkerMeasurement } from './measure.ts';

@@ -10,7 +10,10 @@ import { jobParams, type JobParams } from '../core/job.ts';
 import type { GenerateRequest, GenerateResult, StepProgress } from './pipeline.ts';
 import { resultBytes, type JobInputs, type JobPlacement, type JobStore, type StoredJob } from './job-store.ts';
 
-export type RunJob = (job: StoredJob, hooks: Pick<GenerateRequest, 'resume' | 'onCheckpoint' | 'onProgress' | 'onPhase' | 'onFailure' | 'signal'>) => Promise<GenerateResult>;
+export type RunJob = (
+  job: StoredJob,
+  hooks: Pick<GenerateRequest, 'resume' | 'onCheckpoint' | 'onProgress' | 'onPhase' | 'onFailure' | 'signal'>,
+) => Promise<GenerateResult>;
 
 export type QueueEvent =
   | { type: 'changed'; job: StoredJob }
@@ -67,10 +70,22 @@ export class JobQueue {
   }
 
   /** Validates (throwing JobParamsError, nothing queued) and queues a job. */
-  async submit(input: Partial<Record<keyof JobParams, unknown>>, placement: JobPlacement, inputs?: JobInputs): Promise<StoredJob> {
+  async submit(
+    input: Partial<Record<keyof JobParams, unknown>>,
+    placement: JobPlacement,
+    inputs?: JobInputs,
+  ): Promise<StoredJob> {
     const params = jobParams(input);
     const now = Date.now();
-    const job: StoredJob = { id: this.nextId++, params, placement, ...(inputs ? { inputs } : {}), status: 'queued', createdAt: now, updatedAt: now };
+    const job: StoredJob = {
+      id: this.nextId++,
+      params,
+      placement,
+      ...(inputs ? { inputs } : {}),
+      status: 'queued',
+      createdAt: now,
+      updatedAt: now,
+    };
     await this.save(job);
     this.pump();
     return job;
@@ -88,7 +103,8 @@ export class JobQueue {
   async cancel(id: number): Promise<void> {
     const job = this.jobs.get(id);
     if (!job || job.status === 'done' || job.status === 'failed') return;
-    if (job.status === 'running') return void (this.abort?.id === id && this.abort.controller.abort(new Error(CANCELLED)));
+    if (job.status === 'running')
+      return void (this.abort?.id === id && this.abort.controller.abort(new Error(CANCELLED)));
     job.status = 'failed';
     job.error = CANCELLED;
     await this.save(job);
@@ -128,7 +144,11 @@ export class JobQueue {
   private async keepWhatFits(job: StoredJob, error: Error): Promise<void> {
     const report = (message: string) => this.emit({ type: 'storage', job, message });
     const why = error.message || error.name;
-    const withoutResult = (j: StoredJob, storageNote: string): StoredJob => ({ ...j, result: { ...j.result!, video: null, latent: new Float32Array(0) }, storageNote });
+    const withoutResult = (j: StoredJob, storageNote: string): StoredJob => ({
+      ...j,
+      result: { ...j.result!, video: null, latent: new Float32Array(0) },
+      storageNote,
+    });
     // already kept without its video and latent, and said so: kept so again
     if (job.storageNote && job.result) return this.store.put(withoutResult(job, job.storageNote)).catch(() => {});
     const stripped: StoredJob[] = [];
@@ -143,7 +163,8 @@ export class JobQueue {
         old.storageNote = note;
         stripped.push(old);
         await this.store.put(job);
-        return report(`job ${job.id} was kept in this browser after removing the video and latent of job ${old.id} (${why})`);
+        report(`job ${job.id} was kept in this browser after removing the video and latent of job ${old.id} (${why})`);
+        return;
       } catch {
         // no room yet: the next oldest
       }
@@ -159,12 +180,15 @@ export class JobQueue {
       try {
         await this.store.put(withoutResult(job, note));
         job.storageNote = note;
-        return report(`job ${job.id} was kept without its video and latent: ${note}`);
+        report(`job ${job.id} was kept without its video and latent: ${note}`);
+        return;
       } catch {
         // not even that
       }
     }
-    report(`job ${job.id} could not be saved in this browser (${why}): it is kept until this page closes; free storage (remove finished jobs) to keep it`);
+    report(
+      `job ${job.id} could not be saved in this browser (${why}): it is kept until this page closes; free storage (remove finished jobs) to keep it`,
+    );
   }
 
   private emit(e: QueueEvent): void {

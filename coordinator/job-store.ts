@@ -66,7 +66,8 @@ export interface JobStore {
 }
 
 /** The bytes a job's video and latent take in a store. */
-export const resultBytes = (job: StoredJob): number => (job.result ? (job.result.video?.size ?? 0) + job.result.latent.byteLength : 0);
+export const resultBytes = (job: StoredJob): number =>
+  job.result ? (job.result.video?.size ?? 0) + job.result.latent.byteLength : 0;
 
 export class MemoryJobStore implements JobStore {
   private readonly jobs = new Map<number, StoredJob>();

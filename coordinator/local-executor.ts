@@ -14,14 +14,22 @@ export class LocalExecutor extends Executor {
   private terminate: (() => void) | null = null;
 
   protected async place(): Promise<string[]> {
-    if (this.layout.world !== 1) throw new Error(`the local backend runs one rank in this tab, but the layout asks for ${this.layout.world}: use the swarm backend`);
+    if (this.layout.world !== 1)
+      throw new Error(
+        `the local backend runs one rank in this tab, but the layout asks for ${this.layout.world}: use the swarm backend`,
+      );
     // the one rank computes in this tab, on all of its machine's cores
     const threads = usableCores();
     const engine = new EngineHost(threads);
     this.terminate = () => engine.terminate();
     const runtime = new WorkerRuntime(engine, {
       connectMesh: async () => memoryExchanges(1)[0],
-      describe: async () => ({ ...(await describeCompute()), threads, memoryGiB: null, userAgent: navigator.userAgent }),
+      describe: async () => ({
+        ...(await describeCompute()),
+        threads,
+        memoryGiB: null,
+        userAgent: navigator.userAgent,
+      }),
       peakMemoryBytes: sampleMemoryPeak(),
     });
     this.rank0 = inProcess<WorkerApi>(runtime, WORKER_CONTRACT, 'the local rank');

@@ -25,7 +25,13 @@ const PROBE_BYTES = 512 * 1024;
  */
 const PROBE_TIMEOUT_MS = 120_000;
 
-export async function measureWorker(worker: { api: Pick<Remote<WorkerApi>, 'probeCompute' | 'probeLink'>; info: Pick<WorkerInfo, 'ep' | 'softwareAdapter' | 'threads'> }, timeoutMs = PROBE_TIMEOUT_MS): Promise<WorkerMeasurement> {
+export async function measureWorker(
+  worker: {
+    api: Pick<Remote<WorkerApi>, 'probeCompute' | 'probeLink'>;
+    info: Pick<WorkerInfo, 'ep' | 'softwareAdapter' | 'threads'>;
+  },
+  timeoutMs = PROBE_TIMEOUT_MS,
+): Promise<WorkerMeasurement> {
   const compute: WorkerMeasurement['compute'] = {};
   for (const ep of worker.info.ep === 'webgpu' ? (['wasm', 'webgpu'] as const) : (['wasm'] as const)) {
     compute[ep] = await worker.api.probeCompute({ ep }, timeoutMs);
@@ -37,5 +43,11 @@ export async function measureWorker(worker: { api: Pick<Remote<WorkerApi>, 'prob
   };
   const rttMs = Math.min(await roundTrip(new Float32Array(1)), await roundTrip(new Float32Array(1)));
   const largeMs = await roundTrip(new Float32Array(PROBE_BYTES / 4));
-  return { threads: worker.info.threads, compute, auto: fastestEp(compute, worker.info.softwareAdapter), rttMs, bandwidth: PROBE_BYTES / (Math.max(largeMs - rttMs, 0.5) / 1000) };
+  return {
+    threads: worker.info.threads,
+    compute,
+    auto: fastestEp(compute, worker.info.softwareAdapter),
+    rttMs,
+    bandwidth: PROBE_BYTES / (Math.max(largeMs - rttMs, 0.5) / 1000),
+  };
 }

@@ -15,11 +15,31 @@ import type { Schedule } from '../core/scheduler.ts';
 import type { Tensor } from '../core/tensor.ts';
 import type { ExecutionProvider, LoadedModel } from '../core/worker-api.ts';
 import { standInEncoding, umt5Encoding, type PromptCache, type PromptEncoding } from './text-encoding.ts';
-import { standInDecoding, tiledDecoding, type DecodeOptions, type DecodeReport, type DecodeResult } from './vae-decoding.ts';
+import {
+  standInDecoding,
+  tiledDecoding,
+  type DecodeOptions,
+  type DecodeReport,
+  type DecodeResult,
+} from './vae-decoding.ts';
 import type { Backend } from './backends.ts';
-import { DEFAULT_WARMUP_STEPS, loadTimeoutMs, maxOrNull, WorkerError, type Executor, type LinkReport, type RankReport } from './executor.ts';
+import {
+  DEFAULT_WARMUP_STEPS,
+  loadTimeoutMs,
+  maxOrNull,
+  WorkerError,
+  type Executor,
+  type LinkReport,
+  type RankReport,
+} from './executor.ts';
 import type { ParallelMode } from '../core/parallel.ts';
-import { Placer, type FailureRecord, type MeshProbeReport, type PlacementRequest, type PlannedDegree } from './placement.ts';
+import {
+  Placer,
+  type FailureRecord,
+  type MeshProbeReport,
+  type PlacementRequest,
+  type PlannedDegree,
+} from './placement.ts';
 import type { SpotCheck } from './spot-check.ts';
 import type { Swarm } from './swarm.ts';
 import { encodeWebM } from './video.ts';
@@ -177,7 +197,10 @@ export const DEFAULT_MODEL_URL = '/models/tiny-wan-demo';
 
 /** Reads a model folder's transformer config: what a page needs to know of a model before running it (its heads, say). */
 export async function loadModelConfig(model: string = DEFAULT_MODEL_URL): Promise<WanConfig> {
-  return parseWanConfig(await readJson(fetchModelFiles(new URL(model, globalThis.location?.href).href), TRANSFORMER_CONFIG), TRANSFORMER_CONFIG);
+  return parseWanConfig(
+    await readJson(fetchModelFiles(new URL(model, globalThis.location?.href).href), TRANSFORMER_CONFIG),
+    TRANSFORMER_CONFIG,
+  );
 }
 
 /** What a job on a model folder is where it says nothing more: WanPipeline's defaults for a published folder, DEFAULT_JOB for the tiny ones (a form fills itself with it). */
@@ -189,8 +212,25 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
   const backend = options.backend ?? 'local';
   const modelUrl = new URL(options.model ?? DEFAULT_MODEL_URL, globalThis.location?.href).href;
   const files = fetchModelFiles(modelUrl);
-  const { config, textTokens, umt5, textEncoder, wanVae, decoder, solver, defaults: folderDefaults } = await loadWanPipelineParts(files);
-  const placer = new Placer({ config, modelUrl, backend, swarm: options.swarm, textTokens, placementTimeoutMs: options.placementTimeoutMs, rpcTimeoutMs: options.rpcTimeoutMs });
+  const {
+    config,
+    textTokens,
+    umt5,
+    textEncoder,
+    wanVae,
+    decoder,
+    solver,
+    defaults: folderDefaults,
+  } = await loadWanPipelineParts(files);
+  const placer = new Placer({
+    config,
+    modelUrl,
+    backend,
+    swarm: options.swarm,
+    textTokens,
+    placementTimeoutMs: options.placementTimeoutMs,
+    rpcTimeoutMs: options.rpcTimeoutMs,
+  });
   const textEncoding = umt5
     ? umt5Encoding({
         modelUrl,
@@ -200,7 +240,10 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
         timeoutMs: loadTimeoutMs(options.rpcTimeoutMs),
         cache: options.promptCache,
         async hosts() {
-          if (!options.swarm || backend !== 'swarm') throw new Error("this folder's text encoder (umT5) runs on the swarm's workers: use the swarm backend, or give the prompt embeddings (promptEmbeds)");
+          if (!options.swarm || backend !== 'swarm')
+            throw new Error(
+              "this folder's text encoder (umT5) runs on the swarm's workers: use the swarm backend, or give the prompt embeddings (promptEmbeds)",
+            );
           return placer.liveWorkers(1);
         },
       })
@@ -213,7 +256,10 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
         ep: 'auto',
         timeoutMs: loadTimeoutMs(options.rpcTimeoutMs),
         async hosts() {
-          if (!options.swarm || backend !== 'swarm') throw new Error("this folder's VAE (AutoencoderKLWan) decodes on the swarm's workers: use the swarm backend, or ask for the latent (outputType 'latent')");
+          if (!options.swarm || backend !== 'swarm')
+            throw new Error(
+              "this folder's VAE (AutoencoderKLWan) decodes on the swarm's workers: use the swarm backend, or ask for the latent (outputType 'latent')",
+            );
           return placer.liveWorkers(1);
         },
         // the workers of the job's placement say what buffers they allow
@@ -221,15 +267,31 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
       })
     : standInDecoding(decoder);
   /** A given embedding's rows, checked against the model; else the prompt encoded. */
-  const embed = async (given: PromptEmbeds | undefined, prompt: string, what: string, onProgress?: (detail: string) => void): Promise<{ embeds: Float32Array; report: PromptEncoding }> => {
+  const embed = async (
+    given: PromptEmbeds | undefined,
+    prompt: string,
+    what: string,
+    onProgress?: (detail: string) => void,
+  ): Promise<{ embeds: Float32Array; report: PromptEncoding }> => {
     if (!given) return textEncoding.encode(prompt, onProgress);
     const started = performance.now();
     const [L, width] = given.shape.length === 3 && given.shape[0] === 1 ? given.shape.slice(1) : given.shape;
-    if (given.shape.length < 2 || given.shape.length > 3 || width !== config.textDim || !(L >= 1 && L <= MAX_TEXT_TOKENS) || given.data.length !== L * width) {
-      throw new Error(`${what} must be [L, ${config.textDim}] or [1, L, ${config.textDim}] with 1 ≤ L ≤ ${MAX_TEXT_TOKENS} and as many values, got [${given.shape}] with ${given.data.length} values`);
+    if (
+      given.shape.length < 2 ||
+      given.shape.length > 3 ||
+      width !== config.textDim ||
+      !(L >= 1 && L <= MAX_TEXT_TOKENS) ||
+      given.data.length !== L * width
+    ) {
+      throw new Error(
+        `${what} must be [L, ${config.textDim}] or [1, L, ${config.textDim}] with 1 ≤ L ≤ ${MAX_TEXT_TOKENS} and as many values, got [${given.shape}] with ${given.data.length} values`,
+      );
     }
     if (!given.data.every(Number.isFinite)) throw new Error(`${what} holds NaN or infinite values`);
-    return { embeds: given.data, report: { source: 'given', tokens: null, truncated: false, ms: performance.now() - started, layers: [] } };
+    return {
+      embeds: given.data,
+      report: { source: 'given', tokens: null, truncated: false, ms: performance.now() - started, layers: [] },
+    };
   };
   const defaults: PlacementRequest = {
     ulyssesDegree: options.parallel?.ulyssesDegree ?? options.workers ?? 'auto',
@@ -245,7 +307,19 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
       return placer.current;
     },
     async generate(request) {
-      const { placement: asked, resume, onCheckpoint, onFailure, onProgress, onPhase, signal, promptEmbeds, negativePromptEmbeds, outputType = 'video', ...input } = request;
+      const {
+        placement: asked,
+        resume,
+        onCheckpoint,
+        onFailure,
+        onProgress,
+        onPhase,
+        signal,
+        promptEmbeds,
+        negativePromptEmbeds,
+        outputType = 'video',
+        ...input
+      } = request;
       const params = jobParams(input, folderDefaults);
       const started = performance.now();
       const phasesMs: Record<JobPhase, number> = { encoding: 0, placing: 0, denoising: 0, decoding: 0, muxing: 0 };
@@ -258,8 +332,17 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
       };
       // the prompts and the decoder first: what a job cannot do is refused before any worker is asked
       enter('encoding');
-      const encoded = [await embed(promptEmbeds, params.prompt, 'promptEmbeds', (detail) => onPhase?.('encoding', `the prompt: ${detail}`))];
-      if (usesGuidance(params)) encoded.push(await embed(negativePromptEmbeds, params.negativePrompt, 'negativePromptEmbeds', (detail) => onPhase?.('encoding', `the negative prompt: ${detail}`)));
+      const encoded = [
+        await embed(promptEmbeds, params.prompt, 'promptEmbeds', (detail) =>
+          onPhase?.('encoding', `the prompt: ${detail}`),
+        ),
+      ];
+      if (usesGuidance(params))
+        encoded.push(
+          await embed(negativePromptEmbeds, params.negativePrompt, 'negativePromptEmbeds', (detail) =>
+            onPhase?.('encoding', `the negative prompt: ${detail}`),
+          ),
+        );
       const texts = encoded.map((e) => e.embeds);
       if (outputType === 'video') await videoDecoding.ready();
       enter('placing');
@@ -322,7 +405,14 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
             steps.push({ step: step - 1, ms: stepMs, ranks });
             onCheckpoint?.(checkpoint);
             const elapsedMs = performance.now() - loopStart;
-            onProgress?.({ step, steps: params.steps, stepMs, elapsedMs, etaMs: (elapsedMs / (step - first)) * (params.steps - step), ranks });
+            onProgress?.({
+              step,
+              steps: params.steps,
+              stepMs,
+              elapsedMs,
+              etaMs: (elapsedMs / (step - first)) * (params.steps - step),
+              ranks,
+            });
           },
         }).catch((e: unknown) => {
           if (e instanceof RerunSteps) return undefined;
@@ -335,7 +425,13 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
       if (!failures.length) placer.measuredStep(params, medianStepMs);
 
       enter('decoding');
-      const decoded = outputType === 'video' ? await videoDecoding.decode(latent, { ep: placement.ep, onProgress: ({ tilesDone, tiles }) => onPhase?.('decoding', `tile ${tilesDone} of ${tiles}`) }) : null;
+      const decoded =
+        outputType === 'video'
+          ? await videoDecoding.decode(latent, {
+              ep: placement.ep,
+              onProgress: ({ tilesDone, tiles }) => onPhase?.('decoding', `tile ${tilesDone} of ${tiles}`),
+            })
+          : null;
       const frames = decoded?.frames ?? null;
       enter('muxing');
       const video = frames && (await (options.encodeVideo ?? encodeWebM)(frames));
@@ -346,27 +442,58 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
         latent: latent.data,
         frames,
         report: {
-          config: { ...params, backend, workers: executor.world, ulyssesDegree: executor.layout.ulyssesDegree, cfgParallel: executor.layout.cfgParallel, model: modelUrl, outputType, promptEmbeds: promptEmbeds ? 'given' : 'encoded', dtype: executor.options.dtype ?? 'f32', parallel: executor.options.parallel ?? 'ulysses', headGroups: executor.options.headGroups ?? 1, warmupSteps: executor.options.warmupSteps ?? DEFAULT_WARMUP_STEPS, emulateLink: placement.emulateLink ?? null },
+          config: {
+            ...params,
+            backend,
+            workers: executor.world,
+            ulyssesDegree: executor.layout.ulyssesDegree,
+            cfgParallel: executor.layout.cfgParallel,
+            model: modelUrl,
+            outputType,
+            promptEmbeds: promptEmbeds ? 'given' : 'encoded',
+            dtype: executor.options.dtype ?? 'f32',
+            parallel: executor.options.parallel ?? 'ulysses',
+            headGroups: executor.options.headGroups ?? 1,
+            warmupSteps: executor.options.warmupSteps ?? DEFAULT_WARMUP_STEPS,
+            emulateLink: placement.emulateLink ?? null,
+          },
           plan,
           cfgFallback,
           meshProbe,
           decoding: decoded?.report ?? null,
           encoding: { prompt: encoded[0].report, negativePrompt: encoded[1]?.report ?? null },
           schedule: { scheduler: solver.kind, ...scheduleOf(solver, params.steps, params.flowShift) },
-          workers: executor.workers.map(({ id, ep, adapter, why, threads, inMemory, loadMs, weights, maxBufferBytes, weightType, gpuWeightBytes }) => ({
-            id,
-            ep,
-            adapter,
-            why,
-            threads,
-            inMemory,
-            loadMs,
-            weights,
-            maxBufferBytes,
-            weightType,
-            gpuWeightBytes,
-            peakMemoryBytes: steps.flatMap((s) => s.ranks).filter((r) => r.worker === id).reduce<number | null>((peak, r) => maxOrNull(peak, r.peakMemoryBytes), null),
-          })),
+          workers: executor.workers.map(
+            ({
+              id,
+              ep,
+              adapter,
+              why,
+              threads,
+              inMemory,
+              loadMs,
+              weights,
+              maxBufferBytes,
+              weightType,
+              gpuWeightBytes,
+            }) => ({
+              id,
+              ep,
+              adapter,
+              why,
+              threads,
+              inMemory,
+              loadMs,
+              weights,
+              maxBufferBytes,
+              weightType,
+              gpuWeightBytes,
+              peakMemoryBytes: steps
+                .flatMap((s) => s.ranks)
+                .filter((r) => r.worker === id)
+                .reduce<number | null>((peak, r) => maxOrNull(peak, r.peakMemoryBytes), null),
+            }),
+          ),
           links: executor.linkReport(),
           steps,
           medianStepMs,

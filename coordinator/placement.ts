@@ -2,7 +2,19 @@
 // (what was asked, or the cost model's choice for 'auto'), which workers become which ranks,
 // whether the placement of the last job still fits, the mesh probe of a new placement, and the
 // re-placement after a lost rank. Executors only carry out a RankLayout; the pipeline only asks.
-import { candidatePlans, fitMeshProbe, planSwarm, planWorld, predictStep, unevenPlan, type Hardware, type LinkSpeed, type Plan, type StepPrediction, type Workload } from '../core/cost-model.ts';
+import {
+  candidatePlans,
+  fitMeshProbe,
+  planSwarm,
+  planWorld,
+  predictStep,
+  unevenPlan,
+  type Hardware,
+  type LinkSpeed,
+  type Plan,
+  type StepPrediction,
+  type Workload,
+} from '../core/cost-model.ts';
 import { latentShape, usesGuidance, type JobParams } from '../core/job.ts';
 import type { WanConfig } from '../core/model/config.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
@@ -47,8 +59,17 @@ export interface PlacementRequest {
 }
 
 /** What a placement is made for besides its layout: a job asking for other of these is placed anew. */
-type PlacedFor = Pick<PlacementRequest, 'ep' | 'spotCheckRate' | 'emulateLink' | 'warmupSteps'> & Exchange & { headGroups: number };
-const placedForOf = ({ ep, dtype, parallel, headGroups, warmupSteps, spotCheckRate, emulateLink }: PlacedFor): PlacedFor => ({ ep, dtype, parallel, headGroups, warmupSteps, spotCheckRate, emulateLink });
+type PlacedFor = Pick<PlacementRequest, 'ep' | 'spotCheckRate' | 'emulateLink' | 'warmupSteps'> &
+  Exchange & { headGroups: number };
+const placedForOf = ({
+  ep,
+  dtype,
+  parallel,
+  headGroups,
+  warmupSteps,
+  spotCheckRate,
+  emulateLink,
+}: PlacedFor): PlacedFor => ({ ep, dtype, parallel, headGroups, warmupSteps, spotCheckRate, emulateLink });
 
 /** How the degree of an 'auto' job was chosen, and what the cost model expected of it. */
 export interface PlannedDegree {
@@ -97,15 +118,24 @@ export interface Exchange {
  * exact one is taken only where it is predicted at least LESS_EXACT_GAIN faster than the more
  * exact ones.
  */
-export const EXCHANGES: Exchange[] = (['ulysses', 'displaced'] as const).flatMap((parallel) => TRANSPORTS.filter(({ dtype }) => dtype !== 'i4' || parallel === 'displaced').map(({ dtype }) => ({ parallel, dtype })));
+export const EXCHANGES: Exchange[] = (['ulysses', 'displaced'] as const).flatMap((parallel) =>
+  TRANSPORTS.filter(({ dtype }) => dtype !== 'i4' || parallel === 'displaced').map(({ dtype }) => ({
+    parallel,
+    dtype,
+  })),
+);
 const LESS_EXACT_GAIN = 1.1;
 
 /** An exchange's name ('float32', 'displaced int8'), and with what it costs in fidelity. */
-const nameOf = ({ parallel, dtype }: Exchange): string => `${parallel === 'displaced' ? 'displaced ' : ''}${TRANSPORTS.find((t) => t.dtype === dtype)!.name}`;
+const nameOf = ({ parallel, dtype }: Exchange): string =>
+  `${parallel === 'displaced' ? 'displaced ' : ''}${TRANSPORTS.find((t) => t.dtype === dtype)!.name}`;
 /** what displaced mode costs in fidelity, as bench slow-link and eval-demo measured it (issue 20) */
-const DISPLACED_DEVIATION = "keys and values one step stale past the warm-up: 1 to 2.5% of the latent from exact in bench slow-link, the demo's held-out accuracy within 2.5 points";
+const DISPLACED_DEVIATION =
+  "keys and values one step stale past the warm-up: 1 to 2.5% of the latent from exact in bench slow-link, the demo's held-out accuracy within 2.5 points";
 const describeExchange = (e: Exchange): string =>
-  e.parallel === 'displaced' ? `${nameOf(e)} (${DISPLACED_DEVIATION})` : `${nameOf(e)} transport (${TRANSPORTS.find((t) => t.dtype === e.dtype)!.deviation})`;
+  e.parallel === 'displaced'
+    ? `${nameOf(e)} (${DISPLACED_DEVIATION})`
+    : `${nameOf(e)} transport (${TRANSPORTS.find((t) => t.dtype === e.dtype)!.deviation})`;
 
 /**
  * Why displaced mode does not fit these workers, or null where it does: each rank holds every
@@ -115,38 +145,61 @@ const describeExchange = (e: Exchange): string =>
 function displacedMisfit(work: Workload, degree: number, workers: SwarmWorker[]): string | null {
   const bytes = staleKeysValuesBytes(work, degree);
   const gib = Math.min(...workers.slice(0, degree).map((w) => w.info.memoryGiB ?? DEFAULT_WORKER_GIB));
-  return bytes > (gib * 2 ** 30) / 2 ? `displaced mode would hold ${formatBytes(bytes)} of keys and values on each rank, more than half of the ${gib} GiB its workers have: use Ulysses, or a shorter or smaller video` : null;
+  return bytes > (gib * 2 ** 30) / 2
+    ? `displaced mode would hold ${formatBytes(bytes)} of keys and values on each rank, more than half of the ${gib} GiB its workers have: use Ulysses, or a shorter or smaller video`
+    : null;
 }
 const DEFAULT_WORKER_GIB = 4;
 
 /** The exchange a job gets given what each would take a step (seconds): as asked, or where it leaves a choice ('auto'), the choice and why. */
-function chooseExchange(request: Pick<PlacementRequest, 'dtype' | 'parallel'>, stepS: (exchange: Exchange) => number, misfit: string | null): Exchange & { why: string } {
+function chooseExchange(
+  request: Pick<PlacementRequest, 'dtype' | 'parallel'>,
+  stepS: (exchange: Exchange) => number,
+  misfit: string | null,
+): Exchange & { why: string } {
   if (request.parallel === 'displaced' && misfit) throw new Error(misfit);
-  const asked = (e: Exchange) => (request.dtype === 'auto' || e.dtype === request.dtype) && ((request.parallel ?? 'ulysses') === 'auto' || e.parallel === (request.parallel ?? 'ulysses')) && !(misfit && e.parallel === 'displaced');
+  const asked = (e: Exchange) =>
+    (request.dtype === 'auto' || e.dtype === request.dtype) &&
+    ((request.parallel ?? 'ulysses') === 'auto' || e.parallel === (request.parallel ?? 'ulysses')) &&
+    !(misfit && e.parallel === 'displaced');
   const options = EXCHANGES.filter(asked);
   if (options.length === 1) return { ...options[0], why: '' };
   let best = options[0];
   for (const e of options.slice(1)) if (stepS(e) * LESS_EXACT_GAIN <= stepS(best)) best = e;
   const exact = options[0];
-  const why = best === exact
-    ? `; ${nameOf(exact)}${exact.parallel === 'displaced' ? '' : ' transport'}: no other predicted ${LESS_EXACT_GAIN}× faster`
-    : `; ${describeExchange(best)}: predicted ${(stepS(best) * 1000).toFixed(0)} ms a step, ${nameOf(exact)} ${(stepS(exact) * 1000).toFixed(0)} ms`;
+  const why =
+    best === exact
+      ? `; ${nameOf(exact)}${exact.parallel === 'displaced' ? '' : ' transport'}: no other predicted ${LESS_EXACT_GAIN}× faster`
+      : `; ${describeExchange(best)}: predicted ${(stepS(best) * 1000).toFixed(0)} ms a step, ${nameOf(exact)} ${(stepS(exact) * 1000).toFixed(0)} ms`;
   return { ...best, why };
 }
 
 /** What head groups a plan's exchange goes in, in words for its `by` (nothing for one group the job left to the cost model). */
 const overlapWhy = (headGroups: number, request: Pick<PlacementRequest, 'headGroups'>): string =>
-  headGroups > 1 ? `; q, k, v in ${headGroups} head groups, so attention overlaps the exchange${request.headGroups ? ' (asked for)' : ''}` : request.headGroups ? '; q, k, v in one head group (asked for)' : '';
+  headGroups > 1
+    ? `; q, k, v in ${headGroups} head groups, so attention overlaps the exchange${request.headGroups ? ' (asked for)' : ''}`
+    : request.headGroups
+      ? '; q, k, v in one head group (asked for)'
+      : '';
 
 /** A job's parallel mode and warm-up, as asked: an error that says what is valid. */
 function checkExchangeRequest({ parallel, warmupSteps, dtype, headGroups }: PlacementRequest): void {
   // int4 would lose too much of Ulysses' q, k, v; displaced sends only keys' and values' change a step
-  if (dtype === 'i4' && parallel !== 'displaced' && parallel !== 'auto') throw new Error(`dtype 'i4' carries displaced mode's deltas of keys and values only: ask for parallel 'displaced' too (or 'f32', 'f16', 'i8' for Ulysses)`);
-  if (parallel !== undefined && !['ulysses', 'displaced', 'auto'].includes(parallel)) throw new Error(`parallel must be 'ulysses', 'displaced' or 'auto', got ${JSON.stringify(parallel)}`);
-  if (warmupSteps !== undefined && !(Number.isInteger(warmupSteps) && warmupSteps >= 0)) throw new Error(`warmupSteps is a whole number ≥ 0 of exact steps before displaced ones, got ${JSON.stringify(warmupSteps)}`);
-  if (headGroups !== undefined && !(Number.isInteger(headGroups) && headGroups >= 1)) throw new Error(`headGroups is a whole number ≥ 1 of head groups a block's exchange goes in (1: all heads at once), got ${JSON.stringify(headGroups)}`);
+  if (dtype === 'i4' && parallel !== 'displaced' && parallel !== 'auto')
+    throw new Error(
+      `dtype 'i4' carries displaced mode's deltas of keys and values only: ask for parallel 'displaced' too (or 'f32', 'f16', 'i8' for Ulysses)`,
+    );
+  if (parallel !== undefined && !['ulysses', 'displaced', 'auto'].includes(parallel))
+    throw new Error(`parallel must be 'ulysses', 'displaced' or 'auto', got ${JSON.stringify(parallel)}`);
+  if (warmupSteps !== undefined && !(Number.isInteger(warmupSteps) && warmupSteps >= 0))
+    throw new Error(
+      `warmupSteps is a whole number ≥ 0 of exact steps before displaced ones, got ${JSON.stringify(warmupSteps)}`,
+    );
+  if (headGroups !== undefined && !(Number.isInteger(headGroups) && headGroups >= 1))
+    throw new Error(
+      `headGroups is a whole number ≥ 1 of head groups a block's exchange goes in (1: all heads at once), got ${JSON.stringify(headGroups)}`,
+    );
 }
-
 
 /** Where a job runs, and why. */
 export interface Placement {
@@ -180,7 +233,10 @@ export const MAX_REPLANS = 8;
 /** The job lost ranks more often than MAX_REPLANS allows; `cause` is the last failure, as it came. */
 export class ReplacementsExhausted extends Error {
   override name = 'ReplacementsExhausted';
-  constructor(readonly lost: LostRank[], cause: Error) {
+  constructor(
+    readonly lost: LostRank[],
+    cause: Error,
+  ) {
     super(`${cause.message} (gave up after ${MAX_REPLANS} re-placements in this job)`, { cause });
   }
 }
@@ -222,7 +278,8 @@ export class Placer {
   private readonly measuredSteps = new Map<string, number>();
 
   constructor(private readonly options: PlacerOptions) {
-    if (options.backend === 'swarm' && !options.swarm) throw new Error('the swarm backend needs a Swarm: pass one from openSwarm()');
+    if (options.backend === 'swarm' && !options.swarm)
+      throw new Error('the swarm backend needs a Swarm: pass one from openSwarm()');
   }
 
   /** The executor of the current placement, if any. */
@@ -234,10 +291,14 @@ export class Placer {
   async place(params: JobParams, request: PlacementRequest): Promise<Placement> {
     checkExchangeRequest(request);
     const guided = usesGuidance(params);
-    const cfgFallback = request.cfgParallel && !guided ? 'no CFG parallel: guidance 1 means one forward pass per step, so there is no second pass for a second group' : null;
+    const cfgFallback =
+      request.cfgParallel && !guided
+        ? 'no CFG parallel: guidance 1 means one forward pass per step, so there is no second pass for a second group'
+        : null;
     const { layout, plan } = await this.layoutFor(params, request, guided);
     // 'auto' without a plan (workers not yet measured): exact
-    const parallel = plan?.parallel ?? (request.parallel === 'displaced' || request.dtype === 'i4' ? 'displaced' : 'ulysses');
+    const parallel =
+      plan?.parallel ?? (request.parallel === 'displaced' || request.dtype === 'i4' ? 'displaced' : 'ulysses');
     const placing: PlacedFor = {
       ...request,
       dtype: plan?.dtype ?? (request.dtype === 'auto' ? 'f32' : request.dtype),
@@ -247,11 +308,16 @@ export class Placer {
     };
     // placedFor is set exactly while there is an executor
     const fits =
-      !this.lostARank && this.placedFor !== null &&
+      !this.lostARank &&
+      this.placedFor !== null &&
       this.placedFor.layout.sameAs(layout) &&
       JSON.stringify(placedForOf(this.placedFor)) === JSON.stringify(placedForOf(placing));
     if (!fits) await this.placeOn(layout, placing);
-    return { executor: this.executor!, plan: plan && cfgFallback ? { ...plan, by: `${plan.by}; ${cfgFallback}` } : plan, cfgFallback };
+    return {
+      executor: this.executor!,
+      plan: plan && cfgFallback ? { ...plan, by: `${plan.by}; ${cfgFallback}` } : plan,
+      cfgFallback,
+    };
   }
 
   /**
@@ -269,7 +335,10 @@ export class Placer {
     try {
       const ranks = await executor.probeMesh(job);
       const fits = ranks.map(fitMeshProbe);
-      const link = { bandwidth: Math.min(...fits.map((f) => f.bandwidth)), latency: Math.max(...fits.map((f) => f.latency)) };
+      const link = {
+        bandwidth: Math.min(...fits.map((f) => f.bandwidth)),
+        latency: Math.max(...fits.map((f) => f.latency)),
+      };
       this.meshLink = link;
       return { ranks, link };
     } catch (e) {
@@ -295,15 +364,30 @@ export class Placer {
     let degree = 1;
     try {
       // Stryker disable next-line ConditionalExpression: only a swarm loses ranks (Executor.lostRanks is empty for the local backend, which returns before this)
-      if (this.options.swarm) degree = defaultDegree(this.options.config.numHeads, Math.min((await this.liveWorkers(1)).length, before.world));
+      if (this.options.swarm)
+        degree = defaultDegree(
+          this.options.config.numHeads,
+          Math.min((await this.liveWorkers(1)).length, before.world),
+        );
       await this.placeOn(new RankLayout(degree), placedFor);
     } catch (e) {
       const what = lost.map((l) => `rank ${l.rank} (worker ${l.worker}: ${l.cause}, ${l.evidence})`).join(', ');
-      throw new Error(`lost ${what} in step ${step + 1}, and the job could not be placed again: ${(e as Error).message}`, { cause: error });
+      throw new Error(
+        `lost ${what} in step ${step + 1}, and the job could not be placed again: ${(e as Error).message}`,
+        { cause: error },
+      );
     }
     const { job, texts, shape } = this.prepared;
     await this.need().prepareJob(job, texts, shape);
-    return { step, error: error.message, lost, detectedAt, degreeBefore: before.world, degreeAfter: this.need().world, replanMs: performance.now() - started };
+    return {
+      step,
+      error: error.message,
+      lost,
+      detectedAt,
+      degreeBefore: before.world,
+      degreeAfter: this.need().world,
+      replanMs: performance.now() - started,
+    };
   }
 
   /**
@@ -315,8 +399,19 @@ export class Placer {
   measuredStep(params: JobParams, medianStepMs: number): void {
     if (!this.executor || !this.placedFor || this.options.backend !== 'swarm' || !(medianStepMs > 0)) return;
     const { layout, ep, dtype, parallel } = this.placedFor;
-    const plan = { ulyssesDegree: layout.ulyssesDegree, cfgParallel: layout.cfgParallel, heads: layout.heads?.[0], mode: parallel };
-    const key = this.stepKey(ep, latentShape(params, this.options.config.inChannels), this.executor.workers, plan, bytesPerElement(dtype));
+    const plan = {
+      ulyssesDegree: layout.ulyssesDegree,
+      cfgParallel: layout.cfgParallel,
+      heads: layout.heads?.[0],
+      mode: parallel,
+    };
+    const key = this.stepKey(
+      ep,
+      latentShape(params, this.options.config.inChannels),
+      this.executor.workers,
+      plan,
+      bytesPerElement(dtype),
+    );
     const before = this.measuredSteps.get(key);
     this.measuredSteps.set(key, before === undefined ? medianStepMs / 1000 : (before + medianStepMs / 1000) / 2);
   }
@@ -329,12 +424,20 @@ export class Placer {
   }
 
   /** The job's layout: what was asked, the planner's choice for 'auto' on a swarm, or the largest valid degree until workers are measured. */
-  private async layoutFor(params: JobParams, request: PlacementRequest, guided: boolean): Promise<{ layout: RankLayout; plan: PlannedDegree | null }> {
+  private async layoutFor(
+    params: JobParams,
+    request: PlacementRequest,
+    guided: boolean,
+  ): Promise<{ layout: RankLayout; plan: PlannedDegree | null }> {
     const { config, backend } = this.options;
     const cfgGroups = request.cfgParallel && guided ? 2 : 1;
     if (backend === 'local') {
-      if (request.cfgParallel) throw new Error(`cfgParallel needs two groups of worker pages: use the swarm backend, not local`);
-      if (request.ulyssesDegree !== 'auto' && request.ulyssesDegree !== 1) throw new Error(`the local backend runs one rank in this tab, not ${request.ulyssesDegree}: use the swarm backend for more`);
+      if (request.cfgParallel)
+        throw new Error(`cfgParallel needs two groups of worker pages: use the swarm backend, not local`);
+      if (request.ulyssesDegree !== 'auto' && request.ulyssesDegree !== 1)
+        throw new Error(
+          `the local backend runs one rank in this tab, not ${request.ulyssesDegree}: use the swarm backend for more`,
+        );
       return { layout: new RankLayout(1), plan: null };
     }
     if (request.ulyssesDegree !== 'auto') {
@@ -356,23 +459,55 @@ export class Placer {
    * workers of an even degree or on all of them. Until every live worker has been measured, the
    * largest even degree, and no plan to show.
    */
-  private async planFor(params: JobParams, workers: SwarmWorker[], cfgParallel: boolean | undefined, request: PlacementRequest): Promise<{ degree: number; cfgParallel: boolean; plan: PlannedDegree | null }> {
+  private async planFor(
+    params: JobParams,
+    workers: SwarmWorker[],
+    cfgParallel: boolean | undefined,
+    request: PlacementRequest,
+  ): Promise<{ degree: number; cfgParallel: boolean; plan: PlannedDegree | null }> {
     const { config } = this.options;
     const work = this.workloadOf(params);
-    const candidates = candidatePlans(work, workers.length).filter((p) => cfgParallel === undefined || p.cfgParallel === cfgParallel);
+    const candidates = candidatePlans(work, workers.length).filter(
+      (p) => cfgParallel === undefined || p.cfgParallel === cfgParallel,
+    );
     // every worker at once is worth rehearsing too: with uneven shares a degree need not be even
     const all: Plan = { ulyssesDegree: Math.min(workers.length, config.numHeads), cfgParallel: false };
-    const rehearsed = cfgParallel || candidates.some((p) => planWorld(p) === all.ulyssesDegree && !p.cfgParallel) ? candidates : [...candidates, all];
-    const hw = await this.hardwareOf(workers, request, params, [{ ulyssesDegree: 1, cfgParallel: false }, ...rehearsed]);
-    if (!hw) return { degree: defaultDegree(config.numHeads, cfgParallel ? Math.floor(workers.length / 2) : workers.length), cfgParallel: !!cfgParallel, plan: null };
-    const uneven = cfgParallel || request.shares === 'even' ? [] : rehearsed.filter((p) => !p.cfgParallel).flatMap((p) => unevenPlan(work, hw, p.ulyssesDegree) ?? []);
+    const rehearsed =
+      cfgParallel || candidates.some((p) => planWorld(p) === all.ulyssesDegree && !p.cfgParallel)
+        ? candidates
+        : [...candidates, all];
+    const hw = await this.hardwareOf(workers, request, params, [
+      { ulyssesDegree: 1, cfgParallel: false },
+      ...rehearsed,
+    ]);
+    if (!hw)
+      return {
+        degree: defaultDegree(config.numHeads, cfgParallel ? Math.floor(workers.length / 2) : workers.length),
+        cfgParallel: !!cfgParallel,
+        plan: null,
+      };
+    const uneven =
+      cfgParallel || request.shares === 'even'
+        ? []
+        : rehearsed.filter((p) => !p.cfgParallel).flatMap((p) => unevenPlan(work, hw, p.ulyssesDegree) ?? []);
     // the fastest plan under each exchange the job allows, then the exchange
     const bestUnder = (exchange: Exchange) => {
-      const choice = planSwarm(work, { ...hw, bytesPerElement: bytesPerElement(exchange.dtype) }, [...candidates, ...uneven].map((p) => ({ ...p, mode: exchange.parallel, headGroups: request.headGroups })));
+      const choice = planSwarm(
+        work,
+        { ...hw, bytesPerElement: bytesPerElement(exchange.dtype) },
+        [...candidates, ...uneven].map((p) => ({ ...p, mode: exchange.parallel, headGroups: request.headGroups })),
+      );
       // one worker is always ranked; asked for CFG parallel, the fastest CFG-parallel plan
-      return { choice, best: cfgParallel ? (choice.ranked.find((p) => p.plan.cfgParallel) ?? choice.best) : choice.best };
+      return {
+        choice,
+        best: cfgParallel ? (choice.ranked.find((p) => p.plan.cfgParallel) ?? choice.best) : choice.best,
+      };
     };
-    const transport = chooseExchange(request, (exchange) => bestUnder(exchange).best.stepS, displacedMisfit(work, Math.max(...candidates.map((p) => p.ulyssesDegree)), workers));
+    const transport = chooseExchange(
+      request,
+      (exchange) => bestUnder(exchange).best.stepS,
+      displacedMisfit(work, Math.max(...candidates.map((p) => p.ulyssesDegree)), workers),
+    );
     const { choice, best } = bestUnder(transport);
     const more = choice.ranked.find((p) => p.world > best.world);
     const leftOut =
@@ -402,11 +537,19 @@ export class Placer {
    * ranks share the heads by speed where the job asks that, or (shares unset) where the cost model
    * predicts it faster.
    */
-  private async predictAsked(params: JobParams, layout: RankLayout, request: PlacementRequest): Promise<PlannedDegree | null> {
+  private async predictAsked(
+    params: JobParams,
+    layout: RankLayout,
+    request: PlacementRequest,
+  ): Promise<PlannedDegree | null> {
     const swarm = this.options.swarm;
     if (!swarm || swarm.workers().length < layout.world) return null;
     await swarm.measuredNow();
-    const even: Plan = { ulyssesDegree: layout.ulyssesDegree, cfgParallel: layout.cfgParallel, headGroups: request.headGroups };
+    const even: Plan = {
+      ulyssesDegree: layout.ulyssesDegree,
+      cfgParallel: layout.cfgParallel,
+      headGroups: request.headGroups,
+    };
     const oneWorker: Plan = { ulyssesDegree: 1, cfgParallel: false };
     const hw = await this.hardwareOf(swarm.workers(), request, params, [oneWorker, even]);
     if (!hw) return null;
@@ -414,10 +557,17 @@ export class Placer {
     const uneven = layout.cfgParallel || request.shares === 'even' ? null : unevenPlan(work, hw, layout.ulyssesDegree);
     const stepUnder = ({ dtype, parallel }: Exchange) => {
       const hwD = { ...hw, bytesPerElement: bytesPerElement(dtype) };
-      const [evenStep, unevenStep] = [predictStep(work, { ...even, mode: parallel }, hwD), uneven && predictStep(work, { ...uneven, mode: parallel, headGroups: request.headGroups }, hwD)];
+      const [evenStep, unevenStep] = [
+        predictStep(work, { ...even, mode: parallel }, hwD),
+        uneven && predictStep(work, { ...uneven, mode: parallel, headGroups: request.headGroups }, hwD),
+      ];
       return unevenStep && (request.shares === 'speed' || unevenStep.stepS < evenStep.stepS) ? unevenStep : evenStep;
     };
-    const transport = chooseExchange(request, (exchange) => stepUnder(exchange).stepS, displacedMisfit(work, layout.ulyssesDegree, swarm.workers()));
+    const transport = chooseExchange(
+      request,
+      (exchange) => stepUnder(exchange).stepS,
+      displacedMisfit(work, layout.ulyssesDegree, swarm.workers()),
+    );
     const chosen = stepUnder(transport);
     return {
       degree: layout.ulyssesDegree,
@@ -437,14 +587,23 @@ export class Placer {
 
   private workloadOf(params: JobParams): Workload {
     const { config, textTokens } = this.options;
-    return { model: config, tokens: tokenGrid(config, latentShape(params, config.inChannels)).count, textTokens, passes: usesGuidance(params) ? 2 : 1 };
+    return {
+      model: config,
+      tokens: tokenGrid(config, latentShape(params, config.inChannels)).count,
+      textTokens,
+      passes: usesGuidance(params) ? 2 : 1,
+    };
   }
 
   /** The rank-to-rank link to plan with: a mesh probe of an earlier placement, or the coordinator's links as a stand-in. */
   private linkOf(workers: SwarmWorker[]): PlannedDegree['link'] {
     if (this.meshLink) return { ...this.meshLink, from: 'mesh probe' };
     const measured = workers.map((w) => w.measurement);
-    return { bandwidth: Math.min(...measured.map((m) => m?.bandwidth ?? Infinity)), latency: Math.max(...measured.map((m) => m?.rttMs ?? 0)) / 2000, from: 'coordinator links' };
+    return {
+      bandwidth: Math.min(...measured.map((m) => m?.bandwidth ?? Infinity)),
+      latency: Math.max(...measured.map((m) => m?.rttMs ?? 0)) / 2000,
+      from: 'coordinator links',
+    };
   }
 
   /**
@@ -452,7 +611,12 @@ export class Placer {
    * probed rates and links, and each plan's forwards rehearsed (the rates stand in where rehearsing
    * failed, and `forwardsFrom` says which).
    */
-  private async hardwareOf(workers: SwarmWorker[], request: PlacementRequest, params: JobParams, plans: Plan[]): Promise<(Hardware & { link: PlannedDegree['link']; forwardsFrom: string }) | null> {
+  private async hardwareOf(
+    workers: SwarmWorker[],
+    request: PlacementRequest,
+    params: JobParams,
+    plans: Plan[],
+  ): Promise<(Hardware & { link: PlannedDegree['link']; forwardsFrom: string }) | null> {
     const measured = workers.map((w) => w.measurement);
     if (measured.some((m) => !m)) return null;
     let rehearsed: ((degree: number, world: number) => number[] | undefined) | undefined;
@@ -474,8 +638,9 @@ export class Placer {
       // WASM computes on the CPU the tabs of one browser share; WebGPU on a GPU
       workerCpus: workers.map((w, i) => (epNameOf(measured[i]!) === 'wasm' ? w.info.browser : undefined)),
       // even plans: the slowest of the workers; uneven ones the cost model makes from each worker's (unevenPlan)
-      rehearsedForwardS: rehearsed && ((plan) => (plan.heads ? undefined : slowest(rehearsed!(plan.ulyssesDegree, planWorld(plan))))),
-      rehearsedRankForwardS: rehearsed && ((degree) => rehearsed!(degree, degree)),
+      rehearsedForwardS:
+        rehearsed && ((plan) => (plan.heads ? undefined : slowest(rehearsed(plan.ulyssesDegree, planWorld(plan))))),
+      rehearsedRankForwardS: rehearsed && ((degree) => rehearsed(degree, degree)),
       measuredStepS: (plan, bytes) => this.measuredSteps.get(this.stepKey(request.ep, shape, members, plan, bytes)),
       link: this.linkOf(workers),
       // the transport asked for; 'auto' weighs each (chooseTransport), from float32
@@ -490,20 +655,41 @@ export class Placer {
    * of each of the `world` workers at `degree` with even shares. Kept for the next jobs of the same
    * shape on the same workers and threads.
    */
-  private async rehearse(workers: SwarmWorker[], request: PlacementRequest, params: JobParams, plans: Plan[]): Promise<(degree: number, world: number) => number[] | undefined> {
+  private async rehearse(
+    workers: SwarmWorker[],
+    request: PlacementRequest,
+    params: JobParams,
+    plans: Plan[],
+  ): Promise<(degree: number, world: number) => number[] | undefined> {
     const { config, modelUrl, textTokens, rpcTimeoutMs } = this.options;
     const shape = latentShape(params, config.inChannels);
     const keyOf = (world: number) => this.groupKey(request.ep, shape, membersOf(workers.slice(0, world)));
     for (const world of new Set(plans.map(planWorld))) {
       const key = keyOf(world);
-      const degrees = [...new Set(plans.filter((p) => planWorld(p) === world).map((p) => p.ulyssesDegree))].filter((d) => !this.rehearsals.get(key)?.has(d));
+      const degrees = [...new Set(plans.filter((p) => planWorld(p) === world).map((p) => p.ulyssesDegree))].filter(
+        (d) => !this.rehearsals.get(key)?.has(d),
+      );
       if (!degrees.length) continue;
       const group = workers.slice(0, world);
-      group.forEach((w) => this.options.swarm!.setActivity(w, `rehearsing the job's forward (degree ${degrees.join(', ')})`));
+      group.forEach((w) =>
+        this.options.swarm!.setActivity(w, `rehearsing the job's forward (degree ${degrees.join(', ')})`),
+      );
       try {
-        const replies = await Promise.all(group.map((w) => w.api.rehearse({ modelUrl, ep: request.ep, latentShape: shape, textTokens, degrees }, loadTimeoutMs(rpcTimeoutMs))));
+        const replies = await Promise.all(
+          group.map((w) =>
+            w.api.rehearse(
+              { modelUrl, ep: request.ep, latentShape: shape, textTokens, degrees },
+              loadTimeoutMs(rpcTimeoutMs),
+            ),
+          ),
+        );
         const byDegree = this.rehearsals.get(key) ?? new Map<number, number[]>();
-        degrees.forEach((d, i) => byDegree.set(d, replies.map((r) => r.forwardMs[i] / 1000)));
+        degrees.forEach((d, i) =>
+          byDegree.set(
+            d,
+            replies.map((r) => r.forwardMs[i] / 1000),
+          ),
+        );
         this.rehearsals.set(key, byDegree);
       } finally {
         group.forEach((w) => this.options.swarm!.setActivity(w, 'idle'));
@@ -518,8 +704,19 @@ export class Placer {
   }
 
   /** A plan as it runs on its group (Hardware.measuredStepS): one rank has no exchange, one group of one no transport. */
-  private stepKey(ep: PlacementRequest['ep'], shape: number[], members: { id: string; threads: number }[], plan: Plan, bytes: number): string {
-    const run = [`${plan.ulyssesDegree}${plan.cfgParallel ? ' ×2' : ''}`, plan.heads?.join('/') ?? 'even', plan.ulyssesDegree > 1 ? (plan.mode ?? 'ulysses') : '', planWorld(plan) > 1 ? bytes : 0];
+  private stepKey(
+    ep: PlacementRequest['ep'],
+    shape: number[],
+    members: { id: string; threads: number }[],
+    plan: Plan,
+    bytes: number,
+  ): string {
+    const run = [
+      `${plan.ulyssesDegree}${plan.cfgParallel ? ' ×2' : ''}`,
+      plan.heads?.join('/') ?? 'even',
+      plan.ulyssesDegree > 1 ? (plan.mode ?? 'ulysses') : '',
+      planWorld(plan) > 1 ? bytes : 0,
+    ];
     return `${this.groupKey(ep, shape, members.slice(0, planWorld(plan)))} | ${run.join(' ')}`;
   }
 
@@ -528,7 +725,12 @@ export class Placer {
     await this.shutdown({ graceMs: 1_000 });
     const { config, modelUrl, backend, swarm, rpcTimeoutMs } = this.options;
     const workers = backend === 'swarm' ? (await this.liveWorkers(layout.world)).slice(0, layout.world) : [];
-    const executor = createExecutor(backend, { config, modelUrl, layout, ...placedForOf(request), rpcTimeoutMs }, swarm, workers);
+    const executor = createExecutor(
+      backend,
+      { config, modelUrl, layout, ...placedForOf(request), rpcTimeoutMs },
+      swarm,
+      workers,
+    );
     executor.onFailure(() => {
       // Stryker disable next-line ConditionalExpression: a replaced executor is shut down first, and a shut-down executor reports no failures
       if (this.executor === executor) this.lostARank = true;
@@ -568,4 +770,7 @@ const slowest = (seconds: number[] | undefined): number | undefined => (seconds 
 const membersOf = (workers: SwarmWorker[]) => workers.map((w) => ({ id: w.id, threads: w.info.threads }));
 
 /** Where a prediction came from: the jobs that ran the plan where any did (Hardware.measuredStepS), else the forwards. */
-const predictedFrom = (p: StepPrediction, forwardsFrom: string): string => (p.measured ? `its steps as the last jobs of this shape on these workers measured them; the other plans from ${forwardsFrom}` : forwardsFrom);
+const predictedFrom = (p: StepPrediction, forwardsFrom: string): string =>
+  p.measured
+    ? `its steps as the last jobs of this shape on these workers measured them; the other plans from ${forwardsFrom}`
+    : forwardsFrom;

@@ -37,8 +37,16 @@ export function spotCheckSchedule(rate: number, random: () => number = Math.rand
 }
 
 /** Per rank of the plan, how far its token rows are from `reference` [S, width], relative to the reference's scale. */
-export function rowDifferences(plan: UlyssesPlan, parts: Float32Array[], reference: Float32Array, width: number): number[] {
-  const scale = Math.max(1, reference.reduce((m, v) => Math.max(m, Math.abs(v)), 0));
+export function rowDifferences(
+  plan: UlyssesPlan,
+  parts: Float32Array[],
+  reference: Float32Array,
+  width: number,
+): number[] {
+  const scale = Math.max(
+    1,
+    reference.reduce((m, v) => Math.max(m, Math.abs(v)), 0),
+  );
   return parts.map((part, rank) => {
     const start = tokenStart(plan, rank) * width;
     let worst = 0;
@@ -77,11 +85,44 @@ export function judgeSpotCheck(
   if (difference <= tolerance) return { difference, verdict: 'agreed' };
   const suspect = ranks[byChecker.indexOf(difference)];
   const what = `its rows of the pass differ from a recomputation by ${difference.toExponential(1)} of their scale`;
-  if (!third) return { difference, verdict: { convicted: suspect === checker.rank ? [suspect] : [suspect, checker.rank], why: `${what}, and no third rank could say whether the recomputation (rank ${checker.rank}) or the rank was wrong: ${suspect === checker.rank ? 'it recomputed its own' : 'both are let go'}` } };
-  const recomputationsAgree = Math.max(...rowDifferences({ ...plan, degree: 1, rows: [plan.tokens] }, [third.rows], checker.rows, width)) <= tolerance;
-  if (recomputationsAgree) return { difference, verdict: { convicted: [suspect], why: `${what} (ranks ${checker.rank} and ${third.rank} recomputed it alike)` } };
+  if (!third)
+    return {
+      difference,
+      verdict: {
+        convicted: suspect === checker.rank ? [suspect] : [suspect, checker.rank],
+        why: `${what}, and no third rank could say whether the recomputation (rank ${checker.rank}) or the rank was wrong: ${suspect === checker.rank ? 'it recomputed its own' : 'both are let go'}`,
+      },
+    };
+  const recomputationsAgree =
+    Math.max(...rowDifferences({ ...plan, degree: 1, rows: [plan.tokens] }, [third.rows], checker.rows, width)) <=
+    tolerance;
+  if (recomputationsAgree)
+    return {
+      difference,
+      verdict: { convicted: [suspect], why: `${what} (ranks ${checker.rank} and ${third.rank} recomputed it alike)` },
+    };
   const groupAgreesWithThird = Math.max(...rowDifferences(plan, parts, third.rows, width)) <= tolerance;
-  if (groupAgreesWithThird) return { difference, verdict: { convicted: [checker.rank], why: `its recomputation of the pass disagreed with its group and with rank ${third.rank}'s` } };
-  if (suspect === checker.rank) return { difference, verdict: { convicted: [suspect], why: `its rows of the pass and its own recomputation of it disagree with each other and with rank ${third.rank}'s` } };
-  return { difference, verdict: { convicted: [suspect, checker.rank], why: `${what}, and the recomputations of ranks ${checker.rank} and ${third.rank} disagree too: both the rank and the first checker are let go` } };
+  if (groupAgreesWithThird)
+    return {
+      difference,
+      verdict: {
+        convicted: [checker.rank],
+        why: `its recomputation of the pass disagreed with its group and with rank ${third.rank}'s`,
+      },
+    };
+  if (suspect === checker.rank)
+    return {
+      difference,
+      verdict: {
+        convicted: [suspect],
+        why: `its rows of the pass and its own recomputation of it disagree with each other and with rank ${third.rank}'s`,
+      },
+    };
+  return {
+    difference,
+    verdict: {
+      convicted: [suspect, checker.rank],
+      why: `${what}, and the recomputations of ranks ${checker.rank} and ${third.rank} disagree too: both the rank and the first checker are let go`,
+    },
+  };
 }

@@ -3,7 +3,14 @@
 import { tokenGrid } from '../core/model/tokens.ts';
 import type { Remote } from '../core/net/rpc.ts';
 import type { ArgsOf, RankLost, ReplyOf, WorkerApi, WorkerMethod } from '../core/worker-api.ts';
-import { Executor, TimeoutError, WorkerError, type ExecutorOptions, type LinkReport, type LostRank } from './executor.ts';
+import {
+  Executor,
+  TimeoutError,
+  WorkerError,
+  type ExecutorOptions,
+  type LinkReport,
+  type LostRank,
+} from './executor.ts';
 import type { Swarm, SwarmWorker } from './swarm.ts';
 
 /** How long a rank suspected lost has to answer the coordinator's own ping. */
@@ -29,13 +36,22 @@ export class SwarmExecutor extends Executor {
   protected async place(): Promise<string[]> {
     const live = new Set(this.swarm.workers());
     const gone = this.ranks.filter((w) => !live.has(w));
-    if (gone.length) throw new Error(`worker${gone.length > 1 ? 's' : ''} ${gone.map((w) => w.id).join(', ')} left the swarm before placement`);
+    if (gone.length)
+      throw new Error(
+        `worker${gone.length > 1 ? 's' : ''} ${gone.map((w) => w.id).join(', ')} left the swarm before placement`,
+      );
     this.ranks.forEach((w, rank) => this.swarm.setActivity(w, this.layout.describe(rank)));
     this.offLeave = this.swarm.on((e) => {
       if (e.type !== 'leave') return;
       const rank = this.ranks.indexOf(e.worker);
       if (rank < 0 || this.lost.has(rank)) return;
-      this.lost.set(rank, { rank, worker: e.worker.id, cause: e.silentMs > 0 ? 'silent' : 'disconnected', evidence: e.reason, silentMs: e.silentMs });
+      this.lost.set(rank, {
+        rank,
+        worker: e.worker.id,
+        cause: e.silentMs > 0 ? 'silent' : 'disconnected',
+        evidence: e.reason,
+        silentMs: e.silentMs,
+      });
       this.reportFailure(new Error(`rank ${rank} (worker ${e.worker.id}) is lost: ${e.reason}`));
     });
     return this.ranks.map((w) => w.id);
@@ -45,20 +61,30 @@ export class SwarmExecutor extends Executor {
     return this.ranks[rank]?.api;
   }
 
-  protected override callRank<M extends WorkerMethod>(rank: number, method: M, args: ArgsOf<M>, timeoutMs: number): Promise<ReplyOf<M>> {
+  protected override callRank<M extends WorkerMethod>(
+    rank: number,
+    method: M,
+    args: ArgsOf<M>,
+    timeoutMs: number,
+  ): Promise<ReplyOf<M>> {
     const worker = this.ranks[rank];
     if (!worker) return super.callRank(rank, method, args, timeoutMs);
     // what each rank is doing, for the dashboard's swarm view, with its share of the job once it has one
     if (method === 'prepareJob') {
       const { config } = this.options;
-      this.jobShares[rank] = this.layout.describe(rank, { numHeads: config.numHeads, tokens: tokenGrid(config, (args as ArgsOf<'prepareJob'>).latentShape).count });
+      this.jobShares[rank] = this.layout.describe(rank, {
+        numHeads: config.numHeads,
+        tokens: tokenGrid(config, (args as ArgsOf<'prepareJob'>).latentShape).count,
+      });
       this.swarm.setActivity(worker, this.jobShares[rank]);
     }
     if (method !== 'executeModel') return super.callRank(rank, method, args, timeoutMs);
     const { step, pass } = args as ArgsOf<'executeModel'>;
     const who = this.jobShares[rank] ?? `rank ${rank}`;
     this.swarm.setActivity(worker, `${who}: step ${step + 1}${pass ? ' (unconditional)' : ''}`);
-    return super.callRank(rank, method, args, timeoutMs).finally(() => this.swarm.setActivity(worker, `${who}: waiting`));
+    return super
+      .callRank(rank, method, args, timeoutMs)
+      .finally(() => this.swarm.setActivity(worker, `${who}: waiting`));
   }
 
   /**
@@ -72,36 +98,76 @@ export class SwarmExecutor extends Executor {
    */
   override async lostRanks(error: Error): Promise<LostRank[]> {
     const lostBefore = this.lost.size;
-    if (error instanceof WorkerError && error.breach) this.letGo(error.rank, 'misbehaved', `its ${error.method} reply broke the contract: ${error.remoteMessage}`, 0, { ban: true });
+    if (error instanceof WorkerError && error.breach)
+      this.letGo(error.rank, 'misbehaved', `its ${error.method} reply broke the contract: ${error.remoteMessage}`, 0, {
+        ban: true,
+      });
     const accused = error instanceof WorkerError ? error.blame : null;
     const silentAtTimeout = error instanceof TimeoutError ? new Set(error.silentRanks) : new Set<number>();
     const started = Date.now();
     const unanswered = await Promise.all(
-      this.ranks.map((w, rank) => (this.lost.has(rank) ? false : w.api.ping({}, CONFIRM_PING_MS).then(() => false, () => true))),
+      this.ranks.map((w, rank) =>
+        this.lost.has(rank)
+          ? false
+          : w.api.ping({}, CONFIRM_PING_MS).then(
+              () => false,
+              () => true,
+            ),
+      ),
     );
     unanswered.forEach((silent, rank) => {
       if (!silent || this.lost.has(rank)) return;
       const said = accused?.rank === rank ? `; rank ${(error as WorkerError).rank} reported: ${accused.evidence}` : '';
       const timedOut = silentAtTimeout.has(rank) ? `; it had not answered ${(error as TimeoutError).method}` : '';
-      this.letGo(rank, 'silent', `did not answer a ping within ${CONFIRM_PING_MS / 1000} s${timedOut}${said}`, Date.now() - started);
+      this.letGo(
+        rank,
+        'silent',
+        `did not answer a ping within ${CONFIRM_PING_MS / 1000} s${timedOut}${said}`,
+        Date.now() - started,
+      );
     });
     if (accused && error instanceof WorkerError && accused.rank !== error.rank && !this.lost.has(accused.rank)) {
-      const what = { silent: 'withholding its tensors', misbehaved: 'misbehaving', disconnected: 'gone' }[accused.cause];
+      const what = { silent: 'withholding its tensors', misbehaved: 'misbehaving', disconnected: 'gone' }[
+        accused.cause
+      ];
       this.letGo(accused.rank, 'misbehaved', `rank ${error.rank} reported: ${accused.evidence}`, 0);
-      this.letGo(error.rank, 'misbehaved', `it reported rank ${accused.rank} ${what}, which the coordinator cannot confirm: one of the two is let go with the other`, 0);
+      this.letGo(
+        error.rank,
+        'misbehaved',
+        `it reported rank ${accused.rank} ${what}, which the coordinator cannot confirm: one of the two is let go with the other`,
+        0,
+      );
     }
     // a rank that answers pings but not its call within the call's time: its page lives, its engine
     // (which pings do not reach) hangs or crawls; with nobody else to blame, it goes
     if (this.lost.size === lostBefore && error instanceof TimeoutError) {
-      for (const rank of error.silentRanks) this.letGo(rank, 'silent', `it answered pings but not ${error.method} within its time (its engine hangs or is far slower than planned)`, 0);
+      for (const rank of error.silentRanks)
+        this.letGo(
+          rank,
+          'silent',
+          `it answered pings but not ${error.method} within its time (its engine hangs or is far slower than planned)`,
+          0,
+        );
     }
     // a rank that failed its call and blames nobody the coordinator can confirm cannot be trusted with the step again
-    if (this.lost.size === lostBefore && error instanceof WorkerError) this.letGo(error.rank, 'misbehaved', `its ${error.method} failed, blaming nobody the coordinator can confirm: ${error.remoteMessage}`, 0);
+    if (this.lost.size === lostBefore && error instanceof WorkerError)
+      this.letGo(
+        error.rank,
+        'misbehaved',
+        `its ${error.method} failed, blaming nobody the coordinator can confirm: ${error.remoteMessage}`,
+        0,
+      );
     return [...this.lost.values()].sort((a, b) => a.rank - b.rank);
   }
 
   /** `ban`: on the coordinator's own evidence of wrong results, the worker is not admitted again */
-  private letGo(rank: number, cause: RankLost['cause'], evidence: string, silentMs: number, { ban = false } = {}): void {
+  private letGo(
+    rank: number,
+    cause: RankLost['cause'],
+    evidence: string,
+    silentMs: number,
+    { ban = false } = {},
+  ): void {
     const worker = this.ranks[rank];
     if (!worker || this.lost.has(rank)) return;
     this.lost.set(rank, { rank, worker: worker.id, cause, evidence, silentMs });
@@ -110,9 +176,15 @@ export class SwarmExecutor extends Executor {
 
   /** The coordinator's links as the swarm admitted them; the meshes as each rank last reported them in its pulse. */
   override linkReport(): LinkReport[] {
-    const links: LinkReport[] = this.ranks.map((w, rank) => ({ from: 'coordinator', to: rank, transport: w.transport }));
-    const said = (from: number, to: number) => this.ranks[from].pulse?.mesh?.find((m) => m.peer === this.ranks[to].id)?.transport;
-    for (const [from, to] of this.layout.meshPairs()) links.push({ from, to, transport: said(from, to) ?? said(to, from) ?? 'unknown' });
+    const links: LinkReport[] = this.ranks.map((w, rank) => ({
+      from: 'coordinator',
+      to: rank,
+      transport: w.transport,
+    }));
+    const said = (from: number, to: number) =>
+      this.ranks[from].pulse?.mesh?.find((m) => m.peer === this.ranks[to].id)?.transport;
+    for (const [from, to] of this.layout.meshPairs())
+      links.push({ from, to, transport: said(from, to) ?? said(to, from) ?? 'unknown' });
     return links;
   }
 

@@ -23,7 +23,13 @@ import { COORDINATOR } from '../core/net/protocol.ts';
 import type { RelayClient } from '../core/net/relay-client.ts';
 import { passing } from '../core/net/check.ts';
 import { remote } from '../core/net/rpc.ts';
-import { checkPulse, WORKER_CONTRACT, type WorkerInfo, type WorkerPulse, type WorkerRemote } from '../core/worker-api.ts';
+import {
+  checkPulse,
+  WORKER_CONTRACT,
+  type WorkerInfo,
+  type WorkerPulse,
+  type WorkerRemote,
+} from '../core/worker-api.ts';
 import { measureWorker, type WorkerMeasurement } from './measure.ts';
 
 const DESCRIBE_TIMEOUT_MS = 15_000;
@@ -166,7 +172,12 @@ export class Swarm {
   // The relay socket lives as long as the swarm: workers that cannot reach this page directly come through it.
   private async openRelay(): Promise<void> {
     const auth = this.peer.options.token ?? '';
-    const relay = await connectRelay(this.origin, this.signaling, { peer: this.peer.id, auth, token: this.keys.token, role: 'coordinator' });
+    const relay = await connectRelay(this.origin, this.signaling, {
+      peer: this.peer.id,
+      auth,
+      token: this.keys.token,
+      role: 'coordinator',
+    });
     this.relay = relay;
     relay.onConnection((conn) => void this.admit(conn));
     relay.onClose((reason) => {
@@ -242,7 +253,11 @@ export class Swarm {
    * one being measured again is waited for. A worker's first measurement is not waited for.
    */
   async measuredNow(): Promise<void> {
-    await Promise.all(this.workers().filter((w) => w.measurement).map((w) => this.measure(w)));
+    await Promise.all(
+      this.workers()
+        .filter((w) => w.measurement)
+        .map((w) => this.measure(w)),
+    );
   }
 
   /**
@@ -279,7 +294,11 @@ export class Swarm {
       const off = this.on(() => check());
       const timer = setTimeout(() => {
         off();
-        reject(new Error(`${this.roster.size} worker${this.roster.size === 1 ? '' : 's'} joined within ${+(timeoutMs / 1000).toFixed(1)} s but ${count} ${count === 1 ? 'is' : 'are'} needed: open ${this.joinUrl} in ${count - this.roster.size} more tab(s) or machine(s)`));
+        reject(
+          new Error(
+            `${this.roster.size} worker${this.roster.size === 1 ? '' : 's'} joined within ${+(timeoutMs / 1000).toFixed(1)} s but ${count} ${count === 1 ? 'is' : 'are'} needed: open ${this.joinUrl} in ${count - this.roster.size} more tab(s) or machine(s)`,
+          ),
+        );
       }, timeoutMs);
       check();
     });
@@ -340,7 +359,10 @@ export class Swarm {
 
   private async admit(conn: DataConnectionLike): Promise<void> {
     const meta = joinMetadata(conn.metadata);
-    if (!meta || this.joining >= MAX_JOINING) return conn.close();
+    if (!meta || this.joining >= MAX_JOINING) {
+      conn.close();
+      return;
+    }
     this.joining++;
     try {
       await this.join(conn, meta);
@@ -362,29 +384,57 @@ export class Swarm {
           else api?.failAll?.(reason);
         },
         {
-          accept: (h) => (h.kind !== 'rpc' ? 'a worker may only send RPC messages to the coordinator' : h.totalBytes > maxMessageBytes ? 'reply too large' : null),
+          accept: (h) =>
+            h.kind !== 'rpc'
+              ? 'a worker may only send RPC messages to the coordinator'
+              : h.totalBytes > maxMessageBytes
+                ? 'reply too large'
+                : null,
           // a worker whose data channel is slow to open dials through the relay too: this one need not wait long
           openTimeoutMs: conn.open ? undefined : JOIN_STEP_TIMEOUT_MS,
         },
       );
       const banned = this.banned.get(conn.peer);
-      const refusal = banned ? `it was let go for returning wrong results (${banned}): reload it to join again` : await admitWorker(link, this.keys.token, { coordinator: this.id, worker: conn.peer }, meta);
-      if (refusal) return this.refuse(conn, refusal);
+      const refusal = banned
+        ? `it was let go for returning wrong results (${banned}): reload it to join again`
+        : await admitWorker(link, this.keys.token, { coordinator: this.id, worker: conn.peer }, meta);
+      if (refusal) {
+        this.refuse(conn, refusal);
+        return;
+      }
       api = remote(link, COORDINATOR, WORKER_CONTRACT, `worker ${conn.peer}`);
       const info = await api.describe({}, DESCRIBE_TIMEOUT_MS);
       // a page whose engine hangs (let go for it, and dialling again) joins once its engine answers
       const hung = await engineHangs(api, JOIN_ENGINE_CHECK_MS);
-      if (hung) return this.refuse(conn, hung);
+      if (hung) {
+        this.refuse(conn, hung);
+        return;
+      }
       const previous = this.roster.get(conn.peer);
       if (previous) this.evict(previous, 'it joined again over a new connection');
       this.connections.set(conn.peer, conn);
       maxMessageBytes = MAX_MESSAGE_BYTES;
-      const joined: SwarmWorker = { id: conn.peer, info, api, link, joinedAt: Date.now(), activity: 'idle', pulse: null, framesDropped: 0, transport: transportOf(conn), measurement: null };
+      const joined: SwarmWorker = {
+        id: conn.peer,
+        info,
+        api,
+        link,
+        joinedAt: Date.now(),
+        activity: 'idle',
+        pulse: null,
+        framesDropped: 0,
+        transport: transportOf(conn),
+        measurement: null,
+      };
       worker = joined;
       this.roster.set(joined.id, joined);
       watchHeartbeats(link, COORDINATOR, {
         onDead: (silentMs) => {
-          this.drop(joined, `no answer for ${(silentMs / 1000).toFixed(1)} s (tab closed, crashed or frozen)`, silentMs);
+          this.drop(
+            joined,
+            `no answer for ${(silentMs / 1000).toFixed(1)} s (tab closed, crashed or frozen)`,
+            silentMs,
+          );
           conn.close();
         },
         onPulse: (sent) => {

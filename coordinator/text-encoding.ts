@@ -36,7 +36,10 @@ export interface PromptCache {
 
 export interface TextEncoding {
   /** the prompt as the transformer reads it, [max length, text_dim], and how it was made */
-  encode(prompt: string, onProgress?: (detail: string) => void): Promise<{ embeds: Float32Array; report: PromptEncoding }>;
+  encode(
+    prompt: string,
+    onProgress?: (detail: string) => void,
+  ): Promise<{ embeds: Float32Array; report: PromptEncoding }>;
 }
 
 /** A worker that can run text encoder layers: its id and its API. */
@@ -63,7 +66,10 @@ export function standInEncoding(load: () => Promise<TextEncoder>): TextEncoding 
     async encode(prompt) {
       const started = performance.now();
       const embeds = (await load()).encode(prompt);
-      return { embeds, report: { source: 'encoded', tokens: null, truncated: false, ms: performance.now() - started, layers: [] } };
+      return {
+        embeds,
+        report: { source: 'encoded', tokens: null, truncated: false, ms: performance.now() - started, layers: [] },
+      };
     },
   };
 }
@@ -76,10 +82,18 @@ export function umt5Encoding(o: Umt5EncodingOptions): TextEncoding {
         readJson(o.files, 'tokenizer/tokenizer.json'),
         readJson(o.files, 'tokenizer/tokenizer_config.json').catch(() => ({})),
       ]);
-      return { encoder, tokenizer: new Umt5Tokenizer(tokenizerJson, tokenizerConfig), finalNorm: await encoder.finalNorm() };
+      return {
+        encoder,
+        tokenizer: new Umt5Tokenizer(tokenizerJson, tokenizerConfig),
+        finalNorm: await encoder.finalNorm(),
+      };
     } catch (e) {
       // a folder of configs without the encoder's weights (or its tokenizer) cannot encode: say what to give instead
-      throw e instanceof MissingFile ? new MissingFile(`the text encoder (umT5) cannot run: ${e.message}; give the prompt's embeddings instead (promptEmbeds [L, text_dim]; --prompt-embeds FILE with npm run generate)`) : e;
+      throw e instanceof MissingFile
+        ? new MissingFile(
+            `the text encoder (umT5) cannot run: ${e.message}; give the prompt's embeddings instead (promptEmbeds [L, text_dim]; --prompt-embeds FILE with npm run generate)`,
+          )
+        : e;
     }
   });
   return {
@@ -89,24 +103,46 @@ export function umt5Encoding(o: Umt5EncodingOptions): TextEncoding {
       const { config } = encoder;
       const { ids, truncated } = tokenizer.encode(prompt, o.maxLength);
       const key = `${o.modelUrl}\n${o.maxLength}\n${prompt}`;
-      const report = (source: PromptEncoding['source'], layers: PromptEncoding['layers']): PromptEncoding => ({ source, tokens: ids.length, truncated, ms: performance.now() - started, layers });
+      const report = (source: PromptEncoding['source'], layers: PromptEncoding['layers']): PromptEncoding => ({
+        source,
+        tokens: ids.length,
+        truncated,
+        ms: performance.now() - started,
+        layers,
+      });
       const cached = await o.cache?.get(key).catch(() => undefined);
-      if (cached && cached.hidden.length === ids.length * config.dModel) return { embeds: padPromptEmbeds(cached.hidden, config.dModel, o.maxLength), report: report('cache', []) };
+      if (cached && cached.hidden.length === ids.length * config.dModel)
+        return { embeds: padPromptEmbeds(cached.hidden, config.dModel, o.maxLength), report: report('cache', []) };
 
       let hidden = await encoder.tokenRows(ids);
       const hosts = (await o.hosts()).slice(0, config.numLayers);
-      if (!hosts.length) throw new Error('no worker to run the text encoder on: open a worker page, or give the prompt embeddings');
+      if (!hosts.length)
+        throw new Error('no worker to run the text encoder on: open a worker page, or give the prompt embeddings');
       const layers: PromptEncoding['layers'] = [];
       // contiguous runs of layers, as even as the count allows: the hidden state crosses once per worker
       for (const [i, host] of hosts.entries()) {
-        const [from, to] = [Math.floor((i * config.numLayers) / hosts.length), Math.floor(((i + 1) * config.numLayers) / hosts.length)];
+        const [from, to] = [
+          Math.floor((i * config.numLayers) / hosts.length),
+          Math.floor(((i + 1) * config.numLayers) / hosts.length),
+        ];
         onProgress?.(`text encoder layers ${from + 1}–${to} of ${config.numLayers} on worker ${host.id}`);
-        const ran = await host.api.encodeText({ modelUrl: o.modelUrl, ep: o.ep, from, to, tokens: ids.length, hidden }, o.timeoutMs);
+        const ran = await host.api.encodeText(
+          { modelUrl: o.modelUrl, ep: o.ep, from, to, tokens: ids.length, hidden },
+          o.timeoutMs,
+        );
         if (ran.hidden.length !== hidden.length || !ran.hidden.every(Number.isFinite)) {
-          throw new Error(`worker ${host.id} returned the text encoder's layers ${from}–${to - 1} as ${ran.hidden.length} values${ran.hidden.length === hidden.length ? ' with NaN or infinite ones' : `, not ${hidden.length}`}`);
+          throw new Error(
+            `worker ${host.id} returned the text encoder's layers ${from}–${to - 1} as ${ran.hidden.length} values${ran.hidden.length === hidden.length ? ' with NaN or infinite ones' : `, not ${hidden.length}`}`,
+          );
         }
         hidden = ran.hidden;
-        layers.push({ worker: host.id, from, to, computeMs: ran.layerMs.reduce((a, b) => a + b, 0), layersRead: ran.layersRead });
+        layers.push({
+          worker: host.id,
+          from,
+          to,
+          computeMs: ran.layerMs.reduce((a, b) => a + b, 0),
+          layersRead: ran.layersRead,
+        });
       }
       hidden = umt5FinalNorm(config, finalNorm, hidden);
       await o.cache?.put(key, { hidden, truncated }).catch(() => {}); // a full or missing cache costs a re-encode, nothing more

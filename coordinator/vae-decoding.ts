@@ -7,7 +7,20 @@
 // workers gives the same video. The tiny models' stand-in decoders run here, in the coordinator's page.
 
 import { MissingFile, type ModelFiles } from '../core/model/files.ts';
-import { blendTiles, cutTile, decoderPlan, framesOfChunk, joinFrames, openWanVae, TILE_PIXELS, TILE_STRIDE_PIXELS, tilesOf, type Frames, type Tiling, type WanVaeConfig } from '../core/model/wan-vae.ts';
+import {
+  blendTiles,
+  cutTile,
+  decoderPlan,
+  framesOfChunk,
+  joinFrames,
+  openWanVae,
+  TILE_PIXELS,
+  TILE_STRIDE_PIXELS,
+  tilesOf,
+  type Frames,
+  type Tiling,
+  type WanVaeConfig,
+} from '../core/model/wan-vae.ts';
 import type { DecodedVideo } from '../core/model/vae-decoder.ts';
 import type { Remote } from '../core/net/rpc.ts';
 import { sizeOf, type Tensor } from '../core/tensor.ts';
@@ -22,7 +35,14 @@ export interface DecodeReport {
   tiles: number;
   ms: number;
   /** each worker's share: tiles decoded, compute time, bytes of frames it sent, its decoder's weights and a tile's causal caches */
-  ranks: { worker: string; tiles: number; computeMs: number; bytesSent: number; weightBytes: number; cacheBytes: number }[];
+  ranks: {
+    worker: string;
+    tiles: number;
+    computeMs: number;
+    bytesSent: number;
+    weightBytes: number;
+    cacheBytes: number;
+  }[];
   /** tiles started again on another worker after theirs failed or left */
   retried: number;
 }
@@ -81,7 +101,18 @@ export function standInDecoding(load: () => Promise<(latent: Tensor) => DecodedV
     async decode(latent) {
       const started = performance.now();
       const frames = (await load())(latent);
-      return { frames, video: null, report: { where: 'coordinator', tiling: null, tiles: 1, ms: performance.now() - started, ranks: [], retried: 0 } };
+      return {
+        frames,
+        video: null,
+        report: {
+          where: 'coordinator',
+          tiling: null,
+          tiles: 1,
+          ms: performance.now() - started,
+          ranks: [],
+          retried: 0,
+        },
+      };
     },
   };
 }
@@ -91,15 +122,20 @@ export function largestTileTensorBytes(cfg: WanVaeConfig, tileLatentPixels: numb
   const frames = framesOfChunk(cfg, false);
   let side = tileLatentPixels;
   let largest = 0;
-  for (const layer of decoderPlan(cfg).layers) if (layer.kind === 'upsample') largest = Math.max(largest, 4 * frames * layer.dim * (side *= 2) ** 2);
+  for (const layer of decoderPlan(cfg).layers)
+    if (layer.kind === 'upsample') largest = Math.max(largest, 4 * frames * layer.dim * (side *= 2) ** 2);
   return largest;
 }
 
 /** diffusers' tiles, halved (tile and stride) until a tile's largest tensor fits the workers' buffers. */
 export function chooseTiling(cfg: WanVaeConfig, maxBufferBytes: number): Tiling & { why: string } {
   let tiling = { tile: TILE_PIXELS, stride: TILE_STRIDE_PIXELS };
-  while (tiling.tile > 64 && largestTileTensorBytes(cfg, tiling.tile / 8) > maxBufferBytes) tiling = { tile: tiling.tile / 2, stride: tiling.stride / 2 };
-  const why = tiling.tile === TILE_PIXELS ? "diffusers' tiles" : `diffusers' ${TILE_PIXELS}-pixel tiles need a ${(largestTileTensorBytes(cfg, TILE_PIXELS / 8) / 2 ** 20).toFixed(0)} MiB buffer; the workers allow ${(maxBufferBytes / 2 ** 20).toFixed(0)} MiB`;
+  while (tiling.tile > 64 && largestTileTensorBytes(cfg, tiling.tile / 8) > maxBufferBytes)
+    tiling = { tile: tiling.tile / 2, stride: tiling.stride / 2 };
+  const why =
+    tiling.tile === TILE_PIXELS
+      ? "diffusers' tiles"
+      : `diffusers' ${TILE_PIXELS}-pixel tiles need a ${(largestTileTensorBytes(cfg, TILE_PIXELS / 8) / 2 ** 20).toFixed(0)} MiB buffer; the workers allow ${(maxBufferBytes / 2 ** 20).toFixed(0)} MiB`;
   return { ...tiling, why };
 }
 
@@ -107,8 +143,13 @@ export function tiledDecoding(o: TiledDecodingOptions): VideoDecoding {
   const decodeTiles = async (latent: Tensor, { ep = o.ep, onProgress }: DecodeOptions) => {
     const started = performance.now();
     const [C, T, h, w] = latent.shape;
-    if (C !== o.config.zDim || latent.data.length !== sizeOf(latent.shape)) throw new Error(`the VAE decodes latents [${o.config.zDim}, T, h, w], got [${latent.shape}] with ${latent.data.length} values`);
-    const tiling = o.tiling ? { ...o.tiling, why: 'as asked' } : chooseTiling(o.config, o.maxBufferBytes?.() ?? Infinity);
+    if (C !== o.config.zDim || latent.data.length !== sizeOf(latent.shape))
+      throw new Error(
+        `the VAE decodes latents [${o.config.zDim}, T, h, w], got [${latent.shape}] with ${latent.data.length} values`,
+      );
+    const tiling = o.tiling
+      ? { ...o.tiling, why: 'as asked' }
+      : chooseTiling(o.config, o.maxBufferBytes?.() ?? Infinity);
     const tiles = tilesOf(h, w, tiling);
     const decoded: Frames[] = new Array(tiles.length);
     const queue = tiles.map((_, i) => i);
@@ -128,11 +169,35 @@ export function tiledDecoding(o: TiledDecodingOptions): VideoDecoding {
       for (let from = 0; from < T; from += step) {
         const n = Math.min(step, T - from);
         const frames = new Float32Array(plane * n);
-        for (let c = 0; c < C; c++) frames.set(part.data.subarray((c * T + from) * tile.height * tile.width, (c * T + from + n) * tile.height * tile.width), c * n * tile.height * tile.width);
-        const got = await host.api.decodeTile({ modelUrl: o.modelUrl, ep, tile: `${tile.row},${tile.col}`, from, last: from + n === T, shape: [C, n, tile.height, tile.width], latent: frames }, o.timeoutMs);
-        const expected = [from === 0 ? 1 + framesOfChunk(o.config, false) * (n - 1) : framesOfChunk(o.config, false) * n, 3, 8 * tile.height, 8 * tile.width];
+        for (let c = 0; c < C; c++)
+          frames.set(
+            part.data.subarray(
+              (c * T + from) * tile.height * tile.width,
+              (c * T + from + n) * tile.height * tile.width,
+            ),
+            c * n * tile.height * tile.width,
+          );
+        const got = await host.api.decodeTile(
+          {
+            modelUrl: o.modelUrl,
+            ep,
+            tile: `${tile.row},${tile.col}`,
+            from,
+            last: from + n === T,
+            shape: [C, n, tile.height, tile.width],
+            latent: frames,
+          },
+          o.timeoutMs,
+        );
+        const expected = [
+          from === 0 ? 1 + framesOfChunk(o.config, false) * (n - 1) : framesOfChunk(o.config, false) * n,
+          3,
+          8 * tile.height,
+          8 * tile.width,
+        ];
         const what = `tile ${tile.row},${tile.col}'s latent frames ${from}–${from + n - 1}`;
-        if (got.shape.join() !== expected.join() || got.frames.length !== sizeOf(expected)) throw new Error(`returned ${what} as [${got.shape}] with ${got.frames.length} values, not [${expected}]`);
+        if (got.shape.join() !== expected.join() || got.frames.length !== sizeOf(expected))
+          throw new Error(`returned ${what} as [${got.shape}] with ${got.frames.length} values, not [${expected}]`);
         if (!got.frames.every(Number.isFinite)) throw new Error(`returned ${what} with NaN or infinite values`);
         parts.push({ frames: expected[0], channels: 3, height: expected[2], width: expected[3], data: got.frames });
         rank.computeMs += got.computeMs;
@@ -144,7 +209,14 @@ export function tiledDecoding(o: TiledDecodingOptions): VideoDecoding {
     };
 
     const worker = async (host: TileHost) => {
-      const rank = ranks.get(host.id) ?? { worker: host.id, tiles: 0, computeMs: 0, bytesSent: 0, weightBytes: 0, cacheBytes: 0 };
+      const rank = ranks.get(host.id) ?? {
+        worker: host.id,
+        tiles: 0,
+        computeMs: 0,
+        bytesSent: 0,
+        weightBytes: 0,
+        cacheBytes: 0,
+      };
       ranks.set(host.id, rank);
       for (let index = queue.shift(); index !== undefined; index = queue.shift()) {
         try {
@@ -163,20 +235,40 @@ export function tiledDecoding(o: TiledDecodingOptions): VideoDecoding {
     // every worker that is live takes tiles; when all of them failed with tiles left, those still live are asked again
     while (queue.length) {
       const hosts = await o.hosts();
-      if (!hosts.length) throw new Error('no worker to decode the video on: open a worker page, or ask for the latent (outputType "latent")');
+      if (!hosts.length)
+        throw new Error(
+          'no worker to decode the video on: open a worker page, or ask for the latent (outputType "latent")',
+        );
       const before = queue.length;
       await Promise.all(hosts.map(worker));
-      if (queue.length && queue.length === before) throw new Error(`no worker could decode VAE tile ${tiles[queue[0]].row},${tiles[queue[0]].col}: ${failures.slice(-hosts.length).join('; ')}`);
+      if (queue.length && queue.length === before)
+        throw new Error(
+          `no worker could decode VAE tile ${tiles[queue[0]].row},${tiles[queue[0]].col}: ${failures.slice(-hosts.length).join('; ')}`,
+        );
     }
     const video = blendTiles(tiles, decoded, h, w, tiling);
-    return { video, report: { where: 'workers' as const, tiling, tiles: tiles.length, ms: performance.now() - started, ranks: [...ranks.values()], retried } };
+    return {
+      video,
+      report: {
+        where: 'workers' as const,
+        tiling,
+        tiles: tiles.length,
+        ms: performance.now() - started,
+        ranks: [...ranks.values()],
+        retried,
+      },
+    };
   };
   return {
     async ready() {
       try {
         await openWanVae(o.files);
       } catch (e) {
-        throw e instanceof MissingFile ? new MissingFile(`the VAE cannot decode: ${e.message}; ask for the latent instead (outputType 'latent'; --output-type latent with npm run generate)`) : e;
+        throw e instanceof MissingFile
+          ? new MissingFile(
+              `the VAE cannot decode: ${e.message}; ask for the latent instead (outputType 'latent'; --output-type latent with npm run generate)`,
+            )
+          : e;
       }
     },
     async decode(latent, options = {}) {

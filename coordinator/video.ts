@@ -110,7 +110,11 @@ export async function probeWebM(blob: Blob): Promise<WebMProbe> {
 }
 
 function checkFrames({ count, height, width, rgb }: VideoFrames, fps: number): void {
-  for (const [name, v] of [['count', count], ['height', height], ['width', width]] as const) {
+  for (const [name, v] of [
+    ['count', count],
+    ['height', height],
+    ['width', width],
+  ] as const) {
     if (!Number.isInteger(v) || v <= 0) throw new Error(`encodeWebM: ${name} must be a positive integer, got ${v}`);
   }
   if (!(fps > 0) || !Number.isFinite(fps)) throw new Error(`encodeWebM: fps must be a positive number, got ${fps}`);
@@ -125,7 +129,9 @@ function checkFrames({ count, height, width, rgb }: VideoFrames, fps: number): v
 
 async function pickCodec(preferred: WebMCodec, width: number, height: number, fps: number): Promise<WebMCodec> {
   if (typeof VideoEncoder === 'undefined') {
-    throw new Error('encodeWebM: this browser has no WebCodecs VideoEncoder (it needs a secure context: https or localhost)');
+    throw new Error(
+      'encodeWebM: this browser has no WebCodecs VideoEncoder (it needs a secure context: https or localhost)',
+    );
   }
   const candidates: WebMCodec[] = preferred === 'vp8' ? ['vp8', 'vp9'] : ['vp9', 'vp8'];
   for (const codec of candidates) {
@@ -144,9 +150,9 @@ function packRGBA(rgb: Float32Array, count: number, plane: number, t: number, ou
   const g = (count + t) * plane;
   const b = (2 * count + t) * plane;
   for (let i = 0; i < plane; i++) {
-    out[4 * i] = toByte(rgb[r + i]!);
-    out[4 * i + 1] = toByte(rgb[g + i]!);
-    out[4 * i + 2] = toByte(rgb[b + i]!);
+    out[4 * i] = toByte(rgb[r + i]);
+    out[4 * i + 1] = toByte(rgb[g + i]);
+    out[4 * i + 2] = toByte(rgb[b + i]);
     out[4 * i + 3] = 255;
   }
 }

@@ -4,10 +4,32 @@
 
 import type { WanConfig } from './model/config.ts';
 import type { ComputeProbe, ExecutionProvider, MeshProbe } from './worker-api.ts';
-import { checkDegree, displacedFloatsPerBlock, evenDegrees, evenHeads, exchangeFloatsPerBlock, MAX_HEAD_GROUPS, planUlysses, proportionalShares, type ParallelMode } from './parallel.ts';
+import {
+  checkDegree,
+  displacedFloatsPerBlock,
+  evenDegrees,
+  evenHeads,
+  exchangeFloatsPerBlock,
+  MAX_HEAD_GROUPS,
+  planUlysses,
+  proportionalShares,
+  type ParallelMode,
+} from './parallel.ts';
 
 /** The sizes a forward's cost depends on (a WanConfig has them all). */
-export type ModelShape = Pick<WanConfig, 'numHeads' | 'headDim' | 'dim' | 'ffnDim' | 'numLayers' | 'inChannels' | 'outChannels' | 'patchSize' | 'textDim' | 'freqDim'>;
+export type ModelShape = Pick<
+  WanConfig,
+  | 'numHeads'
+  | 'headDim'
+  | 'dim'
+  | 'ffnDim'
+  | 'numLayers'
+  | 'inChannels'
+  | 'outChannels'
+  | 'patchSize'
+  | 'textDim'
+  | 'freqDim'
+>;
 
 export interface Workload {
   model: ModelShape;
@@ -106,7 +128,14 @@ export interface Hardware {
 export interface ForwardFlops {
   embed: number;
   /** per block, by part */
-  block: { selfProjections: number; attention: number; crossProjections: number; crossAttention: number; ffn: number; total: number };
+  block: {
+    selfProjections: number;
+    attention: number;
+    crossProjections: number;
+    crossAttention: number;
+    ffn: number;
+    total: number;
+  };
   head: number;
   total: number;
   /** attention score elements the rank softmaxes, self (its heads × S × S) and cross, all blocks */
@@ -138,7 +167,13 @@ export interface StepPrediction {
  * FLOPs of one rank's forward: under Ulysses degree P with even shares (rank 0, the busiest: it has
  * the most heads and tokens), or rank `rank` of the given head shares.
  */
-export function forwardFlops(model: ModelShape, tokens: number, textTokens: number, shares: number | number[], rank = 0): ForwardFlops {
+export function forwardFlops(
+  model: ModelShape,
+  tokens: number,
+  textTokens: number,
+  shares: number | number[],
+  rank = 0,
+): ForwardFlops {
   const { dim: D, ffnDim, numLayers, inChannels, outChannels, patchSize, textDim, freqDim } = model;
   const patch = patchSize.reduce((a, b) => a * b, 1);
   const plan = planUlysses(model, tokens, shares);
@@ -169,13 +204,20 @@ export function forwardFlops(model: ModelShape, tokens: number, textTokens: numb
  * Engine calls of one rank's forward (rank/ulysses.ts): embed, then per block pre-attention,
  * attention (once per head group) and post-attention, then the head.
  */
-export const stageCallsPerForward = (model: Pick<ModelShape, 'numLayers'>, headGroups = 1): number => (2 + headGroups) * model.numLayers + 2;
+export const stageCallsPerForward = (model: Pick<ModelShape, 'numLayers'>, headGroups = 1): number =>
+  (2 + headGroups) * model.numLayers + 2;
 
 /**
  * Bytes the busiest rank sends in one forward: Ulysses about 4·(S/P)·D·(P−1)/P elements per block
  * with even shares, displaced 2·(S/P)·D·(P−1).
  */
-export function forwardBytes(model: ModelShape, tokens: number, shares: number | number[], bytesPerElement: number, mode: ParallelMode = 'ulysses'): number {
+export function forwardBytes(
+  model: ModelShape,
+  tokens: number,
+  shares: number | number[],
+  bytesPerElement: number,
+  mode: ParallelMode = 'ulysses',
+): number {
   const plan = planUlysses(model, tokens, shares);
   const perBlock = mode === 'displaced' ? displacedFloatsPerBlock : exchangeFloatsPerBlock;
   const busiest = Math.max(...plan.heads.map((_, rank) => perBlock(plan, rank)));
@@ -219,24 +261,43 @@ export function predictStep(work: Workload, plan: Plan, hw: Hardware): StepPredi
 
 function predictGrouped(work: Workload, plan: Plan, headGroups: number, hw: Hardware): StepPrediction {
   const P = plan.ulyssesDegree;
-  if (plan.cfgParallel && work.passes !== 2) throw new Error('cfgParallel needs two passes per step (guidance ≠ 1); this workload has one');
-  if (plan.heads && (plan.cfgParallel || plan.heads.length !== P)) throw new Error(`head shares ${plan.heads.join('/')} are for one group of ${P} ranks`);
+  if (plan.cfgParallel && work.passes !== 2)
+    throw new Error('cfgParallel needs two passes per step (guidance ≠ 1); this workload has one');
+  if (plan.heads && (plan.cfgParallel || plan.heads.length !== P))
+    throw new Error(`head shares ${plan.heads.join('/')} are for one group of ${P} ranks`);
   const world = planWorld(plan);
   if (world > hw.workerFlops.length) throw new Error(`plan needs ${world} workers, ${hw.workerFlops.length} measured`);
   const shares = plan.heads ?? P;
   const chosen = plan.heads
     ? plan.heads.map((_, i) => ({ f: hw.workerFlops[i], i }))
-    : hw.workerFlops.map((f, i) => ({ f, i })).sort((a, b) => b.f - a.f).slice(0, world);
+    : hw.workerFlops
+        .map((f, i) => ({ f, i }))
+        .sort((a, b) => b.f - a.f)
+        .slice(0, world);
   const softmaxRateOf = (i: number) => hw.workerSoftmaxRates?.[i] ?? Infinity;
   const stageS = hw.workerStageS ? Math.max(...chosen.map((c) => hw.workerStageS![c.i])) : 0;
-  const link = world > 1 ? slowestLink(hw, chosen.map((c) => c.i)) : { bandwidth: Infinity, latency: 0 };
+  const link =
+    world > 1
+      ? slowestLink(
+          hw,
+          chosen.map((c) => c.i),
+        )
+      : { bandwidth: Infinity, latency: 0 };
   // a rank's forward at rates (flop/s, softmax/s); the slowest rank's is the step's: with even
   // shares the busiest share at the slowest rates, else each rank's share at its own worker's
-  const forwardAt = (f: ForwardFlops, flops: number, softmaxRate: number) => f.total / flops + f.scores / softmaxRate + stageCallsPerForward(work.model, headGroups) * stageS;
+  const forwardAt = (f: ForwardFlops, flops: number, softmaxRate: number) =>
+    f.total / flops + f.scores / softmaxRate + stageCallsPerForward(work.model, headGroups) * stageS;
   const forward = forwardFlops(work.model, work.tokens, work.textTokens, shares);
-  const slowest = { flops: Math.min(...chosen.map((c) => c.f)), softmaxRate: Math.min(...chosen.map((c) => softmaxRateOf(c.i))) };
+  const slowest = {
+    flops: Math.min(...chosen.map((c) => c.f)),
+    softmaxRate: Math.min(...chosen.map((c) => softmaxRateOf(c.i))),
+  };
   const estimatedForwardS = plan.heads
-    ? Math.max(...chosen.map((c, rank) => forwardAt(forwardFlops(work.model, work.tokens, work.textTokens, shares, rank), c.f, softmaxRateOf(c.i))))
+    ? Math.max(
+        ...chosen.map((c, rank) =>
+          forwardAt(forwardFlops(work.model, work.tokens, work.textTokens, shares, rank), c.f, softmaxRateOf(c.i)),
+        ),
+      )
     : forwardAt(forward, slowest.flops, slowest.softmaxRate);
 
   const passesPerGroup = plan.cfgParallel ? 1 : work.passes;
@@ -253,12 +314,15 @@ function predictGrouped(work: Workload, plan: Plan, headGroups: number, hw: Hard
   // displaced ranks do Ulysses' work (their tokens over all heads, not all tokens over their
   // heads); a forward is rehearsed in one head group, and each group past it is a call more a block
   const rehearsedS = hw.rehearsedForwardS?.(plan) ?? (plan.heads ? unevenRehearsedS(work, plan.heads, hw) : undefined);
-  const forwardS = rehearsedS === undefined ? estimatedForwardS : rehearsedS + (headGroups - 1) * work.model.numLayers * stageS;
+  const forwardS =
+    rehearsedS === undefined ? estimatedForwardS : rehearsedS + (headGroups - 1) * work.model.numLayers * stageS;
   const computeS = passesPerGroup * forwardS;
   // the self-attention of the forward (its share of the estimate at the slowest rates): head groups
   // hide all of it but the last group's behind the exchange, as far as the exchange is long
-  const selfAttentionS = (work.model.numLayers * forward.block.attention) / slowest.flops + forward.selfScores / slowest.softmaxRate;
-  const attentionShare = selfAttentionS > 0 ? selfAttentionS / forwardAt(forward, slowest.flops, slowest.softmaxRate) : 0;
+  const selfAttentionS =
+    (work.model.numLayers * forward.block.attention) / slowest.flops + forward.selfScores / slowest.softmaxRate;
+  const attentionShare =
+    selfAttentionS > 0 ? selfAttentionS / forwardAt(forward, slowest.flops, slowest.softmaxRate) : 0;
   const groupsHide = forwardS * attentionShare * (1 - 1 / headGroups);
   // displaced (past its warm-up): a forward's gather has the next forward of its pass to arrive in;
   // two passes on one group run at once, so one's all-to-alls wait behind the other's compute
@@ -269,8 +333,17 @@ function predictGrouped(work: Workload, plan: Plan, headGroups: number, hw: Hard
   const hiddenBehind = oneCpu ? 0 : displaced || (passesPerGroup > 1 && P > 1) ? forwardS : groupsHide;
   const commPerForward = Math.max(0, wireS - hiddenBehind);
   const commS = passesPerGroup * commPerForward + cfgComm;
-  const coordinator = hw.coordinatorLink === undefined ? (typeof hw.link === 'function' ? slowestLink(hw, chosen.map((c) => c.i)) : hw.link) : hw.coordinatorLink;
-  const ioBytes = work.passes * work.tokens * (work.model.inChannels + work.model.outChannels) * patchVolume(work.model) * 4;
+  const coordinator =
+    hw.coordinatorLink === undefined
+      ? typeof hw.link === 'function'
+        ? slowestLink(
+            hw,
+            chosen.map((c) => c.i),
+          )
+        : hw.link
+      : hw.coordinatorLink;
+  const ioBytes =
+    work.passes * work.tokens * (work.model.inChannels + work.model.outChannels) * patchVolume(work.model) * 4;
   const ioS = coordinator ? ioBytes / coordinator.bandwidth + 2 * work.passes * coordinator.latency : 0;
   const measuredS = hw.measuredStepS?.(plan, hw.bytesPerElement);
   return {
@@ -316,7 +389,10 @@ function unevenRehearsedS(work: Workload, heads: number[], hw: Hardware): number
 export function unevenPlan(work: Workload, hw: Hardware, degree: number): Plan | null {
   if (degree < 2 || degree > hw.workerFlops.length) return null;
   const rehearsed = hw.rehearsedRankForwardS?.(degree);
-  const speeds = rehearsed && rehearsed.length >= degree ? rehearsed.slice(0, degree).map((s) => 1 / s) : hw.workerFlops.slice(0, degree);
+  const speeds =
+    rehearsed && rehearsed.length >= degree
+      ? rehearsed.slice(0, degree).map((s) => 1 / s)
+      : hw.workerFlops.slice(0, degree);
   if (!speeds.every((s) => Number.isFinite(s) && s > 0)) return null;
   const heads = proportionalShares(work.model.numHeads, speeds);
   const even = evenHeads(work.model.numHeads, degree);
@@ -335,7 +411,11 @@ export interface SwarmPlanChoice {
  * The fastest plan among the candidates (all plans the workers allow by default). One worker is
  * always a candidate, so the choice is never predicted slower than it; ties go to fewer workers.
  */
-export function planSwarm(work: Workload, hw: Hardware, candidates: Plan[] = candidatePlans(work, hw.workerFlops.length)): SwarmPlanChoice {
+export function planSwarm(
+  work: Workload,
+  hw: Hardware,
+  candidates: Plan[] = candidatePlans(work, hw.workerFlops.length),
+): SwarmPlanChoice {
   const baseline = predictStep(work, { ulyssesDegree: 1, cfgParallel: false }, hw);
   const others = candidates.filter((p) => p.ulyssesDegree !== 1 || p.cfgParallel).map((p) => predictStep(work, p, hw));
   const ranked = [baseline, ...others].sort((a, b) => a.stepS - b.stepS || a.world - b.world);
@@ -378,16 +458,27 @@ const gflops = (probe: Pick<ComputeProbe, 'flops'>): string => `${+(probe.flops 
  * A software WebGPU adapter computes on the same CPU as WASM, a hundred times slower (0.2 against
  * 21 GFLOP/s here): it is never chosen, so a worker need not wait seconds for its probe.
  */
-export function fastestEp(compute: Partial<Record<ExecutionProvider, Pick<ComputeProbe, 'flops'>>>, softwareAdapter = false): { ep: ExecutionProvider; why: string } {
+export function fastestEp(
+  compute: Partial<Record<ExecutionProvider, Pick<ComputeProbe, 'flops'>>>,
+  softwareAdapter = false,
+): { ep: ExecutionProvider; why: string } {
   if (softwareAdapter) {
     // the same words whether or not its probe has finished: the worker does not wait for it, the coordinator does
-    return { ep: 'wasm', why: `${compute.wasm ? `WASM: ${gflops(compute.wasm)} GFLOP/s` : 'WASM: nothing measured yet'} (WebGPU: a software adapter)` };
+    return {
+      ep: 'wasm',
+      why: `${compute.wasm ? `WASM: ${gflops(compute.wasm)} GFLOP/s` : 'WASM: nothing measured yet'} (WebGPU: a software adapter)`,
+    };
   }
-  const measured = (Object.keys(compute) as ExecutionProvider[]).filter((ep) => compute[ep]).sort((a, b) => compute[b]!.flops - compute[a]!.flops);
+  const measured = (Object.keys(compute) as ExecutionProvider[])
+    .filter((ep) => compute[ep])
+    .sort((a, b) => compute[b]!.flops - compute[a]!.flops);
   if (!measured.length) return { ep: 'wasm', why: 'WASM: nothing measured yet' };
   const rate = (ep: ExecutionProvider) => gflops(compute[ep]!);
   const [best, ...slower] = measured;
   // Stryker disable next-line StringLiteral: there are two EPs, so at most one is slower and the separator never shows
   const others = slower.map((ep) => `${EP_NAME[ep]} ${rate(ep)}`).join(', ');
-  return { ep: best, why: `${EP_NAME[best]}: ${rate(best)} GFLOP/s${others ? ` vs ${others}` : best === 'wasm' ? ' (no WebGPU adapter)' : ''}` };
+  return {
+    ep: best,
+    why: `${EP_NAME[best]}: ${rate(best)} GFLOP/s${others ? ` vs ${others}` : best === 'wasm' ? ' (no WebGPU adapter)' : ''}`,
+  };
 }

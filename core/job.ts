@@ -44,12 +44,19 @@ export type FieldErrors = Partial<Record<keyof JobParams, string>>;
 export class JobParamsError extends Error {
   override name = 'JobParamsError';
   constructor(readonly fields: FieldErrors) {
-    super(Object.entries(fields).map(([k, v]) => `${k}: ${v}`).join('; '));
+    super(
+      Object.entries(fields)
+        .map(([k, v]) => `${k}: ${v}`)
+        .join('; '),
+    );
   }
 }
 
 /** `defaults`: what a field the input leaves out is (a model folder's, core/model/wan-pipeline.ts) */
-export function checkJobParams(input: Partial<Record<keyof JobParams, unknown>>, defaults: JobParams = DEFAULT_JOB): FieldErrors {
+export function checkJobParams(
+  input: Partial<Record<keyof JobParams, unknown>>,
+  defaults: JobParams = DEFAULT_JOB,
+): FieldErrors {
   const p = { ...defaults, ...input };
   const errors: FieldErrors = {};
   const show = (v: unknown) => (typeof v === 'number' ? String(v) : JSON.stringify(v));
@@ -69,12 +76,17 @@ export function checkJobParams(input: Partial<Record<keyof JobParams, unknown>>,
   };
   for (const key of ['prompt', 'negativePrompt'] as const) {
     if (typeof p[key] !== 'string') errors[key] = 'must be text';
-    else if (p[key].length > LIMITS.promptChars) errors[key] = `is ${p[key].length} characters; at most ${LIMITS.promptChars}`;
+    else if (p[key].length > LIMITS.promptChars)
+      errors[key] = `is ${p[key].length} characters; at most ${LIMITS.promptChars}`;
   }
   if (typeof p.prompt === 'string' && !p.prompt.trim()) errors.prompt = 'is empty; describe the video you want';
-  intIn('frames', LIMITS.frames.min, LIMITS.frames.max, (v) => ((v - 1) % 4 ? `must be 4k+1 (1, 5, 9, 13, …), got ${v}; try ${4 * Math.round((v - 1) / 4) + 1}` : null));
+  intIn('frames', LIMITS.frames.min, LIMITS.frames.max, (v) =>
+    (v - 1) % 4 ? `must be 4k+1 (1, 5, 9, 13, …), got ${v}; try ${4 * Math.round((v - 1) / 4) + 1}` : null,
+  );
   for (const key of ['height', 'width'] as const) {
-    intIn(key, LIMITS.size.min, LIMITS.size.max, (v) => (v % 16 ? `must be a multiple of 16, got ${v}; try ${Math.max(16, 16 * Math.round(v / 16))}` : null));
+    intIn(key, LIMITS.size.min, LIMITS.size.max, (v) =>
+      v % 16 ? `must be a multiple of 16, got ${v}; try ${Math.max(16, 16 * Math.round(v / 16))}` : null,
+    );
   }
   intIn('steps', LIMITS.steps.min, LIMITS.steps.max);
   numIn('guidance', LIMITS.guidance.min, LIMITS.guidance.max);
@@ -84,7 +96,10 @@ export function checkJobParams(input: Partial<Record<keyof JobParams, unknown>>,
 }
 
 /** `defaults` beneath the input's fields, every field checked; throws a JobParamsError naming each bad field. */
-export function jobParams(input: Partial<Record<keyof JobParams, unknown>>, defaults: JobParams = DEFAULT_JOB): JobParams {
+export function jobParams(
+  input: Partial<Record<keyof JobParams, unknown>>,
+  defaults: JobParams = DEFAULT_JOB,
+): JobParams {
   const errors = checkJobParams(input, defaults);
   if (Object.keys(errors).length) throw new JobParamsError(errors);
   return { ...defaults, ...input } as JobParams;

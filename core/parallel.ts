@@ -40,9 +40,12 @@ export class RankLayout {
     readonly cfgGroups: 1 | 2 = 1,
     readonly heads: number[][] | null = null,
   ) {
-    if (!Number.isInteger(ulyssesDegree) || ulyssesDegree < 1) throw new ParallelConfigError(`a Ulysses degree is a whole number of ranks, got ${ulyssesDegree}`);
+    if (!Number.isInteger(ulyssesDegree) || ulyssesDegree < 1)
+      throw new ParallelConfigError(`a Ulysses degree is a whole number of ranks, got ${ulyssesDegree}`);
     if (heads && (heads.length !== cfgGroups || heads.some((g) => g.length !== ulyssesDegree))) {
-      throw new ParallelConfigError(`head shares ${JSON.stringify(heads)} are not ${cfgGroups} group(s) of ${ulyssesDegree} ranks`);
+      throw new ParallelConfigError(
+        `head shares ${JSON.stringify(heads)} are not ${cfgGroups} group(s) of ${ulyssesDegree} ranks`,
+      );
     }
     this.world = ulyssesDegree * cfgGroups;
   }
@@ -58,7 +61,11 @@ export class RankLayout {
 
   /** The same ranks doing the same shares: a placement on this layout serves `other`. */
   sameAs(other: RankLayout): boolean {
-    return this.ulyssesDegree === other.ulyssesDegree && this.cfgGroups === other.cfgGroups && JSON.stringify(this.heads) === JSON.stringify(other.heads);
+    return (
+      this.ulyssesDegree === other.ulyssesDegree &&
+      this.cfgGroups === other.cfgGroups &&
+      JSON.stringify(this.heads) === JSON.stringify(other.heads)
+    );
   }
 
   groupOf(rank: number): number {
@@ -85,7 +92,11 @@ export class RankLayout {
   }
 
   /** The rank's mesh: its group's ranks, their peers, their head shares, and a session of the group's own. */
-  meshOf(rank: number, peers: string[], session: string): { rank: number; world: number; peers: string[]; session: string; heads?: number[] } {
+  meshOf(
+    rank: number,
+    peers: string[],
+    session: string,
+  ): { rank: number; world: number; peers: string[]; session: string; heads?: number[] } {
     const group = this.groupOf(rank);
     return {
       rank: this.localRank(rank),
@@ -105,7 +116,11 @@ export class RankLayout {
 
   /** Every pair of ranks that share a mesh, the higher rank first (it dials). */
   meshPairs(): [number, number][] {
-    return Array.from({ length: this.world }, (_, from) => this.groupRanks(this.groupOf(from)).filter((to) => to < from).map((to): [number, number] => [from, to])).flat();
+    return Array.from({ length: this.world }, (_, from) =>
+      this.groupRanks(this.groupOf(from))
+        .filter((to) => to < from)
+        .map((to): [number, number] => [from, to]),
+    ).flat();
   }
 
   /** With a job (its model's heads and its tokens), the rank's share of it; else its heads where they are uneven. */
@@ -113,7 +128,9 @@ export class RankLayout {
     const share = job && this.shareOf(rank, job.numHeads, job.tokens);
     const notes = [
       this.cfgParallel && `${this.groupOf(rank) === 0 ? 'conditional' : 'unconditional'} group`,
-      share ? `${share.heads} heads, ${share.tokens} tokens` : this.heads && `${this.heads[this.groupOf(rank)][this.localRank(rank)]} heads`,
+      share
+        ? `${share.heads} heads, ${share.tokens} tokens`
+        : this.heads && `${this.heads[this.groupOf(rank)][this.localRank(rank)]} heads`,
     ].filter(Boolean);
     return `rank ${rank} of ${this.world}${notes.length ? ` (${notes.join(', ')})` : ''}`;
   }
@@ -133,7 +150,9 @@ export function validDegrees(numHeads: number, maxWorkers = numHeads): number[] 
  * heads, ⌈H/P⌉ (12 heads: 1, 2, 3, 4, 6, 12 — five ranks wait for ranks of 3 heads as four do).
  */
 export function evenDegrees(numHeads: number, maxWorkers = numHeads): number[] {
-  return validDegrees(numHeads, maxWorkers).filter((p) => p === 1 || Math.ceil(numHeads / p) < Math.ceil(numHeads / (p - 1)));
+  return validDegrees(numHeads, maxWorkers).filter(
+    (p) => p === 1 || Math.ceil(numHeads / p) < Math.ceil(numHeads / (p - 1)),
+  );
 }
 
 /** The degree to take before the workers are measured: the largest even degree `liveWorkers` allow (at least 1). */
@@ -143,12 +162,16 @@ export function defaultDegree(numHeads: number, liveWorkers: number): number {
 
 export function checkDegree(numHeads: number, degree: number, liveWorkers = Infinity): void {
   if (!Number.isInteger(degree) || degree < 1 || degree > numHeads) {
-    throw new ParallelConfigError(`ulyssesDegree ${degree} is not a whole number of ranks from 1 to the model's ${numHeads} heads (each rank takes at least one)`);
+    throw new ParallelConfigError(
+      `ulyssesDegree ${degree} is not a whole number of ranks from 1 to the model's ${numHeads} heads (each rank takes at least one)`,
+    );
   }
   if (degree > liveWorkers) {
     throw new ParallelConfigError(
       `ulyssesDegree ${degree} needs ${degree} worker${degree === 1 ? '' : 's'} but ${liveWorkers} ${liveWorkers === 1 ? 'is' : 'are'} live; ` +
-        (liveWorkers >= 1 ? `at most ${Math.min(liveWorkers, numHeads)} now, or open more worker pages` : 'open a worker page first'),
+        (liveWorkers >= 1
+          ? `at most ${Math.min(liveWorkers, numHeads)} now, or open more worker pages`
+          : 'open a worker page first'),
     );
   }
 }
@@ -161,8 +184,10 @@ export function checkDegree(numHeads: number, degree: number, liveWorkers = Infi
  */
 export function proportionalShares(total: number, weights: number[]): number[] {
   const n = weights.length;
-  if (n < 1 || n > total) throw new ParallelConfigError(`${total} cannot be shared among ${n} ranks with at least one each`);
-  if (!weights.every((w) => Number.isFinite(w) && w > 0)) throw new ParallelConfigError(`shares need positive weights, got ${weights.join(', ')}`);
+  if (n < 1 || n > total)
+    throw new ParallelConfigError(`${total} cannot be shared among ${n} ranks with at least one each`);
+  if (!weights.every((w) => Number.isFinite(w) && w > 0))
+    throw new ParallelConfigError(`shares need positive weights, got ${weights.join(', ')}`);
   const sum = weights.reduce((a, b) => a + b, 0);
   const floors = weights.map((w) => Math.max(1, Math.floor((total * w) / sum)));
   const shares = floors.reduce((a, b) => a + b, 0) <= total ? floors : new Array<number>(n).fill(1);
@@ -175,22 +200,41 @@ export function proportionalShares(total: number, weights: number[]): number[] {
 }
 
 /** Heads as equal as they can be: P | H gives H/P each, else the first ranks one more. */
-export const evenHeads = (numHeads: number, degree: number): number[] => proportionalShares(numHeads, new Array(degree).fill(1));
+export const evenHeads = (numHeads: number, degree: number): number[] =>
+  proportionalShares(numHeads, new Array(degree).fill(1));
 
 /**
  * The plan of a forward over `tokens` tokens: `heads` as given (a rank's share each), or that many
  * ranks with even heads; tokens in proportion to the heads; the exchange in `headGroups` head
  * groups, or as many as the rank with the fewest heads has where that is fewer.
  */
-export function planUlysses(cfg: Pick<WanConfig, 'numHeads' | 'headDim'>, tokens: number, heads: number | number[], headGroups = 1): UlyssesPlan {
+export function planUlysses(
+  cfg: Pick<WanConfig, 'numHeads' | 'headDim'>,
+  tokens: number,
+  heads: number | number[],
+  headGroups = 1,
+): UlyssesPlan {
   const shares = typeof heads === 'number' ? (checkDegree(cfg.numHeads, heads), evenHeads(cfg.numHeads, heads)) : heads;
   checkDegree(cfg.numHeads, shares.length);
   if (!shares.every((h) => Number.isInteger(h) && h >= 1) || shares.reduce((a, b) => a + b, 0) !== cfg.numHeads) {
-    throw new ParallelConfigError(`head shares ${shares.join('/')} are not whole shares of at least one summing to the model's ${cfg.numHeads} heads`);
+    throw new ParallelConfigError(
+      `head shares ${shares.join('/')} are not whole shares of at least one summing to the model's ${cfg.numHeads} heads`,
+    );
   }
-  if (tokens < shares.length) throw new ParallelConfigError(`${tokens} tokens cannot be shared among ${shares.length} ranks: use fewer workers or a larger video`);
-  if (!(Number.isInteger(headGroups) && headGroups >= 1)) throw new ParallelConfigError(`headGroups is a whole number of head groups ≥ 1, got ${headGroups}`);
-  return { degree: shares.length, tokens, heads: shares, rows: proportionalShares(tokens, shares), headDim: cfg.headDim, headGroups: Math.min(headGroups, ...shares) };
+  if (tokens < shares.length)
+    throw new ParallelConfigError(
+      `${tokens} tokens cannot be shared among ${shares.length} ranks: use fewer workers or a larger video`,
+    );
+  if (!(Number.isInteger(headGroups) && headGroups >= 1))
+    throw new ParallelConfigError(`headGroups is a whole number of head groups ≥ 1, got ${headGroups}`);
+  return {
+    degree: shares.length,
+    tokens,
+    heads: shares,
+    rows: proportionalShares(tokens, shares),
+    headDim: cfg.headDim,
+    headGroups: Math.min(headGroups, ...shares),
+  };
 }
 
 const sumBefore = (xs: number[], r: number) => xs.slice(0, r).reduce((a, b) => a + b, 0);
@@ -219,7 +263,9 @@ export function gatherRows(plan: UlyssesPlan, parts: Float32Array[], width: numb
  */
 export function exchangeFloatsPerBlock(plan: UlyssesPlan, rank: number): number {
   const H = plan.heads.reduce((a, b) => a + b, 0);
-  return (3 * plan.rows[rank] * (H - plan.heads[rank]) + plan.heads[rank] * (plan.tokens - plan.rows[rank])) * plan.headDim;
+  return (
+    (3 * plan.rows[rank] * (H - plan.heads[rank]) + plan.heads[rank] * (plan.tokens - plan.rows[rank])) * plan.headDim
+  );
 }
 
 /**
@@ -242,10 +288,18 @@ export function headGroup(plan: UlyssesPlan, rank: number, group: number): { sta
  * heads·d] of `to`'s heads in head group `group`, or attention output [rows[to], heads·d] of
  * `from`'s heads in it (Ulysses); or k, v of all heads [2, rows[from], H·d] (displaced).
  */
-export function partFloats(plan: UlyssesPlan, phase: 'qkv' | 'output' | 'kv', from: number, to: number, group = 0): number {
+export function partFloats(
+  plan: UlyssesPlan,
+  phase: 'qkv' | 'output' | 'kv',
+  from: number,
+  to: number,
+  group = 0,
+): number {
   const H = plan.heads.reduce((a, b) => a + b, 0);
   if (phase === 'kv') return 2 * plan.rows[from] * H * plan.headDim;
-  return phase === 'qkv' ? 3 * plan.rows[from] * headGroup(plan, to, group).heads * plan.headDim : plan.rows[to] * headGroup(plan, from, group).heads * plan.headDim;
+  return phase === 'qkv'
+    ? 3 * plan.rows[from] * headGroup(plan, to, group).heads * plan.headDim
+    : plan.rows[to] * headGroup(plan, from, group).heads * plan.headDim;
 }
 
 /** How a group's ranks share a block's self-attention: Ulysses (exact, on the critical path) or displaced (one step stale, off it: rank/displaced.ts). */
@@ -255,7 +309,10 @@ export type ParallelMode = 'ulysses' | 'displaced';
  * Bytes a rank holds in displaced mode: every rank's keys and values [2, S, D] in float32, for
  * each pass and block (rank/displaced.ts), at degree P with even shares.
  */
-export function staleKeysValuesBytes(work: { model: Pick<WanConfig, 'numLayers' | 'dim'>; tokens: number; passes: number }, degree: number): number {
+export function staleKeysValuesBytes(
+  work: { model: Pick<WanConfig, 'numLayers' | 'dim'>; tokens: number; passes: number },
+  degree: number,
+): number {
   return degree < 2 ? 0 : work.passes * work.model.numLayers * 2 * work.tokens * work.model.dim * 4;
 }
 

@@ -31,7 +31,8 @@ export interface TensorEntry {
   end: number;
 }
 
-const headerLength = (bytes: Uint8Array): number => Number(new DataView(bytes.buffer, bytes.byteOffset, 8).getBigUint64(0, true));
+const headerLength = (bytes: Uint8Array): number =>
+  Number(new DataView(bytes.buffer, bytes.byteOffset, 8).getBigUint64(0, true));
 
 /**
  * The tensors a header (the JSON after the 8-byte length) lists, each checked: a known dtype, a
@@ -52,12 +53,22 @@ function parseHeader(json: Uint8Array, file: string, dataBytes: number | null): 
     if (name === '__metadata__') continue;
     const where = `tensor "${name}"`;
     const dtype = entry?.dtype as SafetensorsDType;
-    if (!Object.hasOwn(BYTES, dtype)) throw fail(`${where} has dtype ${JSON.stringify(entry?.dtype)}; supported: F32, F16, BF16`);
+    if (!Object.hasOwn(BYTES, dtype))
+      throw fail(`${where} has dtype ${JSON.stringify(entry?.dtype)}; supported: F32, F16, BF16`);
     const shape = entry.shape;
-    if (!Array.isArray(shape) || !shape.every((d) => Number.isInteger(d) && d >= 0)) throw fail(`${where} has a bad shape ${JSON.stringify(shape)}`);
+    if (!Array.isArray(shape) || !shape.every((d) => Number.isInteger(d) && d >= 0))
+      throw fail(`${where} has a bad shape ${JSON.stringify(shape)}`);
     const [begin, end] = entry.data_offsets ?? [];
-    if (!Number.isInteger(begin) || !Number.isInteger(end) || begin < 0 || end < begin || (dataBytes !== null && end > dataBytes)) {
-      throw fail(`${where} has data_offsets ${JSON.stringify(entry.data_offsets)} outside the ${dataBytes ?? 'file\'s'} data bytes`);
+    if (
+      !Number.isInteger(begin) ||
+      !Number.isInteger(end) ||
+      begin < 0 ||
+      end < begin ||
+      (dataBytes !== null && end > dataBytes)
+    ) {
+      throw fail(
+        `${where} has data_offsets ${JSON.stringify(entry.data_offsets)} outside the ${dataBytes ?? "file's"} data bytes`,
+      );
     }
     const expected = sizeOf(shape) * BYTES[dtype];
     if (end - begin !== expected) {
@@ -71,23 +82,35 @@ function parseHeader(json: Uint8Array, file: string, dataBytes: number | null): 
 /** A whole safetensors file in memory, every tensor widened to float32. */
 export function readSafetensors(bytes: Uint8Array, file: string): TensorMap {
   const fail = (what: string) => new SafetensorsError(`${file}: ${what}`);
-  if (bytes.byteLength < 8) throw fail(`only ${bytes.byteLength} bytes, not a safetensors file (needs an 8-byte header length)`);
+  if (bytes.byteLength < 8)
+    throw fail(`only ${bytes.byteLength} bytes, not a safetensors file (needs an 8-byte header length)`);
   const headerBytes = headerLength(bytes);
   if (headerBytes > MAX_HEADER_BYTES || 8 + headerBytes > bytes.byteLength) {
     throw fail(`header claims ${headerBytes} bytes but the file has ${bytes.byteLength - 8} after the length field`);
   }
   const entries = parseHeader(bytes.subarray(8, 8 + headerBytes), file, bytes.byteLength - 8 - headerBytes);
-  return new Map(entries.map((e) => [e.name, { shape: e.shape, data: widen(bytes.subarray(e.begin, e.end), e.dtype) }]));
+  return new Map(
+    entries.map((e) => [e.name, { shape: e.shape, data: widen(bytes.subarray(e.begin, e.end), e.dtype) }]),
+  );
 }
 
 /** The tensors of a safetensors file, from its header alone: two small reads, however large the file. */
 export async function readSafetensorsHeader(files: ByteRanges, file: string): Promise<TensorEntry[]> {
   const length = await files.readRange(file, 0, 8);
-  if (length.byteLength < 8) throw new SafetensorsError(`${file}: only ${length.byteLength} bytes, not a safetensors file (needs an 8-byte header length)`);
+  if (length.byteLength < 8)
+    throw new SafetensorsError(
+      `${file}: only ${length.byteLength} bytes, not a safetensors file (needs an 8-byte header length)`,
+    );
   const headerBytes = headerLength(length);
-  if (headerBytes > MAX_HEADER_BYTES) throw new SafetensorsError(`${file}: header claims ${headerBytes} bytes, more than any checkpoint's (${MAX_HEADER_BYTES})`);
+  if (headerBytes > MAX_HEADER_BYTES)
+    throw new SafetensorsError(
+      `${file}: header claims ${headerBytes} bytes, more than any checkpoint's (${MAX_HEADER_BYTES})`,
+    );
   const json = await files.readRange(file, 8, 8 + headerBytes);
-  if (json.byteLength < headerBytes) throw new SafetensorsError(`${file}: header claims ${headerBytes} bytes but the file ends after ${8 + json.byteLength}: truncated? fetch it again`);
+  if (json.byteLength < headerBytes)
+    throw new SafetensorsError(
+      `${file}: header claims ${headerBytes} bytes but the file ends after ${8 + json.byteLength}: truncated? fetch it again`,
+    );
   return parseHeader(json, file, null);
 }
 
@@ -95,7 +118,9 @@ export async function readSafetensorsHeader(files: ByteRanges, file: string): Pr
 export async function readTensor(files: ByteRanges, entry: TensorEntry): Promise<Tensor> {
   const raw = await files.readRange(entry.file, entry.begin, entry.end);
   if (raw.byteLength !== entry.end - entry.begin) {
-    throw new SafetensorsError(`${entry.file}: tensor "${entry.name}" needs bytes [${entry.begin}, ${entry.end}) but the file holds ${raw.byteLength} of them: truncated? fetch it again`);
+    throw new SafetensorsError(
+      `${entry.file}: tensor "${entry.name}" needs bytes [${entry.begin}, ${entry.end}) but the file holds ${raw.byteLength} of them: truncated? fetch it again`,
+    );
   }
   return { shape: entry.shape, data: widen(raw, entry.dtype, true) };
 }
@@ -106,7 +131,10 @@ export async function readTensor(files: ByteRanges, entry: TensorEntry): Promise
  * Buffer pool, say) copied.
  */
 function widen(raw: Uint8Array, dtype: SafetensorsDType, owned = false): Float32Array {
-  if (dtype === 'F32') return owned && raw.byteOffset % 4 === 0 ? new Float32Array(raw.buffer, raw.byteOffset, raw.byteLength / 4) : new Float32Array(new Uint8Array(raw).buffer);
+  if (dtype === 'F32')
+    return owned && raw.byteOffset % 4 === 0
+      ? new Float32Array(raw.buffer, raw.byteOffset, raw.byteLength / 4)
+      : new Float32Array(new Uint8Array(raw).buffer);
   const view = new DataView(raw.buffer, raw.byteOffset, raw.byteLength);
   const n = raw.byteLength / BYTES[dtype];
   const out = new Float32Array(n);
@@ -142,7 +170,10 @@ export interface TensorSpec {
  * by name with their data in that order, the JSON padded with spaces so the data starts 8-byte
  * aligned. Returns the bytes before the data (length field and JSON) and the tensors in data order.
  */
-export function safetensorsHeader(tensors: TensorSpec[], metadata?: Record<string, string>): { head: Uint8Array; order: TensorSpec[] } {
+export function safetensorsHeader(
+  tensors: TensorSpec[],
+  metadata?: Record<string, string>,
+): { head: Uint8Array; order: TensorSpec[] } {
   const order = [...tensors].sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
   const header: Record<string, unknown> = metadata ? { __metadata__: metadata } : {};
   let offset = 0;
@@ -182,9 +213,13 @@ export function planShards(tensors: TensorSpec[], maxShardBytes: number): Tensor
 /** Writes float32 tensors (sorted by name, as the Python writer does) with optional string metadata. */
 export function writeSafetensors(tensors: TensorMap, metadata?: Record<string, string>): Uint8Array {
   for (const [name, t] of tensors) {
-    if (t.data.length !== sizeOf(t.shape)) throw new SafetensorsError(`tensor "${name}": shape [${t.shape}] does not match ${t.data.length} values`);
+    if (t.data.length !== sizeOf(t.shape))
+      throw new SafetensorsError(`tensor "${name}": shape [${t.shape}] does not match ${t.data.length} values`);
   }
-  const { head, order } = safetensorsHeader([...tensors].map(([name, t]) => ({ name, shape: t.shape })), metadata);
+  const { head, order } = safetensorsHeader(
+    [...tensors].map(([name, t]) => ({ name, shape: t.shape })),
+    metadata,
+  );
   const out = new Uint8Array(head.length + order.reduce((n, t) => n + 4 * sizeOf(t.shape), 0));
   out.set(head);
   let at = head.length;

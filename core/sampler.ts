@@ -36,16 +36,20 @@ export interface SampleRequest {
 
 /** The timesteps the model is given and the sigmas the solver steps through. */
 export function scheduleOf(solver: Solver, steps: number, flowShift: number): Schedule {
-  return solver.kind === 'UniPCMultistepScheduler' ? unipcSchedule(steps, flowShift) : flowMatchSchedule(steps, flowShift);
+  return solver.kind === 'UniPCMultistepScheduler'
+    ? unipcSchedule(steps, flowShift)
+    : flowMatchSchedule(steps, flowShift);
 }
 
 export async function sample(request: SampleRequest): Promise<Tensor> {
   const { shape, steps, solver = EULER } = request;
   const schedule = scheduleOf(solver, steps, request.flowShift);
   let latent: Tensor = request.resume ? { shape, data: request.resume.latent } : initialNoise(shape, request.seed);
-  let history = solver.kind === 'UniPCMultistepScheduler' ? (request.resume?.solver ?? initialUniPcState(solver.order)) : undefined;
+  let history =
+    solver.kind === 'UniPCMultistepScheduler' ? (request.resume?.solver ?? initialUniPcState(solver.order)) : undefined;
   const first = request.resume?.step ?? 0;
-  if (solver.kind === 'UniPCMultistepScheduler' && first > 0 && !request.resume?.solver) throw new Error(`resuming UniPC at step ${first} needs its state from the checkpoint, which has none`);
+  if (solver.kind === 'UniPCMultistepScheduler' && first > 0 && !request.resume?.solver)
+    throw new Error(`resuming UniPC at step ${first} needs its state from the checkpoint, which has none`);
   for (let step = first; step < steps; step++) {
     request.signal?.throwIfAborted();
     const started = performance.now();

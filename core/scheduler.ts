@@ -32,7 +32,12 @@ export function guide(cond: Float32Array, uncond: Float32Array, scale: number): 
 }
 
 /** x + (σ_next − σ)·v */
-export function eulerStep(latent: Float32Array, velocity: Float32Array, sigma: number, sigmaNext: number): Float32Array {
+export function eulerStep(
+  latent: Float32Array,
+  velocity: Float32Array,
+  sigma: number,
+  sigmaNext: number,
+): Float32Array {
   const dt = sigmaNext - sigma;
   return latent.map((x, i) => x + dt * velocity[i]);
 }

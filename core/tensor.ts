@@ -67,19 +67,19 @@ export function concat(parts: Float32Array[]): Float32Array {
 /** a + b, elementwise. */
 export function add(a: Float32Array, b: Float32Array): Float32Array {
   const out = new Float32Array(a.length);
-  for (let i = 0; i < a.length; i++) out[i] = a[i]! + b[i]!;
+  for (let i = 0; i < a.length; i++) out[i] = a[i] + b[i];
   return out;
 }
 
 /** a − b, elementwise. */
 export function subtract(a: Float32Array, b: Float32Array): Float32Array {
   const out = new Float32Array(a.length);
-  for (let i = 0; i < a.length; i++) out[i] = a[i]! - b[i]!;
+  for (let i = 0; i < a.length; i++) out[i] = a[i] - b[i];
   return out;
 }
 
 /** Every value finite and at most `limit` in magnitude (NaN is not). */
 export function allWithin(values: Float32Array, limit = Number.MAX_VALUE): boolean {
-  for (let i = 0; i < values.length; i++) if (!(Math.abs(values[i]!) <= limit)) return false;
+  for (let i = 0; i < values.length; i++) if (!(Math.abs(values[i]) <= limit)) return false;
   return true;
 }

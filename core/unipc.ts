@@ -33,7 +33,10 @@ export function unipcSchedule(steps: number, flowShift: number): Schedule {
   // numpy's linspace(1, 1/1000, steps + 1): start + j·step, the last exactly the stop
   const step = (1 / TRAIN_TIMESTEPS - 1) / steps;
   const raw = Array.from({ length: steps + 1 }, (_, j) => 1 - (j === steps ? 1 / TRAIN_TIMESTEPS : 1 + j * step));
-  const shifted = raw.map((s) => (flowShift * s) / (1 + (flowShift - 1) * s)).reverse().slice(0, steps);
+  const shifted = raw
+    .map((s) => (flowShift * s) / (1 + (flowShift - 1) * s))
+    .reverse()
+    .slice(0, steps);
   return { sigmas: [...shifted.map(Math.fround), 0], timesteps: shifted.map((s) => Math.trunc(s * TRAIN_TIMESTEPS)) };
 }
 
@@ -48,7 +51,14 @@ const lambda = (sigma: number) => Math.log(1 - sigma) - Math.log(sigma);
  * One UniPC step at `index` of `schedule` (its sigmas): the model's velocity for `sample`, the
  * state after the previous step → the sample after this one, and the state after it.
  */
-export function unipcStep(schedule: Schedule, options: UniPcOptions, index: number, velocity: Float32Array, sample: Float32Array, state: UniPcState): { sample: Float32Array; state: UniPcState } {
+export function unipcStep(
+  schedule: Schedule,
+  options: UniPcOptions,
+  index: number,
+  velocity: Float32Array,
+  sample: Float32Array,
+  state: UniPcState,
+): { sample: Float32Array; state: UniPcState } {
   const { sigmas } = schedule;
   const steps = sigmas.length - 1;
   const x0 = sample.map((x, i) => x - sigmas[index] * velocity[i]);
@@ -60,11 +70,25 @@ export function unipcStep(schedule: Schedule, options: UniPcOptions, index: numb
   const finalOrder = options.lowerOrderFinal ? Math.min(options.order, steps - index) : options.order;
   const thisOrder = Math.min(finalOrder, state.lowerOrderNums + 1);
   const next = predict(sigmas, index, corrected, outputs, thisOrder);
-  return { sample: next, state: { outputs, lastSample: corrected, lowerOrderNums: Math.min(state.lowerOrderNums + 1, options.order), thisOrder } };
+  return {
+    sample: next,
+    state: {
+      outputs,
+      lastSample: corrected,
+      lowerOrderNums: Math.min(state.lowerOrderNums + 1, options.order),
+      thisOrder,
+    },
+  };
 }
 
 /** multistep_uni_p_bh_update: from σ_index to σ_index+1 with x0 predictions `outputs` (newest last). */
-function predict(sigmas: number[], index: number, x: Float32Array, outputs: (Float32Array | null)[], order: number): Float32Array {
+function predict(
+  sigmas: number[],
+  index: number,
+  x: Float32Array,
+  outputs: (Float32Array | null)[],
+  order: number,
+): Float32Array {
   const [sigmaT, sigmaS0] = [sigmas[index + 1], sigmas[index]];
   const alphaT = 1 - sigmaT;
   const h = lambda(sigmaT) - lambda(sigmaS0);

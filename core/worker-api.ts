@@ -102,19 +102,29 @@ export function describeLoad({ bytes, totalBytes, networkBytes, elapsedMs, note 
   if (bytes === 0) return `0 of ${amount(totalBytes)}${why}`;
   const rate = (bytes / Math.max(elapsedMs, 1)) * 1000;
   const leftS = (totalBytes - bytes) / rate;
-  const from = networkBytes === 0 ? 'from the browser cache' : networkBytes === bytes ? 'from the network' : `(${amount(networkBytes)} from the network)`;
-  const left = leftS <= 0 ? '' : leftS >= 90 ? ` · ${Math.round(leftS / 60)} min left` : ` · ${Math.ceil(leftS)} s left`;
+  const from =
+    networkBytes === 0
+      ? 'from the browser cache'
+      : networkBytes === bytes
+        ? 'from the network'
+        : `(${amount(networkBytes)} from the network)`;
+  const left =
+    leftS <= 0 ? '' : leftS >= 90 ? ` · ${Math.round(leftS / 60)} min left` : ` · ${Math.ceil(leftS)} s left`;
   return `${amount(bytes)} of ${amount(totalBytes)} ${from} · ${amount(rate)}/s${left}${why}`;
 }
 
 /** "weights: 5.68 GB from the browser cache", or from the network and whether they were kept */
 export function describeWeights({ networkBytes, cacheBytes, note }: WeightsSource): string {
-  const parts = [cacheBytes > 0 ? `${amount(cacheBytes)} from the browser cache` : '', networkBytes > 0 ? `${amount(networkBytes)} from the network` : ''].filter(Boolean);
+  const parts = [
+    cacheBytes > 0 ? `${amount(cacheBytes)} from the browser cache` : '',
+    networkBytes > 0 ? `${amount(networkBytes)} from the network` : '',
+  ].filter(Boolean);
   return `weights: ${parts.join(', ') || 'none read'}${note ? ` (${note})` : ''}`;
 }
 
 /** bytes as pages show them: MB below a GB, GB above */
-export const formatBytes = (bytes: number): string => (bytes >= 1e9 ? `${(bytes / 1e9).toFixed(2)} GB` : `${(bytes / 1e6).toFixed(1)} MB`);
+export const formatBytes = (bytes: number): string =>
+  bytes >= 1e9 ? `${(bytes / 1e9).toFixed(2)} GB` : `${(bytes / 1e6).toFixed(1)} MB`;
 const amount = formatBytes;
 
 export interface PrepareArgs {
@@ -334,7 +344,14 @@ const ep = oneOf(...EXECUTION_PROVIDERS);
 const ms = num(0);
 const bytes = num(0);
 const shape = list(int(1, 1 << 20), { min: 4, max: 4 });
-const stats = { computeMs: ms, commMs: ms, overlapMs: ms, bytesDownloaded: bytes, bytesKept: bytes, deviceTensorsLeft: int(0) };
+const stats = {
+  computeMs: ms,
+  commMs: ms,
+  overlapMs: ms,
+  bytesDownloaded: bytes,
+  bytesKept: bytes,
+  deviceTensorsLeft: int(0),
+};
 const checkWeightsSource: Check<WeightsSource> = fields({ networkBytes: bytes, cacheBytes: bytes, note: text() });
 /** What a worker reports with each answer, for the swarm view. */
 export interface WorkerPulse {
@@ -349,7 +366,13 @@ export interface WorkerPulse {
 }
 
 /** a loading worker's pulse, judged where the coordinator receives it */
-export const checkLoadStatus: Check<LoadStatus> = fields({ bytes, totalBytes: bytes, networkBytes: bytes, elapsedMs: ms, note: text(1000) });
+export const checkLoadStatus: Check<LoadStatus> = fields({
+  bytes,
+  totalBytes: bytes,
+  networkBytes: bytes,
+  elapsedMs: ms,
+  note: text(1000),
+});
 /** a worker's answer to a heartbeat, judged where the coordinator receives it (a bad one is dropped, not its sender) */
 export const checkPulse: Check<WorkerPulse> = fields({
   state: text(64),
@@ -358,12 +381,27 @@ export const checkPulse: Check<WorkerPulse> = fields({
   threads: optional(int(1, 1024)),
   load: optional(checkLoadStatus),
 });
-const totals: Check<WorkerTotals> = fields({ steps: int(0), bytesSent: bytes, computeMs: ms, bytesDownloaded: bytes, bytesKept: bytes, deviceTensorsLeft: int(0) });
+const totals: Check<WorkerTotals> = fields({
+  steps: int(0),
+  bytesSent: bytes,
+  computeMs: ms,
+  bytesDownloaded: bytes,
+  bytesKept: bytes,
+  deviceTensorsLeft: int(0),
+});
 
 export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
   describe: {
     args: none,
-    reply: fields({ ep, adapter: text(), softwareAdapter: oneOf(true, false), threads: int(1, 1024), memoryGiB: nullable(num(0)), userAgent: text(), browser: optional(text(64)) }),
+    reply: fields({
+      ep,
+      adapter: text(),
+      softwareAdapter: oneOf(true, false),
+      threads: int(1, 1024),
+      memoryGiB: nullable(num(0)),
+      userAgent: text(),
+      browser: optional(text(64)),
+    }),
   },
   probeCompute: {
     args: fields({ ep }),
@@ -374,27 +412,83 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
     reply: fields({ bytes: int(0) }),
   },
   initWorker: {
-    args: fields({ rank: int(0, MAX_RANKS - 1), world: int(1, MAX_RANKS), peers: list(text(256), { min: 1, max: MAX_RANKS }), session: text(256), dtype: optional(oneOf(...DTYPES)), heads: optional(list(int(1, MAX_HEADS), { min: 1, max: MAX_RANKS })), parallel: optional(oneOf('ulysses', 'displaced')), headGroups: optional(int(1, MAX_HEADS)), emulateLink: optional(fields({ bandwidth: num(1e4, 1e12), latencyMs: num(0, 10_000) })) }),
+    args: fields({
+      rank: int(0, MAX_RANKS - 1),
+      world: int(1, MAX_RANKS),
+      peers: list(text(256), { min: 1, max: MAX_RANKS }),
+      session: text(256),
+      dtype: optional(oneOf(...DTYPES)),
+      heads: optional(list(int(1, MAX_HEADS), { min: 1, max: MAX_RANKS })),
+      parallel: optional(oneOf('ulysses', 'displaced')),
+      headGroups: optional(int(1, MAX_HEADS)),
+      emulateLink: optional(fields({ bandwidth: num(1e4, 1e12), latencyMs: num(0, 10_000) })),
+    }),
     reply: fields({ rank: int(0), world: int(1) }),
   },
   loadModel: {
     args: fields({ modelUrl: text(), ep: oneOf(...EXECUTION_PROVIDERS, 'auto') }),
-    reply: fields({ ep, adapter: text(), inMemory: oneOf(true, false), loadMs: ms, why: text(), weights: checkWeightsSource, maxBufferBytes: num(1), weightType: oneOf('float32', 'float16'), gpuWeightBytes: bytes }),
+    reply: fields({
+      ep,
+      adapter: text(),
+      inMemory: oneOf(true, false),
+      loadMs: ms,
+      why: text(),
+      weights: checkWeightsSource,
+      maxBufferBytes: num(1),
+      weightType: oneOf('float32', 'float16'),
+      gpuWeightBytes: bytes,
+    }),
   },
   rehearse: {
-    args: fields({ modelUrl: text(), ep: oneOf(...EXECUTION_PROVIDERS, 'auto'), latentShape: shape, textTokens: int(1, 1 << 16), degrees: list(int(1, MAX_RANKS), { min: 1, max: 16 }) }),
+    args: fields({
+      modelUrl: text(),
+      ep: oneOf(...EXECUTION_PROVIDERS, 'auto'),
+      latentShape: shape,
+      textTokens: int(1, 1 << 16),
+      degrees: list(int(1, MAX_RANKS), { min: 1, max: 16 }),
+    }),
     reply: fields({ forwardMs: list(ms, { min: 1, max: 16 }) }),
   },
   encodeText: {
-    args: fields({ modelUrl: text(), ep: oneOf(...EXECUTION_PROVIDERS, 'auto'), from: int(0, 1023), to: int(1, 1024), tokens: int(1, MAX_PROMPT_TOKENS), hidden: floats(MAX_PROMPT_TOKENS * 65_536) }),
-    reply: fields({ hidden: floats(MAX_PROMPT_TOKENS * 65_536), layerMs: list(ms, { max: 1024 }), layersRead: int(0, 1024) }),
+    args: fields({
+      modelUrl: text(),
+      ep: oneOf(...EXECUTION_PROVIDERS, 'auto'),
+      from: int(0, 1023),
+      to: int(1, 1024),
+      tokens: int(1, MAX_PROMPT_TOKENS),
+      hidden: floats(MAX_PROMPT_TOKENS * 65_536),
+    }),
+    reply: fields({
+      hidden: floats(MAX_PROMPT_TOKENS * 65_536),
+      layerMs: list(ms, { max: 1024 }),
+      layersRead: int(0, 1024),
+    }),
   },
   decodeTile: {
-    args: fields({ modelUrl: text(), ep: oneOf(...EXECUTION_PROVIDERS, 'auto'), tile: text(256), from: int(0, 1 << 16), last: oneOf(true, false), shape, latent: floats(MAX_TILE_LATENT_VALUES) }),
-    reply: fields({ frames: floats(MAX_MESSAGE_FLOATS), shape: list(int(1, 1 << 16), { min: 4, max: 4 }), computeMs: ms, cacheBytes: bytes, weightBytes: bytes }),
+    args: fields({
+      modelUrl: text(),
+      ep: oneOf(...EXECUTION_PROVIDERS, 'auto'),
+      tile: text(256),
+      from: int(0, 1 << 16),
+      last: oneOf(true, false),
+      shape,
+      latent: floats(MAX_TILE_LATENT_VALUES),
+    }),
+    reply: fields({
+      frames: floats(MAX_MESSAGE_FLOATS),
+      shape: list(int(1, 1 << 16), { min: 4, max: 4 }),
+      computeMs: ms,
+      cacheBytes: bytes,
+      weightBytes: bytes,
+    }),
   },
   prepareJob: {
-    args: fields({ job: int(0), texts: list(floats(), { min: 1, max: 2 }), latentShape: shape, exchangeTimeoutMs: optional(int(1_000, 86_400_000)) }),
+    args: fields({
+      job: int(0),
+      texts: list(floats(), { min: 1, max: 2 }),
+      latentShape: shape,
+      exchangeTimeoutMs: optional(int(1_000, 86_400_000)),
+    }),
     reply: fields({ job: int(0) }),
   },
   probeMesh: {
@@ -402,16 +496,36 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
     reply: fields({ rank: int(0), bytesPerPeer: bytes, smallBytes: bytes, bytesSent: bytes, smallMs: ms, largeMs: ms }),
   },
   executeModel: {
-    args: fields({ job: int(0), step: int(0, 9999), pass: int(0, 1), timestep: num(0, 1000), latentShape: shape, patches: floats(), stale: optional(oneOf(true, false)) }),
+    args: fields({
+      job: int(0),
+      step: int(0, 9999),
+      pass: int(0, 1),
+      timestep: num(0, 1000),
+      latentShape: shape,
+      patches: floats(),
+      stale: optional(oneOf(true, false)),
+    }),
     reply: fields({ rows: floats(), bytesSent: bytes, peakMemoryBytes: nullable(bytes), ...stats }),
   },
   recompute: {
-    args: fields({ job: int(0), step: int(0, 9999), pass: int(0, 1), timestep: num(0, 1000), latentShape: shape, patches: floats(), stale: optional(oneOf(true, false)) }),
+    args: fields({
+      job: int(0),
+      step: int(0, 9999),
+      pass: int(0, 1),
+      timestep: num(0, 1000),
+      latentShape: shape,
+      patches: floats(),
+      stale: optional(oneOf(true, false)),
+    }),
     reply: fields({ rows: floats(), computeMs: ms }),
   },
   ping: {
     args: none,
-    reply: fields({ state: oneOf('idle', 'initialized', 'loading', 'ready', 'computing'), rank: nullable(int(0)), totals }),
+    reply: fields({
+      state: oneOf('idle', 'initialized', 'loading', 'ready', 'computing'),
+      rank: nullable(int(0)),
+      totals,
+    }),
   },
   pingEngine: {
     args: none,
@@ -426,12 +540,21 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
 export const WORKER_METHODS = Object.keys(WORKER_CONTRACT) as WorkerMethod[];
 
 /** The blame a failed call may carry (PeerLost's detail), checked like any reply. */
-export const checkRankLost: Check<RankLost> = fields({ rank: int(0, MAX_RANKS - 1), cause: oneOf('disconnected', 'silent', 'misbehaved'), evidence: text() });
+export const checkRankLost: Check<RankLost> = fields({
+  rank: int(0, MAX_RANKS - 1),
+  cause: oneOf('disconnected', 'silent', 'misbehaved'),
+  evidence: text(),
+});
 
 /** The coordinator's handle on one worker: its API over a link, and a way to fail what is still waiting when the link goes. */
 export type WorkerRemote = Remote<WorkerApi> & { failAll?(reason: string): void };
 
 /** Calls one method by name; the one place a method name chosen at run time meets its types. */
-export function callWorker<M extends WorkerMethod>(worker: Remote<WorkerApi>, method: M, args: ArgsOf<M>, timeoutMs?: number): Promise<ReplyOf<M>> {
+export function callWorker<M extends WorkerMethod>(
+  worker: Remote<WorkerApi>,
+  method: M,
+  args: ArgsOf<M>,
+  timeoutMs?: number,
+): Promise<ReplyOf<M>> {
   return (worker[method] as unknown as (args: ArgsOf<M>, timeoutMs?: number) => Promise<ReplyOf<M>>)(args, timeoutMs);
 }

@@ -44,12 +44,18 @@ interface Blob {
 export function detect(video: Frames): Detection {
   const blobs = Array.from({ length: video.count }, (_, f) => frameBlob(video, f));
   const area = blobs.reduce((n, b) => n + b.area, 0) / video.count;
-  const total = blobs.reduce<[number, number, number]>((s, b) => [s[0] + b.sum[0], s[1] + b.sum[1], s[2] + b.sum[2]], [0, 0, 0]);
+  const total = blobs.reduce<[number, number, number]>(
+    (s, b) => [s[0] + b.sum[0], s[1] + b.sum[1], s[2] + b.sum[2]],
+    [0, 0, 0],
+  );
   const pixels = blobs.reduce((n, b) => n + b.area, 0);
-  const offset: [number, number, number] = pixels ? [total[0] / pixels, total[1] / pixels, total[2] / pixels] : [0, 0, 0];
+  const offset: [number, number, number] = pixels
+    ? [total[0] / pixels, total[1] / pixels, total[2] / pixels]
+    : [0, 0, 0];
   const first = blobs[0];
   const last = blobs[blobs.length - 1];
-  if (first.area < MIN_AREA || last.area < MIN_AREA) return { colour: 'none', direction: 'none', offset, dx: 0, dy: 0, area };
+  if (first.area < MIN_AREA || last.area < MIN_AREA)
+    return { colour: 'none', direction: 'none', offset, dx: 0, dy: 0, area };
   const dx = last.cx - first.cx;
   const dy = last.cy - first.cy;
   return { colour: colourOf(offset), direction: directionOf(dx, dy), offset, dx, dy, area };
@@ -61,7 +67,8 @@ export function colourOf(offset: readonly number[]): Colour {
   let bestCosine = -Infinity;
   for (const c of COLOURS) {
     const direction = PALETTE[c].map((v, i) => v - BACKGROUND[i]);
-    const cosine = direction.reduce((s, v, i) => s + v * offset[i], 0) / Math.hypot(...direction) / (Math.hypot(...offset) || 1);
+    const cosine =
+      direction.reduce((s, v, i) => s + v * offset[i], 0) / Math.hypot(...direction) / (Math.hypot(...offset) || 1);
     if (cosine > bestCosine) [best, bestCosine] = [c, cosine];
   }
   return best;
@@ -83,7 +90,11 @@ function frameBlob(video: Frames, f: number): Blob {
   const at = (c: number, p: number) => rgb[(c * count + f) * plane + p];
   const background = borderMedian(video, f);
   const foreground = new Uint8Array(plane);
-  for (let p = 0; p < plane; p++) foreground[p] = Math.hypot(at(0, p) - background[0], at(1, p) - background[1], at(2, p) - background[2]) > FOREGROUND_DISTANCE ? 1 : 0;
+  for (let p = 0; p < plane; p++)
+    foreground[p] =
+      Math.hypot(at(0, p) - background[0], at(1, p) - background[1], at(2, p) - background[2]) > FOREGROUND_DISTANCE
+        ? 1
+        : 0;
   const label = new Int32Array(plane).fill(-1);
   let best: number[] = [];
   for (let seed = 0; seed < plane; seed++) {

@@ -22,8 +22,22 @@ export interface Gemm {
  * probabilities [G, H, sq, sk] that `backward` needs with the output gradient.
  */
 export interface AttentionKernels {
-  forward(q: Float32Array, k: Float32Array, v: Float32Array, samples: number, headDim: number): Promise<{ o: Float32Array; probs: Float32Array }>;
-  backward(q: Float32Array, k: Float32Array, v: Float32Array, probs: Float32Array, dO: Float32Array, samples: number, headDim: number): Promise<{ dq: Float32Array; dk: Float32Array; dv: Float32Array }>;
+  forward(
+    q: Float32Array,
+    k: Float32Array,
+    v: Float32Array,
+    samples: number,
+    headDim: number,
+  ): Promise<{ o: Float32Array; probs: Float32Array }>;
+  backward(
+    q: Float32Array,
+    k: Float32Array,
+    v: Float32Array,
+    probs: Float32Array,
+    dO: Float32Array,
+    samples: number,
+    headDim: number,
+  ): Promise<{ dq: Float32Array; dk: Float32Array; dv: Float32Array }>;
 }
 
 export const jsGemm: Gemm = {
@@ -82,8 +96,13 @@ function mergeHeads(g: OnnxGraph, x: string): string {
 function attentionForwardGraph(heads: number, headDim: number): Uint8Array {
   const g = new OnnxGraph('attention_forward');
   const W = heads * headDim;
-  const [q, k, v] = (['q', 'k', 'v'] as const).map((n) => splitHeads(g, g.input(n, ['G', n === 'q' ? 'sq' : 'sk', W]), heads, headDim));
-  const scores = g.op('Mul', [g.op('MatMul', [q, g.op('Transpose', [k], { perm: [0, 1, 3, 2] })]), g.scalar(1 / Math.sqrt(headDim))]);
+  const [q, k, v] = (['q', 'k', 'v'] as const).map((n) =>
+    splitHeads(g, g.input(n, ['G', n === 'q' ? 'sq' : 'sk', W]), heads, headDim),
+  );
+  const scores = g.op('Mul', [
+    g.op('MatMul', [q, g.op('Transpose', [k], { perm: [0, 1, 3, 2] })]),
+    g.scalar(1 / Math.sqrt(headDim)),
+  ]);
   const probs = g.op('Softmax', [scores], { axis: -1 });
   g.output(mergeHeads(g, g.op('MatMul', [probs, v])), 'o', ['G', 'sq', W]);
   g.output(probs, 'probs', ['G', heads, 'sq', 'sk']);
@@ -93,7 +112,9 @@ function attentionForwardGraph(heads: number, headDim: number): Uint8Array {
 function attentionBackwardGraph(heads: number, headDim: number): Uint8Array {
   const g = new OnnxGraph('attention_backward');
   const W = heads * headDim;
-  const [q, k, v] = (['q', 'k', 'v'] as const).map((n) => splitHeads(g, g.input(n, ['G', n === 'q' ? 'sq' : 'sk', W]), heads, headDim));
+  const [q, k, v] = (['q', 'k', 'v'] as const).map((n) =>
+    splitHeads(g, g.input(n, ['G', n === 'q' ? 'sq' : 'sk', W]), heads, headDim),
+  );
   const probs = g.input('probs', ['G', heads, 'sq', 'sk']);
   const dO = splitHeads(g, g.input('dO', ['G', 'sq', W]), heads, headDim);
   const T = (x: string) => g.op('Transpose', [x], { perm: [0, 1, 3, 2] });
@@ -111,8 +132,16 @@ function attentionBackwardGraph(heads: number, headDim: number): Uint8Array {
 export async function onnxGemm(threads: number, attention?: { heads: number; headDim: number }): Promise<Gemm> {
   ort.env.wasm.numThreads = threads;
   const options: ort.InferenceSession.SessionOptions = { executionProviders: ['wasm'], graphOptimizationLevel: 'all' };
-  const [nt, nn, tn] = await Promise.all([gemmGraph(0, 1), gemmGraph(0, 0), gemmGraph(1, 0)].map((g) => ort.InferenceSession.create(g, options)));
-  const run = async (session: ort.InferenceSession, a: Float32Array, aDims: number[], b: Float32Array, bDims: number[]) => {
+  const [nt, nn, tn] = await Promise.all(
+    [gemmGraph(0, 1), gemmGraph(0, 0), gemmGraph(1, 0)].map((g) => ort.InferenceSession.create(g, options)),
+  );
+  const run = async (
+    session: ort.InferenceSession,
+    a: Float32Array,
+    aDims: number[],
+    b: Float32Array,
+    bDims: number[],
+  ) => {
     const r = await session.run({ A: new ort.Tensor('float32', a, aDims), B: new ort.Tensor('float32', b, bDims) });
     return r.Y.data as Float32Array;
   };
@@ -120,7 +149,11 @@ export async function onnxGemm(threads: number, attention?: { heads: number; hea
   if (attention) {
     const { heads, headDim } = attention;
     const W = heads * headDim;
-    const [fwd, bwd] = await Promise.all([attentionForwardGraph(heads, headDim), attentionBackwardGraph(heads, headDim)].map((g) => ort.InferenceSession.create(g, options)));
+    const [fwd, bwd] = await Promise.all(
+      [attentionForwardGraph(heads, headDim), attentionBackwardGraph(heads, headDim)].map((g) =>
+        ort.InferenceSession.create(g, options),
+      ),
+    );
     const t3 = (x: Float32Array, samples: number) => new ort.Tensor('float32', x, [samples, x.length / samples / W, W]);
     kernels = {
       async forward(q, k, v, samples, d) {
@@ -131,7 +164,13 @@ export async function onnxGemm(threads: number, attention?: { heads: number; hea
       async backward(q, k, v, probs, dO, samples) {
         const sq = q.length / samples / W;
         const sk = k.length / samples / W;
-        const r = await bwd.run({ q: t3(q, samples), k: t3(k, samples), v: t3(v, samples), probs: new ort.Tensor('float32', probs, [samples, heads, sq, sk]), dO: t3(dO, samples) });
+        const r = await bwd.run({
+          q: t3(q, samples),
+          k: t3(k, samples),
+          v: t3(v, samples),
+          probs: new ort.Tensor('float32', probs, [samples, heads, sq, sk]),
+          dO: t3(dO, samples),
+        });
         return { dq: r.dq.data as Float32Array, dk: r.dk.data as Float32Array, dv: r.dv.data as Float32Array };
       },
     };

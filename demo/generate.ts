@@ -30,7 +30,10 @@ export async function loadModel(files: ModelFiles): Promise<LoadedModel> {
   return { ...parts, transformer, stages: serialStages(await onnxStages(transformer, 'wasm')) };
 }
 
-export type SampleParams = Pick<JobParams, 'prompt' | 'negativePrompt' | 'frames' | 'height' | 'width' | 'steps' | 'guidance' | 'seed'> & {
+export type SampleParams = Pick<
+  JobParams,
+  'prompt' | 'negativePrompt' | 'frames' | 'height' | 'width' | 'steps' | 'guidance' | 'seed'
+> & {
   ranks?: number;
   /** displaced mode (rank/displaced.ts) past this many exact steps, as the executor runs it; Ulysses without it */
   displaced?: { warmupSteps: number };
@@ -51,8 +54,20 @@ export async function sampleVideo(m: LoadedModel, p: SampleParams): Promise<{ la
     seed: p.seed,
     async velocity({ step, timestep, latent }) {
       const stale = !!p.displaced && step >= p.displaced.warmupSteps;
-      const attendOf = (pass: number) => (exchange: Exchange, plan: UlyssesPlan) => displacedAttention(cfg, plan, m.stages, exchange, histories[exchange.rank], { step, pass, stale });
-      const forward = (pass: number) => forwardInProcess(cfg, m.stages, memoryExchanges(ranks, p.dtype), latent, timestep, texts[pass], { job: 0, step, pass }, ranks, p.displaced ? attendOf(pass) : undefined);
+      const attendOf = (pass: number) => (exchange: Exchange, plan: UlyssesPlan) =>
+        displacedAttention(cfg, plan, m.stages, exchange, histories[exchange.rank], { step, pass, stale });
+      const forward = (pass: number) =>
+        forwardInProcess(
+          cfg,
+          m.stages,
+          memoryExchanges(ranks, p.dtype),
+          latent,
+          timestep,
+          texts[pass],
+          { job: 0, step, pass },
+          ranks,
+          p.displaced ? attendOf(pass) : undefined,
+        );
       const cond = (await forward(0)).data;
       return usesGuidance(p) ? guide(cond, (await forward(1)).data, p.guidance) : cond;
     },

@@ -12,7 +12,11 @@ import { toTensorMaps, type TrainableWan } from './trainable-wan.ts';
  * Writes a trained demo model in the layout `npm run make-model` writes (diffusers' folders, the
  * same loaders read it): model_index.json, transformer/, text_encoder/, vae/ (the patch VAE).
  */
-export function writeDemoModel(out: string, model: TrainableWan, meta: { name: string; seed: number; flowShift: number }): void {
+export function writeDemoModel(
+  out: string,
+  model: TrainableWan,
+  meta: { name: string; seed: number; flowShift: number },
+): void {
   const write = (path: string, data: Uint8Array | object) => {
     mkdirSync(join(out, path, '..'), { recursive: true });
     writeFileSync(join(out, path), data instanceof Uint8Array ? data : JSON.stringify(data, null, 2) + '\n');
@@ -30,7 +34,11 @@ export function writeDemoModel(out: string, model: TrainableWan, meta: { name: s
   });
   write(TRANSFORMER_CONFIG, toDiffusersConfig(model.config));
   write(TRANSFORMER_WEIGHTS, writeSafetensors(transformer, made));
-  write('text_encoder/config.json', { _class_name: TEXT_ENCODER_CLASS, max_length: model.textLength, hidden_size: model.config.textDim });
+  write('text_encoder/config.json', {
+    _class_name: TEXT_ENCODER_CLASS,
+    max_length: model.textLength,
+    hidden_size: model.config.textDim,
+  });
   write('text_encoder/model.safetensors', writeSafetensors(textEncoder, made));
   write('vae/config.json', { _class_name: PATCH_VAE_DECODER_CLASS, ...PATCH_VAE_CONFIG });
   write('vae/diffusion_pytorch_model.safetensors', writeSafetensors(patchVaeWeights(), made));

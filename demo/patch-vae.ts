@@ -58,7 +58,8 @@ export function encodeClip(spec: ClipSpec, frames: number, height: number, width
   const first = quadrantLatent(renderClip(spec, [0], height, width), 1, height, width);
   const plane = (height / SPATIAL_SCALE) * (width / SPATIAL_SCALE);
   const latent = new Float32Array(LATENT_CHANNELS * T * plane);
-  for (let c = 0; c < COLOUR_CHANNELS; c++) for (let t = 0; t < T; t++) latent.set(first.data.subarray(c * plane, (c + 1) * plane), (c * T + t) * plane);
+  for (let c = 0; c < COLOUR_CHANNELS; c++)
+    for (let t = 0; t < T; t++) latent.set(first.data.subarray(c * plane, (c + 1) * plane), (c * T + t) * plane);
   const [mx, my] = MOTION[spec.direction];
   const units = (m: number) => (m * spec.speed * MOTION_UNITS) / SPEED;
   latent.fill(units(mx), MOTION_CHANNELS[0] * T * plane, (MOTION_CHANNELS[0] + 1) * T * plane);
@@ -78,7 +79,8 @@ export function quadrantLatent(rgb: Float32Array, T: number, height: number, wid
       for (let y = 0; y < height; y++)
         for (let x = 0; x < width; x++) {
           const c = 3 * quadrantOf(y % S, x % S) + o;
-          latent[((c * T + t) * H + Math.floor(y / S)) * W + Math.floor(x / S)] += scale * rgb[((o * T + t) * height + y) * width + x];
+          latent[((c * T + t) * H + Math.floor(y / S)) * W + Math.floor(x / S)] +=
+            scale * rgb[((o * T + t) * height + y) * width + x];
         }
   for (let c = 0; c < COLOUR_CHANNELS; c++) for (let p = 0; p < T * H * W; p++) latent[c * T * H * W + p] -= 1;
   return { shape: [LATENT_CHANNELS, T, H, W], data: latent };

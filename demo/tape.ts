@@ -31,8 +31,15 @@ export class Tape {
 
   constructor(private readonly gemm: Gemm) {}
 
-  private result(data: Float32Array, inputs: (Var | null | undefined)[], backward: (dy: Float32Array) => void | Promise<void>): Var {
-    const y = new Var(data, inputs.some((v) => v?.needsGrad));
+  private result(
+    data: Float32Array,
+    inputs: (Var | null | undefined)[],
+    backward: (dy: Float32Array) => void | Promise<void>,
+  ): Var {
+    const y = new Var(
+      data,
+      inputs.some((v) => v?.needsGrad),
+    );
     if (y.needsGrad) this.steps.push(() => (y.grad ? backward(y.grad) : undefined));
     return y;
   }
@@ -98,7 +105,8 @@ export class Tape {
         }
         mean /= dim;
         meanDot /= dim;
-        for (let i = 0; i < dim; i++) gx[o + i] += inv[r] * (dy[o + i] * (w ? w.data[i] : 1) - mean - xhat[o + i] * meanDot);
+        for (let i = 0; i < dim; i++)
+          gx[o + i] += inv[r] * (dy[o + i] * (w ? w.data[i] : 1) - mean - xhat[o + i] * meanDot);
       }
     });
   }
@@ -346,7 +354,8 @@ export class Tape {
     const y = new Float32Array(prompts.length * maxLength * dim);
     prompts.forEach((bytes, g) =>
       bytes.subarray(0, maxLength).forEach((b, i) => {
-        for (let e = 0; e < dim; e++) y[(g * maxLength + i) * dim + e] = token.data[b * dim + e] + position.data[i * dim + e];
+        for (let e = 0; e < dim; e++)
+          y[(g * maxLength + i) * dim + e] = token.data[b * dim + e] + position.data[i * dim + e];
       }),
     );
     return this.result(y, [token, position], (dy) => {

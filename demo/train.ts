@@ -85,13 +85,23 @@ export const QK_NORM_LR_SCALE = 10;
 
 export const shiftSigma = (u: number, shift: number) => (shift * u) / (1 + (shift - 1) * u);
 
-export async function trainDemo(gemm: Gemm, o: TrainOptions, onProgress?: (p: TrainProgress) => void, onCheckpoint?: (r: TrainResult) => void | Promise<void>, checkpointEvery = 0): Promise<TrainResult> {
+export async function trainDemo(
+  gemm: Gemm,
+  o: TrainOptions,
+  onProgress?: (p: TrainProgress) => void,
+  onCheckpoint?: (r: TrainResult) => void | Promise<void>,
+  checkpointEvery = 0,
+): Promise<TrainResult> {
   const combos = o.combos ?? TRAINING_COMBOS;
   const model = initialWan(o.config, o.textLength, o.seed);
   const named = parametersOf(model);
   // The q/k RMSNorm scales bound how sharp attention can get (logit std ≈ w² at head dim 24); at
   // the common rate they barely move in a short run, so they get a 10× rate to find their level.
-  const adam = new Adam(named.map(([, v]) => v), undefined, named.map(([name]) => (/norm_[qk]\.weight$/.test(name) ? QK_NORM_LR_SCALE : 1)));
+  const adam = new Adam(
+    named.map(([, v]) => v),
+    undefined,
+    named.map(([name]) => (/norm_[qk]\.weight$/.test(name) ? QK_NORM_LR_SCALE : 1)),
+  );
   const random = new SeededRandom(o.seed + 1);
   const shape = latentShape(CLIP, o.config.inChannels);
   const grid = tokenGrid(o.config, shape);
@@ -120,12 +130,14 @@ export async function trainDemo(gemm: Gemm, o: TrainOptions, onProgress?: (p: Tr
     const rows = await forwardBatch(tape, model, { patches: concat(patches), timesteps, prompts, grid });
     const loss = tape.meanSquaredError(rows, targets);
     await tape.backward(loss);
-    const lr = o.lr * Math.min(1, (step + 1) / o.warmup) * (0.1 + 0.9 * 0.5 * (1 + Math.cos((Math.PI * step) / o.steps)));
+    const lr =
+      o.lr * Math.min(1, (step + 1) / o.warmup) * (0.1 + 0.9 * 0.5 * (1 + Math.cos((Math.PI * step) / o.steps)));
     const gradNorm = adam.step(lr, Math.min(0.999, (1 + step) / (10 + step)));
     const progress = { step: step + 1, loss: loss.data[0], gradNorm, lr, seconds: seconds() };
     history.push(progress);
     onProgress?.(progress);
-    if (checkpointEvery && (step + 1) % checkpointEvery === 0) await onCheckpoint?.({ model, ema: adam.ema, steps: step + 1, seconds: seconds(), history });
+    if (checkpointEvery && (step + 1) % checkpointEvery === 0)
+      await onCheckpoint?.({ model, ema: adam.ema, steps: step + 1, seconds: seconds(), history });
   }
   return { model, ema: adam.ema, steps: step, seconds: seconds(), history };
 }

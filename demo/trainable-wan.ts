@@ -41,7 +41,8 @@ export function initialWan(config: WanConfig, textLength: number, seed: number):
     let data: Float32Array;
     if (name.endsWith('scale_shift_table')) data = random.normals(n, 1 / Math.sqrt(config.dim));
     else if (/norm[_\w]*\.weight$/.test(name)) data = new Float32Array(n).fill(1);
-    else if (name.endsWith('.bias') || name.startsWith('proj_out') || name.startsWith('condition_embedder.time_proj')) data = new Float32Array(n);
+    else if (name.endsWith('.bias') || name.startsWith('proj_out') || name.startsWith('condition_embedder.time_proj'))
+      data = new Float32Array(n);
     else data = random.normals(n, 1 / Math.sqrt(n / shape[0]));
     weights.set(name, parameter(data));
   }
@@ -52,7 +53,12 @@ export function initialWan(config: WanConfig, textLength: number, seed: number):
   return { config, weights, text, textLength };
 }
 
-export function fromWeights(config: WanConfig, transformer: TensorMap, textEncoder: TensorMap, textLength: number): TrainableWan {
+export function fromWeights(
+  config: WanConfig,
+  transformer: TensorMap,
+  textEncoder: TensorMap,
+  textLength: number,
+): TrainableWan {
   const vars = (m: TensorMap) => new Map([...m].map(([name, t]) => [name, parameter(t.data.slice())]));
   return { config, weights: vars(transformer), text: vars(textEncoder), textLength };
 }
@@ -64,12 +70,16 @@ export function toTensorMaps(model: TrainableWan): { transformer: TensorMap; tex
     ['token_embedding.weight', [256, textDim]],
     ['position_embedding.weight', [model.textLength, textDim]],
   ]);
-  const maps = (vars: Map<string, Var>, shape: Map<string, number[]>): TensorMap => new Map([...vars].map(([name, v]) => [name, { shape: shape.get(name)!, data: v.data }]));
+  const maps = (vars: Map<string, Var>, shape: Map<string, number[]>): TensorMap =>
+    new Map([...vars].map(([name, v]) => [name, { shape: shape.get(name)!, data: v.data }]));
   return { transformer: maps(model.weights, shapes), textEncoder: maps(model.text, textShapes) };
 }
 
 /** Every trainable Var, transformer then text encoder, in a fixed order. */
-export const parametersOf = (model: TrainableWan): [string, Var][] => [...model.weights, ...[...model.text].map(([n, v]): [string, Var] => [`text_encoder.${n}`, v])];
+export const parametersOf = (model: TrainableWan): [string, Var][] => [
+  ...model.weights,
+  ...[...model.text].map(([n, v]): [string, Var] => [`text_encoder.${n}`, v]),
+];
 
 /** One batched forward pass → proj_out rows [G·S, pt·ph·pw·C], as `head` returns them. */
 export async function forwardBatch(tape: Tape, model: TrainableWan, batch: Batch): Promise<Var> {
@@ -87,28 +97,67 @@ export async function forwardBatch(tape: Tape, model: TrainableWan, batch: Batch
 
   // text encoder: byte embeddings → layer norm (no affine)
   const bytes = batch.prompts.map((p) => new TextEncoder().encode(p));
-  const text = tape.layerNorm(tape.embedBytes(model.text.get('token_embedding.weight')!, model.text.get('position_embedding.weight')!, bytes, L, textDim), textDim, 1e-6);
+  const text = tape.layerNorm(
+    tape.embedBytes(
+      model.text.get('token_embedding.weight')!,
+      model.text.get('position_embedding.weight')!,
+      bytes,
+      L,
+      textDim,
+    ),
+    textDim,
+    1e-6,
+  );
 
   // conditions: embedConditions
   const freq = new Float32Array(G * freqDim);
   batch.timesteps.forEach((t, g) => freq.set(timestepFrequencies(t, freqDim), g * freqDim));
   const p = 'condition_embedder';
-  const temb = await lin(`${p}.time_embedder.linear_2`, tape.silu(await lin(`${p}.time_embedder.linear_1`, constant(freq), freqDim)), D); // [G, D]
+  const temb = await lin(
+    `${p}.time_embedder.linear_2`,
+    tape.silu(await lin(`${p}.time_embedder.linear_1`, constant(freq), freqDim)),
+    D,
+  ); // [G, D]
   const tproj = await lin(`${p}.time_proj`, tape.silu(temb), D); // [G, 6D]
-  const context = await lin(`${p}.text_embedder.linear_2`, tape.gelu(await lin(`${p}.text_embedder.linear_1`, text, textDim)), D); // [G·L, D]
+  const context = await lin(
+    `${p}.text_embedder.linear_2`,
+    tape.gelu(await lin(`${p}.text_embedder.linear_1`, text, textDim)),
+    D,
+  ); // [G·L, D]
 
   const patchWidth = w('patch_embedding.weight').data.length / D;
-  let x = await tape.linear(constant(batch.patches), w('patch_embedding.weight'), w('patch_embedding.bias'), patchWidth); // [G·S, D]
+  let x = await tape.linear(
+    constant(batch.patches),
+    w('patch_embedding.weight'),
+    w('patch_embedding.bias'),
+    patchWidth,
+  ); // [G·S, D]
   const { cos, sin } = ropeTables(cfg, batch.grid, 0, S);
 
   for (let block = 0; block < cfg.numLayers; block++) {
     const b = `blocks.${block}`;
     const mod = tape.addRow(tproj, w(`${b}.scale_shift_table`), 6 * D); // [G, 6D]
-    const [shift, scale, gate, ffnShift, ffnScale, ffnGate] = [0, 1, 2, 3, 4, 5].map((r) => tape.sliceCols(mod, 6 * D, r * D, D));
+    const [shift, scale, gate, ffnShift, ffnScale, ffnGate] = [0, 1, 2, 3, 4, 5].map((r) =>
+      tape.sliceCols(mod, 6 * D, r * D, D),
+    );
     // preAttention
     const n = tape.modulate(tape.layerNorm(x, D, eps), D, S, shift, scale);
-    const q = tape.rope(tape.rmsNorm(await lin(`${b}.attn1.to_q`, n, D), D, eps, w(`${b}.attn1.norm_q.weight`)), D, headDim, S, cos, sin);
-    const k = tape.rope(tape.rmsNorm(await lin(`${b}.attn1.to_k`, n, D), D, eps, w(`${b}.attn1.norm_k.weight`)), D, headDim, S, cos, sin);
+    const q = tape.rope(
+      tape.rmsNorm(await lin(`${b}.attn1.to_q`, n, D), D, eps, w(`${b}.attn1.norm_q.weight`)),
+      D,
+      headDim,
+      S,
+      cos,
+      sin,
+    );
+    const k = tape.rope(
+      tape.rmsNorm(await lin(`${b}.attn1.to_k`, n, D), D, eps, w(`${b}.attn1.norm_k.weight`)),
+      D,
+      headDim,
+      S,
+      cos,
+      sin,
+    );
     const v = await lin(`${b}.attn1.to_v`, n, D);
     const attn = await tape.attention(q, k, v, headDim, D, S, S);
     // postAttention

@@ -31,10 +31,18 @@ export const PALETTE: Record<Colour, [number, number, number]> = {
 export const BACKGROUND: [number, number, number] = [0.06, 0.06, 0.08];
 
 /** Unit steps in image coordinates (y grows downward). */
-export const MOTION: Record<Direction, [number, number]> = { left: [-1, 0], right: [1, 0], up: [0, -1], down: [0, 1], still: [0, 0] };
+export const MOTION: Record<Direction, [number, number]> = {
+  left: [-1, 0],
+  right: [1, 0],
+  up: [0, -1],
+  down: [0, 1],
+  still: [0, 0],
+};
 
 export function promptOf(c: Combo): string {
-  return c.direction === 'still' ? `a ${c.colour} ${c.shape} standing still` : `a ${c.colour} ${c.shape} moving ${c.direction}`;
+  return c.direction === 'still'
+    ? `a ${c.colour} ${c.shape} standing still`
+    : `a ${c.colour} ${c.shape} moving ${c.direction}`;
 }
 
 /** The grammar read back: the combination a prompt names, or null when it is not one of ours. */
@@ -43,11 +51,19 @@ export function parsePrompt(prompt: string): Combo | null {
   if (!m) return null;
   const [, colour, shape, moving, still] = m;
   const direction = moving ?? still;
-  if (!COLOURS.includes(colour as Colour) || !SHAPES.includes(shape as Shape) || !DIRECTIONS.includes(direction as Direction) || moving === 'still') return null;
+  if (
+    !COLOURS.includes(colour as Colour) ||
+    !SHAPES.includes(shape as Shape) ||
+    !DIRECTIONS.includes(direction as Direction) ||
+    moving === 'still'
+  )
+    return null;
   return { colour: colour as Colour, shape: shape as Shape, direction: direction as Direction };
 }
 
-export const ALL_COMBOS: Combo[] = COLOURS.flatMap((colour) => SHAPES.flatMap((shape) => DIRECTIONS.map((direction) => ({ colour, shape, direction }))));
+export const ALL_COMBOS: Combo[] = COLOURS.flatMap((colour) =>
+  SHAPES.flatMap((shape) => DIRECTIONS.map((direction) => ({ colour, shape, direction }))),
+);
 
 /**
  * 35 training combinations, 40 held out. Training keeps, for each colour × direction pair, the
@@ -88,14 +104,23 @@ export const SPEED = 4;
 const MARGIN = 1;
 
 /** A clip's layout from a seed: anywhere the shape stays wholly inside the frame for the whole clip. */
-export function sampleClip(combo: Combo, random: SeededRandom, frames: number = CLIP.frames, height: number = CLIP.height, width: number = CLIP.width): ClipSpec {
+export function sampleClip(
+  combo: Combo,
+  random: SeededRandom,
+  frames: number = CLIP.frames,
+  height: number = CLIP.height,
+  width: number = CLIP.width,
+): ClipSpec {
   const size = SIZE.min + (SIZE.max - SIZE.min) * random.uniform();
   const speed = combo.direction === 'still' ? 0 : SPEED;
   const [mx, my] = MOTION[combo.direction];
   const travel = speed * (frames - 1);
   const r = size / 2 + MARGIN;
   // the range of starting centres that keeps start and end inside [r, side − r]
-  const range = (side: number, m: number): [number, number] => [r + Math.max(0, -m * travel), side - r - Math.max(0, m * travel)];
+  const range = (side: number, m: number): [number, number] => [
+    r + Math.max(0, -m * travel),
+    side - r - Math.max(0, m * travel),
+  ];
   const [x0, x1] = range(width, mx);
   const [y0, y1] = range(height, my);
   return { ...combo, size, speed, x: x0 + (x1 - x0) * random.uniform(), y: y0 + (y1 - y0) * random.uniform() };
@@ -125,14 +150,19 @@ function insideShape(shape: Shape, dx: number, dy: number, r: number): boolean {
     case 'triangle': {
       // pointing up, apex at −r, base at +r/2 (an equilateral triangle in a circle of radius r)
       if (dy < -r || dy > r / 2) return false;
-      const halfWidth = ((dy + r) / (1.5 * r)) * (r * Math.sqrt(3)) / 2;
+      const halfWidth = (((dy + r) / (1.5 * r)) * (r * Math.sqrt(3))) / 2;
       return Math.abs(dx) <= halfWidth;
     }
   }
 }
 
 /** RGB frames [3, frames.length, height, width] of the clip at the given frame indices. */
-export function renderClip(spec: ClipSpec, frames: readonly number[], height: number = CLIP.height, width: number = CLIP.width): Float32Array {
+export function renderClip(
+  spec: ClipSpec,
+  frames: readonly number[],
+  height: number = CLIP.height,
+  width: number = CLIP.width,
+): Float32Array {
   const n = frames.length;
   const plane = height * width;
   const rgb = new Float32Array(3 * n * plane);
@@ -146,7 +176,9 @@ export function renderClip(spec: ClipSpec, frames: readonly number[], height: nu
     for (let y = Math.max(0, Math.floor(cy - reach)); y < Math.min(height, Math.ceil(cy + reach)); y++)
       for (let x = Math.max(0, Math.floor(cx - reach)); x < Math.min(width, Math.ceil(cx + reach)); x++) {
         const a = coverage(spec.shape, cx, cy, spec.size, x, y);
-        if (a > 0) for (let c = 0; c < 3; c++) rgb[(c * n + k) * plane + y * width + x] = BACKGROUND[c] + a * (colour[c] - BACKGROUND[c]);
+        if (a > 0)
+          for (let c = 0; c < 3; c++)
+            rgb[(c * n + k) * plane + y * width + x] = BACKGROUND[c] + a * (colour[c] - BACKGROUND[c]);
       }
   });
   return rgb;

@@ -63,7 +63,14 @@ const sendsDeltas = (dtype: DType): boolean => dtype === 'i8' || dtype === 'i4';
  * (else this step's, waited for: exact up to the transport). Sends [2, Sl, D] (or its delta) to
  * each peer per block, whichever.
  */
-export function displacedAttention(cfg: WanConfig, plan: UlyssesPlan, stages: StageRunner, exchange: Exchange, history: KeysValuesHistory, at: { step: number; pass: number; stale: boolean }): BlockAttention {
+export function displacedAttention(
+  cfg: WanConfig,
+  plan: UlyssesPlan,
+  stages: StageRunner,
+  exchange: Exchange,
+  history: KeysValuesHistory,
+  at: { step: number; pass: number; stale: boolean },
+): BlockAttention {
   const D = cfg.dim;
   const { degree: P, rows } = plan;
   const me = exchange.rank;
@@ -79,15 +86,25 @@ export function displacedAttention(cfg: WanConfig, plan: UlyssesPlan, stages: St
       const arrives = tensorValues(tensorPayload(send, exchange.dtype), exchange.dtype);
       sent = before ? add(before.sent, arrives) : arrives;
     }
-    const received = io.onWire(exchange.allToAll(io.tag(block, ExchangePhase.KeysValues), new Array<Float32Array>(P).fill(send)));
-    const parts = deltas && before
-      ? Promise.all([received, before.parts]).then(([got, held]) => got.map((part, j) => (j === me ? sent : add(held[j]!, part))))
-      : received.then((got) => got.map((part, j) => (j === me ? sent : part)));
+    const received = io.onWire(
+      exchange.allToAll(io.tag(block, ExchangePhase.KeysValues), new Array<Float32Array>(P).fill(send)),
+    );
+    const parts =
+      deltas && before
+        ? Promise.all([received, before.parts]).then(([got, held]) =>
+            got.map((part, j) => (j === me ? sent : add(held[j], part))),
+          )
+        : received.then((got) => got.map((part, j) => (j === me ? sent : part)));
     const previous = at.stale && before?.step === at.step - 1 ? before.parts : null;
     history.keep(at.pass, block, { step: at.step, sent, parts });
     const kv = await io.wait(previous ?? parts);
     // every rank's rows in token order; this rank's own always this step's, exact
-    const half = (which: 0 | 1) => concat(kv.map((part, j) => (j === me ? (which === 0 ? k : v) : part.subarray(which * rows[j] * D, (which + 1) * rows[j] * D))));
+    const half = (which: 0 | 1) =>
+      concat(
+        kv.map((part, j) =>
+          j === me ? (which === 0 ? k : v) : part.subarray(which * rows[j] * D, (which + 1) * rows[j] * D),
+        ),
+      );
     return io.compute(stages.attention({ q, k: half(0), v: half(1) }, D)); // [Sl, D]
   };
 }

@@ -39,8 +39,11 @@ export class EngineHost implements EngineApi {
   }
 
   private start(): void {
-    this.worker = new Worker(new URL('./engine.worker.ts', import.meta.url), { type: 'module', name: `ditswarm-engine (${this.current} threads)` });
-    this.engine = Comlink.wrap<EngineFactory>(this.worker).start(this.current) as unknown as Promise<EngineApi>;
+    this.worker = new Worker(new URL('./engine.worker.ts', import.meta.url), {
+      type: 'module',
+      name: `ditswarm-engine (${this.current} threads)`,
+    });
+    this.engine = Comlink.wrap<EngineFactory>(this.worker).start(this.current);
   }
 
   private inTurn<T>(work: (engine: EngineApi) => Promise<T>): Promise<T> {

@@ -4,7 +4,16 @@
 import * as ort from 'onnxruntime-web';
 import type { WanConfig } from '../core/model/config.ts';
 import { loadTransformer } from '../core/model/transformer.ts';
-import type { ComputeProbe, DecodedTile, DecodeTileArgs, EncodedText, EncodeTextArgs, ExecutionProvider, LoadedModel, LoadStatus } from '../core/worker-api.ts';
+import type {
+  ComputeProbe,
+  DecodedTile,
+  DecodeTileArgs,
+  EncodedText,
+  EncodeTextArgs,
+  ExecutionProvider,
+  LoadedModel,
+  LoadStatus,
+} from '../core/worker-api.ts';
 import { onnxStages, type OnnxStages } from './onnx-stages.ts';
 import { probeThroughput } from './throughput-probe.ts';
 import { probeWebGpu } from './webgpu.ts';
@@ -50,33 +59,46 @@ export function createEngine(threads = 1): EngineApi {
     return stages;
   };
   return {
-    load: (modelUrl, ep, onProgress) => serial(async () => {
-      // a worker page serves executor after executor: the same model on the same EP loads once
-      const key = `${modelUrl} ${ep}`;
-      if (loaded?.key === key) return { ...loaded.info, inMemory: true };
-      const started = performance.now();
-      // the device it computes on: on wasm the CPU, whether or not the browser also has a WebGPU adapter
-      const adapter = ep === 'wasm' ? 'WebAssembly (CPU)' : (await probeWebGpu())?.name;
-      if (!adapter) throw new Error('webgpu was asked for but this browser has no WebGPU adapter; use ep "auto" or "wasm"');
-      // one model at a time: the last one's sessions and weights go before the next one's come
-      await stages?.dispose();
-      stages = null;
-      loaded = null;
-      const files = cachedModelFiles(modelUrl);
-      const model = await loadTransformer(files, (bytes, totalBytes) => {
-        const { networkBytes, note } = files.source();
-        onProgress?.({ bytes, totalBytes, networkBytes, elapsedMs: performance.now() - started, note });
-      }).finally(() => files.close());
-      const runner = await onnxStages(model, ep);
-      stages = runner;
-      const { maxBufferBytes, weightType, gpuWeightBytes } = runner;
-      const info: EngineInfo = { ep, adapter, inMemory: false, config: model.config, loadMs: performance.now() - started, weights: files.source(), maxBufferBytes, weightType, gpuWeightBytes };
-      loaded = { key, info };
-      return info;
-    }),
+    load: (modelUrl, ep, onProgress) =>
+      serial(async () => {
+        // a worker page serves executor after executor: the same model on the same EP loads once
+        const key = `${modelUrl} ${ep}`;
+        if (loaded?.key === key) return { ...loaded.info, inMemory: true };
+        const started = performance.now();
+        // the device it computes on: on wasm the CPU, whether or not the browser also has a WebGPU adapter
+        const adapter = ep === 'wasm' ? 'WebAssembly (CPU)' : (await probeWebGpu())?.name;
+        if (!adapter)
+          throw new Error('webgpu was asked for but this browser has no WebGPU adapter; use ep "auto" or "wasm"');
+        // one model at a time: the last one's sessions and weights go before the next one's come
+        await stages?.dispose();
+        stages = null;
+        loaded = null;
+        const files = cachedModelFiles(modelUrl);
+        const model = await loadTransformer(files, (bytes, totalBytes) => {
+          const { networkBytes, note } = files.source();
+          onProgress?.({ bytes, totalBytes, networkBytes, elapsedMs: performance.now() - started, note });
+        }).finally(() => files.close());
+        const runner = await onnxStages(model, ep);
+        stages = runner;
+        const { maxBufferBytes, weightType, gpuWeightBytes } = runner;
+        const info: EngineInfo = {
+          ep,
+          adapter,
+          inMemory: false,
+          config: model.config,
+          loadMs: performance.now() - started,
+          weights: files.source(),
+          maxBufferBytes,
+          weightType,
+          gpuWeightBytes,
+        };
+        loaded = { key, info };
+        return info;
+      }),
     probe: (ep) =>
       serial(async () => {
-        if (ep === 'webgpu' && !(await probeWebGpu())) throw new Error('cannot probe webgpu: this browser has no WebGPU adapter');
+        if (ep === 'webgpu' && !(await probeWebGpu()))
+          throw new Error('cannot probe webgpu: this browser has no WebGPU adapter');
         const { flops, softmaxRate, stageMs } = await probeThroughput(ep);
         return { ep, flops, softmaxRate, stageMs };
       }),

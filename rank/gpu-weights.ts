@@ -9,7 +9,9 @@ import { toF16 } from '../core/net/protocol.ts';
 export interface GpuDevice {
   features: { has(feature: string): boolean };
   createBuffer(descriptor: { size: number; usage: number }): { destroy(): void };
-  queue: { writeBuffer(buffer: unknown, offset: number, data: ArrayBufferLike, dataOffset: number, size: number): void };
+  queue: {
+    writeBuffer(buffer: unknown, offset: number, data: ArrayBufferLike, dataOffset: number, size: number): void;
+  };
 }
 /** WebGPU's GPUBufferUsage flags (a browser global) */
 const GPU_BUFFER_USAGE = { COPY_SRC: 0x0004, COPY_DST: 0x0008, STORAGE: 0x0080 };
@@ -33,9 +35,14 @@ export function weightTensors(device: GpuDevice | null, weightType: WeightType =
       if (!device) return new ort.Tensor(weightType, values, dims);
       // writeBuffer copies whole 4-byte words: an odd count of float16 values goes padded
       const size = Math.ceil(values.byteLength / 4) * 4;
-      const words = size === values.byteLength ? new Uint8Array(values.buffer, values.byteOffset, size) : new Uint8Array(size);
-      if (words.buffer !== values.buffer) words.set(new Uint8Array(values.buffer, values.byteOffset, values.byteLength));
-      const buffer = device.createBuffer({ size, usage: GPU_BUFFER_USAGE.STORAGE | GPU_BUFFER_USAGE.COPY_SRC | GPU_BUFFER_USAGE.COPY_DST });
+      const words =
+        size === values.byteLength ? new Uint8Array(values.buffer, values.byteOffset, size) : new Uint8Array(size);
+      if (words.buffer !== values.buffer)
+        words.set(new Uint8Array(values.buffer, values.byteOffset, values.byteLength));
+      const buffer = device.createBuffer({
+        size,
+        usage: GPU_BUFFER_USAGE.STORAGE | GPU_BUFFER_USAGE.COPY_SRC | GPU_BUFFER_USAGE.COPY_DST,
+      });
       device.queue.writeBuffer(buffer, 0, words.buffer, words.byteOffset, size);
       buffers.push(buffer);
       gpuBytes += size;

@@ -2,7 +2,14 @@ import * as ort from 'onnxruntime-web';
 import type { WanModel } from '../core/model/reference.ts';
 import type { ExecutionProvider } from '../core/worker-api.ts';
 import type { WeightType } from '../core/model/onnx-builder.ts';
-import { buildAttentionGraph, buildEmbedGraph, buildHeadGraph, buildPostAttentionGraph, buildPreAttentionGraph, type BlockGraph } from '../core/model/stage-graphs.ts';
+import {
+  buildAttentionGraph,
+  buildEmbedGraph,
+  buildHeadGraph,
+  buildPostAttentionGraph,
+  buildPreAttentionGraph,
+  type BlockGraph,
+} from '../core/model/stage-graphs.ts';
 import { concat, setCols, sliceCols } from '../core/tensor.ts';
 import { rowChunks, rowsPerBuffer } from './chunks.ts';
 import { weightTensors, type GpuDevice } from './gpu-weights.ts';
@@ -16,7 +23,9 @@ export const WASM_MAX_BUFFER_BYTES = 256 << 20;
 
 /** The largest buffer onnxruntime's WebGPU device may bind (it asks the adapter for its maxima). */
 async function webGpuMaxBufferBytes(): Promise<number> {
-  const { limits } = (await ort.env.webgpu.device) as { limits: { maxStorageBufferBindingSize: number; maxBufferSize: number } };
+  const { limits } = (await ort.env.webgpu.device) as {
+    limits: { maxStorageBufferBindingSize: number; maxBufferSize: number };
+  };
   return Math.min(limits.maxStorageBufferBindingSize, limits.maxBufferSize);
 }
 
@@ -28,14 +37,22 @@ async function webGpuMaxBufferBytes(): Promise<number> {
 function blockWeightTensors(m: WanModel, graphs: BlockGraph[], weightType: WeightType, device: GpuDevice | null) {
   const weights = weightTensors(device, weightType);
   const perGraph = graphs.map((graph) =>
-    Array.from({ length: m.config.numLayers }, (_, b) => Object.fromEntries(graph.weights.map(({ name, dims }) => [name, weights.tensor(m.weights.get(`blocks.${b}.${name}`)!.data, dims)]))),
+    Array.from({ length: m.config.numLayers }, (_, b) =>
+      Object.fromEntries(
+        graph.weights.map(({ name, dims }) => [name, weights.tensor(m.weights.get(`blocks.${b}.${name}`)!.data, dims)]),
+      ),
+    ),
   );
   return { perGraph, gpuBytes: weights.gpuBytes, destroy: weights.destroy };
 }
 
 /** A runner that says how large a buffer it cuts its stages to (chunks.ts) and how it stores the blocks' weights; disposed when its model is replaced. */
-export type OnnxStages = Required<DeviceStageRunner> & { maxBufferBytes: number; weightType: WeightType; gpuWeightBytes: number; dispose(): Promise<void> };
-
+export type OnnxStages = Required<DeviceStageRunner> & {
+  maxBufferBytes: number;
+  weightType: WeightType;
+  gpuWeightBytes: number;
+  dispose(): Promise<void>;
+};
 
 /**
  * The stage graphs of one model as onnxruntime-web sessions: one session per graph, built once
@@ -46,11 +63,20 @@ export type OnnxStages = Required<DeviceStageRunner> & { maxBufferBytes: number;
  * A stage whose tensors would exceed `maxBufferBytes` (by default what the EP allows) runs in
  * chunks of rows, or of heads for attention (chunks.ts); its inputs and outputs are then CPU data.
  */
-export async function onnxStages(m: WanModel, ep: ExecutionProvider, limits: { maxBufferBytes?: number; weightType?: WeightType } = {}): Promise<OnnxStages> {
+export async function onnxStages(
+  m: WanModel,
+  ep: ExecutionProvider,
+  limits: { maxBufferBytes?: number; weightType?: WeightType } = {},
+): Promise<OnnxStages> {
   const { dim: D, headDim, textDim, numHeads, ffnDim } = m.config;
   const options: ort.InferenceSession.SessionOptions = { executionProviders: [ep], graphOptimizationLevel: 'all' };
   const onDevice = (...outputs: string[]): ort.InferenceSession.SessionOptions =>
-    ep === 'webgpu' ? { ...options, preferredOutputLocation: Object.fromEntries(outputs.map((name) => [name, 'gpu-buffer' as const])) } : options;
+    ep === 'webgpu'
+      ? {
+          ...options,
+          preferredOutputLocation: Object.fromEntries(outputs.map((name) => [name, 'gpu-buffer' as const])),
+        }
+      : options;
   const session = (graph: Uint8Array, sessionOptions = options) => ort.InferenceSession.create(graph, sessionOptions);
   const embed = await session(buildEmbedGraph(m), onDevice('x', 'temb', 'tproj', 'context'));
   const attention = await session(buildAttentionGraph(m));
@@ -81,7 +107,10 @@ export async function onnxStages(m: WanModel, ep: ExecutionProvider, limits: { m
   const feed = (a: Activation, width: number): ort.Tensor => {
     if (a instanceof Float32Array) return t(a, width);
     const tensor = kept.get(a.deviceTensor);
-    if (!tensor) throw new Error(`device tensor ${a.deviceTensor} is not kept by this runner (released already, or made by another engine): a stage input must be a tensor of this pass`);
+    if (!tensor)
+      throw new Error(
+        `device tensor ${a.deviceTensor} is not kept by this runner (released already, or made by another engine): a stage input must be a tensor of this pass`,
+      );
     return tensor;
   };
   const out = (r: ort.InferenceSession.OnnxValueMapType, name: string) => r[name].data as Float32Array;
@@ -89,17 +118,21 @@ export async function onnxStages(m: WanModel, ep: ExecutionProvider, limits: { m
   const rowsWidth = m.weights.get('proj_out.weight')!.shape[0];
 
   // chunked stages take and give CPU data: a device tensor is read back, a device output downloaded and freed
-  const maxBufferBytes = limits.maxBufferBytes ?? (ep === 'webgpu' ? await webGpuMaxBufferBytes() : WASM_MAX_BUFFER_BYTES);
+  const maxBufferBytes =
+    limits.maxBufferBytes ?? (ep === 'webgpu' ? await webGpuMaxBufferBytes() : WASM_MAX_BUFFER_BYTES);
   const rowsOf = (a: Activation, width: number) => (a instanceof Float32Array ? a.length : a.floats) / width;
-  const host = async (a: Activation): Promise<Float32Array> => (a instanceof Float32Array ? a : ((await feed(a, 1).getData()) as Float32Array));
-  const hostOutput = async (tensor: ort.Tensor): Promise<Float32Array> => (tensor.location === 'gpu-buffer' ? ((await tensor.getData(true)) as Float32Array) : (tensor.data as Float32Array));
+  const host = async (a: Activation): Promise<Float32Array> =>
+    a instanceof Float32Array ? a : ((await feed(a, 1).getData()) as Float32Array);
+  const hostOutput = async (tensor: ort.Tensor): Promise<Float32Array> =>
+    tensor.location === 'gpu-buffer' ? ((await tensor.getData(true)) as Float32Array) : (tensor.data as Float32Array);
   /** the same stage on each block of rows, outputs stacked back */
   const byRows = async (rows: number, maxRows: number, run: (begin: number, end: number) => Promise<Float32Array>) => {
     const parts: Float32Array[] = [];
     for (const [begin, end] of rowChunks(rows, maxRows)) parts.push(await run(begin, end));
     return concat(parts);
   };
-  const rowsIn = (a: Float32Array, width: number, begin: number, end: number) => t(a.subarray(begin * width, end * width), width);
+  const rowsIn = (a: Float32Array, width: number, begin: number, end: number) =>
+    t(a.subarray(begin * width, end * width), width);
 
   return {
     maxBufferBytes,
@@ -129,7 +162,8 @@ export async function onnxStages(m: WanModel, ep: ExecutionProvider, limits: { m
     },
     async preAttention(block, x, tproj, cos, sin) {
       const rows = rowsOf(x, D);
-      const run = async (xIn: ort.Tensor, cosIn: ort.Tensor, sinIn: ort.Tensor) => pre.run({ ...preWeights[block], x: xIn, tproj: feed(tproj, D), cos: cosIn, sin: sinIn });
+      const run = async (xIn: ort.Tensor, cosIn: ort.Tensor, sinIn: ort.Tensor) =>
+        pre.run({ ...preWeights[block], x: xIn, tproj: feed(tproj, D), cos: cosIn, sin: sinIn });
       const maxRows = rowsPerBuffer(maxBufferBytes, D);
       if (rows <= maxRows) {
         const r = await run(feed(x, D), t(cos, headDim / 2), t(sin, headDim / 2));
@@ -138,17 +172,25 @@ export async function onnxStages(m: WanModel, ep: ExecutionProvider, limits: { m
       const xs = await host(x);
       const parts = { q: [] as Float32Array[], k: [] as Float32Array[], v: [] as Float32Array[] };
       for (const [begin, end] of rowChunks(rows, maxRows)) {
-        const r = await run(rowsIn(xs, D, begin, end), rowsIn(cos, headDim / 2, begin, end), rowsIn(sin, headDim / 2, begin, end));
+        const r = await run(
+          rowsIn(xs, D, begin, end),
+          rowsIn(cos, headDim / 2, begin, end),
+          rowsIn(sin, headDim / 2, begin, end),
+        );
         for (const name of ['q', 'k', 'v'] as const) parts[name].push(out(r, name));
       }
       return { q: concat(parts.q), k: concat(parts.k), v: concat(parts.v) };
     },
     async attention({ q, k, v }, width) {
       const tokens = Math.max(q.length, k.length) / width;
-      const run = async (qs: Float32Array, ks: Float32Array, vs: Float32Array, w: number) => out(await attention.run({ q: t(qs, w), k: t(ks, w), v: t(vs, w) }), 'o');
+      const run = async (qs: Float32Array, ks: Float32Array, vs: Float32Array, w: number) =>
+        out(await attention.run({ q: t(qs, w), k: t(ks, w), v: t(vs, w) }), 'o');
       // heads are independent: as many at a time as one buffer holds [tokens, heads·d]
       const headsAtOnce = Math.floor(maxBufferBytes / (4 * tokens * headDim));
-      if (headsAtOnce < 1) throw new Error(`attention over ${tokens} tokens needs ${4 * tokens * headDim} bytes per head, more than one buffer of this worker holds (${maxBufferBytes}): use more workers`);
+      if (headsAtOnce < 1)
+        throw new Error(
+          `attention over ${tokens} tokens needs ${4 * tokens * headDim} bytes per head, more than one buffer of this worker holds (${maxBufferBytes}): use more workers`,
+        );
       if (headsAtOnce * headDim >= width) return run(q, k, v, width);
       const o = new Float32Array(q.length);
       for (const [from, to] of rowChunks(width / headDim, headsAtOnce)) {
@@ -160,19 +202,24 @@ export async function onnxStages(m: WanModel, ep: ExecutionProvider, limits: { m
     },
     async postAttention(block, x, o, tproj, context) {
       const rows = rowsOf(x, D);
-      const run = (xIn: ort.Tensor, oIn: ort.Tensor) => post.run({ ...postWeights[block], x: xIn, o: oIn, tproj: feed(tproj, D), context: feed(context, D) });
+      const run = (xIn: ort.Tensor, oIn: ort.Tensor) =>
+        post.run({ ...postWeights[block], x: xIn, o: oIn, tproj: feed(tproj, D), context: feed(context, D) });
       // per row: the FFN's hidden layer, and the cross-attention's scores over the text
       const maxRows = rowsPerBuffer(maxBufferBytes, Math.max(ffnDim, numHeads * rowsOf(context, D)));
       if (rows <= maxRows) return keep((await run(feed(x, D), t(o, D))).x_out);
       const xs = await host(x);
-      return byRows(rows, maxRows, async (begin, end) => hostOutput((await run(rowsIn(xs, D, begin, end), rowsIn(o, D, begin, end))).x_out));
+      return byRows(rows, maxRows, async (begin, end) =>
+        hostOutput((await run(rowsIn(xs, D, begin, end), rowsIn(o, D, begin, end))).x_out),
+      );
     },
     async head(x, temb) {
       const rows = rowsOf(x, D);
       const maxRows = rowsPerBuffer(maxBufferBytes, Math.max(D, rowsWidth));
       if (rows <= maxRows) return out(await head.run({ x: feed(x, D), temb: feed(temb, D) }), 'rows');
       const xs = await host(x);
-      return byRows(rows, maxRows, async (begin, end) => out(await head.run({ x: rowsIn(xs, D, begin, end), temb: feed(temb, D) }), 'rows'));
+      return byRows(rows, maxRows, async (begin, end) =>
+        out(await head.run({ x: rowsIn(xs, D, begin, end), temb: feed(temb, D) }), 'rows'),
+      );
     },
     async release(tensors: DeviceTensor[]) {
       for (const { deviceTensor } of tensors) {

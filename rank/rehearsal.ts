@@ -42,17 +42,31 @@ const echoExchange = (plan: UlyssesPlan): Exchange => ({
   world: plan.degree,
   bytesSent: 0,
   dtype: 'f32',
-  allToAll: async (tag, parts) => parts.map((part, j) => (j === 0 ? part : new Float32Array(partFloats(plan, tag.phase === ExchangePhase.QKV ? 'qkv' : 'output', j, 0, tag.group)))),
+  allToAll: async (tag, parts) =>
+    parts.map((part, j) =>
+      j === 0
+        ? part
+        : new Float32Array(partFloats(plan, tag.phase === ExchangePhase.QKV ? 'qkv' : 'output', j, 0, tag.group)),
+    ),
 });
 
 /**
  * ms of one rank's forward under each Ulysses degree: the median of a few where one is quick, else
  * blocks × one block; on an engine that has not computed yet (`cold`), after warming it up.
  */
-export async function rehearseForwards(cfg: WanConfig, stages: DeviceStageRunner, latentShape: number[], textTokens: number, degrees: number[], cold: boolean): Promise<number[]> {
-  if (latentShape[0] !== cfg.inChannels) throw new Error(`rehearse needs a latent shape [${cfg.inChannels}, T, H, W], got ${JSON.stringify(latentShape)}`);
+export async function rehearseForwards(
+  cfg: WanConfig,
+  stages: DeviceStageRunner,
+  latentShape: number[],
+  textTokens: number,
+  degrees: number[],
+  cold: boolean,
+): Promise<number[]> {
+  if (latentShape[0] !== cfg.inChannels)
+    throw new Error(`rehearse needs a latent shape [${cfg.inChannels}, T, H, W], got ${JSON.stringify(latentShape)}`);
   const grid = tokenGrid(cfg, latentShape);
-  if (grid.count > MAX_TOKENS) throw new Error(`rehearse of ${grid.count} tokens: at most ${MAX_TOKENS} (720p × 129 frames)`);
+  if (grid.count > MAX_TOKENS)
+    throw new Error(`rehearse of ${grid.count} tokens: at most ${MAX_TOKENS} (720p × 129 frames)`);
   const random = new SeededRandom(7);
   const text = random.normals(textTokens * cfg.textDim);
   const patchWidth = cfg.inChannels * cfg.patchSize.reduce((a, b) => a * b, 1);
@@ -60,7 +74,13 @@ export async function rehearseForwards(cfg: WanConfig, stages: DeviceStageRunner
   for (const [i, degree] of degrees.entries()) {
     checkDegree(cfg.numHeads, degree);
     const plan = planUlysses(cfg, grid.count, degree);
-    const input = { patches: random.normals(plan.rows[0] * patchWidth), timestep: 500, text, grid, tag: { job: 0, step: 0, pass: 0 } };
+    const input = {
+      patches: random.normals(plan.rows[0] * patchWidth),
+      timestep: 500,
+      text,
+      grid,
+      tag: { job: 0, step: 0, pass: 0 },
+    };
     // the forward's wall clock, as a job's step sees it: its stage calls and the page's work between them
     const forward = async (numLayers: number) => {
       const started = performance.now();
@@ -73,7 +93,9 @@ export async function rehearseForwards(cfg: WanConfig, stages: DeviceStageRunner
     const oneBlockMs = await forward(1);
     const long = oneBlockMs * cfg.numLayers > LONG_MS;
     if (cold && i === 0) await warmUp(() => forward(long ? 1 : cfg.numLayers));
-    forwardMs.push(long ? cfg.numLayers * (await forward(1)) : await medianSample(() => forward(cfg.numLayers), RUNS, BUDGET_MS));
+    forwardMs.push(
+      long ? cfg.numLayers * (await forward(1)) : await medianSample(() => forward(cfg.numLayers), RUNS, BUDGET_MS),
+    );
   }
   return forwardMs;
 }

@@ -67,7 +67,10 @@ function countingSends(exchange: Exchange): Exchange {
       return bytesSent;
     },
     allToAll: (tag, parts) => {
-      bytesSent += parts.reduce((n, part, to) => n + (to === exchange.rank ? 0 : payloadBytes(part.length, exchange.dtype)), 0);
+      bytesSent += parts.reduce(
+        (n, part, to) => n + (to === exchange.rank ? 0 : payloadBytes(part.length, exchange.dtype)),
+        0,
+      );
       return exchange.allToAll(tag, parts);
     },
   };
@@ -92,13 +95,23 @@ export class WorkerRuntime implements WorkerApi {
    * what is missing). Kept as promises: a load that needs a probe the coordinator's is still taking
    * waits for that one instead of taking a second (on a software WebGPU adapter, seconds).
    */
-  private probes: { threads: number; measured: Partial<Record<ExecutionProvider, Promise<ComputeProbe>>> } = { threads: 0, measured: {} };
+  private probes: { threads: number; measured: Partial<Record<ExecutionProvider, Promise<ComputeProbe>>> } = {
+    threads: 0,
+    measured: {},
+  };
   /** the EP and threads of the engine a rehearsal last warmed up (rank/rehearsal.ts) */
   private warmEngine: string | null = null;
   private epWhy = '';
   /** how far the model load under way is (for the pulse), null when none is */
   loadStatus: LoadStatus | null = null;
-  readonly totals: WorkerTotals = { steps: 0, bytesSent: 0, computeMs: 0, bytesDownloaded: 0, bytesKept: 0, deviceTensorsLeft: 0 };
+  readonly totals: WorkerTotals = {
+    steps: 0,
+    bytesSent: 0,
+    computeMs: 0,
+    bytesDownloaded: 0,
+    bytesKept: 0,
+    deviceTensorsLeft: 0,
+  };
 
   constructor(
     private readonly engine: EngineApi,
@@ -120,7 +133,10 @@ export class WorkerRuntime implements WorkerApi {
   }
 
   /** A new probe of `ep`, kept for loads to come unless it fails (then the next one tries again). */
-  private probe(measured: Partial<Record<ExecutionProvider, Promise<ComputeProbe>>>, ep: ExecutionProvider): Promise<ComputeProbe> {
+  private probe(
+    measured: Partial<Record<ExecutionProvider, Promise<ComputeProbe>>>,
+    ep: ExecutionProvider,
+  ): Promise<ComputeProbe> {
     const probe = this.engine.probe(ep);
     measured[ep] = probe;
     probe.catch(() => {
@@ -166,7 +182,8 @@ export class WorkerRuntime implements WorkerApi {
     const { rank, world, peers } = init;
     if (rank >= world) throw new Error(`initWorker needs 0 ≤ rank < world, got rank ${rank} of ${world}`);
     if (peers.length !== world) throw new Error(`initWorker needs ${world} peer ids, got ${peers.length}`);
-    if (init.heads && init.heads.length !== world) throw new Error(`initWorker needs a head share for each of ${world} ranks, got ${init.heads.length}`);
+    if (init.heads && init.heads.length !== world)
+      throw new Error(`initWorker needs a head share for each of ${world} ranks, got ${init.heads.length}`);
     this.init = init;
     this.keysValues.clear();
     this.exchange = await this.hooks.connectMesh(init);
@@ -182,7 +199,10 @@ export class WorkerRuntime implements WorkerApi {
     this.model = info;
     this.modelUrl = args.modelUrl;
     this.epWhy = why;
-    this.setState('ready', `model loaded on ${info.ep} in ${info.loadMs.toFixed(0)} ms (${why}); ${describeWeights(info.weights)}`);
+    this.setState(
+      'ready',
+      `model loaded on ${info.ep} in ${info.loadMs.toFixed(0)} ms (${why}); ${describeWeights(info.weights)}`,
+    );
     const { config: _, ...loaded } = info;
     return { ...loaded, why };
   }
@@ -191,7 +211,10 @@ export class WorkerRuntime implements WorkerApi {
   private async load({ modelUrl, ep }: LoadArgs): Promise<{ info: EngineInfo; why: string }> {
     this.checkModel(modelUrl);
     await this.hooks.betweenJobs?.();
-    const choice = ep === 'auto' ? await this.fastestEp() : { ep, why: `${ep === 'wasm' ? 'WASM' : 'WebGPU'}: asked for by the job` };
+    const choice =
+      ep === 'auto'
+        ? await this.fastestEp()
+        : { ep, why: `${ep === 'wasm' ? 'WASM' : 'WebGPU'}: asked for by the job` };
     // a real model's weights are GBs: the page (and through the pulse the dashboard) says how far
     // the download is, a per cent at a time
     const before = { state: this.state, detail: this.detail };
@@ -212,17 +235,26 @@ export class WorkerRuntime implements WorkerApi {
   }
 
   async rehearse({ modelUrl, ep, latentShape, textTokens, degrees }: RehearseArgs) {
-    if (this.state === 'computing') throw new Error('rehearse while a job is computing on this worker: rehearse between jobs');
+    if (this.state === 'computing')
+      throw new Error('rehearse while a job is computing on this worker: rehearse between jobs');
     const { info } = await this.load({ modelUrl, ep });
     // a new engine (a new share of the cores starts one) is cold until it has computed a while
     const engine = `${info.ep} on ${(await this.hooks.describe()).threads} threads`;
     try {
-      const forwardMs = await rehearseForwards(info.config, this.engine, latentShape, textTokens, degrees, this.warmEngine !== engine);
+      const forwardMs = await rehearseForwards(
+        info.config,
+        this.engine,
+        latentShape,
+        textTokens,
+        degrees,
+        this.warmEngine !== engine,
+      );
       this.warmEngine = engine;
       return { forwardMs };
     } finally {
       // the engine holds one model: the one this rank's placement loaded comes back
-      if (this.model && this.modelUrl && (this.modelUrl !== modelUrl || this.model.ep !== info.ep)) await this.engine.load(this.modelUrl, this.model.ep);
+      if (this.model && this.modelUrl && (this.modelUrl !== modelUrl || this.model.ep !== info.ep))
+        await this.engine.load(this.modelUrl, this.model.ep);
     }
   }
 
@@ -236,17 +268,28 @@ export class WorkerRuntime implements WorkerApi {
     const measured = await this.measuredNow();
     const { ep, softwareAdapter } = await this.hooks.describe();
     const wasm = measured.wasm ?? this.probe(measured, 'wasm');
-    const webgpu = ep === 'webgpu' && !softwareAdapter ? (measured.webgpu ?? this.probe(measured, 'webgpu')) : undefined;
+    const webgpu =
+      ep === 'webgpu' && !softwareAdapter ? (measured.webgpu ?? this.probe(measured, 'webgpu')) : undefined;
     return fastestEp({ wasm: await wasm, webgpu: await webgpu }, softwareAdapter);
   }
 
   encodeText(args: EncodeTextArgs) {
-    return this.betweenJobs('encodeText', `encoding a prompt: text encoder layers ${args.from + 1}–${args.to}`, args, (ep) => this.engine.encodeText({ ...args, ep }));
+    return this.betweenJobs(
+      'encodeText',
+      `encoding a prompt: text encoder layers ${args.from + 1}–${args.to}`,
+      args,
+      (ep) => this.engine.encodeText({ ...args, ep }),
+    );
   }
 
   decodeTile(args: DecodeTileArgs) {
     const frames = args.shape[1];
-    return this.betweenJobs('decodeTile', `decoding the video: tile ${args.tile}, latent frames ${args.from + 1}–${args.from + frames}`, args, (ep) => this.engine.decodeTile({ ...args, ep }));
+    return this.betweenJobs(
+      'decodeTile',
+      `decoding the video: tile ${args.tile}, latent frames ${args.from + 1}–${args.from + frames}`,
+      args,
+      (ep) => this.engine.decodeTile({ ...args, ep }),
+    );
   }
 
   private checkModel(modelUrl: string): void {
@@ -255,7 +298,12 @@ export class WorkerRuntime implements WorkerApi {
   }
 
   /** Work a coordinator asks for between jobs (the text encoder, the VAE), on the EP it names or the fastest. */
-  private async betweenJobs<T>(method: string, detail: string, { modelUrl, ep: asked }: { modelUrl: string; ep: ExecutionProvider | 'auto' }, work: (ep: ExecutionProvider) => Promise<T>): Promise<T> {
+  private async betweenJobs<T>(
+    method: string,
+    detail: string,
+    { modelUrl, ep: asked }: { modelUrl: string; ep: ExecutionProvider | 'auto' },
+    work: (ep: ExecutionProvider) => Promise<T>,
+  ): Promise<T> {
     if (this.state === 'computing') throw new Error(`${method} while this worker is computing: call it between jobs`);
     this.checkModel(modelUrl);
     // taken at once, before any await: a second call arriving meanwhile is refused, not interleaved
@@ -273,9 +321,14 @@ export class WorkerRuntime implements WorkerApi {
     const exchange = this.needInit('prepareJob');
     const cfg = this.needModel();
     if (!texts.every((t) => t.length > 0 && t.length % cfg.textDim === 0)) {
-      throw new Error(`prepareJob needs one or two text embeddings of width ${cfg.textDim}, got ${texts.map((t) => t.length).join(' and ')} values`);
+      throw new Error(
+        `prepareJob needs one or two text embeddings of width ${cfg.textDim}, got ${texts.map((t) => t.length).join(' and ')} values`,
+      );
     }
-    if (latentShape[0] !== cfg.inChannels) throw new Error(`prepareJob needs a latent shape [${cfg.inChannels}, T, H, W], got ${JSON.stringify(latentShape)}`);
+    if (latentShape[0] !== cfg.inChannels)
+      throw new Error(
+        `prepareJob needs a latent shape [${cfg.inChannels}, T, H, W], got ${JSON.stringify(latentShape)}`,
+      );
     await this.hooks.betweenJobs?.();
     // head groups are Ulysses' overlap: displaced ranks exchange once a block whatever they are
     const headGroups = this.init?.parallel === 'displaced' ? 1 : (this.init?.headGroups ?? 1);
@@ -316,7 +369,8 @@ export class WorkerRuntime implements WorkerApi {
     if (tag.group >= groups) return `tensor for head group ${tag.group} of ${groups}`;
     const me = this.exchange.rank;
     const floats = this.expectedFloats(plan, tag, from, me);
-    if (floats === undefined) return `unknown exchange phase ${tag.phase}${tag.phase === ExchangePhase.Probe ? ` step ${tag.step}` : ''}`;
+    if (floats === undefined)
+      return `unknown exchange phase ${tag.phase}${tag.phase === ExchangePhase.Probe ? ` step ${tag.step}` : ''}`;
     const bytes = payloadBytes(floats, this.exchange.dtype);
     if (totalBytes !== bytes) return `phase ${tag.phase} tensor of ${totalBytes} bytes; the plan says ${bytes}`;
     return null;
@@ -325,8 +379,13 @@ export class WorkerRuntime implements WorkerApi {
   /** The floats of a peer's tensor for this phase in this rank's parallel mode; undefined for a phase the mode has not. */
   private expectedFloats(plan: UlyssesPlan, tag: TensorTag, from: number, me: number): number | undefined {
     if (tag.phase === ExchangePhase.Probe) return PROBE_FLOATS[tag.step];
-    if (this.init?.parallel === 'displaced') return tag.phase === ExchangePhase.KeysValues ? partFloats(plan, 'kv', from, me) : undefined;
-    return tag.phase === ExchangePhase.QKV ? partFloats(plan, 'qkv', from, me, tag.group) : tag.phase === ExchangePhase.Output ? partFloats(plan, 'output', from, me, tag.group) : undefined;
+    if (this.init?.parallel === 'displaced')
+      return tag.phase === ExchangePhase.KeysValues ? partFloats(plan, 'kv', from, me) : undefined;
+    return tag.phase === ExchangePhase.QKV
+      ? partFloats(plan, 'qkv', from, me, tag.group)
+      : tag.phase === ExchangePhase.Output
+        ? partFloats(plan, 'output', from, me, tag.group)
+        : undefined;
   }
 
   /**
@@ -336,10 +395,18 @@ export class WorkerRuntime implements WorkerApi {
   async recompute(args: ExecuteArgs) {
     const pass = this.preparedPass('recompute', args);
     if (args.patches.length !== pass.plan.tokens * pass.patchWidth) {
-      throw new Error(`recompute expected all ${pass.plan.tokens}×${pass.patchWidth} patch values of the prepared job, got ${args.patches.length}`);
+      throw new Error(
+        `recompute expected all ${pass.plan.tokens}×${pass.patchWidth} patch values of the prepared job, got ${args.patches.length}`,
+      );
     }
     const stats = noStats();
-    const rows = await this.forward(pass, planUlysses(pass.cfg, pass.plan.tokens, 1), memoryExchanges(1)[0], args, stats);
+    const rows = await this.forward(
+      pass,
+      planUlysses(pass.cfg, pass.plan.tokens, 1),
+      memoryExchanges(1)[0],
+      args,
+      stats,
+    );
     return { rows, computeMs: stats.computeMs };
   }
 
@@ -348,7 +415,9 @@ export class WorkerRuntime implements WorkerApi {
     const pass = this.preparedPass('executeModel', args);
     const share = pass.plan.rows[exchange.rank];
     if (args.patches.length !== share * pass.patchWidth) {
-      throw new Error(`executeModel expected ${share}×${pass.patchWidth} patch values for rank ${exchange.rank}, got ${args.patches.length}`);
+      throw new Error(
+        `executeModel expected ${share}×${pass.patchWidth} patch values for rank ${exchange.rank}, got ${args.patches.length}`,
+      );
     }
     this.setState('computing', `job ${args.job} step ${args.step} pass ${args.pass}`);
     this.forwardsRunning++;
@@ -356,7 +425,13 @@ export class WorkerRuntime implements WorkerApi {
     // a guided step's two passes share the mesh at once: each counts what it sends itself
     const counting = countingSends(exchange);
     const displaced = this.init?.parallel === 'displaced' && pass.plan.degree > 1;
-    const attend = displaced ? displacedAttention(pass.cfg, pass.plan, this.engine, counting, this.keysValues, { step: args.step, pass: args.pass, stale: args.stale ?? false }) : undefined;
+    const attend = displaced
+      ? displacedAttention(pass.cfg, pass.plan, this.engine, counting, this.keysValues, {
+          step: args.step,
+          pass: args.pass,
+          stale: args.stale ?? false,
+        })
+      : undefined;
     let rows: Float32Array;
     try {
       rows = await this.forward(pass, pass.plan, counting, args, stats, attend);
@@ -378,17 +453,41 @@ export class WorkerRuntime implements WorkerApi {
   private preparedPass(method: string, args: ExecuteArgs) {
     const cfg = this.needModel();
     const plan = this.plan;
-    if (args.job !== this.job || !plan) throw new Error(`${method} for job ${args.job} but job ${this.job} was prepared`);
+    if (args.job !== this.job || !plan)
+      throw new Error(`${method} for job ${args.job} but job ${this.job} was prepared`);
     const text = this.texts[args.pass];
-    if (!text) throw new Error(`no text embedding for pass ${args.pass}: the job was prepared with ${this.texts.length}`);
+    if (!text)
+      throw new Error(`no text embedding for pass ${args.pass}: the job was prepared with ${this.texts.length}`);
     const grid = tokenGrid(cfg, args.latentShape);
-    if (grid.count !== plan.tokens) throw new Error(`${method} with ${grid.count} tokens but the job was prepared for ${plan.tokens}`);
+    if (grid.count !== plan.tokens)
+      throw new Error(`${method} with ${grid.count} tokens but the job was prepared for ${plan.tokens}`);
     return { cfg, plan, text, grid, patchWidth: cfg.inChannels * cfg.patchSize.reduce((x, y) => x * y, 1) };
   }
 
-  private forward(pass: ReturnType<WorkerRuntime['preparedPass']>, plan: UlyssesPlan, exchange: Exchange, args: ExecuteArgs, stats: RankStats, attend?: BlockAttention): Promise<Float32Array> {
+  private forward(
+    pass: ReturnType<WorkerRuntime['preparedPass']>,
+    plan: UlyssesPlan,
+    exchange: Exchange,
+    args: ExecuteArgs,
+    stats: RankStats,
+    attend?: BlockAttention,
+  ): Promise<Float32Array> {
     const { cfg, text, grid } = pass;
-    return forwardRank(cfg, plan, this.engine, exchange, { patches: args.patches, timestep: args.timestep, text, grid, tag: { job: args.job, step: args.step, pass: args.pass } }, stats, attend);
+    return forwardRank(
+      cfg,
+      plan,
+      this.engine,
+      exchange,
+      {
+        patches: args.patches,
+        timestep: args.timestep,
+        text,
+        grid,
+        tag: { job: args.job, step: args.step, pass: args.pass },
+      },
+      stats,
+      attend,
+    );
   }
 
   private setState(state: WorkerState, detail: string): void {
@@ -398,7 +497,8 @@ export class WorkerRuntime implements WorkerApi {
   }
 
   private needInit(method: string): Exchange {
-    if (!this.init || !this.exchange) throw new Error(`worker method ${method} called before initWorker: the coordinator must call initWorker first`);
+    if (!this.init || !this.exchange)
+      throw new Error(`worker method ${method} called before initWorker: the coordinator must call initWorker first`);
     return this.exchange;
   }
 

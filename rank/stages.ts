@@ -1,5 +1,12 @@
 import { attention } from '../core/model/ops.ts';
-import { embedConditions, embedPatches, head, postAttention, preAttention, type WanModel } from '../core/model/reference.ts';
+import {
+  embedConditions,
+  embedPatches,
+  head,
+  postAttention,
+  preAttention,
+  type WanModel,
+} from '../core/model/reference.ts';
 
 /**
  * A tensor that a runner keeps on its device (a WebGPU buffer) for the rank's next stages, by
@@ -17,7 +24,9 @@ export type Activation = Float32Array | DeviceTensor;
 /** The values of an activation that must be on the CPU side; a device tensor here is a bug. */
 export function hostValues(a: Activation): Float32Array {
   if (a instanceof Float32Array) return a;
-  throw new Error(`device tensor ${a.deviceTensor} (${a.floats} floats) reached a runner that only reads CPU values: pass device tensors back to the runner that made them`);
+  throw new Error(
+    `device tensor ${a.deviceTensor} (${a.floats} floats) reached a runner that only reads CPU values: pass device tensors back to the runner that made them`,
+  );
 }
 
 /**
@@ -47,7 +56,13 @@ export interface StageRunner {
    * (Ulysses: every token for this rank's heads, Sq = Sk; displaced: this rank's tokens over all)
    */
   attention(qkv: QKV, width: number): Promise<Float32Array>;
-  postAttention(block: number, x: Activation, o: Float32Array, tproj: Activation, context: Activation): Promise<Activation>;
+  postAttention(
+    block: number,
+    x: Activation,
+    o: Float32Array,
+    tproj: Activation,
+    context: Activation,
+  ): Promise<Activation>;
   head(x: Activation, temb: Activation): Promise<Float32Array>;
 }
 
@@ -102,7 +117,11 @@ export function referenceStages(m: WanModel): StageRunner {
       return attention(q, k, v, headDim, width);
     },
     async postAttention(block, x, o, tproj, context) {
-      return postAttention(m, block, cpu(x), o, { temb: new Float32Array(0), tproj: cpu(tproj), context: cpu(context) });
+      return postAttention(m, block, cpu(x), o, {
+        temb: new Float32Array(0),
+        tproj: cpu(tproj),
+        context: cpu(context),
+      });
     },
     async head(x, temb) {
       return head(m, cpu(x), cpu(temb));

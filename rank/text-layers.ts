@@ -4,7 +4,13 @@
 // HELD_LAYER_BYTES — with the transformer's 5.7 GB beside them — and reads the others again next
 // time (from disk: the cache kept them). Float32 compute: T5's activations overflow float16.
 import type { ModelFiles } from '../core/model/files.ts';
-import { openUmt5, relativePositionBuckets, runLayers, type Umt5Config, type Umt5LayerWeights } from '../core/model/umt5.ts';
+import {
+  openUmt5,
+  relativePositionBuckets,
+  runLayers,
+  type Umt5Config,
+  type Umt5LayerWeights,
+} from '../core/model/umt5.ts';
 import type { EncodedText, EncodeTextArgs, ExecutionProvider } from '../core/worker-api.ts';
 import { onnxUmt5Layers, type Umt5LayerRunner } from './umt5-layers.ts';
 import { cachedModelFiles } from './weight-cache.ts';
@@ -15,16 +21,21 @@ export const HELD_LAYER_BYTES = 2.5e9;
 /** A model folder's files for one call, closed after it (a page's: through its weight cache). */
 export type FolderFiles = (modelUrl: string) => ModelFiles & { close(): Promise<void> };
 
-export function textLayers(folder: FolderFiles = cachedModelFiles): { encode(args: Omit<EncodeTextArgs, 'ep'> & { ep: ExecutionProvider }): Promise<EncodedText> } {
-  let model: { key: string; config: Umt5Config; runner: Umt5LayerRunner; held: Map<number, Umt5LayerWeights> } | null = null;
+export function textLayers(folder: FolderFiles = cachedModelFiles): {
+  encode(args: Omit<EncodeTextArgs, 'ep'> & { ep: ExecutionProvider }): Promise<EncodedText>;
+} {
+  let model: { key: string; config: Umt5Config; runner: Umt5LayerRunner; held: Map<number, Umt5LayerWeights> } | null =
+    null;
   return {
     async encode({ modelUrl, ep, from, to, tokens, hidden }) {
       const files = folder(modelUrl);
       try {
         const encoder = await openUmt5(files);
         const { config } = encoder;
-        if (!(from < to && to <= config.numLayers)) throw new Error(`the text encoder has layers 0–${config.numLayers - 1}: cannot run [${from}, ${to})`);
-        if (hidden.length !== tokens * config.dModel) throw new Error(`hidden states must be [${tokens}, ${config.dModel}], got ${hidden.length} values`);
+        if (!(from < to && to <= config.numLayers))
+          throw new Error(`the text encoder has layers 0–${config.numLayers - 1}: cannot run [${from}, ${to})`);
+        if (hidden.length !== tokens * config.dModel)
+          throw new Error(`hidden states must be [${tokens}, ${config.dModel}], got ${hidden.length} values`);
         const key = `${modelUrl} ${ep}`;
         if (model?.key !== key) {
           await model?.runner.release();

@@ -46,7 +46,7 @@ export async function medianSample(sample: () => Promise<number>, runs = 7, budg
   const warmup = await sample();
   if (warmup >= budgetMs) return warmup;
   const times: number[] = [];
-  for (let spent = 0; times.length < runs && (times.length === 0 || spent < budgetMs); ) {
+  for (let spent = 0; times.length < runs && (times.length === 0 || spent < budgetMs);) {
     times.push(await sample());
     spent += times[times.length - 1];
   }
@@ -63,26 +63,67 @@ const medianMs = (run: () => Promise<unknown>, runs: number): Promise<number> =>
 
 export async function probeThroughput(ep: ExecutionProvider, { size = 256, runs = 7 } = {}): Promise<ThroughputProbe> {
   // values in [−1, 1): no denormals or infinities to slow a run down
-  const values = (n: number, seed: number) => Float32Array.from({ length: n }, (_, i) => ((i * 2654435761 + seed) >>> 0) / 2 ** 31 - 1);
+  const values = (n: number, seed: number) =>
+    Float32Array.from({ length: n }, (_, i) => ((i * 2654435761 + seed) >>> 0) / 2 ** 31 - 1);
 
   const matmul = new OnnxGraph('throughput_probe');
-  matmul.output(matmul.op('MatMul', [matmul.input('a', [size, size]), matmul.input('b', [size, size])]), 'c', [size, size]);
-  const matmulMs = await medianRunMs(ep, matmul.toBytes(), { a: new ort.Tensor('float32', values(size * size, 1), [size, size]), b: new ort.Tensor('float32', values(size * size, 2), [size, size]) }, runs);
+  matmul.output(matmul.op('MatMul', [matmul.input('a', [size, size]), matmul.input('b', [size, size])]), 'c', [
+    size,
+    size,
+  ]);
+  const matmulMs = await medianRunMs(
+    ep,
+    matmul.toBytes(),
+    {
+      a: new ort.Tensor('float32', values(size * size, 1), [size, size]),
+      b: new ort.Tensor('float32', values(size * size, 2), [size, size]),
+    },
+    runs,
+  );
 
   // scores [1, c, S] + bias [h, 1, S] → [h, c, S]: the scores are made in the graph, as QKᵀ makes
   // them, rather than copied in; only one row comes back, so no output copy is timed either
   const [h, c, S] = SCORES;
   const softmax = new OnnxGraph('softmax_probe');
-  const scores = softmax.op('Softmax', [softmax.op('Add', [softmax.input('scores', [1, c, S]), softmax.input('bias', [h, 1, S])])], { axis: -1 });
-  softmax.output(softmax.op('Slice', [scores, softmax.ints([0, 0]), softmax.ints([1, 1]), softmax.ints([0, 1])]), 'row', [1, 1, S]);
-  const softmaxMs = await medianRunMs(ep, softmax.toBytes(), { scores: new ort.Tensor('float32', values(c * S, 3), [1, c, S]), bias: new ort.Tensor('float32', values(h * S, 4).map((v) => v * 0.1), [h, 1, S]) }, runs);
+  const scores = softmax.op(
+    'Softmax',
+    [softmax.op('Add', [softmax.input('scores', [1, c, S]), softmax.input('bias', [h, 1, S])])],
+    { axis: -1 },
+  );
+  softmax.output(
+    softmax.op('Slice', [scores, softmax.ints([0, 0]), softmax.ints([1, 1]), softmax.ints([0, 1])]),
+    'row',
+    [1, 1, S],
+  );
+  const softmaxMs = await medianRunMs(
+    ep,
+    softmax.toBytes(),
+    {
+      scores: new ort.Tensor('float32', values(c * S, 3), [1, c, S]),
+      bias: new ort.Tensor(
+        'float32',
+        values(h * S, 4).map((v) => v * 0.1),
+        [h, 1, S],
+      ),
+    },
+    runs,
+  );
   const elements = h * c * S;
 
   // A software adapter (SwiftShader, llvmpipe) compiles the five stage graphs' shaders for half a
   // minute; below SOFTWARE_FLOPS its stage call is charged one probe MatMul, which it costs about.
   const flops = (2 * size ** 3) / (matmulMs / 1000);
   const stageMs = ep === 'webgpu' && flops < SOFTWARE_FLOPS ? matmulMs : await stageCallMs(ep, runs);
-  return { ep, size, runs, medianMs: matmulMs, flops, softmaxRate: elements / (softmaxMs / 1000), softmaxMedianMs: softmaxMs, stageMs };
+  return {
+    ep,
+    size,
+    runs,
+    medianMs: matmulMs,
+    flops,
+    softmaxRate: elements / (softmaxMs / 1000),
+    softmaxMedianMs: softmaxMs,
+    stageMs,
+  };
 }
 
 /** The five stage calls of a one-block forward (embed, pre-attention, attention, post-attention, head) on one token, per call. */
@@ -91,7 +132,10 @@ async function stageCallMs(ep: ExecutionProvider, runs: number): Promise<number>
   const weights: TensorMap = new Map();
   for (const [name, shape] of expectedWeightShapes(config)) {
     const size = shape.reduce((a, b) => a * b, 1);
-    weights.set(name, { shape, data: Float32Array.from({ length: size }, (_, i) => (((i * 2654435761) >>> 0) / 2 ** 32 - 0.5) * 0.1) });
+    weights.set(name, {
+      shape,
+      data: Float32Array.from({ length: size }, (_, i) => (((i * 2654435761) >>> 0) / 2 ** 32 - 0.5) * 0.1),
+    });
   }
   const stages = await onnxStages({ config, weights }, ep);
   const grid = tokenGrid(config, [config.inChannels, 1, 2, 2]); // one token
@@ -109,7 +153,12 @@ async function stageCallMs(ep: ExecutionProvider, runs: number): Promise<number>
   return (await medianMs(forward, runs)) / 5;
 }
 
-async function medianRunMs(ep: ExecutionProvider, graph: Uint8Array, feeds: Record<string, ort.Tensor>, runs: number): Promise<number> {
+async function medianRunMs(
+  ep: ExecutionProvider,
+  graph: Uint8Array,
+  feeds: Record<string, ort.Tensor>,
+  runs: number,
+): Promise<number> {
   const session = await ort.InferenceSession.create(graph, { executionProviders: [ep], graphOptimizationLevel: 'all' });
   try {
     return await medianMs(() => session.run(feeds), runs); // outputs come back to the CPU, as a stage's outputs do

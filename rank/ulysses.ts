@@ -1,7 +1,15 @@
 import type { WanConfig } from '../core/model/config.ts';
 import type { DType } from '../core/net/protocol.ts';
 import { ropeTables, tokenGrid, type TokenGrid } from '../core/model/tokens.ts';
-import { gatherLatent, headGroup, headStart, planUlysses, scatterLatent, tokenStart, type UlyssesPlan } from '../core/parallel.ts';
+import {
+  gatherLatent,
+  headGroup,
+  headStart,
+  planUlysses,
+  scatterLatent,
+  tokenStart,
+  type UlyssesPlan,
+} from '../core/parallel.ts';
 import { concat, setCols, sliceCols, type Tensor } from '../core/tensor.ts';
 import type { RankStats } from '../core/worker-api.ts';
 import type { Activation, DeviceStageRunner, DeviceTensor, QKV, StageRunner } from './stages.ts';
@@ -54,7 +62,14 @@ export interface ForwardInput {
   tag: Omit<ExchangeTag, 'block' | 'phase' | 'group'>;
 }
 
-export const noStats = (): RankStats => ({ computeMs: 0, commMs: 0, overlapMs: 0, bytesDownloaded: 0, bytesKept: 0, deviceTensorsLeft: 0 });
+export const noStats = (): RankStats => ({
+  computeMs: 0,
+  commMs: 0,
+  overlapMs: 0,
+  bytesDownloaded: 0,
+  bytesKept: 0,
+  deviceTensorsLeft: 0,
+});
 
 /**
  * How one block's self-attention reaches the other ranks: q, k, v [Sl, D] of this rank's tokens
@@ -87,9 +102,21 @@ class ForwardClocks implements Omit<BlockIO, 'tag'> {
 
   constructor(private readonly stats: RankStats) {}
 
-  compute = <T>(work: Promise<T>): Promise<T> => this.span('computeMs', work, () => this.computing++, () => this.computing--);
+  compute = <T>(work: Promise<T>): Promise<T> =>
+    this.span(
+      'computeMs',
+      work,
+      () => this.computing++,
+      () => this.computing--,
+    );
   wait = <T>(work: Promise<T>): Promise<T> => this.span('commMs', work);
-  onWire = <T>(exchange: Promise<T>): Promise<T> => this.span(null, exchange, () => this.onWireCount++, () => this.onWireCount--);
+  onWire = <T>(exchange: Promise<T>): Promise<T> =>
+    this.span(
+      null,
+      exchange,
+      () => this.onWireCount++,
+      () => this.onWireCount--,
+    );
 
   /** The forward is over: an exchange still on the wire (displaced mode's gather for the next step) counts no more. */
   stop(): void {
@@ -97,7 +124,12 @@ class ForwardClocks implements Omit<BlockIO, 'tag'> {
     this.stopped = true;
   }
 
-  private async span<T>(kind: 'computeMs' | 'commMs' | null, work: Promise<T>, open = () => {}, close = () => {}): Promise<T> {
+  private async span<T>(
+    kind: 'computeMs' | 'commMs' | null,
+    work: Promise<T>,
+    open = () => {},
+    close = () => {},
+  ): Promise<T> {
     this.tick();
     open();
     const start = performance.now();
@@ -124,7 +156,12 @@ class ForwardClocks implements Omit<BlockIO, 'tag'> {
  * goes back while the next group computes. Shares may be uneven (plan.heads, plan.rows): each
  * part exchanged has its own size.
  */
-export function ulyssesAttention(cfg: WanConfig, plan: UlyssesPlan, stages: StageRunner, exchange: Exchange): BlockAttention {
+export function ulyssesAttention(
+  cfg: WanConfig,
+  plan: UlyssesPlan,
+  stages: StageRunner,
+  exchange: Exchange,
+): BlockAttention {
   const { dim: D, headDim: d } = cfg;
   const { degree: P, rows } = plan;
   const me = exchange.rank;
@@ -138,7 +175,9 @@ export function ulyssesAttention(cfg: WanConfig, plan: UlyssesPlan, stages: Stag
   return async (block, { q, k, v }, io) => {
     // per group, one combined message per peer: its heads' q, k, v for my tokens, [3, Sl, W_j]
     const arriving = groups.map((g) => {
-      const outgoing = Array.from({ length: P }, (_, j) => concat([q, k, v].map((m) => sliceCols(m, D, ...cols(j, g)))));
+      const outgoing = Array.from({ length: P }, (_, j) =>
+        concat([q, k, v].map((m) => sliceCols(m, D, ...cols(j, g)))),
+      );
       return io.onWire(exchange.allToAll(io.tag(block, ExchangePhase.QKV, g), outgoing));
     });
     arriving.forEach((part) => part.catch(() => {})); // a failed group is awaited below: not an unhandled rejection meanwhile
@@ -147,14 +186,19 @@ export function ulyssesAttention(cfg: WanConfig, plan: UlyssesPlan, stages: Stag
       const incoming = await io.wait(arriving[g]);
       const W = cols(me, g)[1];
       // my group's heads for all tokens: rank j's part [3, rows[j], W] fills rows [tokenStart(j), +rows[j])
-      const full = [0, 1, 2].map((which) => concat(incoming.map((part, j) => part.subarray(which * rows[j] * W, (which + 1) * rows[j] * W))));
+      const full = [0, 1, 2].map((which) =>
+        concat(incoming.map((part, j) => part.subarray(which * rows[j] * W, (which + 1) * rows[j] * W))),
+      );
       const o = await io.compute(stages.attention({ q: full[0], k: full[1], v: full[2] }, W)); // [S, W]
-      const back = Array.from({ length: P }, (_, j) => o.slice(tokenStart(plan, j) * W, (tokenStart(plan, j) + rows[j]) * W));
+      const back = Array.from({ length: P }, (_, j) =>
+        o.slice(tokenStart(plan, j) * W, (tokenStart(plan, j) + rows[j]) * W),
+      );
       returning.push(io.onWire(exchange.allToAll(io.tag(block, ExchangePhase.Output, g), back)));
       returning[g].catch(() => {});
     }
     const attn = new Float32Array(Sl * D); // [Sl, D]: rank j's heads of group g fill their columns
-    for (const g of groups) (await io.wait(returning[g])).forEach((part, j) => setCols(attn, D, cols(j, g)[0], part, cols(j, g)[1]));
+    for (const g of groups)
+      (await io.wait(returning[g])).forEach((part, j) => setCols(attn, D, cols(j, g)[0], part, cols(j, g)[1]));
     return attn;
   };
 }
@@ -177,7 +221,12 @@ export async function forwardRank(
 ): Promise<Float32Array> {
   const me = exchange.rank;
   const clocks = new ForwardClocks(stats);
-  const io: BlockIO = { tag: (block, phase, group = 0) => ({ ...input.tag, block, phase, group }), compute: clocks.compute, wait: clocks.wait, onWire: clocks.onWire };
+  const io: BlockIO = {
+    tag: (block, phase, group = 0) => ({ ...input.tag, block, phase, group }),
+    compute: clocks.compute,
+    wait: clocks.wait,
+    onWire: clocks.onWire,
+  };
   const held = new Set<DeviceTensor>();
   const arrived = <A extends Activation>(a: A): A => {
     if (a instanceof Float32Array) stats.bytesDownloaded += a.byteLength;
@@ -237,10 +286,21 @@ export async function forwardInProcess(
 ): Promise<Tensor> {
   const grid = tokenGrid(cfg, latent.shape);
   const plan = planUlysses(cfg, grid.count, heads);
-  if (plan.degree !== exchanges.length) throw new Error(`${exchanges.length} ranks for head shares ${plan.heads.join('/')}`);
+  if (plan.degree !== exchanges.length)
+    throw new Error(`${exchanges.length} ranks for head shares ${plan.heads.join('/')}`);
   const patches = scatterLatent(cfg, plan, latent);
   const outputs = await Promise.all(
-    exchanges.map((exchange) => forwardRank(cfg, plan, stages, exchange, { patches: patches[exchange.rank], timestep, text, grid, tag }, noStats(), attendOf?.(exchange, plan))),
+    exchanges.map((exchange) =>
+      forwardRank(
+        cfg,
+        plan,
+        stages,
+        exchange,
+        { patches: patches[exchange.rank], timestep, text, grid, tag },
+        noStats(),
+        attendOf?.(exchange, plan),
+      ),
+    ),
   );
   return gatherLatent(cfg, plan, outputs, latent.shape);
 }

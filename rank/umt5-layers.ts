@@ -14,15 +14,29 @@ export interface Umt5LayerRunner {
 
 export async function onnxUmt5Layers(cfg: Umt5Config, ep: ExecutionProvider): Promise<Umt5LayerRunner> {
   const graph = buildUmt5LayerGraph(cfg);
-  const session = await ort.InferenceSession.create(graph.bytes, { executionProviders: [ep], graphOptimizationLevel: 'all' });
+  const session = await ort.InferenceSession.create(graph.bytes, {
+    executionProviders: [ep],
+    graphOptimizationLevel: 'all',
+  });
   const d = cfg.dModel;
   // a prompt's buckets go through every layer: converted to int64 once, not per layer
   let int64: { of: Int32Array; tensor: ort.Tensor } | null = null;
   return {
     async run(weights, hidden, buckets) {
       const tokens = hidden.length / d;
-      if (int64?.of !== buckets) int64 = { of: buckets, tensor: new ort.Tensor('int64', BigInt64Array.from(buckets, (b) => BigInt(b)), [tokens, tokens]) };
-      const feeds: Record<string, ort.Tensor> = { hidden: new ort.Tensor('float32', hidden, [tokens, d]), buckets: int64.tensor };
+      if (int64?.of !== buckets)
+        int64 = {
+          of: buckets,
+          tensor: new ort.Tensor(
+            'int64',
+            BigInt64Array.from(buckets, (b) => BigInt(b)),
+            [tokens, tokens],
+          ),
+        };
+      const feeds: Record<string, ort.Tensor> = {
+        hidden: new ort.Tensor('float32', hidden, [tokens, d]),
+        buckets: int64.tensor,
+      };
       for (const { weight, dims } of graph.weights) feeds[weight] = new ort.Tensor('float32', weights[weight], dims);
       return (await session.run(feeds)).hidden_out.data as Float32Array;
     },

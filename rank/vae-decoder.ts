@@ -5,7 +5,15 @@
 // uploaded to GPU buffers once; on WASM everything is CPU data.
 import * as ort from 'onnxruntime-web';
 import { buildVaeChunkGraph, vaeWeightFeeds } from '../core/model/wan-vae-graphs.ts';
-import { cacheBytes, emptyCaches, decoderPlan, joinFrames, latentSlice, type Frames, type WanVaeConfig } from '../core/model/wan-vae.ts';
+import {
+  cacheBytes,
+  emptyCaches,
+  decoderPlan,
+  joinFrames,
+  latentSlice,
+  type Frames,
+  type WanVaeConfig,
+} from '../core/model/wan-vae.ts';
 import type { TensorMap } from '../core/safetensors.ts';
 import type { Tensor } from '../core/tensor.ts';
 import type { ExecutionProvider } from '../core/worker-api.ts';
@@ -32,14 +40,25 @@ export interface VaeTileDecoder {
   release(): Promise<void>;
 }
 
-export async function onnxVaeDecoder(cfg: WanVaeConfig, tensors: TensorMap, ep: ExecutionProvider): Promise<VaeTileDecoder> {
+export async function onnxVaeDecoder(
+  cfg: WanVaeConfig,
+  tensors: TensorMap,
+  ep: ExecutionProvider,
+): Promise<VaeTileDecoder> {
   const graphs = [buildVaeChunkGraph(cfg, true), buildVaeChunkGraph(cfg, false)];
   const cacheOutputs = graphs[0].caches.map((name) => `${name}.next`);
   const options: ort.InferenceSession.SessionOptions = {
     executionProviders: [ep],
     graphOptimizationLevel: 'all',
     // the caches feed the next run only: on WebGPU they never leave the device
-    ...(ep === 'webgpu' ? { preferredOutputLocation: { frames: 'cpu', ...Object.fromEntries(cacheOutputs.map((name) => [name, 'gpu-buffer' as const])) } } : {}),
+    ...(ep === 'webgpu'
+      ? {
+          preferredOutputLocation: {
+            frames: 'cpu',
+            ...Object.fromEntries(cacheOutputs.map((name) => [name, 'gpu-buffer' as const])),
+          },
+        }
+      : {}),
   };
   const sessions = await Promise.all(graphs.map((g) => ort.InferenceSession.create(g.bytes, options)));
   const uploaded = weightTensors(ep === 'webgpu' ? ((await ort.env.webgpu.device) as GpuDevice) : null);
@@ -54,7 +73,9 @@ export async function onnxVaeDecoder(cfg: WanVaeConfig, tensors: TensorMap, ep: 
   const plan = decoderPlan(cfg);
 
   const open = (h: number, w: number): VaeTileStream => {
-    let caches: ort.Tensor[] | null = emptyCaches(plan, h, w).map((c) => new ort.Tensor('float32', c.data, [c.frames, c.channels, c.height, c.width]));
+    let caches: ort.Tensor[] | null = emptyCaches(plan, h, w).map(
+      (c) => new ort.Tensor('float32', c.data, [c.frames, c.channels, c.height, c.width]),
+    );
     let done = 0;
     return {
       get done() {
@@ -63,13 +84,16 @@ export async function onnxVaeDecoder(cfg: WanVaeConfig, tensors: TensorMap, ep: 
       cacheBytes: cacheBytes(plan, h, w),
       async next(latent) {
         const [C, T, lh, lw] = latent.shape;
-        if (C !== cfg.zDim || lh !== h || lw !== w) throw new Error(`this tile decodes latents [${cfg.zDim}, T, ${h}, ${w}], got [${latent.shape}]`);
+        if (C !== cfg.zDim || lh !== h || lw !== w)
+          throw new Error(`this tile decodes latents [${cfg.zDim}, T, ${h}, ${w}], got [${latent.shape}]`);
         const chunks: Frames[] = [];
         for (let t = 0; t < T; t++) {
           if (!caches) throw new Error('this tile was closed');
           const which = done === 0 ? 0 : 1;
           // the graph un-normalises: the frame goes in as the transformer made it
-          const feed: Record<string, ort.Tensor> = { latent: new ort.Tensor('float32', latentSlice(latent, t).data, [1, C, h, w]) };
+          const feed: Record<string, ort.Tensor> = {
+            latent: new ort.Tensor('float32', latentSlice(latent, t).data, [1, C, h, w]),
+          };
           for (const { input } of graphs[which].weights) feed[input] = weights[input]; // the first chunk's graph has no time_conv
           graphs[which].caches.forEach((name, slot) => (feed[name] = caches![slot]));
           const out = await sessions[which].run(feed);

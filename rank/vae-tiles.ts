@@ -8,7 +8,9 @@ import type { FolderFiles } from './text-layers.ts';
 import { onnxVaeDecoder, type VaeTileDecoder, type VaeTileStream } from './vae-decoder.ts';
 import { cachedModelFiles } from './weight-cache.ts';
 
-export function vaeTiles(folder: FolderFiles = cachedModelFiles): { decode(args: Omit<DecodeTileArgs, 'ep'> & { ep: ExecutionProvider }): Promise<DecodedTile> } {
+export function vaeTiles(folder: FolderFiles = cachedModelFiles): {
+  decode(args: Omit<DecodeTileArgs, 'ep'> & { ep: ExecutionProvider }): Promise<DecodedTile>;
+} {
   let model: { key: string; decoder: VaeTileDecoder } | null = null;
   let open: { tile: string; stream: VaeTileStream } | null = null;
   return {
@@ -27,12 +29,17 @@ export function vaeTiles(folder: FolderFiles = cachedModelFiles): { decode(args:
           await files.close();
         }
       }
-      if (latent.length !== shape.reduce((a, b) => a * b, 1)) throw new Error(`a tile's latent [${shape}] needs ${shape.reduce((a, b) => a * b, 1)} values, got ${latent.length}`);
+      if (latent.length !== shape.reduce((a, b) => a * b, 1))
+        throw new Error(
+          `a tile's latent [${shape}] needs ${shape.reduce((a, b) => a * b, 1)} values, got ${latent.length}`,
+        );
       if (from === 0) {
         open?.stream.close();
         open = { tile, stream: model.decoder.open(shape[2], shape[3]) };
       } else if (open?.tile !== tile || open.stream.done !== from) {
-        throw new Error(`tile ${tile} from latent frame ${from}: this worker has ${open ? `tile ${open.tile} open at latent frame ${open.stream.done}` : 'no tile open'}; start the tile again from 0`);
+        throw new Error(
+          `tile ${tile} from latent frame ${from}: this worker has ${open ? `tile ${open.tile} open at latent frame ${open.stream.done}` : 'no tile open'}; start the tile again from 0`,
+        );
       }
       const started = performance.now();
       const frames = await open.stream.next({ shape, data: latent });
@@ -42,7 +49,13 @@ export function vaeTiles(folder: FolderFiles = cachedModelFiles): { decode(args:
         open.stream.close();
         open = null;
       }
-      return { frames: frames.data, shape: [frames.frames, frames.channels, frames.height, frames.width], computeMs: performance.now() - started, cacheBytes, weightBytes: model.decoder.weightBytes };
+      return {
+        frames: frames.data,
+        shape: [frames.frames, frames.channels, frames.height, frames.width],
+        computeMs: performance.now() - started,
+        cacheBytes,
+        weightBytes: model.decoder.weightBytes,
+      };
     },
   };
 }

@@ -10,13 +10,22 @@ export interface WebGpuAdapter {
 
 /** What WebGPU adapter this context has, if any. */
 export async function probeWebGpu(): Promise<WebGpuAdapter | null> {
-  const gpu = (globalThis.navigator as Navigator & { gpu?: { requestAdapter(): Promise<{ info?: Record<string, string | boolean>; isFallbackAdapter?: boolean } | null> } })?.gpu;
+  const gpu = (
+    globalThis.navigator as Navigator & {
+      gpu?: {
+        requestAdapter(): Promise<{ info?: Record<string, string | boolean>; isFallbackAdapter?: boolean } | null>;
+      };
+    }
+  )?.gpu;
   if (!gpu) return null;
   try {
     const adapter = await gpu.requestAdapter();
     if (!adapter) return null;
     const info = adapter.info ?? {};
-    const name = [info.vendor, info.architecture, info.device, info.description].filter((s) => typeof s === 'string' && s).join(' ') || 'WebGPU adapter';
+    const name =
+      [info.vendor, info.architecture, info.device, info.description]
+        .filter((s) => typeof s === 'string' && s)
+        .join(' ') || 'WebGPU adapter';
     // older browsers flag it on the adapter, newer ones in its info
     return { name, software: info.isFallbackAdapter === true || adapter.isFallbackAdapter === true };
   } catch {
@@ -27,5 +36,7 @@ export async function probeWebGpu(): Promise<WebGpuAdapter | null> {
 /** The compute a page has, as its worker says when it joins. */
 export async function describeCompute(): Promise<Pick<WorkerInfo, 'ep' | 'adapter' | 'softwareAdapter'>> {
   const adapter = await probeWebGpu();
-  return adapter ? { ep: 'webgpu', adapter: adapter.name, softwareAdapter: adapter.software } : { ep: 'wasm', adapter: 'WebAssembly (no WebGPU adapter)', softwareAdapter: false };
+  return adapter
+    ? { ep: 'webgpu', adapter: adapter.name, softwareAdapter: adapter.software }
+    : { ep: 'wasm', adapter: 'WebAssembly (no WebGPU adapter)', softwareAdapter: false };
 }

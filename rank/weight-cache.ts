@@ -80,10 +80,13 @@ export function cachedModelFiles(baseUrl: string): CachedModelFiles {
   });
   const keep = async (path: string): Promise<KeptFile> => {
     try {
-      if (!navigator.storage?.getDirectory || !navigator.locks) throw new Error('this browser has no origin private file system or Web Locks');
+      if (!navigator.storage?.getDirectory || !navigator.locks)
+        throw new Error('this browser has no origin private file system or Web Locks');
       folderLock ??= fileKey(base).then((key) => lock(`${CACHE_DIR}/${key}`));
       await folderLock;
-      return await keepFile(`${base}/${path}`, network, path, source, () => notes.add(`not kept in this browser: a write to its storage failed, the rest came from the network`));
+      return await keepFile(`${base}/${path}`, network, path, source, () =>
+        notes.add(`not kept in this browser: a write to its storage failed, the rest came from the network`),
+      );
     } catch (e) {
       notes.add(`not kept in this browser: ${(e as Error).message}`);
       return fromNetwork(path);
@@ -122,19 +125,29 @@ type SyncHandle = {
 type SyncFileHandle = FileSystemFileHandle & { createSyncAccessHandle(): Promise<SyncHandle> };
 
 /** One file of a folder whose lock the caller holds; `onWriteFailed` hears of a write that failed (the file goes on from the network). */
-async function keepFile(url: string, network: ModelFiles, path: string, source: WeightsSource, onWriteFailed: () => void): Promise<KeptFile> {
+async function keepFile(
+  url: string,
+  network: ModelFiles,
+  path: string,
+  source: WeightsSource,
+  onWriteFailed: () => void,
+): Promise<KeptFile> {
   const head = await fetch(url, { method: 'HEAD', cache: 'no-store' });
   const size = Number(head.headers.get('Content-Length'));
-  if (!head.ok || !Number.isFinite(size) || !head.headers.get('Content-Length')) throw new Error(`the server gave no size for ${url} (HTTP ${head.status})`);
+  if (!head.ok || !Number.isFinite(size) || !head.headers.get('Content-Length'))
+    throw new Error(`the server gave no size for ${url} (HTTP ${head.status})`);
   const validator = head.headers.get('ETag') ?? head.headers.get('Last-Modified') ?? '';
   const name = await fileKey(url);
   const handles: SyncHandle[] = [];
   try {
     const dir = await (await navigator.storage.getDirectory()).getDirectoryHandle(CACHE_DIR, { create: true });
-    const metaHandle = await ((await dir.getFileHandle(`${name}.json`, { create: true })) as SyncFileHandle).createSyncAccessHandle();
+    const metaHandle = await (
+      (await dir.getFileHandle(`${name}.json`, { create: true })) as SyncFileHandle
+    ).createSyncAccessHandle();
     handles.push(metaHandle);
     const dataFile = (await dir.getFileHandle(`${name}.bin`, { create: true })) as SyncFileHandle;
-    if (!('createSyncAccessHandle' in dataFile)) throw new Error('this page has no synchronous file access (only a Web Worker has)');
+    if (!('createSyncAccessHandle' in dataFile))
+      throw new Error('this page has no synchronous file access (only a Web Worker has)');
     const data = await dataFile.createSyncAccessHandle();
     handles.push(data);
     const meta = readMeta(metaHandle);
@@ -146,12 +159,16 @@ async function keepFile(url: string, network: ModelFiles, path: string, source: 
     if (missing > 0) {
       const { quota = 0, usage = 0 } = await navigator.storage.estimate();
       if (quota - usage < missing) {
-        throw new Error(`${path} needs ${formatBytes(missing)} more and this browser lets the page store ${formatBytes(Math.max(0, quota - usage))}`);
+        throw new Error(
+          `${path} needs ${formatBytes(missing)} more and this browser lets the page store ${formatBytes(Math.max(0, quota - usage))}`,
+        );
       }
     }
     const save = () => {
       data.flush();
-      const json = new TextEncoder().encode(JSON.stringify({ url, size, validator, ranges: ranges.ranges } satisfies KeptMeta));
+      const json = new TextEncoder().encode(
+        JSON.stringify({ url, size, validator, ranges: ranges.ranges } satisfies KeptMeta),
+      );
       metaHandle.truncate(0);
       metaHandle.write(json, { at: 0 });
       metaHandle.flush();
@@ -221,4 +238,3 @@ async function fileKey(url: string): Promise<string> {
   const digest = new Uint8Array(await crypto.subtle.digest('SHA-256', new TextEncoder().encode(url)));
   return [...digest.subarray(0, 16)].map((b) => b.toString(16).padStart(2, '0')).join('');
 }
-

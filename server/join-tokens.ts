@@ -9,7 +9,21 @@ import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
 import { appendFileSync, existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import express, { type Express } from 'express';
-import { findProof, FIND_PATH, keepProof, REGISTER_PATH, registerProof, REVOKE_PATH, revokeProof, roomOf, SWARMS_PATH, type CoordinatorAnswer, type CoordinatorRequest, type SwarmAnswer, type SwarmRequest } from '../core/net/join-token.ts';
+import {
+  findProof,
+  FIND_PATH,
+  keepProof,
+  REGISTER_PATH,
+  registerProof,
+  REVOKE_PATH,
+  revokeProof,
+  roomOf,
+  SWARMS_PATH,
+  type CoordinatorAnswer,
+  type CoordinatorRequest,
+  type SwarmAnswer,
+  type SwarmRequest,
+} from '../core/net/join-token.ts';
 import type { Origins } from './origins.ts';
 import { perAddressLimit } from './rate-limit.ts';
 import { PEER_ID_PREFIX } from '../core/net/peer-link.ts';
@@ -49,9 +63,12 @@ export interface JoinTokens {
 export function openJoinTokens(stateDir?: string): JoinTokens {
   const secret = loadSecret(stateDir);
   const revokedFile = stateDir && join(stateDir, 'revoked-rooms');
-  const revoked = new Set(revokedFile && existsSync(revokedFile) ? readFileSync(revokedFile, 'utf8').split('\n').filter(Boolean) : []);
+  const revoked = new Set(
+    revokedFile && existsSync(revokedFile) ? readFileSync(revokedFile, 'utf8').split('\n').filter(Boolean) : [],
+  );
   const listeners = new Set<(room: string) => void>();
-  const sealed = (what: string, room: string) => createHmac('sha256', secret).update(`${what}\n${room}`).digest('hex').slice(0, 32);
+  const sealed = (what: string, room: string) =>
+    createHmac('sha256', secret).update(`${what}\n${room}`).digest('hex').slice(0, 32);
   const tokenOf = (room: string) => `${room}.${sealed('join token', room)}`;
   // each swarm's dashboard id for this load: in memory (a dashboard registers again as it loads),
   // with the ids it had before (at most PAST_IDS), which it never has again
@@ -76,7 +93,8 @@ export function openJoinTokens(stateDir?: string): JoinTokens {
       if (coordinators.size > MAX_SWARMS) {
         // the least recently registered whose page is gone; a swarm whose dashboard is open only if
         // all are open (they hold signaling ids, of which there are far fewer than MAX_SWARMS)
-        const [oldest, { peer: old }] = [...coordinators].find(([, e]) => !e.peer) ?? coordinators.entries().next().value!;
+        const [oldest, { peer: old }] =
+          [...coordinators].find(([, e]) => !e.peer) ?? coordinators.entries().next().value!;
         coordinators.delete(oldest);
         roomOfPeer.delete(old);
       }
@@ -110,7 +128,9 @@ function loadSecret(stateDir: string | undefined): Buffer {
   if (existsSync(file)) {
     const secret = Buffer.from(readFileSync(file, 'utf8').trim(), 'hex');
     if (secret.length === 32) return secret;
-    throw new Error(`${file} is not a 64-digit hex secret: delete it (the join links given out so far stop working) and start again`);
+    throw new Error(
+      `${file} is not a 64-digit hex secret: delete it (the join links given out so far stop working) and start again`,
+    );
   }
   mkdirSync(stateDir, { recursive: true });
   const secret = randomBytes(32);
@@ -120,7 +140,11 @@ function loadSecret(stateDir: string | undefined): Buffer {
 
 /** Whether `proof` is what `expected` is, in time that does not tell how much of it matched. */
 export function sameProof(proof: unknown, expected: string): boolean {
-  return typeof proof === 'string' && proof.length === expected.length && timingSafeEqual(Buffer.from(proof), Buffer.from(expected));
+  return (
+    typeof proof === 'string' &&
+    proof.length === expected.length &&
+    timingSafeEqual(Buffer.from(proof), Buffer.from(expected))
+  );
 }
 
 /**
@@ -130,38 +154,70 @@ export function sameProof(proof: unknown, expected: string): boolean {
  * token → `{coordinator}`). Pages of this server's origins and the allowed ones only (CORS for
  * those), a few tokens a minute from one address.
  */
-export function mountJoinTokens(app: Express, tokens: JoinTokens, origins: Origins, vouch: (peer: string, auth: string) => boolean): void {
+export function mountJoinTokens(
+  app: Express,
+  tokens: JoinTokens,
+  origins: Origins,
+  vouch: (peer: string, auth: string) => boolean,
+): void {
   const limit = perAddressLimit(TOKENS_PER_MINUTE, 60_000);
   const json = express.json({ limit: 1024 });
   // SWARMS_PATH covers every path under it
   app.use(SWARMS_PATH, (request, response, next) => {
     const origin = request.headers.origin;
-    if (!origins.originAllowed(origin)) return void response.status(403).type('text').send('pages of this origin may not open swarms on this server: start it with --allow-origin for it');
+    if (!origins.originAllowed(origin))
+      return void response
+        .status(403)
+        .type('text')
+        .send('pages of this origin may not open swarms on this server: start it with --allow-origin for it');
     if (origin) response.setHeader('Access-Control-Allow-Origin', origin).setHeader('Vary', 'Origin');
-    if (request.method === 'OPTIONS') return void response.setHeader('Access-Control-Allow-Methods', 'POST').setHeader('Access-Control-Allow-Headers', 'content-type').sendStatus(204);
+    if (request.method === 'OPTIONS')
+      return void response
+        .setHeader('Access-Control-Allow-Methods', 'POST')
+        .setHeader('Access-Control-Allow-Headers', 'content-type')
+        .sendStatus(204);
     next();
   });
   /** the token of a request's room where its proof is `proofOf` the room's dashboard key, or null */
-  const held = (body: SwarmRequest | undefined, proofOf: (dashboardKey: string, room: string) => string): string | null => {
+  const held = (
+    body: SwarmRequest | undefined,
+    proofOf: (dashboardKey: string, room: string) => string,
+  ): string | null => {
     const room = body?.room;
     const token = typeof room === 'string' ? tokens.standing(room) : null;
     return token && sameProof(body?.proof, proofOf(tokens.dashboardKey(room!), room!)) ? token : null;
   };
   /** the room of a CoordinatorRequest whose proof `proofOf` makes from the room's token, or null */
-  const proven = (body: Partial<CoordinatorRequest> | undefined, proofOf: (token: string, room: string, peer: string) => string): string | null => {
+  const proven = (
+    body: Partial<CoordinatorRequest> | undefined,
+    proofOf: (token: string, room: string, peer: string) => string,
+  ): string | null => {
     const { room, peer } = body ?? {};
     const token = typeof room === 'string' ? tokens.standing(room) : null;
-    return token && typeof peer === 'string' && PEER_ID.test(peer) && sameProof(body?.proof, proofOf(token, room!, peer)) ? room! : null;
+    return token &&
+      typeof peer === 'string' &&
+      PEER_ID.test(peer) &&
+      sameProof(body?.proof, proofOf(token, room!, peer))
+      ? room!
+      : null;
   };
   app.post(SWARMS_PATH, json, (request, response) => {
     if (held(request.body, keepProof)) return void response.json({} satisfies SwarmAnswer);
-    if (!limit(request.socket.remoteAddress ?? '')) return void response.status(429).type('text').send(`over ${TOKENS_PER_MINUTE} join links a minute from this address: wait a minute`);
+    if (!limit(request.socket.remoteAddress ?? ''))
+      return void response
+        .status(429)
+        .type('text')
+        .send(`over ${TOKENS_PER_MINUTE} join links a minute from this address: wait a minute`);
     const token = tokens.issue();
     response.json({ token, dashboardKey: tokens.dashboardKey(roomOf(token)!) } satisfies SwarmAnswer);
   });
   app.post(REVOKE_PATH, json, (request, response) => {
     const token = held(request.body, revokeProof);
-    if (!token) return void response.status(403).type('text').send("no proof of the dashboard key of a join token this server stands by");
+    if (!token)
+      return void response
+        .status(403)
+        .type('text')
+        .send('no proof of the dashboard key of a join token this server stands by');
     tokens.revoke(roomOf(token)!);
     response.sendStatus(204);
   });
@@ -170,19 +226,38 @@ export function mountJoinTokens(app: Express, tokens: JoinTokens, origins: Origi
     if (!room) return void response.status(403).type('text').send("no proof of this swarm's dashboard key");
     const { peer, auth } = request.body as CoordinatorRequest;
     // the id is named to workers only while a page holds it, and only the page that holds it may name it
-    if (!peer.startsWith(PEER_ID_PREFIX.coordinator) || typeof auth !== 'string' || !vouch(peer, auth)) return void response.status(403).type('text').send(`${peer} is not a dashboard id this page holds on the signaling server`);
-    if (!tokens.register(room, peer)) return void response.status(409).type('text').send(`${peer} was this swarm's dashboard before: a dashboard takes a fresh id each load`);
+    if (!peer.startsWith(PEER_ID_PREFIX.coordinator) || typeof auth !== 'string' || !vouch(peer, auth))
+      return void response
+        .status(403)
+        .type('text')
+        .send(`${peer} is not a dashboard id this page holds on the signaling server`);
+    if (!tokens.register(room, peer))
+      return void response
+        .status(409)
+        .type('text')
+        .send(`${peer} was this swarm's dashboard before: a dashboard takes a fresh id each load`);
     response.sendStatus(204);
   });
   app.post(FIND_PATH, json, (request, response) => {
     const room = proven(request.body, (token, _room, peer) => findProof(token, peer));
-    if (!room) return void response.status(403).type('text').send('no proof of a join token this server stands by: the link was revoked, or is not of this server');
+    if (!room)
+      return void response
+        .status(403)
+        .type('text')
+        .send('no proof of a join token this server stands by: the link was revoked, or is not of this server');
     const coordinator = tokens.coordinatorOf(room);
-    if (!coordinator) return void response.status(404).type('text').send("this swarm's dashboard is not open: open it (or wait for it to load)");
+    if (!coordinator)
+      return void response
+        .status(404)
+        .type('text')
+        .send("this swarm's dashboard is not open: open it (or wait for it to load)");
     response.json({ coordinator } satisfies CoordinatorAnswer);
   });
   app.use(SWARMS_PATH, ((error, _request, response, _next) => {
-    response.status(400).type('text').send(`a join-link request is JSON of at most 1 KiB: ${(error as Error).message}`);
+    response
+      .status(400)
+      .type('text')
+      .send(`a join-link request is JSON of at most 1 KiB: ${(error as Error).message}`);
   }) as express.ErrorRequestHandler);
 }
 

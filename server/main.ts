@@ -25,10 +25,12 @@ const { values: flags } = parseArgs({
   },
 });
 
-const allowOrigins = flags['allow-origin']!;
+const allowOrigins = flags['allow-origin'];
 for (const origin of allowOrigins) {
   if (!URL.canParse(origin) || new URL(origin).origin !== origin.replace(/\/$/, '')) {
-    console.error(`--allow-origin takes an origin such as https://example.org or http://10.0.0.5:8080, got ${JSON.stringify(origin)}`);
+    console.error(
+      `--allow-origin takes an origin such as https://example.org or http://10.0.0.5:8080, got ${JSON.stringify(origin)}`,
+    );
     process.exit(2);
   }
 }
@@ -76,13 +78,19 @@ console.log(
     ...(flags.model ? [`  model       ${flags.model} (the dashboard's default)`] : []),
     ...lanUrls.map((url) => `  LAN worker  ${url}/worker.html`),
     ...(lanUrls.length > 0
-      ? ['  (LAN pages are plain http, not a secure context: no WebGPU or wasm threads there',
-         '   unless that browser treats this origin as secure, see chrome://flags/#unsafely-treat-insecure-origin-as-secure)']
+      ? [
+          '  (LAN pages are plain http, not a secure context: no WebGPU or wasm threads there',
+          '   unless that browser treats this origin as secure, see chrome://flags/#unsafely-treat-insecure-origin-as-secure)',
+        ]
       : []),
     `  signaling   ${server.url}/peerjs  key "${server.peerKey}"`,
     `  ICE servers ${iceUrls.length ? iceUrls.join(', ') : 'none (host candidates only: pages on one LAN; pass --ice-servers for STUN/TURN)'}`,
     `  relay       ${
-      { fallback: `${server.url.replace(/^http/, 'ws')}/relay for links whose data channel does not open within 8 s`, force: 'every link goes through this server (--force-relay)', off: 'off: data channels only' }[relay]
+      {
+        fallback: `${server.url.replace(/^http/, 'ws')}/relay for links whose data channel does not open within 8 s`,
+        force: 'every link goes through this server (--force-relay)',
+        off: 'off: data channels only',
+      }[relay]
     }`,
     '',
   ].join('\n'),

@@ -9,9 +9,22 @@ import { MissingFile, type ModelFiles } from '../core/model/files.ts';
 import { planShards, safetensorsHeader, type TensorSpec } from '../core/safetensors.ts';
 import { sizeOf } from '../core/tensor.ts';
 import { SeededRandom } from '../core/random.ts';
-import { parseUmt5Config, TEXT_ENCODER_CONFIG, TEXT_ENCODER_WEIGHTS_NAME, TOKEN_EMBEDDING, umt5WeightShapes, type Umt5Config } from '../core/model/umt5.ts';
+import {
+  parseUmt5Config,
+  TEXT_ENCODER_CONFIG,
+  TEXT_ENCODER_WEIGHTS_NAME,
+  TOKEN_EMBEDDING,
+  umt5WeightShapes,
+  type Umt5Config,
+} from '../core/model/umt5.ts';
 import { makeTestTokenizerJson, TEST_TOKENIZER_PIECES } from '../core/model/umt5-tokenizer.ts';
-import { parseWanVaeConfig, VAE_CONFIG, VAE_WEIGHTS, wanVaeWeightShapes, type WanVaeConfig } from '../core/model/wan-vae.ts';
+import {
+  parseWanVaeConfig,
+  VAE_CONFIG,
+  VAE_WEIGHTS,
+  wanVaeWeightShapes,
+  type WanVaeConfig,
+} from '../core/model/wan-vae.ts';
 
 /** where ditswarm keeps what it makes or fetches on this machine (test models, the CLIs' browser profile), outside the repository */
 export const CACHE_ROOT = join(homedir(), '.cache/ditswarm');
@@ -21,7 +34,8 @@ export const FULL_SIZE_MODEL_DIR = join(CACHE_ROOT, 'models/wan2.1-t2v-1.3b');
 export const FEW_LAYERS_MODEL_DIR = join(CACHE_ROOT, 'models/wan2.1-few-layers');
 
 export function folderFiles(dir: string): ModelFiles {
-  const missing = (e: unknown, path: string) => ((e as NodeJS.ErrnoException).code === 'ENOENT' ? new MissingFile(`${join(dir, path)}: no such file`) : e);
+  const missing = (e: unknown, path: string) =>
+    (e as NodeJS.ErrnoException).code === 'ENOENT' ? new MissingFile(`${join(dir, path)}: no such file`) : e;
   return {
     async read(path) {
       try {
@@ -61,23 +75,35 @@ export async function writeCheckpoint(
 ): Promise<string[]> {
   mkdirSync(dir, { recursive: true });
   const shards = planShards(tensors, maxShardBytes);
-  const fileOf = (i: number) => (shards.length === 1 ? `${name}.safetensors` : `${name}-${String(i + 1).padStart(5, '0')}-of-${String(shards.length).padStart(5, '0')}.safetensors`);
+  const fileOf = (i: number) =>
+    shards.length === 1
+      ? `${name}.safetensors`
+      : `${name}-${String(i + 1).padStart(5, '0')}-of-${String(shards.length).padStart(5, '0')}.safetensors`;
   for (const [i, shard] of shards.entries()) {
     const { head, order } = safetensorsHeader(shard, metadata);
     const out = createWriteStream(join(dir, fileOf(i)));
-    const write = (bytes: Uint8Array) => new Promise<void>((resolve, reject) => out.write(bytes, (e) => (e ? reject(e) : resolve())));
+    const write = (bytes: Uint8Array) =>
+      new Promise<void>((resolve, reject) => out.write(bytes, (e) => (e ? reject(e) : resolve())));
     await write(head);
     for (const tensor of order) {
       const data = values(tensor);
-      if (data.length !== sizeOf(tensor.shape)) throw new Error(`tensor "${tensor.name}": shape [${tensor.shape}] needs ${sizeOf(tensor.shape)} values, got ${data.length}`);
+      if (data.length !== sizeOf(tensor.shape))
+        throw new Error(
+          `tensor "${tensor.name}": shape [${tensor.shape}] needs ${sizeOf(tensor.shape)} values, got ${data.length}`,
+        );
       await write(new Uint8Array(data.buffer, data.byteOffset, data.byteLength));
     }
     await new Promise<void>((resolve, reject) => out.end((e?: Error | null) => (e ? reject(e) : resolve())));
   }
   if (shards.length === 1) return [fileOf(0)];
-  const weightMap = Object.fromEntries(shards.flatMap((shard, i) => shard.map((t) => [t.name, fileOf(i)] as const)).sort(([a], [b]) => (a < b ? -1 : 1)));
+  const weightMap = Object.fromEntries(
+    shards.flatMap((shard, i) => shard.map((t) => [t.name, fileOf(i)] as const)).sort(([a], [b]) => (a < b ? -1 : 1)),
+  );
   const totalSize = tensors.reduce((n, t) => n + 4 * sizeOf(t.shape), 0);
-  await writeFile(join(dir, `${name}.safetensors.index.json`), JSON.stringify({ metadata: { total_size: totalSize }, weight_map: weightMap }, null, 2) + '\n');
+  await writeFile(
+    join(dir, `${name}.safetensors.index.json`),
+    JSON.stringify({ metadata: { total_size: totalSize }, weight_map: weightMap }, null, 2) + '\n',
+  );
   return [...shards.map((_, i) => fileOf(i)), `${name}.safetensors.index.json`];
 }
 
@@ -98,7 +124,11 @@ export function seededRandom(seed: string, name: string): SeededRandom {
 export async function writeUmt5Folder(
   folder: string,
   config: Record<string, unknown>,
-  { seed = '0', maxShardBytes = MAX_SHARD_BYTES, onProgress }: { seed?: string; maxShardBytes?: number; onProgress?(done: number, total: number): void } = {},
+  {
+    seed = '0',
+    maxShardBytes = MAX_SHARD_BYTES,
+    onProgress,
+  }: { seed?: string; maxShardBytes?: number; onProgress?(done: number, total: number): void } = {},
 ): Promise<{ config: Umt5Config; files: string[] }> {
   const tokenizer = makeTestTokenizerJson(TEST_TOKENIZER_PIECES);
   const json = { ...config, vocab_size: tokenizer.model.vocab.length };
@@ -114,15 +144,36 @@ export async function writeUmt5Folder(
     return d ** -0.5; // k, v, wi_0, wi_1, the relative-attention bias
   };
   let done = 0;
-  const files = await writeCheckpoint(join(folder, 'text_encoder'), TEXT_ENCODER_WEIGHTS_NAME, specs, ({ name, shape }) => {
-    onProgress?.((done += 4 * sizeOf(shape)), total);
-    const random = seededRandom(seed, name);
-    return /norm\.weight$/.test(name) ? random.normals(sizeOf(shape), 0.05).map((v) => 1 + v) : random.normals(sizeOf(shape), std(name));
-  }, { maxShardBytes });
+  const files = await writeCheckpoint(
+    join(folder, 'text_encoder'),
+    TEXT_ENCODER_WEIGHTS_NAME,
+    specs,
+    ({ name, shape }) => {
+      onProgress?.((done += 4 * sizeOf(shape)), total);
+      const random = seededRandom(seed, name);
+      return /norm\.weight$/.test(name)
+        ? random.normals(sizeOf(shape), 0.05).map((v) => 1 + v)
+        : random.normals(sizeOf(shape), std(name));
+    },
+    { maxShardBytes },
+  );
   await writeFile(join(folder, TEXT_ENCODER_CONFIG), JSON.stringify(json, null, 2) + '\n');
   mkdirSync(join(folder, 'tokenizer'), { recursive: true });
   await writeFile(join(folder, 'tokenizer/tokenizer.json'), JSON.stringify(tokenizer));
-  await writeFile(join(folder, 'tokenizer/tokenizer_config.json'), JSON.stringify({ tokenizer_class: 'T5Tokenizer', model_max_length: 512, eos_token: '</s>', pad_token: '<pad>', unk_token: '<unk>' }, null, 2) + '\n');
+  await writeFile(
+    join(folder, 'tokenizer/tokenizer_config.json'),
+    JSON.stringify(
+      {
+        tokenizer_class: 'T5Tokenizer',
+        model_max_length: 512,
+        eos_token: '</s>',
+        pad_token: '<pad>',
+        unk_token: '<unk>',
+      },
+      null,
+      2,
+    ) + '\n',
+  );
   return { config: umt5, files };
 }
 

@@ -25,7 +25,9 @@ export function serverOrigins(allowOrigins: string[] = []): Origins {
   const extra = new Set(allowOrigins.map((o) => new URL(o).origin));
   const own = (name: string) => {
     const machine = hostname().toLowerCase();
-    return ['localhost', '127.0.0.1', '[::1]', machine, `${machine}.local`].includes(name) || lanAddresses().includes(name);
+    return (
+      ['localhost', '127.0.0.1', '[::1]', machine, `${machine}.local`].includes(name) || lanAddresses().includes(name)
+    );
   };
   const hostOf = (host: string) => {
     try {

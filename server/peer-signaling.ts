@@ -33,7 +33,9 @@ export function parseIceServers(text: string | undefined): IceServer[] {
     try {
       servers = JSON.parse(trimmed);
     } catch (error) {
-      throw new Error(`ICE servers: not valid JSON (${(error as Error).message}); expected [{"urls":"stun:host:3478"}, …]`);
+      throw new Error(
+        `ICE servers: not valid JSON (${(error as Error).message}); expected [{"urls":"stun:host:3478"}, …]`,
+      );
     }
   } else {
     servers = trimmed.split(',').map((url) => ({ urls: url.trim() }));
@@ -44,25 +46,32 @@ export function parseIceServers(text: string | undefined): IceServer[] {
 
 function checkIceServer(server: unknown, index: number): IceServer {
   const where = `ICE server ${index + 1}`;
-  if (typeof server !== 'object' || server === null) throw new Error(`${where}: expected an object {urls, username?, credential?}, got ${JSON.stringify(server)}`);
+  if (typeof server !== 'object' || server === null)
+    throw new Error(`${where}: expected an object {urls, username?, credential?}, got ${JSON.stringify(server)}`);
   const { urls, username, credential } = server as Record<string, unknown>;
   const list = typeof urls === 'string' ? [urls] : urls;
   if (!Array.isArray(list) || list.length === 0 || !list.every((u) => typeof u === 'string')) {
     throw new Error(`${where}: "urls" must be a URL or a non-empty list of URLs, got ${JSON.stringify(urls)}`);
   }
-  for (const url of list as string[]) {
+  for (const url of list) {
     const scheme = /^(stuns?|turns?):[^\s]+$/.exec(url)?.[1];
-    if (!scheme) throw new Error(`${where}: "${url}" is not a stun:, stuns:, turn: or turns: URL (e.g. stun:stun.example.org:3478)`);
+    if (!scheme)
+      throw new Error(
+        `${where}: "${url}" is not a stun:, stuns:, turn: or turns: URL (e.g. stun:stun.example.org:3478)`,
+      );
     if (scheme.startsWith('turn') && (typeof username !== 'string' || typeof credential !== 'string')) {
-      throw new Error(`${where}: ${url} needs "username" and "credential" (browsers refuse TURN without them); use the JSON form`);
+      throw new Error(
+        `${where}: ${url} needs "username" and "credential" (browsers refuse TURN without them); use the JSON form`,
+      );
     }
   }
   if (username !== undefined && typeof username !== 'string') throw new Error(`${where}: "username" must be text`);
-  if (credential !== undefined && typeof credential !== 'string') throw new Error(`${where}: "credential" must be text`);
+  if (credential !== undefined && typeof credential !== 'string')
+    throw new Error(`${where}: "credential" must be text`);
   return {
     urls: urls as string | string[],
-    ...(username !== undefined && { username: username as string }),
-    ...(credential !== undefined && { credential: credential as string }),
+    ...(username !== undefined && { username: username }),
+    ...(credential !== undefined && { credential: credential }),
   };
 }
 
@@ -101,10 +110,18 @@ export function mountSignaling(app: Express, server: Server, key: string, origin
     key,
     allow_discovery: false,
     // CORS for this server's own origins and the allowed ones only, not whichever asks
-    corsOptions: { origin: (origin: string | undefined, allow: (error: Error | null, allowed: boolean) => void) => allow(null, origins.originAllowed(origin)) },
+    corsOptions: {
+      origin: (origin: string | undefined, allow: (error: Error | null, allowed: boolean) => void) =>
+        allow(null, origins.originAllowed(origin)),
+    },
     concurrent_limit: MAX_SIGNALING_CLIENTS,
     // Left on the http server, peer's WebSocketServer would answer every other upgrade path (the relay's) with 400.
-    createWebSocketServer: (options) => (websockets = new WebSocketServer({ path: options.path, noServer: true, maxPayload: MAX_SIGNALING_MESSAGE_BYTES })),
+    createWebSocketServer: (options) =>
+      (websockets = new WebSocketServer({
+        path: options.path,
+        noServer: true,
+        maxPayload: MAX_SIGNALING_MESSAGE_BYTES,
+      })),
   });
   // peer re-emits the http server's own errors (a busy port during listen) and every bad client
   // socket as 'error'; unheard, that would throw and end the process.
@@ -128,7 +145,10 @@ export function mountSignaling(app: Express, server: Server, key: string, origin
       if (!websockets) throw new Error('the PeerServer has no websocket server: mountSignaling did not mount it');
       const wss = websockets;
       const release = perAddress(request.socket.remoteAddress ?? '');
-      if (!release) return void socket.end(`HTTP/1.1 429 Too Many Requests\r\nConnection: close\r\n\r\n${MAX_SIGNALING_CLIENTS_PER_ADDRESS} pages of this address are registered already`);
+      if (!release)
+        return void socket.end(
+          `HTTP/1.1 429 Too Many Requests\r\nConnection: close\r\n\r\n${MAX_SIGNALING_CLIENTS_PER_ADDRESS} pages of this address are registered already`,
+        );
       socket.once('close', release); // a refused upgrade too
       wss.handleUpgrade(request, socket, head, (ws) => {
         // heard before peer's own listener: a page past its rate is cut before its message is handled

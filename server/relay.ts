@@ -23,7 +23,13 @@ import { WebSocketServer, type RawData, type WebSocket } from 'ws';
 import { MAX_HIGH_WATER_BYTES } from '../core/net/link.ts';
 import { MAX_FRAME_BYTES } from '../core/net/protocol.ts';
 import { relayProof } from '../core/net/join-token.ts';
-import { CLOSED_BY_OTHER_SIDE, MAX_RELAY_CONTROL_BYTES, RELAY_ENVELOPE_BYTES, type RelayControl, type RelayRole } from '../core/net/relay-client.ts';
+import {
+  CLOSED_BY_OTHER_SIDE,
+  MAX_RELAY_CONTROL_BYTES,
+  RELAY_ENVELOPE_BYTES,
+  type RelayControl,
+  type RelayRole,
+} from '../core/net/relay-client.ts';
 import { sameProof, type JoinTokens } from './join-tokens.ts';
 
 /** what one connection may have in flight one way: an honest Link's high-water mark, one frame, and room for the envelopes */
@@ -98,7 +104,11 @@ interface Connection {
 
 export function createRelay(options: RelayOptions): Relay {
   const budget = options.budgetBytes ?? DEFAULT_RELAY_BUDGET_BYTES;
-  const wss = new WebSocketServer({ noServer: true, maxPayload: RELAY_ENVELOPE_BYTES + MAX_FRAME_BYTES, perMessageDeflate: false });
+  const wss = new WebSocketServer({
+    noServer: true,
+    maxPayload: RELAY_ENVELOPE_BYTES + MAX_FRAME_BYTES,
+    perMessageDeflate: false,
+  });
   const clients = new Map<string, Client>();
   const connections = new Map<number, Connection>();
   const counters = { framesForwarded: 0, bytesForwarded: 0, framesDropped: 0, connectionsCut: 0, socketsCut: 0 };
@@ -106,7 +116,9 @@ export function createRelay(options: RelayOptions): Relay {
   const refused: RelayStats['refused'] = [];
   let nextConn = 1;
   options.tokens.onRevoke((room) => {
-    for (const client of clients.values()) if (client.room === room) client.ws.close(4003, 'the join link was revoked: open the one the dashboard shows now');
+    for (const client of clients.values())
+      if (client.room === room)
+        client.ws.close(4003, 'the join link was revoked: open the one the dashboard shows now');
   });
 
   /** Queues `data` on `to`; `written` once the socket has taken it. A page that does not read is let go. */
@@ -146,19 +158,33 @@ export function createRelay(options: RelayOptions): Relay {
   function admit(ws: WebSocket, request: IncomingMessage): void {
     const query = new URL(request.url ?? '/', 'http://relay').searchParams;
     const [peer, auth, room, proof, role] = ['peer', 'auth', 'room', 'proof', 'role'].map((k) => query.get(k) ?? '');
-    if (role !== 'coordinator' && role !== 'worker') return refuse(ws, peer, `role must be coordinator or worker, got "${role}"`);
-    if (!peer || !options.vouch(peer, auth)) return refuse(ws, peer, `peer "${peer}" is not registered on the signaling server with this credential`);
+    if (role !== 'coordinator' && role !== 'worker') {
+      refuse(ws, peer, `role must be coordinator or worker, got "${role}"`);
+      return;
+    }
+    if (!peer || !options.vouch(peer, auth)) {
+      refuse(ws, peer, `peer "${peer}" is not registered on the signaling server with this credential`);
+      return;
+    }
     const token = options.tokens.standing(room);
     if (!token || !sameProof(proof, relayProof(token, peer, auth))) {
-      return refuse(ws, peer, "this page does not hold a join token this server stands by (made up, revoked, or from another server): open the join link the dashboard shows now");
+      refuse(
+        ws,
+        peer,
+        'this page does not hold a join token this server stands by (made up, revoked, or from another server): open the join link the dashboard shows now',
+      );
+      return;
     }
     if (role === 'worker' && ![...clients.values()].some((c) => c.role === 'coordinator' && c.room === room)) {
-      return refuse(ws, peer, 'no dashboard of this join link is on the relay: open the join link the dashboard shows');
+      refuse(ws, peer, 'no dashboard of this join link is on the relay: open the join link the dashboard shows');
+      return;
     }
     clients.get(peer)?.ws.close(4000, 'replaced by a newer relay socket of the same page');
     const client: Client = { ws, peer, room, role, queued: 0, controlQueued: 0, peakQueued: 0, conns: new Set() };
     clients.set(peer, client);
-    ws.on('message', (data, isBinary) => (isBinary ? forward(client, toBuffer(data)) : onControl(client, toBuffer(data))));
+    ws.on('message', (data, isBinary) =>
+      isBinary ? forward(client, toBuffer(data)) : onControl(client, toBuffer(data)),
+    );
     ws.on('close', () => leave(client));
     ws.on('error', () => ws.terminate());
     control(client, { t: 'welcome' });
@@ -206,11 +232,21 @@ export function createRelay(options: RelayOptions): Relay {
   function dialFor(from: Client, { ref, to, metadata }: { ref: number; to: string; metadata: unknown }): void {
     const fail = (reason: string) => control(from, { t: 'dial-failed', ref, reason });
     const target = typeof to === 'string' ? clients.get(to) : undefined;
-    if (!target || target.room !== from.room) return fail(`peer ${to} is not on the relay in this swarm's room`);
-    if (target === from) return fail('a page cannot dial itself');
-    if (JSON.stringify(metadata ?? null).length > MAX_METADATA_BYTES) return fail(`metadata over ${MAX_METADATA_BYTES} bytes`);
+    if (!target || target.room !== from.room) {
+      fail(`peer ${to} is not on the relay in this swarm's room`);
+      return;
+    }
+    if (target === from) {
+      fail('a page cannot dial itself');
+      return;
+    }
+    if (JSON.stringify(metadata ?? null).length > MAX_METADATA_BYTES) {
+      fail(`metadata over ${MAX_METADATA_BYTES} bytes`);
+      return;
+    }
     if (from.conns.size >= MAX_CONNECTIONS_PER_SOCKET || target.conns.size >= MAX_CONNECTIONS_PER_SOCKET) {
-      return fail(`over ${MAX_CONNECTIONS_PER_SOCKET} relayed connections on one page`);
+      fail(`over ${MAX_CONNECTIONS_PER_SOCKET} relayed connections on one page`);
+      return;
     }
     const conn: Connection = { id: nextConn++, a: from, b: target, inFlight: new Map() };
     connections.set(conn.id, conn);
@@ -240,7 +276,12 @@ export function createRelay(options: RelayOptions): Relay {
       wss.handleUpgrade(request, socket, head, (ws) => admit(ws, request));
     },
     stats: () => ({
-      sockets: [...clients.values()].map((c) => ({ peer: c.peer, role: c.role, queued: c.queued, peakQueued: c.peakQueued })),
+      sockets: [...clients.values()].map((c) => ({
+        peer: c.peer,
+        role: c.role,
+        queued: c.queued,
+        peakQueued: c.peakQueued,
+      })),
       connections: connections.size,
       ...counters,
       queued: queuedTotal,

@@ -48,7 +48,8 @@ export const LOCAL_MODEL_PATH = '/models/local';
  */
 export function servedModel(model: string | undefined): Pick<ServerOptions, 'modelFolders' | 'defaultModel'> {
   if (model === undefined) return {};
-  if (existsSync(model) && statSync(model).isDirectory()) return { modelFolders: { [LOCAL_MODEL_PATH]: resolve(model) }, defaultModel: LOCAL_MODEL_PATH };
+  if (existsSync(model) && statSync(model).isDirectory())
+    return { modelFolders: { [LOCAL_MODEL_PATH]: resolve(model) }, defaultModel: LOCAL_MODEL_PATH };
   return { defaultModel: model };
 }
 
@@ -64,15 +65,30 @@ export interface RunningServer {
 
 /** Serves the built app and the PeerJS signaling server on one port. */
 export async function startServer(options: ServerOptions = {}): Promise<RunningServer> {
-  const { port = DEFAULT_PORT, rebuild = false, quiet = false, peerKey = newPeerKey(), iceServers = [], relay: relayMode = 'fallback' } = options;
+  const {
+    port = DEFAULT_PORT,
+    rebuild = false,
+    quiet = false,
+    peerKey = newPeerKey(),
+    iceServers = [],
+    relay: relayMode = 'fallback',
+  } = options;
   await ensureAppBuilt({ force: rebuild, quiet });
 
   const app = express();
   const server = http.createServer(app);
   const origins = serverOrigins(options.allowOrigins);
   app.use((request, response, next) => {
-    if (origins.hostAllowed(request.headers.host)) return next();
-    response.status(421).type('text').send(`this server does not answer to the host ${JSON.stringify(request.headers.host ?? '')}: open it at localhost or its LAN address`);
+    if (origins.hostAllowed(request.headers.host)) {
+      next();
+      return;
+    }
+    response
+      .status(421)
+      .type('text')
+      .send(
+        `this server does not answer to the host ${JSON.stringify(request.headers.host ?? '')}: open it at localhost or its LAN address`,
+      );
   });
   app.use(crossOriginIsolation);
   const signaling = mountSignaling(app, server, peerKey, origins);
@@ -96,14 +112,21 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
   });
   app.get('/signaling.json', (request, response) => {
     const port = request.socket.localPort;
-    response.json({ path: SIGNALING_PATH, key: peerKey, iceServers, relay: { mode: relayMode, path: RELAY_PATH }, lanOrigins: lanAddresses().map((address) => `http://${address}:${port}`) });
+    response.json({
+      path: SIGNALING_PATH,
+      key: peerKey,
+      iceServers,
+      relay: { mode: relayMode, path: RELAY_PATH },
+      lanOrigins: lanAddresses().map((address) => `http://${address}:${port}`),
+    });
   });
   app.get('/models.json', (_request, response) => {
     response.json({ default: options.defaultModel ?? null });
   });
   for (const [path, dir] of Object.entries(options.modelFolders ?? {})) {
     // a missing file or a range past a file's end is the reader's to report: answer its status, log nothing
-    app.use(path, express.static(dir, { fallthrough: false }), ((error, _request, response, _next) => response.sendStatus((error as { status?: number }).status ?? 500)) as express.ErrorRequestHandler);
+    app.use(path, express.static(dir, { fallthrough: false }), ((error, _request, response, _next) =>
+      response.sendStatus((error as { status?: number }).status ?? 500)) as express.ErrorRequestHandler);
   }
   app.use(express.static(DIST_DIR));
 

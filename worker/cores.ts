@@ -38,7 +38,9 @@ export async function shareCores(id: string, onChange: (threads: number, tabs: n
 
   const recount = async (): Promise<void> => {
     if (!locks || left) return; // no Web Locks (an old browser, an insecure page): this tab alone takes all cores
-    const names = new Set(((await locks.query()).held ?? []).map((l) => l.name ?? '').filter((n) => n.startsWith(LOCK_PREFIX)));
+    const names = new Set(
+      ((await locks.query()).held ?? []).map((l) => l.name ?? '').filter((n) => n.startsWith(LOCK_PREFIX)),
+    );
     for (const name of names) {
       if (name === own || watching.has(name)) continue;
       // granted once that tab is gone; released at once, it only tells this one to count again

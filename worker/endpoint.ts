@@ -22,7 +22,14 @@ import {
 } from '../core/net/peer-link.ts';
 import { RelayRefused, type RelayClient } from '../core/net/relay-client.ts';
 import { serve } from '../core/net/rpc.ts';
-import { WORKER_CONTRACT, type ExecutionProvider, type WorkerApi, type WorkerInfo, type WorkerState, type WorkerTotals } from '../core/worker-api.ts';
+import {
+  WORKER_CONTRACT,
+  type ExecutionProvider,
+  type WorkerApi,
+  type WorkerInfo,
+  type WorkerState,
+  type WorkerTotals,
+} from '../core/worker-api.ts';
 import { EngineHost, type ProbeGate } from '../rank/engine-client.ts';
 import { WorkerRuntime } from '../rank/runtime.ts';
 import { sampleMemoryPeak } from '../rank/memory.ts';
@@ -90,7 +97,8 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
 
   // The cores are shared among the worker tabs of this browser: a tab that joins or leaves changes
   // every tab's share, which each takes up between jobs (a new engine on the new threads).
-  const publishCores = () => publish({ cores: { threads: engine.threads, next: cores.threads(), of: cores.cores, tabs: cores.tabs() } });
+  const publishCores = () =>
+    publish({ cores: { threads: engine.threads, next: cores.threads(), of: cores.cores, tabs: cores.tabs() } });
   const takeShare = async () => {
     await engine.restart(cores.threads());
     publishCores();
@@ -111,7 +119,12 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
   // this page's id by the token PeerJS registered it with.
   let relay: Promise<RelayClient> | null = null;
   const relayClient = (): Promise<RelayClient> => {
-    relay ??= connectRelay(options.origin, signaling, { peer: peer.id, auth: peer.options.token ?? '', token: options.token ?? '', role: 'worker' }).then(
+    relay ??= connectRelay(options.origin, signaling, {
+      peer: peer.id,
+      auth: peer.options.token ?? '',
+      token: options.token ?? '',
+      role: 'worker',
+    }).then(
       (client) => {
         client.onConnection((conn) => mesh.incoming(conn));
         client.onClose(() => {
@@ -128,7 +141,9 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
     return relay;
   };
 
-  const mesh: WorkerMesh = new WorkerMesh(peer, signaling.relay.mode, relayClient, (from, tag, bytes) => runtime.judgeTensor(from, tag, bytes));
+  const mesh: WorkerMesh = new WorkerMesh(peer, signaling.relay.mode, relayClient, (from, tag, bytes) =>
+    runtime.judgeTensor(from, tag, bytes),
+  );
   peer.on('connection', (conn) => mesh.incoming(conn as unknown as DataConnectionLike));
 
   const runtime: WorkerRuntime = new WorkerRuntime(engine, {
@@ -141,7 +156,8 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
     betweenJobs: takeShare,
     peakMemoryBytes: sampleMemoryPeak(),
     refuseModel,
-    onState: (state, detail) => publish({ state, detail, totals: { ...runtime.totals }, ep: runtime.ep, epWhy: runtime.epReason }),
+    onState: (state, detail) =>
+      publish({ state, detail, totals: { ...runtime.totals }, ep: runtime.ep, epWhy: runtime.epReason }),
     onShutdown: () => mesh.close('released by the coordinator'),
   });
 
@@ -149,7 +165,10 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
     while (!leaving) {
       try {
         if (!options.token) {
-          publish({ state: 'refused', detail: 'this link has no join token: open the worker link the dashboard shows (…/worker.html#token=…)' });
+          publish({
+            state: 'refused',
+            detail: 'this link has no join token: open the worker link the dashboard shows (…/worker.html#token=…)',
+          });
           return;
         }
         // the dashboard's id changes each time it loads: the server says which it is now, to a page that proves the token
@@ -160,12 +179,20 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
           continue;
         }
         if ('waiting' in found) {
-          publish({ connected: false, transport: null, state: 'disconnected', detail: `waiting for the dashboard: ${found.waiting}` });
+          publish({
+            connected: false,
+            transport: null,
+            state: 'disconnected',
+            detail: `waiting for the dashboard: ${found.waiting}`,
+          });
           await new Promise((r) => setTimeout(r, RECONNECT_MS));
           continue;
         }
         const { coordinator } = found;
-        publish({ coordinator, detail: `connecting to ${coordinator}${signaling.relay.mode === 'force' ? ' through the relay' : ''}` });
+        publish({
+          coordinator,
+          detail: `connecting to ${coordinator}${signaling.relay.mode === 'force' ? ' through the relay' : ''}`,
+        });
         if (signaling.relay.mode === 'fallback') await relayClient().catch(() => null); // only links that need it use it
         // the token never leaves this page: the dashboard and this worker prove they hold it (core/net/join.ts)
         const metadata: JoinMetadata = { role: 'worker', nonce: nonce() };
@@ -188,16 +215,37 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
         answerHeartbeats(link, 0, () => {
           const framesDropped = link.stats.framesDropped + mesh.framesDropped();
           if (framesDropped !== status.framesDropped) publish({ framesDropped });
-          return { state: runtime.state, framesDropped, mesh: mesh.links(), threads: cores.threads(), load: runtime.loadStatus ?? undefined };
+          return {
+            state: runtime.state,
+            framesDropped,
+            mesh: mesh.links(),
+            threads: cores.threads(),
+            load: runtime.loadStatus ?? undefined,
+          };
         });
         const transport = transportOf(conn);
-        publish({ connected: true, transport, state: runtime.state, detail: `joined the swarm${transport === 'relay' ? ' (through the relay)' : ''}` });
+        publish({
+          connected: true,
+          transport,
+          state: runtime.state,
+          detail: `joined the swarm${transport === 'relay' ? ' (through the relay)' : ''}`,
+        });
         await gone;
         mesh.close('lost the dashboard');
-        publish({ connected: false, transport: null, state: 'disconnected', detail: 'lost the dashboard; reconnecting' });
+        publish({
+          connected: false,
+          transport: null,
+          state: 'disconnected',
+          detail: 'lost the dashboard; reconnecting',
+        });
       } catch (e) {
         if (e instanceof RelayRefused) {
-          publish({ connected: false, transport: null, state: 'refused', detail: `the dashboard's relay refused this worker: ${e.reason}` });
+          publish({
+            connected: false,
+            transport: null,
+            state: 'refused',
+            detail: `the dashboard's relay refused this worker: ${e.reason}`,
+          });
           await new Promise((r) => setTimeout(r, REFUSED_RETRY_MS));
           continue;
         }
@@ -212,7 +260,10 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
     leave() {
       leaving = true;
       mesh.close('this worker left the swarm');
-      void relay?.then((client) => client.close('this worker left the swarm'), () => {});
+      void relay?.then(
+        (client) => client.close('this worker left the swarm'),
+        () => {},
+      );
       peer.destroy();
       engine.terminate();
       cores.leave();
@@ -225,4 +276,5 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
  * Compute probes of the worker tabs of this browser on this machine, one at a time: each measures
  * its share of the cores as a job will use it, not a crowd of probes fighting over them.
  */
-const oneProbeAtATime: ProbeGate = async (probe) => (navigator.locks ? await navigator.locks.request('ditswarm-compute-probe', () => probe()) : probe());
+const oneProbeAtATime: ProbeGate = async (probe) =>
+  navigator.locks ? await navigator.locks.request('ditswarm-compute-probe', () => probe()) : probe();

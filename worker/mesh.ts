@@ -3,7 +3,15 @@
 // named, and every frame a rank sends is judged by its header before a byte of it is buffered.
 import type { DataConnectionLike, Transport } from '../core/net/channel.ts';
 import type { Link } from '../core/net/link.ts';
-import { dial, DIRECT_OPEN_TIMEOUT_MS, openLink, transportOf, type OpenLinkOptions, type PeerDialer, type RelayMode } from '../core/net/peer-link.ts';
+import {
+  dial,
+  DIRECT_OPEN_TIMEOUT_MS,
+  openLink,
+  transportOf,
+  type OpenLinkOptions,
+  type PeerDialer,
+  type RelayMode,
+} from '../core/net/peer-link.ts';
 import type { DType, FrameHeader } from '../core/net/protocol.ts';
 import type { RelayClient } from '../core/net/relay-client.ts';
 import { PeerLost, type InitArgs } from '../core/worker-api.ts';
@@ -27,8 +35,14 @@ export type TensorJudge = (from: number, tag: FrameHeader['tag'], totalBytes: nu
  * whether that refusal makes the rank a misbehaving one (speaking in another rank's name) rather
  * than a bad frame to drop.
  */
-export function judgeMeshFrame(rank: number, header: FrameHeader, judge: TensorJudge, dtype: DType): { refused: string; misbehaved: boolean } | null {
-  if (header.kind !== 'tensor') return { refused: `rank ${rank} sent a ${header.kind} message on the mesh`, misbehaved: false };
+export function judgeMeshFrame(
+  rank: number,
+  header: FrameHeader,
+  judge: TensorJudge,
+  dtype: DType,
+): { refused: string; misbehaved: boolean } | null {
+  if (header.kind !== 'tensor')
+    return { refused: `rank ${rank} sent a ${header.kind} message on the mesh`, misbehaved: false };
   if (header.from !== rank) return { refused: `it sent a tensor in the name of rank ${header.from}`, misbehaved: true };
   if (header.dtype !== dtype) return { refused: `a ${header.dtype} tensor on a ${dtype} mesh`, misbehaved: false };
   const refused = judge(rank, header.tag, header.totalBytes);
@@ -39,7 +53,11 @@ export class WorkerMesh {
   /** connections from other ranks that came before this rank's initWorker, by session/rank */
   private readonly candidates = new Map<string, DataConnectionLike[]>();
   private readonly waiters = new Map<string, (conn: DataConnectionLike) => void>();
-  private current: { exchange: MeshExchange; connections: DataConnectionLike[]; links: Map<number, { peer: string; transport: Transport }> } | null = null;
+  private current: {
+    exchange: MeshExchange;
+    connections: DataConnectionLike[];
+    links: Map<number, { peer: string; transport: Transport }>;
+  } | null = null;
 
   constructor(
     private readonly peer: PeerDialer,
@@ -61,15 +79,24 @@ export class WorkerMesh {
   /** A connection another page opened to this one: kept for its rank, or closed if it is not a rank's. */
   incoming(conn: DataConnectionLike): void {
     const meta = conn.metadata as { role?: string; session?: string; rank?: number } | undefined;
-    if (meta?.role !== 'rank' || typeof meta.session !== 'string' || !Number.isInteger(meta.rank)) return conn.close();
+    if (meta?.role !== 'rank' || typeof meta.session !== 'string' || !Number.isInteger(meta.rank)) {
+      conn.close();
+      return;
+    }
     const key = `${meta.session}/${meta.rank}`;
     const waiter = this.waiters.get(key);
-    if (waiter) return waiter(conn);
+    if (waiter) {
+      waiter(conn);
+      return;
+    }
     // a connection for a mesh this rank is not (yet) in: kept a little while for its initWorker,
     // a few at a time, as a page that names any session it likes could otherwise keep any number
     const early = this.candidates.get(key) ?? [];
     const held = [...this.candidates.values()].reduce((n, list) => n + list.length, 0);
-    if (early.length >= MAX_EARLY_CANDIDATES || held >= MAX_HELD_CANDIDATES) return conn.close();
+    if (early.length >= MAX_EARLY_CANDIDATES || held >= MAX_HELD_CANDIDATES) {
+      conn.close();
+      return;
+    }
     this.candidates.set(key, [...early, conn]);
     setTimeout(() => {
       const still = this.candidates.get(key);
@@ -95,7 +122,11 @@ export class WorkerMesh {
     const exchange = new MeshExchange(init.rank, init.world, init.dtype ?? 'f32');
     // one emulated uplink for all of this rank's links, where the job asks for one
     const wire = init.emulateLink && new EmulatedWire(init.emulateLink);
-    const mesh = (this.current = { exchange, connections: [] as DataConnectionLike[], links: new Map<number, { peer: string; transport: Transport }>() });
+    const mesh = (this.current = {
+      exchange,
+      connections: [] as DataConnectionLike[],
+      links: new Map<number, { peer: string; transport: Transport }>(),
+    });
     const linkTo = async (rank: number): Promise<void> => {
       const linkOptions = (conn: DataConnectionLike): OpenLinkOptions => ({
         emulate: wire,
@@ -112,7 +143,12 @@ export class WorkerMesh {
       let opened: { conn: DataConnectionLike; link: Link };
       if (rank < init.rank) {
         // the higher rank dials, so each pair connects once
-        const conn = await dial(this.peer, init.peers[rank], { role: 'rank', session: init.session, rank: init.rank }, { mode: this.relayMode, client: this.relayClient });
+        const conn = await dial(
+          this.peer,
+          init.peers[rank],
+          { role: 'rank', session: init.session, rank: init.rank },
+          { mode: this.relayMode, client: this.relayClient },
+        );
         mesh.connections.push(conn);
         if (this.current !== mesh) throw new Error(`the mesh for rank ${rank} was replaced while connecting`);
         opened = { conn, link: await openLink(conn, onLost, linkOptions(conn)) };
@@ -130,7 +166,13 @@ export class WorkerMesh {
    * The connection rank `rank` opened to this one, as a Link: the first of its connections to
    * open wins (its data channel, or after RELAY_FALLBACK_MS its relayed one); later ones close.
    */
-  private accept(init: InitArgs, rank: number, connections: DataConnectionLike[], linkOptions: (conn: DataConnectionLike) => OpenLinkOptions, onLost: (reason: string) => void) {
+  private accept(
+    init: InitArgs,
+    rank: number,
+    connections: DataConnectionLike[],
+    linkOptions: (conn: DataConnectionLike) => OpenLinkOptions,
+    onLost: (reason: string) => void,
+  ) {
     const key = `${init.session}/${rank}`;
     return new Promise<{ conn: DataConnectionLike; link: Link }>((resolve, reject) => {
       let settled = false;
@@ -144,18 +186,28 @@ export class WorkerMesh {
         reject(new Error(`rank ${rank} did not connect to rank ${init.rank} within ${MESH_TIMEOUT_MS / 1000} s`));
       }, MESH_TIMEOUT_MS);
       const consider = (conn: DataConnectionLike) => {
-        if (settled) return conn.close();
+        if (settled) {
+          conn.close();
+          return;
+        }
         // the signaling server (and the relay, by the same credential) vouches for peer ids: only the
         // peer the coordinator named may be rank r. An impostor is turned away; the real rank may still come.
-        if (conn.peer !== init.peers[rank]) return conn.close();
+        if (conn.peer !== init.peers[rank]) {
+          conn.close();
+          return;
+        }
         connections.push(conn);
         let chosen = false;
-        const opening = openLink(conn, (reason) => chosen && onLost(reason), { ...linkOptions(conn), openTimeoutMs: conn.open ? undefined : DIRECT_OPEN_TIMEOUT_MS });
+        const opening = openLink(conn, (reason) => chosen && onLost(reason), {
+          ...linkOptions(conn),
+          openTimeoutMs: conn.open ? undefined : DIRECT_OPEN_TIMEOUT_MS,
+        });
         opening.then(
           (link) => {
             if (settled) {
               link.close('another connection of the same rank opened first');
-              return conn.close();
+              conn.close();
+              return;
             }
             chosen = true;
             finish();

@@ -13,4 +13,5 @@ export function h<K extends keyof HTMLElementTagNameMap>(
 
 export const $ = <T extends HTMLElement>(id: string): T => document.getElementById(id) as T;
 
-export const seconds = (ms: number): string => (ms < 10_000 ? `${(ms / 1000).toFixed(1)} s` : `${Math.round(ms / 1000)} s`);
+export const seconds = (ms: number): string =>
+  ms < 10_000 ? `${(ms / 1000).toFixed(1)} s` : `${Math.round(ms / 1000)} s`;

@@ -27,7 +27,14 @@ export function renderGallery(jobs: StoredJob[], play: (job: StoredJob) => void)
         { dataset: { job: String(job.id) } },
         h('strong', {}, `#${job.id} “${params.prompt}”`),
         h('span', { className: 'hint' }, details),
-        videoUrl(job) ? h('span', { className: 'actions' }, playButton, h('a', { href: videoUrl(job)!, download: `ditswarm-${job.id}.webm` }, 'Download WebM')) : h('span', { className: 'hint' }, 'latent only (no video asked for)'),
+        videoUrl(job)
+          ? h(
+              'span',
+              { className: 'actions' },
+              playButton,
+              h('a', { href: videoUrl(job)!, download: `ditswarm-${job.id}.webm` }, 'Download WebM'),
+            )
+          : h('span', { className: 'hint' }, 'latent only (no video asked for)'),
       );
     }),
   );

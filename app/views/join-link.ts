@@ -27,4 +27,3 @@ export function showJoinLink(url: string, local: string): void {
     setTimeout(() => (copy.textContent = 'Copy link'), 2000);
   };
 }
-

@@ -4,7 +4,10 @@
 import type { StepProgress, StoredJob } from '../../coordinator/index.ts';
 import { $, h, seconds } from './dom.ts';
 
-const lines = new Map<number, { li: HTMLLIElement; bar: HTMLProgressElement; text: HTMLSpanElement; cancel: HTMLButtonElement }>();
+const lines = new Map<
+  number,
+  { li: HTMLLIElement; bar: HTMLProgressElement; text: HTMLSpanElement; cancel: HTMLButtonElement }
+>();
 
 /** `onCancel`: a job's Cancel button was pressed */
 export function renderQueue(jobs: StoredJob[], onCancel: (id: number) => void): void {
@@ -22,9 +25,21 @@ export function renderQueue(jobs: StoredJob[], onCancel: (id: number) => void): 
       const bar = h('progress', { max: job.params.steps, value: job.checkpoint?.step ?? 0 });
       bar.setAttribute('aria-label', `progress of job ${job.id}`);
       const text = h('span', { className: 'job-state' });
-      const cancel = h('button', { type: 'button', className: 'job-cancel', textContent: 'Cancel', onclick: () => onCancel(job.id) });
+      const cancel = h('button', {
+        type: 'button',
+        className: 'job-cancel',
+        textContent: 'Cancel',
+        onclick: () => onCancel(job.id),
+      });
       cancel.setAttribute('aria-label', `cancel job ${job.id}`);
-      const li = h('li', { dataset: { job: String(job.id) } }, h('span', { className: 'job-prompt' }, `#${job.id} “${job.params.prompt}”`), bar, text, cancel);
+      const li = h(
+        'li',
+        { dataset: { job: String(job.id) } },
+        h('span', { className: 'job-prompt' }, `#${job.id} “${job.params.prompt}”`),
+        bar,
+        text,
+        cancel,
+      );
       line = { li, bar, text, cancel };
       lines.set(job.id, line);
       list.append(li);
@@ -32,7 +47,13 @@ export function renderQueue(jobs: StoredJob[], onCancel: (id: number) => void): 
     line.li.dataset.status = job.status;
     line.cancel.hidden = job.status === 'failed';
     if (job.checkpoint) line.bar.value = job.checkpoint.step;
-    if (job.status !== 'running') line.text.textContent = job.status === 'failed' ? `failed: ${job.error}` : job.checkpoint ? `waiting, ${job.checkpoint.step} steps done` : 'waiting';
+    if (job.status !== 'running')
+      line.text.textContent =
+        job.status === 'failed'
+          ? `failed: ${job.error}`
+          : job.checkpoint
+            ? `waiting, ${job.checkpoint.step} steps done`
+            : 'waiting';
   }
   $('queue-empty').hidden = open.length > 0;
 }
@@ -47,5 +68,6 @@ export function showJobProgress(job: StoredJob, p: StepProgress): void {
 
 export function showJobPhase(job: StoredJob, phase: string, detail?: string): void {
   const line = lines.get(job.id);
-  if (line && phase !== 'denoising') line.text.textContent = `${phase === 'placing' ? 'placing on workers' : phase}…${detail ? ` ${detail}` : ''}`;
+  if (line && phase !== 'denoising')
+    line.text.textContent = `${phase === 'placing' ? 'placing on workers' : phase}…${detail ? ` ${detail}` : ''}`;
 }

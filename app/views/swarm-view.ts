@@ -10,7 +10,17 @@ export function renderSwarm(swarm: Swarm): void {
   body.replaceChildren(
     ...(workers.length
       ? workers.map((w) => workerRow(w, w.measurement))
-      : [h('tr', {}, h('td', { colSpan: 6, className: 'empty' }, 'No workers yet: open the link above in another tab or on another machine.'))]),
+      : [
+          h(
+            'tr',
+            {},
+            h(
+              'td',
+              { colSpan: 6, className: 'empty' },
+              'No workers yet: open the link above in another tab or on another machine.',
+            ),
+          ),
+        ]),
   );
 }
 
@@ -24,11 +34,29 @@ function workerRow(w: SwarmWorker, m: WorkerMeasurement | null): HTMLTableRowEle
     'tr',
     { dataset: { worker: w.id } },
     h('td', { title: w.id }, w.id.slice(-6)),
-    h('td', {}, chosen ? (chosen.ep === 'webgpu' ? 'WebGPU' : 'WASM') : w.info.ep === 'webgpu' ? 'WebGPU or WASM' : 'WASM', h('span', { className: 'sub' }, `${w.info.threads} thread${w.info.threads === 1 ? '' : 's'} · ${w.info.adapter}`)),
+    h(
+      'td',
+      {},
+      chosen ? (chosen.ep === 'webgpu' ? 'WebGPU' : 'WASM') : w.info.ep === 'webgpu' ? 'WebGPU or WASM' : 'WASM',
+      h('span', { className: 'sub' }, `${w.info.threads} thread${w.info.threads === 1 ? '' : 's'} · ${w.info.adapter}`),
+    ),
     h('td', {}, chosen?.why ?? 'measuring…'),
-    h('td', {}, w.transport === 'relay' ? 'relayed' : 'direct', h('span', { className: 'sub' }, [speedOfLink, relayedPeers ? `${relayedPeers} rank link(s) relayed` : ''].filter(Boolean).join(' · '))),
-    h('td', {}, w.activity === 'idle' && w.pulse ? w.pulse.state : w.activity, w.pulse?.load ? h('span', { className: 'sub load' }, describeLoad(w.pulse.load)) : ''),
+    h(
+      'td',
+      {},
+      w.transport === 'relay' ? 'relayed' : 'direct',
+      h(
+        'span',
+        { className: 'sub' },
+        [speedOfLink, relayedPeers ? `${relayedPeers} rank link(s) relayed` : ''].filter(Boolean).join(' · '),
+      ),
+    ),
+    h(
+      'td',
+      {},
+      w.activity === 'idle' && w.pulse ? w.pulse.state : w.activity,
+      w.pulse?.load ? h('span', { className: 'sub load' }, describeLoad(w.pulse.load)) : '',
+    ),
     h('td', { className: bad ? 'bad' : '' }, String(bad)),
   );
 }
-

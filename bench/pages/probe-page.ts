@@ -51,7 +51,13 @@ async function gathered(pc: RTCPeerConnection): Promise<RTCSessionDescriptionIni
 let direct: { model: WanModel; stages: StageRunner; text: Float32Array } | null = null;
 
 /** Time spent in each kind of stage call, summed over blocks (reset per forward). */
-const stageMs: Record<keyof StageRunner, number> = { embed: 0, preAttention: 0, attention: 0, postAttention: 0, head: 0 };
+const stageMs: Record<keyof StageRunner, number> = {
+  embed: 0,
+  preAttention: 0,
+  attention: 0,
+  postAttention: 0,
+  head: 0,
+};
 function timedStages(stages: StageRunner): StageRunner {
   const timed = <K extends keyof StageRunner>(kind: K) =>
     (async (...args: unknown[]) => {
@@ -62,7 +68,13 @@ function timedStages(stages: StageRunner): StageRunner {
         stageMs[kind] += performance.now() - start;
       }
     }) as StageRunner[K];
-  return { embed: timed('embed'), preAttention: timed('preAttention'), attention: timed('attention'), postAttention: timed('postAttention'), head: timed('head') };
+  return {
+    embed: timed('embed'),
+    preAttention: timed('preAttention'),
+    attention: timed('attention'),
+    postAttention: timed('postAttention'),
+    head: timed('head'),
+  };
 }
 
 const bench = {
@@ -78,7 +90,9 @@ const bench = {
   async linkAnswer(offer: RTCSessionDescriptionInit): Promise<RTCSessionDescriptionInit> {
     peer = new RTCPeerConnection();
     const pc = peer;
-    const opened = new Promise<void>((r) => pc.addEventListener('datachannel', (e) => void openLink(e.channel).then(r), { once: true }));
+    const opened = new Promise<void>((r) =>
+      pc.addEventListener('datachannel', (e) => void openLink(e.channel).then(r), { once: true }),
+    );
     await peer.setRemoteDescription(offer);
     await peer.setLocalDescription(await peer.createAnswer());
     void opened;
@@ -94,15 +108,31 @@ const bench = {
   async linkExchange(bytes: number): Promise<number> {
     const target = received + bytes;
     const start = performance.now();
-    const arrived = new Promise<void>((resolve) => (received >= target ? resolve() : waiters.push({ bytes: target, resolve })));
+    const arrived = new Promise<void>((resolve) =>
+      received >= target ? resolve() : waiters.push({ bytes: target, resolve }),
+    );
     const data = new Uint8Array(bytes);
-    await link!.send({ kind: 'tensor', from: 0, tag: { job: 0, step: 0, pass: 0, block: 0, phase: 0, group: 0 }, dtype: 'f32', shape: [bytes / 4], data });
+    await link!.send({
+      kind: 'tensor',
+      from: 0,
+      tag: { job: 0, step: 0, pass: 0, block: 0, phase: 0, group: 0 },
+      dtype: 'f32',
+      shape: [bytes / 4],
+      data,
+    });
     await arrived;
     return (performance.now() - start) / 1000;
   },
   /** One way only: sends `bytes` and resolves once they are handed to the channel. */
   async linkSend(bytes: number): Promise<void> {
-    await link!.send({ kind: 'tensor', from: 0, tag: { job: 0, step: 0, pass: 0, block: 0, phase: 0, group: 0 }, dtype: 'f32', shape: [bytes / 4], data: new Uint8Array(bytes) });
+    await link!.send({
+      kind: 'tensor',
+      from: 0,
+      tag: { job: 0, step: 0, pass: 0, block: 0, phase: 0, group: 0 },
+      dtype: 'f32',
+      shape: [bytes / 4],
+      data: new Uint8Array(bytes),
+    });
   },
   /** Waits until `bytes` more arrived from the peer; seconds. */
   async linkReceive(bytes: number): Promise<number> {
@@ -122,11 +152,18 @@ const bench = {
     const files = fetchModelFiles(modelUrl);
     const model = await loadTransformer(files);
     const { max_length: textLength } = (await readJson(files, 'text_encoder/config.json')) as { max_length: number };
-    direct = { model, stages: timedStages(await onnxStages(model, 'wasm')), text: new SeededRandom(1).normals(textLength * model.config.textDim) };
+    direct = {
+      model,
+      stages: timedStages(await onnxStages(model, 'wasm')),
+      text: new SeededRandom(1).normals(textLength * model.config.textDim),
+    };
     return { loadMs: performance.now() - started };
   },
   /** One forward pass on those sessions; its time and where it went by stage kind. */
-  async directForward(latentShape: number[], timestep: number): Promise<{ ms: number; stageMs: Record<keyof StageRunner, number> }> {
+  async directForward(
+    latentShape: number[],
+    timestep: number,
+  ): Promise<{ ms: number; stageMs: Record<keyof StageRunner, number> }> {
     if (!direct) throw new Error('directLoad first');
     for (const k of Object.keys(stageMs)) stageMs[k as keyof StageRunner] = 0;
     const latent = { shape: latentShape, data: new SeededRandom(2).normals(latentShape.reduce((a, b) => a * b, 1)) };

@@ -25,7 +25,8 @@ export function buildChunkedAttentionGraph(headDim: number, scoreBudget = DEFAUL
   // queries and keys may differ in number (a displaced rank's own tokens over every token)
   const q = outer.input('q', FLOAT, ['S', 'W']);
   const [k, v] = ['k', 'v'].map((name) => outer.input(name, FLOAT, ['Sk', 'W']));
-  const heads = (x: string, perm: number[]) => outer.op('Transpose', [outer.op('Reshape', [x, outer.ints([0, -1, d])])], { perm });
+  const heads = (x: string, perm: number[]) =>
+    outer.op('Transpose', [outer.op('Reshape', [x, outer.ints([0, -1, d])])], { perm });
   const qh = outer.op('Mul', [heads(q, [1, 0, 2]), outer.float(1 / Math.sqrt(d))]); // [h, S, d], pre-scaled
   const kt = heads(k, [1, 2, 0]); // [h, d, Sk]
   const vh = heads(v, [1, 0, 2]); // [h, Sk, d]
@@ -55,7 +56,10 @@ export function buildChunkedAttentionGraph(headDim: number, scoreBudget = DEFAUL
 
   const trips = outer.op('Squeeze', [count, outer.ints([0])]);
   const stacked = outer.op('Loop', [trips, ''], { body: body.proto() }); // [n, h, c, d]
-  const tokenRows = outer.op('Reshape', [outer.op('Transpose', [stacked], { perm: [0, 2, 1, 3] }), outer.op('Concat', [outer.ints([-1]), width], { axis: 0 })]);
+  const tokenRows = outer.op('Reshape', [
+    outer.op('Transpose', [stacked], { perm: [0, 2, 1, 3] }),
+    outer.op('Concat', [outer.ints([-1]), width], { axis: 0 }),
+  ]);
   const o = outer.op('Slice', [tokenRows, outer.ints([0]), rows, outer.ints([0])]); // [S, h·d]
   outer.output(o, 'o', FLOAT, ['S', 'W']);
   return outer.toBytes();
@@ -103,22 +107,45 @@ class ProtoGraph {
       output: [name],
       name,
       attribute: Object.entries(attributes).map(([key, v]) =>
-        typeof v === 'number' ? { name: key, type: INT, i: v } : Array.isArray(v) ? { name: key, type: INTS, ints: v } : { name: key, type: GRAPH, g: v },
+        typeof v === 'number'
+          ? { name: key, type: INT, i: v }
+          : Array.isArray(v)
+            ? { name: key, type: INTS, ints: v }
+            : { name: key, type: GRAPH, g: v },
       ),
     });
     return name;
   }
 
   proto(): onnxProto.onnx.IGraphProto {
-    return { name: this.name, node: this.nodes, initializer: this.initializers, input: this.inputs, output: this.outputs };
+    return {
+      name: this.name,
+      node: this.nodes,
+      initializer: this.initializers,
+      input: this.inputs,
+      output: this.outputs,
+    };
   }
 
   toBytes(): Uint8Array {
-    const model = onnx.ModelProto.create({ irVersion: 8, producerName: 'ditswarm', opsetImport: [{ domain: '', version: OPSET }], graph: this.proto() });
+    const model = onnx.ModelProto.create({
+      irVersion: 8,
+      producerName: 'ditswarm',
+      opsetImport: [{ domain: '', version: OPSET }],
+      graph: this.proto(),
+    });
     return onnx.ModelProto.encode(model).finish();
   }
 }
 
 function valueInfo(name: string, elemType: number, dims: (number | string)[]): onnxProto.onnx.IValueInfoProto {
-  return { name, type: { tensorType: { elemType, shape: { dim: dims.map((x) => (typeof x === 'string' ? { dimParam: x } : { dimValue: x })) } } } };
+  return {
+    name,
+    type: {
+      tensorType: {
+        elemType,
+        shape: { dim: dims.map((x) => (typeof x === 'string' ? { dimParam: x } : { dimValue: x })) },
+      },
+    },
+  };
 }

@@ -22,19 +22,28 @@ export async function openCheckpoint(files: ModelFiles, dir: string, name: strin
   } catch (e) {
     if (!(e instanceof MissingFile)) throw e;
     try {
-      return { source: singlePath, tensors: new Map((await readSafetensorsHeader(files, singlePath)).map((t) => [t.name, t])) };
+      return {
+        source: singlePath,
+        tensors: new Map((await readSafetensorsHeader(files, singlePath)).map((t) => [t.name, t])),
+      };
     } catch (e) {
-      if (e instanceof MissingFile) throw new MissingFile(`${dir}/ has neither ${name}.safetensors nor ${name}.safetensors.index.json: is it a diffusers model folder?`);
+      if (e instanceof MissingFile)
+        throw new MissingFile(
+          `${dir}/ has neither ${name}.safetensors nor ${name}.safetensors.index.json: is it a diffusers model folder?`,
+        );
       throw e;
     }
   }
   const weightMap = (index as { weight_map?: unknown })?.weight_map;
-  if (typeof weightMap !== 'object' || weightMap === null || Array.isArray(weightMap)) throw new SafetensorsError(`${indexPath}: has no "weight_map" object naming each tensor's file`);
+  if (typeof weightMap !== 'object' || weightMap === null || Array.isArray(weightMap))
+    throw new SafetensorsError(`${indexPath}: has no "weight_map" object naming each tensor's file`);
   const byShard = new Map<string, string[]>();
   for (const [tensor, file] of Object.entries(weightMap)) {
     // a shard is a file of this folder: no other directory, no way out of it
     if (typeof file !== 'string' || !/^[\w.-]+\.safetensors$/.test(file) || file.startsWith('.')) {
-      throw new SafetensorsError(`${indexPath}: tensor "${tensor}" is mapped to ${JSON.stringify(file)}, not a .safetensors file of ${dir}/`);
+      throw new SafetensorsError(
+        `${indexPath}: tensor "${tensor}" is mapped to ${JSON.stringify(file)}, not a .safetensors file of ${dir}/`,
+      );
     }
     byShard.set(file, [...(byShard.get(file) ?? []), tensor]);
   }
@@ -46,13 +55,17 @@ export async function openCheckpoint(files: ModelFiles, dir: string, name: strin
       try {
         header = await readSafetensorsHeader(files, path);
       } catch (e) {
-        if (e instanceof MissingFile) throw new MissingFile(`${indexPath} names shard ${file} (for ${names.length} tensors, "${names[0]}" first), but ${path} is missing`);
+        if (e instanceof MissingFile)
+          throw new MissingFile(
+            `${indexPath} names shard ${file} (for ${names.length} tensors, "${names[0]}" first), but ${path} is missing`,
+          );
         throw e;
       }
       const inShard = new Map(header.map((t) => [t.name, t]));
       for (const tensor of names) {
         const entry = inShard.get(tensor);
-        if (!entry) throw new SafetensorsError(`${indexPath} puts tensor "${tensor}" in ${file}, but ${path} has no such tensor`);
+        if (!entry)
+          throw new SafetensorsError(`${indexPath} puts tensor "${tensor}" in ${file}, but ${path} has no such tensor`);
         tensors.set(tensor, entry);
       }
     }),

@@ -27,7 +27,10 @@ export class ModelConfigError extends Error {
 }
 
 /** Wan2.1's architecture (12 heads, 16 latent channels, 1×2×2 patches) at a chosen size: the small models make-model and train-demo build. */
-export function wanConfigOfSize(size: { headDim: number; textDim: number; ffnDim: number; numLayers: number }, source: string): WanConfig {
+export function wanConfigOfSize(
+  size: { headDim: number; textDim: number; ffnDim: number; numLayers: number },
+  source: string,
+): WanConfig {
   return parseWanConfig(
     {
       _class_name: 'WanTransformer3DModel',
@@ -55,11 +58,13 @@ export function parseWanConfig(json: unknown, source: string): WanConfig {
   }
   const int = (key: string, fallback: number): number => {
     const v = c[key] ?? fallback;
-    if (!Number.isInteger(v) || (v as number) <= 0) throw fail(`${key} must be a positive integer, got ${JSON.stringify(v)}`);
+    if (!Number.isInteger(v) || (v as number) <= 0)
+      throw fail(`${key} must be a positive integer, got ${JSON.stringify(v)}`);
     return v as number;
   };
   for (const key of ['image_dim', 'added_kv_proj_dim', 'pos_embed_seq_len']) {
-    if (c[key] !== undefined && c[key] !== null) throw fail(`${key} is set: image-to-video checkpoints are not supported, only text-to-video`);
+    if (c[key] !== undefined && c[key] !== null)
+      throw fail(`${key} is set: image-to-video checkpoints are not supported, only text-to-video`);
   }
   if (c.qk_norm !== undefined && c.qk_norm !== 'rms_norm_across_heads') {
     throw fail(`qk_norm ${JSON.stringify(c.qk_norm)} is not supported; expected "rms_norm_across_heads"`);
@@ -72,7 +77,9 @@ export function parseWanConfig(json: unknown, source: string): WanConfig {
   const headDim = int('attention_head_dim', 128);
   // diffusers builds RoPE tables with h = w = 2·(d//6) but splits them with d//3: both must agree.
   if (2 * Math.floor(headDim / 6) !== Math.floor(headDim / 3) || headDim % 2 !== 0) {
-    throw fail(`attention_head_dim ${headDim} makes diffusers' RoPE tables and splits disagree; use e.g. 24, 32, 48 or 128`);
+    throw fail(
+      `attention_head_dim ${headDim} makes diffusers' RoPE tables and splits disagree; use e.g. 24, 32, 48 or 128`,
+    );
   }
   const inChannels = int('in_channels', 16);
   return {
@@ -158,17 +165,28 @@ export function expectedWeightShapes(cfg: WanConfig): Map<string, number[]> {
 }
 
 /** Missing, unexpected or misshapen weights are one error that lists all of them (and the file of each misshapen one). */
-export function checkWeights(cfg: WanConfig, weights: ReadonlyMap<string, { shape: number[]; file?: string }>, source: string): void {
+export function checkWeights(
+  cfg: WanConfig,
+  weights: ReadonlyMap<string, { shape: number[]; file?: string }>,
+  source: string,
+): void {
   checkShapes(expectedWeightShapes(cfg), weights, source);
 }
 
 /** Every expected tensor is there with its shape, and nothing else: else one error naming each key (and its file) that is not. */
-export function checkShapes(expected: ReadonlyMap<string, number[]>, weights: ReadonlyMap<string, { shape: number[]; file?: string }>, source: string): void {
+export function checkShapes(
+  expected: ReadonlyMap<string, number[]>,
+  weights: ReadonlyMap<string, { shape: number[]; file?: string }>,
+  source: string,
+): void {
   const missing = [...expected.keys()].filter((k) => !weights.has(k));
   const unexpected = [...weights.keys()].filter((k) => !expected.has(k));
   const misshapen = [...expected]
     .filter(([k, shape]) => weights.has(k) && weights.get(k)!.shape.join() !== shape.join())
-    .map(([k, shape]) => `${k}${weights.get(k)!.file ? ` in ${weights.get(k)!.file}` : ''} is [${weights.get(k)!.shape}], expected [${shape}]`);
+    .map(
+      ([k, shape]) =>
+        `${k}${weights.get(k)!.file ? ` in ${weights.get(k)!.file}` : ''} is [${weights.get(k)!.shape}], expected [${shape}]`,
+    );
   const problems = [
     missing.length ? `missing keys: ${missing.join(', ')}` : '',
     unexpected.length ? `unexpected keys: ${unexpected.join(', ')}` : '',

@@ -26,7 +26,10 @@ export const MAX_WHOLE_FILE_BYTES = 256 * 2 ** 20;
 
 /** A response's body, refused past `max` bytes (by its Content-Length, else as it streams). */
 async function boundedBody(response: Response, max: number, url: string): Promise<Uint8Array> {
-  const tooLarge = () => new Error(`${url} is larger than ${max} bytes: a model folder's file is read whole only when small (a server that ignores Range requests cannot serve large weights)`);
+  const tooLarge = () =>
+    new Error(
+      `${url} is larger than ${max} bytes: a model folder's file is read whole only when small (a server that ignores Range requests cannot serve large weights)`,
+    );
   if (Number(response.headers.get('Content-Length') ?? 0) > max) {
     await response.body?.cancel();
     throw tooLarge();
@@ -51,7 +54,10 @@ export function fetchModelFiles(baseUrl: string): ModelFiles {
   const base = baseUrl.replace(/\/$/, '');
   const get = async (path: string, range?: [number, number]): Promise<Response> => {
     const url = `${base}/${path}`;
-    const response = await fetch(url, range ? { headers: { Range: `bytes=${range[0]}-${range[1] - 1}` }, cache: 'no-store' } : undefined);
+    const response = await fetch(
+      url,
+      range ? { headers: { Range: `bytes=${range[0]}-${range[1] - 1}` }, cache: 'no-store' } : undefined,
+    );
     if (response.status === 404) throw new MissingFile(`${url}: not found`);
     // 416: the range starts past the end of the file, which the reader reports as a truncated file
     if (!response.ok && response.status !== 416) throw new Error(`could not load ${url}: HTTP ${response.status}`);
@@ -70,7 +76,9 @@ export function fetchModelFiles(baseUrl: string): ModelFiles {
         const served = /^bytes (\d+)-(\d+)\/(\d+|\*)$/.exec(response.headers.get('Content-Range') ?? '');
         const body = new Uint8Array(await response.arrayBuffer());
         if (!served || Number(served[1]) !== begin || body.byteLength !== Number(served[2]) - begin + 1) {
-          throw new Error(`${base}/${path}: asked for bytes ${begin}-${end - 1}, the server sent ${body.byteLength} bytes as "${response.headers.get('Content-Range')}"`);
+          throw new Error(
+            `${base}/${path}: asked for bytes ${begin}-${end - 1}, the server sent ${body.byteLength} bytes as "${response.headers.get('Content-Range')}"`,
+          );
         }
         return body;
       }

@@ -31,7 +31,8 @@ export function readForwardInputs(cfg: WanConfig, tensors: TensorMap, source: st
   };
   const batchOf = (name: string, t: Tensor, rank: number, dims: string) => {
     if (t.shape.length !== rank) throw fail(`${name} is [${t.shape}], expected ${rank} dimensions ${dims}`);
-    if (t.shape[0] !== 1) throw fail(`${name} has batch ${t.shape[0]}; only batch 1 is supported, run one sample per call`);
+    if (t.shape[0] !== 1)
+      throw fail(`${name} has batch ${t.shape[0]}; only batch 1 is supported, run one sample per call`);
   };
 
   const hidden = get('hidden_states');
@@ -40,7 +41,9 @@ export function readForwardInputs(cfg: WanConfig, tensors: TensorMap, source: st
   if (C !== cfg.inChannels) throw fail(`hidden_states has ${C} channels, the model's in_channels is ${cfg.inChannels}`);
   const [pt, ph, pw] = cfg.patchSize;
   if (T % pt || H % ph || W % pw || !T || !H || !W) {
-    throw fail(`hidden_states latent ${T}×${H}×${W} (T×H×W) must be non-empty multiples of the patch size ${pt}×${ph}×${pw}`);
+    throw fail(
+      `hidden_states latent ${T}×${H}×${W} (T×H×W) must be non-empty multiples of the patch size ${pt}×${ph}×${pw}`,
+    );
   }
 
   const timestep = get('timestep');
@@ -50,7 +53,8 @@ export function readForwardInputs(cfg: WanConfig, tensors: TensorMap, source: st
 
   const text = get('encoder_hidden_states');
   batchOf('encoder_hidden_states', text, 3, '[1, L, text_dim]');
-  if (text.shape[2] !== cfg.textDim) throw fail(`encoder_hidden_states is [${text.shape}], the model's text_dim is ${cfg.textDim}`);
+  if (text.shape[2] !== cfg.textDim)
+    throw fail(`encoder_hidden_states is [${text.shape}], the model's text_dim is ${cfg.textDim}`);
 
   return { latent: { shape: [C, T, H, W], data: hidden.data }, timestep: timestep.data[0], text: text.data };
 }
@@ -68,7 +72,10 @@ export interface RandomInputSize {
 }
 
 /** Seeded example inputs for the model's dims: normal latent and text, a timestep in [0, 1000). */
-export function randomForwardInputs(cfg: WanConfig, { frames, height, width, textLength, seed }: RandomInputSize): TensorMap {
+export function randomForwardInputs(
+  cfg: WanConfig,
+  { frames, height, width, textLength, seed }: RandomInputSize,
+): TensorMap {
   const random = new SeededRandom(seed);
   const latentShape = [1, cfg.inChannels, frames, height, width];
   const hidden = random.normals(sizeOf(latentShape));

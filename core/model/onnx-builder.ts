@@ -45,7 +45,12 @@ export class OnnxGraph {
   weight(name: string, dims: number[], data: Float32Array): string {
     if (this.weightNames.has(name)) return name;
     this.weightNames.add(name);
-    this.initializers.push({ name, dims, dataType: FLOAT, rawData: new Uint8Array(data.buffer, data.byteOffset, data.byteLength) });
+    this.initializers.push({
+      name,
+      dims,
+      dataType: FLOAT,
+      rawData: new Uint8Array(data.buffer, data.byteOffset, data.byteLength),
+    });
     return name;
   }
 
@@ -71,20 +76,37 @@ export class OnnxGraph {
   /** GELU's tanh approximation (diffusers' "gelu-approximate", transformers' gelu_new). */
   geluTanh(x: string): string {
     const cube = this.op('Mul', [this.op('Mul', [x, x]), x]);
-    const inner = this.op('Mul', [this.op('Add', [x, this.op('Mul', [cube, this.scalar(0.044715)])]), this.scalar(Math.sqrt(2 / Math.PI))]);
+    const inner = this.op('Mul', [
+      this.op('Add', [x, this.op('Mul', [cube, this.scalar(0.044715)])]),
+      this.scalar(Math.sqrt(2 / Math.PI)),
+    ]);
     const half = this.op('Mul', [x, this.scalar(0.5)]);
     return this.op('Mul', [half, this.op('Add', [this.op('Tanh', [inner]), this.scalar(1)])]);
   }
 
   /** Appends one node and returns its output. Whole-number attributes are INT, others FLOAT. */
-  op(type: string, inputs: string[], attributes: Record<string, number | number[]> = {}, outputName?: string, outputs = 1): string {
+  op(
+    type: string,
+    inputs: string[],
+    attributes: Record<string, number | number[]> = {},
+    outputName?: string,
+    outputs = 1,
+  ): string {
     return this.opMulti(type, inputs, attributes, outputs, outputName)[0];
   }
 
   /** Appends one node with several outputs (e.g. Split). */
-  opMulti(type: string, inputs: string[], attributes: Record<string, number | number[]>, outputs: number, outputName?: string): string[] {
+  opMulti(
+    type: string,
+    inputs: string[],
+    attributes: Record<string, number | number[]>,
+    outputs: number,
+    outputName?: string,
+  ): string[] {
     const id = this.counter++;
-    const names = Array.from({ length: outputs }, (_, i) => (outputName && outputs === 1 ? outputName : `${type.toLowerCase()}_${id}_${i}`));
+    const names = Array.from({ length: outputs }, (_, i) =>
+      outputName && outputs === 1 ? outputName : `${type.toLowerCase()}_${id}_${i}`,
+    );
     this.nodes.push({
       opType: type,
       input: inputs,
@@ -106,7 +128,13 @@ export class OnnxGraph {
       irVersion: 8,
       producerName: 'ditswarm',
       opsetImport: [{ domain: '', version: OPSET }],
-      graph: { name: this.name, node: this.nodes, initializer: this.initializers, input: this.inputs, output: this.outputs },
+      graph: {
+        name: this.name,
+        node: this.nodes,
+        initializer: this.initializers,
+        input: this.inputs,
+        output: this.outputs,
+      },
     });
     return onnx.ModelProto.encode(model).finish();
   }
@@ -115,6 +143,11 @@ export class OnnxGraph {
 function valueInfo(name: string, dims: Dim[], elemType = FLOAT): onnxProto.onnx.IValueInfoProto {
   return {
     name,
-    type: { tensorType: { elemType, shape: { dim: dims.map((d) => (typeof d === 'string' ? { dimParam: d } : { dimValue: d })) } } },
+    type: {
+      tensorType: {
+        elemType,
+        shape: { dim: dims.map((d) => (typeof d === 'string' ? { dimParam: d } : { dimValue: d })) },
+      },
+    },
   };
 }

@@ -19,7 +19,13 @@ export function linear(x: Float32Array, w: Float32Array, b: Float32Array | null,
 }
 
 /** LayerNorm over rows of width `dim`; weight/bias optional (elementwise_affine=False). */
-export function layerNorm(x: Float32Array, dim: number, eps: number, weight?: Float32Array, bias?: Float32Array): Float32Array {
+export function layerNorm(
+  x: Float32Array,
+  dim: number,
+  eps: number,
+  weight?: Float32Array,
+  bias?: Float32Array,
+): Float32Array {
   const y = new Float32Array(x.length);
   for (let r = 0; r < x.length; r += dim) {
     let mean = 0;
@@ -65,7 +71,13 @@ export function gatedAdd(x: Float32Array, y: Float32Array, dim: number, gate?: F
  * Scaled dot-product attention per head. q [Sq, H·d], k and v [Sk, H·d], heads in contiguous
  * column blocks.
  */
-export function attention(q: Float32Array, k: Float32Array, v: Float32Array, headDim: number, width: number): Float32Array {
+export function attention(
+  q: Float32Array,
+  k: Float32Array,
+  v: Float32Array,
+  headDim: number,
+  width: number,
+): Float32Array {
   const sq = q.length / width;
   const sk = k.length / width;
   const keys = sk;
@@ -96,7 +108,13 @@ export function attention(q: Float32Array, k: Float32Array, v: Float32Array, hea
 }
 
 /** Rotates channel pairs (2p, 2p+1) of every head by the token's angle: diffusers' apply_rotary_emb. */
-export function applyRope(x: Float32Array, width: number, headDim: number, cos: Float32Array, sin: Float32Array): Float32Array {
+export function applyRope(
+  x: Float32Array,
+  width: number,
+  headDim: number,
+  cos: Float32Array,
+  sin: Float32Array,
+): Float32Array {
   const half = headDim / 2;
   const y = new Float32Array(x.length);
   for (let s = 0; s < x.length / width; s++)

@@ -5,7 +5,18 @@
 import type { TensorMap } from '../safetensors.ts';
 import type { Tensor } from '../tensor.ts';
 import type { WanConfig } from './config.ts';
-import { attention, applyRope, gatedAdd, geluTanh, layerNorm, linear, modulate, rmsNorm, silu, timestepFrequencies } from './ops.ts';
+import {
+  attention,
+  applyRope,
+  gatedAdd,
+  geluTanh,
+  layerNorm,
+  linear,
+  modulate,
+  rmsNorm,
+  silu,
+  timestepFrequencies,
+} from './ops.ts';
 import { patchify, ropeTables, tokenGrid, unpatchify } from './tokens.ts';
 
 export interface WanModel {
@@ -32,7 +43,9 @@ const lin = (m: WanModel, name: string, x: Float32Array, inDim: number) =>
 function blockModulation(m: WanModel, block: number, tproj: Float32Array): Float32Array[] {
   const D = m.config.dim;
   const table = param(m, `blocks.${block}.scale_shift_table`);
-  return Array.from({ length: 6 }, (_, r) => Float32Array.from({ length: D }, (_, i) => table[r * D + i] + tproj[r * D + i]));
+  return Array.from({ length: 6 }, (_, r) =>
+    Float32Array.from({ length: D }, (_, i) => table[r * D + i] + tproj[r * D + i]),
+  );
 }
 
 /** patches [S, C·pt·ph·pw] → tokens [S, D]. */
@@ -47,14 +60,31 @@ export function embedConditions(m: WanModel, timestep: number, text: Float32Arra
   const { dim: D, freqDim, textDim } = m.config;
   const prefix = 'condition_embedder';
   const freq = timestepFrequencies(timestep, freqDim);
-  const temb = lin(m, `${prefix}.time_embedder.linear_2`, silu(lin(m, `${prefix}.time_embedder.linear_1`, freq, freqDim)), D);
+  const temb = lin(
+    m,
+    `${prefix}.time_embedder.linear_2`,
+    silu(lin(m, `${prefix}.time_embedder.linear_1`, freq, freqDim)),
+    D,
+  );
   const tproj = lin(m, `${prefix}.time_proj`, silu(temb), D);
-  const context = lin(m, `${prefix}.text_embedder.linear_2`, geluTanh(lin(m, `${prefix}.text_embedder.linear_1`, text, textDim)), D);
+  const context = lin(
+    m,
+    `${prefix}.text_embedder.linear_2`,
+    geluTanh(lin(m, `${prefix}.text_embedder.linear_1`, text, textDim)),
+    D,
+  );
   return { temb, tproj, context };
 }
 
 /** tokens [S, D] → q, k, v [S, D] of all heads: AdaLN, projections, RMSNorm across heads, RoPE. */
-export function preAttention(m: WanModel, block: number, x: Float32Array, tproj: Float32Array, cos: Float32Array, sin: Float32Array) {
+export function preAttention(
+  m: WanModel,
+  block: number,
+  x: Float32Array,
+  tproj: Float32Array,
+  cos: Float32Array,
+  sin: Float32Array,
+) {
   const { dim: D, eps, headDim } = m.config;
   const [shift, scale] = blockModulation(m, block, tproj);
   const a = `blocks.${block}.attn1`;
@@ -66,13 +96,21 @@ export function preAttention(m: WanModel, block: number, x: Float32Array, tproj:
 }
 
 /** tokens [S, D], self-attention output [S, D] → tokens [S, D]: gated residual, cross-attention, FFN. */
-export function postAttention(m: WanModel, block: number, x: Float32Array, attn: Float32Array, cond: Conditioning): Float32Array {
+export function postAttention(
+  m: WanModel,
+  block: number,
+  x: Float32Array,
+  attn: Float32Array,
+  cond: Conditioning,
+): Float32Array {
   const { dim: D, eps, headDim, ffnDim } = m.config;
   const [, , gate, ffnShift, ffnScale, ffnGate] = blockModulation(m, block, cond.tproj);
   const b = `blocks.${block}`;
   let h = gatedAdd(x, lin(m, `${b}.attn1.to_out.0`, attn, D), D, gate);
 
-  const n2 = m.config.crossAttnNorm ? layerNorm(h, D, eps, param(m, `${b}.norm2.weight`), param(m, `${b}.norm2.bias`)) : h;
+  const n2 = m.config.crossAttnNorm
+    ? layerNorm(h, D, eps, param(m, `${b}.norm2.weight`), param(m, `${b}.norm2.bias`))
+    : h;
   const q = rmsNorm(lin(m, `${b}.attn2.to_q`, n2, D), D, eps, param(m, `${b}.attn2.norm_q.weight`));
   const k = rmsNorm(lin(m, `${b}.attn2.to_k`, cond.context, D), D, eps, param(m, `${b}.attn2.norm_k.weight`));
   const v = lin(m, `${b}.attn2.to_v`, cond.context, D);

@@ -68,7 +68,11 @@ class WanGraph extends OnnxGraph {
 
   /** This block graph's bytes and the weights it is fed. */
   blockGraph(): BlockGraph {
-    return { bytes: this.toBytes(), weights: [...this.weightInputs].map(([name, { dims }]) => ({ name, dims })), weightType: this.blockWeightInputs ?? 'float32' };
+    return {
+      bytes: this.toBytes(),
+      weights: [...this.weightInputs].map(([name, { dims }]) => ({ name, dims })),
+      weightType: this.blockWeightInputs ?? 'float32',
+    };
   }
 
   /** x · Wᵀ + b with PyTorch's [out, in] weight, via Gemm(transB). */
@@ -116,8 +120,12 @@ class WanGraph extends OnnxGraph {
   /** Softmax attention per head over [Sq, h·d] queries and [Sk, h·d] keys/values. */
   attend(q: string, k: string, v: string): string {
     const d = this.cfg.headDim;
-    const heads = (x: string, perm: number[]) => this.op('Transpose', [this.op('Reshape', [x, this.ints([0, -1, d])])], { perm });
-    const scores = this.op('Mul', [this.op('MatMul', [heads(q, [1, 0, 2]), heads(k, [1, 2, 0])]), this.scalar(1 / Math.sqrt(d))]);
+    const heads = (x: string, perm: number[]) =>
+      this.op('Transpose', [this.op('Reshape', [x, this.ints([0, -1, d])])], { perm });
+    const scores = this.op('Mul', [
+      this.op('MatMul', [heads(q, [1, 0, 2]), heads(k, [1, 2, 0])]),
+      this.scalar(1 / Math.sqrt(d)),
+    ]);
     const o = this.op('MatMul', [this.op('Softmax', [scores], { axis: -1 }), heads(v, [1, 0, 2])]);
     return this.op('Reshape', [this.op('Transpose', [o], { perm: [1, 0, 2] }), this.ints([0, -1])]);
   }
@@ -131,7 +139,10 @@ export function buildEmbedGraph(m: WanModel): Uint8Array {
   const timestep = g.input('timestep', [1]);
   const text = g.input('text', ['L', textDim]);
 
-  const args = g.op('Mul', [g.op('Reshape', [timestep, g.ints([1, 1])]), g.weight('time_frequencies', [1, freqDim / 2], timestepFrequencyTable(freqDim))]);
+  const args = g.op('Mul', [
+    g.op('Reshape', [timestep, g.ints([1, 1])]),
+    g.weight('time_frequencies', [1, freqDim / 2], timestepFrequencyTable(freqDim)),
+  ]);
   const freq = g.op('Concat', [g.op('Cos', [args]), g.op('Sin', [args])], { axis: 1 });
   const c = 'condition_embedder';
   const temb = g.linear(g.silu(g.linear(freq, `${c}.time_embedder.linear_1`)), `${c}.time_embedder.linear_2`);

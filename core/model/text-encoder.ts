@@ -17,7 +17,9 @@ export function byteTextEncoder(maxLength: number, dim: number, weights: TensorM
   const token = weights.get('token_embedding.weight')?.data;
   const position = weights.get('position_embedding.weight')?.data;
   if (!token || token.length !== 256 * dim || !position || position.length !== maxLength * dim) {
-    throw new Error(`text encoder weights must be token_embedding.weight [256, ${dim}] and position_embedding.weight [${maxLength}, ${dim}]`);
+    throw new Error(
+      `text encoder weights must be token_embedding.weight [256, ${dim}] and position_embedding.weight [${maxLength}, ${dim}]`,
+    );
   }
   return {
     maxLength,
@@ -41,10 +43,23 @@ export class UnsupportedTextEncoder extends Error {
 }
 
 export async function loadTextEncoder(files: ModelFiles): Promise<TextEncoder> {
-  const config = (await readJson(files, 'text_encoder/config.json')) as { _class_name?: string; architectures?: unknown; max_length: number; hidden_size: number };
+  const config = (await readJson(files, 'text_encoder/config.json')) as {
+    _class_name?: string;
+    architectures?: unknown;
+    max_length: number;
+    hidden_size: number;
+  };
   if (config._class_name !== TEXT_ENCODER_CLASS) {
-    const name = config._class_name ?? (Array.isArray(config.architectures) ? config.architectures.join(', ') : 'an unknown class');
-    throw new UnsupportedTextEncoder(`text_encoder/ is ${name}, which ditswarm cannot run yet: give the prompt's embeddings instead (promptEmbeds [L, text_dim]; --prompt-embeds FILE with npm run generate)`);
+    const name =
+      config._class_name ??
+      (Array.isArray(config.architectures) ? config.architectures.join(', ') : 'an unknown class');
+    throw new UnsupportedTextEncoder(
+      `text_encoder/ is ${name}, which ditswarm cannot run yet: give the prompt's embeddings instead (promptEmbeds [L, text_dim]; --prompt-embeds FILE with npm run generate)`,
+    );
   }
-  return byteTextEncoder(config.max_length, config.hidden_size, await readWeights(files, 'text_encoder/model.safetensors'));
+  return byteTextEncoder(
+    config.max_length,
+    config.hidden_size,
+    await readWeights(files, 'text_encoder/model.safetensors'),
+  );
 }

@@ -75,9 +75,15 @@ function eachRowElement(cfg: WanConfig, latentShape: readonly number[], visit: (
  * RoPE tables of tokens [start, start+count): cos and sin, each [count, headDim/2], one angle per
  * channel pair, the pairs split t/h/w as diffusers splits its tables (angles in float64 as there).
  */
-export function ropeTables(cfg: WanConfig, grid: TokenGrid, start: number, count: number): { cos: Float32Array; sin: Float32Array } {
+export function ropeTables(
+  cfg: WanConfig,
+  grid: TokenGrid,
+  start: number,
+  count: number,
+): { cos: Float32Array; sin: Float32Array } {
   const longest = Math.max(grid.frames, grid.rows, grid.cols);
-  if (longest > cfg.ropeMaxSeqLen) throw new Error(`a token grid of ${longest} positions exceeds rope_max_seq_len ${cfg.ropeMaxSeqLen}`);
+  if (longest > cfg.ropeMaxSeqLen)
+    throw new Error(`a token grid of ${longest} positions exceeds rope_max_seq_len ${cfg.ropeMaxSeqLen}`);
   const half = cfg.headDim / 2;
   const axisDim = Math.floor(cfg.headDim / 3); // h and w parts; t takes the rest
   const axisOf: number[] = [];
@@ -88,7 +94,8 @@ export function ropeTables(cfg: WanConfig, grid: TokenGrid, start: number, count
       freqOf.push(1 / 10000 ** ((2 * k) / dim));
     }
   });
-  if (start < 0 || start + count > grid.count) throw new Error(`RoPE tables of tokens ${start}…${start + count - 1} of a grid of ${grid.count}`);
+  if (start < 0 || start + count > grid.count)
+    throw new Error(`RoPE tables of tokens ${start}…${start + count - 1} of a grid of ${grid.count}`);
   const cos = new Float32Array(count * half);
   const sin = new Float32Array(count * half);
   for (let n = 0; n < count; n++) {

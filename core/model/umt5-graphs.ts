@@ -33,7 +33,10 @@ export function buildUmt5LayerGraph(cfg: Umt5Config): Umt5LayerGraph {
     wo: [d, dFf],
   };
   // the names are checked against the layout's: one list of a layer's weights
-  const weights = (Object.keys(umt5LayerWeightNames(0)) as Umt5LayerWeight[]).map((weight) => ({ weight, dims: dims[weight] }));
+  const weights = (Object.keys(umt5LayerWeightNames(0)) as Umt5LayerWeight[]).map((weight) => ({
+    weight,
+    dims: dims[weight],
+  }));
   for (const { weight, dims: shape } of weights) g.input(weight, shape);
   const hidden = g.input('hidden', [T, d]);
   const buckets = g.input('buckets', [T, T], 'int64');
@@ -43,9 +46,15 @@ export function buildUmt5LayerGraph(cfg: Umt5Config): Umt5LayerGraph {
 
   const n = g.rmsNorm(hidden, 'attnNorm', eps);
   const bias = g.op('Transpose', [g.op('Gather', ['positionBias', buckets], { axis: 0 })], { perm: [2, 0, 1] }); // [H, T, T]
-  const scores = g.op('Add', [g.op('MatMul', [heads(project(n, 'q'), [1, 0, 2]), heads(project(n, 'k'), [1, 2, 0])]), bias]);
+  const scores = g.op('Add', [
+    g.op('MatMul', [heads(project(n, 'q'), [1, 0, 2]), heads(project(n, 'k'), [1, 2, 0])]),
+    bias,
+  ]);
   const context = g.op('MatMul', [g.op('Softmax', [scores], { axis: -1 }), heads(project(n, 'v'), [1, 0, 2])]); // [H, T, d_kv]
-  const attended = g.op('Add', [hidden, project(g.op('Reshape', [g.op('Transpose', [context], { perm: [1, 0, 2] }), g.ints([0, inner])]), 'o')]);
+  const attended = g.op('Add', [
+    hidden,
+    project(g.op('Reshape', [g.op('Transpose', [context], { perm: [1, 0, 2] }), g.ints([0, inner])]), 'o'),
+  ]);
 
   const m = g.rmsNorm(attended, 'ffnNorm', eps);
   const gate = g.geluTanh(project(m, 'wi0')); // gelu_new

@@ -42,7 +42,8 @@ function whitespaceClean(text: string): string {
 
 // Python's \s and str.strip() on str: str.isspace(), which differs from JS's \s (it includes
 // \x1c-\x1f and \x85, and not \ufeff).
-const PYTHON_WHITESPACE = '[\\t\\n\\v\\f\\r\\x1c-\\x1f \\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]';
+const PYTHON_WHITESPACE =
+  '[\\t\\n\\v\\f\\r\\x1c-\\x1f \\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]';
 const PYTHON_WHITESPACE_RUN = new RegExp(`${PYTHON_WHITESPACE}+`, 'g');
 const PYTHON_STRIP = new RegExp(`^${PYTHON_WHITESPACE}+|${PYTHON_WHITESPACE}+$`, 'g');
 
@@ -58,12 +59,25 @@ const CHAR_REF = /&(#[0-9]+;?|#[xX][0-9a-fA-F]+;?|[^\t\n\f <&#;]{1,32};?)/gu;
 // The entities of Python's html5 table that prompts carry; the other ~2,200 (&eacute;, &hellip;,
 // ...) are left as written. Names without ';' are the legacy forms HTML accepts bare.
 const NAMED_ENTITIES = new Map<string, string>([
-  ['amp;', '&'], ['amp', '&'], ['AMP;', '&'], ['AMP', '&'],
-  ['lt;', '<'], ['lt', '<'], ['LT;', '<'], ['LT', '<'],
-  ['gt;', '>'], ['gt', '>'], ['GT;', '>'], ['GT', '>'],
-  ['quot;', '"'], ['quot', '"'], ['QUOT;', '"'], ['QUOT', '"'],
+  ['amp;', '&'],
+  ['amp', '&'],
+  ['AMP;', '&'],
+  ['AMP', '&'],
+  ['lt;', '<'],
+  ['lt', '<'],
+  ['LT;', '<'],
+  ['LT', '<'],
+  ['gt;', '>'],
+  ['gt', '>'],
+  ['GT;', '>'],
+  ['GT', '>'],
+  ['quot;', '"'],
+  ['quot', '"'],
+  ['QUOT;', '"'],
+  ['QUOT', '"'],
   ['apos;', "'"],
-  ['nbsp;', '\u00a0'], ['nbsp', '\u00a0'],
+  ['nbsp;', '\u00a0'],
+  ['nbsp', '\u00a0'],
 ]);
 
 // Python's _invalid_charrefs for &#128;..&#159;: what a browser shows, windows-1252 (its five
@@ -88,8 +102,14 @@ function numericCharRef(ref: string): string {
 
 // Python's _invalid_codepoints (C1 controls were answered above).
 function isInvalidCodePoint(code: number): boolean {
-  return (code >= 0x1 && code <= 0x8) || code === 0xb || (code >= 0xe && code <= 0x1f) || code === 0x7f ||
-    (code >= 0xfdd0 && code <= 0xfdef) || (code & 0xfffe) === 0xfffe;
+  return (
+    (code >= 0x1 && code <= 0x8) ||
+    code === 0xb ||
+    (code >= 0xe && code <= 0x1f) ||
+    code === 0x7f ||
+    (code >= 0xfdd0 && code <= 0xfdef) ||
+    (code & 0xfffe) === 0xfffe
+  );
 }
 
 function namedCharRef(ref: string): string {
@@ -115,20 +135,26 @@ export class Umt5Tokenizer {
     const json = asObject(tokenizerJson, 'tokenizer/tokenizer.json');
     const model = asObject(json.model, 'tokenizer/tokenizer.json: model');
     if (model.type !== 'Unigram') {
-      throw new UnsupportedTokenizer(`tokenizer/tokenizer.json is a ${String(model.type)} tokenizer; a T5 (Unigram) one was expected`);
+      throw new UnsupportedTokenizer(
+        `tokenizer/tokenizer.json is a ${String(model.type)} tokenizer; a T5 (Unigram) one was expected`,
+      );
     }
     this.closingIds = closingIdsOfTemplate(json.post_processor);
     this.tokenizer = new Tokenizer(json, asObject(tokenizerConfig, 'tokenizer/tokenizer_config.json'));
     const preTokenizer = json.pre_tokenizer as { type?: unknown; split?: unknown } | null | undefined;
     if (preTokenizer?.type === 'Metaspace' && preTokenizer.split !== false) {
-      this.tokenizer.pre_tokenizer = new WordSplittingMetaspace(preTokenizer as ConstructorParameters<typeof MetaspacePreTokenizer>[0]);
+      this.tokenizer.pre_tokenizer = new WordSplittingMetaspace(
+        preTokenizer as ConstructorParameters<typeof MetaspacePreTokenizer>[0],
+      );
     }
   }
 
   /** The prompt's ids as the pipeline gives them to the text encoder (before padding to maxLength). */
   encode(prompt: string, maxLength: number): PromptTokens {
     if (!Number.isInteger(maxLength) || maxLength < this.closingIds.length) {
-      throw new RangeError(`maxLength must be an integer of at least ${this.closingIds.length} (room for </s>); got ${maxLength}`);
+      throw new RangeError(
+        `maxLength must be an integer of at least ${this.closingIds.length} (room for </s>); got ${maxLength}`,
+      );
     }
     const content = this.tokenizer.encode(cleanPrompt(prompt), { add_special_tokens: false }).ids;
     const tokens = content.length + this.closingIds.length;
@@ -144,9 +170,15 @@ export class Umt5Tokenizer {
 // start a word of its own, and the Unigram model segments each word apart. tokenizers.js 0.2.0
 // ignores `split` and segments the whole prompt at once, where a piece could run across a space.
 class WordSplittingMetaspace extends MetaspacePreTokenizer {
-  override pre_tokenize_text(text: string, options?: Parameters<MetaspacePreTokenizer['pre_tokenize_text']>[1]): string[] {
+  override pre_tokenize_text(
+    text: string,
+    options?: Parameters<MetaspacePreTokenizer['pre_tokenize_text']>[1],
+  ): string[] {
     return super.pre_tokenize_text(text, options).flatMap((spaced) =>
-      spaced.split(this.replacement).map((word, i) => (i === 0 ? word : this.replacement + word)).filter((word) => word !== ''),
+      spaced
+        .split(this.replacement)
+        .map((word, i) => (i === 0 ? word : this.replacement + word))
+        .filter((word) => word !== ''),
     );
   }
 }
@@ -164,7 +196,9 @@ function closingIdsOfTemplate(postProcessor: unknown): number[] {
   return single.slice(1).flatMap((item: { SpecialToken?: { id?: string } }) => {
     const ids = item.SpecialToken?.id === undefined ? undefined : specials?.[item.SpecialToken.id]?.ids;
     if (!Array.isArray(ids) || !ids.every(Number.isInteger)) {
-      throw new UnsupportedTokenizer(`tokenizer/tokenizer.json: post_processor must be ${expected} with the ids of its special tokens; it is ${got}`);
+      throw new UnsupportedTokenizer(
+        `tokenizer/tokenizer.json: post_processor must be ${expected} with the ids of its special tokens; it is ${got}`,
+      );
     }
     return ids as number[];
   });
@@ -172,7 +206,9 @@ function closingIdsOfTemplate(postProcessor: unknown): number[] {
 
 function asObject(value: unknown, what: string): Record<string, unknown> {
   if (typeof value !== 'object' || value === null || Array.isArray(value)) {
-    throw new UnsupportedTokenizer(`${what} must be a JSON object; it is ${value === null ? 'null' : Array.isArray(value) ? 'an array' : typeof value}`);
+    throw new UnsupportedTokenizer(
+      `${what} must be a JSON object; it is ${value === null ? 'null' : Array.isArray(value) ? 'an array' : typeof value}`,
+    );
   }
   return value as Record<string, unknown>;
 }
@@ -186,7 +222,30 @@ export interface TokenizerJson {
 }
 
 /** The pieces of the test models' tokenizer (make-model): the words the demo's prompts use, so they tokenize to words. */
-export const TEST_TOKENIZER_PIECES = ['▁a', '▁the', '▁red', '▁green', '▁blue', '▁yellow', '▁ball', '▁square', '▁circle', '▁cat', '▁dog', '▁moving', '▁right', '▁left', '▁up', '▁down', '▁on', '▁in', '▁and', '▁of', 'ing', 's'];
+export const TEST_TOKENIZER_PIECES = [
+  '▁a',
+  '▁the',
+  '▁red',
+  '▁green',
+  '▁blue',
+  '▁yellow',
+  '▁ball',
+  '▁square',
+  '▁circle',
+  '▁cat',
+  '▁dog',
+  '▁moving',
+  '▁right',
+  '▁left',
+  '▁up',
+  '▁down',
+  '▁on',
+  '▁in',
+  '▁and',
+  '▁of',
+  'ing',
+  's',
+];
 
 /**
  * A tokenizer.json as huggingface `tokenizers` writes T5TokenizerFast's, with a small vocabulary:
@@ -197,7 +256,15 @@ export const TEST_TOKENIZER_PIECES = ['▁a', '▁the', '▁red', '▁green', '�
  * space runs; here NFKC, the heart of nmt_nfkc and run alike by both libraries, stands in for it.
  */
 export function makeTestTokenizerJson(pieces: string[]): TokenizerJson {
-  const special = (id: number, content: string) => ({ id, content, single_word: false, lstrip: false, rstrip: false, normalized: false, special: true });
+  const special = (id: number, content: string) => ({
+    id,
+    content,
+    single_word: false,
+    lstrip: false,
+    rstrip: false,
+    normalized: false,
+    special: true,
+  });
   const metaspace = { type: 'Metaspace', replacement: '▁', prepend_scheme: 'always', split: true };
   const ascii = Array.from({ length: 0x7e - 0x21 + 1 }, (_, i) => String.fromCharCode(0x21 + i));
   const characters = ['▁', ...ascii].filter((c) => !pieces.includes(c));
@@ -215,8 +282,10 @@ export function makeTestTokenizerJson(pieces: string[]): TokenizerJson {
       type: 'TemplateProcessing',
       single: [{ Sequence: { id: 'A', type_id: 0 } }, { SpecialToken: { id: '</s>', type_id: 0 } }],
       pair: [
-        { Sequence: { id: 'A', type_id: 0 } }, { SpecialToken: { id: '</s>', type_id: 0 } },
-        { Sequence: { id: 'B', type_id: 0 } }, { SpecialToken: { id: '</s>', type_id: 0 } },
+        { Sequence: { id: 'A', type_id: 0 } },
+        { SpecialToken: { id: '</s>', type_id: 0 } },
+        { Sequence: { id: 'B', type_id: 0 } },
+        { SpecialToken: { id: '</s>', type_id: 0 } },
       ],
       special_tokens: { '</s>': { id: '</s>', ids: [1], tokens: ['</s>'] } },
     },

@@ -51,14 +51,19 @@ export function parseUmt5Config(json: unknown, source: string): Umt5Config {
   if (typeof json !== 'object' || json === null) throw fail('config is not a JSON object');
   const c = json as Record<string, unknown>;
   if (!isUmt5Config(c)) {
-    throw fail(`model_type is ${JSON.stringify(c.model_type)}; expected "umt5" (UMT5EncoderModel, as Wan2.1 publishes its text encoder)`);
+    throw fail(
+      `model_type is ${JSON.stringify(c.model_type)}; expected "umt5" (UMT5EncoderModel, as Wan2.1 publishes its text encoder)`,
+    );
   }
   if ((c.feed_forward_proj ?? 'gated-gelu') !== 'gated-gelu' || (c.dense_act_fn ?? 'gelu_new') !== 'gelu_new') {
-    throw fail(`feed_forward_proj ${JSON.stringify(c.feed_forward_proj)} with ${JSON.stringify(c.dense_act_fn)} is not supported; expected "gated-gelu" with "gelu_new"`);
+    throw fail(
+      `feed_forward_proj ${JSON.stringify(c.feed_forward_proj)} with ${JSON.stringify(c.dense_act_fn)} is not supported; expected "gated-gelu" with "gelu_new"`,
+    );
   }
   const int = (key: string): number => {
     const v = c[key];
-    if (!Number.isInteger(v) || (v as number) <= 0) throw fail(`${key} must be a positive integer, got ${JSON.stringify(v)}`);
+    if (!Number.isInteger(v) || (v as number) <= 0)
+      throw fail(`${key} must be a positive integer, got ${JSON.stringify(v)}`);
     return v as number;
   };
   const cfg: Umt5Config = {
@@ -72,7 +77,8 @@ export function parseUmt5Config(json: unknown, source: string): Umt5Config {
     vocabSize: int('vocab_size'),
     eps: typeof c.layer_norm_epsilon === 'number' ? c.layer_norm_epsilon : 1e-6,
   };
-  if (cfg.numBuckets < 4 || cfg.numBuckets % 4 !== 0) throw fail(`relative_attention_num_buckets must be a multiple of 4, got ${cfg.numBuckets}`);
+  if (cfg.numBuckets < 4 || cfg.numBuckets % 4 !== 0)
+    throw fail(`relative_attention_num_buckets must be a multiple of 4, got ${cfg.numBuckets}`);
   return cfg;
 }
 
@@ -122,7 +128,10 @@ export function relativePositionBuckets(tokens: number, numBuckets: number, maxD
       const relative = k - q;
       const distance = Math.abs(relative);
       // log-spaced past maxExact; Math.trunc as torch's .to(long) of the positive log ratio
-      const large = Math.min(half - 1, maxExact + Math.trunc((Math.log(distance / maxExact) / Math.log(maxDistance / maxExact)) * (half - maxExact)));
+      const large = Math.min(
+        half - 1,
+        maxExact + Math.trunc((Math.log(distance / maxExact) / Math.log(maxDistance / maxExact)) * (half - maxExact)),
+      );
       buckets[q * tokens + k] = (relative > 0 ? half : 0) + (distance < maxExact ? distance : large);
     }
   }
@@ -133,7 +142,12 @@ export function relativePositionBuckets(tokens: number, numBuckets: number, maxD
 export type Umt5LayerWeights = Record<Umt5LayerWeight, Float32Array>;
 
 /** UMT5Block of the encoder on hidden states [T, d_model]: self-attention then the gated FFN, each residual. */
-export function umt5LayerReference(cfg: Umt5Config, w: Umt5LayerWeights, hidden: Float32Array, buckets: Int32Array): Float32Array {
+export function umt5LayerReference(
+  cfg: Umt5Config,
+  w: Umt5LayerWeights,
+  hidden: Float32Array,
+  buckets: Int32Array,
+): Float32Array {
   const { dModel: d, numHeads: H, dKv, dFf, eps } = cfg;
   const inner = H * dKv;
   const T = hidden.length / d;
@@ -181,9 +195,20 @@ export async function readTokenRows(files: ByteRanges, embedding: TensorEntry, i
   // each distinct id read once: a prompt repeats tokens
   const read = new Map<number, Promise<Float32Array>>();
   const rowOf = (id: number) => {
-    if (!Number.isInteger(id) || id < 0 || id >= vocab) throw new Error(`token id ${id} is outside the text encoder's vocabulary of ${vocab}`);
+    if (!Number.isInteger(id) || id < 0 || id >= vocab)
+      throw new Error(`token id ${id} is outside the text encoder's vocabulary of ${vocab}`);
     const begin = embedding.begin + id * rowBytes;
-    if (!read.has(id)) read.set(id, readTensor(files, { ...embedding, name: `${embedding.name}[${id}]`, shape: [1, d], begin, end: begin + rowBytes }).then((t) => t.data));
+    if (!read.has(id))
+      read.set(
+        id,
+        readTensor(files, {
+          ...embedding,
+          name: `${embedding.name}[${id}]`,
+          shape: [1, d],
+          begin,
+          end: begin + rowBytes,
+        }).then((t) => t.data),
+      );
     return read.get(id)!;
   };
   const rows = new Float32Array(ids.length * d);
@@ -217,16 +242,23 @@ export async function openUmt5(files: ModelFiles): Promise<Umt5Checkpoint> {
     config,
     tokenRows: (ids) => readTokenRows(files, tensors.get(TOKEN_EMBEDDING)!, ids),
     async layer(index) {
-      if (!Number.isInteger(index) || index < 0 || index >= config.numLayers) throw new Error(`the text encoder has layers 0–${config.numLayers - 1}, not ${index}`);
+      if (!Number.isInteger(index) || index < 0 || index >= config.numLayers)
+        throw new Error(`the text encoder has layers 0–${config.numLayers - 1}, not ${index}`);
       const names = Object.entries(umt5LayerWeightNames(index)) as [Umt5LayerWeight, string][];
-      return Object.fromEntries(await Promise.all(names.map(async ([short, name]) => [short, await read(name)] as const))) as Umt5LayerWeights;
+      return Object.fromEntries(
+        await Promise.all(names.map(async ([short, name]) => [short, await read(name)] as const)),
+      ) as Umt5LayerWeights;
     },
     finalNorm: () => read(FINAL_NORM),
   };
 }
 
 /** One encoder layer as some backend computes it (the reference, or onnxruntime's graph). */
-export type Umt5LayerFn = (weights: Umt5LayerWeights, hidden: Float32Array, buckets: Int32Array) => Promise<Float32Array>;
+export type Umt5LayerFn = (
+  weights: Umt5LayerWeights,
+  hidden: Float32Array,
+  buckets: Int32Array,
+) => Promise<Float32Array>;
 
 /**
  * Hidden states through layers [from, to): each layer's weights asked for while the one before it
@@ -257,10 +289,22 @@ export async function runLayers(
  * layer's weights read when it runs and dropped after (the whole encoder is 22.7 GB), then the
  * final norm.
  */
-export async function encodeIds(encoder: Umt5Checkpoint, ids: number[], runLayer: Umt5LayerFn, onLayer?: (layer: number, ms: number) => void): Promise<Float32Array> {
+export async function encodeIds(
+  encoder: Umt5Checkpoint,
+  ids: number[],
+  runLayer: Umt5LayerFn,
+  onLayer?: (layer: number, ms: number) => void,
+): Promise<Float32Array> {
   const { config } = encoder;
   const buckets = relativePositionBuckets(ids.length, config.numBuckets, config.maxDistance);
-  const hidden = await runLayers({ from: 0, to: config.numLayers }, await encoder.tokenRows(ids), buckets, (layer) => encoder.layer(layer), runLayer, onLayer);
+  const hidden = await runLayers(
+    { from: 0, to: config.numLayers },
+    await encoder.tokenRows(ids),
+    buckets,
+    (layer) => encoder.layer(layer),
+    runLayer,
+    onLayer,
+  );
   return umt5FinalNorm(config, await encoder.finalNorm(), hidden);
 }
 

@@ -31,7 +31,8 @@ export function decodeLatent(weights: TensorMap, latent: Tensor): DecodedVideo {
   const [C, T, H, W] = latent.shape;
   const w = weights.get('conv_out.weight')?.data;
   const b = weights.get('conv_out.bias')?.data;
-  if (!w || w.length !== 3 * C || !b || b.length !== 3) throw new Error(`VAE decoder needs conv_out.weight [3, ${C}] and conv_out.bias [3]`);
+  if (!w || w.length !== 3 * C || !b || b.length !== 3)
+    throw new Error(`VAE decoder needs conv_out.weight [3, ${C}] and conv_out.bias [3]`);
   const colour = new Float32Array(3 * T * H * W); // [3, T, H, W]
   for (let o = 0; o < 3; o++)
     for (let p = 0; p < T * H * W; p++) {
@@ -39,7 +40,12 @@ export function decodeLatent(weights: TensorMap, latent: Tensor): DecodedVideo {
       for (let c = 0; c < C; c++) sum += w[o * C + c] * latent.data[c * T * H * W + p];
       colour[o * T * H * W + p] = 1 / (1 + Math.exp(-sum));
     }
-  return blendFrames(T, H * SPATIAL_SCALE, W * SPATIAL_SCALE, (o, t, y, x) => colour[(o * T + t) * H * W + Math.floor(y / SPATIAL_SCALE) * W + Math.floor(x / SPATIAL_SCALE)]);
+  return blendFrames(
+    T,
+    H * SPATIAL_SCALE,
+    W * SPATIAL_SCALE,
+    (o, t, y, x) => colour[(o * T + t) * H * W + Math.floor(y / SPATIAL_SCALE) * W + Math.floor(x / SPATIAL_SCALE)],
+  );
 }
 
 export interface VaeConfig {
@@ -59,7 +65,8 @@ export function decodePatchLatent(weights: TensorMap, latent: Tensor, config: Va
   const block = 3 * S * S;
   const w = weights.get('proj.weight')?.data;
   const b = weights.get('proj.bias')?.data;
-  if (!w || w.length !== block * C || !b || b.length !== block) throw new Error(`patch VAE decoder needs proj.weight [${block}, ${C}] and proj.bias [${block}]`);
+  if (!w || w.length !== block * C || !b || b.length !== block)
+    throw new Error(`patch VAE decoder needs proj.weight [${block}, ${C}] and proj.bias [${block}]`);
   const height = H * S;
   const width = W * S;
   const frames = new Float32Array(3 * T * height * width); // [3, T, 8H, 8W]
@@ -77,12 +84,25 @@ export function decodePatchLatent(weights: TensorMap, latent: Tensor, config: Va
           frames[((o * T + t) * height + y) * width + x] = Math.min(1, Math.max(0, sum));
         }
       }
-  if (config.motion_channels) return moveFrames(frames, T, height, width, motionVector(latent, config.motion_channels, config.motion_limit ?? Infinity), config.motion_pixels_per_frame ?? 1);
+  if (config.motion_channels)
+    return moveFrames(
+      frames,
+      T,
+      height,
+      width,
+      motionVector(latent, config.motion_channels, config.motion_limit ?? Infinity),
+      config.motion_pixels_per_frame ?? 1,
+    );
   return blendFrames(T, height, width, (o, t, y, x) => frames[((o * T + t) * height + y) * width + x]);
 }
 
 /** Latent frames → 1 + 4(T−1) frames: frame 0 is latent frame 0; frames 4t−3 … 4t blend latent frames t−1 and t. */
-function blendFrames(T: number, height: number, width: number, at: (o: number, t: number, y: number, x: number) => number): DecodedVideo {
+function blendFrames(
+  T: number,
+  height: number,
+  width: number,
+  at: (o: number, t: number, y: number, x: number) => number,
+): DecodedVideo {
   const count = 1 + TEMPORAL_SCALE * (T - 1);
   const rgb = new Float32Array(3 * count * height * width);
   for (let f = 0; f < count; f++) {
@@ -91,7 +111,8 @@ function blendFrames(T: number, height: number, width: number, at: (o: number, t
     const t0 = Math.max(t - 1, 0);
     for (let o = 0; o < 3; o++)
       for (let y = 0; y < height; y++)
-        for (let x = 0; x < width; x++) rgb[((o * count + f) * height + y) * width + x] = alpha * at(o, t, y, x) + (1 - alpha) * at(o, t0, y, x);
+        for (let x = 0; x < width; x++)
+          rgb[((o * count + f) * height + y) * width + x] = alpha * at(o, t, y, x) + (1 - alpha) * at(o, t0, y, x);
   }
   return { count, height, width, rgb };
 }
@@ -102,18 +123,32 @@ function blendFrames(T: number, height: number, width: number, at: (o: number, t
  */
 function motionVector(latent: Tensor, [cx, cy]: [number, number], limit: number): [number, number] {
   const [C, T, H, W] = latent.shape;
-  if (cx >= C || cy >= C) throw new Error(`vae/config.json: motion_channels [${cx}, ${cy}] outside a latent of ${C} channels`);
+  if (cx >= C || cy >= C)
+    throw new Error(`vae/config.json: motion_channels [${cx}, ${cy}] outside a latent of ${C} channels`);
   const plane = T * H * W;
-  const mean = (c: number) => Math.min(limit, Math.max(-limit, latent.data.subarray(c * plane, (c + 1) * plane).reduce((a, v) => a + v, 0) / plane));
+  const mean = (c: number) =>
+    Math.min(
+      limit,
+      Math.max(-limit, latent.data.subarray(c * plane, (c + 1) * plane).reduce((a, v) => a + v, 0) / plane),
+    );
   return [mean(cx), mean(cy)];
 }
 
 /** Frame f = the mean of the decoded latent frames moved by f·pixelsPerFrame·(vx, vy), sampled bilinearly. */
-function moveFrames(frames: Float32Array, T: number, height: number, width: number, [vx, vy]: [number, number], pixelsPerFrame: number): DecodedVideo {
+function moveFrames(
+  frames: Float32Array,
+  T: number,
+  height: number,
+  width: number,
+  [vx, vy]: [number, number],
+  pixelsPerFrame: number,
+): DecodedVideo {
   const count = 1 + TEMPORAL_SCALE * (T - 1);
   const plane = height * width;
   const key = new Float32Array(3 * plane);
-  for (let o = 0; o < 3; o++) for (let t = 0; t < T; t++) for (let p = 0; p < plane; p++) key[o * plane + p] += frames[(o * T + t) * plane + p] / T;
+  for (let o = 0; o < 3; o++)
+    for (let t = 0; t < T; t++)
+      for (let p = 0; p < plane; p++) key[o * plane + p] += frames[(o * T + t) * plane + p] / T;
   // what a moved picture uncovers: the background, the median of the key frame's border
   const border = (o: number) => {
     const v: number[] = [];
@@ -137,8 +172,10 @@ function moveFrames(frames: Float32Array, T: number, height: number, width: numb
         const ax = fx - x0;
         const [xa, xb] = [x0, x0 + 1];
         for (let o = 0; o < 3; o++) {
-          const at = (yy: number, xx: number) => (yy < 0 || yy >= height || xx < 0 || xx >= width ? background[o] : key[o * plane + yy * width + xx]);
-          rgb[((o * count + f) * height + y) * width + x] = (1 - ay) * ((1 - ax) * at(ya, xa) + ax * at(ya, xb)) + ay * ((1 - ax) * at(yb, xa) + ax * at(yb, xb));
+          const at = (yy: number, xx: number) =>
+            yy < 0 || yy >= height || xx < 0 || xx >= width ? background[o] : key[o * plane + yy * width + xx];
+          rgb[((o * count + f) * height + y) * width + x] =
+            (1 - ay) * ((1 - ax) * at(ya, xa) + ax * at(ya, xb)) + ay * ((1 - ax) * at(yb, xa) + ax * at(yb, xb));
         }
       }
     }
@@ -154,7 +191,10 @@ const DECODERS: Record<string, (weights: TensorMap, latent: Tensor, config: VaeC
 export async function loadVaeDecoder(files: ModelFiles): Promise<(latent: Tensor) => DecodedVideo> {
   const config = (await readJson(files, 'vae/config.json')) as VaeConfig;
   const decode = DECODERS[config._class_name ?? ''];
-  if (!decode) throw new Error(`vae/ is ${config._class_name}, which ditswarm does not decode (it decodes AutoencoderKLWan, on the workers, and the stand-ins ${Object.keys(DECODERS).join(', ')}): ask for the latent instead (outputType 'latent'; --output-type latent with npm run generate)`);
+  if (!decode)
+    throw new Error(
+      `vae/ is ${config._class_name}, which ditswarm does not decode (it decodes AutoencoderKLWan, on the workers, and the stand-ins ${Object.keys(DECODERS).join(', ')}): ask for the latent instead (outputType 'latent'; --output-type latent with npm run generate)`,
+    );
   const weights = await readWeights(files, 'vae/diffusion_pytorch_model.safetensors');
   return (latent) => decode(weights, latent, config);
 }

@@ -69,10 +69,16 @@ export function parseSchedulerConfig(json: unknown, source: string): { solver: S
   const fail = (what: string) => new ModelConfigError(`${source}: ${what}`);
   const flowShift = typeof c.flow_shift === 'number' ? c.flow_shift : typeof c.shift === 'number' ? c.shift : undefined;
   if (c._class_name === 'FlowMatchEulerDiscreteScheduler') return { solver: EULER, flowShift };
-  if (c._class_name !== 'UniPCMultistepScheduler') throw fail(`_class_name ${JSON.stringify(c._class_name)} is not a scheduler ditswarm runs; expected UniPCMultistepScheduler or FlowMatchEulerDiscreteScheduler`);
+  if (c._class_name !== 'UniPCMultistepScheduler')
+    throw fail(
+      `_class_name ${JSON.stringify(c._class_name)} is not a scheduler ditswarm runs; expected UniPCMultistepScheduler or FlowMatchEulerDiscreteScheduler`,
+    );
   const expect = (key: string, wanted: unknown, fallback: unknown) => {
     const value = c[key] ?? fallback;
-    if (value !== wanted) throw fail(`${key} is ${JSON.stringify(value)}; ditswarm runs UniPC with ${key} ${JSON.stringify(wanted)}, as Wan2.1 publishes it`);
+    if (value !== wanted)
+      throw fail(
+        `${key} is ${JSON.stringify(value)}; ditswarm runs UniPC with ${key} ${JSON.stringify(wanted)}, as Wan2.1 publishes it`,
+      );
   };
   expect('prediction_type', 'flow_prediction', 'epsilon');
   expect('use_flow_sigmas', true, false);
@@ -81,8 +87,12 @@ export function parseSchedulerConfig(json: unknown, source: string): { solver: S
   expect('final_sigmas_type', 'zero', 'zero');
   expect('thresholding', false, false);
   const order = c.solver_order ?? 2;
-  if (order !== 1 && order !== 2) throw fail(`solver_order ${JSON.stringify(order)} is not supported; ditswarm runs UniPC of order 1 or 2`);
-  return { solver: { kind: 'UniPCMultistepScheduler', order, lowerOrderFinal: c.lower_order_final !== false }, flowShift };
+  if (order !== 1 && order !== 2)
+    throw fail(`solver_order ${JSON.stringify(order)} is not supported; ditswarm runs UniPC of order 1 or 2`);
+  return {
+    solver: { kind: 'UniPCMultistepScheduler', order, lowerOrderFinal: c.lower_order_final !== false },
+    flowShift,
+  };
 }
 
 /**
@@ -90,7 +100,12 @@ export function parseSchedulerConfig(json: unknown, source: string): { solver: S
  * runs as published (umT5, AutoencoderKLWan, UniPC), DEFAULT_JOB for the tiny models (an 81-frame
  * 480×832 clip means nothing to them); the folder's flow shift in both.
  */
-export function jobDefaults({ umt5, wanVae, solver, flowShift }: Pick<WanPipelineParts, 'umt5' | 'wanVae' | 'solver' | 'flowShift'>): JobParams {
+export function jobDefaults({
+  umt5,
+  wanVae,
+  solver,
+  flowShift,
+}: Pick<WanPipelineParts, 'umt5' | 'wanVae' | 'solver' | 'flowShift'>): JobParams {
   const published = umt5 && wanVae !== null && solver.kind === 'UniPCMultistepScheduler';
   return { ...DEFAULT_JOB, ...(published ? WAN_PIPELINE_DEFAULTS : {}), flowShift };
 }
@@ -115,7 +130,10 @@ export async function loadWanPipelineParts(files: ModelFiles): Promise<WanPipeli
   const flowShift = (index as { flow_shift?: unknown }).flow_shift ?? scheduler.flowShift;
   const parts: Omit<WanPipelineParts, 'defaults'> = {
     config,
-    textTokens: textConfig._class_name === TEXT_ENCODER_CLASS && typeof textConfig.max_length === 'number' ? textConfig.max_length : WAN_TEXT_TOKENS,
+    textTokens:
+      textConfig._class_name === TEXT_ENCODER_CLASS && typeof textConfig.max_length === 'number'
+        ? textConfig.max_length
+        : WAN_TEXT_TOKENS,
     umt5: isUmt5Config(textConfig),
     textEncoder: once(() => loadTextEncoder(files)),
     wanVae: isWanVaeConfig(vaeConfig) ? parseWanVaeConfig(vaeConfig, VAE_CONFIG) : null,

@@ -12,7 +12,14 @@
 
 import { OnnxGraph, type Dim } from './onnx-builder.ts';
 import type { TensorMap } from '../safetensors.ts';
-import { CACHE_FRAMES, decoderPlan, framesOfChunk, type CausalConv, type DecoderLayer, type WanVaeConfig } from './wan-vae.ts';
+import {
+  CACHE_FRAMES,
+  decoderPlan,
+  framesOfChunk,
+  type CausalConv,
+  type DecoderLayer,
+  type WanVaeConfig,
+} from './wan-vae.ts';
 
 export interface VaeWeightInput {
   /** the graph's input */
@@ -44,11 +51,20 @@ export function buildVaeChunkGraph(cfg: WanVaeConfig, first: boolean): VaeChunkG
     return input;
   };
   const side = (scale: number): [Dim, Dim] => [`h${scale}`, `w${scale}`];
-  const caches = plan.caches.map(({ channels, scale }, slot) => g.input(cacheName(slot), [CACHE_FRAMES, channels, ...side(scale)]));
+  const caches = plan.caches.map(({ channels, scale }, slot) =>
+    g.input(cacheName(slot), [CACHE_FRAMES, channels, ...side(scale)]),
+  );
   const nextCaches: string[] = [...caches];
 
   /** a k×k 2D convolution, stride 1, zero-padded to keep the size; every attribute spelled out (WebGPU's Conv wants them when its weight is an input) */
-  const conv2d = (inputs: string[], k: 1 | 3) => g.op('Conv', inputs, { kernel_shape: [k, k], pads: Array(4).fill(k >> 1), strides: [1, 1], dilations: [1, 1], group: 1 });
+  const conv2d = (inputs: string[], k: 1 | 3) =>
+    g.op('Conv', inputs, {
+      kernel_shape: [k, k],
+      pads: Array(4).fill(k >> 1),
+      strides: [1, 1],
+      dilations: [1, 1],
+      group: 1,
+    });
   /** a causal convolution on x of `frames` frames: three taps over [cache, x], the cache's next value kept */
   const causalConv = (c: CausalConv, x: string, frames: number, timeConv = false): string => {
     const spatial = c.kernel === 3 && !timeConv ? 3 : 1;
@@ -67,8 +83,14 @@ export function buildVaeChunkGraph(cfg: WanVaeConfig, first: boolean): VaeChunkG
   };
   /** F.normalize over channels · √C · γ (γ stored [C, 1, 1, 1] or [C, 1, 1]) */
   const norm = (x: string, gamma: string, dims: number[]): string => {
-    const length = g.op('Max', [g.op('Sqrt', [g.op('ReduceSumSquare', [x], { axes: [1], keepdims: 1 })]), g.scalar(1e-12)]);
-    const scale = g.op('Mul', [g.op('Reshape', [weight(gamma, dims), g.ints([-1, 1, 1])]), g.scalar(Math.sqrt(dims[0]))]);
+    const length = g.op('Max', [
+      g.op('Sqrt', [g.op('ReduceSumSquare', [x], { axes: [1], keepdims: 1 })]),
+      g.scalar(1e-12),
+    ]);
+    const scale = g.op('Mul', [
+      g.op('Reshape', [weight(gamma, dims), g.ints([-1, 1, 1])]),
+      g.scalar(Math.sqrt(dims[0])),
+    ]);
     return g.op('Mul', [g.op('Div', [x, length]), scale]);
   };
   const silu = (x: string) => g.op('Mul', [x, g.op('Sigmoid', [x])]);
@@ -86,11 +108,27 @@ export function buildVaeChunkGraph(cfg: WanVaeConfig, first: boolean): VaeChunkG
       case 'attention': {
         const C = l.dim;
         const normed = norm(x, `${l.name}.norm.gamma`, [C, 1, 1]);
-        const qkv = conv2d([normed, weight(`${l.name}.to_qkv.weight`, [3 * C, C, 1, 1]), weight(`${l.name}.to_qkv.bias`, [3 * C])], 1);
+        const qkv = conv2d(
+          [normed, weight(`${l.name}.to_qkv.weight`, [3 * C, C, 1, 1]), weight(`${l.name}.to_qkv.bias`, [3 * C])],
+          1,
+        );
         const [q, k, v] = g.opMulti('Split', [g.op('Reshape', [qkv, g.ints([frames, 3 * C, -1])])], { axis: 1 }, 3); // each [T, C, hw]
-        const scores = g.op('Mul', [g.op('MatMul', [g.op('Transpose', [q], { perm: [0, 2, 1] }), k]), g.scalar(1 / Math.sqrt(C))]); // [T, hw(q), hw(k)]
-        const attended = g.op('MatMul', [v, g.op('Transpose', [g.op('Softmax', [scores], { axis: -1 })], { perm: [0, 2, 1] })]); // [T, C, hw(q)]
-        const out = conv2d([g.op('Reshape', [attended, g.op('Shape', [x])]), weight(`${l.name}.proj.weight`, [C, C, 1, 1]), weight(`${l.name}.proj.bias`, [C])], 1);
+        const scores = g.op('Mul', [
+          g.op('MatMul', [g.op('Transpose', [q], { perm: [0, 2, 1] }), k]),
+          g.scalar(1 / Math.sqrt(C)),
+        ]); // [T, hw(q), hw(k)]
+        const attended = g.op('MatMul', [
+          v,
+          g.op('Transpose', [g.op('Softmax', [scores], { axis: -1 })], { perm: [0, 2, 1] }),
+        ]); // [T, C, hw(q)]
+        const out = conv2d(
+          [
+            g.op('Reshape', [attended, g.op('Shape', [x])]),
+            weight(`${l.name}.proj.weight`, [C, C, 1, 1]),
+            weight(`${l.name}.proj.bias`, [C]),
+          ],
+          1,
+        );
         return { x: g.op('Add', [out, x]), frames };
       }
       case 'upsample': {
@@ -101,7 +139,14 @@ export function buildVaeChunkGraph(cfg: WanVaeConfig, first: boolean): VaeChunkG
         }
         // nearest ×2: with half_pixel coordinates and round_prefer_floor (Resize's defaults) pixel i reads i/2 rounded down, as nearest-exact
         const big = g.op('Resize', [x, '', g.weight('upsample_scales', [4], new Float32Array([1, 1, 2, 2]))]);
-        const out = conv2d([big, weight(`${l.name}.resample.1.weight`, [l.outDim, l.dim, 3, 3]), weight(`${l.name}.resample.1.bias`, [l.outDim])], 3);
+        const out = conv2d(
+          [
+            big,
+            weight(`${l.name}.resample.1.weight`, [l.outDim, l.dim, 3, 3]),
+            weight(`${l.name}.resample.1.bias`, [l.outDim]),
+          ],
+          3,
+        );
         return { x: out, frames };
       }
       case 'head':
@@ -110,12 +155,21 @@ export function buildVaeChunkGraph(cfg: WanVaeConfig, first: boolean): VaeChunkG
   };
 
   const latent = g.input('latent', [1, cfg.zDim, 'h1', 'w1']);
-  const z = g.op('Add', [g.op('Mul', [latent, g.weight('latents_std', [1, cfg.zDim, 1, 1], new Float32Array(cfg.latentsStd))]), g.weight('latents_mean', [1, cfg.zDim, 1, 1], new Float32Array(cfg.latentsMean))]);
-  let state = { x: causalConv({ name: 'post_quant_conv', inDim: cfg.zDim, outDim: cfg.zDim, kernel: 1, cache: null }, z, 1), frames: 1 };
+  const z = g.op('Add', [
+    g.op('Mul', [latent, g.weight('latents_std', [1, cfg.zDim, 1, 1], new Float32Array(cfg.latentsStd))]),
+    g.weight('latents_mean', [1, cfg.zDim, 1, 1], new Float32Array(cfg.latentsMean)),
+  ]);
+  let state = {
+    x: causalConv({ name: 'post_quant_conv', inDim: cfg.zDim, outDim: cfg.zDim, kernel: 1, cache: null }, z, 1),
+    frames: 1,
+  };
   for (const l of plan.layers) state = layer(l, state.x, state.frames);
-  if (state.frames !== framesOfChunk(cfg, first)) throw new Error(`the VAE graph makes ${state.frames} frames a chunk, not ${framesOfChunk(cfg, first)}`);
+  if (state.frames !== framesOfChunk(cfg, first))
+    throw new Error(`the VAE graph makes ${state.frames} frames a chunk, not ${framesOfChunk(cfg, first)}`);
   g.output(state.x, 'frames', [state.frames, 3, 'h8', 'w8']);
-  plan.caches.forEach(({ channels, scale }, slot) => g.output(nextCaches[slot], `${cacheName(slot)}.next`, [CACHE_FRAMES, channels, ...side(scale)]));
+  plan.caches.forEach(({ channels, scale }, slot) =>
+    g.output(nextCaches[slot], `${cacheName(slot)}.next`, [CACHE_FRAMES, channels, ...side(scale)]),
+  );
   return { bytes: g.toBytes(), weights: [...weights.values()], caches, frames: state.frames };
 }
 
@@ -131,9 +185,11 @@ export function vaeWeightFeeds(inputs: VaeWeightInput[], tensors: TensorMap): Ma
     }
     const [outDim, inDim, taps] = t.shape;
     const plane = t.data.length / (outDim * inDim * taps); // kh·kw
-    if (plane !== dims[2] * dims[3]) throw new Error(`VAE tensor "${tensor}" is [${t.shape}]; its taps should be [${dims}]`);
+    if (plane !== dims[2] * dims[3])
+      throw new Error(`VAE tensor "${tensor}" is [${t.shape}]; its taps should be [${dims}]`);
     const cut = new Float32Array(outDim * inDim * plane);
-    for (let oi = 0; oi < outDim * inDim; oi++) cut.set(t.data.subarray((oi * taps + tap) * plane, (oi * taps + tap + 1) * plane), oi * plane);
+    for (let oi = 0; oi < outDim * inDim; oi++)
+      cut.set(t.data.subarray((oi * taps + tap) * plane, (oi * taps + tap + 1) * plane), oi * plane);
     feeds.set(input, cut);
   }
   return feeds;

@@ -49,35 +49,69 @@ export function parseWanVaeConfig(json: unknown, source: string): WanVaeConfig {
   const fail = (what: string) => new ModelConfigError(`${source}: ${what}`);
   const whole = (key: string, fallback: number) => {
     const v = c[key] ?? fallback;
-    if (!Number.isInteger(v) || (v as number) < 1) throw fail(`${key} must be a whole number ≥ 1, got ${JSON.stringify(v)}`);
+    if (!Number.isInteger(v) || (v as number) < 1)
+      throw fail(`${key} must be a whole number ≥ 1, got ${JSON.stringify(v)}`);
     return v as number;
   };
-  if (c.is_residual === true) throw fail('is_residual is true (Wan2.2\'s VAE): ditswarm decodes Wan2.1\'s AutoencoderKLWan');
-  if (c.patch_size !== undefined && c.patch_size !== null) throw fail(`patch_size ${JSON.stringify(c.patch_size)} (Wan2.2's VAE): ditswarm decodes Wan2.1's AutoencoderKLWan`);
-  for (const [key, wanted] of [['scale_factor_temporal', 4], ['scale_factor_spatial', 8], ['in_channels', 3], ['out_channels', 3]] as const) {
-    if (c[key] !== undefined && c[key] !== null && c[key] !== wanted) throw fail(`${key} is ${JSON.stringify(c[key])}; Wan2.1's VAE has ${wanted}`);
+  if (c.is_residual === true)
+    throw fail("is_residual is true (Wan2.2's VAE): ditswarm decodes Wan2.1's AutoencoderKLWan");
+  if (c.patch_size !== undefined && c.patch_size !== null)
+    throw fail(`patch_size ${JSON.stringify(c.patch_size)} (Wan2.2's VAE): ditswarm decodes Wan2.1's AutoencoderKLWan`);
+  for (const [key, wanted] of [
+    ['scale_factor_temporal', 4],
+    ['scale_factor_spatial', 8],
+    ['in_channels', 3],
+    ['out_channels', 3],
+  ] as const) {
+    if (c[key] !== undefined && c[key] !== null && c[key] !== wanted)
+      throw fail(`${key} is ${JSON.stringify(c[key])}; Wan2.1's VAE has ${wanted}`);
   }
   const baseDim = whole('base_dim', 96);
   const zDim = whole('z_dim', 16);
   const dimMult = (c.dim_mult ?? [1, 2, 4, 4]) as unknown;
   // four blocks: three spatial doublings, the ×8 every latent pixel decodes to
-  if (!Array.isArray(dimMult) || dimMult.length !== 4 || !dimMult.every((m) => Number.isInteger(m) && m >= 1)) throw fail(`dim_mult must be 4 whole numbers ≥ 1 (Wan2.1's VAE: 8 pixels a latent pixel), got ${JSON.stringify(dimMult)}`);
-  if (Array.isArray(c.attn_scales) && c.attn_scales.length) throw fail(`attn_scales ${JSON.stringify(c.attn_scales)}: Wan2.1's VAE has no attention in its down-blocks ([])`);
+  if (!Array.isArray(dimMult) || dimMult.length !== 4 || !dimMult.every((m) => Number.isInteger(m) && m >= 1))
+    throw fail(
+      `dim_mult must be 4 whole numbers ≥ 1 (Wan2.1's VAE: 8 pixels a latent pixel), got ${JSON.stringify(dimMult)}`,
+    );
+  if (Array.isArray(c.attn_scales) && c.attn_scales.length)
+    throw fail(`attn_scales ${JSON.stringify(c.attn_scales)}: Wan2.1's VAE has no attention in its down-blocks ([])`);
   const temporal = (c.temperal_downsample ?? [false, true, true]) as unknown;
-  if (!Array.isArray(temporal) || temporal.length !== dimMult.length - 1 || !temporal.every((t) => typeof t === 'boolean')) {
-    throw fail(`temperal_downsample must be ${dimMult.length - 1} booleans (one per downsampling block), got ${JSON.stringify(temporal)}`);
+  if (
+    !Array.isArray(temporal) ||
+    temporal.length !== dimMult.length - 1 ||
+    !temporal.every((t) => typeof t === 'boolean')
+  ) {
+    throw fail(
+      `temperal_downsample must be ${dimMult.length - 1} booleans (one per downsampling block), got ${JSON.stringify(temporal)}`,
+    );
   }
-  if (temporal.filter(Boolean).length !== 2) throw fail(`temperal_downsample ${JSON.stringify(temporal)} halves time ${temporal.filter(Boolean).length} times; Wan2.1's VAE (4 frames a latent) halves it twice`);
+  if (temporal.filter(Boolean).length !== 2)
+    throw fail(
+      `temperal_downsample ${JSON.stringify(temporal)} halves time ${temporal.filter(Boolean).length} times; Wan2.1's VAE (4 frames a latent) halves it twice`,
+    );
   const stats = (key: string) => {
-    const v = c[key] as unknown;
-    if (!Array.isArray(v) || v.length !== zDim || !v.every((x) => typeof x === 'number' && Number.isFinite(x))) throw fail(`${key} must be ${zDim} numbers (one per latent channel), got ${JSON.stringify(v)}`);
+    const v = c[key];
+    if (!Array.isArray(v) || v.length !== zDim || !v.every((x) => typeof x === 'number' && Number.isFinite(x)))
+      throw fail(`${key} must be ${zDim} numbers (one per latent channel), got ${JSON.stringify(v)}`);
     return v as number[];
   };
   const latentsStd = stats('latents_std');
   if (!latentsStd.every((s) => s > 0)) throw fail('latents_std must be positive');
-  const decoderBaseDim = c.decoder_base_dim === undefined || c.decoder_base_dim === null ? baseDim : whole('decoder_base_dim', baseDim);
-  for (const dim of [baseDim, decoderBaseDim]) if (dim % 2) throw fail(`base widths must be even (the decoder halves them before each up-block), got ${dim}`);
-  return { baseDim, decoderBaseDim, zDim, dimMult, numResBlocks: whole('num_res_blocks', 2), temporalDownsample: temporal, latentsMean: stats('latents_mean'), latentsStd };
+  const decoderBaseDim =
+    c.decoder_base_dim === undefined || c.decoder_base_dim === null ? baseDim : whole('decoder_base_dim', baseDim);
+  for (const dim of [baseDim, decoderBaseDim])
+    if (dim % 2) throw fail(`base widths must be even (the decoder halves them before each up-block), got ${dim}`);
+  return {
+    baseDim,
+    decoderBaseDim,
+    zDim,
+    dimMult,
+    numResBlocks: whole('num_res_blocks', 2),
+    temporalDownsample: temporal,
+    latentsMean: stats('latents_mean'),
+    latentsStd,
+  };
 }
 
 /** A 3D convolution whose time is padded in front only; 3×3×3 ones keep a cache (`cache`: its slot). */
@@ -93,7 +127,15 @@ export interface CausalConv {
 /** The decoder's layers in the order they run. */
 export type DecoderLayer =
   | { kind: 'conv'; conv: CausalConv }
-  | { kind: 'residual'; name: string; inDim: number; outDim: number; conv1: CausalConv; conv2: CausalConv; shortcut: CausalConv | null }
+  | {
+      kind: 'residual';
+      name: string;
+      inDim: number;
+      outDim: number;
+      conv1: CausalConv;
+      conv2: CausalConv;
+      shortcut: CausalConv | null;
+    }
   | { kind: 'attention'; name: string; dim: number }
   /** nearest ×2 and a 3×3 conv to outDim; `timeConv` (dim → 2·dim, 3×1×1) doubles time first, except on the first chunk */
   | { kind: 'upsample'; name: string; dim: number; outDim: number; timeConv: (CausalConv & { cache: number }) | null }
@@ -140,10 +182,13 @@ export function decoderPlan(cfg: WanVaeConfig): DecoderPlan {
     const name = `decoder.up_blocks.${i}`;
     let inDim = i > 0 ? dims[i] / 2 : dims[i];
     const outDim = dims[i + 1];
-    for (let r = 0; r <= cfg.numResBlocks; r++, inDim = outDim) layers.push(residual(`${name}.resnets.${r}`, inDim, outDim));
+    for (let r = 0; r <= cfg.numResBlocks; r++, inDim = outDim)
+      layers.push(residual(`${name}.resnets.${r}`, inDim, outDim));
     if (i === mult.length - 1) break;
     const up = `${name}.upsamplers.0`;
-    const timeConv = temporalUpsample[i] ? (conv(`${up}.time_conv`, outDim, 2 * outDim, 3) as CausalConv & { cache: number }) : null;
+    const timeConv = temporalUpsample[i]
+      ? (conv(`${up}.time_conv`, outDim, 2 * outDim, 3) as CausalConv & { cache: number })
+      : null;
     layers.push({ kind: 'upsample', name: up, dim: outDim, outDim: outDim / 2, timeConv });
     scale *= 2;
   }
@@ -163,13 +208,18 @@ export function videoFrames(cfg: WanVaeConfig, latentFrames: number): number {
 
 /** A time_conv's weight is [2·dim, dim, 3, 1, 1]; every other 3-kernel conv's [out, in, 3, 3, 3]. */
 function convShape(c: CausalConv, timeConv = false): number[] {
-  return c.kernel === 1 ? [c.outDim, c.inDim, 1, 1, 1] : timeConv ? [c.outDim, c.inDim, 3, 1, 1] : [c.outDim, c.inDim, 3, 3, 3];
+  return c.kernel === 1
+    ? [c.outDim, c.inDim, 1, 1, 1]
+    : timeConv
+      ? [c.outDim, c.inDim, 3, 1, 1]
+      : [c.outDim, c.inDim, 3, 3, 3];
 }
 
 /** The decoder's tensors (post_quant_conv's and decoder.*) and their shapes, as the published file holds them. */
 export function decoderWeightShapes(cfg: WanVaeConfig): Map<string, number[]> {
   const shapes = new Map<string, number[]>();
-  const conv = (c: CausalConv, timeConv = false) => shapes.set(`${c.name}.weight`, convShape(c, timeConv)).set(`${c.name}.bias`, [c.outDim]);
+  const conv = (c: CausalConv, timeConv = false) =>
+    shapes.set(`${c.name}.weight`, convShape(c, timeConv)).set(`${c.name}.bias`, [c.outDim]);
   conv({ name: 'post_quant_conv', inDim: cfg.zDim, outDim: cfg.zDim, kernel: 1, cache: null });
   for (const layer of decoderPlan(cfg).layers) {
     if (layer.kind === 'conv') conv(layer.conv);
@@ -181,10 +231,14 @@ export function decoderWeightShapes(cfg: WanVaeConfig): Map<string, number[]> {
       if (layer.shortcut) conv(layer.shortcut);
     } else if (layer.kind === 'attention') {
       shapes.set(`${layer.name}.norm.gamma`, [layer.dim, 1, 1]);
-      shapes.set(`${layer.name}.to_qkv.weight`, [3 * layer.dim, layer.dim, 1, 1]).set(`${layer.name}.to_qkv.bias`, [3 * layer.dim]);
+      shapes
+        .set(`${layer.name}.to_qkv.weight`, [3 * layer.dim, layer.dim, 1, 1])
+        .set(`${layer.name}.to_qkv.bias`, [3 * layer.dim]);
       shapes.set(`${layer.name}.proj.weight`, [layer.dim, layer.dim, 1, 1]).set(`${layer.name}.proj.bias`, [layer.dim]);
     } else if (layer.kind === 'upsample') {
-      shapes.set(`${layer.name}.resample.1.weight`, [layer.outDim, layer.dim, 3, 3]).set(`${layer.name}.resample.1.bias`, [layer.outDim]);
+      shapes
+        .set(`${layer.name}.resample.1.weight`, [layer.outDim, layer.dim, 3, 3])
+        .set(`${layer.name}.resample.1.bias`, [layer.outDim]);
       if (layer.timeConv) conv(layer.timeConv, true);
     } else {
       shapes.set(`${layer.name}.norm_out.gamma`, [layer.dim, 1, 1, 1]);
@@ -200,7 +254,8 @@ export function decoderWeightShapes(cfg: WanVaeConfig): Map<string, number[]> {
  */
 export function wanVaeWeightShapes(cfg: WanVaeConfig): Map<string, number[]> {
   const shapes = new Map<string, number[]>();
-  const conv = (name: string, inDim: number, outDim: number, kernel: number[]) => shapes.set(`${name}.weight`, [outDim, inDim, ...kernel]).set(`${name}.bias`, [outDim]);
+  const conv = (name: string, inDim: number, outDim: number, kernel: number[]) =>
+    shapes.set(`${name}.weight`, [outDim, inDim, ...kernel]).set(`${name}.bias`, [outDim]);
   const cube = [3, 3, 3];
   const residual = (name: string, inDim: number, outDim: number) => {
     shapes.set(`${name}.norm1.gamma`, [inDim, 1, 1, 1]);
@@ -214,7 +269,8 @@ export function wanVaeWeightShapes(cfg: WanVaeConfig): Map<string, number[]> {
   let index = 0;
   for (let i = 0; i < cfg.dimMult.length; i++) {
     let inDim = dims[i];
-    for (let r = 0; r < cfg.numResBlocks; r++, inDim = dims[i + 1]) residual(`encoder.down_blocks.${index++}`, inDim, dims[i + 1]);
+    for (let r = 0; r < cfg.numResBlocks; r++, inDim = dims[i + 1])
+      residual(`encoder.down_blocks.${index++}`, inDim, dims[i + 1]);
     if (i === cfg.dimMult.length - 1) continue;
     const name = `encoder.down_blocks.${index++}`;
     conv(`${name}.resample.1`, dims[i + 1], dims[i + 1], [3, 3]);
@@ -245,14 +301,21 @@ export interface Frames {
   data: Float32Array;
 }
 
-const framesOf = (frames: number, channels: number, height: number, width: number, data = new Float32Array(frames * channels * height * width)): Frames => ({ frames, channels, height, width, data });
+const framesOf = (
+  frames: number,
+  channels: number,
+  height: number,
+  width: number,
+  data = new Float32Array(frames * channels * height * width),
+): Frames => ({ frames, channels, height, width, data });
 
 /** Frame t of a latent [C, T, h, w]: one chunk's input, as the transformer made it. */
 export function latentSlice(latent: Tensor, t: number): Frames {
   const [C, T, h, w] = latent.shape;
   const plane = h * w;
   const out = framesOf(1, C, h, w);
-  for (let c = 0; c < C; c++) out.data.set(latent.data.subarray((c * T + t) * plane, (c * T + t + 1) * plane), c * plane);
+  for (let c = 0; c < C; c++)
+    out.data.set(latent.data.subarray((c * T + t) * plane, (c * T + t + 1) * plane), c * plane);
   return out;
 }
 
@@ -260,12 +323,22 @@ export function latentSlice(latent: Tensor, t: number): Frames {
 function latentFrame(cfg: WanVaeConfig, latent: Tensor, t: number): Frames {
   const z = latentSlice(latent, t);
   const plane = z.height * z.width;
-  for (let c = 0; c < z.channels; c++) for (let p = 0; p < plane; p++) z.data[c * plane + p] = z.data[c * plane + p] * cfg.latentsStd[c] + cfg.latentsMean[c];
+  for (let c = 0; c < z.channels; c++)
+    for (let p = 0; p < plane; p++)
+      z.data[c * plane + p] = z.data[c * plane + p] * cfg.latentsStd[c] + cfg.latentsMean[c];
   return z;
 }
 
 /** 2D convolution of every frame, stride 1, zero padding k/2: adds into `out` (which holds the bias or a partial sum). */
-function convFramesInto(out: Frames, x: Frames, xFrame0: number, w: Float32Array, tap: number, taps: number, k: number): void {
+function convFramesInto(
+  out: Frames,
+  x: Frames,
+  xFrame0: number,
+  w: Float32Array,
+  tap: number,
+  taps: number,
+  k: number,
+): void {
   const { height: H, width: W } = x;
   const Cin = x.channels;
   const Cout = out.channels;
@@ -298,7 +371,9 @@ function convFramesInto(out: Frames, x: Frames, xFrame0: number, w: Float32Array
 function withBias(frames: number, channels: number, height: number, width: number, bias: Float32Array): Frames {
   const out = framesOf(frames, channels, height, width);
   const plane = height * width;
-  for (let t = 0; t < frames; t++) for (let c = 0; c < channels; c++) out.data.fill(bias[c], (t * channels + c) * plane, (t * channels + c + 1) * plane);
+  for (let t = 0; t < frames; t++)
+    for (let c = 0; c < channels; c++)
+      out.data.fill(bias[c], (t * channels + c) * plane, (t * channels + c + 1) * plane);
   return out;
 }
 
@@ -346,7 +421,9 @@ function rmsNormChannels(x: Frames, gamma: Float32Array): Frames {
     const sums = new Float64Array(plane);
     for (let c = 0; c < C; c++) for (let p = 0; p < plane; p++) sums[p] += x.data[base + c * plane + p] ** 2;
     for (let c = 0; c < C; c++)
-      for (let p = 0; p < plane; p++) out.data[base + c * plane + p] = (x.data[base + c * plane + p] / Math.max(Math.sqrt(sums[p]), 1e-12)) * scale * gamma[c];
+      for (let p = 0; p < plane; p++)
+        out.data[base + c * plane + p] =
+          (x.data[base + c * plane + p] / Math.max(Math.sqrt(sums[p]), 1e-12)) * scale * gamma[c];
   }
   return out;
 }
@@ -354,7 +431,12 @@ function rmsNormChannels(x: Frames, gamma: Float32Array): Frames {
 const siluFrames = (x: Frames): Frames => ({ ...x, data: x.data.map((v) => v / (1 + Math.exp(-v))) });
 const addFrames = (a: Frames, b: Frames): Frames => ({ ...a, data: a.data.map((v, i) => v + b.data[i]) });
 
-function residualBlock(layer: Extract<DecoderLayer, { kind: 'residual' }>, x: Frames, caches: Frames[], weights: Weights): Frames {
+function residualBlock(
+  layer: Extract<DecoderLayer, { kind: 'residual' }>,
+  x: Frames,
+  caches: Frames[],
+  weights: Weights,
+): Frames {
   const h = layer.shortcut ? causalConv(layer.shortcut, x, caches, weights) : x;
   let y = siluFrames(rmsNormChannels(x, weights(`${layer.name}.norm1.gamma`)));
   y = causalConv(layer.conv1, y, caches, weights);
@@ -397,7 +479,13 @@ function attentionBlock(layer: Extract<DecoderLayer, { kind: 'attention' }>, x: 
   return addFrames(out, x);
 }
 
-function upsample(layer: Extract<DecoderLayer, { kind: 'upsample' }>, x: Frames, caches: Frames[], weights: Weights, first: boolean): Frames {
+function upsample(
+  layer: Extract<DecoderLayer, { kind: 'upsample' }>,
+  x: Frames,
+  caches: Frames[],
+  weights: Weights,
+  first: boolean,
+): Frames {
   if (layer.timeConv && !first) {
     // dim → 2·dim channels, then frame 2t is the first half at t and frame 2t+1 the second
     const doubled = causalConv(layer.timeConv, x, caches, weights, true);
@@ -406,21 +494,40 @@ function upsample(layer: Extract<DecoderLayer, { kind: 'upsample' }>, x: Frames,
   const { frames: T, channels: C, height: H, width: W } = x;
   const big = framesOf(T, C, 2 * H, 2 * W);
   for (let tc = 0; tc < T * C; tc++)
-    for (let y = 0; y < 2 * H; y++) for (let xx = 0; xx < 2 * W; xx++) big.data[(tc * 2 * H + y) * 2 * W + xx] = x.data[(tc * H + (y >> 1)) * W + (xx >> 1)];
+    for (let y = 0; y < 2 * H; y++)
+      for (let xx = 0; xx < 2 * W; xx++)
+        big.data[(tc * 2 * H + y) * 2 * W + xx] = x.data[(tc * H + (y >> 1)) * W + (xx >> 1)];
   const out = withBias(T, layer.outDim, 2 * H, 2 * W, weights(`${layer.name}.resample.1.bias`));
   convFramesInto(out, big, 0, weights(`${layer.name}.resample.1.weight`), 0, 1, 3);
   return out;
 }
 
 /** One chunk through post_quant_conv and the decoder: one latent frame → 1 (first) or 4 frames [F, 3, 8h, 8w], before clamping. */
-export function decodeChunkReference(cfg: WanVaeConfig, weights: Weights, z: Frames, caches: Frames[], first: boolean): Frames {
-  let x = causalConv({ name: 'post_quant_conv', inDim: cfg.zDim, outDim: cfg.zDim, kernel: 1, cache: null }, z, caches, weights);
+export function decodeChunkReference(
+  cfg: WanVaeConfig,
+  weights: Weights,
+  z: Frames,
+  caches: Frames[],
+  first: boolean,
+): Frames {
+  let x = causalConv(
+    { name: 'post_quant_conv', inDim: cfg.zDim, outDim: cfg.zDim, kernel: 1, cache: null },
+    z,
+    caches,
+    weights,
+  );
   for (const layer of decoderPlan(cfg).layers) {
     if (layer.kind === 'conv') x = causalConv(layer.conv, x, caches, weights);
     else if (layer.kind === 'residual') x = residualBlock(layer, x, caches, weights);
     else if (layer.kind === 'attention') x = attentionBlock(layer, x, weights);
     else if (layer.kind === 'upsample') x = upsample(layer, x, caches, weights, first);
-    else x = causalConv(layer.conv, siluFrames(rmsNormChannels(x, weights(`${layer.name}.norm_out.gamma`))), caches, weights);
+    else
+      x = causalConv(
+        layer.conv,
+        siluFrames(rmsNormChannels(x, weights(`${layer.name}.norm_out.gamma`))),
+        caches,
+        weights,
+      );
   }
   return x;
 }
@@ -434,7 +541,9 @@ export function decodeTileReference(cfg: WanVaeConfig, tensors: TensorMap, laten
     return t.data;
   };
   const caches = emptyCaches(decoderPlan(cfg), h, w);
-  const chunks = Array.from({ length: T }, (_, t) => decodeChunkReference(cfg, weights, latentFrame(cfg, latent, t), caches, t === 0));
+  const chunks = Array.from({ length: T }, (_, t) =>
+    decodeChunkReference(cfg, weights, latentFrame(cfg, latent, t), caches, t === 0),
+  );
   return joinFrames(chunks);
 }
 
@@ -481,7 +590,8 @@ export function tilesOf(h: number, w: number, { tile, stride }: Tiling): VaeTile
   if (h <= t && w <= t) return [{ row: 0, col: 0, y: 0, x: 0, height: h, width: w }];
   const tiles: VaeTile[] = [];
   for (let y = 0, row = 0; y < h; y += s, row++)
-    for (let x = 0, col = 0; x < w; x += s, col++) tiles.push({ row, col, y, x, height: Math.min(t, h - y), width: Math.min(t, w - x) });
+    for (let x = 0, col = 0; x < w; x += s, col++)
+      tiles.push({ row, col, y, x, height: Math.min(t, h - y), width: Math.min(t, w - x) });
   return tiles;
 }
 
@@ -519,14 +629,20 @@ export function blendTiles(tiles: VaeTile[], decoded: Frames[], h: number, w: nu
       for (let t = 0; t < F; t++)
         for (let c = 0; c < C; c++)
           for (let y = 0; y < extent; y++)
-            for (let x = 0; x < b.width; x++) b.data[at(b, t, c, y, x)] = above.data[at(above, t, c, above.height - extent + y, x)] * (1 - y / extent) + b.data[at(b, t, c, y, x)] * (y / extent);
+            for (let x = 0; x < b.width; x++)
+              b.data[at(b, t, c, y, x)] =
+                above.data[at(above, t, c, above.height - extent + y, x)] * (1 - y / extent) +
+                b.data[at(b, t, c, y, x)] * (y / extent);
     }
     if (left) {
       const extent = Math.min(left.width, b.width, blend);
       for (let t = 0; t < F; t++)
         for (let c = 0; c < C; c++)
           for (let y = 0; y < b.height; y++)
-            for (let x = 0; x < extent; x++) b.data[at(b, t, c, y, x)] = left.data[at(left, t, c, y, left.width - extent + x)] * (1 - x / extent) + b.data[at(b, t, c, y, x)] * (x / extent);
+            for (let x = 0; x < extent; x++)
+              b.data[at(b, t, c, y, x)] =
+                left.data[at(left, t, c, y, left.width - extent + x)] * (1 - x / extent) +
+                b.data[at(b, t, c, y, x)] * (x / extent);
     }
     // the part of this tile the video keeps: up to the stride (all of it when it is the only one)
     const [y0, x0] = [tile.y * SPATIAL, tile.x * SPATIAL];
@@ -535,7 +651,8 @@ export function blendTiles(tiles: VaeTile[], decoded: Frames[], h: number, w: nu
     for (let t = 0; t < F; t++)
       for (let c = 0; c < C; c++)
         for (let y = 0; y < keepH; y++)
-          for (let x = 0; x < keepW; x++) out[((c * F + t) * H + y0 + y) * W + x0 + x] = Math.min(1, Math.max(-1, b.data[at(b, t, c, y, x)]));
+          for (let x = 0; x < keepW; x++)
+            out[((c * F + t) * H + y0 + y) * W + x0 + x] = Math.min(1, Math.max(-1, b.data[at(b, t, c, y, x)]));
   }
   return { shape: [C, F, H, W], data: out };
 }
@@ -549,7 +666,10 @@ export function decodeWanVaeReference(cfg: WanVaeConfig, tensors: TensorMap, lat
 
 /** Bytes of a tile's causal caches in float32. */
 export function cacheBytes(plan: DecoderPlan, h: number, w: number): number {
-  return plan.caches.reduce((n, { channels, scale }) => n + 4 * sizeOf([CACHE_FRAMES, channels, h * scale, w * scale]), 0);
+  return plan.caches.reduce(
+    (n, { channels, scale }) => n + 4 * sizeOf([CACHE_FRAMES, channels, h * scale, w * scale]),
+    0,
+  );
 }
 
 /** A folder's vae/, opened and checked: its config, and the decoder's tensors when asked for. */
@@ -570,7 +690,10 @@ export async function openWanVae(files: ModelFiles): Promise<WanVaeCheckpoint> {
   const checkpoint = await openCheckpoint(files, 'vae', 'diffusion_pytorch_model');
   const isDecoder = (name: string) => name.startsWith('decoder.') || name.startsWith('post_quant_conv.');
   const entries = new Map([...checkpoint.tensors].filter(([name]) => isDecoder(name)));
-  if (!entries.size) throw new ModelConfigError(`${checkpoint.source} holds no decoder tensors (decoder.*, post_quant_conv.*): it is not AutoencoderKLWan's, as ${VAE_CONFIG} says`);
+  if (!entries.size)
+    throw new ModelConfigError(
+      `${checkpoint.source} holds no decoder tensors (decoder.*, post_quant_conv.*): it is not AutoencoderKLWan's, as ${VAE_CONFIG} says`,
+    );
   checkShapes(decoderWeightShapes(config), entries, checkpoint.source);
   return {
     config,

@@ -27,13 +27,17 @@ export function fail(at: string, expected: string, value: unknown): never {
 export const num =
   (min = -Infinity, max = Infinity): Check<number> =>
   (v, at) =>
-    typeof v === 'number' && Number.isFinite(v) && v >= min && v <= max ? v : fail(at, `a finite number in [${min}, ${max}]`, v);
+    typeof v === 'number' && Number.isFinite(v) && v >= min && v <= max
+      ? v
+      : fail(at, `a finite number in [${min}, ${max}]`, v);
 
 /** An integer in [min, max]. */
 export const int =
   (min = Number.MIN_SAFE_INTEGER, max = Number.MAX_SAFE_INTEGER): Check<number> =>
   (v, at) =>
-    Number.isInteger(v) && (v as number) >= min && (v as number) <= max ? (v as number) : fail(at, `an integer in [${min}, ${max}]`, v);
+    Number.isInteger(v) && (v as number) >= min && (v as number) <= max
+      ? (v as number)
+      : fail(at, `an integer in [${min}, ${max}]`, v);
 
 export const text =
   (maxLength = 4096): Check<string> =>
@@ -44,10 +48,15 @@ export const text =
 export const floats =
   (maxLength = 1 << 28): Check<Float32Array> =>
   (v, at) =>
-    v instanceof Float32Array && v.length <= maxLength ? v : fail(at, `a Float32Array of at most ${maxLength} values`, v);
+    v instanceof Float32Array && v.length <= maxLength
+      ? v
+      : fail(at, `a Float32Array of at most ${maxLength} values`, v);
 
 export function oneOf<const T extends readonly (string | number | boolean | null)[]>(...values: T): Check<T[number]> {
-  return (v, at) => (values.includes(v as T[number]) ? (v as T[number]) : fail(at, `one of ${values.map((x) => JSON.stringify(x)).join(', ')}`, v));
+  return (v, at) =>
+    values.includes(v as T[number])
+      ? (v as T[number])
+      : fail(at, `one of ${values.map((x) => JSON.stringify(x)).join(', ')}`, v);
 }
 
 export function list<T>(item: Check<T>, { min = 0, max = 4096 } = {}): Check<T[]> {
@@ -66,14 +75,17 @@ export function nullable<T>(check: Check<T>): Check<T | null> {
 }
 
 type Shape = Record<string, Check<unknown>>;
-type Checked<S extends Shape> = { [K in keyof S as undefined extends ReturnType<S[K]> ? never : K]: ReturnType<S[K]> } & {
+type Checked<S extends Shape> = {
+  [K in keyof S as undefined extends ReturnType<S[K]> ? never : K]: ReturnType<S[K]>;
+} & {
   [K in keyof S as undefined extends ReturnType<S[K]> ? K : never]?: ReturnType<S[K]>;
 };
 
 /** An object with these fields (fields a check allows to be undefined are optional); other fields are dropped. */
 export function fields<S extends Shape>(shape: S): Check<Checked<S>> {
   return (v, at) => {
-    if (!v || typeof v !== 'object' || Array.isArray(v) || ArrayBuffer.isView(v)) fail(at, `an object with ${Object.keys(shape).join(', ') || 'no fields'}`, v);
+    if (!v || typeof v !== 'object' || Array.isArray(v) || ArrayBuffer.isView(v))
+      fail(at, `an object with ${Object.keys(shape).join(', ') || 'no fields'}`, v);
     const out: Record<string, unknown> = {};
     for (const [key, check] of Object.entries(shape)) {
       const value = check((v as Record<string, unknown>)[key], `${at}.${key}`);
@@ -85,7 +97,9 @@ export function fields<S extends Shape>(shape: S): Check<Checked<S>> {
 
 /** No arguments: nothing, or an empty object. */
 export const none: Check<Record<string, never>> = (v, at) =>
-  v === undefined || v === null || (typeof v === 'object' && !Array.isArray(v) && Object.keys(v).length === 0) ? {} : fail(at, 'no arguments', v);
+  v === undefined || v === null || (typeof v === 'object' && !Array.isArray(v) && Object.keys(v).length === 0)
+    ? {}
+    : fail(at, 'no arguments', v);
 
 /** `value` as a T if it passes, else undefined: for advisory fields (a pulse's), where a bad value is dropped, not its sender. */
 export function passing<T>(check: Check<T>, value: unknown, at: string): T | undefined {

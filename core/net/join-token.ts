@@ -28,7 +28,8 @@ export function roomOf(token: string): string | null {
 }
 
 /** What a page shows the relay to enter its swarm's room: bound to its PeerJS id and credential. */
-export const relayProof = (token: string, peer: string, auth: string): string => joinProof(token, 'relay', roomOf(token) ?? '', peer, auth);
+export const relayProof = (token: string, peer: string, auth: string): string =>
+  joinProof(token, 'relay', roomOf(token) ?? '', peer, auth);
 
 /** What the dashboard asks its server: keep this token (proof that it holds its dashboard key), or a new one. */
 export interface SwarmRequest {
@@ -66,12 +67,20 @@ export interface CoordinatorAnswer {
 // or says where it is (a worker holding the token could otherwise cut off or take over the swarm).
 export const keepProof = (dashboardKey: string, room: string): string => joinProof(dashboardKey, 'keep', room);
 export const revokeProof = (dashboardKey: string, room: string): string => joinProof(dashboardKey, 'revoke', room);
-export const registerProof = (dashboardKey: string, room: string, peer: string): string => joinProof(dashboardKey, 'register', room, peer);
+export const registerProof = (dashboardKey: string, room: string, peer: string): string =>
+  joinProof(dashboardKey, 'register', room, peer);
 export const findProof = (token: string, peer: string): string => joinProof(token, 'find', roomOf(token) ?? '', peer);
 
 async function post(origin: string, path: string, body: SwarmRequest | CoordinatorRequest): Promise<Response> {
-  const response = await fetch(new URL(path, origin), { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
-  if (!response.ok) throw new Error(`the server at ${origin} would not ${WHAT_FOR[path]}: HTTP ${response.status} ${await response.text()}`);
+  const response = await fetch(new URL(path, origin), {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify(body),
+  });
+  if (!response.ok)
+    throw new Error(
+      `the server at ${origin} would not ${WHAT_FOR[path]}: HTTP ${response.status} ${await response.text()}`,
+    );
   return response;
 }
 
@@ -90,7 +99,8 @@ export async function obtainSwarmKeys(origin: string, held?: Partial<SwarmKeys>)
   const keep = room && held?.token && held.dashboardKey ? (held as SwarmKeys) : null;
   const request: SwarmRequest = keep ? { room: room!, proof: keepProof(keep.dashboardKey, room!) } : {};
   const answer = (await (await post(origin, SWARMS_PATH, request)).json()) as SwarmAnswer;
-  if (typeof answer.token === 'string' && roomOf(answer.token) && typeof answer.dashboardKey === 'string') return { token: answer.token, dashboardKey: answer.dashboardKey };
+  if (typeof answer.token === 'string' && roomOf(answer.token) && typeof answer.dashboardKey === 'string')
+    return { token: answer.token, dashboardKey: answer.dashboardKey };
   if (keep && answer.token === undefined) return keep;
   throw new Error(`the server at ${origin} answered ${JSON.stringify(answer).slice(0, 200)} for a join token`);
 }
@@ -112,16 +122,28 @@ export async function registerCoordinator(origin: string, keys: SwarmKeys, peer:
  * does not stand by the token (revoked, or none of its making), `waiting` where no dashboard of the
  * swarm is open. A server that cannot be reached throws.
  */
-export async function findCoordinator(origin: string, token: string, worker: string): Promise<{ coordinator: string } | { refused: string } | { waiting: string }> {
+export async function findCoordinator(
+  origin: string,
+  token: string,
+  worker: string,
+): Promise<{ coordinator: string } | { refused: string } | { waiting: string }> {
   const room = roomOf(token);
   if (!room) return { refused: 'this link has no join token of this server: open the worker link the dashboard shows' };
   const body: CoordinatorRequest = { room, peer: worker, proof: findProof(token, worker) };
-  const response = await fetch(new URL(FIND_PATH, origin), { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+  const response = await fetch(new URL(FIND_PATH, origin), {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify(body),
+  });
   const text = async () => (await response.text()).slice(0, 300);
   if (response.status === 403) return { refused: `the server refused this link: ${await text()}` };
   if (response.status === 404) return { waiting: await text() };
-  if (!response.ok) throw new Error(`the server at ${origin} would not say where this swarm's dashboard is: HTTP ${response.status} ${await text()}`);
+  if (!response.ok)
+    throw new Error(
+      `the server at ${origin} would not say where this swarm's dashboard is: HTTP ${response.status} ${await text()}`,
+    );
   const answer = (await response.json()) as Partial<CoordinatorAnswer>;
-  if (typeof answer.coordinator !== 'string') throw new Error(`the server at ${origin} answered ${JSON.stringify(answer).slice(0, 200)} for the dashboard's id`);
+  if (typeof answer.coordinator !== 'string')
+    throw new Error(`the server at ${origin} answered ${JSON.stringify(answer).slice(0, 200)} for the dashboard's id`);
   return { coordinator: answer.coordinator };
 }

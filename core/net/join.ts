@@ -17,16 +17,25 @@ export interface JoinMetadata {
 /** how long either side waits for the other's step of the handshake */
 export const JOIN_STEP_TIMEOUT_MS = 10_000;
 
-type JoinBody = { type: 'challenge'; nonce: string; proof: string } | { type: 'hello'; proof: string } | { type: 'refused'; reason: string };
+type JoinBody =
+  | { type: 'challenge'; nonce: string; proof: string }
+  | { type: 'hello'; proof: string }
+  | { type: 'refused'; reason: string };
 
 /** The join metadata of a worker's dial, or null where it is not one. */
 export function joinMetadata(metadata: unknown): JoinMetadata | null {
   const m = metadata as Partial<JoinMetadata> | null;
-  return m?.role === 'worker' && typeof m.nonce === 'string' && /^[0-9a-f]{32}$/.test(m.nonce) ? { role: 'worker', nonce: m.nonce } : null;
+  return m?.role === 'worker' && typeof m.nonce === 'string' && /^[0-9a-f]{32}$/.test(m.nonce)
+    ? { role: 'worker', nonce: m.nonce }
+    : null;
 }
 
 /** The next handshake message on `link` of this type, or null on timeout or a closed link. */
-function next<T extends JoinBody['type']>(link: Link, types: T[], timeoutMs: number): Promise<Extract<JoinBody, { type: T }> | null> {
+function next<T extends JoinBody['type']>(
+  link: Link,
+  types: T[],
+  timeoutMs: number,
+): Promise<Extract<JoinBody, { type: T }> | null> {
   return new Promise((resolve) => {
     const done = (value: Extract<JoinBody, { type: T }> | null) => {
       clearTimeout(timer);
@@ -50,14 +59,28 @@ const text = (v: unknown, max = 256): v is string => typeof v === 'string' && v.
  * The dashboard's side, on a worker's new link: null once the worker has proved it holds `token`,
  * else why it is refused (it is told so).
  */
-export async function admitWorker(link: Link, token: string, ids: { coordinator: string; worker: string }, metadata: JoinMetadata): Promise<string | null> {
+export async function admitWorker(
+  link: Link,
+  token: string,
+  ids: { coordinator: string; worker: string },
+  metadata: JoinMetadata,
+): Promise<string | null> {
   const ours = nonce();
   const hello = next(link, ['hello'], JOIN_STEP_TIMEOUT_MS);
   const proof = joinProof(token, 'coordinator', metadata.nonce, ours, ids.worker, ids.coordinator);
-  await link.send({ kind: 'rpc', from: COORDINATOR, body: { type: 'challenge', nonce: ours, proof }, tensors: [] }).catch(() => {});
+  await link
+    .send({ kind: 'rpc', from: COORDINATOR, body: { type: 'challenge', nonce: ours, proof }, tensors: [] })
+    .catch(() => {});
   const answer = await hello;
-  if (answer && text(answer.proof) && answer.proof === joinProof(token, 'worker', ours, metadata.nonce, ids.worker, ids.coordinator)) return null;
-  const reason = answer ? 'it did not prove it holds the join token: open the join link shown on the dashboard' : 'it did not prove it holds the join token in time (a wrong join link?)';
+  if (
+    answer &&
+    text(answer.proof) &&
+    answer.proof === joinProof(token, 'worker', ours, metadata.nonce, ids.worker, ids.coordinator)
+  )
+    return null;
+  const reason = answer
+    ? 'it did not prove it holds the join token: open the join link shown on the dashboard'
+    : 'it did not prove it holds the join token in time (a wrong join link?)';
   await link.send({ kind: 'rpc', from: COORDINATOR, body: { type: 'refused', reason }, tensors: [] }).catch(() => {});
   return reason;
 }
@@ -66,13 +89,33 @@ export async function admitWorker(link: Link, token: string, ids: { coordinator:
  * The worker's side, on its new link to its dashboard: null once the dashboard has proved it
  * holds `token` (and been given this worker's proof), else why this worker will not serve it.
  */
-export async function joinDashboard(link: Link, token: string, ids: { coordinator: string; worker: string }, metadata: JoinMetadata): Promise<{ refused: string } | null> {
+export async function joinDashboard(
+  link: Link,
+  token: string,
+  ids: { coordinator: string; worker: string },
+  metadata: JoinMetadata,
+): Promise<{ refused: string } | null> {
   const step = await next(link, ['challenge', 'refused'], JOIN_STEP_TIMEOUT_MS);
   if (!step) return { refused: 'the dashboard did not answer the join handshake' };
-  if (step.type === 'refused') return { refused: `the dashboard refused this worker: ${text(step.reason, 1000) ? step.reason : 'no reason given'}` };
-  if (!text(step.nonce) || !text(step.proof) || step.proof !== joinProof(token, 'coordinator', metadata.nonce, step.nonce, ids.worker, ids.coordinator)) {
-    return { refused: "the dashboard did not prove it holds this link's join token: open the join link the dashboard shows (a page that took its place cannot)" };
+  if (step.type === 'refused')
+    return {
+      refused: `the dashboard refused this worker: ${text(step.reason, 1000) ? step.reason : 'no reason given'}`,
+    };
+  if (
+    !text(step.nonce) ||
+    !text(step.proof) ||
+    step.proof !== joinProof(token, 'coordinator', metadata.nonce, step.nonce, ids.worker, ids.coordinator)
+  ) {
+    return {
+      refused:
+        "the dashboard did not prove it holds this link's join token: open the join link the dashboard shows (a page that took its place cannot)",
+    };
   }
-  await link.send({ kind: 'rpc', from: 0, body: { type: 'hello', proof: joinProof(token, 'worker', step.nonce, metadata.nonce, ids.worker, ids.coordinator) }, tensors: [] });
+  await link.send({
+    kind: 'rpc',
+    from: 0,
+    body: { type: 'hello', proof: joinProof(token, 'worker', step.nonce, metadata.nonce, ids.worker, ids.coordinator) },
+    tensors: [],
+  });
   return null;
 }

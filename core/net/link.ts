@@ -150,7 +150,10 @@ export class Link {
     this.channel.removeEventListener('bufferedamountlow', this.pump);
     this.channel.removeEventListener('close', this.onChannelClose);
     const pending = this.queue.splice(0);
-    for (const out of pending) out.reject(new Error(`${reason} before ${out.frames.frameCount - out.next} of ${out.frames.frameCount} frames were sent`));
+    for (const out of pending)
+      out.reject(
+        new Error(`${reason} before ${out.frames.frameCount - out.next} of ${out.frames.frameCount} frames were sent`),
+      );
     for (const cb of [...this.closeListeners]) cb(reason);
     this.closeListeners.clear();
   }
@@ -177,7 +180,7 @@ export class Link {
     this.pumping = true;
     try {
       while (this.queue.length > 0 && this.closedReason === null && this.channel.bufferedAmount < this.highWater) {
-        const head = this.queue[0]!;
+        const head = this.queue[0];
         try {
           const frame = head.frames.frame(head.next);
           this.channel.send(frame);

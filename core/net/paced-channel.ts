@@ -37,13 +37,16 @@ export class EmulatedWire {
 
   private arm(): void {
     if (this.timer !== null || !this.queue.length) return;
-    this.timer = setTimeout(() => {
-      this.timer = null;
-      // a timer may fire a little early or late: everything due by now goes, in order
-      const now = performance.now() + 1;
-      while (this.queue.length && this.queue[0]!.due <= now) this.queue.shift()!.deliver();
-      this.arm();
-    }, Math.max(0, this.queue[0]!.due - performance.now()));
+    this.timer = setTimeout(
+      () => {
+        this.timer = null;
+        // a timer may fire a little early or late: everything due by now goes, in order
+        const now = performance.now() + 1;
+        while (this.queue.length && this.queue[0].due <= now) this.queue.shift()!.deliver();
+        this.arm();
+      },
+      Math.max(0, this.queue[0].due - performance.now()),
+    );
   }
 }
 

@@ -84,12 +84,30 @@ export async function registerPeer<P extends SignalingPeer>(create: () => P, ser
 export async function signalingOptions(origin: string): Promise<SignalingOptions> {
   const url = new URL(origin);
   const response = await fetch(new URL('/signaling.json', url));
-  if (!response.ok) throw new Error(`no signaling server at ${url.origin} (HTTP ${response.status}); is this a ditswarm server?`);
-  const published = (await response.json()) as { path: string; key: string; iceServers?: IceServer[]; relay?: { mode: RelayMode; path: string }; lanOrigins?: unknown };
+  if (!response.ok)
+    throw new Error(`no signaling server at ${url.origin} (HTTP ${response.status}); is this a ditswarm server?`);
+  const published = (await response.json()) as {
+    path: string;
+    key: string;
+    iceServers?: IceServer[];
+    relay?: { mode: RelayMode; path: string };
+    lanOrigins?: unknown;
+  };
   const { path, key, iceServers = [], relay = { mode: 'off', path: RELAY_PATH } } = published;
-  const lanOrigins = Array.isArray(published.lanOrigins) ? published.lanOrigins.filter((o): o is string => typeof o === 'string' && URL.canParse(o)) : [];
+  const lanOrigins = Array.isArray(published.lanOrigins)
+    ? published.lanOrigins.filter((o): o is string => typeof o === 'string' && URL.canParse(o))
+    : [];
   const secure = url.protocol === 'https:';
-  return { host: url.hostname, port: Number(url.port) || (secure ? 443 : 80), path, key, secure, iceServers, relay, lanOrigins };
+  return {
+    host: url.hostname,
+    port: Number(url.port) || (secure ? 443 : 80),
+    path,
+    key,
+    secure,
+    iceServers,
+    relay,
+    lanOrigins,
+  };
 }
 
 /**
@@ -97,9 +115,21 @@ export async function signalingOptions(origin: string): Promise<SignalingOptions
  * (`peer.options.token`). The relay groups pages by their swarm's room, and admits a page that
  * proves it holds the room's join token (which leaves no page).
  */
-export function connectRelay(origin: string, signaling: SignalingOptions, page: { peer: string; auth: string; token: string; role: RelayRole }): Promise<RelayClient> {
+export function connectRelay(
+  origin: string,
+  signaling: SignalingOptions,
+  page: { peer: string; auth: string; token: string; role: RelayRole },
+): Promise<RelayClient> {
   const { peer, auth, token, role } = page;
-  return RelayClient.connect(relayUrl(origin, signaling.relay.path, { peer, auth, room: roomOf(token) ?? '', proof: relayProof(token, peer, auth), role }));
+  return RelayClient.connect(
+    relayUrl(origin, signaling.relay.path, {
+      peer,
+      auth,
+      room: roomOf(token) ?? '',
+      proof: relayProof(token, peer, auth),
+      role,
+    }),
+  );
 }
 
 export function transportOf(conn: DataConnectionLike): Transport {
@@ -126,7 +156,10 @@ export async function dial(
   const conn = peer.connect(to, { serialization: 'raw', reliable: true, metadata }) as DataConnectionLike;
   const fallbackMs = relay.fallbackMs ?? RELAY_FALLBACK_MS;
   const failure = await new Promise<string | null>((resolve) => {
-    if (conn.open) return resolve(null);
+    if (conn.open) {
+      resolve(null);
+      return;
+    }
     const timer = setTimeout(() => resolve(`no data channel to ${to} within ${fallbackMs / 1000} s`), fallbackMs);
     const settle = (why: string | null) => (clearTimeout(timer), resolve(why));
     conn.on('open', () => settle(null));
@@ -151,7 +184,11 @@ export interface OpenLinkOptions extends LinkOptions {
 }
 
 /** Resolves with a Link once the connection is open; `onClose` runs once when it goes away. */
-export function openLink(conn: DataConnectionLike, onClose: (reason: string) => void, options: OpenLinkOptions = {}): Promise<Link> {
+export function openLink(
+  conn: DataConnectionLike,
+  onClose: (reason: string) => void,
+  options: OpenLinkOptions = {},
+): Promise<Link> {
   return new Promise((resolve, reject) => {
     let link: Link | null = null;
     let closed = false;
@@ -173,7 +210,10 @@ export function openLink(conn: DataConnectionLike, onClose: (reason: string) => 
     const start = () => {
       if (closed || link) return;
       clearTimeout(timer);
-      link = new Link(options.emulate ? new PacedChannel(conn.dataChannel, options.emulate) : conn.dataChannel, options);
+      link = new Link(
+        options.emulate ? new PacedChannel(conn.dataChannel, options.emulate) : conn.dataChannel,
+        options,
+      );
       resolve(link);
     };
     conn.on('data', (data) => {

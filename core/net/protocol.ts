@@ -134,7 +134,8 @@ export function frameMessage(msg: Message, msgId: number, chunkBytes = DEFAULT_C
     totalBytes += s.byteLength;
   }
   // Stryker disable next-line EqualityOperator: totalBytes is never U32_MAX, an odd number: a tensor payload is whole 2- or 4-byte elements and an rpc payload a multiple of 4, so >= refuses exactly what > does
-  if (totalBytes > U32_MAX) throw new RangeError(`message payload is ${totalBytes} bytes; at most ${U32_MAX} fit a frame header`);
+  if (totalBytes > U32_MAX)
+    throw new RangeError(`message payload is ${totalBytes} bytes; at most ${U32_MAX} fit a frame header`);
   const stride = chunkBytes - HEADER_BYTES;
   const frameCount = Math.max(1, Math.ceil(totalBytes / stride));
 
@@ -176,8 +177,8 @@ export function frameMessage(msg: Message, msgId: number, chunkBytes = DEFAULT_C
       let at = HEADER_BYTES;
       // Stryker disable next-line LogicalOperator,ConditionalExpression,EqualityOperator: either bound alone ends this loop where both do: the segments tile [0, totalBytes), so at reaches out.length as the last segment overlapping [begin, end) is copied, before s can run out, and the segments after it start at or past end and are skipped by from >= to
       for (let s = 0; s < segments.length && at < out.length; s++) {
-        const segStart = starts[s]!;
-        const seg = segments[s]!;
+        const segStart = starts[s];
+        const seg = segments[s];
         const from = Math.max(begin, segStart);
         const to = Math.min(end, segStart + seg.byteLength);
         // Stryker disable next-line EqualityOperator: when from === to, going on sets an empty subarray at at <= out.length and adds 0 to at: nothing changes, so > and >= agree
@@ -204,10 +205,14 @@ function tensorBytes(msg: Extract<Message, { kind: 'tensor' }>): Uint8Array {
   checkUint('tag.block', tag.block, U16_MAX);
   checkUint('tag.phase', tag.phase, U16_MAX);
   checkUint('tag.group', tag.group, U16_MAX);
-  if (!(dtype in DTYPE_CODE)) throw new TypeError(`dtype must be one of ${Object.keys(DTYPE_CODE).join(', ')}, got ${String(dtype)}`);
+  if (!(dtype in DTYPE_CODE))
+    throw new TypeError(`dtype must be one of ${Object.keys(DTYPE_CODE).join(', ')}, got ${String(dtype)}`);
   if (shape.length > MAX_NDIM) throw new RangeError(`a tensor has at most ${MAX_NDIM} dims, got shape [${shape}]`);
   shape.forEach((d, i) => checkUint(`shape[${i}]`, d, U32_MAX));
-  const expected = payloadBytes(shape.reduce((a, b) => a * b, 1), dtype);
+  const expected = payloadBytes(
+    shape.reduce((a, b) => a * b, 1),
+    dtype,
+  );
   if (data.byteLength !== expected) {
     throw new RangeError(`tensor of shape [${shape}] ${dtype} needs ${expected} bytes, data has ${data.byteLength}`);
   }
@@ -323,7 +328,9 @@ export class Reassembler {
       const verdict = this.judge(header);
       if (verdict !== null) return this.drop(`message ${msgId} rejected: ${verdict}`);
       if (totalBytes > this.maxPendingBytes) {
-        return this.drop(`message ${msgId} declares ${totalBytes} bytes, over the ${this.maxPendingBytes}-byte pending cap`);
+        return this.drop(
+          `message ${msgId} declares ${totalBytes} bytes, over the ${this.maxPendingBytes}-byte pending cap`,
+        );
       }
       while (this.open.size >= this.maxOpenMessages || this.pendingBytes + totalBytes > this.maxPendingBytes) {
         this.evictOldest();
@@ -339,13 +346,14 @@ export class Reassembler {
       this.pendingBytes += totalBytes;
     } else {
       const diff = firstDifference(partial.signature, signatureOf(bytes));
-      if (diff !== null) return this.drop(`chunk ${chunkIndex} of message ${msgId} disagrees with its first chunk on ${diff}`);
+      if (diff !== null)
+        return this.drop(`chunk ${chunkIndex} of message ${msgId} disagrees with its first chunk on ${diff}`);
     }
 
     const word = chunkIndex >>> 5;
     const bit = 1 << (chunkIndex & 31);
-    if ((partial.seen[word]! & bit) !== 0) return this.drop(`duplicate chunk ${chunkIndex} of message ${msgId}`);
-    partial.seen[word]! |= bit;
+    if ((partial.seen[word] & bit) !== 0) return this.drop(`duplicate chunk ${chunkIndex} of message ${msgId}`);
+    partial.seen[word] |= bit;
     partial.payload.set(bytes.subarray(HEADER_BYTES), chunkIndex * chunkStride);
     if (--partial.missing > 0) return null;
 
@@ -377,7 +385,9 @@ export class Reassembler {
     const [oldestId, oldest] = this.open.entries().next().value!;
     this.open.delete(oldestId);
     this.pendingBytes -= oldest.header.totalBytes;
-    this.drop(`evicted partial message ${oldestId} (${oldest.missing} of ${oldest.header.chunkCount} chunks missing) to make room`);
+    this.drop(
+      `evicted partial message ${oldestId} (${oldest.missing} of ${oldest.header.chunkCount} chunks missing) to make room`,
+    );
   }
 
   private markDone(msgId: number): void {
@@ -395,7 +405,8 @@ export class Reassembler {
 
 /** Parses and validates one frame's header against its own length; a string says what is wrong. */
 export function readHeader(bytes: Uint8Array): FrameHeader | string {
-  if (bytes.byteLength < HEADER_BYTES) return `frame of ${bytes.byteLength} bytes is shorter than the ${HEADER_BYTES}-byte header`;
+  if (bytes.byteLength < HEADER_BYTES)
+    return `frame of ${bytes.byteLength} bytes is shorter than the ${HEADER_BYTES}-byte header`;
   const v = new DataView(bytes.buffer, bytes.byteOffset, HEADER_BYTES);
   const magic = v.getUint16(0, true);
   if (magic !== MAGIC) return `bad magic 0x${magic.toString(16)}, expected 0x${MAGIC.toString(16)}`;
@@ -448,7 +459,8 @@ export function readHeader(bytes: Uint8Array): FrameHeader | string {
   if (chunkIndex >= chunkCount) return `chunkIndex ${chunkIndex} is not below chunkCount ${chunkCount}`;
   const expectedPayload = Math.min(chunkStride, totalBytes - chunkIndex * chunkStride);
   const payload = bytes.byteLength - HEADER_BYTES;
-  if (payload !== expectedPayload) return `chunk ${chunkIndex} carries ${payload} payload bytes, expected ${expectedPayload}`;
+  if (payload !== expectedPayload)
+    return `chunk ${chunkIndex} carries ${payload} payload bytes, expected ${expectedPayload}`;
 
   return { kind, dtype, from, tag, shape, msgId, chunkIndex, chunkCount, chunkStride, totalBytes };
 }
@@ -481,7 +493,8 @@ function decodeRpc(payload: Uint8Array): { body: unknown; tensors: Float32Array[
   const jsonBytes = v.getUint32(0, true);
   const tensorCount = v.getUint32(4, true);
   const prefixBytes = 8 + 4 * tensorCount;
-  if (prefixBytes > payload.byteLength) return `declares ${tensorCount} tensors, more than ${payload.byteLength} bytes can hold`;
+  if (prefixBytes > payload.byteLength)
+    return `declares ${tensorCount} tensors, more than ${payload.byteLength} bytes can hold`;
   let elements = 0;
   const lengths: number[] = [];
   for (let i = 0; i < tensorCount; i++) {
@@ -521,7 +534,7 @@ export function toF16(src: Float32Array): Uint16Array {
   // Stryker disable next-line EqualityOperator: one pass more (i = src.length) puts src[i] = undefined into the scratch, which the next pass overwrites, and writes out[i], past the end of a typed array, which is ignored
   for (let i = 0; i < src.length; i++) {
     f32Scratch[0] = src[i]!;
-    out[i] = f16Bits(u32Scratch[0]!);
+    out[i] = f16Bits(u32Scratch[0]);
   }
   return out;
 }
@@ -557,7 +570,7 @@ export function fromF16(src: Uint16Array): Float32Array {
   const table = (f16Table ??= buildF16Table());
   const out = new Float32Array(src.length);
   // Stryker disable next-line EqualityOperator: one pass more (i = src.length) reads table[undefined] and writes out[i], past the end of a typed array, which is ignored
-  for (let i = 0; i < src.length; i++) out[i] = table[src[i]!]!;
+  for (let i = 0; i < src.length; i++) out[i] = table[src[i]]!;
   return out;
 }
 
@@ -586,10 +599,10 @@ function quantize(src: Float32Array, scales: Float32Array, q: Int8Array, levels:
   for (let g = 0; g < scales.length; g++) {
     const end = Math.min(src.length, (g + 1) * I8_GROUP);
     let max = 0;
-    for (let i = g * I8_GROUP; i < end; i++) max = Math.max(max, Math.abs(src[i]!));
+    for (let i = g * I8_GROUP; i < end; i++) max = Math.max(max, Math.abs(src[i]));
     const scale = max / levels;
     scales[g] = scale;
-    for (let i = g * I8_GROUP; i < end; i++) q[i] = scale > 0 ? Math.round(src[i]! / scale) : 0;
+    for (let i = g * I8_GROUP; i < end; i++) q[i] = scale > 0 ? Math.round(src[i] / scale) : 0;
   }
 }
 
@@ -608,7 +621,7 @@ function fromI8(data: Uint8Array): Float32Array {
   const scales = new Float32Array(aligned.buffer, aligned.byteOffset, groups);
   const q = new Int8Array(aligned.buffer, aligned.byteOffset + 4 * groups, n);
   const out = new Float32Array(n);
-  for (let i = 0; i < n; i++) out[i] = q[i]! * scales[(i / I8_GROUP) | 0]!;
+  for (let i = 0; i < n; i++) out[i] = q[i] * scales[(i / I8_GROUP) | 0];
   return out;
 }
 
@@ -630,7 +643,7 @@ function toI4(src: Float32Array): Uint8Array {
   const q = new Int8Array(src.length);
   quantize(src, new Float32Array(out.buffer, 0, groups), q, 7);
   const nibbles = out.subarray(4 * groups);
-  for (let i = 0; i < q.length; i++) nibbles[i >> 1] |= (q[i]! + 8) << (4 * (i & 1));
+  for (let i = 0; i < q.length; i++) nibbles[i >> 1] |= (q[i] + 8) << (4 * (i & 1));
   return out;
 }
 
@@ -639,9 +652,9 @@ function fromI4(data: Uint8Array): Float32Array {
   const aligned = data.byteOffset % 4 === 0 ? data : data.slice();
   const scales = new Float32Array(aligned.buffer, aligned.byteOffset, groups);
   const nibbles = aligned.subarray(4 * groups);
-  const n = 2 * nibbles.length - (nibbles.length && nibbles[nibbles.length - 1]! >> 4 === 0 ? 1 : 0);
+  const n = 2 * nibbles.length - (nibbles.length && nibbles[nibbles.length - 1] >> 4 === 0 ? 1 : 0);
   const out = new Float32Array(n);
-  for (let i = 0; i < n; i++) out[i] = (((nibbles[i >> 1]! >> (4 * (i & 1))) & 0xf) - 8) * scales[(i / I8_GROUP) | 0]!;
+  for (let i = 0; i < n; i++) out[i] = (((nibbles[i >> 1] >> (4 * (i & 1))) & 0xf) - 8) * scales[(i / I8_GROUP) | 0];
   return out;
 }
 

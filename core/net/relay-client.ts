@@ -72,7 +72,10 @@ export function relayUrl(origin: string, path: string, registration: RelayRegist
 /** One page's WebSocket to the relay, and the relayed connections over it. */
 export class RelayClient {
   private readonly connections = new Map<number, RelayConnection>();
-  private readonly dials = new Map<number, { resolve: (c: RelayConnection) => void; reject: (e: Error) => void; to: string; metadata: unknown }>();
+  private readonly dials = new Map<
+    number,
+    { resolve: (c: RelayConnection) => void; reject: (e: Error) => void; to: string; metadata: unknown }
+  >();
   private readonly acceptors = new Set<(conn: RelayConnection) => void>();
   private readonly closeListeners = new Set<(reason: string) => void>();
   private nextRef = 1;
@@ -81,14 +84,20 @@ export class RelayClient {
   private constructor(private readonly socket: RelaySocket) {}
 
   /** Opens the socket and registers; rejects with the server's reason when it refuses this page. */
-  static connect(url: string, openSocket: (url: string) => RelaySocket = (u) => new WebSocket(u)): Promise<RelayClient> {
+  static connect(
+    url: string,
+    openSocket: (url: string) => RelaySocket = (u) => new WebSocket(u),
+  ): Promise<RelayClient> {
     return new Promise((resolve, reject) => {
       const socket = openSocket(url);
       socket.binaryType = 'arraybuffer';
       const client = new RelayClient(socket);
       let welcomed = false;
       socket.addEventListener('message', (event) => {
-        if (typeof event.data !== 'string') return client.onFrame(event.data);
+        if (typeof event.data !== 'string') {
+          client.onFrame(event.data);
+          return;
+        }
         const control = parseControl(event.data);
         if (control?.t === 'welcome' && !welcomed) {
           welcomed = true;
@@ -112,7 +121,8 @@ export class RelayClient {
 
   /** Asks the server for a relayed connection to `to`, announced there with `metadata`. */
   dial(to: string, metadata: unknown): Promise<RelayConnection> {
-    if (this.closedReason !== null) return Promise.reject(new Error(`cannot dial ${to} through the relay: ${this.closedReason}`));
+    if (this.closedReason !== null)
+      return Promise.reject(new Error(`cannot dial ${to} through the relay: ${this.closedReason}`));
     const ref = this.nextRef++;
     return new Promise((resolve, reject) => {
       this.dials.set(ref, { resolve, reject, to, metadata });
@@ -137,7 +147,8 @@ export class RelayClient {
 
   /** @internal used by RelayConnection */
   sendFrame(conn: number, frame: ArrayBuffer): void {
-    if (this.socket.readyState !== OPEN) throw new Error(`the relay socket is not open: ${this.closedReason ?? 'closing'}`);
+    if (this.socket.readyState !== OPEN)
+      throw new Error(`the relay socket is not open: ${this.closedReason ?? 'closing'}`);
     const envelope = new Uint8Array(RELAY_ENVELOPE_BYTES + frame.byteLength);
     new DataView(envelope.buffer).setUint32(0, conn, true);
     envelope.set(new Uint8Array(frame), RELAY_ENVELOPE_BYTES);
@@ -166,10 +177,14 @@ export class RelayClient {
         const dial = this.dials.get(control.ref);
         if (!dial) return;
         this.dials.delete(control.ref);
-        if (control.t === 'dial-failed') return dial.reject(new Error(`the relay could not connect to ${dial.to}: ${control.reason}`));
+        if (control.t === 'dial-failed') {
+          dial.reject(new Error(`the relay could not connect to ${dial.to}: ${control.reason}`));
+          return;
+        }
         const conn = new RelayConnection(this, control.conn, dial.to, dial.metadata);
         this.connections.set(control.conn, conn);
-        return dial.resolve(conn);
+        dial.resolve(conn);
+        return;
       }
       case 'incoming': {
         const conn = new RelayConnection(this, control.conn, control.from, control.metadata);
@@ -191,7 +206,8 @@ export class RelayClient {
   private shut(reason: string): void {
     if (this.closedReason !== null) return;
     this.closedReason = reason;
-    for (const dial of this.dials.values()) dial.reject(new Error(`cannot dial ${dial.to} through the relay: ${reason}`));
+    for (const dial of this.dials.values())
+      dial.reject(new Error(`cannot dial ${dial.to} through the relay: ${reason}`));
     this.dials.clear();
     const open = [...this.connections.values()];
     this.connections.clear();
@@ -236,8 +252,7 @@ export class RelayConnection implements DataConnectionLike {
       this.onData.add(cb as (data: unknown) => void);
       // frames that came before anyone listened (the far side may speak first): after the caller's setup
       if (this.early.length > 0) queueMicrotask(() => this.early.splice(0).forEach((frame) => this.deliver(frame)));
-    }
-    else if (event === 'error') this.onError.add(cb as (error: Error) => void);
+    } else if (event === 'error') this.onError.add(cb as (error: Error) => void);
     else this.onOpenOrClose[event].add(cb as () => void);
     return this;
   }

@@ -19,7 +19,9 @@ export type ApiContract<Api> = {
 
 /** How the calling side sees Api: each method takes its arguments and an optional timeout. */
 export type Remote<Api> = {
-  [M in keyof Api]: Api[M] extends (args: infer A) => Promise<infer R> ? (args: A, timeoutMs?: number) => Promise<R> : never;
+  [M in keyof Api]: Api[M] extends (args: infer A) => Promise<infer R>
+    ? (args: A, timeoutMs?: number) => Promise<R>
+    : never;
 };
 
 type Body =
@@ -86,7 +88,9 @@ function parseBody(msg: Message): Body | null {
 
 /** The method's contract, if `method` names one of the API's own methods (never an inherited property). */
 function contractOf<Api>(contract: ApiContract<Api>, method: string): MethodContract<unknown, unknown> | null {
-  return Object.hasOwn(contract, method) ? (contract as Record<string, MethodContract<unknown, unknown>>)[method] : null;
+  return Object.hasOwn(contract, method)
+    ? (contract as Record<string, MethodContract<unknown, unknown>>)[method]
+    : null;
 }
 
 /** A reply that breaks the contract, as the error its caller sees: who sent it, to which call, what was wrong. */
@@ -95,7 +99,12 @@ function replyBreach(peer: string, method: string, e: unknown): ContractError {
 }
 
 /** The calling side over a link: replies matched to requests by id and checked against the contract. */
-export function remote<Api>(link: Link, from: number, contract: ApiContract<Api>, peer: string): Remote<Api> & { failAll(reason: string): void } {
+export function remote<Api>(
+  link: Link,
+  from: number,
+  contract: ApiContract<Api>,
+  peer: string,
+): Remote<Api> & { failAll(reason: string): void } {
   let nextId = 1;
   const pending = new Map<number, { method: string; resolve: (v: unknown) => void; reject: (e: Error) => void }>();
   link.onMessage((msg) => {
@@ -104,7 +113,10 @@ export function remote<Api>(link: Link, from: number, contract: ApiContract<Api>
     const call = pending.get(body.id);
     if (!call) return;
     pending.delete(body.id);
-    if (!body.ok) return call.reject(new RemoteError(String(body.error), body.detail));
+    if (!body.ok) {
+      call.reject(new RemoteError(String(body.error), body.detail));
+      return;
+    }
     try {
       call.resolve(contractOf(contract, call.method)!.reply(unpackValue(body.result, msg.tensors), 'reply'));
     } catch (e) {
@@ -118,16 +130,25 @@ export function remote<Api>(link: Link, from: number, contract: ApiContract<Api>
         pending.delete(id);
         reject(new RpcTimeout(`${method} did not answer within ${timeoutMs} ms`));
       }, timeoutMs);
-      const settle = <A>(fn: (a: A) => void) => (a: A) => (clearTimeout(timer), fn(a));
+      const settle =
+        <A>(fn: (a: A) => void) =>
+        (a: A) => (clearTimeout(timer), fn(a));
       pending.set(id, { method, resolve: settle(resolve), reject: settle(reject) });
       const { packed, tensors } = packValue(args);
-      link.send({ kind: 'rpc', from, body: { type: 'request', id, method, args: packed }, tensors }).catch((e: Error) => {
-        pending.get(id)?.reject(new RemoteError(`could not send ${method} to ${peer}: ${e.message}`));
-        pending.delete(id);
-      });
+      link
+        .send({ kind: 'rpc', from, body: { type: 'request', id, method, args: packed }, tensors })
+        .catch((e: Error) => {
+          pending.get(id)?.reject(new RemoteError(`could not send ${method} to ${peer}: ${e.message}`));
+          pending.delete(id);
+        });
     });
   };
-  const api = Object.fromEntries(Object.keys(contract).map((method) => [method, (args: unknown, timeoutMs?: number) => call(method, args, timeoutMs)]));
+  const api = Object.fromEntries(
+    Object.keys(contract).map((method) => [
+      method,
+      (args: unknown, timeoutMs?: number) => call(method, args, timeoutMs),
+    ]),
+  );
   return Object.assign(api as Remote<Api>, {
     /** Rejects every call still waiting (the link closed). */
     failAll(reason: string) {
@@ -140,7 +161,8 @@ export function remote<Api>(link: Link, from: number, contract: ApiContract<Api>
 /** Runs one request against the implementation: unknown methods and arguments that break the contract are refused. */
 async function answer<Api>(impl: Api, contract: ApiContract<Api>, method: string, args: unknown): Promise<unknown> {
   const methodContract = contractOf(contract, method);
-  if (!methodContract) throw new Error(`unknown method "${method}"; this side answers only: ${Object.keys(contract).join(', ')}`);
+  if (!methodContract)
+    throw new Error(`unknown method "${method}"; this side answers only: ${Object.keys(contract).join(', ')}`);
   const checked = methodContract.args(args ?? {}, `${method} arguments`);
   return (impl as Record<string, (a: unknown) => Promise<unknown>>)[method](checked);
 }
@@ -150,7 +172,8 @@ export function serve<Api>(link: Link, from: number, contract: ApiContract<Api>,
   return link.onMessage((msg) => {
     const body = parseBody(msg);
     if (body?.type !== 'request' || msg.kind !== 'rpc') return;
-    const reply = (b: Body, tensors: Float32Array[] = []) => link.send({ kind: 'rpc', from, body: b, tensors }).catch(() => {});
+    const reply = (b: Body, tensors: Float32Array[] = []) =>
+      link.send({ kind: 'rpc', from, body: b, tensors }).catch(() => {});
     Promise.resolve()
       .then(() => answer(impl, contract, body.method, unpackValue(body.args, msg.tensors)))
       .then(
@@ -160,7 +183,13 @@ export function serve<Api>(link: Link, from: number, contract: ApiContract<Api>,
         },
         (e: unknown) => {
           const detail = (e as { detail?: unknown } | null)?.detail;
-          return reply({ type: 'reply', id: body.id, ok: false, error: e instanceof Error ? e.message : String(e), ...(detail === undefined ? {} : { detail }) });
+          return reply({
+            type: 'reply',
+            id: body.id,
+            ok: false,
+            error: e instanceof Error ? e.message : String(e),
+            ...(detail === undefined ? {} : { detail }),
+          });
         },
       );
   });
@@ -173,7 +202,13 @@ export function serve<Api>(link: Link, from: number, contract: ApiContract<Api>,
 export function inProcess<Api>(impl: Api, contract: ApiContract<Api>, peer: string): Remote<Api> {
   const call = async (method: string, args: unknown, timeoutMs = DEFAULT_RPC_TIMEOUT_MS) => {
     let timer: ReturnType<typeof setTimeout> | undefined;
-    const timeout = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new RpcTimeout(`${method} did not answer within ${timeoutMs} ms`)), timeoutMs)));
+    const timeout = new Promise<never>(
+      (_, reject) =>
+        (timer = setTimeout(
+          () => reject(new RpcTimeout(`${method} did not answer within ${timeoutMs} ms`)),
+          timeoutMs,
+        )),
+    );
     try {
       const result = await Promise.race([
         answer(impl, contract, method, args).catch((e: unknown) => {
@@ -190,5 +225,10 @@ export function inProcess<Api>(impl: Api, contract: ApiContract<Api>, peer: stri
       clearTimeout(timer);
     }
   };
-  return Object.fromEntries(Object.keys(contract).map((method) => [method, (args: unknown, timeoutMs?: number) => call(method, args, timeoutMs)])) as Remote<Api>;
+  return Object.fromEntries(
+    Object.keys(contract).map((method) => [
+      method,
+      (args: unknown, timeoutMs?: number) => call(method, args, timeoutMs),
+    ]),
+  ) as Remote<Api>;
 }

@@ -38,16 +38,18 @@ const { values } = parseArgs({
 
 ort.env.wasm.numThreads = 1;
 const started = performance.now();
-const model = await loadModel(folderFiles(values.model!));
+const model = await loadModel(folderFiles(values.model));
 const combos = values.set === 'training' ? TRAINING_COMBOS : HELD_OUT_COMBOS;
 const steps = Number(values.steps);
 const guidance = Number(values.guidance);
 const seeds = Array.from({ length: Number(values.seeds) }, (_, i) => Number(values['first-seed']) + i);
 const ranks = Number(values.ranks);
-if (!(DTYPES as readonly string[]).includes(values.dtype!)) throw new Error(`--dtype is ${DTYPES.join(', ')}, got ${values.dtype}`);
+if (!(DTYPES as readonly string[]).includes(values.dtype))
+  throw new Error(`--dtype is ${DTYPES.join(', ')}, got ${values.dtype}`);
 const dtype = values.dtype as DType;
 const warmupSteps = Number(values['warmup-steps']);
-if (!(Number.isInteger(warmupSteps) && warmupSteps >= 0)) throw new Error(`--warmup-steps is a whole number ≥ 0, got ${values['warmup-steps']}`);
+if (!(Number.isInteger(warmupSteps) && warmupSteps >= 0))
+  throw new Error(`--warmup-steps is a whole number ≥ 0, got ${values['warmup-steps']}`);
 const displaced = values.displaced ? { warmupSteps } : undefined;
 
 interface PromptResult {
@@ -63,19 +65,39 @@ const results: PromptResult[] = [];
 for (const combo of combos) {
   const prompt = promptOf(combo);
   for (const seed of seeds) {
-    const { video } = await sampleVideo(model, { prompt, negativePrompt: '', frames: CLIP.frames, height: CLIP.height, width: CLIP.width, steps, guidance, seed, ranks, displaced, dtype });
+    const { video } = await sampleVideo(model, {
+      prompt,
+      negativePrompt: '',
+      frames: CLIP.frames,
+      height: CLIP.height,
+      width: CLIP.width,
+      steps,
+      guidance,
+      seed,
+      ranks,
+      displaced,
+      dtype,
+    });
     const seen = detect(video);
     const result: PromptResult = {
       prompt,
       seed,
       colour: combo.colour,
       direction: combo.direction,
-      detected: { colour: seen.colour, direction: seen.direction, dx: +seen.dx.toFixed(2), dy: +seen.dy.toFixed(2), area: +seen.area.toFixed(1) },
+      detected: {
+        colour: seen.colour,
+        direction: seen.direction,
+        dx: +seen.dx.toFixed(2),
+        dy: +seen.dy.toFixed(2),
+        area: +seen.area.toFixed(1),
+      },
       colourCorrect: seen.colour === combo.colour,
       directionCorrect: seen.direction === combo.direction,
     };
     results.push(result);
-    console.log(`${result.colourCorrect ? '✓' : '✗'}${result.directionCorrect ? '✓' : '✗'} ${prompt} (seed ${seed}) → ${seen.colour} ${seen.direction} (dx ${seen.dx.toFixed(1)}, dy ${seen.dy.toFixed(1)}, area ${seen.area.toFixed(0)})`);
+    console.log(
+      `${result.colourCorrect ? '✓' : '✗'}${result.directionCorrect ? '✓' : '✗'} ${prompt} (seed ${seed}) → ${seen.colour} ${seen.direction} (dx ${seen.dx.toFixed(1)}, dy ${seen.dy.toFixed(1)}, area ${seen.area.toFixed(0)})`,
+    );
   }
 }
 
@@ -88,11 +110,33 @@ const report = {
   bothAccuracy: share((r) => r.colourCorrect && r.directionCorrect),
   promptCount: combos.length,
   videoCount: results.length,
-  sampling: { steps, guidance, seeds, negativePrompt: '', frames: CLIP.frames, height: CLIP.height, width: CLIP.width, flowShift: model.flowShift, ulyssesRanks: ranks, parallel: displaced ? 'displaced' : 'ulysses', warmupSteps: displaced?.warmupSteps ?? null, dtype, stages: 'onnx wasm' },
+  sampling: {
+    steps,
+    guidance,
+    seeds,
+    negativePrompt: '',
+    frames: CLIP.frames,
+    height: CLIP.height,
+    width: CLIP.width,
+    flowShift: model.flowShift,
+    ulyssesRanks: ranks,
+    parallel: displaced ? 'displaced' : 'ulysses',
+    warmupSteps: displaced?.warmupSteps ?? null,
+    dtype,
+    stages: 'onnx wasm',
+  },
   seconds: Math.round((performance.now() - started) / 1000),
-  machine: { cpus: cpus().length, cpu: cpus()[0]?.model, memoryGiB: Math.round(totalmem() / 2 ** 30), node: process.version, platform: process.platform },
+  machine: {
+    cpus: cpus().length,
+    cpu: cpus()[0]?.model,
+    memoryGiB: Math.round(totalmem() / 2 ** 30),
+    node: process.version,
+    platform: process.platform,
+  },
   results,
 };
-mkdirSync(dirname(values.out!), { recursive: true });
-writeFileSync(values.out!, JSON.stringify(report, null, 2) + '\n');
-console.log(`${values.set} prompts: ${combos.length}, videos: ${results.length}; colour ${(report.colorAccuracy * 100).toFixed(1)}%, direction ${(report.directionAccuracy * 100).toFixed(1)}% (steps ${steps}, guidance ${guidance}) → ${values.out}`);
+mkdirSync(dirname(values.out), { recursive: true });
+writeFileSync(values.out, JSON.stringify(report, null, 2) + '\n');
+console.log(
+  `${values.set} prompts: ${combos.length}, videos: ${results.length}; colour ${(report.colorAccuracy * 100).toFixed(1)}%, direction ${(report.directionAccuracy * 100).toFixed(1)}% (steps ${steps}, guidance ${guidance}) → ${values.out}`,
+);

@@ -48,12 +48,17 @@ const { values } = parseArgs({
   },
 });
 
-const out = values.out!;
+const out = values.out;
 const seed = Number(values.seed);
 const flowShift = Number(values['flow-shift']);
 const textLength = Number(values['text-length']);
 const config = wanConfigOfSize(
-  { headDim: Number(values['head-dim']), textDim: Number(values['text-dim']), ffnDim: Number(values.ffn), numLayers: Number(values.layers) },
+  {
+    headDim: Number(values['head-dim']),
+    textDim: Number(values['text-dim']),
+    ffnDim: Number(values.ffn),
+    numLayers: Number(values.layers),
+  },
   'train-demo flags',
 );
 const options = {
@@ -70,8 +75,10 @@ const options = {
 };
 
 const gemm = await onnxGemm(Number(values.threads), { heads: config.numHeads, headDim: config.headDim });
-console.log(`train-demo: ${config.numLayers} blocks, 12 heads × ${config.headDim}, ffn ${config.ffnDim}, text ${textLength} × ${config.textDim}; ` +
-  `${options.steps} steps of ${options.batch} clips (${TRAINING_COMBOS.length} training prompts, ${HELD_OUT_COMBOS.length} held out), seed ${seed}, at most ${values.minutes} min`);
+console.log(
+  `train-demo: ${config.numLayers} blocks, 12 heads × ${config.headDim}, ffn ${config.ffnDim}, text ${textLength} × ${config.textDim}; ` +
+    `${options.steps} steps of ${options.batch} clips (${TRAINING_COMBOS.length} training prompts, ${HELD_OUT_COMBOS.length} held out), seed ${seed}, at most ${values.minutes} min`,
+);
 
 let window: number[] = [];
 const save = async (r: TrainResult, final: boolean) => {
@@ -86,11 +93,20 @@ const save = async (r: TrainResult, final: boolean) => {
     finalLoss: tail.reduce((s, p) => s + p.loss, 0) / Math.max(1, tail.length),
     complete: final,
     options: { ...options, config: undefined, threads: Number(values.threads) },
-    config: { layers: config.numLayers, heads: config.numHeads, headDim: config.headDim, ffn: config.ffnDim, textDim: config.textDim, textLength },
+    config: {
+      layers: config.numLayers,
+      heads: config.numHeads,
+      headDim: config.headDim,
+      ffn: config.ffnDim,
+      textDim: config.textDim,
+      textLength,
+    },
     trainingPrompts: TRAINING_COMBOS.map(promptOf),
     heldOutPrompts: HELD_OUT_COMBOS.map(promptOf),
     machine: { cpus: cpus().length, cpu: cpus()[0]?.model, node: process.version },
-    loss: r.history.filter((_, i) => i % 25 === 24).map((p) => ({ step: p.step, loss: +p.loss.toFixed(5), seconds: Math.round(p.seconds) })),
+    loss: r.history
+      .filter((_, i) => i % 25 === 24)
+      .map((p) => ({ step: p.step, loss: +p.loss.toFixed(5), seconds: Math.round(p.seconds) })),
   };
   mkdirSync(out, { recursive: true });
   writeFileSync(join(out, 'training-log.json'), JSON.stringify(log, null, 2) + '\n');
@@ -104,7 +120,9 @@ const result = await trainDemo(
     window.push(p.loss);
     if (p.step % 25 === 0 || p.step === 1) {
       const mean = window.reduce((a, b) => a + b, 0) / window.length;
-      console.log(`step ${p.step}  loss ${mean.toFixed(4)}  |g| ${p.gradNorm.toFixed(2)}  lr ${p.lr.toExponential(2)}  ${p.seconds.toFixed(0)} s`);
+      console.log(
+        `step ${p.step}  loss ${mean.toFixed(4)}  |g| ${p.gradNorm.toFixed(2)}  lr ${p.lr.toExponential(2)}  ${p.seconds.toFixed(0)} s`,
+      );
       window = [];
     }
   },
@@ -119,7 +137,12 @@ const transformer = await loadTransformer(files);
 const textEncoder = await loadTextEncoder(files);
 const shape = latentShape(CLIP, config.inChannels);
 const grid = tokenGrid(config, shape);
-const loaded = fromWeights(config, transformer.weights, await readWeights(files, 'text_encoder/model.safetensors'), textLength);
+const loaded = fromWeights(
+  config,
+  transformer.weights,
+  await readWeights(files, 'text_encoder/model.safetensors'),
+  textLength,
+);
 const random = new SeededRandom(seed + 2);
 let maxAbs = 0;
 for (const [i, combo] of [TRAINING_COMBOS[0], HELD_OUT_COMBOS[0]].entries()) {
@@ -127,13 +150,22 @@ for (const [i, combo] of [TRAINING_COMBOS[0], HELD_OUT_COMBOS[0]].entries()) {
   const xt = { shape, data: latent.map((x) => 0.5 * x + 0.5 * random.normal()) };
   const timestep = i === 0 ? 500 : 900;
   const reference = latentToRows(config, referenceForward(transformer, xt, timestep, textEncoder.encode(prompt)));
-  const rows = await forwardBatch(new Tape(gemm), loaded, { patches: patchify(config, xt).data, timesteps: [timestep], prompts: [prompt], grid });
+  const rows = await forwardBatch(new Tape(gemm), loaded, {
+    patches: patchify(config, xt).data,
+    timesteps: [timestep],
+    prompts: [prompt],
+    grid,
+  });
   for (let k = 0; k < reference.length; k++) maxAbs = Math.max(maxAbs, Math.abs(reference[k] - rows.data[k]));
 }
 writeFileSync(join(out, 'training-log.json'), JSON.stringify({ ...log, referenceMaxAbs: maxAbs }, null, 2) + '\n');
-console.log(`wrote ${out} after ${result.steps} steps in ${(result.seconds / 60).toFixed(1)} min, final loss ${log.finalLoss.toFixed(4)}; training forward vs reference on the saved weights: max-abs ${maxAbs.toExponential(2)}`);
+console.log(
+  `wrote ${out} after ${result.steps} steps in ${(result.seconds / 60).toFixed(1)} min, final loss ${log.finalLoss.toFixed(4)}; training forward vs reference on the saved weights: max-abs ${maxAbs.toExponential(2)}`,
+);
 if (!(maxAbs <= 1e-4)) {
-  console.error('the training forward does not match core/model/reference.ts on the saved weights (expected max-abs ≤ 1e-4)');
+  console.error(
+    'the training forward does not match core/model/reference.ts on the saved weights (expected max-abs ≤ 1e-4)',
+  );
   process.exit(1);
 }
 process.exit(0);

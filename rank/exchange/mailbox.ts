@@ -14,7 +14,7 @@ export class Mailbox<T> {
   /** Hands `value` to the receiver waiting under `key`, or keeps it: 'taken' or 'kept' ('duplicate': one is kept already, and stays). */
   deliver(key: string, value: T): 'taken' | 'kept' | 'duplicate' {
     const slot = this.slot(key);
-    if (slot.resolve) return slot.resolve(value), 'taken';
+    if (slot.resolve) return (slot.resolve(value), 'taken');
     if (slot.value !== undefined) return 'duplicate';
     slot.value = value;
     return 'kept';

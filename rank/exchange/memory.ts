@@ -8,7 +8,8 @@ import { Mailbox } from './mailbox.ts';
  */
 export function memoryExchanges(world: number, dtype: DType = 'f32'): (Exchange & { bytesSent: number })[] {
   const mailbox = new Mailbox<Float32Array>();
-  const key = (t: ExchangeTag, from: number, to: number) => `${t.job}/${t.step}/${t.pass}/${t.block}/${t.phase}/${t.group}/${from}>${to}`;
+  const key = (t: ExchangeTag, from: number, to: number) =>
+    `${t.job}/${t.step}/${t.pass}/${t.block}/${t.phase}/${t.group}/${from}>${to}`;
 
   return Array.from({ length: world }, (_, rank) => ({
     rank,

@@ -16,7 +16,8 @@ export const MAX_AHEAD = 4;
 export const EXCHANGE_TIMEOUT_MS = 60_000;
 
 /** A tensor's place in a job, for evidence against its sender: "step 3, block 1, phase 0, head group 2". */
-const tensorOf = (tag: TensorTag): string => `step ${tag.step + 1}, block ${tag.block}, phase ${tag.phase}${tag.group ? `, head group ${tag.group}` : ''}`;
+const tensorOf = (tag: TensorTag): string =>
+  `step ${tag.step + 1}, block ${tag.block}, phase ${tag.phase}${tag.group ? `, head group ${tag.group}` : ''}`;
 
 /**
  * The all-to-all of one rank over direct data channels to every other rank of its job. Tensors
@@ -85,12 +86,23 @@ export class MeshExchange implements Exchange {
     const values = tensorValues(msg.data, this.dtype);
     // well-formed garbage: the right size, but NaN or infinite. Every rank checks what it sends
     // (allToAll), so such values are the sender's doing: it is blamed, and its link closed.
-    if (!allWithin(values)) return this.misbehaved(peerRank, `sent NaN or infinite values in step ${msg.tag.step + 1}, block ${msg.tag.block}`);
+    if (!allWithin(values)) {
+      this.misbehaved(peerRank, `sent NaN or infinite values in step ${msg.tag.step + 1}, block ${msg.tag.block}`);
+      return;
+    }
     this.dropBefore(msg.tag.job);
     const kept = this.ahead.get(peerRank) ?? new Set<string>();
     this.ahead.set(peerRank, kept);
     // in lockstep a peer is at most a phase or two ahead (a forward's blocks, displaced): more is a flood, the same tensor twice a lie
-    if (kept.size >= this.maxAhead || kept.has(key)) return this.misbehaved(peerRank, kept.has(key) ? `sent the tensor of ${tensorOf(msg.tag)} twice` : `sent ${this.maxAhead + 1} tensors ahead of this rank`);
+    if (kept.size >= this.maxAhead || kept.has(key)) {
+      this.misbehaved(
+        peerRank,
+        kept.has(key)
+          ? `sent the tensor of ${tensorOf(msg.tag)} twice`
+          : `sent ${this.maxAhead + 1} tensors ahead of this rank`,
+      );
+      return;
+    }
     if (this.mailbox.deliver(key, values) === 'kept') kept.add(key);
   }
 
@@ -126,21 +138,28 @@ export class MeshExchange implements Exchange {
     if (this.failure) throw this.failure;
     this.dropBefore(tag.job);
     const now = this.current;
-    if (tag.phase !== ExchangePhase.Probe && (!now || tag.job > now.job || (tag.job === now.job && tag.step > now.step))) this.current = { job: tag.job, step: tag.step };
+    if (
+      tag.phase !== ExchangePhase.Probe &&
+      (!now || tag.job > now.job || (tag.job === now.job && tag.step > now.step))
+    )
+      this.current = { job: tag.job, step: tag.step };
     // what this rank sends is finite (and fits float16 when it sends float16): else the fault is its own, not a peer's
     const limit = this.dtype === 'f16' ? FLOAT16_MAX : Number.MAX_VALUE;
     // displaced mode sends one part to every peer: each distinct part is checked and encoded once
     const distinct = [...new Set(parts)];
     if (!distinct.every((part) => allWithin(part, limit))) {
       // its peers hear of it at once (their links close), rather than wait for what will not come
-      const error = new Error(`rank ${this.rank}'s activations in step ${tag.step + 1}, block ${tag.block} are NaN, infinite${this.dtype === 'f16' ? ' or beyond float16 (send float32 instead)' : ''}`);
+      const error = new Error(
+        `rank ${this.rank}'s activations in step ${tag.step + 1}, block ${tag.block} are NaN, infinite${this.dtype === 'f16' ? ' or beyond float16 (send float32 instead)' : ''}`,
+      );
       this.fail(error);
       this.closeLinks(error.message);
       throw error;
     }
     // encoded once each where sent: this rank's own part stays here
     const payloads = new Map<Float32Array, Uint8Array>();
-    const payloadOf = (part: Float32Array) => payloads.get(part) ?? payloads.set(part, tensorPayload(part, this.dtype)).get(part)!;
+    const payloadOf = (part: Float32Array) =>
+      payloads.get(part) ?? payloads.set(part, tensorPayload(part, this.dtype)).get(part)!;
     const sends = parts.map((part, to) => {
       if (to === this.rank) return Promise.resolve();
       const link = this.links.get(to);
@@ -153,11 +172,23 @@ export class MeshExchange implements Exchange {
     // means nothing heard from it for timeoutMs (its part still arriving over a slow link is not)
     const timers = new Map<number, ReturnType<typeof setTimeout>>();
     const watch = (from: number, since: number) =>
-      timers.set(from, setTimeout(() => {
-        const heard = this.links.get(from)?.lastHeardAt ?? 0;
-        if (heard > since) return watch(from, heard);
-        this.fail(new PeerLost({ rank: from, cause: 'silent', evidence: `sent no tensor for ${tensorOf(tag)} in ${(this.timeoutMs / 1000).toFixed(0)} s` }));
-      }, Math.max(0, since + this.timeoutMs - Date.now())));
+      timers.set(
+        from,
+        setTimeout(
+          () => {
+            const heard = this.links.get(from)?.lastHeardAt ?? 0;
+            if (heard > since) return watch(from, heard);
+            this.fail(
+              new PeerLost({
+                rank: from,
+                cause: 'silent',
+                evidence: `sent no tensor for ${tensorOf(tag)} in ${(this.timeoutMs / 1000).toFixed(0)} s`,
+              }),
+            );
+          },
+          Math.max(0, since + this.timeoutMs - Date.now()),
+        ),
+      );
     const receives = parts.map((own, from) => {
       if (from === this.rank) return Promise.resolve(own);
       const key = MeshExchange.key(tag, from);

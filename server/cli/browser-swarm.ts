@@ -35,7 +35,14 @@ export interface LocalSwarmOptions {
   log?(line: string): void;
 }
 
-export async function startLocalSwarm({ workers = 0, port = 0, relay = 'fallback', modelFolders, profileDir, log = () => {} }: LocalSwarmOptions = {}): Promise<LocalSwarm> {
+export async function startLocalSwarm({
+  workers = 0,
+  port = 0,
+  relay = 'fallback',
+  modelFolders,
+  profileDir,
+  log = () => {},
+}: LocalSwarmOptions = {}): Promise<LocalSwarm> {
   const server = await startServer({ port, quiet: true, relay, modelFolders });
   const { context, kept, close: closeBrowser } = await launchBrowser(profileDir, log);
   try {
@@ -44,7 +51,13 @@ export async function startLocalSwarm({ workers = 0, port = 0, relay = 'fallback
       // a kept profile keeps the weights and encoded prompts for the next run, not this run's jobs:
       // a dashboard restores its queue at start, and the last run's would run before this one's
       await dashboard.goto(`${server.url}/models.json`);
-      await dashboard.evaluate((name) => new Promise((done) => Object.assign(indexedDB.deleteDatabase(name), { onsuccess: done, onerror: done, onblocked: done })), JOB_DATABASE);
+      await dashboard.evaluate(
+        (name) =>
+          new Promise((done) =>
+            Object.assign(indexedDB.deleteDatabase(name), { onsuccess: done, onerror: done, onblocked: done }),
+          ),
+        JOB_DATABASE,
+      );
     }
     const forward = (page: Page, who: string) =>
       page.on('console', (m) => (m.type() === 'error' || m.type() === 'warning') && log(`[${who}] ${m.text()}`));
@@ -60,7 +73,8 @@ export async function startLocalSwarm({ workers = 0, port = 0, relay = 'fallback
       return page;
     };
     for (let i = 0; i < workers; i++) await addWorker();
-    if (workers) await dashboard.waitForFunction((n) => (window as any).ditswarm.workerCount() >= n, workers, { timeout: 60_000 });
+    if (workers)
+      await dashboard.waitForFunction((n) => (window as any).ditswarm.workerCount() >= n, workers, { timeout: 60_000 });
     return {
       server,
       browserVersion: context.browser()?.version() ?? 'unknown',
@@ -80,14 +94,20 @@ export async function startLocalSwarm({ workers = 0, port = 0, relay = 'fallback
 }
 
 /** Chromium on a profile of its own: `profileDir` if no other browser has it open, else a new one removed at close. */
-async function launchBrowser(profileDir: string | undefined, log: (line: string) => void): Promise<{ context: BrowserContext; kept: boolean; close(): Promise<void> }> {
-  const launch = (dir: string) => chromium.launchPersistentContext(dir, { executablePath: chromiumExecutable(), args: [...chromiumArgs] });
+async function launchBrowser(
+  profileDir: string | undefined,
+  log: (line: string) => void,
+): Promise<{ context: BrowserContext; kept: boolean; close(): Promise<void> }> {
+  const launch = (dir: string) =>
+    chromium.launchPersistentContext(dir, { executablePath: chromiumExecutable(), args: [...chromiumArgs] });
   if (profileDir) {
     try {
       const context = await launch(profileDir);
       return { context, kept: true, close: () => context.close() };
     } catch (e) {
-      log(`the browser profile ${profileDir} could not be opened (another run may have it), so this run keeps no weights for the next: ${(e as Error).message.split('\n')[0]}`);
+      log(
+        `the browser profile ${profileDir} could not be opened (another run may have it), so this run keeps no weights for the next: ${(e as Error).message.split('\n')[0]}`,
+      );
     }
   }
   const dir = mkdtempSync(join(tmpdir(), 'ditswarm-browser-'));

@@ -30,7 +30,16 @@ function fail(message: string): never {
 
 let parsed;
 try {
-  parsed = parseArgs({ options: { model: { type: 'string' }, latent: { type: 'string' }, output: { type: 'string' }, out: { type: 'string' }, workers: { type: 'string', default: '1' }, verbose: { type: 'boolean', default: false } } });
+  parsed = parseArgs({
+    options: {
+      model: { type: 'string' },
+      latent: { type: 'string' },
+      output: { type: 'string' },
+      out: { type: 'string' },
+      workers: { type: 'string', default: '1' },
+      verbose: { type: 'boolean', default: false },
+    },
+  });
 } catch (e) {
   fail(`${(e as Error).message}\n${USAGE}`);
 }
@@ -43,27 +52,37 @@ if (!Number.isInteger(workers) || workers < 1) fail(`--workers must be a whole n
 
 let tensors;
 try {
-  tensors = readSafetensors(new Uint8Array(readFileSync(values.latent!)), values.latent!);
+  tensors = readSafetensors(new Uint8Array(readFileSync(values.latent)), values.latent);
 } catch (e) {
   fail(`--latent ${values.latent}: ${(e as Error).message}`);
 }
 const latent = tensors.get('latent') ?? (tensors.size === 1 ? [...tensors.values()][0] : undefined);
 if (!latent) fail(`--latent ${values.latent} has no tensor "latent" (it has ${[...tensors.keys()].join(', ')})`);
 const shape = latent.shape.length === 5 && latent.shape[0] === 1 ? latent.shape.slice(1) : latent.shape;
-if (shape.length !== 4) fail(`--latent ${values.latent}: the latent must be [1, C, T, h, w] or [C, T, h, w], got [${latent.shape}]`);
+if (shape.length !== 4)
+  fail(`--latent ${values.latent}: the latent must be [1, C, T, h, w] or [C, T, h, w], got [${latent.shape}]`);
 if (!latent.data.every(Number.isFinite)) fail(`--latent ${values.latent}: the latent holds NaN or infinite values`);
 
 const { modelFolders, defaultModel: modelUrl } = servedModel(values.model);
 const tty = process.stderr.isTTY;
-const swarm = await startLocalSwarm({ workers, profileDir: join(CACHE_ROOT, 'browser'), modelFolders, port: DECODE_PORT, log: values.verbose ? console.error : () => {} }).catch((e) =>
-  fail(`could not start the server and Chromium: ${(e as Error).message}`),
-);
+const swarm = await startLocalSwarm({
+  workers,
+  profileDir: join(CACHE_ROOT, 'browser'),
+  modelFolders,
+  port: DECODE_PORT,
+  log: values.verbose ? console.error : () => {},
+}).catch((e) => fail(`could not start the server and Chromium: ${(e as Error).message}`));
 try {
   await swarm.dashboard.exposeFunction('ditswarmProgress', (p: { phase?: string; detail?: string }) => {
-    if (p.phase === 'decoding' && p.detail) (tty ? process.stderr.write(`\r\x1b[Kdecode: ${p.detail}`) : console.error(`decode: ${p.detail}`));
+    if (p.phase === 'decoding' && p.detail)
+      tty ? process.stderr.write(`\r\x1b[Kdecode: ${p.detail}`) : console.error(`decode: ${p.detail}`);
   });
   const base64 = Buffer.from(latent.data.buffer, latent.data.byteOffset, latent.data.byteLength).toString('base64');
-  const result = await swarm.dashboard.evaluate((args) => (window as any).ditswarm.decode(args), { model: modelUrl, latent: { shape, base64 }, webm: values.out !== undefined });
+  const result = await swarm.dashboard.evaluate((args) => (window as any).ditswarm.decode(args), {
+    model: modelUrl,
+    latent: { shape, base64 },
+    webm: values.out !== undefined,
+  });
   if (tty) process.stderr.write('\n');
   const bytes = Buffer.from(result.video.base64, 'base64');
   const video = new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
@@ -71,11 +90,21 @@ try {
     mkdirSync(dirname(path), { recursive: true });
     writeFileSync(path, data);
   };
-  write(values.output!, writeSafetensors(new Map([['video', { shape: [1, ...result.video.shape], data: video }]]), { latent: values.latent! }));
+  write(
+    values.output,
+    writeSafetensors(new Map([['video', { shape: [1, ...result.video.shape], data: video }]]), {
+      latent: values.latent,
+    }),
+  );
   if (values.out) write(values.out, Buffer.from(result.webm, 'base64'));
   const r = result.report;
-  const ranks = r.ranks.map((k: { worker: string; tiles: number; computeMs: number; cacheBytes: number }) => `${k.worker.slice(-6)}: ${k.tiles} tile(s), ${(k.computeMs / 1000).toFixed(1)} s, caches ${(k.cacheBytes / 2 ** 20).toFixed(0)} MiB`);
-  console.error(`decode: wrote ${[values.output, ...(values.out ? [values.out] : [])].join(', ')}: video [1, ${result.video.shape.join(', ')}] from ${r.tiles} tile(s) of ${r.tiling.tile} px every ${r.tiling.stride} in ${(r.ms / 1000).toFixed(1)} s (${ranks.join('; ')})`);
+  const ranks = r.ranks.map(
+    (k: { worker: string; tiles: number; computeMs: number; cacheBytes: number }) =>
+      `${k.worker.slice(-6)}: ${k.tiles} tile(s), ${(k.computeMs / 1000).toFixed(1)} s, caches ${(k.cacheBytes / 2 ** 20).toFixed(0)} MiB`,
+  );
+  console.error(
+    `decode: wrote ${[values.output, ...(values.out ? [values.out] : [])].join(', ')}: video [1, ${result.video.shape.join(', ')}] from ${r.tiles} tile(s) of ${r.tiling.tile} px every ${r.tiling.stride} in ${(r.ms / 1000).toFixed(1)} s (${ranks.join('; ')})`,
+  );
 } catch (e) {
   if (tty) process.stderr.write('\n');
   await swarm.close();

@@ -19,7 +19,13 @@ import { folderFiles } from '../model-folder.ts';
 const USAGE = `usage: npm run encode-prompt -- --model DIR (--prompt TEXT | --input-ids 1,2,3) --output F.safetensors
          [--backend onnx|reference] [--max-length 512]`;
 /** Errors whose message is the whole story; anything else is a bug and keeps its stack. */
-const USER_ERRORS = new Set(['UsageError', 'ModelConfigError', 'SafetensorsError', 'MissingFile', 'UnsupportedTokenizer']);
+const USER_ERRORS = new Set([
+  'UsageError',
+  'ModelConfigError',
+  'SafetensorsError',
+  'MissingFile',
+  'UnsupportedTokenizer',
+]);
 
 class UsageError extends Error {
   override name = 'UsageError';
@@ -31,17 +37,29 @@ const usage = (message: string): never => {
 async function run(): Promise<void> {
   let parsed;
   try {
-    parsed = parseArgs({ options: { model: { type: 'string' }, prompt: { type: 'string' }, 'input-ids': { type: 'string' }, output: { type: 'string' }, backend: { type: 'string', default: 'onnx' }, 'max-length': { type: 'string', default: '512' } } });
+    parsed = parseArgs({
+      options: {
+        model: { type: 'string' },
+        prompt: { type: 'string' },
+        'input-ids': { type: 'string' },
+        output: { type: 'string' },
+        backend: { type: 'string', default: 'onnx' },
+        'max-length': { type: 'string', default: '512' },
+      },
+    });
   } catch (e) {
     return usage((e as Error).message);
   }
   const { values } = parsed;
   if (!values.model) usage('--model is required: a folder with text_encoder/ (and tokenizer/ for --prompt)');
   if (!values.output) usage('--output is required');
-  if ((values.prompt === undefined) === (values['input-ids'] === undefined)) usage('give --prompt or --input-ids, one of them');
-  if (values.backend !== 'onnx' && values.backend !== 'reference') usage(`--backend must be onnx or reference, got ${JSON.stringify(values.backend)}`);
+  if ((values.prompt === undefined) === (values['input-ids'] === undefined))
+    usage('give --prompt or --input-ids, one of them');
+  if (values.backend !== 'onnx' && values.backend !== 'reference')
+    usage(`--backend must be onnx or reference, got ${JSON.stringify(values.backend)}`);
   const maxLength = Number(values['max-length']);
-  if (!Number.isInteger(maxLength) || maxLength < 1) usage(`--max-length must be a whole number ≥ 1, got ${values['max-length']}`);
+  if (!Number.isInteger(maxLength) || maxLength < 1)
+    usage(`--max-length must be a whole number ≥ 1, got ${values['max-length']}`);
 
   const files = folderFiles(values.model!);
   const encoder = await openUmt5(files);
@@ -49,12 +67,19 @@ async function run(): Promise<void> {
   let ids: number[];
   if (values['input-ids'] !== undefined) {
     ids = values['input-ids'].split(',').map(Number);
-    if (!ids.length || !ids.every(Number.isInteger)) usage(`--input-ids must be comma-separated whole numbers, got ${values['input-ids']}`);
+    if (!ids.length || !ids.every(Number.isInteger))
+      usage(`--input-ids must be comma-separated whole numbers, got ${values['input-ids']}`);
     if (ids.length > maxLength) usage(`--input-ids has ${ids.length} ids, more than --max-length ${maxLength}`);
   } else {
     const tokenizerConfig = await readJson(files, 'tokenizer/tokenizer_config.json').catch(() => ({}));
-    const tokens = new Umt5Tokenizer(await readJson(files, 'tokenizer/tokenizer.json'), tokenizerConfig).encode(values.prompt!, maxLength);
-    if (tokens.truncated) console.error(`encode-prompt: the prompt has ${tokens.tokens} tokens; the pipeline keeps ${maxLength} (the last one </s>)`);
+    const tokens = new Umt5Tokenizer(await readJson(files, 'tokenizer/tokenizer.json'), tokenizerConfig).encode(
+      values.prompt!,
+      maxLength,
+    );
+    if (tokens.truncated)
+      console.error(
+        `encode-prompt: the prompt has ${tokens.tokens} tokens; the pipeline keeps ${maxLength} (the last one </s>)`,
+      );
     ids = tokens.ids;
   }
 
@@ -80,7 +105,9 @@ async function run(): Promise<void> {
   await writeFile(values.output!, writeSafetensors(output, { input_ids: ids.join(',') }));
   const peakGiB = (process.resourceUsage().maxRSS * 1024) / 2 ** 30;
   const perLayer = layerMs.reduce((a, b) => a + b, 0) / layerMs.length;
-  console.log(`encode-prompt: ${ids.length} tokens through ${config.numLayers} layers on ${values.backend} in ${ms.toFixed(0)} ms (${perLayer.toFixed(0)} ms per layer computing) → ${values.output}; peak resident memory ${peakGiB.toFixed(2)} GiB`);
+  console.log(
+    `encode-prompt: ${ids.length} tokens through ${config.numLayers} layers on ${values.backend} in ${ms.toFixed(0)} ms (${perLayer.toFixed(0)} ms per layer computing) → ${values.output}; peak resident memory ${peakGiB.toFixed(2)} GiB`,
+  );
 }
 
 try {

@@ -24,7 +24,14 @@ const USAGE = `usage: npm run forward -- --input in.safetensors --output out.saf
        npm run forward -- --make-input in.safetensors [--frames T] [--height H] [--width W] [--text-length L] [--seed S]`;
 const BACKENDS = ['onnx', 'reference'];
 /** Errors whose message is the whole story; anything else is a bug and keeps its stack. */
-const USER_ERRORS = new Set(['ForwardInputError', 'SafetensorsError', 'ModelConfigError', 'ParallelConfigError', 'UsageError', 'MissingFile']);
+const USER_ERRORS = new Set([
+  'ForwardInputError',
+  'SafetensorsError',
+  'ModelConfigError',
+  'ParallelConfigError',
+  'UsageError',
+  'MissingFile',
+]);
 
 class UsageError extends Error {
   override name = 'UsageError';
@@ -58,9 +65,13 @@ type Forward = (latent: Tensor, timestep: number, text: Float32Array) => Promise
 
 /** Builds the backend once, so the timed part is the forward pass alone. */
 async function forwardOn(backend: string, degree: number, model: WanModel): Promise<Forward> {
-  if (backend === 'reference' && degree === 1) return async (latent, timestep, text) => referenceForward(model, latent, timestep, text);
+  if (backend === 'reference' && degree === 1)
+    return async (latent, timestep, text) => referenceForward(model, latent, timestep, text);
   // Loaded on demand: the plain reference needs neither onnxruntime nor the Ulysses machinery.
-  const [{ forwardInProcess }, { memoryExchanges }] = await Promise.all([import('../../rank/ulysses.ts'), import('../../rank/exchange/memory.ts')]);
+  const [{ forwardInProcess }, { memoryExchanges }] = await Promise.all([
+    import('../../rank/ulysses.ts'),
+    import('../../rank/exchange/memory.ts'),
+  ]);
   let stages: StageRunner;
   if (backend === 'onnx') {
     const ort = await import('onnxruntime-web');
@@ -69,7 +80,8 @@ async function forwardOn(backend: string, degree: number, model: WanModel): Prom
   } else {
     stages = (await import('../../rank/stages.ts')).referenceStages(model);
   }
-  return (latent, timestep, text) => forwardInProcess(model.config, stages, memoryExchanges(degree), latent, timestep, text);
+  return (latent, timestep, text) =>
+    forwardInProcess(model.config, stages, memoryExchanges(degree), latent, timestep, text);
 }
 
 async function run(): Promise<void> {
@@ -95,12 +107,18 @@ async function run(): Promise<void> {
     usage((e as Error).message);
   }
   const { values } = parsed;
-  if (values.help) return console.log(USAGE);
+  if (values.help) {
+    console.log(USAGE);
+    return;
+  }
 
   const loadStarted = performance.now();
   // a large model's load takes a while: say how far it is
   const progress = byteProgress(`forward: loading ${values.model}`);
-  const model = await loadTransformer(folderFiles(values.model), (loaded, total) => total >= 1e9 && progress(loaded, total));
+  const model = await loadTransformer(
+    folderFiles(values.model),
+    (loaded, total) => total >= 1e9 && progress(loaded, total),
+  );
   const loadMs = performance.now() - loadStarted;
   const cfg = model.config;
 
@@ -117,16 +135,24 @@ async function run(): Promise<void> {
     readForwardInputs(cfg, inputs, '--frames/--height/--width'); // refuses sizes the patch size does not divide
     await writeOutput(values['make-input'], writeSafetensors(inputs));
     const shapes = [...inputs].map(([name, t]) => `${name} [${t.shape}]`).join(', ');
-    return console.log(`forward: wrote ${values['make-input']}: ${shapes}, timestep ${inputs.get('timestep')!.data[0]} (seed ${size.seed})`);
+    console.log(
+      `forward: wrote ${values['make-input']}: ${shapes}, timestep ${inputs.get('timestep')!.data[0]} (seed ${size.seed})`,
+    );
+    return;
   }
 
   if (values.input === undefined) usage('--input is required (or --make-input FILE to write an example)');
   if (values.output === undefined) usage('--output is required');
-  if (!BACKENDS.includes(values.backend)) usage(`--backend must be one of ${BACKENDS.join(', ')}, got ${JSON.stringify(values.backend)}`);
+  if (!BACKENDS.includes(values.backend))
+    usage(`--backend must be one of ${BACKENDS.join(', ')}, got ${JSON.stringify(values.backend)}`);
   const degree = wholeNumber('ulysses', values.ulysses, 1);
   checkDegree(cfg.numHeads, degree);
 
-  const { latent, timestep, text } = readForwardInputs(cfg, readSafetensors(await readInput(values.input), values.input), values.input);
+  const { latent, timestep, text } = readForwardInputs(
+    cfg,
+    readSafetensors(await readInput(values.input), values.input),
+    values.input,
+  );
   const forward = await forwardOn(values.backend, degree, model);
   const started = performance.now();
   const sample = await forward(latent, timestep, text);
@@ -136,7 +162,9 @@ async function run(): Promise<void> {
   const backend = values.backend === 'onnx' ? 'onnx (wasm)' : 'reference';
   // the most memory this process held at once: every weight in float32, and the backend's copies
   const peakGiB = (process.resourceUsage().maxRSS * 1024) / 2 ** 30;
-  console.log(`forward: sample [${output.get('sample')!.shape}] t=${timestep} in ${ms.toFixed(0)} ms on ${backend}, ulysses ${degree} → ${values.output}; model loaded in ${(loadMs / 1000).toFixed(1)} s, peak resident memory ${peakGiB.toFixed(2)} GiB`);
+  console.log(
+    `forward: sample [${output.get('sample')!.shape}] t=${timestep} in ${ms.toFixed(0)} ms on ${backend}, ulysses ${degree} → ${values.output}; model loaded in ${(loadMs / 1000).toFixed(1)} s, peak resident memory ${peakGiB.toFixed(2)} GiB`,
+  );
 }
 
 try {

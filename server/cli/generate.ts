@@ -83,16 +83,25 @@ if (values.help) {
   process.exit(0);
 }
 if (!values.prompt) fail(`--prompt is required\n${USAGE}`);
-if (values.backend !== 'local' && values.backend !== 'swarm') fail(`--backend must be local or swarm, got ${values.backend}`);
-if (!['auto', 'webgpu', 'wasm'].includes(values.ep!)) fail(`--ep must be auto, webgpu or wasm, got ${values.ep}`);
-if ([values.fp16, values.int8, values.int4].filter(Boolean).length > 1) fail('--fp16, --int8 and --int4 are ways to send activations between ranks: give one of them');
-if (values.int4 && !values.displaced) fail('--int4 sends displaced mode\'s deltas of keys and values: give --displaced too');
+if (values.backend !== 'local' && values.backend !== 'swarm')
+  fail(`--backend must be local or swarm, got ${values.backend}`);
+if (!['auto', 'webgpu', 'wasm'].includes(values.ep)) fail(`--ep must be auto, webgpu or wasm, got ${values.ep}`);
+if ([values.fp16, values.int8, values.int4].filter(Boolean).length > 1)
+  fail('--fp16, --int8 and --int4 are ways to send activations between ranks: give one of them');
+if (values.int4 && !values.displaced)
+  fail("--int4 sends displaced mode's deltas of keys and values: give --displaced too");
 const workers = Number(values.workers);
 if (!Number.isInteger(workers) || workers < 1) fail(`--workers must be a whole number ≥ 1, got ${values.workers}`);
-const cfgParallel = values['cfg-parallel']!;
+const cfgParallel = values['cfg-parallel'];
 const warmupSteps = values['warmup-steps'] === undefined ? undefined : Number(values['warmup-steps']);
-if (warmupSteps !== undefined && !(Number.isInteger(warmupSteps) && warmupSteps >= 0 && values.displaced)) fail(`--warmup-steps is a whole number ≥ 0 of exact steps for --displaced, got ${values['warmup-steps']}${values.displaced ? '' : ' without --displaced'}`);
-if (cfgParallel && (values.backend !== 'swarm' || workers % 2)) fail(`--cfg-parallel runs two equal groups of worker tabs: it needs --backend swarm and an even --workers, got ${values.backend} with ${workers}`);
+if (warmupSteps !== undefined && !(Number.isInteger(warmupSteps) && warmupSteps >= 0 && values.displaced))
+  fail(
+    `--warmup-steps is a whole number ≥ 0 of exact steps for --displaced, got ${values['warmup-steps']}${values.displaced ? '' : ' without --displaced'}`,
+  );
+if (cfgParallel && (values.backend !== 'swarm' || workers % 2))
+  fail(
+    `--cfg-parallel runs two equal groups of worker tabs: it needs --backend swarm and an even --workers, got ${values.backend} with ${workers}`,
+  );
 
 /** --drop-worker / --crash-worker: which rank's tab to close or crash, when its step starts. */
 const harm = (['drop-worker', 'crash-worker'] as const).flatMap((flag) => {
@@ -101,12 +110,14 @@ const harm = (['drop-worker', 'crash-worker'] as const).flatMap((flag) => {
   const match = /^(\d+)@(\d+)$/.exec(value);
   if (!match) fail(`--${flag} takes RANK@STEP, e.g. 1@2, got ${value}`);
   const [rank, step] = [Number(match[1]), Number(match[2])];
-  if (values.backend !== 'swarm' || rank >= workers) fail(`--${flag} ${value}: rank ${rank} does not exist with --backend ${values.backend} --workers ${workers}`);
+  if (values.backend !== 'swarm' || rank >= workers)
+    fail(`--${flag} ${value}: rank ${rank} does not exist with --backend ${values.backend} --workers ${workers}`);
   if (step < 1) fail(`--${flag} ${value}: steps count from 1`);
   return [{ kind: flag === 'drop-worker' ? ('drop' as const) : ('crash' as const), rank, step, at: 0, worker: '' }];
 });
 
-if (values['output-type'] !== 'video' && values['output-type'] !== 'latent') fail(`--output-type must be video or latent, got ${values['output-type']}`);
+if (values['output-type'] !== 'video' && values['output-type'] !== 'latent')
+  fail(`--output-type must be video or latent, got ${values['output-type']}`);
 
 /** --prompt-embeds FILE: its prompt_embeds tensor, as the page takes it. */
 function embedsFrom(flag: 'prompt-embeds' | 'negative-prompt-embeds'): { shape: number[]; base64: string } | undefined {
@@ -119,22 +130,37 @@ function embedsFrom(flag: 'prompt-embeds' | 'negative-prompt-embeds'): { shape: 
     return fail(`--${flag} ${file}: ${(e as Error).message}`);
   }
   const embeds = tensors.get('prompt_embeds') ?? (tensors.size === 1 ? [...tensors.values()][0] : undefined);
-  if (!embeds) return fail(`--${flag} ${file} has no tensor "prompt_embeds" (it has ${[...tensors.keys()].join(', ')})`);
-  return { shape: embeds.shape, base64: Buffer.from(embeds.data.buffer, embeds.data.byteOffset, embeds.data.byteLength).toString('base64') };
+  if (!embeds)
+    return fail(`--${flag} ${file} has no tensor "prompt_embeds" (it has ${[...tensors.keys()].join(', ')})`);
+  return {
+    shape: embeds.shape,
+    base64: Buffer.from(embeds.data.buffer, embeds.data.byteOffset, embeds.data.byteLength).toString('base64'),
+  };
 }
-const inputs = { promptEmbeds: embedsFrom('prompt-embeds'), negativePromptEmbeds: embedsFrom('negative-prompt-embeds'), outputType: values['output-type'] };
+const inputs = {
+  promptEmbeds: embedsFrom('prompt-embeds'),
+  negativePromptEmbeds: embedsFrom('negative-prompt-embeds'),
+  outputType: values['output-type'],
+};
 
 const params: Partial<Record<keyof JobParams, unknown>> = { prompt: values.prompt };
 if (values['negative-prompt'] !== undefined) params.negativePrompt = values['negative-prompt'];
 Object.assign(params, jobFlagValues(values));
 const errors = checkJobParams(params);
-if (Object.keys(errors).length) fail(`bad job parameters:\n${Object.entries(errors).map(([k, v]) => `  --${k}: ${v}`).join('\n')}`);
+if (Object.keys(errors).length)
+  fail(
+    `bad job parameters:\n${Object.entries(errors)
+      .map(([k, v]) => `  --${k}: ${v}`)
+      .join('\n')}`,
+  );
 
 const tty = process.stderr.isTTY;
 const progress = (line: string) => (tty ? process.stderr.write(`\r\x1b[K${line}`) : console.error(line));
 const swarmWorkers = values.backend === 'swarm' ? workers : 0;
 // the sizes the flags leave out are the model folder's defaults (WanPipeline's for a published folder): the report says which
-console.error(`generate: "${values.prompt}" on ${values.backend}${swarmWorkers ? ` with ${workers} worker tab(s)` : ''}`);
+console.error(
+  `generate: "${values.prompt}" on ${values.backend}${swarmWorkers ? ` with ${workers} worker tab(s)` : ''}`,
+);
 
 const { modelFolders, defaultModel: modelUrl } = servedModel(values.model);
 const swarm = await startLocalSwarm({
@@ -145,26 +171,32 @@ const swarm = await startLocalSwarm({
   port: Number(values.port),
   relay: values['force-relay'] ? 'force' : 'fallback',
   log: values.verbose ? console.error : () => {},
-}).catch((e) =>
-  fail(`could not start the server and Chromium: ${(e as Error).message}`),
-);
+}).catch((e) => fail(`could not start the server and Chromium: ${(e as Error).message}`));
 try {
-  await swarm.dashboard.exposeFunction('ditswarmProgress', async (p: { step?: number; steps: number; stepMs: number; etaMs: number; phase?: string }) => {
-    const started = p.phase === 'denoising' ? 1 : p.step !== undefined ? p.step + 1 : 0;
-    for (const h of harm) if (!h.at && h.step === started) await inflict(h);
-    if (p.step === undefined) return;
-    const bar = '#'.repeat(Math.round((20 * p.step) / p.steps)).padEnd(20, '.');
-    progress(`[${bar}] step ${p.step}/${p.steps}  ${p.stepMs.toFixed(0)} ms/step  eta ${(p.etaMs / 1000).toFixed(1)} s`);
-  });
+  await swarm.dashboard.exposeFunction(
+    'ditswarmProgress',
+    async (p: { step?: number; steps: number; stepMs: number; etaMs: number; phase?: string }) => {
+      const started = p.phase === 'denoising' ? 1 : p.step !== undefined ? p.step + 1 : 0;
+      for (const h of harm) if (!h.at && h.step === started) await inflict(h);
+      if (p.step === undefined) return;
+      const bar = '#'.repeat(Math.round((20 * p.step) / p.steps)).padEnd(20, '.');
+      progress(
+        `[${bar}] step ${p.step}/${p.steps}  ${p.stepMs.toFixed(0)} ms/step  eta ${(p.etaMs / 1000).toFixed(1)} s`,
+      );
+    },
+  );
   /** Closes or crashes the tab of a rank, as a user or a failing machine would. */
   async function inflict(h: (typeof harm)[number]) {
     const ranks: string[] = await swarm.dashboard.evaluate(() => (window as any).ditswarm.ranks());
     for (const page of swarm.workers) {
-      if (page.isClosed() || (await page.evaluate(() => (window as any).ditswarmWorker?.peerId)) !== ranks[h.rank]) continue;
+      if (page.isClosed() || (await page.evaluate(() => (window as any).ditswarmWorker?.peerId)) !== ranks[h.rank])
+        continue;
       h.at = Date.now();
       h.worker = ranks[h.rank];
       if (tty) process.stderr.write('\n');
-      console.error(`generate: ${h.kind === 'drop' ? 'closing' : 'crashing'} rank ${h.rank}'s tab as step ${h.step} starts`);
+      console.error(
+        `generate: ${h.kind === 'drop' ? 'closing' : 'crashing'} rank ${h.rank}'s tab as step ${h.step} starts`,
+      );
       if (h.kind === 'drop') await page.close();
       else await page.goto('chrome://crash').catch(() => {});
     }
@@ -174,37 +206,70 @@ try {
       return (window as any).ditswarm.generate(overrides);
     },
     // with CFG parallel the degree is that of each of the two groups
-    { overrides: { ...params, ...inputs, backend: values.backend, workers: values.backend === 'swarm' ? workers / (cfgParallel ? 2 : 1) : 1, ep: values.ep, dtype: values.int4 ? 'i4' : values.int8 ? 'i8' : values.fp16 ? 'f16' : 'f32', parallel: values.displaced ? 'displaced' : 'ulysses', warmupSteps, cfgParallel, model: modelUrl } },
+    {
+      overrides: {
+        ...params,
+        ...inputs,
+        backend: values.backend,
+        workers: values.backend === 'swarm' ? workers / (cfgParallel ? 2 : 1) : 1,
+        ep: values.ep,
+        dtype: values.int4 ? 'i4' : values.int8 ? 'i8' : values.fp16 ? 'f16' : 'f32',
+        parallel: values.displaced ? 'displaced' : 'ulysses',
+        warmupSteps,
+        cfgParallel,
+        model: modelUrl,
+      },
+    },
   );
   if (tty) process.stderr.write('\n');
   const injected = harm.map((h) => {
-    const failure = result.report.failures.find((f: { lost: { worker: string }[] }) => f.lost.some((l) => l.worker === h.worker));
-    return { ...h, detectionMs: failure ? failure.detectedAt - h.at : null, replanMs: failure?.replanMs ?? null, degreeAfter: failure?.degreeAfter ?? null };
+    const failure = result.report.failures.find((f: { lost: { worker: string }[] }) =>
+      f.lost.some((l) => l.worker === h.worker),
+    );
+    return {
+      ...h,
+      detectionMs: failure ? failure.detectedAt - h.at : null,
+      replanMs: failure?.replanMs ?? null,
+      degreeAfter: failure?.degreeAfter ?? null,
+    };
   });
   const report = {
     ...result.report,
     ...(injected.length ? { injected } : {}),
-    machine: { cpus: cpus().length, cpuModel: cpus()[0]?.model, memoryGiB: Math.round(totalmem() / 2 ** 30), node: process.version, browser: swarm.browserVersion },
+    machine: {
+      cpus: cpus().length,
+      cpuModel: cpus()[0]?.model,
+      memoryGiB: Math.round(totalmem() / 2 ** 30),
+      node: process.version,
+      browser: swarm.browserVersion,
+    },
   };
   const write = (path: string, data: Buffer | string) => {
     mkdirSync(dirname(path), { recursive: true });
     writeFileSync(path, data);
   };
-  if (result.video) write(values.out!, Buffer.from(result.video, 'base64'));
-  write(values['latent-out']!, Buffer.from(result.latent, 'base64'));
-  write(values.report!, JSON.stringify(report, null, 2) + '\n');
+  if (result.video) write(values.out, Buffer.from(result.video, 'base64'));
+  write(values['latent-out'], Buffer.from(result.latent, 'base64'));
+  write(values.report, JSON.stringify(report, null, 2) + '\n');
   const perStep = report.steps.map((s: { ms: number }) => s.ms.toFixed(0)).join(', ');
   const wrote = [...(result.video ? [values.out] : []), values['latent-out'], values.report].join(', ');
   const { frames, width, height } = report.config;
-  console.error(`generate: wrote ${wrote}: ${frames} frames ${width}×${height}; ${report.steps.length} steps (${perStep} ms), total ${(report.totalMs / 1000).toFixed(1)} s`);
+  console.error(
+    `generate: wrote ${wrote}: ${frames} frames ${width}×${height}; ${report.steps.length} steps (${perStep} ms), total ${(report.totalMs / 1000).toFixed(1)} s`,
+  );
   const links: { from: string | number; to: number; transport: string }[] = report.links ?? [];
   if (links.length) {
     const relayed = links.filter((l) => l.transport === 'relay');
-    const name = (l: (typeof links)[number]) => `${l.from === 'coordinator' ? 'coordinator' : `rank ${l.from}`}→rank ${l.to}`;
-    console.error(`generate: links ${links.length - relayed.length} direct, ${relayed.length} relayed${relayed.length ? ` (${relayed.map(name).join(', ')})` : ''}`);
+    const name = (l: (typeof links)[number]) =>
+      `${l.from === 'coordinator' ? 'coordinator' : `rank ${l.from}`}→rank ${l.to}`;
+    console.error(
+      `generate: links ${links.length - relayed.length} direct, ${relayed.length} relayed${relayed.length ? ` (${relayed.map(name).join(', ')})` : ''}`,
+    );
   }
   for (const i of injected) {
-    console.error(`generate: rank ${i.rank} ${i.kind === 'drop' ? 'closed' : 'crashed'} at step ${i.step}: detected after ${i.detectionMs ?? '?'} ms, re-planned to ${i.degreeAfter ?? '?'} rank(s) in ${i.replanMs?.toFixed(0) ?? '?'} ms`);
+    console.error(
+      `generate: rank ${i.rank} ${i.kind === 'drop' ? 'closed' : 'crashed'} at step ${i.step}: detected after ${i.detectionMs ?? '?'} ms, re-planned to ${i.degreeAfter ?? '?'} rank(s) in ${i.replanMs?.toFixed(0) ?? '?'} ms`,
+    );
   }
 } catch (e) {
   if (tty) process.stderr.write('\n');

@@ -17,6 +17,7 @@ export const JOB_FLAG_OPTIONS = {
 /** The job fields among parsed flags, as numbers; a flag not given stays absent. */
 export function jobFlagValues(values: Partial<Record<JobFlag, string>>): Partial<Pick<JobParams, JobFlag>> {
   const out: Partial<Pick<JobParams, JobFlag>> = {};
-  for (const key of Object.keys(JOB_FLAG_OPTIONS) as JobFlag[]) if (values[key] !== undefined) out[key] = Number(values[key]);
+  for (const key of Object.keys(JOB_FLAG_OPTIONS) as JobFlag[])
+    if (values[key] !== undefined) out[key] = Number(values[key]);
   return out;
 }

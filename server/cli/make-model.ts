@@ -23,22 +23,74 @@
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
-import { expectedWeightShapes, parseWanConfig, toDiffusersConfig, wanConfigOfSize, type WanConfig } from '../../core/model/config.ts';
+import {
+  expectedWeightShapes,
+  parseWanConfig,
+  toDiffusersConfig,
+  wanConfigOfSize,
+  type WanConfig,
+} from '../../core/model/config.ts';
 import { TEXT_ENCODER_CLASS } from '../../core/model/text-encoder.ts';
 import { TRANSFORMER_CONFIG, TRANSFORMER_WEIGHTS_NAME } from '../../core/model/transformer.ts';
 import { VAE_DECODER_CLASS } from '../../core/model/vae-decoder.ts';
 import { SeededRandom } from '../../core/random.ts';
 import { writeSafetensors, type TensorMap } from '../../core/safetensors.ts';
 import { sizeOf } from '../../core/tensor.ts';
-import { FEW_LAYERS_MODEL_DIR, FULL_SIZE_MODEL_DIR, MAX_SHARD_BYTES, seededRandom, writeCheckpoint, writeUmt5Folder, writeWanVaeFolder } from '../model-folder.ts';
+import {
+  FEW_LAYERS_MODEL_DIR,
+  FULL_SIZE_MODEL_DIR,
+  MAX_SHARD_BYTES,
+  seededRandom,
+  writeCheckpoint,
+  writeUmt5Folder,
+  writeWanVaeFolder,
+} from '../model-folder.ts';
 import { byteProgress } from './progress.ts';
 import { WAN21_T2V_1_3B } from '../wan21-layout.ts';
 
 const PRESETS = {
-  tiny: { name: 'tiny-wan', out: 'public/models/tiny-wan', seed: '20250225', layers: '2', 'head-dim': '24', ffn: '768', 'text-dim': '64', 'text-length': '32' },
-  bench: { name: 'bench-wan', out: 'bench/out/models/bench-wan', seed: '20250226', layers: '2', 'head-dim': '48', ffn: '3456', 'text-dim': '64', 'text-length': '32' },
-  'wan2.1-t2v-1.3b': { name: 'wan2.1-t2v-1.3b', out: FULL_SIZE_MODEL_DIR, seed: '20250227', layers: '30', 'text-layers': '2', 'head-dim': '128', ffn: '8960', 'text-dim': '4096', 'text-length': '512' },
-  'wan2.1-few-layers': { name: 'wan2.1-few-layers', out: FEW_LAYERS_MODEL_DIR, seed: '20250227', layers: '2', 'text-layers': '2', 'head-dim': '128', ffn: '8960', 'text-dim': '4096', 'text-length': '512' },
+  tiny: {
+    name: 'tiny-wan',
+    out: 'public/models/tiny-wan',
+    seed: '20250225',
+    layers: '2',
+    'head-dim': '24',
+    ffn: '768',
+    'text-dim': '64',
+    'text-length': '32',
+  },
+  bench: {
+    name: 'bench-wan',
+    out: 'bench/out/models/bench-wan',
+    seed: '20250226',
+    layers: '2',
+    'head-dim': '48',
+    ffn: '3456',
+    'text-dim': '64',
+    'text-length': '32',
+  },
+  'wan2.1-t2v-1.3b': {
+    name: 'wan2.1-t2v-1.3b',
+    out: FULL_SIZE_MODEL_DIR,
+    seed: '20250227',
+    layers: '30',
+    'text-layers': '2',
+    'head-dim': '128',
+    ffn: '8960',
+    'text-dim': '4096',
+    'text-length': '512',
+  },
+  'wan2.1-few-layers': {
+    name: 'wan2.1-few-layers',
+    out: FEW_LAYERS_MODEL_DIR,
+    seed: '20250227',
+    layers: '2',
+    'text-layers': '2',
+    'head-dim': '128',
+    ffn: '8960',
+    'text-dim': '4096',
+    'text-length': '512',
+  },
 };
 type Preset = keyof typeof PRESETS;
 
@@ -60,25 +112,41 @@ const fail = (message: string): never => {
   console.error(`make-model: ${message}`);
   process.exit(1);
 };
-if (!Object.hasOwn(PRESETS, flags.preset!)) fail(`unknown --preset ${flags.preset}; valid presets: ${Object.keys(PRESETS).join(', ')}`);
-const published = flags.preset!.startsWith('wan2.1-');
-if (published && (flags['head-dim'] || flags.ffn || flags['text-dim'] || flags['text-length'])) fail(`--preset ${flags.preset} is the published layout: only --layers, --text-layers, --out and --seed change it`);
-if (!published && flags['text-layers']) fail('--text-layers is for the wan2.1 presets (umT5): the small presets have a stand-in text encoder');
+if (!Object.hasOwn(PRESETS, flags.preset))
+  fail(`unknown --preset ${flags.preset}; valid presets: ${Object.keys(PRESETS).join(', ')}`);
+const published = flags.preset.startsWith('wan2.1-');
+if (published && (flags['head-dim'] || flags.ffn || flags['text-dim'] || flags['text-length']))
+  fail(`--preset ${flags.preset} is the published layout: only --layers, --text-layers, --out and --seed change it`);
+if (!published && flags['text-layers'])
+  fail('--text-layers is for the wan2.1 presets (umT5): the small presets have a stand-in text encoder');
 const preset = PRESETS[flags.preset as Preset];
 const values = { ...preset, ...Object.fromEntries(Object.entries(flags).filter(([, v]) => v !== undefined)) };
 const whole = (flag: string, min: number): number => {
   const value = (values as Record<string, string | undefined>)[flag];
   const n = Number(value);
-  return Number.isInteger(n) && n >= min ? n : fail(`--${flag} must be a whole number ≥ ${min}, got ${JSON.stringify(value)}`);
+  return Number.isInteger(n) && n >= min
+    ? n
+    : fail(`--${flag} must be a whole number ≥ ${min}, got ${JSON.stringify(value)}`);
 };
 
 const seed = whole('seed', 0);
 const textDim = whole('text-dim', 1);
 const textLength = whole('text-length', 1);
 const config: WanConfig = published
-  ? parseWanConfig({ ...WAN21_T2V_1_3B.transformer, num_layers: whole('layers', 1) }, 'the published Wan2.1-T2V-1.3B config')
-  : wanConfigOfSize({ headDim: whole('head-dim', 2), textDim, ffnDim: whole('ffn', 1), numLayers: whole('layers', 1) }, 'make-model flags');
-const shardBytes = flags['shard-bytes'] === undefined ? MAX_SHARD_BYTES : Number(flags['shard-bytes']) >= 1 ? Number(flags['shard-bytes']) : fail(`--shard-bytes must be a number ≥ 1, got ${JSON.stringify(flags['shard-bytes'])}`);
+  ? parseWanConfig(
+      { ...WAN21_T2V_1_3B.transformer, num_layers: whole('layers', 1) },
+      'the published Wan2.1-T2V-1.3B config',
+    )
+  : wanConfigOfSize(
+      { headDim: whole('head-dim', 2), textDim, ffnDim: whole('ffn', 1), numLayers: whole('layers', 1) },
+      'make-model flags',
+    );
+const shardBytes =
+  flags['shard-bytes'] === undefined
+    ? MAX_SHARD_BYTES
+    : Number(flags['shard-bytes']) >= 1
+      ? Number(flags['shard-bytes'])
+      : fail(`--shard-bytes must be a number ≥ 1, got ${JSON.stringify(flags['shard-bytes'])}`);
 
 const randomFor = (name: string): SeededRandom => seededRandom(String(seed), name);
 
@@ -93,28 +161,40 @@ function initialise(name: string, shape: number[]): Float32Array {
   return random.normals(n, 1 / Math.sqrt(fanIn));
 }
 
-const out = values.out!;
+const out = values.out;
 const write = (path: string, data: Uint8Array | object) => {
   mkdirSync(join(out, path, '..'), { recursive: true });
   writeFileSync(join(out, path), data instanceof Uint8Array ? data : JSON.stringify(data, null, 2) + '\n');
 };
-const made = { generator: flags.preset === 'tiny' ? 'npm run make-model' : `npm run make-model -- --preset ${flags.preset}`, seed: String(seed) };
+const made = {
+  generator: flags.preset === 'tiny' ? 'npm run make-model' : `npm run make-model -- --preset ${flags.preset}`,
+  seed: String(seed),
+};
 const started = performance.now();
 const tensors = [...expectedWeightShapes(config)].map(([name, shape]) => ({ name, shape }));
 const totalBytes = 4 * tensors.reduce((n, t) => n + sizeOf(t.shape), 0);
 const progress = published ? byteProgress('make-model') : null;
 let written = 0;
-const files = await writeCheckpoint(join(out, 'transformer'), TRANSFORMER_WEIGHTS_NAME, tensors, ({ name, shape }) => {
-  progress?.((written += 4 * sizeOf(shape)), totalBytes);
-  return initialise(name, shape);
-}, { maxShardBytes: shardBytes, metadata: published ? { format: 'pt' } : made });
+const files = await writeCheckpoint(
+  join(out, 'transformer'),
+  TRANSFORMER_WEIGHTS_NAME,
+  tensors,
+  ({ name, shape }) => {
+    progress?.((written += 4 * sizeOf(shape)), totalBytes);
+    return initialise(name, shape);
+  },
+  { maxShardBytes: shardBytes, metadata: published ? { format: 'pt' } : made },
+);
 
 if (published) {
   // the folder's own files as published
   write('model_index.json', WAN21_T2V_1_3B.modelIndex);
   write(TRANSFORMER_CONFIG, { ...WAN21_T2V_1_3B.transformer, num_layers: config.numLayers });
   write('scheduler/scheduler_config.json', WAN21_T2V_1_3B.scheduler);
-  const { bytes } = await writeWanVaeFolder(out, WAN21_T2V_1_3B.vae, { seed: String(seed), onProgress: byteProgress('make-model VAE') });
+  const { bytes } = await writeWanVaeFolder(out, WAN21_T2V_1_3B.vae, {
+    seed: String(seed),
+    onProgress: byteProgress('make-model VAE'),
+  });
   console.log(`wrote ${out}/vae: AutoencoderKLWan, encoder and decoder, ${(bytes / 1e6).toFixed(0)} MB`);
   await writeTextEncoder(whole('text-layers', 1));
 } else {
@@ -127,20 +207,41 @@ if (published) {
     ['conv_out.weight', { shape: [3, 16], data: random.normals(48, 0.5) }],
     ['conv_out.bias', { shape: [3], data: new Float32Array(3) }],
   ]);
-  write('model_index.json', { _class_name: 'WanPipeline', name: preset.name, transformer: ['diffusers', 'WanTransformer3DModel'], text_encoder: ['ditswarm', TEXT_ENCODER_CLASS], vae: ['ditswarm', VAE_DECODER_CLASS], flow_shift: 3.0, ...made });
+  write('model_index.json', {
+    _class_name: 'WanPipeline',
+    name: preset.name,
+    transformer: ['diffusers', 'WanTransformer3DModel'],
+    text_encoder: ['ditswarm', TEXT_ENCODER_CLASS],
+    vae: ['ditswarm', VAE_DECODER_CLASS],
+    flow_shift: 3.0,
+    ...made,
+  });
   write(TRANSFORMER_CONFIG, toDiffusersConfig(config));
   write('text_encoder/config.json', { _class_name: TEXT_ENCODER_CLASS, max_length: textLength, hidden_size: textDim });
   write('text_encoder/model.safetensors', writeSafetensors(textEncoder, made));
-  write('vae/config.json', { _class_name: VAE_DECODER_CLASS, latent_channels: 16, scale_factor_temporal: 4, scale_factor_spatial: 8 });
+  write('vae/config.json', {
+    _class_name: VAE_DECODER_CLASS,
+    latent_channels: 16,
+    scale_factor_temporal: 4,
+    scale_factor_spatial: 8,
+  });
   write('vae/diffusion_pytorch_model.safetensors', writeSafetensors(vae, made));
 }
 
 /** umT5-XXL's encoder at full width with `layers` layers, and its test tokenizer (writeUmt5Folder). */
 async function writeTextEncoder(layers: number): Promise<void> {
   const progress = byteProgress('make-model text encoder');
-  const { config: umt5, files } = await writeUmt5Folder(out, { ...WAN21_T2V_1_3B.textEncoder, num_layers: layers, num_decoder_layers: layers }, { seed: String(seed), maxShardBytes: shardBytes, onProgress: progress });
-  console.log(`wrote ${out}/text_encoder: umT5 encoder, ${layers} layers of width ${umt5.dModel}, vocabulary ${umt5.vocabSize}, in ${files.join(', ')}`);
+  const { config: umt5, files } = await writeUmt5Folder(
+    out,
+    { ...WAN21_T2V_1_3B.textEncoder, num_layers: layers, num_decoder_layers: layers },
+    { seed: String(seed), maxShardBytes: shardBytes, onProgress: progress },
+  );
+  console.log(
+    `wrote ${out}/text_encoder: umT5 encoder, ${layers} layers of width ${umt5.dModel}, vocabulary ${umt5.vocabSize}, in ${files.join(', ')}`,
+  );
 }
 
 const params = tensors.reduce((n, t) => n + sizeOf(t.shape), 0);
-console.log(`wrote ${out}: ${config.numLayers} blocks, ${config.numHeads} heads × ${config.headDim}, ${(params / 1e6).toFixed(2)} M transformer parameters in transformer/${files.join(', ')} (${((performance.now() - started) / 1000).toFixed(1)} s)`);
+console.log(
+  `wrote ${out}: ${config.numLayers} blocks, ${config.numHeads} heads × ${config.headDim}, ${(params / 1e6).toFixed(2)} M transformer parameters in transformer/${files.join(', ')} (${((performance.now() - started) / 1000).toFixed(1)} s)`,
+);

@@ -12,7 +12,17 @@ test.describe.serial('CFG parallel over worker tabs', () => {
 
   test('two groups of one tab equal one worker within 1e-4; a job without guidance falls back to one group and says why', async () => {
     test.setTimeout(300_000);
-    const job = { prompt: 'a red ball', frames: 5, height: 96, width: 96, steps: 2, guidance: 5, seed: 3, backend: 'swarm', ep: 'wasm' };
+    const job = {
+      prompt: 'a red ball',
+      frames: 5,
+      height: 96,
+      width: 96,
+      steps: 2,
+      guidance: 5,
+      seed: 3,
+      backend: 'swarm',
+      ep: 'wasm',
+    };
     const single = await runJob(swarm.dashboard, { ...job, workers: 1, cfgParallel: false });
     expect(single.report.config).toMatchObject({ workers: 1, ulyssesDegree: 1, cfgParallel: false });
 
@@ -20,7 +30,9 @@ test.describe.serial('CFG parallel over worker tabs', () => {
     expect(cfg.report.config).toMatchObject({ workers: 2, ulyssesDegree: 1, cfgParallel: true });
     expect(new Set(cfg.report.workers.map((w: { id: string }) => w.id)).size).toBe(2);
     const diff = maxAbsDiff(cfg.latent, single.latent);
-    console.log(`CFG parallel 2×1: max-abs vs 1 worker ${diff.toExponential(2)}, step ms ${cfg.report.steps.map((s: any) => s.ms.toFixed(0)).join('/')} (1 worker ${single.report.steps.map((s: any) => s.ms.toFixed(0)).join('/')})`);
+    console.log(
+      `CFG parallel 2×1: max-abs vs 1 worker ${diff.toExponential(2)}, step ms ${cfg.report.steps.map((s: any) => s.ms.toFixed(0)).join('/')} (1 worker ${single.report.steps.map((s: any) => s.ms.toFixed(0)).join('/')})`,
+    );
     expect(diff).toBeLessThanOrEqual(1e-4);
     for (const step of cfg.report.steps) expect(step.ranks.map((r: { rank: number }) => r.rank)).toEqual([0, 1]);
 

@@ -7,16 +7,40 @@ import { maxAbsDiff, openTestSwarm, runJob, TEST_MODEL } from './swarm-page.ts';
 // A checkpoint as diffusers publishes a large one — shards and their index — read by a worker tab
 // tensor by tensor over HTTP Range requests; a broken download fails its job with the file and the
 // tensor named, and the swarm runs the next job.
-test('a sharded checkpoint loads in a worker tab to the same latent; a truncated shard fails its job by name, and the next job runs', async ({ browser, baseURL }) => {
+test('a sharded checkpoint loads in a worker tab to the same latent; a truncated shard fails its job by name, and the next job runs', async ({
+  browser,
+  baseURL,
+}) => {
   const swarm = await openTestSwarm(browser, baseURL!, 1);
   try {
-    const job = { prompt: 'a red ball', frames: 5, height: 32, width: 32, steps: 2, guidance: 1, seed: 3, backend: 'swarm', workers: 1, ep: 'wasm', outputType: 'latent' };
+    const job = {
+      prompt: 'a red ball',
+      frames: 5,
+      height: 32,
+      width: 32,
+      steps: 2,
+      guidance: 1,
+      seed: 3,
+      backend: 'swarm',
+      workers: 1,
+      ep: 'wasm',
+      outputType: 'latent',
+    };
     const single = await runJob(swarm.dashboard, job);
     const sharded = await runJob(swarm.dashboard, { ...job, model: SHARDED_MODEL_PATH });
     expect(maxAbsDiff(sharded.latent, single.latent)).toBe(0);
 
-    const failed = await swarm.dashboard.evaluate((j) => (window as any).ditswarm.generate(j).then(() => 'ran', (e: Error) => e.message), { ...job, model: TRUNCATED_MODEL_PATH });
-    expect(failed).toMatch(/failed in (loadModel|rehearse): transformer\/diffusion_pytorch_model-\d{5}-of-\d{5}\.safetensors: tensor ".+" needs bytes \[\d+, \d+\) but the file holds \d+ of them: truncated\? fetch it again/);
+    const failed = await swarm.dashboard.evaluate(
+      (j) =>
+        (window as any).ditswarm.generate(j).then(
+          () => 'ran',
+          (e: Error) => e.message,
+        ),
+      { ...job, model: TRUNCATED_MODEL_PATH },
+    );
+    expect(failed).toMatch(
+      /failed in (loadModel|rehearse): transformer\/diffusion_pytorch_model-\d{5}-of-\d{5}\.safetensors: tensor ".+" needs bytes \[\d+, \d+\) but the file holds \d+ of them: truncated\? fetch it again/,
+    );
 
     const after = await runJob(swarm.dashboard, { ...job, model: TEST_MODEL });
     expect(maxAbsDiff(after.latent, single.latent)).toBe(0);
@@ -27,16 +51,34 @@ test('a sharded checkpoint loads in a worker tab to the same latent; a truncated
 
 // Weights cross the network once per browser: a worker tab keeps what it fetched (OPFS), so after a
 // reload its next job reads them from disk; a file that changed on the server is fetched again.
-test('a reloaded worker tab loads the weights from its browser cache; a changed shard comes from the network again', async ({ browser, baseURL }) => {
+test('a reloaded worker tab loads the weights from its browser cache; a changed shard comes from the network again', async ({
+  browser,
+  baseURL,
+}) => {
   const shardedDir = process.env.DITSWARM_SHARDED_DIR;
   test.skip(!shardedDir, 'needs the sharded model folder of global-setup.ts (DITSWARM_URL was given)');
   const swarm = await openTestSwarm(browser, baseURL!, 1);
   const reloadWorker = async () => {
     await swarm.workers[0].reload();
-    await expect.poll(() => swarm.dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 60_000 }).toBe(1);
+    await expect
+      .poll(() => swarm.dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 60_000 })
+      .toBe(1);
   };
   try {
-    const job = { prompt: 'a red ball', frames: 5, height: 32, width: 32, steps: 1, guidance: 1, seed: 3, backend: 'swarm', workers: 1, ep: 'wasm', outputType: 'latent', model: SHARDED_MODEL_PATH };
+    const job = {
+      prompt: 'a red ball',
+      frames: 5,
+      height: 32,
+      width: 32,
+      steps: 1,
+      guidance: 1,
+      seed: 3,
+      backend: 'swarm',
+      workers: 1,
+      ep: 'wasm',
+      outputType: 'latent',
+      model: SHARDED_MODEL_PATH,
+    };
     const first = await runJob(swarm.dashboard, job);
     const fetched = first.report.workers[0].weights;
     expect(fetched).toMatchObject({ cacheBytes: 0, note: '' });
@@ -48,7 +90,9 @@ test('a reloaded worker tab loads the weights from its browser cache; a changed 
     expect(maxAbsDiff(second.latent, first.latent)).toBe(0);
 
     // the same bytes with a new modification time: a new validator (ETag), as a re-uploaded file has
-    const shard = readdirSync(join(shardedDir!, 'transformer')).filter((f) => f.endsWith('.safetensors')).sort()[0];
+    const shard = readdirSync(join(shardedDir!, 'transformer'))
+      .filter((f) => f.endsWith('.safetensors'))
+      .sort()[0];
     utimesSync(join(shardedDir!, 'transformer', shard), new Date(), new Date(Date.now() + 60_000));
     await reloadWorker();
     const third = (await runJob(swarm.dashboard, job)).report.workers[0].weights;

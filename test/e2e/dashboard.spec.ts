@@ -8,7 +8,10 @@ import { openTestSwarm } from './swarm-page.ts';
 const SHOTS = join(import.meta.dirname, 'screenshots');
 mkdirSync(SHOTS, { recursive: true });
 
-test('the dashboard idle, running on 2 workers and done, and the worker page, as a person sees them', async ({ browser, baseURL }) => {
+test('the dashboard idle, running on 2 workers and done, and the worker page, as a person sees them', async ({
+  browser,
+  baseURL,
+}) => {
   test.setTimeout(240_000);
   const context = await browser.newContext({ viewport: { width: 1280, height: 800 } });
   const dashboard = await context.newPage();
@@ -34,7 +37,10 @@ test('the dashboard idle, running on 2 workers and done, and the worker page, as
   await expect(dashboard.locator('#form-errors')).toHaveText('');
 
   // the size presets: 720p sets Wan's 720×1280 and its flow shift 5, 480p 480×832 and 3; any other size is custom
-  const form = (fields: Record<string, string | RegExp>) => Promise.all(Object.entries(fields).map(([name, value]) => expect(dashboard.locator(`[name=${name}]`)).toHaveValue(value)));
+  const form = (fields: Record<string, string | RegExp>) =>
+    Promise.all(
+      Object.entries(fields).map(([name, value]) => expect(dashboard.locator(`[name=${name}]`)).toHaveValue(value)),
+    );
   await expect(dashboard.locator('[name=size]')).toHaveValue('custom');
   await dashboard.selectOption('[name=size]', '720p');
   await form({ height: '720', width: '1280', flowShift: '5' });
@@ -48,13 +54,37 @@ test('the dashboard idle, running on 2 workers and done, and the worker page, as
   // the demo model again gives its own back
   await dashboard.fill('[name=prompt]', 'a cat and a dog baking a cake');
   await chooseModel(dashboard, FULL_LAYOUT_MODEL_PATH);
-  await form({ prompt: 'a cat and a dog baking a cake', negativePrompt: /^Bright tones, overexposed, .* walking backwards$/, size: '480p', height: '480', width: '832', frames: '81', steps: '50', guidance: '5', flowShift: '3', seed: '42' });
+  await form({
+    prompt: 'a cat and a dog baking a cake',
+    negativePrompt: /^Bright tones, overexposed, .* walking backwards$/,
+    size: '480p',
+    height: '480',
+    width: '832',
+    frames: '81',
+    steps: '50',
+    guidance: '5',
+    flowShift: '3',
+    seed: '42',
+  });
   // every field of the form, the size preset among them, fits its card
-  const formOverflow = () => dashboard.evaluate(() => document.getElementById('job-form')!.scrollWidth - document.getElementById('job-form')!.clientWidth);
+  const formOverflow = () =>
+    dashboard.evaluate(
+      () => document.getElementById('job-form')!.scrollWidth - document.getElementById('job-form')!.clientWidth,
+    );
   expect(await formOverflow()).toBeLessThanOrEqual(0);
   await dashboard.locator('#job-form').screenshot({ path: join(SHOTS, 'dashboard-wan-defaults.png') });
   await chooseModel(dashboard, '/models/tiny-wan-demo');
-  await form({ prompt: 'a cat and a dog baking a cake', negativePrompt: '', size: 'custom', height: '64', width: '64', frames: '9', steps: '20', guidance: '4', flowShift: '3' });
+  await form({
+    prompt: 'a cat and a dog baking a cake',
+    negativePrompt: '',
+    size: 'custom',
+    height: '64',
+    width: '64',
+    frames: '9',
+    steps: '20',
+    guidance: '4',
+    flowShift: '3',
+  });
 
   const workers = [];
   for (let i = 0; i < 2; i++) {
@@ -68,7 +98,12 @@ test('the dashboard idle, running on 2 workers and done, and the worker page, as
   await expect(dashboard.locator('#workers tbody')).toContainText('MB/s');
   await expect(dashboard.locator('#workers tbody')).toContainText('direct');
   // every column of the swarm table fits its card: nothing cut off after "Speed"
-  const tableOverflow = () => dashboard.evaluate(() => document.getElementById('workers')!.scrollWidth - document.getElementById('workers')!.parentElement!.clientWidth);
+  const tableOverflow = () =>
+    dashboard.evaluate(
+      () =>
+        document.getElementById('workers')!.scrollWidth -
+        document.getElementById('workers')!.parentElement!.clientWidth,
+    );
   expect(await tableOverflow()).toBeLessThanOrEqual(0);
 
   // running: submit from the form with the keyboard, on both workers
@@ -81,12 +116,23 @@ test('the dashboard idle, running on 2 workers and done, and the worker page, as
   await dashboard.focus('[name=prompt]');
   await dashboard.keyboard.press('Enter');
   const bar = dashboard.locator('#queue li progress').first();
-  await expect.poll(async () => Number(await bar.getAttribute('value') ?? (await bar.evaluate((b: HTMLProgressElement) => b.value))), { timeout: 120_000, intervals: [100] }).toBeGreaterThanOrEqual(1);
+  await expect
+    .poll(
+      async () =>
+        Number((await bar.getAttribute('value')) ?? (await bar.evaluate((b: HTMLProgressElement) => b.value))),
+      { timeout: 120_000, intervals: [100] },
+    )
+    .toBeGreaterThanOrEqual(1);
   const first = await bar.evaluate((b: HTMLProgressElement) => b.value);
   await dashboard.screenshot({ path: join(SHOTS, 'dashboard-running.png'), fullPage: true });
   // the same bar, still on the page, moves on: a bar that vanished (or was replaced) reads -1
   const shown = await bar.elementHandle();
-  await expect.poll(() => shown!.evaluate((b: HTMLProgressElement) => (b.isConnected ? b.value : -1)), { timeout: 120_000, intervals: [100] }).toBeGreaterThan(first);
+  await expect
+    .poll(() => shown.evaluate((b: HTMLProgressElement) => (b.isConnected ? b.value : -1)), {
+      timeout: 120_000,
+      intervals: [100],
+    })
+    .toBeGreaterThan(first);
   await expect(dashboard.locator('#workers tbody')).toContainText('rank');
 
   // done: a playable video, a working download, the job in the gallery with its parameters
@@ -111,7 +157,9 @@ test('the dashboard idle, running on 2 workers and done, and the worker page, as
 
   // a phone-sized screen shows the same without sideways scrolling of the page
   await dashboard.setViewportSize({ width: 390, height: 844 });
-  const overflow = await dashboard.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
+  const overflow = await dashboard.evaluate(
+    () => document.documentElement.scrollWidth - document.documentElement.clientWidth,
+  );
   expect(overflow).toBeLessThanOrEqual(0);
   expect(await tableOverflow()).toBeLessThanOrEqual(0);
   expect(await formOverflow()).toBeLessThanOrEqual(0);
@@ -119,13 +167,18 @@ test('the dashboard idle, running on 2 workers and done, and the worker page, as
   await context.close();
 });
 
-test('the default job on two worker tabs: Enter on the prompt the dashboard opens with, done in seconds, with the plan it showed next to what happened', async ({ browser, baseURL }) => {
+test('the default job on two worker tabs: Enter on the prompt the dashboard opens with, done in seconds, with the plan it showed next to what happened', async ({
+  browser,
+  baseURL,
+}) => {
   test.setTimeout(180_000);
   const swarm = await openTestSwarm(browser, baseURL!, 2);
   try {
     const { dashboard } = swarm;
     // every worker measured, as a person would see before pressing Enter
-    await expect.poll(() => dashboard.locator('#workers tbody tr', { hasText: 'GFLOP/s' }).count(), { timeout: 90_000 }).toBe(2);
+    await expect
+      .poll(() => dashboard.locator('#workers tbody tr', { hasText: 'GFLOP/s' }).count(), { timeout: 90_000 })
+      .toBe(2);
     await dashboard.focus('[name=prompt]');
     await expect(dashboard.locator('[name=prompt]')).toHaveValue('a red square moving right');
     const started = Date.now();
@@ -135,7 +188,12 @@ test('the default job on two worker tabs: Enter on the prompt the dashboard open
     const status = (await dashboard.locator('#status').textContent())!;
     const report = JSON.parse((await dashboard.locator('#report').textContent())!);
     const measuredMs = report.medianStepMs;
-    expect(measuredMs).toBe([...report.steps.map((s: { ms: number }) => s.ms)].sort((a, b) => a - b).slice(9, 11).reduce((a, b) => a + b) / 2); // the median of its 20 steps
+    expect(measuredMs).toBe(
+      [...report.steps.map((s: { ms: number }) => s.ms)]
+        .sort((a, b) => a - b)
+        .slice(9, 11)
+        .reduce((a, b) => a + b) / 2,
+    ); // the median of its 20 steps
     const error = (report.plan.predictedStepMs - measuredMs) / measuredMs;
     console.log(
       `default job: ${seconds.toFixed(1)} s from Enter, phases ${JSON.stringify(report.phasesMs, (_k, v) => (typeof v === 'number' ? Math.round(v) : v))}; ` +
@@ -152,7 +210,9 @@ test('the default job on two worker tabs: Enter on the prompt the dashboard open
     expect(report.plan.by).toContain('forwards rehearsed on these workers');
     expect(report.plan.predictedStepMs / measuredMs).toBeGreaterThan(0.5);
     expect(report.plan.predictedStepMs / measuredMs).toBeLessThan(2);
-    expect(status).toMatch(/, each on (WASM|WebGPU) on \d+ threads?\. The cost model chose .*, predicting [\d.]+ s per step; measured [\d.]+ s \(the median step\)\./);
+    expect(status).toMatch(
+      /, each on (WASM|WebGPU) on \d+ threads?\. The cost model chose .*, predicting [\d.]+ s per step; measured [\d.]+ s \(the median step\)\./,
+    );
     // each on the EP it measured faster, which its reason names first ("WASM: 21.3 GFLOP/s vs WebGPU 0.2")
     for (const w of report.workers) expect(w.why).toMatch(w.ep === 'wasm' ? /^WASM: / : /^WebGPU: /);
   } finally {

@@ -12,7 +12,10 @@ const MODEL_URL = '/models/tiny-wan-demo';
 const MODEL_DIR = join(import.meta.dirname, '../../public', MODEL_URL);
 const JOB = { prompt: 'a red square moving right', ...DEMO_SAMPLING, seed: 42 };
 
-test('"a red square moving right" on 2 worker tabs decodes to a red foreground moving right', async ({ browser, baseURL }) => {
+test('"a red square moving right" on 2 worker tabs decodes to a red foreground moving right', async ({
+  browser,
+  baseURL,
+}) => {
   test.setTimeout(300_000);
   const swarm = await openTestSwarm(browser, baseURL!, 2);
   try {
@@ -24,10 +27,12 @@ test('"a red square moving right" on 2 worker tabs decodes to a red foreground m
 
     const decode = await loadVaeDecoder(folderFiles(MODEL_DIR));
     const seen = detect(decode({ shape: run.report.latentShape, data: run.latent }));
-    console.log(`demo: ${JOB.prompt} → ${seen.colour} ${seen.direction} (dx ${seen.dx.toFixed(1)} px, dy ${seen.dy.toFixed(1)} px, area ${seen.area.toFixed(0)} px)`);
+    console.log(
+      `demo: ${JOB.prompt} → ${seen.colour} ${seen.direction} (dx ${seen.dx.toFixed(1)} px, dy ${seen.dy.toFixed(1)} px, area ${seen.area.toFixed(0)} px)`,
+    );
     expect(seen.colour).toBe('red');
     expect(seen.direction).toBe('right');
-    expect(seen.dx, "at least half the 32 px a moving shape travels in 9 frames").toBeGreaterThan(16);
+    expect(seen.dx, 'at least half the 32 px a moving shape travels in 9 frames').toBeGreaterThan(16);
 
     // the same job sampled in Node through the same stage graphs lands on the same latent
     const { loadModel, sampleVideo } = await import('../../demo/generate.ts');

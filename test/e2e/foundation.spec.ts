@@ -25,7 +25,8 @@ test.describe.serial('foundation: dashboard + 1 worker tab', () => {
       return { vendor, architecture, device, description };
     });
     const named = Object.values(info).filter(Boolean);
-    for (const text of named.length > 0 ? named : ['WebGPU adapter']) await expect(worker.locator('#adapter')).toContainText(text);
+    for (const text of named.length > 0 ? named : ['WebGPU adapter'])
+      await expect(worker.locator('#adapter')).toContainText(text);
     await expect(swarm.dashboard.locator('#workers tbody tr')).toHaveCount(1);
     await expect(swarm.dashboard.locator('#workers tbody')).toContainText('WebGPU');
   });
@@ -64,11 +65,20 @@ test.describe.serial('foundation: dashboard + 1 worker tab', () => {
     console.log(`auto: ${worker.ep} (${worker.why})`);
     await expect(swarm.workers[0].locator('#ep')).toContainText(worker.why);
     // the swarm table's reason is the same rule on the coordinator's own measurement
-    await expect(swarm.dashboard.locator('#workers tbody')).toContainText(/WASM: [\d.]+ GFLOP\/s \(WebGPU: a software adapter\)/);
+    await expect(swarm.dashboard.locator('#workers tbody')).toContainText(
+      /WASM: [\d.]+ GFLOP\/s \(WebGPU: a software adapter\)/,
+    );
   });
 
   test('a bad job parameter is refused with the field named, and nothing runs', async () => {
-    const error = await swarm.dashboard.evaluate((o) => (window as any).ditswarm.generate(o).then(() => 'ran', (e: Error) => e.message), { ...job, frames: 8, backend: 'swarm', workers: 1 });
+    const error = await swarm.dashboard.evaluate(
+      (o) =>
+        (window as any).ditswarm.generate(o).then(
+          () => 'ran',
+          (e: Error) => e.message,
+        ),
+      { ...job, frames: 8, backend: 'swarm', workers: 1 },
+    );
     expect(error).toContain('frames must be 4k+1');
     await expect(swarm.dashboard.locator('#form-errors')).toContainText('frames must be 4k+1');
     await expect(swarm.dashboard.locator('[name=frames]')).toHaveAttribute('aria-invalid', 'true');
@@ -79,7 +89,9 @@ test.describe.serial('foundation: dashboard + 1 worker tab', () => {
     await runJob(swarm.dashboard, { ...job, backend: 'swarm', workers: 1, ep: 'wasm' });
     await worker.evaluate(() => ((window as any).ditswarmWorkerHistory.length = 0));
     await swarm.dashboard.close({ runBeforeUnload: true });
-    await expect.poll(() => worker.evaluate(() => (window as any).ditswarmWorkerHistory.join('\n'))).toContain('released by the coordinator');
+    await expect
+      .poll(() => worker.evaluate(() => (window as any).ditswarmWorkerHistory.join('\n')))
+      .toContain('released by the coordinator');
     await expect(worker.locator('#detail')).toContainText(/lost the dashboard|released/);
   });
 });

@@ -27,11 +27,37 @@ async function fullLayoutCopy(): Promise<string> {
   for (const part of ['text_encoder', 'vae']) rmSync(join(dir, part), { recursive: true });
   const index = JSON.parse(readFileSync(join(dir, 'model_index.json'), 'utf8'));
   const { flow_shift: _, ...published } = index; // the scheduler's config holds the shift
-  writeFileSync(join(dir, 'model_index.json'), JSON.stringify({ ...published, text_encoder: ['transformers', 'UMT5EncoderModel'], tokenizer: ['transformers', 'T5TokenizerFast'], vae: ['diffusers', 'AutoencoderKLWan'], scheduler: ['diffusers', 'UniPCMultistepScheduler'] }));
+  writeFileSync(
+    join(dir, 'model_index.json'),
+    JSON.stringify({
+      ...published,
+      text_encoder: ['transformers', 'UMT5EncoderModel'],
+      tokenizer: ['transformers', 'T5TokenizerFast'],
+      vae: ['diffusers', 'AutoencoderKLWan'],
+      scheduler: ['diffusers', 'UniPCMultistepScheduler'],
+    }),
+  );
   mkdirSync(join(dir, 'scheduler'));
   writeFileSync(join(dir, 'scheduler/scheduler_config.json'), JSON.stringify(WAN21_T2V_1_3B.scheduler));
   await writeWanVaeFolder(dir, FULL_LAYOUT_VAE, { seed: '16' });
-  await writeUmt5Folder(dir, { architectures: ['UMT5EncoderModel'], model_type: 'umt5', d_model: 64, d_kv: 8, num_heads: 8, d_ff: 128, num_layers: 3, relative_attention_num_buckets: 32, relative_attention_max_distance: 128, layer_norm_epsilon: 1e-6, feed_forward_proj: 'gated-gelu', dense_act_fn: 'gelu_new' }, { seed: '15', maxShardBytes: 100_000 });
+  await writeUmt5Folder(
+    dir,
+    {
+      architectures: ['UMT5EncoderModel'],
+      model_type: 'umt5',
+      d_model: 64,
+      d_kv: 8,
+      num_heads: 8,
+      d_ff: 128,
+      num_layers: 3,
+      relative_attention_num_buckets: 32,
+      relative_attention_max_distance: 128,
+      layer_norm_epsilon: 1e-6,
+      feed_forward_proj: 'gated-gelu',
+      dense_act_fn: 'gelu_new',
+    },
+    { seed: '15', maxShardBytes: 100_000 },
+  );
   return dir;
 }
 
@@ -41,7 +67,13 @@ async function shardedCopy(truncate: boolean): Promise<string> {
   cpSync(TINY_MODEL, dir, { recursive: true });
   rmSync(join(dir, TRANSFORMER_WEIGHTS));
   const { weights } = await loadTransformer(folderFiles(TINY_MODEL));
-  const files = await writeCheckpoint(join(dir, 'transformer'), TRANSFORMER_WEIGHTS_NAME, [...weights].map(([name, t]) => ({ name, shape: t.shape })), ({ name }) => weights.get(name)!.data, { maxShardBytes: 300_000 });
+  const files = await writeCheckpoint(
+    join(dir, 'transformer'),
+    TRANSFORMER_WEIGHTS_NAME,
+    [...weights].map(([name, t]) => ({ name, shape: t.shape })),
+    ({ name }) => weights.get(name)!.data,
+    { maxShardBytes: 300_000 },
+  );
   if (truncate) truncateSync(join(dir, 'transformer', files[files.length - 2]), 1000);
   return dir;
 }
@@ -53,7 +85,11 @@ async function shardedCopy(truncate: boolean): Promise<string> {
 export default async function globalSetup(): Promise<(() => Promise<void>) | undefined> {
   if (process.env.DITSWARM_URL) return undefined;
   const [sharded, truncated, full] = [await shardedCopy(false), await shardedCopy(true), await fullLayoutCopy()];
-  const server = await startServer({ port: 0, quiet: true, modelFolders: { [SHARDED_MODEL_PATH]: sharded, [TRUNCATED_MODEL_PATH]: truncated, [FULL_LAYOUT_MODEL_PATH]: full } });
+  const server = await startServer({
+    port: 0,
+    quiet: true,
+    modelFolders: { [SHARDED_MODEL_PATH]: sharded, [TRUNCATED_MODEL_PATH]: truncated, [FULL_LAYOUT_MODEL_PATH]: full },
+  });
   process.env.DITSWARM_URL = server.url;
   process.env.DITSWARM_SHARDED_DIR = sharded; // where a test may change a served file
   process.env.DITSWARM_FULL_LAYOUT_DIR = full; // where a test may compute in Node what the tabs compute

@@ -10,7 +10,18 @@ import { maxAbsDiff, openTestSwarm, runJob } from './swarm-page.ts';
 // is cut when it floods signaling, and a revoked link (relay.spec.ts) opens nothing. The honest job
 // finishes with the latent it has unattacked.
 
-const job = { prompt: 'a red ball', frames: 1, height: 112, width: 80, steps: 3, guidance: 5, seed: 5, backend: 'swarm', ep: 'wasm', workers: 2 };
+const job = {
+  prompt: 'a red ball',
+  frames: 1,
+  height: 112,
+  width: 80,
+  steps: 3,
+  guidance: 5,
+  seed: 5,
+  backend: 'swarm',
+  ep: 'wasm',
+  workers: 2,
+};
 
 /** A raw socket's first answer: the message it got, or how it closed. */
 function firstWord(ws: WebSocket): Promise<string> {
@@ -22,7 +33,10 @@ function firstWord(ws: WebSocket): Promise<string> {
   });
 }
 
-test('a socket with a made-up join token opens no relay room and enters none, one flooding signaling is cut, and the honest job ends as it would unattacked', async ({ browser, baseURL }) => {
+test('a socket with a made-up join token opens no relay room and enters none, one flooding signaling is cut, and the honest job ends as it would unattacked', async ({
+  browser,
+  baseURL,
+}) => {
   test.setTimeout(180_000);
   const swarm = await openTestSwarm(browser, baseURL!, 2);
   const sockets: WebSocket[] = [];
@@ -44,12 +58,20 @@ test('a socket with a made-up join token opens no relay room and enters none, on
     // #4: a room of its own making (the seal is not the server's), as a dashboard and as a worker
     await register('attacker-c');
     const madeUp = `${'ab'.repeat(12)}.${'cd'.repeat(16)}`;
-    const relayAs = (role: string, token: string) => ws(`/relay?peer=attacker-c&auth=t-attacker-c&room=${token.split('.')[0]}&proof=${relayProof(token, 'attacker-c', 't-attacker-c')}&role=${role}`);
-    for (const role of ['coordinator', 'worker']) expect(await firstWord(relayAs(role, madeUp))).toMatch(/"refused".*does not hold a join token this server stands by/);
+    const relayAs = (role: string, token: string) =>
+      ws(
+        `/relay?peer=attacker-c&auth=t-attacker-c&room=${token.split('.')[0]}&proof=${relayProof(token, 'attacker-c', 't-attacker-c')}&role=${role}`,
+      );
+    for (const role of ['coordinator', 'worker'])
+      expect(await firstWord(relayAs(role, madeUp))).toMatch(
+        /"refused".*does not hold a join token this server stands by/,
+      );
     // the swarm's room (public: it is in every relayed page's query) without its token: the proof is wrong
     const { joinUrl } = await swarm.dashboard.evaluate(() => (window as any).ditswarm.ready);
     const room = new URL(joinUrl).hash.match(/token=([0-9a-f]{24})\./)![1];
-    expect(await firstWord(ws(`/relay?peer=attacker-c&auth=t-attacker-c&room=${room}&proof=${'0'.repeat(64)}&role=worker`))).toMatch(/does not hold a join token/);
+    expect(
+      await firstWord(ws(`/relay?peer=attacker-c&auth=t-attacker-c&room=${room}&proof=${'0'.repeat(64)}&role=worker`)),
+    ).toMatch(/does not hold a join token/);
     // #9: a signaling flood is cut
     const flooder = await register('attacker-f');
     const cut = new Promise<number>((resolve) => flooder.once('close', resolve));

@@ -3,7 +3,12 @@ import type { AddressInfo } from 'node:net';
 import { chromium, expect, test, type BrowserContext, type Page } from '@playwright/test';
 import qrcode from 'qrcode-generator';
 import { chromiumArgs, chromiumExecutable } from '../../server/chromium.ts';
-import { emulateStorageQuota, peerConnectionsSince, shortenExchangeTimeout, trackPeerConnections } from './hostile/dashboard.ts';
+import {
+  emulateStorageQuota,
+  peerConnectionsSince,
+  shortenExchangeTimeout,
+  trackPeerConnections,
+} from './hostile/dashboard.ts';
 import { openRawPeer, type RawPeer } from './hostile/raw-peer.ts';
 import { hostileLog, makeHostile, setRules, type HostileLog, type HostileRules } from './hostile/wire.ts';
 import { maxAbsDiff, runJob, TEST_MODEL } from './swarm-page.ts';
@@ -17,7 +22,19 @@ import { maxAbsDiff, runJob, TEST_MODEL } from './swarm-page.ts';
 // signaling limits and the token's revocation), and #5 (see the note at the end of this file).
 
 /** a job of a few tokens, as every attacked job runs it */
-const job = { prompt: 'a red ball', frames: 5, height: 32, width: 32, steps: 4, guidance: 1, seed: 7, backend: 'swarm', ep: 'wasm', outputType: 'latent', model: TEST_MODEL };
+const job = {
+  prompt: 'a red ball',
+  frames: 5,
+  height: 32,
+  width: 32,
+  steps: 4,
+  guidance: 1,
+  seed: 7,
+  backend: 'swarm',
+  ep: 'wasm',
+  outputType: 'latent',
+  model: TEST_MODEL,
+};
 /** the same job on different degrees gives the same latent: float32 rounding apart (survival.spec.ts) */
 const SAME_LATENT = 1e-4;
 /** how long a page that does not prove the join token is kept: 10 s for its proof, 0.5 s for the refusal to reach it, and slack (without the fix: up to 18 s, or for good) */
@@ -73,10 +90,14 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
    */
   async function wholeSwarm(): Promise<void> {
     await expect
-      .poll(async () => {
-        for (const page of [...honest, attacker]) if ((await page.locator('#state').textContent()) === 'refused') await page.reload();
-        return workerCount();
-      }, { timeout: 30_000, intervals: [500, 1_000] })
+      .poll(
+        async () => {
+          for (const page of [...honest, attacker])
+            if ((await page.locator('#state').textContent()) === 'refused') await page.reload();
+          return workerCount();
+        },
+        { timeout: 30_000, intervals: [500, 1_000] },
+      )
       .toBe(3);
     ids.honest = await Promise.all(honest.map(idOf));
     ids.attacker = await idOf(attacker);
@@ -88,11 +109,19 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
     await setRules(attacker, rules);
     try {
       const outcome = await dashboard.evaluate(
-        (j) => (window as any).ditswarm.generate(j).then((r: any) => ({ report: r.report, latent: r.latent as string, error: null }), (e: Error) => ({ report: null, latent: null, error: e.message })),
+        (j) =>
+          (window as any).ditswarm.generate(j).then(
+            (r: any) => ({ report: r.report, latent: r.latent as string, error: null }),
+            (e: Error) => ({ report: null, latent: null, error: e.message }),
+          ),
         { ...job, workers: 3 },
       );
       const bytes = outcome.latent === null ? null : Buffer.from(outcome.latent, 'base64');
-      return { ...outcome, latent: bytes && new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4), log: await hostileLog(attacker) };
+      return {
+        ...outcome,
+        latent: bytes && new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4),
+        log: await hostileLog(attacker),
+      };
     } finally {
       await setRules(attacker, {});
     }
@@ -106,17 +135,22 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
   }
 
   /** Who each failure of the run let go: worker ids with their causes. */
-  const letGo = (run: AttackedRun) => (run.report?.failures ?? []).flatMap((f: any) => f.lost.map((l: any) => ({ worker: l.worker, cause: l.cause, evidence: l.evidence })));
+  const letGo = (run: AttackedRun) =>
+    (run.report?.failures ?? []).flatMap((f: any) =>
+      f.lost.map((l: any) => ({ worker: l.worker, cause: l.cause, evidence: l.evidence })),
+    );
 
   /** What each honest tab went through so far (its page's history): 'lost the dashboard' is a tab let go. */
-  const histories = () => Promise.all(honest.map((page) => page.evaluate(() => [...(window as any).ditswarmWorkerHistory] as string[])));
+  const histories = () =>
+    Promise.all(honest.map((page) => page.evaluate(() => [...(window as any).ditswarmWorkerHistory] as string[])));
 
   // Before any attack that lets a tab go, so that what the honest tabs count is this job's alone.
   test('#6 tensors of a forward already past, or as float16 in a float32 job, are refused whole and counted; the job goes on undisturbed', async () => {
     // the hostile rank sends, with its tensors of step 3, a copy tagged for step 1 and a copy as
     // float16 of the same bytes. Without the fix the past one is held as if it were ahead (its tag
     // never asked for again: held for good) and the float16 one dropped uncounted: both show 0.
-    const badFrames = async (id: string) => Number(await dashboard.locator(`#workers tbody tr[data-worker="${id}"] td:last-child`).textContent());
+    const badFrames = async (id: string) =>
+      Number(await dashboard.locator(`#workers tbody tr[data-worker="${id}"] td:last-child`).textContent());
     await wholeSwarm();
     const before = await Promise.all(ids.honest.map(badFrames));
     const run = await attackedJob({ mesh: { step: 2, make: 'stale' } });
@@ -124,7 +158,11 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
     expectUnattackedResult(run);
     expect(run.report.failures).toEqual([]);
     // each honest rank refused both and counted them; its pulse says so on the dashboard
-    await expect.poll(async () => (await Promise.all(ids.honest.map(badFrames))).map((n, i) => n - before[i]), { timeout: 10_000 }).toEqual([2, 2]);
+    await expect
+      .poll(async () => (await Promise.all(ids.honest.map(badFrames))).map((n, i) => n - before[i]), {
+        timeout: 10_000,
+      })
+      .toEqual([2, 2]);
 
     // and a flood of tensors for steps the exchange has not reached: at most 4 are held, the 5th
     // is a flood and its sender is let go (with the rank that said so: the coordinator cannot see
@@ -150,13 +188,22 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
     expectUnattackedResult(run);
     expect(letGo(run).map((l: any) => l.worker)).toEqual([ids.attacker]);
     const after = await histories();
-    after.forEach((history, i) => expect(history.slice(before[i].length).filter((s) => s.includes('lost the dashboard'))).toEqual([]));
+    after.forEach((history, i) =>
+      expect(history.slice(before[i].length).filter((s) => s.includes('lost the dashboard'))).toEqual([]),
+    );
   });
 
   test('#2 a rank blaming an honest rank as data is let go with it: the coordinator cannot tell which one lies, and the job finishes', async () => {
     // blame as data (a RankLost detail) accusing the next rank of misbehaving, which the
     // coordinator cannot see for itself: both go, the third rank finishes the job
-    const run = await attackedJob({ rows: { from: 1, make: 'error', error: 'rank 0 is gone rank 1: x rank 2: y', blame: { rank: 'next', cause: 'misbehaved', evidence: 'sent NaN' } } });
+    const run = await attackedJob({
+      rows: {
+        from: 1,
+        make: 'error',
+        error: 'rank 0 is gone rank 1: x rank 2: y',
+        blame: { rank: 'next', cause: 'misbehaved', evidence: 'sent NaN' },
+      },
+    });
     expectUnattackedResult(run);
     const gone = letGo(run);
     expect(gone).toHaveLength(2);
@@ -172,7 +219,9 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
     const run = await attackedJob({ rows: { from: 1, make: 'nan' } });
     expect(run.log.rowsTampered).toBeGreaterThanOrEqual(1);
     expectUnattackedResult(run);
-    expect(letGo(run)).toEqual([{ worker: ids.attacker, cause: 'misbehaved', evidence: expect.stringMatching(/NaN or infinite/) }]);
+    expect(letGo(run)).toEqual([
+      { worker: ids.attacker, cause: 'misbehaved', evidence: expect.stringMatching(/NaN or infinite/) },
+    ]);
     expect(run.report.failures[0].degreeAfter).toBe(2);
     // and it is not placed again: the dashboard refuses the page when it comes back (until it reloads)
     await expect(attacker.locator('#state')).toHaveText('refused', { timeout: 15_000 });
@@ -214,7 +263,9 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
     const errors: string[] = [];
     const onError = (e: Error) => errors.push(e.message);
     dashboard.on('pageerror', onError);
-    const run = await attackedJob({ pulse: { state: { x: 1 }, framesDropped: -1, mesh: 'not-an-array', threads: 'many', load: { bytes: 'x' } } });
+    const run = await attackedJob({
+      pulse: { state: { x: 1 }, framesDropped: -1, mesh: 'not-an-array', threads: 'many', load: { bytes: 'x' } },
+    });
     dashboard.off('pageerror', onError);
     expect(run.log.pulsesReplaced).toBeGreaterThan(2);
     expectUnattackedResult(run);
@@ -224,7 +275,9 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
     expect(errors).toEqual([]);
   });
 
-  test('#13 a page that has not proved the join token reserves nothing: six first chunks declaring 64 MiB each hold no memory on the dashboard', async ({ baseURL }) => {
+  test('#13 a page that has not proved the join token reserves nothing: six first chunks declaring 64 MiB each hold no memory on the dashboard', async ({
+    baseURL,
+  }) => {
     // a worker page with a wrong token (it never proves it) sends, as its link opens, six 64 KiB
     // first chunks of RPC messages each declaring 64 MiB, and keeps the link open. Without the fix
     // the dashboard reserved their full size (256 MiB held: its cap for partial messages).
@@ -245,7 +298,12 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
     await makeHostile(stranger, { join: { bigChunks: 6, neverClose: true, coordinator: swarmId } });
     await stranger.goto(wrongToken(joinUrl, baseURL!));
     try {
-      await expect.poll(async () => (await hostileLog(stranger)).channels.some((c) => c.openedAt !== null && c.closedAt === null), { timeout: 20_000 }).toBe(true);
+      await expect
+        .poll(
+          async () => (await hostileLog(stranger)).channels.some((c) => c.openedAt !== null && c.closedAt === null),
+          { timeout: 20_000 },
+        )
+        .toBe(true);
       await new Promise((r) => setTimeout(r, 1_000)); // its chunks have arrived
       expect((await arrayBuffers()) - baseline).toBeLessThan(16 << 20);
       expect(await workerCount()).toBe(3);
@@ -259,7 +317,9 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
   /** what the #12 test left for the two after it to judge, once as long has passed */
   let strangers: { raw: RawPeer; dialedAt: number } | null = null;
 
-  test('#12 a page that never proves the join token is let go by the dashboard within 10 s, wherever it came from; the honest job runs meanwhile', async ({ baseURL }) => {
+  test('#12 a page that never proves the join token is let go by the dashboard within 10 s, wherever it came from; the honest job runs meanwhile', async ({
+    baseURL,
+  }) => {
     // a worker page with a wrong token that keeps its link open, and a page with only PeerJS that
     // dials the dashboard with join metadata (today's, and the token-in-metadata of old links).
     // Without the fix they were kept up to 18 s (a refused page's channel), or without end.
@@ -274,7 +334,8 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
     // connections to the workers that say they are a rank of a job none of them is in
     const dialedAt = Date.now();
     for (let i = 0; i < 3; i++) await raw.offerOnly(swarmId, { role: 'worker', nonce: `${i}`.repeat(32) });
-    for (const id of ids.honest) for (let i = 0; i < 3; i++) await raw.dial(id, { role: 'rank', session: `not-a-job-${i}`, rank: 0 });
+    for (const id of ids.honest)
+      for (let i = 0; i < 3; i++) await raw.dial(id, { role: 'rank', session: `not-a-job-${i}`, rank: 0 });
     strangers = { raw, dialedAt };
 
     expectUnattackedResult(await attackedJob({}));
@@ -287,7 +348,9 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
       const dialed = (await raw.connections()).filter((c) => c.peer === swarmId && c.openedAt !== null);
       return [...own, ...dialed].map((c) => (c.closedAt === null ? null : c.closedAt - c.openedAt!));
     };
-    await expect.poll(async () => (await kept()).length >= 1 && (await kept()).every((ms) => ms !== null), { timeout: 30_000 }).toBe(true);
+    await expect
+      .poll(async () => (await kept()).length >= 1 && (await kept()).every((ms) => ms !== null), { timeout: 30_000 })
+      .toBe(true);
     const keptMs = (await kept()) as number[];
     for (const ms of keptMs) expect(ms).toBeLessThan(UNPROVEN_KEPT_MS);
     await stranger.close();
@@ -313,7 +376,10 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
     for (const c of toWorkers) expect(c.closedAt).not.toBeNull();
   });
 
-  test('#15 the dashboard opened at localhost shares its link at the LAN address: a tab opened from it elsewhere joins', async ({ browser, baseURL }) => {
+  test('#15 the dashboard opened at localhost shares its link at the LAN address: a tab opened from it elsewhere joins', async ({
+    browser,
+    baseURL,
+  }) => {
     // without the fix the link and its QR code pointed at localhost: useless on another machine
     const lan: string[] = (await (await dashboard.request.get(`${baseURL}/signaling.json`)).json()).lanOrigins;
     test.skip(lan.length === 0, 'this machine has no LAN address to share');
@@ -326,7 +392,10 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
     qr.make();
     const modules = (svg: string) => /\bd="([^"]+)"/.exec(svg)?.[1];
     const shown = await dashboard.locator('#join-qr path').getAttribute('d');
-    expect(shown !== null && shown === modules(qr.createSvgTag({ cellSize: 3, margin: 2, scalable: true })), 'the QR code shown encodes the LAN link').toBe(true);
+    expect(
+      shown !== null && shown === modules(qr.createSvgTag({ cellSize: 3, margin: 2, scalable: true })),
+      'the QR code shown encodes the LAN link',
+    ).toBe(true);
     // another machine's browser (its own profile) opens it at the LAN address and joins
     const elsewhere = await browser.newContext();
     try {
@@ -378,7 +447,10 @@ test.describe.serial('a dashboard and one worker tab', () => {
     await context?.close();
   });
 
-  test('#1 a page holding the dashboard\'s id once it closed learns nothing from the worker and is served nothing; the dashboard comes back under a fresh id, which its worker finds', async ({ browser, baseURL }) => {
+  test("#1 a page holding the dashboard's id once it closed learns nothing from the worker and is served nothing; the dashboard comes back under a fresh id, which its worker finds", async ({
+    browser,
+    baseURL,
+  }) => {
     test.setTimeout(120_000);
     const secret = new URLSearchParams(new URL(joinUrl).hash.slice(1)).get('token')!;
     const fetched: string[] = [];
@@ -388,9 +460,16 @@ test.describe.serial('a dashboard and one worker tab', () => {
       // no peer discovery: the list of ids that told the attacker which one to take is gone, and the
       // server tells a dashboard's id to no page without the token
       const key = (await (await attackerContext.request.get(`${baseURL}/signaling.json`)).json()).key;
-      for (const k of [key, 'any-key']) expect((await attackerContext.request.get(`${baseURL}/peerjs/${k}/peers`)).ok()).toBe(false);
+      for (const k of [key, 'any-key'])
+        expect((await attackerContext.request.get(`${baseURL}/peerjs/${k}/peers`)).ok()).toBe(false);
       const room = secret.split('.')[0];
-      expect((await attackerContext.request.post(`${baseURL}/swarms/find`, { data: { room, peer: 'ditswarm-w-000000000000', proof: 'f'.repeat(64) } })).status()).toBe(403);
+      expect(
+        (
+          await attackerContext.request.post(`${baseURL}/swarms/find`, {
+            data: { room, peer: 'ditswarm-w-000000000000', proof: 'f'.repeat(64) },
+          })
+        ).status(),
+      ).toBe(403);
 
       // the dashboard closes while its worker stays; the attacker registers its id. The server names
       // an id only while its dashboard's page holds it: the worker waits for its dashboard and never
@@ -427,10 +506,17 @@ test.describe.serial('a dashboard and one worker tab', () => {
     // never resolved, no done event, and after a reload it ran again
     const generate = (overrides: object) =>
       dashboard.evaluate(
-        (j) => Promise.race([
-          (window as any).ditswarm.submit(j).then((id: number) => (window as any).ditswarm.result(id).then((r: any) => ({ id, sha: r.report.latentSha256 as string, video: r.video !== null }))),
-          new Promise<string>((r) => setTimeout(() => r('settled() did not resolve'), 30_000)),
-        ]),
+        (j) =>
+          Promise.race([
+            (window as any).ditswarm
+              .submit(j)
+              .then((id: number) =>
+                (window as any).ditswarm
+                  .result(id)
+                  .then((r: any) => ({ id, sha: r.report.latentSha256 as string, video: r.video !== null })),
+              ),
+            new Promise<string>((r) => setTimeout(() => r('settled() did not resolve'), 30_000)),
+          ]),
         { ...job, workers: 1, outputType: 'video', ...overrides },
       );
     const first = await generate({});
@@ -444,7 +530,9 @@ test.describe.serial('a dashboard and one worker tab', () => {
     const second = await generate({ seed: 8 });
     expect(second).toMatchObject({ video: true });
     expect(await dashboard.evaluate(() => (window as any).__refusedPuts)).toBeGreaterThan(0);
-    expect((await statuses()).some((s) => /was kept in this browser after removing the video and latent of job \d+/.test(s))).toBe(true);
+    expect(
+      (await statuses()).some((s) => /was kept in this browser after removing the video and latent of job \d+/.test(s)),
+    ).toBe(true);
     expect((await stored())[second.id]).toBeGreaterThan(1_000); // stored with its own
     storage.madeRoom = second.id;
 
@@ -462,18 +550,28 @@ test.describe.serial('a dashboard and one worker tab', () => {
     const jobs = await dashboard.evaluate(() => (window as any).ditswarm.jobs() as { id: number; status: string }[]);
     expect(jobs.map((j) => j.id)).toContain(third.id);
     expect(jobs.map((j) => j.status)).toEqual(jobs.map(() => 'done'));
-    const kept = await dashboard.evaluate((id) => (window as any).ditswarm.result(id).then((r: any) => r.report.latentSha256), third.id);
+    const kept = await dashboard.evaluate(
+      (id) => (window as any).ditswarm.result(id).then((r: any) => r.report.latentSha256),
+      third.id,
+    );
     expect(kept).toBe(third.sha);
 
     // a job that ends its page before its first step, three times (here: reloads while it waits
     // for a second worker that never comes) is failed, not started a fourth time
     const waiting: number = await dashboard.evaluate((j) => (window as any).ditswarm.submit(j), { ...job, workers: 2 });
     for (let start = 1; start <= 3; start++) {
-      await expect.poll(() => dashboard.evaluate((id) => (window as any).ditswarm.jobs().find((j: any) => j.id === id)?.status, waiting)).toBe('running');
+      await expect
+        .poll(() =>
+          dashboard.evaluate((id) => (window as any).ditswarm.jobs().find((j: any) => j.id === id)?.status, waiting),
+        )
+        .toBe('running');
       await dashboard.reload();
       await dashboard.evaluate(() => (window as any).ditswarm.ready);
     }
-    const given = await dashboard.evaluate((id) => (window as any).ditswarm.jobs().find((j: any) => j.id === id), waiting);
+    const given = await dashboard.evaluate(
+      (id) => (window as any).ditswarm.jobs().find((j: any) => j.id === id),
+      waiting,
+    );
     expect(given).toMatchObject({ status: 'failed', error: expect.stringMatching(/interrupted 3 times/) });
   });
 
@@ -482,18 +580,28 @@ test.describe.serial('a dashboard and one worker tab', () => {
   // is already stored refuses them back. The browser's estimate now tells beforehand.
   test('#10 …and a job too large to keep costs no older job its video', async () => {
     expect(storage.madeRoom).not.toBeNull();
-    const video = await dashboard.evaluate((id) => (window as any).ditswarm.result(id).then((r: any) => r.video !== null), storage.madeRoom!);
+    const video = await dashboard.evaluate(
+      (id) => (window as any).ditswarm.result(id).then((r: any) => r.video !== null),
+      storage.madeRoom!,
+    );
     expect(video).toBe(true);
   });
 });
 
-test('#11 a page of another site reads nothing of the server and opens no socket to it; a name the server does not own (DNS rebinding) is refused', async ({ baseURL }) => {
+test('#11 a page of another site reads nothing of the server and opens no socket to it; a name the server does not own (DNS rebinding) is refused', async ({
+  baseURL,
+}) => {
   // a browser in which evil.example is this machine, as a rebinding attacker's DNS makes it, and
   // the attacker's page at evil.example (on a port of its own)
   const port = new URL(baseURL!).port;
-  const site = http.createServer((_request, response) => response.writeHead(200, { 'content-type': 'text/html' }).end('<title>evil</title>'));
+  const site = http.createServer((_request, response) =>
+    response.writeHead(200, { 'content-type': 'text/html' }).end('<title>evil</title>'),
+  );
   await new Promise<void>((resolve) => site.listen(0, '127.0.0.1', resolve));
-  const browser = await chromium.launch({ executablePath: chromiumExecutable(), args: [...chromiumArgs, '--host-resolver-rules=MAP evil.example 127.0.0.1'] });
+  const browser = await chromium.launch({
+    executablePath: chromiumExecutable(),
+    args: [...chromiumArgs, '--host-resolver-rules=MAP evil.example 127.0.0.1'],
+  });
   try {
     const page = await browser.newPage();
     // rebinding: the server under a name it does not own. Without the fix: 200, and the key
@@ -508,7 +616,10 @@ test('#11 a page of another site reads nothing of the server and opens no socket
     await page.goto(`http://evil.example:${(site.address() as AddressInfo).port}/`);
     const seen = await page.evaluate(
       async ({ key, port }) => {
-        const cors = await fetch(`http://localhost:${port}/peerjs/${key}/id`).then((r) => `read ${r.status}`, (e: Error) => `blocked: ${e.name}`);
+        const cors = await fetch(`http://localhost:${port}/peerjs/${key}/id`).then(
+          (r) => `read ${r.status}`,
+          (e: Error) => `blocked: ${e.name}`,
+        );
         const socket = (path: string) =>
           new Promise<string>((resolve) => {
             const ws = new WebSocket(`ws://localhost:${port}${path}`);
@@ -516,7 +627,11 @@ test('#11 a page of another site reads nothing of the server and opens no socket
             ws.onerror = () => resolve('refused');
             setTimeout(() => resolve('no answer'), 5_000);
           });
-        return { cors, signaling: await socket(`/peerjs/peerjs?key=${key}&id=evil-${Date.now()}&token=t`), relay: await socket('/relay?peer=evil&auth=x&token=y&role=coordinator') };
+        return {
+          cors,
+          signaling: await socket(`/peerjs/peerjs?key=${key}&id=evil-${Date.now()}&token=t`),
+          relay: await socket('/relay?peer=evil&auth=x&token=y&role=coordinator'),
+        };
       },
       { key, port },
     );

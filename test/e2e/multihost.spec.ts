@@ -15,7 +15,18 @@ const WORKERS = 3;
 const DIM = 288;
 const LAYERS = 2;
 const TOKENS = 72;
-const job = { prompt: 'a red ball', frames: 5, height: 96, width: 96, steps: 2, guidance: 5, seed: 3, backend: 'swarm', ep: 'wasm', shares: 'even' };
+const job = {
+  prompt: 'a red ball',
+  frames: 5,
+  height: 96,
+  width: 96,
+  steps: 2,
+  guidance: 5,
+  seed: 3,
+  backend: 'swarm',
+  ep: 'wasm',
+  shares: 'even',
+};
 
 const support = canCreateNamespaces();
 
@@ -37,13 +48,23 @@ test.describe.serial('Ulysses across hosts', () => {
     const [h0, h1, ...rest] = network.hosts;
     [serverHost, dashboardHost, workerHosts] = [h0, h1, rest];
     const origin = `http://${h0.address}:${SERVER_PORT}`;
-    const stun = network.spawnIn(h0, process.execPath, ['--import', 'tsx', 'test/e2e/stun-server.ts', String(STUN_PORT)]);
+    const stun = network.spawnIn(h0, process.execPath, [
+      '--import',
+      'tsx',
+      'test/e2e/stun-server.ts',
+      String(STUN_PORT),
+    ]);
     await linePrinted(stun, 'stun listening', 'the STUN server');
     stun.stdout!.on('data', (chunk: Buffer) => {
       for (const [, address] of chunk.toString().matchAll(/^binding (\S+)$/gm)) stunClients.add(address);
     });
     const env = { ...process.env, DITSWARM_ICE_SERVERS: `stun:${h0.address}:${STUN_PORT}` };
-    const server = network.spawnIn(h0, process.execPath, ['--import', 'tsx', 'server/main.ts', '--port', String(SERVER_PORT)], { env });
+    const server = network.spawnIn(
+      h0,
+      process.execPath,
+      ['--import', 'tsx', 'server/main.ts', '--port', String(SERVER_PORT)],
+      { env },
+    );
     await linePrinted(server, 'ditswarm is serving on port', 'the ditswarm server');
 
     // http://10.x is not a secure context; the dashboard needs one (WebCodecs, crypto.subtle).
@@ -59,7 +80,9 @@ test.describe.serial('Ulysses across hosts', () => {
       const page = await (await launchIn(network, host, [])).newPage();
       await page.goto(joinUrl);
     }
-    await expect.poll(() => dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 60_000 }).toBe(WORKERS);
+    await expect
+      .poll(() => dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 60_000 })
+      .toBe(WORKERS);
   });
 
   test.afterAll(async () => {
@@ -82,7 +105,9 @@ test.describe.serial('Ulysses across hosts', () => {
 
       const diff = maxAbsDiff(run.latent, single.latent);
       const exchanged = run.report.steps.map((s: any) => s.ranks.map((r: any) => r.bytesSent) as number[]);
-      const perRank = Array.from({ length: P }, (_, r) => exchanged.reduce((sum: number, step: number[]) => sum + step[r], 0));
+      const perRank = Array.from({ length: P }, (_, r) =>
+        exchanged.reduce((sum: number, step: number[]) => sum + step[r], 0),
+      );
       console.log(
         `P=${P}: max-abs vs P=1 ${diff.toExponential(2)}, step ms ${stepTimes(run.report)}; ` +
           `exchange bytes per rank ${perRank.join('/')}, bytes leaving each worker host ${sentOnWire.join('/')}, bytes reaching the server host ${serverBytes}`,
@@ -91,7 +116,8 @@ test.describe.serial('Ulysses across hosts', () => {
       expect(diff, `P=${P}`).toBeLessThanOrEqual(1e-4);
       // two passes a step, each rank its share's q, k, v out and attention output back (about 4·(S/P)·D·(P−1)/P floats a block)
       const plan = planUlysses({ numHeads: 12, headDim: DIM / 12 }, TOKENS, P);
-      for (const step of exchanged) expect(step).toEqual(plan.heads.map((_, r) => 2 * 4 * exchangeFloatsPerBlock(plan, r) * LAYERS));
+      for (const step of exchanged)
+        expect(step).toEqual(plan.heads.map((_, r) => 2 * 4 * exchangeFloatsPerBlock(plan, r) * LAYERS));
       // The P busiest worker hosts each put at least their rank's exchange on the bridge ...
       const busiest = [...sentOnWire].sort((a, b) => b - a).slice(0, P);
       for (const bytes of busiest) expect(bytes).toBeGreaterThanOrEqual(perRank[0]);
@@ -103,11 +129,16 @@ test.describe.serial('Ulysses across hosts', () => {
   test('the STUN server given to the ditswarm server reaches the dashboard and every worker', async () => {
     // Each page gathers ICE candidates for its links; with the published STUN server it asks it
     // for its address. No request from a host means that page ignored /signaling.json's iceServers.
-    await expect.poll(() => [...stunClients].sort(), { timeout: 10_000 }).toEqual([dashboardHost, ...workerHosts].map((h) => h.address).sort());
+    await expect
+      .poll(() => [...stunClients].sort(), { timeout: 10_000 })
+      .toEqual([dashboardHost, ...workerHosts].map((h) => h.address).sort());
   });
 
   async function launchIn(net: TestNetwork, host: TestHost, extraArgs: string[]): Promise<Browser> {
-    const browser = await chromium.launch({ executablePath: net.chromiumIn(host, chromiumExecutable()), args: [...chromiumArgs, ...extraArgs] });
+    const browser = await chromium.launch({
+      executablePath: net.chromiumIn(host, chromiumExecutable()),
+      args: [...chromiumArgs, ...extraArgs],
+    });
     browsers.push(browser);
     return browser;
   }
@@ -134,7 +165,12 @@ test.describe.serial('relay fallback across hosts', () => {
     [serverHost, open, spare, blocked] = [h0, ...rest];
     network.blockUdp(blocked);
     const origin = `http://${h0.address}:${SERVER_PORT}`;
-    const server = network.spawnIn(h0, process.execPath, ['--import', 'tsx', 'server/main.ts', '--port', String(SERVER_PORT)], { env: { ...process.env, DITSWARM_RELAY: 'fallback' } });
+    const server = network.spawnIn(
+      h0,
+      process.execPath,
+      ['--import', 'tsx', 'server/main.ts', '--port', String(SERVER_PORT)],
+      { env: { ...process.env, DITSWARM_RELAY: 'fallback' } },
+    );
     await linePrinted(server, 'ditswarm is serving on port', 'the ditswarm server');
     dashboard = await (await launch(h1, [`--unsafely-treat-insecure-origin-as-secure=${origin}`])).newPage();
     await dashboard.goto(`${origin}/`);
@@ -147,7 +183,10 @@ test.describe.serial('relay fallback across hosts', () => {
   });
 
   async function launch(host: TestHost, extraArgs: string[] = []): Promise<Browser> {
-    const browser = await chromium.launch({ executablePath: network!.chromiumIn(host, chromiumExecutable()), args: [...chromiumArgs, ...extraArgs] });
+    const browser = await chromium.launch({
+      executablePath: network!.chromiumIn(host, chromiumExecutable()),
+      args: [...chromiumArgs, ...extraArgs],
+    });
     browsers.push(browser);
     return browser;
   }
@@ -156,7 +195,9 @@ test.describe.serial('relay fallback across hosts', () => {
     const browser = await launch(host);
     const page = await browser.newPage();
     await page.goto(joinUrl);
-    await expect.poll(() => page.evaluate(() => (window as any).ditswarmWorker?.connected ?? false), { timeout: 60_000 }).toBe(true);
+    await expect
+      .poll(() => page.evaluate(() => (window as any).ditswarmWorker?.connected ?? false), { timeout: 60_000 })
+      .toBe(true);
     return { browser, page };
   }
 
@@ -165,18 +206,24 @@ test.describe.serial('relay fallback across hosts', () => {
     // direct: two hosts that can open data channels
     await join(open);
     const { browser: spareBrowser } = await join(spare);
-    await expect.poll(() => dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 60_000 }).toBe(2);
+    await expect
+      .poll(() => dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 60_000 })
+      .toBe(2);
     await runJob(dashboard, { ...job, workers: 2 }); // warms both workers up: the timed runs below are second runs
     const direct = await runJob(dashboard, { ...job, workers: 2 });
 
     // the spare leaves; the blocked host takes its rank
     await spareBrowser.close();
-    await expect.poll(() => dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 30_000 }).toBe(1);
+    await expect
+      .poll(() => dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 30_000 })
+      .toBe(1);
     const joinStarted = Date.now();
     const { page: blockedPage } = await join(blocked);
     const joinMs = Date.now() - joinStarted;
     expect(await blockedPage.evaluate(() => (window as any).ditswarmWorker.transport)).toBe('relay');
-    await expect.poll(() => dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 30_000 }).toBe(2);
+    await expect
+      .poll(() => dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 30_000 })
+      .toBe(2);
 
     await runJob(dashboard, { ...job, workers: 2 });
     const serverBefore = network!.trafficOf(serverHost);
@@ -206,7 +253,10 @@ test.describe.serial('relay fallback across hosts', () => {
 function linePrinted(child: ChildProcess, line: string, what: string): Promise<void> {
   return new Promise((resolve, reject) => {
     let output = '';
-    const timer = setTimeout(() => reject(new Error(`${what} in the test host did not start within 60 s:\n${output}`)), 60_000);
+    const timer = setTimeout(
+      () => reject(new Error(`${what} in the test host did not start within 60 s:\n${output}`)),
+      60_000,
+    );
     const read = (chunk: Buffer) => {
       if (output.includes(line)) return;
       output += chunk;

@@ -18,7 +18,8 @@ export const TEST_SUBNET = '10.213.0.0/24';
 const hostAddress = (index: number) => `10.213.0.${10 + index}`;
 const SETPRIV = ['/usr/bin/setpriv', '/bin/setpriv'].find((path) => existsSync(path));
 const REPO_ROOT = resolve(import.meta.dirname, '../..');
-const IP = ['/usr/sbin/ip', '/sbin/ip', '/usr/bin/ip', '/bin/ip'].find((path) => spawnSync(path, ['-V']).status === 0) ?? 'ip';
+const IP =
+  ['/usr/sbin/ip', '/sbin/ip', '/usr/bin/ip', '/bin/ip'].find((path) => spawnSync(path, ['-V']).status === 0) ?? 'ip';
 
 export interface TestHost {
   /** network namespace name */
@@ -32,7 +33,12 @@ export interface TestHost {
 export interface TestNetwork {
   hosts: TestHost[];
   /** Spawns `command args…` inside the host's namespace (cwd: the repo root); cleanup() kills it if still running. */
-  spawnIn(host: TestHost, command: string, args: string[], options?: { env?: NodeJS.ProcessEnv; cwd?: string }): ChildProcess;
+  spawnIn(
+    host: TestHost,
+    command: string,
+    args: string[],
+    options?: { env?: NodeJS.ProcessEnv; cwd?: string },
+  ): ChildProcess;
   /** An executable that starts Chromium inside the host's namespace (for Playwright's executablePath). */
   chromiumIn(host: TestHost, chromium: string): string;
   /**
@@ -48,13 +54,17 @@ export interface TestNetwork {
 
 /** Whether this process can build test hosts; when not, `reason` says why, for a test skip. */
 export function canCreateNamespaces(): { ok: true } | { ok: false; reason: string } {
-  if (process.platform !== 'linux') return { ok: false, reason: `network namespaces need Linux, this is ${process.platform}` };
-  if (process.getuid?.() !== 0) return { ok: false, reason: `network namespaces need root (uid 0), this runs as uid ${process.getuid?.()}` };
-  if (spawnSync(IP, ['-V']).status !== 0) return { ok: false, reason: '`ip` (iproute2) is not installed: apt-get install -y iproute2' };
+  if (process.platform !== 'linux')
+    return { ok: false, reason: `network namespaces need Linux, this is ${process.platform}` };
+  if (process.getuid?.() !== 0)
+    return { ok: false, reason: `network namespaces need root (uid 0), this runs as uid ${process.getuid?.()}` };
+  if (spawnSync(IP, ['-V']).status !== 0)
+    return { ok: false, reason: '`ip` (iproute2) is not installed: apt-get install -y iproute2' };
   const probe = `${PREFIX}${process.pid}-probe`;
   const added = spawnSync(IP, ['netns', 'add', probe], { encoding: 'utf8' });
   spawnSync(IP, ['netns', 'del', probe]);
-  if (added.status !== 0) return { ok: false, reason: `\`ip netns add\` failed: ${added.stderr.trim() || `exit ${added.status}`}` };
+  if (added.status !== 0)
+    return { ok: false, reason: `\`ip netns add\` failed: ${added.stderr.trim() || `exit ${added.status}`}` };
   return { ok: true };
 }
 
@@ -63,7 +73,11 @@ export function createTestNetwork(count: number): TestNetwork {
   removeLeftovers();
   const run = `${PREFIX}${process.pid}-`;
   const switchNs = `${run}sw`;
-  const hosts: TestHost[] = Array.from({ length: count }, (_, i) => ({ ns: `${run}h${i}`, address: hostAddress(i), port: `port${i}` }));
+  const hosts: TestHost[] = Array.from({ length: count }, (_, i) => ({
+    ns: `${run}h${i}`,
+    address: hostAddress(i),
+    port: `port${i}`,
+  }));
   const children = new Set<ChildProcess>();
   const scratch = mkdtempSync(join(tmpdir(), run));
   let cleaned = false;
@@ -101,7 +115,9 @@ export function createTestNetwork(count: number): TestNetwork {
   }
   const counters = (host: TestHost) => {
     // On the bridge's port, rx is what the host sent and tx is what it received.
-    const [link] = JSON.parse(ipOut('-j', '-s', '-n', switchNs, 'link', 'show', 'dev', host.port)) as { stats64: { rx: { bytes: number }; tx: { bytes: number } } }[];
+    const [link] = JSON.parse(ipOut('-j', '-s', '-n', switchNs, 'link', 'show', 'dev', host.port)) as {
+      stats64: { rx: { bytes: number }; tx: { bytes: number } };
+    }[];
     return { fromHost: link.stats64.rx.bytes, toHost: link.stats64.tx.bytes };
   };
   const baseline = new Map(hosts.map((h) => [h.ns, counters(h)]));
@@ -110,7 +126,11 @@ export function createTestNetwork(count: number): TestNetwork {
     spawnIn(host, command, args, options = {}) {
       // setpriv's parent-death signal takes the child down with this process even on a SIGKILL.
       const orphanGuard = SETPRIV ? [SETPRIV, '--pdeathsig', 'KILL'] : [];
-      const child = spawn(IP, ['netns', 'exec', host.ns, ...orphanGuard, command, ...args], { cwd: options.cwd ?? REPO_ROOT, env: options.env ?? process.env, stdio: ['ignore', 'pipe', 'pipe'] });
+      const child = spawn(IP, ['netns', 'exec', host.ns, ...orphanGuard, command, ...args], {
+        cwd: options.cwd ?? REPO_ROOT,
+        env: options.env ?? process.env,
+        stdio: ['ignore', 'pipe', 'pipe'],
+      });
       children.add(child);
       child.once('exit', () => children.delete(child));
       return child;
@@ -179,7 +199,8 @@ function isAlive(pid: number): boolean {
 
 function ip(...args: string[]): void {
   const result = spawnSync(IP, args, { encoding: 'utf8' });
-  if (result.status !== 0) throw new Error(`ip ${args.join(' ')} failed: ${result.stderr.trim() || `exit ${result.status}`}`);
+  if (result.status !== 0)
+    throw new Error(`ip ${args.join(' ')} failed: ${result.stderr.trim() || `exit ${result.status}`}`);
 }
 
 function ipOut(...args: string[]): string {

@@ -5,7 +5,19 @@ import { maxAbsDiff, openTestSwarm, runJob, type JobOutcome } from './swarm-page
 // The relay, forced: a server started like `npm start -- --force-relay` (what `npm run generate
 // -- --force-relay` runs) sends every link through itself. The job must not notice: same
 // latent as over data channels, and the report says which links went where.
-const job = { prompt: 'a red ball', frames: 5, height: 96, width: 96, steps: 3, guidance: 5, seed: 3, backend: 'swarm', ep: 'wasm', workers: 2, shares: 'even' };
+const job = {
+  prompt: 'a red ball',
+  frames: 5,
+  height: 96,
+  width: 96,
+  steps: 3,
+  guidance: 5,
+  seed: 3,
+  backend: 'swarm',
+  ep: 'wasm',
+  workers: 2,
+  shares: 'even',
+};
 
 let forced: RunningServer;
 
@@ -17,7 +29,10 @@ test.afterAll(async () => {
   await forced?.close();
 });
 
-test('a P = 2 job with every link relayed gives the direct latent within 1e-4, and the report says the links were relayed', async ({ browser, baseURL }) => {
+test('a P = 2 job with every link relayed gives the direct latent within 1e-4, and the report says the links were relayed', async ({
+  browser,
+  baseURL,
+}) => {
   test.setTimeout(240_000);
   /** A run, and what the forced relay forwarded during it. */
   const runOn = async (url: string): Promise<{ outcome: JobOutcome; relayBytes: number }> => {
@@ -35,8 +50,13 @@ test('a P = 2 job with every link relayed gives the direct latent within 1e-4, a
 
   const diff = maxAbsDiff(relayed.latent, direct.latent);
   const steps = (r: JobOutcome) => r.report.steps.map((s: any) => s.ms.toFixed(0)).join('/');
-  const exchanged = relayed.report.steps.reduce((t: number, s: any) => t + s.ranks.reduce((u: number, r: any) => u + r.bytesSent, 0), 0);
-  console.log(`P=2 step ms direct ${steps(direct)}, relayed ${steps(relayed)}; max-abs ${diff.toExponential(2)}; the relay forwarded ${relayBytes} B (exchange ${exchanged} B)`);
+  const exchanged = relayed.report.steps.reduce(
+    (t: number, s: any) => t + s.ranks.reduce((u: number, r: any) => u + r.bytesSent, 0),
+    0,
+  );
+  console.log(
+    `P=2 step ms direct ${steps(direct)}, relayed ${steps(relayed)}; max-abs ${diff.toExponential(2)}; the relay forwarded ${relayBytes} B (exchange ${exchanged} B)`,
+  );
 
   expect(diff).toBeLessThanOrEqual(1e-4);
   const byLink = (r: JobOutcome) => r.report.links.map((l: any) => `${l.from}->${l.to}:${l.transport}`).sort();
@@ -52,7 +72,9 @@ test('a P = 2 job with every link relayed gives the direct latent within 1e-4, a
   expect(relayBytes).toBeGreaterThanOrEqual(exchanged + patchesAndRows);
 });
 
-test('with the relay forced, a worker page without the join token is told nothing by the server, reaches neither the relay nor the dashboard, and says why', async ({ browser }) => {
+test('with the relay forced, a worker page without the join token is told nothing by the server, reaches neither the relay nor the dashboard, and says why', async ({
+  browser,
+}) => {
   const swarm = await openTestSwarm(browser, forced.url, 1);
   try {
     const { joinUrl } = await swarm.dashboard.evaluate(() => (window as any).ditswarm.ready);
@@ -69,7 +91,9 @@ test('with the relay forced, a worker page without the join token is told nothin
   }
 });
 
-test('revoking the join link lets its workers go, the old link opens nothing, the new one joins, and a reload keeps the new one (issue 17, findings 4 and 14)', async ({ browser }) => {
+test('revoking the join link lets its workers go, the old link opens nothing, the new one joins, and a reload keeps the new one (issue 17, findings 4 and 14)', async ({
+  browser,
+}) => {
   const swarm = await openTestSwarm(browser, forced.url, 1);
   try {
     const { joinUrl: oldUrl } = await swarm.dashboard.evaluate(() => (window as any).ditswarm.ready);
@@ -81,10 +105,14 @@ test('revoking the join link lets its workers go, the old link opens nothing, th
     // socket it opens again with the revoked token
     await expect(swarm.workers[0].locator('#state')).toHaveText('refused', { timeout: 20_000 });
     await expect(swarm.workers[0].locator('#detail')).toContainText(/refused this link|join token/);
-    await expect.poll(() => forced.relay.stats().refused.at(-1)?.reason, { timeout: 15_000 }).toMatch(/does not hold a join token this server stands by/);
+    await expect
+      .poll(() => forced.relay.stats().refused.at(-1)?.reason, { timeout: 15_000 })
+      .toMatch(/does not hold a join token this server stands by/);
     const fresh = await swarm.dashboard.context().newPage();
     await fresh.goto(joinUrl);
-    await expect.poll(() => swarm.dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 30_000 }).toBe(1);
+    await expect
+      .poll(() => swarm.dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 30_000 })
+      .toBe(1);
     await swarm.dashboard.reload();
     expect((await swarm.dashboard.evaluate(() => (window as any).ditswarm.ready)).joinUrl).toBe(joinUrl);
   } finally {

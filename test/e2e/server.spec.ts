@@ -20,7 +20,10 @@ for (const path of ['/', '/worker.html']) {
   });
 }
 
-test('two tabs connect through the PeerServer and a 200 KiB ArrayBuffer arrives intact', async ({ context, request }) => {
+test('two tabs connect through the PeerServer and a 200 KiB ArrayBuffer arrives intact', async ({
+  context,
+  request,
+}) => {
   const signaling = (await (await request.get('/signaling.json')).json()) as { path: string; key: string };
   const run = Date.now().toString(36);
   const [receiver, sender] = [`receiver-${run}`, `sender-${run}`];
@@ -100,15 +103,21 @@ async function openPeer(page: Page, id: string, signaling: { path: string; key: 
 }
 
 // `npm start -- --model DIR`: the folder is served with Range requests and the dashboard starts on it.
-test('a server started on a model folder serves it by ranges and its dashboard starts on that model', async ({ browser }) => {
+test('a server started on a model folder serves it by ranges and its dashboard starts on that model', async ({
+  browser,
+}) => {
   const { servedModel, startServer, LOCAL_MODEL_PATH } = await import('../../server/serve.ts');
   const folder = resolve(import.meta.dirname, '../../public/models/tiny-wan');
-  expect(servedModel('https://example.org/Wan2.1-T2V-1.3B-Diffusers')).toEqual({ defaultModel: 'https://example.org/Wan2.1-T2V-1.3B-Diffusers' });
+  expect(servedModel('https://example.org/Wan2.1-T2V-1.3B-Diffusers')).toEqual({
+    defaultModel: 'https://example.org/Wan2.1-T2V-1.3B-Diffusers',
+  });
   const server = await startServer({ port: 0, quiet: true, ...servedModel(folder) });
   const context = await browser.newContext();
   try {
     expect(await (await fetch(`${server.url}/models.json`)).json()).toEqual({ default: LOCAL_MODEL_PATH });
-    const ranged = await fetch(`${server.url}${LOCAL_MODEL_PATH}/transformer/diffusion_pytorch_model.safetensors`, { headers: { Range: 'bytes=0-7' } });
+    const ranged = await fetch(`${server.url}${LOCAL_MODEL_PATH}/transformer/diffusion_pytorch_model.safetensors`, {
+      headers: { Range: 'bytes=0-7' },
+    });
     expect(ranged.status).toBe(206);
     expect((await ranged.arrayBuffer()).byteLength).toBe(8);
     const dashboard = await context.newPage();

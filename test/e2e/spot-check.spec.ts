@@ -18,17 +18,32 @@ function perturbRows(): void {
       const view = new DataView(data);
       const rpc = view.getUint16(0, true) === 0x5744 && view.getUint8(3) === 1 && view.getUint8(5) !== 255;
       const last = view.getUint32(12, true) === view.getUint32(16, true) - 1;
-      if (rpc && last && view.getUint32(24, true) > 2048) for (let k = 1; k <= 64; k++) if (Math.random() < 0.5) new Uint8Array(data)[data.byteLength - 4 * k + 2] ^= 0x02;
+      if (rpc && last && view.getUint32(24, true) > 2048)
+        for (let k = 1; k <= 64; k++)
+          if (Math.random() < 0.5) new Uint8Array(data)[data.byteLength - 4 * k + 2] ^= 0x02;
     }
-    return send.call(this, data);
+    send.call(this, data);
   } as typeof send;
 }
 
-test('a worker returning slightly wrong rows is caught by spot checks within 20 steps, let go, kept out, and the job ends with the honest latent', async ({ browser, baseURL }) => {
+test('a worker returning slightly wrong rows is caught by spot checks within 20 steps, let go, kept out, and the job ends with the honest latent', async ({
+  browser,
+  baseURL,
+}) => {
   test.setTimeout(240_000);
   const swarm = await openTestSwarm(browser, baseURL!, 2);
   try {
-    const job = { prompt: 'a red ball', frames: 1, height: 112, width: 80, steps: 20, guidance: 5, seed: 11, backend: 'swarm', ep: 'wasm' };
+    const job = {
+      prompt: 'a red ball',
+      frames: 1,
+      height: 112,
+      width: 80,
+      steps: 20,
+      guidance: 5,
+      seed: 11,
+      backend: 'swarm',
+      ep: 'wasm',
+    };
     const honest = await runJob(swarm.dashboard, { ...job, workers: 1 });
     expect(honest.report.spotChecks).toEqual([]); // one rank: nobody to check it
 
@@ -36,7 +51,9 @@ test('a worker returning slightly wrong rows is caught by spot checks within 20 
     await cheater.addInitScript(perturbRows);
     const { joinUrl } = await swarm.dashboard.evaluate(() => (window as any).ditswarm.ready);
     await cheater.goto(joinUrl);
-    await expect.poll(() => swarm.dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 60_000 }).toBe(3);
+    await expect
+      .poll(() => swarm.dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 60_000 })
+      .toBe(3);
     const cheaterId = await cheater.evaluate(() => (window as any).ditswarmWorker.peerId);
 
     const run = await runJob(swarm.dashboard, { ...job, workers: 3, shares: 'even' });
@@ -53,8 +70,12 @@ test('a worker returning slightly wrong rows is caught by spot checks within 20 
     // the steps it took part in ran again without it: the honest latent
     expect(maxAbsDiff(run.latent, honest.latent)).toBeLessThanOrEqual(1e-4);
     // and it stays out: its page is refused when it dials again
-    await expect.poll(() => swarm.dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 30_000 }).toBe(2);
-    await expect(swarm.dashboard.locator('#swarm-events')).toContainText(/returning wrong results/, { timeout: 30_000 });
+    await expect
+      .poll(() => swarm.dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 30_000 })
+      .toBe(2);
+    await expect(swarm.dashboard.locator('#swarm-events')).toContainText(/returning wrong results/, {
+      timeout: 30_000,
+    });
   } finally {
     await swarm.close();
   }

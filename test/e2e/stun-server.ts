@@ -14,7 +14,8 @@ const XOR_MAPPED_ADDRESS = 0x0020;
 
 const socket = createSocket('udp4');
 socket.on('message', (request, from) => {
-  if (request.length < 20 || request.readUInt16BE(0) !== BINDING_REQUEST || request.readUInt32BE(4) !== MAGIC_COOKIE) return;
+  if (request.length < 20 || request.readUInt16BE(0) !== BINDING_REQUEST || request.readUInt32BE(4) !== MAGIC_COOKIE)
+    return;
   const response = Buffer.alloc(32);
   response.writeUInt16BE(BINDING_SUCCESS, 0);
   response.writeUInt16BE(12, 2); // one attribute: 4-byte header + 8-byte IPv4 address

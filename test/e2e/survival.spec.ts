@@ -2,7 +2,18 @@ import { expect, test, type Page } from '@playwright/test';
 import { maxAbsDiff, openTestSwarm, runJob, TEST_MODEL, type TestSwarm } from './swarm-page.ts';
 
 // A swarm that survives: lost workers, a reloaded dashboard and strangers lose nothing.
-const job = { prompt: 'a red ball', frames: 9, height: 64, width: 64, steps: 6, guidance: 5, seed: 11, backend: 'swarm', ep: 'wasm', model: TEST_MODEL };
+const job = {
+  prompt: 'a red ball',
+  frames: 9,
+  height: 64,
+  width: 64,
+  steps: 6,
+  guidance: 5,
+  seed: 11,
+  backend: 'swarm',
+  ep: 'wasm',
+  model: TEST_MODEL,
+};
 
 /** Runs `job` on 3 ranks and does `harm` to rank 1's page once step 2 has completed. */
 async function runAndHarm(swarm: TestSwarm, harm: (page: Page) => Promise<void>) {
@@ -31,9 +42,19 @@ test.describe('a lost worker costs one step, not the job', () => {
 
   for (const [name, harm] of [
     ['closed', (page: Page) => page.close()],
-    ['crashed', (page: Page) => page.goto('chrome://crash').then(() => {}, () => {})],
+    [
+      'crashed',
+      (page: Page) =>
+        page.goto('chrome://crash').then(
+          () => {},
+          () => {},
+        ),
+    ],
   ] as const) {
-    test(`3 worker tabs, one ${name} mid-job: the job completes with the uninterrupted latent`, async ({ browser, baseURL }) => {
+    test(`3 worker tabs, one ${name} mid-job: the job completes with the uninterrupted latent`, async ({
+      browser,
+      baseURL,
+    }) => {
       const swarm = await openTestSwarm(browser, baseURL!, 3);
       try {
         const run = await runAndHarm(swarm, harm);
@@ -46,7 +67,9 @@ test.describe('a lost worker costs one step, not the job', () => {
         const detectionMs = failures[0].detectedAt - run.harmedAt;
         const stepsMs = (r: any) => r.steps.reduce((t: number, s: any) => t + s.ms, 0);
         const extraMs = stepsMs(run.report) - stepsMs(uninterrupted.report);
-        console.log(`${name}: detected after ${detectionMs} ms (${failures[0].lost[0].cause}: ${failures[0].lost[0].evidence}), re-plan ${failures[0].replanMs.toFixed(0)} ms, extra ${extraMs.toFixed(0)} ms`);
+        console.log(
+          `${name}: detected after ${detectionMs} ms (${failures[0].lost[0].cause}: ${failures[0].lost[0].evidence}), re-plan ${failures[0].replanMs.toFixed(0)} ms, extra ${extraMs.toFixed(0)} ms`,
+        );
         // a closed tab is noticed at once, a crashed one by heartbeats after ~3.5 s of silence; without
         // them only the 60 s RPC timeout would notice (a wide margin for a loaded machine)
         expect(detectionMs).toBeLessThan(20_000);
@@ -60,14 +83,22 @@ test.describe('a lost worker costs one step, not the job', () => {
   }
 });
 
-test('a dashboard reloaded mid-job finishes the job after the reload, and its video stays playable', async ({ browser, baseURL }) => {
+test('a dashboard reloaded mid-job finishes the job after the reload, and its video stays playable', async ({
+  browser,
+  baseURL,
+}) => {
   const swarm = await openTestSwarm(browser, baseURL!, 1);
   try {
     const params = { ...job, steps: 8, workers: 1 };
     const reference = await runJob(swarm.dashboard, { ...params, seed: 12 });
     const dashboard = swarm.dashboard;
     const id: number = await dashboard.evaluate((p) => (window as any).ditswarm.submit(p), { ...params, seed: 12 });
-    await expect.poll(() => dashboard.evaluate((i) => (window as any).ditswarm.jobs().find((j: any) => j.id === i)?.step ?? 0, id), { timeout: 60_000, intervals: [50] }).toBeGreaterThanOrEqual(2);
+    await expect
+      .poll(
+        () => dashboard.evaluate((i) => (window as any).ditswarm.jobs().find((j: any) => j.id === i)?.step ?? 0, id),
+        { timeout: 60_000, intervals: [50] },
+      )
+      .toBeGreaterThanOrEqual(2);
     await dashboard.reload();
     await dashboard.evaluate(() => (window as any).ditswarm.ready);
     const resumed = await dashboard.evaluate((i) => (window as any).ditswarm.jobs().find((j: any) => j.id === i), id);
@@ -76,9 +107,13 @@ test('a dashboard reloaded mid-job finishes the job after the reload, and its vi
     expect(report.resumedFromStep).toBeGreaterThanOrEqual(1);
     const bytes = Buffer.from(latent, 'base64');
     const diff = maxAbsDiff(new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4), reference.latent);
-    console.log(`reload: resumed from step ${report.resumedFromStep}, max-abs vs uninterrupted ${diff.toExponential(2)}`);
+    console.log(
+      `reload: resumed from step ${report.resumedFromStep}, max-abs vs uninterrupted ${diff.toExponential(2)}`,
+    );
     expect(diff).toBeLessThanOrEqual(1e-4);
-    expect((await dashboard.evaluate(() => (window as any).ditswarm.jobs())).filter((j: any) => j.id === id)).toHaveLength(1);
+    expect(
+      (await dashboard.evaluate(() => (window as any).ditswarm.jobs())).filter((j: any) => j.id === id),
+    ).toHaveLength(1);
 
     await dashboard.reload();
     await dashboard.evaluate(() => (window as any).ditswarm.ready);
@@ -91,26 +126,45 @@ test('a dashboard reloaded mid-job finishes the job after the reload, and its vi
   }
 });
 
-test('20 jobs submitted at once run in order, none lost or repeated, with distinct outputs', async ({ browser, baseURL }) => {
+test('20 jobs submitted at once run in order, none lost or repeated, with distinct outputs', async ({
+  browser,
+  baseURL,
+}) => {
   const swarm = await openTestSwarm(browser, baseURL!, 1);
   try {
-    const tiny = { prompt: 'a dot', frames: 1, height: 16, width: 16, steps: 1, guidance: 1, backend: 'swarm', workers: 1, ep: 'wasm' };
+    const tiny = {
+      prompt: 'a dot',
+      frames: 1,
+      height: 16,
+      width: 16,
+      steps: 1,
+      guidance: 1,
+      backend: 'swarm',
+      workers: 1,
+      ep: 'wasm',
+    };
     // every phase and step the queue announces, in the order it announces them
     await swarm.dashboard.evaluate(() => {
       const events: number[] = ((window as any).queueEvents = []);
       (window as any).ditswarmProgress = (p: { job: number }) => events.push(p.job);
     });
     const ids: number[] = await swarm.dashboard.evaluate(
-      (t) => Promise.all(Array.from({ length: 20 }, (_, i) => (window as any).ditswarm.submit({ ...t, seed: 100 + i }))),
+      (t) =>
+        Promise.all(Array.from({ length: 20 }, (_, i) => (window as any).ditswarm.submit({ ...t, seed: 100 + i }))),
       tiny,
     );
     expect(new Set(ids).size).toBe(20);
     // the page stays responsive while the queue runs: it answers while jobs still wait (and well within 10 s)
     const started = Date.now();
-    const waiting: number = await swarm.dashboard.evaluate(() => (window as any).ditswarm.jobs().filter((j: any) => j.status === 'queued').length);
+    const waiting: number = await swarm.dashboard.evaluate(
+      () => (window as any).ditswarm.jobs().filter((j: any) => j.status === 'queued').length,
+    );
     expect(Date.now() - started).toBeLessThan(10_000);
     expect(waiting).toBeGreaterThan(0);
-    const results = await swarm.dashboard.evaluate((all) => Promise.all(all.map((id: number) => (window as any).ditswarm.result(id))), ids);
+    const results = await swarm.dashboard.evaluate(
+      (all) => Promise.all(all.map((id: number) => (window as any).ditswarm.result(id))),
+      ids,
+    );
     const hashes = results.map((r: any) => r.report.latentSha256);
     expect(new Set(hashes).size).toBe(20);
     const jobs = await swarm.dashboard.evaluate(() => (window as any).ditswarm.jobs());

@@ -18,7 +18,9 @@ export async function openTestSwarm(browser: Browser, baseURL: string, workers: 
     await page.goto(joinUrl);
     pages.push(page);
   }
-  await expect.poll(() => dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 60_000 }).toBe(workers);
+  await expect
+    .poll(() => dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 60_000 })
+    .toBe(workers);
   return { dashboard, workers: pages, close: () => context.close() };
 }
 
@@ -37,7 +39,10 @@ export interface JobOutcome {
 export const TEST_MODEL = '/models/tiny-wan';
 
 export async function runJob(dashboard: Page, overrides: Record<string, unknown>): Promise<JobOutcome> {
-  const { report, latent, stepLatents } = await dashboard.evaluate(([o, options]) => (window as any).ditswarm.generate(o, options), [{ model: TEST_MODEL, ...overrides }, { stepLatents: true }] as const);
+  const { report, latent, stepLatents } = await dashboard.evaluate(
+    ([o, options]) => (window as any).ditswarm.generate(o, options),
+    [{ model: TEST_MODEL, ...overrides }, { stepLatents: true }] as const,
+  );
   const floats = (b64: string) => {
     const bytes = Buffer.from(b64, 'base64');
     return new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);

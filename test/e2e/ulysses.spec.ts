@@ -24,13 +24,24 @@ test.describe.serial('Ulysses over worker tabs', () => {
     test(`P = 2, 3, 5 equal P = 1 within 1e-4 (${name}); each rank sends what its share of tokens and heads gives it`, async () => {
       test.setTimeout(300_000);
       const { tokens, ...size } = shape;
-      const job = { prompt: 'a red ball', ...size, steps: 2, guidance: 5, seed: 3, backend: 'swarm', ep: 'wasm', shares: 'even' };
+      const job = {
+        prompt: 'a red ball',
+        ...size,
+        steps: 2,
+        guidance: 5,
+        seed: 3,
+        backend: 'swarm',
+        ep: 'wasm',
+        shares: 'even',
+      };
       const single = await runJob(swarm.dashboard, { ...job, workers: 1 });
       for (const P of [2, 3, 5]) {
         const run = await runJob(swarm.dashboard, { ...job, workers: P });
         expect(run.report.config.ulyssesDegree).toBe(P);
         const diff = maxAbsDiff(run.latent, single.latent);
-        console.log(`${name}: P=${P} max-abs vs P=1 ${diff.toExponential(2)}, step ms ${run.report.steps.map((s: any) => s.ms.toFixed(0)).join('/')}`);
+        console.log(
+          `${name}: P=${P} max-abs vs P=1 ${diff.toExponential(2)}, step ms ${run.report.steps.map((s: any) => s.ms.toFixed(0)).join('/')}`,
+        );
         expect(diff, `P=${P}`).toBeLessThanOrEqual(1e-4);
         // each new placement timed its mesh before the first step; those bytes are not the job's
         expect(run.report.meshProbe.ranks, `P=${P} mesh probe`).toHaveLength(P);
@@ -39,22 +50,32 @@ test.describe.serial('Ulysses over worker tabs', () => {
         const plan = planUlysses(TINY, tokens, P);
         for (const step of run.report.steps) {
           expect(step.ranks).toHaveLength(P);
-          for (const rank of step.ranks) expect(rank.bytesSent, `P=${P} rank ${rank.rank}`).toBe(2 * 4 * exchangeFloatsPerBlock(plan, rank.rank) * LAYERS);
+          for (const rank of step.ranks)
+            expect(rank.bytesSent, `P=${P} rank ${rank.rank}`).toBe(
+              2 * 4 * exchangeFloatsPerBlock(plan, rank.rank) * LAYERS,
+            );
         }
       }
       // in head groups, asked for: each group's attention while the next is on the wire, the same latent and bytes (issue 20)
       const grouped = await runJob(swarm.dashboard, { ...job, workers: 3, headGroups: 3 });
       expect(grouped.report.config.headGroups).toBe(3);
       const groupedDiff = maxAbsDiff(grouped.latent, single.latent);
-      const overlapMs = (rank: number) => grouped.report.steps.reduce((ms: number, s: any) => ms + s.ranks[rank].overlapMs, 0);
-      console.log(`${name}: P=3 in 3 head groups max-abs vs P=1 ${groupedDiff.toExponential(2)}, exchange hidden behind compute ${[0, 1, 2].map((r) => overlapMs(r).toFixed(0)).join('/')} ms`);
+      const overlapMs = (rank: number) =>
+        grouped.report.steps.reduce((ms: number, s: any) => ms + s.ranks[rank].overlapMs, 0);
+      console.log(
+        `${name}: P=3 in 3 head groups max-abs vs P=1 ${groupedDiff.toExponential(2)}, exchange hidden behind compute ${[0, 1, 2].map((r) => overlapMs(r).toFixed(0)).join('/')} ms`,
+      );
       expect(groupedDiff).toBeLessThanOrEqual(1e-4);
       const plan = planUlysses(TINY, tokens, 3, 3);
-      for (const step of grouped.report.steps) for (const rank of step.ranks) expect(rank.bytesSent).toBe(2 * 4 * exchangeFloatsPerBlock(plan, rank.rank) * LAYERS);
+      for (const step of grouped.report.steps)
+        for (const rank of step.ranks)
+          expect(rank.bytesSent).toBe(2 * 4 * exchangeFloatsPerBlock(plan, rank.rank) * LAYERS);
       for (const rank of [0, 1, 2]) expect(overlapMs(rank), `rank ${rank}`).toBeGreaterThan(0);
       // 'auto' plans with the rank-to-rank link the last mesh probe measured, not the coordinator's
       const auto = await runJob(swarm.dashboard, { ...job, workers: 'auto' });
-      console.log(`${name}: auto chose ${auto.report.plan.degree} (${auto.report.plan.by}), predicted ${auto.report.plan.predictedStepMs?.toFixed(0)} ms/step`);
+      console.log(
+        `${name}: auto chose ${auto.report.plan.degree} (${auto.report.plan.by}), predicted ${auto.report.plan.predictedStepMs?.toFixed(0)} ms/step`,
+      );
       expect(auto.report.plan.link.from).toBe('mesh probe');
     });
   }

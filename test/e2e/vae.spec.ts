@@ -10,42 +10,89 @@ import { maxAbsDiff, openTestSwarm, runJob } from './swarm-page.ts';
 // prompt goes prompt → umT5 → transformer → VAE on the workers, the dashboard saying how far
 // each phase is, and the VAE's tiles (diffusers' 256-pixel tiles: 4 of them at 256×320) decode
 // to the same video on three tabs, on two, on one, and on one worker in this process.
-test("a prompt through umT5, the transformer and AutoencoderKLWan's tiles on three tabs plays in the dashboard; its tiles decode alike on 3 tabs, 2, 1, and one worker in Node", async ({ browser, baseURL }) => {
+test("a prompt through umT5, the transformer and AutoencoderKLWan's tiles on three tabs plays in the dashboard; its tiles decode alike on 3 tabs, 2, 1, and one worker in Node", async ({
+  browser,
+  baseURL,
+}) => {
   test.setTimeout(240_000);
   const swarm = await openTestSwarm(browser, baseURL!, 3);
   try {
     const phases: { phase: string; detail?: string }[] = [];
-    await swarm.dashboard.exposeFunction('ditswarmProgress', (p: { phase?: string; detail?: string }) => void (p.phase && phases.push({ phase: p.phase, detail: p.detail })));
-    const job = { prompt: 'a red ball moving right', negativePrompt: 'a blue square', frames: 5, height: 256, width: 320, steps: 2, guidance: 4, seed: 7, backend: 'swarm', workers: 2, ep: 'wasm', model: FULL_LAYOUT_MODEL_PATH };
+    await swarm.dashboard.exposeFunction(
+      'ditswarmProgress',
+      (p: { phase?: string; detail?: string }) => void (p.phase && phases.push({ phase: p.phase, detail: p.detail })),
+    );
+    const job = {
+      prompt: 'a red ball moving right',
+      negativePrompt: 'a blue square',
+      frames: 5,
+      height: 256,
+      width: 320,
+      steps: 2,
+      guidance: 4,
+      seed: 7,
+      backend: 'swarm',
+      workers: 2,
+      ep: 'wasm',
+      model: FULL_LAYOUT_MODEL_PATH,
+    };
     const { report, latent } = await runJob(swarm.dashboard, job);
     expect(report.schedule.scheduler).toBe('UniPCMultistepScheduler');
     expect(report.encoding.prompt.source).toBe('encoded');
-    expect(report.decoding).toMatchObject({ where: 'workers', tiles: 4, tiling: { tile: 256, stride: 192 }, retried: 0 });
+    expect(report.decoding).toMatchObject({
+      where: 'workers',
+      tiles: 4,
+      tiling: { tile: 256, stride: 192 },
+      retried: 0,
+    });
     expect(report.decoding.ranks.reduce((n: number, r: any) => n + r.tiles, 0)).toBe(4);
     for (const r of report.decoding.ranks) expect(r.weightBytes).toBeGreaterThan(0);
     // every phase said how far it was: the text encoder's layers per worker, then the tiles one by one
-    expect(phases.some((p) => p.phase === 'encoding' && /text encoder layers 1–1 of 3 on worker/.test(p.detail ?? ''))).toBe(true);
-    expect(phases.filter((p) => p.phase === 'decoding' && p.detail).map((p) => p.detail)).toEqual(['tile 1 of 4', 'tile 2 of 4', 'tile 3 of 4', 'tile 4 of 4']);
+    expect(
+      phases.some((p) => p.phase === 'encoding' && /text encoder layers 1–1 of 3 on worker/.test(p.detail ?? '')),
+    ).toBe(true);
+    expect(phases.filter((p) => p.phase === 'decoding' && p.detail).map((p) => p.detail)).toEqual([
+      'tile 1 of 4',
+      'tile 2 of 4',
+      'tile 3 of 4',
+      'tile 4 of 4',
+    ]);
     const shown = await swarm.dashboard.evaluate(() => (window as any).ditswarm.inspectVideo());
     expect(shown).toMatchObject({ videoWidth: 320, videoHeight: 256 });
 
     const dir = process.env.DITSWARM_FULL_LAYOUT_DIR;
     if (!dir) return; // a server given from outside: its folder is not on this machine
-    const latentArg = { shape: report.latentShape, base64: Buffer.from(latent.buffer, latent.byteOffset, latent.byteLength).toString('base64') };
+    const latentArg = {
+      shape: report.latentShape,
+      base64: Buffer.from(latent.buffer, latent.byteOffset, latent.byteLength).toString('base64'),
+    };
     const decodeOnTabs = async () => {
-      const { video, report: decoding } = await swarm.dashboard.evaluate((a) => (window as any).ditswarm.decode(a), { model: FULL_LAYOUT_MODEL_PATH, latent: latentArg });
+      const { video, report: decoding } = await swarm.dashboard.evaluate((a) => (window as any).ditswarm.decode(a), {
+        model: FULL_LAYOUT_MODEL_PATH,
+        latent: latentArg,
+      });
       const bytes = Buffer.from(video.base64, 'base64');
-      return { shape: video.shape, data: new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4), decoding };
+      return {
+        shape: video.shape,
+        data: new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4),
+        decoding,
+      };
     };
     const onThree = await decodeOnTabs();
     expect(onThree.shape).toEqual([3, 5, 256, 320]);
-    expect(new Set(onThree.decoding.ranks.filter((r: any) => r.tiles > 0).map((r: any) => r.worker)).size).toBeGreaterThan(1);
+    expect(
+      new Set(onThree.decoding.ranks.filter((r: any) => r.tiles > 0).map((r: any) => r.worker)).size,
+    ).toBeGreaterThan(1);
 
     await swarm.workers[2].close();
-    await expect.poll(() => swarm.dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 30_000 }).toBe(2);
+    await expect
+      .poll(() => swarm.dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 30_000 })
+      .toBe(2);
     const onTwo = await decodeOnTabs();
     await swarm.workers[1].close();
-    await expect.poll(() => swarm.dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 30_000 }).toBe(1);
+    await expect
+      .poll(() => swarm.dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 30_000 })
+      .toBe(1);
     const onOne = await decodeOnTabs();
     expect(onOne.decoding.ranks.filter((r: any) => r.tiles > 0)).toHaveLength(1);
     expect(maxAbsDiff(onThree.data, onOne.data)).toBeLessThan(1e-5);
@@ -55,7 +102,14 @@ test("a prompt through umT5, the transformer and AutoencoderKLWan's tiles on thr
     const files = folderFiles(dir);
     const tiles = vaeTiles(() => ({ ...files, close: async () => {} }));
     const host: TileHost = { id: 'node', api: { decodeTile: (args) => tiles.decode({ ...args, ep: 'wasm' }) } };
-    const one = tiledDecoding({ modelUrl: 'node', files, config: parseWanVaeConfig(FULL_LAYOUT_VAE, 'test'), hosts: async () => [host], ep: 'wasm', timeoutMs: 120_000 });
+    const one = tiledDecoding({
+      modelUrl: 'node',
+      files,
+      config: parseWanVaeConfig(FULL_LAYOUT_VAE, 'test'),
+      hosts: async () => [host],
+      ep: 'wasm',
+      timeoutMs: 120_000,
+    });
     const alone = await one.decode({ shape: report.latentShape, data: latent });
     expect(alone.report.ranks).toEqual([expect.objectContaining({ worker: 'node', tiles: 4 })]);
     const scale = alone.video!.data.reduce((m, v) => Math.max(m, Math.abs(v)), 0);
@@ -77,7 +131,11 @@ test("AutoencoderKLWan's tiles on a WebGPU worker equal WASM's", async ({ browse
     const data = Float32Array.from({ length: 16 * 3 * 2 * 3 }, (_, i) => Math.sin(i * 0.7));
     const latent = { shape, base64: Buffer.from(data.buffer).toString('base64') };
     const decode = async (ep: 'webgpu' | 'wasm') => {
-      const { video } = await swarm.dashboard.evaluate((a) => (window as any).ditswarm.decode(a), { model: FULL_LAYOUT_MODEL_PATH, latent, ep });
+      const { video } = await swarm.dashboard.evaluate((a) => (window as any).ditswarm.decode(a), {
+        model: FULL_LAYOUT_MODEL_PATH,
+        latent,
+        ep,
+      });
       const bytes = Buffer.from(video.base64, 'base64');
       expect(video.shape).toEqual([3, 9, 16, 24]);
       return new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);

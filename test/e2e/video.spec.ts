@@ -62,7 +62,10 @@ test.beforeAll(async () => {
 
   // the executable every ditswarm browser uses; only the flags this page needs (no WebGPU: the
   // software adapter's flags change how <video> decodes an odd-sized frame)
-  browser = await chromium.launch({ executablePath: chromiumExecutable(), args: ['--no-sandbox', '--disable-background-networking', '--disable-component-update'] });
+  browser = await chromium.launch({
+    executablePath: chromiumExecutable(),
+    args: ['--no-sandbox', '--disable-background-networking', '--disable-component-update'],
+  });
   page = await browser.newPage();
   // 127.0.0.1 is a secure context, which VideoEncoder requires.
   await page.goto(`http://127.0.0.1:${port}/`);
@@ -122,7 +125,11 @@ for (const { codec, width, height } of [
         const ctx = canvas.getContext('2d')!;
         const cx = width / 2;
         const cy = height / 2;
-        const expected = [(((cx + 4 * t) % width) / (width - 1)) * 255, (cy / (height - 1)) * 255, (t / (count - 1)) * 255];
+        const expected = [
+          (((cx + 4 * t) % width) / (width - 1)) * 255,
+          (cy / (height - 1)) * 255,
+          (t / (count - 1)) * 255,
+        ];
         // 'seeked' can come before the frame is presented on a busy machine: read it until it shows
         // (up to 3 s); a video that never shows frame 4 still fails below
         let centre: number[] = [];
@@ -160,7 +167,7 @@ for (const { codec, width, height } of [
     expect(result.videoWidth).toBe(width);
     expect(result.videoHeight).toBe(height);
     // Lossy codec + 4:2:0 chroma: within ~10% of full scale.
-    for (let c = 0; c < 3; c++) expect(Math.abs(result.centre[c]! - result.expected[c]!)).toBeLessThan(24);
+    for (let c = 0; c < 3; c++) expect(Math.abs(result.centre[c] - result.expected[c])).toBeLessThan(24);
   });
 }
 

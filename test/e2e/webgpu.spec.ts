@@ -4,7 +4,17 @@ import { maxAbsDiff, openTestSwarm, runJob, type TestSwarm } from './swarm-page.
 // The WebGPU path keeps each rank's weights, residual stream and conditioning in GPU buffers (SwiftShader here).
 test.describe.serial('WebGPU worker: device-resident activations', () => {
   let swarm: TestSwarm;
-  const job = { prompt: 'a red ball', frames: 5, height: 32, width: 32, steps: 2, guidance: 1, seed: 7, backend: 'swarm', workers: 1 };
+  const job = {
+    prompt: 'a red ball',
+    frames: 5,
+    height: 32,
+    width: 32,
+    steps: 2,
+    guidance: 1,
+    seed: 7,
+    backend: 'swarm',
+    workers: 1,
+  };
   test.beforeAll(async ({ browser, baseURL }) => {
     swarm = await openTestSwarm(browser, baseURL!, 1);
   });
@@ -19,7 +29,11 @@ test.describe.serial('WebGPU worker: device-resident activations', () => {
       const run = await runJob(swarm.dashboard, { ...job, ep });
       await expect.poll(async () => (await totals()).steps).toBe(before.steps + 2); // 2 steps, one pass each (no guidance)
       const after = await totals();
-      const bytes = { downloaded: after.bytesDownloaded - before.bytesDownloaded, kept: after.bytesKept - before.bytesKept, tensorsLeft: after.deviceTensorsLeft };
+      const bytes = {
+        downloaded: after.bytesDownloaded - before.bytesDownloaded,
+        kept: after.bytesKept - before.bytesKept,
+        tensorsLeft: after.deviceTensorsLeft,
+      };
       const stepMs = run.report.steps.map((s: any) => s.ms.toFixed(0)).join('/');
       console.log(`${ep}: downloaded ${bytes.downloaded} B, kept on device ${bytes.kept} B, step ms ${stepMs}`);
       return { run, bytes };

@@ -16,7 +16,13 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
-import { decoderWeightShapes, parseWanVaeConfig, VAE_CONFIG, wanVaeWeightShapes, type WanVaeConfig } from '../../core/model/wan-vae.ts';
+import {
+  decoderWeightShapes,
+  parseWanVaeConfig,
+  VAE_CONFIG,
+  wanVaeWeightShapes,
+  type WanVaeConfig,
+} from '../../core/model/wan-vae.ts';
 import type { TensorMap } from '../../core/safetensors.ts';
 import { sizeOf, type Tensor } from '../../core/tensor.ts';
 import { seededRandom, writeCheckpoint } from '../../server/model-folder.ts';
@@ -32,8 +38,14 @@ export const TINY_VAE_CONFIG = {
   base_dim: 8,
   dim_mult: [1, 2, 4, 4],
   dropout: 0.0,
-  latents_mean: [-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508, 0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921],
-  latents_std: [2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743, 3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.916],
+  latents_mean: [
+    -0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508, 0.4134, -0.0715, 0.5517, -0.3632, -0.1922,
+    -0.9497, 0.2503, -0.2921,
+  ],
+  latents_std: [
+    2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743, 3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253,
+    2.8251, 1.916,
+  ],
   num_res_blocks: 2,
   temperal_downsample: [false, true, true],
   z_dim: 16,
@@ -56,7 +68,9 @@ export function seededWeight(seed: string, name: string, shape: number[]): Float
 
 /** post_quant_conv's and the decoder's tensors, as the fixture's folder holds them. */
 export function seededDecoderTensors(cfg: WanVaeConfig, seed: string): TensorMap {
-  return new Map([...decoderWeightShapes(cfg)].map(([name, shape]) => [name, { shape, data: seededWeight(seed, name, shape) }]));
+  return new Map(
+    [...decoderWeightShapes(cfg)].map(([name, shape]) => [name, { shape, data: seededWeight(seed, name, shape) }]),
+  );
 }
 
 export function seededLatent(seed: string, shape: number[]): Tensor {
@@ -97,7 +111,9 @@ export function summarise(name: string, seed: string, shape: number[], data: Flo
     }
   }
   const random = seededRandom(seed, `positions:${name}`);
-  const positions = Array.from({ length: Math.min(SAMPLES, data.length) }, () => Math.floor(random.uniform() * data.length));
+  const positions = Array.from({ length: Math.min(SAMPLES, data.length) }, () =>
+    Math.floor(random.uniform() * data.length),
+  );
   return { shape, sum, sumOfSquares, frameChannelSums, positions, values: positions.map((i) => data[i]) };
 }
 
@@ -106,7 +122,9 @@ async function main(): Promise<void> {
   try {
     const cfg = parseWanVaeConfig(TINY_VAE_CONFIG, 'TINY_VAE_CONFIG');
     const specs = [...wanVaeWeightShapes(cfg)].map(([name, shape]) => ({ name, shape }));
-    await writeCheckpoint(join(dir, 'vae'), 'diffusion_pytorch_model', specs, ({ name, shape }) => seededWeight(SEED, name, shape));
+    await writeCheckpoint(join(dir, 'vae'), 'diffusion_pytorch_model', specs, ({ name, shape }) =>
+      seededWeight(SEED, name, shape),
+    );
     writeFileSync(join(dir, VAE_CONFIG), JSON.stringify(TINY_VAE_CONFIG, null, 2) + '\n');
     const cases = [];
     for (const c of CASES) {
@@ -114,17 +132,33 @@ async function main(): Promise<void> {
       const latentFile = join(dir, 'latent.f32');
       const outFile = join(dir, 'video.f32');
       writeFileSync(latentFile, new Uint8Array(latent.data.buffer));
-      const args = [SCRIPT, '--vae', join(dir, 'vae'), '--latent', latentFile, '--shape', c.latentShape.join(','), '--out', outFile];
+      const args = [
+        SCRIPT,
+        '--vae',
+        join(dir, 'vae'),
+        '--latent',
+        latentFile,
+        '--shape',
+        c.latentShape.join(','),
+        '--out',
+        outFile,
+      ];
       if (c.tiling) args.push('--tile', String(c.tiling.tile), '--stride', String(c.tiling.stride));
-      const run = spawnSync('python3', args, { encoding: 'utf8', env: { ...process.env, OMP_NUM_THREADS: '1', OPENBLAS_NUM_THREADS: '1' } });
+      const run = spawnSync('python3', args, {
+        encoding: 'utf8',
+        env: { ...process.env, OMP_NUM_THREADS: '1', OPENBLAS_NUM_THREADS: '1' },
+      });
       if (run.status !== 0) throw new Error(`${c.name}: python failed\n${run.stderr}`);
       const summary = JSON.parse(run.stdout) as { shape: number[]; tiles: number };
       const bytes = readFileSync(outFile);
       const video = new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4).slice();
-      if (c.tiling && summary.tiles < 2) throw new Error(`${c.name}: diffusers decoded ${summary.tiles} tile(s); the case is meant to tile`);
+      if (c.tiling && summary.tiles < 2)
+        throw new Error(`${c.name}: diffusers decoded ${summary.tiles} tile(s); the case is meant to tile`);
       let clamped = 0;
       for (const v of video) if (Math.abs(v) === 1) clamped++;
-      console.log(`${c.name}: video [${summary.shape}], ${summary.tiles} tiles, ${clamped}/${video.length} values at the clamp`);
+      console.log(
+        `${c.name}: video [${summary.shape}], ${summary.tiles} tiles, ${clamped}/${video.length} values at the clamp`,
+      );
       cases.push({ ...c, tiles: summary.tiles, clamped, ...summarise(c.name, SEED, summary.shape, video) });
     }
     const fixture = {

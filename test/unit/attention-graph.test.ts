@@ -8,8 +8,17 @@ import './fixtures.ts';
 
 const random = new SeededRandom(11);
 
-async function chunked(headDim: number, budget: number, q: Float32Array, k: Float32Array, v: Float32Array, S: number): Promise<Float32Array> {
-  const session = await ort.InferenceSession.create(buildChunkedAttentionGraph(headDim, budget), { executionProviders: ['wasm'] });
+async function chunked(
+  headDim: number,
+  budget: number,
+  q: Float32Array,
+  k: Float32Array,
+  v: Float32Array,
+  S: number,
+): Promise<Float32Array> {
+  const session = await ort.InferenceSession.create(buildChunkedAttentionGraph(headDim, budget), {
+    executionProviders: ['wasm'],
+  });
   const t = (x: Float32Array) => new ort.Tensor('float32', x, [S, x.length / S]);
   const r = await session.run({ q: t(q), k: t(k), v: t(v) });
   expect(r.o.dims).toEqual([S, q.length / S]);

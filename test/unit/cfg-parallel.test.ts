@@ -11,7 +11,14 @@ import type { EngineApi } from '../../rank/engine.ts';
 import { memoryExchanges } from '../../rank/exchange/memory.ts';
 import { onnxStages } from '../../rank/onnx-stages.ts';
 import type { Exchange } from '../../rank/ulysses.ts';
-import { WORKER_CONTRACT, type ArgsOf, type InitArgs, type ReplyOf, type WorkerApi, type WorkerMethod } from '../../core/worker-api.ts';
+import {
+  WORKER_CONTRACT,
+  type ArgsOf,
+  type InitArgs,
+  type ReplyOf,
+  type WorkerApi,
+  type WorkerMethod,
+} from '../../core/worker-api.ts';
 import { WorkerRuntime } from '../../rank/runtime.ts';
 import { stubEngine, tinyModelFiles } from './fixtures.ts';
 
@@ -35,11 +42,19 @@ class InProcessExecutor extends Executor {
 
   protected async place(): Promise<string[]> {
     const meshes = new Map<string, Exchange[]>();
-    const meshOf = (init: InitArgs) => meshes.get(init.session) ?? meshes.set(init.session, memoryExchanges(init.world)).get(init.session)!;
+    const meshOf = (init: InitArgs) =>
+      meshes.get(init.session) ?? meshes.set(init.session, memoryExchanges(init.world)).get(init.session)!;
     this.remotes = Array.from({ length: this.ranks }, (_, rank) => {
       const runtime = new WorkerRuntime(this.engine, {
         connectMesh: async (init) => meshOf(init)[init.rank],
-        describe: async () => ({ ep: 'wasm', adapter: 'test', softwareAdapter: false, threads: 1, memoryGiB: null, userAgent: `in-process rank ${rank}` }),
+        describe: async () => ({
+          ep: 'wasm',
+          adapter: 'test',
+          softwareAdapter: false,
+          threads: 1,
+          memoryGiB: null,
+          userAgent: `in-process rank ${rank}`,
+        }),
       });
       return inProcess<WorkerApi>(runtime, WORKER_CONTRACT, `rank ${rank}`);
     });
@@ -50,7 +65,12 @@ class InProcessExecutor extends Executor {
     return this.remotes[rank];
   }
 
-  protected override async callRank<M extends WorkerMethod>(rank: number, method: M, args: ArgsOf<M>, timeoutMs: number): Promise<ReplyOf<M>> {
+  protected override async callRank<M extends WorkerMethod>(
+    rank: number,
+    method: M,
+    args: ArgsOf<M>,
+    timeoutMs: number,
+  ): Promise<ReplyOf<M>> {
     if (method === 'executeModel') this.timeline.push([rank, 'start']);
     const reply = await super.callRank(rank, method, args, timeoutMs);
     if (method === 'executeModel') this.timeline.push([rank, 'end']);
@@ -78,14 +98,21 @@ beforeAll(async () => {
 /** The sampler of the pipeline, on `executor`: the final latent and each step's rank reports. */
 async function sample(ulyssesDegree: number, cfgParallel: boolean) {
   const layout = new RankLayout(ulyssesDegree, cfgParallel ? 2 : 1);
-  const executor = new InProcessExecutor({ config: model.config, modelUrl: '/models/tiny-wan', rpcTimeoutMs: 30_000, layout }, layout.world, engine);
+  const executor = new InProcessExecutor(
+    { config: model.config, modelUrl: '/models/tiny-wan', rpcTimeoutMs: 30_000, layout },
+    layout.world,
+    engine,
+  );
   await executor.initialize();
   await executor.prepareJob(1, texts, shape);
   const schedule = flowMatchSchedule(STEPS, 3);
   let latent: Tensor = initialNoise(shape, 7);
   const reports = [];
   for (let step = 0; step < STEPS; step++) {
-    const { velocity, ranks } = await executor.velocity({ job: 1, step, timestep: schedule.timesteps[step], latent }, GUIDANCE);
+    const { velocity, ranks } = await executor.velocity(
+      { job: 1, step, timestep: schedule.timesteps[step], latent },
+      GUIDANCE,
+    );
     latent = { shape, data: eulerStep(latent.data, velocity, schedule.sigmas[step], schedule.sigmas[step + 1]) };
     reports.push(ranks);
   }
@@ -107,12 +134,20 @@ describe('CFG parallel over in-process ranks', () => {
       expect(diff).toBeLessThanOrEqual(1e-4);
       expect(run.executor.world).toBe(2 * P);
       expect(run.executor.layout.ulyssesDegree).toBe(P);
-      for (const ranks of run.reports) expect(ranks.map((r) => [r.rank, r.worker])).toEqual(Array.from({ length: 2 * P }, (_, r) => [r, `rank-${r}`]));
+      for (const ranks of run.reports)
+        expect(ranks.map((r) => [r.rank, r.worker])).toEqual(Array.from({ length: 2 * P }, (_, r) => [r, `rank-${r}`]));
       // one executeModel per rank per step, and the unconditional group starts before the conditional one ends
       const starts = run.executor.timeline.filter(([, what]) => what === 'start').map(([rank]) => rank);
-      expect(starts.sort((a, b) => a - b)).toEqual(Array.from({ length: 2 * P }, (_, r) => Array(STEPS).fill(r)).flat());
+      expect(starts.sort((a, b) => a - b)).toEqual(
+        Array.from({ length: 2 * P }, (_, r) => Array(STEPS).fill(r)).flat(),
+      );
       const firstEnd = run.executor.timeline.findIndex(([, what]) => what === 'end');
-      expect(run.executor.timeline.slice(0, firstEnd).map(([rank]) => rank).sort((a, b) => a - b)).toEqual(Array.from({ length: 2 * P }, (_, r) => r));
+      expect(
+        run.executor.timeline
+          .slice(0, firstEnd)
+          .map(([rank]) => rank)
+          .sort((a, b) => a - b),
+      ).toEqual(Array.from({ length: 2 * P }, (_, r) => r));
     });
   }
 

@@ -16,7 +16,8 @@ function refusal(check: (v: unknown, at: string) => unknown, value: unknown, at 
 
 describe('a refused value is described by what came', () => {
   const anInteger = int(0, 9);
-  const said = (value: unknown) => refusal(anInteger, value).message.replace('reply: expected an integer in [0, 9], got ', '');
+  const said = (value: unknown) =>
+    refusal(anInteger, value).message.replace('reply: expected an integer in [0, 9], got ', '');
 
   it('names the error ContractError and the path, the expectation and the value in its message', () => {
     const e = refusal(anInteger, 10, 'reply.step');
@@ -52,7 +53,9 @@ describe('the bounds of each check, both ends included', () => {
     expect(num()(1e300, 'x')).toBe(1e300);
     expect([0, 1000].map((v) => num(0, 1000)(v, 'x'))).toEqual([0, 1000]);
     expect(refusal(num(0, 1000), -1).message).toBe('reply: expected a finite number in [0, 1000], got number -1');
-    expect(refusal(num(0, 1000), 1000.5).message).toBe('reply: expected a finite number in [0, 1000], got number 1000.5');
+    expect(refusal(num(0, 1000), 1000.5).message).toBe(
+      'reply: expected a finite number in [0, 1000], got number 1000.5',
+    );
   });
 
   it('text: a string of at most maxLength characters', () => {
@@ -63,11 +66,15 @@ describe('the bounds of each check, both ends included', () => {
   it('floats: a Float32Array of at most maxLength values', () => {
     const two = new Float32Array(2);
     expect(floats(2)(two, 'x')).toBe(two);
-    expect(refusal(floats(2), new Float32Array(3)).message).toBe('reply: expected a Float32Array of at most 2 values, got a Float32Array of 3');
+    expect(refusal(floats(2), new Float32Array(3)).message).toBe(
+      'reply: expected a Float32Array of at most 2 values, got a Float32Array of 3',
+    );
   });
 
   it('list: says how many items it takes', () => {
-    expect(refusal(list(int(), { min: 1, max: 2 }), []).message).toBe('reply: expected an array of 1 to 2 items, got an array of 0');
+    expect(refusal(list(int(), { min: 1, max: 2 }), []).message).toBe(
+      'reply: expected an array of 1 to 2 items, got an array of 0',
+    );
   });
 });
 

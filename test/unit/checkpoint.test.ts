@@ -23,7 +23,10 @@ describe('the published Wan2.1-T2V-1.3B layout', () => {
     expect(tensors.length).toBe(825);
     expect(tensors.reduce((n, t) => n + sizeOf(t.shape), 0)).toBe(1_418_996_800);
     const shards = planShards(tensors, 5e9);
-    const fileBytes = shards.map((shard) => safetensorsHeader(shard, { format: 'pt' }).head.length + shard.reduce((n, t) => n + 4 * sizeOf(t.shape), 0));
+    const fileBytes = shards.map(
+      (shard) =>
+        safetensorsHeader(shard, { format: 'pt' }).head.length + shard.reduce((n, t) => n + 4 * sizeOf(t.shape), 0),
+    );
     expect(fileBytes).toEqual([4_998_781_576, 677_289_072]);
   });
 });
@@ -33,16 +36,31 @@ describe('a sharded checkpoint', () => {
   let tiny: WanModel;
   /** the tiny model's transformer as shards of at most 300 kB, beside its config */
   const writeSharded = async (to: string) => {
-    await writeCheckpoint(join(to, 'transformer'), TRANSFORMER_WEIGHTS_NAME, [...tiny.weights].map(([name, t]) => ({ name, shape: t.shape })), ({ name }) => tiny.weights.get(name)!.data, { maxShardBytes: 300_000 });
+    await writeCheckpoint(
+      join(to, 'transformer'),
+      TRANSFORMER_WEIGHTS_NAME,
+      [...tiny.weights].map(([name, t]) => ({ name, shape: t.shape })),
+      ({ name }) => tiny.weights.get(name)!.data,
+      { maxShardBytes: 300_000 },
+    );
     copyFileSync(join(TINY_MODEL_DIR, TRANSFORMER_CONFIG), join(to, TRANSFORMER_CONFIG));
   };
   /** the tensors whose shape or bytes differ from the tiny model's */
   const differing = (loaded: WanModel) =>
-    [...tiny.weights].filter(([name, t]) => {
-      const other = loaded.weights.get(name);
-      return !other || other.shape.join() !== t.shape.join() || !Buffer.from(other.data.buffer, other.data.byteOffset, other.data.byteLength).equals(Buffer.from(t.data.buffer, t.data.byteOffset, t.data.byteLength));
-    }).map(([name]) => name);
-  const index = () => JSON.parse(readFileSync(join(dir, 'transformer/diffusion_pytorch_model.safetensors.index.json'), 'utf8'));
+    [...tiny.weights]
+      .filter(([name, t]) => {
+        const other = loaded.weights.get(name);
+        return (
+          !other ||
+          other.shape.join() !== t.shape.join() ||
+          !Buffer.from(other.data.buffer, other.data.byteOffset, other.data.byteLength).equals(
+            Buffer.from(t.data.buffer, t.data.byteOffset, t.data.byteLength),
+          )
+        );
+      })
+      .map(([name]) => name);
+  const index = () =>
+    JSON.parse(readFileSync(join(dir, 'transformer/diffusion_pytorch_model.safetensors.index.json'), 'utf8'));
   /** a fresh sharded copy that `spoil` may break */
   const spoiled = async (spoil: (dir: string) => void): Promise<ModelFiles> => {
     const to = mkdtempSync(join(tmpdir(), 'ditswarm-spoiled-'));
@@ -73,7 +91,13 @@ describe('a sharded checkpoint', () => {
     const files = folderFiles(dir);
     const reads: number[] = [];
     let progress: [number, number][] = [];
-    await loadTransformer({ read: files.read, readRange: (path, begin, end) => (reads.push(end - begin), files.readRange(path, begin, end)) }, (loaded, total) => progress.push([loaded, total]));
+    await loadTransformer(
+      {
+        read: files.read,
+        readRange: (path, begin, end) => (reads.push(end - begin), files.readRange(path, begin, end)),
+      },
+      (loaded, total) => progress.push([loaded, total]),
+    );
     const largest = Math.max(...[...tiny.weights.values()].map((t) => 4 * t.data.length));
     expect(Math.max(...reads)).toBe(largest);
     expect(progress.at(-1)).toEqual([index().metadata.total_size, index().metadata.total_size]);
@@ -98,7 +122,9 @@ describe('a sharded checkpoint', () => {
           if (!range) return void res.writeHead(200, { 'Content-Length': body.length }).end(body);
           const [begin, last] = [Number(range[1]), Math.min(Number(range[2]), body.length - 1)];
           if (begin >= body.length) return void res.writeHead(416).end();
-          res.writeHead(206, { 'Content-Range': `bytes ${begin}-${last}/${body.length}` }).end(body.subarray(begin, last + 1));
+          res
+            .writeHead(206, { 'Content-Range': `bytes ${begin}-${last}/${body.length}` })
+            .end(body.subarray(begin, last + 1));
         });
         server.listen(0, '127.0.0.1', () => resolve(server));
       });
@@ -121,7 +147,8 @@ describe('a sharded checkpoint', () => {
   });
 
   it('broken, fails while loading, before any compute, naming the file and the tensor', async () => {
-    const shard = (n: number, of: number) => `diffusion_pytorch_model-${String(n).padStart(5, '0')}-of-${String(of).padStart(5, '0')}.safetensors`;
+    const shard = (n: number, of: number) =>
+      `diffusion_pytorch_model-${String(n).padStart(5, '0')}-of-${String(of).padStart(5, '0')}.safetensors`;
     const count = new Set(Object.values(index().weight_map)).size;
     const rewriteIndex = (to: string, change: (i: { weight_map: Record<string, string> }) => void) => {
       const path = join(to, 'transformer/diffusion_pytorch_model.safetensors.index.json');
@@ -129,19 +156,41 @@ describe('a sharded checkpoint', () => {
       change(json);
       writeFileSync(path, JSON.stringify(json));
     };
-    const failure = async (files: ModelFiles) => (await loadTransformer(files).then(() => null, (e: Error) => e))!;
+    const failure = async (files: ModelFiles) =>
+      (await loadTransformer(files).then(
+        () => null,
+        (e: Error) => e,
+      ))!;
 
     const missingShard = await failure(await spoiled((to) => unlinkSync(join(to, 'transformer', shard(2, count)))));
-    expect(missingShard.message).toMatch(new RegExp(`diffusion_pytorch_model.safetensors.index.json names shard ${shard(2, count)} \\(for \\d+ tensors, ".+" first\\), but transformer/${shard(2, count)} is missing`));
+    expect(missingShard.message).toMatch(
+      new RegExp(
+        `diffusion_pytorch_model.safetensors.index.json names shard ${shard(2, count)} \\(for \\d+ tensors, ".+" first\\), but transformer/${shard(2, count)} is missing`,
+      ),
+    );
 
-    const missingTensor = await failure(await spoiled((to) => rewriteIndex(to, (i) => (i.weight_map['blocks.0.attn1.to_q.extra'] = shard(1, count)))));
-    expect(missingTensor.message).toBe(`transformer/diffusion_pytorch_model.safetensors.index.json puts tensor "blocks.0.attn1.to_q.extra" in ${shard(1, count)}, but transformer/${shard(1, count)} has no such tensor`);
+    const missingTensor = await failure(
+      await spoiled((to) => rewriteIndex(to, (i) => (i.weight_map['blocks.0.attn1.to_q.extra'] = shard(1, count)))),
+    );
+    expect(missingTensor.message).toBe(
+      `transformer/diffusion_pytorch_model.safetensors.index.json puts tensor "blocks.0.attn1.to_q.extra" in ${shard(1, count)}, but transformer/${shard(1, count)} has no such tensor`,
+    );
 
-    const escaping = await failure(await spoiled((to) => rewriteIndex(to, (i) => (i.weight_map['proj_out.bias'] = '../../secrets.safetensors'))));
-    expect(escaping.message).toBe('transformer/diffusion_pytorch_model.safetensors.index.json: tensor "proj_out.bias" is mapped to "../../secrets.safetensors", not a .safetensors file of transformer/');
+    const escaping = await failure(
+      await spoiled((to) => rewriteIndex(to, (i) => (i.weight_map['proj_out.bias'] = '../../secrets.safetensors'))),
+    );
+    expect(escaping.message).toBe(
+      'transformer/diffusion_pytorch_model.safetensors.index.json: tensor "proj_out.bias" is mapped to "../../secrets.safetensors", not a .safetensors file of transformer/',
+    );
 
-    const truncated = await failure(await spoiled((to) => truncateSync(join(to, 'transformer', shard(count, count)), 1000)));
-    expect(truncated.message).toMatch(new RegExp(`^transformer/${shard(count, count)}: tensor ".+" needs bytes \\[\\d+, \\d+\\) but the file holds \\d+ of them: truncated\\? fetch it again$`));
+    const truncated = await failure(
+      await spoiled((to) => truncateSync(join(to, 'transformer', shard(count, count)), 1000)),
+    );
+    expect(truncated.message).toMatch(
+      new RegExp(
+        `^transformer/${shard(count, count)}: tensor ".+" needs bytes \\[\\d+, \\d+\\) but the file holds \\d+ of them: truncated\\? fetch it again$`,
+      ),
+    );
 
     const misshapen = await failure(
       await spoiled((to) => {
@@ -149,10 +198,16 @@ describe('a sharded checkpoint', () => {
         writeFileSync(join(to, TRANSFORMER_CONFIG), JSON.stringify({ ...config, ffn_dim: config.ffn_dim + 1 }));
       }),
     );
-    expect(misshapen.message).toMatch(/^transformer\/diffusion_pytorch_model.safetensors.index.json does not match its config: wrong shapes: blocks.0.ffn.net.0.proj.weight in transformer\/diffusion_pytorch_model-\d+-of-\d+.safetensors is \[768,288\], expected \[769,288\]/);
+    expect(misshapen.message).toMatch(
+      /^transformer\/diffusion_pytorch_model.safetensors.index.json does not match its config: wrong shapes: blocks.0.ffn.net.0.proj.weight in transformer\/diffusion_pytorch_model-\d+-of-\d+.safetensors is \[768,288\], expected \[769,288\]/,
+    );
 
-    const noCheckpoint = await failure(await spoiled((to) => rmSync(join(to, 'transformer/diffusion_pytorch_model.safetensors.index.json'))));
-    expect(noCheckpoint.message).toBe('transformer/ has neither diffusion_pytorch_model.safetensors nor diffusion_pytorch_model.safetensors.index.json: is it a diffusers model folder?');
+    const noCheckpoint = await failure(
+      await spoiled((to) => rmSync(join(to, 'transformer/diffusion_pytorch_model.safetensors.index.json'))),
+    );
+    expect(noCheckpoint.message).toBe(
+      'transformer/ has neither diffusion_pytorch_model.safetensors nor diffusion_pytorch_model.safetensors.index.json: is it a diffusers model folder?',
+    );
   });
 });
 
@@ -168,7 +223,9 @@ describe("a model folder's files over HTTP", () => {
     try {
       const { port } = server.address() as { port: number };
       const base = `http://127.0.0.1:${port}`;
-      await expect(fetchModelFiles(base).read('transformer/config.json')).rejects.toThrow(`${base}/transformer/config.json is larger than ${MAX_WHOLE_FILE_BYTES} bytes`);
+      await expect(fetchModelFiles(base).read('transformer/config.json')).rejects.toThrow(
+        `${base}/transformer/config.json is larger than ${MAX_WHOLE_FILE_BYTES} bytes`,
+      );
     } finally {
       server.closeAllConnections();
       server.close();

@@ -3,7 +3,11 @@ import { rowChunks, rowsPerBuffer } from '../../rank/chunks.ts';
 
 describe('stage inputs cut to a buffer budget', () => {
   it('rows: blocks of at most maxRows that cover every row once, in order', () => {
-    expect(rowChunks(10, 4)).toEqual([[0, 4], [4, 8], [8, 10]]);
+    expect(rowChunks(10, 4)).toEqual([
+      [0, 4],
+      [4, 8],
+      [8, 10],
+    ]);
     expect(rowChunks(8, 8)).toEqual([[0, 8]]);
     expect(rowChunks(0, 3)).toEqual([]);
     expect(() => rowChunks(5, 0)).toThrow('at least one row');

@@ -1,14 +1,53 @@
 import { describe, expect, it } from 'vitest';
-import { candidatePlans, fitLink, fitMeshProbe, forwardBytes, forwardFlops, planSwarm, predictStep, stageCallsPerForward, type Hardware, type LinkSpeed, type ModelShape, type Plan, type Workload } from '../../core/cost-model.ts';
+import {
+  candidatePlans,
+  fitLink,
+  fitMeshProbe,
+  forwardBytes,
+  forwardFlops,
+  planSwarm,
+  predictStep,
+  stageCallsPerForward,
+  type Hardware,
+  type LinkSpeed,
+  type ModelShape,
+  type Plan,
+  type Workload,
+} from '../../core/cost-model.ts';
 import { SeededRandom } from '../../core/random.ts';
 
-const small: ModelShape = { numHeads: 2, headDim: 2, dim: 4, ffnDim: 8, numLayers: 1, inChannels: 1, outChannels: 1, patchSize: [1, 1, 1], textDim: 3, freqDim: 2 };
-const wan13b: ModelShape = { numHeads: 12, headDim: 128, dim: 1536, ffnDim: 8960, numLayers: 30, inChannels: 16, outChannels: 16, patchSize: [1, 2, 2], textDim: 4096, freqDim: 256 };
+const small: ModelShape = {
+  numHeads: 2,
+  headDim: 2,
+  dim: 4,
+  ffnDim: 8,
+  numLayers: 1,
+  inChannels: 1,
+  outChannels: 1,
+  patchSize: [1, 1, 1],
+  textDim: 3,
+  freqDim: 2,
+};
+const wan13b: ModelShape = {
+  numHeads: 12,
+  headDim: 128,
+  dim: 1536,
+  ffnDim: 8960,
+  numLayers: 30,
+  inChannels: 16,
+  outChannels: 16,
+  patchSize: [1, 2, 2],
+  textDim: 4096,
+  freqDim: 256,
+};
 const bench: ModelShape = { ...wan13b, headDim: 48, dim: 576, ffnDim: 3456, numLayers: 2, textDim: 64 };
 
 describe('cost model: FLOPs and bytes of one rank', () => {
-  it('counts the busiest rank\'s forward by hand: D 4, FFN 8, 1 block, S 6 (or 5: tokens 3/2, no padding), L 2, P 2 → 1872 (1784) FLOPs', () => {
-    for (const [tokens, attention, total] of [[6, 288, 1872], [5, 200, 1784]]) {
+  it("counts the busiest rank's forward by hand: D 4, FFN 8, 1 block, S 6 (or 5: tokens 3/2, no padding), L 2, P 2 → 1872 (1784) FLOPs", () => {
+    for (const [tokens, attention, total] of [
+      [6, 288, 1872],
+      [5, 200, 1784],
+    ]) {
       const f = forwardFlops(small, tokens, 2, 2);
       // rank 0: 3 tokens, 1 head of 2
       expect(f.block.selfProjections).toBe(4 * 2 * 3 * 16); // 384
@@ -32,17 +71,26 @@ describe('cost model: FLOPs and bytes of one rank', () => {
       const plan = { ulyssesDegree: P, cfgParallel: false };
       const f = forwardFlops(bench, 12288, 32, P);
       expect(f.scores).toBe(2 * ((12 / P) * 12288 * 12288 + 12 * (12288 / P) * 32));
-      expect(predictStep(work, plan, withSoftmax).computeS - predictStep(work, plan, hw).computeS).toBeCloseTo(f.scores / 4e8, 9);
+      expect(predictStep(work, plan, withSoftmax).computeS - predictStep(work, plan, hw).computeS).toBeCloseTo(
+        f.scores / 4e8,
+        9,
+      );
     }
   });
 
-  it('charges each stage call its fixed cost, 3 per block and 2 more per forward, per pass, at the slowest chosen worker\'s', () => {
+  it("charges each stage call its fixed cost, 3 per block and 2 more per forward, per pass, at the slowest chosen worker's", () => {
     const work: Workload = { model: bench, tokens: 48, textTokens: 32, passes: 2 };
     const hw: Hardware = { workerFlops: [2e10, 2e10], link: { bandwidth: 1e7, latency: 0 }, bytesPerElement: 4 };
     expect(stageCallsPerForward(bench)).toBe(3 * 2 + 2);
-    for (const plan of [{ ulyssesDegree: 1, cfgParallel: false }, { ulyssesDegree: 2, cfgParallel: false }, { ulyssesDegree: 1, cfgParallel: true }]) {
+    for (const plan of [
+      { ulyssesDegree: 1, cfgParallel: false },
+      { ulyssesDegree: 2, cfgParallel: false },
+      { ulyssesDegree: 1, cfgParallel: true },
+    ]) {
       const passesPerGroup = plan.cfgParallel ? 1 : 2;
-      const charged = predictStep(work, plan, { ...hw, workerStageS: [0.001, 0.003] }).computeS - predictStep(work, plan, hw).computeS;
+      const charged =
+        predictStep(work, plan, { ...hw, workerStageS: [0.001, 0.003] }).computeS -
+        predictStep(work, plan, hw).computeS;
       const slowest = plan.ulyssesDegree * (plan.cfgParallel ? 2 : 1) === 1 ? 0.001 : 0.003; // one worker: the faster-computing first, whose calls cost 1 ms
       expect(charged, JSON.stringify(plan)).toBeCloseTo(passesPerGroup * 8 * slowest, 12);
     }
@@ -63,13 +111,17 @@ describe('cost model: FLOPs and bytes of one rank', () => {
       expect(forwardBytes(bench, tokens, P, 4), `S ${tokens}, P ${P}`).toBe(bytes);
       expect(forwardBytes(bench, tokens, P, 2), `S ${tokens}, P ${P}, fp16`).toBe(bytes / 2);
       for (const passes of [1, 2] as const) {
-        const step = predictStep({ model: bench, tokens, textTokens: 32, passes }, { ulyssesDegree: P, cfgParallel: false }, { workerFlops: Array(P).fill(16e9), link: { bandwidth: 7e6, latency: 1e-3 }, bytesPerElement: 4 });
+        const step = predictStep(
+          { model: bench, tokens, textTokens: 32, passes },
+          { ulyssesDegree: P, cfgParallel: false },
+          { workerFlops: Array(P).fill(16e9), link: { bandwidth: 7e6, latency: 1e-3 }, bytesPerElement: 4 },
+        );
         expect(step.bytesPerRank, `S ${tokens}, P ${P}, ${passes} passes per step`).toBe(passes * bytes);
       }
     }
   });
 
-  it('two passes on one group run at once: each one\'s exchange waits only for what the other\'s compute does not hide', () => {
+  it("two passes on one group run at once: each one's exchange waits only for what the other's compute does not hide", () => {
     const work: Workload = { model: wan13b, tokens: 32760, textTokens: 512, passes: 2 };
     for (const bandwidth of [1e7, 1e8, 1e10]) {
       const hw: Hardware = { workerFlops: [2e13, 2e13], link: { bandwidth, latency: 0 }, bytesPerElement: 4 };
@@ -86,7 +138,10 @@ describe('cost model: FLOPs and bytes of one rank', () => {
     const work: Workload = { model: wan13b, tokens: 32760, textTokens: 512, passes: 2 };
     const hw: Hardware = { workerFlops: [2e13, 2e13], link: { bandwidth: 1e8, latency: 1e-3 }, bytesPerElement: 4 };
     const oneCpu: Hardware = { ...hw, workerCpus: ['browser a', 'browser a'] };
-    for (const plan of [{ ulyssesDegree: 2, cfgParallel: false }, { ulyssesDegree: 2, cfgParallel: false, mode: 'displaced' as const }]) {
+    for (const plan of [
+      { ulyssesDegree: 2, cfgParallel: false },
+      { ulyssesDegree: 2, cfgParallel: false, mode: 'displaced' as const },
+    ]) {
       const shared = predictStep(work, plan, oneCpu);
       const apart = predictStep(work, plan, hw);
       expect(apart.commS, plan.mode ?? 'ulysses').toBeLessThan(shared.commS);
@@ -94,19 +149,28 @@ describe('cost model: FLOPs and bytes of one rank', () => {
       // every pass's whole exchange: what one pass alone in one group waits for, twice
       const alone = predictStep({ ...work, passes: 1 }, { ...plan, headGroups: 1 }, oneCpu);
       expect(shared.commS, plan.mode ?? 'ulysses').toBeCloseTo(2 * alone.commS, 9);
-      expect(alone.commS).toBeCloseTo(forwardBytes(wan13b, work.tokens, 2, 4, plan.mode) / 1e8 + (plan.mode ? 1 : 2) * wan13b.numLayers * 1e-3, 9);
-      for (const workerCpus of [['browser a', 'browser b'], ['browser a', undefined], [undefined, undefined]]) expect(predictStep(work, plan, { ...hw, workerCpus }).commS).toBe(apart.commS);
+      expect(alone.commS).toBeCloseTo(
+        forwardBytes(wan13b, work.tokens, 2, 4, plan.mode) / 1e8 + (plan.mode ? 1 : 2) * wan13b.numLayers * 1e-3,
+        9,
+      );
+      for (const workerCpus of [
+        ['browser a', 'browser b'],
+        ['browser a', undefined],
+        [undefined, undefined],
+      ])
+        expect(predictStep(work, plan, { ...hw, workerCpus }).commS).toBe(apart.commS);
     }
   });
 
-  it('head groups hide all of a block\'s attention but the last group\'s behind its exchange, each group past the first a stage call more a block: the fastest is predicted (issue 20)', () => {
+  it("head groups hide all of a block's attention but the last group's behind its exchange, each group past the first a stage call more a block: the fastest is predicted (issue 20)", () => {
     const work: Workload = { model: bench, tokens: 12288, textTokens: 32, passes: 1 };
     const f = forwardFlops(bench, 12288, 32, 2);
     const attentionS = (bench.numLayers * f.block.attention) / 1e10; // softmax free
     const slowLink: Hardware = { workerFlops: [1e10, 1e10], link: { bandwidth: 1e6, latency: 0 }, bytesPerElement: 4 };
     const wireS = forwardBytes(bench, 12288, 2, 4) / 1e6;
     expect(wireS).toBeGreaterThan(attentionS); // the exchange is long enough to hide all of it
-    const at = (headGroups: number, hw = slowLink) => predictStep(work, { ulyssesDegree: 2, cfgParallel: false, headGroups }, hw);
+    const at = (headGroups: number, hw = slowLink) =>
+      predictStep(work, { ulyssesDegree: 2, cfgParallel: false, headGroups }, hw);
     for (const G of [1, 2, 3]) {
       expect(at(G).commS, `${G} groups`).toBeCloseTo(wireS - attentionS * (1 - 1 / G), 9);
       expect(at(G).computeS).toBeCloseTo(f.total / 1e10, 9);
@@ -117,22 +181,41 @@ describe('cost model: FLOPs and bytes of one rank', () => {
     expect(at(2, dearCalls).computeS - at(1, dearCalls).computeS).toBeCloseTo(bench.numLayers * attentionS, 9);
     expect(predictStep(work, { ulyssesDegree: 2, cfgParallel: false }, dearCalls).headGroups).toBe(1);
     // displaced ranks and one rank exchange in one group whatever is asked
-    expect(predictStep(work, { ulyssesDegree: 2, cfgParallel: false, mode: 'displaced', headGroups: 3 }, slowLink).headGroups).toBe(1);
+    expect(
+      predictStep(work, { ulyssesDegree: 2, cfgParallel: false, mode: 'displaced', headGroups: 3 }, slowLink)
+        .headGroups,
+    ).toBe(1);
     expect(predictStep(work, { ulyssesDegree: 1, cfgParallel: false, headGroups: 3 }, slowLink).headGroups).toBe(1);
   });
 
   it('fp16 transport halves the bytes and the transfer time', () => {
     const work: Workload = { model: wan13b, tokens: 32760, textTokens: 512, passes: 1 };
-    const hw = (bpe: 2 | 4): Hardware => ({ workerFlops: [2e13, 2e13], link: { bandwidth: 125e6, latency: 0 }, bytesPerElement: bpe });
-    const [f32, f16] = [4, 2].map((bpe) => predictStep(work, { ulyssesDegree: 2, cfgParallel: false, headGroups: 1 }, hw(bpe as 2 | 4)));
+    const hw = (bpe: 2 | 4): Hardware => ({
+      workerFlops: [2e13, 2e13],
+      link: { bandwidth: 125e6, latency: 0 },
+      bytesPerElement: bpe,
+    });
+    const [f32, f16] = [4, 2].map((bpe) =>
+      predictStep(work, { ulyssesDegree: 2, cfgParallel: false, headGroups: 1 }, hw(bpe as 2 | 4)),
+    );
     expect(f16.bytesPerRank / f32.bytesPerRank).toBe(0.5);
     expect(f16.commS / f32.commS).toBeCloseTo(0.5, 12);
   });
 
   it('charges (P−1)·latency twice per block and one extra exchange per step for CFG parallel', () => {
     const work: Workload = { model: bench, tokens: 12288, textTokens: 32, passes: 2 };
-    const hw: Hardware = { workerFlops: [1e10, 1e10, 1e10, 1e10], link: { bandwidth: Infinity, latency: 0.01 }, bytesPerElement: 4 };
-    expect(predictStep({ ...work, passes: 1 }, { ulyssesDegree: 3, cfgParallel: false, headGroups: 1 }, { ...hw, workerFlops: [1e10, 1e10, 1e10] }).commS).toBeCloseTo(2 * 2 * 2 * 0.01, 12);
+    const hw: Hardware = {
+      workerFlops: [1e10, 1e10, 1e10, 1e10],
+      link: { bandwidth: Infinity, latency: 0.01 },
+      bytesPerElement: 4,
+    };
+    expect(
+      predictStep(
+        { ...work, passes: 1 },
+        { ulyssesDegree: 3, cfgParallel: false, headGroups: 1 },
+        { ...hw, workerFlops: [1e10, 1e10, 1e10] },
+      ).commS,
+    ).toBeCloseTo(2 * 2 * 2 * 0.01, 12);
     const cfg = predictStep(work, { ulyssesDegree: 2, cfgParallel: true, headGroups: 1 }, hw);
     expect(cfg.world).toBe(4);
     expect(cfg.commS).toBeCloseTo(2 * 1 * 2 * 0.01 + 0.01, 12); // one pass per group + the CFG exchange
@@ -140,19 +223,30 @@ describe('cost model: FLOPs and bytes of one rank', () => {
   });
 });
 
-describe('cost model: the coordinator\'s patches out and rows back', () => {
+describe("cost model: the coordinator's patches out and rows back", () => {
   it('costs (in + out) · pt·ph·pw · 4 bytes per token per pass over the coordinator link, whatever P', () => {
     const work: Workload = { model: bench, tokens: 12288, textTokens: 32, passes: 2 };
     const bytes = 2 * 12288 * (16 + 16) * 4 * 4; // 6.3 MB per step
     for (const P of [1, 2, 3]) {
-      const hw: Hardware = { workerFlops: Array(P).fill(1e10), link: { bandwidth: 1e7, latency: 0.01 }, bytesPerElement: 4 };
-      expect(predictStep(work, { ulyssesDegree: P, cfgParallel: false }, hw).ioS).toBeCloseTo(bytes / 1e7 + 2 * 2 * 0.01, 12);
+      const hw: Hardware = {
+        workerFlops: Array(P).fill(1e10),
+        link: { bandwidth: 1e7, latency: 0.01 },
+        bytesPerElement: 4,
+      };
+      expect(predictStep(work, { ulyssesDegree: P, cfgParallel: false }, hw).ioS).toBeCloseTo(
+        bytes / 1e7 + 2 * 2 * 0.01,
+        12,
+      );
     }
   });
 
   it('is free when the coordinator and the worker share a tab (local backend)', () => {
     const work: Workload = { model: bench, tokens: 12288, textTokens: 32, passes: 1 };
-    const p = predictStep(work, { ulyssesDegree: 1, cfgParallel: false }, { workerFlops: [1e10], link: { bandwidth: 1e7, latency: 0.01 }, bytesPerElement: 4, coordinatorLink: null });
+    const p = predictStep(
+      work,
+      { ulyssesDegree: 1, cfgParallel: false },
+      { workerFlops: [1e10], link: { bandwidth: 1e7, latency: 0.01 }, bytesPerElement: 4, coordinatorLink: null },
+    );
     expect(p.ioS).toBe(0);
     expect(p.stepS).toBe(p.computeS);
   });
@@ -162,19 +256,29 @@ describe('planSwarm', () => {
   const work: Workload = { model: bench, tokens: 12288, textTokens: 32, passes: 1 };
 
   it('keeps one worker when the link is too slow for the exchange to pay off', () => {
-    const choice = planSwarm(work, { workerFlops: [16e9, 16e9, 16e9, 16e9], link: { bandwidth: 1e5, latency: 0.005 }, bytesPerElement: 4 });
+    const choice = planSwarm(work, {
+      workerFlops: [16e9, 16e9, 16e9, 16e9],
+      link: { bandwidth: 1e5, latency: 0.005 },
+      bytesPerElement: 4,
+    });
     expect(choice.best.plan).toEqual({ ulyssesDegree: 1, cfgParallel: false });
   });
 
   it('spreads over the workers when compute dominates the exchange', () => {
-    const choice = planSwarm(work, { workerFlops: [16e9, 16e9, 16e9, 16e9], link: { bandwidth: 1e9, latency: 1e-4 }, bytesPerElement: 4 });
+    const choice = planSwarm(work, {
+      workerFlops: [16e9, 16e9, 16e9, 16e9],
+      link: { bandwidth: 1e9, latency: 1e-4 },
+      bytesPerElement: 4,
+    });
     expect(choice.best.plan.ulyssesDegree).toBe(4);
     expect(choice.best.stepS).toBeLessThan(choice.baseline.stepS / 3);
   });
 
   it('uses the fastest workers and the slowest link among them', () => {
     const links = (i: number, j: number) => ({ bandwidth: i + j === 1 ? 1e9 : 1e3, latency: 0 });
-    const choice = planSwarm(work, { workerFlops: [16e9, 16e9, 1e9], link: links, bytesPerElement: 4 }, [{ ulyssesDegree: 2, cfgParallel: false }]);
+    const choice = planSwarm(work, { workerFlops: [16e9, 16e9, 1e9], link: links, bytesPerElement: 4 }, [
+      { ulyssesDegree: 2, cfgParallel: false },
+    ]);
     expect(choice.best.plan.ulyssesDegree).toBe(2); // workers 0 and 1, over their fast link
   });
 
@@ -187,7 +291,12 @@ describe('planSwarm', () => {
         link: { bandwidth: 10 ** (4 + 6 * random.uniform()), latency: 10 ** (-5 + 4 * random.uniform()) },
         bytesPerElement: random.uniform() < 0.5 ? 2 : 4,
       };
-      const w: Workload = { model: random.uniform() < 0.5 ? bench : wan13b, tokens: 1 + Math.floor(random.uniform() * 40000), textTokens: 32, passes: random.uniform() < 0.5 ? 1 : 2 };
+      const w: Workload = {
+        model: random.uniform() < 0.5 ? bench : wan13b,
+        tokens: 1 + Math.floor(random.uniform() * 40000),
+        textTokens: 32,
+        passes: random.uniform() < 0.5 ? 1 : 2,
+      };
       const all = candidatePlans(w, workers);
       const onlyParallel = all.filter((p) => p.ulyssesDegree > 1 || p.cfgParallel);
       for (const candidates of [all, onlyParallel]) {
@@ -199,7 +308,13 @@ describe('planSwarm', () => {
   });
 
   it('refuses a degree of more ranks than heads, saying what it allows', () => {
-    expect(() => planSwarm(work, { workerFlops: new Array(13).fill(1e9), link: { bandwidth: 1e9, latency: 0 }, bytesPerElement: 4 }, [{ ulyssesDegree: 13, cfgParallel: false }])).toThrowError(/from 1 to the model's 12 heads/);
+    expect(() =>
+      planSwarm(
+        work,
+        { workerFlops: new Array(13).fill(1e9), link: { bandwidth: 1e9, latency: 0 }, bytesPerElement: 4 },
+        [{ ulyssesDegree: 13, cfgParallel: false }],
+      ),
+    ).toThrowError(/from 1 to the model's 12 heads/);
   });
 });
 
@@ -211,13 +326,28 @@ describe('fitLink', () => {
   });
 
   it('needs at least two transfer sizes', () => {
-    expect(() => fitLink([{ bytes: 1e6, seconds: 0.1 }, { bytes: 1e6, seconds: 0.2 }])).toThrowError(/at least two sizes/);
+    expect(() =>
+      fitLink([
+        { bytes: 1e6, seconds: 0.1 },
+        { bytes: 1e6, seconds: 0.2 },
+      ]),
+    ).toThrowError(/at least two sizes/);
   });
 });
 
-
 // Hand-countable sizes where nothing is 1 that a formula multiplies by: C_in 2, C_out 3, patch 1×2×2.
-const tiny: ModelShape = { numHeads: 2, headDim: 2, dim: 4, ffnDim: 8, numLayers: 1, inChannels: 2, outChannels: 3, patchSize: [1, 2, 2], textDim: 3, freqDim: 2 };
+const tiny: ModelShape = {
+  numHeads: 2,
+  headDim: 2,
+  dim: 4,
+  ffnDim: 8,
+  numLayers: 1,
+  inChannels: 2,
+  outChannels: 3,
+  patchSize: [1, 2, 2],
+  textDim: 3,
+  freqDim: 2,
+};
 // With P 2 over S 6 (Sl 3) and L 2, one rank's forward is 2304 FLOPs, and its all-to-alls send
 // 4·Sl·D·(P−1)/P = 24 floats = 96 bytes per block.
 const TOTAL_P2 = 2304;
@@ -241,8 +371,14 @@ describe('predictStep', () => {
   it('runs on the fastest `world` workers, at the pace of the slowest of them and of the slowest link between them', () => {
     const slow: LinkSpeed = { bandwidth: 1, latency: 10 };
     // worker 0 is the slowest and has the worst links: a plan on 2 of 3 workers never touches it
-    const link = (i: number, j: number): LinkSpeed => (i === 0 || j === 0 ? slow : i === 1 ? { bandwidth: 96, latency: 0.5 } : { bandwidth: 48, latency: 0.25 });
-    const hw: Hardware = { workerFlops: [1152, 4608, 2304], workerSoftmaxRates: [12, 48, 24], link, bytesPerElement: 4 };
+    const link = (i: number, j: number): LinkSpeed =>
+      i === 0 || j === 0 ? slow : i === 1 ? { bandwidth: 96, latency: 0.5 } : { bandwidth: 48, latency: 0.25 };
+    const hw: Hardware = {
+      workerFlops: [1152, 4608, 2304],
+      workerSoftmaxRates: [12, 48, 24],
+      link,
+      bytesPerElement: 4,
+    };
     expect(predictStep(work, { ulyssesDegree: 2, cfgParallel: false }, hw)).toEqual({
       plan: { ulyssesDegree: 2, cfgParallel: false },
       headGroups: 1, // a head each: one group
@@ -258,7 +394,12 @@ describe('predictStep', () => {
   });
 
   it('with CFG parallel on two groups of 2: one pass per group, its all-to-alls, and one exchange of output rows', () => {
-    const hw: Hardware = { workerFlops: [2304, 2304, 2304, 2304], link: { bandwidth: 48, latency: 0.5 }, bytesPerElement: 4, coordinatorLink: { bandwidth: 96, latency: 1 } };
+    const hw: Hardware = {
+      workerFlops: [2304, 2304, 2304, 2304],
+      link: { bandwidth: 48, latency: 0.5 },
+      bytesPerElement: 4,
+      coordinatorLink: { bandwidth: 96, latency: 1 },
+    };
     const p = predictStep({ ...work, passes: 2 }, { ulyssesDegree: 2, cfgParallel: true }, hw);
     // rows [S, pt·ph·pw·C_out] = 6 × 12 floats, 288 bytes, from one group to the other
     const cfgComm = 288 / 48 + 0.5;
@@ -279,7 +420,10 @@ describe('predictStep', () => {
   it('takes the step the jobs that ran a plan measured as its prediction, in any head groups, asked with the plan and the bytes a value, and predicts the others', () => {
     const hw: Hardware = { workerFlops: [2304, 2304], link: { bandwidth: 48, latency: 0.5 }, bytesPerElement: 2 };
     const asked: [Plan, number][] = [];
-    const measuredStepS = (plan: Plan, bytes: number) => (asked.push([plan, bytes]), plan.ulyssesDegree === 2 ? 42 : undefined);
+    const measuredStepS = (plan: Plan, bytes: number) => (
+      asked.push([plan, bytes]),
+      plan.ulyssesDegree === 2 ? 42 : undefined
+    );
     const plan: Plan = { ulyssesDegree: 2, cfgParallel: false, headGroups: 1 };
     const predicted = predictStep(work, plan, hw);
     const p = predictStep(work, plan, { ...hw, measuredStepS });
@@ -293,7 +437,11 @@ describe('predictStep', () => {
   });
 
   it('on one worker never reads the rank-to-rank link, even one measured dead', () => {
-    const p = predictStep(work, { ulyssesDegree: 1, cfgParallel: false }, { workerFlops: [4128], link: { bandwidth: 0, latency: 0 }, bytesPerElement: 4, coordinatorLink: null });
+    const p = predictStep(
+      work,
+      { ulyssesDegree: 1, cfgParallel: false },
+      { workerFlops: [4128], link: { bandwidth: 0, latency: 0 }, bytesPerElement: 4, coordinatorLink: null },
+    );
     expect(p.computeS).toBe(1); // 4128 FLOPs of the whole forward at 4128 FLOP/s
     expect(p.commS).toBe(0);
     expect(p.stepS).toBe(1);
@@ -301,10 +449,12 @@ describe('predictStep', () => {
 
   it('refuses CFG parallel without guidance, and a plan on more workers than were measured', () => {
     const hw: Hardware = { workerFlops: [1e9], link: { bandwidth: 1e6, latency: 0 }, bytesPerElement: 4 };
-    expect(() => predictStep(work, { ulyssesDegree: 1, cfgParallel: true }, { ...hw, workerFlops: [1e9, 1e9] })).toThrowError(
-      'cfgParallel needs two passes per step (guidance ≠ 1); this workload has one',
+    expect(() =>
+      predictStep(work, { ulyssesDegree: 1, cfgParallel: true }, { ...hw, workerFlops: [1e9, 1e9] }),
+    ).toThrowError('cfgParallel needs two passes per step (guidance ≠ 1); this workload has one');
+    expect(() => predictStep(work, { ulyssesDegree: 2, cfgParallel: false }, hw)).toThrowError(
+      'plan needs 2 workers, 1 measured',
     );
-    expect(() => predictStep(work, { ulyssesDegree: 2, cfgParallel: false }, hw)).toThrowError('plan needs 2 workers, 1 measured');
   });
 });
 
@@ -312,7 +462,8 @@ describe('candidatePlans and planSwarm', () => {
   const guided: Workload = { model: tiny, tokens: 6, textTokens: 2, passes: 2 };
 
   it('offers CFG parallel for a degree exactly when two groups of it fit the workers, and only with guidance', () => {
-    const plans = (work: Workload, workers: number) => candidatePlans(work, workers).map((p) => `${p.ulyssesDegree}${p.cfgParallel ? '×2' : ''}`);
+    const plans = (work: Workload, workers: number) =>
+      candidatePlans(work, workers).map((p) => `${p.ulyssesDegree}${p.cfgParallel ? '×2' : ''}`);
     expect(plans(guided, 4)).toEqual(['1', '1×2', '2', '2×2']);
     expect(plans(guided, 2)).toEqual(['1', '1×2', '2']); // 2×2 needs 4
     expect(plans(guided, 1)).toEqual(['1']);
@@ -320,14 +471,25 @@ describe('candidatePlans and planSwarm', () => {
   });
 
   it('ranks each candidate once: the one-worker plan among them is the baseline, not a second entry', () => {
-    const choice = planSwarm({ ...guided, passes: 1 }, { workerFlops: [1e9, 1e9], link: { bandwidth: 1e6, latency: 0 }, bytesPerElement: 4 });
+    const choice = planSwarm(
+      { ...guided, passes: 1 },
+      { workerFlops: [1e9, 1e9], link: { bandwidth: 1e6, latency: 0 }, bytesPerElement: 4 },
+    );
     expect(choice.ranked.map((p) => p.plan.ulyssesDegree).sort()).toEqual([1, 2]);
   });
 
   it('breaks a tie in predicted time toward fewer workers: free compute and links tie every plan at 0 s', () => {
     const work: Workload = { model: { ...tiny, numHeads: 4 }, tokens: 8, textTokens: 2, passes: 1 };
-    const free: Hardware = { workerFlops: [Infinity, Infinity, Infinity, Infinity], link: { bandwidth: Infinity, latency: 0 }, bytesPerElement: 4, coordinatorLink: null };
-    const choice = planSwarm(work, free, [{ ulyssesDegree: 4, cfgParallel: false }, { ulyssesDegree: 2, cfgParallel: false }]);
+    const free: Hardware = {
+      workerFlops: [Infinity, Infinity, Infinity, Infinity],
+      link: { bandwidth: Infinity, latency: 0 },
+      bytesPerElement: 4,
+      coordinatorLink: null,
+    };
+    const choice = planSwarm(work, free, [
+      { ulyssesDegree: 4, cfgParallel: false },
+      { ulyssesDegree: 2, cfgParallel: false },
+    ]);
     expect(choice.ranked.map((p) => p.stepS)).toEqual([0, 0, 0]);
     expect(choice.ranked.map((p) => p.world)).toEqual([1, 2, 4]);
   });
@@ -336,13 +498,30 @@ describe('candidatePlans and planSwarm', () => {
 describe('fitLink and fitMeshProbe', () => {
   it('refuse timings where the larger transfer was not slower: equal, or faster', () => {
     const message = 'fitLink: larger transfers were not slower; probe with larger messages';
-    expect(() => fitLink([{ bytes: 1000, seconds: 0.01 }, { bytes: 2000, seconds: 0.01 }])).toThrowError(message);
-    expect(() => fitLink([{ bytes: 1000, seconds: 0.02 }, { bytes: 2000, seconds: 0.01 }])).toThrowError(message);
+    expect(() =>
+      fitLink([
+        { bytes: 1000, seconds: 0.01 },
+        { bytes: 2000, seconds: 0.01 },
+      ]),
+    ).toThrowError(message);
+    expect(() =>
+      fitLink([
+        { bytes: 1000, seconds: 0.02 },
+        { bytes: 2000, seconds: 0.01 },
+      ]),
+    ).toThrowError(message);
   });
 
   it('count a large exchange as at least 0.5 ms slower than the small one: 1000 B in 2 ms and 6000 B in 2.2 ms fit as 1e7 B/s after 1.9 ms', () => {
     // 2.2 ms is raised to 2 + 0.5: the line through (1000, 0.002) and (6000, 0.0025) has slope 1e-7 s/B
-    const link = fitMeshProbe({ rank: 0, bytesPerPeer: 6000, smallBytes: 1000, bytesSent: 6000, smallMs: 2, largeMs: 2.2 });
+    const link = fitMeshProbe({
+      rank: 0,
+      bytesPerPeer: 6000,
+      smallBytes: 1000,
+      bytesSent: 6000,
+      smallMs: 2,
+      largeMs: 2.2,
+    });
     expect(link.bandwidth).toBeCloseTo(1e7, 3);
     expect(link.latency).toBeCloseTo(0.0019, 12);
   });

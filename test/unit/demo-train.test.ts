@@ -7,7 +7,14 @@ import { SeededRandom } from '../../core/random.ts';
 import { jsGemm, onnxGemm, type Gemm } from '../../demo/gemm.ts';
 import { Tape } from '../../demo/tape.ts';
 import { trainDemo } from '../../demo/train.ts';
-import { forwardBatch, initialWan, parametersOf, toTensorMaps, type Batch, type TrainableWan } from '../../demo/trainable-wan.ts';
+import {
+  forwardBatch,
+  initialWan,
+  parametersOf,
+  toTensorMaps,
+  type Batch,
+  type TrainableWan,
+} from '../../demo/trainable-wan.ts';
 import { statSync } from 'node:fs';
 import { join } from 'node:path';
 import { readWeights } from '../../core/model/files.ts';
@@ -23,7 +30,18 @@ import './fixtures.ts';
 const DEMO_MODEL_DIR = join(import.meta.dirname, '../../public/models/tiny-wan-demo');
 
 // A small Wan (2 heads × 24, 2 blocks) so finite differences stay cheap; the math is the same at 12 heads.
-const config = parseWanConfig({ num_attention_heads: 2, attention_head_dim: 24, in_channels: 16, text_dim: 8, freq_dim: 16, ffn_dim: 32, num_layers: 2 }, 'test');
+const config = parseWanConfig(
+  {
+    num_attention_heads: 2,
+    attention_head_dim: 24,
+    in_channels: 16,
+    text_dim: 8,
+    freq_dim: 16,
+    ffn_dim: 32,
+    num_layers: 2,
+  },
+  'test',
+);
 const TEXT_LENGTH = 6;
 const shape = [16, 2, 4, 4];
 const grid = tokenGrid(config, shape);
@@ -62,7 +80,15 @@ describe('the training forward', () => {
       const encoder = byteTextEncoder(TEXT_LENGTH, config.textDim, textEncoder);
       let worst = 0;
       latents.forEach((latent, g) => {
-        const reference = latentToRows(config, referenceForward({ config, weights: transformer }, latent, batch.timesteps[g], encoder.encode(batch.prompts[g])));
+        const reference = latentToRows(
+          config,
+          referenceForward(
+            { config, weights: transformer },
+            latent,
+            batch.timesteps[g],
+            encoder.encode(batch.prompts[g]),
+          ),
+        );
         reference.forEach((v, k) => (worst = Math.max(worst, Math.abs(v - rows.data[g * reference.length + k]))));
       });
       expect(worst).toBeLessThanOrEqual(1e-5);
@@ -89,14 +115,26 @@ describe('the training forward', () => {
         const down = (await lossOf()).loss.data[0];
         v.data[i] = old;
         const numeric = (up - down) / 2e-2;
-        if (Math.abs(numeric - analytic[i]) > 0.02 * Math.max(1e-3, Math.abs(numeric) + Math.abs(analytic[i]))) mismatches.push(`${name}[${i}]: ${analytic[i]} vs ${numeric}`);
+        if (Math.abs(numeric - analytic[i]) > 0.02 * Math.max(1e-3, Math.abs(numeric) + Math.abs(analytic[i])))
+          mismatches.push(`${name}[${i}]: ${analytic[i]} vs ${numeric}`);
       }
     }
     expect(mismatches).toEqual([]);
   });
 
   it('lowers the flow-matching loss on the demo world within 100 small steps, the same way for the same seed', async () => {
-    const options = { config, textLength: TEXT_LENGTH, seed: 3, steps: 100, batch: 4, lr: 3e-3, warmup: 5, flowShift: 3, dropPrompt: 0.1, maxSeconds: 600 };
+    const options = {
+      config,
+      textLength: TEXT_LENGTH,
+      seed: 3,
+      steps: 100,
+      batch: 4,
+      lr: 3e-3,
+      warmup: 5,
+      flowShift: 3,
+      dropPrompt: 0.1,
+      maxSeconds: 600,
+    };
     // the demo clip is 9 × 64 × 64 → latent [16, 3, 8, 8]: 48 tokens at this small width
     const first = await trainDemo(onnx, options);
     const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / xs.length;
@@ -129,9 +167,13 @@ describe('training prompts', () => {
 });
 
 describe('the shipped demo model', () => {
-  it('is under 20 MB, loads through the app\'s loaders, and its training forward equals the reference on it (max-abs ≤ 1e-4)', async () => {
+  it("is under 20 MB, loads through the app's loaders, and its training forward equals the reference on it (max-abs ≤ 1e-4)", async () => {
     const files = folderFiles(DEMO_MODEL_DIR);
-    const bytes = ['transformer/diffusion_pytorch_model.safetensors', 'text_encoder/model.safetensors', 'vae/diffusion_pytorch_model.safetensors']
+    const bytes = [
+      'transformer/diffusion_pytorch_model.safetensors',
+      'text_encoder/model.safetensors',
+      'vae/diffusion_pytorch_model.safetensors',
+    ]
       .map((f) => statSync(join(DEMO_MODEL_DIR, f)).size)
       .reduce((a, b) => a + b, 0);
     expect(bytes).toBeLessThan(20 * 2 ** 20);
@@ -139,13 +181,23 @@ describe('the shipped demo model', () => {
     const encoder = await loadTextEncoder(files);
     const cfg = transformer.config;
     expect([cfg.numHeads, cfg.headDim]).toEqual([12, 24]);
-    const trained = fromWeights(cfg, transformer.weights, await readWeights(files, 'text_encoder/model.safetensors'), encoder.maxLength);
+    const trained = fromWeights(
+      cfg,
+      transformer.weights,
+      await readWeights(files, 'text_encoder/model.safetensors'),
+      encoder.maxLength,
+    );
     const shape = latentShape(CLIP, cfg.inChannels);
     const demoGrid = tokenGrid(cfg, shape);
     const { latent, prompt } = sampleLatent(HELD_OUT_COMBOS[3], new SeededRandom(8));
     const xt = { shape, data: latent.map((x, i) => 0.4 * x + 0.6 * Math.sin(i)) };
     const reference = latentToRows(cfg, referenceForward(transformer, xt, 600, encoder.encode(prompt)));
-    const rows = await forwardBatch(new Tape(jsGemm), trained, { patches: patchify(cfg, xt).data, timesteps: [600], prompts: [prompt], grid: demoGrid });
+    const rows = await forwardBatch(new Tape(jsGemm), trained, {
+      patches: patchify(cfg, xt).data,
+      timesteps: [600],
+      prompts: [prompt],
+      grid: demoGrid,
+    });
     let worst = 0;
     reference.forEach((v, k) => (worst = Math.max(worst, Math.abs(v - rows.data[k]))));
     expect(worst).toBeLessThanOrEqual(1e-4);

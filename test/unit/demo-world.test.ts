@@ -17,7 +17,12 @@ import {
   SHAPES,
   TRAINING_COMBOS,
 } from '../../demo/world.ts';
-import { decodeLatent, decodePatchLatent, loadVaeDecoder, PATCH_VAE_DECODER_CLASS } from '../../core/model/vae-decoder.ts';
+import {
+  decodeLatent,
+  decodePatchLatent,
+  loadVaeDecoder,
+  PATCH_VAE_DECODER_CLASS,
+} from '../../core/model/vae-decoder.ts';
 import { SeededRandom } from '../../core/random.ts';
 import { writeSafetensors } from '../../core/safetensors.ts';
 
@@ -64,7 +69,12 @@ describe('the demo detector', () => {
 
   it('reads the colour and direction of every rendered ground-truth clip (150 clips, all 75 combinations)', () => {
     const wrong = clips.filter(({ combo, spec }) => {
-      const seen = detect({ count: CLIP.frames, height: CLIP.height, width: CLIP.width, rgb: renderClip(spec, allFrames(CLIP.frames)) });
+      const seen = detect({
+        count: CLIP.frames,
+        height: CLIP.height,
+        width: CLIP.width,
+        rgb: renderClip(spec, allFrames(CLIP.frames)),
+      });
       return seen.colour !== combo.colour || seen.direction !== combo.direction;
     });
     expect(wrong.map(({ combo }) => promptOf(combo))).toEqual([]);
@@ -82,7 +92,10 @@ describe('the demo detector', () => {
 
   it('calls an empty frame "none" rather than guessing', () => {
     const rgb = renderClip(sampleClip(ALL_COMBOS[0], new SeededRandom(1)), allFrames(CLIP.frames)).fill(0.06);
-    expect(detect({ count: CLIP.frames, height: CLIP.height, width: CLIP.width, rgb })).toMatchObject({ colour: 'none', direction: 'none' });
+    expect(detect({ count: CLIP.frames, height: CLIP.height, width: CLIP.width, rgb })).toMatchObject({
+      colour: 'none',
+      direction: 'none',
+    });
   });
 });
 
@@ -105,7 +118,9 @@ describe('the patch VAE', () => {
               const sx = x - spec.speed * f * mx;
               const sy = y - spec.speed * f * my;
               let mean = sx < 0 || sx > 63 || sy < 0 || sy > 63 ? BACKGROUND[o] : 0;
-              if (!mean) for (let a = 0; a < 4; a++) for (let b = 0; b < 4; b++) mean += rgb[((o * 9) * 64 + (sy & ~3) + a) * 64 + (sx & ~3) + b] / 16;
+              if (!mean)
+                for (let a = 0; a < 4; a++)
+                  for (let b = 0; b < 4; b++) mean += rgb[(o * 9 * 64 + (sy & ~3) + a) * 64 + (sx & ~3) + b] / 16;
               worst = Math.max(worst, Math.abs(video.rgb[((o * 9 + f) * 64 + y) * 64 + x] - mean));
             }
       expect(worst, direction).toBeLessThan(1e-5);
@@ -117,8 +132,14 @@ describe('the patch VAE', () => {
   });
 
   it('loads by its _class_name beside the PixelVaeDecoder, which decodes as before', async () => {
-    const read = async (path: string) => (path === 'vae/config.json' ? new TextEncoder().encode(JSON.stringify({ _class_name: PATCH_VAE_DECODER_CLASS })) : writeSafetensors(patchVaeWeights()));
-    const files = { read, readRange: async (path: string, begin: number, end: number) => (await read(path)).subarray(begin, end) };
+    const read = async (path: string) =>
+      path === 'vae/config.json'
+        ? new TextEncoder().encode(JSON.stringify({ _class_name: PATCH_VAE_DECODER_CLASS }))
+        : writeSafetensors(patchVaeWeights());
+    const files = {
+      read,
+      readRange: async (path: string, begin: number, end: number) => (await read(path)).subarray(begin, end),
+    };
     const decode = await loadVaeDecoder(files);
     const latent = { shape: [16, 2, 1, 1], data: new SeededRandom(2).normals(32) };
     expect(decode(latent).rgb).toEqual(decodePatchLatent(patchVaeWeights(), latent).rgb);

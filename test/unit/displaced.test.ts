@@ -25,7 +25,13 @@ beforeAll(async () => {
   model = await loadTransformer(tinyModelFiles);
   engine = stubEngine(await onnxStages(model, 'wasm'), model.config);
   text = random.normals(16 * model.config.textDim);
-  options = { config: model.config, modelUrl: '/models/tiny-wan', rpcTimeoutMs: 10_000, layout: new RankLayout(1), spotCheckRate: 0 };
+  options = {
+    config: model.config,
+    modelUrl: '/models/tiny-wan',
+    rpcTimeoutMs: 10_000,
+    layout: new RankLayout(1),
+    spotCheckRate: 0,
+  };
 });
 
 async function onRanks(P: number, extra: Partial<ExecutorOptions> = {}): Promise<InProcessExecutor> {
@@ -58,12 +64,14 @@ describe('displaced patch parallelism (issue 20)', () => {
       console.log(`displaced P=${P}, exact step: max-abs vs one rank ${diff.toExponential(2)}`);
       expect(diff).toBeLessThan(1e-4);
       const plan = planUlysses(model.config, tokenGrid(model.config, x.shape).count, P);
-      expect(ranks.map((r) => r.bytesSent)).toEqual(plan.rows.map((_, r) => 4 * displacedFloatsPerBlock(plan, r) * model.config.numLayers));
+      expect(ranks.map((r) => r.bytesSent)).toEqual(
+        plan.rows.map((_, r) => 4 * displacedFloatsPerBlock(plan, r) * model.config.numLayers),
+      );
       await executor.shutdown({ graceMs: 500 });
     }
   });
 
-  it('past the warm-up a forward attends to the other ranks\' keys and values of the step before: the same input twice gives the exact output, a new input one a little off it', async () => {
+  it("past the warm-up a forward attends to the other ranks' keys and values of the step before: the same input twice gives the exact output, a new input one a little off it", async () => {
     const [a, b] = [latent(), latent()];
     const single = await onRanks(1);
     const exactB = (await single.executeModel({ job: 3, step: 1, pass: 0, timestep: 480, latent: b })).output;
@@ -78,14 +86,19 @@ describe('displaced patch parallelism (issue 20)', () => {
     const stale = (await executor.executeModel({ job: 3, step: 3, pass: 0, timestep: 480, latent: b })).output; // attends to a's keys
     const off = maxAbsDiff(stale.data, exactB.data);
     const scale = Math.max(...exactB.data.map(Math.abs));
-    console.log(`displaced P=2, keys of another latent: max-abs ${off.toExponential(2)} of a scale ${scale.toFixed(2)}`);
+    console.log(
+      `displaced P=2, keys of another latent: max-abs ${off.toExponential(2)} of a scale ${scale.toFixed(2)}`,
+    );
     expect(off).toBeGreaterThan(1e-3);
     expect(off).toBeLessThan(scale);
-    expect(flags).toEqual([[false, true, true, true], [false, true, true, true]]);
+    expect(flags).toEqual([
+      [false, true, true, true],
+      [false, true, true, true],
+    ]);
     await executor.shutdown({ graceMs: 500 });
   });
 
-  it('the executor decides: the warm-up steps, each pass\'s first forward on a placement or job, and a spot-checked forward are exact; Ulysses is never stale', async () => {
+  it("the executor decides: the warm-up steps, each pass's first forward on a placement or job, and a spot-checked forward are exact; Ulysses is never stale", async () => {
     const x = latent();
     const executor = await onRanks(2, { parallel: 'displaced', warmupSteps: 2 });
     const flags = staleFlags(executor);
@@ -100,14 +113,16 @@ describe('displaced patch parallelism (issue 20)', () => {
 
     const checked = await onRanks(2, { parallel: 'displaced', warmupSteps: 0, spotCheckRate: 1 });
     const checkedFlags = staleFlags(checked);
-    for (let step = 0; step < 3; step++) await checked.executeModel({ job: 3, step, pass: 0, timestep: 500, latent: x });
+    for (let step = 0; step < 3; step++)
+      await checked.executeModel({ job: 3, step, pass: 0, timestep: 500, latent: x });
     expect(checkedFlags[0]).toEqual([false, false, false]);
     expect(checked.takeSpotChecks().map((c) => c.verdict)).toEqual(['agreed', 'agreed', 'agreed']);
     await checked.shutdown({ graceMs: 500 });
 
     const ulysses = await onRanks(2, { warmupSteps: 0 });
     const ulyssesFlags = staleFlags(ulysses);
-    for (let step = 0; step < 3; step++) await ulysses.executeModel({ job: 3, step, pass: 0, timestep: 500, latent: x });
+    for (let step = 0; step < 3; step++)
+      await ulysses.executeModel({ job: 3, step, pass: 0, timestep: 500, latent: x });
     expect(ulyssesFlags[0]).toEqual([false, false, false]);
     await ulysses.shutdown({ graceMs: 500 });
   });
@@ -119,10 +134,14 @@ describe('displaced keys and values over a quantizing transport go as deltas wit
     const noise = latent();
     const steps = 4;
     // a latent that changes a little each step, as a denoising one does
-    const at = (step: number): Tensor => ({ shape: base.shape, data: base.data.map((x, i) => x + 0.02 * step * noise.data[i]!) });
+    const at = (step: number): Tensor => ({
+      shape: base.shape,
+      data: base.data.map((x, i) => x + 0.02 * step * noise.data[i]),
+    });
     const single = await onRanks(1);
     const exact: Tensor[] = [];
-    for (let step = 0; step < steps; step++) exact.push((await single.executeModel({ job: 3, step, pass: 0, timestep: 500, latent: at(step) })).output);
+    for (let step = 0; step < steps; step++)
+      exact.push((await single.executeModel({ job: 3, step, pass: 0, timestep: 500, latent: at(step) })).output);
     await single.shutdown({ graceMs: 500 });
     const plan = planUlysses(model.config, 35, 2);
     for (const dtype of ['i8', 'i4'] as const) {
@@ -130,11 +149,21 @@ describe('displaced keys and values over a quantizing transport go as deltas wit
       const executor = await onRanks(2, { parallel: 'displaced', warmupSteps: steps, dtype });
       const errors: number[] = [];
       for (let step = 0; step < steps; step++) {
-        const { output, ranks } = await executor.executeModel({ job: 3, step, pass: 0, timestep: 500, latent: at(step) });
+        const { output, ranks } = await executor.executeModel({
+          job: 3,
+          step,
+          pass: 0,
+          timestep: 500,
+          latent: at(step),
+        });
         errors.push(maxAbsDiff(output.data, exact[step].data));
-        expect(ranks.map((r) => r.bytesSent)).toEqual([0, 1].map((r) => payloadBytes(partFloats(plan, 'kv', r, 0), dtype) * model.config.numLayers));
+        expect(ranks.map((r) => r.bytesSent)).toEqual(
+          [0, 1].map((r) => payloadBytes(partFloats(plan, 'kv', r, 0), dtype) * model.config.numLayers),
+        );
       }
-      console.log(`displaced ${dtype} deltas: max-abs vs exact per step ${errors.map((e) => e.toExponential(2)).join(', ')}`);
+      console.log(
+        `displaced ${dtype} deltas: max-abs vs exact per step ${errors.map((e) => e.toExponential(2)).join(', ')}`,
+      );
       expect(errors.at(-1)!).toBeLessThan(errors[0] / 2);
       await executor.shutdown({ graceMs: 500 });
     }

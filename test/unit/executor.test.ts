@@ -11,7 +11,13 @@ import { loadTransformer } from '../../core/model/transformer.ts';
 import { exchangeFloatsPerBlock, planUlysses, RankLayout } from '../../core/parallel.ts';
 import { SeededRandom } from '../../core/random.ts';
 import { maxAbsDiff, type Tensor } from '../../core/tensor.ts';
-import { PeerLost, WORKER_CONTRACT, WORKER_METHODS, type ExecuteResult, type WorkerApi } from '../../core/worker-api.ts';
+import {
+  PeerLost,
+  WORKER_CONTRACT,
+  WORKER_METHODS,
+  type ExecuteResult,
+  type WorkerApi,
+} from '../../core/worker-api.ts';
 import type { EngineApi } from '../../rank/engine.ts';
 import { memoryExchanges } from '../../rank/exchange/memory.ts';
 import { onnxStages } from '../../rank/onnx-stages.ts';
@@ -34,10 +40,17 @@ beforeAll(async () => {
   engine = stubEngine(stages, model.config);
   text = random.normals(16 * model.config.textDim);
   // no spot checks (their forwards are chosen at random) unless a test asks for them
-  options = { config: model.config, modelUrl: '/models/tiny-wan', rpcTimeoutMs: 10_000, layout: new RankLayout(1), spotCheckRate: 0 };
+  options = {
+    config: model.config,
+    modelUrl: '/models/tiny-wan',
+    rpcTimeoutMs: 10_000,
+    layout: new RankLayout(1),
+    spotCheckRate: 0,
+  };
 });
 
-const onRanks = (P: number, transport: Transport) => new InProcessExecutor({ ...options, layout: new RankLayout(P) }, engine, transport);
+const onRanks = (P: number, transport: Transport) =>
+  new InProcessExecutor({ ...options, layout: new RankLayout(P) }, engine, transport);
 
 async function started(P: number, transport: Transport): Promise<InProcessExecutor> {
   const executor = onRanks(P, transport);
@@ -71,7 +84,11 @@ describe.each<Transport>(['direct', 'rpc'])('Executor over %s calls', (transport
     const executor = await started(3, transport);
     executor.fault = (rank) => ({ delayMs: [60, 30, 0][rank] }); // rank 2 answers first, rank 0 last
     const pings = await executor.collectiveRpc('ping');
-    expect(pings.map((p) => [p.rank, p.state])).toEqual([[0, 'ready'], [1, 'ready'], [2, 'ready']]);
+    expect(pings.map((p) => [p.rank, p.state])).toEqual([
+      [0, 'ready'],
+      [1, 'ready'],
+      [2, 'ready'],
+    ]);
     const infos = await executor.collectiveRpc('describe');
     expect(infos.map((i) => i.userAgent)).toEqual(['in-process rank 0', 'in-process rank 1', 'in-process rank 2']);
   });
@@ -80,8 +97,14 @@ describe.each<Transport>(['direct', 'rpc'])('Executor over %s calls', (transport
     const executor = onRanks(3, transport);
     await executor.placeOnly();
     const peers = ['a', 'b', 'c'];
-    const replies = await executor.collectiveRpc('initWorker', { args: (rank) => ({ rank, world: 3, peers, session: 's' }) });
-    expect(replies).toEqual([{ rank: 0, world: 3 }, { rank: 1, world: 3 }, { rank: 2, world: 3 }]);
+    const replies = await executor.collectiveRpc('initWorker', {
+      args: (rank) => ({ rank, world: 3, peers, session: 's' }),
+    });
+    expect(replies).toEqual([
+      { rank: 0, world: 3 },
+      { rank: 1, world: 3 },
+      { rank: 2, world: 3 },
+    ]);
   });
 
   it('uniqueReplyRank k returns only rank k’s reply (every rank still runs the method)', async () => {
@@ -146,7 +169,9 @@ describe.each<Transport>(['direct', 'rpc'])('Executor over %s calls', (transport
       const error = await rejection(executor.collectiveRpc(method, { args: validJobArgs[method] }));
       expect(error).toBeInstanceOf(WorkerError);
       expect((error as WorkerError).rank).toBe(0);
-      expect((error as WorkerError).remoteMessage).toBe(`worker method ${method} called before initWorker: the coordinator must call initWorker first`);
+      expect((error as WorkerError).remoteMessage).toBe(
+        `worker method ${method} called before initWorker: the coordinator must call initWorker first`,
+      );
     }
     for (const runtime of executor.runtimes) {
       await expect(runtime.executeModel(validJobArgs.executeModel)).rejects.toThrow(/before initWorker/);
@@ -158,7 +183,9 @@ describe.each<Transport>(['direct', 'rpc'])('Executor over %s calls', (transport
     const executor = await started(2, transport);
     const error = await rejection(executor.collectiveRpc('loadModel', { args: { modelUrl: 42, ep: 'cuda' } as never }));
     expect(error).toBeInstanceOf(WorkerError);
-    expect((error as WorkerError).remoteMessage).toBe('loadModel arguments.modelUrl: expected a string of at most 4096 characters, got number 42');
+    expect((error as WorkerError).remoteMessage).toBe(
+      'loadModel arguments.modelUrl: expected a string of at most 4096 characters, got number 42',
+    );
     expect(executor.runtimes.map((r) => r.state)).toEqual(['ready', 'ready']);
   });
 
@@ -175,7 +202,9 @@ describe.each<Transport>(['direct', 'rpc'])('Executor over %s calls', (transport
       expect(S).toBe(35);
       const plan = planUlysses(model.config, S, P);
       const perRank = (r: number) => 4 * exchangeFloatsPerBlock(plan, r) * model.config.numLayers;
-      expect(ranks.map((r) => [r.rank, r.worker, r.bytesSent])).toEqual(Array.from({ length: P }, (_, r) => [r, `rank-${r}`, perRank(r)]));
+      expect(ranks.map((r) => [r.rank, r.worker, r.bytesSent])).toEqual(
+        Array.from({ length: P }, (_, r) => [r, `rank-${r}`, perRank(r)]),
+      );
       // tokens 12/12/11, 4 heads each of 24: (3·12·8 + 4·23)·24 floats · 4 B · 2 blocks for the first two
       if (P === 3) expect(ranks.map((r) => r.bytesSent)).toEqual([72_960, 72_960, 69_120]);
       await executor.shutdown({ graceMs: 1_000 });
@@ -191,7 +220,12 @@ describe.each<Transport>(['direct', 'rpc'])('Executor over %s calls', (transport
     await executor.prepareJob(7, [text], latent.shape);
     const error = await rejection(executor.executeModel({ job: 7, step: 0, pass: 0, timestep: 500, latent }));
     expect(error).toBeInstanceOf(WorkerError);
-    expect(error).toMatchObject({ rank: 0, method: 'executeModel', remoteMessage: 'returned NaN or infinite values', breach: true });
+    expect(error).toMatchObject({
+      rank: 0,
+      method: 'executeModel',
+      remoteMessage: 'returned NaN or infinite values',
+      breach: true,
+    });
     await executor.shutdown({ graceMs: 1_000 });
   });
 
@@ -201,20 +235,30 @@ describe.each<Transport>(['direct', 'rpc'])('Executor over %s calls', (transport
     await single.prepareJob(7, [text], latent.shape);
     const expected = (await single.executeModel(request)).output;
     await single.shutdown({ graceMs: 1_000 });
-    const executor = new InProcessExecutor({ ...options, layout: new RankLayout(3, 1, [[6, 4, 2]]) }, engine, transport);
+    const executor = new InProcessExecutor(
+      { ...options, layout: new RankLayout(3, 1, [[6, 4, 2]]) },
+      engine,
+      transport,
+    );
     await executor.initialize();
     await executor.prepareJob(7, [text], latent.shape);
     const { output, ranks } = await executor.executeModel(request);
     expect(maxAbsDiff(output.data, expected.data)).toBeLessThanOrEqual(1e-4);
     const plan = planUlysses(model.config, 35, [6, 4, 2]);
     expect(plan.rows).toEqual([18, 12, 5]);
-    expect(ranks.map((r) => r.bytesSent)).toEqual([0, 1, 2].map((r) => 4 * exchangeFloatsPerBlock(plan, r) * model.config.numLayers));
+    expect(ranks.map((r) => r.bytesSent)).toEqual(
+      [0, 1, 2].map((r) => 4 * exchangeFloatsPerBlock(plan, r) * model.config.numLayers),
+    );
     await executor.shutdown({ graceMs: 1_000 });
   });
 
   it('spot checks: another rank recomputes the pass alone; honest ranks agree, and a rank returning slightly altered rows (right size, finite) is convicted as a breach (issue 18)', async () => {
     const request = { job: 7, step: 0, pass: 0, timestep: 500, latent };
-    const honest = new InProcessExecutor({ ...options, layout: new RankLayout(3), spotCheckRate: 1 }, engine, transport);
+    const honest = new InProcessExecutor(
+      { ...options, layout: new RankLayout(3), spotCheckRate: 1 },
+      engine,
+      transport,
+    );
     await honest.initialize();
     await honest.prepareJob(7, [text], latent.shape);
     await honest.executeModel(request);
@@ -224,14 +268,23 @@ describe.each<Transport>(['direct', 'rpc'])('Executor over %s calls', (transport
     expect(honest.received[check.checker]).toContain('recompute');
     await honest.shutdown({ graceMs: 1_000 });
 
-    const cheating = new InProcessExecutor({ ...options, layout: new RankLayout(3), spotCheckRate: 1 }, engine, transport);
-    cheating.fault = (rank, method) => (rank === 1 && method === 'executeModel' ? { alters: (r: ExecuteResult) => ({ ...r, rows: r.rows.map((v, i) => (i === 5 ? v + 0.01 : v)) }) } : null);
+    const cheating = new InProcessExecutor(
+      { ...options, layout: new RankLayout(3), spotCheckRate: 1 },
+      engine,
+      transport,
+    );
+    cheating.fault = (rank, method) =>
+      rank === 1 && method === 'executeModel'
+        ? { alters: (r: ExecuteResult) => ({ ...r, rows: r.rows.map((v, i) => (i === 5 ? v + 0.01 : v)) }) }
+        : null;
     await cheating.initialize();
     await cheating.prepareJob(7, [text], latent.shape);
     const error = await rejection(cheating.executeModel(request));
     expect(error).toBeInstanceOf(WorkerError);
     expect(error).toMatchObject({ rank: 1, method: 'spot check', breach: true, blame: null });
-    expect((error as WorkerError).remoteMessage).toMatch(/^step 1: its rows of the pass differ from a recomputation by .* \(ranks \d and \d recomputed it alike\)$/);
+    expect((error as WorkerError).remoteMessage).toMatch(
+      /^step 1: its rows of the pass differ from a recomputation by .* \(ranks \d and \d recomputed it alike\)$/,
+    );
     const [caught] = cheating.takeSpotChecks();
     expect(caught.verdict).toMatchObject({ convicted: [1] });
     expect(caught.third).not.toBeNull();
@@ -243,15 +296,28 @@ describe.each<Transport>(['direct', 'rpc'])('Executor over %s calls', (transport
     await executor.prepareJob(7, [text], latent.shape);
     // the whole latent's 35 token rows of 16·1·2·2 values, where the ranks' shares are 12, 12 and 11 rows
     const whole = new Float32Array(35 * 64);
-    const error = await rejection(executor.collectiveRpc('executeModel', { args: { job: 7, step: 0, pass: 0, timestep: 500, latentShape: latent.shape, patches: whole } }));
+    const error = await rejection(
+      executor.collectiveRpc('executeModel', {
+        args: { job: 7, step: 0, pass: 0, timestep: 500, latentShape: latent.shape, patches: whole },
+      }),
+    );
     expect(error).toBeInstanceOf(WorkerError);
     const { rank, remoteMessage } = error as WorkerError;
-    expect(remoteMessage).toBe(`executeModel expected ${[12, 12, 11][rank]}×64 patch values for rank ${rank}, got 2240`);
+    expect(remoteMessage).toBe(
+      `executeModel expected ${[12, 12, 11][rank]}×64 patch values for rank ${rank}, got 2240`,
+    );
     for (const [r, runtime] of executor.runtimes.entries()) {
       const share = [12, 12, 11][r];
-      await expect(runtime.executeModel({ job: 7, step: 0, pass: 0, timestep: 500, latentShape: latent.shape, patches: new Float32Array(share * 64 - 1) })).rejects.toThrow(
-        `executeModel expected ${share}×64 patch values for rank ${r}, got ${share * 64 - 1}`,
-      );
+      await expect(
+        runtime.executeModel({
+          job: 7,
+          step: 0,
+          pass: 0,
+          timestep: 500,
+          latentShape: latent.shape,
+          patches: new Float32Array(share * 64 - 1),
+        }),
+      ).rejects.toThrow(`executeModel expected ${share}×64 patch values for rank ${r}, got ${share * 64 - 1}`);
       expect(runtime.state).toBe('ready');
     }
   });
@@ -273,7 +339,9 @@ describe.each<Transport>(['direct', 'rpc'])('Executor over %s calls', (transport
       const runtime = executor.runtimes[rank];
       expect(runtime.state).toBe('idle');
       for (const method of ['loadModel', 'prepareJob', 'executeModel'] as const) {
-        await expect((runtime[method] as (a: unknown) => Promise<unknown>).call(runtime, validJobArgs[method])).rejects.toThrow(`worker method ${method} called before initWorker`);
+        await expect(
+          (runtime[method] as (a: unknown) => Promise<unknown>).call(runtime, validJobArgs[method]),
+        ).rejects.toThrow(`worker method ${method} called before initWorker`);
       }
     }
     expect(executor.runtimes[1].state).toBe('ready'); // the silent rank never ran shutdown
@@ -292,17 +360,52 @@ describe.each<Transport>(['direct', 'rpc'])('Executor over %s calls', (transport
 
 describe('the worker contract on the wire', () => {
   /** A raw request as any peer could send it, and the reply body that comes back. */
-  async function rawRequest(impl: WorkerApi, method: string, args: unknown): Promise<{ ok: boolean; error?: string; result?: unknown }> {
+  async function rawRequest(
+    impl: WorkerApi,
+    method: string,
+    args: unknown,
+  ): Promise<{ ok: boolean; error?: string; result?: unknown }> {
     const [coordinatorSide, workerSide] = channelPair();
     serve(workerSide, 0, WORKER_CONTRACT, impl);
     const reply = new Promise<Message>((resolve) => coordinatorSide.onMessage(resolve));
-    await coordinatorSide.send({ kind: 'rpc', from: COORDINATOR, body: { type: 'request', id: 1, method, args }, tensors: [] });
-    return (await reply as Extract<Message, { kind: 'rpc' }>).body as { ok: boolean; error?: string };
+    await coordinatorSide.send({
+      kind: 'rpc',
+      from: COORDINATOR,
+      body: { type: 'request', id: 1, method, args },
+      tensors: [],
+    });
+    return ((await reply) as Extract<Message, { kind: 'rpc' }>).body as { ok: boolean; error?: string };
   }
 
   it('an unknown method, an inherited property among them, is refused with the list of worker methods', async () => {
-    const runtime = new WorkerRuntime(engine, { connectMesh: async () => memoryExchanges(1)[0], describe: async () => ({ ep: 'wasm', adapter: 't', softwareAdapter: false, threads: 1, memoryGiB: null, userAgent: 'u' }) });
-    expect(WORKER_METHODS).toEqual(['describe', 'probeCompute', 'probeLink', 'initWorker', 'loadModel', 'rehearse', 'encodeText', 'decodeTile', 'prepareJob', 'probeMesh', 'executeModel', 'recompute', 'ping', 'pingEngine', 'shutdown']);
+    const runtime = new WorkerRuntime(engine, {
+      connectMesh: async () => memoryExchanges(1)[0],
+      describe: async () => ({
+        ep: 'wasm',
+        adapter: 't',
+        softwareAdapter: false,
+        threads: 1,
+        memoryGiB: null,
+        userAgent: 'u',
+      }),
+    });
+    expect(WORKER_METHODS).toEqual([
+      'describe',
+      'probeCompute',
+      'probeLink',
+      'initWorker',
+      'loadModel',
+      'rehearse',
+      'encodeText',
+      'decodeTile',
+      'prepareJob',
+      'probeMesh',
+      'executeModel',
+      'recompute',
+      'ping',
+      'pingEngine',
+      'shutdown',
+    ]);
     for (const method of ['eval', 'constructor', '__proto__', 'toString', 'judgeTensor']) {
       expect(await rawRequest(runtime, method, {})).toEqual({
         type: 'reply',
@@ -316,18 +419,33 @@ describe('the worker contract on the wire', () => {
 
   it('a reply that breaks the contract is rejected where it arrives, naming the worker and the field', async () => {
     const [coordinatorSide, workerSide] = channelPair();
-    const liar = { describe: async () => ({ ep: 'cuda', adapter: 'x', softwareAdapter: false, threads: 1, memoryGiB: null, userAgent: 'u' }), ping: async () => ({ state: 'ready', rank: 0 }) };
+    const liar = {
+      describe: async () => ({
+        ep: 'cuda',
+        adapter: 'x',
+        softwareAdapter: false,
+        threads: 1,
+        memoryGiB: null,
+        userAgent: 'u',
+      }),
+      ping: async () => ({ state: 'ready', rank: 0 }),
+    };
     serve(workerSide, 0, WORKER_CONTRACT, liar as unknown as WorkerApi);
     const api = remote(coordinatorSide, COORDINATOR, WORKER_CONTRACT, 'worker w7');
-    await expect(api.describe({})).rejects.toThrow('worker w7 answered describe with a malformed reply: reply.ep: expected one of "webgpu", "wasm", got "cuda"');
-    await expect(api.ping({})).rejects.toThrow('worker w7 answered ping with a malformed reply: reply.totals: expected an object with steps');
+    await expect(api.describe({})).rejects.toThrow(
+      'worker w7 answered describe with a malformed reply: reply.ep: expected one of "webgpu", "wasm", got "cuda"',
+    );
+    await expect(api.ping({})).rejects.toThrow(
+      'worker w7 answered ping with a malformed reply: reply.totals: expected an object with steps',
+    );
   });
 
   it('blame travels as data: the rank a worker blames is renumbered from its group to the global rank, and text alone blames nobody', async () => {
     for (const transport of ['direct', 'rpc'] as const) {
       const executor = new InProcessExecutor({ ...options, layout: new RankLayout(2, 2) }, engine, transport);
       await executor.initialize();
-      executor.fault = (rank, method) => (rank === 3 && method === 'ping' ? { throws: 'rank 0 is gone rank 1: x rank 2: y' } : null);
+      executor.fault = (rank, method) =>
+        rank === 3 && method === 'ping' ? { throws: 'rank 0 is gone rank 1: x rank 2: y' } : null;
       const textOnly = await rejection(executor.collectiveRpc('ping'));
       expect(textOnly).toMatchObject({ rank: 3, blame: null });
       const accusing = executor.runtimes[3];
@@ -360,11 +478,15 @@ describe('executor backends', () => {
 
   it('any other backend name is an error naming the valid backends', () => {
     for (const name of ['ray', 'Local', '', 'mp']) {
-      expect(() => getExecutorClass(name)).toThrow(`unknown executor backend ${JSON.stringify(name)}; valid backends: local, swarm`);
+      expect(() => getExecutorClass(name)).toThrow(
+        `unknown executor backend ${JSON.stringify(name)}; valid backends: local, swarm`,
+      );
     }
   });
 
   it('the swarm backend without a Swarm says where to get one', () => {
-    expect(() => createExecutor('swarm', options)).toThrow('the swarm backend needs a Swarm: pass one from openSwarm()');
+    expect(() => createExecutor('swarm', options)).toThrow(
+      'the swarm backend needs a Swarm: pass one from openSwarm()',
+    );
   });
 });

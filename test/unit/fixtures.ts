@@ -24,7 +24,17 @@ ort.env.wasm.numThreads = 1;
 export function stubEngine(stages: DeviceStageRunner, config: WanConfig): EngineApi {
   return {
     ...serialStages(stages),
-    load: async () => ({ ep: 'wasm', adapter: 'test', inMemory: false, config, loadMs: 0, weights: { networkBytes: 0, cacheBytes: 0, note: '' }, maxBufferBytes: 1 << 28, weightType: 'float32', gpuWeightBytes: 0 }),
+    load: async () => ({
+      ep: 'wasm',
+      adapter: 'test',
+      inMemory: false,
+      config,
+      loadMs: 0,
+      weights: { networkBytes: 0, cacheBytes: 0, note: '' },
+      maxBufferBytes: 1 << 28,
+      weightType: 'float32',
+      gpuWeightBytes: 0,
+    }),
     probe: async (ep) => ({ ep, flops: 1e9, softmaxRate: 2e8, stageMs: 0.5 }),
     encodeText: async () => {
       throw new Error('this stub engine has no text encoder');
@@ -37,13 +47,24 @@ export function stubEngine(stages: DeviceStageRunner, config: WanConfig): Engine
 }
 
 /** P worker runtimes over one in-memory mesh, each also as the coordinator calls it: through the contract's checks. */
-export function inProcessRanks(world: number, engine: EngineApi, dtype: DType = 'f32'): { runtimes: WorkerRuntime[]; ranks: Remote<WorkerApi>[] } {
+export function inProcessRanks(
+  world: number,
+  engine: EngineApi,
+  dtype: DType = 'f32',
+): { runtimes: WorkerRuntime[]; ranks: Remote<WorkerApi>[] } {
   const exchanges = memoryExchanges(world, dtype);
   const runtimes = exchanges.map(
     (exchange, rank) =>
       new WorkerRuntime(engine, {
         connectMesh: async () => exchange,
-        describe: async () => ({ ep: 'wasm', adapter: 'test', softwareAdapter: false, threads: 1, memoryGiB: null, userAgent: `in-process rank ${rank}` }),
+        describe: async () => ({
+          ep: 'wasm',
+          adapter: 'test',
+          softwareAdapter: false,
+          threads: 1,
+          memoryGiB: null,
+          userAgent: `in-process rank ${rank}`,
+        }),
       }),
   );
   return { runtimes, ranks: runtimes.map((r, rank) => inProcess<WorkerApi>(r, WORKER_CONTRACT, `rank ${rank}`)) };

@@ -13,7 +13,9 @@ let dir: string;
 
 async function forward(...args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
   try {
-    const { stdout, stderr } = await promisify(execFile)('npx', ['tsx', 'server/cli/forward.ts', ...args], { cwd: ROOT });
+    const { stdout, stderr } = await promisify(execFile)('npx', ['tsx', 'server/cli/forward.ts', ...args], {
+      cwd: ROOT,
+    });
     return { code: 0, stdout, stderr };
   } catch (e) {
     const error = e as { code?: number; stdout?: string; stderr?: string };
@@ -26,7 +28,18 @@ const read = async (name: string) => readSafetensors(new Uint8Array(await readFi
 beforeAll(async () => {
   dir = await mkdtemp(join(tmpdir(), 'ditswarm-forward-'));
   // 2×6×10 latent → 30 tokens: not divisible by 4, so the Ulysses run pads and masks
-  const made = await forward('--make-input', join(dir, 'in.safetensors'), '--frames', '2', '--height', '6', '--width', '10', '--seed', '7');
+  const made = await forward(
+    '--make-input',
+    join(dir, 'in.safetensors'),
+    '--frames',
+    '2',
+    '--height',
+    '6',
+    '--width',
+    '10',
+    '--seed',
+    '7',
+  );
   expect(made.code, made.stderr).toBe(0);
 });
 
@@ -37,14 +50,33 @@ afterAll(async () => {
 describe('npm run forward', () => {
   it('reference, onnx and onnx over 4 Ulysses ranks write the same sample within 1e-4, shaped like hidden_states', async () => {
     const runs = await Promise.all([
-      forward('--input', join(dir, 'in.safetensors'), '--output', join(dir, 'reference.safetensors'), '--backend', 'reference'),
+      forward(
+        '--input',
+        join(dir, 'in.safetensors'),
+        '--output',
+        join(dir, 'reference.safetensors'),
+        '--backend',
+        'reference',
+      ),
       forward('--input', join(dir, 'in.safetensors'), '--output', join(dir, 'onnx.safetensors'), '--backend', 'onnx'),
-      forward('--input', join(dir, 'in.safetensors'), '--output', join(dir, 'onnx-p4.safetensors'), '--backend', 'onnx', '--ulysses', '4'),
+      forward(
+        '--input',
+        join(dir, 'in.safetensors'),
+        '--output',
+        join(dir, 'onnx-p4.safetensors'),
+        '--backend',
+        'onnx',
+        '--ulysses',
+        '4',
+      ),
     ]);
     // each run says what it ran on and over how many ranks: the P = 4 run must not be P = 1 again
     const said = runs.map((run) => {
       expect(run.code, run.stderr).toBe(0);
-      const line = /^forward: sample \[1,16,2,6,10\] t=\d+ in \d+ ms on (.+), ulysses (\d+) → (.+); model loaded in [\d.]+ s, peak resident memory ([\d.]+) GiB\n$/.exec(run.stdout);
+      const line =
+        /^forward: sample \[1,16,2,6,10\] t=\d+ in \d+ ms on (.+), ulysses (\d+) → (.+); model loaded in [\d.]+ s, peak resident memory ([\d.]+) GiB\n$/.exec(
+          run.stdout,
+        );
       expect(line, run.stdout).not.toBeNull();
       // this process's own peak: more than nothing, far less than the machine
       expect(Number(line![4])).toBeGreaterThan(0.01);
@@ -72,9 +104,20 @@ describe('npm run forward', () => {
   });
 
   it('--ulysses is read: more ranks than the 12 heads exits 1 saying what it allows, and writes nothing', async () => {
-    const run = await forward('--input', join(dir, 'in.safetensors'), '--output', join(dir, 'p5.safetensors'), '--backend', 'reference', '--ulysses', '13');
+    const run = await forward(
+      '--input',
+      join(dir, 'in.safetensors'),
+      '--output',
+      join(dir, 'p5.safetensors'),
+      '--backend',
+      'reference',
+      '--ulysses',
+      '13',
+    );
     expect(run.code).toBe(1);
-    expect(run.stderr).toContain("forward: ulyssesDegree 13 is not a whole number of ranks from 1 to the model's 12 heads (each rank takes at least one)");
+    expect(run.stderr).toContain(
+      "forward: ulyssesDegree 13 is not a whole number of ranks from 1 to the model's 12 heads (each rank takes at least one)",
+    );
     expect(run.stderr).not.toMatch(/\n\s+at /);
     expect(run.stdout).toBe('');
     await expect(readFile(join(dir, 'p5.safetensors'))).rejects.toThrow(/ENOENT/);
@@ -85,7 +128,14 @@ describe('npm run forward', () => {
     tensors.delete('timestep');
     await writeFile(join(dir, 'no-timestep.safetensors'), writeSafetensors(tensors));
 
-    const run = await forward('--input', join(dir, 'no-timestep.safetensors'), '--output', join(dir, 'never.safetensors'), '--backend', 'reference');
+    const run = await forward(
+      '--input',
+      join(dir, 'no-timestep.safetensors'),
+      '--output',
+      join(dir, 'never.safetensors'),
+      '--backend',
+      'reference',
+    );
     expect(run.code).toBe(1);
     expect(run.stderr).toContain('no tensor "timestep"');
     expect(run.stderr).toContain('hidden_states [1,16,2,6,10]');

@@ -9,11 +9,30 @@ import { Link } from '../../core/net/link.ts';
 import { ContractError, passing } from '../../core/net/check.ts';
 import { loadTransformer } from '../../core/model/transformer.ts';
 import type { WanModel } from '../../core/model/reference.ts';
-import { COORDINATOR, payloadBytes, encodeFrames, readHeader, Reassembler, type DType, type FrameHeader, type Message, type TensorTag } from '../../core/net/protocol.ts';
+import {
+  COORDINATOR,
+  payloadBytes,
+  encodeFrames,
+  readHeader,
+  Reassembler,
+  type DType,
+  type FrameHeader,
+  type Message,
+  type TensorTag,
+} from '../../core/net/protocol.ts';
 import { packValue, remote, serve, unpackValue } from '../../core/net/rpc.ts';
 import { watchHeartbeats } from '../../core/net/heartbeat.ts';
 import { RankLayout } from '../../core/parallel.ts';
-import { checkPulse, PeerLost, WORKER_CONTRACT, WORKER_METHODS, type ExecuteResult, type PingReply, type WorkerApi, type WorkerMethod } from '../../core/worker-api.ts';
+import {
+  checkPulse,
+  PeerLost,
+  WORKER_CONTRACT,
+  WORKER_METHODS,
+  type ExecuteResult,
+  type PingReply,
+  type WorkerApi,
+  type WorkerMethod,
+} from '../../core/worker-api.ts';
 import { WorkerError } from '../../coordinator/executor.ts';
 import { SeededRandom } from '../../core/random.ts';
 import { MAX_AHEAD, MeshExchange } from '../../rank/exchange/mesh.ts';
@@ -53,14 +72,20 @@ function mutate(valid: ArrayBuffer[]): ArrayBuffer {
     case 0:
       return base.slice(0, Math.floor(random.uniform() * base.length)).buffer;
     case 1:
-      for (let i = 0; i < 1 + random.uniform() * 4; i++) base[Math.floor(random.uniform() * base.length)] = random.uniform() * 256;
+      for (let i = 0; i < 1 + random.uniform() * 4; i++)
+        base[Math.floor(random.uniform() * base.length)] = random.uniform() * 256;
       return base.buffer;
     case 2: {
       // a header field (dtype, from, ndim, ids, chunk index/count, stride, total size, tag, shape) set to something else
       const offset = pick([4, 5, 6, 8, 12, 16, 20, 24, 28, 32, 36, 38, 40, 44, 48]);
       if (offset <= 6) base[offset] = random.uniform() * 256;
       else if (offset >= 36 && offset <= 40) view.setUint16(offset, random.uniform() * 65536, true);
-      else view.setUint32(offset, pick([0, 1, 2, 255, 65535, 2 ** 31, 2 ** 32 - 1, Math.floor(random.uniform() * 2 ** 32)]), true);
+      else
+        view.setUint32(
+          offset,
+          pick([0, 1, 2, 255, 65535, 2 ** 31, 2 ** 32 - 1, Math.floor(random.uniform() * 2 ** 32)]),
+          true,
+        );
       return base.buffer;
     }
     case 3:
@@ -78,9 +103,12 @@ function mutate(valid: ArrayBuffer[]): ArrayBuffer {
 /** One request as one frame (msgId = id), so each frame that survives mutation is a whole request. */
 function requestFrame(id: number, method: string, args: unknown): ArrayBuffer {
   const { packed, tensors } = packValue(args);
-  const frames = encodeFrames({ kind: 'rpc', from: COORDINATOR, body: { type: 'request', id, method, args: packed }, tensors }, id);
+  const frames = encodeFrames(
+    { kind: 'rpc', from: COORDINATOR, body: { type: 'request', id, method, args: packed }, tensors },
+    id,
+  );
   if (frames.length !== 1) throw new Error(`request ${method} takes ${frames.length} frames; keep it to one`);
-  return frames[0]!;
+  return frames[0];
 }
 
 const settle = () => new Promise((r) => setTimeout(r, 20));
@@ -95,7 +123,14 @@ function runtimeFor(rank: number, world: number) {
   const exchanges = memoryExchanges(world);
   return new WorkerRuntime(engine, {
     connectMesh: async () => exchanges[rank],
-    describe: async () => ({ ep: 'wasm', adapter: 'test', softwareAdapter: false, threads: 1, memoryGiB: null, userAgent: 'node' }),
+    describe: async () => ({
+      ep: 'wasm',
+      adapter: 'test',
+      softwareAdapter: false,
+      threads: 1,
+      memoryGiB: null,
+      userAgent: 'node',
+    }),
   });
 }
 
@@ -125,7 +160,11 @@ async function observed(runtime: WorkerRuntime) {
 }
 
 const PREPARED = {
-  ping: { state: 'ready', rank: 0, totals: { steps: 0, bytesSent: 0, computeMs: 0, bytesDownloaded: 0, bytesKept: 0, deviceTensorsLeft: 0 } },
+  ping: {
+    state: 'ready',
+    rank: 0,
+    totals: { steps: 0, bytesSent: 0, computeMs: 0, bytesDownloaded: 0, bytesKept: 0, deviceTensorsLeft: 0 },
+  },
   job: 'tensor for job 0, but job 5 is running',
   passes: 'tensor for pass 9, but the job has 1',
   qkvBytes: 'phase 0 tensor of 0 bytes; the plan says 120960', // 3 · 35 tokens · 12 heads · 24 · 4 bytes
@@ -155,9 +194,28 @@ const rpcOnly = { accept: (h: { kind: string }) => (h.kind !== 'rpc' ? 'rpc only
 describe(`fuzz: ${FRAMES_PER_TARGET} hostile frames per target`, () => {
   it('the frame decoder drops each hostile frame for a stated reason (never an internal error), delivers only consistent messages, stays within its caps, and still takes an honest message', () => {
     const reassembler = new Reassembler({ maxMessageBytes: 1 << 20, maxOpenMessages: 16 });
-    const tensor: Message = { kind: 'tensor', from: 1, tag: { job: 1, step: 2, pass: 0, block: 1, phase: 0, group: 0 }, dtype: 'f32', shape: [4096], data: new Uint8Array(16384) };
-    const rpc: Message = { kind: 'rpc', from: COORDINATOR, body: { type: 'request', id: 1, method: 'ping', args: {} }, tensors: [new Float32Array(3000).map((_, i) => i)] };
-    const small: Message = { kind: 'tensor', from: 1, tag: { job: 1, step: 2, pass: 0, block: 1, phase: 1, group: 0 }, dtype: 'f16', shape: [8, 8], data: new Uint8Array(128) };
+    const tensor: Message = {
+      kind: 'tensor',
+      from: 1,
+      tag: { job: 1, step: 2, pass: 0, block: 1, phase: 0, group: 0 },
+      dtype: 'f32',
+      shape: [4096],
+      data: new Uint8Array(16384),
+    };
+    const rpc: Message = {
+      kind: 'rpc',
+      from: COORDINATOR,
+      body: { type: 'request', id: 1, method: 'ping', args: {} },
+      tensors: [new Float32Array(3000).map((_, i) => i)],
+    };
+    const small: Message = {
+      kind: 'tensor',
+      from: 1,
+      tag: { job: 1, step: 2, pass: 0, block: 1, phase: 1, group: 0 },
+      dtype: 'f16',
+      shape: [8, 8],
+      data: new Uint8Array(128),
+    };
     const valid = [...encodeFrames(tensor, 1, 4096), ...encodeFrames(rpc, 2, 2048), ...encodeFrames(small, 3)];
     let peakHeld = 0;
     let peakOpen = 0;
@@ -173,14 +231,22 @@ describe(`fuzz: ${FRAMES_PER_TARGET} hostile frames per target`, () => {
       const headerFault = readHeader(new Uint8Array(frame));
       const before = reassembler.dropped;
       const msg = reassembler.push(frame);
-      if (reassembler.dropped > before && reassembler.lastError.startsWith('internal error')) internalErrors.push(reassembler.lastError);
+      if (reassembler.dropped > before && reassembler.lastError.startsWith('internal error'))
+        internalErrors.push(reassembler.lastError);
       if (typeof headerFault === 'string') {
         badHeaders++;
-        if (msg === null && reassembler.dropped === before + 1 && reassembler.lastError === headerFault) droppedForTheirHeader++;
+        if (msg === null && reassembler.dropped === before + 1 && reassembler.lastError === headerFault)
+          droppedForTheirHeader++;
       }
       if (msg !== null) {
         delivered++;
-        const size = msg.kind === 'tensor' ? payloadBytes(msg.shape.reduce((a, b) => a * b, 1), msg.dtype) : 0;
+        const size =
+          msg.kind === 'tensor'
+            ? payloadBytes(
+                msg.shape.reduce((a, b) => a * b, 1),
+                msg.dtype,
+              )
+            : 0;
         if (msg.kind === 'tensor' && msg.data.byteLength !== size) inconsistent.push(msg);
       }
       peakHeld = Math.max(peakHeld, reassembler.heldBytes);
@@ -214,8 +280,21 @@ describe(`fuzz: ${FRAMES_PER_TARGET} hostile frames per target`, () => {
       ['initWorker', { rank: 0, world: 2, peers: 'abcdefghijkl'.split(''), session: 's' }], // 12 peers for 2 ranks
       ['prepareJob', { job: 9, texts: [new Float32Array(textDim + 1)], latentShape: LATENT }], // not the text width
       ['probeMesh', { job: 99 }], // not the prepared job
-      ['executeModel', { job: 5, step: 0, pass: 0, timestep: 500, latentShape: LATENT, patches: new Float32Array(35 * PATCH_WIDTH + 1) }], // one patch value too many
-      ['executeModel', { job: 99, step: 0, pass: 0, timestep: 500, latentShape: LATENT, patches: new Float32Array(35 * PATCH_WIDTH) }], // not the prepared job
+      [
+        'executeModel',
+        {
+          job: 5,
+          step: 0,
+          pass: 0,
+          timestep: 500,
+          latentShape: LATENT,
+          patches: new Float32Array(35 * PATCH_WIDTH + 1),
+        },
+      ], // one patch value too many
+      [
+        'executeModel',
+        { job: 99, step: 0, pass: 0, timestep: 500, latentShape: LATENT, patches: new Float32Array(35 * PATCH_WIDTH) },
+      ], // not the prepared job
     ];
     for (let id = 0; id < FRAMES_PER_TARGET; id++) {
       const [method, args] = pick(refused);
@@ -231,10 +310,27 @@ describe(`fuzz: ${FRAMES_PER_TARGET} hostile frames per target`, () => {
   });
 
   it("a rank's mesh link refuses a tensor of another dtype by its header, before a byte of it is buffered, whatever its size", () => {
-    const header = (dtype: DType): FrameHeader => ({ kind: 'tensor', dtype, from: 1, tag: { job: 5, step: 0, pass: 0, block: 0, phase: 0, group: 0 }, shape: [16], msgId: 0, chunkIndex: 0, chunkCount: 1, chunkStride: 64, totalBytes: 64 });
+    const header = (dtype: DType): FrameHeader => ({
+      kind: 'tensor',
+      dtype,
+      from: 1,
+      tag: { job: 5, step: 0, pass: 0, block: 0, phase: 0, group: 0 },
+      shape: [16],
+      msgId: 0,
+      chunkIndex: 0,
+      chunkCount: 1,
+      chunkStride: 64,
+      totalBytes: 64,
+    });
     const anySize = () => null;
-    expect(judgeMeshFrame(1, header('f16'), anySize, 'f32')).toEqual({ refused: 'a f16 tensor on a f32 mesh', misbehaved: false });
-    expect(judgeMeshFrame(1, header('f32'), anySize, 'i8')).toEqual({ refused: 'a f32 tensor on a i8 mesh', misbehaved: false });
+    expect(judgeMeshFrame(1, header('f16'), anySize, 'f32')).toEqual({
+      refused: 'a f16 tensor on a f32 mesh',
+      misbehaved: false,
+    });
+    expect(judgeMeshFrame(1, header('f32'), anySize, 'i8')).toEqual({
+      refused: 'a f32 tensor on a i8 mesh',
+      misbehaved: false,
+    });
     expect(judgeMeshFrame(1, header('i8'), anySize, 'i8')).toBeNull();
   });
 
@@ -260,8 +356,23 @@ describe(`fuzz: ${FRAMES_PER_TARGET} hostile frames per target`, () => {
     const [Sl, Sfrom] = [18, 17];
     const W = 6 * model.config.headDim;
     const { numLayers } = model.config;
-    const tag = (t: Partial<TensorTag> = {}): TensorTag => ({ job: 5, step: 0, pass: 0, block: 0, phase: 1, group: 0, ...t });
-    const tensor = (t: TensorTag, floats: number, from = 1): Message => ({ kind: 'tensor', from, tag: t, dtype: 'f32', shape: [floats], data: new Uint8Array(floats * 4) });
+    const tag = (t: Partial<TensorTag> = {}): TensorTag => ({
+      job: 5,
+      step: 0,
+      pass: 0,
+      block: 0,
+      phase: 1,
+      group: 0,
+      ...t,
+    });
+    const tensor = (t: TensorTag, floats: number, from = 1): Message => ({
+      kind: 'tensor',
+      from,
+      tag: t,
+      dtype: 'f32',
+      shape: [floats],
+      data: new Uint8Array(floats * 4),
+    });
     const hostile: [Message, RegExp][] = [
       [tensor(tag({ phase: 0 }), 3 * Sfrom * W, 0), /in the name of rank 0/],
       [tensor(tag({ job: 4 }), Sl * W), /tensor for job 4, but job 5 is running/],
@@ -278,16 +389,28 @@ describe(`fuzz: ${FRAMES_PER_TARGET} hostile frames per target`, () => {
       const frames = encodeFrames(message, id, 8192);
       const before = link.stats.framesDropped;
       for (const frame of frames) link.receive(frame);
-      expect([id, link.stats.framesDropped - before, link.stats.lastDropReason]).toEqual([id, frames.length, expect.stringMatching(reason)]);
+      expect([id, link.stats.framesDropped - before, link.stats.lastDropReason]).toEqual([
+        id,
+        frames.length,
+        expect.stringMatching(reason),
+      ]);
       valid.push(...frames);
     });
     expect(delivered).toEqual([]);
-    expect(misbehaved).toBe(encodeFrames(hostile[0]![0], 0, 8192).length); // each frame in another rank's name, and only those
+    expect(misbehaved).toBe(encodeFrames(hostile[0][0], 0, 8192).length); // each frame in another rank's name, and only those
 
     // The rule as a spec, independent of judgeTensor: what may come through at all.
-    const plannedBytes = (t: TensorTag) => 4 * (t.phase === 0 ? 3 * Sfrom * W : t.phase === 1 ? Sl * W : t.phase === 2 ? (PROBE_FLOATS[t.step] ?? NaN) : NaN);
+    const plannedBytes = (t: TensorTag) =>
+      4 *
+      (t.phase === 0 ? 3 * Sfrom * W : t.phase === 1 ? Sl * W : t.phase === 2 ? (PROBE_FLOATS[t.step] ?? NaN) : NaN);
     const allowed = (m: Message) =>
-      m.kind === 'tensor' && m.from === 1 && m.tag.job === 5 && m.tag.pass === 0 && m.tag.block < numLayers && m.tag.step < 1000 && m.data.byteLength === plannedBytes(m.tag);
+      m.kind === 'tensor' &&
+      m.from === 1 &&
+      m.tag.job === 5 &&
+      m.tag.pass === 0 &&
+      m.tag.block < numLayers &&
+      m.tag.step < 1000 &&
+      m.data.byteLength === plannedBytes(m.tag);
     for (let i = 0; i < FRAMES_PER_TARGET; i++) link.receive(mutate(valid));
     expect(delivered.filter((m) => !allowed(m))).toEqual([]);
     expect(link.stats.listenerErrors).toBe(0);
@@ -301,8 +424,17 @@ describe(`fuzz: ${FRAMES_PER_TARGET} hostile frames per target`, () => {
   it("the coordinator's RPC client: no hostile reply settles a call, a malformed reply to it rejects naming the worker and the field, and the real reply resolves the next call", async () => {
     const link = new Link(new SinkChannel());
     const client = remote(link, COORDINATOR, WORKER_CONTRACT, 'worker w0');
-    const pong: PingReply = { state: 'ready', rank: 0, totals: { steps: 1, bytesSent: 0, computeMs: 0, bytesDownloaded: 0, bytesKept: 0, deviceTensorsLeft: 0 } };
-    const reply = (id: number, body: object): Message => ({ kind: 'rpc', from: 0, body: { type: 'reply', id, ...body }, tensors: [] });
+    const pong: PingReply = {
+      state: 'ready',
+      rank: 0,
+      totals: { steps: 1, bytesSent: 0, computeMs: 0, bytesDownloaded: 0, bytesKept: 0, deviceTensorsLeft: 0 },
+    };
+    const reply = (id: number, body: object): Message => ({
+      kind: 'rpc',
+      from: 0,
+      body: { type: 'reply', id, ...body },
+      tensors: [],
+    });
     // near misses of a reply to call `id`, and replies to calls never made
     const noise = (id: number): Message[] => [
       reply(77, { ok: false, error: 'x' }),
@@ -331,13 +463,16 @@ describe(`fuzz: ${FRAMES_PER_TARGET} hostile frames per target`, () => {
     expect(storm(1, FRAMES_PER_TARGET / 2)).toBeGreaterThan(FRAMES_PER_TARGET / 10);
     await settle();
     expect(first.settled).toBe(false);
-    for (const frame of encodeFrames(reply(1, { ok: true, result: { ...pong, state: 'dancing' } }), msgId++)) link.receive(frame);
+    for (const frame of encodeFrames(reply(1, { ok: true, result: { ...pong, state: 'dancing' } }), msgId++))
+      link.receive(frame);
     const error = await first.promise.then(
       () => null,
       (e: Error) => e,
     );
     expect(error).toBeInstanceOf(ContractError);
-    expect(error?.message).toBe('worker w0 answered ping with a malformed reply: reply.state: expected one of "idle", "initialized", "loading", "ready", "computing", got "dancing"');
+    expect(error?.message).toBe(
+      'worker w0 answered ping with a malformed reply: reply.state: expected one of "idle", "initialized", "loading", "ready", "computing", got "dancing"',
+    );
 
     const second = outcome(client.ping({}, 60_000)); // call 2
     expect(storm(2, FRAMES_PER_TARGET / 2)).toBeGreaterThan(FRAMES_PER_TARGET / 10);
@@ -381,7 +516,10 @@ function withOwnProto(fields: object, proto: unknown): object {
 /** Args as the worker receives them: packed, through JSON, unpacked. */
 function overTheWire(args: unknown): unknown {
   const { packed, tensors } = packValue(args);
-  return unpackValue(JSON.parse(JSON.stringify(packed) ?? 'null'), tensors.map((t) => t.slice()));
+  return unpackValue(
+    JSON.parse(JSON.stringify(packed) ?? 'null'),
+    tensors.map((t) => t.slice()),
+  );
 }
 
 describe('hostile arguments to every worker method', () => {
@@ -401,14 +539,37 @@ describe('hostile arguments to every worker method', () => {
       probeCompute: { args: { ep: 'wasm' }, runtimeRefuses: false },
       probeLink: { args: { payload: new Float32Array(4) }, runtimeRefuses: false },
       loadModel: { args: { modelUrl: '/models/tiny-wan', ep: 'wasm' }, runtimeRefuses: false },
-      initWorker: { args: { rank: 200, world: 2, peers: ['a', 'b'], session: 's', dtype: 'f32' }, runtimeRefuses: true },
-      prepareJob: { args: { job: 9, texts: [new Float32Array(textDim + 1)], latentShape: LATENT }, runtimeRefuses: true },
+      initWorker: {
+        args: { rank: 200, world: 2, peers: ['a', 'b'], session: 's', dtype: 'f32' },
+        runtimeRefuses: true,
+      },
+      prepareJob: {
+        args: { job: 9, texts: [new Float32Array(textDim + 1)], latentShape: LATENT },
+        runtimeRefuses: true,
+      },
       probeMesh: { args: { job: 99 }, runtimeRefuses: true },
       executeModel: { args: { ...executable, job: 99 }, runtimeRefuses: true },
       recompute: { args: { ...executable, job: 99 }, runtimeRefuses: true },
-      rehearse: { args: { modelUrl: '/models/tiny-wan', ep: 'wasm', latentShape: [15, 1, 14, 10], textTokens: 4, degrees: [1] }, runtimeRefuses: true },
-      encodeText: { args: { modelUrl: '/models/tiny-wan', ep: 'wasm', from: 3, to: 1, tokens: 2, hidden: new Float32Array(8) }, runtimeRefuses: true },
-      decodeTile: { args: { modelUrl: '/models/tiny-wan', ep: 'wasm', tile: 't', from: 3, last: true, shape: [16, 1, 2, 2], latent: new Float32Array(64) }, runtimeRefuses: true },
+      rehearse: {
+        args: { modelUrl: '/models/tiny-wan', ep: 'wasm', latentShape: [15, 1, 14, 10], textTokens: 4, degrees: [1] },
+        runtimeRefuses: true,
+      },
+      encodeText: {
+        args: { modelUrl: '/models/tiny-wan', ep: 'wasm', from: 3, to: 1, tokens: 2, hidden: new Float32Array(8) },
+        runtimeRefuses: true,
+      },
+      decodeTile: {
+        args: {
+          modelUrl: '/models/tiny-wan',
+          ep: 'wasm',
+          tile: 't',
+          from: 3,
+          last: true,
+          shape: [16, 1, 2, 2],
+          latent: new Float32Array(64),
+        },
+        runtimeRefuses: true,
+      },
     };
     const cases: [WorkerMethod, unknown][] = [];
     for (const method of WORKER_METHODS) {
@@ -440,7 +601,16 @@ describe('hostile arguments to every worker method', () => {
       ['probeLink', { payload: new Float32Array((1 << 20) + 1) }],
       ['loadModel', { modelUrl: 'x'.repeat(5000), ep: 'wasm' }],
       ['rehearse', { modelUrl: '/models/tiny-wan', ep: 'wasm', latentShape: LATENT, textTokens: 4, degrees: [5] }], // 5 does not divide the heads
-      ['rehearse', { modelUrl: '/models/tiny-wan', ep: 'wasm', latentShape: [16, 1 << 10, 1 << 10, 1 << 10], textTokens: 4, degrees: [1] }], // 2^28 tokens: nothing is allocated for them
+      [
+        'rehearse',
+        {
+          modelUrl: '/models/tiny-wan',
+          ep: 'wasm',
+          latentShape: [16, 1 << 10, 1 << 10, 1 << 10],
+          textTokens: 4,
+          degrees: [1],
+        },
+      ], // 2^28 tokens: nothing is allocated for them
       // valid arguments hidden behind an own __proto__ key must not be read through it
       ['executeModel', withOwnProto({}, executable)],
       ['prepareJob', withOwnProto({}, { job: 6, texts: [new Float32Array(textDim)], latentShape: LATENT })],
@@ -461,7 +631,8 @@ describe('hostile arguments to every worker method', () => {
     };
     const hostile = cases.filter(([method, args]) => bases[method].runtimeRefuses || contractRefuses(method, args));
     const expectedCalls: Partial<Record<WorkerMethod, number>> = {};
-    for (const [method, args] of hostile) if (!contractRefuses(method, args)) expectedCalls[method] = (expectedCalls[method] ?? 0) + 1;
+    for (const [method, args] of hostile)
+      if (!contractRefuses(method, args)) expectedCalls[method] = (expectedCalls[method] ?? 0) + 1;
 
     const { wrapper, calls, argKeys } = counted(runtime);
     const channel = new ReplyChannel();
@@ -469,7 +640,11 @@ describe('hostile arguments to every worker method', () => {
     serve<WorkerApi>(link, 0, WORKER_CONTRACT, wrapper);
     hostile.forEach(([method, args], id) => {
       const { packed, tensors } = packValue(args);
-      for (const frame of encodeFrames({ kind: 'rpc', from: COORDINATOR, body: { type: 'request', id, method, args: packed }, tensors }, id)) link.receive(frame);
+      for (const frame of encodeFrames(
+        { kind: 'rpc', from: COORDINATOR, body: { type: 'request', id, method, args: packed }, tensors },
+        id,
+      ))
+        link.receive(frame);
     });
     await vi.waitFor(() => expect(channel.replies.size).toBe(hostile.length));
 
@@ -478,18 +653,35 @@ describe('hostile arguments to every worker method', () => {
     // one reply per request, every one a refusal
     expect(hostile.map((_, id) => channel.replies.get(id)?.map((r) => r.ok))).toEqual(hostile.map(() => [false]));
     // refused by its method's contract, or by the method itself: each request reached one of them
-    const byContract = hostile.filter(([method], id) => channel.replies.get(id)![0]!.error!.startsWith(`${method} arguments`)).length;
+    const byContract = hostile.filter(([method], id) =>
+      channel.replies.get(id)![0].error!.startsWith(`${method} arguments`),
+    ).length;
     expect(calls).toEqual(expectedCalls);
     expect(byContract + Object.values(calls).reduce((a, b) => a + b, 0)).toBe(hostile.length);
-    expect(Object.keys(expectedCalls).sort()).toEqual(['decodeTile', 'encodeText', 'executeModel', 'initWorker', 'prepareJob', 'probeMesh', 'recompute', 'rehearse']);
+    expect(Object.keys(expectedCalls).sort()).toEqual([
+      'decodeTile',
+      'encodeText',
+      'executeModel',
+      'initWorker',
+      'prepareJob',
+      'probeMesh',
+      'recompute',
+      'rehearse',
+    ]);
     // only the contract's own fields reach a method
     expect([...argKeys].filter((k) => ['extra', 'constructor', '__proto__', 'polluted'].includes(k))).toEqual([]);
     expect(Object.prototype).not.toHaveProperty('polluted');
 
     expect(await observed(runtime)).toEqual(PREPARED);
     // and the served link still answers an honest call
-    for (const frame of encodeFrames({ kind: 'rpc', from: COORDINATOR, body: { type: 'request', id: 1e6, method: 'ping', args: {} }, tensors: [] }, 1e6)) link.receive(frame);
-    await vi.waitFor(() => expect(channel.replies.get(1e6)).toEqual([{ type: 'reply', id: 1e6, ok: true, result: PREPARED.ping }]));
+    for (const frame of encodeFrames(
+      { kind: 'rpc', from: COORDINATOR, body: { type: 'request', id: 1e6, method: 'ping', args: {} }, tensors: [] },
+      1e6,
+    ))
+      link.receive(frame);
+    await vi.waitFor(() =>
+      expect(channel.replies.get(1e6)).toEqual([{ type: 'reply', id: 1e6, ok: true, result: PREPARED.ping }]),
+    );
   });
 });
 
@@ -511,26 +703,70 @@ describe(`fuzz: ${MUTATIONS} structured mutations per target`, () => {
     await runtime.prepareJob({ job: 5, texts: [new Float32Array(32 * model.config.textDim)], latentShape: LATENT });
     // 35 tokens over 2 ranks, 18 and 17; 12 heads, 6 each: rank 1 sends q, k, v of its 17 tokens for rank 0's heads, and the output of its heads for rank 0's 18 tokens
     const floatsOf = (phase: number) => (phase === 0 ? 3 * 17 : 18) * 6 * model.config.headDim;
-    type Kind = 'nonfinite' | 'ahead' | 'replay' | 'past' | 'f16' | 'other job' | 'step 1000' | 'other block' | 'short' | 'spoofed';
-    const kinds: Kind[] = ['nonfinite', 'ahead', 'ahead', 'replay', 'past', 'f16', 'other job', 'step 1000', 'other block', 'short', 'spoofed'];
+    type Kind =
+      | 'nonfinite'
+      | 'ahead'
+      | 'replay'
+      | 'past'
+      | 'f16'
+      | 'other job'
+      | 'step 1000'
+      | 'other block'
+      | 'short'
+      | 'spoofed';
+    const kinds: Kind[] = [
+      'nonfinite',
+      'ahead',
+      'ahead',
+      'replay',
+      'past',
+      'f16',
+      'other job',
+      'step 1000',
+      'other block',
+      'short',
+      'spoofed',
+    ];
     const outcomes = { linkDrops: 0, refused: 0, held: 0, blamed: 0, delivered: 0 };
-    const honestParts = [0, 1].map((phase) => Float32Array.from({ length: floatsOf(phase) }, (_, i) => (i % 97) / 97 - 0.5));
+    const honestParts = [0, 1].map((phase) =>
+      Float32Array.from({ length: floatsOf(phase) }, (_, i) => (i % 97) / 97 - 0.5),
+    );
 
     for (let scenario = 0; scenario < MUTATIONS; scenario++) {
       const exchange = new MeshExchange(0, 2);
-      const link = new Link(new SinkChannel(), { accept: (header) => judgeMeshFrame(1, header, (from, tag, bytes) => runtime.judgeTensor(from, tag, bytes), 'f32')?.refused ?? null });
+      const link = new Link(new SinkChannel(), {
+        accept: (header) =>
+          judgeMeshFrame(1, header, (from, tag, bytes) => runtime.judgeTensor(from, tag, bytes), 'f32')?.refused ??
+          null,
+      });
       exchange.addPeer(1, link);
       let msgId = 0;
-      const send = (tag: TensorTag, values: Float32Array, { dtype = 'f32', from = 1, msg = msgId++ }: { dtype?: 'f32' | 'f16'; from?: number; msg?: number } = {}) => {
+      const send = (
+        tag: TensorTag,
+        values: Float32Array,
+        { dtype = 'f32', from = 1, msg = msgId++ }: { dtype?: 'f32' | 'f16'; from?: number; msg?: number } = {},
+      ) => {
         const shape = [dtype === 'f16' ? 2 * values.length : values.length];
-        for (const frame of encodeFrames({ kind: 'tensor', from, tag, dtype, shape, data: new Uint8Array(values.buffer, values.byteOffset, values.byteLength) }, msg)) link.receive(frame);
+        for (const frame of encodeFrames(
+          {
+            kind: 'tensor',
+            from,
+            tag,
+            dtype,
+            shape,
+            data: new Uint8Array(values.buffer, values.byteOffset, values.byteLength),
+          },
+          msg,
+        ))
+          link.receive(frame);
       };
       const step = 2 + Math.floor(random.uniform() * 20);
       const now: TensorTag = { job: 5, step, pass: 0, block: 0, phase: 0, group: 0 };
       const next: TensorTag = { ...now, block: 1, phase: 1, group: 0 };
       const key = (t: TensorTag) => `${t.step}/${t.block}/${t.phase}`;
       const honest = (t: TensorTag) => honestParts[t.phase];
-      const same = (a: Float32Array, b: Float32Array) => Buffer.from(a.buffer, a.byteOffset, a.byteLength).equals(Buffer.from(b.buffer, b.byteOffset, b.byteLength));
+      const same = (a: Float32Array, b: Float32Array) =>
+        Buffer.from(a.buffer, a.byteOffset, a.byteLength).equals(Buffer.from(b.buffer, b.byteOffset, b.byteLength));
       // the forward rank 0 is in: its peer's part arrives and is taken
       const current = exchange.allToAll(now, [honest(now), honest(now)]);
       send(now, honest(now));
@@ -541,19 +777,30 @@ describe(`fuzz: ${MUTATIONS} structured mutations per target`, () => {
       const sent: TensorTag[] = [];
       for (let i = 0, n = 1 + Math.floor(random.uniform() * 8); i < n; i++) {
         const kind = pick(kinds);
-        const ahead: TensorTag = random.uniform() < 0.8 ? { ...now, step: step + 1 + Math.floor(random.uniform() * 50), block: Math.floor(random.uniform() * 2), phase: Math.floor(random.uniform() * 2), group: 0 } : { ...now, phase: 1 };
+        const ahead: TensorTag =
+          random.uniform() < 0.8
+            ? {
+                ...now,
+                step: step + 1 + Math.floor(random.uniform() * 50),
+                block: Math.floor(random.uniform() * 2),
+                phase: Math.floor(random.uniform() * 2),
+                group: 0,
+              }
+            : { ...now, phase: 1 };
         let tag = kind === 'replay' && sent.length ? pick(sent) : ahead;
         let values = honest(tag);
         let options: { dtype?: 'f32' | 'f16'; from?: number } = {};
         if (kind === 'nonfinite') {
           values = values.slice();
-          for (let k = 0, count = 1 + Math.floor(random.uniform() * 3); k < count; k++) values[Math.floor(random.uniform() * values.length)] = pick([NaN, Infinity, -Infinity]);
+          for (let k = 0, count = 1 + Math.floor(random.uniform() * 3); k < count; k++)
+            values[Math.floor(random.uniform() * values.length)] = pick([NaN, Infinity, -Infinity]);
         } else if (kind === 'past') tag = { ...tag, step: Math.floor(random.uniform() * step) };
         else if (kind === 'other job') tag = { ...tag, job: pick([0, 4, 6, 2 ** 31]) };
         else if (kind === 'step 1000') tag = { ...tag, step: 1000 + Math.floor(random.uniform() * 1e6) };
         else if (kind === 'other block') tag = { ...tag, block: 2 + Math.floor(random.uniform() * 100) };
         else if (kind === 'short') values = values.subarray(0, values.length - 1 - Math.floor(random.uniform() * 64));
-        else if (kind === 'f16') options = { dtype: 'f16' }; // the same bytes as twice as many float16 values
+        else if (kind === 'f16')
+          options = { dtype: 'f16' }; // the same bytes as twice as many float16 values
         else if (kind === 'spoofed') options = { from: 0 };
         send(tag, values, options);
 
@@ -571,8 +818,10 @@ describe(`fuzz: ${MUTATIONS} structured mutations per target`, () => {
           expected.blame = /^sent NaN or infinite values in step \d+, block \d; disconnected$/;
           continue;
         }
-        if (expected.held.has(key(tag))) expected.blame = /^sent the tensor of step \d+, block \d, phase \d twice; disconnected$/;
-        else if (expected.held.size >= MAX_AHEAD) expected.blame = new RegExp(`^sent ${MAX_AHEAD + 1} tensors ahead of this rank; disconnected$`);
+        if (expected.held.has(key(tag)))
+          expected.blame = /^sent the tensor of step \d+, block \d, phase \d twice; disconnected$/;
+        else if (expected.held.size >= MAX_AHEAD)
+          expected.blame = new RegExp(`^sent ${MAX_AHEAD + 1} tensors ahead of this rank; disconnected$`);
         else {
           expected.held.add(key(tag));
           sent.push(tag);
@@ -584,13 +833,21 @@ describe(`fuzz: ${MUTATIONS} structured mutations per target`, () => {
       outcomes.refused += expected.refused;
       outcomes.held += expected.held.size;
       // a fifth tensor while four are held is a flood, the one this rank now waits for included
-      if (!expected.blame && expected.held.size >= MAX_AHEAD) expected.blame = new RegExp(`^sent ${MAX_AHEAD + 1} tensors ahead of this rank; disconnected$`);
+      if (!expected.blame && expected.held.size >= MAX_AHEAD)
+        expected.blame = new RegExp(`^sent ${MAX_AHEAD + 1} tensors ahead of this rank; disconnected$`);
       const following = exchange.allToAll(next, [honest(next), honest(next)]);
       if (expected.blame) {
         send(next, honest(next));
-        const error = await following.then(() => null, (e: unknown) => e);
+        const error = await following.then(
+          () => null,
+          (e: unknown) => e,
+        );
         expect(error).toBeInstanceOf(PeerLost);
-        expect((error as PeerLost).detail).toEqual({ rank: 1, cause: 'misbehaved', evidence: expect.stringMatching(expected.blame) });
+        expect((error as PeerLost).detail).toEqual({
+          rank: 1,
+          cause: 'misbehaved',
+          evidence: expect.stringMatching(expected.blame),
+        });
         outcomes.blamed++;
       } else {
         send(next, honest(next));
@@ -603,9 +860,19 @@ describe(`fuzz: ${MUTATIONS} structured mutations per target`, () => {
     for (const count of Object.values(outcomes)) expect(count).toBeGreaterThan(MUTATIONS / 10);
   });
 
-  it("rows a rank returns — NaN or ±Infinity anywhere, too few or too many values, none, another type — are each a breach by that rank, and nothing of them is gathered; its honest rows gather to the same output", async () => {
+  it('rows a rank returns — NaN or ±Infinity anywhere, too few or too many values, none, another type — are each a breach by that rank, and nothing of them is gathered; its honest rows gather to the same output', async () => {
     // no spot checks (they recompute a forward now and then): each round is one forward, judged where its rows arrive
-    const executor = new InProcessExecutor({ config: model.config, modelUrl: '/models/tiny-wan', layout: new RankLayout(2), rpcTimeoutMs: 10_000, spotCheckRate: 0 }, stubEngine(referenceStages(model), model.config), 'rpc');
+    const executor = new InProcessExecutor(
+      {
+        config: model.config,
+        modelUrl: '/models/tiny-wan',
+        layout: new RankLayout(2),
+        rpcTimeoutMs: 10_000,
+        spotCheckRate: 0,
+      },
+      stubEngine(referenceStages(model), model.config),
+      'rpc',
+    );
     await executor.initialize();
     const latent = { shape: LATENT, data: new SeededRandom(3).normals(16 * 14 * 10) };
     await executor.prepareJob(5, [new SeededRandom(4).normals(32 * model.config.textDim)], LATENT);
@@ -625,15 +892,32 @@ describe(`fuzz: ${MUTATIONS} structured mutations per target`, () => {
     const rowWidth = 64;
     type Mutation = [what: RegExp, make: (rows: Float32Array) => unknown];
     const mutations: Mutation[] = [
-      [/returned NaN or infinite values/, (rows) => {
-        const out = rows.slice();
-        for (let k = 0, n = 1 + Math.floor(random.uniform() * 4); k < n; k++) out[Math.floor(random.uniform() * out.length)] = pick([NaN, Infinity, -Infinity]);
-        return out;
-      }],
-      [/returned \d+ values; its share is 1[78]×64/, (rows) => rows.slice(0, rows.length - 1 - Math.floor(random.uniform() * 3 * rowWidth))],
-      [/returned \d+ values; its share is 1[78]×64/, (rows) => Float32Array.from({ length: rows.length + 1 + Math.floor(random.uniform() * 3 * rowWidth) }, (_, i) => rows[i % rows.length])],
+      [
+        /returned NaN or infinite values/,
+        (rows) => {
+          const out = rows.slice();
+          for (let k = 0, n = 1 + Math.floor(random.uniform() * 4); k < n; k++)
+            out[Math.floor(random.uniform() * out.length)] = pick([NaN, Infinity, -Infinity]);
+          return out;
+        },
+      ],
+      [
+        /returned \d+ values; its share is 1[78]×64/,
+        (rows) => rows.slice(0, rows.length - 1 - Math.floor(random.uniform() * 3 * rowWidth)),
+      ],
+      [
+        /returned \d+ values; its share is 1[78]×64/,
+        (rows) =>
+          Float32Array.from(
+            { length: rows.length + 1 + Math.floor(random.uniform() * 3 * rowWidth) },
+            (_, i) => rows[i % rows.length],
+          ),
+      ],
       [/returned 0 values/, () => new Float32Array(0)],
-      [/malformed reply: reply\.rows: expected a Float32Array/, (rows) => pick<unknown>([Array.from(rows), new Float64Array(rows), 'rows', null, {}, rows.length])],
+      [
+        /malformed reply: reply\.rows: expected a Float32Array/,
+        (rows) => pick<unknown>([Array.from(rows), new Float64Array(rows), 'rows', null, {}, rows.length]),
+      ],
     ];
     let breaches = 0;
     for (let round = 0; round < MUTATIONS; round++) {
@@ -641,14 +925,22 @@ describe(`fuzz: ${MUTATIONS} structured mutations per target`, () => {
       const honestRound = random.uniform() < 0.2;
       const [what, make] = pick(mutations);
       reply[rank] = honestRound ? undefined! : make;
-      const outcome = await forward().then((r) => r.output.data, (e: unknown) => e);
+      const outcome = await forward().then(
+        (r) => r.output.data,
+        (e: unknown) => e,
+      );
       reply[rank] = undefined!;
       if (honestRound) {
         expect(outcome).toEqual(expected);
         continue;
       }
       expect(outcome).toBeInstanceOf(WorkerError);
-      expect(outcome).toMatchObject({ rank, method: 'executeModel', breach: true, remoteMessage: expect.stringMatching(what) });
+      expect(outcome).toMatchObject({
+        rank,
+        method: 'executeModel',
+        breach: true,
+        remoteMessage: expect.stringMatching(what),
+      });
       breaches++;
     }
     expect(breaches).toBeGreaterThan(MUTATIONS / 2);
@@ -657,19 +949,56 @@ describe(`fuzz: ${MUTATIONS} structured mutations per target`, () => {
 
   // Honest replies of every worker method, as a worker sends them.
   const honestReplies: Record<WorkerMethod, unknown> = {
-    describe: { ep: 'wasm', adapter: 'SwiftShader', softwareAdapter: true, threads: 2, memoryGiB: 8, userAgent: 'Chromium' },
+    describe: {
+      ep: 'wasm',
+      adapter: 'SwiftShader',
+      softwareAdapter: true,
+      threads: 2,
+      memoryGiB: 8,
+      userAgent: 'Chromium',
+    },
     probeCompute: { ep: 'wasm', flops: 2e10, softmaxRate: 3e8, stageMs: 0.4 },
     probeLink: { bytes: 524_288 },
     initWorker: { rank: 1, world: 2 },
-    loadModel: { ep: 'wasm', adapter: 'cpu', inMemory: false, loadMs: 3_000, why: 'WASM: asked for by the job', weights: { networkBytes: 12e6, cacheBytes: 0, note: '' }, maxBufferBytes: 1 << 28, weightType: 'float32', gpuWeightBytes: 0 },
+    loadModel: {
+      ep: 'wasm',
+      adapter: 'cpu',
+      inMemory: false,
+      loadMs: 3_000,
+      why: 'WASM: asked for by the job',
+      weights: { networkBytes: 12e6, cacheBytes: 0, note: '' },
+      maxBufferBytes: 1 << 28,
+      weightType: 'float32',
+      gpuWeightBytes: 0,
+    },
     rehearse: { forwardMs: [120, 70] },
     encodeText: { hidden: Float32Array.from({ length: 8 }, (_, i) => i), layerMs: [3, 4], layersRead: 2 },
-    decodeTile: { frames: Float32Array.from({ length: 12 }, (_, i) => -i), shape: [1, 3, 2, 2], computeMs: 9, cacheBytes: 100, weightBytes: 1000 },
+    decodeTile: {
+      frames: Float32Array.from({ length: 12 }, (_, i) => -i),
+      shape: [1, 3, 2, 2],
+      computeMs: 9,
+      cacheBytes: 100,
+      weightBytes: 1000,
+    },
     prepareJob: { job: 5 },
     probeMesh: { rank: 1, bytesPerPeer: 1e6, smallBytes: 1e3, bytesSent: 1e6, smallMs: 2, largeMs: 200 },
-    executeModel: { rows: Float32Array.from({ length: 64 }, (_, i) => i / 64), bytesSent: 4096, peakMemoryBytes: null, computeMs: 12, commMs: 3, overlapMs: 1, bytesDownloaded: 0, bytesKept: 0, deviceTensorsLeft: 0 },
+    executeModel: {
+      rows: Float32Array.from({ length: 64 }, (_, i) => i / 64),
+      bytesSent: 4096,
+      peakMemoryBytes: null,
+      computeMs: 12,
+      commMs: 3,
+      overlapMs: 1,
+      bytesDownloaded: 0,
+      bytesKept: 0,
+      deviceTensorsLeft: 0,
+    },
     recompute: { rows: Float32Array.from({ length: 64 }, (_, i) => -i / 64), computeMs: 30 },
-    ping: { state: 'ready', rank: 1, totals: { steps: 3, bytesSent: 10, computeMs: 5, bytesDownloaded: 0, bytesKept: 0, deviceTensorsLeft: 0 } },
+    ping: {
+      state: 'ready',
+      rank: 1,
+      totals: { steps: 3, bytesSent: 10, computeMs: 5, bytesDownloaded: 0, bytesKept: 0, deviceTensorsLeft: 0 },
+    },
     pingEngine: { waitedMs: 0.4 },
     shutdown: 'bye',
   };
@@ -677,11 +1006,14 @@ describe(`fuzz: ${MUTATIONS} structured mutations per target`, () => {
   /** Every place in a value a mutation may go: its object fields and array items, by path. */
   function placesIn(value: unknown, path: (string | number)[] = []): (string | number)[][] {
     if (value instanceof Float32Array || value === null || typeof value !== 'object') return [path];
-    const children = Array.isArray(value) ? value.map((v, i) => placesIn(v, [...path, i])) : Object.entries(value).map(([k, v]) => placesIn(v, [...path, k]));
+    const children = Array.isArray(value)
+      ? value.map((v, i) => placesIn(v, [...path, i]))
+      : Object.entries(value).map(([k, v]) => placesIn(v, [...path, k]));
     return [path, ...children.flat()];
   }
 
-  const at = (value: unknown, path: (string | number)[]): unknown => path.reduce<unknown>((v, k) => (v as Record<string | number, unknown>)[k], value);
+  const at = (value: unknown, path: (string | number)[]): unknown =>
+    path.reduce<unknown>((v, k) => (v as Record<string | number, unknown>)[k], value);
 
   /**
    * The value with the thing at `path` replaced by one of another kind (a field of an object may
@@ -691,13 +1023,19 @@ describe(`fuzz: ${MUTATIONS} structured mutations per target`, () => {
   function retyped(value: unknown, path: (string | number)[]): unknown {
     const original = at(value, path);
     const other =
-      typeof original === 'string' ? pick<unknown>([7, 'x'.repeat(10_000), [original], null])
-      : typeof original === 'number' ? pick<unknown>(['seven', -1, [original], {}])
-      : typeof original === 'boolean' ? pick<unknown>(['true', 1, null])
-      : original instanceof Float32Array ? pick<unknown>([Array.from(original), 'tensor', original.length, {}])
-      : Array.isArray(original) ? pick<unknown>(['not-an-array', {}, 3])
-      : original === null ? pick<unknown>(['null', -1, {}])
-      : pick<unknown>(['x', [], 0, null]);
+      typeof original === 'string'
+        ? pick<unknown>([7, 'x'.repeat(10_000), [original], null])
+        : typeof original === 'number'
+          ? pick<unknown>(['seven', -1, [original], {}])
+          : typeof original === 'boolean'
+            ? pick<unknown>(['true', 1, null])
+            : original instanceof Float32Array
+              ? pick<unknown>([Array.from(original), 'tensor', original.length, {}])
+              : Array.isArray(original)
+                ? pick<unknown>(['not-an-array', {}, 3])
+                : original === null
+                  ? pick<unknown>(['null', -1, {}])
+                  : pick<unknown>(['x', [], 0, null]);
     if (path.length === 0) return other;
     const copy = structuredClone(value) as Record<string | number, unknown>;
     const parent = at(copy, path.slice(0, -1)) as Record<string | number, unknown>;
@@ -709,14 +1047,19 @@ describe(`fuzz: ${MUTATIONS} structured mutations per target`, () => {
 
   /** The value with an unknown field added to one of its objects: what a check drops, not refuses. */
   function withExtra(value: unknown): unknown {
-    const objects = placesIn(value).filter((p) => { const v = at(value, p); return v !== null && typeof v === 'object' && !Array.isArray(v) && !(v instanceof Float32Array); });
+    const objects = placesIn(value).filter((p) => {
+      const v = at(value, p);
+      return v !== null && typeof v === 'object' && !Array.isArray(v) && !(v instanceof Float32Array);
+    });
     if (!objects.length) return value;
     const copy = structuredClone(value);
-    (at(copy, pick(objects)) as Record<string, unknown>)[pick(['extra', 'constructor', 'toString', '__hostile'])] = { nested: [1, 'x'] };
+    (at(copy, pick(objects)) as Record<string, unknown>)[pick(['extra', 'constructor', 'toString', '__hostile'])] = {
+      nested: [1, 'x'],
+    };
     return copy;
   }
 
-  it("malformed replies to every worker method — a field missing or of another kind, at any depth — are refused where they arrive, naming the worker, the method and the field; unknown fields are dropped and the rest arrives whole", async () => {
+  it('malformed replies to every worker method — a field missing or of another kind, at any depth — are refused where they arrive, naming the worker, the method and the field; unknown fields are dropped and the rest arrives whole', async () => {
     const link = new Link(new SinkChannel());
     const client = remote(link, COORDINATOR, WORKER_CONTRACT, 'worker w1');
     let callId = 0;
@@ -725,10 +1068,18 @@ describe(`fuzz: ${MUTATIONS} structured mutations per target`, () => {
       const call = (client[method] as (args: unknown, timeoutMs?: number) => Promise<unknown>)({}, 5_000);
       const id = ++callId;
       const { packed, tensors } = packValue(result);
-      for (const frame of encodeFrames({ kind: 'rpc', from: 1, body: { type: 'reply', id, ok: true, result: packed }, tensors }, msgId++)) link.receive(frame);
-      return call.then((value) => ({ value }), (error: unknown) => ({ error }));
+      for (const frame of encodeFrames(
+        { kind: 'rpc', from: 1, body: { type: 'reply', id, ok: true, result: packed }, tensors },
+        msgId++,
+      ))
+        link.receive(frame);
+      return call.then(
+        (value) => ({ value }),
+        (error: unknown) => ({ error }),
+      );
     };
-    for (const method of WORKER_METHODS) expect([method, await answer(method, honestReplies[method])]).toEqual([method, { value: honestReplies[method] }]);
+    for (const method of WORKER_METHODS)
+      expect([method, await answer(method, honestReplies[method])]).toEqual([method, { value: honestReplies[method] }]);
 
     let refused = 0;
     for (let i = 0; i < MUTATIONS * 2; i++) {
@@ -741,8 +1092,14 @@ describe(`fuzz: ${MUTATIONS} structured mutations per target`, () => {
       const path = pick(placesIn(honest));
       const outcome = (await answer(method, retyped(honest, path))) as { error?: Error };
       expect(outcome.error).toBeInstanceOf(ContractError);
-      const field = path.length ? `reply${path.map((k) => (typeof k === 'number' ? `[${k}]` : `.${k}`)).join('')}` : 'reply';
-      expect([method, path.join('.'), outcome.error!.message.startsWith(`worker w1 answered ${method} with a malformed reply: ${field}`)]).toEqual([method, path.join('.'), true]);
+      const field = path.length
+        ? `reply${path.map((k) => (typeof k === 'number' ? `[${k}]` : `.${k}`)).join('')}`
+        : 'reply';
+      expect([
+        method,
+        path.join('.'),
+        outcome.error!.message.startsWith(`worker w1 answered ${method} with a malformed reply: ${field}`),
+      ]).toEqual([method, path.join('.'), true]);
       refused++;
     }
     expect(refused).toBeGreaterThan(MUTATIONS);
@@ -750,15 +1107,33 @@ describe(`fuzz: ${MUTATIONS} structured mutations per target`, () => {
   });
 
   it("malformed heartbeat answers — a pulse's field of another kind, at any depth — are dropped whole where they arrive; its optional fields may be left out, unknown ones are dropped", async () => {
-    const honest = { state: 'ready', framesDropped: 2, mesh: [{ peer: 'ditswarm-w-1', transport: 'direct' }, { peer: 'ditswarm-w-2', transport: 'relay' }], threads: 2, load: { bytes: 10, totalBytes: 20, networkBytes: 5, elapsedMs: 100, note: '' } };
+    const honest = {
+      state: 'ready',
+      framesDropped: 2,
+      mesh: [
+        { peer: 'ditswarm-w-1', transport: 'direct' },
+        { peer: 'ditswarm-w-2', transport: 'relay' },
+      ],
+      threads: 2,
+      load: { bytes: 10, totalBytes: 20, networkBytes: 5, elapsedMs: 100, note: '' },
+    };
     const optional = ['mesh', 'threads', 'load'];
     const link = new Link(new SinkChannel());
     const pulses: unknown[] = [];
-    const stop = watchHeartbeats(link, COORDINATOR, { onDead: () => {}, onPulse: (sent) => pulses.push(passing(checkPulse, sent, 'pulse') ?? 'dropped') }, { intervalMs: 60_000 });
+    const stop = watchHeartbeats(
+      link,
+      COORDINATOR,
+      { onDead: () => {}, onPulse: (sent) => pulses.push(passing(checkPulse, sent, 'pulse') ?? 'dropped') },
+      { intervalMs: 60_000 },
+    );
     let msgId = 0;
     const echo = (pulse: unknown) => {
       const before = pulses.length;
-      for (const frame of encodeFrames({ kind: 'rpc', from: 0, body: { type: 'heartbeat-echo', pulse }, tensors: [] }, msgId++)) link.receive(frame);
+      for (const frame of encodeFrames(
+        { kind: 'rpc', from: 0, body: { type: 'heartbeat-echo', pulse }, tensors: [] },
+        msgId++,
+      ))
+        link.receive(frame);
       return pulses.length > before ? pulses.at(-1) : 'dropped';
     };
     expect(echo(honest)).toEqual(honest);
@@ -777,8 +1152,16 @@ describe(`fuzz: ${MUTATIONS} structured mutations per target`, () => {
         const parent = at(mutated, path.slice(0, -1)) as Record<string | number, unknown>;
         const original = parent[path.at(-1)!];
         // another kind, never left out (a left-out optional field is a pulse without it)
-        parent[path.at(-1)!] = typeof original === 'string' ? pick<unknown>([7, 'x'.repeat(5_000), {}]) : typeof original === 'number' ? pick<unknown>(['seven', -1, 1.5, {}]) : pick<unknown>(['not-an-array', 7, true]);
-        const fractionAllowed = typeof original === 'number' && parent[path.at(-1)!] === 1.5 && ['bytes', 'totalBytes', 'networkBytes', 'elapsedMs'].includes(String(path.at(-1)));
+        parent[path.at(-1)!] =
+          typeof original === 'string'
+            ? pick<unknown>([7, 'x'.repeat(5_000), {}])
+            : typeof original === 'number'
+              ? pick<unknown>(['seven', -1, 1.5, {}])
+              : pick<unknown>(['not-an-array', 7, true]);
+        const fractionAllowed =
+          typeof original === 'number' &&
+          parent[path.at(-1)!] === 1.5 &&
+          ['bytes', 'totalBytes', 'networkBytes', 'elapsedMs'].includes(String(path.at(-1)));
         if (fractionAllowed) continue; // byte counts and ms may be fractions
         expect([path.join('.'), echo(mutated)]).toEqual([path.join('.'), 'dropped']);
         dropped++;

@@ -45,7 +45,14 @@ export class InProcessExecutor extends Executor {
     for (let rank = 0; rank < ranks; rank++) {
       const runtime = new WorkerRuntime(this.engine, {
         connectMesh: async (init) => exchanges[init.rank],
-        describe: async () => ({ ep: 'wasm', adapter: 'test', softwareAdapter: false, threads: 1, memoryGiB: null, userAgent: `in-process rank ${rank}` }),
+        describe: async () => ({
+          ep: 'wasm',
+          adapter: 'test',
+          softwareAdapter: false,
+          threads: 1,
+          memoryGiB: null,
+          userAgent: `in-process rank ${rank}`,
+        }),
       });
       this.runtimes.push(runtime);
       this.received.push([]);

@@ -19,7 +19,12 @@ function fakeRunner(log: string[], failOn?: number): RunJob {
         hooks.onCheckpoint?.({ step: step + 1, latent: Float32Array.of(job.params.seed, step) });
       }
       if (job.id === failOn) throw new Error('rank 0 failed in executeModel: boom');
-      return { video: new Blob([String(job.params.seed)]), latent: Float32Array.of(job.params.seed), frames: null as never, report: { resumedFromStep: start } as never };
+      return {
+        video: new Blob([String(job.params.seed)]),
+        latent: Float32Array.of(job.params.seed),
+        frames: null as never,
+        report: { resumedFromStep: start } as never,
+      };
     } finally {
       log.push(`end ${job.id}`);
     }
@@ -33,7 +38,9 @@ describe('job queue', () => {
   it('20 jobs submitted at once run one at a time in order; none lost, none repeated', async () => {
     const log: string[] = [];
     const queue = await JobQueue.restore(new MemoryJobStore(), fakeRunner(log));
-    const jobs = await Promise.all(Array.from({ length: 20 }, (_, i) => queue.submit({ prompt: `job ${i}`, seed: 1000 + i, steps: 3 }, placement)));
+    const jobs = await Promise.all(
+      Array.from({ length: 20 }, (_, i) => queue.submit({ prompt: `job ${i}`, seed: 1000 + i, steps: 3 }, placement)),
+    );
     const settled = await Promise.all(jobs.map((j) => queue.settled(j.id)));
     expect(log).toEqual(oneAtATime(jobs.map((j) => j.id))); // each job ends before the next starts
     expect(settled.every((j) => j.status === 'done')).toBe(true);
@@ -50,9 +57,34 @@ describe('job queue', () => {
   it('after a reload a running job resumes from its checkpoint and queued jobs still run', async () => {
     const store = new MemoryJobStore();
     const now = Date.now();
-    const params = { prompt: 'x', negativePrompt: '', frames: 9, height: 64, width: 64, steps: 5, guidance: 5, seed: 1, flowShift: 3 };
-    await store.put({ id: 1, params, placement, status: 'running', createdAt: now, updatedAt: now, checkpoint: { step: 3, latent: Float32Array.of(1, 2) } });
-    await store.put({ id: 2, params: { ...params, seed: 2 }, placement, status: 'queued', createdAt: now, updatedAt: now });
+    const params = {
+      prompt: 'x',
+      negativePrompt: '',
+      frames: 9,
+      height: 64,
+      width: 64,
+      steps: 5,
+      guidance: 5,
+      seed: 1,
+      flowShift: 3,
+    };
+    await store.put({
+      id: 1,
+      params,
+      placement,
+      status: 'running',
+      createdAt: now,
+      updatedAt: now,
+      checkpoint: { step: 3, latent: Float32Array.of(1, 2) },
+    });
+    await store.put({
+      id: 2,
+      params: { ...params, seed: 2 },
+      placement,
+      status: 'queued',
+      createdAt: now,
+      updatedAt: now,
+    });
     const log: string[] = [];
     const queue = await JobQueue.restore(store, fakeRunner(log));
     const [first, second] = await Promise.all([queue.settled(1), queue.settled(2)]);
@@ -103,9 +135,14 @@ describe('job queue: what the browser will not store, and jobs that never finish
     const first = await queue.settled((await queue.submit({ prompt: 'a', seed: 11, steps: 1 }, placement)).id); // video 2 B + latent 4 B
     const second = await queue.settled((await queue.submit({ prompt: 'b', seed: 1234567890, steps: 1 }, placement)).id); // video 10 B + latent 4 B
     expect([first.status, second.status]).toEqual(['done', 'done']);
-    expect(events).toEqual([`job 2 was kept in this browser after removing the video and latent of job 1 (The quota has been exceeded.)`]);
+    expect(events).toEqual([
+      `job 2 was kept in this browser after removing the video and latent of job 1 (The quota has been exceeded.)`,
+    ]);
     const stored = await store.all();
-    expect(stored.map((j) => [j.id, j.status, j.result?.video?.size ?? null])).toEqual([[1, 'done', null], [2, 'done', 10]]);
+    expect(stored.map((j) => [j.id, j.status, j.result?.video?.size ?? null])).toEqual([
+      [1, 'done', null],
+      [2, 'done', 10],
+    ]);
     expect(stored[0].storageNote).toBe('its video and latent were removed from this browser to make room for job 2');
     expect(queue.list()[0].result!.video).not.toBeNull(); // this page still has it
   });
@@ -118,7 +155,11 @@ describe('job queue: what the browser will not store, and jobs that never finish
     const job = await queue.settled((await queue.submit({ prompt: 'a', seed: 7, steps: 2 }, placement)).id);
     expect(job.status).toBe('done');
     expect(job.result!.video).not.toBeNull();
-    expect(events).toEqual([expect.stringMatching(/^job 1 was kept without its video and latent: its video and latent could not be kept in this browser \(The quota has been exceeded\.\): download the video before closing this page$/)]);
+    expect(events).toEqual([
+      expect.stringMatching(
+        /^job 1 was kept without its video and latent: its video and latent could not be kept in this browser \(The quota has been exceeded\.\): download the video before closing this page$/,
+      ),
+    ]);
     const [stored] = await store.all();
     expect([stored.status, stored.result!.video, stored.result!.latent.length]).toEqual(['done', null, 0]);
   });
@@ -131,7 +172,12 @@ describe('job queue: what the browser will not store, and jobs that never finish
     const since = store.written.length;
     await queue.settled((await queue.submit({ prompt: 'b', seed: 1234567890, steps: 1 }, placement)).id); // video 10 B + latent 4 B: 14 > 10
     // job 1 was never written without its video and latent (without the estimate it was, then put back)
-    expect(store.written.slice(since).filter(([id]) => id === first.id).map(([, bytes]) => bytes)).not.toContain(0);
+    expect(
+      store.written
+        .slice(since)
+        .filter(([id]) => id === first.id)
+        .map(([, bytes]) => bytes),
+    ).not.toContain(0);
     expect((await store.all()).map((j) => [j.id, resultBytes(j), j.storageNote ?? null])).toEqual([
       [1, 6, null],
       [2, 0, expect.stringMatching(/download the video before closing this page/)],
@@ -141,21 +187,60 @@ describe('job queue: what the browser will not store, and jobs that never finish
   it(`a job that was running at ${MAX_ATTEMPTS} reloads is failed, not started again`, async () => {
     const store = new MemoryJobStore();
     const now = Date.now();
-    const params = { prompt: 'x', negativePrompt: '', frames: 9, height: 64, width: 64, steps: 5, guidance: 5, seed: 1, flowShift: 3 };
-    await store.put({ id: 1, params, placement, status: 'running', createdAt: now, updatedAt: now, attempts: MAX_ATTEMPTS });
+    const params = {
+      prompt: 'x',
+      negativePrompt: '',
+      frames: 9,
+      height: 64,
+      width: 64,
+      steps: 5,
+      guidance: 5,
+      seed: 1,
+      flowShift: 3,
+    };
+    await store.put({
+      id: 1,
+      params,
+      placement,
+      status: 'running',
+      createdAt: now,
+      updatedAt: now,
+      attempts: MAX_ATTEMPTS,
+    });
     const log: string[] = [];
     const queue = await JobQueue.restore(store, fakeRunner(log));
     const job = await queue.settled(1);
     expect(log).toEqual([]);
-    expect(job).toMatchObject({ status: 'failed', error: `the job was interrupted ${MAX_ATTEMPTS} times (a crash or a reload of the dashboard while it ran); it is not started again` });
+    expect(job).toMatchObject({
+      status: 'failed',
+      error: `the job was interrupted ${MAX_ATTEMPTS} times (a crash or a reload of the dashboard while it ran); it is not started again`,
+    });
     expect((await store.all())[0].status).toBe('failed');
   });
 
   it('a job interrupted twice runs a third time, and the steps it makes start the count again', async () => {
     const store = new MemoryJobStore();
     const now = Date.now();
-    const params = { prompt: 'x', negativePrompt: '', frames: 9, height: 64, width: 64, steps: 2, guidance: 5, seed: 1, flowShift: 3 };
-    await store.put({ id: 1, params, placement, status: 'running', createdAt: now, updatedAt: now, attempts: MAX_ATTEMPTS - 1 });
+    const params = {
+      prompt: 'x',
+      negativePrompt: '',
+      frames: 9,
+      height: 64,
+      width: 64,
+      steps: 2,
+      guidance: 5,
+      seed: 1,
+      flowShift: 3,
+    };
+    await store.put({
+      id: 1,
+      params,
+      placement,
+      status: 'running',
+      createdAt: now,
+      updatedAt: now,
+      attempts: MAX_ATTEMPTS - 1,
+    });
     const job = await (await JobQueue.restore(store, fakeRunner([]))).settled(1);
     expect(job).toMatchObject({ status: 'done', attempts: 1 });
   });

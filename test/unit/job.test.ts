@@ -7,7 +7,12 @@ describe('job parameters', () => {
   it('the defaults are a valid job', () => {
     expect(checkJobParams({})).toEqual({});
     expect(jobParams({})).toEqual(DEFAULT_JOB);
-    expect(jobParams({ frames: 17, height: 96, width: 128 })).toMatchObject({ frames: 17, height: 96, width: 128, steps: DEFAULT_JOB.steps });
+    expect(jobParams({ frames: 17, height: 96, width: 128 })).toMatchObject({
+      frames: 17,
+      height: 96,
+      width: 128,
+      steps: DEFAULT_JOB.steps,
+    });
   });
 
   it('each bad field yields an error naming only that field, with a suggestion where one exists', () => {

@@ -3,7 +3,20 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { WebSocket } from 'ws';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { findCoordinator, findProof, keepProof, obtainSwarmKeys, REGISTER_PATH, registerCoordinator, registerProof, REVOKE_PATH, revokeJoinToken, revokeProof, roomOf, SWARMS_PATH } from '../../core/net/join-token.ts';
+import {
+  findCoordinator,
+  findProof,
+  keepProof,
+  obtainSwarmKeys,
+  REGISTER_PATH,
+  registerCoordinator,
+  registerProof,
+  REVOKE_PATH,
+  revokeJoinToken,
+  revokeProof,
+  roomOf,
+  SWARMS_PATH,
+} from '../../core/net/join-token.ts';
 import { MAX_SWARMS, openJoinTokens, TOKENS_PER_MINUTE } from '../../server/join-tokens.ts';
 import { startServer, type RunningServer } from '../../server/serve.ts';
 
@@ -77,9 +90,19 @@ describe('asking the server for a join token', () => {
   });
   afterAll(async () => server.close());
   const post = (path: string, body: unknown, headers: Record<string, string> = {}) =>
-    fetch(`${server.url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body: typeof body === 'string' ? body : JSON.stringify(body) });
+    fetch(`${server.url}${path}`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', ...headers },
+      body: typeof body === 'string' ? body : JSON.stringify(body),
+    });
 
-  const obtainJoinToken = async (origin: string, held?: string) => (await obtainSwarmKeys(origin, held ? { token: held, dashboardKey: server.joinTokens.dashboardKey(roomOf(held) ?? '') } : {})).token;
+  const obtainJoinToken = async (origin: string, held?: string) =>
+    (
+      await obtainSwarmKeys(
+        origin,
+        held ? { token: held, dashboardKey: server.joinTokens.dashboardKey(roomOf(held) ?? '') } : {},
+      )
+    ).token;
 
   it('gives a new token, keeps one its holder proves it holds, and not one it does not', async () => {
     const token = await obtainJoinToken(server.url);
@@ -114,39 +137,93 @@ describe('asking the server for a join token', () => {
     return { auth: `auth-${id}`, close: () => new Promise((resolve) => (ws.once('close', resolve), ws.close())) };
   };
 
-  it("tells a worker that proves the token the id its dashboard holds for this load, and lets only the dashboard register one", async () => {
+  it('tells a worker that proves the token the id its dashboard holds for this load, and lets only the dashboard register one', async () => {
     const keys = await obtainSwarmKeys(server.url);
     const room = roomOf(keys.token)!;
     const worker = 'ditswarm-w-0123456789ab';
     // no dashboard open yet: the worker waits
-    expect(await findCoordinator(server.url, keys.token, worker)).toEqual({ waiting: "this swarm's dashboard is not open: open it (or wait for it to load)" });
+    expect(await findCoordinator(server.url, keys.token, worker)).toEqual({
+      waiting: "this swarm's dashboard is not open: open it (or wait for it to load)",
+    });
     const first = await holdId('ditswarm-c-first');
     await registerCoordinator(server.url, keys, 'ditswarm-c-first', first.auth);
     expect(await findCoordinator(server.url, keys.token, worker)).toEqual({ coordinator: 'ditswarm-c-first' });
     // a reload: the old page lets its id go, and from then on the id is named to nobody (anyone may
     // take a free id); the new page registers a fresh id, and workers are sent there
     await first.close();
-    await expect.poll(() => findCoordinator(server.url, keys.token, worker)).toMatchObject({ waiting: expect.any(String) });
+    await expect
+      .poll(() => findCoordinator(server.url, keys.token, worker))
+      .toMatchObject({ waiting: expect.any(String) });
     const second = await holdId('ditswarm-c-second');
     await registerCoordinator(server.url, keys, 'ditswarm-c-second', second.auth);
     expect(await findCoordinator(server.url, keys.token, worker)).toEqual({ coordinator: 'ditswarm-c-second' });
     // an id registered before is not taken again (a replayed request, its id now held by whoever took it)
     const again = await holdId('ditswarm-c-first');
-    expect((await post(REGISTER_PATH, { room, peer: 'ditswarm-c-first', proof: registerProof(keys.dashboardKey, room, 'ditswarm-c-first'), auth: again.auth })).status).toBe(409);
+    expect(
+      (
+        await post(REGISTER_PATH, {
+          room,
+          peer: 'ditswarm-c-first',
+          proof: registerProof(keys.dashboardKey, room, 'ditswarm-c-first'),
+          auth: again.auth,
+        })
+      ).status,
+    ).toBe(409);
     // only the page that holds an id may register it, and only a dashboard's
-    expect((await post(REGISTER_PATH, { room, peer: 'ditswarm-c-third', proof: registerProof(keys.dashboardKey, room, 'ditswarm-c-third'), auth: 'auth-ditswarm-c-third' })).status).toBe(403);
+    expect(
+      (
+        await post(REGISTER_PATH, {
+          room,
+          peer: 'ditswarm-c-third',
+          proof: registerProof(keys.dashboardKey, room, 'ditswarm-c-third'),
+          auth: 'auth-ditswarm-c-third',
+        })
+      ).status,
+    ).toBe(403);
     const workerPage = await holdId(worker);
-    expect((await post(REGISTER_PATH, { room, peer: worker, proof: registerProof(keys.dashboardKey, room, worker), auth: workerPage.auth })).status).toBe(403);
+    expect(
+      (
+        await post(REGISTER_PATH, {
+          room,
+          peer: worker,
+          proof: registerProof(keys.dashboardKey, room, worker),
+          auth: workerPage.auth,
+        })
+      ).status,
+    ).toBe(403);
     // a worker holds the token, not the dashboard key: it cannot send the swarm's workers to itself
-    expect((await post(REGISTER_PATH, { room, peer: 'ditswarm-c-first', proof: registerProof(keys.token, room, 'ditswarm-c-first'), auth: again.auth })).status).toBe(403);
+    expect(
+      (
+        await post(REGISTER_PATH, {
+          room,
+          peer: 'ditswarm-c-first',
+          proof: registerProof(keys.token, room, 'ditswarm-c-first'),
+          auth: again.auth,
+        })
+      ).status,
+    ).toBe(403);
     // without the token, nothing is told: a made-up proof, or a proof made for another page's id
     expect((await post('/swarms/find', { room, peer: worker, proof: 'f'.repeat(64) })).status).toBe(403);
-    expect((await post('/swarms/find', { room, peer: 'ditswarm-w-other', proof: findProof(keys.token, worker) })).status).toBe(403);
-    expect((await post(REGISTER_PATH, { room, peer: 'not an id!', proof: registerProof(keys.dashboardKey, room, 'not an id!'), auth: 'x' })).status).toBe(403);
+    expect(
+      (await post('/swarms/find', { room, peer: 'ditswarm-w-other', proof: findProof(keys.token, worker) })).status,
+    ).toBe(403);
+    expect(
+      (
+        await post(REGISTER_PATH, {
+          room,
+          peer: 'not an id!',
+          proof: registerProof(keys.dashboardKey, room, 'not an id!'),
+          auth: 'x',
+        })
+      ).status,
+    ).toBe(403);
     expect(await findCoordinator(server.url, keys.token, worker)).toEqual({ coordinator: 'ditswarm-c-second' });
     // a revoked link is told nothing
     await revokeJoinToken(server.url, keys);
-    expect(await findCoordinator(server.url, keys.token, worker)).toEqual({ refused: 'the server refused this link: no proof of a join token this server stands by: the link was revoked, or is not of this server' });
+    expect(await findCoordinator(server.url, keys.token, worker)).toEqual({
+      refused:
+        'the server refused this link: no proof of a join token this server stands by: the link was revoked, or is not of this server',
+    });
     await Promise.all([second, again, workerPage].map((p) => p.close()));
   });
 

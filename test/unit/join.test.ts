@@ -31,7 +31,10 @@ describe('the join handshake', () => {
   it('both hold the token: the worker serves, the dashboard admits', async () => {
     const { dashboard, worker } = tappedPair();
     const m = metadata();
-    const [admitted, joined] = await Promise.all([admitWorker(dashboard, 'the-token', ids, m), joinDashboard(worker, 'the-token', ids, m)]);
+    const [admitted, joined] = await Promise.all([
+      admitWorker(dashboard, 'the-token', ids, m),
+      joinDashboard(worker, 'the-token', ids, m),
+    ]);
     expect([admitted, joined]).toEqual([null, null]);
   });
 
@@ -40,7 +43,10 @@ describe('the join handshake', () => {
     const m = metadata();
     const impostor = admitWorker(dashboard, 'a-guess', ids, m);
     const joined = await joinDashboard(worker, 'the-secret-token', ids, m);
-    expect(joined).toEqual({ refused: "the dashboard did not prove it holds this link's join token: open the join link the dashboard shows (a page that took its place cannot)" });
+    expect(joined).toEqual({
+      refused:
+        "the dashboard did not prove it holds this link's join token: open the join link the dashboard shows (a page that took its place cannot)",
+    });
     worker.close('refused'); // as the worker page does: its connection closes, and with it the other side's
     dashboard.close('the worker closed the connection');
     expect(await impostor).toMatch(/did not prove it holds the join token/);
@@ -54,17 +60,24 @@ describe('the join handshake', () => {
     // a recorded challenge replayed to a worker that dialled with a fresh nonce
     const recorded: unknown[] = [];
     first.worker.onMessage((msg) => recorded.push(msg));
-    await Promise.all([admitWorker(first.dashboard, 'the-token', ids, m), joinDashboard(first.worker, 'the-token', ids, m)]);
+    await Promise.all([
+      admitWorker(first.dashboard, 'the-token', ids, m),
+      joinDashboard(first.worker, 'the-token', ids, m),
+    ]);
     const second = tappedPair();
-    const replay = recorded.find((msg) => (msg as { body?: { type?: string } }).body?.type === 'challenge') as { body: object };
+    const replay = recorded.find((msg) => (msg as { body?: { type?: string } }).body?.type === 'challenge') as {
+      body: object;
+    };
     await second.dashboard.send({ kind: 'rpc', from: 255, body: replay.body, tensors: [] });
-    expect(await joinDashboard(second.worker, 'the-token', ids, metadata())).toMatchObject({ refused: expect.stringMatching(/did not prove/) });
+    expect(await joinDashboard(second.worker, 'the-token', ids, metadata())).toMatchObject({
+      refused: expect.stringMatching(/did not prove/),
+    });
   });
 });
 
 describe("a page's relay registration", () => {
   const TOKEN = `${'ab'.repeat(12)}.${'5e'.repeat(16)}`;
-  it('names its swarm by the token\'s room and proves it holds the token, which it never sends', async () => {
+  it("names its swarm by the token's room and proves it holds the token, which it never sends", async () => {
     const urls: string[] = [];
     const server = http.createServer();
     server.on('upgrade', (request, socket) => {
@@ -73,7 +86,16 @@ describe("a page's relay registration", () => {
     });
     await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
     const origin = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
-    const signaling = { host: '127.0.0.1', port: 0, path: '/peerjs', key: 'k', secure: false, iceServers: [], relay: { mode: 'fallback' as const, path: '/relay' }, lanOrigins: [] };
+    const signaling = {
+      host: '127.0.0.1',
+      port: 0,
+      path: '/peerjs',
+      key: 'k',
+      secure: false,
+      iceServers: [],
+      relay: { mode: 'fallback' as const, path: '/relay' },
+      lanOrigins: [],
+    };
     // a page's WebSocket (Node 20 has none of its own)
     const globals = globalThis as { WebSocket?: unknown };
     const before = globals.WebSocket;

@@ -18,7 +18,10 @@ function importGraph(): Map<string, string[]> {
   for (const file of FOLDERS.flatMap(sourceFiles)) {
     const text = readFileSync(join(ROOT, file), 'utf8');
     const specs = [...text.matchAll(/(?:from|import)\s*\(?\s*'(\.{1,2}\/[^']+)'/g)].map((m) => m[1]);
-    graph.set(file, specs.map((s) => relative(ROOT, resolve(ROOT, dirname(file), s))));
+    graph.set(
+      file,
+      specs.map((s) => relative(ROOT, resolve(ROOT, dirname(file), s))),
+    );
   }
   return graph;
 }
@@ -55,7 +58,9 @@ const topFolder = (file: string) => file.split('/')[0];
 
 /** Imports from files in `from` into files of the folders `to`, as "importer → imported". */
 function crossings(graph: Map<string, string[]>, from: (file: string) => boolean, to: string[]): string[] {
-  return [...graph].flatMap(([file, deps]) => (from(file) ? deps.filter((d) => to.includes(topFolder(d))).map((d) => `${file} → ${d}`) : []));
+  return [...graph].flatMap(([file, deps]) =>
+    from(file) ? deps.filter((d) => to.includes(topFolder(d))).map((d) => `${file} → ${d}`) : [],
+  );
 }
 
 describe('the source layout', () => {
@@ -72,15 +77,32 @@ describe('the source layout', () => {
   });
 
   it('finds a cycle when there is one', () => {
-    expect(cycles(new Map([['a', ['b']], ['b', ['c']], ['c', ['a']], ['d', ['a']]]))).toEqual([['a', 'b', 'c']]);
+    expect(
+      cycles(
+        new Map([
+          ['a', ['b']],
+          ['b', ['c']],
+          ['c', ['a']],
+          ['d', ['a']],
+        ]),
+      ),
+    ).toEqual([['a', 'b', 'c']]);
   });
 
   it('keeps core/ free of every other folder', () => {
-    expect(crossings(graph, (f) => topFolder(f) === 'core', FOLDERS.filter((f) => f !== 'core'))).toEqual([]);
+    expect(
+      crossings(
+        graph,
+        (f) => topFolder(f) === 'core',
+        FOLDERS.filter((f) => f !== 'core'),
+      ),
+    ).toEqual([]);
   });
 
   it('keeps rank/ compute free of the pages, the coordinator and the server', () => {
-    expect(crossings(graph, (f) => topFolder(f) === 'rank', ['app', 'coordinator', 'worker', 'server', 'demo'])).toEqual([]);
+    expect(
+      crossings(graph, (f) => topFolder(f) === 'rank', ['app', 'coordinator', 'worker', 'server', 'demo']),
+    ).toEqual([]);
   });
 
   it('never lets the coordinator import the worker page', () => {
@@ -89,7 +111,11 @@ describe('the source layout', () => {
 
   it('holds no training code under server/', () => {
     const training = ['demo/tape.ts', 'demo/adam.ts', 'demo/train.ts', 'demo/trainable-wan.ts', 'demo/gemm.ts'];
-    expect([...graph].filter(([file, deps]) => topFolder(file) === 'server' && deps.some((d) => training.includes(d))).map(([f]) => f)).toEqual([]);
+    expect(
+      [...graph]
+        .filter(([file, deps]) => topFolder(file) === 'server' && deps.some((d) => training.includes(d)))
+        .map(([f]) => f),
+    ).toEqual([]);
     expect([...graph.keys()].filter((f) => topFolder(f) === 'server' && /train|tape|adam|gemm/.test(f))).toEqual([]);
   });
 });

@@ -130,20 +130,35 @@ describe('Link', () => {
 
   it('keeps per-link order for concurrent senders, both directions at once', async () => {
     const { a, b } = linkedPair({ highWaterBytes: 256 * 1024 });
-    const big: Message = { kind: 'tensor', from: 0, tag: TAG, dtype: 'f32', shape: [500_000], data: patterned(2_000_000) };
+    const big: Message = {
+      kind: 'tensor',
+      from: 0,
+      tag: TAG,
+      dtype: 'f32',
+      shape: [500_000],
+      data: patterned(2_000_000),
+    };
     const atB = nextMessages(b, 21);
     const atA = nextMessages(a, 10);
     const resolved: number[] = [];
     const sends: Promise<unknown>[] = [a.send(big).then(() => resolved.push(-1))];
     for (let i = 0; i < 20; i++) {
-      sends.push(a.send({ kind: 'rpc', from: COORDINATOR, body: { i }, tensors: [new Float32Array([i])] }).then(() => resolved.push(i)));
+      sends.push(
+        a
+          .send({ kind: 'rpc', from: COORDINATOR, body: { i }, tensors: [new Float32Array([i])] })
+          .then(() => resolved.push(i)),
+      );
     }
     for (let i = 0; i < 10; i++) sends.push(b.send({ kind: 'rpc', from: 0, body: { reply: i }, tensors: [] }));
     await Promise.all(sends);
     const [fromA, fromB] = await Promise.all([atB, atA]);
-    expect(fromA[0]!.kind).toBe('tensor');
-    expect(fromA.slice(1).map((m) => (m.kind === 'rpc' ? m.body : null))).toEqual(Array.from({ length: 20 }, (_, i) => ({ i })));
-    expect(fromB.map((m) => (m.kind === 'rpc' ? m.body : null))).toEqual(Array.from({ length: 10 }, (_, i) => ({ reply: i })));
+    expect(fromA[0].kind).toBe('tensor');
+    expect(fromA.slice(1).map((m) => (m.kind === 'rpc' ? m.body : null))).toEqual(
+      Array.from({ length: 20 }, (_, i) => ({ i })),
+    );
+    expect(fromB.map((m) => (m.kind === 'rpc' ? m.body : null))).toEqual(
+      Array.from({ length: 10 }, (_, i) => ({ reply: i })),
+    );
     expect(resolved).toEqual([-1, ...Array.from({ length: 20 }, (_, i) => i)]);
   });
 
@@ -213,11 +228,16 @@ describe('Link', () => {
   it('drops bad frames with a reason instead of throwing', () => {
     const { b } = linkedPair();
     expect(() => b.receive(new ArrayBuffer(7))).not.toThrow();
-    expect(b.stats).toMatchObject({ framesDropped: 1, lastDropReason: expect.stringMatching(/shorter than the 60-byte header/) });
+    expect(b.stats).toMatchObject({
+      framesDropped: 1,
+      lastDropReason: expect.stringMatching(/shorter than the 60-byte header/),
+    });
   });
 
   it('lets its owner reject messages from a peer that claims the wrong rank', () => {
-    const link = new Link(new FakeChannel(), { accept: (h) => (h.from === 3 ? null : `peer is rank 3, frame claims ${h.from}`) });
+    const link = new Link(new FakeChannel(), {
+      accept: (h) => (h.from === 3 ? null : `peer is rank 3, frame claims ${h.from}`),
+    });
     const got: Message[] = [];
     link.onMessage((m) => got.push(m));
     for (const f of encodeFrames({ kind: 'rpc', from: 4, body: 'spoof', tensors: [] }, 0)) link.receive(f);

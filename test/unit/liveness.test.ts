@@ -3,7 +3,13 @@ import { WorkerError } from '../../coordinator/executor.ts';
 import { passing } from '../../core/net/check.ts';
 import { checkPulse } from '../../core/worker-api.ts';
 import type { Channel } from '../../core/net/channel.ts';
-import { answerHeartbeats, DEAD_AFTER_MS, HEARTBEAT_INTERVAL_MS, LOADING_DEAD_AFTER_MS, watchHeartbeats } from '../../core/net/heartbeat.ts';
+import {
+  answerHeartbeats,
+  DEAD_AFTER_MS,
+  HEARTBEAT_INTERVAL_MS,
+  LOADING_DEAD_AFTER_MS,
+  watchHeartbeats,
+} from '../../core/net/heartbeat.ts';
 import { Link } from '../../core/net/link.ts';
 import { COORDINATOR, encodeFrames, HEADER_BYTES, type FrameHeader, type Message } from '../../core/net/protocol.ts';
 import type { WanModel } from '../../core/model/reference.ts';
@@ -22,7 +28,8 @@ const START = Date.UTC(2026, 0, 1);
 const DEAD_ON_BEAT = DEAD_AFTER_MS + HEARTBEAT_INTERVAL_MS;
 
 /** The coordinator's own rule for what a worker may send it (coordinator/swarm.ts). */
-const coordinatorAccept = (h: FrameHeader) => (h.kind !== 'rpc' ? 'a worker may only send RPC messages to the coordinator' : null);
+const coordinatorAccept = (h: FrameHeader) =>
+  h.kind !== 'rpc' ? 'a worker may only send RPC messages to the coordinator' : null;
 
 function watched(link: Link) {
   const deaths: number[] = [];
@@ -45,7 +52,12 @@ function wiredPair(): [Link, Link] {
   return [a, b];
 }
 
-const echo = (from: number): Extract<Message, { kind: 'rpc' }> => ({ kind: 'rpc', from, body: { type: 'heartbeat-echo', pulse: { state: 'ready', framesDropped: 0 } }, tensors: [] });
+const echo = (from: number): Extract<Message, { kind: 'rpc' }> => ({
+  kind: 'rpc',
+  from,
+  body: { type: 'heartbeat-echo', pulse: { state: 'ready', framesDropped: 0 } },
+  tensors: [],
+});
 
 describe('heartbeats', () => {
   beforeEach(() => {
@@ -78,7 +90,12 @@ describe('heartbeats', () => {
   it('a peer whose last answer said it is loading a model may be silent for up to a minute, not 3 s; its closed link still counts at once', async () => {
     const [coordinator, worker] = wiredPair();
     const { deaths } = watched(coordinator);
-    await worker.send({ kind: 'rpc', from: 0, body: { type: 'heartbeat-echo', pulse: { state: 'loading', framesDropped: 0 } }, tensors: [] });
+    await worker.send({
+      kind: 'rpc',
+      from: 0,
+      body: { type: 'heartbeat-echo', pulse: { state: 'loading', framesDropped: 0 } },
+      tensors: [],
+    });
     await vi.advanceTimersByTimeAsync(LOADING_DEAD_AFTER_MS);
     expect(deaths).toEqual([]);
     await vi.advanceTimersByTimeAsync(HEARTBEAT_INTERVAL_MS);
@@ -86,7 +103,12 @@ describe('heartbeats', () => {
 
     const [coordinator2, worker2] = wiredPair();
     const second = watched(coordinator2);
-    await worker2.send({ kind: 'rpc', from: 0, body: { type: 'heartbeat-echo', pulse: { state: 'loading', framesDropped: 0 } }, tensors: [] });
+    await worker2.send({
+      kind: 'rpc',
+      from: 0,
+      body: { type: 'heartbeat-echo', pulse: { state: 'loading', framesDropped: 0 } },
+      tensors: [],
+    });
     coordinator2.close('its tab closed');
     await vi.advanceTimersByTimeAsync(HEARTBEAT_INTERVAL_MS);
     expect(second.deaths).toEqual([HEARTBEAT_INTERVAL_MS]);
@@ -109,7 +131,16 @@ describe('heartbeats', () => {
     const link = new Link(channel, { accept: coordinatorAccept });
     const { deaths } = watched(link);
     let sent = false;
-    void link.send({ kind: 'tensor', from: COORDINATOR, tag: { job: 0, step: 0, pass: 0, block: 0, phase: 0, group: 0 }, dtype: 'f32', shape: [2 << 20], data: new Uint8Array(8 << 20) }).then(() => (sent = true));
+    void link
+      .send({
+        kind: 'tensor',
+        from: COORDINATOR,
+        tag: { job: 0, step: 0, pass: 0, block: 0, phase: 0, group: 0 },
+        dtype: 'f32',
+        shape: [2 << 20],
+        data: new Uint8Array(8 << 20),
+      })
+      .then(() => (sent = true));
     await vi.advanceTimersByTimeAsync(10_000); // the channel is stuck: 8 MB and every beat wait
     expect(deaths).toEqual([]);
     while (!sent) {
@@ -142,41 +173,67 @@ describe('heartbeats', () => {
   // Each kind of frame a peer may send that the link drops; none may keep the peer alive.
   const garbage: [string, (msgId: number) => ArrayBuffer][] = [
     ['shorter than a header', () => new ArrayBuffer(7)],
-    ['bad magic', (id) => corrupt(encodeFrames(echo(0), id)[0]!, 0, 0x00)],
-    ['another protocol version', (id) => corrupt(encodeFrames(echo(0), id)[0]!, 2, 9)],
-    ['refused by accept (a tensor)', (id) => encodeFrames({ kind: 'tensor', from: 0, tag: { job: 1, step: 0, pass: 0, block: 0, phase: 0, group: 0 }, dtype: 'f32', shape: [4], data: new Uint8Array(16) }, id)[0]!],
-    ['a replay of a delivered message', () => encodeFrames(echo(0), 0)[0]!],
-    ['a duplicate chunk of an open message', () => encodeFrames({ ...echo(0), tensors: [new Float32Array(64)] }, 1, 200)[0]!],
-    ['an RPC message whose body is not UTF-8 JSON', (id) => corrupt(encodeFrames(echo(0), id)[0]!, HEADER_BYTES + 8, 0xff)],
+    ['bad magic', (id) => corrupt(encodeFrames(echo(0), id)[0], 0, 0x00)],
+    ['another protocol version', (id) => corrupt(encodeFrames(echo(0), id)[0], 2, 9)],
+    [
+      'refused by accept (a tensor)',
+      (id) =>
+        encodeFrames(
+          {
+            kind: 'tensor',
+            from: 0,
+            tag: { job: 1, step: 0, pass: 0, block: 0, phase: 0, group: 0 },
+            dtype: 'f32',
+            shape: [4],
+            data: new Uint8Array(16),
+          },
+          id,
+        )[0],
+    ],
+    ['a replay of a delivered message', () => encodeFrames(echo(0), 0)[0]],
+    [
+      'a duplicate chunk of an open message',
+      () => encodeFrames({ ...echo(0), tensors: [new Float32Array(64)] }, 1, 200)[0],
+    ],
+    [
+      'an RPC message whose body is not UTF-8 JSON',
+      (id) => corrupt(encodeFrames(echo(0), id)[0], HEADER_BYTES + 8, 0xff),
+    ],
   ];
 
-  it.each(garbage)('a peer that sends only garbage (%s) is as dead as a silent one: every frame dropped, none refreshes lastHeardAt', async (_kind, frame) => {
-    const link = new Link(new SinkChannel(), { accept: coordinatorAccept });
-    // at START: one whole message (msgId 0) and the first chunk of an unfinished one (msgId 1), both signs of life
-    for (const f of encodeFrames(echo(0), 0)) link.receive(f);
-    link.receive(encodeFrames({ ...echo(0), tensors: [new Float32Array(64)] }, 1, 200)[0]!);
-    expect(link.stats).toMatchObject({ messagesReceived: 1, framesDropped: 0 });
-    const { deaths } = watched(link);
+  it.each(garbage)(
+    'a peer that sends only garbage (%s) is as dead as a silent one: every frame dropped, none refreshes lastHeardAt',
+    async (_kind, frame) => {
+      const link = new Link(new SinkChannel(), { accept: coordinatorAccept });
+      // at START: one whole message (msgId 0) and the first chunk of an unfinished one (msgId 1), both signs of life
+      for (const f of encodeFrames(echo(0), 0)) link.receive(f);
+      link.receive(encodeFrames({ ...echo(0), tensors: [new Float32Array(64)] }, 1, 200)[0]);
+      expect(link.stats).toMatchObject({ messagesReceived: 1, framesDropped: 0 });
+      const { deaths } = watched(link);
 
-    let sent = 0;
-    const feed = async (ms: number) => {
-      for (let t = 0; t < ms; t += 100) {
-        await vi.advanceTimersByTimeAsync(100);
-        link.receive(frame(1000 + sent++));
-      }
-    };
-    await feed(DEAD_AFTER_MS); // a garbage frame every 100 ms, the last at 3000
-    expect(deaths).toEqual([]);
-    await vi.advanceTimersByTimeAsync(HEARTBEAT_INTERVAL_MS);
-    expect(deaths).toEqual([DEAD_ON_BEAT]);
-    expect(sent).toBe(30);
-    expect(link.stats).toMatchObject({ messagesReceived: 1, framesDropped: 30 });
-    expect(link.lastHeardAt).toBe(START);
-  });
+      let sent = 0;
+      const feed = async (ms: number) => {
+        for (let t = 0; t < ms; t += 100) {
+          await vi.advanceTimersByTimeAsync(100);
+          link.receive(frame(1000 + sent++));
+        }
+      };
+      await feed(DEAD_AFTER_MS); // a garbage frame every 100 ms, the last at 3000
+      expect(deaths).toEqual([]);
+      await vi.advanceTimersByTimeAsync(HEARTBEAT_INTERVAL_MS);
+      expect(deaths).toEqual([DEAD_ON_BEAT]);
+      expect(sent).toBe(30);
+      expect(link.stats).toMatchObject({ messagesReceived: 1, framesDropped: 30 });
+      expect(link.lastHeardAt).toBe(START);
+    },
+  );
 
   it('valid heartbeat echoes keep a worker alive for 30 s (60 pulses); frozen after that, it dies 3.5 s after its last echo', async () => {
     const [coordinator, worker] = wiredPair();
-    const stopAnswering = answerHeartbeats(worker, 0, () => ({ state: 'ready', framesDropped: worker.stats.framesDropped }));
+    const stopAnswering = answerHeartbeats(worker, 0, () => ({
+      state: 'ready',
+      framesDropped: worker.stats.framesDropped,
+    }));
     const { deaths, pulses } = watched(coordinator);
 
     const clockAt = (ms: number) => vi.advanceTimersByTimeAsync(START + ms - Date.now());
@@ -198,7 +255,16 @@ describe('heartbeats', () => {
   it('a long reply arriving one frame per 200 ms keeps its sender alive, though no whole message arrives for over 8 s', async () => {
     const link = new Link(new SinkChannel(), { accept: coordinatorAccept });
     const { deaths } = watched(link);
-    const frames = encodeFrames({ kind: 'rpc', from: 0, body: { type: 'reply', id: 1, ok: true, result: { $tensor: 0 } }, tensors: [new Float32Array(10_000)] }, 0, 1060);
+    const frames = encodeFrames(
+      {
+        kind: 'rpc',
+        from: 0,
+        body: { type: 'reply', id: 1, ok: true, result: { $tensor: 0 } },
+        tensors: [new Float32Array(10_000)],
+      },
+      0,
+      1060,
+    );
     expect(frames.length).toBe(41);
     for (const f of frames) {
       await vi.advanceTimersByTimeAsync(200);
@@ -230,9 +296,14 @@ describe.each<Transport>(['direct', 'rpc'])('collectiveRpc over %s calls', (tran
   it('one rank that errs fails the call at once (0 ms on the clock, with a 60 s timeout), though another rank never answers', async () => {
     const RPC_TIMEOUT_MS = 60_000;
     const engine = stubEngine(referenceStages(model), model.config);
-    const executor = new InProcessExecutor({ config: model.config, modelUrl: '/models/tiny-wan', rpcTimeoutMs: RPC_TIMEOUT_MS, layout: new RankLayout(3) }, engine, transport);
+    const executor = new InProcessExecutor(
+      { config: model.config, modelUrl: '/models/tiny-wan', rpcTimeoutMs: RPC_TIMEOUT_MS, layout: new RankLayout(3) },
+      engine,
+      transport,
+    );
     await executor.initialize();
-    executor.fault = (rank, method) => (method !== 'ping' ? null : rank === 1 ? { throws: 'out of GPU memory' } : rank === 2 ? { silent: true } : null);
+    executor.fault = (rank, method) =>
+      method !== 'ping' ? null : rank === 1 ? { throws: 'out of GPU memory' } : rank === 2 ? { silent: true } : null;
 
     // the clock only moves when the test moves it; messages still flow (setImmediate stays real)
     vi.useFakeTimers({ toFake: ['setTimeout', 'clearTimeout', 'setInterval', 'clearInterval', 'Date'] });
@@ -248,14 +319,26 @@ describe.each<Transport>(['direct', 'rpc'])('collectiveRpc over %s calls', (tran
     const { error, at } = outcome.failure!;
     expect(at - START).toBe(0); // no timer had to fire: far under RPC_TIMEOUT_MS
     expect(error).toBeInstanceOf(WorkerError);
-    expect(error).toMatchObject({ rank: 1, method: 'ping', remoteMessage: 'out of GPU memory', blame: null, breach: false });
+    expect(error).toMatchObject({
+      rank: 1,
+      method: 'ping',
+      remoteMessage: 'out of GPU memory',
+      blame: null,
+      breach: false,
+    });
     expect(executor.received.map((methods) => methods.at(-1))).toEqual(['ping', 'ping', 'ping']); // rank 2 was asked, and is still silent
     expect(vi.getTimerCount()).toBeGreaterThan(0); // its call's timeout is still pending
   });
 });
 
 describe("a worker's pulse, judged where the coordinator receives it (checkPulse)", () => {
-  const honest = { state: 'ready', framesDropped: 2, mesh: [{ peer: 'ditswarm-w-1', transport: 'direct' }], threads: 2, load: { bytes: 1, totalBytes: 2, networkBytes: 1, elapsedMs: 5, note: '' } };
+  const honest = {
+    state: 'ready',
+    framesDropped: 2,
+    mesh: [{ peer: 'ditswarm-w-1', transport: 'direct' }],
+    threads: 2,
+    load: { bytes: 1, totalBytes: 2, networkBytes: 1, elapsedMs: 5, note: '' },
+  };
   it('passes an honest one whole, and drops fields it does not know', () => {
     expect(checkPulse({ ...honest, extra: 'x' }, 'pulse')).toEqual(honest);
     expect(checkPulse({ state: 'idle', framesDropped: 0 }, 'pulse')).toEqual({ state: 'idle', framesDropped: 0 });
@@ -274,6 +357,7 @@ describe("a worker's pulse, judged where the coordinator receives it (checkPulse
     expect(passing(checkPulse, { ...honest, ...change }, 'pulse')).toBeUndefined();
   });
   it('refuses what is not a pulse at all', () => {
-    for (const value of [null, 'ready', 42, [], { state: 'ready' }]) expect(passing(checkPulse, value, 'pulse')).toBeUndefined();
+    for (const value of [null, 'ready', 42, [], { state: 'ready' }])
+      expect(passing(checkPulse, value, 'pulse')).toBeUndefined();
   });
 });

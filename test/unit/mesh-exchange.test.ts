@@ -21,24 +21,42 @@ describe('the mesh exchange and non-finite tensors', () => {
     const { rank0, linkFrom1 } = pair();
     const poisoned = new Float32Array(8).fill(1);
     poisoned[3] = NaN;
-    await linkFrom1.send({ kind: 'tensor', from: 1, tag, dtype: 'f32', shape: [8], data: new Uint8Array(poisoned.buffer) });
+    await linkFrom1.send({
+      kind: 'tensor',
+      from: 1,
+      tag,
+      dtype: 'f32',
+      shape: [8],
+      data: new Uint8Array(poisoned.buffer),
+    });
     const error = await rank0.allToAll(tag, [new Float32Array(8), new Float32Array(8)]).catch((e: unknown) => e);
     expect(error).toBeInstanceOf(PeerLost);
-    expect((error as PeerLost).detail).toEqual({ rank: 1, cause: 'misbehaved', evidence: 'sent NaN or infinite values in step 3, block 1; disconnected' });
+    expect((error as PeerLost).detail).toEqual({
+      rank: 1,
+      cause: 'misbehaved',
+      evidence: 'sent NaN or infinite values in step 3, block 1; disconnected',
+    });
   });
 
   it('finite tensors go through', async () => {
     const { rank0, rank1 } = pair();
-    const [got0, got1] = await Promise.all([rank0.allToAll(tag, [new Float32Array([1]), new Float32Array([2])]), rank1.allToAll(tag, [new Float32Array([3]), new Float32Array([4])])]);
+    const [got0, got1] = await Promise.all([
+      rank0.allToAll(tag, [new Float32Array([1]), new Float32Array([2])]),
+      rank1.allToAll(tag, [new Float32Array([3]), new Float32Array([4])]),
+    ]);
     expect([...got0[1], ...got1[0]]).toEqual([3, 2]);
   });
 
   it("a rank's own NaN, or float16 overflow when it sends float16, is its own error: nothing is sent", async () => {
     const { rank1 } = pair();
-    await expect(rank1.allToAll(tag, [new Float32Array([Infinity]), new Float32Array(1)])).rejects.toThrow("rank 1's activations in step 3, block 1 are NaN, infinite");
+    await expect(rank1.allToAll(tag, [new Float32Array([Infinity]), new Float32Array(1)])).rejects.toThrow(
+      "rank 1's activations in step 3, block 1 are NaN, infinite",
+    );
     const half = new MeshExchange(1, 2, 'f16');
     half.addPeer(0, channelPair()[1]);
-    await expect(half.allToAll(tag, [new Float32Array([70_000]), new Float32Array(1)])).rejects.toThrow('beyond float16 (send float32 instead)');
+    await expect(half.allToAll(tag, [new Float32Array([70_000]), new Float32Array(1)])).rejects.toThrow(
+      'beyond float16 (send float32 instead)',
+    );
     expect(half.bytesSent).toBe(0);
   });
 });
@@ -50,7 +68,18 @@ describe('the mesh exchange and a flooding peer', () => {
     const [a, b] = channelPair();
     const rank0 = new MeshExchange(0, 2);
     rank0.addPeer(1, a);
-    return { rank0, from1: (tag: object, data = new Float32Array(2), dtype: 'f32' | 'f16' = 'f32') => b.send({ kind: 'tensor', from: 1, tag: { job: 1, step: 0, pass: 0, block: 0, phase: 0, group: 0, ...tag }, dtype, shape: [dtype === 'f16' ? 2 * data.length : data.length], data: new Uint8Array(data.buffer) }) };
+    return {
+      rank0,
+      from1: (tag: object, data = new Float32Array(2), dtype: 'f32' | 'f16' = 'f32') =>
+        b.send({
+          kind: 'tensor',
+          from: 1,
+          tag: { job: 1, step: 0, pass: 0, block: 0, phase: 0, group: 0, ...tag },
+          dtype,
+          shape: [dtype === 'f16' ? 2 * data.length : data.length],
+          data: new Uint8Array(data.buffer),
+        }),
+    };
   };
   const settle = () => new Promise((r) => setTimeout(r, 20));
 
@@ -58,8 +87,14 @@ describe('the mesh exchange and a flooding peer', () => {
     const { rank0, from1 } = pair();
     for (let step = 0; step < 2000; step++) await from1({ step });
     await settle();
-    const error = await rank0.allToAll({ job: 1, step: 0, pass: 0, block: 0, phase: 0, group: 0 }, [new Float32Array(2), new Float32Array(2)]).catch((e: unknown) => e);
-    expect((error as PeerLost).detail).toEqual({ rank: 1, cause: 'misbehaved', evidence: `sent ${MAX_AHEAD + 1} tensors ahead of this rank; disconnected` });
+    const error = await rank0
+      .allToAll({ job: 1, step: 0, pass: 0, block: 0, phase: 0, group: 0 }, [new Float32Array(2), new Float32Array(2)])
+      .catch((e: unknown) => e);
+    expect((error as PeerLost).detail).toEqual({
+      rank: 1,
+      cause: 'misbehaved',
+      evidence: `sent ${MAX_AHEAD + 1} tensors ahead of this rank; disconnected`,
+    });
   });
 
   it('the same tensor twice is a lie', async () => {
@@ -67,7 +102,12 @@ describe('the mesh exchange and a flooding peer', () => {
     await from1({ block: 1 });
     await from1({ block: 1 });
     await settle();
-    await expect(rank0.allToAll({ job: 1, step: 0, pass: 0, block: 0, phase: 0, group: 0 }, [new Float32Array(2), new Float32Array(2)])).rejects.toThrow('sent the tensor of step 1, block 1, phase 0 twice');
+    await expect(
+      rank0.allToAll({ job: 1, step: 0, pass: 0, block: 0, phase: 0, group: 0 }, [
+        new Float32Array(2),
+        new Float32Array(2),
+      ]),
+    ).rejects.toThrow('sent the tensor of step 1, block 1, phase 0 twice');
   });
 
   it("one block's head groups are tensors of their own, each received by its own exchange; one group twice is a lie naming it (issue 20)", async () => {
@@ -75,13 +115,17 @@ describe('the mesh exchange and a flooding peer', () => {
     await from1({ block: 1, group: 1 }, Float32Array.of(1, 1));
     await from1({ block: 1, group: 0 }, Float32Array.of(0, 0));
     const tag = { job: 1, step: 0, pass: 0, block: 1, phase: 0 };
-    const [first, second] = await Promise.all([0, 1].map((group) => rank0.allToAll({ ...tag, group }, [new Float32Array(2), new Float32Array(2)])));
-    expect([...first[1]!, ...second[1]!]).toEqual([0, 0, 1, 1]);
+    const [first, second] = await Promise.all(
+      [0, 1].map((group) => rank0.allToAll({ ...tag, group }, [new Float32Array(2), new Float32Array(2)])),
+    );
+    expect([...first[1], ...second[1]]).toEqual([0, 0, 1, 1]);
     const again = pair();
     await again.from1({ block: 1, group: 2 });
     await again.from1({ block: 1, group: 2 });
     await settle();
-    await expect(again.rank0.allToAll({ ...tag, block: 0, group: 0 }, [new Float32Array(2), new Float32Array(2)])).rejects.toThrow('sent the tensor of step 1, block 1, phase 0, head group 2 twice');
+    await expect(
+      again.rank0.allToAll({ ...tag, block: 0, group: 0 }, [new Float32Array(2), new Float32Array(2)]),
+    ).rejects.toThrow('sent the tensor of step 1, block 1, phase 0, head group 2 twice');
   });
 
   it('a tensor of a forward already past, or of another dtype, is refused whole and counted; the exchange goes on', async () => {
@@ -109,7 +153,9 @@ describe('the mesh exchange and a peer that withholds its tensors', () => {
     const rank0 = new MeshExchange(0, 2, 'f32', 50);
     rank0.addPeer(1, a);
     const started = performance.now();
-    const error = await rank0.allToAll({ job: 1, step: 4, pass: 0, block: 2, phase: 1, group: 0 }, [new Float32Array(1), new Float32Array(1)]).catch((e: unknown) => e);
+    const error = await rank0
+      .allToAll({ job: 1, step: 4, pass: 0, block: 2, phase: 1, group: 0 }, [new Float32Array(1), new Float32Array(1)])
+      .catch((e: unknown) => e);
     expect(performance.now() - started).toBeGreaterThanOrEqual(45);
     expect((error as PeerLost).detail).toMatchObject({ rank: 1, cause: 'silent' });
     expect((error as PeerLost).detail.evidence).toMatch(/^sent no tensor for step 5, block 2, phase 1 in \d+ s$/);
@@ -126,30 +172,58 @@ describe('the mesh exchange and a peer that withholds its tensors', () => {
       await new Promise((r) => setTimeout(r, 50));
       await b.send({ kind: 'rpc', from: 1, body: 'still sending', tensors: [] });
     }
-    await b.send({ kind: 'tensor', from: 1, tag, dtype: 'f32', shape: [1], data: new Uint8Array(Float32Array.of(7).buffer) });
+    await b.send({
+      kind: 'tensor',
+      from: 1,
+      tag,
+      dtype: 'f32',
+      shape: [1],
+      data: new Uint8Array(Float32Array.of(7).buffer),
+    });
     const [, got] = await exchange;
     expect([...got]).toEqual([7]);
   });
 });
 
 describe('the mesh exchange across jobs', () => {
-  it("what a job cut short left unasked is dropped when the next job starts, not counted against the peer", async () => {
+  it('what a job cut short left unasked is dropped when the next job starts, not counted against the peer', async () => {
     const [a, b] = channelPair();
     const rank0 = new MeshExchange(0, 2);
     rank0.addPeer(1, a);
-    const send = (tag: object, value: number) => b.send({ kind: 'tensor', from: 1, tag: { job: 1, step: 0, pass: 0, block: 0, phase: 0, group: 0, ...tag }, dtype: 'f32', shape: [1], data: new Uint8Array(Float32Array.of(value).buffer) });
+    const send = (tag: object, value: number) =>
+      b.send({
+        kind: 'tensor',
+        from: 1,
+        tag: { job: 1, step: 0, pass: 0, block: 0, phase: 0, group: 0, ...tag },
+        dtype: 'f32',
+        shape: [1],
+        data: new Uint8Array(Float32Array.of(value).buffer),
+      });
     // job 1: one exchange done, then the peer's parts for three blocks this rank never reached
-    const first = rank0.allToAll({ job: 1, step: 0, pass: 0, block: 0, phase: 0, group: 0 }, [new Float32Array(1), new Float32Array(1)]);
+    const first = rank0.allToAll({ job: 1, step: 0, pass: 0, block: 0, phase: 0, group: 0 }, [
+      new Float32Array(1),
+      new Float32Array(1),
+    ]);
     await send({}, 1);
     await first;
     for (const block of [1, 2, 3]) await send({ block }, 9);
     await new Promise((r) => setTimeout(r, 20));
     // job 2 runs as usual: two tensors ahead of it are not a flood on top of job 1's leftovers
-    const second = rank0.allToAll({ job: 2, step: 0, pass: 0, block: 0, phase: 0, group: 0 }, [new Float32Array(1), new Float32Array(1)]);
+    const second = rank0.allToAll({ job: 2, step: 0, pass: 0, block: 0, phase: 0, group: 0 }, [
+      new Float32Array(1),
+      new Float32Array(1),
+    ]);
     await send({ job: 2, block: 1 }, 5);
     await send({ job: 2, block: 2 }, 6);
     await send({ job: 2 }, 4);
     expect([...(await second)[1]]).toEqual([4]);
-    expect([...(await rank0.allToAll({ job: 2, step: 0, pass: 0, block: 1, phase: 0, group: 0 }, [new Float32Array(1), new Float32Array(1)]))[1]]).toEqual([5]);
+    expect([
+      ...(
+        await rank0.allToAll({ job: 2, step: 0, pass: 0, block: 1, phase: 0, group: 0 }, [
+          new Float32Array(1),
+          new Float32Array(1),
+        ])
+      )[1],
+    ]).toEqual([5]);
   });
 });

@@ -18,7 +18,14 @@ async function preparedRanks(world: number, heads?: number[], headGroups?: numbe
   const prepared = inProcessRanks(world, stubEngine(referenceStages(model), model.config));
   const peers = prepared.ranks.map((_, r) => `p${r}`);
   for (const [rank, api] of prepared.ranks.entries()) {
-    await api.initWorker({ rank, world, peers, session: 's', ...(heads && { heads }), ...(headGroups && { headGroups }) });
+    await api.initWorker({
+      rank,
+      world,
+      peers,
+      session: 's',
+      ...(heads && { heads }),
+      ...(headGroups && { headGroups }),
+    });
     await api.loadModel({ modelUrl: 'x', ep: 'wasm' });
     await api.prepareJob({ job: 5, texts: [new Float32Array(32 * model.config.textDim)], latentShape: [16, 1, 8, 8] });
   }
@@ -46,7 +53,14 @@ describe('mesh probe: the rank-to-rank link timed on the job’s own all-to-all'
   });
 
   it('fits bandwidth from the difference between the large and the small exchange', () => {
-    const probe: MeshProbe = { rank: 0, bytesPerPeer: 524_288, smallBytes: 8, bytesSent: 1_048_576, smallMs: 2, largeMs: 102 };
+    const probe: MeshProbe = {
+      rank: 0,
+      bytesPerPeer: 524_288,
+      smallBytes: 8,
+      bytesSent: 1_048_576,
+      smallMs: 2,
+      largeMs: 102,
+    };
     const link = fitMeshProbe(probe);
     expect(link.bandwidth).toBeCloseTo((1_048_576 - 8) / 0.1, -2); // ≈ 10.5 MB/s
     expect(link.latency).toBeCloseTo(0.002, 5);
@@ -78,9 +92,15 @@ describe('mesh probe: the rank-to-rank link timed on the job’s own all-to-all'
     }
     expect(runtimes[0].judgeTensor(2, tag(0, 2), 4 * 3 * 2 * 3 * d)).toMatch(/head group 2 of 2/);
     // all of a rank's heads at once, or an even share's size, is refused
-    expect(runtimes[0].judgeTensor(2, tag(0), 4 * 3 * 2 * 6 * d)).toMatch(new RegExp(`the plan says ${4 * 3 * 2 * 3 * d}$`));
-    expect(runtimes[0].judgeTensor(2, tag(0), 4 * 3 * 5 * 2 * d)).toMatch(new RegExp(`the plan says ${4 * 3 * 2 * 3 * d}$`));
+    expect(runtimes[0].judgeTensor(2, tag(0), 4 * 3 * 2 * 6 * d)).toMatch(
+      new RegExp(`the plan says ${4 * 3 * 2 * 3 * d}$`),
+    );
+    expect(runtimes[0].judgeTensor(2, tag(0), 4 * 3 * 5 * 2 * d)).toMatch(
+      new RegExp(`the plan says ${4 * 3 * 2 * 3 * d}$`),
+    );
     expect(runtimes[1].judgeTensor(3, tag(0), 0)).toMatch(/from rank 3 of a mesh of 3/);
-    await expect(runtimes[0].initWorker({ rank: 0, world: 3, peers: ['a', 'b', 'c'], session: 't', heads: [6, 6] })).rejects.toThrow(/a head share for each of 3 ranks/);
+    await expect(
+      runtimes[0].initWorker({ rank: 0, world: 3, peers: ['a', 'b', 'c'], session: 't', heads: [6, 6] }),
+    ).rejects.toThrow(/a head share for each of 3 ranks/);
   });
 });

@@ -9,12 +9,48 @@ describe('diffusers WanTransformer3DModel config and weights', () => {
     expect(m.config.numHeads).toBe(12);
     expect(m.config.inChannels).toBe(16);
     expect(m.config.patchSize).toEqual([1, 2, 2]);
-    const families = ['patch_embedding', 'condition_embedder.time_embedder', 'condition_embedder.time_proj', 'condition_embedder.text_embedder', 'blocks.0.attn1', 'blocks.0.attn2', 'blocks.0.norm2', 'blocks.0.ffn', 'blocks.0.scale_shift_table', 'proj_out', 'scale_shift_table'];
-    for (const family of families) expect([...m.weights.keys()].some((k) => k.startsWith(family)), family).toBe(true);
+    const families = [
+      'patch_embedding',
+      'condition_embedder.time_embedder',
+      'condition_embedder.time_proj',
+      'condition_embedder.text_embedder',
+      'blocks.0.attn1',
+      'blocks.0.attn2',
+      'blocks.0.norm2',
+      'blocks.0.ffn',
+      'blocks.0.scale_shift_table',
+      'proj_out',
+      'scale_shift_table',
+    ];
+    for (const family of families)
+      expect(
+        [...m.weights.keys()].some((k) => k.startsWith(family)),
+        family,
+      ).toBe(true);
   });
 
   it('reads the real Wan2.1-T2V-1.3B config and knows its weight shapes', () => {
-    const cfg = parseWanConfig({ _class_name: 'WanTransformer3DModel', num_attention_heads: 12, attention_head_dim: 128, ffn_dim: 8960, num_layers: 30, text_dim: 4096, freq_dim: 256, in_channels: 16, out_channels: 16, patch_size: [1, 2, 2], cross_attn_norm: true, qk_norm: 'rms_norm_across_heads', eps: 1e-6, rope_max_seq_len: 1024, image_dim: null, added_kv_proj_dim: null }, 'wan-1.3b');
+    const cfg = parseWanConfig(
+      {
+        _class_name: 'WanTransformer3DModel',
+        num_attention_heads: 12,
+        attention_head_dim: 128,
+        ffn_dim: 8960,
+        num_layers: 30,
+        text_dim: 4096,
+        freq_dim: 256,
+        in_channels: 16,
+        out_channels: 16,
+        patch_size: [1, 2, 2],
+        cross_attn_norm: true,
+        qk_norm: 'rms_norm_across_heads',
+        eps: 1e-6,
+        rope_max_seq_len: 1024,
+        image_dim: null,
+        added_kv_proj_dim: null,
+      },
+      'wan-1.3b',
+    );
     expect(cfg.dim).toBe(1536);
     const shapes = expectedWeightShapes(cfg);
     expect(shapes.get('blocks.29.ffn.net.0.proj.weight')).toEqual([8960, 1536]);
@@ -24,7 +60,9 @@ describe('diffusers WanTransformer3DModel config and weights', () => {
   });
 
   it('refuses configs it cannot run, saying why', () => {
-    expect(() => parseWanConfig({ attention_head_dim: 16 }, 'c.json')).toThrowError(/c\.json: attention_head_dim 16 makes diffusers' RoPE tables and splits disagree/);
+    expect(() => parseWanConfig({ attention_head_dim: 16 }, 'c.json')).toThrowError(
+      /c\.json: attention_head_dim 16 makes diffusers' RoPE tables and splits disagree/,
+    );
     expect(() => parseWanConfig({ image_dim: 1280 }, 'c.json')).toThrowError(/image_dim is set: image-to-video/);
     expect(() => parseWanConfig({ _class_name: 'UNet' }, 'c.json')).toThrowError(/expected "WanTransformer3DModel"/);
     expect(() => parseWanConfig({ num_layers: -1 }, 'c.json')).toThrowError(/num_layers must be a positive integer/);

@@ -14,14 +14,18 @@ describe("a worker page's model folders", () => {
     expect(refuse('https://models.example.org/wan2.1')).toBeNull();
   });
   it('refuses any other origin, or a folder of the --model origin other than it, naming what it reads', () => {
-    expect(refuse('http://evil.example/huge.bin')).toBe('this worker reads model folders from http://192.168.1.5:5173 and https://models.example.org/wan2.1 only, not http://evil.example');
+    expect(refuse('http://evil.example/huge.bin')).toBe(
+      'this worker reads model folders from http://192.168.1.5:5173 and https://models.example.org/wan2.1 only, not http://evil.example',
+    );
     expect(refuse('https://models.example.org/other')).toMatch(/not https:\/\/models\.example\.org$/);
     expect(refuse('http://192.168.1.5:5174/models/tiny-wan')).toMatch(/not http:\/\/192\.168\.1\.5:5174$/);
     expect(refuse('file:///etc/passwd')).toMatch(/not null$|not file:/);
     expect(refuse('not a url')).toBe('"not a url" is not a URL');
   });
   it('without a --model, reads its own server only', () => {
-    expect(modelRefusal('http://localhost:5173', null)('https://models.example.org/wan2.1')).toBe('this worker reads model folders from http://localhost:5173 only, not https://models.example.org');
+    expect(modelRefusal('http://localhost:5173', null)('https://models.example.org/wan2.1')).toBe(
+      'this worker reads model folders from http://localhost:5173 only, not https://models.example.org',
+    );
   });
 });
 
@@ -35,16 +39,37 @@ describe('a worker runtime asked for a folder its page refuses', () => {
     } as unknown as EngineApi;
     const runtime = new WorkerRuntime(engine, {
       connectMesh: async () => memoryExchanges(1)[0],
-      describe: async () => ({ ep: 'wasm', adapter: 'test', softwareAdapter: false, threads: 1, memoryGiB: null, userAgent: 'node' }),
+      describe: async () => ({
+        ep: 'wasm',
+        adapter: 'test',
+        softwareAdapter: false,
+        threads: 1,
+        memoryGiB: null,
+        userAgent: 'node',
+      }),
       refuseModel: modelRefusal('http://localhost:5173', null),
     });
     await runtime.initWorker({ rank: 0, world: 1, peers: ['w0'], session: 's' });
     const evil = 'http://evil.example/model';
     const refusal = 'this worker reads model folders from http://localhost:5173 only, not http://evil.example';
     await expect(runtime.loadModel({ modelUrl: evil, ep: 'wasm' })).rejects.toThrow(refusal);
-    await expect(runtime.rehearse({ modelUrl: evil, ep: 'wasm', latentShape: [16, 1, 2, 2], textTokens: 4, degrees: [1] })).rejects.toThrow(refusal);
-    await expect(runtime.encodeText({ modelUrl: evil, ep: 'wasm', from: 0, to: 1, tokens: 1, hidden: new Float32Array(4) })).rejects.toThrow(refusal);
-    await expect(runtime.decodeTile({ modelUrl: evil, ep: 'wasm', tile: 't', from: 0, last: true, shape: [16, 1, 1, 1], latent: new Float32Array(16) })).rejects.toThrow(refusal);
+    await expect(
+      runtime.rehearse({ modelUrl: evil, ep: 'wasm', latentShape: [16, 1, 2, 2], textTokens: 4, degrees: [1] }),
+    ).rejects.toThrow(refusal);
+    await expect(
+      runtime.encodeText({ modelUrl: evil, ep: 'wasm', from: 0, to: 1, tokens: 1, hidden: new Float32Array(4) }),
+    ).rejects.toThrow(refusal);
+    await expect(
+      runtime.decodeTile({
+        modelUrl: evil,
+        ep: 'wasm',
+        tile: 't',
+        from: 0,
+        last: true,
+        shape: [16, 1, 1, 1],
+        latent: new Float32Array(16),
+      }),
+    ).rejects.toThrow(refusal);
     expect(loads).toEqual([]);
     expect(runtime.state).toBe('initialized');
   });

@@ -33,10 +33,19 @@ describe('PacedChannel', () => {
 
   it('a Link on it sends a 1 MB message at the set bandwidth: about 1 s at 1 MB/s, where the real channel takes none', async () => {
     const sink = new SinkChannel();
-    const link = new Link(new PacedChannel(sink, new EmulatedWire({ bandwidth: 1e6, latencyMs: 5 })), { highWaterBytes: 256 * 1024 });
+    const link = new Link(new PacedChannel(sink, new EmulatedWire({ bandwidth: 1e6, latencyMs: 5 })), {
+      highWaterBytes: 256 * 1024,
+    });
     const started = performance.now();
     const at = arrivals(sink, started);
-    const message: Message = { kind: 'tensor', from: 0, tag: { job: 1, step: 0, pass: 0, block: 0, phase: 0, group: 0 }, dtype: 'f32', shape: [250_000], data: new Uint8Array(1_000_000) };
+    const message: Message = {
+      kind: 'tensor',
+      from: 0,
+      tag: { job: 1, step: 0, pass: 0, block: 0, phase: 0, group: 0 },
+      dtype: 'f32',
+      shape: [250_000],
+      data: new Uint8Array(1_000_000),
+    };
     await link.send(message);
     await new Promise((r) => setTimeout(r, 1_200));
     const bytes = sink.sent.reduce((n, f) => n + f.byteLength, 0);

@@ -19,7 +19,13 @@ import { inProcess } from '../../core/net/rpc.ts';
 import { maxAbsDiff } from '../../core/tensor.ts';
 import { unipcSchedule } from '../../core/unipc.ts';
 import type { SamplerCheckpoint } from '../../core/sampler.ts';
-import { WORKER_CONTRACT, type ExecuteArgs, type InitArgs, type WorkerApi, type WorkerInfo } from '../../core/worker-api.ts';
+import {
+  WORKER_CONTRACT,
+  type ExecuteArgs,
+  type InitArgs,
+  type WorkerApi,
+  type WorkerInfo,
+} from '../../core/worker-api.ts';
 import type { EngineApi } from '../../rank/engine.ts';
 import { memoryExchanges } from '../../rank/exchange/memory.ts';
 import { onnxStages } from '../../rank/onnx-stages.ts';
@@ -66,17 +72,32 @@ class WorkerPage extends WorkerRuntime {
 /** A Swarm on a stub peer (as in placement.test.ts) whose workers are WorkerPages; join and leave as PeerJS would cause them. */
 function testSwarm() {
   const peer = { id: 'ditswarm-c-test', on() {}, destroy() {} };
-  const swarm = new (Swarm as unknown as new (peer: unknown, origin: string, keys: SwarmKeys) => Swarm)(peer, origin, { token: 'token', dashboardKey: 'key' });
+  const swarm = new (Swarm as unknown as new (peer: unknown, origin: string, keys: SwarmKeys) => Swarm)(peer, origin, {
+    token: 'token',
+    dashboardKey: 'key',
+  });
   const internals = swarm as unknown as { roster: Map<string, SwarmWorker>; emit(e: SwarmEvent): void };
   // the ranks that share an initWorker session share one in-memory all-to-all
   const meshes = new Map<string, Exchange[]>();
-  const meshOf = (init: InitArgs) => meshes.get(init.session) ?? meshes.set(init.session, memoryExchanges(init.world, init.dtype)).get(init.session)!;
+  const meshOf = (init: InitArgs) =>
+    meshes.get(init.session) ?? meshes.set(init.session, memoryExchanges(init.world, init.dtype)).get(init.session)!;
   let joined = 0;
   /** a worker page joins; `memory` is what its page measures it holds, step by step (none: it cannot measure) */
   const join = (memory?: () => number) => {
     const id = `w${joined}`;
-    const info: WorkerInfo = { ep: 'wasm', adapter: 'test', softwareAdapter: false, threads: 1, memoryGiB: null, userAgent: `page ${id}` };
-    const page = new WorkerPage(engine, { connectMesh: async (init) => meshOf(init)[init.rank], describe: async () => info, peakMemoryBytes: memory });
+    const info: WorkerInfo = {
+      ep: 'wasm',
+      adapter: 'test',
+      softwareAdapter: false,
+      threads: 1,
+      memoryGiB: null,
+      userAgent: `page ${id}`,
+    };
+    const page = new WorkerPage(engine, {
+      connectMesh: async (init) => meshOf(init)[init.rank],
+      describe: async () => info,
+      peakMemoryBytes: memory,
+    });
     const worker: SwarmWorker = {
       id,
       info,
@@ -102,14 +123,28 @@ function testSwarm() {
 }
 
 const pipelineOn = (swarm: Swarm, workers: number) =>
-  createPipeline({ model: `${origin}/models/tiny-wan`, backend: 'swarm', swarm, workers, encodeVideo: async () => new Blob(['x']), placementTimeoutMs: 1_000, rpcTimeoutMs: 30_000 });
+  createPipeline({
+    model: `${origin}/models/tiny-wan`,
+    backend: 'swarm',
+    swarm,
+    workers,
+    encodeVideo: async () => new Blob(['x']),
+    placementTimeoutMs: 1_000,
+    rpcTimeoutMs: 30_000,
+  });
 
 /** Runs the job, collecting its checkpoints and failures. */
 async function run(pipeline: Pipeline, extra: Parameters<Pipeline['generate']>[0] = {}) {
   const checkpoints: SamplerCheckpoint[] = [];
   const failures: FailureRecord[] = [];
   // no spot checks (their forwards are chosen at random) unless the test asks for them
-  const result = await pipeline.generate({ ...JOB, onCheckpoint: (c) => checkpoints.push(c), onFailure: (f) => failures.push(f), ...extra, placement: { spotCheckRate: 0, ...extra.placement } });
+  const result = await pipeline.generate({
+    ...JOB,
+    onCheckpoint: (c) => checkpoints.push(c),
+    onFailure: (f) => failures.push(f),
+    ...extra,
+    placement: { spotCheckRate: 0, ...extra.placement },
+  });
   return { result, checkpoints, failures };
 }
 
@@ -182,10 +217,19 @@ describe('generate(): resume from a checkpoint', () => {
       const before = pages.map((p) => p.forwards.length);
       const { result, checkpoints: after } = await run(pipeline, { resume: { step: k, latent: checkpoints[k - 1] } });
       expect(result.report.resumedFromStep, `resumed after ${k} steps`).toBe(k);
-      expect(result.report.steps.map((s) => s.step), `resumed after ${k} steps`).toEqual([0, 1, 2].slice(k));
-      expect(after.map((c) => c.step), `resumed after ${k} steps`).toEqual([1, 2, 3].slice(k));
+      expect(
+        result.report.steps.map((s) => s.step),
+        `resumed after ${k} steps`,
+      ).toEqual([0, 1, 2].slice(k));
+      expect(
+        after.map((c) => c.step),
+        `resumed after ${k} steps`,
+      ).toEqual([1, 2, 3].slice(k));
       // two passes (guidance 5) of each remaining step on each of the three ranks, and none of the steps before k
-      expect(pages.map((p, i) => p.forwards.slice(before[i])), `resumed after ${k} steps`).toEqual(Array(3).fill([0, 0, 1, 1, 2, 2].slice(2 * k)));
+      expect(
+        pages.map((p, i) => p.forwards.slice(before[i])),
+        `resumed after ${k} steps`,
+      ).toEqual(Array(3).fill([0, 0, 1, 1, 2, 2].slice(2 * k)));
       expect(result.latent, `resumed after ${k} steps`).toEqual(full.latent);
       expect(result.report.latentSha256).toBe(full.report.latentSha256);
     }
@@ -243,7 +287,9 @@ describe('generate(): a lost rank costs a re-placement and one step, not the job
     expect(caught).toHaveLength(1);
     expect(caught[0]).toMatchObject({ step: 1, pass: 0, verdict: { convicted: [1] } });
     expect(result.report.spotChecks.filter((c) => c.step === 0).every((c) => c.verdict === 'agreed')).toBe(true);
-    expect(result.report.failures).toMatchObject([{ step: 1, rerunFromStep: 0, lost: [{ rank: 1, worker: 'w1', cause: 'misbehaved' }] }]);
+    expect(result.report.failures).toMatchObject([
+      { step: 1, rerunFromStep: 0, lost: [{ rank: 1, worker: 'w1', cause: 'misbehaved' }] },
+    ]);
     expect(result.report.steps.map((s) => s.step)).toEqual([0, 1, 2]);
     expect(result.report.workers.map((w) => w.id)).toEqual(['w0', 'w2']);
     expect(maxAbsDiff(result.latent, reference.result.latent)).toBeLessThanOrEqual(1e-4);
@@ -254,7 +300,12 @@ describe('generate(): a lost rank costs a re-placement and one step, not the job
   it('with int8 transport every forward spot-checked finds the honest ranks within its tolerance: none is let go, and the latent is near the exact one (issue 20)', async () => {
     const { swarm, join } = testSwarm();
     for (let i = 0; i < 3; i++) join();
-    const { result } = await run(await pipelineOn(swarm, 3), { frames: 5, height: 64, width: 64, placement: { spotCheckRate: 1, dtype: 'i8' } });
+    const { result } = await run(await pipelineOn(swarm, 3), {
+      frames: 5,
+      height: 64,
+      width: 64,
+      placement: { spotCheckRate: 1, dtype: 'i8' },
+    });
     const differences = result.report.spotChecks.map((c) => c.difference);
     console.log(`int8 spot checks: ${differences.map((d) => d.toExponential(1)).join(', ')}`);
     expect(result.report.spotChecks.every((c) => c.verdict === 'agreed')).toBe(true);
@@ -275,8 +326,21 @@ describe('generate(): a lost rank costs a re-placement and one step, not the job
 
     expect(result.report.failures).toHaveLength(1);
     const [failure] = result.report.failures;
-    expect(failure).toMatchObject({ step: 1, error: 'rank 1 failed in executeModel: the device was lost', degreeBefore: 3, degreeAfter: 2 });
-    expect(failure.lost).toEqual([{ rank: 1, worker: 'w1', cause: 'silent', evidence: `did not answer a ping within ${CONFIRM_PING_MS / 1000} s`, silentMs: expect.any(Number) }]);
+    expect(failure).toMatchObject({
+      step: 1,
+      error: 'rank 1 failed in executeModel: the device was lost',
+      degreeBefore: 3,
+      degreeAfter: 2,
+    });
+    expect(failure.lost).toEqual([
+      {
+        rank: 1,
+        worker: 'w1',
+        cause: 'silent',
+        evidence: `did not answer a ping within ${CONFIRM_PING_MS / 1000} s`,
+        silentMs: expect.any(Number),
+      },
+    ]);
     expect(failure.lost[0].silentMs).toBeGreaterThanOrEqual(CONFIRM_PING_MS - 100);
     expect(swarm.workers().map((w) => w.id)).toEqual(['w0', 'w2']);
     expect(result.report.workers.map((w) => w.id)).toEqual(['w0', 'w2']);
@@ -301,15 +365,17 @@ describe('generate(): a lost rank costs a re-placement and one step, not the job
     const failures: FailureRecord[] = [];
     const error = await rejection(pipeline.generate({ ...JOB, onFailure: (f) => failures.push(f) }));
 
-    expect(error.message).toBe('rank 1 failed in executeModel: worker w9 is gone: its tab crashed (gave up after 8 re-placements in this job)');
+    expect(error.message).toBe(
+      'rank 1 failed in executeModel: worker w9 is gone: its tab crashed (gave up after 8 re-placements in this job)',
+    );
     // the last failure stays data: its rank, its method, and who was lost
     expect(error).toBeInstanceOf(ReplacementsExhausted);
     expect((error as ReplacementsExhausted).lost.map((l) => [l.rank, l.worker])).toEqual([[1, 'w9']]);
     expect(error.cause).toBeInstanceOf(WorkerError);
     expect(error.cause).toMatchObject({ rank: 1, method: 'executeModel' });
-    expect(failures.map((f) => [f.step, f.lost.map((l) => [l.rank, l.worker, l.cause]), f.degreeBefore, f.degreeAfter])).toEqual(
-      [1, 2, 3, 4, 5, 6, 7, 8].map((n) => [0, [[1, `w${n}`, 'disconnected']], 2, 2]),
-    );
+    expect(
+      failures.map((f) => [f.step, f.lost.map((l) => [l.rank, l.worker, l.cause]), f.degreeBefore, f.degreeAfter]),
+    ).toEqual([1, 2, 3, 4, 5, 6, 7, 8].map((n) => [0, [[1, `w${n}`, 'disconnected']], 2, 2]));
     // the two passes of step 1 (at once) on each of the nine placements, never further
     expect(w0.page.forwards).toEqual(Array(18).fill(0));
   });
@@ -322,7 +388,13 @@ describe('generate(): a lost rank costs a re-placement and one step, not the job
     };
     const { result, failures } = await run(await pipelineOn(swarm, 3));
     expect(failures).toMatchObject([
-      { step: 1, error: 'rank 1 failed in executeModel: out of memory: could not allocate the attention scores', lost: [{ rank: 1, worker: 'w1', cause: 'misbehaved' }], degreeAfter: 2, rerunFromStep: null },
+      {
+        step: 1,
+        error: 'rank 1 failed in executeModel: out of memory: could not allocate the attention scores',
+        lost: [{ rank: 1, worker: 'w1', cause: 'misbehaved' }],
+        degreeAfter: 2,
+        rerunFromStep: null,
+      },
     ]);
     expect(swarm.workers().map((w) => w.id)).toEqual(['w0', 'w2']);
     expect(maxAbsDiff(result.latent, reference.result.latent)).toBeLessThanOrEqual(1e-4);
@@ -351,12 +423,14 @@ describe('generate(): a lost rank costs a re-placement and one step, not the job
       throw new Error('worker w0 is gone: its tab closed');
     };
     const error = await rejection(run(await pipelineOn(swarm, 1)));
-    expect(error.message).toMatch(/^lost rank 0 \(worker w0: disconnected, its tab closed\) in step 2, and the job could not be placed again: 0 workers joined within 1 s but 1 is needed: open /);
+    expect(error.message).toMatch(
+      /^lost rank 0 \(worker w0: disconnected, its tab closed\) in step 2, and the job could not be placed again: 0 workers joined within 1 s but 1 is needed: open /,
+    );
     expect(error.cause).toBeInstanceOf(WorkerError);
   });
 });
 
-describe('generate(): the folder\'s scheduler', () => {
+describe("generate(): the folder's scheduler", () => {
   it("a folder naming UniPC (Wan2.1's scheduler_config.json) samples with it, reports its schedule, and resumes from a checkpoint to the same latent", async () => {
     const folder = mkdtempSync(join(tmpdir(), 'ditswarm-unipc-'));
     cpSync(join(PUBLIC_DIR, 'models/tiny-wan'), folder, { recursive: true });
@@ -367,7 +441,14 @@ describe('generate(): the folder\'s scheduler', () => {
     const own = await serveFolder(folder);
     try {
       const url = `http://127.0.0.1:${(own.address() as AddressInfo).port}`;
-      const pipe = await createPipeline({ model: url, backend: 'swarm', swarm, workers: 1, encodeVideo: async () => new Blob(['x']), placementTimeoutMs: 1_000 });
+      const pipe = await createPipeline({
+        model: url,
+        backend: 'swarm',
+        swarm,
+        workers: 1,
+        encodeVideo: async () => new Blob(['x']),
+        placementTimeoutMs: 1_000,
+      });
       const { result: full, checkpoints } = await run(pipe);
       expect(full.report.schedule).toEqual({ scheduler: 'UniPCMultistepScheduler', ...unipcSchedule(JOB.steps, 3) });
       expect(full.report.schedule.timesteps.every(Number.isInteger)).toBe(true);
@@ -378,7 +459,9 @@ describe('generate(): the folder\'s scheduler', () => {
         expect(result.latent, `resumed after ${k} steps`).toEqual(full.latent);
       }
       const { solver: _, ...withoutHistory } = checkpoints[1];
-      expect((await rejection(run(pipe, { resume: withoutHistory }))).message).toBe('resuming UniPC at step 2 needs its state from the checkpoint, which has none');
+      expect((await rejection(run(pipe, { resume: withoutHistory }))).message).toBe(
+        'resuming UniPC at step 2 needs its state from the checkpoint, which has none',
+      );
       await pipe.shutdown({ graceMs: 100 });
     } finally {
       own.closeAllConnections();
@@ -408,10 +491,20 @@ describe("generate(): WanPipeline's escape hatches, prompt embeddings and the la
   it('the embeddings the text encoder would make give its latent bit for bit; with outputType latent there is no video and no decoding', async () => {
     const { pipeline, pages, result: encoded } = reference;
     const [promptEmbeds, negativePromptEmbeds] = await Promise.all([embeds(JOB.prompt), embeds('')]);
-    const { result } = await run(pipeline, { prompt: 'only a label now', promptEmbeds, negativePromptEmbeds, outputType: 'latent' });
+    const { result } = await run(pipeline, {
+      prompt: 'only a label now',
+      promptEmbeds,
+      negativePromptEmbeds,
+      outputType: 'latent',
+    });
     expect(result.latent).toEqual(encoded.latent);
     expect([result.video, result.frames]).toEqual([null, null]);
-    expect([result.report.config.promptEmbeds, result.report.config.outputType, encoded.report.config.promptEmbeds, encoded.report.config.outputType]).toEqual(['given', 'latent', 'encoded', 'video']);
+    expect([
+      result.report.config.promptEmbeds,
+      result.report.config.outputType,
+      encoded.report.config.promptEmbeds,
+      encoded.report.config.outputType,
+    ]).toEqual(['given', 'latent', 'encoded', 'video']);
     expect(pages.length).toBe(3);
   });
 
@@ -420,17 +513,23 @@ describe("generate(): WanPipeline's escape hatches, prompt embeddings and the la
     const before = pages.map((p) => p.forwards.length);
     const good = await embeds(JOB.prompt);
     for (const [bad, words] of [
-      [{ shape: [32, 63], data: new Float32Array(32 * 63) }, 'promptEmbeds must be [L, 64] or [1, L, 64] with 1 ≤ L ≤ 4096 and as many values, got [32,63] with 2016 values'],
+      [
+        { shape: [32, 63], data: new Float32Array(32 * 63) },
+        'promptEmbeds must be [L, 64] or [1, L, 64] with 1 ≤ L ≤ 4096 and as many values, got [32,63] with 2016 values',
+      ],
       [{ shape: [4097, 64], data: new Float32Array(4097 * 64) }, 'got [4097,64]'],
       [{ shape: [2, 32, 64], data: new Float32Array(2 * 32 * 64) }, 'got [2,32,64]'],
-      [{ shape: good.shape, data: good.data.map((v, i) => (i === 7 ? NaN : v)) }, 'promptEmbeds holds NaN or infinite values'],
+      [
+        { shape: good.shape, data: good.data.map((v, i) => (i === 7 ? NaN : v)) },
+        'promptEmbeds holds NaN or infinite values',
+      ],
     ] as [PromptEmbeds, string][]) {
       expect((await rejection(run(pipeline, { promptEmbeds: bad }))).message).toContain(words);
     }
     expect(pages.map((p) => p.forwards.length)).toEqual(before);
   });
 
-  it('a published folder without its text encoder\'s or its VAE\'s weights: a job without embeddings is told what to give, one with them is told to ask for the latent, and the latent alone runs', async () => {
+  it("a published folder without its text encoder's or its VAE's weights: a job without embeddings is told what to give, one with them is told to ask for the latent, and the latent alone runs", async () => {
     const { swarm, join: joinWorker } = testSwarm();
     joinWorker();
     const own = await serveFolder(published);

@@ -5,7 +5,15 @@ import { measureWorker, type WorkerMeasurement } from '../../coordinator/measure
 import { MAX_REPLANS, Placer, ReplacementsExhausted, type PlacementRequest } from '../../coordinator/placement.ts';
 import { ENGINE_CHECK_MS, Swarm, type SwarmEvent, type SwarmWorker } from '../../coordinator/swarm.ts';
 import { SwarmExecutor } from '../../coordinator/swarm-executor.ts';
-import { candidatePlans, planSwarm, predictStep, unevenPlan, type Hardware, type Plan, type Workload } from '../../core/cost-model.ts';
+import {
+  candidatePlans,
+  planSwarm,
+  predictStep,
+  unevenPlan,
+  type Hardware,
+  type Plan,
+  type Workload,
+} from '../../core/cost-model.ts';
 import { DEFAULT_JOB, jobParams, latentShape } from '../../core/job.ts';
 import { parseWanConfig, type WanConfig } from '../../core/model/config.ts';
 import { readJson } from '../../core/model/files.ts';
@@ -13,8 +21,25 @@ import { tokenGrid } from '../../core/model/tokens.ts';
 import { TRANSFORMER_CONFIG } from '../../core/model/transformer.ts';
 import { COORDINATOR } from '../../core/net/protocol.ts';
 import { remote, RemoteError, RpcTimeout, serve } from '../../core/net/rpc.ts';
-import { checkDegree, defaultDegree, evenDegrees, ParallelConfigError, planUlysses, proportionalShares, RankLayout, staleKeysValuesBytes, validDegrees } from '../../core/parallel.ts';
-import { formatBytes, WORKER_CONTRACT, type InitArgs, type MeshProbe, type WorkerApi, type WorkerRemote } from '../../core/worker-api.ts';
+import {
+  checkDegree,
+  defaultDegree,
+  evenDegrees,
+  ParallelConfigError,
+  planUlysses,
+  proportionalShares,
+  RankLayout,
+  staleKeysValuesBytes,
+  validDegrees,
+} from '../../core/parallel.ts';
+import {
+  formatBytes,
+  WORKER_CONTRACT,
+  type InitArgs,
+  type MeshProbe,
+  type WorkerApi,
+  type WorkerRemote,
+} from '../../core/worker-api.ts';
 import { createEngine } from '../../rank/engine.ts';
 import { memoryExchanges } from '../../rank/exchange/memory.ts';
 import { WorkerRuntime } from '../../rank/runtime.ts';
@@ -50,7 +75,11 @@ interface FakeWorker extends SwarmWorker {
 /** A Swarm on a stub peer, plus the two roster changes PeerJS would cause. */
 function testSwarm() {
   const peer = { id: 'ditswarm-c-test', on() {}, destroy() {} };
-  const swarm = new (Swarm as unknown as new (peer: unknown, origin: string, keys: SwarmKeys) => Swarm)(peer, 'http://localhost:8080', { token: 'token', dashboardKey: 'key' });
+  const swarm = new (Swarm as unknown as new (peer: unknown, origin: string, keys: SwarmKeys) => Swarm)(
+    peer,
+    'http://localhost:8080',
+    { token: 'token', dashboardKey: 'key' },
+  );
   const internals = swarm as unknown as { roster: Map<string, SwarmWorker>; emit(e: SwarmEvent): void };
   let joined = 0;
   /** `count` workers join, measured as given (null: not yet measured) */
@@ -65,12 +94,27 @@ function testSwarm() {
         };
       const api = {
         describe: answer('describe', () => ({ ...worker.info, threads: worker.share })),
-        probeCompute: answer('probeCompute', (a: { ep: 'wasm' | 'webgpu' }) => ({ ep: a.ep, flops: 1e9 * worker.share, softmaxRate: 1e8 * worker.share, stageMs: 2 / worker.share })),
+        probeCompute: answer('probeCompute', (a: { ep: 'wasm' | 'webgpu' }) => ({
+          ep: a.ep,
+          flops: 1e9 * worker.share,
+          softmaxRate: 1e8 * worker.share,
+          stageMs: 2 / worker.share,
+        })),
         probeLink: answer('probeLink', (a: { payload: Float32Array }) => ({ bytes: a.payload.byteLength })),
         initWorker: answer('initWorker', (a: InitArgs) => ({ rank: a.rank, world: a.world })),
         loadModel: answer('loadModel', () => {
           if (worker.failsToLoad) throw new RemoteError('no WebGPU adapter and no wasm either');
-          return { ep: 'wasm', adapter: 'stub', inMemory: false, loadMs: 0, why: 'asked for', weights: { networkBytes: 0, cacheBytes: 0, note: '' }, maxBufferBytes: 1 << 28, weightType: 'float32', gpuWeightBytes: 0 };
+          return {
+            ep: 'wasm',
+            adapter: 'stub',
+            inMemory: false,
+            loadMs: 0,
+            why: 'asked for',
+            weights: { networkBytes: 0, cacheBytes: 0, note: '' },
+            maxBufferBytes: 1 << 28,
+            weightType: 'float32',
+            gpuWeightBytes: 0,
+          };
         }),
         rehearse: answer('rehearse', (a: { degrees: number[] }) => {
           if (!worker.rehearsal) throw new RemoteError('this stub does not rehearse');
@@ -84,7 +128,11 @@ function testSwarm() {
             throw new RpcTimeout(`ping did not answer within ${timeoutMs} ms`);
           }
           if (worker.pingFault === 'gone') throw new RemoteError(`worker ${id} is gone`);
-          return { state: 'ready', rank: 0, totals: { steps: 0, bytesSent: 0, computeMs: 0, bytesDownloaded: 0, bytesKept: 0, deviceTensorsLeft: 0 } };
+          return {
+            state: 'ready',
+            rank: 0,
+            totals: { steps: 0, bytesSent: 0, computeMs: 0, bytesDownloaded: 0, bytesKept: 0, deviceTensorsLeft: 0 },
+          };
         }),
         pingEngine: answer('pingEngine', (_args, timeoutMs) => {
           if (worker.engineHangs) throw new RpcTimeout(`pingEngine did not answer within ${timeoutMs} ms`);
@@ -94,7 +142,14 @@ function testSwarm() {
       };
       const worker: FakeWorker = {
         id,
-        info: { ep: 'wasm', adapter: 'stub', softwareAdapter: false, threads: 1, memoryGiB: null, userAgent: `page ${id}` },
+        info: {
+          ep: 'wasm',
+          adapter: 'stub',
+          softwareAdapter: false,
+          threads: 1,
+          memoryGiB: null,
+          userAgent: `page ${id}`,
+        },
         api: api as unknown as WorkerRemote,
         link: { close() {} } as unknown as SwarmWorker['link'],
         joinedAt: joined++,
@@ -123,8 +178,21 @@ function testSwarm() {
 }
 
 const placerOn = (swarm: Swarm, placementTimeoutMs = 300) =>
-  new Placer({ config, modelUrl: '/models/tiny-wan', backend: 'swarm', swarm, textTokens: 16, placementTimeoutMs, rpcTimeoutMs: 1_000 });
-const ask = (request: Partial<PlacementRequest> = {}): PlacementRequest => ({ ulyssesDegree: 'auto', ep: 'auto', dtype: 'f32', ...request });
+  new Placer({
+    config,
+    modelUrl: '/models/tiny-wan',
+    backend: 'swarm',
+    swarm,
+    textTokens: 16,
+    placementTimeoutMs,
+    rpcTimeoutMs: 1_000,
+  });
+const ask = (request: Partial<PlacementRequest> = {}): PlacementRequest => ({
+  ulyssesDegree: 'auto',
+  ep: 'auto',
+  dtype: 'f32',
+  ...request,
+});
 const guided = jobParams(DEFAULT_JOB);
 const unguided = jobParams({ ...DEFAULT_JOB, guidance: 1 });
 const callsOf = (w: FakeWorker, method: string) => w.calls.filter((c) => c.method === method);
@@ -136,16 +204,35 @@ const shape = [16, 1, 4, 4];
 /** Measured as a worker page with both EPs: WebGPU 100× faster than WebAssembly. */
 const measured = (link: { rttMs: number; bandwidth: number }): WorkerMeasurement => ({
   threads: 1,
-  compute: { wasm: { ep: 'wasm', flops: 1e9, softmaxRate: 1e8, stageMs: 1 }, webgpu: { ep: 'webgpu', flops: 1e11, softmaxRate: 1e10, stageMs: 3 } },
+  compute: {
+    wasm: { ep: 'wasm', flops: 1e9, softmaxRate: 1e8, stageMs: 1 },
+    webgpu: { ep: 'webgpu', flops: 1e11, softmaxRate: 1e10, stageMs: 3 },
+  },
   auto: { ep: 'webgpu', why: 'WebGPU: 100 GFLOP/s vs WASM 1' },
   ...link,
 });
 /** What the cost model is given for `n` workers measured as above, over the coordinator's links. */
-const hardware = (n: number, ep: 'wasm' | 'webgpu', link: { rttMs: number; bandwidth: number }, bytesPerElement: 2 | 4 = 4): Hardware => {
+const hardware = (
+  n: number,
+  ep: 'wasm' | 'webgpu',
+  link: { rttMs: number; bandwidth: number },
+  bytesPerElement: 2 | 4 = 4,
+): Hardware => {
   const probe = measured(link).compute[ep]!;
-  return { workerFlops: Array(n).fill(probe.flops), workerSoftmaxRates: Array(n).fill(probe.softmaxRate), workerStageS: Array(n).fill(probe.stageMs / 1000), link: { bandwidth: link.bandwidth, latency: link.rttMs / 2000 }, bytesPerElement };
+  return {
+    workerFlops: Array(n).fill(probe.flops),
+    workerSoftmaxRates: Array(n).fill(probe.softmaxRate),
+    workerStageS: Array(n).fill(probe.stageMs / 1000),
+    link: { bandwidth: link.bandwidth, latency: link.rttMs / 2000 },
+    bytesPerElement,
+  };
 };
-const workload = (params: typeof guided): Workload => ({ model: config, tokens: tokenGrid(config, latentShape(params, config.inChannels)).count, textTokens: 16, passes: params.guidance === 1 ? 1 : 2 });
+const workload = (params: typeof guided): Workload => ({
+  model: config,
+  tokens: tokenGrid(config, latentShape(params, config.inChannels)).count,
+  textTokens: 16,
+  passes: params.guidance === 1 ? 1 : 2,
+});
 
 async function rejection(work: Promise<unknown>): Promise<Error> {
   try {
@@ -171,21 +258,34 @@ describe('Ulysses degree rules (core/parallel)', () => {
   });
 
   it('the default degree is the largest even one the live workers allow, at least 1', () => {
-    expect([0, 1, 2, 3, 4, 5, 6, 7, 11, 12, 13].map((live) => defaultDegree(12, live))).toEqual([1, 1, 2, 3, 4, 4, 6, 6, 6, 12, 12]);
+    expect([0, 1, 2, 3, 4, 5, 6, 7, 11, 12, 13].map((live) => defaultDegree(12, live))).toEqual([
+      1, 1, 2, 3, 4, 4, 6, 6, 6, 12, 12,
+    ]);
   });
 
   it('a degree that is no whole number of ranks from 1 to the heads is an error saying so', () => {
     expect(() => checkDegree(12, 13)).toThrow(ParallelConfigError);
-    expect(() => checkDegree(12, 13), 'named, so a caller can tell it from a failure of the swarm').toThrow(expect.objectContaining({ name: 'ParallelConfigError' }));
-    expect(() => checkDegree(12, 13)).toThrow("ulyssesDegree 13 is not a whole number of ranks from 1 to the model's 12 heads (each rank takes at least one)");
-    for (const bad of [0, -2, 2.5, Number.NaN, 24]) expect(() => checkDegree(12, bad), String(bad)).toThrow(/from 1 to the model's 12 heads/);
+    expect(() => checkDegree(12, 13), 'named, so a caller can tell it from a failure of the swarm').toThrow(
+      expect.objectContaining({ name: 'ParallelConfigError' }),
+    );
+    expect(() => checkDegree(12, 13)).toThrow(
+      "ulyssesDegree 13 is not a whole number of ranks from 1 to the model's 12 heads (each rank takes at least one)",
+    );
+    for (const bad of [0, -2, 2.5, Number.NaN, 24])
+      expect(() => checkDegree(12, bad), String(bad)).toThrow(/from 1 to the model's 12 heads/);
     for (const good of [1, 2, 3, 4, 5, 6, 7, 12]) expect(() => checkDegree(12, good)).not.toThrow();
   });
 
   it('a degree above the live workers says how many are live and how many ranks fit now', () => {
-    expect(() => checkDegree(12, 6, 4)).toThrow('ulyssesDegree 6 needs 6 workers but 4 are live; at most 4 now, or open more worker pages');
-    expect(() => checkDegree(12, 2, 1)).toThrow('ulyssesDegree 2 needs 2 workers but 1 is live; at most 1 now, or open more worker pages');
-    expect(() => checkDegree(12, 1, 0)).toThrow('ulyssesDegree 1 needs 1 worker but 0 are live; open a worker page first');
+    expect(() => checkDegree(12, 6, 4)).toThrow(
+      'ulyssesDegree 6 needs 6 workers but 4 are live; at most 4 now, or open more worker pages',
+    );
+    expect(() => checkDegree(12, 2, 1)).toThrow(
+      'ulyssesDegree 2 needs 2 workers but 1 is live; at most 1 now, or open more worker pages',
+    );
+    expect(() => checkDegree(12, 1, 0)).toThrow(
+      'ulyssesDegree 1 needs 1 worker but 0 are live; open a worker page first',
+    );
     expect(() => checkDegree(12, 4, 4)).not.toThrow();
   });
 
@@ -200,14 +300,17 @@ describe('Ulysses degree rules (core/parallel)', () => {
     expect(() => proportionalShares(12, [1, Number.NaN])).toThrow(/positive weights/);
     const plan = planUlysses(config, 35, [6, 4, 2]);
     expect(plan.rows).toEqual([18, 12, 5]);
-    expect(() => planUlysses(config, 35, [6, 4, 1])).toThrow(/not whole shares of at least one summing to the model's 12 heads/);
+    expect(() => planUlysses(config, 35, [6, 4, 1])).toThrow(
+      /not whole shares of at least one summing to the model's 12 heads/,
+    );
     expect(() => planUlysses(config, 2, 3)).toThrow(/2 tokens cannot be shared among 3 ranks/);
   });
 });
 
 describe('RankLayout: the one owner of rank arithmetic', () => {
   it('a degree that is not a whole number of ranks is refused with what was asked', () => {
-    for (const bad of [0, -1, 1.5, Number.NaN]) expect(() => new RankLayout(bad), String(bad)).toThrow(`a Ulysses degree is a whole number of ranks, got ${bad}`);
+    for (const bad of [0, -1, 1.5, Number.NaN])
+      expect(() => new RankLayout(bad), String(bad)).toThrow(`a Ulysses degree is a whole number of ranks, got ${bad}`);
     expect(() => new RankLayout(1)).not.toThrow();
   });
 
@@ -217,18 +320,38 @@ describe('RankLayout: the one owner of rank arithmetic', () => {
     expect(layout.groupRanks(0)).toEqual([0, 1, 2]);
     expect([0, 1].map((pass) => layout.groupForPass(pass))).toEqual([0, 0]);
     expect(layout.meshOf(2, ['a', 'b', 'c'], 's')).toEqual({ rank: 2, world: 3, peers: ['a', 'b', 'c'], session: 's' });
-    expect(layout.meshPairs()).toEqual([[1, 0], [2, 0], [2, 1]]);
+    expect(layout.meshPairs()).toEqual([
+      [1, 0],
+      [2, 0],
+      [2, 1],
+    ]);
     expect(layout.describe(1)).toBe('rank 1 of 3');
   });
 
   it('CFG parallel: two groups of P, pass p on group p, each group its own mesh and session', () => {
     const layout = new RankLayout(2, 2);
     expect([layout.world, layout.cfgParallel]).toEqual([4, true]);
-    expect([0, 1, 2, 3].map((r) => [layout.groupOf(r), layout.localRank(r)])).toEqual([[0, 0], [0, 1], [1, 0], [1, 1]]);
+    expect([0, 1, 2, 3].map((r) => [layout.groupOf(r), layout.localRank(r)])).toEqual([
+      [0, 0],
+      [0, 1],
+      [1, 0],
+      [1, 1],
+    ]);
     expect(layout.globalRank(1, 1)).toBe(3);
-    expect([layout.groupRanks(layout.groupForPass(0)), layout.groupRanks(layout.groupForPass(1))]).toEqual([[0, 1], [2, 3]]);
-    expect(layout.meshOf(3, ['a', 'b', 'c', 'd'], 's')).toEqual({ rank: 1, world: 2, peers: ['c', 'd'], session: 's.1' });
-    expect(layout.meshPairs()).toEqual([[1, 0], [3, 2]]);
+    expect([layout.groupRanks(layout.groupForPass(0)), layout.groupRanks(layout.groupForPass(1))]).toEqual([
+      [0, 1],
+      [2, 3],
+    ]);
+    expect(layout.meshOf(3, ['a', 'b', 'c', 'd'], 's')).toEqual({
+      rank: 1,
+      world: 2,
+      peers: ['c', 'd'],
+      session: 's.1',
+    });
+    expect(layout.meshPairs()).toEqual([
+      [1, 0],
+      [3, 2],
+    ]);
     expect(layout.describe(2)).toBe('rank 2 of 4 (unconditional group)');
   });
 });
@@ -240,7 +363,9 @@ describe('Placer: where a job runs', () => {
     const t0 = performance.now();
     const error = await rejection(placerOn(swarm).place(guided, ask({ ulyssesDegree: 4 })));
     const elapsed = performance.now() - t0;
-    expect(error.message).toMatch(/^2 workers joined within .* but 4 are needed: open http:\/\/localhost:8080\/worker\.html#token=token in 2 more tab/);
+    expect(error.message).toMatch(
+      /^2 workers joined within .* but 4 are needed: open http:\/\/localhost:8080\/worker\.html#token=token in 2 more tab/,
+    );
     // it waited the placer's 300 ms, not the 30 s default (upper bound wide for a loaded machine)
     expect(elapsed).toBeGreaterThanOrEqual(290);
     expect(elapsed).toBeLessThan(15_000);
@@ -259,7 +384,13 @@ describe('Placer: where a job runs', () => {
     const { executor } = await placerOn(swarm, 5_000).place(guided, ask({ ulyssesDegree: 4 }));
     expect(executor.world).toBe(4);
     expect(executor.workers.map((w) => w.id)).toEqual(['w0', 'w1', 'w2', 'w3']);
-    expect(swarm.workers().map((w) => w.activity)).toEqual(['rank 0 of 4', 'rank 1 of 4', 'rank 2 of 4', 'rank 3 of 4', 'idle']);
+    expect(swarm.workers().map((w) => w.activity)).toEqual([
+      'rank 0 of 4',
+      'rank 1 of 4',
+      'rank 2 of 4',
+      'rank 3 of 4',
+      'idle',
+    ]);
   });
 
   it('an invalid degree fails at once, listing the valid degrees, without waiting for workers or touching them', async () => {
@@ -267,12 +398,20 @@ describe('Placer: where a job runs', () => {
     join(12);
     const error = await rejection(placerOn(swarm, 60_000).place(guided, ask({ ulyssesDegree: 13 })));
     expect(error).toBeInstanceOf(ParallelConfigError);
-    expect(error.message).toBe("ulyssesDegree 13 is not a whole number of ranks from 1 to the model's 12 heads (each rank takes at least one)");
+    expect(error.message).toBe(
+      "ulyssesDegree 13 is not a whole number of ranks from 1 to the model's 12 heads (each rank takes at least one)",
+    );
     expect(swarm.workers().every((w) => w.activity === 'idle')).toBe(true);
   });
 
   it('"auto" before the workers are measured takes the largest even degree they allow: 4 → 4, 5 → 4, 7 → 6, 13 → 12', async () => {
-    for (const [live, degree] of [[1, 1], [4, 4], [5, 4], [7, 6], [13, 12]]) {
+    for (const [live, degree] of [
+      [1, 1],
+      [4, 4],
+      [5, 4],
+      [7, 6],
+      [13, 12],
+    ]) {
       const { swarm, join } = testSwarm();
       join(live);
       const placement = await placerOn(swarm).place(unguided, ask());
@@ -335,7 +474,9 @@ describe('Placer: where a job runs', () => {
     swarm.on((e) => e.type === 'leave' && left.push(`${e.worker.id}: ${e.reason}`));
     const { executor } = await placerOn(swarm).place(guided, ask({ ulyssesDegree: 2 }));
     expect(executor.workers.map((w) => w.id)).toEqual(['w0', 'w2']);
-    expect(left).toEqual([`w1: its engine did not answer within ${ENGINE_CHECK_MS / 1000} s (pingEngine did not answer within ${ENGINE_CHECK_MS} ms): it hangs or is still busy; it may join again once it answers, or reload the page`]);
+    expect(left).toEqual([
+      `w1: its engine did not answer within ${ENGINE_CHECK_MS / 1000} s (pingEngine did not answer within ${ENGINE_CHECK_MS} ms): it hangs or is still busy; it may join again once it answers, or reload the page`,
+    ]);
     expect(callsOf(workers[1], 'initWorker')).toEqual([]);
     // every placement checks the engines anew
     const checks = callsOf(workers[0], 'pingEngine');
@@ -346,7 +487,17 @@ describe('Placer: where a job runs', () => {
 
   it('pingEngine goes through the engine, as ping does not: a real engine answers it only after the probe queued before it', async () => {
     const engine = createEngine();
-    const runtime = new WorkerRuntime(engine, { connectMesh: async () => memoryExchanges(1)[0], describe: async () => ({ ep: 'wasm', adapter: 'test', softwareAdapter: false, threads: 1, memoryGiB: null, userAgent: 'test' }) });
+    const runtime = new WorkerRuntime(engine, {
+      connectMesh: async () => memoryExchanges(1)[0],
+      describe: async () => ({
+        ep: 'wasm',
+        adapter: 'test',
+        softwareAdapter: false,
+        threads: 1,
+        memoryGiB: null,
+        userAgent: 'test',
+      }),
+    });
     const order: string[] = [];
     const probe = engine.probe('wasm').then(() => order.push('probe'));
     const ping = runtime.ping().then(() => order.push('ping'));
@@ -361,7 +512,9 @@ describe('Placer: where a job runs', () => {
     const workers = join(2);
     workers[1].failsToLoad = true;
     const placer = placerOn(swarm);
-    await expect(placer.place(guided, ask({ ulyssesDegree: 2 }))).rejects.toThrowError('rank 1 failed in loadModel: no WebGPU adapter and no wasm either');
+    await expect(placer.place(guided, ask({ ulyssesDegree: 2 }))).rejects.toThrowError(
+      'rank 1 failed in loadModel: no WebGPU adapter and no wasm either',
+    );
     expect(workers.map((w) => callsOf(w, 'shutdown').map((c) => c.timeoutMs))).toEqual([[500], [500]]);
     expect(placer.current).toBeNull();
   });
@@ -405,11 +558,24 @@ describe('Placer: where a job runs', () => {
       'idle',
     ]);
     // the mesh links are those within a group; the groups meet only at the coordinator
-    expect(executor.linkReport().filter((l) => l.from !== 'coordinator').map((l) => [l.from, l.to])).toEqual([[1, 0], [3, 2]]);
+    expect(
+      executor
+        .linkReport()
+        .filter((l) => l.from !== 'coordinator')
+        .map((l) => [l.from, l.to]),
+    ).toEqual([
+      [1, 0],
+      [3, 2],
+    ]);
   });
 
   it('CFG parallel "auto" takes the largest valid degree half the live workers allow; too few workers is an error saying 2P are needed', async () => {
-    for (const [live, degree] of [[2, 1], [5, 2], [7, 3], [9, 4]]) {
+    for (const [live, degree] of [
+      [2, 1],
+      [5, 2],
+      [7, 3],
+      [9, 4],
+    ]) {
       const { swarm, join } = testSwarm();
       join(live);
       const { executor } = await placerOn(swarm).place(guided, ask({ cfgParallel: true }));
@@ -424,19 +590,28 @@ describe('Placer: where a job runs', () => {
   it('a job without guidance (guidance 1) runs plain Ulysses although CFG parallel was asked, and says why', async () => {
     const { swarm, join } = testSwarm();
     join(4);
-    const { executor, cfgFallback } = await placerOn(swarm).place(unguided, ask({ ulyssesDegree: 2, cfgParallel: true }));
+    const { executor, cfgFallback } = await placerOn(swarm).place(
+      unguided,
+      ask({ ulyssesDegree: 2, cfgParallel: true }),
+    );
     expect([executor.world, executor.layout.cfgParallel]).toEqual([2, false]);
     expect(cfgFallback).toMatch(/^no CFG parallel: guidance 1 means one forward pass per step/);
   });
 
   it('the local backend runs one rank and refuses CFG parallel or a larger degree with a clear error', async () => {
     const local = new Placer({ config, modelUrl: '/models/tiny-wan', backend: 'local', textTokens: 16 });
-    await expect(local.place(guided, ask({ cfgParallel: true }))).rejects.toThrow('cfgParallel needs two groups of worker pages: use the swarm backend, not local');
-    await expect(local.place(guided, ask({ ulyssesDegree: 2 }))).rejects.toThrow('the local backend runs one rank in this tab, not 2: use the swarm backend for more');
+    await expect(local.place(guided, ask({ cfgParallel: true }))).rejects.toThrow(
+      'cfgParallel needs two groups of worker pages: use the swarm backend, not local',
+    );
+    await expect(local.place(guided, ask({ ulyssesDegree: 2 }))).rejects.toThrow(
+      'the local backend runs one rank in this tab, not 2: use the swarm backend for more',
+    );
   });
 
   it('a swarm Placer without a Swarm is refused, saying where to get one', () => {
-    expect(() => new Placer({ config, modelUrl: '/m', backend: 'swarm', textTokens: 16 })).toThrowError('the swarm backend needs a Swarm: pass one from openSwarm()');
+    expect(() => new Placer({ config, modelUrl: '/m', backend: 'swarm', textTokens: 16 })).toThrowError(
+      'the swarm backend needs a Swarm: pass one from openSwarm()',
+    );
   });
 
   it('after shutdown the ranks are idle again and their leaving is no longer a failure', async () => {
@@ -507,7 +682,14 @@ describe('who is lost: the coordinator’s own evidence, never one rank’s word
     const { swarm, executor } = await placed(3);
     const byText = new WorkerError(1, 'executeModel', 'rank 0 is gone rank 2: x misbehaving rank 0: y');
     expect(await executor.lostRanks(byText)).toEqual([
-      { rank: 1, worker: 'w1', cause: 'misbehaved', evidence: 'its executeModel failed, blaming nobody the coordinator can confirm: rank 0 is gone rank 2: x misbehaving rank 0: y', silentMs: 0 },
+      {
+        rank: 1,
+        worker: 'w1',
+        cause: 'misbehaved',
+        evidence:
+          'its executeModel failed, blaming nobody the coordinator can confirm: rank 0 is gone rank 2: x misbehaving rank 0: y',
+        silentMs: 0,
+      },
     ]);
     expect(swarm.workers().map((w) => w.id)).toEqual(['w0', 'w2']);
   });
@@ -515,15 +697,29 @@ describe('who is lost: the coordinator’s own evidence, never one rank’s word
   it('a rank that answers pings but not its call in time is let go: its engine, which pings do not reach, hangs (issue 17, #7)', async () => {
     const { swarm, executor } = await placed(3);
     expect(await executor.lostRanks(new TimeoutError('executeModel', [2], 60_000))).toEqual([
-      { rank: 2, worker: 'w2', cause: 'silent', evidence: 'it answered pings but not executeModel within its time (its engine hangs or is far slower than planned)', silentMs: 0 },
+      {
+        rank: 2,
+        worker: 'w2',
+        cause: 'silent',
+        evidence:
+          'it answered pings but not executeModel within its time (its engine hangs or is far slower than planned)',
+        silentMs: 0,
+      },
     ]);
     expect(swarm.workers().map((w) => w.id)).toEqual(['w0', 'w1']);
   });
 
   it('a rank blaming a rank as gone that still answers the coordinator is let go with it: one of the two lies (issue 17, #2)', async () => {
     const { swarm, executor } = await placed(3);
-    const byBlame = new WorkerError(1, 'executeModel', 'rank 0 is gone: closed', { rank: 0, cause: 'disconnected', evidence: 'closed' });
-    expect((await executor.lostRanks(byBlame)).map((l) => [l.rank, l.cause])).toEqual([[0, 'misbehaved'], [1, 'misbehaved']]);
+    const byBlame = new WorkerError(1, 'executeModel', 'rank 0 is gone: closed', {
+      rank: 0,
+      cause: 'disconnected',
+      evidence: 'closed',
+    });
+    expect((await executor.lostRanks(byBlame)).map((l) => [l.rank, l.cause])).toEqual([
+      [0, 'misbehaved'],
+      [1, 'misbehaved'],
+    ]);
     expect(swarm.workers().map((w) => w.id)).toEqual(['w2']);
   });
 
@@ -531,39 +727,77 @@ describe('who is lost: the coordinator’s own evidence, never one rank’s word
     const { swarm, workers, executor } = await placed(3);
     workers[0].pingFault = 'silent';
     const t0 = performance.now();
-    const lost = await executor.lostRanks(new WorkerError(1, 'executeModel', 'rank 0 is gone: closed', { rank: 0, cause: 'disconnected', evidence: 'connection closed' }));
+    const lost = await executor.lostRanks(
+      new WorkerError(1, 'executeModel', 'rank 0 is gone: closed', {
+        rank: 0,
+        cause: 'disconnected',
+        evidence: 'connection closed',
+      }),
+    );
     expect(performance.now() - t0).toBeGreaterThanOrEqual(1_900);
-    expect(lost).toEqual([{ rank: 0, worker: 'w0', cause: 'silent', evidence: 'did not answer a ping within 2 s; rank 1 reported: connection closed', silentMs: expect.any(Number) }]);
+    expect(lost).toEqual([
+      {
+        rank: 0,
+        worker: 'w0',
+        cause: 'silent',
+        evidence: 'did not answer a ping within 2 s; rank 1 reported: connection closed',
+        silentMs: expect.any(Number),
+      },
+    ]);
     expect(swarm.workers().map((w) => w.id)).toEqual(['w1', 'w2']);
   });
 
   it('with CFG parallel a worker blames a rank of its own group, which is the global rank the coordinator pings', async () => {
     const { swarm, workers, executor } = await placed(2, { cfgParallel: true });
     workers[2].pingFault = 'gone';
-    const lost = await executor.lostRanks(new WorkerError(3, 'executeModel', 'rank 0 is gone', { rank: 2, cause: 'disconnected', evidence: 'closed' }));
+    const lost = await executor.lostRanks(
+      new WorkerError(3, 'executeModel', 'rank 0 is gone', { rank: 2, cause: 'disconnected', evidence: 'closed' }),
+    );
     expect(lost.map((l) => [l.rank, l.worker, l.cause])).toEqual([[2, 'w2', 'silent']]);
     expect(swarm.workers().map((w) => w.id)).toEqual(['w0', 'w1', 'w3']);
   });
 
   it('a rank accused of misbehaving that still answers is let go with its accuser: the coordinator cannot tell which one lies', async () => {
     const { swarm, executor } = await placed(3);
-    const lost = await executor.lostRanks(new WorkerError(1, 'executeModel', 'rank 0 misbehaved: NaN', { rank: 0, cause: 'misbehaved', evidence: 'sent NaN or infinite values in step 1, block 0; disconnected' }));
-    expect(lost.map((l) => [l.rank, l.worker, l.cause])).toEqual([[0, 'w0', 'misbehaved'], [1, 'w1', 'misbehaved']]);
+    const lost = await executor.lostRanks(
+      new WorkerError(1, 'executeModel', 'rank 0 misbehaved: NaN', {
+        rank: 0,
+        cause: 'misbehaved',
+        evidence: 'sent NaN or infinite values in step 1, block 0; disconnected',
+      }),
+    );
+    expect(lost.map((l) => [l.rank, l.worker, l.cause])).toEqual([
+      [0, 'w0', 'misbehaved'],
+      [1, 'w1', 'misbehaved'],
+    ]);
     expect(lost[0].evidence).toBe('rank 1 reported: sent NaN or infinite values in step 1, block 0; disconnected');
     expect(swarm.workers().map((w) => w.id)).toEqual(['w2']);
   });
 
   it('a rank accused of withholding its tensors that still answers is let go with its accuser', async () => {
     const { swarm, executor } = await placed(3);
-    const lost = await executor.lostRanks(new WorkerError(2, 'executeModel', 'rank 1 is gone', { rank: 1, cause: 'silent', evidence: 'sent no tensor for step 1, block 0, phase 0 within 60 s' }));
-    expect(lost.map((l) => [l.rank, l.cause])).toEqual([[1, 'misbehaved'], [2, 'misbehaved']]);
-    expect(lost[1].evidence).toBe('it reported rank 1 withholding its tensors, which the coordinator cannot confirm: one of the two is let go with the other');
+    const lost = await executor.lostRanks(
+      new WorkerError(2, 'executeModel', 'rank 1 is gone', {
+        rank: 1,
+        cause: 'silent',
+        evidence: 'sent no tensor for step 1, block 0, phase 0 within 60 s',
+      }),
+    );
+    expect(lost.map((l) => [l.rank, l.cause])).toEqual([
+      [1, 'misbehaved'],
+      [2, 'misbehaved'],
+    ]);
+    expect(lost[1].evidence).toBe(
+      'it reported rank 1 withholding its tensors, which the coordinator cannot confirm: one of the two is let go with the other',
+    );
     expect(swarm.workers().map((w) => w.id)).toEqual(['w0']);
   });
 
   it('a reply that broke the contract is the coordinator’s own evidence: that rank is let go', async () => {
     const { swarm, executor } = await placed(2);
-    const lost = await executor.lostRanks(new WorkerError(1, 'executeModel', 'returned 3 values; its share is 18×64', null, true));
+    const lost = await executor.lostRanks(
+      new WorkerError(1, 'executeModel', 'returned 3 values; its share is 18×64', null, true),
+    );
     expect(lost.map((l) => [l.rank, l.cause])).toEqual([[1, 'misbehaved']]);
     expect(lost[0].evidence).toMatch(/its executeModel reply broke the contract: returned 3 values/);
     expect(swarm.workers().map((w) => w.id)).toEqual(['w0']);
@@ -587,7 +821,12 @@ describe('Placer: re-placing after a lost rank', () => {
     const t0 = performance.now();
     const record = await placer.replace(new WorkerError(0, 'executeModel', 'rank 1 is gone'), 2);
     const elapsed = performance.now() - t0;
-    expect(record).toMatchObject({ step: 2, degreeBefore: 2, degreeAfter: 2, lost: [{ rank: 1, worker: 'w1', cause: 'silent' }] });
+    expect(record).toMatchObject({
+      step: 2,
+      degreeBefore: 2,
+      degreeAfter: 2,
+      lost: [{ rank: 1, worker: 'w1', cause: 'silent' }],
+    });
     expect(record!.replanMs).toBeGreaterThanOrEqual(0);
     expect(record!.replanMs).toBeLessThanOrEqual(elapsed);
     expect(placer.current!.workers.map((w) => w.id)).toEqual(['w0', 'w2']);
@@ -607,7 +846,11 @@ describe('Placer: re-placing after a lost rank', () => {
   it('ReplacementsExhausted is named, keeps the last failure as its cause, and says how many re-placements were tried', () => {
     const cause = new Error('rank 1 is gone');
     const e = new ReplacementsExhausted([], cause);
-    expect([e.name, e.message, e.cause]).toEqual(['ReplacementsExhausted', `rank 1 is gone (gave up after ${MAX_REPLANS} re-placements in this job)`, cause]);
+    expect([e.name, e.message, e.cause]).toEqual([
+      'ReplacementsExhausted',
+      `rank 1 is gone (gave up after ${MAX_REPLANS} re-placements in this job)`,
+      cause,
+    ]);
   });
 });
 
@@ -622,9 +865,20 @@ describe('the cost model sees what the workers measured', () => {
     for (const w of swarm.workers()) w.measurement = measured(fast);
     const { plan } = await placer.place(unguided, ask({ ulyssesDegree: 2, ep: 'wasm' }));
     const hw = hardware(2, 'wasm', fast);
-    expect(plan).toMatchObject({ degree: 2, cfgParallel: false, asked: true, by: 'asked for (predicted from probe rates, as rehearsing failed: this stub does not rehearse; rank links from coordinator links)' });
-    expect(plan!.predictedStepMs).toBeCloseTo(predictStep(workload(unguided), { ulyssesDegree: 2, cfgParallel: false }, hw).stepS * 1000, 9);
-    expect(plan!.oneWorkerStepMs).toBeCloseTo(predictStep(workload(unguided), { ulyssesDegree: 1, cfgParallel: false }, hw).stepS * 1000, 9);
+    expect(plan).toMatchObject({
+      degree: 2,
+      cfgParallel: false,
+      asked: true,
+      by: 'asked for (predicted from probe rates, as rehearsing failed: this stub does not rehearse; rank links from coordinator links)',
+    });
+    expect(plan!.predictedStepMs).toBeCloseTo(
+      predictStep(workload(unguided), { ulyssesDegree: 2, cfgParallel: false }, hw).stepS * 1000,
+      9,
+    );
+    expect(plan!.oneWorkerStepMs).toBeCloseTo(
+      predictStep(workload(unguided), { ulyssesDegree: 1, cfgParallel: false }, hw).stepS * 1000,
+      9,
+    );
   });
 
   it('a degree asked for before enough workers joined waits for them instead of failing to predict on too few', async () => {
@@ -656,7 +910,10 @@ describe('the cost model sees what the workers measured', () => {
     // each worker's API is a real runtime with a real engine behind serve() and remote() over a link
     for (const worker of workers) {
       const [coordinatorSide, workerSide] = channelPair();
-      const runtime = new WorkerRuntime(createEngine(), { connectMesh: async () => memoryExchanges(1)[0], describe: async () => worker.info });
+      const runtime = new WorkerRuntime(createEngine(), {
+        connectMesh: async () => memoryExchanges(1)[0],
+        describe: async () => worker.info,
+      });
       serve<WorkerApi>(workerSide, 0, WORKER_CONTRACT, runtime);
       const api = remote(coordinatorSide, COORDINATOR, WORKER_CONTRACT, `worker ${worker.id}`);
       worker.measurement = await measureWorker({ api, info: worker.info });
@@ -667,13 +924,24 @@ describe('the cost model sees what the workers measured', () => {
       expect(rate).toBeGreaterThan(1e6); // scores per second: ~4e8 on this machine's wasm
     }
     const { plan } = await placerOn(swarm).place(guided, ask());
-    expect(plan?.by).toBe('cost model (probe rates, as rehearsing failed: this stub does not rehearse; rank links from coordinator links)');
+    expect(plan?.by).toBe(
+      'cost model (probe rates, as rehearsing failed: this stub does not rehearse; rank links from coordinator links)',
+    );
     // what the planner predicted is what the cost model gives with the measured rates, and differs from an unmeasured (infinite) rate
     const work = workload(guided);
-    const link = { bandwidth: Math.min(...workers.map((w) => w.measurement!.bandwidth)), latency: Math.max(...workers.map((w) => w.measurement!.rttMs)) / 2000 };
+    const link = {
+      bandwidth: Math.min(...workers.map((w) => w.measurement!.bandwidth)),
+      latency: Math.max(...workers.map((w) => w.measurement!.rttMs)) / 2000,
+    };
     const stageS = workers.map((w) => w.measurement!.compute.wasm!.stageMs / 1000);
     for (const s of stageS) expect(s).toBeGreaterThan(0); // a stage call at one token: ~1 ms on this machine's wasm
-    const hw = (softmax: number[], stage = stageS): Hardware => ({ workerFlops: workers.map((w) => w.measurement!.compute.wasm!.flops), workerSoftmaxRates: softmax, workerStageS: stage, link, bytesPerElement: 4 });
+    const hw = (softmax: number[], stage = stageS): Hardware => ({
+      workerFlops: workers.map((w) => w.measurement!.compute.wasm!.flops),
+      workerSoftmaxRates: softmax,
+      workerStageS: stage,
+      link,
+      bytesPerElement: 4,
+    });
     const predicted = planSwarm(work, hw(rates));
     expect(plan!.oneWorkerStepMs).toBeCloseTo(predicted.baseline.stepS * 1000, 6);
     expect(plan!.oneWorkerStepMs).toBeGreaterThan(planSwarm(work, hw([Infinity, Infinity])).baseline.stepS * 1000);
@@ -682,7 +950,15 @@ describe('the cost model sees what the workers measured', () => {
 
   it("measureWorker says which EP the worker takes for 'auto' jobs, as the worker will: never a software adapter", async () => {
     const rates = { wasm: 21.3e9, webgpu: 50e9 };
-    const api = { probeCompute: async ({ ep }: { ep: 'wasm' | 'webgpu' }) => ({ ep, flops: rates[ep], softmaxRate: 1e8, stageMs: 1 }), probeLink: async ({ payload }: { payload: Float32Array }) => ({ bytes: payload.byteLength }) };
+    const api = {
+      probeCompute: async ({ ep }: { ep: 'wasm' | 'webgpu' }) => ({
+        ep,
+        flops: rates[ep],
+        softmaxRate: 1e8,
+        stageMs: 1,
+      }),
+      probeLink: async ({ payload }: { payload: Float32Array }) => ({ bytes: payload.byteLength }),
+    };
     const gpu = await measureWorker({ api, info: { ep: 'webgpu', softwareAdapter: false, threads: 1 } });
     expect(gpu.auto).toEqual({ ep: 'webgpu', why: 'WebGPU: 50 GFLOP/s vs WASM 21.3' });
     const software = await measureWorker({ api, info: { ep: 'webgpu', softwareAdapter: true, threads: 1 } });
@@ -699,11 +975,22 @@ describe('the cost model sees what the workers measured', () => {
     const rehearsals = workers.map((w) => callsOf(w, 'rehearse').map((c) => c.args));
     expect(callsOf(workers[0], 'rehearse')[0].timeoutMs).toBe(LOAD_TIMEOUT_MS); // it may load the model
     const shape = latentShape(guided, config.inChannels);
-    const args = (degrees: number[]) => ({ modelUrl: '/models/tiny-wan', ep: 'wasm', latentShape: shape, textTokens: 16, degrees });
+    const args = (degrees: number[]) => ({
+      modelUrl: '/models/tiny-wan',
+      ep: 'wasm',
+      latentShape: shape,
+      textTokens: 16,
+      degrees,
+    });
     // one group of one worker (degree 1), one of two at once (degree 1 for CFG parallel, and 2)
     expect(rehearsals).toEqual([[args([1]), args([1, 2])], [args([1, 2])]]);
-    const rehearsed = (p: Plan) => (p.heads ? undefined : p.ulyssesDegree === 1 && !p.cfgParallel ? 0.1 : p.ulyssesDegree === 1 ? 0.15 : 0.08);
-    const hw: Hardware = { ...hardware(2, 'wasm', fast), rehearsedForwardS: rehearsed, rehearsedRankForwardS: (d) => (d === 1 ? [0.1] : d === 2 ? [0.08, 0.06] : undefined) };
+    const rehearsed = (p: Plan) =>
+      p.heads ? undefined : p.ulyssesDegree === 1 && !p.cfgParallel ? 0.1 : p.ulyssesDegree === 1 ? 0.15 : 0.08;
+    const hw: Hardware = {
+      ...hardware(2, 'wasm', fast),
+      rehearsedForwardS: rehearsed,
+      rehearsedRankForwardS: (d) => (d === 1 ? [0.1] : d === 2 ? [0.08, 0.06] : undefined),
+    };
     // rank 1 is faster at degree 2: it takes 7 of the 12 heads, and the step waits for 0.06 × 7/6 s, not 0.08
     const uneven = unevenPlan(workload(guided), hw, 2)!;
     expect(uneven.heads).toEqual([5, 7]);
@@ -728,7 +1015,7 @@ describe('the cost model sees what the workers measured', () => {
     expect([callsOf(workers[0], 'rehearse').length, callsOf(workers[1], 'rehearse').length]).toEqual([5, 3]);
   });
 
-  it("predicts a plan jobs ran by their median steps, the last weighing half: a plan predicted too fast is not chosen again on its prediction, and one that ran as predicted is predicted by its steps", async () => {
+  it('predicts a plan jobs ran by their median steps, the last weighing half: a plan predicted too fast is not chosen again on its prediction, and one that ran as predicted is predicted by its steps', async () => {
     const { swarm, join } = testSwarm();
     const workers = join(2, measured(fast));
     for (const w of workers) w.rehearsal = (d) => (d === 1 ? 100 : 40);
@@ -736,7 +1023,11 @@ describe('the cost model sees what the workers measured', () => {
     const place = async () => (await placer.place(guided, ask({ ep: 'wasm' }))).plan!;
     // two passes of 40 ms at degree 2, against 2 × 100 alone and 100 on each of two (CFG parallel)
     const first = await place();
-    expect([first.degree, first.cfgParallel, first.by]).toEqual([2, false, 'cost model (forwards rehearsed on these workers; rank links from coordinator links)']);
+    expect([first.degree, first.cfgParallel, first.by]).toEqual([
+      2,
+      false,
+      'cost model (forwards rehearsed on these workers; rank links from coordinator links)',
+    ]);
     placer.measuredStep(guided, 1_000); // the job's steps took 1 s, not ~80 ms: its exchanges on a busy machine
     const second = await place();
     expect([second.degree, second.cfgParallel]).toEqual([1, true]); // ~100 ms predicted, the next fastest
@@ -744,14 +1035,18 @@ describe('the cost model sees what the workers measured', () => {
     placer.measuredStep(guided, 130);
     const third = await place();
     expect([third.degree, third.cfgParallel, third.predictedStepMs]).toEqual([1, true, 130]);
-    expect(third.by).toBe('cost model (its steps as the last jobs of this shape on these workers measured them; the other plans from forwards rehearsed on these workers; rank links from coordinator links)');
+    expect(third.by).toBe(
+      'cost model (its steps as the last jobs of this shape on these workers measured them; the other plans from forwards rehearsed on these workers; rank links from coordinator links)',
+    );
     // the next job's median is averaged in, the last weighing half
     placer.measuredStep(guided, 110);
     expect((await place()).predictedStepMs).toBeCloseTo(120, 9);
     placer.measuredStep(guided, 100);
     expect((await place()).predictedStepMs).toBeCloseTo(110, 9);
     // another shape, or the same workers on other threads, is predicted from its rehearsal again
-    expect((await placer.place(jobParams({ ...DEFAULT_JOB, frames: 5 }), ask({ ep: 'wasm' }))).plan!.predictedStepMs).not.toBeCloseTo(110, 3);
+    expect(
+      (await placer.place(jobParams({ ...DEFAULT_JOB, frames: 5 }), ask({ ep: 'wasm' }))).plan!.predictedStepMs,
+    ).not.toBeCloseTo(110, 3);
     workers[1].info = { ...workers[1].info, threads: 2 };
     workers[1].share = 2;
     expect((await place()).predictedStepMs).not.toBeCloseTo(110, 3);
@@ -782,11 +1077,23 @@ describe('the cost model sees what the workers measured', () => {
     expect(placement.plan).toMatchObject({ degree: 3, heads: [5, 5, 2], leftOut: null });
     // even 4/4/4: 60 ms a forward; the two fast ones alone: 45; shares 5/5/2: max(30·5/4, 30·5/4, 60·2/4) = 37.5
     expect(placement.executor.layout.heads).toEqual([[5, 5, 2]]);
-    expect(workers.map((w) => (callsOf(w, 'initWorker')[0].args as InitArgs).heads)).toEqual([[5, 5, 2], [5, 5, 2], [5, 5, 2]]);
-    expect(workers.map((w) => w.activity)).toEqual(['rank 0 of 3 (5 heads)', 'rank 1 of 3 (5 heads)', 'rank 2 of 3 (2 heads)']);
+    expect(workers.map((w) => (callsOf(w, 'initWorker')[0].args as InitArgs).heads)).toEqual([
+      [5, 5, 2],
+      [5, 5, 2],
+      [5, 5, 2],
+    ]);
+    expect(workers.map((w) => w.activity)).toEqual([
+      'rank 0 of 3 (5 heads)',
+      'rank 1 of 3 (5 heads)',
+      'rank 2 of 3 (2 heads)',
+    ]);
     // the swarm view shows each rank's share of a job once it is prepared: its heads and tokens (a 16×16 latent: 64 tokens, shared 5/5/2 alike)
     await placement.executor.prepareJob(1, texts, [16, 1, 16, 16]);
-    expect(workers.map((w) => w.activity)).toEqual(['rank 0 of 3 (5 heads, 27 tokens)', 'rank 1 of 3 (5 heads, 27 tokens)', 'rank 2 of 3 (2 heads, 10 tokens)']);
+    expect(workers.map((w) => w.activity)).toEqual([
+      'rank 0 of 3 (5 heads, 27 tokens)',
+      'rank 1 of 3 (5 heads, 27 tokens)',
+      'rank 2 of 3 (2 heads, 10 tokens)',
+    ]);
 
     // a worker so slow that the others alone are faster is left out, and the plan says so
     const { swarm: other, join: joinOther } = testSwarm();
@@ -819,17 +1126,26 @@ describe('the cost model sees what the workers measured', () => {
       join(2, measured(fast));
       const { plan } = await placerOn(swarm).place(guided, ask({ ep }));
       const expected = planSwarm(workload(guided), hardware(2, ep === 'auto' ? 'webgpu' : 'wasm', fast));
-      expect([plan!.by, plan!.asked]).toEqual(['cost model (probe rates, as rehearsing failed: this stub does not rehearse; rank links from coordinator links)', false]);
+      expect([plan!.by, plan!.asked]).toEqual([
+        'cost model (probe rates, as rehearsing failed: this stub does not rehearse; rank links from coordinator links)',
+        false,
+      ]);
       expect(plan!.link).toEqual({ bandwidth: 1e9, latency: 0.001, from: 'coordinator links' });
       expect(plan!.oneWorkerStepMs, ep).toBeCloseTo(expected.baseline.stepS * 1000, 9);
       expect(plan!.predictedStepMs, ep).toBeCloseTo(expected.best.stepS * 1000, 9);
-      expect([plan!.degree, plan!.cfgParallel]).toEqual([expected.best.plan.ulyssesDegree, expected.best.plan.cfgParallel]);
+      expect([plan!.degree, plan!.cfgParallel]).toEqual([
+        expected.best.plan.ulyssesDegree,
+        expected.best.plan.cfgParallel,
+      ]);
     }
   });
 
   it('plans f16 transport with 2 bytes per activation and f32 with 4', async () => {
     const link = { rttMs: 2, bandwidth: 2e6 };
-    for (const [dtype, bytes] of [['f16', 2], ['f32', 4]] as const) {
+    for (const [dtype, bytes] of [
+      ['f16', 2],
+      ['f32', 4],
+    ] as const) {
       const { swarm, join } = testSwarm();
       join(2, measured(link));
       const { plan } = await placerOn(swarm).place(unguided, ask({ ep: 'wasm', dtype, cfgParallel: false }));
@@ -843,18 +1159,28 @@ describe('the cost model sees what the workers measured', () => {
   });
 
   it("'auto' transport takes a less exact one only where the cost model predicts it 1.1× faster: int8 over a slow link, float32 over a fast one, and says why (issue 20)", async () => {
-    for (const [bandwidth, expected] of [[1e5, 'i8'], [1e10, 'f32']] as const) {
+    for (const [bandwidth, expected] of [
+      [1e5, 'i8'],
+      [1e10, 'f32'],
+    ] as const) {
       const link = { rttMs: 1, bandwidth };
       const { swarm, join } = testSwarm();
       const workers = join(2, measured(link));
-      const { plan, executor } = await placerOn(swarm).place(unguided, ask({ ulyssesDegree: 2, ep: 'wasm', dtype: 'auto', cfgParallel: false }));
+      const { plan, executor } = await placerOn(swarm).place(
+        unguided,
+        ask({ ulyssesDegree: 2, ep: 'wasm', dtype: 'auto', cfgParallel: false }),
+      );
       expect(plan!.dtype, `${bandwidth} B/s`).toBe(expected);
       expect(executor.options.dtype).toBe(expected);
       expect((callsOf(workers[0], 'initWorker')[0].args as InitArgs).dtype).toBe(expected);
       const work = workload(unguided);
-      const stepMs = (bytes: number) => predictStep(work, { ulyssesDegree: 2, cfgParallel: false }, hardware(2, 'wasm', link, bytes as 2 | 4)).stepS * 1000;
+      const stepMs = (bytes: number) =>
+        predictStep(work, { ulyssesDegree: 2, cfgParallel: false }, hardware(2, 'wasm', link, bytes as 2 | 4)).stepS *
+        1000;
       if (expected === 'i8') {
-        expect(plan!.by).toMatch(/; int8 transport \(about 3e-3 from exact\): predicted \d+ ms a step, float32 \d+ ms\)$/);
+        expect(plan!.by).toMatch(
+          /; int8 transport \(about 3e-3 from exact\): predicted \d+ ms a step, float32 \d+ ms\)$/,
+        );
         expect(plan!.predictedStepMs).toBeLessThan(stepMs(4) / 1.1);
       } else expect(plan!.by).toMatch(/; float32 transport: no other predicted 1.1× faster\)$/);
     }
@@ -866,16 +1192,22 @@ describe('the cost model sees what the workers measured', () => {
       const link = { rttMs: 1, bandwidth };
       const { swarm, join } = testSwarm();
       const workers = join(2, measured(link));
-      const { plan, executor } = await placerOn(swarm).place(unguided, ask({ ulyssesDegree: 2, ep: 'wasm', dtype: 'f32', parallel: 'auto', warmupSteps: 3, cfgParallel: false }));
+      const { plan, executor } = await placerOn(swarm).place(
+        unguided,
+        ask({ ulyssesDegree: 2, ep: 'wasm', dtype: 'f32', parallel: 'auto', warmupSteps: 3, cfgParallel: false }),
+      );
       const work = workload(unguided);
-      const stepMs = (mode: 'ulysses' | 'displaced') => predictStep(work, { ulyssesDegree: 2, cfgParallel: false, mode }, hardware(2, 'wasm', link, 4)).stepS * 1000;
+      const stepMs = (mode: 'ulysses' | 'displaced') =>
+        predictStep(work, { ulyssesDegree: 2, cfgParallel: false, mode }, hardware(2, 'wasm', link, 4)).stepS * 1000;
       const expected = stepMs('displaced') * 1.1 <= stepMs('ulysses') ? 'displaced' : 'ulysses';
       chosen.push(expected);
       expect(plan!.parallel, `${bandwidth} B/s`).toBe(expected);
       expect(executor.options).toMatchObject({ parallel: expected, warmupSteps: 3 });
       for (const w of workers) expect((callsOf(w, 'initWorker')[0].args as InitArgs).parallel).toBe(expected);
       if (expected === 'displaced') {
-        expect(plan!.by).toMatch(/; displaced float32 \(keys and values one step stale past the warm-up: 1 to 2.5% of the latent from exact in bench slow-link, the demo's held-out accuracy within 2.5 points\): predicted \d+ ms a step, float32 \d+ ms\)$/);
+        expect(plan!.by).toMatch(
+          /; displaced float32 \(keys and values one step stale past the warm-up: 1 to 2.5% of the latent from exact in bench slow-link, the demo's held-out accuracy within 2.5 points\): predicted \d+ ms a step, float32 \d+ ms\)$/,
+        );
         expect(plan!.predictedStepMs).toBeCloseTo(stepMs('displaced'), 6);
       } else expect(plan!.by).toMatch(/; float32 transport: no other predicted 1.1× faster\)$/);
     }
@@ -886,20 +1218,48 @@ describe('the cost model sees what the workers measured', () => {
     const small = testSwarm();
     for (const w of small.join(2, measured({ rttMs: 1, bandwidth: 1e6 }))) w.info.memoryGiB = 1e-4;
     const work = workload(unguided);
-    expect((await placerOn(small.swarm).place(unguided, ask({ ulyssesDegree: 2, ep: 'wasm', dtype: 'f32', parallel: 'auto', cfgParallel: false }))).plan!.parallel).toBe('ulysses');
-    await expect(placerOn(small.swarm).place(unguided, ask({ ulyssesDegree: 2, ep: 'wasm', dtype: 'f32', parallel: 'displaced', cfgParallel: false }))).rejects.toThrow(
+    expect(
+      (
+        await placerOn(small.swarm).place(
+          unguided,
+          ask({ ulyssesDegree: 2, ep: 'wasm', dtype: 'f32', parallel: 'auto', cfgParallel: false }),
+        )
+      ).plan!.parallel,
+    ).toBe('ulysses');
+    await expect(
+      placerOn(small.swarm).place(
+        unguided,
+        ask({ ulyssesDegree: 2, ep: 'wasm', dtype: 'f32', parallel: 'displaced', cfgParallel: false }),
+      ),
+    ).rejects.toThrow(
       `displaced mode would hold ${formatBytes(staleKeysValuesBytes(work, 2))} of keys and values on each rank, more than half of the 0.0001 GiB its workers have: use Ulysses, or a shorter or smaller video`,
     );
     // the real model at 480p: every rank's keys and values of both passes and 30 blocks, 24 GB
-    expect(staleKeysValuesBytes({ model: { numLayers: 30, dim: 1536 }, tokens: 32760, passes: 2 }, 4)).toBe(2 * 30 * 2 * 32760 * 1536 * 4);
+    expect(staleKeysValuesBytes({ model: { numLayers: 30, dim: 1536 }, tokens: 32760, passes: 2 }, 4)).toBe(
+      2 * 30 * 2 * 32760 * 1536 * 4,
+    );
 
     // asked for, it is what runs; a mode or warm-up that is not one is refused, saying what is
     const { swarm, join } = testSwarm();
     join(2, measured({ rttMs: 1, bandwidth: 1e10 }));
     const placer = placerOn(swarm);
-    expect((await placer.place(unguided, ask({ ulyssesDegree: 2, ep: 'wasm', dtype: 'f32', parallel: 'displaced', cfgParallel: false }))).plan!.parallel).toBe('displaced');
-    await expect(placer.place(unguided, ask({ ulyssesDegree: 2, ep: 'wasm', dtype: 'f32', parallel: 'ring' as never }))).rejects.toThrow(`parallel must be 'ulysses', 'displaced' or 'auto', got "ring"`);
-    await expect(placer.place(unguided, ask({ ulyssesDegree: 2, ep: 'wasm', dtype: 'f32', parallel: 'displaced', warmupSteps: 1.5 }))).rejects.toThrow('warmupSteps is a whole number ≥ 0 of exact steps before displaced ones, got 1.5');
+    expect(
+      (
+        await placer.place(
+          unguided,
+          ask({ ulyssesDegree: 2, ep: 'wasm', dtype: 'f32', parallel: 'displaced', cfgParallel: false }),
+        )
+      ).plan!.parallel,
+    ).toBe('displaced');
+    await expect(
+      placer.place(unguided, ask({ ulyssesDegree: 2, ep: 'wasm', dtype: 'f32', parallel: 'ring' as never })),
+    ).rejects.toThrow(`parallel must be 'ulysses', 'displaced' or 'auto', got "ring"`);
+    await expect(
+      placer.place(
+        unguided,
+        ask({ ulyssesDegree: 2, ep: 'wasm', dtype: 'f32', parallel: 'displaced', warmupSteps: 1.5 }),
+      ),
+    ).rejects.toThrow('warmupSteps is a whole number ≥ 0 of exact steps before displaced ones, got 1.5');
   });
 
   it("head groups: the cost model's choice (more where the exchange is long enough to hide attention behind, one where it is not) reaches every rank and says why; asked for, it is what runs; a count that is none is refused (issue 20)", async () => {
@@ -907,23 +1267,39 @@ describe('the cost model sees what the workers measured', () => {
     const large = jobParams({ ...DEFAULT_JOB, guidance: 1, frames: 9, height: 256, width: 256 });
     const chosen: number[] = [];
     // a slow link, and one with next to no exchange to hide anything behind
-    for (const link of [{ rttMs: 1, bandwidth: 1e4 }, { rttMs: 0, bandwidth: 1e10 }]) {
+    for (const link of [
+      { rttMs: 1, bandwidth: 1e4 },
+      { rttMs: 0, bandwidth: 1e10 },
+    ]) {
       const { swarm, join } = testSwarm();
       const workers = join(2, measured(link));
-      const { plan, executor } = await placerOn(swarm).place(large, ask({ ulyssesDegree: 2, ep: 'wasm', dtype: 'f32', cfgParallel: false }));
-      const expected = predictStep(workload(large), { ulyssesDegree: 2, cfgParallel: false }, hardware(2, 'wasm', link, 4)).headGroups;
+      const { plan, executor } = await placerOn(swarm).place(
+        large,
+        ask({ ulyssesDegree: 2, ep: 'wasm', dtype: 'f32', cfgParallel: false }),
+      );
+      const expected = predictStep(
+        workload(large),
+        { ulyssesDegree: 2, cfgParallel: false },
+        hardware(2, 'wasm', link, 4),
+      ).headGroups;
       chosen.push(expected);
       expect(plan!.headGroups, `${link.bandwidth} B/s`).toBe(expected);
       expect(executor.options.headGroups).toBe(expected);
       for (const w of workers) expect((callsOf(w, 'initWorker')[0].args as InitArgs).headGroups).toBe(expected);
-      if (expected > 1) expect(plan!.by).toMatch(new RegExp(`; q, k, v in ${expected} head groups, so attention overlaps the exchange\\)$`));
+      if (expected > 1)
+        expect(plan!.by).toMatch(
+          new RegExp(`; q, k, v in ${expected} head groups, so attention overlaps the exchange\\)$`),
+        );
       else expect(plan!.by).not.toMatch(/head group/);
     }
     expect(chosen).toEqual([3, 1]);
     const { swarm, join } = testSwarm();
     const workers = join(2, measured({ rttMs: 1, bandwidth: 1e10 }));
     const placer = placerOn(swarm);
-    const asked = await placer.place(unguided, ask({ ulyssesDegree: 2, ep: 'wasm', dtype: 'f32', cfgParallel: false, headGroups: 2 }));
+    const asked = await placer.place(
+      unguided,
+      ask({ ulyssesDegree: 2, ep: 'wasm', dtype: 'f32', cfgParallel: false, headGroups: 2 }),
+    );
     expect(asked.plan!.headGroups).toBe(2);
     expect(asked.plan!.by).toMatch(/; q, k, v in 2 head groups, so attention overlaps the exchange \(asked for\)\)$/);
     expect((callsOf(workers[1], 'initWorker').at(-1)!.args as InitArgs).headGroups).toBe(2);
@@ -931,12 +1307,19 @@ describe('the cost model sees what the workers measured', () => {
     for (const measure of [true, false]) {
       const other = testSwarm();
       const ranks = measure ? other.join(2, measured({ rttMs: 1, bandwidth: 1e10 })) : other.join(2);
-      const displaced = await placerOn(other.swarm).place(unguided, ask({ ulyssesDegree: 2, ep: 'wasm', dtype: 'f32', cfgParallel: false, parallel: 'displaced', headGroups: 3 }));
+      const displaced = await placerOn(other.swarm).place(
+        unguided,
+        ask({ ulyssesDegree: 2, ep: 'wasm', dtype: 'f32', cfgParallel: false, parallel: 'displaced', headGroups: 3 }),
+      );
       expect(displaced.plan === null, 'planned').toBe(!measure);
       expect(displaced.executor.options.headGroups).toBe(1);
       expect((callsOf(ranks[1], 'initWorker')[0].args as InitArgs).headGroups).toBe(1);
     }
-    await expect(placer.place(unguided, ask({ ulyssesDegree: 2, ep: 'wasm', dtype: 'f32', headGroups: 0 }))).rejects.toThrow("headGroups is a whole number ≥ 1 of head groups a block's exchange goes in (1: all heads at once), got 0");
+    await expect(
+      placer.place(unguided, ask({ ulyssesDegree: 2, ep: 'wasm', dtype: 'f32', headGroups: 0 })),
+    ).rejects.toThrow(
+      "headGroups is a whole number ≥ 1 of head groups a block's exchange goes in (1: all heads at once), got 0",
+    );
   });
 
   it('cfgParallel false never takes a CFG-parallel plan, even one predicted fastest; left unset, the planner may', async () => {
@@ -944,26 +1327,47 @@ describe('the cost model sees what the workers measured', () => {
     const lan = { rttMs: 0.02, bandwidth: 1e9 };
     const work = workload(guided);
     const all = planSwarm(work, hardware(2, 'webgpu', lan));
-    const ulysses = planSwarm(work, hardware(2, 'webgpu', lan), candidatePlans(work, 2).filter((p) => !p.cfgParallel));
-    expect(all.best.plan, 'on 2 workers CFG parallel is predicted fastest').toEqual({ ulyssesDegree: 1, cfgParallel: true });
+    const ulysses = planSwarm(
+      work,
+      hardware(2, 'webgpu', lan),
+      candidatePlans(work, 2).filter((p) => !p.cfgParallel),
+    );
+    expect(all.best.plan, 'on 2 workers CFG parallel is predicted fastest').toEqual({
+      ulyssesDegree: 1,
+      cfgParallel: true,
+    });
     expect(ulysses.best.plan, 'and without it, two Ulysses ranks').toEqual({ ulyssesDegree: 2, cfgParallel: false });
 
     const unset = testSwarm();
     unset.join(2, measured(lan));
     const free = await placerOn(unset.swarm).place(guided, ask());
-    expect([free.plan!.degree, free.plan!.cfgParallel, free.executor.world, free.executor.layout.cfgParallel]).toEqual([1, true, 2, true]);
+    expect([free.plan!.degree, free.plan!.cfgParallel, free.executor.world, free.executor.layout.cfgParallel]).toEqual([
+      1,
+      true,
+      2,
+      true,
+    ]);
 
     const refused = testSwarm();
     refused.join(2, measured(lan));
     const plain = await placerOn(refused.swarm).place(guided, ask({ cfgParallel: false }));
-    expect([plain.plan!.degree, plain.plan!.cfgParallel, plain.executor.world, plain.executor.layout.cfgParallel]).toEqual([2, false, 2, false]);
+    expect([
+      plain.plan!.degree,
+      plain.plan!.cfgParallel,
+      plain.executor.world,
+      plain.executor.layout.cfgParallel,
+    ]).toEqual([2, false, 2, false]);
     expect(plain.plan!.predictedStepMs).toBeCloseTo(ulysses.best.stepS * 1000, 9);
   });
 
   it('cfgParallel true takes the fastest CFG-parallel plan even when one worker is predicted faster', async () => {
     const slow = { rttMs: 200, bandwidth: 1e4 };
     const work = workload(guided);
-    const choice = planSwarm(work, hardware(2, 'webgpu', slow), candidatePlans(work, 2).filter((p) => p.cfgParallel));
+    const choice = planSwarm(
+      work,
+      hardware(2, 'webgpu', slow),
+      candidatePlans(work, 2).filter((p) => p.cfgParallel),
+    );
     expect(choice.best, 'one worker is predicted fastest on these links').toBe(choice.baseline);
     const { swarm, join } = testSwarm();
     join(2, measured(slow));
@@ -977,8 +1381,12 @@ describe('the cost model sees what the workers measured', () => {
     const { swarm, join } = testSwarm();
     join(2, measured(fast));
     const { plan, cfgFallback } = await placerOn(swarm).place(unguided, ask({ cfgParallel: true }));
-    expect(cfgFallback).toBe('no CFG parallel: guidance 1 means one forward pass per step, so there is no second pass for a second group');
-    expect(plan!.by).toBe(`cost model (probe rates, as rehearsing failed: this stub does not rehearse; rank links from coordinator links); ${cfgFallback}`);
+    expect(cfgFallback).toBe(
+      'no CFG parallel: guidance 1 means one forward pass per step, so there is no second pass for a second group',
+    );
+    expect(plan!.by).toBe(
+      `cost model (probe rates, as rehearsing failed: this stub does not rehearse; rank links from coordinator links); ${cfgFallback}`,
+    );
     expect(plan!.cfgParallel).toBe(false);
   });
 

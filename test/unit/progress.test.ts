@@ -19,10 +19,19 @@ describe('byteProgress', () => {
   };
 
   it('in a log, a line per tenth and nothing in between', () => {
-    expect(writes(false, [0, 1e8, 2e8, 4e8, 4.1e8, 2e9, 4e9])).toEqual(['load: 0.00 of 4.00 GB\n', 'load: 0.40 of 4.00 GB\n', 'load: 2.00 of 4.00 GB\n', 'load: 4.00 of 4.00 GB\n']);
+    expect(writes(false, [0, 1e8, 2e8, 4e8, 4.1e8, 2e9, 4e9])).toEqual([
+      'load: 0.00 of 4.00 GB\n',
+      'load: 0.40 of 4.00 GB\n',
+      'load: 2.00 of 4.00 GB\n',
+      'load: 4.00 of 4.00 GB\n',
+    ]);
   });
 
   it('on a terminal, one line rewritten per per cent, ended when done', () => {
-    expect(writes(true, [0, 1e7, 4e7, 4e9])).toEqual(['\rload: 0.00 of 4.00 GB', '\rload: 0.04 of 4.00 GB', '\rload: 4.00 of 4.00 GB\n']);
+    expect(writes(true, [0, 1e7, 4e7, 4e9])).toEqual([
+      '\rload: 0.00 of 4.00 GB',
+      '\rload: 0.04 of 4.00 GB',
+      '\rload: 4.00 of 4.00 GB\n',
+    ]);
   });
 });

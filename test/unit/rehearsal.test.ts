@@ -21,10 +21,33 @@ beforeAll(async () => {
 function recording(stages: DeviceStageRunner) {
   const calls: string[] = [];
   const lengths = (args: unknown[]) =>
-    args.map((a) => (a instanceof Float32Array ? a.length : a && typeof a === 'object' && 'q' in a ? `q${(a as { q: Float32Array }).q.length}` : typeof a === 'number' ? 'n' : '?')).join(',');
+    args
+      .map((a) =>
+        a instanceof Float32Array
+          ? a.length
+          : a && typeof a === 'object' && 'q' in a
+            ? `q${(a as { q: Float32Array }).q.length}`
+            : typeof a === 'number'
+              ? 'n'
+              : '?',
+      )
+      .join(',');
   const wrap = <K extends 'embed' | 'preAttention' | 'attention' | 'postAttention' | 'head'>(k: K) =>
-    ((...args: unknown[]) => (calls.push(`${k}(${lengths(args)})`), (stages[k] as (...a: unknown[]) => unknown)(...args))) as DeviceStageRunner[K];
-  return { calls, stages: { ...stages, embed: wrap('embed'), preAttention: wrap('preAttention'), attention: wrap('attention'), postAttention: wrap('postAttention'), head: wrap('head') } };
+    ((...args: unknown[]) => (
+      calls.push(`${k}(${lengths(args)})`),
+      (stages[k] as (...a: unknown[]) => unknown)(...args)
+    )) as DeviceStageRunner[K];
+  return {
+    calls,
+    stages: {
+      ...stages,
+      embed: wrap('embed'),
+      preAttention: wrap('preAttention'),
+      attention: wrap('attention'),
+      postAttention: wrap('postAttention'),
+      head: wrap('head'),
+    },
+  };
 }
 
 describe('a rehearsal', () => {
@@ -37,40 +60,101 @@ describe('a rehearsal', () => {
     for (const degree of [1, 2, 3]) {
       // a real job's rank 0 of `degree`, through the in-memory mesh
       const jobs = memoryExchanges(degree).map(() => recording(referenceStages(model)));
-      const jobRuntimes = memoryExchanges(degree).map((exchange, rank) => new WorkerRuntime(stubEngine(jobs[rank].stages, cfg), { connectMesh: async () => exchange, describe: async () => ({ ep: 'wasm', adapter: 'test', softwareAdapter: false, threads: 1, memoryGiB: null, userAgent: 'node' }) }));
+      const jobRuntimes = memoryExchanges(degree).map(
+        (exchange, rank) =>
+          new WorkerRuntime(stubEngine(jobs[rank].stages, cfg), {
+            connectMesh: async () => exchange,
+            describe: async () => ({
+              ep: 'wasm',
+              adapter: 'test',
+              softwareAdapter: false,
+              threads: 1,
+              memoryGiB: null,
+              userAgent: 'node',
+            }),
+          }),
+      );
       const plan = planUlysses(cfg, tokenGrid(cfg, shape).count, degree);
       const text = new Float32Array(4 * cfg.textDim);
-      await Promise.all(jobRuntimes.map(async (r, rank) => {
-        await r.initWorker({ rank, world: degree, peers: jobRuntimes.map((_, i) => `p${i}`), session: 's' });
-        await r.loadModel({ modelUrl: 'tiny', ep: 'wasm' });
-        await r.prepareJob({ job: 1, texts: [text], latentShape: shape });
-      }));
+      await Promise.all(
+        jobRuntimes.map(async (r, rank) => {
+          await r.initWorker({ rank, world: degree, peers: jobRuntimes.map((_, i) => `p${i}`), session: 's' });
+          await r.loadModel({ modelUrl: 'tiny', ep: 'wasm' });
+          await r.prepareJob({ job: 1, texts: [text], latentShape: shape });
+        }),
+      );
       const patchWidth = cfg.inChannels * 4;
-      await Promise.all(jobRuntimes.map((r, rank) => r.executeModel({ job: 1, step: 0, pass: 0, timestep: 500, latentShape: shape, patches: new Float32Array(plan.rows[rank] * patchWidth) })));
+      await Promise.all(
+        jobRuntimes.map((r, rank) =>
+          r.executeModel({
+            job: 1,
+            step: 0,
+            pass: 0,
+            timestep: 500,
+            latentShape: shape,
+            patches: new Float32Array(plan.rows[rank] * patchWidth),
+          }),
+        ),
+      );
 
       const rehearsal = recording(referenceStages(model));
-      const runtime = new WorkerRuntime(stubEngine(rehearsal.stages, cfg), { connectMesh: async () => memoryExchanges(1)[0], describe: async () => ({ ep: 'wasm', adapter: 'test', softwareAdapter: false, threads: 1, memoryGiB: null, userAgent: 'node' }) });
+      const runtime = new WorkerRuntime(stubEngine(rehearsal.stages, cfg), {
+        connectMesh: async () => memoryExchanges(1)[0],
+        describe: async () => ({
+          ep: 'wasm',
+          adapter: 'test',
+          softwareAdapter: false,
+          threads: 1,
+          memoryGiB: null,
+          userAgent: 'node',
+        }),
+      });
       await runtime.rehearse({ modelUrl: 'tiny', ep: 'wasm', latentShape: WARM_UP_SHAPE, textTokens: 4, degrees: [1] }); // the engine's warm-up, on one token
       rehearsal.calls.length = 0;
-      const { forwardMs } = await runtime.rehearse({ modelUrl: 'tiny', ep: 'wasm', latentShape: shape, textTokens: 4, degrees: [degree] });
+      const { forwardMs } = await runtime.rehearse({
+        modelUrl: 'tiny',
+        ep: 'wasm',
+        latentShape: shape,
+        textTokens: 4,
+        degrees: [degree],
+      });
       expect(forwardMs).toHaveLength(1);
       expect(forwardMs[0]).toBeGreaterThan(0);
       // a one-block forward (embed, block 0, head), then whole forwards, as rank 0 of the job made them
       const forward = 3 * cfg.numLayers + 2;
       expect(jobs[0].calls).toHaveLength(forward);
-      expect(rehearsal.calls.slice(0, 5), `degree ${degree}`).toEqual([...jobs[0].calls.slice(0, 4), jobs[0].calls[forward - 1]]);
+      expect(rehearsal.calls.slice(0, 5), `degree ${degree}`).toEqual([
+        ...jobs[0].calls.slice(0, 4),
+        jobs[0].calls[forward - 1],
+      ]);
       expect((rehearsal.calls.length - 5) % forward).toBe(0);
       expect(rehearsal.calls.slice(5, 5 + forward), `degree ${degree}`).toEqual(jobs[0].calls);
     }
   });
 
-  it("warms a new engine up first, leaving out its first, slower forwards: it times the forwards the job will run", async () => {
+  it('warms a new engine up first, leaving out its first, slower forwards: it times the forwards the job will run', async () => {
     // an engine whose first 12 attention calls take 150 ms longer, as the browser's first runs of
     // onnxruntime's WebAssembly are slower until it optimises them
     let calls = 0;
     const warming = referenceStages(model);
-    const cold = { ...warming, attention: (async (...args: Parameters<typeof warming.attention>) => (calls++ < 12 && (await new Promise((r) => setTimeout(r, 150))), warming.attention(...args))) as typeof warming.attention };
-    const runtime = new WorkerRuntime(stubEngine(cold, model.config), { connectMesh: async () => memoryExchanges(1)[0], describe: async () => ({ ep: 'wasm', adapter: 'test', softwareAdapter: false, threads: 1, memoryGiB: null, userAgent: 'node' }) });
+    const cold = {
+      ...warming,
+      attention: (async (...args: Parameters<typeof warming.attention>) => (
+        calls++ < 12 && (await new Promise((r) => setTimeout(r, 150))),
+        warming.attention(...args)
+      )) as typeof warming.attention,
+    };
+    const runtime = new WorkerRuntime(stubEngine(cold, model.config), {
+      connectMesh: async () => memoryExchanges(1)[0],
+      describe: async () => ({
+        ep: 'wasm',
+        adapter: 'test',
+        softwareAdapter: false,
+        threads: 1,
+        memoryGiB: null,
+        userAgent: 'node',
+      }),
+    });
     const args = { modelUrl: 'tiny', ep: 'wasm' as const, latentShape: WARM_UP_SHAPE, textTokens: 4, degrees: [1] };
     const [first] = (await runtime.rehearse(args)).forwardMs;
     // a one-block forward, 24 whole ones to warm up, then those timed
@@ -85,13 +169,37 @@ describe('a rehearsal', () => {
   it('of a long forward is one block after a warm-up block, times the blocks', async () => {
     const { calls, stages } = recording(referenceStages(model));
     let slow = false;
-    const slowed = { ...stages, preAttention: (async (...args: Parameters<typeof stages.preAttention>) => (slow && (await new Promise((r) => setTimeout(r, 1_100))), stages.preAttention(...args))) as typeof stages.preAttention };
-    const runtime = new WorkerRuntime(stubEngine(slowed, model.config), { connectMesh: async () => memoryExchanges(1)[0], describe: async () => ({ ep: 'wasm', adapter: 'test', softwareAdapter: false, threads: 1, memoryGiB: null, userAgent: 'node' }) });
+    const slowed = {
+      ...stages,
+      preAttention: (async (...args: Parameters<typeof stages.preAttention>) => (
+        slow && (await new Promise((r) => setTimeout(r, 1_100))),
+        stages.preAttention(...args)
+      )) as typeof stages.preAttention,
+    };
+    const runtime = new WorkerRuntime(stubEngine(slowed, model.config), {
+      connectMesh: async () => memoryExchanges(1)[0],
+      describe: async () => ({
+        ep: 'wasm',
+        adapter: 'test',
+        softwareAdapter: false,
+        threads: 1,
+        memoryGiB: null,
+        userAgent: 'node',
+      }),
+    });
     await runtime.rehearse({ modelUrl: 'tiny', ep: 'wasm', latentShape: WARM_UP_SHAPE, textTokens: 4, degrees: [1] }); // the engine's warm-up
     [slow, calls.length] = [true, 0];
-    const { forwardMs } = await runtime.rehearse({ modelUrl: 'tiny', ep: 'wasm', latentShape: shape, textTokens: 4, degrees: [1] });
+    const { forwardMs } = await runtime.rehearse({
+      modelUrl: 'tiny',
+      ep: 'wasm',
+      latentShape: shape,
+      textTokens: 4,
+      degrees: [1],
+    });
     // 2 blocks × ≥ 1.1 s would pass 2 s: two one-block forwards, no whole one
-    expect(calls.map((c) => c.slice(0, c.indexOf('('))).join(' ')).toBe('embed preAttention attention postAttention head '.repeat(2).trim());
+    expect(calls.map((c) => c.slice(0, c.indexOf('('))).join(' ')).toBe(
+      'embed preAttention attention postAttention head '.repeat(2).trim(),
+    );
     expect(forwardMs[0]).toBeGreaterThanOrEqual(2 * 1_100);
     expect(forwardMs[0]).toBeLessThan(2 * 1_600);
   });
@@ -99,8 +207,21 @@ describe('a rehearsal', () => {
   it('puts back the model the placement loaded when it rehearsed another, and is refused while a job computes', async () => {
     const loads: string[] = [];
     const base = stubEngine(referenceStages(model), model.config);
-    const engine: EngineApi = { ...base, load: async (url: string, ep: ExecutionProvider) => (loads.push(`${url} ${ep}`), base.load(url, ep)) };
-    const runtime = new WorkerRuntime(engine, { connectMesh: async () => memoryExchanges(1)[0], describe: async () => ({ ep: 'wasm', adapter: 'test', softwareAdapter: false, threads: 1, memoryGiB: null, userAgent: 'node' }) });
+    const engine: EngineApi = {
+      ...base,
+      load: async (url: string, ep: ExecutionProvider) => (loads.push(`${url} ${ep}`), base.load(url, ep)),
+    };
+    const runtime = new WorkerRuntime(engine, {
+      connectMesh: async () => memoryExchanges(1)[0],
+      describe: async () => ({
+        ep: 'wasm',
+        adapter: 'test',
+        softwareAdapter: false,
+        threads: 1,
+        memoryGiB: null,
+        userAgent: 'node',
+      }),
+    });
     await runtime.initWorker({ rank: 0, world: 1, peers: ['a'], session: 's' });
     await runtime.loadModel({ modelUrl: 'placed', ep: 'wasm' });
     await runtime.rehearse({ modelUrl: 'placed', ep: 'wasm', latentShape: WARM_UP_SHAPE, textTokens: 4, degrees: [1] });
@@ -108,18 +229,33 @@ describe('a rehearsal', () => {
     await runtime.rehearse({ modelUrl: 'other', ep: 'wasm', latentShape: WARM_UP_SHAPE, textTokens: 4, degrees: [1] });
     expect(loads).toEqual(['placed wasm', 'placed wasm', 'other wasm', 'placed wasm']);
     runtime.state = 'computing';
-    await expect(runtime.rehearse({ modelUrl: 'placed', ep: 'wasm', latentShape: WARM_UP_SHAPE, textTokens: 4, degrees: [1] })).rejects.toThrow('rehearse while a job is computing on this worker');
+    await expect(
+      runtime.rehearse({ modelUrl: 'placed', ep: 'wasm', latentShape: WARM_UP_SHAPE, textTokens: 4, degrees: [1] }),
+    ).rejects.toThrow('rehearse while a job is computing on this worker');
   });
 
   it('refuses a degree the heads do not allow, a latent of the wrong channels and more tokens than any video, before computing', async () => {
-    const runtime = new WorkerRuntime(stubEngine(referenceStages(model), model.config), { connectMesh: async () => memoryExchanges(1)[0], describe: async () => ({ ep: 'wasm', adapter: 'test', softwareAdapter: false, threads: 1, memoryGiB: null, userAgent: 'node' }) });
+    const runtime = new WorkerRuntime(stubEngine(referenceStages(model), model.config), {
+      connectMesh: async () => memoryExchanges(1)[0],
+      describe: async () => ({
+        ep: 'wasm',
+        adapter: 'test',
+        softwareAdapter: false,
+        threads: 1,
+        memoryGiB: null,
+        userAgent: 'node',
+      }),
+    });
     const args = { modelUrl: 'tiny', ep: 'wasm' as const, latentShape: shape, textTokens: 4 };
     await expect(runtime.rehearse({ ...args, degrees: [13] })).rejects.toThrow(/13/);
-    await expect(runtime.rehearse({ ...args, latentShape: [15, 2, 7, 5], degrees: [1] })).rejects.toThrow('rehearse needs a latent shape [16, T, H, W], got [15,2,7,5]');
-    await expect(runtime.rehearse({ ...args, latentShape: [16, 1 << 10, 1 << 10, 1 << 10], degrees: [1] })).rejects.toThrow('rehearse of 268435456 tokens: at most 131072');
+    await expect(runtime.rehearse({ ...args, latentShape: [15, 2, 7, 5], degrees: [1] })).rejects.toThrow(
+      'rehearse needs a latent shape [16, T, H, W], got [15,2,7,5]',
+    );
+    await expect(
+      runtime.rehearse({ ...args, latentShape: [16, 1 << 10, 1 << 10, 1 << 10], degrees: [1] }),
+    ).rejects.toThrow('rehearse of 268435456 tokens: at most 131072');
   });
 });
-
 
 describe("a model's download", () => {
   it('shows on the page a per cent at a time while it loads, and a rehearsal leaves the state as it found it', async () => {
@@ -129,11 +265,23 @@ describe("a model's download", () => {
       ...base,
       load: async (url, ep, onProgress) => {
         // 100 MB/s, all of it over the network
-        for (const bytes of [0, 1e6, 1.004e6, 2e8, 4e8]) onProgress?.({ bytes, totalBytes: 4e8, networkBytes: bytes, elapsedMs: bytes / 1e5, note: '' });
+        for (const bytes of [0, 1e6, 1.004e6, 2e8, 4e8])
+          onProgress?.({ bytes, totalBytes: 4e8, networkBytes: bytes, elapsedMs: bytes / 1e5, note: '' });
         return base.load(url, ep);
       },
     };
-    const runtime = new WorkerRuntime(engine, { connectMesh: async () => memoryExchanges(1)[0], describe: async () => ({ ep: 'wasm', adapter: 'test', softwareAdapter: false, threads: 1, memoryGiB: null, userAgent: 'node' }), onState: (s, d) => states.push(`${s}: ${d}`) });
+    const runtime = new WorkerRuntime(engine, {
+      connectMesh: async () => memoryExchanges(1)[0],
+      describe: async () => ({
+        ep: 'wasm',
+        adapter: 'test',
+        softwareAdapter: false,
+        threads: 1,
+        memoryGiB: null,
+        userAgent: 'node',
+      }),
+      onState: (s, d) => states.push(`${s}: ${d}`),
+    });
     await runtime.initWorker({ rank: 0, world: 1, peers: ['a'], session: 's' });
     await runtime.loadModel({ modelUrl: 'big', ep: 'wasm' });
     expect(states.slice(1)).toEqual([

@@ -6,7 +6,14 @@ import type { Link } from '../../core/net/link.ts';
 import { dial, openLink, type PeerDialer } from '../../core/net/peer-link.ts';
 import { EmulatedWire } from '../../core/net/paced-channel.ts';
 import type { Message, TensorTag } from '../../core/net/protocol.ts';
-import { RelayClient, RelayRefused, relayUrl, type RelayConnection, type RelayRegistration, type RelaySocket } from '../../core/net/relay-client.ts';
+import {
+  RelayClient,
+  RelayRefused,
+  relayUrl,
+  type RelayConnection,
+  type RelayRegistration,
+  type RelaySocket,
+} from '../../core/net/relay-client.ts';
 import { relayProof, roomOf } from '../../core/net/join-token.ts';
 import { openJoinTokens, type JoinTokens } from '../../server/join-tokens.ts';
 import { CONNECTION_CREDIT_BYTES, createRelay, type Relay } from '../../server/relay.ts';
@@ -25,7 +32,10 @@ const opened: { close(): void }[] = [];
 
 beforeEach(async () => {
   tokens = openJoinTokens();
-  named = new Map([['', ''], ['made-up', `${'0'.repeat(24)}.${'0'.repeat(32)}`]]);
+  named = new Map([
+    ['', ''],
+    ['made-up', `${'0'.repeat(24)}.${'0'.repeat(32)}`],
+  ]);
   relay = createRelay({ vouch: (peer, auth) => auth === `auth-${peer}`, tokens });
   server = http.createServer();
   server.on('upgrade', (request, socket, head) => relay.handleUpgrade(request, socket, head));
@@ -46,13 +56,21 @@ function token(name: string): string {
   return named.get(name)!;
 }
 
-function registration(peer: string, name: string, role: RelayRegistration['role'], auth = `auth-${peer}`): RelayRegistration {
+function registration(
+  peer: string,
+  name: string,
+  role: RelayRegistration['role'],
+  auth = `auth-${peer}`,
+): RelayRegistration {
   const t = token(name);
   return { peer, auth, room: roomOf(t) ?? '', proof: t && relayProof(t, peer, auth), role };
 }
 
 async function page(peer: string, token: string, role: RelayRegistration['role']): Promise<RelayClient> {
-  const client = await RelayClient.connect(relayUrl(origin, '/relay', registration(peer, token, role)), (url) => new WebSocket(url) as unknown as RelaySocket);
+  const client = await RelayClient.connect(
+    relayUrl(origin, '/relay', registration(peer, token, role)),
+    (url) => new WebSocket(url),
+  );
   opened.push(client);
   return client;
 }
@@ -98,12 +116,17 @@ describe('the relay', () => {
     const atWorker = received(dialed, down.length);
     for (const frame of up) dialed.dataChannel.send(frame.slice().buffer);
     for (const frame of down) accepted.dataChannel.send(frame.slice().buffer);
-    const same = (a: Uint8Array[], b: Uint8Array[]) => a.length === b.length && a.every((x, i) => Buffer.compare(x, b[i]) === 0);
+    const same = (a: Uint8Array[], b: Uint8Array[]) =>
+      a.length === b.length && a.every((x, i) => Buffer.compare(x, b[i]) === 0);
     expect(same(await atCoordinator, up)).toBe(true);
     expect(same(await atWorker, down)).toBe(true);
     // every frame was acked once written to the receiver: nothing is left counted as buffered
     await expect.poll(() => [dialed.dataChannel.bufferedAmount, accepted.dataChannel.bufferedAmount]).toEqual([0, 0]);
-    expect(relay.stats()).toMatchObject({ framesForwarded: 5, bytesForwarded: 1 + 1000 + FRAME + 7 + FRAME - 1, framesDropped: 0 });
+    expect(relay.stats()).toMatchObject({
+      framesForwarded: 5,
+      bytesForwarded: 1 + 1000 + FRAME + 7 + FRAME - 1,
+      framesDropped: 0,
+    });
   });
 
   it('keeps frames the accepting side sends at once until the dialer listens', async () => {
@@ -120,12 +143,24 @@ describe('the relay', () => {
   it("refuses a page without a join token, with one the server did not make, with another page's proof, with a token no dashboard holds, or with a peer id it does not hold", async () => {
     await page('c', 'swarm-token', 'coordinator');
     await expect(page('w1', '', 'worker')).rejects.toThrow(/does not hold a join token this server stands by/);
-    await expect(page('w2', 'made-up', 'coordinator')).rejects.toThrow(/does not hold a join token this server stands by/);
+    await expect(page('w2', 'made-up', 'coordinator')).rejects.toThrow(
+      /does not hold a join token this server stands by/,
+    );
     // a proof overheard from page c's registration opens nothing for another page
-    const overheard = { ...registration('w3', 'swarm-token', 'worker'), proof: registration('c', 'swarm-token', 'worker').proof };
-    await expect(RelayClient.connect(relayUrl(origin, '/relay', overheard), (url) => new WebSocket(url) as unknown as RelaySocket)).rejects.toThrow(/does not hold a join token/);
-    await expect(page('w4', 'another-swarm', 'worker')).rejects.toThrow(/no dashboard of this join link is on the relay/);
-    const impostor = RelayClient.connect(relayUrl(origin, '/relay', registration('c', 'swarm-token', 'worker', 'guessed')), (url) => new WebSocket(url) as unknown as RelaySocket);
+    const overheard = {
+      ...registration('w3', 'swarm-token', 'worker'),
+      proof: registration('c', 'swarm-token', 'worker').proof,
+    };
+    await expect(
+      RelayClient.connect(relayUrl(origin, '/relay', overheard), (url) => new WebSocket(url) as unknown as RelaySocket),
+    ).rejects.toThrow(/does not hold a join token/);
+    await expect(page('w4', 'another-swarm', 'worker')).rejects.toThrow(
+      /no dashboard of this join link is on the relay/,
+    );
+    const impostor = RelayClient.connect(
+      relayUrl(origin, '/relay', registration('c', 'swarm-token', 'worker', 'guessed')),
+      (url) => new WebSocket(url),
+    );
     await expect(impostor).rejects.toBeInstanceOf(RelayRefused);
     await expect(impostor).rejects.toThrow(/"c" is not registered on the signaling server/);
     expect(relay.stats().sockets.map((s) => s.peer)).toEqual(['c']);
@@ -135,8 +170,13 @@ describe('the relay', () => {
     const { coordinator, worker } = await pair();
     const closed = Promise.all([coordinator, worker].map((p) => new Promise<string>((resolve) => p.onClose(resolve))));
     tokens.revoke(roomOf(token('swarm-token'))!);
-    expect(await closed).toEqual([expect.stringMatching(/join link was revoked/), expect.stringMatching(/join link was revoked/)]);
-    await expect(page('c', 'swarm-token', 'coordinator')).rejects.toThrow(/does not hold a join token this server stands by/);
+    expect(await closed).toEqual([
+      expect.stringMatching(/join link was revoked/),
+      expect.stringMatching(/join link was revoked/),
+    ]);
+    await expect(page('c', 'swarm-token', 'coordinator')).rejects.toThrow(
+      /does not hold a join token this server stands by/,
+    );
     await page('c', 'new-token', 'coordinator');
   });
 
@@ -144,7 +184,9 @@ describe('the relay', () => {
     await page('c1', 'token-1', 'coordinator');
     await page('c2', 'token-2', 'coordinator');
     const worker = await page('w', 'token-2', 'worker');
-    await expect(worker.dial('c1', { role: 'worker', token: 'token-1' })).rejects.toThrow(/peer c1 is not on the relay in this swarm's room/);
+    await expect(worker.dial('c1', { role: 'worker', token: 'token-1' })).rejects.toThrow(
+      /peer c1 is not on the relay in this swarm's room/,
+    );
     expect(relay.stats().connections).toBe(0);
   });
 
@@ -164,8 +206,14 @@ describe('the relay', () => {
     const flooder = await raw('flooder');
     const dialTo = async (to: string, ref: number) => {
       flooder.ws.send(JSON.stringify({ t: 'dial', ref, to, metadata: {} }));
-      await expect.poll(() => flooder.messages.some((m) => m.includes('dialed') && m.includes(`"ref":${ref}`))).toBe(true);
-      return (JSON.parse(flooder.messages.find((m) => m.includes('dialed') && m.includes(`"ref":${ref}`))!) as { conn: number }).conn;
+      await expect
+        .poll(() => flooder.messages.some((m) => m.includes('dialed') && m.includes(`"ref":${ref}`)))
+        .toBe(true);
+      return (
+        JSON.parse(flooder.messages.find((m) => m.includes('dialed') && m.includes(`"ref":${ref}`))!) as {
+          conn: number;
+        }
+      ).conn;
     };
     const toStalled = await dialTo('stalled', 1);
     const toCoordinator = await new Promise<number>((resolve) => {
@@ -181,15 +229,22 @@ describe('the relay', () => {
     };
     const total = 128; // 32 MiB
     for (let i = 0; i < total; i++) flooder.ws.send(frame(toStalled));
-    await expect.poll(() => flooder.messages.some((m) => m.includes('"t":"closed"') && m.includes(`"conn":${toStalled}`)), { timeout: 20_000 }).toBe(true);
+    await expect
+      .poll(() => flooder.messages.some((m) => m.includes('"t":"closed"') && m.includes(`"conn":${toStalled}`)), {
+        timeout: 20_000,
+      })
+      .toBe(true);
     const stats = relay.stats();
     expect(stats.connectionsCut).toBe(1);
     // what the relay held for the stalled page: the connection's credit at most, not the flood
-    expect(stats.sockets.find((s) => s.peer === 'stalled')!.peakQueued).toBeLessThanOrEqual(CONNECTION_CREDIT_BYTES + FRAME);
+    expect(stats.sockets.find((s) => s.peer === 'stalled')!.peakQueued).toBeLessThanOrEqual(
+      CONNECTION_CREDIT_BYTES + FRAME,
+    );
     expect(stats.framesForwarded).toBeLessThan(total);
 
     // the same sender's other connection still flows: the server never stopped reading its socket
-    const acked = () => flooder.messages.filter((m) => m.includes('"t":"ack"') && m.includes(`"conn":${toCoordinator}`)).length;
+    const acked = () =>
+      flooder.messages.filter((m) => m.includes('"t":"ack"') && m.includes(`"conn":${toCoordinator}`)).length;
     for (let i = 0; i < 4; i++) flooder.ws.send(frame(toCoordinator));
     await expect.poll(acked, { timeout: 10_000 }).toBe(4);
   });
@@ -240,7 +295,10 @@ describe('a Link over a relayed connection', () => {
     const highWaterBytes = 1024 * 1024;
     const chunkBytes = 64 * 1024;
     const options = { highWaterBytes, chunkBytes };
-    const [sender, receiver] = await Promise.all([openLink(dialed, () => {}, options), openLink(accepted, () => {}, options)]);
+    const [sender, receiver] = await Promise.all([
+      openLink(dialed, () => {}, options),
+      openLink(accepted, () => {}, options),
+    ]);
     const channel = dialed.dataChannel;
     let peak = 0;
     let lowEvents = 0;
@@ -259,7 +317,9 @@ describe('a Link over a relayed connection', () => {
     const out = await arrived;
     if (out.kind !== 'tensor') throw new Error('expected a tensor');
     expect(Buffer.compare(out.data, data)).toBe(0);
-    console.log(`relayed Link: 5 MB in ${sender.stats.framesSent} frames, peak bufferedAmount ${peak} B (highWater ${highWaterBytes}), ${lowEvents} bufferedamountlow events`);
+    console.log(
+      `relayed Link: 5 MB in ${sender.stats.framesSent} frames, peak bufferedAmount ${peak} B (highWater ${highWaterBytes}), ${lowEvents} bufferedamountlow events`,
+    );
     expect(peak).toBeGreaterThanOrEqual(highWaterBytes); // flow control was exercised ...
     expect(peak).toBeLessThanOrEqual(highWaterBytes + chunkBytes); // ... and held
     expect(lowEvents).toBeGreaterThan(0);
@@ -268,11 +328,21 @@ describe('a Link over a relayed connection', () => {
 
   it('on an emulated wire (issue 20) it delivers as the slower link would: 500 kB at 1 MB/s take at least half a second, intact', async () => {
     const { dialed, accepted } = await pair();
-    const [sender, receiver] = await Promise.all([openLink(dialed, () => {}, { emulate: new EmulatedWire({ bandwidth: 1e6, latencyMs: 5 }) }), openLink(accepted, () => {})]);
+    const [sender, receiver] = await Promise.all([
+      openLink(dialed, () => {}, { emulate: new EmulatedWire({ bandwidth: 1e6, latencyMs: 5 }) }),
+      openLink(accepted, () => {}),
+    ]);
     const data = patterned(500_000);
     const arrived = next(receiver);
     const started = performance.now();
-    await sender.send({ kind: 'tensor', from: 1, tag: { job: 1, step: 0, pass: 0, block: 0, phase: 0, group: 0 }, dtype: 'f32', shape: [125_000], data });
+    await sender.send({
+      kind: 'tensor',
+      from: 1,
+      tag: { job: 1, step: 0, pass: 0, block: 0, phase: 0, group: 0 },
+      dtype: 'f32',
+      shape: [125_000],
+      data,
+    });
     const out = await arrived;
     const ms = performance.now() - started;
     if (out.kind !== 'tensor') throw new Error('expected a tensor');
@@ -308,7 +378,12 @@ describe('dial', () => {
     const incoming = new Promise<RelayConnection>((resolve) => coordinator.onConnection(resolve));
     const { peer, closed } = blockedPeer();
     const started = Date.now();
-    const conn = await dial(peer, 'c', { role: 'worker', token: 'swarm-token' }, { mode: 'fallback', client: async () => worker, fallbackMs: 200 });
+    const conn = await dial(
+      peer,
+      'c',
+      { role: 'worker', token: 'swarm-token' },
+      { mode: 'fallback', client: async () => worker, fallbackMs: 200 },
+    );
     expect(Date.now() - started).toBeGreaterThanOrEqual(200);
     expect(conn.transport).toBe('relay');
     expect(closed).toEqual(['c']); // the data channel that did not open is given up
@@ -321,7 +396,9 @@ describe('dial', () => {
     const { peer, closed } = blockedPeer();
     const forced = await dial(peer, 'c', { role: 'worker' }, { mode: 'force', client: async () => worker });
     expect([forced.transport, closed]).toEqual(['relay', []]);
-    await expect(dial(peer, 'c', {}, { mode: 'off', client: async () => worker, fallbackMs: 50 })).rejects.toThrow(/no data channel to c within 0.05 s \(the relay is off on this server\)/);
+    await expect(dial(peer, 'c', {}, { mode: 'off', client: async () => worker, fallbackMs: 50 })).rejects.toThrow(
+      /no data channel to c within 0.05 s \(the relay is off on this server\)/,
+    );
   });
 });
 

@@ -14,7 +14,13 @@ describe('safetensors', () => {
   it('round-trips float32 tensors with their shapes and metadata', () => {
     const a = { shape: [2, 3], data: Float32Array.from([1, -2, 3.5, 0, 1e-7, -1e7]) };
     const b = { shape: [1], data: Float32Array.of(42) };
-    const bytes = writeSafetensors(new Map([['b', b], ['a', a]]), { made: 'test' });
+    const bytes = writeSafetensors(
+      new Map([
+        ['b', b],
+        ['a', a],
+      ]),
+      { made: 'test' },
+    );
     const back = readSafetensors(bytes, 'x.safetensors');
     expect([...back.keys()].sort()).toEqual(['a', 'b']);
     expect(back.get('a')!.shape).toEqual([2, 3]);
@@ -27,7 +33,13 @@ describe('safetensors', () => {
     const f16 = new Uint16Array([0x3c00, 0xc100, 0x0001]);
     const bf16 = new Uint16Array([0x3f80, 0xc040]);
     const data = new Uint8Array([...new Uint8Array(f16.buffer), ...new Uint8Array(bf16.buffer)]);
-    const file = rawFile({ h: { dtype: 'F16', shape: [3], data_offsets: [0, 6] }, b: { dtype: 'BF16', shape: [2], data_offsets: [6, 10] } }, data);
+    const file = rawFile(
+      {
+        h: { dtype: 'F16', shape: [3], data_offsets: [0, 6] },
+        b: { dtype: 'BF16', shape: [2], data_offsets: [6, 10] },
+      },
+      data,
+    );
     const t = readSafetensors(file, 'mixed.safetensors');
     expect([...t.get('h')!.data]).toEqual([1, -2.5, 2 ** -24]);
     expect([...t.get('b')!.data]).toEqual([1, -3]);
@@ -39,8 +51,14 @@ describe('safetensors', () => {
       [new Uint8Array(3), /bad\.st: only 3 bytes/],
       [rawFile({ w: ok }, new Uint8Array(8)).subarray(0, 20), /bad\.st: header claims/],
       [rawFile({ w: { ...ok, dtype: 'I64' } }, new Uint8Array(8)), /bad\.st: tensor "w" has dtype "I64"/],
-      [rawFile({ w: { ...ok, shape: [3] } }, new Uint8Array(8)), /bad\.st: tensor "w" of shape \[3\] F32 needs 12 bytes but spans 8/],
-      [rawFile({ w: { ...ok, data_offsets: [0, 16] } }, new Uint8Array(8)), /bad\.st: tensor "w" has data_offsets \[0,16\] outside the 8 data bytes/],
+      [
+        rawFile({ w: { ...ok, shape: [3] } }, new Uint8Array(8)),
+        /bad\.st: tensor "w" of shape \[3\] F32 needs 12 bytes but spans 8/,
+      ],
+      [
+        rawFile({ w: { ...ok, data_offsets: [0, 16] } }, new Uint8Array(8)),
+        /bad\.st: tensor "w" has data_offsets \[0,16\] outside the 8 data bytes/,
+      ],
     ];
     for (const [bytes, message] of cases) {
       expect(() => readSafetensors(bytes, 'bad.st')).toThrowError(SafetensorsError);

@@ -52,8 +52,12 @@ describe('flowMatchSchedule: unshifted sigmas 1 → 1/1000, shifted s ↦ shift�
   it('3 steps with shift 3: the middle unshifted sigma 0.5005 becomes 1.5015/2.001 = 0.750374…', () => {
     const { sigmas, timesteps } = flowMatchSchedule(3, 3);
     expect(sigmas).toHaveLength(4);
-    [1, 0.7503748125937032, 0.0029940119760479, 0].forEach((sigma, i) => expect(sigmas[i], `sigma ${i}`).toBeCloseTo(sigma, 14));
-    [1000, 750.3748125937032, 2.9940119760479].forEach((t, i) => expect(timesteps[i], `timestep ${i}`).toBeCloseTo(t, 10));
+    [1, 0.7503748125937032, 0.0029940119760479, 0].forEach((sigma, i) =>
+      expect(sigmas[i], `sigma ${i}`).toBeCloseTo(sigma, 14),
+    );
+    [1000, 750.3748125937032, 2.9940119760479].forEach((t, i) =>
+      expect(timesteps[i], `timestep ${i}`).toBeCloseTo(t, 10),
+    );
   });
 
   it('shift 1 leaves the linear grid: 3 steps give [1, 0.5005, 0.001, 0]', () => {
@@ -75,19 +79,24 @@ describe('initialNoise: standard normals from the seed (mulberry32, then Box–M
     expect(noise.shape).toEqual([2, 1, 1, 2]);
     expect(noise.data).toBeInstanceOf(Float32Array);
     expect(noise.data).toHaveLength(4);
-    [-1.2848382, 0.43278027, -0.94535279, -1.7128043].forEach((x, i) => expect(noise.data[i], `value ${i}`).toBeCloseTo(x, 6));
+    [-1.2848382, 0.43278027, -0.94535279, -1.7128043].forEach((x, i) =>
+      expect(noise.data[i], `value ${i}`).toBeCloseTo(x, 6),
+    );
   });
 
   it('seed 7 gives 0.14197044, 0.058240715, −0.86425304, −2.6056809', () => {
     const noise = initialNoise([4], 7);
-    [0.14197044, 0.058240715, -0.86425304, -2.6056809].forEach((x, i) => expect(noise.data[i], `value ${i}`).toBeCloseTo(x, 6));
+    [0.14197044, 0.058240715, -0.86425304, -2.6056809].forEach((x, i) =>
+      expect(noise.data[i], `value ${i}`).toBeCloseTo(x, 6),
+    );
   });
 });
 
 describe('sample(): the denoising loop', () => {
   const x0 = f32(0.5, -1);
   /** the velocity of a perfect model of the single clip x₀: (x − x₀)/σ, with σ = timestep/1000 */
-  const idealVelocity = (latent: Tensor, timestep: number) => latent.data.map((x, i) => (x - x0[i]) / (timestep / 1000));
+  const idealVelocity = (latent: Tensor, timestep: number) =>
+    latent.data.map((x, i) => (x - x0[i]) / (timestep / 1000));
 
   it('with the ideal velocity, step k lands on x₀ + σ_k·(noise − x₀) and the last step on x₀', async () => {
     const asked: { step: number; timestep: number; latent: number[] }[] = [];
@@ -110,7 +119,9 @@ describe('sample(): the denoising loop', () => {
     [-1.2848382, 0.43278027].forEach((x, i) => expect(asked[0].latent[i]).toBeCloseTo(x, 6));
     // after step 1: [0.5 + (3/1002)·(−1.2848382 − 0.5), −1 + (3/1002)·(0.43278027 + 1)]
     expect(done.map((d) => d.step)).toEqual([1, 2]);
-    [0.49465617, -0.99571024].forEach((x, i) => expect(done[0].latent[i], `after step 1, value ${i}`).toBeCloseTo(x, 6));
+    [0.49465617, -0.99571024].forEach((x, i) =>
+      expect(done[0].latent[i], `after step 1, value ${i}`).toBeCloseTo(x, 6),
+    );
     expect(asked[1].latent).toEqual(done[0].latent);
     expect(latent.shape).toEqual([1, 1, 1, 2]);
     [0.5, -1].forEach((x, i) => expect(latent.data[i], `after step 2, value ${i}`).toBeCloseTo(x, 6));
@@ -120,9 +131,17 @@ describe('sample(): the denoising loop', () => {
   it('resuming from step k with the latent after k steps gives the uninterrupted latent bit for bit, asking only for steps k…n−1', async () => {
     const steps = 4;
     // any deterministic model will do; this one depends on the latent, the step and the timestep
-    const velocity = async (at: { step: number; timestep: number; latent: Tensor }) => at.latent.data.map((x, i) => Math.sin(x + i) * (at.timestep / 1000) - 0.1 * at.step);
+    const velocity = async (at: { step: number; timestep: number; latent: Tensor }) =>
+      at.latent.data.map((x, i) => Math.sin(x + i) * (at.timestep / 1000) - 0.1 * at.step);
     const checkpoints: Float32Array[] = [];
-    const full = await sample({ shape: [16, 1, 2, 2], steps, flowShift: 3, seed: 42, velocity, onStep: ({ latent }) => checkpoints.push(latent) });
+    const full = await sample({
+      shape: [16, 1, 2, 2],
+      steps,
+      flowShift: 3,
+      seed: 42,
+      velocity,
+      onStep: ({ latent }) => checkpoints.push(latent),
+    });
     expect(checkpoints).toHaveLength(steps);
     for (let k = 1; k < steps; k++) {
       const asked: number[] = [];
@@ -183,7 +202,16 @@ describe('sample(): the denoising loop', () => {
     expect(asked).toEqual([0]);
 
     const never: number[] = [];
-    await expect(sample({ shape: [1], steps: 2, flowShift: 3, seed: 1, signal: AbortSignal.abort(stop), velocity: async (at) => (never.push(at.step), f32(0)) })).rejects.toBe(stop);
+    await expect(
+      sample({
+        shape: [1],
+        steps: 2,
+        flowShift: 3,
+        seed: 1,
+        signal: AbortSignal.abort(stop),
+        velocity: async (at) => (never.push(at.step), f32(0)),
+      }),
+    ).rejects.toBe(stop);
     expect(never).toEqual([]);
   });
 });

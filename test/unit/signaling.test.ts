@@ -2,7 +2,11 @@ import http from 'node:http';
 import { peerOptions } from '../../core/net/peer-link.ts';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { WebSocket } from 'ws';
-import { MAX_SIGNALING_CLIENTS_PER_ADDRESS, MAX_SIGNALING_MESSAGE_BYTES, SIGNALING_BURST } from '../../server/peer-signaling.ts';
+import {
+  MAX_SIGNALING_CLIENTS_PER_ADDRESS,
+  MAX_SIGNALING_MESSAGE_BYTES,
+  SIGNALING_BURST,
+} from '../../server/peer-signaling.ts';
 import { startServer, type RunningServer } from '../../server/serve.ts';
 
 // The signaling server against a hostile client with only what the server hands anyone (its
@@ -18,7 +22,9 @@ afterAll(async () => server.close());
 
 const socket = (id: string) =>
   new Promise<WebSocket>((resolve, reject) => {
-    const ws = new WebSocket(`${server.url.replace('http', 'ws')}${signaling.path}/peerjs?key=${signaling.key}&id=${id}&token=t${id}`);
+    const ws = new WebSocket(
+      `${server.url.replace('http', 'ws')}${signaling.path}/peerjs?key=${signaling.key}&id=${id}&token=t${id}`,
+    );
     ws.once('message', () => resolve(ws)); // peer's OPEN
     ws.once('error', reject);
   });
@@ -32,7 +38,9 @@ describe('the signaling server', () => {
   it('closes a socket that sends a message past 64 KiB, an OFFER to an id that does not exist among them (finding 9)', async () => {
     const ws = await socket('attacker-1');
     const closed = new Promise<number>((resolve) => ws.once('close', resolve));
-    ws.send(JSON.stringify({ type: 'OFFER', dst: 'nobody', payload: { sdp: 'x'.repeat(MAX_SIGNALING_MESSAGE_BYTES) } }));
+    ws.send(
+      JSON.stringify({ type: 'OFFER', dst: 'nobody', payload: { sdp: 'x'.repeat(MAX_SIGNALING_MESSAGE_BYTES) } }),
+    );
     expect(await closed).toBe(1009); // message too big
   });
 
@@ -41,10 +49,16 @@ describe('the signaling server', () => {
     const closed = new Promise<number>((resolve) => flooder.once('close', resolve));
     for (let i = 0; i <= SIGNALING_BURST; i++) flooder.send(JSON.stringify({ type: 'HEARTBEAT' }));
     expect(await closed).toBe(1006); // terminated
-    const held = await Promise.all(Array.from({ length: MAX_SIGNALING_CLIENTS_PER_ADDRESS }, (_, i) => socket(`many-${i}`)));
+    const held = await Promise.all(
+      Array.from({ length: MAX_SIGNALING_CLIENTS_PER_ADDRESS }, (_, i) => socket(`many-${i}`)),
+    );
     await expect(socket('one-too-many')).rejects.toThrow(/429/);
     // a place given back is free again
-    const opens = () => socket(`again-${held.length}`).then((ws) => (held.push(ws), true), () => false);
+    const opens = () =>
+      socket(`again-${held.length}`).then(
+        (ws) => (held.push(ws), true),
+        () => false,
+      );
     held.shift()!.close();
     await expect.poll(opens).toBe(true);
     for (const ws of held.splice(0)) ws.close();
@@ -68,10 +82,12 @@ describe("the server's hosts and origins", () => {
   const get = (path: string, headers: Record<string, string>) =>
     new Promise<{ status: number; headers: http.IncomingHttpHeaders }>((resolve, reject) => {
       const url = new URL(path, server.url);
-      http.get({ host: '127.0.0.1', port: url.port, path: url.pathname, headers }, (res) => {
-        res.resume();
-        resolve({ status: res.statusCode!, headers: res.headers });
-      }).on('error', reject);
+      http
+        .get({ host: '127.0.0.1', port: url.port, path: url.pathname, headers }, (res) => {
+          res.resume();
+          resolve({ status: res.statusCode!, headers: res.headers });
+        })
+        .on('error', reject);
     });
   const upgrade = (origin: string, at = server) =>
     new Promise<number | 'open'>((resolve) => {
@@ -87,10 +103,16 @@ describe("the server's hosts and origins", () => {
     expect((await get('/signaling.json', { Host: `127.0.0.1:${server.port}` })).status).toBe(200);
   });
 
-  it("answers CORS for its own origin only", async () => {
-    const own = await get(`${signaling.path}/${signaling.key}/id`, { Host: `localhost:${server.port}`, Origin: server.url });
+  it('answers CORS for its own origin only', async () => {
+    const own = await get(`${signaling.path}/${signaling.key}/id`, {
+      Host: `localhost:${server.port}`,
+      Origin: server.url,
+    });
     expect(own.headers['access-control-allow-origin']).toBe(server.url);
-    const foreign = await get(`${signaling.path}/${signaling.key}/id`, { Host: `localhost:${server.port}`, Origin: 'http://evil.example' });
+    const foreign = await get(`${signaling.path}/${signaling.key}/id`, {
+      Host: `localhost:${server.port}`,
+      Origin: 'http://evil.example',
+    });
     expect(foreign.headers['access-control-allow-origin']).toBeUndefined();
   });
 
@@ -108,8 +130,17 @@ describe("the server's hosts and origins", () => {
 });
 
 describe("a page's PeerJS token (issue 17, finding 14)", () => {
-  it('is 128 bits from the crypto RNG, not PeerJS\'s Math.random default', () => {
-    const options = { host: 'h', port: 1, path: '/peerjs', key: 'k', secure: false, iceServers: [], relay: { mode: 'off' as const, path: '/relay' }, lanOrigins: [] };
+  it("is 128 bits from the crypto RNG, not PeerJS's Math.random default", () => {
+    const options = {
+      host: 'h',
+      port: 1,
+      path: '/peerjs',
+      key: 'k',
+      secure: false,
+      iceServers: [],
+      relay: { mode: 'off' as const, path: '/relay' },
+      lanOrigins: [],
+    };
     const [a, b] = [peerOptions(options).token, peerOptions(options).token];
     expect(a).toMatch(/^[0-9a-f]{32}$/);
     expect(a).not.toBe(b);

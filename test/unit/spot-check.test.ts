@@ -36,13 +36,35 @@ describe('spot checks', () => {
   it('agree within the tolerance; convict the rank whose rows two recomputations contradict, the checker whom the group and a third contradict, and both where no third can say', () => {
     const ranks = [4, 5, 6];
     const checker = { rank: 0, rows: truth };
-    expect(judgeSpotCheck(plan, ranks, partsOf(off(truth, 3, TOLERANCE / 2)), width, checker, null, TOLERANCE).verdict).toBe('agreed');
+    expect(
+      judgeSpotCheck(plan, ranks, partsOf(off(truth, 3, TOLERANCE / 2)), width, checker, null, TOLERANCE).verdict,
+    ).toBe('agreed');
     const cheated = partsOf(off(truth, 7)); // rank 5's rows
-    expect(judgeSpotCheck(plan, ranks, cheated, width, checker, { rank: 1, rows: truth }, TOLERANCE).verdict).toMatchObject({ convicted: [5] });
-    expect(judgeSpotCheck(plan, ranks, partsOf(truth), width, { rank: 0, rows: off(truth, 0) }, { rank: 1, rows: truth }, TOLERANCE).verdict).toMatchObject({ convicted: [0] });
-    expect(judgeSpotCheck(plan, ranks, cheated, width, checker, null, TOLERANCE).verdict).toMatchObject({ convicted: [5, 0], why: expect.stringMatching(/no third rank/) });
-    expect(judgeSpotCheck(plan, ranks, cheated, width, checker, { rank: 1, rows: off(truth, 11) }, TOLERANCE).verdict).toMatchObject({ convicted: [5, 0] });
+    expect(
+      judgeSpotCheck(plan, ranks, cheated, width, checker, { rank: 1, rows: truth }, TOLERANCE).verdict,
+    ).toMatchObject({ convicted: [5] });
+    expect(
+      judgeSpotCheck(
+        plan,
+        ranks,
+        partsOf(truth),
+        width,
+        { rank: 0, rows: off(truth, 0) },
+        { rank: 1, rows: truth },
+        TOLERANCE,
+      ).verdict,
+    ).toMatchObject({ convicted: [0] });
+    expect(judgeSpotCheck(plan, ranks, cheated, width, checker, null, TOLERANCE).verdict).toMatchObject({
+      convicted: [5, 0],
+      why: expect.stringMatching(/no third rank/),
+    });
+    expect(
+      judgeSpotCheck(plan, ranks, cheated, width, checker, { rank: 1, rows: off(truth, 11) }, TOLERANCE).verdict,
+    ).toMatchObject({ convicted: [5, 0] });
     // a cheat that checks itself: its rows and its recomputation disagree with each other and with a third
-    expect(judgeSpotCheck(plan, ranks, cheated, width, { rank: 5, rows: off(truth, 6) }, { rank: 4, rows: truth }, TOLERANCE).verdict).toMatchObject({ convicted: [5], why: expect.stringMatching(/its own recomputation/) });
+    expect(
+      judgeSpotCheck(plan, ranks, cheated, width, { rank: 5, rows: off(truth, 6) }, { rank: 4, rows: truth }, TOLERANCE)
+        .verdict,
+    ).toMatchObject({ convicted: [5], why: expect.stringMatching(/its own recomputation/) });
   });
 });

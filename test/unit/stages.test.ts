@@ -28,20 +28,31 @@ beforeAll(async () => {
 async function expectStagesEqualReference(runner: StageRunner): Promise<void> {
   const patches = patchify(m.config, latent).data;
   const [a, b] = [await runner.embed(patches, timestep, text), await ref.embed(patches, timestep, text)];
-  for (const key of ['x', 'temb', 'tproj', 'context'] as const) expect(maxAbsDiff(hostValues(a[key]), hostValues(b[key])), key).toBeLessThan(1e-4);
+  for (const key of ['x', 'temb', 'tproj', 'context'] as const)
+    expect(maxAbsDiff(hostValues(a[key]), hostValues(b[key])), key).toBeLessThan(1e-4);
 
   const grid = tokenGrid(m.config, latent.shape);
   const { cos, sin } = ropeTables(m.config, grid, 0, grid.count);
-  const [qa, qb] = [await runner.preAttention(1, b.x, b.tproj, cos, sin), await ref.preAttention(1, b.x, b.tproj, cos, sin)];
+  const [qa, qb] = [
+    await runner.preAttention(1, b.x, b.tproj, cos, sin),
+    await ref.preAttention(1, b.x, b.tproj, cos, sin),
+  ];
   for (const key of ['q', 'k', 'v'] as const) expect(maxAbsDiff(qa[key], qb[key]), key).toBeLessThan(1e-4);
 
   // four heads only
   const width = 4 * m.config.headDim;
-  const heads = { q: random.normals(grid.count * width), k: random.normals(grid.count * width), v: random.normals(grid.count * width) };
+  const heads = {
+    q: random.normals(grid.count * width),
+    k: random.normals(grid.count * width),
+    v: random.normals(grid.count * width),
+  };
   expect(maxAbsDiff(await runner.attention(heads, width), await ref.attention(heads, width))).toBeLessThan(1e-4);
 
   const o = random.normals(grid.count * m.config.dim);
-  const [pa, pb] = [await runner.postAttention(0, b.x, o, b.tproj, b.context), await ref.postAttention(0, b.x, o, b.tproj, b.context)];
+  const [pa, pb] = [
+    await runner.postAttention(0, b.x, o, b.tproj, b.context),
+    await ref.postAttention(0, b.x, o, b.tproj, b.context),
+  ];
   expect(maxAbsDiff(hostValues(pa), hostValues(pb))).toBeLessThan(1e-4);
   expect(maxAbsDiff(await runner.head(b.x, b.temb), await ref.head(b.x, b.temb))).toBeLessThan(1e-4);
 }
@@ -56,8 +67,14 @@ describe('ONNX stage graphs equal the TypeScript reference (max-abs ≤ 1e-4)', 
     await expectStagesEqualReference(await onnxStages(m, 'wasm', { maxBufferBytes: 4 * 72 * 2 * m.config.headDim }));
     // a budget below one head of the sequence is refused, saying what it would take
     const tooSmall = await onnxStages(m, 'wasm', { maxBufferBytes: 4 * 71 * m.config.headDim });
-    const heads = { q: new Float32Array(72 * 4 * m.config.headDim), k: new Float32Array(72 * 4 * m.config.headDim), v: new Float32Array(72 * 4 * m.config.headDim) };
-    await expect(tooSmall.attention(heads, 4 * m.config.headDim)).rejects.toThrow(`attention over 72 tokens needs ${4 * 72 * m.config.headDim} bytes per head, more than one buffer of this worker holds`);
+    const heads = {
+      q: new Float32Array(72 * 4 * m.config.headDim),
+      k: new Float32Array(72 * 4 * m.config.headDim),
+      v: new Float32Array(72 * 4 * m.config.headDim),
+    };
+    await expect(tooSmall.attention(heads, 4 * m.config.headDim)).rejects.toThrow(
+      `attention over 72 tokens needs ${4 * 72 * m.config.headDim} bytes per head, more than one buffer of this worker holds`,
+    );
   });
 
   it("with the blocks' weights stored as float16 (WebGPU with shader-f16) stay within float16's rounding of the reference", async () => {
@@ -67,7 +84,10 @@ describe('ONNX stage graphs equal the TypeScript reference (max-abs ≤ 1e-4)', 
     const b = await ref.embed(patches, timestep, text);
     const o = random.normals(tokenGrid(m.config, latent.shape).count * m.config.dim);
     const exact = hostValues(await ref.postAttention(0, b.x, o, b.tproj, b.context));
-    const [halfOut, fullOut] = [hostValues(await half.postAttention(0, b.x, o, b.tproj, b.context)), hostValues(await onnx.postAttention(0, b.x, o, b.tproj, b.context))];
+    const [halfOut, fullOut] = [
+      hostValues(await half.postAttention(0, b.x, o, b.tproj, b.context)),
+      hostValues(await onnx.postAttention(0, b.x, o, b.tproj, b.context)),
+    ];
     const scale = exact.reduce((s, v) => Math.max(s, Math.abs(v)), 0);
     expect(maxAbsDiff(halfOut, exact) / scale).toBeLessThan(2e-3);
     // and the weights were float16: the float32 graph is closer
@@ -81,8 +101,9 @@ describe('ONNX stage graphs equal the TypeScript reference (max-abs ≤ 1e-4)', 
     expect(rows.data[7 * 64 + 2 * 4 + 1 * 2 + 0]).toBe(latent.data[((2 * 3 + 0) * 8 + 3) * 12 + 2]);
     // out rows are ordered (kh, kw, c): rearranging the patch vectors round-trips
     const perm = new Float32Array(rows.data.length);
-    for (let s = 0; s < 72; s++) for (let c = 0; c < 16; c++) for (let k = 0; k < 4; k++) perm[s * 64 + k * 16 + c] = rows.data[s * 64 + c * 4 + k];
+    for (let s = 0; s < 72; s++)
+      for (let c = 0; c < 16; c++)
+        for (let k = 0; k < 4; k++) perm[s * 64 + k * 16 + c] = rows.data[s * 64 + c * 4 + k];
     expect(maxAbsDiff(unpatchify(m.config, perm, latent.shape).data, latent.data)).toBe(0);
   });
 });
-

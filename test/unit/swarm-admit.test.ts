@@ -9,11 +9,26 @@ import { SinkChannel } from './fixtures.ts';
 
 // Pages that reach the dashboard's peer id with only what anyone can get: a join handshake answered
 // with a wrong proof, or a first message declaring 64 MiB before any proof (issue 17, findings 12 and 13).
-const signaling: SignalingOptions = { host: 'localhost', port: 1, path: '/peerjs', key: 'k', secure: false, iceServers: [], relay: { mode: 'off', path: '/relay' }, lanOrigins: [] };
+const signaling: SignalingOptions = {
+  host: 'localhost',
+  port: 1,
+  path: '/peerjs',
+  key: 'k',
+  secure: false,
+  iceServers: [],
+  relay: { mode: 'off', path: '/relay' },
+  lanOrigins: [],
+};
 const swarmWithToken = (token: string) => {
   const peer = { id: 'ditswarm-c-test', on() {}, destroy() {} };
-  const swarm = new (Swarm as unknown as new (peer: unknown, origin: string, keys: SwarmKeys, signaling: SignalingOptions) => Swarm)(peer, 'http://localhost:1', { token, dashboardKey: 'key' }, signaling);
-  return { swarm, admit: (conn: DataConnectionLike) => (swarm as unknown as { admit(c: DataConnectionLike): Promise<void> }).admit(conn) };
+  const swarm = new (
+    Swarm as unknown as new (peer: unknown, origin: string, keys: SwarmKeys, signaling: SignalingOptions) => Swarm
+  )(peer, 'http://localhost:1', { token, dashboardKey: 'key' }, signaling);
+  return {
+    swarm,
+    admit: (conn: DataConnectionLike) =>
+      (swarm as unknown as { admit(c: DataConnectionLike): Promise<void> }).admit(conn),
+  };
 };
 
 function fakeConn(peer: string, metadata: unknown) {
@@ -40,17 +55,26 @@ function fakeConn(peer: string, metadata: unknown) {
 describe("the dashboard's door", () => {
   it(`remembers the last ${MAX_REFUSALS} refused pages, and closes each`, async () => {
     const { swarm, admit } = swarmWithToken('secret');
-    const conns = Array.from({ length: 150 }, (_, i) => fakeConn(`ditswarm-w-${i}`, { role: 'worker', nonce: nonce() }));
+    const conns = Array.from({ length: 150 }, (_, i) =>
+      fakeConn(`ditswarm-w-${i}`, { role: 'worker', nonce: nonce() }),
+    );
     // in tens (the door holds MAX_JOINING pages joining at once)
     for (let i = 0; i < conns.length; i += 10) {
       const batch = conns.slice(i, i + 10);
       const admits = batch.map((c) => admit(c as unknown as DataConnectionLike));
       await new Promise((r) => setTimeout(r, 50)); // each was challenged
       // each answers with a proof made without the token
-      for (const c of batch) for (const frame of encodeFrames({ kind: 'rpc', from: 0, body: { type: 'hello', proof: '0'.repeat(64) }, tensors: [] }, 1)) c.deliver(frame);
+      for (const c of batch)
+        for (const frame of encodeFrames(
+          { kind: 'rpc', from: 0, body: { type: 'hello', proof: '0'.repeat(64) }, tensors: [] },
+          1,
+        ))
+          c.deliver(frame);
       await Promise.all(admits);
     }
-    expect(swarm.refusals[0].reason).toBe('it did not prove it holds the join token: open the join link shown on the dashboard');
+    expect(swarm.refusals[0].reason).toBe(
+      'it did not prove it holds the join token: open the join link shown on the dashboard',
+    );
     expect(swarm.refusals).toHaveLength(MAX_REFUSALS);
     expect(swarm.refusals.at(-1)!.peer).toBe('ditswarm-w-149');
     await new Promise((r) => setTimeout(r, 600));
@@ -60,11 +84,18 @@ describe("the dashboard's door", () => {
 
   it(`holds at most ${MAX_JOINING} pages joining at once: more are closed at once, unchallenged (issue 17, #12)`, async () => {
     const { swarm, admit } = swarmWithToken('secret');
-    const conns = Array.from({ length: MAX_JOINING + 4 }, (_, i) => fakeConn(`ditswarm-w-${i}`, { role: 'worker', nonce: nonce() }));
+    const conns = Array.from({ length: MAX_JOINING + 4 }, (_, i) =>
+      fakeConn(`ditswarm-w-${i}`, { role: 'worker', nonce: nonce() }),
+    );
     const admits = conns.map((c) => admit(c as unknown as DataConnectionLike));
     await new Promise((r) => setTimeout(r, 50));
     expect(conns.map((c) => c.closed)).toEqual(conns.map((_, i) => i >= MAX_JOINING));
-    for (const c of conns) for (const frame of encodeFrames({ kind: 'rpc', from: 0, body: { type: 'hello', proof: '0'.repeat(64) }, tensors: [] }, 1)) c.deliver(frame);
+    for (const c of conns)
+      for (const frame of encodeFrames(
+        { kind: 'rpc', from: 0, body: { type: 'hello', proof: '0'.repeat(64) }, tensors: [] },
+        1,
+      ))
+        c.deliver(frame);
     await Promise.all(admits);
     expect(swarm.refusals).toHaveLength(MAX_JOINING);
     swarm.close();
@@ -75,7 +106,9 @@ describe("the dashboard's door", () => {
     const conn = fakeConn('ditswarm-w-x', { role: 'worker', nonce: nonce() });
     const joining = admit(conn as unknown as DataConnectionLike); // waits for its proof, which never comes
     await new Promise((r) => setImmediate(r));
-    const first = new Uint8Array(frameMessage({ kind: 'rpc', from: 0, body: 'x', tensors: [new Float32Array((16 << 20) - 4096)] }, 1).frame(0)).slice(); // just under the links' 64 MiB cap
+    const first = new Uint8Array(
+      frameMessage({ kind: 'rpc', from: 0, body: 'x', tensors: [new Float32Array((16 << 20) - 4096)] }, 1).frame(0),
+    ).slice(); // just under the links' 64 MiB cap
     const before = process.memoryUsage().arrayBuffers;
     for (let id = 1; id <= 6; id++) {
       const frame = first.slice();

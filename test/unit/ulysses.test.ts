@@ -9,12 +9,21 @@ import { maxAbsDiff, type Tensor } from '../../core/tensor.ts';
 import type { DType } from '../../core/net/protocol.ts';
 import { memoryExchanges } from '../../rank/exchange/memory.ts';
 import { onnxStages } from '../../rank/onnx-stages.ts';
-import { hostValues, type Activation, type DeviceStageRunner, type DeviceTensor, type StageRunner } from '../../rank/stages.ts';
+import {
+  hostValues,
+  type Activation,
+  type DeviceStageRunner,
+  type DeviceTensor,
+  type StageRunner,
+} from '../../rank/stages.ts';
 import { forwardInProcess, forwardRank, noStats, ulyssesAttention, type Exchange } from '../../rank/ulysses.ts';
 import { tinyModelFiles } from './fixtures.ts';
 
 /** Each rank's block attention in `headGroups` head groups (forwardInProcess' attendOf). */
-const grouped = (headGroups: number, stages: StageRunner = onnx) => (exchange: Exchange, plan: UlyssesPlan) => ulyssesAttention(m.config, planUlysses(m.config, plan.tokens, plan.heads, headGroups), stages, exchange);
+const grouped =
+  (headGroups: number, stages: StageRunner = onnx) =>
+  (exchange: Exchange, plan: UlyssesPlan) =>
+    ulyssesAttention(m.config, planUlysses(m.config, plan.tokens, plan.heads, headGroups), stages, exchange);
 
 /** Exchanges that count their all-to-alls. */
 const countedExchanges = (exchanges: (Exchange & { bytesSent: number })[]) =>
@@ -64,10 +73,14 @@ describe('Ulysses sequence parallelism, in memory', () => {
       const out = await forwardInProcess(m.config, onnx, exchanges, latent, 500, text, undefined, heads);
       const plan = planUlysses(m.config, 35, heads);
       const diff = maxAbsDiff(out.data, single.data);
-      console.log(`uneven heads ${plan.heads.join('/')} (tokens ${plan.rows.join('/')}): max-abs vs P=1 ${diff.toExponential(2)}`);
+      console.log(
+        `uneven heads ${plan.heads.join('/')} (tokens ${plan.rows.join('/')}): max-abs vs P=1 ${diff.toExponential(2)}`,
+      );
       expect(diff, plan.heads.join('/')).toBeLessThan(1e-4);
       // each rank sent exactly what the plan gives it (the frame checks judge by the same arithmetic)
-      exchanges.forEach((e, r) => expect(e.bytesSent, `rank ${r}`).toBe(4 * exchangeFloatsPerBlock(plan, r) * m.config.numLayers));
+      exchanges.forEach((e, r) =>
+        expect(e.bytesSent, `rank ${r}`).toBe(4 * exchangeFloatsPerBlock(plan, r) * m.config.numLayers),
+      );
     }
   });
 
@@ -78,19 +91,39 @@ describe('Ulysses sequence parallelism, in memory', () => {
       await forwardInProcess(m.config, onnx, exchanges, latent, 500, text);
       const plan = planUlysses(m.config, 72, P);
       expect(plan.rows).toEqual(new Array(P).fill(72 / P));
-      for (const e of exchanges) expect(e.bytesSent, `P=${P} rank ${e.rank}`).toBe(4 * 4 * (72 / P) * m.config.dim * ((P - 1) / P) * m.config.numLayers);
+      for (const e of exchanges)
+        expect(e.bytesSent, `P=${P} rank ${e.rank}`).toBe(
+          4 * 4 * (72 / P) * m.config.dim * ((P - 1) / P) * m.config.numLayers,
+        );
     }
     expect(planUlysses(m.config, 35, 4).rows).toEqual([9, 9, 9, 8]);
   });
 
-  it('a rank makes stageCallsPerForward stage calls per forward, whatever P, an attention call per head group: the number the cost model charges each call\'s fixed cost for', async () => {
+  it("a rank makes stageCallsPerForward stage calls per forward, whatever P, an attention call per head group: the number the cost model charges each call's fixed cost for", async () => {
     const latent = latents['padded (35 tokens)'];
-    for (const [P, headGroups] of [[1, 1], [3, 1], [3, 3]]) {
+    for (const [P, headGroups] of [
+      [1, 1],
+      [3, 1],
+      [3, 3],
+    ]) {
       const calls: string[] = [];
       const counting = Object.fromEntries(
-        (['embed', 'preAttention', 'attention', 'postAttention', 'head'] as const).map((stage) => [stage, (...a: never[]) => (calls.push(stage), (onnx[stage] as (...a: never[]) => unknown)(...a))]),
+        (['embed', 'preAttention', 'attention', 'postAttention', 'head'] as const).map((stage) => [
+          stage,
+          (...a: never[]) => (calls.push(stage), (onnx[stage] as (...a: never[]) => unknown)(...a)),
+        ]),
       ) as unknown as StageRunner;
-      await forwardInProcess(m.config, counting, memoryExchanges(P), latent, 500, text, undefined, P, grouped(headGroups, counting));
+      await forwardInProcess(
+        m.config,
+        counting,
+        memoryExchanges(P),
+        latent,
+        500,
+        text,
+        undefined,
+        P,
+        grouped(headGroups, counting),
+      );
       expect(calls.length / P, `P=${P}, ${headGroups} head groups`).toBe(stageCallsPerForward(m.config, headGroups));
     }
   });
@@ -102,10 +135,22 @@ describe('Ulysses sequence parallelism, in memory', () => {
       const whole = await forwardInProcess(m.config, onnx, memoryExchanges(P), latent, 500, text, undefined, heads);
       for (const headGroups of [2, 3]) {
         const exchanges = countedExchanges(memoryExchanges(P));
-        const out = await forwardInProcess(m.config, onnx, exchanges, latent, 500, text, undefined, heads, grouped(headGroups));
+        const out = await forwardInProcess(
+          m.config,
+          onnx,
+          exchanges,
+          latent,
+          500,
+          text,
+          undefined,
+          heads,
+          grouped(headGroups),
+        );
         const plan = planUlysses(m.config, 35, heads, headGroups);
         const diff = maxAbsDiff(out.data, whole.data);
-        console.log(`heads ${plan.heads.join('/')} in ${plan.headGroups} head groups: max-abs vs one group ${diff.toExponential(2)}`);
+        console.log(
+          `heads ${plan.heads.join('/')} in ${plan.headGroups} head groups: max-abs vs one group ${diff.toExponential(2)}`,
+        );
         expect(diff, `${headGroups} groups`).toBeLessThan(1e-6);
         expect(plan.headGroups).toBe(typeof heads === 'number' ? headGroups : 2); // rank 2 has two heads
         exchanges.forEach((e, r) => {
@@ -124,9 +169,29 @@ describe('Ulysses sequence parallelism, in memory', () => {
       const patches = patchify(m.config, latent).data;
       const width = patches.length / grid.count;
       // every exchange takes 30 ms on the wire, as over a slow link
-      const slow = memoryExchanges(2).map((e): Exchange => ({ ...e, allToAll: (tag, parts) => new Promise((r) => setTimeout(r, 30)).then(() => e.allToAll(tag, parts)) }));
+      const slow = memoryExchanges(2).map((e): Exchange => ({
+        ...e,
+        allToAll: (tag, parts) => new Promise((r) => setTimeout(r, 30)).then(() => e.allToAll(tag, parts)),
+      }));
       const stats = [noStats(), noStats()];
-      await Promise.all(slow.map((e, r) => forwardRank(m.config, plan, onnx, e, { patches: patches.slice(r * 36 * width, (r + 1) * 36 * width), timestep: 500, text, grid, tag: { job: 0, step: 0, pass: 0 } }, stats[r])));
+      await Promise.all(
+        slow.map((e, r) =>
+          forwardRank(
+            m.config,
+            plan,
+            onnx,
+            e,
+            {
+              patches: patches.slice(r * 36 * width, (r + 1) * 36 * width),
+              timestep: 500,
+              text,
+              grid,
+              tag: { job: 0, step: 0, pass: 0 },
+            },
+            stats[r],
+          ),
+        ),
+      );
       return stats;
     };
     for (const s of await overlapOf(1)) expect(s.overlapMs).toBe(0);
@@ -146,9 +211,16 @@ describe('fp16 and int8 activation transport', () => {
     for (let step = 0; step < 4; step++) {
       const t = sigmas[step] * 1000;
       const cond = await forwardInProcess(m.config, onnx, exchanges, x, t, text, { job: 1, step, pass: 0 });
-      const uncond = await forwardInProcess(m.config, onnx, exchanges, x, t, new Float32Array(text.length), { job: 1, step, pass: 1 });
+      const uncond = await forwardInProcess(m.config, onnx, exchanges, x, t, new Float32Array(text.length), {
+        job: 1,
+        step,
+        pass: 1,
+      });
       const dt = sigmas[step + 1] - sigmas[step];
-      x = { shape: latentShape, data: x.data.map((v, i) => v + dt * (uncond.data[i] + 5 * (cond.data[i] - uncond.data[i]))) };
+      x = {
+        shape: latentShape,
+        data: x.data.map((v, i) => v + dt * (uncond.data[i] + 5 * (cond.data[i] - uncond.data[i]))),
+      };
     }
     return { latent: x.data, bytes: exchanges[0].bytesSent };
   };
@@ -156,7 +228,9 @@ describe('fp16 and int8 activation transport', () => {
   it('fp16 halves the bytes each rank sends, and moves a 4-step guided sample by at most 1e-3', async () => {
     const [full, half] = [await sample('f32'), await sample('f16')];
     const diff = maxAbsDiff(full.latent, half.latent);
-    console.log(`fp16 transport: bytes ratio ${(half.bytes / full.bytes).toFixed(4)}, final latent max-abs ${diff.toExponential(2)}`);
+    console.log(
+      `fp16 transport: bytes ratio ${(half.bytes / full.bytes).toFixed(4)}, final latent max-abs ${diff.toExponential(2)}`,
+    );
     expect(half.bytes / full.bytes).toBe(0.5);
     expect(diff).toBeLessThanOrEqual(1e-3);
     expect(diff).toBeGreaterThan(0); // the rounding is real
@@ -165,7 +239,9 @@ describe('fp16 and int8 activation transport', () => {
   it('int8 with a scale per 64 values sends a little over a quarter of the bytes, and moves the same sample by at most 3e-2', async () => {
     const [full, quarter] = [await sample('f32'), await sample('i8')];
     const diff = maxAbsDiff(full.latent, quarter.latent);
-    console.log(`int8 transport: bytes ratio ${(quarter.bytes / full.bytes).toFixed(4)}, final latent max-abs ${diff.toExponential(2)}`);
+    console.log(
+      `int8 transport: bytes ratio ${(quarter.bytes / full.bytes).toFixed(4)}, final latent max-abs ${diff.toExponential(2)}`,
+    );
     expect(quarter.bytes / full.bytes).toBeCloseTo((1 + 4 / 64) / 4, 2);
     expect(diff).toBeLessThanOrEqual(3e-2);
     expect(diff).toBeGreaterThan(0);
@@ -196,10 +272,12 @@ function deviceResident(inner: StageRunner): { runner: Required<DeviceStageRunne
     },
     preAttention: (block, x, tproj, cos, sin) => inner.preAttention(block, read(x), read(tproj), cos, sin),
     attention: (qkv, width) => inner.attention(qkv, width),
-    postAttention: async (block, x, o, tproj, context) => keep(await inner.postAttention(block, read(x), o, read(tproj), read(context))),
+    postAttention: async (block, x, o, tproj, context) =>
+      keep(await inner.postAttention(block, read(x), o, read(tproj), read(context))),
     head: (x, temb) => inner.head(read(x), read(temb)),
     async release(tensors) {
-      for (const t of tensors) if (!kept.delete(t.deviceTensor)) throw new Error(`device tensor ${t.deviceTensor} released twice`);
+      for (const t of tensors)
+        if (!kept.delete(t.deviceTensor)) throw new Error(`device tensor ${t.deviceTensor} released twice`);
       return kept.size;
     },
   };
@@ -213,7 +291,10 @@ describe('device-resident activations (the WebGPU path, in memory)', () => {
     const { runner, kept } = deviceResident(onnx);
     const single = await forwardInProcess(m.config, onnx, memoryExchanges(1), latent, 500, text);
     for (const P of [1, 3]) {
-      expect(maxAbsDiff((await forwardInProcess(m.config, runner, memoryExchanges(P), latent, 500, text)).data, single.data), `P=${P}`).toBeLessThan(1e-4);
+      expect(
+        maxAbsDiff((await forwardInProcess(m.config, runner, memoryExchanges(P), latent, 500, text)).data, single.data),
+        `P=${P}`,
+      ).toBeLessThan(1e-4);
       expect(kept.size, `P=${P}: device tensors left`).toBe(0);
     }
 
@@ -223,7 +304,14 @@ describe('device-resident activations (the WebGPU path, in memory)', () => {
     const plan = planUlysses(m.config, grid.count, 1);
     const patches = patchify(m.config, latent).data;
     const stats = noStats();
-    await forwardRank(m.config, plan, runner, memoryExchanges(1)[0], { patches, timestep: 500, text, grid, tag: { job: 0, step: 0, pass: 0 } }, stats);
+    await forwardRank(
+      m.config,
+      plan,
+      runner,
+      memoryExchanges(1)[0],
+      { patches, timestep: 500, text, grid, tag: { job: 0, step: 0, pass: 0 } },
+      stats,
+    );
     const L = text.length / textDim;
     expect(stats.bytesKept).toBe(4 * ((1 + numLayers) * 35 * D + D + 6 * D + L * D));
     expect(stats.bytesDownloaded).toBe(4 * (4 * 35 * D * numLayers + patches.length));
@@ -241,8 +329,16 @@ describe('device-resident activations (the WebGPU path, in memory)', () => {
       },
     };
     const grid = tokenGrid(m.config, latent.shape);
-    const input = { patches: patchify(m.config, latent).data, timestep: 500, text, grid, tag: { job: 0, step: 0, pass: 0 } };
-    await expect(forwardRank(m.config, planUlysses(m.config, grid.count, 1), runner, failing, input)).rejects.toThrow('peer lost');
+    const input = {
+      patches: patchify(m.config, latent).data,
+      timestep: 500,
+      text,
+      grid,
+      tag: { job: 0, step: 0, pass: 0 },
+    };
+    await expect(forwardRank(m.config, planUlysses(m.config, grid.count, 1), runner, failing, input)).rejects.toThrow(
+      'peer lost',
+    );
     expect(kept.size).toBe(0);
   });
 });

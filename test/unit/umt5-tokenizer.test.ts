@@ -1,5 +1,10 @@
 import { describe, expect, it } from 'vitest';
-import { cleanPrompt, makeTestTokenizerJson, Umt5Tokenizer, UnsupportedTokenizer } from '../../core/model/umt5-tokenizer.ts';
+import {
+  cleanPrompt,
+  makeTestTokenizerJson,
+  Umt5Tokenizer,
+  UnsupportedTokenizer,
+} from '../../core/model/umt5-tokenizer.ts';
 
 // Vocabulary: <pad> 0, </s> 1, <unk> 2, the pieces below 3..10 (log-probs -1 .. -1.875), then
 // ▁ 11 and the printable ASCII characters '!' 12 .. '~' 105 (log-probs below -10). A piece
@@ -16,7 +21,7 @@ describe('cleanPrompt (diffusers prompt_clean)', () => {
     ['&amp;amp;', '&'], // unescaped twice ...
     ['&amp;amp;amp;', '&amp;'], // ... and only twice (ftfy, not ported, would go on)
     ['&amp;lt;b&amp;gt;', '<b>'],
-    ['&quot;x&quot; &#39;y&#39; &apos;z&apos;', '"x" \'y\' \'z\''],
+    ['&quot;x&quot; &#39;y&#39; &apos;z&apos;', "\"x\" 'y' 'z'"],
     ['a&nbsp;b', 'a b'], // U+00A0, then collapsed as whitespace
     ['&#233;&#xE9;&#XE9;', 'ééé'],
     ['&#39 &amp &ampx &AMP;', "' & &x &"], // legacy forms without ';'
@@ -63,10 +68,16 @@ describe('Umt5Tokenizer.encode', () => {
     const t5 = makeTestTokenizerJson(PIECES) as Record<string, unknown>;
     const bpe = { ...t5, model: { type: 'BPE', vocab: {}, merges: [] } };
     expect(() => new Umt5Tokenizer(bpe)).toThrow(UnsupportedTokenizer);
-    expect(() => new Umt5Tokenizer(bpe)).toThrow('tokenizer/tokenizer.json is a BPE tokenizer; a T5 (Unigram) one was expected');
-    expect(() => new Umt5Tokenizer({ ...t5, post_processor: null })).toThrow(/post_processor .*"\$A <\/s>".* must be a JSON object; it is null/);
+    expect(() => new Umt5Tokenizer(bpe)).toThrow(
+      'tokenizer/tokenizer.json is a BPE tokenizer; a T5 (Unigram) one was expected',
+    );
+    expect(() => new Umt5Tokenizer({ ...t5, post_processor: null })).toThrow(
+      /post_processor .*"\$A <\/s>".* must be a JSON object; it is null/,
+    );
     const bert = { type: 'BertProcessing', sep: ['[SEP]', 102], cls: ['[CLS]', 101] };
-    expect(() => new Umt5Tokenizer({ ...t5, post_processor: bert })).toThrow(/post_processor must be T5's TemplateProcessing .*; it is "BertProcessing"/);
+    expect(() => new Umt5Tokenizer({ ...t5, post_processor: bert })).toThrow(
+      /post_processor must be T5's TemplateProcessing .*; it is "BertProcessing"/,
+    );
     expect(() => new Umt5Tokenizer([])).toThrow('tokenizer/tokenizer.json must be a JSON object; it is an array');
   });
 });
@@ -74,11 +85,28 @@ describe('Umt5Tokenizer.encode', () => {
 describe('makeTestTokenizerJson', () => {
   it("writes T5TokenizerFast's layout: specials 0-2, the pieces, then ▁ and ASCII", () => {
     const json = makeTestTokenizerJson(['▁a', 'x']);
-    expect((json.added_tokens as { id: number; content: string; special: boolean }[]).map((t) => [t.id, t.content, t.special])).toEqual([[0, '<pad>', true], [1, '</s>', true], [2, '<unk>', true]]);
+    expect(
+      (json.added_tokens as { id: number; content: string; special: boolean }[]).map((t) => [
+        t.id,
+        t.content,
+        t.special,
+      ]),
+    ).toEqual([
+      [0, '<pad>', true],
+      [1, '</s>', true],
+      [2, '<unk>', true],
+    ]);
     expect(json.model.type).toBe('Unigram');
     expect(json.model.unk_id).toBe(2);
     const vocab = json.model.vocab;
-    expect(vocab.slice(0, 6)).toEqual([['<pad>', 0], ['</s>', 0], ['<unk>', 0], ['▁a', -1], ['x', -1.5], ['▁', -10]]);
+    expect(vocab.slice(0, 6)).toEqual([
+      ['<pad>', 0],
+      ['</s>', 0],
+      ['<unk>', 0],
+      ['▁a', -1],
+      ['x', -1.5],
+      ['▁', -10],
+    ]);
     expect(vocab.filter(([piece]) => piece === 'x')).toHaveLength(1); // a piece is not repeated as a character
     expect(vocab).toHaveLength(3 + 2 + 1 + 94 - 1);
     const scores = vocab.slice(3).map(([, score]) => score);

@@ -4,27 +4,67 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { SeededRandom } from '../../core/random.ts';
 import { maxAbsDiff } from '../../core/tensor.ts';
-import { openUmt5, relativePositionBuckets, TEXT_ENCODER_WEIGHTS_NAME, umt5FinalNorm, umt5LayerReference, umt5WeightShapes, type Umt5Checkpoint, type Umt5Config } from '../../core/model/umt5.ts';
+import {
+  openUmt5,
+  relativePositionBuckets,
+  TEXT_ENCODER_WEIGHTS_NAME,
+  umt5FinalNorm,
+  umt5LayerReference,
+  umt5WeightShapes,
+  type Umt5Checkpoint,
+  type Umt5Config,
+} from '../../core/model/umt5.ts';
 import { onnxUmt5Layers } from '../../rank/umt5-layers.ts';
 import { folderFiles, writeCheckpoint } from '../../server/model-folder.ts';
 
 // umT5-XXL's layout and math at a small width: 8 heads of 8, the published 32 buckets and distance 128
-const CONFIG = { architectures: ['UMT5EncoderModel'], model_type: 'umt5', d_model: 64, d_kv: 8, num_heads: 8, d_ff: 96, num_layers: 2, relative_attention_num_buckets: 32, relative_attention_max_distance: 128, vocab_size: 300, layer_norm_epsilon: 1e-6, feed_forward_proj: 'gated-gelu', dense_act_fn: 'gelu_new' };
+const CONFIG = {
+  architectures: ['UMT5EncoderModel'],
+  model_type: 'umt5',
+  d_model: 64,
+  d_kv: 8,
+  num_heads: 8,
+  d_ff: 96,
+  num_layers: 2,
+  relative_attention_num_buckets: 32,
+  relative_attention_max_distance: 128,
+  vocab_size: 300,
+  layer_norm_epsilon: 1e-6,
+  feed_forward_proj: 'gated-gelu',
+  dense_act_fn: 'gelu_new',
+};
 
 let dir: string;
 let encoder: Umt5Checkpoint;
 let cfg: Umt5Config;
 
 /** A random umT5 encoder folder in the published layout, its shards small enough to split it in three. */
-async function writeEncoder(folder: string, config: Record<string, unknown>, shapes?: Map<string, number[]>): Promise<void> {
+async function writeEncoder(
+  folder: string,
+  config: Record<string, unknown>,
+  shapes?: Map<string, number[]>,
+): Promise<void> {
   const { parseUmt5Config } = await import('../../core/model/umt5.ts');
-  const specs = [...(shapes ?? umt5WeightShapes(parseUmt5Config(config, 'test')))].map(([name, shape]) => ({ name, shape }));
+  const specs = [...(shapes ?? umt5WeightShapes(parseUmt5Config(config, 'test')))].map(([name, shape]) => ({
+    name,
+    shape,
+  }));
   writeFileSync(join(folder, 'config.json'), '{}');
-  await writeCheckpoint(join(folder, 'text_encoder'), TEXT_ENCODER_WEIGHTS_NAME, specs, ({ name, shape }) => {
-    const n = shape.reduce((a, b) => a * b, 1);
-    const random = new SeededRandom([...name].reduce((h, c) => Math.imul(h ^ c.charCodeAt(0), 0x01000193), 0x811c9dc5));
-    return name.endsWith('norm.weight') ? random.normals(n, 0.05).map((v) => 1 + v) : random.normals(n, name.includes('relative') ? 1 : 1 / Math.sqrt(shape[1]));
-  }, { maxShardBytes: 60_000 });
+  await writeCheckpoint(
+    join(folder, 'text_encoder'),
+    TEXT_ENCODER_WEIGHTS_NAME,
+    specs,
+    ({ name, shape }) => {
+      const n = shape.reduce((a, b) => a * b, 1);
+      const random = new SeededRandom(
+        [...name].reduce((h, c) => Math.imul(h ^ c.charCodeAt(0), 0x01000193), 0x811c9dc5),
+      );
+      return name.endsWith('norm.weight')
+        ? random.normals(n, 0.05).map((v) => 1 + v)
+        : random.normals(n, name.includes('relative') ? 1 : 1 / Math.sqrt(shape[1]));
+    },
+    { maxShardBytes: 60_000 },
+  );
   writeFileSync(join(folder, 'text_encoder/config.json'), JSON.stringify(config));
 }
 
@@ -58,7 +98,10 @@ describe('the umT5 encoder layer', () => {
       const ids = Array.from({ length: tokens }, (_, t) => (t * 37 + 5) % cfg.vocabSize);
       const hidden = await encoder.tokenRows(ids);
       const buckets = relativePositionBuckets(tokens, cfg.numBuckets, cfg.maxDistance);
-      const [reference, graph] = [umt5LayerReference(cfg, layer, hidden, buckets), await onnx.run(layer, hidden, buckets)];
+      const [reference, graph] = [
+        umt5LayerReference(cfg, layer, hidden, buckets),
+        await onnx.run(layer, hidden, buckets),
+      ];
       const scale = reference.reduce((m, v) => Math.max(m, Math.abs(v)), 0);
       expect(maxAbsDiff(graph, reference) / scale, `${tokens} tokens`).toBeLessThan(1e-4);
       // the layer did something: its output is not its input
@@ -71,14 +114,18 @@ describe('the umT5 encoder layer', () => {
   it("reads a prompt's embedding rows alone, each the embedding's row of its id", async () => {
     const { readSafetensors } = await import('../../core/safetensors.ts');
     const { readdirSync, readFileSync } = await import('node:fs');
-    const first = readdirSync(join(dir, 'text_encoder')).filter((f) => f.endsWith('.safetensors')).sort()[0];
+    const first = readdirSync(join(dir, 'text_encoder'))
+      .filter((f) => f.endsWith('.safetensors'))
+      .sort()[0];
     const embedding = readSafetensors(readFileSync(join(dir, 'text_encoder', first)), first).get('shared.weight')!;
     const rows = await encoder.tokenRows([299, 0, 299]);
     const d = cfg.dModel;
     expect(rows.subarray(0, d)).toEqual(embedding.data.subarray(299 * d, 300 * d));
     expect(rows.subarray(d, 2 * d)).toEqual(embedding.data.subarray(0, d));
     expect(rows.subarray(2 * d)).toEqual(rows.subarray(0, d));
-    await expect(encoder.tokenRows([300])).rejects.toThrow("token id 300 is outside the text encoder's vocabulary of 300");
+    await expect(encoder.tokenRows([300])).rejects.toThrow(
+      "token id 300 is outside the text encoder's vocabulary of 300",
+    );
   });
 
   it('refuses a folder whose weights disagree with its config, naming the file and the tensor', async () => {
@@ -91,8 +138,13 @@ describe('the umT5 encoder layer', () => {
       await expect(openUmt5(folderFiles(bad))).rejects.toThrow(
         /text_encoder\/model\.safetensors\.index\.json does not match its config: missing keys: encoder\.final_layer_norm\.weight\. wrong shapes: encoder\.block\.1\.layer\.1\.DenseReluDense\.wo\.weight in text_encoder\/model-0000\d-of-0000\d\.safetensors is \[64,95\], expected \[64,96\]/,
       );
-      writeFileSync(join(bad, 'text_encoder/config.json'), JSON.stringify({ ...CONFIG, model_type: 't5', architectures: ['T5EncoderModel'] }));
-      await expect(openUmt5(folderFiles(bad))).rejects.toThrow('text_encoder/config.json: model_type is "t5"; expected "umt5"');
+      writeFileSync(
+        join(bad, 'text_encoder/config.json'),
+        JSON.stringify({ ...CONFIG, model_type: 't5', architectures: ['T5EncoderModel'] }),
+      );
+      await expect(openUmt5(folderFiles(bad))).rejects.toThrow(
+        'text_encoder/config.json: model_type is "t5"; expected "umt5"',
+      );
     } finally {
       rmSync(bad, { recursive: true, force: true });
     }

@@ -8,7 +8,10 @@ const WAN = { order: 2, lowerOrderFinal: true } as const;
 // v(x, i) = sin((1 + i)·x) + x/2 from x = [0.3, −1.2, 0.7, 2, −0.4]: the samples after each step.
 const DIFFUSERS = {
   timesteps: [999, 937, 856, 749, 599, 374],
-  sigmas: [0.9996664524078369, 0.9371482133865356, 0.8567752838134766, 0.7496247887611389, 0.5996398329734802, 0.37471866607666016, 0],
+  sigmas: [
+    0.9996664524078369, 0.9371482133865356, 0.8567752838134766, 0.7496247887611389, 0.5996398329734802,
+    0.37471866607666016, 0,
+  ],
   samples: [
     [0.27214688062667847, -1.104219675064087, 0.6378432512283325, 1.880634069442749, -0.36315059661865234],
     [0.21256761252880096, -1.0012128353118896, 0.525823175907135, 1.9039807319641113, -0.2865413427352905],
@@ -20,7 +23,15 @@ const DIFFUSERS = {
 };
 const model = (x: Float32Array, i: number) => x.map((v) => Math.sin(v * (1 + i)) + 0.5 * v);
 
-function run(steps: number, flowShift: number, start: Float32Array, velocity: (x: Float32Array, i: number) => Float32Array, from = 0, state: UniPcState = initialUniPcState(2), until = steps) {
+function run(
+  steps: number,
+  flowShift: number,
+  start: Float32Array,
+  velocity: (x: Float32Array, i: number) => Float32Array,
+  from = 0,
+  state: UniPcState = initialUniPcState(2),
+  until = steps,
+) {
   const schedule = unipcSchedule(steps, flowShift);
   const samples: Float32Array[] = [];
   let x = start;
@@ -42,25 +53,46 @@ describe('UniPC as Wan2.1 configures it', () => {
     // numpy's set_timesteps(50) with use_flow_sigmas, from scheduling_unipc_multistep.py: every timestep, every 7th sigma
     const expected = {
       3: {
-        timesteps: [999, 992, 985, 978, 971, 963, 956, 948, 939, 931, 922, 913, 904, 894, 884, 874, 864, 853, 841, 829, 817, 805, 792, 778, 764, 749, 734, 718, 701, 684, 666, 647, 627, 606, 585, 562, 538, 512, 486, 458, 428, 396, 363, 327, 290, 249, 206, 160, 111, 57],
-        sigmas: [0.9996664524078369, 0.9481804966926575, 0.8848828673362732, 0.8051823973655701, 0.7017540335655212, 0.5621483325958252, 0.36336082220077515, 0.05763683095574379],
+        timesteps: [
+          999, 992, 985, 978, 971, 963, 956, 948, 939, 931, 922, 913, 904, 894, 884, 874, 864, 853, 841, 829, 817, 805,
+          792, 778, 764, 749, 734, 718, 701, 684, 666, 647, 627, 606, 585, 562, 538, 512, 486, 458, 428, 396, 363, 327,
+          290, 249, 206, 160, 111, 57,
+        ],
+        sigmas: [
+          0.9996664524078369, 0.9481804966926575, 0.8848828673362732, 0.8051823973655701, 0.7017540335655212,
+          0.5621483325958252, 0.36336082220077515, 0.05763683095574379,
+        ],
       },
       5: {
-        timesteps: [999, 995, 991, 987, 982, 978, 973, 968, 963, 957, 952, 946, 940, 934, 927, 920, 913, 906, 898, 890, 882, 873, 863, 854, 843, 833, 821, 809, 796, 783, 768, 753, 737, 720, 701, 681, 660, 636, 611, 584, 555, 522, 487, 448, 405, 356, 302, 241, 172, 92],
-        sigmas: [0.9997998476028442, 0.9682501554489136, 0.9275957345962524, 0.8732306957244873, 0.7968124747276306, 0.6815081238746643, 0.48750731348991394, 0.09250685572624207],
+        timesteps: [
+          999, 995, 991, 987, 982, 978, 973, 968, 963, 957, 952, 946, 940, 934, 927, 920, 913, 906, 898, 890, 882, 873,
+          863, 854, 843, 833, 821, 809, 796, 783, 768, 753, 737, 720, 701, 681, 660, 636, 611, 584, 555, 522, 487, 448,
+          405, 356, 302, 241, 172, 92,
+        ],
+        sigmas: [
+          0.9997998476028442, 0.9682501554489136, 0.9275957345962524, 0.8732306957244873, 0.7968124747276306,
+          0.6815081238746643, 0.48750731348991394, 0.09250685572624207,
+        ],
       },
     };
     for (const [shift, { timesteps, sigmas }] of Object.entries(expected)) {
       const schedule = unipcSchedule(50, Number(shift));
       expect(schedule.timesteps, `shift ${shift}`).toEqual(timesteps);
-      expect(schedule.sigmas.filter((_, i) => i % 7 === 0), `shift ${shift}`).toEqual(sigmas);
+      expect(
+        schedule.sigmas.filter((_, i) => i % 7 === 0),
+        `shift ${shift}`,
+      ).toEqual(sigmas);
       expect(schedule.sigmas.at(-1)).toBe(0);
     }
   });
 
   it("steps as diffusers' UniPCMultistepScheduler does (predictor, corrector, lower order at the start and the end)", () => {
     const { samples } = run(6, 3, Float32Array.of(0.3, -1.2, 0.7, 2, -0.4), model);
-    samples.forEach((sample, step) => sample.forEach((v, i) => expect(Math.abs(v - DIFFUSERS.samples[step][i]), `step ${step + 1}, value ${i}`).toBeLessThan(2e-6)));
+    samples.forEach((sample, step) =>
+      sample.forEach((v, i) =>
+        expect(Math.abs(v - DIFFUSERS.samples[step][i]), `step ${step + 1}, value ${i}`).toBeLessThan(2e-6),
+      ),
+    );
   });
 
   it('lands on the clean latent of a straight flow, whatever the steps', () => {
@@ -69,7 +101,12 @@ describe('UniPC as Wan2.1 configures it', () => {
     for (const steps of [1, 2, 5, 20]) {
       const schedule = unipcSchedule(steps, 5);
       // the exact flow's velocity at σ: x = (1 − σ)·x0 + σ·noise, v = noise − x0
-      const { x } = run(steps, 5, noise.map((n, i) => (1 - schedule.sigmas[0]) * x0[i] + schedule.sigmas[0] * n), () => noise.map((n, i) => n - x0[i]));
+      const { x } = run(
+        steps,
+        5,
+        noise.map((n, i) => (1 - schedule.sigmas[0]) * x0[i] + schedule.sigmas[0] * n),
+        () => noise.map((n, i) => n - x0[i]),
+      );
       x.forEach((v, i) => expect(v, `${steps} steps`).toBeCloseTo(x0[i], 5));
     }
   });
@@ -88,10 +125,22 @@ describe("a folder's scheduler_config.json", () => {
   it("Wan2.1's is UniPC of order 2 with its flow shift; what ditswarm does not run is refused by name", async () => {
     const { parseSchedulerConfig } = await import('../../core/model/wan-pipeline.ts');
     const { WAN21_T2V_1_3B } = await import('../../server/wan21-layout.ts');
-    expect(parseSchedulerConfig(WAN21_T2V_1_3B.scheduler, 's')).toEqual({ solver: { kind: 'UniPCMultistepScheduler', order: 2, lowerOrderFinal: true }, flowShift: 3 });
-    expect(parseSchedulerConfig({ _class_name: 'FlowMatchEulerDiscreteScheduler', shift: 5 }, 's')).toEqual({ solver: { kind: 'FlowMatchEulerDiscreteScheduler' }, flowShift: 5 });
-    expect(() => parseSchedulerConfig({ ...WAN21_T2V_1_3B.scheduler, solver_order: 3 }, 's')).toThrow('s: solver_order 3 is not supported; ditswarm runs UniPC of order 1 or 2');
-    expect(() => parseSchedulerConfig({ ...WAN21_T2V_1_3B.scheduler, prediction_type: 'epsilon' }, 's')).toThrow('s: prediction_type is "epsilon"; ditswarm runs UniPC with prediction_type "flow_prediction", as Wan2.1 publishes it');
-    expect(() => parseSchedulerConfig({ _class_name: 'DDIMScheduler' }, 's')).toThrow('s: _class_name "DDIMScheduler" is not a scheduler ditswarm runs');
+    expect(parseSchedulerConfig(WAN21_T2V_1_3B.scheduler, 's')).toEqual({
+      solver: { kind: 'UniPCMultistepScheduler', order: 2, lowerOrderFinal: true },
+      flowShift: 3,
+    });
+    expect(parseSchedulerConfig({ _class_name: 'FlowMatchEulerDiscreteScheduler', shift: 5 }, 's')).toEqual({
+      solver: { kind: 'FlowMatchEulerDiscreteScheduler' },
+      flowShift: 5,
+    });
+    expect(() => parseSchedulerConfig({ ...WAN21_T2V_1_3B.scheduler, solver_order: 3 }, 's')).toThrow(
+      's: solver_order 3 is not supported; ditswarm runs UniPC of order 1 or 2',
+    );
+    expect(() => parseSchedulerConfig({ ...WAN21_T2V_1_3B.scheduler, prediction_type: 'epsilon' }, 's')).toThrow(
+      's: prediction_type is "epsilon"; ditswarm runs UniPC with prediction_type "flow_prediction", as Wan2.1 publishes it',
+    );
+    expect(() => parseSchedulerConfig({ _class_name: 'DDIMScheduler' }, 's')).toThrow(
+      's: _class_name "DDIMScheduler" is not a scheduler ditswarm runs',
+    );
   });
 });

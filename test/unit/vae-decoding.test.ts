@@ -2,7 +2,14 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { blendTiles, cutTile, decodeTileReference, openWanVae, tilesOf, type WanVaeConfig } from '../../core/model/wan-vae.ts';
+import {
+  blendTiles,
+  cutTile,
+  decodeTileReference,
+  openWanVae,
+  tilesOf,
+  type WanVaeConfig,
+} from '../../core/model/wan-vae.ts';
 import { SeededRandom } from '../../core/random.ts';
 import type { TensorMap } from '../../core/safetensors.ts';
 import { maxAbsDiff, type Tensor } from '../../core/tensor.ts';
@@ -42,7 +49,16 @@ function worker(id: string, harm?: (args: DecodeTileArgs, call: number) => 'fail
   };
 }
 
-const decodeOn = (hosts: TileHost[]) => tiledDecoding({ modelUrl: 'test', files: folderFiles(dir), config: cfg, hosts: async () => hosts, ep: 'wasm', timeoutMs: 60_000, tiling: TILING });
+const decodeOn = (hosts: TileHost[]) =>
+  tiledDecoding({
+    modelUrl: 'test',
+    files: folderFiles(dir),
+    config: cfg,
+    hosts: async () => hosts,
+    ep: 'wasm',
+    timeoutMs: 60_000,
+    tiling: TILING,
+  });
 
 beforeAll(async () => {
   dir = mkdtempSync(join(tmpdir(), 'ditswarm-vae-tiles-'));
@@ -59,8 +75,19 @@ describe('tiled decoding on workers', () => {
     const { video, report } = await decodeOn([worker('a')]).decode(latent);
     expect(video!.shape).toEqual([3, 5, 56, 64]);
     const tiles = tilesOf(7, 8, TILING);
-    expect(report).toMatchObject({ where: 'workers', tiles: tiles.length, retried: 0, ranks: [{ worker: 'a', tiles: tiles.length }] });
-    const expected = blendTiles(tiles, tiles.map((t) => decodeTileReference(cfg, tensors, cutTile(latent, t))), 7, 8, TILING);
+    expect(report).toMatchObject({
+      where: 'workers',
+      tiles: tiles.length,
+      retried: 0,
+      ranks: [{ worker: 'a', tiles: tiles.length }],
+    });
+    const expected = blendTiles(
+      tiles,
+      tiles.map((t) => decodeTileReference(cfg, tensors, cutTile(latent, t))),
+      7,
+      8,
+      TILING,
+    );
     expect(maxAbsDiff(video!.data, expected.data)).toBeLessThan(1e-4);
     alone = video!.data;
   });
@@ -72,9 +99,12 @@ describe('tiled decoding on workers', () => {
     expect(maxAbsDiff(video!.data, alone)).toBe(0);
   });
 
-  it("a worker that fails mid-tile, or returns NaN or too few values, loses its tile to the others: the video is the same", async () => {
+  it('a worker that fails mid-tile, or returns NaN or too few values, loses its tile to the others: the video is the same', async () => {
     for (const harm of ['fail', 'nan', 'short'] as const) {
-      const { video, report } = await decodeOn([worker('bad', (_, call) => (call === 0 ? harm : null)), worker('good')]).decode(latent);
+      const { video, report } = await decodeOn([
+        worker('bad', (_, call) => (call === 0 ? harm : null)),
+        worker('good'),
+      ]).decode(latent);
       expect(report.retried).toBe(1);
       expect(report.ranks.find((r) => r.worker === 'good')!.tiles).toBeGreaterThan(0);
       expect(maxAbsDiff(video!.data, alone)).toBe(0);
@@ -82,18 +112,27 @@ describe('tiled decoding on workers', () => {
   });
 
   it('a lone worker that returns poisoned frames fails the decoding, naming it and the tile', async () => {
-    const error = await decodeOn([worker('bad', () => 'nan')]).decode(latent).catch((e: Error) => e);
-    expect((error as Error).message).toBe("no worker could decode VAE tile 0,0: worker bad: returned tile 0,0's latent frames 0–1 with NaN or infinite values");
+    const error = await decodeOn([worker('bad', () => 'nan')])
+      .decode(latent)
+      .catch((e: Error) => e);
+    expect((error as Error).message).toBe(
+      "no worker could decode VAE tile 0,0: worker bad: returned tile 0,0's latent frames 0–1 with NaN or infinite values",
+    );
   });
 
   it("a run of a tile's latent frames continues only the tile that is open, where it stopped; after its last frames the tile is closed", async () => {
     const files = folderFiles(dir);
     const tiles = vaeTiles(() => ({ ...files, close: async () => {} }));
     const part = cutTile(latent, { row: 0, col: 0, y: 0, x: 0, height: 4, width: 4 });
-    const frame = (t: number) => ({ shape: [16, 1, 4, 4], latent: part.data.filter((_, i) => Math.floor(i / 16) % 2 === t) });
+    const frame = (t: number) => ({
+      shape: [16, 1, 4, 4],
+      latent: part.data.filter((_, i) => Math.floor(i / 16) % 2 === t),
+    });
     const args = { modelUrl: 'test', ep: 'wasm' as const, tile: 'x', last: false };
     await tiles.decode({ ...args, from: 0, ...frame(0) });
-    await expect(tiles.decode({ ...args, tile: 'y', from: 1, ...frame(1) })).rejects.toThrow('tile y from latent frame 1: this worker has tile x open at latent frame 1; start the tile again from 0');
+    await expect(tiles.decode({ ...args, tile: 'y', from: 1, ...frame(1) })).rejects.toThrow(
+      'tile y from latent frame 1: this worker has tile x open at latent frame 1; start the tile again from 0',
+    );
     await expect(tiles.decode({ ...args, from: 2, ...frame(1) })).rejects.toThrow('tile x from latent frame 2');
     // in two runs, the frames one run makes
     const second = await tiles.decode({ ...args, from: 1, last: true, ...frame(1) });
@@ -110,6 +149,10 @@ describe("the tiles' size", () => {
     // the last upsampling's output at 256 pixels: 4 frames × 192 channels × 256² × 4 bytes
     expect(largestTileTensorBytes(full, 32)).toBe(4 * 4 * 192 * 256 * 256);
     expect(chooseTiling(full, Infinity)).toMatchObject({ tile: 256, stride: 192, why: "diffusers' tiles" });
-    expect(chooseTiling(full, 128 * 2 ** 20)).toMatchObject({ tile: 128, stride: 96, why: "diffusers' 256-pixel tiles need a 192 MiB buffer; the workers allow 128 MiB" });
+    expect(chooseTiling(full, 128 * 2 ** 20)).toMatchObject({
+      tile: 128,
+      stride: 96,
+      why: "diffusers' 256-pixel tiles need a 192 MiB buffer; the workers allow 128 MiB",
+    });
   });
 });

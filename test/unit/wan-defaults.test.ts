@@ -1,14 +1,20 @@
 import { describe, expect, it } from 'vitest';
 import { DEFAULT_JOB, checkJobParams, jobParams, latentShape } from '../../core/job.ts';
 import type { ModelFiles } from '../../core/model/files.ts';
-import { loadWanPipelineParts, WAN_NEGATIVE_PROMPT, WAN_SIZES, WAN_TEXT_TOKENS } from '../../core/model/wan-pipeline.ts';
+import {
+  loadWanPipelineParts,
+  WAN_NEGATIVE_PROMPT,
+  WAN_SIZES,
+  WAN_TEXT_TOKENS,
+} from '../../core/model/wan-pipeline.ts';
 import { WAN21_T2V_1_3B } from '../../server/wan21-layout.ts';
 import { tinyModelFiles } from './fixtures.ts';
 
 /** the tiny model's folder with some of its JSON files replaced */
 const withJson = (replaced: Record<string, unknown>): ModelFiles => ({
   ...tinyModelFiles,
-  read: async (path) => (path in replaced ? new TextEncoder().encode(JSON.stringify(replaced[path])) : tinyModelFiles.read(path)),
+  read: async (path) =>
+    path in replaced ? new TextEncoder().encode(JSON.stringify(replaced[path])) : tinyModelFiles.read(path),
 });
 
 /** the classes of a published Wan2.1 folder: umT5, AutoencoderKLWan, UniPC (its flow shift in the scheduler's config) */
@@ -22,7 +28,17 @@ const PUBLISHED = {
 describe("a model folder's job defaults", () => {
   it("a folder of the published classes gets WanPipeline's: 480×832, 81 frames, 50 steps, guidance 5, the example's negative prompt, its scheduler's shift 3", async () => {
     const { defaults, textTokens } = await loadWanPipelineParts(withJson(PUBLISHED));
-    expect(defaults).toEqual({ prompt: DEFAULT_JOB.prompt, negativePrompt: WAN_NEGATIVE_PROMPT, frames: 81, height: 480, width: 832, steps: 50, guidance: 5, seed: DEFAULT_JOB.seed, flowShift: 3 });
+    expect(defaults).toEqual({
+      prompt: DEFAULT_JOB.prompt,
+      negativePrompt: WAN_NEGATIVE_PROMPT,
+      frames: 81,
+      height: 480,
+      width: 832,
+      steps: 50,
+      guidance: 5,
+      seed: DEFAULT_JOB.seed,
+      flowShift: 3,
+    });
     expect(textTokens).toBe(WAN_TEXT_TOKENS);
     expect(WAN_TEXT_TOKENS).toBe(512);
     expect(checkJobParams({}, defaults)).toEqual({});
@@ -44,21 +60,36 @@ describe("a model folder's job defaults", () => {
   it("a request's fields win over the folder's defaults; the rest are the folder's", async () => {
     const { defaults } = await loadWanPipelineParts(withJson(PUBLISHED));
     const asked = { prompt: 'a cat and a dog baking a cake', ...WAN_SIZES['720p'], steps: 4, negativePrompt: '' };
-    expect(jobParams(asked, defaults)).toEqual({ ...asked, frames: 81, guidance: 5, seed: DEFAULT_JOB.seed, height: 720, width: 1280, flowShift: 5 });
+    expect(jobParams(asked, defaults)).toEqual({
+      ...asked,
+      frames: 81,
+      guidance: 5,
+      seed: DEFAULT_JOB.seed,
+      height: 720,
+      width: 1280,
+      flowShift: 5,
+    });
     expect(jobParams({}, defaults)).toEqual(defaults);
     // a folder's defaults beneath do not excuse a bad field
     expect(() => jobParams({ frames: 80 }, defaults)).toThrow('frames: must be 4k+1 (1, 5, 9, 13, …), got 80; try 81');
   });
 
   it("a folder's own flow shift is its default (model_index.json's before its scheduler's)", async () => {
-    const shifted = await loadWanPipelineParts(withJson({ ...PUBLISHED, 'scheduler/scheduler_config.json': { ...WAN21_T2V_1_3B.scheduler, flow_shift: 5.0 } }));
+    const shifted = await loadWanPipelineParts(
+      withJson({ ...PUBLISHED, 'scheduler/scheduler_config.json': { ...WAN21_T2V_1_3B.scheduler, flow_shift: 5.0 } }),
+    );
     expect(shifted.defaults.flowShift).toBe(5);
-    const tiny = await loadWanPipelineParts(withJson({ 'model_index.json': { _class_name: 'WanPipeline', flow_shift: 7 } }));
+    const tiny = await loadWanPipelineParts(
+      withJson({ 'model_index.json': { _class_name: 'WanPipeline', flow_shift: 7 } }),
+    );
     expect(tiny.defaults).toEqual({ ...DEFAULT_JOB, flowShift: 7 });
   });
 
   it('both Wan sizes are within the limits of a job: 720p at 81 frames is a valid job', () => {
     for (const size of Object.values(WAN_SIZES)) expect(checkJobParams({ ...size, frames: 81 })).toEqual({});
-    expect(WAN_SIZES).toEqual({ '480p': { height: 480, width: 832, flowShift: 3 }, '720p': { height: 720, width: 1280, flowShift: 5 } });
+    expect(WAN_SIZES).toEqual({
+      '480p': { height: 480, width: 832, flowShift: 3 },
+      '720p': { height: 720, width: 1280, flowShift: 5 },
+    });
   });
 });

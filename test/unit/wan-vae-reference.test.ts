@@ -18,7 +18,14 @@ import {
 } from '../../core/model/wan-vae.ts';
 import { safetensorsHeader } from '../../core/safetensors.ts';
 import { sizeOf, type Tensor } from '../../core/tensor.ts';
-import { FIXTURE_PATH, INIT, seededDecoderTensors, seededLatent, summarise, TINY_VAE_CONFIG } from '../reference/make-wan-vae-fixture.ts';
+import {
+  FIXTURE_PATH,
+  INIT,
+  seededDecoderTensors,
+  seededLatent,
+  summarise,
+  TINY_VAE_CONFIG,
+} from '../reference/make-wan-vae-fixture.ts';
 
 interface FixtureCase {
   name: string;
@@ -33,7 +40,12 @@ interface FixtureCase {
   values: number[];
 }
 
-const fixture = JSON.parse(readFileSync(FIXTURE_PATH, 'utf8')) as { config: Record<string, unknown>; seed: string; init: string; cases: FixtureCase[] };
+const fixture = JSON.parse(readFileSync(FIXTURE_PATH, 'utf8')) as {
+  config: Record<string, unknown>;
+  seed: string;
+  init: string;
+  cases: FixtureCase[];
+};
 const cfg = parseWanVaeConfig(fixture.config, 'wan-vae.fixture.json');
 const tensors = seededDecoderTensors(cfg, fixture.seed);
 
@@ -71,12 +83,25 @@ describe("wan-vae.ts's reference decoder against diffusers' AutoencoderKLWan (nu
       });
       // where a wrong value first shows: [channel, frame, y, x] of the worst sampled value
       const [, F, H, W] = c.shape;
-      const at = [Math.floor(where / (F * H * W)), Math.floor(where / (H * W)) % F, Math.floor(where / W) % H, where % W];
-      expect(worst, `max |Δ| over ${c.values.length} sampled values, worst at [c, t, y, x] = [${at}]`).toBeLessThan(TOLERANCE);
+      const at = [
+        Math.floor(where / (F * H * W)),
+        Math.floor(where / (H * W)) % F,
+        Math.floor(where / W) % H,
+        where % W,
+      ];
+      expect(worst, `max |Δ| over ${c.values.length} sampled values, worst at [c, t, y, x] = [${at}]`).toBeLessThan(
+        TOLERANCE,
+      );
       // the whole video: each (frame, channel) plane's sum, the sum and the sum of squares, to TOLERANCE per value
       const n = sizeOf(c.shape);
       const plane = H * W;
-      ours.frameChannelSums.forEach((row, t) => row.forEach((s, ch) => expect(Math.abs(s - c.frameChannelSums[t][ch]), `sum of frame ${t}, channel ${ch}`).toBeLessThan(TOLERANCE * plane)));
+      ours.frameChannelSums.forEach((row, t) =>
+        row.forEach((s, ch) =>
+          expect(Math.abs(s - c.frameChannelSums[t][ch]), `sum of frame ${t}, channel ${ch}`).toBeLessThan(
+            TOLERANCE * plane,
+          ),
+        ),
+      );
       expect(Math.abs(ours.sum - c.sum)).toBeLessThan(TOLERANCE * n);
       expect(Math.abs(ours.sumOfSquares - c.sumOfSquares)).toBeLessThan(TOLERANCE * n);
     });
@@ -90,7 +115,9 @@ describe("wan-vae.ts's layout of the published Wan2.1 VAE", () => {
 
   it('has 194 tensors, 108 of them the decoder’s (decoder.* and post_quant_conv.*)', () => {
     expect(shapes.size).toBe(194);
-    expect([...shapes.keys()].filter((name) => name.startsWith('decoder.') || name.startsWith('post_quant_conv.')).length).toBe(108);
+    expect(
+      [...shapes.keys()].filter((name) => name.startsWith('decoder.') || name.startsWith('post_quant_conv.')).length,
+    ).toBe(108);
   });
 
   it('makes a safetensors file of exactly the published size, 507,591,892 bytes', () => {

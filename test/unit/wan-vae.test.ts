@@ -18,7 +18,10 @@ let cfg: WanVaeConfig;
 let tensors: TensorMap;
 let decoder: VaeTileDecoder;
 
-const latentOf = (shape: number[], seed: number): Tensor => ({ shape, data: new SeededRandom(seed).normals(shape.reduce((a, b) => a * b, 1)) });
+const latentOf = (shape: number[], seed: number): Tensor => ({
+  shape,
+  data: new SeededRandom(seed).normals(shape.reduce((a, b) => a * b, 1)),
+});
 
 beforeAll(async () => {
   dir = mkdtempSync(join(tmpdir(), 'ditswarm-vae-'));
@@ -34,12 +37,21 @@ afterAll(async () => {
 });
 
 describe("Wan2.1's VAE decoder on onnxruntime-web", () => {
-  for (const shape of [[16, 1, 2, 3], [16, 2, 3, 2], [16, 3, 4, 4]]) {
+  for (const shape of [
+    [16, 1, 2, 3],
+    [16, 2, 3, 2],
+    [16, 3, 4, 4],
+  ]) {
     it(`equals the reference on a latent [${shape}]`, async () => {
       const latent = latentOf(shape, shape[1]);
       const expected = decodeTileReference(cfg, tensors, latent);
       const got = await decoder.decode(latent);
-      expect([got.frames, got.channels, got.height, got.width]).toEqual([1 + 4 * (shape[1] - 1), 3, 8 * shape[2], 8 * shape[3]]);
+      expect([got.frames, got.channels, got.height, got.width]).toEqual([
+        1 + 4 * (shape[1] - 1),
+        3,
+        8 * shape[2],
+        8 * shape[3],
+      ]);
       const scale = Math.max(...expected.data.map(Math.abs));
       expect(scale).toBeGreaterThan(0.05);
       expect(maxAbsDiff(got.data, expected.data)).toBeLessThan(1e-4 * Math.max(1, scale));

@@ -24,8 +24,18 @@ describe('the ranges of a file a browser keeps', () => {
 
   it('stay sorted and apart when they do not touch', () => {
     const kept = new ByteRangeSet();
-    for (const [b, e] of [[50, 60], [10, 20], [30, 40], [0, 0]]) kept.add(b, e);
-    expect(kept.ranges).toEqual([[10, 20], [30, 40], [50, 60]]);
+    for (const [b, e] of [
+      [50, 60],
+      [10, 20],
+      [30, 40],
+      [0, 0],
+    ])
+      kept.add(b, e);
+    expect(kept.ranges).toEqual([
+      [10, 20],
+      [30, 40],
+      [50, 60],
+    ]);
     expect(kept.bytes).toBe(30);
   });
 });
@@ -34,18 +44,28 @@ describe('a load as pages show it', () => {
   it('says how far, from where, how fast and how long is left', () => {
     const status = { bytes: 1.2e9, totalBytes: 5.68e9, networkBytes: 1.2e9, elapsedMs: 24_000, note: '' };
     expect(describeLoad(status)).toBe('1.20 GB of 5.68 GB from the network · 50.0 MB/s · 90 s left');
-    expect(describeLoad({ ...status, elapsedMs: 48_000 })).toBe('1.20 GB of 5.68 GB from the network · 25.0 MB/s · 3 min left');
-    expect(describeLoad({ ...status, networkBytes: 0, elapsedMs: 1_000 })).toBe('1.20 GB of 5.68 GB from the browser cache · 1.20 GB/s · 4 s left');
+    expect(describeLoad({ ...status, elapsedMs: 48_000 })).toBe(
+      '1.20 GB of 5.68 GB from the network · 25.0 MB/s · 3 min left',
+    );
+    expect(describeLoad({ ...status, networkBytes: 0, elapsedMs: 1_000 })).toBe(
+      '1.20 GB of 5.68 GB from the browser cache · 1.20 GB/s · 4 s left',
+    );
     expect(describeLoad({ ...status, networkBytes: 2e8, note: 'not kept in this browser: no room' })).toBe(
       '1.20 GB of 5.68 GB (200.0 MB from the network) · 50.0 MB/s · 90 s left (not kept in this browser: no room)',
     );
     expect(describeLoad({ ...status, bytes: 0, networkBytes: 0 })).toBe('0 of 5.68 GB');
-    expect(describeLoad({ ...status, bytes: 5.68e9, networkBytes: 5.68e9 })).toBe('5.68 GB of 5.68 GB from the network · 236.7 MB/s');
+    expect(describeLoad({ ...status, bytes: 5.68e9, networkBytes: 5.68e9 })).toBe(
+      '5.68 GB of 5.68 GB from the network · 236.7 MB/s',
+    );
   });
 
   it("and where a rank's weights came from", () => {
-    expect(describeWeights({ networkBytes: 0, cacheBytes: 5.68e9, note: '' })).toBe('weights: 5.68 GB from the browser cache');
-    expect(describeWeights({ networkBytes: 3e6, cacheBytes: 0, note: 'not kept in this browser: no room' })).toBe('weights: 3.0 MB from the network (not kept in this browser: no room)');
+    expect(describeWeights({ networkBytes: 0, cacheBytes: 5.68e9, note: '' })).toBe(
+      'weights: 5.68 GB from the browser cache',
+    );
+    expect(describeWeights({ networkBytes: 3e6, cacheBytes: 0, note: 'not kept in this browser: no room' })).toBe(
+      'weights: 3.0 MB from the network (not kept in this browser: no room)',
+    );
   });
 
   it("a pulse's load that is not one is dropped, not believed", () => {

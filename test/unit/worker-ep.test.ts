@@ -17,8 +17,14 @@ beforeAll(async () => {
 
 describe('fastestEp: the EP with the higher measured matrix-multiply rate, and why', () => {
   it('names the faster first, with both rates in GFLOP/s to three figures', () => {
-    expect(fastestEp({ wasm: { flops: 21.3e9 }, webgpu: { flops: 0.2e9 } })).toEqual({ ep: 'wasm', why: 'WASM: 21.3 GFLOP/s vs WebGPU 0.2' });
-    expect(fastestEp({ wasm: { flops: 21.3e9 }, webgpu: { flops: 5012e9 } })).toEqual({ ep: 'webgpu', why: 'WebGPU: 5010 GFLOP/s vs WASM 21.3' });
+    expect(fastestEp({ wasm: { flops: 21.3e9 }, webgpu: { flops: 0.2e9 } })).toEqual({
+      ep: 'wasm',
+      why: 'WASM: 21.3 GFLOP/s vs WebGPU 0.2',
+    });
+    expect(fastestEp({ wasm: { flops: 21.3e9 }, webgpu: { flops: 5012e9 } })).toEqual({
+      ep: 'webgpu',
+      why: 'WebGPU: 5010 GFLOP/s vs WASM 21.3',
+    });
   });
 
   it('without a WebGPU adapter, WASM and that reason; with nothing measured, WASM and that reason', () => {
@@ -27,9 +33,15 @@ describe('fastestEp: the EP with the higher measured matrix-multiply rate, and w
   });
 
   it('never a software WebGPU adapter, even measured faster; the reason says why', () => {
-    expect(fastestEp({ wasm: { flops: 21.3e9 }, webgpu: { flops: 0.2e9 } }, true)).toEqual({ ep: 'wasm', why: 'WASM: 21.3 GFLOP/s (WebGPU: a software adapter)' });
+    expect(fastestEp({ wasm: { flops: 21.3e9 }, webgpu: { flops: 0.2e9 } }, true)).toEqual({
+      ep: 'wasm',
+      why: 'WASM: 21.3 GFLOP/s (WebGPU: a software adapter)',
+    });
     expect(fastestEp({ wasm: { flops: 21.3e9 }, webgpu: { flops: 50e9 } }, true).ep).toBe('wasm');
-    expect(fastestEp({ wasm: { flops: 21.3e9 } }, true)).toEqual({ ep: 'wasm', why: 'WASM: 21.3 GFLOP/s (WebGPU: a software adapter)' });
+    expect(fastestEp({ wasm: { flops: 21.3e9 } }, true)).toEqual({
+      ep: 'wasm',
+      why: 'WASM: 21.3 GFLOP/s (WebGPU: a software adapter)',
+    });
     expect(fastestEp({}, true)).toEqual({ ep: 'wasm', why: 'WASM: nothing measured yet (WebGPU: a software adapter)' });
   });
 
@@ -47,23 +59,46 @@ describe("a worker's runtime with ep 'auto'", () => {
     const engine = {
       ...base,
       load: async (url: string, ep: ExecutionProvider) => (loads.push(ep), { ...(await base.load(url, ep)), ep }),
-      probe: async (ep: ExecutionProvider) => (probes.push(ep), { ep, flops: rates[ep]!, softmaxRate: 1e8, stageMs: 1 }),
+      probe: async (ep: ExecutionProvider) => (
+        probes.push(ep),
+        { ep, flops: rates[ep]!, softmaxRate: 1e8, stageMs: 1 }
+      ),
     };
-    const described: WorkerInfo = { ep: 'webgpu', adapter: 'test', softwareAdapter: false, threads: 1, memoryGiB: null, userAgent: 'node', ...info };
-    const runtime = new WorkerRuntime(engine, { connectMesh: async () => memoryExchanges(1)[0], describe: async () => described });
+    const described: WorkerInfo = {
+      ep: 'webgpu',
+      adapter: 'test',
+      softwareAdapter: false,
+      threads: 1,
+      memoryGiB: null,
+      userAgent: 'node',
+      ...info,
+    };
+    const runtime = new WorkerRuntime(engine, {
+      connectMesh: async () => memoryExchanges(1)[0],
+      describe: async () => described,
+    });
     return { runtime, loads, probes, described };
   }
 
   it('loads on the EP it measured faster, says why, and measures each EP once', async () => {
     const slowGpu = runtimeWith({ wasm: 21.3e9, webgpu: 0.2e9 });
     await slowGpu.runtime.initWorker({ rank: 0, world: 1, peers: ['a'], session: 's' });
-    expect(await slowGpu.runtime.loadModel({ modelUrl: 'x', ep: 'auto' })).toMatchObject({ ep: 'wasm', why: 'WASM: 21.3 GFLOP/s vs WebGPU 0.2' });
+    expect(await slowGpu.runtime.loadModel({ modelUrl: 'x', ep: 'auto' })).toMatchObject({
+      ep: 'wasm',
+      why: 'WASM: 21.3 GFLOP/s vs WebGPU 0.2',
+    });
     await slowGpu.runtime.loadModel({ modelUrl: 'x', ep: 'auto' });
-    expect([slowGpu.loads, slowGpu.probes]).toEqual([['wasm', 'wasm'], ['wasm', 'webgpu']]);
+    expect([slowGpu.loads, slowGpu.probes]).toEqual([
+      ['wasm', 'wasm'],
+      ['wasm', 'webgpu'],
+    ]);
 
     const realGpu = runtimeWith({ wasm: 21.3e9, webgpu: 5000e9 });
     await realGpu.runtime.initWorker({ rank: 0, world: 1, peers: ['a'], session: 's' });
-    expect(await realGpu.runtime.loadModel({ modelUrl: 'x', ep: 'auto' })).toMatchObject({ ep: 'webgpu', why: 'WebGPU: 5000 GFLOP/s vs WASM 21.3' });
+    expect(await realGpu.runtime.loadModel({ modelUrl: 'x', ep: 'auto' })).toMatchObject({
+      ep: 'webgpu',
+      why: 'WebGPU: 5000 GFLOP/s vs WASM 21.3',
+    });
   });
 
   it('reuses the probes the coordinator took at join, but not those of another share of the cores', async () => {
@@ -88,33 +123,50 @@ describe("a worker's runtime with ep 'auto'", () => {
   });
 
   it('on a software adapter, loads on WASM without waiting for a WebGPU probe', async () => {
-    const { runtime, loads, probes } = runtimeWith({ wasm: 21.3e9, webgpu: 0.2e9 }, { softwareAdapter: true, adapter: 'google swiftshader' });
+    const { runtime, loads, probes } = runtimeWith(
+      { wasm: 21.3e9, webgpu: 0.2e9 },
+      { softwareAdapter: true, adapter: 'google swiftshader' },
+    );
     await runtime.initWorker({ rank: 0, world: 1, peers: ['a'], session: 's' });
-    expect(await runtime.loadModel({ modelUrl: 'x', ep: 'auto' })).toMatchObject({ ep: 'wasm', why: 'WASM: 21.3 GFLOP/s (WebGPU: a software adapter)' });
+    expect(await runtime.loadModel({ modelUrl: 'x', ep: 'auto' })).toMatchObject({
+      ep: 'wasm',
+      why: 'WASM: 21.3 GFLOP/s (WebGPU: a software adapter)',
+    });
     expect([loads, probes]).toEqual([['wasm'], ['wasm']]);
   });
 
   it('a probe that failed is taken again by the next load, not kept as a failure', async () => {
     const { runtime, probes } = runtimeWith({ wasm: 21.3e9, webgpu: 0.2e9 });
     let failures = 1;
-    const engineProbe = (runtime as unknown as { engine: { probe: (ep: ExecutionProvider) => Promise<unknown> } }).engine;
+    const engineProbe = (runtime as unknown as { engine: { probe: (ep: ExecutionProvider) => Promise<unknown> } })
+      .engine;
     const probe = engineProbe.probe;
-    engineProbe.probe = (ep) => (ep === 'webgpu' && failures-- > 0 ? Promise.reject(new Error('device lost')) : probe(ep));
+    engineProbe.probe = (ep) =>
+      ep === 'webgpu' && failures-- > 0 ? Promise.reject(new Error('device lost')) : probe(ep);
     await expect(runtime.probeCompute({ ep: 'webgpu' })).rejects.toThrow('device lost');
     await runtime.initWorker({ rank: 0, world: 1, peers: ['a'], session: 's' });
-    expect(await runtime.loadModel({ modelUrl: 'x', ep: 'auto' })).toMatchObject({ ep: 'wasm', why: 'WASM: 21.3 GFLOP/s vs WebGPU 0.2' });
+    expect(await runtime.loadModel({ modelUrl: 'x', ep: 'auto' })).toMatchObject({
+      ep: 'wasm',
+      why: 'WASM: 21.3 GFLOP/s vs WebGPU 0.2',
+    });
     expect(probes).toEqual(['wasm', 'webgpu']);
   });
 
   it('a job that names its EP gets it, measured or not, and the reason says so; no adapter means no WebGPU probe', async () => {
     const { runtime, loads, probes } = runtimeWith({ wasm: 21.3e9, webgpu: 0.2e9 });
     await runtime.initWorker({ rank: 0, world: 1, peers: ['a'], session: 's' });
-    expect(await runtime.loadModel({ modelUrl: 'x', ep: 'webgpu' })).toMatchObject({ ep: 'webgpu', why: 'WebGPU: asked for by the job' });
+    expect(await runtime.loadModel({ modelUrl: 'x', ep: 'webgpu' })).toMatchObject({
+      ep: 'webgpu',
+      why: 'WebGPU: asked for by the job',
+    });
     expect([loads, probes]).toEqual([['webgpu'], []]);
 
     const cpuOnly = runtimeWith({ wasm: 16e9 }, { ep: 'wasm', adapter: 'WebAssembly (no WebGPU adapter)' });
     await cpuOnly.runtime.initWorker({ rank: 0, world: 1, peers: ['a'], session: 's' });
-    expect(await cpuOnly.runtime.loadModel({ modelUrl: 'x', ep: 'auto' })).toMatchObject({ ep: 'wasm', why: 'WASM: 16 GFLOP/s (no WebGPU adapter)' });
+    expect(await cpuOnly.runtime.loadModel({ modelUrl: 'x', ep: 'auto' })).toMatchObject({
+      ep: 'wasm',
+      why: 'WASM: 16 GFLOP/s (no WebGPU adapter)',
+    });
     expect(cpuOnly.probes).toEqual(['wasm']);
   });
 });

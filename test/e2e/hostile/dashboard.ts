@@ -31,7 +31,11 @@ export async function shortenExchangeTimeout(page: Page): Promise<void> {
  */
 export async function emulateStorageQuota(page: Page): Promise<void> {
   await page.addInitScript(() => {
-    const w = window as unknown as { __quotaBytes?: number; __storedResultBytes: Record<string, number>; __refusedPuts: number };
+    const w = window as unknown as {
+      __quotaBytes?: number;
+      __storedResultBytes: Record<string, number>;
+      __refusedPuts: number;
+    };
     w.__storedResultBytes = {};
     w.__refusedPuts = 0;
     const resultBytes = (value: any) => (value?.result?.latent?.byteLength ?? 0) + (value?.result?.video?.size ?? 0);
@@ -39,7 +43,10 @@ export async function emulateStorageQuota(page: Page): Promise<void> {
     const getAll = IDBObjectStore.prototype.getAll;
     IDBObjectStore.prototype.getAll = function (this: IDBObjectStore, ...args: Parameters<IDBObjectStore['getAll']>) {
       const request = getAll.apply(this, args);
-      if (this.name === 'jobs') request.addEventListener('success', () => request.result.forEach((job: any) => (w.__storedResultBytes[job.id] = resultBytes(job))));
+      if (this.name === 'jobs')
+        request.addEventListener('success', () =>
+          request.result.forEach((job: any) => (w.__storedResultBytes[job.id] = resultBytes(job))),
+        );
       return request;
     };
     const put = IDBObjectStore.prototype.put;
@@ -62,7 +69,11 @@ export async function emulateStorageQuota(page: Page): Promise<void> {
     StorageManager.prototype.estimate = async function (this: StorageManager) {
       const real = await estimate.call(this);
       if (w.__quotaBytes === undefined) return real;
-      return { ...real, quota: w.__quotaBytes, usage: Object.values(w.__storedResultBytes).reduce((n, bytes) => n + bytes, 0) };
+      return {
+        ...real,
+        quota: w.__quotaBytes,
+        usage: Object.values(w.__storedResultBytes).reduce((n, bytes) => n + bytes, 0),
+      };
     };
   });
 }
@@ -77,19 +88,34 @@ export async function trackPeerConnections(page: Page): Promise<void> {
     const held = new Map<RTCPeerConnection, { offeredAt: number; closedAt: number | null }>();
     (window as unknown as { __peerConnections: () => unknown[] }).__peerConnections = () => [...held.values()];
     const { setRemoteDescription, close } = RTCPeerConnection.prototype;
-    RTCPeerConnection.prototype.setRemoteDescription = function (this: RTCPeerConnection, description: RTCSessionDescriptionInit) {
+    RTCPeerConnection.prototype.setRemoteDescription = function (
+      this: RTCPeerConnection,
+      description: RTCSessionDescriptionInit,
+    ) {
       if (description?.type === 'offer' && !held.has(this)) held.set(this, { offeredAt: Date.now(), closedAt: null });
-      return (setRemoteDescription as (this: RTCPeerConnection, d: RTCSessionDescriptionInit) => Promise<void>).call(this, description);
+      return (setRemoteDescription as (this: RTCPeerConnection, d: RTCSessionDescriptionInit) => Promise<void>).call(
+        this,
+        description,
+      );
     } as typeof RTCPeerConnection.prototype.setRemoteDescription;
     RTCPeerConnection.prototype.close = function (this: RTCPeerConnection) {
       const entry = held.get(this);
       if (entry) entry.closedAt ??= Date.now();
-      return close.call(this);
+      close.call(this);
     };
   });
 }
 
 /** The peer connections `page` took offers on since `since`: when, and when it closed them (null: still open). */
-export function peerConnectionsSince(page: Page, since: number): Promise<{ offeredAt: number; closedAt: number | null }[]> {
-  return page.evaluate((t) => ((window as any).__peerConnections() as { offeredAt: number; closedAt: number | null }[]).filter((c) => c.offeredAt >= t), since);
+export function peerConnectionsSince(
+  page: Page,
+  since: number,
+): Promise<{ offeredAt: number; closedAt: number | null }[]> {
+  return page.evaluate(
+    (t) =>
+      ((window as any).__peerConnections() as { offeredAt: number; closedAt: number | null }[]).filter(
+        (c) => c.offeredAt >= t,
+      ),
+    since,
+  );
 }

@@ -43,7 +43,12 @@ export interface RawPeer {
  * Opens the attacker page and registers `id` (a fresh one by default) on the signaling server; an
  * id the server still holds for a moment is tried again for up to `retryMs`.
  */
-export async function openRawPeer(context: BrowserContext, baseURL: string, id = `attacker-${Date.now().toString(36)}`, retryMs = 10_000): Promise<RawPeer> {
+export async function openRawPeer(
+  context: BrowserContext,
+  baseURL: string,
+  id = `attacker-${Date.now().toString(36)}`,
+  retryMs = 10_000,
+): Promise<RawPeer> {
   const page = await context.newPage();
   await page.goto(`${baseURL}/worker.html`); // without a token it asks for a link and joins nothing
   await page.addScriptTag({ content: await readFile(PEERJS_BUNDLE, 'utf8') });
@@ -52,18 +57,40 @@ export async function openRawPeer(context: BrowserContext, baseURL: string, id =
     page,
     id,
     connections: () => page.evaluate(() => (window as any).raw.connections.map(({ conn: _, ...seen }: any) => seen)),
-    dial: (to, metadata) => page.evaluate(({ to, metadata }) => (window as any).raw.dial(to, metadata), { to, metadata }),
-    offerOnly: (to, metadata) => page.evaluate(({ to, metadata }) => (window as any).raw.offerOnly(to, metadata), { to, metadata }),
-    sendRpc: (index, bodies, from) => page.evaluate(({ index, bodies, from }) => (window as any).raw.sendRpc(index, bodies, from), { index, bodies, from }),
+    dial: (to, metadata) =>
+      page.evaluate(({ to, metadata }) => (window as any).raw.dial(to, metadata), { to, metadata }),
+    offerOnly: (to, metadata) =>
+      page.evaluate(({ to, metadata }) => (window as any).raw.offerOnly(to, metadata), { to, metadata }),
+    sendRpc: (index, bodies, from) =>
+      page.evaluate(({ index, bodies, from }) => (window as any).raw.sendRpc(index, bodies, from), {
+        index,
+        bodies,
+        from,
+      }),
     destroy: () => page.evaluate(() => (window as any).raw.peer.destroy()),
   };
 }
 
 /** Runs in the attacker page, with PeerJS loaded. */
-async function rawPeerScript({ id, retryMs, version }: { id: string; retryMs: number; version: number }): Promise<void> {
+async function rawPeerScript({
+  id,
+  retryMs,
+  version,
+}: {
+  id: string;
+  retryMs: number;
+  version: number;
+}): Promise<void> {
   const { Peer } = (window as any).peerjs;
   const signaling = await (await fetch('/signaling.json')).json();
-  const options = { host: location.hostname, port: Number(location.port), path: signaling.path, key: signaling.key, config: { iceServers: [] }, debug: 0 };
+  const options = {
+    host: location.hostname,
+    port: Number(location.port),
+    path: signaling.path,
+    key: signaling.key,
+    config: { iceServers: [] },
+    debug: 0,
+  };
   const deadline = Date.now() + retryMs;
   let peer: any;
   for (;;) {
@@ -74,13 +101,22 @@ async function rawPeerScript({ id, retryMs, version }: { id: string; retryMs: nu
     });
     if (!error) break;
     peer.destroy();
-    if (error.type !== 'unavailable-id' || Date.now() > deadline) throw new Error(`could not register ${id}: ${error.type} ${error.message}`);
+    if (error.type !== 'unavailable-id' || Date.now() > deadline)
+      throw new Error(`could not register ${id}: ${error.type} ${error.message}`);
     await new Promise((r) => setTimeout(r, 300));
   }
   const connections: any[] = [];
   const latin1 = new TextDecoder('latin1');
   const track = (conn: any) => {
-    const seen = { conn, peer: conn.peer, metadata: conn.metadata ?? null, openedAt: null as number | null, closedAt: null as number | null, received: [] as string[], bodies: [] as unknown[] };
+    const seen = {
+      conn,
+      peer: conn.peer,
+      metadata: conn.metadata ?? null,
+      openedAt: null as number | null,
+      closedAt: null as number | null,
+      received: [] as string[],
+      bodies: [] as unknown[],
+    };
     connections.push(seen);
     conn.on('open', () => (seen.openedAt = Date.now()));
     conn.on('close', () => (seen.closedAt ??= Date.now()));
@@ -126,14 +162,27 @@ async function rawPeerScript({ id, retryMs, version }: { id: string; retryMs: nu
   (window as any).raw = {
     peer,
     connections,
-    dial: (to: string, metadata: unknown) => track(peer.connect(to, { serialization: 'raw', reliable: true, metadata })),
+    dial: (to: string, metadata: unknown) =>
+      track(peer.connect(to, { serialization: 'raw', reliable: true, metadata })),
     async offerOnly(to: string, metadata: unknown) {
       const pc = new RTCPeerConnection();
       pc.createDataChannel('offer-only');
       const offer = await pc.createOffer();
       pc.close(); // what it offered will never answer a connectivity check
       const connectionId = `dc_${Math.random().toString(36).slice(2)}`;
-      peer.socket.send({ type: 'OFFER', payload: { sdp: offer, type: 'data', connectionId, label: connectionId, reliable: true, serialization: 'raw', metadata }, dst: to });
+      peer.socket.send({
+        type: 'OFFER',
+        payload: {
+          sdp: offer,
+          type: 'data',
+          connectionId,
+          label: connectionId,
+          reliable: true,
+          serialization: 'raw',
+          metadata,
+        },
+        dst: to,
+      });
     },
     async sendRpc(index: number, bodies: unknown[], from: number) {
       const { conn } = connections[index];

@@ -68,7 +68,14 @@ export async function setRules(page: Page, rules: HostileRules): Promise<void> {
   await page.evaluate((r) => {
     const w = window as unknown as { __hostile: HostileRules; __hostileLog: HostileLog };
     w.__hostile = r;
-    Object.assign(w.__hostileLog, { rowsReplies: 0, rowsTampered: 0, tensorsPoisoned: 0, tensorsWithheld: 0, tensorsInjected: 0, pulsesReplaced: 0 });
+    Object.assign(w.__hostileLog, {
+      rowsReplies: 0,
+      rowsTampered: 0,
+      tensorsPoisoned: 0,
+      tensorsWithheld: 0,
+      tensorsInjected: 0,
+      pulsesReplaced: 0,
+    });
   }, rules);
 }
 
@@ -80,7 +87,17 @@ export function hostileLog(page: Page): Promise<HostileLog> {
 function hostileWire({ rules: initial, version }: { rules: HostileRules; version: number }): void {
   const w = window as unknown as { __hostile: HostileRules; __hostileLog: HostileLog };
   w.__hostile = initial;
-  const log: HostileLog = (w.__hostileLog = { rowsReplies: 0, rowsTampered: 0, tensorsPoisoned: 0, tensorsWithheld: 0, tensorsInjected: 0, pulsesReplaced: 0, rank: null, world: null, channels: [] });
+  const log: HostileLog = (w.__hostileLog = {
+    rowsReplies: 0,
+    rowsTampered: 0,
+    tensorsPoisoned: 0,
+    tensorsWithheld: 0,
+    tensorsInjected: 0,
+    pulsesReplaced: 0,
+    rank: null,
+    world: null,
+    channels: [],
+  });
   const HEADER = 60;
   const RPC = 1;
   const TENSOR = 2;
@@ -90,12 +107,25 @@ function hostileWire({ rules: initial, version }: { rules: HostileRules; version
   const fromUtf8 = new TextDecoder();
 
   const bytesOf = (data: unknown): Uint8Array | null =>
-    data instanceof ArrayBuffer ? new Uint8Array(data) : ArrayBuffer.isView(data) ? new Uint8Array(data.buffer, data.byteOffset, data.byteLength) : null;
+    data instanceof ArrayBuffer
+      ? new Uint8Array(data)
+      : ArrayBuffer.isView(data)
+        ? new Uint8Array(data.buffer, data.byteOffset, data.byteLength)
+        : null;
   const isFrame = (b: Uint8Array) => b.byteLength >= HEADER && b[0] === 0x44 && b[1] === 0x57 && b[2] === version;
   const view = (b: Uint8Array) => new DataView(b.buffer, b.byteOffset, b.byteLength);
   const headerOf = (b: Uint8Array) => {
     const v = view(b);
-    return { kind: v.getUint8(3), dtype: v.getUint8(4), from: v.getUint8(5), chunkIndex: v.getUint32(12, true), chunkCount: v.getUint32(16, true), job: v.getUint32(28, true), step: v.getUint32(32, true), phase: v.getUint16(40, true) };
+    return {
+      kind: v.getUint8(3),
+      dtype: v.getUint8(4),
+      from: v.getUint8(5),
+      chunkIndex: v.getUint32(12, true),
+      chunkCount: v.getUint32(16, true),
+      job: v.getUint32(28, true),
+      step: v.getUint32(32, true),
+      phase: v.getUint16(40, true),
+    };
   };
 
   /** A single-frame RPC message's body and tensors (copies). */
@@ -202,7 +232,9 @@ function hostileWire({ rules: initial, version }: { rules: HostileRules; version
         return out.buffer;
       };
       if (mesh.make === 'flood') {
-        const floods = Array.from({ length: mesh.count ?? 1000 }, (_, i) => variant((v) => v.setUint32(32, h.step + 1 + (i % (998 - h.step)), true)));
+        const floods = Array.from({ length: mesh.count ?? 1000 }, (_, i) =>
+          variant((v) => v.setUint32(32, h.step + 1 + (i % (998 - h.step)), true)),
+        );
         return [copy(), ...floods];
       }
       // stale: a forward two steps back, and the same bytes as float16 (twice the values)
@@ -221,7 +253,10 @@ function hostileWire({ rules: initial, version }: { rules: HostileRules; version
       log.pulsesReplaced++;
       return [encodeRpc(frame, { ...body, pulse: rules.pulse }, rpc.tensors)];
     }
-    const rowsRef = body.type === 'reply' && body.ok === true && methods.get(body.id) === 'executeModel' ? body.result?.rows?.$tensor : undefined;
+    const rowsRef =
+      body.type === 'reply' && body.ok === true && methods.get(body.id) === 'executeModel'
+        ? body.result?.rows?.$tensor
+        : undefined;
     if (typeof rowsRef !== 'number') return [copy()];
     const index = log.rowsReplies++;
     if (!rules.rows || index < rules.rows.from) return [copy()];
@@ -232,14 +267,31 @@ function hostileWire({ rules: initial, version }: { rules: HostileRules; version
       return [encodeRpc(frame, body, rpc.tensors)];
     }
     const blame = rules.rows.blame;
-    const detail = blame && { ...blame, rank: blame.rank === 'next' ? ((log.rank ?? 0) + 1) % (log.world ?? 1) : blame.rank };
-    return [encodeRpc(frame, { type: 'reply', id: body.id, ok: false, error: rules.rows.error ?? 'failed', ...(detail ? { detail } : {}) }, [])];
+    const detail = blame && {
+      ...blame,
+      rank: blame.rank === 'next' ? ((log.rank ?? 0) + 1) % (log.world ?? 1) : blame.rank,
+    };
+    return [
+      encodeRpc(
+        frame,
+        { type: 'reply', id: body.id, ok: false, error: rules.rows.error ?? 'failed', ...(detail ? { detail } : {}) },
+        [],
+      ),
+    ];
   }
 
-  const sendOn = (channel: object, data: unknown, send: (out: ArrayBuffer | unknown) => void, envelope: Uint8Array | null) => {
+  const sendOn = (
+    channel: object,
+    data: unknown,
+    send: (out: ArrayBuffer | unknown) => void,
+    envelope: Uint8Array | null,
+  ) => {
     const b = bytesOf(data);
     const frame = b && (envelope ? b.subarray(4) : b);
-    if (!frame || !isFrame(frame)) return send(data);
+    if (!frame || !isFrame(frame)) {
+      send(data);
+      return;
+    }
     let outs: ArrayBuffer[];
     try {
       outs = route(frame, channel);
@@ -247,13 +299,18 @@ function hostileWire({ rules: initial, version }: { rules: HostileRules; version
       outs = [frame.slice().buffer];
     }
     outs.forEach((out, i) => {
-      const wrapped = envelope ? (() => {
-        const e = new Uint8Array(4 + out.byteLength);
-        e.set(envelope);
-        e.set(new Uint8Array(out), 4);
-        return e.buffer;
-      })() : out;
-      if (i === 0) return send(wrapped);
+      const wrapped = envelope
+        ? (() => {
+            const e = new Uint8Array(4 + out.byteLength);
+            e.set(envelope);
+            e.set(new Uint8Array(out), 4);
+            return e.buffer;
+          })()
+        : out;
+      if (i === 0) {
+        send(wrapped);
+        return;
+      }
       try {
         send(wrapped); // injected: the channel may have been closed by the peer meanwhile
       } catch {
@@ -269,7 +326,10 @@ function hostileWire({ rules: initial, version }: { rules: HostileRules; version
   const wsSend = WebSocket.prototype.send as (this: WebSocket, data: unknown) => void;
   WebSocket.prototype.send = function (this: WebSocket, data: any) {
     const b = typeof data === 'string' ? null : bytesOf(data);
-    if (!b || b.byteLength < 4 + HEADER || !isFrame(b.subarray(4))) return wsSend.call(this, data);
+    if (!b || b.byteLength < 4 + HEADER || !isFrame(b.subarray(4))) {
+      wsSend.call(this, data);
+      return;
+    }
     sendOn(this, data, (out) => wsSend.call(this, out as ArrayBuffer), b.slice(0, 4));
   } as typeof WebSocket.prototype.send;
 
@@ -286,17 +346,21 @@ function hostileWire({ rules: initial, version }: { rules: HostileRules; version
     }
     return sniffing.get(inner)!;
   };
-  const sniffed = (target: EventTarget, type: string, listener: unknown) => type === 'message' && !!listener && (target instanceof RTCDataChannel || target instanceof WebSocket);
+  const sniffed = (target: EventTarget, type: string, listener: unknown) =>
+    type === 'message' && !!listener && (target instanceof RTCDataChannel || target instanceof WebSocket);
   EventTarget.prototype.addEventListener = function (this: EventTarget, type: string, listener: any, options?: any) {
-    return listen.call(this, type, sniffed(this, type, listener) ? sniffer(listener) : listener, options);
+    listen.call(this, type, sniffed(this, type, listener) ? sniffer(listener) : listener, options);
   };
   EventTarget.prototype.removeEventListener = function (this: EventTarget, type: string, listener: any, options?: any) {
-    return unlisten.call(this, type, sniffed(this, type, listener) ? sniffer(listener) : listener, options);
+    unlisten.call(this, type, sniffed(this, type, listener) ? sniffer(listener) : listener, options);
   };
 
   // the channels it dials: when they open, what it sends before it is admitted, and when the other side closes them
   const createDataChannel = RTCPeerConnection.prototype.createDataChannel;
-  RTCPeerConnection.prototype.createDataChannel = function (this: RTCPeerConnection, ...args: Parameters<RTCPeerConnection['createDataChannel']>) {
+  RTCPeerConnection.prototype.createDataChannel = function (
+    this: RTCPeerConnection,
+    ...args: Parameters<RTCPeerConnection['createDataChannel']>
+  ) {
     const channel = createDataChannel.apply(this, args);
     const seen = { openedAt: null as number | null, closedAt: null as number | null };
     log.channels.push(seen);
@@ -326,9 +390,12 @@ function hostileWire({ rules: initial, version }: { rules: HostileRules; version
   window.fetch = function (input: RequestInfo | URL, init?: RequestInit) {
     const coordinator = w.__hostile?.join?.coordinator;
     const url = new URL(input instanceof Request ? input.url : String(input), location.href);
-    if (coordinator && url.pathname === '/swarms/find') return Promise.resolve(new Response(JSON.stringify({ coordinator }), { headers: { 'content-type': 'application/json' } }));
+    if (coordinator && url.pathname === '/swarms/find')
+      return Promise.resolve(
+        new Response(JSON.stringify({ coordinator }), { headers: { 'content-type': 'application/json' } }),
+      );
     return fetchOriginal.call(window, input, init);
-  } as typeof window.fetch;
+  };
   if (initial.join?.neverClose) {
     RTCDataChannel.prototype.close = function () {};
     RTCPeerConnection.prototype.close = function () {};
