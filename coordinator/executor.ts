@@ -1,30 +1,24 @@
 // The executor interface, vLLM-style: the base class owns the lifecycle — init and load on every
 // rank, collective RPC with timeouts, one DiT forward split across ranks, graceful shutdown — and a
-// backend only says how to reach its ranks. What runs where is decided before an executor exists:
-// the placer (placement.ts) hands it a RankLayout, and the swarm backend the workers to use.
+// backend only says how to reach its ranks. What runs where, and how, is decided before an executor
+// exists: the planner's ResolvedPlacement (placement.ts), which it carries out and reads as it is.
 import { usesGuidance } from '../core/job.ts';
 import type { WanConfig } from '../core/model/config.ts';
 import type { Transport } from '../core/net/channel.ts';
 import { ContractError } from '../core/net/check.ts';
-import type { DType } from '../core/net/protocol.ts';
-import type { LinkEmulation } from '../core/net/paced-channel.ts';
 import { RemoteError, RpcTimeout, type Remote } from '../core/net/rpc.ts';
 import {
   gatherLatent,
   planUlysses,
   scatterLatent,
-  type ParallelMode,
+  attendsStale,
   type RankLayout,
   type UlyssesPlan,
 } from '../core/parallel.ts';
 import { patchify, tokenGrid } from '../core/model/tokens.ts';
-import {
-  DEFAULT_SPOT_CHECK_RATE,
-  judgeSpotCheck,
-  spotCheckSchedule,
-  spotCheckTolerance,
-  type SpotCheck,
-} from './spot-check.ts';
+import { initArgsOf, type ResolvedPlacement } from './placement.ts';
+import { judgeSpotCheck, pickChecker, spotCheckSchedule, type SpotCheck } from './spot-check.ts';
+import { defined } from '../core/defined.ts';
 import { guide } from '../core/scheduler.ts';
 import type { Tensor } from '../core/tensor.ts';
 import {
@@ -32,7 +26,6 @@ import {
   checkRankLost,
   type ArgsOf,
   type ExecuteResult,
-  type ExecutionProvider,
   type LoadedModel,
   type MeshProbe,
   type RankLost,
@@ -44,31 +37,9 @@ import {
 
 export interface ExecutorOptions {
   config: WanConfig;
-  /** URL of the model folder as the workers fetch it */
-  modelUrl: string;
-  /** how many ranks, in which groups (placement.ts decides) */
-  layout: RankLayout;
-  rpcTimeoutMs?: number;
-  ep?: ExecutionProvider | 'auto';
-  /** how activations travel between ranks: float32 (exact), float16 (half the bytes) or int8 (about a quarter) */
-  dtype?: DType;
-  /** the ranks' links to each other paced as this slower link (benchmarks and tests) */
-  emulateLink?: LinkEmulation;
-  /** share of forward passes another rank recomputes alone to check the group's (spot-check.ts); DEFAULT_SPOT_CHECK_RATE unless set, 0 for none */
-  spotCheckRate?: number;
-  /** how a group's ranks share self-attention: Ulysses (exact) unless displaced is asked for */
-  parallel?: ParallelMode;
-  /** Ulysses: the head groups a block's exchange goes in, so attention overlaps it (the cost model's choice); 1 unless set */
-  headGroups?: number;
-  /** displaced mode: the first steps exact (DistriFusion's warm-up), DEFAULT_WARMUP_STEPS unless set */
-  warmupSteps?: number;
+  /** where and how the job runs: the planner's decisions, which the executor carries out */
+  placement: ResolvedPlacement;
 }
-
-/**
- * Displaced mode's exact steps before stale keys and values: the first steps move the latent most
- * (DistriFusion warms up on a few of 50; the demo's 20 steps move further each)
- */
-export const DEFAULT_WARMUP_STEPS = 2;
 
 export interface RpcOptions<M extends WorkerMethod> {
   /** the arguments, the same for every rank or each rank's own */
@@ -79,16 +50,6 @@ export interface RpcOptions<M extends WorkerMethod> {
   /** call only these ranks (replies in this order); all ranks by default */
   ranks?: number[];
 }
-
-/**
- * How long a worker may take to load a model (loadModel, and a rehearsal that loads it): a real
- * model is GBs, minutes on a slow link. A worker that vanishes meanwhile is noticed by its
- * heartbeat and its closed link, not by this.
- */
-export const LOAD_TIMEOUT_MS = 30 * 60_000;
-
-/** The timeout of a call that may load a model: LOAD_TIMEOUT_MS, or the calls' own where that is longer. */
-export const loadTimeoutMs = (rpcTimeoutMs = 0): number => Math.max(LOAD_TIMEOUT_MS, rpcTimeoutMs);
 
 /** The larger of two measurements, either of which may be missing. */
 export const maxOrNull = (a: number | null, b: number | null): number | null =>
@@ -155,6 +116,14 @@ export class WorkerError extends Error {
   }
 }
 
+/** A spot check convicted a rank of returning wrong rows (spot-check.ts); `blame` names a co-convicted rank. */
+export class SpotCheckFailed extends WorkerError {
+  override name = 'SpotCheckFailed';
+  constructor(rank: number, why: string, blame: RankLost | null) {
+    super(rank, 'spot check', why, blame, true);
+  }
+}
+
 export type FailureListener = (error: Error) => void;
 
 /** A rank the executor let go: why (as data), and how long it had been silent. */
@@ -173,11 +142,19 @@ export abstract class Executor {
   /** displaced mode: per pass, the last step its group ran on this placement (whose keys and values the ranks hold) */
   private readonly lastStepOf = new Map<number, number>();
   private readonly spotCheckDue: (forward: number) => boolean;
+  /** each rank's share of the prepared job, as the swarm view shows it ("rank 0 of 3 (5 heads, 410 tokens)") */
+  private readonly jobShares: string[] = [];
   /** spot checks made and not yet taken (takeSpotChecks) */
   private spotChecks: SpotCheck[] = [];
 
-  constructor(readonly options: ExecutorOptions) {
-    this.spotCheckDue = spotCheckSchedule(options.spotCheckRate ?? DEFAULT_SPOT_CHECK_RATE);
+  /** the planner's decisions; a later job placed the same way brings its own prediction (Placer.place) */
+  placement: ResolvedPlacement;
+  protected readonly config: WanConfig;
+
+  constructor({ config, placement }: ExecutorOptions) {
+    this.config = config;
+    this.placement = placement;
+    this.spotCheckDue = spotCheckSchedule(placement.spotChecks.rate);
   }
 
   /** The spot checks made since the last call: the report's. */
@@ -191,9 +168,11 @@ export abstract class Executor {
   protected abstract remoteOf(rank: number): Remote<WorkerApi> | undefined;
   /** Closes the connections to the ranks (after the graceful part of shutdown). */
   protected abstract closeTransport(): void;
+  /** What a rank is doing, for the dashboard's swarm view: shown where the backend has one. */
+  protected showActivity(_rank: number, _doing: string): void {}
 
   get layout(): RankLayout {
-    return this.options.layout;
+    return this.placement.layout;
   }
 
   /** number of ranks once initialized */
@@ -202,7 +181,7 @@ export abstract class Executor {
   }
 
   get rpcTimeoutMs(): number {
-    return this.options.rpcTimeoutMs ?? 120_000;
+    return this.placement.timeouts.rpcMs;
   }
 
   async initialize(): Promise<void> {
@@ -211,22 +190,11 @@ export abstract class Executor {
       throw new Error(`the layout needs ${this.layout.world} ranks but ${peers.length} were placed`);
     this.placed = true;
     const session = `${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 8)}`;
-    const dtype = this.options.dtype ?? 'f32';
-    const { emulateLink, headGroups = 1 } = this.options;
-    const parallel = this.options.parallel ?? 'ulysses';
-    await this.collectiveRpc('initWorker', {
-      args: (rank) => ({
-        ...this.layout.meshOf(rank, peers, session),
-        dtype,
-        parallel,
-        headGroups,
-        ...(emulateLink && { emulateLink }),
-      }),
-    });
+    await this.collectiveRpc('initWorker', { args: (rank) => initArgsOf(this.placement, rank, peers, session) });
     const infos = await this.collectiveRpc('describe');
     const loaded = await this.collectiveRpc('loadModel', {
-      args: { modelUrl: this.options.modelUrl, ep: this.options.ep ?? 'auto' },
-      timeoutMs: loadTimeoutMs(this.rpcTimeoutMs),
+      args: { modelUrl: this.placement.modelUrl, ep: this.placement.ep },
+      timeoutMs: this.placement.timeouts.loadMs,
     });
     this.workers = infos.map((info, rank) => ({ ...info, ...loaded[rank], id: peers[rank] }));
   }
@@ -317,9 +285,13 @@ export abstract class Executor {
 
   /** Gives every rank the job's text embeddings (conditional, then unconditional) and latent shape. */
   async prepareJob(job: number, texts: Float32Array[], latentShape: number[]): Promise<void> {
-    // a rank names a silent peer within half the coordinator's patience for a forward: before that runs out
+    const tokens = tokenGrid(this.config, latentShape).count;
+    for (let rank = 0; rank < this.world; rank++) {
+      this.jobShares[rank] = this.layout.describe(rank, { numHeads: this.config.numHeads, tokens });
+      this.showActivity(rank, this.jobShares[rank]);
+    }
     await this.collectiveRpc('prepareJob', {
-      args: { job, texts, latentShape, exchangeTimeoutMs: Math.round(this.rpcTimeoutMs / 2) },
+      args: { job, texts, latentShape, exchangeTimeoutMs: this.placement.timeouts.exchangeMs },
     });
     this.lastStepOf.clear(); // a prepared job's ranks hold no keys and values
     // a worker takes up a new share of its machine's cores as it prepares a job: report the threads it has now
@@ -337,7 +309,7 @@ export abstract class Executor {
    * rank's rows are the size the plan gives it, gather them in token order.
    */
   async executeModel(request: ForwardRequest): Promise<{ output: Tensor; ranks: RankReport[] }> {
-    const { config } = this.options;
+    const { config } = this;
     const layout = this.layout;
     const group = layout.groupForPass(request.pass);
     const plan = planUlysses(config, tokenGrid(config, request.latent.shape).count, layout.headsOf(group));
@@ -348,6 +320,9 @@ export abstract class Executor {
     const checked = this.world > 1 && this.spotCheckDue(this.forwards++);
     const stale = this.stale(request, checked);
     this.lastStepOf.set(request.pass, request.step);
+    const shareOf = (rank: number) => this.jobShares[rank] ?? `rank ${rank}`;
+    const doing = `step ${request.step + 1}${request.pass ? ' (unconditional)' : ''}`;
+    for (const rank of ranks) this.showActivity(rank, `${shareOf(rank)}: ${doing}`);
     const results = await this.collectiveRpc('executeModel', {
       ranks,
       args: (rank) => ({
@@ -359,6 +334,8 @@ export abstract class Executor {
         patches: patches[layout.localRank(rank)],
         ...(stale && { stale }),
       }),
+    }).finally(() => {
+      for (const rank of ranks) this.showActivity(rank, `${shareOf(rank)}: waiting`);
     });
     const rowWidth = config.outChannels * config.patchSize.reduce((a, b) => a * b, 1);
     results.forEach((r: ExecuteResult, i) => {
@@ -405,11 +382,8 @@ export abstract class Executor {
 
   /** Whether this forward attends to stale keys and values (displaced mode past its warm-up, the ranks holding the step before's). */
   private stale(request: ForwardRequest, checked: boolean): boolean {
-    if (this.options.parallel !== 'displaced' || checked) return false;
-    return (
-      request.step >= (this.options.warmupSteps ?? DEFAULT_WARMUP_STEPS) &&
-      this.lastStepOf.get(request.pass) === request.step - 1
-    );
+    const { settings, warmupSteps } = this.placement;
+    return !checked && attendsStale(settings.parallel, warmupSteps, request.step, this.lastStepOf.get(request.pass));
   }
 
   /**
@@ -425,7 +399,7 @@ export abstract class Executor {
     width: number,
   ): Promise<void> {
     const started = performance.now();
-    const { config } = this.options;
+    const { config } = this;
     const args = {
       job: request.job,
       step: request.step,
@@ -433,10 +407,6 @@ export abstract class Executor {
       timestep: request.timestep,
       latentShape: request.latent.shape,
       patches: patchify(config, request.latent).data,
-    };
-    const anyRankBut = (out: number[]) => {
-      const free = Array.from({ length: this.world }, (_, r) => r).filter((r) => !out.includes(r));
-      return free.length ? free[Math.floor(Math.random() * free.length)] : null;
     };
     const recompute = async (rank: number) => {
       const { rows } = await this.callRank(rank, 'recompute', args, this.rpcTimeoutMs).catch((e: unknown) => {
@@ -452,13 +422,13 @@ export abstract class Executor {
         );
       return { rank, rows };
     };
-    const checker = await recompute(anyRankBut([])!);
-    const tolerance = spotCheckTolerance(this.options.dtype ?? 'f32');
+    const checker = await recompute(defined(pickChecker(this.world, []), 'a rank to recompute'));
+    const { tolerance } = this.placement.spotChecks;
     let judged = judgeSpotCheck(plan, ranks, parts, width, checker, null, tolerance);
     let third: number | null = null;
     if (judged.verdict !== 'agreed') {
       // a rank independent of both the checker and the suspect decides
-      third = anyRankBut([checker.rank, judged.verdict.convicted[0]]);
+      third = pickChecker(this.world, [checker.rank, judged.verdict.convicted[0]]);
       if (third !== null)
         judged = judgeSpotCheck(plan, ranks, parts, width, checker, await recompute(third), tolerance);
     }
@@ -480,12 +450,10 @@ export abstract class Executor {
             cause: 'misbehaved',
             evidence: `a spot check of step ${request.step + 1}: ${judged.verdict.why}`,
           };
-    throw new WorkerError(
+    throw new SpotCheckFailed(
       convicted,
-      'spot check',
       `step ${request.step + 1}${request.pass ? ' (unconditional)' : ''}: ${judged.verdict.why}`,
       blame,
-      true,
     );
   }
 

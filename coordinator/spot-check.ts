@@ -36,6 +36,15 @@ export function spotCheckSchedule(rate: number, random: () => number = Math.rand
   return (forward) => (forward + phase) % period === 0;
 }
 
+/**
+ * A rank to recompute a forward, or to decide a disagreement: any of the `world` ranks but `out`,
+ * at random, so a rank cannot tell whether it will be its own judge. Null when none is left.
+ */
+export function pickChecker(world: number, out: number[], random: () => number = Math.random): number | null {
+  const free = Array.from({ length: world }, (_, r) => r).filter((r) => !out.includes(r));
+  return free.length ? free[Math.floor(random() * free.length)] : null;
+}
+
 /** Per rank of the plan, how far its token rows are from `reference` [S, width], relative to the reference's scale. */
 export function rowDifferences(
   plan: UlyssesPlan,

@@ -1,8 +1,7 @@
 // The `swarm` backend: ranks on worker pages that joined the swarm over WebRTC (or the relay). The
 // placer chose the workers; this class reaches them, watches them leave, and judges who is lost.
-import { tokenGrid } from '../core/model/tokens.ts';
 import type { Remote } from '../core/net/rpc.ts';
-import type { ArgsOf, RankLost, ReplyOf, WorkerApi, WorkerMethod } from '../core/worker-api.ts';
+import type { RankLost, WorkerApi } from '../core/worker-api.ts';
 import {
   Executor,
   TimeoutError,
@@ -24,14 +23,11 @@ export class SwarmExecutor extends Executor {
   constructor(
     options: ExecutorOptions,
     private readonly swarm: Swarm,
-    /** the workers to place on, in rank order (placement.ts chose them) */
+    /** the workers to place on, in rank order (the planner chose them: placement.workers) */
     private ranks: SwarmWorker[],
   ) {
     super(options);
   }
-
-  /** each rank's share of the prepared job, as the swarm view shows it ("rank 0 of 3 (5 heads, 410 tokens)") */
-  private readonly jobShares: string[] = [];
 
   protected async place(): Promise<string[]> {
     const live = new Set(this.swarm.workers());
@@ -61,30 +57,9 @@ export class SwarmExecutor extends Executor {
     return this.ranks[rank]?.api;
   }
 
-  protected override callRank<M extends WorkerMethod>(
-    rank: number,
-    method: M,
-    args: ArgsOf<M>,
-    timeoutMs: number,
-  ): Promise<ReplyOf<M>> {
+  protected override showActivity(rank: number, doing: string): void {
     const worker = this.ranks[rank];
-    if (!worker) return super.callRank(rank, method, args, timeoutMs);
-    // what each rank is doing, for the dashboard's swarm view, with its share of the job once it has one
-    if (method === 'prepareJob') {
-      const { config } = this.options;
-      this.jobShares[rank] = this.layout.describe(rank, {
-        numHeads: config.numHeads,
-        tokens: tokenGrid(config, (args as ArgsOf<'prepareJob'>).latentShape).count,
-      });
-      this.swarm.setActivity(worker, this.jobShares[rank]);
-    }
-    if (method !== 'executeModel') return super.callRank(rank, method, args, timeoutMs);
-    const { step, pass } = args as ArgsOf<'executeModel'>;
-    const who = this.jobShares[rank] ?? `rank ${rank}`;
-    this.swarm.setActivity(worker, `${who}: step ${step + 1}${pass ? ' (unconditional)' : ''}`);
-    return super
-      .callRank(rank, method, args, timeoutMs)
-      .finally(() => this.swarm.setActivity(worker, `${who}: waiting`));
+    if (worker) this.swarm.setActivity(worker, doing);
   }
 
   /**

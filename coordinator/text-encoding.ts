@@ -52,8 +52,8 @@ export interface Umt5EncodingOptions {
   modelUrl: string;
   files: ModelFiles;
   maxLength: number;
-  /** the workers to run the layers on (waits for at least one) */
-  hosts(): Promise<TextHost[]>;
+  /** which workers run which of the `numLayers` layers, in order (waits for at least one worker: planner.ts) */
+  runs(numLayers: number): Promise<{ host: TextHost; from: number; to: number }[]>;
   ep: ExecutionProvider | 'auto';
   /** how long one worker's run of layers may take: reading them is GBs */
   timeoutMs: number;
@@ -115,16 +115,12 @@ export function umt5Encoding(o: Umt5EncodingOptions): TextEncoding {
         return { embeds: padPromptEmbeds(cached.hidden, config.dModel, o.maxLength), report: report('cache', []) };
 
       let hidden = await encoder.tokenRows(ids);
-      const hosts = (await o.hosts()).slice(0, config.numLayers);
-      if (!hosts.length)
+      const runs = await o.runs(config.numLayers);
+      if (!runs.length)
         throw new Error('no worker to run the text encoder on: open a worker page, or give the prompt embeddings');
       const layers: PromptEncoding['layers'] = [];
-      // contiguous runs of layers, as even as the count allows: the hidden state crosses once per worker
-      for (const [i, host] of hosts.entries()) {
-        const [from, to] = [
-          Math.floor((i * config.numLayers) / hosts.length),
-          Math.floor(((i + 1) * config.numLayers) / hosts.length),
-        ];
+      // contiguous runs of layers: the hidden state crosses once per worker
+      for (const { host, from, to } of runs) {
         onProgress?.(`text encoder layers ${from + 1}–${to} of ${config.numLayers} on worker ${host.id}`);
         const ran = await host.api.encodeText(
           { modelUrl: o.modelUrl, ep: o.ep, from, to, tokens: ids.length, hidden },

@@ -82,14 +82,12 @@ export interface TiledDecodingOptions {
   /** the folder, read here only to check that its vae/ holds the decoder's weights */
   files: ModelFiles;
   config: WanVaeConfig;
-  /** the workers to decode on (waits for at least one) */
-  hosts(): Promise<TileHost[]>;
+  /** the workers to decode on and the largest buffer each of them allows (waits for at least one: planner.ts) */
+  tileHosts(): Promise<{ hosts: TileHost[]; maxBufferBytes: number }>;
   /** unless a decode asks for another */
   ep: ExecutionProvider | 'auto';
   /** how long one call may take: the first reads the decoder's weights */
   timeoutMs: number;
-  /** the largest buffer the workers may hold (their smallest): tiles shrink until theirs fit */
-  maxBufferBytes?(): number;
   /** tiles other than diffusers' (tests: many tiles of a small latent) */
   tiling?: Tiling;
 }
@@ -147,9 +145,9 @@ export function tiledDecoding(o: TiledDecodingOptions): VideoDecoding {
       throw new Error(
         `the VAE decodes latents [${o.config.zDim}, T, h, w], got [${latent.shape}] with ${latent.data.length} values`,
       );
-    const tiling = o.tiling
-      ? { ...o.tiling, why: 'as asked' }
-      : chooseTiling(o.config, o.maxBufferBytes?.() ?? Infinity);
+    const placed = await o.tileHosts();
+    // tiles shrink until the workers' smallest buffer holds them
+    const tiling = o.tiling ? { ...o.tiling, why: 'as asked' } : chooseTiling(o.config, placed.maxBufferBytes);
     const tiles = tilesOf(h, w, tiling);
     const decoded: Frames[] = new Array(tiles.length);
     const queue = tiles.map((_, i) => i);
@@ -233,8 +231,8 @@ export function tiledDecoding(o: TiledDecodingOptions): VideoDecoding {
       }
     };
     // every worker that is live takes tiles; when all of them failed with tiles left, those still live are asked again
-    while (queue.length) {
-      const hosts = await o.hosts();
+    for (let round = 0; queue.length; round++) {
+      const { hosts } = round === 0 ? placed : await o.tileHosts();
       if (!hosts.length)
         throw new Error(
           'no worker to decode the video on: open a worker page, or ask for the latent (outputType "latent")',

@@ -306,6 +306,20 @@ export function partFloats(
 export type ParallelMode = 'ulysses' | 'displaced';
 
 /**
+ * Whether a forward attends to stale keys and values: displaced mode past its warm-up, where the
+ * ranks hold the pass's keys and values of the step before (`previousStep`: the last step the
+ * pass ran on these ranks, undefined if none).
+ */
+export function attendsStale(
+  mode: ParallelMode,
+  warmupSteps: number,
+  step: number,
+  previousStep: number | undefined,
+): boolean {
+  return mode === 'displaced' && step >= warmupSteps && previousStep === step - 1;
+}
+
+/**
  * Bytes a rank holds in displaced mode: every rank's keys and values [2, S, D] in float32, for
  * each pass and block (rank/displaced.ts), at degree P with even shares.
  */

@@ -4,7 +4,7 @@
 // receives it. The compiler holds the table to the interface, so the two sides cannot drift.
 import type { WeightType } from './model/onnx-builder.ts';
 import { DTYPES, type DType } from './net/protocol.ts';
-import type { ParallelMode } from './parallel.ts';
+import { RANK_SETTINGS_CHECKS, type RankSettings } from './rank-settings.ts';
 import { fields, floats, int, list, none, nullable, num, oneOf, optional, text, type Check } from './net/check.ts';
 import type { ApiContract, Remote } from './net/rpc.ts';
 import type { Transport } from './net/channel.ts';
@@ -35,24 +35,19 @@ export interface WorkerInfo {
   browser?: string;
 }
 
-/** A rank's place in its job's mesh (its group's mesh with CFG parallel). */
-export interface InitArgs {
+/** A rank's place in its job's mesh (its group's mesh with CFG parallel): RankLayout.meshOf. */
+export interface RankMesh {
   rank: number;
   world: number;
   /** peer ids of all ranks of the mesh in rank order (the swarm mesh dials them) */
   peers: string[];
   session: string;
-  /** how activations travel between ranks; float32 unless the coordinator asks for float16 */
-  dtype?: DType;
   /** each rank's share of the model's heads, in rank order (core/parallel.ts); even without it */
   heads?: number[];
-  /** how the ranks share self-attention: Ulysses unless the coordinator asks for displaced (rank/displaced.ts) */
-  parallel?: ParallelMode;
-  /** Ulysses: the head groups a block's exchange goes in, so attention overlaps it (core/parallel.ts headGroup); 1 unless asked */
-  headGroups?: number;
-  /** its links to the other ranks paced as this slower link (benchmarks and tests: core/net/paced-channel.ts) */
-  emulateLink?: LinkEmulation;
 }
+
+/** What a rank is told at initWorker: its place in the mesh and the placement's settings (coordinator/placement.ts initArgsOf). */
+export type InitArgs = RankMesh & RankSettings;
 
 export interface LoadArgs {
   /** the model folder as the worker fetches it */
@@ -417,11 +412,8 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
       world: int(1, MAX_RANKS),
       peers: list(text(256), { min: 1, max: MAX_RANKS }),
       session: text(256),
-      dtype: optional(oneOf(...DTYPES)),
       heads: optional(list(int(1, MAX_HEADS), { min: 1, max: MAX_RANKS })),
-      parallel: optional(oneOf('ulysses', 'displaced')),
-      headGroups: optional(int(1, MAX_HEADS)),
-      emulateLink: optional(fields({ bandwidth: num(1e4, 1e12), latencyMs: num(0, 10_000) })),
+      ...RANK_SETTINGS_CHECKS,
     }),
     reply: fields({ rank: int(0), world: int(1) }),
   },

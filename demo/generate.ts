@@ -16,7 +16,7 @@ import { onnxStages } from '../rank/onnx-stages.ts';
 import { serialStages, type StageRunner } from '../rank/stages.ts';
 import { forwardInProcess, type Exchange } from '../rank/ulysses.ts';
 import { displacedAttention, KeysValuesHistory } from '../rank/displaced.ts';
-import type { UlyssesPlan } from '../core/parallel.ts';
+import { attendsStale, type UlyssesPlan } from '../core/parallel.ts';
 import type { DType } from '../core/net/protocol.ts';
 
 export interface LoadedModel extends WanPipelineParts {
@@ -53,7 +53,8 @@ export async function sampleVideo(m: LoadedModel, p: SampleParams): Promise<{ la
     flowShift: m.flowShift,
     seed: p.seed,
     async velocity({ step, timestep, latent }) {
-      const stale = !!p.displaced && step >= p.displaced.warmupSteps;
+      // as the executor decides it: the step before ran on these ranks, so they hold its keys and values
+      const stale = !!p.displaced && attendsStale('displaced', p.displaced.warmupSteps, step, step - 1);
       const attendOf = (pass: number) => (exchange: Exchange, plan: UlyssesPlan) =>
         displacedAttention(cfg, plan, m.stages, exchange, histories[exchange.rank], { step, pass, stale });
       const forward = (pass: number) =>

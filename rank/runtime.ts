@@ -3,6 +3,7 @@
 // over a data channel by the worker page); only the mesh differs. Arguments reach it already checked
 // against the contract; what the contract cannot know (rank < world, the model's widths, the order of
 // calls) is judged here, and each refusal says what was expected.
+import { defined } from '../core/defined.ts';
 import type { WanConfig } from '../core/model/config.ts';
 import { describeLoad, describeWeights } from '../core/worker-api.ts';
 import { fastestEp } from '../core/cost-model.ts';
@@ -330,9 +331,8 @@ export class WorkerRuntime implements WorkerApi {
         `prepareJob needs a latent shape [${cfg.inChannels}, T, H, W], got ${JSON.stringify(latentShape)}`,
       );
     await this.hooks.betweenJobs?.();
-    // head groups are Ulysses' overlap: displaced ranks exchange once a block whatever they are
-    const headGroups = this.init?.parallel === 'displaced' ? 1 : (this.init?.headGroups ?? 1);
-    this.plan = planUlysses(cfg, tokenGrid(cfg, latentShape).count, this.init?.heads ?? exchange.world, headGroups);
+    const { heads, headGroups, parallel } = defined(this.init, "initWorker's settings");
+    this.plan = planUlysses(cfg, tokenGrid(cfg, latentShape).count, heads ?? exchange.world, headGroups);
     this.job = job;
     this.texts = texts;
     this.keysValues.clear();
@@ -340,7 +340,7 @@ export class WorkerRuntime implements WorkerApi {
     // a guided step's two passes run at once, each a phase or two ahead (a phase: one tensor per
     // head group); displaced ranks meet once a forward, not once a block: a peer may send all its
     // blocks' keys and values ahead
-    const perPass = this.init?.parallel === 'displaced' ? cfg.numLayers + 1 : MAX_AHEAD * this.plan.headGroups;
+    const perPass = parallel === 'displaced' ? cfg.numLayers + 1 : MAX_AHEAD * this.plan.headGroups;
     exchange.allowAhead?.(texts.length * perPass);
     return { job };
   }

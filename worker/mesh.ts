@@ -119,9 +119,9 @@ export class WorkerMesh {
   /** Links this rank to every other rank of `init`'s mesh; replaces any earlier mesh. */
   async connect(init: InitArgs): Promise<MeshExchange> {
     this.close('a new job mesh replaced it');
-    const exchange = new MeshExchange(init.rank, init.world, init.dtype ?? 'f32');
+    const exchange = new MeshExchange(init.rank, init.world, init.dtype);
     // one emulated uplink for all of this rank's links, where the job asks for one
-    const wire = init.emulateLink && new EmulatedWire(init.emulateLink);
+    const wire = init.emulateLink ? new EmulatedWire(init.emulateLink) : undefined;
     const mesh = (this.current = {
       exchange,
       connections: [] as DataConnectionLike[],

@@ -17,7 +17,7 @@ import { detect } from '../detector.ts';
 import { CLIP, DEMO_SAMPLING, HELD_OUT_COMBOS, promptOf, TRAINING_COMBOS } from '../world.ts';
 import { loadModel, sampleVideo } from '../generate.ts';
 import { folderFiles } from '../../server/model-folder.ts';
-import { DEFAULT_WARMUP_STEPS } from '../../coordinator/executor.ts';
+import { DEFAULT_WARMUP_STEPS } from '../../coordinator/planner.ts';
 import { DTYPES, type DType } from '../../core/net/protocol.ts';
 
 const { values } = parseArgs({

@@ -1,0 +1,141 @@
+// The denoising loop with recovery: each step's velocity from the placement's executor (one or two
+// DiT forwards). A lost rank costs a re-placement (Placer.replace) and the interrupted step, not the
+// job. A rank a spot check convicts (SpotCheckFailed) may have returned wrong rows unchecked since
+// it was placed, so the steps since then run again from the checkpoint it was placed at; sampling is
+// seeded, so the latent is the one an honest swarm makes.
+import { defined } from '../core/defined.ts';
+import type { JobParams } from '../core/job.ts';
+import { sample, type SamplerCheckpoint, type Solver } from '../core/sampler.ts';
+import type { Tensor } from '../core/tensor.ts';
+import { SpotCheckFailed, type RankReport } from './executor.ts';
+import type { FailureRecord, Placer } from './placer.ts';
+import type { SpotCheck } from './spot-check.ts';
+
+export interface StepProgress {
+  step: number; // 1-based, completed
+  steps: number;
+  stepMs: number;
+  elapsedMs: number;
+  etaMs: number;
+  ranks: RankReport[];
+}
+
+export interface StepReport {
+  step: number;
+  ms: number;
+  ranks: RankReport[];
+}
+
+export interface DenoiseRequest {
+  placer: Placer;
+  job: number;
+  params: JobParams;
+  /** the latent's [C, T, H, W] */
+  shape: number[];
+  solver: Solver;
+  /** continue from a checkpoint: `step` steps done, `latent` after them */
+  resume?: SamplerCheckpoint;
+  signal?: AbortSignal;
+  onCheckpoint?(c: SamplerCheckpoint): void;
+  onFailure?(f: FailureRecord): void;
+  onProgress?(p: StepProgress): void;
+}
+
+export interface Denoised {
+  latent: Tensor;
+  steps: StepReport[];
+  failures: FailureRecord[];
+  spotChecks: SpotCheck[];
+  /** the median step's ms: what the plan's predictedStepMs is held to (a slow step moves a mean, not a median) */
+  medianStepMs: number;
+}
+
+/** A step and the checkpoint after it (undefined before the first step of a job that did not resume). */
+interface Point {
+  step: number;
+  checkpoint: SamplerCheckpoint | undefined;
+}
+
+/** The sampler is left at a spot check's conviction: the steps since the convicted rank was placed run again. */
+class RerunFrom extends Error {
+  override name = 'RerunFrom';
+  constructor(readonly point: Point) {
+    super(`re-running from step ${point.step + 1}`);
+  }
+}
+
+export async function denoise(r: DenoiseRequest): Promise<Denoised> {
+  const { placer, params } = r;
+  const first = r.resume?.step ?? 0;
+  const steps: StepReport[] = [];
+  const failures: FailureRecord[] = [];
+  const spotChecks: SpotCheck[] = [];
+  const loopStart = performance.now();
+  const executor = () => defined(placer.current, 'a placement of the job');
+  let ranks: RankReport[] = [];
+  // where the current placement started (its checkpoint kept alone: a real model's latent is
+  // megabytes, one per step) and the last step done
+  let placedAt: Point = { step: first, checkpoint: r.resume };
+  let from = placedAt;
+  for (;;) {
+    let lastDone = from;
+    steps.splice(0, steps.length, ...steps.filter((s) => s.step < from.step));
+    try {
+      const latent = await sample({
+        shape: r.shape,
+        steps: params.steps,
+        flowShift: params.flowShift,
+        seed: params.seed,
+        solver: r.solver,
+        resume: from.checkpoint,
+        signal: r.signal,
+        async velocity(at) {
+          for (;;) {
+            try {
+              const result = await executor().velocity({ job: r.job, ...at }, params.guidance);
+              ranks = result.ranks;
+              return result.velocity;
+            } catch (e) {
+              spotChecks.push(...executor().takeSpotChecks());
+              const failure = await placer.replace(e as Error, at.step);
+              if (!failure) throw e;
+              const caught = e instanceof SpotCheckFailed;
+              const record = { ...failure, rerunFromStep: caught ? placedAt.step : null };
+              failures.push(record);
+              r.onFailure?.(record);
+              if (caught) throw new RerunFrom(placedAt); // on the new placement
+              placedAt = lastDone; // the new placement starts at this step
+            }
+          }
+        },
+        onStep({ stepMs, ...checkpoint }) {
+          spotChecks.push(...executor().takeSpotChecks());
+          const { step } = checkpoint;
+          lastDone = { step, checkpoint };
+          steps.push({ step: step - 1, ms: stepMs, ranks });
+          r.onCheckpoint?.(checkpoint);
+          const elapsedMs = performance.now() - loopStart;
+          r.onProgress?.({
+            step,
+            steps: params.steps,
+            stepMs,
+            elapsedMs,
+            etaMs: (elapsedMs / (step - first)) * (params.steps - step),
+            ranks,
+          });
+        },
+      });
+      return { latent, steps, failures, spotChecks, medianStepMs: median(steps.map((s) => s.ms)) };
+    } catch (e) {
+      if (!(e instanceof RerunFrom)) throw e;
+      from = e.point;
+      placedAt = e.point;
+    }
+  }
+}
+
+function median(values: number[]): number {
+  const sorted = [...values].sort((a, b) => a - b);
+  const mid = sorted.length >> 1;
+  return sorted.length === 0 ? 0 : sorted.length % 2 ? sorted[mid] : (sorted[mid - 1] + sorted[mid]) / 2;
+}

@@ -1,0 +1,605 @@
+// The one place that decides where and how a job runs: from the request, the job's shape and what
+// the swarm's workers measured, a ResolvedPlacement (placement.ts). Pure: it waits for nothing and
+// calls no worker; the Placer (placer.ts) gathers what it reads and runs the rehearsals it asks for.
+// It decides the Ulysses degree and CFG grouping (what was asked, or the cost model's choice for
+// 'auto'), which workers become which ranks (the fastest first, as the cost model predicts on them),
+// the heads' shares, the exchange (mode, transport, head groups), warm-up, spot checks and
+// timeouts; the text encoder's layers and the VAE's tiles are placed here too.
+import {
+  candidatePlans,
+  planSwarm,
+  planWorld,
+  predictStep,
+  unevenPlan,
+  type Hardware,
+  type Plan,
+  type StepPrediction,
+  type Workload,
+} from '../core/cost-model.ts';
+import { latentShape, usesGuidance, type JobParams } from '../core/job.ts';
+import type { WanConfig } from '../core/model/config.ts';
+import { tokenGrid } from '../core/model/tokens.ts';
+import { bytesPerElement, type DType } from '../core/net/protocol.ts';
+import {
+  checkDegree,
+  defaultDegree,
+  evenHeads,
+  proportionalShares,
+  RankLayout,
+  staleKeysValuesBytes,
+  type ParallelMode,
+} from '../core/parallel.ts';
+import type { RankSettings } from '../core/rank-settings.ts';
+import { formatBytes, type ExecutionProvider } from '../core/worker-api.ts';
+import type { Backend } from './backends.ts';
+import type { WorkerMeasurement } from './measure.ts';
+import type { Measurements, WorkerGroup } from './measurements.ts';
+import type { PlacementPrediction, PlacementRequest, ResolvedPlacement, Timeouts } from './placement.ts';
+import { DEFAULT_SPOT_CHECK_RATE, spotCheckTolerance } from './spot-check.ts';
+import type { SwarmWorker } from './swarm.ts';
+
+/** What the planner knows of a live worker. */
+export type PlanningWorker = Pick<SwarmWorker, 'id' | 'info' | 'measurement'>;
+
+/** What stays the same for every job of a pipeline: the model and how its ranks are reached. */
+export interface PlannerContext {
+  config: WanConfig;
+  /** the model folder as the workers fetch it */
+  modelUrl: string;
+  backend: Backend;
+  /** rows of every text embedding: the cost model's cross-attention length */
+  textTokens: number;
+  /** how long a call to a rank may take; RPC_TIMEOUT_MS unless set */
+  rpcTimeoutMs?: number;
+}
+
+export interface PlanningInput<W extends PlanningWorker = PlanningWorker> {
+  params: JobParams;
+  request: PlacementRequest;
+  /** the live workers, in the order they joined (none for the local backend) */
+  workers: readonly W[];
+  measurements: Measurements;
+  /** why the rehearsals the planner asked for failed, if they did: it predicts from probe rates instead */
+  rehearsalError?: string;
+  /** after a lost rank: no more ranks than the placement had */
+  maxWorld?: number;
+}
+
+/** Displaced mode's exact steps before stale keys and values: the first steps move the latent most (DistriFusion). */
+export const DEFAULT_WARMUP_STEPS = 2;
+/** How long a rank may take over a call that loads nothing. */
+export const RPC_TIMEOUT_MS = 120_000;
+/** How long a worker may take to load a model: a real model is GBs, minutes on a slow link. */
+export const LOAD_TIMEOUT_MS = 30 * 60_000;
+
+export function timeoutsOf(rpcTimeoutMs = RPC_TIMEOUT_MS): Timeouts {
+  // a rank names a silent peer within half the coordinator's patience for a forward: before that runs out
+  return { rpcMs: rpcTimeoutMs, loadMs: Math.max(LOAD_TIMEOUT_MS, rpcTimeoutMs), exchangeMs: Math.round(rpcTimeoutMs / 2) };
+}
+
+/**
+ * The transports 'auto' weighs, most exact first, with how far each moved the bench model's latent
+ * from float32's (bench slow-link). The dashboard's report names them from here too.
+ */
+export const TRANSPORTS: { dtype: DType; name: string; deviation: string }[] = [
+  { dtype: 'f32', name: 'float32', deviation: 'exact' },
+  { dtype: 'f16', name: 'float16', deviation: 'about 1e-4 from exact' },
+  { dtype: 'i8', name: 'int8 with a scale per 64 values', deviation: 'about 3e-3 from exact' },
+  { dtype: 'i4', name: 'int4 with a scale per 64 values', deviation: 'displaced deltas only' },
+];
+export const transportName = (dtype: DType): string => TRANSPORTS.find((t) => t.dtype === dtype)?.name ?? dtype;
+
+/** How a group's ranks exchange: the parallel mode and the transport of its activations. */
+export interface Exchange {
+  parallel: ParallelMode;
+  dtype: DType;
+}
+
+/**
+ * Every exchange 'auto' weighs, most exact first: Ulysses under each transport, then displaced
+ * under each and int4 (stale keys move the latent more than any transport does: bench slow-link). A less
+ * exact one is taken only where it is predicted at least LESS_EXACT_GAIN faster than the more exact ones.
+ */
+export const EXCHANGES: Exchange[] = (['ulysses', 'displaced'] as const).flatMap((parallel) =>
+  TRANSPORTS.filter(({ dtype }) => dtype !== 'i4' || parallel === 'displaced').map(({ dtype }) => ({
+    parallel,
+    dtype,
+  })),
+);
+const LESS_EXACT_GAIN = 1.1;
+
+/** An exchange's name ('float32', 'displaced int8 …'). */
+const nameOf = ({ parallel, dtype }: Exchange): string =>
+  `${parallel === 'displaced' ? 'displaced ' : ''}${transportName(dtype)}`;
+/** what displaced mode costs in fidelity, as bench slow-link and eval-demo measured it */
+const DISPLACED_DEVIATION =
+  'keys and values one step stale past the warm-up: 1 to 2.5% of the latent from exact in bench slow-link, ' +
+  "the demo's held-out accuracy within 2.5 points";
+const describeExchange = (e: Exchange): string =>
+  e.parallel === 'displaced'
+    ? `${nameOf(e)} (${DISPLACED_DEVIATION})`
+    : `${nameOf(e)} transport (${TRANSPORTS.find((t) => t.dtype === e.dtype)?.deviation ?? ''})`;
+
+/** The request with the defaults of what it leaves unset; the cost model's choices stay unset. */
+interface Asked {
+  ulyssesDegree: number | 'auto';
+  cfgParallel: boolean | undefined;
+  ep: ExecutionProvider | 'auto';
+  dtype: DType | 'auto';
+  shares: 'even' | 'speed' | undefined;
+  spotCheckRate: number;
+  emulateLink: RankSettings['emulateLink'];
+  parallel: ParallelMode | 'auto';
+  warmupSteps: number;
+  headGroups: number | undefined;
+}
+
+/** A request checked, with its defaults: an error that says what is valid. */
+export function checkRequest(request: PlacementRequest): Asked {
+  const { parallel = 'ulysses', warmupSteps = DEFAULT_WARMUP_STEPS, dtype = 'f32', headGroups } = request;
+  const { spotCheckRate = DEFAULT_SPOT_CHECK_RATE } = request;
+  // int4 would lose too much of Ulysses' q, k, v; displaced sends only keys' and values' change a step
+  if (dtype === 'i4' && parallel === 'ulysses')
+    throw new Error(
+      `dtype 'i4' carries displaced mode's deltas of keys and values only: ` +
+        `ask for parallel 'displaced' too (or 'f32', 'f16', 'i8' for Ulysses)`,
+    );
+  if (!['ulysses', 'displaced', 'auto'].includes(parallel))
+    throw new Error(`parallel must be 'ulysses', 'displaced' or 'auto', got ${JSON.stringify(parallel)}`);
+  if (!(Number.isInteger(warmupSteps) && warmupSteps >= 0))
+    throw new Error(
+      `warmupSteps is a whole number ≥ 0 of exact steps before displaced ones, got ${JSON.stringify(warmupSteps)}`,
+    );
+  if (headGroups !== undefined && !(Number.isInteger(headGroups) && headGroups >= 1))
+    throw new Error(
+      `headGroups is a whole number ≥ 1 of head groups a block's exchange goes in (1: all heads at once), ` +
+        `got ${JSON.stringify(headGroups)}`,
+    );
+  if (!(spotCheckRate >= 0 && spotCheckRate <= 1))
+    throw new RangeError(`a spot-check rate is between 0 and 1, got ${spotCheckRate}`);
+  return {
+    ulyssesDegree: request.ulyssesDegree ?? 'auto',
+    cfgParallel: request.cfgParallel,
+    ep: request.ep ?? 'auto',
+    dtype,
+    shares: request.shares,
+    spotCheckRate,
+    emulateLink: request.emulateLink ?? null,
+    parallel,
+    warmupSteps,
+    headGroups,
+  };
+}
+
+/** The exchange a job gets given what each would take a step (seconds): as asked, or for 'auto' the choice and why. */
+function chooseExchange(
+  asked: Pick<Asked, 'dtype' | 'parallel'>,
+  stepS: (exchange: Exchange) => number,
+  misfit: string | null,
+): Exchange & { why: string } {
+  if (asked.parallel === 'displaced' && misfit) throw new Error(misfit);
+  const allowed = (e: Exchange) =>
+    (asked.dtype === 'auto' || e.dtype === asked.dtype) &&
+    (asked.parallel === 'auto' || e.parallel === asked.parallel) &&
+    !(misfit && e.parallel === 'displaced');
+  const options = EXCHANGES.filter(allowed);
+  const [exact] = options;
+  if (options.length === 1) return { ...exact, why: '' };
+  let best = exact;
+  for (const e of options.slice(1)) if (stepS(e) * LESS_EXACT_GAIN <= stepS(best)) best = e;
+  const ms = (e: Exchange) => (stepS(e) * 1000).toFixed(0);
+  const why =
+    best === exact
+      ? `; ${nameOf(exact)}${exact.parallel === 'displaced' ? '' : ' transport'}: ` +
+        `no other predicted ${LESS_EXACT_GAIN}× faster`
+      : `; ${describeExchange(best)}: predicted ${ms(best)} ms a step, ${nameOf(exact)} ${ms(exact)} ms`;
+  return { ...best, why };
+}
+
+/** The exchange without a prediction ('auto' where nothing is measured: exact). */
+const exchangeUnpredicted = (asked: Asked): Exchange => ({
+  parallel: asked.parallel === 'displaced' || asked.dtype === 'i4' ? 'displaced' : 'ulysses',
+  dtype: asked.dtype === 'auto' ? 'f32' : asked.dtype,
+});
+
+/** What head groups a plan's exchange goes in, in words for its `by` (nothing for one group the job left to the cost model). */
+const overlapWhy = (headGroups: number, asked: Asked): string =>
+  headGroups > 1
+    ? `; q, k, v in ${headGroups} head groups, so attention overlaps the exchange` +
+      (asked.headGroups ? ' (asked for)' : '')
+    : asked.headGroups
+      ? '; q, k, v in one head group (asked for)'
+      : '';
+
+const DEFAULT_WORKER_GIB = 4;
+
+/**
+ * Why displaced mode does not fit these workers, or null where it does: each rank holds every
+ * rank's keys and values of each pass and block (staleKeysValuesBytes), which must take at most
+ * half the least memory a worker reports (DEFAULT_WORKER_GIB where a browser does not say).
+ */
+function displacedMisfit(work: Workload, degree: number, workers: readonly PlanningWorker[]): string | null {
+  const bytes = staleKeysValuesBytes(work, degree);
+  const gib = Math.min(...workers.slice(0, degree).map((w) => w.info.memoryGiB ?? DEFAULT_WORKER_GIB));
+  return bytes > (gib * 2 ** 30) / 2
+    ? `displaced mode would hold ${formatBytes(bytes)} of keys and values on each rank, more than half of the ` +
+        `${gib} GiB its workers have: use Ulysses, or a shorter or smaller video`
+    : null;
+}
+
+/** The EP a worker will run a job on: the job's, or with 'auto' the one it measured fastest (as it will choose). */
+const epOf = (ep: Asked['ep'], m: WorkerMeasurement): ExecutionProvider => (ep === 'auto' ? m.auto.ep : ep);
+const computeOf = (ep: Asked['ep'], m: WorkerMeasurement) => m.compute[epOf(ep, m)] ?? m.compute.wasm;
+
+/**
+ * The workers in the order ranks are given to them: the fastest first on the EP each will run (ties
+ * in join order), so that the plans the cost model predicts on the fastest are placed on them; in
+ * join order while any is unmeasured.
+ */
+export function rankOrder<W extends PlanningWorker>(workers: readonly W[], ep: Asked['ep']): W[] {
+  const flops = workers.map((w) => (w.measurement ? (computeOf(ep, w.measurement)?.flops ?? 0) : null));
+  if (flops.some((f) => f === null)) return [...workers];
+  return workers.map((w, i) => ({ w, f: flops[i] ?? 0 })).sort((a, b) => b.f - a.f).map(({ w }) => w);
+}
+
+/** What a job's forwards cost: the model, its tokens, the text's and its passes. */
+function workloadOf(ctx: PlannerContext, params: JobParams): Workload {
+  const { config, textTokens } = ctx;
+  const tokens = tokenGrid(config, latentShape(params, config.inChannels)).count;
+  return { model: config, tokens, textTokens, passes: usesGuidance(params) ? 2 : 1 };
+}
+
+/** A group of workers running a job's shape: what rehearsals and measured steps are kept under. */
+export function groupOf(
+  ctx: PlannerContext,
+  params: JobParams,
+  ep: Asked['ep'],
+  members: WorkerGroup['members'],
+): WorkerGroup {
+  return { modelUrl: ctx.modelUrl, ep, shape: latentShape(params, ctx.config.inChannels), members };
+}
+
+const membersOf = (workers: readonly PlanningWorker[]): WorkerGroup['members'] =>
+  workers.map((w) => ({ id: w.id, threads: w.info.threads }));
+
+/** The plans a job weighs, and with which workers: what the cost model predicts and the rehearsals time. */
+interface Weighed<W extends PlanningWorker = PlanningWorker> {
+  asked: Asked;
+  guided: boolean;
+  work: Workload;
+  /** the workers in rank order (rankOrder), at most maxWorld */
+  workers: W[];
+  /** the layout asked for, or null for 'auto' */
+  fixed: RankLayout | null;
+  /** the plans to rehearse and predict: one worker first */
+  plans: Plan[];
+  /** 'auto': the plans it chooses among (candidatePlans, CFG parallel as asked) */
+  candidates: Plan[];
+  cfgParallel: boolean | undefined;
+  cfgFallback: string | null;
+}
+
+function weigh<W extends PlanningWorker>(ctx: PlannerContext, input: PlanningInput<W>): Weighed<W> {
+  const asked = checkRequest(input.request);
+  const guided = usesGuidance(input.params);
+  const work = workloadOf(ctx, input.params);
+  const workers = rankOrder(input.workers, asked.ep).slice(0, input.maxWorld ?? Infinity);
+  let cfgFallback =
+    asked.cfgParallel && !guided
+      ? 'no CFG parallel: guidance 1 means one forward pass per step, so there is no second pass for a second group'
+      : null;
+  if (asked.cfgParallel && guided && input.maxWorld !== undefined && workers.length < 2)
+    cfgFallback = 'no CFG parallel: one worker is left, and CFG parallel needs two groups';
+  const cfgParallel = cfgFallback ? false : asked.cfgParallel;
+  const oneWorker: Plan = { ulyssesDegree: 1, cfgParallel: false };
+  const degree = asked.ulyssesDegree;
+  // an asked degree the live workers no longer allow after a loss: the largest that fits
+  if (degree !== 'auto' && (input.maxWorld === undefined || degree * (cfgParallel ? 2 : 1) <= workers.length)) {
+    checkDegree(ctx.config.numHeads, degree);
+    const fixed = new RankLayout(degree, cfgParallel ? 2 : 1);
+    const even: Plan = { ulyssesDegree: degree, cfgParallel: fixed.cfgParallel, headGroups: asked.headGroups };
+    return { asked, guided, work, workers, fixed, plans: [oneWorker, even], candidates: [], cfgParallel, cfgFallback };
+  }
+  const candidates = candidatePlans(work, workers.length).filter(
+    (p) => cfgParallel === undefined || p.cfgParallel === cfgParallel,
+  );
+  // every worker at once is worth rehearsing too: with uneven shares a degree need not be even
+  const all: Plan = { ulyssesDegree: Math.min(workers.length, ctx.config.numHeads), cfgParallel: false };
+  const hasAll = candidates.some((p) => planWorld(p) === all.ulyssesDegree && !p.cfgParallel);
+  const rehearsed = cfgParallel || hasAll || workers.length === 0 ? candidates : [...candidates, all];
+  return {
+    asked,
+    guided,
+    work,
+    workers,
+    fixed: null,
+    plans: [oneWorker, ...rehearsed],
+    candidates,
+    cfgParallel,
+    cfgFallback,
+  };
+}
+
+/** A rehearsal the planner needs before it can predict: these workers' forward at these degrees, all at once. */
+export interface RehearsalNeeded<W extends PlanningWorker> {
+  group: WorkerGroup;
+  workers: W[];
+  degrees: number[];
+}
+
+/** The rehearsals a job's plans need that are not yet measured (none until every worker is measured). */
+export function rehearsalsNeeded<W extends PlanningWorker>(
+  ctx: PlannerContext,
+  input: PlanningInput<W>,
+): RehearsalNeeded<W>[] {
+  if (ctx.backend !== 'swarm') return [];
+  const { asked, workers, plans } = weigh(ctx, input);
+  if (!workers.length || workers.some((w) => !w.measurement)) return [];
+  const needed: RehearsalNeeded<W>[] = [];
+  for (const world of new Set(plans.map(planWorld))) {
+    if (world > workers.length) continue;
+    const group = groupOf(ctx, input.params, asked.ep, membersOf(workers.slice(0, world)));
+    const degrees = [...new Set(plans.filter((p) => planWorld(p) === world).map((p) => p.ulyssesDegree))].filter(
+      (d) => !input.measurements.rehearsal(group, d),
+    );
+    if (degrees.length) needed.push({ group, workers: workers.slice(0, world), degrees });
+  }
+  return needed;
+}
+
+/** What the cost model is given for these workers, or null while any of them is unmeasured. */
+function hardwareOf(
+  ctx: PlannerContext,
+  input: PlanningInput,
+  weighed: Weighed,
+): (Hardware & { link: PlacementPrediction['link']; forwardsFrom: string }) | null {
+  const { workers, asked } = weighed;
+  const measured = workers.flatMap((w) => (w.measurement ? [w.measurement] : []));
+  if (!workers.length || measured.length < workers.length) return null;
+  const forwardsFrom = input.rehearsalError
+    ? `probe rates, as rehearsing failed: ${input.rehearsalError}`
+    : 'forwards rehearsed on these workers';
+  const rehearsed = (degree: number, world: number) =>
+    input.measurements.rehearsal(groupOf(ctx, input.params, asked.ep, membersOf(workers.slice(0, world))), degree);
+  return {
+    workerFlops: measured.map((m) => computeOf(asked.ep, m)?.flops ?? 0),
+    workerSoftmaxRates: measured.map((m) => computeOf(asked.ep, m)?.softmaxRate ?? Infinity),
+    workerStageS: measured.map((m) => (computeOf(asked.ep, m)?.stageMs ?? 0) / 1000),
+    // WASM computes on the CPU the tabs of one browser share; WebGPU on a GPU
+    workerCpus: workers.map((w, i) => (epOf(asked.ep, measured[i]) === 'wasm' ? w.info.browser : undefined)),
+    // even plans: the slowest of the workers; uneven ones the cost model makes from each worker's (unevenPlan)
+    rehearsedForwardS: (plan) => (plan.heads ? undefined : slowest(rehearsed(plan.ulyssesDegree, planWorld(plan)))),
+    rehearsedRankForwardS: (degree) => rehearsed(degree, degree),
+    measuredStepS: (plan, bytes) =>
+      input.measurements.measuredStep(
+        groupOf(ctx, input.params, asked.ep, membersOf(workers.slice(0, planWorld(plan)))),
+        runOf(plan, bytes),
+      ),
+    link: linkOf(input.measurements, workers),
+    // the transport asked for; 'auto' weighs each (chooseExchange), from float32
+    bytesPerElement: bytesPerElement(asked.dtype === 'auto' ? 'f32' : asked.dtype),
+    forwardsFrom,
+  };
+}
+
+const slowest = (seconds: number[] | undefined): number | undefined => (seconds ? Math.max(...seconds) : undefined);
+
+/** How a plan runs, for its measured steps: one rank has no exchange, one group of one no transport. */
+export function runOf(plan: Plan, bytes: number) {
+  return {
+    ulyssesDegree: plan.ulyssesDegree,
+    cfgParallel: plan.cfgParallel,
+    heads: plan.heads ?? null,
+    mode: plan.ulyssesDegree > 1 ? (plan.mode ?? 'ulysses') : null,
+    bytesPerElement: planWorld(plan) > 1 ? bytes : 0,
+  };
+}
+
+/** The rank-to-rank link to plan with: a mesh probe of an earlier placement, or the coordinator's links as a stand-in. */
+function linkOf(measurements: Measurements, workers: readonly PlanningWorker[]): PlacementPrediction['link'] {
+  if (measurements.meshLink) return { ...measurements.meshLink, from: 'mesh probe' };
+  const measured = workers.map((w) => w.measurement);
+  return {
+    bandwidth: Math.min(...measured.map((m) => m?.bandwidth ?? Infinity)),
+    latency: Math.max(...measured.map((m) => m?.rttMs ?? 0)) / 2000,
+    from: 'coordinator links',
+  };
+}
+
+/** Where a prediction came from: the jobs that ran the plan where any did (Hardware.measuredStepS), else the forwards. */
+const predictedFrom = (p: StepPrediction, forwardsFrom: string): string =>
+  p.measured
+    ? `its steps as the last jobs of this shape on these workers measured them; the other plans from ${forwardsFrom}`
+    : forwardsFrom;
+
+interface Chosen {
+  layout: RankLayout;
+  exchange: Exchange;
+  headGroups: number | undefined;
+  prediction: PlacementPrediction | null;
+}
+
+/** 'auto' on measured workers: the plan the cost model predicts fastest (never slower than one worker). */
+function chooseAuto(ctx: PlannerContext, weighed: Weighed, hw: NonNullable<ReturnType<typeof hardwareOf>>): Chosen {
+  const { work, workers, asked, candidates, plans, cfgParallel } = weighed;
+  const uneven =
+    cfgParallel || asked.shares === 'even'
+      ? []
+      : plans.filter((p) => !p.cfgParallel).flatMap((p) => unevenPlan(work, hw, p.ulyssesDegree) ?? []);
+  // the fastest plan under each exchange the job allows, then the exchange
+  const bestUnder = (exchange: Exchange) => {
+    const choice = planSwarm(
+      work,
+      { ...hw, bytesPerElement: bytesPerElement(exchange.dtype) },
+      [...candidates, ...uneven].map((p) => ({ ...p, mode: exchange.parallel, headGroups: asked.headGroups })),
+    );
+    // one worker is always ranked; asked for CFG parallel, the fastest CFG-parallel plan
+    return { choice, best: cfgParallel ? (choice.ranked.find((p) => p.plan.cfgParallel) ?? choice.best) : choice.best };
+  };
+  const largest = Math.max(1, ...candidates.map((p) => p.ulyssesDegree));
+  const exchange = chooseExchange(
+    asked,
+    (e) => bestUnder(e).best.stepS,
+    displacedMisfit(work, largest, workers),
+  );
+  const { choice, best } = bestUnder(exchange);
+  const more = choice.ranked.find((p) => p.world > best.world);
+  const ms = (p: StepPrediction) => (p.stepS * 1000).toFixed(0);
+  const leftOut =
+    best.world < workers.length && more
+      ? `${workers.length - best.world} of ${workers.length} workers left out: ` +
+        `with ${more.world} the cost model predicts ${ms(more)} ms a step, not ${ms(best)}`
+      : null;
+  const by =
+    `cost model (${predictedFrom(best, hw.forwardsFrom)}; rank links from ${hw.link.from}` +
+    `${exchange.why}${overlapWhy(best.headGroups, asked)})`;
+  return {
+    layout: new RankLayout(best.plan.ulyssesDegree, best.plan.cfgParallel ? 2 : 1, best.plan.heads ? [best.plan.heads] : null),
+    exchange,
+    headGroups: best.headGroups,
+    prediction: {
+      asked: false,
+      by,
+      link: hw.link,
+      predictedStepMs: best.stepS * 1000,
+      oneWorkerStepMs: choice.baseline.stepS * 1000,
+      leftOut,
+    },
+  };
+}
+
+/**
+ * A degree the job asked for, predicted like the planner's choices so that every report carries
+ * predicted next to measured. Its ranks share the heads by speed where the job asks that, or
+ * (shares unset) where the cost model predicts it faster.
+ */
+function predictAsked(weighed: Weighed, fixed: RankLayout, hw: NonNullable<ReturnType<typeof hardwareOf>>): Chosen {
+  const { work, workers, asked } = weighed;
+  const even: Plan = { ulyssesDegree: fixed.ulyssesDegree, cfgParallel: fixed.cfgParallel, headGroups: asked.headGroups };
+  const oneWorker: Plan = { ulyssesDegree: 1, cfgParallel: false };
+  const uneven = fixed.cfgParallel || asked.shares === 'even' ? null : unevenPlan(work, hw, fixed.ulyssesDegree);
+  const stepUnder = ({ dtype, parallel }: Exchange) => {
+    const hwD = { ...hw, bytesPerElement: bytesPerElement(dtype) };
+    const evenStep = predictStep(work, { ...even, mode: parallel }, hwD);
+    const unevenStep = uneven && predictStep(work, { ...uneven, mode: parallel, headGroups: asked.headGroups }, hwD);
+    return unevenStep && (asked.shares === 'speed' || unevenStep.stepS < evenStep.stepS) ? unevenStep : evenStep;
+  };
+  const exchange = chooseExchange(asked, (e) => stepUnder(e).stepS, displacedMisfit(work, fixed.ulyssesDegree, workers));
+  const chosen = stepUnder(exchange);
+  const by =
+    `asked for (predicted from ${predictedFrom(chosen, hw.forwardsFrom)}; rank links from ${hw.link.from}` +
+    `${exchange.why}${overlapWhy(chosen.headGroups, asked)})`;
+  return {
+    layout: new RankLayout(fixed.ulyssesDegree, fixed.cfgGroups, chosen.plan.heads ? [chosen.plan.heads] : null),
+    exchange,
+    headGroups: chosen.headGroups,
+    prediction: {
+      asked: true,
+      by,
+      link: hw.link,
+      predictedStepMs: chosen.stepS * 1000,
+      oneWorkerStepMs: predictStep(work, oneWorker, hw).stepS * 1000,
+      leftOut: null,
+    },
+  };
+}
+
+/** The local backend: one rank in this tab, nothing to predict. */
+function placeLocal(weighed: Weighed): Chosen {
+  const { asked } = weighed;
+  if (asked.cfgParallel)
+    throw new Error(`cfgParallel needs two groups of worker pages: use the swarm backend, not local`);
+  if (asked.ulyssesDegree !== 'auto' && asked.ulyssesDegree !== 1)
+    throw new Error(
+      `the local backend runs one rank in this tab, not ${asked.ulyssesDegree}: use the swarm backend for more`,
+    );
+  return { layout: new RankLayout(1), exchange: exchangeUnpredicted(asked), headGroups: undefined, prediction: null };
+}
+
+/** Before the workers are measured: the degree asked, or the largest even degree they allow, exact and even. */
+function placeUnmeasured(ctx: PlannerContext, weighed: Weighed): Chosen {
+  const { fixed, workers, cfgParallel, asked } = weighed;
+  const groups = cfgParallel ? 2 : 1;
+  const layout = fixed ?? new RankLayout(defaultDegree(ctx.config.numHeads, Math.floor(workers.length / groups)), groups);
+  return { layout, exchange: exchangeUnpredicted(asked), headGroups: undefined, prediction: null };
+}
+
+/** Every decision of a job's placement: pure, from the request, the job, the live workers and their measurements. */
+export function planPlacement(ctx: PlannerContext, input: PlanningInput): ResolvedPlacement {
+  const weighed = weigh(ctx, input);
+  const { asked, fixed, workers } = weighed;
+  const hw = ctx.backend === 'swarm' && workers.length >= (fixed?.world ?? 1) ? hardwareOf(ctx, input, weighed) : null;
+  const chosen =
+    ctx.backend === 'local'
+      ? placeLocal(weighed)
+      : hw
+        ? fixed
+          ? predictAsked(weighed, fixed, hw)
+          : chooseAuto(ctx, weighed, hw)
+        : placeUnmeasured(ctx, weighed);
+  const { layout, exchange } = chosen;
+  // displaced ranks exchange once a block: head groups are Ulysses' alone, at most the fewest heads a rank has
+  const fewestHeads = Math.min(...(layout.heads?.flat() ?? evenHeads(ctx.config.numHeads, layout.ulyssesDegree)));
+  const headGroups =
+    exchange.parallel === 'displaced' ? 1 : Math.min(chosen.headGroups ?? asked.headGroups ?? 1, fewestHeads);
+  const cfgFallback = weighed.cfgFallback;
+  const prediction = chosen.prediction && {
+    ...chosen.prediction,
+    by: cfgFallback ? `${chosen.prediction.by}; ${cfgFallback}` : chosen.prediction.by,
+  };
+  return {
+    backend: ctx.backend,
+    modelUrl: ctx.modelUrl,
+    layout,
+    workers: ctx.backend === 'swarm' ? workers.slice(0, layout.world).map((w) => w.id) : [],
+    ep: asked.ep,
+    settings: { dtype: exchange.dtype, parallel: exchange.parallel, headGroups, emulateLink: asked.emulateLink },
+    warmupSteps: asked.warmupSteps,
+    spotChecks: { rate: asked.spotCheckRate, tolerance: spotCheckTolerance(exchange.dtype) },
+    timeouts: timeoutsOf(ctx.rpcTimeoutMs),
+    prediction,
+    cfgFallback,
+  };
+}
+
+/** How many workers a placement of this request waits for before it is planned. */
+export function workersToWaitFor(ctx: PlannerContext, request: PlacementRequest, params: JobParams): number {
+  const { ulyssesDegree = 'auto', cfgParallel } = request;
+  const groups = cfgParallel && usesGuidance(params) ? 2 : 1;
+  if (ulyssesDegree === 'auto') return groups;
+  checkDegree(ctx.config.numHeads, ulyssesDegree);
+  return ulyssesDegree * groups;
+}
+
+/**
+ * The text encoder's layers on the workers that run them: contiguous runs in rank order, each in
+ * proportion to its worker's measured speed (evenly while any is unmeasured), at most one worker a layer.
+ */
+export function placeTextLayers<W extends PlanningWorker>(
+  workers: readonly W[],
+  numLayers: number,
+): { worker: W; from: number; to: number }[] {
+  const hosts = rankOrder(workers, 'auto').slice(0, numLayers);
+  if (!hosts.length) return [];
+  const speeds = hosts.map((w) => w.measurement?.compute.wasm?.flops);
+  const weights = speeds.every((s): s is number => s !== undefined && s > 0) ? speeds : hosts.map(() => 1);
+  const counts = proportionalShares(numLayers, weights);
+  let from = 0;
+  return hosts.map((worker, i) => {
+    const run = { worker, from, to: from + counts[i] };
+    from = run.to;
+    return run;
+  });
+}
+
+/**
+ * The VAE's tiles: every live worker takes them from one queue (they are independent), so the tile
+ * size must fit the smallest buffer any of them allows, as far as their loads have said.
+ */
+export function placeVaeTiles<W extends PlanningWorker>(
+  workers: readonly W[],
+  measurements: Measurements,
+): { hosts: W[]; maxBufferBytes: number } {
+  const limits = workers.map((w) => measurements.maxBufferBytes(w.id) ?? Infinity);
+  return { hosts: [...workers], maxBufferBytes: Math.min(Infinity, ...limits) };
+}
