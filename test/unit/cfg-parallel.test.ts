@@ -1,3 +1,4 @@
+import { placementFor } from './in-process-executor.ts';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { Executor, type ExecutorOptions } from '../../coordinator/executor.ts';
 import { inProcess, type Remote } from '../../core/net/rpc.ts';
@@ -99,7 +100,7 @@ beforeAll(async () => {
 async function sample(ulyssesDegree: number, cfgParallel: boolean) {
   const layout = new RankLayout(ulyssesDegree, cfgParallel ? 2 : 1);
   const executor = new InProcessExecutor(
-    { config: model.config, modelUrl: '/models/tiny-wan', rpcTimeoutMs: 30_000, layout },
+    placementFor({ config: model.config, modelUrl: '/models/tiny-wan', rpcTimeoutMs: 30_000, layout }),
     layout.world,
     engine,
   );

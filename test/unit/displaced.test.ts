@@ -1,5 +1,4 @@
 import { beforeAll, describe, expect, it } from 'vitest';
-import type { ExecutorOptions } from '../../coordinator/executor.ts';
 import type { WanModel } from '../../core/model/reference.ts';
 import { loadTransformer } from '../../core/model/transformer.ts';
 import { tokenGrid } from '../../core/model/tokens.ts';
@@ -10,13 +9,13 @@ import { maxAbsDiff, type Tensor } from '../../core/tensor.ts';
 import type { EngineApi } from '../../rank/engine.ts';
 import { onnxStages } from '../../rank/onnx-stages.ts';
 import { stubEngine, tinyModelFiles } from './fixtures.ts';
-import { InProcessExecutor } from './in-process-executor.ts';
+import { InProcessExecutor, type InProcessOptions } from './in-process-executor.ts';
 
 // Displaced patch parallelism (rank/displaced.ts) through the executor and real WorkerRuntimes, the
 // mesh in memory: what it computes exactly, what it computes stale, and who decides which.
 let model: WanModel;
 let engine: EngineApi;
-let options: ExecutorOptions;
+let options: InProcessOptions;
 const random = new SeededRandom(23);
 let text: Float32Array;
 const latent = (): Tensor => ({ shape: [16, 1, 14, 10], data: random.normals(16 * 14 * 10) }); // 35 tokens
@@ -34,7 +33,7 @@ beforeAll(async () => {
   };
 });
 
-async function onRanks(P: number, extra: Partial<ExecutorOptions> = {}): Promise<InProcessExecutor> {
+async function onRanks(P: number, extra: Partial<InProcessOptions> = {}): Promise<InProcessExecutor> {
   const executor = new InProcessExecutor({ ...options, layout: new RankLayout(P), ...extra }, engine, 'rpc');
   await executor.initialize();
   await executor.prepareJob(3, [text, text], [16, 1, 14, 10]);

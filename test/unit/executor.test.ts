@@ -1,6 +1,6 @@
 import { beforeAll, describe, expect, it } from 'vitest';
 import { BACKENDS, createExecutor, getExecutorClass } from '../../coordinator/backends.ts';
-import { TimeoutError, WorkerError, type ExecutorOptions } from '../../coordinator/executor.ts';
+import { TimeoutError, WorkerError } from '../../coordinator/executor.ts';
 import { LocalExecutor } from '../../coordinator/local-executor.ts';
 import { SwarmExecutor } from '../../coordinator/swarm-executor.ts';
 import { COORDINATOR, type Message } from '../../core/net/protocol.ts';
@@ -23,7 +23,13 @@ import { memoryExchanges } from '../../rank/exchange/memory.ts';
 import { onnxStages } from '../../rank/onnx-stages.ts';
 import { WorkerRuntime } from '../../rank/runtime.ts';
 import { channelPair, stubEngine, tinyModelFiles, validJobArgs } from './fixtures.ts';
-import { InProcessExecutor, type Transport } from './in-process-executor.ts';
+import {
+  EXACT_SETTINGS,
+  InProcessExecutor,
+  placementFor,
+  type InProcessOptions,
+  type Transport,
+} from './in-process-executor.ts';
 
 // The executor's lifecycle against P real WorkerRuntimes in this process (in-process-executor.ts),
 // over both ways the backends reach a rank.
@@ -32,7 +38,7 @@ let engine: EngineApi;
 const random = new SeededRandom(5);
 let text: Float32Array;
 const latent: Tensor = { shape: [16, 1, 14, 10], data: random.normals(16 * 14 * 10) }; // 35 tokens: 12/12/11 at P = 3
-let options: ExecutorOptions;
+let options: InProcessOptions;
 
 beforeAll(async () => {
   model = await loadTransformer(tinyModelFiles);
@@ -98,7 +104,7 @@ describe.each<Transport>(['direct', 'rpc'])('Executor over %s calls', (transport
     await executor.placeOnly();
     const peers = ['a', 'b', 'c'];
     const replies = await executor.collectiveRpc('initWorker', {
-      args: (rank) => ({ rank, world: 3, peers, session: 's' }),
+      args: (rank) => ({ ...EXACT_SETTINGS, rank, world: 3, peers, session: 's' }),
     });
     expect(replies).toEqual([
       { rank: 0, world: 3 },
@@ -485,7 +491,7 @@ describe('executor backends', () => {
   });
 
   it('the swarm backend without a Swarm says where to get one', () => {
-    expect(() => createExecutor('swarm', options)).toThrow(
+    expect(() => createExecutor('swarm', placementFor(options))).toThrow(
       'the swarm backend needs a Swarm: pass one from openSwarm()',
     );
   });

@@ -42,7 +42,7 @@ import { memoryExchanges } from '../../rank/exchange/memory.ts';
 import { WorkerRuntime } from '../../rank/runtime.ts';
 import { judgeMeshFrame } from '../../worker/mesh.ts';
 import { SinkChannel, stubEngine, tinyModelFiles } from './fixtures.ts';
-import { InProcessExecutor } from './in-process-executor.ts';
+import { EXACT_SETTINGS, InProcessExecutor } from './in-process-executor.ts';
 
 const FRAMES_PER_TARGET = 10_000;
 const random = new SeededRandom(99);
@@ -141,7 +141,7 @@ const PATCH_WIDTH = 64;
 /** Rank 0 of 1 with the tiny model loaded and job 5 prepared (one text, 35 tokens). */
 async function preparedRuntime(): Promise<WorkerRuntime> {
   const runtime = runtimeFor(0, 1);
-  await runtime.initWorker({ rank: 0, world: 1, peers: ['w0'], session: 's' });
+  await runtime.initWorker({ ...EXACT_SETTINGS, rank: 0, world: 1, peers: ['w0'], session: 's' });
   await runtime.loadModel({ modelUrl: '/models/tiny-wan', ep: 'wasm' });
   await runtime.prepareJob({ job: 5, texts: [new Float32Array(32 * model.config.textDim)], latentShape: LATENT });
   return runtime;
@@ -276,8 +276,8 @@ describe(`fuzz: ${FRAMES_PER_TARGET} hostile frames per target`, () => {
     const textDim = model.config.textDim;
     // Each passes the contract and is refused by the runtime; a flip or two cannot mend any of them.
     const refused: [WorkerMethod, unknown][] = [
-      ['initWorker', { rank: 200, world: 2, peers: ['a', 'b'], session: 's' }], // rank ≥ world
-      ['initWorker', { rank: 0, world: 2, peers: 'abcdefghijkl'.split(''), session: 's' }], // 12 peers for 2 ranks
+      ['initWorker', { ...EXACT_SETTINGS, rank: 200, world: 2, peers: ['a', 'b'], session: 's' }], // rank ≥ world
+      ['initWorker', { ...EXACT_SETTINGS, rank: 0, world: 2, peers: 'abcdefghijkl'.split(''), session: 's' }], // 12 peers for 2 ranks
       ['prepareJob', { job: 9, texts: [new Float32Array(textDim + 1)], latentShape: LATENT }], // not the text width
       ['probeMesh', { job: 99 }], // not the prepared job
       [
@@ -336,7 +336,7 @@ describe(`fuzz: ${FRAMES_PER_TARGET} hostile frames per target`, () => {
 
   it("a rank's mesh link (judgeMeshFrame with the runtime's judgeTensor) refuses each hostile tensor whole, and no mutation of them delivers anything but a tensor of the prepared job at its planned size", async () => {
     const runtime = runtimeFor(0, 2);
-    await runtime.initWorker({ rank: 0, world: 2, peers: ['a', 'b'], session: 's' });
+    await runtime.initWorker({ ...EXACT_SETTINGS, rank: 0, world: 2, peers: ['a', 'b'], session: 's' });
     await runtime.loadModel({ modelUrl: 'x', ep: 'wasm' });
     await runtime.prepareJob({ job: 5, texts: [new Float32Array(32 * model.config.textDim)], latentShape: LATENT });
     const exchange = new MeshExchange(0, 2);
@@ -540,7 +540,7 @@ describe('hostile arguments to every worker method', () => {
       probeLink: { args: { payload: new Float32Array(4) }, runtimeRefuses: false },
       loadModel: { args: { modelUrl: '/models/tiny-wan', ep: 'wasm' }, runtimeRefuses: false },
       initWorker: {
-        args: { rank: 200, world: 2, peers: ['a', 'b'], session: 's', dtype: 'f32' },
+        args: { ...EXACT_SETTINGS, rank: 200, world: 2, peers: ['a', 'b'], session: 's' },
         runtimeRefuses: true,
       },
       prepareJob: {
@@ -594,10 +594,11 @@ describe('hostile arguments to every worker method', () => {
       ['prepareJob', { job: 6, texts: [new Float32Array(0)], latentShape: LATENT }],
       ['prepareJob', { job: 6, texts: [1, 2, 3].map(() => new Float32Array(textDim)), latentShape: LATENT }],
       ['prepareJob', { job: 6, texts: [new Float32Array(textDim)], latentShape: [16, 1, 14, 2 ** 21] }],
-      ['initWorker', { rank: 0, world: 2, peers: ['a'], session: 's' }],
-      ['initWorker', { rank: 0, world: 0, peers: ['a'], session: 's' }],
-      ['initWorker', { rank: 0, world: 1, peers: ['a'], session: 'x'.repeat(257) }],
-      ['initWorker', { rank: 0, world: 1, peers: ['a'], session: 's', dtype: 'f64' }],
+      ['initWorker', { ...EXACT_SETTINGS, rank: 0, world: 2, peers: ['a'], session: 's' }],
+      ['initWorker', { ...EXACT_SETTINGS, rank: 0, world: 0, peers: ['a'], session: 's' }],
+      ['initWorker', { ...EXACT_SETTINGS, rank: 0, world: 1, peers: ['a'], session: 'x'.repeat(257) }],
+      ['initWorker', { ...EXACT_SETTINGS, rank: 0, world: 1, peers: ['a'], session: 's', dtype: 'f64' }],
+      ['initWorker', { rank: 0, world: 1, peers: ['a'], session: 's' }], // no settings
       ['probeLink', { payload: new Float32Array((1 << 20) + 1) }],
       ['loadModel', { modelUrl: 'x'.repeat(5000), ep: 'wasm' }],
       ['rehearse', { modelUrl: '/models/tiny-wan', ep: 'wasm', latentShape: LATENT, textTokens: 4, degrees: [5] }], // 5 does not divide the heads
@@ -698,7 +699,7 @@ describe(`fuzz: ${MUTATIONS} structured mutations per target`, () => {
   it(`tensors between ranks — NaN or ±Infinity anywhere, future steps and blocks, past forwards, other jobs and dtypes, replays, another rank's name — are each refused and counted or blamed on their sender; at most ${MAX_AHEAD} are held ahead, and the next honest tensor arrives exact`, async () => {
     // rank 0's side of a P = 2 mesh, its link judging frames as a worker's does (job 5, 35 tokens)
     const runtime = runtimeFor(0, 2);
-    await runtime.initWorker({ rank: 0, world: 2, peers: ['a', 'b'], session: 's' });
+    await runtime.initWorker({ ...EXACT_SETTINGS, rank: 0, world: 2, peers: ['a', 'b'], session: 's' });
     await runtime.loadModel({ modelUrl: '/models/tiny-wan', ep: 'wasm' });
     await runtime.prepareJob({ job: 5, texts: [new Float32Array(32 * model.config.textDim)], latentShape: LATENT });
     // 35 tokens over 2 ranks, 18 and 17; 12 heads, 6 each: rank 1 sends q, k, v of its 17 tokens for rank 0's heads, and the output of its heads for rank 0's 18 tokens

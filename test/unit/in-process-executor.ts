@@ -1,4 +1,11 @@
 import { Executor, type ExecutorOptions } from '../../coordinator/executor.ts';
+import { Measurements } from '../../coordinator/measurements.ts';
+import type { PlacementRequest } from '../../coordinator/placement.ts';
+import { planPlacement } from '../../coordinator/planner.ts';
+import { DEFAULT_JOB, jobParams } from '../../core/job.ts';
+import type { WanConfig } from '../../core/model/config.ts';
+import type { RankLayout } from '../../core/parallel.ts';
+import type { RankSettings } from '../../core/rank-settings.ts';
 import type { Link } from '../../core/net/link.ts';
 import { COORDINATOR } from '../../core/net/protocol.ts';
 import { inProcess, remote, serve, type Remote } from '../../core/net/rpc.ts';
@@ -16,6 +23,40 @@ export type Transport = 'direct' | 'rpc';
 /** What a rank does instead of answering normally: nothing, an error, a late answer, or an altered one. */
 export type Fault = { silent: true } | { throws: string } | { delayMs: number } | { alters: (reply: any) => unknown };
 
+/** An executor's ranks as a test writes them: the layout, and what a job asks of the rest. */
+export type InProcessOptions = {
+  config: WanConfig;
+  modelUrl: string;
+  layout: RankLayout;
+  rpcTimeoutMs?: number;
+} & Omit<PlacementRequest, 'ulyssesDegree' | 'cfgParallel'>;
+
+/** The planner's placement of `layout` on stand-in workers not yet measured, as a job asking `request` gets it. */
+export function placementFor({
+  config,
+  modelUrl,
+  layout,
+  rpcTimeoutMs,
+  ...request
+}: InProcessOptions): ExecutorOptions {
+  const workers = Array.from({ length: layout.world }, (_, rank) => ({
+    id: `rank-${rank}`,
+    info: { ep: 'wasm' as const, adapter: 'test', softwareAdapter: false, threads: 1, memoryGiB: null, userAgent: '' },
+    measurement: null,
+  }));
+  const placement = planPlacement(
+    { config, modelUrl, backend: 'swarm', textTokens: 16, rpcTimeoutMs },
+    {
+      params: jobParams(DEFAULT_JOB),
+      request: { ...request, ulyssesDegree: layout.ulyssesDegree, cfgParallel: layout.cfgParallel },
+      workers,
+      measurements: new Measurements(),
+    },
+  );
+  // uneven head shares come from the cost model's measurements; a test gives them in its layout
+  return { config, placement: { ...placement, layout } };
+}
+
 export class InProcessExecutor extends Executor {
   readonly runtimes: WorkerRuntime[] = [];
   /** the methods each rank was asked to run, in arrival order */
@@ -26,11 +67,11 @@ export class InProcessExecutor extends Executor {
   private links: Link[] = [];
 
   constructor(
-    options: ExecutorOptions,
+    options: InProcessOptions,
     private readonly engine: EngineApi,
     private readonly transport: Transport,
   ) {
-    super(options);
+    super(placementFor(options));
   }
 
   /** Places the ranks without initWorker, loadModel or anything else. */
@@ -41,7 +82,7 @@ export class InProcessExecutor extends Executor {
 
   protected async place(): Promise<string[]> {
     const ranks = this.layout.world;
-    const exchanges = memoryExchanges(ranks, this.options.dtype);
+    const exchanges = memoryExchanges(ranks, this.placement.settings.dtype);
     for (let rank = 0; rank < ranks; rank++) {
       const runtime = new WorkerRuntime(this.engine, {
         connectMesh: async (init) => exchanges[init.rank],
@@ -92,3 +133,6 @@ export class InProcessExecutor extends Executor {
     for (const link of this.links) link.close('the executor shut down');
   }
 }
+
+/** What the planner tells the ranks of a job that asks nothing of the exchange (exact float32 Ulysses). */
+export const EXACT_SETTINGS: RankSettings = { dtype: 'f32', parallel: 'ulysses', headGroups: 1, emulateLink: null };

@@ -1,3 +1,4 @@
+import { EXACT_SETTINGS } from './in-process-executor.ts';
 import { beforeAll, describe, expect, it } from 'vitest';
 import type { WanModel } from '../../core/model/reference.ts';
 import { loadTransformer } from '../../core/model/transformer.ts';
@@ -19,6 +20,7 @@ async function preparedRanks(world: number, heads?: number[], headGroups?: numbe
   const peers = prepared.ranks.map((_, r) => `p${r}`);
   for (const [rank, api] of prepared.ranks.entries()) {
     await api.initWorker({
+      ...EXACT_SETTINGS,
       rank,
       world,
       peers,
@@ -100,7 +102,14 @@ describe('mesh probe: the rank-to-rank link timed on the job’s own all-to-all'
     );
     expect(runtimes[1].judgeTensor(3, tag(0), 0)).toMatch(/from rank 3 of a mesh of 3/);
     await expect(
-      runtimes[0].initWorker({ rank: 0, world: 3, peers: ['a', 'b', 'c'], session: 't', heads: [6, 6] }),
+      runtimes[0].initWorker({
+        ...EXACT_SETTINGS,
+        rank: 0,
+        world: 3,
+        peers: ['a', 'b', 'c'],
+        session: 't',
+        heads: [6, 6],
+      }),
     ).rejects.toThrow(/a head share for each of 3 ranks/);
   });
 });

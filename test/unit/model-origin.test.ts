@@ -1,3 +1,4 @@
+import { EXACT_SETTINGS } from './in-process-executor.ts';
 import { describe, expect, it } from 'vitest';
 import type { EngineApi } from '../../rank/engine.ts';
 import { memoryExchanges } from '../../rank/exchange/memory.ts';
@@ -49,7 +50,7 @@ describe('a worker runtime asked for a folder its page refuses', () => {
       }),
       refuseModel: modelRefusal('http://localhost:5173', null),
     });
-    await runtime.initWorker({ rank: 0, world: 1, peers: ['w0'], session: 's' });
+    await runtime.initWorker({ ...EXACT_SETTINGS, rank: 0, world: 1, peers: ['w0'], session: 's' });
     const evil = 'http://evil.example/model';
     const refusal = 'this worker reads model folders from http://localhost:5173 only, not http://evil.example';
     await expect(runtime.loadModel({ modelUrl: evil, ep: 'wasm' })).rejects.toThrow(refusal);

@@ -1,3 +1,4 @@
+import { EXACT_SETTINGS } from './in-process-executor.ts';
 import { beforeAll, describe, expect, it } from 'vitest';
 import type { WanModel } from '../../core/model/reference.ts';
 import { tokenGrid } from '../../core/model/tokens.ts';
@@ -78,7 +79,13 @@ describe('a rehearsal', () => {
       const text = new Float32Array(4 * cfg.textDim);
       await Promise.all(
         jobRuntimes.map(async (r, rank) => {
-          await r.initWorker({ rank, world: degree, peers: jobRuntimes.map((_, i) => `p${i}`), session: 's' });
+          await r.initWorker({
+            ...EXACT_SETTINGS,
+            rank,
+            world: degree,
+            peers: jobRuntimes.map((_, i) => `p${i}`),
+            session: 's',
+          });
           await r.loadModel({ modelUrl: 'tiny', ep: 'wasm' });
           await r.prepareJob({ job: 1, texts: [text], latentShape: shape });
         }),
@@ -222,7 +229,7 @@ describe('a rehearsal', () => {
         userAgent: 'node',
       }),
     });
-    await runtime.initWorker({ rank: 0, world: 1, peers: ['a'], session: 's' });
+    await runtime.initWorker({ ...EXACT_SETTINGS, rank: 0, world: 1, peers: ['a'], session: 's' });
     await runtime.loadModel({ modelUrl: 'placed', ep: 'wasm' });
     await runtime.rehearse({ modelUrl: 'placed', ep: 'wasm', latentShape: WARM_UP_SHAPE, textTokens: 4, degrees: [1] });
     expect(loads).toEqual(['placed wasm', 'placed wasm']); // the same model: nothing to put back
@@ -282,7 +289,7 @@ describe("a model's download", () => {
       }),
       onState: (s, d) => states.push(`${s}: ${d}`),
     });
-    await runtime.initWorker({ rank: 0, world: 1, peers: ['a'], session: 's' });
+    await runtime.initWorker({ ...EXACT_SETTINGS, rank: 0, world: 1, peers: ['a'], session: 's' });
     await runtime.loadModel({ modelUrl: 'big', ep: 'wasm' });
     expect(states.slice(1)).toEqual([
       'loading: loading big',

@@ -1,3 +1,4 @@
+import { EXACT_SETTINGS } from './in-process-executor.ts';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { fastestEp } from '../../core/cost-model.ts';
 import type { WanModel } from '../../core/model/reference.ts';
@@ -82,7 +83,7 @@ describe("a worker's runtime with ep 'auto'", () => {
 
   it('loads on the EP it measured faster, says why, and measures each EP once', async () => {
     const slowGpu = runtimeWith({ wasm: 21.3e9, webgpu: 0.2e9 });
-    await slowGpu.runtime.initWorker({ rank: 0, world: 1, peers: ['a'], session: 's' });
+    await slowGpu.runtime.initWorker({ ...EXACT_SETTINGS, rank: 0, world: 1, peers: ['a'], session: 's' });
     expect(await slowGpu.runtime.loadModel({ modelUrl: 'x', ep: 'auto' })).toMatchObject({
       ep: 'wasm',
       why: 'WASM: 21.3 GFLOP/s vs WebGPU 0.2',
@@ -94,7 +95,7 @@ describe("a worker's runtime with ep 'auto'", () => {
     ]);
 
     const realGpu = runtimeWith({ wasm: 21.3e9, webgpu: 5000e9 });
-    await realGpu.runtime.initWorker({ rank: 0, world: 1, peers: ['a'], session: 's' });
+    await realGpu.runtime.initWorker({ ...EXACT_SETTINGS, rank: 0, world: 1, peers: ['a'], session: 's' });
     expect(await realGpu.runtime.loadModel({ modelUrl: 'x', ep: 'auto' })).toMatchObject({
       ep: 'webgpu',
       why: 'WebGPU: 5000 GFLOP/s vs WASM 21.3',
@@ -105,7 +106,7 @@ describe("a worker's runtime with ep 'auto'", () => {
     const { runtime, probes, described } = runtimeWith({ wasm: 21.3e9, webgpu: 0.2e9 });
     await runtime.probeCompute({ ep: 'wasm' });
     await runtime.probeCompute({ ep: 'webgpu' });
-    await runtime.initWorker({ rank: 0, world: 1, peers: ['a'], session: 's' });
+    await runtime.initWorker({ ...EXACT_SETTINGS, rank: 0, world: 1, peers: ['a'], session: 's' });
     await runtime.loadModel({ modelUrl: 'x', ep: 'auto' });
     expect(probes).toEqual(['wasm', 'webgpu']);
     described.threads = 2; // another worker tab left: this one now has two threads
@@ -115,7 +116,7 @@ describe("a worker's runtime with ep 'auto'", () => {
 
   it("a load while the coordinator's probes are still running waits for them instead of probing again", async () => {
     const { runtime, probes } = runtimeWith({ wasm: 21.3e9, webgpu: 0.2e9 });
-    await runtime.initWorker({ rank: 0, world: 1, peers: ['a'], session: 's' });
+    await runtime.initWorker({ ...EXACT_SETTINGS, rank: 0, world: 1, peers: ['a'], session: 's' });
     const joined = [runtime.probeCompute({ ep: 'wasm' }), runtime.probeCompute({ ep: 'webgpu' })]; // not awaited: still measuring
     expect(await runtime.loadModel({ modelUrl: 'x', ep: 'auto' })).toMatchObject({ ep: 'wasm' });
     await Promise.all(joined);
@@ -127,7 +128,7 @@ describe("a worker's runtime with ep 'auto'", () => {
       { wasm: 21.3e9, webgpu: 0.2e9 },
       { softwareAdapter: true, adapter: 'google swiftshader' },
     );
-    await runtime.initWorker({ rank: 0, world: 1, peers: ['a'], session: 's' });
+    await runtime.initWorker({ ...EXACT_SETTINGS, rank: 0, world: 1, peers: ['a'], session: 's' });
     expect(await runtime.loadModel({ modelUrl: 'x', ep: 'auto' })).toMatchObject({
       ep: 'wasm',
       why: 'WASM: 21.3 GFLOP/s (WebGPU: a software adapter)',
@@ -144,7 +145,7 @@ describe("a worker's runtime with ep 'auto'", () => {
     engineProbe.probe = (ep) =>
       ep === 'webgpu' && failures-- > 0 ? Promise.reject(new Error('device lost')) : probe(ep);
     await expect(runtime.probeCompute({ ep: 'webgpu' })).rejects.toThrow('device lost');
-    await runtime.initWorker({ rank: 0, world: 1, peers: ['a'], session: 's' });
+    await runtime.initWorker({ ...EXACT_SETTINGS, rank: 0, world: 1, peers: ['a'], session: 's' });
     expect(await runtime.loadModel({ modelUrl: 'x', ep: 'auto' })).toMatchObject({
       ep: 'wasm',
       why: 'WASM: 21.3 GFLOP/s vs WebGPU 0.2',
@@ -154,7 +155,7 @@ describe("a worker's runtime with ep 'auto'", () => {
 
   it('a job that names its EP gets it, measured or not, and the reason says so; no adapter means no WebGPU probe', async () => {
     const { runtime, loads, probes } = runtimeWith({ wasm: 21.3e9, webgpu: 0.2e9 });
-    await runtime.initWorker({ rank: 0, world: 1, peers: ['a'], session: 's' });
+    await runtime.initWorker({ ...EXACT_SETTINGS, rank: 0, world: 1, peers: ['a'], session: 's' });
     expect(await runtime.loadModel({ modelUrl: 'x', ep: 'webgpu' })).toMatchObject({
       ep: 'webgpu',
       why: 'WebGPU: asked for by the job',
@@ -162,7 +163,7 @@ describe("a worker's runtime with ep 'auto'", () => {
     expect([loads, probes]).toEqual([['webgpu'], []]);
 
     const cpuOnly = runtimeWith({ wasm: 16e9 }, { ep: 'wasm', adapter: 'WebAssembly (no WebGPU adapter)' });
-    await cpuOnly.runtime.initWorker({ rank: 0, world: 1, peers: ['a'], session: 's' });
+    await cpuOnly.runtime.initWorker({ ...EXACT_SETTINGS, rank: 0, world: 1, peers: ['a'], session: 's' });
     expect(await cpuOnly.runtime.loadModel({ modelUrl: 'x', ep: 'auto' })).toMatchObject({
       ep: 'wasm',
       why: 'WASM: 16 GFLOP/s (no WebGPU adapter)',
