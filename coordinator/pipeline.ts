@@ -223,7 +223,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
     if (!fits || !(L >= 1 && L <= MAX_TEXT_TOKENS) || given.data.length !== L * width) {
       throw new Error(
         `${what} must be [L, ${config.textDim}] or [1, L, ${config.textDim}] with 1 ≤ L ≤ ${MAX_TEXT_TOKENS} ` +
-          `and as many values, got [${given.shape.join(', ')}] with ${given.data.length} values`,
+          `and as many values, got [${given.shape.join(',')}] with ${given.data.length} values`,
       );
     }
     if (!given.data.every(Number.isFinite)) throw new Error(`${what} holds NaN or infinite values`);

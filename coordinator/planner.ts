@@ -236,7 +236,7 @@ const computeOf = (ep: Asked['ep'], m: WorkerMeasurement) => m.compute[epOf(ep, 
  * in join order), so that the plans the cost model predicts on the fastest are placed on them; in
  * join order while any is unmeasured.
  */
-export function rankOrder<W extends PlanningWorker>(workers: readonly W[], ep: Asked['ep']): W[] {
+export function rankOrder<W extends Pick<PlanningWorker, 'measurement'>>(workers: readonly W[], ep: Asked['ep']): W[] {
   const flops = workers.map((w) => (w.measurement ? (computeOf(ep, w.measurement)?.flops ?? 0) : null));
   if (flops.some((f) => f === null)) return [...workers];
   return workers.map((w, i) => ({ w, f: flops[i] ?? 0 })).sort((a, b) => b.f - a.f).map(({ w }) => w);
@@ -575,7 +575,7 @@ export function workersToWaitFor(ctx: PlannerContext, request: PlacementRequest,
  * The text encoder's layers on the workers that run them: contiguous runs in rank order, each in
  * proportion to its worker's measured speed (evenly while any is unmeasured), at most one worker a layer.
  */
-export function placeTextLayers<W extends PlanningWorker>(
+export function placeTextLayers<W extends Pick<PlanningWorker, 'measurement'>>(
   workers: readonly W[],
   numLayers: number,
 ): { worker: W; from: number; to: number }[] {
@@ -596,7 +596,7 @@ export function placeTextLayers<W extends PlanningWorker>(
  * The VAE's tiles: every live worker takes them from one queue (they are independent), so the tile
  * size must fit the smallest buffer any of them allows, as far as their loads have said.
  */
-export function placeVaeTiles<W extends PlanningWorker>(
+export function placeVaeTiles<W extends Pick<PlanningWorker, 'id'>>(
   workers: readonly W[],
   measurements: Measurements,
 ): { hosts: W[]; maxBufferBytes: number } {

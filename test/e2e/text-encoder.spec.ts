@@ -64,7 +64,7 @@ test("a prompt through umT5's layers on three worker tabs; the same prompts agai
       modelUrl: 'node',
       files,
       maxLength: 512,
-      hosts: async () => [oneHost],
+      runs: async (numLayers) => [{ host: oneHost, from: 0, to: numLayers }],
       ep: 'wasm',
       timeoutMs: 60_000,
     });

@@ -106,7 +106,7 @@ test("a prompt through umT5, the transformer and AutoencoderKLWan's tiles on thr
       modelUrl: 'node',
       files,
       config: parseWanVaeConfig(FULL_LAYOUT_VAE, 'test'),
-      hosts: async () => [host],
+      tileHosts: async () => ({ hosts: [host], maxBufferBytes: Infinity }),
       ep: 'wasm',
       timeoutMs: 120_000,
     });

@@ -9,8 +9,7 @@ import { join, normalize } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { WorkerError } from '../../coordinator/executor.ts';
 import { createPipeline, type GenerateResult, type Pipeline, type PromptEmbeds } from '../../coordinator/pipeline.ts';
-import { MAX_REPLANS, ReplacementsExhausted } from '../../coordinator/placement.ts';
-import type { FailureRecord } from '../../coordinator/placement.ts';
+import { MAX_REPLANS, ReplacementsExhausted, type FailureRecord } from '../../coordinator/placer.ts';
 import { Swarm, type SwarmEvent, type SwarmWorker } from '../../coordinator/swarm.ts';
 import { CONFIRM_PING_MS } from '../../coordinator/swarm-executor.ts';
 import { loadTransformer } from '../../core/model/transformer.ts';
@@ -127,7 +126,7 @@ const pipelineOn = (swarm: Swarm, workers: number) =>
     model: `${origin}/models/tiny-wan`,
     backend: 'swarm',
     swarm,
-    workers,
+    placement: { ulyssesDegree: workers },
     encodeVideo: async () => new Blob(['x']),
     placementTimeoutMs: 1_000,
     rpcTimeoutMs: 30_000,
@@ -261,7 +260,7 @@ describe('generate(): a lost rank costs a re-placement and one step, not the job
     expect(failures).toEqual([failure]);
     expect(result.report.recoveryMs).toBe(result.report.failures[0].replanMs);
     expect(result.report.workers.map((w) => w.id)).toEqual(['w0', 'w2']);
-    expect([result.report.config.workers, result.report.config.ulyssesDegree]).toEqual([2, 2]);
+    expect([result.report.placement.layout.world, result.report.placement.layout.ulyssesDegree]).toEqual([2, 2]);
     expect(result.report.steps.map((s) => [s.step, s.ranks.map((r) => r.worker)])).toEqual([
       [0, ['w0', 'w1', 'w2']],
       [1, ['w0', 'w2']],
@@ -311,7 +310,7 @@ describe('generate(): a lost rank costs a re-placement and one step, not the job
     expect(result.report.spotChecks.every((c) => c.verdict === 'agreed')).toBe(true);
     expect(result.report.failures).toEqual([]);
     expect(Math.max(...differences)).toBeLessThanOrEqual(spotCheckTolerance('i8'));
-    expect(result.report.config).toMatchObject({ dtype: 'i8', emulateLink: null });
+    expect(result.report.placement.settings).toMatchObject({ dtype: 'i8', emulateLink: null });
   });
 
   it(`a rank that fails step 2 and no longer answers is let go after the coordinator's ${CONFIRM_PING_MS / 1000} s ping, and the survivors finish the job within 1e-4`, async () => {
@@ -445,7 +444,7 @@ describe("generate(): the folder's scheduler", () => {
         model: url,
         backend: 'swarm',
         swarm,
-        workers: 1,
+        placement: { ulyssesDegree: 1 },
         encodeVideo: async () => new Blob(['x']),
         placementTimeoutMs: 1_000,
       });
@@ -535,7 +534,7 @@ describe("generate(): WanPipeline's escape hatches, prompt embeddings and the la
     const own = await serveFolder(published);
     try {
       const url = `http://127.0.0.1:${(own.address() as AddressInfo).port}`;
-      const pipe = await createPipeline({ model: url, backend: 'swarm', swarm, workers: 1, placementTimeoutMs: 1_000 });
+      const pipe = await createPipeline({ model: url, backend: 'swarm', swarm, placement: { ulyssesDegree: 1 }, placementTimeoutMs: 1_000 });
       expect((await rejection(run(pipe))).message).toBe(
         `the text encoder (umT5) cannot run: ${url}/tokenizer/tokenizer.json: not found; give the prompt's embeddings instead (promptEmbeds [L, text_dim]; --prompt-embeds FILE with npm run generate)`,
       );

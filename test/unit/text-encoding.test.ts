@@ -1,3 +1,4 @@
+import { placeTextLayers } from '../../coordinator/planner.ts';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -36,6 +37,13 @@ function hosts(count: number): TextHost[] {
   });
 }
 
+/** The planner's runs of the layers on these hosts, none of them measured: as even as the count allows. */
+const runsOn = (workers: TextHost[]) => async (numLayers: number) =>
+  placeTextLayers(
+    workers.map((host) => ({ host, measurement: null })),
+    numLayers,
+  ).map(({ worker, from, to }) => ({ host: worker.host, from, to }));
+
 function mapCache(): PromptCache & { size(): number } {
   const entries = new Map<string, { hidden: Float32Array; truncated: boolean }>();
   return { get: async (k) => entries.get(k), put: async (k, v) => void entries.set(k, v), size: () => entries.size };
@@ -55,15 +63,15 @@ describe('a prompt through umT5 on the swarm', () => {
         modelUrl: 'model',
         files,
         maxLength: 16,
-        hosts: async () => hosts(count),
+        runs: runsOn(hosts(count)),
         ep: 'wasm',
         timeoutMs: 60_000,
       }).encode(PROMPT);
     const [one, two, three] = [await encodeOn(1), await encodeOn(2), await encodeOn(3)];
     expect(one.report.layers.map(({ worker, from, to }) => [worker, from, to])).toEqual([['worker-0', 0, 3]]);
     expect(two.report.layers.map(({ worker, from, to }) => [worker, from, to])).toEqual([
-      ['worker-0', 0, 1],
-      ['worker-1', 1, 3],
+      ['worker-0', 0, 2],
+      ['worker-1', 2, 3],
     ]);
     expect(three.report.layers.map(({ worker, from, to }) => [worker, from, to])).toEqual([
       ['worker-0', 0, 1],
@@ -95,14 +103,14 @@ describe('a prompt through umT5 on the swarm', () => {
       modelUrl: 'model',
       files: folderFiles(dir),
       maxLength: 16,
-      hosts: async () => workers,
+      runs: runsOn(workers),
       ep: 'wasm',
       timeoutMs: 60_000,
       cache,
     });
     const first = await encoding.encode(PROMPT);
     expect(first.report.source).toBe('encoded');
-    expect(first.report.layers.map((l) => l.layersRead)).toEqual([1, 2]);
+    expect(first.report.layers.map((l) => l.layersRead)).toEqual([2, 1]);
     const again = await encoding.encode(PROMPT);
     expect(again.report).toMatchObject({ source: 'cache', layers: [] });
     expect(again.embeds).toEqual(first.embeds);
@@ -118,7 +126,7 @@ describe('a prompt through umT5 on the swarm', () => {
       modelUrl: 'model',
       files: folderFiles(dir),
       maxLength: 16,
-      hosts: async () => hosts(1),
+      runs: runsOn(hosts(1)),
       ep: 'wasm',
       timeoutMs: 60_000,
     }).encode(long);
@@ -138,7 +146,7 @@ describe('a prompt through umT5 on the swarm', () => {
         modelUrl: 'model',
         files: folderFiles(dir),
         maxLength: 16,
-        hosts: async () => workers,
+        runs: runsOn(workers),
         ep: 'wasm',
         timeoutMs: 60_000,
       }).encode(PROMPT);

@@ -54,7 +54,7 @@ const decodeOn = (hosts: TileHost[]) =>
     modelUrl: 'test',
     files: folderFiles(dir),
     config: cfg,
-    hosts: async () => hosts,
+    tileHosts: async () => ({ hosts, maxBufferBytes: Infinity }),
     ep: 'wasm',
     timeoutMs: 60_000,
     tiling: TILING,
