@@ -155,7 +155,6 @@ export async function loadJobDefaults(model: string = DEFAULT_MODEL_URL): Promis
   return (await loadWanPipelineParts(fetchModelFiles(new URL(model, globalThis.location?.href).href))).defaults;
 }
 
-
 export type { StepProgress } from './denoising.ts';
 
 export async function createPipeline(options: PipelineOptions = {}): Promise<Pipeline> {

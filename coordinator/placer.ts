@@ -98,14 +98,18 @@ export class Placer {
   }
 
   /** Places a job: keeps the current placement if the planner places it the same, else places anew. */
-  async place(params: JobParams, request: PlacementRequest): Promise<ResolvedPlacement> {
+  async place(
+    params: JobParams,
+    request: PlacementRequest,
+  ): Promise<{ executor: Executor; placement: ResolvedPlacement }> {
     const placement = await this.plan(params, request);
     const current = this.executor;
     if (!current || this.lostARank || !samePlacement(current.placement, placement)) await this.placeOn(placement);
+    const executor = defined(this.executor, 'the placement');
     // the same decisions, with this job's prediction
-    defined(this.executor, 'the placement').placement = placement;
+    executor.placement = placement;
     this.prepared = null;
-    return placement;
+    return { executor, placement };
   }
 
   /** The planner's placement of a job on the live workers, once the workers it needs have joined and are measured. */
@@ -122,7 +126,9 @@ export class Placer {
     if (this.options.backend !== 'swarm' || !swarm) return planPlacement(this.options, input([]));
     // checked before waiting: an invalid request fails at once
     planPlacement(this.options, input([]));
-    const workers = await this.liveWorkers(maxWorld === undefined ? workersToWaitFor(this.options, request, params) : 1);
+    const workers = await this.liveWorkers(
+      maxWorld === undefined ? workersToWaitFor(this.options, request, params) : 1,
+    );
     if (maxWorld === undefined) await swarm.measuredNow();
     let rehearsalError: string | undefined;
     // a re-placement predicts from what was rehearsed before: recovery does not wait for rehearsals

@@ -74,7 +74,11 @@ export const LOAD_TIMEOUT_MS = 30 * 60_000;
 
 export function timeoutsOf(rpcTimeoutMs = RPC_TIMEOUT_MS): Timeouts {
   // a rank names a silent peer within half the coordinator's patience for a forward: before that runs out
-  return { rpcMs: rpcTimeoutMs, loadMs: Math.max(LOAD_TIMEOUT_MS, rpcTimeoutMs), exchangeMs: Math.round(rpcTimeoutMs / 2) };
+  return {
+    rpcMs: rpcTimeoutMs,
+    loadMs: Math.max(LOAD_TIMEOUT_MS, rpcTimeoutMs),
+    exchangeMs: Math.round(rpcTimeoutMs / 2),
+  };
 }
 
 /**
@@ -239,7 +243,10 @@ const computeOf = (ep: Asked['ep'], m: WorkerMeasurement) => m.compute[epOf(ep, 
 export function rankOrder<W extends Pick<PlanningWorker, 'measurement'>>(workers: readonly W[], ep: Asked['ep']): W[] {
   const flops = workers.map((w) => (w.measurement ? (computeOf(ep, w.measurement)?.flops ?? 0) : null));
   if (flops.some((f) => f === null)) return [...workers];
-  return workers.map((w, i) => ({ w, f: flops[i] ?? 0 })).sort((a, b) => b.f - a.f).map(({ w }) => w);
+  return workers
+    .map((w, i) => ({ w, f: flops[i] ?? 0 }))
+    .sort((a, b) => b.f - a.f)
+    .map(({ w }) => w);
 }
 
 /** What a job's forwards cost: the model, its tokens, the text's and its passes. */
@@ -437,11 +444,7 @@ function chooseAuto(ctx: PlannerContext, weighed: Weighed, hw: NonNullable<Retur
     return { choice, best: cfgParallel ? (choice.ranked.find((p) => p.plan.cfgParallel) ?? choice.best) : choice.best };
   };
   const largest = Math.max(1, ...candidates.map((p) => p.ulyssesDegree));
-  const exchange = chooseExchange(
-    asked,
-    (e) => bestUnder(e).best.stepS,
-    displacedMisfit(work, largest, workers),
-  );
+  const exchange = chooseExchange(asked, (e) => bestUnder(e).best.stepS, displacedMisfit(work, largest, workers));
   const { choice, best } = bestUnder(exchange);
   const more = choice.ranked.find((p) => p.world > best.world);
   const ms = (p: StepPrediction) => (p.stepS * 1000).toFixed(0);
@@ -454,7 +457,11 @@ function chooseAuto(ctx: PlannerContext, weighed: Weighed, hw: NonNullable<Retur
     `cost model (${predictedFrom(best, hw.forwardsFrom)}; rank links from ${hw.link.from}` +
     `${exchange.why}${overlapWhy(best.headGroups, asked)})`;
   return {
-    layout: new RankLayout(best.plan.ulyssesDegree, best.plan.cfgParallel ? 2 : 1, best.plan.heads ? [best.plan.heads] : null),
+    layout: new RankLayout(
+      best.plan.ulyssesDegree,
+      best.plan.cfgParallel ? 2 : 1,
+      best.plan.heads ? [best.plan.heads] : null,
+    ),
     exchange,
     headGroups: best.headGroups,
     prediction: {
@@ -475,7 +482,11 @@ function chooseAuto(ctx: PlannerContext, weighed: Weighed, hw: NonNullable<Retur
  */
 function predictAsked(weighed: Weighed, fixed: RankLayout, hw: NonNullable<ReturnType<typeof hardwareOf>>): Chosen {
   const { work, workers, asked } = weighed;
-  const even: Plan = { ulyssesDegree: fixed.ulyssesDegree, cfgParallel: fixed.cfgParallel, headGroups: asked.headGroups };
+  const even: Plan = {
+    ulyssesDegree: fixed.ulyssesDegree,
+    cfgParallel: fixed.cfgParallel,
+    headGroups: asked.headGroups,
+  };
   const oneWorker: Plan = { ulyssesDegree: 1, cfgParallel: false };
   const uneven = fixed.cfgParallel || asked.shares === 'even' ? null : unevenPlan(work, hw, fixed.ulyssesDegree);
   const stepUnder = ({ dtype, parallel }: Exchange) => {
@@ -484,7 +495,11 @@ function predictAsked(weighed: Weighed, fixed: RankLayout, hw: NonNullable<Retur
     const unevenStep = uneven && predictStep(work, { ...uneven, mode: parallel, headGroups: asked.headGroups }, hwD);
     return unevenStep && (asked.shares === 'speed' || unevenStep.stepS < evenStep.stepS) ? unevenStep : evenStep;
   };
-  const exchange = chooseExchange(asked, (e) => stepUnder(e).stepS, displacedMisfit(work, fixed.ulyssesDegree, workers));
+  const exchange = chooseExchange(
+    asked,
+    (e) => stepUnder(e).stepS,
+    displacedMisfit(work, fixed.ulyssesDegree, workers),
+  );
   const chosen = stepUnder(exchange);
   const by =
     `asked for (predicted from ${predictedFrom(chosen, hw.forwardsFrom)}; rank links from ${hw.link.from}` +
@@ -520,7 +535,8 @@ function placeLocal(weighed: Weighed): Chosen {
 function placeUnmeasured(ctx: PlannerContext, weighed: Weighed): Chosen {
   const { fixed, workers, cfgParallel, asked } = weighed;
   const groups = cfgParallel ? 2 : 1;
-  const layout = fixed ?? new RankLayout(defaultDegree(ctx.config.numHeads, Math.floor(workers.length / groups)), groups);
+  const layout =
+    fixed ?? new RankLayout(defaultDegree(ctx.config.numHeads, Math.floor(workers.length / groups)), groups);
   return { layout, exchange: exchangeUnpredicted(asked), headGroups: undefined, prediction: null };
 }
 

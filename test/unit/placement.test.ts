@@ -1,8 +1,10 @@
 import { beforeAll, describe, expect, it } from 'vitest';
 import type { SwarmKeys } from '../../core/net/join-token.ts';
-import { LOAD_TIMEOUT_MS, TimeoutError, WorkerError } from '../../coordinator/executor.ts';
+import { TimeoutError, WorkerError } from '../../coordinator/executor.ts';
 import { measureWorker, type WorkerMeasurement } from '../../coordinator/measure.ts';
-import { MAX_REPLANS, Placer, ReplacementsExhausted, type PlacementRequest } from '../../coordinator/placement.ts';
+import type { PlacementRequest } from '../../coordinator/placement.ts';
+import { MAX_REPLANS, Placer, ReplacementsExhausted } from '../../coordinator/placer.ts';
+import { LOAD_TIMEOUT_MS } from '../../coordinator/planner.ts';
 import { ENGINE_CHECK_MS, Swarm, type SwarmEvent, type SwarmWorker } from '../../coordinator/swarm.ts';
 import { SwarmExecutor } from '../../coordinator/swarm-executor.ts';
 import {
