@@ -1,7 +1,7 @@
 // ditswarm's library API: what a web page embeds.
 //
 //   const swarm = await openSwarm();                      // workers join via swarm.joinUrl
-//   const pipe = await createPipeline({ backend: 'swarm', swarm, workers: 2 });
+//   const pipe = await createPipeline({ backend: 'swarm', swarm, placement: { ulyssesDegree: 2 } });
 //   const { video, latent, report } = await pipe.generate({ prompt: 'a red ball', steps: 4 });
 //   await pipe.shutdown();
 import type { ExecutionProvider } from '../core/worker-api.ts';

@@ -23,7 +23,7 @@ export class LocalExecutor extends Executor {
     const engine = new EngineHost(threads);
     this.terminate = () => engine.terminate();
     const runtime = new WorkerRuntime(engine, {
-      connectMesh: async () => memoryExchanges(1)[0],
+      connectMesh: async (init) => memoryExchanges(1, init.dtype)[0],
       describe: async () => ({
         ...(await describeCompute()),
         threads,
