@@ -14,6 +14,8 @@ export default tseslint.config(
       // numbers read naturally in messages; objects and undefined in a message are the bugs this catches
       '@typescript-eslint/restrict-template-expressions': ['error', { allowNumber: true }],
       '@typescript-eslint/no-confusing-void-expression': ['error', { ignoreArrowShorthand: true }],
+      // a leading underscore says a parameter is there for its signature (an override's, a callback's)
+      '@typescript-eslint/no-unused-vars': ['error', { argsIgnorePattern: '^_', ignoreRestSiblings: true }],
       'max-len': ['error', { code: 120, ignoreUrls: true }],
     },
   },

@@ -18,7 +18,9 @@ export function getExecutorClass(backend: string): typeof LocalExecutor | typeof
   }
 }
 
-/** An executor of `backend` over `options.layout`; the swarm backend places its ranks on `workers` of `swarm`, in order. */
+/**
+ * An executor of `backend` over `options.layout`; the swarm backend places its ranks on `workers` of `swarm`, in order.
+ */
 export function createExecutor(
   backend: Backend,
   options: ExecutorOptions,

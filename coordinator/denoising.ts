@@ -36,9 +36,9 @@ export interface DenoiseRequest {
   /** continue from a checkpoint: `step` steps done, `latent` after them */
   resume?: SamplerCheckpoint;
   signal?: AbortSignal;
-  onCheckpoint?(c: SamplerCheckpoint): void;
-  onFailure?(f: FailureRecord): void;
-  onProgress?(p: StepProgress): void;
+  onCheckpoint?: (c: SamplerCheckpoint) => void;
+  onFailure?: (f: FailureRecord) => void;
+  onProgress?: (p: StepProgress) => void;
 }
 
 export interface Denoised {

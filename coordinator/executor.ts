@@ -299,7 +299,10 @@ export abstract class Executor {
     this.workers.forEach((w, rank) => (w.threads = infos[rank].threads));
   }
 
-  /** Times an all-to-all on the ranks' meshes for the prepared job (rank/mesh-probe.ts): the link the cost model plans with. */
+  /**
+   * Times an all-to-all on the ranks' meshes for the prepared job (rank/mesh-probe.ts): the link the cost model plans
+   * with.
+   */
   probeMesh(job: number): Promise<MeshProbe[]> {
     return this.collectiveRpc('probeMesh', { args: { job } });
   }
@@ -380,7 +383,10 @@ export abstract class Executor {
     };
   }
 
-  /** Whether this forward attends to stale keys and values (displaced mode past its warm-up, the ranks holding the step before's). */
+  /**
+   * Whether this forward attends to stale keys and values (displaced mode past its warm-up, the ranks holding the step
+   * before's).
+   */
   private stale(request: ForwardRequest, checked: boolean): boolean {
     const { settings, warmupSteps } = this.placement;
     return !checked && attendsStale(settings.parallel, warmupSteps, request.step, this.lastStepOf.get(request.pass));
@@ -505,8 +511,8 @@ export abstract class Executor {
    * After a failed call: which ranks are lost (gone, frozen or misbehaving) and were let go.
    * An empty list means the failure was not a lost rank, so retrying would not help.
    */
-  async lostRanks(_error: Error): Promise<LostRank[]> {
-    return [];
+  lostRanks(_error: Error): Promise<LostRank[]> {
+    return Promise.resolve([]);
   }
 
   /** Pings every rank; rejects naming the silent ones. */

@@ -22,7 +22,10 @@ export type QueueEvent =
   /** a write to the store failed: what was kept, what was not, what to do */
   | { type: 'storage'; job: StoredJob; message: string };
 
-/** starts of one job without a step done before it is given up: each start a reload or a crash interrupted before its first checkpoint counts */
+/**
+ * starts of one job without a step done before it is given up: each start a reload or a crash interrupted before its
+ * first checkpoint counts
+ */
 export const MAX_ATTEMPTS = 3;
 /** what a cancelled job's error says */
 export const CANCELLED = 'cancelled';

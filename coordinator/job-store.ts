@@ -61,7 +61,10 @@ export interface JobStore {
   all(): Promise<StoredJob[]>;
   put(job: StoredJob): Promise<void>;
   delete(id: number): Promise<void>;
-  /** bytes it can still take, as far as the browser says (below 0 where it holds more than its quota now allows; null: it does not say) */
+  /**
+   * bytes it can still take, as far as the browser says (below 0 where it holds more than its quota now allows; null:
+   * it does not say)
+   */
   room(): Promise<number | null>;
 }
 
@@ -71,19 +74,24 @@ export const resultBytes = (job: StoredJob): number =>
 
 export class MemoryJobStore implements JobStore {
   private readonly jobs = new Map<number, StoredJob>();
-  async all() {
-    return [...this.jobs.values()].sort((a, b) => a.id - b.id).map((j) => structuredClone(j));
+  all() {
+    return Promise.resolve([...this.jobs.values()].sort((a, b) => a.id - b.id).map((j) => structuredClone(j)));
   }
-  async put(job: StoredJob) {
+  put(job: StoredJob) {
     this.jobs.set(job.id, structuredClone(job));
+    return Promise.resolve();
   }
-  async room(): Promise<number | null> {
-    return null;
+  room(): Promise<number | null> {
+    return Promise.resolve(null);
   }
-  async delete(id: number) {
+  delete(id: number) {
     this.jobs.delete(id);
+    return Promise.resolve();
   }
 }
+
+/** The browser's storage manager: none on a page that is not a secure context. */
+const storage = (): Partial<StorageManager> | undefined => (navigator as { storage?: Partial<StorageManager> }).storage;
 
 /** The dashboard's IndexedDB database of jobs. */
 export const JOB_DATABASE = 'ditswarm';
@@ -98,7 +106,9 @@ export class IdbJobStore implements JobStore {
       },
     });
     // finished videos are worth keeping: ask the browser not to evict them under storage pressure
-    void navigator.storage?.persist?.().catch(() => false);
+    void storage()
+      ?.persist?.()
+      .catch(() => false);
     return new IdbJobStore(db);
   }
 
@@ -113,7 +123,7 @@ export class IdbJobStore implements JobStore {
   }
   async room(): Promise<number | null> {
     // the origin's whole quota and usage (the workers' weight cache counts too): what any write may still take
-    const { quota, usage } = (await navigator.storage?.estimate?.()) ?? {};
+    const { quota, usage } = (await storage()?.estimate?.()) ?? {};
     return quota !== undefined && usage !== undefined ? quota - usage : null;
   }
 }

@@ -37,12 +37,14 @@ export interface PipelineOptions {
   backend?: Backend;
   /** the swarm the `swarm` backend draws workers from */
   swarm?: Swarm;
-  /** what every job asks of placement unless it asks otherwise (GenerateRequest.placement); the planner decides the rest */
+  /**
+   * what every job asks of placement unless it asks otherwise (GenerateRequest.placement); the planner decides the rest
+   */
   placement?: PlacementRequest;
   placementTimeoutMs?: number;
   rpcTimeoutMs?: number;
   /** the last stage, frames → video file: WebM through WebCodecs unless replaced (Node has no WebCodecs) */
-  encodeVideo?(frames: DecodedVideo): Promise<Blob>;
+  encodeVideo?: (frames: DecodedVideo) => Promise<Blob>;
   /** encoded prompts kept between jobs (the dashboard's IndexedDB); none: every prompt is encoded */
   promptCache?: PromptCache;
 }
@@ -64,15 +66,18 @@ export interface GenerateRequest extends Partial<JobParams> {
   placement?: PlacementRequest;
   /** continue a job from a checkpoint: `step` steps done, `latent` after them */
   resume?: SamplerCheckpoint;
-  onCheckpoint?(c: SamplerCheckpoint): void;
-  onFailure?(f: FailureRecord): void;
-  onProgress?(p: StepProgress): void;
+  onCheckpoint?: (c: SamplerCheckpoint) => void;
+  onFailure?: (f: FailureRecord) => void;
+  onProgress?: (p: StepProgress) => void;
   /** a phase begins, or moves on (detail: how far it is, e.g. "tile 3 of 15") */
-  onPhase?(phase: JobPhase, detail?: string): void;
+  onPhase?: (phase: JobPhase, detail?: string) => void;
   signal?: AbortSignal;
 }
 
-/** What a job does, in order: encoding embeds the prompts; placing takes the workers, loads the model and prepares the ranks. */
+/**
+ * What a job does, in order: encoding embeds the prompts; placing takes the workers, loads the model and prepares the
+ * ranks.
+ */
 export type JobPhase = 'encoding' | 'placing' | 'denoising' | 'decoding' | 'muxing';
 
 export interface GenerateReport {
@@ -102,7 +107,10 @@ export interface GenerateReport {
   /** the all-to-all timed on this placement's mesh before its first job (null for one rank or a local backend) */
   meshProbe: MeshProbeReport;
   steps: StepReport[];
-  /** the median step's ms: what the plan's predictedStepMs is held to (a slow step, a GC or a busy neighbour, moves a mean, not a median) */
+  /**
+   * the median step's ms: what the plan's predictedStepMs is held to (a slow step, a GC or a busy neighbour, moves a
+   * mean, not a median)
+   */
   medianStepMs: number;
   resumedFromStep: number;
   failures: FailureRecord[];
@@ -136,33 +144,44 @@ export interface Pipeline {
   shutdown(options?: { graceMs?: number }): Promise<void>;
 }
 
-/** rows a given text embedding may have at most: WanPipeline pads to 512; a bound on what a caller can make the workers hold */
+/**
+ * rows a given text embedding may have at most: WanPipeline pads to 512; a bound on what a caller can make the workers
+ * hold
+ */
 const MAX_TEXT_TOKENS = 4096;
 
 /** The trained demo model: its videos show what a prompt of its small grammar asks (demo/world.ts). */
 export const DEFAULT_MODEL_URL = '/models/tiny-wan-demo';
 
-/** Reads a model folder's transformer config: what a page needs to know of a model before running it (its heads, say). */
+/** The page's address, which relative model URLs are resolved against (none in Node). */
+const pageUrl = (): string | undefined => (globalThis as { location?: Location }).location?.href;
+
+/**
+ * Reads a model folder's transformer config: what a page needs to know of a model before running it (its heads, say).
+ */
 export async function loadModelConfig(model: string = DEFAULT_MODEL_URL): Promise<WanConfig> {
   return parseWanConfig(
-    await readJson(fetchModelFiles(new URL(model, globalThis.location?.href).href), TRANSFORMER_CONFIG),
+    await readJson(fetchModelFiles(new URL(model, pageUrl()).href), TRANSFORMER_CONFIG),
     TRANSFORMER_CONFIG,
   );
 }
 
-/** What a job on a model folder is where it says nothing more: WanPipeline's defaults for a published folder, DEFAULT_JOB for the tiny ones (a form fills itself with it). */
+/**
+ * What a job on a model folder is where it says nothing more: WanPipeline's defaults for a published folder,
+ * DEFAULT_JOB for the tiny ones (a form fills itself with it).
+ */
 export async function loadJobDefaults(model: string = DEFAULT_MODEL_URL): Promise<JobParams> {
-  return (await loadWanPipelineParts(fetchModelFiles(new URL(model, globalThis.location?.href).href))).defaults;
+  return (await loadWanPipelineParts(fetchModelFiles(new URL(model, pageUrl()).href))).defaults;
 }
 
 export type { StepProgress } from './denoising.ts';
 
 export async function createPipeline(options: PipelineOptions = {}): Promise<Pipeline> {
   const backend = options.backend ?? 'local';
-  const modelUrl = new URL(options.model ?? DEFAULT_MODEL_URL, globalThis.location?.href).href;
+  const modelUrl = new URL(options.model ?? DEFAULT_MODEL_URL, pageUrl()).href;
   const files = fetchModelFiles(modelUrl);
   const parts = await loadWanPipelineParts(files);
-  const { config, textTokens, umt5, textEncoder, wanVae, decoder, solver, defaults: folderDefaults } = parts;
+  const { config, textTokens, umt5, wanVae, solver, defaults: folderDefaults } = parts;
   const { swarm, rpcTimeoutMs } = options;
   const placer = new Placer({
     config,
@@ -192,7 +211,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
             'give the prompt embeddings (promptEmbeds)',
           ).textLayers(numLayers),
       })
-    : standInEncoding(textEncoder);
+    : standInEncoding(() => parts.textEncoder());
   const videoDecoding = wanVae
     ? tiledDecoding({
         modelUrl,
@@ -206,7 +225,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
             "ask for the latent (outputType 'latent')",
           ).vaeTiles(),
       })
-    : standInDecoding(decoder);
+    : standInDecoding(() => parts.decoder());
 
   /** A given embedding's rows, checked against the model; else the prompt encoded. */
   const embed = async (

@@ -96,6 +96,6 @@ export function initArgsOf(placement: ResolvedPlacement, rank: number, peers: st
 
 /** The same ranks doing the same work the same way: a job placed so can keep the ranks of `other`. */
 export function samePlacement(a: ResolvedPlacement, b: ResolvedPlacement): boolean {
-  const decisions = ({ prediction: _p, cfgFallback: _c, ...rest }: ResolvedPlacement) => JSON.stringify(rest);
+  const decisions = ({ prediction, cfgFallback, ...rest }: ResolvedPlacement) => JSON.stringify(rest);
   return decisions(a) === decisions(b);
 }

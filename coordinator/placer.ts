@@ -219,6 +219,8 @@ export class Placer {
       await this.placeOn(await this.plan(prepared.params, prepared.request, before.world));
     } catch (e) {
       const what = lost.map((l) => `rank ${l.rank} (worker ${l.worker}: ${l.cause}, ${l.evidence})`).join(', ');
+      // the cause is the loss: why placing again failed is in the message
+      // eslint-disable-next-line preserve-caught-error -- the job failed of the lost rank, not of the re-placement
       throw new Error(
         `lost ${what} in step ${step + 1}, and the job could not be placed again: ${(e as Error).message}`,
         { cause: error },
@@ -293,7 +295,8 @@ export class Placer {
       workers.flatMap((w) => (w ? [w] : [])),
     );
     executor.onFailure(() => {
-      // Stryker disable next-line ConditionalExpression: a replaced executor is shut down first, and reports no failures
+      // Stryker disable next-line ConditionalExpression: a replaced executor is shut down first, and reports no
+      // failures
       if (this.executor === executor) this.lostARank = true;
     });
     this.lostARank = false;
@@ -308,7 +311,10 @@ export class Placer {
     this.executor = executor;
   }
 
-  /** The live workers, each engine answering, once at least `count` have joined; an error saying how many joined after the placement timeout. */
+  /**
+   * The live workers, each engine answering, once at least `count` have joined; an error saying how many joined after
+   * the placement timeout.
+   */
   async liveWorkers(count: number): Promise<SwarmWorker[]> {
     const swarm = defined(this.options.swarm, 'the swarm');
     // workers whose engines hang are let go and the rest counted again (a hung one is refused as it

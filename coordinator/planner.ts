@@ -206,7 +206,10 @@ const exchangeUnpredicted = (asked: Asked): Exchange => ({
   dtype: asked.dtype === 'auto' ? 'f32' : asked.dtype,
 });
 
-/** What head groups a plan's exchange goes in, in words for its `by` (nothing for one group the job left to the cost model). */
+/**
+ * What head groups a plan's exchange goes in, in words for its `by` (nothing for one group the job left to the cost
+ * model).
+ */
 const overlapWhy = (headGroups: number, asked: Asked): string =>
   headGroups > 1
     ? `; q, k, v in ${headGroups} head groups, so attention overlaps the exchange` +
@@ -402,7 +405,9 @@ export function runOf(plan: Plan, bytes: number) {
   };
 }
 
-/** The rank-to-rank link to plan with: a mesh probe of an earlier placement, or the coordinator's links as a stand-in. */
+/**
+ * The rank-to-rank link to plan with: a mesh probe of an earlier placement, or the coordinator's links as a stand-in.
+ */
 function linkOf(measurements: Measurements, workers: readonly PlanningWorker[]): PlacementPrediction['link'] {
   if (measurements.meshLink) return { ...measurements.meshLink, from: 'mesh probe' };
   const measured = workers.map((w) => w.measurement);
@@ -413,7 +418,9 @@ function linkOf(measurements: Measurements, workers: readonly PlanningWorker[]):
   };
 }
 
-/** Where a prediction came from: the jobs that ran the plan where any did (Hardware.measuredStepS), else the forwards. */
+/**
+ * Where a prediction came from: the jobs that ran the plan where any did (Hardware.measuredStepS), else the forwards.
+ */
 const predictedFrom = (p: StepPrediction, forwardsFrom: string): string =>
   p.measured
     ? `its steps as the last jobs of this shape on these workers measured them; the other plans from ${forwardsFrom}`

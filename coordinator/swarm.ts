@@ -50,7 +50,10 @@ const RELAY_RECONNECT_MS = 2_000;
  * before it (a released job's last stage), which on a slow machine take tens of seconds.
  */
 export const ENGINE_CHECK_MS = 60_000;
-/** ... and as it joins, when its engine has nothing queued unless it was let go mid-call: a joining page holds one of MAX_JOINING places meanwhile */
+/**
+ * ... and as it joins, when its engine has nothing queued unless it was let go mid-call: a joining page holds one of
+ * MAX_JOINING places meanwhile
+ */
 export const JOIN_ENGINE_CHECK_MS = 15_000;
 
 export interface SwarmWorker {
@@ -197,7 +200,9 @@ export class Swarm {
     }, RELAY_RECONNECT_MS);
   }
 
-  /** The link a worker opens to join this swarm, at this page's origin (tabs of this machine: a secure context there). */
+  /**
+   * The link a worker opens to join this swarm, at this page's origin (tabs of this machine: a secure context there).
+   */
   get joinUrl(): string {
     return this.joinUrlAt(this.origin);
   }

@@ -34,7 +34,10 @@ export interface DecodeReport {
   tiling: (Tiling & { why: string }) | null;
   tiles: number;
   ms: number;
-  /** each worker's share: tiles decoded, compute time, bytes of frames it sent, its decoder's weights and a tile's causal caches */
+  /**
+   * each worker's share: tiles decoded, compute time, bytes of frames it sent, its decoder's weights and a tile's
+   * causal caches
+   */
   ranks: {
     worker: string;
     tiles: number;
@@ -67,7 +70,10 @@ export interface DecodeResult {
 export interface VideoDecoding {
   /** refuses what cannot decode (a folder without the VAE's weights, say) before a job starts */
   ready(): Promise<void>;
-  /** latent [z, T, h, w] → frames in [0, 1] for the video file, the VAE's own output [3, F, H, W] in [−1, 1] (null for a stand-in), and how it went */
+  /**
+   * latent [z, T, h, w] → frames in [0, 1] for the video file, the VAE's own output [3, F, H, W] in [−1, 1] (null for a
+   * stand-in), and how it went
+   */
   decode(latent: Tensor, options?: DecodeOptions): Promise<DecodeResult>;
 }
 

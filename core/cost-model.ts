@@ -360,7 +360,9 @@ function predictGrouped(work: Workload, plan: Plan, headGroups: number, hw: Hard
   };
 }
 
-/** The plans worth predicting on workers of equal speed: each even degree (evenDegrees), with and without CFG parallel. */
+/**
+ * The plans worth predicting on workers of equal speed: each even degree (evenDegrees), with and without CFG parallel.
+ */
 export function candidatePlans(work: Workload, workers: number): Plan[] {
   const plans: Plan[] = [];
   for (const d of evenDegrees(work.model.numHeads, workers)) {
@@ -440,7 +442,10 @@ export function fitLink(samples: { bytes: number; seconds: number }[]): LinkSpee
   return { bandwidth: 1 / perByte, latency: Math.max(0, my - perByte * mx) };
 }
 
-/** The link a rank sees in its exchanges: the bytes it sends per second while all links are busy, and the fixed cost of one exchange. */
+/**
+ * The link a rank sees in its exchanges: the bytes it sends per second while all links are busy, and the fixed cost of
+ * one exchange.
+ */
 export function fitMeshProbe(probe: MeshProbe): LinkSpeed {
   return fitLink([
     { bytes: probe.smallBytes, seconds: probe.smallMs / 1000 },

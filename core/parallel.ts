@@ -140,7 +140,10 @@ export class ParallelConfigError extends Error {
   override name = 'ParallelConfigError';
 }
 
-/** Ulysses degrees a model of `numHeads` heads allows (each rank at least one head), up to the number of workers available. */
+/**
+ * Ulysses degrees a model of `numHeads` heads allows (each rank at least one head), up to the number of workers
+ * available.
+ */
 export function validDegrees(numHeads: number, maxWorkers = numHeads): number[] {
   return Array.from({ length: Math.max(0, Math.min(numHeads, maxWorkers)) }, (_, i) => i + 1);
 }
@@ -302,7 +305,10 @@ export function partFloats(
     : plan.rows[to] * headGroup(plan, from, group).heads * plan.headDim;
 }
 
-/** How a group's ranks share a block's self-attention: Ulysses (exact, on the critical path) or displaced (one step stale, off it: rank/displaced.ts). */
+/**
+ * How a group's ranks share a block's self-attention: Ulysses (exact, on the critical path) or displaced (one step
+ * stale, off it: rank/displaced.ts).
+ */
 export type ParallelMode = 'ulysses' | 'displaced';
 
 /**
@@ -330,7 +336,10 @@ export function staleKeysValuesBytes(
   return degree < 2 ? 0 : work.passes * work.model.numLayers * 2 * work.tokens * work.model.dim * 4;
 }
 
-/** Payload floats rank r sends per transformer block in displaced mode: k, v of its tokens, all heads, to each other rank. */
+/**
+ * Payload floats rank r sends per transformer block in displaced mode: k, v of its tokens, all heads, to each other
+ * rank.
+ */
 export function displacedFloatsPerBlock(plan: UlyssesPlan, rank: number): number {
   return partFloats(plan, 'kv', rank, 0) * (plan.degree - 1);
 }
