@@ -92,7 +92,8 @@ export class TimeoutError extends Error {
     timeoutMs: number,
   ) {
     super(
-      `${method} timed out after ${timeoutMs} ms waiting for rank${silentRanks.length > 1 ? 's' : ''} ${silentRanks.join(', ')}`,
+      `${method} timed out after ${timeoutMs} ms waiting for ` +
+        `rank${silentRanks.length > 1 ? 's' : ''} ${silentRanks.join(', ')}`,
     );
   }
 }
@@ -422,7 +423,8 @@ export abstract class Executor {
         throw new WorkerError(
           rank,
           'recompute',
-          `returned ${rows.length} values${rows.every(Number.isFinite) ? '' : ' with NaN or infinite ones'}, not ${plan.tokens}×${width}`,
+          `returned ${rows.length} values${rows.every(Number.isFinite) ? '' : ' with NaN or infinite ones'}, ` +
+            `not ${plan.tokens}×${width}`,
           null,
           true,
         );
@@ -447,7 +449,7 @@ export abstract class Executor {
       ms: performance.now() - started,
     });
     if (judged.verdict === 'agreed') return;
-    const [convicted, alsoConvicted] = judged.verdict.convicted;
+    const [convicted, alsoConvicted] = judged.verdict.convicted as [number, number?];
     const blame: RankLost | null =
       alsoConvicted === undefined
         ? null

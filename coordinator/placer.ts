@@ -219,12 +219,11 @@ export class Placer {
       await this.placeOn(await this.plan(prepared.params, prepared.request, before.world));
     } catch (e) {
       const what = lost.map((l) => `rank ${l.rank} (worker ${l.worker}: ${l.cause}, ${l.evidence})`).join(', ');
-      // the cause is the loss: why placing again failed is in the message
-      // eslint-disable-next-line preserve-caught-error -- the job failed of the lost rank, not of the re-placement
-      throw new Error(
-        `lost ${what} in step ${step + 1}, and the job could not be placed again: ${(e as Error).message}`,
-        { cause: error },
-      );
+      const why = (e as Error).message;
+      const message = `lost ${what} in step ${step + 1}, and the job could not be placed again: ${why}`;
+      // the job failed of the lost rank; why placing it again failed is in the message
+      // eslint-disable-next-line preserve-caught-error -- the cause is the loss, not the failed re-placement
+      throw new Error(message, { cause: error });
     }
     const after = defined(this.executor, 'the new placement');
     await after.prepareJob(prepared.job, prepared.texts, prepared.shape);

@@ -166,12 +166,14 @@ export function defaultDegree(numHeads: number, liveWorkers: number): number {
 export function checkDegree(numHeads: number, degree: number, liveWorkers = Infinity): void {
   if (!Number.isInteger(degree) || degree < 1 || degree > numHeads) {
     throw new ParallelConfigError(
-      `ulyssesDegree ${degree} is not a whole number of ranks from 1 to the model's ${numHeads} heads (each rank takes at least one)`,
+      `ulyssesDegree ${degree} is not a whole number of ranks from 1 to the model's ${numHeads} heads ` +
+        '(each rank takes at least one)',
     );
   }
   if (degree > liveWorkers) {
     throw new ParallelConfigError(
-      `ulyssesDegree ${degree} needs ${degree} worker${degree === 1 ? '' : 's'} but ${liveWorkers} ${liveWorkers === 1 ? 'is' : 'are'} live; ` +
+      `ulyssesDegree ${degree} needs ${degree} worker${degree === 1 ? '' : 's'} ` +
+        `but ${liveWorkers} ${liveWorkers === 1 ? 'is' : 'are'} live; ` +
         (liveWorkers >= 1
           ? `at most ${Math.min(liveWorkers, numHeads)} now, or open more worker pages`
           : 'open a worker page first'),
@@ -204,7 +206,7 @@ export function proportionalShares(total: number, weights: number[]): number[] {
 
 /** Heads as equal as they can be: P | H gives H/P each, else the first ranks one more. */
 export const evenHeads = (numHeads: number, degree: number): number[] =>
-  proportionalShares(numHeads, new Array(degree).fill(1));
+  proportionalShares(numHeads, new Array<number>(degree).fill(1));
 
 /**
  * The plan of a forward over `tokens` tokens: `heads` as given (a rank's share each), or that many
@@ -221,7 +223,8 @@ export function planUlysses(
   checkDegree(cfg.numHeads, shares.length);
   if (!shares.every((h) => Number.isInteger(h) && h >= 1) || shares.reduce((a, b) => a + b, 0) !== cfg.numHeads) {
     throw new ParallelConfigError(
-      `head shares ${shares.join('/')} are not whole shares of at least one summing to the model's ${cfg.numHeads} heads`,
+      `head shares ${shares.join('/')} are not whole shares of at least one ` +
+        `summing to the model's ${cfg.numHeads} heads`,
     );
   }
   if (tokens < shares.length)
