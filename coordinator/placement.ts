@@ -11,8 +11,11 @@ import type { RankSettings } from '../core/rank-settings.ts';
 import type { ExecutionProvider, InitArgs } from '../core/worker-api.ts';
 import type { Backend } from './backends.ts';
 
-/** What a job asks of placement; what it leaves unset, the planner decides. */
-export interface PlacementRequest {
+/**
+ * What a job asks of placement; what it leaves unset, the planner decides. A rank setting is asked
+ * for by its own name (RankSettings), so a new one needs no field here.
+ */
+export interface PlacementRequest extends Partial<Omit<RankSettings, 'dtype' | 'parallel' | 'emulateLink'>> {
   /** Ulysses degree (of each group with CFG parallel); 'auto' (the default): the cost model's choice */
   ulyssesDegree?: number | 'auto';
   /** both passes of a guided step at once on two groups: always (true), never (false), or as the cost model chooses */
@@ -38,8 +41,6 @@ export interface PlacementRequest {
   parallel?: ParallelMode | 'auto';
   /** displaced mode's exact steps first */
   warmupSteps?: number;
-  /** Ulysses: the head groups a block's exchange goes in (core/parallel.ts headGroup); unset: the cost model's */
-  headGroups?: number;
 }
 
 /** What the cost model expected of a placement, and why it was chosen. */
