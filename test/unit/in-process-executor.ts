@@ -3,7 +3,7 @@ import { Measurements } from '../../coordinator/measurements.ts';
 import type { PlacementRequest } from '../../coordinator/placement.ts';
 import { planPlacement } from '../../coordinator/planner.ts';
 import { DEFAULT_JOB, jobParams } from '../../core/job.ts';
-import type { WanConfig } from '../../core/model/config.ts';
+import { wanConfigOfSize, type WanConfig } from '../../core/model/config.ts';
 import type { RankLayout } from '../../core/parallel.ts';
 import type { RankSettings } from '../../core/rank-settings.ts';
 import type { Link } from '../../core/net/link.ts';
@@ -134,5 +134,13 @@ export class InProcessExecutor extends Executor {
   }
 }
 
-/** What the planner tells the ranks of a job that asks nothing of the exchange (exact float32 Ulysses). */
-export const EXACT_SETTINGS: RankSettings = { dtype: 'f32', parallel: 'ulysses', headGroups: 1, emulateLink: null };
+/** What the planner tells the ranks of a job that asks nothing of it: exact float32 Ulysses. */
+export const EXACT_SETTINGS: RankSettings = planPlacement(
+  {
+    config: wanConfigOfSize({ headDim: 24, textDim: 32, ffnDim: 64, numLayers: 1 }, 'a stand-in'),
+    modelUrl: '',
+    backend: 'local',
+    textTokens: 1,
+  },
+  { params: jobParams(DEFAULT_JOB), request: {}, workers: [], measurements: new Measurements() },
+).settings;
