@@ -194,7 +194,10 @@ export abstract class Executor {
     await this.collectiveRpc('initWorker', { args: (rank) => initArgsOf(this.placement, rank, peers, session) });
     const infos = await this.collectiveRpc('describe');
     const loaded = await this.collectiveRpc('loadModel', {
-      args: { modelUrl: this.placement.modelUrl, ep: this.placement.ep },
+      args: (rank) => ({
+        modelUrl: this.placement.modelUrl,
+        ep: this.placement.workers.at(rank)?.ep ?? this.placement.ep,
+      }),
       timeoutMs: this.placement.timeouts.loadMs,
     });
     this.workers = infos.map((info, rank) => ({ ...info, ...loaded[rank], id: peers[rank] }));

@@ -73,9 +73,13 @@ export interface ResolvedPlacement {
   modelUrl: string;
   /** how many ranks, in which CFG groups, each group's shares of the heads */
   layout: RankLayout;
-  /** the workers' ids in rank order ([] for the local backend's one rank in this tab) */
-  workers: string[];
-  /** where the ranks compute: as asked, or 'auto' for the EP each measured fastest (cost-model.ts fastestEp) */
+  /**
+   * the workers in rank order ([] for the local backend's one rank in this tab), each with the EP it
+   * computes on: the one asked, or the one it measured fastest (cost-model.ts fastestEp, the rule it
+   * applies itself where it is not yet measured: 'auto')
+   */
+  workers: { id: string; ep: ExecutionProvider | 'auto' }[];
+  /** the EP the job asked for ('auto': each worker's fastest) */
   ep: ExecutionProvider | 'auto';
   /** what every rank is told besides its place in the mesh */
   settings: RankSettings;

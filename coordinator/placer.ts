@@ -285,7 +285,7 @@ export class Placer {
     await this.shutdown({ graceMs: 1_000 });
     const { config, backend, swarm } = this.options;
     const byId = new Map(swarm?.workers().map((w) => [w.id, w]));
-    const workers = placement.workers.map((id) => byId.get(id));
+    const workers = placement.workers.map(({ id }) => byId.get(id));
     if (workers.some((w) => !w)) throw new Error('a worker of the placement left the swarm before it was placed');
     const executor = createExecutor(
       backend,

@@ -574,7 +574,12 @@ export function planPlacement(ctx: PlannerContext, input: PlanningInput): Resolv
     backend: ctx.backend,
     modelUrl: ctx.modelUrl,
     layout,
-    workers: ctx.backend === 'swarm' ? workers.slice(0, layout.world).map((w) => w.id) : [],
+    workers:
+      ctx.backend === 'swarm'
+        ? workers
+            .slice(0, layout.world)
+            .map((w) => ({ id: w.id, ep: w.measurement ? epOf(asked.ep, w.measurement) : asked.ep }))
+        : [],
     ep: asked.ep,
     settings: { dtype: exchange.dtype, parallel: exchange.parallel, headGroups, emulateLink: asked.emulateLink },
     warmupSteps: asked.warmupSteps,
