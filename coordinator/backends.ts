@@ -18,9 +18,7 @@ export function getExecutorClass(backend: string): typeof LocalExecutor | typeof
   }
 }
 
-/**
- * An executor of `backend` over `options.layout`; the swarm backend places its ranks on `workers` of `swarm`, in order.
- */
+/** An executor of `backend` for `options.placement`; the swarm backend's ranks are `workers` of `swarm`, in order. */
 export function createExecutor(
   backend: Backend,
   options: ExecutorOptions,

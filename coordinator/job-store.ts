@@ -62,8 +62,8 @@ export interface JobStore {
   put(job: StoredJob): Promise<void>;
   delete(id: number): Promise<void>;
   /**
-   * bytes it can still take, as far as the browser says (below 0 where it holds more than its quota now allows; null:
-   * it does not say)
+   * bytes it can still take, as far as the browser says: below 0 where it holds more than its quota
+   * now allows; null where the browser does not say
    */
   room(): Promise<number | null>;
 }

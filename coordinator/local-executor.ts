@@ -13,17 +13,20 @@ export class LocalExecutor extends Executor {
   private rank0: Remote<WorkerApi> | null = null;
   private terminate: (() => void) | null = null;
 
-  protected async place(): Promise<string[]> {
+  protected place(): Promise<string[]> {
     if (this.layout.world !== 1)
-      throw new Error(
-        `the local backend runs one rank in this tab, but the layout asks for ${this.layout.world}: use the swarm backend`,
+      return Promise.reject(
+        new Error(
+          `the local backend runs one rank in this tab, but the layout asks for ${this.layout.world}: ` +
+            'use the swarm backend',
+        ),
       );
     // the one rank computes in this tab, on all of its machine's cores
     const threads = usableCores();
     const engine = new EngineHost(threads);
     this.terminate = () => engine.terminate();
     const runtime = new WorkerRuntime(engine, {
-      connectMesh: async (init) => memoryExchanges(1, init.dtype)[0],
+      connectMesh: (init) => Promise.resolve(memoryExchanges(1, init.dtype)[0]),
       describe: async () => ({
         ...(await describeCompute()),
         threads,
@@ -33,7 +36,7 @@ export class LocalExecutor extends Executor {
       peakMemoryBytes: sampleMemoryPeak(),
     });
     this.rank0 = inProcess<WorkerApi>(runtime, WORKER_CONTRACT, 'the local rank');
-    return ['local'];
+    return Promise.resolve(['local']);
   }
 
   protected remoteOf(rank: number): Remote<WorkerApi> | undefined {

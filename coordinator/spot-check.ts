@@ -13,11 +13,8 @@ import { tokenStart, type UlyssesPlan } from '../core/parallel.ts';
 /** forwards checked, on average: one in sixteen (a constant cheat is caught within sixteen forwards) */
 export const DEFAULT_SPOT_CHECK_RATE = 1 / 16;
 /**
- * How far a rank's rows may be from a recomputation (made alone, so exact), relative to the rows'
- * scale, under each transport: float32 forwards split differently agree to ~1e-6 of it and float16
- * transport to ~4e-5; int8 moved the tiny model's forwards by up to 1.4e-3 (27 forwards: P = 2
- * and 3, three latents, three timesteps), so it gets a wider bound, and a cheat must be larger to
- * be caught there.
+ * How far a rank's rows may be from a recomputation (made alone, so exact), relative to the rows' scale: the coarser
+ * the transport's values, the further honest rows stray, so the wider the bound (and the larger a cheat it misses).
  */
 export function spotCheckTolerance(dtype: DType): number {
   return dtype === 'i4' ? 3e-2 : dtype === 'i8' ? 8e-3 : 2e-3;
@@ -99,7 +96,9 @@ export function judgeSpotCheck(
       difference,
       verdict: {
         convicted: suspect === checker.rank ? [suspect] : [suspect, checker.rank],
-        why: `${what}, and no third rank could say whether the recomputation (rank ${checker.rank}) or the rank was wrong: ${suspect === checker.rank ? 'it recomputed its own' : 'both are let go'}`,
+        why:
+          `${what}, and no third rank could say whether the recomputation (rank ${checker.rank}) or the rank was ` +
+          `wrong: ${suspect === checker.rank ? 'it recomputed its own' : 'both are let go'}`,
       },
     };
   const recomputationsAgree =
@@ -124,14 +123,18 @@ export function judgeSpotCheck(
       difference,
       verdict: {
         convicted: [suspect],
-        why: `its rows of the pass and its own recomputation of it disagree with each other and with rank ${third.rank}'s`,
+        why:
+          'its rows of the pass and its own recomputation of it disagree with each other ' +
+          `and with rank ${third.rank}'s`,
       },
     };
   return {
     difference,
     verdict: {
       convicted: [suspect, checker.rank],
-      why: `${what}, and the recomputations of ranks ${checker.rank} and ${third.rank} disagree too: both the rank and the first checker are let go`,
+      why:
+        `${what}, and the recomputations of ranks ${checker.rank} and ${third.rank} disagree too: ` +
+        'both the rank and the first checker are let go',
     },
   };
 }

@@ -29,12 +29,14 @@ export class SwarmExecutor extends Executor {
     super(options);
   }
 
-  protected async place(): Promise<string[]> {
+  protected place(): Promise<string[]> {
     const live = new Set(this.swarm.workers());
     const gone = this.ranks.filter((w) => !live.has(w));
     if (gone.length)
-      throw new Error(
-        `worker${gone.length > 1 ? 's' : ''} ${gone.map((w) => w.id).join(', ')} left the swarm before placement`,
+      return Promise.reject(
+        new Error(
+          `worker${gone.length > 1 ? 's' : ''} ${gone.map((w) => w.id).join(', ')} left the swarm before placement`,
+        ),
       );
     this.ranks.forEach((w, rank) => this.swarm.setActivity(w, this.layout.describe(rank)));
     this.offLeave = this.swarm.on((e) => {
@@ -50,15 +52,15 @@ export class SwarmExecutor extends Executor {
       });
       this.reportFailure(new Error(`rank ${rank} (worker ${e.worker.id}) is lost: ${e.reason}`));
     });
-    return this.ranks.map((w) => w.id);
+    return Promise.resolve(this.ranks.map((w) => w.id));
   }
 
   protected remoteOf(rank: number): Remote<WorkerApi> | undefined {
-    return this.ranks[rank]?.api;
+    return this.rankWorker(rank)?.api;
   }
 
   protected override showActivity(rank: number, doing: string): void {
-    const worker = this.ranks[rank];
+    const worker = this.rankWorker(rank);
     if (worker) this.swarm.setActivity(worker, doing);
   }
 
@@ -83,7 +85,7 @@ export class SwarmExecutor extends Executor {
     const unanswered = await Promise.all(
       this.ranks.map((w, rank) =>
         this.lost.has(rank)
-          ? false
+          ? Promise.resolve(false)
           : w.api.ping({}, CONFIRM_PING_MS).then(
               () => false,
               () => true,
@@ -92,8 +94,12 @@ export class SwarmExecutor extends Executor {
     );
     unanswered.forEach((silent, rank) => {
       if (!silent || this.lost.has(rank)) return;
-      const said = accused?.rank === rank ? `; rank ${(error as WorkerError).rank} reported: ${accused.evidence}` : '';
-      const timedOut = silentAtTimeout.has(rank) ? `; it had not answered ${(error as TimeoutError).method}` : '';
+      const said =
+        error instanceof WorkerError && error.blame?.rank === rank
+          ? `; rank ${error.rank} reported: ${error.blame.evidence}`
+          : '';
+      const timedOut =
+        error instanceof TimeoutError && silentAtTimeout.has(rank) ? `; it had not answered ${error.method}` : '';
       this.letGo(
         rank,
         'silent',
@@ -109,7 +115,8 @@ export class SwarmExecutor extends Executor {
       this.letGo(
         error.rank,
         'misbehaved',
-        `it reported rank ${accused.rank} ${what}, which the coordinator cannot confirm: one of the two is let go with the other`,
+        `it reported rank ${accused.rank} ${what}, which the coordinator cannot confirm: ` +
+          'one of the two is let go with the other',
         0,
       );
     }
@@ -135,6 +142,11 @@ export class SwarmExecutor extends Executor {
     return [...this.lost.values()].sort((a, b) => a.rank - b.rank);
   }
 
+  /** The worker of `rank`; none for a rank outside the placement (a rank's blame may name any) or after closing. */
+  private rankWorker(rank: number): SwarmWorker | undefined {
+    return this.ranks[rank];
+  }
+
   /** `ban`: on the coordinator's own evidence of wrong results, the worker is not admitted again */
   private letGo(
     rank: number,
@@ -143,7 +155,7 @@ export class SwarmExecutor extends Executor {
     silentMs: number,
     { ban = false } = {},
   ): void {
-    const worker = this.ranks[rank];
+    const worker = this.rankWorker(rank);
     if (!worker || this.lost.has(rank)) return;
     this.lost.set(rank, { rank, worker: worker.id, cause, evidence, silentMs });
     this.swarm.evict(worker, evidence, { ban });

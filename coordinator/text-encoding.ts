@@ -91,7 +91,8 @@ export function umt5Encoding(o: Umt5EncodingOptions): TextEncoding {
       // a folder of configs without the encoder's weights (or its tokenizer) cannot encode: say what to give instead
       throw e instanceof MissingFile
         ? new MissingFile(
-            `the text encoder (umT5) cannot run: ${e.message}; give the prompt's embeddings instead (promptEmbeds [L, text_dim]; --prompt-embeds FILE with npm run generate)`,
+            `the text encoder (umT5) cannot run: ${e.message}; give the prompt's embeddings instead ` +
+              '(promptEmbeds [L, text_dim]; --prompt-embeds FILE with npm run generate)',
           )
         : e;
     }
@@ -127,8 +128,10 @@ export function umt5Encoding(o: Umt5EncodingOptions): TextEncoding {
           o.timeoutMs,
         );
         if (ran.hidden.length !== hidden.length || !ran.hidden.every(Number.isFinite)) {
+          const wrong = ran.hidden.length === hidden.length ? ' with NaN or infinite ones' : `, not ${hidden.length}`;
           throw new Error(
-            `worker ${host.id} returned the text encoder's layers ${from}–${to - 1} as ${ran.hidden.length} values${ran.hidden.length === hidden.length ? ' with NaN or infinite ones' : `, not ${hidden.length}`}`,
+            `worker ${host.id} returned the text encoder's layers ${from}–${to - 1} ` +
+              `as ${ran.hidden.length} values${wrong}`,
           );
         }
         hidden = ran.hidden;
@@ -141,7 +144,8 @@ export function umt5Encoding(o: Umt5EncodingOptions): TextEncoding {
         });
       }
       hidden = umt5FinalNorm(config, finalNorm, hidden);
-      await o.cache?.put(key, { hidden, truncated }).catch(() => {}); // a full or missing cache costs a re-encode, nothing more
+      // a full or missing cache costs a re-encode, nothing more
+      await o.cache?.put(key, { hidden, truncated }).catch(() => {});
       return { embeds: padPromptEmbeds(hidden, config.dModel, o.maxLength), report: report('encoded', layers) };
     },
   };

@@ -35,8 +35,8 @@ export interface DecodeReport {
   tiles: number;
   ms: number;
   /**
-   * each worker's share: tiles decoded, compute time, bytes of frames it sent, its decoder's weights and a tile's
-   * causal caches
+   * each worker's share: tiles decoded, compute time, bytes of frames it sent, its decoder's weights
+   * and a tile's causal caches
    */
   ranks: {
     worker: string;
@@ -58,7 +58,7 @@ export interface DecodeProgress {
 export interface DecodeOptions {
   /** where the workers compute (the job's EP); the decoding's own otherwise */
   ep?: ExecutionProvider | 'auto';
-  onProgress?(p: DecodeProgress): void;
+  onProgress?: (p: DecodeProgress) => void;
 }
 
 export interface DecodeResult {
@@ -71,8 +71,8 @@ export interface VideoDecoding {
   /** refuses what cannot decode (a folder without the VAE's weights, say) before a job starts */
   ready(): Promise<void>;
   /**
-   * latent [z, T, h, w] → frames in [0, 1] for the video file, the VAE's own output [3, F, H, W] in [−1, 1] (null for a
-   * stand-in), and how it went
+   * latent [z, T, h, w] → frames in [0, 1] for the video file, the VAE's own output [3, F, H, W] in
+   * [−1, 1] (null for a stand-in), and how it went
    */
   decode(latent: Tensor, options?: DecodeOptions): Promise<DecodeResult>;
 }
@@ -101,7 +101,9 @@ export interface TiledDecodingOptions {
 /** The stand-in decoders of the tiny models, in this page. */
 export function standInDecoding(load: () => Promise<(latent: Tensor) => DecodedVideo>): VideoDecoding {
   return {
-    ready: async () => void (await load()),
+    async ready() {
+      await load();
+    },
     async decode(latent) {
       const started = performance.now();
       const frames = (await load())(latent);
@@ -139,7 +141,9 @@ export function chooseTiling(cfg: WanVaeConfig, maxBufferBytes: number): Tiling 
   const why =
     tiling.tile === TILE_PIXELS
       ? "diffusers' tiles"
-      : `diffusers' ${TILE_PIXELS}-pixel tiles need a ${(largestTileTensorBytes(cfg, TILE_PIXELS / 8) / 2 ** 20).toFixed(0)} MiB buffer; the workers allow ${(maxBufferBytes / 2 ** 20).toFixed(0)} MiB`;
+      : `diffusers' ${TILE_PIXELS}-pixel tiles need a ` +
+        `${(largestTileTensorBytes(cfg, TILE_PIXELS / 8) / 2 ** 20).toFixed(0)} MiB buffer; ` +
+        `the workers allow ${(maxBufferBytes / 2 ** 20).toFixed(0)} MiB`;
   return { ...tiling, why };
 }
 
@@ -149,13 +153,14 @@ export function tiledDecoding(o: TiledDecodingOptions): VideoDecoding {
     const [C, T, h, w] = latent.shape;
     if (C !== o.config.zDim || latent.data.length !== sizeOf(latent.shape))
       throw new Error(
-        `the VAE decodes latents [${o.config.zDim}, T, h, w], got [${latent.shape}] with ${latent.data.length} values`,
+        `the VAE decodes latents [${o.config.zDim}, T, h, w], ` +
+          `got [${latent.shape.join()}] with ${latent.data.length} values`,
       );
     const placed = await o.tileHosts();
     // tiles shrink until the workers' smallest buffer holds them
     const tiling = o.tiling ? { ...o.tiling, why: 'as asked' } : chooseTiling(o.config, placed.maxBufferBytes);
     const tiles = tilesOf(h, w, tiling);
-    const decoded: Frames[] = new Array(tiles.length);
+    const decoded = new Array<Frames>(tiles.length);
     const queue = tiles.map((_, i) => i);
     const ranks = new Map<string, DecodeReport['ranks'][number]>();
     let retried = 0;
@@ -201,7 +206,9 @@ export function tiledDecoding(o: TiledDecodingOptions): VideoDecoding {
         ];
         const what = `tile ${tile.row},${tile.col}'s latent frames ${from}–${from + n - 1}`;
         if (got.shape.join() !== expected.join() || got.frames.length !== sizeOf(expected))
-          throw new Error(`returned ${what} as [${got.shape}] with ${got.frames.length} values, not [${expected}]`);
+          throw new Error(
+            `returned ${what} as [${got.shape.join()}] with ${got.frames.length} values, not [${expected.join()}]`,
+          );
         if (!got.frames.every(Number.isFinite)) throw new Error(`returned ${what} with NaN or infinite values`);
         parts.push({ frames: expected[0], channels: 3, height: expected[2], width: expected[3], data: got.frames });
         rank.computeMs += got.computeMs;
@@ -236,7 +243,7 @@ export function tiledDecoding(o: TiledDecodingOptions): VideoDecoding {
         onProgress?.({ tilesDone: ++tilesDone, tiles: tiles.length });
       }
     };
-    // every worker that is live takes tiles; when all of them failed with tiles left, those still live are asked again
+    // every live worker takes tiles; when all of them failed with tiles left, those still live are asked again
     for (let round = 0; queue.length; round++) {
       const { hosts } = round === 0 ? placed : await o.tileHosts();
       if (!hosts.length)
@@ -247,7 +254,8 @@ export function tiledDecoding(o: TiledDecodingOptions): VideoDecoding {
       await Promise.all(hosts.map(worker));
       if (queue.length && queue.length === before)
         throw new Error(
-          `no worker could decode VAE tile ${tiles[queue[0]].row},${tiles[queue[0]].col}: ${failures.slice(-hosts.length).join('; ')}`,
+          `no worker could decode VAE tile ${tiles[queue[0]].row},${tiles[queue[0]].col}: ` +
+            failures.slice(-hosts.length).join('; '),
         );
     }
     const video = blendTiles(tiles, decoded, h, w, tiling);
@@ -270,7 +278,8 @@ export function tiledDecoding(o: TiledDecodingOptions): VideoDecoding {
       } catch (e) {
         throw e instanceof MissingFile
           ? new MissingFile(
-              `the VAE cannot decode: ${e.message}; ask for the latent instead (outputType 'latent'; --output-type latent with npm run generate)`,
+              `the VAE cannot decode: ${e.message}; ask for the latent instead ` +
+                "(outputType 'latent'; --output-type latent with npm run generate)",
             )
           : e;
       }

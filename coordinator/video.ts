@@ -11,7 +11,7 @@ import {
   canEncodeVideo,
   Input,
   Output,
-  QUALITY_HIGH,
+  Quality,
   VideoSample,
   VideoSampleSource,
   WEBM,
@@ -46,6 +46,10 @@ export interface WebMProbe {
 
 export const DEFAULT_FPS = 16;
 
+// mediabunny scales bitrate by pixel count: at 64×64 its default quality would leave a few kbit/s
+// and visibly smear small generated frames
+const QUALITY = new Quality('high');
+
 export async function encodeWebM(frames: VideoFrames, opts: EncodeWebMOptions = {}): Promise<Blob> {
   const { count, height, width, rgb } = frames;
   const fps = opts.fps ?? DEFAULT_FPS;
@@ -54,9 +58,7 @@ export async function encodeWebM(frames: VideoFrames, opts: EncodeWebMOptions = 
 
   const target = new BufferTarget();
   const output = new Output({ format: new WebMOutputFormat(), target });
-  // QUALITY_HIGH because mediabunny scales bitrate by pixel count: at 64×64 the
-  // default would leave a few kbit/s and visibly smear small generated frames.
-  const source = new VideoSampleSource({ codec, quality: QUALITY_HIGH });
+  const source = new VideoSampleSource({ codec, quality: QUALITY });
   output.addVideoTrack(source, { frameRate: fps });
   await output.start();
 
@@ -136,7 +138,7 @@ async function pickCodec(preferred: WebMCodec, width: number, height: number, fp
   const candidates: WebMCodec[] = preferred === 'vp8' ? ['vp8', 'vp9'] : ['vp9', 'vp8'];
   for (const codec of candidates) {
     // canEncodeVideo asks VideoEncoder.isConfigSupported with the real size and rate.
-    if (await canEncodeVideo(codec, { width, height, frameRate: fps, quality: QUALITY_HIGH })) return codec;
+    if (await canEncodeVideo(codec, { width, height, frameRate: fps, quality: QUALITY })) return codec;
   }
   throw new Error(
     `encodeWebM: the browser's VideoEncoder supports neither VP8 nor VP9 at ${width}×${height}@${fps}fps; ` +

@@ -74,12 +74,12 @@ export interface Hardware {
   workerFlops: number[];
   /**
    * measured attention scores/s (bias add + softmax) of each worker, parallel to workerFlops: the
-   * memory-bound work FLOPs miss, a fifth of a step at 12k tokens on wasm. Omitted: not charged.
+   * memory-bound work FLOPs miss. Omitted: not charged.
    */
   workerSoftmaxRates?: number[];
   /**
    * seconds one stage call costs each worker whatever its size, parallel to workerFlops: what
-   * dominates a step at few tokens (the demo's 48), where FLOPs are next to nothing. Omitted: not charged.
+   * dominates a step at few tokens, where FLOPs are next to nothing. Omitted: not charged.
    */
   workerStageS?: number[];
   /**
@@ -95,12 +95,10 @@ export interface Hardware {
    */
   rehearsedRankForwardS?: (degree: number) => number[] | undefined;
   /**
-   * seconds of a step of this plan (at this transport's bytes per value) as the jobs of the same
-   * shape that ran it on these workers measured it (their median steps averaged, the last weighing
-   * half: Placer.measuredStep), in whichever head groups they ran (those move a step by a few per
-   * cent: 2–11% in bench slow-link): where given, that is the prediction — no rehearsal is closer
-   * to what a job takes than a job, and a plan predicted too fast on these workers is not chosen
-   * again on that prediction.
+   * seconds of a step of this plan (at this transport's bytes per value) as jobs of the same shape
+   * measured it on these workers (Placer.measuredStep), whatever head groups they ran: where given,
+   * that is the prediction, since no rehearsal is closer to what a job takes than a job, and a plan
+   * predicted too fast is not chosen again on that prediction.
    */
   measuredStepS?: (plan: Plan, bytesPerElement: number) => number | undefined;
   /**
@@ -275,7 +273,8 @@ function predictGrouped(work: Workload, plan: Plan, headGroups: number, hw: Hard
         .sort((a, b) => b.f - a.f)
         .slice(0, world);
   const softmaxRateOf = (i: number) => hw.workerSoftmaxRates?.[i] ?? Infinity;
-  const stageS = hw.workerStageS ? Math.max(...chosen.map((c) => hw.workerStageS![c.i])) : 0;
+  const stageSOf = hw.workerStageS;
+  const stageS = stageSOf ? Math.max(...chosen.map((c) => stageSOf[c.i])) : 0;
   const link =
     world > 1
       ? slowestLink(
@@ -460,8 +459,8 @@ const gflops = (probe: Pick<ComputeProbe, 'flops'>): string => `${+(probe.flops 
  * The EP a worker computes fastest on, by its measured matrix-multiply rate (a forward pass is
  * mostly matrix multiplies), and why, in words: "WASM: 21.3 GFLOP/s vs WebGPU 0.2". The worker
  * chooses by it when a job leaves the EP to 'auto', and the planner predicts with the same choice.
- * A software WebGPU adapter computes on the same CPU as WASM, a hundred times slower (0.2 against
- * 21 GFLOP/s here): it is never chosen, so a worker need not wait seconds for its probe.
+ * A software WebGPU adapter computes on the same CPU as WASM, far slower: it is never chosen, so a
+ * worker need not wait for its probe.
  */
 export function fastestEp(
   compute: Partial<Record<ExecutionProvider, Pick<ComputeProbe, 'flops'>>>,
@@ -469,21 +468,19 @@ export function fastestEp(
 ): { ep: ExecutionProvider; why: string } {
   if (softwareAdapter) {
     // the same words whether or not its probe has finished: the worker does not wait for it, the coordinator does
-    return {
-      ep: 'wasm',
-      why: `${compute.wasm ? `WASM: ${gflops(compute.wasm)} GFLOP/s` : 'WASM: nothing measured yet'} (WebGPU: a software adapter)`,
-    };
+    const wasm = compute.wasm ? `WASM: ${gflops(compute.wasm)} GFLOP/s` : 'WASM: nothing measured yet';
+    return { ep: 'wasm', why: `${wasm} (WebGPU: a software adapter)` };
   }
   const measured = (Object.keys(compute) as ExecutionProvider[])
-    .filter((ep) => compute[ep])
-    .sort((a, b) => compute[b]!.flops - compute[a]!.flops);
+    .flatMap((ep) => {
+      const probe = compute[ep];
+      return probe ? [{ ep, flops: probe.flops }] : [];
+    })
+    .sort((a, b) => b.flops - a.flops);
   if (!measured.length) return { ep: 'wasm', why: 'WASM: nothing measured yet' };
-  const rate = (ep: ExecutionProvider) => gflops(compute[ep]!);
   const [best, ...slower] = measured;
   // Stryker disable next-line StringLiteral: there are two EPs, so at most one is slower and the separator never shows
-  const others = slower.map((ep) => `${EP_NAME[ep]} ${rate(ep)}`).join(', ');
-  return {
-    ep: best,
-    why: `${EP_NAME[best]}: ${rate(best)} GFLOP/s${others ? ` vs ${others}` : best === 'wasm' ? ' (no WebGPU adapter)' : ''}`,
-  };
+  const others = slower.map((m) => `${EP_NAME[m.ep]} ${gflops(m)}`).join(', ');
+  const note = others ? ` vs ${others}` : best.ep === 'wasm' ? ' (no WebGPU adapter)' : '';
+  return { ep: best.ep, why: `${EP_NAME[best.ep]}: ${gflops(best)} GFLOP/s${note}` };
 }
