@@ -157,7 +157,7 @@ async function main(): Promise<void> {
       let clamped = 0;
       for (const v of video) if (Math.abs(v) === 1) clamped++;
       console.log(
-        `${c.name}: video [${summary.shape}], ${summary.tiles} tiles, ${clamped}/${video.length} values at the clamp`,
+        `${c.name}: video [${summary.shape.join(',')}], ${summary.tiles} tiles, ${clamped}/${video.length} values at the clamp`,
       );
       cases.push({ ...c, tiles: summary.tiles, clamped, ...summarise(c.name, SEED, summary.shape, video) });
     }
@@ -178,7 +178,7 @@ async function main(): Promise<void> {
 }
 
 if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) {
-  main().catch((e) => {
+  main().catch((e: unknown) => {
     console.error(e);
     process.exit(1);
   });

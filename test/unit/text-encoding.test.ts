@@ -28,7 +28,7 @@ const CONFIG = {
 const PROMPT = 'a red ball moving right on the green square';
 let dir: string;
 
-/** Worker stand-ins that run their layers as a worker's engine does (rank/text-layers.ts), reading the folder from disk. */
+/** Workers' stand-ins that run their layers as a worker's engine does (rank/text-layers.ts), from the folder. */
 function hosts(count: number): TextHost[] {
   return Array.from({ length: count }, (_, i) => {
     const layers = textLayers(() => ({ ...folderFiles(dir), close: async () => {} }));
@@ -38,7 +38,14 @@ function hosts(count: number): TextHost[] {
 
 function mapCache(): PromptCache & { size(): number } {
   const entries = new Map<string, { hidden: Float32Array; truncated: boolean }>();
-  return { get: async (k) => entries.get(k), put: async (k, v) => void entries.set(k, v), size: () => entries.size };
+  return {
+    get: (k) => Promise.resolve(entries.get(k)),
+    put: (k, v) => {
+      entries.set(k, v);
+      return Promise.resolve();
+    },
+    size: () => entries.size,
+  };
 }
 
 beforeAll(async () => {
@@ -55,7 +62,7 @@ describe('a prompt through umT5 on the swarm', () => {
         modelUrl: 'model',
         files,
         maxLength: 16,
-        hosts: async () => hosts(count),
+        hosts: () => Promise.resolve(hosts(count)),
         ep: 'wasm',
         timeoutMs: 60_000,
       }).encode(PROMPT);
@@ -79,7 +86,7 @@ describe('a prompt through umT5 on the swarm', () => {
     const { ids } = new Umt5Tokenizer(await readJson(files, 'tokenizer/tokenizer.json')).encode(PROMPT, 16);
     expect(one.report).toMatchObject({ source: 'encoded', tokens: ids.length, truncated: false });
     const reference = padPromptEmbeds(
-      await encodeIds(encoder, ids, async (w, h, b) => umt5LayerReference(encoder.config, w, h, b)),
+      await encodeIds(encoder, ids, (w, h, b) => Promise.resolve(umt5LayerReference(encoder.config, w, h, b))),
       64,
       16,
     );
@@ -95,7 +102,7 @@ describe('a prompt through umT5 on the swarm', () => {
       modelUrl: 'model',
       files: folderFiles(dir),
       maxLength: 16,
-      hosts: async () => workers,
+      hosts: () => Promise.resolve(workers),
       ep: 'wasm',
       timeoutMs: 60_000,
       cache,
@@ -118,7 +125,7 @@ describe('a prompt through umT5 on the swarm', () => {
       modelUrl: 'model',
       files: folderFiles(dir),
       maxLength: 16,
-      hosts: async () => hosts(1),
+      hosts: () => Promise.resolve(hosts(1)),
       ep: 'wasm',
       timeoutMs: 60_000,
     }).encode(long);
@@ -130,7 +137,7 @@ describe('a prompt through umT5 on the swarm', () => {
     const liar = (hidden: (h: Float32Array) => Float32Array): TextHost[] => [
       {
         id: 'liar',
-        api: { encodeText: async (args) => ({ hidden: hidden(args.hidden), layerMs: [1], layersRead: 0 }) },
+        api: { encodeText: (args) => Promise.resolve({ hidden: hidden(args.hidden), layerMs: [1], layersRead: 0 }) },
       },
     ];
     const encode = (workers: TextHost[]) =>
@@ -138,7 +145,7 @@ describe('a prompt through umT5 on the swarm', () => {
         modelUrl: 'model',
         files: folderFiles(dir),
         maxLength: 16,
-        hosts: async () => workers,
+        hosts: () => Promise.resolve(workers),
         ep: 'wasm',
         timeoutMs: 60_000,
       }).encode(PROMPT);
