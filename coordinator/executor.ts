@@ -25,7 +25,7 @@ import {
   spotCheckTolerance,
   type SpotCheck,
 } from './spot-check.ts';
-import { guide } from '../core/scheduler.ts';
+import { guide } from '../core/sampler.ts';
 import type { Tensor } from '../core/tensor.ts';
 import {
   callWorker,

@@ -68,16 +68,23 @@ export function parseSchedulerConfig(json: unknown, source: string): { solver: S
   const c = (json ?? {}) as Record<string, unknown>;
   const fail = (what: string) => new ModelConfigError(`${source}: ${what}`);
   const flowShift = typeof c.flow_shift === 'number' ? c.flow_shift : typeof c.shift === 'number' ? c.shift : undefined;
-  if (c._class_name === 'FlowMatchEulerDiscreteScheduler') return { solver: EULER, flowShift };
+  const trained = c.num_train_timesteps ?? undefined;
+  if (trained !== undefined && !(Number.isInteger(trained) && (trained as number) > 0))
+    throw fail(`num_train_timesteps must be a whole number ≥ 1, got ${JSON.stringify(trained)}`);
+  const numTrainTimesteps = trained === undefined ? {} : { numTrainTimesteps: trained as number };
+  if (c._class_name === 'FlowMatchEulerDiscreteScheduler')
+    return { solver: { kind: 'FlowMatchEulerDiscreteScheduler', config: numTrainTimesteps }, flowShift };
   if (c._class_name !== 'UniPCMultistepScheduler')
     throw fail(
-      `_class_name ${JSON.stringify(c._class_name)} is not a scheduler ditswarm runs; expected UniPCMultistepScheduler or FlowMatchEulerDiscreteScheduler`,
+      `_class_name ${JSON.stringify(c._class_name)} is not a scheduler ditswarm runs; ` +
+        'expected UniPCMultistepScheduler or FlowMatchEulerDiscreteScheduler',
     );
   const expect = (key: string, wanted: unknown, fallback: unknown) => {
     const value = c[key] ?? fallback;
     if (value !== wanted)
       throw fail(
-        `${key} is ${JSON.stringify(value)}; ditswarm runs UniPC with ${key} ${JSON.stringify(wanted)}, as Wan2.1 publishes it`,
+        `${key} is ${JSON.stringify(value)}; ` +
+          `ditswarm runs UniPC with ${key} ${JSON.stringify(wanted)}, as Wan2.1 publishes it`,
       );
   };
   expect('prediction_type', 'flow_prediction', 'epsilon');
@@ -86,11 +93,14 @@ export function parseSchedulerConfig(json: unknown, source: string): { solver: S
   expect('solver_type', 'bh2', 'bh2');
   expect('final_sigmas_type', 'zero', 'zero');
   expect('thresholding', false, false);
-  const order = c.solver_order ?? 2;
-  if (order !== 1 && order !== 2)
-    throw fail(`solver_order ${JSON.stringify(order)} is not supported; ditswarm runs UniPC of order 1 or 2`);
+  const solverOrder = c.solver_order ?? 2;
+  if (solverOrder !== 1 && solverOrder !== 2)
+    throw fail(`solver_order ${JSON.stringify(solverOrder)} is not supported; ditswarm runs UniPC of order 1 or 2`);
   return {
-    solver: { kind: 'UniPCMultistepScheduler', order, lowerOrderFinal: c.lower_order_final !== false },
+    solver: {
+      kind: 'UniPCMultistepScheduler',
+      config: { ...numTrainTimesteps, solverOrder, lowerOrderFinal: c.lower_order_final !== false },
+    },
     flowShift,
   };
 }
