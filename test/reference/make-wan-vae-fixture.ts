@@ -1,6 +1,6 @@
 // Writes test/unit/wan-vae.fixture.json: what diffusers' AutoencoderKLWan decode gives for a tiny
 // seeded VAE, by a line-by-line numpy transcription of the upstream Python (wan_vae_numpy.py), so
-// core/model/wan-vae.ts's reference is held to diffusers' code and not to a reading of it.
+// core/model/wan-vae-reference.ts is held to diffusers' code and not to a reading of it.
 //
 //   npx tsx test/reference/make-wan-vae-fixture.ts
 //

@@ -2,14 +2,9 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import {
-  blendTiles,
-  cutTile,
-  decodeTileReference,
-  openWanVae,
-  tilesOf,
-  type WanVaeConfig,
-} from '../../core/model/wan-vae.ts';
+import { openWanVae, type WanVaeConfig } from '../../core/model/wan-vae.ts';
+import { decodeTileReference } from '../../core/model/wan-vae-reference.ts';
+import { blendTiles, cutTile, tilesOf } from '../../core/model/wan-vae-tiling.ts';
 import { defined } from '../../core/defined.ts';
 import { SeededRandom } from '../../core/random.ts';
 import type { TensorMap } from '../../core/safetensors.ts';

@@ -1,4 +1,4 @@
-// core/model/wan-vae.ts's plain TypeScript decoder held to diffusers' AutoencoderKLWan as the
+// core/model/wan-vae-reference.ts's plain TypeScript decoder held to diffusers' AutoencoderKLWan as the
 // upstream Python runs it: wan-vae.fixture.json is what test/reference/wan_vae_numpy.py (a
 // line-by-line numpy float32 transcription of autoencoder_kl_wan.py's decoder, _decode and
 // tiled_decode, with WanPipeline's un-normalisation first) gives for a tiny seeded VAE in the
@@ -7,15 +7,9 @@
 
 import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
-import {
-  blendTiles,
-  cutTile,
-  decodeTileReference,
-  decodeWanVaeReference,
-  parseWanVaeConfig,
-  tilesOf,
-  wanVaeWeightShapes,
-} from '../../core/model/wan-vae.ts';
+import { parseWanVaeConfig, wanVaeWeightShapes } from '../../core/model/wan-vae.ts';
+import { decodeTileReference, decodeWanVaeReference } from '../../core/model/wan-vae-reference.ts';
+import { blendTiles, cutTile, tilesOf } from '../../core/model/wan-vae-tiling.ts';
 import { safetensorsHeader } from '../../core/safetensors.ts';
 import { sizeOf, type Tensor } from '../../core/tensor.ts';
 import {
@@ -61,7 +55,7 @@ function decode(c: FixtureCase): { video: Tensor; tiles: number } {
   return { video: blendTiles(tiles, decoded, h, w, c.tiling), tiles: tiles.length };
 }
 
-describe("wan-vae.ts's reference decoder against diffusers' AutoencoderKLWan (numpy transcription)", () => {
+describe("wan-vae-reference.ts's reference decoder against diffusers' AutoencoderKLWan (numpy transcription)", () => {
   it('uses the fixture as it was made', () => {
     expect(fixture.config).toEqual(TINY_VAE_CONFIG);
     expect(fixture.init).toBe(INIT);
