@@ -20,7 +20,7 @@ export const SCHEDULER_CONFIG = 'scheduler/scheduler_config.json';
 /** WanPipeline's max_sequence_length: an encoded prompt is padded to this many rows */
 export const WAN_TEXT_TOKENS = 512;
 
-/** Wan2.1's two resolutions, each with the flow shift its docs give it (diffusers' Wan example: "5.0 for 720P, 3.0 for 480P") */
+/** Wan2.1's two resolutions, each with the flow shift diffusers' Wan example gives it ("5.0 for 720P, 3.0 for 480P") */
 export const WAN_SIZES = {
   '480p': { height: 480, width: 832, flowShift: 3 },
   '720p': { height: 720, width: 1280, flowShift: 5 },
@@ -28,9 +28,15 @@ export const WAN_SIZES = {
 
 /** The negative prompt of diffusers' Wan example (pipeline_wan.py, EXAMPLE_DOC_STRING), word for word */
 export const WAN_NEGATIVE_PROMPT =
-  'Bright tones, overexposed, static, blurred details, subtitles, style, works, paintings, images, static, overall gray, worst quality, low quality, JPEG compression residue, ugly, incomplete, extra fingers, poorly drawn hands, poorly drawn faces, deformed, disfigured, misshapen limbs, fused fingers, still picture, messy background, three legs, many people in the background, walking backwards';
+  'Bright tones, overexposed, static, blurred details, subtitles, style, works, paintings, images, static, ' +
+  'overall gray, worst quality, low quality, JPEG compression residue, ugly, incomplete, extra fingers, ' +
+  'poorly drawn hands, poorly drawn faces, deformed, disfigured, misshapen limbs, fused fingers, still picture, ' +
+  'messy background, three legs, many people in the background, walking backwards';
 
-/** WanPipeline.__call__'s defaults (height, width, num_frames, num_inference_steps, guidance_scale), with that negative prompt */
+/**
+ * WanPipeline.__call__'s defaults (height, width, num_frames, num_inference_steps, guidance_scale), with
+ * that negative prompt
+ */
 export const WAN_PIPELINE_DEFAULTS = {
   height: WAN_SIZES['480p'].height,
   width: WAN_SIZES['480p'].width,
@@ -44,17 +50,17 @@ export interface WanPipelineParts {
   config: WanConfig;
   /** rows of every text embedding the text encoder makes: the cross-attention length */
   textTokens: number;
-  /** text_encoder/ is umT5's encoder (the published folders'): too large for one tab, it runs on the workers (coordinator/text-encoding.ts) */
+  /** text_encoder/ is umT5's encoder (the published folders'): too large for one tab, it runs on the workers */
   umt5: boolean;
   /** the tiny models' stand-in encoder */
   textEncoder(): Promise<TextEncoder>;
-  /** vae/ is AutoencoderKLWan (the published folders'): it decodes in tiles on the workers (coordinator/vae-decoding.ts) */
+  /** vae/ is AutoencoderKLWan (the published folders'): it decodes in tiles on the workers */
   wanVae: WanVaeConfig | null;
   /** the tiny models' stand-in decoder */
   decoder(): Promise<(latent: Tensor) => DecodedVideo>;
   /** the folder's flow shift (model_index.json, else its scheduler's config), the default job's where it has neither */
   flowShift: number;
-  /** the folder's scheduler (scheduler/scheduler_config.json); flow-matching Euler where it has none, as the tiny models */
+  /** the folder's scheduler (scheduler/scheduler_config.json); flow-matching Euler where it has none (tiny models) */
   solver: Solver;
   /** what a job's missing fields are on this folder (jobDefaults) */
   defaults: JobParams;
@@ -123,7 +129,11 @@ export function jobDefaults({
 /** `load` once, when first asked; a failed load is tried again next time. */
 export function once<T>(load: () => Promise<T>): () => Promise<T> {
   let loading: Promise<T> | null = null;
-  return () => (loading ??= load().catch((e) => ((loading = null), Promise.reject(e))));
+  return () =>
+    (loading ??= load().catch((e: unknown) => {
+      loading = null;
+      throw e;
+    }));
 }
 
 export async function loadWanPipelineParts(files: ModelFiles): Promise<WanPipelineParts> {
@@ -134,7 +144,10 @@ export async function loadWanPipelineParts(files: ModelFiles): Promise<WanPipeli
     readJson(files, 'model_index.json'),
     readJson(files, SCHEDULER_CONFIG).then(
       (json) => parseSchedulerConfig(json, SCHEDULER_CONFIG),
-      (e) => (e instanceof MissingFile ? { solver: EULER, flowShift: undefined } : Promise.reject(e)),
+      (e: unknown) => {
+        if (e instanceof MissingFile) return { solver: EULER, flowShift: undefined };
+        throw e;
+      },
     ),
   ]);
   const flowShift = (index as { flow_shift?: unknown }).flow_shift ?? scheduler.flowShift;

@@ -28,7 +28,7 @@ function latentFrame(cfg: WanVaeConfig, latent: Tensor, t: number): Frames {
   return z;
 }
 
-/** 2D convolution of every frame, stride 1, zero padding k/2: adds into `out` (which holds the bias or a partial sum). */
+/** 2D convolution of every frame, stride 1, zero padding k/2, added into `out` (the bias, or a partial sum). */
 function convFramesInto(
   out: Frames,
   x: Frames,
@@ -196,7 +196,7 @@ function upsample(
   return out;
 }
 
-/** One chunk through post_quant_conv and the decoder: one latent frame → 1 (first) or 4 frames [F, 3, 8h, 8w], before clamping. */
+/** One chunk through post_quant_conv and the decoder: a latent frame → 1 (first) or 4 frames [F, 3, 8h, 8w]. */
 export function decodeChunkReference(
   cfg: WanVaeConfig,
   weights: Weights,

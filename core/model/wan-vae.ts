@@ -42,11 +42,15 @@ export interface WanVaeConfig {
   latentsStd: number[];
 }
 
+const isWholeNumbers = (v: unknown): v is number[] =>
+  Array.isArray(v) && v.every((m) => Number.isInteger(m) && (m as number) >= 1);
+const isBooleans = (v: unknown): v is boolean[] => Array.isArray(v) && v.every((t) => typeof t === 'boolean');
+
 export function isWanVaeConfig(json: unknown): boolean {
   return (json as { _class_name?: unknown } | null)?._class_name === WAN_VAE_CLASS;
 }
 
-/** diffusers' AutoencoderKLWan config.json as ditswarm decodes it: Wan2.1's VAE. Wan2.2's (residual blocks, patches) is refused by name. */
+/** AutoencoderKLWan's config.json as ditswarm decodes it: Wan2.1's VAE; Wan2.2's (residual, patches) is refused. */
 export function parseWanVaeConfig(json: unknown, source: string): WanVaeConfig {
   const c = (json ?? {}) as Record<string, unknown>;
   const fail = (what: string) => new ModelConfigError(`${source}: ${what}`);
@@ -73,25 +77,23 @@ export function parseWanVaeConfig(json: unknown, source: string): WanVaeConfig {
   const zDim = whole('z_dim', 16);
   const dimMult = (c.dim_mult ?? [1, 2, 4, 4]) as unknown;
   // four blocks: three spatial doublings, the ×8 every latent pixel decodes to
-  if (!Array.isArray(dimMult) || dimMult.length !== 4 || !dimMult.every((m) => Number.isInteger(m) && m >= 1))
+  if (!isWholeNumbers(dimMult) || dimMult.length !== 4)
     throw fail(
       `dim_mult must be 4 whole numbers ≥ 1 (Wan2.1's VAE: 8 pixels a latent pixel), got ${JSON.stringify(dimMult)}`,
     );
   if (Array.isArray(c.attn_scales) && c.attn_scales.length)
     throw fail(`attn_scales ${JSON.stringify(c.attn_scales)}: Wan2.1's VAE has no attention in its down-blocks ([])`);
   const temporal = (c.temperal_downsample ?? [false, true, true]) as unknown;
-  if (
-    !Array.isArray(temporal) ||
-    temporal.length !== dimMult.length - 1 ||
-    !temporal.every((t) => typeof t === 'boolean')
-  ) {
+  if (!isBooleans(temporal) || temporal.length !== dimMult.length - 1) {
     throw fail(
-      `temperal_downsample must be ${dimMult.length - 1} booleans (one per downsampling block), got ${JSON.stringify(temporal)}`,
+      `temperal_downsample must be ${dimMult.length - 1} booleans (one per downsampling block), ` +
+        `got ${JSON.stringify(temporal)}`,
     );
   }
   if (temporal.filter(Boolean).length !== 2)
     throw fail(
-      `temperal_downsample ${JSON.stringify(temporal)} halves time ${temporal.filter(Boolean).length} times; Wan2.1's VAE (4 frames a latent) halves it twice`,
+      `temperal_downsample ${JSON.stringify(temporal)} halves time ${temporal.filter(Boolean).length} times; ` +
+        "Wan2.1's VAE (4 frames a latent) halves it twice",
     );
   const stats = (key: string) => {
     const v = c[key];
@@ -140,7 +142,7 @@ export type DecoderLayer =
       shortcut: CausalConv | null;
     }
   | { kind: 'attention'; name: string; dim: number }
-  /** nearest ×2 and a 3×3 conv to outDim; `timeConv` (dim → 2·dim, 3×1×1) doubles time first, except on the first chunk */
+  /** nearest ×2 and a 3×3 conv to outDim; `timeConv` (dim → 2·dim, 3×1×1) doubles time first, but on the first chunk */
   | { kind: 'upsample'; name: string; dim: number; outDim: number; timeConv: (CausalConv & { cache: number }) | null }
   /** norm_out, SiLU, conv_out */
   | { kind: 'head'; name: string; dim: number; conv: CausalConv };
@@ -365,7 +367,8 @@ export async function openWanVae(files: ModelFiles): Promise<WanVaeCheckpoint> {
   const entries = new Map([...checkpoint.tensors].filter(([name]) => isDecoder(name)));
   if (!entries.size)
     throw new ModelConfigError(
-      `${checkpoint.source} holds no decoder tensors (decoder.*, post_quant_conv.*): it is not AutoencoderKLWan's, as ${VAE_CONFIG} says`,
+      `${checkpoint.source} holds no decoder tensors (decoder.*, post_quant_conv.*): ` +
+        `it is not AutoencoderKLWan's, as ${VAE_CONFIG} says`,
     );
   checkShapes(decoderWeightShapes(config), entries, checkpoint.source);
   return {

@@ -63,7 +63,7 @@ describe("wan-vae-reference.ts's reference decoder against diffusers' Autoencode
   });
 
   for (const c of fixture.cases) {
-    it(`decodes ${c.name}: latent [${c.latentShape}]${c.tiling ? `, tiles of ${c.tiling.tile} px every ${c.tiling.stride} px` : ', untiled'}`, () => {
+    it(`decodes ${c.name}: latent [${c.latentShape.join(',')}]${c.tiling ? `, tiles of ${c.tiling.tile} px every ${c.tiling.stride} px` : ', untiled'}`, () => {
       const { video, tiles } = decode(c);
       expect(video.shape).toEqual(c.shape);
       expect(tiles).toBe(c.tiles);
@@ -83,9 +83,10 @@ describe("wan-vae-reference.ts's reference decoder against diffusers' Autoencode
         Math.floor(where / W) % H,
         where % W,
       ];
-      expect(worst, `max |Δ| over ${c.values.length} sampled values, worst at [c, t, y, x] = [${at}]`).toBeLessThan(
-        TOLERANCE,
-      );
+      expect(
+        worst,
+        `max |Δ| over ${c.values.length} sampled values, worst at [c, t, y, x] = [${at.join(',')}]`,
+      ).toBeLessThan(TOLERANCE);
       // the whole video: each (frame, channel) plane's sum, the sum and the sum of squares, to TOLERANCE per value
       const n = sizeOf(c.shape);
       const plane = H * W;
