@@ -1,13 +1,13 @@
 // Mutation testing of the numeric and protocol core: a habit before changing these modules, not a
 // CI gate (too slow for that). `npm run test:mutation`, or one module at a time:
-//   npm run test:mutation -- --mutate core/scheduler.ts
+//   npm run test:mutation -- --mutate core/schedulers/unipc-multistep-scheduler.ts
 // Reports land in bench/out/mutation/ (index.html, mutation.json). Add `--incremental` to rerun
 // only the mutants and tests that changed since the last incremental run.
 /** @type {import('@stryker-mutator/api/core').PartialStrykerOptions} */
 export default {
   mutate: [
     'core/sampler.ts',
-    'core/scheduler.ts',
+    'core/schedulers/*.ts',
     'core/cost-model.ts',
     'core/parallel.ts',
     'core/net/protocol.ts',

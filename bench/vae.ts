@@ -13,15 +13,9 @@ import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import * as ort from 'onnxruntime-web';
-import {
-  cacheBytes,
-  decodeTileReference,
-  decoderPlan,
-  openWanVae,
-  tilesOf,
-  TILE_PIXELS,
-  TILE_STRIDE_PIXELS,
-} from '../core/model/wan-vae.ts';
+import { cacheBytes, decoderPlan, openWanVae } from '../core/model/wan-vae.ts';
+import { decodeTileReference } from '../core/model/wan-vae-reference.ts';
+import { tilesOf, TILE_PIXELS, TILE_STRIDE_PIXELS } from '../core/model/wan-vae-tiling.ts';
 import { SeededRandom } from '../core/random.ts';
 import { maxAbsDiff, type Tensor } from '../core/tensor.ts';
 import { largestTileTensorBytes } from '../coordinator/vae-decoding.ts';

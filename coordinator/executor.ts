@@ -19,7 +19,7 @@ import { patchify, tokenGrid } from '../core/model/tokens.ts';
 import { initArgsOf, type ResolvedPlacement } from './placement.ts';
 import { judgeSpotCheck, pickChecker, spotCheckSchedule, type SpotCheck } from './spot-check.ts';
 import { defined } from '../core/defined.ts';
-import { guide } from '../core/scheduler.ts';
+import { guide } from '../core/sampler.ts';
 import type { Tensor } from '../core/tensor.ts';
 import {
   callWorker,

@@ -1,5 +1,5 @@
 // A job's latent through its folder's VAE, and where that happened. Wan2.1's decoder (AutoencoderKLWan)
-// decodes on the swarm's workers in diffusers' spatial tiles (wan-vae.ts: 256-pixel tiles every 192
+// decodes on the swarm's workers in diffusers' spatial tiles (wan-vae-tiling.ts: 256-pixel tiles every 192
 // pixels, blended): the tiles are independent, so the live workers take them from one queue (a
 // faster worker takes more), each a few latent frames per call with its causal caches kept between
 // calls; the coordinator blends them. A worker that fails or leaves loses only its tile, which goes
@@ -8,19 +8,21 @@
 
 import { MissingFile, type ModelFiles } from '../core/model/files.ts';
 import {
-  blendTiles,
-  cutTile,
   decoderPlan,
   framesOfChunk,
   joinFrames,
   openWanVae,
+  type Frames,
+  type WanVaeConfig,
+} from '../core/model/wan-vae.ts';
+import {
+  blendTiles,
+  cutTile,
   TILE_PIXELS,
   TILE_STRIDE_PIXELS,
   tilesOf,
-  type Frames,
   type Tiling,
-  type WanVaeConfig,
-} from '../core/model/wan-vae.ts';
+} from '../core/model/wan-vae-tiling.ts';
 import type { DecodedVideo } from '../core/model/vae-decoder.ts';
 import type { Remote } from '../core/net/rpc.ts';
 import { sizeOf, type Tensor } from '../core/tensor.ts';

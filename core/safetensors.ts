@@ -2,6 +2,7 @@
 // raw little-endian data), the format of diffusers' checkpoints. Every dtype is widened to float32.
 // A small file is read whole; a large one by its header, then tensor by tensor (readTensor).
 
+import { defined } from './defined.ts';
 import type { Tensor } from './tensor.ts';
 import { sizeOf } from './tensor.ts';
 
@@ -17,7 +18,7 @@ export class SafetensorsError extends Error {
 
 /** Byte ranges of files by path: all a reader of large checkpoints needs (core/model/files.ts). */
 export interface ByteRanges {
-  /** bytes [begin, end) of a file, fewer where the file ends first, in memory of their own (or of the whole file's) */
+  /** bytes [begin, end) of a file, fewer where the file ends first, in memory of their own (or the whole file's) */
   readRange(path: string, begin: number, end: number): Promise<Uint8Array>;
 }
 
@@ -31,6 +32,11 @@ export interface TensorEntry {
   end: number;
 }
 
+const isDType = (dtype: unknown): dtype is SafetensorsDType => typeof dtype === 'string' && Object.hasOwn(BYTES, dtype);
+const isShape = (shape: unknown): shape is number[] =>
+  Array.isArray(shape) && shape.every((d) => Number.isInteger(d) && (d as number) >= 0);
+const isWhole = (n: unknown): n is number => Number.isInteger(n);
+
 const headerLength = (bytes: Uint8Array): number =>
   Number(new DataView(bytes.buffer, bytes.byteOffset, 8).getBigUint64(0, true));
 
@@ -40,7 +46,7 @@ const headerLength = (bytes: Uint8Array): number =>
  */
 function parseHeader(json: Uint8Array, file: string, dataBytes: number | null): TensorEntry[] {
   const fail = (what: string) => new SafetensorsError(`${file}: ${what}`);
-  let header: Record<string, { dtype: string; shape: number[]; data_offsets: [number, number] }>;
+  let header: unknown;
   try {
     header = JSON.parse(new TextDecoder().decode(json));
   } catch (e) {
@@ -49,30 +55,24 @@ function parseHeader(json: Uint8Array, file: string, dataBytes: number | null): 
   if (typeof header !== 'object' || header === null || Array.isArray(header)) throw fail('header is not a JSON object');
   const dataStart = 8 + json.byteLength;
   const entries: TensorEntry[] = [];
-  for (const [name, entry] of Object.entries(header)) {
+  for (const [name, value] of Object.entries(header as Record<string, unknown>)) {
     if (name === '__metadata__') continue;
     const where = `tensor "${name}"`;
-    const dtype = entry?.dtype as SafetensorsDType;
-    if (!Object.hasOwn(BYTES, dtype))
-      throw fail(`${where} has dtype ${JSON.stringify(entry?.dtype)}; supported: F32, F16, BF16`);
-    const shape = entry.shape;
-    if (!Array.isArray(shape) || !shape.every((d) => Number.isInteger(d) && d >= 0))
-      throw fail(`${where} has a bad shape ${JSON.stringify(shape)}`);
-    const [begin, end] = entry.data_offsets ?? [];
-    if (
-      !Number.isInteger(begin) ||
-      !Number.isInteger(end) ||
-      begin < 0 ||
-      end < begin ||
-      (dataBytes !== null && end > dataBytes)
-    ) {
+    const entry: Partial<Record<'dtype' | 'shape' | 'data_offsets', unknown>> =
+      typeof value === 'object' && value !== null ? value : {};
+    const { dtype, shape } = entry;
+    if (!isDType(dtype)) throw fail(`${where} has dtype ${JSON.stringify(dtype)}; supported: F32, F16, BF16`);
+    if (!isShape(shape)) throw fail(`${where} has a bad shape ${JSON.stringify(shape)}`);
+    const offsets = entry.data_offsets;
+    const [begin, end] = (Array.isArray(offsets) ? offsets : []) as unknown[];
+    if (!isWhole(begin) || !isWhole(end) || begin < 0 || end < begin || (dataBytes !== null && end > dataBytes)) {
       throw fail(
-        `${where} has data_offsets ${JSON.stringify(entry.data_offsets)} outside the ${dataBytes ?? "file's"} data bytes`,
+        `${where} has data_offsets ${JSON.stringify(offsets)} outside the ${dataBytes ?? "file's"} data bytes`,
       );
     }
     const expected = sizeOf(shape) * BYTES[dtype];
     if (end - begin !== expected) {
-      throw fail(`${where} of shape [${shape}] ${dtype} needs ${expected} bytes but spans ${end - begin}`);
+      throw fail(`${where} of shape [${shape.join(',')}] ${dtype} needs ${expected} bytes but spans ${end - begin}`);
     }
     entries.push({ name, file, dtype, shape, begin: dataStart + begin, end: dataStart + end });
   }
@@ -109,7 +109,8 @@ export async function readSafetensorsHeader(files: ByteRanges, file: string): Pr
   const json = await files.readRange(file, 8, 8 + headerBytes);
   if (json.byteLength < headerBytes)
     throw new SafetensorsError(
-      `${file}: header claims ${headerBytes} bytes but the file ends after ${8 + json.byteLength}: truncated? fetch it again`,
+      `${file}: header claims ${headerBytes} bytes but the file ends after ${8 + json.byteLength}: ` +
+        'truncated? fetch it again',
     );
   return parseHeader(json, file, null);
 }
@@ -119,7 +120,8 @@ export async function readTensor(files: ByteRanges, entry: TensorEntry): Promise
   const raw = await files.readRange(entry.file, entry.begin, entry.end);
   if (raw.byteLength !== entry.end - entry.begin) {
     throw new SafetensorsError(
-      `${entry.file}: tensor "${entry.name}" needs bytes [${entry.begin}, ${entry.end}) but the file holds ${raw.byteLength} of them: truncated? fetch it again`,
+      `${entry.file}: tensor "${entry.name}" needs bytes [${entry.begin}, ${entry.end}) ` +
+        `but the file holds ${raw.byteLength} of them: truncated? fetch it again`,
     );
   }
   return { shape: entry.shape, data: widen(raw, entry.dtype, true) };
@@ -214,7 +216,9 @@ export function planShards(tensors: TensorSpec[], maxShardBytes: number): Tensor
 export function writeSafetensors(tensors: TensorMap, metadata?: Record<string, string>): Uint8Array {
   for (const [name, t] of tensors) {
     if (t.data.length !== sizeOf(t.shape))
-      throw new SafetensorsError(`tensor "${name}": shape [${t.shape}] does not match ${t.data.length} values`);
+      throw new SafetensorsError(
+        `tensor "${name}": shape [${t.shape.join(',')}] does not match ${t.data.length} values`,
+      );
   }
   const { head, order } = safetensorsHeader(
     [...tensors].map(([name, t]) => ({ name, shape: t.shape })),
@@ -224,7 +228,7 @@ export function writeSafetensors(tensors: TensorMap, metadata?: Record<string, s
   out.set(head);
   let at = head.length;
   for (const { name } of order) {
-    const data = tensors.get(name)!.data;
+    const { data } = defined(tensors.get(name), `tensor "${name}"`);
     out.set(new Uint8Array(data.buffer, data.byteOffset, data.byteLength), at);
     at += data.byteLength;
   }

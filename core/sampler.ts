@@ -1,17 +1,33 @@
-// The one denoising loop every sampler uses, the pipeline's on a swarm and the demo's in Node:
-// seeded noise (or a checkpoint's latent), then per step the model's velocity and one step of the
-// folder's solver: flow-matching Euler (the tiny models), or UniPC as Wan2.1's folders name it
-// (unipc.ts). Where the forward passes run is the caller's `velocity`.
-import { eulerStep, flowMatchSchedule, initialNoise, type Schedule } from './scheduler.ts';
+// The one denoising loop every sampler uses, the pipeline's on a swarm and the demo's in Node: seeded
+// noise (or a checkpoint's latent), then per step the model's velocity and one step of the folder's
+// scheduler (core/schedulers/, each named after its diffusers class). Where the forward passes run is
+// the caller's `velocity`; classifier-free guidance (`guide`) mixes the two it makes with guidance.
+import { SeededRandom } from './random.ts';
+import {
+  FlowMatchEulerDiscreteScheduler,
+  type FlowMatchEulerDiscreteSchedulerConfig,
+} from './schedulers/flow-match-euler-discrete-scheduler.ts';
+import type { Schedule, Scheduler } from './schedulers/scheduler.ts';
+import {
+  UniPCMultistepScheduler,
+  type UniPCMultistepSchedulerConfig,
+  type UniPcState,
+} from './schedulers/unipc-multistep-scheduler.ts';
 import type { Tensor } from './tensor.ts';
-import { initialUniPcState, unipcSchedule, unipcStep, type UniPcOptions, type UniPcState } from './unipc.ts';
 
-/** How a folder's scheduler steps: its scheduler_config.json as diffusers' class names it. */
-export type Solver = { kind: 'FlowMatchEulerDiscreteScheduler' } | ({ kind: 'UniPCMultistepScheduler' } & UniPcOptions);
+export type { Schedule } from './schedulers/scheduler.ts';
 
-export const EULER: Solver = { kind: 'FlowMatchEulerDiscreteScheduler' };
+/**
+ * A folder's scheduler (scheduler/scheduler_config.json): diffusers' class name and what its config
+ * sets. The flow shift is the job's, as diffusers' Wan example builds it with from_config(flow_shift=).
+ */
+export type Solver =
+  | { kind: 'FlowMatchEulerDiscreteScheduler'; config: Partial<Omit<FlowMatchEulerDiscreteSchedulerConfig, 'shift'>> }
+  | { kind: 'UniPCMultistepScheduler'; config: Partial<Omit<UniPCMultistepSchedulerConfig, 'flowShift'>> };
 
-/** `step` steps done, the latent after them, and what the solver carries to the next step (UniPC's history). */
+export const EULER: Solver = { kind: 'FlowMatchEulerDiscreteScheduler', config: {} };
+
+/** `step` steps done, the latent after them, and what the scheduler carries to the next step (UniPC's history). */
 export interface SamplerCheckpoint {
   step: number;
   latent: Float32Array;
@@ -23,7 +39,7 @@ export interface SampleRequest {
   steps: number;
   flowShift: number;
   seed: number;
-  /** the flow-matching Euler solver unless given */
+  /** flow-matching Euler unless given */
   solver?: Solver;
   /** continue from a checkpoint */
   resume?: SamplerCheckpoint;
@@ -34,34 +50,50 @@ export interface SampleRequest {
   signal?: AbortSignal;
 }
 
-/** The timesteps the model is given and the sigmas the solver steps through. */
-export function scheduleOf(solver: Solver, steps: number, flowShift: number): Schedule {
+/** The folder's scheduler with the job's flow shift, as from_config builds it: the one reader of `kind`. */
+export function schedulerFromConfig(solver: Solver, flowShift: number): Scheduler<UniPcState> {
   return solver.kind === 'UniPCMultistepScheduler'
-    ? unipcSchedule(steps, flowShift)
-    : flowMatchSchedule(steps, flowShift);
+    ? new UniPCMultistepScheduler({ ...solver.config, flowShift })
+    : new FlowMatchEulerDiscreteScheduler({ ...solver.config, shift: flowShift });
+}
+
+/** The timesteps the model is given and the sigmas the scheduler steps through. */
+export function scheduleOf(solver: Solver, steps: number, flowShift: number): Schedule {
+  const scheduler = schedulerFromConfig(solver, flowShift);
+  scheduler.setTimesteps(steps);
+  return { sigmas: scheduler.sigmas, timesteps: scheduler.timesteps };
+}
+
+/** The starting latent: standard normal noise from the job's seed, identical on every backend. */
+export function initialNoise(shape: number[], seed: number): Tensor {
+  const size = shape.reduce((a, b) => a * b, 1);
+  return { shape, data: new SeededRandom(seed).normals(size) };
+}
+
+/** v_uncond + g·(v_cond − v_uncond) */
+export function guide(cond: Float32Array, uncond: Float32Array, scale: number): Float32Array {
+  return cond.map((c, i) => uncond[i] + scale * (c - uncond[i]));
 }
 
 export async function sample(request: SampleRequest): Promise<Tensor> {
-  const { shape, steps, solver = EULER } = request;
-  const schedule = scheduleOf(solver, steps, request.flowShift);
-  let latent: Tensor = request.resume ? { shape, data: request.resume.latent } : initialNoise(shape, request.seed);
-  let history =
-    solver.kind === 'UniPCMultistepScheduler' ? (request.resume?.solver ?? initialUniPcState(solver.order)) : undefined;
-  const first = request.resume?.step ?? 0;
-  if (solver.kind === 'UniPCMultistepScheduler' && first > 0 && !request.resume?.solver)
-    throw new Error(`resuming UniPC at step ${first} needs its state from the checkpoint, which has none`);
+  const { shape, steps, solver = EULER, resume } = request;
+  const scheduler = schedulerFromConfig(solver, request.flowShift);
+  scheduler.setTimesteps(steps);
+  const first = resume?.step ?? 0;
+  scheduler.setBeginIndex(first, resume?.solver);
+  let latent: Tensor = resume ? { shape, data: resume.latent } : initialNoise(shape, request.seed);
   for (let step = first; step < steps; step++) {
     request.signal?.throwIfAborted();
     const started = performance.now();
-    const velocity = await request.velocity({ step, timestep: schedule.timesteps[step], latent });
-    if (solver.kind === 'UniPCMultistepScheduler') {
-      const next = unipcStep(schedule, solver, step, velocity, latent.data, history!);
-      latent = { shape, data: next.sample };
-      history = next.state;
-    } else {
-      latent = { shape, data: eulerStep(latent.data, velocity, schedule.sigmas[step], schedule.sigmas[step + 1]) };
-    }
-    request.onStep?.({ step: step + 1, latent: latent.data, solver: history, stepMs: performance.now() - started });
+    const timestep = scheduler.timesteps[step];
+    const velocity = await request.velocity({ step, timestep, latent });
+    latent = { shape, data: scheduler.step(velocity, timestep, latent.data).prevSample };
+    request.onStep?.({
+      step: step + 1,
+      latent: latent.data,
+      solver: scheduler.state,
+      stepMs: performance.now() - started,
+    });
   }
   return latent;
 }

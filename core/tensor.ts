@@ -11,7 +11,7 @@ export function sizeOf(shape: readonly number[]): number {
 export function tensor(shape: number[], data?: Float32Array): Tensor {
   const size = sizeOf(shape);
   if (data && data.length !== size) {
-    throw new Error(`tensor of shape [${shape}] needs ${size} values, got ${data.length}`);
+    throw new Error(`tensor of shape [${shape.join(',')}] needs ${size} values, got ${data.length}`);
   }
   return { shape, data: data ?? new Float32Array(size) };
 }

@@ -34,7 +34,7 @@ export async function openCheckpoint(files: ModelFiles, dir: string, name: strin
       throw e;
     }
   }
-  const weightMap = (index as { weight_map?: unknown })?.weight_map;
+  const weightMap = (index as { weight_map?: unknown } | null)?.weight_map;
   if (typeof weightMap !== 'object' || weightMap === null || Array.isArray(weightMap))
     throw new SafetensorsError(`${indexPath}: has no "weight_map" object naming each tensor's file`);
   const byShard = new Map<string, string[]>();
@@ -57,7 +57,8 @@ export async function openCheckpoint(files: ModelFiles, dir: string, name: strin
       } catch (e) {
         if (e instanceof MissingFile)
           throw new MissingFile(
-            `${indexPath} names shard ${file} (for ${names.length} tensors, "${names[0]}" first), but ${path} is missing`,
+            `${indexPath} names shard ${file} (for ${names.length} tensors, "${names[0]}" first), ` +
+              `but ${path} is missing`,
           );
         throw e;
       }

@@ -1,5 +1,3 @@
-import type { TensorMap } from '../safetensors.ts';
-
 /**
  * diffusers' `transformer/config.json` for `WanTransformer3DModel`, in camelCase, with the
  * derived sizes every stage needs. Only text-to-video is supported: image conditioning
@@ -26,7 +24,7 @@ export class ModelConfigError extends Error {
   override name = 'ModelConfigError';
 }
 
-/** Wan2.1's architecture (12 heads, 16 latent channels, 1×2×2 patches) at a chosen size: the small models make-model and train-demo build. */
+/** Wan2.1's architecture (12 heads, 16 latent channels, 1×2×2 patches) at a chosen size: make-model's, train-demo's. */
 export function wanConfigOfSize(
   size: { headDim: number; textDim: number; ffnDim: number; numLayers: number },
   source: string,
@@ -164,7 +162,7 @@ export function expectedWeightShapes(cfg: WanConfig): Map<string, number[]> {
   return shapes;
 }
 
-/** Missing, unexpected or misshapen weights are one error that lists all of them (and the file of each misshapen one). */
+/** Missing, unexpected or misshapen weights are one error listing all of them (and each misshapen one's file). */
 export function checkWeights(
   cfg: WanConfig,
   weights: ReadonlyMap<string, { shape: number[]; file?: string }>,
@@ -173,7 +171,7 @@ export function checkWeights(
   checkShapes(expectedWeightShapes(cfg), weights, source);
 }
 
-/** Every expected tensor is there with its shape, and nothing else: else one error naming each key (and its file) that is not. */
+/** Every expected tensor is there with its shape, and nothing else; else one error naming each key that is not. */
 export function checkShapes(
   expected: ReadonlyMap<string, number[]>,
   weights: ReadonlyMap<string, { shape: number[]; file?: string }>,
@@ -181,12 +179,12 @@ export function checkShapes(
 ): void {
   const missing = [...expected.keys()].filter((k) => !weights.has(k));
   const unexpected = [...weights.keys()].filter((k) => !expected.has(k));
-  const misshapen = [...expected]
-    .filter(([k, shape]) => weights.has(k) && weights.get(k)!.shape.join() !== shape.join())
-    .map(
-      ([k, shape]) =>
-        `${k}${weights.get(k)!.file ? ` in ${weights.get(k)!.file}` : ''} is [${weights.get(k)!.shape}], expected [${shape}]`,
-    );
+  const misshapen = [...expected].flatMap(([k, shape]) => {
+    const found = weights.get(k);
+    if (!found || found.shape.join() === shape.join()) return [];
+    const where = found.file ? ` in ${found.file}` : '';
+    return [`${k}${where} is [${found.shape.join(',')}], expected [${shape.join(',')}]`];
+  });
   const problems = [
     missing.length ? `missing keys: ${missing.join(', ')}` : '',
     unexpected.length ? `unexpected keys: ${unexpected.join(', ')}` : '',

@@ -28,7 +28,8 @@ export const MAX_WHOLE_FILE_BYTES = 256 * 2 ** 20;
 async function boundedBody(response: Response, max: number, url: string): Promise<Uint8Array> {
   const tooLarge = () =>
     new Error(
-      `${url} is larger than ${max} bytes: a model folder's file is read whole only when small (a server that ignores Range requests cannot serve large weights)`,
+      `${url} is larger than ${max} bytes: a model folder's file is read whole only when small ` +
+        '(a server that ignores Range requests cannot serve large weights)',
     );
   if (Number(response.headers.get('Content-Length') ?? 0) > max) {
     await response.body?.cancel();
@@ -77,7 +78,8 @@ export function fetchModelFiles(baseUrl: string): ModelFiles {
         const body = new Uint8Array(await response.arrayBuffer());
         if (!served || Number(served[1]) !== begin || body.byteLength !== Number(served[2]) - begin + 1) {
           throw new Error(
-            `${base}/${path}: asked for bytes ${begin}-${end - 1}, the server sent ${body.byteLength} bytes as "${response.headers.get('Content-Range')}"`,
+            `${base}/${path}: asked for bytes ${begin}-${end - 1}, ` +
+              `the server sent ${body.byteLength} bytes as "${response.headers.get('Content-Range')}"`,
           );
         }
         return body;
@@ -94,7 +96,7 @@ export async function readJson(files: ModelFiles, path: string): Promise<unknown
   try {
     return JSON.parse(text);
   } catch (e) {
-    throw new Error(`${path} is not valid JSON: ${(e as Error).message}`);
+    throw new Error(`${path} is not valid JSON: ${(e as Error).message}`, { cause: e });
   }
 }
 

@@ -24,13 +24,13 @@ export function readForwardInputs(cfg: WanConfig, tensors: TensorMap, source: st
   const get = (name: string): Tensor => {
     const t = tensors.get(name);
     if (!t) {
-      const has = [...tensors].map(([n, v]) => `${n} [${v.shape}]`).join(', ') || 'no tensors';
+      const has = [...tensors].map(([n, v]) => `${n} [${v.shape.join(',')}]`).join(', ') || 'no tensors';
       throw fail(`no tensor "${name}" (it has ${has}); expected ${EXPECTED}`);
     }
     return t;
   };
   const batchOf = (name: string, t: Tensor, rank: number, dims: string) => {
-    if (t.shape.length !== rank) throw fail(`${name} is [${t.shape}], expected ${rank} dimensions ${dims}`);
+    if (t.shape.length !== rank) throw fail(`${name} is [${t.shape.join(',')}], expected ${rank} dimensions ${dims}`);
     if (t.shape[0] !== 1)
       throw fail(`${name} has batch ${t.shape[0]}; only batch 1 is supported, run one sample per call`);
   };
@@ -48,13 +48,13 @@ export function readForwardInputs(cfg: WanConfig, tensors: TensorMap, source: st
 
   const timestep = get('timestep');
   if (timestep.shape.length > 1 || timestep.data.length !== 1) {
-    throw fail(`timestep is [${timestep.shape}], expected [1] (one timestep for the batch of 1)`);
+    throw fail(`timestep is [${timestep.shape.join(',')}], expected [1] (one timestep for the batch of 1)`);
   }
 
   const text = get('encoder_hidden_states');
   batchOf('encoder_hidden_states', text, 3, '[1, L, text_dim]');
   if (text.shape[2] !== cfg.textDim)
-    throw fail(`encoder_hidden_states is [${text.shape}], the model's text_dim is ${cfg.textDim}`);
+    throw fail(`encoder_hidden_states is [${text.shape.join(',')}], the model's text_dim is ${cfg.textDim}`);
 
   return { latent: { shape: [C, T, H, W], data: hidden.data }, timestep: timestep.data[0], text: text.data };
 }

@@ -18,7 +18,8 @@ export function byteTextEncoder(maxLength: number, dim: number, weights: TensorM
   const position = weights.get('position_embedding.weight')?.data;
   if (!token || token.length !== 256 * dim || !position || position.length !== maxLength * dim) {
     throw new Error(
-      `text encoder weights must be token_embedding.weight [256, ${dim}] and position_embedding.weight [${maxLength}, ${dim}]`,
+      `text encoder weights must be token_embedding.weight [256, ${dim}] ` +
+        `and position_embedding.weight [${maxLength}, ${dim}]`,
     );
   }
   return {
@@ -54,7 +55,8 @@ export async function loadTextEncoder(files: ModelFiles): Promise<TextEncoder> {
       config._class_name ??
       (Array.isArray(config.architectures) ? config.architectures.join(', ') : 'an unknown class');
     throw new UnsupportedTextEncoder(
-      `text_encoder/ is ${name}, which ditswarm cannot run yet: give the prompt's embeddings instead (promptEmbeds [L, text_dim]; --prompt-embeds FILE with npm run generate)`,
+      `text_encoder/ is ${name}, which ditswarm cannot run yet: give the prompt's embeddings instead ` +
+        '(promptEmbeds [L, text_dim]; --prompt-embeds FILE with npm run generate)',
     );
   }
   return byteTextEncoder(

@@ -16,7 +16,7 @@ export function tokenGrid(cfg: WanConfig, latentShape: readonly number[]): Token
   const [, t, h, w] = latentShape;
   const [pt, ph, pw] = cfg.patchSize;
   if (t % pt || h % ph || w % pw) {
-    throw new Error(`latent [${latentShape}] does not divide into patches of (${cfg.patchSize})`);
+    throw new Error(`latent [${latentShape.join(',')}] does not divide into patches of (${cfg.patchSize.join(',')})`);
   }
   const grid = { frames: t / pt, rows: h / ph, cols: w / pw };
   return { ...grid, count: grid.frames * grid.rows * grid.cols };

@@ -1,3 +1,4 @@
+import { defined } from '../defined.ts';
 import { readTensor, type TensorMap } from '../safetensors.ts';
 import { openCheckpoint } from './checkpoint.ts';
 import { checkWeights, parseWanConfig } from './config.ts';
@@ -41,5 +42,7 @@ export async function loadTransformer(files: ModelFiles, onProgress?: LoadProgre
     }
   };
   await Promise.all(Array.from({ length: READS_IN_FLIGHT }, reader));
-  return { config, weights: new Map([...checkpoint.tensors.keys()].map((name) => [name, weights.get(name)!])) };
+  // in the checkpoint's order, not the order the reads finished in
+  const ordered = [...checkpoint.tensors.keys()].map((name) => [name, defined(weights.get(name), name)] as const);
+  return { config, weights: new Map(ordered) };
 }

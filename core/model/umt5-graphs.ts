@@ -45,12 +45,14 @@ export function buildUmt5LayerGraph(cfg: Umt5Config): Umt5LayerGraph {
   const heads = (x: string, perm: number[]) => g.op('Transpose', [g.op('Reshape', [x, g.ints([0, H, dKv])])], { perm });
 
   const n = g.rmsNorm(hidden, 'attnNorm', eps);
-  const bias = g.op('Transpose', [g.op('Gather', ['positionBias', buckets], { axis: 0 })], { perm: [2, 0, 1] }); // [H, T, T]
+  // [H, T, T]
+  const bias = g.op('Transpose', [g.op('Gather', ['positionBias', buckets], { axis: 0 })], { perm: [2, 0, 1] });
   const scores = g.op('Add', [
     g.op('MatMul', [heads(project(n, 'q'), [1, 0, 2]), heads(project(n, 'k'), [1, 2, 0])]),
     bias,
   ]);
-  const context = g.op('MatMul', [g.op('Softmax', [scores], { axis: -1 }), heads(project(n, 'v'), [1, 0, 2])]); // [H, T, d_kv]
+  // [H, T, d_kv]
+  const context = g.op('MatMul', [g.op('Softmax', [scores], { axis: -1 }), heads(project(n, 'v'), [1, 0, 2])]);
   const attended = g.op('Add', [
     hidden,
     project(g.op('Reshape', [g.op('Transpose', [context], { perm: [1, 0, 2] }), g.ints([0, inner])]), 'o'),

@@ -190,14 +190,16 @@ function closingIdsOfTemplate(postProcessor: unknown): number[] {
   const single = template.single;
   const specials = template.special_tokens as Record<string, { ids?: unknown }> | undefined;
   const got = JSON.stringify(single ?? template.type);
-  if (template.type !== 'TemplateProcessing' || !Array.isArray(single) || single[0]?.Sequence?.id !== 'A') {
+  const first = Array.isArray(single) ? (single[0] as { Sequence?: { id?: unknown } } | undefined) : undefined;
+  if (template.type !== 'TemplateProcessing' || !Array.isArray(single) || first?.Sequence?.id !== 'A') {
     throw new UnsupportedTokenizer(`tokenizer/tokenizer.json: post_processor must be ${expected}; it is ${got}`);
   }
   return single.slice(1).flatMap((item: { SpecialToken?: { id?: string } }) => {
     const ids = item.SpecialToken?.id === undefined ? undefined : specials?.[item.SpecialToken.id]?.ids;
     if (!Array.isArray(ids) || !ids.every(Number.isInteger)) {
       throw new UnsupportedTokenizer(
-        `tokenizer/tokenizer.json: post_processor must be ${expected} with the ids of its special tokens; it is ${got}`,
+        `tokenizer/tokenizer.json: post_processor must be ${expected} with the ids of its special tokens; ` +
+          `it is ${got}`,
       );
     }
     return ids as number[];
@@ -207,7 +209,8 @@ function closingIdsOfTemplate(postProcessor: unknown): number[] {
 function asObject(value: unknown, what: string): Record<string, unknown> {
   if (typeof value !== 'object' || value === null || Array.isArray(value)) {
     throw new UnsupportedTokenizer(
-      `${what} must be a JSON object; it is ${value === null ? 'null' : Array.isArray(value) ? 'an array' : typeof value}`,
+      `${what} must be a JSON object; ` +
+        `it is ${value === null ? 'null' : Array.isArray(value) ? 'an array' : typeof value}`,
     );
   }
   return value as Record<string, unknown>;
@@ -221,7 +224,7 @@ export interface TokenizerJson {
   [field: string]: unknown;
 }
 
-/** The pieces of the test models' tokenizer (make-model): the words the demo's prompts use, so they tokenize to words. */
+/** The pieces of the test models' tokenizer (make-model): the demo's prompts' words, so they tokenize to words. */
 export const TEST_TOKENIZER_PIECES = [
   '▁a',
   '▁the',

@@ -16,6 +16,7 @@
 // This file holds the layout, the buckets and a plain TypeScript reference of one layer, written
 // from modeling_umt5.py: the ONNX graphs (umt5-graphs.ts) are checked against it.
 
+import { defined } from '../defined.ts';
 import { readTensor, type ByteRanges, type TensorEntry } from '../safetensors.ts';
 import { openCheckpoint } from './checkpoint.ts';
 import { checkShapes, ModelConfigError } from './config.ts';
@@ -52,12 +53,14 @@ export function parseUmt5Config(json: unknown, source: string): Umt5Config {
   const c = json as Record<string, unknown>;
   if (!isUmt5Config(c)) {
     throw fail(
-      `model_type is ${JSON.stringify(c.model_type)}; expected "umt5" (UMT5EncoderModel, as Wan2.1 publishes its text encoder)`,
+      `model_type is ${JSON.stringify(c.model_type)}; ` +
+        'expected "umt5" (UMT5EncoderModel, as Wan2.1 publishes its text encoder)',
     );
   }
   if ((c.feed_forward_proj ?? 'gated-gelu') !== 'gated-gelu' || (c.dense_act_fn ?? 'gelu_new') !== 'gelu_new') {
     throw fail(
-      `feed_forward_proj ${JSON.stringify(c.feed_forward_proj)} with ${JSON.stringify(c.dense_act_fn)} is not supported; expected "gated-gelu" with "gelu_new"`,
+      `feed_forward_proj ${JSON.stringify(c.feed_forward_proj)} with ${JSON.stringify(c.dense_act_fn)} ` +
+        'is not supported; expected "gated-gelu" with "gelu_new"',
     );
   }
   const int = (key: string): number => {
@@ -198,18 +201,18 @@ export async function readTokenRows(files: ByteRanges, embedding: TensorEntry, i
     if (!Number.isInteger(id) || id < 0 || id >= vocab)
       throw new Error(`token id ${id} is outside the text encoder's vocabulary of ${vocab}`);
     const begin = embedding.begin + id * rowBytes;
-    if (!read.has(id))
-      read.set(
-        id,
-        readTensor(files, {
-          ...embedding,
-          name: `${embedding.name}[${id}]`,
-          shape: [1, d],
-          begin,
-          end: begin + rowBytes,
-        }).then((t) => t.data),
-      );
-    return read.get(id)!;
+    let row = read.get(id);
+    if (!row) {
+      row = readTensor(files, {
+        ...embedding,
+        name: `${embedding.name}[${id}]`,
+        shape: [1, d],
+        begin,
+        end: begin + rowBytes,
+      }).then((t) => t.data);
+      read.set(id, row);
+    }
+    return row;
   };
   const rows = new Float32Array(ids.length * d);
   await Promise.all(ids.map(async (id, t) => rows.set(await rowOf(id), t * d)));
@@ -237,10 +240,12 @@ export async function openUmt5(files: ModelFiles): Promise<Umt5Checkpoint> {
   // transformers saves the tied copy of the token embedding only when asked to: accepted, not read
   const tensors = new Map([...checkpoint.tensors].filter(([name]) => name !== 'encoder.embed_tokens.weight'));
   checkShapes(umt5WeightShapes(config), tensors, checkpoint.source);
-  const read = async (name: string) => (await readTensor(files, tensors.get(name)!)).data;
+  // checkShapes has seen every name the layers ask for
+  const entry = (name: string) => defined(tensors.get(name), `${checkpoint.source}: tensor "${name}"`);
+  const read = async (name: string) => (await readTensor(files, entry(name))).data;
   return {
     config,
-    tokenRows: (ids) => readTokenRows(files, tensors.get(TOKEN_EMBEDDING)!, ids),
+    tokenRows: (ids) => readTokenRows(files, entry(TOKEN_EMBEDDING), ids),
     async layer(index) {
       if (!Number.isInteger(index) || index < 0 || index >= config.numLayers)
         throw new Error(`the text encoder has layers 0–${config.numLayers - 1}, not ${index}`);
@@ -273,10 +278,10 @@ export async function runLayers(
   runLayer: Umt5LayerFn,
   onLayer?: (layer: number, ms: number) => void,
 ): Promise<Float32Array> {
-  let next = range.from < range.to ? weightsOf(range.from) : null;
+  let next: Promise<Umt5LayerWeights> | undefined;
   for (let layer = range.from; layer < range.to; layer++) {
-    const weights = await next!;
-    if (layer + 1 < range.to) next = weightsOf(layer + 1);
+    const weights = await (next ?? weightsOf(layer));
+    next = layer + 1 < range.to ? weightsOf(layer + 1) : undefined;
     const started = performance.now();
     hidden = await runLayer(weights, hidden, buckets);
     onLayer?.(layer, performance.now() - started);
@@ -308,7 +313,7 @@ export async function encodeIds(
   return umt5FinalNorm(config, await encoder.finalNorm(), hidden);
 }
 
-/** What WanPipeline hands the transformer: the prompt's rows, then zero rows up to `maxLength` ([maxLength, d_model]). */
+/** What WanPipeline hands the transformer: the prompt's rows, then zero rows up to maxLength ([maxLength, d_model]). */
 export function padPromptEmbeds(lastHiddenState: Float32Array, dModel: number, maxLength: number): Float32Array {
   const padded = new Float32Array(maxLength * dModel);
   padded.set(lastHiddenState.subarray(0, maxLength * dModel));

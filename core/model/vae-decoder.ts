@@ -183,7 +183,7 @@ function moveFrames(
   return { count, height, width, rgb };
 }
 
-const DECODERS: Record<string, (weights: TensorMap, latent: Tensor, config: VaeConfig) => DecodedVideo> = {
+const DECODERS: Partial<Record<string, (weights: TensorMap, latent: Tensor, config: VaeConfig) => DecodedVideo>> = {
   [VAE_DECODER_CLASS]: decodeLatent,
   [PATCH_VAE_DECODER_CLASS]: decodePatchLatent,
 };
@@ -193,7 +193,9 @@ export async function loadVaeDecoder(files: ModelFiles): Promise<(latent: Tensor
   const decode = DECODERS[config._class_name ?? ''];
   if (!decode)
     throw new Error(
-      `vae/ is ${config._class_name}, which ditswarm does not decode (it decodes AutoencoderKLWan, on the workers, and the stand-ins ${Object.keys(DECODERS).join(', ')}): ask for the latent instead (outputType 'latent'; --output-type latent with npm run generate)`,
+      `vae/ is ${config._class_name}, which ditswarm does not decode ` +
+        `(it decodes AutoencoderKLWan, on the workers, and the stand-ins ${Object.keys(DECODERS).join(', ')}): ` +
+        "ask for the latent instead (outputType 'latent'; --output-type latent with npm run generate)",
     );
   const weights = await readWeights(files, 'vae/diffusion_pytorch_model.safetensors');
   return (latent) => decode(weights, latent, config);

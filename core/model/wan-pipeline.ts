@@ -20,7 +20,7 @@ export const SCHEDULER_CONFIG = 'scheduler/scheduler_config.json';
 /** WanPipeline's max_sequence_length: an encoded prompt is padded to this many rows */
 export const WAN_TEXT_TOKENS = 512;
 
-/** Wan2.1's two resolutions, each with the flow shift its docs give it (diffusers' Wan example: "5.0 for 720P, 3.0 for 480P") */
+/** Wan2.1's two resolutions, each with the flow shift diffusers' Wan example gives it ("5.0 for 720P, 3.0 for 480P") */
 export const WAN_SIZES = {
   '480p': { height: 480, width: 832, flowShift: 3 },
   '720p': { height: 720, width: 1280, flowShift: 5 },
@@ -28,9 +28,15 @@ export const WAN_SIZES = {
 
 /** The negative prompt of diffusers' Wan example (pipeline_wan.py, EXAMPLE_DOC_STRING), word for word */
 export const WAN_NEGATIVE_PROMPT =
-  'Bright tones, overexposed, static, blurred details, subtitles, style, works, paintings, images, static, overall gray, worst quality, low quality, JPEG compression residue, ugly, incomplete, extra fingers, poorly drawn hands, poorly drawn faces, deformed, disfigured, misshapen limbs, fused fingers, still picture, messy background, three legs, many people in the background, walking backwards';
+  'Bright tones, overexposed, static, blurred details, subtitles, style, works, paintings, images, static, ' +
+  'overall gray, worst quality, low quality, JPEG compression residue, ugly, incomplete, extra fingers, ' +
+  'poorly drawn hands, poorly drawn faces, deformed, disfigured, misshapen limbs, fused fingers, still picture, ' +
+  'messy background, three legs, many people in the background, walking backwards';
 
-/** WanPipeline.__call__'s defaults (height, width, num_frames, num_inference_steps, guidance_scale), with that negative prompt */
+/**
+ * WanPipeline.__call__'s defaults (height, width, num_frames, num_inference_steps, guidance_scale), with
+ * that negative prompt
+ */
 export const WAN_PIPELINE_DEFAULTS = {
   height: WAN_SIZES['480p'].height,
   width: WAN_SIZES['480p'].width,
@@ -44,17 +50,17 @@ export interface WanPipelineParts {
   config: WanConfig;
   /** rows of every text embedding the text encoder makes: the cross-attention length */
   textTokens: number;
-  /** text_encoder/ is umT5's encoder (the published folders'): too large for one tab, it runs on the workers (coordinator/text-encoding.ts) */
+  /** text_encoder/ is umT5's encoder (the published folders'): too large for one tab, it runs on the workers */
   umt5: boolean;
   /** the tiny models' stand-in encoder */
   textEncoder(): Promise<TextEncoder>;
-  /** vae/ is AutoencoderKLWan (the published folders'): it decodes in tiles on the workers (coordinator/vae-decoding.ts) */
+  /** vae/ is AutoencoderKLWan (the published folders'): it decodes in tiles on the workers */
   wanVae: WanVaeConfig | null;
   /** the tiny models' stand-in decoder */
   decoder(): Promise<(latent: Tensor) => DecodedVideo>;
   /** the folder's flow shift (model_index.json, else its scheduler's config), the default job's where it has neither */
   flowShift: number;
-  /** the folder's scheduler (scheduler/scheduler_config.json); flow-matching Euler where it has none, as the tiny models */
+  /** the folder's scheduler (scheduler/scheduler_config.json); flow-matching Euler where it has none (tiny models) */
   solver: Solver;
   /** what a job's missing fields are on this folder (jobDefaults) */
   defaults: JobParams;
@@ -68,16 +74,23 @@ export function parseSchedulerConfig(json: unknown, source: string): { solver: S
   const c = (json ?? {}) as Record<string, unknown>;
   const fail = (what: string) => new ModelConfigError(`${source}: ${what}`);
   const flowShift = typeof c.flow_shift === 'number' ? c.flow_shift : typeof c.shift === 'number' ? c.shift : undefined;
-  if (c._class_name === 'FlowMatchEulerDiscreteScheduler') return { solver: EULER, flowShift };
+  const trained = c.num_train_timesteps ?? undefined;
+  if (trained !== undefined && !(Number.isInteger(trained) && (trained as number) > 0))
+    throw fail(`num_train_timesteps must be a whole number ≥ 1, got ${JSON.stringify(trained)}`);
+  const numTrainTimesteps = trained === undefined ? {} : { numTrainTimesteps: trained as number };
+  if (c._class_name === 'FlowMatchEulerDiscreteScheduler')
+    return { solver: { kind: 'FlowMatchEulerDiscreteScheduler', config: numTrainTimesteps }, flowShift };
   if (c._class_name !== 'UniPCMultistepScheduler')
     throw fail(
-      `_class_name ${JSON.stringify(c._class_name)} is not a scheduler ditswarm runs; expected UniPCMultistepScheduler or FlowMatchEulerDiscreteScheduler`,
+      `_class_name ${JSON.stringify(c._class_name)} is not a scheduler ditswarm runs; ` +
+        'expected UniPCMultistepScheduler or FlowMatchEulerDiscreteScheduler',
     );
   const expect = (key: string, wanted: unknown, fallback: unknown) => {
     const value = c[key] ?? fallback;
     if (value !== wanted)
       throw fail(
-        `${key} is ${JSON.stringify(value)}; ditswarm runs UniPC with ${key} ${JSON.stringify(wanted)}, as Wan2.1 publishes it`,
+        `${key} is ${JSON.stringify(value)}; ` +
+          `ditswarm runs UniPC with ${key} ${JSON.stringify(wanted)}, as Wan2.1 publishes it`,
       );
   };
   expect('prediction_type', 'flow_prediction', 'epsilon');
@@ -86,11 +99,14 @@ export function parseSchedulerConfig(json: unknown, source: string): { solver: S
   expect('solver_type', 'bh2', 'bh2');
   expect('final_sigmas_type', 'zero', 'zero');
   expect('thresholding', false, false);
-  const order = c.solver_order ?? 2;
-  if (order !== 1 && order !== 2)
-    throw fail(`solver_order ${JSON.stringify(order)} is not supported; ditswarm runs UniPC of order 1 or 2`);
+  const solverOrder = c.solver_order ?? 2;
+  if (solverOrder !== 1 && solverOrder !== 2)
+    throw fail(`solver_order ${JSON.stringify(solverOrder)} is not supported; ditswarm runs UniPC of order 1 or 2`);
   return {
-    solver: { kind: 'UniPCMultistepScheduler', order, lowerOrderFinal: c.lower_order_final !== false },
+    solver: {
+      kind: 'UniPCMultistepScheduler',
+      config: { ...numTrainTimesteps, solverOrder, lowerOrderFinal: c.lower_order_final !== false },
+    },
     flowShift,
   };
 }
@@ -113,7 +129,11 @@ export function jobDefaults({
 /** `load` once, when first asked; a failed load is tried again next time. */
 export function once<T>(load: () => Promise<T>): () => Promise<T> {
   let loading: Promise<T> | null = null;
-  return () => (loading ??= load().catch((e) => ((loading = null), Promise.reject(e))));
+  return () =>
+    (loading ??= load().catch((e: unknown) => {
+      loading = null;
+      throw e;
+    }));
 }
 
 export async function loadWanPipelineParts(files: ModelFiles): Promise<WanPipelineParts> {
@@ -124,7 +144,10 @@ export async function loadWanPipelineParts(files: ModelFiles): Promise<WanPipeli
     readJson(files, 'model_index.json'),
     readJson(files, SCHEDULER_CONFIG).then(
       (json) => parseSchedulerConfig(json, SCHEDULER_CONFIG),
-      (e) => (e instanceof MissingFile ? { solver: EULER, flowShift: undefined } : Promise.reject(e)),
+      (e: unknown) => {
+        if (e instanceof MissingFile) return { solver: EULER, flowShift: undefined };
+        throw e;
+      },
     ),
   ]);
   const flowShift = (index as { flow_shift?: unknown }).flow_shift ?? scheduler.flowShift;

@@ -1,6 +1,6 @@
 // Wan2.1's VAE decoder as ONNX graphs, one chunk (one latent frame) per run: the graph for the
 // first chunk and the graph for every later one (decoderPlan's layers, as the reference in
-// wan-vae.ts runs them). The causal caches are inputs and outputs (`cache.i` → `cache.i.next`),
+// wan-vae-reference.ts runs them). The causal caches are inputs and outputs (`cache.i` → `cache.i.next`),
 // so a worker keeps them between runs (in GPU buffers on WebGPU). Height and width are symbolic:
 // one pair of sessions decodes tiles of any size.
 //   latent [1, z_dim, h, w] (as the transformer made it: the graph un-normalises it)
@@ -56,7 +56,8 @@ export function buildVaeChunkGraph(cfg: WanVaeConfig, first: boolean): VaeChunkG
   );
   const nextCaches: string[] = [...caches];
 
-  /** a k×k 2D convolution, stride 1, zero-padded to keep the size; every attribute spelled out (WebGPU's Conv wants them when its weight is an input) */
+  // a k×k 2D convolution, stride 1, zero-padded to keep the size; every attribute spelled out, as WebGPU's Conv
+  // wants them when its weight is an input
   const conv2d = (inputs: string[], k: 1 | 3) =>
     g.op('Conv', inputs, {
       kernel_shape: [k, k],
@@ -112,7 +113,8 @@ export function buildVaeChunkGraph(cfg: WanVaeConfig, first: boolean): VaeChunkG
           [normed, weight(`${l.name}.to_qkv.weight`, [3 * C, C, 1, 1]), weight(`${l.name}.to_qkv.bias`, [3 * C])],
           1,
         );
-        const [q, k, v] = g.opMulti('Split', [g.op('Reshape', [qkv, g.ints([frames, 3 * C, -1])])], { axis: 1 }, 3); // each [T, C, hw]
+        // each [T, C, hw]
+        const [q, k, v] = g.opMulti('Split', [g.op('Reshape', [qkv, g.ints([frames, 3 * C, -1])])], { axis: 1 }, 3);
         const scores = g.op('Mul', [
           g.op('MatMul', [g.op('Transpose', [q], { perm: [0, 2, 1] }), k]),
           g.scalar(1 / Math.sqrt(C)),
@@ -137,7 +139,8 @@ export function buildVaeChunkGraph(cfg: WanVaeConfig, first: boolean): VaeChunkG
           x = g.op('Reshape', [causalConv(l.timeConv, x, frames, true), g.ints([2 * frames, l.dim, 0, 0])]);
           frames *= 2;
         }
-        // nearest ×2: with half_pixel coordinates and round_prefer_floor (Resize's defaults) pixel i reads i/2 rounded down, as nearest-exact
+        // nearest ×2: with half_pixel coordinates and round_prefer_floor (Resize's defaults) pixel i reads ⌊i/2⌋,
+        // as nearest-exact
         const big = g.op('Resize', [x, '', g.weight('upsample_scales', [4], new Float32Array([1, 1, 2, 2]))]);
         const out = conv2d(
           [
@@ -173,7 +176,7 @@ export function buildVaeChunkGraph(cfg: WanVaeConfig, first: boolean): VaeChunkG
   return { bytes: g.toBytes(), weights: [...weights.values()], caches, frames: state.frames };
 }
 
-/** The graph's weight inputs from the published tensors: a causal conv's [out, in, 3, kh, kw] cut into its time taps. */
+/** The graph's weight inputs from the published tensors: a causal conv's [out, in, 3, kh, kw] cut into time taps. */
 export function vaeWeightFeeds(inputs: VaeWeightInput[], tensors: TensorMap): Map<string, Float32Array> {
   const feeds = new Map<string, Float32Array>();
   for (const { input, tensor, tap, dims } of inputs) {
@@ -186,7 +189,7 @@ export function vaeWeightFeeds(inputs: VaeWeightInput[], tensors: TensorMap): Ma
     const [outDim, inDim, taps] = t.shape;
     const plane = t.data.length / (outDim * inDim * taps); // kh·kw
     if (plane !== dims[2] * dims[3])
-      throw new Error(`VAE tensor "${tensor}" is [${t.shape}]; its taps should be [${dims}]`);
+      throw new Error(`VAE tensor "${tensor}" is [${t.shape.join(',')}]; its taps should be [${dims.join(',')}]`);
     const cut = new Float32Array(outDim * inDim * plane);
     for (let oi = 0; oi < outDim * inDim; oi++)
       cut.set(t.data.subarray((oi * taps + tap) * plane, (oi * taps + tap + 1) * plane), oi * plane);

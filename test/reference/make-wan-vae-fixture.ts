@@ -1,6 +1,6 @@
 // Writes test/unit/wan-vae.fixture.json: what diffusers' AutoencoderKLWan decode gives for a tiny
 // seeded VAE, by a line-by-line numpy transcription of the upstream Python (wan_vae_numpy.py), so
-// core/model/wan-vae.ts's reference is held to diffusers' code and not to a reading of it.
+// core/model/wan-vae-reference.ts is held to diffusers' code and not to a reading of it.
 //
 //   npx tsx test/reference/make-wan-vae-fixture.ts
 //
@@ -157,7 +157,7 @@ async function main(): Promise<void> {
       let clamped = 0;
       for (const v of video) if (Math.abs(v) === 1) clamped++;
       console.log(
-        `${c.name}: video [${summary.shape}], ${summary.tiles} tiles, ${clamped}/${video.length} values at the clamp`,
+        `${c.name}: video [${summary.shape.join(',')}], ${summary.tiles} tiles, ${clamped}/${video.length} values at the clamp`,
       );
       cases.push({ ...c, tiles: summary.tiles, clamped, ...summarise(c.name, SEED, summary.shape, video) });
     }
@@ -178,7 +178,7 @@ async function main(): Promise<void> {
 }
 
 if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) {
-  main().catch((e) => {
+  main().catch((e: unknown) => {
     console.error(e);
     process.exit(1);
   });

@@ -6,7 +6,8 @@ import { exchangeFloatsPerBlock, planUlysses, RankLayout } from '../../core/para
 import type { WanModel } from '../../core/model/reference.ts';
 import { loadTransformer } from '../../core/model/transformer.ts';
 import { SeededRandom } from '../../core/random.ts';
-import { eulerStep, flowMatchSchedule, initialNoise } from '../../core/scheduler.ts';
+import { initialNoise } from '../../core/sampler.ts';
+import { eulerStep, flowMatchSchedule } from '../../core/schedulers/flow-match-euler-discrete-scheduler.ts';
 import { maxAbsDiff, type Tensor } from '../../core/tensor.ts';
 import type { EngineApi } from '../../rank/engine.ts';
 import { memoryExchanges } from '../../rank/exchange/memory.ts';

@@ -3,6 +3,7 @@ import { createServer, type Server } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { defined } from '../../core/defined.ts';
 import { expectedWeightShapes, parseWanConfig } from '../../core/model/config.ts';
 import { fetchModelFiles, MAX_WHOLE_FILE_BYTES, type ModelFiles } from '../../core/model/files.ts';
 import type { WanModel } from '../../core/model/reference.ts';
@@ -15,6 +16,12 @@ import { TINY_MODEL_DIR, tinyModelFiles } from './fixtures.ts';
 
 // Checkpoints as diffusers publishes them, single-file or sharded with an index, read tensor by
 // tensor by byte ranges (files in Node, Range requests in pages), checked before a weight is read.
+
+/** a sharded checkpoint's index, as save_pretrained writes it */
+interface ShardIndex {
+  metadata: { total_size: number };
+  weight_map: Record<string, string>;
+}
 
 describe('the published Wan2.1-T2V-1.3B layout', () => {
   it('comes out of the state-dict order and the 5 GB split at exactly the published shard sizes', () => {
@@ -40,7 +47,7 @@ describe('a sharded checkpoint', () => {
       join(to, 'transformer'),
       TRANSFORMER_WEIGHTS_NAME,
       [...tiny.weights].map(([name, t]) => ({ name, shape: t.shape })),
-      ({ name }) => tiny.weights.get(name)!.data,
+      ({ name }) => defined(tiny.weights.get(name), name).data,
       { maxShardBytes: 300_000 },
     );
     copyFileSync(join(TINY_MODEL_DIR, TRANSFORMER_CONFIG), join(to, TRANSFORMER_CONFIG));
@@ -60,7 +67,9 @@ describe('a sharded checkpoint', () => {
       })
       .map(([name]) => name);
   const index = () =>
-    JSON.parse(readFileSync(join(dir, 'transformer/diffusion_pytorch_model.safetensors.index.json'), 'utf8'));
+    JSON.parse(
+      readFileSync(join(dir, 'transformer/diffusion_pytorch_model.safetensors.index.json'), 'utf8'),
+    ) as ShardIndex;
   /** a fresh sharded copy that `spoil` may break */
   const spoiled = async (spoil: (dir: string) => void): Promise<ModelFiles> => {
     const to = mkdtempSync(join(tmpdir(), 'ditswarm-spoiled-'));
@@ -93,7 +102,7 @@ describe('a sharded checkpoint', () => {
     let progress: [number, number][] = [];
     await loadTransformer(
       {
-        read: files.read,
+        read: (path) => files.read(path),
         readRange: (path, begin, end) => (reads.push(end - begin), files.readRange(path, begin, end)),
       },
       (loaded, total) => progress.push([loaded, total]),
@@ -110,7 +119,7 @@ describe('a sharded checkpoint', () => {
     const serve = (ranges: boolean): Promise<Server> =>
       new Promise((resolve) => {
         const server = createServer((req, res) => {
-          const path = decodeURIComponent(req.url!.slice(1));
+          const path = decodeURIComponent((req.url ?? '/').slice(1));
           requests.push({ path, range: req.headers.range });
           let body: Buffer;
           try {
@@ -150,17 +159,20 @@ describe('a sharded checkpoint', () => {
     const shard = (n: number, of: number) =>
       `diffusion_pytorch_model-${String(n).padStart(5, '0')}-of-${String(of).padStart(5, '0')}.safetensors`;
     const count = new Set(Object.values(index().weight_map)).size;
-    const rewriteIndex = (to: string, change: (i: { weight_map: Record<string, string> }) => void) => {
+    const rewriteIndex = (to: string, change: (i: ShardIndex) => void) => {
       const path = join(to, 'transformer/diffusion_pytorch_model.safetensors.index.json');
-      const json = JSON.parse(readFileSync(path, 'utf8'));
+      const json = JSON.parse(readFileSync(path, 'utf8')) as ShardIndex;
       change(json);
       writeFileSync(path, JSON.stringify(json));
     };
-    const failure = async (files: ModelFiles) =>
-      (await loadTransformer(files).then(
-        () => null,
-        (e: Error) => e,
-      ))!;
+    const failure = async (files: ModelFiles): Promise<Error> => {
+      try {
+        await loadTransformer(files);
+      } catch (e) {
+        return e as Error;
+      }
+      throw new Error('the broken checkpoint loaded');
+    };
 
     const missingShard = await failure(await spoiled((to) => unlinkSync(join(to, 'transformer', shard(2, count)))));
     expect(missingShard.message).toMatch(
@@ -194,12 +206,14 @@ describe('a sharded checkpoint', () => {
 
     const misshapen = await failure(
       await spoiled((to) => {
-        const config = JSON.parse(readFileSync(join(to, TRANSFORMER_CONFIG), 'utf8'));
+        const config = JSON.parse(readFileSync(join(to, TRANSFORMER_CONFIG), 'utf8')) as { ffn_dim: number };
         writeFileSync(join(to, TRANSFORMER_CONFIG), JSON.stringify({ ...config, ffn_dim: config.ffn_dim + 1 }));
       }),
     );
     expect(misshapen.message).toMatch(
-      /^transformer\/diffusion_pytorch_model.safetensors.index.json does not match its config: wrong shapes: blocks.0.ffn.net.0.proj.weight in transformer\/diffusion_pytorch_model-\d+-of-\d+.safetensors is \[768,288\], expected \[769,288\]/,
+      new RegExp(
+        '^transformer/diffusion_pytorch_model.safetensors.index.json does not match its config: wrong shapes: blocks.0.ffn.net.0.proj.weight in transformer/diffusion_pytorch_model-\\d+-of-\\d+.safetensors is \\[768,288\\], expected \\[769,288\\]',
+      ),
     );
 
     const noCheckpoint = await failure(

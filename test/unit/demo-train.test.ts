@@ -1,4 +1,5 @@
 import { beforeAll, describe, expect, it } from 'vitest';
+import { defined } from '../../core/defined.ts';
 import { parseWanConfig } from '../../core/model/config.ts';
 import { referenceForward } from '../../core/model/reference.ts';
 import { byteTextEncoder } from '../../core/model/text-encoder.ts';
@@ -106,7 +107,7 @@ describe('the training forward', () => {
     await tape.backward(loss);
     const mismatches: string[] = [];
     for (const [name, v] of parametersOf(model)) {
-      const analytic = v.grad!.slice();
+      const analytic = defined(v.grad, `${name}'s gradient after backward`).slice();
       for (const i of [0, v.data.length >> 1, v.data.length - 1]) {
         const old = v.data[i];
         v.data[i] = old + 1e-2;

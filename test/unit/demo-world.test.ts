@@ -132,10 +132,12 @@ describe('the patch VAE', () => {
   });
 
   it('loads by its _class_name beside the PixelVaeDecoder, which decodes as before', async () => {
-    const read = async (path: string) =>
-      path === 'vae/config.json'
-        ? new TextEncoder().encode(JSON.stringify({ _class_name: PATCH_VAE_DECODER_CLASS }))
-        : writeSafetensors(patchVaeWeights());
+    const read = (path: string) =>
+      Promise.resolve(
+        path === 'vae/config.json'
+          ? new TextEncoder().encode(JSON.stringify({ _class_name: PATCH_VAE_DECODER_CLASS }))
+          : writeSafetensors(patchVaeWeights()),
+      );
     const files = {
       read,
       readRange: async (path: string, begin: number, end: number) => (await read(path)).subarray(begin, end),

@@ -1,4 +1,3 @@
-import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import * as ort from 'onnxruntime-web';
 import type { WanConfig } from '../../core/model/config.ts';
@@ -24,24 +23,21 @@ ort.env.wasm.numThreads = 1;
 export function stubEngine(stages: DeviceStageRunner, config: WanConfig): EngineApi {
   return {
     ...serialStages(stages),
-    load: async () => ({
-      ep: 'wasm',
-      adapter: 'test',
-      inMemory: false,
-      config,
-      loadMs: 0,
-      weights: { networkBytes: 0, cacheBytes: 0, note: '' },
-      maxBufferBytes: 1 << 28,
-      weightType: 'float32',
-      gpuWeightBytes: 0,
-    }),
-    probe: async (ep) => ({ ep, flops: 1e9, softmaxRate: 2e8, stageMs: 0.5 }),
-    encodeText: async () => {
-      throw new Error('this stub engine has no text encoder');
-    },
-    decodeTile: async () => {
-      throw new Error('this stub engine has no VAE');
-    },
+    load: () =>
+      Promise.resolve({
+        ep: 'wasm',
+        adapter: 'test',
+        inMemory: false,
+        config,
+        loadMs: 0,
+        weights: { networkBytes: 0, cacheBytes: 0, note: '' },
+        maxBufferBytes: 1 << 28,
+        weightType: 'float32',
+        gpuWeightBytes: 0,
+      }),
+    probe: (ep) => Promise.resolve({ ep, flops: 1e9, softmaxRate: 2e8, stageMs: 0.5 }),
+    encodeText: () => Promise.reject(new Error('this stub engine has no text encoder')),
+    decodeTile: () => Promise.reject(new Error('this stub engine has no VAE')),
     alive: async () => {},
   };
 }
@@ -56,15 +52,16 @@ export function inProcessRanks(
   const runtimes = exchanges.map(
     (exchange, rank) =>
       new WorkerRuntime(engine, {
-        connectMesh: async () => exchange,
-        describe: async () => ({
-          ep: 'wasm',
-          adapter: 'test',
-          softwareAdapter: false,
-          threads: 1,
-          memoryGiB: null,
-          userAgent: `in-process rank ${rank}`,
-        }),
+        connectMesh: () => Promise.resolve(exchange),
+        describe: () =>
+          Promise.resolve({
+            ep: 'wasm',
+            adapter: 'test',
+            softwareAdapter: false,
+            threads: 1,
+            memoryGiB: null,
+            userAgent: `in-process rank ${rank}`,
+          }),
       }),
   );
   return { runtimes, ranks: runtimes.map((r, rank) => inProcess<WorkerApi>(r, WORKER_CONTRACT, `rank ${rank}`)) };
@@ -99,6 +96,7 @@ export class SinkChannel implements Channel {
   send(data: ArrayBuffer) {
     this.sent.push(data);
   }
-  addEventListener(_type: 'bufferedamountlow' | 'close', _cb: () => void) {}
-  removeEventListener(_type: 'bufferedamountlow' | 'close', _cb: () => void) {}
+  // as properties, a test may swap in a listener that it then calls
+  addEventListener: Channel['addEventListener'] = () => {};
+  removeEventListener: Channel['removeEventListener'] = () => {};
 }

@@ -4,6 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { defined } from '../../core/defined.ts';
 import { readSafetensors, writeSafetensors } from '../../core/safetensors.ts';
 import { maxAbsDiff } from '../../core/tensor.ts';
 
@@ -22,6 +23,12 @@ async function forward(...args: string[]): Promise<{ code: number; stdout: strin
     return { code: error.code ?? -1, stdout: error.stdout ?? '', stderr: error.stderr ?? '' };
   }
 }
+
+/** The line `npm run forward` prints: backend, Ulysses degree, output file, peak resident GiB. */
+const SUMMARY_LINE = new RegExp(
+  String.raw`^forward: sample \[1,16,2,6,10\] t=\d+ in \d+ ms on (.+), ulysses (\d+) → (.+); ` +
+    String.raw`model loaded in [\d.]+ s, peak resident memory ([\d.]+) GiB\n$`,
+);
 
 const read = async (name: string) => readSafetensors(new Uint8Array(await readFile(join(dir, name))), name);
 
@@ -73,15 +80,13 @@ describe('npm run forward', () => {
     // each run says what it ran on and over how many ranks: the P = 4 run must not be P = 1 again
     const said = runs.map((run) => {
       expect(run.code, run.stderr).toBe(0);
-      const line =
-        /^forward: sample \[1,16,2,6,10\] t=\d+ in \d+ ms on (.+), ulysses (\d+) → (.+); model loaded in [\d.]+ s, peak resident memory ([\d.]+) GiB\n$/.exec(
-          run.stdout,
-        );
+      const line = SUMMARY_LINE.exec(run.stdout);
       expect(line, run.stdout).not.toBeNull();
+      const [, backend, degree, output, peakGiB] = defined(line, 'the summary line');
       // this process's own peak: more than nothing, far less than the machine
-      expect(Number(line![4])).toBeGreaterThan(0.01);
-      expect(Number(line![4])).toBeLessThan(8);
-      return { backend: line![1], degree: Number(line![2]), output: line![3] };
+      expect(Number(peakGiB)).toBeGreaterThan(0.01);
+      expect(Number(peakGiB)).toBeLessThan(8);
+      return { backend, degree: Number(degree), output };
     });
     expect(said).toEqual([
       { backend: 'reference', degree: 1, output: join(dir, 'reference.safetensors') },
@@ -89,12 +94,12 @@ describe('npm run forward', () => {
       { backend: 'onnx (wasm)', degree: 4, output: join(dir, 'onnx-p4.safetensors') },
     ]);
 
-    const input = (await read('in.safetensors')).get('hidden_states')!;
-    const reference = (await read('reference.safetensors')).get('sample')!;
+    const input = defined((await read('in.safetensors')).get('hidden_states'), 'in.safetensors hidden_states');
+    const reference = defined((await read('reference.safetensors')).get('sample'), 'reference.safetensors sample');
     expect(reference.shape).toEqual([1, 16, 2, 6, 10]);
     expect(reference.shape).toEqual(input.shape);
     for (const name of ['onnx.safetensors', 'onnx-p4.safetensors']) {
-      const sample = (await read(name)).get('sample')!;
+      const sample = defined((await read(name)).get('sample'), `${name} sample`);
       expect(sample.shape).toEqual(input.shape);
       const diff = maxAbsDiff(sample.data, reference.data);
       console.log(`${name} max-abs vs reference ${diff.toExponential(2)}`);

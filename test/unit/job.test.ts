@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { checkJobParams, DEFAULT_JOB, jobParams, JobParamsError, latentShape, LIMITS } from '../../core/job.ts';
-import { flowMatchSchedule, initialNoise } from '../../core/scheduler.ts';
+import { initialNoise } from '../../core/sampler.ts';
+import { flowMatchSchedule } from '../../core/schedulers/flow-match-euler-discrete-scheduler.ts';
 
 /** What a user may ask for, and how the sampler starts from it. */
 describe('job parameters', () => {

@@ -17,8 +17,13 @@ import {
   roomOf,
   SWARMS_PATH,
 } from '../../core/net/join-token.ts';
+import { defined } from '../../core/defined.ts';
 import { MAX_SWARMS, openJoinTokens, TOKENS_PER_MINUTE } from '../../server/join-tokens.ts';
 import { startServer, type RunningServer } from '../../server/serve.ts';
+import { anyString } from './matchers.ts';
+
+/** The room a token the server made names (every token it makes names one). */
+const roomIn = (token: string) => defined(roomOf(token), `the room of token ${token}`);
 
 // Join tokens are the server's to give (issue 17, findings 4 and 14): a token nobody can make up,
 // kept across a dashboard's reloads and the server's restarts, revocable; asked for over HTTP by
@@ -27,7 +32,7 @@ describe('the join tokens a server makes', () => {
   it('are its own: a token of another secret, a changed seal or a revoked room is not one it stands by', () => {
     const tokens = openJoinTokens();
     const token = tokens.issue();
-    const room = roomOf(token)!;
+    const room = roomIn(token);
     expect(token).toMatch(/^[0-9a-f]{24}\.[0-9a-f]{32}$/);
     expect(tokens.standing(room)).toBe(token);
     expect(openJoinTokens().standing(room)).not.toBe(token);
@@ -42,23 +47,23 @@ describe('the join tokens a server makes', () => {
 
   it(`keep the ids of ${MAX_SWARMS} swarms' dashboards, letting those of closed dashboards go first: an open one is not pushed out by new swarms`, () => {
     const tokens = openJoinTokens();
-    const open = roomOf(tokens.issue())!;
+    const open = roomIn(tokens.issue());
     expect(tokens.register(open, 'ditswarm-c-open')).toBe(true);
     for (let i = 0; i < MAX_SWARMS + 10; i++) {
-      const room = roomOf(tokens.issue())!;
+      const room = roomIn(tokens.issue());
       tokens.register(room, `ditswarm-c-${i}`);
       tokens.forgetCoordinator(`ditswarm-c-${i}`);
     }
     expect(tokens.coordinatorOf(open)).toBe('ditswarm-c-open');
     // a closed dashboard's id is named to nobody, and never registered again
-    const room = roomOf(tokens.issue())!;
+    const room = roomIn(tokens.issue());
     tokens.register(room, 'ditswarm-c-gone');
     tokens.forgetCoordinator('ditswarm-c-gone');
     expect(tokens.coordinatorOf(room)).toBeNull();
     expect(tokens.register(room, 'ditswarm-c-gone')).toBe(false);
     // a dashboard that revokes its link names the same id for its new swarm, and only there; once
     // its page closes, neither names it
-    const [oldRoom, newRoom] = [roomOf(tokens.issue())!, roomOf(tokens.issue())!];
+    const [oldRoom, newRoom] = [roomIn(tokens.issue()), roomIn(tokens.issue())];
     tokens.register(oldRoom, 'ditswarm-c-revoker');
     tokens.register(newRoom, 'ditswarm-c-revoker');
     expect([tokens.coordinatorOf(oldRoom), tokens.coordinatorOf(newRoom)]).toEqual([null, 'ditswarm-c-revoker']);
@@ -72,10 +77,10 @@ describe('the join tokens a server makes', () => {
     try {
       const before = openJoinTokens(dir);
       const [kept, revoked] = [before.issue(), before.issue()];
-      before.revoke(roomOf(revoked)!);
+      before.revoke(roomIn(revoked));
       const after = openJoinTokens(dir);
-      expect(after.standing(roomOf(kept)!)).toBe(kept);
-      expect(after.standing(roomOf(revoked)!)).toBeNull();
+      expect(after.standing(roomIn(kept))).toBe(kept);
+      expect(after.standing(roomIn(revoked))).toBeNull();
       expect(readFileSync(join(dir, 'join-secret'), 'utf8')).toMatch(/^[0-9a-f]{64}\n$/);
     } finally {
       rmSync(dir, { recursive: true });
@@ -106,10 +111,12 @@ describe('asking the server for a join token', () => {
 
   it('gives a new token, keeps one its holder proves it holds, and not one it does not', async () => {
     const token = await obtainJoinToken(server.url);
-    expect(server.joinTokens.standing(roomOf(token)!)).toBe(token);
+    expect(server.joinTokens.standing(roomIn(token))).toBe(token);
     expect(await obtainJoinToken(server.url, token)).toBe(token);
     // the room alone is public: without the proof the asker gets a token of its own, never this one
-    const answer = await (await post(SWARMS_PATH, { room: roomOf(token), proof: 'f'.repeat(64) })).json();
+    const answer = (await (await post(SWARMS_PATH, { room: roomOf(token), proof: 'f'.repeat(64) })).json()) as {
+      token: unknown;
+    };
     expect(answer.token).toMatch(/^[0-9a-f]{24}\./);
     expect(answer.token).not.toBe(token);
     // a token of an older dashboard (not of this server's making) is replaced
@@ -119,9 +126,11 @@ describe('asking the server for a join token', () => {
   it('revokes a token on proof of its dashboard key only, and then gives its holder a new one', async () => {
     const keys = await obtainSwarmKeys(server.url);
     const { token, dashboardKey } = keys;
-    const room = roomOf(token)!;
-    expect((await post(REVOKE_PATH, { room, proof: keepProof(dashboardKey, room) })).status).toBe(403); // a keep proof is no revoke proof
-    expect((await post(REVOKE_PATH, { room, proof: revokeProof(token, room) })).status).toBe(403); // a worker holds the token, not the dashboard key
+    const room = roomIn(token);
+    // a keep proof is no revoke proof
+    expect((await post(REVOKE_PATH, { room, proof: keepProof(dashboardKey, room) })).status).toBe(403);
+    // a worker holds the token, not the dashboard key
+    expect((await post(REVOKE_PATH, { room, proof: revokeProof(token, room) })).status).toBe(403);
     expect(server.joinTokens.standing(room)).toBe(token);
     await revokeJoinToken(server.url, keys);
     expect(server.joinTokens.standing(room)).toBeNull();
@@ -131,15 +140,20 @@ describe('asking the server for a join token', () => {
 
   /** A page holding `id` on the server's PeerJS (its token: `auth-<id>`), as a dashboard does; close() lets it go. */
   const holdId = async (id: string) => {
-    const { path, key } = await (await fetch(`${server.url}/signaling.json`)).json();
+    const { path, key } = (await (await fetch(`${server.url}/signaling.json`)).json()) as { path: string; key: string };
     const ws = new WebSocket(`${server.url.replace('http', 'ws')}${path}/peerjs?key=${key}&id=${id}&token=auth-${id}`);
     await new Promise((resolve, reject) => (ws.once('message', resolve), ws.once('error', reject))); // peer's OPEN
-    return { auth: `auth-${id}`, close: () => new Promise((resolve) => (ws.once('close', resolve), ws.close())) };
+    const close = () =>
+      new Promise((resolve) => {
+        ws.once('close', resolve);
+        ws.close();
+      });
+    return { auth: `auth-${id}`, close };
   };
 
   it('tells a worker that proves the token the id its dashboard holds for this load, and lets only the dashboard register one', async () => {
     const keys = await obtainSwarmKeys(server.url);
-    const room = roomOf(keys.token)!;
+    const room = roomIn(keys.token);
     const worker = 'ditswarm-w-0123456789ab';
     // no dashboard open yet: the worker waits
     expect(await findCoordinator(server.url, keys.token, worker)).toEqual({
@@ -151,9 +165,7 @@ describe('asking the server for a join token', () => {
     // a reload: the old page lets its id go, and from then on the id is named to nobody (anyone may
     // take a free id); the new page registers a fresh id, and workers are sent there
     await first.close();
-    await expect
-      .poll(() => findCoordinator(server.url, keys.token, worker))
-      .toMatchObject({ waiting: expect.any(String) });
+    await expect.poll(() => findCoordinator(server.url, keys.token, worker)).toMatchObject({ waiting: anyString() });
     const second = await holdId('ditswarm-c-second');
     await registerCoordinator(server.url, keys, 'ditswarm-c-second', second.auth);
     expect(await findCoordinator(server.url, keys.token, worker)).toEqual({ coordinator: 'ditswarm-c-second' });

@@ -29,26 +29,25 @@ function importGraph(): Map<string, string[]> {
 /** Strongly connected components of more than one file, or a file importing itself (Tarjan). */
 function cycles(graph: Map<string, string[]>): string[][] {
   const index = new Map<string, number>();
-  const low = new Map<string, number>();
   const stack: string[] = [];
   const found: string[][] = [];
-  const visit = (v: string) => {
-    index.set(v, index.size);
-    low.set(v, index.get(v)!);
+  /** Visits `v` and returns its low-link. */
+  const visit = (v: string): number => {
+    const vIndex = index.size;
+    index.set(v, vIndex);
+    let low = vIndex;
     stack.push(v);
     for (const w of graph.get(v) ?? []) {
-      if (!index.has(w)) {
-        visit(w);
-        low.set(v, Math.min(low.get(v)!, low.get(w)!));
-      } else if (stack.includes(w)) low.set(v, Math.min(low.get(v)!, index.get(w)!));
+      const wIndex = index.get(w);
+      if (wIndex === undefined) low = Math.min(low, visit(w));
+      else if (stack.includes(w)) low = Math.min(low, wIndex);
     }
-    if (low.get(v) === index.get(v)) {
-      const component: string[] = [];
-      let w: string;
-      do component.push((w = stack.pop()!));
-      while (w !== v);
+    if (low === vIndex) {
+      // v roots a component: it and everything stacked above it
+      const component = stack.splice(stack.lastIndexOf(v));
       if (component.length > 1 || graph.get(v)?.includes(v)) found.push(component.sort());
     }
+    return low;
   };
   for (const v of graph.keys()) if (!index.has(v)) visit(v);
   return found;

@@ -60,12 +60,12 @@ describe('diffusers WanTransformer3DModel config and weights', () => {
   });
 
   it('refuses configs it cannot run, saying why', () => {
-    expect(() => parseWanConfig({ attention_head_dim: 16 }, 'c.json')).toThrowError(
+    expect(() => parseWanConfig({ attention_head_dim: 16 }, 'c.json')).toThrow(
       /c\.json: attention_head_dim 16 makes diffusers' RoPE tables and splits disagree/,
     );
-    expect(() => parseWanConfig({ image_dim: 1280 }, 'c.json')).toThrowError(/image_dim is set: image-to-video/);
-    expect(() => parseWanConfig({ _class_name: 'UNet' }, 'c.json')).toThrowError(/expected "WanTransformer3DModel"/);
-    expect(() => parseWanConfig({ num_layers: -1 }, 'c.json')).toThrowError(/num_layers must be a positive integer/);
+    expect(() => parseWanConfig({ image_dim: 1280 }, 'c.json')).toThrow(/image_dim is set: image-to-video/);
+    expect(() => parseWanConfig({ _class_name: 'UNet' }, 'c.json')).toThrow(/expected "WanTransformer3DModel"/);
+    expect(() => parseWanConfig({ num_layers: -1 }, 'c.json')).toThrow(/num_layers must be a positive integer/);
   });
 
   it('lists every missing, unexpected and misshapen weight in one error', async () => {

@@ -39,15 +39,16 @@ describe('a worker runtime asked for a folder its page refuses', () => {
       decodeTile: async () => (loads.push('decodeTile'), Promise.reject(new Error('not reached'))),
     } as unknown as EngineApi;
     const runtime = new WorkerRuntime(engine, {
-      connectMesh: async () => memoryExchanges(1)[0],
-      describe: async () => ({
-        ep: 'wasm',
-        adapter: 'test',
-        softwareAdapter: false,
-        threads: 1,
-        memoryGiB: null,
-        userAgent: 'node',
-      }),
+      connectMesh: () => Promise.resolve(memoryExchanges(1)[0]),
+      describe: () =>
+        Promise.resolve({
+          ep: 'wasm',
+          adapter: 'test',
+          softwareAdapter: false,
+          threads: 1,
+          memoryGiB: null,
+          userAgent: 'node',
+        }),
       refuseModel: modelRefusal('http://localhost:5173', null),
     });
     await runtime.initWorker({ ...EXACT_SETTINGS, rank: 0, world: 1, peers: ['w0'], session: 's' });

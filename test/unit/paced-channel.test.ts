@@ -1,4 +1,5 @@
 import { describe, expect, it } from 'vitest';
+import { defined } from '../../core/defined.ts';
 import { Link } from '../../core/net/link.ts';
 import { EmulatedWire, PacedChannel } from '../../core/net/paced-channel.ts';
 import type { Message } from '../../core/net/protocol.ts';
@@ -19,7 +20,8 @@ describe('PacedChannel', () => {
 
   it('hands each frame on once the wire has carried it and the latency has passed, in order, holding it as buffered meanwhile', async () => {
     const sink = new SinkChannel();
-    const paced = new PacedChannel(sink, new EmulatedWire({ bandwidth: 1e6, latencyMs: 20 })); // 1 MB/s: 100 kB take 100 ms
+    // 1 MB/s: 100 kB take 100 ms
+    const paced = new PacedChannel(sink, new EmulatedWire({ bandwidth: 1e6, latencyMs: 20 }));
     const started = performance.now();
     const at = arrivals(sink, started);
     for (let i = 0; i < 3; i++) paced.send(new Uint8Array(100_000).fill(i).buffer);
@@ -50,7 +52,7 @@ describe('PacedChannel', () => {
     await new Promise((r) => setTimeout(r, 1_200));
     const bytes = sink.sent.reduce((n, f) => n + f.byteLength, 0);
     expect(bytes).toBeGreaterThan(1_000_000);
-    expect(at.at(-1)!).toBeGreaterThanOrEqual((bytes / 1e6) * 1000 + 5 - 2);
+    expect(defined(at.at(-1), "the last frame's arrival")).toBeGreaterThanOrEqual((bytes / 1e6) * 1000 + 5 - 2);
   });
 
   it('the channels of one page share its wire, as its links share an uplink: two 100 kB frames on two channels take 200 ms', async () => {
@@ -79,7 +81,9 @@ describe('PacedChannel', () => {
   it('hands nothing on once the real channel has closed', async () => {
     const sink = new SinkChannel();
     let onClose = () => {};
-    sink.addEventListener = (type, cb) => void (type === 'close' && (onClose = cb));
+    sink.addEventListener = (type, cb) => {
+      if (type === 'close') onClose = cb;
+    };
     const paced = new PacedChannel(sink, new EmulatedWire({ bandwidth: 1e6, latencyMs: 10 }));
     paced.send(new ArrayBuffer(1000));
     onClose();

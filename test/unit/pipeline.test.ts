@@ -16,7 +16,7 @@ import { loadTransformer } from '../../core/model/transformer.ts';
 import { loadWanPipelineParts } from '../../core/model/wan-pipeline.ts';
 import { inProcess } from '../../core/net/rpc.ts';
 import { maxAbsDiff } from '../../core/tensor.ts';
-import { unipcSchedule } from '../../core/unipc.ts';
+import { unipcSchedule } from '../../core/schedulers/unipc-multistep-scheduler.ts';
 import type { SamplerCheckpoint } from '../../core/sampler.ts';
 import {
   WORKER_CONTRACT,

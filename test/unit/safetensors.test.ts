@@ -1,4 +1,5 @@
 import { describe, expect, it } from 'vitest';
+import { defined } from '../../core/defined.ts';
 import { readSafetensors, writeSafetensors, SafetensorsError } from '../../core/safetensors.ts';
 
 function rawFile(header: object, data: Uint8Array): Uint8Array {
@@ -23,9 +24,9 @@ describe('safetensors', () => {
     );
     const back = readSafetensors(bytes, 'x.safetensors');
     expect([...back.keys()].sort()).toEqual(['a', 'b']);
-    expect(back.get('a')!.shape).toEqual([2, 3]);
-    expect([...back.get('a')!.data]).toEqual([...a.data]);
-    expect(back.get('b')!.data[0]).toBe(42);
+    expect(defined(back.get('a'), 'a').shape).toEqual([2, 3]);
+    expect([...defined(back.get('a'), 'a').data]).toEqual([...a.data]);
+    expect(defined(back.get('b'), 'b').data[0]).toBe(42);
   });
 
   it('widens F16 and BF16 exactly', () => {
@@ -41,8 +42,8 @@ describe('safetensors', () => {
       data,
     );
     const t = readSafetensors(file, 'mixed.safetensors');
-    expect([...t.get('h')!.data]).toEqual([1, -2.5, 2 ** -24]);
-    expect([...t.get('b')!.data]).toEqual([1, -3]);
+    expect([...defined(t.get('h'), 'h').data]).toEqual([1, -2.5, 2 ** -24]);
+    expect([...defined(t.get('b'), 'b').data]).toEqual([1, -3]);
   });
 
   it('names the file and the tensor when a file is corrupt', () => {
@@ -61,12 +62,12 @@ describe('safetensors', () => {
       ],
     ];
     for (const [bytes, message] of cases) {
-      expect(() => readSafetensors(bytes, 'bad.st')).toThrowError(SafetensorsError);
-      expect(() => readSafetensors(bytes, 'bad.st')).toThrowError(message);
+      expect(() => readSafetensors(bytes, 'bad.st')).toThrow(SafetensorsError);
+      expect(() => readSafetensors(bytes, 'bad.st')).toThrow(message);
     }
     const notJson = rawFile({}, new Uint8Array(0));
     notJson[8] = 0x7b + 1; // breaks the opening brace
-    expect(() => readSafetensors(notJson, 'bad.st')).toThrowError(/bad\.st: header is not valid JSON/);
+    expect(() => readSafetensors(notJson, 'bad.st')).toThrow(/bad\.st: header is not valid JSON/);
   });
 });
 
@@ -74,6 +75,6 @@ describe('safetensors from a Node Buffer', () => {
   it('reads float32 data from a pooled Buffer view, not from the whole pool', () => {
     const bytes = writeSafetensors(new Map([['w', { shape: [3], data: Float32Array.of(1, 2, 3) }]]));
     const pooled = Buffer.from(bytes); // small Buffers are views into Node's shared pool
-    expect([...readSafetensors(pooled, 'pooled.st').get('w')!.data]).toEqual([1, 2, 3]);
+    expect([...defined(readSafetensors(pooled, 'pooled.st').get('w'), 'w').data]).toEqual([1, 2, 3]);
   });
 });

@@ -1,6 +1,11 @@
 import { describe, expect, it } from 'vitest';
-import { sample } from '../../core/sampler.ts';
-import { eulerStep, flowMatchSchedule, guide, initialNoise } from '../../core/scheduler.ts';
+import { guide, initialNoise, sample } from '../../core/sampler.ts';
+import {
+  eulerStep,
+  FlowMatchEulerDiscreteScheduler,
+  flowMatchSchedule,
+} from '../../core/schedulers/flow-match-euler-discrete-scheduler.ts';
+import { indexForTimestep } from '../../core/schedulers/scheduler.ts';
 import type { Tensor } from '../../core/tensor.ts';
 
 // The sampler's arithmetic against numbers worked out by hand from the formulas (classifier-free
@@ -35,8 +40,8 @@ describe('eulerStep: x + (σ_next − σ)·v', () => {
   });
 });
 
-// The unshifted grid ends at 1/1000, as core/scheduler.ts documents. diffusers' set_timesteps ends it
-// at its already shifted sigma_min instead (3/1002 for shift 3), so its last sigma there is 1/112.
+// The unshifted grid ends at 1/1000, as FlowMatchEulerDiscreteScheduler's port documents. diffusers' set_timesteps
+// ends it at its already shifted sigma_min instead (3/1002 for shift 3), so its last sigma there is 1/112.
 describe('flowMatchSchedule: unshifted sigmas 1 → 1/1000, shifted s ↦ shift·s / (1 + (shift − 1)·s), then 0', () => {
   it('2 steps with shift 3: sigmas [1, 3/1002, 0] and timesteps [1000, 3000/1002]', () => {
     const { sigmas, timesteps } = flowMatchSchedule(2, 3);
@@ -68,6 +73,40 @@ describe('flowMatchSchedule: unshifted sigmas 1 → 1/1000, shifted s ↦ shift�
 
   it('shift 5 bends harder toward noise: 2 steps end on 5·0.001 / (1 + 4·0.001) = 0.004980…', () => {
     expect(flowMatchSchedule(2, 5).sigmas[1]).toBeCloseTo(0.0049800796812749, 14);
+  });
+});
+
+describe('FlowMatchEulerDiscreteScheduler: set_timesteps, then step() through them', () => {
+  it('steps from σ at its step index to the next: eulerStep on its own sigmas, the index moving on by itself', () => {
+    const scheduler = new FlowMatchEulerDiscreteScheduler({ shift: 3 });
+    scheduler.setTimesteps(3);
+    expect(scheduler.sigmas).toEqual(flowMatchSchedule(3, 3).sigmas);
+    const [x, v] = [f32(1, -2), f32(0.5, 4)];
+    const first = scheduler.step(v, scheduler.timesteps[0], x).prevSample;
+    expect(first).toEqual(eulerStep(x, v, scheduler.sigmas[0], scheduler.sigmas[1]));
+    // the next step is at index 1 whatever timestep it is given, as diffusers keeps its step index
+    expect(scheduler.step(v, 0, first).prevSample).toEqual(
+      eulerStep(first, v, scheduler.sigmas[1], scheduler.sigmas[2]),
+    );
+  });
+
+  it("without a begin index, starts at the timestep's step; with one, there; never before setTimesteps", () => {
+    const scheduler = new FlowMatchEulerDiscreteScheduler({ shift: 3 });
+    expect(() => scheduler.step(f32(1), 1000, f32(0))).toThrow('step before setTimesteps');
+    scheduler.setTimesteps(3);
+    const [x, v] = [f32(1, -2), f32(0.5, 4)];
+    const at1 = eulerStep(x, v, scheduler.sigmas[1], scheduler.sigmas[2]);
+    expect(scheduler.step(v, scheduler.timesteps[1], x).prevSample).toEqual(at1);
+    scheduler.setTimesteps(3);
+    expect(() => scheduler.step(v, 123, x)).toThrow("timestep 123 is none of the schedule's 3: give setBeginIndex");
+    scheduler.setBeginIndex(1);
+    expect(scheduler.step(v, 123, x).prevSample).toEqual(at1);
+  });
+
+  it("indexForTimestep: the timestep's place, the second of two (diffusers' image-to-image start), else undefined", () => {
+    expect(indexForTimestep([999, 500, 1], 500)).toBe(1);
+    expect(indexForTimestep([999, 500, 500, 1], 500)).toBe(2);
+    expect(indexForTimestep([999, 500, 1], 7)).toBeUndefined();
   });
 });
 
@@ -106,9 +145,9 @@ describe('sample(): the denoising loop', () => {
       steps: 2,
       flowShift: 3,
       seed: 42,
-      async velocity(at) {
+      velocity(at) {
         asked.push({ step: at.step, timestep: at.timestep, latent: Array.from(at.latent.data) });
-        return idealVelocity(at.latent, at.timestep);
+        return Promise.resolve(idealVelocity(at.latent, at.timestep));
       },
       onStep: ({ step, latent }) => done.push({ step, latent: Array.from(latent) }),
     });
@@ -131,8 +170,8 @@ describe('sample(): the denoising loop', () => {
   it('resuming from step k with the latent after k steps gives the uninterrupted latent bit for bit, asking only for steps k…n−1', async () => {
     const steps = 4;
     // any deterministic model will do; this one depends on the latent, the step and the timestep
-    const velocity = async (at: { step: number; timestep: number; latent: Tensor }) =>
-      at.latent.data.map((x, i) => Math.sin(x + i) * (at.timestep / 1000) - 0.1 * at.step);
+    const velocity = (at: { step: number; timestep: number; latent: Tensor }) =>
+      Promise.resolve(at.latent.data.map((x, i) => Math.sin(x + i) * (at.timestep / 1000) - 0.1 * at.step));
     const checkpoints: Float32Array[] = [];
     const full = await sample({
       shape: [16, 1, 2, 2],
@@ -195,7 +234,7 @@ describe('sample(): the denoising loop', () => {
       flowShift: 3,
       seed: 1,
       signal: controller.signal,
-      velocity: async (at) => (asked.push(at.step), f32(0, 0)),
+      velocity: (at) => (asked.push(at.step), Promise.resolve(f32(0, 0))),
       onStep: ({ step }) => step === 1 && controller.abort(stop),
     });
     await expect(run).rejects.toBe(stop);
@@ -209,7 +248,7 @@ describe('sample(): the denoising loop', () => {
         flowShift: 3,
         seed: 1,
         signal: AbortSignal.abort(stop),
-        velocity: async (at) => (never.push(at.step), f32(0)),
+        velocity: (at) => (never.push(at.step), Promise.resolve(f32(0))),
       }),
     ).rejects.toBe(stop);
     expect(never).toEqual([]);

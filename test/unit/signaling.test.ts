@@ -1,4 +1,5 @@
 import http from 'node:http';
+import { defined } from '../../core/defined.ts';
 import { peerOptions } from '../../core/net/peer-link.ts';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { WebSocket } from 'ws';
@@ -16,7 +17,7 @@ let signaling: { path: string; key: string };
 
 beforeAll(async () => {
   server = await startServer({ port: 0, quiet: true });
-  signaling = await (await fetch(`${server.url}/signaling.json`)).json();
+  signaling = (await (await fetch(`${server.url}/signaling.json`)).json()) as typeof signaling;
 });
 afterAll(async () => server.close());
 
@@ -59,7 +60,7 @@ describe('the signaling server', () => {
         (ws) => (held.push(ws), true),
         () => false,
       );
-    held.shift()!.close();
+    defined(held.shift(), 'the first socket held').close();
     await expect.poll(opens).toBe(true);
     for (const ws of held.splice(0)) ws.close();
     await expect.poll(opens).toBe(true);
@@ -68,7 +69,9 @@ describe('the signaling server', () => {
 
   it('still takes a small OFFER', async () => {
     const [a, b] = [await socket('honest-a'), await socket('honest-b')];
-    const got = new Promise<string>((resolve) => b.on('message', (m) => resolve(String(m))));
+    const got = new Promise<string>((resolve) =>
+      b.on('message', (m) => resolve(new TextDecoder().decode(Array.isArray(m) ? Buffer.concat(m) : m))),
+    );
     a.send(JSON.stringify({ type: 'OFFER', dst: 'honest-b', payload: { sdp: 'v=0' } }));
     expect(JSON.parse(await got)).toMatchObject({ type: 'OFFER', src: 'honest-a' });
     a.close();
@@ -85,15 +88,18 @@ describe("the server's hosts and origins", () => {
       http
         .get({ host: '127.0.0.1', port: url.port, path: url.pathname, headers }, (res) => {
           res.resume();
-          resolve({ status: res.statusCode!, headers: res.headers });
+          resolve({ status: defined(res.statusCode, 'the status of a response'), headers: res.headers });
         })
         .on('error', reject);
     });
   const upgrade = (origin: string, at = server) =>
     new Promise<number | 'open'>((resolve) => {
       const ws = new WebSocket(`${at.url.replace('http', 'ws')}/relay`, { headers: { Origin: origin } });
-      ws.once('open', () => (ws.close(), resolve('open')));
-      ws.once('unexpected-response', (_req, res) => resolve(res.statusCode!));
+      ws.once('open', () => {
+        ws.close();
+        resolve('open');
+      });
+      ws.once('unexpected-response', (_req, res) => resolve(defined(res.statusCode, 'the status of a response')));
       ws.once('error', () => {});
     });
 

@@ -29,7 +29,7 @@ const CONFIG = {
 const PROMPT = 'a red ball moving right on the green square';
 let dir: string;
 
-/** Worker stand-ins that run their layers as a worker's engine does (rank/text-layers.ts), reading the folder from disk. */
+/** Workers' stand-ins that run their layers as a worker's engine does (rank/text-layers.ts), from the folder. */
 function hosts(count: number): TextHost[] {
   return Array.from({ length: count }, (_, i) => {
     const layers = textLayers(() => ({ ...folderFiles(dir), close: async () => {} }));
@@ -38,15 +38,24 @@ function hosts(count: number): TextHost[] {
 }
 
 /** The planner's runs of the layers on these hosts, none of them measured: as even as the count allows. */
-const runsOn = (workers: TextHost[]) => async (numLayers: number) =>
-  placeTextLayers(
-    workers.map((host) => ({ host, measurement: null })),
-    numLayers,
-  ).map(({ worker, from, to }) => ({ host: worker.host, from, to }));
+const runsOn = (workers: TextHost[]) => (numLayers: number) =>
+  Promise.resolve(
+    placeTextLayers(
+      workers.map((host) => ({ host, measurement: null })),
+      numLayers,
+    ).map(({ worker, from, to }) => ({ host: worker.host, from, to })),
+  );
 
 function mapCache(): PromptCache & { size(): number } {
   const entries = new Map<string, { hidden: Float32Array; truncated: boolean }>();
-  return { get: async (k) => entries.get(k), put: async (k, v) => void entries.set(k, v), size: () => entries.size };
+  return {
+    get: (k) => Promise.resolve(entries.get(k)),
+    put: (k, v) => {
+      entries.set(k, v);
+      return Promise.resolve();
+    },
+    size: () => entries.size,
+  };
 }
 
 beforeAll(async () => {
@@ -87,7 +96,7 @@ describe('a prompt through umT5 on the swarm', () => {
     const { ids } = new Umt5Tokenizer(await readJson(files, 'tokenizer/tokenizer.json')).encode(PROMPT, 16);
     expect(one.report).toMatchObject({ source: 'encoded', tokens: ids.length, truncated: false });
     const reference = padPromptEmbeds(
-      await encodeIds(encoder, ids, async (w, h, b) => umt5LayerReference(encoder.config, w, h, b)),
+      await encodeIds(encoder, ids, (w, h, b) => Promise.resolve(umt5LayerReference(encoder.config, w, h, b))),
       64,
       16,
     );
@@ -138,7 +147,7 @@ describe('a prompt through umT5 on the swarm', () => {
     const liar = (hidden: (h: Float32Array) => Float32Array): TextHost[] => [
       {
         id: 'liar',
-        api: { encodeText: async (args) => ({ hidden: hidden(args.hidden), layerMs: [1], layersRead: 0 }) },
+        api: { encodeText: (args) => Promise.resolve({ hidden: hidden(args.hidden), layerMs: [1], layersRead: 0 }) },
       },
     ];
     const encode = (workers: TextHost[]) =>

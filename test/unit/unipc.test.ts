@@ -1,7 +1,11 @@
 import { describe, expect, it } from 'vitest';
-import { initialUniPcState, unipcSchedule, unipcStep, type UniPcState } from '../../core/unipc.ts';
+import {
+  UniPCMultistepScheduler,
+  unipcSchedule,
+  type UniPcState,
+} from '../../core/schedulers/unipc-multistep-scheduler.ts';
 
-const WAN = { order: 2, lowerOrderFinal: true } as const;
+const WAN = { solverOrder: 2, lowerOrderFinal: true } as const;
 
 // diffusers' step transcribed to numpy, line by line from scheduling_unipc_multistep.py (float32
 // tensors, as torch keeps them), on 6 steps with flow shift 3 and a nonlinear stand-in model
@@ -29,17 +33,19 @@ function run(
   start: Float32Array,
   velocity: (x: Float32Array, i: number) => Float32Array,
   from = 0,
-  state: UniPcState = initialUniPcState(2),
+  state?: UniPcState,
   until = steps,
 ) {
-  const schedule = unipcSchedule(steps, flowShift);
+  const scheduler = new UniPCMultistepScheduler({ ...WAN, flowShift });
+  scheduler.setTimesteps(steps);
+  scheduler.setBeginIndex(from, state);
   const samples: Float32Array[] = [];
   let x = start;
   for (let i = from; i < until; i++) {
-    ({ sample: x, state } = unipcStep(schedule, WAN, i, velocity(x, i), x, state));
+    x = scheduler.step(velocity(x, i), scheduler.timesteps[i], x).prevSample;
     samples.push(x);
   }
-  return { samples, state, x };
+  return { samples, state: scheduler.state, x };
 }
 
 describe('UniPC as Wan2.1 configures it', () => {
@@ -50,7 +56,7 @@ describe('UniPC as Wan2.1 configures it', () => {
   });
 
   it("has diffusers' timesteps and sigmas for 50 steps at shift 3.0 (480p) and 5.0 (720p)", () => {
-    // numpy's set_timesteps(50) with use_flow_sigmas, from scheduling_unipc_multistep.py: every timestep, every 7th sigma
+    // numpy's set_timesteps(50) with use_flow_sigmas (scheduling_unipc_multistep.py): every timestep, every 7th sigma
     const expected = {
       3: {
         timesteps: [
@@ -114,10 +120,35 @@ describe('UniPC as Wan2.1 configures it', () => {
   it('continues from its state after a reload to the same numbers', () => {
     const start = Float32Array.of(0.3, -1.2, 0.7, 2, -0.4);
     const whole = run(8, 3, start, model);
-    const firstHalf = run(8, 3, start, model, 0, initialUniPcState(2), 3);
+    const firstHalf = run(8, 3, start, model, 0, undefined, 3);
     const stored = structuredClone(firstHalf.state); // as IndexedDB keeps it
     const rest = run(8, 3, firstHalf.x, model, 3, stored);
     expect(rest.x).toEqual(whole.x);
+  });
+
+  it('refuses to resume after step 0 without the state a checkpoint kept, and to step before setTimesteps', () => {
+    const scheduler = new UniPCMultistepScheduler(WAN);
+    expect(() => scheduler.step(Float32Array.of(1), 999, Float32Array.of(0))).toThrow(
+      'UniPCMultistepScheduler.step before setTimesteps: set the number of steps first',
+    );
+    scheduler.setTimesteps(4);
+    expect(() => scheduler.setBeginIndex(2)).toThrow(
+      'resuming UniPC at step 2 needs its state from the checkpoint, which has none',
+    );
+  });
+
+  it("without a begin index, starts at the timestep's step, or at the last for one it does not have (as diffusers)", () => {
+    const start: Float32Array = Float32Array.of(0.3, -1.2, 0.7, 2, -0.4);
+    const scheduler = new UniPCMultistepScheduler({ ...WAN, flowShift: 3 });
+    scheduler.setTimesteps(6);
+    let x = start;
+    for (const [i, t] of scheduler.timesteps.entries()) x = scheduler.step(model(x, i), t, x).prevSample;
+    expect(x).toEqual(run(6, 3, start, model).x);
+    // the last step goes to σ = 0: the sample becomes its x0 prediction x − σ·v
+    scheduler.setTimesteps(6);
+    const v = model(start, 5);
+    const last = scheduler.sigmas[5];
+    expect(scheduler.step(v, 12345, start).prevSample).toEqual(start.map((xi, i) => xi - last * v[i]));
   });
 });
 
@@ -126,11 +157,14 @@ describe("a folder's scheduler_config.json", () => {
     const { parseSchedulerConfig } = await import('../../core/model/wan-pipeline.ts');
     const { WAN21_T2V_1_3B } = await import('../../server/wan21-layout.ts');
     expect(parseSchedulerConfig(WAN21_T2V_1_3B.scheduler, 's')).toEqual({
-      solver: { kind: 'UniPCMultistepScheduler', order: 2, lowerOrderFinal: true },
+      solver: {
+        kind: 'UniPCMultistepScheduler',
+        config: { numTrainTimesteps: 1000, solverOrder: 2, lowerOrderFinal: true },
+      },
       flowShift: 3,
     });
     expect(parseSchedulerConfig({ _class_name: 'FlowMatchEulerDiscreteScheduler', shift: 5 }, 's')).toEqual({
-      solver: { kind: 'FlowMatchEulerDiscreteScheduler' },
+      solver: { kind: 'FlowMatchEulerDiscreteScheduler', config: {} },
       flowShift: 5,
     });
     expect(() => parseSchedulerConfig({ ...WAN21_T2V_1_3B.scheduler, solver_order: 3 }, 's')).toThrow(

@@ -1,4 +1,4 @@
-// core/model/wan-vae.ts's plain TypeScript decoder held to diffusers' AutoencoderKLWan as the
+// core/model/wan-vae-reference.ts's plain TypeScript decoder held to diffusers' AutoencoderKLWan as the
 // upstream Python runs it: wan-vae.fixture.json is what test/reference/wan_vae_numpy.py (a
 // line-by-line numpy float32 transcription of autoencoder_kl_wan.py's decoder, _decode and
 // tiled_decode, with WanPipeline's un-normalisation first) gives for a tiny seeded VAE in the
@@ -7,15 +7,9 @@
 
 import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
-import {
-  blendTiles,
-  cutTile,
-  decodeTileReference,
-  decodeWanVaeReference,
-  parseWanVaeConfig,
-  tilesOf,
-  wanVaeWeightShapes,
-} from '../../core/model/wan-vae.ts';
+import { parseWanVaeConfig, wanVaeWeightShapes } from '../../core/model/wan-vae.ts';
+import { decodeTileReference, decodeWanVaeReference } from '../../core/model/wan-vae-reference.ts';
+import { blendTiles, cutTile, tilesOf } from '../../core/model/wan-vae-tiling.ts';
 import { safetensorsHeader } from '../../core/safetensors.ts';
 import { sizeOf, type Tensor } from '../../core/tensor.ts';
 import {
@@ -61,7 +55,7 @@ function decode(c: FixtureCase): { video: Tensor; tiles: number } {
   return { video: blendTiles(tiles, decoded, h, w, c.tiling), tiles: tiles.length };
 }
 
-describe("wan-vae.ts's reference decoder against diffusers' AutoencoderKLWan (numpy transcription)", () => {
+describe("wan-vae-reference.ts's reference decoder against diffusers' AutoencoderKLWan (numpy transcription)", () => {
   it('uses the fixture as it was made', () => {
     expect(fixture.config).toEqual(TINY_VAE_CONFIG);
     expect(fixture.init).toBe(INIT);
@@ -69,7 +63,7 @@ describe("wan-vae.ts's reference decoder against diffusers' AutoencoderKLWan (nu
   });
 
   for (const c of fixture.cases) {
-    it(`decodes ${c.name}: latent [${c.latentShape}]${c.tiling ? `, tiles of ${c.tiling.tile} px every ${c.tiling.stride} px` : ', untiled'}`, () => {
+    it(`decodes ${c.name}: latent [${c.latentShape.join(',')}]${c.tiling ? `, tiles of ${c.tiling.tile} px every ${c.tiling.stride} px` : ', untiled'}`, () => {
       const { video, tiles } = decode(c);
       expect(video.shape).toEqual(c.shape);
       expect(tiles).toBe(c.tiles);
@@ -89,9 +83,10 @@ describe("wan-vae.ts's reference decoder against diffusers' AutoencoderKLWan (nu
         Math.floor(where / W) % H,
         where % W,
       ];
-      expect(worst, `max |Δ| over ${c.values.length} sampled values, worst at [c, t, y, x] = [${at}]`).toBeLessThan(
-        TOLERANCE,
-      );
+      expect(
+        worst,
+        `max |Δ| over ${c.values.length} sampled values, worst at [c, t, y, x] = [${at.join(',')}]`,
+      ).toBeLessThan(TOLERANCE);
       // the whole video: each (frame, channel) plane's sum, the sum and the sum of squares, to TOLERANCE per value
       const n = sizeOf(c.shape);
       const plane = H * W;

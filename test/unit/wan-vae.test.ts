@@ -2,10 +2,12 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { defined } from '../../core/defined.ts';
 import { SeededRandom } from '../../core/random.ts';
 import type { TensorMap } from '../../core/safetensors.ts';
 import { maxAbsDiff, type Tensor } from '../../core/tensor.ts';
-import { decodeTileReference, openWanVae, type WanVaeConfig } from '../../core/model/wan-vae.ts';
+import { openWanVae, type WanVaeConfig } from '../../core/model/wan-vae.ts';
+import { decodeTileReference } from '../../core/model/wan-vae-reference.ts';
 import { onnxVaeDecoder, type VaeTileDecoder } from '../../rank/vae-decoder.ts';
 import { folderFiles, writeWanVaeFolder } from '../../server/model-folder.ts';
 import { WAN21_T2V_1_3B } from '../../server/wan21-layout.ts';
@@ -16,7 +18,8 @@ const CONFIG = { ...WAN21_T2V_1_3B.vae, base_dim: 8 };
 let dir: string;
 let cfg: WanVaeConfig;
 let tensors: TensorMap;
-let decoder: VaeTileDecoder;
+// undefined where beforeAll failed before making it
+let decoder: VaeTileDecoder | undefined;
 
 const latentOf = (shape: number[], seed: number): Tensor => ({
   shape,
@@ -42,10 +45,10 @@ describe("Wan2.1's VAE decoder on onnxruntime-web", () => {
     [16, 2, 3, 2],
     [16, 3, 4, 4],
   ]) {
-    it(`equals the reference on a latent [${shape}]`, async () => {
+    it(`equals the reference on a latent [${shape.join(',')}]`, async () => {
       const latent = latentOf(shape, shape[1]);
       const expected = decodeTileReference(cfg, tensors, latent);
-      const got = await decoder.decode(latent);
+      const got = await defined(decoder, 'the ONNX decoder').decode(latent);
       expect([got.frames, got.channels, got.height, got.width]).toEqual([
         1 + 4 * (shape[1] - 1),
         3,
