@@ -1,4 +1,4 @@
-// `npm run bench`: every benchmark, one after the other (they share the machine's two cores, so
+// `npm run bench`: every benchmark, one after the other (they share the machine's cores, so
 // never at once), each writing its own report under bench/out/, then the headline figures in
 // bench/out/scaling.json.
 //

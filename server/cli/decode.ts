@@ -14,6 +14,7 @@ import { readSafetensors, writeSafetensors } from '../../core/safetensors.ts';
 import { CACHE_ROOT } from '../model-folder.ts';
 import { servedModel } from '../serve.ts';
 import { pageError, startLocalSwarm } from './browser-swarm.ts';
+import { defined } from '../../core/defined.ts';
 
 const USAGE = [
   'usage: npm run decode -- --model DIR --latent F.safetensors --output V.safetensors [--out video.webm] [--workers N]',
@@ -103,8 +104,9 @@ try {
       latent: values.latent,
     }),
   );
-  if (values.out) write(values.out, Buffer.from(result.webm, 'base64'));
+  if (values.out) write(values.out, Buffer.from(defined(result.webm, 'the WebM --out asked for'), 'base64'));
   const r = result.report;
+  const tiling = defined(r.tiling, "the tiling of a decode on the workers (a stand-in's fails before)");
   const ranks = r.ranks.map(
     (k: { worker: string; tiles: number; computeMs: number; cacheBytes: number }) =>
       `${k.worker.slice(-6)}: ${k.tiles} tile(s), ${(k.computeMs / 1000).toFixed(1)} s, ` +
@@ -112,8 +114,8 @@ try {
   );
   console.error(
     `decode: wrote ${[values.output, ...(values.out ? [values.out] : [])].join(', ')}: ` +
-      `video [1, ${result.video.shape.join(', ')}] from ${r.tiles} tile(s) of ${r.tiling.tile} px ` +
-      `every ${r.tiling.stride} in ${(r.ms / 1000).toFixed(1)} s (${ranks.join('; ')})`,
+      `video [1, ${result.video.shape.join(', ')}] from ${r.tiles} tile(s) of ${tiling.tile} px ` +
+      `every ${tiling.stride} in ${(r.ms / 1000).toFixed(1)} s (${ranks.join('; ')})`,
   );
 } catch (e) {
   if (tty) process.stderr.write('\n');

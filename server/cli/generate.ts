@@ -274,7 +274,7 @@ try {
     `generate: wrote ${wrote}: ${frames} frames ${width}×${height}; ` +
       `${report.steps.length} steps (${perStep} ms), total ${(report.totalMs / 1000).toFixed(1)} s`,
   );
-  const links: { from: string | number; to: number; transport: string }[] = report.links ?? [];
+  const links: { from: string | number; to: number; transport: string }[] = report.links;
   if (links.length) {
     const relayed = links.filter((l) => l.transport === 'relay');
     const name = (l: (typeof links)[number]) =>

@@ -4,7 +4,7 @@
 // Presets:
 //   tiny   (default) public/models/tiny-wan: width 288, small enough to ship in the repository
 //   bench  bench/out/models/bench-wan: width 576 (head dim 48), FFN 3456 (6·D, Wan's ratio), 2 blocks,
-//          ~56 MB, generated on demand into a git-ignored folder, never committed
+//          generated on demand into a git-ignored folder, never committed
 //   wan2.1-t2v-1.3b  the published Wan-AI/Wan2.1-T2V-1.3B-Diffusers folder's layout at full width: the
 //          transformer exactly as published (its config.json, 30 blocks of width 1536, fp32 shards split
 //          at 5 GB in state-dict order with their index, 5.68 GB), the folder's model_index.json and
