@@ -1,11 +1,25 @@
 // The coordinator↔worker contract: one interface that a rank's runtime implements (rank/runtime.ts)
 // and the coordinator calls through `remote()` (core/net/rpc.ts), and one table of checks that judges
 // every call's arguments where the worker receives them and every reply where the coordinator
-// receives it. The compiler holds the table to the interface, so the two sides cannot drift.
+// receives it. The compiler holds the table to the interface, down to each optional field
+// (FieldChecks), and the client and the served methods are the table's keys: the sides cannot drift.
 import type { WeightType } from './model/onnx-builder.ts';
 import { DTYPES, type DType } from './net/protocol.ts';
 import type { ParallelMode } from './parallel.ts';
-import { fields, floats, int, list, none, nullable, num, oneOf, optional, text, type Check } from './net/check.ts';
+import {
+  fields,
+  floats,
+  int,
+  list,
+  none,
+  nullable,
+  num,
+  oneOf,
+  optional,
+  text,
+  type Check,
+  type FieldChecks,
+} from './net/check.ts';
 import type { ApiContract, Remote } from './net/rpc.ts';
 import type { Transport } from './net/channel.ts';
 import type { LinkEmulation } from './net/paced-channel.ts';
@@ -344,7 +358,8 @@ const ep = oneOf(...EXECUTION_PROVIDERS);
 const ms = num(0);
 const bytes = num(0);
 const shape = list(int(1, 1 << 20), { min: 4, max: 4 });
-const stats = {
+const epOrAuto = oneOf(...EXECUTION_PROVIDERS, 'auto');
+const stats: FieldChecks<RankStats> = {
   computeMs: ms,
   commMs: ms,
   overlapMs: ms,
@@ -380,6 +395,15 @@ export const checkPulse: Check<WorkerPulse> = fields({
   mesh: optional(list(fields({ peer: text(256), transport: oneOf('direct', 'relay') }), { max: MAX_RANKS })),
   threads: optional(int(1, 1024)),
   load: optional(checkLoadStatus),
+});
+const checkExecuteArgs: Check<ExecuteArgs> = fields({
+  job: int(0),
+  step: int(0, 9999),
+  pass: int(0, 1),
+  timestep: num(0, 1000),
+  latentShape: shape,
+  patches: floats(),
+  stale: optional(oneOf(true, false)),
 });
 const totals: Check<WorkerTotals> = fields({
   steps: int(0),
@@ -426,7 +450,7 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
     reply: fields({ rank: int(0), world: int(1) }),
   },
   loadModel: {
-    args: fields({ modelUrl: text(), ep: oneOf(...EXECUTION_PROVIDERS, 'auto') }),
+    args: fields({ modelUrl: text(), ep: epOrAuto }),
     reply: fields({
       ep,
       adapter: text(),
@@ -442,7 +466,7 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
   rehearse: {
     args: fields({
       modelUrl: text(),
-      ep: oneOf(...EXECUTION_PROVIDERS, 'auto'),
+      ep: epOrAuto,
       latentShape: shape,
       textTokens: int(1, 1 << 16),
       degrees: list(int(1, MAX_RANKS), { min: 1, max: 16 }),
@@ -452,7 +476,7 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
   encodeText: {
     args: fields({
       modelUrl: text(),
-      ep: oneOf(...EXECUTION_PROVIDERS, 'auto'),
+      ep: epOrAuto,
       from: int(0, 1023),
       to: int(1, 1024),
       tokens: int(1, MAX_PROMPT_TOKENS),
@@ -467,7 +491,7 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
   decodeTile: {
     args: fields({
       modelUrl: text(),
-      ep: oneOf(...EXECUTION_PROVIDERS, 'auto'),
+      ep: epOrAuto,
       tile: text(256),
       from: int(0, 1 << 16),
       last: oneOf(true, false),
@@ -496,27 +520,11 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
     reply: fields({ rank: int(0), bytesPerPeer: bytes, smallBytes: bytes, bytesSent: bytes, smallMs: ms, largeMs: ms }),
   },
   executeModel: {
-    args: fields({
-      job: int(0),
-      step: int(0, 9999),
-      pass: int(0, 1),
-      timestep: num(0, 1000),
-      latentShape: shape,
-      patches: floats(),
-      stale: optional(oneOf(true, false)),
-    }),
+    args: checkExecuteArgs,
     reply: fields({ rows: floats(), bytesSent: bytes, peakMemoryBytes: nullable(bytes), ...stats }),
   },
   recompute: {
-    args: fields({
-      job: int(0),
-      step: int(0, 9999),
-      pass: int(0, 1),
-      timestep: num(0, 1000),
-      latentShape: shape,
-      patches: floats(),
-      stale: optional(oneOf(true, false)),
-    }),
+    args: checkExecuteArgs,
     reply: fields({ rows: floats(), computeMs: ms }),
   },
   ping: {

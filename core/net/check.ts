@@ -74,24 +74,28 @@ export function nullable<T>(check: Check<T>): Check<T | null> {
   return (v, at) => (v === null ? null : check(v, at));
 }
 
-type Shape = Record<string, Check<unknown>>;
-type Checked<S extends Shape> = {
-  [K in keyof S as undefined extends ReturnType<S[K]> ? never : K]: ReturnType<S[K]>;
-} & {
-  [K in keyof S as undefined extends ReturnType<S[K]> ? K : never]?: ReturnType<S[K]>;
-};
+/**
+ * One check per field of T, its optional fields included: a field left out of a `fields` call does
+ * not compile, so no field of T can silently vanish from what the check lets through.
+ */
+export type FieldChecks<T> = { [K in keyof T]-?: Check<T[K]> };
 
-/** An object with these fields (fields a check allows to be undefined are optional); other fields are dropped. */
-export function fields<S extends Shape>(shape: S): Check<Checked<S>> {
+/**
+ * An object with exactly the fields of T, each checked (a field whose check allows undefined may be
+ * absent); other fields are dropped. T comes from where the check is used (`const c: Check<T> =
+ * fields({...})`), never from the checks given, so the checks are held to T rather than T to them.
+ */
+export function fields<T extends object = never>(shape: FieldChecks<NoInfer<T>>): Check<T> {
+  const checks: [string, Check<unknown>][] = Object.entries(shape);
   return (v, at) => {
     if (!v || typeof v !== 'object' || Array.isArray(v) || ArrayBuffer.isView(v))
       fail(at, `an object with ${Object.keys(shape).join(', ') || 'no fields'}`, v);
     const out: Record<string, unknown> = {};
-    for (const [key, check] of Object.entries(shape)) {
+    for (const [key, check] of checks) {
       const value = check((v as Record<string, unknown>)[key], `${at}.${key}`);
       if (value !== undefined) out[key] = value;
     }
-    return out as Checked<S>;
+    return out as T;
   };
 }
 
