@@ -7,6 +7,7 @@ import {
   preAttention,
   type WanModel,
 } from '../core/model/reference.ts';
+import { forward, type MethodNames } from './forwarding.ts';
 
 /**
  * A tensor that a runner keeps on its device (a WebGPU buffer) for the rank's next stages, by
@@ -88,18 +89,26 @@ export function oneAtATime(): <T>(work: () => Promise<T>) => Promise<T> {
   };
 }
 
-/** A runner whose stages run one at a time, whoever calls them (ranks in one process, a guided step's two passes), as a worker's engine runs them. */
+/** A runner's methods by name, for the wrappers that pass them on (forwarding.ts). */
+export const STAGE_METHODS: MethodNames<DeviceStageRunner> = {
+  embed: true,
+  preAttention: true,
+  attention: true,
+  postAttention: true,
+  head: true,
+  release: true,
+};
+
+/**
+ * A runner whose stages run one at a time, whoever calls them (ranks in one process, a guided
+ * step's two passes), as a worker's engine runs them.
+ */
 export function serialStages<R extends DeviceStageRunner>(runner: R): R {
   const serial = oneAtATime();
-  return {
-    ...runner,
-    embed: (...a) => serial(() => runner.embed(...a)),
-    preAttention: (...a) => serial(() => runner.preAttention(...a)),
-    attention: (...a) => serial(() => runner.attention(...a)),
-    postAttention: (...a) => serial(() => runner.postAttention(...a)),
-    head: (...a) => serial(() => runner.head(...a)),
-    ...(runner.release && { release: (tensors: DeviceTensor[]) => serial(() => runner.release!(tensors)) }),
-  };
+  const serialized = forward(STAGE_METHODS, (call) => serial(() => call(runner)));
+  // a runner without release never returns device tensors: so does its serial one
+  if (!runner.release) delete serialized.release;
+  return { ...runner, ...serialized };
 }
 
 /** The plain TypeScript reference behind the same interface (the `reference` backend). */
