@@ -15,8 +15,18 @@ function describe(value: unknown): string {
   if (Array.isArray(value)) return `an array of ${value.length}`;
   if (value === null) return 'null';
   if (typeof value === 'string') return JSON.stringify(value.length > 40 ? `${value.slice(0, 40)}…` : value);
-  if (typeof value === 'object') return `an object with ${Object.keys(value).slice(0, 6).join(', ') || 'no fields'}`;
-  return `${typeof value} ${String(value)}`;
+  switch (typeof value) {
+    case 'object':
+      return `an object with ${Object.keys(value).slice(0, 6).join(', ') || 'no fields'}`;
+    case 'number':
+    case 'boolean':
+    case 'bigint':
+    case 'undefined':
+      return `${typeof value} ${String(value)}`;
+    default:
+      // a function or a symbol: no peer can send one, and a function's text may be long
+      return `a ${typeof value}`;
+  }
 }
 
 export function fail(at: string, expected: string, value: unknown): never {
@@ -105,7 +115,10 @@ export const none: Check<Record<string, never>> = (v, at) =>
     ? {}
     : fail(at, 'no arguments', v);
 
-/** `value` as a T if it passes, else undefined: for advisory fields (a pulse's), where a bad value is dropped, not its sender. */
+/**
+ * `value` as a T if it passes, else undefined: for advisory fields (a pulse's), where a bad value is
+ * dropped, not its sender.
+ */
 export function passing<T>(check: Check<T>, value: unknown, at: string): T | undefined {
   try {
     return check(value, at);

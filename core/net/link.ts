@@ -79,7 +79,8 @@ export class Link {
     this.highWater = opts.highWaterBytes ?? DEFAULT_HIGH_WATER_BYTES;
     if (!(this.highWater >= this.chunkBytes && this.highWater <= MAX_HIGH_WATER_BYTES)) {
       throw new RangeError(
-        `highWaterBytes must be in [chunkBytes (${this.chunkBytes}), ${MAX_HIGH_WATER_BYTES}] — Chromium closes a channel past 16 MiB buffered; got ${this.highWater}`,
+        `highWaterBytes must be in [chunkBytes (${this.chunkBytes}), ${MAX_HIGH_WATER_BYTES}] — ` +
+          `Chromium closes a channel past 16 MiB buffered; got ${this.highWater}`,
       );
     }
     this.reassembler = new Reassembler({ maxMessageBytes: opts.maxMessageBytes, accept: opts.accept });
@@ -88,15 +89,17 @@ export class Link {
     channel.addEventListener('close', this.onChannelClose);
   }
 
-  /** Resolves once every frame is handed to the channel. The message's arrays
-   *  are read as frames are built: do not mutate them until then. */
+  /**
+   * Resolves once every frame is handed to the channel. The message's arrays are read as frames are
+   * built: do not mutate them until then.
+   */
   send(msg: Message): Promise<void> {
     if (this.closedReason !== null) return Promise.reject(new Error(`cannot send: ${this.closedReason}`));
     let frames: FrameSource;
     try {
       frames = frameMessage(msg, this.nextMsgId, this.chunkBytes);
     } catch (e) {
-      return Promise.reject(e);
+      return Promise.reject(e instanceof Error ? e : new Error(String(e)));
     }
     this.nextMsgId = (this.nextMsgId + 1) >>> 0;
     return new Promise<void>((resolve, reject) => {
@@ -133,7 +136,7 @@ export class Link {
     return this.errors.on(cb);
   }
 
-  /** Hears the link close (its channel closed, or its owner closed it), once. Returns a function that removes the listener. */
+  /** Hears the link close (its channel closed, or its owner closed it), once. Returns a function that removes it. */
   onClose(cb: (reason: string) => void): () => void {
     return this.closes.on(cb);
   }

@@ -55,9 +55,8 @@ export interface RelaySocket {
   readonly readyState: number;
   send(data: string | ArrayBuffer): void;
   close(code?: number, reason?: string): void;
-  addEventListener(type: 'open', cb: () => void): void;
+  addEventListener(type: 'open' | 'error', cb: () => void): void;
   addEventListener(type: 'close', cb: (event: { code: number; reason: string }) => void): void;
-  addEventListener(type: 'error', cb: () => void): void;
   addEventListener(type: 'message', cb: (event: { data: unknown }) => void): void;
 }
 
@@ -66,7 +65,8 @@ const OPEN = 1;
 export function relayUrl(origin: string, path: string, registration: RelayRegistration): string {
   const url = new URL(path, origin);
   url.protocol = url.protocol === 'https:' ? 'wss:' : 'ws:';
-  for (const [key, value] of Object.entries(registration)) url.searchParams.set(key, value);
+  const query: Record<string, string> = { ...registration };
+  for (const [key, value] of Object.entries(query)) url.searchParams.set(key, value);
   return url.href;
 }
 
@@ -327,8 +327,10 @@ export class RelayChannel implements Channel {
 function parseControl(text: string): RelayControl | null {
   if (text.length > MAX_RELAY_CONTROL_BYTES) return null;
   try {
-    const control = JSON.parse(text) as RelayControl;
-    return typeof control === 'object' && control !== null && typeof control.t === 'string' ? control : null;
+    const control: unknown = JSON.parse(text);
+    return typeof control === 'object' && control !== null && 't' in control && typeof control.t === 'string'
+      ? (control as RelayControl)
+      : null;
   } catch {
     return null;
   }
