@@ -36,7 +36,7 @@ export interface WorkerInfo {
   adapter: string;
   /**
    * the WebGPU adapter computes on the CPU (WebGPU's isFallbackAdapter: SwiftShader, llvmpipe),
-   * the CPU WASM has: 'auto' never takes it (measured here 0.2 GFLOP/s against WASM's 21)
+   * the CPU WASM has: 'auto' never takes it (it is far slower than WASM on the same CPU)
    */
   softwareAdapter: boolean;
   threads: number;
@@ -62,7 +62,10 @@ export interface InitArgs {
   heads?: number[];
   /** how the ranks share self-attention: Ulysses unless the coordinator asks for displaced (rank/displaced.ts) */
   parallel?: ParallelMode;
-  /** Ulysses: the head groups a block's exchange goes in, so attention overlaps it (core/parallel.ts headGroup); 1 unless asked */
+  /**
+   * Ulysses: the head groups a block's exchange goes in, so attention overlaps it (core/parallel.ts
+   * headGroup); 1 unless asked
+   */
   headGroups?: number;
   /** its links to the other ranks paced as this slower link (benchmarks and tests: core/net/paced-channel.ts) */
   emulateLink?: LinkEmulation;
@@ -146,7 +149,7 @@ export interface PrepareArgs {
   /** text embeddings [L, text_dim]: the conditional pass's, then with guidance the unconditional one's */
   texts: Float32Array[];
   latentShape: number[]; // [C, T, H, W]
-  /** how long a rank waits for a peer's tensor before naming it silent: within the coordinator's own patience for a forward */
+  /** how long a rank waits for a peer's tensor before naming it silent (within the coordinator's patience) */
   exchangeTimeoutMs?: number;
 }
 
@@ -328,7 +331,7 @@ export interface WorkerApi {
   prepareJob(args: PrepareArgs): Promise<{ job: number }>;
   probeMesh(args: { job: number }): Promise<MeshProbe>;
   executeModel(args: ExecuteArgs): Promise<ExecuteResult>;
-  /** a whole forward of the prepared job on this worker alone, every token (patches [S, ·]): a spot check of its group's */
+  /** a whole forward of the prepared job on this worker alone, every token (patches [S, ·]): its group's spot check */
   recompute(args: ExecuteArgs): Promise<{ rows: Float32Array; computeMs: number }>;
   ping(args: Record<string, never>): Promise<PingReply>;
   /**
@@ -554,7 +557,7 @@ export const checkRankLost: Check<RankLost> = fields({
   evidence: text(),
 });
 
-/** The coordinator's handle on one worker: its API over a link, and a way to fail what is still waiting when the link goes. */
+/** The coordinator's handle on a worker: its API over a link, and a way to fail what still waits when the link goes. */
 export type WorkerRemote = Remote<WorkerApi> & { failAll?(reason: string): void };
 
 /** Calls one method by name; the one place a method name chosen at run time meets its types. */
