@@ -29,7 +29,7 @@ export interface EngineInfo extends Omit<LoadedModel, 'why'> {
 }
 
 export interface EngineApi extends DeviceStageRunner {
-  /** loads the model's weights (kept in the browser: weight-cache.ts), reporting how far it is, and builds its sessions */
+  /** loads the model's weights (kept in the browser: weight-cache.ts), saying how far it is, and builds its sessions */
   load(modelUrl: string, ep: ExecutionProvider, onProgress?: (status: LoadStatus) => void): Promise<EngineInfo>;
   /** matrix-multiply and softmax throughput on an EP */
   probe(ep: ExecutionProvider): Promise<ComputeProbe>;

@@ -42,11 +42,13 @@ const echoExchange = (plan: UlyssesPlan): Exchange => ({
   world: plan.degree,
   bytesSent: 0,
   dtype: 'f32',
-  allToAll: async (tag, parts) =>
-    parts.map((part, j) =>
-      j === 0
-        ? part
-        : new Float32Array(partFloats(plan, tag.phase === ExchangePhase.QKV ? 'qkv' : 'output', j, 0, tag.group)),
+  allToAll: (tag, parts) =>
+    Promise.resolve(
+      parts.map((part, j) =>
+        j === 0
+          ? part
+          : new Float32Array(partFloats(plan, tag.phase === ExchangePhase.QKV ? 'qkv' : 'output', j, 0, tag.group)),
+      ),
     ),
 });
 

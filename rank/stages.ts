@@ -26,7 +26,8 @@ export type Activation = Float32Array | DeviceTensor;
 export function hostValues(a: Activation): Float32Array {
   if (a instanceof Float32Array) return a;
   throw new Error(
-    `device tensor ${a.deviceTensor} (${a.floats} floats) reached a runner that only reads CPU values: pass device tensors back to the runner that made them`,
+    `device tensor ${a.deviceTensor} (${a.floats} floats) reached a runner that only reads CPU values: ` +
+      'pass device tensors back to the runner that made them',
   );
 }
 
@@ -111,29 +112,26 @@ export function serialStages<R extends DeviceStageRunner>(runner: R): R {
   return { ...runner, ...serialized };
 }
 
+/** What `compute` returns, as a promise, and what it throws as a rejection: a synchronous stage as an async one. */
+function settled<T>(compute: () => T): Promise<T> {
+  return new Promise((resolve) => {
+    resolve(compute());
+  });
+}
+
 /** The plain TypeScript reference behind the same interface (the `reference` backend). */
 export function referenceStages(m: WanModel): StageRunner {
   const { headDim } = m.config;
   const cpu = hostValues;
   return {
-    async embed(patches, timestep, text) {
-      return { x: embedPatches(m, patches), ...embedConditions(m, timestep, text) };
-    },
-    async preAttention(block, x, tproj, cos, sin) {
-      return preAttention(m, block, cpu(x), cpu(tproj), cos, sin);
-    },
-    async attention({ q, k, v }, width) {
-      return attention(q, k, v, headDim, width);
-    },
-    async postAttention(block, x, o, tproj, context) {
-      return postAttention(m, block, cpu(x), o, {
-        temb: new Float32Array(0),
-        tproj: cpu(tproj),
-        context: cpu(context),
-      });
-    },
-    async head(x, temb) {
-      return head(m, cpu(x), cpu(temb));
-    },
+    embed: (patches, timestep, text) =>
+      settled(() => ({ x: embedPatches(m, patches), ...embedConditions(m, timestep, text) })),
+    preAttention: (block, x, tproj, cos, sin) => settled(() => preAttention(m, block, cpu(x), cpu(tproj), cos, sin)),
+    attention: ({ q, k, v }, width) => settled(() => attention(q, k, v, headDim, width)),
+    postAttention: (block, x, o, tproj, context) =>
+      settled(() =>
+        postAttention(m, block, cpu(x), o, { temb: new Float32Array(0), tproj: cpu(tproj), context: cpu(context) }),
+      ),
+    head: (x, temb) => settled(() => head(m, cpu(x), cpu(temb))),
   };
 }
