@@ -4,7 +4,7 @@ import { chromiumArgs, chromiumExecutable } from './server/chromium.ts';
 // End-to-end tests: several tabs of Debian's Chromium against one in-process ditswarm server.
 export default defineConfig({
   testDir: 'test/e2e',
-  workers: 1, // 2 cores: parallel browsers would make the timings of every test meaningless
+  workers: 1, // browsers in parallel would share the few cores and make every test's timings meaningless
   timeout: 180_000,
   reporter: 'list',
   globalSetup: './test/e2e/global-setup.ts',

@@ -20,11 +20,9 @@ export default {
   vitest: { configFile: 'vitest.mutation.config.ts', related: true },
   // perTest: a mutant runs only the tests that reached it in the initial run
   coverageAnalysis: 'perTest',
-  // Many specs build their fixtures in beforeAll, which makes most mutants "static" as well; run
-  // against every related test file with a fresh module graph they took ~8 h on 2 cores, against
-  // the tests that reached them ~1.5 h. A mutant reached only while modules load (worker-api's
-  // contract table, protocol's constant tables) is then Ignored, outside the score: check those
-  // with `--mutate core/worker-api.ts --ignoreStatic false`.
+  // Fixtures built in beforeAll make most mutants "static", and rerunning every related file for them
+  // costs hours. Load-time-only mutants (worker-api's contract table, protocol's constant tables) are
+  // then Ignored: check those with `--mutate core/worker-api.ts --ignoreStatic false`.
   ignoreStatic: true,
   checkers: ['typescript'],
   tsconfigFile: 'tsconfig.json',

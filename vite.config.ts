@@ -15,7 +15,7 @@ export default defineConfig({
     outDir: resolve(import.meta.dirname, 'dist'),
     emptyOutDir: true,
     target: 'es2022',
-    rollupOptions: {
+    rolldownOptions: {
       input: {
         dashboard: resolve(import.meta.dirname, 'app/index.html'),
         worker: resolve(import.meta.dirname, 'app/worker.html'),

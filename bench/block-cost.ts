@@ -8,7 +8,6 @@
 //
 //   npm run bench -- block-cost [--model DIR] [--tokens 1560] [--runs 3]
 
-import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import * as ort from 'onnxruntime-web';
 import { forwardFlops } from '../core/cost-model.ts';
@@ -73,7 +72,8 @@ export async function runBlockCost(o: BlockCostOptions) {
     const [postMs] = await timed(() => stages.postAttention(0, x, o1, tproj, context));
     if (run > 0) samples.push({ preMs, attentionMs, postMs }); // the first run warms the sessions
     log(
-      `block-cost: ${T} tokens: pre ${preMs.toFixed(0)} ms, attention ${attentionMs.toFixed(0)} ms, post ${postMs.toFixed(0)} ms`,
+      `block-cost: ${T} tokens: pre ${preMs.toFixed(0)} ms, attention ${attentionMs.toFixed(0)} ms, ` +
+        `post ${postMs.toFixed(0)} ms`,
     );
   }
   const measuredMs = median(samples.map((s) => s.preMs + s.attentionMs + s.postMs));
@@ -117,7 +117,10 @@ export async function runBlockCost(o: BlockCostOptions) {
     },
     /** the cost model's block time from the probe rates, and measured / predicted */
     predicted: { blockMs: round(predictedMs, 1), measuredOverPredicted: round(measuredMs / predictedMs, 3) },
-    /** this machine, one WASM thread, one browser: a 480p × 81-frame step (two passes, 30 blocks) from the measured block */
+    /**
+     * this machine, one WASM thread, one browser: a 480p × 81-frame step (two passes, 30 blocks)
+     * from the measured block
+     */
     stepAt480pS: round(stepAt480pS, 0),
   };
 }

@@ -6,7 +6,8 @@
 // the network or its browser's cache, per-step times, each rank's peak memory as its page measured
 // it and as the OS saw its renderer process, and the latent's difference from one tab's.
 //
-//   npm run bench -- full-size [--model DIR] [--ranks 1,2,3] [--frames 9 --height 32 --width 32 --steps 2]
+//   npm run bench -- full-size [--model DIR] [--ranks 1,2,3]
+//     [--frames 9 --height 32 --width 32 --steps 2]
 
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -81,7 +82,8 @@ export async function runFullSize(o: FullSizeOptions) {
       }
       const load = await waitForQuietMachine();
       log(
-        `full-size: ${P} worker tab(s)${afterReload ? ' after reloading them' : ''}, ${o.frames} frames ${o.width}×${o.height}, ${o.steps} steps… (load ${load.loadAverage1m})`,
+        `full-size: ${P} worker tab(s)${afterReload ? ' after reloading them' : ''}, ` +
+          `${o.frames} frames ${o.width}×${o.height}, ${o.steps} steps… (load ${load.loadAverage1m})`,
       );
       const job = {
         prompt: 'random prompt embeddings',
@@ -143,7 +145,9 @@ export async function runFullSize(o: FullSizeOptions) {
         loadAverage1m: { start: load.loadAverage1m, end: machine().loadAverage1m },
       };
       log(
-        `full-size: ${P} tab(s): placing ${run.placingMs} ms, steps ${run.stepsMs.join(', ')} ms, peak ${run.peakMemoryGiB.join(', ')} GiB, ${run.relativeToOneTab} of one tab's latent; loads ${JSON.stringify(run.loads)}`,
+        `full-size: ${P} tab(s): placing ${run.placingMs} ms, steps ${run.stepsMs.join(', ')} ms, ` +
+          `peak ${run.peakMemoryGiB.join(', ')} GiB, ${run.relativeToOneTab} of one tab's latent; ` +
+          `loads ${JSON.stringify(run.loads)}`,
       );
       runs.push(run);
     }

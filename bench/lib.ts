@@ -10,7 +10,7 @@ import { parseWanConfig, type WanConfig } from '../core/model/config.ts';
 
 export const ROOT = join(import.meta.dirname, '..');
 export const OUT_DIR = join(ROOT, 'bench/out');
-/** ~60 MB: made on demand by `make-model --preset bench` into this git-ignored folder, never committed */
+/** made on demand by `make-model --preset bench` into this git-ignored folder, never committed */
 export const BENCH_MODEL_DIR = join(OUT_DIR, 'models/bench-wan');
 const PAGES_DIR = join(OUT_DIR, 'pages');
 /** The app loads its model from here; the benchmarks answer these requests with the bench model. */
@@ -142,7 +142,7 @@ export function writeReport(name: string, report: unknown): string {
 
 /**
  * Waits (up to maxWaitS, env BENCH_QUIET_WAIT_S) until the 1-minute load average is below `below`:
- * other processes on a 2-core machine make every figure meaningless. Returns the load it started with.
+ * other processes on the same cores make every figure meaningless. Returns the load it started with.
  */
 export async function waitForQuietMachine(
   below = 1.5,
@@ -153,7 +153,8 @@ export async function waitForQuietMachine(
   const waitedS = round((Date.now() - start) / 1000, 0);
   if (loadavg()[0] >= below)
     log(
-      `the machine is busy (load ${loadavg()[0].toFixed(2)} after ${waitedS} s): measuring anyway, figures will be slower`,
+      `the machine is busy (load ${loadavg()[0].toFixed(2)} after ${waitedS} s): ` +
+        'measuring anyway, figures will be slower',
     );
   return { loadAverage1m: Number(loadavg()[0].toFixed(2)), waitedS };
 }
@@ -178,8 +179,10 @@ export const latentFromBase64 = (b64: string): Float32Array => {
 };
 
 /** True when this module is the script node was started with (each bench runs alone or from run.ts). */
-export const isMain = (meta: ImportMeta): boolean =>
-  process.argv[1] !== undefined && normalize(process.argv[1]) === meta.filename;
+export const isMain = (meta: ImportMeta): boolean => {
+  const script = process.argv.at(1);
+  return script !== undefined && normalize(script) === meta.filename;
+};
 
 /** Peak resident memory (VmHWM) of each Chromium renderer process now, in bytes, largest first: Linux only. */
 export function rendererPeaks(): number[] {

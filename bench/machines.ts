@@ -16,7 +16,7 @@ import { chromiumArgs, chromiumExecutable } from '../server/chromium.ts';
 import { startServer } from '../server/serve.ts';
 import { serveBenchFiles } from './lib.ts';
 
-/** the CFS period: short, so a tab out of its quota waits at most a few ms to answer a peer (10 ms unless a bench sets it) */
+/** the CFS period: short, so a tab out of its quota waits at most a few ms to answer a peer (unless a bench sets it) */
 export const PERIOD_US = 10_000;
 /** the kernel refuses a CFS quota under 1 ms */
 const MIN_QUOTA_US = 1_000;
@@ -42,7 +42,8 @@ function cpuGroup(name: string, share: number, periodUs: number): string {
   const quota = String(Math.round(share * periodUs));
   if (Number(quota) < MIN_QUOTA_US)
     throw new Error(
-      `${share} of a core in a ${periodUs / 1000} ms period is a quota of ${Number(quota) / 1000} ms, under the kernel's least (${MIN_QUOTA_US / 1000} ms): take a longer period or a larger share`,
+      `${share} of a core in a ${periodUs / 1000} ms period is a quota of ${Number(quota) / 1000} ms, ` +
+        `under the kernel's least (${MIN_QUOTA_US / 1000} ms): take a longer period or a larger share`,
     );
   if (existsSync(join(v1, 'cpu.cfs_quota_us'))) {
     const dir = join(v1, name);
@@ -62,11 +63,15 @@ function cpuGroup(name: string, share: number, periodUs: number): string {
     return dir;
   }
   throw new Error(
-    'emulated machines take their CPU shares from a cpu cgroup, and this machine has none writable: run the bench as root where cgroup v1 (cpu) or v2 (cpu.max) is mounted',
+    'emulated machines take their CPU shares from a cpu cgroup, and this machine has none writable: ' +
+      'run the bench as root where cgroup v1 (cpu) or v2 (cpu.max) is mounted',
   );
 }
 
-/** A Chromium pinned to `core` and, with `group`, inside that cpu cgroup (every process it starts inherits both), its pages told they have one core. */
+/**
+ * A Chromium pinned to `core` and, with `group`, inside that cpu cgroup (every process it starts
+ * inherits both), its pages told they have one core.
+ */
 async function pinnedBrowser(name: string, core: number, group: string | null, dir: string): Promise<BrowserContext> {
   const wrapper = join(dir, `chromium-${name}.sh`);
   const enter = group ? `echo $$ > ${join(group, 'cgroup.procs')}\n` : '';

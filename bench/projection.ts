@@ -13,6 +13,7 @@ import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { BlockCostReport } from './block-cost.ts';
 import { isMain, machine, OUT_DIR, round, versions, writeReport } from './lib.ts';
+import { defined } from '../core/defined.ts';
 
 /** The last full-size block measured (bench/block-cost.ts), if any. */
 function lastBlockCost(): BlockCostReport | null {
@@ -76,7 +77,7 @@ export function runProjection(blockCost: BlockCostReport | null = lastBlockCost(
     for (const linkMBs of LINKS_MB_S)
       for (const deviceTFLOPs of DEVICES_TFLOP_S) {
         const hw: Hardware = {
-          workerFlops: Array(6).fill(deviceTFLOPs * 1e12),
+          workerFlops: Array<number>(6).fill(deviceTFLOPs * 1e12),
           link: { bandwidth: linkMBs * 1e6, latency: LATENCY_S },
           bytesPerElement: transport.bytesPerElement,
         };
@@ -129,7 +130,7 @@ export function runProjection(blockCost: BlockCostReport | null = lastBlockCost(
     for (const linkMBs of LINKS_MB_S)
       for (const deviceTFLOPs of DEVICES_TFLOP_S) {
         const hw: Hardware = {
-          workerFlops: Array(6).fill(deviceTFLOPs * 1e12),
+          workerFlops: Array<number>(6).fill(deviceTFLOPs * 1e12),
           link: { bandwidth: linkMBs * 1e6, latency: LATENCY_S },
           bytesPerElement: transport.bytesPerElement,
         };
@@ -165,7 +166,7 @@ export function runProjection(blockCost: BlockCostReport | null = lastBlockCost(
     for (const linkMBs of LINKS_MB_S)
       for (const deviceTFLOPs of DEVICES_TFLOP_S) {
         const hw: Hardware = {
-          workerFlops: Array(6).fill(deviceTFLOPs * 1e12),
+          workerFlops: Array<number>(6).fill(deviceTFLOPs * 1e12),
           link: { bandwidth: linkMBs * 1e6, latency: LATENCY_S },
           bytesPerElement: transport.bytesPerElement,
         };
@@ -201,7 +202,7 @@ export function runProjection(blockCost: BlockCostReport | null = lastBlockCost(
             WAN_480P_WORKLOAD,
             { ulyssesDegree: degree, cfgParallel: false },
             {
-              workerFlops: Array(6).fill(deviceTFLOPs * 1e12),
+              workerFlops: Array<number>(6).fill(deviceTFLOPs * 1e12),
               link: { bandwidth, latency: LATENCY_S },
               bytesPerElement: transport.bytesPerElement,
             },
@@ -244,9 +245,13 @@ export function runProjection(blockCost: BlockCostReport | null = lastBlockCost(
       assumptions: [
         'each browser sustains the stated FLOP/s on the whole forward (matmul-dominated; elementwise ops not counted)',
         'a rank sends its 4·ceil(S/P)·D·(P−1)/P elements per block through its own uplink at the stated bandwidth',
-        "the two passes of a step run at once on one group: each pass's all-to-alls wait only for what the other pass's compute does not hide",
-        'one pass a group (CFG parallel): q, k, v in as many head groups (1 to 3) as the cost model predicts fastest, all of the attention but the last group’s hidden behind the exchange',
-        'P=1 is one browser alone (local backend); a swarm also pays the coordinator sending patches and gathering rows (fp32) over the link each pass',
+        'the two passes of a step run at once on one group: ' +
+          "each pass's all-to-alls wait only for what the other pass's compute does not hide",
+        'one pass a group (CFG parallel): ' +
+          'q, k, v in as many head groups (1 to 3) as the cost model predicts fastest, ' +
+          'all of the attention but the last group’s hidden behind the exchange',
+        'P=1 is one browser alone (local backend); ' +
+          'a swarm also pays the coordinator sending patches and gathering rows (fp32) over the link each pass',
         '2 all-to-alls per block each cost (P−1)·latency; latency 1 ms',
       ],
     },
@@ -274,7 +279,8 @@ function markdown(r: ReturnType<typeof runProjection>): string {
   const lines = [
     '# Projection: Wan2.1-T2V-1.3B at 480p on a browser swarm',
     '',
-    `Predicted seconds per denoising step (${STEPS} steps with CFG per video; ×${STEPS} for the whole video) by \`core/cost-model.ts\`, for ${r.config.video}.`,
+    `Predicted seconds per denoising step (${STEPS} steps with CFG per video; ×${STEPS} for the whole video) ` +
+      `by \`core/cost-model.ts\`, for ${r.config.video}.`,
     'Each cell: step time, and in brackets the speed-up over one browser. **Bold**: the fastest degree in the row.',
     '',
   ];
@@ -290,9 +296,10 @@ function markdown(r: ReturnType<typeof runProjection>): string {
         const cells = r.rows.filter(
           (x) => x.transport === transport && x.linkMBs === linkMBs && x.deviceTFLOPs === deviceTFLOPs,
         );
-        const b = r.best.find(
-          (x) => x.transport === transport && x.linkMBs === linkMBs && x.deviceTFLOPs === deviceTFLOPs,
-        )!;
+        const b = defined(
+          r.best.find((x) => x.transport === transport && x.linkMBs === linkMBs && x.deviceTFLOPs === deviceTFLOPs),
+          'the best degree of a row',
+        );
         const text = cells.map((c) =>
           c.degree === b.bestDegree ? `**${fmt(c.stepS)} s (${c.speedup}×)**` : `${fmt(c.stepS)} s (${c.speedup}×)`,
         );
@@ -303,49 +310,69 @@ function markdown(r: ReturnType<typeof runProjection>): string {
   lines.push(
     '## CFG parallel',
     '',
-    'The two passes of a guided step on two groups of browsers at once: between the groups only one pass’s output travels per step, so two browsers nearly halve the step on any link; four are two Ulysses pairs.',
+    'The two passes of a guided step on two groups of browsers at once: ' +
+      'between the groups only one pass’s output travels per step, ' +
+      'so two browsers nearly halve the step on any link; four are two Ulysses pairs.',
     '',
     '| link | device | P=1 | fp32: 2 browsers | 4 browsers | fp16: 2 browsers | 4 browsers |',
     '|---|---|---:|---:|---:|---:|---:|',
   );
   for (const linkMBs of LINKS_MB_S)
     for (const deviceTFLOPs of DEVICES_TFLOP_S) {
-      const one = r.rows.find(
-        (x) => x.transport === 'fp32' && x.linkMBs === linkMBs && x.deviceTFLOPs === deviceTFLOPs && x.degree === 1,
-      )!;
+      const one = defined(
+        r.rows.find(
+          (x) => x.transport === 'fp32' && x.linkMBs === linkMBs && x.deviceTFLOPs === deviceTFLOPs && x.degree === 1,
+        ),
+        'the one-browser row',
+      );
       const cells = TRANSPORTS.flatMap((t) =>
         [2, 4].map((browsers) =>
-          r.cfgParallel.find(
-            (c) =>
-              c.transport === t.name &&
-              c.linkMBs === linkMBs &&
-              c.deviceTFLOPs === deviceTFLOPs &&
-              c.browsers === browsers,
-          )!,
+          defined(
+            r.cfgParallel.find(
+              (c) =>
+                c.transport === t.name &&
+                c.linkMBs === linkMBs &&
+                c.deviceTFLOPs === deviceTFLOPs &&
+                c.browsers === browsers,
+            ),
+            'a CFG-parallel row',
+          ),
         ),
       );
       lines.push(
-        `| ${linkMBs} MB/s | ${deviceTFLOPs} TFLOP/s | ${fmt(one.stepS)} s | ${cells.map((c) => `${fmt(c.stepS)} s (${c.speedup}×)`).join(' | ')} |`,
+        `| ${linkMBs} MB/s | ${deviceTFLOPs} TFLOP/s | ${fmt(one.stepS)} s | ` +
+          `${cells.map((c) => `${fmt(c.stepS)} s (${c.speedup}×)`).join(' | ')} |`,
       );
     }
+  const displacedColumns = DISPLACED_TRANSPORTS.flatMap((t) =>
+    DEGREES.filter((d) => d > 1).map((d) => `${t.name} P=${d}`),
+  );
   lines.push(
     '',
     '## Displaced patch parallelism',
     '',
-    'Each rank attends with its own fresh keys and values and the other ranks’ of the step before, gathered in the background (int8 or int4 deltas with error feedback): past the warm-up the exchange waits only for what a forward cannot hide. Not exact (bench slow-link and eval-demo measure what it costs). Each rank holds every rank’s keys and values of each pass and block, in float32: the last column.',
+    'Each rank attends with its own fresh keys and values and the other ranks’ of the step before, ' +
+      'gathered in the background (int8 or int4 deltas with error feedback): ' +
+      'past the warm-up the exchange waits only for what a forward cannot hide. ' +
+      'Not exact (bench slow-link and eval-demo measure what it costs). ' +
+      'Each rank holds every rank’s keys and values of each pass and block, in float32: the last column.',
     '',
-    `| link | device | P=1 | ${DISPLACED_TRANSPORTS.flatMap((t) => DEGREES.filter((d) => d > 1).map((d) => `${t.name} P=${d}`)).join(' | ')} | stale keys and values per rank |`,
-    `|---|---|---:|${DISPLACED_TRANSPORTS.flatMap(() => DEGREES.filter((d) => d > 1).map(() => '---:')).join('|')}|---|`,
+    `| link | device | P=1 | ${displacedColumns.join(' | ')} | stale keys and values per rank |`,
+    `|---|---|---:|${displacedColumns.map(() => '---:').join('|')}|---|`,
   );
   for (const linkMBs of LINKS_MB_S)
     for (const deviceTFLOPs of DEVICES_TFLOP_S) {
-      const one = r.rows.find(
-        (x) => x.transport === 'fp32' && x.linkMBs === linkMBs && x.deviceTFLOPs === deviceTFLOPs && x.degree === 1,
-      )!;
+      const one = defined(
+        r.rows.find(
+          (x) => x.transport === 'fp32' && x.linkMBs === linkMBs && x.deviceTFLOPs === deviceTFLOPs && x.degree === 1,
+        ),
+        'the one-browser row',
+      );
       const cells = r.displaced.filter((c) => c.linkMBs === linkMBs && c.deviceTFLOPs === deviceTFLOPs);
       const stale = [...new Set(cells.map((c) => `P=${c.degree} ${c.staleGB} GB`))].join(', ');
       lines.push(
-        `| ${linkMBs} MB/s | ${deviceTFLOPs} TFLOP/s | ${fmt(one.stepS)} s | ${cells.map((c) => `${fmt(c.stepS)} s (${c.speedup}×)`).join(' | ')} | ${stale} |`,
+        `| ${linkMBs} MB/s | ${deviceTFLOPs} TFLOP/s | ${fmt(one.stepS)} s | ` +
+          `${cells.map((c) => `${fmt(c.stepS)} s (${c.speedup}×)`).join(' | ')} | ${stale} |`,
       );
     }
   lines.push('', '## Where adding browsers stops paying off', '');
@@ -356,9 +383,14 @@ function markdown(r: ReturnType<typeof runProjection>): string {
         const cells = r.rows.filter(
           (x) => x.transport === transport && x.linkMBs === linkMBs && x.deviceTFLOPs === b.deviceTFLOPs,
         );
-        const comm = cells.find((c) => c.degree === b.bestDegree)!;
+        const comm = defined(
+          cells.find((c) => c.degree === b.bestDegree),
+          'the best degree of a row',
+        );
         return b.worthIt
-          ? `${b.deviceTFLOPs} TFLOP/s → up to P=${b.bestDegree} (${fmt(b.bestStepS)} s vs ${fmt(b.oneWorkerStepS)} s alone; the exchange is ${Math.round((100 * comm.commS) / comm.stepS)}% of it)`
+          ? `${b.deviceTFLOPs} TFLOP/s → up to P=${b.bestDegree} ` +
+              `(${fmt(b.bestStepS)} s vs ${fmt(b.oneWorkerStepS)} s alone; ` +
+              `the exchange is ${Math.round((100 * comm.commS) / comm.stepS)}% of it)`
           : `${b.deviceTFLOPs} TFLOP/s → stay on one browser (${fmt(b.oneWorkerStepS)} s; every swarm is slower)`;
       });
       lines.push(`- **${linkMBs} MB/s, ${transport}**: ${parts.join('; ')}.`);
@@ -367,7 +399,8 @@ function markdown(r: ReturnType<typeof runProjection>): string {
     '',
     '### Link speed each browser needs for P browsers to beat one',
     '',
-    'Compute per rank shrinks as 1/P; the bytes each rank sends per step shrink only as (P−1)/P² — so the slower the link and the faster the device, the fewer browsers pay off.',
+    'Compute per rank shrinks as 1/P; the bytes each rank sends per step shrink only as (P−1)/P² — ' +
+      'so the slower the link and the faster the device, the fewer browsers pay off.',
     'Break-even uplink per browser (MB/s) below which P browsers are slower than one:',
     '',
     `| device | transport | ${DEGREES.filter((d) => d > 1)
@@ -390,14 +423,28 @@ function markdown(r: ReturnType<typeof runProjection>): string {
     '## Held to a measurement',
     '',
     b
-      ? `One block of the full-size model (bench/block-cost.ts, ${b.date.slice(0, 10)}: the published layout's first block, ${b.tokens} tokens, the 512-row text, WASM on one thread of this machine) took **${fmt(b.blockMs / 1000)} s**: ${b.effectiveGflopS} GFLOP/s over its ${b.blockGflop} GFLOP, where the probe's matrix multiply ran at ${b.probe.gflopS}. The cost model predicted ${fmt(b.predicted.blockMs / 1000)} s for it from the probe rates (measured / predicted = ${b.predicted.measuredOverPredicted}). The device column above is such an effective rate over whole blocks, not a GPU's peak. Scaled by FLOPs, this machine alone would take ${fmt(b.stepAt480pS)} s per 480p step.`
-      : 'No full-size block has been measured on this machine yet: `npm run bench -- block-cost` times one and this section compares it with the cost model.',
+      ? `One block of the full-size model (bench/block-cost.ts, ${b.date.slice(0, 10)}: ` +
+          `the published layout's first block, ${b.tokens} tokens, the 512-row text, ` +
+          'WASM on one thread of this machine) ' +
+          `took **${fmt(b.blockMs / 1000)} s**: ${b.effectiveGflopS} GFLOP/s over its ${b.blockGflop} GFLOP, ` +
+          `where the probe's matrix multiply ran at ${b.probe.gflopS}. ` +
+          `The cost model predicted ${fmt(b.predicted.blockMs / 1000)} s for it from the probe rates ` +
+          `(measured / predicted = ${b.predicted.measuredOverPredicted}). ` +
+          "The device column above is such an effective rate over whole blocks, not a GPU's peak. " +
+          `Scaled by FLOPs, this machine alone would take ${fmt(b.stepAt480pS)} s per 480p step.`
+      : 'No full-size block has been measured on this machine yet: ' +
+          '`npm run bench -- block-cost` times one and this section compares it with the cost model.',
   );
   const perRank = (t: string) =>
     DEGREES.filter((d) => d > 1)
       .map(
         (d) =>
-          `P=${d} ${(r.rows.find((x) => x.transport === t && x.degree === d)!.bytesPerRankPerStep / 1e9).toFixed(1)} GB`,
+          `P=${d} ${(
+            defined(
+              r.rows.find((x) => x.transport === t && x.degree === d),
+              'a row',
+            ).bytesPerRankPerStep / 1e9
+          ).toFixed(1)} GB`,
       )
       .join(', ');
   lines.push(

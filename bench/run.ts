@@ -1,8 +1,9 @@
-// `npm run bench`: every benchmark, one after the other (they share the machine's two cores, so
+// `npm run bench`: every benchmark, one after the other (they share the machine's cores, so
 // never at once), each writing its own report under bench/out/, then the headline figures in
 // bench/out/scaling.json.
 //
-//   npm run bench                      block cost, projection, local overhead, scaling, threads, full-size, vae, uneven, slow-link
+//   npm run bench                      block cost, projection, local overhead, scaling, threads,
+//                                      full-size, vae, uneven, slow-link
 //   npm run bench -- scaling [flags]   one of them (flags as in bench/scaling.ts etc.)
 
 import { parseOverheadArgs, runLocalOverhead } from './local-overhead.ts';
@@ -29,7 +30,8 @@ const BENCHMARKS = [
 ] as const;
 type Benchmark = (typeof BENCHMARKS)[number];
 
-const [first, ...rest] = process.argv.slice(2);
+const first = process.argv.at(2);
+const rest = process.argv.slice(3);
 if (first !== undefined && !(BENCHMARKS as readonly string[]).includes(first)) {
   console.error(`bench: unknown benchmark "${first}"; run one of ${BENCHMARKS.join(', ')}, or none for all`);
   process.exit(1);
@@ -43,7 +45,8 @@ if (chosen.includes('block-cost')) {
   const blockCost = await runBlockCost(parseBlockCostArgs(args));
   writeReport('block-cost.json', blockCost);
   console.log(
-    `block-cost: ${blockCost.config.tokens} tokens: ${blockCost.measured.blockMs} ms per block (predicted ${blockCost.predicted.blockMs}); a 480p step here ≈ ${blockCost.stepAt480pS} s`,
+    `block-cost: ${blockCost.config.tokens} tokens: ${blockCost.measured.blockMs} ms per block ` +
+      `(predicted ${blockCost.predicted.blockMs}); a 480p step here ≈ ${blockCost.stepAt480pS} s`,
   );
 }
 
@@ -73,23 +76,30 @@ if (chosen.includes('scaling')) {
   });
   const runs = Object.values(scaling.runs);
   console.log(
-    '\n P | step ms | speed-up | compute ms | comm ms (of it peer wait) | idle ms | MB sent/rank | predicted ms | error | parity | load',
+    '\n P | step ms | speed-up | compute ms | comm ms (of it peer wait) | idle ms | MB sent/rank | predicted ms | ' +
+      'error | parity | load',
   );
   for (const r of runs) {
     const speedup = r.degree === 1 ? 1 : (scaling.speedup[String(r.degree)] ?? NaN);
     console.log(
-      ` ${r.degree} | ${r.stepMs.toFixed(0)} | ${speedup.toFixed(2)}× | ${r.split.computeMs.toFixed(0)} | ${r.split.commMs.toFixed(0)} (${r.split.peerWaitMs.toFixed(0)}) | ${r.split.idleMs.toFixed(0)} | ${(r.split.bytesSent / 1e6).toFixed(1)} | ${r.predicted.stepMs.toFixed(0)} | ${(100 * r.predictionError).toFixed(0)}% | ${r.parityMaxAbs.toExponential(1)} | ${r.loadAverage1m.start}`,
+      ` ${r.degree} | ${r.stepMs.toFixed(0)} | ${speedup.toFixed(2)}× | ${r.split.computeMs.toFixed(0)} | ` +
+        `${r.split.commMs.toFixed(0)} (${r.split.peerWaitMs.toFixed(0)}) | ${r.split.idleMs.toFixed(0)} | ` +
+        `${(r.split.bytesSent / 1e6).toFixed(1)} | ${r.predicted.stepMs.toFixed(0)} | ` +
+        `${(100 * r.predictionError).toFixed(0)}% | ${r.parityMaxAbs.toExponential(1)} | ${r.loadAverage1m.start}`,
     );
   }
   console.log(
-    `localOverhead ${overhead?.localOverhead ?? 'not run'}; fp16BytesRatio ${scaling.fp16BytesRatio}; fp16MaxAbs ${scaling.fp16MaxAbs}`,
+    `localOverhead ${overhead?.localOverhead ?? 'not run'}; ` +
+      `fp16BytesRatio ${scaling.fp16BytesRatio}; fp16MaxAbs ${scaling.fp16MaxAbs}`,
   );
 }
 if (chosen.includes('threads')) {
   const threads = await runThreads(parseThreadsArgs(args));
   writeReport('threads.json', threads);
   console.log(
-    `threads: alone ${threads.alone.threads} → ${threads.alone.stepMs} ms, beside another tab ${threads.beside.threads} → ${threads.beside.stepMs} ms: ${threads.speedup}×; ${JSON.stringify(threads.meets)}`,
+    `threads: alone ${threads.alone.threads} → ${threads.alone.stepMs} ms, ` +
+      `beside another tab ${threads.beside.threads} → ${threads.beside.stepMs} ms: ${threads.speedup}×; ` +
+      JSON.stringify(threads.meets),
   );
 }
 if (chosen.includes('full-size')) {
@@ -97,20 +107,26 @@ if (chosen.includes('full-size')) {
   writeReport('full-size.json', fullSize);
   for (const r of fullSize.runs)
     console.log(
-      `full-size: ${r.ranks} tab(s)${r.afterReload ? ' after reloading them' : ''}: placing ${r.placingMs} ms, steps ${r.stepsMs.join(', ')} ms, peak ${r.peakMemoryGiB.join(', ')} GiB; ${r.relativeToOneTab} of one tab's latent; loads ${JSON.stringify(r.loads)}`,
+      `full-size: ${r.ranks} tab(s)${r.afterReload ? ' after reloading them' : ''}: placing ${r.placingMs} ms, ` +
+        `steps ${r.stepsMs.join(', ')} ms, peak ${r.peakMemoryGiB.join(', ')} GiB; ` +
+        `${r.relativeToOneTab} of one tab's latent; loads ${JSON.stringify(r.loads)}`,
     );
 }
 if (chosen.includes('vae')) {
   const vae = await runVae(parseVaeArgs(args));
   writeReport('vae.json', vae);
-  for (const c of vae.parity?.cases ?? [])
-    console.log(
-      `vae: latent [${c.latent}]: max |onnx − reference| ${c.maxAbs.toExponential(2)} (${c.within ? 'within' : 'OVER'} ${vae.parity!.bound})`,
-    );
+  if (vae.parity)
+    for (const c of vae.parity.cases)
+      console.log(
+        `vae: latent [${c.latent.join(',')}]: max |onnx − reference| ${c.maxAbs.toExponential(2)} ` +
+          `(${c.within ? 'within' : 'OVER'} ${vae.parity.bound})`,
+      );
   const t = vae.tile;
   if (t)
     console.log(
-      `vae: a 256-px tile, ${t.perVideoFrameMs} ms per frame on one tab, caches ${(t.cacheBytes / 2 ** 20).toFixed(0)} MiB, weights ${(t.weightBytes / 2 ** 20).toFixed(0)} MiB; 480p × 81 frames ≈ ${t.projected480p81FramesOneTabS} s on one tab`,
+      `vae: a 256-px tile, ${t.perVideoFrameMs} ms per frame on one tab, ` +
+        `caches ${(t.cacheBytes / 2 ** 20).toFixed(0)} MiB, weights ${(t.weightBytes / 2 ** 20).toFixed(0)} MiB; ` +
+        `480p × 81 frames ≈ ${t.projected480p81FramesOneTabS} s on one tab`,
     );
 }
 if (chosen.includes('uneven')) {
@@ -118,14 +134,20 @@ if (chosen.includes('uneven')) {
   writeReport('uneven.json', uneven);
   const { even, bySpeed, auto } = uneven.runs;
   console.log(
-    `uneven: the third tab ${uneven.measuredSlowdown}× slower; even shares ${even.stepMs} ms a step, by speed (${bySpeed.heads?.join('/') ?? 'even'}) ${bySpeed.stepMs} ms: ${uneven.gain}×; auto chose ${auto.degree} (${auto.heads?.join('/') ?? 'even'}); spot checks ${JSON.stringify(uneven.spotCheckCost)}; ${JSON.stringify(uneven.meets)}`,
+    `uneven: the third tab ${uneven.measuredSlowdown}× slower; even shares ${even.stepMs} ms a step, ` +
+      `by speed (${bySpeed.heads?.join('/') ?? 'even'}) ${bySpeed.stepMs} ms: ${uneven.gain}×; ` +
+      `auto chose ${auto.degree} (${auto.heads?.join('/') ?? 'even'}); ` +
+      `spot checks ${JSON.stringify(uneven.spotCheckCost)}; ${JSON.stringify(uneven.meets)}`,
   );
 }
 if (chosen.includes('slow-link')) {
   const slowLink = await runSlowLink(parseSlowLinkArgs(args));
   writeReport('slow-link.json', slowLink);
   console.log(
-    `slow-link: emulated ${(slowLink.emulateLink.bandwidth / 1e6).toFixed(2)} MB/s, ${slowLink.emulateLink.latencyMs} ms: exchange/compute at P = 2 ${slowLink.emulatedRatio.measured} (target ${slowLink.emulatedRatio.target}); ${JSON.stringify(slowLink.runs)}; guided ${JSON.stringify(slowLink.guided)}; ${JSON.stringify(slowLink.meets)}`,
+    `slow-link: emulated ${(slowLink.emulateLink.bandwidth / 1e6).toFixed(2)} MB/s, ` +
+      `${slowLink.emulateLink.latencyMs} ms: exchange/compute at P = 2 ${slowLink.emulatedRatio.measured} ` +
+      `(target ${slowLink.emulatedRatio.target}); ${JSON.stringify(slowLink.runs)}; ` +
+      `guided ${JSON.stringify(slowLink.guided)}; ${JSON.stringify(slowLink.meets)}`,
   );
 }
 log(`done in ${((Date.now() - started) / 1000).toFixed(0)} s`);

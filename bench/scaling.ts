@@ -29,6 +29,7 @@ import {
   APP_MODEL_PATH,
 } from './lib.ts';
 import { measureLink, measureThroughput } from './probes.ts';
+import { defined } from '../core/defined.ts';
 
 export interface ScalingOptions extends Pick<JobParams, JobFlag> {
   degrees: number[];
@@ -81,7 +82,8 @@ export async function runScaling(options: Partial<ScalingOptions> = {}) {
   const tokens = tokenGrid(model, shape).count;
   const workload: Workload = { model, tokens, textTokens: 32, passes: o.guidance !== 1 ? 2 : 1 };
   log(
-    `scaling: bench-wan (D ${model.dim}, ${model.numLayers} blocks), ${tokens} tokens, ${o.steps} steps, ${workload.passes} pass(es)/step, P = ${o.degrees.join(', ')}`,
+    `scaling: bench-wan (D ${model.dim}, ${model.numLayers} blocks), ${tokens} tokens, ${o.steps} steps, ` +
+      `${workload.passes} pass(es)/step, P = ${o.degrees.join(', ')}`,
   );
 
   const workerTabs = Math.max(...o.degrees);
@@ -94,11 +96,13 @@ export async function runScaling(options: Partial<ScalingOptions> = {}) {
     log('probing matmul throughput and the tab↔tab link…');
     const throughput = await measureThroughput(context, swarm.server.url);
     log(
-      `probe: ${(throughput.flops / 1e9).toFixed(1)} GFLOP/s per thread (256³ matmul), ${(throughput.softmaxRate / 1e9).toFixed(2)} G scores/s (bias + softmax)`,
+      `probe: ${(throughput.flops / 1e9).toFixed(1)} GFLOP/s per thread (256³ matmul), ` +
+        `${(throughput.softmaxRate / 1e9).toFixed(2)} G scores/s (bias + softmax)`,
     );
     const link = await measureLink(context, swarm.server.url);
     log(
-      `probe: link ${(link.fitted.bandwidth / 1e6).toFixed(2)} MB/s, latency ${(link.fitted.latency * 1000).toFixed(1)} ms`,
+      `probe: link ${(link.fitted.bandwidth / 1e6).toFixed(2)} MB/s, ` +
+        `latency ${(link.fitted.latency * 1000).toFixed(1)} ms`,
     );
 
     const generate = async (degree: number, extra: Record<string, unknown> = {}) => {
@@ -134,27 +138,30 @@ export async function runScaling(options: Partial<ScalingOptions> = {}) {
         const { report, latent } = await generate(degree);
         reference ??= latent;
         latents.set(degree, latent);
-        runs[degree] = {
+        const run = {
           ...summarise(degree, report, maxAbs(latent, reference), predictionFor(degree)),
           loadAverage1m: { start: load.loadAverage1m, end: machine().loadAverage1m },
         };
+        runs[degree] = run;
         log(
-          `P = ${degree}: step ${runs[degree].stepMs.toFixed(0)} ms (predicted ${runs[degree].predicted.stepMs.toFixed(0)}), parity ${runs[degree].parityMaxAbs.toExponential(2)}`,
+          `P = ${degree}: step ${run.stepMs.toFixed(0)} ms (predicted ${run.predicted.stepMs.toFixed(0)}), ` +
+            `parity ${run.parityMaxAbs.toExponential(2)}`,
         );
       } catch (e) {
         failures[degree] = (e as Error).message.split('\n')[0];
         log(`P = ${degree} failed: ${failures[degree]}`);
-        if (degree === 1) throw new Error(`the P = 1 baseline failed, nothing to compare with: ${failures[degree]}`);
+        if (degree === 1)
+          throw new Error(`the P = 1 baseline failed, nothing to compare with: ${failures[degree]}`, { cause: e });
       }
     }
-    const measured = o.degrees.filter((d) => runs[d]);
+    const measured = o.degrees.filter((d) => Object.hasOwn(runs, d));
 
     function predictionFor(degree: number, bytesPerElement: 2 | 4 = 4) {
       // ranks on one machine share its cores: with more ranks than cores each gets a share
       const share = Math.min(1, cpus().length / degree);
       const hw: Hardware = {
-        workerFlops: Array(degree).fill(throughput.flops * share),
-        workerSoftmaxRates: Array(degree).fill(throughput.softmaxRate * share),
+        workerFlops: Array<number>(degree).fill(throughput.flops * share),
+        workerSoftmaxRates: Array<number>(degree).fill(throughput.softmaxRate * share),
         link: link.fitted,
         bytesPerElement,
       };
@@ -188,8 +195,8 @@ export async function runScaling(options: Partial<ScalingOptions> = {}) {
         fp16 = {
           degree: fp16Degree,
           bytesRatio: round(sumBytes(report.steps) / sumBytes(runs[fp16Degree].steps), 4),
-          maxAbsVsFp32: maxAbs(latent, latents.get(fp16Degree)!),
-          maxAbsVsP1: maxAbs(latent, reference!),
+          maxAbsVsFp32: maxAbs(latent, defined(latents.get(fp16Degree), `the fp32 latent of P = ${fp16Degree}`)),
+          maxAbsVsP1: maxAbs(latent, defined(reference, 'the P = 1 latent')),
           stepMs: report.steps[report.steps.length - 1].ms,
           note: 'fp16 activation transport (job dtype "f16") vs the fp32 run of the same degree',
         };
@@ -248,9 +255,13 @@ export async function runScaling(options: Partial<ScalingOptions> = {}) {
     }
 
     const speedup = Object.fromEntries(
-      o.degrees.filter((d) => d > 1).map((d) => [String(d), runs[d] ? round(runs[1].stepMs / runs[d].stepMs) : null]),
+      o.degrees
+        .filter((d) => d > 1)
+        .map((d) => [String(d), Object.hasOwn(runs, d) ? round(runs[1].stepMs / runs[d].stepMs) : null]),
     );
-    const predictionError = Object.fromEntries(o.degrees.map((d) => [String(d), runs[d]?.predictionError ?? null]));
+    const predictionError = Object.fromEntries(
+      o.degrees.map((d) => [String(d), Object.hasOwn(runs, d) ? runs[d].predictionError : null]),
+    );
     return {
       benchmark: 'scaling',
       date: new Date(started).toISOString(),

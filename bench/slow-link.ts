@@ -1,6 +1,6 @@
 // The exchange as it costs between machines on a LAN (issue 20). Each worker is a machine of its
 // own (bench/machines.ts: a Chromium pinned to a core and given `share` of it, so that four workers
-// on this 2-core machine compute as four equal machines would, each at a fraction of the speed),
+// on a machine of fewer cores compute as four equal machines would, each at a fraction of the speed),
 // and the rank-to-rank links are paced (core/net/paced-channel.ts: each page's uplink a set
 // bandwidth, each frame a set latency) so that at P = 2 the exchange takes the same share of a step
 // as the projection gives the real model on 20 TFLOP/s GPUs over 125 MB/s (bench/projection.ts).
@@ -15,7 +15,8 @@
 // is timed before and after each of the two sections (bothEnds). Last, the
 // trained demo's held-out accuracy in each mode (npm run eval-demo). Writes bench/out/slow-link.json.
 //
-//   npm run bench -- slow-link [--frames 9 --height 256 --width 256 --steps 6 --degrees 2,4 --share 0.45 --accuracy 1]
+//   npm run bench -- slow-link [--frames 9 --height 256 --width 256 --steps 6 --degrees 2,4 --share 0.45
+//     --accuracy 1]
 //
 // Needs a writable cpu cgroup (root), as bench uneven does.
 
@@ -45,6 +46,7 @@ import {
   writeReport,
 } from './lib.ts';
 import { startMachines } from './machines.ts';
+import { defined } from '../core/defined.ts';
 import { LATENCY_S, WAN_480P_WORKLOAD } from './projection.ts';
 
 export interface SlowLinkOptions {
@@ -60,7 +62,7 @@ export interface SlowLinkOptions {
 }
 
 // 6 steps: the median step is a stale step that waits for the one before's gather (the first stale
-// step waits for none, and with 4 steps it was half the median: a link-bound mode looked faster)
+// step waits for none: with fewer steps it weighs on the median, and a link-bound mode looks faster)
 export const DEFAULT_SLOW_LINK: SlowLinkOptions = {
   frames: 9,
   height: 256,
@@ -77,7 +79,10 @@ const CALIBRATION_SLACK = 0.15;
 const TRANSPORTS: DType[] = ['f32', 'f16', 'i8'];
 /** float16 sits between float32 and int8 in bytes and fidelity; int4 carries displaced deltas only */
 const DISPLACED_TRANSPORTS: DType[] = ['f32', 'i8', 'i4'];
-/** Ulysses runs in one head group (no overlap) and in this many (core/parallel.ts MAX_HEAD_GROUPS: 6 heads a rank at P = 2, 3 at P = 4) */
+/**
+ * Ulysses runs in one head group (no overlap) and in this many (core/parallel.ts MAX_HEAD_GROUPS:
+ * 6 heads a rank at P = 2, 3 at P = 4)
+ */
 const HEAD_GROUPS = [1, MAX_HEAD_GROUPS];
 /** A run's row in the report: "P=2 i8", "P=2 i8 in 3 head groups", "P=2 displaced i4". */
 const ulyssesRow = (degree: number, dtype: DType, headGroups: number): string =>
@@ -85,7 +90,7 @@ const ulyssesRow = (degree: number, dtype: DType, headGroups: number): string =>
 const displacedRow = (degree: number, dtype: DType): string => `P=${degree} displaced ${dtype}`;
 /** displaced runs: one exact step, the rest stale (the median step is a stale one) */
 const WARMUP_STEPS = 1;
-/** the machines' CFS period (bench/machines.ts): short, as the kernel allows (a quota of at least 1 ms: 0.45 of 4 ms is 1.8) */
+/** the machines' CFS period (bench/machines.ts): short, as the kernel allows (a quota ≥ 1 ms: 0.45 of 4 ms is 1.8) */
 const PERIOD_US = 4_000;
 /** the real model's guidance (Wan2.1's model_index defaults): two passes a step */
 const GUIDANCE = 5;
@@ -109,16 +114,19 @@ export function projectedExchangeRatio(): { ratio: number; stepS: number; comput
   const p = predictStep(
     WAN_480P_WORKLOAD,
     { ulyssesDegree: degree, cfgParallel: false },
-    { workerFlops: Array(degree).fill(deviceFlops), link: { bandwidth, latency: latencyS }, bytesPerElement: 4 },
+    {
+      workerFlops: Array<number>(degree).fill(deviceFlops),
+      link: { bandwidth, latency: latencyS },
+      bytesPerElement: 4,
+    },
   );
   return { ratio: p.commS / p.computeS, stepS: p.stepS, computeS: p.computeS, commS: p.commS };
 }
 
 /**
  * One machine's step as the runs between two of its runs are measured against: the median of both
- * runs' steps, since the shared host's load drifts over the minutes between them (one run of 6 steps
- * was 2.9 s a step where three sessions' were 3.7 to 4.2). The latents are the first run's (the
- * same seed gives the same latent).
+ * runs' steps, since the shared host's load drifts over the minutes between them. The latents are
+ * the first run's (the same seed gives the same latent).
  */
 function bothEnds<R extends { result: { stepMs: number; stepsMs: number[] } }>(first: R, last: R): R {
   const stepsMs = [...first.result.stepsMs, ...last.result.stepsMs];
@@ -142,7 +150,10 @@ function deviationPerStep(steps: Float32Array[], reference: Float32Array[]) {
   });
 }
 
-/** The demo's held-out colour and direction accuracy (npm run eval-demo, in Node through the same rank code) with these flags. */
+/**
+ * The demo's held-out colour and direction accuracy (npm run eval-demo, in Node through the same
+ * rank code) with these flags.
+ */
 function demoAccuracy(
   label: string,
   flags: string[],
@@ -170,7 +181,9 @@ export async function runSlowLink(options: Partial<SlowLinkOptions> = {}) {
   const target = projectedExchangeRatio();
   const workers = Math.max(...o.degrees, 4); // the guided P = 4 runs
   log(
-    `slow-link: bench-wan (D ${model.dim}, ${model.numLayers} blocks), ${tokens} tokens, ${o.steps} steps, ${workers} machines of ${o.share} of a core; target exchange/compute at P = 2: ${target.ratio.toFixed(2)} (the projection's real model on 20 TFLOP/s over 125 MB/s)`,
+    `slow-link: bench-wan (D ${model.dim}, ${model.numLayers} blocks), ${tokens} tokens, ${o.steps} steps, ` +
+      `${workers} machines of ${o.share} of a core; target exchange/compute at P = 2: ${target.ratio.toFixed(2)} ` +
+      "(the projection's real model on 20 TFLOP/s over 125 MB/s)",
   );
   // the dashboard on core 0 beside the even machines; the odd ones on core 1. A short CFS period: a
   // slower machine is slower all the time, not stopped for most of each period (a rank's every
@@ -231,7 +244,10 @@ export async function runSlowLink(options: Partial<SlowLinkOptions> = {}) {
     const against = (one: Run, r: Run) => ({
       ...r.result,
       speedupOverOne: round(one.result.stepMs / r.result.stepMs, 3),
-      latentMaxAbsVsOne: maxAbs(r.stepLatents.at(-1)!, one.stepLatents.at(-1)!),
+      latentMaxAbsVsOne: maxAbs(
+        defined(r.stepLatents.at(-1), "a run's last latent"),
+        defined(one.stepLatents.at(-1), "one machine's last latent"),
+      ),
       deviationPerStep: deviationPerStep(r.stepLatents, one.stepLatents),
     });
 
@@ -241,7 +257,8 @@ export async function runSlowLink(options: Partial<SlowLinkOptions> = {}) {
     const one = await run('one machine', { workers: 1 });
     // the exchange's bytes and the compute of a step at P = 2 over loopback: what the pacing is set from
     const loopback = await run('P = 2 over loopback', { workers: TARGET.degree });
-    const latencyMsPerStep = 2 * model.numLayers * (TARGET.degree - 1) * TARGET.latencyS * 1000; // 2 all-to-alls a block, as the cost model counts them
+    // 2 all-to-alls a block, as the cost model counts them
+    const latencyMsPerStep = 2 * model.numLayers * (TARGET.degree - 1) * TARGET.latencyS * 1000;
     const wireMs = target.ratio * loopback.result.computeMs - latencyMsPerStep;
     if (!(wireMs > 0))
       throw new Error(
@@ -273,7 +290,8 @@ export async function runSlowLink(options: Partial<SlowLinkOptions> = {}) {
       calibration.push({ bandwidth: emulateLink.bandwidth, exchangeOverCompute: exact.result.exchangeOverCompute });
     }
     log(
-      `emulated link: ${(emulateLink.bandwidth / 1e6).toFixed(2)} MB/s per page, ${emulateLink.latencyMs} ms: exchange/compute ${exact.result.exchangeOverCompute} (target ${target.ratio.toFixed(2)})`,
+      `emulated link: ${(emulateLink.bandwidth / 1e6).toFixed(2)} MB/s per page, ${emulateLink.latencyMs} ms: ` +
+        `exchange/compute ${exact.result.exchangeOverCompute} (target ${target.ratio.toFixed(2)})`,
     );
 
     const timed: [string, Run][] = [];
@@ -358,7 +376,9 @@ export async function runSlowLink(options: Partial<SlowLinkOptions> = {}) {
         warmupSteps: WARMUP_STEPS,
         ep: 'wasm',
         shares: 'even',
-        machines: `each worker tab a Chromium of its own pinned to core i % 2 with a CFS quota of ${o.share} of it (period ${PERIOD_US / 1000} ms), told it has one core; the dashboard's Chromium on core 0 unlimited`,
+        machines:
+          `each worker tab a Chromium of its own pinned to core i % 2 with a CFS quota of ${o.share} of it ` +
+          `(period ${PERIOD_US / 1000} ms), told it has one core; the dashboard's Chromium on core 0 unlimited`,
       },
       machine: machine(machines.browserVersion),
       versions: versions(),
@@ -394,7 +414,10 @@ export async function runSlowLink(options: Partial<SlowLinkOptions> = {}) {
             )
           : null,
       },
-      /** Ulysses in head groups against all heads at once, each transport and degree: how much faster, and the exchange hidden behind compute a step */
+      /**
+       * Ulysses in head groups against all heads at once, each transport and degree: how much faster,
+       * and the exchange hidden behind compute a step
+       */
       overlap: Object.fromEntries(
         o.degrees.flatMap((degree) =>
           TRANSPORTS.map((dtype) => {
@@ -432,11 +455,12 @@ export function parseSlowLinkArgs(args: string[]): Partial<SlowLinkOptions> {
       out.share = share;
       continue;
     }
-    const numbers = v!.split(',').map(Number);
+    const numbers = defined(v, `--${k}'s value`).split(',').map(Number);
     const least = k === 'accuracy' ? 0 : 1;
     if (!numbers.every((n) => Number.isInteger(n) && n >= least))
       throw new Error(
-        `--${k} takes ${k === 'degrees' ? 'whole numbers ≥ 1, comma-separated' : `a whole number ≥ ${least}`}, got ${v}`,
+        `--${k} takes ${k === 'degrees' ? 'whole numbers ≥ 1, comma-separated' : `a whole number ≥ ${least}`}, ` +
+          `got ${v}`,
       );
     if (k === 'degrees') out.degrees = numbers;
     else out[k as Exclude<keyof SlowLinkOptions, 'degrees' | 'share'>] = numbers[0];

@@ -26,6 +26,7 @@ import {
   writeReport,
 } from './lib.ts';
 import { PERIOD_US, startMachines } from './machines.ts';
+import { defined } from '../core/defined.ts';
 
 /** the uneven plan's step must beat the even plan's by this much (issue 18) */
 const MIN_GAIN = 1.3;
@@ -66,7 +67,8 @@ export async function runUneven(options: Partial<UnevenOptions> = {}) {
   await buildBenchPages();
   const tokens = tokenGrid(model, latentShape(o, model.inChannels)).count;
   log(
-    `uneven: bench-wan (D ${model.dim}, ${model.numLayers} blocks, ${model.numHeads} heads), ${tokens} tokens, ${o.steps} steps; tabs on ${o.fastShare}, ${o.fastShare} and ${o.slowShare} of a core`,
+    `uneven: bench-wan (D ${model.dim}, ${model.numLayers} blocks, ${model.numHeads} heads), ${tokens} tokens, ` +
+      `${o.steps} steps; tabs on ${o.fastShare}, ${o.fastShare} and ${o.slowShare} of a core`,
   );
   const started = Date.now();
   // core 0: the dashboard and a fast tab; core 1: the other fast tab and the slow one. The fast
@@ -102,7 +104,18 @@ export async function runUneven(options: Partial<UnevenOptions> = {}) {
       const values = new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
       const ranks = report.steps[0].ranks.map((r) => r.rank);
       const computeMs = ranks.map((rank) =>
-        round(median(report.steps.map((s) => s.ranks.find((r) => r.rank === rank)!.computeMs)), 1),
+        round(
+          median(
+            report.steps.map(
+              (s) =>
+                defined(
+                  s.ranks.find((r) => r.rank === rank),
+                  `rank ${rank}`,
+                ).computeMs,
+            ),
+          ),
+          1,
+        ),
       );
       const result = {
         stepMs: round(report.medianStepMs, 1),
@@ -157,14 +170,21 @@ export async function runUneven(options: Partial<UnevenOptions> = {}) {
         ...o,
         guidance: 1,
         ep: 'wasm',
-        slowdownBy: `each worker tab in a Chromium of its own pinned to one core (taskset) in a cpu cgroup with a CFS quota of ${o.fastShare}, ${o.fastShare} and ${o.slowShare} of a core (period ${PERIOD_US / 1000} ms): cores 0, 1 and 1; the dashboard's Chromium on core 0 unlimited; each browser told it has one core`,
+        slowdownBy:
+          'each worker tab in a Chromium of its own pinned to one core (taskset) in a cpu cgroup ' +
+          `with a CFS quota of ${o.fastShare}, ${o.fastShare} and ${o.slowShare} of a core ` +
+          `(period ${PERIOD_US / 1000} ms): cores 0, 1 and 1; the dashboard's Chromium on core 0 unlimited; ` +
+          'each browser told it has one core',
       },
       machine: machine(machines.browserVersion),
       versions: versions(),
       /** the slow tab's compute over the fast tabs' in the even run */
       measuredSlowdown: slowdown,
       runs: { one: one.result, even: even.result, bySpeed: bySpeed.result, auto: auto.result, checked: checked.result },
-      /** what spot checks cost: a check's time, and the step's growth at the checked run's rate, over the same plan unchecked */
+      /**
+       * what spot checks cost: a check's time, and the step's growth at the checked run's rate,
+       * over the same plan unchecked
+       */
       spotCheckCost: {
         rate: o.spotCheckRate,
         msPerCheck: checked.result.spotChecks.count

@@ -83,7 +83,9 @@ async function parity(model: string) {
           within: maxAbs <= MAX_ABS_ERROR,
         };
         log(
-          `vae parity: latent [${c.latent}] → video [${c.video}]: max |onnx − reference| ${maxAbs.toExponential(2)} (values up to ${c.scale}); onnx ${c.onnxMs} ms, reference ${c.referenceMs} ms`,
+          `vae parity: latent [${c.latent.join(',')}] → video [${c.video.join(',')}]: ` +
+            `max |onnx − reference| ${maxAbs.toExponential(2)} (values up to ${c.scale}); ` +
+            `onnx ${c.onnxMs} ms, reference ${c.referenceMs} ms`,
         );
         cases.push(c);
       }

@@ -9,6 +9,7 @@
 import { jobParams, type JobParams } from '../core/job.ts';
 import type { GenerateRequest, GenerateResult, StepProgress } from './pipeline.ts';
 import { resultBytes, type JobInputs, type JobPlacement, type JobStore, type StoredJob } from './job-store.ts';
+import { Emitter } from '../core/events.ts';
 
 export type RunJob = (
   job: StoredJob,
@@ -32,7 +33,9 @@ export const CANCELLED = 'cancelled';
 
 export class JobQueue {
   private readonly jobs = new Map<number, StoredJob>();
-  private readonly listeners = new Set<(e: QueueEvent) => void>();
+  private readonly events = new Emitter<QueueEvent>((error) => {
+    console.error('queue listener failed', error);
+  });
   private readonly waiters = new Map<number, ((job: StoredJob) => void)[]>();
   private nextId = 1;
   private running = false;
@@ -68,8 +71,7 @@ export class JobQueue {
   }
 
   on(listener: (e: QueueEvent) => void): () => void {
-    this.listeners.add(listener);
-    return () => this.listeners.delete(listener);
+    return this.events.on(listener);
   }
 
   /** Validates (throwing JobParamsError, nothing queued) and queues a job. */
@@ -195,13 +197,7 @@ export class JobQueue {
   }
 
   private emit(e: QueueEvent): void {
-    for (const listener of this.listeners) {
-      try {
-        listener(e);
-      } catch (error) {
-        console.error('queue listener failed', error);
-      }
-    }
+    this.events.emit(e);
   }
 
   private pump(): void {

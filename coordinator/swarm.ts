@@ -31,6 +31,7 @@ import {
   type WorkerRemote,
 } from '../core/worker-api.ts';
 import { measureWorker, type WorkerMeasurement } from './measure.ts';
+import { Emitter } from '../core/events.ts';
 
 const DESCRIBE_TIMEOUT_MS = 15_000;
 /** what a page may send before it has described itself: its describe reply is a few hundred bytes */
@@ -87,7 +88,9 @@ export class Swarm {
   /** measurements under way, by worker id */
   private readonly measuring = new Map<string, Promise<void>>();
   private readonly connections = new Map<string, DataConnectionLike>();
-  private readonly listeners = new Set<(e: SwarmEvent) => void>();
+  private readonly events = new Emitter<SwarmEvent>((error) => {
+    console.error('swarm listener failed', error);
+  });
   /** the last MAX_REFUSALS pages refused, newest last */
   readonly refusals: { peer: string; reason: string; at: number }[] = [];
   /** pages let go for wrong results, and why: not admitted again */
@@ -228,8 +231,7 @@ export class Swarm {
   }
 
   on(listener: (e: SwarmEvent) => void): () => void {
-    this.listeners.add(listener);
-    return () => this.listeners.delete(listener);
+    return this.events.on(listener);
   }
 
   setActivity(worker: SwarmWorker, activity: string): void {
@@ -318,13 +320,7 @@ export class Swarm {
   }
 
   private emit(e: SwarmEvent): void {
-    for (const listener of this.listeners) {
-      try {
-        listener(e);
-      } catch (error) {
-        console.error('swarm listener failed', error);
-      }
-    }
+    this.events.emit(e);
   }
 
   private drop(worker: SwarmWorker, reason: string, silentMs: number): void {

@@ -1,7 +1,7 @@
 // What every rank of a placement is told besides its place in the mesh. The planner
 // (coordinator/planner.ts) decides each field once; the worker contract checks them as they arrive
 // (core/worker-api.ts initWorker), and the ranks read them as they are: nobody fills in a default.
-import { int, nullable, num, oneOf, fields, type Check } from './net/check.ts';
+import { fields, int, nullable, num, oneOf, type FieldChecks } from './net/check.ts';
 import type { LinkEmulation } from './net/paced-channel.ts';
 import { DTYPES, type DType } from './net/protocol.ts';
 import type { ParallelMode } from './parallel.ts';
@@ -20,7 +20,7 @@ export interface RankSettings {
 const MAX_HEAD_GROUPS_ON_THE_WIRE = 1024;
 
 /** A check for every field of RankSettings: a field added there without one here does not compile. */
-export const RANK_SETTINGS_CHECKS: { [K in keyof RankSettings]-?: Check<RankSettings[K]> } = {
+export const RANK_SETTINGS_CHECKS: FieldChecks<RankSettings> = {
   dtype: oneOf(...DTYPES),
   parallel: oneOf('ulysses', 'displaced'),
   headGroups: int(1, MAX_HEAD_GROUPS_ON_THE_WIRE),

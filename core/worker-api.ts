@@ -1,11 +1,25 @@
 // The coordinator↔worker contract: one interface that a rank's runtime implements (rank/runtime.ts)
 // and the coordinator calls through `remote()` (core/net/rpc.ts), and one table of checks that judges
 // every call's arguments where the worker receives them and every reply where the coordinator
-// receives it. The compiler holds the table to the interface, so the two sides cannot drift.
+// receives it. The compiler holds the table to the interface, down to each optional field
+// (FieldChecks), and the client and the served methods are the table's keys: the sides cannot drift.
 import type { WeightType } from './model/onnx-builder.ts';
 import { DTYPES, type DType } from './net/protocol.ts';
 import { RANK_SETTINGS_CHECKS, type RankSettings } from './rank-settings.ts';
-import { fields, floats, int, list, none, nullable, num, oneOf, optional, text, type Check } from './net/check.ts';
+import {
+  fields,
+  floats,
+  int,
+  list,
+  none,
+  nullable,
+  num,
+  oneOf,
+  optional,
+  text,
+  type Check,
+  type FieldChecks,
+} from './net/check.ts';
 import type { ApiContract, Remote } from './net/rpc.ts';
 import type { Transport } from './net/channel.ts';
 import type { LinkEmulation } from './net/paced-channel.ts';
@@ -22,7 +36,7 @@ export interface WorkerInfo {
   adapter: string;
   /**
    * the WebGPU adapter computes on the CPU (WebGPU's isFallbackAdapter: SwiftShader, llvmpipe),
-   * the CPU WASM has: 'auto' never takes it (measured here 0.2 GFLOP/s against WASM's 21)
+   * the CPU WASM has: 'auto' never takes it (it is far slower than WASM on the same CPU)
    */
   softwareAdapter: boolean;
   threads: number;
@@ -127,7 +141,7 @@ export interface PrepareArgs {
   /** text embeddings [L, text_dim]: the conditional pass's, then with guidance the unconditional one's */
   texts: Float32Array[];
   latentShape: number[]; // [C, T, H, W]
-  /** how long a rank waits for a peer's tensor before naming it silent: within the coordinator's own patience for a forward */
+  /** how long a rank waits for a peer's tensor before naming it silent (within the coordinator's patience) */
   exchangeTimeoutMs?: number;
 }
 
@@ -309,7 +323,7 @@ export interface WorkerApi {
   prepareJob(args: PrepareArgs): Promise<{ job: number }>;
   probeMesh(args: { job: number }): Promise<MeshProbe>;
   executeModel(args: ExecuteArgs): Promise<ExecuteResult>;
-  /** a whole forward of the prepared job on this worker alone, every token (patches [S, ·]): a spot check of its group's */
+  /** a whole forward of the prepared job on this worker alone, every token (patches [S, ·]): its group's spot check */
   recompute(args: ExecuteArgs): Promise<{ rows: Float32Array; computeMs: number }>;
   ping(args: Record<string, never>): Promise<PingReply>;
   /**
@@ -339,7 +353,8 @@ const ep = oneOf(...EXECUTION_PROVIDERS);
 const ms = num(0);
 const bytes = num(0);
 const shape = list(int(1, 1 << 20), { min: 4, max: 4 });
-const stats = {
+const epOrAuto = oneOf(...EXECUTION_PROVIDERS, 'auto');
+const stats: FieldChecks<RankStats> = {
   computeMs: ms,
   commMs: ms,
   overlapMs: ms,
@@ -375,6 +390,15 @@ export const checkPulse: Check<WorkerPulse> = fields({
   mesh: optional(list(fields({ peer: text(256), transport: oneOf('direct', 'relay') }), { max: MAX_RANKS })),
   threads: optional(int(1, 1024)),
   load: optional(checkLoadStatus),
+});
+const checkExecuteArgs: Check<ExecuteArgs> = fields({
+  job: int(0),
+  step: int(0, 9999),
+  pass: int(0, 1),
+  timestep: num(0, 1000),
+  latentShape: shape,
+  patches: floats(),
+  stale: optional(oneOf(true, false)),
 });
 const totals: Check<WorkerTotals> = fields({
   steps: int(0),
@@ -418,7 +442,7 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
     reply: fields({ rank: int(0), world: int(1) }),
   },
   loadModel: {
-    args: fields({ modelUrl: text(), ep: oneOf(...EXECUTION_PROVIDERS, 'auto') }),
+    args: fields({ modelUrl: text(), ep: epOrAuto }),
     reply: fields({
       ep,
       adapter: text(),
@@ -434,7 +458,7 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
   rehearse: {
     args: fields({
       modelUrl: text(),
-      ep: oneOf(...EXECUTION_PROVIDERS, 'auto'),
+      ep: epOrAuto,
       latentShape: shape,
       textTokens: int(1, 1 << 16),
       degrees: list(int(1, MAX_RANKS), { min: 1, max: 16 }),
@@ -444,7 +468,7 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
   encodeText: {
     args: fields({
       modelUrl: text(),
-      ep: oneOf(...EXECUTION_PROVIDERS, 'auto'),
+      ep: epOrAuto,
       from: int(0, 1023),
       to: int(1, 1024),
       tokens: int(1, MAX_PROMPT_TOKENS),
@@ -459,7 +483,7 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
   decodeTile: {
     args: fields({
       modelUrl: text(),
-      ep: oneOf(...EXECUTION_PROVIDERS, 'auto'),
+      ep: epOrAuto,
       tile: text(256),
       from: int(0, 1 << 16),
       last: oneOf(true, false),
@@ -488,27 +512,11 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
     reply: fields({ rank: int(0), bytesPerPeer: bytes, smallBytes: bytes, bytesSent: bytes, smallMs: ms, largeMs: ms }),
   },
   executeModel: {
-    args: fields({
-      job: int(0),
-      step: int(0, 9999),
-      pass: int(0, 1),
-      timestep: num(0, 1000),
-      latentShape: shape,
-      patches: floats(),
-      stale: optional(oneOf(true, false)),
-    }),
+    args: checkExecuteArgs,
     reply: fields({ rows: floats(), bytesSent: bytes, peakMemoryBytes: nullable(bytes), ...stats }),
   },
   recompute: {
-    args: fields({
-      job: int(0),
-      step: int(0, 9999),
-      pass: int(0, 1),
-      timestep: num(0, 1000),
-      latentShape: shape,
-      patches: floats(),
-      stale: optional(oneOf(true, false)),
-    }),
+    args: checkExecuteArgs,
     reply: fields({ rows: floats(), computeMs: ms }),
   },
   ping: {
@@ -538,7 +546,7 @@ export const checkRankLost: Check<RankLost> = fields({
   evidence: text(),
 });
 
-/** The coordinator's handle on one worker: its API over a link, and a way to fail what is still waiting when the link goes. */
+/** The coordinator's handle on a worker: its API over a link, and a way to fail what still waits when the link goes. */
 export type WorkerRemote = Remote<WorkerApi> & { failAll?(reason: string): void };
 
 /** Calls one method by name; the one place a method name chosen at run time meets its types. */

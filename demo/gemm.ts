@@ -41,7 +41,7 @@ export interface AttentionKernels {
 }
 
 export const jsGemm: Gemm = {
-  async xwT(x, w, k) {
+  xwT(x, w, k) {
     const n = x.length / k;
     const m = w.length / k;
     const out = new Float32Array(n * m);
@@ -51,9 +51,9 @@ export const jsGemm: Gemm = {
         for (let j = 0; j < k; j++) s += x[i * k + j] * w[o * k + j];
         out[i * m + o] = s;
       }
-    return out;
+    return Promise.resolve(out);
   },
-  async xw(x, w, m) {
+  xw(x, w, m) {
     const n = x.length / m;
     const k = w.length / m;
     const out = new Float32Array(n * k);
@@ -62,9 +62,9 @@ export const jsGemm: Gemm = {
         const a = x[i * m + j];
         for (let c = 0; c < k; c++) out[i * k + c] += a * w[j * k + c];
       }
-    return out;
+    return Promise.resolve(out);
   },
-  async xTy(x, y, n) {
+  xTy(x, y, n) {
     const m = x.length / n;
     const k = y.length / n;
     const out = new Float32Array(m * k);
@@ -73,7 +73,7 @@ export const jsGemm: Gemm = {
         const a = x[r * m + i];
         for (let c = 0; c < k; c++) out[i * k + c] += a * y[r * k + c];
       }
-    return out;
+    return Promise.resolve(out);
   },
 };
 

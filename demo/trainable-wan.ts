@@ -9,6 +9,7 @@ import { ropeTables, type TokenGrid } from '../core/model/tokens.ts';
 import { SeededRandom } from '../core/random.ts';
 import type { TensorMap } from '../core/safetensors.ts';
 import { constant, parameter, type Tape, type Var } from './tape.ts';
+import { defined } from '../core/defined.ts';
 
 export interface TrainableWan {
   config: WanConfig;
@@ -71,7 +72,9 @@ export function toTensorMaps(model: TrainableWan): { transformer: TensorMap; tex
     ['position_embedding.weight', [model.textLength, textDim]],
   ]);
   const maps = (vars: Map<string, Var>, shape: Map<string, number[]>): TensorMap =>
-    new Map([...vars].map(([name, v]) => [name, { shape: shape.get(name)!, data: v.data }]));
+    new Map(
+      [...vars].map(([name, v]) => [name, { shape: defined(shape.get(name), `the shape of ${name}`), data: v.data }]),
+    );
   return { transformer: maps(model.weights, shapes), textEncoder: maps(model.text, textShapes) };
 }
 
@@ -99,8 +102,8 @@ export async function forwardBatch(tape: Tape, model: TrainableWan, batch: Batch
   const bytes = batch.prompts.map((p) => new TextEncoder().encode(p));
   const text = tape.layerNorm(
     tape.embedBytes(
-      model.text.get('token_embedding.weight')!,
-      model.text.get('position_embedding.weight')!,
+      defined(model.text.get('token_embedding.weight'), 'text encoder weight token_embedding.weight'),
+      defined(model.text.get('position_embedding.weight'), 'text encoder weight position_embedding.weight'),
       bytes,
       L,
       textDim,

@@ -49,7 +49,10 @@ export function promptOf(c: Combo): string {
 export function parsePrompt(prompt: string): Combo | null {
   const m = /^a (\w+) (\w+) (?:moving (\w+)|standing (still))$/.exec(prompt.trim().toLowerCase());
   if (!m) return null;
-  const [, colour, shape, moving, still] = m;
+  const [, colour, shape] = m;
+  // one of the two alternatives matched: the other's group is undefined
+  const moving = m.at(3);
+  const still = m.at(4);
   const direction = moving ?? still;
   if (
     !COLOURS.includes(colour as Colour) ||

@@ -13,7 +13,10 @@ export function rowChunks(rows: number, maxRows: number): [number, number][] {
   return chunks;
 }
 
-/** How many rows of `floatsPerRow` floats one buffer of `maxBufferBytes` holds (at least one: a row is the least a stage can take). */
+/**
+ * How many rows of `floatsPerRow` floats one buffer of `maxBufferBytes` holds (at least one: a row is
+ * the least a stage can take).
+ */
 export function rowsPerBuffer(maxBufferBytes: number, floatsPerRow: number): number {
   return Math.max(1, Math.floor(maxBufferBytes / (4 * floatsPerRow)));
 }

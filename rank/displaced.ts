@@ -13,7 +13,7 @@ import { add, concat, subtract } from '../core/tensor.ts';
 import type { StageRunner } from './stages.ts';
 import { ExchangePhase, type BlockAttention, type Exchange } from './ulysses.ts';
 
-/** One gather of a pass and block: its step, what this rank's peers now hold of its keys and values, and every rank's. */
+/** One gather of a pass and block: its step, what this rank's peers hold of its keys and values, and every rank's. */
 interface Gathered {
   step: number;
   /** this rank's keys and values as its peers reconstruct them (the values themselves without deltas) */

@@ -5,8 +5,9 @@
 // new engine, since a call to a terminated worker would never return.
 import * as Comlink from 'comlink';
 import type { ExecutionProvider, LoadStatus } from '../core/worker-api.ts';
-import type { EngineApi } from './engine.ts';
+import { ENGINE_METHODS, type EngineApi } from './engine.ts';
 import type { EngineFactory } from './engine.worker.ts';
+import { Forwarding } from './forwarding.ts';
 
 /**
  * The WASM threads this page can run at most: its machine's cores. WASM threads share memory, so
@@ -20,9 +21,10 @@ export function usableCores(): number {
 /** Runs `probe` while no other probe of this browser on this machine runs, where Web Locks exist. */
 export type ProbeGate = <T>(probe: () => Promise<T>) => Promise<T>;
 
-export class EngineHost implements EngineApi {
+/** The engine's calls, each in its turn (every EngineApi method but those it defines is forwarded). */
+export class EngineHost extends Forwarding(ENGINE_METHODS) implements EngineApi {
   private worker: Worker | null = null;
-  private engine!: Promise<EngineApi>;
+  private engine: Promise<EngineApi>;
   private loaded: { modelUrl: string; ep: ExecutionProvider } | null = null;
   private turn: Promise<unknown> = Promise.resolve();
 
@@ -30,7 +32,8 @@ export class EngineHost implements EngineApi {
     private current: number,
     private readonly gate: ProbeGate = (probe) => probe(),
   ) {
-    this.start();
+    super();
+    this.engine = this.start();
   }
 
   /** the WASM threads the engine computes on */
@@ -38,15 +41,15 @@ export class EngineHost implements EngineApi {
     return this.current;
   }
 
-  private start(): void {
+  private start(): Promise<EngineApi> {
     this.worker = new Worker(new URL('./engine.worker.ts', import.meta.url), {
       type: 'module',
       name: `ditswarm-engine (${this.current} threads)`,
     });
-    this.engine = Comlink.wrap<EngineFactory>(this.worker).start(this.current);
+    return Comlink.wrap<EngineFactory>(this.worker).start(this.current);
   }
 
-  private inTurn<T>(work: (engine: EngineApi) => Promise<T>): Promise<T> {
+  protected through<T>(work: (engine: EngineApi) => Promise<T>): Promise<T> {
     const next = this.turn.then(async () => work(await this.engine));
     this.turn = next.catch(() => {});
     return next;
@@ -54,11 +57,11 @@ export class EngineHost implements EngineApi {
 
   /** A new engine on `threads`, with the model loaded again; a no-op when they are the threads it has. */
   restart(threads: number): Promise<void> {
-    return this.inTurn(async () => {
+    return this.through(async () => {
       if (threads === this.current) return;
       this.terminate();
       this.current = threads;
-      this.start();
+      this.engine = this.start();
       if (this.loaded) await (await this.engine).load(this.loaded.modelUrl, this.loaded.ep);
     });
   }
@@ -68,8 +71,8 @@ export class EngineHost implements EngineApi {
     this.worker = null;
   }
 
-  load(modelUrl: string, ep: ExecutionProvider, onProgress?: (status: LoadStatus) => void) {
-    return this.inTurn(async (engine) => {
+  override load(modelUrl: string, ep: ExecutionProvider, onProgress?: (status: LoadStatus) => void) {
+    return this.through(async (engine) => {
       // a function crosses to the engine's Web Worker as a proxy the worker calls back
       const info = await engine.load(modelUrl, ep, onProgress && Comlink.proxy(onProgress));
       this.loaded = { modelUrl, ep };
@@ -77,17 +80,7 @@ export class EngineHost implements EngineApi {
     });
   }
 
-  probe(ep: ExecutionProvider) {
-    return this.inTurn((engine) => this.gate(() => engine.probe(ep)));
+  override probe(ep: ExecutionProvider) {
+    return this.through((engine) => this.gate(() => engine.probe(ep)));
   }
-
-  encodeText: EngineApi['encodeText'] = (args) => this.inTurn((e) => e.encodeText(args));
-  decodeTile: EngineApi['decodeTile'] = (args) => this.inTurn((e) => e.decodeTile(args));
-  alive: EngineApi['alive'] = () => this.inTurn((e) => e.alive());
-  embed: EngineApi['embed'] = (...a) => this.inTurn((e) => e.embed(...a));
-  preAttention: EngineApi['preAttention'] = (...a) => this.inTurn((e) => e.preAttention(...a));
-  attention: EngineApi['attention'] = (...a) => this.inTurn((e) => e.attention(...a));
-  postAttention: EngineApi['postAttention'] = (...a) => this.inTurn((e) => e.postAttention(...a));
-  head: EngineApi['head'] = (...a) => this.inTurn((e) => e.head(...a));
-  release: NonNullable<EngineApi['release']> = (tensors) => this.inTurn(async (e) => (await e.release?.(tensors)) ?? 0);
 }

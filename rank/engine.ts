@@ -17,7 +17,8 @@ import type {
 import { onnxStages, type OnnxStages } from './onnx-stages.ts';
 import { probeThroughput } from './throughput-probe.ts';
 import { probeWebGpu } from './webgpu.ts';
-import { oneAtATime, type DeviceStageRunner } from './stages.ts';
+import { oneAtATime, STAGE_METHODS, type DeviceStageRunner } from './stages.ts';
+import { forward, type MethodNames } from './forwarding.ts';
 import { textLayers } from './text-layers.ts';
 import { vaeTiles } from './vae-tiles.ts';
 import { cachedModelFiles } from './weight-cache.ts';
@@ -28,7 +29,7 @@ export interface EngineInfo extends Omit<LoadedModel, 'why'> {
 }
 
 export interface EngineApi extends DeviceStageRunner {
-  /** loads the model's weights (kept in the browser: weight-cache.ts), reporting how far it is, and builds its sessions */
+  /** loads the model's weights (kept in the browser: weight-cache.ts), saying how far it is, and builds its sessions */
   load(modelUrl: string, ep: ExecutionProvider, onProgress?: (status: LoadStatus) => void): Promise<EngineInfo>;
   /** matrix-multiply and softmax throughput on an EP */
   probe(ep: ExecutionProvider): Promise<ComputeProbe>;
@@ -39,6 +40,16 @@ export interface EngineApi extends DeviceStageRunner {
   /** resolves once the calls queued before it are done: an engine that hangs never does */
   alive(): Promise<void>;
 }
+
+/** The engine's methods by name: every wrapper of an engine (its queue, the page's turns) forwards these. */
+export const ENGINE_METHODS: MethodNames<EngineApi> = {
+  ...STAGE_METHODS,
+  load: true,
+  probe: true,
+  encodeText: true,
+  decodeTile: true,
+  alive: true,
+};
 
 /**
  * An engine computing WASM on `threads` threads. onnxruntime-web reads its thread count once, when
@@ -58,58 +69,57 @@ export function createEngine(threads = 1): EngineApi {
     if (!stages) throw new Error('the engine has no model yet: call load() first');
     return stages;
   };
-  return {
-    load: (modelUrl, ep, onProgress) =>
-      serial(async () => {
-        // a worker page serves executor after executor: the same model on the same EP loads once
-        const key = `${modelUrl} ${ep}`;
-        if (loaded?.key === key) return { ...loaded.info, inMemory: true };
-        const started = performance.now();
-        // the device it computes on: on wasm the CPU, whether or not the browser also has a WebGPU adapter
-        const adapter = ep === 'wasm' ? 'WebAssembly (CPU)' : (await probeWebGpu())?.name;
-        if (!adapter)
-          throw new Error('webgpu was asked for but this browser has no WebGPU adapter; use ep "auto" or "wasm"');
-        // one model at a time: the last one's sessions and weights go before the next one's come
-        await stages?.dispose();
-        stages = null;
-        loaded = null;
-        const files = cachedModelFiles(modelUrl);
-        const model = await loadTransformer(files, (bytes, totalBytes) => {
-          const { networkBytes, note } = files.source();
-          onProgress?.({ bytes, totalBytes, networkBytes, elapsedMs: performance.now() - started, note });
-        }).finally(() => files.close());
-        const runner = await onnxStages(model, ep);
-        stages = runner;
-        const { maxBufferBytes, weightType, gpuWeightBytes } = runner;
-        const info: EngineInfo = {
-          ep,
-          adapter,
-          inMemory: false,
-          config: model.config,
-          loadMs: performance.now() - started,
-          weights: files.source(),
-          maxBufferBytes,
-          weightType,
-          gpuWeightBytes,
-        };
-        loaded = { key, info };
-        return info;
-      }),
-    probe: (ep) =>
-      serial(async () => {
-        if (ep === 'webgpu' && !(await probeWebGpu()))
-          throw new Error('cannot probe webgpu: this browser has no WebGPU adapter');
-        const { flops, softmaxRate, stageMs } = await probeThroughput(ep);
-        return { ep, flops, softmaxRate, stageMs };
-      }),
-    encodeText: (args) => serial(() => text.encode(args)),
-    decodeTile: (args) => serial(() => vae.decode(args)),
-    alive: () => serial(async () => {}),
-    embed: (...a) => serial(() => need().embed(...a)),
-    preAttention: (...a) => serial(() => need().preAttention(...a)),
-    attention: (...a) => serial(() => need().attention(...a)),
-    postAttention: (...a) => serial(() => need().postAttention(...a)),
-    head: (...a) => serial(() => need().head(...a)),
-    release: (tensors) => serial(async () => (await need().release?.(tensors)) ?? 0),
+  const engine: EngineApi = {
+    load: async (modelUrl, ep, onProgress) => {
+      // a worker page serves executor after executor: the same model on the same EP loads once
+      const key = `${modelUrl} ${ep}`;
+      if (loaded?.key === key) return { ...loaded.info, inMemory: true };
+      const started = performance.now();
+      // the device it computes on: on wasm the CPU, whether or not the browser also has a WebGPU adapter
+      const adapter = ep === 'wasm' ? 'WebAssembly (CPU)' : (await probeWebGpu())?.name;
+      if (!adapter)
+        throw new Error('webgpu was asked for but this browser has no WebGPU adapter; use ep "auto" or "wasm"');
+      // one model at a time: the last one's sessions and weights go before the next one's come
+      await stages?.dispose();
+      stages = null;
+      loaded = null;
+      const files = cachedModelFiles(modelUrl);
+      const model = await loadTransformer(files, (bytes, totalBytes) => {
+        const { networkBytes, note } = files.source();
+        onProgress?.({ bytes, totalBytes, networkBytes, elapsedMs: performance.now() - started, note });
+      }).finally(() => files.close());
+      const runner = await onnxStages(model, ep);
+      stages = runner;
+      const { maxBufferBytes, weightType, gpuWeightBytes } = runner;
+      const info: EngineInfo = {
+        ep,
+        adapter,
+        inMemory: false,
+        config: model.config,
+        loadMs: performance.now() - started,
+        weights: files.source(),
+        maxBufferBytes,
+        weightType,
+        gpuWeightBytes,
+      };
+      loaded = { key, info };
+      return info;
+    },
+    probe: async (ep) => {
+      if (ep === 'webgpu' && !(await probeWebGpu()))
+        throw new Error('cannot probe webgpu: this browser has no WebGPU adapter');
+      const { flops, softmaxRate, stageMs } = await probeThroughput(ep);
+      return { ep, flops, softmaxRate, stageMs };
+    },
+    encodeText: (args) => text.encode(args),
+    decodeTile: (args) => vae.decode(args),
+    alive: () => Promise.resolve(),
+    embed: (...a) => need().embed(...a),
+    preAttention: (...a) => need().preAttention(...a),
+    attention: (...a) => need().attention(...a),
+    postAttention: (...a) => need().postAttention(...a),
+    head: (...a) => need().head(...a),
+    release: async (tensors) => (await need().release?.(tensors)) ?? 0,
   };
+  return forward(ENGINE_METHODS, (call) => serial(() => call(engine)));
 }

@@ -9,11 +9,12 @@ const SAMPLE_EVERY_MS = 5_000;
 /** A function giving the most memory measured so far, or null where the browser cannot measure it. */
 export function sampleMemoryPeak(): () => number | null {
   const perf = globalThis.performance as MeasurablePerformance | undefined;
-  if (!globalThis.crossOriginIsolated || typeof perf?.measureUserAgentSpecificMemory !== 'function') return () => null;
+  const measure = perf?.measureUserAgentSpecificMemory?.bind(perf);
+  if (!globalThis.crossOriginIsolated || !measure) return () => null;
   let peak: number | null = null;
   const sample = async () => {
     try {
-      const { bytes } = await perf.measureUserAgentSpecificMemory!();
+      const { bytes } = await measure();
       peak = Math.max(peak ?? 0, bytes);
     } catch {
       // a measurement refused now (the page is being torn down, say) leaves the peak as it was

@@ -10,6 +10,7 @@ import {
   buildPreAttentionGraph,
   type BlockGraph,
 } from '../core/model/stage-graphs.ts';
+import { defined } from '../core/defined.ts';
 import { concat, setCols, sliceCols } from '../core/tensor.ts';
 import { rowChunks, rowsPerBuffer } from './chunks.ts';
 import { weightTensors, type GpuDevice } from './gpu-weights.ts';
@@ -39,14 +40,20 @@ function blockWeightTensors(m: WanModel, graphs: BlockGraph[], weightType: Weigh
   const perGraph = graphs.map((graph) =>
     Array.from({ length: m.config.numLayers }, (_, b) =>
       Object.fromEntries(
-        graph.weights.map(({ name, dims }) => [name, weights.tensor(m.weights.get(`blocks.${b}.${name}`)!.data, dims)]),
+        graph.weights.map(({ name, dims }) => {
+          const key = `blocks.${b}.${name}`;
+          return [name, weights.tensor(defined(m.weights.get(key), `weight ${key}`).data, dims)];
+        }),
       ),
     ),
   );
-  return { perGraph, gpuBytes: weights.gpuBytes, destroy: weights.destroy };
+  return { perGraph, gpuBytes: weights.gpuBytes, destroy: () => weights.destroy() };
 }
 
-/** A runner that says how large a buffer it cuts its stages to (chunks.ts) and how it stores the blocks' weights; disposed when its model is replaced. */
+/**
+ * A runner that says how large a buffer it cuts its stages to (chunks.ts) and how it stores the
+ * blocks' weights; disposed when its model is replaced.
+ */
 export type OnnxStages = Required<DeviceStageRunner> & {
   maxBufferBytes: number;
   weightType: WeightType;
@@ -109,13 +116,14 @@ export async function onnxStages(
     const tensor = kept.get(a.deviceTensor);
     if (!tensor)
       throw new Error(
-        `device tensor ${a.deviceTensor} is not kept by this runner (released already, or made by another engine): a stage input must be a tensor of this pass`,
+        `device tensor ${a.deviceTensor} is not kept by this runner (released already, or made by another ` +
+          'engine): a stage input must be a tensor of this pass',
       );
     return tensor;
   };
   const out = (r: ort.InferenceSession.OnnxValueMapType, name: string) => r[name].data as Float32Array;
-  const patchWidth = m.weights.get('patch_embedding.weight')!.data.length / D;
-  const rowsWidth = m.weights.get('proj_out.weight')!.shape[0];
+  const patchWidth = defined(m.weights.get('patch_embedding.weight'), 'weight patch_embedding.weight').data.length / D;
+  const rowsWidth = defined(m.weights.get('proj_out.weight'), 'weight proj_out.weight').shape[0];
 
   // chunked stages take and give CPU data: a device tensor is read back, a device output downloaded and freed
   const maxBufferBytes =
@@ -158,7 +166,8 @@ export async function onnxStages(
         first ??= r;
         return hostOutput(r.x);
       });
-      return { x, temb: keep(first!.temb), tproj: keep(first!.tproj), context: keep(first!.context) };
+      const conditions = defined<ort.InferenceSession.OnnxValueMapType>(first, "the first chunk's outputs");
+      return { x, temb: keep(conditions.temb), tproj: keep(conditions.tproj), context: keep(conditions.context) };
     },
     async preAttention(block, x, tproj, cos, sin) {
       const rows = rowsOf(x, D);
@@ -189,7 +198,8 @@ export async function onnxStages(
       const headsAtOnce = Math.floor(maxBufferBytes / (4 * tokens * headDim));
       if (headsAtOnce < 1)
         throw new Error(
-          `attention over ${tokens} tokens needs ${4 * tokens * headDim} bytes per head, more than one buffer of this worker holds (${maxBufferBytes}): use more workers`,
+          `attention over ${tokens} tokens needs ${4 * tokens * headDim} bytes per head, ` +
+            `more than one buffer of this worker holds (${maxBufferBytes}): use more workers`,
         );
       if (headsAtOnce * headDim >= width) return run(q, k, v, width);
       const o = new Float32Array(q.length);
@@ -221,12 +231,12 @@ export async function onnxStages(
         out(await head.run({ x: rowsIn(xs, D, begin, end), temb: feed(temb, D) }), 'rows'),
       );
     },
-    async release(tensors: DeviceTensor[]) {
+    release(tensors: DeviceTensor[]) {
       for (const { deviceTensor } of tensors) {
         kept.get(deviceTensor)?.dispose();
         kept.delete(deviceTensor);
       }
-      return kept.size;
+      return Promise.resolve(kept.size);
     },
   };
 }

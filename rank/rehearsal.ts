@@ -1,7 +1,7 @@
 // A job's forward passes timed before the job: the cost model's FLOP rates miss what small shapes,
-// stage calls, the page↔engine hop and tabs computing side by side cost (the default job: predicted
-// 48 ms a step from the probes, measured 227), so the planner asks each worker to run its share of
-// a forward on the job's own model and shapes, through the same stage calls, and plans with that.
+// stage calls, the page↔engine hop and tabs computing side by side cost (for small jobs they are
+// most of a step), so the planner asks each worker to run its share of a forward on the job's own
+// model and shapes, through the same stage calls, and plans with that.
 import type { WanConfig } from '../core/model/config.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
 import { checkDegree, partFloats, planUlysses, type UlyssesPlan } from '../core/parallel.ts';
@@ -11,20 +11,18 @@ import { medianSample } from './throughput-probe.ts';
 import { ExchangePhase, forwardRank, noStats, type Exchange } from './ulysses.ts';
 
 /**
- * forwards timed per degree at most (after a warm-up), within BUDGET_MS: a step's time varies by a
- * third between steps on a busy 2-core machine, and the median of five short forwards is what
- * keeps the default job's prediction within 25% (three were seen 28% off)
+ * forwards timed per degree at most (after a warm-up), within BUDGET_MS: a step's time varies from
+ * one to the next on a busy machine, and a median of five holds a prediction where three did not
  */
 const RUNS = 5;
 const BUDGET_MS = 1_000;
 /**
- * A fresh engine is cold: the browser optimises onnxruntime's WebAssembly as it runs hot, and the
- * default job's forward fell from ~150 ms to ~35 over its first 20–40 forwards here. Timed cold, a
- * rehearsal predicted a job whose steps sped up partway through, its median step anywhere between
- * the two (+45% to −25% off). So a new engine's first rehearsal runs WARM_FORWARDS forwards (one
- * block each where a forward is long), for WARM_MS at most, before it times any: the job after it
- * then runs warm from its first step. (Forwards stopping getting faster is no sign here: they
- * vary by a third from one to the next on a busy machine while they still speed up.)
+ * A fresh engine is cold: the browser optimises onnxruntime's WebAssembly as it runs hot, so its
+ * first few dozen forwards speed up severalfold, and a rehearsal timed cold predicts neither the
+ * job's first steps nor its last. So a new engine's first rehearsal runs WARM_FORWARDS forwards
+ * (one block each where a forward is long), for WARM_MS at most, before it times any: the job after
+ * it then runs warm from its first step. (Forwards stopping getting faster is no sign: they vary
+ * from one to the next on a busy machine while they still speed up.)
  */
 const WARM_FORWARDS = 24;
 const WARM_MS = 6_000;
@@ -42,11 +40,13 @@ const echoExchange = (plan: UlyssesPlan): Exchange => ({
   world: plan.degree,
   bytesSent: 0,
   dtype: 'f32',
-  allToAll: async (tag, parts) =>
-    parts.map((part, j) =>
-      j === 0
-        ? part
-        : new Float32Array(partFloats(plan, tag.phase === ExchangePhase.QKV ? 'qkv' : 'output', j, 0, tag.group)),
+  allToAll: (tag, parts) =>
+    Promise.resolve(
+      parts.map((part, j) =>
+        j === 0
+          ? part
+          : new Float32Array(partFloats(plan, tag.phase === ExchangePhase.QKV ? 'qkv' : 'output', j, 0, tag.group)),
+      ),
     ),
 });
 

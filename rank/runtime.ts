@@ -31,7 +31,7 @@ import type {
 import type { EngineApi, EngineInfo } from './engine.ts';
 import { probeMesh, PROBE_FLOATS } from './mesh-probe.ts';
 import { rehearseForwards } from './rehearsal.ts';
-import { ExchangePhase, forwardRank, noStats, type BlockAttention, type Exchange } from './ulysses.ts';
+import { exchangePhase, ExchangePhase, forwardRank, noStats, type BlockAttention, type Exchange } from './ulysses.ts';
 import { displacedAttention, KeysValuesHistory } from './displaced.ts';
 import { memoryExchanges } from './exchange/memory.ts';
 import { MAX_AHEAD } from './exchange/mesh.ts';
@@ -141,7 +141,7 @@ export class WorkerRuntime implements WorkerApi {
     const probe = this.engine.probe(ep);
     measured[ep] = probe;
     probe.catch(() => {
-      if (measured[ep] === probe) delete measured[ep];
+      if (measured[ep] === probe) measured[ep] = undefined;
     });
     return probe;
   }
@@ -153,12 +153,12 @@ export class WorkerRuntime implements WorkerApi {
     return this.probes.measured;
   }
 
-  async probeLink({ payload }: { payload: Float32Array }) {
-    return { bytes: payload.byteLength };
+  probeLink({ payload }: { payload: Float32Array }) {
+    return Promise.resolve({ bytes: payload.byteLength });
   }
 
-  async ping() {
-    return { state: this.state, rank: this.init?.rank ?? null, totals: { ...this.totals } };
+  ping() {
+    return Promise.resolve({ state: this.state, rank: this.init?.rank ?? null, totals: { ...this.totals } });
   }
 
   async pingEngine() {
@@ -167,7 +167,7 @@ export class WorkerRuntime implements WorkerApi {
     return { waitedMs: performance.now() - started };
   }
 
-  async shutdown() {
+  shutdown() {
     // a browser worker outlives its executor: release the job's ranks and wait for the next initWorker
     this.init = null;
     this.exchange = null;
@@ -176,7 +176,7 @@ export class WorkerRuntime implements WorkerApi {
     this.keysValues.clear();
     this.setState('idle', 'released by the coordinator');
     queueMicrotask(() => this.hooks.onShutdown?.());
-    return 'bye' as const;
+    return Promise.resolve('bye' as const);
   }
 
   async initWorker(init: InitArgs) {
@@ -204,7 +204,8 @@ export class WorkerRuntime implements WorkerApi {
       'ready',
       `model loaded on ${info.ep} in ${info.loadMs.toFixed(0)} ms (${why}); ${describeWeights(info.weights)}`,
     );
-    const { config: _, ...loaded } = info;
+    // eslint-disable-next-line @typescript-eslint/no-unused-vars -- the config stays here; the rest is the reply
+    const { config, ...loaded } = info;
     return { ...loaded, why };
   }
 
@@ -323,7 +324,8 @@ export class WorkerRuntime implements WorkerApi {
     const cfg = this.needModel();
     if (!texts.every((t) => t.length > 0 && t.length % cfg.textDim === 0)) {
       throw new Error(
-        `prepareJob needs one or two text embeddings of width ${cfg.textDim}, got ${texts.map((t) => t.length).join(' and ')} values`,
+        `prepareJob needs one or two text embeddings of width ${cfg.textDim}, ` +
+          `got ${texts.map((t) => t.length).join(' and ')} values`,
       );
     }
     if (latentShape[0] !== cfg.inChannels)
@@ -365,25 +367,32 @@ export class WorkerRuntime implements WorkerApi {
     if (tag.block >= cfg.numLayers) return `tensor for block ${tag.block} of ${cfg.numLayers}`;
     if (tag.step >= 1000) return `tensor for step ${tag.step}`;
     if (!(from >= 0 && from < plan.degree)) return `tensor from rank ${from} of a mesh of ${plan.degree}`;
-    const groups = tag.phase === ExchangePhase.QKV || tag.phase === ExchangePhase.Output ? plan.headGroups : 1;
+    const phase = exchangePhase(tag.phase);
+    const groups = phase === ExchangePhase.QKV || phase === ExchangePhase.Output ? plan.headGroups : 1;
     if (tag.group >= groups) return `tensor for head group ${tag.group} of ${groups}`;
     const me = this.exchange.rank;
-    const floats = this.expectedFloats(plan, tag, from, me);
+    const floats = phase === undefined ? undefined : this.expectedFloats(plan, phase, tag, from, me);
     if (floats === undefined)
-      return `unknown exchange phase ${tag.phase}${tag.phase === ExchangePhase.Probe ? ` step ${tag.step}` : ''}`;
+      return `unknown exchange phase ${tag.phase}${phase === ExchangePhase.Probe ? ` step ${tag.step}` : ''}`;
     const bytes = payloadBytes(floats, this.exchange.dtype);
     if (totalBytes !== bytes) return `phase ${tag.phase} tensor of ${totalBytes} bytes; the plan says ${bytes}`;
     return null;
   }
 
-  /** The floats of a peer's tensor for this phase in this rank's parallel mode; undefined for a phase the mode has not. */
-  private expectedFloats(plan: UlyssesPlan, tag: TensorTag, from: number, me: number): number | undefined {
-    if (tag.phase === ExchangePhase.Probe) return PROBE_FLOATS[tag.step];
+  /** The floats of a peer's tensor for this phase in this rank's parallel mode; undefined for a phase it has not. */
+  private expectedFloats(
+    plan: UlyssesPlan,
+    phase: ExchangePhase,
+    tag: TensorTag,
+    from: number,
+    me: number,
+  ): number | undefined {
+    if (phase === ExchangePhase.Probe) return PROBE_FLOATS[tag.step];
     if (this.init?.parallel === 'displaced')
-      return tag.phase === ExchangePhase.KeysValues ? partFloats(plan, 'kv', from, me) : undefined;
-    return tag.phase === ExchangePhase.QKV
+      return phase === ExchangePhase.KeysValues ? partFloats(plan, 'kv', from, me) : undefined;
+    return phase === ExchangePhase.QKV
       ? partFloats(plan, 'qkv', from, me, tag.group)
-      : tag.phase === ExchangePhase.Output
+      : phase === ExchangePhase.Output
         ? partFloats(plan, 'output', from, me, tag.group)
         : undefined;
   }
@@ -396,7 +405,8 @@ export class WorkerRuntime implements WorkerApi {
     const pass = this.preparedPass('recompute', args);
     if (args.patches.length !== pass.plan.tokens * pass.patchWidth) {
       throw new Error(
-        `recompute expected all ${pass.plan.tokens}×${pass.patchWidth} patch values of the prepared job, got ${args.patches.length}`,
+        `recompute expected all ${pass.plan.tokens}×${pass.patchWidth} patch values of the prepared job, ` +
+          `got ${args.patches.length}`,
       );
     }
     const stats = noStats();
@@ -416,7 +426,8 @@ export class WorkerRuntime implements WorkerApi {
     const share = pass.plan.rows[exchange.rank];
     if (args.patches.length !== share * pass.patchWidth) {
       throw new Error(
-        `executeModel expected ${share}×${pass.patchWidth} patch values for rank ${exchange.rank}, got ${args.patches.length}`,
+        `executeModel expected ${share}×${pass.patchWidth} patch values for rank ${exchange.rank}, ` +
+          `got ${args.patches.length}`,
       );
     }
     this.setState('computing', `job ${args.job} step ${args.step} pass ${args.pass}`);
@@ -455,7 +466,7 @@ export class WorkerRuntime implements WorkerApi {
     const plan = this.plan;
     if (args.job !== this.job || !plan)
       throw new Error(`${method} for job ${args.job} but job ${this.job} was prepared`);
-    const text = this.texts[args.pass];
+    const text = this.texts.at(args.pass);
     if (!text)
       throw new Error(`no text embedding for pass ${args.pass}: the job was prepared with ${this.texts.length}`);
     const grid = tokenGrid(cfg, args.latentShape);

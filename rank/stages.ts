@@ -7,6 +7,7 @@ import {
   preAttention,
   type WanModel,
 } from '../core/model/reference.ts';
+import { forward, type MethodNames } from './forwarding.ts';
 
 /**
  * A tensor that a runner keeps on its device (a WebGPU buffer) for the rank's next stages, by
@@ -25,7 +26,8 @@ export type Activation = Float32Array | DeviceTensor;
 export function hostValues(a: Activation): Float32Array {
   if (a instanceof Float32Array) return a;
   throw new Error(
-    `device tensor ${a.deviceTensor} (${a.floats} floats) reached a runner that only reads CPU values: pass device tensors back to the runner that made them`,
+    `device tensor ${a.deviceTensor} (${a.floats} floats) reached a runner that only reads CPU values: ` +
+      'pass device tensors back to the runner that made them',
   );
 }
 
@@ -88,18 +90,33 @@ export function oneAtATime(): <T>(work: () => Promise<T>) => Promise<T> {
   };
 }
 
-/** A runner whose stages run one at a time, whoever calls them (ranks in one process, a guided step's two passes), as a worker's engine runs them. */
+/** A runner's methods by name, for the wrappers that pass them on (forwarding.ts). */
+export const STAGE_METHODS: MethodNames<DeviceStageRunner> = {
+  embed: true,
+  preAttention: true,
+  attention: true,
+  postAttention: true,
+  head: true,
+  release: true,
+};
+
+/**
+ * A runner whose stages run one at a time, whoever calls them (ranks in one process, a guided
+ * step's two passes), as a worker's engine runs them.
+ */
 export function serialStages<R extends DeviceStageRunner>(runner: R): R {
   const serial = oneAtATime();
-  return {
-    ...runner,
-    embed: (...a) => serial(() => runner.embed(...a)),
-    preAttention: (...a) => serial(() => runner.preAttention(...a)),
-    attention: (...a) => serial(() => runner.attention(...a)),
-    postAttention: (...a) => serial(() => runner.postAttention(...a)),
-    head: (...a) => serial(() => runner.head(...a)),
-    ...(runner.release && { release: (tensors: DeviceTensor[]) => serial(() => runner.release!(tensors)) }),
-  };
+  const serialized = forward(STAGE_METHODS, (call) => serial(() => call(runner)));
+  // a runner without release never returns device tensors: so does its serial one
+  if (!runner.release) delete serialized.release;
+  return { ...runner, ...serialized };
+}
+
+/** What `compute` returns, as a promise, and what it throws as a rejection: a synchronous stage as an async one. */
+function settled<T>(compute: () => T): Promise<T> {
+  return new Promise((resolve) => {
+    resolve(compute());
+  });
 }
 
 /** The plain TypeScript reference behind the same interface (the `reference` backend). */
@@ -107,24 +124,14 @@ export function referenceStages(m: WanModel): StageRunner {
   const { headDim } = m.config;
   const cpu = hostValues;
   return {
-    async embed(patches, timestep, text) {
-      return { x: embedPatches(m, patches), ...embedConditions(m, timestep, text) };
-    },
-    async preAttention(block, x, tproj, cos, sin) {
-      return preAttention(m, block, cpu(x), cpu(tproj), cos, sin);
-    },
-    async attention({ q, k, v }, width) {
-      return attention(q, k, v, headDim, width);
-    },
-    async postAttention(block, x, o, tproj, context) {
-      return postAttention(m, block, cpu(x), o, {
-        temb: new Float32Array(0),
-        tproj: cpu(tproj),
-        context: cpu(context),
-      });
-    },
-    async head(x, temb) {
-      return head(m, cpu(x), cpu(temb));
-    },
+    embed: (patches, timestep, text) =>
+      settled(() => ({ x: embedPatches(m, patches), ...embedConditions(m, timestep, text) })),
+    preAttention: (block, x, tproj, cos, sin) => settled(() => preAttention(m, block, cpu(x), cpu(tproj), cos, sin)),
+    attention: ({ q, k, v }, width) => settled(() => attention(q, k, v, headDim, width)),
+    postAttention: (block, x, o, tproj, context) =>
+      settled(() =>
+        postAttention(m, block, cpu(x), o, { temb: new Float32Array(0), tproj: cpu(tproj), context: cpu(context) }),
+      ),
+    head: (x, temb) => settled(() => head(m, cpu(x), cpu(temb))),
   };
 }

@@ -126,7 +126,10 @@ export async function probeThroughput(ep: ExecutionProvider, { size = 256, runs 
   };
 }
 
-/** The five stage calls of a one-block forward (embed, pre-attention, attention, post-attention, head) on one token, per call. */
+/**
+ * The five stage calls of a one-block forward (embed, pre-attention, attention, post-attention,
+ * head) on one token, per call.
+ */
 async function stageCallMs(ep: ExecutionProvider, runs: number): Promise<number> {
   const config = wanConfigOfSize({ headDim: 24, textDim: 16, ffnDim: 64, numLayers: 1 }, 'the stage-call probe');
   const weights: TensorMap = new Map();

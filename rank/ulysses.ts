@@ -36,6 +36,22 @@ export const enum ExchangePhase {
   KeysValues = 3,
 }
 
+/** A tensor header's phase, a peer's number, as the ExchangePhase it names, if any. */
+export function exchangePhase(phase: number): ExchangePhase | undefined {
+  switch (phase) {
+    case 0:
+      return ExchangePhase.QKV;
+    case 1:
+      return ExchangePhase.Output;
+    case 2:
+      return ExchangePhase.Probe;
+    case 3:
+      return ExchangePhase.KeysValues;
+    default:
+      return undefined;
+  }
+}
+
 /**
  * One rank's side of the all-to-all: send parts[j] to rank j and resolve with what every rank j
  * sent to this one (parts[rank] comes back as is). Over WebRTC in pages, in memory in Node tests.
@@ -180,7 +196,8 @@ export function ulyssesAttention(
       );
       return io.onWire(exchange.allToAll(io.tag(block, ExchangePhase.QKV, g), outgoing));
     });
-    arriving.forEach((part) => part.catch(() => {})); // a failed group is awaited below: not an unhandled rejection meanwhile
+    // a failed group is awaited below: not an unhandled rejection meanwhile
+    for (const part of arriving) part.catch(() => {});
     const returning: Promise<Float32Array[]>[] = [];
     for (const g of groups) {
       const incoming = await io.wait(arriving[g]);

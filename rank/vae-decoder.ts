@@ -4,6 +4,7 @@
 // stay in GPU buffers (each released once the next run has replaced it), and the weights are
 // uploaded to GPU buffers once; on WASM everything is CPU data.
 import * as ort from 'onnxruntime-web';
+import { defined } from '../core/defined.ts';
 import { buildVaeChunkGraph, vaeWeightFeeds } from '../core/model/wan-vae-graphs.ts';
 import {
   cacheBytes,
@@ -21,7 +22,10 @@ import { weightTensors, type GpuDevice } from './gpu-weights.ts';
 
 /** One tile being decoded: its latent frames go in a run at a time, the causal caches carried between them. */
 export interface VaeTileStream {
-  /** the tile's next latent frames [z_dim, n, h, w] → their frames [n' , 3, 8h, 8w] (n' = 1 + 4(n−1) for the first run, 4n after), before blending and clamping */
+  /**
+   * the tile's next latent frames [z_dim, n, h, w] → their frames [n', 3, 8h, 8w] (n' = 1 + 4(n−1)
+   * for the first run, 4n after), before blending and clamping
+   */
   next(latent: Tensor): Promise<Frames>;
   /** latent frames decoded so far */
   readonly done: number;
@@ -66,7 +70,7 @@ export async function onnxVaeDecoder(
   const weights: Record<string, ort.Tensor> = {};
   const feeds = vaeWeightFeeds(graphs[1].weights, tensors);
   for (const { input, dims } of graphs[1].weights) {
-    const data = feeds.get(input)!;
+    const data = defined(feeds.get(input), `the VAE decoder's weight ${input}`);
     weightBytes += data.byteLength;
     weights[input] = uploaded.tensor(data, dims);
   }
@@ -85,17 +89,19 @@ export async function onnxVaeDecoder(
       async next(latent) {
         const [C, T, lh, lw] = latent.shape;
         if (C !== cfg.zDim || lh !== h || lw !== w)
-          throw new Error(`this tile decodes latents [${cfg.zDim}, T, ${h}, ${w}], got [${latent.shape}]`);
+          throw new Error(`this tile decodes latents [${cfg.zDim}, T, ${h}, ${w}], got [${latent.shape.join(',')}]`);
         const chunks: Frames[] = [];
         for (let t = 0; t < T; t++) {
           if (!caches) throw new Error('this tile was closed');
+          const carried = caches;
           const which = done === 0 ? 0 : 1;
           // the graph un-normalises: the frame goes in as the transformer made it
           const feed: Record<string, ort.Tensor> = {
             latent: new ort.Tensor('float32', latentSlice(latent, t).data, [1, C, h, w]),
           };
-          for (const { input } of graphs[which].weights) feed[input] = weights[input]; // the first chunk's graph has no time_conv
-          graphs[which].caches.forEach((name, slot) => (feed[name] = caches![slot]));
+          // the first chunk's graph has no time_conv
+          for (const { input } of graphs[which].weights) feed[input] = weights[input];
+          for (const [slot, name] of graphs[which].caches.entries()) feed[name] = carried[slot];
           const out = await sessions[which].run(feed);
           release(caches);
           caches = cacheOutputs.map((name) => out[name]);

@@ -31,14 +31,16 @@ export function vaeTiles(folder: FolderFiles = cachedModelFiles): {
       }
       if (latent.length !== shape.reduce((a, b) => a * b, 1))
         throw new Error(
-          `a tile's latent [${shape}] needs ${shape.reduce((a, b) => a * b, 1)} values, got ${latent.length}`,
+          `a tile's latent [${shape.join(',')}] needs ${shape.reduce((a, b) => a * b, 1)} values, got ${latent.length}`,
         );
       if (from === 0) {
         open?.stream.close();
         open = { tile, stream: model.decoder.open(shape[2], shape[3]) };
       } else if (open?.tile !== tile || open.stream.done !== from) {
         throw new Error(
-          `tile ${tile} from latent frame ${from}: this worker has ${open ? `tile ${open.tile} open at latent frame ${open.stream.done}` : 'no tile open'}; start the tile again from 0`,
+          `tile ${tile} from latent frame ${from}: this worker has ` +
+            (open ? `tile ${open.tile} open at latent frame ${open.stream.done}` : 'no tile open') +
+            '; start the tile again from 0',
         );
       }
       const started = performance.now();

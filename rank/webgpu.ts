@@ -10,12 +10,15 @@ export interface WebGpuAdapter {
 
 /** What WebGPU adapter this context has, if any. */
 export async function probeWebGpu(): Promise<WebGpuAdapter | null> {
+  // Node before 21 has no navigator at all
   const gpu = (
-    globalThis.navigator as Navigator & {
-      gpu?: {
-        requestAdapter(): Promise<{ info?: Record<string, string | boolean>; isFallbackAdapter?: boolean } | null>;
-      };
-    }
+    globalThis.navigator as
+      | (Navigator & {
+          gpu?: {
+            requestAdapter(): Promise<{ info?: Record<string, string | boolean>; isFallbackAdapter?: boolean } | null>;
+          };
+        })
+      | undefined
   )?.gpu;
   if (!gpu) return null;
   try {

@@ -80,7 +80,9 @@ export function cachedModelFiles(baseUrl: string): CachedModelFiles {
   });
   const keep = async (path: string): Promise<KeptFile> => {
     try {
-      if (!navigator.storage?.getDirectory || !navigator.locks)
+      // both are missing from a page that is no secure context (plain http on a LAN)
+      const { storage, locks } = navigator as Partial<Pick<Navigator, 'storage' | 'locks'>>;
+      if (!storage || !('getDirectory' in storage) || !locks)
         throw new Error('this browser has no origin private file system or Web Locks');
       folderLock ??= fileKey(base).then((key) => lock(`${CACHE_DIR}/${key}`));
       await folderLock;
@@ -124,7 +126,10 @@ type SyncHandle = {
 };
 type SyncFileHandle = FileSystemFileHandle & { createSyncAccessHandle(): Promise<SyncHandle> };
 
-/** One file of a folder whose lock the caller holds; `onWriteFailed` hears of a write that failed (the file goes on from the network). */
+/**
+ * One file of a folder whose lock the caller holds; `onWriteFailed` hears of a write that failed (the
+ * file goes on from the network).
+ */
 async function keepFile(
   url: string,
   network: ModelFiles,
@@ -160,7 +165,8 @@ async function keepFile(
       const { quota = 0, usage = 0 } = await navigator.storage.estimate();
       if (quota - usage < missing) {
         throw new Error(
-          `${path} needs ${formatBytes(missing)} more and this browser lets the page store ${formatBytes(Math.max(0, quota - usage))}`,
+          `${path} needs ${formatBytes(missing)} more and this browser lets the page store ` +
+            formatBytes(Math.max(0, quota - usage)),
         );
       }
     }
@@ -202,12 +208,13 @@ async function keepFile(
         }
         return bytes;
       },
-      async close() {
+      close() {
         try {
           if (writable) save();
         } finally {
           for (const handle of handles) handle.close();
         }
+        return Promise.resolve();
       },
     };
   } catch (e) {

@@ -27,6 +27,7 @@ import {
 import type { Origins } from './origins.ts';
 import { perAddressLimit } from './rate-limit.ts';
 import { PEER_ID_PREFIX } from '../core/net/peer-link.ts';
+import { defined } from '../core/defined.ts';
 
 /**
  * join tokens one address may be given a minute: a dashboard asks once a load (and keeps the one
@@ -59,7 +60,7 @@ export interface JoinTokens {
   onRevoke(listener: (room: string) => void): void;
 }
 
-/** `stateDir`: where the secret and the revoked rooms are kept across restarts; without it they last as long as the process. */
+/** `stateDir`: where the secret and the revoked rooms outlive restarts; without it they last as long as the process. */
 export function openJoinTokens(stateDir?: string): JoinTokens {
   const secret = loadSecret(stateDir);
   const revokedFile = stateDir && join(stateDir, 'revoked-rooms');
@@ -85,7 +86,7 @@ export function openJoinTokens(stateDir?: string): JoinTokens {
       roomOfPeer.delete(entry.peer);
       // one swarm per page: a dashboard whose link was revoked names its id for the new swarm only
       const before = roomOfPeer.get(peer);
-      if (before !== undefined) coordinators.get(before)!.peer = '';
+      if (before !== undefined) defined(coordinators.get(before), `the swarm ${before} of ${peer}`).peer = '';
       entry.peer = peer;
       roomOfPeer.set(peer, room);
       coordinators.delete(room); // the most recently registered last
@@ -94,7 +95,8 @@ export function openJoinTokens(stateDir?: string): JoinTokens {
         // the least recently registered whose page is gone; a swarm whose dashboard is open only if
         // all are open (they hold signaling ids, of which there are far fewer than MAX_SWARMS)
         const [oldest, { peer: old }] =
-          [...coordinators].find(([, e]) => !e.peer) ?? coordinators.entries().next().value!;
+          [...coordinators].find(([, e]) => !e.peer) ??
+          defined(coordinators.entries().next().value, 'the least recently registered swarm');
         coordinators.delete(oldest);
         roomOfPeer.delete(old);
       }
@@ -105,7 +107,7 @@ export function openJoinTokens(stateDir?: string): JoinTokens {
       const room = roomOfPeer.get(peer);
       if (room === undefined) return;
       roomOfPeer.delete(peer);
-      const entry = coordinators.get(room)!;
+      const entry = defined(coordinators.get(room), `the swarm ${room} of ${peer}`);
       entry.past = [...entry.past, peer].slice(-PAST_IDS);
       entry.peer = '';
     },
@@ -149,10 +151,10 @@ export function sameProof(proof: unknown, expected: string): boolean {
 
 /**
  * POST SWARMS_PATH (`{room, proof}` of its dashboard key to keep a token → `{}`; anything else →
- * `{token, dashboardKey}`, new ones), POST REVOKE_PATH (`{room, proof}` of the dashboard key → 204), POST REGISTER_PATH (a dashboard's id for
- * this load, proved with its dashboard key → 204) and POST FIND_PATH (a worker's proof of the
- * token → `{coordinator}`). Pages of this server's origins and the allowed ones only (CORS for
- * those), a few tokens a minute from one address.
+ * `{token, dashboardKey}`, new ones), POST REVOKE_PATH (`{room, proof}` of the dashboard key → 204),
+ * POST REGISTER_PATH (a dashboard's id for this load, proved with its dashboard key → 204) and
+ * POST FIND_PATH (a worker's proof of the token → `{coordinator}`). Pages of this server's origins
+ * and the allowed ones only (CORS for those), a few tokens a minute from one address.
  */
 export function mountJoinTokens(
   app: Express,
@@ -178,28 +180,22 @@ export function mountJoinTokens(
         .sendStatus(204);
     next();
   });
-  /** the token of a request's room where its proof is `proofOf` the room's dashboard key, or null */
-  const held = (
-    body: SwarmRequest | undefined,
-    proofOf: (dashboardKey: string, room: string) => string,
-  ): string | null => {
-    const room = body?.room;
-    const token = typeof room === 'string' ? tokens.standing(room) : null;
-    return token && sameProof(body?.proof, proofOf(tokens.dashboardKey(room!), room!)) ? token : null;
+  /** the standing room of a SwarmRequest whose proof is `proofOf` the room's dashboard key, or null */
+  const held = (body: unknown, proofOf: (dashboardKey: string, room: string) => string): string | null => {
+    const room = field(body, 'room');
+    if (typeof room !== 'string' || !tokens.standing(room)) return null;
+    return sameProof(field(body, 'proof'), proofOf(tokens.dashboardKey(room), room)) ? room : null;
   };
-  /** the room of a CoordinatorRequest whose proof `proofOf` makes from the room's token, or null */
+  /** the room and id of a CoordinatorRequest whose proof `proofOf` makes from the room's token, or null */
   const proven = (
-    body: Partial<CoordinatorRequest> | undefined,
+    body: unknown,
     proofOf: (token: string, room: string, peer: string) => string,
-  ): string | null => {
-    const { room, peer } = body ?? {};
-    const token = typeof room === 'string' ? tokens.standing(room) : null;
-    return token &&
-      typeof peer === 'string' &&
-      PEER_ID.test(peer) &&
-      sameProof(body?.proof, proofOf(token, room!, peer))
-      ? room!
-      : null;
+  ): { room: string; peer: string } | null => {
+    const room = field(body, 'room');
+    const peer = field(body, 'peer');
+    if (typeof room !== 'string' || typeof peer !== 'string' || !PEER_ID.test(peer)) return null;
+    const token = tokens.standing(room);
+    return token && sameProof(field(body, 'proof'), proofOf(token, room, peer)) ? { room, peer } : null;
   };
   app.post(SWARMS_PATH, json, (request, response) => {
     if (held(request.body, keepProof)) return void response.json({} satisfies SwarmAnswer);
@@ -209,22 +205,24 @@ export function mountJoinTokens(
         .type('text')
         .send(`over ${TOKENS_PER_MINUTE} join links a minute from this address: wait a minute`);
     const token = tokens.issue();
-    response.json({ token, dashboardKey: tokens.dashboardKey(roomOf(token)!) } satisfies SwarmAnswer);
+    const room = defined(roomOf(token), 'the room of a token this server made');
+    response.json({ token, dashboardKey: tokens.dashboardKey(room) } satisfies SwarmAnswer);
   });
   app.post(REVOKE_PATH, json, (request, response) => {
-    const token = held(request.body, revokeProof);
-    if (!token)
+    const room = held(request.body, revokeProof);
+    if (!room)
       return void response
         .status(403)
         .type('text')
         .send('no proof of the dashboard key of a join token this server stands by');
-    tokens.revoke(roomOf(token)!);
+    tokens.revoke(room);
     response.sendStatus(204);
   });
   app.post(REGISTER_PATH, json, (request, response) => {
-    const room = proven(request.body, (_token, room, peer) => registerProof(tokens.dashboardKey(room), room, peer));
-    if (!room) return void response.status(403).type('text').send("no proof of this swarm's dashboard key");
-    const { peer, auth } = request.body as CoordinatorRequest;
+    const proved = proven(request.body, (_token, room, peer) => registerProof(tokens.dashboardKey(room), room, peer));
+    if (!proved) return void response.status(403).type('text').send("no proof of this swarm's dashboard key");
+    const { room, peer } = proved;
+    const auth = field(request.body, 'auth');
     // the id is named to workers only while a page holds it, and only the page that holds it may name it
     if (!peer.startsWith(PEER_ID_PREFIX.coordinator) || typeof auth !== 'string' || !vouch(peer, auth))
       return void response
@@ -239,7 +237,7 @@ export function mountJoinTokens(
     response.sendStatus(204);
   });
   app.post(FIND_PATH, json, (request, response) => {
-    const room = proven(request.body, (token, _room, peer) => findProof(token, peer));
+    const room = proven(request.body, (token, _room, peer) => findProof(token, peer))?.room;
     if (!room)
       return void response
         .status(403)
@@ -253,12 +251,16 @@ export function mountJoinTokens(
         .send("this swarm's dashboard is not open: open it (or wait for it to load)");
     response.json({ coordinator } satisfies CoordinatorAnswer);
   });
-  app.use(SWARMS_PATH, ((error, _request, response, _next) => {
-    response
-      .status(400)
-      .type('text')
-      .send(`a join-link request is JSON of at most 1 KiB: ${(error as Error).message}`);
-  }) as express.ErrorRequestHandler);
+  // eslint-disable-next-line @typescript-eslint/no-unused-vars -- express tells an error handler by its 4 parameters
+  const badRequest: express.ErrorRequestHandler = (error: Error, _request, response, _next) => {
+    response.status(400).type('text').send(`a join-link request is JSON of at most 1 KiB: ${error.message}`);
+  };
+  app.use(SWARMS_PATH, badRequest);
+}
+
+/** `key` of a JSON body, which may be anything */
+function field(body: unknown, key: keyof SwarmRequest | keyof CoordinatorRequest): unknown {
+  return typeof body === 'object' && body !== null ? (body as Record<string, unknown>)[key] : undefined;
 }
 
 /** a PeerJS id as this project's pages make them (core/net/peer-link.ts), bounded */

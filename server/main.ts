@@ -6,8 +6,8 @@ import { CACHE_ROOT } from './model-folder.ts';
 import { lanAddresses } from './origins.ts';
 import { DEFAULT_PORT, servedModel, startServer } from './serve.ts';
 
-// `npm start [-- --model PATH|URL] [--port N] [--rebuild] [--key K] [--ice-servers LIST] [--relay fallback|force|off | --force-relay]
-//   [--allow-origin ORIGIN ...]`:
+// `npm start [-- --model PATH|URL] [--port N] [--rebuild] [--key K] [--ice-servers LIST]
+//   [--relay fallback|force|off | --force-relay] [--allow-origin ORIGIN ...]`:
 // build if needed, serve, print where to go. With --model the dashboard starts on that model
 // folder: one on this machine (served to the pages, with Range requests) or a URL. The server
 // answers to its own names (localhost, its LAN addresses, its machine name) and pages of its own
@@ -84,7 +84,11 @@ console.log(
         ]
       : []),
     `  signaling   ${server.url}/peerjs  key "${server.peerKey}"`,
-    `  ICE servers ${iceUrls.length ? iceUrls.join(', ') : 'none (host candidates only: pages on one LAN; pass --ice-servers for STUN/TURN)'}`,
+    `  ICE servers ${
+      iceUrls.length
+        ? iceUrls.join(', ')
+        : 'none (host candidates only: pages on one LAN; pass --ice-servers for STUN/TURN)'
+    }`,
     `  relay       ${
       {
         fallback: `${server.url.replace(/^http/, 'ws')}/relay for links whose data channel does not open within 8 s`,

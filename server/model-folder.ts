@@ -26,7 +26,7 @@ import {
   type WanVaeConfig,
 } from '../core/model/wan-vae.ts';
 
-/** where ditswarm keeps what it makes or fetches on this machine (test models, the CLIs' browser profile), outside the repository */
+/** where ditswarm keeps what it makes or fetches on this machine (test models, the CLIs' browser profile) */
 export const CACHE_ROOT = join(homedir(), '.cache/ditswarm');
 /** where make-model's wan2.1-t2v-1.3b preset writes, and the benchmarks read */
 export const FULL_SIZE_MODEL_DIR = join(CACHE_ROOT, 'models/wan2.1-t2v-1.3b');
@@ -45,7 +45,12 @@ export function folderFiles(dir: string): ModelFiles {
       }
     },
     async readRange(path, begin, end) {
-      const file = await open(join(dir, path), 'r').catch((e) => Promise.reject(missing(e, path)));
+      let file;
+      try {
+        file = await open(join(dir, path), 'r');
+      } catch (e) {
+        throw missing(e, path);
+      }
       try {
         const bytes = new Uint8Array(Math.max(0, end - begin));
         const { bytesRead } = await file.read(bytes, 0, bytes.length, begin);
@@ -71,7 +76,10 @@ export async function writeCheckpoint(
   name: string,
   tensors: TensorSpec[],
   values: (tensor: TensorSpec) => Float32Array,
-  { maxShardBytes = MAX_SHARD_BYTES, metadata = { format: 'pt' } as Record<string, string> } = {},
+  {
+    maxShardBytes = MAX_SHARD_BYTES,
+    metadata = { format: 'pt' },
+  }: { maxShardBytes?: number; metadata?: Record<string, string> } = {},
 ): Promise<string[]> {
   mkdirSync(dir, { recursive: true });
   const shards = planShards(tensors, maxShardBytes);
@@ -89,7 +97,8 @@ export async function writeCheckpoint(
       const data = values(tensor);
       if (data.length !== sizeOf(tensor.shape))
         throw new Error(
-          `tensor "${tensor.name}": shape [${tensor.shape}] needs ${sizeOf(tensor.shape)} values, got ${data.length}`,
+          `tensor "${tensor.name}": shape [${tensor.shape.join(',')}] ` +
+            `needs ${sizeOf(tensor.shape)} values, got ${data.length}`,
         );
       await write(new Uint8Array(data.buffer, data.byteOffset, data.byteLength));
     }
@@ -107,7 +116,7 @@ export async function writeCheckpoint(
   return [...shards.map((_, i) => fileOf(i)), `${name}.safetensors.index.json`];
 }
 
-/** A tensor's own stream of numbers: FNV-1a of the seed and its name (values independent of how the checkpoint is split). */
+/** A tensor's own stream of numbers: FNV-1a of the seed and its name (whatever shards the checkpoint has). */
 export function seededRandom(seed: string, name: string): SeededRandom {
   let hash = 0x811c9dc5;
   for (const c of `${seed}:${name}`) hash = Math.imul(hash ^ c.charCodeAt(0), 0x01000193);
@@ -128,7 +137,7 @@ export async function writeUmt5Folder(
     seed = '0',
     maxShardBytes = MAX_SHARD_BYTES,
     onProgress,
-  }: { seed?: string; maxShardBytes?: number; onProgress?(done: number, total: number): void } = {},
+  }: { seed?: string; maxShardBytes?: number; onProgress?: (done: number, total: number) => void } = {},
 ): Promise<{ config: Umt5Config; files: string[] }> {
   const tokenizer = makeTestTokenizerJson(TEST_TOKENIZER_PIECES);
   const json = { ...config, vocab_size: tokenizer.model.vocab.length };
@@ -186,7 +195,7 @@ export async function writeUmt5Folder(
 export async function writeWanVaeFolder(
   folder: string,
   config: Record<string, unknown>,
-  { seed = '0', onProgress }: { seed?: string; onProgress?(done: number, total: number): void } = {},
+  { seed = '0', onProgress }: { seed?: string; onProgress?: (done: number, total: number) => void } = {},
 ): Promise<{ config: WanVaeConfig; bytes: number }> {
   const vae = parseWanVaeConfig(config, 'writeWanVaeFolder');
   const specs = [...wanVaeWeightShapes(vae)].map(([name, shape]) => ({ name, shape }));

@@ -5,7 +5,10 @@
 // the library through `openSwarm(origin)`), for websockets as for CORS.
 import { hostname, networkInterfaces, type NetworkInterfaceInfo } from 'node:os';
 
-/** This machine's IPv4 addresses other pages of a LAN reach it at (IPv6 LAN addresses are not served to: open the dashboard at an IPv4 one). */
+/**
+ * This machine's IPv4 addresses other pages of a LAN reach it at (IPv6 LAN addresses are not
+ * served to: open the dashboard at an IPv4 one).
+ */
 export function lanAddresses(): string[] {
   return Object.values(networkInterfaces())
     .flat()

@@ -35,6 +35,7 @@ export function parseIceServers(text: string | undefined): IceServer[] {
     } catch (error) {
       throw new Error(
         `ICE servers: not valid JSON (${(error as Error).message}); expected [{"urls":"stun:host:3478"}, …]`,
+        { cause: error },
       );
     }
   } else {
@@ -79,12 +80,25 @@ export interface Signaling {
   /** Takes over an HTTP upgrade for the PeerServer's websocket (any other path is answered 400). */
   handleUpgrade(request: IncomingMessage, socket: Duplex, head: Buffer): void;
   /** Whether a page holds `peer` on this PeerServer, registered with `token` (PeerJS's per-page secret). */
-  vouch(peer: string, token: string): boolean;
+  vouch: (peer: string, token: string) => boolean;
   /** Hears each id its page lets go (the page closed or lost the server). */
   onRelease(listener: (peer: string) => void): void;
   /** Stops the PeerServer's housekeeping timers (the server closes the sockets). */
   close(): void;
 }
+
+/** an OFFER or ANSWER with its ICE candidates is a few KB; peer's own default is 100 MiB */
+export const MAX_SIGNALING_MESSAGE_BYTES = 64 * 1024;
+/** pages registered at once: a lab's swarm, not peer's default 5,000 */
+export const MAX_SIGNALING_CLIENTS = 512;
+/** of them from one address: a machine's tabs (a NAT's machines share one), not the whole limit */
+export const MAX_SIGNALING_CLIENTS_PER_ADDRESS = 64;
+/**
+ * signaling messages one page may send in a burst, and a second on average: a data channel's offer
+ * and its ICE candidates are a few dozen, heartbeats one every few seconds
+ */
+export const SIGNALING_BURST = 200;
+export const SIGNALING_MESSAGES_PER_SECOND = 20;
 
 /**
  * Mounts the PeerJS signaling server on `app` at SIGNALING_PATH. Its websocket endpoint is
@@ -93,16 +107,6 @@ export interface Signaling {
  * ids would tell anyone which one to take over when its owner goes. Signaling messages are small
  * (an SDP offer is a few KB): larger ones are refused, as are clients past a few hundred.
  */
-/** an OFFER or ANSWER with its ICE candidates is a few KB; peer's own default is 100 MiB */
-export const MAX_SIGNALING_MESSAGE_BYTES = 64 * 1024;
-/** pages registered at once: a lab's swarm, not peer's default 5,000 */
-export const MAX_SIGNALING_CLIENTS = 512;
-/** of them from one address: a machine's tabs (a NAT's machines share one), not the whole limit */
-export const MAX_SIGNALING_CLIENTS_PER_ADDRESS = 64;
-/** signaling messages one page may send in a burst, and a second on average: a data channel's offer and its ICE candidates are a few dozen, heartbeats one every few seconds */
-export const SIGNALING_BURST = 200;
-export const SIGNALING_MESSAGES_PER_SECOND = 20;
-
 export function mountSignaling(app: Express, server: Server, key: string, origins: Origins): Signaling {
   let websockets: WebSocketServer | null = null;
   const peerServer = ExpressPeerServer(server, {
@@ -147,7 +151,8 @@ export function mountSignaling(app: Express, server: Server, key: string, origin
       const release = perAddress(request.socket.remoteAddress ?? '');
       if (!release)
         return void socket.end(
-          `HTTP/1.1 429 Too Many Requests\r\nConnection: close\r\n\r\n${MAX_SIGNALING_CLIENTS_PER_ADDRESS} pages of this address are registered already`,
+          'HTTP/1.1 429 Too Many Requests\r\nConnection: close\r\n\r\n' +
+            `${MAX_SIGNALING_CLIENTS_PER_ADDRESS} pages of this address are registered already`,
         );
       socket.once('close', release); // a refused upgrade too
       wss.handleUpgrade(request, socket, head, (ws) => {

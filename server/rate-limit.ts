@@ -39,7 +39,10 @@ export function perAddressLimit(count: number, windowMs: number): (address: stri
   };
 }
 
-/** At most `max` things open at once for each address: whether one more may open, as the function that gives its place back. */
+/**
+ * At most `max` things open at once for each address: whether one more may open, as the function
+ * that gives its place back.
+ */
 export function perAddressCap(max: number): (address: string) => (() => void) | null {
   const open = new Map<string, number>();
   return (address) => {

@@ -32,7 +32,7 @@ import {
 } from '../core/net/relay-client.ts';
 import { sameProof, type JoinTokens } from './join-tokens.ts';
 
-/** what one connection may have in flight one way: an honest Link's high-water mark, one frame, and room for the envelopes */
+/** what one connection may have in flight one way: an honest Link's high-water mark, a frame, and the envelopes */
 export const CONNECTION_CREDIT_BYTES = MAX_HIGH_WATER_BYTES + 2 * MAX_FRAME_BYTES;
 /** what all pages may have queued at once: above what honest pages reach (each connection's credit, both ways) */
 export const DEFAULT_RELAY_BUDGET_BYTES = 1024 * 1024 * 1024;
@@ -171,7 +171,8 @@ export function createRelay(options: RelayOptions): Relay {
       refuse(
         ws,
         peer,
-        'this page does not hold a join token this server stands by (made up, revoked, or from another server): open the join link the dashboard shows now',
+        'this page does not hold a join token this server stands by (made up, revoked, or from another server): ' +
+          'open the join link the dashboard shows now',
       );
       return;
     }
@@ -200,7 +201,9 @@ export function createRelay(options: RelayOptions): Relay {
     const bytes = data.byteLength - RELAY_ENVELOPE_BYTES;
     const inFlight = (conn.inFlight.get(from) ?? 0) + data.byteLength;
     if (inFlight > CONNECTION_CREDIT_BYTES) {
-      const over = `${from.peer} sent ${inFlight} bytes its receiver has not taken, past the connection's credit of ${CONNECTION_CREDIT_BYTES}`;
+      const over =
+        `${from.peer} sent ${inFlight} bytes its receiver has not taken, ` +
+        `past the connection's credit of ${CONNECTION_CREDIT_BYTES}`;
       counters.framesDropped++;
       counters.connectionsCut++;
       closeConnection(conn.id, from, over);
@@ -217,16 +220,19 @@ export function createRelay(options: RelayOptions): Relay {
   }
 
   function onControl(from: Client, data: Buffer): void {
-    let message: RelayControl;
+    let message: unknown;
     try {
       if (data.byteLength > MAX_RELAY_CONTROL_BYTES) throw new Error(`control message of ${data.byteLength} bytes`);
-      message = JSON.parse(data.toString('utf8')) as RelayControl;
+      message = JSON.parse(data.toString('utf8'));
     } catch (e) {
       from.ws.close(1008, `bad control message: ${(e as Error).message}`.slice(0, 120));
       return;
     }
-    if (message?.t === 'dial') dialFor(from, message);
-    else if (message?.t === 'close') closeConnection(Number(message.conn), from);
+    if (typeof message !== 'object' || message === null) return;
+    // a page's claims: dialFor checks the target it names, and only the page's own connections close
+    const { t, conn } = message as Partial<Record<string, unknown>>;
+    if (t === 'dial') dialFor(from, message as Extract<RelayControl, { t: 'dial' }>);
+    else if (t === 'close') closeConnection(Number(conn), from);
   }
 
   function dialFor(from: Client, { ref, to, metadata }: { ref: number; to: string; metadata: unknown }): void {

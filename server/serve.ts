@@ -25,17 +25,17 @@ export interface ServerOptions {
   peerKey?: string;
   /** STUN/TURN servers published to every page; the default (none) works within one LAN. */
   iceServers?: IceServer[];
-  /** `fallback` (default): links whose data channel does not open go through this server; `force`: every link does; `off`: none. */
+  /** `fallback` (default): links whose data channel does not open go through this server; `force`: all; `off`: none. */
   relay?: RelayMode;
   /** bytes the relay may hold queued for all pages at once */
   relayBudgetBytes?: number;
-  /** model folders on this machine, served under these URL paths (with Range requests, so pages read shards tensor by tensor) */
+  /** model folders on this machine, served under these URL paths (with Range: pages read shards tensor by tensor) */
   modelFolders?: Record<string, string>;
   /** the model the dashboard's form starts with (GET /models.json); the bundled demo model without it */
   defaultModel?: string;
   /** origins beyond this server's own whose pages may use it (a page embedding the library: `openSwarm(origin)`) */
   allowOrigins?: string[];
-  /** where the join tokens' secret and revocations are kept across restarts (npm start); without it, a fresh secret each start */
+  /** where the join tokens' secret and revocations outlive restarts (npm start); else a fresh secret each start */
   stateDir?: string;
 }
 
@@ -87,14 +87,15 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       .status(421)
       .type('text')
       .send(
-        `this server does not answer to the host ${JSON.stringify(request.headers.host ?? '')}: open it at localhost or its LAN address`,
+        `this server does not answer to the host ${JSON.stringify(request.headers.host ?? '')}: ` +
+          'open it at localhost or its LAN address',
       );
   });
   app.use(crossOriginIsolation);
   const signaling = mountSignaling(app, server, peerKey, origins);
   const joinTokens = openJoinTokens(options.stateDir);
   mountJoinTokens(app, joinTokens, origins, signaling.vouch);
-  // a dashboard's id is named to its workers only while its page holds it: once the page is gone, the id is anyone's to take
+  // a dashboard's id is named to its workers only while its page holds it: once it is gone, the id is anyone's
   signaling.onRelease((peer) => joinTokens.forgetCoordinator(peer));
   const relay = createRelay({ vouch: signaling.vouch, tokens: joinTokens, budgetBytes: options.relayBudgetBytes });
   // One port for the app, the signaling websocket and the relay: upgrades are routed by path.
@@ -123,11 +124,13 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
   app.get('/models.json', (_request, response) => {
     response.json({ default: options.defaultModel ?? null });
   });
-  for (const [path, dir] of Object.entries(options.modelFolders ?? {})) {
-    // a missing file or a range past a file's end is the reader's to report: answer its status, log nothing
-    app.use(path, express.static(dir, { fallthrough: false }), ((error, _request, response, _next) =>
-      response.sendStatus((error as { status?: number }).status ?? 500)) as express.ErrorRequestHandler);
-  }
+  // a missing file or a range past a file's end is the reader's to report: answer its status, log nothing
+  // eslint-disable-next-line @typescript-eslint/no-unused-vars -- express tells an error handler by its 4 parameters
+  const statusOnly: express.ErrorRequestHandler = (error: { status?: number }, _request, response, _next) => {
+    response.sendStatus(error.status ?? 500);
+  };
+  for (const [path, dir] of Object.entries(options.modelFolders ?? {}))
+    app.use(path, express.static(dir, { fallthrough: false }), statusOnly);
   app.use(express.static(DIST_DIR));
 
   const boundPort = await listenOnFreePort(server, port);

@@ -22,10 +22,11 @@ export interface CoreShare {
   leave(): void;
 }
 
-/** Joins the tabs' share of the cores; `onChange` hears the new share whenever the count of tabs changes after that. */
+/** Joins the tabs' share of the cores; `onChange` hears the new share whenever the count of tabs changes after. */
 export async function shareCores(id: string, onChange: (threads: number, tabs: number) => void): Promise<CoreShare> {
   const cores = Math.max(1, navigator.hardwareConcurrency || 1);
-  const locks = (navigator as Navigator & { locks?: LockManager }).locks;
+  // no Web Locks on a page that is no secure context (plain http on a LAN)
+  const { locks } = navigator as Partial<Pick<Navigator, 'locks'>>;
   const own = LOCK_PREFIX + id;
   const channel = typeof BroadcastChannel === 'function' ? new BroadcastChannel(CHANNEL) : null;
   const watching = new Set<string>();
@@ -45,7 +46,11 @@ export async function shareCores(id: string, onChange: (threads: number, tabs: n
       if (name === own || watching.has(name)) continue;
       // granted once that tab is gone; released at once, it only tells this one to count again
       watching.add(name);
-      void locks.request(name, async () => void watching.delete(name)).then(() => recount());
+      void locks
+        .request(name, () => {
+          watching.delete(name);
+        })
+        .then(() => recount());
     }
     const count = Math.max(1, names.size);
     if (count === tabs) return;

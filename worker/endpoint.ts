@@ -19,6 +19,7 @@ import {
   registerPeer,
   signalingOptions,
   transportOf,
+  type SignalingOptions,
 } from '../core/net/peer-link.ts';
 import { RelayRefused, type RelayClient } from '../core/net/relay-client.ts';
 import { serve } from '../core/net/rpc.ts';
@@ -55,7 +56,10 @@ export interface WorkerStatus {
   /** the EP the loaded model runs on (the job may ask for WebAssembly on a WebGPU machine), and why */
   ep: ExecutionProvider | null;
   epWhy: string;
-  /** this tab's share of its machine's cores: WASM threads now, from the next job, of how many cores, among how many worker tabs */
+  /**
+   * this tab's share of its machine's cores: WASM threads now, from the next job, of how many cores,
+   * among how many worker tabs
+   */
   cores: { threads: number; next: number; of: number; tabs: number } | null;
 }
 
@@ -68,11 +72,15 @@ export interface WorkerEndpointOptions {
 
 export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promise<{ leave(): void }> {
   const signaling = await signalingOptions(options.origin);
-  const served: { default?: unknown } = await fetch(new URL('/models.json', options.origin))
-    .then((r) => r.json())
-    .catch(() => ({ default: null }));
-  const refuseModel = modelRefusal(options.origin, typeof served.default === 'string' ? served.default : null);
-  const peer = await registerPeer(() => new Peer(newPeerId('worker'), peerOptions(signaling)), options.origin);
+  const served = await fetch(new URL('/models.json', options.origin))
+    .then((r): Promise<unknown> => r.json())
+    .catch(() => null);
+  const defaultModel =
+    typeof served === 'object' && served !== null && 'default' in served && typeof served.default === 'string'
+      ? served.default
+      : null;
+  const refuseModel = modelRefusal(options.origin, defaultModel);
+  const peer = await registerPeer(() => newWorkerPeer(signaling), options.origin);
   const info: WorkerInfo = {
     ...(await describeCompute()),
     threads: 1, // this tab's share of the cores, once counted
@@ -133,7 +141,7 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
         });
         return client;
       },
-      (e: Error) => {
+      (e: unknown) => {
         relay = null;
         throw e;
       },
@@ -152,7 +160,7 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
       if (signaling.relay.mode !== 'off') void relayClient().catch(() => {});
       return mesh.connect(init);
     },
-    describe: async () => ({ ...info, threads: cores.threads() }),
+    describe: () => Promise.resolve({ ...info, threads: cores.threads() }),
     betweenJobs: takeShare,
     peakMemoryBytes: sampleMemoryPeak(),
     refuseModel,
@@ -171,7 +179,8 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
           });
           return;
         }
-        // the dashboard's id changes each time it loads: the server says which it is now, to a page that proves the token
+        // the dashboard's id changes each time it loads: the server says which it is now, to a page
+        // that proves the token
         const found = await findCoordinator(options.origin, options.token, peer.id);
         if ('refused' in found) {
           publish({ connected: false, transport: null, state: 'refused', detail: found.refused });
@@ -193,7 +202,8 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
           coordinator,
           detail: `connecting to ${coordinator}${signaling.relay.mode === 'force' ? ' through the relay' : ''}`,
         });
-        if (signaling.relay.mode === 'fallback') await relayClient().catch(() => null); // only links that need it use it
+        // opened now, but only links that need it use it
+        if (signaling.relay.mode === 'fallback') await relayClient().catch(() => null);
         // the token never leaves this page: the dashboard and this worker prove they hold it (core/net/join.ts)
         const metadata: JoinMetadata = { role: 'worker', nonce: nonce() };
         const conn = await dial(peer, coordinator, metadata, { mode: signaling.relay.mode, client: relayClient });
@@ -272,9 +282,17 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
   };
 }
 
+/** A PeerJS peer under a fresh worker id; PeerJS types its options as a class, but takes a plain object. */
+function newWorkerPeer(signaling: SignalingOptions): Peer {
+  // eslint-disable-next-line @typescript-eslint/no-unsafe-class-instance-assignment -- a plain object, as PeerJS's docs
+  return new Peer(newPeerId('worker'), peerOptions(signaling));
+}
+
 /**
  * Compute probes of the worker tabs of this browser on this machine, one at a time: each measures
  * its share of the cores as a job will use it, not a crowd of probes fighting over them.
  */
-const oneProbeAtATime: ProbeGate = async (probe) =>
-  navigator.locks ? await navigator.locks.request('ditswarm-compute-probe', () => probe()) : probe();
+const oneProbeAtATime: ProbeGate = async (probe) => {
+  const { locks } = navigator as Partial<Pick<Navigator, 'locks'>>;
+  return locks ? await locks.request('ditswarm-compute-probe', () => probe()) : probe();
+};

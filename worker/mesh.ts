@@ -158,7 +158,7 @@ export class WorkerMesh {
       mesh.links.set(rank, { peer: opened.conn.peer, transport: transportOf(opened.conn) });
       exchange.addPeer(rank, opened.link);
     };
-    await Promise.all(init.peers.map((_, rank) => (rank === init.rank ? null : linkTo(rank))));
+    await Promise.all(init.peers.map((_, rank) => (rank === init.rank ? Promise.resolve() : linkTo(rank))));
     return exchange;
   }
 

@@ -9,6 +9,7 @@ import { onnxStages } from '../../rank/onnx-stages.ts';
 import { probeThroughput } from '../../rank/throughput-probe.ts';
 import type { StageRunner } from '../../rank/stages.ts';
 import { forwardInProcess } from '../../rank/ulysses.ts';
+import { defined } from '../../core/defined.ts';
 
 // What the benchmarks measure inside Chromium without the app around it: matmul throughput,
 // the tab↔tab data-channel link (through the app's own Link framing), and a forward pass on the
@@ -25,7 +26,7 @@ function openLink(channel: RTCDataChannel): Promise<void> {
   return new Promise((resolve) => {
     const ready = () => {
       link = new Link(channel);
-      channel.addEventListener('message', (e) => link!.receive(e.data as ArrayBuffer));
+      channel.addEventListener('message', (e) => defined(link, 'the probe link').receive(e.data as ArrayBuffer));
       link.onMessage((msg) => {
         if (msg.kind !== 'tensor') return;
         received += msg.data.byteLength;
@@ -45,7 +46,7 @@ async function gathered(pc: RTCPeerConnection): Promise<RTCSessionDescriptionIni
     pc.addEventListener('icegatheringstatechange', () => pc.iceGatheringState === 'complete' && r());
   });
   await Promise.race([complete, new Promise((r) => setTimeout(r, 3000))]);
-  return pc.localDescription!.toJSON();
+  return defined(pc.localDescription, 'the local description just set').toJSON();
 }
 
 let direct: { model: WanModel; stages: StageRunner; text: Float32Array } | null = null;
@@ -99,7 +100,7 @@ const bench = {
     return gathered(peer);
   },
   async linkAccept(answer: RTCSessionDescriptionInit): Promise<void> {
-    await peer!.setRemoteDescription(answer);
+    await defined(peer, 'the peer connection of linkOffer').setRemoteDescription(answer);
   },
   async linkReady(): Promise<void> {
     while (!link) await new Promise((r) => setTimeout(r, 20));
@@ -112,7 +113,7 @@ const bench = {
       received >= target ? resolve() : waiters.push({ bytes: target, resolve }),
     );
     const data = new Uint8Array(bytes);
-    await link!.send({
+    await defined(link, 'the probe link: linkReady first').send({
       kind: 'tensor',
       from: 0,
       tag: { job: 0, step: 0, pass: 0, block: 0, phase: 0, group: 0 },
@@ -125,7 +126,7 @@ const bench = {
   },
   /** One way only: sends `bytes` and resolves once they are handed to the channel. */
   async linkSend(bytes: number): Promise<void> {
-    await link!.send({
+    await defined(link, 'the probe link: linkReady first').send({
       kind: 'tensor',
       from: 0,
       tag: { job: 0, step: 0, pass: 0, block: 0, phase: 0, group: 0 },

@@ -13,7 +13,10 @@ export interface Channel {
   removeEventListener(type: 'bufferedamountlow' | 'close', cb: () => void): void;
 }
 
-/** A peer connection, typed structurally so core/ stays free of browser imports: PeerJS's DataConnection and the relay's connection both fit. */
+/**
+ * A peer connection, typed structurally so core/ stays free of browser imports: PeerJS's
+ * DataConnection and the relay's connection both fit.
+ */
 export interface DataConnectionLike {
   readonly peer: string;
   readonly metadata: unknown;

@@ -15,8 +15,18 @@ function describe(value: unknown): string {
   if (Array.isArray(value)) return `an array of ${value.length}`;
   if (value === null) return 'null';
   if (typeof value === 'string') return JSON.stringify(value.length > 40 ? `${value.slice(0, 40)}…` : value);
-  if (typeof value === 'object') return `an object with ${Object.keys(value).slice(0, 6).join(', ') || 'no fields'}`;
-  return `${typeof value} ${String(value)}`;
+  switch (typeof value) {
+    case 'object':
+      return `an object with ${Object.keys(value).slice(0, 6).join(', ') || 'no fields'}`;
+    case 'number':
+    case 'boolean':
+    case 'bigint':
+    case 'undefined':
+      return `${typeof value} ${String(value)}`;
+    default:
+      // a function or a symbol: no peer can send one, and a function's text may be long
+      return `a ${typeof value}`;
+  }
 }
 
 export function fail(at: string, expected: string, value: unknown): never {
@@ -74,24 +84,28 @@ export function nullable<T>(check: Check<T>): Check<T | null> {
   return (v, at) => (v === null ? null : check(v, at));
 }
 
-type Shape = Record<string, Check<unknown>>;
-type Checked<S extends Shape> = {
-  [K in keyof S as undefined extends ReturnType<S[K]> ? never : K]: ReturnType<S[K]>;
-} & {
-  [K in keyof S as undefined extends ReturnType<S[K]> ? K : never]?: ReturnType<S[K]>;
-};
+/**
+ * One check per field of T, its optional fields included: a field left out of a `fields` call does
+ * not compile, so no field of T can silently vanish from what the check lets through.
+ */
+export type FieldChecks<T> = { [K in keyof T]-?: Check<T[K]> };
 
-/** An object with these fields (fields a check allows to be undefined are optional); other fields are dropped. */
-export function fields<S extends Shape>(shape: S): Check<Checked<S>> {
+/**
+ * An object with exactly the fields of T, each checked (a field whose check allows undefined may be
+ * absent); other fields are dropped. T comes from where the check is used (`const c: Check<T> =
+ * fields({...})`), never from the checks given, so the checks are held to T rather than T to them.
+ */
+export function fields<T extends object = never>(shape: FieldChecks<NoInfer<T>>): Check<T> {
+  const checks: [string, Check<unknown>][] = Object.entries(shape);
   return (v, at) => {
     if (!v || typeof v !== 'object' || Array.isArray(v) || ArrayBuffer.isView(v))
       fail(at, `an object with ${Object.keys(shape).join(', ') || 'no fields'}`, v);
     const out: Record<string, unknown> = {};
-    for (const [key, check] of Object.entries(shape)) {
+    for (const [key, check] of checks) {
       const value = check((v as Record<string, unknown>)[key], `${at}.${key}`);
       if (value !== undefined) out[key] = value;
     }
-    return out as Checked<S>;
+    return out as T;
   };
 }
 
@@ -101,7 +115,10 @@ export const none: Check<Record<string, never>> = (v, at) =>
     ? {}
     : fail(at, 'no arguments', v);
 
-/** `value` as a T if it passes, else undefined: for advisory fields (a pulse's), where a bad value is dropped, not its sender. */
+/**
+ * `value` as a T if it passes, else undefined: for advisory fields (a pulse's), where a bad value is
+ * dropped, not its sender.
+ */
 export function passing<T>(check: Check<T>, value: unknown, at: string): T | undefined {
   try {
     return check(value, at);

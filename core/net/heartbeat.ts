@@ -5,11 +5,11 @@
 // timers browsers throttle, but whose message events they deliver on time.
 // Two kinds of silence are not death. A worker whose last answer said it is loading a model may
 // be silent for LOADING_DEAD_AFTER_MS: taking in GBs of weights beside other tabs on a busy
-// machine starves its page for seconds (seen with the 1.3B model in two tabs on two cores); a
-// closed tab still shows at once, its link closes. Time the coordinator itself was not listening
-// (its own timer came late: its page was starved) is not counted against anyone. Nor is time the
-// coordinator's beats waited behind a long message to the worker (the 1.3B model's 8 MB prompt
-// embedding, at a data channel's few MB/s): a worker cannot answer a beat it has not been sent.
+// machine starves its page for seconds; a closed tab still shows at once, its link closes. Time the
+// coordinator itself was not listening (its own timer came late: its page was starved) is not
+// counted against anyone. Nor is time the coordinator's beats waited behind a long message to the
+// worker (a real model's prompt embedding is megabytes): a worker cannot answer a beat it has not
+// been sent.
 
 import type { Link } from './link.ts';
 import type { WorkerPulse } from '../worker-api.ts';
@@ -18,7 +18,8 @@ export const HEARTBEAT_INTERVAL_MS = 500;
 export const DEAD_AFTER_MS = 3_000;
 export const LOADING_DEAD_AFTER_MS = 60_000;
 
-type HeartbeatBody = { type: 'heartbeat' } | { type: 'heartbeat-echo'; pulse: WorkerPulse };
+/** A heartbeat as it arrives: the pulse of an echo is the worker's word, judged by the receiver (checkPulse). */
+type HeartbeatBody = { type: 'heartbeat' } | { type: 'heartbeat-echo'; pulse: unknown };
 
 function heartbeatBody(body: unknown): HeartbeatBody | null {
   const type = (body as { type?: unknown } | null)?.type;
@@ -44,8 +45,8 @@ export function watchHeartbeats(
   let loading = false;
   const off = link.onMessage((msg) => {
     const body = msg.kind === 'rpc' ? heartbeatBody(msg.body) : null;
-    if (body?.type !== 'heartbeat-echo' || !body.pulse || typeof body.pulse !== 'object') return;
-    loading = body.pulse.state === 'loading';
+    if (body?.type !== 'heartbeat-echo' || typeof body.pulse !== 'object' || body.pulse === null) return;
+    loading = 'state' in body.pulse && body.pulse.state === 'loading';
     handlers.onPulse?.(body.pulse);
   });
   let listeningSince = Date.now();

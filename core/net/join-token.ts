@@ -9,6 +9,7 @@
 // will dial next; it tells the server that id (with a dashboard key the server gave it alone, so
 // a worker holding the join token cannot take its place), and workers ask the server for it with
 // a proof of the token: the link names no id, and the server tells it to nobody without the token.
+import { defined } from '../defined.ts';
 import { joinProof } from './hmac.ts';
 
 /** Where a dashboard asks its server for a join token, or to keep the one it has. */
@@ -43,7 +44,7 @@ export interface SwarmAnswer {
   dashboardKey?: string;
 }
 
-/** What a dashboard holds of its swarm: the token its workers prove, and the key that says it is the swarm's dashboard. */
+/** What a dashboard holds of its swarm: the token its workers prove, and the key that proves it is their dashboard. */
 export interface SwarmKeys {
   token: string;
   dashboardKey: string;
@@ -95,13 +96,14 @@ const WHAT_FOR: Record<string, string> = {
  * (a reload keeps its workers' links), else new ones from the server.
  */
 export async function obtainSwarmKeys(origin: string, held?: Partial<SwarmKeys>): Promise<SwarmKeys> {
-  const room = held?.token === undefined ? null : roomOf(held.token);
-  const keep = room && held?.token && held.dashboardKey ? (held as SwarmKeys) : null;
-  const request: SwarmRequest = keep ? { room: room!, proof: keepProof(keep.dashboardKey, room!) } : {};
+  const { token, dashboardKey } = held ?? {};
+  const room = token === undefined ? null : roomOf(token);
+  const keep = room && token && dashboardKey ? { room, keys: { token, dashboardKey } } : null;
+  const request: SwarmRequest = keep ? { room: keep.room, proof: keepProof(keep.keys.dashboardKey, keep.room) } : {};
   const answer = (await (await post(origin, SWARMS_PATH, request)).json()) as SwarmAnswer;
   if (typeof answer.token === 'string' && roomOf(answer.token) && typeof answer.dashboardKey === 'string')
     return { token: answer.token, dashboardKey: answer.dashboardKey };
-  if (keep && answer.token === undefined) return keep;
+  if (keep && answer.token === undefined) return keep.keys;
   throw new Error(`the server at ${origin} answered ${JSON.stringify(answer).slice(0, 200)} for a join token`);
 }
 
@@ -111,9 +113,12 @@ export async function revokeJoinToken(origin: string, keys: SwarmKeys): Promise<
   if (room) await post(origin, REVOKE_PATH, { room, proof: revokeProof(keys.dashboardKey, room) });
 }
 
-/** Tells the server that `peer` (held with the PeerJS token `auth`) is the swarm's dashboard now: its workers are sent there. */
+/**
+ * Tells the server that `peer` (held with the PeerJS token `auth`) is the swarm's dashboard now:
+ * its workers are sent there.
+ */
 export async function registerCoordinator(origin: string, keys: SwarmKeys, peer: string, auth: string): Promise<void> {
-  const room = roomOf(keys.token)!;
+  const room = defined(roomOf(keys.token), 'the room of the swarm token');
   await post(origin, REGISTER_PATH, { room, peer, proof: registerProof(keys.dashboardKey, room, peer), auth });
 }
 

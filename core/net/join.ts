@@ -108,7 +108,8 @@ export async function joinDashboard(
   ) {
     return {
       refused:
-        "the dashboard did not prove it holds this link's join token: open the join link the dashboard shows (a page that took its place cannot)",
+        "the dashboard did not prove it holds this link's join token: " +
+        'open the join link the dashboard shows (a page that took its place cannot)',
     };
   }
   await link.send({

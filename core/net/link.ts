@@ -15,6 +15,7 @@ import {
   type Message,
 } from './protocol.ts';
 import type { Channel } from './channel.ts';
+import { Emitter } from '../events.ts';
 
 export interface LinkOptions {
   /** Bytes per frame including the header; ≤ 256 KiB. */
@@ -56,9 +57,13 @@ export class Link {
   private readonly highWater: number;
   private readonly reassembler: Reassembler;
   private readonly queue: Outgoing[] = [];
-  private readonly messageListeners = new Set<(msg: Message) => void>();
-  private readonly errorListeners = new Set<(error: Error) => void>();
-  private readonly closeListeners = new Set<(reason: string) => void>();
+  private readonly messages = new Emitter<Message>((e) => {
+    this.listenerErrors++;
+    this.errors.emit(e instanceof Error ? e : new Error(String(e)));
+  });
+  // an error listener that throws has nowhere left to report to
+  private readonly errors = new Emitter<Error>(() => {});
+  private readonly closes = new Emitter<string>();
   private nextMsgId = 0;
   private pumping = false;
   private closedReason: string | null = null;
@@ -74,7 +79,8 @@ export class Link {
     this.highWater = opts.highWaterBytes ?? DEFAULT_HIGH_WATER_BYTES;
     if (!(this.highWater >= this.chunkBytes && this.highWater <= MAX_HIGH_WATER_BYTES)) {
       throw new RangeError(
-        `highWaterBytes must be in [chunkBytes (${this.chunkBytes}), ${MAX_HIGH_WATER_BYTES}] — Chromium closes a channel past 16 MiB buffered; got ${this.highWater}`,
+        `highWaterBytes must be in [chunkBytes (${this.chunkBytes}), ${MAX_HIGH_WATER_BYTES}] — ` +
+          `Chromium closes a channel past 16 MiB buffered; got ${this.highWater}`,
       );
     }
     this.reassembler = new Reassembler({ maxMessageBytes: opts.maxMessageBytes, accept: opts.accept });
@@ -83,15 +89,17 @@ export class Link {
     channel.addEventListener('close', this.onChannelClose);
   }
 
-  /** Resolves once every frame is handed to the channel. The message's arrays
-   *  are read as frames are built: do not mutate them until then. */
+  /**
+   * Resolves once every frame is handed to the channel. The message's arrays are read as frames are
+   * built: do not mutate them until then.
+   */
   send(msg: Message): Promise<void> {
     if (this.closedReason !== null) return Promise.reject(new Error(`cannot send: ${this.closedReason}`));
     let frames: FrameSource;
     try {
       frames = frameMessage(msg, this.nextMsgId, this.chunkBytes);
     } catch (e) {
-      return Promise.reject(e);
+      return Promise.reject(e instanceof Error ? e : new Error(String(e)));
     }
     this.nextMsgId = (this.nextMsgId + 1) >>> 0;
     return new Promise<void>((resolve, reject) => {
@@ -115,32 +123,22 @@ export class Link {
     if (this.reassembler.dropped === droppedBefore) this.lastHeardAt = Date.now();
     if (msg === null) return;
     this.messagesReceived++;
-    for (const cb of [...this.messageListeners]) {
-      try {
-        cb(msg);
-      } catch (e) {
-        this.listenerErrors++;
-        this.report(e instanceof Error ? e : new Error(String(e)));
-      }
-    }
+    this.messages.emit(msg);
   }
 
   /** Returns a function that removes the listener. */
   onMessage(cb: (msg: Message) => void): () => void {
-    this.messageListeners.add(cb);
-    return () => this.messageListeners.delete(cb);
+    return this.messages.on(cb);
   }
 
   /** Errors thrown by `onMessage` listeners. Returns a function that removes the listener. */
   onError(cb: (error: Error) => void): () => void {
-    this.errorListeners.add(cb);
-    return () => this.errorListeners.delete(cb);
+    return this.errors.on(cb);
   }
 
-  /** Hears the link close (its channel closed, or its owner closed it), once. Returns a function that removes the listener. */
+  /** Hears the link close (its channel closed, or its owner closed it), once. Returns a function that removes it. */
   onClose(cb: (reason: string) => void): () => void {
-    this.closeListeners.add(cb);
-    return () => this.closeListeners.delete(cb);
+    return this.closes.on(cb);
   }
 
   /** Stops sending: queued and later sends reject. The channel itself is the owner's to close. */
@@ -154,8 +152,8 @@ export class Link {
       out.reject(
         new Error(`${reason} before ${out.frames.frameCount - out.next} of ${out.frames.frameCount} frames were sent`),
       );
-    for (const cb of [...this.closeListeners]) cb(reason);
-    this.closeListeners.clear();
+    this.closes.emit(reason);
+    this.closes.clear();
   }
 
   get closed(): boolean {
@@ -202,14 +200,4 @@ export class Link {
       this.pumping = false;
     }
   };
-
-  private report(error: Error): void {
-    for (const cb of [...this.errorListeners]) {
-      try {
-        cb(error);
-      } catch {
-        // An error listener that throws has nowhere left to report to.
-      }
-    }
-  }
 }

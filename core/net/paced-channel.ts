@@ -42,7 +42,10 @@ export class EmulatedWire {
         this.timer = null;
         // a timer may fire a little early or late: everything due by now goes, in order
         const now = performance.now() + 1;
-        while (this.queue.length && this.queue[0].due <= now) this.queue.shift()!.deliver();
+        for (let head = this.queue.at(0); head && head.due <= now; head = this.queue.at(0)) {
+          this.queue.shift();
+          head.deliver();
+        }
         this.arm();
       },
       Math.max(0, this.queue[0].due - performance.now()),

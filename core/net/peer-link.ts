@@ -45,7 +45,7 @@ export type RelayMode = 'fallback' | 'force' | 'off';
 export const RELAY_MODES: readonly RelayMode[] = ['fallback', 'force', 'off'];
 /** How long a data channel may take to open before the link goes through the relay. */
 export const RELAY_FALLBACK_MS = 8_000;
-/** A data channel from a peer that has not opened by then is given up: that peer moves to the relay after RELAY_FALLBACK_MS. */
+/** A data channel from a peer not open by then is given up: the peer moved to the relay after RELAY_FALLBACK_MS. */
 export const DIRECT_OPEN_TIMEOUT_MS = RELAY_FALLBACK_MS + 10_000;
 
 /** What registers an id with the signaling server: PeerJS's Peer fits. */
@@ -56,7 +56,6 @@ export interface SignalingPeer {
   destroy(): void;
 }
 
-/** PeerJS's options for this server: where it listens and the ICE servers every RTCPeerConnection uses. */
 /**
  * PeerJS's options for a page. Its token (what proves a page holds its id, to the signaling server
  * and the relay) comes from the crypto RNG: PeerJS's own default is Math.random.
@@ -77,10 +76,11 @@ export async function registerPeer<P extends SignalingPeer>(create: () => P, ser
     return peer;
   } catch (e) {
     peer.destroy();
-    throw new Error(`could not register with the signaling server at ${server}: ${(e as Error).message}`);
+    throw new Error(`could not register with the signaling server at ${server}: ${(e as Error).message}`, { cause: e });
   }
 }
 
+/** PeerJS's options for this server: where it listens and the ICE servers every RTCPeerConnection uses. */
 export async function signalingOptions(origin: string): Promise<SignalingOptions> {
   const url = new URL(origin);
   const response = await fetch(new URL('/signaling.json', url));
@@ -161,7 +161,10 @@ export async function dial(
       return;
     }
     const timer = setTimeout(() => resolve(`no data channel to ${to} within ${fallbackMs / 1000} s`), fallbackMs);
-    const settle = (why: string | null) => (clearTimeout(timer), resolve(why));
+    const settle = (why: string | null) => {
+      clearTimeout(timer);
+      resolve(why);
+    };
     conn.on('open', () => settle(null));
     conn.on('error', (e) => settle(`the data channel to ${to} failed: ${e.message}`));
     conn.on('close', () => settle(`the data channel to ${to} closed before it opened`));
@@ -172,7 +175,7 @@ export async function dial(
   try {
     return await (await relay.client()).dial(to, metadata);
   } catch (e) {
-    throw new Error(`${failure}, and the relay did not help: ${(e as Error).message}`);
+    throw new Error(`${failure}, and the relay did not help: ${(e as Error).message}`, { cause: e });
   }
 }
 
@@ -192,13 +195,14 @@ export function openLink(
   return new Promise((resolve, reject) => {
     let link: Link | null = null;
     let closed = false;
+    const { openTimeoutMs } = options;
     const timer =
-      options.openTimeoutMs === undefined
+      openTimeoutMs === undefined
         ? undefined
         : setTimeout(() => {
-            close(`not open within ${options.openTimeoutMs! / 1000} s`);
+            close(`not open within ${openTimeoutMs / 1000} s`);
             conn.close();
-          }, options.openTimeoutMs);
+          }, openTimeoutMs);
     const close = (reason: string) => {
       if (closed) return;
       closed = true;

@@ -122,7 +122,8 @@ export function frameMessage(msg: Message, msgId: number, chunkBytes = DEFAULT_C
   checkUint('msgId', msgId, U32_MAX);
   if (!Number.isInteger(chunkBytes) || chunkBytes <= HEADER_BYTES || chunkBytes > MAX_FRAME_BYTES) {
     throw new RangeError(
-      `chunkBytes must be an integer in (${HEADER_BYTES}, ${MAX_FRAME_BYTES}] (header + at least one payload byte, Chrome's limit), got ${chunkBytes}`,
+      `chunkBytes must be an integer in (${HEADER_BYTES}, ${MAX_FRAME_BYTES}] ` +
+        `(header + at least one payload byte, Chrome's limit), got ${chunkBytes}`,
     );
   }
   checkUint('from', msg.from, 255);
@@ -133,7 +134,7 @@ export function frameMessage(msg: Message, msgId: number, chunkBytes = DEFAULT_C
     starts.push(totalBytes);
     totalBytes += s.byteLength;
   }
-  // Stryker disable next-line EqualityOperator: totalBytes is never U32_MAX, an odd number: a tensor payload is whole 2- or 4-byte elements and an rpc payload a multiple of 4, so >= refuses exactly what > does
+  // Stryker disable next-line EqualityOperator: payloads are whole 2- or 4-byte units, never U32_MAX (odd) bytes
   if (totalBytes > U32_MAX)
     throw new RangeError(`message payload is ${totalBytes} bytes; at most ${U32_MAX} fit a frame header`);
   const stride = chunkBytes - HEADER_BYTES;
@@ -175,13 +176,15 @@ export function frameMessage(msg: Message, msgId: number, chunkBytes = DEFAULT_C
       new DataView(out.buffer).setUint32(12, index, true);
       // Copy [begin, end) of the concatenated segments: the payload's only copy.
       let at = HEADER_BYTES;
-      // Stryker disable next-line LogicalOperator,ConditionalExpression,EqualityOperator: either bound alone ends this loop where both do: the segments tile [0, totalBytes), so at reaches out.length as the last segment overlapping [begin, end) is copied, before s can run out, and the segments after it start at or past end and are skipped by from >= to
+      // The segments tile [0, totalBytes): `at` reaches out.length with the last segment overlapping
+      // [begin, end), before `s` runs out, so either bound alone ends the loop where both do.
+      // Stryker disable next-line LogicalOperator,ConditionalExpression,EqualityOperator: either bound ends it
       for (let s = 0; s < segments.length && at < out.length; s++) {
         const segStart = starts[s];
         const seg = segments[s];
         const from = Math.max(begin, segStart);
         const to = Math.min(end, segStart + seg.byteLength);
-        // Stryker disable next-line EqualityOperator: when from === to, going on sets an empty subarray at at <= out.length and adds 0 to at: nothing changes, so > and >= agree
+        // Stryker disable next-line EqualityOperator: at from === to, going on copies nothing and adds 0 to `at`
         if (from >= to) continue;
         out.set(seg.subarray(from - segStart, to - segStart), at);
         at += to - from;
@@ -206,15 +209,18 @@ function tensorBytes(msg: Extract<Message, { kind: 'tensor' }>): Uint8Array {
   checkUint('tag.phase', tag.phase, U16_MAX);
   checkUint('tag.group', tag.group, U16_MAX);
   if (!(dtype in DTYPE_CODE))
-    throw new TypeError(`dtype must be one of ${Object.keys(DTYPE_CODE).join(', ')}, got ${String(dtype)}`);
-  if (shape.length > MAX_NDIM) throw new RangeError(`a tensor has at most ${MAX_NDIM} dims, got shape [${shape}]`);
+    throw new TypeError(`dtype must be one of ${Object.keys(DTYPE_CODE).join(', ')}, got ${dtype}`);
+  if (shape.length > MAX_NDIM)
+    throw new RangeError(`a tensor has at most ${MAX_NDIM} dims, got shape [${shape.join(',')}]`);
   shape.forEach((d, i) => checkUint(`shape[${i}]`, d, U32_MAX));
   const expected = payloadBytes(
     shape.reduce((a, b) => a * b, 1),
     dtype,
   );
   if (data.byteLength !== expected) {
-    throw new RangeError(`tensor of shape [${shape}] ${dtype} needs ${expected} bytes, data has ${data.byteLength}`);
+    throw new RangeError(
+      `tensor of shape [${shape.join(',')}] ${dtype} needs ${expected} bytes, data has ${data.byteLength}`,
+    );
   }
   return data;
 }
@@ -222,6 +228,7 @@ function tensorBytes(msg: Extract<Message, { kind: 'tensor' }>): Uint8Array {
 const utf8 = new TextEncoder();
 
 function rpcSegments(body: unknown, tensors: Float32Array[]): Uint8Array[] {
+  // eslint-disable-next-line @typescript-eslint/no-unnecessary-condition -- stringify(undefined) is undefined
   const json = utf8.encode(JSON.stringify(body) ?? 'null');
   const prefixBytes = 8 + 4 * tensors.length;
   const pad = (4 - ((prefixBytes + json.byteLength) % 4)) % 4;
@@ -382,18 +389,22 @@ export class Reassembler {
   }
 
   private evictOldest(): void {
-    const [oldestId, oldest] = this.open.entries().next().value!;
+    const first = this.open.entries().next();
+    if (first.done) return;
+    const [oldestId, oldest] = first.value;
     this.open.delete(oldestId);
     this.pendingBytes -= oldest.header.totalBytes;
     this.drop(
-      `evicted partial message ${oldestId} (${oldest.missing} of ${oldest.header.chunkCount} chunks missing) to make room`,
+      `evicted partial message ${oldestId} ` +
+        `(${oldest.missing} of ${oldest.header.chunkCount} chunks missing) to make room`,
     );
   }
 
   private markDone(msgId: number): void {
     this.done.add(msgId);
     this.doneOrder.push(msgId);
-    if (this.doneOrder.length > 1024) this.done.delete(this.doneOrder.shift()!);
+    const forgotten = this.doneOrder.length > 1024 ? this.doneOrder.shift() : undefined;
+    if (forgotten !== undefined) this.done.delete(forgotten);
   }
 
   private drop(reason: string): null {
@@ -414,7 +425,7 @@ export function readHeader(bytes: Uint8Array): FrameHeader | string {
   if (version !== PROTOCOL_VERSION) return `protocol version ${version}, this page speaks ${PROTOCOL_VERSION}`;
   const kind = KIND_NAME[v.getUint8(3)];
   if (kind === undefined) return `unknown kind ${v.getUint8(3)}`;
-  const dtype = DTYPES[v.getUint8(4)];
+  const dtype = DTYPES.at(v.getUint8(4));
   if (dtype === undefined) return `unknown dtype ${v.getUint8(4)}`;
   const from = v.getUint8(5);
   const ndim = v.getUint8(6);
@@ -446,7 +457,8 @@ export function readHeader(bytes: Uint8Array): FrameHeader | string {
   } else {
     const elements = shape.reduce((a, b) => a * b, 1);
     if (payloadBytes(elements, dtype) !== totalBytes) {
-      return `tensor shape [${shape}] ${dtype} needs ${payloadBytes(elements, dtype)} bytes, header declares ${totalBytes}`;
+      const needs = payloadBytes(elements, dtype);
+      return `tensor shape [${shape.join(',')}] ${dtype} needs ${needs} bytes, header declares ${totalBytes}`;
     }
   }
   if (chunkStride === 0 || chunkStride > MAX_FRAME_BYTES - HEADER_BYTES) {
@@ -454,7 +466,10 @@ export function readHeader(bytes: Uint8Array): FrameHeader | string {
   }
   const expectedCount = Math.max(1, Math.ceil(totalBytes / chunkStride));
   if (chunkCount !== expectedCount) {
-    return `chunkCount ${chunkCount} does not match ${totalBytes} bytes in chunks of ${chunkStride} (expected ${expectedCount})`;
+    return (
+      `chunkCount ${chunkCount} does not match ${totalBytes} bytes in chunks of ${chunkStride} ` +
+      `(expected ${expectedCount})`
+    );
   }
   if (chunkIndex >= chunkCount) return `chunkIndex ${chunkIndex} is not below chunkCount ${chunkCount}`;
   const expectedPayload = Math.min(chunkStride, totalBytes - chunkIndex * chunkStride);
@@ -505,7 +520,10 @@ function decodeRpc(payload: Uint8Array): { body: unknown; tensors: Float32Array[
   const jsonEnd = prefixBytes + jsonBytes;
   const dataStart = jsonEnd + ((4 - (jsonEnd % 4)) % 4);
   if (dataStart + 4 * elements !== payload.byteLength) {
-    return `prefix declares ${jsonBytes} JSON bytes and ${elements} floats, which do not add up to the ${payload.byteLength}-byte payload`;
+    return (
+      `prefix declares ${jsonBytes} JSON bytes and ${elements} floats, ` +
+      `which do not add up to the ${payload.byteLength}-byte payload`
+    );
   }
   let body: unknown;
   try {
@@ -531,9 +549,9 @@ const u32Scratch = new Uint32Array(f32Scratch.buffer);
 /** IEEE binary16 bits of each value, rounded to nearest even; overflow → ±inf, NaN stays NaN. */
 export function toF16(src: Float32Array): Uint16Array {
   const out = new Uint16Array(src.length);
-  // Stryker disable next-line EqualityOperator: one pass more (i = src.length) puts src[i] = undefined into the scratch, which the next pass overwrites, and writes out[i], past the end of a typed array, which is ignored
+  // Stryker disable next-line EqualityOperator: a pass at i = src.length writes past the typed array's end: ignored
   for (let i = 0; i < src.length; i++) {
-    f32Scratch[0] = src[i]!;
+    f32Scratch[0] = src[i];
     out[i] = f16Bits(u32Scratch[0]);
   }
   return out;
@@ -546,7 +564,8 @@ function f16Bits(b: number): number {
   if (exp === 0xff) return sign | 0x7c00 | (mant !== 0 ? 0x200 | (mant >>> 13) : 0);
   const e = exp - 112; // rebias 127 → 15
   if (e >= 0x1f) return sign | 0x7c00;
-  // Stryker disable next-line EqualityOperator: at e = 1 the subnormal branch below computes the same bits: shift 13 gives m = 0x400 | mant >>> 13, rounded on rest = mant & 0x1fff against 0x1000 with ties to even, as here
+  // At e = 1 the subnormal branch below computes the same bits (shift 13, rounded alike).
+  // Stryker disable next-line EqualityOperator: at e = 1 both branches give the same bits
   if (e >= 1) {
     const h = sign | (e << 10) | (mant >>> 13);
     const rest = mant & 0x1fff;
@@ -569,14 +588,14 @@ let f16Table: Float32Array | undefined;
 export function fromF16(src: Uint16Array): Float32Array {
   const table = (f16Table ??= buildF16Table());
   const out = new Float32Array(src.length);
-  // Stryker disable next-line EqualityOperator: one pass more (i = src.length) reads table[undefined] and writes out[i], past the end of a typed array, which is ignored
-  for (let i = 0; i < src.length; i++) out[i] = table[src[i]]!;
+  // Stryker disable next-line EqualityOperator: a pass at i = src.length writes past the typed array's end: ignored
+  for (let i = 0; i < src.length; i++) out[i] = table[src[i]];
   return out;
 }
 
 function buildF16Table(): Float32Array {
   const t = new Float32Array(65536);
-  // Stryker disable next-line EqualityOperator: one pass more (h = 65536) writes t[65536], past the end of the 65536-entry table, which a typed array ignores
+  // Stryker disable next-line EqualityOperator: a pass at h = 65536 writes past the table's end: ignored
   for (let h = 0; h < 65536; h++) {
     const sign = h & 0x8000 ? -1 : 1;
     const e = (h >>> 10) & 0x1f;
@@ -658,7 +677,10 @@ function fromI4(data: Uint8Array): Float32Array {
   return out;
 }
 
-/** A tensor's values as they travel: float32 as is, rounded to float16 (half the bytes), or int8 (about a quarter) or int4 (an eighth) with scales. */
+/**
+ * A tensor's values as they travel: float32 as is, rounded to float16 (half the bytes), or int8
+ * (about a quarter) or int4 (an eighth) with scales.
+ */
 export function tensorPayload(values: Float32Array, dtype: DType): Uint8Array {
   if (dtype === 'i8') return toI8(values);
   if (dtype === 'i4') return toI4(values);

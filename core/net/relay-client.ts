@@ -11,6 +11,7 @@
 // are hidden tabs).
 
 import type { Channel, DataConnectionLike } from './channel.ts';
+import { Emitter } from '../events.ts';
 
 export const RELAY_PATH = '/relay';
 export const RELAY_ENVELOPE_BYTES = 4;
@@ -54,9 +55,8 @@ export interface RelaySocket {
   readonly readyState: number;
   send(data: string | ArrayBuffer): void;
   close(code?: number, reason?: string): void;
-  addEventListener(type: 'open', cb: () => void): void;
+  addEventListener(type: 'open' | 'error', cb: () => void): void;
   addEventListener(type: 'close', cb: (event: { code: number; reason: string }) => void): void;
-  addEventListener(type: 'error', cb: () => void): void;
   addEventListener(type: 'message', cb: (event: { data: unknown }) => void): void;
 }
 
@@ -65,7 +65,8 @@ const OPEN = 1;
 export function relayUrl(origin: string, path: string, registration: RelayRegistration): string {
   const url = new URL(path, origin);
   url.protocol = url.protocol === 'https:' ? 'wss:' : 'ws:';
-  for (const [key, value] of Object.entries(registration)) url.searchParams.set(key, value);
+  const query: Record<string, string> = { ...registration };
+  for (const [key, value] of Object.entries(query)) url.searchParams.set(key, value);
   return url.href;
 }
 
@@ -76,8 +77,8 @@ export class RelayClient {
     number,
     { resolve: (c: RelayConnection) => void; reject: (e: Error) => void; to: string; metadata: unknown }
   >();
-  private readonly acceptors = new Set<(conn: RelayConnection) => void>();
-  private readonly closeListeners = new Set<(reason: string) => void>();
+  private readonly acceptors = new Emitter<RelayConnection>();
+  private readonly closes = new Emitter<string>();
   private nextRef = 1;
   private closedReason: string | null = null;
 
@@ -132,13 +133,11 @@ export class RelayClient {
 
   /** Relayed connections other pages open to this one. Returns a function that removes the listener. */
   onConnection(cb: (conn: RelayConnection) => void): () => void {
-    this.acceptors.add(cb);
-    return () => this.acceptors.delete(cb);
+    return this.acceptors.on(cb);
   }
 
   onClose(cb: (reason: string) => void): () => void {
-    this.closeListeners.add(cb);
-    return () => this.closeListeners.delete(cb);
+    return this.closes.on(cb);
   }
 
   close(reason = 'relay client closed by its owner'): void {
@@ -189,7 +188,7 @@ export class RelayClient {
       case 'incoming': {
         const conn = new RelayConnection(this, control.conn, control.from, control.metadata);
         this.connections.set(control.conn, conn);
-        for (const cb of [...this.acceptors]) cb(conn);
+        this.acceptors.emit(conn);
         if (this.acceptors.size === 0) conn.close();
         return;
       }
@@ -213,7 +212,7 @@ export class RelayClient {
     this.connections.clear();
     for (const conn of open) conn.shut(reason);
     if (this.socket.readyState <= OPEN) this.socket.close(1000, 'closed by the page');
-    for (const cb of [...this.closeListeners]) cb(reason);
+    this.closes.emit(reason);
   }
 }
 
@@ -230,9 +229,9 @@ export class RelayConnection implements DataConnectionLike {
   readonly transport = 'relay' as const;
   readonly dataChannel: RelayChannel;
   open = true;
-  private readonly onOpenOrClose = { open: new Set<() => void>(), close: new Set<() => void>() };
-  private readonly onData = new Set<(data: unknown) => void>();
-  private readonly onError = new Set<(error: Error) => void>();
+  private readonly closes = new Emitter<void>();
+  private readonly frames = new Emitter<Uint8Array>();
+  private readonly errors = new Emitter<Error>();
   private readonly early: Uint8Array[] = [];
 
   constructor(
@@ -249,11 +248,15 @@ export class RelayConnection implements DataConnectionLike {
   on(event: 'error', cb: (error: Error) => void): this;
   on(event: 'open' | 'close' | 'data' | 'error', cb: (arg: never) => void): this {
     if (event === 'data') {
-      this.onData.add(cb as (data: unknown) => void);
+      this.frames.on(cb as (data: unknown) => void);
       // frames that came before anyone listened (the far side may speak first): after the caller's setup
-      if (this.early.length > 0) queueMicrotask(() => this.early.splice(0).forEach((frame) => this.deliver(frame)));
-    } else if (event === 'error') this.onError.add(cb as (error: Error) => void);
-    else this.onOpenOrClose[event].add(cb as () => void);
+      if (this.early.length > 0)
+        queueMicrotask(() => {
+          for (const frame of this.early.splice(0)) this.deliver(frame);
+        });
+    } else if (event === 'error') this.errors.on(cb as (error: Error) => void);
+    else if (event === 'close') this.closes.on(cb as () => void);
+    // open from the start: 'open', as on a PeerJS connection already open, never comes
     return this;
   }
 
@@ -264,11 +267,11 @@ export class RelayConnection implements DataConnectionLike {
 
   /** @internal */
   deliver(frame: Uint8Array): void {
-    if (this.onData.size === 0) {
+    if (this.frames.size === 0) {
       if (this.early.length < MAX_EARLY_FRAMES) this.early.push(frame);
       return;
     }
-    for (const cb of [...this.onData]) cb(frame);
+    this.frames.emit(frame);
   }
 
   /** @internal the connection ends: by this side (`reason` null), the other side, or the relay. */
@@ -276,10 +279,8 @@ export class RelayConnection implements DataConnectionLike {
     if (!this.open) return;
     this.open = false;
     this.dataChannel.shut();
-    if (reason !== null && reason !== CLOSED_BY_OTHER_SIDE) {
-      for (const cb of [...this.onError]) cb(new Error(reason));
-    }
-    for (const cb of [...this.onOpenOrClose.close]) cb();
+    if (reason !== null && reason !== CLOSED_BY_OTHER_SIDE) this.errors.emit(new Error(reason));
+    this.closes.emit();
   }
 }
 
@@ -288,7 +289,7 @@ export class RelayChannel implements Channel {
   bufferedAmount = 0;
   bufferedAmountLowThreshold = 0;
   private closed = false;
-  private readonly listeners = { bufferedamountlow: new Set<() => void>(), close: new Set<() => void>() };
+  private readonly listeners = { bufferedamountlow: new Emitter<void>(), close: new Emitter<void>() };
 
   constructor(private readonly transmit: (frame: ArrayBuffer) => void) {}
 
@@ -299,11 +300,11 @@ export class RelayChannel implements Channel {
   }
 
   addEventListener(type: 'bufferedamountlow' | 'close', cb: () => void): void {
-    this.listeners[type].add(cb);
+    this.listeners[type].on(cb);
   }
 
   removeEventListener(type: 'bufferedamountlow' | 'close', cb: () => void): void {
-    this.listeners[type].delete(cb);
+    this.listeners[type].off(cb);
   }
 
   /** The relay wrote `bytes` more of this channel's frames to the receiver. */
@@ -312,22 +313,24 @@ export class RelayChannel implements Channel {
     this.bufferedAmount = Math.max(0, before - bytes);
     // like RTCDataChannel: fires when the buffer falls to the threshold, not while it stays below
     if (before > this.bufferedAmountLowThreshold && this.bufferedAmount <= this.bufferedAmountLowThreshold) {
-      for (const cb of [...this.listeners.bufferedamountlow]) cb();
+      this.listeners.bufferedamountlow.emit();
     }
   }
 
   shut(): void {
     if (this.closed) return;
     this.closed = true;
-    for (const cb of [...this.listeners.close]) cb();
+    this.listeners.close.emit();
   }
 }
 
 function parseControl(text: string): RelayControl | null {
   if (text.length > MAX_RELAY_CONTROL_BYTES) return null;
   try {
-    const control = JSON.parse(text) as RelayControl;
-    return typeof control === 'object' && control !== null && typeof control.t === 'string' ? control : null;
+    const control: unknown = JSON.parse(text);
+    return typeof control === 'object' && control !== null && 't' in control && typeof control.t === 'string'
+      ? (control as RelayControl)
+      : null;
   } catch {
     return null;
   }

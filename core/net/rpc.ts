@@ -4,8 +4,7 @@
 // it is served and every reply where it arrives, so a peer's value is checked, never cast. Any
 // Float32Array in a value travels as binary, never as JSON numbers. Malformed bodies are ignored:
 // a peer cannot crash the other side.
-import type { Check } from './check.ts';
-import { ContractError } from './check.ts';
+import { ContractError, type Check } from './check.ts';
 import type { Link } from './link.ts';
 import type { Message } from './protocol.ts';
 
@@ -27,7 +26,8 @@ export type Remote<Api> = {
 type Body =
   | { type: 'request'; id: number; method: string; args: unknown }
   | { type: 'reply'; id: number; ok: true; result: unknown }
-  | { type: 'reply'; id: number; ok: false; error: string; detail?: unknown };
+  // a peer's error may be anything: it is made text where it arrives
+  | { type: 'reply'; id: number; ok: false; error: unknown; detail?: unknown };
 
 export const DEFAULT_RPC_TIMEOUT_MS = 60_000;
 
@@ -86,6 +86,11 @@ function parseBody(msg: Message): Body | null {
   return null;
 }
 
+/** Each method's name and contract. */
+function methodsOf<Api>(contract: ApiContract<Api>): [string, MethodContract<unknown, unknown>][] {
+  return Object.entries(contract as Record<string, MethodContract<unknown, unknown>>);
+}
+
 /** The method's contract, if `method` names one of the API's own methods (never an inherited property). */
 function contractOf<Api>(contract: ApiContract<Api>, method: string): MethodContract<unknown, unknown> | null {
   return Object.hasOwn(contract, method)
@@ -106,7 +111,10 @@ export function remote<Api>(
   peer: string,
 ): Remote<Api> & { failAll(reason: string): void } {
   let nextId = 1;
-  const pending = new Map<number, { method: string; resolve: (v: unknown) => void; reject: (e: Error) => void }>();
+  const pending = new Map<
+    number,
+    { method: string; reply: Check<unknown>; resolve: (v: unknown) => void; reject: (e: Error) => void }
+  >();
   link.onMessage((msg) => {
     const body = parseBody(msg);
     if (body?.type !== 'reply' || msg.kind !== 'rpc') return;
@@ -118,12 +126,12 @@ export function remote<Api>(
       return;
     }
     try {
-      call.resolve(contractOf(contract, call.method)!.reply(unpackValue(body.result, msg.tensors), 'reply'));
+      call.resolve(call.reply(unpackValue(body.result, msg.tensors), 'reply'));
     } catch (e) {
       call.reject(replyBreach(peer, call.method, e));
     }
   });
-  const call = (method: string, args: unknown, timeoutMs = DEFAULT_RPC_TIMEOUT_MS) => {
+  const call = (method: string, reply: Check<unknown>, args: unknown, timeoutMs = DEFAULT_RPC_TIMEOUT_MS) => {
     const id = nextId++;
     return new Promise<unknown>((resolve, reject) => {
       const timer = setTimeout(() => {
@@ -132,21 +140,24 @@ export function remote<Api>(
       }, timeoutMs);
       const settle =
         <A>(fn: (a: A) => void) =>
-        (a: A) => (clearTimeout(timer), fn(a));
-      pending.set(id, { method, resolve: settle(resolve), reject: settle(reject) });
+        (a: A) => {
+          clearTimeout(timer);
+          fn(a);
+        };
+      pending.set(id, { method, reply, resolve: settle(resolve), reject: settle(reject) });
       const { packed, tensors } = packValue(args);
       link
         .send({ kind: 'rpc', from, body: { type: 'request', id, method, args: packed }, tensors })
-        .catch((e: Error) => {
-          pending.get(id)?.reject(new RemoteError(`could not send ${method} to ${peer}: ${e.message}`));
+        .catch((e: unknown) => {
+          pending.get(id)?.reject(new RemoteError(`could not send ${method} to ${peer}: ${(e as Error).message}`));
           pending.delete(id);
         });
     });
   };
   const api = Object.fromEntries(
-    Object.keys(contract).map((method) => [
+    methodsOf(contract).map(([method, { reply }]) => [
       method,
-      (args: unknown, timeoutMs?: number) => call(method, args, timeoutMs),
+      (args: unknown, timeoutMs?: number) => call(method, reply, args, timeoutMs),
     ]),
   );
   return Object.assign(api as Remote<Api>, {
@@ -200,7 +211,7 @@ export function serve<Api>(link: Link, from: number, contract: ApiContract<Api>,
  * same checks, a thrown error arrives as a RemoteError with its detail, and a timeout as RpcTimeout.
  */
 export function inProcess<Api>(impl: Api, contract: ApiContract<Api>, peer: string): Remote<Api> {
-  const call = async (method: string, args: unknown, timeoutMs = DEFAULT_RPC_TIMEOUT_MS) => {
+  const call = async (method: string, reply: Check<unknown>, args: unknown, timeoutMs = DEFAULT_RPC_TIMEOUT_MS) => {
     let timer: ReturnType<typeof setTimeout> | undefined;
     const timeout = new Promise<never>(
       (_, reject) =>
@@ -217,7 +228,7 @@ export function inProcess<Api>(impl: Api, contract: ApiContract<Api>, peer: stri
         timeout,
       ]);
       try {
-        return contractOf(contract, method)!.reply(result, 'reply');
+        return reply(result, 'reply');
       } catch (e) {
         throw replyBreach(peer, method, e);
       }
@@ -226,9 +237,9 @@ export function inProcess<Api>(impl: Api, contract: ApiContract<Api>, peer: stri
     }
   };
   return Object.fromEntries(
-    Object.keys(contract).map((method) => [
+    methodsOf(contract).map(([method, { reply }]) => [
       method,
-      (args: unknown, timeoutMs?: number) => call(method, args, timeoutMs),
+      (args: unknown, timeoutMs?: number) => call(method, reply, args, timeoutMs),
     ]),
   ) as Remote<Api>;
 }

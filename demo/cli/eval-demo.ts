@@ -96,7 +96,9 @@ for (const combo of combos) {
     };
     results.push(result);
     console.log(
-      `${result.colourCorrect ? '✓' : '✗'}${result.directionCorrect ? '✓' : '✗'} ${prompt} (seed ${seed}) → ${seen.colour} ${seen.direction} (dx ${seen.dx.toFixed(1)}, dy ${seen.dy.toFixed(1)}, area ${seen.area.toFixed(0)})`,
+      `${result.colourCorrect ? '✓' : '✗'}${result.directionCorrect ? '✓' : '✗'} ${prompt} (seed ${seed}) → ` +
+        `${seen.colour} ${seen.direction} ` +
+        `(dx ${seen.dx.toFixed(1)}, dy ${seen.dy.toFixed(1)}, area ${seen.area.toFixed(0)})`,
     );
   }
 }
@@ -138,5 +140,7 @@ const report = {
 mkdirSync(dirname(values.out), { recursive: true });
 writeFileSync(values.out, JSON.stringify(report, null, 2) + '\n');
 console.log(
-  `${values.set} prompts: ${combos.length}, videos: ${results.length}; colour ${(report.colorAccuracy * 100).toFixed(1)}%, direction ${(report.directionAccuracy * 100).toFixed(1)}% (steps ${steps}, guidance ${guidance}) → ${values.out}`,
+  `${values.set} prompts: ${combos.length}, videos: ${results.length}; ` +
+    `colour ${(report.colorAccuracy * 100).toFixed(1)}%, direction ${(report.directionAccuracy * 100).toFixed(1)}% ` +
+    `(steps ${steps}, guidance ${guidance}) → ${values.out}`,
 );

@@ -76,12 +76,14 @@ const options = {
 
 const gemm = await onnxGemm(Number(values.threads), { heads: config.numHeads, headDim: config.headDim });
 console.log(
-  `train-demo: ${config.numLayers} blocks, 12 heads × ${config.headDim}, ffn ${config.ffnDim}, text ${textLength} × ${config.textDim}; ` +
-    `${options.steps} steps of ${options.batch} clips (${TRAINING_COMBOS.length} training prompts, ${HELD_OUT_COMBOS.length} held out), seed ${seed}, at most ${values.minutes} min`,
+  `train-demo: ${config.numLayers} blocks, 12 heads × ${config.headDim}, ffn ${config.ffnDim}, ` +
+    `text ${textLength} × ${config.textDim}; ${options.steps} steps of ${options.batch} clips ` +
+    `(${TRAINING_COMBOS.length} training prompts, ${HELD_OUT_COMBOS.length} held out), seed ${seed}, ` +
+    `at most ${values.minutes} min`,
 );
 
 let window: number[] = [];
-const save = async (r: TrainResult, final: boolean) => {
+const save = (r: TrainResult, final: boolean) => {
   writeDemoModel(out, withWeights(r.model, r.ema), { name: 'tiny-wan-demo', seed, flowShift });
   const tail = r.history.slice(-100);
   const log = {
@@ -121,7 +123,8 @@ const result = await trainDemo(
     if (p.step % 25 === 0 || p.step === 1) {
       const mean = window.reduce((a, b) => a + b, 0) / window.length;
       console.log(
-        `step ${p.step}  loss ${mean.toFixed(4)}  |g| ${p.gradNorm.toFixed(2)}  lr ${p.lr.toExponential(2)}  ${p.seconds.toFixed(0)} s`,
+        `step ${p.step}  loss ${mean.toFixed(4)}  |g| ${p.gradNorm.toFixed(2)}  lr ${p.lr.toExponential(2)}  ` +
+          `${p.seconds.toFixed(0)} s`,
       );
       window = [];
     }
@@ -129,7 +132,7 @@ const result = await trainDemo(
   (r) => void save(r, false),
   Number(values['checkpoint-every']),
 );
-const log = await save(result, true);
+const log = save(result, true);
 
 // The written files, read back by the app's loaders, must give the reference forward's numbers.
 const files = folderFiles(out);
@@ -160,7 +163,9 @@ for (const [i, combo] of [TRAINING_COMBOS[0], HELD_OUT_COMBOS[0]].entries()) {
 }
 writeFileSync(join(out, 'training-log.json'), JSON.stringify({ ...log, referenceMaxAbs: maxAbs }, null, 2) + '\n');
 console.log(
-  `wrote ${out} after ${result.steps} steps in ${(result.seconds / 60).toFixed(1)} min, final loss ${log.finalLoss.toFixed(4)}; training forward vs reference on the saved weights: max-abs ${maxAbs.toExponential(2)}`,
+  `wrote ${out} after ${result.steps} steps in ${(result.seconds / 60).toFixed(1)} min, ` +
+    `final loss ${log.finalLoss.toFixed(4)}; ` +
+    `training forward vs reference on the saved weights: max-abs ${maxAbs.toExponential(2)}`,
 );
 if (!(maxAbs <= 1e-4)) {
   console.error(

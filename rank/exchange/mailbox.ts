@@ -11,7 +11,10 @@ interface Slot<T> {
 export class Mailbox<T> {
   private readonly slots = new Map<string, Slot<T>>();
 
-  /** Hands `value` to the receiver waiting under `key`, or keeps it: 'taken' or 'kept' ('duplicate': one is kept already, and stays). */
+  /**
+   * Hands `value` to the receiver waiting under `key`, or keeps it: 'taken' or 'kept' ('duplicate':
+   * one is kept already, and stays).
+   */
   deliver(key: string, value: T): 'taken' | 'kept' | 'duplicate' {
     const slot = this.slot(key);
     if (slot.resolve) return (slot.resolve(value), 'taken');
@@ -48,6 +51,8 @@ export class Mailbox<T> {
   }
 
   private slot(key: string): Slot<T> {
-    return this.slots.get(key) ?? this.slots.set(key, {}).get(key)!;
+    let slot = this.slots.get(key);
+    if (!slot) this.slots.set(key, (slot = {}));
+    return slot;
   }
 }

@@ -1,13 +1,13 @@
 import type { Link } from '../../core/net/link.ts';
 import { tensorPayload, tensorValues, type DType, type Message, type TensorTag } from '../../core/net/protocol.ts';
-import { ExchangePhase, type Exchange, type ExchangeTag } from '../ulysses.ts';
+import { exchangePhase, ExchangePhase, type Exchange, type ExchangeTag } from '../ulysses.ts';
 import { PeerLost } from '../../core/worker-api.ts';
 import { allWithin } from '../../core/tensor.ts';
 import { Mailbox } from './mailbox.ts';
 
 /** the largest finite float16 */
 const FLOAT16_MAX = 65504;
-/** tensors a peer may send ahead of this rank: in lockstep it is one phase ahead at most, with room (more with head groups: allowAhead) */
+/** tensors a peer may send ahead of this rank: one phase at most in lockstep, with room (head groups: allowAhead) */
 export const MAX_AHEAD = 4;
 /**
  * How long a rank waits for a peer's tensor, hearing nothing from it, before naming it silent,
@@ -82,7 +82,11 @@ export class MeshExchange implements Exchange {
     const key = MeshExchange.key(msg.tag, peerRank);
     // a gather this rank still waits for is never past (displaced mode awaits it a step later)
     const past = this.isPast(msg.tag) && !this.mailbox.awaited(key);
-    if (msg.dtype !== this.dtype || msg.from !== peerRank || past) return void this.refused++; // a rank speaks only for itself (its link refuses it too)
+    // a rank speaks only for itself (its link refuses it too)
+    if (msg.dtype !== this.dtype || msg.from !== peerRank || past) {
+      this.refused++;
+      return;
+    }
     const values = tensorValues(msg.data, this.dtype);
     // well-formed garbage: the right size, but NaN or infinite. Every rank checks what it sends
     // (allToAll), so such values are the sender's doing: it is blamed, and its link closed.
@@ -93,7 +97,8 @@ export class MeshExchange implements Exchange {
     this.dropBefore(msg.tag.job);
     const kept = this.ahead.get(peerRank) ?? new Set<string>();
     this.ahead.set(peerRank, kept);
-    // in lockstep a peer is at most a phase or two ahead (a forward's blocks, displaced): more is a flood, the same tensor twice a lie
+    // in lockstep a peer is at most a phase or two ahead (a forward's blocks, displaced): more is a
+    // flood, the same tensor twice a lie
     if (kept.size >= this.maxAhead || kept.has(key)) {
       this.misbehaved(
         peerRank,
@@ -129,7 +134,7 @@ export class MeshExchange implements Exchange {
   /** A tensor of a forward this rank has left (the probe's exchanges aside, which precede every forward). */
   private isPast(tag: TensorTag): boolean {
     const now = this.current;
-    if (!now || tag.phase === ExchangePhase.Probe) return false;
+    if (!now || exchangePhase(tag.phase) === ExchangePhase.Probe) return false;
     if (tag.job !== now.job) return tag.job < now.job; // a coordinator numbers its jobs upwards
     return tag.step < now.step; // both passes of a step before were done before this one started
   }
@@ -150,7 +155,8 @@ export class MeshExchange implements Exchange {
     if (!distinct.every((part) => allWithin(part, limit))) {
       // its peers hear of it at once (their links close), rather than wait for what will not come
       const error = new Error(
-        `rank ${this.rank}'s activations in step ${tag.step + 1}, block ${tag.block} are NaN, infinite${this.dtype === 'f16' ? ' or beyond float16 (send float32 instead)' : ''}`,
+        `rank ${this.rank}'s activations in step ${tag.step + 1}, block ${tag.block} are NaN, infinite` +
+          (this.dtype === 'f16' ? ' or beyond float16 (send float32 instead)' : ''),
       );
       this.fail(error);
       this.closeLinks(error.message);
@@ -158,8 +164,11 @@ export class MeshExchange implements Exchange {
     }
     // encoded once each where sent: this rank's own part stays here
     const payloads = new Map<Float32Array, Uint8Array>();
-    const payloadOf = (part: Float32Array) =>
-      payloads.get(part) ?? payloads.set(part, tensorPayload(part, this.dtype)).get(part)!;
+    const payloadOf = (part: Float32Array) => {
+      let payload = payloads.get(part);
+      if (!payload) payloads.set(part, (payload = tensorPayload(part, this.dtype)));
+      return payload;
+    };
     const sends = parts.map((part, to) => {
       if (to === this.rank) return Promise.resolve();
       const link = this.links.get(to);

@@ -32,7 +32,7 @@ export interface LocalSwarmOptions {
    * profile that is deleted at close.
    */
   profileDir?: string;
-  log?(line: string): void;
+  log?: (line: string) => void;
 }
 
 export async function startLocalSwarm({
@@ -93,11 +93,11 @@ export async function startLocalSwarm({
   }
 }
 
-/** Chromium on a profile of its own: `profileDir` if no other browser has it open, else a new one removed at close. */
+/** Chromium on a profile of its own: `profileDir` if no other browser has it open, else a new one gone at close. */
 async function launchBrowser(
   profileDir: string | undefined,
   log: (line: string) => void,
-): Promise<{ context: BrowserContext; kept: boolean; close(): Promise<void> }> {
+): Promise<{ context: BrowserContext; kept: boolean; close: () => Promise<void> }> {
   const launch = (dir: string) =>
     chromium.launchPersistentContext(dir, { executablePath: chromiumExecutable(), args: [...chromiumArgs] });
   if (profileDir) {
@@ -106,7 +106,8 @@ async function launchBrowser(
       return { context, kept: true, close: () => context.close() };
     } catch (e) {
       log(
-        `the browser profile ${profileDir} could not be opened (another run may have it), so this run keeps no weights for the next: ${(e as Error).message.split('\n')[0]}`,
+        `the browser profile ${profileDir} could not be opened (another run may have it), ` +
+          `so this run keeps no weights for the next: ${(e as Error).message.split('\n')[0]}`,
       );
     }
   }
@@ -124,7 +125,8 @@ async function launchBrowser(
 
 /** What a page's own error said, from Playwright's wrapping of it: its first line, as the page worded it. */
 export function pageError(e: unknown): string {
-  return String((e as Error)?.message ?? e)
+  const message = (typeof e === 'object' && e !== null && 'message' in e ? e.message : undefined) ?? e;
+  return String(message)
     .replace(/^page\.evaluate: (Error: )?/, '')
     .split('\n')[0];
 }

@@ -4,7 +4,8 @@
 // (coordinator/vae-decoding.ts). Writes the video [1, 3, 1 + 4(T−1), 8h, 8w] in [−1, 1], as
 // AutoencoderKLWan.decode returns it, and with --out a WebM of it.
 //
-//   npm run decode -- --model DIR --latent F.safetensors --output V.safetensors [--out video.webm] [--workers N]
+//   npm run decode -- --model DIR --latent F.safetensors --output V.safetensors [--out video.webm]
+//     [--workers N]
 
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
@@ -13,12 +14,16 @@ import { readSafetensors, writeSafetensors } from '../../core/safetensors.ts';
 import { CACHE_ROOT } from '../model-folder.ts';
 import { servedModel } from '../serve.ts';
 import { pageError, startLocalSwarm } from './browser-swarm.ts';
+import { defined } from '../../core/defined.ts';
 
-const USAGE = `usage: npm run decode -- --model DIR --latent F.safetensors --output V.safetensors [--out video.webm] [--workers N]
-  --latent   a safetensors file holding the transformer's latent [1, 16, T, h, w] (or [16, T, h, w]): its tensor "latent", or its only one
-  --output   where to write "video" [1, 3, 1 + 4(T−1), 8h, 8w] in [−1, 1]
-  --out      also a WebM of it, as the dashboard shows it
-  --workers  worker tabs to decode the tiles on (default 1)`;
+const USAGE = [
+  'usage: npm run decode -- --model DIR --latent F.safetensors --output V.safetensors [--out video.webm] [--workers N]',
+  "  --latent   a safetensors file holding the transformer's latent [1, 16, T, h, w] (or [16, T, h, w]): " +
+    'its tensor "latent", or its only one',
+  '  --output   where to write "video" [1, 3, 1 + 4(T−1), 8h, 8w] in [−1, 1]',
+  '  --out      also a WebM of it, as the dashboard shows it',
+  '  --workers  worker tabs to decode the tiles on (default 1)',
+].join('\n');
 
 /** a port of its own: the browser keeps the VAE's weights per origin (as generate's) */
 const DECODE_PORT = 5191;
@@ -60,7 +65,9 @@ const latent = tensors.get('latent') ?? (tensors.size === 1 ? [...tensors.values
 if (!latent) fail(`--latent ${values.latent} has no tensor "latent" (it has ${[...tensors.keys()].join(', ')})`);
 const shape = latent.shape.length === 5 && latent.shape[0] === 1 ? latent.shape.slice(1) : latent.shape;
 if (shape.length !== 4)
-  fail(`--latent ${values.latent}: the latent must be [1, C, T, h, w] or [C, T, h, w], got [${latent.shape}]`);
+  fail(
+    `--latent ${values.latent}: the latent must be [1, C, T, h, w] or [C, T, h, w], got [${latent.shape.join(',')}]`,
+  );
 if (!latent.data.every(Number.isFinite)) fail(`--latent ${values.latent}: the latent holds NaN or infinite values`);
 
 const { modelFolders, defaultModel: modelUrl } = servedModel(values.model);
@@ -71,11 +78,12 @@ const swarm = await startLocalSwarm({
   modelFolders,
   port: DECODE_PORT,
   log: values.verbose ? console.error : () => {},
-}).catch((e) => fail(`could not start the server and Chromium: ${(e as Error).message}`));
+}).catch((e: unknown) => fail(`could not start the server and Chromium: ${(e as Error).message}`));
 try {
   await swarm.dashboard.exposeFunction('ditswarmProgress', (p: { phase?: string; detail?: string }) => {
-    if (p.phase === 'decoding' && p.detail)
-      tty ? process.stderr.write(`\r\x1b[Kdecode: ${p.detail}`) : console.error(`decode: ${p.detail}`);
+    if (p.phase !== 'decoding' || !p.detail) return;
+    if (tty) process.stderr.write(`\r\x1b[Kdecode: ${p.detail}`);
+    else console.error(`decode: ${p.detail}`);
   });
   const base64 = Buffer.from(latent.data.buffer, latent.data.byteOffset, latent.data.byteLength).toString('base64');
   const result = await swarm.dashboard.evaluate((args) => (window as any).ditswarm.decode(args), {
@@ -96,14 +104,18 @@ try {
       latent: values.latent,
     }),
   );
-  if (values.out) write(values.out, Buffer.from(result.webm, 'base64'));
+  if (values.out) write(values.out, Buffer.from(defined(result.webm, 'the WebM --out asked for'), 'base64'));
   const r = result.report;
+  const tiling = defined(r.tiling, "the tiling of a decode on the workers (a stand-in's fails before)");
   const ranks = r.ranks.map(
     (k: { worker: string; tiles: number; computeMs: number; cacheBytes: number }) =>
-      `${k.worker.slice(-6)}: ${k.tiles} tile(s), ${(k.computeMs / 1000).toFixed(1)} s, caches ${(k.cacheBytes / 2 ** 20).toFixed(0)} MiB`,
+      `${k.worker.slice(-6)}: ${k.tiles} tile(s), ${(k.computeMs / 1000).toFixed(1)} s, ` +
+      `caches ${(k.cacheBytes / 2 ** 20).toFixed(0)} MiB`,
   );
   console.error(
-    `decode: wrote ${[values.output, ...(values.out ? [values.out] : [])].join(', ')}: video [1, ${result.video.shape.join(', ')}] from ${r.tiles} tile(s) of ${r.tiling.tile} px every ${r.tiling.stride} in ${(r.ms / 1000).toFixed(1)} s (${ranks.join('; ')})`,
+    `decode: wrote ${[values.output, ...(values.out ? [values.out] : [])].join(', ')}: ` +
+      `video [1, ${result.video.shape.join(', ')}] from ${r.tiles} tile(s) of ${tiling.tile} px ` +
+      `every ${tiling.stride} in ${(r.ms / 1000).toFixed(1)} s (${ranks.join('; ')})`,
   );
 } catch (e) {
   if (tty) process.stderr.write('\n');

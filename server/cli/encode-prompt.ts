@@ -15,6 +15,7 @@ import { encodeIds, openUmt5, padPromptEmbeds, umt5LayerReference, type Umt5Laye
 import { Umt5Tokenizer } from '../../core/model/umt5-tokenizer.ts';
 import { writeSafetensors } from '../../core/safetensors.ts';
 import { folderFiles } from '../model-folder.ts';
+import { defined } from '../../core/defined.ts';
 
 const USAGE = `usage: npm run encode-prompt -- --model DIR (--prompt TEXT | --input-ids 1,2,3) --output F.safetensors
          [--backend onnx|reference] [--max-length 512]`;
@@ -30,9 +31,9 @@ const USER_ERRORS = new Set([
 class UsageError extends Error {
   override name = 'UsageError';
 }
-const usage = (message: string): never => {
+function usage(message: string): never {
   throw new UsageError(`${message}\n${USAGE}`);
-};
+}
 
 async function run(): Promise<void> {
   let parsed;
@@ -61,7 +62,7 @@ async function run(): Promise<void> {
   if (!Number.isInteger(maxLength) || maxLength < 1)
     usage(`--max-length must be a whole number ≥ 1, got ${values['max-length']}`);
 
-  const files = folderFiles(values.model!);
+  const files = folderFiles(values.model);
   const encoder = await openUmt5(files);
   const { config } = encoder;
   let ids: number[];
@@ -73,7 +74,7 @@ async function run(): Promise<void> {
   } else {
     const tokenizerConfig = await readJson(files, 'tokenizer/tokenizer_config.json').catch(() => ({}));
     const tokens = new Umt5Tokenizer(await readJson(files, 'tokenizer/tokenizer.json'), tokenizerConfig).encode(
-      values.prompt!,
+      defined(values.prompt, '--prompt, given --input-ids is not'),
       maxLength,
     );
     if (tokens.truncated)
@@ -83,7 +84,8 @@ async function run(): Promise<void> {
     ids = tokens.ids;
   }
 
-  let runLayer: Umt5LayerFn = async (weights, hidden, buckets) => umt5LayerReference(config, weights, hidden, buckets);
+  let runLayer: Umt5LayerFn = (weights, hidden, buckets) =>
+    Promise.resolve(umt5LayerReference(config, weights, hidden, buckets));
   if (values.backend === 'onnx') {
     const ort = await import('onnxruntime-web');
     ort.env.wasm.numThreads = 1; // as each worker engine runs
@@ -101,19 +103,21 @@ async function run(): Promise<void> {
     ['last_hidden_state', { shape: [ids.length, d], data: last }],
     ['prompt_embeds', { shape: [maxLength, d], data: padPromptEmbeds(last, d, maxLength) }],
   ]);
-  await mkdir(dirname(values.output!), { recursive: true });
-  await writeFile(values.output!, writeSafetensors(output, { input_ids: ids.join(',') }));
+  await mkdir(dirname(values.output), { recursive: true });
+  await writeFile(values.output, writeSafetensors(output, { input_ids: ids.join(',') }));
   const peakGiB = (process.resourceUsage().maxRSS * 1024) / 2 ** 30;
   const perLayer = layerMs.reduce((a, b) => a + b, 0) / layerMs.length;
   console.log(
-    `encode-prompt: ${ids.length} tokens through ${config.numLayers} layers on ${values.backend} in ${ms.toFixed(0)} ms (${perLayer.toFixed(0)} ms per layer computing) → ${values.output}; peak resident memory ${peakGiB.toFixed(2)} GiB`,
+    `encode-prompt: ${ids.length} tokens through ${config.numLayers} layers on ${values.backend} ` +
+      `in ${ms.toFixed(0)} ms (${perLayer.toFixed(0)} ms per layer computing) → ${values.output}; ` +
+      `peak resident memory ${peakGiB.toFixed(2)} GiB`,
   );
 }
 
 try {
   await run();
 } catch (e) {
-  const error = e as Error;
-  console.error(`encode-prompt: ${USER_ERRORS.has(error?.name) ? error.message : (error?.stack ?? String(e))}`);
+  const error = e instanceof Error ? e : undefined;
+  console.error(`encode-prompt: ${error && USER_ERRORS.has(error.name) ? error.message : (error?.stack ?? String(e))}`);
   process.exit(1);
 }

@@ -18,10 +18,14 @@ import type { Tensor } from '../../core/tensor.ts';
 import type { StageRunner } from '../../rank/stages.ts';
 import { folderFiles } from '../model-folder.ts';
 import { byteProgress } from './progress.ts';
+import { defined } from '../../core/defined.ts';
 
-const USAGE = `usage: npm run forward -- --input in.safetensors --output out.safetensors
-         [--model public/models/tiny-wan] [--backend onnx|reference] [--ulysses P]
-       npm run forward -- --make-input in.safetensors [--frames T] [--height H] [--width W] [--text-length L] [--seed S]`;
+const USAGE = [
+  'usage: npm run forward -- --input in.safetensors --output out.safetensors',
+  '         [--model public/models/tiny-wan] [--backend onnx|reference] [--ulysses P]',
+  '       npm run forward -- --make-input in.safetensors ' +
+    '[--frames T] [--height H] [--width W] [--text-length L] [--seed S]',
+].join('\n');
 const BACKENDS = ['onnx', 'reference'];
 /** Errors whose message is the whole story; anything else is a bug and keeps its stack. */
 const USER_ERRORS = new Set([
@@ -66,7 +70,7 @@ type Forward = (latent: Tensor, timestep: number, text: Float32Array) => Promise
 /** Builds the backend once, so the timed part is the forward pass alone. */
 async function forwardOn(backend: string, degree: number, model: WanModel): Promise<Forward> {
   if (backend === 'reference' && degree === 1)
-    return async (latent, timestep, text) => referenceForward(model, latent, timestep, text);
+    return (latent, timestep, text) => Promise.resolve(referenceForward(model, latent, timestep, text));
   // Loaded on demand: the plain reference needs neither onnxruntime nor the Ulysses machinery.
   const [{ forwardInProcess }, { memoryExchanges }] = await Promise.all([
     import('../../rank/ulysses.ts'),
@@ -134,10 +138,9 @@ async function run(): Promise<void> {
     const inputs = randomForwardInputs(cfg, size);
     readForwardInputs(cfg, inputs, '--frames/--height/--width'); // refuses sizes the patch size does not divide
     await writeOutput(values['make-input'], writeSafetensors(inputs));
-    const shapes = [...inputs].map(([name, t]) => `${name} [${t.shape}]`).join(', ');
-    console.log(
-      `forward: wrote ${values['make-input']}: ${shapes}, timestep ${inputs.get('timestep')!.data[0]} (seed ${size.seed})`,
-    );
+    const shapes = [...inputs].map(([name, t]) => `${name} [${t.shape.join(',')}]`).join(', ');
+    const inputTimestep = defined(inputs.get('timestep'), 'the example input timestep').data[0];
+    console.log(`forward: wrote ${values['make-input']}: ${shapes}, timestep ${inputTimestep} (seed ${size.seed})`);
     return;
   }
 
@@ -163,14 +166,16 @@ async function run(): Promise<void> {
   // the most memory this process held at once: every weight in float32, and the backend's copies
   const peakGiB = (process.resourceUsage().maxRSS * 1024) / 2 ** 30;
   console.log(
-    `forward: sample [${output.get('sample')!.shape}] t=${timestep} in ${ms.toFixed(0)} ms on ${backend}, ulysses ${degree} → ${values.output}; model loaded in ${(loadMs / 1000).toFixed(1)} s, peak resident memory ${peakGiB.toFixed(2)} GiB`,
+    `forward: sample [${defined(output.get('sample'), 'the output sample').shape.join(',')}] t=${timestep} ` +
+      `in ${ms.toFixed(0)} ms on ${backend}, ulysses ${degree} → ${values.output}; ` +
+      `model loaded in ${(loadMs / 1000).toFixed(1)} s, peak resident memory ${peakGiB.toFixed(2)} GiB`,
   );
 }
 
 try {
   await run();
 } catch (e) {
-  const error = e as Error;
-  console.error(`forward: ${USER_ERRORS.has(error?.name) ? error.message : (error?.stack ?? String(e))}`);
+  const error = e instanceof Error ? e : undefined;
+  console.error(`forward: ${error && USER_ERRORS.has(error.name) ? error.message : (error?.stack ?? String(e))}`);
   process.exit(1);
 }

@@ -1,8 +1,8 @@
 // The main job, headless: starts the server and Chromium, opens the dashboard and N worker pages,
 // runs one prompt → video job through the dashboard, and writes the video, the latent and a report.
 //
-//   npm run generate -- --prompt "a red ball" [--backend local|swarm] [--workers N] [--ep auto|webgpu|wasm]
-//     [--frames F --height H --width W --steps K --guidance G --seed S]
+//   npm run generate -- --prompt "a red ball" [--backend local|swarm] [--workers N]
+//     [--ep auto|webgpu|wasm] [--frames F --height H --width W --steps K --guidance G --seed S]
 //     [--out out/video.webm] [--report out/report.json] [--latent-out out/latent.f32]
 //     [--drop-worker RANK@STEP] [--crash-worker RANK@STEP] [--force-relay] [--cfg-parallel] [--model URL]
 //     [--prompt-embeds FILE] [--negative-prompt-embeds FILE] [--output-type video|latent]
@@ -18,25 +18,38 @@ import { servedModel } from '../serve.ts';
 import { pageError, startLocalSwarm } from './browser-swarm.ts';
 import { JOB_FLAG_OPTIONS, jobFlagValues } from './job-flags.ts';
 
-/** where generate serves unless told (not the dashboard's, so both can run at once): a fixed port, as the browser keeps weights and encoded prompts per origin */
+/**
+ * where generate serves unless told (not the dashboard's, so both can run at once): a fixed port,
+ * as the browser keeps weights and encoded prompts per origin
+ */
 const GENERATE_PORT = 5190;
 
-const USAGE = `usage: npm run generate -- --prompt "a red ball" [--backend local|swarm] [--workers N] [--ep auto|webgpu|wasm]
-  [--frames F] [--height H] [--width W] [--steps K] [--guidance G] [--seed S] [--negative-prompt TEXT]
-  [--out out/video.webm] [--report out/report.json] [--latent-out out/latent.f32] [--port P] [--verbose]
-  [--drop-worker RANK@STEP] [--crash-worker RANK@STEP]   close (or crash) that rank's tab when step STEP (from 1) starts
-  [--model PATH|URL]   model folder: a folder on this machine (served to the pages), or a URL as the pages fetch it
-                     (default: the bundled demo model, /models/tiny-wan-demo)
-  [--prompt-embeds FILE] [--negative-prompt-embeds FILE]   safetensors holding prompt_embeds [L, text_dim] (or [1, L, text_dim]), as
-                     WanPipeline's prompt_embeds=: the text encoder is not run (the prompt is only a label then)
-  [--output-type video|latent]   latent: stop before the VAE and write the latent and the report only (output_type="latent")
-  [--fp16]   send activations between ranks as float16 (half the bytes, not bit-exact)
-  [--int8]   send them as int8 with a float32 scale per 64 values (about a quarter of the bytes, less exact still)
-  [--int4]   with --displaced: keys' and values' change since the last step as int4 with a scale per 64 values (an eighth)
-  [--displaced] [--warmup-steps N]   displaced patch parallelism: past N exact steps (default 2), each rank attends to the
-                     others' keys and values of the step before while this step's travel (the exchange off the critical path, not exact)
-  [--cfg-parallel]   conditional and unconditional passes at once on two groups of N/2 workers (N even; guidance ≠ 1)
-  [--force-relay]   send every link through the server's relay instead of WebRTC data channels (networks that block UDP; tests)`;
+const USAGE = [
+  'usage: npm run generate -- --prompt "a red ball" ' + '[--backend local|swarm] [--workers N] [--ep auto|webgpu|wasm]',
+  '  [--frames F] [--height H] [--width W] [--steps K] [--guidance G] [--seed S] [--negative-prompt TEXT]',
+  '  [--out out/video.webm] [--report out/report.json] [--latent-out out/latent.f32] [--port P] [--verbose]',
+  '  [--drop-worker RANK@STEP] [--crash-worker RANK@STEP]   ' +
+    "close (or crash) that rank's tab when step STEP (from 1) starts",
+  '  [--model PATH|URL]   model folder: a folder on this machine (served to the pages), or a URL as the pages fetch it',
+  '                     (default: the bundled demo model, /models/tiny-wan-demo)',
+  '  [--prompt-embeds FILE] [--negative-prompt-embeds FILE]   ' +
+    'safetensors holding prompt_embeds [L, text_dim] (or [1, L, text_dim]), as',
+  "                     WanPipeline's prompt_embeds=: the text encoder is not run (the prompt is only a label then)",
+  '  [--output-type video|latent]   ' +
+    'latent: stop before the VAE and write the latent and the report only (output_type="latent")',
+  '  [--fp16]   send activations between ranks as float16 (half the bytes, not bit-exact)',
+  '  [--int8]   send them as int8 with a float32 scale per 64 values (about a quarter of the bytes, less exact still)',
+  "  [--int4]   with --displaced: keys' and values' change since the last step " +
+    'as int4 with a scale per 64 values (an eighth)',
+  '  [--displaced] [--warmup-steps N]   ' +
+    'displaced patch parallelism: past N exact steps (default 2), each rank attends to the',
+  "                     others' keys and values of the step before while this step's travel " +
+    '(the exchange off the critical path, not exact)',
+  '  [--cfg-parallel]   conditional and unconditional passes at once ' +
+    'on two groups of N/2 workers (N even; guidance ≠ 1)',
+  "  [--force-relay]   send every link through the server's relay instead of WebRTC data channels " +
+    '(networks that block UDP; tests)',
+].join('\n');
 
 function fail(message: string): never {
   console.error(`generate: ${message}`);
@@ -96,11 +109,13 @@ const cfgParallel = values['cfg-parallel'];
 const warmupSteps = values['warmup-steps'] === undefined ? undefined : Number(values['warmup-steps']);
 if (warmupSteps !== undefined && !(Number.isInteger(warmupSteps) && warmupSteps >= 0 && values.displaced))
   fail(
-    `--warmup-steps is a whole number ≥ 0 of exact steps for --displaced, got ${values['warmup-steps']}${values.displaced ? '' : ' without --displaced'}`,
+    `--warmup-steps is a whole number ≥ 0 of exact steps for --displaced, got ${values['warmup-steps']}` +
+      (values.displaced ? '' : ' without --displaced'),
   );
 if (cfgParallel && (values.backend !== 'swarm' || workers % 2))
   fail(
-    `--cfg-parallel runs two equal groups of worker tabs: it needs --backend swarm and an even --workers, got ${values.backend} with ${workers}`,
+    '--cfg-parallel runs two equal groups of worker tabs: it needs --backend swarm and an even --workers, ' +
+      `got ${values.backend} with ${workers}`,
   );
 
 /** --drop-worker / --crash-worker: which rank's tab to close or crash, when its step starts. */
@@ -157,7 +172,8 @@ if (Object.keys(errors).length)
 const tty = process.stderr.isTTY;
 const progress = (line: string) => (tty ? process.stderr.write(`\r\x1b[K${line}`) : console.error(line));
 const swarmWorkers = values.backend === 'swarm' ? workers : 0;
-// the sizes the flags leave out are the model folder's defaults (WanPipeline's for a published folder): the report says which
+// the sizes the flags leave out are the model folder's defaults (WanPipeline's for a published folder):
+// the report says which
 console.error(
   `generate: "${values.prompt}" on ${values.backend}${swarmWorkers ? ` with ${workers} worker tab(s)` : ''}`,
 );
@@ -171,7 +187,7 @@ const swarm = await startLocalSwarm({
   port: Number(values.port),
   relay: values['force-relay'] ? 'force' : 'fallback',
   log: values.verbose ? console.error : () => {},
-}).catch((e) => fail(`could not start the server and Chromium: ${(e as Error).message}`));
+}).catch((e: unknown) => fail(`could not start the server and Chromium: ${(e as Error).message}`));
 try {
   await swarm.dashboard.exposeFunction(
     'ditswarmProgress',
@@ -202,7 +218,7 @@ try {
     }
   }
   const result = await swarm.dashboard.evaluate(
-    async ({ overrides }) => {
+    ({ overrides }) => {
       return (window as any).ditswarm.generate(overrides);
     },
     // with CFG parallel the degree is that of each of the two groups
@@ -255,20 +271,24 @@ try {
   const wrote = [...(result.video ? [values.out] : []), values['latent-out'], values.report].join(', ');
   const { frames, width, height } = report.config;
   console.error(
-    `generate: wrote ${wrote}: ${frames} frames ${width}×${height}; ${report.steps.length} steps (${perStep} ms), total ${(report.totalMs / 1000).toFixed(1)} s`,
+    `generate: wrote ${wrote}: ${frames} frames ${width}×${height}; ` +
+      `${report.steps.length} steps (${perStep} ms), total ${(report.totalMs / 1000).toFixed(1)} s`,
   );
-  const links: { from: string | number; to: number; transport: string }[] = report.links ?? [];
+  const links: { from: string | number; to: number; transport: string }[] = report.links;
   if (links.length) {
     const relayed = links.filter((l) => l.transport === 'relay');
     const name = (l: (typeof links)[number]) =>
       `${l.from === 'coordinator' ? 'coordinator' : `rank ${l.from}`}→rank ${l.to}`;
     console.error(
-      `generate: links ${links.length - relayed.length} direct, ${relayed.length} relayed${relayed.length ? ` (${relayed.map(name).join(', ')})` : ''}`,
+      `generate: links ${links.length - relayed.length} direct, ${relayed.length} relayed` +
+        (relayed.length ? ` (${relayed.map(name).join(', ')})` : ''),
     );
   }
   for (const i of injected) {
     console.error(
-      `generate: rank ${i.rank} ${i.kind === 'drop' ? 'closed' : 'crashed'} at step ${i.step}: detected after ${i.detectionMs ?? '?'} ms, re-planned to ${i.degreeAfter ?? '?'} rank(s) in ${i.replanMs?.toFixed(0) ?? '?'} ms`,
+      `generate: rank ${i.rank} ${i.kind === 'drop' ? 'closed' : 'crashed'} at step ${i.step}: ` +
+        `detected after ${i.detectionMs ?? '?'} ms, re-planned to ${i.degreeAfter ?? '?'} rank(s) ` +
+        `in ${i.replanMs?.toFixed(0) ?? '?'} ms`,
     );
   }
 } catch (e) {

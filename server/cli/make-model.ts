@@ -4,7 +4,7 @@
 // Presets:
 //   tiny   (default) public/models/tiny-wan: width 288, small enough to ship in the repository
 //   bench  bench/out/models/bench-wan: width 576 (head dim 48), FFN 3456 (6·D, Wan's ratio), 2 blocks,
-//          ~56 MB, generated on demand into a git-ignored folder, never committed
+//          generated on demand into a git-ignored folder, never committed
 //   wan2.1-t2v-1.3b  the published Wan-AI/Wan2.1-T2V-1.3B-Diffusers folder's layout at full width: the
 //          transformer exactly as published (its config.json, 30 blocks of width 1536, fp32 shards split
 //          at 5 GB in state-dict order with their index, 5.68 GB), the folder's model_index.json and
@@ -17,8 +17,8 @@
 // The small presets' transformers have every key family of Wan2.1-T2V-1.3B and its 12 heads (so
 // Ulysses degrees 1, 2, 3, 4, 6 are valid), with a stand-in text encoder and VAE.
 //
-//   npm run make-model [-- --preset tiny|bench|wan2.1-t2v-1.3b|wan2.1-few-layers --out DIR --seed N --layers N
-//                          --text-layers N --head-dim N --ffn N --shard-bytes N]
+//   npm run make-model [-- --preset tiny|bench|wan2.1-t2v-1.3b|wan2.1-few-layers --out DIR --seed N
+//                          --layers N --text-layers N --head-dim N --ffn N --shard-bytes N]
 
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -120,7 +120,8 @@ if (published && (flags['head-dim'] || flags.ffn || flags['text-dim'] || flags['
 if (!published && flags['text-layers'])
   fail('--text-layers is for the wan2.1 presets (umT5): the small presets have a stand-in text encoder');
 const preset = PRESETS[flags.preset as Preset];
-const values = { ...preset, ...Object.fromEntries(Object.entries(flags).filter(([, v]) => v !== undefined)) };
+// parseArgs leaves out the flags not given, so the preset's values stand for them
+const values = { ...preset, ...flags };
 const whole = (flag: string, min: number): number => {
   const value = (values as Record<string, string | undefined>)[flag];
   const n = Number(value);
@@ -237,11 +238,14 @@ async function writeTextEncoder(layers: number): Promise<void> {
     { seed: String(seed), maxShardBytes: shardBytes, onProgress: progress },
   );
   console.log(
-    `wrote ${out}/text_encoder: umT5 encoder, ${layers} layers of width ${umt5.dModel}, vocabulary ${umt5.vocabSize}, in ${files.join(', ')}`,
+    `wrote ${out}/text_encoder: umT5 encoder, ${layers} layers of width ${umt5.dModel}, ` +
+      `vocabulary ${umt5.vocabSize}, in ${files.join(', ')}`,
   );
 }
 
 const params = tensors.reduce((n, t) => n + sizeOf(t.shape), 0);
 console.log(
-  `wrote ${out}: ${config.numLayers} blocks, ${config.numHeads} heads × ${config.headDim}, ${(params / 1e6).toFixed(2)} M transformer parameters in transformer/${files.join(', ')} (${((performance.now() - started) / 1000).toFixed(1)} s)`,
+  `wrote ${out}: ${config.numLayers} blocks, ${config.numHeads} heads × ${config.headDim}, ` +
+    `${(params / 1e6).toFixed(2)} M transformer parameters in transformer/${files.join(', ')} ` +
+    `(${((performance.now() - started) / 1000).toFixed(1)} s)`,
 );

@@ -9,8 +9,11 @@ try {
 } catch {
   console.error(
     process.env.CHROMIUM
-      ? `npm test needs Chromium for its end-to-end tests, but CHROMIUM=${chromium} is not an executable: point it at a Chromium or Chrome binary.`
-      : `npm test needs Chromium for its end-to-end tests, and ${chromium} is missing: run \`sudo apt-get install -y chromium\` (or set CHROMIUM=/path/to/chrome), or \`bash .ci/run\`, which installs it and runs the tests.`,
+      ? `npm test needs Chromium for its end-to-end tests, but CHROMIUM=${chromium} is not an executable: ` +
+          'point it at a Chromium or Chrome binary.'
+      : `npm test needs Chromium for its end-to-end tests, and ${chromium} is missing: ` +
+          'run `sudo apt-get install -y chromium` (or set CHROMIUM=/path/to/chrome), ' +
+          'or `bash .ci/run`, which installs it and runs the tests.',
   );
   process.exit(1);
 }

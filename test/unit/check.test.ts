@@ -1,7 +1,21 @@
 // core/net/check.ts: every value a peer sends passes one of these checks, so each bound is tested at
 // both ends and each refusal says exactly what came (the message a user reads in the error).
 import { describe, expect, it } from 'vitest';
-import { ContractError, fields, floats, int, list, none, num, optional, text } from '../../core/net/check.ts';
+import {
+  ContractError,
+  fields,
+  floats,
+  int,
+  list,
+  none,
+  num,
+  oneOf,
+  optional,
+  text,
+  type Check,
+} from '../../core/net/check.ts';
+import type { ApiContract } from '../../core/net/rpc.ts';
+import { WORKER_CONTRACT, type WorkerApi } from '../../core/worker-api.ts';
 
 /** The ContractError a check throws for `value` at `at`. */
 function refusal(check: (v: unknown, at: string) => unknown, value: unknown, at = 'reply'): ContractError {
@@ -78,8 +92,13 @@ describe('the bounds of each check, both ends included', () => {
   });
 });
 
+interface Pair {
+  a: number;
+  b?: number;
+}
+
 describe('fields', () => {
-  const pair = fields({ a: int(), b: optional(int()) });
+  const pair: Check<Pair> = fields({ a: int(), b: optional(int()) });
 
   it('refuses anything but a plain object, naming the fields it wants', () => {
     expect(refusal(pair, 5).message).toBe('reply: expected an object with a, b, got number 5');
@@ -91,6 +110,43 @@ describe('fields', () => {
     const out = pair({ a: 1 }, 'x');
     expect(Object.keys(out)).toEqual(['a']);
     expect(Object.keys(pair({ a: 1, b: 2 }, 'x'))).toEqual(['a', 'b']);
+  });
+
+  it('is held to the type it checks: a field left out (optional or not), one too many or mistyped does not compile', () => {
+    // @ts-expect-error b is optional, but left out it would vanish from every value checked
+    const withoutB: Check<Pair> = fields({ a: int() });
+    // @ts-expect-error a is required
+    const withoutA: Check<Pair> = fields({ b: optional(int()) });
+    // @ts-expect-error c is no field of Pair
+    const withC: Check<Pair> = fields({ a: int(), b: optional(int()), c: int() });
+    // @ts-expect-error b is a number, not a string
+    const textB: Check<Pair> = fields({ a: int(), b: optional(text()) });
+    // @ts-expect-error with no type to hold it to, a bare call does not compile either
+    fields({ a: int() });
+    // what the first would do, had it compiled: drop b
+    expect(withoutB({ a: 1, b: 2 }, 'x')).toEqual({ a: 1 });
+    expect([withoutA, withC, textB].map((check) => typeof check)).toEqual(['function', 'function', 'function']);
+  });
+
+  it('holds the worker contract to the WorkerApi: a reply check without an optional field does not compile', () => {
+    const { describe: asDeclared } = WORKER_CONTRACT;
+    const withoutBrowser: ApiContract<Pick<WorkerApi, 'describe'>> = {
+      describe: {
+        args: asDeclared.args,
+        // @ts-expect-error the optional `browser` is not checked, so it would never reach the coordinator
+        reply: fields({
+          ep: oneOf('webgpu', 'wasm'),
+          adapter: text(),
+          softwareAdapter: oneOf(true, false),
+          threads: int(1, 1024),
+          memoryGiB: num(0),
+          userAgent: text(),
+        }),
+      },
+    };
+    const info = { ep: 'wasm', adapter: 'a', softwareAdapter: false, threads: 1, memoryGiB: 8, userAgent: 'u' };
+    expect(asDeclared.reply({ ...info, browser: 'b' }, 'reply')).toEqual({ ...info, browser: 'b' });
+    expect(withoutBrowser.describe.reply({ ...info, browser: 'b' }, 'reply')).toEqual(info);
   });
 });
 
