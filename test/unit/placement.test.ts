@@ -1464,3 +1464,102 @@ describe('the cost model sees what the workers measured', () => {
     expect([executor.world, executor.layout.cfgParallel]).toEqual([4, false]);
   });
 });
+
+describe('the planner places on the workers it predicts on, and places a job again after a lost rank', () => {
+  const lan = { rttMs: 2, bandwidth: 1e9 };
+  /** Measured as `measured` over the LAN, its WebAssembly `times` as fast. */
+  const measuredTimes = (times: number): WorkerMeasurement => {
+    const m = measured(lan);
+    const wasm = defined(m.compute.wasm, 'the wasm rates');
+    const scaled = { ...wasm, flops: wasm.flops * times, softmaxRate: wasm.softmaxRate * times };
+    return { ...m, compute: { ...m.compute, wasm: { ...scaled, stageMs: wasm.stageMs / times } } };
+  };
+  /** What the cost model is given for workers measured `times` as fast, in this order, at float32. */
+  const hardwareAt = (times: number[]): Hardware => {
+    const rates = times.map((t) => defined(measuredTimes(t).compute.wasm, 'the wasm rates'));
+    return {
+      workerFlops: rates.map((r) => r.flops),
+      workerSoftmaxRates: rates.map((r) => r.softmaxRate),
+      workerStageS: rates.map((r) => r.stageMs / 1000),
+      link: { bandwidth: lan.bandwidth, latency: lan.rttMs / 2000 },
+      bytesPerElement: 4,
+    };
+  };
+  /** Workers joined in this order, each measured `times` as fast. */
+  const joinedAt = (times: number[]) => {
+    const { swarm, join } = testSwarm();
+    const workers = times.map((t) => join(1, measuredTimes(t))[0]);
+    return { swarm, workers };
+  };
+  const initArgsOf = (w: FakeWorker) => callsOf(w, 'initWorker').map((c) => c.args as InitArgs);
+
+  it('measured workers joined slowest first: the ranks are the fastest, in that order, and the prediction is on exactly them', async () => {
+    const { swarm, workers } = joinedAt([1, 2, 4]);
+    const request = ask({ ulyssesDegree: 2, ep: 'wasm', shares: 'speed' });
+    const { executor, placement } = await placerOn(swarm).place(unguided, request);
+    expect(placement.workers).toEqual(['w2', 'w1']);
+    expect(executor.workers.map((w) => w.id)).toEqual(['w2', 'w1']);
+    expect(workers.map((w) => initArgsOf(w).map((a) => [a.rank, a.heads]))).toEqual([[], [[1, [8, 4]]], [[0, [8, 4]]]]);
+    const placed = hardwareAt([4, 2]);
+    const expected = predictStep(workload(unguided), { ulyssesDegree: 2, cfgParallel: false, heads: [8, 4] }, placed);
+    expect(predicted(placement).predictedStepMs).toBeCloseTo(expected.stepS * 1000, 9);
+    expect(predicted(placement).oneWorkerStepMs).toBeCloseTo(
+      predictStep(workload(unguided), { ulyssesDegree: 1, cfgParallel: false }, placed).stepS * 1000,
+      9,
+    );
+  });
+
+  /** A job placed and prepared on these workers; then `lost` is gone, as rank `reporter` reports. */
+  async function loseOne(times: number[], request: PlacementRequest, lost: number, reporter: number) {
+    const { swarm, workers } = joinedAt(times);
+    const placer = placerOn(swarm);
+    const first = await placer.place(guided, request);
+    await placer.prepare(1, texts, shape, guided, request);
+    defined(workers[lost], 'the lost worker').pingFault = 'gone';
+    const record = defined(
+      await placer.replace(new WorkerError(reporter, 'executeModel', 'a peer is gone'), 2),
+      'a failure record',
+    );
+    const after = defined(placer.current, 'the new placement');
+    return { first: first.placement, record, after, placement: after.placement };
+  }
+
+  it('a CFG-parallel job that lost a rank is planned again CFG parallel on what is left: 2 × 2 on 4, then 1 × 2 on 2 of the 3, not plain Ulysses on 3', async () => {
+    const { first, record, after, placement } = await loseOne(
+      [1, 1, 1, 1],
+      ask({ ulyssesDegree: 2, cfgParallel: true }),
+      3,
+      2,
+    );
+    expect([first.layout.ulyssesDegree, first.layout.cfgGroups]).toEqual([2, 2]);
+    expect(record).toMatchObject({ degreeBefore: 4, degreeAfter: 2, lost: [{ rank: 3, worker: 'w3' }] });
+    expect([placement.layout.ulyssesDegree, placement.layout.cfgGroups, placement.cfgFallback]).toEqual([1, 2, null]);
+    expect(predicted(placement).asked, 'the degree asked no longer fits: the cost model chooses').toBe(false);
+    expect([after.world, after.layout.cfgParallel]).toEqual([2, true]);
+    expect(after.workers.map((w) => w.id)).toEqual(['w0', 'w1']);
+  });
+
+  it('a job whose heads were shared by speed keeps uneven heads after a lost rank where the cost model still predicts them faster, and shares evenly where it does not', async () => {
+    const work = workload(guided);
+    const request = ask({ ulyssesDegree: 3, ep: 'wasm' });
+    // 4, 4, 2 (1 left out) shares 5/5/2; without one of the fast ones, 4, 2, 1
+    const slower = await loseOne([4, 4, 2, 1], request, 1, 0);
+    expect(slower.first.layout.heads).toEqual([[5, 5, 2]]);
+    // over the link the first placement's mesh probe measured
+    const { link } = predicted(slower.placement);
+    expect(link.from).toBe('mesh probe');
+    const survivors = { ...hardwareAt([4, 2, 1]), link: { bandwidth: link.bandwidth, latency: link.latency } };
+    const heads = proportionalShares(12, [4, 2, 1]);
+    const uneven = predictStep(work, { ulyssesDegree: 3, cfgParallel: false, heads }, survivors);
+    const even = predictStep(work, { ulyssesDegree: 3, cfgParallel: false }, survivors);
+    expect(uneven.stepS, 'shares by speed are predicted faster on what is left').toBeLessThan(even.stepS);
+    expect(slower.placement.layout.heads).toEqual([heads]);
+    expect(slower.after.workers.map((w) => w.id)).toEqual(['w0', 'w2', 'w3']);
+    expect(predicted(slower.placement).predictedStepMs).toBeCloseTo(uneven.stepS * 1000, 9);
+    // 2, 1, 1 (1 left out) shares 6/3/3; without the fast one, three alike: even
+    const alike = await loseOne([2, 1, 1, 1], request, 0, 1);
+    expect(alike.first.layout.heads).toEqual([[6, 3, 3]]);
+    expect(alike.placement.layout.heads).toBeNull();
+    expect(alike.after.workers.map((w) => w.id)).toEqual(['w1', 'w2', 'w3']);
+  });
+});
