@@ -1497,7 +1497,7 @@ describe('the planner places on the workers it predicts on, and places a job aga
     const { swarm, workers } = joinedAt([1, 2, 4]);
     const request = ask({ ulyssesDegree: 2, ep: 'wasm', shares: 'speed' });
     const { executor, placement } = await placerOn(swarm).place(unguided, request);
-    expect(placement.workers).toEqual(['w2', 'w1']);
+    expect(placement.workers.map((w) => w.id)).toEqual(['w2', 'w1']);
     expect(executor.workers.map((w) => w.id)).toEqual(['w2', 'w1']);
     expect(workers.map((w) => initArgsOf(w).map((a) => [a.rank, a.heads]))).toEqual([[], [[1, [8, 4]]], [[0, [8, 4]]]]);
     const placed = hardwareAt([4, 2]);

@@ -85,8 +85,11 @@ function hardwareOf(workers: readonly PlanningWorker[]): Hardware {
   };
 }
 
-const byId = (workers: readonly PlanningWorker[], ids: string[]) =>
-  ids.map((id) =>
+/** The placed workers' ids, in rank order. */
+const idsOf = (placement: ResolvedPlacement) => placement.workers.map((w) => w.id);
+/** The placed workers themselves, in rank order. */
+const placedOf = (workers: readonly PlanningWorker[], placement: ResolvedPlacement) =>
+  idsOf(placement).map((id) =>
     defined(
       workers.find((w) => w.id === id),
       id,
@@ -98,10 +101,13 @@ describe('the cost model and the placement use the same workers', () => {
     // joined slowest first; nothing rehearsed, so the cost model predicts from the probe rates
     const workers = workersAt(1, 2, 4);
     const placement = plan(unguided, { ulyssesDegree: 2, ep: 'wasm', shares: 'speed' }, workers);
-    expect(placement.workers).toEqual(['w2', 'w1']);
+    expect(placement.workers).toEqual([
+      { id: 'w2', ep: 'wasm' },
+      { id: 'w1', ep: 'wasm' },
+    ]);
     // the heads shared by the placed workers' speeds, 4 : 2, not the first two to join (1 : 2)
     expect(placement.layout.heads).toEqual([proportionalShares(12, [4, 2])]);
-    const placed = hardwareOf(byId(workers, placement.workers));
+    const placed = hardwareOf(placedOf(workers, placement));
     const prediction = defined(placement.prediction, 'a prediction');
     const heads = defined(placement.layout.heads?.[0], 'uneven heads');
     const expected = predictStep(workload(unguided), { ulyssesDegree: 2, cfgParallel: false, heads }, placed);
@@ -117,7 +123,7 @@ describe('the cost model and the placement use the same workers', () => {
     const placement = plan(unguided, { ep: 'wasm' }, workers);
     const { layout } = placement;
     const fastestFirst = ['w2', 'w3', 'w1', 'w0'];
-    expect(placement.workers).toEqual(fastestFirst.slice(0, layout.world));
+    expect(idsOf(placement)).toEqual(fastestFirst.slice(0, layout.world));
     const expected = predictStep(
       workload(unguided),
       {
@@ -127,7 +133,7 @@ describe('the cost model and the placement use the same workers', () => {
         mode: placement.settings.parallel,
         headGroups: placement.settings.headGroups,
       },
-      hardwareOf(byId(workers, placement.workers)),
+      hardwareOf(placedOf(workers, placement)),
     );
     expect(defined(placement.prediction, 'a prediction').predictedStepMs).toBeCloseTo(expected.stepS * 1000, 9);
   });
@@ -236,7 +242,7 @@ describe('a job planned again after a lost rank (maxWorld: the ranks it had)', (
   it('asked for CFG parallel on 2 × 2 with 3 workers left: 1 × 2 on the fastest two, not plain Ulysses', () => {
     const again = plan(guided, cfg, workersAt(1, 2, 2), { maxWorld: 4 });
     expect([again.layout.ulyssesDegree, again.layout.cfgGroups, again.cfgFallback]).toEqual([1, 2, null]);
-    expect(again.workers).toEqual(['w1', 'w2']);
+    expect(idsOf(again)).toEqual(['w1', 'w2']);
     expect(defined(again.prediction, 'a prediction').asked).toBe(false);
   });
 
@@ -253,7 +259,7 @@ describe('a job planned again after a lost rank (maxWorld: the ranks it had)', (
     const again = plan(unguided, { ulyssesDegree: 2, ep: 'wasm', shares: 'even' }, workersAt(1, 1, 1), {
       maxWorld: 2,
     });
-    expect([again.layout.ulyssesDegree, again.workers, defined(again.prediction, 'a prediction').asked]).toEqual([
+    expect([again.layout.ulyssesDegree, idsOf(again), defined(again.prediction, 'a prediction').asked]).toEqual([
       2,
       ['w0', 'w1'],
       true,
