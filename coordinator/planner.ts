@@ -5,6 +5,7 @@
 // 'auto'), which workers become which ranks (the fastest first, as the cost model predicts on them),
 // the heads' shares, the exchange (mode, transport, head groups), warm-up, spot checks and
 // timeouts; the text encoder's layers and the VAE's tiles are placed here too.
+import { defined } from '../core/defined.ts';
 import {
   candidatePlans,
   planSwarm,
@@ -85,13 +86,25 @@ export function timeoutsOf(rpcTimeoutMs = RPC_TIMEOUT_MS): Timeouts {
  * The transports 'auto' weighs, most exact first, with how far each moved the bench model's latent
  * from float32's (bench slow-link). The dashboard's report names them from here too.
  */
-export const TRANSPORTS: { dtype: DType; name: string; deviation: string }[] = [
-  { dtype: 'f32', name: 'float32', deviation: 'exact' },
-  { dtype: 'f16', name: 'float16', deviation: 'about 1e-4 from exact' },
-  { dtype: 'i8', name: 'int8 with a scale per 64 values', deviation: 'about 3e-3 from exact' },
-  { dtype: 'i4', name: 'int4 with a scale per 64 values', deviation: 'displaced deltas only' },
+export const TRANSPORTS: { dtype: DType; name: string; wire: string; deviation: string }[] = [
+  { dtype: 'f32', name: 'float32', wire: 'exact float32', deviation: 'exact' },
+  { dtype: 'f16', name: 'float16', wire: 'float16', deviation: 'about 1e-4 from exact' },
+  { dtype: 'i8', name: 'int8', wire: 'int8 with a float32 scale per 64 values', deviation: 'about 3e-3 from exact' },
+  {
+    dtype: 'i4',
+    name: 'int4',
+    wire: 'int4 with a float32 scale per 64 values',
+    deviation: 'displaced deltas only',
+  },
 ];
-export const transportName = (dtype: DType): string => TRANSPORTS.find((t) => t.dtype === dtype)?.name ?? dtype;
+const transportOf = (dtype: DType) =>
+  defined(
+    TRANSPORTS.find((t) => t.dtype === dtype),
+    `transport ${dtype}`,
+  );
+export const transportName = (dtype: DType): string => transportOf(dtype).name;
+/** How a transport puts activations on the wire, in words ("int8 with a float32 scale per 64 values"). */
+export const transportWire = (dtype: DType): string => transportOf(dtype).wire;
 
 /** How a group's ranks exchange: the parallel mode and the transport of its activations. */
 export interface Exchange {
@@ -122,7 +135,7 @@ const DISPLACED_DEVIATION =
 const describeExchange = (e: Exchange): string =>
   e.parallel === 'displaced'
     ? `${nameOf(e)} (${DISPLACED_DEVIATION})`
-    : `${nameOf(e)} transport (${TRANSPORTS.find((t) => t.dtype === e.dtype)?.deviation ?? ''})`;
+    : `${nameOf(e)} transport (${transportOf(e.dtype).deviation})`;
 
 /** The request with the defaults of what it leaves unset; the cost model's choices stay unset. */
 interface Asked {
@@ -366,11 +379,14 @@ function hardwareOf(
   const { workers, asked } = weighed;
   const measured = workers.flatMap((w) => (w.measurement ? [w.measurement] : []));
   if (!workers.length || measured.length < workers.length) return null;
-  const forwardsFrom = input.rehearsalError
-    ? `probe rates, as rehearsing failed: ${input.rehearsalError}`
-    : 'forwards rehearsed on these workers';
   const rehearsed = (degree: number, world: number) =>
     input.measurements.rehearsal(groupOf(ctx, input.params, asked.ep, membersOf(workers.slice(0, world))), degree);
+  const anyRehearsed = weighed.plans.some((p) => rehearsed(p.ulyssesDegree, planWorld(p)) !== undefined);
+  const forwardsFrom = input.rehearsalError
+    ? `probe rates, as rehearsing failed: ${input.rehearsalError}`
+    : anyRehearsed
+      ? 'forwards rehearsed on these workers'
+      : 'probe rates (these workers were not rehearsed together)';
   return {
     workerFlops: measured.map((m) => computeOf(asked.ep, m)?.flops ?? 0),
     workerSoftmaxRates: measured.map((m) => computeOf(asked.ep, m)?.softmaxRate ?? Infinity),
@@ -385,7 +401,8 @@ function hardwareOf(
         groupOf(ctx, input.params, asked.ep, membersOf(workers.slice(0, planWorld(plan)))),
         runOf(plan, bytes),
       ),
-    link: linkOf(input.measurements, workers),
+    // an asked degree's workers are known: the link is theirs
+    link: linkOf(input.measurements, weighed.fixed ? workers.slice(0, weighed.fixed.world) : workers),
     // the transport asked for; 'auto' weighs each (chooseExchange), from float32
     bytesPerElement: bytesPerElement(asked.dtype === 'auto' ? 'f32' : asked.dtype),
     forwardsFrom,

@@ -4,7 +4,6 @@
 // receives it. The compiler holds the table to the interface, down to each optional field
 // (FieldChecks), and the client and the served methods are the table's keys: the sides cannot drift.
 import type { WeightType } from './model/onnx-builder.ts';
-import { DTYPES, type DType } from './net/protocol.ts';
 import { RANK_SETTINGS_CHECKS, type RankSettings } from './rank-settings.ts';
 import {
   fields,
@@ -22,7 +21,6 @@ import {
 } from './net/check.ts';
 import type { ApiContract, Remote } from './net/rpc.ts';
 import type { Transport } from './net/channel.ts';
-import type { LinkEmulation } from './net/paced-channel.ts';
 
 /** An onnxruntime-web execution provider a worker can run on. */
 export type ExecutionProvider = 'webgpu' | 'wasm';
@@ -60,7 +58,7 @@ export interface RankMesh {
   heads?: number[];
 }
 
-/** What a rank is told at initWorker: its place in the mesh and the placement's settings (coordinator/placement.ts initArgsOf). */
+/** What a rank is told at initWorker: its place in the mesh and the placement's settings (placement.ts initArgsOf). */
 export type InitArgs = RankMesh & RankSettings;
 
 export interface LoadArgs {

@@ -1229,7 +1229,7 @@ describe('the cost model sees what the workers measured', () => {
       if (expected === 'i8') {
         expect(plan.by).toMatch(
           new RegExp(
-            String.raw`; int8 with a scale per 64 values transport \(about 3e-3 from exact\): predicted \d+ ms a step, float32 \d+ ms\)$`,
+            String.raw`; int8 transport \(about 3e-3 from exact\): predicted \d+ ms a step, float32 \d+ ms\)$`,
           ),
         );
         expect(plan.predictedStepMs).toBeLessThan(stepMs(4) / 1.1);

@@ -234,6 +234,17 @@ describe('the rehearsals the planner asks for', () => {
     measurements.setRehearsal(groupOf([w1]), 1, [0.08]);
     expect(needed(workers, measurements)).toEqual([]);
   });
+
+  it('a prediction says it came from probe rates where these workers were never rehearsed together, else from the rehearsals', () => {
+    const workers = workersAt(1, 2);
+    const [w0, w1] = workers;
+    const byOf = (measurements: Measurements) =>
+      plan(guided, { ep: 'wasm' }, workers, { measurements }).prediction?.by ?? '';
+    const measurements = new Measurements();
+    expect(byOf(measurements)).toContain('probe rates (these workers were not rehearsed together)');
+    measurements.setRehearsal(groupOf([w1, w0]), 2, [0.05, 0.1]);
+    expect(byOf(measurements)).toContain('forwards rehearsed on these workers');
+  });
 });
 
 describe('a job planned again after a lost rank (maxWorld: the ranks it had)', () => {
