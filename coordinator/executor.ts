@@ -19,6 +19,7 @@ import { patchify, tokenGrid } from '../core/model/tokens.ts';
 import { initArgsOf, type ResolvedPlacement } from './placement.ts';
 import { judgeSpotCheck, pickChecker, spotCheckSchedule, type SpotCheck } from './spot-check.ts';
 import { defined } from '../core/defined.ts';
+import { Emitter } from '../core/events.ts';
 import { guide } from '../core/sampler.ts';
 import type { Tensor } from '../core/tensor.ts';
 import {
@@ -136,7 +137,7 @@ export interface LostRank extends RankLost {
 export abstract class Executor {
   /** what each rank said about itself and the model it loaded (its EP, and why), in rank order */
   workers: (WorkerInfo & LoadedModel & { id: string })[] = [];
-  protected readonly failureListeners = new Set<FailureListener>();
+  private readonly failures = new Emitter<Error>();
   private placed = false;
   private closed = false;
   private forwards = 0;
@@ -526,12 +527,11 @@ export abstract class Executor {
   }
 
   onFailure(listener: FailureListener): () => void {
-    this.failureListeners.add(listener);
-    return () => this.failureListeners.delete(listener);
+    return this.failures.on(listener);
   }
 
   protected reportFailure(error: Error): void {
-    for (const listener of this.failureListeners) listener(error);
+    this.failures.emit(error);
   }
 
   /** Asks every rank to stop, waits up to graceMs for their acks, then closes the connections. */

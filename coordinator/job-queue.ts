@@ -6,9 +6,17 @@
 // and latent if it must, and a 'storage' event says what happened and what to do. A job that keeps
 // ending its page (a crash, a reload while it runs) is given up after MAX_ATTEMPTS starts.
 
+import { defined } from '../core/defined.ts';
 import { jobParams, type JobParams } from '../core/job.ts';
 import type { GenerateRequest, GenerateResult, StepProgress } from './pipeline.ts';
-import { resultBytes, type JobInputs, type JobPlacement, type JobStore, type StoredJob } from './job-store.ts';
+import {
+  isSettled,
+  resultBytes,
+  type JobInputs,
+  type JobPlacement,
+  type JobStore,
+  type StoredJob,
+} from './job-store.ts';
 import { Emitter } from '../core/events.ts';
 
 export type RunJob = (
@@ -28,8 +36,6 @@ export type QueueEvent =
  * first checkpoint counts
  */
 export const MAX_ATTEMPTS = 3;
-/** what a cancelled job's error says */
-export const CANCELLED = 'cancelled';
 
 export class JobQueue {
   private readonly jobs = new Map<number, StoredJob>();
@@ -56,7 +62,9 @@ export class JobQueue {
       if (job.status === 'running' && (job.attempts ?? 0) >= MAX_ATTEMPTS) {
         // it ended the page every time it ran: running it again would too
         job.status = 'failed';
-        job.error = `the job was interrupted ${job.attempts} times (a crash or a reload of the dashboard while it ran); it is not started again`;
+        job.error =
+          `the job was interrupted ${job.attempts} times (a crash or a reload of the dashboard while it ran); ` +
+          'it is not started again';
         await queue.save(job);
       } else if (job.status === 'running') job.status = 'queued'; // interrupted by a reload: resume from its checkpoint
       queue.jobs.set(job.id, job);
@@ -100,18 +108,19 @@ export class JobQueue {
   settled(id: number): Promise<StoredJob> {
     const job = this.jobs.get(id);
     if (!job) return Promise.reject(new Error(`no job ${id}`));
-    if (job.status === 'done' || job.status === 'failed') return Promise.resolve(job);
+    if (isSettled(job.status)) return Promise.resolve(job);
     return new Promise((resolve) => this.waiters.set(id, [...(this.waiters.get(id) ?? []), resolve]));
   }
 
   /** Stops a job: a queued one never starts, a running one stops at its next step (its checkpoint stays). */
   async cancel(id: number): Promise<void> {
     const job = this.jobs.get(id);
-    if (!job || job.status === 'done' || job.status === 'failed') return;
-    if (job.status === 'running')
-      return void (this.abort?.id === id && this.abort.controller.abort(new Error(CANCELLED)));
-    job.status = 'failed';
-    job.error = CANCELLED;
+    if (!job || isSettled(job.status)) return;
+    if (job.status === 'running') {
+      if (this.abort?.id === id) this.abort.controller.abort(new Error(`job ${id} was cancelled`));
+      return;
+    }
+    job.status = 'cancelled';
     await this.save(job);
   }
 
@@ -133,7 +142,7 @@ export class JobQueue {
       const written = job.status; // the job may move on while it is written
       await this.store.put(job).catch((e: unknown) => this.keepWhatFits(job, e as Error));
       this.emit({ type: 'changed', job });
-      if (written === 'done' || written === 'failed') {
+      if (isSettled(written)) {
         for (const resolve of this.waiters.get(job.id) ?? []) resolve(job);
         this.waiters.delete(job.id);
       }
@@ -151,7 +160,7 @@ export class JobQueue {
     const why = error.message || error.name;
     const withoutResult = (j: StoredJob, storageNote: string): StoredJob => ({
       ...j,
-      result: { ...j.result!, video: null, latent: new Float32Array(0) },
+      result: { ...defined(j.result, 'the result being kept'), video: null, latent: new Float32Array(0) },
       storageNote,
     });
     // already kept without its video and latent, and said so: kept so again
@@ -181,7 +190,9 @@ export class JobQueue {
       await this.store.put(old).catch(() => (old.storageNote = note));
     }
     if (resultBytes(job) > 0) {
-      const note = `its video and latent could not be kept in this browser (${why}): download the video before closing this page`;
+      const note =
+        `its video and latent could not be kept in this browser (${why}): ` +
+        'download the video before closing this page';
       try {
         await this.store.put(withoutResult(job, note));
         job.storageNote = note;
@@ -192,7 +203,8 @@ export class JobQueue {
       }
     }
     report(
-      `job ${job.id} could not be saved in this browser (${why}): it is kept until this page closes; free storage (remove finished jobs) to keep it`,
+      `job ${job.id} could not be saved in this browser (${why}): it is kept until this page closes; ` +
+        'free storage (remove finished jobs) to keep it',
     );
   }
 
@@ -233,8 +245,11 @@ export class JobQueue {
       job.result = { video: result.video, latent: result.latent, report: result.report };
       job.checkpoint = undefined;
     } catch (e) {
-      job.status = 'failed';
-      job.error = controller.signal.aborted ? CANCELLED : (e as Error).message;
+      if (controller.signal.aborted) job.status = 'cancelled';
+      else {
+        job.status = 'failed';
+        job.error = (e as Error).message;
+      }
     }
     this.abort = null;
     await this.save(job);

@@ -9,7 +9,11 @@ import type { Backend } from './backends.ts';
 import type { GenerateReport, GenerateRequest } from './pipeline.ts';
 import type { PlacementRequest } from './placement.ts';
 
-export type JobStatus = 'queued' | 'running' | 'done' | 'failed';
+export type JobStatus = 'queued' | 'running' | 'done' | 'failed' | 'cancelled';
+
+/** A job that will not run again: it finished, failed or was cancelled. */
+export const isSettled = (status: JobStatus): boolean =>
+  status === 'done' || status === 'failed' || status === 'cancelled';
 
 export interface JobPlacement {
   backend: Backend;

@@ -164,7 +164,7 @@ export class Placer {
         ),
       );
     } finally {
-      workers.forEach((w) => swarm.setActivity(w, 'idle'));
+      workers.forEach((w) => swarm.setActivity(w, null));
     }
   }
 

@@ -177,7 +177,7 @@ export class SwarmExecutor extends Executor {
 
   protected closeTransport(): void {
     this.offLeave?.();
-    for (const w of this.ranks) this.swarm.setActivity(w, 'idle');
+    for (const w of this.ranks) this.swarm.setActivity(w, null);
     this.ranks = [];
   }
 }

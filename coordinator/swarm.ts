@@ -64,8 +64,8 @@ export interface SwarmWorker {
   api: WorkerRemote;
   link: Link;
   joinedAt: number;
-  /** what the executor is doing with it, for the dashboard */
-  activity: string;
+  /** what the executor is doing with it, for the dashboard; null while it does nothing with it */
+  activity: string | null;
   pulse: WorkerPulse | null;
   /** bad frames this side dropped from it */
   framesDropped: number;
@@ -116,7 +116,11 @@ export class Swarm {
    */
   static async open(origin: string, identity: SwarmIdentity = {}): Promise<Swarm> {
     const signaling = await signalingOptions(origin);
-    const peer = await registerPeer(() => new Peer(newPeerId('coordinator'), peerOptions(signaling)), origin);
+    const peer = await registerPeer(
+      // eslint-disable-next-line @typescript-eslint/no-unsafe-class-instance-assignment -- PeerJS types options as a class
+      () => new Peer(newPeerId('coordinator'), peerOptions(signaling)),
+      origin,
+    );
     let keys: SwarmKeys;
     try {
       keys = await obtainSwarmKeys(origin, identity);
@@ -132,7 +136,9 @@ export class Swarm {
     } catch (e) {
       if (signaling.relay.mode === 'force') {
         swarm.close();
-        throw new Error(`the server at ${origin} sends every link through its relay, but ${(e as Error).message}`);
+        throw new Error(`the server at ${origin} sends every link through its relay, but ${(e as Error).message}`, {
+          cause: e,
+        });
       }
       // without it only the workers whose data channels open can join
       console.warn(`no relay: ${(e as Error).message}`);
@@ -196,7 +202,7 @@ export class Swarm {
     if (this.closed) return;
     setTimeout(() => {
       if (this.closed) return;
-      this.openRelay().catch((e) => {
+      this.openRelay().catch((e: unknown) => {
         console.warn(`relay: ${(e as Error).message}`);
         this.reopenRelay();
       });
@@ -234,7 +240,7 @@ export class Swarm {
     return this.events.on(listener);
   }
 
-  setActivity(worker: SwarmWorker, activity: string): void {
+  setActivity(worker: SwarmWorker, activity: string | null): void {
     worker.activity = activity;
     this.emit({ type: 'update', worker });
   }
@@ -247,7 +253,8 @@ export class Swarm {
   evict(worker: SwarmWorker, reason: string, { ban = false } = {}): void {
     if (ban) {
       this.banned.set(worker.id, reason);
-      if (this.banned.size > MAX_REFUSALS) this.banned.delete(this.banned.keys().next().value!);
+      const oldest = this.banned.keys().next();
+      if (this.banned.size > MAX_REFUSALS && !oldest.done) this.banned.delete(oldest.value);
     }
     const conn = this.connections.get(worker.id);
     this.drop(worker, reason, 0);
@@ -281,7 +288,7 @@ export class Swarm {
           w.measurement = m;
           if (this.roster.has(w.id)) this.emit({ type: 'update', worker: w });
         },
-        (e: Error) => console.warn(`could not measure worker ${w.id}: ${e.message}`),
+        (e: unknown) => console.warn(`could not measure worker ${w.id}: ${(e as Error).message}`),
       )
       .finally(() => this.measuring.delete(w.id));
     this.measuring.set(w.id, run);
@@ -303,7 +310,9 @@ export class Swarm {
         off();
         reject(
           new Error(
-            `${this.roster.size} worker${this.roster.size === 1 ? '' : 's'} joined within ${+(timeoutMs / 1000).toFixed(1)} s but ${count} ${count === 1 ? 'is' : 'are'} needed: open ${this.joinUrl} in ${count - this.roster.size} more tab(s) or machine(s)`,
+            `${this.roster.size} worker${this.roster.size === 1 ? '' : 's'} joined within ` +
+              `${+(timeoutMs / 1000).toFixed(1)} s but ${count} ${count === 1 ? 'is' : 'are'} needed: ` +
+              `open ${this.joinUrl} in ${count - this.roster.size} more tab(s) or machine(s)`,
           ),
         );
       }, timeoutMs);
@@ -346,9 +355,13 @@ export class Swarm {
         return [w, await engineHangs(w.api, ENGINE_CHECK_MS)] as const;
       }),
     );
-    const letGo = hung.filter(([w, why]) => why && this.roster.get(w.id) === w);
-    for (const [w, why] of letGo) this.evict(w, why!);
-    return letGo.length;
+    let letGo = 0;
+    for (const [w, why] of hung) {
+      if (!why || this.roster.get(w.id) !== w) continue;
+      this.evict(w, why);
+      letGo++;
+    }
+    return letGo;
   }
 
   private refuse(conn: DataConnectionLike, reason: string): void {
@@ -421,7 +434,7 @@ export class Swarm {
         api,
         link,
         joinedAt: Date.now(),
-        activity: 'idle',
+        activity: null,
         pulse: null,
         framesDropped: 0,
         transport: transportOf(conn),
@@ -441,21 +454,23 @@ export class Swarm {
         onPulse: (sent) => {
           const pulse = passing(checkPulse, sent, 'pulse');
           if (!pulse) return; // a malformed pulse says nothing; the link's silence or the job's calls judge its sender
+          const before: WorkerPulse | null = joined.pulse;
           const changed =
-            joined.pulse?.state !== pulse.state ||
-            joined.pulse?.framesDropped !== pulse.framesDropped ||
+            before?.state !== pulse.state ||
+            before.framesDropped !== pulse.framesDropped ||
             joined.framesDropped !== link.stats.framesDropped ||
-            JSON.stringify(joined.pulse?.mesh) !== JSON.stringify(pulse.mesh) ||
-            joined.pulse?.load?.bytes !== pulse.load?.bytes;
+            JSON.stringify(before.mesh) !== JSON.stringify(pulse.mesh) ||
+            before.load?.bytes !== pulse.load?.bytes;
           joined.pulse = pulse;
           joined.framesDropped = link.stats.framesDropped;
           if (changed) this.emit({ type: 'update', worker: joined });
           // a worker tab opened or closed beside it: its new share shows, and it is measured again
           // now if it has nothing to do, else before the next job is planned
-          if (Number.isInteger(pulse.threads) && pulse.threads! >= 1 && pulse.threads !== joined.info.threads) {
-            joined.info = { ...joined.info, threads: pulse.threads! };
+          const { threads } = pulse;
+          if (threads !== undefined && Number.isInteger(threads) && threads >= 1 && threads !== joined.info.threads) {
+            joined.info = { ...joined.info, threads };
             this.emit({ type: 'update', worker: joined });
-            if (joined.activity === 'idle' && joined.measurement) void this.measure(joined);
+            if (joined.activity === null && joined.measurement) void this.measure(joined);
           }
         },
       });
@@ -475,6 +490,9 @@ async function engineHangs(api: Pick<WorkerRemote, 'pingEngine'>, ms: number): P
     await api.pingEngine({}, ms);
     return null;
   } catch (e) {
-    return `its engine did not answer within ${ms / 1000} s (${(e as Error).message}): it hangs or is still busy; it may join again once it answers, or reload the page`;
+    return (
+      `its engine did not answer within ${ms / 1000} s (${(e as Error).message}): it hangs or is still busy; ` +
+      'it may join again once it answers, or reload the page'
+    );
   }
 }

@@ -45,15 +45,17 @@ export function renderQueue(jobs: StoredJob[], onCancel: (id: number) => void): 
       list.append(li);
     }
     line.li.dataset.status = job.status;
-    line.cancel.hidden = job.status === 'failed';
+    line.cancel.hidden = job.status === 'failed' || job.status === 'cancelled';
     if (job.checkpoint) line.bar.value = job.checkpoint.step;
     if (job.status !== 'running')
       line.text.textContent =
         job.status === 'failed'
-          ? `failed: ${job.error}`
-          : job.checkpoint
-            ? `waiting, ${job.checkpoint.step} steps done`
-            : 'waiting';
+          ? `failed: ${job.error ?? 'no reason given'}`
+          : job.status === 'cancelled'
+            ? 'cancelled'
+            : job.checkpoint
+              ? `waiting, ${job.checkpoint.step} steps done`
+              : 'waiting';
   }
   $('queue-empty').hidden = open.length > 0;
 }

@@ -54,7 +54,7 @@ function workerRow(w: SwarmWorker, m: WorkerMeasurement | null): HTMLTableRowEle
     h(
       'td',
       {},
-      w.activity === 'idle' && w.pulse ? w.pulse.state : w.activity,
+      w.activity ?? w.pulse?.state ?? 'idle',
       w.pulse?.load ? h('span', { className: 'sub load' }, describeLoad(w.pulse.load)) : '',
     ),
     h('td', { className: bad ? 'bad' : '' }, String(bad)),

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { CANCELLED, JobQueue, MAX_ATTEMPTS, type RunJob } from '../../coordinator/job-queue.ts';
+import { JobQueue, MAX_ATTEMPTS, type RunJob } from '../../coordinator/job-queue.ts';
 import { MemoryJobStore, resultBytes, type JobPlacement, type StoredJob } from '../../coordinator/job-store.ts';
 import { JobParamsError } from '../../core/job.ts';
 
@@ -262,7 +262,7 @@ describe('job queue: what the browser will not store, and jobs that never finish
     await new Promise((r) => setTimeout(r, 20));
     await queue.cancel(running.id);
     const [a, b] = await Promise.all([queue.settled(running.id), queue.settled(waiting.id)]);
-    expect([a.status, a.error, b.status, b.error]).toEqual(['failed', CANCELLED, 'failed', CANCELLED]);
+    expect([a.status, a.error, b.status, b.error]).toEqual(['cancelled', undefined, 'cancelled', undefined]);
     expect(log).toEqual([`start ${running.id}`]);
   });
 });

@@ -103,7 +103,7 @@ function testSwarm() {
       api: inProcess<WorkerApi>(page, WORKER_CONTRACT, `worker ${id}`),
       link: { close() {} } as unknown as SwarmWorker['link'],
       joinedAt: joined++,
-      activity: 'idle',
+      activity: null,
       pulse: null,
       framesDropped: 0,
       transport: 'direct',

@@ -159,7 +159,7 @@ function testSwarm() {
         api: api as unknown as WorkerRemote,
         link: { close() {} } as unknown as SwarmWorker['link'],
         joinedAt: joined++,
-        activity: 'idle',
+        activity: null,
         pulse: null,
         framesDropped: 0,
         transport: 'direct',
@@ -407,7 +407,7 @@ describe('Placer: where a job runs', () => {
       'rank 1 of 4',
       'rank 2 of 4',
       'rank 3 of 4',
-      'idle',
+      null,
     ]);
   });
 
@@ -419,7 +419,7 @@ describe('Placer: where a job runs', () => {
     expect(error.message).toBe(
       "ulyssesDegree 13 is not a whole number of ranks from 1 to the model's 12 heads (each rank takes at least one)",
     );
-    expect(swarm.workers().every((w) => w.activity === 'idle')).toBe(true);
+    expect(swarm.workers().every((w) => w.activity === null)).toBe(true);
   });
 
   it('"auto" before the workers are measured takes the largest even degree they allow: 4 → 4, 5 → 4, 7 → 6, 13 → 12', async () => {
@@ -435,7 +435,7 @@ describe('Placer: where a job runs', () => {
       const { executor, placement } = await placerOn(swarm).place(unguided, ask());
       expect(executor.world, `${live} live`).toBe(degree);
       expect(placement.prediction, 'no cost model without measurements').toBeNull();
-      expect(swarm.workers().filter((w) => w.activity.startsWith('rank ')).length).toBe(degree);
+      expect(swarm.workers().filter((w) => w.activity?.startsWith('rank ')).length).toBe(degree);
     }
   });
 
@@ -574,7 +574,7 @@ describe('Placer: where a job runs', () => {
       'rank 1 of 4 (conditional group)',
       'rank 2 of 4 (unconditional group)',
       'rank 3 of 4 (unconditional group)',
-      'idle',
+      null,
     ]);
     // the mesh links are those within a group; the groups meet only at the coordinator
     expect(
@@ -639,7 +639,7 @@ describe('Placer: where a job runs', () => {
     executor.onFailure((e) => failures.push(e.message));
     await placer.shutdown({ graceMs: 500 });
     expect(workers.map((w) => w.calls.at(-1)?.method)).toEqual(['shutdown', 'shutdown']);
-    expect(workers.map((w) => w.activity)).toEqual(['idle', 'idle']);
+    expect(workers.map((w) => w.activity)).toEqual([null, null]);
     expect(placer.current).toBeNull();
     leave(workers[0]);
     expect(failures).toEqual([]);
