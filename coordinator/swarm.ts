@@ -117,7 +117,8 @@ export class Swarm {
   static async open(origin: string, identity: SwarmIdentity = {}): Promise<Swarm> {
     const signaling = await signalingOptions(origin);
     const peer = await registerPeer(
-      // eslint-disable-next-line @typescript-eslint/no-unsafe-class-instance-assignment -- PeerJS types options as a class
+      // PeerJS types its plain options object as a class
+      // eslint-disable-next-line @typescript-eslint/no-unsafe-class-instance-assignment -- a plain object
       () => new Peer(newPeerId('coordinator'), peerOptions(signaling)),
       origin,
     );
