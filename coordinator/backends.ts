@@ -4,8 +4,9 @@ import { LocalExecutor } from './local-executor.ts';
 import type { Swarm, SwarmWorker } from './swarm.ts';
 import { SwarmExecutor } from './swarm-executor.ts';
 
-export const BACKENDS = ['local', 'swarm'] as const;
-export type Backend = (typeof BACKENDS)[number];
+import { BACKENDS, type Backend } from './placement.ts';
+
+export { BACKENDS, type Backend };
 
 export function getExecutorClass(backend: string): typeof LocalExecutor | typeof SwarmExecutor {
   switch (backend) {

@@ -9,7 +9,10 @@ import type { DType } from '../core/net/protocol.ts';
 import type { ParallelMode, RankLayout } from '../core/parallel.ts';
 import type { RankSettings } from '../core/rank-settings.ts';
 import type { ExecutionProvider, InitArgs } from '../core/worker-api.ts';
-import type { Backend } from './backends.ts';
+
+/** Where the ranks run: one in this tab, or on the swarm's worker pages (backends.ts makes their executors). */
+export const BACKENDS = ['local', 'swarm'] as const;
+export type Backend = (typeof BACKENDS)[number];
 
 /**
  * What a job asks of placement; what it leaves unset, the planner decides. A rank setting is asked
