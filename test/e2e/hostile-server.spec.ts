@@ -1,5 +1,6 @@
 import { expect, test } from '@playwright/test';
 import { WebSocket } from 'ws';
+import type { JobOverrides } from '../../app/automation.ts';
 import { relayProof } from '../../core/net/join-token.ts';
 import { SIGNALING_BURST } from '../../server/peer-signaling.ts';
 import { maxAbsDiff, openTestSwarm, runJob } from './swarm-page.ts';
@@ -21,7 +22,7 @@ const job = {
   backend: 'swarm',
   ep: 'wasm',
   workers: 2,
-};
+} satisfies JobOverrides;
 
 /** A raw socket's first answer: the message it got, or how it closed. */
 function firstWord(ws: WebSocket): Promise<string> {
@@ -38,7 +39,7 @@ test('a socket with a made-up join token opens no relay room and enters none, on
   baseURL,
 }) => {
   test.setTimeout(180_000);
-  const swarm = await openTestSwarm(browser, baseURL!, 2);
+  const swarm = await openTestSwarm(browser, baseURL, 2);
   const sockets: WebSocket[] = [];
   try {
     const unattacked = await runJob(swarm.dashboard, job);
@@ -67,7 +68,7 @@ test('a socket with a made-up join token opens no relay room and enters none, on
         /"refused".*does not hold a join token this server stands by/,
       );
     // the swarm's room (public: it is in every relayed page's query) without its token: the proof is wrong
-    const { joinUrl } = await swarm.dashboard.evaluate(() => (window as any).ditswarm.ready);
+    const { joinUrl } = await swarm.dashboard.evaluate(() => window.ditswarm.ready);
     const room = new URL(joinUrl).hash.match(/token=([0-9a-f]{24})\./)![1];
     expect(
       await firstWord(ws(`/relay?peer=attacker-c&auth=t-attacker-c&room=${room}&proof=${'0'.repeat(64)}&role=worker`)),
@@ -82,7 +83,7 @@ test('a socket with a made-up join token opens no relay room and enters none, on
 
     const { latent } = await attacked;
     expect(maxAbsDiff(latent, unattacked.latent)).toBe(0);
-    expect(await swarm.dashboard.evaluate(() => (window as any).ditswarm.workerCount())).toBe(2);
+    expect(await swarm.dashboard.evaluate(() => window.ditswarm.workerCount())).toBe(2);
   } finally {
     for (const s of sockets) s.terminate();
     await swarm.close();

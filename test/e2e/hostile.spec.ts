@@ -2,6 +2,7 @@ import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { chromium, expect, test, type BrowserContext, type Page } from '@playwright/test';
 import qrcode from 'qrcode-generator';
+import type { JobOverrides } from '../../app/automation.ts';
 import { chromiumArgs, chromiumExecutable } from '../../server/chromium.ts';
 import {
   emulateStorageQuota,
@@ -34,7 +35,7 @@ const job = {
   ep: 'wasm',
   outputType: 'latent',
   model: TEST_MODEL,
-};
+} satisfies JobOverrides;
 /** the same job on different degrees gives the same latent: float32 rounding apart (survival.spec.ts) */
 const SAME_LATENT = 1e-4;
 /** how long a page that does not prove the join token is kept: 10 s for its proof, 0.5 s for the refusal to reach it, and slack (without the fix: up to 18 s, or for good) */
@@ -56,8 +57,8 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
   let honest: Page[];
   let attacker: Page;
   const ids: { honest: string[]; attacker: string } = { honest: [], attacker: '' };
-  const workerCount = () => dashboard.evaluate(() => (window as any).ditswarm.workerCount() as number);
-  const idOf = (page: Page) => page.evaluate(() => (window as any).ditswarmWorker.peerId as string);
+  const workerCount = () => dashboard.evaluate(() => window.ditswarm.workerCount() as number);
+  const idOf = (page: Page) => page.evaluate(() => window.ditswarmWorker.peerId as string);
 
   test.beforeAll(async ({ browser, baseURL }) => {
     test.setTimeout(120_000);
@@ -66,7 +67,7 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
     await shortenExchangeTimeout(dashboard);
     await trackPeerConnections(dashboard);
     await dashboard.goto(`${baseURL}/`);
-    const { joinUrl } = await dashboard.evaluate(() => (window as any).ditswarm.ready);
+    const { joinUrl } = await dashboard.evaluate(() => window.ditswarm.ready);
     honest = [await context.newPage(), await context.newPage()];
     attacker = await context.newPage();
     await makeHostile(attacker);
@@ -110,8 +111,8 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
     try {
       const outcome = await dashboard.evaluate(
         (j) =>
-          (window as any).ditswarm.generate(j).then(
-            (r: any) => ({ report: r.report, latent: r.latent as string, error: null }),
+          window.ditswarm.generate(j).then(
+            (r) => ({ report: r.report, latent: r.latent as string, error: null }),
             (e: Error) => ({ report: null, latent: null, error: e.message }),
           ),
         { ...job, workers: 3 },
@@ -130,19 +131,19 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
   /** The job finished on what was left, with the unattacked latent, every step once. */
   function expectUnattackedResult(run: AttackedRun): void {
     expect(run.error).toBeNull();
-    expect(run.report.steps.map((s: any) => s.step)).toEqual([0, 1, 2, 3]);
+    expect(run.report.steps.map((s) => s.step)).toEqual([0, 1, 2, 3]);
     expect(maxAbsDiff(run.latent!, unattacked!)).toBeLessThanOrEqual(SAME_LATENT);
   }
 
   /** Who each failure of the run let go: worker ids with their causes. */
   const letGo = (run: AttackedRun) =>
-    (run.report?.failures ?? []).flatMap((f: any) =>
-      f.lost.map((l: any) => ({ worker: l.worker, cause: l.cause, evidence: l.evidence })),
+    (run.report?.failures ?? []).flatMap((f) =>
+      f.lost.map((l) => ({ worker: l.worker, cause: l.cause, evidence: l.evidence })),
     );
 
   /** What each honest tab went through so far (its page's history): 'lost the dashboard' is a tab let go. */
   const histories = () =>
-    Promise.all(honest.map((page) => page.evaluate(() => [...(window as any).ditswarmWorkerHistory] as string[])));
+    Promise.all(honest.map((page) => page.evaluate(() => [...window.ditswarmWorkerHistory] as string[])));
 
   // Before any attack that lets a tab go, so that what the honest tabs count is this job's alone.
   test('#6 tensors of a forward already past, or as float16 in a float32 job, are refused whole and counted; the job goes on undisturbed', async () => {
@@ -172,9 +173,9 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
     expect(flood.log.tensorsInjected).toBe(2000);
     expectUnattackedResult(flood);
     const gone = letGo(flood);
-    expect(gone.map((l: any) => l.worker)).toContain(ids.attacker);
-    expect(gone.find((l: any) => l.worker !== ids.attacker)?.evidence).toMatch(/reported rank \d misbehaving/);
-    expect(gone.find((l: any) => l.worker === ids.attacker)?.evidence).toMatch(/tensors ahead/);
+    expect(gone.map((l) => l.worker)).toContain(ids.attacker);
+    expect(gone.find((l) => l.worker !== ids.attacker)?.evidence).toMatch(/reported rank \d misbehaving/);
+    expect(gone.find((l) => l.worker === ids.attacker)?.evidence).toMatch(/tensors ahead/);
   });
 
   test('#2 a rank naming three honest ranks in its error text has none of them let go: the liar alone goes, and the job finishes with the unattacked latent', async () => {
@@ -186,7 +187,7 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
     const run = await attackedJob({ rows: { from: 1, make: 'error', error: 'rank 0 is gone rank 1: x rank 2: y' } });
     expect(run.log.rowsTampered).toBe(1);
     expectUnattackedResult(run);
-    expect(letGo(run).map((l: any) => l.worker)).toEqual([ids.attacker]);
+    expect(letGo(run).map((l) => l.worker)).toEqual([ids.attacker]);
     const after = await histories();
     after.forEach((history, i) =>
       expect(history.slice(before[i].length).filter((s) => s.includes('lost the dashboard'))).toEqual([]),
@@ -207,8 +208,8 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
     expectUnattackedResult(run);
     const gone = letGo(run);
     expect(gone).toHaveLength(2);
-    expect(gone.map((l: any) => l.worker)).toContain(ids.attacker);
-    expect(gone.every((l: any) => l.cause === 'misbehaved')).toBe(true);
+    expect(gone.map((l) => l.worker)).toContain(ids.attacker);
+    expect(gone.every((l) => l.cause === 'misbehaved')).toBe(true);
     expect(run.report.failures[0].degreeAfter).toBe(1);
   });
 
@@ -234,7 +235,7 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
     expect(run.log.tensorsPoisoned).toBeGreaterThanOrEqual(2);
     expectUnattackedResult(run);
     const gone = letGo(run);
-    expect(gone.find((l: any) => l.worker === ids.attacker)?.evidence).toMatch(/NaN or infinite/);
+    expect(gone.find((l) => l.worker === ids.attacker)?.evidence).toMatch(/NaN or infinite/);
     expect(gone).toHaveLength(2);
   });
 
@@ -249,8 +250,8 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
       expect(run.log.tensorsWithheld).toBeGreaterThanOrEqual(2);
       expectUnattackedResult(run);
       const gone = letGo(run);
-      expect(gone.map((l: any) => l.worker)).toContain(ids.attacker);
-      expect(gone.find((l: any) => l.worker === ids.attacker)?.evidence).toMatch(/sent no tensor for step 2/);
+      expect(gone.map((l) => l.worker)).toContain(ids.attacker);
+      expect(gone.find((l) => l.worker === ids.attacker)?.evidence).toMatch(/sent no tensor for step 2/);
       expect(Date.now() - started).toBeLessThan(30_000); // named at 4 s, not at the RPC timeout (120 s)
     } finally {
       await dashboard.evaluate(() => ((window as any).__exchangeTimeoutMs = undefined));
@@ -270,7 +271,7 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
     expect(run.log.pulsesReplaced).toBeGreaterThan(2);
     expectUnattackedResult(run);
     expect(run.report.failures).toEqual([]);
-    expect(run.report.links.every((l: any) => ['direct', 'relay', 'unknown'].includes(l.transport))).toBe(true);
+    expect(run.report.links.every((l) => ['direct', 'relay', 'unknown'].includes(l.transport))).toBe(true);
     await expect(dashboard.locator('#workers tbody tr')).toHaveCount(3);
     expect(errors).toEqual([]);
   });
@@ -293,7 +294,7 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
     await dashboard.evaluate(() => delete (window as any).__probe);
 
     const baseline = await arrayBuffers();
-    const { joinUrl, swarmId } = await dashboard.evaluate(() => (window as any).ditswarm.ready);
+    const { joinUrl, swarmId } = await dashboard.evaluate(() => window.ditswarm.ready);
     const stranger = await context.newPage();
     await makeHostile(stranger, { join: { bigChunks: 6, neverClose: true, coordinator: swarmId } });
     await stranger.goto(wrongToken(joinUrl, baseURL!));
@@ -323,7 +324,7 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
     // a worker page with a wrong token that keeps its link open, and a page with only PeerJS that
     // dials the dashboard with join metadata (today's, and the token-in-metadata of old links).
     // Without the fix they were kept up to 18 s (a refused page's channel), or without end.
-    const { joinUrl, swarmId } = await dashboard.evaluate(() => (window as any).ditswarm.ready);
+    const { joinUrl, swarmId } = await dashboard.evaluate(() => window.ditswarm.ready);
     const stranger = await context.newPage();
     await makeHostile(stranger, { join: { neverClose: true, coordinator: swarmId } });
     await stranger.goto(wrongToken(joinUrl, baseURL!));
@@ -383,7 +384,7 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
     // without the fix the link and its QR code pointed at localhost: useless on another machine
     const lan: string[] = (await (await dashboard.request.get(`${baseURL}/signaling.json`)).json()).lanOrigins;
     test.skip(lan.length === 0, 'this machine has no LAN address to share');
-    const { lanJoinUrl } = await dashboard.evaluate(() => (window as any).ditswarm.ready);
+    const { lanJoinUrl } = await dashboard.evaluate(() => window.ditswarm.ready);
     expect(new URL(lanJoinUrl).origin).toBe(lan[0]);
     await expect(dashboard.locator('#join-link')).toHaveText(lanJoinUrl);
     // the QR code is that link's: its modules are those of the link's code
@@ -415,7 +416,7 @@ test.describe.serial('a dashboard and one worker tab', () => {
   let worker: Page;
   let joinUrl: string;
   let swarmId: string;
-  const workerCount = () => dashboard.evaluate(() => (window as any).ditswarm.workerCount() as number);
+  const workerCount = () => dashboard.evaluate(() => window.ditswarm.workerCount() as number);
 
   /** Opens the dashboard of this context (the same identity after a reload or a reopen), watching its status line. */
   async function openDashboard(baseURL: string): Promise<Page> {
@@ -429,7 +430,7 @@ test.describe.serial('a dashboard and one worker tab', () => {
       }).observe(document, { subtree: true, childList: true, characterData: true });
     });
     await page.goto(`${baseURL}/`);
-    ({ joinUrl, swarmId } = await page.evaluate(() => (window as any).ditswarm.ready));
+    ({ joinUrl, swarmId } = await page.evaluate(() => window.ditswarm.ready));
     return page;
   }
 
@@ -513,7 +514,7 @@ test.describe.serial('a dashboard and one worker tab', () => {
               .then((id: number) =>
                 (window as any).ditswarm
                   .result(id)
-                  .then((r: any) => ({ id, sha: r.report.latentSha256 as string, video: r.video !== null })),
+                  .then((r) => ({ id, sha: r.report.latentSha256 as string, video: r.video !== null })),
               ),
             new Promise<string>((r) => setTimeout(() => r('settled() did not resolve'), 30_000)),
           ]),
@@ -546,32 +547,27 @@ test.describe.serial('a dashboard and one worker tab', () => {
     // after a reload every job is done in storage too, none runs again
     await dashboard.evaluate(() => ((window as any).__quotaBytes = undefined));
     await dashboard.reload();
-    await dashboard.evaluate(() => (window as any).ditswarm.ready);
-    const jobs = await dashboard.evaluate(() => (window as any).ditswarm.jobs() as { id: number; status: string }[]);
+    await dashboard.evaluate(() => window.ditswarm.ready);
+    const jobs = await dashboard.evaluate(() => window.ditswarm.jobs() as { id: number; status: string }[]);
     expect(jobs.map((j) => j.id)).toContain(third.id);
     expect(jobs.map((j) => j.status)).toEqual(jobs.map(() => 'done'));
     const kept = await dashboard.evaluate(
-      (id) => (window as any).ditswarm.result(id).then((r: any) => r.report.latentSha256),
+      (id) => window.ditswarm.result(id).then((r) => r.report.latentSha256),
       third.id,
     );
     expect(kept).toBe(third.sha);
 
     // a job that ends its page before its first step, three times (here: reloads while it waits
     // for a second worker that never comes) is failed, not started a fourth time
-    const waiting: number = await dashboard.evaluate((j) => (window as any).ditswarm.submit(j), { ...job, workers: 2 });
+    const waiting: number = await dashboard.evaluate((j) => window.ditswarm.submit(j), { ...job, workers: 2 });
     for (let start = 1; start <= 3; start++) {
       await expect
-        .poll(() =>
-          dashboard.evaluate((id) => (window as any).ditswarm.jobs().find((j: any) => j.id === id)?.status, waiting),
-        )
+        .poll(() => dashboard.evaluate((id) => window.ditswarm.jobs().find((j) => j.id === id)?.status, waiting))
         .toBe('running');
       await dashboard.reload();
-      await dashboard.evaluate(() => (window as any).ditswarm.ready);
+      await dashboard.evaluate(() => window.ditswarm.ready);
     }
-    const given = await dashboard.evaluate(
-      (id) => (window as any).ditswarm.jobs().find((j: any) => j.id === id),
-      waiting,
-    );
+    const given = await dashboard.evaluate((id) => window.ditswarm.jobs().find((j) => j.id === id), waiting);
     expect(given).toMatchObject({ status: 'failed', error: expect.stringMatching(/interrupted 3 times/) });
   });
 
@@ -581,7 +577,7 @@ test.describe.serial('a dashboard and one worker tab', () => {
   test('#10 …and a job too large to keep costs no older job its video', async () => {
     expect(storage.madeRoom).not.toBeNull();
     const video = await dashboard.evaluate(
-      (id) => (window as any).ditswarm.result(id).then((r: any) => r.video !== null),
+      (id) => window.ditswarm.result(id).then((r) => r.video !== null),
       storage.madeRoom!,
     );
     expect(video).toBe(true);

@@ -1,5 +1,6 @@
 import { chromium, expect, test, type Browser, type Page } from '@playwright/test';
 import type { ChildProcess } from 'node:child_process';
+import type { JobOverrides } from '../../app/automation.ts';
 import { chromiumArgs, chromiumExecutable } from '../../server/chromium.ts';
 import { exchangeFloatsPerBlock, planUlysses } from '../../core/parallel.ts';
 import { canCreateNamespaces, createTestNetwork, type TestHost, type TestNetwork } from './netns.ts';
@@ -26,7 +27,7 @@ const job = {
   backend: 'swarm',
   ep: 'wasm',
   shares: 'even',
-};
+} satisfies JobOverrides;
 
 const support = canCreateNamespaces();
 
@@ -73,16 +74,14 @@ test.describe.serial('Ulysses across hosts', () => {
     dashboard = await dashboardBrowser.newPage();
     await dashboard.goto(`${origin}/`);
     expect(await dashboard.evaluate(() => [isSecureContext, crossOriginIsolated])).toEqual([true, true]);
-    const { joinUrl } = await dashboard.evaluate(() => (window as any).ditswarm.ready);
+    const { joinUrl } = await dashboard.evaluate(() => window.ditswarm.ready);
     expect(joinUrl).toContain(origin);
 
     for (const host of workerHosts) {
       const page = await (await launchIn(network, host, [])).newPage();
       await page.goto(joinUrl);
     }
-    await expect
-      .poll(() => dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 60_000 })
-      .toBe(WORKERS);
+    await expect.poll(() => dashboard.evaluate(() => window.ditswarm.workerCount()), { timeout: 60_000 }).toBe(WORKERS);
   });
 
   test.afterAll(async () => {
@@ -104,7 +103,7 @@ test.describe.serial('Ulysses across hosts', () => {
       const serverBytes = serverAfter.toHost - serverBefore.toHost;
 
       const diff = maxAbsDiff(run.latent, single.latent);
-      const exchanged = run.report.steps.map((s: any) => s.ranks.map((r: any) => r.bytesSent) as number[]);
+      const exchanged = run.report.steps.map((s) => s.ranks.map((r) => r.bytesSent) as number[]);
       const perRank = Array.from({ length: P }, (_, r) =>
         exchanged.reduce((sum: number, step: number[]) => sum + step[r], 0),
       );
@@ -174,7 +173,7 @@ test.describe.serial('relay fallback across hosts', () => {
     await linePrinted(server, 'ditswarm is serving on port', 'the ditswarm server');
     dashboard = await (await launch(h1, [`--unsafely-treat-insecure-origin-as-secure=${origin}`])).newPage();
     await dashboard.goto(`${origin}/`);
-    ({ joinUrl } = await dashboard.evaluate(() => (window as any).ditswarm.ready));
+    ({ joinUrl } = await dashboard.evaluate(() => window.ditswarm.ready));
   });
 
   test.afterAll(async () => {
@@ -196,7 +195,7 @@ test.describe.serial('relay fallback across hosts', () => {
     const page = await browser.newPage();
     await page.goto(joinUrl);
     await expect
-      .poll(() => page.evaluate(() => (window as any).ditswarmWorker?.connected ?? false), { timeout: 60_000 })
+      .poll(() => page.evaluate(() => window.ditswarmWorker?.connected ?? false), { timeout: 60_000 })
       .toBe(true);
     return { browser, page };
   }
@@ -206,24 +205,18 @@ test.describe.serial('relay fallback across hosts', () => {
     // direct: two hosts that can open data channels
     await join(open);
     const { browser: spareBrowser } = await join(spare);
-    await expect
-      .poll(() => dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 60_000 })
-      .toBe(2);
+    await expect.poll(() => dashboard.evaluate(() => window.ditswarm.workerCount()), { timeout: 60_000 }).toBe(2);
     await runJob(dashboard, { ...job, workers: 2 }); // warms both workers up: the timed runs below are second runs
     const direct = await runJob(dashboard, { ...job, workers: 2 });
 
     // the spare leaves; the blocked host takes its rank
     await spareBrowser.close();
-    await expect
-      .poll(() => dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 30_000 })
-      .toBe(1);
+    await expect.poll(() => dashboard.evaluate(() => window.ditswarm.workerCount()), { timeout: 30_000 }).toBe(1);
     const joinStarted = Date.now();
     const { page: blockedPage } = await join(blocked);
     const joinMs = Date.now() - joinStarted;
-    expect(await blockedPage.evaluate(() => (window as any).ditswarmWorker.transport)).toBe('relay');
-    await expect
-      .poll(() => dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 30_000 })
-      .toBe(2);
+    expect(await blockedPage.evaluate(() => window.ditswarmWorker.transport)).toBe('relay');
+    await expect.poll(() => dashboard.evaluate(() => window.ditswarm.workerCount()), { timeout: 30_000 }).toBe(2);
 
     await runJob(dashboard, { ...job, workers: 2 });
     const serverBefore = network!.trafficOf(serverHost);
@@ -232,15 +225,15 @@ test.describe.serial('relay fallback across hosts', () => {
 
     const diff = maxAbsDiff(relayed.latent, direct.latent);
     const perRank = [0, 1].map((r) => relayed.report.steps.reduce((t: number, s: any) => t + s.ranks[r].bytesSent, 0));
-    const links = (r: any) => r.report.links.map((l: any) => `${l.from}->${l.to}:${l.transport}`).sort();
+    const links = (r) => r.report.links.map((l) => `${l.from}->${l.to}:${l.transport}`).sort();
     console.log(
       `UDP-blocked worker joined through the relay in ${joinMs} ms; P=2 step ms direct ${stepTimes(direct.report)}, relayed ${stepTimes(relayed.report)}; ` +
         `max-abs ${diff.toExponential(2)}; links ${links(relayed).join(', ')}; exchange bytes per rank ${perRank.join('/')}, bytes reaching the server host ${serverBytes}`,
     );
     expect(diff).toBeLessThanOrEqual(1e-4);
     expect(links(direct)).toEqual(['1->0:direct', 'coordinator->0:direct', 'coordinator->1:direct']);
-    const blockedId = await blockedPage.evaluate(() => (window as any).ditswarmWorker.peerId);
-    const blockedRank = relayed.report.workers.findIndex((w: any) => w.id === blockedId);
+    const blockedId = await blockedPage.evaluate(() => window.ditswarmWorker.peerId);
+    const blockedRank = relayed.report.workers.findIndex((w) => w.id === blockedId);
     expect(blockedRank).toBe(1);
     // every link of the blocked worker is relayed; the open worker's own link stays direct
     expect(links(relayed)).toEqual(['1->0:relay', 'coordinator->0:direct', 'coordinator->1:relay']);
@@ -275,5 +268,5 @@ function linePrinted(child: ChildProcess, line: string, what: string): Promise<v
 }
 
 function stepTimes(report: any): string {
-  return report.steps.map((s: any) => s.ms.toFixed(0)).join('/');
+  return report.steps.map((s) => s.ms.toFixed(0)).join('/');
 }

@@ -1,4 +1,5 @@
 import { expect, test } from '@playwright/test';
+import type { JobOverrides } from '../../app/automation.ts';
 import { startServer, type RunningServer } from '../../server/serve.ts';
 import { maxAbsDiff, openTestSwarm, runJob, type JobOutcome } from './swarm-page.ts';
 
@@ -17,7 +18,7 @@ const job = {
   ep: 'wasm',
   workers: 2,
   shares: 'even',
-};
+} satisfies JobOverrides;
 
 let forced: RunningServer;
 
@@ -49,7 +50,7 @@ test('a P = 2 job with every link relayed gives the direct latent within 1e-4, a
   const { outcome: relayed, relayBytes } = await runOn(forced.url);
 
   const diff = maxAbsDiff(relayed.latent, direct.latent);
-  const steps = (r: JobOutcome) => r.report.steps.map((s: any) => s.ms.toFixed(0)).join('/');
+  const steps = (r: JobOutcome) => r.report.steps.map((s) => s.ms.toFixed(0)).join('/');
   const exchanged = relayed.report.steps.reduce(
     (t: number, s: any) => t + s.ranks.reduce((u: number, r: any) => u + r.bytesSent, 0),
     0,
@@ -59,7 +60,7 @@ test('a P = 2 job with every link relayed gives the direct latent within 1e-4, a
   );
 
   expect(diff).toBeLessThanOrEqual(1e-4);
-  const byLink = (r: JobOutcome) => r.report.links.map((l: any) => `${l.from}->${l.to}:${l.transport}`).sort();
+  const byLink = (r: JobOutcome) => r.report.links.map((l) => `${l.from}->${l.to}:${l.transport}`).sort();
   expect(byLink(direct)).toEqual(['1->0:direct', 'coordinator->0:direct', 'coordinator->1:direct']);
   expect(byLink(relayed)).toEqual(['1->0:relay', 'coordinator->0:relay', 'coordinator->1:relay']);
   // every byte of the all-to-all crossed the server, and so did the patches out and rows back (2 passes
@@ -77,7 +78,7 @@ test('with the relay forced, a worker page without the join token is told nothin
 }) => {
   const swarm = await openTestSwarm(browser, forced.url, 1);
   try {
-    const { joinUrl } = await swarm.dashboard.evaluate(() => (window as any).ditswarm.ready);
+    const { joinUrl } = await swarm.dashboard.evaluate(() => window.ditswarm.ready);
     const room = new URLSearchParams(new URL(joinUrl).hash.slice(1)).get('token')!.split('.')[0];
     const relayRefusals = forced.relay.stats().refused.length;
     const stranger = await swarm.dashboard.context().newPage();
@@ -85,7 +86,7 @@ test('with the relay forced, a worker page without the join token is told nothin
     await expect(stranger.locator('#state')).toHaveText('refused', { timeout: 20_000 });
     await expect(stranger.locator('#detail')).toContainText('no proof of a join token this server stands by');
     expect(forced.relay.stats().refused.length).toBe(relayRefusals);
-    expect(await swarm.dashboard.evaluate(() => (window as any).ditswarm.workerCount())).toBe(1);
+    expect(await swarm.dashboard.evaluate(() => window.ditswarm.workerCount())).toBe(1);
   } finally {
     await swarm.close();
   }
@@ -96,11 +97,11 @@ test('revoking the join link lets its workers go, the old link opens nothing, th
 }) => {
   const swarm = await openTestSwarm(browser, forced.url, 1);
   try {
-    const { joinUrl: oldUrl } = await swarm.dashboard.evaluate(() => (window as any).ditswarm.ready);
-    const { joinUrl, lanJoinUrl } = await swarm.dashboard.evaluate(() => (window as any).ditswarm.revokeJoinLink());
+    const { joinUrl: oldUrl } = await swarm.dashboard.evaluate(() => window.ditswarm.ready);
+    const { joinUrl, lanJoinUrl } = await swarm.dashboard.evaluate(() => window.ditswarm.revokeJoinLink());
     expect(joinUrl).not.toBe(oldUrl);
     await expect(swarm.dashboard.locator('#join-link')).toHaveAttribute('href', lanJoinUrl);
-    await expect.poll(() => swarm.dashboard.evaluate(() => (window as any).ditswarm.workerCount())).toBe(0);
+    await expect.poll(() => swarm.dashboard.evaluate(() => window.ditswarm.workerCount())).toBe(0);
     // the revoked link's page stays out: the server tells it nothing, and the relay refuses the
     // socket it opens again with the revoked token
     await expect(swarm.workers[0].locator('#state')).toHaveText('refused', { timeout: 20_000 });
@@ -110,11 +111,9 @@ test('revoking the join link lets its workers go, the old link opens nothing, th
       .toMatch(/does not hold a join token this server stands by/);
     const fresh = await swarm.dashboard.context().newPage();
     await fresh.goto(joinUrl);
-    await expect
-      .poll(() => swarm.dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 30_000 })
-      .toBe(1);
+    await expect.poll(() => swarm.dashboard.evaluate(() => window.ditswarm.workerCount()), { timeout: 30_000 }).toBe(1);
     await swarm.dashboard.reload();
-    expect((await swarm.dashboard.evaluate(() => (window as any).ditswarm.ready)).joinUrl).toBe(joinUrl);
+    expect((await swarm.dashboard.evaluate(() => window.ditswarm.ready)).joinUrl).toBe(joinUrl);
   } finally {
     await swarm.close();
   }

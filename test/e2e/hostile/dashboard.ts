@@ -38,14 +38,14 @@ export async function emulateStorageQuota(page: Page): Promise<void> {
     };
     w.__storedResultBytes = {};
     w.__refusedPuts = 0;
-    const resultBytes = (value: any) => (value?.result?.latent?.byteLength ?? 0) + (value?.result?.video?.size ?? 0);
+    const resultBytes = (value) => (value?.result?.latent?.byteLength ?? 0) + (value?.result?.video?.size ?? 0);
     // what earlier pages stored counts too: learnt as the queue reads its jobs back
     const getAll = IDBObjectStore.prototype.getAll;
     IDBObjectStore.prototype.getAll = function (this: IDBObjectStore, ...args: Parameters<IDBObjectStore['getAll']>) {
       const request = getAll.apply(this, args);
       if (this.name === 'jobs')
         request.addEventListener('success', () =>
-          request.result.forEach((job: any) => (w.__storedResultBytes[job.id] = resultBytes(job))),
+          request.result.forEach((job) => (w.__storedResultBytes[job.id] = resultBytes(job))),
         );
       return request;
     };

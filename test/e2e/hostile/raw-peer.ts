@@ -97,7 +97,7 @@ async function rawPeerScript({
     peer = new Peer(id, options);
     const error = await new Promise<any>((resolve) => {
       peer.once('open', () => resolve(null));
-      peer.once('error', (e: any) => resolve(e));
+      peer.once('error', (e) => resolve(e));
     });
     if (!error) break;
     peer.destroy();
@@ -107,7 +107,7 @@ async function rawPeerScript({
   }
   const connections: any[] = [];
   const latin1 = new TextDecoder('latin1');
-  const track = (conn: any) => {
+  const track = (conn) => {
     const seen = {
       conn,
       peer: conn.peer,
