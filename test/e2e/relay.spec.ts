@@ -1,7 +1,8 @@
 import { expect, test } from '@playwright/test';
 import type { JobOverrides } from '../../app/automation.ts';
+import { defined } from '../../core/defined.ts';
 import { startServer, type RunningServer } from '../../server/serve.ts';
-import { maxAbsDiff, openTestSwarm, runJob, type JobOutcome } from './swarm-page.ts';
+import { appOrigin, maxAbsDiff, openTestSwarm, runJob, type JobOutcome } from './swarm-page.ts';
 
 // The relay, forced: a server started like `npm start -- --force-relay` (what `npm run generate
 // -- --force-relay` runs) sends every link through itself. The job must not notice: same
@@ -27,7 +28,7 @@ test.beforeAll(async () => {
 });
 
 test.afterAll(async () => {
-  await forced?.close();
+  await (forced as RunningServer | undefined)?.close(); // unset where beforeAll failed
 });
 
 test('a P = 2 job with every link relayed gives the direct latent within 1e-4, and the report says the links were relayed', async ({
@@ -46,15 +47,12 @@ test('a P = 2 job with every link relayed gives the direct latent within 1e-4, a
       await swarm.close();
     }
   };
-  const { outcome: direct } = await runOn(baseURL!);
+  const { outcome: direct } = await runOn(appOrigin(baseURL));
   const { outcome: relayed, relayBytes } = await runOn(forced.url);
 
   const diff = maxAbsDiff(relayed.latent, direct.latent);
   const steps = (r: JobOutcome) => r.report.steps.map((s) => s.ms.toFixed(0)).join('/');
-  const exchanged = relayed.report.steps.reduce(
-    (t: number, s: any) => t + s.ranks.reduce((u: number, r: any) => u + r.bytesSent, 0),
-    0,
-  );
+  const exchanged = relayed.report.steps.reduce((t, s) => t + s.ranks.reduce((u, r) => u + r.bytesSent, 0), 0);
   console.log(
     `P=2 step ms direct ${steps(direct)}, relayed ${steps(relayed)}; max-abs ${diff.toExponential(2)}; the relay forwarded ${relayBytes} B (exchange ${exchanged} B)`,
   );
@@ -79,7 +77,8 @@ test('with the relay forced, a worker page without the join token is told nothin
   const swarm = await openTestSwarm(browser, forced.url, 1);
   try {
     const { joinUrl } = await swarm.dashboard.evaluate(() => window.ditswarm.ready);
-    const room = new URLSearchParams(new URL(joinUrl).hash.slice(1)).get('token')!.split('.')[0];
+    const token = defined(new URLSearchParams(new URL(joinUrl).hash.slice(1)).get('token'), 'the join token');
+    const room = token.split('.')[0];
     const relayRefusals = forced.relay.stats().refused.length;
     const stranger = await swarm.dashboard.context().newPage();
     await stranger.goto(joinUrl.replace(/token=[^&]+/, `token=${room}.${'0'.repeat(32)}`)); // the swarm's room, a made-up seal
@@ -98,7 +97,8 @@ test('revoking the join link lets its workers go, the old link opens nothing, th
   const swarm = await openTestSwarm(browser, forced.url, 1);
   try {
     const { joinUrl: oldUrl } = await swarm.dashboard.evaluate(() => window.ditswarm.ready);
-    const { joinUrl, lanJoinUrl } = await swarm.dashboard.evaluate(() => window.ditswarm.revokeJoinLink());
+    const revoked = await swarm.dashboard.evaluate(() => window.ditswarm.revokeJoinLink());
+    const { joinUrl, lanJoinUrl } = defined(revoked, 'the links after revoking (null: refused)');
     expect(joinUrl).not.toBe(oldUrl);
     await expect(swarm.dashboard.locator('#join-link')).toHaveAttribute('href', lanJoinUrl);
     await expect.poll(() => swarm.dashboard.evaluate(() => window.ditswarm.workerCount())).toBe(0);

@@ -1,5 +1,5 @@
 import { expect, test, type Page } from '@playwright/test';
-import type { JobOverrides } from '../../app/automation.ts';
+import type { AutomationProgress, JobOverrides, JobResult } from '../../app/automation.ts';
 import { maxAbsDiff, openTestSwarm, runJob, TEST_MODEL, type TestSwarm } from './swarm-page.ts';
 
 // A swarm that survives: lost workers, a reloaded dashboard and strangers lose nothing.
@@ -19,9 +19,9 @@ const job = {
 /** Runs `job` on 3 ranks and does `harm` to rank 1's page once step 2 has completed. */
 async function runAndHarm(swarm: TestSwarm, harm: (page: Page) => Promise<void>) {
   let harmedAt = 0;
-  await swarm.dashboard.exposeFunction('ditswarmProgress', async (p: { step: number }) => {
-    if (p.step !== 2 || harmedAt) return;
-    const ranks: string[] = await swarm.dashboard.evaluate(() => window.ditswarm.ranks());
+  await swarm.dashboard.exposeFunction('ditswarmProgress', async (p: AutomationProgress) => {
+    if (!('step' in p) || p.step !== 2 || harmedAt) return;
+    const ranks = await swarm.dashboard.evaluate(() => window.ditswarm.ranks());
     for (const page of swarm.workers) {
       const id = await page.evaluate(() => window.ditswarmWorker?.peerId);
       if (id !== ranks[1]) continue;
@@ -66,7 +66,7 @@ test.describe('a lost worker costs one step, not the job', () => {
         expect(failures[0].degreeAfter).toBe(2);
         expect(failures[0].lost.map((l) => l.rank)).toEqual([1]);
         const detectionMs = failures[0].detectedAt - run.harmedAt;
-        const stepsMs = (r) => r.steps.reduce((t: number, s: any) => t + s.ms, 0);
+        const stepsMs = (r: JobResult['report']) => r.steps.reduce((t, s) => t + s.ms, 0);
         const extraMs = stepsMs(run.report) - stepsMs(uninterrupted.report);
         console.log(
           `${name}: detected after ${detectionMs} ms (${failures[0].lost[0].cause}: ${failures[0].lost[0].evidence}), re-plan ${failures[0].replanMs.toFixed(0)} ms, extra ${extraMs.toFixed(0)} ms`,
@@ -144,8 +144,8 @@ test('20 jobs submitted at once run in order, none lost or repeated, with distin
     } satisfies JobOverrides;
     // every phase and step the queue announces, in the order it announces them
     await swarm.dashboard.evaluate(() => {
-      const events: number[] = ((window as any).queueEvents = []);
-      (window as any).ditswarmProgress = (p: { job: number }) => events.push(p.job);
+      const events: number[] = (window.queueEvents = []);
+      window.ditswarmProgress = (p) => 'job' in p && events.push(p.job);
     });
     const ids: number[] = await swarm.dashboard.evaluate(
       (t) => Promise.all(Array.from({ length: 20 }, (_, i) => window.ditswarm.submit({ ...t, seed: 100 + i }))),
@@ -170,10 +170,17 @@ test('20 jobs submitted at once run in order, none lost or repeated, with distin
     expect(jobs.every((j) => j.status === 'done')).toBe(true);
     expect(results.map((r) => r.report.config.seed)).toEqual(ids.map((_, i) => 100 + i));
     // one at a time in order: all of a job's announcements come before any of the next job's
-    const events: number[] = await swarm.dashboard.evaluate(() => (window as any).queueEvents);
+    const events = await swarm.dashboard.evaluate(() => window.queueEvents);
     const runs = events.filter((job, i) => job !== events[i - 1]);
     expect(runs).toEqual([...ids].sort((a, b) => a - b));
   } finally {
     await swarm.close();
   }
 });
+
+declare global {
+  interface Window {
+    /** the job of every progress event the dashboard announced, in order (set by the queue test) */
+    queueEvents: number[];
+  }
+}
