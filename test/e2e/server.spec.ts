@@ -1,12 +1,11 @@
 // The ditswarm server is real: it serves both pages cross-origin isolated, and two tabs
 // find each other through its PeerServer and exchange binary data over WebRTC.
 
-import { readFile } from 'node:fs/promises';
 import { resolve } from 'node:path';
 import { expect, test, type Page } from '@playwright/test';
 import { defined } from '../../core/defined.ts';
+import { addPeerJs } from './peerjs-bundle.ts';
 
-const PEERJS_BUNDLE = resolve(import.meta.dirname, '../../node_modules/peerjs/dist/peerjs.min.js');
 const PAYLOAD_BYTES = 200 * 1024; // one data-channel message: under Chromium's 256 KiB limit
 
 for (const path of ['/', '/worker.html']) {
@@ -83,8 +82,6 @@ test('two tabs connect through the PeerServer and a 200 KiB ArrayBuffer arrives 
 
 declare global {
   interface Window {
-    /** PeerJS's browser bundle, once added to a page */
-    peerjs: typeof import('peerjs');
     peer: import('peerjs').Peer;
     firstMessage: Promise<{ bytes: number; digest: string }>;
   }
@@ -93,7 +90,7 @@ declare global {
 /** Loads PeerJS into a page of the app and registers `id` with the PeerServer. */
 async function openPeer(page: Page, id: string, signaling: { path: string; key: string }): Promise<Page> {
   await page.goto('/');
-  await page.addScriptTag({ content: await readFile(PEERJS_BUNDLE, 'utf8') });
+  await addPeerJs(page);
   await page.evaluate(
     ({ id, path, key }) =>
       new Promise<void>((resolve, reject) => {
