@@ -54,6 +54,13 @@ export function suiteSwarm(workers: number): TestSwarm {
   };
 }
 
+/** The peer id a worker page shows; fails when the page has shown no status yet. */
+export const workerId = (page: Page): Promise<string> =>
+  page.evaluate(() => {
+    if (!window.ditswarmWorker) throw new Error('the worker page has shown no status yet');
+    return window.ditswarmWorker.peerId;
+  });
+
 export interface JobOutcome {
   report: JobResult['report'];
   latent: Float32Array;
