@@ -48,7 +48,6 @@ import {
   writeReport,
 } from './lib.ts';
 import { startMachines } from './machines.ts';
-import { defined } from '../core/defined.ts';
 import { LATENCY_S, WAN_480P_WORKLOAD } from './projection.ts';
 
 export interface SlowLinkOptions {
