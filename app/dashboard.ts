@@ -13,17 +13,22 @@ import {
   validDegrees,
   WAN_SIZES,
   type Backend,
+  type GenerateReport,
   type JobInputs,
   type JobParams,
   type JobPlacement,
   type JobQueue,
   type Pipeline,
   type PromptCache,
+  type PromptEncoding,
+  type RankReport,
   type RunJob,
   type StoredJob,
   type Swarm,
   type SwarmIdentity,
 } from '../coordinator/index.ts';
+import { defined } from '../core/defined.ts';
+import type { AutomationProgress, Base64Floats, DashboardAutomation, JobOverrides, JoinLinks } from './automation.ts';
 import { $ } from './views/dom.ts';
 import { renderGallery, videoUrl } from './views/gallery.ts';
 import { showJoinLink } from './views/join-link.ts';
@@ -32,7 +37,7 @@ import { renderSwarm } from './views/swarm-view.ts';
 import { addTimelineStep, resetTimeline } from './views/timeline.ts';
 
 // The dashboard: a thin client of the library API. No math here, only the form and the views.
-const form = $<HTMLFormElement>('job-form');
+const form = $('job-form', HTMLFormElement);
 const field = (name: string) => form.elements.namedItem(name) as HTMLInputElement | HTMLSelectElement;
 const NUMERIC: (keyof JobParams)[] = ['frames', 'height', 'width', 'steps', 'guidance', 'flowShift', 'seed'];
 const IDENTITY_KEY = 'ditswarm.swarm';
@@ -58,7 +63,7 @@ function showDefaults(defaults: JobParams): void {
 
 /** A preset sets the size and the flow shift Wan gives it; "custom" leaves the fields as they are. */
 function choosePreset(): void {
-  const preset = WAN_SIZES[sizeSelect.value as keyof typeof WAN_SIZES];
+  const preset = Object.entries(WAN_SIZES).find(([name]) => name === sizeSelect.value)?.[1];
   if (preset) for (const [key, value] of Object.entries(preset)) field(key).value = String(value);
 }
 
@@ -113,7 +118,8 @@ function showErrors(errors: Partial<Record<string, string>>): boolean {
   return Object.keys(errors).length === 0;
 }
 
-// One pipeline per model and backend: where each job runs is its placement's business, decided by the pipeline's placer.
+// One pipeline per model and backend: where each job runs is its placement's business,
+// decided by the pipeline's placer.
 async function pipelineFor({ backend, model = DEFAULT_MODEL_URL }: JobPlacement): Promise<Pipeline> {
   const key = `${model}/${backend}`;
   if (pipeline?.key === key) return pipeline.pipe;
@@ -164,7 +170,10 @@ function runJob(job: StoredJob, hooks: Parameters<RunJob>[1]) {
   );
 }
 
-/** The form's model: its head count (the degrees a job may ask for divide it), and its job defaults, which fill the form. */
+/**
+ * The form's model: its head count (the degrees a job may ask for divide it), and its job
+ * defaults, which fill the form.
+ */
 async function readModel(): Promise<void> {
   const model = readForm().placement.model;
   modelHeads = null;
@@ -192,10 +201,30 @@ function refreshSwarm(): void {
   }
 }
 
+/** T with the keys K possibly missing. */
+type Optional<T, K extends keyof T> = Omit<T, K> & Partial<Pick<T, K>>;
+/**
+ * A report as the queue's store gives it back: a job an older version kept lacks what reports
+ * gained since (spot checks, the prompts' encoding, the transport, displaced mode, head groups).
+ */
+type KeptReport = Optional<Omit<GenerateReport, 'config' | 'steps'>, 'spotChecks' | 'encoding'> & {
+  config: Optional<GenerateReport['config'], 'dtype' | 'parallel' | 'headGroups' | 'emulateLink'>;
+  steps: (Omit<GenerateReport['steps'][number], 'ranks'> & { ranks: Optional<RankReport, 'overlapMs'>[] })[];
+};
+
+/** Where the prompt's embedding came from, when it was not given. */
+function encodingNote(prompt: PromptEncoding): string {
+  if (prompt.source === 'given') return '';
+  if (prompt.source === 'cache') return ' The prompt came from the cache.';
+  if (!prompt.layers.length) return '';
+  const workers = new Set(prompt.layers.map((l) => l.worker)).size;
+  return ` The prompt was encoded on ${workers} worker(s) in ${(prompt.ms / 1000).toFixed(1)} s.`;
+}
+
 function showFinished(job: StoredJob): void {
-  const video = $<HTMLVideoElement>('video');
+  const video = $('video', HTMLVideoElement);
   const url = videoUrl(job);
-  const download = $<HTMLAnchorElement>('download');
+  const download = $('download', HTMLAnchorElement);
   download.hidden = !url;
   if (url) {
     video.src = url;
@@ -203,14 +232,15 @@ function showFinished(job: StoredJob): void {
     download.href = url;
     download.download = `ditswarm-${job.id}.webm`;
   } else video.removeAttribute('src');
-  $('report').textContent = JSON.stringify(job.result!.report, null, 2);
-  const r = job.result!.report;
+  const r: KeptReport = defined(job.result, `job #${job.id}'s result`).report;
+  $('report').textContent = JSON.stringify(r, null, 2);
   const recovered = r.failures.length ? `, recovered from ${r.failures.length} lost worker(s)` : '';
   const caught = (r.spotChecks ?? []).flatMap((c) =>
     c.verdict === 'agreed' ? [] : [`rank ${c.verdict.convicted.join(' and ')}: ${c.verdict.why}`],
   ); // jobs stored before spot checks have none
+  const verdicts = caught.length ? `; caught ${caught.join('; ')}` : ', all agreed';
   const checked = r.spotChecks?.length
-    ? ` ${r.spotChecks.length} forward(s) recomputed to spot-check the workers${caught.length ? `; caught ${caught.join('; ')}` : ', all agreed'}.`
+    ? ` ${r.spotChecks.length} forward(s) recomputed to spot-check the workers${verdicts}.`
     : '';
   const stepMs = r.medianStepMs;
   const shares = r.plan?.heads
@@ -221,7 +251,9 @@ function showFinished(job: StoredJob): void {
     : `${r.plan?.degree} rank${r.plan?.degree === 1 ? '' : 's'}${shares}`;
   const leftOut = r.plan?.leftOut ? ` ${r.plan.leftOut[0].toUpperCase()}${r.plan.leftOut.slice(1)}.` : '';
   const planned = r.plan?.predictedStepMs
-    ? ` ${r.plan.asked ? 'The job asked for' : 'The cost model chose'} ${chose}, predicting ${(r.plan.predictedStepMs / 1000).toFixed(2)} s per step; measured ${(stepMs / 1000).toFixed(2)} s (the median step).${leftOut}`
+    ? ` ${r.plan.asked ? 'The job asked for' : 'The cost model chose'} ${chose}, ` +
+      `predicting ${(r.plan.predictedStepMs / 1000).toFixed(2)} s per step; ` +
+      `measured ${(stepMs / 1000).toFixed(2)} s (the median step).${leftOut}`
     : '';
   const computedOn = [
     ...new Set(
@@ -235,12 +267,15 @@ function showFinished(job: StoredJob): void {
   // jobs stored before the report had them say float32 and no emulation
   const transport =
     r.config.dtype && r.config.dtype !== 'f32' && r.config.workers > 1
-      ? ` Activations went between ranks as ${r.config.dtype === 'f16' ? 'float16' : 'int8 with a scale per 64 values'}, not exact float32.`
+      ? ` Activations went between ranks as ` +
+        `${r.config.dtype === 'f16' ? 'float16' : 'int8 with a scale per 64 values'}, not exact float32.`
       : '';
   // jobs stored before the report had it ran Ulysses
   const displaced =
     r.config.parallel === 'displaced' && r.config.workers > 1
-      ? ` Displaced: past ${r.config.warmupSteps} exact step${r.config.warmupSteps === 1 ? '' : 's'}, each rank attended to the others' keys and values of the step before (the exchange off the critical path), not exact.`
+      ? ` Displaced: past ${r.config.warmupSteps} exact step${r.config.warmupSteps === 1 ? '' : 's'}, ` +
+        `each rank attended to the others' keys and values of the step before ` +
+        `(the exchange off the critical path), not exact.`
       : '';
   // jobs stored before the report had it exchanged all heads at once
   const hidden = r.steps.length
@@ -248,25 +283,25 @@ function showFinished(job: StoredJob): void {
     : 0;
   const overlapped =
     (r.config.headGroups ?? 1) > 1 && r.config.parallel === 'ulysses' && r.config.workers > 1
-      ? ` Ulysses in ${r.config.headGroups} head groups: attention over one group ran while the next was on the wire (up to ${(hidden / 1000).toFixed(2)} s of exchange hidden behind compute in a step).`
+      ? ` Ulysses in ${r.config.headGroups} head groups: attention over one group ran while the next was on the wire ` +
+        `(up to ${(hidden / 1000).toFixed(2)} s of exchange hidden behind compute in a step).`
       : '';
-  const emulated = r.config.emulateLink
-    ? ` Rank links were paced as a ${(r.config.emulateLink.bandwidth / 1e6).toFixed(2)} MB/s, ${r.config.emulateLink.latencyMs} ms link (an emulated LAN).`
+  const link = r.config.emulateLink;
+  const emulated = link
+    ? ` Rank links were paced as a ${(link.bandwidth / 1e6).toFixed(2)} MB/s, ${link.latencyMs} ms link ` +
+      `(an emulated LAN).`
     : '';
   const prompt = r.encoding?.prompt; // jobs stored before the report had it have none
-  const encoded =
-    !prompt || prompt.source === 'given'
-      ? ''
-      : prompt.source === 'cache'
-        ? ' The prompt came from the cache.'
-        : prompt.layers.length
-          ? ` The prompt was encoded on ${new Set(prompt.layers.map((l) => l.worker)).size} worker(s) in ${(prompt.ms / 1000).toFixed(1)} s.`
-          : '';
+  const encoded = prompt ? encodingNote(prompt) : '';
+  const ranks = `${r.config.workers} ${r.config.backend} rank${r.config.workers === 1 ? '' : 's'}`;
+  const notKept = job.storageNote ? ` Not kept: ${job.storageNote}.` : '';
   $('status').textContent =
-    `#${job.id} done: ${r.config.frames} frames in ${(r.totalMs / 1000).toFixed(1)} s on ${r.config.workers} ${r.config.backend} rank${r.config.workers === 1 ? '' : 's'}${groups}${recovered}, each on ${computedOn}.${planned}${fallback}${transport}${displaced}${overlapped}${emulated}${checked}${encoded}${job.storageNote ? ` Not kept: ${job.storageNote}.` : ''}`;
+    `#${job.id} done: ${r.config.frames} frames in ${(r.totalMs / 1000).toFixed(1)} s ` +
+    `on ${ranks}${groups}${recovered}, each on ${computedOn}.` +
+    [planned, fallback, transport, displaced, overlapped, emulated, checked, encoded, notKept].join('');
 }
 
-async function submitFromForm(overrides: Record<string, unknown> = {}): Promise<StoredJob> {
+async function submitFromForm(overrides: JobOverrides = {}): Promise<StoredJob> {
   const formValues = readForm();
   const {
     backend,
@@ -285,7 +320,7 @@ async function submitFromForm(overrides: Record<string, unknown> = {}): Promise<
     negativePromptEmbeds,
     outputType,
     ...rest
-  } = overrides as Partial<JobPlacement> & AutomationInputs;
+  } = overrides;
   // a job on another model than the form's (npm run generate --model) is that model's defaults beneath what it gives
   const beneath =
     model !== undefined && model !== formValues.placement.model ? await loadJobDefaults(model) : formValues.params;
@@ -316,15 +351,7 @@ async function submitFromForm(overrides: Record<string, unknown> = {}): Promise<
   return queue.submit(params, placement, inputs);
 }
 
-/** Prompt embeddings as page.evaluate can carry them: the shape, and the float32 values in base64. */
-interface AutomationInputs {
-  promptEmbeds?: { shape: number[]; base64: string };
-  negativePromptEmbeds?: { shape: number[]; base64: string };
-  outputType?: 'video' | 'latent';
-}
-
-/** Float32 values as page.evaluate carries them: the shape, and the values in base64. */
-const embedsFromBase64 = ({ shape, base64 }: { shape: number[]; base64: string }) => {
+const embedsFromBase64 = ({ shape, base64 }: Base64Floats) => {
   const bytes = Uint8Array.from(atob(base64), (c) => c.charCodeAt(0));
   return { shape, data: new Float32Array(bytes.buffer, 0, bytes.byteLength >> 2) };
 };
@@ -345,12 +372,18 @@ form.addEventListener('keydown', (event) => {
   }
 });
 
+/** The swarm's keys this browser kept, as far as they are strings: storage is anyone's to edit. */
 function savedIdentity(): SwarmIdentity {
+  let saved: unknown;
   try {
-    return JSON.parse(localStorage.getItem(IDENTITY_KEY) ?? '{}');
+    saved = JSON.parse(localStorage.getItem(IDENTITY_KEY) ?? '{}');
   } catch {
     return {};
   }
+  if (typeof saved !== 'object' || saved === null) return {};
+  const text = (value: unknown) => (typeof value === 'string' ? value : undefined);
+  const { token, dashboardKey } = saved as Record<string, unknown>;
+  return { token: text(token), dashboardKey: text(dashboardKey) };
 }
 
 const bytesToBase64 = (bytes: Uint8Array) => {
@@ -359,18 +392,19 @@ const bytesToBase64 = (bytes: Uint8Array) => {
   return btoa(s);
 };
 
-function showIdentity(opened: Swarm): { joinUrl: string; lanJoinUrl: string } {
+function showIdentity(opened: Swarm): JoinLinks {
   localStorage.setItem(IDENTITY_KEY, JSON.stringify(opened.identity));
   showJoinLink(opened.lanJoinUrl, opened.joinUrl);
   return { joinUrl: opened.joinUrl, lanJoinUrl: opened.lanJoinUrl };
 }
 
 /** The Revoke button's work: a new link on show and kept, the old one's workers gone. */
-async function revokeJoinLink(): Promise<{ joinUrl: string; lanJoinUrl: string } | null> {
+async function revokeJoinLink(): Promise<JoinLinks | null> {
   try {
-    await swarm!.revokeJoinLink();
+    const opened = defined(swarm, 'the swarm (the dashboard is still starting)');
+    await opened.revokeJoinLink();
     $('swarm-events').textContent = 'The old worker link is revoked: share the new one.';
-    return showIdentity(swarm!);
+    return showIdentity(opened);
   } catch (e) {
     $('swarm-events').textContent = `Could not revoke the link: ${(e as Error).message}`;
     return null;
@@ -381,7 +415,7 @@ async function start() {
   // the same peer id and token after a reload, so the workers' links and reconnections still work
   swarm = await openSwarm(location.origin, savedIdentity());
   showIdentity(swarm);
-  $<HTMLButtonElement>('revoke-link').onclick = () => {
+  $('revoke-link', HTMLButtonElement).onclick = () => {
     if (
       confirm(
         'Revoke this worker link? It stops working, the workers that joined with it leave, and a new link replaces it.',
@@ -434,12 +468,12 @@ async function start() {
   return { swarmId: swarm.id, joinUrl: swarm.joinUrl, lanJoinUrl: swarm.lanJoinUrl };
 }
 
-// What `npm run generate` and the e2e tests drive: the same queue as the Generate button.
-const automation = {
+// What `npm run generate`, the benchmarks and the e2e tests drive (app/automation.ts): the same queue
+// as the Generate button.
+const automation: DashboardAutomation = {
   ready: start(),
   workerCount: () => swarm?.workers().length ?? 0,
   revokeJoinLink,
-  /** peer ids of the running executor's ranks, in rank order */
   ranks: () => pipeline?.pipe.executor?.workers.map((w) => w.id) ?? [],
   jobs: () =>
     (queue?.list() ?? []).map(({ id, status, params, checkpoint, error }) => ({
@@ -449,21 +483,22 @@ const automation = {
       step: checkpoint?.step ?? null,
       error,
     })),
-  async submit(overrides: Record<string, unknown>) {
+  async submit(overrides) {
     return (await submitFromForm(overrides)).id;
   },
-  async result(id: number) {
-    const job = await queue!.settled(id);
+  async result(id) {
+    if (!queue) throw new Error('the dashboard is still starting');
+    const job = await queue.settled(id);
     if (job.status === 'failed') throw new Error(job.error);
-    const { latent, video, report } = job.result!;
+    const { latent, video, report } = defined(job.result, `job #${id}'s result`);
     return {
       report,
       latent: bytesToBase64(new Uint8Array(latent.buffer, latent.byteOffset, latent.byteLength)),
       video: video && bytesToBase64(new Uint8Array(await video.arrayBuffer())),
     };
   },
-  /** a job through the queue; with `stepLatents`, the latent after each step too (the benchmarks' deviation per step) */
-  async generate(overrides: Record<string, unknown>, { stepLatents = false } = {}) {
+  // the step latents are the benchmarks' deviation per step
+  async generate(overrides, { stepLatents = false } = {}) {
     const after = new Map<number, string[]>(); // job id → base64 latent after each step
     // no queue yet: submit says the dashboard is still starting
     const off =
@@ -485,25 +520,11 @@ const automation = {
       off();
     }
   },
-  /**
-   * A latent [z_dim, T, h, w] through the model's VAE alone, on this swarm's workers: the video
-   * [3, F, 8h, 8w] in [−1, 1], and with `webm` its WebM as a job's (npm run decode, the e2e tests).
-   */
-  async decode({
-    model,
-    latent,
-    ep = 'auto',
-    webm = false,
-  }: {
-    model?: string;
-    latent: { shape: number[]; base64: string };
-    ep?: 'auto' | 'webgpu' | 'wasm';
-    webm?: boolean;
-  }) {
+  async decode({ model, latent, ep = 'auto', webm = false }) {
     const pipe = await pipelineFor({ model, backend: 'swarm', workers: 'auto', ep });
     const { video, frames, report } = await pipe.decode(embedsFromBase64(latent), {
       ep,
-      onProgress: (p) => progressHook()?.({ phase: 'decoding', detail: `tile ${p.tilesDone} of ${p.tiles}` }),
+      onProgress: (p) => tellProgress({ phase: 'decoding', detail: `tile ${p.tilesDone} of ${p.tiles}` }),
     });
     if (!video)
       throw new Error(
@@ -518,9 +539,8 @@ const automation = {
       webm: webm ? bytesToBase64(new Uint8Array(await (await encodeWebM(frames)).arrayBuffer())) : null,
     };
   },
-  /** What the page's <video> and the WebM file itself say about the video on show. */
   async inspectVideo() {
-    const video = $<HTMLVideoElement>('video');
+    const video = $('video', HTMLVideoElement);
     if (video.readyState < HTMLMediaElement.HAVE_METADATA)
       await new Promise((r) => video.addEventListener('loadedmetadata', r, { once: true }));
     const blob = await (await fetch(video.src)).blob();
@@ -529,28 +549,30 @@ const automation = {
       videoWidth: video.videoWidth,
       videoHeight: video.videoHeight,
       file: await probeWebM(blob),
-      download: $<HTMLAnchorElement>('download').href,
+      download: $('download', HTMLAnchorElement).href,
     };
   },
 };
-(window as unknown as { ditswarm: typeof automation }).ditswarm = automation;
-automation.ready.catch((e) => ($('status').textContent = `Could not start: ${(e as Error).message}`));
+window.ditswarm = automation;
+automation.ready.catch((e: unknown) => ($('status').textContent = `Could not start: ${(e as Error).message}`));
 
 // the command line listens to progress through an exposed function, when it exposed one
-const progressHook = () => (window as unknown as { ditswarmProgress?: (p: object) => void }).ditswarmProgress;
-automation.ready.then(() =>
-  queue!.on((e) => {
-    if (e.type === 'progress')
-      progressHook()?.({
-        job: e.job.id,
-        step: e.progress.step,
-        steps: e.progress.steps,
-        stepMs: e.progress.stepMs,
-        etaMs: e.progress.etaMs,
-      });
-    if (e.type === 'phase') progressHook()?.({ job: e.job.id, phase: e.phase, detail: e.detail });
-  }),
-);
+const tellProgress = (progress: AutomationProgress) => void window.ditswarmProgress?.(progress);
+automation.ready
+  .then(() =>
+    defined(queue, 'the job queue').on((e) => {
+      if (e.type === 'progress')
+        tellProgress({
+          job: e.job.id,
+          step: e.progress.step,
+          steps: e.progress.steps,
+          stepMs: e.progress.stepMs,
+          etaMs: e.progress.etaMs,
+        });
+      if (e.type === 'phase') tellProgress({ job: e.job.id, phase: e.phase, detail: e.detail });
+    }),
+  )
+  .catch(() => {}); // a dashboard that did not start says so above
 
 window.addEventListener('pagehide', () => {
   void pipeline?.pipe.shutdown({ graceMs: 0 });

@@ -1,16 +1,15 @@
 import { formatBytes } from '../core/worker-api.ts';
 import { startWorkerEndpoint, type WorkerStatus } from '../worker/endpoint.ts';
+import { $ } from './views/dom.ts';
 
 // The worker page: joins the swarm when opened and shows what it is doing. No compute here.
-const $ = (id: string) => document.getElementById(id)!;
-const query = new URLSearchParams(location.search);
 /** the join token: in the link's fragment (never sent to a server), or in its query as older links had it */
 const tokenOf = (url: URL) => new URLSearchParams(url.hash.slice(1)).get('token') ?? url.searchParams.get('token');
 const token = tokenOf(new URL(location.href));
 
 // every state change this page went through, for anyone checking what happened (tests included)
 const history: string[] = [];
-(window as unknown as { ditswarmWorkerHistory: string[] }).ditswarmWorkerHistory = history;
+window.ditswarmWorkerHistory = history;
 
 function render(s: WorkerStatus): void {
   if (history.at(-1) !== `${s.state}: ${s.detail}`) history.push(`${s.state}: ${s.detail}`);
@@ -33,42 +32,46 @@ function render(s: WorkerStatus): void {
   $('adapter').textContent = s.info?.adapter ?? '';
   $('threads').textContent = s.cores ? coresText(s.cores) : '';
   $('coordinator').textContent = s.coordinator ?? 'searching…';
-  $('totals').textContent = s.totals.steps
-    ? `${s.totals.steps} forward passes, ${(s.totals.computeMs / 1000).toFixed(1)} s compute, ${(s.totals.bytesSent / 1e6).toFixed(2)} MB sent`
+  const { steps, computeMs, bytesSent } = s.totals;
+  $('totals').textContent = steps
+    ? `${steps} forward passes, ${(computeMs / 1000).toFixed(1)} s compute, ${(bytesSent / 1e6).toFixed(2)} MB sent`
     : 'nothing yet';
   $('dropped').textContent = String(s.framesDropped);
   $('peer-id').textContent = s.peerId;
   document.title = `ditswarm worker — ${s.state}`;
-  (window as unknown as { ditswarmWorker: WorkerStatus }).ditswarmWorker = { ...s };
+  window.ditswarmWorker = { ...s };
 }
+
+// no StorageManager outside a secure context (a worker link to a LAN address over http), in part on older browsers
+const storage = navigator.storage as Partial<StorageManager> | undefined;
 
 /**
  * What this browser keeps of the models' weights (rank/weight-cache.ts) and whether it may evict
  * them: a persisted origin's storage is cleared only by its user. Asked for once, at the start.
  */
 async function showStorage(): Promise<void> {
-  if (!navigator.storage?.estimate) {
+  if (!storage?.estimate) {
     $('storage').textContent = 'nothing: this browser has no storage for them (each load downloads the weights)';
     return;
   }
-  const [{ usage = 0, quota = 0 }, persisted] = await Promise.all([
-    navigator.storage.estimate(),
-    navigator.storage.persisted?.() ?? false,
-  ]);
+  const [{ usage = 0, quota = 0 }, persisted] = await Promise.all([storage.estimate(), storage.persisted?.() ?? false]);
+  const kept = persisted ? 'persistent' : 'the browser may clear it when its disk runs low';
   $('storage').textContent =
-    `${formatBytes(usage)} stored, room for ${formatBytes(Math.max(0, quota - usage))} more; ${persisted ? 'persistent' : 'the browser may clear it when its disk runs low'}`;
+    `${formatBytes(usage)} stored, room for ${formatBytes(Math.max(0, quota - usage))} more; ${kept}`;
 }
-void (navigator.storage?.persist?.() ?? Promise.resolve(false)).catch(() => false).then(showStorage);
+void (storage?.persist?.() ?? Promise.resolve(false)).catch(() => false).then(showStorage);
 
 /** "1 of 2 cores (2 worker tabs in this browser share them)", and what it takes up at its next job. */
 function coresText({ threads, next, of, tabs }: NonNullable<WorkerStatus['cores']>): string {
-  const share = `${threads} of ${of} core${of === 1 ? '' : 's'} (${tabs} worker tab${tabs === 1 ? '' : 's'} in this browser share them)`;
+  const share =
+    `${threads} of ${of} core${of === 1 ? '' : 's'} ` +
+    `(${tabs} worker tab${tabs === 1 ? '' : 's'} in this browser share them)`;
   return next === threads ? share : `${share}; ${next} from the next job`;
 }
 
 if (!token) {
   // without a token the dashboard would refuse this page: ask for the real link instead
-  const paste = document.getElementById('paste-link') as HTMLFormElement;
+  const paste = $('paste-link', HTMLFormElement);
   paste.hidden = false;
   $('state').textContent = 'waiting for a join link';
   paste.addEventListener('submit', (event) => {
@@ -92,8 +95,8 @@ function join(): void {
       $('leave').addEventListener('click', () => endpoint.leave());
       window.addEventListener('pagehide', () => endpoint.leave());
     })
-    .catch((e: Error) => {
+    .catch((e: unknown) => {
       $('state').textContent = 'failed';
-      $('detail').textContent = e.message;
+      $('detail').textContent = (e as Error).message;
     });
 }

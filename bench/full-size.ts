@@ -12,6 +12,7 @@
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
+import type { JobOverrides } from '../app/automation.ts';
 import { SeededRandom } from '../core/random.ts';
 import { FULL_SIZE_MODEL_DIR } from '../server/model-folder.ts';
 import { LOCAL_MODEL_PATH } from '../server/serve.ts';
@@ -71,21 +72,19 @@ export async function runFullSize(o: FullSizeOptions) {
       if (afterReload) {
         for (const page of swarm.workers) {
           await page.reload();
-          await page.waitForFunction(() => (window as any).ditswarmWorker?.connected, null, { timeout: 120_000 });
+          await page.waitForFunction(() => window.ditswarmWorker?.connected, null, { timeout: 120_000 });
         }
         // the old tabs' links closed as they unloaded: the swarm is the reloaded tabs alone
-        await swarm.dashboard.waitForFunction(
-          (n) => (window as any).ditswarm.workerCount() === n,
-          swarm.workers.length,
-          { timeout: 120_000 },
-        );
+        await swarm.dashboard.waitForFunction((n) => window.ditswarm.workerCount() === n, swarm.workers.length, {
+          timeout: 120_000,
+        });
       }
       const load = await waitForQuietMachine();
       log(
         `full-size: ${P} worker tab(s)${afterReload ? ' after reloading them' : ''}, ` +
           `${o.frames} frames ${o.width}×${o.height}, ${o.steps} steps… (load ${load.loadAverage1m})`,
       );
-      const job = {
+      const job: JobOverrides = {
         prompt: 'random prompt embeddings',
         promptEmbeds,
         outputType: 'latent',
@@ -100,10 +99,7 @@ export async function runFullSize(o: FullSizeOptions) {
         ep: 'wasm',
         model: LOCAL_MODEL_PATH,
       };
-      const { report, latent: base64 } = await swarm.dashboard.evaluate(
-        (j) => (window as any).ditswarm.generate(j),
-        job,
-      );
+      const { report, latent: base64 } = await swarm.dashboard.evaluate((j) => window.ditswarm.generate(j), job);
       const latent = latentFromBase64(base64);
       oneTab ??= latent;
       let maxAbs = 0;

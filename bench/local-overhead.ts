@@ -7,6 +7,7 @@
 //   npm run bench -- local-overhead [--frames 13 --height 512 --width 512 --pairs 5]
 
 import { parseArgs } from 'node:util';
+import type { JobOverrides } from '../app/automation.ts';
 import { latentShape } from '../core/job.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
 import { startLocalSwarm } from '../server/cli/browser-swarm.ts';
@@ -55,7 +56,7 @@ export async function runLocalOverhead(options: Partial<OverheadOptions> = {}) {
     const context = swarm.dashboard.context();
     await serveBenchFiles(context);
     const page = await openProbePage(context, swarm.server.url);
-    const job = {
+    const job: JobOverrides = {
       prompt: 'a red ball bouncing on a wooden floor',
       frames: o.frames,
       height: o.height,
@@ -69,10 +70,7 @@ export async function runLocalOverhead(options: Partial<OverheadOptions> = {}) {
       model: APP_MODEL_PATH,
     };
     const localStep = async () => {
-      const out = (await swarm.dashboard.evaluate(
-        (j) => (window as unknown as { ditswarm: { generate(j: unknown): Promise<unknown> } }).ditswarm.generate(j),
-        job,
-      )) as { report: { steps: { ms: number }[] } };
+      const out = await swarm.dashboard.evaluate((j) => window.ditswarm.generate(j), job);
       return out.report.steps[0].ms;
     };
     // a one-step job runs at timestep 1000 (σ = 1); the direct forward gets the same

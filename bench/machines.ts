@@ -127,10 +127,10 @@ export async function startMachines(
     for (const context of contexts) await serveBenchFiles(context);
     const dashboard = await dashboardBrowser.newPage();
     await dashboard.goto(`${server.url}/`);
-    const { joinUrl } = await dashboard.evaluate(() => (window as any).ditswarm.ready);
+    const { joinUrl } = await dashboard.evaluate(() => window.ditswarm.ready);
     for (const [i, context] of contexts.slice(1).entries()) {
       await (await context.newPage()).goto(joinUrl);
-      await dashboard.waitForFunction((n) => (window as any).ditswarm.workerCount() >= n, i + 1, { timeout: 60_000 });
+      await dashboard.waitForFunction((n) => window.ditswarm.workerCount() >= n, i + 1, { timeout: 60_000 });
     }
     return { dashboard, browserVersion: dashboardBrowser.browser()?.version() ?? 'unknown', close };
   } catch (e) {

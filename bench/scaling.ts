@@ -8,6 +8,7 @@
 
 import { cpus } from 'node:os';
 import { parseArgs } from 'node:util';
+import type { JobOverrides, JobResult } from '../app/automation.ts';
 import { forwardBytes, predictStep, type Hardware, type Workload } from '../core/cost-model.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
 import { latentShape, type JobParams } from '../core/job.ts';
@@ -61,19 +62,6 @@ interface RankReport {
   bytesSent: number;
 }
 
-interface GenerateOut {
-  report: {
-    steps: { ms: number; ranks: RankReport[] }[];
-    latentSha256: string;
-    setupMs: number;
-    totalMs: number;
-    workers: { id: string; ep: string }[];
-    config: Record<string, unknown>;
-    plan: { predictedStepMs: number | null } | null;
-  };
-  latent: string;
-}
-
 export async function runScaling(options: Partial<ScalingOptions> = {}) {
   const o = { ...DEFAULT_SCALING, ...options };
   const model = ensureBenchModel();
@@ -105,8 +93,8 @@ export async function runScaling(options: Partial<ScalingOptions> = {}) {
         `latency ${(link.fitted.latency * 1000).toFixed(1)} ms`,
     );
 
-    const generate = async (degree: number, extra: Record<string, unknown> = {}) => {
-      const job = {
+    const generate = async (degree: number, extra: JobOverrides = {}) => {
+      const job: JobOverrides = {
         prompt: 'a red ball bouncing on a wooden floor',
         frames: o.frames,
         height: o.height,
@@ -120,10 +108,7 @@ export async function runScaling(options: Partial<ScalingOptions> = {}) {
         model: APP_MODEL_PATH,
         ...extra,
       };
-      const out = (await swarm.dashboard.evaluate(
-        (j) => (window as unknown as { ditswarm: { generate(j: unknown): Promise<unknown> } }).ditswarm.generate(j),
-        job,
-      )) as GenerateOut;
+      const out = await swarm.dashboard.evaluate((j) => window.ditswarm.generate(j), job);
       return { report: out.report, latent: latentFromBase64(out.latent) };
     };
 
@@ -229,7 +214,7 @@ export async function runScaling(options: Partial<ScalingOptions> = {}) {
         await waitForQuietMachine();
         log('CFG parallel: two groups of one…');
         const two = await generate(1, { ...job, cfgParallel: true }); // workers = the Ulysses degree of each group
-        const last = (r: GenerateOut['report']) => r.steps[r.steps.length - 1].ms;
+        const last = (r: JobResult['report']) => r.steps[r.steps.length - 1].ms;
         const hw: Hardware = {
           workerFlops: [throughput.flops, throughput.flops],
           workerSoftmaxRates: [throughput.softmaxRate, throughput.softmaxRate],
@@ -245,7 +230,7 @@ export async function runScaling(options: Partial<ScalingOptions> = {}) {
           cfgParallelStepMs: last(two.report),
           speedup: round(last(one.report) / last(two.report)),
           parityMaxAbs: maxAbs(two.latent, one.latent),
-          reportSaysCfgParallel: two.report.config.cfgParallel === true,
+          reportSaysCfgParallel: two.report.config.cfgParallel,
           predicted: { oneWorkerStepMs: predicted(false), cfgParallelStepMs: predicted(true) },
         };
         log(`CFG parallel: ${JSON.stringify(cfg)}`);
@@ -316,7 +301,7 @@ const sumBytes = (steps: { ranks: RankReport[] }[]) =>
 /** One run: every step split per rank into compute, comm wait and idle (the step's wall time minus both). */
 function summarise(
   degree: number,
-  report: GenerateOut['report'],
+  report: JobResult['report'],
   parityMaxAbs: number,
   predicted: {
     stepMs: number;

@@ -24,11 +24,13 @@ import { spawnSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
+import type { JobOverrides } from '../app/automation.ts';
 import { predictStep } from '../core/cost-model.ts';
+import { defined } from '../core/defined.ts';
 import { latentShape } from '../core/job.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
 import type { DType } from '../core/net/protocol.ts';
-import { MAX_HEAD_GROUPS, type ParallelMode } from '../core/parallel.ts';
+import { MAX_HEAD_GROUPS } from '../core/parallel.ts';
 import {
   APP_MODEL_PATH,
   buildBenchPages,
@@ -46,7 +48,6 @@ import {
   writeReport,
 } from './lib.ts';
 import { startMachines } from './machines.ts';
-import { defined } from '../core/defined.ts';
 import { LATENCY_S, WAN_480P_WORKLOAD } from './projection.ts';
 
 export interface SlowLinkOptions {
@@ -94,19 +95,6 @@ const WARMUP_STEPS = 1;
 const PERIOD_US = 4_000;
 /** the real model's guidance (Wan2.1's model_index defaults): two passes a step */
 const GUIDANCE = 5;
-
-interface Report {
-  steps: { ms: number; ranks: { rank: number; computeMs: number; overlapMs: number; bytesSent: number }[] }[];
-  medianStepMs: number;
-  config: {
-    workers: number;
-    ulyssesDegree: number;
-    cfgParallel: boolean;
-    parallel: ParallelMode;
-    dtype: DType;
-    headGroups: number;
-  };
-}
 
 /** The projection's exchange time over compute time for the real model at P = 2 on the target LAN. */
 export function projectedExchangeRatio(): { ratio: number; stepS: number; computeS: number; commS: number } {
@@ -194,9 +182,9 @@ export async function runSlowLink(options: Partial<SlowLinkOptions> = {}) {
   );
   const started = Date.now();
   try {
-    const run = async (label: string, placement: Record<string, unknown>) => {
+    const run = async (label: string, placement: JobOverrides) => {
       log(`${label}: generating…`);
-      const job = {
+      const job: JobOverrides = {
         prompt: 'a red ball bouncing on a wooden floor',
         frames: o.frames,
         height: o.height,
@@ -212,10 +200,10 @@ export async function runSlowLink(options: Partial<SlowLinkOptions> = {}) {
         cfgParallel: false,
         ...placement,
       };
-      const out = (await machines.dashboard.evaluate(([j, opts]) => (window as any).ditswarm.generate(j, opts), [
+      const out = await machines.dashboard.evaluate(([j, opts]) => window.ditswarm.generate(j, opts), [
         job,
         { stepLatents: true },
-      ] as const)) as { report: Report; stepLatents: string[] };
+      ] as const);
       const { steps } = out.report;
       // the busiest rank of each step: its compute, and what it sent
       const computeMs = median(steps.map((s) => Math.max(...s.ranks.map((r) => r.computeMs))));
@@ -238,7 +226,7 @@ export async function runSlowLink(options: Partial<SlowLinkOptions> = {}) {
         bytesPerStep,
       };
       log(`${label}: ${JSON.stringify(result)}`);
-      return { result, stepLatents: out.stepLatents.map(latentFromBase64) };
+      return { result, stepLatents: defined(out.stepLatents, 'the step latents asked for').map(latentFromBase64) };
     };
     type Run = Awaited<ReturnType<typeof run>>;
     const against = (one: Run, r: Run) => ({

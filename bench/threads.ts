@@ -6,6 +6,7 @@
 //   npm run bench -- threads [--frames 45 --height 512 --width 512 --steps 2]
 
 import { parseArgs } from 'node:util';
+import type { JobOverrides } from '../app/automation.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
 import { latentShape, type JobParams } from '../core/job.ts';
 import { startLocalSwarm } from '../server/cli/browser-swarm.ts';
@@ -30,12 +31,6 @@ const MIN_SPEEDUP = 1.6;
 /** the dashboard's prediction of a step, relative to the measured step */
 const MAX_PREDICTION_ERROR = 0.25;
 
-interface Report {
-  steps: { ms: number }[];
-  workers: { id: string; ep: string; threads: number }[];
-  plan: { predictedStepMs: number | null; by: string } | null;
-}
-
 export async function runThreads(options: Partial<Pick<JobParams, JobFlag>> = {}) {
   const o = { ...DEFAULT_SCALING, ...options };
   const model = ensureBenchModel();
@@ -47,7 +42,7 @@ export async function runThreads(options: Partial<Pick<JobParams, JobFlag>> = {}
   const machineAtStart = machine(swarm.browserVersion);
   try {
     await serveBenchFiles(swarm.dashboard.context());
-    const job = {
+    const job: JobOverrides = {
       prompt: 'a red ball bouncing on a wooden floor',
       frames: o.frames,
       height: o.height,
@@ -63,9 +58,7 @@ export async function runThreads(options: Partial<Pick<JobParams, JobFlag>> = {}
     const generate = async (label: string) => {
       const load = await waitForQuietMachine();
       log(`${label}: generating… (load ${load.loadAverage1m})`);
-      const { report } = (await swarm.dashboard.evaluate((j) => (window as any).ditswarm.generate(j), job)) as {
-        report: Report;
-      };
+      const { report } = await swarm.dashboard.evaluate((j) => window.ditswarm.generate(j), job);
       // the last step: the first also pays onnxruntime's first-run allocations
       const stepMs = report.steps[report.steps.length - 1].ms;
       const predictedStepMs = report.plan?.predictedStepMs ?? null;
@@ -86,7 +79,7 @@ export async function runThreads(options: Partial<Pick<JobParams, JobFlag>> = {}
     const alone = await generate('one tab alone');
     const shownAlone = await threadsShown();
     await swarm.addWorker();
-    await swarm.dashboard.waitForFunction(() => (window as any).ditswarm.workerCount() >= 2, null, { timeout: 60_000 });
+    await swarm.dashboard.waitForFunction(() => window.ditswarm.workerCount() >= 2, null, { timeout: 60_000 });
     const beside = await generate('the same tab beside a second one');
     const shownBeside = await threadsShown();
     const speedup = round(beside.stepMs / alone.stepMs);

@@ -10,6 +10,7 @@
 // Needs a writable cpu cgroup (root; cgroup v1's cpu controller or v2's cpu.max).
 
 import { parseArgs } from 'node:util';
+import type { JobOverrides } from '../app/automation.ts';
 import { latentShape } from '../core/job.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
 import { DEFAULT_SPOT_CHECK_RATE } from '../coordinator/spot-check.ts';
@@ -53,13 +54,6 @@ export const DEFAULT_UNEVEN: UnevenOptions = {
   width: 256,
   steps: 3,
 };
-interface Report {
-  steps: { ms: number; ranks: { rank: number; worker: string; computeMs: number }[] }[];
-  spotChecks: { step: number; ms: number; verdict: unknown }[];
-  medianStepMs: number;
-  plan: { heads: number[] | null; predictedStepMs: number | null; by: string } | null;
-  config: { ulyssesDegree: number };
-}
 
 export async function runUneven(options: Partial<UnevenOptions> = {}) {
   const o = { ...DEFAULT_UNEVEN, ...options };
@@ -81,7 +75,7 @@ export async function runUneven(options: Partial<UnevenOptions> = {}) {
   const { dashboard } = machines;
   try {
     // no spot checks but in the run that measures them: they would blur the comparison of shares
-    const job = {
+    const job: JobOverrides = {
       prompt: 'a red ball bouncing on a wooden floor',
       frames: o.frames,
       height: o.height,
@@ -94,12 +88,12 @@ export async function runUneven(options: Partial<UnevenOptions> = {}) {
       model: APP_MODEL_PATH,
       spotCheckRate: 0,
     };
-    const run = async (label: string, placement: Record<string, unknown>) => {
+    const run = async (label: string, placement: JobOverrides) => {
       log(`${label}: generating…`);
-      const { report, latent } = (await dashboard.evaluate((j) => (window as any).ditswarm.generate(j), {
+      const { report, latent } = await dashboard.evaluate((j) => window.ditswarm.generate(j), {
         ...job,
         ...placement,
-      })) as { report: Report; latent: string };
+      });
       const bytes = Buffer.from(latent, 'base64');
       const values = new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
       const ranks = report.steps[0].ranks.map((r) => r.rank);

@@ -107,7 +107,7 @@ async function tile(model: string, latentFrames: number) {
       model: LOCAL_MODEL_PATH,
       latent: { shape: latent.shape, base64: Buffer.from(latent.data.buffer).toString('base64') },
     };
-    const run = () => swarm.dashboard.evaluate((a) => (window as any).ditswarm.decode(a), args);
+    const run = () => swarm.dashboard.evaluate((a) => window.ditswarm.decode(a), args);
     const first = await run(); // reads the weights, builds the sessions
     const started = Date.now();
     const second = await run();

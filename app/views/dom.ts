@@ -11,7 +11,14 @@ export function h<K extends keyof HTMLElementTagNameMap>(
   return el;
 }
 
-export const $ = <T extends HTMLElement>(id: string): T => document.getElementById(id) as T;
+/** The page's element `id`, of the kind given (HTMLElement unless told): a page without it is a broken build. */
+export function $(id: string): HTMLElement;
+export function $<T extends HTMLElement>(id: string, kind: { new (): T; prototype: T }): T;
+export function $(id: string, kind: { new (): HTMLElement; prototype: HTMLElement } = HTMLElement): HTMLElement {
+  const el = document.getElementById(id);
+  if (!(el instanceof kind)) throw new Error(`the page has no ${kind.name} #${id}`);
+  return el;
+}
 
 export const seconds = (ms: number): string =>
   ms < 10_000 ? `${(ms / 1000).toFixed(1)} s` : `${Math.round(ms / 1000)} s`;

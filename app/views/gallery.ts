@@ -9,30 +9,35 @@ const urls = new Map<number, string>();
 export function videoUrl(job: StoredJob): string | null {
   const video = job.result?.video;
   if (!video) return null;
-  if (!urls.has(job.id)) urls.set(job.id, URL.createObjectURL(video));
-  return urls.get(job.id)!;
+  let url = urls.get(job.id);
+  if (url === undefined) urls.set(job.id, (url = URL.createObjectURL(video)));
+  return url;
 }
 
 export function renderGallery(jobs: StoredJob[], play: (job: StoredJob) => void): void {
-  const done = jobs.filter((j) => j.status === 'done' && j.result).reverse();
+  const done = jobs.flatMap((job) => (job.status === 'done' && job.result ? [{ job, ...job.result }] : [])).reverse();
   $('gallery').replaceChildren(
-    ...done.map((job) => {
+    ...done.map(({ job, report }) => {
       const { params } = job;
-      const report = job.result!.report;
       const playButton = h('button', { type: 'button', className: 'secondary' }, 'Play');
       playButton.addEventListener('click', () => play(job));
-      const details = `${params.frames} frames ${params.width}×${params.height}, ${params.steps} steps, guidance ${params.guidance}, seed ${params.seed} · ${report.config.workers} ${report.config.backend} rank${report.config.workers === 1 ? '' : 's'} · ${seconds(report.totalMs)}`;
+      const { workers, backend } = report.config;
+      const details =
+        `${params.frames} frames ${params.width}×${params.height}, ${params.steps} steps, ` +
+        `guidance ${params.guidance}, seed ${params.seed} · ` +
+        `${workers} ${backend} rank${workers === 1 ? '' : 's'} · ${seconds(report.totalMs)}`;
+      const url = videoUrl(job);
       return h(
         'li',
         { dataset: { job: String(job.id) } },
         h('strong', {}, `#${job.id} “${params.prompt}”`),
         h('span', { className: 'hint' }, details),
-        videoUrl(job)
+        url
           ? h(
               'span',
               { className: 'actions' },
               playButton,
-              h('a', { href: videoUrl(job)!, download: `ditswarm-${job.id}.webm` }, 'Download WebM'),
+              h('a', { href: url, download: `ditswarm-${job.id}.webm` }, 'Download WebM'),
             )
           : h('span', { className: 'hint' }, 'latent only (no video asked for)'),
       );

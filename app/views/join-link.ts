@@ -6,16 +6,16 @@ import { $ } from './dom.ts';
  * the server's LAN address when this page is at localhost), and this machine's own (`local`).
  */
 export function showJoinLink(url: string, local: string): void {
-  const localLink = $<HTMLAnchorElement>('local-join-link');
+  const localLink = $('local-join-link', HTMLAnchorElement);
   localLink.href = localLink.textContent = local;
   $('local-join').hidden = local === url;
-  const link = $<HTMLAnchorElement>('join-link');
+  const link = $('join-link', HTMLAnchorElement);
   link.href = link.textContent = url;
   const qr = qrcode(0, 'M');
   qr.addData(url);
   qr.make();
   $('join-qr').innerHTML = qr.createSvgTag({ cellSize: 3, margin: 2, scalable: true });
-  const copy = $<HTMLButtonElement>('copy-link');
+  const copy = $('copy-link', HTMLButtonElement);
   copy.onclick = async () => {
     try {
       await navigator.clipboard.writeText(url);

@@ -1,4 +1,5 @@
 import { type Swarm, type SwarmWorker, type WorkerMeasurement } from '../../coordinator/index.ts';
+import { defined } from '../../core/defined.ts';
 import { describeLoad } from '../../core/worker-api.ts';
 import { $, h } from './dom.ts';
 
@@ -6,7 +7,7 @@ import { $, h } from './dom.ts';
 export function renderSwarm(swarm: Swarm): void {
   const workers = swarm.workers();
   $('worker-count').textContent = `${workers.length} worker${workers.length === 1 ? '' : 's'}`;
-  const body = $('workers').querySelector('tbody')!;
+  const body = defined($('workers').querySelector('tbody'), "the swarm table's body");
   body.replaceChildren(
     ...(workers.length
       ? workers.map((w) => workerRow(w, w.measurement))

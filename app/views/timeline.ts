@@ -4,6 +4,7 @@
 // the wire meanwhile: the exchange hidden behind compute (head groups, displaced mode's gather).
 
 import type { RankReport } from '../../coordinator/index.ts';
+import { defined } from '../../core/defined.ts';
 
 const COLORS = { compute: '#2454d6', comm: '#f08c00', idle: '#d0d5dd' };
 const MAX_STEPS = 12;
@@ -33,7 +34,7 @@ function draw(): void {
   canvas.width = width * ratio;
   canvas.height = height * ratio;
   canvas.style.height = `${height}px`;
-  const g = canvas.getContext('2d')!;
+  const g = defined(canvas.getContext('2d'), "the timeline's 2D context");
   g.scale(ratio, ratio);
   g.clearRect(0, 0, width, height);
   g.font = '11px system-ui, sans-serif';
@@ -59,8 +60,7 @@ function draw(): void {
       g.fillRect(x, y, compute, laneHeight);
       g.fillStyle = COLORS.comm;
       g.fillRect(x + compute, y, Math.max(comm, 0), laneHeight);
-      // reports stored before ranks measured it have none
-      const hidden = Math.min(rank.overlapMs ?? 0, rank.computeMs, step.ms) * scale;
+      const hidden = Math.min(rank.overlapMs, rank.computeMs, step.ms) * scale;
       g.fillRect(x, y + laneHeight - HIDDEN_BAND, hidden, HIDDEN_BAND);
     });
     x += w;

@@ -63,7 +63,7 @@ export async function startLocalSwarm({
       page.on('console', (m) => (m.type() === 'error' || m.type() === 'warning') && log(`[${who}] ${m.text()}`));
     forward(dashboard, 'dashboard');
     await dashboard.goto(`${server.url}/`);
-    const { joinUrl } = await dashboard.evaluate(() => (window as any).ditswarm.ready);
+    const { joinUrl } = await dashboard.evaluate(() => window.ditswarm.ready);
     const pages: Page[] = [];
     const addWorker = async () => {
       const page = await context.newPage();
@@ -74,7 +74,7 @@ export async function startLocalSwarm({
     };
     for (let i = 0; i < workers; i++) await addWorker();
     if (workers)
-      await dashboard.waitForFunction((n) => (window as any).ditswarm.workerCount() >= n, workers, { timeout: 60_000 });
+      await dashboard.waitForFunction((n) => window.ditswarm.workerCount() >= n, workers, { timeout: 60_000 });
     return {
       server,
       browserVersion: context.browser()?.version() ?? 'unknown',

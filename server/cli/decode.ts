@@ -10,11 +10,12 @@
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { parseArgs } from 'node:util';
+import type { AutomationProgress } from '../../app/automation.ts';
+import { defined } from '../../core/defined.ts';
 import { readSafetensors, writeSafetensors } from '../../core/safetensors.ts';
 import { CACHE_ROOT } from '../model-folder.ts';
 import { servedModel } from '../serve.ts';
 import { pageError, startLocalSwarm } from './browser-swarm.ts';
-import { defined } from '../../core/defined.ts';
 
 const USAGE = [
   'usage: npm run decode -- --model DIR --latent F.safetensors --output V.safetensors [--out video.webm] [--workers N]',
@@ -80,13 +81,13 @@ const swarm = await startLocalSwarm({
   log: values.verbose ? console.error : () => {},
 }).catch((e: unknown) => fail(`could not start the server and Chromium: ${(e as Error).message}`));
 try {
-  await swarm.dashboard.exposeFunction('ditswarmProgress', (p: { phase?: string; detail?: string }) => {
-    if (p.phase !== 'decoding' || !p.detail) return;
+  await swarm.dashboard.exposeFunction('ditswarmProgress', (p: AutomationProgress) => {
+    if (!('phase' in p) || p.phase !== 'decoding' || !p.detail) return;
     if (tty) process.stderr.write(`\r\x1b[Kdecode: ${p.detail}`);
     else console.error(`decode: ${p.detail}`);
   });
   const base64 = Buffer.from(latent.data.buffer, latent.data.byteOffset, latent.data.byteLength).toString('base64');
-  const result = await swarm.dashboard.evaluate((args) => (window as any).ditswarm.decode(args), {
+  const result = await swarm.dashboard.evaluate((args) => window.ditswarm.decode(args), {
     model: modelUrl,
     latent: { shape, base64 },
     webm: values.out !== undefined,

@@ -11,6 +11,7 @@ import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { cpus, totalmem } from 'node:os';
 import { dirname, join } from 'node:path';
 import { parseArgs } from 'node:util';
+import type { AutomationProgress, JobOverrides } from '../../app/automation.ts';
 import { checkJobParams, type JobParams } from '../../core/job.ts';
 import { readSafetensors } from '../../core/safetensors.ts';
 import { CACHE_ROOT } from '../model-folder.ts';
@@ -98,7 +99,9 @@ if (values.help) {
 if (!values.prompt) fail(`--prompt is required\n${USAGE}`);
 if (values.backend !== 'local' && values.backend !== 'swarm')
   fail(`--backend must be local or swarm, got ${values.backend}`);
-if (!['auto', 'webgpu', 'wasm'].includes(values.ep)) fail(`--ep must be auto, webgpu or wasm, got ${values.ep}`);
+const EPS = ['auto', 'webgpu', 'wasm'] as const;
+const isEp = (ep: string): ep is (typeof EPS)[number] => (EPS as readonly string[]).includes(ep);
+if (!isEp(values.ep)) fail(`--ep must be auto, webgpu or wasm, got ${values.ep}`);
 if ([values.fp16, values.int8, values.int4].filter(Boolean).length > 1)
   fail('--fp16, --int8 and --int4 are ways to send activations between ranks: give one of them');
 if (values.int4 && !values.displaced)
@@ -131,8 +134,8 @@ const harm = (['drop-worker', 'crash-worker'] as const).flatMap((flag) => {
   return [{ kind: flag === 'drop-worker' ? ('drop' as const) : ('crash' as const), rank, step, at: 0, worker: '' }];
 });
 
-if (values['output-type'] !== 'video' && values['output-type'] !== 'latent')
-  fail(`--output-type must be video or latent, got ${values['output-type']}`);
+const outputType = values['output-type'];
+if (outputType !== 'video' && outputType !== 'latent') fail(`--output-type must be video or latent, got ${outputType}`);
 
 /** --prompt-embeds FILE: its prompt_embeds tensor, as the page takes it. */
 function embedsFrom(flag: 'prompt-embeds' | 'negative-prompt-embeds'): { shape: number[]; base64: string } | undefined {
@@ -152,13 +155,13 @@ function embedsFrom(flag: 'prompt-embeds' | 'negative-prompt-embeds'): { shape: 
     base64: Buffer.from(embeds.data.buffer, embeds.data.byteOffset, embeds.data.byteLength).toString('base64'),
   };
 }
-const inputs = {
+const inputs: JobOverrides = {
   promptEmbeds: embedsFrom('prompt-embeds'),
   negativePromptEmbeds: embedsFrom('negative-prompt-embeds'),
-  outputType: values['output-type'],
+  outputType,
 };
 
-const params: Partial<Record<keyof JobParams, unknown>> = { prompt: values.prompt };
+const params: Partial<JobParams> = { prompt: values.prompt };
 if (values['negative-prompt'] !== undefined) params.negativePrompt = values['negative-prompt'];
 Object.assign(params, jobFlagValues(values));
 const errors = checkJobParams(params);
@@ -189,24 +192,20 @@ const swarm = await startLocalSwarm({
   log: values.verbose ? console.error : () => {},
 }).catch((e: unknown) => fail(`could not start the server and Chromium: ${(e as Error).message}`));
 try {
-  await swarm.dashboard.exposeFunction(
-    'ditswarmProgress',
-    async (p: { step?: number; steps: number; stepMs: number; etaMs: number; phase?: string }) => {
-      const started = p.phase === 'denoising' ? 1 : p.step !== undefined ? p.step + 1 : 0;
-      for (const h of harm) if (!h.at && h.step === started) await inflict(h);
-      if (p.step === undefined) return;
-      const bar = '#'.repeat(Math.round((20 * p.step) / p.steps)).padEnd(20, '.');
-      progress(
-        `[${bar}] step ${p.step}/${p.steps}  ${p.stepMs.toFixed(0)} ms/step  eta ${(p.etaMs / 1000).toFixed(1)} s`,
-      );
-    },
-  );
+  await swarm.dashboard.exposeFunction('ditswarmProgress', async (p: AutomationProgress) => {
+    const started = 'phase' in p ? (p.phase === 'denoising' ? 1 : 0) : p.step + 1;
+    for (const h of harm) if (!h.at && h.step === started) await inflict(h);
+    if ('phase' in p) return;
+    const bar = '#'.repeat(Math.round((20 * p.step) / p.steps)).padEnd(20, '.');
+    progress(
+      `[${bar}] step ${p.step}/${p.steps}  ${p.stepMs.toFixed(0)} ms/step  eta ${(p.etaMs / 1000).toFixed(1)} s`,
+    );
+  });
   /** Closes or crashes the tab of a rank, as a user or a failing machine would. */
   async function inflict(h: (typeof harm)[number]) {
-    const ranks: string[] = await swarm.dashboard.evaluate(() => (window as any).ditswarm.ranks());
+    const ranks = await swarm.dashboard.evaluate(() => window.ditswarm.ranks());
     for (const page of swarm.workers) {
-      if (page.isClosed() || (await page.evaluate(() => (window as any).ditswarmWorker?.peerId)) !== ranks[h.rank])
-        continue;
+      if (page.isClosed() || (await page.evaluate(() => window.ditswarmWorker?.peerId)) !== ranks[h.rank]) continue;
       h.at = Date.now();
       h.worker = ranks[h.rank];
       if (tty) process.stderr.write('\n');
@@ -217,26 +216,20 @@ try {
       else await page.goto('chrome://crash').catch(() => {});
     }
   }
-  const result = await swarm.dashboard.evaluate(
-    ({ overrides }) => {
-      return (window as any).ditswarm.generate(overrides);
-    },
+  const overrides: JobOverrides = {
+    ...params,
+    ...inputs,
+    backend: values.backend,
     // with CFG parallel the degree is that of each of the two groups
-    {
-      overrides: {
-        ...params,
-        ...inputs,
-        backend: values.backend,
-        workers: values.backend === 'swarm' ? workers / (cfgParallel ? 2 : 1) : 1,
-        ep: values.ep,
-        dtype: values.int4 ? 'i4' : values.int8 ? 'i8' : values.fp16 ? 'f16' : 'f32',
-        parallel: values.displaced ? 'displaced' : 'ulysses',
-        warmupSteps,
-        cfgParallel,
-        model: modelUrl,
-      },
-    },
-  );
+    workers: values.backend === 'swarm' ? workers / (cfgParallel ? 2 : 1) : 1,
+    ep: values.ep,
+    dtype: values.int4 ? 'i4' : values.int8 ? 'i8' : values.fp16 ? 'f16' : 'f32',
+    parallel: values.displaced ? 'displaced' : 'ulysses',
+    warmupSteps,
+    cfgParallel,
+    model: modelUrl,
+  };
+  const result = await swarm.dashboard.evaluate((o) => window.ditswarm.generate(o), overrides);
   if (tty) process.stderr.write('\n');
   const injected = harm.map((h) => {
     const failure = result.report.failures.find((f: { lost: { worker: string }[] }) =>
@@ -274,7 +267,7 @@ try {
     `generate: wrote ${wrote}: ${frames} frames ${width}×${height}; ` +
       `${report.steps.length} steps (${perStep} ms), total ${(report.totalMs / 1000).toFixed(1)} s`,
   );
-  const links: { from: string | number; to: number; transport: string }[] = report.links;
+  const { links } = report;
   if (links.length) {
     const relayed = links.filter((l) => l.transport === 'relay');
     const name = (l: (typeof links)[number]) =>

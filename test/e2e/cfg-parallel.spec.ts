@@ -1,14 +1,11 @@
 import { expect, test } from '@playwright/test';
-import { maxAbsDiff, openTestSwarm, runJob, type TestSwarm } from './swarm-page.ts';
+import type { JobOverrides } from '../../app/automation.ts';
+import { maxAbsDiff, runJob, suiteSwarm } from './swarm-page.ts';
 
 // CFG parallel over worker tabs: the conditional pass on one tab, the unconditional on another,
 // both at once over WebRTC, equals one worker running both passes. wasm EP: the parity is about the split.
 test.describe.serial('CFG parallel over worker tabs', () => {
-  let swarm: TestSwarm;
-  test.beforeAll(async ({ browser, baseURL }) => {
-    swarm = await openTestSwarm(browser, baseURL!, 2);
-  });
-  test.afterAll(async () => swarm?.close());
+  const swarm = suiteSwarm(2);
 
   test('two groups of one tab equal one worker within 1e-4; a job without guidance falls back to one group and says why', async () => {
     test.setTimeout(300_000);
@@ -22,7 +19,7 @@ test.describe.serial('CFG parallel over worker tabs', () => {
       seed: 3,
       backend: 'swarm',
       ep: 'wasm',
-    };
+    } satisfies JobOverrides;
     const single = await runJob(swarm.dashboard, { ...job, workers: 1, cfgParallel: false });
     expect(single.report.config).toMatchObject({ workers: 1, ulyssesDegree: 1, cfgParallel: false });
 
@@ -31,7 +28,7 @@ test.describe.serial('CFG parallel over worker tabs', () => {
     expect(new Set(cfg.report.workers.map((w: { id: string }) => w.id)).size).toBe(2);
     const diff = maxAbsDiff(cfg.latent, single.latent);
     console.log(
-      `CFG parallel 2×1: max-abs vs 1 worker ${diff.toExponential(2)}, step ms ${cfg.report.steps.map((s: any) => s.ms.toFixed(0)).join('/')} (1 worker ${single.report.steps.map((s: any) => s.ms.toFixed(0)).join('/')})`,
+      `CFG parallel 2×1: max-abs vs 1 worker ${diff.toExponential(2)}, step ms ${cfg.report.steps.map((s) => s.ms.toFixed(0)).join('/')} (1 worker ${single.report.steps.map((s) => s.ms.toFixed(0)).join('/')})`,
     );
     expect(diff).toBeLessThanOrEqual(1e-4);
     for (const step of cfg.report.steps) expect(step.ranks.map((r: { rank: number }) => r.rank)).toEqual([0, 1]);

@@ -1,6 +1,7 @@
 import { expect, test } from '@playwright/test';
 import { readdirSync, utimesSync } from 'node:fs';
 import { join } from 'node:path';
+import type { JobOverrides } from '../../app/automation.ts';
 import { SHARDED_MODEL_PATH, TRUNCATED_MODEL_PATH } from './global-setup.ts';
 import { maxAbsDiff, openTestSwarm, runJob, TEST_MODEL } from './swarm-page.ts';
 
@@ -11,7 +12,7 @@ test('a sharded checkpoint loads in a worker tab to the same latent; a truncated
   browser,
   baseURL,
 }) => {
-  const swarm = await openTestSwarm(browser, baseURL!, 1);
+  const swarm = await openTestSwarm(browser, baseURL, 1);
   try {
     const job = {
       prompt: 'a red ball',
@@ -25,21 +26,24 @@ test('a sharded checkpoint loads in a worker tab to the same latent; a truncated
       workers: 1,
       ep: 'wasm',
       outputType: 'latent',
-    };
+    } satisfies JobOverrides;
     const single = await runJob(swarm.dashboard, job);
     const sharded = await runJob(swarm.dashboard, { ...job, model: SHARDED_MODEL_PATH });
     expect(maxAbsDiff(sharded.latent, single.latent)).toBe(0);
 
     const failed = await swarm.dashboard.evaluate(
       (j) =>
-        (window as any).ditswarm.generate(j).then(
+        window.ditswarm.generate(j).then(
           () => 'ran',
-          (e: Error) => e.message,
+          (e: unknown) => (e as Error).message,
         ),
       { ...job, model: TRUNCATED_MODEL_PATH },
     );
     expect(failed).toMatch(
-      /failed in (loadModel|rehearse): transformer\/diffusion_pytorch_model-\d{5}-of-\d{5}\.safetensors: tensor ".+" needs bytes \[\d+, \d+\) but the file holds \d+ of them: truncated\? fetch it again/,
+      new RegExp(
+        String.raw`failed in (loadModel|rehearse): transformer/diffusion_pytorch_model-\d{5}-of-\d{5}\.safetensors: ` +
+          String.raw`tensor ".+" needs bytes \[\d+, \d+\) but the file holds \d+ of them: truncated\? fetch it again`,
+      ),
     );
 
     const after = await runJob(swarm.dashboard, { ...job, model: TEST_MODEL });
@@ -55,14 +59,12 @@ test('a reloaded worker tab loads the weights from its browser cache; a changed 
   browser,
   baseURL,
 }) => {
-  const shardedDir = process.env.DITSWARM_SHARDED_DIR;
+  const shardedDir = process.env.DITSWARM_SHARDED_DIR ?? '';
   test.skip(!shardedDir, 'needs the sharded model folder of global-setup.ts (DITSWARM_URL was given)');
-  const swarm = await openTestSwarm(browser, baseURL!, 1);
+  const swarm = await openTestSwarm(browser, baseURL, 1);
   const reloadWorker = async () => {
     await swarm.workers[0].reload();
-    await expect
-      .poll(() => swarm.dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 60_000 })
-      .toBe(1);
+    await expect.poll(() => swarm.dashboard.evaluate(() => window.ditswarm.workerCount()), { timeout: 60_000 }).toBe(1);
   };
   try {
     const job = {
@@ -78,7 +80,7 @@ test('a reloaded worker tab loads the weights from its browser cache; a changed 
       ep: 'wasm',
       outputType: 'latent',
       model: SHARDED_MODEL_PATH,
-    };
+    } satisfies JobOverrides;
     const first = await runJob(swarm.dashboard, job);
     const fetched = first.report.workers[0].weights;
     expect(fetched).toMatchObject({ cacheBytes: 0, note: '' });
@@ -90,10 +92,10 @@ test('a reloaded worker tab loads the weights from its browser cache; a changed 
     expect(maxAbsDiff(second.latent, first.latent)).toBe(0);
 
     // the same bytes with a new modification time: a new validator (ETag), as a re-uploaded file has
-    const shard = readdirSync(join(shardedDir!, 'transformer'))
+    const shard = readdirSync(join(shardedDir, 'transformer'))
       .filter((f) => f.endsWith('.safetensors'))
       .sort()[0];
-    utimesSync(join(shardedDir!, 'transformer', shard), new Date(), new Date(Date.now() + 60_000));
+    utimesSync(join(shardedDir, 'transformer', shard), new Date(), new Date(Date.now() + 60_000));
     await reloadWorker();
     const third = (await runJob(swarm.dashboard, job)).report.workers[0].weights;
     expect(third.networkBytes).toBeGreaterThan(0);

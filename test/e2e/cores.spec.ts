@@ -1,4 +1,5 @@
 import { expect, test } from '@playwright/test';
+import type { JobOverrides } from '../../app/automation.ts';
 import { maxAbsDiff, openTestSwarm, runJob } from './swarm-page.ts';
 
 // A worker tab computes on its share of its machine's cores: all of them alone, an equal part when
@@ -9,7 +10,7 @@ test('worker tabs of one browser share the cores: one tab alone takes them all, 
   baseURL,
 }) => {
   test.setTimeout(240_000);
-  const swarm = await openTestSwarm(browser, baseURL!, 1);
+  const swarm = await openTestSwarm(browser, baseURL, 1);
   try {
     const [first] = swarm.workers;
     const cores: number = await first.evaluate(() => navigator.hardwareConcurrency);
@@ -26,17 +27,17 @@ test('worker tabs of one browser share the cores: one tab alone takes them all, 
       ep: 'wasm',
       backend: 'swarm',
       workers: 1,
-    };
+    } satisfies JobOverrides;
 
     await expect(first.locator('#threads')).toHaveText(
       `${cores} of ${cores} cores (1 worker tab in this browser share them)`,
     );
     const alone = await runJob(swarm.dashboard, job);
-    expect(alone.report.workers.map((w: any) => w.threads)).toEqual([cores]);
+    expect(alone.report.workers.map((w) => w.threads)).toEqual([cores]);
 
     // a second tab: the first, still placed, takes its new share at the next job
     const second = await first.context().newPage();
-    await second.goto(await swarm.dashboard.evaluate(() => (window as any).ditswarm.ready.then((r: any) => r.joinUrl)));
+    await second.goto(await swarm.dashboard.evaluate(() => window.ditswarm.ready.then((r) => r.joinUrl)));
     await expect(second.locator('#threads')).toHaveText(
       `${half} of ${cores} cores (2 worker tabs in this browser share them)`,
     );
@@ -48,14 +49,14 @@ test('worker tabs of one browser share the cores: one tab alone takes them all, 
       swarm.dashboard.locator('#workers tbody tr', { hasText: `${half} thread${half === 1 ? '' : 's'} ·` }),
     ).toHaveCount(2, { timeout: 20_000 });
     const shared = await runJob(swarm.dashboard, { ...job, workers: 2 });
-    expect(shared.report.workers.map((w: any) => w.threads)).toEqual([half, half]);
+    expect(shared.report.workers.map((w) => w.threads)).toEqual([half, half]);
     for (const page of [first, second])
       await expect(page.locator('#threads')).toHaveText(
         `${half} of ${cores} cores (2 worker tabs in this browser share them)`,
       );
     const diff = maxAbsDiff(shared.latent, alone.latent);
     console.log(
-      `${cores} threads alone vs ${half} each on 2 tabs: max-abs ${diff.toExponential(2)}; step ms ${alone.report.steps.map((s: any) => s.ms.toFixed(0))} vs ${shared.report.steps.map((s: any) => s.ms.toFixed(0))}`,
+      `${cores} threads alone vs ${half} each on 2 tabs: max-abs ${diff.toExponential(2)}; step ms ${alone.report.steps.map((s) => s.ms.toFixed(0)).join(',')} vs ${shared.report.steps.map((s) => s.ms.toFixed(0)).join(',')}`,
     );
     expect(diff).toBeLessThanOrEqual(1e-4);
 
@@ -65,7 +66,7 @@ test('worker tabs of one browser share the cores: one tab alone takes them all, 
       timeout: 20_000,
     });
     const again = await runJob(swarm.dashboard, job);
-    expect(again.report.workers.map((w: any) => w.threads)).toEqual([cores]);
+    expect(again.report.workers.map((w) => w.threads)).toEqual([cores]);
     await expect(first.locator('#threads')).toHaveText(
       `${cores} of ${cores} cores (1 worker tab in this browser share them)`,
     );

@@ -1,6 +1,8 @@
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { expect, test, type Page } from '@playwright/test';
+import type { JobResult } from '../../app/automation.ts';
+import { defined } from '../../core/defined.ts';
 import { FULL_LAYOUT_MODEL_PATH } from './global-setup.ts';
 import { openTestSwarm } from './swarm-page.ts';
 
@@ -16,14 +18,16 @@ test('the dashboard idle, running on 2 workers and done, and the worker page, as
   const context = await browser.newContext({ viewport: { width: 1280, height: 800 } });
   const dashboard = await context.newPage();
   await dashboard.goto(`${baseURL}/`);
-  const { joinUrl, lanJoinUrl } = await dashboard.evaluate(() => (window as any).ditswarm.ready);
+  const { joinUrl, lanJoinUrl } = await dashboard.evaluate(() => window.ditswarm.ready);
 
   // idle: nobody joined yet, the link and its QR code are there to share
   await expect(dashboard.locator('#worker-count')).toHaveText('0 workers');
   await expect(dashboard.locator('#workers tbody')).toContainText('No workers yet');
   // opened at localhost: the link to share is at the server's LAN address (other machines cannot
   // reach localhost), this machine's own beside it (issue 17, finding 15)
-  const lan = (await (await dashboard.request.get('/signaling.json')).json()).lanOrigins as string[];
+  const { lanOrigins: lan } = (await (await dashboard.request.get('/signaling.json')).json()) as {
+    lanOrigins: string[];
+  };
   expect(lanJoinUrl).toBe(lan.length ? joinUrl.replace(new URL(joinUrl).origin, lan[0]) : joinUrl);
   await expect(dashboard.locator('#join-link')).toHaveText(lanJoinUrl);
   if (lan.length) await expect(dashboard.locator('#local-join-link')).toHaveText(joinUrl);
@@ -67,10 +71,7 @@ test('the dashboard idle, running on 2 workers and done, and the worker page, as
     seed: '42',
   });
   // every field of the form, the size preset among them, fits its card
-  const formOverflow = () =>
-    dashboard.evaluate(
-      () => document.getElementById('job-form')!.scrollWidth - document.getElementById('job-form')!.clientWidth,
-    );
+  const formOverflow = () => dashboard.locator('#job-form').evaluate((form) => form.scrollWidth - form.clientWidth);
   expect(await formOverflow()).toBeLessThanOrEqual(0);
   await dashboard.locator('#job-form').screenshot({ path: join(SHOTS, 'dashboard-wan-defaults.png') });
   await chooseModel(dashboard, '/models/tiny-wan-demo');
@@ -99,11 +100,10 @@ test('the dashboard idle, running on 2 workers and done, and the worker page, as
   await expect(dashboard.locator('#workers tbody')).toContainText('direct');
   // every column of the swarm table fits its card: nothing cut off after "Speed"
   const tableOverflow = () =>
-    dashboard.evaluate(
-      () =>
-        document.getElementById('workers')!.scrollWidth -
-        document.getElementById('workers')!.parentElement!.clientWidth,
-    );
+    dashboard.locator('#workers').evaluate((table) => {
+      if (!table.parentElement) throw new Error('the swarm table is in no card');
+      return table.scrollWidth - table.parentElement.clientWidth;
+    });
   expect(await tableOverflow()).toBeLessThanOrEqual(0);
 
   // running: submit from the form with the keyboard, on both workers
@@ -137,7 +137,7 @@ test('the dashboard idle, running on 2 workers and done, and the worker page, as
 
   // done: a playable video, a working download, the job in the gallery with its parameters
   await expect(dashboard.locator('#status')).toContainText('done', { timeout: 120_000 });
-  const video = await dashboard.evaluate(() => (window as any).ditswarm.inspectVideo());
+  const video = await dashboard.evaluate(() => window.ditswarm.inspectVideo());
   expect(video.duration).toBeGreaterThan(0);
   expect(video.file.frameCount).toBe(9);
   const download = dashboard.locator('#gallery a[download]').first();
@@ -172,7 +172,7 @@ test('the default job on two worker tabs: Enter on the prompt the dashboard open
   baseURL,
 }) => {
   test.setTimeout(180_000);
-  const swarm = await openTestSwarm(browser, baseURL!, 2);
+  const swarm = await openTestSwarm(browser, baseURL, 2);
   try {
     const { dashboard } = swarm;
     // every worker measured, as a person would see before pressing Enter
@@ -185,20 +185,21 @@ test('the default job on two worker tabs: Enter on the prompt the dashboard open
     await dashboard.keyboard.press('Enter');
     await expect(dashboard.locator('#status')).toContainText('done', { timeout: 150_000 });
     const seconds = (Date.now() - started) / 1000;
-    const status = (await dashboard.locator('#status').textContent())!;
-    const report = JSON.parse((await dashboard.locator('#report').textContent())!);
+    const status = (await dashboard.locator('#status').textContent()) ?? '';
+    const report = JSON.parse((await dashboard.locator('#report').textContent()) ?? '') as JobResult['report'];
     const measuredMs = report.medianStepMs;
     expect(measuredMs).toBe(
-      [...report.steps.map((s: { ms: number }) => s.ms)]
+      [...report.steps.map((s) => s.ms)]
         .sort((a, b) => a - b)
         .slice(9, 11)
         .reduce((a, b) => a + b) / 2,
     ); // the median of its 20 steps
-    const error = (report.plan.predictedStepMs - measuredMs) / measuredMs;
+    const plan = defined(report.plan, "the cost model's plan");
+    const error = (plan.predictedStepMs - measuredMs) / measuredMs;
     console.log(
-      `default job: ${seconds.toFixed(1)} s from Enter, phases ${JSON.stringify(report.phasesMs, (_k, v) => (typeof v === 'number' ? Math.round(v) : v))}; ` +
-        `predicted ${report.plan.predictedStepMs.toFixed(0)} ms per step, measured ${measuredMs.toFixed(0)} ms (${(100 * error).toFixed(0)}%); ` +
-        report.workers.map((w: any) => `${w.ep} × ${w.threads} (${w.why})`).join(', '),
+      `default job: ${seconds.toFixed(1)} s from Enter, phases ${JSON.stringify(report.phasesMs, (_k, v: unknown) => (typeof v === 'number' ? Math.round(v) : v))}; ` +
+        `predicted ${plan.predictedStepMs.toFixed(0)} ms per step, measured ${measuredMs.toFixed(0)} ms (${(100 * error).toFixed(0)}%); ` +
+        report.workers.map((w) => `${w.ep} × ${w.threads} (${w.why})`).join(', '),
     );
     // 118 s before 'auto' meant the faster EP: at least 5× faster now
     expect(seconds).toBeLessThan(118 / 5);
@@ -207,13 +208,17 @@ test('the default job on two worker tabs: Enter on the prompt the dashboard open
     // on this shared 2-core machine were within it (−39% to +10%, centred near −13%), and the same
     // warm job repeated moved its median step by up to ±20%, so it stays a measured figure, not a
     // test that fails on a busy neighbour
-    expect(report.plan.by).toContain('forwards rehearsed on these workers');
-    expect(report.plan.predictedStepMs / measuredMs).toBeGreaterThan(0.5);
-    expect(report.plan.predictedStepMs / measuredMs).toBeLessThan(2);
+    expect(plan.by).toContain('forwards rehearsed on these workers');
+    expect(plan.predictedStepMs / measuredMs).toBeGreaterThan(0.5);
+    expect(plan.predictedStepMs / measuredMs).toBeLessThan(2);
     expect(status).toMatch(
-      /, each on (WASM|WebGPU) on \d+ threads?\. The cost model chose .*, predicting [\d.]+ s per step; measured [\d.]+ s \(the median step\)\./,
+      new RegExp(
+        String.raw`, each on (WASM|WebGPU) on \d+ threads?\. The cost model chose .*, ` +
+          String.raw`predicting [\d.]+ s per step; measured [\d.]+ s \(the median step\)\.`,
+      ),
     );
-    // each on the EP it measured faster, which its reason names first ("WASM: 21.3 GFLOP/s vs WebGPU 0.2")
+    // each on the EP it measured faster, which its reason names first ("WASM: 21.3 GFLOP/s vs
+    // WebGPU 0.2")
     for (const w of report.workers) expect(w.why).toMatch(w.ep === 'wasm' ? /^WASM: / : /^WebGPU: /);
   } finally {
     await swarm.close();

@@ -17,7 +17,7 @@ test('"a red square moving right" on 2 worker tabs decodes to a red foreground m
   baseURL,
 }) => {
   test.setTimeout(300_000);
-  const swarm = await openTestSwarm(browser, baseURL!, 2);
+  const swarm = await openTestSwarm(browser, baseURL, 2);
   try {
     // no model named: the dashboard's default must be the demo model
     const run = await runJob(swarm.dashboard, { ...JOB, backend: 'swarm', workers: 2, ep: 'wasm', model: undefined });

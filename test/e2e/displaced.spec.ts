@@ -1,4 +1,5 @@
 import { expect, test } from '@playwright/test';
+import type { JobOverrides } from '../../app/automation.ts';
 import { payloadBytes } from '../../core/net/protocol.ts';
 import { displacedFloatsPerBlock, partFloats, planUlysses } from '../../core/parallel.ts';
 import { maxAbsDiff, openTestSwarm, runJob, TEST_MODEL } from './swarm-page.ts';
@@ -18,7 +19,7 @@ const job = {
   model: TEST_MODEL,
   spotCheckRate: 0,
   shares: 'even',
-};
+} satisfies JobOverrides;
 const LAYERS = 2; // the test model's blocks
 const TOKENS = 48; // 9 frames of 64×64: 3 latent frames of 8×8 in patches of 1×2×2
 
@@ -27,7 +28,7 @@ test('a displaced job on 3 worker tabs: all steps exact equals one worker within
   baseURL,
 }) => {
   test.setTimeout(240_000);
-  const swarm = await openTestSwarm(browser, baseURL!, 3);
+  const swarm = await openTestSwarm(browser, baseURL, 3);
   try {
     const one = await runJob(swarm.dashboard, { ...job, workers: 1 });
     const scale = Math.max(...one.latent.map(Math.abs));
@@ -41,7 +42,7 @@ test('a displaced job on 3 worker tabs: all steps exact equals one worker within
     // after each step: the 2 exact ones equal one worker's, the stale ones move away
     const perStep = displaced.stepLatents.map((latent, i) => maxAbsDiff(latent, one.stepLatents[i]));
     console.log(
-      `displaced P=3, 2 exact of ${job.steps} steps: max-abs vs one worker ${deviation.toExponential(2)} of a scale ${scale.toFixed(2)}, after each step ${perStep.map((d) => d.toExponential(1)).join(' ')}; step ms ${displaced.report.steps.map((s: any) => s.ms.toFixed(0)).join('/')}`,
+      `displaced P=3, 2 exact of ${job.steps} steps: max-abs vs one worker ${deviation.toExponential(2)} of a scale ${scale.toFixed(2)}, after each step ${perStep.map((d) => d.toExponential(1)).join(' ')}; step ms ${displaced.report.steps.map((s) => s.ms.toFixed(0)).join('/')}`,
     );
     expect(perStep).toHaveLength(job.steps);
     expect(perStep.slice(0, 2).every((d) => d <= 1e-4)).toBe(true);
@@ -51,7 +52,7 @@ test('a displaced job on 3 worker tabs: all steps exact equals one worker within
     expect(deviation).toBeLessThan(0.1 * scale);
     const plan = planUlysses({ numHeads: 12, headDim: 24 }, TOKENS, 3);
     for (const step of displaced.report.steps)
-      expect(step.ranks.map((r: any) => r.bytesSent)).toEqual(
+      expect(step.ranks.map((r) => r.bytesSent)).toEqual(
         plan.rows.map((_, r) => 2 * 4 * displacedFloatsPerBlock(plan, r) * LAYERS),
       );
     await expect(swarm.dashboard.locator('#status')).toContainText('Displaced: past 2 exact steps');
@@ -68,7 +69,7 @@ test('a displaced job on 3 worker tabs: all steps exact equals one worker within
     console.log(`displaced int4 P=3: max-abs vs one worker ${int4Deviation.toExponential(2)}`);
     expect(int4Deviation).toBeLessThan(0.1 * scale);
     for (const step of int4.report.steps)
-      expect(step.ranks.map((r: any) => r.bytesSent)).toEqual(
+      expect(step.ranks.map((r) => r.bytesSent)).toEqual(
         plan.rows.map((_, r) => 2 * 2 * payloadBytes(partFloats(plan, 'kv', r, 0), 'i4') * LAYERS),
       );
 
@@ -76,9 +77,9 @@ test('a displaced job on 3 worker tabs: all steps exact equals one worker within
     let closedAt = 0;
     await swarm.dashboard.exposeFunction('ditswarmProgress', async (p: { step: number }) => {
       if (p.step !== 3 || closedAt) return;
-      const ranks: string[] = await swarm.dashboard.evaluate(() => (window as any).ditswarm.ranks());
+      const ranks: string[] = await swarm.dashboard.evaluate(() => window.ditswarm.ranks());
       for (const page of swarm.workers) {
-        if ((await page.evaluate(() => (window as any).ditswarmWorker?.peerId)) !== ranks[1]) continue;
+        if ((await page.evaluate(() => window.ditswarmWorker?.peerId)) !== ranks[1]) continue;
         closedAt = Date.now();
         await page.close();
       }

@@ -1,30 +1,38 @@
 import { expect, test } from '@playwright/test';
-import { maxAbsDiff, openTestSwarm, runJob, type JobOutcome, type TestSwarm } from './swarm-page.ts';
+import type { JobOverrides } from '../../app/automation.ts';
+import { maxAbsDiff, runJob, suiteSwarm, type JobOutcome } from './swarm-page.ts';
 
 // Prompt → video through real pages: the dashboard, one worker tab over WebRTC, WebGPU (SwiftShader
 // here; the tests hold on any adapter).
 test.describe.serial('foundation: dashboard + 1 worker tab', () => {
-  let swarm: TestSwarm;
+  const swarm = suiteSwarm(1);
   let swarmRun: JobOutcome;
   // asks for WebGPU: 'auto' takes the faster EP, which on SwiftShader is WASM, and this spec is about the WebGPU path
-  const job = { prompt: 'a red ball', frames: 9, height: 32, width: 32, steps: 2, guidance: 5, seed: 7, ep: 'webgpu' };
-
-  test.beforeAll(async ({ browser, baseURL }) => {
-    swarm = await openTestSwarm(browser, baseURL!, 1);
-  });
-  test.afterAll(async () => swarm?.close());
+  const job = {
+    prompt: 'a red ball',
+    frames: 9,
+    height: 32,
+    width: 32,
+    steps: 2,
+    guidance: 5,
+    seed: 7,
+    ep: 'webgpu',
+  } satisfies JobOverrides;
 
   test('the worker page joins and shows its WebGPU adapter', async () => {
     const worker = swarm.workers[0];
     await expect(worker.locator('#state')).toHaveText(/idle|ready/);
     await expect(worker.locator('#ep')).toHaveText('WebGPU');
     // whatever the adapter (SwiftShader here, a real GPU elsewhere): the page names the one its browser gives it
-    const info: Record<string, string> = await worker.evaluate(async () => {
-      const adapter = await (navigator as any).gpu.requestAdapter();
-      const { vendor, architecture, device, description } = adapter.info ?? {};
+    const info = await worker.evaluate(async () => {
+      const { gpu } = navigator as Navigator & {
+        gpu: { requestAdapter(): Promise<{ info?: Partial<Record<string, string>> } | null> };
+      };
+      const adapter = await gpu.requestAdapter();
+      const { vendor, architecture, device, description } = adapter?.info ?? {};
       return { vendor, architecture, device, description };
     });
-    const named = Object.values(info).filter(Boolean);
+    const named = Object.values(info).filter((v): v is string => Boolean(v));
     for (const text of named.length > 0 ? named : ['WebGPU adapter'])
       await expect(worker.locator('#adapter')).toContainText(text);
     await expect(swarm.dashboard.locator('#workers tbody tr')).toHaveCount(1);
@@ -39,7 +47,7 @@ test.describe.serial('foundation: dashboard + 1 worker tab', () => {
     expect(swarmRun.latent).toHaveLength(16 * 3 * 4 * 4);
     expect(swarmRun.latent.every(Number.isFinite)).toBe(true);
 
-    const video = await swarm.dashboard.evaluate(() => (window as any).ditswarm.inspectVideo());
+    const video = await swarm.dashboard.evaluate(() => window.ditswarm.inspectVideo());
     expect(video.duration).toBeGreaterThan(0);
     expect(video.videoWidth).toBe(32);
     expect(video.file.frameCount).toBe(9);
@@ -73,11 +81,11 @@ test.describe.serial('foundation: dashboard + 1 worker tab', () => {
   test('a bad job parameter is refused with the field named, and nothing runs', async () => {
     const error = await swarm.dashboard.evaluate(
       (o) =>
-        (window as any).ditswarm.generate(o).then(
+        window.ditswarm.generate(o).then(
           () => 'ran',
-          (e: Error) => e.message,
+          (e: unknown) => (e as Error).message,
         ),
-      { ...job, frames: 8, backend: 'swarm', workers: 1 },
+      { ...job, frames: 8, backend: 'swarm', workers: 1 } satisfies JobOverrides,
     );
     expect(error).toContain('frames must be 4k+1');
     await expect(swarm.dashboard.locator('#form-errors')).toContainText('frames must be 4k+1');
@@ -87,10 +95,10 @@ test.describe.serial('foundation: dashboard + 1 worker tab', () => {
   test('closing the dashboard releases its workers: pagehide runs the graceful shutdown', async () => {
     const worker = swarm.workers[0];
     await runJob(swarm.dashboard, { ...job, backend: 'swarm', workers: 1, ep: 'wasm' });
-    await worker.evaluate(() => ((window as any).ditswarmWorkerHistory.length = 0));
+    await worker.evaluate(() => (window.ditswarmWorkerHistory.length = 0));
     await swarm.dashboard.close({ runBeforeUnload: true });
     await expect
-      .poll(() => worker.evaluate(() => (window as any).ditswarmWorkerHistory.join('\n')))
+      .poll(() => worker.evaluate(() => window.ditswarmWorkerHistory.join('\n')))
       .toContain('released by the coordinator');
     await expect(worker.locator('#detail')).toContainText(/lost the dashboard|released/);
   });

@@ -1,6 +1,7 @@
 import { cpSync, mkdirSync, mkdtempSync, readFileSync, rmSync, truncateSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { defined } from '../../core/defined.ts';
 import { loadTransformer, TRANSFORMER_WEIGHTS, TRANSFORMER_WEIGHTS_NAME } from '../../core/model/transformer.ts';
 import { folderFiles, writeCheckpoint, writeUmt5Folder, writeWanVaeFolder } from '../../server/model-folder.ts';
 import { WAN21_T2V_1_3B } from '../../server/wan21-layout.ts';
@@ -25,8 +26,8 @@ async function fullLayoutCopy(): Promise<string> {
   const dir = mkdtempSync(join(tmpdir(), 'ditswarm-e2e-full-'));
   cpSync(TINY_MODEL, dir, { recursive: true });
   for (const part of ['text_encoder', 'vae']) rmSync(join(dir, part), { recursive: true });
-  const index = JSON.parse(readFileSync(join(dir, 'model_index.json'), 'utf8'));
-  const { flow_shift: _, ...published } = index; // the scheduler's config holds the shift
+  const published = JSON.parse(readFileSync(join(dir, 'model_index.json'), 'utf8')) as Record<string, unknown>;
+  delete published.flow_shift; // the scheduler's config holds the shift
   writeFileSync(
     join(dir, 'model_index.json'),
     JSON.stringify({
@@ -71,7 +72,7 @@ async function shardedCopy(truncate: boolean): Promise<string> {
     join(dir, 'transformer'),
     TRANSFORMER_WEIGHTS_NAME,
     [...weights].map(([name, t]) => ({ name, shape: t.shape })),
-    ({ name }) => weights.get(name)!.data,
+    ({ name }) => defined(weights.get(name), name).data,
     { maxShardBytes: 300_000 },
   );
   if (truncate) truncateSync(join(dir, 'transformer', files[files.length - 2]), 1000);

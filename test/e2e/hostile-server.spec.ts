@@ -1,8 +1,10 @@
 import { expect, test } from '@playwright/test';
 import { WebSocket } from 'ws';
+import type { JobOverrides } from '../../app/automation.ts';
+import { defined } from '../../core/defined.ts';
 import { relayProof } from '../../core/net/join-token.ts';
 import { SIGNALING_BURST } from '../../server/peer-signaling.ts';
-import { maxAbsDiff, openTestSwarm, runJob } from './swarm-page.ts';
+import { appOrigin, maxAbsDiff, openTestSwarm, runJob } from './swarm-page.ts';
 
 // A hostile socket against the real server while an honest swarm works (issue 17, findings 4, 9
 // and 14): with only what the server hands anyone (/signaling.json), it cannot open a relay room
@@ -21,13 +23,17 @@ const job = {
   backend: 'swarm',
   ep: 'wasm',
   workers: 2,
-};
+} satisfies JobOverrides;
 
 /** A raw socket's first answer: the message it got, or how it closed. */
 function firstWord(ws: WebSocket): Promise<string> {
   return new Promise((resolve) => {
-    ws.once('message', (data) => resolve(String(data)));
-    ws.once('close', (code, reason) => resolve(`closed ${code} ${reason}`));
+    ws.once('message', (data) =>
+      resolve(
+        (Array.isArray(data) ? Buffer.concat(data) : data instanceof ArrayBuffer ? Buffer.from(data) : data).toString(),
+      ),
+    );
+    ws.once('close', (code, reason) => resolve(`closed ${code} ${reason.toString()}`));
     ws.once('unexpected-response', (_request, response) => resolve(`HTTP ${response.statusCode}`));
     ws.once('error', (e) => resolve(`error ${e.message}`));
   });
@@ -38,13 +44,14 @@ test('a socket with a made-up join token opens no relay room and enters none, on
   baseURL,
 }) => {
   test.setTimeout(180_000);
-  const swarm = await openTestSwarm(browser, baseURL!, 2);
+  const swarm = await openTestSwarm(browser, baseURL, 2);
   const sockets: WebSocket[] = [];
   try {
     const unattacked = await runJob(swarm.dashboard, job);
-    const signaling = await (await fetch(`${baseURL}/signaling.json`)).json();
+    const origin = appOrigin(baseURL);
+    const signaling = (await (await fetch(`${origin}/signaling.json`)).json()) as { path: string; key: string };
     const ws = (path: string) => {
-      const socket = new WebSocket(`${baseURL!.replace('http', 'ws')}${path}`);
+      const socket = new WebSocket(`${origin.replace('http', 'ws')}${path}`);
       sockets.push(socket);
       return socket;
     };
@@ -67,8 +74,8 @@ test('a socket with a made-up join token opens no relay room and enters none, on
         /"refused".*does not hold a join token this server stands by/,
       );
     // the swarm's room (public: it is in every relayed page's query) without its token: the proof is wrong
-    const { joinUrl } = await swarm.dashboard.evaluate(() => (window as any).ditswarm.ready);
-    const room = new URL(joinUrl).hash.match(/token=([0-9a-f]{24})\./)![1];
+    const { joinUrl } = await swarm.dashboard.evaluate(() => window.ditswarm.ready);
+    const room = defined(new URL(joinUrl).hash.match(/token=([0-9a-f]{24})\./), 'the room in the join link')[1];
     expect(
       await firstWord(ws(`/relay?peer=attacker-c&auth=t-attacker-c&room=${room}&proof=${'0'.repeat(64)}&role=worker`)),
     ).toMatch(/does not hold a join token/);
@@ -82,7 +89,7 @@ test('a socket with a made-up join token opens no relay room and enters none, on
 
     const { latent } = await attacked;
     expect(maxAbsDiff(latent, unattacked.latent)).toBe(0);
-    expect(await swarm.dashboard.evaluate(() => (window as any).ditswarm.workerCount())).toBe(2);
+    expect(await swarm.dashboard.evaluate(() => window.ditswarm.workerCount())).toBe(2);
   } finally {
     for (const s of sockets) s.terminate();
     await swarm.close();

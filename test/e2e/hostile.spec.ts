@@ -2,6 +2,8 @@ import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { chromium, expect, test, type BrowserContext, type Page } from '@playwright/test';
 import qrcode from 'qrcode-generator';
+import type { JobOverrides, JobResult } from '../../app/automation.ts';
+import { defined } from '../../core/defined.ts';
 import { chromiumArgs, chromiumExecutable } from '../../server/chromium.ts';
 import {
   emulateStorageQuota,
@@ -11,7 +13,7 @@ import {
 } from './hostile/dashboard.ts';
 import { openRawPeer, type RawPeer } from './hostile/raw-peer.ts';
 import { hostileLog, makeHostile, setRules, type HostileLog, type HostileRules } from './hostile/wire.ts';
-import { maxAbsDiff, runJob, TEST_MODEL } from './swarm-page.ts';
+import { appOrigin, maxAbsDiff, runJob, TEST_MODEL, workerId } from './swarm-page.ts';
 
 // Issue 17's findings played against the real server and pages by the peers that would play them:
 // a worker page with the join link that rewrites what it sends (hostile/wire.ts), pages with only
@@ -34,21 +36,24 @@ const job = {
   ep: 'wasm',
   outputType: 'latent',
   model: TEST_MODEL,
-};
+} satisfies JobOverrides;
 /** the same job on different degrees gives the same latent: float32 rounding apart (survival.spec.ts) */
 const SAME_LATENT = 1e-4;
-/** how long a page that does not prove the join token is kept: 10 s for its proof, 0.5 s for the refusal to reach it, and slack (without the fix: up to 18 s, or for good) */
+/**
+ * how long a page that does not prove the join token is kept: 10 s for its proof, 0.5 s for the
+ * refusal to reach it, and slack (without the fix: up to 18 s, or for good)
+ */
 const UNPROVEN_KEPT_MS = 15_000;
 
 /** the unattacked job's latent, from the first swarm that runs it */
 let unattacked: Float32Array | null = null;
+const unattackedLatent = () => defined(unattacked, "the unattacked job's latent");
 
-interface AttackedRun {
-  report: any | null;
-  latent: Float32Array | null;
-  error: string | null;
-  log: HostileLog;
-}
+/** An attacked job: finished (with its report and latent) or failed (with its error), and what the attacker did. */
+type AttackedRun = (
+  { report: JobResult['report']; latent: Float32Array; error: null } | { report: null; latent: null; error: string }
+) & { log: HostileLog };
+type FinishedRun = Extract<AttackedRun, { error: null }>;
 
 test.describe.serial('three worker tabs, one of them hostile', () => {
   let context: BrowserContext;
@@ -56,8 +61,8 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
   let honest: Page[];
   let attacker: Page;
   const ids: { honest: string[]; attacker: string } = { honest: [], attacker: '' };
-  const workerCount = () => dashboard.evaluate(() => (window as any).ditswarm.workerCount() as number);
-  const idOf = (page: Page) => page.evaluate(() => (window as any).ditswarmWorker.peerId as string);
+  const workerCount = () => dashboard.evaluate(() => window.ditswarm.workerCount());
+  const idOf = workerId;
 
   test.beforeAll(async ({ browser, baseURL }) => {
     test.setTimeout(120_000);
@@ -65,8 +70,8 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
     dashboard = await context.newPage();
     await shortenExchangeTimeout(dashboard);
     await trackPeerConnections(dashboard);
-    await dashboard.goto(`${baseURL}/`);
-    const { joinUrl } = await dashboard.evaluate(() => (window as any).ditswarm.ready);
+    await dashboard.goto(`${appOrigin(baseURL)}/`);
+    const { joinUrl } = await dashboard.evaluate(() => window.ditswarm.ready);
     honest = [await context.newPage(), await context.newPage()];
     attacker = await context.newPage();
     await makeHostile(attacker);
@@ -80,7 +85,7 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
   });
 
   test.afterAll(async () => {
-    await context?.close();
+    await (context as BrowserContext | undefined)?.close(); // unset where beforeAll failed
   });
 
   /**
@@ -110,16 +115,17 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
     try {
       const outcome = await dashboard.evaluate(
         (j) =>
-          (window as any).ditswarm.generate(j).then(
-            (r: any) => ({ report: r.report, latent: r.latent as string, error: null }),
-            (e: Error) => ({ report: null, latent: null, error: e.message }),
+          window.ditswarm.generate(j).then(
+            (r) => ({ report: r.report, latent: r.latent, error: null }),
+            (e: unknown) => ({ report: null, latent: null, error: (e as Error).message }),
           ),
         { ...job, workers: 3 },
       );
-      const bytes = outcome.latent === null ? null : Buffer.from(outcome.latent, 'base64');
+      if (outcome.error !== null) return { ...outcome, log: await hostileLog(attacker) };
+      const bytes = Buffer.from(outcome.latent, 'base64');
       return {
         ...outcome,
-        latent: bytes && new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4),
+        latent: new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4),
         log: await hostileLog(attacker),
       };
     } finally {
@@ -128,21 +134,21 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
   }
 
   /** The job finished on what was left, with the unattacked latent, every step once. */
-  function expectUnattackedResult(run: AttackedRun): void {
+  function expectUnattackedResult(run: AttackedRun): asserts run is FinishedRun {
     expect(run.error).toBeNull();
-    expect(run.report.steps.map((s: any) => s.step)).toEqual([0, 1, 2, 3]);
-    expect(maxAbsDiff(run.latent!, unattacked!)).toBeLessThanOrEqual(SAME_LATENT);
+    if (run.error !== null) throw new Error(`the job failed: ${run.error}`);
+    expect(run.report.steps.map((s) => s.step)).toEqual([0, 1, 2, 3]);
+    expect(maxAbsDiff(run.latent, unattackedLatent())).toBeLessThanOrEqual(SAME_LATENT);
   }
 
   /** Who each failure of the run let go: worker ids with their causes. */
   const letGo = (run: AttackedRun) =>
-    (run.report?.failures ?? []).flatMap((f: any) =>
-      f.lost.map((l: any) => ({ worker: l.worker, cause: l.cause, evidence: l.evidence })),
+    (run.report?.failures ?? []).flatMap((f) =>
+      f.lost.map((l) => ({ worker: l.worker, cause: l.cause, evidence: l.evidence })),
     );
 
   /** What each honest tab went through so far (its page's history): 'lost the dashboard' is a tab let go. */
-  const histories = () =>
-    Promise.all(honest.map((page) => page.evaluate(() => [...(window as any).ditswarmWorkerHistory] as string[])));
+  const histories = () => Promise.all(honest.map((page) => page.evaluate(() => [...window.ditswarmWorkerHistory])));
 
   // Before any attack that lets a tab go, so that what the honest tabs count is this job's alone.
   test('#6 tensors of a forward already past, or as float16 in a float32 job, are refused whole and counted; the job goes on undisturbed', async () => {
@@ -172,9 +178,9 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
     expect(flood.log.tensorsInjected).toBe(2000);
     expectUnattackedResult(flood);
     const gone = letGo(flood);
-    expect(gone.map((l: any) => l.worker)).toContain(ids.attacker);
-    expect(gone.find((l: any) => l.worker !== ids.attacker)?.evidence).toMatch(/reported rank \d misbehaving/);
-    expect(gone.find((l: any) => l.worker === ids.attacker)?.evidence).toMatch(/tensors ahead/);
+    expect(gone.map((l) => l.worker)).toContain(ids.attacker);
+    expect(gone.find((l) => l.worker !== ids.attacker)?.evidence).toMatch(/reported rank \d misbehaving/);
+    expect(gone.find((l) => l.worker === ids.attacker)?.evidence).toMatch(/tensors ahead/);
   });
 
   test('#2 a rank naming three honest ranks in its error text has none of them let go: the liar alone goes, and the job finishes with the unattacked latent', async () => {
@@ -186,7 +192,7 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
     const run = await attackedJob({ rows: { from: 1, make: 'error', error: 'rank 0 is gone rank 1: x rank 2: y' } });
     expect(run.log.rowsTampered).toBe(1);
     expectUnattackedResult(run);
-    expect(letGo(run).map((l: any) => l.worker)).toEqual([ids.attacker]);
+    expect(letGo(run).map((l) => l.worker)).toEqual([ids.attacker]);
     const after = await histories();
     after.forEach((history, i) =>
       expect(history.slice(before[i].length).filter((s) => s.includes('lost the dashboard'))).toEqual([]),
@@ -207,8 +213,8 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
     expectUnattackedResult(run);
     const gone = letGo(run);
     expect(gone).toHaveLength(2);
-    expect(gone.map((l: any) => l.worker)).toContain(ids.attacker);
-    expect(gone.every((l: any) => l.cause === 'misbehaved')).toBe(true);
+    expect(gone.map((l) => l.worker)).toContain(ids.attacker);
+    expect(gone.every((l) => l.cause === 'misbehaved')).toBe(true);
     expect(run.report.failures[0].degreeAfter).toBe(1);
   });
 
@@ -234,7 +240,7 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
     expect(run.log.tensorsPoisoned).toBeGreaterThanOrEqual(2);
     expectUnattackedResult(run);
     const gone = letGo(run);
-    expect(gone.find((l: any) => l.worker === ids.attacker)?.evidence).toMatch(/NaN or infinite/);
+    expect(gone.find((l) => l.worker === ids.attacker)?.evidence).toMatch(/NaN or infinite/);
     expect(gone).toHaveLength(2);
   });
 
@@ -242,18 +248,18 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
     // the ranks' patience for a peer's tensor is what prepareJob gives them (half the dashboard's
     // RPC timeout: a minute); here 4 s. Without the fix the job failed at the RPC timeout naming
     // ranks that still answered ping, and the withholding rank was never let go.
-    await dashboard.evaluate(() => ((window as any).__exchangeTimeoutMs = 4_000));
+    await dashboard.evaluate(() => (window.__exchangeTimeoutMs = 4_000));
     try {
       const started = Date.now();
       const run = await attackedJob({ mesh: { step: 1, make: 'withhold' } });
       expect(run.log.tensorsWithheld).toBeGreaterThanOrEqual(2);
       expectUnattackedResult(run);
       const gone = letGo(run);
-      expect(gone.map((l: any) => l.worker)).toContain(ids.attacker);
-      expect(gone.find((l: any) => l.worker === ids.attacker)?.evidence).toMatch(/sent no tensor for step 2/);
+      expect(gone.map((l) => l.worker)).toContain(ids.attacker);
+      expect(gone.find((l) => l.worker === ids.attacker)?.evidence).toMatch(/sent no tensor for step 2/);
       expect(Date.now() - started).toBeLessThan(30_000); // named at 4 s, not at the RPC timeout (120 s)
     } finally {
-      await dashboard.evaluate(() => ((window as any).__exchangeTimeoutMs = undefined));
+      await dashboard.evaluate(() => (window.__exchangeTimeoutMs = undefined));
     }
   });
 
@@ -270,7 +276,7 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
     expect(run.log.pulsesReplaced).toBeGreaterThan(2);
     expectUnattackedResult(run);
     expect(run.report.failures).toEqual([]);
-    expect(run.report.links.every((l: any) => ['direct', 'relay', 'unknown'].includes(l.transport))).toBe(true);
+    expect(run.report.links.every((l) => ['direct', 'relay', 'unknown'].includes(l.transport))).toBe(true);
     await expect(dashboard.locator('#workers tbody tr')).toHaveCount(3);
     expect(errors).toEqual([]);
   });
@@ -284,19 +290,19 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
     const cdp = await context.newCDPSession(dashboard);
     const arrayBuffers = async () => {
       await cdp.send('HeapProfiler.collectGarbage');
-      return ((await cdp.send('Runtime.getHeapUsage' as any)) as { backingStorageSize: number }).backingStorageSize;
+      return (await cdp.send('Runtime.getHeapUsage')).backingStorageSize;
     };
     // the measure sees a reservation: 64 MiB that nobody has written to yet
     const unused = await arrayBuffers();
-    await dashboard.evaluate(() => ((window as any).__probe = new Uint8Array(64 << 20)));
+    await dashboard.evaluate(() => (window.__probe = new Uint8Array(64 << 20)));
     expect((await arrayBuffers()) - unused).toBeGreaterThan(60 << 20);
-    await dashboard.evaluate(() => delete (window as any).__probe);
+    await dashboard.evaluate(() => delete window.__probe);
 
     const baseline = await arrayBuffers();
-    const { joinUrl, swarmId } = await dashboard.evaluate(() => (window as any).ditswarm.ready);
+    const { joinUrl, swarmId } = await dashboard.evaluate(() => window.ditswarm.ready);
     const stranger = await context.newPage();
     await makeHostile(stranger, { join: { bigChunks: 6, neverClose: true, coordinator: swarmId } });
-    await stranger.goto(wrongToken(joinUrl, baseURL!));
+    await stranger.goto(wrongToken(joinUrl, appOrigin(baseURL)));
     try {
       await expect
         .poll(
@@ -323,11 +329,11 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
     // a worker page with a wrong token that keeps its link open, and a page with only PeerJS that
     // dials the dashboard with join metadata (today's, and the token-in-metadata of old links).
     // Without the fix they were kept up to 18 s (a refused page's channel), or without end.
-    const { joinUrl, swarmId } = await dashboard.evaluate(() => (window as any).ditswarm.ready);
+    const { joinUrl, swarmId } = await dashboard.evaluate(() => window.ditswarm.ready);
     const stranger = await context.newPage();
     await makeHostile(stranger, { join: { neverClose: true, coordinator: swarmId } });
-    await stranger.goto(wrongToken(joinUrl, baseURL!));
-    const raw = await openRawPeer(context, baseURL!);
+    await stranger.goto(wrongToken(joinUrl, appOrigin(baseURL)));
+    const raw = await openRawPeer(context, appOrigin(baseURL));
     await raw.dial(swarmId, { role: 'worker', nonce: '0'.repeat(32) });
     await raw.dial(swarmId, { role: 'worker', token: 'a-guess' });
     // for the two tests after this one: offers to the dashboard whose channel never opens, and
@@ -346,22 +352,24 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
     const kept = async () => {
       const own = (await hostileLog(stranger)).channels.filter((c) => c.openedAt !== null).slice(0, 1);
       const dialed = (await raw.connections()).filter((c) => c.peer === swarmId && c.openedAt !== null);
-      return [...own, ...dialed].map((c) => (c.closedAt === null ? null : c.closedAt - c.openedAt!));
+      return [...own, ...dialed].map((c) =>
+        c.closedAt === null || c.openedAt === null ? null : c.closedAt - c.openedAt,
+      );
     };
     await expect
       .poll(async () => (await kept()).length >= 1 && (await kept()).every((ms) => ms !== null), { timeout: 30_000 })
       .toBe(true);
-    const keptMs = (await kept()) as number[];
-    for (const ms of keptMs) expect(ms).toBeLessThan(UNPROVEN_KEPT_MS);
+    for (const ms of await kept()) expect(ms).toBeLessThan(UNPROVEN_KEPT_MS);
     await stranger.close();
   });
 
   // The dashboard lets go an offer whose channel never opens after JOIN_STEP_TIMEOUT_MS (a worker
   // whose channel is slow dials through the relay too), and holds at most MAX_JOINING such pages.
   test('#12 …and the dashboard lets go within as long the offers of a page whose channel never opens', async () => {
-    const { dialedAt } = strangers!;
+    const { dialedAt } = defined(strangers, 'what the #12 test left');
     await new Promise((r) => setTimeout(r, Math.max(0, dialedAt + UNPROVEN_KEPT_MS - Date.now())));
-    const offered = await peerConnectionsSince(dashboard, dialedAt); // the three, and any earlier dial whose offer came late
+    // the three, and any earlier dial whose offer came late
+    const offered = await peerConnectionsSince(dashboard, dialedAt);
     expect(offered.length).toBeGreaterThanOrEqual(3);
     for (const c of offered) expect(c.closedAt).not.toBeNull();
   });
@@ -369,7 +377,7 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
   // A worker page keeps a connection for a mesh it is not in for EARLY_CANDIDATE_MS (its rank's
   // initWorker may come after a peer's dial), and at most 16 of them.
   test('#12 …and a worker lets go connections that name a job it is not in within as long', async () => {
-    const { raw, dialedAt } = strangers!;
+    const { raw, dialedAt } = defined(strangers, 'what the #12 test left');
     await new Promise((r) => setTimeout(r, Math.max(0, dialedAt + UNPROVEN_KEPT_MS - Date.now())));
     const toWorkers = (await raw.connections()).filter((c) => ids.honest.includes(c.peer));
     expect(toWorkers).toHaveLength(6);
@@ -381,9 +389,12 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
     baseURL,
   }) => {
     // without the fix the link and its QR code pointed at localhost: useless on another machine
-    const lan: string[] = (await (await dashboard.request.get(`${baseURL}/signaling.json`)).json()).lanOrigins;
+    const signaling = (await (await dashboard.request.get(`${appOrigin(baseURL)}/signaling.json`)).json()) as {
+      lanOrigins: string[];
+    };
+    const lan = signaling.lanOrigins;
     test.skip(lan.length === 0, 'this machine has no LAN address to share');
-    const { lanJoinUrl } = await dashboard.evaluate(() => (window as any).ditswarm.ready);
+    const { lanJoinUrl } = await dashboard.evaluate(() => window.ditswarm.ready);
     expect(new URL(lanJoinUrl).origin).toBe(lan[0]);
     await expect(dashboard.locator('#join-link')).toHaveText(lanJoinUrl);
     // the QR code is that link's: its modules are those of the link's code
@@ -415,28 +426,28 @@ test.describe.serial('a dashboard and one worker tab', () => {
   let worker: Page;
   let joinUrl: string;
   let swarmId: string;
-  const workerCount = () => dashboard.evaluate(() => (window as any).ditswarm.workerCount() as number);
+  const workerCount = () => dashboard.evaluate(() => window.ditswarm.workerCount());
 
   /** Opens the dashboard of this context (the same identity after a reload or a reopen), watching its status line. */
   async function openDashboard(baseURL: string): Promise<Page> {
     const page = await context.newPage();
     await emulateStorageQuota(page);
     await page.addInitScript(() => {
-      const seen: string[] = ((window as any).__statuses = []);
+      const seen: string[] = (window.__statuses = []);
       new MutationObserver(() => {
         const text = document.getElementById('status')?.textContent ?? '';
         if (seen.at(-1) !== text) seen.push(text);
       }).observe(document, { subtree: true, childList: true, characterData: true });
     });
     await page.goto(`${baseURL}/`);
-    ({ joinUrl, swarmId } = await page.evaluate(() => (window as any).ditswarm.ready));
+    ({ joinUrl, swarmId } = await page.evaluate(() => window.ditswarm.ready));
     return page;
   }
 
   test.beforeAll(async ({ browser, baseURL }) => {
     test.setTimeout(90_000);
     context = await browser.newContext();
-    dashboard = await openDashboard(baseURL!);
+    dashboard = await openDashboard(appOrigin(baseURL));
     worker = await context.newPage();
     await worker.goto(joinUrl);
     await expect.poll(workerCount, { timeout: 60_000 }).toBe(1);
@@ -444,7 +455,7 @@ test.describe.serial('a dashboard and one worker tab', () => {
   });
 
   test.afterAll(async () => {
-    await context?.close();
+    await (context as BrowserContext | undefined)?.close(); // unset where beforeAll failed
   });
 
   test("#1 a page holding the dashboard's id once it closed learns nothing from the worker and is served nothing; the dashboard comes back under a fresh id, which its worker finds", async ({
@@ -452,20 +463,21 @@ test.describe.serial('a dashboard and one worker tab', () => {
     baseURL,
   }) => {
     test.setTimeout(120_000);
-    const secret = new URLSearchParams(new URL(joinUrl).hash.slice(1)).get('token')!;
+    const secret = defined(new URLSearchParams(new URL(joinUrl).hash.slice(1)).get('token'), 'the join token');
+    const origin = appOrigin(baseURL);
     const fetched: string[] = [];
     worker.on('request', (r) => fetched.push(r.url()));
     const attackerContext = await browser.newContext();
     try {
       // no peer discovery: the list of ids that told the attacker which one to take is gone, and the
       // server tells a dashboard's id to no page without the token
-      const key = (await (await attackerContext.request.get(`${baseURL}/signaling.json`)).json()).key;
+      const { key } = (await (await attackerContext.request.get(`${origin}/signaling.json`)).json()) as { key: string };
       for (const k of [key, 'any-key'])
-        expect((await attackerContext.request.get(`${baseURL}/peerjs/${k}/peers`)).ok()).toBe(false);
+        expect((await attackerContext.request.get(`${origin}/peerjs/${k}/peers`)).ok()).toBe(false);
       const room = secret.split('.')[0];
       expect(
         (
-          await attackerContext.request.post(`${baseURL}/swarms/find`, {
+          await attackerContext.request.post(`${origin}/swarms/find`, {
             data: { room, peer: 'ditswarm-w-000000000000', proof: 'f'.repeat(64) },
           })
         ).status(),
@@ -477,7 +489,7 @@ test.describe.serial('a dashboard and one worker tab', () => {
       // challenge it refused: core/net/join.ts, join.test.ts)
       const closedId = swarmId;
       await dashboard.close();
-      const impostor = await openRawPeer(attackerContext, baseURL!, closedId);
+      const impostor = await openRawPeer(attackerContext, origin, closedId);
       await expect(worker.locator('#detail')).toContainText('waiting for the dashboard', { timeout: 20_000 });
       await new Promise((r) => setTimeout(r, 5_000)); // two more rounds of its asking
       expect(await impostor.connections()).toEqual([]);
@@ -486,11 +498,11 @@ test.describe.serial('a dashboard and one worker tab', () => {
       // the real dashboard comes back under a fresh id while the impostor still holds the old one
       // (it used to reuse its id, and gave up while the impostor held it): the server sends its
       // worker there, and the job is the unattacked one
-      dashboard = await openDashboard(baseURL!);
+      dashboard = await openDashboard(origin);
       expect(swarmId).not.toBe(closedId);
       await expect.poll(workerCount, { timeout: 45_000 }).toBe(1);
       const run = await runJob(dashboard, { ...job, workers: 1 });
-      expect(maxAbsDiff(run.latent, unattacked!)).toBeLessThanOrEqual(SAME_LATENT);
+      expect(maxAbsDiff(run.latent, unattackedLatent())).toBeLessThanOrEqual(SAME_LATENT);
       await impostor.destroy();
     } finally {
       await attackerContext.close();
@@ -504,74 +516,71 @@ test.describe.serial('a dashboard and one worker tab', () => {
     // a browser whose storage holds half a video more than it holds now. Without the fix the final
     // write threw: the job was done in memory but running in storage, settled() (and so generate)
     // never resolved, no done event, and after a reload it ran again
-    const generate = (overrides: object) =>
-      dashboard.evaluate(
+    const generate = async (overrides: JobOverrides) => {
+      const outcome = await dashboard.evaluate(
         (j) =>
           Promise.race([
-            (window as any).ditswarm
+            window.ditswarm
               .submit(j)
-              .then((id: number) =>
-                (window as any).ditswarm
-                  .result(id)
-                  .then((r: any) => ({ id, sha: r.report.latentSha256 as string, video: r.video !== null })),
+              .then((id) =>
+                window.ditswarm.result(id).then((r) => ({ id, sha: r.report.latentSha256, video: r.video !== null })),
               ),
             new Promise<string>((r) => setTimeout(() => r('settled() did not resolve'), 30_000)),
           ]),
-        { ...job, workers: 1, outputType: 'video', ...overrides },
+        { ...job, workers: 1, outputType: 'video', ...overrides } satisfies JobOverrides,
       );
+      if (typeof outcome === 'string') throw new Error(outcome);
+      return outcome;
+    };
     const first = await generate({});
-    const stored = () => dashboard.evaluate(() => (window as any).__storedResultBytes as Record<string, number>);
+    const stored = () => dashboard.evaluate(() => window.__storedResultBytes);
     const firstBytes = (await stored())[first.id];
     expect(firstBytes).toBeGreaterThan(1_000); // its video and latent
     const total = Object.values(await stored()).reduce((a, b) => a + b, 0);
-    await dashboard.evaluate((bytes) => ((window as any).__quotaBytes = bytes), total + Math.round(firstBytes / 2));
-    const statuses = () => dashboard.evaluate(() => (window as any).__statuses as string[]);
+    await dashboard.evaluate((bytes) => (window.__quotaBytes = bytes), total + Math.round(firstBytes / 2));
+    const statuses = () => dashboard.evaluate(() => window.__statuses);
 
     const second = await generate({ seed: 8 });
     expect(second).toMatchObject({ video: true });
-    expect(await dashboard.evaluate(() => (window as any).__refusedPuts)).toBeGreaterThan(0);
+    expect(await dashboard.evaluate(() => window.__refusedPuts)).toBeGreaterThan(0);
     expect(
       (await statuses()).some((s) => /was kept in this browser after removing the video and latent of job \d+/.test(s)),
     ).toBe(true);
     expect((await stored())[second.id]).toBeGreaterThan(1_000); // stored with its own
     storage.madeRoom = second.id;
 
-    // a job that cannot be kept even alone: done in memory, stored without its video and latent, and the page says to download it
-    await dashboard.evaluate(() => ((window as any).__quotaBytes = 1));
+    // a job that cannot be kept even alone: done in memory, stored without its video and latent, and
+    // the page says to download it
+    await dashboard.evaluate(() => (window.__quotaBytes = 1));
     const third = await generate({ seed: 9 });
     expect(third).toMatchObject({ video: true });
     expect((await statuses()).some((s) => /download the video before closing this page/.test(s))).toBe(true);
     storage.tooLarge = third.id;
 
     // after a reload every job is done in storage too, none runs again
-    await dashboard.evaluate(() => ((window as any).__quotaBytes = undefined));
+    await dashboard.evaluate(() => (window.__quotaBytes = undefined));
     await dashboard.reload();
-    await dashboard.evaluate(() => (window as any).ditswarm.ready);
-    const jobs = await dashboard.evaluate(() => (window as any).ditswarm.jobs() as { id: number; status: string }[]);
+    await dashboard.evaluate(() => window.ditswarm.ready);
+    const jobs = await dashboard.evaluate(() => window.ditswarm.jobs());
     expect(jobs.map((j) => j.id)).toContain(third.id);
     expect(jobs.map((j) => j.status)).toEqual(jobs.map(() => 'done'));
     const kept = await dashboard.evaluate(
-      (id) => (window as any).ditswarm.result(id).then((r: any) => r.report.latentSha256),
+      (id) => window.ditswarm.result(id).then((r) => r.report.latentSha256),
       third.id,
     );
     expect(kept).toBe(third.sha);
 
     // a job that ends its page before its first step, three times (here: reloads while it waits
     // for a second worker that never comes) is failed, not started a fourth time
-    const waiting: number = await dashboard.evaluate((j) => (window as any).ditswarm.submit(j), { ...job, workers: 2 });
+    const waiting = await dashboard.evaluate((j) => window.ditswarm.submit(j), { ...job, workers: 2 });
     for (let start = 1; start <= 3; start++) {
       await expect
-        .poll(() =>
-          dashboard.evaluate((id) => (window as any).ditswarm.jobs().find((j: any) => j.id === id)?.status, waiting),
-        )
+        .poll(() => dashboard.evaluate((id) => window.ditswarm.jobs().find((j) => j.id === id)?.status, waiting))
         .toBe('running');
       await dashboard.reload();
-      await dashboard.evaluate(() => (window as any).ditswarm.ready);
+      await dashboard.evaluate(() => window.ditswarm.ready);
     }
-    const given = await dashboard.evaluate(
-      (id) => (window as any).ditswarm.jobs().find((j: any) => j.id === id),
-      waiting,
-    );
+    const given = await dashboard.evaluate((id) => window.ditswarm.jobs().find((j) => j.id === id), waiting);
     expect(given).toMatchObject({ status: 'failed', error: expect.stringMatching(/interrupted 3 times/) });
   });
 
@@ -581,8 +590,8 @@ test.describe.serial('a dashboard and one worker tab', () => {
   test('#10 …and a job too large to keep costs no older job its video', async () => {
     expect(storage.madeRoom).not.toBeNull();
     const video = await dashboard.evaluate(
-      (id) => (window as any).ditswarm.result(id).then((r: any) => r.video !== null),
-      storage.madeRoom!,
+      (id) => window.ditswarm.result(id).then((r) => r.video !== null),
+      defined(storage.madeRoom, 'the job that made room'),
     );
     expect(video).toBe(true);
   });
@@ -593,7 +602,8 @@ test('#11 a page of another site reads nothing of the server and opens no socket
 }) => {
   // a browser in which evil.example is this machine, as a rebinding attacker's DNS makes it, and
   // the attacker's page at evil.example (on a port of its own)
-  const port = new URL(baseURL!).port;
+  const origin = appOrigin(baseURL);
+  const port = new URL(origin).port;
   const site = http.createServer((_request, response) =>
     response.writeHead(200, { 'content-type': 'text/html' }).end('<title>evil</title>'),
   );
@@ -605,7 +615,7 @@ test('#11 a page of another site reads nothing of the server and opens no socket
   try {
     const page = await browser.newPage();
     // rebinding: the server under a name it does not own. Without the fix: 200, and the key
-    const key: string = (await (await fetch(`${baseURL}/signaling.json`)).json()).key;
+    const { key } = (await (await fetch(`${origin}/signaling.json`)).json()) as { key: string };
     for (const path of ['/signaling.json', '/', '/worker.html']) {
       const response = await page.goto(`http://evil.example:${port}${path}`);
       expect(response?.status()).toBe(421);
@@ -618,12 +628,15 @@ test('#11 a page of another site reads nothing of the server and opens no socket
       async ({ key, port }) => {
         const cors = await fetch(`http://localhost:${port}/peerjs/${key}/id`).then(
           (r) => `read ${r.status}`,
-          (e: Error) => `blocked: ${e.name}`,
+          (e: unknown) => `blocked: ${(e as Error).name}`,
         );
         const socket = (path: string) =>
           new Promise<string>((resolve) => {
             const ws = new WebSocket(`ws://localhost:${port}${path}`);
-            ws.onopen = () => (resolve('opened'), ws.close());
+            ws.onopen = () => {
+              resolve('opened');
+              ws.close();
+            };
             ws.onerror = () => resolve('refused');
             setTimeout(() => resolve('no answer'), 5_000);
           });
@@ -642,11 +655,10 @@ test('#11 a page of another site reads nothing of the server and opens no socket
   }
 });
 
-/** The join link with its token replaced: a page that cannot prove it holds the swarm's. */
 /** The join link with a token of the swarm's room under a made-up seal: well-formed, not the swarm's. */
 function wrongToken(joinUrl: string, baseURL: string): string {
   const url = new URL(joinUrl, baseURL);
-  const room = new URLSearchParams(url.hash.slice(1)).get('token')!.split('.')[0];
+  const room = defined(new URLSearchParams(url.hash.slice(1)).get('token'), 'the join token').split('.')[0];
   url.hash = `token=${room}.${'0'.repeat(32)}`;
   return url.href;
 }
@@ -657,3 +669,12 @@ function wrongToken(joinUrl: string, baseURL: string): string {
 // more), so only five or more honest senders each with more than 4 MiB in flight to one rank
 // (a job of ~50k tokens on this model) could reach it: no e2e job here can fail on the old relay.
 // test/unit/relay.test.ts plays it against the relay's sockets.
+
+declare global {
+  interface Window {
+    /** every text the dashboard's status line showed, in order (openDashboard's observer) */
+    __statuses: string[];
+    /** an allocation of 64 MiB, to show the heap measure sees one */
+    __probe?: Uint8Array;
+  }
+}

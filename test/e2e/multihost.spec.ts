@@ -1,9 +1,11 @@
 import { chromium, expect, test, type Browser, type Page } from '@playwright/test';
 import type { ChildProcess } from 'node:child_process';
+import type { JobOverrides } from '../../app/automation.ts';
+import { defined } from '../../core/defined.ts';
 import { chromiumArgs, chromiumExecutable } from '../../server/chromium.ts';
 import { exchangeFloatsPerBlock, planUlysses } from '../../core/parallel.ts';
 import { canCreateNamespaces, createTestNetwork, type TestHost, type TestNetwork } from './netns.ts';
-import { maxAbsDiff, runJob } from './swarm-page.ts';
+import { maxAbsDiff, runJob, type JobOutcome } from './swarm-page.ts';
 
 // The swarm on separate hosts: the server in h0, the dashboard's Chromium in h1 and one Chromium
 // per worker in h2…h4, each host a network namespace with its own address on a private test
@@ -26,7 +28,7 @@ const job = {
   backend: 'swarm',
   ep: 'wasm',
   shares: 'even',
-};
+} satisfies JobOverrides;
 
 const support = canCreateNamespaces();
 
@@ -34,6 +36,7 @@ test.describe.serial('Ulysses across hosts', () => {
   test.skip(!support.ok, `multi-host test skipped: ${support.ok ? '' : support.reason}`);
 
   let network: TestNetwork | undefined;
+  const net = () => defined(network, 'the test network beforeAll makes');
   const browsers: Browser[] = [];
   let dashboard: Page;
   let serverHost: TestHost;
@@ -55,7 +58,7 @@ test.describe.serial('Ulysses across hosts', () => {
       String(STUN_PORT),
     ]);
     await linePrinted(stun, 'stun listening', 'the STUN server');
-    stun.stdout!.on('data', (chunk: Buffer) => {
+    defined(stun.stdout, "the STUN server's output").on('data', (chunk: Buffer) => {
       for (const [, address] of chunk.toString().matchAll(/^binding (\S+)$/gm)) stunClients.add(address);
     });
     const env = { ...process.env, DITSWARM_ICE_SERVERS: `stun:${h0.address}:${STUN_PORT}` };
@@ -73,16 +76,14 @@ test.describe.serial('Ulysses across hosts', () => {
     dashboard = await dashboardBrowser.newPage();
     await dashboard.goto(`${origin}/`);
     expect(await dashboard.evaluate(() => [isSecureContext, crossOriginIsolated])).toEqual([true, true]);
-    const { joinUrl } = await dashboard.evaluate(() => (window as any).ditswarm.ready);
+    const { joinUrl } = await dashboard.evaluate(() => window.ditswarm.ready);
     expect(joinUrl).toContain(origin);
 
     for (const host of workerHosts) {
       const page = await (await launchIn(network, host, [])).newPage();
       await page.goto(joinUrl);
     }
-    await expect
-      .poll(() => dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 60_000 })
-      .toBe(WORKERS);
+    await expect.poll(() => dashboard.evaluate(() => window.ditswarm.workerCount()), { timeout: 60_000 }).toBe(WORKERS);
   });
 
   test.afterAll(async () => {
@@ -95,26 +96,25 @@ test.describe.serial('Ulysses across hosts', () => {
     const single = await runJob(dashboard, { ...job, workers: 1 });
     console.log(`P=1 step ms ${stepTimes(single.report)}`);
     for (const P of [2, 3]) {
-      const before = workerHosts.map((h) => network!.trafficOf(h).fromHost);
-      const serverBefore = network!.trafficOf(serverHost);
+      const before = workerHosts.map((h) => net().trafficOf(h).fromHost);
+      const serverBefore = net().trafficOf(serverHost);
       const run = await runJob(dashboard, { ...job, workers: P });
-      const sentOnWire = workerHosts.map((h, i) => network!.trafficOf(h).fromHost - before[i]);
-      const serverAfter = network!.trafficOf(serverHost);
+      const sentOnWire = workerHosts.map((h, i) => net().trafficOf(h).fromHost - before[i]);
+      const serverAfter = net().trafficOf(serverHost);
       // What reached the server: HTTP requests and signaling (the model it serves flows the other way).
       const serverBytes = serverAfter.toHost - serverBefore.toHost;
 
       const diff = maxAbsDiff(run.latent, single.latent);
-      const exchanged = run.report.steps.map((s: any) => s.ranks.map((r: any) => r.bytesSent) as number[]);
-      const perRank = Array.from({ length: P }, (_, r) =>
-        exchanged.reduce((sum: number, step: number[]) => sum + step[r], 0),
-      );
+      const exchanged = run.report.steps.map((s) => s.ranks.map((r) => r.bytesSent));
+      const perRank = Array.from({ length: P }, (_, r) => exchanged.reduce((sum, step) => sum + step[r], 0));
       console.log(
         `P=${P}: max-abs vs P=1 ${diff.toExponential(2)}, step ms ${stepTimes(run.report)}; ` +
           `exchange bytes per rank ${perRank.join('/')}, bytes leaving each worker host ${sentOnWire.join('/')}, bytes reaching the server host ${serverBytes}`,
       );
       expect(run.report.config.ulyssesDegree).toBe(P);
       expect(diff, `P=${P}`).toBeLessThanOrEqual(1e-4);
-      // two passes a step, each rank its share's q, k, v out and attention output back (about 4·(S/P)·D·(P−1)/P floats a block)
+      // two passes a step, each rank its share's q, k, v out and attention output back (about
+      // 4·(S/P)·D·(P−1)/P floats a block)
       const plan = planUlysses({ numHeads: 12, headDim: DIM / 12 }, TOKENS, P);
       for (const step of exchanged)
         expect(step).toEqual(plan.heads.map((_, r) => 2 * 4 * exchangeFloatsPerBlock(plan, r) * LAYERS));
@@ -150,6 +150,7 @@ test.describe.serial('relay fallback across hosts', () => {
   test.skip(!support.ok, `multi-host test skipped: ${support.ok ? '' : support.reason}`);
 
   let network: TestNetwork | undefined;
+  const net = () => defined(network, 'the test network beforeAll makes');
   const browsers: Browser[] = [];
   let dashboard: Page;
   let serverHost: TestHost;
@@ -174,7 +175,7 @@ test.describe.serial('relay fallback across hosts', () => {
     await linePrinted(server, 'ditswarm is serving on port', 'the ditswarm server');
     dashboard = await (await launch(h1, [`--unsafely-treat-insecure-origin-as-secure=${origin}`])).newPage();
     await dashboard.goto(`${origin}/`);
-    ({ joinUrl } = await dashboard.evaluate(() => (window as any).ditswarm.ready));
+    ({ joinUrl } = await dashboard.evaluate(() => window.ditswarm.ready));
   });
 
   test.afterAll(async () => {
@@ -184,7 +185,7 @@ test.describe.serial('relay fallback across hosts', () => {
 
   async function launch(host: TestHost, extraArgs: string[] = []): Promise<Browser> {
     const browser = await chromium.launch({
-      executablePath: network!.chromiumIn(host, chromiumExecutable()),
+      executablePath: net().chromiumIn(host, chromiumExecutable()),
       args: [...chromiumArgs, ...extraArgs],
     });
     browsers.push(browser);
@@ -196,7 +197,7 @@ test.describe.serial('relay fallback across hosts', () => {
     const page = await browser.newPage();
     await page.goto(joinUrl);
     await expect
-      .poll(() => page.evaluate(() => (window as any).ditswarmWorker?.connected ?? false), { timeout: 60_000 })
+      .poll(() => page.evaluate(() => window.ditswarmWorker?.connected ?? false), { timeout: 60_000 })
       .toBe(true);
     return { browser, page };
   }
@@ -206,41 +207,35 @@ test.describe.serial('relay fallback across hosts', () => {
     // direct: two hosts that can open data channels
     await join(open);
     const { browser: spareBrowser } = await join(spare);
-    await expect
-      .poll(() => dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 60_000 })
-      .toBe(2);
+    await expect.poll(() => dashboard.evaluate(() => window.ditswarm.workerCount()), { timeout: 60_000 }).toBe(2);
     await runJob(dashboard, { ...job, workers: 2 }); // warms both workers up: the timed runs below are second runs
     const direct = await runJob(dashboard, { ...job, workers: 2 });
 
     // the spare leaves; the blocked host takes its rank
     await spareBrowser.close();
-    await expect
-      .poll(() => dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 30_000 })
-      .toBe(1);
+    await expect.poll(() => dashboard.evaluate(() => window.ditswarm.workerCount()), { timeout: 30_000 }).toBe(1);
     const joinStarted = Date.now();
     const { page: blockedPage } = await join(blocked);
     const joinMs = Date.now() - joinStarted;
-    expect(await blockedPage.evaluate(() => (window as any).ditswarmWorker.transport)).toBe('relay');
-    await expect
-      .poll(() => dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 30_000 })
-      .toBe(2);
+    expect(await blockedPage.evaluate(() => window.ditswarmWorker?.transport)).toBe('relay');
+    await expect.poll(() => dashboard.evaluate(() => window.ditswarm.workerCount()), { timeout: 30_000 }).toBe(2);
 
     await runJob(dashboard, { ...job, workers: 2 });
-    const serverBefore = network!.trafficOf(serverHost);
+    const serverBefore = net().trafficOf(serverHost);
     const relayed = await runJob(dashboard, { ...job, workers: 2 });
-    const serverBytes = network!.trafficOf(serverHost).toHost - serverBefore.toHost;
+    const serverBytes = net().trafficOf(serverHost).toHost - serverBefore.toHost;
 
     const diff = maxAbsDiff(relayed.latent, direct.latent);
-    const perRank = [0, 1].map((r) => relayed.report.steps.reduce((t: number, s: any) => t + s.ranks[r].bytesSent, 0));
-    const links = (r: any) => r.report.links.map((l: any) => `${l.from}->${l.to}:${l.transport}`).sort();
+    const perRank = [0, 1].map((r) => relayed.report.steps.reduce((t, s) => t + s.ranks[r].bytesSent, 0));
+    const links = (r: JobOutcome) => r.report.links.map((l) => `${l.from}->${l.to}:${l.transport}`).sort();
     console.log(
       `UDP-blocked worker joined through the relay in ${joinMs} ms; P=2 step ms direct ${stepTimes(direct.report)}, relayed ${stepTimes(relayed.report)}; ` +
         `max-abs ${diff.toExponential(2)}; links ${links(relayed).join(', ')}; exchange bytes per rank ${perRank.join('/')}, bytes reaching the server host ${serverBytes}`,
     );
     expect(diff).toBeLessThanOrEqual(1e-4);
     expect(links(direct)).toEqual(['1->0:direct', 'coordinator->0:direct', 'coordinator->1:direct']);
-    const blockedId = await blockedPage.evaluate(() => (window as any).ditswarmWorker.peerId);
-    const blockedRank = relayed.report.workers.findIndex((w: any) => w.id === blockedId);
+    const blockedId = await blockedPage.evaluate(() => window.ditswarmWorker?.peerId);
+    const blockedRank = relayed.report.workers.findIndex((w) => w.id === blockedId);
     expect(blockedRank).toBe(1);
     // every link of the blocked worker is relayed; the open worker's own link stays direct
     expect(links(relayed)).toEqual(['1->0:relay', 'coordinator->0:direct', 'coordinator->1:relay']);
@@ -259,14 +254,14 @@ function linePrinted(child: ChildProcess, line: string, what: string): Promise<v
     );
     const read = (chunk: Buffer) => {
       if (output.includes(line)) return;
-      output += chunk;
+      output += chunk.toString();
       if (output.includes(line)) {
         clearTimeout(timer);
         resolve();
       }
     };
-    child.stdout!.on('data', read);
-    child.stderr!.on('data', read);
+    defined(child.stdout, `the output of ${what}`).on('data', read);
+    defined(child.stderr, `the errors of ${what}`).on('data', read);
     child.once('exit', (code) => {
       clearTimeout(timer);
       reject(new Error(`${what} in the test host exited with ${code}:\n${output}`));
@@ -274,6 +269,6 @@ function linePrinted(child: ChildProcess, line: string, what: string): Promise<v
   });
 }
 
-function stepTimes(report: any): string {
-  return report.steps.map((s: any) => s.ms.toFixed(0)).join('/');
+function stepTimes(report: JobOutcome['report']): string {
+  return report.steps.map((s) => s.ms.toFixed(0)).join('/');
 }

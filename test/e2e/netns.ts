@@ -2,6 +2,7 @@ import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { chmodSync, existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
+import { defined } from '../../core/defined.ts';
 
 /**
  * Test hosts made of Linux network namespaces: a "switch" namespace holding a bridge, and one
@@ -148,7 +149,7 @@ export function createTestNetwork(count: number): TestNetwork {
     },
     trafficOf(host) {
       const now = counters(host);
-      const start = baseline.get(host.ns)!;
+      const start = defined(baseline.get(host.ns), `the traffic counters of ${host.ns} at the start`);
       return { fromHost: now.fromHost - start.fromHost, toHost: now.toHost - start.toHost };
     },
     cleanup,
@@ -204,5 +205,6 @@ function ip(...args: string[]): void {
 }
 
 function ipOut(...args: string[]): string {
-  return spawnSync(IP, args, { encoding: 'utf8' }).stdout?.trim() ?? '';
+  // no output at all when ip could not be started
+  return (spawnSync(IP, args, { encoding: 'utf8' }).stdout as string | null)?.trim() ?? '';
 }

@@ -1,6 +1,8 @@
 import { expect, test } from '@playwright/test';
+import type { JobOverrides } from '../../app/automation.ts';
+import { defined } from '../../core/defined.ts';
 import { startServer, type RunningServer } from '../../server/serve.ts';
-import { maxAbsDiff, openTestSwarm, runJob, type JobOutcome } from './swarm-page.ts';
+import { appOrigin, maxAbsDiff, openTestSwarm, runJob, type JobOutcome } from './swarm-page.ts';
 
 // The relay, forced: a server started like `npm start -- --force-relay` (what `npm run generate
 // -- --force-relay` runs) sends every link through itself. The job must not notice: same
@@ -17,7 +19,7 @@ const job = {
   ep: 'wasm',
   workers: 2,
   shares: 'even',
-};
+} satisfies JobOverrides;
 
 let forced: RunningServer;
 
@@ -26,7 +28,7 @@ test.beforeAll(async () => {
 });
 
 test.afterAll(async () => {
-  await forced?.close();
+  await (forced as RunningServer | undefined)?.close(); // unset where beforeAll failed
 });
 
 test('a P = 2 job with every link relayed gives the direct latent within 1e-4, and the report says the links were relayed', async ({
@@ -45,21 +47,18 @@ test('a P = 2 job with every link relayed gives the direct latent within 1e-4, a
       await swarm.close();
     }
   };
-  const { outcome: direct } = await runOn(baseURL!);
+  const { outcome: direct } = await runOn(appOrigin(baseURL));
   const { outcome: relayed, relayBytes } = await runOn(forced.url);
 
   const diff = maxAbsDiff(relayed.latent, direct.latent);
-  const steps = (r: JobOutcome) => r.report.steps.map((s: any) => s.ms.toFixed(0)).join('/');
-  const exchanged = relayed.report.steps.reduce(
-    (t: number, s: any) => t + s.ranks.reduce((u: number, r: any) => u + r.bytesSent, 0),
-    0,
-  );
+  const steps = (r: JobOutcome) => r.report.steps.map((s) => s.ms.toFixed(0)).join('/');
+  const exchanged = relayed.report.steps.reduce((t, s) => t + s.ranks.reduce((u, r) => u + r.bytesSent, 0), 0);
   console.log(
     `P=2 step ms direct ${steps(direct)}, relayed ${steps(relayed)}; max-abs ${diff.toExponential(2)}; the relay forwarded ${relayBytes} B (exchange ${exchanged} B)`,
   );
 
   expect(diff).toBeLessThanOrEqual(1e-4);
-  const byLink = (r: JobOutcome) => r.report.links.map((l: any) => `${l.from}->${l.to}:${l.transport}`).sort();
+  const byLink = (r: JobOutcome) => r.report.links.map((l) => `${l.from}->${l.to}:${l.transport}`).sort();
   expect(byLink(direct)).toEqual(['1->0:direct', 'coordinator->0:direct', 'coordinator->1:direct']);
   expect(byLink(relayed)).toEqual(['1->0:relay', 'coordinator->0:relay', 'coordinator->1:relay']);
   // every byte of the all-to-all crossed the server, and so did the patches out and rows back (2 passes
@@ -77,15 +76,16 @@ test('with the relay forced, a worker page without the join token is told nothin
 }) => {
   const swarm = await openTestSwarm(browser, forced.url, 1);
   try {
-    const { joinUrl } = await swarm.dashboard.evaluate(() => (window as any).ditswarm.ready);
-    const room = new URLSearchParams(new URL(joinUrl).hash.slice(1)).get('token')!.split('.')[0];
+    const { joinUrl } = await swarm.dashboard.evaluate(() => window.ditswarm.ready);
+    const token = defined(new URLSearchParams(new URL(joinUrl).hash.slice(1)).get('token'), 'the join token');
+    const room = token.split('.')[0];
     const relayRefusals = forced.relay.stats().refused.length;
     const stranger = await swarm.dashboard.context().newPage();
     await stranger.goto(joinUrl.replace(/token=[^&]+/, `token=${room}.${'0'.repeat(32)}`)); // the swarm's room, a made-up seal
     await expect(stranger.locator('#state')).toHaveText('refused', { timeout: 20_000 });
     await expect(stranger.locator('#detail')).toContainText('no proof of a join token this server stands by');
     expect(forced.relay.stats().refused.length).toBe(relayRefusals);
-    expect(await swarm.dashboard.evaluate(() => (window as any).ditswarm.workerCount())).toBe(1);
+    expect(await swarm.dashboard.evaluate(() => window.ditswarm.workerCount())).toBe(1);
   } finally {
     await swarm.close();
   }
@@ -96,11 +96,12 @@ test('revoking the join link lets its workers go, the old link opens nothing, th
 }) => {
   const swarm = await openTestSwarm(browser, forced.url, 1);
   try {
-    const { joinUrl: oldUrl } = await swarm.dashboard.evaluate(() => (window as any).ditswarm.ready);
-    const { joinUrl, lanJoinUrl } = await swarm.dashboard.evaluate(() => (window as any).ditswarm.revokeJoinLink());
+    const { joinUrl: oldUrl } = await swarm.dashboard.evaluate(() => window.ditswarm.ready);
+    const revoked = await swarm.dashboard.evaluate(() => window.ditswarm.revokeJoinLink());
+    const { joinUrl, lanJoinUrl } = defined(revoked, 'the links after revoking (null: refused)');
     expect(joinUrl).not.toBe(oldUrl);
     await expect(swarm.dashboard.locator('#join-link')).toHaveAttribute('href', lanJoinUrl);
-    await expect.poll(() => swarm.dashboard.evaluate(() => (window as any).ditswarm.workerCount())).toBe(0);
+    await expect.poll(() => swarm.dashboard.evaluate(() => window.ditswarm.workerCount())).toBe(0);
     // the revoked link's page stays out: the server tells it nothing, and the relay refuses the
     // socket it opens again with the revoked token
     await expect(swarm.workers[0].locator('#state')).toHaveText('refused', { timeout: 20_000 });
@@ -110,11 +111,9 @@ test('revoking the join link lets its workers go, the old link opens nothing, th
       .toMatch(/does not hold a join token this server stands by/);
     const fresh = await swarm.dashboard.context().newPage();
     await fresh.goto(joinUrl);
-    await expect
-      .poll(() => swarm.dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 30_000 })
-      .toBe(1);
+    await expect.poll(() => swarm.dashboard.evaluate(() => window.ditswarm.workerCount()), { timeout: 30_000 }).toBe(1);
     await swarm.dashboard.reload();
-    expect((await swarm.dashboard.evaluate(() => (window as any).ditswarm.ready)).joinUrl).toBe(joinUrl);
+    expect((await swarm.dashboard.evaluate(() => window.ditswarm.ready)).joinUrl).toBe(joinUrl);
   } finally {
     await swarm.close();
   }

@@ -1,18 +1,18 @@
 // The ditswarm server is real: it serves both pages cross-origin isolated, and two tabs
 // find each other through its PeerServer and exchange binary data over WebRTC.
 
-import { readFile } from 'node:fs/promises';
 import { resolve } from 'node:path';
 import { expect, test, type Page } from '@playwright/test';
+import { defined } from '../../core/defined.ts';
+import { addPeerJs } from './peerjs-bundle.ts';
 
-const PEERJS_BUNDLE = resolve(import.meta.dirname, '../../node_modules/peerjs/dist/peerjs.min.js');
 const PAYLOAD_BYTES = 200 * 1024; // one data-channel message: under Chromium's 256 KiB limit
 
 for (const path of ['/', '/worker.html']) {
   test(`GET ${path} is 200 with COOP, COEP and CORP, and the page is cross-origin isolated`, async ({ page }) => {
-    const response = await page.goto(path);
-    expect(response?.status()).toBe(200);
-    const headers = response!.headers();
+    const response = defined(await page.goto(path), `the response to GET ${path}`);
+    expect(response.status()).toBe(200);
+    const headers = response.headers();
     expect(headers['cross-origin-opener-policy']).toBe('same-origin');
     expect(headers['cross-origin-embedder-policy']).toBe('require-corp');
     expect(headers['cross-origin-resource-policy']).toBe('same-origin');
@@ -37,10 +37,11 @@ test('two tabs connect through the PeerServer and a 200 KiB ArrayBuffer arrives 
   await receiverPage.evaluate(() => {
     window.firstMessage = new Promise((resolve) => {
       window.peer.on('connection', (connection) => {
-        connection.on('data', async (data) => {
-          const hash = new Uint8Array(await crypto.subtle.digest('SHA-256', data as ArrayBuffer));
-          const digest = Array.from(hash, (byte) => byte.toString(16).padStart(2, '0')).join('');
-          resolve({ bytes: (data as ArrayBuffer).byteLength, digest });
+        connection.on('data', (data) => {
+          void crypto.subtle.digest('SHA-256', data as ArrayBuffer).then((sha) => {
+            const digest = Array.from(new Uint8Array(sha), (byte) => byte.toString(16).padStart(2, '0')).join('');
+            resolve({ bytes: (data as ArrayBuffer).byteLength, digest });
+          });
         });
       });
     });
@@ -51,7 +52,7 @@ test('two tabs connect through the PeerServer and a 200 KiB ArrayBuffer arrives 
       new Promise<{ digest: string; channelIsExposed: boolean; binaryType: string }>((resolve, reject) => {
         const connection = window.peer.connect(to, { serialization: 'raw', reliable: true });
         connection.on('error', reject);
-        connection.on('open', async () => {
+        const send = async () => {
           const payload = new Uint8Array(bytes);
           let state = 2463534242; // xorshift32: every byte position gets a different value
           for (let i = 0; i < bytes; i++) {
@@ -61,13 +62,14 @@ test('two tabs connect through the PeerServer and a 200 KiB ArrayBuffer arrives 
             payload[i] = state & 0xff;
           }
           const hash = new Uint8Array(await crypto.subtle.digest('SHA-256', payload));
-          connection.send(payload.buffer);
-          resolve({
+          void connection.send(payload.buffer);
+          return {
             digest: Array.from(hash, (byte) => byte.toString(16).padStart(2, '0')).join(''),
             channelIsExposed: connection.dataChannel instanceof RTCDataChannel,
             binaryType: connection.dataChannel.binaryType,
-          });
-        });
+          };
+        };
+        connection.on('open', () => void send().then(resolve, reject));
       }),
     { to: receiver, bytes: PAYLOAD_BYTES },
   );
@@ -88,12 +90,13 @@ declare global {
 /** Loads PeerJS into a page of the app and registers `id` with the PeerServer. */
 async function openPeer(page: Page, id: string, signaling: { path: string; key: string }): Promise<Page> {
   await page.goto('/');
-  await page.addScriptTag({ content: await readFile(PEERJS_BUNDLE, 'utf8') });
+  await addPeerJs(page);
   await page.evaluate(
     ({ id, path, key }) =>
       new Promise<void>((resolve, reject) => {
-        const Peer = (window as unknown as { peerjs: { Peer: typeof import('peerjs').Peer } }).peerjs.Peer;
-        window.peer = new Peer(id, { host: location.hostname, port: Number(location.port), path, key });
+        const options = { host: location.hostname, port: Number(location.port), path, key };
+        // eslint-disable-next-line @typescript-eslint/no-unsafe-class-instance-assignment -- a bag, not a class
+        window.peer = new window.peerjs.Peer(id, options);
         window.peer.on('open', () => resolve());
         window.peer.on('error', reject);
       }),
@@ -122,7 +125,7 @@ test('a server started on a model folder serves it by ranges and its dashboard s
     expect((await ranged.arrayBuffer()).byteLength).toBe(8);
     const dashboard = await context.newPage();
     await dashboard.goto(`${server.url}/`);
-    await dashboard.evaluate(() => (window as any).ditswarm.ready);
+    await dashboard.evaluate(() => window.ditswarm.ready);
     await expect(dashboard.locator('input[name=model]')).toHaveValue(LOCAL_MODEL_PATH);
     // its head count was read from the served folder: the degree menu lists the divisors of 12 that fit
     await expect(dashboard.locator('select[name=degree] option')).toHaveText(['auto', '1']);

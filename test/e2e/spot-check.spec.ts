@@ -1,4 +1,6 @@
 import { expect, test } from '@playwright/test';
+import type { JobOverrides } from '../../app/automation.ts';
+import { defined } from '../../core/defined.ts';
 import { maxAbsDiff, openTestSwarm, runJob } from './swarm-page.ts';
 
 // Spot checks over real tabs (issue 18): a worker tab scripted to perturb the rows it returns —
@@ -12,8 +14,9 @@ import { maxAbsDiff, openTestSwarm, runJob } from './swarm-page.ts';
  * 64 floats (a token's row) has, at random, a mantissa bit flipped: each off by 1.6% or not at all.
  */
 function perturbRows(): void {
+  // eslint-disable-next-line @typescript-eslint/unbound-method -- called on its channel below
   const send = RTCDataChannel.prototype.send;
-  RTCDataChannel.prototype.send = function (this: RTCDataChannel, data: any) {
+  RTCDataChannel.prototype.send = function (this: RTCDataChannel, data: unknown) {
     if (data instanceof ArrayBuffer && data.byteLength > 64) {
       const view = new DataView(data);
       const rpc = view.getUint16(0, true) === 0x5744 && view.getUint8(3) === 1 && view.getUint8(5) !== 255;
@@ -22,8 +25,8 @@ function perturbRows(): void {
         for (let k = 1; k <= 64; k++)
           if (Math.random() < 0.5) new Uint8Array(data)[data.byteLength - 4 * k + 2] ^= 0x02;
     }
-    send.call(this, data);
-  } as typeof send;
+    Reflect.apply(send, this, [data]);
+  };
 }
 
 test('a worker returning slightly wrong rows is caught by spot checks within 20 steps, let go, kept out, and the job ends with the honest latent', async ({
@@ -31,7 +34,7 @@ test('a worker returning slightly wrong rows is caught by spot checks within 20 
   baseURL,
 }) => {
   test.setTimeout(240_000);
-  const swarm = await openTestSwarm(browser, baseURL!, 2);
+  const swarm = await openTestSwarm(browser, baseURL, 2);
   try {
     const job = {
       prompt: 'a red ball',
@@ -43,36 +46,41 @@ test('a worker returning slightly wrong rows is caught by spot checks within 20 
       seed: 11,
       backend: 'swarm',
       ep: 'wasm',
-    };
+    } satisfies JobOverrides;
     const honest = await runJob(swarm.dashboard, { ...job, workers: 1 });
     expect(honest.report.spotChecks).toEqual([]); // one rank: nobody to check it
 
     const cheater = await swarm.dashboard.context().newPage();
     await cheater.addInitScript(perturbRows);
-    const { joinUrl } = await swarm.dashboard.evaluate(() => (window as any).ditswarm.ready);
+    const { joinUrl } = await swarm.dashboard.evaluate(() => window.ditswarm.ready);
     await cheater.goto(joinUrl);
-    await expect
-      .poll(() => swarm.dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 60_000 })
-      .toBe(3);
-    const cheaterId = await cheater.evaluate(() => (window as any).ditswarmWorker.peerId);
+    await expect.poll(() => swarm.dashboard.evaluate(() => window.ditswarm.workerCount()), { timeout: 60_000 }).toBe(3);
+    const cheaterId = await cheater.evaluate(() => window.ditswarmWorker?.peerId);
 
     const run = await runJob(swarm.dashboard, { ...job, workers: 3, shares: 'even' });
-    const caught = run.report.spotChecks.filter((c: any) => c.verdict !== 'agreed');
+    const caught = run.report.spotChecks.flatMap((c) =>
+      c.verdict === 'agreed' ? [] : [{ step: c.step, why: c.verdict.why }],
+    );
+    const failures = run.report.failures.map((f) => ({
+      step: f.step,
+      rerunFrom: f.rerunFromStep,
+      lost: f.lost.map((l) => l.worker),
+    }));
+    const fromOne = (step: number | undefined) => (step ?? NaN) + 1;
     console.log(
-      `spot checks: ${run.report.spotChecks.length} in ${run.report.steps.length} steps (the first at step ${run.report.spotChecks[0]?.step + 1}), ` +
-        `caught at step ${caught[0]?.step + 1}: ${caught[0]?.verdict.why}; failures ${JSON.stringify(run.report.failures.map((f: any) => ({ step: f.step, rerunFrom: f.rerunFromStep, lost: f.lost.map((l: any) => l.worker) })))}; ` +
-        `spot-check ms ${run.report.spotChecks.map((c: any) => Math.round(c.ms)).join('/')}`,
+      `spot checks: ${run.report.spotChecks.length} in ${run.report.steps.length} steps (the first at step ${fromOne(run.report.spotChecks.at(0)?.step)}), ` +
+        `caught at step ${fromOne(caught.at(0)?.step)}: ${caught.at(0)?.why ?? 'nothing'}; failures ${JSON.stringify(failures)}; ` +
+        `spot-check ms ${run.report.spotChecks.map((c) => Math.round(c.ms)).join('/')}`,
     );
     expect(caught.length).toBeGreaterThanOrEqual(1);
-    const lost = run.report.failures.flatMap((f: any) => f.lost.map((l: any) => l.worker));
+    const lost = run.report.failures.flatMap((f) => f.lost.map((l) => l.worker));
     expect(lost).toContain(cheaterId);
-    expect(run.report.failures.find((f: any) => f.lost.some((l: any) => l.worker === cheaterId)).rerunFromStep).toBe(0);
+    const itsFailure = run.report.failures.find((f) => f.lost.some((l) => l.worker === cheaterId));
+    expect(defined(itsFailure, "the cheater's failure").rerunFromStep).toBe(0);
     // the steps it took part in ran again without it: the honest latent
     expect(maxAbsDiff(run.latent, honest.latent)).toBeLessThanOrEqual(1e-4);
     // and it stays out: its page is refused when it dials again
-    await expect
-      .poll(() => swarm.dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 30_000 })
-      .toBe(2);
+    await expect.poll(() => swarm.dashboard.evaluate(() => window.ditswarm.workerCount()), { timeout: 30_000 }).toBe(2);
     await expect(swarm.dashboard.locator('#swarm-events')).toContainText(/returning wrong results/, {
       timeout: 30_000,
     });

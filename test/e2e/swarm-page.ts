@@ -1,4 +1,6 @@
-import { expect, type Browser, type Page } from '@playwright/test';
+import { expect, test, type Browser, type Page } from '@playwright/test';
+import type { JobOverrides, JobResult } from '../../app/automation.ts';
+import { defined } from '../../core/defined.ts';
 
 /** A dashboard and N worker tabs of one browser context, driven the way `npm run generate` does. */
 export interface TestSwarm {
@@ -7,25 +9,60 @@ export interface TestSwarm {
   close(): Promise<void>;
 }
 
-export async function openTestSwarm(browser: Browser, baseURL: string, workers: number): Promise<TestSwarm> {
+/** The app's origin: the baseURL playwright.config.ts gives every test. */
+export const appOrigin = (baseURL: string | undefined): string =>
+  defined(baseURL, "the baseURL of playwright.config.ts's webServer");
+
+export async function openTestSwarm(
+  browser: Browser,
+  baseURL: string | undefined,
+  workers: number,
+): Promise<TestSwarm> {
   const context = await browser.newContext();
   const dashboard = await context.newPage();
-  await dashboard.goto(`${baseURL}/`);
-  const { joinUrl } = await dashboard.evaluate(() => (window as any).ditswarm.ready);
+  await dashboard.goto(`${appOrigin(baseURL)}/`);
+  const { joinUrl } = await dashboard.evaluate(() => window.ditswarm.ready);
   const pages: Page[] = [];
   for (let i = 0; i < workers; i++) {
     const page = await context.newPage();
     await page.goto(joinUrl);
     pages.push(page);
   }
-  await expect
-    .poll(() => dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 60_000 })
-    .toBe(workers);
+  await expect.poll(() => dashboard.evaluate(() => window.ditswarm.workerCount()), { timeout: 60_000 }).toBe(workers);
   return { dashboard, workers: pages, close: () => context.close() };
 }
 
+/**
+ * The swarm of a serial describe block: opened before its first test, closed after its last (if it
+ * opened). Its members are the opened swarm's.
+ */
+export function suiteSwarm(workers: number): TestSwarm {
+  let opened: TestSwarm | undefined;
+  const current = () => defined(opened, 'the swarm beforeAll opens');
+  test.beforeAll(async ({ browser, baseURL }) => {
+    opened = await openTestSwarm(browser, baseURL, workers);
+  });
+  test.afterAll(async () => opened?.close());
+  return {
+    get dashboard() {
+      return current().dashboard;
+    },
+    get workers() {
+      return current().workers;
+    },
+    close: () => current().close(),
+  };
+}
+
+/** The peer id a worker page shows; fails when the page has shown no status yet. */
+export const workerId = (page: Page): Promise<string> =>
+  page.evaluate(() => {
+    if (!window.ditswarmWorker) throw new Error('the worker page has shown no status yet');
+    return window.ditswarmWorker.peerId;
+  });
+
 export interface JobOutcome {
-  report: any;
+  report: JobResult['report'];
   latent: Float32Array;
   /** the latent after each step */
   stepLatents: Float32Array[];
@@ -38,16 +75,20 @@ export interface JobOutcome {
  */
 export const TEST_MODEL = '/models/tiny-wan';
 
-export async function runJob(dashboard: Page, overrides: Record<string, unknown>): Promise<JobOutcome> {
+export async function runJob(dashboard: Page, overrides: JobOverrides): Promise<JobOutcome> {
   const { report, latent, stepLatents } = await dashboard.evaluate(
-    ([o, options]) => (window as any).ditswarm.generate(o, options),
+    ([o, options]) => window.ditswarm.generate(o, options),
     [{ model: TEST_MODEL, ...overrides }, { stepLatents: true }] as const,
   );
   const floats = (b64: string) => {
     const bytes = Buffer.from(b64, 'base64');
     return new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
   };
-  return { report, latent: floats(latent), stepLatents: (stepLatents as string[]).map(floats) };
+  return {
+    report,
+    latent: floats(latent),
+    stepLatents: defined(stepLatents, 'the step latents asked for').map(floats),
+  };
 }
 
 export function maxAbsDiff(a: Float32Array, b: Float32Array): number {

@@ -1,4 +1,5 @@
 import { expect, test } from '@playwright/test';
+import type { JobOverrides } from '../../app/automation.ts';
 import { umt5Encoding, type TextHost } from '../../coordinator/text-encoding.ts';
 import { textLayers } from '../../rank/text-layers.ts';
 import { folderFiles } from '../../server/model-folder.ts';
@@ -12,7 +13,7 @@ test("a prompt through umT5's layers on three worker tabs; the same prompts agai
   browser,
   baseURL,
 }) => {
-  const swarm = await openTestSwarm(browser, baseURL!, 3);
+  const swarm = await openTestSwarm(browser, baseURL, 3);
   try {
     const job = {
       prompt: 'a red ball moving right',
@@ -28,18 +29,18 @@ test("a prompt through umT5's layers on three worker tabs; the same prompts agai
       ep: 'wasm',
       outputType: 'latent',
       model: FULL_LAYOUT_MODEL_PATH,
-    };
+    } satisfies JobOverrides;
     const first = await runJob(swarm.dashboard, job);
     const { prompt, negativePrompt } = first.report.encoding;
     expect(prompt).toMatchObject({ source: 'encoded', truncated: false });
     expect(prompt.tokens).toBeGreaterThan(1);
     // three layers over the three workers (the job itself runs on two): one layer each
-    expect(prompt.layers.map((l: any) => [l.from, l.to])).toEqual([
+    expect(prompt.layers.map((l) => [l.from, l.to])).toEqual([
       [0, 1],
       [1, 2],
       [2, 3],
     ]);
-    expect(new Set(prompt.layers.map((l: any) => l.worker)).size).toBe(3);
+    expect(new Set(prompt.layers.map((l) => l.worker)).size).toBe(3);
     expect(negativePrompt).toMatchObject({ source: 'encoded' });
     await expect(swarm.dashboard.locator('#status')).toContainText('The prompt was encoded on 3 worker(s) in');
 
@@ -64,7 +65,7 @@ test("a prompt through umT5's layers on three worker tabs; the same prompts agai
       modelUrl: 'node',
       files,
       maxLength: 512,
-      runs: async (numLayers) => [{ host: oneHost, from: 0, to: numLayers }],
+      runs: (numLayers) => Promise.resolve([{ host: oneHost, from: 0, to: numLayers }]),
       ep: 'wasm',
       timeoutMs: 60_000,
     });

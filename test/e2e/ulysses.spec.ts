@@ -1,6 +1,8 @@
 import { expect, test } from '@playwright/test';
+import type { JobOverrides } from '../../app/automation.ts';
+import { defined } from '../../core/defined.ts';
 import { exchangeFloatsPerBlock, planUlysses } from '../../core/parallel.ts';
-import { maxAbsDiff, openTestSwarm, runJob, type TestSwarm } from './swarm-page.ts';
+import { maxAbsDiff, runJob, suiteSwarm } from './swarm-page.ts';
 
 // Ulysses across 2, 3 and 5 worker tabs over WebRTC equals one worker, with 35 tokens (no degree
 // divides them; 72 that P divides run in multihost.spec.ts); 5 ranks share the 12 heads 3/3/2/2/2
@@ -14,11 +16,7 @@ const shapes = {
 };
 
 test.describe.serial('Ulysses over worker tabs', () => {
-  let swarm: TestSwarm;
-  test.beforeAll(async ({ browser, baseURL }) => {
-    swarm = await openTestSwarm(browser, baseURL!, 5);
-  });
-  test.afterAll(async () => swarm?.close());
+  const swarm = suiteSwarm(5);
 
   for (const [name, shape] of Object.entries(shapes)) {
     test(`P = 2, 3, 5 equal P = 1 within 1e-4 (${name}); each rank sends what its share of tokens and heads gives it`, async () => {
@@ -33,19 +31,22 @@ test.describe.serial('Ulysses over worker tabs', () => {
         backend: 'swarm',
         ep: 'wasm',
         shares: 'even',
-      };
+      } satisfies JobOverrides;
       const single = await runJob(swarm.dashboard, { ...job, workers: 1 });
       for (const P of [2, 3, 5]) {
         const run = await runJob(swarm.dashboard, { ...job, workers: P });
         expect(run.report.config.ulyssesDegree).toBe(P);
         const diff = maxAbsDiff(run.latent, single.latent);
         console.log(
-          `${name}: P=${P} max-abs vs P=1 ${diff.toExponential(2)}, step ms ${run.report.steps.map((s: any) => s.ms.toFixed(0)).join('/')}`,
+          `${name}: P=${P} max-abs vs P=1 ${diff.toExponential(2)}, step ms ${run.report.steps.map((s) => s.ms.toFixed(0)).join('/')}`,
         );
         expect(diff, `P=${P}`).toBeLessThanOrEqual(1e-4);
         // each new placement timed its mesh before the first step; those bytes are not the job's
-        expect(run.report.meshProbe.ranks, `P=${P} mesh probe`).toHaveLength(P);
-        expect(run.report.meshProbe.link.bandwidth).toBeGreaterThan(0);
+        const probe = run.report.meshProbe;
+        if (probe === null || 'error' in probe)
+          throw new Error(`P=${P}: the mesh probe ${probe ? `failed: ${probe.error}` : 'did not run'}`);
+        expect(probe.ranks, `P=${P} mesh probe`).toHaveLength(P);
+        expect(probe.link.bandwidth).toBeGreaterThan(0);
         // two forward passes per step (guidance), each sending about 4·(S/P)·D·(P−1)/P floats per block
         const plan = planUlysses(TINY, tokens, P);
         for (const step of run.report.steps) {
@@ -56,12 +57,12 @@ test.describe.serial('Ulysses over worker tabs', () => {
             );
         }
       }
-      // in head groups, asked for: each group's attention while the next is on the wire, the same latent and bytes (issue 20)
+      // in head groups, asked for: each group's attention while the next is on the wire, the same
+      // latent and bytes (issue 20)
       const grouped = await runJob(swarm.dashboard, { ...job, workers: 3, headGroups: 3 });
       expect(grouped.report.config.headGroups).toBe(3);
       const groupedDiff = maxAbsDiff(grouped.latent, single.latent);
-      const overlapMs = (rank: number) =>
-        grouped.report.steps.reduce((ms: number, s: any) => ms + s.ranks[rank].overlapMs, 0);
+      const overlapMs = (rank: number) => grouped.report.steps.reduce((ms, s) => ms + s.ranks[rank].overlapMs, 0);
       console.log(
         `${name}: P=3 in 3 head groups max-abs vs P=1 ${groupedDiff.toExponential(2)}, exchange hidden behind compute ${[0, 1, 2].map((r) => overlapMs(r).toFixed(0)).join('/')} ms`,
       );
@@ -73,10 +74,11 @@ test.describe.serial('Ulysses over worker tabs', () => {
       for (const rank of [0, 1, 2]) expect(overlapMs(rank), `rank ${rank}`).toBeGreaterThan(0);
       // 'auto' plans with the rank-to-rank link the last mesh probe measured, not the coordinator's
       const auto = await runJob(swarm.dashboard, { ...job, workers: 'auto' });
+      const chosen = defined(auto.report.plan, "the cost model's plan");
       console.log(
-        `${name}: auto chose ${auto.report.plan.degree} (${auto.report.plan.by}), predicted ${auto.report.plan.predictedStepMs?.toFixed(0)} ms/step`,
+        `${name}: auto chose ${chosen.degree} (${chosen.by}), predicted ${chosen.predictedStepMs.toFixed(0)} ms/step`,
       );
-      expect(auto.report.plan.link.from).toBe('mesh probe');
+      expect(chosen.link.from).toBe('mesh probe');
     });
   }
 });

@@ -1,4 +1,6 @@
 import { expect, test } from '@playwright/test';
+import type { AutomationProgress, JobOverrides } from '../../app/automation.ts';
+import { defined } from '../../core/defined.ts';
 import { parseWanVaeConfig } from '../../core/model/wan-vae.ts';
 import { tiledDecoding, type TileHost } from '../../coordinator/vae-decoding.ts';
 import { vaeTiles } from '../../rank/vae-tiles.ts';
@@ -15,13 +17,12 @@ test("a prompt through umT5, the transformer and AutoencoderKLWan's tiles on thr
   baseURL,
 }) => {
   test.setTimeout(240_000);
-  const swarm = await openTestSwarm(browser, baseURL!, 3);
+  const swarm = await openTestSwarm(browser, baseURL, 3);
   try {
     const phases: { phase: string; detail?: string }[] = [];
-    await swarm.dashboard.exposeFunction(
-      'ditswarmProgress',
-      (p: { phase?: string; detail?: string }) => void (p.phase && phases.push({ phase: p.phase, detail: p.detail })),
-    );
+    await swarm.dashboard.exposeFunction('ditswarmProgress', (p: AutomationProgress) => {
+      if ('phase' in p) phases.push({ phase: p.phase, detail: p.detail });
+    });
     const job = {
       prompt: 'a red ball moving right',
       negativePrompt: 'a blue square',
@@ -35,7 +36,7 @@ test("a prompt through umT5, the transformer and AutoencoderKLWan's tiles on thr
       workers: 2,
       ep: 'wasm',
       model: FULL_LAYOUT_MODEL_PATH,
-    };
+    } satisfies JobOverrides;
     const { report, latent } = await runJob(swarm.dashboard, job);
     expect(report.schedule.scheduler).toBe('UniPCMultistepScheduler');
     expect(report.encoding.prompt.source).toBe('encoded');
@@ -45,8 +46,9 @@ test("a prompt through umT5, the transformer and AutoencoderKLWan's tiles on thr
       tiling: { tile: 256, stride: 192 },
       retried: 0,
     });
-    expect(report.decoding.ranks.reduce((n: number, r: any) => n + r.tiles, 0)).toBe(4);
-    for (const r of report.decoding.ranks) expect(r.weightBytes).toBeGreaterThan(0);
+    const { ranks } = defined(report.decoding, 'the decoding report');
+    expect(ranks.reduce((n, r) => n + r.tiles, 0)).toBe(4);
+    for (const r of ranks) expect(r.weightBytes).toBeGreaterThan(0);
     // every phase said how far it was: the text encoder's layers per worker, then the tiles one by one
     expect(
       phases.some((p) => p.phase === 'encoding' && /text encoder layers 1–1 of 3 on worker/.test(p.detail ?? '')),
@@ -57,7 +59,7 @@ test("a prompt through umT5, the transformer and AutoencoderKLWan's tiles on thr
       'tile 3 of 4',
       'tile 4 of 4',
     ]);
-    const shown = await swarm.dashboard.evaluate(() => (window as any).ditswarm.inspectVideo());
+    const shown = await swarm.dashboard.evaluate(() => window.ditswarm.inspectVideo());
     expect(shown).toMatchObject({ videoWidth: 320, videoHeight: 256 });
 
     const dir = process.env.DITSWARM_FULL_LAYOUT_DIR;
@@ -67,7 +69,7 @@ test("a prompt through umT5, the transformer and AutoencoderKLWan's tiles on thr
       base64: Buffer.from(latent.buffer, latent.byteOffset, latent.byteLength).toString('base64'),
     };
     const decodeOnTabs = async () => {
-      const { video, report: decoding } = await swarm.dashboard.evaluate((a) => (window as any).ditswarm.decode(a), {
+      const { video, report: decoding } = await swarm.dashboard.evaluate((a) => window.ditswarm.decode(a), {
         model: FULL_LAYOUT_MODEL_PATH,
         latent: latentArg,
       });
@@ -80,21 +82,15 @@ test("a prompt through umT5, the transformer and AutoencoderKLWan's tiles on thr
     };
     const onThree = await decodeOnTabs();
     expect(onThree.shape).toEqual([3, 5, 256, 320]);
-    expect(
-      new Set(onThree.decoding.ranks.filter((r: any) => r.tiles > 0).map((r: any) => r.worker)).size,
-    ).toBeGreaterThan(1);
+    expect(new Set(onThree.decoding.ranks.filter((r) => r.tiles > 0).map((r) => r.worker)).size).toBeGreaterThan(1);
 
     await swarm.workers[2].close();
-    await expect
-      .poll(() => swarm.dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 30_000 })
-      .toBe(2);
+    await expect.poll(() => swarm.dashboard.evaluate(() => window.ditswarm.workerCount()), { timeout: 30_000 }).toBe(2);
     const onTwo = await decodeOnTabs();
     await swarm.workers[1].close();
-    await expect
-      .poll(() => swarm.dashboard.evaluate(() => (window as any).ditswarm.workerCount()), { timeout: 30_000 })
-      .toBe(1);
+    await expect.poll(() => swarm.dashboard.evaluate(() => window.ditswarm.workerCount()), { timeout: 30_000 }).toBe(1);
     const onOne = await decodeOnTabs();
-    expect(onOne.decoding.ranks.filter((r: any) => r.tiles > 0)).toHaveLength(1);
+    expect(onOne.decoding.ranks.filter((r) => r.tiles > 0)).toHaveLength(1);
     expect(maxAbsDiff(onThree.data, onOne.data)).toBeLessThan(1e-5);
     expect(maxAbsDiff(onTwo.data, onOne.data)).toBeLessThan(1e-5);
 
@@ -106,16 +102,17 @@ test("a prompt through umT5, the transformer and AutoencoderKLWan's tiles on thr
       modelUrl: 'node',
       files,
       config: parseWanVaeConfig(FULL_LAYOUT_VAE, 'test'),
-      tileHosts: async () => ({ hosts: [host], maxBufferBytes: Infinity }),
+      tileHosts: () => Promise.resolve({ hosts: [host], maxBufferBytes: Infinity }),
       ep: 'wasm',
       timeoutMs: 120_000,
     });
     const alone = await one.decode({ shape: report.latentShape, data: latent });
     expect(alone.report.ranks).toEqual([expect.objectContaining({ worker: 'node', tiles: 4 })]);
-    const scale = alone.video!.data.reduce((m, v) => Math.max(m, Math.abs(v)), 0);
+    const video = defined(alone.video, "AutoencoderKLWan's video");
+    const scale = video.data.reduce((m, v) => Math.max(m, Math.abs(v)), 0);
     expect(scale).toBeGreaterThan(0.1);
-    expect(maxAbsDiff(onThree.data, alone.video!.data)).toBeLessThan(1e-5);
-    expect(maxAbsDiff(onTwo.data, alone.video!.data)).toBeLessThan(1e-5);
+    expect(maxAbsDiff(onThree.data, video.data)).toBeLessThan(1e-5);
+    expect(maxAbsDiff(onTwo.data, video.data)).toBeLessThan(1e-5);
   } finally {
     await swarm.close();
   }
@@ -125,13 +122,13 @@ test("a prompt through umT5, the transformer and AutoencoderKLWan's tiles on thr
 // buffers between a tile's chunks (SwiftShader here, slow: a small latent).
 test("AutoencoderKLWan's tiles on a WebGPU worker equal WASM's", async ({ browser, baseURL }) => {
   test.setTimeout(240_000);
-  const swarm = await openTestSwarm(browser, baseURL!, 1);
+  const swarm = await openTestSwarm(browser, baseURL, 1);
   try {
     const shape = [16, 3, 2, 3];
     const data = Float32Array.from({ length: 16 * 3 * 2 * 3 }, (_, i) => Math.sin(i * 0.7));
     const latent = { shape, base64: Buffer.from(data.buffer).toString('base64') };
     const decode = async (ep: 'webgpu' | 'wasm') => {
-      const { video } = await swarm.dashboard.evaluate((a) => (window as any).ditswarm.decode(a), {
+      const { video } = await swarm.dashboard.evaluate((a) => window.ditswarm.decode(a), {
         model: FULL_LAYOUT_MODEL_PATH,
         latent,
         ep,

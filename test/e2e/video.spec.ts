@@ -5,7 +5,7 @@
 // not depend on the app server.
 
 import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
-import { createServer, type Server } from 'node:http';
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { extname, join, resolve } from 'node:path';
@@ -16,8 +16,9 @@ import { chromiumExecutable } from '../../server/chromium.ts';
 
 const root = resolve(import.meta.dirname, '../..');
 let dir = '';
-let server: Server;
-let browser: Browser;
+// unset where beforeAll failed before making them
+let server: Server | undefined;
+let browser: Browser | undefined;
 let page: Page;
 
 declare global {
@@ -47,7 +48,7 @@ test.beforeAll(async () => {
   await writeFile(join(dir, 'index.html'), page_html);
 
   const types: Record<string, string> = { '.html': 'text/html', '.js': 'text/javascript' };
-  server = createServer(async (req, res) => {
+  const serve = async (req: IncomingMessage, res: ServerResponse) => {
     const name = new URL(req.url ?? '/', 'http://x').pathname.slice(1) || 'index.html';
     try {
       const body = await readFile(join(dir, name.replaceAll('..', '')));
@@ -56,9 +57,11 @@ test.beforeAll(async () => {
     } catch {
       res.writeHead(404).end();
     }
-  });
-  await new Promise<void>((ok) => server.listen(0, '127.0.0.1', ok));
-  const { port } = server.address() as AddressInfo;
+  };
+  server = createServer((req, res) => void serve(req, res));
+  const listening = server;
+  await new Promise<void>((ok) => listening.listen(0, '127.0.0.1', ok));
+  const { port } = listening.address() as AddressInfo;
 
   // the executable every ditswarm browser uses; only the flags this page needs (no WebGPU: the
   // software adapter's flags change how <video> decodes an odd-sized frame)
@@ -122,7 +125,8 @@ for (const { codec, width, height } of [
         const canvas = document.createElement('canvas');
         canvas.width = width;
         canvas.height = height;
-        const ctx = canvas.getContext('2d')!;
+        const ctx = canvas.getContext('2d');
+        if (!ctx) throw new Error('the canvas has no 2D context');
         const cx = width / 2;
         const cy = height / 2;
         const expected = [

@@ -1,9 +1,10 @@
 import { expect, test } from '@playwright/test';
-import { maxAbsDiff, openTestSwarm, runJob, type TestSwarm } from './swarm-page.ts';
+import type { JobOverrides } from '../../app/automation.ts';
+import { maxAbsDiff, runJob, suiteSwarm } from './swarm-page.ts';
 
 // The WebGPU path keeps each rank's weights, residual stream and conditioning in GPU buffers (SwiftShader here).
 test.describe.serial('WebGPU worker: device-resident activations', () => {
-  let swarm: TestSwarm;
+  const swarm = suiteSwarm(1);
   const job = {
     prompt: 'a red ball',
     frames: 5,
@@ -14,27 +15,28 @@ test.describe.serial('WebGPU worker: device-resident activations', () => {
     seed: 7,
     backend: 'swarm',
     workers: 1,
-  };
-  test.beforeAll(async ({ browser, baseURL }) => {
-    swarm = await openTestSwarm(browser, baseURL!, 1);
-  });
-  test.afterAll(async () => swarm?.close());
+  } satisfies JobOverrides;
 
   test('x, temb, tproj and context stay on the GPU: the latent equals WASM within 5e-4, only q/k/v, o and rows are read back, nothing leaks', async () => {
     test.setTimeout(300_000);
     const worker = swarm.workers[0];
-    const totals = () => worker.evaluate(() => ({ ...(window as any).ditswarmWorker.totals }));
+    const totals = () =>
+      worker.evaluate(() => {
+        if (!window.ditswarmWorker) throw new Error('the worker page has shown no status yet');
+        return { ...window.ditswarmWorker.totals };
+      });
     const measured = async (ep: 'webgpu' | 'wasm') => {
       const before = await totals();
       const run = await runJob(swarm.dashboard, { ...job, ep });
-      await expect.poll(async () => (await totals()).steps).toBe(before.steps + 2); // 2 steps, one pass each (no guidance)
+      // 2 steps, one pass each (no guidance)
+      await expect.poll(async () => (await totals()).steps).toBe(before.steps + 2);
       const after = await totals();
       const bytes = {
         downloaded: after.bytesDownloaded - before.bytesDownloaded,
         kept: after.bytesKept - before.bytesKept,
         tensorsLeft: after.deviceTensorsLeft,
       };
-      const stepMs = run.report.steps.map((s: any) => s.ms.toFixed(0)).join('/');
+      const stepMs = run.report.steps.map((s) => s.ms.toFixed(0)).join('/');
       console.log(`${ep}: downloaded ${bytes.downloaded} B, kept on device ${bytes.kept} B, step ms ${stepMs}`);
       return { run, bytes };
     };
@@ -53,7 +55,8 @@ test.describe.serial('WebGPU worker: device-resident activations', () => {
     // (the same run reading every output back gave a bit-identical latent); 5e-4 leaves room for that only
     expect(diff).toBeLessThanOrEqual(5e-4);
 
-    // 8 tokens (2 × 4 × 4 latent, 1×2×2 patches) × D 288, 2 blocks, 2 passes: per block q, k, v and o come down (4·S·D floats), then the rows (S·64)
+    // 8 tokens (2 × 4 × 4 latent, 1×2×2 patches) × D 288, 2 blocks, 2 passes: per block q, k, v and o
+    // come down (4·S·D floats), then the rows (S·64)
     const [S, D, layers, passes] = [8, 288, 2, 2];
     expect(gpu.bytes.downloaded).toBe(passes * 4 * (4 * S * D * layers + S * 64));
     expect(cpu.bytes.kept).toBe(0);

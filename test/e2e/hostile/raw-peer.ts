@@ -3,14 +3,15 @@
 // published bundle) and /signaling.json. It
 // registers a peer id of its choosing, dials whom it likes with the metadata it likes, speaks the
 // wire protocol's RPC frames and records everything it is sent.
-import { readFile } from 'node:fs/promises';
-import { resolve } from 'node:path';
 import type { BrowserContext, Page } from '@playwright/test';
+import type { DataConnection, Peer } from 'peerjs';
 import { PROTOCOL_VERSION } from '../../../core/net/protocol.ts';
+import { addPeerJs } from '../peerjs-bundle.ts';
 
-const PEERJS_BUNDLE = resolve(import.meta.dirname, '../../../node_modules/peerjs/dist/peerjs.min.js');
-
-/** What a raw peer saw of one connection: who, with which metadata, when it opened and closed, every frame it was sent. */
+/**
+ * What a raw peer saw of one connection: who, with which metadata, when it opened and closed,
+ * every frame it was sent.
+ */
 export interface RawConnection {
   peer: string;
   metadata: unknown;
@@ -51,23 +52,28 @@ export async function openRawPeer(
 ): Promise<RawPeer> {
   const page = await context.newPage();
   await page.goto(`${baseURL}/worker.html`); // without a token it asks for a link and joins nothing
-  await page.addScriptTag({ content: await readFile(PEERJS_BUNDLE, 'utf8') });
+  await addPeerJs(page);
   await page.evaluate(rawPeerScript, { id, retryMs, version: PROTOCOL_VERSION });
   return {
     page,
     id,
-    connections: () => page.evaluate(() => (window as any).raw.connections.map(({ conn: _, ...seen }: any) => seen)),
-    dial: (to, metadata) =>
-      page.evaluate(({ to, metadata }) => (window as any).raw.dial(to, metadata), { to, metadata }),
+    connections: () =>
+      page.evaluate(() =>
+        window.raw.connections.map(({ peer, metadata, openedAt, closedAt, received, bodies }) => ({
+          peer,
+          metadata,
+          openedAt,
+          closedAt,
+          received,
+          bodies,
+        })),
+      ),
+    dial: (to, metadata) => page.evaluate(({ to, metadata }) => window.raw.dial(to, metadata), { to, metadata }),
     offerOnly: (to, metadata) =>
-      page.evaluate(({ to, metadata }) => (window as any).raw.offerOnly(to, metadata), { to, metadata }),
+      page.evaluate(({ to, metadata }) => window.raw.offerOnly(to, metadata), { to, metadata }),
     sendRpc: (index, bodies, from) =>
-      page.evaluate(({ index, bodies, from }) => (window as any).raw.sendRpc(index, bodies, from), {
-        index,
-        bodies,
-        from,
-      }),
-    destroy: () => page.evaluate(() => (window as any).raw.peer.destroy()),
+      page.evaluate(({ index, bodies, from }) => window.raw.sendRpc(index, bodies, from), { index, bodies, from }),
+    destroy: () => page.evaluate(() => window.raw.peer.destroy()),
   };
 }
 
@@ -81,8 +87,8 @@ async function rawPeerScript({
   retryMs: number;
   version: number;
 }): Promise<void> {
-  const { Peer } = (window as any).peerjs;
-  const signaling = await (await fetch('/signaling.json')).json();
+  const { Peer } = window.peerjs;
+  const signaling = (await (await fetch('/signaling.json')).json()) as { path: string; key: string };
   const options = {
     host: location.hostname,
     port: Number(location.port),
@@ -92,12 +98,14 @@ async function rawPeerScript({
     debug: 0,
   };
   const deadline = Date.now() + retryMs;
-  let peer: any;
+  let peer: Peer;
   for (;;) {
-    peer = new Peer(id, options);
-    const error = await new Promise<any>((resolve) => {
-      peer.once('open', () => resolve(null));
-      peer.once('error', (e: any) => resolve(e));
+    // eslint-disable-next-line @typescript-eslint/no-unsafe-class-instance-assignment -- a bag, not a class
+    const dialing = new Peer(id, options);
+    peer = dialing;
+    const error = await new Promise<{ type: string; message: string } | null>((resolve) => {
+      dialing.once('open', () => resolve(null));
+      dialing.once('error', (e) => resolve(e));
     });
     if (!error) break;
     peer.destroy();
@@ -105,17 +113,17 @@ async function rawPeerScript({
       throw new Error(`could not register ${id}: ${error.type} ${error.message}`);
     await new Promise((r) => setTimeout(r, 300));
   }
-  const connections: any[] = [];
+  const connections: RawPageConnection[] = [];
   const latin1 = new TextDecoder('latin1');
-  const track = (conn: any) => {
-    const seen = {
+  const track = (conn: DataConnection) => {
+    const seen: RawPageConnection = {
       conn,
       peer: conn.peer,
-      metadata: conn.metadata ?? null,
-      openedAt: null as number | null,
-      closedAt: null as number | null,
-      received: [] as string[],
-      bodies: [] as unknown[],
+      metadata: (conn.metadata as unknown) ?? null,
+      openedAt: null,
+      closedAt: null,
+      received: [],
+      bodies: [],
     };
     connections.push(seen);
     conn.on('open', () => (seen.openedAt = Date.now()));
@@ -159,7 +167,7 @@ async function rawPeerScript({
     out.set(json, 68);
     return out.buffer;
   };
-  (window as any).raw = {
+  window.raw = {
     peer,
     connections,
     dial: (to: string, metadata: unknown) =>
@@ -186,8 +194,26 @@ async function rawPeerScript({
     },
     async sendRpc(index: number, bodies: unknown[], from: number) {
       const { conn } = connections[index];
-      if (!conn.open) await new Promise((r) => conn.on('open', r));
+      if (!conn.open) await new Promise<void>((r) => conn.on('open', () => r()));
       for (const body of bodies) conn.dataChannel.send(frameRpc(body, from));
     },
   };
+}
+
+/** A connection of the attacker page, as it keeps it. */
+interface RawPageConnection extends RawConnection {
+  conn: DataConnection;
+}
+
+declare global {
+  interface Window {
+    /** the attacker page's side of RawPeer, once rawPeerScript ran */
+    raw: {
+      peer: Peer;
+      connections: RawPageConnection[];
+      dial(to: string, metadata: unknown): number;
+      offerOnly(to: string, metadata: unknown): Promise<void>;
+      sendRpc(index: number, bodies: unknown[], from: number): Promise<void>;
+    };
+  }
 }

@@ -66,9 +66,8 @@ export async function makeHostile(page: Page, rules: HostileRules = {}): Promise
 
 export async function setRules(page: Page, rules: HostileRules): Promise<void> {
   await page.evaluate((r) => {
-    const w = window as unknown as { __hostile: HostileRules; __hostileLog: HostileLog };
-    w.__hostile = r;
-    Object.assign(w.__hostileLog, {
+    window.__hostile = r;
+    Object.assign(window.__hostileLog, {
       rowsReplies: 0,
       rowsTampered: 0,
       tensorsPoisoned: 0,
@@ -80,12 +79,12 @@ export async function setRules(page: Page, rules: HostileRules): Promise<void> {
 }
 
 export function hostileLog(page: Page): Promise<HostileLog> {
-  return page.evaluate(() => (window as unknown as { __hostileLog: HostileLog }).__hostileLog);
+  return page.evaluate(() => window.__hostileLog);
 }
 
 /** Runs in the page, before its scripts: self-contained (Playwright sends it as source). */
 function hostileWire({ rules: initial, version }: { rules: HostileRules; version: number }): void {
-  const w = window as unknown as { __hostile: HostileRules; __hostileLog: HostileLog };
+  const w = window;
   w.__hostile = initial;
   const log: HostileLog = (w.__hostileLog = {
     rowsReplies: 0,
@@ -129,7 +128,7 @@ function hostileWire({ rules: initial, version }: { rules: HostileRules; version
   };
 
   /** A single-frame RPC message's body and tensors (copies). */
-  function decodeRpc(frame: Uint8Array): { body: any; tensors: Float32Array[] } | null {
+  function decodeRpc(frame: Uint8Array): { body: RpcBody | null; tensors: Float32Array[] } | null {
     const h = headerOf(frame);
     if (h.kind !== RPC || h.chunkCount !== 1) return null;
     const p = frame.subarray(HEADER);
@@ -138,7 +137,8 @@ function hostileWire({ rules: initial, version }: { rules: HostileRules; version
     const count = v.getUint32(4, true);
     const lengths = Array.from({ length: count }, (_, i) => v.getUint32(8 + 4 * i, true));
     const jsonStart = 8 + 4 * count;
-    const body = JSON.parse(fromUtf8.decode(p.subarray(jsonStart, jsonStart + jsonBytes)));
+    const parsed: unknown = JSON.parse(fromUtf8.decode(p.subarray(jsonStart, jsonStart + jsonBytes)));
+    const body = typeof parsed === 'object' && parsed !== null ? (parsed as RpcBody) : null;
     let at = jsonStart + jsonBytes;
     at += (4 - (at % 4)) % 4;
     const tensors = lengths.map((n) => {
@@ -184,11 +184,12 @@ function hostileWire({ rules: initial, version }: { rules: HostileRules; version
     if (!frame || headerOf(frame).from !== COORDINATOR) return;
     try {
       const body = decodeRpc(frame)?.body;
-      if (body?.type !== 'request') return;
+      if (body?.type !== 'request' || typeof body.id !== 'number' || typeof body.method !== 'string') return;
       methods.set(body.id, body.method);
       if (body.method === 'initWorker') {
-        log.rank = body.args.rank;
-        log.world = body.args.world;
+        const { rank, world } = body.args ?? {};
+        log.rank = typeof rank === 'number' ? rank : null;
+        log.world = typeof world === 'number' ? world : null;
       }
     } catch {
       // not a message this page understands: the page's own code judges it
@@ -201,7 +202,7 @@ function hostileWire({ rules: initial, version }: { rules: HostileRules; version
 
   /** What goes out instead of `frame` on `channel`: the frames to send (none: withheld). */
   function route(frame: Uint8Array, channel: object): ArrayBuffer[] {
-    const rules = w.__hostile ?? {};
+    const rules = w.__hostile;
     const h = headerOf(frame);
     const copy = () => frame.slice().buffer;
     if (h.kind === TENSOR && rules.mesh && h.phase !== PROBE_PHASE && h.step >= rules.mesh.step) {
@@ -248,13 +249,16 @@ function hostileWire({ rules: initial, version }: { rules: HostileRules; version
     if (h.kind !== RPC || h.chunkCount !== 1 || (!rules.rows && rules.pulse === undefined)) return [copy()];
     const rpc = decodeRpc(frame);
     const body = rpc?.body;
-    if (!rpc || !body || typeof body !== 'object') return [copy()];
+    if (!rpc || !body) return [copy()];
     if (body.type === 'heartbeat-echo' && rules.pulse !== undefined) {
       log.pulsesReplaced++;
       return [encodeRpc(frame, { ...body, pulse: rules.pulse }, rpc.tensors)];
     }
     const rowsRef =
-      body.type === 'reply' && body.ok === true && methods.get(body.id) === 'executeModel'
+      body.type === 'reply' &&
+      body.ok === true &&
+      typeof body.id === 'number' &&
+      methods.get(body.id) === 'executeModel'
         ? body.result?.rows?.$tensor
         : undefined;
     if (typeof rowsRef !== 'number') return [copy()];
@@ -280,12 +284,7 @@ function hostileWire({ rules: initial, version }: { rules: HostileRules; version
     ];
   }
 
-  const sendOn = (
-    channel: object,
-    data: unknown,
-    send: (out: ArrayBuffer | unknown) => void,
-    envelope: Uint8Array | null,
-  ) => {
+  const sendOn = (channel: object, data: unknown, send: (out: unknown) => void, envelope: Uint8Array | null) => {
     const b = bytesOf(data);
     const frame = b && (envelope ? b.subarray(4) : b);
     if (!frame || !isFrame(frame)) {
@@ -319,43 +318,54 @@ function hostileWire({ rules: initial, version }: { rules: HostileRules; version
     });
   };
 
+  // eslint-disable-next-line @typescript-eslint/unbound-method -- called on its channel below
   const dcSend = RTCDataChannel.prototype.send as (this: RTCDataChannel, data: ArrayBuffer) => void;
-  RTCDataChannel.prototype.send = function (this: RTCDataChannel, data: any) {
+  RTCDataChannel.prototype.send = function (this: RTCDataChannel, data: unknown) {
     sendOn(this, data, (out) => dcSend.call(this, out as ArrayBuffer), null);
-  } as typeof RTCDataChannel.prototype.send;
+  };
+  // eslint-disable-next-line @typescript-eslint/unbound-method -- called on its socket below
   const wsSend = WebSocket.prototype.send as (this: WebSocket, data: unknown) => void;
-  WebSocket.prototype.send = function (this: WebSocket, data: any) {
+  WebSocket.prototype.send = function (this: WebSocket, data: unknown) {
     const b = typeof data === 'string' ? null : bytesOf(data);
     if (!b || b.byteLength < 4 + HEADER || !isFrame(b.subarray(4))) {
       wsSend.call(this, data);
       return;
     }
     sendOn(this, data, (out) => wsSend.call(this, out as ArrayBuffer), b.slice(0, 4));
-  } as typeof WebSocket.prototype.send;
+  };
 
   // what it is sent, read before the page's own listeners: the same listener removes as it was added
-  const listen = EventTarget.prototype.addEventListener;
-  const unlisten = EventTarget.prototype.removeEventListener;
-  const sniffing = new WeakMap<object, EventListener>();
-  const sniffer = (inner: any): EventListener => {
-    if (!sniffing.has(inner)) {
-      sniffing.set(inner, function (this: unknown, event: Event) {
+  // eslint-disable-next-line @typescript-eslint/unbound-method -- called on their targets below
+  const { addEventListener: listen, removeEventListener: unlisten } = EventTarget.prototype;
+  const sniffing = new WeakMap<EventListenerOrEventListenerObject, EventListener>();
+  const sniffer = (inner: EventListenerOrEventListenerObject): EventListener => {
+    let wrapped = sniffing.get(inner);
+    if (!wrapped) {
+      wrapped = function (this: unknown, event: Event) {
         sniff((event as MessageEvent).data);
-        return typeof inner === 'function' ? inner.call(this, event) : inner.handleEvent(event);
-      });
+        if (typeof inner === 'function') inner.call(this, event);
+        else inner.handleEvent(event);
+      };
+      sniffing.set(inner, wrapped);
     }
-    return sniffing.get(inner)!;
+    return wrapped;
   };
-  const sniffed = (target: EventTarget, type: string, listener: unknown) =>
+  const sniffed = (
+    target: EventTarget,
+    type: string,
+    listener: EventListenerOrEventListenerObject | null,
+  ): listener is EventListenerOrEventListenerObject =>
     type === 'message' && !!listener && (target instanceof RTCDataChannel || target instanceof WebSocket);
-  EventTarget.prototype.addEventListener = function (this: EventTarget, type: string, listener: any, options?: any) {
+  type Listening = [type: string, listener: EventListenerOrEventListenerObject | null, options?: boolean | object];
+  EventTarget.prototype.addEventListener = function (this: EventTarget, ...[type, listener, options]: Listening) {
     listen.call(this, type, sniffed(this, type, listener) ? sniffer(listener) : listener, options);
   };
-  EventTarget.prototype.removeEventListener = function (this: EventTarget, type: string, listener: any, options?: any) {
+  EventTarget.prototype.removeEventListener = function (this: EventTarget, ...[type, listener, options]: Listening) {
     unlisten.call(this, type, sniffed(this, type, listener) ? sniffer(listener) : listener, options);
   };
 
   // the channels it dials: when they open, what it sends before it is admitted, and when the other side closes them
+  // eslint-disable-next-line @typescript-eslint/unbound-method -- called on its connection below
   const createDataChannel = RTCPeerConnection.prototype.createDataChannel;
   RTCPeerConnection.prototype.createDataChannel = function (
     this: RTCPeerConnection,
@@ -366,7 +376,7 @@ function hostileWire({ rules: initial, version }: { rules: HostileRules; version
     log.channels.push(seen);
     listen.call(channel, 'open', () => {
       seen.openedAt = Date.now();
-      const chunks = w.__hostile?.join?.bigChunks ?? 0;
+      const chunks = w.__hostile.join?.bigChunks ?? 0;
       const stride = 64 * 1024 - HEADER;
       const declared = 64 * 1024 * 1024;
       for (let i = 0; i < chunks; i++) {
@@ -386,9 +396,10 @@ function hostileWire({ rules: initial, version }: { rules: HostileRules; version
     listen.call(channel, 'close', () => (seen.closedAt = Date.now()));
     return channel;
   };
+  // eslint-disable-next-line @typescript-eslint/unbound-method -- called on the window below
   const fetchOriginal = window.fetch;
   window.fetch = function (input: RequestInfo | URL, init?: RequestInit) {
-    const coordinator = w.__hostile?.join?.coordinator;
+    const coordinator = w.__hostile.join?.coordinator;
     const url = new URL(input instanceof Request ? input.url : String(input), location.href);
     if (coordinator && url.pathname === '/swarms/find')
       return Promise.resolve(
@@ -399,5 +410,23 @@ function hostileWire({ rules: initial, version }: { rules: HostileRules; version
   if (initial.join?.neverClose) {
     RTCDataChannel.prototype.close = function () {};
     RTCPeerConnection.prototype.close = function () {};
+  }
+}
+
+/** What the hostile page reads of an RPC message's JSON body: any of it may be missing, it is a peer's. */
+interface RpcBody {
+  type?: unknown;
+  id?: unknown;
+  method?: unknown;
+  ok?: unknown;
+  args?: { rank?: unknown; world?: unknown };
+  result?: { rows?: { $tensor?: unknown } };
+}
+
+declare global {
+  interface Window {
+    /** makeHostile: the rules the page's frames pass through, and what it did */
+    __hostile: HostileRules;
+    __hostileLog: HostileLog;
   }
 }
