@@ -13,15 +13,12 @@ import {
   validDegrees,
   WAN_SIZES,
   type Backend,
-  type GenerateReport,
   type JobInputs,
   type JobParams,
   type JobPlacement,
   type JobQueue,
   type Pipeline,
   type PromptCache,
-  type PromptEncoding,
-  type RankReport,
   type RunJob,
   type StoredJob,
   type Swarm,
@@ -29,6 +26,7 @@ import {
 } from '../coordinator/index.ts';
 import { defined } from '../core/defined.ts';
 import type { AutomationProgress, Base64Floats, DashboardAutomation, JobOverrides, JoinLinks } from './automation.ts';
+import { summarizeReport, type KeptReport } from './views/report-summary.ts';
 import { $ } from './views/dom.ts';
 import { renderGallery, videoUrl } from './views/gallery.ts';
 import { showJoinLink } from './views/join-link.ts';
@@ -137,35 +135,14 @@ async function pipelineFor({ backend, model = DEFAULT_MODEL_URL }: JobPlacement)
 }
 
 function runJob(job: StoredJob, hooks: Parameters<RunJob>[1]) {
-  const {
-    workers,
-    ep,
-    dtype = 'f32',
-    parallel,
-    warmupSteps,
-    headGroups,
-    cfgParallel,
-    shares,
-    spotCheckRate,
-    emulateLink,
-  } = job.placement;
+  // the job's request as it was stored: the planner decides what it leaves unset
+  const { backend: _backend, model: _model, workers, ...request } = job.placement;
   return pipelineFor(job.placement).then((pipe) =>
     pipe.generate({
       ...job.params,
       ...job.inputs,
       ...hooks,
-      placement: {
-        ulyssesDegree: workers,
-        ep,
-        dtype,
-        parallel,
-        warmupSteps,
-        headGroups,
-        cfgParallel,
-        shares,
-        spotCheckRate,
-        emulateLink,
-      },
+      placement: { ...request, ulyssesDegree: workers },
     }),
   );
 }
@@ -201,26 +178,6 @@ function refreshSwarm(): void {
   }
 }
 
-/** T with the keys K possibly missing. */
-type Optional<T, K extends keyof T> = Omit<T, K> & Partial<Pick<T, K>>;
-/**
- * A report as the queue's store gives it back: a job an older version kept lacks what reports
- * gained since (spot checks, the prompts' encoding, the transport, displaced mode, head groups).
- */
-type KeptReport = Optional<Omit<GenerateReport, 'config' | 'steps'>, 'spotChecks' | 'encoding'> & {
-  config: Optional<GenerateReport['config'], 'dtype' | 'parallel' | 'headGroups' | 'emulateLink'>;
-  steps: (Omit<GenerateReport['steps'][number], 'ranks'> & { ranks: Optional<RankReport, 'overlapMs'>[] })[];
-};
-
-/** Where the prompt's embedding came from, when it was not given. */
-function encodingNote(prompt: PromptEncoding): string {
-  if (prompt.source === 'given') return '';
-  if (prompt.source === 'cache') return ' The prompt came from the cache.';
-  if (!prompt.layers.length) return '';
-  const workers = new Set(prompt.layers.map((l) => l.worker)).size;
-  return ` The prompt was encoded on ${workers} worker(s) in ${(prompt.ms / 1000).toFixed(1)} s.`;
-}
-
 function showFinished(job: StoredJob): void {
   const video = $('video', HTMLVideoElement);
   const url = videoUrl(job);
@@ -234,115 +191,25 @@ function showFinished(job: StoredJob): void {
   } else video.removeAttribute('src');
   const r: KeptReport = defined(job.result, `job #${job.id}'s result`).report;
   $('report').textContent = JSON.stringify(r, null, 2);
-  const recovered = r.failures.length ? `, recovered from ${r.failures.length} lost worker(s)` : '';
-  const caught = (r.spotChecks ?? []).flatMap((c) =>
-    c.verdict === 'agreed' ? [] : [`rank ${c.verdict.convicted.join(' and ')}: ${c.verdict.why}`],
-  ); // jobs stored before spot checks have none
-  const verdicts = caught.length ? `; caught ${caught.join('; ')}` : ', all agreed';
-  const checked = r.spotChecks?.length
-    ? ` ${r.spotChecks.length} forward(s) recomputed to spot-check the workers${verdicts}.`
-    : '';
-  const stepMs = r.medianStepMs;
-  const shares = r.plan?.heads
-    ? ` sharing the heads ${r.plan.heads.join('/')} (and the tokens alike) by each one's rehearsed speed`
-    : '';
-  const chose = r.plan?.cfgParallel
-    ? `CFG parallel on two groups of ${r.plan.degree} rank${r.plan.degree === 1 ? '' : 's'}`
-    : `${r.plan?.degree} rank${r.plan?.degree === 1 ? '' : 's'}${shares}`;
-  const leftOut = r.plan?.leftOut ? ` ${r.plan.leftOut[0].toUpperCase()}${r.plan.leftOut.slice(1)}.` : '';
-  const planned = r.plan?.predictedStepMs
-    ? ` ${r.plan.asked ? 'The job asked for' : 'The cost model chose'} ${chose}, ` +
-      `predicting ${(r.plan.predictedStepMs / 1000).toFixed(2)} s per step; ` +
-      `measured ${(stepMs / 1000).toFixed(2)} s (the median step).${leftOut}`
-    : '';
-  const computedOn = [
-    ...new Set(
-      r.workers.map(
-        (w) => `${w.ep === 'webgpu' ? 'WebGPU' : 'WASM'} on ${w.threads} thread${w.threads === 1 ? '' : 's'}`,
-      ),
-    ),
-  ].join(', ');
-  const groups = r.config.cfgParallel ? ` (CFG parallel: two groups of ${r.config.ulyssesDegree})` : '';
-  const fallback = r.cfgFallback ? ` ${r.cfgFallback[0].toUpperCase()}${r.cfgFallback.slice(1)}.` : '';
-  // jobs stored before the report had them say float32 and no emulation
-  const transport =
-    r.config.dtype && r.config.dtype !== 'f32' && r.config.workers > 1
-      ? ` Activations went between ranks as ` +
-        `${r.config.dtype === 'f16' ? 'float16' : 'int8 with a scale per 64 values'}, not exact float32.`
-      : '';
-  // jobs stored before the report had it ran Ulysses
-  const displaced =
-    r.config.parallel === 'displaced' && r.config.workers > 1
-      ? ` Displaced: past ${r.config.warmupSteps} exact step${r.config.warmupSteps === 1 ? '' : 's'}, ` +
-        `each rank attended to the others' keys and values of the step before ` +
-        `(the exchange off the critical path), not exact.`
-      : '';
-  // jobs stored before the report had it exchanged all heads at once
-  const hidden = r.steps.length
-    ? Math.max(...r.steps.map((s) => Math.max(...s.ranks.map((rank) => rank.overlapMs ?? 0))))
-    : 0;
-  const overlapped =
-    (r.config.headGroups ?? 1) > 1 && r.config.parallel === 'ulysses' && r.config.workers > 1
-      ? ` Ulysses in ${r.config.headGroups} head groups: attention over one group ran while the next was on the wire ` +
-        `(up to ${(hidden / 1000).toFixed(2)} s of exchange hidden behind compute in a step).`
-      : '';
-  const link = r.config.emulateLink;
-  const emulated = link
-    ? ` Rank links were paced as a ${(link.bandwidth / 1e6).toFixed(2)} MB/s, ${link.latencyMs} ms link ` +
-      `(an emulated LAN).`
-    : '';
-  const prompt = r.encoding?.prompt; // jobs stored before the report had it have none
-  const encoded = prompt ? encodingNote(prompt) : '';
-  const ranks = `${r.config.workers} ${r.config.backend} rank${r.config.workers === 1 ? '' : 's'}`;
-  const notKept = job.storageNote ? ` Not kept: ${job.storageNote}.` : '';
-  $('status').textContent =
-    `#${job.id} done: ${r.config.frames} frames in ${(r.totalMs / 1000).toFixed(1)} s ` +
-    `on ${ranks}${groups}${recovered}, each on ${computedOn}.` +
-    [planned, fallback, transport, displaced, overlapped, emulated, checked, encoded, notKept].join('');
+  $('status').textContent = summarizeReport(job.id, r, job.storageNote);
 }
 
 async function submitFromForm(overrides: JobOverrides = {}): Promise<StoredJob> {
   const formValues = readForm();
-  const {
-    backend,
-    workers,
-    ep,
-    dtype,
-    parallel,
-    warmupSteps,
-    headGroups,
-    cfgParallel,
-    shares,
-    spotCheckRate,
-    emulateLink,
-    model,
-    promptEmbeds,
-    negativePromptEmbeds,
-    outputType,
-    ...rest
-  } = overrides;
+  const { model, promptEmbeds, negativePromptEmbeds, outputType, ...rest } = overrides;
+  // what it gives of the job's parameters goes over the form's; the rest of it is its placement request
+  // a field given as undefined leaves the form's
+  const given = Object.entries(rest as Record<string, unknown>).filter(([, value]) => value !== undefined);
+  const isParam = ([key]: [string, unknown]) => key in DEFAULT_JOB;
   // a job on another model than the form's (npm run generate --model) is that model's defaults beneath what it gives
   const beneath =
     model !== undefined && model !== formValues.placement.model ? await loadJobDefaults(model) : formValues.params;
-  const params = { ...beneath, ...rest };
+  const params = { ...beneath, ...Object.fromEntries(given.filter(isParam)) };
   if (!showErrors(checkJobParams(params)))
     return Promise.reject(new Error(`invalid job: ${$('form-errors').textContent}`));
   if (!queue) return Promise.reject(new Error('the dashboard is still starting'));
-  const placement: JobPlacement = {
-    ...formValues.placement,
-    backend: backend ?? formValues.placement.backend,
-    workers: workers ?? formValues.placement.workers,
-    ep: ep ?? formValues.placement.ep,
-    dtype,
-    parallel,
-    warmupSteps,
-    headGroups,
-    cfgParallel: cfgParallel ?? formValues.placement.cfgParallel,
-    shares,
-    spotCheckRate,
-    emulateLink,
-    model: model ?? formValues.placement.model,
-  };
+  const asked: Partial<JobPlacement> = Object.fromEntries(given.filter((entry) => !isParam(entry)));
+  const placement: JobPlacement = { ...formValues.placement, ...asked, model: model ?? formValues.placement.model };
   const inputs: JobInputs = {
     outputType,
     promptEmbeds: promptEmbeds && embedsFromBase64(promptEmbeds),
@@ -454,7 +321,8 @@ async function start() {
       if (e.phase === 'placing') resetTimeline();
     } else {
       if (e.job.status === 'done') showFinished(e.job);
-      if (e.job.status === 'failed') $('status').textContent = `#${e.job.id} failed: ${e.job.error}`;
+      if (e.job.status === 'failed') $('status').textContent = `#${e.job.id} failed: ${e.job.error ?? ''}`;
+      if (e.job.status === 'cancelled') $('status').textContent = `#${e.job.id} cancelled.`;
       refreshJobs();
     }
   });
@@ -490,6 +358,7 @@ const automation: DashboardAutomation = {
     if (!queue) throw new Error('the dashboard is still starting');
     const job = await queue.settled(id);
     if (job.status === 'failed') throw new Error(job.error);
+    if (job.status === 'cancelled') throw new Error(`job ${id} was cancelled`);
     const { latent, video, report } = defined(job.result, `job #${id}'s result`);
     return {
       report,

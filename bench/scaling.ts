@@ -230,7 +230,7 @@ export async function runScaling(options: Partial<ScalingOptions> = {}) {
           cfgParallelStepMs: last(two.report),
           speedup: round(last(one.report) / last(two.report)),
           parityMaxAbs: maxAbs(two.latent, one.latent),
-          reportSaysCfgParallel: two.report.config.cfgParallel,
+          reportSaysCfgParallel: two.report.placement.layout.cfgGroups === 2,
           predicted: { oneWorkerStepMs: predicted(false), cfgParallelStepMs: predicted(true) },
         };
         log(`CFG parallel: ${JSON.stringify(cfg)}`);
@@ -360,9 +360,12 @@ function summarise(
     },
     predictionError: round(Math.abs(predicted.stepMs - last.ms) / last.ms),
     /** what the dashboard itself predicted for this job (from the workers' own probes), and its error */
-    dashboardPredictedStepMs: report.plan?.predictedStepMs == null ? null : round(report.plan.predictedStepMs, 1),
-    dashboardPredictionError:
-      report.plan?.predictedStepMs == null ? null : round((report.plan.predictedStepMs - last.ms) / last.ms),
+    dashboardPredictedStepMs: report.placement.prediction
+      ? round(report.placement.prediction.predictedStepMs, 1)
+      : null,
+    dashboardPredictionError: report.placement.prediction
+      ? round((report.placement.prediction.predictedStepMs - last.ms) / last.ms)
+      : null,
   };
 }
 

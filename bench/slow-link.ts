@@ -210,7 +210,10 @@ export async function runSlowLink(options: Partial<SlowLinkOptions> = {}) {
       const bytesPerStep = median(steps.map((s) => Math.max(...s.ranks.map((r) => r.bytesSent))));
       // the exchange hidden behind compute a step: the least any rank hid (the step waits for the others)
       const overlapMs = median(steps.map((s) => Math.min(...s.ranks.map((r) => r.overlapMs))));
-      const { workers: world, ulyssesDegree, cfgParallel, parallel, dtype, headGroups } = out.report.config;
+      const { layout, settings } = out.report.placement;
+      const { world, ulyssesDegree } = layout;
+      const { parallel, dtype, headGroups } = settings;
+      const cfgParallel = layout.cfgGroups === 2;
       const result = {
         world,
         ulyssesDegree,

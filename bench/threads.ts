@@ -61,14 +61,14 @@ export async function runThreads(options: Partial<Pick<JobParams, JobFlag>> = {}
       const { report } = await swarm.dashboard.evaluate((j) => window.ditswarm.generate(j), job);
       // the last step: the first also pays onnxruntime's first-run allocations
       const stepMs = report.steps[report.steps.length - 1].ms;
-      const predictedStepMs = report.plan?.predictedStepMs ?? null;
+      const predictedStepMs = report.placement.prediction?.predictedStepMs ?? null;
       const run = {
         threads: report.workers[0].threads,
         stepMs: round(stepMs, 1),
         stepsMs: report.steps.map((s) => round(s.ms, 1)),
         predictedStepMs: predictedStepMs === null ? null : round(predictedStepMs, 1),
         predictionError: predictedStepMs === null ? null : round((predictedStepMs - stepMs) / stepMs),
-        predictedBy: report.plan?.by ?? null,
+        predictedBy: report.placement.prediction?.by ?? null,
         loadAverage1m: { start: load.loadAverage1m, end: machine().loadAverage1m },
       };
       log(`${label}: ${run.threads} thread(s), step ${run.stepMs} ms, predicted ${run.predictedStepMs} ms`);

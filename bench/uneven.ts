@@ -114,9 +114,9 @@ export async function runUneven(options: Partial<UnevenOptions> = {}) {
       const result = {
         stepMs: round(report.medianStepMs, 1),
         stepsMs: report.steps.map((s) => round(s.ms, 1)),
-        degree: report.config.ulyssesDegree,
-        heads: report.plan?.heads ?? null,
-        predictedStepMs: report.plan?.predictedStepMs == null ? null : round(report.plan.predictedStepMs, 1),
+        degree: report.placement.layout.ulyssesDegree,
+        heads: report.placement.layout.heads?.[0] ?? null,
+        predictedStepMs: report.placement.prediction ? round(report.placement.prediction.predictedStepMs, 1) : null,
         /** each rank's compute in a step (the median step), rank order */
         rankComputeMs: computeMs,
         /** forwards recomputed to spot-check the ranks (the default rate), their time, and its share of the steps' */

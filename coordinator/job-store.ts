@@ -15,29 +15,16 @@ export type JobStatus = 'queued' | 'running' | 'done' | 'failed' | 'cancelled';
 export const isSettled = (status: JobStatus): boolean =>
   status === 'done' || status === 'failed' || status === 'cancelled';
 
-export interface JobPlacement {
+/**
+ * What a stored job asks of placement: its request as the planner takes it (PlacementRequest), with the
+ * backend and the model folder; `workers` is its Ulysses degree (of each group with CFG parallel).
+ */
+export type JobPlacement = Omit<PlacementRequest, 'ulyssesDegree'> & {
   backend: Backend;
   workers: number | 'auto';
-  ep: 'auto' | 'webgpu' | 'wasm';
-  /** activations between ranks; float32 unless asked ('auto': the planner's choice) */
-  dtype?: PlacementRequest['dtype'];
-  /** how the ranks share self-attention; Ulysses (exact) unless asked ('auto': the planner's choice) */
-  parallel?: PlacementRequest['parallel'];
-  /** displaced mode's exact steps first; its default unless set */
-  warmupSteps?: number;
-  /** Ulysses: the head groups a block's exchange goes in; the planner's choice unless set */
-  headGroups?: number;
-  /** conditional and unconditional passes on two worker groups: always, never, or (unset) as the planner chooses */
-  cfgParallel?: boolean;
-  /** the heads shared evenly, by the workers' speed, or (unset) as the planner predicts faster */
-  shares?: PlacementRequest['shares'];
-  /** share of forward passes another worker recomputes to check the group's; the default unless set, 0 for none */
-  spotCheckRate?: number;
-  /** the ranks' links to each other paced as this slower link (benchmarks and tests) */
-  emulateLink?: PlacementRequest['emulateLink'];
   /** URL of the model folder; the bundled default model unless set */
   model?: string;
-}
+};
 
 /** What a job is given beyond its parameters: prompt embeddings instead of prompts, the latent instead of a video. */
 export type JobInputs = Pick<GenerateRequest, 'promptEmbeds' | 'negativePromptEmbeds' | 'outputType'>;

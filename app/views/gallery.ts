@@ -21,11 +21,14 @@ export function renderGallery(jobs: StoredJob[], play: (job: StoredJob) => void)
       const { params } = job;
       const playButton = h('button', { type: 'button', className: 'secondary' }, 'Play');
       playButton.addEventListener('click', () => play(job));
-      const { workers, backend } = report.config;
+      const { backend } = report.config;
+      // a report an older version kept has no placement: its ranks go unsaid
+      const kept: Partial<Pick<typeof report, 'placement'>> = report;
+      const workers = kept.placement?.layout.world;
       const details =
         `${params.frames} frames ${params.width}×${params.height}, ${params.steps} steps, ` +
         `guidance ${params.guidance}, seed ${params.seed} · ` +
-        `${workers} ${backend} rank${workers === 1 ? '' : 's'} · ${seconds(report.totalMs)}`;
+        `${workers ?? 'some'} ${backend} rank${workers === 1 ? '' : 's'} · ${seconds(report.totalMs)}`;
       const url = videoUrl(job);
       return h(
         'li',

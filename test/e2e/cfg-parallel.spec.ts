@@ -35,6 +35,6 @@ test.describe.serial('CFG parallel over worker tabs', () => {
 
     const unguided = await runJob(swarm.dashboard, { ...job, guidance: 1, workers: 1, cfgParallel: true });
     expect(unguided.report.config).toMatchObject({ workers: 1, cfgParallel: false });
-    expect(unguided.report.cfgFallback).toMatch(/guidance 1 means one forward pass per step/);
+    expect(unguided.report.placement.cfgFallback).toMatch(/guidance 1 means one forward pass per step/);
   });
 });

@@ -194,7 +194,7 @@ test('the default job on two worker tabs: Enter on the prompt the dashboard open
         .slice(9, 11)
         .reduce((a, b) => a + b) / 2,
     ); // the median of its 20 steps
-    const plan = defined(report.plan, "the cost model's plan");
+    const plan = defined(report.placement.prediction, "the cost model's prediction");
     const error = (plan.predictedStepMs - measuredMs) / measuredMs;
     console.log(
       `default job: ${seconds.toFixed(1)} s from Enter, phases ${JSON.stringify(report.phasesMs, (_k, v: unknown) => (typeof v === 'number' ? Math.round(v) : v))}; ` +

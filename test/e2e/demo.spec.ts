@@ -21,7 +21,7 @@ test('"a red square moving right" on 2 worker tabs decodes to a red foreground m
   try {
     // no model named: the dashboard's default must be the demo model
     const run = await runJob(swarm.dashboard, { ...JOB, backend: 'swarm', workers: 2, ep: 'wasm', model: undefined });
-    expect(run.report.config.ulyssesDegree).toBe(2);
+    expect(run.report.placement.layout.ulyssesDegree).toBe(2);
     expect(run.report.config.model, 'the dashboard ran the demo model').toMatch(/\/models\/tiny-wan-demo\/?$/);
     expect(run.report.latentShape).toEqual([16, 3, 8, 8]);
 

@@ -111,7 +111,7 @@ test.describe.serial('Ulysses across hosts', () => {
         `P=${P}: max-abs vs P=1 ${diff.toExponential(2)}, step ms ${stepTimes(run.report)}; ` +
           `exchange bytes per rank ${perRank.join('/')}, bytes leaving each worker host ${sentOnWire.join('/')}, bytes reaching the server host ${serverBytes}`,
       );
-      expect(run.report.config.ulyssesDegree).toBe(P);
+      expect(run.report.placement.layout.ulyssesDegree).toBe(P);
       expect(diff, `P=${P}`).toBeLessThanOrEqual(1e-4);
       // two passes a step, each rank its share's q, k, v out and attention output back (about
       // 4·(S/P)·D·(P−1)/P floats a block)

@@ -35,7 +35,7 @@ test.describe.serial('Ulysses over worker tabs', () => {
       const single = await runJob(swarm.dashboard, { ...job, workers: 1 });
       for (const P of [2, 3, 5]) {
         const run = await runJob(swarm.dashboard, { ...job, workers: P });
-        expect(run.report.config.ulyssesDegree).toBe(P);
+        expect(run.report.placement.layout.ulyssesDegree).toBe(P);
         const diff = maxAbsDiff(run.latent, single.latent);
         console.log(
           `${name}: P=${P} max-abs vs P=1 ${diff.toExponential(2)}, step ms ${run.report.steps.map((s) => s.ms.toFixed(0)).join('/')}`,
@@ -60,7 +60,7 @@ test.describe.serial('Ulysses over worker tabs', () => {
       // in head groups, asked for: each group's attention while the next is on the wire, the same
       // latent and bytes (issue 20)
       const grouped = await runJob(swarm.dashboard, { ...job, workers: 3, headGroups: 3 });
-      expect(grouped.report.config.headGroups).toBe(3);
+      expect(grouped.report.placement.settings.headGroups).toBe(3);
       const groupedDiff = maxAbsDiff(grouped.latent, single.latent);
       const overlapMs = (rank: number) => grouped.report.steps.reduce((ms, s) => ms + s.ranks[rank].overlapMs, 0);
       console.log(
@@ -74,9 +74,10 @@ test.describe.serial('Ulysses over worker tabs', () => {
       for (const rank of [0, 1, 2]) expect(overlapMs(rank), `rank ${rank}`).toBeGreaterThan(0);
       // 'auto' plans with the rank-to-rank link the last mesh probe measured, not the coordinator's
       const auto = await runJob(swarm.dashboard, { ...job, workers: 'auto' });
-      const chosen = defined(auto.report.plan, "the cost model's plan");
+      const chosen = defined(auto.report.placement.prediction, "the cost model's prediction");
+      const degree = auto.report.placement.layout.ulyssesDegree;
       console.log(
-        `${name}: auto chose ${chosen.degree} (${chosen.by}), predicted ${chosen.predictedStepMs.toFixed(0)} ms/step`,
+        `${name}: auto chose ${degree} (${chosen.by}), predicted ${chosen.predictedStepMs.toFixed(0)} ms/step`,
       );
       expect(chosen.link.from).toBe('mesh probe');
     });

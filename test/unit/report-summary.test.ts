@@ -1,0 +1,57 @@
+import { describe, expect, it } from 'vitest';
+import type { ResolvedPlacement } from '../../coordinator/placement.ts';
+import { timeoutsOf } from '../../coordinator/planner.ts';
+import { RankLayout } from '../../core/parallel.ts';
+import type { DType } from '../../core/net/protocol.ts';
+import { summarizeReport, type KeptReport } from '../../app/views/report-summary.ts';
+
+// The dashboard's status line reads the placement the planner decided and names each transport
+// in the planner's words (TRANSPORTS), so an int4 job is never called int8 again.
+const placement = (dtype: DType, parallel: 'ulysses' | 'displaced' = 'displaced'): ResolvedPlacement => ({
+  backend: 'swarm',
+  modelUrl: '/models/tiny-wan',
+  layout: new RankLayout(2),
+  workers: [
+    { id: 'a', ep: 'wasm' },
+    { id: 'b', ep: 'wasm' },
+  ],
+  ep: 'auto',
+  settings: { dtype, parallel, headGroups: 1, emulateLink: null },
+  warmupSteps: 2,
+  spotChecks: { rate: 0, tolerance: 3e-2 },
+  timeouts: timeoutsOf(),
+  prediction: null,
+  cfgFallback: null,
+});
+
+/** The fields of a report the status line reads; the rest does not matter to it. */
+const report = (p: ResolvedPlacement | undefined): KeptReport =>
+  ({
+    config: { frames: 9, backend: 'swarm' },
+    placement: p,
+    totalMs: 1000,
+    failures: [],
+    workers: [{ ep: 'wasm', threads: 1 }],
+    steps: [],
+    medianStepMs: 100,
+  }) as unknown as KeptReport;
+
+describe("the dashboard's status line of a finished job", () => {
+  it('names each transport as it goes on the wire: int4 is int4, int8 is int8, float16 is float16', () => {
+    const said = (dtype: DType) => summarizeReport(7, report(placement(dtype)));
+    expect(said('i4')).toContain('Activations went between ranks as int4 with a float32 scale per 64 values');
+    expect(said('i4')).not.toContain('int8');
+    expect(said('i8')).toContain('as int8 with a float32 scale per 64 values, not exact float32');
+    expect(said('f16')).toContain('as float16, not exact float32');
+    expect(said('f32')).not.toContain('Activations went');
+  });
+
+  it('says the ranks and mode from the placement, and keeps to what a report an older version kept has', () => {
+    expect(summarizeReport(7, report(placement('f32')))).toMatch(
+      /^#7 done: 9 frames in 1\.0 s on 2 swarm ranks, each on WASM on 1 thread\. Displaced: past 2 exact steps/,
+    );
+    expect(summarizeReport(7, report(undefined))).toBe(
+      '#7 done: 9 frames in 1.0 s on swarm ranks, each on WASM on 1 thread.',
+    );
+  });
+});
