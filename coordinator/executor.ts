@@ -195,10 +195,8 @@ export abstract class Executor {
     await this.collectiveRpc('initWorker', { args: (rank) => initArgsOf(this.placement, rank, peers, session) });
     const infos = await this.collectiveRpc('describe');
     const loaded = await this.collectiveRpc('loadModel', {
-      args: (rank) => ({
-        modelUrl: this.placement.modelUrl,
-        ep: this.placement.workers.at(rank)?.ep ?? this.placement.ep,
-      }),
+      // 'auto': each worker takes the EP it measured fastest, by the rule the planner predicted it with (fastestEp)
+      args: { modelUrl: this.placement.modelUrl, ep: this.placement.ep },
       timeoutMs: this.placement.timeouts.loadMs,
     });
     this.workers = infos.map((info, rank) => ({ ...info, ...loaded[rank], id: peers[rank] }));

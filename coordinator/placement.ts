@@ -77,9 +77,9 @@ export interface ResolvedPlacement {
   /** how many ranks, in which CFG groups, each group's shares of the heads */
   layout: RankLayout;
   /**
-   * the workers in rank order ([] for the local backend's one rank in this tab), each with the EP it
-   * computes on: the one asked, or the one it measured fastest (cost-model.ts fastestEp, the rule it
-   * applies itself where it is not yet measured: 'auto')
+   * the workers in rank order ([] for the local backend's one rank in this tab), each with the EP the
+   * planner predicted it on: the one asked, or for 'auto' the one it measured fastest (cost-model.ts
+   * fastestEp, the rule the worker applies itself as it loads; 'auto' where it is not yet measured)
    */
   workers: { id: string; ep: ExecutionProvider | 'auto' }[];
   /** the EP the job asked for ('auto': each worker's fastest) */
