@@ -204,6 +204,7 @@ export class WorkerRuntime implements WorkerApi {
       'ready',
       `model loaded on ${info.ep} in ${info.loadMs.toFixed(0)} ms (${why}); ${describeWeights(info.weights)}`,
     );
+    // the config stays here; the rest is the reply
     const { config, ...loaded } = info;
     return { ...loaded, why };
   }
