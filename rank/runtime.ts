@@ -204,7 +204,7 @@ export class WorkerRuntime implements WorkerApi {
       'ready',
       `model loaded on ${info.ep} in ${info.loadMs.toFixed(0)} ms (${why}); ${describeWeights(info.weights)}`,
     );
-    // eslint-disable-next-line @typescript-eslint/no-unused-vars -- the config stays here; the rest is the reply
+    // the config stays here; the rest is the reply
     const { config, ...loaded } = info;
     return { ...loaded, why };
   }

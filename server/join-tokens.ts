@@ -251,7 +251,7 @@ export function mountJoinTokens(
         .send("this swarm's dashboard is not open: open it (or wait for it to load)");
     response.json({ coordinator } satisfies CoordinatorAnswer);
   });
-  // eslint-disable-next-line @typescript-eslint/no-unused-vars -- express tells an error handler by its 4 parameters
+  // express tells an error handler by its 4 parameters, so `_next` stays
   const badRequest: express.ErrorRequestHandler = (error: Error, _request, response, _next) => {
     response.status(400).type('text').send(`a join-link request is JSON of at most 1 KiB: ${error.message}`);
   };

@@ -125,7 +125,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     response.json({ default: options.defaultModel ?? null });
   });
   // a missing file or a range past a file's end is the reader's to report: answer its status, log nothing
-  // eslint-disable-next-line @typescript-eslint/no-unused-vars -- express tells an error handler by its 4 parameters
+  // express tells an error handler by its 4 parameters, so `_next` stays
   const statusOnly: express.ErrorRequestHandler = (error: { status?: number }, _request, response, _next) => {
     response.sendStatus(error.status ?? 500);
   };

@@ -9,7 +9,7 @@ import type { RankSettings } from '../../core/rank-settings.ts';
 import type { Link } from '../../core/net/link.ts';
 import { COORDINATOR } from '../../core/net/protocol.ts';
 import { inProcess, remote, serve, type Remote } from '../../core/net/rpc.ts';
-import { WORKER_CONTRACT, WORKER_METHODS, type WorkerApi } from '../../core/worker-api.ts';
+import { WORKER_CONTRACT, WORKER_METHODS, type ExecuteResult, type WorkerApi } from '../../core/worker-api.ts';
 import type { EngineApi } from '../../rank/engine.ts';
 import { memoryExchanges } from '../../rank/exchange/memory.ts';
 import { WorkerRuntime } from '../../rank/runtime.ts';
@@ -21,7 +21,12 @@ import { channelPair } from './fixtures.ts';
 // test's choosing in front of any method.
 export type Transport = 'direct' | 'rpc';
 /** What a rank does instead of answering normally: nothing, an error, a late answer, or an altered one. */
-export type Fault = { silent: true } | { throws: string } | { delayMs: number } | { alters: (reply: any) => unknown };
+export type Fault =
+  | { silent: true }
+  | { throws: string }
+  | { delayMs: number }
+  // a cheat is an altered result: executeModel's is the only reply a test alters
+  | { alters: (reply: ExecuteResult) => unknown };
 
 /** An executor's ranks as a test writes them: the layout, and what a job asks of the rest. */
 export type InProcessOptions = {
@@ -80,20 +85,21 @@ export class InProcessExecutor extends Executor {
     (this as unknown as { placed: boolean }).placed = true;
   }
 
-  protected async place(): Promise<string[]> {
+  protected place(): Promise<string[]> {
     const ranks = this.layout.world;
     const exchanges = memoryExchanges(ranks, this.placement.settings.dtype);
     for (let rank = 0; rank < ranks; rank++) {
       const runtime = new WorkerRuntime(this.engine, {
-        connectMesh: async (init) => exchanges[init.rank],
-        describe: async () => ({
-          ep: 'wasm',
-          adapter: 'test',
-          softwareAdapter: false,
-          threads: 1,
-          memoryGiB: null,
-          userAgent: `in-process rank ${rank}`,
-        }),
+        connectMesh: (init) => Promise.resolve(exchanges[init.rank]),
+        describe: () =>
+          Promise.resolve({
+            ep: 'wasm',
+            adapter: 'test',
+            softwareAdapter: false,
+            threads: 1,
+            memoryGiB: null,
+            userAgent: `in-process rank ${rank}`,
+          }),
       });
       this.runtimes.push(runtime);
       this.received.push([]);
@@ -108,7 +114,9 @@ export class InProcessExecutor extends Executor {
             if (fault && 'throws' in fault) throw new Error(fault.throws);
             if (fault && 'delayMs' in fault) await new Promise((r) => setTimeout(r, fault.delayMs));
             const reply = await (runtime[method] as (a: unknown) => Promise<unknown>).call(runtime, args);
-            return fault && 'alters' in fault ? fault.alters(reply) : reply;
+            if (!fault || !('alters' in fault)) return reply;
+            if (method !== 'executeModel') throw new Error(`a test alters executeModel's reply, not ${method}'s`);
+            return fault.alters(reply as ExecuteResult);
           },
         ]),
       ) as unknown as WorkerApi;
@@ -121,7 +129,7 @@ export class InProcessExecutor extends Executor {
         this.remotes.push(remote(coordinatorSide, COORDINATOR, WORKER_CONTRACT, `rank ${rank}`));
       }
     }
-    return Array.from({ length: ranks }, (_, r) => `rank-${r}`);
+    return Promise.resolve(Array.from({ length: ranks }, (_, r) => `rank-${r}`));
   }
 
   protected remoteOf(rank: number) {

@@ -1,5 +1,6 @@
 import { afterEach, beforeAll, beforeEach, describe, expect, it, vi } from 'vitest';
 import { WorkerError } from '../../coordinator/executor.ts';
+import { defined } from '../../core/defined.ts';
 import { passing } from '../../core/net/check.ts';
 import { checkPulse } from '../../core/worker-api.ts';
 import type { Channel } from '../../core/net/channel.ts';
@@ -116,7 +117,7 @@ describe('heartbeats', () => {
 
   it('beats queued behind a long message to the peer do not count its silence; once they reach it, a peer that does not answer dies as usual', async () => {
     // a data channel that takes what is sent into its buffer and drains only when told to
-    let low: (() => void) | null = null;
+    const listeners: { low?: () => void } = {};
     const channel: { -readonly [K in keyof Channel]: Channel[K] } & { sent: number } = {
       bufferedAmount: 0,
       bufferedAmountLowThreshold: 0,
@@ -125,12 +126,14 @@ describe('heartbeats', () => {
         this.sent++;
         this.bufferedAmount += frame.byteLength;
       },
-      addEventListener: (type: string, cb: () => void) => void (type === 'bufferedamountlow' && (low = cb)),
+      addEventListener: (type: string, cb: () => void) => {
+        if (type === 'bufferedamountlow') listeners.low = cb;
+      },
       removeEventListener() {},
     };
     const link = new Link(channel, { accept: coordinatorAccept });
     const { deaths } = watched(link);
-    let sent = false;
+    const delivery = { sent: false };
     void link
       .send({
         kind: 'tensor',
@@ -140,16 +143,16 @@ describe('heartbeats', () => {
         shape: [2 << 20],
         data: new Uint8Array(8 << 20),
       })
-      .then(() => (sent = true));
+      .then(() => (delivery.sent = true));
     await vi.advanceTimersByTimeAsync(10_000); // the channel is stuck: 8 MB and every beat wait
     expect(deaths).toEqual([]);
-    while (!sent) {
+    while (!delivery.sent) {
       channel.bufferedAmount = 0;
-      low!();
+      defined(listeners.low, "the channel's drain listener")();
       await vi.advanceTimersByTimeAsync(0);
     }
     channel.bufferedAmount = 0;
-    low!();
+    defined(listeners.low, "the channel's drain listener")();
     await vi.advanceTimersByTimeAsync(DEAD_AFTER_MS);
     expect(deaths).toEqual([]);
     await vi.advanceTimersByTimeAsync(2 * HEARTBEAT_INTERVAL_MS);
@@ -316,7 +319,7 @@ describe.each<Transport>(['direct', 'rpc'])('collectiveRpc over %s calls', (tran
     for (let turn = 0; turn < 1000 && !outcome.failure; turn++) await new Promise((r) => setImmediate(r));
 
     expect(outcome.failure).toBeDefined();
-    const { error, at } = outcome.failure!;
+    const { error, at } = defined(outcome.failure, 'the failure');
     expect(at - START).toBe(0); // no timer had to fire: far under RPC_TIMEOUT_MS
     expect(error).toBeInstanceOf(WorkerError);
     expect(error).toMatchObject({

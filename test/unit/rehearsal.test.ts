@@ -7,8 +7,9 @@ import { planUlysses } from '../../core/parallel.ts';
 import type { ExecutionProvider } from '../../core/worker-api.ts';
 import type { EngineApi } from '../../rank/engine.ts';
 import { memoryExchanges } from '../../rank/exchange/memory.ts';
-import { WorkerRuntime } from '../../rank/runtime.ts';
+import { WorkerRuntime, type RuntimeHooks } from '../../rank/runtime.ts';
 import { referenceStages, type DeviceStageRunner } from '../../rank/stages.ts';
+import type { Exchange } from '../../rank/ulysses.ts';
 import { stubEngine, tinyModelFiles } from './fixtures.ts';
 
 // A rehearsal times what a rank of a job computes, before the job: the same stage calls on the same
@@ -17,6 +18,22 @@ let model: WanModel;
 beforeAll(async () => {
   model = await loadTransformer(tinyModelFiles);
 });
+
+/** A wasm rank's hooks in this process, its mesh from `mesh` (by default a lone rank's). */
+function wasmHooks(mesh: () => Exchange = () => memoryExchanges(1)[0]): RuntimeHooks {
+  return {
+    connectMesh: () => Promise.resolve(mesh()),
+    describe: () =>
+      Promise.resolve({
+        ep: 'wasm',
+        adapter: 'test',
+        softwareAdapter: false,
+        threads: 1,
+        memoryGiB: null,
+        userAgent: 'node',
+      }),
+  };
+}
 
 /** The shapes of every stage call's first array, per stage, in order. */
 function recording(stages: DeviceStageRunner) {
@@ -63,17 +80,10 @@ describe('a rehearsal', () => {
       const jobs = memoryExchanges(degree).map(() => recording(referenceStages(model)));
       const jobRuntimes = memoryExchanges(degree).map(
         (exchange, rank) =>
-          new WorkerRuntime(stubEngine(jobs[rank].stages, cfg), {
-            connectMesh: async () => exchange,
-            describe: async () => ({
-              ep: 'wasm',
-              adapter: 'test',
-              softwareAdapter: false,
-              threads: 1,
-              memoryGiB: null,
-              userAgent: 'node',
-            }),
-          }),
+          new WorkerRuntime(
+            stubEngine(jobs[rank].stages, cfg),
+            wasmHooks(() => exchange),
+          ),
       );
       const plan = planUlysses(cfg, tokenGrid(cfg, shape).count, degree);
       const text = new Float32Array(4 * cfg.textDim);
@@ -105,17 +115,7 @@ describe('a rehearsal', () => {
       );
 
       const rehearsal = recording(referenceStages(model));
-      const runtime = new WorkerRuntime(stubEngine(rehearsal.stages, cfg), {
-        connectMesh: async () => memoryExchanges(1)[0],
-        describe: async () => ({
-          ep: 'wasm',
-          adapter: 'test',
-          softwareAdapter: false,
-          threads: 1,
-          memoryGiB: null,
-          userAgent: 'node',
-        }),
-      });
+      const runtime = new WorkerRuntime(stubEngine(rehearsal.stages, cfg), wasmHooks());
       await runtime.rehearse({ modelUrl: 'tiny', ep: 'wasm', latentShape: WARM_UP_SHAPE, textTokens: 4, degrees: [1] }); // the engine's warm-up, on one token
       rehearsal.calls.length = 0;
       const { forwardMs } = await runtime.rehearse({
@@ -151,17 +151,7 @@ describe('a rehearsal', () => {
         warming.attention(...args)
       )) as typeof warming.attention,
     };
-    const runtime = new WorkerRuntime(stubEngine(cold, model.config), {
-      connectMesh: async () => memoryExchanges(1)[0],
-      describe: async () => ({
-        ep: 'wasm',
-        adapter: 'test',
-        softwareAdapter: false,
-        threads: 1,
-        memoryGiB: null,
-        userAgent: 'node',
-      }),
-    });
+    const runtime = new WorkerRuntime(stubEngine(cold, model.config), wasmHooks());
     const args = { modelUrl: 'tiny', ep: 'wasm' as const, latentShape: WARM_UP_SHAPE, textTokens: 4, degrees: [1] };
     const [first] = (await runtime.rehearse(args)).forwardMs;
     // a one-block forward, 24 whole ones to warm up, then those timed
@@ -183,17 +173,7 @@ describe('a rehearsal', () => {
         stages.preAttention(...args)
       )) as typeof stages.preAttention,
     };
-    const runtime = new WorkerRuntime(stubEngine(slowed, model.config), {
-      connectMesh: async () => memoryExchanges(1)[0],
-      describe: async () => ({
-        ep: 'wasm',
-        adapter: 'test',
-        softwareAdapter: false,
-        threads: 1,
-        memoryGiB: null,
-        userAgent: 'node',
-      }),
-    });
+    const runtime = new WorkerRuntime(stubEngine(slowed, model.config), wasmHooks());
     await runtime.rehearse({ modelUrl: 'tiny', ep: 'wasm', latentShape: WARM_UP_SHAPE, textTokens: 4, degrees: [1] }); // the engine's warm-up
     [slow, calls.length] = [true, 0];
     const { forwardMs } = await runtime.rehearse({
@@ -218,17 +198,7 @@ describe('a rehearsal', () => {
       ...base,
       load: async (url: string, ep: ExecutionProvider) => (loads.push(`${url} ${ep}`), base.load(url, ep)),
     };
-    const runtime = new WorkerRuntime(engine, {
-      connectMesh: async () => memoryExchanges(1)[0],
-      describe: async () => ({
-        ep: 'wasm',
-        adapter: 'test',
-        softwareAdapter: false,
-        threads: 1,
-        memoryGiB: null,
-        userAgent: 'node',
-      }),
-    });
+    const runtime = new WorkerRuntime(engine, wasmHooks());
     await runtime.initWorker({ ...EXACT_SETTINGS, rank: 0, world: 1, peers: ['a'], session: 's' });
     await runtime.loadModel({ modelUrl: 'placed', ep: 'wasm' });
     await runtime.rehearse({ modelUrl: 'placed', ep: 'wasm', latentShape: WARM_UP_SHAPE, textTokens: 4, degrees: [1] });
@@ -242,17 +212,7 @@ describe('a rehearsal', () => {
   });
 
   it('refuses a degree the heads do not allow, a latent of the wrong channels and more tokens than any video, before computing', async () => {
-    const runtime = new WorkerRuntime(stubEngine(referenceStages(model), model.config), {
-      connectMesh: async () => memoryExchanges(1)[0],
-      describe: async () => ({
-        ep: 'wasm',
-        adapter: 'test',
-        softwareAdapter: false,
-        threads: 1,
-        memoryGiB: null,
-        userAgent: 'node',
-      }),
-    });
+    const runtime = new WorkerRuntime(stubEngine(referenceStages(model), model.config), wasmHooks());
     const args = { modelUrl: 'tiny', ep: 'wasm' as const, latentShape: shape, textTokens: 4 };
     await expect(runtime.rehearse({ ...args, degrees: [13] })).rejects.toThrow(/13/);
     await expect(runtime.rehearse({ ...args, latentShape: [15, 2, 7, 5], degrees: [1] })).rejects.toThrow(
@@ -278,15 +238,7 @@ describe("a model's download", () => {
       },
     };
     const runtime = new WorkerRuntime(engine, {
-      connectMesh: async () => memoryExchanges(1)[0],
-      describe: async () => ({
-        ep: 'wasm',
-        adapter: 'test',
-        softwareAdapter: false,
-        threads: 1,
-        memoryGiB: null,
-        userAgent: 'node',
-      }),
+      ...wasmHooks(),
       onState: (s, d) => states.push(`${s}: ${d}`),
     });
     await runtime.initWorker({ ...EXACT_SETTINGS, rank: 0, world: 1, peers: ['a'], session: 's' });

@@ -60,10 +60,14 @@ describe("a worker's runtime with ep 'auto'", () => {
     const engine = {
       ...base,
       load: async (url: string, ep: ExecutionProvider) => (loads.push(ep), { ...(await base.load(url, ep)), ep }),
-      probe: async (ep: ExecutionProvider) => (
-        probes.push(ep),
-        { ep, flops: rates[ep]!, softmaxRate: 1e8, stageMs: 1 }
-      ),
+      probe: (ep: ExecutionProvider) => {
+        probes.push(ep);
+        const flops = rates[ep];
+        // as a real engine's probe of an EP the machine lacks, one without a rate fails
+        return flops === undefined
+          ? Promise.reject(new Error(`no ${ep} here`))
+          : Promise.resolve({ ep, flops, softmaxRate: 1e8, stageMs: 1 });
+      },
     };
     const described: WorkerInfo = {
       ep: 'webgpu',
@@ -75,8 +79,8 @@ describe("a worker's runtime with ep 'auto'", () => {
       ...info,
     };
     const runtime = new WorkerRuntime(engine, {
-      connectMesh: async () => memoryExchanges(1)[0],
-      describe: async () => described,
+      connectMesh: () => Promise.resolve(memoryExchanges(1)[0]),
+      describe: () => Promise.resolve(described),
     });
     return { runtime, loads, probes, described };
   }
