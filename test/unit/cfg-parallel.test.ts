@@ -42,25 +42,32 @@ class InProcessExecutor extends Executor {
     super(options);
   }
 
-  protected async place(): Promise<string[]> {
+  protected place(): Promise<string[]> {
     const meshes = new Map<string, Exchange[]>();
-    const meshOf = (init: InitArgs) =>
-      meshes.get(init.session) ?? meshes.set(init.session, memoryExchanges(init.world)).get(init.session)!;
+    const meshOf = (init: InitArgs) => {
+      let mesh = meshes.get(init.session);
+      if (!mesh) {
+        mesh = memoryExchanges(init.world);
+        meshes.set(init.session, mesh);
+      }
+      return mesh;
+    };
     this.remotes = Array.from({ length: this.ranks }, (_, rank) => {
       const runtime = new WorkerRuntime(this.engine, {
-        connectMesh: async (init) => meshOf(init)[init.rank],
-        describe: async () => ({
-          ep: 'wasm',
-          adapter: 'test',
-          softwareAdapter: false,
-          threads: 1,
-          memoryGiB: null,
-          userAgent: `in-process rank ${rank}`,
-        }),
+        connectMesh: (init) => Promise.resolve(meshOf(init)[init.rank]),
+        describe: () =>
+          Promise.resolve({
+            ep: 'wasm',
+            adapter: 'test',
+            softwareAdapter: false,
+            threads: 1,
+            memoryGiB: null,
+            userAgent: `in-process rank ${rank}`,
+          }),
       });
       return inProcess<WorkerApi>(runtime, WORKER_CONTRACT, `rank ${rank}`);
     });
-    return this.remotes.map((_, r) => `rank-${r}`);
+    return Promise.resolve(this.remotes.map((_, r) => `rank-${r}`));
   }
 
   protected remoteOf(rank: number) {
@@ -141,7 +148,7 @@ describe('CFG parallel over in-process ranks', () => {
       // one executeModel per rank per step, and the unconditional group starts before the conditional one ends
       const starts = run.executor.timeline.filter(([, what]) => what === 'start').map(([rank]) => rank);
       expect(starts.sort((a, b) => a - b)).toEqual(
-        Array.from({ length: 2 * P }, (_, r) => Array(STEPS).fill(r)).flat(),
+        Array.from({ length: 2 * P }, (_, r) => Array<number>(STEPS).fill(r)).flat(),
       );
       const firstEnd = run.executor.timeline.findIndex(([, what]) => what === 'end');
       expect(

@@ -59,7 +59,8 @@ describe('cost model: FLOPs and bytes of one rank', () => {
       expect(f.embed).toBe(2 * 3 * 1 * 4 + 2 * (2 * 4 + 16 + 4 * 24) + 2 * 2 * (3 * 4 + 16)); // 376
       expect(f.head).toBe(2 * 3 * 4 * 1); // 24
       expect(f.total).toBe(total);
-      expect(f.scores).toBe(1 * tokens * tokens + 2 * 3 * 2); // 1 head of 2 over S×S keys; cross: 2 heads × 3 tokens × 2 text tokens
+      // 1 head of 2 over S×S keys; cross: 2 heads × 3 tokens × 2 text tokens
+      expect(f.scores).toBe(1 * tokens * tokens + 2 * 3 * 2);
     }
   });
 
@@ -91,13 +92,15 @@ describe('cost model: FLOPs and bytes of one rank', () => {
       const charged =
         predictStep(work, plan, { ...hw, workerStageS: [0.001, 0.003] }).computeS -
         predictStep(work, plan, hw).computeS;
-      const slowest = plan.ulyssesDegree * (plan.cfgParallel ? 2 : 1) === 1 ? 0.001 : 0.003; // one worker: the faster-computing first, whose calls cost 1 ms
+      // one worker: the faster-computing first, whose calls cost 1 ms
+      const slowest = plan.ulyssesDegree * (plan.cfgParallel ? 2 : 1) === 1 ? 0.001 : 0.003;
       expect(charged, JSON.stringify(plan)).toBeCloseTo(passesPerGroup * 8 * slowest, 12);
     }
   });
 
   it('predicts the bytes the busiest rank sends per forward: 4·(S/P)·D·(P−1)/P floats per block where P divides S, at 4 B, over 2 blocks of D 576', () => {
-    // rank r sends q, k, v of its rows for the others' heads and its heads' output for the others' rows: (3·rows·(H−h) + h·(S−rows))·d
+    // rank r sends q, k, v of its rows for the others' heads and its heads' output for the others' rows:
+    // (3·rows·(H−h) + h·(S−rows))·d
     const cases: [tokens: number, P: number, bytes: number][] = [
       [12288, 1, 0], // one rank exchanges nothing
       [12288, 2, 56_623_104], // 4 · 6144 · 576 · 1/2 · 4 B · 2 blocks
@@ -114,7 +117,7 @@ describe('cost model: FLOPs and bytes of one rank', () => {
         const step = predictStep(
           { model: bench, tokens, textTokens: 32, passes },
           { ulyssesDegree: P, cfgParallel: false },
-          { workerFlops: Array(P).fill(16e9), link: { bandwidth: 7e6, latency: 1e-3 }, bytesPerElement: 4 },
+          { workerFlops: Array<number>(P).fill(16e9), link: { bandwidth: 7e6, latency: 1e-3 }, bytesPerElement: 4 },
         );
         expect(step.bytesPerRank, `S ${tokens}, P ${P}, ${passes} passes per step`).toBe(passes * bytes);
       }
@@ -229,7 +232,7 @@ describe("cost model: the coordinator's patches out and rows back", () => {
     const bytes = 2 * 12288 * (16 + 16) * 4 * 4; // 6.3 MB per step
     for (const P of [1, 2, 3]) {
       const hw: Hardware = {
-        workerFlops: Array(P).fill(1e10),
+        workerFlops: Array<number>(P).fill(1e10),
         link: { bandwidth: 1e7, latency: 0.01 },
         bytesPerElement: 4,
       };
@@ -311,10 +314,10 @@ describe('planSwarm', () => {
     expect(() =>
       planSwarm(
         work,
-        { workerFlops: new Array(13).fill(1e9), link: { bandwidth: 1e9, latency: 0 }, bytesPerElement: 4 },
+        { workerFlops: new Array<number>(13).fill(1e9), link: { bandwidth: 1e9, latency: 0 }, bytesPerElement: 4 },
         [{ ulyssesDegree: 13, cfgParallel: false }],
       ),
-    ).toThrowError(/from 1 to the model's 12 heads/);
+    ).toThrow(/from 1 to the model's 12 heads/);
   });
 });
 
@@ -331,7 +334,7 @@ describe('fitLink', () => {
         { bytes: 1e6, seconds: 0.1 },
         { bytes: 1e6, seconds: 0.2 },
       ]),
-    ).toThrowError(/at least two sizes/);
+    ).toThrow(/at least two sizes/);
   });
 });
 
@@ -355,8 +358,9 @@ const TOTAL_P2 = 2304;
 describe('cost model: channels and patch volume', () => {
   it('counts the patch volume and the channels in the embedding and the head: C_in 2, C_out 3, patch 1×2×2, S 6, L 2, P 2', () => {
     const f = forwardFlops(tiny, 6, 2, 2);
-    // patch embedding 2·Sl·C_in·(pt·ph·pw)·D = 2·3·2·4·4, time MLP and modulation 2·(F·D + D·D + D·6D), text MLP 2·L·(T·D + D·D)
-    expect(f.embed).toBe(2 * 3 * 2 * 4 * 4 + 2 * (2 * 4 + 4 * 4 + 4 * 6 * 4) + 2 * 2 * (3 * 4 + 4 * 4)); // 192 + 240 + 112
+    // patch embedding 2·Sl·C_in·(pt·ph·pw)·D = 2·3·2·4·4, time MLP and modulation 2·(F·D + D·D + D·6D),
+    // text MLP 2·L·(T·D + D·D): 192 + 240 + 112
+    expect(f.embed).toBe(2 * 3 * 2 * 4 * 4 + 2 * (2 * 4 + 4 * 4 + 4 * 6 * 4) + 2 * 2 * (3 * 4 + 4 * 4));
     expect(f.embed).toBe(544);
     expect(f.head).toBe(2 * 3 * 4 * 3 * 4); // 2·Sl·D·C_out·(pt·ph·pw) = 288
     expect(f.block.total).toBe(384 + 288 + 320 + 96 + 384);
@@ -451,8 +455,8 @@ describe('predictStep', () => {
     const hw: Hardware = { workerFlops: [1e9], link: { bandwidth: 1e6, latency: 0 }, bytesPerElement: 4 };
     expect(() =>
       predictStep(work, { ulyssesDegree: 1, cfgParallel: true }, { ...hw, workerFlops: [1e9, 1e9] }),
-    ).toThrowError('cfgParallel needs two passes per step (guidance ≠ 1); this workload has one');
-    expect(() => predictStep(work, { ulyssesDegree: 2, cfgParallel: false }, hw)).toThrowError(
+    ).toThrow('cfgParallel needs two passes per step (guidance ≠ 1); this workload has one');
+    expect(() => predictStep(work, { ulyssesDegree: 2, cfgParallel: false }, hw)).toThrow(
       'plan needs 2 workers, 1 measured',
     );
   });
@@ -503,13 +507,13 @@ describe('fitLink and fitMeshProbe', () => {
         { bytes: 1000, seconds: 0.01 },
         { bytes: 2000, seconds: 0.01 },
       ]),
-    ).toThrowError(message);
+    ).toThrow(message);
     expect(() =>
       fitLink([
         { bytes: 1000, seconds: 0.02 },
         { bytes: 2000, seconds: 0.01 },
       ]),
-    ).toThrowError(message);
+    ).toThrow(message);
   });
 
   it('count a large exchange as at least 0.5 ms slower than the small one: 1000 B in 2 ms and 6000 B in 2.2 ms fit as 1e7 B/s after 1.9 ms', () => {

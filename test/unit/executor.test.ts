@@ -73,6 +73,12 @@ async function rejection(work: Promise<unknown>): Promise<Error> {
   throw new Error('expected a rejection, but the call resolved');
 }
 
+/** `value` as a `type`, or a failure naming what it was instead. */
+function instance<T>(value: unknown, type: new (...args: never[]) => T): T {
+  if (value instanceof type) return value;
+  throw new Error(`expected a ${type.name}, got ${String(value)}`);
+}
+
 describe.each<Transport>(['direct', 'rpc'])('Executor over %s calls', (transport) => {
   it('initialize gives each worker its rank of the world and loads the model everywhere', async () => {
     const executor = await started(3, transport);
@@ -139,8 +145,8 @@ describe.each<Transport>(['direct', 'rpc'])('Executor over %s calls', (transport
     const elapsed = performance.now() - t0;
     expect(error).toBeInstanceOf(TimeoutError);
     expect(error.message).toBe('ping timed out after 200 ms waiting for rank 1');
-    expect((error as TimeoutError).method).toBe('ping');
-    expect((error as TimeoutError).silentRanks).toEqual([1]);
+    expect(instance(error, TimeoutError).method).toBe('ping');
+    expect(instance(error, TimeoutError).silentRanks).toEqual([1]);
     // waited for the 200 ms asked, not the executor's 10 s default (upper bound wide for a loaded machine)
     expect(elapsed).toBeGreaterThanOrEqual(190);
     expect(elapsed).toBeLessThan(5_000);
@@ -155,7 +161,7 @@ describe.each<Transport>(['direct', 'rpc'])('Executor over %s calls', (transport
     expect(elapsed).toBeGreaterThanOrEqual(190);
     expect(elapsed).toBeLessThan(5_000); // the 200 ms asked, not the executor's 10 s default
     expect(error).toBeInstanceOf(TimeoutError);
-    expect((error as TimeoutError).silentRanks).toEqual([0, 2]);
+    expect(instance(error, TimeoutError).silentRanks).toEqual([0, 2]);
     expect(error.message).toBe('ping timed out after 200 ms waiting for ranks 0, 2');
   });
 
@@ -174,8 +180,8 @@ describe.each<Transport>(['direct', 'rpc'])('Executor over %s calls', (transport
     for (const method of ['loadModel', 'prepareJob', 'executeModel'] as const) {
       const error = await rejection(executor.collectiveRpc(method, { args: validJobArgs[method] }));
       expect(error).toBeInstanceOf(WorkerError);
-      expect((error as WorkerError).rank).toBe(0);
-      expect((error as WorkerError).remoteMessage).toBe(
+      expect(instance(error, WorkerError).rank).toBe(0);
+      expect(instance(error, WorkerError).remoteMessage).toBe(
         `worker method ${method} called before initWorker: the coordinator must call initWorker first`,
       );
     }
@@ -189,7 +195,7 @@ describe.each<Transport>(['direct', 'rpc'])('Executor over %s calls', (transport
     const executor = await started(2, transport);
     const error = await rejection(executor.collectiveRpc('loadModel', { args: { modelUrl: 42, ep: 'cuda' } as never }));
     expect(error).toBeInstanceOf(WorkerError);
-    expect((error as WorkerError).remoteMessage).toBe(
+    expect(instance(error, WorkerError).remoteMessage).toBe(
       'loadModel arguments.modelUrl: expected a string of at most 4096 characters, got number 42',
     );
     expect(executor.runtimes.map((r) => r.state)).toEqual(['ready', 'ready']);
@@ -288,7 +294,7 @@ describe.each<Transport>(['direct', 'rpc'])('Executor over %s calls', (transport
     const error = await rejection(cheating.executeModel(request));
     expect(error).toBeInstanceOf(WorkerError);
     expect(error).toMatchObject({ rank: 1, method: 'spot check', breach: true, blame: null });
-    expect((error as WorkerError).remoteMessage).toMatch(
+    expect(instance(error, WorkerError).remoteMessage).toMatch(
       /^step 1: its rows of the pass differ from a recomputation by .* \(ranks \d and \d recomputed it alike\)$/,
     );
     const [caught] = cheating.takeSpotChecks();
@@ -308,7 +314,7 @@ describe.each<Transport>(['direct', 'rpc'])('Executor over %s calls', (transport
       }),
     );
     expect(error).toBeInstanceOf(WorkerError);
-    const { rank, remoteMessage } = error as WorkerError;
+    const { rank, remoteMessage } = instance(error, WorkerError);
     expect(remoteMessage).toBe(
       `executeModel expected ${[12, 12, 11][rank]}×64 patch values for rank ${rank}, got 2240`,
     );
@@ -385,15 +391,16 @@ describe('the worker contract on the wire', () => {
 
   it('an unknown method, an inherited property among them, is refused with the list of worker methods', async () => {
     const runtime = new WorkerRuntime(engine, {
-      connectMesh: async () => memoryExchanges(1)[0],
-      describe: async () => ({
-        ep: 'wasm',
-        adapter: 't',
-        softwareAdapter: false,
-        threads: 1,
-        memoryGiB: null,
-        userAgent: 'u',
-      }),
+      connectMesh: () => Promise.resolve(memoryExchanges(1)[0]),
+      describe: () =>
+        Promise.resolve({
+          ep: 'wasm',
+          adapter: 't',
+          softwareAdapter: false,
+          threads: 1,
+          memoryGiB: null,
+          userAgent: 'u',
+        }),
     });
     expect(WORKER_METHODS).toEqual([
       'describe',
@@ -426,15 +433,16 @@ describe('the worker contract on the wire', () => {
   it('a reply that breaks the contract is rejected where it arrives, naming the worker and the field', async () => {
     const [coordinatorSide, workerSide] = channelPair();
     const liar = {
-      describe: async () => ({
-        ep: 'cuda',
-        adapter: 'x',
-        softwareAdapter: false,
-        threads: 1,
-        memoryGiB: null,
-        userAgent: 'u',
-      }),
-      ping: async () => ({ state: 'ready', rank: 0 }),
+      describe: () =>
+        Promise.resolve({
+          ep: 'cuda',
+          adapter: 'x',
+          softwareAdapter: false,
+          threads: 1,
+          memoryGiB: null,
+          userAgent: 'u',
+        }),
+      ping: () => Promise.resolve({ state: 'ready', rank: 0 }),
     };
     serve(workerSide, 0, WORKER_CONTRACT, liar as unknown as WorkerApi);
     const api = remote(coordinatorSide, COORDINATOR, WORKER_CONTRACT, 'worker w7');
@@ -455,11 +463,10 @@ describe('the worker contract on the wire', () => {
       const textOnly = await rejection(executor.collectiveRpc('ping'));
       expect(textOnly).toMatchObject({ rank: 3, blame: null });
       const accusing = executor.runtimes[3];
-      accusing.ping = async () => {
-        throw new PeerLost({ rank: 0, cause: 'disconnected', evidence: 'connection to w2 closed' });
-      };
+      accusing.ping = () =>
+        Promise.reject(new PeerLost({ rank: 0, cause: 'disconnected', evidence: 'connection to w2 closed' }));
       executor.fault = () => null;
-      const error = (await rejection(executor.collectiveRpc('ping'))) as WorkerError;
+      const error = instance(await rejection(executor.collectiveRpc('ping')), WorkerError);
       expect(error).toBeInstanceOf(WorkerError);
       // rank 0 of the second group (ranks 2, 3) is global rank 2
       expect(error.blame).toEqual({ rank: 2, cause: 'disconnected', evidence: 'connection to w2 closed' });

@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { JobQueue, MAX_ATTEMPTS, type RunJob } from '../../coordinator/job-queue.ts';
 import { MemoryJobStore, resultBytes, type JobPlacement, type StoredJob } from '../../coordinator/job-store.ts';
+import { defined } from '../../core/defined.ts';
 import { JobParamsError } from '../../core/job.ts';
 
 const placement: JobPlacement = { backend: 'swarm', workers: 1, ep: 'wasm' };
@@ -44,7 +45,7 @@ describe('job queue', () => {
     const settled = await Promise.all(jobs.map((j) => queue.settled(j.id)));
     expect(log).toEqual(oneAtATime(jobs.map((j) => j.id))); // each job ends before the next starts
     expect(settled.every((j) => j.status === 'done')).toBe(true);
-    expect(new Set(settled.map((j) => j.result!.latent[0])).size).toBe(20);
+    expect(new Set(settled.map((j) => defined(j.result, `job ${j.id}'s result`).latent[0])).size).toBe(20);
     expect(queue.list().map((j) => j.id)).toEqual(jobs.map((j) => j.id));
   });
 
@@ -89,8 +90,8 @@ describe('job queue', () => {
     const queue = await JobQueue.restore(store, fakeRunner(log));
     const [first, second] = await Promise.all([queue.settled(1), queue.settled(2)]);
     expect(log).toEqual(oneAtATime([1, 2]));
-    expect(first.result!.report.resumedFromStep).toBe(3);
-    expect(second.result!.report.resumedFromStep).toBe(0);
+    expect(defined(first.result, "job 1's result").report.resumedFromStep).toBe(3);
+    expect(defined(second.result, "job 2's result").report.resumedFromStep).toBe(0);
     expect((await store.all()).map((j) => j.status)).toEqual(['done', 'done']);
   });
 
@@ -107,7 +108,10 @@ describe('job queue', () => {
 
 describe('job queue: what the browser will not store, and jobs that never finish', () => {
   const quota = () => Object.assign(new Error('The quota has been exceeded.'), { name: 'QuotaExceededError' });
-  /** A store that refuses any job holding more than `capacity` bytes of videos and latents in all, and says how much is left. */
+  /**
+   * A store that refuses any job holding more than `capacity` bytes of videos and latents in all,
+   * and says how much is left.
+   */
   class FullStore extends MemoryJobStore {
     /** each write it took: the job and the bytes of its result */
     readonly written: [number, number][] = [];
@@ -144,7 +148,7 @@ describe('job queue: what the browser will not store, and jobs that never finish
       [2, 'done', 10],
     ]);
     expect(stored[0].storageNote).toBe('its video and latent were removed from this browser to make room for job 2');
-    expect(queue.list()[0].result!.video).not.toBeNull(); // this page still has it
+    expect(defined(queue.list()[0].result, "job 1's result").video).not.toBeNull(); // this page still has it
   });
 
   it('no room even alone: the job is stored done without its video and latent, and settled() still resolves with them', async () => {
@@ -154,14 +158,13 @@ describe('job queue: what the browser will not store, and jobs that never finish
     queue.on((e) => e.type === 'storage' && events.push(e.message));
     const job = await queue.settled((await queue.submit({ prompt: 'a', seed: 7, steps: 2 }, placement)).id);
     expect(job.status).toBe('done');
-    expect(job.result!.video).not.toBeNull();
+    expect(defined(job.result, "the job's result").video).not.toBeNull();
     expect(events).toEqual([
-      expect.stringMatching(
-        /^job 1 was kept without its video and latent: its video and latent could not be kept in this browser \(The quota has been exceeded\.\): download the video before closing this page$/,
-      ),
+      'job 1 was kept without its video and latent: its video and latent could not be kept in this browser (The quota has been exceeded.): download the video before closing this page',
     ]);
     const [stored] = await store.all();
-    expect([stored.status, stored.result!.video, stored.result!.latent.length]).toEqual(['done', null, 0]);
+    const storedResult = defined(stored.result, "the stored job's result");
+    expect([stored.status, storedResult.video, storedResult.latent.length]).toEqual(['done', null, 0]);
   });
 
   it('a job that would not fit even with every older result gone strips none of them: the browser says how much room is left (issue 17, #10)', async () => {

@@ -6,3 +6,6 @@ export const stringMatching = (pattern: RegExp | string): unknown => expect.stri
 
 /** Matches any string. */
 export const anyString = (): unknown => expect.any(String);
+
+/** Matches any number. */
+export const anyNumber = (): unknown => expect.any(Number);
