@@ -5,6 +5,9 @@
 // structured mutations, well-formed frames whose meaning is hostile: tensors between ranks,
 // the rows a rank returns, the replies to every method and the heartbeat's pulse.
 import { beforeAll, describe, expect, it, vi } from 'vitest';
+import { defined } from '../../core/defined.ts';
+import { ExchangePhase, type ExchangeTag } from '../../rank/ulysses.ts';
+import { stringMatching } from './matchers.ts';
 import { Link } from '../../core/net/link.ts';
 import { ContractError, passing } from '../../core/net/check.ts';
 import { loadTransformer } from '../../core/model/transformer.ts';
@@ -76,7 +79,8 @@ function mutate(valid: ArrayBuffer[]): ArrayBuffer {
         base[Math.floor(random.uniform() * base.length)] = random.uniform() * 256;
       return base.buffer;
     case 2: {
-      // a header field (dtype, from, ndim, ids, chunk index/count, stride, total size, tag, shape) set to something else
+      // a header field set to something else: dtype, from, ndim, ids, chunk index/count, stride,
+      // total size, tag, shape
       const offset = pick([4, 5, 6, 8, 12, 16, 20, 24, 28, 32, 36, 38, 40, 44, 48]);
       if (offset <= 6) base[offset] = random.uniform() * 256;
       else if (offset >= 36 && offset <= 40) view.setUint16(offset, random.uniform() * 65536, true);
@@ -122,15 +126,16 @@ function runtimeFor(rank: number, world: number) {
   const engine = stubEngine(referenceStages(model), model.config);
   const exchanges = memoryExchanges(world);
   return new WorkerRuntime(engine, {
-    connectMesh: async () => exchanges[rank],
-    describe: async () => ({
-      ep: 'wasm',
-      adapter: 'test',
-      softwareAdapter: false,
-      threads: 1,
-      memoryGiB: null,
-      userAgent: 'node',
-    }),
+    connectMesh: () => Promise.resolve(exchanges[rank]),
+    describe: () =>
+      Promise.resolve({
+        ep: 'wasm',
+        adapter: 'test',
+        softwareAdapter: false,
+        threads: 1,
+        memoryGiB: null,
+        userAgent: 'node',
+      }),
   });
 }
 
@@ -397,7 +402,8 @@ describe(`fuzz: ${FRAMES_PER_TARGET} hostile frames per target`, () => {
       valid.push(...frames);
     });
     expect(delivered).toEqual([]);
-    expect(misbehaved).toBe(encodeFrames(hostile[0][0], 0, 8192).length); // each frame in another rank's name, and only those
+    // each frame in another rank's name, and only those
+    expect(misbehaved).toBe(encodeFrames(hostile[0][0], 0, 8192).length);
 
     // The rule as a spec, independent of judgeTensor: what may come through at all.
     const plannedBytes = (t: TensorTag) =>
@@ -467,10 +473,10 @@ describe(`fuzz: ${FRAMES_PER_TARGET} hostile frames per target`, () => {
       link.receive(frame);
     const error = await first.promise.then(
       () => null,
-      (e: Error) => e,
+      (e: unknown) => e,
     );
     expect(error).toBeInstanceOf(ContractError);
-    expect(error?.message).toBe(
+    expect((error as ContractError).message).toBe(
       'worker w0 answered ping with a malformed reply: reply.state: expected one of "idle", "initialized", "loading", "ready", "computing", got "dancing"',
     );
 
@@ -479,7 +485,8 @@ describe(`fuzz: ${FRAMES_PER_TARGET} hostile frames per target`, () => {
     await settle();
     expect(second.settled).toBe(false);
     for (const frame of encodeFrames(reply(2, { ok: true, result: pong }), msgId++)) link.receive(frame);
-    for (const frame of encodeFrames(reply(1, { ok: true, result: pong }), msgId++)) link.receive(frame); // too late for call 1: ignored
+    // too late for call 1: ignored
+    for (const frame of encodeFrames(reply(1, { ok: true, result: pong }), msgId++)) link.receive(frame);
     await expect(second.promise).resolves.toEqual(pong);
     expect(link.stats.listenerErrors).toBe(0);
   });
@@ -516,8 +523,10 @@ function withOwnProto(fields: object, proto: unknown): object {
 /** Args as the worker receives them: packed, through JSON, unpacked. */
 function overTheWire(args: unknown): unknown {
   const { packed, tensors } = packValue(args);
+  // lib.d.ts types this string, but JSON.stringify(undefined) is undefined
+  const json = JSON.stringify(packed) as string | undefined;
   return unpackValue(
-    JSON.parse(JSON.stringify(packed) ?? 'null'),
+    JSON.parse(json ?? 'null'),
     tensors.map((t) => t.slice()),
   );
 }
@@ -655,7 +664,9 @@ describe('hostile arguments to every worker method', () => {
     expect(hostile.map((_, id) => channel.replies.get(id)?.map((r) => r.ok))).toEqual(hostile.map(() => [false]));
     // refused by its method's contract, or by the method itself: each request reached one of them
     const byContract = hostile.filter(([method], id) =>
-      channel.replies.get(id)![0].error!.startsWith(`${method} arguments`),
+      defined(defined(channel.replies.get(id), 'the replies')[0].error, 'the refusal').startsWith(
+        `${method} arguments`,
+      ),
     ).length;
     expect(calls).toEqual(expectedCalls);
     expect(byContract + Object.values(calls).reduce((a, b) => a + b, 0)).toBe(hostile.length);
@@ -702,7 +713,8 @@ describe(`fuzz: ${MUTATIONS} structured mutations per target`, () => {
     await runtime.initWorker({ ...EXACT_SETTINGS, rank: 0, world: 2, peers: ['a', 'b'], session: 's' });
     await runtime.loadModel({ modelUrl: '/models/tiny-wan', ep: 'wasm' });
     await runtime.prepareJob({ job: 5, texts: [new Float32Array(32 * model.config.textDim)], latentShape: LATENT });
-    // 35 tokens over 2 ranks, 18 and 17; 12 heads, 6 each: rank 1 sends q, k, v of its 17 tokens for rank 0's heads, and the output of its heads for rank 0's 18 tokens
+    // 35 tokens over 2 ranks, 18 and 17; 12 heads, 6 each: rank 1 sends q, k, v of its 17 tokens
+    // for rank 0's heads, and the output of its heads for rank 0's 18 tokens
     const floatsOf = (phase: number) => (phase === 0 ? 3 * 17 : 18) * 6 * model.config.headDim;
     type Kind =
       | 'nonfinite'
@@ -762,8 +774,8 @@ describe(`fuzz: ${MUTATIONS} structured mutations per target`, () => {
           link.receive(frame);
       };
       const step = 2 + Math.floor(random.uniform() * 20);
-      const now: TensorTag = { job: 5, step, pass: 0, block: 0, phase: 0, group: 0 };
-      const next: TensorTag = { ...now, block: 1, phase: 1, group: 0 };
+      const now: ExchangeTag = { job: 5, step, pass: 0, block: 0, phase: ExchangePhase.QKV, group: 0 };
+      const next: ExchangeTag = { ...now, block: 1, phase: ExchangePhase.Output, group: 0 };
       const key = (t: TensorTag) => `${t.step}/${t.block}/${t.phase}`;
       const honest = (t: TensorTag) => honestParts[t.phase];
       const same = (a: Float32Array, b: Float32Array) =>
@@ -805,7 +817,8 @@ describe(`fuzz: ${MUTATIONS} structured mutations per target`, () => {
         else if (kind === 'spoofed') options = { from: 0 };
         send(tag, values, options);
 
-        // the link judges the header: another job, step ≥ 1000, a block the model does not have, another size, another rank's name, another dtype
+        // the link judges the header: another job, step ≥ 1000, a block the model does not have,
+        // another size, another rank's name, another dtype
         if (['other job', 'step 1000', 'other block', 'short', 'spoofed', 'f16'].includes(kind)) {
           expected.linkDrops++;
           continue;
@@ -847,7 +860,7 @@ describe(`fuzz: ${MUTATIONS} structured mutations per target`, () => {
         expect((error as PeerLost).detail).toEqual({
           rank: 1,
           cause: 'misbehaved',
-          evidence: expect.stringMatching(expected.blame),
+          evidence: stringMatching(expected.blame),
         });
         outcomes.blamed++;
       } else {
@@ -879,7 +892,7 @@ describe(`fuzz: ${MUTATIONS} structured mutations per target`, () => {
     await executor.prepareJob(5, [new SeededRandom(4).normals(32 * model.config.textDim)], LATENT);
     // each rank computes its rows once; later calls answer them again, or as the mutation makes them
     const honest: ExecuteResult[] = [];
-    const reply: ((rows: Float32Array) => unknown)[] = [];
+    const reply: (((rows: Float32Array) => unknown) | undefined)[] = [];
     executor.runtimes.forEach((runtime, rank) => {
       const compute = runtime.executeModel.bind(runtime);
       runtime.executeModel = async (args) => {
@@ -925,12 +938,12 @@ describe(`fuzz: ${MUTATIONS} structured mutations per target`, () => {
       const rank = Math.floor(random.uniform() * 2);
       const honestRound = random.uniform() < 0.2;
       const [what, make] = pick(mutations);
-      reply[rank] = honestRound ? undefined! : make;
+      reply[rank] = honestRound ? undefined : make;
       const outcome = await forward().then(
         (r) => r.output.data,
         (e: unknown) => e,
       );
-      reply[rank] = undefined!;
+      reply[rank] = undefined;
       if (honestRound) {
         expect(outcome).toEqual(expected);
         continue;
@@ -940,7 +953,7 @@ describe(`fuzz: ${MUTATIONS} structured mutations per target`, () => {
         rank,
         method: 'executeModel',
         breach: true,
-        remoteMessage: expect.stringMatching(what),
+        remoteMessage: stringMatching(what),
       });
       breaches++;
     }
@@ -1040,8 +1053,8 @@ describe(`fuzz: ${MUTATIONS} structured mutations per target`, () => {
     if (path.length === 0) return other;
     const copy = structuredClone(value) as Record<string | number, unknown>;
     const parent = at(copy, path.slice(0, -1)) as Record<string | number, unknown>;
-    const leaf = path.at(-1)!;
-    if (!Array.isArray(parent) && random.uniform() < 0.3) delete parent[leaf];
+    const leaf = defined(path.at(-1), 'the last key of a non-empty path');
+    if (!Array.isArray(parent) && random.uniform() < 0.3) Reflect.deleteProperty(parent, leaf);
     else parent[leaf] = other;
     return copy;
   }
@@ -1099,7 +1112,9 @@ describe(`fuzz: ${MUTATIONS} structured mutations per target`, () => {
       expect([
         method,
         path.join('.'),
-        outcome.error!.message.startsWith(`worker w1 answered ${method} with a malformed reply: ${field}`),
+        defined(outcome.error, 'the refusal').message.startsWith(
+          `worker w1 answered ${method} with a malformed reply: ${field}`,
+        ),
       ]).toEqual([method, path.join('.'), true]);
       refused++;
     }
@@ -1107,7 +1122,7 @@ describe(`fuzz: ${MUTATIONS} structured mutations per target`, () => {
     expect(link.stats.listenerErrors).toBe(0);
   });
 
-  it("malformed heartbeat answers — a pulse's field of another kind, at any depth — are dropped whole where they arrive; its optional fields may be left out, unknown ones are dropped", async () => {
+  it("malformed heartbeat answers — a pulse's field of another kind, at any depth — are dropped whole where they arrive; its optional fields may be left out, unknown ones are dropped", () => {
     const honest = {
       state: 'ready',
       framesDropped: 2,
@@ -1151,9 +1166,10 @@ describe(`fuzz: ${MUTATIONS} structured mutations per target`, () => {
         const path = pick(placesIn(honest).filter((p) => p.length > 0));
         const mutated = structuredClone(honest) as Record<string | number, unknown>;
         const parent = at(mutated, path.slice(0, -1)) as Record<string | number, unknown>;
-        const original = parent[path.at(-1)!];
+        const leaf = defined(path.at(-1), 'the last key of a non-empty path');
+        const original = parent[leaf];
         // another kind, never left out (a left-out optional field is a pulse without it)
-        parent[path.at(-1)!] =
+        parent[leaf] =
           typeof original === 'string'
             ? pick<unknown>([7, 'x'.repeat(5_000), {}])
             : typeof original === 'number'
@@ -1161,7 +1177,7 @@ describe(`fuzz: ${MUTATIONS} structured mutations per target`, () => {
               : pick<unknown>(['not-an-array', 7, true]);
         const fractionAllowed =
           typeof original === 'number' &&
-          parent[path.at(-1)!] === 1.5 &&
+          parent[leaf] === 1.5 &&
           ['bytes', 'totalBytes', 'networkBytes', 'elapsedMs'].includes(String(path.at(-1)));
         if (fractionAllowed) continue; // byte counts and ms may be fractions
         expect([path.join('.'), echo(mutated)]).toEqual([path.join('.'), 'dropped']);

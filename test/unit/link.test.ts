@@ -1,6 +1,8 @@
 import { afterEach, describe, expect, it, vi } from 'vitest';
 import { Link } from '../../core/net/link.ts';
 import type { Channel } from '../../core/net/channel.ts';
+import { defined } from '../../core/defined.ts';
+import { stringMatching } from './matchers.ts';
 import { COORDINATOR, encodeFrames, HEADER_BYTES, type Message, type TensorTag } from '../../core/net/protocol.ts';
 
 /** One direction of an in-memory data channel: `send` buffers, a later task
@@ -48,7 +50,7 @@ class FakeChannel implements Channel {
     const before = this.bufferedAmount;
     let budget = this.bytesPerTick;
     while (this.queue.length > 0 && budget > 0 && !this.closed) {
-      const frame = this.queue.shift()!;
+      const frame = defined(this.queue.shift(), 'a queued frame');
       budget -= frame.byteLength;
       this.bufferedAmount -= frame.byteLength;
       this.deliver(frame);
@@ -104,8 +106,8 @@ describe('Link', () => {
     const msg: Message = { kind: 'tensor', from: 1, tag: TAG, dtype: 'f32', shape: [5000, 1000], data };
     const arrived = nextMessages(b, 1);
     await a.send(msg);
-    const [out] = await arrived;
-    if (out?.kind !== 'tensor') throw new Error('expected a tensor');
+    const out = defined((await arrived)[0], 'the delivered message');
+    if (out.kind !== 'tensor') throw new Error('expected a tensor');
     expect({ ...out, data: undefined }).toEqual({ ...msg, data: undefined });
     expect(Buffer.compare(out.data, data)).toBe(0);
     expect(aToB.peakBuffered).toBeGreaterThan(3 * 1024 * 1024); // flow control was actually exercised
@@ -230,7 +232,7 @@ describe('Link', () => {
     expect(() => b.receive(new ArrayBuffer(7))).not.toThrow();
     expect(b.stats).toMatchObject({
       framesDropped: 1,
-      lastDropReason: expect.stringMatching(/shorter than the 60-byte header/),
+      lastDropReason: stringMatching(/shorter than the 60-byte header/),
     });
   });
 

@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { PeerLost } from '../../core/worker-api.ts';
 import { MAX_AHEAD, MeshExchange } from '../../rank/exchange/mesh.ts';
+import { ExchangePhase } from '../../rank/ulysses.ts';
 import { channelPair } from './fixtures.ts';
 
 // Well-formed garbage between ranks: the right size, NaN or infinite. The receiver blames its
@@ -15,7 +16,7 @@ describe('the mesh exchange and non-finite tensors', () => {
     rank1.addPeer(0, b);
     return { rank0, rank1, linkFrom1: b };
   };
-  const tag = { job: 1, step: 2, pass: 0, block: 1, phase: 0, group: 0 };
+  const tag = { job: 1, step: 2, pass: 0, block: 1, phase: ExchangePhase.QKV, group: 0 };
 
   it('a NaN tensor from a peer fails the exchange with PeerLost naming that peer as misbehaving', async () => {
     const { rank0, linkFrom1 } = pair();
@@ -88,7 +89,10 @@ describe('the mesh exchange and a flooding peer', () => {
     for (let step = 0; step < 2000; step++) await from1({ step });
     await settle();
     const error = await rank0
-      .allToAll({ job: 1, step: 0, pass: 0, block: 0, phase: 0, group: 0 }, [new Float32Array(2), new Float32Array(2)])
+      .allToAll({ job: 1, step: 0, pass: 0, block: 0, phase: ExchangePhase.QKV, group: 0 }, [
+        new Float32Array(2),
+        new Float32Array(2),
+      ])
       .catch((e: unknown) => e);
     expect((error as PeerLost).detail).toEqual({
       rank: 1,
@@ -103,7 +107,7 @@ describe('the mesh exchange and a flooding peer', () => {
     await from1({ block: 1 });
     await settle();
     await expect(
-      rank0.allToAll({ job: 1, step: 0, pass: 0, block: 0, phase: 0, group: 0 }, [
+      rank0.allToAll({ job: 1, step: 0, pass: 0, block: 0, phase: ExchangePhase.QKV, group: 0 }, [
         new Float32Array(2),
         new Float32Array(2),
       ]),
@@ -114,7 +118,7 @@ describe('the mesh exchange and a flooding peer', () => {
     const { rank0, from1 } = pair();
     await from1({ block: 1, group: 1 }, Float32Array.of(1, 1));
     await from1({ block: 1, group: 0 }, Float32Array.of(0, 0));
-    const tag = { job: 1, step: 0, pass: 0, block: 1, phase: 0 };
+    const tag = { job: 1, step: 0, pass: 0, block: 1, phase: ExchangePhase.QKV };
     const [first, second] = await Promise.all(
       [0, 1].map((group) => rank0.allToAll({ ...tag, group }, [new Float32Array(2), new Float32Array(2)])),
     );
@@ -130,10 +134,11 @@ describe('the mesh exchange and a flooding peer', () => {
 
   it('a tensor of a forward already past, or of another dtype, is refused whole and counted; the exchange goes on', async () => {
     const { rank0, from1 } = pair();
-    const now = { job: 1, step: 3, pass: 1, block: 0, phase: 0, group: 0 };
+    const now = { job: 1, step: 3, pass: 1, block: 0, phase: ExchangePhase.QKV, group: 0 };
     const exchange = rank0.allToAll(now, [new Float32Array(2), new Float32Array(2)]);
     await from1({ step: 2 }); // an earlier step
-    await from1({ step: 3, pass: 0 }, Float32Array.of(7, 8)); // this step's other pass: a guided step runs both at once, so it is kept
+    // this step's other pass: a guided step runs both at once, so it is kept
+    await from1({ step: 3, pass: 0 }, Float32Array.of(7, 8));
     await from1({ job: 0, step: 9 }); // an earlier job
     await from1({ ...now }, new Float32Array(1), 'f16'); // float16 on a float32 mesh (2 values in 4 bytes)
     await from1({ ...now }, Float32Array.of(5, 6));
@@ -154,7 +159,10 @@ describe('the mesh exchange and a peer that withholds its tensors', () => {
     rank0.addPeer(1, a);
     const started = performance.now();
     const error = await rank0
-      .allToAll({ job: 1, step: 4, pass: 0, block: 2, phase: 1, group: 0 }, [new Float32Array(1), new Float32Array(1)])
+      .allToAll({ job: 1, step: 4, pass: 0, block: 2, phase: ExchangePhase.Output, group: 0 }, [
+        new Float32Array(1),
+        new Float32Array(1),
+      ])
       .catch((e: unknown) => e);
     expect(performance.now() - started).toBeGreaterThanOrEqual(45);
     expect((error as PeerLost).detail).toMatchObject({ rank: 1, cause: 'silent' });
@@ -165,7 +173,7 @@ describe('the mesh exchange and a peer that withholds its tensors', () => {
     const [a, b] = channelPair();
     const rank0 = new MeshExchange(0, 2, 'f32', 80);
     rank0.addPeer(1, a);
-    const tag = { job: 1, step: 0, pass: 0, block: 0, phase: 0, group: 0 };
+    const tag = { job: 1, step: 0, pass: 0, block: 0, phase: ExchangePhase.QKV, group: 0 };
     const exchange = rank0.allToAll(tag, [new Float32Array(1), new Float32Array(1)]);
     // frames keep coming for 300 ms (here: an RPC the mesh ignores), then its part
     for (let i = 0; i < 6; i++) {
@@ -200,7 +208,7 @@ describe('the mesh exchange across jobs', () => {
         data: new Uint8Array(Float32Array.of(value).buffer),
       });
     // job 1: one exchange done, then the peer's parts for three blocks this rank never reached
-    const first = rank0.allToAll({ job: 1, step: 0, pass: 0, block: 0, phase: 0, group: 0 }, [
+    const first = rank0.allToAll({ job: 1, step: 0, pass: 0, block: 0, phase: ExchangePhase.QKV, group: 0 }, [
       new Float32Array(1),
       new Float32Array(1),
     ]);
@@ -209,7 +217,7 @@ describe('the mesh exchange across jobs', () => {
     for (const block of [1, 2, 3]) await send({ block }, 9);
     await new Promise((r) => setTimeout(r, 20));
     // job 2 runs as usual: two tensors ahead of it are not a flood on top of job 1's leftovers
-    const second = rank0.allToAll({ job: 2, step: 0, pass: 0, block: 0, phase: 0, group: 0 }, [
+    const second = rank0.allToAll({ job: 2, step: 0, pass: 0, block: 0, phase: ExchangePhase.QKV, group: 0 }, [
       new Float32Array(1),
       new Float32Array(1),
     ]);
@@ -219,7 +227,7 @@ describe('the mesh exchange across jobs', () => {
     expect([...(await second)[1]]).toEqual([4]);
     expect([
       ...(
-        await rank0.allToAll({ job: 2, step: 0, pass: 0, block: 1, phase: 0, group: 0 }, [
+        await rank0.allToAll({ job: 2, step: 0, pass: 0, block: 1, phase: ExchangePhase.QKV, group: 0 }, [
           new Float32Array(1),
           new Float32Array(1),
         ])

@@ -1,4 +1,5 @@
 import { describe, expect, it, vi } from 'vitest';
+import { defined } from '../../core/defined.ts';
 import {
   COORDINATOR,
   encodeFrames,
@@ -62,9 +63,9 @@ function expectSameMessage(actual: Message | undefined, expected: Message): void
     m.kind === 'tensor' ? [m.data] : m.tensors.map((t) => new Uint8Array(t.buffer, t.byteOffset, t.byteLength));
   const shell = (m: Message) =>
     m.kind === 'tensor' ? { ...m, data: m.data.byteLength } : { ...m, tensors: m.tensors.map((t) => t.length) };
-  expect(actual).toBeDefined();
-  expect(shell(actual!)).toEqual(shell(expected));
-  const a = bytes(actual!);
+  const got = defined(actual, 'the decoded message');
+  expect(shell(got)).toEqual(shell(expected));
+  const a = bytes(got);
   bytes(expected).forEach((e, i) => expect(Buffer.compare(a[i], e)).toBe(0));
 }
 
@@ -243,8 +244,8 @@ describe('tensor messages round-trip', () => {
 
   it('deliver data in its own exactly-sized buffer, so it can be transferred to a Web Worker', () => {
     const msg = f32Tensor([10_000]);
-    const [out] = pushAll(new Reassembler(), encodeFrames(msg, 0, 8192));
-    if (out?.kind !== 'tensor') throw new Error('expected a tensor');
+    const out = defined(pushAll(new Reassembler(), encodeFrames(msg, 0, 8192))[0], 'the reassembled message');
+    if (out.kind !== 'tensor') throw new Error('expected a tensor');
     expect(out.data.byteOffset).toBe(0);
     expect(out.data.buffer.byteLength).toBe(40_000);
     expect(new Float32Array(out.data.buffer)).toEqual(new Float32Array(msg.data.buffer));
@@ -585,7 +586,8 @@ describe('bad frames are dropped with a reason, never thrown', () => {
 
     for (let i = 0; i < 1000; i++) {
       const bytes = new Uint8Array(Math.floor(random() * 300)).map(() => random() * 256);
-      if (i % 2 === 0 && bytes.length >= 4) bytes.set([0x44, 0x57, PROTOCOL_VERSION], 0); // get past magic/version sometimes
+      // get past magic/version sometimes
+      if (i % 2 === 0 && bytes.length >= 4) bytes.set([0x44, 0x57, PROTOCOL_VERSION], 0);
       const before = r.dropped;
       expect(pushCounted(bytes.buffer)).toBeNull();
       expect(r.dropped, `random frame ${i}`).toBe(before + 1);

@@ -2,6 +2,7 @@ import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { WebSocket } from 'ws';
+import { defined } from '../../core/defined.ts';
 import type { Link } from '../../core/net/link.ts';
 import { dial, openLink, type PeerDialer } from '../../core/net/peer-link.ts';
 import { EmulatedWire } from '../../core/net/paced-channel.ts';
@@ -50,10 +51,20 @@ afterEach(async () => {
   await new Promise((resolve) => server.close(resolve));
 });
 
+/** a text frame as ws hands it over (a Buffer, an ArrayBuffer or fragments) */
+function text(data: WebSocket.RawData): string {
+  if (Array.isArray(data)) return Buffer.concat(data).toString();
+  return (Buffer.isBuffer(data) ? data : Buffer.from(data)).toString();
+}
+
 /** the server's token called `name` in this test */
 function token(name: string): string {
-  if (!named.has(name)) named.set(name, tokens.issue());
-  return named.get(name)!;
+  let value = named.get(name);
+  if (value === undefined) {
+    value = tokens.issue();
+    named.set(name, value);
+  }
+  return value;
 }
 
 function registration(
@@ -133,7 +144,8 @@ describe('the relay', () => {
     const coordinator = await page('c', 'swarm-token', 'coordinator');
     const worker = await page('w', 'swarm-token', 'worker');
     const hello = patterned(1000, 5);
-    coordinator.onConnection((conn) => conn.dataChannel.send(hello.slice().buffer)); // before the dialer has its connection
+    // before the dialer has its connection
+    coordinator.onConnection((conn) => conn.dataChannel.send(hello.slice().buffer));
     const dialed = await worker.dial('c', { role: 'worker', token: 'swarm-token' });
     await new Promise((r) => setTimeout(r, 100)); // the frame is in by now, with nobody listening
     const [got] = await received(dialed, 1);
@@ -169,7 +181,7 @@ describe('the relay', () => {
   it('lets go the pages of a revoked join token and admits none with it again (issue 17, findings 4 and 14)', async () => {
     const { coordinator, worker } = await pair();
     const closed = Promise.all([coordinator, worker].map((p) => new Promise<string>((resolve) => p.onClose(resolve))));
-    tokens.revoke(roomOf(token('swarm-token'))!);
+    tokens.revoke(defined(roomOf(token('swarm-token')), 'the room of the join token'));
     expect(await closed).toEqual([
       expect.stringMatching(/join link was revoked/),
       expect.stringMatching(/join link was revoked/),
@@ -197,7 +209,7 @@ describe('the relay', () => {
       const ws = new WebSocket(relayUrl(origin, '/relay', registration(peer, 'swarm-token', 'worker')));
       opened.push({ close: () => ws.terminate() });
       const messages: string[] = [];
-      ws.on('message', (data, binary) => !binary && messages.push(data.toString()));
+      ws.on('message', (data, binary) => !binary && messages.push(text(data)));
       await new Promise((resolve) => ws.once('open', resolve));
       await expect.poll(() => messages.some((m) => m.includes('welcome'))).toBe(true);
       return { ws, messages };
@@ -210,7 +222,12 @@ describe('the relay', () => {
         .poll(() => flooder.messages.some((m) => m.includes('dialed') && m.includes(`"ref":${ref}`)))
         .toBe(true);
       return (
-        JSON.parse(flooder.messages.find((m) => m.includes('dialed') && m.includes(`"ref":${ref}`))!) as {
+        JSON.parse(
+          defined(
+            flooder.messages.find((m) => m.includes('dialed') && m.includes(`"ref":${ref}`)),
+            'the dialed message',
+          ),
+        ) as {
           conn: number;
         }
       ).conn;
@@ -237,9 +254,12 @@ describe('the relay', () => {
     const stats = relay.stats();
     expect(stats.connectionsCut).toBe(1);
     // what the relay held for the stalled page: the connection's credit at most, not the flood
-    expect(stats.sockets.find((s) => s.peer === 'stalled')!.peakQueued).toBeLessThanOrEqual(
-      CONNECTION_CREDIT_BYTES + FRAME,
-    );
+    expect(
+      defined(
+        stats.sockets.find((s) => s.peer === 'stalled'),
+        "the stalled page's socket",
+      ).peakQueued,
+    ).toBeLessThanOrEqual(CONNECTION_CREDIT_BYTES + FRAME);
     expect(stats.framesForwarded).toBeLessThan(total);
 
     // the same sender's other connection still flows: the server never stopped reading its socket
@@ -255,12 +275,19 @@ describe('the relay', () => {
     const ws = new WebSocket(relayUrl(origin, '/relay', registration('acker', 'swarm-token', 'worker')));
     opened.push({ close: () => ws.terminate() });
     const messages: string[] = [];
-    ws.on('message', (data, binary) => !binary && messages.push(data.toString()));
+    ws.on('message', (data, binary) => !binary && messages.push(text(data)));
     await new Promise((resolve) => ws.once('open', resolve));
     await expect.poll(() => messages.some((m) => m.includes('welcome'))).toBe(true);
     ws.send(JSON.stringify({ t: 'dial', ref: 1, to: 'c', metadata: {} }));
     await expect.poll(() => messages.some((m) => m.includes('dialed'))).toBe(true);
-    const conn = (JSON.parse(messages.find((m) => m.includes('dialed'))!) as { conn: number }).conn;
+    const conn = (
+      JSON.parse(
+        defined(
+          messages.find((m) => m.includes('dialed')),
+          'the dialed message',
+        ),
+      ) as { conn: number }
+    ).conn;
     ws.pause(); // reads nothing from now on: every ack waits in the server
     const tiny = Buffer.alloc(5);
     tiny.writeUInt32LE(conn, 0);
@@ -382,7 +409,7 @@ describe('dial', () => {
       peer,
       'c',
       { role: 'worker', token: 'swarm-token' },
-      { mode: 'fallback', client: async () => worker, fallbackMs: 200 },
+      { mode: 'fallback', client: () => Promise.resolve(worker), fallbackMs: 200 },
     );
     expect(Date.now() - started).toBeGreaterThanOrEqual(200);
     expect(conn.transport).toBe('relay');
@@ -394,11 +421,11 @@ describe('dial', () => {
     await page('c', 'swarm-token', 'coordinator');
     const worker = await page('w', 'swarm-token', 'worker');
     const { peer, closed } = blockedPeer();
-    const forced = await dial(peer, 'c', { role: 'worker' }, { mode: 'force', client: async () => worker });
+    const forced = await dial(peer, 'c', { role: 'worker' }, { mode: 'force', client: () => Promise.resolve(worker) });
     expect([forced.transport, closed]).toEqual(['relay', []]);
-    await expect(dial(peer, 'c', {}, { mode: 'off', client: async () => worker, fallbackMs: 50 })).rejects.toThrow(
-      /no data channel to c within 0.05 s \(the relay is off on this server\)/,
-    );
+    await expect(
+      dial(peer, 'c', {}, { mode: 'off', client: () => Promise.resolve(worker), fallbackMs: 50 }),
+    ).rejects.toThrow(/no data channel to c within 0.05 s \(the relay is off on this server\)/);
   });
 });
 

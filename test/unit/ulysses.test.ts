@@ -256,8 +256,9 @@ function deviceResident(inner: StageRunner): { runner: Required<DeviceStageRunne
   const kept = new Map<number, Float32Array>();
   let id = 0;
   const keep = (a: Activation): DeviceTensor => {
-    kept.set(++id, hostValues(a));
-    return { deviceTensor: id, floats: kept.get(id)!.length };
+    const values = hostValues(a);
+    kept.set(++id, values);
+    return { deviceTensor: id, floats: values.length };
   };
   const read = (a: Activation): Float32Array => {
     if (a instanceof Float32Array) throw new Error('a rank-local activation came as CPU data to a device runner');
@@ -275,10 +276,11 @@ function deviceResident(inner: StageRunner): { runner: Required<DeviceStageRunne
     postAttention: async (block, x, o, tproj, context) =>
       keep(await inner.postAttention(block, read(x), o, read(tproj), read(context))),
     head: (x, temb) => inner.head(read(x), read(temb)),
-    async release(tensors) {
+    release(tensors) {
       for (const t of tensors)
-        if (!kept.delete(t.deviceTensor)) throw new Error(`device tensor ${t.deviceTensor} released twice`);
-      return kept.size;
+        if (!kept.delete(t.deviceTensor))
+          return Promise.reject(new Error(`device tensor ${t.deviceTensor} released twice`));
+      return Promise.resolve(kept.size);
     },
   };
   return { runner, kept };
@@ -323,9 +325,9 @@ describe('device-resident activations (the WebGPU path, in memory)', () => {
     const [exchange] = memoryExchanges(1);
     const failing: Exchange = {
       ...exchange,
-      async allToAll(tag, parts) {
-        if (tag.block === 1) throw new Error('peer lost');
-        return parts;
+      allToAll(tag, parts) {
+        if (tag.block === 1) return Promise.reject(new Error('peer lost'));
+        return Promise.resolve(parts);
       },
     };
     const grid = tokenGrid(m.config, latent.shape);
