@@ -67,7 +67,7 @@ export interface DashboardAutomation {
   /** settles once the swarm is open and the queue restored */
   ready: Promise<JoinLinks & { swarmId: string }>;
   workerCount(): number;
-  /** a new worker link; null when the signaling server refused (the page says why) */
+  /** a new worker link; null when the old one could not be revoked (the page says why) */
   revokeJoinLink(): Promise<JoinLinks | null>;
   /** peer ids of the running executor's ranks, in rank order */
   ranks(): string[];
@@ -106,7 +106,7 @@ declare global {
   interface Window {
     /** on the dashboard only */
     ditswarm: DashboardAutomation;
-    /** set by a driver (page.exposeFunction) before the dashboard starts */
+    /** set by a driver (page.exposeFunction); looked up at each event, so it may come at any time */
     ditswarmProgress?: (progress: AutomationProgress) => unknown;
     /** on a worker page, once it has a status */
     ditswarmWorker?: WorkerAutomation;
