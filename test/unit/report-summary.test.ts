@@ -4,6 +4,7 @@ import { timeoutsOf } from '../../coordinator/planner.ts';
 import { RankLayout } from '../../core/parallel.ts';
 import type { DType } from '../../core/net/protocol.ts';
 import { summarizeReport, type KeptReport } from '../../app/views/report-summary.ts';
+import { EXACT_SETTINGS } from './in-process-executor.ts';
 
 // The dashboard's status line reads the placement the planner decided and names each transport
 // in the planner's words (TRANSPORTS), so an int4 job is never called int8 again.
@@ -16,7 +17,7 @@ const placement = (dtype: DType, parallel: 'ulysses' | 'displaced' = 'displaced'
     { id: 'b', ep: 'wasm' },
   ],
   ep: 'auto',
-  settings: { dtype, parallel, headGroups: 1, emulateLink: null },
+  settings: { ...EXACT_SETTINGS, dtype, parallel },
   warmupSteps: 2,
   spotChecks: { rate: 0, tolerance: 3e-2 },
   timeouts: timeoutsOf(),
