@@ -21,10 +21,10 @@ test.describe.serial('CFG parallel over worker tabs', () => {
       ep: 'wasm',
     } satisfies JobOverrides;
     const single = await runJob(swarm.dashboard, { ...job, workers: 1, cfgParallel: false });
-    expect(single.report.config).toMatchObject({ workers: 1, ulyssesDegree: 1, cfgParallel: false });
+    expect(single.report.placement.layout).toMatchObject({ world: 1, ulyssesDegree: 1, cfgGroups: 1 });
 
     const cfg = await runJob(swarm.dashboard, { ...job, workers: 1, cfgParallel: true });
-    expect(cfg.report.config).toMatchObject({ workers: 2, ulyssesDegree: 1, cfgParallel: true });
+    expect(cfg.report.placement.layout).toMatchObject({ world: 2, ulyssesDegree: 1, cfgGroups: 2 });
     expect(new Set(cfg.report.workers.map((w: { id: string }) => w.id)).size).toBe(2);
     const diff = maxAbsDiff(cfg.latent, single.latent);
     console.log(
@@ -34,7 +34,7 @@ test.describe.serial('CFG parallel over worker tabs', () => {
     for (const step of cfg.report.steps) expect(step.ranks.map((r: { rank: number }) => r.rank)).toEqual([0, 1]);
 
     const unguided = await runJob(swarm.dashboard, { ...job, guidance: 1, workers: 1, cfgParallel: true });
-    expect(unguided.report.config).toMatchObject({ workers: 1, cfgParallel: false });
+    expect(unguided.report.placement.layout).toMatchObject({ world: 1, cfgGroups: 1 });
     expect(unguided.report.placement.cfgFallback).toMatch(/guidance 1 means one forward pass per step/);
   });
 });

@@ -34,7 +34,11 @@ test('a displaced job on 3 worker tabs: all steps exact equals one worker within
     const scale = Math.max(...one.latent.map(Math.abs));
 
     const exact = await runJob(swarm.dashboard, { ...job, workers: 3, parallel: 'displaced', warmupSteps: job.steps });
-    expect(exact.report.config).toMatchObject({ parallel: 'displaced', warmupSteps: job.steps, ulyssesDegree: 3 });
+    expect(exact.report.placement).toMatchObject({
+      settings: { parallel: 'displaced' },
+      warmupSteps: job.steps,
+      layout: { ulyssesDegree: 3 },
+    });
     expect(maxAbsDiff(exact.latent, one.latent)).toBeLessThanOrEqual(1e-4);
 
     const displaced = await runJob(swarm.dashboard, { ...job, workers: 3, parallel: 'displaced', warmupSteps: 2 });
