@@ -316,11 +316,20 @@ function weigh<W extends PlanningWorker>(ctx: PlannerContext, input: PlanningInp
   const cfgParallel = cfgFallback ? false : asked.cfgParallel;
   const oneWorker: Plan = { ulyssesDegree: 1, cfgParallel: false };
   const degree = asked.ulyssesDegree;
-  // an asked degree the live workers no longer allow after a loss: the largest that fits
-  if (degree !== 'auto' && (input.maxWorld === undefined || degree * (cfgParallel ? 2 : 1) <= workers.length)) {
+  if (degree !== 'auto') {
     checkDegree(ctx.config.numHeads, degree);
-    const fixed = new RankLayout(degree, cfgParallel ? 2 : 1);
-    const even: Plan = { ulyssesDegree: degree, cfgParallel: fixed.cfgParallel, headGroups: asked.headGroups };
+    const groups = cfgParallel ? 2 : 1;
+    // an asked degree the live workers no longer allow after a loss: the largest even one that fits
+    const fits = input.maxWorld === undefined || degree * groups <= workers.length;
+    const fixed = new RankLayout(
+      fits ? degree : defaultDegree(ctx.config.numHeads, Math.floor(workers.length / groups)),
+      groups,
+    );
+    const even: Plan = {
+      ulyssesDegree: fixed.ulyssesDegree,
+      cfgParallel: fixed.cfgParallel,
+      headGroups: asked.headGroups,
+    };
     return { asked, guided, work, workers, fixed, plans: [oneWorker, even], candidates: [], cfgParallel, cfgFallback };
   }
   const candidates = candidatePlans(work, workers.length).filter(
