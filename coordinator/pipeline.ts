@@ -257,8 +257,9 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
       return placer.current;
     },
     async generate(request) {
-      const { placement: asked, resume, onCheckpoint, onFailure, onProgress, onPhase, signal } = request;
-      const { promptEmbeds, negativePromptEmbeds, outputType = 'video', ...input } = request;
+      const { placement: asked, resume, onCheckpoint, onFailure, onProgress, onPhase, signal, ...given } = request;
+      // what is left is the job's parameters: the report and the store keep them, so nothing else may stay
+      const { promptEmbeds, negativePromptEmbeds, outputType = 'video', ...input } = given;
       const params = jobParams(input, folderDefaults);
       const clock = phaseClock(onPhase);
       // the prompts and the decoder first: what a job cannot do is refused before any worker is asked

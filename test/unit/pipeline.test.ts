@@ -1,3 +1,4 @@
+import { DEFAULT_JOB } from '../../core/job.ts';
 import { cpSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import type { SwarmKeys } from '../../core/net/join-token.ts';
 import { spotCheckTolerance } from '../../coordinator/spot-check.ts';
@@ -154,7 +155,13 @@ async function run(pipeline: Pipeline, extra: Parameters<Pipeline['generate']>[0
     onFailure: (f) => failures.push(f),
     ...extra,
     placement: { spotCheckRate: 0, ...extra.placement },
+    signal: new AbortController().signal,
   });
+  // the store keeps the report as the page made it: nothing of the request but the job's parameters
+  expect(Object.keys(result.report.config).sort()).toEqual(
+    [...Object.keys(DEFAULT_JOB), 'backend', 'model', 'outputType', 'promptEmbeds'].sort(),
+  );
+  structuredClone(result.report);
   return { result, checkpoints, failures };
 }
 
