@@ -66,6 +66,8 @@ export interface PlacerOptions extends PlannerContext {
   placementTimeoutMs?: number;
 }
 
+/** plans made before a placement whose workers all stayed live is given up on */
+const MAX_PLAN_ATTEMPTS = 3;
 /** rounds of engine checks before a placement: each lets go the workers whose engines hang */
 const MAX_ENGINE_CHECK_ROUNDS = 3;
 
@@ -102,7 +104,7 @@ export class Placer {
     params: JobParams,
     request: PlacementRequest,
   ): Promise<{ executor: Executor; placement: ResolvedPlacement }> {
-    const placement = await this.plan(params, request);
+    const placement = await this.planOnLive(params, request);
     const current = this.executor;
     if (!current || this.lostARank || !samePlacement(current.placement, placement)) await this.placeOn(placement);
     const executor = defined(this.executor, 'the placement');
@@ -110,6 +112,19 @@ export class Placer {
     executor.placement = placement;
     this.prepared = null;
     return { executor, placement };
+  }
+
+  /**
+   * The planner's placement on workers still live once it is made: a worker that left while the
+   * placement was rehearsed and planned (refused, let go, closed) has it planned again without it.
+   */
+  private async planOnLive(params: JobParams, request: PlacementRequest, maxWorld?: number) {
+    for (let attempt = 1; ; attempt++) {
+      const placement = await this.plan(params, request, maxWorld);
+      const live = new Set(this.options.swarm?.workers().map((w) => w.id));
+      if (!this.options.swarm || placement.workers.every((w) => live.has(w.id)) || attempt === MAX_PLAN_ATTEMPTS)
+        return placement;
+    }
   }
 
   /** The planner's placement of a job on the live workers, once the workers it needs have joined and are measured. */
@@ -216,7 +231,7 @@ export class Placer {
     this.replans++;
     const started = performance.now();
     try {
-      await this.placeOn(await this.plan(prepared.params, prepared.request, before.world));
+      await this.placeOn(await this.planOnLive(prepared.params, prepared.request, before.world));
     } catch (e) {
       const what = lost.map((l) => `rank ${l.rank} (worker ${l.worker}: ${l.cause}, ${l.evidence})`).join(', ');
       const why = (e as Error).message;
