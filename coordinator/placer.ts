@@ -12,6 +12,7 @@ import type { Executor, LostRank } from './executor.ts';
 import { Measurements } from './measurements.ts';
 import { samePlacement, type PlacementRequest, type ResolvedPlacement } from './placement.ts';
 import {
+  checkRequest,
   groupOf,
   placeTextLayers,
   placeVaeTiles,
@@ -140,7 +141,7 @@ export class Placer {
     });
     if (this.options.backend !== 'swarm' || !swarm) return planPlacement(this.options, input([]));
     // checked before waiting: an invalid request fails at once
-    planPlacement(this.options, input([]));
+    checkRequest(request);
     const workers = await this.liveWorkers(
       maxWorld === undefined ? workersToWaitFor(this.options, request, params) : 1,
     );
