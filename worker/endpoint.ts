@@ -6,7 +6,7 @@
 // `onStatus`.
 import { Peer } from 'peerjs';
 import type { DataConnectionLike, Transport } from '../core/net/channel.ts';
-import { answerHeartbeats } from '../core/net/heartbeat.ts';
+import { answerHeartbeats, askWhileSilent } from '../core/net/heartbeat.ts';
 import { nonce } from '../core/net/hmac.ts';
 import { joinDashboard, type JoinMetadata } from '../core/net/join.ts';
 import { findCoordinator } from '../core/net/join-token.ts';
@@ -240,7 +240,17 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
           state: runtime.state,
           detail: `joined the swarm${transport === 'relay' ? ' (through the relay)' : ''}`,
         });
+        const stopAsking = askWhileSilent(
+          link,
+          () => findCoordinator(options.origin, options.token ?? '', peer.id),
+          coordinator,
+          () => {
+            link.close('the server says the dashboard left');
+            conn.close();
+          },
+        );
         await gone;
+        stopAsking();
         mesh.close('lost the dashboard');
         publish({
           connected: false,

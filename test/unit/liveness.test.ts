@@ -6,6 +6,8 @@ import { checkPulse } from '../../core/worker-api.ts';
 import type { Channel } from '../../core/net/channel.ts';
 import {
   answerHeartbeats,
+  askWhileSilent,
+  COORDINATOR_SILENT_MS,
   DEAD_AFTER_MS,
   HEARTBEAT_INTERVAL_MS,
   LOADING_DEAD_AFTER_MS,
@@ -362,5 +364,46 @@ describe("a worker's pulse, judged where the coordinator receives it (checkPulse
   it('refuses what is not a pulse at all', () => {
     for (const value of [null, 'ready', 42, [], { state: 'ready' }])
       expect(passing(checkPulse, value, 'pulse')).toBeUndefined();
+  });
+});
+
+describe('a worker whose dashboard is silent asks the server where it is (askWhileSilent)', () => {
+  beforeEach(() => vi.useFakeTimers({ now: START }));
+  afterEach(() => vi.useRealTimers());
+
+  /** a worker's link last heard at heard(), and a server that answers where the dashboard is */
+  const asked = (answer: { coordinator: string } | { waiting: string }, heard: () => number) => {
+    let questions = 0;
+    let gone = 0;
+    const link = {
+      get lastHeardAt() {
+        return heard();
+      },
+      closed: false,
+    };
+    const find = () => {
+      questions++;
+      return Promise.resolve(answer);
+    };
+    askWhileSilent(link, find, 'dashboard-1', () => gone++);
+    return { questions: () => questions, gone: () => gone };
+  };
+
+  it('asks nothing while the dashboard beats, and lets the link go only when the server names no dashboard or another', async () => {
+    const beating = asked({ waiting: 'no dashboard' }, () => Date.now());
+    await vi.advanceTimersByTimeAsync(10 * COORDINATOR_SILENT_MS);
+    expect([beating.questions(), beating.gone()]).toEqual([0, 0]);
+
+    const busy = asked({ coordinator: 'dashboard-1' }, () => START);
+    await vi.advanceTimersByTimeAsync(3 * COORDINATOR_SILENT_MS);
+    expect([busy.questions(), busy.gone()]).toEqual([3, 0]); // silent but still named: a busy dashboard
+
+    const left = asked({ waiting: 'no dashboard' }, () => START);
+    await vi.advanceTimersByTimeAsync(COORDINATOR_SILENT_MS);
+    expect(left.gone()).toBe(1);
+
+    const replaced = asked({ coordinator: 'dashboard-2' }, () => START);
+    await vi.advanceTimersByTimeAsync(COORDINATOR_SILENT_MS);
+    expect(replaced.gone()).toBe(1);
   });
 });
