@@ -236,9 +236,11 @@ test.describe.serial('relay fallback across hosts', () => {
     expect(links(direct)).toEqual(['1->0:direct', 'coordinator->0:direct', 'coordinator->1:direct']);
     const blockedId = await blockedPage.evaluate(() => window.ditswarmWorker?.peerId);
     const blockedRank = relayed.report.workers.findIndex((w) => w.id === blockedId);
-    expect(blockedRank).toBe(1);
+    expect(blockedRank).toBeGreaterThanOrEqual(0); // ranks go fastest first: either rank may be the blocked one
     // every link of the blocked worker is relayed; the open worker's own link stays direct
-    expect(links(relayed)).toEqual(['1->0:relay', 'coordinator->0:direct', 'coordinator->1:relay']);
+    expect(links(relayed)).toEqual(
+      ['1->0:relay', `coordinator->${blockedRank}:relay`, `coordinator->${1 - blockedRank}:direct`].sort(),
+    );
     // both ranks' halves of the all-to-all crossed the server's host
     expect(serverBytes).toBeGreaterThanOrEqual(perRank[0] + perRank[1]);
   });
