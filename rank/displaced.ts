@@ -12,6 +12,7 @@ import { tensorPayload, tensorValues, type DType } from '../core/net/protocol.ts
 import { add, concat, subtract } from '../core/tensor.ts';
 import type { StageRunner } from './stages.ts';
 import { ExchangePhase, type BlockAttention, type Exchange } from './ulysses.ts';
+import { judgeMatrices } from './bounds.ts';
 
 /** One gather of a pass and block: its step, what this rank's peers hold of its keys and values, and every rank's. */
 interface Gathered {
@@ -86,8 +87,24 @@ export function displacedAttention(
       const arrives = tensorValues(tensorPayload(send, exchange.dtype), exchange.dtype);
       sent = before ? add(before.sent, arrives) : arrives;
     }
+    // a peer's k and v of its tokens, all heads: a delta spans two of them, and crossed the wire twice
+    const limits = io.limits(block);
+    const judge =
+      limits &&
+      judgeMatrices(
+        (['k', 'v'] as const).map((name) => ({
+          name: deltas ? `the change of ${name}` : name,
+          limits: deltas ? limits[name].map((l) => 2 * l) : limits[name],
+        })),
+        exchange.dtype,
+        deltas ? 2 : 1,
+      );
     const received = io.onWire(
-      exchange.allToAll(io.tag(block, ExchangePhase.KeysValues), new Array<Float32Array>(P).fill(send)),
+      exchange.allToAll(
+        io.tag(block, ExchangePhase.KeysValues),
+        new Array<Float32Array>(P).fill(send),
+        judge ? (_from, part) => judge(part) : undefined,
+      ),
     );
     const parts =
       deltas && before

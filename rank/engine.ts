@@ -15,6 +15,7 @@ import type {
   LoadStatus,
 } from '../core/worker-api.ts';
 import { onnxStages, type OnnxStages } from './onnx-stages.ts';
+import { modelBounds, type ModelBounds } from './bounds.ts';
 import { probeThroughput } from './throughput-probe.ts';
 import { probeWebGpu } from './webgpu.ts';
 import { oneAtATime, STAGE_METHODS, type DeviceStageRunner } from './stages.ts';
@@ -23,9 +24,13 @@ import { textLayers } from './text-layers.ts';
 import { vaeTiles } from './vae-tiles.ts';
 import { cachedModelFiles } from './weight-cache.ts';
 
-/** What the worker reports of a load (less why its EP was chosen: the runtime's), and the model's config. */
+/**
+ * What the worker reports of a load (less why its EP was chosen: the runtime's), the model's config,
+ * and what its weights bound the tensors its rank's peers send by (an engine without: not judged).
+ */
 export interface EngineInfo extends Omit<LoadedModel, 'why'> {
   config: WanConfig;
+  bounds?: ModelBounds;
 }
 
 export interface EngineApi extends DeviceStageRunner {
@@ -88,6 +93,8 @@ export function createEngine(threads = 1): EngineApi {
         const { networkBytes, note } = files.source();
         onProgress?.({ bytes, totalBytes, networkBytes, elapsedMs: performance.now() - started, note });
       }).finally(() => files.close());
+      // from the weights while they are all on the CPU side (on WebGPU they leave it)
+      const bounds = modelBounds(model);
       const runner = await onnxStages(model, ep);
       stages = runner;
       const { maxBufferBytes, weightType, gpuWeightBytes } = runner;
@@ -96,6 +103,7 @@ export function createEngine(threads = 1): EngineApi {
         adapter,
         inMemory: false,
         config: model.config,
+        bounds,
         loadMs: performance.now() - started,
         weights: files.source(),
         maxBufferBytes,
@@ -120,6 +128,11 @@ export function createEngine(threads = 1): EngineApi {
     postAttention: (...a) => need().postAttention(...a),
     head: (...a) => need().head(...a),
     release: async (tensors) => (await need().release?.(tensors)) ?? 0,
+    read: async (tensor) => {
+      const values = await need().read?.(tensor);
+      if (!values) throw new Error("the engine's runner keeps no device tensors to read");
+      return values;
+    },
   };
   return forward(ENGINE_METHODS, (call) => serial(() => call(engine)));
 }

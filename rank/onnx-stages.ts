@@ -231,6 +231,7 @@ export async function onnxStages(
         out(await head.run({ x: rowsIn(xs, D, begin, end), temb: feed(temb, D) }), 'rows'),
       );
     },
+    read: ({ deviceTensor }) => host({ deviceTensor, floats: 0 }),
     release(tensors: DeviceTensor[]) {
       for (const { deviceTensor } of tensors) {
         kept.get(deviceTensor)?.dispose();

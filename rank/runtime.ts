@@ -67,12 +67,12 @@ function countingSends(exchange: Exchange): Exchange {
     get bytesSent() {
       return bytesSent;
     },
-    allToAll: (tag, parts) => {
+    allToAll: (tag, parts, judge) => {
       bytesSent += parts.reduce(
         (n, part, to) => n + (to === exchange.rank ? 0 : payloadBytes(part.length, exchange.dtype)),
         0,
       );
-      return exchange.allToAll(tag, parts);
+      return exchange.allToAll(tag, parts, judge);
     },
   };
 }
@@ -204,8 +204,8 @@ export class WorkerRuntime implements WorkerApi {
       'ready',
       `model loaded on ${info.ep} in ${info.loadMs.toFixed(0)} ms (${why}); ${describeWeights(info.weights)}`,
     );
-    // the config stays here; the rest is the reply
-    const { config, ...loaded } = info;
+    // the config and the bounds stay here; the rest is the reply
+    const { config, bounds, ...loaded } = info;
     return { ...loaded, why };
   }
 
@@ -495,6 +495,7 @@ export class WorkerRuntime implements WorkerApi {
         text,
         grid,
         tag: { job: args.job, step: args.step, pass: args.pass },
+        bounds: this.model?.bounds,
       },
       stats,
       attend,

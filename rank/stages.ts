@@ -75,6 +75,8 @@ export interface StageRunner {
 export interface DeviceStageRunner extends StageRunner {
   /** Frees these device tensors; resolves with how many the runner still keeps (0 between passes). */
   release?(tensors: DeviceTensor[]): Promise<number>;
+  /** A device tensor's values, read back; it stays on the device (a rank reads its small ones: rank/bounds.ts). */
+  read?(tensor: DeviceTensor): Promise<Float32Array>;
 }
 
 /**
@@ -98,6 +100,7 @@ export const STAGE_METHODS: MethodNames<DeviceStageRunner> = {
   postAttention: true,
   head: true,
   release: true,
+  read: true,
 };
 
 /**
@@ -109,6 +112,7 @@ export function serialStages<R extends DeviceStageRunner>(runner: R): R {
   const serialized = forward(STAGE_METHODS, (call) => serial(() => call(runner)));
   // a runner without release never returns device tensors: so does its serial one
   if (!runner.release) delete serialized.release;
+  if (!runner.read) delete serialized.read;
   return { ...runner, ...serialized };
 }
 

@@ -13,6 +13,7 @@ import {
 import { concat, setCols, sliceCols, type Tensor } from '../core/tensor.ts';
 import type { RankStats } from '../core/worker-api.ts';
 import type { Activation, DeviceStageRunner, DeviceTensor, QKV, StageRunner } from './stages.ts';
+import { judgeMatrices, stepLimits, type ColumnLimits, type ModelBounds } from './bounds.ts';
 
 /** Identifies one exchange of a job: which forward pass, which block, which phase. */
 export interface ExchangeTag {
@@ -53,8 +54,15 @@ export function exchangePhase(phase: number): ExchangePhase | undefined {
 }
 
 /**
+ * Why rank `from`'s part is beyond what the model can produce (rank/bounds.ts), or null where it
+ * is within: the exchange blames the sender for it before anything is computed from it.
+ */
+export type PeerPartJudge = (from: number, part: Float32Array) => string | null;
+
+/**
  * One rank's side of the all-to-all: send parts[j] to rank j and resolve with what every rank j
- * sent to this one (parts[rank] comes back as is). Over WebRTC in pages, in memory in Node tests.
+ * sent to this one (parts[rank] comes back as is), each peer's part first judged by `judge`.
+ * Over WebRTC in pages, in memory in Node tests.
  */
 export interface Exchange {
   readonly rank: number;
@@ -63,7 +71,7 @@ export interface Exchange {
   readonly bytesSent: number;
   /** how activations travel: float32, or float16 for half the bytes */
   readonly dtype: DType;
-  allToAll(tag: ExchangeTag, parts: Float32Array[]): Promise<Float32Array[]>;
+  allToAll(tag: ExchangeTag, parts: Float32Array[], judge?: PeerPartJudge): Promise<Float32Array[]>;
   /** how long to wait for a peer's part before naming it silent (an exchange over links) */
   waitAtMost?(ms: number): void;
   /** how many tensors a peer may send before this rank asks for them (a flood past it is the sender's fault) */
@@ -76,6 +84,8 @@ export interface ForwardInput {
   text: Float32Array; // [L, text_dim]
   grid: TokenGrid;
   tag: Omit<ExchangeTag, 'block' | 'phase' | 'group'>;
+  /** what the model's weights bound its exchanged activations by; without them, parts are not judged */
+  bounds?: ModelBounds;
 }
 
 export const noStats = (): RankStats => ({
@@ -103,6 +113,8 @@ export interface BlockIO {
   wait<T>(work: Promise<T>): Promise<T>;
   /** an exchange of this rank's, on the wire until it settles: what the rank computes meanwhile is overlap */
   onWire<T>(exchange: Promise<T>): Promise<T>;
+  /** the largest |q|, |k|, |v| a peer's block can send in this forward, per column of D; null: not judged */
+  limits(block: number): ColumnLimits | null;
 }
 
 /**
@@ -110,7 +122,7 @@ export interface BlockIO {
  * an exchange of its own is on the wire (overlapMs: the exchange hidden behind compute). A forward's
  * stages run one after another, so at most one compute is open at a time; its exchanges may be many.
  */
-class ForwardClocks implements Omit<BlockIO, 'tag'> {
+class ForwardClocks implements Omit<BlockIO, 'tag' | 'limits'> {
   private computing = 0;
   private onWireCount = 0;
   private since = performance.now();
@@ -189,12 +201,30 @@ export function ulyssesAttention(
     return [(headStart(plan, j) + start) * d, heads * d] as const;
   };
   return async (block, { q, k, v }, io) => {
+    const limits = io.limits(block);
+    const columns = (l: Float32Array, [start, width]: readonly [number, number]) => l.subarray(start, start + width);
+    // a peer sends my heads' q, k, v of its tokens; and its heads' attention output, within their v
+    const qkvJudge = (g: number) => {
+      if (!limits) return undefined;
+      const judge = judgeMatrices(
+        (['q', 'k', 'v'] as const).map((name) => ({ name, limits: columns(limits[name], cols(me, g)) })),
+        exchange.dtype,
+      );
+      return (_from: number, part: Float32Array) => judge(part);
+    };
+    const outputJudge = (g: number) => {
+      if (!limits) return undefined;
+      const judges = Array.from({ length: P }, (_, j) =>
+        judgeMatrices([{ name: 'attention output', limits: columns(limits.v, cols(j, g)) }], exchange.dtype, 2),
+      );
+      return (from: number, part: Float32Array) => judges[from](part);
+    };
     // per group, one combined message per peer: its heads' q, k, v for my tokens, [3, Sl, W_j]
     const arriving = groups.map((g) => {
       const outgoing = Array.from({ length: P }, (_, j) =>
         concat([q, k, v].map((m) => sliceCols(m, D, ...cols(j, g)))),
       );
-      return io.onWire(exchange.allToAll(io.tag(block, ExchangePhase.QKV, g), outgoing));
+      return io.onWire(exchange.allToAll(io.tag(block, ExchangePhase.QKV, g), outgoing, qkvJudge(g)));
     });
     // a failed group is awaited below: not an unhandled rejection meanwhile
     for (const part of arriving) part.catch(() => {});
@@ -210,7 +240,7 @@ export function ulyssesAttention(
       const back = Array.from({ length: P }, (_, j) =>
         o.slice(tokenStart(plan, j) * W, (tokenStart(plan, j) + rows[j]) * W),
       );
-      returning.push(io.onWire(exchange.allToAll(io.tag(block, ExchangePhase.Output, g), back)));
+      returning.push(io.onWire(exchange.allToAll(io.tag(block, ExchangePhase.Output, g), back, outputJudge(g))));
       returning[g].catch(() => {});
     }
     const attn = new Float32Array(Sl * D); // [Sl, D]: rank j's heads of group g fill their columns
@@ -227,6 +257,17 @@ export function ulyssesAttention(
  * The residual stream and the conditioning never leave the rank, so on a device runner they stay
  * device tensors; each is released once nothing reads it, and all are when the pass fails.
  */
+/** A forward's timestep projection [6, D] on the CPU side, read back where the runner keeps it on its device. */
+async function hostTproj(stages: DeviceStageRunner, tproj: Activation): Promise<Float32Array> {
+  if (tproj instanceof Float32Array) return tproj;
+  if (!stages.read)
+    throw new Error(
+      'this runner keeps the timestep projection on its device but cannot read it back: ' +
+        "a rank judging its peers' tensors needs it (DeviceStageRunner.read)",
+    );
+  return stages.read(tproj);
+}
+
 export async function forwardRank(
   cfg: WanConfig,
   plan: UlyssesPlan,
@@ -238,11 +279,13 @@ export async function forwardRank(
 ): Promise<Float32Array> {
   const me = exchange.rank;
   const clocks = new ForwardClocks(stats);
+  let limits: ColumnLimits[] | null = null;
   const io: BlockIO = {
     tag: (block, phase, group = 0) => ({ ...input.tag, block, phase, group }),
     compute: clocks.compute,
     wait: clocks.wait,
     onWire: clocks.onWire,
+    limits: (block) => limits?.[block] ?? null,
   };
   const held = new Set<DeviceTensor>();
   const arrived = <A extends Activation>(a: A): A => {
@@ -265,6 +308,9 @@ export async function forwardRank(
     const { temb, tproj, context } = embedded;
     let x = embedded.x;
     [x, temb, tproj, context].forEach(arrived);
+    // this forward's modulation, which bounds v, as this rank computed it itself
+    const { bounds } = input;
+    if (bounds && plan.degree > 1) limits = stepLimits(bounds, await io.compute(hostTproj(stages, tproj)));
     for (let block = 0; block < cfg.numLayers; block++) {
       const qkv = await io.compute(stages.preAttention(block, x, tproj, cos, sin));
       [qkv.q, qkv.k, qkv.v].forEach(arrived);

@@ -43,6 +43,9 @@
 export const DTYPES = ['f32', 'f16', 'i8', 'i4'] as const;
 export type DType = (typeof DTYPES)[number];
 
+/** The integers either side of 0 a quantizing transport rounds to: a scale is max|x| over these. */
+export const QUANTIZED_LEVELS = { i8: 127, i4: 7 } as const;
+
 /** Identifies one activation tensor of the all-to-all. All fields are small non-negative integers. */
 export interface TensorTag {
   job: number;
@@ -629,7 +632,12 @@ function quantize(src: Float32Array, scales: Float32Array, q: Int8Array, levels:
 function toI8(src: Float32Array): Uint8Array {
   const out = new Uint8Array(payloadBytes(src.length, 'i8'));
   const groups = Math.ceil(src.length / I8_GROUP);
-  quantize(src, new Float32Array(out.buffer, 0, groups), new Int8Array(out.buffer, 4 * groups, src.length), 127);
+  quantize(
+    src,
+    new Float32Array(out.buffer, 0, groups),
+    new Int8Array(out.buffer, 4 * groups, src.length),
+    QUANTIZED_LEVELS.i8,
+  );
   return out;
 }
 
@@ -660,7 +668,7 @@ function toI4(src: Float32Array): Uint8Array {
   const out = new Uint8Array(payloadBytes(src.length, 'i4'));
   const groups = Math.ceil(src.length / I8_GROUP);
   const q = new Int8Array(src.length);
-  quantize(src, new Float32Array(out.buffer, 0, groups), q, 7);
+  quantize(src, new Float32Array(out.buffer, 0, groups), q, QUANTIZED_LEVELS.i4);
   const nibbles = out.subarray(4 * groups);
   for (let i = 0; i < q.length; i++) nibbles[i >> 1] |= (q[i] + 8) << (4 * (i & 1));
   return out;

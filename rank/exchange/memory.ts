@@ -1,5 +1,6 @@
 import { tensorPayload, tensorValues, type DType } from '../../core/net/protocol.ts';
-import type { Exchange, ExchangeTag } from '../ulysses.ts';
+import { PeerLost } from '../../core/worker-api.ts';
+import type { Exchange, ExchangeTag, PeerPartJudge } from '../ulysses.ts';
 import { Mailbox } from './mailbox.ts';
 
 /**
@@ -16,7 +17,7 @@ export function memoryExchanges(world: number, dtype: DType = 'f32'): (Exchange 
     world,
     bytesSent: 0,
     dtype,
-    async allToAll(tag: ExchangeTag, parts: Float32Array[]) {
+    async allToAll(tag: ExchangeTag, parts: Float32Array[], judge?: PeerPartJudge) {
       parts.forEach((values, to) => {
         if (to === rank) return;
         const payload = tensorPayload(values, dtype);
@@ -24,8 +25,16 @@ export function memoryExchanges(world: number, dtype: DType = 'f32'): (Exchange 
         const part = tensorValues(payload, dtype); // what the receiver would get off the wire
         mailbox.deliver(key(tag, rank, to), part);
       });
+      // a part beyond its bounds is its sender's lie, as over links (exchange/mesh.ts)
+      const judged = (from: number) => (part: Float32Array) => {
+        const beyond = judge?.(from, part);
+        if (beyond) throw new PeerLost({ rank: from, cause: 'misbehaved', evidence: beyond });
+        return part;
+      };
       return Promise.all(
-        parts.map((own, from) => (from === rank ? Promise.resolve(own) : mailbox.receive(key(tag, from, rank)))),
+        parts.map((own, from) =>
+          from === rank ? Promise.resolve(own) : mailbox.receive(key(tag, from, rank)).then(judged(from)),
+        ),
       );
     },
   }));

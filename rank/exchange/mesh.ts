@@ -1,6 +1,6 @@
 import type { Link } from '../../core/net/link.ts';
 import { tensorPayload, tensorValues, type DType, type Message, type TensorTag } from '../../core/net/protocol.ts';
-import { exchangePhase, ExchangePhase, type Exchange, type ExchangeTag } from '../ulysses.ts';
+import { exchangePhase, ExchangePhase, type Exchange, type ExchangeTag, type PeerPartJudge } from '../ulysses.ts';
 import { PeerLost } from '../../core/worker-api.ts';
 import { allWithin } from '../../core/tensor.ts';
 import { Mailbox } from './mailbox.ts';
@@ -18,6 +18,24 @@ export const EXCHANGE_TIMEOUT_MS = 60_000;
 /** A tensor's place in a job, for evidence against its sender: "step 3, block 1, phase 0, head group 2". */
 const tensorOf = (tag: TensorTag): string =>
   `step ${tag.step + 1}, block ${tag.block}, phase ${tag.phase}${tag.group ? `, head group ${tag.group}` : ''}`;
+
+/**
+ * Whether what a rank sends under `tag` was computed from its peers' tensors: attention output
+ * always is, and so is every block's input after the first (the attention before it was).
+ */
+function computedFromPeers(tag: ExchangeTag): boolean {
+  const phase = exchangePhase(tag.phase);
+  return phase === ExchangePhase.Output || (phase !== ExchangePhase.Probe && tag.block > 0);
+}
+
+/**
+ * A rank's own activations went NaN or infinite from its peers' tensors, each within the bounds the
+ * model implies (rank/bounds.ts): the bounds did not hold, and the rank can convict nobody, itself
+ * included. Its peers' tensors were checked; its own arithmetic is the same as theirs.
+ */
+export class UnboundedFromPeers extends Error {
+  override name = 'UnboundedFromPeers';
+}
 
 /**
  * The all-to-all of one rank over direct data channels to every other rank of its job. Tensors
@@ -126,9 +144,11 @@ export class MeshExchange implements Exchange {
       }
   }
 
-  private misbehaved(peerRank: number, evidence: string): void {
-    this.fail(new PeerLost({ rank: peerRank, cause: 'misbehaved', evidence: `${evidence}; disconnected` }));
+  private misbehaved(peerRank: number, evidence: string): PeerLost {
+    const error = new PeerLost({ rank: peerRank, cause: 'misbehaved', evidence: `${evidence}; disconnected` });
+    this.fail(error);
     this.links.get(peerRank)?.close(evidence);
+    return error;
   }
 
   /** A tensor of a forward this rank has left (the probe's exchanges aside, which precede every forward). */
@@ -139,7 +159,7 @@ export class MeshExchange implements Exchange {
     return tag.step < now.step; // both passes of a step before were done before this one started
   }
 
-  async allToAll(tag: ExchangeTag, parts: Float32Array[]): Promise<Float32Array[]> {
+  async allToAll(tag: ExchangeTag, parts: Float32Array[], judge?: PeerPartJudge): Promise<Float32Array[]> {
     if (this.failure) throw this.failure;
     this.dropBefore(tag.job);
     const now = this.current;
@@ -154,10 +174,16 @@ export class MeshExchange implements Exchange {
     const distinct = [...new Set(parts)];
     if (!distinct.every((part) => allWithin(part, limit))) {
       // its peers hear of it at once (their links close), rather than wait for what will not come
-      const error = new Error(
-        `rank ${this.rank}'s activations in step ${tag.step + 1}, block ${tag.block} are NaN, infinite` +
-          (this.dtype === 'f16' ? ' or beyond float16 (send float32 instead)' : ''),
-      );
+      const beyond = this.dtype === 'f16' ? ' or beyond float16 (send float32 instead)' : '';
+      const error = computedFromPeers(tag)
+        ? new UnboundedFromPeers(
+            `rank ${this.rank} computed NaN, infinite${beyond} activations for ${tensorOf(tag)} from its ` +
+              "peers' tensors, each within the bounds its model implies: the bounds do not hold here, " +
+              'so it blames no rank, itself included',
+          )
+        : new Error(
+            `rank ${this.rank}'s activations in step ${tag.step + 1}, block ${tag.block} are NaN, infinite${beyond}`,
+          );
       this.fail(error);
       this.closeLinks(error.message);
       throw error;
@@ -203,7 +229,15 @@ export class MeshExchange implements Exchange {
       const key = MeshExchange.key(tag, from);
       this.ahead.get(from)?.delete(key);
       watch(from, Date.now());
-      return this.mailbox.receive(key).finally(() => clearTimeout(timers.get(from)));
+      return this.mailbox
+        .receive(key)
+        .finally(() => clearTimeout(timers.get(from)))
+        .then((part) => {
+          // finite, but beyond what the sender's layer can produce: a lie, never computed from
+          const beyond = judge?.(from, part);
+          if (beyond) throw this.misbehaved(from, `${beyond}, in ${tensorOf(tag)}`);
+          return part;
+        });
     });
     try {
       await Promise.all(sends);

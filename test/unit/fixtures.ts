@@ -9,6 +9,7 @@ import { inProcess, type Remote } from '../../core/net/rpc.ts';
 import { WORKER_CONTRACT, type WorkerApi } from '../../core/worker-api.ts';
 import type { EngineApi } from '../../rank/engine.ts';
 import { memoryExchanges } from '../../rank/exchange/memory.ts';
+import type { ModelBounds } from '../../rank/bounds.ts';
 import { WorkerRuntime } from '../../rank/runtime.ts';
 import { folderFiles } from '../../server/model-folder.ts';
 import { serialStages, type DeviceStageRunner } from '../../rank/stages.ts';
@@ -19,8 +20,11 @@ export const tinyModelFiles: ModelFiles = folderFiles(TINY_MODEL_DIR);
 
 ort.env.wasm.numThreads = 1;
 
-/** An engine on these stages that loads and probes at once, as a worker's would once its model is in. */
-export function stubEngine(stages: DeviceStageRunner, config: WanConfig): EngineApi {
+/**
+ * An engine on these stages that loads and probes at once, as a worker's would once its model is in;
+ * its ranks judge their peers' tensors against `bounds` where given.
+ */
+export function stubEngine(stages: DeviceStageRunner, config: WanConfig, bounds?: ModelBounds): EngineApi {
   return {
     ...serialStages(stages),
     load: () =>
@@ -29,6 +33,7 @@ export function stubEngine(stages: DeviceStageRunner, config: WanConfig): Engine
         adapter: 'test',
         inMemory: false,
         config,
+        ...(bounds && { bounds }),
         loadMs: 0,
         weights: { networkBytes: 0, cacheBytes: 0, note: '' },
         maxBufferBytes: 1 << 28,

@@ -276,6 +276,7 @@ function deviceResident(inner: StageRunner): { runner: Required<DeviceStageRunne
     postAttention: async (block, x, o, tproj, context) =>
       keep(await inner.postAttention(block, read(x), o, read(tproj), read(context))),
     head: (x, temb) => inner.head(read(x), read(temb)),
+    read: (tensor) => Promise.resolve(read(tensor).slice()),
     release(tensors) {
       for (const t of tensors)
         if (!kept.delete(t.deviceTensor))
