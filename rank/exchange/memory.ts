@@ -2,6 +2,7 @@ import { tensorPayload, tensorValues, type DType } from '../../core/net/protocol
 import { PeerLost } from '../../core/worker-api.ts';
 import type { Exchange, ExchangeTag, PeerPartJudge } from '../ulysses.ts';
 import { Mailbox } from './mailbox.ts';
+import { tensorOf } from './mesh.ts';
 
 /**
  * The all-to-all of P ranks in one process: each (tag, from, to) message waits in a mailbox until
@@ -28,7 +29,7 @@ export function memoryExchanges(world: number, dtype: DType = 'f32'): (Exchange 
       // a part beyond its bounds is its sender's lie, as over links (exchange/mesh.ts)
       const judged = (from: number) => (part: Float32Array) => {
         const beyond = judge?.(from, part);
-        if (beyond) throw new PeerLost({ rank: from, cause: 'misbehaved', evidence: beyond });
+        if (beyond) throw new PeerLost({ rank: from, cause: 'misbehaved', evidence: `${beyond}, in ${tensorOf(tag)}` });
         return part;
       };
       return Promise.all(

@@ -16,7 +16,7 @@ export const MAX_AHEAD = 4;
 export const EXCHANGE_TIMEOUT_MS = 60_000;
 
 /** A tensor's place in a job, for evidence against its sender: "step 3, block 1, phase 0, head group 2". */
-const tensorOf = (tag: TensorTag): string =>
+export const tensorOf = (tag: TensorTag): string =>
   `step ${tag.step + 1}, block ${tag.block}, phase ${tag.phase}${tag.group ? `, head group ${tag.group}` : ''}`;
 
 /**

@@ -18,7 +18,9 @@ import { serialStages, type DeviceStageRunner } from '../../rank/stages.ts';
 import { ExchangePhase, forwardRank, type Exchange, type PeerPartJudge } from '../../rank/ulysses.ts';
 import { seededRandom } from '../../server/model-folder.ts';
 import { WAN21_T2V_1_3B } from '../../server/wan21-layout.ts';
-import { channelPair, tinyModelFiles } from './fixtures.ts';
+import { WorkerRuntime } from '../../rank/runtime.ts';
+import { channelPair, stubEngine, tinyModelFiles } from './fixtures.ts';
+import { EXACT_SETTINGS } from './in-process-executor.ts';
 
 // A rank holds what its peers send it to the bounds its model implies (rank/bounds.ts) and blames
 // the sender for a finite lie; honest runs stay far inside them, over every step and transport.
@@ -337,5 +339,55 @@ describe("a rank's own overflow from its peers' tensors convicts nobody", () => 
       .catch((e: unknown) => e);
     expect(error).not.toBeInstanceOf(UnboundedFromPeers);
     expect((error as Error).message).toBe("rank 0's activations in step 3, block 0 are NaN, infinite");
+  });
+});
+
+describe("a worker's runtime judges its peers with its engine's bounds", () => {
+  it("rank 1's runtime sends q, k, v of 3e38 at step 3: rank 0's executeModel fails blaming rank 1, never itself", async () => {
+    const { m, stages, bounds, text } = models.tiny;
+    const exchanges = memoryExchanges(2);
+    const liar = lying(exchanges[1], ExchangePhase.QKV, (part) => part.map(() => 3e38));
+    const runtimes = [exchanges[0], liar].map(
+      (exchange) =>
+        new WorkerRuntime(stubEngine(stages, m.config, bounds), {
+          connectMesh: () => Promise.resolve(exchange),
+          describe: () =>
+            Promise.resolve({
+              ep: 'wasm',
+              adapter: 'test',
+              softwareAdapter: false,
+              threads: 1,
+              memoryGiB: null,
+              userAgent: 'in-process',
+            }),
+        }),
+    );
+    const plan = planUlysses(m.config, tokenGrid(m.config, LATENT_SHAPE).count, 2);
+    const patches = scatterLatent(m.config, plan, { shape: LATENT_SHAPE, data: random.normals(sizeOf(LATENT_SHAPE)) });
+    for (const [rank, runtime] of runtimes.entries()) {
+      await runtime.initWorker({ ...EXACT_SETTINGS, rank, world: 2, peers: ['a', 'b'], session: 's' });
+      await runtime.loadModel({ modelUrl: '/models/tiny-wan', ep: 'wasm' });
+      await runtime.prepareJob({ job: 1, texts: [text], latentShape: LATENT_SHAPE });
+    }
+    const forward = (step: number) =>
+      runtimes.map((runtime, rank) =>
+        runtime.executeModel({
+          job: 1,
+          step,
+          pass: 0,
+          timestep: 900 - 100 * step,
+          latentShape: LATENT_SHAPE,
+          patches: patches[rank],
+        }),
+      );
+    for (const step of [0, 1]) await Promise.all(forward(step));
+    // the liar waits for what its peer will not send it: only the honest rank is awaited
+    const [honest] = await Promise.allSettled(forward(2).slice(0, 1));
+    expect(liar.bytesSent, 'the lie was told').toBeGreaterThan(0);
+    expect(honest.status).toBe('rejected');
+    const error = (honest as PromiseRejectedResult).reason as unknown;
+    expect(error).toBeInstanceOf(PeerLost);
+    expect((error as PeerLost).detail).toMatchObject({ rank: 1, cause: 'misbehaved' });
+    expect((error as PeerLost).detail.evidence).toMatch(/^sent q 3\.00e\+38 .* in step 3, block 0/);
   });
 });
