@@ -652,6 +652,30 @@ function fromI8(data: Uint8Array): Float32Array {
   return out;
 }
 
+/**
+ * Whether every scale of an int8 or int4 payload is one its sender's quantize could have written:
+ * finite, not negative, reached by a value of its group (|q| = levels) and passed by none (an int4
+ * nibble of 0, q = −8, never is). Then each scale is the largest |value| of its group over the
+ * levels, and bounding the values bounds the scales.
+ */
+export function quantizedScalesHonest(data: Uint8Array, dtype: 'i8' | 'i4'): boolean {
+  const levels = QUANTIZED_LEVELS[dtype];
+  const values = tensorValues(data, dtype);
+  const groups = Math.ceil(values.length / I8_GROUP);
+  const aligned = data.byteOffset % 4 === 0 ? data : data.slice();
+  const scales = new Float32Array(aligned.buffer, aligned.byteOffset, groups);
+  for (let g = 0; g < groups; g++) {
+    const scale = scales[g];
+    if (!(scale >= 0 && scale < Infinity)) return false;
+    let largest = 0;
+    for (let i = g * I8_GROUP; i < Math.min(values.length, (g + 1) * I8_GROUP); i++)
+      largest = Math.max(largest, Math.abs(values[i]));
+    // q·scale, as the receiver computes it: |q| = levels for the largest, never more
+    if (largest !== (scale > 0 ? Math.fround(levels * scale) : 0)) return false;
+  }
+  return true;
+}
+
 /** The values in an int8 payload of `bytes` (the inverse of payloadBytes). */
 function elementsOfI8(bytes: number): number {
   const groups = Math.ceil(bytes / (I8_GROUP + 4));

@@ -1,5 +1,12 @@
 import type { Link } from '../../core/net/link.ts';
-import { tensorPayload, tensorValues, type DType, type Message, type TensorTag } from '../../core/net/protocol.ts';
+import {
+  quantizedScalesHonest,
+  tensorPayload,
+  tensorValues,
+  type DType,
+  type Message,
+  type TensorTag,
+} from '../../core/net/protocol.ts';
 import { exchangePhase, ExchangePhase, type Exchange, type ExchangeTag, type PeerPartJudge } from '../ulysses.ts';
 import { PeerLost } from '../../core/worker-api.ts';
 import { allWithin } from '../../core/tensor.ts';
@@ -110,6 +117,11 @@ export class MeshExchange implements Exchange {
     // (allToAll), so such values are the sender's doing: it is blamed, and its link closed.
     if (!allWithin(values)) {
       this.misbehaved(peerRank, `sent NaN or infinite values in step ${msg.tag.step + 1}, block ${msg.tag.block}`);
+      return;
+    }
+    // a scale no quantizer writes (beyond every value of its group) is a lie of its own
+    if ((this.dtype === 'i8' || this.dtype === 'i4') && !quantizedScalesHonest(msg.data, this.dtype)) {
+      this.misbehaved(peerRank, `sent ${this.dtype} scales its values do not reach in ${tensorOf(msg.tag)}`);
       return;
     }
     this.dropBefore(msg.tag.job);

@@ -4,7 +4,8 @@ import { rmsNorm } from '../../core/model/ops.ts';
 import type { WanModel } from '../../core/model/reference.ts';
 import { loadTransformer } from '../../core/model/transformer.ts';
 import { tokenGrid } from '../../core/model/tokens.ts';
-import type { DType } from '../../core/net/protocol.ts';
+import type { Link } from '../../core/net/link.ts';
+import { quantizedScalesHonest, tensorPayload, type DType } from '../../core/net/protocol.ts';
 import { gatherLatent, planUlysses, scatterLatent } from '../../core/parallel.ts';
 import { SeededRandom } from '../../core/random.ts';
 import { sizeOf, type Tensor } from '../../core/tensor.ts';
@@ -389,5 +390,60 @@ describe("a worker's runtime judges its peers with its engine's bounds", () => {
     expect(error).toBeInstanceOf(PeerLost);
     expect((error as PeerLost).detail).toMatchObject({ rank: 1, cause: 'misbehaved' });
     expect((error as PeerLost).detail.evidence).toMatch(/^sent q 3\.00e\+38 .* in step 3, block 0/);
+  });
+});
+
+describe('quantized scales: each one a quantizer could have written', () => {
+  const values = new SeededRandom(8).normals(150); // three groups, the last one short
+  for (const dtype of ['i8', 'i4'] as const)
+    it(`${dtype}: honest payloads pass; a scale negative or infinite, or a value past the levels, does not`, () => {
+      expect(quantizedScalesHonest(tensorPayload(values, dtype), dtype)).toBe(true);
+      expect(quantizedScalesHonest(tensorPayload(new Float32Array(70), dtype), dtype)).toBe(true);
+      const scales = (payload: Uint8Array) => new Float32Array(payload.buffer, 0, 3);
+      for (const lie of [-1, Infinity, NaN]) {
+        const payload = tensorPayload(values, dtype);
+        scales(payload)[1] *= lie;
+        expect(quantizedScalesHonest(payload, dtype), `scale × ${lie}`).toBe(false);
+      }
+      const beyond = tensorPayload(values, dtype);
+      if (dtype === 'i8')
+        beyond[12 + 5] = 0x80; // q = −128
+      else beyond[12 + 5] &= 0xf0; // a low nibble of 0: q = −8
+      expect(quantizedScalesHonest(beyond, dtype)).toBe(false);
+    });
+
+  /** The same values with scales twice what they reach: integers halved, scales doubled. */
+  const overScaled = (): Uint8Array => {
+    const payload = tensorPayload(values, 'i8');
+    const q = new Int8Array(payload.buffer, 12, values.length);
+    q.forEach((v, i) => (q[i] = Math.round(v / 2)));
+    new Float32Array(payload.buffer, 0, 3).forEach((v, g, scales) => (scales[g] = 2 * v));
+    return payload;
+  };
+
+  it('i8: a scale its group never reaches (the same values, each integer halved, each scale doubled) is a lie', () => {
+    expect(quantizedScalesHonest(overScaled(), 'i8')).toBe(false);
+  });
+
+  it('a peer sending scales its values do not reach is blamed on arrival', async () => {
+    const [rank0, rank1] = mesh(2, 'i8');
+    const tag = { job: 1, step: 0, pass: 0, block: 0, phase: ExchangePhase.QKV, group: 0 };
+    const payload = overScaled();
+    // rank 1's link to rank 0 carries the forged payload as a well-formed tensor
+    await (rank1 as unknown as { links: Map<number, Link> }).links.get(0)?.send({
+      kind: 'tensor',
+      from: 1,
+      tag,
+      dtype: 'i8',
+      shape: [values.length],
+      data: payload,
+    });
+    const error = await rank0.allToAll(tag, [values, values]).catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(PeerLost);
+    expect((error as PeerLost).detail).toEqual({
+      rank: 1,
+      cause: 'misbehaved',
+      evidence: 'sent i8 scales its values do not reach in step 1, block 0, phase 0; disconnected',
+    });
   });
 });
