@@ -17,7 +17,7 @@ import {
 } from '../core/parallel.ts';
 import { patchify, tokenGrid } from '../core/model/tokens.ts';
 import { initArgsOf, type ResolvedPlacement } from './placement.ts';
-import { judgeSpotCheck, pickChecker, spotCheckSchedule, type SpotCheck } from './spot-check.ts';
+import { judgeSpotCheck, pickChecker, spotCheckDraw, type SpotCheck } from './spot-check.ts';
 import { defined } from '../core/defined.ts';
 import { Emitter } from '../core/events.ts';
 import { guide } from '../core/sampler.ts';
@@ -79,6 +79,8 @@ export interface LinkReport {
 export interface ForwardRequest {
   job: number;
   step: number;
+  /** the job's steps, where known: its final steps are checked at a higher rate (spot-check.ts) */
+  steps?: number;
   pass: number;
   timestep: number;
   latent: Tensor; // [C, T, H, W]
@@ -140,10 +142,9 @@ export abstract class Executor {
   private readonly failures = new Emitter<Error>();
   private placed = false;
   private closed = false;
-  private forwards = 0;
   /** displaced mode: per pass, the last step its group ran on this placement (whose keys and values the ranks hold) */
   private readonly lastStepOf = new Map<number, number>();
-  private readonly spotCheckDue: (forward: number) => boolean;
+  private readonly spotCheckDue: (forward: { step: number; steps?: number }) => boolean;
   /** each rank's share of the prepared job, as the swarm view shows it ("rank 0 of 3 (5 heads, 410 tokens)") */
   private readonly jobShares: string[] = [];
   /** spot checks made and not yet taken (takeSpotChecks) */
@@ -156,7 +157,7 @@ export abstract class Executor {
   constructor({ config, placement }: ExecutorOptions) {
     this.config = config;
     this.placement = placement;
-    this.spotCheckDue = spotCheckSchedule(placement.spotChecks.rate);
+    this.spotCheckDue = spotCheckDraw(placement.spotChecks.rate);
   }
 
   /** The spot checks made since the last call: the report's. */
@@ -323,7 +324,7 @@ export abstract class Executor {
     const ranks = layout.groupRanks(group);
     // a forward spot-checked is exact (a rank's recomputation is), as are displaced mode's warm-up
     // steps and the first after a placement: stale only where the ranks hold the step before's
-    const checked = this.world > 1 && this.spotCheckDue(this.forwards++);
+    const checked = this.world > 1 && this.spotCheckDue(request);
     const stale = this.stale(request, checked);
     this.lastStepOf.set(request.pass, request.step);
     const shareOf = (rank: number) => this.jobShares[rank] ?? `rank ${rank}`;
