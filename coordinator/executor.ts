@@ -322,10 +322,10 @@ export abstract class Executor {
     const plan = planUlysses(config, tokenGrid(config, request.latent.shape).count, layout.headsOf(group));
     const patches = scatterLatent(config, plan, request.latent);
     const ranks = layout.groupRanks(group);
-    // a forward spot-checked is exact (a rank's recomputation is), as are displaced mode's warm-up
-    // steps and the first after a placement: stale only where the ranks hold the step before's
+    // displaced mode's warm-up steps and the first after a placement are exact: stale only where the
+    // ranks hold the step before's; a checked forward goes as any other (its checker recomputes it stale)
     const checked = this.world > 1 && this.spotCheckDue(request);
-    const stale = this.stale(request, checked);
+    const stale = this.stale(request);
     this.lastStepOf.set(request.pass, request.step);
     const shareOf = (rank: number) => this.jobShares[rank] ?? `rank ${rank}`;
     const doing = `step ${request.step + 1}${request.pass ? ' (unconditional)' : ''}`;
@@ -367,6 +367,7 @@ export abstract class Executor {
         ranks,
         results.map((r) => r.rows),
         rowWidth,
+        stale,
       );
     return {
       output: gatherLatent(
@@ -391,15 +392,16 @@ export abstract class Executor {
    * Whether this forward attends to stale keys and values (displaced mode past its warm-up, the ranks holding the step
    * before's).
    */
-  private stale(request: ForwardRequest, checked: boolean): boolean {
+  private stale(request: ForwardRequest): boolean {
     const { settings, warmupSteps } = this.placement;
-    return !checked && attendsStale(settings.parallel, warmupSteps, request.step, this.lastStepOf.get(request.pass));
+    return attendsStale(settings.parallel, warmupSteps, request.step, this.lastStepOf.get(request.pass));
   }
 
   /**
    * Has another rank recompute the pass alone and judges the group's rows by it (spot-check.ts):
    * a rank convicted is thrown as a breach (with its co-accused as blame), so the placer lets it go
-   * and the step runs again without it.
+   * and the step runs again without it. A `stale` forward is recomputed as its group ran it, by a rank of the group:
+   * only those hold the step before's keys and values.
    */
   private async spotCheck(
     request: ForwardRequest,
@@ -407,6 +409,7 @@ export abstract class Executor {
     ranks: number[],
     parts: Float32Array[],
     width: number,
+    stale: boolean,
   ): Promise<void> {
     const started = performance.now();
     const { config } = this;
@@ -417,7 +420,9 @@ export abstract class Executor {
       timestep: request.timestep,
       latentShape: request.latent.shape,
       patches: patchify(config, request.latent).data,
+      ...(stale && { stale }),
     };
+    const outsideGroup = stale ? Array.from({ length: this.world }, (_, r) => r).filter((r) => !ranks.includes(r)) : [];
     const recompute = async (rank: number) => {
       const { rows } = await this.callRank(rank, 'recompute', args, this.rpcTimeoutMs).catch((e: unknown) => {
         throw this.workerError(rank, 'recompute', e);
@@ -433,13 +438,13 @@ export abstract class Executor {
         );
       return { rank, rows };
     };
-    const checker = await recompute(defined(pickChecker(this.world, []), 'a rank to recompute'));
+    const checker = await recompute(defined(pickChecker(this.world, outsideGroup), 'a rank to recompute'));
     const { tolerance } = this.placement.spotChecks;
     let judged = judgeSpotCheck(plan, ranks, parts, width, checker, null, tolerance);
     let third: number | null = null;
     if (judged.verdict !== 'agreed') {
       // a rank independent of both the checker and the suspect decides
-      third = pickChecker(this.world, [checker.rank, judged.verdict.convicted[0]]);
+      third = pickChecker(this.world, [checker.rank, judged.verdict.convicted[0], ...outsideGroup]);
       if (third !== null)
         judged = judgeSpotCheck(plan, ranks, parts, width, checker, await recompute(third), tolerance);
     }
