@@ -192,6 +192,22 @@ describe('spot checks of displaced forwards (issue 33)', () => {
   });
 });
 
+describe('spot checks of displaced forwards over a quantizing transport (issue 33)', () => {
+  it('int8 and int4: the checker holds the same reconstructions of the step before as every rank, so honest rows agree with its recomputation to float rounding', async () => {
+    for (const dtype of ['i8', 'i4'] as const) {
+      const executor = await onRanks(3, { parallel: 'displaced', warmupSteps: 0, spotCheckRate: 1, dtype });
+      for (let step = 0; step < 3; step++)
+        await executor.executeModel({ job: 3, step, pass: 0, timestep: 500, latent: latent() });
+      const checks = executor.takeSpotChecks();
+      expect(checks.map((c) => c.verdict)).toEqual(['agreed', 'agreed', 'agreed']);
+      // step 1 is exact over the transport, recomputed alone without it; the stale ones are as the group ran them
+      expect(checks[0].difference).toBeGreaterThan(1e-5);
+      for (const c of checks.slice(1)) expect(c.difference).toBeLessThan(1e-5);
+      await executor.shutdown({ graceMs: 500 });
+    }
+  });
+});
+
 describe('displaced keys and values over a quantizing transport go as deltas with error feedback (issue 20)', () => {
   it('int8 and int4: each step sends an eighth (int4) or a quarter (int8) of float32, and the error falls as the input changes little, where raw values would keep it', async () => {
     const base = latent();
