@@ -367,7 +367,7 @@ export abstract class Executor {
         ranks,
         results.map((r) => r.rows),
         rowWidth,
-        stale,
+        stale && ranks.length > 1, // a group of one rank attends to nothing stale
       );
     return {
       output: gatherLatent(

@@ -6,7 +6,19 @@ import type { Tensor } from '../../core/tensor.ts';
 import type { EngineApi } from '../../rank/engine.ts';
 import { onnxStages } from '../../rank/onnx-stages.ts';
 import { stubEngine, tinyModelFiles } from './fixtures.ts';
-import { InProcessExecutor, type InProcessOptions } from './in-process-executor.ts';
+import { InProcessExecutor, placementFor, type InProcessOptions } from './in-process-executor.ts';
+import { Executor, type ExecutorOptions } from '../../coordinator/executor.ts';
+import { inProcess, type Remote } from '../../core/net/rpc.ts';
+import {
+  WORKER_CONTRACT,
+  type ArgsOf,
+  type ExecuteArgs,
+  type WorkerApi,
+  type WorkerMethod,
+} from '../../core/worker-api.ts';
+import { memoryExchanges } from '../../rank/exchange/memory.ts';
+import { WorkerRuntime } from '../../rank/runtime.ts';
+import type { Exchange } from '../../rank/ulysses.ts';
 
 // Which forwards the executor checks, and who checks them, come from crypto.getRandomValues, one draw
 // per forward (issue 33): the draws are set here through it, so the test sees the executor take them.
@@ -37,6 +49,54 @@ function drawsFromCrypto(draws: number[]): void {
 
 afterEach(() => vi.restoreAllMocks());
 
+/** Each group's ranks on their own in-memory mesh (CFG parallel), the ranks WorkerRuntimes in this process. */
+class MeshPerGroupExecutor extends Executor {
+  readonly recomputedStale: boolean[] = [];
+  private remotes: Remote<WorkerApi>[] = [];
+
+  constructor(
+    options: ExecutorOptions,
+    private readonly engine: EngineApi,
+  ) {
+    super(options);
+  }
+
+  protected place(): Promise<string[]> {
+    const meshes = new Map<string, Exchange[]>();
+    this.remotes = Array.from({ length: this.layout.world }, (_, rank) => {
+      const runtime = new WorkerRuntime(this.engine, {
+        connectMesh: (init) => {
+          const mesh = meshes.get(init.session) ?? memoryExchanges(init.world);
+          meshes.set(init.session, mesh);
+          return Promise.resolve(mesh[init.rank]);
+        },
+        describe: () =>
+          Promise.resolve({
+            ep: 'wasm',
+            adapter: 'test',
+            softwareAdapter: false,
+            threads: 1,
+            memoryGiB: null,
+            userAgent: `rank ${rank}`,
+          }),
+      });
+      return inProcess<WorkerApi>(runtime, WORKER_CONTRACT, `rank ${rank}`);
+    });
+    return Promise.resolve(this.remotes.map((_, r) => `rank-${r}`));
+  }
+
+  protected remoteOf(rank: number) {
+    return this.remotes[rank];
+  }
+
+  protected override callRank<M extends WorkerMethod>(rank: number, method: M, args: ArgsOf<M>, timeoutMs: number) {
+    if (method === 'recompute') this.recomputedStale.push((args as ExecuteArgs).stale ?? false);
+    return super.callRank(rank, method, args, timeoutMs);
+  }
+
+  protected closeTransport(): void {}
+}
+
 describe("the executor's spot checks (issue 33)", () => {
   it("draw each forward on its own from the CSPRNG: the unconditional pass alone can be checked, by the rank drawn, and a job's final step always is", async () => {
     const executor = new InProcessExecutor({ ...options, spotCheckRate: 0.5 }, engine, 'rpc');
@@ -57,6 +117,22 @@ describe("the executor's spot checks (issue 33)", () => {
       [2, 0, 'agreed'],
       [2, 1, 'agreed'],
     ]);
+    await executor.shutdown({ graceMs: 500 });
+  });
+
+  it('in displaced mode, a group of one rank (CFG parallel) attends to nothing stale: its checks recompute it exact, and agree', async () => {
+    const layout = new RankLayout(1, 2);
+    const executor = new MeshPerGroupExecutor(
+      placementFor({ ...options, layout, parallel: 'displaced', warmupSteps: 0, spotCheckRate: 1 }),
+      engine,
+    );
+    await executor.initialize();
+    await executor.prepareJob(4, [text, text], [16, 1, 14, 10]);
+    const x = latent();
+    for (let step = 0; step < 3; step++)
+      await executor.velocity({ job: 4, step, steps: 3, timestep: 500 - step, latent: x }, 4);
+    expect(executor.takeSpotChecks().map((c) => c.verdict)).toEqual(Array(6).fill('agreed'));
+    expect(executor.recomputedStale).toEqual(Array(6).fill(false));
     await executor.shutdown({ graceMs: 500 });
   });
 });
