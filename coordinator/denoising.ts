@@ -92,7 +92,7 @@ export async function denoise(r: DenoiseRequest): Promise<Denoised> {
         async velocity(at) {
           for (;;) {
             try {
-              const result = await executor().velocity({ job: r.job, ...at }, params.guidance);
+              const result = await executor().velocity({ job: r.job, steps: params.steps, ...at }, params.guidance);
               ranks = result.ranks;
               return result.velocity;
             } catch (e) {

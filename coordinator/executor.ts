@@ -17,7 +17,7 @@ import {
 } from '../core/parallel.ts';
 import { patchify, tokenGrid } from '../core/model/tokens.ts';
 import { initArgsOf, type ResolvedPlacement } from './placement.ts';
-import { judgeSpotCheck, pickChecker, spotCheckSchedule, type SpotCheck } from './spot-check.ts';
+import { judgeSpotCheck, pickChecker, spotCheckDraw, type SpotCheck } from './spot-check.ts';
 import { defined } from '../core/defined.ts';
 import { Emitter } from '../core/events.ts';
 import { guide } from '../core/sampler.ts';
@@ -79,6 +79,8 @@ export interface LinkReport {
 export interface ForwardRequest {
   job: number;
   step: number;
+  /** the job's steps, where known: its final steps are checked at a higher rate (spot-check.ts) */
+  steps?: number;
   pass: number;
   timestep: number;
   latent: Tensor; // [C, T, H, W]
@@ -140,10 +142,9 @@ export abstract class Executor {
   private readonly failures = new Emitter<Error>();
   private placed = false;
   private closed = false;
-  private forwards = 0;
   /** displaced mode: per pass, the last step its group ran on this placement (whose keys and values the ranks hold) */
   private readonly lastStepOf = new Map<number, number>();
-  private readonly spotCheckDue: (forward: number) => boolean;
+  private readonly spotCheckDue: (forward: { step: number; steps?: number }) => boolean;
   /** each rank's share of the prepared job, as the swarm view shows it ("rank 0 of 3 (5 heads, 410 tokens)") */
   private readonly jobShares: string[] = [];
   /** spot checks made and not yet taken (takeSpotChecks) */
@@ -156,7 +157,7 @@ export abstract class Executor {
   constructor({ config, placement }: ExecutorOptions) {
     this.config = config;
     this.placement = placement;
-    this.spotCheckDue = spotCheckSchedule(placement.spotChecks.rate);
+    this.spotCheckDue = spotCheckDraw(placement.spotChecks.rate);
   }
 
   /** The spot checks made since the last call: the report's. */
@@ -321,10 +322,10 @@ export abstract class Executor {
     const plan = planUlysses(config, tokenGrid(config, request.latent.shape).count, layout.headsOf(group));
     const patches = scatterLatent(config, plan, request.latent);
     const ranks = layout.groupRanks(group);
-    // a forward spot-checked is exact (a rank's recomputation is), as are displaced mode's warm-up
-    // steps and the first after a placement: stale only where the ranks hold the step before's
-    const checked = this.world > 1 && this.spotCheckDue(this.forwards++);
-    const stale = this.stale(request, checked);
+    // displaced mode's warm-up steps and the first after a placement are exact: stale only where the
+    // ranks hold the step before's; a checked forward goes as any other (its checker recomputes it stale)
+    const checked = this.world > 1 && this.spotCheckDue(request);
+    const stale = this.stale(request);
     this.lastStepOf.set(request.pass, request.step);
     const shareOf = (rank: number) => this.jobShares[rank] ?? `rank ${rank}`;
     const doing = `step ${request.step + 1}${request.pass ? ' (unconditional)' : ''}`;
@@ -366,6 +367,7 @@ export abstract class Executor {
         ranks,
         results.map((r) => r.rows),
         rowWidth,
+        stale && ranks.length > 1, // a group of one rank attends to nothing stale
       );
     return {
       output: gatherLatent(
@@ -390,15 +392,16 @@ export abstract class Executor {
    * Whether this forward attends to stale keys and values (displaced mode past its warm-up, the ranks holding the step
    * before's).
    */
-  private stale(request: ForwardRequest, checked: boolean): boolean {
+  private stale(request: ForwardRequest): boolean {
     const { settings, warmupSteps } = this.placement;
-    return !checked && attendsStale(settings.parallel, warmupSteps, request.step, this.lastStepOf.get(request.pass));
+    return attendsStale(settings.parallel, warmupSteps, request.step, this.lastStepOf.get(request.pass));
   }
 
   /**
    * Has another rank recompute the pass alone and judges the group's rows by it (spot-check.ts):
    * a rank convicted is thrown as a breach (with its co-accused as blame), so the placer lets it go
-   * and the step runs again without it.
+   * and the step runs again without it. A `stale` forward is recomputed as its group ran it, by a rank of the group:
+   * only those hold the step before's keys and values.
    */
   private async spotCheck(
     request: ForwardRequest,
@@ -406,6 +409,7 @@ export abstract class Executor {
     ranks: number[],
     parts: Float32Array[],
     width: number,
+    stale: boolean,
   ): Promise<void> {
     const started = performance.now();
     const { config } = this;
@@ -416,7 +420,9 @@ export abstract class Executor {
       timestep: request.timestep,
       latentShape: request.latent.shape,
       patches: patchify(config, request.latent).data,
+      ...(stale && { stale }),
     };
+    const outsideGroup = stale ? Array.from({ length: this.world }, (_, r) => r).filter((r) => !ranks.includes(r)) : [];
     const recompute = async (rank: number) => {
       const { rows } = await this.callRank(rank, 'recompute', args, this.rpcTimeoutMs).catch((e: unknown) => {
         throw this.workerError(rank, 'recompute', e);
@@ -432,13 +438,13 @@ export abstract class Executor {
         );
       return { rank, rows };
     };
-    const checker = await recompute(defined(pickChecker(this.world, []), 'a rank to recompute'));
+    const checker = await recompute(defined(pickChecker(this.world, outsideGroup), 'a rank to recompute'));
     const { tolerance } = this.placement.spotChecks;
     let judged = judgeSpotCheck(plan, ranks, parts, width, checker, null, tolerance);
     let third: number | null = null;
     if (judged.verdict !== 'agreed') {
       // a rank independent of both the checker and the suspect decides
-      third = pickChecker(this.world, [checker.rank, judged.verdict.convicted[0]]);
+      third = pickChecker(this.world, [checker.rank, judged.verdict.convicted[0], ...outsideGroup]);
       if (third !== null)
         judged = judgeSpotCheck(plan, ranks, parts, width, checker, await recompute(third), tolerance);
     }

@@ -18,7 +18,7 @@ import { maxOrNull, type Executor, type LinkReport, type RankReport } from './ex
 import type { PlacementRequest, ResolvedPlacement } from './placement.ts';
 import { Placer, type FailureRecord, type MeshProbeReport } from './placer.ts';
 import { timeoutsOf } from './planner.ts';
-import type { SpotCheck } from './spot-check.ts';
+import { spotCheckOdds, type SpotCheck, type SpotCheckOdds } from './spot-check.ts';
 import type { Swarm } from './swarm.ts';
 import { standInEncoding, umt5Encoding, type PromptCache, type PromptEncoding } from './text-encoding.ts';
 import {
@@ -117,6 +117,8 @@ export interface GenerateReport {
   recoveryMs: number;
   /** forwards another rank recomputed to check its group's rows, and what came of it (coordinator/spot-check.ts) */
   spotChecks: SpotCheck[];
+  /** the chance a forward was checked and a liar was caught, at the rate the job ran with on its last placement */
+  spotCheckOdds: SpotCheckOdds;
   setupMs: number;
   /** where the job's time went, phase by phase */
   phasesMs: Record<JobPhase, number>;
@@ -335,6 +337,12 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
           failures,
           recoveryMs: failures.reduce((t, f) => t + f.replanMs, 0),
           spotChecks,
+          spotCheckOdds: spotCheckOdds(
+            executor.placement.spotChecks.rate,
+            params.steps,
+            usesGuidance(params) ? 2 : 1,
+            executor.world,
+          ),
           setupMs,
           phasesMs: clock.phasesMs,
           totalMs: clock.elapsedMs(),

@@ -1,17 +1,111 @@
 // Spot checks (issue 18): a volunteer's tab can return rows of the right size, finite and plausible,
 // and wrong; no check of shapes or finiteness sees that. Now and then the coordinator has another
 // rank recompute a forward pass alone — every token, from the same latent, timestep and text — and
-// compares each rank's rows with it. Where they disagree, a third rank recomputes it too: the two
-// recomputations agreeing convicts the rank whose rows differ most; the third agreeing with the
-// group convicts the checker; with no third rank to ask, checker and suspect both go (one of the
-// two lies). A rank that alters only what it sends its peers corrupts every rank's rows: that is
-// caught all the same (the group disagrees with two recomputations) but blamed on the rank whose
-// rows differ most, which may be a victim: the step is re-run without it either way.
+// compares each rank's rows with it. Which forwards, and which rank, come from a secret CSPRNG draw
+// per forward (issue 33): a rank that knows every past check knows nothing of the next. Where they
+// disagree, a third rank recomputes it too: the two recomputations agreeing convicts the rank whose
+// rows differ most; the third agreeing with the group convicts the checker; with no third rank to
+// ask, checker and suspect both go (one of the two lies). A rank that alters only what it sends its
+// peers corrupts every rank's rows: that is caught all the same (the group disagrees with two
+// recomputations) but blamed on the rank whose rows differ most, which may be a victim: the step is
+// re-run without it either way.
 import type { DType } from '../core/net/protocol.ts';
 import { tokenStart, type UlyssesPlan } from '../core/parallel.ts';
 
-/** forwards checked, on average: one in sixteen (a constant cheat is caught within sixteen forwards) */
+/** the share of forwards checked before the final steps: a constant cheat is seen within sixteen forwards on average */
 export const DEFAULT_SPOT_CHECK_RATE = 1 / 16;
+/**
+ * How many of a job's last steps have every forward checked (at any rate but 0): a lie there goes into the video as
+ * sent, with no later step to carry it off.
+ */
+export const FINAL_STEPS_CHECKED = 1;
+
+/** A draw in [0, 1) from the browser's CSPRNG: nothing a rank sees of the job tells it the next draw. */
+export function secureRandom(): number {
+  return crypto.getRandomValues(new Uint32Array(1))[0] / 2 ** 32;
+}
+
+function checkRate(rate: number): void {
+  if (!(rate >= 0 && rate <= 1)) throw new RangeError(`a spot-check rate is between 0 and 1, got ${rate}`);
+}
+
+/**
+ * The chance that a forward of `step` (of a job of `steps`, where known) is checked, at the placement's `rate`:
+ * the rate, and every forward of the final steps. 0: none.
+ */
+export function spotCheckRate(rate: number, step: number, steps?: number): number {
+  checkRate(rate);
+  if (rate === 0) return 0;
+  return steps !== undefined && step >= steps - FINAL_STEPS_CHECKED ? 1 : rate;
+}
+
+/**
+ * Whether to check a forward, drawn for each forward alone (each pass of a step too) from `random`, a secret
+ * CSPRNG's: a rank that saw every past check knows nothing more of the next.
+ */
+export function spotCheckDraw(
+  rate: number,
+  random: () => number = secureRandom,
+): (forward: { step: number; steps?: number }) => boolean {
+  checkRate(rate);
+  return ({ step, steps }) => random() < spotCheckRate(rate, step, steps);
+}
+
+/** Each forward's chance of a check in a job of `steps` steps of `passes` passes each, in the order they run. */
+export function forwardCheckRates(rate: number, steps: number, passes: number): number[] {
+  return Array.from({ length: steps * passes }, (_, f) => spotCheckRate(rate, Math.floor(f / passes), steps));
+}
+
+/**
+ * The probability that a liar among `world` ranks, lying on `lies` forwards of a job whose forwards are checked at
+ * `rates`, is convicted: some forward it lied on is checked, by a rank other than itself (pickChecker draws from all
+ * `world`; a liar recomputing its own lie agrees with it). Its lies are `chosen` uniformly among the forwards, or are
+ * the last ones. Assumes every lie is beyond the tolerance and the other ranks honest.
+ */
+export function catchProbability(rates: number[], lies: number, chosen: 'uniform' | 'last', world: number): number {
+  if (!(Number.isInteger(lies) && lies >= 0 && lies <= rates.length))
+    throw new RangeError(`a liar lies on 0 to ${rates.length} forwards of this job, not ${lies}`);
+  const honestChecker = world > 1 ? (world - 1) / world : 0;
+  const escapes = rates.map((r) => 1 - r * honestChecker); // a lie on that forward goes unseen
+  if (chosen === 'last') return 1 - escapes.slice(rates.length - lies).reduce((p, e) => p * e, 1);
+  // the mean over all sets of `lies` forwards of the product of their escapes: the elementary symmetric polynomial
+  // of degree `lies` over the number of such sets, each built up forward by forward
+  let sums = [1, ...new Array<number>(lies).fill(0)]; // sums[j]: over the sets of j of the forwards so far
+  let sets = [1, ...new Array<number>(lies).fill(0)];
+  for (const e of escapes) {
+    sums = sums.map((s, j) => (j ? s + sums[j - 1] * e : s));
+    sets = sets.map((c, j) => (j ? c + sets[j - 1] : c));
+  }
+  return 1 - sums[lies] / sets[lies];
+}
+
+/** What a job's checks cost and catch, as its report states it. */
+export interface SpotCheckOdds {
+  /** the placement's rate: the chance a forward before the final steps is checked */
+  rate: number;
+  /** every forward of these last steps is checked (at any rate but 0) */
+  finalStepsChecked: number;
+  /** forwards recomputed per forward of the job, on average: the checks' share of the job's compute */
+  meanRate: number;
+  /** the chance a liar lying on one forward, chosen uniformly, is convicted */
+  catchOneForward: number;
+  /** the chance a liar lying on one forward of the last step is convicted */
+  catchOneFinalForward: number;
+}
+
+/** The odds of a job of `steps` steps of `passes` passes on `world` ranks whose placement checks at `rate`. */
+export function spotCheckOdds(rate: number, steps: number, passes: number, world: number): SpotCheckOdds {
+  const rates = forwardCheckRates(rate, steps, passes);
+  const checks = world > 1 ? rates : rates.map(() => 0); // one rank: nobody to check it
+  return {
+    rate,
+    finalStepsChecked: rate > 0 ? Math.min(FINAL_STEPS_CHECKED, steps) : 0,
+    meanRate: checks.reduce((a, r) => a + r, 0) / Math.max(1, checks.length),
+    catchOneForward: catchProbability(checks, Math.min(1, checks.length), 'uniform', world),
+    catchOneFinalForward: catchProbability(checks, Math.min(1, checks.length), 'last', world),
+  };
+}
+
 /**
  * How far a rank's rows may be from a recomputation (made alone, so exact), relative to the rows' scale: the coarser
  * the transport's values, the further honest rows stray, so the wider the bound (and the larger a cheat it misses).
@@ -21,23 +115,10 @@ export function spotCheckTolerance(dtype: DType): number {
 }
 
 /**
- * Which forwards to check at `rate`: every ⌈1/rate⌉-th one from a random start, so a rank cannot
- * tell a checked forward from another and a cheat that lasts that many forwards is caught.
- * 0: none.
- */
-export function spotCheckSchedule(rate: number, random: () => number = Math.random): (forward: number) => boolean {
-  if (!(rate >= 0 && rate <= 1)) throw new RangeError(`a spot-check rate is between 0 and 1, got ${rate}`);
-  if (rate === 0) return () => false;
-  const period = Math.max(1, Math.round(1 / rate));
-  const phase = Math.floor(random() * period);
-  return (forward) => (forward + phase) % period === 0;
-}
-
-/**
  * A rank to recompute a forward, or to decide a disagreement: any of the `world` ranks but `out`,
- * at random, so a rank cannot tell whether it will be its own judge. Null when none is left.
+ * drawn from the CSPRNG, so a rank cannot tell whether it will be its own judge. Null when none is left.
  */
-export function pickChecker(world: number, out: number[], random: () => number = Math.random): number | null {
+export function pickChecker(world: number, out: number[], random: () => number = secureRandom): number | null {
   const free = Array.from({ length: world }, (_, r) => r).filter((r) => !out.includes(r));
   return free.length ? free[Math.floor(random() * free.length)] : null;
 }

@@ -330,13 +330,14 @@ export function attendsStale(
 
 /**
  * Bytes a rank holds in displaced mode: every rank's keys and values [2, S, D] in float32, for
- * each pass and block (rank/displaced.ts), at degree P with even shares.
+ * each pass and block, of the last two steps (rank/displaced.ts: the step before's is what a spot
+ * check of the last step's forward recomputes it from), at degree P with even shares.
  */
 export function staleKeysValuesBytes(
   work: { model: Pick<WanConfig, 'numLayers' | 'dim'>; tokens: number; passes: number },
   degree: number,
 ): number {
-  return degree < 2 ? 0 : work.passes * work.model.numLayers * 2 * work.tokens * work.model.dim * 4;
+  return degree < 2 ? 0 : 2 * work.passes * work.model.numLayers * 2 * work.tokens * work.model.dim * 4;
 }
 
 /**

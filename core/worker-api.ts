@@ -321,7 +321,10 @@ export interface WorkerApi {
   prepareJob(args: PrepareArgs): Promise<{ job: number }>;
   probeMesh(args: { job: number }): Promise<MeshProbe>;
   executeModel(args: ExecuteArgs): Promise<ExecuteResult>;
-  /** a whole forward of the prepared job on this worker alone, every token (patches [S, ·]): its group's spot check */
+  /**
+   * a whole forward of the prepared job on this worker alone, every token (patches [S, ·]): its group's spot check;
+   * with `stale`, as its displaced group ran it, from the step before's keys and values this rank of it holds
+   */
   recompute(args: ExecuteArgs): Promise<{ rows: Float32Array; computeMs: number }>;
   ping(args: Record<string, never>): Promise<PingReply>;
   /**

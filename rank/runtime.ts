@@ -8,7 +8,7 @@ import type { WanConfig } from '../core/model/config.ts';
 import { describeLoad, describeWeights } from '../core/worker-api.ts';
 import { fastestEp } from '../core/cost-model.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
-import { partFloats, planUlysses, type UlyssesPlan } from '../core/parallel.ts';
+import { partFloats, planUlysses, tokenStart, type UlyssesPlan } from '../core/parallel.ts';
 import { payloadBytes, type TensorTag } from '../core/net/protocol.ts';
 import type {
   ComputeProbe,
@@ -32,7 +32,8 @@ import type { EngineApi, EngineInfo } from './engine.ts';
 import { probeMesh, PROBE_FLOATS } from './mesh-probe.ts';
 import { rehearseForwards } from './rehearsal.ts';
 import { exchangePhase, ExchangePhase, forwardRank, noStats, type BlockAttention, type Exchange } from './ulysses.ts';
-import { displacedAttention, KeysValuesHistory } from './displaced.ts';
+import { displacedAttention, heldStaleAttention, KeysValuesHistory } from './displaced.ts';
+import { concat } from '../core/tensor.ts';
 import { memoryExchanges } from './exchange/memory.ts';
 import { MAX_AHEAD } from './exchange/mesh.ts';
 
@@ -410,14 +411,40 @@ export class WorkerRuntime implements WorkerApi {
       );
     }
     const stats = noStats();
-    const rows = await this.forward(
-      pass,
-      planUlysses(pass.cfg, pass.plan.tokens, 1),
-      memoryExchanges(1)[0],
-      args,
-      stats,
-    );
+    const rows = args.stale
+      ? await this.recomputeStale(pass, args, stats)
+      : await this.forward(pass, planUlysses(pass.cfg, pass.plan.tokens, 1), memoryExchanges(1)[0], args, stats);
     return { rows, computeMs: stats.computeMs };
+  }
+
+  /**
+   * A displaced group's stale forward, as each of its ranks ran it: every rank's tokens in turn, over its own keys and
+   * values of this step and the others' of the step before, which this rank of the group holds (displaced.ts).
+   */
+  private async recomputeStale(
+    pass: ReturnType<WorkerRuntime['preparedPass']>,
+    args: ExecuteArgs,
+    stats: RankStats,
+  ): Promise<Float32Array> {
+    const { cfg, plan, patchWidth } = pass;
+    if (this.init?.parallel !== 'displaced' || plan.degree < 2)
+      throw new Error('a stale recompute is for a rank of a displaced group of several ranks, and this is none');
+    const rows: Float32Array[] = [];
+    for (let rank = 0; rank < plan.degree; rank++) {
+      const start = tokenStart(plan, rank);
+      // the rank's place in the group (its tokens' positions); the attention sends nothing
+      const asRank: Exchange = {
+        rank,
+        world: plan.degree,
+        bytesSent: 0,
+        dtype: 'f32',
+        allToAll: () => Promise.reject(new Error('a stale recompute exchanges nothing')),
+      };
+      const attend = heldStaleAttention(cfg, plan, this.engine, this.keysValues, args, rank);
+      const patches = args.patches.subarray(start * patchWidth, (start + plan.rows[rank]) * patchWidth);
+      rows.push(await this.forward(pass, plan, asRank, { ...args, patches }, stats, attend));
+    }
+    return concat(rows); // [S, width] in token order
   }
 
   async executeModel(args: ExecuteArgs): Promise<ExecuteResult> {

@@ -11,7 +11,10 @@ type Optional<T, K extends keyof T> = Omit<T, K> & Partial<Pick<T, K>>;
  * A report as the queue's store gives it back: a job an older version kept lacks what reports
  * gained since (spot checks, the prompts' encoding, the placement, head-group overlap).
  */
-export type KeptReport = Optional<Omit<GenerateReport, 'steps'>, 'spotChecks' | 'encoding' | 'placement'> & {
+export type KeptReport = Optional<
+  Omit<GenerateReport, 'steps'>,
+  'spotChecks' | 'spotCheckOdds' | 'encoding' | 'placement'
+> & {
   steps: (Omit<GenerateReport['steps'][number], 'ranks'> & { ranks: Optional<RankReport, 'overlapMs'>[] })[];
 };
 

@@ -7,6 +7,8 @@ import { displacedFloatsPerBlock, partFloats, planUlysses, RankLayout } from '..
 import { payloadBytes } from '../../core/net/protocol.ts';
 import { SeededRandom } from '../../core/random.ts';
 import { maxAbsDiff, type Tensor } from '../../core/tensor.ts';
+import { SpotCheckFailed } from '../../coordinator/executor.ts';
+import type { ExecuteResult } from '../../core/worker-api.ts';
 import type { EngineApi } from '../../rank/engine.ts';
 import { onnxStages } from '../../rank/onnx-stages.ts';
 import { stubEngine, tinyModelFiles } from './fixtures.ts';
@@ -99,7 +101,7 @@ describe('displaced patch parallelism (issue 20)', () => {
     await executor.shutdown({ graceMs: 500 });
   });
 
-  it("the executor decides: the warm-up steps, each pass's first forward on a placement or job, and a spot-checked forward are exact; Ulysses is never stale", async () => {
+  it("the executor decides: the warm-up steps and each pass's first forward on a placement or job are exact, a spot-checked forward as any other; Ulysses is never stale", async () => {
     const x = latent();
     const executor = await onRanks(2, { parallel: 'displaced', warmupSteps: 2 });
     const flags = staleFlags(executor);
@@ -116,7 +118,7 @@ describe('displaced patch parallelism (issue 20)', () => {
     const checkedFlags = staleFlags(checked);
     for (let step = 0; step < 3; step++)
       await checked.executeModel({ job: 3, step, pass: 0, timestep: 500, latent: x });
-    expect(checkedFlags[0]).toEqual([false, false, false]);
+    expect(checkedFlags[0]).toEqual([false, true, true]);
     expect(checked.takeSpotChecks().map((c) => c.verdict)).toEqual(['agreed', 'agreed', 'agreed']);
     await checked.shutdown({ graceMs: 500 });
 
@@ -126,6 +128,83 @@ describe('displaced patch parallelism (issue 20)', () => {
       await ulysses.executeModel({ job: 3, step, pass: 0, timestep: 500, latent: x });
     expect(ulyssesFlags[0]).toEqual([false, false, false]);
     await ulysses.shutdown({ graceMs: 500 });
+  });
+});
+
+async function rejection(work: Promise<unknown>): Promise<Error> {
+  try {
+    await work;
+  } catch (e) {
+    return e as Error;
+  }
+  throw new Error('expected a rejection, but the call resolved');
+}
+
+describe('spot checks of displaced forwards (issue 33)', () => {
+  it("a checked stale forward goes as an unchecked one; a rank of the group recomputes it from the step before's keys and values, agreeing with honest ranks to float rounding, and convicts a rank lying on it", async () => {
+    const inputs = [latent(), latent(), latent()]; // a new input each step: stale attention is off the exact one
+    const run = async (executor: InProcessExecutor) => {
+      const rows: Tensor[] = [];
+      for (let step = 0; step < 3; step++)
+        rows.push((await executor.executeModel({ job: 3, step, pass: 0, timestep: 500, latent: inputs[step] })).output);
+      return rows;
+    };
+    const unchecked = await onRanks(3, { parallel: 'displaced', warmupSteps: 0 });
+    const uncheckedFlags = staleFlags(unchecked);
+    const plain = await run(unchecked);
+    await unchecked.shutdown({ graceMs: 500 });
+
+    const checked = await onRanks(3, { parallel: 'displaced', warmupSteps: 0, spotCheckRate: 1 });
+    const checkedFlags = staleFlags(checked);
+    const recomputes: (boolean | undefined)[] = [];
+    for (const runtime of checked.runtimes) {
+      const recompute = runtime.recompute.bind(runtime);
+      runtime.recompute = (args) => (recomputes.push(args.stale), recompute(args));
+    }
+    const outputs = await run(checked);
+    expect(checkedFlags).toEqual(uncheckedFlags); // what the ranks are sent: the same
+    expect(checkedFlags[0]).toEqual([false, true, true]);
+    expect(recomputes).toEqual([undefined, true, true]);
+    outputs.forEach((o, step) => expect(maxAbsDiff(o.data, plain[step].data)).toBe(0)); // a check changes nothing
+    const checks = checked.takeSpotChecks();
+    expect(checks.map((c) => c.verdict)).toEqual(['agreed', 'agreed', 'agreed']);
+    for (const c of checks) expect(c.difference).toBeLessThan(1e-5);
+    await checked.shutdown({ graceMs: 500 });
+
+    const lying = await onRanks(3, { parallel: 'displaced', warmupSteps: 0, spotCheckRate: 1 });
+    let lies = 0;
+    lying.fault = (rank, method) =>
+      rank === 1 && method === 'executeModel'
+        ? {
+            alters: (r: ExecuteResult) => ({
+              ...r,
+              rows: lies++ >= 2 ? r.rows.map((v, i) => (i === 3 ? v + 0.05 : v)) : r.rows, // step 3 only
+            }),
+          }
+        : null;
+    const error = await rejection(run(lying));
+    expect(lies).toBe(3);
+    expect(error).toBeInstanceOf(SpotCheckFailed);
+    expect(error).toMatchObject({ rank: 1, blame: null });
+    const caught = lying.takeSpotChecks().at(-1);
+    expect(caught).toMatchObject({ step: 2, verdict: { convicted: [1] } });
+    await lying.shutdown({ graceMs: 500 });
+  });
+});
+
+describe('spot checks of displaced forwards over a quantizing transport (issue 33)', () => {
+  it('int8 and int4: the checker holds the same reconstructions of the step before as every rank, so honest rows agree with its recomputation to float rounding', async () => {
+    for (const dtype of ['i8', 'i4'] as const) {
+      const executor = await onRanks(3, { parallel: 'displaced', warmupSteps: 0, spotCheckRate: 1, dtype });
+      for (let step = 0; step < 3; step++)
+        await executor.executeModel({ job: 3, step, pass: 0, timestep: 500, latent: latent() });
+      const checks = executor.takeSpotChecks();
+      expect(checks.map((c) => c.verdict)).toEqual(['agreed', 'agreed', 'agreed']);
+      // step 1 is exact over the transport, recomputed alone without it; the stale ones are as the group ran them
+      expect(checks[0].difference).toBeGreaterThan(1e-5);
+      for (const c of checks.slice(1)) expect(c.difference).toBeLessThan(1e-5);
+      await executor.shutdown({ graceMs: 500 });
+    }
   });
 });
 

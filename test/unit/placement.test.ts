@@ -1289,9 +1289,9 @@ describe('the cost model sees what the workers measured', () => {
     ).rejects.toThrow(
       `displaced mode would hold ${formatBytes(staleKeysValuesBytes(work, 2))} of keys and values on each rank, more than half of the 0.0001 GiB its workers have: use Ulysses, or a shorter or smaller video`,
     );
-    // the real model at 480p: every rank's keys and values of both passes and 30 blocks, 24 GB
+    // the real model at 480p: every rank's keys and values of both passes and 30 blocks, of two steps, 48 GB
     expect(staleKeysValuesBytes({ model: { numLayers: 30, dim: 1536 }, tokens: 32760, passes: 2 }, 4)).toBe(
-      2 * 30 * 2 * 32760 * 1536 * 4,
+      2 * 2 * 30 * 2 * 32760 * 1536 * 4,
     );
 
     // asked for, it is what runs; a mode or warm-up that is not one is refused, saying what is

@@ -1,0 +1,138 @@
+import { afterEach, beforeAll, describe, expect, it, vi } from 'vitest';
+import { loadTransformer } from '../../core/model/transformer.ts';
+import { RankLayout } from '../../core/parallel.ts';
+import { SeededRandom } from '../../core/random.ts';
+import type { Tensor } from '../../core/tensor.ts';
+import type { EngineApi } from '../../rank/engine.ts';
+import { onnxStages } from '../../rank/onnx-stages.ts';
+import { stubEngine, tinyModelFiles } from './fixtures.ts';
+import { InProcessExecutor, placementFor, type InProcessOptions } from './in-process-executor.ts';
+import { Executor, type ExecutorOptions } from '../../coordinator/executor.ts';
+import { inProcess, type Remote } from '../../core/net/rpc.ts';
+import {
+  WORKER_CONTRACT,
+  type ArgsOf,
+  type ExecuteArgs,
+  type WorkerApi,
+  type WorkerMethod,
+} from '../../core/worker-api.ts';
+import { memoryExchanges } from '../../rank/exchange/memory.ts';
+import { WorkerRuntime } from '../../rank/runtime.ts';
+import type { Exchange } from '../../rank/ulysses.ts';
+
+// Which forwards the executor checks, and who checks them, come from crypto.getRandomValues, one draw
+// per forward (issue 33): the draws are set here through it, so the test sees the executor take them.
+let engine: EngineApi;
+let options: InProcessOptions;
+const random = new SeededRandom(33);
+let text: Float32Array;
+const latent = (): Tensor => ({ shape: [16, 1, 14, 10], data: random.normals(16 * 14 * 10) });
+
+beforeAll(async () => {
+  const model = await loadTransformer(tinyModelFiles);
+  engine = stubEngine(await onnxStages(model, 'wasm'), model.config);
+  text = random.normals(16 * model.config.textDim);
+  options = { config: model.config, modelUrl: '/models/tiny-wan', rpcTimeoutMs: 10_000, layout: new RankLayout(2) };
+});
+
+/** The next draws crypto.getRandomValues gives, as fractions of 2^32; the real CSPRNG's once they are taken. */
+function drawsFromCrypto(draws: number[]): void {
+  vi.restoreAllMocks();
+  const real = crypto.getRandomValues.bind(crypto);
+  vi.spyOn(crypto, 'getRandomValues').mockImplementation((array: ArrayBufferView) => {
+    const next = draws.shift();
+    if (next === undefined || !(array instanceof Uint32Array)) return real(array);
+    array.fill(next * 2 ** 32);
+    return array;
+  });
+}
+
+afterEach(() => vi.restoreAllMocks());
+
+/** Each group's ranks on their own in-memory mesh (CFG parallel), the ranks WorkerRuntimes in this process. */
+class MeshPerGroupExecutor extends Executor {
+  readonly recomputedStale: boolean[] = [];
+  private remotes: Remote<WorkerApi>[] = [];
+
+  constructor(
+    options: ExecutorOptions,
+    private readonly engine: EngineApi,
+  ) {
+    super(options);
+  }
+
+  protected place(): Promise<string[]> {
+    const meshes = new Map<string, Exchange[]>();
+    this.remotes = Array.from({ length: this.layout.world }, (_, rank) => {
+      const runtime = new WorkerRuntime(this.engine, {
+        connectMesh: (init) => {
+          const mesh = meshes.get(init.session) ?? memoryExchanges(init.world);
+          meshes.set(init.session, mesh);
+          return Promise.resolve(mesh[init.rank]);
+        },
+        describe: () =>
+          Promise.resolve({
+            ep: 'wasm',
+            adapter: 'test',
+            softwareAdapter: false,
+            threads: 1,
+            memoryGiB: null,
+            userAgent: `rank ${rank}`,
+          }),
+      });
+      return inProcess<WorkerApi>(runtime, WORKER_CONTRACT, `rank ${rank}`);
+    });
+    return Promise.resolve(this.remotes.map((_, r) => `rank-${r}`));
+  }
+
+  protected remoteOf(rank: number) {
+    return this.remotes[rank];
+  }
+
+  protected override callRank<M extends WorkerMethod>(rank: number, method: M, args: ArgsOf<M>, timeoutMs: number) {
+    if (method === 'recompute') this.recomputedStale.push((args as ExecuteArgs).stale ?? false);
+    return super.callRank(rank, method, args, timeoutMs);
+  }
+
+  protected closeTransport(): void {}
+}
+
+describe("the executor's spot checks (issue 33)", () => {
+  it("draw each forward on its own from the CSPRNG: the unconditional pass alone can be checked, by the rank drawn, and a job's final step always is", async () => {
+    const executor = new InProcessExecutor({ ...options, spotCheckRate: 0.5 }, engine, 'rpc');
+    await executor.initialize();
+    await executor.prepareJob(4, [text, text], [16, 1, 14, 10]);
+    const x = latent();
+    // step 1 of 3: the conditional pass's draw above the rate, the unconditional's under it, then the checker: rank 1
+    drawsFromCrypto([0.9, 0.1, 0.75]);
+    await executor.velocity({ job: 4, step: 0, steps: 3, timestep: 500, latent: x }, 4);
+    expect(executor.takeSpotChecks().map(({ step, pass, checker }) => ({ step, pass, checker }))).toEqual([
+      { step: 0, pass: 1, checker: 1 },
+    ]);
+    expect(executor.received[1]).toContain('recompute');
+    // the final step: both passes checked whatever is drawn
+    drawsFromCrypto([0.99, 0.99]);
+    await executor.velocity({ job: 4, step: 2, steps: 3, timestep: 400, latent: x }, 4);
+    expect(executor.takeSpotChecks().map((c) => [c.step, c.pass, c.verdict])).toEqual([
+      [2, 0, 'agreed'],
+      [2, 1, 'agreed'],
+    ]);
+    await executor.shutdown({ graceMs: 500 });
+  });
+
+  it('in displaced mode, a group of one rank (CFG parallel) attends to nothing stale: its checks recompute it exact, and agree', async () => {
+    const layout = new RankLayout(1, 2);
+    const executor = new MeshPerGroupExecutor(
+      placementFor({ ...options, layout, parallel: 'displaced', warmupSteps: 0, spotCheckRate: 1 }),
+      engine,
+    );
+    await executor.initialize();
+    await executor.prepareJob(4, [text, text], [16, 1, 14, 10]);
+    const x = latent();
+    for (let step = 0; step < 3; step++)
+      await executor.velocity({ job: 4, step, steps: 3, timestep: 500 - step, latent: x }, 4);
+    expect(executor.takeSpotChecks().map((c) => c.verdict)).toEqual(Array(6).fill('agreed'));
+    expect(executor.recomputedStale).toEqual(Array(6).fill(false));
+    await executor.shutdown({ graceMs: 500 });
+  });
+});
