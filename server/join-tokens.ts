@@ -25,7 +25,7 @@ import {
   type SwarmRequest,
 } from '../core/net/join-token.ts';
 import type { Origins } from './origins.ts';
-import { perAddressLimit } from './rate-limit.ts';
+import { clientSource, perAddressLimit } from './rate-limit.ts';
 import { PEER_ID_PREFIX } from '../core/net/peer-link.ts';
 import { defined } from '../core/defined.ts';
 
@@ -199,11 +199,11 @@ export function mountJoinTokens(
   };
   app.post(SWARMS_PATH, json, (request, response) => {
     if (held(request.body, keepProof)) return void response.json({} satisfies SwarmAnswer);
-    if (!limit(request.socket.remoteAddress ?? ''))
+    if (!limit(clientSource(request.socket.remoteAddress).prefix))
       return void response
         .status(429)
         .type('text')
-        .send(`over ${TOKENS_PER_MINUTE} join links a minute from this address: wait a minute`);
+        .send(`over ${TOKENS_PER_MINUTE} join links a minute from this network: wait a minute`);
     const token = tokens.issue();
     const room = defined(roomOf(token), 'the room of a token this server made');
     response.json({ token, dashboardKey: tokens.dashboardKey(room) } satisfies SwarmAnswer);
