@@ -149,7 +149,7 @@ export function mountSignaling(app: Express, server: Server, key: string, origin
   });
   const perAddress = perAddressCap(MAX_SIGNALING_CLIENTS_PER_ADDRESS);
   const perPrefix = perAddressCap(MAX_SIGNALING_CLIENTS_PER_PREFIX);
-  /** a place for one more page from this socket's address and network, as the function that gives it back; else why not */
+  /** a place for one more page from this address and network, as the function that gives it back; else why not */
   const takePlace = (remoteAddress: string | undefined): (() => void) | string => {
     const { address, prefix } = clientSource(remoteAddress);
     const releaseAddress = perAddress(address);

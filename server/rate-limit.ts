@@ -96,10 +96,10 @@ function ipv6Groups(address: string): number[] {
     ? address.slice(0, dotted.index) +
       [(+dotted[1] << 8) | +dotted[2], (+dotted[3] << 8) | +dotted[4]].map((g) => g.toString(16)).join(':')
     : address;
-  const [head, tail] = text.split('::');
+  const halves = text.split('::');
   const parse = (part: string | undefined) => (part ? part.split(':').map((g) => parseInt(g, 16)) : []);
-  const [before, after] = [parse(head), parse(tail)];
-  return tail === undefined
+  const [before, after] = [parse(halves[0]), parse(halves[1])];
+  return halves.length === 1
     ? before
     : [...before, ...Array<number>(8 - before.length - after.length).fill(0), ...after];
 }
