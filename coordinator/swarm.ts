@@ -18,7 +18,13 @@ import {
   type SignalingOptions,
 } from '../core/net/peer-link.ts';
 import { admitWorker, dialProven, JOIN_STEP_TIMEOUT_MS, joinMetadata, type JoinMetadata } from '../core/net/join.ts';
-import { obtainSwarmKeys, registerCoordinator, revokeJoinToken, type SwarmKeys } from '../core/net/join-token.ts';
+import {
+  obtainSwarmKeys,
+  registerCoordinator,
+  renewSwarmKeys,
+  revokeJoinToken,
+  type SwarmKeys,
+} from '../core/net/join-token.ts';
 import { COORDINATOR } from '../core/net/protocol.ts';
 import type { RelayClient } from '../core/net/relay-client.ts';
 import { passing } from '../core/net/check.ts';
@@ -81,8 +87,11 @@ export type SwarmEvent =
   | { type: 'leave'; worker: SwarmWorker; reason: string; at: number; silentMs: number }
   | { type: 'refused'; peer: string; reason: string };
 
-/** What a dashboard keeps across reloads: its swarm's keys (its PeerJS id is new each load). */
-export type SwarmIdentity = Partial<SwarmKeys>;
+/**
+ * What a dashboard keeps across reloads: its swarm's keys (its PeerJS id is new each load); and,
+ * opened from another machine than the server's, the server's owner key, for new keys.
+ */
+export type SwarmIdentity = Partial<SwarmKeys> & { ownerKey?: string };
 
 export class Swarm {
   private readonly roster = new Map<string, SwarmWorker>();
@@ -170,7 +179,7 @@ export class Swarm {
    */
   async revokeJoinLink(): Promise<void> {
     const [old, joined, oldPeer] = [this.keys, this.workers(), this.peer];
-    const keys = await obtainSwarmKeys(this.origin);
+    const keys = await renewSwarmKeys(this.origin, old);
     const peer = await registerCoordinatorPeer(this.origin, this.signaling);
     try {
       await registerCoordinator(this.origin, keys, peer.id, peer.options.token ?? '');
