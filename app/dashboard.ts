@@ -25,6 +25,7 @@ import {
   type SwarmIdentity,
 } from '../coordinator/index.ts';
 import { defined } from '../core/defined.ts';
+import { OWNER_KEY_PARAM } from '../core/net/join-token.ts';
 import type { AutomationProgress, Base64Floats, DashboardAutomation, JobOverrides, JoinLinks } from './automation.ts';
 import { summarizeReport, type KeptReport } from './views/report-summary.ts';
 import { $ } from './views/dom.ts';
@@ -278,9 +279,24 @@ async function revokeJoinLink(): Promise<JoinLinks | null> {
   }
 }
 
+/** The server's owner key, where this dashboard was opened from another machine at the link `npm start` prints. */
+function ownerKeyOfLink(): string | undefined {
+  const fragment = new URLSearchParams(location.hash.slice(1));
+  const key = fragment.get(OWNER_KEY_PARAM) ?? undefined;
+  fragment.delete(OWNER_KEY_PARAM);
+  // out of the address bar: it opens swarms on the server
+  if (key)
+    history.replaceState(
+      history.state,
+      '',
+      `${location.pathname}${location.search}${fragment.size ? `#${fragment}` : ''}`,
+    );
+  return key;
+}
+
 async function start() {
   // the same peer id and token after a reload, so the workers' links and reconnections still work
-  swarm = await openSwarm(location.origin, savedIdentity());
+  swarm = await openSwarm(location.origin, { ...savedIdentity(), ownerKey: ownerKeyOfLink() });
   showIdentity(swarm);
   $('revoke-link', HTMLButtonElement).onclick = () => {
     if (

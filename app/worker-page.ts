@@ -1,19 +1,26 @@
 import { formatBytes } from '../core/worker-api.ts';
 import { startWorkerEndpoint, type WorkerStatus } from '../worker/endpoint.ts';
 import { $ } from './views/dom.ts';
+import { addressAfterJoining, fragmentToken, readWorkerLink, WORKER_TOKEN_KEY } from './worker-link.ts';
 
 // The worker page: joins the swarm when opened and shows what it is doing. No compute here.
-/** the join token: in the link's fragment (never sent to a server), or in its query as older links had it */
-const tokenOf = (url: URL) => new URLSearchParams(url.hash.slice(1)).get('token') ?? url.searchParams.get('token');
-const token = tokenOf(new URL(location.href));
+const link = readWorkerLink(location.href, sessionStorage.getItem(WORKER_TOKEN_KEY));
+const { token } = link;
+history.replaceState(history.state, '', link.address);
 
 // every state change this page went through, for anyone checking what happened (tests included)
-const history: string[] = [];
-window.ditswarmWorkerHistory = history;
+const states: string[] = [];
+window.ditswarmWorkerHistory = states;
 
 function render(s: WorkerStatus): void {
-  if (history.at(-1) !== `${s.state}: ${s.detail}`) history.push(`${s.state}: ${s.detail}`);
-  if (s.state === 'ready' && history.at(-2)?.startsWith('loading')) void showStorage();
+  if (states.at(-1) !== `${s.state}: ${s.detail}`) states.push(`${s.state}: ${s.detail}`);
+  if (s.connected && token) {
+    // joined: the token leaves the address bar, kept for a reload of this tab
+    sessionStorage.setItem(WORKER_TOKEN_KEY, token);
+    if (fragmentToken(new URL(location.href)))
+      history.replaceState(history.state, '', addressAfterJoining(location.href));
+  }
+  if (s.state === 'ready' && states.at(-2)?.startsWith('loading')) void showStorage();
   $('state').textContent = s.connected
     ? s.state
     : s.state === 'left' || s.state === 'refused'
@@ -73,15 +80,16 @@ if (!token) {
   // without a token the dashboard would refuse this page: ask for the real link instead
   const paste = $('paste-link', HTMLFormElement);
   paste.hidden = false;
-  $('state').textContent = 'waiting for a join link';
+  $('state').textContent = link.refused ? 'refused' : 'waiting for a join link';
+  if (link.refused) $('detail').textContent = link.refused;
   paste.addEventListener('submit', (event) => {
     event.preventDefault();
-    const link = new URL((paste.elements.namedItem('link') as HTMLInputElement).value, location.href);
-    if (!tokenOf(link))
-      $('detail').textContent = 'That link has no token either: copy the worker link from the dashboard.';
-    else if (link.href.split('#')[0] !== location.href.split('#')[0]) location.href = link.href;
+    const pasted = new URL((paste.elements.namedItem('link') as HTMLInputElement).value, location.href);
+    if (!fragmentToken(pasted))
+      $('detail').textContent = 'That link has no #token= either: copy the worker link from the dashboard.';
+    else if (pasted.href.split('#')[0] !== location.href.split('#')[0]) location.href = pasted.href;
     else {
-      location.hash = link.hash; // the same page with a fragment: no navigation, so load it again
+      location.hash = pasted.hash; // the same page with a fragment: no navigation, so load it again
       location.reload();
     }
   });

@@ -17,8 +17,14 @@ import {
   transportOf,
   type SignalingOptions,
 } from '../core/net/peer-link.ts';
-import { admitWorker, JOIN_STEP_TIMEOUT_MS, joinMetadata, type JoinMetadata } from '../core/net/join.ts';
-import { obtainSwarmKeys, registerCoordinator, revokeJoinToken, type SwarmKeys } from '../core/net/join-token.ts';
+import { admitWorker, dialProven, JOIN_STEP_TIMEOUT_MS, joinMetadata, type JoinMetadata } from '../core/net/join.ts';
+import {
+  obtainSwarmKeys,
+  registerCoordinator,
+  renewSwarmKeys,
+  revokeJoinToken,
+  type SwarmKeys,
+} from '../core/net/join-token.ts';
 import { COORDINATOR } from '../core/net/protocol.ts';
 import type { RelayClient } from '../core/net/relay-client.ts';
 import { passing } from '../core/net/check.ts';
@@ -41,8 +47,9 @@ const MAX_MESSAGE_BYTES = 1 << 26;
 /** refused pages remembered for the dashboard */
 export const MAX_REFUSALS = 100;
 /**
- * pages in the middle of joining at once: a page that dials and never proves the token (or whose
- * channel never opens) holds a peer connection until let go, and a browser holds a few hundred
+ * pages in the middle of joining at once: a page whose dial proved the token but whose channel
+ * never opens holds a peer connection until let go, and a browser holds a few hundred. A dial
+ * without that proof takes no place: it is closed at once.
  */
 export const MAX_JOINING = 16;
 const RELAY_RECONNECT_MS = 2_000;
@@ -80,8 +87,11 @@ export type SwarmEvent =
   | { type: 'leave'; worker: SwarmWorker; reason: string; at: number; silentMs: number }
   | { type: 'refused'; peer: string; reason: string };
 
-/** What a dashboard keeps across reloads: its swarm's keys (its PeerJS id is new each load). */
-export type SwarmIdentity = Partial<SwarmKeys>;
+/**
+ * What a dashboard keeps across reloads: its swarm's keys (its PeerJS id is new each load); and,
+ * opened from another machine than the server's, the server's owner key, for new keys.
+ */
+export type SwarmIdentity = Partial<SwarmKeys> & { ownerKey?: string };
 
 export class Swarm {
   private readonly roster = new Map<string, SwarmWorker>();
@@ -101,11 +111,15 @@ export class Swarm {
   private closed = false;
 
   private constructor(
-    private readonly peer: Peer,
+    private peer: Peer,
     readonly origin: string,
     private keys: SwarmKeys,
     private readonly signaling: SignalingOptions,
   ) {
+    this.listen(peer);
+  }
+
+  private listen(peer: Peer): void {
     peer.on('connection', (conn) => void this.admit(conn as unknown as DataConnectionLike));
   }
 
@@ -116,12 +130,7 @@ export class Swarm {
    */
   static async open(origin: string, identity: SwarmIdentity = {}): Promise<Swarm> {
     const signaling = await signalingOptions(origin);
-    const peer = await registerPeer(
-      // PeerJS types its plain options object as a class
-      // eslint-disable-next-line @typescript-eslint/no-unsafe-class-instance-assignment -- a plain object
-      () => new Peer(newPeerId('coordinator'), peerOptions(signaling)),
-      origin,
-    );
+    const peer = await registerCoordinatorPeer(origin, signaling);
     let keys: SwarmKeys;
     try {
       keys = await obtainSwarmKeys(origin, identity);
@@ -165,16 +174,25 @@ export class Swarm {
   /**
    * Revokes the join link (it went where it should not): the server gives a new one, the old one
    * opens nothing again (the relay lets its pages go), and every worker that joined with it is let
-   * go — whoever holds the new link joins again.
+   * go — whoever holds the new link joins again. The dashboard moves to a fresh id: whoever
+   * learnt the old one with the old link neither finds nor dials it.
    */
   async revokeJoinLink(): Promise<void> {
-    const [old, joined] = [this.keys, this.workers()];
-    const keys = await obtainSwarmKeys(this.origin);
-    await registerCoordinator(this.origin, keys, this.id, this.peer.options.token ?? '');
-    this.keys = keys;
-    this.relay?.close('the join link was revoked'); // reopened with the new token
+    const [old, joined, oldPeer] = [this.keys, this.workers(), this.peer];
+    const keys = await renewSwarmKeys(this.origin, old);
+    const peer = await registerCoordinatorPeer(this.origin, this.signaling);
+    try {
+      await registerCoordinator(this.origin, keys, peer.id, peer.options.token ?? '');
+    } catch (e) {
+      peer.destroy();
+      throw e;
+    }
+    [this.keys, this.peer] = [keys, peer];
+    this.listen(peer);
+    this.relay?.close('the join link was revoked'); // reopened with the new token and id
     await revokeJoinToken(this.origin, old);
     for (const worker of joined) this.evict(worker, 'the join link it joined with was revoked');
+    oldPeer.destroy();
   }
 
   /** 'force' when the server sends every link through its relay. */
@@ -374,7 +392,8 @@ export class Swarm {
 
   private async admit(conn: DataConnectionLike): Promise<void> {
     const meta = joinMetadata(conn.metadata);
-    if (!meta || this.joining >= MAX_JOINING) {
+    const ids = { coordinator: this.id, worker: conn.peer };
+    if (!meta || !dialProven(this.keys.token, ids, meta) || this.joining >= MAX_JOINING) {
       conn.close();
       return;
     }
@@ -483,6 +502,16 @@ export class Swarm {
       conn.close();
     }
   }
+}
+
+/** A dashboard's PeerJS peer under a fresh id (nobody can hold it in wait), registered with the signaling server. */
+function registerCoordinatorPeer(origin: string, signaling: SignalingOptions): Promise<Peer> {
+  return registerPeer(
+    // PeerJS types its plain options object as a class
+    // eslint-disable-next-line @typescript-eslint/no-unsafe-class-instance-assignment -- a plain object
+    () => new Peer(newPeerId('coordinator'), peerOptions(signaling)),
+    origin,
+  );
 }
 
 /** Why a worker's engine is not to be trusted with work (it did not answer pingEngine within `ms`), or null. */

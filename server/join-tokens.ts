@@ -13,19 +13,22 @@ import {
   findProof,
   FIND_PATH,
   keepProof,
+  openProof,
   REGISTER_PATH,
+  renewProof,
   registerProof,
   REVOKE_PATH,
   revokeProof,
   roomOf,
   SWARMS_PATH,
+  OWNER_KEY_PARAM,
   type CoordinatorAnswer,
   type CoordinatorRequest,
   type SwarmAnswer,
   type SwarmRequest,
 } from '../core/net/join-token.ts';
 import type { Origins } from './origins.ts';
-import { perAddressLimit } from './rate-limit.ts';
+import { clientSource, perAddressLimit } from './rate-limit.ts';
 import { PEER_ID_PREFIX } from '../core/net/peer-link.ts';
 import { defined } from '../core/defined.ts';
 
@@ -46,6 +49,11 @@ export interface JoinTokens {
   standing(room: string): string | null;
   /** What only the dashboard of `room` is given: it proves it is that swarm's dashboard. */
   dashboardKey(room: string): string;
+  /**
+   * What the server's owner holds (`npm start` prints it in the dashboard's link for other
+   * machines): a page that proves it is given new tokens, as is one of the server's own machine.
+   */
+  ownerKey(): string;
   /**
    * The dashboard of `room` has the PeerJS id `peer` now (a fresh one each time it loads); false
    * for an id it had before (a request replayed to send its workers to an id that was let go).
@@ -79,6 +87,7 @@ export function openJoinTokens(stateDir?: string): JoinTokens {
     issue: () => tokenOf(randomBytes(12).toString('hex')),
     standing: (room) => (/^[0-9a-f]{24}$/.test(room) && !revoked.has(room) ? tokenOf(room) : null),
     dashboardKey: (room) => sealed('dashboard key', room),
+    ownerKey: () => sealed('owner key', ''),
     register(room, peer) {
       const entry = coordinators.get(room) ?? { peer: '', past: [] };
       if (entry.peer === peer || entry.past.includes(peer)) return entry.peer === peer;
@@ -150,11 +159,13 @@ export function sameProof(proof: unknown, expected: string): boolean {
 }
 
 /**
- * POST SWARMS_PATH (`{room, proof}` of its dashboard key to keep a token → `{}`; anything else →
- * `{token, dashboardKey}`, new ones), POST REVOKE_PATH (`{room, proof}` of the dashboard key → 204),
- * POST REGISTER_PATH (a dashboard's id for this load, proved with its dashboard key → 204) and
- * POST FIND_PATH (a worker's proof of the token → `{coordinator}`). Pages of this server's origins
- * and the allowed ones only (CORS for those), a few tokens a minute from one address.
+ * POST SWARMS_PATH (`{room, proof}` of its dashboard key to keep a token → `{}`; else, to the
+ * server's owner only, `{token, dashboardKey}`, new ones: a page of this machine, one with `owner`
+ * proving the owner key, or a dashboard's renew proof of a standing token), POST REVOKE_PATH
+ * (`{room, proof}` of the dashboard key → 204), POST REGISTER_PATH (a dashboard's id for this
+ * load, proved with its dashboard key → 204) and POST FIND_PATH (a worker's proof of the token →
+ * `{coordinator}`). Pages of this server's origins and the allowed ones only (CORS for those), a
+ * few tokens a minute from one network.
  */
 export function mountJoinTokens(
   app: Express,
@@ -199,11 +210,25 @@ export function mountJoinTokens(
   };
   app.post(SWARMS_PATH, json, (request, response) => {
     if (held(request.body, keepProof)) return void response.json({} satisfies SwarmAnswer);
-    if (!limit(request.socket.remoteAddress ?? ''))
+    const source = clientSource(request.socket.remoteAddress);
+    // a join token opens a relay room and a swarm: the server's owner's to make, not anyone's who asks
+    const owner =
+      source.address === 'loopback' ||
+      sameProof(field(request.body, 'owner'), openProof(tokens.ownerKey())) ||
+      held(request.body, renewProof) !== null;
+    if (!owner)
+      return void response
+        .status(403)
+        .type('text')
+        .send(
+          'only the owner of this server opens swarms on it: open the dashboard on the machine that runs it ' +
+            `(http://localhost:${request.socket.localPort ?? ''}/), or at the link with #${OWNER_KEY_PARAM}= it printed`,
+        );
+    if (!limit(source.prefix))
       return void response
         .status(429)
         .type('text')
-        .send(`over ${TOKENS_PER_MINUTE} join links a minute from this address: wait a minute`);
+        .send(`over ${TOKENS_PER_MINUTE} join links a minute from this network: wait a minute`);
     const token = tokens.issue();
     const room = defined(roomOf(token), 'the room of a token this server made');
     response.json({ token, dashboardKey: tokens.dashboardKey(room) } satisfies SwarmAnswer);

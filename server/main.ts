@@ -4,6 +4,7 @@ import { newPeerKey, parseIceServers } from './peer-signaling.ts';
 import { join } from 'node:path';
 import { CACHE_ROOT } from './model-folder.ts';
 import { lanAddresses } from './origins.ts';
+import { OWNER_KEY_PARAM } from '../core/net/join-token.ts';
 import { DEFAULT_PORT, servedModel, startServer } from './serve.ts';
 
 // `npm start [-- --model PATH|URL] [--port N] [--rebuild] [--key K] [--ice-servers LIST]
@@ -69,6 +70,8 @@ const server = await startServer({
 const iceUrls = iceServers.flatMap((s) => s.urls); // credentials stay out of the log
 
 const lanUrls = lanAddresses().map((address) => `http://${address}:${server.port}`);
+// a dashboard of another machine proves it is the owner's with the key in its link's fragment
+const ownerFragment = `#${OWNER_KEY_PARAM}=${server.joinTokens.ownerKey()}`;
 console.log(
   [
     '',
@@ -77,6 +80,7 @@ console.log(
     `  worker      ${server.url}/worker.html`,
     ...(flags.model ? [`  model       ${flags.model} (the dashboard's default)`] : []),
     ...lanUrls.map((url) => `  LAN worker  ${url}/worker.html`),
+    ...lanUrls.map((url) => `  LAN dashboard ${url}/${ownerFragment} (yours alone: it opens swarms here)`),
     ...(lanUrls.length > 0
       ? [
           '  (LAN pages are plain http, not a secure context: no WebGPU or wasm threads there',

@@ -23,8 +23,12 @@ export interface Origins {
   originAllowed(origin: string | undefined): boolean;
 }
 
-/** `allowOrigins`: origins beyond the server's own whose pages may use it (`--allow-origin`). */
-export function serverOrigins(allowOrigins: string[] = []): Origins {
+/**
+ * `allowOrigins`: origins beyond the server's own whose pages may use it (`--allow-origin`).
+ * `port`: the port the server listens on, once it does: its own origins are at that port only (a
+ * page another server of this machine serves is not one of its own).
+ */
+export function serverOrigins(allowOrigins: string[], port: () => number | null): Origins {
   const extra = new Set(allowOrigins.map((o) => new URL(o).origin));
   const own = (name: string) => {
     const machine = hostname().toLowerCase();
@@ -48,7 +52,10 @@ export function serverOrigins(allowOrigins: string[] = []): Origins {
       if (origin === undefined) return true;
       if (extra.has(origin)) return true;
       try {
-        return own(new URL(origin).hostname.toLowerCase());
+        const url = new URL(origin);
+        const defaultPort = { 'http:': 80, 'https:': 443 }[url.protocol];
+        const at = url.port === '' ? defaultPort : Number(url.port);
+        return own(url.hostname.toLowerCase()) && at !== undefined && at === port();
       } catch {
         return false;
       }

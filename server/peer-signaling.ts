@@ -7,7 +7,7 @@ import { ExpressPeerServer } from 'peer';
 import { WebSocketServer } from 'ws';
 import type { IceServer } from '../core/net/peer-link.ts';
 import type { Origins } from './origins.ts';
-import { perAddressCap, rateLimit } from './rate-limit.ts';
+import { clientSource, perAddressCap, rateLimit } from './rate-limit.ts';
 
 /** Where pages find the PeerServer: `new Peer(id, { host, port, path: SIGNALING_PATH, key })`. */
 export const SIGNALING_PATH = '/peerjs';
@@ -94,6 +94,11 @@ export const MAX_SIGNALING_CLIENTS = 512;
 /** of them from one address: a machine's tabs (a NAT's machines share one), not the whole limit */
 export const MAX_SIGNALING_CLIENTS_PER_ADDRESS = 64;
 /**
+ * of them from one network (an IPv4 /24, an IPv6 /64, this machine's loopback): a lab's LAN, not the
+ * whole limit, so that one machine with many addresses leaves room for the others
+ */
+export const MAX_SIGNALING_CLIENTS_PER_PREFIX = MAX_SIGNALING_CLIENTS / 4;
+/**
  * signaling messages one page may send in a burst, and a second on average: a data channel's offer
  * and its ICE candidates are a few dozen, heartbeats one every few seconds
  */
@@ -143,17 +148,29 @@ export function mountSignaling(app: Express, server: Server, key: string, origin
     for (const listener of releaseListeners) listener(client.getId());
   });
   const perAddress = perAddressCap(MAX_SIGNALING_CLIENTS_PER_ADDRESS);
+  const perPrefix = perAddressCap(MAX_SIGNALING_CLIENTS_PER_PREFIX);
+  /** a place for one more page from this address and network, as the function that gives it back; else why not */
+  const takePlace = (remoteAddress: string | undefined): (() => void) | string => {
+    const { address, prefix } = clientSource(remoteAddress);
+    const releaseAddress = perAddress(address);
+    if (!releaseAddress) return `${MAX_SIGNALING_CLIENTS_PER_ADDRESS} pages of this address are registered already`;
+    const releasePrefix = perPrefix(prefix);
+    if (releasePrefix)
+      return () => {
+        releaseAddress();
+        releasePrefix();
+      };
+    releaseAddress();
+    return `${MAX_SIGNALING_CLIENTS_PER_PREFIX} pages of this network (${prefix}) are registered already`;
+  };
   const housekeeping = trackTimersStartedBy(() => app.use(SIGNALING_PATH, peerServer));
   return {
     handleUpgrade(request, socket, head) {
       if (!websockets) throw new Error('the PeerServer has no websocket server: mountSignaling did not mount it');
       const wss = websockets;
-      const release = perAddress(request.socket.remoteAddress ?? '');
-      if (!release)
-        return void socket.end(
-          'HTTP/1.1 429 Too Many Requests\r\nConnection: close\r\n\r\n' +
-            `${MAX_SIGNALING_CLIENTS_PER_ADDRESS} pages of this address are registered already`,
-        );
+      const release = takePlace(request.socket.remoteAddress);
+      if (typeof release === 'string')
+        return void socket.end(`HTTP/1.1 429 Too Many Requests\r\nConnection: close\r\n\r\n${release}`);
       socket.once('close', release); // a refused upgrade too
       wss.handleUpgrade(request, socket, head, (ws) => {
         // heard before peer's own listener: a page past its rate is cut before its message is handled

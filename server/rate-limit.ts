@@ -1,5 +1,6 @@
 // How much one client may ask of this server: so that one page, or one machine of the LAN, cannot
 // take what the others need (signaling slots and messages, join links).
+import { isIPv4, isIPv6 } from 'node:net';
 
 interface Bucket {
   level: number;
@@ -58,4 +59,47 @@ export function perAddressCap(max: number): (address: string) => (() => void) | 
       else open.delete(address);
     };
   };
+}
+
+/**
+ * Where a client connects from, as the limits count it: `address` one machine's (every loopback
+ * address, 127.0.0.0/8 and ::1, is one: the server's own machine), `prefix` its network's (an
+ * IPv4 /24, an IPv6 /64), which one machine can fill with as many addresses as it likes.
+ */
+export interface ClientSource {
+  address: string;
+  prefix: string;
+}
+
+const LOOPBACK: ClientSource = { address: 'loopback', prefix: 'loopback' };
+
+export function clientSource(remoteAddress: string | undefined): ClientSource {
+  const address = (remoteAddress ?? '').toLowerCase().replace(/%.*$/, '');
+  if (isIPv4(address)) {
+    if (address.startsWith('127.')) return LOOPBACK;
+    return { address, prefix: `${address.split('.').slice(0, 3).join('.')}.0/24` };
+  }
+  if (!isIPv6(address)) return { address, prefix: address };
+  const groups = ipv6Groups(address);
+  const hex = (part: number[]) => part.map((g) => g.toString(16)).join(':');
+  if (hex(groups.slice(0, 6)) === '0:0:0:0:0:ffff')
+    // an IPv4 client of a dual-stack socket
+    return clientSource([groups[6] >> 8, groups[6] & 255, groups[7] >> 8, groups[7] & 255].join('.'));
+  if (hex(groups) === '0:0:0:0:0:0:0:1') return LOOPBACK;
+  return { address: hex(groups), prefix: `${hex(groups.slice(0, 4))}::/64` };
+}
+
+/** the eight 16-bit groups of an IPv6 address (`::` expanded, a trailing dotted IPv4 as two groups) */
+function ipv6Groups(address: string): number[] {
+  const dotted = /(\d+)\.(\d+)\.(\d+)\.(\d+)$/.exec(address);
+  const text = dotted
+    ? address.slice(0, dotted.index) +
+      [(+dotted[1] << 8) | +dotted[2], (+dotted[3] << 8) | +dotted[4]].map((g) => g.toString(16)).join(':')
+    : address;
+  const halves = text.split('::');
+  const parse = (part: string | undefined) => (part ? part.split(':').map((g) => parseInt(g, 16)) : []);
+  const [before, after] = [parse(halves[0]), parse(halves[1])];
+  return halves.length === 1
+    ? before
+    : [...before, ...Array<number>(8 - before.length - after.length).fill(0), ...after];
 }

@@ -15,7 +15,9 @@
 //   senders' other connections (heartbeats to the dashboard among them), and the server never
 //   stops reading a socket. A page that does not read its own acks and controls (past
 //   MAX_CONTROL_QUEUE_BYTES) is let go; past `budgetBytes` queued for all pages together, so is
-//   the page with the most queued for it (the one not reading).
+//   the page with the most queued for it (the one not reading); and past `roomBudgetBytes` queued
+//   for the pages of one room, that room's page with the most: a join token's holders, whose
+//   pages all may be one client's, cannot take more of the server's memory than that.
 
 import type { IncomingMessage } from 'node:http';
 import type { Duplex } from 'node:stream';
@@ -36,6 +38,11 @@ import { sameProof, type JoinTokens } from './join-tokens.ts';
 export const CONNECTION_CREDIT_BYTES = MAX_HIGH_WATER_BYTES + 2 * MAX_FRAME_BYTES;
 /** what all pages may have queued at once: above what honest pages reach (each connection's credit, both ways) */
 export const DEFAULT_RELAY_BUDGET_BYTES = 1024 * 1024 * 1024;
+/**
+ * what the pages of one room (one join token) may have queued at once: an honest swarm's pages read
+ * as they are sent, a room's credit is what one client holding a token can make the server hold
+ */
+export const DEFAULT_ROOM_BUDGET_BYTES = 256 * 1024 * 1024;
 /** acks and controls queued for one page that does not read them: an honest page reads them as they come */
 export const MAX_CONTROL_QUEUE_BYTES = 1024 * 1024;
 const MAX_CONNECTIONS_PER_SOCKET = 64;
@@ -48,6 +55,8 @@ export interface RelayOptions {
   tokens: Pick<JoinTokens, 'standing' | 'onRevoke'>;
   /** bytes all connections may have queued at once */
   budgetBytes?: number;
+  /** bytes the connections of one room may have queued at once */
+  roomBudgetBytes?: number;
 }
 
 export interface RelaySocketStats {
@@ -72,6 +81,8 @@ export interface RelayStats {
   socketsCut: number;
   /** bytes queued for all sockets now */
   queued: number;
+  /** of them, for each room's pages */
+  roomsQueued: Record<string, number>;
   refused: { peer: string; reason: string }[];
 }
 
@@ -104,6 +115,17 @@ interface Connection {
 
 export function createRelay(options: RelayOptions): Relay {
   const budget = options.budgetBytes ?? DEFAULT_RELAY_BUDGET_BYTES;
+  const roomBudget = options.roomBudgetBytes ?? DEFAULT_ROOM_BUDGET_BYTES;
+  /** bytes queued for each room's pages */
+  const roomQueued = new Map<string, number>();
+  const addRoomQueued = (room: string, bytes: number) => {
+    const left = (roomQueued.get(room) ?? 0) + bytes;
+    if (left > 0) roomQueued.set(room, left);
+    else roomQueued.delete(room);
+  };
+  /** the page with the most queued for it among `to` (which may have been replaced meanwhile) and the others */
+  const mostQueued = (to: Client, others: Iterable<Client>) =>
+    [...others].reduce((most, c) => (c.queued > most.queued ? c : most), to);
   const wss = new WebSocketServer({
     noServer: true,
     maxPayload: RELAY_ENVELOPE_BYTES + MAX_FRAME_BYTES,
@@ -129,15 +151,24 @@ export function createRelay(options: RelayOptions): Relay {
     to.queued += size;
     if (control) to.controlQueued += size;
     queuedTotal += size;
+    addRoomQueued(to.room, size);
     to.peakQueued = Math.max(to.peakQueued, to.queued);
     to.ws.send(data, { binary: !control }, (error) => {
       to.queued -= size;
       if (control) to.controlQueued -= size;
       queuedTotal -= size;
+      addRoomQueued(to.room, -size);
       if (!error) written?.();
     });
     if (to.controlQueued > MAX_CONTROL_QUEUE_BYTES) cut(to);
-    else if (queuedTotal > budget) cut([...clients.values()].reduce((most, c) => (c.queued > most.queued ? c : most)));
+    else if ((roomQueued.get(to.room) ?? 0) > roomBudget)
+      cut(
+        mostQueued(
+          to,
+          [...clients.values()].filter((c) => c.room === to.room),
+        ),
+      );
+    else if (queuedTotal > budget) cut(mostQueued(to, clients.values()));
   }
 
   /** Lets go a page that does not read what it is sent: its connections close, the others are told. */
@@ -291,6 +322,7 @@ export function createRelay(options: RelayOptions): Relay {
       connections: connections.size,
       ...counters,
       queued: queuedTotal,
+      roomsQueued: Object.fromEntries(roomQueued),
       refused: [...refused],
     }),
     close() {

@@ -10,6 +10,7 @@ import { newPeerKey, SIGNALING_PATH, mountSignaling } from './peer-signaling.ts'
 import { mountJoinTokens, openJoinTokens, type JoinTokens } from './join-tokens.ts';
 import { lanAddresses, serverOrigins } from './origins.ts';
 import { createRelay, type Relay } from './relay.ts';
+import { serveModelFolder } from './model-route.ts';
 
 export const DEFAULT_PORT = 5173;
 const PORTS_TO_TRY = 21; // the asked port and the next 20
@@ -77,7 +78,8 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
 
   const app = express();
   const server = http.createServer(app);
-  const origins = serverOrigins(options.allowOrigins);
+  let boundPort: number | null = null;
+  const origins = serverOrigins(options.allowOrigins ?? [], () => boundPort);
   app.use((request, response, next) => {
     if (origins.hostAllowed(request.headers.host)) {
       next();
@@ -130,10 +132,10 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     response.sendStatus(error.status ?? 500);
   };
   for (const [path, dir] of Object.entries(options.modelFolders ?? {}))
-    app.use(path, express.static(dir, { fallthrough: false }), statusOnly);
+    app.use(path, ...serveModelFolder(dir), statusOnly);
   app.use(express.static(DIST_DIR));
 
-  const boundPort = await listenOnFreePort(server, port);
+  boundPort = await listenOnFreePort(server, port);
   return {
     url: `http://localhost:${boundPort}`,
     port: boundPort,

@@ -75,7 +75,7 @@ export function nonce(): string {
  */
 export function joinProof(
   token: string,
-  purpose: 'coordinator' | 'worker' | 'relay' | 'keep' | 'revoke' | 'register' | 'find',
+  purpose: 'coordinator' | 'worker' | 'dial' | 'relay' | 'keep' | 'revoke' | 'renew' | 'register' | 'find' | 'open',
   ...bound: string[]
 ): string {
   return hex(hmacSha256(utf8(token), utf8([purpose, ...bound].join('\n'))));

@@ -32,11 +32,20 @@ export function roomOf(token: string): string | null {
 export const relayProof = (token: string, peer: string, auth: string): string =>
   joinProof(token, 'relay', roomOf(token) ?? '', peer, auth);
 
-/** What the dashboard asks its server: keep this token (proof that it holds its dashboard key), or a new one. */
+/**
+ * What the dashboard asks its server: keep this token (a keep proof of its dashboard key), or a new
+ * one, given only to the server's owner: a page of the server's own machine, one that proves the
+ * owner key the server prints (`owner`), or a dashboard renewing its token (a renew proof).
+ */
 export interface SwarmRequest {
   room?: string;
   proof?: string;
+  /** openProof of the server's owner key */
+  owner?: string;
 }
+
+/** Where a dashboard opened from another machine finds the server's owner key: its link's `#owner=`. */
+export const OWNER_KEY_PARAM = 'owner';
 
 /** What the server answers: a new token and its dashboard key, or none when the one the dashboard holds stands. */
 export interface SwarmAnswer {
@@ -68,6 +77,8 @@ export interface CoordinatorAnswer {
 // or says where it is (a worker holding the token could otherwise cut off or take over the swarm).
 export const keepProof = (dashboardKey: string, room: string): string => joinProof(dashboardKey, 'keep', room);
 export const revokeProof = (dashboardKey: string, room: string): string => joinProof(dashboardKey, 'revoke', room);
+export const renewProof = (dashboardKey: string, room: string): string => joinProof(dashboardKey, 'renew', room);
+export const openProof = (ownerKey: string): string => joinProof(ownerKey, 'open');
 export const registerProof = (dashboardKey: string, room: string, peer: string): string =>
   joinProof(dashboardKey, 'register', room, peer);
 export const findProof = (token: string, peer: string): string => joinProof(token, 'find', roomOf(token) ?? '', peer);
@@ -93,17 +104,35 @@ const WHAT_FOR: Record<string, string> = {
 
 /**
  * The keys a dashboard of `origin` works with: `held` where the server still stands by its token
- * (a reload keeps its workers' links), else new ones from the server.
+ * (a reload keeps its workers' links), else new ones from the server, which gives them to its
+ * owner only (`held.ownerKey`, or a page of the server's own machine).
  */
-export async function obtainSwarmKeys(origin: string, held?: Partial<SwarmKeys>): Promise<SwarmKeys> {
-  const { token, dashboardKey } = held ?? {};
+export async function obtainSwarmKeys(
+  origin: string,
+  held?: Partial<SwarmKeys> & { ownerKey?: string },
+): Promise<SwarmKeys> {
+  const { token, dashboardKey, ownerKey } = held ?? {};
   const room = token === undefined ? null : roomOf(token);
   const keep = room && token && dashboardKey ? { room, keys: { token, dashboardKey } } : null;
-  const request: SwarmRequest = keep ? { room: keep.room, proof: keepProof(keep.keys.dashboardKey, keep.room) } : {};
+  const request: SwarmRequest = {
+    ...(keep && { room: keep.room, proof: keepProof(keep.keys.dashboardKey, keep.room) }),
+    ...(ownerKey && { owner: openProof(ownerKey) }),
+  };
   const answer = (await (await post(origin, SWARMS_PATH, request)).json()) as SwarmAnswer;
+  if (keep && answer.token === undefined) return keep.keys;
+  return newKeys(origin, answer);
+}
+
+/** New keys for the swarm whose keys are `held` (its link is to be revoked): its dashboard key entitles it. */
+export async function renewSwarmKeys(origin: string, held: SwarmKeys): Promise<SwarmKeys> {
+  const room = defined(roomOf(held.token), 'the room of the swarm token');
+  const request: SwarmRequest = { room, proof: renewProof(held.dashboardKey, room) };
+  return newKeys(origin, (await (await post(origin, SWARMS_PATH, request)).json()) as SwarmAnswer);
+}
+
+function newKeys(origin: string, answer: SwarmAnswer): SwarmKeys {
   if (typeof answer.token === 'string' && roomOf(answer.token) && typeof answer.dashboardKey === 'string')
     return { token: answer.token, dashboardKey: answer.dashboardKey };
-  if (keep && answer.token === undefined) return keep.keys;
   throw new Error(`the server at ${origin} answered ${JSON.stringify(answer).slice(0, 200)} for a join token`);
 }
 

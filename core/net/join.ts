@@ -3,7 +3,9 @@
 // a worker, and no worker serves it. The worker dials with a fresh nonce; the dashboard answers
 // with its own and its proof; the worker checks that proof before it serves anything, and answers
 // with its proof; the dashboard checks it before it asks anything. Each proof (joinProof) binds
-// both nonces and both peer ids, so none can be replayed to another exchange.
+// both nonces and both peer ids, so none can be replayed to another exchange. The dial itself
+// carries a first proof, bound to its nonce and both ids: the dashboard takes one of its few
+// joining places only for a dial that proves the token, so pages without it cannot hold them.
 import { joinProof, nonce } from './hmac.ts';
 import type { Link } from './link.ts';
 import { COORDINATOR } from './protocol.ts';
@@ -12,7 +14,22 @@ import { COORDINATOR } from './protocol.ts';
 export interface JoinMetadata {
   role: 'worker';
   nonce: string;
+  /** joinProof of the token, the nonce and both ids (dialProof) */
+  dial: string;
 }
+
+const dialProof = (token: string, nonce: string, ids: { coordinator: string; worker: string }): string =>
+  joinProof(token, 'dial', nonce, ids.worker, ids.coordinator);
+
+/** What a worker holding `token` dials its dashboard with: a fresh nonce, and its proof of the token. */
+export function workerDial(token: string, ids: { coordinator: string; worker: string }): JoinMetadata {
+  const fresh = nonce();
+  return { role: 'worker', nonce: fresh, dial: dialProof(token, fresh, ids) };
+}
+
+/** Whether a dial's metadata proves `token` for this worker dialling this dashboard (before any place is given it). */
+export const dialProven = (token: string, ids: { coordinator: string; worker: string }, metadata: JoinMetadata) =>
+  metadata.dial === dialProof(token, metadata.nonce, ids);
 
 /** how long either side waits for the other's step of the handshake */
 export const JOIN_STEP_TIMEOUT_MS = 10_000;
@@ -25,8 +42,12 @@ type JoinBody =
 /** The join metadata of a worker's dial, or null where it is not one. */
 export function joinMetadata(metadata: unknown): JoinMetadata | null {
   const m = metadata as Partial<JoinMetadata> | null;
-  return m?.role === 'worker' && typeof m.nonce === 'string' && /^[0-9a-f]{32}$/.test(m.nonce)
-    ? { role: 'worker', nonce: m.nonce }
+  return m?.role === 'worker' &&
+    typeof m.nonce === 'string' &&
+    /^[0-9a-f]{32}$/.test(m.nonce) &&
+    typeof m.dial === 'string' &&
+    /^[0-9a-f]{64}$/.test(m.dial)
+    ? { role: 'worker', nonce: m.nonce, dial: m.dial }
     : null;
 }
 

@@ -68,13 +68,13 @@ test.describe.serial('Ulysses across hosts', () => {
       ['--import', 'tsx', 'server/main.ts', '--port', String(SERVER_PORT)],
       { env },
     );
-    await linePrinted(server, 'ditswarm is serving on port', 'the ditswarm server');
+    const dashboardUrl = await dashboardLink(server, origin);
 
     // http://10.x is not a secure context; the dashboard needs one (WebCodecs, crypto.subtle).
     // Workers stay on plain http, as a LAN worker opened from the join link would be.
     const dashboardBrowser = await launchIn(network, h1, [`--unsafely-treat-insecure-origin-as-secure=${origin}`]);
     dashboard = await dashboardBrowser.newPage();
-    await dashboard.goto(`${origin}/`);
+    await dashboard.goto(dashboardUrl); // another machine than the server's: the owner's link
     expect(await dashboard.evaluate(() => [isSecureContext, crossOriginIsolated])).toEqual([true, true]);
     const { joinUrl } = await dashboard.evaluate(() => window.ditswarm.ready);
     expect(joinUrl).toContain(origin);
@@ -172,9 +172,9 @@ test.describe.serial('relay fallback across hosts', () => {
       ['--import', 'tsx', 'server/main.ts', '--port', String(SERVER_PORT)],
       { env: { ...process.env, DITSWARM_RELAY: 'fallback' } },
     );
-    await linePrinted(server, 'ditswarm is serving on port', 'the ditswarm server');
+    const dashboardUrl = await dashboardLink(server, origin);
     dashboard = await (await launch(h1, [`--unsafely-treat-insecure-origin-as-secure=${origin}`])).newPage();
-    await dashboard.goto(`${origin}/`);
+    await dashboard.goto(dashboardUrl);
     ({ joinUrl } = await dashboard.evaluate(() => window.ditswarm.ready));
   });
 
@@ -247,7 +247,14 @@ test.describe.serial('relay fallback across hosts', () => {
 });
 
 /** Resolves when `child` prints `line`; its output keeps being read after that, so it never blocks on a full pipe. */
-function linePrinted(child: ChildProcess, line: string, what: string): Promise<void> {
+/** The dashboard's link for other machines than the server's, as `npm start` printed it (its owner key in it). */
+async function dashboardLink(server: ChildProcess, origin: string): Promise<string> {
+  const printed = await linePrinted(server, '#owner=', 'the ditswarm server');
+  return `${origin}/#owner=${defined(/#owner=([0-9a-f]+)/.exec(printed), 'the owner key printed')[1]}`;
+}
+
+/** What `child` printed, once it printed `line`. */
+function linePrinted(child: ChildProcess, line: string, what: string): Promise<string> {
   return new Promise((resolve, reject) => {
     let output = '';
     const timer = setTimeout(
@@ -259,7 +266,7 @@ function linePrinted(child: ChildProcess, line: string, what: string): Promise<v
       output += chunk.toString();
       if (output.includes(line)) {
         clearTimeout(timer);
-        resolve();
+        resolve(output);
       }
     };
     defined(child.stdout, `the output of ${what}`).on('data', read);

@@ -3,9 +3,9 @@ import type { AddressInfo } from 'node:net';
 import { describe, expect, it } from 'vitest';
 import { WebSocket } from 'ws';
 import type { Channel } from '../../core/net/channel.ts';
-import { joinProof, nonce } from '../../core/net/hmac.ts';
+import { joinProof } from '../../core/net/hmac.ts';
 import { connectRelay } from '../../core/net/peer-link.ts';
-import { admitWorker, joinDashboard, type JoinMetadata } from '../../core/net/join.ts';
+import { admitWorker, joinDashboard, workerDial, type JoinMetadata } from '../../core/net/join.ts';
 import { Link } from '../../core/net/link.ts';
 import { stringMatching } from './matchers.ts';
 
@@ -26,7 +26,7 @@ function tappedPair(): { dashboard: Link; worker: Link; sentByWorker: Uint8Array
 }
 
 const ids = { coordinator: 'ditswarm-c-1', worker: 'ditswarm-w-1' };
-const metadata = (): JoinMetadata => ({ role: 'worker', nonce: nonce() });
+const metadata = (): JoinMetadata => workerDial('the-token', ids);
 
 describe('the join handshake', () => {
   it('both hold the token: the worker serves, the dashboard admits', async () => {

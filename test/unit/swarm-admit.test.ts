@@ -3,6 +3,7 @@ import type { SwarmKeys } from '../../core/net/join-token.ts';
 import type { DataConnectionLike } from '../../core/net/channel.ts';
 import type { SignalingOptions } from '../../core/net/peer-link.ts';
 import { nonce } from '../../core/net/hmac.ts';
+import { workerDial } from '../../core/net/join.ts';
 import { encodeFrames, frameMessage } from '../../core/net/protocol.ts';
 import { MAX_JOINING, MAX_REFUSALS, Swarm } from '../../coordinator/swarm.ts';
 import { SinkChannel } from './fixtures.ts';
@@ -31,6 +32,9 @@ const swarmWithToken = (token: string) => {
   };
 };
 
+/** what a worker holding `token` dials this test's dashboard with */
+const dialed = (token: string, worker: string) => workerDial(token, { coordinator: 'ditswarm-c-test', worker });
+
 function fakeConn(peer: string, metadata: unknown) {
   const handlers: Partial<Record<string, ((x?: unknown) => void)[]>> = {};
   const conn = {
@@ -56,7 +60,7 @@ describe("the dashboard's door", () => {
   it(`remembers the last ${MAX_REFUSALS} refused pages, and closes each`, async () => {
     const { swarm, admit } = swarmWithToken('secret');
     const conns = Array.from({ length: 150 }, (_, i) =>
-      fakeConn(`ditswarm-w-${i}`, { role: 'worker', nonce: nonce() }),
+      fakeConn(`ditswarm-w-${i}`, dialed('secret', `ditswarm-w-${i}`)),
     );
     // in tens (the door holds MAX_JOINING pages joining at once)
     for (let i = 0; i < conns.length; i += 10) {
@@ -85,7 +89,7 @@ describe("the dashboard's door", () => {
   it(`holds at most ${MAX_JOINING} pages joining at once: more are closed at once, unchallenged (issue 17, #12)`, async () => {
     const { swarm, admit } = swarmWithToken('secret');
     const conns = Array.from({ length: MAX_JOINING + 4 }, (_, i) =>
-      fakeConn(`ditswarm-w-${i}`, { role: 'worker', nonce: nonce() }),
+      fakeConn(`ditswarm-w-${i}`, dialed('secret', `ditswarm-w-${i}`)),
     );
     const admits = conns.map((c) => admit(c as unknown as DataConnectionLike));
     await new Promise((r) => setTimeout(r, 50));
@@ -103,7 +107,7 @@ describe("the dashboard's door", () => {
 
   it('reserves nothing for a large message before the page has described itself: six first chunks declaring 64 MiB each hold no memory', async () => {
     const { swarm, admit } = swarmWithToken('secret');
-    const conn = fakeConn('ditswarm-w-x', { role: 'worker', nonce: nonce() });
+    const conn = fakeConn('ditswarm-w-x', dialed('secret', 'ditswarm-w-x'));
     const joining = admit(conn as unknown as DataConnectionLike); // waits for its proof, which never comes
     await new Promise((r) => setImmediate(r));
     const first = new Uint8Array(
@@ -120,5 +124,30 @@ describe("the dashboard's door", () => {
     conn.close();
     swarm.close();
     void joining.catch(() => {});
+  });
+  it('gives no joining place to a dial that does not prove the token: a flood of them keeps no worker holding the link out (issue 33, finding 6)', async () => {
+    const { swarm, admit } = swarmWithToken('secret');
+    const flood = [
+      ...Array.from({ length: 2 * MAX_JOINING }, (): unknown => ({ role: 'worker', nonce: nonce() })),
+      ...Array.from({ length: 2 * MAX_JOINING }, (_, i) => dialed('the old link', `ditswarm-w-flood-${i}`)),
+      ...Array.from({ length: 2 * MAX_JOINING }, () => dialed('secret', 'ditswarm-w-someone-else')),
+    ].map((metadata, i) => fakeConn(`ditswarm-w-flood-${i}`, metadata));
+    const floods = flood.map((c) => admit(c as unknown as DataConnectionLike));
+    await new Promise((r) => setTimeout(r, 50));
+    expect(flood.every((c) => c.closed)).toBe(true); // closed at once, unchallenged
+    const honest = Array.from({ length: MAX_JOINING }, (_, i) =>
+      fakeConn(`ditswarm-w-honest-${i}`, dialed('secret', `ditswarm-w-honest-${i}`)),
+    );
+    const joins = honest.map((c) => admit(c as unknown as DataConnectionLike));
+    await new Promise((r) => setTimeout(r, 50));
+    expect(honest.some((c) => c.closed)).toBe(false); // each holds a place, challenged
+    for (const c of honest)
+      for (const frame of encodeFrames(
+        { kind: 'rpc', from: 0, body: { type: 'hello', proof: '0'.repeat(64) }, tensors: [] },
+        1,
+      ))
+        c.deliver(frame);
+    await Promise.all([...floods, ...joins]);
+    swarm.close();
   });
 });

@@ -1,0 +1,40 @@
+// A model folder as the server serves it to pages: its files as bytes, never as documents of the
+// dashboard's origin (a readme.html in a folder must not run beside the dashboard's keys), and
+// nothing outside the folder, symlinks included.
+import { realpath } from 'node:fs/promises';
+import { join, sep } from 'node:path';
+import express, { type RequestHandler } from 'express';
+
+/** no script, style, frame or fetch, sandboxed: what a file opened from a model folder may do in a page */
+export const MODEL_FILE_CSP = "default-src 'none'; sandbox";
+
+/** Serves `dir` (with Range), each file as application/octet-stream; a path whose real path leaves `dir` is 403. */
+export function serveModelFolder(dir: string): RequestHandler[] {
+  const root = realpath(dir);
+  const insideFolder: RequestHandler = (request, response, next) => {
+    let relative: string;
+    try {
+      relative = decodeURIComponent(request.path);
+    } catch {
+      return void response.sendStatus(400);
+    }
+    void Promise.all([root, realpath(join(dir, relative))]).then(
+      ([rootPath, filePath]) =>
+        filePath === rootPath || filePath.startsWith(rootPath + sep) ? next() : void response.sendStatus(403),
+      // a missing file is static's to answer (404)
+      () => next(),
+    );
+  };
+  const files = express.static(dir, {
+    fallthrough: false,
+    dotfiles: 'deny',
+    index: false,
+    redirect: false,
+    setHeaders(response) {
+      response.setHeader('Content-Type', 'application/octet-stream');
+      response.setHeader('X-Content-Type-Options', 'nosniff');
+      response.setHeader('Content-Security-Policy', MODEL_FILE_CSP);
+    },
+  });
+  return [insideFolder, files];
+}

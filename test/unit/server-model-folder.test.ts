@@ -1,0 +1,98 @@
+import http from 'node:http';
+import { mkdirSync, mkdtempSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { WebSocket } from 'ws';
+import { defined } from '../../core/defined.ts';
+import { MODEL_FILE_CSP } from '../../server/model-route.ts';
+import { startServer, type RunningServer } from '../../server/serve.ts';
+
+// What a served model folder can do on the dashboard's origin (issue 33, finding 7): its files come
+// as bytes, never as pages that run there, and nothing outside the folder comes through a symlink.
+let server: RunningServer;
+let scratch: string;
+
+beforeAll(async () => {
+  scratch = mkdtempSync(join(tmpdir(), 'ditswarm-served-'));
+  const folder = join(scratch, 'model');
+  mkdirSync(join(folder, 'vae'), { recursive: true });
+  writeFileSync(join(folder, 'readme.html'), '<script>fetch("/steal?" + localStorage.length)</script>');
+  writeFileSync(join(folder, 'vae/config.json'), '{"z_dim": 16}');
+  writeFileSync(join(scratch, 'secret.txt'), 'not the model');
+  symlinkSync(join(scratch, 'secret.txt'), join(folder, 'leak.txt'));
+  symlinkSync(scratch, join(folder, 'up'));
+  symlinkSync(join(folder, 'vae/config.json'), join(folder, 'config-link.json'));
+  server = await startServer({ port: 0, quiet: true, modelFolders: { '/models/t': folder } });
+});
+afterAll(async () => {
+  await server.close();
+  rmSync(scratch, { recursive: true, force: true });
+});
+
+const get = (path: string, headers: Record<string, string> = {}) =>
+  fetch(new URL(path, server.url), { headers }).then(async (r) => ({
+    status: r.status,
+    headers: r.headers,
+    body: await r.text(),
+  }));
+
+describe("a served model folder's files", () => {
+  it('come as application/octet-stream with nosniff and a CSP that runs nothing, an .html file too', async () => {
+    for (const path of ['/models/t/readme.html', '/models/t/vae/config.json']) {
+      const { status, headers } = await get(path);
+      expect(status).toBe(200);
+      expect(headers.get('content-type')).toBe('application/octet-stream');
+      expect(headers.get('x-content-type-options')).toBe('nosniff');
+      expect(headers.get('content-security-policy')).toBe(MODEL_FILE_CSP);
+    }
+    expect(MODEL_FILE_CSP).toMatch(/default-src 'none'/);
+    expect(MODEL_FILE_CSP).toMatch(/sandbox/);
+  });
+
+  it('still serve byte ranges (the loaders read shards tensor by tensor)', async () => {
+    const { status, body } = await get('/models/t/vae/config.json', { Range: 'bytes=1-6' });
+    expect(status).toBe(206);
+    expect(body).toBe('"z_dim');
+  });
+
+  it('are refused (403) through a symlink that leads out of the folder; one that stays inside serves', async () => {
+    expect((await get('/models/t/leak.txt')).status).toBe(403);
+    expect((await get('/models/t/up/secret.txt')).status).toBe(403);
+    const inside = await get('/models/t/config-link.json');
+    expect([inside.status, inside.body]).toEqual([200, '{"z_dim": 16}']);
+    expect((await get('/models/t/missing.json')).status).toBe(404);
+  });
+});
+
+describe("the server's Origin check", () => {
+  const upgrade = (origin: string) =>
+    new Promise<number | 'open'>((resolve) => {
+      const ws = new WebSocket(`${server.url.replace('http', 'ws')}/relay`, { headers: { Origin: origin } });
+      ws.once('open', () => {
+        ws.close();
+        resolve('open');
+      });
+      ws.once('unexpected-response', (_req, res) => resolve(defined(res.statusCode, 'the status of a response')));
+      ws.once('error', () => {});
+    });
+  const corsFor = (origin: string) =>
+    new Promise<string | undefined>((resolve, reject) => {
+      http
+        .get({ host: '127.0.0.1', port: server.port, path: '/peerjs/x/id', headers: { Origin: origin } }, (res) => {
+          res.resume();
+          resolve(res.headers['access-control-allow-origin']);
+        })
+        .on('error', reject);
+    });
+
+  it('compares the port: a page another server of this machine serves (another port) is not one of its own', async () => {
+    const otherPort = server.port === 1 ? 2 : server.port - 1;
+    expect(await upgrade(`http://localhost:${otherPort}`)).toBe(403);
+    expect(await upgrade('http://localhost')).toBe(403);
+    expect(await upgrade(`http://localhost:${server.port}`)).not.toBe(403);
+    expect(await upgrade(`http://127.0.0.1:${server.port}`)).not.toBe(403);
+    expect(await corsFor(`http://localhost:${otherPort}`)).toBeUndefined();
+    expect(await corsFor(`http://localhost:${server.port}`)).toBe(`http://localhost:${server.port}`);
+  });
+});
