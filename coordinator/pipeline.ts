@@ -19,7 +19,7 @@ import type { PlacementRequest, ResolvedPlacement } from './placement.ts';
 import { Placer, type FailureRecord, type MeshProbeReport } from './placer.ts';
 import { timeoutsOf } from './planner.ts';
 import { spotCheckOdds, type SpotCheck, type SpotCheckOdds } from './spot-check.ts';
-import type { Swarm } from './swarm.ts';
+import type { Swarm, SwarmWorker } from './swarm.ts';
 import { standInEncoding, umt5Encoding, type PromptCache, type PromptEncoding } from './text-encoding.ts';
 import {
   standInDecoding,
@@ -198,14 +198,20 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
     if (!swarm || backend !== 'swarm') throw new Error(`${what}: use the swarm backend, or ${instead}`);
     return placer;
   };
+  const { promptCache } = options;
+  // a worker let go for wrong results anywhere (a spot check, a text encoder run, a tile) takes its cached prompts
+  const offBans = swarm?.on((e) => {
+    if (e.type === 'leave' && e.banned) void promptCache?.purge(e.worker.id).catch(() => {});
+  });
   const textEncoding = umt5
-    ? umt5Encoding({
+    ? umt5Encoding<SwarmWorker>({
         modelUrl,
         files,
         maxLength: textTokens,
         ep: 'auto',
         timeoutMs: timeoutsOf(rpcTimeoutMs).loadMs,
-        cache: options.promptCache,
+        cache: promptCache,
+        convict: (worker, why) => placer.convict(worker, why),
         runs: (numLayers) =>
           onSwarm(
             "this folder's text encoder (umT5) runs on the swarm's workers",
@@ -248,7 +254,14 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
     if (!given.data.every(Number.isFinite)) throw new Error(`${what} holds NaN or infinite values`);
     return {
       embeds: given.data,
-      report: { source: 'given', tokens: null, truncated: false, ms: performance.now() - started, layers: [] },
+      report: {
+        source: 'given',
+        tokens: null,
+        truncated: false,
+        ms: performance.now() - started,
+        layers: [],
+        checks: [],
+      },
     };
   };
   let jobs = 0;
@@ -355,7 +368,10 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
       await videoDecoding.ready();
       return videoDecoding.decode(latent, options);
     },
-    shutdown: (opts) => placer.shutdown(opts),
+    async shutdown(opts) {
+      offBans?.();
+      await placer.shutdown(opts);
+    },
   };
 }
 

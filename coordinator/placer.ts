@@ -290,6 +290,14 @@ export class Placer {
     return placeVaeTiles(await this.liveWorkers(1), this.measurements);
   }
 
+  /**
+   * Lets go and bans a worker a check of its text encoder layers or VAE tiles convicted, as a spot check's conviction
+   * of a rank is (swarm-executor.ts: lostRanks).
+   */
+  convict(worker: SwarmWorker, why: string): void {
+    this.options.swarm?.evict(worker, why, { ban: true });
+  }
+
   async shutdown(options?: { graceMs?: number }): Promise<void> {
     const executor = this.executor;
     this.executor = null;

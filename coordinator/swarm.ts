@@ -84,7 +84,15 @@ export interface SwarmWorker {
 
 export type SwarmEvent =
   | { type: 'join' | 'update'; worker: SwarmWorker }
-  | { type: 'leave'; worker: SwarmWorker; reason: string; at: number; silentMs: number }
+  | {
+      type: 'leave';
+      worker: SwarmWorker;
+      reason: string;
+      at: number;
+      silentMs: number;
+      /** let go for wrong results: what it computed before is not to be trusted either */
+      banned?: boolean;
+    }
   | { type: 'refused'; peer: string; reason: string };
 
 /**
@@ -276,7 +284,7 @@ export class Swarm {
       if (this.banned.size > MAX_REFUSALS && !oldest.done) this.banned.delete(oldest.value);
     }
     const conn = this.connections.get(worker.id);
-    this.drop(worker, reason, 0);
+    this.drop(worker, reason, 0, ban);
     conn?.close();
   }
 
@@ -351,14 +359,14 @@ export class Swarm {
     this.events.emit(e);
   }
 
-  private drop(worker: SwarmWorker, reason: string, silentMs: number): void {
+  private drop(worker: SwarmWorker, reason: string, silentMs: number, banned = false): void {
     worker.api.failAll?.(`worker ${worker.id} is gone: ${reason}`);
     worker.link.close(reason);
     // a worker that re-joined (through the relay, say) under the same id is another entry: leave it be
     if (this.roster.get(worker.id) !== worker) return;
     this.connections.delete(worker.id);
     this.roster.delete(worker.id);
-    this.emit({ type: 'leave', worker, reason, at: Date.now(), silentMs });
+    this.emit({ type: 'leave', worker, reason, at: Date.now(), silentMs, banned });
   }
 
   /**

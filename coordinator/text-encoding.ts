@@ -3,8 +3,12 @@
 // prompt and reads its embedding rows and the final norm (a few KB, by Range requests), and the 24
 // layers run on the swarm's workers, split into contiguous runs, the [T, 4096] hidden state passed
 // from one worker to the next through the coordinator (16 KB a token). A lone worker runs them all,
-// streaming the layers it cannot keep. Encoded prompts are kept by model, prompt and max length
-// (PromptCache: the dashboard's IndexedDB), so a repeated prompt is not encoded twice.
+// streaming the layers it cannot keep. Each run is recomputed by another worker before its states
+// go on (part-check.ts): umT5's layers cost little next to the DiT's forwards, so all of them are
+// checked, not a sample. A worker a check convicts is let go and banned, its entries of the cache
+// purged, and the prompt encoded again without it. Encoded prompts are kept by model, prompt and
+// max length (PromptCache: the dashboard's IndexedDB), so a repeated prompt is not encoded twice;
+// only an encoding whose every run a check agreed with is kept.
 // The tiny models' stand-in encoder runs here, in the coordinator's page.
 
 import { MissingFile, readJson, type ModelFiles } from '../core/model/files.ts';
@@ -13,7 +17,11 @@ import { Umt5Tokenizer } from '../core/model/umt5-tokenizer.ts';
 import { openUmt5, padPromptEmbeds, umt5FinalNorm } from '../core/model/umt5.ts';
 import { once } from '../core/model/wan-pipeline.ts';
 import type { Remote } from '../core/net/rpc.ts';
-import type { ExecutionProvider, WorkerApi } from '../core/worker-api.ts';
+import type { EncodeTextArgs, ExecutionProvider, WorkerApi } from '../core/worker-api.ts';
+import { checkPart, PartBreach, type PartCheck } from './part-check.ts';
+
+/** A run of layers a check judged (or a reply that convicted its worker at once), for the report. */
+export type TextCheck = PartCheck & { from: number; to: number };
 
 /** How one prompt became its embedding, for the report. */
 export interface PromptEncoding {
@@ -26,12 +34,24 @@ export interface PromptEncoding {
   ms: number;
   /** which worker ran which layers [from, to), how long their compute took, how many it had to read */
   layers: { worker: string; from: number; to: number; computeMs: number; layersRead: number }[];
+  /** each run's check, those of encodings a conviction threw away included */
+  checks: TextCheck[];
 }
 
-/** Encoded prompts by key: the last hidden state [T, d_model] before padding, and whether it was cut. */
+/** An encoded prompt: the last hidden state [T, d_model] before padding, whether it was cut, and who made it. */
+export interface CachedPrompt {
+  hidden: Float32Array;
+  truncated: boolean;
+  /** the workers that computed or checked it: a conviction of any of them purges the entry */
+  workers: string[];
+}
+
+/** Encoded prompts by key. */
 export interface PromptCache {
-  get(key: string): Promise<{ hidden: Float32Array; truncated: boolean } | undefined>;
-  put(key: string, value: { hidden: Float32Array; truncated: boolean }): Promise<void>;
+  get(key: string): Promise<CachedPrompt | undefined>;
+  put(key: string, value: CachedPrompt): Promise<void>;
+  /** drops every entry `worker` computed or checked */
+  purge(worker: string): Promise<void>;
 }
 
 export interface TextEncoding {
@@ -48,17 +68,33 @@ export interface TextHost {
   api: Pick<Remote<WorkerApi>, 'encodeText'>;
 }
 
-export interface Umt5EncodingOptions {
+export interface Umt5EncodingOptions<H extends TextHost = TextHost> {
   modelUrl: string;
   files: ModelFiles;
   maxLength: number;
   /** which workers run which of the `numLayers` layers, in order (waits for at least one worker: planner.ts) */
-  runs(numLayers: number): Promise<{ host: TextHost; from: number; to: number }[]>;
+  runs(numLayers: number): Promise<{ host: H; from: number; to: number }[]>;
+  /** lets go and bans a worker a check convicted: the next `runs` leave it out */
+  convict(host: H, why: string): void;
   ep: ExecutionProvider | 'auto';
   /** how long one worker's run of layers may take: reading them is GBs */
   timeoutMs: number;
   cache?: PromptCache;
+  /** uniform in [0, 1), drawing who checks whom: a CSPRNG unless a test gives its own */
+  random?: () => number;
 }
+
+/**
+ * encodings of one prompt, each after a conviction, before it fails: each conviction lets a worker go, so only a
+ * swarm of liars uses them up
+ */
+export const MAX_TEXT_ENCODINGS = 4;
+
+/**
+ * The largest hidden state a run of umT5's layers can hand on: the next layer's RMSNorm squares it,
+ * and in float32 a larger one's square is infinite.
+ */
+export const MAX_TEXT_STATE = Math.sqrt(3.4028234663852886e38);
 
 /** The stand-in encoder of the tiny models, in this page. */
 export function standInEncoding(load: () => Promise<TextEncoder>): TextEncoding {
@@ -68,13 +104,39 @@ export function standInEncoding(load: () => Promise<TextEncoder>): TextEncoding 
       const embeds = (await load()).encode(prompt);
       return {
         embeds,
-        report: { source: 'encoded', tokens: null, truncated: false, ms: performance.now() - started, layers: [] },
+        report: {
+          source: 'encoded',
+          tokens: null,
+          truncated: false,
+          ms: performance.now() - started,
+          layers: [],
+          checks: [],
+        },
       };
     },
   };
 }
 
-export function umt5Encoding(o: Umt5EncodingOptions): TextEncoding {
+/** A run's reply, as the contract and the model allow it; else a PartBreach saying what was wrong. */
+function checkedHidden(hidden: Float32Array, expected: number): Float32Array {
+  if (hidden.length !== expected) throw new PartBreach(`came as ${hidden.length} values, not ${expected}`);
+  if (!hidden.every(Number.isFinite)) throw new PartBreach('came with NaN or infinite values');
+  if (hidden.some((v) => Math.abs(v) > MAX_TEXT_STATE))
+    throw new PartBreach(`came with values beyond ±${MAX_TEXT_STATE.toExponential(1)}, which no layer hands on`);
+  return hidden;
+}
+
+/** The layers' last hidden state, who ran which and who computed or checked it. */
+interface LayersRan {
+  hidden: Float32Array;
+  layers: PromptEncoding['layers'];
+  workers: string[];
+  /** every run had a check (none was 'unchecked' for want of another worker) */
+  everyRunChecked: boolean;
+  convicted?: never;
+}
+
+export function umt5Encoding<H extends TextHost>(o: Umt5EncodingOptions<H>): TextEncoding {
   const open = once(async () => {
     try {
       const [encoder, tokenizerJson, tokenizerConfig] = await Promise.all([
@@ -97,6 +159,60 @@ export function umt5Encoding(o: Umt5EncodingOptions): TextEncoding {
         : e;
     }
   });
+  /** The layers' hidden state on the workers, each run checked; the convictions instead where a check made any. */
+  const runLayers = async (
+    tokenRows: Float32Array,
+    tokens: number,
+    numLayers: number,
+    checks: TextCheck[],
+    onProgress?: (detail: string) => void,
+  ): Promise<LayersRan | { convicted: { host: H; why: string }[] } | null> => {
+    const runs = await o.runs(numLayers);
+    if (!runs.length) return null;
+    const hosts = [...new Map(runs.map((r) => [r.host.id, r.host])).values()];
+    const layers: PromptEncoding['layers'] = [];
+    const workers = new Set<string>();
+    let hidden = tokenRows;
+    let everyRunChecked = true;
+    // contiguous runs of layers: the hidden state crosses once per worker, and goes on only once checked
+    for (const { host, from, to } of runs) {
+      onProgress?.(`text encoder layers ${from + 1}–${to} of ${numLayers} on worker ${host.id}`);
+      const args: EncodeTextArgs = { modelUrl: o.modelUrl, ep: o.ep, from, to, tokens, hidden };
+      const what = `${to - from === 1 ? `layer ${from}` : `layers ${from}–${to - 1}`} of the text encoder`;
+      const ran = await host.api.encodeText(args, o.timeoutMs);
+      try {
+        checkedHidden(ran.hidden, hidden.length);
+      } catch (e) {
+        if (!(e instanceof PartBreach)) throw e;
+        const why = `${what} ${e.message}`;
+        const verdict = { convicted: [host.id], why };
+        checks.push({ worker: host.id, checker: null, third: null, difference: null, verdict, from, to });
+        return { convicted: [{ host, why }] };
+      }
+      const checked = await checkPart({
+        what,
+        worker: host,
+        part: ran.hidden,
+        hosts,
+        recompute: async (checker) =>
+          checkedHidden((await checker.api.encodeText(args, o.timeoutMs)).hidden, hidden.length),
+        random: o.random,
+      });
+      checks.push({ ...checked.check, from, to });
+      if (checked.convicted.length) return { convicted: checked.convicted };
+      everyRunChecked &&= checked.check.verdict !== 'unchecked';
+      for (const id of [checked.check.worker, checked.check.checker, checked.check.third]) if (id) workers.add(id);
+      hidden = ran.hidden;
+      layers.push({
+        worker: host.id,
+        from,
+        to,
+        computeMs: ran.layerMs.reduce((a, b) => a + b, 0),
+        layersRead: ran.layersRead,
+      });
+    }
+    return { hidden, layers, workers: [...workers], everyRunChecked };
+  };
   return {
     async encode(prompt, onProgress) {
       const started = performance.now();
@@ -104,49 +220,50 @@ export function umt5Encoding(o: Umt5EncodingOptions): TextEncoding {
       const { config } = encoder;
       const { ids, truncated } = tokenizer.encode(prompt, o.maxLength);
       const key = `${o.modelUrl}\n${o.maxLength}\n${prompt}`;
+      const checks: TextCheck[] = [];
       const report = (source: PromptEncoding['source'], layers: PromptEncoding['layers']): PromptEncoding => ({
         source,
         tokens: ids.length,
         truncated,
         ms: performance.now() - started,
         layers,
+        checks,
       });
       const cached = await o.cache?.get(key).catch(() => undefined);
       if (cached && cached.hidden.length === ids.length * config.dModel)
         return { embeds: padPromptEmbeds(cached.hidden, config.dModel, o.maxLength), report: report('cache', []) };
 
-      let hidden = await encoder.tokenRows(ids);
-      const runs = await o.runs(config.numLayers);
-      if (!runs.length)
-        throw new Error('no worker to run the text encoder on: open a worker page, or give the prompt embeddings');
-      const layers: PromptEncoding['layers'] = [];
-      // contiguous runs of layers: the hidden state crosses once per worker
-      for (const { host, from, to } of runs) {
-        onProgress?.(`text encoder layers ${from + 1}–${to} of ${config.numLayers} on worker ${host.id}`);
-        const ran = await host.api.encodeText(
-          { modelUrl: o.modelUrl, ep: o.ep, from, to, tokens: ids.length, hidden },
-          o.timeoutMs,
-        );
-        if (ran.hidden.length !== hidden.length || !ran.hidden.every(Number.isFinite)) {
-          const wrong = ran.hidden.length === hidden.length ? ' with NaN or infinite ones' : `, not ${hidden.length}`;
+      const tokenRows = await encoder.tokenRows(ids);
+      const letGo: string[] = [];
+      for (let encoding = 1; ; encoding++) {
+        const ran = await runLayers(tokenRows, ids.length, config.numLayers, checks, onProgress);
+        if (!ran)
           throw new Error(
-            `worker ${host.id} returned the text encoder's layers ${from}–${to - 1} ` +
-              `as ${ran.hidden.length} values${wrong}`,
+            'no worker to run the text encoder on: open a worker page, or give the prompt embeddings' +
+              (letGo.length ? ` (let go for wrong results: ${letGo.join('; ')})` : ''),
           );
+        if (ran.convicted) {
+          for (const { host, why } of ran.convicted) {
+            letGo.push(`worker ${host.id}: ${why}`);
+            // what it computed or vouched for earlier is not to be trusted either
+            await o.cache?.purge(host.id).catch(() => {});
+            o.convict(host, why);
+          }
+          if (encoding === MAX_TEXT_ENCODINGS)
+            throw new Error(
+              `the text encoder's layers were encoded ${MAX_TEXT_ENCODINGS} times and each time a worker was ` +
+                `convicted of wrong results: ${letGo.join('; ')}`,
+            );
+          continue;
         }
-        hidden = ran.hidden;
-        layers.push({
-          worker: host.id,
-          from,
-          to,
-          computeMs: ran.layerMs.reduce((a, b) => a + b, 0),
-          layersRead: ran.layersRead,
-        });
+        const hidden = umt5FinalNorm(config, finalNorm, ran.hidden);
+        // a full or missing cache costs a re-encode, nothing more; states no other worker checked are not kept
+        if (ran.everyRunChecked) await o.cache?.put(key, { hidden, truncated, workers: ran.workers }).catch(() => {});
+        return {
+          embeds: padPromptEmbeds(hidden, config.dModel, o.maxLength),
+          report: report('encoded', ran.layers),
+        };
       }
-      hidden = umt5FinalNorm(config, finalNorm, hidden);
-      // a full or missing cache costs a re-encode, nothing more
-      await o.cache?.put(key, { hidden, truncated }).catch(() => {});
-      return { embeds: padPromptEmbeds(hidden, config.dModel, o.maxLength), report: report('encoded', layers) };
     },
   };
 }

@@ -66,6 +66,9 @@ test("a prompt through umT5's layers on three worker tabs; the same prompts agai
       files,
       maxLength: 512,
       runs: (numLayers) => Promise.resolve([{ host: oneHost, from: 0, to: numLayers }]),
+      convict: (host, why) => {
+        throw new Error(`worker ${host.id} in this process was convicted: ${why}`);
+      },
       ep: 'wasm',
       timeoutMs: 60_000,
     });

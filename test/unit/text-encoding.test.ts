@@ -2,12 +2,22 @@ import { placeTextLayers } from '../../coordinator/planner.ts';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { encodeIds, openUmt5, padPromptEmbeds, umt5LayerReference } from '../../core/model/umt5.ts';
 import { Umt5Tokenizer } from '../../core/model/umt5-tokenizer.ts';
 import { readJson } from '../../core/model/files.ts';
 import { maxAbsDiff } from '../../core/tensor.ts';
-import { umt5Encoding, type PromptCache, type TextHost } from '../../coordinator/text-encoding.ts';
+import {
+  MAX_TEXT_STATE,
+  umt5Encoding,
+  type CachedPrompt,
+  type PromptCache,
+  type TextHost,
+  type Umt5EncodingOptions,
+} from '../../coordinator/text-encoding.ts';
+import { PART_TOLERANCE } from '../../coordinator/part-check.ts';
+import { secureRandom } from '../../core/random.ts';
+import type { EncodeTextArgs } from '../../core/worker-api.ts';
 import { textLayers } from '../../rank/text-layers.ts';
 import { folderFiles, writeUmt5Folder } from '../../server/model-folder.ts';
 
@@ -29,12 +39,45 @@ const CONFIG = {
 const PROMPT = 'a red ball moving right on the green square';
 let dir: string;
 
-/** Workers' stand-ins that run their layers as a worker's engine does (rank/text-layers.ts), from the folder. */
-function hosts(count: number): TextHost[] {
+/**
+ * Workers' stand-ins that run their layers as a worker's engine does (rank/text-layers.ts), from the folder; `lie`
+ * rewrites what one sends back, given the call's arguments.
+ */
+function hosts(
+  count: number,
+  lie?: (i: number, args: EncodeTextArgs, hidden: Float32Array) => Float32Array,
+): TextHost[] {
   return Array.from({ length: count }, (_, i) => {
     const layers = textLayers(() => ({ ...folderFiles(dir), close: async () => {} }));
-    return { id: `worker-${i}`, api: { encodeText: (args) => layers.encode({ ...args, ep: 'wasm' }) } };
+    return {
+      id: `worker-${i}`,
+      api: {
+        async encodeText(args) {
+          const ran = await layers.encode({ ...args, ep: 'wasm' });
+          return lie ? { ...ran, hidden: lie(i, args, ran.hidden) } : ran;
+        },
+      },
+    };
   });
+}
+
+/** An encoding on `workers`, which a conviction takes the convicted out of (as the swarm's ban does). */
+function encodingOn(workers: TextHost[], more: Partial<Umt5EncodingOptions> = {}) {
+  const convicted: { id: string; why: string }[] = [];
+  const encoding = umt5Encoding({
+    modelUrl: 'model',
+    files: folderFiles(dir),
+    maxLength: 16,
+    runs: runsOn(workers),
+    convict(host, why) {
+      convicted.push({ id: host.id, why });
+      workers.splice(workers.indexOf(host), 1);
+    },
+    ep: 'wasm',
+    timeoutMs: 60_000,
+    ...more,
+  });
+  return { encoding, convicted };
 }
 
 /** The planner's runs of the layers on these hosts, none of them measured: as even as the count allows. */
@@ -46,15 +89,19 @@ const runsOn = (workers: TextHost[]) => (numLayers: number) =>
     ).map(({ worker, from, to }) => ({ host: worker.host, from, to })),
   );
 
-function mapCache(): PromptCache & { size(): number } {
-  const entries = new Map<string, { hidden: Float32Array; truncated: boolean }>();
+function mapCache(): PromptCache & { entries: Map<string, CachedPrompt> } {
+  const entries = new Map<string, CachedPrompt>();
   return {
+    entries,
     get: (k) => Promise.resolve(entries.get(k)),
     put: (k, v) => {
       entries.set(k, v);
       return Promise.resolve();
     },
-    size: () => entries.size,
+    purge(worker) {
+      for (const [k, v] of entries) if (v.workers.includes(worker)) entries.delete(k);
+      return Promise.resolve();
+    },
   };
 }
 
@@ -67,15 +114,7 @@ afterAll(() => rmSync(dir, { recursive: true, force: true }));
 describe('a prompt through umT5 on the swarm', () => {
   it('split over 1, 2 and 3 workers equals one worker; each runs its own layers; the reference agrees within 1e-3', async () => {
     const files = folderFiles(dir);
-    const encodeOn = (count: number) =>
-      umt5Encoding({
-        modelUrl: 'model',
-        files,
-        maxLength: 16,
-        runs: runsOn(hosts(count)),
-        ep: 'wasm',
-        timeoutMs: 60_000,
-      }).encode(PROMPT);
+    const encodeOn = (count: number) => encodingOn(hosts(count)).encoding.encode(PROMPT);
     const [one, two, three] = [await encodeOn(1), await encodeOn(2), await encodeOn(3)];
     expect(one.report.layers.map(({ worker, from, to }) => [worker, from, to])).toEqual([['worker-0', 0, 3]]);
     expect(two.report.layers.map(({ worker, from, to }) => [worker, from, to])).toEqual([
@@ -105,66 +144,152 @@ describe('a prompt through umT5 on the swarm', () => {
     expect(one.embeds.subarray(0, ids.length * 64).some((v) => v === 0)).toBe(false);
   });
 
-  it('a repeated prompt comes from the cache; a worker keeps the layers it ran and reads none the second time', async () => {
+  it('a repeated prompt comes from the cache, whose entry names the workers that computed and checked it', async () => {
     const cache = mapCache();
     const workers = hosts(2);
-    const encoding = umt5Encoding({
-      modelUrl: 'model',
-      files: folderFiles(dir),
-      maxLength: 16,
-      runs: runsOn(workers),
-      ep: 'wasm',
-      timeoutMs: 60_000,
-      cache,
-    });
+    const { encoding } = encodingOn(workers, { cache });
     const first = await encoding.encode(PROMPT);
     expect(first.report.source).toBe('encoded');
     expect(first.report.layers.map((l) => l.layersRead)).toEqual([2, 1]);
     const again = await encoding.encode(PROMPT);
-    expect(again.report).toMatchObject({ source: 'cache', layers: [] });
+    expect(again.report).toMatchObject({ source: 'cache', layers: [], checks: [] });
     expect(again.embeds).toEqual(first.embeds);
-    expect(cache.size()).toBe(1);
+    expect(cache.entries.size).toBe(1);
+    // each run was recomputed by the other worker: both made the entry
+    expect([...cache.entries.values()][0].workers.sort()).toEqual(['worker-0', 'worker-1']);
     const other = await encoding.encode('the blue cat');
     expect(other.report.source).toBe('encoded');
-    expect(other.report.layers.map((l) => l.layersRead)).toEqual([0, 0]); // held from the first prompt
+    expect(cache.entries.size).toBe(2);
   });
 
   it('a prompt longer than the max length is cut to it, still ending in </s>, and the report says so', async () => {
     const long = Array.from({ length: 30 }, () => 'red').join(' ');
-    const { report, embeds } = await umt5Encoding({
-      modelUrl: 'model',
-      files: folderFiles(dir),
-      maxLength: 16,
-      runs: runsOn(hosts(1)),
-      ep: 'wasm',
-      timeoutMs: 60_000,
-    }).encode(long);
+    const { report, embeds } = await encodingOn(hosts(1)).encoding.encode(long);
     expect(report).toMatchObject({ tokens: 16, truncated: true });
     expect(embeds.length).toBe(16 * 64);
   });
 
-  it('a worker that returns poisoned or misshapen hidden states fails the encoding by name', async () => {
-    const liar = (hidden: (h: Float32Array) => Float32Array): TextHost[] => [
-      {
-        id: 'liar',
-        api: { encodeText: (args) => Promise.resolve({ hidden: hidden(args.hidden), layerMs: [1], layersRead: 0 }) },
-      },
-    ];
-    const encode = (workers: TextHost[]) =>
-      umt5Encoding({
-        modelUrl: 'model',
-        files: folderFiles(dir),
-        maxLength: 16,
-        runs: runsOn(workers),
-        ep: 'wasm',
-        timeoutMs: 60_000,
-      }).encode(PROMPT);
-    await expect(encode(liar((h) => h.map(() => NaN)))).rejects.toThrow(
-      "worker liar returned the text encoder's layers 0–2 as",
+  it('a lone worker that returns poisoned, huge or misshapen hidden states is convicted by name, and nothing is encoded', async () => {
+    for (const [lie, said] of [
+      [(h: Float32Array) => h.map(() => NaN), 'came with NaN or infinite values'],
+      [(h: Float32Array) => h.map(() => 3e38), 'came with values beyond ±1.8e+19, which no layer hands on'],
+      [(h: Float32Array) => h.subarray(1), /came as \d+ values, not \d+/],
+    ] as const) {
+      const cache = mapCache();
+      const { encoding, convicted } = encodingOn(
+        hosts(1, (_, __, h) => lie(h)),
+        { cache },
+      );
+      const error = (await encoding.encode(PROMPT).catch((e: unknown) => e)) as Error;
+      expect(error.message).toContain('no worker to run the text encoder on');
+      expect(error.message).toContain('let go for wrong results: worker worker-0: layers 0–2 of the text encoder');
+      expect(error.message).toMatch(said);
+      expect(convicted.map((c) => c.id)).toEqual(['worker-0']);
+      expect(cache.entries.size).toBe(0);
+    }
+  });
+});
+
+describe('every run of the text encoder is checked by another worker', () => {
+  /** the honest encoding, on two workers (any split gives the same states) */
+  let honest: Float32Array;
+  beforeAll(async () => {
+    honest = (await encodingOn(hosts(2)).encoding.encode(PROMPT)).embeds;
+  });
+  /** the liar's states moved 13% */
+  const moved = (h: Float32Array) => h.map((v) => v * 1.13);
+  /** the runs' own layers on three workers: worker i runs layer i */
+  const ownRun = (i: number, args: EncodeTextArgs) => args.from === i;
+
+  it('a worker that lies about its own layers is convicted by its checker and a third, banned, and the prompt encoded without it equals the honest one', async () => {
+    const cache = mapCache();
+    const workers = hosts(3, (i, args, h) => (i === 2 && ownRun(i, args) ? moved(h) : h));
+    const { encoding, convicted } = encodingOn(workers, { cache, random: () => 0 });
+    const { embeds, report } = await encoding.encode(PROMPT);
+    expect(embeds).toEqual(honest);
+    expect(convicted.map((c) => c.id)).toEqual(['worker-2']);
+    expect(convicted[0].why).toMatch(
+      new RegExp(
+        "^layer 2 of the text encoder by worker worker-2 differs from worker worker-0's recomputation " +
+          'by 1\\.\\de-1 of its scale, and worker worker-1 recomputed it as worker worker-0 did$',
+      ),
     );
-    await expect(encode(liar((h) => h.subarray(1)))).rejects.toThrow(
-      /worker liar returned the text encoder's layers 0–2 as \d+ values, not \d+/,
+    // the first encoding: runs 0 and 1 agreed, run 2 convicted; the second, on two workers, agreed
+    expect(report.checks.map((c) => [c.worker, c.from, c.checker, c.third, c.verdict === 'agreed'])).toEqual([
+      ['worker-0', 0, 'worker-1', null, true],
+      ['worker-1', 1, 'worker-0', null, true],
+      ['worker-2', 2, 'worker-0', 'worker-1', false],
+      ['worker-0', 0, 'worker-1', null, true],
+      ['worker-1', 2, 'worker-0', null, true],
+    ]);
+    expect(report.layers.map((l) => l.worker)).toEqual(['worker-0', 'worker-1']);
+    expect([...cache.entries.values()].map((e) => e.workers.sort())).toEqual([['worker-0', 'worker-1']]);
+    expect(cache.entries.get(`model\n16\n${PROMPT}`)).toBeDefined();
+  });
+
+  it("a checker that lies about a run it recomputes is convicted by the third, not the run's worker", async () => {
+    const workers = hosts(3, (i, args, h) => (i === 2 && !ownRun(i, args) ? moved(h) : h));
+    // the last free worker checks: worker-2 recomputes worker-0's run first
+    const { encoding, convicted } = encodingOn(workers, { random: () => 0.99 });
+    const { embeds, report } = await encoding.encode(PROMPT);
+    expect(embeds).toEqual(honest);
+    expect(convicted.map((c) => c.id)).toEqual(['worker-2']);
+    expect(convicted[0].why).toContain(
+      'worker worker-1 recomputed it as worker worker-0 did: the recomputation was wrong',
     );
-    await expect(encode([])).rejects.toThrow('no worker to run the text encoder on');
+    expect(report.checks[0]).toMatchObject({
+      worker: 'worker-0',
+      checker: 'worker-2',
+      third: 'worker-1',
+      verdict: { convicted: ['worker-2'] },
+    });
+  });
+
+  it('a liar that sends states of a size no layer makes is convicted without a check, and its checks too', async () => {
+    const huge = (h: Float32Array) => h.map((v, i) => (i === 0 ? 2 * MAX_TEXT_STATE : v));
+    const { encoding, convicted } = encodingOn(
+      hosts(3, (i, _, h) => (i === 1 ? huge(h) : h)),
+      { random: () => 0.99 },
+    );
+    const { embeds, report } = await encoding.encode(PROMPT);
+    expect(embeds).toEqual(honest);
+    expect(convicted.map((c) => c.id)).toEqual(['worker-1']);
+    expect(report.checks.some((c) => c.worker === 'worker-1' && c.checker === null)).toBe(true);
+  });
+
+  it("a worker convicted later takes the cached prompts it computed or checked with it; others' stay", async () => {
+    const cache = mapCache();
+    const workers = hosts(3);
+    const { encoding } = encodingOn(workers, { cache, random: () => 0 });
+    await encoding.encode(PROMPT);
+    // two workers alone: worker-2 had no part in this one
+    const pair = workers.slice(0, 2);
+    await encodingOn(pair, { cache, random: () => 0 }).encoding.encode('the blue cat');
+    expect(cache.entries.size).toBe(2);
+    // worker-2 is caught lying about a run it recomputes for another prompt
+    const liar = hosts(3, (i, args, h) => (i === 2 && !ownRun(i, args) ? moved(h) : h));
+    const { encoding: again, convicted } = encodingOn(liar, { cache, random: () => 0.99 });
+    await again.encode('a green cube');
+    expect(convicted.map((c) => c.id)).toEqual(['worker-2']);
+    expect([...cache.entries.keys()].map((k) => k.split('\n')[2]).sort()).toEqual(['a green cube', 'the blue cat']);
+  });
+
+  it("a lone worker's encoding, which no other worker could check, is used but not cached", async () => {
+    const cache = mapCache();
+    const { embeds, report } = await encodingOn(hosts(1), { cache }).encoding.encode(PROMPT);
+    expect(embeds).toEqual(honest);
+    expect(report.checks).toMatchObject([{ worker: 'worker-0', checker: null, verdict: 'unchecked' }]);
+    expect(cache.entries.size).toBe(0);
+  });
+
+  it("checkers are drawn by the platform's CSPRNG unless a test gives its own, and agree within the float32 bound", async () => {
+    const spy = vi.spyOn(crypto, 'getRandomValues');
+    const { report } = await encodingOn(hosts(3)).encoding.encode(PROMPT);
+    expect(spy).toHaveBeenCalled();
+    spy.mockRestore();
+    expect(report.checks.every((c) => c.verdict === 'agreed' && (c.difference ?? 1) <= PART_TOLERANCE)).toBe(true);
+    const draws = Array.from({ length: 1000 }, secureRandom);
+    expect(draws.every((x) => x >= 0 && x < 1)).toBe(true);
+    expect(new Set(draws).size).toBe(1000);
   });
 });
