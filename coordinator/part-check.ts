@@ -26,13 +26,16 @@ export interface PartCheck {
   third: string | null;
   /** the largest difference of the part from the checker's recomputation, relative to its scale (null: none made) */
   difference: number | null;
-  /** unchecked: no other worker could recompute it */
-  verdict: 'agreed' | 'unchecked' | { convicted: string[]; why: string };
+  /**
+   * unchecked: no other worker was there to recompute it; undecided: the recomputation disagreed and the workers
+   * that could have decided failed (they left, say): nobody is convicted, and the part is not used
+   */
+  verdict: 'agreed' | 'unchecked' | 'undecided' | { convicted: string[]; why: string };
 }
 
 export interface CheckedPart<H> {
   check: PartCheck;
-  /** the worker's part may be used: a check agreed with it, or none could be made ('unchecked') */
+  /** the worker's part may be used: a check agreed with it, or there was no other worker to make one ('unchecked') */
   stands: boolean;
   /** the workers a check convicted (the part's, its checker's, or a checker whose reply broke the contract) */
   convicted: { host: H; why: string }[];
@@ -56,6 +59,7 @@ export async function checkPart<H extends { id: string }>(r: PartCheckRequest<H>
   const random = r.random ?? secureRandom;
   const convicted: CheckedPart<H>['convicted'] = [];
   const tried = new Set([r.worker.id]);
+  let failed = 0;
   /** a recomputation by a worker not yet asked, drawn at random; null when none is left that answers */
   const recomputation = async (): Promise<{ host: H; values: Float32Array } | null> => {
     for (;;) {
@@ -69,12 +73,16 @@ export async function checkPart<H extends { id: string }>(r: PartCheckRequest<H>
       } catch (e) {
         // one that failed (it left, say) is passed over; one that broke the contract is convicted too
         if (e instanceof PartBreach) convicted.push({ host, why: `its recomputation of ${r.what} ${e.message}` });
+        else failed++;
       }
     }
   };
   const checker = await recomputation();
   const noCheck = { worker: r.worker.id, checker: null, third: null, difference: null };
-  if (!checker) return { check: { ...noCheck, verdict: 'unchecked' }, stands: true, convicted };
+  if (!checker)
+    return failed
+      ? { check: { ...noCheck, verdict: 'undecided' }, stands: false, convicted }
+      : { check: { ...noCheck, verdict: 'unchecked' }, stands: true, convicted };
   // the part as a one-rank group's rows, one value a row: the worker rank 0, checker 1, third 2
   const plan: UlyssesPlan = {
     degree: 1,
@@ -96,12 +104,15 @@ export async function checkPart<H extends { id: string }>(r: PartCheckRequest<H>
     );
   let judged = judge(null);
   let third: { host: H; values: Float32Array } | null = null;
+  const failedBefore = failed;
   if (judged.verdict !== 'agreed') {
     third = await recomputation();
     judged = judge(third);
   }
   const check = { ...noCheck, checker: checker.host.id, third: third?.host.id ?? null, difference: judged.difference };
   if (judged.verdict === 'agreed') return { check: { ...check, verdict: 'agreed' }, stands: true, convicted };
+  // a third there was, but it failed: a rule for two alone would convict an honest worker for a departure
+  if (!third && failed > failedBefore) return { check: { ...check, verdict: 'undecided' }, stands: false, convicted };
   const roles = [r.worker, checker.host, third?.host];
   const guilty = judged.verdict.convicted.map((rank) => roles[rank]).filter((h) => h !== undefined);
   const why = verdictWords(r.what, judged.difference, guilty.length, {

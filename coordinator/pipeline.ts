@@ -220,12 +220,13 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
       })
     : standInEncoding(() => parts.textEncoder());
   const videoDecoding = wanVae
-    ? tiledDecoding({
+    ? tiledDecoding<SwarmWorker>({
         modelUrl,
         files,
         config: wanVae,
         ep: 'auto',
         timeoutMs: timeoutsOf(rpcTimeoutMs).loadMs,
+        convict: (worker, why) => placer.convict(worker, why),
         tileHosts: () =>
           onSwarm(
             "this folder's VAE (AutoencoderKLWan) decodes on the swarm's workers",

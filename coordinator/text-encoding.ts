@@ -199,7 +199,8 @@ export function umt5Encoding<H extends TextHost>(o: Umt5EncodingOptions<H>): Tex
         random: o.random,
       });
       checks.push({ ...checked.check, from, to });
-      if (checked.convicted.length) return { convicted: checked.convicted };
+      // a conviction, or a check left undecided: encoded again (without the convicted)
+      if (!checked.stands || checked.convicted.length) return { convicted: checked.convicted };
       everyRunChecked &&= checked.check.verdict !== 'unchecked';
       for (const id of [checked.check.worker, checked.check.checker, checked.check.third]) if (id) workers.add(id);
       hidden = ran.hidden;
@@ -251,8 +252,8 @@ export function umt5Encoding<H extends TextHost>(o: Umt5EncodingOptions<H>): Tex
           }
           if (encoding === MAX_TEXT_ENCODINGS)
             throw new Error(
-              `the text encoder's layers were encoded ${MAX_TEXT_ENCODINGS} times and each time a worker was ` +
-                `convicted of wrong results: ${letGo.join('; ')}`,
+              `the prompt was encoded ${MAX_TEXT_ENCODINGS} times and each time a check of its layers convicted a ` +
+                `worker or could not decide: ${letGo.join('; ') || 'the workers that could have decided failed'}`,
             );
           continue;
         }

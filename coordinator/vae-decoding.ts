@@ -4,10 +4,17 @@
 // faster worker takes more), each a few latent frames per call with its causal caches kept between
 // calls; the coordinator blends them. A worker that fails or leaves loses only its tile, which goes
 // back to the queue for the others. Tiles are the same whoever decodes them, so any number of
-// workers gives the same video. The tiny models' stand-in decoders run here, in the coordinator's page.
+// workers gives the same video; that also lets each tile be checked: another worker, drawn by a
+// CSPRNG, decodes it again and a third decides a disagreement (part-check.ts). The VAE costs little
+// next to the DiT's forwards, so every tile is checked, and a tile enters the video only once a
+// check agreed with it; a reply beyond what the decoder can produce (decoderOutputBound) convicts
+// its sender outright. A convicted worker is let go and banned, and its tiles decoded again.
+// The tiny models' stand-in decoders run here, in the coordinator's page.
 
 import { MissingFile, type ModelFiles } from '../core/model/files.ts';
 import {
+  decoderHeadNames,
+  decoderOutputBound,
   decoderPlan,
   framesOfChunk,
   joinFrames,
@@ -27,6 +34,17 @@ import type { DecodedVideo } from '../core/model/vae-decoder.ts';
 import type { Remote } from '../core/net/rpc.ts';
 import { sizeOf, type Tensor } from '../core/tensor.ts';
 import { MAX_MESSAGE_FLOATS, type ExecutionProvider, type WorkerApi } from '../core/worker-api.ts';
+import { once } from '../core/model/wan-pipeline.ts';
+import { checkPart, PartBreach, type PartCheck } from './part-check.ts';
+
+/** A tile a check judged (or a reply that convicted its worker at once), for the report. */
+export type TileCheck = PartCheck & { tile: string };
+
+/**
+ * float32 rounding of conv_out's sums may carry an honest value a little past the decoder's exact bound: far less than
+ * this fraction of it
+ */
+const OUTPUT_BOUND_SLACK = 1e-3;
 
 /** How the latent became frames, for the report. */
 export interface DecodeReport {
@@ -48,8 +66,10 @@ export interface DecodeReport {
     weightBytes: number;
     cacheBytes: number;
   }[];
-  /** tiles started again on another worker after theirs failed or left */
+  /** tiles started again on another worker after theirs failed, left or was convicted */
   retried: number;
+  /** each tile's check, and the replies that convicted their worker at once */
+  checks: TileCheck[];
 }
 
 export interface DecodeProgress {
@@ -85,13 +105,17 @@ export interface TileHost {
   api: Pick<Remote<WorkerApi>, 'decodeTile'>;
 }
 
-export interface TiledDecodingOptions {
+export interface TiledDecodingOptions<H extends TileHost = TileHost> {
   modelUrl: string;
-  /** the folder, read here only to check that its vae/ holds the decoder's weights */
+  /** the folder: its vae/ must hold the decoder's weights, and its head's bound what a tile may hold */
   files: ModelFiles;
   config: WanVaeConfig;
   /** the workers to decode on and the largest buffer each of them allows (waits for at least one: planner.ts) */
-  tileHosts(): Promise<{ hosts: TileHost[]; maxBufferBytes: number }>;
+  tileHosts(): Promise<{ hosts: H[]; maxBufferBytes: number }>;
+  /** lets go and bans a worker a check convicted: the next `tileHosts` leave it out */
+  convict(host: H, why: string): void;
+  /** uniform in [0, 1), drawing who checks which tile: a CSPRNG unless a test gives its own */
+  random?: () => number;
   /** unless a decode asks for another */
   ep: ExecutionProvider | 'auto';
   /** how long one call may take: the first reads the decoder's weights */
@@ -119,6 +143,7 @@ export function standInDecoding(load: () => Promise<(latent: Tensor) => DecodedV
           ms: performance.now() - started,
           ranks: [],
           retried: 0,
+          checks: [],
         },
       };
     },
@@ -149,7 +174,13 @@ export function chooseTiling(cfg: WanVaeConfig, maxBufferBytes: number): Tiling 
   return { ...tiling, why };
 }
 
-export function tiledDecoding(o: TiledDecodingOptions): VideoDecoding {
+export function tiledDecoding<H extends TileHost>(o: TiledDecodingOptions<H>): VideoDecoding {
+  /** per RGB channel, the largest magnitude an honest tile's value can have */
+  const outputBound = once(async () =>
+    decoderOutputBound(o.config, await (await openWanVae(o.files)).decoderTensors(decoderHeadNames(o.config))).map(
+      (b) => b * (1 + OUTPUT_BOUND_SLACK),
+    ),
+  );
   const decodeTiles = async (latent: Tensor, { ep = o.ep, onProgress }: DecodeOptions) => {
     const started = performance.now();
     const [C, T, h, w] = latent.shape;
@@ -159,69 +190,21 @@ export function tiledDecoding(o: TiledDecodingOptions): VideoDecoding {
           `got [${latent.shape.join()}] with ${latent.data.length} values`,
       );
     const placed = await o.tileHosts();
+    const bound = await outputBound();
     // tiles shrink until the workers' smallest buffer holds them
     const tiling = o.tiling ? { ...o.tiling, why: 'as asked' } : chooseTiling(o.config, placed.maxBufferBytes);
     const tiles = tilesOf(h, w, tiling);
     const decoded = new Array<Frames>(tiles.length);
     const queue = tiles.map((_, i) => i);
     const ranks = new Map<string, DecodeReport['ranks'][number]>();
+    const checks: TileCheck[] = [];
+    const convicted = new Map<string, string>();
     let retried = 0;
     let tilesDone = 0;
     const failures: string[] = [];
-
-    /** one tile on one worker, a few latent frames per call: the frames of a call fit one message */
-    const decodeOn = async (host: TileHost, index: number, rank: DecodeReport['ranks'][number]) => {
-      const tile = tiles[index];
-      const part = cutTile(latent, tile);
-      const perLatentFrame = 3 * framesOfChunk(o.config, false) * 64 * tile.height * tile.width;
-      const step = Math.max(1, Math.floor(MAX_MESSAGE_FLOATS / perLatentFrame));
-      const parts: Frames[] = [];
-      const plane = C * tile.height * tile.width;
-      for (let from = 0; from < T; from += step) {
-        const n = Math.min(step, T - from);
-        const frames = new Float32Array(plane * n);
-        for (let c = 0; c < C; c++)
-          frames.set(
-            part.data.subarray(
-              (c * T + from) * tile.height * tile.width,
-              (c * T + from + n) * tile.height * tile.width,
-            ),
-            c * n * tile.height * tile.width,
-          );
-        const got = await host.api.decodeTile(
-          {
-            modelUrl: o.modelUrl,
-            ep,
-            tile: `${tile.row},${tile.col}`,
-            from,
-            last: from + n === T,
-            shape: [C, n, tile.height, tile.width],
-            latent: frames,
-          },
-          o.timeoutMs,
-        );
-        const expected = [
-          from === 0 ? 1 + framesOfChunk(o.config, false) * (n - 1) : framesOfChunk(o.config, false) * n,
-          3,
-          8 * tile.height,
-          8 * tile.width,
-        ];
-        const what = `tile ${tile.row},${tile.col}'s latent frames ${from}–${from + n - 1}`;
-        if (got.shape.join() !== expected.join() || got.frames.length !== sizeOf(expected))
-          throw new Error(
-            `returned ${what} as [${got.shape.join()}] with ${got.frames.length} values, not [${expected.join()}]`,
-          );
-        if (!got.frames.every(Number.isFinite)) throw new Error(`returned ${what} with NaN or infinite values`);
-        parts.push({ frames: expected[0], channels: 3, height: expected[2], width: expected[3], data: got.frames });
-        rank.computeMs += got.computeMs;
-        rank.bytesSent += got.frames.byteLength;
-        rank.weightBytes = got.weightBytes;
-        rank.cacheBytes = Math.max(rank.cacheBytes, got.cacheBytes);
-      }
-      decoded[index] = joinFrames(parts);
-    };
-
-    const worker = async (host: TileHost) => {
+    /** each worker's last call: a worker holds one tile open at a time, so its decodes and checks take turns */
+    const busy = new Map<string, Promise<unknown>>();
+    const rankOf = (host: H) => {
       const rank = ranks.get(host.id) ?? {
         worker: host.id,
         tiles: 0,
@@ -231,33 +214,149 @@ export function tiledDecoding(o: TiledDecodingOptions): VideoDecoding {
         cacheBytes: 0,
       };
       ranks.set(host.id, rank);
+      return rank;
+    };
+    const convict = (host: H, why: string) => {
+      if (convicted.has(host.id)) return;
+      convicted.set(host.id, why);
+      o.convict(host, why);
+    };
+    const nameOf = (index: number) => `${tiles[index].row},${tiles[index].col}`;
+
+    /**
+     * One tile on one worker, a few latent frames per call (the frames of a call fit one message), once the worker is
+     * done with its other tile; a PartBreach where a reply is not what the decoder makes.
+     */
+    const decodeOn = (host: H, index: number): Promise<Frames> => {
+      const run = async () => {
+        const rank = rankOf(host);
+        const tile = tiles[index];
+        const part = cutTile(latent, tile);
+        const perLatentFrame = 3 * framesOfChunk(o.config, false) * 64 * tile.height * tile.width;
+        const step = Math.max(1, Math.floor(MAX_MESSAGE_FLOATS / perLatentFrame));
+        const parts: Frames[] = [];
+        const plane = C * tile.height * tile.width;
+        for (let from = 0; from < T; from += step) {
+          const n = Math.min(step, T - from);
+          const frames = new Float32Array(plane * n);
+          for (let c = 0; c < C; c++)
+            frames.set(
+              part.data.subarray(
+                (c * T + from) * tile.height * tile.width,
+                (c * T + from + n) * tile.height * tile.width,
+              ),
+              c * n * tile.height * tile.width,
+            );
+          const got = await host.api.decodeTile(
+            {
+              modelUrl: o.modelUrl,
+              ep,
+              tile: nameOf(index),
+              from,
+              last: from + n === T,
+              shape: [C, n, tile.height, tile.width],
+              latent: frames,
+            },
+            o.timeoutMs,
+          );
+          const expected = [
+            from === 0 ? 1 + framesOfChunk(o.config, false) * (n - 1) : framesOfChunk(o.config, false) * n,
+            3,
+            8 * tile.height,
+            8 * tile.width,
+          ];
+          const what = `latent frames ${from}–${from + n - 1}`;
+          if (got.shape.join() !== expected.join() || got.frames.length !== sizeOf(expected))
+            throw new PartBreach(
+              `came as [${got.shape.join()}] with ${got.frames.length} values, not [${expected.join()}] (${what})`,
+            );
+          checkFrames(got.frames, expected[2] * expected[3], bound, what);
+          parts.push({ frames: expected[0], channels: 3, height: expected[2], width: expected[3], data: got.frames });
+          rank.computeMs += got.computeMs;
+          rank.bytesSent += got.frames.byteLength;
+          rank.weightBytes = got.weightBytes;
+          rank.cacheBytes = Math.max(rank.cacheBytes, got.cacheBytes);
+        }
+        return joinFrames(parts);
+      };
+      const turn = (busy.get(host.id) ?? Promise.resolve()).then(run);
+      busy.set(
+        host.id,
+        turn.catch(() => {}),
+      );
+      return turn;
+    };
+
+    /** A decoded tile enters the video once another worker's decoding of it agrees; else it goes back to the queue. */
+    const checkTile = async (host: H, index: number, frames: Frames, pool: H[]) => {
+      const checked = await checkPart({
+        what: `VAE tile ${nameOf(index)}`,
+        worker: host,
+        part: frames.data,
+        hosts: pool.filter((p) => !convicted.has(p.id)),
+        recompute: async (checker) => (await decodeOn(checker, index)).data,
+        random: o.random,
+      });
+      checks.push({ ...checked.check, tile: nameOf(index) });
+      for (const c of checked.convicted) convict(c.host, c.why);
+      if (!checked.stands) {
+        queue.push(index);
+        retried++;
+        return;
+      }
+      decoded[index] = frames;
+      rankOf(host).tiles++;
+      onProgress?.({ tilesDone: ++tilesDone, tiles: tiles.length });
+    };
+
+    const worker = async (host: H, pool: H[], pending: Promise<void>[]) => {
       for (let index = queue.shift(); index !== undefined; index = queue.shift()) {
+        if (convicted.has(host.id)) {
+          queue.unshift(index);
+          return;
+        }
+        let frames: Frames;
         try {
-          await decodeOn(host, index, rank);
+          frames = await decodeOn(host, index);
         } catch (e) {
           // this worker is done with: its tile goes back for the others
           queue.unshift(index);
           retried++;
-          failures.push(`worker ${host.id}: ${(e as Error).message}`);
+          const why = `VAE tile ${nameOf(index)} ${(e as Error).message}`;
+          failures.push(`worker ${host.id}: ${why}`);
+          if (e instanceof PartBreach) {
+            checks.push({
+              worker: host.id,
+              checker: null,
+              third: null,
+              difference: null,
+              verdict: { convicted: [host.id], why },
+              tile: nameOf(index),
+            });
+            convict(host, why);
+          }
           return;
         }
-        rank.tiles++;
-        onProgress?.({ tilesDone: ++tilesDone, tiles: tiles.length });
+        pending.push(checkTile(host, index, frames, pool));
       }
     };
     // every live worker takes tiles; when all of them failed with tiles left, those still live are asked again
     for (let round = 0; queue.length; round++) {
-      const { hosts } = round === 0 ? placed : await o.tileHosts();
+      const hosts = (round === 0 ? placed : await o.tileHosts()).hosts.filter((host) => !convicted.has(host.id));
       if (!hosts.length)
         throw new Error(
-          'no worker to decode the video on: open a worker page, or ask for the latent (outputType "latent")',
+          'no worker to decode the video on: open a worker page, or ask for the latent (outputType "latent")' +
+            (convicted.size
+              ? ` (let go for wrong results: ${[...convicted].map(([id, why]) => `worker ${id}: ${why}`).join('; ')})`
+              : ''),
         );
-      const before = queue.length;
-      await Promise.all(hosts.map(worker));
-      if (queue.length && queue.length === before)
+      const [doneBefore, convictedBefore] = [tilesDone, convicted.size];
+      const pending: Promise<void>[] = [];
+      await Promise.all(hosts.map((host) => worker(host, hosts, pending)));
+      await Promise.all(pending);
+      if (queue.length && tilesDone === doneBefore && convicted.size === convictedBefore)
         throw new Error(
-          `no worker could decode VAE tile ${tiles[queue[0]].row},${tiles[queue[0]].col}: ` +
-            failures.slice(-hosts.length).join('; '),
+          `no worker could decode VAE tile ${nameOf(queue[0])}: ` + failures.slice(-hosts.length).join('; '),
         );
     }
     const video = blendTiles(tiles, decoded, h, w, tiling);
@@ -270,6 +369,7 @@ export function tiledDecoding(o: TiledDecodingOptions): VideoDecoding {
         ms: performance.now() - started,
         ranks: [...ranks.values()],
         retried,
+        checks,
       },
     };
   };
@@ -291,6 +391,20 @@ export function tiledDecoding(o: TiledDecodingOptions): VideoDecoding {
       return { frames: displayFrames(video), video, report };
     },
   };
+}
+
+/** Frames [F, 3, H, W] of a tile are finite and within what the decoder can produce in each channel (`bound`). */
+function checkFrames(frames: Float32Array, plane: number, bound: number[], what: string): void {
+  for (let i = 0; i < frames.length; i++) {
+    const v = frames[i];
+    if (!Number.isFinite(v)) throw new PartBreach(`came with NaN or infinite values (${what})`);
+    const channel = Math.floor(i / plane) % 3;
+    if (Math.abs(v) > bound[channel])
+      throw new PartBreach(
+        `came with ${v.toExponential(2)} in channel ${channel}, beyond the ±${bound[channel].toExponential(2)} ` +
+          `the decoder can produce (${what})`,
+      );
+  }
 }
 
 /** A video [3, F, H, W] in [−1, 1] as the frames a video file shows, [0, 1] (diffusers' postprocess_video). */

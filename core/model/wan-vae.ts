@@ -347,11 +347,47 @@ export function cacheBytes(plan: DecoderPlan, h: number, w: number): number {
   );
 }
 
+/** The head's tensors (norm_out's γ, conv_out's weight and bias), which decoderOutputBound reads. */
+export function decoderHeadNames(cfg: WanVaeConfig): string[] {
+  const head = decoderPlan(cfg).layers.at(-1);
+  if (head?.kind !== 'head') throw new Error("the decoder's plan ends in its head");
+  return [`${head.name}.norm_out.gamma`, `${head.conv.name}.weight`, `${head.conv.name}.bias`];
+}
+
+/**
+ * The largest magnitude the decoder's output, before clamping, can take in each of its 3 channels,
+ * whatever its input: conv_out reads SiLU(norm_out(x)), and norm_out makes each pixel's channels a
+ * vector of norm at most √C·|γ| (|SiLU(z)| ≤ |z|), so each tap of channel o adds at most
+ * √C·‖W[o, :, tap]·γ‖ (Cauchy–Schwarz), and the bias |b[o]|.
+ */
+export function decoderOutputBound(cfg: WanVaeConfig, tensors: TensorMap): number[] {
+  const [gammaName, weightName, biasName] = decoderHeadNames(cfg);
+  const tensor = (name: string) => {
+    const t = tensors.get(name);
+    if (!t) throw new Error(`the decoder's output bound needs ${name}`);
+    return t.data;
+  };
+  const gamma = tensor(gammaName);
+  const weight = tensor(weightName); // [3, C, 3, 3, 3]
+  const bias = tensor(biasName);
+  const C = gamma.length;
+  const taps = weight.length / (3 * C);
+  return Array.from({ length: 3 }, (_, o) => {
+    let bound = Math.abs(bias[o]);
+    for (let k = 0; k < taps; k++) {
+      let squares = 0;
+      for (let c = 0; c < C; c++) squares += (weight[(o * C + c) * taps + k] * gamma[c]) ** 2;
+      bound += Math.sqrt(C * squares);
+    }
+    return bound;
+  });
+}
+
 /** A folder's vae/, opened and checked: its config, and the decoder's tensors when asked for. */
 export interface WanVaeCheckpoint {
   config: WanVaeConfig;
-  /** post_quant_conv's and the decoder's tensors, float32 (the encoder's are not read) */
-  decoderTensors(): Promise<TensorMap>;
+  /** post_quant_conv's and the decoder's tensors (those of `names` where given), float32 (not the encoder's) */
+  decoderTensors(names?: string[]): Promise<TensorMap>;
   /** bytes the decoder's tensors take in the file */
   decoderBytes: number;
 }
@@ -374,9 +410,10 @@ export async function openWanVae(files: ModelFiles): Promise<WanVaeCheckpoint> {
   return {
     config,
     decoderBytes: [...entries.values()].reduce((n, e) => n + e.end - e.begin, 0),
-    async decoderTensors() {
+    async decoderTensors(names) {
       const tensors: TensorMap = new Map();
-      for (const [name, entry] of entries) tensors.set(name, await readTensor(files, entry));
+      for (const [name, entry] of entries)
+        if (!names || names.includes(name)) tensors.set(name, await readTensor(files, entry));
       return tensors;
     },
   };

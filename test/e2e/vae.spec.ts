@@ -103,6 +103,9 @@ test("a prompt through umT5, the transformer and AutoencoderKLWan's tiles on thr
       files,
       config: parseWanVaeConfig(FULL_LAYOUT_VAE, 'test'),
       tileHosts: () => Promise.resolve({ hosts: [host], maxBufferBytes: Infinity }),
+      convict: (worker, why) => {
+        throw new Error(`worker ${worker.id} in this process was convicted: ${why}`);
+      },
       ep: 'wasm',
       timeoutMs: 120_000,
     });

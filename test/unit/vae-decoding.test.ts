@@ -2,7 +2,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { openWanVae, type WanVaeConfig } from '../../core/model/wan-vae.ts';
+import { decoderHeadNames, decoderOutputBound, openWanVae, type WanVaeConfig } from '../../core/model/wan-vae.ts';
 import { decodeTileReference } from '../../core/model/wan-vae-reference.ts';
 import { blendTiles, cutTile, tilesOf } from '../../core/model/wan-vae-tiling.ts';
 import { defined } from '../../core/defined.ts';
@@ -25,8 +25,13 @@ let cfg: WanVaeConfig;
 let tensors: TensorMap;
 const latent: Tensor = { shape: [16, 2, 7, 8], data: new SeededRandom(4).normals(16 * 2 * 7 * 8) };
 
-/** A worker decoding tiles with the real decoder, as a page's engine does. */
-function worker(id: string, harm?: (args: DecodeTileArgs, call: number) => 'fail' | 'nan' | 'short' | null): TileHost {
+type Harm = 'fail' | 'nan' | 'short' | 'paint' | 'huge' | null;
+
+/**
+ * A worker decoding tiles with the real decoder, as a page's engine does; `harm` rewrites a reply: paint sets the
+ * first half of its values to 0.9 (within what the decoder can make), huge one value to 1e30.
+ */
+function worker(id: string, harm?: (args: DecodeTileArgs, call: number) => Harm): TileHost {
   const files = folderFiles(dir);
   const tiles = vaeTiles(() => ({ ...files, close: async () => {} }));
   let calls = 0;
@@ -39,26 +44,37 @@ function worker(id: string, harm?: (args: DecodeTileArgs, call: number) => 'fail
         const got = await tiles.decode({ ...args, ep: 'wasm' });
         if (what === 'nan') got.frames.fill(NaN, 0, 10);
         if (what === 'short') return { ...got, frames: got.frames.subarray(1) };
+        if (what === 'paint') got.frames.fill(0.9, 0, got.frames.length / 2);
+        if (what === 'huge') got.frames[7] = 1e30;
         return got;
       },
     },
   };
 }
 
-const decodeOn = (hosts: TileHost[]) =>
+/** Convictions, by worker id: each takes its worker out of the hosts, as the swarm's ban does. */
+let convicted: { id: string; why: string }[] = [];
+
+const decodeOn = (hosts: TileHost[], random?: () => number) =>
   tiledDecoding({
     modelUrl: 'test',
     files: folderFiles(dir),
     config: cfg,
     tileHosts: () => Promise.resolve({ hosts, maxBufferBytes: Infinity }),
+    convict(host, why) {
+      convicted.push({ id: host.id, why });
+      hosts.splice(hosts.indexOf(host), 1);
+    },
     ep: 'wasm',
     timeoutMs: 60_000,
     tiling: TILING,
+    random,
   });
 
 /** The latent decoded on `hosts`, by the real VAE, whose decoding always has a video (a stand-in's has none). */
-const decodeVideo = async (hosts: TileHost[]) => {
-  const { video, report } = await decodeOn(hosts).decode(latent);
+const decodeVideo = async (hosts: TileHost[], random?: () => number) => {
+  convicted = [];
+  const { video, report } = await decodeOn(hosts, random).decode(latent);
   return { video: defined(video, "the real VAE's video"), report };
 };
 
@@ -73,8 +89,9 @@ afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
 describe('tiled decoding on workers', () => {
   let alone: Float32Array;
-  it('one worker decodes every tile in turn, to the reference tiles blended', async () => {
+  it('one worker decodes every tile in turn, to the reference tiles blended; no other worker could check them', async () => {
     const { video, report } = await decodeVideo([worker('a')]);
+    expect(report.checks.map((c) => c.verdict)).toEqual(Array(9).fill('unchecked'));
     expect(video.shape).toEqual([3, 5, 56, 64]);
     const tiles = tilesOf(7, 8, TILING);
     expect(report).toMatchObject({
@@ -94,20 +111,29 @@ describe('tiled decoding on workers', () => {
     alone = video.data;
   });
 
-  it('three workers share the tiles and make the same video', async () => {
+  it('three workers share the tiles and make the same video, each tile checked by another worker', async () => {
     const { video, report } = await decodeVideo([worker('a'), worker('b'), worker('c')]);
     expect(report.ranks.map((r) => r.tiles).reduce((a, b) => a + b)).toBe(9);
     expect(report.ranks.filter((r) => r.tiles > 0).length).toBeGreaterThan(1);
     expect(maxAbsDiff(video.data, alone)).toBe(0);
+    expect(report.checks).toHaveLength(9);
+    expect(new Set(report.checks.map((c) => c.tile)).size).toBe(9);
+    for (const check of report.checks) {
+      expect(check.verdict).toBe('agreed');
+      expect(check.checker).not.toBe(check.worker);
+      expect(check.difference).toBe(0);
+    }
   });
 
-  it('a worker that fails mid-tile, or returns NaN or too few values, loses its tile to the others: the video is the same', async () => {
-    for (const harm of ['fail', 'nan', 'short'] as const) {
+  it('a worker that fails mid-tile loses its tile to the others; one that returns NaN, too few values or values no decoder makes is convicted too: the video is the same', async () => {
+    for (const harm of ['fail', 'nan', 'short', 'huge'] as const) {
       const { video, report } = await decodeVideo([
         worker('bad', (_, call) => (call === 0 ? harm : null)),
         worker('good'),
       ]);
       expect(report.retried).toBe(1);
+      expect(convicted.map((c) => c.id)).toEqual(harm === 'fail' ? [] : ['bad']);
+      if (harm === 'huge') expect(convicted[0].why).toMatch(/came with 1\.00e\+30 in channel \d, beyond the ±/);
       expect(
         defined(
           report.ranks.find((r) => r.worker === 'good'),
@@ -118,13 +144,60 @@ describe('tiled decoding on workers', () => {
     }
   });
 
-  it('a lone worker that returns poisoned frames fails the decoding, naming it and the tile', async () => {
+  it('a lone worker that returns poisoned frames is convicted, and the decoding fails naming it and the tile', async () => {
+    convicted = [];
     const error = await decodeOn([worker('bad', () => 'nan')])
       .decode(latent)
       .catch((e: unknown) => e);
     expect((error as Error).message).toBe(
-      "no worker could decode VAE tile 0,0: worker bad: returned tile 0,0's latent frames 0–1 with NaN or infinite values",
+      'no worker to decode the video on: open a worker page, or ask for the latent (outputType "latent") ' +
+        '(let go for wrong results: worker bad: VAE tile 0,0 came with NaN or infinite values (latent frames 0–1))',
     );
+    expect(convicted.map((c) => c.id)).toEqual(['bad']);
+  });
+
+  it("a worker that paints its tiles, or its checks of others' tiles, is convicted by a checker and a third, and banned; the video is the honest one", async () => {
+    for (const random of [() => 0, () => 0.99]) {
+      const { video, report } = await decodeVideo([worker('a'), worker('liar', () => 'paint'), worker('c')], random);
+      expect(maxAbsDiff(video.data, alone)).toBe(0);
+      expect(convicted.map((c) => c.id)).toEqual(['liar']);
+      // every check the liar took part in before it was let go convicted it alone, by a third's recomputation
+      const verdicts = report.checks.filter((c) => c.verdict !== 'agreed');
+      expect(verdicts.length).toBeGreaterThan(0);
+      for (const v of verdicts) {
+        expect(v.verdict).toMatchObject({ convicted: ['liar'] });
+        expect([v.worker, v.checker]).toContain('liar');
+        expect(v.third).not.toBeNull();
+      }
+      // no tile the liar decoded went into the video; every tile in it was checked
+      expect(report.ranks.find((r) => r.worker === 'liar')?.tiles ?? 0).toBe(0);
+      const stood = report.checks.filter(
+        (c) => c.verdict === 'agreed' || (typeof c.verdict === 'object' && !c.verdict.convicted.includes(c.worker)),
+      );
+      expect(stood.map((c) => c.tile).sort()).toEqual(
+        tilesOf(7, 8, TILING)
+          .map((t) => `${t.row},${t.col}`)
+          .sort(),
+      );
+    }
+  });
+
+  it("the decoder's output bound holds every honest tile's values, and is what its head can produce", async () => {
+    const bound = decoderOutputBound(
+      cfg,
+      await (await openWanVae(folderFiles(dir))).decoderTensors(decoderHeadNames(cfg)),
+    );
+    expect(bound).toHaveLength(3);
+    const tiles = tilesOf(7, 8, TILING);
+    for (const t of tiles) {
+      const frames = decodeTileReference(cfg, tensors, cutTile(latent, t));
+      const plane = frames.height * frames.width;
+      frames.data.forEach((v, i) => expect(Math.abs(v)).toBeLessThanOrEqual(bound[Math.floor(i / plane) % 3]));
+    }
+    // a bound from the head alone: conv_out's bias and its taps of a unit vector scaled by √C·γ
+    const head = defined(tensors.get('decoder.conv_out.bias'), 'the bias').data;
+    bound.forEach((b, o) => expect(b).toBeGreaterThan(Math.abs(head[o])));
+    expect(Math.max(...bound)).toBeLessThan(1e3);
   });
 
   it("a run of a tile's latent frames continues only the tile that is open, where it stopped; after its last frames the tile is closed", async () => {
