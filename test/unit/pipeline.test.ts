@@ -133,7 +133,7 @@ function testSwarm() {
   return { swarm, join, leave };
 }
 
-const pipelineOn = (swarm: Swarm, workers: number) =>
+const pipelineOn = (swarm: Swarm, workers: number, more: Parameters<typeof createPipeline>[0] = {}) =>
   createPipeline({
     model: `${origin}/models/tiny-wan`,
     backend: 'swarm',
@@ -142,6 +142,7 @@ const pipelineOn = (swarm: Swarm, workers: number) =>
     encodeVideo: () => Promise.resolve(new Blob(['x'])),
     placementTimeoutMs: 1_000,
     rpcTimeoutMs: 30_000,
+    ...more,
   });
 
 /** Runs the job, collecting its checkpoints and failures. */
@@ -317,6 +318,24 @@ describe('generate(): a lost rank costs a re-placement and one step, not the job
     expect(maxAbsDiff(result.latent, referenceJob().result.latent)).toBeLessThanOrEqual(1e-4);
     // kept out: it joins again and is refused
     expect((swarm as unknown as { banned: Map<string, string> }).banned.has('w1')).toBe(true);
+  });
+
+  it('a worker a spot check bans takes the cached prompts it computed or checked with it; a worker that leaves does not (issue 33)', async () => {
+    const { swarm, join, leave } = testSwarm();
+    const [, w1, w2] = [join(), join(), join(), join()];
+    w1.page.altersRows = (rows, { step }) => (step >= 1 ? rows.map((v, i) => (i === 0 ? v * 1.05 + 0.01 : v)) : rows);
+    const purged: string[] = [];
+    const promptCache = {
+      get: () => Promise.resolve(undefined),
+      put: () => Promise.resolve(),
+      purge: (worker: string) => {
+        purged.push(worker);
+        return Promise.resolve();
+      },
+    };
+    leave(w2.worker, 'its tab closed');
+    await run(await pipelineOn(swarm, 3, { promptCache }), { placement: { spotCheckRate: 1 } });
+    expect(purged).toEqual(['w1']);
   });
 
   it('with int8 transport every forward spot-checked finds the honest ranks within its tolerance: none is let go, and the latent is near the exact one (issue 20)', async () => {
