@@ -257,6 +257,30 @@ describe('every run of the text encoder is checked by another worker', () => {
     expect(report.checks.some((c) => c.worker === 'worker-1' && c.checker === null)).toBe(true);
   });
 
+  it('a disagreement whose third fails (it left, say) convicts nobody: the run is redone, and the liar caught then', async () => {
+    let thirdFailed = false;
+    const workers = hosts(3, (i, args, h) => {
+      if (i === 2 && ownRun(i, args)) return moved(h);
+      // worker-1's first recomputation of worker-2's layer: it is gone mid-call
+      if (i === 1 && args.from === 2 && !thirdFailed) {
+        thirdFailed = true;
+        throw new Error('worker-1 left');
+      }
+      return h;
+    });
+    const { encoding, convicted } = encodingOn(workers, { random: () => 0 });
+    const { embeds, report } = await encoding.encode(PROMPT);
+    expect(embeds).toEqual(honest);
+    expect(report.checks[2]).toMatchObject({
+      worker: 'worker-2',
+      checker: 'worker-0',
+      third: null,
+      verdict: 'undecided',
+    });
+    expect(report.checks[5]).toMatchObject({ worker: 'worker-2', verdict: { convicted: ['worker-2'] } });
+    expect(convicted.map((c) => c.id)).toEqual(['worker-2']);
+  });
+
   it("a worker convicted later takes the cached prompts it computed or checked with it; others' stay", async () => {
     const cache = mapCache();
     const workers = hosts(3);

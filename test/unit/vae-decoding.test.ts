@@ -28,6 +28,12 @@ const latent: Tensor = { shape: [16, 2, 7, 8], data: new SeededRandom(4).normals
 type Harm = 'fail' | 'nan' | 'short' | 'paint' | 'huge' | null;
 
 /**
+ * The workers' calls, one at a time: in this process they share one onnxruntime wasm instance, which fails calls that
+ * interleave on different sessions ("null function or function signature mismatch"); pages each have their own.
+ */
+let runtime: Promise<unknown> = Promise.resolve();
+
+/**
  * A worker decoding tiles with the real decoder, as a page's engine does; `harm` rewrites a reply: paint sets the
  * first half of its values to 0.9 (within what the decoder can make), huge one value to 1e30.
  */
@@ -38,18 +44,23 @@ function worker(id: string, harm?: (args: DecodeTileArgs, call: number) => Harm)
   return {
     id,
     api: {
-      async decodeTile(args) {
-        const what = harm?.(args, calls++);
-        if (what === 'fail') throw new Error(`worker ${id} is gone`);
-        const got = await tiles.decode({ ...args, ep: 'wasm' });
-        if (what === 'nan') got.frames.fill(NaN, 0, 10);
-        if (what === 'short') return { ...got, frames: got.frames.subarray(1) };
-        if (what === 'paint') got.frames.fill(0.9, 0, got.frames.length / 2);
-        if (what === 'huge') got.frames[7] = 1e30;
-        return got;
+      decodeTile(args) {
+        const turn = runtime.then(() => decodeTile(args));
+        runtime = turn.catch(() => {});
+        return turn;
       },
     },
   };
+  async function decodeTile(args: DecodeTileArgs) {
+    const what = harm?.(args, calls++);
+    if (what === 'fail') throw new Error(`worker ${id} is gone`);
+    const got = await tiles.decode({ ...args, ep: 'wasm' });
+    if (what === 'nan') got.frames.fill(NaN, 0, 10);
+    if (what === 'short') return { ...got, frames: got.frames.subarray(1) };
+    if (what === 'paint') got.frames.fill(0.9, 0, got.frames.length / 2);
+    if (what === 'huge') got.frames[7] = 1e30;
+    return got;
+  }
 }
 
 /** Convictions, by worker id: each takes its worker out of the hosts, as the swarm's ban does. */
