@@ -3,7 +3,6 @@
 // inputs; where the two disagree a third decides, by the spot checks' rule (spot-check.ts:
 // judgeSpotCheck, the part judged as a one-rank group's rows). A part is used only once a check
 // agreed with it; a reply that breaks what the model can produce convicts its sender outright.
-import { secureRandom } from '../core/random.ts';
 import type { UlyssesPlan } from '../core/parallel.ts';
 import { judgeSpotCheck, pickChecker, spotCheckTolerance } from './spot-check.ts';
 
@@ -56,7 +55,6 @@ export interface PartCheckRequest<H extends { id: string }> {
 
 /** Has another worker recompute `part`, and a third where the two disagree; the verdict and who it convicts. */
 export async function checkPart<H extends { id: string }>(r: PartCheckRequest<H>): Promise<CheckedPart<H>> {
-  const random = r.random ?? secureRandom;
   const convicted: CheckedPart<H>['convicted'] = [];
   const tried = new Set([r.worker.id]);
   let failed = 0;
@@ -64,7 +62,7 @@ export async function checkPart<H extends { id: string }>(r: PartCheckRequest<H>
   const recomputation = async (): Promise<{ host: H; values: Float32Array } | null> => {
     for (;;) {
       const free = r.hosts.filter((h) => !tried.has(h.id));
-      const drawn = pickChecker(free.length, [], random);
+      const drawn = pickChecker(free.length, [], r.random);
       if (drawn === null) return null;
       const host = free[drawn];
       tried.add(host.id);

@@ -39,12 +39,3 @@ export class SeededRandom {
     return out;
   }
 }
-
-/**
- * Uniform in [0, 1) from the platform's CSPRNG (crypto.getRandomValues): for choices a worker must
- * not be able to predict, such as which worker recomputes its part.
- */
-export function secureRandom(): number {
-  const [high, low] = crypto.getRandomValues(new Uint32Array(2));
-  return (high * 2 ** 21 + (low >>> 11)) / 2 ** 53;
-}
