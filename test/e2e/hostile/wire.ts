@@ -54,18 +54,28 @@ export interface HostileLog {
   world: number | null;
   /** the data channels it dialed: when each opened and closed (ms since the epoch) */
   channels: { openedAt: number | null; closedAt: number | null }[];
+  /** what went wrong applying the rules (a frame then went out as the page made it): hostileLog throws on any */
+  failures: string[];
 }
+
+/**
+ * Defines what a bundler's keep-names transform (tsx, esbuild) calls inside the functions Playwright
+ * sends as source: without it the rules' code throws in the page, and the frames go out untampered.
+ */
+const KEEP_NAMES_SHIM = 'window.__name = window.__name || function (target) { return target; };';
 
 /**
  * Installs the rules machinery in `page` (before its scripts run), starting with `rules`; a test
  * changes them later with setRules. Without rules the page behaves as the product made it.
  */
 export async function makeHostile(page: Page, rules: HostileRules = {}): Promise<void> {
+  await page.addInitScript({ content: KEEP_NAMES_SHIM });
   await page.addInitScript(hostileWire, { rules, version: PROTOCOL_VERSION });
 }
 
 export async function setRules(page: Page, rules: HostileRules): Promise<void> {
   await page.evaluate((r) => {
+    if (typeof window.__hostileLog !== 'object') throw new Error('the hostile wire is not installed in this page');
     window.__hostile = r;
     Object.assign(window.__hostileLog, {
       rowsReplies: 0,
@@ -78,8 +88,13 @@ export async function setRules(page: Page, rules: HostileRules): Promise<void> {
   }, rules);
 }
 
-export function hostileLog(page: Page): Promise<HostileLog> {
-  return page.evaluate(() => window.__hostileLog);
+/** What the hostile page did; an error where its wire is not installed or failed to apply its rules to a frame. */
+export async function hostileLog(page: Page): Promise<HostileLog> {
+  const log = await page.evaluate(() => (typeof window.__hostileLog === 'object' ? window.__hostileLog : null));
+  if (!log) throw new Error('the hostile wire is not installed in this page: its rules were never applied');
+  if (log.failures.length)
+    throw new Error(`the hostile wire failed to apply its rules: ${log.failures.slice(0, 3).join('; ')}`);
+  return log;
 }
 
 /** Runs in the page, before its scripts: self-contained (Playwright sends it as source). */
@@ -96,6 +111,7 @@ function hostileWire({ rules: initial, version }: { rules: HostileRules; version
     rank: null,
     world: null,
     channels: [],
+    failures: [],
   });
   const HEADER = 60;
   const RPC = 1;
@@ -191,8 +207,9 @@ function hostileWire({ rules: initial, version }: { rules: HostileRules; version
         log.rank = typeof rank === 'number' ? rank : null;
         log.world = typeof world === 'number' ? world : null;
       }
-    } catch {
-      // not a message this page understands: the page's own code judges it
+    } catch (e) {
+      // not a message this page understands: the page's own code judges it; the wire's own code failing is a failure
+      if (!(e instanceof SyntaxError)) log.failures.push(String(e));
     }
   }
 
@@ -294,7 +311,8 @@ function hostileWire({ rules: initial, version }: { rules: HostileRules; version
     let outs: ArrayBuffer[];
     try {
       outs = route(frame, channel);
-    } catch {
+    } catch (e) {
+      log.failures.push(String(e));
       outs = [frame.slice().buffer];
     }
     outs.forEach((out, i) => {
