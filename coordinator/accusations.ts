@@ -7,8 +7,8 @@
 // - a spot check's disagreement with no third judge is evidence that one of the two lied: it sets
 //   both aside, and counts as each accusing the other;
 // - a worker accused by DISTINCT_ACCUSERS_TO_CONVICT distinct peers is convicted (its peers agree);
-// - a worker whose accusations name DISTINCT_ACCUSERS_TO_CONVICT distinct peers, none of them
-//   accused by anyone else, is convicted (its accusations never hold);
+// - a worker whose accusations name DISTINCT_ACCUSERS_TO_CONVICT distinct peers not convicted is
+//   convicted (its accusations never held);
 // - a convicted worker is banned, its record dropped, and those it accused are cleared: set aside no
 //   more, they come back into the job.
 //
@@ -45,7 +45,7 @@ export class Accusations {
     return this.judge([accused, accuser], [accused]);
   }
 
-  /** `a` and `b` contradict each other and nobody else can say who lies: both are set aside unless the record decides. */
+  /** `a` and `b` contradict each other and nobody else can say who lies: both set aside unless the record decides. */
   dispute(a: string, b: string): Judgement {
     if (a === b) return { convicted: null, setAside: [], cleared: [], why: '' };
     this.record(a, b);
@@ -85,10 +85,10 @@ export class Accusations {
   private convicts(identity: string): string | null {
     const accusers = this.accusedBy.get(identity)?.size ?? 0;
     if (accusers >= DISTINCT_ACCUSERS_TO_CONVICT) return `${accusers} distinct peers accused it`;
-    const named = [...(this.named.get(identity) ?? [])];
-    const neverHeld = named.every((accused) => [...(this.accusedBy.get(accused) ?? [])].every((a) => a === identity));
-    if (named.length >= DISTINCT_ACCUSERS_TO_CONVICT && neverHeld)
-      return `it accused ${named.length} distinct peers, and no other peer backed any of its accusations`;
+    // an accusation that held convicted the accused, whose record (and the words against it) went with it
+    const named = this.named.get(identity)?.size ?? 0;
+    if (named >= DISTINCT_ACCUSERS_TO_CONVICT)
+      return `it accused ${named} distinct peers, and no other peer's word backed any of its accusations`;
     return null;
   }
 

@@ -642,7 +642,7 @@ function refuseUntrustedAlone(
   workers: readonly PlanningWorker[],
 ): void {
   if (input.maxWorld === undefined || world !== 1 || asked.untrustedAlone === 'continue') return;
-  const [alone] = workers;
+  const alone = workers.at(0);
   if (!alone || input.trusted?.has(alone.id)) return;
   throw new Error(
     `only worker ${alone.id} is left for this job and it is not trusted: one worker alone, with nobody to check ` +

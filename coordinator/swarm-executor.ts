@@ -152,16 +152,17 @@ export class SwarmExecutor extends Executor {
   private judgeWord(accuser: number, accused: RankLost, disputed: boolean): void {
     const [by, of] = [this.rankWorker(accuser), this.rankWorker(accused.rank)];
     if (!by || !of) return;
+    const [a, b] = [this.swarm.identityOf(by), this.swarm.identityOf(of)];
+    if (a === b) return; // two tabs of one browser: the record cannot tell them apart
     const identity = new Map([
-      [this.swarm.identityOf(by), accuser],
-      [this.swarm.identityOf(of), accused.rank],
+      [a, accuser],
+      [b, accused.rank],
     ]);
-    const [a, b] = identity.keys();
-    if (b === undefined) return; // two tabs of one browser: the record cannot tell them apart
     const judged = disputed ? this.swarm.accusations.dispute(a, b) : this.swarm.accusations.accuse(a, b);
     const what = { silent: 'withholding its tensors', misbehaved: 'misbehaving', disconnected: 'gone' }[accused.cause];
     const word = disputed
-      ? `rank ${accused.rank}'s recomputation and rank ${accuser}'s rows disagree with nobody to decide: ${accused.evidence}`
+      ? `rank ${accused.rank}'s recomputation and rank ${accuser}'s rows disagree, with nobody to decide: ` +
+        accused.evidence
       : `rank ${accuser} reported it ${what}: ${accused.evidence}`;
     if (judged.convicted !== null) {
       const rank = identity.get(judged.convicted);

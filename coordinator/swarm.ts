@@ -118,7 +118,7 @@ export class Swarm {
   private readonly markedTrusted = new Set<string>();
   /** one worker's word against another's, across jobs: the rule that decides who is set aside or banned */
   readonly accusations = new Accusations();
-  /** this dashboard's own browser id: its worker tabs are this machine's, trusted (read when asked: a tab may make it later) */
+  /** this dashboard's own browser id: its worker tabs are this machine's, trusted (read when asked: made by a tab) */
   ownBrowser: () => string | null = ownBrowserId;
   /** pages between their dial and their describe reply */
   private joining = 0;
