@@ -10,7 +10,9 @@
 // - a worker whose accusations name DISTINCT_ACCUSERS_TO_CONVICT distinct peers not convicted is
 //   convicted (its accusations never held);
 // - a convicted worker is banned, its record dropped, and those it accused are cleared: set aside no
-//   more, they come back into the job.
+//   more, they come back into the job;
+// - a trusted worker's word (this machine's, or marked trusted: Swarm.isTrusted) is the coordinator's
+//   own: between a trusted and an untrusted worker, the untrusted one is convicted at once.
 //
 // Over repeated jobs a liar meets distinct honest peers and is convicted; an honest worker accused
 // by one liar is only ever set aside. Workers are named by an identity a page does not shed by
@@ -38,16 +40,20 @@ export class Accusations {
   /** set aside for the current job (Accusations.newJob clears it) */
   private readonly aside = new Set<string>();
 
-  /** `accuser` says `accused` lied: the accused is set aside unless the record convicts one of them. */
-  accuse(accuser: string, accused: string): Judgement {
+  /** `accuser` says `accused` lied: the accused is set aside unless the record (or trust) convicts one of them. */
+  accuse(accuser: string, accused: string, trusted: ReadonlySet<string> = new Set()): Judgement {
     if (accuser === accused) return { convicted: null, setAside: [], cleared: [], why: '' };
+    const byTrust = this.byTrust(accuser, accused, trusted);
+    if (byTrust) return byTrust;
     this.record(accuser, accused);
     return this.judge([accused, accuser], [accused]);
   }
 
   /** `a` and `b` contradict each other and nobody else can say who lies: both set aside unless the record decides. */
-  dispute(a: string, b: string): Judgement {
+  dispute(a: string, b: string, trusted: ReadonlySet<string> = new Set()): Judgement {
     if (a === b) return { convicted: null, setAside: [], cleared: [], why: '' };
+    const byTrust = this.byTrust(a, b, trusted);
+    if (byTrust) return byTrust;
     this.record(a, b);
     this.record(b, a);
     return this.judge([a, b], [a, b]);
@@ -68,6 +74,14 @@ export class Accusations {
   /** A new job: every worker may be placed again (the record of words stays). */
   newJob(): void {
     this.aside.clear();
+  }
+
+  /** Between a trusted and an untrusted worker, the untrusted one's conviction; else null. */
+  private byTrust(a: string, b: string, trusted: ReadonlySet<string>): Judgement | null {
+    if (trusted.has(a) === trusted.has(b)) return null;
+    const untrusted = trusted.has(a) ? b : a;
+    const cleared = this.convict(untrusted);
+    return { convicted: untrusted, setAside: [], cleared, why: 'its word was against a trusted worker’s' };
   }
 
   private judge(suspects: string[], otherwiseAside: string[]): Judgement {

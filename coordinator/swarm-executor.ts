@@ -158,7 +158,9 @@ export class SwarmExecutor extends Executor {
       [a, accuser],
       [b, accused.rank],
     ]);
-    const judged = disputed ? this.swarm.accusations.dispute(a, b) : this.swarm.accusations.accuse(a, b);
+    const trusted = new Set([by, of].filter((w) => this.swarm.isTrusted(w)).map((w) => this.swarm.identityOf(w)));
+    const { accusations } = this.swarm;
+    const judged = disputed ? accusations.dispute(a, b, trusted) : accusations.accuse(a, b, trusted);
     const what = { silent: 'withholding its tensors', misbehaved: 'misbehaving', disconnected: 'gone' }[accused.cause];
     const word = disputed
       ? `rank ${accused.rank}'s recomputation and rank ${accuser}'s rows disagree, with nobody to decide: ` +

@@ -74,6 +74,17 @@ describe('the record of accusations', () => {
     expect(record.isSetAside('honest')).toBe(false);
   });
 
+  it('a trusted worker’s word is the coordinator’s own: the untrusted one of the two is convicted at once', () => {
+    const record = new Accusations();
+    const trusted = new Set(['this-machine']);
+    expect(record.accuse('liar', 'this-machine', trusted)).toMatchObject({ convicted: 'liar', setAside: [] });
+    expect(record.dispute('this-machine', 'liar-2', trusted)).toMatchObject({ convicted: 'liar-2' });
+    expect(record.accuse('this-machine', 'other', new Set(['this-machine', 'other']))).toMatchObject({
+      convicted: null,
+      setAside: ['other'],
+    });
+  });
+
   it('a worker cannot accuse itself', () => {
     expect(new Accusations().accuse('a', 'a')).toEqual({ convicted: null, setAside: [], cleared: [], why: '' });
   });
