@@ -17,6 +17,8 @@ export interface HostileRules {
     /** blame sent with the error, as data: `rank` 'next' is the rank after this one in its mesh */
     blame?: { rank: number | 'next'; cause: string; evidence: string };
   };
+  /** its recompute replies (a spot check it was picked to make): a value of the other ranks' rows moved by `by` */
+  recompute?: { by: number };
   /** the tensors it sends the other ranks of its job in the forwards of step `step` (0-based) and later */
   mesh?: {
     step: number;
@@ -45,6 +47,7 @@ export interface HostileRules {
 export interface HostileLog {
   rowsReplies: number;
   rowsTampered: number;
+  recomputesTampered: number;
   tensorsPoisoned: number;
   tensorsWithheld: number;
   tensorsInjected: number;
@@ -80,6 +83,7 @@ export async function setRules(page: Page, rules: HostileRules): Promise<void> {
     Object.assign(window.__hostileLog, {
       rowsReplies: 0,
       rowsTampered: 0,
+      recomputesTampered: 0,
       tensorsPoisoned: 0,
       tensorsWithheld: 0,
       tensorsInjected: 0,
@@ -104,6 +108,7 @@ function hostileWire({ rules: initial, version }: { rules: HostileRules; version
   const log: HostileLog = (w.__hostileLog = {
     rowsReplies: 0,
     rowsTampered: 0,
+    recomputesTampered: 0,
     tensorsPoisoned: 0,
     tensorsWithheld: 0,
     tensorsInjected: 0,
@@ -263,13 +268,25 @@ function hostileWire({ rules: initial, version }: { rules: HostileRules; version
       });
       return [copy(), past, f16];
     }
-    if (h.kind !== RPC || h.chunkCount !== 1 || (!rules.rows && rules.pulse === undefined)) return [copy()];
+    if (h.kind !== RPC || h.chunkCount !== 1 || (!rules.rows && !rules.recompute && rules.pulse === undefined))
+      return [copy()];
     const rpc = decodeRpc(frame);
     const body = rpc?.body;
     if (!rpc || !body) return [copy()];
     if (body.type === 'heartbeat-echo' && rules.pulse !== undefined) {
       log.pulsesReplaced++;
       return [encodeRpc(frame, { ...body, pulse: rules.pulse }, rpc.tensors)];
+    }
+    const recomputed =
+      body.type === 'reply' && body.ok === true && typeof body.id === 'number' && methods.get(body.id) === 'recompute'
+        ? body.result?.rows?.$tensor
+        : undefined;
+    if (rules.recompute && typeof recomputed === 'number') {
+      // the rows come in token order, rank 0's first: a value of another rank's, never its own
+      const rows = rpc.tensors[recomputed];
+      rows[log.rank === 0 ? rows.length - 1 : 0] += rules.recompute.by;
+      log.recomputesTampered++;
+      return [encodeRpc(frame, body, rpc.tensors)];
     }
     const rowsRef =
       body.type === 'reply' &&
