@@ -677,7 +677,10 @@ test.describe.serial('a liar in a browser of its own beside tabs of this machine
     test.setTimeout(120_000);
     context = await browser.newContext();
     dashboard = await context.newPage();
+    // ranks waiting for a liar's tensors that never come name it within 4 s, not a minute
+    await shortenExchangeTimeout(dashboard);
     await dashboard.goto(`${appOrigin(baseURL)}/`);
+    await dashboard.evaluate(() => (window.__exchangeTimeoutMs = 4_000));
     const { joinUrl } = await dashboard.evaluate(() => window.ditswarm.ready);
     honest.push(await context.newPage());
     await honest[0].goto(joinUrl);
