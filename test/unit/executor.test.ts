@@ -1,4 +1,4 @@
-import { beforeAll, describe, expect, it, vi } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 import { BACKENDS, createExecutor, getExecutorClass } from '../../coordinator/backends.ts';
 import { SpotCheckFailed, TimeoutError, WorkerError } from '../../coordinator/executor.ts';
 import { LocalExecutor } from '../../coordinator/local-executor.ts';
@@ -310,19 +310,31 @@ describe.each<Transport>(['direct', 'rpc'])('Executor over %s calls', (transport
       engine,
       transport,
     );
-    // rank 1 computes its own rows honestly and, asked to recompute, moves a value of rank 0's
+    // each rank computes its own rows honestly and, asked to recompute, moves a value of the other's
+    // (rank 0's rows come first): whichever is picked to check lies about the other
     executor.fault = (rank, method) =>
-      rank === 1 && method === 'recompute'
-        ? { alters: (r: ExecuteResult) => ({ ...r, rows: r.rows.map((v, i) => (i === 5 ? v + 0.01 : v)) }) }
+      method === 'recompute'
+        ? {
+            alters: (r: ExecuteResult) => ({
+              ...r,
+              rows: r.rows.map((v, i) => (i === (rank === 1 ? 5 : r.rows.length - 1) ? v + 0.01 : v)),
+            }),
+          }
         : null;
     await executor.initialize();
     await executor.prepareJob(7, [text], latent.shape);
-    const picked = vi.spyOn(Math, 'random').mockReturnValue(0.99); // the checker: rank 1 of 2
-    const error = await rejection(executor.executeModel(request)).finally(() => picked.mockRestore());
-    const failed = instance(error, SpotCheckFailed);
-    expect(failed).toMatchObject({ rank: 0, breach: false, disputed: true, blame: { rank: 1, cause: 'misbehaved' } });
+    const error = await rejection(executor.executeModel(request));
     const [check] = executor.takeSpotChecks();
-    expect(check).toMatchObject({ checker: 1, third: null, verdict: { convicted: [0, 1] } });
+    const checker = check.checker;
+    const other = 1 - checker;
+    expect(check).toMatchObject({ third: null, verdict: { convicted: [other, checker] } });
+    const failed = instance(error, SpotCheckFailed);
+    expect(failed).toMatchObject({
+      rank: other,
+      breach: false,
+      disputed: true,
+      blame: { rank: checker, cause: 'misbehaved' },
+    });
     await executor.shutdown({ graceMs: 1_000 });
   });
 

@@ -113,7 +113,7 @@ describe("the dashboard's door", () => {
       'its recomputation was wrong',
       { ban: true },
     );
-    const conn = fakeConn('ditswarm-w-new-id', { role: 'worker', nonce: nonce(), browser: 'ab12' });
+    const conn = fakeConn('ditswarm-w-new-id', { ...dialed('secret', 'ditswarm-w-new-id'), browser: 'ab12' });
     await admit(conn as unknown as DataConnectionLike);
     const reason = 'it was banned from this swarm for lying (its recomputation was wrong)';
     expect(swarm.refusals).toEqual([{ peer: 'ditswarm-w-new-id', reason, at: expect.any(Number) as number }]);
