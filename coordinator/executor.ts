@@ -120,11 +120,20 @@ export class WorkerError extends Error {
   }
 }
 
-/** A spot check convicted a rank of returning wrong rows (spot-check.ts); `blame` names a co-convicted rank. */
+/**
+ * A spot check found wrong rows (spot-check.ts). Convicted on the coordinator's own evidence (a
+ * breach), or, `disputed`, a disagreement between the rank and `blame` (its checker) that no third
+ * judgement decided: one of the two lied, and the record of accusations (accusations.ts) says which.
+ */
 export class SpotCheckFailed extends WorkerError {
   override name = 'SpotCheckFailed';
-  constructor(rank: number, why: string, blame: RankLost | null) {
-    super(rank, 'spot check', why, blame, true);
+  constructor(
+    rank: number,
+    why: string,
+    blame: RankLost | null,
+    readonly disputed = false,
+  ) {
+    super(rank, 'spot check', why, blame, !disputed);
   }
 }
 
@@ -457,6 +466,7 @@ export abstract class Executor {
       ms: performance.now() - started,
     });
     if (judged.verdict === 'agreed') return;
+    // two convicted: no judgement said which of the two lied (a checker may lie about the rank it checks)
     const [convicted, alsoConvicted] = judged.verdict.convicted as [number, number?];
     const blame: RankLost | null =
       alsoConvicted === undefined
@@ -470,6 +480,7 @@ export abstract class Executor {
       convicted,
       `step ${request.step + 1}${request.pass ? ' (unconditional)' : ''}: ${judged.verdict.why}`,
       blame,
+      alsoConvicted !== undefined,
     );
   }
 

@@ -10,6 +10,14 @@ import type { ParallelMode, RankLayout } from '../core/parallel.ts';
 import type { RankSettings } from '../core/rank-settings.ts';
 import type { ExecutionProvider, InitArgs } from '../core/worker-api.ts';
 
+/**
+ * What a job does when a re-placement would leave it on one worker that is not trusted (the
+ * dashboard's own browser's, or marked trusted: Swarm.isTrusted), with no other rank to check it:
+ * 'stop' with a reason (the default: one liar alone would decide the video), or 'continue' on it.
+ */
+export const UNTRUSTED_ALONE = ['stop', 'continue'] as const;
+export type UntrustedAlone = (typeof UNTRUSTED_ALONE)[number];
+
 /** Where the ranks run: one in this tab, or on the swarm's worker pages (backends.ts makes their executors). */
 export const BACKENDS = ['local', 'swarm'] as const;
 export type Backend = (typeof BACKENDS)[number];
@@ -35,6 +43,8 @@ export interface PlacementRequest extends Partial<Omit<RankSettings, 'dtype' | '
   shares?: 'even' | 'speed';
   /** share of forward passes another rank recomputes to check the group's (spot-check.ts); 0 for none */
   spotCheckRate?: number;
+  /** when a lost rank leaves the job on one untrusted worker (UNTRUSTED_ALONE); 'stop' unless set */
+  untrustedAlone?: UntrustedAlone;
   /** the ranks' links to each other paced as this slower link (benchmarks and tests: core/net/paced-channel.ts) */
   emulateLink?: LinkEmulation;
   /**
@@ -90,6 +100,8 @@ export interface ResolvedPlacement {
   warmupSteps: number;
   /** forwards checked by another rank's recomputation, and how far its rows may differ (spot-check.ts) */
   spotChecks: { rate: number; tolerance: number };
+  /** a re-placement onto one untrusted worker alone stops the job, or continues (UNTRUSTED_ALONE) */
+  untrustedAlone: UntrustedAlone;
   timeouts: Timeouts;
   /** the cost model's prediction and its reasons; null where nothing was measured to predict from */
   prediction: PlacementPrediction | null;

@@ -105,6 +105,7 @@ export class Placer {
     params: JobParams,
     request: PlacementRequest,
   ): Promise<{ executor: Executor; placement: ResolvedPlacement }> {
+    this.options.swarm?.accusations.newJob(); // a worker set aside in the last job is placed again
     const placement = await this.planOnLive(params, request);
     const current = this.executor;
     if (!current || this.lostARank || !samePlacement(current.placement, placement)) await this.placeOn(placement);
@@ -138,6 +139,7 @@ export class Placer {
       measurements: this.measurements,
       maxWorld,
       rehearsalError,
+      trusted: new Set(workers.filter((w) => swarm?.isTrusted(w)).map((w) => w.id)),
     });
     if (this.options.backend !== 'swarm' || !swarm) return planPlacement(this.options, input([]));
     // checked before waiting: an invalid request fails at once
@@ -345,7 +347,23 @@ export class Placer {
     // cannot hold a placement for ever
     for (let round = 1; ; round++) {
       await swarm.waitForWorkers(count, this.options.placementTimeoutMs ?? 30_000);
-      if (!(await swarm.letGoHungEngines()) || round === MAX_ENGINE_CHECK_ROUNDS) return swarm.workers();
+      if (!(await swarm.letGoHungEngines()) || round === MAX_ENGINE_CHECK_ROUNDS) return eligible(swarm);
     }
   }
+}
+
+/**
+ * The live workers the job may use: all but those the record of accusations set aside for it
+ * (accusations.ts); an error saying so where that leaves none.
+ */
+function eligible(swarm: Swarm): SwarmWorker[] {
+  const live = swarm.workers();
+  const workers = live.filter((w) => !swarm.isSetAside(w));
+  if (live.length && !workers.length)
+    throw new Error(
+      `every live worker (${live.map((w) => w.id).join(', ')}) is set aside for this job: they accused ` +
+        'each other and nobody else could say who lied; neither is banned, and the next job places them again ' +
+        '(add a worker the swarm can judge them by, or mark one trusted)',
+    );
+  return workers;
 }

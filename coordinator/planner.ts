@@ -35,7 +35,14 @@ import { formatBytes, type ExecutionProvider } from '../core/worker-api.ts';
 import type { Backend } from './backends.ts';
 import type { WorkerMeasurement } from './measure.ts';
 import type { Measurements, WorkerGroup } from './measurements.ts';
-import type { PlacementPrediction, PlacementRequest, ResolvedPlacement, Timeouts } from './placement.ts';
+import {
+  UNTRUSTED_ALONE,
+  type PlacementPrediction,
+  type PlacementRequest,
+  type ResolvedPlacement,
+  type Timeouts,
+  type UntrustedAlone,
+} from './placement.ts';
 import { DEFAULT_SPOT_CHECK_RATE, spotCheckTolerance } from './spot-check.ts';
 import type { SwarmWorker } from './swarm.ts';
 
@@ -64,6 +71,8 @@ export interface PlanningInput<W extends PlanningWorker = PlanningWorker> {
   rehearsalError?: string;
   /** after a lost rank: no more ranks than the placement had */
   maxWorld?: number;
+  /** ids of the workers the user trusts (Swarm.isTrusted); none unless given */
+  trusted?: ReadonlySet<string>;
 }
 
 /** Displaced mode's exact steps before stale keys and values: the first steps move the latent most (DistriFusion). */
@@ -145,6 +154,7 @@ interface Asked {
   dtype: DType | 'auto';
   shares: 'even' | 'speed' | undefined;
   spotCheckRate: number;
+  untrustedAlone: UntrustedAlone;
   emulateLink: RankSettings['emulateLink'];
   parallel: ParallelMode | 'auto';
   warmupSteps: number;
@@ -154,7 +164,7 @@ interface Asked {
 /** A request checked, with its defaults: an error that says what is valid. */
 export function checkRequest(request: PlacementRequest): Asked {
   const { parallel = 'ulysses', warmupSteps = DEFAULT_WARMUP_STEPS, dtype = 'f32', headGroups } = request;
-  const { spotCheckRate = DEFAULT_SPOT_CHECK_RATE } = request;
+  const { spotCheckRate = DEFAULT_SPOT_CHECK_RATE, untrustedAlone = 'stop' } = request;
   // int4 would lose too much of Ulysses' q, k, v; displaced sends only keys' and values' change a step
   if (dtype === 'i4' && parallel === 'ulysses')
     throw new Error(
@@ -174,6 +184,8 @@ export function checkRequest(request: PlacementRequest): Asked {
     );
   if (!(spotCheckRate >= 0 && spotCheckRate <= 1))
     throw new RangeError(`a spot-check rate is between 0 and 1, got ${spotCheckRate}`);
+  if (!UNTRUSTED_ALONE.includes(untrustedAlone))
+    throw new Error(`untrustedAlone is ${UNTRUSTED_ALONE.join(' or ')}, got ${JSON.stringify(untrustedAlone)}`);
   return {
     ulyssesDegree: request.ulyssesDegree ?? 'auto',
     cfgParallel: request.cfgParallel,
@@ -181,6 +193,7 @@ export function checkRequest(request: PlacementRequest): Asked {
     dtype,
     shares: request.shares,
     spotCheckRate,
+    untrustedAlone,
     emulateLink: request.emulateLink ?? null,
     parallel,
     warmupSteps,
@@ -587,6 +600,7 @@ export function planPlacement(ctx: PlannerContext, input: PlanningInput): Resolv
           : chooseAuto(ctx, weighed, hw)
         : placeUnmeasured(ctx, weighed);
   const { layout, exchange } = chosen;
+  if (ctx.backend === 'swarm') refuseUntrustedAlone(asked, input, layout.world, workers);
   // displaced ranks exchange once a block: head groups are Ulysses' alone, at most the fewest heads a rank has
   const fewestHeads = Math.min(...(layout.heads?.flat() ?? evenHeads(ctx.config.numHeads, layout.ulyssesDegree)));
   const headGroups =
@@ -610,10 +624,31 @@ export function planPlacement(ctx: PlannerContext, input: PlanningInput): Resolv
     settings: { dtype: exchange.dtype, parallel: exchange.parallel, headGroups, emulateLink: asked.emulateLink },
     warmupSteps: asked.warmupSteps,
     spotChecks: { rate: asked.spotCheckRate, tolerance: spotCheckTolerance(exchange.dtype) },
+    untrustedAlone: asked.untrustedAlone,
     timeouts: timeoutsOf(ctx.rpcTimeoutMs),
     prediction,
     cfgFallback,
   };
+}
+
+/**
+ * Never trust one worker alone: a re-placement (after a lost rank) onto one worker the user does not
+ * trust, with no rank left to check it, stops the job with the reason, unless the job asked to continue.
+ */
+function refuseUntrustedAlone(
+  asked: Pick<Asked, 'untrustedAlone'>,
+  input: Pick<PlanningInput, 'maxWorld' | 'trusted'>,
+  world: number,
+  workers: readonly PlanningWorker[],
+): void {
+  if (input.maxWorld === undefined || world !== 1 || asked.untrustedAlone === 'continue') return;
+  const alone = workers.at(0);
+  if (!alone || input.trusted?.has(alone.id)) return;
+  throw new Error(
+    `only worker ${alone.id} is left for this job and it is not trusted: one worker alone, with nobody to check ` +
+      'it, would decide the video. The job stops; run it again once more workers have joined, mark a worker ' +
+      "trusted on the dashboard, open a worker tab on this machine, or ask untrustedAlone 'continue'",
+  );
 }
 
 /** How many workers a placement of this request waits for before it is planned. */

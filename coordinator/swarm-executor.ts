@@ -4,6 +4,7 @@ import type { Remote } from '../core/net/rpc.ts';
 import type { RankLost, WorkerApi } from '../core/worker-api.ts';
 import {
   Executor,
+  SpotCheckFailed,
   TimeoutError,
   WorkerError,
   type ExecutorOptions,
@@ -65,13 +66,14 @@ export class SwarmExecutor extends Executor {
   }
 
   /**
-   * Who is lost, on the coordinator's own evidence only: a rank that left the swarm (its link
-   * closed, or its heartbeats stopped), a rank whose reply broke the contract, and a rank that does
-   * not answer a ping within CONFIRM_PING_MS — every rank is pinged, so a rank another rank blames
-   * is let go only if it is silent to the coordinator too. One rank's word alone evicts nobody but
-   * itself: a rank accused of misbehaving (NaN sent between ranks, say: the coordinator never sees
-   * those tensors) or of withholding its tensors that still answers is let go together with its
-   * accuser, for one of the two lies.
+   * Who is lost, on the coordinator's own evidence: a rank that left the swarm (its link closed, or
+   * its heartbeats stopped), a rank whose reply broke the contract or a spot check convicted
+   * (banned), and a rank that does not answer a ping within CONFIRM_PING_MS — every rank is pinged,
+   * so a rank another rank blames is let go only if it is silent to the coordinator too. One rank's
+   * word against another's that still answers (NaN sent between ranks, withheld tensors: the
+   * coordinator never sees those; a spot check that no third judgement decided) is judged by the
+   * record of accusations (accusations.ts): it sets a rank aside for the job or bans the one the
+   * record convicts, never the accuser with the accused on one word.
    */
   override async lostRanks(error: Error): Promise<LostRank[]> {
     const lostBefore = this.lost.size;
@@ -107,19 +109,14 @@ export class SwarmExecutor extends Executor {
         Date.now() - started,
       );
     });
-    if (accused && error instanceof WorkerError && accused.rank !== error.rank && !this.lost.has(accused.rank)) {
-      const what = { silent: 'withholding its tensors', misbehaved: 'misbehaving', disconnected: 'gone' }[
-        accused.cause
-      ];
-      this.letGo(accused.rank, 'misbehaved', `rank ${error.rank} reported: ${accused.evidence}`, 0);
-      this.letGo(
-        error.rank,
-        'misbehaved',
-        `it reported rank ${accused.rank} ${what}, which the coordinator cannot confirm: ` +
-          'one of the two is let go with the other',
-        0,
-      );
-    }
+    if (
+      accused &&
+      error instanceof WorkerError &&
+      accused.rank !== error.rank &&
+      !this.lost.has(accused.rank) &&
+      !this.lost.has(error.rank)
+    )
+      this.judgeWord(error.rank, accused, error instanceof SpotCheckFailed && error.disputed);
     // a rank that answers pings but not its call within the call's time: its page lives, its engine
     // (which pings do not reach) hangs or crawls; with nobody else to blame, it goes
     if (this.lost.size === lostBefore && error instanceof TimeoutError) {
@@ -147,7 +144,50 @@ export class SwarmExecutor extends Executor {
     return this.ranks[rank];
   }
 
-  /** `ban`: on the coordinator's own evidence of wrong results, the worker is not admitted again */
+  /**
+   * Rank `accuser`'s word against `accused` (disputed: a spot check's disagreement between them), as
+   * the record of accusations judges it: the convicted is banned and those it accused stay; else
+   * the ranks the rule sets aside leave the job, connected and not banned.
+   */
+  private judgeWord(accuser: number, accused: RankLost, disputed: boolean): void {
+    const [by, of] = [this.rankWorker(accuser), this.rankWorker(accused.rank)];
+    if (!by || !of) return;
+    const [a, b] = [this.swarm.identityOf(by), this.swarm.identityOf(of)];
+    if (a === b) return; // two tabs of one browser: the record cannot tell them apart
+    const identity = new Map([
+      [a, accuser],
+      [b, accused.rank],
+    ]);
+    const trusted = new Set([by, of].filter((w) => this.swarm.isTrusted(w)).map((w) => this.swarm.identityOf(w)));
+    const { accusations } = this.swarm;
+    const judged = disputed ? accusations.dispute(a, b, trusted) : accusations.accuse(a, b, trusted);
+    const what = { silent: 'withholding its tensors', misbehaved: 'misbehaving', disconnected: 'gone' }[accused.cause];
+    const word = disputed
+      ? `rank ${accused.rank}'s recomputation and rank ${accuser}'s rows disagree, with nobody to decide: ` +
+        accused.evidence
+      : `rank ${accuser} reported it ${what}: ${accused.evidence}`;
+    if (judged.convicted !== null) {
+      const rank = identity.get(judged.convicted);
+      if (rank !== undefined)
+        this.letGo(rank, 'misbehaved', `convicted by the record of accusations (${judged.why}); last: ${word}`, 0, {
+          ban: true,
+        });
+      return;
+    }
+    for (const aside of judged.setAside) {
+      const rank = identity.get(aside);
+      if (rank !== undefined) this.setAside(rank, `set aside for this job, not banned: ${word}`);
+    }
+  }
+
+  /** Out of this job's placement (the placer places without it) but kept in the swarm, not banned. */
+  private setAside(rank: number, evidence: string): void {
+    const worker = this.rankWorker(rank);
+    if (!worker || this.lost.has(rank)) return;
+    this.lost.set(rank, { rank, worker: worker.id, cause: 'misbehaved', evidence, silentMs: 0 });
+  }
+
+  /** `ban`: on the coordinator's own evidence of a lie, the worker is not admitted again */
   private letGo(
     rank: number,
     cause: RankLost['cause'],

@@ -17,7 +17,14 @@ import {
   transportOf,
   type SignalingOptions,
 } from '../core/net/peer-link.ts';
-import { admitWorker, dialProven, JOIN_STEP_TIMEOUT_MS, joinMetadata, type JoinMetadata } from '../core/net/join.ts';
+import {
+  admitWorker,
+  dialProven,
+  JOIN_STEP_TIMEOUT_MS,
+  joinMetadata,
+  refuseJoin,
+  type JoinMetadata,
+} from '../core/net/join.ts';
 import {
   obtainSwarmKeys,
   registerCoordinator,
@@ -30,6 +37,7 @@ import type { RelayClient } from '../core/net/relay-client.ts';
 import { passing } from '../core/net/check.ts';
 import { remote } from '../core/net/rpc.ts';
 import {
+  BROWSER_ID_KEY,
   checkPulse,
   WORKER_CONTRACT,
   type WorkerInfo,
@@ -38,6 +46,7 @@ import {
 } from '../core/worker-api.ts';
 import { measureWorker, type WorkerMeasurement } from './measure.ts';
 import { Emitter } from '../core/events.ts';
+import { Accusations } from './accusations.ts';
 
 const DESCRIBE_TIMEOUT_MS = 15_000;
 /** what a page may send before it has described itself: its describe reply is a few hundred bytes */
@@ -111,8 +120,14 @@ export class Swarm {
   });
   /** the last MAX_REFUSALS pages refused, newest last */
   readonly refusals: { peer: string; reason: string; at: number }[] = [];
-  /** pages let go for wrong results, and why: not admitted again */
+  /** identities (Swarm.identityOf) and peer ids of pages let go for lying, and why: not admitted again */
   private readonly banned = new Map<string, string>();
+  /** the identities the user marked trusted on the dashboard */
+  private readonly markedTrusted = new Set<string>();
+  /** one worker's word against another's, across jobs: the rule that decides who is set aside or banned */
+  readonly accusations = new Accusations();
+  /** this dashboard's own browser id: its worker tabs are this machine's, trusted (read when asked: made by a tab) */
+  ownBrowser: () => string | null = ownBrowserId;
   /** pages between their dial and their describe reply */
   private joining = 0;
   private relay: RelayClient | null = null;
@@ -273,19 +288,63 @@ export class Swarm {
   }
 
   /**
-   * Disconnects a worker (it misbehaved, or the executor gave up on it). `ban`: on the
-   * coordinator's own evidence of wrong results, the page is not admitted again (until it reloads:
-   * a new peer id is a new page).
+   * Disconnects a worker (it misbehaved, or the executor gave up on it). `ban`: it was convicted of
+   * lying, and neither its page nor its browser is admitted again: a page that joins again under a
+   * new peer id keeps its browser's id. The dashboard's own browser is banned by page only (its
+   * other tabs are this machine's).
    */
   evict(worker: SwarmWorker, reason: string, { ban = false } = {}): void {
     if (ban) {
-      this.banned.set(worker.id, reason);
-      const oldest = this.banned.keys().next();
-      if (this.banned.size > MAX_REFUSALS && !oldest.done) this.banned.delete(oldest.value);
+      for (const key of new Set([`peer:${worker.id}`, this.identityOf(worker)])) this.ban(key, reason);
+      this.accusations.convict(this.identityOf(worker)); // its words against others are void
     }
     const conn = this.connections.get(worker.id);
     this.drop(worker, reason, 0, ban);
     conn?.close();
+  }
+
+  /**
+   * Who a worker is across its pages' joins, for bans and the record of accusations: its browser's
+   * id where it has one that is not this dashboard's own browser's, else its peer id.
+   */
+  identityOf(worker: Pick<SwarmWorker, 'id' | 'info'>): string {
+    const { browser } = worker.info;
+    return browser && browser !== this.ownBrowser() ? `browser:${browser}` : `peer:${worker.id}`;
+  }
+
+  /** Trusted workers: the tabs of this dashboard's own browser, and those the user marked trusted. */
+  isTrusted(worker: Pick<SwarmWorker, 'id' | 'info'>): boolean {
+    const own = this.ownBrowser();
+    return (own !== null && worker.info.browser === own) || this.markedTrusted.has(this.identityOf(worker));
+  }
+
+  /** Whether the record of accusations set the worker aside for the current job (the placer places without it). */
+  isSetAside(worker: Pick<SwarmWorker, 'id' | 'info'>): boolean {
+    return this.accusations.isSetAside(this.identityOf(worker));
+  }
+
+  /** The user marks a worker (its browser, where it has one) trusted, or no longer. */
+  markTrusted(worker: Pick<SwarmWorker, 'id' | 'info'>, trusted: boolean): void {
+    const key = this.identityOf(worker);
+    if (trusted) this.markedTrusted.add(key);
+    else this.markedTrusted.delete(key);
+    const live = this.roster.get(worker.id);
+    if (live) this.emit({ type: 'update', worker: live });
+  }
+
+  /** Why a page of this peer id (and browser, as it says) may not join, or null. */
+  bannedReason(peer: string, browser: string | undefined): string | null {
+    const reason =
+      this.banned.get(`peer:${peer}`) ??
+      (browser && browser !== this.ownBrowser() ? this.banned.get(`browser:${browser}`) : undefined);
+    return reason === undefined ? null : `it was banned from this swarm for lying (${reason})`;
+  }
+
+  private ban(key: string, reason: string): void {
+    this.banned.delete(key);
+    this.banned.set(key, reason);
+    const oldest = this.banned.keys().next();
+    if (this.banned.size > MAX_REFUSALS && !oldest.done) this.banned.delete(oldest.value);
   }
 
   /**
@@ -436,16 +495,23 @@ export class Swarm {
           openTimeoutMs: conn.open ? undefined : JOIN_STEP_TIMEOUT_MS,
         },
       );
-      const banned = this.banned.get(conn.peer);
-      const refusal = banned
-        ? `it was let go for returning wrong results (${banned}): reload it to join again`
-        : await admitWorker(link, this.keys.token, { coordinator: this.id, worker: conn.peer }, meta);
+      // a banned page is told so (its page shows why), not left to time out in the handshake
+      const banned = this.bannedReason(conn.peer, meta.browser);
+      if (banned) await refuseJoin(link, banned);
+      const refusal =
+        banned ?? (await admitWorker(link, this.keys.token, { coordinator: this.id, worker: conn.peer }, meta));
       if (refusal) {
         this.refuse(conn, refusal);
         return;
       }
       api = remote(link, COORDINATOR, WORKER_CONTRACT, `worker ${conn.peer}`);
       const info = await api.describe({}, DESCRIBE_TIMEOUT_MS);
+      // its browser as it describes itself, where its dial did not say (or said another)
+      const bannedBrowser = this.bannedReason(conn.peer, info.browser);
+      if (bannedBrowser) {
+        this.refuse(conn, bannedBrowser);
+        return;
+      }
       // a page whose engine hangs (let go for it, and dialling again) joins once its engine answers
       const hung = await engineHangs(api, JOIN_ENGINE_CHECK_MS);
       if (hung) {
@@ -532,5 +598,14 @@ async function engineHangs(api: Pick<WorkerRemote, 'pingEngine'>, ms: number): P
       `its engine did not answer within ${ms / 1000} s (${(e as Error).message}): it hangs or is still busy; ` +
       'it may join again once it answers, or reload the page'
     );
+  }
+}
+
+/** This browser's id (worker/cores.ts keeps it for its worker tabs), where this page can read one. */
+function ownBrowserId(): string | null {
+  try {
+    return typeof localStorage === 'undefined' ? null : localStorage.getItem(BROWSER_ID_KEY);
+  } catch {
+    return null;
   }
 }

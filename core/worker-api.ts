@@ -47,6 +47,9 @@ export interface WorkerInfo {
   browser?: string;
 }
 
+/** where a browser keeps its id (WorkerInfo.browser), for its worker tabs and its dashboard on one origin */
+export const BROWSER_ID_KEY = 'ditswarm-browser';
+
 /** A rank's place in its job's mesh (its group's mesh with CFG parallel): RankLayout.meshOf. */
 export interface RankMesh {
   rank: number;

@@ -5,6 +5,7 @@
 // browser grants it the moment their tab closes or crashes — then it counts again.
 
 import { nonce } from '../core/net/hmac.ts';
+import { BROWSER_ID_KEY } from '../core/worker-api.ts';
 import { usableCores } from '../rank/engine-client.ts';
 
 const LOCK_PREFIX = 'ditswarm-worker-tab-';
@@ -85,7 +86,7 @@ export async function shareCores(id: string, onChange: (threads: number, tabs: n
   };
 }
 
-const BROWSER_KEY = 'ditswarm-browser';
+const BROWSER_KEY = BROWSER_ID_KEY;
 
 /**
  * This browser's id, kept where all its tabs of this origin read it, made under a Web Lock so that

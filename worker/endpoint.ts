@@ -7,7 +7,7 @@
 import { Peer } from 'peerjs';
 import type { DataConnectionLike, Transport } from '../core/net/channel.ts';
 import { answerHeartbeats, askWhileSilent } from '../core/net/heartbeat.ts';
-import { joinDashboard, workerDial } from '../core/net/join.ts';
+import { joinDashboard, workerDial, type JoinMetadata } from '../core/net/join.ts';
 import { findCoordinator } from '../core/net/join-token.ts';
 import {
   connectRelay,
@@ -204,7 +204,10 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
         // opened now, but only links that need it use it
         if (signaling.relay.mode === 'fallback') await relayClient().catch(() => null);
         // the token never leaves this page: the dashboard and this worker prove they hold it (core/net/join.ts)
-        const metadata = workerDial(options.token ?? '', { coordinator, worker: peer.id });
+        const metadata: JoinMetadata = {
+          ...workerDial(options.token ?? '', { coordinator, worker: peer.id }),
+          ...(info.browser && { browser: info.browser }),
+        };
         const conn = await dial(peer, coordinator, metadata, { mode: signaling.relay.mode, client: relayClient });
         let closed!: () => void;
         const gone = new Promise<void>((resolve) => (closed = resolve));

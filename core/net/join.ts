@@ -16,6 +16,8 @@ export interface JoinMetadata {
   nonce: string;
   /** joinProof of the token, the nonce and both ids (dialProof) */
   dial: string;
+  /** its browser's id (WorkerInfo.browser), where it has one: a dashboard refuses a banned browser before the proof */
+  browser?: string;
 }
 
 const dialProof = (token: string, nonce: string, ids: { coordinator: string; worker: string }): string =>
@@ -42,13 +44,16 @@ type JoinBody =
 /** The join metadata of a worker's dial, or null where it is not one. */
 export function joinMetadata(metadata: unknown): JoinMetadata | null {
   const m = metadata as Partial<JoinMetadata> | null;
-  return m?.role === 'worker' &&
+  if (!(
+    m?.role === 'worker' &&
     typeof m.nonce === 'string' &&
     /^[0-9a-f]{32}$/.test(m.nonce) &&
     typeof m.dial === 'string' &&
     /^[0-9a-f]{64}$/.test(m.dial)
-    ? { role: 'worker', nonce: m.nonce, dial: m.dial }
-    : null;
+  ))
+    return null;
+  const browser = typeof m.browser === 'string' && /^[0-9a-f-]{1,64}$/.test(m.browser) ? m.browser : undefined;
+  return { role: 'worker', nonce: m.nonce, dial: m.dial, ...(browser && { browser }) };
 }
 
 /** The next handshake message on `link` of this type, or null on timeout or a closed link. */
@@ -102,8 +107,13 @@ export async function admitWorker(
   const reason = answer
     ? 'it did not prove it holds the join token: open the join link shown on the dashboard'
     : 'it did not prove it holds the join token in time (a wrong join link?)';
-  await link.send({ kind: 'rpc', from: COORDINATOR, body: { type: 'refused', reason }, tensors: [] }).catch(() => {});
+  await refuseJoin(link, reason);
   return reason;
+}
+
+/** Tells a worker on its new link why it is refused (its page shows the reason), instead of a silent close. */
+export async function refuseJoin(link: Link, reason: string): Promise<void> {
+  await link.send({ kind: 'rpc', from: COORDINATOR, body: { type: 'refused', reason }, tensors: [] }).catch(() => {});
 }
 
 /**

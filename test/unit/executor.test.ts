@@ -1,6 +1,6 @@
 import { beforeAll, describe, expect, it } from 'vitest';
 import { BACKENDS, createExecutor, getExecutorClass } from '../../coordinator/backends.ts';
-import { TimeoutError, WorkerError } from '../../coordinator/executor.ts';
+import { SpotCheckFailed, TimeoutError, WorkerError } from '../../coordinator/executor.ts';
 import { LocalExecutor } from '../../coordinator/local-executor.ts';
 import { SwarmExecutor } from '../../coordinator/swarm-executor.ts';
 import { COORDINATOR, type Message } from '../../core/net/protocol.ts';
@@ -301,6 +301,41 @@ describe.each<Transport>(['direct', 'rpc'])('Executor over %s calls', (transport
     expect(caught.verdict).toMatchObject({ convicted: [1] });
     expect(caught.third).not.toBeNull();
     await cheating.shutdown({ graceMs: 1_000 });
+  });
+
+  it('a lying checker between two ranks, with no third to ask, convicts nobody on its word: a dispute, not a breach (issue 33, #2)', async () => {
+    const request = { job: 7, step: 0, pass: 0, timestep: 500, latent };
+    const executor = new InProcessExecutor(
+      { ...options, layout: new RankLayout(2), spotCheckRate: 1 },
+      engine,
+      transport,
+    );
+    // each rank computes its own rows honestly and, asked to recompute, moves a value of the other's
+    // (rank 0's rows come first): whichever is picked to check lies about the other
+    executor.fault = (rank, method) =>
+      method === 'recompute'
+        ? {
+            alters: (r: ExecuteResult) => ({
+              ...r,
+              rows: r.rows.map((v, i) => (i === (rank === 1 ? 5 : r.rows.length - 1) ? v + 0.01 : v)),
+            }),
+          }
+        : null;
+    await executor.initialize();
+    await executor.prepareJob(7, [text], latent.shape);
+    const error = await rejection(executor.executeModel(request));
+    const [check] = executor.takeSpotChecks();
+    const checker = check.checker;
+    const other = 1 - checker;
+    expect(check).toMatchObject({ third: null, verdict: { convicted: [other, checker] } });
+    const failed = instance(error, SpotCheckFailed);
+    expect(failed).toMatchObject({
+      rank: other,
+      breach: false,
+      disputed: true,
+      blame: { rank: checker, cause: 'misbehaved' },
+    });
+    await executor.shutdown({ graceMs: 1_000 });
   });
 
   it('executeModel with a patches array of the wrong length is refused by every rank, naming the length its share needs, before any compute', async () => {

@@ -25,7 +25,7 @@ export type Fault =
   | { silent: true }
   | { throws: string }
   | { delayMs: number }
-  // a cheat is an altered result: executeModel's is the only reply a test alters
+  // a cheat is an altered result: executeModel's or recompute's rows (recompute's reply is read as its rows alone)
   | { alters: (reply: ExecuteResult) => unknown };
 
 /** An executor's ranks as a test writes them: the layout, and what a job asks of the rest. */
@@ -115,7 +115,8 @@ export class InProcessExecutor extends Executor {
             if (fault && 'delayMs' in fault) await new Promise((r) => setTimeout(r, fault.delayMs));
             const reply = await (runtime[method] as (a: unknown) => Promise<unknown>).call(runtime, args);
             if (!fault || !('alters' in fault)) return reply;
-            if (method !== 'executeModel') throw new Error(`a test alters executeModel's reply, not ${method}'s`);
+            if (method !== 'executeModel' && method !== 'recompute')
+              throw new Error(`a test alters executeModel's or recompute's reply (their rows), not ${method}'s`);
             return fault.alters(reply as ExecuteResult);
           },
         ]),

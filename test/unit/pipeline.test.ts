@@ -317,7 +317,7 @@ describe('generate(): a lost rank costs a re-placement and one step, not the job
     expect(result.report.workers.map((w) => w.id)).toEqual(['w0', 'w2']);
     expect(maxAbsDiff(result.latent, referenceJob().result.latent)).toBeLessThanOrEqual(1e-4);
     // kept out: it joins again and is refused
-    expect((swarm as unknown as { banned: Map<string, string> }).banned.has('w1')).toBe(true);
+    expect(swarm.bannedReason('w1', undefined)).toMatch(/^it was banned from this swarm for lying/);
   });
 
   it('a worker a spot check bans takes the cached prompts it computed or checked with it; a worker that leaves does not (issue 33)', async () => {

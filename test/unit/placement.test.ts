@@ -1,6 +1,6 @@
 import { beforeAll, describe, expect, it } from 'vitest';
 import type { SwarmKeys } from '../../core/net/join-token.ts';
-import { TimeoutError, WorkerError } from '../../coordinator/executor.ts';
+import { SpotCheckFailed, TimeoutError, WorkerError } from '../../coordinator/executor.ts';
 import { measureWorker, type WorkerMeasurement } from '../../coordinator/measure.ts';
 import type { PlacementPrediction, PlacementRequest, ResolvedPlacement } from '../../coordinator/placement.ts';
 import { MAX_REPLANS, Placer, ReplacementsExhausted } from '../../coordinator/placer.ts';
@@ -732,18 +732,19 @@ describe('who is lost: the coordinator’s own evidence, never one rank’s word
     expect(swarm.workers().map((w) => w.id)).toEqual(['w0', 'w1']);
   });
 
-  it('a rank blaming a rank as gone that still answers the coordinator is let go with it: one of the two lies (issue 17, #2)', async () => {
-    const { swarm, executor } = await placed(3);
+  it('a rank blaming a rank as gone that still answers the coordinator sets it aside for the job: neither is let go nor banned on one word (issue 33, #5)', async () => {
+    const { swarm, workers, executor } = await placed(3);
     const byBlame = new WorkerError(1, 'executeModel', 'rank 0 is gone: closed', {
       rank: 0,
       cause: 'disconnected',
       evidence: 'closed',
     });
-    expect((await executor.lostRanks(byBlame)).map((l) => [l.rank, l.cause])).toEqual([
-      [0, 'misbehaved'],
-      [1, 'misbehaved'],
-    ]);
-    expect(swarm.workers().map((w) => w.id)).toEqual(['w2']);
+    const lost = await executor.lostRanks(byBlame);
+    expect(lost.map((l) => [l.rank, l.cause])).toEqual([[0, 'misbehaved']]);
+    expect(lost[0].evidence).toBe('set aside for this job, not banned: rank 1 reported it gone: closed');
+    expect(swarm.workers().map((w) => w.id)).toEqual(['w0', 'w1', 'w2']);
+    expect(workers.map((w) => swarm.isSetAside(w))).toEqual([true, false, false]);
+    expect(workers.map((w) => swarm.bannedReason(w.id, undefined))).toEqual([null, null, null]);
   });
 
   it('the accused is let go only when the coordinator confirms it: no answer to its own ping', async () => {
@@ -780,7 +781,7 @@ describe('who is lost: the coordinator’s own evidence, never one rank’s word
     expect(swarm.workers().map((w) => w.id)).toEqual(['w0', 'w1', 'w3']);
   });
 
-  it('a rank accused of misbehaving that still answers is let go with its accuser: the coordinator cannot tell which one lies', async () => {
+  it('a rank accused of misbehaving that still answers is set aside, its accuser kept: one word costs at most one rank', async () => {
     const { swarm, executor } = await placed(3);
     const lost = await executor.lostRanks(
       new WorkerError(1, 'executeModel', 'rank 0 misbehaved: NaN', {
@@ -789,15 +790,14 @@ describe('who is lost: the coordinator’s own evidence, never one rank’s word
         evidence: 'sent NaN or infinite values in step 1, block 0; disconnected',
       }),
     );
-    expect(lost.map((l) => [l.rank, l.worker, l.cause])).toEqual([
-      [0, 'w0', 'misbehaved'],
-      [1, 'w1', 'misbehaved'],
-    ]);
-    expect(lost[0].evidence).toBe('rank 1 reported: sent NaN or infinite values in step 1, block 0; disconnected');
-    expect(swarm.workers().map((w) => w.id)).toEqual(['w2']);
+    expect(lost.map((l) => [l.rank, l.worker, l.cause])).toEqual([[0, 'w0', 'misbehaved']]);
+    expect(lost[0].evidence).toBe(
+      'set aside for this job, not banned: rank 1 reported it misbehaving: sent NaN or infinite values in step 1, block 0; disconnected',
+    );
+    expect(swarm.workers().map((w) => w.id)).toEqual(['w0', 'w1', 'w2']);
   });
 
-  it('a rank accused of withholding its tensors that still answers is let go with its accuser', async () => {
+  it('a rank accused of withholding its tensors that still answers is set aside, its accuser kept', async () => {
     const { swarm, executor } = await placed(3);
     const lost = await executor.lostRanks(
       new WorkerError(2, 'executeModel', 'rank 1 is gone', {
@@ -806,14 +806,85 @@ describe('who is lost: the coordinator’s own evidence, never one rank’s word
         evidence: 'sent no tensor for step 1, block 0, phase 0 within 60 s',
       }),
     );
-    expect(lost.map((l) => [l.rank, l.cause])).toEqual([
-      [1, 'misbehaved'],
-      [2, 'misbehaved'],
-    ]);
-    expect(lost[1].evidence).toBe(
-      'it reported rank 1 withholding its tensors, which the coordinator cannot confirm: one of the two is let go with the other',
+    expect(lost.map((l) => [l.rank, l.cause])).toEqual([[1, 'misbehaved']]);
+    expect(lost[0].evidence).toBe(
+      'set aside for this job, not banned: rank 2 reported it withholding its tensors: sent no tensor for step 1, block 0, phase 0 within 60 s',
     );
-    expect(swarm.workers().map((w) => w.id)).toEqual(['w0']);
+    expect(swarm.workers().map((w) => w.id)).toEqual(['w0', 'w1', 'w2']);
+  });
+
+  it('a liar blaming its peers in turn is banned at its second distinct victim; both victims stay in the job, none let go (issue 33, #5)', async () => {
+    const { swarm, join } = testSwarm();
+    const workers = join(3);
+    const placer = placerOn(swarm);
+    const request = ask({ ulyssesDegree: 3 });
+    await placer.place(guided, request);
+    await placer.prepare(1, texts, shape, guided, request);
+    const rankOf = (id: string) => defined(placer.current, 'a placement').workers.findIndex((w) => w.id === id);
+    const blames = (liar: string, victim: string) =>
+      new WorkerError(rankOf(liar), 'executeModel', 'a peer misbehaved', {
+        rank: rankOf(victim),
+        cause: 'misbehaved',
+        evidence: 'sent NaN',
+      });
+    const first = await placer.replace(blames('w1', 'w0'), 0);
+    expect(first?.lost.map((l) => l.worker)).toEqual(['w0']);
+    expect(placer.current?.workers.map((w) => w.id).sort()).toEqual(['w1', 'w2']);
+    const second = await placer.replace(blames('w1', 'w2'), 0);
+    expect(second?.lost.map((l) => [l.worker, l.evidence])).toEqual([
+      [
+        'w1',
+        'convicted by the record of accusations (it accused 2 distinct peers, and no other peer’s word backed any of its accusations); last: rank 0 reported it misbehaving: sent NaN'.replace(
+          '’',
+          "'",
+        ),
+      ],
+    ]);
+    // the liar is out and banned, the one it accused first is back: the job runs on both honest workers
+    expect(swarm.workers().map((w) => w.id)).toEqual(['w0', 'w2']);
+    expect(swarm.bannedReason('w1', undefined)).toMatch(/^it was banned from this swarm for lying \(convicted/);
+    expect(workers.map((w) => swarm.isSetAside(w))).toEqual([false, false, false]);
+    expect(placer.current?.workers.map((w) => w.id).sort()).toEqual(['w0', 'w2']);
+  });
+
+  it('a spot check between two ranks that no third judgement decided bans neither; both sit out the job, and the next job places them again (issue 33, #2)', async () => {
+    const { swarm, workers, executor } = await placed(2);
+    const lost = await executor.lostRanks(
+      new SpotCheckFailed(0, 'step 1: its rows differ', { rank: 1, cause: 'misbehaved', evidence: 'no third' }, true),
+    );
+    expect(lost.map((l) => [l.rank, l.cause])).toEqual([
+      [0, 'misbehaved'],
+      [1, 'misbehaved'],
+    ]);
+    expect(swarm.workers().map((w) => w.id)).toEqual(['w0', 'w1']);
+    expect(workers.map((w) => swarm.bannedReason(w.id, undefined))).toEqual([null, null]);
+    expect(workers.map((w) => swarm.isSetAside(w))).toEqual([true, true]);
+    await expect(placerOn(swarm).liveWorkers(1)).rejects.toThrow(/is set aside for this job: they accused each other/);
+    swarm.accusations.newJob();
+    expect((await placerOn(swarm).liveWorkers(1)).map((w) => w.id)).toEqual(['w0', 'w1']);
+  });
+
+  it('a spot check’s conviction of one rank by two judgements is a breach: that rank is banned', async () => {
+    const { swarm, executor } = await placed(3);
+    const lost = await executor.lostRanks(new SpotCheckFailed(2, 'step 1: recomputed alike by ranks 0 and 1', null));
+    expect(lost.map((l) => [l.rank, l.cause])).toEqual([[2, 'misbehaved']]);
+    expect(swarm.bannedReason('w2', undefined)).not.toBeNull();
+  });
+
+  it('a ban covers the page’s browser, so a page joining again under a new peer id is refused; the dashboard’s own browser is banned by page only', () => {
+    const { swarm, join } = testSwarm();
+    const [liar, local] = join(2);
+    liar.info.browser = 'aaaa';
+    local.info.browser = 'bbbb';
+    swarm.ownBrowser = () => 'bbbb';
+    swarm.evict(liar, 'its rows were wrong', { ban: true });
+    swarm.evict(local, 'its rows were wrong', { ban: true });
+    expect(swarm.bannedReason('ditswarm-w-new', 'aaaa')).toBe(
+      'it was banned from this swarm for lying (its rows were wrong)',
+    );
+    expect(swarm.bannedReason('ditswarm-w-new', 'bbbb')).toBeNull();
+    expect(swarm.bannedReason(local.id, 'bbbb')).not.toBeNull();
+    expect([swarm.isTrusted(liar), swarm.isTrusted(local)]).toEqual([false, true]);
   });
 
   it('a reply that broke the contract is the coordinator’s own evidence: that rank is let go', async () => {
@@ -838,6 +909,32 @@ describe('Placer: re-placing after a lost rank', () => {
     await placer.prepare(1, texts, shape, guided, request);
     return { workers, placer };
   }
+
+  it('never trusts one worker alone: a re-placement onto one untrusted worker stops the job with why, unless it is trusted or the job asked to continue (issue 33)', async () => {
+    for (const [trusted, untrustedAlone, goesOn] of [
+      [false, undefined, false],
+      [true, undefined, true],
+      [false, 'continue', true],
+    ] as const) {
+      const { swarm, join } = testSwarm();
+      const workers = join(2);
+      const placer = placerOn(swarm);
+      const request = ask({ ulyssesDegree: 2, untrustedAlone });
+      await placer.place(guided, request);
+      await placer.prepare(1, texts, shape, guided, request);
+      if (trusted) swarm.markTrusted(workers[0], true);
+      expect(placer.current?.placement.untrustedAlone).toBe(untrustedAlone ?? 'stop');
+      workers[1].pingFault = 'gone';
+      const replaced = placer.replace(new WorkerError(0, 'executeModel', 'rank 1 is gone'), 2);
+      if (goesOn) {
+        expect(await replaced).toMatchObject({ degreeBefore: 2, degreeAfter: 1 });
+        expect(placer.current?.workers.map((w) => w.id)).toEqual(['w0']);
+      } else
+        await expect(replaced).rejects.toThrow(
+          /could not be placed again: only worker w0 is left for this job and it is not trusted: one worker alone/,
+        );
+    }
+  });
 
   it('places the job on the live workers again and reports how long that took', async () => {
     const { workers, placer } = await prepared(3);

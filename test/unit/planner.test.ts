@@ -259,7 +259,7 @@ describe('a job planned again after a lost rank (maxWorld: the ranks it had)', (
   });
 
   it('one worker left: one rank, saying why there is no CFG parallel', () => {
-    const alone = plan(guided, cfg, workersAt(1), { maxWorld: 4 });
+    const alone = plan(guided, { ...cfg, untrustedAlone: 'continue' }, workersAt(1), { maxWorld: 4 });
     expect([alone.layout.world, alone.layout.cfgParallel, alone.cfgFallback]).toEqual([
       1,
       false,

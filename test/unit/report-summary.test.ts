@@ -20,6 +20,7 @@ const placement = (dtype: DType, parallel: 'ulysses' | 'displaced' = 'displaced'
   settings: { ...EXACT_SETTINGS, dtype, parallel },
   warmupSteps: 2,
   spotChecks: { rate: 0, tolerance: 3e-2 },
+  untrustedAlone: 'stop',
   timeouts: timeoutsOf(),
   prediction: null,
   cfgFallback: null,

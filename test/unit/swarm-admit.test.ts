@@ -105,6 +105,24 @@ describe("the dashboard's door", () => {
     swarm.close();
   });
 
+  it('a page of a banned browser, under a new peer id, is told it was banned and why before any proof: not left to time out in the handshake (issue 33)', async () => {
+    const { swarm, admit } = swarmWithToken('secret');
+    const liar = { id: 'ditswarm-w-liar', info: { browser: 'ab12' } } as unknown as Parameters<Swarm['evict']>[0];
+    swarm.evict(
+      { ...liar, api: {}, link: { close() {} } } as unknown as Parameters<Swarm['evict']>[0],
+      'its recomputation was wrong',
+      { ban: true },
+    );
+    const conn = fakeConn('ditswarm-w-new-id', { ...dialed('secret', 'ditswarm-w-new-id'), browser: 'ab12' });
+    await admit(conn as unknown as DataConnectionLike);
+    const reason = 'it was banned from this swarm for lying (its recomputation was wrong)';
+    expect(swarm.refusals).toEqual([{ peer: 'ditswarm-w-new-id', reason, at: expect.any(Number) as number }]);
+    const sent = Buffer.concat(conn.dataChannel.sent.map((f) => Buffer.from(f))).toString('latin1');
+    expect(sent).toContain(JSON.stringify({ type: 'refused', reason }));
+    expect(sent).not.toContain('"challenge"');
+    swarm.close();
+  });
+
   it('reserves nothing for a large message before the page has described itself: six first chunks declaring 64 MiB each hold no memory', async () => {
     const { swarm, admit } = swarmWithToken('secret');
     const conn = fakeConn('ditswarm-w-x', dialed('secret', 'ditswarm-w-x'));

@@ -17,6 +17,8 @@ export interface HostileRules {
     /** blame sent with the error, as data: `rank` 'next' is the rank after this one in its mesh */
     blame?: { rank: number | 'next'; cause: string; evidence: string };
   };
+  /** its recompute replies (a spot check it was picked to make): a value of the other ranks' rows moved by `by` */
+  recompute?: { by: number };
   /** the tensors it sends the other ranks of its job in the forwards of step `step` (0-based) and later */
   mesh?: {
     step: number;
@@ -45,6 +47,7 @@ export interface HostileRules {
 export interface HostileLog {
   rowsReplies: number;
   rowsTampered: number;
+  recomputesTampered: number;
   tensorsPoisoned: number;
   tensorsWithheld: number;
   tensorsInjected: number;
@@ -54,22 +57,33 @@ export interface HostileLog {
   world: number | null;
   /** the data channels it dialed: when each opened and closed (ms since the epoch) */
   channels: { openedAt: number | null; closedAt: number | null }[];
+  /** what went wrong applying the rules (a frame then went out as the page made it): hostileLog throws on any */
+  failures: string[];
 }
+
+/**
+ * Defines what a bundler's keep-names transform (tsx, esbuild) calls inside the functions Playwright
+ * sends as source: without it the rules' code throws in the page, and the frames go out untampered.
+ */
+const KEEP_NAMES_SHIM = 'window.__name = window.__name || function (target) { return target; };';
 
 /**
  * Installs the rules machinery in `page` (before its scripts run), starting with `rules`; a test
  * changes them later with setRules. Without rules the page behaves as the product made it.
  */
 export async function makeHostile(page: Page, rules: HostileRules = {}): Promise<void> {
+  await page.addInitScript({ content: KEEP_NAMES_SHIM });
   await page.addInitScript(hostileWire, { rules, version: PROTOCOL_VERSION });
 }
 
 export async function setRules(page: Page, rules: HostileRules): Promise<void> {
   await page.evaluate((r) => {
+    if (typeof window.__hostileLog !== 'object') throw new Error('the hostile wire is not installed in this page');
     window.__hostile = r;
     Object.assign(window.__hostileLog, {
       rowsReplies: 0,
       rowsTampered: 0,
+      recomputesTampered: 0,
       tensorsPoisoned: 0,
       tensorsWithheld: 0,
       tensorsInjected: 0,
@@ -78,8 +92,13 @@ export async function setRules(page: Page, rules: HostileRules): Promise<void> {
   }, rules);
 }
 
-export function hostileLog(page: Page): Promise<HostileLog> {
-  return page.evaluate(() => window.__hostileLog);
+/** What the hostile page did; an error where its wire is not installed or failed to apply its rules to a frame. */
+export async function hostileLog(page: Page): Promise<HostileLog> {
+  const log = await page.evaluate(() => (typeof window.__hostileLog === 'object' ? window.__hostileLog : null));
+  if (!log) throw new Error('the hostile wire is not installed in this page: its rules were never applied');
+  if (log.failures.length)
+    throw new Error(`the hostile wire failed to apply its rules: ${log.failures.slice(0, 3).join('; ')}`);
+  return log;
 }
 
 /** Runs in the page, before its scripts: self-contained (Playwright sends it as source). */
@@ -89,6 +108,7 @@ function hostileWire({ rules: initial, version }: { rules: HostileRules; version
   const log: HostileLog = (w.__hostileLog = {
     rowsReplies: 0,
     rowsTampered: 0,
+    recomputesTampered: 0,
     tensorsPoisoned: 0,
     tensorsWithheld: 0,
     tensorsInjected: 0,
@@ -96,6 +116,7 @@ function hostileWire({ rules: initial, version }: { rules: HostileRules; version
     rank: null,
     world: null,
     channels: [],
+    failures: [],
   });
   const HEADER = 60;
   const RPC = 1;
@@ -191,8 +212,9 @@ function hostileWire({ rules: initial, version }: { rules: HostileRules; version
         log.rank = typeof rank === 'number' ? rank : null;
         log.world = typeof world === 'number' ? world : null;
       }
-    } catch {
-      // not a message this page understands: the page's own code judges it
+    } catch (e) {
+      // not a message this page understands: the page's own code judges it; the wire's own code failing is a failure
+      if (!(e instanceof SyntaxError)) log.failures.push(String(e));
     }
   }
 
@@ -246,13 +268,25 @@ function hostileWire({ rules: initial, version }: { rules: HostileRules; version
       });
       return [copy(), past, f16];
     }
-    if (h.kind !== RPC || h.chunkCount !== 1 || (!rules.rows && rules.pulse === undefined)) return [copy()];
+    if (h.kind !== RPC || h.chunkCount !== 1 || (!rules.rows && !rules.recompute && rules.pulse === undefined))
+      return [copy()];
     const rpc = decodeRpc(frame);
     const body = rpc?.body;
     if (!rpc || !body) return [copy()];
     if (body.type === 'heartbeat-echo' && rules.pulse !== undefined) {
       log.pulsesReplaced++;
       return [encodeRpc(frame, { ...body, pulse: rules.pulse }, rpc.tensors)];
+    }
+    const recomputed =
+      body.type === 'reply' && body.ok === true && typeof body.id === 'number' && methods.get(body.id) === 'recompute'
+        ? body.result?.rows?.$tensor
+        : undefined;
+    if (rules.recompute && typeof recomputed === 'number') {
+      // the rows come in token order, rank 0's first: a value of another rank's, never its own
+      const rows = rpc.tensors[recomputed];
+      rows[log.rank === 0 ? rows.length - 1 : 0] += rules.recompute.by;
+      log.recomputesTampered++;
+      return [encodeRpc(frame, body, rpc.tensors)];
     }
     const rowsRef =
       body.type === 'reply' &&
@@ -294,7 +328,8 @@ function hostileWire({ rules: initial, version }: { rules: HostileRules; version
     let outs: ArrayBuffer[];
     try {
       outs = route(frame, channel);
-    } catch {
+    } catch (e) {
+      log.failures.push(String(e));
       outs = [frame.slice().buffer];
     }
     outs.forEach((out, i) => {
