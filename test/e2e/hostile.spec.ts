@@ -309,14 +309,19 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
     await makeHostile(stranger, { join: { bigChunks: 6, neverClose: true, coordinator: swarmId } });
     await stranger.goto(wrongToken(joinUrl, appOrigin(baseURL)));
     try {
+      // it dialed; its dial carries no proof of the token, so the dashboard closes it at once (since
+      // issue 33: before, its channel opened and its chunks arrived), and no channel of it stays open
+      await expect
+        .poll(async () => (await hostileLog(stranger)).channels.length, { timeout: 20_000 })
+        .toBeGreaterThan(0);
+      await new Promise((r) => setTimeout(r, 1_000)); // any chunks it could send have arrived
+      expect((await arrayBuffers()) - baseline).toBeLessThan(16 << 20);
       await expect
         .poll(
-          async () => (await hostileLog(stranger)).channels.some((c) => c.openedAt !== null && c.closedAt === null),
-          { timeout: 20_000 },
+          async () => (await hostileLog(stranger)).channels.every((c) => c.openedAt === null || c.closedAt !== null),
+          { timeout: UNPROVEN_KEPT_MS },
         )
         .toBe(true);
-      await new Promise((r) => setTimeout(r, 1_000)); // its chunks have arrived
-      expect((await arrayBuffers()) - baseline).toBeLessThan(16 << 20);
       expect(await workerCount()).toBe(3);
       // the honest job runs beside it as if it were not there
       expectUnattackedResult(await attackedJob({}));
@@ -351,20 +356,18 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
 
     expectUnattackedResult(await attackedJob({}));
 
-    // how long each was kept once its channel opened: the stranger's first link (it dials again
-    // 15 s after it refused the dashboard itself), and the dials that opened (one the dashboard
-    // closed before its channel opened never opens: refused at once)
-    const kept = async () => {
-      const own = (await hostileLog(stranger)).channels.filter((c) => c.openedAt !== null).slice(0, 1);
-      const dialed = (await raw.connections()).filter((c) => c.peer === swarmId && c.openedAt !== null);
-      return [...own, ...dialed].map((c) =>
-        c.closedAt === null || c.openedAt === null ? null : c.closedAt - c.openedAt,
-      );
-    };
+    // how long each was kept once its channel opened: the stranger's links and the raw dials. A dial
+    // without a proof of the token is closed before its channel opens (issue 33), so most never open
+    const links = async () => [
+      ...(await hostileLog(stranger)).channels,
+      ...(await raw.connections()).filter((c) => c.peer === swarmId),
+    ];
+    await expect.poll(async () => (await links()).length, { timeout: 20_000 }).toBeGreaterThanOrEqual(3);
     await expect
-      .poll(async () => (await kept()).length >= 1 && (await kept()).every((ms) => ms !== null), { timeout: 30_000 })
+      .poll(async () => (await links()).every((c) => c.openedAt === null || c.closedAt !== null), { timeout: 30_000 })
       .toBe(true);
-    for (const ms of await kept()) expect(ms).toBeLessThan(UNPROVEN_KEPT_MS);
+    for (const c of await links())
+      if (c.openedAt !== null && c.closedAt !== null) expect(c.closedAt - c.openedAt).toBeLessThan(UNPROVEN_KEPT_MS);
     await stranger.close();
   });
 
