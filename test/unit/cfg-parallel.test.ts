@@ -22,7 +22,7 @@ import {
   type WorkerMethod,
 } from '../../core/worker-api.ts';
 import { WorkerRuntime } from '../../rank/runtime.ts';
-import { stubEngine, tinyModelFiles } from './fixtures.ts';
+import { stubEngine, tinyModelFiles, describeInProcess } from './fixtures.ts';
 
 /**
  * CFG parallel: the conditional pass on ranks [0, P), the unconditional one on ranks [P, 2P), each
@@ -55,15 +55,7 @@ class InProcessExecutor extends Executor {
     this.remotes = Array.from({ length: this.ranks }, (_, rank) => {
       const runtime = new WorkerRuntime(this.engine, {
         connectMesh: (init) => Promise.resolve(meshOf(init)[init.rank]),
-        describe: () =>
-          Promise.resolve({
-            ep: 'wasm',
-            adapter: 'test',
-            softwareAdapter: false,
-            threads: 1,
-            memoryGiB: null,
-            userAgent: `in-process rank ${rank}`,
-          }),
+        describe: describeInProcess(`in-process rank ${rank}`),
       });
       return inProcess<WorkerApi>(runtime, WORKER_CONTRACT, `rank ${rank}`);
     });

@@ -20,7 +20,7 @@ import { ExchangePhase, forwardRank, type Exchange, type PeerPartJudge } from '.
 import { seededRandom } from '../../server/model-folder.ts';
 import { WAN21_T2V_1_3B } from '../../server/wan21-layout.ts';
 import { WorkerRuntime } from '../../rank/runtime.ts';
-import { channelPair, stubEngine, tinyModelFiles } from './fixtures.ts';
+import { channelPair, stubEngine, tinyModelFiles, describeInProcess } from './fixtures.ts';
 import { EXACT_SETTINGS } from './in-process-executor.ts';
 
 // A rank holds what its peers send it to the bounds its model implies (rank/bounds.ts) and blames
@@ -352,15 +352,7 @@ describe("a worker's runtime judges its peers with its engine's bounds", () => {
       (exchange) =>
         new WorkerRuntime(stubEngine(stages, m.config, bounds), {
           connectMesh: () => Promise.resolve(exchange),
-          describe: () =>
-            Promise.resolve({
-              ep: 'wasm',
-              adapter: 'test',
-              softwareAdapter: false,
-              threads: 1,
-              memoryGiB: null,
-              userAgent: 'in-process',
-            }),
+          describe: describeInProcess('in-process'),
         }),
     );
     const plan = planUlysses(m.config, tokenGrid(m.config, LATENT_SHAPE).count, 2);

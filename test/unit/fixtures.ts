@@ -6,7 +6,7 @@ import type { Channel } from '../../core/net/channel.ts';
 import { Link } from '../../core/net/link.ts';
 import type { DType } from '../../core/net/protocol.ts';
 import { inProcess, type Remote } from '../../core/net/rpc.ts';
-import { WORKER_CONTRACT, type WorkerApi } from '../../core/worker-api.ts';
+import { WORKER_CONTRACT, type WorkerApi, type WorkerInfo } from '../../core/worker-api.ts';
 import type { EngineApi } from '../../rank/engine.ts';
 import { memoryExchanges } from '../../rank/exchange/memory.ts';
 import type { ModelBounds } from '../../rank/bounds.ts';
@@ -58,15 +58,7 @@ export function inProcessRanks(
     (exchange, rank) =>
       new WorkerRuntime(engine, {
         connectMesh: () => Promise.resolve(exchange),
-        describe: () =>
-          Promise.resolve({
-            ep: 'wasm',
-            adapter: 'test',
-            softwareAdapter: false,
-            threads: 1,
-            memoryGiB: null,
-            userAgent: `in-process rank ${rank}`,
-          }),
+        describe: describeInProcess(`in-process rank ${rank}`),
       }),
   );
   return { runtimes, ranks: runtimes.map((r, rank) => inProcess<WorkerApi>(r, WORKER_CONTRACT, `rank ${rank}`)) };
@@ -104,4 +96,10 @@ export class SinkChannel implements Channel {
   // as properties, a test may swap in a listener that it then calls
   addEventListener: Channel['addEventListener'] = () => {};
   removeEventListener: Channel['removeEventListener'] = () => {};
+}
+
+/** A worker's description as an in-process rank gives it: WebAssembly on one thread. */
+export function describeInProcess(userAgent = 'in-process'): () => Promise<WorkerInfo> {
+  return () =>
+    Promise.resolve({ ep: 'wasm', adapter: 'test', softwareAdapter: false, threads: 1, memoryGiB: null, userAgent });
 }

@@ -44,7 +44,7 @@ import { referenceStages } from '../../rank/stages.ts';
 import { memoryExchanges } from '../../rank/exchange/memory.ts';
 import { WorkerRuntime } from '../../rank/runtime.ts';
 import { judgeMeshFrame } from '../../worker/mesh.ts';
-import { SinkChannel, stubEngine, tinyModelFiles } from './fixtures.ts';
+import { SinkChannel, stubEngine, tinyModelFiles, describeInProcess } from './fixtures.ts';
 import { EXACT_SETTINGS, InProcessExecutor } from './in-process-executor.ts';
 
 const FRAMES_PER_TARGET = 10_000;
@@ -127,15 +127,7 @@ function runtimeFor(rank: number, world: number) {
   const exchanges = memoryExchanges(world);
   return new WorkerRuntime(engine, {
     connectMesh: () => Promise.resolve(exchanges[rank]),
-    describe: () =>
-      Promise.resolve({
-        ep: 'wasm',
-        adapter: 'test',
-        softwareAdapter: false,
-        threads: 1,
-        memoryGiB: null,
-        userAgent: 'node',
-      }),
+    describe: describeInProcess('node'),
   });
 }
 

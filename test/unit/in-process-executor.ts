@@ -13,7 +13,7 @@ import { WORKER_CONTRACT, WORKER_METHODS, type ExecuteResult, type WorkerApi } f
 import type { EngineApi } from '../../rank/engine.ts';
 import { memoryExchanges } from '../../rank/exchange/memory.ts';
 import { WorkerRuntime } from '../../rank/runtime.ts';
-import { channelPair } from './fixtures.ts';
+import { channelPair, describeInProcess } from './fixtures.ts';
 
 // An executor over P real WorkerRuntimes in this process: the all-to-all over memory, the calls
 // either in-process through the contract (as the local backend makes them) or through Links,
@@ -91,15 +91,7 @@ export class InProcessExecutor extends Executor {
     for (let rank = 0; rank < ranks; rank++) {
       const runtime = new WorkerRuntime(this.engine, {
         connectMesh: (init) => Promise.resolve(exchanges[init.rank]),
-        describe: () =>
-          Promise.resolve({
-            ep: 'wasm',
-            adapter: 'test',
-            softwareAdapter: false,
-            threads: 1,
-            memoryGiB: null,
-            userAgent: `in-process rank ${rank}`,
-          }),
+        describe: describeInProcess(`in-process rank ${rank}`),
       });
       this.runtimes.push(runtime);
       this.received.push([]);

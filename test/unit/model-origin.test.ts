@@ -4,6 +4,7 @@ import type { EngineApi } from '../../rank/engine.ts';
 import { memoryExchanges } from '../../rank/exchange/memory.ts';
 import { WorkerRuntime } from '../../rank/runtime.ts';
 import { modelRefusal } from '../../worker/model-origin.ts';
+import { describeInProcess } from './fixtures.ts';
 
 // A coordinator (or whoever took its id) names the model a worker loads: the worker reads only
 // its own server's folders and the one that server was started on (issue 17, finding 1).
@@ -40,15 +41,7 @@ describe('a worker runtime asked for a folder its page refuses', () => {
     } as unknown as EngineApi;
     const runtime = new WorkerRuntime(engine, {
       connectMesh: () => Promise.resolve(memoryExchanges(1)[0]),
-      describe: () =>
-        Promise.resolve({
-          ep: 'wasm',
-          adapter: 'test',
-          softwareAdapter: false,
-          threads: 1,
-          memoryGiB: null,
-          userAgent: 'node',
-        }),
+      describe: describeInProcess('node'),
       refuseModel: modelRefusal('http://localhost:5173', null),
     });
     await runtime.initWorker({ ...EXACT_SETTINGS, rank: 0, world: 1, peers: ['w0'], session: 's' });

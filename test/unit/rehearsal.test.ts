@@ -10,7 +10,7 @@ import { memoryExchanges } from '../../rank/exchange/memory.ts';
 import { WorkerRuntime, type RuntimeHooks } from '../../rank/runtime.ts';
 import { referenceStages, type DeviceStageRunner } from '../../rank/stages.ts';
 import type { Exchange } from '../../rank/ulysses.ts';
-import { stubEngine, tinyModelFiles } from './fixtures.ts';
+import { stubEngine, tinyModelFiles, describeInProcess } from './fixtures.ts';
 
 // A rehearsal times what a rank of a job computes, before the job: the same stage calls on the same
 // shapes, without peers (rank/rehearsal.ts); the planner plans with it (placement.test.ts).
@@ -23,15 +23,7 @@ beforeAll(async () => {
 function wasmHooks(mesh: () => Exchange = () => memoryExchanges(1)[0]): RuntimeHooks {
   return {
     connectMesh: () => Promise.resolve(mesh()),
-    describe: () =>
-      Promise.resolve({
-        ep: 'wasm',
-        adapter: 'test',
-        softwareAdapter: false,
-        threads: 1,
-        memoryGiB: null,
-        userAgent: 'node',
-      }),
+    describe: describeInProcess('node'),
   };
 }
 

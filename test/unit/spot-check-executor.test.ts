@@ -5,7 +5,7 @@ import { SeededRandom } from '../../core/random.ts';
 import type { Tensor } from '../../core/tensor.ts';
 import type { EngineApi } from '../../rank/engine.ts';
 import { onnxStages } from '../../rank/onnx-stages.ts';
-import { stubEngine, tinyModelFiles } from './fixtures.ts';
+import { stubEngine, tinyModelFiles, describeInProcess } from './fixtures.ts';
 import { InProcessExecutor, placementFor, type InProcessOptions } from './in-process-executor.ts';
 import { Executor, type ExecutorOptions } from '../../coordinator/executor.ts';
 import { inProcess, type Remote } from '../../core/net/rpc.ts';
@@ -70,15 +70,7 @@ class MeshPerGroupExecutor extends Executor {
           meshes.set(init.session, mesh);
           return Promise.resolve(mesh[init.rank]);
         },
-        describe: () =>
-          Promise.resolve({
-            ep: 'wasm',
-            adapter: 'test',
-            softwareAdapter: false,
-            threads: 1,
-            memoryGiB: null,
-            userAgent: `rank ${rank}`,
-          }),
+        describe: describeInProcess(`rank ${rank}`),
       });
       return inProcess<WorkerApi>(runtime, WORKER_CONTRACT, `rank ${rank}`);
     });
