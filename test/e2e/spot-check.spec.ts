@@ -81,9 +81,12 @@ test('a worker returning slightly wrong rows is caught by spot checks within 20 
     expect(maxAbsDiff(run.latent, honest.latent)).toBeLessThanOrEqual(1e-4);
     // and it stays out: its page is refused when it dials again
     await expect.poll(() => swarm.dashboard.evaluate(() => window.ditswarm.workerCount()), { timeout: 30_000 }).toBe(2);
-    await expect(swarm.dashboard.locator('#swarm-events')).toContainText(/returning wrong results/, {
-      timeout: 30_000,
-    });
+    // the dashboard said why it let the page go, then why it refuses its dials; the page is told it was banned
+    await expect(swarm.dashboard.locator('#swarm-events')).toContainText(
+      /returning wrong results|banned from this swarm for lying/,
+      { timeout: 30_000 },
+    );
+    await expect(cheater.locator('#detail')).toContainText('banned from this swarm for lying', { timeout: 30_000 });
   } finally {
     await swarm.close();
   }
