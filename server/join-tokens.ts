@@ -28,7 +28,7 @@ import {
   type SwarmRequest,
 } from '../core/net/join-token.ts';
 import type { Origins } from './origins.ts';
-import { clientSource, perAddressLimit } from './rate-limit.ts';
+import { clientSource, isLoopback, perAddressLimit } from './rate-limit.ts';
 import { PEER_ID_PREFIX } from '../core/net/peer-link.ts';
 import { defined } from '../core/defined.ts';
 
@@ -213,7 +213,7 @@ export function mountJoinTokens(
     const source = clientSource(request.socket.remoteAddress);
     // a join token opens a relay room and a swarm: the server's owner's to make, not anyone's who asks
     const owner =
-      source.address === 'loopback' ||
+      isLoopback(source) ||
       sameProof(field(request.body, 'owner'), openProof(tokens.ownerKey())) ||
       held(request.body, renewProof) !== null;
     if (!owner)

@@ -73,6 +73,9 @@ export interface ClientSource {
 
 const LOOPBACK: ClientSource = { address: 'loopback', prefix: 'loopback' };
 
+/** Whether a client is the server's own machine (any of its loopback addresses). */
+export const isLoopback = (source: ClientSource): boolean => source.address === LOOPBACK.address;
+
 export function clientSource(remoteAddress: string | undefined): ClientSource {
   const address = (remoteAddress ?? '').toLowerCase().replace(/%.*$/, '');
   if (isIPv4(address)) {
