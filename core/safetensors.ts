@@ -1,5 +1,6 @@
 // Reader and writer of the safetensors format (8-byte little-endian header length, JSON header,
-// raw little-endian data), the format of diffusers' checkpoints. Every dtype is widened to float32.
+// raw little-endian data), the format of diffusers' checkpoints. Every dtype is widened to float32
+// when read; a writer stores float32 values as F32, or narrowed to BF16 or F16 (rounded to nearest even).
 // A small file is read whole; a large one by its header, then tensor by tensor (readTensor).
 
 import { defined } from './defined.ts';
@@ -161,27 +162,31 @@ function halfToFloat(h: number): number {
   return sign * (1 + fraction / 1024) * 2 ** (exponent - 15);
 }
 
-/** A float32 tensor to be written: its name and shape (its values come separately). */
+/** A tensor to be written: its name and shape (its values come separately, as float32). */
 export interface TensorSpec {
   name: string;
   shape: number[];
 }
 
+/** The bytes a tensor of `shape` takes stored as `dtype`. */
+export const storedBytes = (shape: number[], dtype: SafetensorsDType = 'F32'): number => BYTES[dtype] * sizeOf(shape);
+
 /**
- * A float32 safetensors header as the Python writer makes it: `__metadata__` first, tensors sorted
- * by name with their data in that order, the JSON padded with spaces so the data starts 8-byte
- * aligned. Returns the bytes before the data (length field and JSON) and the tensors in data order.
+ * A safetensors header as the Python writer makes it: `__metadata__` first, tensors sorted by name
+ * with their data in that order, the JSON padded with spaces so the data starts 8-byte aligned.
+ * Returns the bytes before the data (length field and JSON) and the tensors in data order.
  */
 export function safetensorsHeader(
   tensors: TensorSpec[],
   metadata?: Record<string, string>,
+  dtype: SafetensorsDType = 'F32',
 ): { head: Uint8Array; order: TensorSpec[] } {
   const order = [...tensors].sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
   const header: Record<string, unknown> = metadata ? { __metadata__: metadata } : {};
   let offset = 0;
   for (const t of order) {
-    const bytes = 4 * sizeOf(t.shape);
-    header[t.name] = { dtype: 'F32', shape: t.shape, data_offsets: [offset, offset + bytes] };
+    const bytes = storedBytes(t.shape, dtype);
+    header[t.name] = { dtype, shape: t.shape, data_offsets: [offset, offset + bytes] };
     offset += bytes;
   }
   let json = JSON.stringify(header);
@@ -197,11 +202,15 @@ export function safetensorsHeader(
  * Tensors in state-dict order split into shards as huggingface_hub splits them: greedily, a new
  * shard whenever the next tensor would take this one past `maxShardBytes` (diffusers' 5 GB is 5e9).
  */
-export function planShards(tensors: TensorSpec[], maxShardBytes: number): TensorSpec[][] {
+export function planShards(
+  tensors: TensorSpec[],
+  maxShardBytes: number,
+  dtype: SafetensorsDType = 'F32',
+): TensorSpec[][] {
   const shards: TensorSpec[][] = [[]];
   let size = 0;
   for (const t of tensors) {
-    const bytes = 4 * sizeOf(t.shape);
+    const bytes = storedBytes(t.shape, dtype);
     if (size + bytes > maxShardBytes && shards[shards.length - 1].length) {
       shards.push([]);
       size = 0;
@@ -212,8 +221,12 @@ export function planShards(tensors: TensorSpec[], maxShardBytes: number): Tensor
   return shards;
 }
 
-/** Writes float32 tensors (sorted by name, as the Python writer does) with optional string metadata. */
-export function writeSafetensors(tensors: TensorMap, metadata?: Record<string, string>): Uint8Array {
+/** Writes tensors (sorted by name, as the Python writer does) as `dtype`, with optional string metadata. */
+export function writeSafetensors(
+  tensors: TensorMap,
+  metadata?: Record<string, string>,
+  dtype: SafetensorsDType = 'F32',
+): Uint8Array {
   for (const [name, t] of tensors) {
     if (t.data.length !== sizeOf(t.shape))
       throw new SafetensorsError(
@@ -223,14 +236,54 @@ export function writeSafetensors(tensors: TensorMap, metadata?: Record<string, s
   const { head, order } = safetensorsHeader(
     [...tensors].map(([name, t]) => ({ name, shape: t.shape })),
     metadata,
+    dtype,
   );
-  const out = new Uint8Array(head.length + order.reduce((n, t) => n + 4 * sizeOf(t.shape), 0));
+  const out = new Uint8Array(head.length + order.reduce((n, t) => n + storedBytes(t.shape, dtype), 0));
   out.set(head);
   let at = head.length;
   for (const { name } of order) {
-    const { data } = defined(tensors.get(name), `tensor "${name}"`);
-    out.set(new Uint8Array(data.buffer, data.byteOffset, data.byteLength), at);
-    at += data.byteLength;
+    const stored = narrow(defined(tensors.get(name), `tensor "${name}"`).data, dtype);
+    out.set(stored, at);
+    at += stored.byteLength;
   }
   return out;
+}
+
+/** Float32 values as the little-endian bytes of `dtype`: F32 as they are, BF16 and F16 rounded to nearest even. */
+export function narrow(data: Float32Array, dtype: SafetensorsDType): Uint8Array {
+  if (dtype === 'F32') return new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
+  const bits = new Uint32Array(data.buffer.slice(data.byteOffset, data.byteOffset + data.byteLength));
+  const out = new Uint16Array(data.length);
+  for (let i = 0; i < bits.length; i++) out[i] = dtype === 'BF16' ? toBfloat16(bits[i]) : toHalf(bits[i]);
+  return new Uint8Array(out.buffer);
+}
+
+/** The bfloat16 nearest a float32 (its top half, rounded to nearest even); NaN stays NaN. */
+function toBfloat16(f: number): number {
+  if ((f & 0x7fffffff) > 0x7f800000) return (f >>> 16) | 0x40;
+  return (f + 0x7fff + ((f >>> 16) & 1)) >>> 16;
+}
+
+/** The float16 nearest a float32, rounded to nearest even: subnormals, overflow to infinity, NaN kept. */
+function toHalf(f: number): number {
+  const sign = (f >>> 16) & 0x8000;
+  const exponent = (f >>> 23) & 0xff;
+  const mantissa = f & 0x7fffff;
+  if (exponent === 0xff) return sign | 0x7c00 | (mantissa ? 0x200 : 0);
+  const e = exponent - 127 + 15;
+  if (e >= 0x1f) return sign | 0x7c00;
+  if (e <= 0) {
+    if (e < -10) return sign;
+    // a subnormal half: the implicit bit joins the mantissa, shifted out with rounding
+    const m = mantissa | 0x800000;
+    const shift = 14 - e;
+    const half = m >>> shift;
+    const rest = m & ((1 << shift) - 1);
+    const midway = 1 << (shift - 1);
+    return sign | (half + (rest > midway || (rest === midway && half & 1) ? 1 : 0));
+  }
+  const half = (e << 10) | (mantissa >>> 13);
+  const rest = mantissa & 0x1fff;
+  // a carry out of the mantissa moves into the exponent, as rounding up should
+  return sign | (half + (rest > 0x1000 || (rest === 0x1000 && half & 1) ? 1 : 0));
 }

@@ -6,7 +6,14 @@ import { open, readFile, writeFile } from 'node:fs/promises';
 import { homedir } from 'node:os';
 import { join } from 'node:path';
 import { MissingFile, type ModelFiles } from '../core/model/files.ts';
-import { planShards, safetensorsHeader, type TensorSpec } from '../core/safetensors.ts';
+import {
+  narrow,
+  planShards,
+  safetensorsHeader,
+  storedBytes,
+  type SafetensorsDType,
+  type TensorSpec,
+} from '../core/safetensors.ts';
 import { sizeOf } from '../core/tensor.ts';
 import { SeededRandom } from '../core/random.ts';
 import {
@@ -66,7 +73,8 @@ export function folderFiles(dir: string): ModelFiles {
 export const MAX_SHARD_BYTES = 5e9;
 
 /**
- * Writes float32 tensors, given in state-dict order, as save_pretrained does: one file, or past
+ * Writes tensors, given in state-dict order with float32 values, stored as `dtype` (F32 by default,
+ * as the 1.3B folder is published), as save_pretrained does: one file, or past
  * `maxShardBytes` `<name>-0000i-of-0000n.safetensors` shards with `<name>.safetensors.index.json`.
  * `values` makes one tensor's values when it is written, so at most one tensor is in memory.
  * Returns the files written, relative to `dir`.
@@ -79,16 +87,17 @@ export async function writeCheckpoint(
   {
     maxShardBytes = MAX_SHARD_BYTES,
     metadata = { format: 'pt' },
-  }: { maxShardBytes?: number; metadata?: Record<string, string> } = {},
+    dtype = 'F32',
+  }: { maxShardBytes?: number; metadata?: Record<string, string>; dtype?: SafetensorsDType } = {},
 ): Promise<string[]> {
   mkdirSync(dir, { recursive: true });
-  const shards = planShards(tensors, maxShardBytes);
+  const shards = planShards(tensors, maxShardBytes, dtype);
   const fileOf = (i: number) =>
     shards.length === 1
       ? `${name}.safetensors`
       : `${name}-${String(i + 1).padStart(5, '0')}-of-${String(shards.length).padStart(5, '0')}.safetensors`;
   for (const [i, shard] of shards.entries()) {
-    const { head, order } = safetensorsHeader(shard, metadata);
+    const { head, order } = safetensorsHeader(shard, metadata, dtype);
     const out = createWriteStream(join(dir, fileOf(i)));
     const write = (bytes: Uint8Array) =>
       new Promise<void>((resolve, reject) => out.write(bytes, (e) => (e ? reject(e) : resolve())));
@@ -100,7 +109,7 @@ export async function writeCheckpoint(
           `tensor "${tensor.name}": shape [${tensor.shape.join(',')}] ` +
             `needs ${sizeOf(tensor.shape)} values, got ${data.length}`,
         );
-      await write(new Uint8Array(data.buffer, data.byteOffset, data.byteLength));
+      await write(narrow(data, dtype));
     }
     await new Promise<void>((resolve, reject) => out.end((e?: Error | null) => (e ? reject(e) : resolve())));
   }
@@ -108,7 +117,7 @@ export async function writeCheckpoint(
   const weightMap = Object.fromEntries(
     shards.flatMap((shard, i) => shard.map((t) => [t.name, fileOf(i)] as const)).sort(([a], [b]) => (a < b ? -1 : 1)),
   );
-  const totalSize = tensors.reduce((n, t) => n + 4 * sizeOf(t.shape), 0);
+  const totalSize = tensors.reduce((n, t) => n + storedBytes(t.shape, dtype), 0);
   await writeFile(
     join(dir, `${name}.safetensors.index.json`),
     JSON.stringify({ metadata: { total_size: totalSize }, weight_map: weightMap }, null, 2) + '\n',

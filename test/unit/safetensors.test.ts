@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { defined } from '../../core/defined.ts';
+import { SeededRandom } from '../../core/random.ts';
 import { readSafetensors, writeSafetensors, SafetensorsError } from '../../core/safetensors.ts';
 
 function rawFile(header: object, data: Uint8Array): Uint8Array {
@@ -44,6 +45,65 @@ describe('safetensors', () => {
     const t = readSafetensors(file, 'mixed.safetensors');
     expect([...defined(t.get('h'), 'h').data]).toEqual([1, -2.5, 2 ** -24]);
     expect([...defined(t.get('b'), 'b').data]).toEqual([1, -3]);
+  });
+
+  it('writes BF16 and F16 as the value of that type nearest each float32 (ties to even), which reads back', () => {
+    // what "nearest" means, independent of the writer: every value of the type, decoded by the reader
+    const everyValue = (dtype: 'BF16' | 'F16') => {
+      const all = new Uint16Array(65536).map((_, i) => i);
+      const decoded = readSafetensors(
+        rawFile({ t: { dtype, shape: [65536], data_offsets: [0, 131072] } }, new Uint8Array(all.buffer)),
+        'all',
+      );
+      return defined(decoded.get('t'), 't').data;
+    };
+    const random = new SeededRandom(11);
+    const values = Float32Array.from([
+      ...Array.from({ length: 400 }, () => random.normal() * 10 ** Math.floor(random.uniform() * 12 - 6)),
+      1 + 2 ** -8, // halfway between two bfloat16s: to the even one
+      1 + 3 * 2 ** -9,
+      1 + 2 ** -11, // halfway between two float16s: to the even one
+      1 + 3 * 2 ** -11,
+      65504, // float16's largest
+      65519, // rounds down to it
+      65520, // past the midpoint: infinity
+      2 ** -25, // float16's smallest subnormal is 2^-24: a tie, to even (zero)
+      3 * 2 ** -25,
+      2 ** -14 - 2 ** -26, // just under float16's smallest normal
+      -0,
+      3.4e38,
+    ]);
+    for (const dtype of ['BF16', 'F16'] as const) {
+      const table = everyValue(dtype);
+      const finite = [...table.keys()].filter((i) => Number.isFinite(table[i])).sort((a, b) => table[a] - table[b]);
+      const back = defined(
+        readSafetensors(
+          writeSafetensors(new Map([['v', { shape: [values.length], data: values }]]), {}, dtype),
+          'v',
+        ).get('v'),
+        'v',
+      ).data;
+      const largest = table[finite[finite.length - 1]];
+      // the step past the largest finite value, as IEEE rounding has it: half an ulp beyond it overflows
+      const ulp = dtype === 'F16' ? 32 : 2 ** 120;
+      values.forEach((v, i) => {
+        if (Math.abs(v) >= largest + ulp / 2) {
+          expect(back[i]).toBe(v > 0 ? Infinity : -Infinity);
+          return;
+        }
+        // the codes on either side of v, then the nearer (the even code on a tie)
+        let [lo, hi] = [0, finite.length - 1];
+        while (hi - lo > 1) {
+          const mid = (lo + hi) >> 1;
+          if (table[finite[mid]] <= v) lo = mid;
+          else hi = mid;
+        }
+        const [a, b] = [finite[lo], finite[hi]];
+        const [da, db] = [Math.abs(table[a] - v), Math.abs(table[b] - v)];
+        const best = da < db || (da === db && (a & 1) === 0) ? a : b;
+        expect(back[i] === table[best], `${dtype} of ${v}: ${back[i]}, nearest ${table[best]}`).toBe(true);
+      });
+    }
   });
 
   it('names the file and the tensor when a file is corrupt', () => {
