@@ -112,3 +112,13 @@ export const WAN21_T2V_1_3B = {
     z_dim: 16,
   },
 } as const;
+
+/**
+ * Wan-AI/Wan2.1-T2V-14B-Diffusers: the 1.3B's folder layout (WanPipeline, the umT5 text encoder,
+ * AutoencoderKLWan, UniPC) with a transformer of 40 heads × 128 (dim 5120), ffn 13824 and 40
+ * blocks: 14.0 B parameters, 56 GB in float32, 28 GB in bfloat16.
+ */
+export const WAN21_T2V_14B = {
+  ...WAN21_T2V_1_3B,
+  transformer: { ...WAN21_T2V_1_3B.transformer, ffn_dim: 13824, num_attention_heads: 40, num_layers: 40 },
+} as const;
