@@ -39,6 +39,8 @@ export const CACHE_ROOT = join(homedir(), '.cache/ditswarm');
 export const FULL_SIZE_MODEL_DIR = join(CACHE_ROOT, 'models/wan2.1-t2v-1.3b');
 /** make-model's wan2.1-few-layers: the published layout at full width, with 2 transformer blocks and 2 umT5 layers */
 export const FEW_LAYERS_MODEL_DIR = join(CACHE_ROOT, 'models/wan2.1-few-layers');
+/** where `make-model --preset wan2.1-t2v-14b` writes the 14B layout (all its blocks: 56 GB in float32) */
+export const WAN_14B_MODEL_DIR = join(CACHE_ROOT, 'models/wan2.1-t2v-14b');
 
 export function folderFiles(dir: string): ModelFiles {
   const missing = (e: unknown, path: string) =>

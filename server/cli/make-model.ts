@@ -14,11 +14,16 @@
 //          keeps the layout with fewer blocks. Outside the repository: ~/.cache/ditswarm/…
 //   wan2.1-few-layers  the same with 2 transformer blocks and 2 umT5 layers (4.3 GB): every part of
 //          the published folder at its width, for end-to-end runs that finish
+//   wan2.1-t2v-14b  Wan-AI/Wan2.1-T2V-14B-Diffusers' layout: its transformer (40 heads × 128, ffn
+//          13824, 40 blocks, 351 M parameters a block) with the 1.3B folder's other parts; `--layers N`
+//          keeps fewer blocks, `--dtype bf16` stores the transformer as bfloat16 (as 14B checkpoints
+//          are shipped: 28 GB in all instead of 56)
 // The small presets' transformers have every key family of Wan2.1-T2V-1.3B and its 12 heads (so
 // Ulysses degrees 1, 2, 3, 4, 6 are valid), with a stand-in text encoder and VAE.
 //
-//   npm run make-model [-- --preset tiny|bench|wan2.1-t2v-1.3b|wan2.1-few-layers --out DIR --seed N
-//                          --layers N --text-layers N --head-dim N --ffn N --shard-bytes N]
+//   npm run make-model [-- --preset tiny|bench|wan2.1-t2v-1.3b|wan2.1-few-layers|wan2.1-t2v-14b --out DIR
+//                          --seed N --layers N --text-layers N --head-dim N --ffn N --shard-bytes N
+//                          --dtype fp32|bf16|fp16]
 
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -30,23 +35,25 @@ import {
   wanConfigOfSize,
   type WanConfig,
 } from '../../core/model/config.ts';
+import { defined } from '../../core/defined.ts';
 import { TEXT_ENCODER_CLASS } from '../../core/model/text-encoder.ts';
 import { TRANSFORMER_CONFIG, TRANSFORMER_WEIGHTS_NAME } from '../../core/model/transformer.ts';
 import { VAE_DECODER_CLASS } from '../../core/model/vae-decoder.ts';
 import { SeededRandom } from '../../core/random.ts';
-import { writeSafetensors, type TensorMap } from '../../core/safetensors.ts';
+import { storedBytes, writeSafetensors, type SafetensorsDType, type TensorMap } from '../../core/safetensors.ts';
 import { sizeOf } from '../../core/tensor.ts';
 import {
   FEW_LAYERS_MODEL_DIR,
   FULL_SIZE_MODEL_DIR,
   MAX_SHARD_BYTES,
+  WAN_14B_MODEL_DIR,
   seededRandom,
   writeCheckpoint,
   writeUmt5Folder,
   writeWanVaeFolder,
 } from '../model-folder.ts';
 import { byteProgress } from './progress.ts';
-import { WAN21_T2V_1_3B } from '../wan21-layout.ts';
+import { WAN21_T2V_14B, WAN21_T2V_1_3B } from '../wan21-layout.ts';
 
 const PRESETS = {
   tiny: {
@@ -91,8 +98,27 @@ const PRESETS = {
     'text-dim': '4096',
     'text-length': '512',
   },
+  'wan2.1-t2v-14b': {
+    name: 'wan2.1-t2v-14b',
+    out: WAN_14B_MODEL_DIR,
+    seed: '20250228',
+    layers: '40',
+    'text-layers': '2',
+    'head-dim': '128',
+    ffn: '13824',
+    'text-dim': '4096',
+    'text-length': '512',
+  },
 };
 type Preset = keyof typeof PRESETS;
+/** the published folder each wan2.1 preset writes the layout of */
+const PUBLISHED: Partial<Record<Preset, typeof WAN21_T2V_1_3B | typeof WAN21_T2V_14B>> = {
+  'wan2.1-t2v-1.3b': WAN21_T2V_1_3B,
+  'wan2.1-few-layers': WAN21_T2V_1_3B,
+  'wan2.1-t2v-14b': WAN21_T2V_14B,
+};
+/** --dtype: how the transformer's weights are stored */
+const DTYPES: Record<string, SafetensorsDType> = { fp32: 'F32', bf16: 'BF16', fp16: 'F16' };
 
 const { values: flags } = parseArgs({
   options: {
@@ -106,6 +132,7 @@ const { values: flags } = parseArgs({
     'text-length': { type: 'string' },
     'shard-bytes': { type: 'string' },
     'text-layers': { type: 'string' },
+    dtype: { type: 'string', default: 'fp32' },
   },
 });
 const fail = (message: string): never => {
@@ -114,9 +141,16 @@ const fail = (message: string): never => {
 };
 if (!Object.hasOwn(PRESETS, flags.preset))
   fail(`unknown --preset ${flags.preset}; valid presets: ${Object.keys(PRESETS).join(', ')}`);
-const published = flags.preset.startsWith('wan2.1-');
+const layout = PUBLISHED[flags.preset as Preset];
+const published = layout !== undefined;
+const dtype = Object.hasOwn(DTYPES, flags.dtype)
+  ? DTYPES[flags.dtype]
+  : fail(`--dtype must be one of ${Object.keys(DTYPES).join(', ')}, got ${JSON.stringify(flags.dtype)}`);
 if (published && (flags['head-dim'] || flags.ffn || flags['text-dim'] || flags['text-length']))
-  fail(`--preset ${flags.preset} is the published layout: only --layers, --text-layers, --out and --seed change it`);
+  fail(
+    `--preset ${flags.preset} is the published layout: ` +
+      'only --layers, --text-layers, --dtype, --out and --seed change it',
+  );
 if (!published && flags['text-layers'])
   fail('--text-layers is for the wan2.1 presets (umT5): the small presets have a stand-in text encoder');
 const preset = PRESETS[flags.preset as Preset];
@@ -133,11 +167,8 @@ const whole = (flag: string, min: number): number => {
 const seed = whole('seed', 0);
 const textDim = whole('text-dim', 1);
 const textLength = whole('text-length', 1);
-const config: WanConfig = published
-  ? parseWanConfig(
-      { ...WAN21_T2V_1_3B.transformer, num_layers: whole('layers', 1) },
-      'the published Wan2.1-T2V-1.3B config',
-    )
+const config: WanConfig = layout
+  ? parseWanConfig({ ...layout.transformer, num_layers: whole('layers', 1) }, `the published ${flags.preset} config`)
   : wanConfigOfSize(
       { headDim: whole('head-dim', 2), textDim, ffnDim: whole('ffn', 1), numLayers: whole('layers', 1) },
       'make-model flags',
@@ -173,7 +204,7 @@ const made = {
 };
 const started = performance.now();
 const tensors = [...expectedWeightShapes(config)].map(([name, shape]) => ({ name, shape }));
-const totalBytes = 4 * tensors.reduce((n, t) => n + sizeOf(t.shape), 0);
+const totalBytes = tensors.reduce((n, t) => n + storedBytes(t.shape, dtype), 0);
 const progress = published ? byteProgress('make-model') : null;
 let written = 0;
 const files = await writeCheckpoint(
@@ -181,18 +212,18 @@ const files = await writeCheckpoint(
   TRANSFORMER_WEIGHTS_NAME,
   tensors,
   ({ name, shape }) => {
-    progress?.((written += 4 * sizeOf(shape)), totalBytes);
+    progress?.((written += storedBytes(shape, dtype)), totalBytes);
     return initialise(name, shape);
   },
-  { maxShardBytes: shardBytes, metadata: published ? { format: 'pt' } : made },
+  { maxShardBytes: shardBytes, metadata: published ? { format: 'pt' } : made, dtype },
 );
 
-if (published) {
+if (layout) {
   // the folder's own files as published
-  write('model_index.json', WAN21_T2V_1_3B.modelIndex);
-  write(TRANSFORMER_CONFIG, { ...WAN21_T2V_1_3B.transformer, num_layers: config.numLayers });
-  write('scheduler/scheduler_config.json', WAN21_T2V_1_3B.scheduler);
-  const { bytes } = await writeWanVaeFolder(out, WAN21_T2V_1_3B.vae, {
+  write('model_index.json', layout.modelIndex);
+  write(TRANSFORMER_CONFIG, { ...layout.transformer, num_layers: config.numLayers });
+  write('scheduler/scheduler_config.json', layout.scheduler);
+  const { bytes } = await writeWanVaeFolder(out, layout.vae, {
     seed: String(seed),
     onProgress: byteProgress('make-model VAE'),
   });
@@ -234,7 +265,7 @@ async function writeTextEncoder(layers: number): Promise<void> {
   const progress = byteProgress('make-model text encoder');
   const { config: umt5, files } = await writeUmt5Folder(
     out,
-    { ...WAN21_T2V_1_3B.textEncoder, num_layers: layers, num_decoder_layers: layers },
+    { ...defined(layout, 'a published layout').textEncoder, num_layers: layers, num_decoder_layers: layers },
     { seed: String(seed), maxShardBytes: shardBytes, onProgress: progress },
   );
   console.log(
