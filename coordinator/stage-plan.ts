@@ -1,0 +1,103 @@
+// Pooled memory: the transformer's blocks cut into contiguous pipeline stages, each held by one
+// group of workers (a group may run Ulysses within its stage, so each member holds the whole stage).
+// The cut follows exo's memory-weighted partitioning, weighted by speed: a step of a pipeline is as
+// slow as its slowest stage, so blocks go where they finish soonest, never past what a group can
+// hold; the embedders ride with the first stage and the output head with the last. A swarm that
+// cannot hold the model is refused before any weight moves, saying how much is missing.
+import { formatBytes } from '../core/worker-api.ts';
+
+/** What cutting needs to know of a model, in the bytes a rank holds it in. */
+export interface StagedModel {
+  numLayers: number;
+  /** one block's weights */
+  blockBytes: number;
+  /** what the first stage holds beside its blocks: patch embedding and condition embedder */
+  firstBytes: number;
+  /** what the last stage holds beside its blocks: the output head */
+  lastBytes: number;
+}
+
+/** A group that holds one stage: its members all hold the stage's blocks. */
+export interface StageGroup {
+  workers: string[];
+  /** the least memory a member can give the model */
+  memoryBytes: number;
+  /** what a member needs beside the weights while it computes (activations, keys and values) */
+  reserveBytes: number;
+  /** how fast the group runs a block, relative to the others (its measured flop/s, say) */
+  speed: number;
+}
+
+export interface PipelineStage {
+  /** the blocks the stage holds, [from, to) */
+  blocks: [number, number];
+  workers: string[];
+  /** the weight bytes each member holds */
+  heldBytes: number;
+}
+
+/** Stages in pipeline order (a hidden state passes from each to the next); or why the groups cannot hold the model. */
+export type StagePlan = { stages: PipelineStage[] } | { refused: string };
+
+/**
+ * Cuts the model's blocks over the groups in the order given (the first holds the embedders, the
+ * last the head). Each block goes to the group whose stage would then finish soonest (blocks over
+ * speed) among those with room for it, which minimises the slowest stage under the memory caps; a
+ * group left with no block is dropped and the cut made again without it.
+ */
+export function cutStages(model: StagedModel, groups: readonly StageGroup[]): StagePlan {
+  if (!groups.length) return { refused: 'no worker to hold the model' };
+  const room = (g: StageGroup, i: number, n: number) =>
+    Math.max(
+      0,
+      Math.floor(
+        (g.memoryBytes - g.reserveBytes - (i === 0 ? model.firstBytes : 0) - (i === n - 1 ? model.lastBytes : 0)) /
+          model.blockBytes,
+      ),
+    );
+  const capacity = groups.map((g, i) => room(g, i, groups.length));
+  const held = capacity.reduce((a, b) => a + b, 0);
+  if (held < model.numLayers) return { refused: missingWords(model, groups, model.numLayers - held) };
+  const blocks = groups.map(() => 0);
+  for (let b = 0; b < model.numLayers; b++) {
+    let best = -1;
+    for (let i = 0; i < groups.length; i++) {
+      if (blocks[i] >= capacity[i]) continue;
+      if (best < 0 || (blocks[i] + 1) / groups[i].speed < (blocks[best] + 1) / groups[best].speed) best = i;
+    }
+    blocks[best]++;
+  }
+  const idle = blocks.findIndex((n) => n === 0);
+  // a group with nothing to hold takes no part; without it the ends may move, so cut again
+  if (idle >= 0) return cutStages(model, [...groups.slice(0, idle), ...groups.slice(idle + 1)]);
+  let from = 0;
+  return {
+    stages: groups.map((g, i) => {
+      const blocksHeld = blocks[i];
+      const stage: PipelineStage = {
+        blocks: [from, from + blocksHeld],
+        workers: g.workers,
+        heldBytes:
+          blocksHeld * model.blockBytes +
+          (i === 0 ? model.firstBytes : 0) +
+          (i === groups.length - 1 ? model.lastBytes : 0),
+      };
+      from += blocksHeld;
+      return stage;
+    }),
+  };
+}
+
+/** What is missing for `blocksShort` more blocks, in words a user can act on. */
+function missingWords(model: StagedModel, groups: readonly StageGroup[], blocksShort: number): string {
+  const total = model.numLayers * model.blockBytes + model.firstBytes + model.lastBytes;
+  const pooled = groups.reduce((n, g) => n + Math.max(0, g.memoryBytes - g.reserveBytes), 0);
+  const missing = blocksShort * model.blockBytes;
+  // one more worker holds the missing blocks beside what any member needs to compute
+  const reserve = Math.max(...groups.map((g) => g.reserveBytes));
+  return (
+    `the model needs ${formatBytes(total)} of weights and these ${groups.length} stage group(s) can hold ` +
+    `${formatBytes(Math.min(pooled, total - missing))}: it needs ${formatBytes(missing)} more, ` +
+    `one more worker with ${formatBytes(missing + reserve)} for the model`
+  );
+}
