@@ -1,4 +1,5 @@
 import * as ort from 'onnxruntime-web';
+import { allBlocks, holdsEmbedders, holdsHead, type BlockRange } from '../core/model/blocks.ts';
 import type { WanModel } from '../core/model/reference.ts';
 import type { ExecutionProvider } from '../core/worker-api.ts';
 import type { WeightType } from '../core/model/onnx-builder.ts';
@@ -35,16 +36,25 @@ async function webGpuMaxBufferBytes(): Promise<number> {
  * buffers once. A function of its own so that the stage methods' closures do not hold the model:
  * on WebGPU its 5.7 GB of CPU copies are free to go once uploaded.
  */
-function blockWeightTensors(m: WanModel, graphs: BlockGraph[], weightType: WeightType, device: GpuDevice | null) {
+function blockWeightTensors(
+  m: WanModel,
+  range: BlockRange,
+  graphs: BlockGraph[],
+  weightType: WeightType,
+  device: GpuDevice | null,
+) {
   const weights = weightTensors(device, weightType);
+  // indexed by block: a pipeline stage's runner has its blocks' weights only
   const perGraph = graphs.map((graph) =>
     Array.from({ length: m.config.numLayers }, (_, b) =>
-      Object.fromEntries(
-        graph.weights.map(({ name, dims }) => {
-          const key = `blocks.${b}.${name}`;
-          return [name, weights.tensor(defined(m.weights.get(key), `weight ${key}`).data, dims)];
-        }),
-      ),
+      b < range.from || b >= range.to
+        ? null
+        : Object.fromEntries(
+            graph.weights.map(({ name, dims }) => {
+              const key = `blocks.${b}.${name}`;
+              return [name, weights.tensor(defined(m.weights.get(key), `weight ${key}`).data, dims)];
+            }),
+          ),
     ),
   );
   return { perGraph, gpuBytes: weights.gpuBytes, destroy: () => weights.destroy() };
@@ -75,7 +85,8 @@ export async function onnxStages(
   ep: ExecutionProvider,
   limits: { maxBufferBytes?: number; weightType?: WeightType } = {},
 ): Promise<OnnxStages> {
-  const { dim: D, headDim, textDim, numHeads, ffnDim } = m.config;
+  const { dim: D, headDim, textDim, numHeads, ffnDim, inChannels, outChannels, patchSize } = m.config;
+  const range = m.blocks ?? allBlocks(m.config);
   const options: ort.InferenceSession.SessionOptions = { executionProviders: [ep], graphOptimizationLevel: 'all' };
   const onDevice = (...outputs: string[]): ort.InferenceSession.SessionOptions =>
     ep === 'webgpu'
@@ -85,9 +96,16 @@ export async function onnxStages(
         }
       : options;
   const session = (graph: Uint8Array, sessionOptions = options) => ort.InferenceSession.create(graph, sessionOptions);
-  const embed = await session(buildEmbedGraph(m), onDevice('x', 'temb', 'tproj', 'context'));
+  const embedSession = holdsEmbedders(range)
+    ? await session(buildEmbedGraph(m), onDevice('x', 'temb', 'tproj', 'context'))
+    : null;
   const attention = await session(buildAttentionGraph(m));
-  const head = await session(buildHeadGraph(m));
+  const headSession = holdsHead(m.config, range) ? await session(buildHeadGraph(m)) : null;
+  const notHeld = (what: string): never => {
+    throw new Error(`this rank holds blocks ${range.from}–${range.to - 1} of the transformer: ${what}`);
+  };
+  const embedder = () => embedSession ?? notHeld("the embedders are the first pipeline stage's");
+  const outputHead = () => headSession ?? notHeld("the output head is the last pipeline stage's");
   // one session for every block's pre-attention and one for its post-attention, fed the block's
   // weights: only the running block's weights are in onnxruntime's memory (the wasm heap holds 4 GB).
   // On WebGPU the weights live in GPU buffers, uploaded once (as float16 where the device has
@@ -98,8 +116,10 @@ export async function onnxStages(
   const postGraph = buildPostAttentionGraph(m, weightType);
   const pre = await session(preGraph.bytes);
   const post = await session(postGraph.bytes, onDevice('x_out'));
-  const blockWeights = blockWeightTensors(m, [preGraph, postGraph], weightType, device);
-  const [preWeights, postWeights] = blockWeights.perGraph;
+  const blockWeights = blockWeightTensors(m, range, [preGraph, postGraph], weightType, device);
+  const [preWeights, postWeights] = blockWeights.perGraph.map(
+    (perBlock) => (block: number) => perBlock[block] ?? notHeld(`block ${block} is another stage's`),
+  );
 
   // GPU tensors this runner handed out by id; the caller releases each once it is done with it
   const kept = new Map<number, ort.Tensor>();
@@ -122,8 +142,8 @@ export async function onnxStages(
     return tensor;
   };
   const out = (r: ort.InferenceSession.OnnxValueMapType, name: string) => r[name].data as Float32Array;
-  const patchWidth = defined(m.weights.get('patch_embedding.weight'), 'weight patch_embedding.weight').data.length / D;
-  const rowsWidth = defined(m.weights.get('proj_out.weight'), 'weight proj_out.weight').shape[0];
+  const patch = patchSize.reduce((a, b) => a * b, 1);
+  const [patchWidth, rowsWidth] = [inChannels * patch, outChannels * patch];
 
   // chunked stages take and give CPU data: a device tensor is read back, a device output downloaded and freed
   const maxBufferBytes =
@@ -148,9 +168,10 @@ export async function onnxStages(
     gpuWeightBytes: blockWeights.gpuBytes,
     async dispose() {
       blockWeights.destroy();
-      await Promise.all([embed, attention, head, pre, post].map((s) => s.release()));
+      await Promise.all([embedSession, attention, headSession, pre, post].map((s) => s?.release()));
     },
     async embed(patches, timestep, text) {
+      const embed = embedder();
       const fixed = { timestep: new ort.Tensor('float32', Float32Array.of(timestep), [1]), text: t(text, textDim) };
       const rows = patches.length / patchWidth;
       const maxRows = rowsPerBuffer(maxBufferBytes, Math.max(D, patchWidth));
@@ -172,7 +193,7 @@ export async function onnxStages(
     async preAttention(block, x, tproj, cos, sin) {
       const rows = rowsOf(x, D);
       const run = async (xIn: ort.Tensor, cosIn: ort.Tensor, sinIn: ort.Tensor) =>
-        pre.run({ ...preWeights[block], x: xIn, tproj: feed(tproj, D), cos: cosIn, sin: sinIn });
+        pre.run({ ...preWeights(block), x: xIn, tproj: feed(tproj, D), cos: cosIn, sin: sinIn });
       const maxRows = rowsPerBuffer(maxBufferBytes, D);
       if (rows <= maxRows) {
         const r = await run(feed(x, D), t(cos, headDim / 2), t(sin, headDim / 2));
@@ -213,7 +234,7 @@ export async function onnxStages(
     async postAttention(block, x, o, tproj, context) {
       const rows = rowsOf(x, D);
       const run = (xIn: ort.Tensor, oIn: ort.Tensor) =>
-        post.run({ ...postWeights[block], x: xIn, o: oIn, tproj: feed(tproj, D), context: feed(context, D) });
+        post.run({ ...postWeights(block), x: xIn, o: oIn, tproj: feed(tproj, D), context: feed(context, D) });
       // per row: the FFN's hidden layer, and the cross-attention's scores over the text
       const maxRows = rowsPerBuffer(maxBufferBytes, Math.max(ffnDim, numHeads * rowsOf(context, D)));
       if (rows <= maxRows) return keep((await run(feed(x, D), t(o, D))).x_out);
@@ -223,6 +244,7 @@ export async function onnxStages(
       );
     },
     async head(x, temb) {
+      const head = outputHead();
       const rows = rowsOf(x, D);
       const maxRows = rowsPerBuffer(maxBufferBytes, Math.max(D, rowsWidth));
       if (rows <= maxRows) return out(await head.run({ x: feed(x, D), temb: feed(temb, D) }), 'rows');

@@ -1,5 +1,6 @@
 import type { WanConfig } from '../core/model/config.ts';
 import type { DType } from '../core/net/protocol.ts';
+import { allBlocks, holdsHead, type BlockRange } from '../core/model/blocks.ts';
 import { ropeTables, tokenGrid, type TokenGrid } from '../core/model/tokens.ts';
 import {
   gatherLatent,
@@ -250,6 +251,32 @@ export function ulyssesAttention(
   };
 }
 
+/** A forward's activation on the CPU side, read back where the runner keeps it on its device. */
+async function hostCopy(stages: DeviceStageRunner, a: Activation, what: string): Promise<Float32Array> {
+  if (a instanceof Float32Array) return a;
+  if (!stages.read)
+    throw new Error(`this runner keeps ${what} on its device but cannot read it back (DeviceStageRunner.read)`);
+  return stages.read(a);
+}
+
+/**
+ * What passes from one pipeline stage to the next, as CPU data: the residual stream of this rank's
+ * tokens [rows, D] and the forward's conditioning (temb [D], tproj [6, D], context [L, D]), which
+ * only the first stage, holding the embedders, can compute.
+ */
+export interface HiddenState {
+  x: Float32Array;
+  temb: Float32Array;
+  tproj: Float32Array;
+  context: Float32Array;
+}
+
+/** Where a stage's forward starts: the patches on the first stage, the last stage's hidden state after it. */
+export type StageInput = Omit<ForwardInput, 'patches'> & ({ patches: Float32Array } | { hidden: HiddenState });
+
+/** What a stage's forward ends with: the head's rows on the last stage, the hidden state for the next before it. */
+export type StageOutput = { rows: Float32Array } | { hidden: HiddenState };
+
 /**
  * One rank's share of a DiT forward pass: per block, q/k/v for the local tokens of all heads →
  * self-attention with the other ranks (`attend`: Ulysses unless given) → the rest of the block on
@@ -257,17 +284,6 @@ export function ulyssesAttention(
  * The residual stream and the conditioning never leave the rank, so on a device runner they stay
  * device tensors; each is released once nothing reads it, and all are when the pass fails.
  */
-/** A forward's timestep projection [6, D] on the CPU side, read back where the runner keeps it on its device. */
-async function hostTproj(stages: DeviceStageRunner, tproj: Activation): Promise<Float32Array> {
-  if (tproj instanceof Float32Array) return tproj;
-  if (!stages.read)
-    throw new Error(
-      'this runner keeps the timestep projection on its device but cannot read it back: ' +
-        "a rank judging its peers' tensors needs it (DeviceStageRunner.read)",
-    );
-  return stages.read(tproj);
-}
-
 export async function forwardRank(
   cfg: WanConfig,
   plan: UlyssesPlan,
@@ -277,6 +293,26 @@ export async function forwardRank(
   stats: RankStats = noStats(),
   attend: BlockAttention = ulyssesAttention(cfg, plan, stages, exchange),
 ): Promise<Float32Array> {
+  const out = await forwardStage(cfg, plan, stages, exchange, input, allBlocks(cfg), stats, attend);
+  if (!('rows' in out)) throw new Error('a whole forward ends at the output head');
+  return out.rows;
+}
+
+/**
+ * One rank's share of a pipeline stage's blocks [from, to) of a forward (forwardRank: all of them):
+ * from the patches where the stage holds the embedders, else from the previous stage's hidden
+ * state; to the head's rows where it holds the head, else to the hidden state for the next stage.
+ */
+export async function forwardStage(
+  cfg: WanConfig,
+  plan: UlyssesPlan,
+  stages: DeviceStageRunner,
+  exchange: Exchange,
+  input: StageInput,
+  blocks: BlockRange,
+  stats: RankStats = noStats(),
+  attend: BlockAttention = ulyssesAttention(cfg, plan, stages, exchange),
+): Promise<StageOutput> {
   const me = exchange.rank;
   const clocks = new ForwardClocks(stats);
   let limits: ColumnLimits[] | null = null;
@@ -304,14 +340,16 @@ export async function forwardRank(
 
   const { cos, sin } = ropeTables(cfg, input.grid, tokenStart(plan, me), plan.rows[me]);
   try {
-    const embedded = await io.compute(stages.embed(input.patches, input.timestep, input.text));
+    const embedded =
+      'hidden' in input ? input.hidden : await io.compute(stages.embed(input.patches, input.timestep, input.text));
     const { temb, tproj, context } = embedded;
     let x = embedded.x;
     [x, temb, tproj, context].forEach(arrived);
     // this forward's modulation, which bounds v, as this rank computed it itself
     const { bounds } = input;
-    if (bounds && plan.degree > 1) limits = stepLimits(bounds, await io.compute(hostTproj(stages, tproj)));
-    for (let block = 0; block < cfg.numLayers; block++) {
+    if (bounds && plan.degree > 1)
+      limits = stepLimits(bounds, await io.compute(hostCopy(stages, tproj, 'the timestep projection')));
+    for (let block = blocks.from; block < blocks.to; block++) {
       const qkv = await io.compute(stages.preAttention(block, x, tproj, cos, sin));
       [qkv.q, qkv.k, qkv.v].forEach(arrived);
       const attn = arrived(await attend(block, qkv, io)); // [Sl, D]
@@ -319,7 +357,18 @@ export async function forwardRank(
       await io.compute(release([x]));
       x = next;
     }
-    const output = arrived(await io.compute(stages.head(x, temb)));
+    const output: StageOutput = holdsHead(cfg, blocks)
+      ? { rows: arrived(await io.compute(stages.head(x, temb))) }
+      : {
+          hidden: await io.compute(
+            (async () => ({
+              x: await hostCopy(stages, x, 'the residual stream'),
+              temb: await hostCopy(stages, temb, 'temb'),
+              tproj: await hostCopy(stages, tproj, 'the timestep projection'),
+              context: await hostCopy(stages, context, 'the context'),
+            }))(),
+          ),
+        };
     await io.compute(release([...held]));
     return output;
   } catch (error) {

@@ -4,6 +4,7 @@
 
 import type { TensorMap } from '../safetensors.ts';
 import type { Tensor } from '../tensor.ts';
+import type { BlockRange } from './blocks.ts';
 import type { WanConfig } from './config.ts';
 import {
   attention,
@@ -22,6 +23,8 @@ import { patchify, ropeTables, tokenGrid, unpatchify } from './tokens.ts';
 export interface WanModel {
   config: WanConfig;
   weights: TensorMap;
+  /** the blocks whose weights this copy holds (a pipeline stage's: transformer.ts); all of them without it */
+  blocks?: BlockRange;
 }
 
 export interface Conditioning {

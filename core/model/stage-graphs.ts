@@ -31,8 +31,11 @@ export interface BlockGraph {
   weightType: WeightType;
 }
 
-/** the block a block graph is built from: every block has the same weight names and shapes */
-const BLOCK = 'blocks.0.';
+/**
+ * The block a block graph is built from: every block has the same weight names and shapes, so the
+ * first the model holds (a pipeline stage holds some blocks only) stands for all.
+ */
+const templateBlock = (m: WanModel): number => m.blocks?.from ?? 0;
 
 class WanGraph extends OnnxGraph {
   /** the weights a block graph takes as inputs, by input name, and each one's value in float32 */
@@ -55,8 +58,9 @@ class WanGraph extends OnnxGraph {
     const t = this.m.weights.get(name);
     if (!t) throw new Error(`weight ${name} is missing`);
     if (!this.blockWeightInputs) return this.weight(name, dims ?? t.shape, t.data);
-    if (!name.startsWith(BLOCK)) throw new Error(`a block graph reads only its block's weights, not ${name}`);
-    const input = name.slice(BLOCK.length);
+    const block = `blocks.${templateBlock(this.m)}.`;
+    if (!name.startsWith(block)) throw new Error(`a block graph reads only its block's weights, not ${name}`);
+    const input = name.slice(block.length);
     let known = this.weightInputs.get(input);
     if (!known) {
       this.input(input, dims ?? t.shape, this.blockWeightInputs);
@@ -159,7 +163,7 @@ export function buildEmbedGraph(m: WanModel): Uint8Array {
 
 export function buildPreAttentionGraph(m: WanModel, weightType: WeightType = 'float32'): BlockGraph {
   const g = new WanGraph('block_pre', m, weightType);
-  const block = 0;
+  const block = templateBlock(m);
   const { dim: D, headDim } = m.config;
   const x = g.input('x', [S, D]);
   const tproj = g.input('tproj', [6, D]);
@@ -184,7 +188,7 @@ export function buildAttentionGraph(m: WanModel): Uint8Array {
 
 export function buildPostAttentionGraph(m: WanModel, weightType: WeightType = 'float32'): BlockGraph {
   const g = new WanGraph('block_post', m, weightType);
-  const block = 0;
+  const block = templateBlock(m);
   const { dim: D } = m.config;
   const b = `blocks.${block}`;
   const x = g.input('x', [S, D]);

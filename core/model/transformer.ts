@@ -1,5 +1,6 @@
 import { defined } from '../defined.ts';
 import { readTensor, type TensorMap } from '../safetensors.ts';
+import { allBlocks, checkBlockRange, holdsTensor, type BlockRange } from './blocks.ts';
 import { openCheckpoint } from './checkpoint.ts';
 import { checkWeights, parseWanConfig } from './config.ts';
 import { readJson, type ModelFiles } from './files.ts';
@@ -19,17 +20,24 @@ export type LoadProgress = (loaded: number, total: number) => void;
 /**
  * Loads a diffusers WanTransformer3DModel folder, single-file or sharded: the config and every
  * shard's header are checked against each other before a weight is read, then the weights are read
- * tensor by tensor and widened to float32.
+ * tensor by tensor and widened to float32. With `blocks`, only a pipeline stage's tensors are read
+ * (blocks.ts): the rest of the checkpoint is never fetched.
  */
-export async function loadTransformer(files: ModelFiles, onProgress?: LoadProgress): Promise<WanModel> {
+export async function loadTransformer(
+  files: ModelFiles,
+  onProgress?: LoadProgress,
+  blocks?: BlockRange,
+): Promise<WanModel> {
   const config = parseWanConfig(await readJson(files, TRANSFORMER_CONFIG), TRANSFORMER_CONFIG);
   const checkpoint = await openCheckpoint(files, 'transformer', TRANSFORMER_WEIGHTS_NAME);
   checkWeights(config, checkpoint.tensors, checkpoint.source);
-  const total = [...checkpoint.tensors.values()].reduce((sum, t) => sum + t.end - t.begin, 0);
+  const range = checkBlockRange(config, blocks ?? allBlocks(config));
+  const held = [...checkpoint.tensors.values()].filter((t) => holdsTensor(config, range, t.name));
+  const total = held.reduce((sum, t) => sum + t.end - t.begin, 0);
   const weights: TensorMap = new Map();
   let loaded = 0;
   // a few reads in flight: one request at a time leaves a page's link idle between tensors
-  const queue = [...checkpoint.tensors.values()];
+  const queue = [...held];
   const reader = async () => {
     try {
       for (let entry = queue.shift(); entry; entry = queue.shift()) {
@@ -43,6 +51,6 @@ export async function loadTransformer(files: ModelFiles, onProgress?: LoadProgre
   };
   await Promise.all(Array.from({ length: READS_IN_FLIGHT }, reader));
   // in the checkpoint's order, not the order the reads finished in
-  const ordered = [...checkpoint.tensors.keys()].map((name) => [name, defined(weights.get(name), name)] as const);
-  return { config, weights: new Map(ordered) };
+  const ordered = held.map(({ name }) => [name, defined(weights.get(name), name)] as const);
+  return { config, weights: new Map(ordered), ...(blocks ? { blocks: range } : {}) };
 }
