@@ -2,7 +2,8 @@
 // 21 × 30 × 52 = 32,760 tokens), 50 steps with classifier-free guidance, on P = 1, 2, 3, 4, 6
 // browsers for three link speeds, three device speeds and fp32/fp16 transport. Pure arithmetic,
 // no browser, held to one measurement: the full-size model's block as bench/block-cost.ts timed it
-// (bench/out/block-cost.json, when there is one). Writes bench/out/projection.json and .md.
+// (bench/out/block-cost.json, when there is one). Writes bench/out/projection.json and .md, with
+// Wan2.1-T2V-14B on a pooled swarm at their end (pooled-projection.ts).
 //
 //   npm run bench -- projection
 
@@ -12,6 +13,7 @@ import { staleKeysValuesBytes } from '../core/parallel.ts';
 import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { BlockCostReport } from './block-cost.ts';
+import { pooledMarkdown, pooledProjection } from './pooled-projection.ts';
 import { isMain, machine, OUT_DIR, round, versions, writeReport } from './lib.ts';
 import { defined } from '../core/defined.ts';
 
@@ -260,6 +262,8 @@ export function runProjection(blockCost: BlockCostReport | null = lastBlockCost(
     rows,
     best,
     breakEven,
+    /** Wan2.1-T2V-14B on a pooled swarm: pipeline stages and PipeFusion against Ulysses alone (pooled-projection.ts) */
+    pooled14b: pooledProjection(),
     cfgParallel,
     displaced,
     /** the full-size block measured on this machine, against the cost model's prediction for it */
@@ -453,6 +457,7 @@ function markdown(r: ReturnType<typeof runProjection>): string {
     '',
     `Assumptions: ${r.config.assumptions.join('; ')}.`,
     '',
+    pooledMarkdown(r.pooled14b),
   );
   return lines.join('\n');
 }

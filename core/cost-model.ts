@@ -484,3 +484,118 @@ export function fastestEp(
   const note = others ? ` vs ${others}` : best.ep === 'wasm' ? ' (no WebGPU adapter)' : '';
   return { ep: best.ep, why: `${EP_NAME[best.ep]}: ${gflops(best)} GFLOP/s${note}` };
 }
+
+// --- pooled memory: pipeline stages -------------------------------------------------------------
+
+/** Parameters of the transformer's parts: one block, the embedders (first stage) and the head (last stage). */
+export function modelParams(model: ModelShape): { block: number; embedders: number; head: number } {
+  const { dim: D, ffnDim, inChannels, outChannels, textDim, freqDim } = model;
+  const patch = patchVolume(model);
+  const linear = (inDim: number, outDim: number) => inDim * outDim + outDim;
+  // self and cross attention's q, k, v, out with their two RMSNorms each; the cross-attention norm; FFN; table
+  const block = 8 * linear(D, D) + 4 * D + 2 * D + linear(D, ffnDim) + linear(ffnDim, D) + 6 * D;
+  const embedders =
+    linear(inChannels * patch, D) +
+    linear(freqDim, D) +
+    linear(D, D) +
+    linear(D, 6 * D) +
+    linear(textDim, D) +
+    linear(D, D);
+  const head = 2 * D + linear(D, outChannels * patch);
+  return { block, embedders, head };
+}
+
+export interface StagedPlan {
+  /** contiguous pipeline stages of about numLayers/stages blocks each, every one a group of ulyssesDegree ranks */
+  stages: number;
+  ulyssesDegree: number;
+  /** the two guided passes on two pipelines of stages */
+  cfgParallel: boolean;
+  /**
+   * 'exact': each pass through the stages in turn, a step's passes pipelined behind each other;
+   * 'pipefusion': each pass's tokens in `patches` patches flowing through the stages, each attending
+   * to the keys and values of the step before for patches not yet computed (xDiT's PipeFusion)
+   */
+  mode: 'exact' | 'pipefusion';
+  patches?: number;
+}
+
+export interface StagedPrediction {
+  plan: StagedPlan;
+  /** workers: stages × degree, ×2 with CFG parallel */
+  world: number;
+  /** one stage group's forward of its blocks, Ulysses exchange included */
+  stageForwardS: number;
+  /**
+   * how a step's passes cross the stages: 'batched' both at once stage after stage (a stage's two
+   * passes hide each other's exchange), 'pipelined' one behind the other (the first stage starts the
+   * second pass while the second stage runs the first); the faster of the two
+   */
+  schedule: 'batched' | 'pipelined';
+  /** one rank's hidden state handed to the next stage, once */
+  boundaryS: number;
+  stepS: number;
+  /** bytes every rank sends to the next stage in a step (the hidden state of its tokens, and the conditioning) */
+  boundaryBytesPerRank: number;
+  /** Ulysses bytes a rank sends within its stage in a step */
+  exchangeBytesPerRank: number;
+  /** weights the busiest rank holds (the first stage's: its blocks and the embedders) */
+  weightBytesPerRank: number;
+  /** keys and values of the step before a rank keeps for its blocks and heads (PipeFusion; 0 in exact mode) */
+  staleKeysValuesBytesPerRank: number;
+}
+
+/**
+ * A step of a staged plan (pooled memory) on workers of equal speed, from the Ulysses prediction of
+ * one stage's blocks: a forward crosses the stages in turn, handing each next stage its hidden
+ * state; exact mode pipelines a step's passes (the first stage starts the second pass while the
+ * second stage runs the first), PipeFusion its patches, so that all stages compute at once but for
+ * the pipeline's fill.
+ */
+export function predictStagedStep(
+  work: Workload,
+  plan: StagedPlan,
+  hw: Hardware,
+  weightBytesPerParam = 2,
+): StagedPrediction {
+  const { stages: S, ulyssesDegree: P } = plan;
+  const L = work.model.numLayers;
+  if (!(Number.isInteger(S) && S >= 1 && S <= L)) throw new Error(`${S} stages of ${L} blocks`);
+  const M = plan.mode === 'pipefusion' ? (plan.patches ?? 2 * S) : 1;
+  const blocks = Math.ceil(L / S);
+  const m = plan.cfgParallel ? 1 : work.passes;
+  const stageOf = (passes: 1 | 2) =>
+    predictStep(
+      { ...work, model: { ...work.model, numLayers: blocks }, passes },
+      { ulyssesDegree: P, cfgParallel: false },
+      { ...hw, coordinatorLink: null },
+    );
+  const stage = stageOf(1);
+  const t = stage.computeS + stage.commS;
+  const both = m === 2 ? stageOf(2) : stage;
+  const link = typeof hw.link === 'function' ? hw.link(0, 1) : hw.link;
+  const { dim: D } = work.model;
+  const rows = Math.ceil(work.tokens / P);
+  // the residual stream of a rank's tokens, and the conditioning (temb, tproj, context) in float32
+  const boundaryBytes = rows * D * hw.bytesPerElement + (work.textTokens + 7) * D * 4;
+  const b = boundaryBytes / link.bandwidth + link.latency;
+  // pipelined, the pipeline's fill: S − 1 stage slots (and hand-overs) before the last stage starts,
+  // a patch's with PipeFusion; batched, every stage in turn
+  const pipelined = m * t + ((S - 1) * (t + b)) / M;
+  const batched = plan.mode === 'exact' ? S * (both.computeS + both.commS) + (S - 1) * b : Infinity;
+  const schedule = batched <= pipelined ? 'batched' : 'pipelined';
+  const params = modelParams(work.model);
+  const staleKeysValues = plan.mode === 'pipefusion' ? (m * 2 * work.tokens * D * blocks * hw.bytesPerElement) / P : 0;
+  return {
+    plan,
+    world: S * P * (plan.cfgParallel ? 2 : 1),
+    stageForwardS: t,
+    schedule,
+    boundaryS: b,
+    stepS: Math.min(batched, pipelined),
+    boundaryBytesPerRank: S > 1 ? m * boundaryBytes : 0,
+    exchangeBytesPerRank: schedule === 'batched' ? both.bytesPerRank : m * stage.bytesPerRank,
+    weightBytesPerRank: (blocks * params.block + params.embedders) * weightBytesPerParam,
+    staleKeysValuesBytesPerRank: staleKeysValues,
+  };
+}

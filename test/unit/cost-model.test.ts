@@ -1,5 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import {
+  modelParams,
+  predictStagedStep,
   candidatePlans,
   fitLink,
   fitMeshProbe,
@@ -528,5 +530,63 @@ describe('fitLink and fitMeshProbe', () => {
     });
     expect(link.bandwidth).toBeCloseTo(1e7, 3);
     expect(link.latency).toBeCloseTo(0.0019, 12);
+  });
+});
+
+describe('cost model: pipeline stages (pooled memory)', () => {
+  const wan14b: ModelShape = { ...wan13b, numHeads: 40, dim: 5120, ffnDim: 13824, numLayers: 40 };
+  const work14b: Workload = { model: wan14b, tokens: 32760, textTokens: 512, passes: 2 };
+  const gpus: Hardware = {
+    workerFlops: Array<number>(8).fill(20e12),
+    link: { bandwidth: 125e6, latency: 1e-3 },
+    bytesPerElement: 2,
+  };
+
+  it("counts the published 1.3B folder's 1,418,996,800 parameters, and 14.29 B for the 14B layout", () => {
+    const count = (m: ModelShape) => {
+      const p = modelParams(m);
+      return m.numLayers * p.block + p.embedders + p.head;
+    };
+    expect(count(wan13b)).toBe(1_418_996_800);
+    expect(modelParams(wan14b).block).toBe(351_394_304);
+    expect(count(wan14b)).toBe(14_288_491_584);
+  });
+
+  it('one stage is the Ulysses step; more stages add only the fill of the pipeline, which PipeFusion shrinks', () => {
+    const whole = predictStep(work14b, { ulyssesDegree: 2, cfgParallel: false }, { ...gpus, coordinatorLink: null });
+    const one = predictStagedStep(work14b, { stages: 1, ulyssesDegree: 2, cfgParallel: false, mode: 'exact' }, gpus);
+    expect(one.stepS).toBeCloseTo(whole.computeS + whole.commS, 6);
+    expect(one.schedule).toBe('batched');
+    expect(one.boundaryBytesPerRank).toBe(0);
+    const exact = predictStagedStep(work14b, { stages: 4, ulyssesDegree: 2, cfgParallel: false, mode: 'exact' }, gpus);
+    // two passes one behind the other through four stages of a quarter of the blocks: 2 + 3 stage slots, 3 hand-overs
+    expect(exact.schedule).toBe('pipelined');
+    expect(exact.stepS).toBeCloseTo(5 * exact.stageForwardS + 3 * exact.boundaryS, 6);
+    const fused = predictStagedStep(
+      work14b,
+      { stages: 4, ulyssesDegree: 2, cfgParallel: false, mode: 'pipefusion', patches: 12 },
+      gpus,
+    );
+    expect(fused.stepS).toBeCloseTo(2 * fused.stageForwardS + (3 * (fused.stageForwardS + fused.boundaryS)) / 12, 6);
+    expect(fused.stepS).toBeLessThan(exact.stepS);
+    // each rank hands the next stage its tokens' hidden state (bfloat16 on the wire) and the conditioning, per pass
+    expect(exact.boundaryBytesPerRank).toBe(2 * ((32760 / 2) * 5120 * 2 + (512 + 7) * 5120 * 4));
+  });
+
+  it('stages cut what each rank holds; PipeFusion pays for its speed in keys and values of the step before', () => {
+    const p = modelParams(wan14b);
+    const plan = (stages: number) =>
+      predictStagedStep(work14b, { stages, ulyssesDegree: 1, cfgParallel: false, mode: 'exact' }, gpus);
+    expect(plan(1).weightBytesPerRank).toBe(2 * (40 * p.block + p.embedders));
+    expect(plan(4).weightBytesPerRank).toBe(2 * (10 * p.block + p.embedders));
+    expect(plan(4).staleKeysValuesBytesPerRank).toBe(0);
+    const fused = predictStagedStep(
+      work14b,
+      { stages: 4, ulyssesDegree: 2, cfgParallel: false, mode: 'pipefusion' },
+      gpus,
+    );
+    // both passes' k and v of all tokens, for the stage's 10 blocks and the rank's half of the heads
+    expect(fused.staleKeysValuesBytesPerRank).toBe((2 * 2 * 32760 * 5120 * 10 * 2) / 2);
+    expect(() => predictStagedStep(work14b, { ...fused.plan, stages: 41 }, gpus)).toThrow('41 stages of 40 blocks');
   });
 });
