@@ -37,13 +37,13 @@ export interface DenoiseRequest {
   resume?: SamplerCheckpoint;
   signal?: AbortSignal;
   onCheckpoint?: (c: SamplerCheckpoint) => void;
-  onFailure?: (f: FailureRecord) => void;
   onProgress?: (p: StepProgress) => void;
 }
 
 export interface Denoised {
   latent: Tensor;
   steps: StepReport[];
+  /** the ranks lost in the steps (the placer records them with those of the other phases: Placer.failures) */
   failures: FailureRecord[];
   spotChecks: SpotCheck[];
   /** the median step's ms: what the plan's predictedStepMs is held to (a slow step moves a mean, not a median) */
@@ -97,12 +97,10 @@ export async function denoise(r: DenoiseRequest): Promise<Denoised> {
               return result.velocity;
             } catch (e) {
               spotChecks.push(...executor().takeSpotChecks());
-              const failure = await placer.replace(e as Error, at.step);
-              if (!failure) throw e;
               const caught = e instanceof SpotCheckFailed;
-              const record = { ...failure, rerunFromStep: caught ? placedAt.step : null };
-              failures.push(record);
-              r.onFailure?.(record);
+              const failure = await placer.replace(e as Error, at.step, caught ? placedAt.step : null);
+              if (!failure) throw e;
+              failures.push(failure);
               if (caught) throw new RerunFrom(placedAt); // on the new placement
               placedAt = lastDone; // the new placement starts at this step
             }

@@ -1,7 +1,8 @@
 // prompt → text encoder → denoising loop (denoising.ts; each step one or two DiT forward passes on
 // the placement's executor) → VAE decoder → WebM. The pipeline reads like the algorithm: where and
 // how the transformer runs is the planner's (planner.ts), carried out by the placer (placer.ts), and
-// a lost rank costs a re-placement and one step, not the job.
+// a worker lost in any phase (its text encoder layers, placing, a step, its VAE tiles) costs a
+// re-placement on the live workers, not the job (Placer: one rule for all of them).
 import { defined } from '../core/defined.ts';
 import { jobParams, latentShape, usesGuidance, type JobParams } from '../core/job.ts';
 import { parseWanConfig, type WanConfig } from '../core/model/config.ts';
@@ -112,6 +113,7 @@ export interface GenerateReport {
    */
   medianStepMs: number;
   resumedFromStep: number;
+  /** the workers lost in every phase, and what placing the job again after each cost */
   failures: FailureRecord[];
   /** time spent re-placing after lost ranks */
   recoveryMs: number;
@@ -212,11 +214,12 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
         timeoutMs: timeoutsOf(rpcTimeoutMs).loadMs,
         cache: promptCache,
         convict: (worker, why) => placer.convict(worker, why),
-        runs: (numLayers) =>
+        lost: (worker, among, error) => placer.lostOutsideSteps('encoding', worker, among, error),
+        runs: (numLayers, from) =>
           onSwarm(
             "this folder's text encoder (umT5) runs on the swarm's workers",
             'give the prompt embeddings (promptEmbeds)',
-          ).textLayers(numLayers),
+          ).textLayers(numLayers, from),
       })
     : standInEncoding(() => parts.textEncoder());
   const videoDecoding = wanVae
@@ -227,6 +230,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
         ep: 'auto',
         timeoutMs: timeoutsOf(rpcTimeoutMs).loadMs,
         convict: (worker, why) => placer.convict(worker, why),
+        lost: (worker, among, error) => placer.lostOutsideSteps('decoding', worker, among, error),
         tileHosts: () =>
           onSwarm(
             "this folder's VAE (AutoencoderKLWan) decodes on the swarm's workers",
@@ -278,6 +282,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
       const { promptEmbeds, negativePromptEmbeds, outputType = 'video', ...input } = given;
       const params = jobParams(input, folderDefaults);
       const clock = phaseClock(onPhase);
+      placer.startJob({ step: resume?.step ?? 0, onFailure });
       // the prompts and the decoder first: what a job cannot do is refused before any worker is asked
       clock.enter('encoding');
       const encoded = [
@@ -312,7 +317,6 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
         resume,
         signal,
         onCheckpoint,
-        onFailure,
         onProgress,
       });
       // a job that ran on one placement throughout is what the next of its shape there is predicted from
@@ -331,7 +335,8 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
       clock.enter('muxing');
       const video = frames && (await (options.encodeVideo ?? encodeWebM)(frames));
       clock.enter(null);
-      const { latent, steps, failures, spotChecks, medianStepMs } = denoised;
+      const { latent, steps, spotChecks, medianStepMs } = denoised;
+      const { failures } = placer;
       return {
         video,
         latent: latent.data,
@@ -366,12 +371,13 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
       };
     },
     async decode(latent, options) {
+      placer.startJob();
       await videoDecoding.ready();
       return videoDecoding.decode(latent, options);
     },
     async shutdown(opts) {
       offBans?.();
-      await placer.shutdown(opts);
+      await placer.shutdown({ ...opts, close: true });
     },
   };
 }

@@ -1,7 +1,10 @@
 // Carries out the planner's placements (planner.ts): waits for the workers a job needs, runs the
 // rehearsals the planner asks for, keeps the executor of the current placement while the next job's
-// placement is the same, probes a new placement's mesh, and after a lost rank places the job again
-// through the planner. It decides nothing itself.
+// placement is the same, probes a new placement's mesh, and after a lost worker places the job again
+// through the planner. It decides nothing itself. A worker lost in any phase (rehearsal, initWorker,
+// loadModel, prepareJob, the mesh probe, a step, a text encoder run, a VAE tile) goes through one rule
+// (Placer.lose, then Placer.onLive): a re-placement from the job's MAX_REPLANS on the live workers,
+// and the job fails only where nothing can be placed, saying who was lost, why, and why.
 import { defined } from '../core/defined.ts';
 import { fitMeshProbe, type LinkSpeed } from '../core/cost-model.ts';
 import type { JobParams } from '../core/job.ts';
@@ -9,6 +12,7 @@ import { bytesPerElement } from '../core/net/protocol.ts';
 import type { MeshProbe } from '../core/worker-api.ts';
 import { createExecutor } from './backends.ts';
 import type { Executor, LostRank } from './executor.ts';
+import { CONFIRM_PING_MS } from './swarm-executor.ts';
 import { Measurements } from './measurements.ts';
 import { samePlacement, type PlacementRequest, type ResolvedPlacement } from './placement.ts';
 import {
@@ -27,14 +31,22 @@ import {
 } from './planner.ts';
 import type { Swarm, SwarmWorker } from './swarm.ts';
 
-/** How a lost rank was noticed and what the re-placement cost. */
+/** Where in a job workers were lost: placing is rehearsals, initWorker, loadModel, prepareJob and the mesh probe. */
+export type LossPhase = 'encoding' | 'placing' | 'denoising' | 'decoding';
+
+/** How a lost worker was noticed and what the re-placement cost. */
 export interface FailureRecord {
+  phase: LossPhase;
+  /** the step the job was at: while denoising the interrupted one (from 0), before it the first to run */
   step: number;
   error: string;
   lost: LostRank[];
   /** when the failure was seen (ms since the epoch) */
   detectedAt: number;
-  /** ranks before and after */
+  /**
+   * ranks before and after; outside the steps (a rehearsal, a text encoder run, a VAE tile) the workers the phase
+   * ran on before and those it could go on with after
+   */
   degreeBefore: number;
   degreeAfter: number;
   replanMs: number;
@@ -45,10 +57,10 @@ export interface FailureRecord {
   rerunFromStep?: number | null;
 }
 
-/** A lost rank costs a re-placement; after this many in one job, the job fails. */
+/** A lost worker costs a re-placement; after this many in one job, the job fails. */
 export const MAX_REPLANS = 8;
 
-/** The job lost ranks more often than MAX_REPLANS allows; `cause` is the last failure, as it came. */
+/** The job lost workers more often than MAX_REPLANS allows; `cause` is the last failure, as it came. */
 export class ReplacementsExhausted extends Error {
   override name = 'ReplacementsExhausted';
   constructor(
@@ -65,6 +77,21 @@ export interface PlacerOptions extends PlannerContext {
   swarm?: Swarm;
   /** how long a placement waits for the workers it needs */
   placementTimeoutMs?: number;
+}
+
+/** Where in the job a failure came. */
+interface JobPoint {
+  phase: LossPhase;
+  step: number;
+}
+
+/** A failure that lost workers, not yet recovered from. */
+interface Loss extends JobPoint {
+  error: Error;
+  lost: LostRank[];
+  detectedAt: number;
+  degreeBefore: number;
+  rerunFromStep?: number | null;
 }
 
 /** plans made before a placement whose workers all stayed live is given up on */
@@ -87,12 +114,27 @@ export class Placer {
     params: JobParams;
     request: PlacementRequest;
   } | null = null;
-  /** re-placements since the prepared job started */
-  private replans = 0;
+  /**
+   * the job's losses: re-placements spent, those recorded, the one being recovered from (a re-placement on the live
+   * workers settles it), and who hears of each
+   */
+  private job: {
+    replans: number;
+    step: number;
+    failures: FailureRecord[];
+    pending: (Loss & { started: number }) | null;
+    onFailure?: (f: FailureRecord) => void;
+  } = { replans: 0, step: 0, failures: [], pending: null };
+  /** why and when each worker left the swarm: the evidence of a worker lost outside an executor */
+  private readonly departures = new WeakMap<SwarmWorker, { reason: string; silentMs: number }>();
+  private readonly offLeave: (() => void) | undefined;
 
   constructor(private readonly options: PlacerOptions) {
     if (options.backend === 'swarm' && !options.swarm)
       throw new Error('the swarm backend needs a Swarm: pass one from openSwarm()');
+    this.offLeave = options.swarm?.on((e) => {
+      if (e.type === 'leave') this.departures.set(e.worker, { reason: e.reason, silentMs: e.silentMs });
+    });
   }
 
   /** The executor of the current placement, if any. */
@@ -100,37 +142,232 @@ export class Placer {
     return this.executor;
   }
 
-  /** Places a job: keeps the current placement if the planner places it the same, else places anew. */
+  /**
+   * A new job: MAX_REPLANS re-placements to spend on workers it loses, from `step` (a resumed job's); `onFailure`
+   * hears of each loss once the job is placed again after it.
+   */
+  startJob({ step = 0, onFailure }: { step?: number; onFailure?: (f: FailureRecord) => void } = {}): void {
+    this.job = { replans: 0, step, failures: [], pending: null, onFailure };
+  }
+
+  /** The workers the job lost so far, in every phase, as they were seen. */
+  get failures(): FailureRecord[] {
+    return [...this.job.failures].sort((a, b) => a.detectedAt - b.detectedAt);
+  }
+
+  /**
+   * Places a job: keeps the current placement if the planner places it the same, else places anew; a worker lost
+   * while rehearsing, in initWorker or in loadModel costs a re-placement on the live workers.
+   */
   async place(
     params: JobParams,
     request: PlacementRequest,
   ): Promise<{ executor: Executor; placement: ResolvedPlacement }> {
     this.options.swarm?.accusations.newJob(); // a worker set aside in the last job is placed again
-    const placement = await this.planOnLive(params, request);
-    const current = this.executor;
-    if (!current || this.lostARank || !samePlacement(current.placement, placement)) await this.placeOn(placement);
-    const executor = defined(this.executor, 'the placement');
-    // the same decisions, with this job's prediction
-    executor.placement = placement;
     this.prepared = null;
-    return { executor, placement };
+    const at: JobPoint = { phase: 'placing', step: this.job.step };
+    const placement = await this.onLive(
+      () => this.planOnLive(params, request, at),
+      (p) => p.layout.world,
+    );
+    const current = this.executor;
+    if (current && !this.lostARank && samePlacement(current.placement, placement))
+      current.placement = placement; // the same decisions, with this job's prediction
+    else await this.placeLive(params, request, at, placement);
+    const executor = defined(this.executor, 'the placement');
+    return { executor, placement: executor.placement };
+  }
+
+  /**
+   * Gives the ranks the job; on a placement of several ranks not yet probed, times an all-to-all on
+   * its mesh first: the link the cost model plans the next jobs with. A rank lost in either costs a
+   * re-placement; a probe that failed otherwise costs nothing.
+   */
+  async prepare(
+    job: number,
+    texts: Float32Array[],
+    shape: number[],
+    params: JobParams,
+    request: PlacementRequest,
+  ): Promise<MeshProbeReport> {
+    defined(this.executor, 'a placement (call place() first)');
+    this.prepared = { job, texts, shape, params, request };
+    const at: JobPoint = { phase: 'placing', step: this.job.step };
+    const loss = await this.prepareRanks(at);
+    if (loss) {
+      this.lose(loss);
+      await this.placeLive(params, request, at, null, loss.degreeBefore); // prepares the job there
+    }
+    for (;;) {
+      const executor = defined(this.executor, 'the placement');
+      // one rank (the local backend's too) has no mesh
+      if (executor.layout.ulyssesDegree < 2 || this.probed) return null;
+      this.probed = true;
+      try {
+        const ranks = await executor.probeMesh(job);
+        const fits = ranks.map(fitMeshProbe);
+        const link = {
+          bandwidth: Math.min(...fits.map((f) => f.bandwidth)),
+          latency: Math.max(...fits.map((f) => f.latency)),
+        };
+        this.measurements.meshLink = link;
+        return { ranks, link };
+      } catch (e) {
+        const lost = await this.lossOf(executor, e as Error, at).catch(() => null);
+        if (!lost) return { error: (e as Error).message };
+        // the new placement is probed before the job goes on
+        this.lose(lost);
+        await this.placeLive(params, request, at, null, lost.degreeBefore);
+      }
+    }
+  }
+
+  /**
+   * A lost rank costs one step, not the job: let the survivors go, have the planner place the job
+   * again on the live workers (never more ranks than before; its CFG groups, shares and mode where
+   * they still pay) and prepare it there. Null when the failure was not a lost rank, so trying again
+   * would not help; an error when the job has used up its MAX_REPLANS or no worker is left.
+   * `rerunFromStep`: where a spot check caught the rank, the step the job goes back to.
+   */
+  async replace(error: Error, step: number, rerunFromStep: number | null = null): Promise<FailureRecord | null> {
+    const detectedAt = Date.now();
+    const before = defined(this.executor, 'a placement (call place() first)');
+    const lost = await before.lostRanks(error);
+    const prepared = this.prepared;
+    if (!lost.length || !prepared) return null;
+    const loss: Loss = { phase: 'denoising', step, error, lost, detectedAt, degreeBefore: before.world, rerunFromStep };
+    this.lose(loss);
+    // the loss is recorded first, by the re-placement that settles it
+    const recorded = this.job.failures.length;
+    await this.placeLive(prepared.params, prepared.request, loss, null, before.world);
+    return this.job.failures[recorded];
+  }
+
+  /**
+   * The one rule of a lost worker, whatever the phase: it costs one of the job's MAX_REPLANS
+   * re-placements, and is recorded once the job is placed again on the live workers (onLive). Past
+   * MAX_REPLANS the job fails with the last failure.
+   */
+  private lose(loss: Loss): void {
+    const pending = this.job.pending;
+    // workers lost together, before the job could be placed again, cost one re-placement
+    if (pending) pending.lost.push(...loss.lost.filter((l) => !pending.lost.some((p) => p.worker === l.worker)));
+    else if (this.job.replans >= MAX_REPLANS) throw new ReplacementsExhausted(loss.lost, loss.error);
+    else {
+      this.job.replans++;
+      this.job.pending = { ...loss, started: performance.now() };
+    }
+  }
+
+  /**
+   * Places work on the live workers (`place`); after a loss, this is its re-placement: recorded with the degree it
+   * placed, or, where nothing could be placed, the job's failure, saying who was lost, why, and why nothing could be.
+   */
+  private async onLive<T>(place: () => Promise<T>, degreeOf: (placed: T) => number): Promise<T> {
+    let placed: T;
+    try {
+      placed = await place();
+    } catch (e) {
+      const loss = this.job.pending;
+      this.job.pending = null;
+      if (!loss || e instanceof ReplacementsExhausted) throw e;
+      const what = loss.lost.map((l) => `rank ${l.rank} (worker ${l.worker}: ${l.cause}, ${l.evidence})`).join(', ');
+      const where = {
+        encoding: 'while encoding the prompt',
+        placing: 'while placing the job',
+        denoising: `in step ${loss.step + 1}`,
+        decoding: 'while decoding the video',
+      }[loss.phase];
+      const message = `lost ${what} ${where}, and the job could not be placed again: ${(e as Error).message}`;
+      // the job failed of the lost worker; why placing it again failed is in the message
+      // eslint-disable-next-line preserve-caught-error -- the cause is the loss, not the failed re-placement
+      throw new Error(message, { cause: loss.error });
+    }
+    const loss = this.job.pending;
+    if (loss) {
+      this.job.pending = null;
+      const { started, error, ...seen } = loss;
+      const record: FailureRecord = {
+        ...seen,
+        error: error.message,
+        degreeAfter: degreeOf(placed),
+        replanMs: performance.now() - started,
+      };
+      this.job.failures.push(record);
+      this.job.onFailure?.(record);
+    }
+    return placed;
+  }
+
+  /**
+   * Carries out a placement of the job, the current one's or, after a loss, one the planner makes
+   * on the live workers with no more ranks than `maxWorld`: its ranks initialized and loaded and,
+   * once prepared, the job prepared on them. A rank lost on the way costs another re-placement.
+   */
+  private async placeLive(
+    params: JobParams,
+    request: PlacementRequest,
+    at: JobPoint,
+    planned: ResolvedPlacement | null,
+    maxWorld?: number,
+  ): Promise<void> {
+    for (let placement = planned; ; placement = null) {
+      placement ??= await this.onLive(
+        () => this.planOnLive(params, request, at, maxWorld),
+        (p) => p.layout.world,
+      );
+      const loss = (await this.placeOn(placement, at)) ?? (await this.prepareRanks(at));
+      if (!loss) return;
+      this.lose(loss);
+      maxWorld = placement.layout.world;
+    }
+  }
+
+  /** The prepared job given to the current placement's ranks; where that lost a rank, the loss. */
+  private async prepareRanks(at: JobPoint): Promise<Loss | null> {
+    const executor = defined(this.executor, 'a placement');
+    const prepared = this.prepared;
+    if (!prepared) return null;
+    try {
+      await executor.prepareJob(prepared.job, prepared.texts, prepared.shape);
+      return null;
+    } catch (e) {
+      return this.lossOf(executor, e as Error, at);
+    }
+  }
+
+  /** A failed call of `executor`'s as a loss, its lost ranks judged by the executor; the error where none was. */
+  private async lossOf(executor: Executor, error: Error, at: JobPoint): Promise<Loss> {
+    const detectedAt = Date.now();
+    const degreeBefore = executor.layout.world;
+    const lost = await executor.lostRanks(error);
+    if (!lost.length) throw error;
+    return { ...at, error, lost, detectedAt, degreeBefore };
   }
 
   /**
    * The planner's placement on workers still live once it is made: a worker that left while the
    * placement was rehearsed and planned (refused, let go, closed) has it planned again without it.
    */
-  private async planOnLive(params: JobParams, request: PlacementRequest, maxWorld?: number) {
+  private async planOnLive(params: JobParams, request: PlacementRequest, at: JobPoint, maxWorld?: number) {
     for (let attempt = 1; ; attempt++) {
-      const placement = await this.plan(params, request, maxWorld);
+      const placement = await this.plan(params, request, at, maxWorld);
       const live = new Set(this.options.swarm?.workers().map((w) => w.id));
       if (!this.options.swarm || placement.workers.every((w) => live.has(w.id)) || attempt === MAX_PLAN_ATTEMPTS)
         return placement;
     }
   }
 
-  /** The planner's placement of a job on the live workers, once the workers it needs have joined and are measured. */
-  private async plan(params: JobParams, request: PlacementRequest, maxWorld?: number): Promise<ResolvedPlacement> {
+  /**
+   * The planner's placement of a job on the live workers, once the workers it needs have joined and are measured. A
+   * worker lost while rehearsing costs a re-placement: it is left out and the plan made on the rest.
+   */
+  private async plan(
+    params: JobParams,
+    request: PlacementRequest,
+    at: JobPoint,
+    maxWorld?: number,
+  ): Promise<ResolvedPlacement> {
     const swarm = this.options.swarm;
     const input = (workers: SwarmWorker[], rehearsalError?: string): PlanningInput<SwarmWorker> => ({
       params,
@@ -144,29 +381,46 @@ export class Placer {
     if (this.options.backend !== 'swarm' || !swarm) return planPlacement(this.options, input([]));
     // checked before waiting: an invalid request fails at once
     checkRequest(request);
-    const workers = await this.liveWorkers(
-      maxWorld === undefined ? workersToWaitFor(this.options, request, params) : 1,
-    );
+    const waitFor = workersToWaitFor(this.options, request, params);
+    const workers = await this.liveWorkers(maxWorld === undefined ? waitFor : 1);
     if (maxWorld === undefined) await swarm.measuredNow();
     let rehearsalError: string | undefined;
     // a re-placement predicts from what was rehearsed before: recovery does not wait for rehearsals
     if (maxWorld === undefined) {
-      try {
-        for (const needed of rehearsalsNeeded(this.options, input(workers))) await this.rehearse(needed);
-      } catch (e) {
-        rehearsalError = (e as Error).message;
+      for (const needed of rehearsalsNeeded(this.options, input(workers))) {
+        const failed = await this.rehearse(needed);
+        if (!failed) continue;
+        const lost = await this.lostWorkers(needed.workers, failed.workers);
+        if (!lost.length) {
+          rehearsalError = failed.error.message;
+          break;
+        }
+        this.lose({ ...at, error: failed.error, lost, detectedAt: failed.detectedAt, degreeBefore: workers.length });
+        // planned afresh on the rest where they are enough for what the job asks, else as a re-placement is
+        const enough = swarm.workers().length >= waitFor;
+        return this.onLive(
+          () => this.plan(params, request, at, enough ? undefined : workers.length),
+          (p) => p.layout.world,
+        );
       }
     }
     return planPlacement(this.options, input(workers, rehearsalError));
   }
 
-  /** A group's forward rehearsed at the degrees asked, all its workers at once as in the job (rank/rehearsal.ts). */
-  private async rehearse({ group, workers, degrees }: RehearsalNeeded<SwarmWorker>): Promise<void> {
+  /**
+   * A group's forward rehearsed at the degrees asked, all its workers at once as in the job (rank/rehearsal.ts);
+   * where it failed, the workers whose rehearsal failed and the first error.
+   */
+  private async rehearse({
+    group,
+    workers,
+    degrees,
+  }: RehearsalNeeded<SwarmWorker>): Promise<{ workers: SwarmWorker[]; error: Error; detectedAt: number } | null> {
     const swarm = defined(this.options.swarm, 'the swarm');
     const { modelUrl, textTokens } = this.options;
     workers.forEach((w) => swarm.setActivity(w, `rehearsing the job's forward (degree ${degrees.join(', ')})`));
     try {
-      const replies = await Promise.all(
+      const replies = await Promise.allSettled(
         workers.map((w) =>
           w.api.rehearse(
             { modelUrl, ep: group.ep, latentShape: group.shape, textTokens, degrees },
@@ -174,86 +428,75 @@ export class Placer {
           ),
         ),
       );
+      const failed = replies.flatMap((r, i) => (r.status === 'rejected' ? [[workers[i], r.reason] as const] : []));
+      if (failed.length)
+        return { workers: failed.map(([w]) => w), error: failed[0][1] as Error, detectedAt: Date.now() };
+      const forwards = replies.map((r) => (r.status === 'fulfilled' ? r.value.forwardMs : []));
       degrees.forEach((d, i) =>
         this.measurements.setRehearsal(
           group,
           d,
-          replies.map((r) => r.forwardMs[i] / 1000),
+          forwards.map((f) => f[i] / 1000),
         ),
       );
+      return null;
     } finally {
       workers.forEach((w) => swarm.setActivity(w, null));
     }
   }
 
   /**
-   * Gives the ranks the job; on a placement of several ranks not yet probed, times an all-to-all on
-   * its mesh first: the link the cost model plans the next jobs with. A failed probe costs nothing
-   * (a lost rank shows again in the first step, which re-places).
+   * Which of `suspects` (workers of `among`, numbered by their place there) are lost, on the
+   * coordinator's own evidence as an executor judges its ranks (swarm-executor.ts: lostRanks): they
+   * left the swarm, or do not answer a ping within CONFIRM_PING_MS (those are let go).
    */
-  async prepare(
-    job: number,
-    texts: Float32Array[],
-    shape: number[],
-    params: JobParams,
-    request: PlacementRequest,
-  ): Promise<MeshProbeReport> {
-    const executor = defined(this.executor, 'a placement (call place() first)');
-    this.prepared = { job, texts, shape, params, request };
-    this.replans = 0;
-    await executor.prepareJob(job, texts, shape);
-    if (executor.layout.ulyssesDegree < 2 || this.probed) return null; // one rank (the local backend's too) has no mesh
-    this.probed = true;
-    try {
-      const ranks = await executor.probeMesh(job);
-      const fits = ranks.map(fitMeshProbe);
-      const link = {
-        bandwidth: Math.min(...fits.map((f) => f.bandwidth)),
-        latency: Math.max(...fits.map((f) => f.latency)),
-      };
-      this.measurements.meshLink = link;
-      return { ranks, link };
-    } catch (e) {
-      return { error: (e as Error).message };
-    }
+  private async lostWorkers(among: SwarmWorker[], suspects: SwarmWorker[]): Promise<LostRank[]> {
+    const swarm = defined(this.options.swarm, 'the swarm');
+    const judged = await Promise.all(
+      suspects.map(async (w): Promise<LostRank | null> => {
+        const rank = among.indexOf(w);
+        const left = this.departures.get(w);
+        if (left || !swarm.workers().includes(w)) {
+          const { reason, silentMs } = left ?? { reason: 'it left the swarm', silentMs: 0 };
+          return { rank, worker: w.id, cause: silentMs > 0 ? 'silent' : 'disconnected', evidence: reason, silentMs };
+        }
+        const started = Date.now();
+        const answers = await w.api.ping({}, CONFIRM_PING_MS).then(
+          () => true,
+          () => false,
+        );
+        if (answers) return null;
+        const evidence = `did not answer a ping within ${CONFIRM_PING_MS / 1000} s`;
+        swarm.evict(w, evidence);
+        return { rank, worker: w.id, cause: 'silent', evidence, silentMs: Date.now() - started };
+      }),
+    );
+    return judged.filter((l) => l !== null);
   }
 
   /**
-   * A lost rank costs one step, not the job: let the survivors go, have the planner place the job
-   * again on the live workers (never more ranks than before; its CFG groups, shares and mode where
-   * they still pay) and prepare it there. Null when the failure was not a lost rank, so trying again
-   * would not help; an error when the job has used up its MAX_REPLANS or no worker is left.
+   * A worker whose text encoder run or VAE tile failed (`among`: the workers the phase ran on): where it is lost, it
+   * costs a re-placement as a lost rank does (true); false where it is not, and the failure is not a lost worker's.
+   * The text encoder's layers left go to the live workers the next textLayers gives, which records the loss; a lost
+   * worker's VAE tiles go back to the queue the others decode from, so the loss is recorded at once.
    */
-  async replace(error: Error, step: number): Promise<FailureRecord | null> {
+  async lostOutsideSteps(
+    phase: 'encoding' | 'decoding',
+    worker: SwarmWorker,
+    among: SwarmWorker[],
+    error: Error,
+  ): Promise<boolean> {
     const detectedAt = Date.now();
-    const before = defined(this.executor, 'a placement (call place() first)');
-    const lost = await before.lostRanks(error);
-    const prepared = this.prepared;
-    if (!lost.length || !prepared) return null;
-    if (this.replans >= MAX_REPLANS) throw new ReplacementsExhausted(lost, error);
-    this.replans++;
-    const started = performance.now();
-    try {
-      await this.placeOn(await this.planOnLive(prepared.params, prepared.request, before.world));
-    } catch (e) {
-      const what = lost.map((l) => `rank ${l.rank} (worker ${l.worker}: ${l.cause}, ${l.evidence})`).join(', ');
-      const why = (e as Error).message;
-      const message = `lost ${what} in step ${step + 1}, and the job could not be placed again: ${why}`;
-      // the job failed of the lost rank; why placing it again failed is in the message
-      // eslint-disable-next-line preserve-caught-error -- the cause is the loss, not the failed re-placement
-      throw new Error(message, { cause: error });
-    }
-    const after = defined(this.executor, 'the new placement');
-    await after.prepareJob(prepared.job, prepared.texts, prepared.shape);
-    return {
-      step,
-      error: error.message,
-      lost,
-      detectedAt,
-      degreeBefore: before.world,
-      degreeAfter: after.world,
-      replanMs: performance.now() - started,
-    };
+    const lost = await this.lostWorkers(among, [worker]);
+    if (!lost.length) return false;
+    const step = phase === 'decoding' ? (this.prepared?.params.steps ?? this.job.step) : this.job.step;
+    this.lose({ phase, step, error, lost, detectedAt, degreeBefore: among.length });
+    if (phase === 'decoding')
+      await this.onLive(
+        () => Promise.resolve(among.length - lost.length),
+        (n) => n,
+      );
+    return true;
   }
 
   /**
@@ -278,18 +521,31 @@ export class Placer {
     );
   }
 
-  /** The text encoder's layers on the live workers, as the planner shares them (waits for one worker). */
-  async textLayers(numLayers: number): Promise<{ host: SwarmWorker; from: number; to: number }[]> {
-    return placeTextLayers(await this.liveWorkers(1), numLayers).map(({ worker, from, to }) => ({
-      host: worker,
-      from,
-      to,
-    }));
+  /**
+   * The text encoder's layers [from, numLayers) on the live workers, as the planner shares them (waits for one
+   * worker): after a lost worker, its re-placement.
+   */
+  async textLayers(numLayers: number, from = 0): Promise<{ host: SwarmWorker; from: number; to: number }[]> {
+    return this.onLive(
+      async () =>
+        placeTextLayers(await this.liveWorkers(1), numLayers - from).map(({ worker, from: start, to }) => ({
+          host: worker,
+          from: from + start,
+          to: from + to,
+        })),
+      (runs) => runs.length,
+    );
   }
 
-  /** The workers to decode the VAE's tiles on and the buffer they all allow (waits for one worker). */
+  /**
+   * The workers to decode the VAE's tiles on and the buffer they all allow (waits for one worker): after a lost
+   * worker, its re-placement.
+   */
   async vaeTiles(): Promise<{ hosts: SwarmWorker[]; maxBufferBytes: number }> {
-    return placeVaeTiles(await this.liveWorkers(1), this.measurements);
+    return this.onLive(
+      async () => placeVaeTiles(await this.liveWorkers(1), this.measurements),
+      (placed) => placed.hosts.length,
+    );
   }
 
   /**
@@ -300,14 +556,19 @@ export class Placer {
     this.options.swarm?.evict(worker, why, { ban: true });
   }
 
-  async shutdown(options?: { graceMs?: number }): Promise<void> {
+  /** Shuts the current placement's executor down; the pipeline's last call (with `close`) also stops watching. */
+  async shutdown(options?: { graceMs?: number; close?: boolean }): Promise<void> {
+    if (options?.close) this.offLeave?.();
     const executor = this.executor;
     this.executor = null;
     await executor?.shutdown(options);
   }
 
-  /** Replaces the current executor by one on `placement`; a failed placement leaves none. */
-  private async placeOn(placement: ResolvedPlacement): Promise<void> {
+  /**
+   * Replaces the current executor by one on `placement`; a failed placement leaves none. Where a rank was lost in
+   * initWorker or loadModel, the loss (its ranks judged by the executor); any other failure is thrown.
+   */
+  private async placeOn(placement: ResolvedPlacement, at: JobPoint): Promise<Loss | null> {
     await this.shutdown({ graceMs: 1_000 });
     const { config, backend, swarm } = this.options;
     const byId = new Map(swarm?.workers().map((w) => [w.id, w]));
@@ -329,11 +590,15 @@ export class Placer {
     try {
       await executor.initialize();
     } catch (e) {
-      await executor.shutdown({ graceMs: 500 }).catch(() => {});
-      throw e;
+      try {
+        return await this.lossOf(executor, e as Error, at);
+      } finally {
+        await executor.shutdown({ graceMs: 500 }).catch(() => {});
+      }
     }
     for (const w of executor.workers) this.measurements.setMaxBufferBytes(w.id, w.maxBufferBytes);
     this.executor = executor;
+    return null;
   }
 
   /**

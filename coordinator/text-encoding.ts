@@ -72,10 +72,18 @@ export interface Umt5EncodingOptions<H extends TextHost = TextHost> {
   modelUrl: string;
   files: ModelFiles;
   maxLength: number;
-  /** which workers run which of the `numLayers` layers, in order (waits for at least one worker: planner.ts) */
-  runs(numLayers: number): Promise<{ host: H; from: number; to: number }[]>;
+  /**
+   * which workers run which of the `numLayers` layers from `from` on, in order (waits for at least one worker:
+   * planner.ts)
+   */
+  runs(numLayers: number, from: number): Promise<{ host: H; from: number; to: number }[]>;
   /** lets go and bans a worker a check convicted: the next `runs` leave it out */
   convict(host: H, why: string): void;
+  /**
+   * a run failed: whether its worker is lost (it left, or does not answer), which costs a re-placement of the layers
+   * left on the live workers (Placer.lostOutsideSteps); false: the failure is the job's (none: every failure is)
+   */
+  lost?(host: H, among: H[], error: Error): Promise<boolean>;
   ep: ExecutionProvider | 'auto';
   /** how long one worker's run of layers may take: reading them is GBs */
   timeoutMs: number;
@@ -167,19 +175,30 @@ export function umt5Encoding<H extends TextHost>(o: Umt5EncodingOptions<H>): Tex
     checks: TextCheck[],
     onProgress?: (detail: string) => void,
   ): Promise<LayersRan | { convicted: { host: H; why: string }[] } | null> => {
-    const runs = await o.runs(numLayers);
-    if (!runs.length) return null;
-    const hosts = [...new Map(runs.map((r) => [r.host.id, r.host])).values()];
     const layers: PromptEncoding['layers'] = [];
     const workers = new Set<string>();
     let hidden = tokenRows;
     let everyRunChecked = true;
+    const runs = [...(await o.runs(numLayers, 0))];
+    if (!runs.length) return null;
+    let hosts = [...new Map(runs.map((r) => [r.host.id, r.host])).values()];
     // contiguous runs of layers: the hidden state crosses once per worker, and goes on only once checked
-    for (const { host, from, to } of runs) {
+    for (let run = runs.shift(); run; run = runs.shift()) {
+      const { host, from, to } = run;
       onProgress?.(`text encoder layers ${from + 1}–${to} of ${numLayers} on worker ${host.id}`);
       const args: EncodeTextArgs = { modelUrl: o.modelUrl, ep: o.ep, from, to, tokens, hidden };
       const what = `${to - from === 1 ? `layer ${from}` : `layers ${from}–${to - 1}`} of the text encoder`;
-      const ran = await host.api.encodeText(args, o.timeoutMs);
+      let ran;
+      try {
+        ran = await host.api.encodeText(args, o.timeoutMs);
+      } catch (e) {
+        if (!(await o.lost?.(host, hosts, e as Error))) throw e;
+        // the layers left go to the live workers, from the state this run was given
+        runs.splice(0, runs.length, ...(await o.runs(numLayers, from)));
+        if (!runs.length) return null;
+        hosts = [...new Map(runs.map((r) => [r.host.id, r.host])).values()];
+        continue;
+      }
       try {
         checkedHidden(ran.hidden, hidden.length);
       } catch (e) {

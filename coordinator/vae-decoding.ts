@@ -114,6 +114,11 @@ export interface TiledDecodingOptions<H extends TileHost = TileHost> {
   tileHosts(): Promise<{ hosts: H[]; maxBufferBytes: number }>;
   /** lets go and bans a worker a check convicted: the next `tileHosts` leave it out */
   convict(host: H, why: string): void;
+  /**
+   * a call failed: whether its worker is lost (it left, or does not answer), which costs a re-placement, its tiles
+   * going to the live workers (Placer.lostOutsideSteps); none: a failed worker only sits out the round
+   */
+  lost?(host: H, among: H[], error: Error): Promise<boolean>;
   /** uniform in [0, 1), drawing who checks which tile: a CSPRNG unless a test gives its own */
   random?: () => number;
   /** unless a decode asks for another */
@@ -201,6 +206,8 @@ export function tiledDecoding<H extends TileHost>(o: TiledDecodingOptions<H>): V
     const convicted = new Map<string, string>();
     let retried = 0;
     let tilesDone = 0;
+    /** workers lost in this round: their tiles wait for the next round's workers */
+    let lostInRound = 0;
     const failures: string[] = [];
     /** each worker's last call: a worker holds one tile open at a time, so its decodes and checks take turns */
     const busy = new Map<string, Promise<unknown>>();
@@ -324,7 +331,9 @@ export function tiledDecoding<H extends TileHost>(o: TiledDecodingOptions<H>): V
           retried++;
           const why = `VAE tile ${nameOf(index)} ${(e as Error).message}`;
           failures.push(`worker ${host.id}: ${why}`);
-          if (e instanceof PartBreach) {
+          if (!(e instanceof PartBreach)) {
+            if (await o.lost?.(host, pool, e as Error)) lostInRound++;
+          } else {
             checks.push({
               worker: host.id,
               checker: null,
@@ -342,7 +351,18 @@ export function tiledDecoding<H extends TileHost>(o: TiledDecodingOptions<H>): V
     };
     // every live worker takes tiles; when all of them failed with tiles left, those still live are asked again
     for (let round = 0; queue.length; round++) {
-      const hosts = (round === 0 ? placed : await o.tileHosts()).hosts.filter((host) => !convicted.has(host.id));
+      let next: typeof placed;
+      try {
+        next = round === 0 ? placed : await o.tileHosts();
+      } catch (e) {
+        // nobody left to decode on: the job fails saying who failed and why
+        if (!failures.length) throw e;
+        throw new Error(`no worker left to decode the video on: ${(e as Error).message} (${failures.join('; ')})`, {
+          cause: e,
+        });
+      }
+      const hosts = next.hosts.filter((host) => !convicted.has(host.id));
+      lostInRound = 0;
       if (!hosts.length)
         throw new Error(
           'no worker to decode the video on: open a worker page, or ask for the latent (outputType "latent")' +
@@ -354,7 +374,7 @@ export function tiledDecoding<H extends TileHost>(o: TiledDecodingOptions<H>): V
       const pending: Promise<void>[] = [];
       await Promise.all(hosts.map((host) => worker(host, hosts, pending)));
       await Promise.all(pending);
-      if (queue.length && tilesDone === doneBefore && convicted.size === convictedBefore)
+      if (queue.length && tilesDone === doneBefore && convicted.size === convictedBefore && !lostInRound)
         throw new Error(
           `no worker could decode VAE tile ${nameOf(queue[0])}: ` + failures.slice(-hosts.length).join('; '),
         );

@@ -271,6 +271,7 @@ describe('generate(): a lost rank costs a re-placement and one step, not the job
 
     // the times are whatever this run took; every other field is exact
     const failure: Omit<FailureRecord, 'detectedAt' | 'replanMs'> & { detectedAt: unknown; replanMs: unknown } = {
+      phase: 'denoising',
       step: 1,
       error: 'rank 1 failed in executeModel: worker w1 is gone: its tab closed',
       lost: [{ rank: 1, worker: 'w1', cause: 'disconnected', evidence: 'its tab closed', silentMs: 0 }],

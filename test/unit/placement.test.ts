@@ -73,6 +73,8 @@ interface FakeWorker extends SwarmWorker {
   share: number;
   /** ms its rehearsed forward takes by degree; null: its rehearse fails */
   rehearsal: ((degree: number) => number) | null;
+  /** its tab closes when it is asked this method: it leaves the swarm, and the call fails as a closed link's does */
+  closesIn: string | null;
 }
 
 /** A Swarm on a stub peer, plus the two roster changes PeerJS would cause. */
@@ -89,10 +91,18 @@ function testSwarm() {
   const join = (count = 1, measurement: WorkerMeasurement | null = null): FakeWorker[] =>
     Array.from({ length: count }, () => {
       const id = `w${joined}`;
+      let closed = false;
       const answer =
         (method: string, reply: (args: never, timeoutMs?: number) => unknown) =>
         (args: unknown, timeoutMs?: number) => {
           worker.calls.push({ method, args, timeoutMs });
+          if (method === worker.closesIn && !closed) {
+            closed = true;
+            worker.pingFault = 'gone';
+            internals.roster.delete(id);
+            internals.emit({ type: 'leave', worker, reason: 'its tab closed', at: Date.now(), silentMs: 0 });
+          }
+          if (closed) return Promise.reject(new Error(`could not send ${method} to worker ${id}: its link closed`));
           // the reply as a remote call's promise: rejected where the stub throws
           return new Promise((resolve) => {
             resolve(reply(args as never, timeoutMs));
@@ -171,6 +181,7 @@ function testSwarm() {
         failsToLoad: false,
         share: 1,
         rehearsal: null,
+        closesIn: null,
       };
       internals.roster.set(id, worker);
       internals.emit({ type: 'join', worker });
@@ -531,8 +542,13 @@ describe('Placer: where a job runs', () => {
     const workers = join(2);
     workers[1].failsToLoad = true;
     const placer = placerOn(swarm);
+    // the rank that cannot load is let go; the one left alone is not trusted to decide the video by itself
     await expect(placer.place(guided, ask({ ulyssesDegree: 2 }))).rejects.toThrow(
-      'rank 1 failed in loadModel: no WebGPU adapter and no wasm either',
+      new RegExp(
+        String.raw`^lost rank 1 \(worker w1: misbehaved, its loadModel failed, blaming nobody the coordinator can ` +
+          String.raw`confirm: no WebGPU adapter and no wasm either\) while placing the job, and the job could not be ` +
+          'placed again: only worker w0 is left',
+      ),
     );
     expect(workers.map((w) => callsOf(w, 'shutdown').map((c) => c.timeoutMs))).toEqual([[500], [500]]);
     expect(placer.current).toBeNull();
@@ -895,6 +911,103 @@ describe('who is lost: the coordinator’s own evidence, never one rank’s word
     expect(lost.map((l) => [l.rank, l.cause])).toEqual([[1, 'misbehaved']]);
     expect(lost[0].evidence).toMatch(/its executeModel reply broke the contract: returned 3 values/);
     expect(swarm.workers().map((w) => w.id)).toEqual(['w0']);
+  });
+});
+
+describe('Placer: a worker lost while placing costs a re-placement, not the job (issue 34)', () => {
+  const lostW1 = { rank: 1, worker: 'w1', cause: 'disconnected', evidence: 'its tab closed', silentMs: 0 };
+
+  for (const method of ['initWorker', 'loadModel'] as const) {
+    it(`a rank whose tab closes in ${method} is left out, and the job placed on the live workers at its degree`, async () => {
+      const { swarm, join } = testSwarm();
+      const workers = join(3);
+      workers[1].closesIn = method;
+      const placer = placerOn(swarm);
+      const failures: unknown[] = [];
+      placer.startJob({ onFailure: (f) => failures.push(f) });
+      const { executor } = await placer.place(guided, ask({ ulyssesDegree: 2 }));
+      expect(executor.workers.map((w) => w.id)).toEqual(['w0', 'w2']);
+      expect(placer.failures).toMatchObject([
+        { phase: 'placing', step: 0, lost: [lostW1], degreeBefore: 2, degreeAfter: 2 },
+      ]);
+      expect(placer.failures[0].error).toBe(
+        `rank 1 failed in ${method}: could not send ${method} to worker w1: its link closed`,
+      );
+      expect(failures).toEqual(placer.failures);
+    });
+  }
+
+  it('a rank whose tab closes in prepareJob costs a re-placement: the job is prepared on the live workers, once each', async () => {
+    const { swarm, join } = testSwarm();
+    const workers = join(3);
+    const placer = placerOn(swarm);
+    placer.startJob({ step: 4 });
+    const request = ask({ ulyssesDegree: 2 });
+    await placer.place(guided, request);
+    workers[1].closesIn = 'prepareJob';
+    await placer.prepare(1, texts, shape, guided, request);
+    expect(placer.current?.workers.map((w) => w.id)).toEqual(['w0', 'w2']);
+    expect(placer.failures).toMatchObject([{ phase: 'placing', step: 4, lost: [lostW1], degreeAfter: 2 }]);
+    // w0 on the first placement and on the second, w2 on the second only
+    expect(workers.map((w) => callsOf(w, 'prepareJob').length)).toEqual([2, 1, 1]);
+  });
+
+  it('a rank whose tab closes in the mesh probe costs a re-placement, and the new placement is probed', async () => {
+    const { swarm, join } = testSwarm();
+    const workers = join(3);
+    const placer = placerOn(swarm);
+    placer.startJob();
+    const request = ask({ ulyssesDegree: 2 });
+    await placer.place(guided, request);
+    workers[1].closesIn = 'probeMesh';
+    const report = await placer.prepare(1, texts, shape, guided, request);
+    expect(report && 'ranks' in report).toBe(true);
+    expect(placer.current?.workers.map((w) => w.id)).toEqual(['w0', 'w2']);
+    expect(callsOf(workers[2], 'probeMesh')).toHaveLength(1);
+    expect(placer.failures).toMatchObject([{ phase: 'placing', lost: [lostW1] }]);
+  });
+
+  it('a worker whose tab closes in its rehearsal is left out of planning, and the plan made on the rest', async () => {
+    const { swarm, join } = testSwarm();
+    const workers = join(3, measured({ rttMs: 2, bandwidth: 1e9 }));
+    for (const w of workers) w.rehearsal = (d) => 100 / d;
+    workers[1].closesIn = 'rehearse';
+    const placer = placerOn(swarm);
+    placer.startJob();
+    const { placement } = await placer.place(guided, ask({ ep: 'wasm' }));
+    expect(placement.workers.map((w) => w.id)).not.toContain('w1');
+    expect(swarm.workers().map((w) => w.id)).toEqual(['w0', 'w2']);
+    expect(placer.failures).toMatchObject([
+      {
+        phase: 'placing',
+        lost: [{ worker: 'w1', cause: 'disconnected', evidence: 'its tab closed' }],
+        degreeBefore: 3,
+      },
+    ]);
+  });
+
+  it('a worker that fails its rehearsal and still answers is not lost: the plan predicts from probe rates, as before', async () => {
+    const { swarm, join } = testSwarm();
+    join(2, measured({ rttMs: 2, bandwidth: 1e9 }));
+    const placer = placerOn(swarm);
+    placer.startJob();
+    const { placement } = await placer.place(guided, ask({ ep: 'wasm' }));
+    expect(predicted(placement).by).toMatch(/as rehearsing failed: this stub does not rehearse/);
+    expect(placer.failures).toEqual([]);
+    expect(swarm.workers()).toHaveLength(2);
+  });
+
+  it(`losses in every phase of placing spend one budget: ranks that close in loadModel on every placement fail the job after ${MAX_REPLANS} re-placements`, async () => {
+    const { swarm, join } = testSwarm();
+    const workers = join(2 * (MAX_REPLANS + 2));
+    for (const w of workers) w.closesIn = 'loadModel';
+    const placer = placerOn(swarm);
+    placer.startJob();
+    const error = await rejection(placer.place(guided, ask({ ulyssesDegree: 2 })));
+    expect(error).toBeInstanceOf(ReplacementsExhausted);
+    expect(error.message).toMatch(/failed in loadModel: .* \(gave up after 8 re-placements in this job\)$/);
+    expect(placer.failures).toHaveLength(MAX_REPLANS);
+    expect(placer.failures.every((f) => f.phase === 'placing' && f.lost.length === 2)).toBe(true);
   });
 });
 
