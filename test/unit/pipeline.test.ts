@@ -24,6 +24,7 @@ import {
   WORKER_CONTRACT,
   type ExecuteArgs,
   type InitArgs,
+  type PrepareArgs,
   type WorkerApi,
   type WorkerInfo,
 } from '../../core/worker-api.ts';
@@ -58,6 +59,13 @@ class WorkerPage extends WorkerRuntime {
   /** what a cheating page makes of its rows before it replies */
   altersRows: ((rows: Float32Array, args: ExecuteArgs) => Float32Array) | null = null;
   answersPings = true;
+  /** runs as the job is given to it, before it takes it; throwing replaces the reply by that error */
+  beforePrepare: (() => void) | null = null;
+
+  override prepareJob(args: PrepareArgs) {
+    this.beforePrepare?.();
+    return super.prepareJob(args);
+  }
 
   override async executeModel(args: ExecuteArgs) {
     this.forwards.push(args.step);
@@ -299,6 +307,30 @@ describe('generate(): a lost rank costs a re-placement and one step, not the job
     const diff = maxAbsDiff(result.latent, referenceJob().result.latent);
     console.log(`tab closed in step 2, 3 → 2 ranks: max-abs vs uninterrupted ${diff.toExponential(2)}`);
     expect(diff).toBeLessThanOrEqual(1e-4);
+  });
+
+  it('a rank whose tab closes while the job is prepared costs a re-placement on the live workers at the same degree: the uninterrupted latent bit for bit (issue 34)', async () => {
+    const { swarm, join, leave } = testSwarm();
+    const [, w1, , w3] = [join(), join(), join(), join()];
+    w1.page.beforePrepare = () => {
+      leave(w1.worker, 'its tab closed');
+      throw new Error('worker w1 is gone: its tab closed');
+    };
+    const { result, failures } = await run(await pipelineOn(swarm, 3));
+    expect(failures).toMatchObject([
+      {
+        phase: 'placing',
+        step: 0,
+        error: 'rank 1 failed in prepareJob: worker w1 is gone: its tab closed',
+        lost: [{ rank: 1, worker: 'w1', cause: 'disconnected', evidence: 'its tab closed' }],
+        degreeBefore: 3,
+        degreeAfter: 3,
+      },
+    ]);
+    expect(result.report.failures).toEqual(failures);
+    expect(result.report.workers.map((w) => w.id)).toEqual(['w0', 'w2', 'w3']);
+    expect(w3.page.forwards).toEqual([0, 0, 1, 1, 2, 2]);
+    expect(result.latent).toEqual(referenceJob().result.latent);
   });
 
   it('a rank returning altered rows from step 2 on is caught by a spot check, let go and kept out, and the job goes back to the step it was placed at: the uninterrupted latent (issue 18)', async () => {

@@ -997,6 +997,41 @@ describe('Placer: a worker lost while placing costs a re-placement, not the job 
     expect(swarm.workers()).toHaveLength(2);
   });
 
+  it('a worker that failed a text encoder run or a VAE tile is lost where its tab closed (with why) or it is silent (let go), not where it answers; the text loss is recorded by the re-placement of its layers', async () => {
+    const { swarm, join, leave } = testSwarm();
+    const [w0, w1, w2] = join(3);
+    const placer = placerOn(swarm);
+    placer.startJob();
+    const error = new Error('could not send encodeText: its link closed');
+    leave(w1);
+    w2.pingFault = 'silent';
+    const among = [w0, w1, w2];
+    expect(await placer.lostOutsideSteps('encoding', w0, among, error)).toBe(false);
+    expect(await placer.lostOutsideSteps('encoding', w1, among, error)).toBe(true);
+    expect(placer.failures).toEqual([]); // recorded once its layers are placed again
+    const runs = await placer.textLayers(3, 1);
+    expect(runs.map((r) => [r.host.id, r.from, r.to])).toEqual([
+      ['w0', 1, 2],
+      ['w2', 2, 3],
+    ]);
+    expect(placer.failures).toMatchObject([
+      {
+        phase: 'encoding',
+        error: error.message,
+        lost: [{ rank: 1, worker: 'w1', cause: 'disconnected', evidence: 'test' }],
+        degreeBefore: 3,
+        degreeAfter: 2,
+      },
+    ]);
+    expect(await placer.lostOutsideSteps('decoding', w2, among, error)).toBe(true);
+    expect(swarm.workers().map((w) => w.id)).toEqual(['w0']);
+    expect(placer.failures[1]).toMatchObject({
+      phase: 'decoding',
+      lost: [{ rank: 2, worker: 'w2', cause: 'silent', evidence: 'did not answer a ping within 2 s' }],
+      degreeAfter: 2,
+    });
+  });
+
   it(`losses in every phase of placing spend one budget: ranks that close in loadModel on every placement fail the job after ${MAX_REPLANS} re-placements`, async () => {
     const { swarm, join } = testSwarm();
     const workers = join(2 * (MAX_REPLANS + 2));

@@ -80,14 +80,16 @@ function encodingOn(workers: TextHost[], more: Partial<Umt5EncodingOptions> = {}
   return { encoding, convicted };
 }
 
-/** The planner's runs of the layers on these hosts, none of them measured: as even as the count allows. */
-const runsOn = (workers: TextHost[]) => (numLayers: number) =>
-  Promise.resolve(
-    placeTextLayers(
-      workers.map((host) => ({ host, measurement: null })),
-      numLayers,
-    ).map(({ worker, from, to }) => ({ host: worker.host, from, to })),
-  );
+/** The planner's runs of the layers from `from` on these hosts, none of them measured: as even as the count allows. */
+const runsOn =
+  (workers: TextHost[]) =>
+  (numLayers: number, from = 0) =>
+    Promise.resolve(
+      placeTextLayers(
+        workers.map((host) => ({ host, measurement: null })),
+        numLayers - from,
+      ).map(({ worker, from: start, to }) => ({ host: worker.host, from: from + start, to: from + to })),
+    );
 
 function mapCache(): PromptCache & { entries: Map<string, CachedPrompt> } {
   const entries = new Map<string, CachedPrompt>();
@@ -279,6 +281,52 @@ describe('every run of the text encoder is checked by another worker', () => {
     });
     expect(report.checks[5]).toMatchObject({ worker: 'worker-2', verdict: { convicted: ['worker-2'] } });
     expect(convicted.map((c) => c.id)).toEqual(['worker-2']);
+  });
+
+  it('a worker whose tab closes during its own run is lost: the layers left run on the live workers from the state it was given, to the uninterrupted embedding (issue 34)', async () => {
+    const uninterrupted = (await encodingOn(hosts(3), { random: () => 0 }).encoding.encode(PROMPT)).embeds;
+    const gone = new Set<string>();
+    const workers = hosts(3, (i, args, h) => {
+      if (i !== 1 || !ownRun(i, args)) return h;
+      gone.add('worker-1');
+      throw new Error('could not send encodeText to worker worker-1: its link closed');
+    });
+    const judged: [string, string[], string][] = [];
+    const { encoding, convicted } = encodingOn(workers, {
+      random: () => 0,
+      lost(host, among, error) {
+        judged.push([host.id, among.map((h) => h.id), error.message]);
+        if (gone.has(host.id)) workers.splice(workers.indexOf(host), 1);
+        return Promise.resolve(gone.has(host.id));
+      },
+    });
+    const { embeds, report } = await encoding.encode(PROMPT);
+    expect(judged).toEqual([
+      [
+        'worker-1',
+        ['worker-0', 'worker-1', 'worker-2'],
+        'could not send encodeText to worker worker-1: its link closed',
+      ],
+    ]);
+    // layer 0 done before the loss stays; layers 1 and 2 are placed again on the two live workers
+    expect(report.layers.map(({ worker, from, to }) => [worker, from, to])).toEqual([
+      ['worker-0', 0, 1],
+      ['worker-0', 1, 2],
+      ['worker-2', 2, 3],
+    ]);
+    expect(convicted).toEqual([]);
+    expect(embeds).toEqual(uninterrupted);
+  });
+
+  it('a run that fails on a worker that is not lost fails the encoding as it came', async () => {
+    const workers = hosts(2, (i, args, h) => {
+      if (i === 1 && args.from === 2) throw new Error('out of memory'); // its own run, layer 2
+      return h;
+    });
+    const lost = vi.fn(() => Promise.resolve(false));
+    const { encoding } = encodingOn(workers, { random: () => 0, lost });
+    await expect(encoding.encode(PROMPT)).rejects.toThrow('out of memory');
+    expect(lost).toHaveBeenCalledTimes(1);
   });
 
   it("a worker convicted later takes the cached prompts it computed or checked with it; others' stay", async () => {

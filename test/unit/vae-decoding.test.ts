@@ -155,6 +155,62 @@ describe('tiled decoding on workers', () => {
     }
   });
 
+  it('a lone worker lost mid-decode costs a re-placement: its tile goes to the worker the next placement gives, and the video is the same (issue 34)', async () => {
+    convicted = [];
+    const lost = worker('lost', () => 'fail');
+    const hosts = [lost];
+    const judged: string[] = [];
+    const { video, report } = await tiledDecoding({
+      modelUrl: 'test',
+      files: folderFiles(dir),
+      config: cfg,
+      tileHosts: () => Promise.resolve({ hosts, maxBufferBytes: Infinity }),
+      convict: () => {
+        throw new Error('nobody lied');
+      },
+      // its tab closed: the swarm lets it go, and another page joins
+      lost(host, among, error) {
+        judged.push(`${host.id} of ${among.map((h) => h.id).join()}: ${error.message}`);
+        hosts.splice(0, hosts.length, worker('joined'));
+        return Promise.resolve(true);
+      },
+      ep: 'wasm',
+      timeoutMs: 60_000,
+      tiling: TILING,
+    }).decode(latent);
+    expect(judged).toEqual(['lost of lost: worker lost is gone']);
+    expect(report.retried).toBe(1);
+    expect(report.ranks.map((r) => [r.worker, r.tiles])).toEqual([
+      ['lost', 0],
+      ['joined', 9],
+    ]);
+    expect(maxAbsDiff(defined(video, 'the video').data, alone)).toBe(0);
+  });
+
+  it('with the lost worker gone and nobody to place its tiles on, the decoding fails saying who failed and why nobody was placed', async () => {
+    let round = 0;
+    const error = await tiledDecoding({
+      modelUrl: 'test',
+      files: folderFiles(dir),
+      config: cfg,
+      tileHosts: () =>
+        round++
+          ? Promise.reject(new Error('0 workers joined within 1 s but 1 is needed'))
+          : Promise.resolve({ hosts: [worker('lost', () => 'fail')], maxBufferBytes: Infinity }),
+      convict: () => {},
+      lost: () => Promise.resolve(true),
+      ep: 'wasm',
+      timeoutMs: 60_000,
+      tiling: TILING,
+    })
+      .decode(latent)
+      .catch((e: unknown) => e);
+    expect((error as Error).message).toBe(
+      'no worker left to decode the video on: 0 workers joined within 1 s but 1 is needed ' +
+        '(worker lost: VAE tile 0,0 worker lost is gone)',
+    );
+  });
+
   it('a lone worker that returns poisoned frames is convicted, and the decoding fails naming it and the tile', async () => {
     convicted = [];
     const error = await decodeOn([worker('bad', () => 'nan')])
