@@ -1,6 +1,10 @@
-import { expect, test, type Page } from '@playwright/test';
+import { expect, test, type Browser, type Page } from '@playwright/test';
 import type { AutomationProgress, JobOverrides, JobResult } from '../../app/automation.ts';
-import { maxAbsDiff, openTestSwarm, runJob, TEST_MODEL, type TestSwarm } from './swarm-page.ts';
+import type { LossPhase } from '../../coordinator/placer.ts';
+import { defined } from '../../core/defined.ts';
+import type { WorkerMethod } from '../../core/worker-api.ts';
+import { FULL_LAYOUT_MODEL_PATH } from './global-setup.ts';
+import { appOrigin, maxAbsDiff, openTestSwarm, runJob, TEST_MODEL, workerId, type TestSwarm } from './swarm-page.ts';
 
 // A swarm that survives: lost workers, a reloaded dashboard and strangers lose nothing.
 const job = {
@@ -184,3 +188,149 @@ declare global {
     queueEvents: number[];
   }
 }
+
+/**
+ * Run on every page of a context before its scripts: a worker page that receives a request for `method` over its
+ * data channels asks the test to close it (a synchronous request, so the page does nothing more meanwhile) before it
+ * handles the request. The request is in the first bytes of its message: the rpc body's JSON comes before its tensors.
+ */
+function closeOnRequest(method: string): void {
+  if (!location.pathname.includes('worker')) return;
+  const marker = `"method":"${method}"`;
+  const latin1 = new TextDecoder('latin1');
+  const seen = new WeakSet<Event>();
+  const carries = (e: MessageEvent) =>
+    e.data instanceof ArrayBuffer &&
+    latin1.decode(new Uint8Array(e.data, 0, Math.min(e.data.byteLength, 4096))).includes(marker);
+  const wrap = (listener: (e: MessageEvent) => unknown) =>
+    function (this: RTCDataChannel, e: MessageEvent) {
+      if (!seen.has(e) && carries(e)) {
+        seen.add(e);
+        const ask = new XMLHttpRequest();
+        ask.open('POST', '/__survival/requested', false);
+        try {
+          ask.send(method);
+        } catch {
+          // the page is closing
+        }
+      }
+      return listener.call(this, e);
+    };
+  const proto = RTCDataChannel.prototype;
+  // called with the channel as `this` below
+  // eslint-disable-next-line @typescript-eslint/unbound-method
+  const addListener = proto.addEventListener;
+  proto.addEventListener = function (this: RTCDataChannel, type: string, listener: unknown, options?: unknown) {
+    const wrapped = type === 'message' && typeof listener === 'function' ? wrap(listener as never) : listener;
+    addListener.call(this, type, wrapped as EventListener, options as AddEventListenerOptions);
+  } as typeof proto.addEventListener;
+  const onmessage = Object.getOwnPropertyDescriptor(proto, 'onmessage');
+  if (onmessage?.set)
+    Object.defineProperty(proto, 'onmessage', {
+      ...onmessage,
+      set(this: RTCDataChannel, listener: unknown) {
+        onmessage.set?.call(this, typeof listener === 'function' ? wrap(listener as never) : listener);
+      },
+    });
+}
+
+/**
+ * A swarm of `workers` tabs whose `nth` request for `method` (counted over all tabs) closes the tab it reached,
+ * before that tab handles it; which tab that was, once it happened.
+ */
+async function swarmClosingOn(
+  browser: Browser,
+  baseURL: string | undefined,
+  workers: number,
+  method: WorkerMethod,
+  nth: number,
+) {
+  const context = await browser.newContext();
+  await context.addInitScript(closeOnRequest, method);
+  const ids = new Map<Page, string>();
+  let requests = 0;
+  const closed: { id: string | null } = { id: null };
+  await context.route('**/__survival/requested', async (route) => {
+    const page = route.request().frame().page();
+    if (++requests !== nth) return route.fulfill({ body: '' });
+    closed.id = defined(ids.get(page), 'the peer id of the tab asked to close');
+    await page.close();
+  });
+  const dashboard = await context.newPage();
+  await dashboard.goto(`${appOrigin(baseURL)}/`);
+  const { joinUrl } = await dashboard.evaluate(() => window.ditswarm.ready);
+  for (let i = 0; i < workers; i++) {
+    const page = await context.newPage();
+    await page.goto(joinUrl);
+    await expect.poll(() => page.evaluate(() => window.ditswarmWorker?.peerId ?? null)).not.toBeNull();
+    ids.set(page, await workerId(page));
+  }
+  await expect.poll(() => dashboard.evaluate(() => window.ditswarm.workerCount()), { timeout: 60_000 }).toBe(workers);
+  return { dashboard, closed, close: () => context.close() };
+}
+
+test.describe('a worker closed in any phase costs a re-placement, not the job (issue 34)', () => {
+  // umT5's 3 layers and AutoencoderKLWan's tiles run on the workers: every phase has calls to lose a worker in
+  const everyPhase = {
+    prompt: 'a red ball moving right',
+    negativePrompt: 'a blue square',
+    frames: 1,
+    height: 32,
+    width: 32,
+    steps: 2,
+    guidance: 4,
+    seed: 5,
+    backend: 'swarm',
+    workers: 2,
+    ep: 'wasm',
+    model: FULL_LAYOUT_MODEL_PATH,
+  } satisfies JobOverrides;
+  let uninterrupted: Awaited<ReturnType<typeof runJob>>;
+  test.beforeAll(async ({ browser, baseURL }) => {
+    test.setTimeout(360_000);
+    const swarm = await openTestSwarm(browser, baseURL, 3);
+    uninterrupted = await runJob(swarm.dashboard, everyPhase);
+    await swarm.close();
+    expect(uninterrupted.report.failures).toEqual([]);
+  });
+
+  for (const [phase, method, nth, why] of [
+    ['placing', 'prepareJob', 1, 'the first rank asked to prepare the job'],
+    // the second call: a check of the first run of layers (passed over) or the second run, after which its own fails
+    ['encoding', 'encodeText', 2, 'the tab asked for the second text encoder call'],
+    ['decoding', 'decodeTile', 1, 'the first tab asked to decode a tile'],
+  ] as const satisfies readonly (readonly [LossPhase, WorkerMethod, number, string])[]) {
+    test(`3 worker tabs, ${why} closes in ${method}: the job goes on with the uninterrupted latent`, async ({
+      browser,
+      baseURL,
+    }) => {
+      test.setTimeout(360_000);
+      const swarm = await swarmClosingOn(browser, baseURL, 3, method, nth);
+      try {
+        const run = await runJob(swarm.dashboard, everyPhase);
+        const closed = defined(swarm.closed.id, `a tab closed in ${method}`);
+        const { failures } = run.report;
+        console.log(`closed in ${method}: ${JSON.stringify(failures)}`);
+        // the closed tab is the loss (its link closed, or its heartbeats stopped first), in the phase it closed in
+        expect(failures.map((f) => [f.phase, f.lost.map((l) => l.worker)])).toEqual([[phase, [closed]]]);
+        expect(run.report.workers.map((w) => w.id)).not.toContain(closed);
+        expect(run.report.workers).toHaveLength(2);
+        if (phase === 'encoding')
+          expect(run.report.encoding.prompt.layers.map((l) => [l.from, l.to])).toEqual([
+            [0, 1],
+            [1, 2],
+            [2, 3],
+          ]);
+        if (phase === 'decoding') {
+          const decoding = defined(run.report.decoding, 'the decoding report');
+          expect(decoding.retried).toBeGreaterThanOrEqual(1);
+          expect(decoding.ranks.find((r) => r.worker === closed)?.tiles ?? 0).toBe(0);
+          expect(decoding.ranks.reduce((n, r) => n + r.tiles, 0)).toBe(decoding.tiles);
+        }
+        expect(maxAbsDiff(run.latent, uninterrupted.latent)).toBe(0);
+      } finally {
+        await swarm.close();
+      }
+    });
+  }
+});
