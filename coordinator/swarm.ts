@@ -621,8 +621,6 @@ function deathReason({ cause, silentMs, limitMs }: Death): string {
       return `its link closed after ${s(silentMs)} without an answer (tab closed or crashed)`;
     case 'frozen':
       return 'its browser froze its page (a hidden tab frozen to save power); its work is placed elsewhere';
-    case 'leaving':
-      return 'its page is closing';
     case 'silent':
       return `no answer for ${s(silentMs)}, past its limit of ${s(limitMs)} (tab crashed, frozen or hung)`;
   }

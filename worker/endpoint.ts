@@ -237,14 +237,10 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
             progress: engine.progress,
           };
         });
-        // a page its browser freezes (a hidden tab, to save power) or that closes says so while it
-        // still can: its work is placed elsewhere at once, not after a silence
-        const stopOnFreeze = () => announceStop(link, 0, 'frozen');
-        const stopOnLeave = (e: PageTransitionEvent) => {
-          if (!e.persisted) announceStop(link, 0, 'leaving');
-        };
+        // a page its browser freezes (a hidden tab, to save power) says so while it still can: its
+        // work is placed elsewhere at once, not after a silence (a closing page's link closes by itself)
+        const stopOnFreeze = () => announceStop(link, 0);
         document.addEventListener('freeze', stopOnFreeze);
-        addEventListener('pagehide', stopOnLeave);
         const transport = transportOf(conn);
         publish({
           connected: true,
@@ -264,7 +260,6 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
         await gone;
         stopAsking();
         document.removeEventListener('freeze', stopOnFreeze);
-        removeEventListener('pagehide', stopOnLeave);
         mesh.close('lost the dashboard');
         publish({
           connected: false,

@@ -5,7 +5,7 @@
 // nothing asks the server instead (askWhileSilent), which knows at once when a dashboard's page left.
 //
 // Gone is told from slow by evidence, not by one fixed silence:
-// - a closed link, or a page that says it is being frozen or leaving (announceStop), is dead at the
+// - a closed link, or a page that says its browser is freezing it (announceStop), is dead at the
 //   next beat, whatever else holds;
 // - a page's answers come from its main thread, which a busy machine starves for seconds: its
 //   silence limit is SILENCE_MARGIN times the longest silence any worker of the swarm ended lately
@@ -37,17 +37,14 @@ export const LOADING_DEAD_AFTER_MS = 60_000;
 /** this long without a word from the coordinator, and a worker asks the server whether it left */
 export const COORDINATOR_SILENT_MS = 3_000;
 
-/** Why a page stops answering of its own accord: its browser freezes it, or it is closing. */
-export type StopReason = 'frozen' | 'leaving';
-
 /** A heartbeat as it arrives: the pulse of an echo is the worker's word, judged by the receiver (checkPulse). */
 type HeartbeatBody =
-  { type: 'heartbeat' } | { type: 'heartbeat-echo'; pulse: unknown } | { type: 'heartbeat-stop'; why: StopReason };
+  { type: 'heartbeat' } | { type: 'heartbeat-echo'; pulse: unknown } | { type: 'heartbeat-stop'; why: 'frozen' };
 
 function heartbeatBody(body: unknown): HeartbeatBody | null {
   const b = body as { type?: unknown; why?: unknown } | null;
   if (b?.type === 'heartbeat' || b?.type === 'heartbeat-echo') return b as HeartbeatBody;
-  return b?.type === 'heartbeat-stop' && (b.why === 'frozen' || b.why === 'leaving') ? (b as HeartbeatBody) : null;
+  return b?.type === 'heartbeat-stop' && b.why === 'frozen' ? (b as HeartbeatBody) : null;
 }
 
 /** Worker side: answer every heartbeat with the current pulse. */
@@ -59,11 +56,11 @@ export function answerHeartbeats(link: Link, from: number, pulse: () => WorkerPu
 }
 
 /**
- * Worker side: tells the coordinator this page stops answering now (its browser is freezing it, or
- * it is closing), so that its work is placed elsewhere at once rather than after a silence.
+ * Worker side: tells the coordinator this page stops answering now (its browser is freezing it),
+ * so that its work is placed elsewhere at once rather than after a silence.
  */
-export function announceStop(link: Link, from: number, why: StopReason): void {
-  link.send({ kind: 'rpc', from, body: { type: 'heartbeat-stop', why }, tensors: [] }).catch(() => {});
+export function announceStop(link: Link, from: number): void {
+  link.send({ kind: 'rpc', from, body: { type: 'heartbeat-stop', why: 'frozen' }, tensors: [] }).catch(() => {});
 }
 
 /**
@@ -127,8 +124,8 @@ export class Silences {
 /** Why a watched worker is dead, for the swarm's events and the executor's blame. */
 export interface Death {
   silentMs: number;
-  /** 'closed': its link closed; 'frozen' / 'leaving': its page said so; 'silent': past its silence limit */
-  cause: 'closed' | StopReason | 'silent';
+  /** 'closed': its link closed; 'frozen': its page said its browser froze it; 'silent': past its silence limit */
+  cause: 'closed' | 'frozen' | 'silent';
   /** the silence limit it was judged by (cause 'silent') */
   limitMs: number;
 }
@@ -147,7 +144,7 @@ export function watchHeartbeats(
   } = {},
 ): () => void {
   let loading = false;
-  let stopped: StopReason | null = null;
+  let stopped: 'frozen' | null = null;
   const off = link.onMessage((msg) => {
     const body = msg.kind === 'rpc' ? heartbeatBody(msg.body) : null;
     if (body?.type === 'heartbeat-stop') stopped = body.why;

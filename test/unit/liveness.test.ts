@@ -248,7 +248,7 @@ describe('heartbeats', () => {
     const closed = watched(closedLink, loaded);
     await vi.advanceTimersByTimeAsync(10_000); // all three silent: the limit is stretched
     expect([frozen.deaths, closing.deaths, closed.deaths]).toEqual([[], [], []]);
-    announceStop(worker, 0, 'frozen');
+    announceStop(worker, 0);
     closedLink.close('its tab closed');
     await vi.advanceTimersByTimeAsync(HEARTBEAT_INTERVAL_MS);
     expect(frozen.causes).toMatchObject([{ cause: 'frozen' }]);
