@@ -441,9 +441,8 @@ export abstract class Executor {
     };
     const outsideGroup = stale ? Array.from({ length: this.world }, (_, r) => r).filter((r) => !ranks.includes(r)) : [];
     const recompute = async (rank: number) => {
-      const { rows } = await this.callRank(rank, 'recompute', args, this.rpcTimeoutMs).catch((e: unknown) => {
-        throw this.workerError(rank, 'recompute', e);
-      });
+      // judged as every call is: a checker whose engine moves is waited for, however slow
+      const [{ rows }] = await this.collectiveRpc('recompute', { args, ranks: [rank] });
       if (rows.length !== plan.tokens * width || !rows.every(Number.isFinite))
         throw new WorkerError(
           rank,
