@@ -87,26 +87,29 @@ async function workerBrowser(): Promise<{ open(url: string): Promise<Tab>; close
     [...args, '--headless', '--remote-debugging-port=0', `--user-data-dir=${profile}`, 'about:blank'],
     { stdio: ['ignore', 'ignore', 'pipe'] },
   );
-  const port = await new Promise<string>((resolve, reject) => {
+  const [port, browserSocket] = await new Promise<[string, string]>((resolve, reject) => {
     let said = '';
     browser.stderr?.on('data', (chunk: Buffer) => {
       said += chunk.toString();
-      const found = /DevTools listening on ws:\/\/[^:]+:(\d+)\//.exec(said);
-      if (found) resolve(found[1]);
+      const found = /DevTools listening on (ws:\/\/[^:]+:(\d+)\/\S+)/.exec(said);
+      if (found) resolve([found[2], found[1]]);
     });
     browser.once('exit', (code) => reject(new Error(`the worker browser exited (${code}): ${said.slice(-500)}`)));
   });
   const tabs: Tab[] = [];
+  const control = await Tab.open(browserSocket);
   return {
     async open(url) {
-      const response = await fetch(`http://127.0.0.1:${port}/json/new?${encodeURIComponent(url)}`, { method: 'PUT' });
-      const target = (await response.json()) as { webSocketDebuggerUrl: string };
-      const tab = await Tab.open(target.webSocketDebuggerUrl);
+      // each in a window of its own: a tab behind another in one window is hidden already
+      const { targetId } = (await control.send('Target.createTarget', { url, newWindow: true })) as {
+        targetId: string;
+      };
+      const tab = await Tab.open(`ws://127.0.0.1:${port}/devtools/page/${targetId}`);
       tabs.push(tab);
       return tab;
     },
     close() {
-      for (const tab of tabs) tab.close();
+      for (const tab of [...tabs, control]) tab.close();
       browser.kill();
       rmSync(profile, { recursive: true, force: true });
     },
