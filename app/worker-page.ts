@@ -36,6 +36,7 @@ function render(s: WorkerStatus): void {
       ? 'through the server (relay): WebRTC could not connect'
       : 'direct (WebRTC)'
     : '';
+  $('background').textContent = backgroundText();
   $('adapter').textContent = s.info?.adapter ?? '';
   $('threads').textContent = s.cores ? coresText(s.cores) : '';
   $('coordinator').textContent = s.coordinator ?? 'searching…';
@@ -48,6 +49,20 @@ function render(s: WorkerStatus): void {
   document.title = `ditswarm worker — ${s.state}`;
   window.ditswarmWorker = { ...s };
 }
+
+/** Whether this tab is in front, and what its browser last did to it in the background. */
+let frozenOnce = false;
+function backgroundText(): string {
+  const now = document.visibilityState === 'visible' ? 'in front' : 'hidden: still computing';
+  return frozenOnce
+    ? `${now}; the browser froze this tab once, and its work went to the other workers (it has joined again)`
+    : now;
+}
+document.addEventListener('visibilitychange', () => ($('background').textContent = backgroundText()));
+document.addEventListener('resume', () => {
+  frozenOnce = true;
+  $('background').textContent = backgroundText();
+});
 
 // no StorageManager outside a secure context (a worker link to a LAN address over http), in part on older browsers
 const storage = navigator.storage as Partial<StorageManager> | undefined;

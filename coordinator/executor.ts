@@ -6,7 +6,8 @@ import { usesGuidance } from '../core/job.ts';
 import type { WanConfig } from '../core/model/config.ts';
 import type { Transport } from '../core/net/channel.ts';
 import { ContractError } from '../core/net/check.ts';
-import { RemoteError, RpcTimeout, type Remote } from '../core/net/rpc.ts';
+import { NO_RPC_TIMEOUT, RemoteError, RpcTimeout, type Remote } from '../core/net/rpc.ts';
+import { CallWatch, watchIntervalMs } from './call-watch.ts';
 import {
   gatherLatent,
   planUlysses,
@@ -86,13 +87,14 @@ export interface ForwardRequest {
   latent: Tensor; // [C, T, H, W]
 }
 
-/** Some ranks did not answer in time. */
+/** Some ranks' engines made no progress on a call within its limit (call-watch.ts). */
 export class TimeoutError extends Error {
   override name = 'TimeoutError';
   constructor(
     readonly method: string,
     readonly silentRanks: number[],
-    timeoutMs: number,
+    /** the limit they were judged by, stretched where every rank was late together */
+    readonly timeoutMs: number,
   ) {
     super(
       `${method} timed out after ${timeoutMs} ms waiting for ` +
@@ -228,43 +230,49 @@ export abstract class Executor {
     if (only !== undefined && !(Number.isInteger(only) && only >= 0 && only < this.world)) {
       throw new Error(`uniqueReplyRank ${only} is not a rank of this ${this.world}-rank executor`);
     }
-    const timeoutMs = options.timeoutMs ?? this.rpcTimeoutMs;
+    const limitMs = options.timeoutMs ?? this.rpcTimeoutMs;
     const ranks = options.ranks ?? Array.from({ length: this.world }, (_, r) => r);
     const argsFor = (rank: number) =>
       typeof options.args === 'function' ? options.args(rank) : ((options.args ?? {}) as ArgsOf<M>);
-    // Fails fast on the first rank that errs (a lost rank must not leave the others' calls hanging);
-    // timeouts all fall due together and are reported as one TimeoutError naming every silent rank.
+    // Fails fast on the first rank that errs (a lost rank must not leave the others' calls hanging),
+    // and on the ranks whose engines stopped moving (call-watch.ts), all named in one TimeoutError;
+    // a rank whose engine moves is waited for however long its call takes.
     const replies = await new Promise<ReplyOf<M>[]>((resolve, reject) => {
       const results: ReplyOf<M>[] = [];
-      const silent: number[] = [];
-      let pending = ranks.length;
-      const settle = () => {
-        if (--pending > 0) return;
-        if (silent.length)
-          reject(
-            new TimeoutError(
-              method,
-              silent.sort((a, b) => a - b),
-              timeoutMs,
-            ),
-          );
-        else resolve(results);
-      };
+      const waiting = new Set(ranks);
+      const watch = new CallWatch(limitMs, ranks, (rank) => this.progressOf(rank));
+      const timer = setInterval(() => {
+        const hung = watch.check(waiting);
+        if (!hung.length) return;
+        clearInterval(timer);
+        reject(new TimeoutError(method, hung, watch.limitMs));
+      }, watchIntervalMs(limitMs));
       ranks.forEach((rank, i) => {
-        this.callRank(rank, method, argsFor(rank), timeoutMs).then(
+        this.callRank(rank, method, argsFor(rank), NO_RPC_TIMEOUT).then(
           (value) => {
             results[i] = value;
-            settle();
+            waiting.delete(rank);
+            if (waiting.size) return;
+            clearInterval(timer);
+            resolve(results);
           },
           (reason: unknown) => {
-            if (reason instanceof RpcTimeout) silent.push(rank);
-            else reject(this.workerError(rank, method, reason));
-            settle();
+            clearInterval(timer);
+            reject(
+              reason instanceof RpcTimeout
+                ? new TimeoutError(method, [rank], limitMs)
+                : this.workerError(rank, method, reason),
+            );
           },
         );
       });
     });
     return only === undefined ? replies : replies[only];
+  }
+
+  /** How far `rank`'s engine has got (EngineProgress.done), where the backend hears it; null: nothing says. */
+  protected progressOf(_rank: number): number | null {
+    return null;
   }
 
   /** Calls one rank's method; rejects with RpcTimeout or the remote error. */
@@ -433,9 +441,8 @@ export abstract class Executor {
     };
     const outsideGroup = stale ? Array.from({ length: this.world }, (_, r) => r).filter((r) => !ranks.includes(r)) : [];
     const recompute = async (rank: number) => {
-      const { rows } = await this.callRank(rank, 'recompute', args, this.rpcTimeoutMs).catch((e: unknown) => {
-        throw this.workerError(rank, 'recompute', e);
-      });
+      // judged as every call is: a checker whose engine moves is waited for, however slow
+      const [{ rows }] = await this.collectiveRpc('recompute', { args, ranks: [rank] });
       if (rows.length !== plan.tokens * width || !rows.every(Number.isFinite))
         throw new WorkerError(
           rank,

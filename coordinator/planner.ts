@@ -77,17 +77,28 @@ export interface PlanningInput<W extends PlanningWorker = PlanningWorker> {
 
 /** Displaced mode's exact steps before stale keys and values: the first steps move the latent most (DistriFusion). */
 export const DEFAULT_WARMUP_STEPS = 2;
-/** How long a rank may take over a call that loads nothing. */
+/**
+ * How long a rank's engine may make no progress on a call that loads nothing, at least: a stage's
+ * first run compiles its graph, and a busy machine's pages answer late.
+ */
 export const RPC_TIMEOUT_MS = 120_000;
+/** ... and as a multiple of the step the planner predicts for the placement: a slow machine's stages are slow too */
+export const STALL_STEP_MULTIPLE = 20;
 /** How long a worker may take to load a model: a real model is GBs, minutes on a slow link. */
 export const LOAD_TIMEOUT_MS = 30 * 60_000;
 
-export function timeoutsOf(rpcTimeoutMs = RPC_TIMEOUT_MS): Timeouts {
+/**
+ * A rank is let go when its engine makes no progress for the limit, never for being slow
+ * (call-watch.ts): the limit is `rpcTimeoutMs` where the job sets it, else STALL_STEP_MULTIPLE
+ * predicted steps with RPC_TIMEOUT_MS as the floor.
+ */
+export function timeoutsOf(rpcTimeoutMs?: number, predictedStepMs: number | null = null): Timeouts {
+  const rpcMs = rpcTimeoutMs ?? Math.max(RPC_TIMEOUT_MS, Math.ceil(STALL_STEP_MULTIPLE * (predictedStepMs ?? 0)));
   // a rank names a silent peer within half the coordinator's patience for a forward: before that runs out
   return {
-    rpcMs: rpcTimeoutMs,
-    loadMs: Math.max(LOAD_TIMEOUT_MS, rpcTimeoutMs),
-    exchangeMs: Math.round(rpcTimeoutMs / 2),
+    rpcMs,
+    loadMs: Math.max(LOAD_TIMEOUT_MS, rpcMs),
+    exchangeMs: Math.round(rpcMs / 2),
   };
 }
 
@@ -625,7 +636,7 @@ export function planPlacement(ctx: PlannerContext, input: PlanningInput): Resolv
     warmupSteps: asked.warmupSteps,
     spotChecks: { rate: asked.spotCheckRate, tolerance: spotCheckTolerance(exchange.dtype) },
     untrustedAlone: asked.untrustedAlone,
-    timeouts: timeoutsOf(ctx.rpcTimeoutMs),
+    timeouts: timeoutsOf(ctx.rpcTimeoutMs, prediction?.predictedStepMs),
     prediction,
     cfgFallback,
   };

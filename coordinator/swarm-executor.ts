@@ -13,9 +13,6 @@ import {
 } from './executor.ts';
 import type { Swarm, SwarmWorker } from './swarm.ts';
 
-/** How long a rank suspected lost has to answer the coordinator's own ping. */
-export const CONFIRM_PING_MS = 2_000;
-
 export class SwarmExecutor extends Executor {
   private offLeave: (() => void) | null = null;
   /** ranks let go during this executor's life, with why */
@@ -60,6 +57,11 @@ export class SwarmExecutor extends Executor {
     return this.rankWorker(rank)?.api;
   }
 
+  /** as the rank's page last said in its pulse: counted in its engine's Web Worker */
+  protected override progressOf(rank: number): number | null {
+    return this.rankWorker(rank)?.pulse?.progress?.done ?? null;
+  }
+
   protected override showActivity(rank: number, doing: string): void {
     const worker = this.rankWorker(rank);
     if (worker) this.swarm.setActivity(worker, doing);
@@ -68,7 +70,8 @@ export class SwarmExecutor extends Executor {
   /**
    * Who is lost, on the coordinator's own evidence: a rank that left the swarm (its link closed, or
    * its heartbeats stopped), a rank whose reply broke the contract or a spot check convicted
-   * (banned), and a rank that does not answer a ping within CONFIRM_PING_MS — every rank is pinged,
+   * (banned), and a rank that does not answer a ping within the swarm's silence limit (the one its
+   * heartbeats are judged by, core/net/heartbeat.ts: a busy machine's pages answer late) — every rank is pinged,
    * so a rank another rank blames is let go only if it is silent to the coordinator too. One rank's
    * word against another's that still answers (NaN sent between ranks, withheld tensors: the
    * coordinator never sees those; a spot check that no third judgement decided) is judged by the
@@ -84,11 +87,12 @@ export class SwarmExecutor extends Executor {
     const accused = error instanceof WorkerError ? error.blame : null;
     const silentAtTimeout = error instanceof TimeoutError ? new Set(error.silentRanks) : new Set<number>();
     const started = Date.now();
+    const pingMs = this.swarm.silenceLimitMs();
     const unanswered = await Promise.all(
       this.ranks.map((w, rank) =>
         this.lost.has(rank)
           ? Promise.resolve(false)
-          : w.api.ping({}, CONFIRM_PING_MS).then(
+          : w.api.ping({}, pingMs).then(
               () => false,
               () => true,
             ),
@@ -105,7 +109,7 @@ export class SwarmExecutor extends Executor {
       this.letGo(
         rank,
         'silent',
-        `did not answer a ping within ${CONFIRM_PING_MS / 1000} s${timedOut}${said}`,
+        `did not answer a ping within ${(pingMs / 1000).toFixed(1)} s${timedOut}${said}`,
         Date.now() - started,
       );
     });
@@ -117,14 +121,17 @@ export class SwarmExecutor extends Executor {
       !this.lost.has(error.rank)
     )
       this.judgeWord(error.rank, accused, error instanceof SpotCheckFailed && error.disputed);
-    // a rank that answers pings but not its call within the call's time: its page lives, its engine
-    // (which pings do not reach) hangs or crawls; with nobody else to blame, it goes
+    // a rank that answers pings but whose engine (which pings do not reach) made no progress on its
+    // call for the call's whole limit: it hangs (a slow engine moves, and is waited for); with nobody
+    // else to blame, it goes
     if (this.lost.size === lostBefore && error instanceof TimeoutError) {
       for (const rank of error.silentRanks)
         this.letGo(
           rank,
           'silent',
-          `it answered pings but not ${error.method} within its time (its engine hangs or is far slower than planned)`,
+          `it answered pings, but its engine made no progress on ${error.method} for ` +
+            `${(error.timeoutMs / 1000).toFixed(1)} s (the call's limit, stretched where every rank was late): ` +
+            'it hangs',
           0,
         );
     }

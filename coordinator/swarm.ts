@@ -1,11 +1,13 @@
 // The dashboard's view of the swarm: its PeerJS peer, and a roster of the worker pages that
 // joined with the swarm's join token (each with a link, its WorkerApi, what it said about itself
-// and its last pulse). A worker whose tab closes, crashes or freezes is dropped within
-// DEAD_AFTER_MS; listeners hear about every change. Workers reach it over a data channel, or
-// through the server's relay (its socket is open while the swarm is, registered with the token).
+// and its last pulse). A worker whose tab closes, crashes or freezes is dropped by the rules of
+// core/net/heartbeat.ts (at once when its link closes or its page says it is frozen; after a
+// silence measured against the swarm's load otherwise); listeners hear about every change.
+// Workers reach it over a data channel, or through the server's relay (its socket is open while
+// the swarm is, registered with the token).
 import { Peer } from 'peerjs';
 import type { DataConnectionLike, Transport } from '../core/net/channel.ts';
-import { watchHeartbeats } from '../core/net/heartbeat.ts';
+import { Silences, watchHeartbeats, type Death } from '../core/net/heartbeat.ts';
 import type { Link } from '../core/net/link.ts';
 import {
   connectRelay,
@@ -130,6 +132,8 @@ export class Swarm {
   ownBrowser: () => string | null = ownBrowserId;
   /** pages between their dial and their describe reply */
   private joining = 0;
+  /** the workers' silences: one machine's load shows in all of them (core/net/heartbeat.ts) */
+  private readonly silences = new Silences();
   private relay: RelayClient | null = null;
   private closed = false;
 
@@ -276,6 +280,11 @@ export class Swarm {
 
   workers(): SwarmWorker[] {
     return [...this.roster.values()].sort((a, b) => a.joinedAt - b.joinedAt);
+  }
+
+  /** How long a worker may be silent now, as its heartbeats are judged: longer when the machine is busy. */
+  silenceLimitMs(): number {
+    return this.silences.limitMs(Date.now());
   }
 
   on(listener: (e: SwarmEvent) => void): () => void {
@@ -536,38 +545,41 @@ export class Swarm {
       };
       worker = joined;
       this.roster.set(joined.id, joined);
-      watchHeartbeats(link, COORDINATOR, {
-        onDead: (silentMs) => {
-          this.drop(
-            joined,
-            `no answer for ${(silentMs / 1000).toFixed(1)} s (tab closed, crashed or frozen)`,
-            silentMs,
-          );
-          conn.close();
+      watchHeartbeats(
+        link,
+        COORDINATOR,
+        {
+          onDead: (death) => {
+            // gone of its own accord (its page said so, its link closed) is not silence: it is not counted as such
+            this.drop(joined, deathReason(death), death.cause === 'silent' ? death.silentMs : 0);
+            conn.close();
+          },
+          onPulse: (sent) => {
+            const pulse = passing(checkPulse, sent, 'pulse');
+            // a malformed pulse says nothing; the link's silence or the job's calls judge its sender
+            if (!pulse) return;
+            const before: WorkerPulse | null = joined.pulse;
+            const changed =
+              before?.state !== pulse.state ||
+              before.framesDropped !== pulse.framesDropped ||
+              joined.framesDropped !== link.stats.framesDropped ||
+              JSON.stringify(before.mesh) !== JSON.stringify(pulse.mesh) ||
+              before.load?.bytes !== pulse.load?.bytes;
+            joined.pulse = pulse;
+            joined.framesDropped = link.stats.framesDropped;
+            if (changed) this.emit({ type: 'update', worker: joined });
+            // a worker tab opened or closed beside it: its new share shows, and it is measured again
+            // now if it has nothing to do, else before the next job is planned
+            const { threads } = pulse;
+            if (threads !== undefined && Number.isInteger(threads) && threads >= 1 && threads !== joined.info.threads) {
+              joined.info = { ...joined.info, threads };
+              this.emit({ type: 'update', worker: joined });
+              if (joined.activity === null && joined.measurement) void this.measure(joined);
+            }
+          },
         },
-        onPulse: (sent) => {
-          const pulse = passing(checkPulse, sent, 'pulse');
-          if (!pulse) return; // a malformed pulse says nothing; the link's silence or the job's calls judge its sender
-          const before: WorkerPulse | null = joined.pulse;
-          const changed =
-            before?.state !== pulse.state ||
-            before.framesDropped !== pulse.framesDropped ||
-            joined.framesDropped !== link.stats.framesDropped ||
-            JSON.stringify(before.mesh) !== JSON.stringify(pulse.mesh) ||
-            before.load?.bytes !== pulse.load?.bytes;
-          joined.pulse = pulse;
-          joined.framesDropped = link.stats.framesDropped;
-          if (changed) this.emit({ type: 'update', worker: joined });
-          // a worker tab opened or closed beside it: its new share shows, and it is measured again
-          // now if it has nothing to do, else before the next job is planned
-          const { threads } = pulse;
-          if (threads !== undefined && Number.isInteger(threads) && threads >= 1 && threads !== joined.info.threads) {
-            joined.info = { ...joined.info, threads };
-            this.emit({ type: 'update', worker: joined });
-            if (joined.activity === null && joined.measurement) void this.measure(joined);
-          }
-        },
-      });
+        { silences: this.silences },
+      );
       this.emit({ type: 'join', worker: joined });
       // what the planner and the swarm view need: measured at join, and again when its share of the cores changes
       void this.measure(joined);
@@ -598,6 +610,19 @@ async function engineHangs(api: Pick<WorkerRemote, 'pingEngine'>, ms: number): P
       `its engine did not answer within ${ms / 1000} s (${(e as Error).message}): it hangs or is still busy; ` +
       'it may join again once it answers, or reload the page'
     );
+  }
+}
+
+/** Why the heartbeats found a worker dead, in the words the swarm's events carry. */
+function deathReason({ cause, silentMs, limitMs }: Death): string {
+  const s = (ms: number) => `${(ms / 1000).toFixed(1)} s`;
+  switch (cause) {
+    case 'closed':
+      return `its link closed after ${s(silentMs)} without an answer (tab closed or crashed)`;
+    case 'frozen':
+      return 'its browser froze its page (a hidden tab frozen to save power); its work is placed elsewhere';
+    case 'silent':
+      return `no answer for ${s(silentMs)}, past its limit of ${s(limitMs)} (tab crashed, frozen or hung)`;
   }
 }
 

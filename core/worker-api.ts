@@ -367,7 +367,18 @@ const stats: FieldChecks<RankStats> = {
   deviceTensorsLeft: int(0),
 };
 const checkWeightsSource: Check<WeightsSource> = fields({ networkBytes: bytes, cacheBytes: bytes, note: text() });
-/** What a worker reports with each answer, for the swarm view. */
+/**
+ * How far a page's engine has got, counted in its Web Worker where the work happens: a page whose
+ * engine moves is slow, not dead, however long its call takes.
+ */
+export interface EngineProgress {
+  /** engine calls finished and load chunks read since the page started: it only grows while the engine works */
+  done: number;
+  /** the engine call under way and how far into the forward it is ("preAttention block 3"), or null when idle */
+  running: string | null;
+}
+
+/** What a worker reports with each answer, for the swarm view and the coordinator's judgement of its liveness. */
 export interface WorkerPulse {
   state: string;
   framesDropped: number;
@@ -377,6 +388,8 @@ export interface WorkerPulse {
   threads?: number;
   /** how far the model load under way is */
   load?: LoadStatus;
+  /** how far its engine has got */
+  progress?: EngineProgress;
 }
 
 /** a loading worker's pulse, judged where the coordinator receives it */
@@ -394,6 +407,7 @@ export const checkPulse: Check<WorkerPulse> = fields({
   mesh: optional(list(fields({ peer: text(256), transport: oneOf('direct', 'relay') }), { max: MAX_RANKS })),
   threads: optional(int(1, 1024)),
   load: optional(checkLoadStatus),
+  progress: optional(fields({ done: int(0), running: nullable(text(128)) })),
 });
 const checkExecuteArgs: Check<ExecuteArgs> = fields({
   job: int(0),

@@ -4,8 +4,8 @@
 // at a time anyway): a restart waits for the calls before it, and the calls after it wait for the
 // new engine, since a call to a terminated worker would never return.
 import * as Comlink from 'comlink';
-import type { ExecutionProvider, LoadStatus } from '../core/worker-api.ts';
-import { ENGINE_METHODS, type EngineApi } from './engine.ts';
+import type { EngineProgress, ExecutionProvider, LoadStatus } from '../core/worker-api.ts';
+import { ENGINE_METHODS, type EngineApi, type EngineMove } from './engine.ts';
 import type { EngineFactory } from './engine.worker.ts';
 import { Forwarding } from './forwarding.ts';
 
@@ -27,6 +27,8 @@ export class EngineHost extends Forwarding(ENGINE_METHODS) implements EngineApi 
   private engine: Promise<EngineApi>;
   private loaded: { modelUrl: string; ep: ExecutionProvider } | null = null;
   private turn: Promise<unknown> = Promise.resolve();
+  /** how far the engine has got, across restarts: what the page's pulse says */
+  private readonly moves: EngineProgress = { done: 0, running: null };
 
   constructor(
     private current: number,
@@ -41,10 +43,21 @@ export class EngineHost extends Forwarding(ENGINE_METHODS) implements EngineApi 
     return this.current;
   }
 
+  /** how far the engine has got, as its Web Worker last said */
+  get progress(): EngineProgress {
+    return { ...this.moves };
+  }
+
   private start(): Promise<EngineApi> {
     this.worker = new Worker(new URL('./engine.worker.ts', import.meta.url), {
       type: 'module',
       name: `ditswarm-engine (${this.current} threads)`,
+    });
+    this.worker.addEventListener('message', (event: MessageEvent<{ engineMove?: EngineMove } | null>) => {
+      const move = event.data?.engineMove;
+      if (!move) return;
+      if (move.moved) this.moves.done++;
+      this.moves.running = move.running;
     });
     return Comlink.wrap<EngineFactory>(this.worker).start(this.current);
   }

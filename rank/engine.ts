@@ -57,11 +57,55 @@ export const ENGINE_METHODS: MethodNames<EngineApi> = {
 };
 
 /**
+ * How far the engine has got, as it goes: a call starts (`running`: what and where, "preAttention
+ * block 3"), a call ends or a chunk of a load is read (`moved`). Posted by the engine's Web Worker
+ * to its page beside comlink's messages, so that the page's pulse says how far it is.
+ */
+export interface EngineMove {
+  running: string | null;
+  moved: boolean;
+}
+
+/** the name a call goes by in a pulse: with the block, for the stages of a forward that have one */
+function callLabel(method: string, args: unknown[]): string {
+  return (method === 'preAttention' || method === 'postAttention') && typeof args[0] === 'number'
+    ? `${method} block ${args[0]}`
+    : method;
+}
+
+/** `engine` that says each move to `report` (EngineMove) */
+function reportingMoves(engine: EngineApi, report: (move: EngineMove) => void): EngineApi {
+  type Method = (...args: unknown[]) => Promise<unknown>;
+  const calls = Object.keys(ENGINE_METHODS).map((method) => {
+    const call = async (...args: unknown[]) => {
+      report({ running: callLabel(method, args), moved: false });
+      try {
+        return await (engine[method as keyof EngineApi] as Method)(...args);
+      } finally {
+        report({ running: null, moved: true });
+      }
+    };
+    return [method, call] as const;
+  });
+  const reporting = Object.fromEntries(calls) as unknown as EngineApi;
+  reporting.load = (modelUrl, ep, onProgress) => {
+    report({ running: 'load', moved: false });
+    return engine
+      .load(modelUrl, ep, (status) => {
+        report({ running: 'load', moved: true });
+        onProgress?.(status);
+      })
+      .finally(() => report({ running: null, moved: true }));
+  };
+  return reporting;
+}
+
+/**
  * An engine computing WASM on `threads` threads. onnxruntime-web reads its thread count once, when
  * its WebAssembly module starts (at the first session), so an engine's threads are fixed for its
  * life: a new share of the cores is a new engine (engine-client.ts).
  */
-export function createEngine(threads = 1): EngineApi {
+export function createEngine(threads = 1, report?: (move: EngineMove) => void): EngineApi {
   ort.env.wasm.numThreads = threads;
   // One run at a time: a probe or a released job's last stage may arrive while another job's stage
   // is running, and a guided step's two passes call stages at once.
@@ -134,5 +178,7 @@ export function createEngine(threads = 1): EngineApi {
       return values;
     },
   };
-  return forward(ENGINE_METHODS, (call) => serial(() => call(engine)));
+  // moves are said from inside the queue: a call queued behind another has not started
+  const reporting = report ? reportingMoves(engine, report) : engine;
+  return forward(ENGINE_METHODS, (call) => serial(() => call(reporting)));
 }

@@ -6,7 +6,7 @@
 // `onStatus`.
 import { Peer } from 'peerjs';
 import type { DataConnectionLike, Transport } from '../core/net/channel.ts';
-import { answerHeartbeats, askWhileSilent } from '../core/net/heartbeat.ts';
+import { announceStop, answerHeartbeats, askWhileSilent } from '../core/net/heartbeat.ts';
 import { joinDashboard, workerDial, type JoinMetadata } from '../core/net/join.ts';
 import { findCoordinator } from '../core/net/join-token.ts';
 import {
@@ -117,6 +117,7 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
   info.threads = cores.threads();
   info.browser = cores.browser;
   const engine = new EngineHost(cores.threads(), oneProbeAtATime);
+  const releaseAwake = keepAwake(peer.id);
   publish({ info });
   publishCores();
 
@@ -233,8 +234,13 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
             mesh: mesh.links(),
             threads: cores.threads(),
             load: runtime.loadStatus ?? undefined,
+            progress: engine.progress,
           };
         });
+        // a page its browser freezes (a hidden tab, to save power) says so while it still can: its
+        // work is placed elsewhere at once, not after a silence (a closing page's link closes by itself)
+        const stopOnFreeze = () => announceStop(link, 0);
+        document.addEventListener('freeze', stopOnFreeze);
         const transport = transportOf(conn);
         publish({
           connected: true,
@@ -253,6 +259,7 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
         );
         await gone;
         stopAsking();
+        document.removeEventListener('freeze', stopOnFreeze);
         mesh.close('lost the dashboard');
         publish({
           connected: false,
@@ -288,6 +295,7 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
       );
       peer.destroy();
       engine.terminate();
+      releaseAwake();
       cores.leave();
       publish({ connected: false, state: 'left', detail: 'left the swarm' });
     },
@@ -298,6 +306,19 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
 function newWorkerPeer(signaling: SignalingOptions): Peer {
   // eslint-disable-next-line @typescript-eslint/no-unsafe-class-instance-assignment -- a plain object, as PeerJS's docs
   return new Peer(newPeerId('worker'), peerOptions(signaling));
+}
+
+/**
+ * Holds a Web Lock for as long as this page is in the swarm: Chrome does not freeze or discard a
+ * background tab that holds one (nor one with an open WebRTC connection, which a joined page has
+ * too). What it does not prevent is written on the worker page and in README. Returns its release.
+ */
+function keepAwake(peerId: string): () => void {
+  const { locks } = navigator as Partial<Pick<Navigator, 'locks'>>;
+  let release = () => {};
+  const held = new Promise<void>((resolve) => (release = resolve));
+  void locks?.request(`ditswarm-worker-awake-${peerId}`, () => held).catch(() => {});
+  return release;
 }
 
 /**

@@ -30,6 +30,13 @@ type Body =
   | { type: 'reply'; id: number; ok: false; error: unknown; detail?: unknown };
 
 export const DEFAULT_RPC_TIMEOUT_MS = 60_000;
+/** a call that waits for its answer however long it takes: its caller judges it by other evidence */
+export const NO_RPC_TIMEOUT = Infinity;
+
+/** Rejects through `onTimeout` after `timeoutMs`, unless that is NO_RPC_TIMEOUT; the timer, to clear. */
+function deadline(timeoutMs: number, onTimeout: () => void): ReturnType<typeof setTimeout> | undefined {
+  return Number.isFinite(timeoutMs) ? setTimeout(onTimeout, timeoutMs) : undefined;
+}
 
 /** The method did not answer in time (the caller names it and the silent ranks). */
 export class RpcTimeout extends Error {
@@ -134,10 +141,10 @@ export function remote<Api>(
   const call = (method: string, reply: Check<unknown>, args: unknown, timeoutMs = DEFAULT_RPC_TIMEOUT_MS) => {
     const id = nextId++;
     return new Promise<unknown>((resolve, reject) => {
-      const timer = setTimeout(() => {
+      const timer = deadline(timeoutMs, () => {
         pending.delete(id);
         reject(new RpcTimeout(`${method} did not answer within ${timeoutMs} ms`));
-      }, timeoutMs);
+      });
       const settle =
         <A>(fn: (a: A) => void) =>
         (a: A) => {
@@ -215,10 +222,7 @@ export function inProcess<Api>(impl: Api, contract: ApiContract<Api>, peer: stri
     let timer: ReturnType<typeof setTimeout> | undefined;
     const timeout = new Promise<never>(
       (_, reject) =>
-        (timer = setTimeout(
-          () => reject(new RpcTimeout(`${method} did not answer within ${timeoutMs} ms`)),
-          timeoutMs,
-        )),
+        (timer = deadline(timeoutMs, () => reject(new RpcTimeout(`${method} did not answer within ${timeoutMs} ms`)))),
     );
     try {
       const result = await Promise.race([

@@ -5,14 +5,22 @@ import { passing } from '../../core/net/check.ts';
 import { checkPulse } from '../../core/worker-api.ts';
 import type { Channel } from '../../core/net/channel.ts';
 import {
+  announceStop,
   answerHeartbeats,
   askWhileSilent,
   COORDINATOR_SILENT_MS,
   DEAD_AFTER_MS,
   HEARTBEAT_INTERVAL_MS,
   LOADING_DEAD_AFTER_MS,
+  MAX_SILENT_MS,
+  SILENCE_MARGIN,
+  Silences,
   watchHeartbeats,
+  type Death,
 } from '../../core/net/heartbeat.ts';
+import { MAX_STRETCHES } from '../../coordinator/call-watch.ts';
+import { RPC_TIMEOUT_MS as STALL_FLOOR_MS, STALL_STEP_MULTIPLE, timeoutsOf } from '../../coordinator/planner.ts';
+import { TimeoutError } from '../../coordinator/executor.ts';
 import { Link } from '../../core/net/link.ts';
 import { COORDINATOR, encodeFrames, HEADER_BYTES, type FrameHeader, type Message } from '../../core/net/protocol.ts';
 import type { WanModel } from '../../core/model/reference.ts';
@@ -24,7 +32,9 @@ import { InProcessExecutor, type Transport } from './in-process-executor.ts';
 
 // How the coordinator tells a live worker from a lost one, on vitest's fake clock: a frozen peer
 // and a peer that sends only garbage die on the same beat, one that answers heartbeats (or streams
-// a long reply) lives; and a collective call fails on the first rank that errs, not at the timeout.
+// a long reply) lives; a busy machine's late answers stretch the silence a worker is allowed, a
+// gone link or a frozen page does not wait for it; a collective call fails on the first rank that
+// errs, not at the timeout, and on a rank whose engine stopped moving, never on one that moves.
 
 const START = Date.UTC(2026, 0, 1);
 /** The first beat that finds the peer silent for more than DEAD_AFTER_MS. */
@@ -34,11 +44,23 @@ const DEAD_ON_BEAT = DEAD_AFTER_MS + HEARTBEAT_INTERVAL_MS;
 const coordinatorAccept = (h: FrameHeader) =>
   h.kind !== 'rpc' ? 'a worker may only send RPC messages to the coordinator' : null;
 
-function watched(link: Link) {
+function watched(link: Link, silences?: Silences) {
   const deaths: number[] = [];
+  const causes: Death[] = [];
   const pulses: unknown[] = [];
-  watchHeartbeats(link, COORDINATOR, { onDead: (silentMs) => deaths.push(silentMs), onPulse: (p) => pulses.push(p) });
-  return { deaths, pulses };
+  watchHeartbeats(
+    link,
+    COORDINATOR,
+    {
+      onDead: (death) => {
+        deaths.push(death.silentMs);
+        causes.push(death);
+      },
+      onPulse: (p) => pulses.push(p),
+    },
+    { silences },
+  );
+  return { deaths, causes, pulses };
 }
 
 /** Two links whose channels deliver each frame at once: an echo arrives on its beat's own millisecond. */
@@ -173,6 +195,65 @@ describe('heartbeats', () => {
     expect(deaths).toEqual([]);
     await vi.advanceTimersByTimeAsync(HEARTBEAT_INTERVAL_MS);
     expect(deaths).toEqual([DEAD_ON_BEAT]);
+  });
+
+  it(`a worker whose answers came 2 s apart on a busy machine lives through 3.6 s of silence: its limit is ${SILENCE_MARGIN} × 2 s; past that it dies`, async () => {
+    const link = new Link(new SinkChannel(), { accept: coordinatorAccept });
+    const { deaths, causes } = watched(link);
+    let id = 0;
+    const hearAt = async (ms: number) => {
+      await vi.advanceTimersByTimeAsync(START + ms - Date.now());
+      for (const f of encodeFrames(echo(0), id++)) link.receive(f);
+    };
+    await hearAt(500);
+    await hearAt(1_000);
+    await hearAt(3_000); // 2 s late: its page was starved
+    await vi.advanceTimersByTimeAsync(3_600);
+    expect(deaths).toEqual([]); // the silence that let an honest tab go
+    const limitMs = SILENCE_MARGIN * 2_000;
+    await vi.advanceTimersByTimeAsync(START + 3_000 + limitMs - Date.now());
+    expect(deaths).toEqual([]);
+    await vi.advanceTimersByTimeAsync(HEARTBEAT_INTERVAL_MS);
+    expect(deaths).toEqual([limitMs + HEARTBEAT_INTERVAL_MS]);
+    expect(causes[0]).toMatchObject({ cause: 'silent', limitMs });
+  });
+
+  it(`every worker of a swarm silent together is load, not failure: none dies at ${DEAD_AFTER_MS / 1000} s, each past ${MAX_SILENT_MS / 1000} s; where one still answers, the silent ones die as usual`, async () => {
+    const loaded = new Silences();
+    const [a, b] = [0, 1].map(() => watched(new Link(new SinkChannel(), { accept: coordinatorAccept }), loaded));
+    await vi.advanceTimersByTimeAsync(MAX_SILENT_MS);
+    expect([a.deaths, b.deaths]).toEqual([[], []]);
+    await vi.advanceTimersByTimeAsync(HEARTBEAT_INTERVAL_MS);
+    expect([a.deaths, b.deaths]).toEqual([
+      [MAX_SILENT_MS + HEARTBEAT_INTERVAL_MS],
+      [MAX_SILENT_MS + HEARTBEAT_INTERVAL_MS],
+    ]);
+
+    const swarm = new Silences();
+    const [coordinator, worker] = wiredPair();
+    answerHeartbeats(worker, 0, () => ({ state: 'ready', framesDropped: 0 }));
+    const answering = watched(coordinator, swarm);
+    const [c, d] = [0, 1].map(() => watched(new Link(new SinkChannel(), { accept: coordinatorAccept }), swarm));
+    await vi.advanceTimersByTimeAsync(DEAD_ON_BEAT);
+    expect([c.deaths, d.deaths]).toEqual([[DEAD_ON_BEAT], [DEAD_ON_BEAT]]);
+    expect(answering.deaths).toEqual([]);
+  });
+
+  it('a gone link, or a page that says its browser froze it, is dead on the next beat, though every worker is late together', async () => {
+    const loaded = new Silences();
+    const [coordinator, worker] = wiredPair();
+    const frozen = watched(coordinator, loaded);
+    const closing = watched(new Link(new SinkChannel(), { accept: coordinatorAccept }), loaded);
+    const closedLink = new Link(new SinkChannel(), { accept: coordinatorAccept });
+    const closed = watched(closedLink, loaded);
+    await vi.advanceTimersByTimeAsync(10_000); // all three silent: the limit is stretched
+    expect([frozen.deaths, closing.deaths, closed.deaths]).toEqual([[], [], []]);
+    announceStop(worker, 0);
+    closedLink.close('its tab closed');
+    await vi.advanceTimersByTimeAsync(HEARTBEAT_INTERVAL_MS);
+    expect(frozen.causes).toMatchObject([{ cause: 'frozen' }]);
+    expect(closed.causes).toMatchObject([{ cause: 'closed' }]);
+    expect(closing.deaths).toEqual([]);
   });
 
   // Each kind of frame a peer may send that the link drops; none may keep the peer alive.
@@ -332,7 +413,91 @@ describe.each<Transport>(['direct', 'rpc'])('collectiveRpc over %s calls', (tran
       breach: false,
     });
     expect(executor.received.map((methods) => methods.at(-1))).toEqual(['ping', 'ping', 'ping']); // rank 2 was asked, and is still silent
-    expect(vi.getTimerCount()).toBeGreaterThan(0); // its call's timeout is still pending
+    expect(vi.getTimerCount()).toBe(0); // the failed call's watch stopped with it
+  });
+});
+
+// ------------------------------------------------------------------ slow is not hung
+
+/** An in-process executor whose ranks' engines move when the test says (as their pulses would say). */
+class ProgressingExecutor extends InProcessExecutor {
+  readonly done = [0, 0, 0];
+  protected override progressOf(rank: number): number | null {
+    return this.done[rank];
+  }
+}
+
+describe('a collective call gives up on a rank whose engine stopped moving, never on one that moves (call-watch.ts)', () => {
+  const LIMIT_MS = 60_000;
+  let model: WanModel;
+  beforeAll(async () => {
+    model = await loadTransformer(tinyModelFiles);
+  });
+  afterEach(() => {
+    vi.useRealTimers();
+  });
+
+  /** three ranks; `silent` never answer ping; the call's outcome and when, on the fake clock */
+  async function pinging(silent: number[]) {
+    const executor = new ProgressingExecutor(
+      { config: model.config, modelUrl: '/models/tiny-wan', rpcTimeoutMs: LIMIT_MS, layout: new RankLayout(3) },
+      stubEngine(referenceStages(model), model.config),
+      'direct',
+    );
+    await executor.initialize();
+    executor.fault = (rank, method) => (method === 'ping' && silent.includes(rank) ? { silent: true } : null);
+    vi.useFakeTimers({ toFake: ['setTimeout', 'clearTimeout', 'setInterval', 'clearInterval', 'Date'] });
+    vi.setSystemTime(START);
+    const outcome: { error?: unknown; at?: number } = {};
+    executor.collectiveRpc('ping').then(
+      () => (outcome.at = Date.now()),
+      (error: unknown) => Object.assign(outcome, { error, at: Date.now() }),
+    );
+    for (let turn = 0; turn < 100; turn++) await new Promise((r) => setImmediate(r));
+    return { executor, outcome };
+  }
+
+  it('a rank whose engine keeps moving is waited for, though its call takes 20 times the limit; once it stops, it is named after the limit', async () => {
+    const { executor, outcome } = await pinging([2]);
+    for (let t = 0; t < 20 * LIMIT_MS; t += LIMIT_MS / 2) {
+      executor.done[2]++; // a stage finished, far slower than planned
+      await vi.advanceTimersByTimeAsync(LIMIT_MS / 2);
+    }
+    expect(outcome).toEqual({});
+    const lastMove = Date.now();
+    executor.done[2]++;
+    await vi.advanceTimersByTimeAsync(LIMIT_MS);
+    expect(outcome).toEqual({});
+    await vi.advanceTimersByTimeAsync(2_000); // the move is seen at the watch's next look, within a second
+    expect(outcome.error).toBeInstanceOf(TimeoutError);
+    expect(outcome.error).toMatchObject({ method: 'ping', silentRanks: [2], timeoutMs: LIMIT_MS });
+    expect(defined(outcome.at, 'when') - lastMove).toBeGreaterThan(LIMIT_MS);
+  });
+
+  it('a rank whose engine never moves is named when the limit runs out, while the other ranks answered', async () => {
+    const { outcome } = await pinging([1, 2]);
+    await vi.advanceTimersByTimeAsync(LIMIT_MS);
+    expect(outcome).toEqual({});
+    await vi.advanceTimersByTimeAsync(1_000);
+    expect(outcome.error).toMatchObject({ method: 'ping', silentRanks: [1, 2], timeoutMs: LIMIT_MS });
+  });
+
+  it(`every rank of a call late together is load: the limit doubles ${MAX_STRETCHES} times before the ranks are named`, async () => {
+    const { outcome } = await pinging([0, 1, 2]);
+    const stretched = LIMIT_MS * 2 ** MAX_STRETCHES;
+    await vi.advanceTimersByTimeAsync(LIMIT_MS + 1_000);
+    expect(outcome).toEqual({}); // where one rank answers, the others are named here
+    await vi.advanceTimersByTimeAsync(stretched - LIMIT_MS - 1_000);
+    expect(outcome).toEqual({});
+    await vi.advanceTimersByTimeAsync(1_000);
+    expect(outcome.error).toMatchObject({ method: 'ping', silentRanks: [0, 1, 2], timeoutMs: stretched });
+  });
+
+  it(`the limit is ${STALL_STEP_MULTIPLE} predicted steps, at least ${STALL_FLOOR_MS / 1000} s; a rank names a silent peer within half of it; a job's own limit is kept`, () => {
+    expect(timeoutsOf(undefined, 30_000)).toMatchObject({ rpcMs: STALL_STEP_MULTIPLE * 30_000, exchangeMs: 300_000 });
+    expect(timeoutsOf(undefined, 100).rpcMs).toBe(STALL_FLOOR_MS);
+    expect(timeoutsOf(undefined, null).rpcMs).toBe(STALL_FLOOR_MS);
+    expect(timeoutsOf(5_000, 30_000).rpcMs).toBe(5_000);
   });
 });
 

@@ -12,7 +12,7 @@ import { WorkerError } from '../../coordinator/executor.ts';
 import { createPipeline, type GenerateResult, type Pipeline, type PromptEmbeds } from '../../coordinator/pipeline.ts';
 import { MAX_REPLANS, ReplacementsExhausted, type FailureRecord } from '../../coordinator/placer.ts';
 import { Swarm, type SwarmEvent, type SwarmWorker } from '../../coordinator/swarm.ts';
-import { CONFIRM_PING_MS } from '../../coordinator/swarm-executor.ts';
+import { DEAD_AFTER_MS } from '../../core/net/heartbeat.ts';
 import { loadTransformer } from '../../core/model/transformer.ts';
 import { loadWanPipelineParts } from '../../core/model/wan-pipeline.ts';
 import { inProcess } from '../../core/net/rpc.ts';
@@ -388,7 +388,7 @@ describe('generate(): a lost rank costs a re-placement and one step, not the job
     expect(result.report.placement.settings).toMatchObject({ dtype: 'i8', emulateLink: null });
   });
 
-  it(`a rank that fails step 2 and no longer answers is let go after the coordinator's ${CONFIRM_PING_MS / 1000} s ping, and the survivors finish the job within 1e-4`, async () => {
+  it(`a rank that fails step 2 and no longer answers is let go after the coordinator's ping of an idle swarm's silence limit (${DEAD_AFTER_MS / 1000} s), and the survivors finish the job within 1e-4`, async () => {
     const { swarm, join } = testSwarm();
     const [, w1] = [join(), join(), join()];
     w1.page.afterForward = ({ step }) => {
@@ -411,11 +411,11 @@ describe('generate(): a lost rank costs a re-placement and one step, not the job
         rank: 1,
         worker: 'w1',
         cause: 'silent',
-        evidence: `did not answer a ping within ${CONFIRM_PING_MS / 1000} s`,
+        evidence: `did not answer a ping within ${(DEAD_AFTER_MS / 1000).toFixed(1)} s`,
         silentMs: anyNumber(),
       },
     ]);
-    expect(failure.lost[0].silentMs).toBeGreaterThanOrEqual(CONFIRM_PING_MS - 100);
+    expect(failure.lost[0].silentMs).toBeGreaterThanOrEqual(DEAD_AFTER_MS - 100);
     expect(swarm.workers().map((w) => w.id)).toEqual(['w0', 'w2']);
     expect(result.report.workers.map((w) => w.id)).toEqual(['w0', 'w2']);
     expect(maxAbsDiff(result.latent, referenceJob().result.latent)).toBeLessThanOrEqual(1e-4);
