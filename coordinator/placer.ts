@@ -12,7 +12,6 @@ import { bytesPerElement } from '../core/net/protocol.ts';
 import type { MeshProbe } from '../core/worker-api.ts';
 import { createExecutor } from './backends.ts';
 import type { Executor, LostRank } from './executor.ts';
-import { CONFIRM_PING_MS } from './swarm-executor.ts';
 import { Measurements } from './measurements.ts';
 import { samePlacement, type PlacementRequest, type ResolvedPlacement } from './placement.ts';
 import {
@@ -448,7 +447,7 @@ export class Placer {
   /**
    * Which of `suspects` (workers of `among`, numbered by their place there) are lost, on the
    * coordinator's own evidence as an executor judges its ranks (swarm-executor.ts: lostRanks): they
-   * left the swarm, or do not answer a ping within CONFIRM_PING_MS (those are let go).
+   * left the swarm, or do not answer a ping within the swarm's silence limit (those are let go).
    */
   private async lostWorkers(among: SwarmWorker[], suspects: SwarmWorker[]): Promise<LostRank[]> {
     const swarm = defined(this.options.swarm, 'the swarm');
@@ -461,12 +460,14 @@ export class Placer {
           return { rank, worker: w.id, cause: silentMs > 0 ? 'silent' : 'disconnected', evidence: reason, silentMs };
         }
         const started = Date.now();
-        const answers = await w.api.ping({}, CONFIRM_PING_MS).then(
+        // as an executor confirms a silent rank: within the silence the machine's load allows now
+        const pingMs = swarm.silenceLimitMs();
+        const answers = await w.api.ping({}, pingMs).then(
           () => true,
           () => false,
         );
         if (answers) return null;
-        const evidence = `did not answer a ping within ${CONFIRM_PING_MS / 1000} s`;
+        const evidence = `did not answer a ping within ${(pingMs / 1000).toFixed(1)} s`;
         swarm.evict(w, evidence);
         return { rank, worker: w.id, cause: 'silent', evidence, silentMs: Date.now() - started };
       }),
