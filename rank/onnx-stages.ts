@@ -168,7 +168,7 @@ export async function onnxStages(
     gpuWeightBytes: blockWeights.gpuBytes,
     async dispose() {
       blockWeights.destroy();
-      await Promise.all([embedSession, attention, headSession, pre, post].map((s) => s?.release()));
+      await Promise.all([embedSession, attention, headSession, pre, post].flatMap((s) => (s ? [s.release()] : [])));
     },
     async embed(patches, timestep, text) {
       const embed = embedder();

@@ -1030,7 +1030,7 @@ describe('Placer: a worker lost while placing costs a re-placement, not the job 
     expect(swarm.workers().map((w) => w.id)).toEqual(['w0']);
     expect(placer.failures[1]).toMatchObject({
       phase: 'decoding',
-      lost: [{ rank: 2, worker: 'w2', cause: 'silent', evidence: 'did not answer a ping within 2 s' }],
+      lost: [{ rank: 2, worker: 'w2', cause: 'silent', evidence: 'did not answer a ping within 3.0 s' }],
       degreeAfter: 2,
     });
   });
