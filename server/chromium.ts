@@ -5,10 +5,14 @@ export function chromiumExecutable(): string {
   return process.env.CHROMIUM ?? '/usr/bin/chromium';
 }
 
+/**
+ * Without it headless Chromium 156 has navigator.gpu but requestAdapter() returns null;
+ * with it a secure context (http://localhost) gets the SwiftShader fallback adapter.
+ */
+export const WEBGPU_ARG = '--enable-unsafe-webgpu';
+
 export const chromiumArgs: readonly string[] = [
-  // Without it headless Chromium 156 has navigator.gpu but requestAdapter() returns null;
-  // with it a secure context (http://localhost) gets the SwiftShader fallback adapter.
-  '--enable-unsafe-webgpu',
+  WEBGPU_ARG,
   '--no-sandbox',
   // Worker pages usually sit in background tabs; their timers and rendering must keep pace.
   '--disable-background-timer-throttling',

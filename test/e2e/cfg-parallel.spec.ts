@@ -1,6 +1,8 @@
 import { expect, test } from '@playwright/test';
 import type { JobOverrides } from '../../app/automation.ts';
-import { maxAbsDiff, runJob, suiteSwarm } from './swarm-page.ts';
+import { maxAbsDiff, runJob, suiteSwarm, WASM_ONLY_BROWSER } from './swarm-page.ts';
+
+test.use(WASM_ONLY_BROWSER); // its jobs all compute on WASM
 
 // CFG parallel over worker tabs: the conditional pass on one tab, the unconditional on another,
 // both at once over WebRTC, equals one worker running both passes. wasm EP: the parity is about the split.

@@ -3,7 +3,9 @@ import { readdirSync, utimesSync } from 'node:fs';
 import { join } from 'node:path';
 import type { JobOverrides } from '../../app/automation.ts';
 import { SHARDED_MODEL_PATH, TRUNCATED_MODEL_PATH } from './global-setup.ts';
-import { maxAbsDiff, openTestSwarm, runJob, TEST_MODEL } from './swarm-page.ts';
+import { maxAbsDiff, openTestSwarm, runJob, TEST_MODEL, WASM_ONLY_BROWSER } from './swarm-page.ts';
+
+test.use(WASM_ONLY_BROWSER); // its jobs all compute on WASM
 
 // A checkpoint as diffusers publishes a large one — shards and their index — read by a worker tab
 // tensor by tensor over HTTP Range requests; a broken download fails its job with the file and the

@@ -1,6 +1,8 @@
 import { expect, test } from '@playwright/test';
 import type { JobOverrides } from '../../app/automation.ts';
-import { maxAbsDiff, openTestSwarm, runJob } from './swarm-page.ts';
+import { maxAbsDiff, openTestSwarm, runJob, WASM_ONLY_BROWSER } from './swarm-page.ts';
+
+test.use(WASM_ONLY_BROWSER); // its jobs all compute on WASM
 
 // A worker tab computes on its share of its machine's cores: all of them alone, an equal part when
 // other worker tabs of the same browser run beside it; the share follows tabs coming and going,

@@ -4,7 +4,9 @@ import { detect } from '../../demo/detector.ts';
 import { DEMO_SAMPLING } from '../../demo/world.ts';
 import { loadVaeDecoder } from '../../core/model/vae-decoder.ts';
 import { folderFiles } from '../../server/model-folder.ts';
-import { maxAbsDiff, openTestSwarm, runJob } from './swarm-page.ts';
+import { maxAbsDiff, openTestSwarm, runJob, WASM_ONLY_BROWSER } from './swarm-page.ts';
+
+test.use(WASM_ONLY_BROWSER); // its jobs all compute on WASM
 
 // The trained demo model through the real thing: dashboard + 2 worker tabs, Ulysses P = 2 over
 // WebRTC. What comes back must be a red shape whose centroid moves right.

@@ -2,7 +2,9 @@ import { expect, test } from '@playwright/test';
 import type { JobOverrides } from '../../app/automation.ts';
 import { payloadBytes } from '../../core/net/protocol.ts';
 import { displacedFloatsPerBlock, partFloats, planUlysses } from '../../core/parallel.ts';
-import { maxAbsDiff, openTestSwarm, runJob, TEST_MODEL } from './swarm-page.ts';
+import { maxAbsDiff, openTestSwarm, runJob, TEST_MODEL, WASM_ONLY_BROWSER } from './swarm-page.ts';
+
+test.use(WASM_ONLY_BROWSER); // its jobs all compute on WASM
 
 // Displaced patch parallelism over real WebRTC tabs (issue 20): exact where it waits for this
 // step's keys and values, near exact past its warm-up, and a lost rank costs a step here too.

@@ -4,7 +4,9 @@ import type { JobOverrides } from '../../app/automation.ts';
 import { defined } from '../../core/defined.ts';
 import { relayProof } from '../../core/net/join-token.ts';
 import { SIGNALING_BURST } from '../../server/peer-signaling.ts';
-import { appOrigin, maxAbsDiff, openTestSwarm, runJob } from './swarm-page.ts';
+import { appOrigin, maxAbsDiff, openTestSwarm, runJob, WASM_ONLY_BROWSER } from './swarm-page.ts';
+
+test.use(WASM_ONLY_BROWSER); // its jobs all compute on WASM
 
 // A hostile socket against the real server while an honest swarm works (issue 17, findings 4, 9
 // and 14): with only what the server hands anyone (/signaling.json), it cannot open a relay room

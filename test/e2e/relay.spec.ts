@@ -2,7 +2,9 @@ import { expect, test } from '@playwright/test';
 import type { JobOverrides } from '../../app/automation.ts';
 import { defined } from '../../core/defined.ts';
 import { startServer, type RunningServer } from '../../server/serve.ts';
-import { appOrigin, maxAbsDiff, openTestSwarm, runJob, type JobOutcome } from './swarm-page.ts';
+import { appOrigin, maxAbsDiff, openTestSwarm, runJob, type JobOutcome, WASM_ONLY_BROWSER } from './swarm-page.ts';
+
+test.use(WASM_ONLY_BROWSER); // its jobs all compute on WASM
 
 // The relay, forced: a server started like `npm start -- --force-relay` (what `npm run generate
 // -- --force-relay` runs) sends every link through itself. The job must not notice: same

@@ -1,7 +1,9 @@
 import { expect, test } from '@playwright/test';
 import type { JobOverrides } from '../../app/automation.ts';
 import { defined } from '../../core/defined.ts';
-import { maxAbsDiff, openTestSwarm, runJob } from './swarm-page.ts';
+import { maxAbsDiff, openTestSwarm, runJob, WASM_ONLY_BROWSER } from './swarm-page.ts';
+
+test.use(WASM_ONLY_BROWSER); // its jobs all compute on WASM
 
 // Spot checks over real tabs (issue 18): a worker tab scripted to perturb the rows it returns —
 // right size, finite, plausible (one float of each reply off by about 1.6%) — is caught by the

@@ -1,6 +1,20 @@
 import { expect, test, type Browser, type Page } from '@playwright/test';
 import type { JobOverrides, JobResult } from '../../app/automation.ts';
 import { defined } from '../../core/defined.ts';
+import { chromiumArgs, chromiumExecutable, WEBGPU_ARG } from '../../server/chromium.ts';
+
+/**
+ * For a spec whose jobs all compute on WASM (`test.use(WASM_ONLY_BROWSER)`): its browser has no
+ * WebGPU adapter, so each worker tab that joins is measured on WASM alone, as a page without WebGPU
+ * is; a software adapter's probe would cost every tab seconds for an EP none of its jobs uses. The
+ * WebGPU paths run in the specs that ask for them (foundation, webgpu, vae, dashboard).
+ */
+export const WASM_ONLY_BROWSER = {
+  launchOptions: {
+    executablePath: chromiumExecutable(),
+    args: chromiumArgs.filter((arg) => arg !== WEBGPU_ARG),
+  },
+};
 
 /** A dashboard and N worker tabs of one browser context, driven the way `npm run generate` does. */
 export interface TestSwarm {

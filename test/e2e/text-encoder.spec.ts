@@ -4,7 +4,9 @@ import { umt5Encoding, type TextHost } from '../../coordinator/text-encoding.ts'
 import { textLayers } from '../../rank/text-layers.ts';
 import { folderFiles } from '../../server/model-folder.ts';
 import { FULL_LAYOUT_MODEL_PATH } from './global-setup.ts';
-import { maxAbsDiff, openTestSwarm, runJob } from './swarm-page.ts';
+import { maxAbsDiff, openTestSwarm, runJob, WASM_ONLY_BROWSER } from './swarm-page.ts';
+
+test.use(WASM_ONLY_BROWSER); // its jobs all compute on WASM
 
 // A folder whose text encoder is umT5, as the published ones: the dashboard tokenizes the prompt,
 // the workers run the encoder's layers (split between them), and the encoded prompts are kept in

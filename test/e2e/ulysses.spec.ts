@@ -2,7 +2,9 @@ import { expect, test } from '@playwright/test';
 import type { JobOverrides } from '../../app/automation.ts';
 import { defined } from '../../core/defined.ts';
 import { exchangeFloatsPerBlock, planUlysses } from '../../core/parallel.ts';
-import { maxAbsDiff, runJob, suiteSwarm } from './swarm-page.ts';
+import { maxAbsDiff, runJob, suiteSwarm, WASM_ONLY_BROWSER } from './swarm-page.ts';
+
+test.use(WASM_ONLY_BROWSER); // its jobs all compute on WASM
 
 // Ulysses across 2, 3 and 5 worker tabs over WebRTC equals one worker, with 35 tokens (no degree
 // divides them; 72 that P divides run in multihost.spec.ts); 5 ranks share the 12 heads 3/3/2/2/2
