@@ -131,6 +131,33 @@ function openCpuQuota(name: string): CpuQuota | string {
   }
 }
 
+/** Sends `signal` to the renderer processes of a machine's Chromium (or to `pids`); the pids it reached. */
+function signalRenderers(quota: CpuQuota | null, signal: 'SIGSTOP' | 'SIGCONT', pids?: number[]): number[] {
+  const targets =
+    pids ??
+    (quota
+      ? readFileSync(join(quota.dir, 'cgroup.procs'), 'utf8')
+          .split('\n')
+          .filter(Boolean)
+          .map(Number)
+          .filter((pid) => {
+            try {
+              return readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes('--type=renderer');
+            } catch {
+              return false; // gone meanwhile
+            }
+          })
+      : []);
+  return targets.filter((pid) => {
+    try {
+      process.kill(pid, signal);
+      return true;
+    } catch {
+      return false;
+    }
+  });
+}
+
 /** A worker machine: its Chromium, its one worker tab (replaced when lost), its cgroup. */
 interface WorkerMachine {
   name: string;
@@ -271,8 +298,16 @@ export async function runChaos(options: Partial<ChaosOptions> = {}) {
     const tracker = new JobTracker();
     await dashboard.exposeFunction('ditswarmProgress', (p: AutomationProgress) => tracker.hear(p));
     // every line the dashboard shows about a worker leaving or being refused, as it shows it
-    const notices: { at: number; text: string }[] = [];
-    await dashboard.exposeFunction('chaosSwarmNotice', (text: string) => notices.push({ at: Date.now(), text }));
+    /** what the soak is doing: the tabs joining, a reference run, a job of the soak, or between jobs */
+    let stage = 'joining';
+    const notices: { at: number; text: string; during: string }[] = [];
+    await dashboard.exposeFunction('chaosSwarmNotice', (text: string) =>
+      notices.push({ at: Date.now(), text, during: `${stage}${stageDetail()}` }),
+    );
+    const stageDetail = () =>
+      stage.startsWith('job') && tracker.phase
+        ? `, ${tracker.phase}${tracker.phase === 'denoising' ? ` after step ${tracker.step}` : ''}`
+        : '';
     await dashboard.goto(`${server.url}/`);
     const { joinUrl } = await dashboard.evaluate(() => window.ditswarm.ready);
     await dashboard.evaluate(() => {
@@ -358,6 +393,7 @@ export async function runChaos(options: Partial<ChaosOptions> = {}) {
     // the references: each variant once, on one worker, before any fault or load
     const references = [];
     for (const [i, v] of variants.entries()) {
+      stage = `reference ${i}`;
       log(`chaos: reference ${i + 1} of ${variants.length} (one worker, unloaded, uninterrupted)…`);
       const settled = await runJob(jobOf(v, 1));
       if ('error' in settled) throw new Error(`the uninterrupted reference job ${i} failed: ${settled.error}`);
@@ -444,17 +480,23 @@ export async function runChaos(options: Partial<ChaosOptions> = {}) {
             cdp = await m.context.newCDPSession(m.page);
             await m.page.evaluate((tickMs) => {
               const w = window as unknown as { chaosTicks?: number };
-              w.chaosTicks ??= 0;
+              if (w.chaosTicks !== undefined) return;
+              w.chaosTicks = 0;
               setInterval(() => (w.chaosTicks = (w.chaosTicks ?? 0) + 1), tickMs);
             }, TICK_MS);
             const ticks = () => m.page.evaluate(() => (window as unknown as { chaosTicks?: number }).chaosTicks ?? 0);
             const before = await ticks();
             await cdp.send('Page.setWebLifecycleState', { state: 'frozen' });
+            // the lifecycle state alone leaves this Chromium's timers running: its renderers stop too
+            const stopped = m.quota ? signalRenderers(m.quota, 'SIGSTOP') : [];
             await sleep(f.holdMs);
+            signalRenderers(m.quota, 'SIGCONT', stopped);
             await cdp.send('Page.setWebLifecycleState', { state: 'active' });
             f.endedAt = Date.now();
             const during = (await within(ticks(), 10_000, NaN)) - before;
-            f.evidence = `${during} timer ticks of ${Math.round(f.holdMs / TICK_MS)} while frozen`;
+            f.evidence =
+              `${during} timer ticks of ${Math.round(f.holdMs / TICK_MS)} while frozen; ` +
+              `${stopped.length} renderer process(es) stopped`;
             await joined(m);
             return;
           }
@@ -481,6 +523,7 @@ export async function runChaos(options: Partial<ChaosOptions> = {}) {
         f.outcome = 'error';
         f.note = (e as Error).message.split('\n')[0];
         // whatever state the tab is in, the machine gets a working one back
+        signalRenderers(m.quota, 'SIGCONT');
         if (!m.page.isClosed()) await m.page.close().catch(() => {});
         await openTab(m)
           .then((newId) => everyId.add(newId))
@@ -498,6 +541,7 @@ export async function runChaos(options: Partial<ChaosOptions> = {}) {
       const mine = faults.filter((f) => f.job === j);
       const pending: Promise<void>[] = [];
       const submittedAt = Date.now();
+      stage = `job ${j}`;
       const expectedMs = (phase: FaultPhase) => ({
         phaseMs: reference.phasesMs[phase],
         steps: reference.steps,
@@ -571,6 +615,7 @@ export async function runChaos(options: Partial<ChaosOptions> = {}) {
         ? `done, latent ${record.identical ? 'identical' : `max-abs ${record.maxAbs}`}`
         : `FAILED in ${record.failedInPhase}: ${record.error}`;
       log(`chaos: job ${j + 1}: ${outcome}; ${record.failures.length} re-placement(s)`);
+      stage = `between jobs ${j} and ${j + 1}`;
       if (!settled) break;
       // the next job starts on a whole swarm
       const whole = await within(
@@ -591,7 +636,7 @@ export async function runChaos(options: Partial<ChaosOptions> = {}) {
         : [],
     );
     const fullId = (suffix: string) => [...everyId].find((id) => id.endsWith(suffix)) ?? suffix;
-    const departures = notices.flatMap(({ at, text }) => {
+    const departures = notices.flatMap(({ at, text, during }) => {
       const notice = parseSwarmNotice(text);
       if (!notice) return [];
       const worker = fullId(notice.workerSuffix);
@@ -601,6 +646,7 @@ export async function runChaos(options: Partial<ChaosOptions> = {}) {
           type: notice.type,
           worker,
           at,
+          during,
           reason: notice.reason,
           explainedBy: cause && { kind: cause.kind, landedAt: cause.landedAt },
         },
@@ -652,6 +698,15 @@ export async function runChaos(options: Partial<ChaosOptions> = {}) {
           'its pages told they have one core; the dashboard in a Chromium of its own',
         oversubscription: `${busy.processes} spinning processes (${o.busyPerCore} per core) beside the jobs`,
         slowSkipped,
+        faults: {
+          kill: 'the tab closed; a new tab on its machine after replaceAfterMs',
+          crash: 'CDP Page.crash; the crashed tab closed and a new one opened after replaceAfterMs',
+          freeze:
+            "CDP Page.setWebLifecycleState 'frozen' for holdMs, and (with a cgroup) its machine's renderer " +
+            'processes stopped (SIGSTOP) meanwhile: the lifecycle state alone does not stop its timers here',
+          slow: "its machine's cgroup given `share` of a core for holdMs",
+          reload: 'the tab reloaded (it joins again under a new peer id)',
+        },
       },
       machine: machine(browserVersion),
       summary: {
@@ -667,7 +722,7 @@ export async function runChaos(options: Partial<ChaosOptions> = {}) {
         /** faults that landed, by kind and by the phase the job was in as they landed */
         byKindAndPhase,
         rePlacements: jobs.reduce((t, j) => t + j.failures.length, 0),
-        honestWorkersLetGo: honestLetGo.map((d) => ({ worker: d.worker, reason: d.reason })),
+        honestWorkersLetGo: honestLetGo.map((d) => ({ worker: d.worker, during: d.during, reason: d.reason })),
         banned: bannedLines,
         medianJobS: round(median(jobs.map((j) => j.ms)) / 1000, 1),
       },
