@@ -173,7 +173,7 @@ test.describe('one liar among 1 to 3 honest tabs of this machine, on every excha
     test(`${attack.name} on ${world} ranks over ${exchange.name}: the liar is banned, no honest tab let go, the latent the unattacked one`, async ({
       browser,
     }) => {
-      test.setTimeout(120_000);
+      test.setTimeout(180_000);
       await honestTabs(world - 1);
       const started = Date.now();
       const { liar, own } = await liarJoins(browser, world);
