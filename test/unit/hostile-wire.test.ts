@@ -2,7 +2,7 @@ import vm from 'node:vm';
 import type { Page } from '@playwright/test';
 import { transformSync } from 'esbuild';
 import { describe, expect, it } from 'vitest';
-import { PROTOCOL_VERSION } from '../../core/net/protocol.ts';
+import { PROTOCOL_VERSION, quantizedScalesHonest, tensorPayload, tensorValues } from '../../core/net/protocol.ts';
 import { makeHostile, type HostileLog, type HostileRules } from '../e2e/hostile/wire.ts';
 
 // The hostile e2e suite's wire (test/e2e/hostile/wire.ts) as Playwright hands it to a page: its
@@ -88,7 +88,39 @@ function tensorFrame(step: number): ArrayBuffer {
   return frame.buffer;
 }
 
+/** A one-chunk tensor frame of `values` [values.length] as `dtype` goes on the wire (2: int8). */
+function quantizedFrame(values: Float32Array, dtype: 0 | 2): ArrayBuffer {
+  const payload = dtype === 2 ? tensorPayload(values, 'i8') : new Uint8Array(values.buffer.slice(0));
+  const frame = new Uint8Array(60 + payload.byteLength);
+  const view = new DataView(frame.buffer);
+  frame.set([0x44, 0x57, PROTOCOL_VERSION, 2, dtype]);
+  frame[6] = 1; // ndim
+  view.setUint32(16, 1, true); // chunk count
+  view.setUint32(32, 2, true); // step
+  view.setUint32(44, values.length, true);
+  frame.set(payload, 60);
+  return frame.buffer;
+}
+
 describe('the hostile wire, loaded the way tsx builds it', () => {
+  it('makes huge finite activations that pass every check but their bounds: float32 values and an int8 scale the quantizer could have written', async () => {
+    const { context, sent, channel } = pageContext();
+    for (const script of await initScripts({ mesh: { step: 2, make: 'huge' } })) vm.runInContext(script, context);
+    const values = Float32Array.from({ length: 80 }, (_, i) => Math.sin(i) * 0.5);
+    const ch = channel();
+    ch.send(quantizedFrame(values, 0));
+    ch.send(quantizedFrame(values, 2));
+    expect((context.__hostileLog as HostileLog).tensorsPoisoned).toBe(2);
+    const [f32, i8] = sent.map((frame) => new Uint8Array(frame).subarray(60));
+    const largest = (v: Float32Array) => v.reduce((m, x) => Math.max(m, Math.abs(x)), 0);
+    const asF32 = tensorValues(f32, 'f32');
+    expect(asF32.every((v) => v === Math.fround(3e38))).toBe(true);
+    const asI8 = tensorValues(i8, 'i8');
+    expect(largest(asI8)).toBeGreaterThan(2.9e38);
+    expect(asI8.every(Number.isFinite)).toBe(true);
+    expect(quantizedScalesHonest(i8, 'i8')).toBe(true);
+  });
+
   it('applies its rules: a tensor it is told to withhold never reaches the channel, and its log says so', async () => {
     const { context, sent, channel } = pageContext();
     for (const script of await initScripts({ mesh: { step: 1, make: 'withhold' } })) vm.runInContext(script, context);

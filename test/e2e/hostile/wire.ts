@@ -8,11 +8,13 @@ import { PROTOCOL_VERSION } from '../../../core/net/protocol.ts';
 
 /** What a hostile worker page does to what it sends; unset parts are sent as the page made them. */
 export interface HostileRules {
-  /** its executeModel replies, from its `from`-th of the job (0-based) on */
+  /** its executeModel replies, from its `from`-th of the job (0-based) on; with `step`, those of that step only */
   rows?: {
     from: number;
-    /** NaN values of the right length, or an error instead of the rows */
-    make: 'nan' | 'error';
+    step?: number;
+    /** NaN values of the right length, `by` added to each of its values, or an error instead of the rows */
+    make: 'nan' | 'shift' | 'error';
+    by?: number;
     error?: string;
     /** blame sent with the error, as data: `rank` 'next' is the rank after this one in its mesh */
     blame?: { rank: number | 'next'; cause: string; evidence: string };
@@ -23,12 +25,14 @@ export interface HostileRules {
   mesh?: {
     step: number;
     /**
-     * nan: the first value NaN; withhold: none sent; flood: each one sent, and with the first of
+     * nan: the first value NaN; huge: each of its first chunk's values as large as a float32 goes
+     * and stays finite (3e38; int8 and int4: its first nonzero scale, so that the levels reach it);
+     * withhold: none sent; flood: each one sent, and with the first of
      * step `step` `count` more for later steps (the ranks' all-to-all has never asked for them);
      * stale: each one sent, and with the first of step `step` a copy of it for two steps back
      * and a copy as float16 (the same bytes as twice as many values)
      */
-    make: 'nan' | 'withhold' | 'flood' | 'stale';
+    make: 'nan' | 'huge' | 'withhold' | 'flood' | 'stale';
     count?: number;
   };
   /** replaces the pulse of each of its heartbeat answers */
@@ -123,6 +127,10 @@ function hostileWire({ rules: initial, version }: { rules: HostileRules; version
   const TENSOR = 2;
   const PROBE_PHASE = 2;
   const COORDINATOR = 255;
+  /** finite, and a rank computing with it overflows */
+  const HUGE = 3e38;
+  const LEVELS: Record<number, number> = { 2: 127, 3: 7 };
+  const SCALE_GROUP = 64;
   const utf8 = new TextEncoder();
   const fromUtf8 = new TextDecoder();
 
@@ -145,6 +153,11 @@ function hostileWire({ rules: initial, version }: { rules: HostileRules; version
       job: v.getUint32(28, true),
       step: v.getUint32(32, true),
       phase: v.getUint16(40, true),
+      // the product of its shape's ndim dims
+      elements: Array.from({ length: v.getUint8(6) }, (_, d) => v.getUint32(44 + 4 * d, true)).reduce(
+        (n, x) => n * x,
+        1,
+      ),
     };
   };
 
@@ -197,6 +210,8 @@ function hostileWire({ rules: initial, version }: { rules: HostileRules; version
 
   /** the method of each request its coordinator sent, by id: what a reply answers */
   const methods = new Map<number, string>();
+  /** the step each request of a forward named, by id */
+  const steps = new Map<number, number>();
 
   /** Learns the page's rank from the initWorker requests its coordinator sends it, and what each request asks. */
   function sniff(data: unknown): void {
@@ -207,6 +222,7 @@ function hostileWire({ rules: initial, version }: { rules: HostileRules; version
       const body = decodeRpc(frame)?.body;
       if (body?.type !== 'request' || typeof body.id !== 'number' || typeof body.method !== 'string') return;
       methods.set(body.id, body.method);
+      if (typeof body.args?.step === 'number') steps.set(body.id, body.args.step);
       if (body.method === 'initWorker') {
         const { rank, world } = body.args ?? {};
         log.rank = typeof rank === 'number' ? rank : null;
@@ -240,6 +256,24 @@ function hostileWire({ rules: initial, version }: { rules: HostileRules; version
           else view(out).setUint16(HEADER, 0x7e00, true);
           log.tensorsPoisoned++;
         }
+        return [out.buffer];
+      }
+      if (mesh.make === 'huge') {
+        if (h.chunkIndex !== 0) return [copy()];
+        const out = frame.slice();
+        const v = view(out);
+        const end = out.byteLength - ((out.byteLength - HEADER) % 4);
+        if (h.dtype === 0) for (let at = HEADER; at < end; at += 4) v.setFloat32(at, HUGE, true);
+        else if (h.dtype === 1) for (let at = HEADER; at + 2 <= out.byteLength; at += 2) v.setUint16(at, 0x7bff, true);
+        else {
+          // a scale the quantizer could have written (its group's largest value is levels × it), all the same huge
+          const scales = Math.min(Math.ceil(h.elements / SCALE_GROUP), (end - HEADER) / 4);
+          let g = 0;
+          while (g < scales && v.getFloat32(HEADER + 4 * g, true) === 0) g++;
+          if (g === scales) throw new Error('a quantized tensor whose first chunk has no nonzero scale');
+          v.setFloat32(HEADER + 4 * g, HUGE / LEVELS[h.dtype], true);
+        }
+        log.tensorsPoisoned++;
         return [out.buffer];
       }
       const done = injectedOn.get(channel) ?? new Set<number>();
@@ -298,10 +332,15 @@ function hostileWire({ rules: initial, version }: { rules: HostileRules; version
     if (typeof rowsRef !== 'number') return [copy()];
     const index = log.rowsReplies++;
     if (!rules.rows || index < rules.rows.from) return [copy()];
+    if (rules.rows.step !== undefined && typeof body.id === 'number' && steps.get(body.id) !== rules.rows.step)
+      return [copy()];
     log.rowsTampered++;
     const { make } = rules.rows;
-    if (make === 'nan') {
-      rpc.tensors[rowsRef].fill(NaN);
+    if (make === 'nan' || make === 'shift') {
+      const rows = rpc.tensors[rowsRef];
+      const by = rules.rows.by ?? 1;
+      if (make === 'nan') rows.fill(NaN);
+      else for (let i = 0; i < rows.length; i++) rows[i] += by;
       return [encodeRpc(frame, body, rpc.tensors)];
     }
     const blame = rules.rows.blame;
@@ -454,7 +493,7 @@ interface RpcBody {
   id?: unknown;
   method?: unknown;
   ok?: unknown;
-  args?: { rank?: unknown; world?: unknown };
+  args?: { rank?: unknown; world?: unknown; step?: unknown };
   result?: { rows?: { $tensor?: unknown } };
 }
 
