@@ -111,7 +111,8 @@ async function workerBrowser(): Promise<{ open(url: string): Promise<Tab>; close
     close() {
       for (const tab of [...tabs, control]) tab.close();
       browser.kill();
-      rmSync(profile, { recursive: true, force: true });
+      // the killed browser may still be writing its profile as it exits
+      rmSync(profile, { recursive: true, force: true, maxRetries: 10, retryDelay: 200 });
     },
   };
 }
