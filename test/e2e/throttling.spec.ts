@@ -79,7 +79,7 @@ class Tab {
 }
 
 /** A Chromium of the worker tabs, with its DevTools port. */
-async function workerBrowser(): Promise<{ open(url: string): Promise<Tab>; close(): void }> {
+async function workerBrowser(): Promise<{ open(url: string): Promise<Tab>; close(): Promise<void> }> {
   const profile = mkdtempSync(join(tmpdir(), 'ditswarm-throttling-'));
   const args = chromiumArgs.filter((a) => !UNTHROTTLED.includes(a));
   const browser: ChildProcess = spawn(
@@ -108,10 +108,14 @@ async function workerBrowser(): Promise<{ open(url: string): Promise<Tab>; close
       tabs.push(tab);
       return tab;
     },
-    close() {
+    async close() {
       for (const tab of [...tabs, control]) tab.close();
-      browser.kill();
-      // the killed browser may still be writing its profile as it exits
+      // its profile is free to go once the browser has exited (its last writes land as it exits)
+      const exited = new Promise((resolve) => browser.once('exit', resolve));
+      if (browser.exitCode === null && browser.signalCode === null) {
+        browser.kill();
+        await exited;
+      }
       rmSync(profile, { recursive: true, force: true, maxRetries: 10, retryDelay: 200 });
     },
   };
@@ -166,7 +170,7 @@ test.describe('browsers throttle and freeze worker tabs (issue 34)', () => {
       expect(maxAbsDiff(behind.latent, inFront.latent)).toBe(0);
       expect(await page.evaluate(() => window.ditswarm.workerCount())).toBe(2);
     } finally {
-      swarm.browser.close();
+      await swarm.browser.close();
     }
   });
 
@@ -204,7 +208,7 @@ test.describe('browsers throttle and freeze worker tabs (issue 34)', () => {
         await expect.poll(() => page.evaluate(() => window.ditswarm.workerCount()), { timeout: 60_000 }).toBe(3);
       }
     } finally {
-      swarm.browser.close();
+      await swarm.browser.close();
     }
   });
 });
