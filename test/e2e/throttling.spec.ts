@@ -116,7 +116,12 @@ async function workerBrowser(): Promise<{ open(url: string): Promise<Tab>; close
         browser.kill();
         await exited;
       }
-      rmSync(profile, { recursive: true, force: true, maxRetries: 10, retryDelay: 200 });
+      // its helper processes may outlive it a moment, writing: a profile left in the temp folder harms nothing
+      try {
+        rmSync(profile, { recursive: true, force: true, maxRetries: 10, retryDelay: 200 });
+      } catch (e) {
+        console.warn(`left the worker browser's profile ${profile}: ${(e as Error).message}`);
+      }
     },
   };
 }
@@ -153,10 +158,10 @@ test.describe('browsers throttle and freeze worker tabs (issue 34)', () => {
       const inFront = await runJob(page, { ...job, workers: 2 });
       expect(await Promise.all(swarm.tabs.map(visibility))).toEqual(['visible', 'visible']);
 
-      // frozen and made active again: hidden, and running as a background tab runs
+      // its window minimized: hidden, and running as a background tab runs (not frozen: that is the next test)
       const background = swarm.tabs[1];
-      await background.send('Page.setWebLifecycleState', { state: 'frozen' });
-      await background.send('Page.setWebLifecycleState', { state: 'active' });
+      const { windowId } = (await background.send('Browser.getWindowForTarget')) as { windowId: number };
+      await background.send('Browser.setWindowBounds', { windowId, bounds: { windowState: 'minimized' } });
       expect(await visibility(background)).toBe('hidden');
       const stepsBefore = await background.read<number>('window.ditswarmWorker.totals.steps');
 
