@@ -2,13 +2,14 @@
 // DiT forwards). A lost rank costs a re-placement (Placer.replace) and the interrupted step, not the
 // job. A rank a spot check convicts (SpotCheckFailed) may have returned wrong rows unchecked since
 // it was placed, so the steps since then run again from the checkpoint it was placed at; sampling is
-// seeded, so the latent is the one an honest swarm makes.
+// seeded, so the latent is the one an honest swarm makes. A rank slower than its share has the
+// shares changed between steps (Placer.rebalance): the same workers, so the checkpoint stays.
 import { defined } from '../core/defined.ts';
 import type { JobParams } from '../core/job.ts';
 import { sample, type SamplerCheckpoint, type Solver } from '../core/sampler.ts';
 import type { Tensor } from '../core/tensor.ts';
 import { SpotCheckFailed, type RankReport } from './executor.ts';
-import type { FailureRecord, Placer } from './placer.ts';
+import type { FailureRecord, Placer, RebalanceRecord } from './placer.ts';
 import type { SpotCheck } from './spot-check.ts';
 
 export interface StepProgress {
@@ -45,6 +46,8 @@ export interface Denoised {
   steps: StepReport[];
   /** the ranks lost in the steps (the placer records them with those of the other phases: Placer.failures) */
   failures: FailureRecord[];
+  /** the steps a slow rank's share shrank at */
+  rebalances: RebalanceRecord[];
   spotChecks: SpotCheck[];
   /** the median step's ms: what the plan's predictedStepMs is held to (a slow step moves a mean, not a median) */
   medianStepMs: number;
@@ -73,12 +76,16 @@ export async function denoise(r: DenoiseRequest): Promise<Denoised> {
   const loopStart = performance.now();
   const executor = () => defined(placer.current, 'a placement of the job');
   let ranks: RankReport[] = [];
+  /** the ranks of the step just done, until the next step has weighed their shares */
+  let lastStepRanks: RankReport[] | null = null;
+  const rebalances: RebalanceRecord[] = [];
   // where the current placement started (its checkpoint kept alone: a real model's latent is
   // megabytes, one per step) and the last step done
   let placedAt: Point = { step: first, checkpoint: r.resume };
   let from = placedAt;
   for (;;) {
     let lastDone = from;
+    lastStepRanks = null;
     steps.splice(0, steps.length, ...steps.filter((s) => s.step < from.step));
     try {
       const latent = await sample({
@@ -90,6 +97,13 @@ export async function denoise(r: DenoiseRequest): Promise<Denoised> {
         resume: from.checkpoint,
         signal: r.signal,
         async velocity(at) {
+          // a rank markedly slower than its share keeps its job with a smaller one (placer.rebalance)
+          const judged = lastStepRanks;
+          lastStepRanks = null;
+          if (judged) {
+            const rebalance = await placer.rebalance(at.step, judged);
+            if (rebalance) rebalances.push(rebalance);
+          }
           for (;;) {
             try {
               const result = await executor().velocity({ job: r.job, steps: params.steps, ...at }, params.guidance);
@@ -111,6 +125,7 @@ export async function denoise(r: DenoiseRequest): Promise<Denoised> {
           const { step } = checkpoint;
           lastDone = { step, checkpoint };
           steps.push({ step: step - 1, ms: stepMs, ranks });
+          lastStepRanks = ranks;
           r.onCheckpoint?.(checkpoint);
           const elapsedMs = performance.now() - loopStart;
           r.onProgress?.({
@@ -123,7 +138,7 @@ export async function denoise(r: DenoiseRequest): Promise<Denoised> {
           });
         },
       });
-      return { latent, steps, failures, spotChecks, medianStepMs: median(steps.map((s) => s.ms)) };
+      return { latent, steps, failures, rebalances, spotChecks, medianStepMs: median(steps.map((s) => s.ms)) };
     } catch (e) {
       if (!(e instanceof RerunFrom)) throw e;
       from = e.point;

@@ -17,7 +17,7 @@ import type { Backend } from './backends.ts';
 import { denoise, type StepProgress, type StepReport } from './denoising.ts';
 import { maxOrNull, type Executor, type LinkReport, type RankReport } from './executor.ts';
 import type { PlacementRequest, ResolvedPlacement } from './placement.ts';
-import { Placer, type FailureRecord, type MeshProbeReport } from './placer.ts';
+import { Placer, type FailureRecord, type MeshProbeReport, type RebalanceRecord } from './placer.ts';
 import { timeoutsOf } from './planner.ts';
 import { spotCheckOdds, type SpotCheck, type SpotCheckOdds } from './spot-check.ts';
 import type { Swarm, SwarmWorker } from './swarm.ts';
@@ -115,6 +115,8 @@ export interface GenerateReport {
   resumedFromStep: number;
   /** the workers lost in every phase, and what placing the job again after each cost */
   failures: FailureRecord[];
+  /** the steps a rank slower than its share had its share shrunk at (the same workers, the same latent) */
+  rebalances: RebalanceRecord[];
   /** time spent re-placing after lost ranks */
   recoveryMs: number;
   /** forwards another rank recomputed to check its group's rows, and what came of it (coordinator/spot-check.ts) */
@@ -320,7 +322,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
         onProgress,
       });
       // a job that ran on one placement throughout is what the next of its shape there is predicted from
-      if (!denoised.failures.length) placer.measuredStep(params, denoised.medianStepMs);
+      if (!denoised.failures.length && !denoised.rebalances.length) placer.measuredStep(params, denoised.medianStepMs);
 
       clock.enter('decoding');
       const executor = defined(placer.current, 'the placement the job ran on');
@@ -335,7 +337,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
       clock.enter('muxing');
       const video = frames && (await (options.encodeVideo ?? encodeWebM)(frames));
       clock.enter(null);
-      const { latent, steps, spotChecks, medianStepMs } = denoised;
+      const { latent, steps, spotChecks, medianStepMs, rebalances } = denoised;
       const { failures } = placer;
       return {
         video,
@@ -355,6 +357,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
           resumedFromStep: resume?.step ?? 0,
           failures,
           recoveryMs: failures.reduce((t, f) => t + f.replanMs, 0),
+          rebalances,
           spotChecks,
           spotCheckOdds: spotCheckOdds(
             executor.placement.spotChecks.rate,

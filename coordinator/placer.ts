@@ -7,11 +7,12 @@
 // and the job fails only where nothing can be placed, saying who was lost, why, and why.
 import { defined } from '../core/defined.ts';
 import { fitMeshProbe, type LinkSpeed } from '../core/cost-model.ts';
-import type { JobParams } from '../core/job.ts';
+import { usesGuidance, type JobParams } from '../core/job.ts';
 import { bytesPerElement } from '../core/net/protocol.ts';
+import { evenHeads } from '../core/parallel.ts';
 import type { MeshProbe } from '../core/worker-api.ts';
 import { createExecutor } from './backends.ts';
-import type { Executor, LostRank } from './executor.ts';
+import type { Executor, LostRank, RankReport } from './executor.ts';
 import { Measurements } from './measurements.ts';
 import { samePlacement, type PlacementRequest, type ResolvedPlacement } from './placement.ts';
 import {
@@ -28,7 +29,22 @@ import {
   type PlanningInput,
   type RehearsalNeeded,
 } from './planner.ts';
+import { judgeShares, shouldRebalance } from './rebalance.ts';
 import type { Swarm, SwarmWorker } from './swarm.ts';
+
+/** A job's shares changed mid-job because a worker was slower than its share (coordinator/rebalance.ts). */
+export interface RebalanceRecord {
+  /** the first step (from 0) on the new shares */
+  step: number;
+  /** each rank's heads before and after */
+  headsBefore: number[];
+  headsAfter: number[];
+  /** each rank's compute ms in the step that decided it */
+  computeMs: number[];
+  /** the step's compute time before over after, as the measured speeds predicted */
+  predictedGain: number;
+  replanMs: number;
+}
 
 /** Where in a job workers were lost: placing is rehearsals, initWorker, loadModel, prepareJob and the mesh probe. */
 export type LossPhase = 'encoding' | 'placing' | 'denoising' | 'decoding';
@@ -123,7 +139,10 @@ export class Placer {
     failures: FailureRecord[];
     pending: (Loss & { started: number }) | null;
     onFailure?: (f: FailureRecord) => void;
-  } = { replans: 0, step: 0, failures: [], pending: null };
+    /** each step's gain on the current placement, were its shares by measured speed (rebalance) */
+    gains: number[];
+    rebalances: RebalanceRecord[];
+  } = { replans: 0, step: 0, failures: [], pending: null, gains: [], rebalances: [] };
   /** why and when each worker left the swarm: the evidence of a worker lost outside an executor */
   private readonly departures = new WeakMap<SwarmWorker, { reason: string; silentMs: number }>();
   private readonly offLeave: (() => void) | undefined;
@@ -146,7 +165,12 @@ export class Placer {
    * hears of each loss once the job is placed again after it.
    */
   startJob({ step = 0, onFailure }: { step?: number; onFailure?: (f: FailureRecord) => void } = {}): void {
-    this.job = { replans: 0, step, failures: [], pending: null, onFailure };
+    this.job = { replans: 0, step, failures: [], pending: null, onFailure, gains: [], rebalances: [] };
+  }
+
+  /** The job's changes of shares, in order. */
+  get rebalances(): RebalanceRecord[] {
+    return [...this.job.rebalances];
   }
 
   /** The workers the job lost so far, in every phase, as they were seen. */
@@ -240,6 +264,62 @@ export class Placer {
     const recorded = this.job.failures.length;
     await this.placeLive(prepared.params, prepared.request, loss, null, before.world);
     return this.job.failures[recorded];
+  }
+
+  /**
+   * After a step (`ranks`, its reports), before step `step` (from 0): where a rank computed its share markedly
+   * slower than the others, step after step (rebalance.ts), the measured speeds become the group's forwards and the
+   * job is placed again on the same workers, its shares by those speeds. The record where it was; null where the
+   * shares stay. Only Ulysses exchanges of one group share by speed: a displaced rank's keys and values of the step
+   * before are its own heads', and CFG groups share alike (the planner's unevenPlan).
+   */
+  async rebalance(step: number, ranks: readonly RankReport[]): Promise<RebalanceRecord | null> {
+    const executor = this.executor;
+    const prepared = this.prepared;
+    if (!executor || !prepared || this.options.backend !== 'swarm') return null;
+    const { layout, settings, ep } = executor.placement;
+    if (layout.cfgGroups !== 1 || layout.ulyssesDegree < 2 || settings.parallel !== 'ulysses') return null;
+    if (prepared.request.shares === 'even' || ranks.length !== layout.world) return null;
+    const heads = layout.heads?.[0] ?? evenHeads(this.options.config.numHeads, layout.ulyssesDegree);
+    const computeMs = [...ranks].sort((a, b) => a.rank - b.rank).map((r) => r.computeMs);
+    const judged = judgeShares(heads, computeMs);
+    this.job.gains.push(judged.gain);
+    const stepsLeft = prepared.params.steps - step;
+    if (!shouldRebalance(this.job.gains, this.job.rebalances.length, stepsLeft)) return null;
+    const started = performance.now();
+    // each worker's forward at an even share, as the steps measured it: what the planner shares heads by
+    const passes = usesGuidance(prepared.params) ? 2 : 1;
+    const even = evenHeads(this.options.config.numHeads, layout.ulyssesDegree);
+    const members = executor.workers.map((w) => ({ id: w.id, threads: w.threads }));
+    this.measurements.setRehearsal(
+      groupOf(this.options, prepared.params, ep, members),
+      layout.ulyssesDegree,
+      computeMs.map((ms, r) => (ms / passes / heads[r]) * (even[r] / 1000)),
+    );
+    const at: JobPoint = { phase: 'denoising', step };
+    // a plan that cannot be made (one untrusted worker alone, say) leaves the job as it is: slow, not stopped
+    const planned = await this.planOnLive(
+      prepared.params,
+      { ...prepared.request, shares: 'speed' },
+      at,
+      layout.world,
+    ).catch(() => null);
+    if (!planned || samePlacement(executor.placement, planned)) {
+      this.job.gains = [];
+      return null;
+    }
+    await this.placeLive(prepared.params, prepared.request, at, planned, layout.world);
+    const after = defined(this.executor, 'the placement').layout;
+    const record: RebalanceRecord = {
+      step,
+      headsBefore: heads,
+      headsAfter: after.heads?.[0] ?? evenHeads(this.options.config.numHeads, after.ulyssesDegree),
+      computeMs,
+      predictedGain: judged.gain,
+      replanMs: performance.now() - started,
+    };
+    this.job.rebalances.push(record);
+    return record;
   }
 
   /**
@@ -588,6 +668,7 @@ export class Placer {
     });
     this.lostARank = false;
     this.probed = false;
+    this.job.gains = [];
     try {
       await executor.initialize();
     } catch (e) {

@@ -18,6 +18,7 @@ import { loadWanPipelineParts } from '../../core/model/wan-pipeline.ts';
 import { inProcess } from '../../core/net/rpc.ts';
 import { defined } from '../../core/defined.ts';
 import { maxAbsDiff } from '../../core/tensor.ts';
+import { evenHeads } from '../../core/parallel.ts';
 import { unipcSchedule } from '../../core/schedulers/unipc-multistep-scheduler.ts';
 import type { SamplerCheckpoint } from '../../core/sampler.ts';
 import {
@@ -25,6 +26,7 @@ import {
   type ExecuteArgs,
   type InitArgs,
   type PrepareArgs,
+  type RehearseArgs,
   type WorkerApi,
   type WorkerInfo,
 } from '../../core/worker-api.ts';
@@ -67,11 +69,28 @@ class WorkerPage extends WorkerRuntime {
     return super.prepareJob(args);
   }
 
+  /** the compute ms it reports for a forward of its heads, in place of its engine's (one engine serves every page) */
+  timesAs: ((heads: number, args: ExecuteArgs) => number) | null = null;
+  /** the ms it reports for a rehearsed forward at any degree, in place of its engine's */
+  rehearsesIn: number | null = null;
+  private heads = 0;
+
+  override initWorker(init: InitArgs) {
+    this.heads = init.heads?.[init.rank] ?? evenHeads(12, init.world)[init.rank];
+    return super.initWorker(init);
+  }
+
+  override rehearse(args: RehearseArgs) {
+    const ms = this.rehearsesIn;
+    return ms === null ? super.rehearse(args) : Promise.resolve({ forwardMs: args.degrees.map(() => ms) });
+  }
+
   override async executeModel(args: ExecuteArgs) {
     this.forwards.push(args.step);
     const reply = await super.executeModel(args);
     this.afterForward?.(args);
-    return this.altersRows ? { ...reply, rows: this.altersRows(reply.rows, args) } : reply;
+    const timed = this.timesAs ? { ...reply, computeMs: this.timesAs(this.heads, args) } : reply;
+    return this.altersRows ? { ...timed, rows: this.altersRows(reply.rows, args) } : timed;
   }
 
   override ping(): ReturnType<WorkerRuntime['ping']> {
@@ -502,6 +521,52 @@ describe('generate(): a lost rank costs a re-placement and one step, not the job
       'lost rank 0 (worker w0: disconnected, its tab closed) in step 2, and the job could not be placed again: 0 workers joined within 1 s but 1 is needed: open ';
     expect(error.message.slice(0, lostAndUnplaced.length)).toBe(lostAndUnplaced);
     expect(error.cause).toBeInstanceOf(WorkerError);
+  });
+});
+
+describe('generate(): a slow worker keeps its job with a smaller share (issue 34)', () => {
+  /** measured alike: the planner shares evenly until the steps say otherwise */
+  const measured = (w: SwarmWorker) => {
+    w.measurement = {
+      threads: 1,
+      compute: { wasm: { ep: 'wasm', flops: 1e9, softmaxRate: 1e8, stageMs: 1 } },
+      auto: { ep: 'wasm', why: 'WebAssembly: no WebGPU adapter' },
+      rttMs: 1,
+      bandwidth: 1e8,
+    };
+  };
+  const SLOW_JOB = { ...JOB, steps: 8 };
+
+  it('a rank computing 4× slower from step 2 on has its heads shrunk once its slowness held two steps: the same workers, no failure, nobody let go, and the latent of the job without it bit for bit', async () => {
+    // 10 ms a head a forward, the second worker 4× that from step 2 (from 0: 1) where it is slowed
+    const runOn = async (slowed: boolean) => {
+      const { swarm, join } = testSwarm();
+      const workers = [join(), join()];
+      workers.forEach(({ worker, page }, i) => {
+        measured(worker);
+        page.rehearsesIn = 100;
+        page.timesAs = (heads, { step }) => heads * 10 * (slowed && i === 1 && step >= 1 ? 4 : 1);
+      });
+      const pipeline = await pipelineOn(swarm, 2);
+      try {
+        return { ...(await run(pipeline, SLOW_JOB)), workers };
+      } finally {
+        await pipeline.shutdown({ graceMs: 500 });
+      }
+    };
+    const even = await runOn(false);
+    expect(even.result.report.rebalances).toEqual([]);
+    const slowed = await runOn(true);
+    const { rebalances, failures, placement, workers } = slowed.result.report;
+    expect(failures).toEqual([]);
+    // steps 2 and 3 slow, so step 4 (from 0: 3) runs on the new shares
+    expect(rebalances).toMatchObject([
+      { step: 3, headsBefore: [6, 6], headsAfter: [10, 2], computeMs: [120, 480], predictedGain: 2.4 },
+    ]);
+    expect(placement.layout.heads).toEqual([[10, 2]]);
+    expect(workers.map((w) => w.id)).toEqual(['w0', 'w1']);
+    expect(slowed.workers[1].page.forwards).toEqual([0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7]);
+    expect(slowed.result.latent).toEqual(even.result.latent);
   });
 });
 
