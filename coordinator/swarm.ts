@@ -28,6 +28,7 @@ import {
   type JoinMetadata,
 } from '../core/net/join.ts';
 import {
+  askPresence,
   obtainSwarmKeys,
   registerCoordinator,
   renewSwarmKeys,
@@ -554,6 +555,8 @@ export class Swarm {
             this.drop(joined, deathReason(death), death.cause === 'silent' ? death.silentMs : 0);
             conn.close();
           },
+          // a page starved of CPU keeps its signaling socket; a closed or crashed one's closes at once
+          present: () => askPresence(this.origin, this.keys, joined.id),
           onPulse: (sent) => {
             const pulse = passing(checkPulse, sent, 'pulse');
             // a malformed pulse says nothing; the link's silence or the job's calls judge its sender

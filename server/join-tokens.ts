@@ -12,6 +12,8 @@ import express, { type Express } from 'express';
 import {
   findProof,
   FIND_PATH,
+  PRESENCE_PATH,
+  presenceProof,
   keepProof,
   openProof,
   REGISTER_PATH,
@@ -24,6 +26,7 @@ import {
   OWNER_KEY_PARAM,
   type CoordinatorAnswer,
   type CoordinatorRequest,
+  type PresenceAnswer,
   type SwarmAnswer,
   type SwarmRequest,
 } from '../core/net/join-token.ts';
@@ -172,6 +175,8 @@ export function mountJoinTokens(
   tokens: JoinTokens,
   origins: Origins,
   vouch: (peer: string, auth: string) => boolean,
+  /** whether a page holds `peer` on the signaling server now */
+  holds: (peer: string) => boolean,
 ): void {
   const limit = perAddressLimit(TOKENS_PER_MINUTE, 60_000);
   const json = express.json({ limit: 1024 });
@@ -275,6 +280,11 @@ export function mountJoinTokens(
         .type('text')
         .send("this swarm's dashboard is not open: open it (or wait for it to load)");
     response.json({ coordinator } satisfies CoordinatorAnswer);
+  });
+  app.post(PRESENCE_PATH, json, (request, response) => {
+    const proved = proven(request.body, (_token, room, peer) => presenceProof(tokens.dashboardKey(room), room, peer));
+    if (!proved) return void response.status(403).type('text').send("no proof of this swarm's dashboard key");
+    response.json({ present: holds(proved.peer) } satisfies PresenceAnswer);
   });
   // express tells an error handler by its 4 parameters, so `_next` stays
   const badRequest: express.ErrorRequestHandler = (error: Error, _request, response, _next) => {

@@ -81,6 +81,8 @@ export interface Signaling {
   handleUpgrade(request: IncomingMessage, socket: Duplex, head: Buffer): void;
   /** Whether a page holds `peer` on this PeerServer, registered with `token` (PeerJS's per-page secret). */
   vouch: (peer: string, token: string) => boolean;
+  /** Whether a page holds `peer` on this PeerServer now (its signaling socket is open). */
+  holds: (peer: string) => boolean;
   /** Hears each id its page lets go (the page closed or lost the server). */
   onRelease(listener: (peer: string) => void): void;
   /** Stops the PeerServer's housekeeping timers (the server closes the sockets). */
@@ -182,6 +184,7 @@ export function mountSignaling(app: Express, server: Server, key: string, origin
       });
     },
     vouch: (peer, token) => token !== '' && registered.get(peer) === token,
+    holds: (peer) => registered.has(peer),
     onRelease: (listener) => void releaseListeners.add(listener),
     close() {
       housekeeping.stop();

@@ -96,7 +96,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
   app.use(crossOriginIsolation);
   const signaling = mountSignaling(app, server, peerKey, origins);
   const joinTokens = openJoinTokens(options.stateDir);
-  mountJoinTokens(app, joinTokens, origins, signaling.vouch);
+  mountJoinTokens(app, joinTokens, origins, signaling.vouch, signaling.holds);
   // a dashboard's id is named to its workers only while its page holds it: once it is gone, the id is anyone's
   signaling.onRelease((peer) => joinTokens.forgetCoordinator(peer));
   const relay = createRelay({ vouch: signaling.vouch, tokens: joinTokens, budgetBytes: options.relayBudgetBytes });

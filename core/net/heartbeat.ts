@@ -12,7 +12,10 @@
 //   (the machine's measured load), at least DEAD_AFTER_MS and at most MAX_SILENT_MS;
 // - when every worker of the swarm is late together, that is load on the machine, not failure:
 //   the limit is MAX_SILENT_MS;
-// - a worker whose last answer said it is loading a model may be silent for LOADING_DEAD_AFTER_MS.
+// - a worker whose last answer said it is loading a model may be silent for LOADING_DEAD_AFTER_MS;
+// - a worker silent past its limit is dead only once the signaling server says its page let its id
+//   go (a closed or crashed tab's socket closes at once); one the server still holds is starved or
+//   hung, and is given MAX_SILENT_MS.
 // Time the coordinator itself was not listening (its own timer came late: its page was starved) is
 // not counted against anyone. Nor is time the coordinator's beats waited behind a long message to
 // the worker (a real model's prompt embedding is megabytes): a worker cannot answer a beat it has
@@ -135,7 +138,15 @@ export function watchHeartbeats(
   link: Link,
   from: number,
   /** the pulse as the worker sent it, unchecked: the receiver judges it (checkPulse) */
-  handlers: { onDead(death: Death): void; onPulse?(pulse: unknown): void },
+  handlers: {
+    onDead(death: Death): void;
+    onPulse?(pulse: unknown): void;
+    /**
+     * whether the worker's page is still there as a third party sees it (the signaling server holds
+     * its id): asked once a silence passes its limit, before the worker is called dead
+     */
+    present?(): Promise<boolean>;
+  },
   {
     intervalMs = HEARTBEAT_INTERVAL_MS,
     deadAfterMs = DEAD_AFTER_MS,
@@ -160,6 +171,8 @@ export function watchHeartbeats(
   const leave = silences.join(self, () => silentAt(Date.now()));
   /** beats not yet handed to the channel: queued behind a long message */
   let beatsQueued = 0;
+  /** for the silence under way: the server was asked whether the page is there, and what it said */
+  let presence: 'asking' | 'present' | 'gone' | null = null;
   const timer = setInterval(() => {
     const now = Date.now();
     // a tick this late means this page was not running, and a beat still queued has not reached
@@ -169,14 +182,32 @@ export function watchHeartbeats(
     if (link.lastHeardAt > heardAt) {
       silences.noteEnded(link.lastHeardAt - Math.max(heardAt, listeningSince), now);
       heardAt = link.lastHeardAt;
+      presence = null;
     }
     const silentMs = silentAt(now);
-    const limitMs = loading
-      ? Math.max(deadAfterMs, LOADING_DEAD_AFTER_MS)
-      : silences.allLateBut(self, deadAfterMs)
-        ? Math.max(MAX_SILENT_MS, deadAfterMs)
-        : silences.limitMs(now, deadAfterMs);
-    const cause = link.closed ? 'closed' : (stopped ?? (silentMs > limitMs ? 'silent' : null));
+    const limitMs =
+      loading || presence === 'present'
+        ? Math.max(deadAfterMs, loading ? LOADING_DEAD_AFTER_MS : MAX_SILENT_MS)
+        : silences.allLateBut(self, deadAfterMs)
+          ? Math.max(MAX_SILENT_MS, deadAfterMs)
+          : silences.limitMs(now, deadAfterMs);
+    let cause: Death['cause'] | null = link.closed ? 'closed' : (stopped ?? (silentMs > limitMs ? 'silent' : null));
+    // past its limit, a page the server still holds is starved or hung, not closed: it has until MAX_SILENT_MS
+    if (cause === 'silent' && handlers.present && presence !== 'gone' && limitMs < MAX_SILENT_MS) {
+      cause = null;
+      if (presence === null) {
+        presence = 'asking';
+        handlers.present().then(
+          (present) => {
+            if (presence === 'asking') presence = present ? 'present' : 'gone';
+          },
+          () => {
+            // a server that cannot say leaves the silence as the evidence
+            if (presence === 'asking') presence = 'gone';
+          },
+        );
+      }
+    }
     if (cause) {
       stop();
       handlers.onDead({ silentMs, cause, limitMs });

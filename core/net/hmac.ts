@@ -75,7 +75,18 @@ export function nonce(): string {
  */
 export function joinProof(
   token: string,
-  purpose: 'coordinator' | 'worker' | 'dial' | 'relay' | 'keep' | 'revoke' | 'renew' | 'register' | 'find' | 'open',
+  purpose:
+    | 'coordinator'
+    | 'worker'
+    | 'dial'
+    | 'relay'
+    | 'keep'
+    | 'revoke'
+    | 'renew'
+    | 'register'
+    | 'find'
+    | 'open'
+    | 'presence',
   ...bound: string[]
 ): string {
   return hex(hmacSha256(utf8(token), utf8([purpose, ...bound].join('\n'))));

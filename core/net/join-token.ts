@@ -20,6 +20,8 @@ export const REVOKE_PATH = '/swarms/revoke';
 export const REGISTER_PATH = '/swarms/coordinator';
 /** Where a worker asks its server for the id of its swarm's dashboard. */
 export const FIND_PATH = '/swarms/find';
+/** a dashboard asks whether a silent worker's page still holds its id on the signaling server (askPresence) */
+export const PRESENCE_PATH = '/swarms/presence';
 
 const TOKEN_PATTERN = /^([0-9a-f]{24})\.[0-9a-f]{32}$/;
 
@@ -82,6 +84,12 @@ export const openProof = (ownerKey: string): string => joinProof(ownerKey, 'open
 export const registerProof = (dashboardKey: string, room: string, peer: string): string =>
   joinProof(dashboardKey, 'register', room, peer);
 export const findProof = (token: string, peer: string): string => joinProof(token, 'find', roomOf(token) ?? '', peer);
+export const presenceProof = (dashboardKey: string, room: string, peer: string): string =>
+  joinProof(dashboardKey, 'presence', room, peer);
+
+export interface PresenceAnswer {
+  present: boolean;
+}
 
 async function post(origin: string, path: string, body: SwarmRequest | CoordinatorRequest): Promise<Response> {
   const response = await fetch(new URL(path, origin), {
@@ -100,6 +108,7 @@ const WHAT_FOR: Record<string, string> = {
   [SWARMS_PATH]: 'give this dashboard a join link',
   [REVOKE_PATH]: 'revoke the join link',
   [REGISTER_PATH]: "take this dashboard's id",
+  [PRESENCE_PATH]: 'say whether a worker page is there',
 };
 
 /**
@@ -149,6 +158,24 @@ export async function revokeJoinToken(origin: string, keys: SwarmKeys): Promise<
 export async function registerCoordinator(origin: string, keys: SwarmKeys, peer: string, auth: string): Promise<void> {
   const room = defined(roomOf(keys.token), 'the room of the swarm token');
   await post(origin, REGISTER_PATH, { room, peer, proof: registerProof(keys.dashboardKey, room, peer), auth });
+}
+
+/**
+ * Whether the page of worker `peer` still holds its id on the server: a page whose tab closed or
+ * crashed lets its signaling socket go at once, while one that is only starved of CPU (a busy
+ * machine) or hung keeps it. The dashboard's key proves the question is its own.
+ */
+export async function askPresence(origin: string, keys: SwarmKeys, peer: string): Promise<boolean> {
+  const room = defined(roomOf(keys.token), 'the room of the swarm token');
+  const response = await post(origin, PRESENCE_PATH, {
+    room,
+    peer,
+    proof: presenceProof(keys.dashboardKey, room, peer),
+  });
+  const answer = (await response.json()) as Partial<PresenceAnswer>;
+  if (typeof answer.present !== 'boolean')
+    throw new Error(`the server at ${origin} answered ${JSON.stringify(answer).slice(0, 200)} for a page's presence`);
+  return answer.present;
 }
 
 /**

@@ -44,7 +44,7 @@ const DEAD_ON_BEAT = DEAD_AFTER_MS + HEARTBEAT_INTERVAL_MS;
 const coordinatorAccept = (h: FrameHeader) =>
   h.kind !== 'rpc' ? 'a worker may only send RPC messages to the coordinator' : null;
 
-function watched(link: Link, silences?: Silences) {
+function watched(link: Link, silences?: Silences, present?: () => Promise<boolean>) {
   const deaths: number[] = [];
   const causes: Death[] = [];
   const pulses: unknown[] = [];
@@ -57,6 +57,7 @@ function watched(link: Link, silences?: Silences) {
         causes.push(death);
       },
       onPulse: (p) => pulses.push(p),
+      present,
     },
     { silences },
   );
@@ -216,6 +217,56 @@ describe('heartbeats', () => {
     await vi.advanceTimersByTimeAsync(HEARTBEAT_INTERVAL_MS);
     expect(deaths).toEqual([limitMs + HEARTBEAT_INTERVAL_MS]);
     expect(causes[0]).toMatchObject({ cause: 'silent', limitMs });
+  });
+
+  it(`a worker silent past its limit whose page the server still holds is starved or hung, not gone: it dies at ${MAX_SILENT_MS / 1000} s; where the server let its page go, or cannot say, it dies once the server has answered`, async () => {
+    const asked: string[] = [];
+    /** the server's answer after `ms`, as the swarm's question to it would take */
+    const server =
+      (answer: boolean | Error, ms = 200) =>
+      () => {
+        asked.push(String(answer));
+        return new Promise<boolean>((resolve, reject) =>
+          setTimeout(() => (answer instanceof Error ? reject(answer) : resolve(answer)), ms),
+        );
+      };
+    const held = watched(new Link(new SinkChannel(), { accept: coordinatorAccept }), undefined, server(true));
+    await vi.advanceTimersByTimeAsync(MAX_SILENT_MS);
+    expect(held.deaths).toEqual([]);
+    expect(asked).toEqual(['true']); // once a silence
+    await vi.advanceTimersByTimeAsync(HEARTBEAT_INTERVAL_MS);
+    expect(held.causes).toEqual([
+      { cause: 'silent', silentMs: MAX_SILENT_MS + HEARTBEAT_INTERVAL_MS, limitMs: MAX_SILENT_MS },
+    ]);
+
+    for (const answer of [false, new Error('the server at http://x would not answer')]) {
+      const gone = watched(new Link(new SinkChannel(), { accept: coordinatorAccept }), undefined, server(answer));
+      await vi.advanceTimersByTimeAsync(DEAD_ON_BEAT);
+      expect(gone.deaths, 'asked on the beat past the limit, not yet answered').toEqual([]);
+      await vi.advanceTimersByTimeAsync(HEARTBEAT_INTERVAL_MS);
+      expect(gone.causes).toEqual([
+        { cause: 'silent', silentMs: DEAD_ON_BEAT + HEARTBEAT_INTERVAL_MS, limitMs: DEAD_AFTER_MS },
+      ]);
+    }
+  });
+
+  it('what the server said holds for one silence: a worker heard again is judged afresh, and asked about again', async () => {
+    let present = true;
+    const asked: boolean[] = [];
+    const link = new Link(new SinkChannel(), { accept: coordinatorAccept });
+    const { causes } = watched(link, undefined, () => {
+      asked.push(present);
+      return Promise.resolve(present);
+    });
+    await vi.advanceTimersByTimeAsync(5_000); // past its limit at 3.5 s: the server holds its page
+    for (const f of encodeFrames(echo(0), 0)) link.receive(f);
+    present = false;
+    // its ended silence of 5 s is the swarm's load now: its limit is 3 × that, and past it the server is asked again
+    const limitMs = SILENCE_MARGIN * 5_000;
+    await vi.advanceTimersByTimeAsync(limitMs + HEARTBEAT_INTERVAL_MS);
+    expect([asked, causes]).toEqual([[true, false], []]);
+    await vi.advanceTimersByTimeAsync(HEARTBEAT_INTERVAL_MS);
+    expect(causes).toEqual([{ cause: 'silent', silentMs: limitMs + 2 * HEARTBEAT_INTERVAL_MS, limitMs }]);
   });
 
   it(`every worker of a swarm silent together is load, not failure: none dies at ${DEAD_AFTER_MS / 1000} s, each past ${MAX_SILENT_MS / 1000} s; where one still answers, the silent ones die as usual`, async () => {

@@ -3,8 +3,11 @@ import type { AddressInfo } from 'node:net';
 import express from 'express';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import {
+  askPresence,
   keepProof,
   openProof,
+  PRESENCE_PATH,
+  presenceProof,
   renewProof,
   renewSwarmKeys,
   roomOf,
@@ -22,6 +25,8 @@ let server: http.Server;
 let origin: string;
 let tokens: JoinTokens;
 let clientAddress = '10.0.0.9';
+/** the one worker page the stub signaling server holds */
+const PRESENT_WORKER = 'ditswarm-w-0123456789ab';
 
 beforeAll(async () => {
   tokens = openJoinTokens();
@@ -35,6 +40,7 @@ beforeAll(async () => {
     tokens,
     serverOrigins([], () => null),
     () => false,
+    (peer) => peer === PRESENT_WORKER,
   );
   server = http.createServer(app);
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
@@ -84,5 +90,29 @@ describe('a new join token', () => {
     expect(renewed.token).not.toBe(token);
     tokens.revoke(room);
     expect((await ask({ room, proof: renewProof(dashboardKey, room) })).status).toBe(403);
+  });
+});
+
+describe("a silent worker's presence, as the dashboard asks it (issue 34)", () => {
+  it("the dashboard proving its key hears whether a page holds the id; a worker's token, a wrong key or another room are refused", async () => {
+    const token = tokens.issue();
+    const room = defined(roomOf(token), 'the room');
+    const keys = { token, dashboardKey: tokens.dashboardKey(room) };
+    expect(await askPresence(origin, keys, PRESENT_WORKER)).toBe(true);
+    expect(await askPresence(origin, keys, 'ditswarm-w-ffffffffffff')).toBe(false);
+    // the token is what workers hold: it proves nothing of the dashboard
+    await expect(askPresence(origin, { token, dashboardKey: token }, PRESENT_WORKER)).rejects.toThrow(
+      /would not say whether a worker page is there: HTTP 403 no proof of this swarm's dashboard key/,
+    );
+    const other = tokens.issue();
+    const proofOfOther = presenceProof(tokens.dashboardKey(defined(roomOf(other), 'the room')), room, PRESENT_WORKER);
+    const response = await fetch(new URL(PRESENCE_PATH, origin), {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ room, peer: PRESENT_WORKER, proof: proofOfOther }),
+    });
+    expect(response.status).toBe(403);
+    tokens.revoke(room);
+    await expect(askPresence(origin, keys, PRESENT_WORKER)).rejects.toThrow(/HTTP 403/);
   });
 });
