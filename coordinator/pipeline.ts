@@ -416,6 +416,7 @@ function workersReport(executor: Executor, steps: { ranks: RankReport[] }[]): Ge
     maxBufferBytes: w.maxBufferBytes,
     weightType: w.weightType,
     gpuWeightBytes: w.gpuWeightBytes,
+    heldWeightBytes: w.heldWeightBytes,
     peakMemoryBytes: steps
       .flatMap((s) => s.ranks)
       .filter((r) => r.worker === w.id)

@@ -3,6 +3,7 @@
 // every call's arguments where the worker receives them and every reply where the coordinator
 // receives it. The compiler holds the table to the interface, down to each optional field
 // (FieldChecks), and the client and the served methods are the table's keys: the sides cannot drift.
+import type { BlockRange, HiddenState } from './model/blocks.ts';
 import type { WeightType } from './model/onnx-builder.ts';
 import { RANK_SETTINGS_CHECKS, type RankSettings } from './rank-settings.ts';
 import {
@@ -68,6 +69,8 @@ export interface LoadArgs {
   /** the model folder as the worker fetches it */
   modelUrl: string;
   ep: ExecutionProvider | 'auto';
+  /** the pipeline stage's blocks this worker holds (core/model/blocks.ts): only their tensors load; all where absent */
+  blocks?: BlockRange;
 }
 
 export interface LoadedModel {
@@ -85,6 +88,8 @@ export interface LoadedModel {
   weightType: WeightType;
   /** GPU buffers it allocated for the weights (0 on WASM; the activations' are onnxruntime's and not counted) */
   gpuWeightBytes: number;
+  /** bytes of the transformer's weights it holds, as float32: its stage's alone where it holds a pipeline stage */
+  heldWeightBytes: number;
 }
 
 /** Where a worker's weights came from when it loaded them: bytes over the network and from its browser's cache. */
@@ -152,7 +157,10 @@ export interface ExecuteArgs {
   pass: number;
   timestep: number;
   latentShape: number[];
-  patches: Float32Array; // this rank's [Sl, C·pt·ph·pw]
+  /** this rank's [Sl, C·pt·ph·pw]; empty where a later pipeline stage starts from `hidden` */
+  patches: Float32Array;
+  /** a later pipeline stage's input: the stage before's output for this rank's tokens */
+  hidden?: HiddenState;
   /**
    * displaced mode: attend to the other ranks' keys and values of the previous step (this pass's)
    * rather than wait for this step's; exact where unset, or where this rank did not run that step
@@ -175,7 +183,10 @@ export interface RankStats {
 }
 
 export interface ExecuteResult extends RankStats {
-  rows: Float32Array; // this rank's [Sl, pt·ph·pw·C]
+  /** this rank's [Sl, pt·ph·pw·C]; empty where its pipeline stage hands `hidden` on to the next */
+  rows: Float32Array;
+  /** what a pipeline stage before the last hands on to the next */
+  hidden?: HiddenState;
   /** payload bytes this rank sent to its peers in this pass */
   bytesSent: number;
   /**
@@ -201,7 +212,7 @@ export interface ComputeProbe {
  * share under each Ulysses degree (its tokens, its heads over all tokens), computed through the
  * same stage calls as in the job, with the exchange left out (the mesh probe times that).
  */
-export interface RehearseArgs extends LoadArgs {
+export interface RehearseArgs extends Omit<LoadArgs, 'blocks'> {
   latentShape: number[]; // [C, T, H, W]
   /** rows of the text embedding the cross-attention reads */
   textTokens: number;
@@ -353,6 +364,8 @@ const MAX_PROMPT_TOKENS = 4096;
 const MAX_TILE_LATENT_VALUES = 1 << 22;
 /** what one reply may carry: the links' message cap (64 MiB) less room for the rest */
 export const MAX_MESSAGE_FLOATS = 15 << 20;
+/** more blocks than any DiT has (Wan2.1 14B: 40) */
+const MAX_BLOCKS = 1024;
 const ep = oneOf(...EXECUTION_PROVIDERS);
 const ms = num(0);
 const bytes = num(0);
@@ -409,6 +422,13 @@ export const checkPulse: Check<WorkerPulse> = fields({
   load: optional(checkLoadStatus),
   progress: optional(fields({ done: int(0), running: nullable(text(128)) })),
 });
+/** a hidden state's fields as Float32Arrays; their sizes are the receiver's to judge (it knows the model) */
+const checkHiddenState: Check<HiddenState> = fields({
+  x: floats(),
+  temb: floats(),
+  tproj: floats(),
+  context: floats(),
+});
 const checkExecuteArgs: Check<ExecuteArgs> = fields({
   job: int(0),
   step: int(0, 9999),
@@ -416,6 +436,7 @@ const checkExecuteArgs: Check<ExecuteArgs> = fields({
   timestep: num(0, 1000),
   latentShape: shape,
   patches: floats(),
+  hidden: optional(checkHiddenState),
   stale: optional(oneOf(true, false)),
 });
 const totals: Check<WorkerTotals> = fields({
@@ -460,7 +481,11 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
     reply: fields({ rank: int(0), world: int(1) }),
   },
   loadModel: {
-    args: fields({ modelUrl: text(), ep: epOrAuto }),
+    args: fields({
+      modelUrl: text(),
+      ep: epOrAuto,
+      blocks: optional(fields({ from: int(0, MAX_BLOCKS - 1), to: int(1, MAX_BLOCKS) })),
+    }),
     reply: fields({
       ep,
       adapter: text(),
@@ -471,6 +496,7 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
       maxBufferBytes: num(1),
       weightType: oneOf('float32', 'float16'),
       gpuWeightBytes: bytes,
+      heldWeightBytes: bytes,
     }),
   },
   rehearse: {
@@ -531,7 +557,13 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
   },
   executeModel: {
     args: checkExecuteArgs,
-    reply: fields({ rows: floats(), bytesSent: bytes, peakMemoryBytes: nullable(bytes), ...stats }),
+    reply: fields({
+      rows: floats(),
+      hidden: optional(checkHiddenState),
+      bytesSent: bytes,
+      peakMemoryBytes: nullable(bytes),
+      ...stats,
+    }),
   },
   recompute: {
     args: checkExecuteArgs,

@@ -9,6 +9,7 @@
 //   o      attention output is a convex combination of v rows: each column within v's bound.
 // The weights' part is taken once when the model loads (modelBounds), the modulation's per forward
 // (stepLimits), and each exchange judges the parts it receives against them (judgeMatrices).
+import { allBlocks } from '../core/model/blocks.ts';
 import type { WanModel } from '../core/model/reference.ts';
 import { QUANTIZED_LEVELS, type DType } from '../core/net/protocol.ts';
 
@@ -26,10 +27,13 @@ export interface BlockBounds {
   modulation: Float32Array;
 }
 
-/** Every block's bounds, as an engine hands them to its rank (plain data: it crosses to the page). */
+/**
+ * Every block's bounds, as an engine hands them to its rank (plain data: it crosses to the page);
+ * null for a block another pipeline stage holds.
+ */
 export interface ModelBounds {
   dim: number;
-  blocks: BlockBounds[];
+  blocks: (BlockBounds | null)[];
 }
 
 /** The largest |q|, |k|, |v| a block can send at one forward's timestep, per column of D. */
@@ -59,10 +63,12 @@ function normedBound(w: Float32Array): Float32Array {
   return bound;
 }
 
-/** The bounds every block's weights imply; taken once, when the model loads. */
+/** The bounds the weights of every block the model holds imply; taken once, when the model loads. */
 export function modelBounds(m: WanModel): ModelBounds {
   const D = m.config.dim;
+  const held = m.blocks ?? allBlocks(m.config);
   const blocks = Array.from({ length: m.config.numLayers }, (_, b) => {
+    if (b < held.from || b >= held.to) return null;
     const a = `blocks.${b}.attn1`;
     const wv = weight(m, `${a}.to_v.weight`); // [D, D]
     const vRowNorms = new Float32Array(D);
@@ -82,10 +88,12 @@ export function modelBounds(m: WanModel): ModelBounds {
   return { dim: D, blocks };
 }
 
-/** Each block's column limits at the timestep projection `tproj` [6, D] of this forward. */
-export function stepLimits(bounds: ModelBounds, tproj: Float32Array): ColumnLimits[] {
+/** Each held block's column limits at the timestep projection `tproj` [6, D] of this forward. */
+export function stepLimits(bounds: ModelBounds, tproj: Float32Array): (ColumnLimits | null)[] {
   const D = bounds.dim;
-  return bounds.blocks.map(({ q, k, vRowNorms, vBias, modulation }) => {
+  return bounds.blocks.map((block) => {
+    if (!block) return null;
+    const { q, k, vRowNorms, vBias, modulation } = block;
     let maxScale = 0;
     let shiftSq = 0;
     for (let i = 0; i < D; i++) {

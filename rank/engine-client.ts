@@ -4,6 +4,7 @@
 // at a time anyway): a restart waits for the calls before it, and the calls after it wait for the
 // new engine, since a call to a terminated worker would never return.
 import * as Comlink from 'comlink';
+import type { BlockRange } from '../core/model/blocks.ts';
 import type { EngineProgress, ExecutionProvider, LoadStatus } from '../core/worker-api.ts';
 import { ENGINE_METHODS, type EngineApi, type EngineMove } from './engine.ts';
 import type { EngineFactory } from './engine.worker.ts';
@@ -25,7 +26,7 @@ export type ProbeGate = <T>(probe: () => Promise<T>) => Promise<T>;
 export class EngineHost extends Forwarding(ENGINE_METHODS) implements EngineApi {
   private worker: Worker | null = null;
   private engine: Promise<EngineApi>;
-  private loaded: { modelUrl: string; ep: ExecutionProvider } | null = null;
+  private loaded: { modelUrl: string; ep: ExecutionProvider; blocks?: BlockRange } | null = null;
   private turn: Promise<unknown> = Promise.resolve();
   /** how far the engine has got, across restarts: what the page's pulse says */
   private readonly moves: EngineProgress = { done: 0, running: null };
@@ -75,7 +76,8 @@ export class EngineHost extends Forwarding(ENGINE_METHODS) implements EngineApi 
       this.terminate();
       this.current = threads;
       this.engine = this.start();
-      if (this.loaded) await (await this.engine).load(this.loaded.modelUrl, this.loaded.ep);
+      if (this.loaded)
+        await (await this.engine).load(this.loaded.modelUrl, this.loaded.ep, undefined, this.loaded.blocks);
     });
   }
 
@@ -84,11 +86,16 @@ export class EngineHost extends Forwarding(ENGINE_METHODS) implements EngineApi 
     this.worker = null;
   }
 
-  override load(modelUrl: string, ep: ExecutionProvider, onProgress?: (status: LoadStatus) => void) {
+  override load(
+    modelUrl: string,
+    ep: ExecutionProvider,
+    onProgress?: (status: LoadStatus) => void,
+    blocks?: BlockRange,
+  ) {
     return this.through(async (engine) => {
       // a function crosses to the engine's Web Worker as a proxy the worker calls back
-      const info = await engine.load(modelUrl, ep, onProgress && Comlink.proxy(onProgress));
-      this.loaded = { modelUrl, ep };
+      const info = await engine.load(modelUrl, ep, onProgress && Comlink.proxy(onProgress), blocks);
+      this.loaded = { modelUrl, ep, ...(blocks && { blocks }) };
       return info;
     });
   }

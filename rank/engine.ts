@@ -2,6 +2,7 @@
 // a Web Worker (engine.worker.ts), so hidden-tab throttling of the page never slows it; it never
 // touches the DOM or the network beyond fetching the model.
 import * as ort from 'onnxruntime-web';
+import type { BlockRange } from '../core/model/blocks.ts';
 import type { WanConfig } from '../core/model/config.ts';
 import { loadTransformer } from '../core/model/transformer.ts';
 import type {
@@ -34,8 +35,16 @@ export interface EngineInfo extends Omit<LoadedModel, 'why'> {
 }
 
 export interface EngineApi extends DeviceStageRunner {
-  /** loads the model's weights (kept in the browser: weight-cache.ts), saying how far it is, and builds its sessions */
-  load(modelUrl: string, ep: ExecutionProvider, onProgress?: (status: LoadStatus) => void): Promise<EngineInfo>;
+  /**
+   * loads the model's weights (kept in the browser: weight-cache.ts), saying how far it is, and builds its sessions;
+   * with `blocks`, a pipeline stage's alone (core/model/blocks.ts)
+   */
+  load(
+    modelUrl: string,
+    ep: ExecutionProvider,
+    onProgress?: (status: LoadStatus) => void,
+    blocks?: BlockRange,
+  ): Promise<EngineInfo>;
   /** matrix-multiply and softmax throughput on an EP */
   probe(ep: ExecutionProvider): Promise<ComputeProbe>;
   /** the text encoder's layers [from, to) of the folder at modelUrl on a prompt's hidden states (text-layers.ts) */
@@ -88,13 +97,18 @@ function reportingMoves(engine: EngineApi, report: (move: EngineMove) => void): 
     return [method, call] as const;
   });
   const reporting = Object.fromEntries(calls) as unknown as EngineApi;
-  reporting.load = (modelUrl, ep, onProgress) => {
+  reporting.load = (modelUrl, ep, onProgress, blocks) => {
     report({ running: 'load', moved: false });
     return engine
-      .load(modelUrl, ep, (status) => {
-        report({ running: 'load', moved: true });
-        onProgress?.(status);
-      })
+      .load(
+        modelUrl,
+        ep,
+        (status) => {
+          report({ running: 'load', moved: true });
+          onProgress?.(status);
+        },
+        blocks,
+      )
       .finally(() => report({ running: null, moved: true }));
   };
   return reporting;
@@ -119,9 +133,9 @@ export function createEngine(threads = 1, report?: (move: EngineMove) => void): 
     return stages;
   };
   const engine: EngineApi = {
-    load: async (modelUrl, ep, onProgress) => {
-      // a worker page serves executor after executor: the same model on the same EP loads once
-      const key = `${modelUrl} ${ep}`;
+    load: async (modelUrl, ep, onProgress, blocks) => {
+      // a worker page serves executor after executor: the same model's same blocks on the same EP load once
+      const key = `${modelUrl} ${ep} ${blocks ? `blocks ${blocks.from}–${blocks.to}` : 'all blocks'}`;
       if (loaded?.key === key) return { ...loaded.info, inMemory: true };
       const started = performance.now();
       // the device it computes on: on wasm the CPU, whether or not the browser also has a WebGPU adapter
@@ -133,12 +147,17 @@ export function createEngine(threads = 1, report?: (move: EngineMove) => void): 
       stages = null;
       loaded = null;
       const files = cachedModelFiles(modelUrl);
-      const model = await loadTransformer(files, (bytes, totalBytes) => {
-        const { networkBytes, note } = files.source();
-        onProgress?.({ bytes, totalBytes, networkBytes, elapsedMs: performance.now() - started, note });
-      }).finally(() => files.close());
+      const model = await loadTransformer(
+        files,
+        (bytes, totalBytes) => {
+          const { networkBytes, note } = files.source();
+          onProgress?.({ bytes, totalBytes, networkBytes, elapsedMs: performance.now() - started, note });
+        },
+        blocks,
+      ).finally(() => files.close());
       // from the weights while they are all on the CPU side (on WebGPU they leave it)
       const bounds = modelBounds(model);
+      const heldWeightBytes = [...model.weights.values()].reduce((n, t) => n + t.data.byteLength, 0);
       const runner = await onnxStages(model, ep);
       stages = runner;
       const { maxBufferBytes, weightType, gpuWeightBytes } = runner;
@@ -153,6 +172,7 @@ export function createEngine(threads = 1, report?: (move: EngineMove) => void): 
         maxBufferBytes,
         weightType,
         gpuWeightBytes,
+        heldWeightBytes,
       };
       loaded = { key, info };
       return info;

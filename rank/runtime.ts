@@ -4,6 +4,7 @@
 // against the contract; what the contract cannot know (rank < world, the model's widths, the order of
 // calls) is judged here, and each refusal says what was expected.
 import { defined } from '../core/defined.ts';
+import { allBlocks, hiddenStateError, holdsEmbedders, type BlockRange } from '../core/model/blocks.ts';
 import type { WanConfig } from '../core/model/config.ts';
 import { describeLoad, describeWeights } from '../core/worker-api.ts';
 import { fastestEp } from '../core/cost-model.ts';
@@ -31,7 +32,15 @@ import type {
 import type { EngineApi, EngineInfo } from './engine.ts';
 import { probeMesh, PROBE_FLOATS } from './mesh-probe.ts';
 import { rehearseForwards } from './rehearsal.ts';
-import { exchangePhase, ExchangePhase, forwardRank, noStats, type BlockAttention, type Exchange } from './ulysses.ts';
+import {
+  exchangePhase,
+  ExchangePhase,
+  forwardStage,
+  noStats,
+  type BlockAttention,
+  type Exchange,
+  type StageOutput,
+} from './ulysses.ts';
 import { displacedAttention, heldStaleAttention, KeysValuesHistory } from './displaced.ts';
 import { concat } from '../core/tensor.ts';
 import { memoryExchanges } from './exchange/memory.ts';
@@ -56,6 +65,12 @@ export interface RuntimeHooks {
   refuseModel?(modelUrl: string): string | null;
   onState?(state: WorkerState, detail: string): void;
   onShutdown?(): void;
+}
+
+/** A whole forward's rows: the model's every block ran on this rank, so the output head did too. */
+function rowsOf(output: StageOutput): Float32Array {
+  if (!('rows' in output)) throw new Error('a whole forward ends at the output head');
+  return output.rows;
 }
 
 /** `exchange` as one forward uses it: its own payload bytes counted apart from any other forward's on the same mesh. */
@@ -85,6 +100,8 @@ export class WorkerRuntime implements WorkerApi {
   private exchange: Exchange | null = null;
   private model: EngineInfo | null = null;
   private modelUrl: string | null = null;
+  /** the pipeline stage's blocks the loaded model holds, as loadModel was asked (all where absent) */
+  private blocks: BlockRange | undefined = undefined;
   private texts: Float32Array[] = [];
   private plan: UlyssesPlan | null = null;
   private job = -1;
@@ -200,6 +217,7 @@ export class WorkerRuntime implements WorkerApi {
     const { info, why } = await this.load(args);
     this.model = info;
     this.modelUrl = args.modelUrl;
+    this.blocks = args.blocks;
     this.epWhy = why;
     this.setState(
       'ready',
@@ -211,7 +229,7 @@ export class WorkerRuntime implements WorkerApi {
   }
 
   /** The model on the EP asked for, or with 'auto' the fastest one; the engine keeps the last one it loaded. */
-  private async load({ modelUrl, ep }: LoadArgs): Promise<{ info: EngineInfo; why: string }> {
+  private async load({ modelUrl, ep, blocks }: LoadArgs): Promise<{ info: EngineInfo; why: string }> {
     this.checkModel(modelUrl);
     await this.hooks.betweenJobs?.();
     const choice =
@@ -230,7 +248,7 @@ export class WorkerRuntime implements WorkerApi {
       this.setState('loading', `loading ${modelUrl}: ${describeLoad(status)}`);
     };
     try {
-      return { info: await this.engine.load(modelUrl, choice.ep, progress), why: choice.why };
+      return { info: await this.engine.load(modelUrl, choice.ep, progress, blocks), why: choice.why };
     } finally {
       this.loadStatus = null;
       if (this.state === 'loading' && before.state !== 'loading') this.setState(before.state, before.detail);
@@ -255,9 +273,9 @@ export class WorkerRuntime implements WorkerApi {
       this.warmEngine = engine;
       return { forwardMs };
     } finally {
-      // the engine holds one model: the one this rank's placement loaded comes back
-      if (this.model && this.modelUrl && (this.modelUrl !== modelUrl || this.model.ep !== info.ep))
-        await this.engine.load(this.modelUrl, this.model.ep);
+      // the engine holds one model: the one this rank's placement loaded (its stage's blocks) comes back
+      if (this.model && this.modelUrl && (this.modelUrl !== modelUrl || this.model.ep !== info.ep || this.blocks))
+        await this.engine.load(this.modelUrl, this.model.ep, undefined, this.blocks);
     }
   }
 
@@ -404,6 +422,13 @@ export class WorkerRuntime implements WorkerApi {
    */
   async recompute(args: ExecuteArgs) {
     const pass = this.preparedPass('recompute', args);
+    const held = this.heldBlocks(pass.cfg);
+    if (held.from !== 0 || held.to !== pass.cfg.numLayers)
+      throw new Error(
+        `recompute runs the whole model, but this rank holds blocks ${held.from}–${held.to - 1} of ` +
+          `${pass.cfg.numLayers} (a pipeline stage)`,
+      );
+    if (args.hidden) throw new Error('recompute starts from all the patches of the pass, not a hidden state');
     if (args.patches.length !== pass.plan.tokens * pass.patchWidth) {
       throw new Error(
         `recompute expected all ${pass.plan.tokens}×${pass.patchWidth} patch values of the prepared job, ` +
@@ -413,7 +438,9 @@ export class WorkerRuntime implements WorkerApi {
     const stats = noStats();
     const rows = args.stale
       ? await this.recomputeStale(pass, args, stats)
-      : await this.forward(pass, planUlysses(pass.cfg, pass.plan.tokens, 1), memoryExchanges(1)[0], args, stats);
+      : rowsOf(
+          await this.forward(pass, planUlysses(pass.cfg, pass.plan.tokens, 1), memoryExchanges(1)[0], args, stats),
+        );
     return { rows, computeMs: stats.computeMs };
   }
 
@@ -442,7 +469,7 @@ export class WorkerRuntime implements WorkerApi {
       };
       const attend = heldStaleAttention(cfg, plan, this.engine, this.keysValues, args, rank);
       const patches = args.patches.subarray(start * patchWidth, (start + plan.rows[rank]) * patchWidth);
-      rows.push(await this.forward(pass, plan, asRank, { ...args, patches }, stats, attend));
+      rows.push(rowsOf(await this.forward(pass, plan, asRank, { ...args, patches }, stats, attend)));
     }
     return concat(rows); // [S, width] in token order
   }
@@ -450,13 +477,7 @@ export class WorkerRuntime implements WorkerApi {
   async executeModel(args: ExecuteArgs): Promise<ExecuteResult> {
     const exchange = this.needInit('executeModel');
     const pass = this.preparedPass('executeModel', args);
-    const share = pass.plan.rows[exchange.rank];
-    if (args.patches.length !== share * pass.patchWidth) {
-      throw new Error(
-        `executeModel expected ${share}×${pass.patchWidth} patch values for rank ${exchange.rank}, ` +
-          `got ${args.patches.length}`,
-      );
-    }
+    this.checkStageInput(pass, args, pass.plan.rows[exchange.rank], exchange.rank);
     this.setState('computing', `job ${args.job} step ${args.step} pass ${args.pass}`);
     this.forwardsRunning++;
     const stats = noStats();
@@ -470,9 +491,9 @@ export class WorkerRuntime implements WorkerApi {
           stale: args.stale ?? false,
         })
       : undefined;
-    let rows: Float32Array;
+    let output: StageOutput;
     try {
-      rows = await this.forward(pass, pass.plan, counting, args, stats, attend);
+      output = await this.forward(pass, pass.plan, counting, args, stats, attend);
     } finally {
       this.forwardsRunning--;
     }
@@ -484,7 +505,47 @@ export class WorkerRuntime implements WorkerApi {
     this.totals.bytesKept += stats.bytesKept;
     this.totals.deviceTensorsLeft = stats.deviceTensorsLeft;
     if (this.forwardsRunning === 0) this.setState('ready', `finished step ${args.step}`);
-    return { rows, ...stats, bytesSent, peakMemoryBytes: this.hooks.peakMemoryBytes?.() ?? null };
+    const peakMemoryBytes = this.hooks.peakMemoryBytes?.() ?? null;
+    return 'rows' in output
+      ? { rows: output.rows, ...stats, bytesSent, peakMemoryBytes }
+      : { rows: new Float32Array(0), hidden: output.hidden, ...stats, bytesSent, peakMemoryBytes };
+  }
+
+  /** The loaded model's blocks: a pipeline stage's, or all of them. */
+  private heldBlocks(cfg: WanConfig): BlockRange {
+    return this.blocks ?? allBlocks(cfg);
+  }
+
+  /**
+   * A forward starts from patches on the rank that holds the embedders (every rank of an unstaged job), else from the
+   * stage before's hidden state of its `rows` tokens, each part of it judged before anything is computed from it.
+   */
+  private checkStageInput(
+    pass: ReturnType<WorkerRuntime['preparedPass']>,
+    args: ExecuteArgs,
+    rows: number,
+    rank: number,
+  ): void {
+    const { cfg, patchWidth, text } = pass;
+    const held = this.heldBlocks(cfg);
+    const stage = `this rank holds blocks ${held.from}–${held.to - 1} of ${cfg.numLayers}`;
+    if (holdsEmbedders(held)) {
+      if (args.hidden)
+        throw new Error(`executeModel was given a hidden state, but ${stage} and starts from the patches`);
+      if (args.patches.length !== rows * patchWidth)
+        throw new Error(
+          `executeModel expected ${rows}×${patchWidth} patch values for rank ${rank}, got ${args.patches.length}`,
+        );
+      return;
+    }
+    if (!args.hidden)
+      throw new Error(`executeModel needs the stage before's hidden state: ${stage}, a later pipeline stage`);
+    if (args.patches.length)
+      throw new Error(
+        `executeModel was given patches beside the hidden state, but ${stage}: patches are for the first`,
+      );
+    const wrong = hiddenStateError(cfg, args.hidden, rows, text.length / cfg.textDim);
+    if (wrong) throw new Error(`executeModel's hidden state for rank ${rank} is malformed: ${wrong}`);
   }
 
   /** What a forward of the prepared job needs from `args`, checked against what was prepared. */
@@ -509,21 +570,22 @@ export class WorkerRuntime implements WorkerApi {
     args: ExecuteArgs,
     stats: RankStats,
     attend?: BlockAttention,
-  ): Promise<Float32Array> {
+  ): Promise<StageOutput> {
     const { cfg, text, grid } = pass;
-    return forwardRank(
+    return forwardStage(
       cfg,
       plan,
       this.engine,
       exchange,
       {
-        patches: args.patches,
+        ...(args.hidden ? { hidden: args.hidden } : { patches: args.patches }),
         timestep: args.timestep,
         text,
         grid,
         tag: { job: args.job, step: args.step, pass: args.pass },
         bounds: this.model?.bounds,
       },
+      this.heldBlocks(cfg),
       stats,
       attend,
     );

@@ -1,6 +1,7 @@
 import type { WanConfig } from '../core/model/config.ts';
 import type { DType } from '../core/net/protocol.ts';
-import { allBlocks, holdsHead, type BlockRange } from '../core/model/blocks.ts';
+import { allBlocks, holdsHead, type BlockRange, type HiddenState } from '../core/model/blocks.ts';
+export type { HiddenState } from '../core/model/blocks.ts';
 import { ropeTables, tokenGrid, type TokenGrid } from '../core/model/tokens.ts';
 import {
   gatherLatent,
@@ -259,18 +260,6 @@ async function hostCopy(stages: DeviceStageRunner, a: Activation, what: string):
   return stages.read(a);
 }
 
-/**
- * What passes from one pipeline stage to the next, as CPU data: the residual stream of this rank's
- * tokens [rows, D] and the forward's conditioning (temb [D], tproj [6, D], context [L, D]), which
- * only the first stage, holding the embedders, can compute.
- */
-export interface HiddenState {
-  x: Float32Array;
-  temb: Float32Array;
-  tproj: Float32Array;
-  context: Float32Array;
-}
-
 /** Where a stage's forward starts: the patches on the first stage, the last stage's hidden state after it. */
 export type StageInput = Omit<ForwardInput, 'patches'> & ({ patches: Float32Array } | { hidden: HiddenState });
 
@@ -315,7 +304,7 @@ export async function forwardStage(
 ): Promise<StageOutput> {
   const me = exchange.rank;
   const clocks = new ForwardClocks(stats);
-  let limits: ColumnLimits[] | null = null;
+  let limits: (ColumnLimits | null)[] | null = null;
   const io: BlockIO = {
     tag: (block, phase, group = 0) => ({ ...input.tag, block, phase, group }),
     compute: clocks.compute,

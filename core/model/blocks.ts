@@ -30,3 +30,39 @@ export function checkBlockRange(cfg: Pick<WanConfig, 'numLayers'>, range: BlockR
     throw new Error(`the transformer has blocks 0–${cfg.numLayers - 1}: a stage cannot hold [${from}, ${to})`);
   return range;
 }
+
+/**
+ * What passes from one pipeline stage to the next for one rank's tokens: the residual stream and the
+ * forward's conditioning, which only the first stage, holding the embedders, can compute.
+ */
+export interface HiddenState {
+  x: Float32Array; // [Sl, D]
+  temb: Float32Array; // [D]
+  tproj: Float32Array; // [6, D]
+  context: Float32Array; // [L, D]
+}
+
+/**
+ * Why a hidden state that came over the wire is not one of `rows` tokens of a forward over a text of
+ * `textRows` rows, or null where it is: each part its exact size, every value finite.
+ */
+export function hiddenStateError(
+  cfg: Pick<WanConfig, 'dim'>,
+  hidden: HiddenState,
+  rows: number,
+  textRows: number,
+): string | null {
+  const D = cfg.dim;
+  const expected: [keyof HiddenState, number, string][] = [
+    ['x', rows * D, `${rows}×${D}`],
+    ['temb', D, `${D}`],
+    ['tproj', 6 * D, `6×${D}`],
+    ['context', textRows * D, `${textRows}×${D}`],
+  ];
+  for (const [part, floats, shape] of expected) {
+    const values = hidden[part];
+    if (values.length !== floats) return `its ${part} has ${values.length} values, not ${shape}`;
+    if (!values.every(Number.isFinite)) return `its ${part} has NaN or infinite values`;
+  }
+  return null;
+}

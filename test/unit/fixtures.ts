@@ -39,6 +39,7 @@ export function stubEngine(stages: DeviceStageRunner, config: WanConfig, bounds?
         maxBufferBytes: 1 << 28,
         weightType: 'float32',
         gpuWeightBytes: 0,
+        heldWeightBytes: 0,
       }),
     probe: (ep) => Promise.resolve({ ep, flops: 1e9, softmaxRate: 2e8, stageMs: 0.5 }),
     encodeText: () => Promise.reject(new Error('this stub engine has no text encoder')),

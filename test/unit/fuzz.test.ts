@@ -976,6 +976,7 @@ describe(`fuzz: ${MUTATIONS} structured mutations per target`, () => {
       maxBufferBytes: 1 << 28,
       weightType: 'float32',
       gpuWeightBytes: 0,
+      heldWeightBytes: 12_000_000,
     },
     rehearse: { forwardMs: [120, 70] },
     encodeText: { hidden: Float32Array.from({ length: 8 }, (_, i) => i), layerMs: [3, 4], layersRead: 2 },
