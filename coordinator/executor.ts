@@ -17,7 +17,8 @@ import {
   type UlyssesPlan,
 } from '../core/parallel.ts';
 import { patchify, tokenGrid } from '../core/model/tokens.ts';
-import { initArgsOf, type ResolvedPlacement } from './placement.ts';
+import { hiddenStateError, type HiddenState } from '../core/model/blocks.ts';
+import { initArgsOf, loadArgsOf, type ResolvedPlacement } from './placement.ts';
 import { judgeSpotCheck, pickChecker, spotCheckDraw, type SpotCheck } from './spot-check.ts';
 import { defined } from '../core/defined.ts';
 import { Emitter } from '../core/events.ts';
@@ -141,6 +142,9 @@ export class SpotCheckFailed extends WorkerError {
 
 export type FailureListener = (error: Error) => void;
 
+/** what a later pipeline stage is given for patches: it starts from the stage before's hidden state */
+const NO_PATCHES = new Float32Array(0);
+
 /** A rank the executor let go: why (as data), and how long it had been silent. */
 export interface LostRank extends RankLost {
   worker: string;
@@ -160,6 +164,8 @@ export abstract class Executor {
   private readonly jobShares: string[] = [];
   /** spot checks made and not yet taken (takeSpotChecks) */
   private spotChecks: SpotCheck[] = [];
+  /** rows of the prepared job's text embeddings, per pass: a hidden state's context has as many */
+  private textRows: number[] = [];
 
   /** the planner's decisions; a later job placed the same way brings its own prediction (Placer.place) */
   placement: ResolvedPlacement;
@@ -207,8 +213,9 @@ export abstract class Executor {
     await this.collectiveRpc('initWorker', { args: (rank) => initArgsOf(this.placement, rank, peers, session) });
     const infos = await this.collectiveRpc('describe');
     const loaded = await this.collectiveRpc('loadModel', {
-      // 'auto': each worker takes the EP it measured fastest, by the rule the planner predicted it with (fastestEp)
-      args: { modelUrl: this.placement.modelUrl, ep: this.placement.ep },
+      // 'auto': each worker takes the EP it measured fastest, by the rule the planner predicted it with (fastestEp);
+      // a staged placement's ranks load their stage's blocks alone
+      args: (rank) => loadArgsOf(this.placement, rank),
       timeoutMs: this.placement.timeouts.loadMs,
     });
     this.workers = infos.map((info, rank) => ({ ...info, ...loaded[rank], id: peers[rank] }));
@@ -295,8 +302,7 @@ export abstract class Executor {
     if (reason instanceof RemoteError && reason.detail !== undefined) {
       try {
         const said = checkRankLost(reason.detail, 'blame');
-        if (said.rank < this.layout.ulyssesDegree)
-          blame = { ...said, rank: this.layout.globalRank(this.layout.groupOf(rank), said.rank) };
+        if (said.rank < this.layout.ulyssesDegree) blame = { ...said, rank: this.layout.meshRanks(rank)[said.rank] };
       } catch {
         // blame that breaks the contract is dropped; the error's text still says what happened
       }
@@ -314,6 +320,7 @@ export abstract class Executor {
     await this.collectiveRpc('prepareJob', {
       args: { job, texts, latentShape, exchangeTimeoutMs: this.placement.timeouts.exchangeMs },
     });
+    this.textRows = texts.map((t) => t.length / this.config.textDim);
     this.lastStepOf.clear(); // a prepared job's ranks hold no keys and values
     // a worker takes up a new share of its machine's cores as it prepares a job: report the threads it has now
     const infos = await this.collectiveRpc('describe');
@@ -329,8 +336,10 @@ export abstract class Executor {
   }
 
   /**
-   * One DiT forward pass on the ranks of the pass's group: scatter the tokens, run, check each
-   * rank's rows are the size the plan gives it, gather them in token order.
+   * One DiT forward pass on the ranks of the pass's group: scatter the tokens, run the group's pipeline
+   * stages in turn (one, unless the placement pools memory: the first from the patches, each next from
+   * the hidden state the stage before handed on, rank r to rank r), check each rank's rows are the
+   * size the plan gives it, gather them in token order.
    */
   async executeModel(request: ForwardRequest): Promise<{ output: Tensor; ranks: RankReport[] }> {
     const { config } = this;
@@ -338,7 +347,6 @@ export abstract class Executor {
     const group = layout.groupForPass(request.pass);
     const plan = planUlysses(config, tokenGrid(config, request.latent.shape).count, layout.headsOf(group));
     const patches = scatterLatent(config, plan, request.latent);
-    const ranks = layout.groupRanks(group);
     // displaced mode's warm-up steps and the first after a placement are exact: stale only where the
     // ranks hold the step before's; a checked forward goes as any other (its checker recomputes it stale)
     const checked = this.world > 1 && this.spotCheckDue(request);
@@ -346,21 +354,32 @@ export abstract class Executor {
     this.lastStepOf.set(request.pass, request.step);
     const shareOf = (rank: number) => this.jobShares[rank] ?? `rank ${rank}`;
     const doing = `step ${request.step + 1}${request.pass ? ' (unconditional)' : ''}`;
-    for (const rank of ranks) this.showActivity(rank, `${shareOf(rank)}: ${doing}`);
-    const results = await this.collectiveRpc('executeModel', {
-      ranks,
-      args: (rank) => ({
-        job: request.job,
-        step: request.step,
-        pass: request.pass,
-        timestep: request.timestep,
-        latentShape: request.latent.shape,
-        patches: patches[layout.localRank(rank)],
-        ...(stale && { stale }),
-      }),
-    }).finally(() => {
-      for (const rank of ranks) this.showActivity(rank, `${shareOf(rank)}: waiting`);
-    });
+    let handed: HiddenState[] | null = null;
+    let ranks: number[] = [];
+    let results: ExecuteResult[] = [];
+    const reports: RankReport[] = [];
+    for (let stage = 0; stage < layout.stages; stage++) {
+      const from = handed;
+      ranks = layout.stageRanks(group, stage);
+      for (const rank of ranks) this.showActivity(rank, `${shareOf(rank)}: ${doing}`);
+      results = await this.collectiveRpc('executeModel', {
+        ranks,
+        args: (rank) => ({
+          job: request.job,
+          step: request.step,
+          pass: request.pass,
+          timestep: request.timestep,
+          latentShape: request.latent.shape,
+          patches: from ? NO_PATCHES : patches[layout.localRank(rank)],
+          ...(from && { hidden: from[layout.localRank(rank)] }),
+          ...(stale && { stale }),
+        }),
+      }).finally(() => {
+        for (const rank of ranks) this.showActivity(rank, `${shareOf(rank)}: waiting`);
+      });
+      reports.push(...results.map((r, i) => this.rankReport(ranks[i], r)));
+      if (stage < layout.stages - 1) handed = this.handedOn(results, ranks, plan, request.pass);
+    }
     const rowWidth = config.outChannels * config.patchSize.reduce((a, b) => a * b, 1);
     results.forEach((r: ExecuteResult, i) => {
       if (r.rows.length !== plan.rows[i] * rowWidth) {
@@ -393,16 +412,38 @@ export abstract class Executor {
         results.map((r) => r.rows),
         request.latent.shape,
       ),
-      ranks: results.map((r, i) => ({
-        rank: ranks[i],
-        worker: this.workers[ranks[i]]?.id ?? '',
-        computeMs: r.computeMs,
-        commMs: r.commMs,
-        overlapMs: r.overlapMs,
-        bytesSent: r.bytesSent,
-        peakMemoryBytes: r.peakMemoryBytes,
-      })),
+      ranks: reports,
     };
+  }
+
+  private rankReport(rank: number, r: ExecuteResult): RankReport {
+    return {
+      rank,
+      worker: this.workers[rank]?.id ?? '',
+      computeMs: r.computeMs,
+      commMs: r.commMs,
+      overlapMs: r.overlapMs,
+      bytesSent: r.bytesSent,
+      peakMemoryBytes: r.peakMemoryBytes,
+    };
+  }
+
+  /**
+   * The hidden states a pipeline stage before the last handed on, each judged before the next stage
+   * gets it: one of the rank's share of the tokens, every value finite; else the rank broke the contract.
+   */
+  private handedOn(results: ExecuteResult[], ranks: number[], plan: UlyssesPlan, pass: number): HiddenState[] {
+    return results.map((r, i) => {
+      const { hidden } = r;
+      const malformed = hidden && hiddenStateError(this.config, hidden, plan.rows[i], this.textRows[pass] ?? 0);
+      const wrong = !hidden
+        ? 'handed no hidden state on to the next pipeline stage'
+        : r.rows.length
+          ? 'returned rows, but its pipeline stage hands a hidden state on'
+          : malformed && `handed on a malformed hidden state: ${malformed}`;
+      if (wrong || !hidden) throw new WorkerError(ranks[i], 'executeModel', wrong || '', null, true);
+      return hidden;
+    });
   }
 
   /**

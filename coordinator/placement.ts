@@ -8,7 +8,8 @@ import type { LinkEmulation } from '../core/net/paced-channel.ts';
 import type { DType } from '../core/net/protocol.ts';
 import type { ParallelMode, RankLayout } from '../core/parallel.ts';
 import type { RankSettings } from '../core/rank-settings.ts';
-import type { ExecutionProvider, InitArgs } from '../core/worker-api.ts';
+import type { ExecutionProvider, InitArgs, LoadArgs } from '../core/worker-api.ts';
+import type { PipelineStage } from './stage-plan.ts';
 
 /**
  * What a job does when a re-placement would leave it on one worker that is not trusted (the
@@ -54,6 +55,11 @@ export interface PlacementRequest extends Partial<Omit<RankSettings, 'dtype' | '
   parallel?: ParallelMode | 'auto';
   /** displaced mode's exact steps first */
   warmupSteps?: number;
+  /**
+   * pooled memory: the transformer's blocks cut into this many pipeline stages, each held by its own
+   * worker, which loads only its stage's weights (stage-plan.ts); 1 (the default): every worker holds all
+   */
+  stages?: number;
 }
 
 /** What the cost model expected of a placement, and why it was chosen. */
@@ -107,11 +113,26 @@ export interface ResolvedPlacement {
   prediction: PlacementPrediction | null;
   /** why the job does not run CFG parallel although it was asked for (null when it does, or was not asked) */
   cfgFallback: string | null;
+  /**
+   * pooled memory: the pipeline stages in order, each's blocks and workers (layout.stages of them); null where every
+   * rank holds the whole model
+   */
+  stages: PipelineStage[] | null;
 }
 
 /** What rank `rank` of a placement is told at initWorker: its place in its group's mesh and the settings. */
 export function initArgsOf(placement: ResolvedPlacement, rank: number, peers: string[], session: string): InitArgs {
   return { ...placement.layout.meshOf(rank, peers, session), ...placement.settings };
+}
+
+/** What rank `rank` of a placement loads: the model on the EP asked, and its stage's blocks where the job is staged. */
+export function loadArgsOf(placement: ResolvedPlacement, rank: number): LoadArgs {
+  const stage = placement.stages?.[placement.layout.stageOf(rank)];
+  return {
+    modelUrl: placement.modelUrl,
+    ep: placement.ep,
+    ...(stage && { blocks: { from: stage.blocks[0], to: stage.blocks[1] } }),
+  };
 }
 
 /** The same ranks doing the same work the same way: a job placed so can keep the ranks of `other`. */

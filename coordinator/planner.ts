@@ -44,6 +44,7 @@ import {
   type UntrustedAlone,
 } from './placement.ts';
 import { DEFAULT_SPOT_CHECK_RATE, spotCheckTolerance } from './spot-check.ts';
+import { placeStages } from './stage-plan.ts';
 import type { SwarmWorker } from './swarm.ts';
 
 /** What the planner knows of a live worker. */
@@ -170,6 +171,8 @@ interface Asked {
   parallel: ParallelMode | 'auto';
   warmupSteps: number;
   headGroups: number | undefined;
+  /** pipeline stages (pooled memory); 1: every rank holds the whole model */
+  stages: number;
 }
 
 /** A request checked, with its defaults: an error that says what is valid. */
@@ -197,6 +200,7 @@ export function checkRequest(request: PlacementRequest): Asked {
     throw new RangeError(`a spot-check rate is between 0 and 1, got ${spotCheckRate}`);
   if (!UNTRUSTED_ALONE.includes(untrustedAlone))
     throw new Error(`untrustedAlone is ${UNTRUSTED_ALONE.join(' or ')}, got ${JSON.stringify(untrustedAlone)}`);
+  const stages = checkStagesRequest(request);
   return {
     ulyssesDegree: request.ulyssesDegree ?? 'auto',
     cfgParallel: request.cfgParallel,
@@ -209,7 +213,31 @@ export function checkRequest(request: PlacementRequest): Asked {
     parallel,
     warmupSteps,
     headGroups,
+    stages,
   };
+}
+
+/**
+ * The pipeline stages asked for, checked against what staged placement does so far: one worker a
+ * stage, no CFG parallel, no spot checks (no worker holds the whole model to recompute a forward).
+ */
+function checkStagesRequest(request: PlacementRequest): number {
+  const { stages = 1, ulyssesDegree, cfgParallel, spotCheckRate } = request;
+  if (!(Number.isInteger(stages) && stages >= 1))
+    throw new Error(`stages is a whole number ≥ 1 of pipeline stages, got ${JSON.stringify(stages)}`);
+  if (stages === 1) return stages;
+  if (ulyssesDegree !== undefined && ulyssesDegree !== 'auto' && ulyssesDegree !== 1)
+    throw new Error(
+      `pipeline stages run one worker each so far, not Ulysses degree ${ulyssesDegree}: ` +
+        'ask ulyssesDegree 1 (or leave it unset) with stages',
+    );
+  if (cfgParallel) throw new Error('pipeline stages do not run CFG parallel yet: leave cfgParallel unset with stages');
+  if (spotCheckRate)
+    throw new Error(
+      'pipeline stages are not spot-checked yet (no worker holds the whole model to recompute a forward): ' +
+        'ask spotCheckRate 0 with stages',
+    );
+  return stages;
 }
 
 /** The exchange a job gets given what each would take a step (seconds): as asked, or for 'auto' the choice and why. */
@@ -390,6 +418,8 @@ export function rehearsalsNeeded<W extends PlanningWorker>(
 ): RehearsalNeeded<W>[] {
   if (ctx.backend !== 'swarm') return [];
   const { asked, workers, plans } = weigh(ctx, input);
+  // a rehearsal loads the whole model, which a staged job's workers need not hold
+  if (asked.stages > 1) return [];
   if (!workers.length || workers.some((w) => !w.measurement)) return [];
   const needed: RehearsalNeeded<W>[] = [];
   for (const world of new Set(plans.map(planWorld))) {
@@ -600,16 +630,22 @@ function placeUnmeasured(ctx: PlannerContext, weighed: Weighed): Chosen {
 /** Every decision of a job's placement: pure, from the request, the job, the live workers and their measurements. */
 export function planPlacement(ctx: PlannerContext, input: PlanningInput): ResolvedPlacement {
   const weighed = weigh(ctx, input);
-  const { asked, fixed, workers } = weighed;
-  const hw = ctx.backend === 'swarm' && workers.length >= (fixed?.world ?? 1) ? hardwareOf(ctx, input, weighed) : null;
+  const { asked, fixed } = weighed;
+  const staged = asked.stages > 1 ? placeStaged(ctx, input, weighed) : null;
+  const workers = staged?.workers ?? weighed.workers;
+  const hw =
+    !staged && ctx.backend === 'swarm' && workers.length >= (fixed?.world ?? 1)
+      ? hardwareOf(ctx, input, weighed)
+      : null;
   const chosen =
-    ctx.backend === 'local'
+    staged?.chosen ??
+    (ctx.backend === 'local'
       ? placeLocal(weighed)
       : hw
         ? fixed
           ? predictAsked(weighed, fixed, hw)
           : chooseAuto(ctx, weighed, hw)
-        : placeUnmeasured(ctx, weighed);
+        : placeUnmeasured(ctx, weighed));
   const { layout, exchange } = chosen;
   if (ctx.backend === 'swarm') refuseUntrustedAlone(asked, input, layout.world, workers);
   // displaced ranks exchange once a block: head groups are Ulysses' alone, at most the fewest heads a rank has
@@ -634,11 +670,50 @@ export function planPlacement(ctx: PlannerContext, input: PlanningInput): Resolv
     ep: asked.ep,
     settings: { dtype: exchange.dtype, parallel: exchange.parallel, headGroups, emulateLink: asked.emulateLink },
     warmupSteps: asked.warmupSteps,
-    spotChecks: { rate: asked.spotCheckRate, tolerance: spotCheckTolerance(exchange.dtype) },
+    spotChecks: { rate: staged ? 0 : asked.spotCheckRate, tolerance: spotCheckTolerance(exchange.dtype) },
     untrustedAlone: asked.untrustedAlone,
     timeouts: timeoutsOf(ctx.rpcTimeoutMs, prediction?.predictedStepMs),
     prediction,
     cfgFallback,
+    stages: staged?.stages ?? null,
+  };
+}
+
+/**
+ * Pooled memory: the blocks cut into pipeline stages over the workers (stage-plan.ts), one worker a
+ * stage, the workers in stage order; after a lost rank, into as many stages as workers are left.
+ * The cost model does not predict a staged step yet: no prediction.
+ */
+function placeStaged(ctx: PlannerContext, input: PlanningInput, weighed: Weighed) {
+  const { asked } = weighed;
+  if (ctx.backend !== 'swarm') throw new Error('pipeline stages run on worker pages: use the swarm backend for stages');
+  const live = weighed.workers;
+  const count = input.maxWorld === undefined ? asked.stages : Math.max(1, Math.min(asked.stages, live.length));
+  const stages = placeStages(
+    ctx.config,
+    count,
+    live.map((w) => ({
+      id: w.id,
+      memoryGiB: w.info.memoryGiB,
+      flops: w.measurement ? (computeOf(asked.ep, w.measurement)?.flops ?? null) : null,
+    })),
+  );
+  const order = stages.flatMap((stage) => stage.workers);
+  const chosen: Chosen = {
+    layout: new RankLayout(1, 1, null, stages.length),
+    exchange: exchangeUnpredicted(asked),
+    headGroups: undefined,
+    prediction: null,
+  };
+  return {
+    stages,
+    chosen,
+    workers: order.map((id) =>
+      defined(
+        live.find((w) => w.id === id),
+        `worker ${id}`,
+      ),
+    ),
   };
 }
 
@@ -666,9 +741,10 @@ function refuseUntrustedAlone(
 export function workersToWaitFor(ctx: PlannerContext, request: PlacementRequest, params: JobParams): number {
   const { ulyssesDegree = 'auto', cfgParallel } = request;
   const groups = cfgParallel && usesGuidance(params) ? 2 : 1;
-  if (ulyssesDegree === 'auto') return groups;
+  const stages = checkStagesRequest(request);
+  if (ulyssesDegree === 'auto') return groups * stages;
   checkDegree(ctx.config.numHeads, ulyssesDegree);
-  return ulyssesDegree * groups;
+  return ulyssesDegree * groups * stages;
 }
 
 /**

@@ -4,6 +4,7 @@
 // slow as its slowest stage, so blocks go where they finish soonest, never past what a group can
 // hold; the embedders ride with the first stage and the output head with the last. A swarm that
 // cannot hold the model is refused before any weight moves, saying how much is missing.
+import { modelParams, type ModelShape } from '../core/cost-model.ts';
 import { formatBytes } from '../core/worker-api.ts';
 
 /** What cutting needs to know of a model, in the bytes a rank holds it in. */
@@ -100,4 +101,64 @@ function missingWords(model: StagedModel, groups: readonly StageGroup[], blocksS
     `${formatBytes(Math.min(pooled, total - missing))}: it needs ${formatBytes(missing)} more, ` +
     `one more worker with ${formatBytes(missing + reserve)} for the model`
   );
+}
+
+/** The bytes a rank holds a model in as cutStages weighs them: float32, as the loader widens every checkpoint. */
+export function stagedModel(model: ModelShape): StagedModel {
+  const params = modelParams(model);
+  const FLOAT32 = 4;
+  return {
+    numLayers: model.numLayers,
+    blockBytes: params.block * FLOAT32,
+    firstBytes: params.embedders * FLOAT32,
+    lastBytes: params.head * FLOAT32,
+  };
+}
+
+/**
+ * The share of the memory a worker reports (WorkerInfo.memoryGiB) that its stage's weights may take: the
+ * rest is its browser's, its page's and the forward's activations.
+ */
+export const STAGE_MEMORY_SHARE = 0.5;
+
+/** A worker as the stage placement sees it: what it reports of its memory, and its measured speed. */
+export interface StageWorker {
+  id: string;
+  memoryGiB: number | null;
+  /** its measured flop/s on the EP it will run, null while unmeasured */
+  flops: number | null;
+}
+
+/**
+ * A staged placement's pipeline: `stages` stages of one worker each, the first `stages` of `workers`
+ * in order, cut by cutStages. A worker's memory budget is STAGE_MEMORY_SHARE of what it reports, and
+ * unbounded where it reports nothing; blocks go by measured speed, evenly while any worker is
+ * unmeasured. A cut that cannot hold the model is refused, saying what is missing.
+ */
+export function placeStages(model: ModelShape, stages: number, workers: readonly StageWorker[]): PipelineStage[] {
+  if (!(Number.isInteger(stages) && stages >= 1))
+    throw new Error(`stages is a whole number ≥ 1 of pipeline stages, got ${JSON.stringify(stages)}`);
+  if (stages > model.numLayers)
+    throw new Error(
+      `${stages} pipeline stages of a model of ${model.numLayers} blocks: each stage holds at least one block, ` +
+        `so at most ${model.numLayers} stages`,
+    );
+  if (stages > workers.length)
+    throw new Error(
+      `${stages} pipeline stages need ${stages} workers (one a stage) but ${workers.length} ` +
+        `${workers.length === 1 ? 'is' : 'are'} live: ask for fewer stages, or open more worker pages`,
+    );
+  const hosts = workers.slice(0, stages);
+  const measured = hosts.every((w) => w.flops !== null && w.flops > 0);
+  const plan = cutStages(
+    stagedModel(model),
+    hosts.map((w) => ({
+      workers: [w.id],
+      memoryBytes: w.memoryGiB === null ? Infinity : w.memoryGiB * 2 ** 30 * STAGE_MEMORY_SHARE,
+      reserveBytes: 0,
+      speed: measured ? (w.flops ?? 1) : 1,
+    })),
+  );
+  if ('refused' in plan) throw new Error(`the job cannot be placed in ${stages} pipeline stages: ${plan.refused}`);
+  return plan.stages;
 }

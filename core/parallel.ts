@@ -27,10 +27,12 @@ export interface UlyssesPlan {
 
 /**
  * Which rank does what in one placement, as xDiT's RankGenerator: `cfgGroups` groups (two with CFG
- * parallel: group 0 runs the conditional pass, group 1 the unconditional one) of `ulyssesDegree`
- * ranks, each group a Ulysses mesh of its own. Rank r is rank r mod P of group ⌊r/P⌋. Nobody else
- * does this arithmetic. `heads`: each group's ranks' shares of the heads (planUlysses), where they
- * are not even (ranks of unequal speed).
+ * parallel: group 0 runs the conditional pass, group 1 the unconditional one), each a pipeline of
+ * `stages` stages (the transformer's blocks cut in contiguous runs: one stage holds them all unless
+ * the placement pools memory), each stage a Ulysses mesh of `ulyssesDegree` ranks. Rank r is rank
+ * r mod P of mesh m = ⌊r/P⌋, which is stage m mod S of group ⌊m/S⌋. Nobody else does this
+ * arithmetic. `heads`: each group's ranks' shares of the heads (planUlysses), where they are not
+ * even (ranks of unequal speed); every stage of a group shares them alike.
  */
 export class RankLayout {
   readonly world: number;
@@ -39,15 +41,18 @@ export class RankLayout {
     readonly ulyssesDegree: number,
     readonly cfgGroups: 1 | 2 = 1,
     readonly heads: number[][] | null = null,
+    readonly stages = 1,
   ) {
     if (!Number.isInteger(ulyssesDegree) || ulyssesDegree < 1)
       throw new ParallelConfigError(`a Ulysses degree is a whole number of ranks, got ${ulyssesDegree}`);
+    if (!Number.isInteger(stages) || stages < 1)
+      throw new ParallelConfigError(`pipeline stages are a whole number ≥ 1, got ${stages}`);
     if (heads && (heads.length !== cfgGroups || heads.some((g) => g.length !== ulyssesDegree))) {
       throw new ParallelConfigError(
         `head shares ${JSON.stringify(heads)} are not ${cfgGroups} group(s) of ${ulyssesDegree} ranks`,
       );
     }
-    this.world = ulyssesDegree * cfgGroups;
+    this.world = ulyssesDegree * stages * cfgGroups;
   }
 
   /** The heads of each rank of `group` (planUlysses takes either): shares where given, else the degree (even). */
@@ -64,26 +69,43 @@ export class RankLayout {
     return (
       this.ulyssesDegree === other.ulyssesDegree &&
       this.cfgGroups === other.cfgGroups &&
+      this.stages === other.stages &&
       JSON.stringify(this.heads) === JSON.stringify(other.heads)
     );
   }
 
+  /** The rank's CFG group. */
   groupOf(rank: number): number {
-    return Math.floor(rank / this.ulyssesDegree);
+    return Math.floor(rank / (this.ulyssesDegree * this.stages));
   }
 
-  /** The rank's place in its group's mesh. */
+  /** The rank's pipeline stage in its group (0 where the placement has one stage). */
+  stageOf(rank: number): number {
+    return Math.floor(rank / this.ulyssesDegree) % this.stages;
+  }
+
+  /** The rank's place in its stage's mesh. */
   localRank(rank: number): number {
     return rank % this.ulyssesDegree;
   }
 
-  globalRank(group: number, localRank: number): number {
-    return group * this.ulyssesDegree + localRank;
+  globalRank(group: number, localRank: number, stage = 0): number {
+    return (group * this.stages + stage) * this.ulyssesDegree + localRank;
   }
 
-  /** The ranks of one group, in mesh order. */
+  /** The ranks of one stage of a group, in mesh order. */
+  stageRanks(group: number, stage: number): number[] {
+    return Array.from({ length: this.ulyssesDegree }, (_, i) => this.globalRank(group, i, stage));
+  }
+
+  /** The ranks of one group, stage after stage, each stage's in mesh order. */
   groupRanks(group: number): number[] {
-    return Array.from({ length: this.ulyssesDegree }, (_, i) => this.globalRank(group, i));
+    return Array.from({ length: this.stages }, (_, stage) => this.stageRanks(group, stage)).flat();
+  }
+
+  /** The ranks that share `rank`'s mesh (its stage of its group), in mesh order. */
+  meshRanks(rank: number): number[] {
+    return this.stageRanks(this.groupOf(rank), this.stageOf(rank));
   }
 
   /** The group that runs a forward pass: pass p on group p with CFG parallel, every pass on group 0 otherwise. */
@@ -91,18 +113,19 @@ export class RankLayout {
     return this.cfgParallel ? pass : 0;
   }
 
-  /** The rank's mesh: its group's ranks, their peers, their head shares, and a session of the group's own. */
+  /** The rank's mesh: its stage's ranks, their peers, their head shares, and a session of the mesh's own. */
   meshOf(
     rank: number,
     peers: string[],
     session: string,
   ): { rank: number; world: number; peers: string[]; session: string; heads?: number[] } {
     const group = this.groupOf(rank);
+    const mesh = [this.cfgParallel ? `.${group}` : '', this.stages > 1 ? `.stage${this.stageOf(rank)}` : ''];
     return {
       rank: this.localRank(rank),
       world: this.ulyssesDegree,
-      peers: this.groupRanks(group).map((r) => peers[r]),
-      session: this.cfgParallel ? `${session}.${group}` : session,
+      peers: this.meshRanks(rank).map((r) => peers[r]),
+      session: `${session}${mesh.join('')}`,
       ...(this.heads && { heads: this.heads[group] }),
     };
   }
@@ -117,7 +140,7 @@ export class RankLayout {
   /** Every pair of ranks that share a mesh, the higher rank first (it dials). */
   meshPairs(): [number, number][] {
     return Array.from({ length: this.world }, (_, from) =>
-      this.groupRanks(this.groupOf(from))
+      this.meshRanks(from)
         .filter((to) => to < from)
         .map((to): [number, number] => [from, to]),
     ).flat();
@@ -128,6 +151,7 @@ export class RankLayout {
     const share = job && this.shareOf(rank, job.numHeads, job.tokens);
     const notes = [
       this.cfgParallel && `${this.groupOf(rank) === 0 ? 'conditional' : 'unconditional'} group`,
+      this.stages > 1 && `pipeline stage ${this.stageOf(rank) + 1} of ${this.stages}`,
       share
         ? `${share.heads} heads, ${share.tokens} tokens`
         : this.heads && `${this.heads[this.groupOf(rank)][this.localRank(rank)]} heads`,

@@ -4,7 +4,7 @@
 //   npm run generate -- --prompt "a red ball" [--backend local|swarm] [--workers N]
 //     [--ep auto|webgpu|wasm] [--frames F --height H --width W --steps K --guidance G --seed S]
 //     [--out out/video.webm] [--report out/report.json] [--latent-out out/latent.f32]
-//     [--drop-worker RANK@STEP] [--crash-worker RANK@STEP] [--force-relay] [--cfg-parallel] [--model URL]
+//     [--drop-worker RANK@STEP] [--crash-worker RANK@STEP] [--force-relay] [--cfg-parallel] [--stages S] [--model URL]
 //     [--prompt-embeds FILE] [--negative-prompt-embeds FILE] [--output-type video|latent]
 
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
@@ -50,6 +50,9 @@ const USAGE = [
     'on two groups of N/2 workers (N even; guidance ≠ 1)',
   "  [--force-relay]   send every link through the server's relay instead of WebRTC data channels " +
     '(networks that block UDP; tests)',
+  "  [--stages S]   pooled memory: the transformer's blocks cut into S pipeline stages, one worker tab each " +
+    "holding only its stage's weights",
+  '                     (--workers is S, the default with --stages)',
 ].join('\n');
 
 function fail(message: string): never {
@@ -64,7 +67,8 @@ try {
       prompt: { type: 'string' },
       'negative-prompt': { type: 'string' },
       backend: { type: 'string', default: 'swarm' },
-      workers: { type: 'string', default: '1' },
+      workers: { type: 'string' },
+      stages: { type: 'string', default: '1' },
       ep: { type: 'string', default: 'auto' },
       fp16: { type: 'boolean', default: false },
       int8: { type: 'boolean', default: false },
@@ -106,9 +110,17 @@ if ([values.fp16, values.int8, values.int4].filter(Boolean).length > 1)
   fail('--fp16, --int8 and --int4 are ways to send activations between ranks: give one of them');
 if (values.int4 && !values.displaced)
   fail("--int4 sends displaced mode's deltas of keys and values: give --displaced too");
-const workers = Number(values.workers);
+const stages = Number(values.stages);
+if (!Number.isInteger(stages) || stages < 1) fail(`--stages must be a whole number ≥ 1, got ${values.stages}`);
+const workers = Number(values.workers ?? stages);
 if (!Number.isInteger(workers) || workers < 1) fail(`--workers must be a whole number ≥ 1, got ${values.workers}`);
 const cfgParallel = values['cfg-parallel'];
+if (stages > 1 && (values.backend !== 'swarm' || workers !== stages || cfgParallel))
+  fail(
+    `--stages ${stages} runs one worker tab a stage: it needs --backend swarm, --workers ${stages} ` +
+      `(or no --workers) and no --cfg-parallel, got ${values.backend} with ${workers}` +
+      (cfgParallel ? ' and --cfg-parallel' : ''),
+  );
 const warmupSteps = values['warmup-steps'] === undefined ? undefined : Number(values['warmup-steps']);
 if (warmupSteps !== undefined && !(Number.isInteger(warmupSteps) && warmupSteps >= 0 && values.displaced))
   fail(
@@ -220,8 +232,9 @@ try {
     ...params,
     ...inputs,
     backend: values.backend,
-    // with CFG parallel the degree is that of each of the two groups
-    workers: values.backend === 'swarm' ? workers / (cfgParallel ? 2 : 1) : 1,
+    // with CFG parallel the degree is that of each of the two groups, with stages that of each stage
+    workers: values.backend === 'swarm' ? workers / (cfgParallel ? 2 : 1) / stages : 1,
+    ...(stages > 1 && { stages }),
     ep: values.ep,
     dtype: values.int4 ? 'i4' : values.int8 ? 'i8' : values.fp16 ? 'f16' : 'f32',
     parallel: values.displaced ? 'displaced' : 'ulysses',

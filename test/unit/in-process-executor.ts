@@ -9,10 +9,17 @@ import type { RankSettings } from '../../core/rank-settings.ts';
 import type { Link } from '../../core/net/link.ts';
 import { COORDINATOR } from '../../core/net/protocol.ts';
 import { inProcess, remote, serve, type Remote } from '../../core/net/rpc.ts';
-import { WORKER_CONTRACT, WORKER_METHODS, type ExecuteResult, type WorkerApi } from '../../core/worker-api.ts';
+import {
+  WORKER_CONTRACT,
+  WORKER_METHODS,
+  type ExecuteResult,
+  type InitArgs,
+  type WorkerApi,
+} from '../../core/worker-api.ts';
 import type { EngineApi } from '../../rank/engine.ts';
 import { memoryExchanges } from '../../rank/exchange/memory.ts';
 import { WorkerRuntime } from '../../rank/runtime.ts';
+import type { Exchange } from '../../rank/ulysses.ts';
 import { channelPair, describeInProcess } from './fixtures.ts';
 
 // An executor over P real WorkerRuntimes in this process: the all-to-all over memory, the calls
@@ -87,10 +94,16 @@ export class InProcessExecutor extends Executor {
 
   protected place(): Promise<string[]> {
     const ranks = this.layout.world;
-    const exchanges = memoryExchanges(ranks, this.placement.settings.dtype);
+    // the ranks of one mesh (a CFG group's, a pipeline stage's) share an all-to-all: one per initWorker session
+    const meshes = new Map<string, Exchange[]>();
+    const meshOf = (init: InitArgs) => {
+      const mesh = meshes.get(init.session) ?? memoryExchanges(init.world, this.placement.settings.dtype);
+      meshes.set(init.session, mesh);
+      return mesh;
+    };
     for (let rank = 0; rank < ranks; rank++) {
       const runtime = new WorkerRuntime(this.engine, {
-        connectMesh: (init) => Promise.resolve(exchanges[init.rank]),
+        connectMesh: (init) => Promise.resolve(meshOf(init)[init.rank]),
         describe: describeInProcess(`in-process rank ${rank}`),
       });
       this.runtimes.push(runtime);

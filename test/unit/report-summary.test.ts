@@ -24,6 +24,7 @@ const placement = (dtype: DType, parallel: 'ulysses' | 'displaced' = 'displaced'
   timeouts: timeoutsOf(),
   prediction: null,
   cfgFallback: null,
+  stages: null,
 });
 
 /** The fields of a report the status line reads; the rest does not matter to it. */

@@ -1,0 +1,247 @@
+// Exact staged mode (issue 35): a job that asks for `stages` has the planner cut the blocks over
+// that many workers (stage-plan.ts), the layout give each stage a mesh of its own, each rank load
+// only its stage's blocks, and the executor pass each forward through the stages in turn, the first
+// from the patches and each next from the hidden state the one before handed on: the latent of one
+// worker holding everything, to the bit. A stage that hands on a malformed hidden state is named.
+import { beforeAll, describe, expect, it } from 'vitest';
+import { WorkerError } from '../../coordinator/executor.ts';
+import type { WorkerMeasurement } from '../../coordinator/measure.ts';
+import { Measurements } from '../../coordinator/measurements.ts';
+import { loadArgsOf, type PlacementRequest, type ResolvedPlacement } from '../../coordinator/placement.ts';
+import {
+  planPlacement,
+  rehearsalsNeeded,
+  workersToWaitFor,
+  type PlannerContext,
+  type PlanningWorker,
+} from '../../coordinator/planner.ts';
+import { stagedModel, STAGE_MEMORY_SHARE } from '../../coordinator/stage-plan.ts';
+import { DEFAULT_JOB, jobParams } from '../../core/job.ts';
+import type { BlockRange } from '../../core/model/blocks.ts';
+import { wanConfigOfSize } from '../../core/model/config.ts';
+import { loadTransformer } from '../../core/model/transformer.ts';
+import { RankLayout } from '../../core/parallel.ts';
+import { SeededRandom } from '../../core/random.ts';
+import { maxAbsDiff, type Tensor } from '../../core/tensor.ts';
+import type { ExecuteResult, WorkerInfo } from '../../core/worker-api.ts';
+import type { EngineApi } from '../../rank/engine.ts';
+import { onnxStages } from '../../rank/onnx-stages.ts';
+import { stubEngine, tinyModelFiles } from './fixtures.ts';
+import { InProcessExecutor, type InProcessOptions } from './in-process-executor.ts';
+
+/** a model of four blocks: two stages of two, or four of one */
+const FOUR_BLOCKS = wanConfigOfSize({ headDim: 24, textDim: 32, ffnDim: 64, numLayers: 4 }, 'four blocks');
+const ctx: PlannerContext = { config: FOUR_BLOCKS, modelUrl: '/m', backend: 'swarm', textTokens: 16 };
+const guided = jobParams(DEFAULT_JOB);
+
+function worker(id: string, gflops: number | null = null, memoryGiB: number | null = null): PlanningWorker {
+  const measurement: WorkerMeasurement | null =
+    gflops === null
+      ? null
+      : {
+          threads: 1,
+          compute: { wasm: { ep: 'wasm', flops: gflops * 1e9, softmaxRate: gflops * 1e8, stageMs: 1 / gflops } },
+          auto: { ep: 'wasm', why: 'WASM only' },
+          rttMs: 2,
+          bandwidth: 1e9,
+        };
+  const info: WorkerInfo = {
+    ep: 'wasm',
+    adapter: 'stub',
+    softwareAdapter: false,
+    threads: 1,
+    memoryGiB,
+    userAgent: id,
+  };
+  return { id, info, measurement };
+}
+const workers = (n: number) => Array.from({ length: n }, (_, i) => worker(`w${i}`));
+
+const plan = (request: PlacementRequest, live: readonly PlanningWorker[], maxWorld?: number): ResolvedPlacement =>
+  planPlacement(ctx, { params: guided, request, workers: live, measurements: new Measurements(), maxWorld });
+
+describe('the stages of a placement', () => {
+  it('a rank is a stage of a group, each stage a mesh of its own: its own session, peers and pairs', () => {
+    const layout = new RankLayout(2, 1, null, 3);
+    expect(layout.world).toBe(6);
+    expect([0, 1, 2, 3, 4, 5].map((r) => [layout.stageOf(r), layout.localRank(r), layout.groupOf(r)])).toEqual([
+      [0, 0, 0],
+      [0, 1, 0],
+      [1, 0, 0],
+      [1, 1, 0],
+      [2, 0, 0],
+      [2, 1, 0],
+    ]);
+    const peers = ['a', 'b', 'c', 'd', 'e', 'f'];
+    expect(layout.meshOf(3, peers, 's')).toEqual({ rank: 1, world: 2, peers: ['c', 'd'], session: 's.stage1' });
+    expect(layout.meshPairs()).toEqual([
+      [1, 0],
+      [3, 2],
+      [5, 4],
+    ]);
+    expect(layout.groupRanks(0)).toEqual([0, 1, 2, 3, 4, 5]);
+    expect(layout.describe(4)).toBe('rank 4 of 6 (pipeline stage 3 of 3)');
+    // one stage: the meshes and sessions as before
+    expect(new RankLayout(2).meshOf(1, ['a', 'b'], 's').session).toBe('s');
+    expect(new RankLayout(2, 1, null, 2).sameAs(new RankLayout(2))).toBe(false);
+    expect(() => new RankLayout(1, 1, null, 0)).toThrow('pipeline stages are a whole number ≥ 1, got 0');
+  });
+
+  it('stages: 2 on three unmeasured workers cuts the blocks evenly over the first two, each loading its own', () => {
+    const placement = plan({ stages: 2 }, workers(3));
+    expect(placement.layout.stages).toBe(2);
+    expect(placement.layout.world).toBe(2);
+    expect(placement.workers.map((w) => w.id)).toEqual(['w0', 'w1']);
+    const model = stagedModel(FOUR_BLOCKS);
+    expect(placement.stages).toEqual([
+      { blocks: [0, 2], workers: ['w0'], heldBytes: 2 * model.blockBytes + model.firstBytes },
+      { blocks: [2, 4], workers: ['w1'], heldBytes: 2 * model.blockBytes + model.lastBytes },
+    ]);
+    const blocksOf = (rank: number) => loadArgsOf(placement, rank).blocks;
+    expect([blocksOf(0), blocksOf(1)]).toEqual([
+      { from: 0, to: 2 },
+      { from: 2, to: 4 },
+    ]);
+    // no spot checks and no rehearsal: no worker holds the whole model
+    expect(placement.spotChecks.rate).toBe(0);
+    expect(
+      rehearsalsNeeded(ctx, {
+        params: guided,
+        request: { stages: 2 },
+        workers: workers(3),
+        measurements: new Measurements(),
+      }),
+    ).toEqual([]);
+    expect(workersToWaitFor(ctx, { stages: 2 }, guided)).toBe(2);
+    // unstaged: no stages, and a worker loads every block
+    const whole = plan({}, workers(2));
+    expect([whole.stages, whole.layout.stages, loadArgsOf(whole, 1).blocks]).toEqual([null, 1, undefined]);
+  });
+
+  it('measured workers hold blocks by speed, and memory caps what each holds', () => {
+    // the fastest first (rankOrder), holding three times the blocks
+    const fast = plan({ stages: 2 }, [worker('slow', 1), worker('fast', 3)]);
+    expect(fast.stages?.map((s) => [s.blocks, s.workers])).toEqual([
+      [[0, 3], ['fast']],
+      [[3, 4], ['slow']],
+    ]);
+    // a worker whose memory holds one block beside the embedders holds one, however fast
+    const model = stagedModel(FOUR_BLOCKS);
+    const oneBlockGiB = (model.firstBytes + 1.5 * model.blockBytes) / STAGE_MEMORY_SHARE / 2 ** 30;
+    const capped = plan({ stages: 2 }, [worker('small', 10, oneBlockGiB), worker('big', 1, 1)]);
+    expect(capped.stages?.map((s) => s.blocks)).toEqual([
+      [0, 1],
+      [1, 4],
+    ]);
+  });
+
+  it('a staged job the workers cannot hold, or that asks what staged placement does not do, is refused saying why', () => {
+    const tiny = 1e-4; // GiB: a tenth of a block
+    expect(() => plan({ stages: 2 }, [worker('a', null, tiny), worker('b', null, tiny)])).toThrow(
+      /^the job cannot be placed in 2 pipeline stages: the model needs .* it needs .* more, one more worker with/,
+    );
+    expect(() => plan({ stages: 3 }, workers(2))).toThrow(
+      '3 pipeline stages need 3 workers (one a stage) but 2 are live: ask for fewer stages, or open more worker pages',
+    );
+    expect(() => plan({ stages: 5 }, workers(6))).toThrow(
+      '5 pipeline stages of a model of 4 blocks: each stage holds at least one block, so at most 4 stages',
+    );
+    expect(() => plan({ stages: 1.5 }, workers(2))).toThrow('stages is a whole number ≥ 1 of pipeline stages, got 1.5');
+    expect(() => plan({ stages: 2, ulyssesDegree: 2 }, workers(4))).toThrow(
+      'pipeline stages run one worker each so far, not Ulysses degree 2',
+    );
+    expect(() => plan({ stages: 2, cfgParallel: true }, workers(4))).toThrow('do not run CFG parallel yet');
+    expect(() => plan({ stages: 2, spotCheckRate: 0.1 }, workers(4))).toThrow('ask spotCheckRate 0 with stages');
+    expect(() =>
+      planPlacement(
+        { ...ctx, backend: 'local' },
+        { params: guided, request: { stages: 2 }, workers: [], measurements: new Measurements() },
+      ),
+    ).toThrow('pipeline stages run on worker pages: use the swarm backend for stages');
+  });
+
+  it('re-placed after a lost rank, a staged job is cut into as many stages as workers are left', () => {
+    const placement = plan({ stages: 3 }, workers(2), 3);
+    expect(placement.stages?.map((s) => [s.blocks, s.workers])).toEqual([
+      [[0, 2], ['w0']],
+      [[2, 4], ['w1']],
+    ]);
+  });
+});
+
+describe('the executor through pipeline stages', () => {
+  const random = new SeededRandom(11);
+  let engine: EngineApi;
+  let options: InProcessOptions;
+  let text: Float32Array;
+  const latent: Tensor = { shape: [16, 1, 6, 10], data: random.normals(16 * 6 * 10) }; // 15 tokens
+
+  beforeAll(async () => {
+    const model = await loadTransformer(tinyModelFiles);
+    engine = stubEngine(await onnxStages(model, 'wasm'), model.config);
+    text = random.normals(5 * model.config.textDim);
+    options = { config: model.config, modelUrl: '/models/tiny-wan', rpcTimeoutMs: 10_000, layout: new RankLayout(1) };
+  });
+
+  /** An executor on `layout` whose ranks record the blocks each was asked to load. */
+  async function started(layout: RankLayout, request: PlacementRequest) {
+    const loads: (BlockRange | undefined)[] = [];
+    const recording: EngineApi = {
+      ...engine,
+      load: (url, ep, progress, blocks) => (loads.push(blocks), engine.load(url, ep, progress, blocks)),
+    };
+    const executor = new InProcessExecutor({ ...options, ...request, layout }, recording, 'rpc');
+    await executor.initialize();
+    await executor.prepareJob(3, [text, text], latent.shape);
+    return { executor, loads };
+  }
+
+  it('a guided step through two stages gives the latent of one rank holding everything, to the bit', async () => {
+    const { executor, loads } = await started(new RankLayout(1, 1, null, 2), { stages: 2 });
+    expect(executor.placement.stages?.map((s) => s.blocks)).toEqual([
+      [0, 1],
+      [1, 2],
+    ]);
+    expect(loads).toEqual([
+      { from: 0, to: 1 },
+      { from: 1, to: 2 },
+    ]);
+    const at = { job: 3, step: 0, timestep: 600, latent };
+    const staged = await executor.velocity(at, 5);
+    const { executor: single } = await started(new RankLayout(1), { spotCheckRate: 0 });
+    const whole = await single.velocity(at, 5);
+    expect(maxAbsDiff(staged.velocity, whole.velocity)).toBe(0);
+    // every stage's rank reports its own share of the work
+    expect(staged.ranks.map((r) => r.worker)).toEqual(['rank-0', 'rank-1']);
+    expect(executor.received.map((calls) => calls.filter((m) => m === 'executeModel').length)).toEqual([2, 2]);
+    await Promise.all([executor.shutdown({ graceMs: 500 }), single.shutdown({ graceMs: 500 })]);
+  });
+
+  it('a stage that hands on a malformed hidden state, or none, broke the contract: named, and the next stage is not asked', async () => {
+    const { executor } = await started(new RankLayout(1, 1, null, 2), { stages: 2 });
+    const at = { job: 3, step: 0, pass: 0, timestep: 600, latent };
+    const cheats: [(r: ExecuteResult) => unknown, string][] = [
+      [
+        (r) => ({ ...r, hidden: { ...r.hidden, x: r.hidden?.x.subarray(1) } }),
+        `handed on a malformed hidden state: its x has ${15 * 288 - 1} values, not 15×288`,
+      ],
+      [
+        (r) => ({ ...r, hidden: { ...r.hidden, context: r.hidden?.context.map(() => NaN) } }),
+        'handed on a malformed hidden state: its context has NaN or infinite values',
+      ],
+      [(r) => ({ ...r, hidden: undefined }), 'handed no hidden state on to the next pipeline stage'],
+      [(r) => ({ ...r, rows: new Float32Array(4) }), 'returned rows, but its pipeline stage hands a hidden state on'],
+    ];
+    for (const [alters, why] of cheats) {
+      executor.fault = (rank, method) => (rank === 0 && method === 'executeModel' ? { alters } : null);
+      const asked = executor.received[1].length;
+      const error = await executor.executeModel(at).catch((e: unknown) => e);
+      expect(error).toBeInstanceOf(WorkerError);
+      expect(error).toMatchObject({ rank: 0, breach: true, remoteMessage: why });
+      expect(executor.received[1].length).toBe(asked);
+    }
+    executor.fault = () => null;
+    expect((await executor.executeModel(at)).output.shape).toEqual(latent.shape);
+    await executor.shutdown({ graceMs: 500 });
+  });
+});
