@@ -1,0 +1,82 @@
+import { join } from 'node:path';
+import { expect, test } from '@playwright/test';
+import type { JobOverrides } from '../../app/automation.ts';
+import { holdsTensor, type BlockRange } from '../../core/model/blocks.ts';
+import { openCheckpoint } from '../../core/model/checkpoint.ts';
+import { parseWanConfig } from '../../core/model/config.ts';
+import { readJson } from '../../core/model/files.ts';
+import { TRANSFORMER_CONFIG, TRANSFORMER_WEIGHTS_NAME } from '../../core/model/transformer.ts';
+import { folderFiles } from '../../server/model-folder.ts';
+import { maxAbsDiff, runJob, suiteSwarm, TEST_MODEL, WASM_ONLY_BROWSER } from './swarm-page.ts';
+
+test.use(WASM_ONLY_BROWSER); // its jobs all compute on WASM
+
+// Exact staged mode over worker tabs (issue 35): the tiny model's two blocks cut into two pipeline
+// stages, one tab each, each loading only its stage's tensors (the embedders with the first, the
+// head with the last); every forward passes from the first tab's stage to the second's through the
+// coordinator as a hidden state, and the latent is one tab holding everything, to the bit.
+
+/** The bytes of the tiny checkpoint's tensors a stage holding `range` reads (float32: as it holds them). */
+async function heldBytes(range: BlockRange): Promise<number> {
+  const files = folderFiles(join(import.meta.dirname, '../../public', TEST_MODEL));
+  const config = parseWanConfig(await readJson(files, TRANSFORMER_CONFIG), TRANSFORMER_CONFIG);
+  const checkpoint = await openCheckpoint(files, 'transformer', TRANSFORMER_WEIGHTS_NAME);
+  return [...checkpoint.tensors.values()]
+    .filter((t) => holdsTensor(config, range, t.name))
+    .reduce((n, t) => n + t.end - t.begin, 0);
+}
+
+test.describe.serial('pipeline stages over worker tabs', () => {
+  const swarm = suiteSwarm(2);
+
+  test("two stages on two tabs equal one tab holding the whole model, to the bit; each tab holds only its stage's weights", async () => {
+    test.setTimeout(300_000);
+    const job = {
+      prompt: 'a red ball',
+      frames: 5,
+      height: 96,
+      width: 96,
+      steps: 2,
+      guidance: 5,
+      seed: 3,
+      backend: 'swarm',
+      ep: 'wasm',
+    } satisfies JobOverrides;
+    const single = await runJob(swarm.dashboard, { ...job, workers: 1 });
+    expect(single.report.placement.stages).toBeNull();
+    const whole = await heldBytes({ from: 0, to: 2 });
+    expect(single.report.workers.map((w) => w.heldWeightBytes)).toEqual([whole]);
+
+    const staged = await runJob(swarm.dashboard, { ...job, workers: 1, stages: 2 });
+    const { placement, workers } = staged.report;
+    expect(placement.layout).toMatchObject({ world: 2, ulyssesDegree: 1, cfgGroups: 1, stages: 2 });
+    const stages = placement.stages ?? [];
+    expect(stages.map((s) => s.blocks)).toEqual([
+      [0, 1],
+      [1, 2],
+    ]);
+    // a stage each, on two tabs: the report's workers in stage order
+    expect(stages.map((s) => s.workers)).toEqual(workers.map((w) => [w.id]));
+    expect(new Set(workers.map((w) => w.id)).size).toBe(2);
+    const held = workers.map((w) => w.heldWeightBytes);
+    expect(held).toEqual([await heldBytes({ from: 0, to: 1 }), await heldBytes({ from: 1, to: 2 })]);
+    expect(held[0] + held[1]).toBe(whole);
+    console.log(
+      `stages: held ${held.map((b) => `${(b / 1e6).toFixed(2)} MB (${((100 * b) / whole).toFixed(0)} %)`).join(' / ')} ` +
+        `of ${(whole / 1e6).toFixed(2)} MB`,
+    );
+    for (const h of held) expect(h).toBeLessThan(0.65 * whole); // the embedders are most of the first stage's excess
+
+    // every forward crossed both stages: each step's two passes on both tabs
+    for (const step of staged.report.steps) {
+      expect(step.ranks.map((r) => r.rank)).toEqual([0, 1]);
+      for (const rank of step.ranks) expect(rank.computeMs).toBeGreaterThan(0);
+    }
+    const diff = maxAbsDiff(staged.latent, single.latent);
+    console.log(
+      `stages: S=2 max-abs vs 1 tab ${diff.toExponential(2)}, step ms ${staged.report.steps.map((s) => s.ms.toFixed(0)).join('/')} ` +
+        `(1 tab ${single.report.steps.map((s) => s.ms.toFixed(0)).join('/')})`,
+    );
+    expect(diff).toBe(0);
+  });
+});
