@@ -218,19 +218,14 @@ export function checkRequest(request: PlacementRequest): Asked {
 }
 
 /**
- * The pipeline stages asked for, checked against what staged placement does so far: one worker a
- * stage, no CFG parallel, no spot checks (no worker holds the whole model to recompute a forward).
+ * The pipeline stages asked for, checked against what staged placement does so far: no CFG parallel,
+ * no spot checks (no worker holds the whole model to recompute a forward).
  */
 function checkStagesRequest(request: PlacementRequest): number {
-  const { stages = 1, ulyssesDegree, cfgParallel, spotCheckRate } = request;
+  const { stages = 1, cfgParallel, spotCheckRate } = request;
   if (!(Number.isInteger(stages) && stages >= 1))
     throw new Error(`stages is a whole number ≥ 1 of pipeline stages, got ${JSON.stringify(stages)}`);
   if (stages === 1) return stages;
-  if (ulyssesDegree !== undefined && ulyssesDegree !== 'auto' && ulyssesDegree !== 1)
-    throw new Error(
-      `pipeline stages run one worker each so far, not Ulysses degree ${ulyssesDegree}: ` +
-        'ask ulyssesDegree 1 (or leave it unset) with stages',
-    );
   if (cfgParallel) throw new Error('pipeline stages do not run CFG parallel yet: leave cfgParallel unset with stages');
   if (spotCheckRate)
     throw new Error(
@@ -680,18 +675,21 @@ export function planPlacement(ctx: PlannerContext, input: PlanningInput): Resolv
 }
 
 /**
- * Pooled memory: the blocks cut into pipeline stages over the workers (stage-plan.ts), one worker a
- * stage, the workers in stage order; after a lost rank, into as many stages as workers are left.
- * The cost model does not predict a staged step yet: no prediction.
+ * Pooled memory: the blocks cut into pipeline stages over the workers (stage-plan.ts), each stage a
+ * group of the Ulysses degree asked (one worker where it is 'auto'), the workers in stage order;
+ * after a lost rank, into as many stages as the workers left fill. The cost model does not predict a
+ * staged step yet: no prediction.
  */
 function placeStaged(ctx: PlannerContext, input: PlanningInput, weighed: Weighed) {
   const { asked } = weighed;
   if (ctx.backend !== 'swarm') throw new Error('pipeline stages run on worker pages: use the swarm backend for stages');
+  const degree = asked.ulyssesDegree === 'auto' ? 1 : asked.ulyssesDegree;
   const live = weighed.workers;
-  const count = input.maxWorld === undefined ? asked.stages : Math.max(1, Math.min(asked.stages, live.length));
+  const count =
+    input.maxWorld === undefined ? asked.stages : Math.max(1, Math.min(asked.stages, Math.floor(live.length / degree)));
   const stages = placeStages(
     ctx.config,
-    count,
+    { stages: count, degree },
     live.map((w) => ({
       id: w.id,
       memoryGiB: w.info.memoryGiB,
@@ -700,21 +698,17 @@ function placeStaged(ctx: PlannerContext, input: PlanningInput, weighed: Weighed
   );
   const order = stages.flatMap((stage) => stage.workers);
   const chosen: Chosen = {
-    layout: new RankLayout(1, 1, null, stages.length),
+    layout: new RankLayout(degree, 1, null, stages.length),
     exchange: exchangeUnpredicted(asked),
     headGroups: undefined,
     prediction: null,
   };
-  return {
-    stages,
-    chosen,
-    workers: order.map((id) =>
-      defined(
-        live.find((w) => w.id === id),
-        `worker ${id}`,
-      ),
-    ),
-  };
+  const workerOf = (id: string) =>
+    defined(
+      live.find((w) => w.id === id),
+      `worker ${id}`,
+    );
+  return { stages, chosen, workers: order.map(workerOf) };
 }
 
 /**

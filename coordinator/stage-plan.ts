@@ -130,12 +130,18 @@ export interface StageWorker {
 }
 
 /**
- * A staged placement's pipeline: `stages` stages of one worker each, the first `stages` of `workers`
- * in order, cut by cutStages. A worker's memory budget is STAGE_MEMORY_SHARE of what it reports, and
- * unbounded where it reports nothing; blocks go by measured speed, evenly while any worker is
- * unmeasured. A cut that cannot hold the model is refused, saying what is missing.
+ * A staged placement's pipeline: `stages` stages of `degree` workers each (a Ulysses mesh within the
+ * stage), the first stages × degree of `workers` in order, cut by cutStages. A worker's memory budget
+ * is STAGE_MEMORY_SHARE of what it reports, and unbounded where it reports nothing; a group's is its
+ * least member's. Blocks go by measured speed (a group's: its slowest member's, times its members, as
+ * even shares run), evenly while any worker is unmeasured. A cut that cannot hold the model is
+ * refused, saying what is missing.
  */
-export function placeStages(model: ModelShape, stages: number, workers: readonly StageWorker[]): PipelineStage[] {
+export function placeStages(
+  model: ModelShape,
+  { stages, degree }: { stages: number; degree: number },
+  workers: readonly StageWorker[],
+): PipelineStage[] {
   if (!(Number.isInteger(stages) && stages >= 1))
     throw new Error(`stages is a whole number ≥ 1 of pipeline stages, got ${JSON.stringify(stages)}`);
   if (stages > model.numLayers)
@@ -143,20 +149,24 @@ export function placeStages(model: ModelShape, stages: number, workers: readonly
       `${stages} pipeline stages of a model of ${model.numLayers} blocks: each stage holds at least one block, ` +
         `so at most ${model.numLayers} stages`,
     );
-  if (stages > workers.length)
+  const needed = stages * degree;
+  if (needed > workers.length)
     throw new Error(
-      `${stages} pipeline stages need ${stages} workers (one a stage) but ${workers.length} ` +
-        `${workers.length === 1 ? 'is' : 'are'} live: ask for fewer stages, or open more worker pages`,
+      `${stages} pipeline stages of ${degree} worker${degree === 1 ? '' : 's'} need ${needed} workers but ` +
+        `${workers.length} ${workers.length === 1 ? 'is' : 'are'} live: ` +
+        'ask for fewer stages, or open more worker pages',
     );
-  const hosts = workers.slice(0, stages);
+  const hosts = workers.slice(0, needed);
   const measured = hosts.every((w) => w.flops !== null && w.flops > 0);
+  const budget = (w: StageWorker) => (w.memoryGiB === null ? Infinity : w.memoryGiB * 2 ** 30 * STAGE_MEMORY_SHARE);
+  const groups = Array.from({ length: stages }, (_, s) => hosts.slice(s * degree, (s + 1) * degree));
   const plan = cutStages(
     stagedModel(model),
-    hosts.map((w) => ({
-      workers: [w.id],
-      memoryBytes: w.memoryGiB === null ? Infinity : w.memoryGiB * 2 ** 30 * STAGE_MEMORY_SHARE,
+    groups.map((members) => ({
+      workers: members.map((w) => w.id),
+      memoryBytes: Math.min(...members.map(budget)),
       reserveBytes: 0,
-      speed: measured ? (w.flops ?? 1) : 1,
+      speed: measured ? degree * Math.min(...members.map((w) => w.flops ?? 1)) : 1,
     })),
   );
   if ('refused' in plan) throw new Error(`the job cannot be placed in ${stages} pipeline stages: ${plan.refused}`);

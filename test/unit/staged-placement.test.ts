@@ -141,15 +141,15 @@ describe('the stages of a placement', () => {
       /^the job cannot be placed in 2 pipeline stages: the model needs .* it needs .* more, one more worker with/,
     );
     expect(() => plan({ stages: 3 }, workers(2))).toThrow(
-      '3 pipeline stages need 3 workers (one a stage) but 2 are live: ask for fewer stages, or open more worker pages',
+      '3 pipeline stages of 1 worker need 3 workers but 2 are live: ask for fewer stages, or open more worker pages',
+    );
+    expect(() => plan({ stages: 2, ulyssesDegree: 2 }, workers(3))).toThrow(
+      '2 pipeline stages of 2 workers need 4 workers but 3 are live',
     );
     expect(() => plan({ stages: 5 }, workers(6))).toThrow(
       '5 pipeline stages of a model of 4 blocks: each stage holds at least one block, so at most 4 stages',
     );
     expect(() => plan({ stages: 1.5 }, workers(2))).toThrow('stages is a whole number ≥ 1 of pipeline stages, got 1.5');
-    expect(() => plan({ stages: 2, ulyssesDegree: 2 }, workers(4))).toThrow(
-      'pipeline stages run one worker each so far, not Ulysses degree 2',
-    );
     expect(() => plan({ stages: 2, cfgParallel: true }, workers(4))).toThrow('do not run CFG parallel yet');
     expect(() => plan({ stages: 2, spotCheckRate: 0.1 }, workers(4))).toThrow('ask spotCheckRate 0 with stages');
     expect(() =>
@@ -158,6 +158,23 @@ describe('the stages of a placement', () => {
         { params: guided, request: { stages: 2 }, workers: [], measurements: new Measurements() },
       ),
     ).toThrow('pipeline stages run on worker pages: use the swarm backend for stages');
+  });
+
+  it('a stage may be a Ulysses mesh of several workers, each holding the whole stage', () => {
+    const placement = plan({ stages: 2, ulyssesDegree: 2 }, workers(5));
+    expect(placement.layout).toMatchObject({ world: 4, ulyssesDegree: 2, stages: 2 });
+    expect(placement.stages?.map((s) => [s.blocks, s.workers])).toEqual([
+      [
+        [0, 2],
+        ['w0', 'w1'],
+      ],
+      [
+        [2, 4],
+        ['w2', 'w3'],
+      ],
+    ]);
+    expect([0, 1, 2, 3].map((rank) => loadArgsOf(placement, rank).blocks?.from)).toEqual([0, 0, 2, 2]);
+    expect(workersToWaitFor(ctx, { stages: 2, ulyssesDegree: 2 }, guided)).toBe(4);
   });
 
   it('re-placed after a lost rank, a staged job is cut into as many stages as workers are left', () => {
@@ -215,6 +232,24 @@ describe('the executor through pipeline stages', () => {
     expect(staged.ranks.map((r) => r.worker)).toEqual(['rank-0', 'rank-1']);
     expect(executor.received.map((calls) => calls.filter((m) => m === 'executeModel').length)).toEqual([2, 2]);
     await Promise.all([executor.shutdown({ graceMs: 500 }), single.shutdown({ graceMs: 500 })]);
+  });
+
+  it('two stages of two Ulysses ranks each give the latent of two ranks holding everything, to the bit', async () => {
+    const { executor, loads } = await started(new RankLayout(2, 1, null, 2), { stages: 2 });
+    expect(loads).toEqual([
+      { from: 0, to: 1 },
+      { from: 0, to: 1 },
+      { from: 1, to: 2 },
+      { from: 1, to: 2 },
+    ]);
+    const at = { job: 3, step: 0, timestep: 600, latent };
+    const staged = await executor.velocity(at, 5);
+    const { executor: unstaged } = await started(new RankLayout(2), { spotCheckRate: 0 });
+    expect(maxAbsDiff(staged.velocity, (await unstaged.velocity(at, 5)).velocity)).toBe(0);
+    // each stage's ranks exchanged within their stage, every block of theirs
+    expect(staged.ranks.map((r) => r.rank)).toEqual([0, 1, 2, 3]);
+    for (const rank of staged.ranks) expect(rank.bytesSent).toBeGreaterThan(0);
+    await Promise.all([executor.shutdown({ graceMs: 500 }), unstaged.shutdown({ graceMs: 500 })]);
   });
 
   it('a stage that hands on a malformed hidden state, or none, broke the contract: named, and the next stage is not asked', async () => {
