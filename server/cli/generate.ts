@@ -50,9 +50,9 @@ const USAGE = [
     'on two groups of N/2 workers (N even; guidance ≠ 1)',
   "  [--force-relay]   send every link through the server's relay instead of WebRTC data channels " +
     '(networks that block UDP; tests)',
-  "  [--stages S]   pooled memory: the transformer's blocks cut into S pipeline stages, one worker tab each " +
+  "  [--stages S]   pooled memory: the transformer's blocks cut into S pipeline stages, each on N/S worker tabs " +
     "holding only its stage's weights",
-  '                     (--workers is S, the default with --stages)',
+  '                     (Ulysses among them; N is S unless --workers says)',
 ].join('\n');
 
 function fail(message: string): never {
@@ -115,11 +115,11 @@ if (!Number.isInteger(stages) || stages < 1) fail(`--stages must be a whole numb
 const workers = Number(values.workers ?? stages);
 if (!Number.isInteger(workers) || workers < 1) fail(`--workers must be a whole number ≥ 1, got ${values.workers}`);
 const cfgParallel = values['cfg-parallel'];
-if (stages > 1 && (values.backend !== 'swarm' || workers !== stages || cfgParallel))
+if (stages > 1 && (values.backend !== 'swarm' || workers % stages || cfgParallel))
   fail(
-    `--stages ${stages} runs one worker tab a stage: it needs --backend swarm, --workers ${stages} ` +
-      `(or no --workers) and no --cfg-parallel, got ${values.backend} with ${workers}` +
-      (cfgParallel ? ' and --cfg-parallel' : ''),
+    `--stages ${stages} runs each stage on the same number of worker tabs: it needs --backend swarm, ` +
+      `--workers a multiple of ${stages} (${stages} without --workers) and no --cfg-parallel, ` +
+      `got ${values.backend} with ${workers}${cfgParallel ? ' and --cfg-parallel' : ''}`,
   );
 const warmupSteps = values['warmup-steps'] === undefined ? undefined : Number(values['warmup-steps']);
 if (warmupSteps !== undefined && !(Number.isInteger(warmupSteps) && warmupSteps >= 0 && values.displaced))
