@@ -314,7 +314,9 @@ export abstract class Executor {
   async prepareJob(job: number, texts: Float32Array[], latentShape: number[]): Promise<void> {
     const tokens = tokenGrid(this.config, latentShape).count;
     for (let rank = 0; rank < this.world; rank++) {
-      this.jobShares[rank] = this.layout.describe(rank, { numHeads: this.config.numHeads, tokens });
+      const stage = this.placement.stages?.[this.layout.stageOf(rank)];
+      const held = stage ? `: blocks ${stage.blocks[0]}–${stage.blocks[1] - 1}` : '';
+      this.jobShares[rank] = `${this.layout.describe(rank, { numHeads: this.config.numHeads, tokens })}${held}`;
       this.showActivity(rank, this.jobShares[rank]);
     }
     await this.collectiveRpc('prepareJob', {

@@ -72,9 +72,16 @@ function placementNote(r: KeptReport): { ranks: string; notes: string[] } {
       `(an emulated LAN).`
     : '';
   const groups = cfgParallel ? ` (CFG parallel: two groups of ${layout.ulyssesDegree})` : '';
+  // a placement an older version kept has no stages
+  const stages = p.stages ?? null;
+  const pooled = stages
+    ? ` Pooled memory: the blocks in ${plural(stages.length, 'pipeline stage')} ` +
+      `(${stages.map((s) => `${s.blocks[0]}–${s.blocks[1] - 1} on ${s.workers.join(', ')}`).join('; ')}), ` +
+      "each worker holding its stage's weights alone."
+    : '';
   return {
     ranks: `${plural(layout.world, `${p.backend} rank`)}${groups}`,
-    notes: [planned, sentence(p.cfgFallback), transport, displaced, overlapped, emulated],
+    notes: [planned, sentence(p.cfgFallback), pooled, transport, displaced, overlapped, emulated],
   };
 }
 

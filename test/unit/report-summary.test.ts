@@ -53,6 +53,18 @@ describe("the dashboard's status line of a finished job", () => {
     expect(summarizeReport(7, report(placement('f32')))).toMatch(
       /^#7 done: 9 frames in 1\.0 s on 2 swarm ranks, each on WASM on 1 thread\. Displaced: past 2 exact steps/,
     );
+    const staged: ResolvedPlacement = {
+      ...placement('f32', 'ulysses'),
+      layout: new RankLayout(1, 1, null, 2),
+      stages: [
+        { blocks: [0, 1], workers: ['a'], heldBytes: 7 },
+        { blocks: [1, 2], workers: ['b'], heldBytes: 4 },
+      ],
+    };
+    expect(summarizeReport(7, report(staged))).toContain(
+      "Pooled memory: the blocks in 2 pipeline stages (0–0 on a; 1–1 on b), each worker holding its stage's weights alone.",
+    );
+    expect(summarizeReport(7, report(placement('f32')))).not.toContain('Pooled');
     expect(summarizeReport(7, report(undefined))).toBe(
       '#7 done: 9 frames in 1.0 s on swarm ranks, each on WASM on 1 thread.',
     );

@@ -186,6 +186,14 @@ describe('the stages of a placement', () => {
   });
 });
 
+/** An executor that keeps what it shows of each rank in the swarm view. */
+class ShowingExecutor extends InProcessExecutor {
+  readonly shown = new Map<number, string>();
+  protected override showActivity(rank: number, doing: string): void {
+    this.shown.set(rank, doing);
+  }
+}
+
 describe('the executor through pipeline stages', () => {
   const random = new SeededRandom(11);
   let engine: EngineApi;
@@ -207,7 +215,7 @@ describe('the executor through pipeline stages', () => {
       ...engine,
       load: (url, ep, progress, blocks) => (loads.push(blocks), engine.load(url, ep, progress, blocks)),
     };
-    const executor = new InProcessExecutor({ ...options, ...request, layout }, recording, 'rpc');
+    const executor = new ShowingExecutor({ ...options, ...request, layout }, recording, 'rpc');
     await executor.initialize();
     await executor.prepareJob(3, [text, text], latent.shape);
     return { executor, loads };
@@ -228,6 +236,8 @@ describe('the executor through pipeline stages', () => {
     const { executor: single } = await started(new RankLayout(1), { spotCheckRate: 0 });
     const whole = await single.velocity(at, 5);
     expect(maxAbsDiff(staged.velocity, whole.velocity)).toBe(0);
+    // the swarm view says which blocks each worker holds
+    expect(executor.shown.get(1)).toBe('rank 1 of 2 (pipeline stage 2 of 2, 12 heads, 15 tokens): blocks 1–1: waiting');
     // every stage's rank reports its own share of the work
     expect(staged.ranks.map((r) => r.worker)).toEqual(['rank-0', 'rank-1']);
     expect(executor.received.map((calls) => calls.filter((m) => m === 'executeModel').length)).toEqual([2, 2]);
