@@ -687,9 +687,10 @@ function placeStaged(ctx: PlannerContext, input: PlanningInput, weighed: Weighed
   const live = weighed.workers;
   const count =
     input.maxWorld === undefined ? asked.stages : Math.max(1, Math.min(asked.stages, Math.floor(live.length / degree)));
+  const { tokens, textTokens } = weighed.work;
   const stages = placeStages(
     ctx.config,
-    { stages: count, degree },
+    { stages: count, degree, tokens, textTokens },
     live.map((w) => ({
       id: w.id,
       memoryGiB: w.info.memoryGiB,

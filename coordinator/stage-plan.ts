@@ -5,7 +5,7 @@
 // hold; the embedders ride with the first stage and the output head with the last. A swarm that
 // cannot hold the model is refused before any weight moves, saying how much is missing.
 import { modelParams, type ModelShape } from '../core/cost-model.ts';
-import { formatBytes } from '../core/worker-api.ts';
+import { formatBytes, MAX_MESSAGE_FLOATS } from '../core/worker-api.ts';
 
 /** What cutting needs to know of a model, in the bytes a rank holds it in. */
 export interface StagedModel {
@@ -139,7 +139,7 @@ export interface StageWorker {
  */
 export function placeStages(
   model: ModelShape,
-  { stages, degree }: { stages: number; degree: number },
+  { stages, degree, tokens, textTokens }: { stages: number; degree: number; tokens: number; textTokens: number },
   workers: readonly StageWorker[],
 ): PipelineStage[] {
   if (!(Number.isInteger(stages) && stages >= 1))
@@ -148,6 +148,14 @@ export function placeStages(
     throw new Error(
       `${stages} pipeline stages of a model of ${model.numLayers} blocks: each stage holds at least one block, ` +
         `so at most ${model.numLayers} stages`,
+    );
+  // a rank's hidden state goes to the next stage through the coordinator, in one message each way
+  const handed = (Math.ceil(tokens / degree) + 7 + textTokens) * model.dim; // x [Sl, D], temb, tproj [6, D], context
+  if (stages > 1 && handed > MAX_MESSAGE_FLOATS)
+    throw new Error(
+      `a rank's hidden state between pipeline stages would be ${formatBytes(4 * handed)}, more than the ` +
+        `${formatBytes(4 * MAX_MESSAGE_FLOATS)} one message carries: run more workers a stage (ulyssesDegree), ` +
+        'which share the tokens, or a smaller video',
     );
   const needed = stages * degree;
   if (needed > workers.length)

@@ -387,6 +387,10 @@ export class WorkerRuntime implements WorkerApi {
     if (tag.step >= 1000) return `tensor for step ${tag.step}`;
     if (!(from >= 0 && from < plan.degree)) return `tensor from rank ${from} of a mesh of ${plan.degree}`;
     const phase = exchangePhase(tag.phase);
+    // a mesh probe's tensors name block 0 whatever the stage
+    const held = this.heldBlocks(cfg);
+    if (phase !== ExchangePhase.Probe && (tag.block < held.from || tag.block >= held.to))
+      return `tensor for block ${tag.block}, but this rank holds blocks ${held.from}–${held.to - 1}`;
     const groups = phase === ExchangePhase.QKV || phase === ExchangePhase.Output ? plan.headGroups : 1;
     if (tag.group >= groups) return `tensor for head group ${tag.group} of ${groups}`;
     const me = this.exchange.rank;

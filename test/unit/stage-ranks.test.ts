@@ -15,6 +15,7 @@ import { WORKER_CONTRACT, type ExecuteArgs, type LoadedModel, type WorkerApi } f
 import { createEngine } from '../../rank/engine.ts';
 import { memoryExchanges } from '../../rank/exchange/memory.ts';
 import { WorkerRuntime } from '../../rank/runtime.ts';
+import { ExchangePhase } from '../../rank/ulysses.ts';
 import { describeInProcess, tinyModelFiles } from './fixtures.ts';
 import { EXACT_SETTINGS } from './in-process-executor.ts';
 
@@ -44,7 +45,9 @@ async function serveFolder(dir: string): Promise<Server> {
 }
 
 /** A worker of its own engine, as the coordinator calls it: through the contract's checks, prepared for job 1. */
-async function worker(blocks?: BlockRange): Promise<{ api: Remote<WorkerApi>; loaded: LoadedModel }> {
+async function worker(
+  blocks?: BlockRange,
+): Promise<{ api: Remote<WorkerApi>; runtime: WorkerRuntime; loaded: LoadedModel }> {
   const runtime = new WorkerRuntime(createEngine(), {
     connectMesh: () => Promise.resolve(memoryExchanges(1)[0]),
     describe: describeInProcess(),
@@ -53,7 +56,7 @@ async function worker(blocks?: BlockRange): Promise<{ api: Remote<WorkerApi>; lo
   await api.initWorker({ ...EXACT_SETTINGS, rank: 0, world: 1, peers: ['a'], session: 's' });
   const loaded = await api.loadModel({ modelUrl, ep: 'wasm', ...(blocks && { blocks }) });
   await api.prepareJob({ job: 1, texts: [text()], latentShape: LATENT_SHAPE });
-  return { api, loaded };
+  return { api, runtime, loaded };
 }
 
 function text(): Float32Array {
@@ -86,9 +89,11 @@ describe('a worker holding a pipeline stage', () => {
   let last: Remote<WorkerApi>;
   let whole: Remote<WorkerApi>;
   let held: number[];
+  let lastRuntime: WorkerRuntime;
   beforeAll(async () => {
     const workers = [await worker(FIRST), await worker(LAST), await worker()];
     [first, last, whole] = workers.map((w) => w.api);
+    lastRuntime = workers[1].runtime;
     held = workers.map((w) => w.loaded.heldWeightBytes);
   }, 60_000);
 
@@ -141,6 +146,16 @@ describe('a worker holding a pipeline stage', () => {
     await expect(last.recompute(forward(patches()))).rejects.toThrow('recompute runs the whole model');
     // refused, not broken: the next well-formed hidden state is computed
     expect((await last.executeModel(forward(EMPTY, good))).rows.length).toBe(4 * 64);
+  });
+
+  it("a peer's tensor for a block the stage does not hold is refused from its header", () => {
+    const tag = { job: 1, step: 0, pass: 0, block: 0, phase: ExchangePhase.QKV, group: 0 };
+    expect(lastRuntime.judgeTensor(0, tag, 4)).toBe('tensor for block 0, but this rank holds blocks 1–1');
+    expect(lastRuntime.judgeTensor(0, { ...tag, block: 1 }, 4)).toMatch(/^phase 0 tensor of 4 bytes; the plan says/);
+    // a mesh probe's tensors name block 0 whatever the stage
+    expect(lastRuntime.judgeTensor(0, { ...tag, phase: ExchangePhase.Probe }, 12)).toMatch(
+      /^phase 2 tensor of 12 bytes/,
+    );
   });
 
   it('a stage beyond the model is refused as it loads, saying which blocks there are', async () => {

@@ -15,7 +15,7 @@ import {
   type PlannerContext,
   type PlanningWorker,
 } from '../../coordinator/planner.ts';
-import { stagedModel, STAGE_MEMORY_SHARE } from '../../coordinator/stage-plan.ts';
+import { placeStages, stagedModel, STAGE_MEMORY_SHARE } from '../../coordinator/stage-plan.ts';
 import { DEFAULT_JOB, jobParams } from '../../core/job.ts';
 import type { BlockRange } from '../../core/model/blocks.ts';
 import { wanConfigOfSize } from '../../core/model/config.ts';
@@ -175,6 +175,16 @@ describe('the stages of a placement', () => {
     ]);
     expect([0, 1, 2, 3].map((rank) => loadArgsOf(placement, rank).blocks?.from)).toEqual([0, 0, 2, 2]);
     expect(workersToWaitFor(ctx, { stages: 2, ulyssesDegree: 2 }, guided)).toBe(4);
+  });
+
+  it("a rank's hidden state must fit one message between the coordinator and a worker: more ranks a stage share it", () => {
+    const live = workers(4).map((w) => ({ id: w.id, memoryGiB: null, flops: null }));
+    const job = { tokens: 100_000, textTokens: 512 };
+    expect(() => placeStages(FOUR_BLOCKS, { stages: 2, degree: 1, ...job }, live)).toThrow(
+      "a rank's hidden state between pipeline stages would be 115.8 MB, more than the 62.9 MB one message carries: " +
+        'run more workers a stage (ulyssesDegree), which share the tokens, or a smaller video',
+    );
+    expect(placeStages(FOUR_BLOCKS, { stages: 2, degree: 2, ...job }, live)).toHaveLength(2);
   });
 
   it('re-placed after a lost rank, a staged job is cut into as many stages as workers are left', () => {
