@@ -61,6 +61,8 @@ test.describe.serial('pipeline stages over worker tabs', () => {
     const held = workers.map((w) => w.heldWeightBytes);
     expect(held).toEqual([await heldBytes({ from: 0, to: 1 }), await heldBytes({ from: 1, to: 2 })]);
     expect(held[0] + held[1]).toBe(whole);
+    // what the planner cut the stages by is what each worker holds
+    expect(held).toEqual(stages.map((s) => s.heldBytes));
     console.log(
       `stages: held ${held.map((b) => `${(b / 1e6).toFixed(2)} MB (${((100 * b) / whole).toFixed(0)} %)`).join(' / ')} ` +
         `of ${(whole / 1e6).toFixed(2)} MB`,
