@@ -271,14 +271,15 @@ export class Placer {
    * slower than the others, step after step (rebalance.ts), the measured speeds become the group's forwards and the
    * job is placed again on the same workers, its shares by those speeds. The record where it was; null where the
    * shares stay. Only Ulysses exchanges of one group share by speed: a displaced rank's keys and values of the step
-   * before are its own heads', and CFG groups share alike (the planner's unevenPlan).
+   * before are its own heads', CFG groups share alike (the planner's unevenPlan), pipeline stages are cut by blocks.
    */
   async rebalance(step: number, ranks: readonly RankReport[]): Promise<RebalanceRecord | null> {
     const executor = this.executor;
     const prepared = this.prepared;
     if (!executor || !prepared || this.options.backend !== 'swarm') return null;
     const { layout, settings, ep } = executor.placement;
-    if (layout.cfgGroups !== 1 || layout.ulyssesDegree < 2 || settings.parallel !== 'ulysses') return null;
+    if (layout.cfgGroups !== 1 || layout.stages !== 1 || layout.ulyssesDegree < 2 || settings.parallel !== 'ulysses')
+      return null;
     if (prepared.request.shares === 'even' || ranks.length !== layout.world) return null;
     const heads = layout.heads?.[0] ?? evenHeads(this.options.config.numHeads, layout.ulyssesDegree);
     const computeMs = [...ranks].sort((a, b) => a.rank - b.rank).map((r) => r.computeMs);
