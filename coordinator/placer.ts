@@ -589,6 +589,8 @@ export class Placer {
     const executor = this.executor;
     if (!executor || this.options.backend !== 'swarm' || !(medianStepMs > 0)) return;
     const { layout, settings, ep } = executor.placement;
+    // a staged job's step is no plan the planner weighs against the others (it has no prediction)
+    if (layout.stages !== 1) return;
     const plan = {
       ulyssesDegree: layout.ulyssesDegree,
       cfgParallel: layout.cfgParallel,
