@@ -135,8 +135,9 @@ export class SwarmExecutor extends Executor {
           0,
         );
     }
-    // a rank that failed its call and blames nobody the coordinator can confirm cannot be trusted with the step again
-    if (this.lost.size === lostBefore && error instanceof WorkerError)
+    // a rank that failed its call and blames nobody the coordinator can confirm cannot be trusted with the step again;
+    // one blaming a rank the coordinator already saw leave (its link closed first) is confirmed
+    if (this.lost.size === lostBefore && error instanceof WorkerError && !(accused && this.lost.has(accused.rank)))
       this.letGo(
         error.rank,
         'misbehaved',

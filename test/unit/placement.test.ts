@@ -713,11 +713,11 @@ describe('Placer: the mesh probe', () => {
 
 describe('who is lost: the coordinator’s own evidence, never one rank’s word', () => {
   async function placed(count: number, layout: Partial<PlacementRequest> = {}) {
-    const { swarm, join } = testSwarm();
+    const { swarm, join, leave } = testSwarm();
     const workers = join(layout.cfgParallel ? 2 * count : count);
     const { executor } = await placerOn(swarm).place(guided, ask({ ulyssesDegree: count, ...layout }));
     if (!(executor instanceof SwarmExecutor)) throw new Error('a swarm placement has a SwarmExecutor');
-    return { swarm, workers, executor };
+    return { swarm, workers, executor, leave };
   }
 
   it('a rank naming other ranks in its error text evicts none of them while they answer the coordinator: it is let go itself, having failed and blamed nobody it can confirm (issue 17, #2)', async () => {
@@ -763,6 +763,21 @@ describe('who is lost: the coordinator’s own evidence, never one rank’s word
     expect(lost[0].evidence).toBe('set aside for this job, not banned: rank 1 reported it gone: closed');
     expect(swarm.workers().map((w) => w.id)).toEqual(['w0', 'w1', 'w2']);
     expect(workers.map((w) => swarm.isSetAside(w))).toEqual([true, false, false]);
+    expect(workers.map((w) => swarm.bannedReason(w.id, undefined))).toEqual([null, null, null]);
+  });
+
+  it('a rank blaming a rank whose link the coordinator saw close just before is confirmed: only the gone rank is lost, the accuser stays and is not banned (issue 34, chaos seed 2)', async () => {
+    const { swarm, workers, executor, leave } = await placed(3);
+    leave(workers[0]);
+    const byBlame = new WorkerError(1, 'executeModel', 'rank 0 is gone: connection to w0 closed', {
+      rank: 0,
+      cause: 'disconnected',
+      evidence: 'connection to w0 closed',
+    });
+    const lost = await executor.lostRanks(byBlame);
+    expect(lost.map((l) => [l.rank, l.cause])).toEqual([[0, 'disconnected']]);
+    expect(swarm.workers().map((w) => w.id)).toEqual(['w1', 'w2']);
+    expect(workers.map((w) => swarm.isSetAside(w))).toEqual([false, false, false]);
     expect(workers.map((w) => swarm.bannedReason(w.id, undefined))).toEqual([null, null, null]);
   });
 
