@@ -277,11 +277,12 @@ export class Placer {
     const executor = this.executor;
     const prepared = this.prepared;
     if (!executor || !prepared || this.options.backend !== 'swarm') return null;
-    const { layout, settings, ep } = executor.placement;
+    const { layout, settings } = executor.placement;
     if (layout.cfgGroups !== 1 || layout.stages !== 1 || layout.ulyssesDegree < 2 || settings.parallel !== 'ulysses')
       return null;
     if (prepared.request.shares === 'even' || ranks.length !== layout.world) return null;
-    const heads = layout.heads?.[0] ?? evenHeads(this.options.config.numHeads, layout.ulyssesDegree);
+    const even = evenHeads(this.options.config.numHeads, layout.ulyssesDegree);
+    const heads = layout.heads?.[0] ?? even;
     const computeMs = [...ranks].sort((a, b) => a.rank - b.rank).map((r) => r.computeMs);
     const judged = judgeShares(heads, computeMs);
     this.job.gains.push(judged.gain);
@@ -290,10 +291,8 @@ export class Placer {
     const started = performance.now();
     // each worker's forward at an even share, as the steps measured it: what the planner shares heads by
     const passes = usesGuidance(prepared.params) ? 2 : 1;
-    const even = evenHeads(this.options.config.numHeads, layout.ulyssesDegree);
-    const members = executor.workers.map((w) => ({ id: w.id, threads: w.threads }));
     this.measurements.setRehearsal(
-      groupOf(this.options, prepared.params, ep, members),
+      groupOn(this.options, prepared.params, executor),
       layout.ulyssesDegree,
       computeMs.map((ms, r) => (ms / passes / heads[r]) * (even[r] / 1000)),
     );
@@ -588,7 +587,7 @@ export class Placer {
   measuredStep(params: JobParams, medianStepMs: number): void {
     const executor = this.executor;
     if (!executor || this.options.backend !== 'swarm' || !(medianStepMs > 0)) return;
-    const { layout, settings, ep } = executor.placement;
+    const { layout, settings } = executor.placement;
     // a staged job's step is no plan the planner weighs against the others (it has no prediction)
     if (layout.stages !== 1) return;
     const plan = {
@@ -597,9 +596,8 @@ export class Placer {
       heads: layout.heads?.[0],
       mode: settings.parallel,
     };
-    const members = executor.workers.map((w) => ({ id: w.id, threads: w.threads }));
     this.measurements.recordStep(
-      groupOf(this.options, params, ep, members),
+      groupOn(this.options, params, executor),
       runOf(plan, bytesPerElement(settings.dtype)),
       medianStepMs / 1000,
     );
@@ -717,3 +715,12 @@ function eligible(swarm: Swarm): SwarmWorker[] {
     );
   return workers;
 }
+
+/** The group of workers `executor`'s placement runs a job's shape on: what its measurements are kept under. */
+const groupOn = (ctx: PlannerContext, params: JobParams, executor: Executor) =>
+  groupOf(
+    ctx,
+    params,
+    executor.placement.ep,
+    executor.workers.map((w) => ({ id: w.id, threads: w.threads })),
+  );
