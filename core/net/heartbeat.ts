@@ -192,8 +192,15 @@ export function watchHeartbeats(
           ? Math.max(MAX_SILENT_MS, deadAfterMs)
           : silences.limitMs(now, deadAfterMs);
     let cause: Death['cause'] | null = link.closed ? 'closed' : (stopped ?? (silentMs > limitMs ? 'silent' : null));
-    // past its limit, a page the server still holds is starved or hung, not closed: it has until MAX_SILENT_MS
-    if (cause === 'silent' && handlers.present && presence !== 'gone' && limitMs < MAX_SILENT_MS) {
+    // past its limit, a page the server still holds is starved or hung, not closed: it has until MAX_SILENT_MS,
+    // as has one while the server does not answer (a server that never answers must not keep it alive)
+    if (
+      cause === 'silent' &&
+      handlers.present &&
+      presence !== 'gone' &&
+      limitMs < MAX_SILENT_MS &&
+      silentMs <= MAX_SILENT_MS
+    ) {
       cause = null;
       if (presence === null) {
         presence = 'asking';

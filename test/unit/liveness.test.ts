@@ -250,6 +250,20 @@ describe('heartbeats', () => {
     }
   });
 
+  it(`a server that never answers whether the page is there keeps a silent worker alive only until ${MAX_SILENT_MS / 1000} s`, async () => {
+    let asked = 0;
+    const { causes } = watched(new Link(new SinkChannel(), { accept: coordinatorAccept }), undefined, () => {
+      asked++;
+      return new Promise<boolean>(() => {});
+    });
+    await vi.advanceTimersByTimeAsync(MAX_SILENT_MS);
+    expect([asked, causes]).toEqual([1, []]);
+    await vi.advanceTimersByTimeAsync(HEARTBEAT_INTERVAL_MS);
+    expect(causes).toEqual([
+      { cause: 'silent', silentMs: MAX_SILENT_MS + HEARTBEAT_INTERVAL_MS, limitMs: DEAD_AFTER_MS },
+    ]);
+  });
+
   it('what the server said holds for one silence: a worker heard again is judged afresh, and asked about again', async () => {
     let present = true;
     const asked: boolean[] = [];
