@@ -159,10 +159,7 @@ export async function waitForQuietMachine(
   return { loadAverage1m: Number(loadavg()[0].toFixed(2)), waitedS };
 }
 
-export const median = (xs: number[]): number => {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
-};
+export { median } from '../core/median.ts';
 
 export const round = (x: number, digits = 3): number => Number(x.toFixed(digits));
 

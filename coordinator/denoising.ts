@@ -6,6 +6,7 @@
 // shares changed between steps (Placer.rebalance): the same workers, so the checkpoint stays.
 import { defined } from '../core/defined.ts';
 import type { JobParams } from '../core/job.ts';
+import { median } from '../core/median.ts';
 import { sample, type SamplerCheckpoint, type Solver } from '../core/sampler.ts';
 import type { Tensor } from '../core/tensor.ts';
 import { SpotCheckFailed, type RankReport } from './executor.ts';
@@ -145,10 +146,4 @@ export async function denoise(r: DenoiseRequest): Promise<Denoised> {
       placedAt = e.point;
     }
   }
-}
-
-function median(values: number[]): number {
-  const sorted = [...values].sort((a, b) => a - b);
-  const mid = sorted.length >> 1;
-  return sorted.length === 0 ? 0 : sorted.length % 2 ? sorted[mid] : (sorted[mid - 1] + sorted[mid]) / 2;
 }

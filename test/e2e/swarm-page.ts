@@ -1,4 +1,4 @@
-import { expect, test, type Browser, type Page } from '@playwright/test';
+import { expect, test, type Browser, type ConsoleMessage, type Page } from '@playwright/test';
 import type { JobOverrides, JobResult } from '../../app/automation.ts';
 import { defined } from '../../core/defined.ts';
 import { chromiumArgs, chromiumExecutable, WEBGPU_ARG } from '../../server/chromium.ts';
@@ -90,10 +90,17 @@ export interface JobOutcome {
 export const TEST_MODEL = '/models/tiny-wan';
 
 export async function runJob(dashboard: Page, overrides: JobOverrides): Promise<JobOutcome> {
-  const { report, latent, stepLatents } = await dashboard.evaluate(
-    ([o, options]) => window.ditswarm.generate(o, options),
-    [{ model: TEST_MODEL, ...overrides }, { stepLatents: true }] as const,
-  );
+  const watching = watchDashboard(dashboard);
+  const { report, latent, stepLatents } = await dashboard
+    .evaluate(([o, options]) => window.ditswarm.generate(o, options), [
+      { model: TEST_MODEL, ...overrides },
+      { stepLatents: true },
+    ] as const)
+    .catch((e: unknown) => {
+      // a job that hangs ends in the test's timeout: what the page showed until then says where
+      throw new Error(`${(e as Error).message}\n${watching.seen()}`, { cause: e });
+    })
+    .finally(watching.stop);
   const floats = (b64: string) => {
     const bytes = Buffer.from(b64, 'base64');
     return new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
@@ -110,4 +117,36 @@ export function maxAbsDiff(a: Float32Array, b: Float32Array): number {
   let m = 0;
   for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i] - b[i]));
   return m;
+}
+
+/**
+ * What a dashboard shows while a job runs, as it changes: its status line, its last job's status and step, and the
+ * warnings and errors it logs.
+ */
+function watchDashboard(dashboard: Page): { seen: () => string; stop: () => void } {
+  const lines: string[] = [];
+  let last = '';
+  const note = (line: string) => {
+    if (line !== last) lines.push(`${new Date().toISOString()} ${line}`);
+    last = line;
+  };
+  const onConsole = (m: ConsoleMessage) => {
+    if (m.type() === 'warning' || m.type() === 'error') note(`console ${m.type()}: ${m.text()}`);
+  };
+  dashboard.on('console', onConsole);
+  const timer = setInterval(() => {
+    dashboard
+      .evaluate(
+        () =>
+          `status "${document.querySelector('#status')?.textContent}", ${JSON.stringify(window.ditswarm.jobs().at(-1))}`,
+      )
+      .then(note, () => {});
+  }, 5_000);
+  return {
+    seen: () => `what the dashboard showed meanwhile:\n${lines.slice(-30).join('\n')}`,
+    stop: () => {
+      clearInterval(timer);
+      dashboard.off('console', onConsole);
+    },
+  };
 }
