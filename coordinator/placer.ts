@@ -29,7 +29,7 @@ import {
   type PlanningInput,
   type RehearsalNeeded,
 } from './planner.ts';
-import { judgeShares, shouldRebalance } from './rebalance.ts';
+import { judgeShares, shouldRebalance, type SharesJudgement } from './rebalance.ts';
 import type { Swarm, SwarmWorker } from './swarm.ts';
 
 /** A job's shares changed mid-job because a worker was slower than its share (coordinator/rebalance.ts). */
@@ -140,9 +140,9 @@ export class Placer {
     pending: (Loss & { started: number }) | null;
     onFailure?: (f: FailureRecord) => void;
     /** each step's gain on the current placement, were its shares by measured speed (rebalance) */
-    gains: number[];
+    judged: SharesJudgement[];
     rebalances: RebalanceRecord[];
-  } = { replans: 0, step: 0, failures: [], pending: null, gains: [], rebalances: [] };
+  } = { replans: 0, step: 0, failures: [], pending: null, judged: [], rebalances: [] };
   /** why and when each worker left the swarm: the evidence of a worker lost outside an executor */
   private readonly departures = new WeakMap<SwarmWorker, { reason: string; silentMs: number }>();
   private readonly offLeave: (() => void) | undefined;
@@ -165,7 +165,7 @@ export class Placer {
    * hears of each loss once the job is placed again after it.
    */
   startJob({ step = 0, onFailure }: { step?: number; onFailure?: (f: FailureRecord) => void } = {}): void {
-    this.job = { replans: 0, step, failures: [], pending: null, onFailure, gains: [], rebalances: [] };
+    this.job = { replans: 0, step, failures: [], pending: null, onFailure, judged: [], rebalances: [] };
   }
 
   /** The job's changes of shares, in order. */
@@ -285,9 +285,9 @@ export class Placer {
     const heads = layout.heads?.[0] ?? even;
     const computeMs = [...ranks].sort((a, b) => a.rank - b.rank).map((r) => r.computeMs);
     const judged = judgeShares(heads, computeMs);
-    this.job.gains.push(judged.gain);
+    this.job.judged.push(judged);
     const stepsLeft = prepared.params.steps - step;
-    if (!shouldRebalance(this.job.gains, this.job.rebalances.length, stepsLeft)) return null;
+    if (!shouldRebalance(this.job.judged, this.job.rebalances.length, stepsLeft)) return null;
     const started = performance.now();
     // each worker's forward at an even share, as the steps measured it: what the planner shares heads by
     const passes = usesGuidance(prepared.params) ? 2 : 1;
@@ -305,7 +305,7 @@ export class Placer {
       layout.world,
     ).catch(() => null);
     if (!planned || samePlacement(executor.placement, planned)) {
-      this.job.gains = [];
+      this.job.judged = [];
       return null;
     }
     await this.placeLive(prepared.params, prepared.request, at, planned, layout.world);
@@ -669,7 +669,7 @@ export class Placer {
     });
     this.lostARank = false;
     this.probed = false;
-    this.job.gains = [];
+    this.job.judged = [];
     try {
       await executor.initialize();
     } catch (e) {

@@ -18,6 +18,8 @@ export interface SharesJudgement {
   heads: number[];
   /** the step's compute time now over what it would be with `heads`, if each rank kept its speed per head */
   gain: number;
+  /** the rank that took longest, which the step waited for (null: the step could not be read) */
+  slowest: number | null;
 }
 
 /**
@@ -27,7 +29,7 @@ export interface SharesJudgement {
  */
 export function judgeShares(heads: readonly number[], computeMs: readonly number[]): SharesJudgement {
   if (heads.length !== computeMs.length || heads.length < 2 || !computeMs.every((ms) => Number.isFinite(ms) && ms > 0))
-    return { heads: [...heads], gain: 1 };
+    return { heads: [...heads], gain: 1, slowest: null };
   const speeds = heads.map((h, i) => h / computeMs[i]);
   const shared = proportionalShares(
     heads.reduce((a, b) => a + b, 0),
@@ -35,18 +37,24 @@ export function judgeShares(heads: readonly number[], computeMs: readonly number
   );
   const now = Math.max(...computeMs);
   const after = Math.max(...shared.map((h, i) => h / speeds[i]));
-  return { heads: shared, gain: now / after };
+  return { heads: shared, gain: now / after, slowest: computeMs.indexOf(now) };
 }
 
 /**
- * Whether a job should change its shares now: the last SLOW_STEPS steps each predicted REBALANCE_GAIN,
- * it has changed them fewer than MAX_REBALANCES times, and the steps left are enough to win back a
- * re-placement (which costs about a step: every rank is given the job again).
+ * Whether a job should change its shares now: the last SLOW_STEPS steps each predicted REBALANCE_GAIN
+ * with the same rank slowest (a machine's load moving from tab to tab makes each step's slowest another:
+ * noise no share follows), it has changed them fewer than MAX_REBALANCES times, and the steps left are
+ * enough to win back a re-placement (which costs about a step: every rank is given the job again).
  */
-export function shouldRebalance(gains: readonly number[], rebalances: number, stepsLeft: number): boolean {
-  const recent = gains.slice(-SLOW_STEPS);
+export function shouldRebalance(
+  judged: readonly Pick<SharesJudgement, 'gain' | 'slowest'>[],
+  rebalances: number,
+  stepsLeft: number,
+): boolean {
+  const recent = judged.slice(-SLOW_STEPS);
   if (recent.length < SLOW_STEPS || rebalances >= MAX_REBALANCES) return false;
-  const gain = Math.min(...recent);
+  if (recent.some((j) => j.slowest === null || j.slowest !== recent[0].slowest)) return false;
+  const gain = Math.min(...recent.map((j) => j.gain));
   // a step of 1 becomes 1/gain: the steps left save (1 − 1/gain) each, the re-placement costs about 1
   return gain >= REBALANCE_GAIN && stepsLeft * (1 - 1 / gain) > 1;
 }
