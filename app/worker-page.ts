@@ -1,5 +1,6 @@
-import { formatBytes } from '../core/worker-api.ts';
-import { startWorkerEndpoint, type WorkerStatus } from '../worker/endpoint.ts';
+import { formatBytes, MAX_MODEL_MEMORY_GIB, MIN_MODEL_MEMORY_GIB } from '../core/worker-api.ts';
+import { STAGE_MEMORY_SHARE } from '../coordinator/stage-plan.ts';
+import { startWorkerEndpoint, type WorkerEndpoint, type WorkerStatus } from '../worker/endpoint.ts';
 import { $ } from './views/dom.ts';
 import { addressAfterJoining, fragmentToken, readWorkerLink, WORKER_TOKEN_KEY } from './worker-link.ts';
 
@@ -112,9 +113,56 @@ if (!token) {
   join();
 }
 
+/**
+ * What this browser's user lets the model's weights take on it (kept for the next visit): a pipeline
+ * stage placed here holds no more. Empty: the dashboard's default, a share of what the browser reports.
+ */
+const MODEL_MEMORY_KEY = 'ditswarm-model-memory';
+const modelMemoryField = $('model-memory', HTMLInputElement);
+const deviceMemory = (navigator as Navigator & { deviceMemory?: number }).deviceMemory;
+modelMemoryField.placeholder = deviceMemory ? String(deviceMemory * STAGE_MEMORY_SHARE) : 'no bound';
+modelMemoryField.value = localStorage.getItem(MODEL_MEMORY_KEY) ?? '';
+
+/** The field's GiB (null: empty, the default), or why it is no amount a worker may give. */
+function readModelMemory(): { gib: number | null } | { error: string } {
+  const text = modelMemoryField.value.trim();
+  if (!text) return { gib: null };
+  const gib = Number(text);
+  return Number.isFinite(gib) && gib >= MIN_MODEL_MEMORY_GIB && gib <= MAX_MODEL_MEMORY_GIB
+    ? { gib }
+    : { error: `a number of GiB from ${MIN_MODEL_MEMORY_GIB} to ${MAX_MODEL_MEMORY_GIB}, or empty for the default` };
+}
+
+function showModelMemory(): number | null {
+  const read = readModelMemory();
+  const shown =
+    'error' in read
+      ? read.error
+      : read.gib !== null
+        ? 'the blocks of a pipeline stage placed here take no more'
+        : deviceMemory
+          ? `default: ${STAGE_MEMORY_SHARE * 100}% of the ${deviceMemory} GiB this browser reports ` +
+            '(browsers report at most 8)'
+          : 'default: this browser reports no memory, so no bound';
+  $('model-memory-note').textContent = shown;
+  modelMemoryField.setCustomValidity('error' in read ? read.error : '');
+  return 'error' in read ? null : read.gib;
+}
+
+function watchModelMemory(endpoint: WorkerEndpoint): void {
+  modelMemoryField.addEventListener('change', () => {
+    if ('error' in readModelMemory()) return void showModelMemory();
+    const gib = showModelMemory();
+    endpoint.setModelMemory(gib);
+    if (gib === null) localStorage.removeItem(MODEL_MEMORY_KEY);
+    else localStorage.setItem(MODEL_MEMORY_KEY, String(gib));
+  });
+}
+
 function join(): void {
-  startWorkerEndpoint({ origin: location.origin, token, onStatus: render })
+  startWorkerEndpoint({ origin: location.origin, token, onStatus: render, modelMemoryGiB: showModelMemory() })
     .then((endpoint) => {
+      watchModelMemory(endpoint);
       $('leave').addEventListener('click', () => endpoint.leave());
       window.addEventListener('pagehide', () => endpoint.leave());
     })

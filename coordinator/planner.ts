@@ -694,6 +694,7 @@ function placeStaged(ctx: PlannerContext, input: PlanningInput, weighed: Weighed
     live.map((w) => ({
       id: w.id,
       memoryGiB: w.info.memoryGiB,
+      modelMemoryGiB: w.info.modelMemoryGiB,
       flops: w.measurement ? (computeOf(asked.ep, w.measurement)?.flops ?? null) : null,
     })),
   );

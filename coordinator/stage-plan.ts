@@ -125,17 +125,28 @@ export const STAGE_MEMORY_SHARE = 0.5;
 export interface StageWorker {
   id: string;
   memoryGiB: number | null;
+  /** what its user lets the model's weights take (the worker page's field) */
+  modelMemoryGiB?: number;
   /** its measured flop/s on the EP it will run, null while unmeasured */
   flops: number | null;
 }
 
 /**
+ * The bytes of weights a worker's stage may hold: what its user set on its page (who knows what else
+ * the machine runs, and that browsers report at most 8 GiB), else STAGE_MEMORY_SHARE of what its
+ * browser reports, else no bound.
+ */
+export function memoryBudget(w: Pick<StageWorker, 'memoryGiB' | 'modelMemoryGiB'>): number {
+  if (w.modelMemoryGiB !== undefined) return w.modelMemoryGiB * 2 ** 30;
+  return w.memoryGiB === null ? Infinity : w.memoryGiB * 2 ** 30 * STAGE_MEMORY_SHARE;
+}
+
+/**
  * A staged placement's pipeline: `stages` stages of `degree` workers each (a Ulysses mesh within the
  * stage), the first stages × degree of `workers` in order, cut by cutStages. A worker's memory budget
- * is STAGE_MEMORY_SHARE of what it reports, and unbounded where it reports nothing; a group's is its
- * least member's. Blocks go by measured speed (a group's: its slowest member's, times its members, as
- * even shares run), evenly while any worker is unmeasured. A cut that cannot hold the model is
- * refused, saying what is missing.
+ * is memoryBudget's; a group's is its least member's. Blocks go by measured speed (a group's: its
+ * slowest member's, times its members, as even shares run), evenly while any worker is unmeasured.
+ * A cut that cannot hold the model is refused, saying what is missing.
  */
 export function placeStages(
   model: ModelShape,
@@ -166,13 +177,12 @@ export function placeStages(
     );
   const hosts = workers.slice(0, needed);
   const measured = hosts.every((w) => w.flops !== null && w.flops > 0);
-  const budget = (w: StageWorker) => (w.memoryGiB === null ? Infinity : w.memoryGiB * 2 ** 30 * STAGE_MEMORY_SHARE);
   const groups = Array.from({ length: stages }, (_, s) => hosts.slice(s * degree, (s + 1) * degree));
   const plan = cutStages(
     stagedModel(model),
     groups.map((members) => ({
       workers: members.map((w) => w.id),
-      memoryBytes: Math.min(...members.map(budget)),
+      memoryBytes: Math.min(...members.map(memoryBudget)),
       reserveBytes: 0,
       speed: measured ? degree * Math.min(...members.map((w) => w.flops ?? 1)) : 1,
     })),

@@ -579,6 +579,13 @@ export class Swarm {
               this.emit({ type: 'update', worker: joined });
               if (joined.activity === null && joined.measurement) void this.measure(joined);
             }
+            // its user changed what the model may take on it: the next placement's stages are cut by it
+            const { modelMemoryGiB } = pulse;
+            if (modelMemoryGiB !== undefined && modelMemoryGiB !== (joined.info.modelMemoryGiB ?? null)) {
+              const { modelMemoryGiB: _was, ...info } = joined.info;
+              joined.info = modelMemoryGiB === null ? info : { ...info, modelMemoryGiB };
+              this.emit({ type: 'update', worker: joined });
+            }
           },
         },
         { silences: this.silences },

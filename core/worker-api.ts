@@ -29,6 +29,10 @@ export const EXECUTION_PROVIDERS: readonly ExecutionProvider[] = ['webgpu', 'was
 
 export type WorkerState = 'idle' | 'initialized' | 'loading' | 'ready' | 'computing';
 
+/** what a worker's user may let the model's weights take (the worker page's field), in GiB */
+export const MIN_MODEL_MEMORY_GIB = 2 ** -10;
+export const MAX_MODEL_MEMORY_GIB = 4096;
+
 /** What a worker says about itself when it joins. */
 export interface WorkerInfo {
   ep: ExecutionProvider;
@@ -40,6 +44,11 @@ export interface WorkerInfo {
   softwareAdapter: boolean;
   threads: number;
   memoryGiB: number | null;
+  /**
+   * what its user lets the model's weights take on it, in GiB (the worker page's field): a pipeline stage
+   * holds no more (stage-plan.ts: memoryBudget). Absent: not set.
+   */
+  modelMemoryGiB?: number;
   userAgent: string;
   /**
    * an id the worker tabs of one browser share (worker/cores.ts): they compute on its machine's
@@ -399,6 +408,8 @@ export interface WorkerPulse {
   mesh?: { peer: string; transport: Transport }[];
   /** the WASM threads it computes on from its next job: its share of its machine's cores */
   threads?: number;
+  /** what its user lets the model's weights take now (WorkerInfo.modelMemoryGiB); null: not set */
+  modelMemoryGiB?: number | null;
   /** how far the model load under way is */
   load?: LoadStatus;
   /** how far its engine has got */
@@ -419,6 +430,7 @@ export const checkPulse: Check<WorkerPulse> = fields({
   framesDropped: int(0),
   mesh: optional(list(fields({ peer: text(256), transport: oneOf('direct', 'relay') }), { max: MAX_RANKS })),
   threads: optional(int(1, 1024)),
+  modelMemoryGiB: optional(nullable(num(MIN_MODEL_MEMORY_GIB, MAX_MODEL_MEMORY_GIB))),
   load: optional(checkLoadStatus),
   progress: optional(fields({ done: int(0), running: nullable(text(128)) })),
 });
@@ -457,6 +469,7 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
       softwareAdapter: oneOf(true, false),
       threads: int(1, 1024),
       memoryGiB: nullable(num(0)),
+      modelMemoryGiB: optional(num(MIN_MODEL_MEMORY_GIB, MAX_MODEL_MEMORY_GIB)),
       userAgent: text(),
       browser: optional(text(64)),
     }),

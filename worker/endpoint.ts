@@ -66,10 +66,19 @@ export interface WorkerEndpointOptions {
   origin: string;
   /** the join token from the worker link */
   token?: string | null;
+  /** what its user lets the model's weights take, in GiB (the page's field); none: not set */
+  modelMemoryGiB?: number | null;
   onStatus(status: WorkerStatus): void;
 }
 
-export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promise<{ leave(): void }> {
+/** A joined worker page's hold on its endpoint. */
+export interface WorkerEndpoint {
+  leave(): void;
+  /** what its user lets the model's weights take, in GiB (null: not set): its next pulse tells the dashboard */
+  setModelMemory(gib: number | null): void;
+}
+
+export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promise<WorkerEndpoint> {
   const signaling = await signalingOptions(options.origin);
   const served = await fetch(new URL('/models.json', options.origin))
     .then((r): Promise<unknown> => r.json())
@@ -84,6 +93,7 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
     ...(await describeCompute()),
     threads: 1, // this tab's share of the cores, once counted
     memoryGiB: (navigator as Navigator & { deviceMemory?: number }).deviceMemory ?? null,
+    ...(options.modelMemoryGiB ? { modelMemoryGiB: options.modelMemoryGiB } : {}),
     userAgent: navigator.userAgent,
   };
   const status: WorkerStatus = {
@@ -233,6 +243,7 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
             framesDropped,
             mesh: mesh.links(),
             threads: cores.threads(),
+            modelMemoryGiB: info.modelMemoryGiB ?? null,
             load: runtime.loadStatus ?? undefined,
             progress: engine.progress,
           };
@@ -286,6 +297,10 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
   void joinCoordinator();
 
   return {
+    setModelMemory(gib) {
+      if (gib === null) delete info.modelMemoryGiB;
+      else info.modelMemoryGiB = gib;
+    },
     leave() {
       leaving = true;
       mesh.close('this worker left the swarm');

@@ -1,6 +1,7 @@
 import { type Swarm, type SwarmWorker, type WorkerMeasurement } from '../../coordinator/index.ts';
+import { memoryBudget } from '../../coordinator/stage-plan.ts';
 import { defined } from '../../core/defined.ts';
-import { describeLoad } from '../../core/worker-api.ts';
+import { describeLoad, formatBytes } from '../../core/worker-api.ts';
 import { $, h } from './dom.ts';
 
 /** Who joined and what each is doing: one row per worker, updated in place. */
@@ -39,7 +40,11 @@ function workerRow(w: SwarmWorker, m: WorkerMeasurement | null): HTMLTableRowEle
       'td',
       {},
       chosen ? (chosen.ep === 'webgpu' ? 'WebGPU' : 'WASM') : w.info.ep === 'webgpu' ? 'WebGPU or WASM' : 'WASM',
-      h('span', { className: 'sub' }, `${w.info.threads} thread${w.info.threads === 1 ? '' : 's'} · ${w.info.adapter}`),
+      h(
+        'span',
+        { className: 'sub' },
+        `${w.info.threads} thread${w.info.threads === 1 ? '' : 's'} · ${w.info.adapter}${memoryText(w)}`,
+      ),
     ),
     h('td', {}, chosen?.why ?? 'measuring…'),
     h(
@@ -60,4 +65,11 @@ function workerRow(w: SwarmWorker, m: WorkerMeasurement | null): HTMLTableRowEle
     ),
     h('td', { className: bad ? 'bad' : '' }, String(bad)),
   );
+}
+
+/** What a pipeline stage may hold on the worker, and whether its user set it. */
+function memoryText(w: SwarmWorker): string {
+  const budget = memoryBudget(w.info);
+  if (!Number.isFinite(budget)) return '';
+  return ` · weights ≤ ${formatBytes(budget)}${w.info.modelMemoryGiB === undefined ? '' : ' (set on its page)'}`;
 }

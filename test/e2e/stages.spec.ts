@@ -81,4 +81,50 @@ test.describe.serial('pipeline stages over worker tabs', () => {
     );
     expect(diff).toBe(0);
   });
+  test("what a worker's user lets the model take, set on its page, caps its stage: a staged job that no longer fits is refused before any weight moves, saying what is missing", async () => {
+    test.setTimeout(120_000);
+    const job = {
+      prompt: 'a red ball',
+      frames: 1,
+      height: 32,
+      width: 32,
+      steps: 1,
+      backend: 'swarm',
+      ep: 'wasm',
+    } as const;
+    const setMemory = async (gib: string) => {
+      for (const page of swarm.workers) {
+        await page.fill('#model-memory', gib);
+        await page.locator('#model-memory').dispatchEvent('change');
+      }
+    };
+    try {
+      await setMemory('0.0009765625'); // 1 MiB each: less than the tiny model's embedders
+      await expect(swarm.workers[0].locator('#model-memory-note')).toHaveText(
+        /pipeline stage placed here take no more/,
+      );
+      // the next pulse tells the dashboard, whose swarm view shows it
+      await expect(swarm.dashboard.locator('#workers tbody')).toContainText('weights ≤ 1.0 MB (set on its page)', {
+        timeout: 10_000,
+      });
+      const histories = () =>
+        Promise.all(swarm.workers.map((page) => page.evaluate(() => [...window.ditswarmWorkerHistory])));
+      const before = await histories();
+      await expect(runJob(swarm.dashboard, { ...job, workers: 1, stages: 2 })).rejects.toThrow(
+        /cannot be placed in 2 pipeline stages: the model needs .* it needs .* more, one more worker with/,
+      );
+      // no worker was asked to load anything
+      const after = await histories();
+      expect(after.map((states, i) => states.slice(before[i].length).filter((s) => s.startsWith('loading')))).toEqual([
+        [],
+        [],
+      ]);
+      await swarm.workers[1].fill('#model-memory', '-1');
+      await swarm.workers[1].locator('#model-memory').dispatchEvent('change');
+      await expect(swarm.workers[1].locator('#model-memory-note')).toHaveText(/a number of GiB from/);
+    } finally {
+      await setMemory('');
+    }
+    await expect(swarm.dashboard.locator('#workers tbody')).not.toContainText('set on its page', { timeout: 10_000 });
+  });
 });

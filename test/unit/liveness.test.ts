@@ -572,11 +572,13 @@ describe("a worker's pulse, judged where the coordinator receives it (checkPulse
     framesDropped: 2,
     mesh: [{ peer: 'ditswarm-w-1', transport: 'direct' }],
     threads: 2,
+    modelMemoryGiB: 3.5,
     load: { bytes: 1, totalBytes: 2, networkBytes: 1, elapsedMs: 5, note: '' },
   };
   it('passes an honest one whole, and drops fields it does not know', () => {
     expect(checkPulse({ ...honest, extra: 'x' }, 'pulse')).toEqual(honest);
     expect(checkPulse({ state: 'idle', framesDropped: 0 }, 'pulse')).toEqual({ state: 'idle', framesDropped: 0 });
+    expect(checkPulse({ ...honest, modelMemoryGiB: null }, 'pulse').modelMemoryGiB).toBeNull();
   });
   // what once threw after a job's last step (the link report read mesh.find) and broke the swarm table
   it.each([
@@ -586,6 +588,9 @@ describe("a worker's pulse, judged where the coordinator receives it (checkPulse
     ['257 mesh entries', { mesh: Array.from({ length: 257 }, (_, i) => ({ peer: `p${i}`, transport: 'relay' })) }],
     ['framesDropped −1', { framesDropped: -1 }],
     ['threads 0', { threads: 0 }],
+    ['memory for the model of 0 GiB', { modelMemoryGiB: 0 }],
+    ['memory for the model of NaN GiB', { modelMemoryGiB: NaN }],
+    ['memory for the model of 1e9 GiB', { modelMemoryGiB: 1e9 }],
     ['a load with NaN bytes', { load: { ...honest.load, bytes: NaN } }],
     ['a 100 kB state', { state: 'x'.repeat(100_000) }],
   ])('refuses %s', (_, change) => {

@@ -15,7 +15,7 @@ import {
   type PlannerContext,
   type PlanningWorker,
 } from '../../coordinator/planner.ts';
-import { placeStages, stagedModel, STAGE_MEMORY_SHARE } from '../../coordinator/stage-plan.ts';
+import { memoryBudget, placeStages, stagedModel, STAGE_MEMORY_SHARE } from '../../coordinator/stage-plan.ts';
 import { DEFAULT_JOB, jobParams } from '../../core/job.ts';
 import type { BlockRange } from '../../core/model/blocks.ts';
 import { wanConfigOfSize } from '../../core/model/config.ts';
@@ -133,6 +133,30 @@ describe('the stages of a placement', () => {
       [0, 1],
       [1, 4],
     ]);
+  });
+
+  it("what a worker's user set on its page is its budget, below or above the share of what its browser reports", () => {
+    const model = stagedModel(FOUR_BLOCKS);
+    const oneBlockGiB = (model.firstBytes + 1.5 * model.blockBytes) / 2 ** 30;
+    const declared = (id: string, gflops: number, memoryGiB: number | null, modelMemoryGiB: number) => {
+      const w = worker(id, gflops, memoryGiB);
+      return { ...w, info: { ...w.info, modelMemoryGiB } };
+    };
+    // lowered: the fast worker's browser reports 8 GiB, but its user lets the model take one block's worth
+    const lowered = plan({ stages: 2 }, [declared('fast', 10, 8, oneBlockGiB), worker('slow', 1, 8)]);
+    expect(lowered.stages?.map((s) => [s.blocks, s.workers])).toEqual([
+      [[0, 1], ['fast']],
+      [[1, 4], ['slow']],
+    ]);
+    // raised: a browser reports at most 8 GiB, a lab machine's user knows it has more
+    const third = model.numLayers * model.blockBytes + model.firstBytes + model.lastBytes;
+    const small = third / 2 ** 30 / 3 / STAGE_MEMORY_SHARE; // a third of the model at the default share
+    expect(() => plan({ stages: 2 }, [worker('a', 1, small), worker('b', 1, small)])).toThrow('it needs');
+    const raised = plan({ stages: 2 }, [declared('a', 1, small, 1), worker('b', 1, small)]);
+    expect(raised.stages?.map((s) => s.blocks[1] - s.blocks[0])).toEqual([3, 1]);
+    expect(memoryBudget({ memoryGiB: 8 })).toBe(8 * 2 ** 30 * STAGE_MEMORY_SHARE);
+    expect(memoryBudget({ memoryGiB: null })).toBe(Infinity);
+    expect(memoryBudget({ memoryGiB: 8, modelMemoryGiB: 0.5 })).toBe(2 ** 29);
   });
 
   it('a staged job the workers cannot hold, or that asks what staged placement does not do, is refused saying why', () => {
