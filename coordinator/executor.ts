@@ -166,6 +166,11 @@ export abstract class Executor {
   private spotChecks: SpotCheck[] = [];
   /** rows of the prepared job's text embeddings, per pass: a hidden state's context has as many */
   private textRows: number[] = [];
+  /**
+   * pipeline stages: each stage's last forward, which the next pass's waits for, so that a stage runs one pass at a
+   * time, whole, and hands it on while it computes the next (its engine would otherwise interleave the two)
+   */
+  private readonly stageTurns: Promise<unknown>[] = [];
 
   /** the planner's decisions; a later job placed the same way brings its own prediction (Placer.place) */
   placement: ResolvedPlacement;
@@ -362,23 +367,29 @@ export abstract class Executor {
     const reports: RankReport[] = [];
     for (let stage = 0; stage < layout.stages; stage++) {
       const from = handed;
-      ranks = layout.stageRanks(group, stage);
-      for (const rank of ranks) this.showActivity(rank, `${shareOf(rank)}: ${doing}`);
-      results = await this.collectiveRpc('executeModel', {
-        ranks,
-        args: (rank) => ({
-          job: request.job,
-          step: request.step,
-          pass: request.pass,
-          timestep: request.timestep,
-          latentShape: request.latent.shape,
-          patches: from ? NO_PATCHES : patches[layout.localRank(rank)],
-          ...(from && { hidden: from[layout.localRank(rank)] }),
-          ...(stale && { stale }),
-        }),
-      }).finally(() => {
-        for (const rank of ranks) this.showActivity(rank, `${shareOf(rank)}: waiting`);
+      const stageRanks = layout.stageRanks(group, stage);
+      ranks = stageRanks;
+      const staged = layout.stages > 1;
+      const call = ((staged && this.stageTurns[stage]) || Promise.resolve()).then(() => {
+        for (const rank of stageRanks) this.showActivity(rank, `${shareOf(rank)}: ${doing}`);
+        return this.collectiveRpc('executeModel', {
+          ranks: stageRanks,
+          args: (rank) => ({
+            job: request.job,
+            step: request.step,
+            pass: request.pass,
+            timestep: request.timestep,
+            latentShape: request.latent.shape,
+            patches: from ? NO_PATCHES : patches[layout.localRank(rank)],
+            ...(from && { hidden: from[layout.localRank(rank)] }),
+            ...(stale && { stale }),
+          }),
+        }).finally(() => {
+          for (const rank of stageRanks) this.showActivity(rank, `${shareOf(rank)}: waiting`);
+        });
       });
+      if (staged) this.stageTurns[stage] = call.catch(() => {});
+      results = await call;
       reports.push(...results.map((r, i) => this.rankReport(ranks[i], r)));
       if (stage < layout.stages - 1) handed = this.handedOn(results, ranks, plan, request.pass);
     }
@@ -558,8 +569,9 @@ export abstract class Executor {
         ranks: [...cond.ranks, ...uncond.ranks],
       };
     }
+    // pipeline stages take the passes in turn, so the second pass's first stage runs while the first's second does
     const [cond, uncond] =
-      this.layout.ulyssesDegree > 1
+      this.layout.ulyssesDegree > 1 || this.layout.stages > 1
         ? await Promise.all([this.executeModel({ ...at, pass: 0 }), this.executeModel({ ...at, pass: 1 })])
         : [await this.executeModel({ ...at, pass: 0 }), await this.executeModel({ ...at, pass: 1 })];
     const ranks = cond.ranks.map((r, i) => ({

@@ -12,6 +12,7 @@ import { inProcess, remote, serve, type Remote } from '../../core/net/rpc.ts';
 import {
   WORKER_CONTRACT,
   WORKER_METHODS,
+  type ExecuteArgs,
   type ExecuteResult,
   type InitArgs,
   type WorkerApi,
@@ -73,6 +74,8 @@ export class InProcessExecutor extends Executor {
   readonly runtimes: WorkerRuntime[] = [];
   /** the methods each rank was asked to run, in arrival order */
   readonly received: string[][] = [];
+  /** each executeModel a rank ran, with its pass, as it started and ended: what overlapped what */
+  readonly forwards: { rank: number; pass: number; event: 'start' | 'end' }[] = [];
   closeTransportCalls = 0;
   fault: (rank: number, method: string) => Fault | null = () => null;
   private remotes: Remote<WorkerApi>[] = [];
@@ -117,8 +120,11 @@ export class InProcessExecutor extends Executor {
             const fault = this.fault(rank, method);
             if (fault && 'silent' in fault) return new Promise(() => {});
             if (fault && 'throws' in fault) throw new Error(fault.throws);
+            const pass = method === 'executeModel' ? (args as ExecuteArgs).pass : null;
+            if (pass !== null) this.forwards.push({ rank, pass, event: 'start' });
             if (fault && 'delayMs' in fault) await new Promise((r) => setTimeout(r, fault.delayMs));
             const reply = await (runtime[method] as (a: unknown) => Promise<unknown>).call(runtime, args);
+            if (pass !== null) this.forwards.push({ rank, pass, event: 'end' });
             if (!fault || !('alters' in fault)) return reply;
             if (method !== 'executeModel' && method !== 'recompute')
               throw new Error(`a test alters executeModel's or recompute's reply (their rows), not ${method}'s`);

@@ -255,7 +255,7 @@ describe('the executor through pipeline stages', () => {
     return { executor, loads };
   }
 
-  it('a guided step through two stages gives the latent of one rank holding everything, to the bit', async () => {
+  it('a guided step through two stages gives the latent of one rank holding everything, to the bit, its passes pipelined', async () => {
     const { executor, loads } = await started(new RankLayout(1, 1, null, 2), { stages: 2 });
     expect(executor.placement.stages?.map((s) => s.blocks)).toEqual([
       [0, 1],
@@ -275,6 +275,17 @@ describe('the executor through pipeline stages', () => {
     // every stage's rank reports its own share of the work
     expect(staged.ranks.map((r) => r.worker)).toEqual(['rank-0', 'rank-1']);
     expect(executor.received.map((calls) => calls.filter((m) => m === 'executeModel').length)).toEqual([2, 2]);
+    // the two passes are pipelined: each stage runs one pass whole at a time, and the second stage takes the
+    // first pass while the first stage computes the second (each forward taking 50 ms more, as a real one takes time)
+    executor.fault = (_rank, method) => (method === 'executeModel' ? { delayMs: 50 } : null);
+    executor.forwards.length = 0;
+    await executor.velocity({ ...at, step: 1 }, 5);
+    const when = (rank: number, pass: number, event: 'start' | 'end') =>
+      executor.forwards.findIndex((f) => f.rank === rank && f.pass === pass && f.event === event);
+    expect(when(0, 0, 'end')).toBeLessThan(when(0, 1, 'start'));
+    expect(when(1, 0, 'end')).toBeLessThan(when(1, 1, 'start'));
+    expect(when(0, 1, 'start')).toBeLessThan(when(1, 0, 'end'));
+    expect(when(1, 0, 'start')).toBeLessThan(when(0, 1, 'end'));
     await Promise.all([executor.shutdown({ graceMs: 500 }), single.shutdown({ graceMs: 500 })]);
   });
 
