@@ -328,6 +328,36 @@ describe('generate(): a lost rank costs a re-placement and one step, not the job
     expect(diff).toBeLessThanOrEqual(1e-4);
   });
 
+  it('a pipeline stage whose tab closes during step 2 is placed again on a live worker: the latent of the staged job without it, bit for bit (issue 35)', async () => {
+    const staged = { placement: { stages: 2 } };
+    const whole = testSwarm();
+    whole.join();
+    whole.join();
+    const { result: uninterrupted } = await run(await pipelineOn(whole.swarm, 1), staged);
+    expect(uninterrupted.report.placement.stages?.map((s) => s.blocks)).toEqual([
+      [0, 1],
+      [1, 2],
+    ]);
+
+    const { swarm, join, leave } = testSwarm();
+    const [, w1] = [join(), join(), join()];
+    w1.page.afterForward = ({ step }) => {
+      if (step !== 1) return;
+      leave(w1.worker, 'its tab closed');
+      throw new Error('worker w1 is gone: its tab closed');
+    };
+    const { result } = await run(await pipelineOn(swarm, 1), staged);
+    expect(result.report.failures).toMatchObject([
+      { phase: 'denoising', step: 1, lost: [{ rank: 1, worker: 'w1', cause: 'disconnected' }] },
+    ]);
+    // the second stage's blocks went to the worker that held none
+    expect(result.report.placement.stages?.map((s) => [s.blocks, s.workers])).toEqual([
+      [[0, 1], ['w0']],
+      [[1, 2], ['w2']],
+    ]);
+    expect(result.latent).toEqual(uninterrupted.latent);
+  });
+
   it('a rank whose tab closes while the job is prepared costs a re-placement on the live workers at the same degree: the uninterrupted latent bit for bit (issue 34)', async () => {
     const { swarm, join, leave } = testSwarm();
     const [, w1, , w3] = [join(), join(), join(), join()];
