@@ -41,11 +41,23 @@ export class ByteRangeSet {
 }
 
 /** What a kept file is: its identity on the server and the ranges of it on disk. */
-interface KeptMeta {
+export interface KeptMeta {
   url: string;
   size: number;
   validator: string;
   ranges: [number, number][];
+}
+
+/** What tells one version of a file from another on its server: its ETag, else its Last-Modified. */
+export const validatorOf = (headers: Pick<Headers, 'get'>): string =>
+  headers.get('ETag') ?? headers.get('Last-Modified') ?? '';
+
+/**
+ * The ranges of a kept file that still hold the server's bytes: all it kept where its URL, size and validator are the
+ * server's now; null where any differs (a file re-uploaded at the same size, a fine-tune, starts again).
+ */
+export function stillKept(meta: KeptMeta | null, now: Omit<KeptMeta, 'ranges'>): [number, number][] | null {
+  return meta?.url === now.url && meta.size === now.size && meta.validator === now.validator ? meta.ranges : null;
 }
 
 /** A model folder's files over HTTP, weights kept in the browser; `close()` ends a load (saves and unlocks). */
@@ -141,7 +153,7 @@ async function keepFile(
   const size = Number(head.headers.get('Content-Length'));
   if (!head.ok || !Number.isFinite(size) || !head.headers.get('Content-Length'))
     throw new Error(`the server gave no size for ${url} (HTTP ${head.status})`);
-  const validator = head.headers.get('ETag') ?? head.headers.get('Last-Modified') ?? '';
+  const validator = validatorOf(head.headers);
   const name = await fileKey(url);
   const handles: SyncHandle[] = [];
   try {
@@ -156,10 +168,9 @@ async function keepFile(
     const data = await dataFile.createSyncAccessHandle();
     handles.push(data);
     const meta = readMeta(metaHandle);
-    // a file that changed on the server (size or validator) starts again
-    const same = meta?.url === url && meta.size === size && meta.validator === validator;
-    const ranges = new ByteRangeSet(same ? meta.ranges : []);
-    if (!same) data.truncate(0);
+    const kept = stillKept(meta, { url, size, validator });
+    const ranges = new ByteRangeSet(kept ?? []);
+    if (!kept) data.truncate(0);
     const missing = size - ranges.bytes;
     if (missing > 0) {
       const { quota = 0, usage = 0 } = await navigator.storage.estimate();

@@ -112,6 +112,26 @@ describe("the executor's spot checks (issue 33)", () => {
     await executor.shutdown({ graceMs: 500 });
   });
 
+  it('where the checker disagrees with a rank, the third that decides is neither of them: never the suspect', async () => {
+    const executor = new InProcessExecutor({ ...options, layout: new RankLayout(3), spotCheckRate: 1 }, engine, 'rpc');
+    // rank 1 lies in its forwards and in any recomputation asked of it
+    executor.fault = (rank, method) =>
+      rank === 1 && (method === 'executeModel' || method === 'recompute')
+        ? { alters: (r) => ({ ...r, rows: r.rows.map((v, i) => (i === 5 ? v + 0.01 : v)) }) }
+        : null;
+    await executor.initialize();
+    await executor.prepareJob(4, [text], [16, 1, 14, 10]);
+    // checked; the checker the first of ranks 0–2 (rank 0); the third the first of those left to ask
+    drawsFromCrypto([0.5, 0, 0]);
+    await expect(executor.executeModel({ job: 4, step: 0, pass: 0, timestep: 500, latent: latent() })).rejects.toThrow(
+      /its rows of the pass differ from a recomputation/,
+    );
+    const [check] = executor.takeSpotChecks();
+    expect(check).toMatchObject({ checker: 0, third: 2, verdict: { convicted: [1] } });
+    expect(executor.received[1]).not.toContain('recompute');
+    await executor.shutdown({ graceMs: 500 });
+  });
+
   it('in displaced mode, a group of one rank (CFG parallel) attends to nothing stale: its checks recompute it exact, and agree', async () => {
     const layout = new RankLayout(1, 2);
     const executor = new MeshPerGroupExecutor(

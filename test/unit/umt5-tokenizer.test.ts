@@ -59,6 +59,21 @@ describe('Umt5Tokenizer.encode', () => {
     expect(() => tokenizer.encode('a', 0)).toThrow(/maxLength must be an integer of at least 1/);
   });
 
+  it("at the pipeline's 512: 511 content tokens fit with </s>; 512 or 513 keep the first 511 and end with </s>", () => {
+    const reds = (n: number) => Array(n).fill('red').join(' ');
+    expect(tokenizer.encode(reds(511), 512)).toEqual({
+      ids: [...Array<number>(511).fill(4), 1],
+      truncated: false,
+      tokens: 512,
+    });
+    for (const n of [512, 513])
+      expect(tokenizer.encode(reds(n), 512), `${n} content tokens`).toEqual({
+        ids: [...Array<number>(511).fill(4), 1],
+        truncated: true,
+        tokens: n + 1,
+      });
+  });
+
   it('segments each word apart (Metaspace split: true): no piece spans a space', () => {
     const spanning = new Umt5Tokenizer(makeTestTokenizerJson(['▁red▁ball', '▁red', '▁ball']));
     expect(spanning.encode('red ball', 512).ids).toEqual([4, 5, 1]); // not [3 (▁red▁ball), 1]

@@ -98,6 +98,21 @@ beforeAll(async () => {
 });
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
+describe("diffusers' tiles of a latent (tilesOf)", () => {
+  const diffusers = { tile: 256, stride: 192 };
+  it('are one where the latent fits one tile (32 × 32 at 256 pixels), as _decode decides; past it, the grid', () => {
+    expect(tilesOf(32, 32, diffusers)).toEqual([{ row: 0, col: 0, y: 0, x: 0, height: 32, width: 32 }]);
+    expect(tilesOf(32, 20, diffusers)).toHaveLength(1);
+    // a row or column more: tiles every 24 latent rows, each up to 32
+    expect(tilesOf(33, 32, diffusers).map((t) => [t.y, t.height, t.x, t.width])).toEqual([
+      [0, 32, 0, 32],
+      [0, 32, 24, 8],
+      [24, 9, 0, 32],
+      [24, 9, 24, 8],
+    ]);
+  });
+});
+
 describe('tiled decoding on workers', () => {
   let alone: Float32Array;
   it('one worker decodes every tile in turn, to the reference tiles blended; no other worker could check them', async () => {

@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { checkLoadStatus, describeLoad, describeWeights } from '../../core/worker-api.ts';
 import { passing } from '../../core/net/check.ts';
-import { ByteRangeSet } from '../../rank/weight-cache.ts';
+import { ByteRangeSet, stillKept, validatorOf } from '../../rank/weight-cache.ts';
 
 describe('the ranges of a file a browser keeps', () => {
   it('merge where they touch or overlap, and cover only what was kept', () => {
@@ -37,6 +37,27 @@ describe('the ranges of a file a browser keeps', () => {
       [50, 60],
     ]);
     expect(kept.bytes).toBe(30);
+  });
+});
+
+describe("a kept file is still the server's only while its URL, size and validator are", () => {
+  const url = 'http://x/models/m/transformer/diffusion_pytorch_model.safetensors';
+  const kept = { url, size: 1000, validator: '"v1"', ranges: [[0, 500]] as [number, number][] };
+  it('keeps what it kept where all three are the same, and starts again where any differs', () => {
+    expect(stillKept(kept, { url, size: 1000, validator: '"v1"' })).toEqual([[0, 500]]);
+    // a fine-tune uploaded over it at the same size: only its ETag says so
+    expect(stillKept(kept, { url, size: 1000, validator: '"v2"' })).toBeNull();
+    expect(stillKept(kept, { url, size: 1001, validator: '"v1"' })).toBeNull();
+    expect(stillKept(kept, { url: `${url}?x`, size: 1000, validator: '"v1"' })).toBeNull();
+    expect(stillKept(null, { url, size: 1000, validator: '"v1"' })).toBeNull();
+  });
+  it('knows a version by its ETag, else its Last-Modified', () => {
+    const headers = (h: Record<string, string>) => new Headers(h);
+    expect(validatorOf(headers({ ETag: '"abc"', 'Last-Modified': 'Tue, 01 Dec 2026 10:00:00 GMT' }))).toBe('"abc"');
+    expect(validatorOf(headers({ 'Last-Modified': 'Tue, 01 Dec 2026 10:00:00 GMT' }))).toBe(
+      'Tue, 01 Dec 2026 10:00:00 GMT',
+    );
+    expect(validatorOf(headers({}))).toBe('');
   });
 });
 
