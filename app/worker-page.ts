@@ -92,27 +92,6 @@ function coresText({ threads, next, of, tabs }: NonNullable<WorkerStatus['cores'
   return next === threads ? share : `${share}; ${next} from the next job`;
 }
 
-if (!token) {
-  // without a token the dashboard would refuse this page: ask for the real link instead
-  const paste = $('paste-link', HTMLFormElement);
-  paste.hidden = false;
-  $('state').textContent = link.refused ? 'refused' : 'waiting for a join link';
-  if (link.refused) $('detail').textContent = link.refused;
-  paste.addEventListener('submit', (event) => {
-    event.preventDefault();
-    const pasted = new URL((paste.elements.namedItem('link') as HTMLInputElement).value, location.href);
-    if (!fragmentToken(pasted))
-      $('detail').textContent = 'That link has no #token= either: copy the worker link from the dashboard.';
-    else if (pasted.href.split('#')[0] !== location.href.split('#')[0]) location.href = pasted.href;
-    else {
-      location.hash = pasted.hash; // the same page with a fragment: no navigation, so load it again
-      location.reload();
-    }
-  });
-} else {
-  join();
-}
-
 /**
  * What this browser's user lets the model's weights take on it (kept for the next visit): a pipeline
  * stage placed here holds no more. Empty: the dashboard's default, a share of what the browser reports.
@@ -157,6 +136,27 @@ function watchModelMemory(endpoint: WorkerEndpoint): void {
     if (gib === null) localStorage.removeItem(MODEL_MEMORY_KEY);
     else localStorage.setItem(MODEL_MEMORY_KEY, String(gib));
   });
+}
+
+if (!token) {
+  // without a token the dashboard would refuse this page: ask for the real link instead
+  const paste = $('paste-link', HTMLFormElement);
+  paste.hidden = false;
+  $('state').textContent = link.refused ? 'refused' : 'waiting for a join link';
+  if (link.refused) $('detail').textContent = link.refused;
+  paste.addEventListener('submit', (event) => {
+    event.preventDefault();
+    const pasted = new URL((paste.elements.namedItem('link') as HTMLInputElement).value, location.href);
+    if (!fragmentToken(pasted))
+      $('detail').textContent = 'That link has no #token= either: copy the worker link from the dashboard.';
+    else if (pasted.href.split('#')[0] !== location.href.split('#')[0]) location.href = pasted.href;
+    else {
+      location.hash = pasted.hash; // the same page with a fragment: no navigation, so load it again
+      location.reload();
+    }
+  });
+} else {
+  join();
 }
 
 function join(): void {
