@@ -7,6 +7,8 @@ export default defineConfig({
     include: ['test/unit/**/*.test.ts'],
     environment: 'node',
     testTimeout: 120_000,
+    // hooks build models and sessions: vitest's 10 s default fails them on a loaded 2-core machine (issue 37)
+    hookTimeout: 120_000,
     pool: 'forks',
   },
 });
