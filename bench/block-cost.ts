@@ -68,7 +68,7 @@ export async function runBlockCost(o: BlockCostOptions) {
   const samples: { preMs: number; attentionMs: number; postMs: number }[] = [];
   for (let run = 0; run <= o.runs; run++) {
     const [preMs, qkv] = await timed(() => stages.preAttention(0, x, tproj, cos, sin));
-    const [attentionMs] = await timed(() => stages.attention(qkv, T));
+    const [attentionMs] = await timed(() => stages.attention(qkv, D)); // q, k, v are [T, heads · head_dim]
     const [postMs] = await timed(() => stages.postAttention(0, x, o1, tproj, context));
     if (run > 0) samples.push({ preMs, attentionMs, postMs }); // the first run warms the sessions
     log(
