@@ -4,6 +4,8 @@ import { build } from 'vite';
 
 const REPO_ROOT = resolve(import.meta.dirname, '..');
 export const DIST_DIR = resolve(REPO_ROOT, 'dist');
+/** what the build copies into dist/ as it is: the bundled models among it */
+export const PUBLIC_DIR = resolve(REPO_ROOT, 'public');
 
 // Everything the bundle is made from; a change in any of them means dist/ is out of date.
 const SOURCES = ['app', 'coordinator', 'worker', 'rank', 'core', 'public', 'vite.config.ts'];

@@ -56,6 +56,14 @@ if (!RELAY_MODES.includes(relay)) {
   process.exit(2);
 }
 
+let model: ReturnType<typeof servedModel>;
+try {
+  model = servedModel(flags.model);
+} catch (e) {
+  console.error((e as Error).message);
+  process.exit(2);
+}
+
 const server = await startServer({
   port: requestedPort,
   rebuild: flags.rebuild,
@@ -65,7 +73,7 @@ const server = await startServer({
   allowOrigins,
   // the join links given out outlive a restart of the server
   stateDir: join(CACHE_ROOT, 'server'),
-  ...servedModel(flags.model),
+  ...model,
 });
 const iceUrls = iceServers.flatMap((s) => s.urls); // credentials stay out of the log
 

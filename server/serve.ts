@@ -1,8 +1,8 @@
 import { existsSync, statSync } from 'node:fs';
 import http from 'node:http';
-import { resolve } from 'node:path';
+import { join, resolve } from 'node:path';
 import express, { type RequestHandler } from 'express';
-import { DIST_DIR, ensureAppBuilt } from './app-build.ts';
+import { DIST_DIR, ensureAppBuilt, PUBLIC_DIR } from './app-build.ts';
 import type { Duplex } from 'node:stream';
 import type { IceServer, RelayMode } from '../core/net/peer-link.ts';
 import { RELAY_PATH } from '../core/net/relay-client.ts';
@@ -11,6 +11,7 @@ import { mountJoinTokens, openJoinTokens, type JoinTokens } from './join-tokens.
 import { lanAddresses, serverOrigins } from './origins.ts';
 import { createRelay, type Relay } from './relay.ts';
 import { serveModelFolder } from './model-route.ts';
+import { TRANSFORMER_CONFIG } from '../core/model/transformer.ts';
 
 export const DEFAULT_PORT = 5173;
 const PORTS_TO_TRY = 21; // the asked port and the next 20
@@ -44,14 +45,27 @@ export interface ServerOptions {
 export const LOCAL_MODEL_PATH = '/models/local';
 
 /**
- * What `--model PATH|URL` means for a server: a folder on this machine is served at
- * LOCAL_MODEL_PATH (pages fetch it from there); anything else is a URL the pages fetch as given.
+ * What `--model PATH|URL` means for a server: a model folder on this machine is served at
+ * LOCAL_MODEL_PATH (pages fetch it from there); an http(s) URL, or a path of a model this server ships
+ * (`/models/…`), is fetched by the pages as given. Anything else is refused before the server starts,
+ * saying what to give instead: a path that is no folder would otherwise reach the pages as a URL and
+ * fail a job minutes later.
  */
 export function servedModel(model: string | undefined): Pick<ServerOptions, 'modelFolders' | 'defaultModel'> {
   if (model === undefined) return {};
-  if (existsSync(model) && statSync(model).isDirectory())
+  if (/^https?:\/\//i.test(model)) return { defaultModel: model };
+  const giveInstead =
+    'give the model folder (the one holding model_index.json and transformer/, as diffusers publishes it; ' +
+    '`npm run make-model` writes one) or its http(s) URL';
+  if (existsSync(model)) {
+    if (!statSync(model).isDirectory()) throw new Error(`--model ${model} is a file: ${giveInstead}`);
+    if (!existsSync(join(model, TRANSFORMER_CONFIG)))
+      throw new Error(`--model ${model} is no model folder: it has no ${TRANSFORMER_CONFIG}; ${giveInstead}`);
     return { modelFolders: { [LOCAL_MODEL_PATH]: resolve(model) }, defaultModel: LOCAL_MODEL_PATH };
-  return { defaultModel: model };
+  }
+  if (model.startsWith('/models/') && existsSync(join(PUBLIC_DIR, model, TRANSFORMER_CONFIG)))
+    return { defaultModel: model };
+  throw new Error(`--model ${model}: no such folder on this machine, and no http(s) URL: ${giveInstead}`);
 }
 
 export interface RunningServer {

@@ -71,7 +71,13 @@ if (shape.length !== 4)
   );
 if (!latent.data.every(Number.isFinite)) fail(`--latent ${values.latent}: the latent holds NaN or infinite values`);
 
-const { modelFolders, defaultModel: modelUrl } = servedModel(values.model);
+const { modelFolders, defaultModel: modelUrl } = (() => {
+  try {
+    return servedModel(values.model);
+  } catch (e) {
+    return fail((e as Error).message);
+  }
+})();
 const tty = process.stderr.isTTY;
 const swarm = await startLocalSwarm({
   workers,

@@ -193,7 +193,13 @@ console.error(
   `generate: "${values.prompt}" on ${values.backend}${swarmWorkers ? ` with ${workers} worker tab(s)` : ''}`,
 );
 
-const { modelFolders, defaultModel: modelUrl } = servedModel(values.model);
+const { modelFolders, defaultModel: modelUrl } = (() => {
+  try {
+    return servedModel(values.model);
+  } catch (e) {
+    return fail((e as Error).message);
+  }
+})();
 const swarm = await startLocalSwarm({
   workers: swarmWorkers,
   // the next run's worker tabs load the weights this one fetched from the browser's cache

@@ -6,7 +6,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { WebSocket } from 'ws';
 import { defined } from '../../core/defined.ts';
 import { MODEL_FILE_CSP } from '../../server/model-route.ts';
-import { startServer, type RunningServer } from '../../server/serve.ts';
+import { LOCAL_MODEL_PATH, servedModel, startServer, type RunningServer } from '../../server/serve.ts';
 
 // What a served model folder can do on the dashboard's origin (issue 33, finding 7): its files come
 // as bytes, never as pages that run there, and nothing outside the folder comes through a symlink.
@@ -94,5 +94,26 @@ describe("the server's Origin check", () => {
     expect(await upgrade(`http://127.0.0.1:${server.port}`)).not.toBe(403);
     expect(await corsFor(`http://localhost:${otherPort}`)).toBeUndefined();
     expect(await corsFor(`http://localhost:${server.port}`)).toBe(`http://localhost:${server.port}`);
+  });
+});
+
+describe('--model PATH|URL (servedModel), refused before the server starts where it names no model', () => {
+  it('serves a model folder, passes a URL or a bundled model as given, and says what to give for anything else', () => {
+    const model = join(scratch, 'published');
+    mkdirSync(join(model, 'transformer'), { recursive: true });
+    writeFileSync(join(model, 'transformer/config.json'), '{}');
+    expect(servedModel(model)).toEqual({ modelFolders: { [LOCAL_MODEL_PATH]: model }, defaultModel: LOCAL_MODEL_PATH });
+    expect(servedModel('https://example.org/Wan2.1-T2V-1.3B-Diffusers')).toEqual({
+      defaultModel: 'https://example.org/Wan2.1-T2V-1.3B-Diffusers',
+    });
+    expect(servedModel('/models/tiny-wan')).toEqual({ defaultModel: '/models/tiny-wan' });
+    expect(servedModel(undefined)).toEqual({});
+    expect(() => servedModel('/no/such/folder')).toThrow(
+      /^--model \/no\/such\/folder: no such folder on this machine, and no http\(s\) URL: give the model folder/,
+    );
+    expect(() => servedModel(join(scratch, 'secret.txt'))).toThrow(/secret\.txt is a file: give the model folder/);
+    expect(() => servedModel(join(scratch, 'model'))).toThrow(
+      /is no model folder: it has no transformer\/config\.json/,
+    );
   });
 });
