@@ -334,6 +334,8 @@ async function start() {
       $('status').textContent = `#${e.job.id}: ${e.message}`;
     } else if (e.type === 'phase') {
       showJobPhase(e.job, e.phase, e.detail);
+      // minutes of encoding and loading before the first step: the status line says which
+      $('status').textContent = `#${e.job.id} ${e.phase}${e.detail ? `: ${e.detail}` : ''}…`;
       if (e.phase === 'placing') resetTimeline();
     } else {
       if (e.job.status === 'done') showFinished(e.job);

@@ -213,7 +213,8 @@ try {
   await swarm.dashboard.exposeFunction('ditswarmProgress', async (p: AutomationProgress) => {
     const started = 'phase' in p ? (p.phase === 'denoising' ? 1 : 0) : p.step + 1;
     for (const h of harm) if (!h.at && h.step === started) await inflict(h);
-    if ('phase' in p) return;
+    // before the first step (encoding, loading GBs of weights) and after the last, what is under way
+    if ('phase' in p) return progress(`${p.phase}${p.detail ? `: ${p.detail}` : ''}…`);
     const bar = '#'.repeat(Math.round((20 * p.step) / p.steps)).padEnd(20, '.');
     progress(
       `[${bar}] step ${p.step}/${p.steps}  ${p.stepMs.toFixed(0)} ms/step  eta ${(p.etaMs / 1000).toFixed(1)} s`,
