@@ -14,6 +14,9 @@ test('a sharded checkpoint loads in a worker tab to the same latent; a truncated
   browser,
   baseURL,
 }) => {
+  // the truncated shard's job is placed again up to MAX_REPLANS times before it fails (its worker, dropped while it
+  // loads the broken file, joins again): 1.5 min on a quiet machine, 3 on a busy one
+  test.setTimeout(360_000);
   const swarm = await openTestSwarm(browser, baseURL, 1);
   try {
     const job = {
