@@ -1,5 +1,5 @@
 import { formatBytes, MAX_MODEL_MEMORY_GIB, MIN_MODEL_MEMORY_GIB } from '../core/worker-api.ts';
-import { STAGE_MEMORY_SHARE } from '../coordinator/stage-plan.ts';
+import { memoryBudget, STAGE_MEMORY_SHARE } from '../coordinator/stage-plan.ts';
 import { startWorkerEndpoint, type WorkerEndpoint, type WorkerStatus } from '../worker/endpoint.ts';
 import { $ } from './views/dom.ts';
 import { addressAfterJoining, fragmentToken, readWorkerLink, WORKER_TOKEN_KEY } from './worker-link.ts';
@@ -99,7 +99,9 @@ function coresText({ threads, next, of, tabs }: NonNullable<WorkerStatus['cores'
 const MODEL_MEMORY_KEY = 'ditswarm-model-memory';
 const modelMemoryField = $('model-memory', HTMLInputElement);
 const deviceMemory = (navigator as Navigator & { deviceMemory?: number }).deviceMemory;
-modelMemoryField.placeholder = deviceMemory ? String(deviceMemory * STAGE_MEMORY_SHARE) : 'no bound';
+/** the dashboard's budget for this worker where its user sets none (stage-plan.ts) */
+const defaultBudget = memoryBudget({ memoryGiB: deviceMemory ?? null });
+modelMemoryField.placeholder = Number.isFinite(defaultBudget) ? String(defaultBudget / 2 ** 30) : 'no bound';
 modelMemoryField.value = localStorage.getItem(MODEL_MEMORY_KEY) ?? '';
 
 /** The field's GiB (null: empty, the default), or why it is no amount a worker may give. */
@@ -112,7 +114,8 @@ function readModelMemory(): { gib: number | null } | { error: string } {
     : { error: `a number of GiB from ${MIN_MODEL_MEMORY_GIB} to ${MAX_MODEL_MEMORY_GIB}, or empty for the default` };
 }
 
-function showModelMemory(): number | null {
+/** Shows what the field means now, and returns what it reads. */
+function showModelMemory(): ReturnType<typeof readModelMemory> {
   const read = readModelMemory();
   const shown =
     'error' in read
@@ -125,13 +128,14 @@ function showModelMemory(): number | null {
           : 'default: this browser reports no memory, so no bound';
   $('model-memory-note').textContent = shown;
   modelMemoryField.setCustomValidity('error' in read ? read.error : '');
-  return 'error' in read ? null : read.gib;
+  return read;
 }
 
 function watchModelMemory(endpoint: WorkerEndpoint): void {
   modelMemoryField.addEventListener('change', () => {
-    if ('error' in readModelMemory()) return void showModelMemory();
-    const gib = showModelMemory();
+    const read = showModelMemory();
+    if ('error' in read) return;
+    const { gib } = read;
     endpoint.setModelMemory(gib);
     if (gib === null) localStorage.removeItem(MODEL_MEMORY_KEY);
     else localStorage.setItem(MODEL_MEMORY_KEY, String(gib));
@@ -160,7 +164,9 @@ if (!token) {
 }
 
 function join(): void {
-  startWorkerEndpoint({ origin: location.origin, token, onStatus: render, modelMemoryGiB: showModelMemory() })
+  const memory = showModelMemory();
+  const modelMemoryGiB = 'error' in memory ? null : memory.gib;
+  startWorkerEndpoint({ origin: location.origin, token, onStatus: render, modelMemoryGiB })
     .then((endpoint) => {
       watchModelMemory(endpoint);
       $('leave').addEventListener('click', () => endpoint.leave());

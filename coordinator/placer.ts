@@ -139,7 +139,7 @@ export class Placer {
     failures: FailureRecord[];
     pending: (Loss & { started: number }) | null;
     onFailure?: (f: FailureRecord) => void;
-    /** each step's gain on the current placement, were its shares by measured speed (rebalance) */
+    /** each step's judgement on the current placement of its shares by measured speed (rebalance) */
     judged: SharesJudgement[];
     rebalances: RebalanceRecord[];
   } = { replans: 0, step: 0, failures: [], pending: null, judged: [], rebalances: [] };

@@ -5,7 +5,7 @@ import { join } from 'node:path';
 import { CACHE_ROOT } from './model-folder.ts';
 import { lanAddresses } from './origins.ts';
 import { OWNER_KEY_PARAM } from '../core/net/join-token.ts';
-import { DEFAULT_PORT, servedModel, startServer } from './serve.ts';
+import { DEFAULT_PORT, servedModelOr, startServer } from './serve.ts';
 
 // `npm start [-- --model PATH|URL] [--port N] [--rebuild] [--key K] [--ice-servers LIST]
 //   [--relay fallback|force|off | --force-relay] [--allow-origin ORIGIN ...]`:
@@ -56,13 +56,10 @@ if (!RELAY_MODES.includes(relay)) {
   process.exit(2);
 }
 
-let model: ReturnType<typeof servedModel>;
-try {
-  model = servedModel(flags.model);
-} catch (e) {
-  console.error((e as Error).message);
+const model = servedModelOr(flags.model, (why) => {
+  console.error(why);
   process.exit(2);
-}
+});
 
 const server = await startServer({
   port: requestedPort,

@@ -68,6 +68,18 @@ export function servedModel(model: string | undefined): Pick<ServerOptions, 'mod
   throw new Error(`--model ${model}: no such folder on this machine, and no http(s) URL: ${giveInstead}`);
 }
 
+/** servedModel for a command line: what it refuses goes to `refuse`, which says so and exits. */
+export function servedModelOr(
+  model: string | undefined,
+  refuse: (why: string) => never,
+): Pick<ServerOptions, 'modelFolders' | 'defaultModel'> {
+  try {
+    return servedModel(model);
+  } catch (e) {
+    return refuse((e as Error).message);
+  }
+}
+
 export interface RunningServer {
   /** http://localhost:<port> — a secure context, so WebGPU and cross-origin isolation work. */
   url: string;

@@ -14,7 +14,7 @@ import type { AutomationProgress } from '../../app/automation.ts';
 import { defined } from '../../core/defined.ts';
 import { readSafetensors, writeSafetensors } from '../../core/safetensors.ts';
 import { CACHE_ROOT } from '../model-folder.ts';
-import { servedModel } from '../serve.ts';
+import { servedModelOr } from '../serve.ts';
 import { pageError, startLocalSwarm } from './browser-swarm.ts';
 
 const USAGE = [
@@ -71,13 +71,7 @@ if (shape.length !== 4)
   );
 if (!latent.data.every(Number.isFinite)) fail(`--latent ${values.latent}: the latent holds NaN or infinite values`);
 
-const { modelFolders, defaultModel: modelUrl } = (() => {
-  try {
-    return servedModel(values.model);
-  } catch (e) {
-    return fail((e as Error).message);
-  }
-})();
+const { modelFolders, defaultModel: modelUrl } = servedModelOr(values.model, fail);
 const tty = process.stderr.isTTY;
 const swarm = await startLocalSwarm({
   workers,

@@ -15,7 +15,7 @@ import type { AutomationProgress, JobOverrides } from '../../app/automation.ts';
 import { checkJobParams, type JobParams } from '../../core/job.ts';
 import { readSafetensors } from '../../core/safetensors.ts';
 import { CACHE_ROOT } from '../model-folder.ts';
-import { servedModel } from '../serve.ts';
+import { servedModelOr } from '../serve.ts';
 import { pageError, startLocalSwarm } from './browser-swarm.ts';
 import { JOB_FLAG_OPTIONS, jobFlagValues } from './job-flags.ts';
 
@@ -193,13 +193,7 @@ console.error(
   `generate: "${values.prompt}" on ${values.backend}${swarmWorkers ? ` with ${workers} worker tab(s)` : ''}`,
 );
 
-const { modelFolders, defaultModel: modelUrl } = (() => {
-  try {
-    return servedModel(values.model);
-  } catch (e) {
-    return fail((e as Error).message);
-  }
-})();
+const { modelFolders, defaultModel: modelUrl } = servedModelOr(values.model, fail);
 const swarm = await startLocalSwarm({
   workers: swarmWorkers,
   // the next run's worker tabs load the weights this one fetched from the browser's cache
