@@ -88,39 +88,39 @@ export function displacedAttention(
   return async (block, { q, k, v }, io) => {
     const own = concat([k, v]); // [2, Sl, D]
     const before = history.latest(at.pass, block);
+    // over deltas, each peer's keys and values are rebuilt on the ones held from its last gather
+    const held = deltas && before ? await io.wait(before.parts) : null;
     let send = own;
     let sent = own;
-    if (deltas) {
+    if (held && before) {
       // the delta as the peers will have it off the wire: what they reconstruct, exactly as here
-      send = before ? subtract(own, before.sent) : own;
-      const arrives = tensorValues(tensorPayload(send, exchange.dtype), exchange.dtype);
-      sent = before ? add(before.sent, arrives) : arrives;
-    }
-    // a peer's k and v of its tokens, all heads: a delta spans two of them, and crossed the wire twice
+      send = subtract(own, before.sent);
+      sent = add(before.sent, tensorValues(tensorPayload(send, exchange.dtype), exchange.dtype));
+    } else if (deltas) sent = tensorValues(tensorPayload(own, exchange.dtype), exchange.dtype);
+    const rebuild = (from: number, part: Float32Array) => (held ? add(held[from], part) : part);
+    // a peer's k and v of its tokens, all heads, as rebuilt: a delta in bounds each step can still walk the
+    // values out of them, so the values are judged, each within the error of the transport's last crossing
+    // (error feedback: the rebuilt values are the sender's own up to its newest delta's rounding, whose scale
+    // a delta spanning two values in bounds sets)
     const limits = io.limits(block);
     const judge =
       limits &&
       judgeMatrices(
         (['k', 'v'] as const).map((name) => ({
-          name: deltas ? `the change of ${name}` : name,
-          limits: deltas ? limits[name].map((l) => 2 * l) : limits[name],
+          name: held ? `${name} (rebuilt from its change)` : name,
+          limits: limits[name],
         })),
         exchange.dtype,
-        deltas ? 2 : 1,
+        held ? 2 : 1,
       );
     const received = io.onWire(
       exchange.allToAll(
         io.tag(block, ExchangePhase.KeysValues),
         new Array<Float32Array>(P).fill(send),
-        judge ? (_from, part) => judge(part) : undefined,
+        judge ? (from, part) => judge(rebuild(from, part)) : undefined,
       ),
     );
-    const parts =
-      deltas && before
-        ? Promise.all([received, before.parts]).then(([got, held]) =>
-            got.map((part, j) => (j === me ? sent : add(held[j], part))),
-          )
-        : received.then((got) => got.map((part, j) => (j === me ? sent : part)));
+    const parts = received.then((got) => got.map((part, j) => (j === me ? sent : rebuild(j, part))));
     const previous = at.stale && before?.step === at.step - 1 ? before.parts : null;
     history.keep(at.pass, block, { step: at.step, sent, parts });
     const kv = await io.wait(previous ?? parts);

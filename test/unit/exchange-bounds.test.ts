@@ -230,8 +230,16 @@ function mesh(P: number, dtype: DType = 'f32'): MeshExchange[] {
   return ranks;
 }
 
-/** `exchange` with what it sends under `phase` at step 3 rewritten by `lie` (what it receives as is). */
-function lying(exchange: Exchange, phase: ExchangePhase, lie: (part: Float32Array) => Float32Array): Exchange {
+/**
+ * `exchange` with what it sends under `phase` at step 3 (or each step `when` takes) rewritten by `lie` (what it
+ * receives as is).
+ */
+function lying(
+  exchange: Exchange,
+  phase: ExchangePhase,
+  lie: (part: Float32Array, block: number) => Float32Array,
+  when: (step: number) => boolean = (step) => step === 2,
+): Exchange {
   let lies = 0;
   return {
     rank: exchange.rank,
@@ -241,11 +249,11 @@ function lying(exchange: Exchange, phase: ExchangePhase, lie: (part: Float32Arra
       return lies;
     },
     allToAll: (tag, parts, judge) => {
-      if (tag.step !== 2 || tag.phase !== phase) return exchange.allToAll(tag, parts, judge);
+      if (!when(tag.step) || tag.phase !== phase) return exchange.allToAll(tag, parts, judge);
       lies++;
       return exchange.allToAll(
         tag,
-        parts.map((part, to) => (to === exchange.rank ? part : lie(part))),
+        parts.map((part, to) => (to === exchange.rank ? part : lie(part, tag.block))),
         judge,
       );
     },
@@ -303,7 +311,30 @@ describe('a finite lie is refused, its sender blamed, never the receiver', () =>
     expect(liar.bytesSent).toBeGreaterThan(0);
     expect(error).toBeInstanceOf(PeerLost);
     expect((error as PeerLost).detail).toMatchObject({ rank: 1, cause: 'misbehaved' });
-    expect((error as PeerLost).detail.evidence).toMatch(/^sent the change of (k|v) /);
+    expect((error as PeerLost).detail.evidence).toMatch(/^sent (k|v) \(rebuilt from its change\) /);
+  });
+
+  it('displaced mode, int4 deltas: a peer whose changes each stay in bounds but walk its keys and values out of them is blamed', async () => {
+    const ranks = mesh(2, 'i4');
+    // each step's change gains 4× the liar's first keys and values: at most 4/3 of the bound (honest ones are 3×
+    // inside it), within the 2× a change between two values in bounds may reach, but they pile up step by step
+    const first = new Map<number, Float32Array>();
+    const liar = lying(
+      ranks[1],
+      ExchangePhase.KeysValues,
+      (part, block) => {
+        const drift = first.get(block);
+        if (!drift) first.set(block, part);
+        return drift ? part.map((x, i) => x + 4 * drift[i]) : part;
+      },
+      () => true,
+    );
+    const error = await denoise(models.tiny, [ranks[0], liar], 'displaced').catch((e: unknown) => e);
+    ranks[1].fail(new Error('the test is over'));
+    expect(liar.bytesSent).toBeGreaterThan(2);
+    expect(error).toBeInstanceOf(PeerLost);
+    expect((error as PeerLost).detail).toMatchObject({ rank: 1, cause: 'misbehaved' });
+    expect((error as PeerLost).detail.evidence).toMatch(/^sent (k|v) \(rebuilt from its change\) /);
   });
 });
 
