@@ -48,7 +48,11 @@ export interface FixtureCase {
   config: Record<string, unknown>;
   dtype: SafetensorsDType;
   input: RandomInputSize;
+  /** a seeded LoRA in the original Wan keys over every module (lora.safetensors), merged at this strength */
+  lora?: { rank: number; alpha: number; strength: number };
 }
+
+export const LORA_FILE = 'lora.safetensors';
 
 /** 30 tokens (2 × 3 × 5 patches): no Ulysses degree above 1 divides them, so every split pads and masks. */
 const INPUT: RandomInputSize = { frames: 2, height: 6, width: 10, textLength: 7, seed: 5 };
@@ -59,6 +63,13 @@ export const CASES: FixtureCase[] = [
     config: { ...WAN21_T2V_1_3B.transformer, attention_head_dim: 24, ffn_dim: 768, num_layers: 2, text_dim: 48 },
     dtype: 'F32',
     input: INPUT,
+  },
+  {
+    name: "1.3B's 12 heads, float32, a LoRA in Wan's own keys at 0.8",
+    config: { ...WAN21_T2V_1_3B.transformer, attention_head_dim: 24, ffn_dim: 768, num_layers: 2, text_dim: 48 },
+    dtype: 'F32',
+    input: { ...INPUT, seed: 7 },
+    lora: { rank: 4, alpha: 2, strength: 0.8 },
   },
   {
     // 13824 / 5120 of the width, as published
@@ -83,6 +94,61 @@ export async function writeCaseFolder(c: FixtureCase, dir: string): Promise<void
   writeFileSync(join(dir, TRANSFORMER_CONFIG), JSON.stringify(c.config, null, 2) + '\n');
 }
 
+/**
+ * Writes a case's LoRA into `dir`/lora.safetensors as Wan's trainers and ComfyUI name it: a low-rank pair with its
+ * alpha on every linear and the patch embedding (a convolution: its down [rank, C, 1, 2, 2], up [D, rank, 1, 1, 1]),
+ * whole-tensor diffs on norms and modulations, bias diffs on a few. Shapes by the original module names, written
+ * here from the config, not from the loader's name map. Each change moves its module by about a third of a weight.
+ */
+export function writeCaseLora(c: FixtureCase, dir: string): void {
+  if (!c.lora) return;
+  const { rank, alpha, strength } = c.lora;
+  const cfg = parseWanConfig(c.config, c.name);
+  const { dim: D, ffnDim: F, textDim, freqDim } = cfg;
+  const outputs = cfg.outChannels * cfg.patchSize.reduce((n, p) => n * p, 1);
+  const pairs: [string, number, number[]][] = [
+    ['patch_embedding', D, [cfg.inChannels, ...cfg.patchSize]],
+    ['text_embedding.0', D, [textDim]],
+    ['text_embedding.2', D, [D]],
+    ['time_embedding.0', D, [freqDim]],
+    ['time_embedding.2', D, [D]],
+    ['time_projection.1', 6 * D, [D]],
+    ['head.head', outputs, [D]],
+  ];
+  const diffs: [string, number[], number][] = [['head.modulation', [1, 2, D], 0.3 / Math.sqrt(D)]];
+  const biases: [string, number][] = [
+    ['head.head', outputs],
+    ['time_projection.1', 6 * D],
+  ];
+  for (let i = 0; i < cfg.numLayers; i++) {
+    const b = `blocks.${i}`;
+    for (const attn of ['self_attn', 'cross_attn'])
+      for (const p of ['q', 'k', 'v', 'o']) pairs.push([`${b}.${attn}.${p}`, D, [D]]);
+    pairs.push([`${b}.ffn.0`, F, [D]], [`${b}.ffn.2`, D, [F]]);
+    diffs.push(
+      [`${b}.norm3`, [D], 0.05],
+      [`${b}.modulation`, [1, 6, D], 0.3 / Math.sqrt(D)],
+      [`${b}.self_attn.norm_q`, [D], 0.05],
+    );
+    biases.push([`${b}.self_attn.o`, D], [`${b}.cross_attn.v`, D], [`${b}.ffn.0`, F], [`${b}.norm3`, D]);
+  }
+  const tensors = new Map<string, { shape: number[]; data: Float32Array }>();
+  const put = (key: string, shape: number[], std: number) =>
+    tensors.set(`diffusion_model.${key}`, { shape, data: seededRandom(SEED, key).normals(sizeOf(shape), std) });
+  // up's spread: strength · alpha/rank · up · down lands at 0.3/√fan_in, a third of a weight's
+  const upStd = (0.3 * Math.sqrt(rank)) / (strength * alpha);
+  for (const [module, out, inner] of pairs) {
+    const fanIn = sizeOf(inner);
+    put(`${module}.lora_down.weight`, [rank, ...inner], 1 / Math.sqrt(fanIn));
+    // a convolution's up is [out, rank, 1, 1, 1]: one 1 for each kernel axis
+    put(`${module}.lora_up.weight`, [out, rank, ...inner.slice(1).map(() => 1)], upStd);
+    tensors.set(`diffusion_model.${module}.alpha`, { shape: [], data: Float32Array.of(alpha) });
+  }
+  for (const [module, shape, std] of diffs) put(`${module}.diff`, shape, std);
+  for (const [module, size] of biases) put(`${module}.diff_b`, [size], 0.02);
+  writeFileSync(join(dir, LORA_FILE), writeSafetensors(tensors));
+}
+
 async function main(): Promise<void> {
   const cases = [];
   for (const c of CASES) {
@@ -91,10 +157,21 @@ async function main(): Promise<void> {
       await writeCaseFolder(c, dir);
       const inputs = randomForwardInputs(parseWanConfig(c.config, c.name), c.input);
       writeFileSync(join(dir, 'in.safetensors'), writeSafetensors(inputs));
+      writeCaseLora(c, dir);
       const out = join(dir, 'sample.f64');
+      const lora = c.lora ? ['--lora', `${join(dir, LORA_FILE)}:${c.lora.strength}`] : [];
       const run = spawnSync(
         'python3',
-        [SCRIPT, '--transformer', join(dir, 'transformer'), '--input', join(dir, 'in.safetensors'), '--out', out],
+        [
+          SCRIPT,
+          '--transformer',
+          join(dir, 'transformer'),
+          '--input',
+          join(dir, 'in.safetensors'),
+          '--out',
+          out,
+          ...lora,
+        ],
         { encoding: 'utf8', env: { ...process.env, OMP_NUM_THREADS: '1', OPENBLAS_NUM_THREADS: '1' } },
       );
       if (run.status !== 0) throw new Error(`${c.name}: python failed\n${run.stderr}`);

@@ -9,7 +9,7 @@
 # Every computation is float64 (weights widened from whatever the checkpoint stores: F32, F16, BF16),
 # so the output is the exact function up to float64 rounding.
 #
-#   python3 wan_transformer_numpy.py --transformer DIR --input FILE --out FILE
+#   python3 wan_transformer_numpy.py --transformer DIR --input FILE --out FILE [--lora FILE:STRENGTH ...]
 #
 # DIR holds config.json and diffusion_pytorch_model.safetensors, or its .index.json and shards.
 # FILE is a safetensors file with hidden_states [1, C, T, H, W], timestep [1] and
@@ -293,15 +293,93 @@ class WanTransformer3DModel:
         return hidden_states.reshape(batch_size, c, num_frames, height, width)
 
 
+# --- a LoRA in the original Wan / ComfyUI keys, merged as ComfyUI merges it ---------------------------
+# Keys: diffusion_model.<original module>.{lora_down.weight, lora_up.weight, alpha, diff, diff_b}.
+# Module names go to diffusers' by diffusers' scripts/convert_wan_to_diffusers.py rename table (its
+# text-to-video entries, applied in its order, as that script applies them); the merge is
+# comfy/weight_adapter/lora.py's (W += strength * alpha / rank * up.flatten(1) @ down.flatten(1)) and
+# comfy/lora.py's "diff" patch (W += strength * diff), a bias's diff_b likewise.
+
+TRANSFORMER_KEYS_RENAME_DICT = {
+    "time_embedding.0": "condition_embedder.time_embedder.linear_1",
+    "time_embedding.2": "condition_embedder.time_embedder.linear_2",
+    "text_embedding.0": "condition_embedder.text_embedder.linear_1",
+    "text_embedding.2": "condition_embedder.text_embedder.linear_2",
+    "time_projection.1": "condition_embedder.time_proj",
+    "head.modulation": "scale_shift_table",
+    "head.head": "proj_out",
+    "modulation": "scale_shift_table",
+    "ffn.0": "ffn.net.0.proj",
+    "ffn.2": "ffn.net.2",
+    "norm2": "norm__placeholder",
+    "norm3": "norm2",
+    "norm__placeholder": "norm3",
+    "self_attn.q": "attn1.to_q",
+    "self_attn.k": "attn1.to_k",
+    "self_attn.v": "attn1.to_v",
+    "self_attn.o": "attn1.to_out.0",
+    "self_attn.norm_q": "attn1.norm_q",
+    "self_attn.norm_k": "attn1.norm_k",
+    "cross_attn.q": "attn2.to_q",
+    "cross_attn.k": "attn2.to_k",
+    "cross_attn.v": "attn2.to_v",
+    "cross_attn.o": "attn2.to_out.0",
+    "cross_attn.norm_q": "attn2.norm_q",
+    "cross_attn.norm_k": "attn2.norm_k",
+}
+
+
+def diffusers_name(original):
+    for old, new in TRANSFORMER_KEYS_RENAME_DICT.items():
+        original = original.replace(old, new)
+    return original
+
+
+def merge_wan_lora(weights, path, strength):
+    parts = {}
+    for key, value in read_safetensors(path).items():
+        if not key.startswith("diffusion_model."):
+            raise ValueError(f"{path}: {key} is not in the original Wan keys")
+        body = key[len("diffusion_model.") :]
+        for suffix in (".lora_down.weight", ".lora_up.weight", ".alpha", ".diff_b", ".diff"):
+            if body.endswith(suffix):
+                parts.setdefault(body[: -len(suffix)], {})[suffix] = value
+                break
+        else:
+            raise ValueError(f"{path}: {key} is no LoRA part")
+    for module, p in parts.items():
+        name = diffusers_name(module)
+        weight_key = name + ".weight" if name + ".weight" in weights else name
+        if weight_key not in weights:
+            raise ValueError(f"{path}: {module} ({name}) is no module of the model")
+        w = weights[weight_key]
+        if ".lora_down.weight" in p:
+            down, up = p[".lora_down.weight"], p[".lora_up.weight"]
+            rank = down.shape[0]
+            alpha = float(p[".alpha"].reshape(-1)[0]) / rank if ".alpha" in p else 1.0
+            delta = up.reshape(up.shape[0], -1) @ down.reshape(rank, -1)
+            w = w + strength * alpha * delta.reshape(w.shape)
+        if ".diff" in p:
+            w = w + strength * p[".diff"].reshape(w.shape)
+        weights[weight_key] = w
+        if ".diff_b" in p:
+            weights[name + ".bias"] = weights[name + ".bias"] + strength * p[".diff_b"].reshape(-1)
+    return weights
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--transformer", required=True)
     parser.add_argument("--input", required=True)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--lora", action="append", default=[], help="FILE:STRENGTH, a LoRA in the original Wan keys")
     args = parser.parse_args()
     with open(os.path.join(args.transformer, "config.json")) as f:
         config = json.load(f)
     weights = read_checkpoint(args.transformer)
+    for lora in args.lora:
+        path, strength = lora.rsplit(":", 1)
+        weights = merge_wan_lora(weights, path, float(strength))
     inputs = read_safetensors(args.input)
     model = WanTransformer3DModel(config, weights)
     sample = model.forward(inputs["hidden_states"], inputs["timestep"], inputs["encoder_hidden_states"])

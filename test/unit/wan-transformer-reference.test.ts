@@ -22,7 +22,15 @@ import { memoryExchanges } from '../../rank/exchange/memory.ts';
 import { onnxStages } from '../../rank/onnx-stages.ts';
 import { forwardInProcess } from '../../rank/ulysses.ts';
 import { folderFiles } from '../../server/model-folder.ts';
-import { CASES, FIXTURE_PATH, writeCaseFolder, type FixtureCase } from '../reference/make-wan-transformer-fixture.ts';
+import { applyLoras } from '../../core/model/lora.ts';
+import {
+  CASES,
+  FIXTURE_PATH,
+  LORA_FILE,
+  writeCaseFolder,
+  writeCaseLora,
+  type FixtureCase,
+} from '../reference/make-wan-transformer-fixture.ts';
 
 const fixture = JSON.parse(readFileSync(FIXTURE_PATH, 'utf8')) as {
   cases: (FixtureCase & { shape: number[]; sample: number[] })[];
@@ -55,16 +63,25 @@ describe.each(CASES)("diffusers' WanTransformer3DModel on $name", (c) => {
     dir = await mkdtemp(join(tmpdir(), 'ditswarm-wan-transformer-'));
     await writeCaseFolder(c, dir);
     model = await loadTransformer(folderFiles(dir));
+    if (c.lora) {
+      // the adapter as a worker reads one: through its folder's files, merged into the loaded weights
+      writeCaseLora(c, dir);
+      await applyLoras(model, [{ url: join(dir, LORA_FILE), strength: c.lora.strength }], () => ({
+        files: folderFiles(dir),
+        path: LORA_FILE,
+      }));
+    }
     inputs = readForwardInputs(model.config, randomForwardInputs(parseWanConfig(c.config, c.name), c.input), c.name);
   });
   afterAll(() => rm(dir, { recursive: true, force: true }));
 
   it('is in the fixture, made from this config and these inputs', () => {
     expect(expected, `no fixture case "${c.name}": regenerate the fixture`).toBeDefined();
-    expect({ config: expected?.config, dtype: expected?.dtype, input: expected?.input }).toEqual({
+    expect({ config: expected?.config, dtype: expected?.dtype, input: expected?.input, lora: expected?.lora }).toEqual({
       config: c.config,
       dtype: c.dtype,
       input: c.input,
+      lora: c.lora,
     });
     expect(expected?.shape).toEqual([1, ...inputs.latent.shape]);
   });
