@@ -25,6 +25,7 @@ import {
   type SwarmIdentity,
 } from '../coordinator/index.ts';
 import { defined } from '../core/defined.ts';
+import { parseLoraFlag, type LoraRef } from '../core/model/lora.ts';
 import { OWNER_KEY_PARAM } from '../core/net/join-token.ts';
 import type { AutomationProgress, Base64Floats, DashboardAutomation, JobOverrides, JoinLinks } from './automation.ts';
 import { summarizeReport, type KeptReport } from './views/report-summary.ts';
@@ -94,6 +95,10 @@ function readForm(): { params: Partial<Record<keyof JobParams, unknown>>; placem
   const cfg = field('cfg').value;
   const cfgParallel = cfg === 'auto' ? undefined : cfg === 'parallel';
   const model = field('model').value.trim() || DEFAULT_MODEL_URL;
+  const loras = field('loras')
+    .value.split(',')
+    .map((s) => s.trim())
+    .filter(Boolean);
   return {
     params,
     placement: {
@@ -102,8 +107,19 @@ function readForm(): { params: Partial<Record<keyof JobParams, unknown>>; placem
       ep,
       cfgParallel,
       model,
+      ...(loras.length && { loras: loras.map(loraOfField) }),
     },
   };
+}
+
+/** An adapter as the LoRA field gives it; one the field cannot give is shown beside it, not sent. */
+function loraOfField(text: string): LoraRef {
+  try {
+    return parseLoraFlag(text);
+  } catch {
+    // the planner refuses it, saying why, before any worker fetches anything
+    return { url: text, strength: NaN };
+  }
 }
 
 /** Marks each bad field and says why; true when there is nothing to say. */
@@ -313,10 +329,12 @@ async function start() {
   });
   // the model the server was started with (`npm start -- --model PATH|URL`), else the bundled demo
   const served = await fetch('/models.json').then(
-    (r) => r.json() as Promise<{ default: string | null }>,
-    () => ({ default: null }),
+    (r) => r.json() as Promise<{ default: string | null; loras?: LoraRef[] }>,
+    () => ({ default: null, loras: [] }),
   );
   field('model').value = served.default ?? DEFAULT_MODEL_URL;
+  // and the adapters it was started with (`--lora FILE[:STRENGTH]`)
+  field('loras').value = (served.loras ?? []).map(({ url, strength }) => `${url}:${strength}`).join(', ');
   await readModel();
   field('model').addEventListener('change', () => void readModel());
   queue = await openJobQueue(runJob);

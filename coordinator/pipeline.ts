@@ -301,7 +301,10 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
       if (outputType === 'video') await videoDecoding.ready();
 
       clock.enter('placing');
-      const placementRequest = { ...options.placement, ...asked };
+      const merged = { ...options.placement, ...asked };
+      // an adapter's file is fetched by workers on other pages: its URL whole, as the model's is
+      const loras = merged.loras?.map((l) => ({ ...l, url: new URL(l.url, pageUrl()).href }));
+      const placementRequest = { ...merged, ...(loras && { loras }) };
       await placer.place(params, placementRequest);
       const setupMs = clock.elapsedMs();
       const job = ++jobs;

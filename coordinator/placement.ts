@@ -3,6 +3,7 @@
 // ResolvedPlacement; the executor, the ranks (initArgsOf), the report and the dashboard read it and
 // fill in nothing. A new knob is a field here or in RankSettings, a decision in the planner and a
 // use where it matters.
+import type { LoraRef } from '../core/model/lora.ts';
 import type { LinkSpeed } from '../core/cost-model.ts';
 import type { LinkEmulation } from '../core/net/paced-channel.ts';
 import type { DType } from '../core/net/protocol.ts';
@@ -60,6 +61,8 @@ export interface PlacementRequest extends Partial<Omit<RankSettings, 'dtype' | '
    * worker, which loads only its stage's weights (stage-plan.ts); 1 (the default): every worker holds all
    */
   stages?: number;
+  /** LoRA adapters every rank merges into its weights as it loads (core/model/lora.ts); none unless set */
+  loras?: LoraRef[];
 }
 
 /** What the cost model expected of a placement, and why it was chosen. */
@@ -90,6 +93,8 @@ export interface ResolvedPlacement {
   backend: Backend;
   /** the model folder as the workers fetch it */
   modelUrl: string;
+  /** the adapters merged into every rank's weights, their files as the workers fetch them */
+  loras: LoraRef[];
   /** how many ranks, in which CFG groups, each group's shares of the heads */
   layout: RankLayout;
   /**
@@ -132,6 +137,7 @@ export function loadArgsOf(placement: ResolvedPlacement, rank: number): LoadArgs
     modelUrl: placement.modelUrl,
     ep: placement.ep,
     ...(stage && { blocks: { from: stage.blocks[0], to: stage.blocks[1] } }),
+    ...(placement.loras.length && { loras: placement.loras }),
   };
 }
 

@@ -5,6 +5,7 @@
 // 'auto'), which workers become which ranks (the fastest first, as the cost model predicts on them),
 // the heads' shares, the exchange (mode, transport, head groups), warm-up, spot checks and
 // timeouts; the text encoder's layers and the VAE's tiles are placed here too.
+import { checkLoras, type LoraRef } from '../core/model/lora.ts';
 import { defined } from '../core/defined.ts';
 import {
   candidatePlans,
@@ -160,6 +161,7 @@ const describeExchange = (e: Exchange): string =>
 
 /** The request with the defaults of what it leaves unset; the cost model's choices stay unset. */
 interface Asked {
+  loras: LoraRef[];
   ulyssesDegree: number | 'auto';
   cfgParallel: boolean | undefined;
   ep: ExecutionProvider | 'auto';
@@ -202,6 +204,7 @@ export function checkRequest(request: PlacementRequest): Asked {
     throw new Error(`untrustedAlone is ${UNTRUSTED_ALONE.join(' or ')}, got ${JSON.stringify(untrustedAlone)}`);
   const stages = checkStagesRequest(request);
   return {
+    loras: checkLoras(request.loras),
     ulyssesDegree: request.ulyssesDegree ?? 'auto',
     cfgParallel: request.cfgParallel,
     ep: request.ep ?? 'auto',
@@ -655,6 +658,7 @@ export function planPlacement(ctx: PlannerContext, input: PlanningInput): Resolv
   return {
     backend: ctx.backend,
     modelUrl: ctx.modelUrl,
+    loras: asked.loras,
     layout,
     workers:
       ctx.backend === 'swarm'

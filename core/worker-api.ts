@@ -4,6 +4,7 @@
 // receives it. The compiler holds the table to the interface, down to each optional field
 // (FieldChecks), and the client and the served methods are the table's keys: the sides cannot drift.
 import type { BlockRange, HiddenState } from './model/blocks.ts';
+import { LORA_LIMITS, type LoraRef } from './model/lora.ts';
 import type { WeightType } from './model/onnx-builder.ts';
 import { RANK_SETTINGS_CHECKS, type RankSettings } from './rank-settings.ts';
 import {
@@ -80,6 +81,8 @@ export interface LoadArgs {
   ep: ExecutionProvider | 'auto';
   /** the pipeline stage's blocks this worker holds (core/model/blocks.ts): only their tensors load; all where absent */
   blocks?: BlockRange;
+  /** LoRA adapters merged into the weights as they load, in order (core/model/lora.ts); none where absent */
+  loras?: LoraRef[];
 }
 
 export interface LoadedModel {
@@ -221,7 +224,8 @@ export interface ComputeProbe {
  * share under each Ulysses degree (its tokens, its heads over all tokens), computed through the
  * same stage calls as in the job, with the exchange left out (the mesh probe times that).
  */
-export interface RehearseArgs extends Omit<LoadArgs, 'blocks'> {
+/** (the model whole and without adapters: they change no stage's time) */
+export interface RehearseArgs extends Omit<LoadArgs, 'blocks' | 'loras'> {
   latentShape: number[]; // [C, T, H, W]
   /** rows of the text embedding the cross-attention reads */
   textTokens: number;
@@ -498,6 +502,11 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
       modelUrl: text(),
       ep: epOrAuto,
       blocks: optional(fields({ from: int(0, MAX_BLOCKS - 1), to: int(1, MAX_BLOCKS) })),
+      loras: optional(
+        list(fields({ url: text(), strength: num(LORA_LIMITS.strength.min, LORA_LIMITS.strength.max) }), {
+          max: LORA_LIMITS.adapters,
+        }),
+      ),
     }),
     reply: fields({
       ep,

@@ -4,6 +4,7 @@
 // at a time anyway): a restart waits for the calls before it, and the calls after it wait for the
 // new engine, since a call to a terminated worker would never return.
 import * as Comlink from 'comlink';
+import type { LoraRef } from '../core/model/lora.ts';
 import type { BlockRange } from '../core/model/blocks.ts';
 import type { EngineProgress, ExecutionProvider, LoadStatus } from '../core/worker-api.ts';
 import { ENGINE_METHODS, type EngineApi, type EngineMove } from './engine.ts';
@@ -26,7 +27,8 @@ export type ProbeGate = <T>(probe: () => Promise<T>) => Promise<T>;
 export class EngineHost extends Forwarding(ENGINE_METHODS) implements EngineApi {
   private worker: Worker | null = null;
   private engine: Promise<EngineApi>;
-  private loaded: { modelUrl: string; ep: ExecutionProvider; blocks?: BlockRange } | null = null;
+  private loaded: { modelUrl: string; ep: ExecutionProvider; blocks?: BlockRange; loras?: readonly LoraRef[] } | null =
+    null;
   private turn: Promise<unknown> = Promise.resolve();
   /** how far the engine has got, across restarts: what the page's pulse says */
   private readonly moves: EngineProgress = { done: 0, running: null };
@@ -77,7 +79,9 @@ export class EngineHost extends Forwarding(ENGINE_METHODS) implements EngineApi 
       this.current = threads;
       this.engine = this.start();
       if (this.loaded)
-        await (await this.engine).load(this.loaded.modelUrl, this.loaded.ep, undefined, this.loaded.blocks);
+        await (
+          await this.engine
+        ).load(this.loaded.modelUrl, this.loaded.ep, undefined, this.loaded.blocks, this.loaded.loras);
     });
   }
 
@@ -91,11 +95,12 @@ export class EngineHost extends Forwarding(ENGINE_METHODS) implements EngineApi 
     ep: ExecutionProvider,
     onProgress?: (status: LoadStatus) => void,
     blocks?: BlockRange,
+    loras?: readonly LoraRef[],
   ) {
     return this.through(async (engine) => {
       // a function crosses to the engine's Web Worker as a proxy the worker calls back
-      const info = await engine.load(modelUrl, ep, onProgress && Comlink.proxy(onProgress), blocks);
-      this.loaded = { modelUrl, ep, ...(blocks && { blocks }) };
+      const info = await engine.load(modelUrl, ep, onProgress && Comlink.proxy(onProgress), blocks, loras);
+      this.loaded = { modelUrl, ep, ...(blocks && { blocks }), ...(loras && { loras }) };
       return info;
     });
   }

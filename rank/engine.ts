@@ -5,6 +5,7 @@ import * as ort from 'onnxruntime-web';
 import type { BlockRange } from '../core/model/blocks.ts';
 import type { WanConfig } from '../core/model/config.ts';
 import { loadTransformer } from '../core/model/transformer.ts';
+import { applyLoras, splitFileUrl, type LoraRef } from '../core/model/lora.ts';
 import type {
   ComputeProbe,
   DecodedTile,
@@ -37,13 +38,14 @@ export interface EngineInfo extends Omit<LoadedModel, 'why'> {
 export interface EngineApi extends DeviceStageRunner {
   /**
    * loads the model's weights (kept in the browser: weight-cache.ts), saying how far it is, and builds its sessions;
-   * with `blocks`, a pipeline stage's alone (core/model/blocks.ts)
+   * with `blocks`, a pipeline stage's alone (core/model/blocks.ts); `loras` merged into them (core/model/lora.ts)
    */
   load(
     modelUrl: string,
     ep: ExecutionProvider,
     onProgress?: (status: LoadStatus) => void,
     blocks?: BlockRange,
+    loras?: readonly LoraRef[],
   ): Promise<EngineInfo>;
   /** matrix-multiply and softmax throughput on an EP */
   probe(ep: ExecutionProvider): Promise<ComputeProbe>;
@@ -97,7 +99,7 @@ function reportingMoves(engine: EngineApi, report: (move: EngineMove) => void): 
     return [method, call] as const;
   });
   const reporting = Object.fromEntries(calls) as unknown as EngineApi;
-  reporting.load = (modelUrl, ep, onProgress, blocks) => {
+  reporting.load = (modelUrl, ep, onProgress, blocks, loras) => {
     report({ running: 'load', moved: false });
     return engine
       .load(
@@ -108,6 +110,7 @@ function reportingMoves(engine: EngineApi, report: (move: EngineMove) => void): 
           onProgress?.(status);
         },
         blocks,
+        loras,
       )
       .finally(() => report({ running: null, moved: true }));
   };
@@ -133,9 +136,9 @@ export function createEngine(threads = 1, report?: (move: EngineMove) => void): 
     return stages;
   };
   const engine: EngineApi = {
-    load: async (modelUrl, ep, onProgress, blocks) => {
-      // a worker page serves executor after executor: the same model's same blocks on the same EP load once
-      const key = `${modelUrl} ${ep} ${blocks ? `blocks ${blocks.from}–${blocks.to}` : 'all blocks'}`;
+    load: async (modelUrl, ep, onProgress, blocks, loras = []) => {
+      // a worker page serves executor after executor: the same model, blocks and adapters on the same EP load once
+      const key = JSON.stringify([modelUrl, ep, blocks ?? 'all blocks', loras]);
       if (loaded?.key === key) return { ...loaded.info, inMemory: true };
       const started = performance.now();
       // the device it computes on: on wasm the CPU, whether or not the browser also has a WebGPU adapter
@@ -155,6 +158,12 @@ export function createEngine(threads = 1, report?: (move: EngineMove) => void): 
         },
         blocks,
       ).finally(() => files.close());
+      // the adapters' files are kept in the browser as the model's are
+      await applyLoras(model, loras, (url) => {
+        const { folder, name } = splitFileUrl(url);
+        const folderFiles = cachedModelFiles(folder);
+        return { files: folderFiles, path: name, close: () => folderFiles.close() };
+      });
       // from the weights while they are all on the CPU side (on WebGPU they leave it)
       const bounds = modelBounds(model);
       const heldWeightBytes = [...model.weights.values()].reduce((n, t) => n + t.data.byteLength, 0);

@@ -4,6 +4,7 @@
 // against the contract; what the contract cannot know (rank < world, the model's widths, the order of
 // calls) is judged here, and each refusal says what was expected.
 import { defined } from '../core/defined.ts';
+import type { LoraRef } from '../core/model/lora.ts';
 import { allBlocks, hiddenStateError, holdsEmbedders, type BlockRange } from '../core/model/blocks.ts';
 import type { WanConfig } from '../core/model/config.ts';
 import { describeLoad, describeWeights } from '../core/worker-api.ts';
@@ -102,6 +103,8 @@ export class WorkerRuntime implements WorkerApi {
   private modelUrl: string | null = null;
   /** the pipeline stage's blocks the loaded model holds, as loadModel was asked (all where absent) */
   private blocks: BlockRange | undefined = undefined;
+  /** the adapters merged into the loaded model, as loadModel was asked */
+  private loras: readonly LoraRef[] = [];
   private texts: Float32Array[] = [];
   private plan: UlyssesPlan | null = null;
   private job = -1;
@@ -218,6 +221,7 @@ export class WorkerRuntime implements WorkerApi {
     this.model = info;
     this.modelUrl = args.modelUrl;
     this.blocks = args.blocks;
+    this.loras = args.loras ?? [];
     this.epWhy = why;
     this.setState(
       'ready',
@@ -229,8 +233,10 @@ export class WorkerRuntime implements WorkerApi {
   }
 
   /** The model on the EP asked for, or with 'auto' the fastest one; the engine keeps the last one it loaded. */
-  private async load({ modelUrl, ep, blocks }: LoadArgs): Promise<{ info: EngineInfo; why: string }> {
+  private async load({ modelUrl, ep, blocks, loras }: LoadArgs): Promise<{ info: EngineInfo; why: string }> {
     this.checkModel(modelUrl);
+    // an adapter is fetched as the model is: from where this page lets models come, and nowhere else
+    for (const lora of loras ?? []) this.checkModel(lora.url);
     await this.hooks.betweenJobs?.();
     const choice =
       ep === 'auto'
@@ -248,7 +254,7 @@ export class WorkerRuntime implements WorkerApi {
       this.setState('loading', `loading ${modelUrl}: ${describeLoad(status)}`);
     };
     try {
-      return { info: await this.engine.load(modelUrl, choice.ep, progress, blocks), why: choice.why };
+      return { info: await this.engine.load(modelUrl, choice.ep, progress, blocks, loras), why: choice.why };
     } finally {
       this.loadStatus = null;
       if (this.state === 'loading' && before.state !== 'loading') this.setState(before.state, before.detail);
@@ -273,9 +279,10 @@ export class WorkerRuntime implements WorkerApi {
       this.warmEngine = engine;
       return { forwardMs };
     } finally {
-      // the engine holds one model: the one this rank's placement loaded (its stage's blocks) comes back
-      if (this.model && this.modelUrl && (this.modelUrl !== modelUrl || this.model.ep !== info.ep || this.blocks))
-        await this.engine.load(this.modelUrl, this.model.ep, undefined, this.blocks);
+      // the engine holds one model: the one this rank's placement loaded (its stage's blocks, its adapters) comes back
+      const differs = this.modelUrl !== modelUrl || this.model?.ep !== info.ep || this.blocks || this.loras.length;
+      if (this.model && this.modelUrl && differs)
+        await this.engine.load(this.modelUrl, this.model.ep, undefined, this.blocks, this.loras);
     }
   }
 

@@ -5,9 +5,9 @@ import { join } from 'node:path';
 import { CACHE_ROOT } from './model-folder.ts';
 import { lanAddresses } from './origins.ts';
 import { OWNER_KEY_PARAM } from '../core/net/join-token.ts';
-import { DEFAULT_PORT, servedModelOr, startServer } from './serve.ts';
+import { DEFAULT_PORT, servedOr, startServer } from './serve.ts';
 
-// `npm start [-- --model PATH|URL] [--port N] [--rebuild] [--key K] [--ice-servers LIST]
+// `npm start [-- --model PATH|URL] [--lora FILE[:STRENGTH]]... [--port N] [--rebuild] [--key K] [--ice-servers LIST]
 //   [--relay fallback|force|off | --force-relay] [--allow-origin ORIGIN ...]`:
 // build if needed, serve, print where to go. With --model the dashboard starts on that model
 // folder: one on this machine (served to the pages, with Range requests) or a URL. The server
@@ -17,6 +17,7 @@ const { values: flags } = parseArgs({
   options: {
     port: { type: 'string' },
     model: { type: 'string' },
+    lora: { type: 'string', multiple: true, default: [] },
     rebuild: { type: 'boolean', default: false },
     key: { type: 'string' },
     'ice-servers': { type: 'string' },
@@ -56,7 +57,7 @@ if (!RELAY_MODES.includes(relay)) {
   process.exit(2);
 }
 
-const model = servedModelOr(flags.model, (why) => {
+const model = servedOr({ model: flags.model, loras: flags.lora }, (why) => {
   console.error(why);
   process.exit(2);
 });
@@ -84,6 +85,9 @@ console.log(
     `  dashboard   ${server.url}/`,
     `  worker      ${server.url}/worker.html`,
     ...(flags.model ? [`  model       ${flags.model} (the dashboard's default)`] : []),
+    ...flags.lora.map(
+      (lora) => `  LoRA        ${lora} (every job's, unless the dashboard's LoRA field says otherwise)`,
+    ),
     ...lanUrls.map((url) => `  LAN worker  ${url}/worker.html`),
     ...lanUrls.map((url) => `  LAN dashboard ${url}/${ownerFragment} (yours alone: it opens swarms here)`),
     ...(lanUrls.length > 0

@@ -8,6 +8,22 @@ import express, { type RequestHandler } from 'express';
 /** no script, style, frame or fetch, sandboxed: what a file opened from a model folder may do in a page */
 export const MODEL_FILE_CSP = "default-src 'none'; sandbox";
 
+/** the headers every file of a model is served with: bytes, never a document */
+const AS_BYTES = {
+  'Content-Type': 'application/octet-stream',
+  'X-Content-Type-Options': 'nosniff',
+  'Content-Security-Policy': MODEL_FILE_CSP,
+};
+
+/** Serves one file (with Range), as a model folder's files are served. */
+export function serveModelFile(file: string): RequestHandler {
+  return (_request, response) =>
+    // its error (a file gone since the server started) is a 404 before anything was sent
+    response.sendFile(file, { acceptRanges: true, dotfiles: 'allow', headers: AS_BYTES }, () => {
+      if (!response.headersSent) response.sendStatus(404);
+    });
+}
+
 /** Serves `dir` (with Range), each file as application/octet-stream; a path whose real path leaves `dir` is 403. */
 export function serveModelFolder(dir: string): RequestHandler[] {
   const root = realpath(dir);
@@ -31,9 +47,7 @@ export function serveModelFolder(dir: string): RequestHandler[] {
     index: false,
     redirect: false,
     setHeaders(response) {
-      response.setHeader('Content-Type', 'application/octet-stream');
-      response.setHeader('X-Content-Type-Options', 'nosniff');
-      response.setHeader('Content-Security-Policy', MODEL_FILE_CSP);
+      for (const [name, value] of Object.entries(AS_BYTES)) response.setHeader(name, value);
     },
   });
   return [insideFolder, files];

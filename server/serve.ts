@@ -1,6 +1,6 @@
 import { existsSync, statSync } from 'node:fs';
 import http from 'node:http';
-import { join, resolve } from 'node:path';
+import { basename, join, resolve } from 'node:path';
 import express, { type RequestHandler } from 'express';
 import { DIST_DIR, ensureAppBuilt, PUBLIC_DIR } from './app-build.ts';
 import type { Duplex } from 'node:stream';
@@ -10,7 +10,8 @@ import { newPeerKey, SIGNALING_PATH, mountSignaling } from './peer-signaling.ts'
 import { mountJoinTokens, openJoinTokens, type JoinTokens } from './join-tokens.ts';
 import { lanAddresses, serverOrigins } from './origins.ts';
 import { createRelay, type Relay } from './relay.ts';
-import { serveModelFolder } from './model-route.ts';
+import { serveModelFile, serveModelFolder } from './model-route.ts';
+import { parseLoraFlag, type LoraRef } from '../core/model/lora.ts';
 import { TRANSFORMER_CONFIG } from '../core/model/transformer.ts';
 
 export const DEFAULT_PORT = 5173;
@@ -35,6 +36,10 @@ export interface ServerOptions {
   modelFolders?: Record<string, string>;
   /** the model the dashboard's form starts with (GET /models.json); the bundled demo model without it */
   defaultModel?: string;
+  /** LoRA files on this machine, each served alone under its URL path (servedLoras) */
+  loraFiles?: Record<string, string>;
+  /** the adapters the dashboard's jobs start with (GET /models.json) */
+  defaultLoras?: LoraRef[];
   /** origins beyond this server's own whose pages may use it (a page embedding the library: `openSwarm(origin)`) */
   allowOrigins?: string[];
   /** where the join tokens' secret and revocations outlive restarts (npm start); else a fresh secret each start */
@@ -68,13 +73,34 @@ export function servedModel(model: string | undefined): Pick<ServerOptions, 'mod
   throw new Error(`--model ${model}: no such folder on this machine, and no http(s) URL: ${giveInstead}`);
 }
 
-/** servedModel for a command line: what it refuses goes to `refuse`, which says so and exits. */
-export function servedModelOr(
-  model: string | undefined,
+/** Where a LoRA given as a file (`--lora FILE[:STRENGTH]`) is served: one path per file, nothing beside it. */
+export const LORA_PATH = '/loras';
+
+/**
+ * What `--lora FILE[:STRENGTH]` flags mean for a server: each file on this machine served alone at
+ * LORA_PATH/<n>/<its name>, and the adapters every job starts with. A flag that names no file is refused,
+ * before the server starts.
+ */
+export function servedLoras(flags: readonly string[]): Pick<ServerOptions, 'loraFiles' | 'defaultLoras'> {
+  const loraFiles: Record<string, string> = {};
+  const defaultLoras = flags.map((flag, n) => {
+    const { url: file, strength } = parseLoraFlag(flag);
+    if (!existsSync(file) || !statSync(file).isFile())
+      throw new Error(`--lora ${flag}: ${file} is no file on this machine; give a LoRA's .safetensors file`);
+    const path = `${LORA_PATH}/${n}/${encodeURIComponent(basename(file))}`;
+    loraFiles[path] = resolve(file);
+    return { url: path, strength };
+  });
+  return flags.length ? { loraFiles, defaultLoras } : {};
+}
+
+/** What a command line's --model and --lora flags serve; what they refuse goes to `refuse`, which says so and exits. */
+export function servedOr(
+  { model, loras = [] }: { model: string | undefined; loras?: readonly string[] },
   refuse: (why: string) => never,
-): Pick<ServerOptions, 'modelFolders' | 'defaultModel'> {
+): Pick<ServerOptions, 'modelFolders' | 'defaultModel' | 'loraFiles' | 'defaultLoras'> {
   try {
-    return servedModel(model);
+    return { ...servedModel(model), ...servedLoras(loras) };
   } catch (e) {
     return refuse((e as Error).message);
   }
@@ -150,7 +176,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     });
   });
   app.get('/models.json', (_request, response) => {
-    response.json({ default: options.defaultModel ?? null });
+    response.json({ default: options.defaultModel ?? null, loras: options.defaultLoras ?? [] });
   });
   // a missing file or a range past a file's end is the reader's to report: answer its status, log nothing
   // express tells an error handler by its 4 parameters, so `_next` stays
@@ -159,6 +185,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
   };
   for (const [path, dir] of Object.entries(options.modelFolders ?? {}))
     app.use(path, ...serveModelFolder(dir), statusOnly);
+  for (const [path, file] of Object.entries(options.loraFiles ?? {})) app.get(path, serveModelFile(file));
   app.use(express.static(DIST_DIR));
 
   boundPort = await listenOnFreePort(server, port);

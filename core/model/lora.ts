@@ -250,3 +250,28 @@ export async function applyLoras(model: WanModel, refs: readonly LoraRef[], file
     }
   }
 }
+
+/** Adapters as a job asks for them, checked: at most LORA_LIMITS.adapters, each a URL and a strength in range. */
+export function checkLoras(loras: unknown): LoraRef[] {
+  if (loras === undefined) return [];
+  if (!Array.isArray(loras) || loras.length > LORA_LIMITS.adapters)
+    throw new LoraError(`loras is a list of at most ${LORA_LIMITS.adapters} adapters, got ${JSON.stringify(loras)}`);
+  const { min, max } = LORA_LIMITS.strength;
+  return loras.map((lora: Partial<LoraRef> | null, i) => {
+    const { url, strength } = lora ?? {};
+    if (typeof url !== 'string' || !url.trim()) throw new LoraError(`lora ${i + 1} has no url of its file`);
+    if (typeof strength !== 'number' || !(strength >= min && strength <= max))
+      throw new LoraError(
+        `lora ${url}: its strength is a number from ${min} to ${max}, got ${JSON.stringify(strength)}`,
+      );
+    return { url, strength };
+  });
+}
+
+/** `FILE[:STRENGTH]` as a command line gives an adapter (strength 1 where it is left out). */
+export function parseLoraFlag(flag: string): LoraRef {
+  const at = flag.lastIndexOf(':');
+  const strength = at > 0 && /^[-+.\d]+(e[-+]?\d+)?$/i.test(flag.slice(at + 1)) ? flag.slice(at + 1) : null;
+  const [url] = checkLoras([{ url: strength ? flag.slice(0, at) : flag, strength: strength ? Number(strength) : 1 }]);
+  return url;
+}

@@ -25,6 +25,7 @@ export interface LocalSwarmOptions {
   port?: number;
   relay?: RelayMode;
   modelFolders?: Record<string, string>;
+  loraFiles?: Record<string, string>;
   /**
    * The browser's profile: where its worker tabs keep the weights they fetched (rank/weight-cache.ts)
    * and the dashboard its encoded prompts, so that the next run with the same profile and port (the
@@ -40,10 +41,11 @@ export async function startLocalSwarm({
   port = 0,
   relay = 'fallback',
   modelFolders,
+  loraFiles,
   profileDir,
   log = () => {},
 }: LocalSwarmOptions = {}): Promise<LocalSwarm> {
-  const server = await startServer({ port, quiet: true, relay, modelFolders });
+  const server = await startServer({ port, quiet: true, relay, modelFolders, loraFiles });
   const { context, kept, close: closeBrowser } = await launchBrowser(profileDir, log);
   try {
     const dashboard = await context.newPage();

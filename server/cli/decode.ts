@@ -14,7 +14,7 @@ import type { AutomationProgress } from '../../app/automation.ts';
 import { defined } from '../../core/defined.ts';
 import { readSafetensors, writeSafetensors } from '../../core/safetensors.ts';
 import { CACHE_ROOT } from '../model-folder.ts';
-import { servedModelOr } from '../serve.ts';
+import { servedOr } from '../serve.ts';
 import { pageError, startLocalSwarm } from './browser-swarm.ts';
 
 const USAGE = [
@@ -71,7 +71,7 @@ if (shape.length !== 4)
   );
 if (!latent.data.every(Number.isFinite)) fail(`--latent ${values.latent}: the latent holds NaN or infinite values`);
 
-const { modelFolders, defaultModel: modelUrl } = servedModelOr(values.model, fail);
+const { modelFolders, defaultModel: modelUrl } = servedOr({ model: values.model }, fail);
 const tty = process.stderr.isTTY;
 const swarm = await startLocalSwarm({
   workers,

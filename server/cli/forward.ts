@@ -3,7 +3,7 @@
 // writes sample [1, C, T, H, W], all float32 safetensors.
 //
 //   npm run forward -- --input in.safetensors --output out.safetensors
-//     [--model public/models/tiny-wan] [--backend onnx|reference] [--ulysses P]
+//     [--model public/models/tiny-wan] [--backend onnx|reference] [--ulysses P] [--lora FILE[:STRENGTH]]...
 //   npm run forward -- --make-input in.safetensors [--frames T --height H --width W --text-length L --seed S]
 
 import { mkdir, readFile, writeFile } from 'node:fs/promises';
@@ -12,6 +12,7 @@ import { parseArgs } from 'node:util';
 import { forwardOutput, randomForwardInputs, readForwardInputs } from '../../core/model/forward-io.ts';
 import { referenceForward, type WanModel } from '../../core/model/reference.ts';
 import { loadTransformer } from '../../core/model/transformer.ts';
+import { applyLoras, parseLoraFlag, splitFileUrl } from '../../core/model/lora.ts';
 import { checkDegree } from '../../core/parallel.ts';
 import { readSafetensors, writeSafetensors } from '../../core/safetensors.ts';
 import type { Tensor } from '../../core/tensor.ts';
@@ -23,6 +24,7 @@ import { defined } from '../../core/defined.ts';
 const USAGE = [
   'usage: npm run forward -- --input in.safetensors --output out.safetensors',
   '         [--model public/models/tiny-wan] [--backend onnx|reference] [--ulysses P]',
+  '         [--lora FILE[:STRENGTH]]...   LoRA adapters merged into the weights (strength 1 unless given)',
   '       npm run forward -- --make-input in.safetensors ' +
     '[--frames T] [--height H] [--width W] [--text-length L] [--seed S]',
 ].join('\n');
@@ -35,6 +37,7 @@ const USER_ERRORS = new Set([
   'ParallelConfigError',
   'UsageError',
   'MissingFile',
+  'LoraError',
 ]);
 
 class UsageError extends Error {
@@ -104,6 +107,7 @@ async function run(): Promise<void> {
         width: { type: 'string', default: '8' },
         'text-length': { type: 'string', default: '32' },
         seed: { type: 'string', default: '0' },
+        lora: { type: 'string', multiple: true, default: [] },
         help: { type: 'boolean', default: false },
       },
     });
@@ -123,6 +127,10 @@ async function run(): Promise<void> {
     folderFiles(values.model),
     (loaded, total) => total >= 1e9 && progress(loaded, total),
   );
+  await applyLoras(model, values.lora.map(parseLoraFlag), (file) => {
+    const { folder, name } = splitFileUrl(file);
+    return { files: folderFiles(folder), path: name };
+  });
   const loadMs = performance.now() - loadStarted;
   const cfg = model.config;
 

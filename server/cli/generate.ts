@@ -15,7 +15,7 @@ import type { AutomationProgress, JobOverrides } from '../../app/automation.ts';
 import { checkJobParams, type JobParams } from '../../core/job.ts';
 import { readSafetensors } from '../../core/safetensors.ts';
 import { CACHE_ROOT } from '../model-folder.ts';
-import { servedModelOr } from '../serve.ts';
+import { servedOr } from '../serve.ts';
 import { pageError, startLocalSwarm } from './browser-swarm.ts';
 import { JOB_FLAG_OPTIONS, jobFlagValues } from './job-flags.ts';
 
@@ -33,6 +33,8 @@ const USAGE = [
     "close (or crash) that rank's tab when step STEP (from 1) starts",
   '  [--model PATH|URL]   model folder: a folder on this machine (served to the pages), or a URL as the pages fetch it',
   '                     (default: the bundled demo model, /models/tiny-wan-demo)',
+  '  [--lora FILE[:STRENGTH]]...   LoRA adapters (.safetensors: Wan/ComfyUI, diffusers or kohya keys) merged into',
+  "                     every rank's transformer weights as it loads (strength 1 unless given)",
   '  [--prompt-embeds FILE] [--negative-prompt-embeds FILE]   ' +
     'safetensors holding prompt_embeds [L, text_dim] (or [1, L, text_dim]), as',
   "                     WanPipeline's prompt_embeds=: the text encoder is not run (the prompt is only a label then)",
@@ -74,6 +76,7 @@ try {
       int8: { type: 'boolean', default: false },
       int4: { type: 'boolean', default: false },
       model: { type: 'string' },
+      lora: { type: 'string', multiple: true, default: [] },
       'cfg-parallel': { type: 'boolean', default: false },
       displaced: { type: 'boolean', default: false },
       'warmup-steps': { type: 'string' },
@@ -193,12 +196,18 @@ console.error(
   `generate: "${values.prompt}" on ${values.backend}${swarmWorkers ? ` with ${workers} worker tab(s)` : ''}`,
 );
 
-const { modelFolders, defaultModel: modelUrl } = servedModelOr(values.model, fail);
+const {
+  modelFolders,
+  defaultModel: modelUrl,
+  loraFiles,
+  defaultLoras,
+} = servedOr({ model: values.model, loras: values.lora }, fail);
 const swarm = await startLocalSwarm({
   workers: swarmWorkers,
   // the next run's worker tabs load the weights this one fetched from the browser's cache
   profileDir: join(CACHE_ROOT, 'browser'),
   modelFolders,
+  loraFiles,
   port: Number(values.port),
   relay: values['force-relay'] ? 'force' : 'fallback',
   log: values.verbose ? console.error : () => {},
@@ -242,6 +251,7 @@ try {
     warmupSteps,
     cfgParallel,
     model: modelUrl,
+    ...(defaultLoras && { loras: defaultLoras }),
   };
   const result = await swarm.dashboard.evaluate((o) => window.ditswarm.generate(o), overrides);
   if (tty) process.stderr.write('\n');

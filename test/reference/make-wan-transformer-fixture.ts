@@ -22,6 +22,7 @@ import { TRANSFORMER_CONFIG, TRANSFORMER_WEIGHTS_NAME } from '../../core/model/t
 import { writeSafetensors, type SafetensorsDType } from '../../core/safetensors.ts';
 import { sizeOf } from '../../core/tensor.ts';
 import { seededRandom, writeCheckpoint } from '../../server/model-folder.ts';
+import { randomWanLora } from '../../server/cli/make-lora.ts';
 import { WAN21_T2V_14B, WAN21_T2V_1_3B } from '../../server/wan21-layout.ts';
 
 export const FIXTURE_PATH = join(import.meta.dirname, '../unit/wan-transformer.fixture.json');
@@ -94,59 +95,11 @@ export async function writeCaseFolder(c: FixtureCase, dir: string): Promise<void
   writeFileSync(join(dir, TRANSFORMER_CONFIG), JSON.stringify(c.config, null, 2) + '\n');
 }
 
-/**
- * Writes a case's LoRA into `dir`/lora.safetensors as Wan's trainers and ComfyUI name it: a low-rank pair with its
- * alpha on every linear and the patch embedding (a convolution: its down [rank, C, 1, 2, 2], up [D, rank, 1, 1, 1]),
- * whole-tensor diffs on norms and modulations, bias diffs on a few. Shapes by the original module names, written
- * here from the config, not from the loader's name map. Each change moves its module by about a third of a weight.
- */
+/** Writes a case's LoRA (make-lora's, in Wan's own keys) into `dir`/lora.safetensors. */
 export function writeCaseLora(c: FixtureCase, dir: string): void {
   if (!c.lora) return;
-  const { rank, alpha, strength } = c.lora;
-  const cfg = parseWanConfig(c.config, c.name);
-  const { dim: D, ffnDim: F, textDim, freqDim } = cfg;
-  const outputs = cfg.outChannels * cfg.patchSize.reduce((n, p) => n * p, 1);
-  const pairs: [string, number, number[]][] = [
-    ['patch_embedding', D, [cfg.inChannels, ...cfg.patchSize]],
-    ['text_embedding.0', D, [textDim]],
-    ['text_embedding.2', D, [D]],
-    ['time_embedding.0', D, [freqDim]],
-    ['time_embedding.2', D, [D]],
-    ['time_projection.1', 6 * D, [D]],
-    ['head.head', outputs, [D]],
-  ];
-  const diffs: [string, number[], number][] = [['head.modulation', [1, 2, D], 0.3 / Math.sqrt(D)]];
-  const biases: [string, number][] = [
-    ['head.head', outputs],
-    ['time_projection.1', 6 * D],
-  ];
-  for (let i = 0; i < cfg.numLayers; i++) {
-    const b = `blocks.${i}`;
-    for (const attn of ['self_attn', 'cross_attn'])
-      for (const p of ['q', 'k', 'v', 'o']) pairs.push([`${b}.${attn}.${p}`, D, [D]]);
-    pairs.push([`${b}.ffn.0`, F, [D]], [`${b}.ffn.2`, D, [F]]);
-    diffs.push(
-      [`${b}.norm3`, [D], 0.05],
-      [`${b}.modulation`, [1, 6, D], 0.3 / Math.sqrt(D)],
-      [`${b}.self_attn.norm_q`, [D], 0.05],
-    );
-    biases.push([`${b}.self_attn.o`, D], [`${b}.cross_attn.v`, D], [`${b}.ffn.0`, F], [`${b}.norm3`, D]);
-  }
-  const tensors = new Map<string, { shape: number[]; data: Float32Array }>();
-  const put = (key: string, shape: number[], std: number) =>
-    tensors.set(`diffusion_model.${key}`, { shape, data: seededRandom(SEED, key).normals(sizeOf(shape), std) });
-  // up's spread: strength · alpha/rank · up · down lands at 0.3/√fan_in, a third of a weight's
-  const upStd = (0.3 * Math.sqrt(rank)) / (strength * alpha);
-  for (const [module, out, inner] of pairs) {
-    const fanIn = sizeOf(inner);
-    put(`${module}.lora_down.weight`, [rank, ...inner], 1 / Math.sqrt(fanIn));
-    // a convolution's up is [out, rank, 1, 1, 1]: one 1 for each kernel axis
-    put(`${module}.lora_up.weight`, [out, rank, ...inner.slice(1).map(() => 1)], upStd);
-    tensors.set(`diffusion_model.${module}.alpha`, { shape: [], data: Float32Array.of(alpha) });
-  }
-  for (const [module, shape, std] of diffs) put(`${module}.diff`, shape, std);
-  for (const [module, size] of biases) put(`${module}.diff_b`, [size], 0.02);
-  writeFileSync(join(dir, LORA_FILE), writeSafetensors(tensors));
+  const lora = randomWanLora(parseWanConfig(c.config, c.name), { ...c.lora, seed: SEED });
+  writeFileSync(join(dir, LORA_FILE), writeSafetensors(lora));
 }
 
 async function main(): Promise<void> {

@@ -7,7 +7,7 @@
 import { describe, expect, it } from 'vitest';
 import { holdsTensor } from '../../core/model/blocks.ts';
 import { expectedWeightShapes, parseWanConfig } from '../../core/model/config.ts';
-import { applyLoras, splitFileUrl, type LoraRef } from '../../core/model/lora.ts';
+import { applyLoras, checkLoras, parseLoraFlag, splitFileUrl, type LoraRef } from '../../core/model/lora.ts';
 import type { WanModel } from '../../core/model/reference.ts';
 import { SeededRandom } from '../../core/random.ts';
 import { writeSafetensors, type ByteRanges, type TensorMap } from '../../core/safetensors.ts';
@@ -230,5 +230,26 @@ describe('LoRA adapters', () => {
     });
     expect(splitFileUrl('/a.safetensors')).toEqual({ folder: '/', name: 'a.safetensors' });
     expect(splitFileUrl('a.safetensors')).toEqual({ folder: '.', name: 'a.safetensors' });
+  });
+
+  it("FILE[:STRENGTH] on a command line, and a job's adapters checked before any worker fetches one", () => {
+    expect(parseLoraFlag('/x/a.safetensors:0.8')).toEqual({ url: '/x/a.safetensors', strength: 0.8 });
+    expect(parseLoraFlag('/x/a.safetensors')).toEqual({ url: '/x/a.safetensors', strength: 1 });
+    expect(parseLoraFlag('http://h:8080/a.safetensors')).toEqual({ url: 'http://h:8080/a.safetensors', strength: 1 });
+    expect(parseLoraFlag('http://h:8080/a.safetensors:-1.5')).toEqual({
+      url: 'http://h:8080/a.safetensors',
+      strength: -1.5,
+    });
+    expect(() => parseLoraFlag('/x/a.safetensors:11')).toThrow(
+      'lora /x/a.safetensors: its strength is a number from -10 to 10, got 11',
+    );
+    expect(checkLoras(undefined)).toEqual([]);
+    expect(() => checkLoras([{ url: '/a', strength: NaN }])).toThrow(
+      'its strength is a number from -10 to 10, got null',
+    );
+    expect(() => checkLoras([{ url: '', strength: 1 }])).toThrow('lora 1 has no url of its file');
+    expect(() => checkLoras(Array.from({ length: 9 }, () => ({ url: '/a', strength: 1 })))).toThrow(
+      /at most 8 adapters/,
+    );
   });
 });

@@ -11,6 +11,7 @@ import { EXACT_SETTINGS } from './in-process-executor.ts';
 const placement = (dtype: DType, parallel: 'ulysses' | 'displaced' = 'displaced'): ResolvedPlacement => ({
   backend: 'swarm',
   modelUrl: '/models/tiny-wan',
+  loras: [],
   layout: new RankLayout(2),
   workers: [
     { id: 'a', ep: 'wasm' },

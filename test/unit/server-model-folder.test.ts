@@ -6,7 +6,14 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { WebSocket } from 'ws';
 import { defined } from '../../core/defined.ts';
 import { MODEL_FILE_CSP } from '../../server/model-route.ts';
-import { LOCAL_MODEL_PATH, servedModel, startServer, type RunningServer } from '../../server/serve.ts';
+import {
+  LOCAL_MODEL_PATH,
+  LORA_PATH,
+  servedLoras,
+  servedModel,
+  startServer,
+  type RunningServer,
+} from '../../server/serve.ts';
 
 // What a served model folder can do on the dashboard's origin (issue 33, finding 7): its files come
 // as bytes, never as pages that run there, and nothing outside the folder comes through a symlink.
@@ -115,5 +122,38 @@ describe('--model PATH|URL (servedModel), refused before the server starts where
     expect(() => servedModel(join(scratch, 'model'))).toThrow(
       /is no model folder: it has no transformer\/config\.json/,
     );
+  });
+});
+
+describe('--lora FILE[:STRENGTH] (servedLoras): each file served alone, and every job starts with it', () => {
+  it('serves the file as bytes with ranges, nothing beside it, lists it in /models.json, and refuses what is no file', async () => {
+    const folder = join(scratch, 'loras');
+    mkdirSync(folder, { recursive: true });
+    writeFileSync(join(folder, 'style.safetensors'), 'lora bytes');
+    writeFileSync(join(folder, 'private.txt'), 'not an adapter');
+    const served = servedLoras([`${join(folder, 'style.safetensors')}:0.8`]);
+    expect(served).toEqual({
+      loraFiles: { [`${LORA_PATH}/0/style.safetensors`]: join(folder, 'style.safetensors') },
+      defaultLoras: [{ url: `${LORA_PATH}/0/style.safetensors`, strength: 0.8 }],
+    });
+    expect(() => servedLoras([join(folder, 'missing.safetensors')])).toThrow(
+      /missing\.safetensors is no file on this machine; give a LoRA's \.safetensors file/,
+    );
+    expect(() => servedLoras([folder])).toThrow(/is no file on this machine/);
+    expect(servedLoras([])).toEqual({});
+    const lora = await startServer({ port: 0, quiet: true, ...served });
+    try {
+      const at = (path: string, headers: Record<string, string> = {}) => fetch(new URL(path, lora.url), { headers });
+      const whole = await at(`${LORA_PATH}/0/style.safetensors`);
+      expect([whole.status, await whole.text()]).toEqual([200, 'lora bytes']);
+      expect(whole.headers.get('content-type')).toBe('application/octet-stream');
+      expect(whole.headers.get('content-security-policy')).toBe(MODEL_FILE_CSP);
+      const range = await at(`${LORA_PATH}/0/style.safetensors`, { Range: 'bytes=5-9' });
+      expect([range.status, await range.text()]).toEqual([206, 'bytes']);
+      expect((await at(`${LORA_PATH}/0/private.txt`)).status).toBe(404);
+      expect(await (await at('/models.json')).json()).toEqual({ default: null, loras: served.defaultLoras });
+    } finally {
+      await lora.close();
+    }
   });
 });
