@@ -30,10 +30,10 @@ F64 = np.float64
 # --- safetensors (the format: 8-byte header length, JSON header, raw little-endian data) ----------
 
 def read_safetensors(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8 : 8 + n])
+    # mapped, not read: a published shard is 5 GB, and only its float64 copy need be in memory
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    (n,) = struct.unpack("<Q", data[:8].tobytes())
+    header = json.loads(data[8 : 8 + n].tobytes())
     base = 8 + n
     tensors = {}
     for name, entry in header.items():
