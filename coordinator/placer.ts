@@ -5,6 +5,7 @@
 // loadModel, prepareJob, the mesh probe, a step, a text encoder run, a VAE tile) goes through one rule
 // (Placer.lose, then Placer.onLive): a re-placement from the job's MAX_REPLANS on the live workers,
 // and the job fails only where nothing can be placed, saying who was lost, why, and why.
+import type { LoraRef } from '../core/model/lora.ts';
 import { defined } from '../core/defined.ts';
 import { fitMeshProbe, type LinkSpeed } from '../core/cost-model.ts';
 import { usesGuidance, type JobParams } from '../core/job.ts';
@@ -459,7 +460,7 @@ export class Placer {
     });
     if (this.options.backend !== 'swarm' || !swarm) return planPlacement(this.options, input([]));
     // checked before waiting: an invalid request fails at once
-    checkRequest(request);
+    const { loras } = checkRequest(request);
     const waitFor = workersToWaitFor(this.options, request, params);
     const workers = await this.liveWorkers(maxWorld === undefined ? waitFor : 1);
     if (maxWorld === undefined) await swarm.measuredNow();
@@ -467,7 +468,7 @@ export class Placer {
     // a re-placement predicts from what was rehearsed before: recovery does not wait for rehearsals
     if (maxWorld === undefined) {
       for (const needed of rehearsalsNeeded(this.options, input(workers))) {
-        const failed = await this.rehearse(needed);
+        const failed = await this.rehearse(needed, loras);
         if (!failed) continue;
         const lost = await this.lostWorkers(needed.workers, failed.workers);
         if (!lost.length) {
@@ -487,14 +488,14 @@ export class Placer {
   }
 
   /**
-   * A group's forward rehearsed at the degrees asked, all its workers at once as in the job (rank/rehearsal.ts);
-   * where it failed, the workers whose rehearsal failed and the first error.
+   * A group's forward rehearsed at the degrees asked, all its workers at once as in the job (rank/rehearsal.ts),
+   * on the model with the job's adapters (so that the job finds it loaded); where it failed, the workers whose
+   * rehearsal failed and the first error.
    */
-  private async rehearse({
-    group,
-    workers,
-    degrees,
-  }: RehearsalNeeded<SwarmWorker>): Promise<{ workers: SwarmWorker[]; error: Error; detectedAt: number } | null> {
+  private async rehearse(
+    { group, workers, degrees }: RehearsalNeeded<SwarmWorker>,
+    loras: LoraRef[],
+  ): Promise<{ workers: SwarmWorker[]; error: Error; detectedAt: number } | null> {
     const swarm = defined(this.options.swarm, 'the swarm');
     const { modelUrl, textTokens } = this.options;
     workers.forEach((w) => swarm.setActivity(w, `rehearsing the job's forward (degree ${degrees.join(', ')})`));
@@ -502,7 +503,7 @@ export class Placer {
       const replies = await Promise.allSettled(
         workers.map((w) =>
           w.api.rehearse(
-            { modelUrl, ep: group.ep, latentShape: group.shape, textTokens, degrees },
+            { modelUrl, ep: group.ep, latentShape: group.shape, textTokens, degrees, ...(loras.length && { loras }) },
             timeoutsOf(this.options.rpcTimeoutMs).loadMs,
           ),
         ),

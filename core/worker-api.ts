@@ -224,8 +224,8 @@ export interface ComputeProbe {
  * share under each Ulysses degree (its tokens, its heads over all tokens), computed through the
  * same stage calls as in the job, with the exchange left out (the mesh probe times that).
  */
-/** (the model whole and without adapters: they change no stage's time) */
-export interface RehearseArgs extends Omit<LoadArgs, 'blocks' | 'loras'> {
+/** (the model whole, with the job's adapters: the job then finds it loaded) */
+export interface RehearseArgs extends Omit<LoadArgs, 'blocks'> {
   latentShape: number[]; // [C, T, H, W]
   /** rows of the text embedding the cross-attention reads */
   textTokens: number;
@@ -384,6 +384,10 @@ const ms = num(0);
 const bytes = num(0);
 const shape = list(int(1, 1 << 20), { min: 4, max: 4 });
 const epOrAuto = oneOf(...EXECUTION_PROVIDERS, 'auto');
+const checkLoraRefs: Check<LoraRef[]> = list(
+  fields({ url: text(), strength: num(LORA_LIMITS.strength.min, LORA_LIMITS.strength.max) }),
+  { max: LORA_LIMITS.adapters },
+);
 const stats: FieldChecks<RankStats> = {
   computeMs: ms,
   commMs: ms,
@@ -502,11 +506,7 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
       modelUrl: text(),
       ep: epOrAuto,
       blocks: optional(fields({ from: int(0, MAX_BLOCKS - 1), to: int(1, MAX_BLOCKS) })),
-      loras: optional(
-        list(fields({ url: text(), strength: num(LORA_LIMITS.strength.min, LORA_LIMITS.strength.max) }), {
-          max: LORA_LIMITS.adapters,
-        }),
-      ),
+      loras: optional(checkLoraRefs),
     }),
     reply: fields({
       ep,
@@ -525,6 +525,7 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
     args: fields({
       modelUrl: text(),
       ep: epOrAuto,
+      loras: optional(checkLoraRefs),
       latentShape: shape,
       textTokens: int(1, 1 << 16),
       degrees: list(int(1, MAX_RANKS), { min: 1, max: 16 }),

@@ -261,10 +261,10 @@ export class WorkerRuntime implements WorkerApi {
     }
   }
 
-  async rehearse({ modelUrl, ep, latentShape, textTokens, degrees }: RehearseArgs) {
+  async rehearse({ modelUrl, ep, latentShape, textTokens, degrees, loras = [] }: RehearseArgs) {
     if (this.state === 'computing')
       throw new Error('rehearse while a job is computing on this worker: rehearse between jobs');
-    const { info } = await this.load({ modelUrl, ep });
+    const { info } = await this.load({ modelUrl, ep, loras });
     // a new engine (a new share of the cores starts one) is cold until it has computed a while
     const engine = `${info.ep} on ${(await this.hooks.describe()).threads} threads`;
     try {
@@ -280,7 +280,11 @@ export class WorkerRuntime implements WorkerApi {
       return { forwardMs };
     } finally {
       // the engine holds one model: the one this rank's placement loaded (its stage's blocks, its adapters) comes back
-      const differs = this.modelUrl !== modelUrl || this.model?.ep !== info.ep || this.blocks || this.loras.length;
+      const differs =
+        this.modelUrl !== modelUrl ||
+        this.model?.ep !== info.ep ||
+        this.blocks ||
+        JSON.stringify(this.loras) !== JSON.stringify(loras);
       if (this.model && this.modelUrl && differs)
         await this.engine.load(this.modelUrl, this.model.ep, undefined, this.blocks, this.loras);
     }

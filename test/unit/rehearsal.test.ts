@@ -203,6 +203,39 @@ describe('a rehearsal', () => {
     ).rejects.toThrow('rehearse while a job is computing on this worker');
   });
 
+  it("rehearses with the job's adapters, so the job finds its model loaded, and puts them back after one without", async () => {
+    const loads: string[] = [];
+    const base = stubEngine(referenceStages(model), model.config);
+    const engine: EngineApi = {
+      ...base,
+      load: async (url, ep, _progress, _blocks, loras = []) => (
+        loads.push(`${url} ${loras.map((l) => `${l.url}:${l.strength}`).join(',')}`),
+        base.load(url, ep)
+      ),
+    };
+    const refused: string[] = [];
+    const runtime = new WorkerRuntime(engine, {
+      ...wasmHooks(),
+      refuseModel: (url) => (url.startsWith('http://elsewhere') ? (refused.push(url), 'not from here') : null),
+    });
+    const loras = [{ url: 'http://here/loras/0/a.safetensors', strength: 0.8 }];
+    const job = { modelUrl: 'http://here/m', ep: 'wasm' as const, latentShape: WARM_UP_SHAPE, textTokens: 4 };
+    await runtime.initWorker({ ...EXACT_SETTINGS, rank: 0, world: 1, peers: ['a'], session: 's' });
+    await runtime.rehearse({ ...job, degrees: [1], loras });
+    await runtime.loadModel({ modelUrl: job.modelUrl, ep: 'wasm', loras });
+    await runtime.rehearse({ ...job, degrees: [1], loras });
+    const merged = 'http://here/m http://here/loras/0/a.safetensors:0.8';
+    expect(loads).toEqual([merged, merged, merged]); // the same model and adapters: nothing to put back
+    await runtime.rehearse({ ...job, degrees: [1] });
+    expect(loads.slice(3)).toEqual(['http://here/m ', merged]);
+    // an adapter is fetched only from where the page fetches models
+    await expect(
+      runtime.loadModel({ ...job, loras: [{ url: 'http://elsewhere/x.safetensors', strength: 1 }] }),
+    ).rejects.toThrow('not from here');
+    expect(refused).toEqual(['http://elsewhere/x.safetensors']);
+    expect(loads).toHaveLength(5);
+  });
+
   it('refuses a degree the heads do not allow, a latent of the wrong channels and more tokens than any video, before computing', async () => {
     const runtime = new WorkerRuntime(stubEngine(referenceStages(model), model.config), wasmHooks());
     const args = { modelUrl: 'tiny', ep: 'wasm' as const, latentShape: shape, textTokens: 4 };
