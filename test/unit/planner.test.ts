@@ -1,7 +1,7 @@
 import { beforeAll, describe, expect, it } from 'vitest';
 import type { WorkerMeasurement } from '../../coordinator/measure.ts';
 import { Measurements, type WorkerGroup } from '../../coordinator/measurements.ts';
-import type { PlacementRequest, ResolvedPlacement } from '../../coordinator/placement.ts';
+import { loadArgsOf, type PlacementRequest, type ResolvedPlacement } from '../../coordinator/placement.ts';
 import {
   planPlacement,
   rehearsalsNeeded,
@@ -160,6 +160,18 @@ describe('the planner decides every default', () => {
       expect(placement.timeouts).toEqual({ rpcMs: 120_000, loadMs: 1_800_000, exchangeMs: 60_000 });
       expect([placement.ep, placement.prediction, placement.cfgFallback]).toEqual(['auto', null, null]);
     }
+  });
+
+  it("a job's adapters reach every rank's load, checked; none unless asked", () => {
+    const loras = [{ url: 'http://h/loras/0/a.safetensors', strength: 0.8 }];
+    const placement = plan(guided, { ulyssesDegree: 2, loras }, workersAt(1, 1));
+    expect(placement.loras).toEqual(loras);
+    expect([0, 1].map((rank) => loadArgsOf(placement, rank).loras)).toEqual([loras, loras]);
+    const plain = plan(guided, { ulyssesDegree: 2 }, workersAt(1, 1));
+    expect([plain.loras, loadArgsOf(plain, 0).loras]).toEqual([[], undefined]);
+    expect(() => plan(guided, { loras: [{ url: 'http://h/a', strength: 99 }] }, workersAt(1, 1))).toThrow(
+      'lora http://h/a: its strength is a number from -10 to 10, got 99',
+    );
   });
 
   it('an empty request keeps float32 Ulysses where the cost model predicts a less exact exchange faster', () => {
