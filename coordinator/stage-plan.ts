@@ -42,9 +42,10 @@ export type StagePlan = { stages: PipelineStage[] } | { refused: string };
 
 /**
  * Cuts the model's blocks over the groups in the order given (the first holds the embedders, the
- * last the head). Each block goes to the group whose stage would then finish soonest (blocks over
- * speed) among those with room for it, which minimises the slowest stage under the memory caps; a
- * group left with no block is dropped and the cut made again without it.
+ * last the head). Each group with room holds a block (the stages were asked for), then each block
+ * goes to the group whose stage would then finish soonest (blocks over speed) among those with room
+ * for it, which minimises the slowest stage under the memory caps; a group left with no block (no
+ * room for one) is dropped and the cut made again without it.
  */
 export function cutStages(model: StagedModel, groups: readonly StageGroup[]): StagePlan {
   if (!groups.length) return { refused: 'no worker to hold the model' };
@@ -59,8 +60,10 @@ export function cutStages(model: StagedModel, groups: readonly StageGroup[]): St
   const capacity = groups.map((g, i) => room(g, i, groups.length));
   const held = capacity.reduce((a, b) => a + b, 0);
   if (held < model.numLayers) return { refused: missingWords(model, groups, model.numLayers - held) };
-  const blocks = groups.map(() => 0);
-  for (let b = 0; b < model.numLayers; b++) {
+  // each stage asked for holds a block before the rest go by speed: a slow worker asked to pool its memory still
+  // takes part (where it has room), as the job asked, rather than being dropped by the speed rule alone
+  const blocks = capacity.map((c) => (c > 0 && groups.length <= model.numLayers ? 1 : 0));
+  for (let b = blocks.reduce((n, k) => n + k, 0); b < model.numLayers; b++) {
     let best = -1;
     for (let i = 0; i < groups.length; i++) {
       if (blocks[i] >= capacity[i]) continue;

@@ -41,6 +41,15 @@ describe('cutting the blocks into pipeline stages', () => {
     expect(sizes(stages)).toEqual([13, 27]);
   });
 
+  it('every stage asked for holds a block, however slow its worker: two blocks over workers 10× apart make two stages', () => {
+    const two: StagedModel = { numLayers: 2, blockBytes: 1e6, firstBytes: 1e6, lastBytes: 1e5 };
+    const stages = stagesOf(cutStages(two, [group('fast', 1, 10, 0), group('slow', 1, 1, 0)]));
+    expect(stages.map((s) => [s.workers[0], s.blocks])).toEqual([
+      ['fast', [0, 1]],
+      ['slow', [1, 2]],
+    ]);
+  });
+
   it("a worker's memory caps its share, however fast it is; the rest go to those with room", () => {
     // 5 GB less 1 GB of reserve and the embedders holds 5 blocks
     const stages = stagesOf(cutStages(WAN_14B_BF16, [group('small but fast', 5, 10), group('b', 20), group('c', 20)]));
