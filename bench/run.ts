@@ -3,7 +3,7 @@
 // bench/out/scaling.json.
 //
 //   npm run bench                      block cost, projection, local overhead, scaling, threads,
-//                                      full-size, vae, uneven, slow-link
+//                                      full-size, vae, uneven, slow-link, spot-check-overhead
 //   npm run bench -- scaling [flags]   one of them (flags as in bench/scaling.ts etc.)
 
 import { parseOverheadArgs, runLocalOverhead } from './local-overhead.ts';
@@ -16,6 +16,7 @@ import { parseBlockCostArgs, runBlockCost } from './block-cost.ts';
 import { parseVaeArgs, runVae } from './vae.ts';
 import { parseUnevenArgs, runUneven } from './uneven.ts';
 import { parseSlowLinkArgs, runSlowLink } from './slow-link.ts';
+import { parseSpotCheckOverheadArgs, runSpotCheckOverhead } from './spot-check-overhead.ts';
 
 const BENCHMARKS = [
   'block-cost',
@@ -27,6 +28,7 @@ const BENCHMARKS = [
   'vae',
   'uneven',
   'slow-link',
+  'spot-check-overhead',
 ] as const;
 type Benchmark = (typeof BENCHMARKS)[number];
 
@@ -148,6 +150,15 @@ if (chosen.includes('slow-link')) {
       `${slowLink.emulateLink.latencyMs} ms: exchange/compute at P = 2 ${slowLink.emulatedRatio.measured} ` +
       `(target ${slowLink.emulatedRatio.target}); ${JSON.stringify(slowLink.runs)}; ` +
       `guided ${JSON.stringify(slowLink.guided)}; ${JSON.stringify(slowLink.meets)}`,
+  );
+}
+if (chosen.includes('spot-check-overhead')) {
+  const spot = await runSpotCheckOverhead(parseSpotCheckOverheadArgs(args));
+  writeReport('spot-check-overhead.json', spot);
+  console.log(
+    `spot-check-overhead: P = ${spot.config.workers}, rate ${spot.config.rates[1]}: ` +
+      `denoising +${(100 * spot.overhead.denoising).toFixed(1)} %, ` +
+      `median step +${(100 * spot.overhead.medianStep).toFixed(1)} %, ${spot.on.checksPerJob} checks a job`,
   );
 }
 log(`done in ${((Date.now() - started) / 1000).toFixed(0)} s`);
