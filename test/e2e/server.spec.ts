@@ -117,7 +117,7 @@ test('a server started on a model folder serves it by ranges and its dashboard s
   const server = await startServer({ port: 0, quiet: true, ...servedModel(folder) });
   const context = await browser.newContext();
   try {
-    expect(await (await fetch(`${server.url}/models.json`)).json()).toEqual({ default: LOCAL_MODEL_PATH });
+    expect(await (await fetch(`${server.url}/models.json`)).json()).toEqual({ default: LOCAL_MODEL_PATH, loras: [] });
     const ranged = await fetch(`${server.url}${LOCAL_MODEL_PATH}/transformer/diffusion_pytorch_model.safetensors`, {
       headers: { Range: 'bytes=0-7' },
     });
