@@ -62,7 +62,7 @@ export function cutStages(model: StagedModel, groups: readonly StageGroup[]): St
   if (held < model.numLayers) return { refused: missingWords(model, groups, model.numLayers - held) };
   // each stage asked for holds a block before the rest go by speed: a slow worker asked to pool its memory still
   // takes part (where it has room), as the job asked, rather than being dropped by the speed rule alone
-  const blocks = capacity.map((c) => (c > 0 && groups.length <= model.numLayers ? 1 : 0));
+  const blocks = capacity.map((c): number => (c > 0 && groups.length <= model.numLayers ? 1 : 0));
   for (let b = blocks.reduce((n, k) => n + k, 0); b < model.numLayers; b++) {
     let best = -1;
     for (let i = 0; i < groups.length; i++) {
