@@ -97,7 +97,9 @@ export function displacedAttention(
       send = subtract(own, before.sent);
       sent = add(before.sent, tensorValues(tensorPayload(send, exchange.dtype), exchange.dtype));
     } else if (deltas) sent = tensorValues(tensorPayload(own, exchange.dtype), exchange.dtype);
-    const rebuild = (from: number, part: Float32Array) => (held ? add(held[from], part) : part);
+    // each peer's part rebuilt once: by its judge where it has one, else as the parts are gathered
+    const rebuilt: Float32Array[] = [];
+    const rebuild = (from: number, part: Float32Array) => (rebuilt[from] ??= held ? add(held[from], part) : part);
     // a peer's k and v of its tokens, all heads, as rebuilt: a delta in bounds each step can still walk the
     // values out of them, so the values are judged, each within the error of the transport's last crossing
     // (error feedback: the rebuilt values are the sender's own up to its newest delta's rounding, whose scale
