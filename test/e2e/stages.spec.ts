@@ -103,10 +103,10 @@ test.describe.serial('pipeline stages over worker tabs', () => {
       await expect(swarm.workers[0].locator('#model-memory-note')).toHaveText(
         /pipeline stage placed here take no more/,
       );
-      // the next pulse tells the dashboard, whose swarm view shows it
-      await expect(swarm.dashboard.locator('#workers tbody')).toContainText('weights ≤ 1.0 MB (set on its page)', {
-        timeout: 10_000,
-      });
+      // each worker's next pulse tells the dashboard, whose swarm view shows it: the job is planned once both have
+      await expect(
+        swarm.dashboard.locator('#workers tbody tr').filter({ hasText: 'weights ≤ 1.0 MB (set on its page)' }),
+      ).toHaveCount(2, { timeout: 10_000 });
       const histories = () =>
         Promise.all(swarm.workers.map((page) => page.evaluate(() => [...window.ditswarmWorkerHistory])));
       const before = await histories();
