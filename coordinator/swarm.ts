@@ -58,6 +58,8 @@ export const UNDESCRIBED_MAX_MESSAGE_BYTES = 64 * 1024;
 const MAX_MESSAGE_BYTES = 1 << 26;
 /** refused pages remembered for the dashboard */
 export const MAX_REFUSALS = 100;
+/** How long a refused page's link stays open after the refusal is sent, so that the page reads why. */
+export const REFUSAL_CLOSE_MS = 5_000;
 /**
  * pages in the middle of joining at once: a page whose dial proved the token but whose channel
  * never opens holds a peer connection until let go, and a browser holds a few hundred. A dial
@@ -464,7 +466,9 @@ export class Swarm {
     this.refusals.push({ peer: conn.peer, reason, at: Date.now() });
     if (this.refusals.length > MAX_REFUSALS) this.refusals.shift();
     this.emit({ type: 'refused', peer: conn.peer, reason });
-    setTimeout(() => conn.close(), 500); // let the refusal reach the page first
+    // let the refusal reach the page first: on a loaded machine half a second was not always enough, and the page then
+    // said only that the dashboard did not answer its handshake
+    setTimeout(() => conn.close(), REFUSAL_CLOSE_MS);
   }
 
   private async admit(conn: DataConnectionLike): Promise<void> {

@@ -5,7 +5,7 @@ import type { SignalingOptions } from '../../core/net/peer-link.ts';
 import { nonce } from '../../core/net/hmac.ts';
 import { workerDial } from '../../core/net/join.ts';
 import { encodeFrames, frameMessage } from '../../core/net/protocol.ts';
-import { MAX_JOINING, MAX_REFUSALS, Swarm } from '../../coordinator/swarm.ts';
+import { MAX_JOINING, MAX_REFUSALS, REFUSAL_CLOSE_MS, Swarm } from '../../coordinator/swarm.ts';
 import { SinkChannel } from './fixtures.ts';
 
 // Pages that reach the dashboard's peer id with only what anyone can get: a join handshake answered
@@ -81,7 +81,8 @@ describe("the dashboard's door", () => {
     );
     expect(swarm.refusals).toHaveLength(MAX_REFUSALS);
     expect(swarm.refusals.at(-1)?.peer).toBe('ditswarm-w-149');
-    await new Promise((r) => setTimeout(r, 600));
+    expect(conns.some((c) => c.closed)).toBe(false); // each link stays open while its refusal reaches the page
+    await new Promise((r) => setTimeout(r, REFUSAL_CLOSE_MS + 100));
     expect(conns.every((c) => c.closed)).toBe(true);
     swarm.close();
   });
