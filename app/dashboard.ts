@@ -95,6 +95,7 @@ function readForm(): { params: Partial<Record<keyof JobParams, unknown>>; placem
   const cfg = field('cfg').value;
   const cfgParallel = cfg === 'auto' ? undefined : cfg === 'parallel';
   const model = field('model').value.trim() || DEFAULT_MODEL_URL;
+  const cache = field('cache').value;
   const loras = field('loras')
     .value.split(',')
     .map((s) => s.trim())
@@ -108,6 +109,7 @@ function readForm(): { params: Partial<Record<keyof JobParams, unknown>>; placem
       cfgParallel,
       model,
       ...(loras.length && { loras: loras.map(loraOfField) }),
+      cache: cache === 'off' || cache === 'auto' ? cache : { method: 'magcache', threshold: Number(cache) },
     },
   };
 }

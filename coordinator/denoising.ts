@@ -9,7 +9,7 @@ import type { JobParams } from '../core/job.ts';
 import { median } from '../core/median.ts';
 import { sample, type SamplerCheckpoint, type Solver } from '../core/sampler.ts';
 import type { Tensor } from '../core/tensor.ts';
-import { SpotCheckFailed, type RankReport } from './executor.ts';
+import { SpotCheckFailed, type CacheForward, type RankReport } from './executor.ts';
 import type { FailureRecord, Placer, RebalanceRecord } from './placer.ts';
 import type { SpotCheck } from './spot-check.ts';
 
@@ -50,6 +50,8 @@ export interface Denoised {
   /** the steps a slow rank's share shrank at */
   rebalances: RebalanceRecord[];
   spotChecks: SpotCheck[];
+  /** a step cache's forwards, each as it last ran (a step run again replaces its record) */
+  cacheForwards: CacheForward[];
   /** the median step's ms: what the plan's predictedStepMs is held to (a slow step moves a mean, not a median) */
   medianStepMs: number;
 }
@@ -74,6 +76,10 @@ export async function denoise(r: DenoiseRequest): Promise<Denoised> {
   const steps: StepReport[] = [];
   const failures: FailureRecord[] = [];
   const spotChecks: SpotCheck[] = [];
+  const cacheForwards = new Map<string, CacheForward>();
+  const takeCacheForwards = () => {
+    for (const f of executor().takeCacheForwards()) cacheForwards.set(`${f.step}/${f.pass}`, f);
+  };
   const loopStart = performance.now();
   const executor = () => defined(placer.current, 'a placement of the job');
   let ranks: RankReport[] = [];
@@ -112,6 +118,7 @@ export async function denoise(r: DenoiseRequest): Promise<Denoised> {
               return result.velocity;
             } catch (e) {
               spotChecks.push(...executor().takeSpotChecks());
+              takeCacheForwards();
               const caught = e instanceof SpotCheckFailed;
               const failure = await placer.replace(e as Error, at.step, caught ? placedAt.step : null);
               if (!failure) throw e;
@@ -123,6 +130,7 @@ export async function denoise(r: DenoiseRequest): Promise<Denoised> {
         },
         onStep({ stepMs, ...checkpoint }) {
           spotChecks.push(...executor().takeSpotChecks());
+          takeCacheForwards();
           const { step } = checkpoint;
           lastDone = { step, checkpoint };
           steps.push({ step: step - 1, ms: stepMs, ranks });
@@ -139,7 +147,9 @@ export async function denoise(r: DenoiseRequest): Promise<Denoised> {
           });
         },
       });
-      return { latent, steps, failures, rebalances, spotChecks, medianStepMs: median(steps.map((s) => s.ms)) };
+      const forwards = [...cacheForwards.values()].sort((a, b) => a.step - b.step || a.pass - b.pass);
+      const medianStepMs = median(steps.map((s) => s.ms));
+      return { latent, steps, failures, rebalances, spotChecks, cacheForwards: forwards, medianStepMs };
     } catch (e) {
       if (!(e instanceof RerunFrom)) throw e;
       from = e.point;

@@ -24,6 +24,7 @@ import { defined } from '../core/defined.ts';
 import { Emitter } from '../core/events.ts';
 import { guide } from '../core/sampler.ts';
 import type { Tensor } from '../core/tensor.ts';
+import { cacheSchedule, type CacheMode } from '../core/step-cache.ts';
 import {
   callWorker,
   checkRankLost,
@@ -86,6 +87,19 @@ export interface ForwardRequest {
   pass: number;
   timestep: number;
   latent: Tensor; // [C, T, H, W]
+  /** a step cache's forward, as its schedule has it (core/step-cache.ts); none without a step cache */
+  cache?: CacheMode;
+}
+
+/** A forward of a job with a step cache, as it ran. */
+export interface CacheForward {
+  step: number;
+  pass: number;
+  reused: boolean;
+  /** scheduled to reuse, computed: the ranks holding the residual were lost or re-placed */
+  recomputed: boolean;
+  /** its residual's magnitude against the one kept before it (MagCache's ratio), where both were computed */
+  magnitudeRatio: number | null;
 }
 
 /** Some ranks' engines made no progress on a call within its limit (call-watch.ts). */
@@ -164,6 +178,10 @@ export abstract class Executor {
   private readonly jobShares: string[] = [];
   /** spot checks made and not yet taken (takeSpotChecks) */
   private spotChecks: SpotCheck[] = [];
+  /** a step cache's forwards run and not yet taken (takeCacheForwards) */
+  private cacheForwards: CacheForward[] = [];
+  /** the passes whose ranks keep a residual of the prepared job, which a step cache's reuse needs */
+  private readonly keptPasses = new Set<number>();
   /** rows of the prepared job's text embeddings, per pass: a hidden state's context has as many */
   private textRows: number[] = [];
   /**
@@ -185,6 +203,11 @@ export abstract class Executor {
   /** The spot checks made since the last call: the report's. */
   takeSpotChecks(): SpotCheck[] {
     return this.spotChecks.splice(0);
+  }
+
+  /** The step cache's forwards run since the last call: the report's. */
+  takeCacheForwards(): CacheForward[] {
+    return this.cacheForwards.splice(0);
   }
 
   /** Reserves the ranks; returns their peer ids in rank order. */
@@ -329,6 +352,7 @@ export abstract class Executor {
     });
     this.textRows = texts.map((t) => t.length / this.config.textDim);
     this.lastStepOf.clear(); // a prepared job's ranks hold no keys and values
+    this.keptPasses.clear(); // nor residuals
     // a worker takes up a new share of its machine's cores as it prepares a job: report the threads it has now
     const infos = await this.collectiveRpc('describe');
     this.workers.forEach((w, rank) => (w.threads = infos[rank].threads));
@@ -354,11 +378,16 @@ export abstract class Executor {
     const group = layout.groupForPass(request.pass);
     const plan = planUlysses(config, tokenGrid(config, request.latent.shape).count, layout.headsOf(group));
     const patches = scatterLatent(config, plan, request.latent);
+    // a reuse needs the residual this placement's ranks kept; where they kept none (placed since), it is computed
+    const recomputed = request.cache === 'reuse' && !this.keptPasses.has(request.pass);
+    const cache = recomputed ? 'keep' : request.cache;
+    const reused = cache === 'reuse';
     // displaced mode's warm-up steps and the first after a placement are exact: stale only where the
-    // ranks hold the step before's; a checked forward goes as any other (its checker recomputes it stale)
-    const checked = this.world > 1 && this.spotCheckDue(request);
-    const stale = this.stale(request);
-    this.lastStepOf.set(request.pass, request.step);
+    // ranks hold the step before's; a checked forward goes as any other (its checker recomputes it stale).
+    // A reused forward runs no block: nothing to check against a recomputation, no keys or values exchanged
+    const checked = !reused && this.world > 1 && this.spotCheckDue(request);
+    const stale = !reused && this.stale(request);
+    if (!reused) this.lastStepOf.set(request.pass, request.step);
     const shareOf = (rank: number) => this.jobShares[rank] ?? `rank ${rank}`;
     const doing = `step ${request.step + 1}${request.pass ? ' (unconditional)' : ''}`;
     let handed: HiddenState[] | null = null;
@@ -383,6 +412,7 @@ export abstract class Executor {
             patches: from ? NO_PATCHES : patches[layout.localRank(rank)],
             ...(from && { hidden: from[layout.localRank(rank)] }),
             ...(stale && { stale }),
+            ...(cache && { cache }),
           }),
         }).finally(() => {
           for (const rank of stageRanks) this.showActivity(rank, `${shareOf(rank)}: waiting`);
@@ -418,6 +448,14 @@ export abstract class Executor {
         rowWidth,
         stale && ranks.length > 1, // a group of one rank attends to nothing stale
       );
+    if (cache) {
+      if (cache === 'keep') this.keptPasses.add(request.pass);
+      const measured = results.map((r) => r.residualRatio);
+      const magnitudeRatio = measured.every((m) => m !== undefined)
+        ? measured.reduce((n, m) => n + m.sum, 0) / measured.reduce((n, m) => n + m.tokens, 0)
+        : null;
+      this.cacheForwards.push({ step: request.step, pass: request.pass, reused, recomputed, magnitudeRatio });
+    }
     return {
       output: gatherLatent(
         config,
@@ -555,14 +593,16 @@ export abstract class Executor {
     at: Omit<ForwardRequest, 'pass'>,
     guidance: number,
   ): Promise<{ velocity: Float32Array; ranks: RankReport[] }> {
-    if (!usesGuidance({ guidance })) {
-      const cond = await this.executeModel({ ...at, pass: 0 });
+    const passes = usesGuidance({ guidance }) ? 2 : 1;
+    const modes = this.cacheModes(at, passes);
+    if (passes === 1) {
+      const cond = await this.executeModel({ ...at, pass: 0, cache: modes?.[0] });
       return { velocity: cond.output.data, ranks: cond.ranks };
     }
     if (this.layout.cfgParallel) {
       const [cond, uncond] = await Promise.all([
-        this.executeModel({ ...at, pass: 0 }),
-        this.executeModel({ ...at, pass: 1 }),
+        this.executeModel({ ...at, pass: 0, cache: modes?.[0] }),
+        this.executeModel({ ...at, pass: 1, cache: modes?.[1] }),
       ]);
       return {
         velocity: guide(cond.output.data, uncond.output.data, guidance),
@@ -572,8 +612,14 @@ export abstract class Executor {
     // pipeline stages take the passes in turn, so the second pass's first stage runs while the first's second does
     const [cond, uncond] =
       this.layout.ulyssesDegree > 1 || this.layout.stages > 1
-        ? await Promise.all([this.executeModel({ ...at, pass: 0 }), this.executeModel({ ...at, pass: 1 })])
-        : [await this.executeModel({ ...at, pass: 0 }), await this.executeModel({ ...at, pass: 1 })];
+        ? await Promise.all([
+            this.executeModel({ ...at, pass: 0, cache: modes?.[0] }),
+            this.executeModel({ ...at, pass: 1, cache: modes?.[1] }),
+          ])
+        : [
+            await this.executeModel({ ...at, pass: 0, cache: modes?.[0] }),
+            await this.executeModel({ ...at, pass: 1, cache: modes?.[1] }),
+          ];
     const ranks = cond.ranks.map((r, i) => ({
       ...r,
       computeMs: r.computeMs + uncond.ranks[i].computeMs,
@@ -583,6 +629,14 @@ export abstract class Executor {
       peakMemoryBytes: maxOrNull(r.peakMemoryBytes, uncond.ranks[i].peakMemoryBytes),
     }));
     return { velocity: guide(cond.output.data, uncond.output.data, guidance), ranks };
+  }
+
+  /** Each pass's forward of this step, as the placement's step cache schedules it; undefined without one. */
+  private cacheModes(at: Omit<ForwardRequest, 'pass'>, passes: 1 | 2): CacheMode[] | undefined {
+    const placed = this.placement.cache;
+    if (!placed) return undefined;
+    const steps = defined(at.steps, "the job's steps, which a step cache's schedule is made for");
+    return cacheSchedule(placed.curve, placed.settings, steps, passes)[at.step];
   }
 
   /** Which links of the ranks are direct and which are relayed; ranks in one page (local) have none. */

@@ -11,12 +11,13 @@ import { TRANSFORMER_CONFIG } from '../core/model/transformer.ts';
 import type { DecodedVideo } from '../core/model/vae-decoder.ts';
 import { loadWanPipelineParts } from '../core/model/wan-pipeline.ts';
 import { scheduleOf, type SamplerCheckpoint, type Schedule, type Solver } from '../core/sampler.ts';
+import type { StepCacheSettings } from '../core/step-cache.ts';
 import type { Tensor } from '../core/tensor.ts';
 import type { LoadedModel } from '../core/worker-api.ts';
 import type { Backend } from './backends.ts';
 import { denoise, type StepProgress, type StepReport } from './denoising.ts';
-import { maxOrNull, type Executor, type LinkReport, type RankReport } from './executor.ts';
-import type { PlacementRequest, ResolvedPlacement } from './placement.ts';
+import { maxOrNull, type CacheForward, type Executor, type LinkReport, type RankReport } from './executor.ts';
+import type { PlacedStepCache, PlacementRequest, ResolvedPlacement } from './placement.ts';
 import { Placer, type FailureRecord, type MeshProbeReport, type RebalanceRecord } from './placer.ts';
 import { timeoutsOf } from './planner.ts';
 import { spotCheckOdds, type SpotCheck, type SpotCheckOdds } from './spot-check.ts';
@@ -123,12 +124,51 @@ export interface GenerateReport {
   spotChecks: SpotCheck[];
   /** the chance a forward was checked and a liar was caught, at the rate the job ran with on its last placement */
   spotCheckOdds: SpotCheckOdds;
+  /** which forwards the step cache reused, and the magnitude ratios the computed ones measured (null: no cache) */
+  cache: CacheReport | null;
   setupMs: number;
   /** where the job's time went, phase by phase */
   phasesMs: Record<JobPhase, number>;
   totalMs: number;
   latentShape: number[];
   latentSha256: string;
+}
+
+/** What a job's step cache did (core/step-cache.ts). */
+export interface CacheReport extends StepCacheSettings {
+  /** the curve its schedule was read from; null for a calibration run, which computes every forward */
+  curve: string | null;
+  forwardsComputed: number;
+  forwardsReused: number;
+  /** [step, pass] of each forward that skipped the blocks */
+  reused: [number, number][];
+  /** [step, pass] of each forward scheduled to reuse but computed: its residual's ranks were lost or re-placed */
+  recomputed: [number, number][];
+  /** per pass, per step: the magnitude ratio its residual measured against the one kept before (null: not measured) */
+  measuredRatios: (number | null)[][];
+}
+
+function cacheReport(
+  placed: PlacedStepCache | null,
+  forwards: CacheForward[],
+  steps: number,
+  passes: number,
+): CacheReport | null {
+  if (!placed) return null;
+  const where = (f: CacheForward): [number, number] => [f.step, f.pass];
+  const measuredRatios = Array.from({ length: passes }, () =>
+    Array.from({ length: steps }, () => null as number | null),
+  );
+  for (const f of forwards) measuredRatios[f.pass][f.step] = f.magnitudeRatio;
+  return {
+    ...placed.settings,
+    curve: placed.curve?.source ?? null,
+    forwardsComputed: forwards.filter((f) => !f.reused).length,
+    forwardsReused: forwards.filter((f) => f.reused).length,
+    reused: forwards.filter((f) => f.reused).map(where),
+    recomputed: forwards.filter((f) => f.recomputed).map(where),
+    measuredRatios,
+  };
 }
 
 export interface GenerateResult {
@@ -186,7 +226,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
   const modelUrl = new URL(options.model ?? DEFAULT_MODEL_URL, pageUrl()).href;
   const files = fetchModelFiles(modelUrl);
   const parts = await loadWanPipelineParts(files);
-  const { config, textTokens, umt5, wanVae, solver, defaults: folderDefaults } = parts;
+  const { config, textTokens, umt5, wanVae, solver, defaults: folderDefaults, stepCacheCurve } = parts;
   const { swarm, rpcTimeoutMs } = options;
   const placer = new Placer({
     config,
@@ -194,6 +234,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
     backend,
     swarm,
     textTokens,
+    stepCacheCurve,
     placementTimeoutMs: options.placementTimeoutMs,
     rpcTimeoutMs,
   });
@@ -362,6 +403,12 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
           recoveryMs: failures.reduce((t, f) => t + f.replanMs, 0),
           rebalances,
           spotChecks,
+          cache: cacheReport(
+            executor.placement.cache,
+            denoised.cacheForwards,
+            params.steps,
+            usesGuidance(params) ? 2 : 1,
+          ),
           spotCheckOdds: spotCheckOdds(
             executor.placement.spotChecks.rate,
             params.steps,

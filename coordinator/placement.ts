@@ -10,6 +10,7 @@ import type { DType } from '../core/net/protocol.ts';
 import type { ParallelMode, RankLayout } from '../core/parallel.ts';
 import type { RankSettings } from '../core/rank-settings.ts';
 import type { ExecutionProvider, InitArgs, LoadArgs } from '../core/worker-api.ts';
+import type { MagnitudeCurve, StepCacheRequest, StepCacheSettings } from '../core/step-cache.ts';
 import type { PipelineStage } from './stage-plan.ts';
 
 /**
@@ -63,6 +64,17 @@ export interface PlacementRequest extends Partial<Omit<RankSettings, 'dtype' | '
   stages?: number;
   /** LoRA adapters every rank merges into its weights as it loads (core/model/lora.ts); none unless set */
   loras?: LoraRef[];
+  /**
+   * the step cache (core/step-cache.ts): 'off' unless set; 'calibrate' computes every forward and measures the
+   * magnitude ratios a curve is made of (npm run calibrate-cache)
+   */
+  cache?: StepCacheRequest | 'calibrate';
+}
+
+/** A job's step cache as placed: its settings, and the curve its schedule is read from (null: a calibration run). */
+export interface PlacedStepCache {
+  settings: StepCacheSettings;
+  curve: MagnitudeCurve | null;
 }
 
 /** What the cost model expected of a placement, and why it was chosen. */
@@ -118,6 +130,8 @@ export interface ResolvedPlacement {
   prediction: PlacementPrediction | null;
   /** why the job does not run CFG parallel although it was asked for (null when it does, or was not asked) */
   cfgFallback: string | null;
+  /** which forwards skip the blocks and reuse a residual (null: none) */
+  cache: PlacedStepCache | null;
   /**
    * pooled memory: the pipeline stages in order, each's blocks and workers (layout.stages of them); null where every
    * rank holds the whole model

@@ -22,6 +22,7 @@ import {
   placeTextLayers,
   placeVaeTiles,
   planPlacement,
+  placedStepCache,
   rehearsalsNeeded,
   runOf,
   timeoutsOf,
@@ -461,6 +462,7 @@ export class Placer {
     if (this.options.backend !== 'swarm' || !swarm) return planPlacement(this.options, input([]));
     // checked before waiting: an invalid request fails at once
     const { loras } = checkRequest(request);
+    placedStepCache(this.options, request);
     const waitFor = workersToWaitFor(this.options, request, params);
     const workers = await this.liveWorkers(maxWorld === undefined ? waitFor : 1);
     if (maxWorld === undefined) await swarm.measuredNow();

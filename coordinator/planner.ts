@@ -32,12 +32,14 @@ import {
   type ParallelMode,
 } from '../core/parallel.ts';
 import type { RankSettings } from '../core/rank-settings.ts';
+import { resolveStepCache, STEP_CACHE_DEFAULTS, type MagnitudeCurve } from '../core/step-cache.ts';
 import { formatBytes, type ExecutionProvider } from '../core/worker-api.ts';
 import type { Backend } from './backends.ts';
 import type { WorkerMeasurement } from './measure.ts';
 import type { Measurements, WorkerGroup } from './measurements.ts';
 import {
   UNTRUSTED_ALONE,
+  type PlacedStepCache,
   type PlacementPrediction,
   type PlacementRequest,
   type ResolvedPlacement,
@@ -61,6 +63,8 @@ export interface PlannerContext {
   textTokens: number;
   /** how long a call to a rank may take; RPC_TIMEOUT_MS unless set */
   rpcTimeoutMs?: number;
+  /** the model's magnitude curve for the step cache: its folder's, or the published one of its shape; null: none */
+  stepCacheCurve?: MagnitudeCurve | null;
 }
 
 export interface PlanningInput<W extends PlanningWorker = PlanningWorker> {
@@ -675,7 +679,30 @@ export function planPlacement(ctx: PlannerContext, input: PlanningInput): Resolv
     prediction,
     cfgFallback,
     stages: staged?.stages ?? null,
+    cache: placedStepCache(ctx, input.request),
   };
+}
+
+/**
+ * The job's step cache: what it asked, read against the model's curve. A step cache skips or keeps all the blocks at
+ * once, so it needs ranks holding them all: not pipeline stages yet.
+ */
+export function placedStepCache(ctx: Pick<PlannerContext, 'stepCacheCurve'>, request: PlacementRequest) {
+  const { cache, stages = 1 } = request;
+  const placed: PlacedStepCache | null =
+    cache === 'calibrate'
+      ? { settings: { ...STEP_CACHE_DEFAULTS, threshold: 0 }, curve: null }
+      : (() => {
+          const curve = ctx.stepCacheCurve ?? null;
+          const settings = resolveStepCache(cache, curve);
+          return settings && { settings, curve };
+        })();
+  if (placed && stages > 1)
+    throw new Error(
+      'the step cache skips all the blocks of a forward at once, so it needs ranks that hold them all: ' +
+        'ask cache off with pipeline stages',
+    );
+  return placed;
 }
 
 /**

@@ -3,6 +3,7 @@
 // every call's arguments where the worker receives them and every reply where the coordinator
 // receives it. The compiler holds the table to the interface, down to each optional field
 // (FieldChecks), and the client and the served methods are the table's keys: the sides cannot drift.
+import type { CacheMode } from './step-cache.ts';
 import type { BlockRange, HiddenState } from './model/blocks.ts';
 import { LORA_LIMITS, type LoraRef } from './model/lora.ts';
 import type { WeightType } from './model/onnx-builder.ts';
@@ -178,6 +179,11 @@ export interface ExecuteArgs {
    * rather than wait for this step's; exact where unset, or where this rank did not run that step
    */
   stale?: boolean;
+  /**
+   * a job with a step cache (core/step-cache.ts): 'keep' computes the blocks and keeps their residual (output − input)
+   * for this pass; 'reuse' skips them, adding the residual the rank kept to this forward's embedding
+   */
+  cache?: CacheMode;
 }
 
 /** What one forward pass of a rank cost: time computing and waiting, bytes between device and CPU. */
@@ -206,6 +212,11 @@ export interface ExecuteResult extends RankStats {
    * its engine's among them (measureUserAgentSpecificMemory); null where the browser cannot tell
    */
   peakMemoryBytes: number | null;
+  /**
+   * a kept residual against the one kept before it for the pass (MagCache's magnitude ratio): the sum over this rank's
+   * tokens of |r_t| / |r_t−1|, and how many tokens; absent where nothing was kept before
+   */
+  residualRatio?: { sum: number; tokens: number };
 }
 
 /** How fast a worker computes on one EP: the two rates the cost model plans with. */
@@ -458,6 +469,7 @@ const checkExecuteArgs: Check<ExecuteArgs> = fields({
   patches: floats(),
   hidden: optional(checkHiddenState),
   stale: optional(oneOf(true, false)),
+  cache: optional(oneOf('keep', 'reuse')),
 });
 const totals: Check<WorkerTotals> = fields({
   steps: int(0),
@@ -585,6 +597,7 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
       hidden: optional(checkHiddenState),
       bytesSent: bytes,
       peakMemoryBytes: nullable(bytes),
+      residualRatio: optional(fields({ sum: num(0, Number.MAX_VALUE), tokens: int(0) })),
       ...stats,
     }),
   },

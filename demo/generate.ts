@@ -17,6 +17,9 @@ import { forwardInProcess, type Exchange } from '../rank/ulysses.ts';
 import { displacedAttention, KeysValuesHistory } from '../rank/displaced.ts';
 import { attendsStale, type UlyssesPlan } from '../core/parallel.ts';
 import type { DType } from '../core/net/protocol.ts';
+import { cacheSchedule } from '../core/step-cache.ts';
+import { defined } from '../core/defined.ts';
+import type { PlacedStepCache } from '../coordinator/placement.ts';
 
 export interface LoadedModel extends WanPipelineParts {
   transformer: WanModel;
@@ -38,6 +41,8 @@ export type SampleParams = Pick<
   displaced?: { warmupSteps: number };
   /** how activations go between the ranks */
   dtype?: DType;
+  /** a step cache, as the coordinator schedules it (core/step-cache.ts); every forward computed without it */
+  cache?: PlacedStepCache;
 };
 
 export async function sampleVideo(m: LoadedModel, p: SampleParams): Promise<{ latent: Tensor; video: DecodedVideo }> {
@@ -46,18 +51,33 @@ export async function sampleVideo(m: LoadedModel, p: SampleParams): Promise<{ la
   const texts = [textEncoder.encode(p.prompt), textEncoder.encode(p.negativePrompt)];
   const ranks = p.ranks ?? 1;
   const histories = Array.from({ length: ranks }, () => new KeysValuesHistory());
+  const passes = usesGuidance(p) ? 2 : 1;
+  const schedule = p.cache && cacheSchedule(p.cache.curve, p.cache.settings, p.steps, passes);
+  const kept = [new Map<number, Float32Array>(), new Map<number, Float32Array>()]; // per pass, per rank
+  /** per pass, the last step whose blocks ran: displaced ranks hold its keys and values */
+  const lastRan = new Map<number, number>();
+  const residualOf = (step: number, pass: number) => (rank: number) => {
+    const mode = schedule?.[step][pass];
+    if (!mode) return undefined;
+    return mode === 'reuse'
+      ? { reuse: defined(kept[pass].get(rank), 'a residual kept before it is reused') }
+      : { keep: (r: Float32Array) => kept[pass].set(rank, r) };
+  };
   const latent = await sample({
     shape: latentShape(p, cfg.inChannels),
     steps: p.steps,
     flowShift: m.flowShift,
     seed: p.seed,
     async velocity({ step, timestep, latent }) {
-      // as the executor decides it: the step before ran on these ranks, so they hold its keys and values
-      const stale = !!p.displaced && attendsStale('displaced', p.displaced.warmupSteps, step, step - 1);
-      const attendOf = (pass: number) => (exchange: Exchange, plan: UlyssesPlan) =>
-        displacedAttention(cfg, plan, m.stages, exchange, histories[exchange.rank], { step, pass, stale });
-      const forward = (pass: number) =>
-        forwardInProcess(
+      // as the executor decides it: stale where the pass's step before ran its blocks on these ranks
+      const stale = (pass: number) =>
+        !!p.displaced && attendsStale('displaced', p.displaced.warmupSteps, step, lastRan.get(pass));
+      const attendOf = (pass: number, isStale: boolean) => (exchange: Exchange, plan: UlyssesPlan) =>
+        displacedAttention(cfg, plan, m.stages, exchange, histories[exchange.rank], { step, pass, stale: isStale });
+      const forward = (pass: number) => {
+        const isStale = stale(pass);
+        if (schedule?.[step][pass] !== 'reuse') lastRan.set(pass, step);
+        return forwardInProcess(
           cfg,
           m.stages,
           memoryExchanges(ranks, p.dtype),
@@ -66,8 +86,10 @@ export async function sampleVideo(m: LoadedModel, p: SampleParams): Promise<{ la
           texts[pass],
           { job: 0, step, pass },
           ranks,
-          p.displaced ? attendOf(pass) : undefined,
+          p.displaced ? attendOf(pass, isStale) : undefined,
+          residualOf(step, pass),
         );
+      };
       const cond = (await forward(0)).data;
       return usesGuidance(p) ? guide(cond, (await forward(1)).data, p.guidance) : cond;
     },

@@ -41,6 +41,7 @@ import {
   type BlockAttention,
   type Exchange,
   type StageOutput,
+  type ForwardInput,
 } from './ulysses.ts';
 import { displacedAttention, heldStaleAttention, KeysValuesHistory } from './displaced.ts';
 import { concat } from '../core/tensor.ts';
@@ -110,6 +111,8 @@ export class WorkerRuntime implements WorkerApi {
   private job = -1;
   /** displaced mode: the keys and values gathered in the prepared job's last step, per pass and block */
   private readonly keysValues = new KeysValuesHistory();
+  /** a step cache's residual [Sl, D] of each pass's last kept forward of the prepared job */
+  private readonly residuals = new Map<number, Float32Array>();
   /** forwards under way: a guided step's two passes run at once */
   private forwardsRunning = 0;
   /**
@@ -195,6 +198,7 @@ export class WorkerRuntime implements WorkerApi {
     this.texts = [];
     this.plan = null;
     this.keysValues.clear();
+    this.residuals.clear();
     this.setState('idle', 'released by the coordinator');
     queueMicrotask(() => this.hooks.onShutdown?.());
     return Promise.resolve('bye' as const);
@@ -368,6 +372,7 @@ export class WorkerRuntime implements WorkerApi {
     this.job = job;
     this.texts = texts;
     this.keysValues.clear();
+    this.residuals.clear();
     if (exchangeTimeoutMs !== undefined) exchange.waitAtMost?.(exchangeTimeoutMs);
     // a guided step's two passes run at once, each a phase or two ahead (a phase: one tensor per
     // head group); displaced ranks meet once a forward, not once a block: a peer may send all its
@@ -507,8 +512,20 @@ export class WorkerRuntime implements WorkerApi {
         })
       : undefined;
     let output: StageOutput;
+    let residualRatio: ExecuteResult['residualRatio'];
+    const residual = args.cache && {
+      ...(args.cache === 'reuse'
+        ? { reuse: this.keptResidual(args.pass, pass.plan.rows[exchange.rank] * pass.cfg.dim) }
+        : {
+            keep: (r: Float32Array) => {
+              const before = this.residuals.get(args.pass);
+              if (before?.length === r.length) residualRatio = magnitudeRatio(r, before, pass.cfg.dim);
+              this.residuals.set(args.pass, r);
+            },
+          }),
+    };
     try {
-      output = await this.forward(pass, pass.plan, counting, args, stats, attend);
+      output = await this.forward(pass, pass.plan, counting, { ...args, residual }, stats, attend);
     } finally {
       this.forwardsRunning--;
     }
@@ -521,9 +538,25 @@ export class WorkerRuntime implements WorkerApi {
     this.totals.deviceTensorsLeft = stats.deviceTensorsLeft;
     if (this.forwardsRunning === 0) this.setState('ready', `finished step ${args.step}`);
     const peakMemoryBytes = this.hooks.peakMemoryBytes?.() ?? null;
+    const measured = residualRatio && { residualRatio };
     return 'rows' in output
-      ? { rows: output.rows, ...stats, bytesSent, peakMemoryBytes }
+      ? { rows: output.rows, ...stats, bytesSent, peakMemoryBytes, ...measured }
       : { rows: new Float32Array(0), hidden: output.hidden, ...stats, bytesSent, peakMemoryBytes };
+  }
+
+  /** The residual this rank kept for `pass`, of its share's `floats`; the coordinator asks 'keep' before 'reuse'. */
+  private keptResidual(pass: number, floats: number): Float32Array {
+    const kept = this.residuals.get(pass);
+    if (!kept)
+      throw new Error(
+        `a step cache's reuse of pass ${pass}, but this rank kept no residual of it for the prepared job: ` +
+          "the coordinator asks 'keep' on a forward first",
+      );
+    if (kept.length !== floats)
+      throw new Error(
+        `the residual kept for pass ${pass} is ${kept.length} values, but this rank's share is ${floats}`,
+      );
+    return kept;
   }
 
   /** The loaded model's blocks: a pipeline stage's, or all of them. */
@@ -582,7 +615,7 @@ export class WorkerRuntime implements WorkerApi {
     pass: ReturnType<WorkerRuntime['preparedPass']>,
     plan: UlyssesPlan,
     exchange: Exchange,
-    args: ExecuteArgs,
+    args: ExecuteArgs & Partial<Pick<ForwardInput, 'residual'>>,
     stats: RankStats,
     attend?: BlockAttention,
   ): Promise<StageOutput> {
@@ -599,6 +632,7 @@ export class WorkerRuntime implements WorkerApi {
         grid,
         tag: { job: args.job, step: args.step, pass: args.pass },
         bounds: this.model?.bounds,
+        residual: args.residual,
       },
       this.heldBlocks(cfg),
       stats,
@@ -622,4 +656,20 @@ export class WorkerRuntime implements WorkerApi {
     if (!this.model) throw new Error('no model loaded: the coordinator must call loadModel after initWorker');
     return this.model.config;
   }
+}
+
+/** MagCache's magnitude ratio of two residuals [S, width], summed over the tokens: Σ |now_s| / |before_s|. */
+function magnitudeRatio(now: Float32Array, before: Float32Array, width: number): { sum: number; tokens: number } {
+  const tokens = now.length / width;
+  let sum = 0;
+  for (let s = 0; s < tokens; s++) {
+    let a = 0;
+    let b = 0;
+    for (let i = s * width; i < (s + 1) * width; i++) {
+      a += now[i] * now[i];
+      b += before[i] * before[i];
+    }
+    sum += b > 0 ? Math.sqrt(a / b) : 1;
+  }
+  return { sum, tokens };
 }

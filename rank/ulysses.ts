@@ -88,6 +88,11 @@ export interface ForwardInput {
   tag: Omit<ExchangeTag, 'block' | 'phase' | 'group'>;
   /** what the model's weights bound its exchanged activations by; without them, parts are not judged */
   bounds?: ModelBounds;
+  /**
+   * a step cache's forward (core/step-cache.ts): the blocks skipped, this residual [Sl, D] added to the embedding in
+   * their place; or the blocks run and their residual handed to `keep`
+   */
+  residual?: { reuse: Float32Array } | { keep: (residual: Float32Array) => void };
 }
 
 export const noStats = (): RankStats => ({
@@ -336,9 +341,16 @@ export async function forwardStage(
     [x, temb, tproj, context].forEach(arrived);
     // this forward's modulation, which bounds v, as this rank computed it itself
     const { bounds } = input;
-    if (bounds && plan.degree > 1)
+    const { residual } = input;
+    if (residual && !(blocks.from === 0 && holdsHead(cfg, blocks)))
+      throw new Error('a step cache skips or keeps all the blocks: it needs a rank that holds them all');
+    // the blocks' input, which their residual is taken against
+    const entering = residual && (await io.compute(hostCopy(stages, x, 'the residual stream')));
+    const reused = residual && 'reuse' in residual ? residual.reuse : null;
+    if (entering && reused) x = arrived(added(entering, reused));
+    else if (bounds && plan.degree > 1)
       limits = stepLimits(bounds, await io.compute(hostCopy(stages, tproj, 'the timestep projection')));
-    for (let block = blocks.from; block < blocks.to; block++) {
+    for (let block = blocks.from; block < (reused ? blocks.from : blocks.to); block++) {
       const qkv = await io.compute(stages.preAttention(block, x, tproj, cos, sin));
       [qkv.q, qkv.k, qkv.v].forEach(arrived);
       const attn = arrived(await attend(block, qkv, io)); // [Sl, D]
@@ -346,6 +358,8 @@ export async function forwardStage(
       await io.compute(release([x]));
       x = next;
     }
+    if (entering && 'keep' in residual)
+      residual.keep(subtracted(await io.compute(hostCopy(stages, x, 'the residual stream')), entering));
     const output: StageOutput = holdsHead(cfg, blocks)
       ? { rows: arrived(await io.compute(stages.head(x, temb))) }
       : {
@@ -372,7 +386,7 @@ export async function forwardStage(
  * A whole forward pass with all P ranks in this process (the `local` backend, and tests):
  * scatter the latent's tokens, run every rank, gather their rows in token order. `heads`: each
  * rank's share of the heads (even without it); `attendOf`: each rank's block attention (Ulysses
- * without it).
+ * without it); `residualOf`: each rank's step cache forward (core/step-cache.ts), none without it.
  */
 export async function forwardInProcess(
   cfg: WanConfig,
@@ -384,6 +398,7 @@ export async function forwardInProcess(
   tag: ForwardInput['tag'] = { job: 0, step: 0, pass: 0 },
   heads: number[] | number = exchanges.length,
   attendOf?: (exchange: Exchange, plan: UlyssesPlan) => BlockAttention,
+  residualOf?: (rank: number) => ForwardInput['residual'],
 ): Promise<Tensor> {
   const grid = tokenGrid(cfg, latent.shape);
   const plan = planUlysses(cfg, grid.count, heads);
@@ -397,11 +412,21 @@ export async function forwardInProcess(
         plan,
         stages,
         exchange,
-        { patches: patches[exchange.rank], timestep, text, grid, tag },
+        { patches: patches[exchange.rank], timestep, text, grid, tag, residual: residualOf?.(exchange.rank) },
         noStats(),
         attendOf?.(exchange, plan),
       ),
     ),
   );
   return gatherLatent(cfg, plan, outputs, latent.shape);
+}
+
+/** a + b, elementwise, as a new array: a residual reused must leave the one kept as it was */
+function added(a: Float32Array, b: Float32Array): Float32Array {
+  if (a.length !== b.length) throw new Error(`a residual of ${b.length} values for a stream of ${a.length}`);
+  return a.map((v, i) => v + b[i]);
+}
+
+function subtracted(a: Float32Array, b: Float32Array): Float32Array {
+  return a.map((v, i) => v - b[i]);
 }

@@ -103,9 +103,18 @@ export function summarizeReport(id: number, r: KeptReport, storageNote?: string)
   const prompt = r.encoding?.prompt; // jobs kept before the report had it have none
   const encoded = prompt ? encodingNote(prompt) : '';
   const notKept = storageNote ? ` Not kept: ${storageNote}.` : '';
+  // jobs kept before the step cache have no cache report
+  const c = r.cache;
+  const cached = c?.curve
+    ? ` Step cache (MagCache at ${c.threshold}): ${c.forwardsReused} of ${c.forwardsReused + c.forwardsComputed} ` +
+      "forwards skipped the blocks, reusing the last computed one's residual" +
+      (c.recomputed.length ? `; ${c.recomputed.length} computed instead, their residual's ranks re-placed.` : '.')
+    : c
+      ? ' Every forward computed to calibrate the step cache.'
+      : '';
   return (
     `#${id} done: ${r.config.frames} frames in ${(r.totalMs / 1000).toFixed(1)} s ` +
     `on ${ranks}${recovered}, each on ${computedOn}.` +
-    [...notes, checked, encoded, notKept].join('')
+    [...notes, cached, checked, encoded, notKept].join('')
   );
 }

@@ -9,6 +9,7 @@ import type { Tensor } from '../tensor.ts';
 import { EULER, type Solver } from '../sampler.ts';
 import { ModelConfigError, parseWanConfig, type WanConfig } from './config.ts';
 import { MissingFile, readJson, type ModelFiles } from './files.ts';
+import { parseMagnitudeCurve, publishedCurve, STEP_CACHE_FILE, type MagnitudeCurve } from '../step-cache.ts';
 import { loadTextEncoder, TEXT_ENCODER_CLASS, type TextEncoder } from './text-encoder.ts';
 import { TRANSFORMER_CONFIG } from './transformer.ts';
 import { isUmt5Config } from './umt5.ts';
@@ -64,6 +65,8 @@ export interface WanPipelineParts {
   solver: Solver;
   /** what a job's missing fields are on this folder (jobDefaults) */
   defaults: JobParams;
+  /** the step cache's magnitude curve: the folder's calibration, else the published one of its shape, else null */
+  stepCacheCurve: MagnitudeCurve | null;
 }
 
 /**
@@ -137,7 +140,7 @@ export function once<T>(load: () => Promise<T>): () => Promise<T> {
 }
 
 export async function loadWanPipelineParts(files: ModelFiles): Promise<WanPipelineParts> {
-  const [config, textConfig, vaeConfig, index, scheduler] = await Promise.all([
+  const [config, textConfig, vaeConfig, index, scheduler, calibrated] = await Promise.all([
     readJson(files, TRANSFORMER_CONFIG).then((json) => parseWanConfig(json, TRANSFORMER_CONFIG)),
     readJson(files, 'text_encoder/config.json') as Promise<{ _class_name?: string; max_length?: number }>,
     readJson(files, VAE_CONFIG),
@@ -149,10 +152,18 @@ export async function loadWanPipelineParts(files: ModelFiles): Promise<WanPipeli
         throw e;
       },
     ),
+    readJson(files, STEP_CACHE_FILE).then(
+      (json) => parseMagnitudeCurve(json, STEP_CACHE_FILE),
+      (e: unknown) => {
+        if (e instanceof MissingFile) return null;
+        throw e;
+      },
+    ),
   ]);
   const flowShift = (index as { flow_shift?: unknown }).flow_shift ?? scheduler.flowShift;
   const parts: Omit<WanPipelineParts, 'defaults'> = {
     config,
+    stepCacheCurve: calibrated ?? publishedCurve(config),
     textTokens:
       textConfig._class_name === TEXT_ENCODER_CLASS && typeof textConfig.max_length === 'number'
         ? textConfig.max_length

@@ -4,7 +4,7 @@
 // bench/out/demo-eval.json with colorAccuracy, directionAccuracy and every prompt's result.
 //
 //   npm run eval-demo [-- --model DIR --steps N --guidance X --seeds N --ranks P --set held-out|training
-//                        --displaced --warmup-steps N --dtype f32|f16|i8|i4]
+//                        --displaced --warmup-steps N --dtype f32|f16|i8|i4 --cache auto|magcache --cache-threshold X]
 // With --displaced the ranks run displaced patch parallelism (keys and values one step stale past
 // the warm-up, as the executor runs it) instead of Ulysses: its cost in accuracy (issue 20).
 
@@ -17,7 +17,8 @@ import { detect } from '../detector.ts';
 import { CLIP, DEMO_SAMPLING, HELD_OUT_COMBOS, promptOf, TRAINING_COMBOS } from '../world.ts';
 import { loadModel, sampleVideo } from '../generate.ts';
 import { folderFiles } from '../../server/model-folder.ts';
-import { DEFAULT_WARMUP_STEPS } from '../../coordinator/planner.ts';
+import { DEFAULT_WARMUP_STEPS, placedStepCache } from '../../coordinator/planner.ts';
+import { parseCacheFlags } from '../../core/step-cache.ts';
 import { DTYPES, type DType } from '../../core/net/protocol.ts';
 
 const { values } = parseArgs({
@@ -33,6 +34,8 @@ const { values } = parseArgs({
     displaced: { type: 'boolean', default: false },
     'warmup-steps': { type: 'string', default: String(DEFAULT_WARMUP_STEPS) },
     dtype: { type: 'string', default: 'f32' },
+    cache: { type: 'string' },
+    'cache-threshold': { type: 'string' },
   },
 });
 
@@ -51,6 +54,11 @@ const warmupSteps = Number(values['warmup-steps']);
 if (!(Number.isInteger(warmupSteps) && warmupSteps >= 0))
   throw new Error(`--warmup-steps is a whole number ≥ 0, got ${values['warmup-steps']}`);
 const displaced = values.displaced ? { warmupSteps } : undefined;
+// the step cache as a job asking these flags is placed with on this folder
+const cache = placedStepCache(
+  { stepCacheCurve: model.stepCacheCurve },
+  { cache: parseCacheFlags(values.cache, values['cache-threshold']) },
+);
 
 interface PromptResult {
   prompt: string;
@@ -77,6 +85,7 @@ for (const combo of combos) {
       ranks,
       displaced,
       dtype,
+      ...(cache && { cache }),
     });
     const seen = detect(video);
     const result: PromptResult = {
@@ -125,6 +134,7 @@ const report = {
     parallel: displaced ? 'displaced' : 'ulysses',
     warmupSteps: displaced?.warmupSteps ?? null,
     dtype,
+    cache: cache && { ...cache.settings, curve: cache.curve?.source ?? null },
     stages: 'onnx wasm',
   },
   seconds: Math.round((performance.now() - started) / 1000),

@@ -14,6 +14,7 @@ import { parseArgs } from 'node:util';
 import type { AutomationProgress, JobOverrides } from '../../app/automation.ts';
 import { checkJobParams, type JobParams } from '../../core/job.ts';
 import { readSafetensors } from '../../core/safetensors.ts';
+import { parseCacheFlags } from '../../core/step-cache.ts';
 import { CACHE_ROOT } from '../model-folder.ts';
 import { servedOr } from '../serve.ts';
 import { pageError, startLocalSwarm } from './browser-swarm.ts';
@@ -55,6 +56,8 @@ const USAGE = [
   "  [--stages S]   pooled memory: the transformer's blocks cut into S pipeline stages, each on N/S worker tabs " +
     "holding only its stage's weights",
   '                     (Ulysses among them; N is S unless --workers says)',
+  '  [--cache magcache|auto|off] [--cache-threshold X]   the step cache: forwards whose residual barely changes skip',
+  "                     the transformer's blocks (MagCache; auto: at its defaults where the model has a curve)",
 ].join('\n');
 
 function fail(message: string): never {
@@ -83,6 +86,8 @@ try {
       'drop-worker': { type: 'string' },
       'crash-worker': { type: 'string' },
       'force-relay': { type: 'boolean', default: false },
+      cache: { type: 'string' },
+      'cache-threshold': { type: 'string' },
       ...JOB_FLAG_OPTIONS,
       out: { type: 'string', default: 'out/video.webm' },
       report: { type: 'string', default: 'out/report.json' },
@@ -113,6 +118,12 @@ if ([values.fp16, values.int8, values.int4].filter(Boolean).length > 1)
   fail('--fp16, --int8 and --int4 are ways to send activations between ranks: give one of them');
 if (values.int4 && !values.displaced)
   fail("--int4 sends displaced mode's deltas of keys and values: give --displaced too");
+let cache;
+try {
+  cache = parseCacheFlags(values.cache, values['cache-threshold']);
+} catch (e) {
+  fail((e as Error).message);
+}
 const stages = Number(values.stages);
 if (!Number.isInteger(stages) || stages < 1) fail(`--stages must be a whole number ≥ 1, got ${values.stages}`);
 const workers = Number(values.workers ?? stages);
@@ -252,6 +263,7 @@ try {
     cfgParallel,
     model: modelUrl,
     ...(defaultLoras && { loras: defaultLoras }),
+    ...(cache && { cache }),
   };
   const result = await swarm.dashboard.evaluate((o) => window.ditswarm.generate(o), overrides);
   if (tty) process.stderr.write('\n');

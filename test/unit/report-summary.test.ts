@@ -26,6 +26,7 @@ const placement = (dtype: DType, parallel: 'ulysses' | 'displaced' = 'displaced'
   prediction: null,
   cfgFallback: null,
   stages: null,
+  cache: null,
 });
 
 /** The fields of a report the status line reads; the rest does not matter to it. */

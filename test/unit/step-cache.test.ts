@@ -1,0 +1,272 @@
+import { beforeAll, describe, expect, it } from 'vitest';
+import { placedStepCache } from '../../coordinator/planner.ts';
+import { attention } from '../../core/model/ops.ts';
+import {
+  embedConditions,
+  embedPatches,
+  head,
+  postAttention,
+  preAttention,
+  type WanModel,
+} from '../../core/model/reference.ts';
+import { patchify, ropeTables, tokenGrid, unpatchify } from '../../core/model/tokens.ts';
+import { loadTransformer } from '../../core/model/transformer.ts';
+import { RankLayout } from '../../core/parallel.ts';
+import { SeededRandom } from '../../core/random.ts';
+import {
+  cacheSchedule,
+  nearestInterp,
+  parseCacheFlags,
+  parseMagnitudeCurve,
+  publishedCurve,
+  resolveStepCache,
+  STEP_CACHE_DEFAULTS,
+  type MagnitudeCurve,
+} from '../../core/step-cache.ts';
+import { maxAbsDiff, type Tensor } from '../../core/tensor.ts';
+import type { EngineApi } from '../../rank/engine.ts';
+import { onnxStages } from '../../rank/onnx-stages.ts';
+import { stubEngine, tinyModelFiles } from './fixtures.ts';
+import { InProcessExecutor } from './in-process-executor.ts';
+
+/**
+ * MagCache4Wan2.1's magcache_forward as its script runs it, forward by forward, transcribed from its
+ * state (cnt, accumulated_ratio/err/steps per cnt % 2): which forwards it skips, for a guided job.
+ */
+function upstreamSkips(interleaved: number[], steps: number, thresh: number, K: number, retention: number): boolean[] {
+  const numSteps = steps * 2;
+  const ratio = [1, 1];
+  const err = [0, 0];
+  const count = [0, 0];
+  const skipped: boolean[] = [];
+  for (let cnt = 0; cnt < numSteps; cnt++) {
+    let skip = false;
+    if (cnt >= Math.floor(numSteps * retention)) {
+      const p = cnt % 2;
+      ratio[p] *= interleaved[cnt];
+      count[p] += 1;
+      err[p] += Math.abs(1 - ratio[p]);
+      if (err[p] < thresh && count[p] <= K) skip = true;
+      else [ratio[p], err[p], count[p]] = [1, 0, 0];
+    }
+    skipped.push(skip);
+  }
+  return skipped;
+}
+
+describe('the step cache schedule (MagCache)', () => {
+  const wan13 = publishedCurve({ dim: 1536, numLayers: 30 });
+
+  it("the published Wan2.1 curves are the script's: 50 steps a pass, 1 at step 0, for the 1.3B and 14B shapes only", () => {
+    expect(wan13?.ratios.map((r) => r.length)).toEqual([50, 50]);
+    expect(wan13?.ratios.map((r) => r.slice(0, 3))).toEqual([
+      [1, 1.0124, 1.00166],
+      [1, 1.02213, 1.0041],
+    ]);
+    expect(wan13?.ratios.map((r) => r.at(-1))).toEqual([0.81838, 0.81939]);
+    expect(publishedCurve({ dim: 5120, numLayers: 40 })?.ratios[1].at(-1)).toBe(0.86189);
+    expect(publishedCurve({ dim: 1536, numLayers: 2 })).toBeNull();
+  });
+
+  it("at 50 steps with the script's settings, the forwards reused are the ones its magcache_forward skips", () => {
+    const curve = wan13 as MagnitudeCurve;
+    const interleaved = curve.ratios[0].flatMap((c, i) => [c, curve.ratios[1][i]]);
+    const settings = { ...STEP_CACHE_DEFAULTS, finalSteps: 0 };
+    for (const [threshold, K] of [
+      [0.12, 2],
+      [0.06, 2],
+      [0.24, 4],
+    ]) {
+      const ours = cacheSchedule(curve, { ...settings, threshold, maxSkips: K }, 50, 2).flat();
+      const theirs = upstreamSkips(interleaved, 50, threshold, K, 0.2);
+      expect(ours.map((m) => m === 'reuse')).toEqual(theirs);
+    }
+    const schedule = cacheSchedule(curve, STEP_CACHE_DEFAULTS, 50, 2);
+    const reused = schedule.flat().filter((m) => m === 'reuse').length;
+    // retention 0.2 keeps the first 10 steps, the final step is computed, the rest reuse at most 2 in a row
+    expect(
+      schedule
+        .slice(0, 10)
+        .flat()
+        .every((m) => m === 'keep'),
+    ).toBe(true);
+    expect(schedule[49]).toEqual(['keep', 'keep']);
+    expect(reused).toBeGreaterThan(30);
+    expect(reused).toBeLessThan(60);
+  });
+
+  it("another step count reads the curve by the script's nearest interpolation (numpy's rounding, halves to even)", () => {
+    expect(nearestInterp([10, 11, 12, 13], 3)).toEqual([10, 12, 13]); // 1.5 → 2
+    expect(nearestInterp([10, 11, 12, 13, 14, 15], 3)).toEqual([10, 12, 15]); // 2.5 → 2
+    expect(nearestInterp([10, 11, 12], 1)).toEqual([12]);
+    const curve = wan13 as MagnitudeCurve;
+    const at20 = cacheSchedule(curve, STEP_CACHE_DEFAULTS, 20, 2);
+    expect(at20).toHaveLength(20);
+    // 20 steps move further a step: the ratios are read 49/19 steps apart, so less is reused than at 50
+    expect(at20.flat().filter((m) => m === 'reuse').length).toBeGreaterThan(0);
+    // no curve: a calibration run computes every forward
+    expect(cacheSchedule(null, STEP_CACHE_DEFAULTS, 4, 1)).toEqual([['keep'], ['keep'], ['keep'], ['keep']]);
+  });
+
+  it('a request resolves against the curve: off, auto, a threshold; bad ones and a cache without a curve are refused saying what to do', () => {
+    const curve = wan13 as MagnitudeCurve;
+    expect(resolveStepCache(undefined, curve)).toBeNull();
+    expect(resolveStepCache('off', curve)).toBeNull();
+    expect(resolveStepCache('auto', null)).toBeNull();
+    expect(resolveStepCache('auto', curve)).toEqual(STEP_CACHE_DEFAULTS);
+    expect(resolveStepCache({ method: 'magcache', threshold: 0.2 }, curve)?.threshold).toBe(0.2);
+    expect(() => resolveStepCache({ method: 'magcache', threshold: 2 }, curve)).toThrow(
+      'threshold is a number from 0 to 1',
+    );
+    expect(() => resolveStepCache({ method: 'magcache', maxSkips: 0 }, curve)).toThrow('maxSkips is a whole number');
+    expect(() => resolveStepCache({ method: 'teacache' } as never, curve)).toThrow("cache is 'off', 'auto' or");
+    expect(() => resolveStepCache({ method: 'magcache' }, null)).toThrow('npm run calibrate-cache -- --model DIR');
+    expect(() => placedStepCache({ stepCacheCurve: curve }, { cache: 'auto', stages: 2 })).toThrow(
+      'ask cache off with pipeline stages',
+    );
+    expect(placedStepCache({}, { cache: 'calibrate' })?.curve).toBeNull();
+    expect(parseCacheFlags(undefined, '0.1')).toEqual({ method: 'magcache', threshold: 0.1 });
+    expect(parseCacheFlags('auto', undefined)).toBe('auto');
+    expect(() => parseCacheFlags('auto', '0.1')).toThrow('give it with --cache magcache');
+    expect(() => parseCacheFlags('tea', undefined)).toThrow('--cache is magcache, auto, off or calibrate');
+  });
+
+  it("a folder's curve is checked before use: anyone may serve a folder", () => {
+    const good = {
+      method: 'magcache',
+      steps: 2,
+      ratios: [
+        [1, 0.9],
+        [1, 0.95],
+      ],
+    };
+    expect(parseMagnitudeCurve(good, 'step_cache.json').ratios[1]).toEqual([1, 0.95]);
+    expect(() => parseMagnitudeCurve({ ...good, ratios: [[1, 0.9]] }, 'f')).toThrow('a pair of lists');
+    expect(() =>
+      parseMagnitudeCurve(
+        {
+          ...good,
+          ratios: [
+            [1, NaN],
+            [1, 1],
+          ],
+        },
+        'f',
+      ),
+    ).toThrow('positive finite');
+    expect(() => parseMagnitudeCurve({ ...good, steps: 3 }, 'f')).toThrow('positive finite');
+    expect(() => parseMagnitudeCurve({ ...good, method: 'teacache' }, 'f')).toThrow('expected "magcache"');
+  });
+});
+
+describe("a step cache's forwards on the ranks", () => {
+  let model: WanModel;
+  let engine: EngineApi;
+  const random = new SeededRandom(11);
+  let text: Float32Array;
+  const shape = [16, 1, 14, 10]; // 35 tokens: 12/12/11 at P = 3
+
+  beforeAll(async () => {
+    model = await loadTransformer(tinyModelFiles);
+    engine = stubEngine(await onnxStages(model, 'wasm'), model.config);
+    text = random.normals(16 * model.config.textDim);
+  });
+
+  /**
+   * magcache_forward's own arithmetic on the reference blocks: a kept forward's residual is its blocks' output − input,
+   * a reused forward's tokens are its embedding + the residual kept, then the head.
+   */
+  function cachedReference(forwards: { latent: Tensor; timestep: number; reuse: boolean }[]): Tensor[] {
+    let residual: Float32Array | null = null;
+    return forwards.map(({ latent, timestep, reuse }) => {
+      const grid = tokenGrid(model.config, latent.shape);
+      const { cos, sin } = ropeTables(model.config, grid, 0, grid.count);
+      const cond = embedConditions(model, timestep, text);
+      const entering = embedPatches(model, patchify(model.config, latent).data);
+      let x = entering;
+      if (reuse && residual) x = entering.map((v, i) => v + (residual as Float32Array)[i]);
+      else {
+        for (let block = 0; block < model.config.numLayers; block++) {
+          const { q, k, v } = preAttention(model, block, x, cond.tproj, cos, sin);
+          x = postAttention(model, block, x, attention(q, k, v, model.config.headDim, model.config.dim), cond);
+        }
+        residual = x.map((v, i) => v - entering[i]);
+      }
+      return unpatchify(model.config, head(model, x, cond.temb), latent.shape);
+    });
+  }
+
+  it('kept then reused forwards over P = 1 and P = 3 give magcache_forward on the reference blocks; a reuse with no residual kept on the placement is computed and says so', async () => {
+    const forwards = [
+      { latent: { shape, data: random.normals(16 * 140) }, timestep: 900, reuse: false },
+      { latent: { shape, data: random.normals(16 * 140) }, timestep: 700, reuse: true },
+      { latent: { shape, data: random.normals(16 * 140) }, timestep: 500, reuse: true },
+      { latent: { shape, data: random.normals(16 * 140) }, timestep: 300, reuse: false },
+    ];
+    const expected = cachedReference(forwards);
+    const plain = cachedReference(forwards.map((f) => ({ ...f, reuse: false })));
+    // a reused forward differs from computing it: the test would not see a cache that computes everything
+    expect(maxAbsDiff(expected[1].data, plain[1].data)).toBeGreaterThan(1e-2);
+    for (const P of [1, 3]) {
+      const executor = new InProcessExecutor(
+        { config: model.config, modelUrl: '/models/tiny-wan', layout: new RankLayout(P), spotCheckRate: 0 },
+        engine,
+        'rpc',
+      );
+      await executor.initialize();
+      await executor.prepareJob(3, [text], shape);
+      for (const [step, f] of forwards.entries()) {
+        const { output } = await executor.executeModel({
+          job: 3,
+          step,
+          steps: 4,
+          pass: 0,
+          timestep: f.timestep,
+          latent: f.latent,
+          cache: f.reuse ? 'reuse' : 'keep',
+        });
+        expect(maxAbsDiff(output.data, expected[step].data)).toBeLessThanOrEqual(1e-4);
+      }
+      const ran = executor.takeCacheForwards();
+      expect(ran.map((f) => [f.step, f.reused, f.recomputed])).toEqual([
+        [0, false, false],
+        [1, true, false],
+        [2, true, false],
+        [3, false, false],
+      ]);
+      // the kept forward after a kept one measured its residual's magnitude against the one before
+      expect(ran[0].magnitudeRatio).toBeNull();
+      expect(ran[3].magnitudeRatio).toBeGreaterThan(0);
+
+      // a new job: its ranks hold no residual. A rank asked to reuse one refuses, saying what the coordinator must do
+      // first; the executor computes the forward instead, as the uncached one, and says so
+      await executor.prepareJob(4, [text], shape);
+      if (P === 1)
+        await expect(
+          executor.runtimes[0].executeModel({
+            job: 4,
+            step: 1,
+            pass: 0,
+            timestep: 700,
+            latentShape: shape,
+            patches: patchify(model.config, forwards[1].latent).data,
+            cache: 'reuse',
+          }),
+        ).rejects.toThrow(
+          "kept no residual of it for the prepared job: the coordinator asks 'keep' on a forward first",
+        );
+      const { output } = await executor.executeModel({
+        job: 4,
+        step: 1,
+        steps: 4,
+        pass: 0,
+        timestep: 700,
+        latent: forwards[1].latent,
+        cache: 'reuse',
+      });
+      expect(maxAbsDiff(output.data, plain[1].data)).toBeLessThanOrEqual(1e-4);
+      expect(executor.takeCacheForwards().map((f) => [f.reused, f.recomputed])).toEqual([[false, true]]);
+      await executor.shutdown({ graceMs: 1_000 });
+    }
+  });
+});
