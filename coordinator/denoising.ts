@@ -9,7 +9,7 @@ import type { JobParams } from '../core/job.ts';
 import { median } from '../core/median.ts';
 import { sample, type SamplerCheckpoint, type Solver } from '../core/sampler.ts';
 import type { Tensor } from '../core/tensor.ts';
-import { SpotCheckFailed, type CacheForward, type RankReport } from './executor.ts';
+import { SpotCheckFailed, StepCacheMemory, type CacheForward, type RankReport } from './executor.ts';
 import type { FailureRecord, Placer, RebalanceRecord } from './placer.ts';
 import type { SpotCheck } from './spot-check.ts';
 
@@ -77,6 +77,7 @@ export async function denoise(r: DenoiseRequest): Promise<Denoised> {
   const failures: FailureRecord[] = [];
   const spotChecks: SpotCheck[] = [];
   const cacheForwards = new Map<string, CacheForward>();
+  const cacheMemory = new StepCacheMemory();
   const takeCacheForwards = () => {
     for (const f of executor().takeCacheForwards()) cacheForwards.set(`${f.step}/${f.pass}`, f);
   };
@@ -113,7 +114,11 @@ export async function denoise(r: DenoiseRequest): Promise<Denoised> {
           }
           for (;;) {
             try {
-              const result = await executor().velocity({ job: r.job, steps: params.steps, ...at }, params.guidance);
+              const result = await executor().velocity(
+                { job: r.job, steps: params.steps, ...at },
+                params.guidance,
+                cacheMemory,
+              );
               ranks = result.ranks;
               return result.velocity;
             } catch (e) {
@@ -125,6 +130,7 @@ export async function denoise(r: DenoiseRequest): Promise<Denoised> {
               failures.push(failure);
               if (caught) throw new RerunFrom(placedAt); // on the new placement
               placedAt = lastDone; // the new placement starts at this step
+              cacheMemory.placed();
             }
           }
         },
@@ -154,6 +160,7 @@ export async function denoise(r: DenoiseRequest): Promise<Denoised> {
       if (!(e instanceof RerunFrom)) throw e;
       from = e.point;
       placedAt = e.point;
+      cacheMemory.rerun();
     }
   }
 }

@@ -96,7 +96,9 @@ export interface CacheForward {
   step: number;
   pass: number;
   reused: boolean;
-  /** scheduled to reuse, computed: the ranks holding the residual were lost or re-placed */
+  /** the step whose kept forward ran again first, on ranks placed since it (their residual was the lost ranks') */
+  replayedFrom: number | null;
+  /** scheduled to reuse, computed: no kept forward to run again (a job resumed from its checkpoint) */
   recomputed: boolean;
   /** its residual's magnitude against the one kept before it (MagCache's ratio), where both were computed */
   magnitudeRatio: number | null;
@@ -165,6 +167,36 @@ export interface LostRank extends RankLost {
   silentMs: number;
 }
 
+/**
+ * What a job's step cache keeps across its placements: each pass's last kept forward (its latent is a reference to
+ * the sampler's), to run again on ranks placed since; and as it was when the current placement began, for the steps
+ * a spot check's conviction runs again.
+ */
+export class StepCacheMemory {
+  private latest = new Map<number, ForwardRequest>();
+  private atPlacement = new Map<number, ForwardRequest>();
+
+  kept(request: ForwardRequest): void {
+    this.latest.set(request.pass, request);
+  }
+
+  /** The pass's last kept forward before `step`, if any. */
+  lastKept(pass: number, step: number): ForwardRequest | undefined {
+    const kept = this.latest.get(pass);
+    return kept && kept.step < step ? kept : undefined;
+  }
+
+  /** A placement starts here. */
+  placed(): void {
+    this.atPlacement = new Map(this.latest);
+  }
+
+  /** The steps since the current placement began run again. */
+  rerun(): void {
+    this.latest = new Map(this.atPlacement);
+  }
+}
+
 export abstract class Executor {
   /** what each rank said about itself and the model it loaded (its EP, and why), in rank order */
   workers: (WorkerInfo & LoadedModel & { id: string })[] = [];
@@ -182,6 +214,8 @@ export abstract class Executor {
   private cacheForwards: CacheForward[] = [];
   /** the passes whose ranks keep a residual of the prepared job, which a step cache's reuse needs */
   private readonly keptPasses = new Set<number>();
+  /** per pass, the step whose kept forward rebuildResiduals ran again for this step's reuse */
+  private readonly replayedFor = new Map<number, number>();
   /** rows of the prepared job's text embeddings, per pass: a hidden state's context has as many */
   private textRows: number[] = [];
   /**
@@ -372,20 +406,44 @@ export abstract class Executor {
    * the hidden state the stage before handed on, rank r to rank r), check each rank's rows are the
    * size the plan gives it, gather them in token order.
    */
-  async executeModel(request: ForwardRequest): Promise<{ output: Tensor; ranks: RankReport[] }> {
+  async executeModel(
+    request: ForwardRequest,
+    memory?: StepCacheMemory,
+  ): Promise<{ output: Tensor; ranks: RankReport[] }> {
+    const { pass, step } = request;
+    const replayedFrom = this.replayedFor.get(pass) ?? null;
+    this.replayedFor.delete(pass);
+    // a reuse on ranks that kept no residual and could not be given it again (rebuildResiduals) is computed
+    const recomputed = request.cache === 'reuse' && !this.keptPasses.has(pass);
+    const cache = recomputed ? 'keep' : request.cache;
+    // a reused forward runs no block: nothing to check against a recomputation
+    const checked = cache !== 'reuse' && this.world > 1 && this.spotCheckDue(request);
+    const { output, ranks, magnitudeRatio } = await this.forward({ ...request, cache }, checked);
+    if (cache === 'keep') memory?.kept({ ...request, cache });
+    if (cache) {
+      this.cacheForwards.push({ step, pass, reused: cache === 'reuse', replayedFrom, recomputed, magnitudeRatio });
+    }
+    return { output, ranks };
+  }
+
+  /**
+   * One forward as `request.cache` asks (the blocks run, or a residual reused), spot-checked where `checked`: scatter
+   * the tokens, run the group's pipeline stages in turn, check each rank's rows, gather them in token order.
+   */
+  private async forward(
+    request: ForwardRequest,
+    checked: boolean,
+  ): Promise<{ output: Tensor; ranks: RankReport[]; magnitudeRatio: number | null }> {
     const { config } = this;
     const layout = this.layout;
     const group = layout.groupForPass(request.pass);
     const plan = planUlysses(config, tokenGrid(config, request.latent.shape).count, layout.headsOf(group));
     const patches = scatterLatent(config, plan, request.latent);
-    // a reuse needs the residual this placement's ranks kept; where they kept none (placed since), it is computed
-    const recomputed = request.cache === 'reuse' && !this.keptPasses.has(request.pass);
-    const cache = recomputed ? 'keep' : request.cache;
+    const { cache } = request;
     const reused = cache === 'reuse';
     // displaced mode's warm-up steps and the first after a placement are exact: stale only where the
     // ranks hold the step before's; a checked forward goes as any other (its checker recomputes it stale).
-    // A reused forward runs no block: nothing to check against a recomputation, no keys or values exchanged
-    const checked = !reused && this.world > 1 && this.spotCheckDue(request);
+    // A reused forward exchanges no keys or values
     const stale = !reused && this.stale(request);
     if (!reused) this.lastStepOf.set(request.pass, request.step);
     const shareOf = (rank: number) => this.jobShares[rank] ?? `rank ${rank}`;
@@ -448,15 +506,13 @@ export abstract class Executor {
         rowWidth,
         stale && ranks.length > 1, // a group of one rank attends to nothing stale
       );
-    if (cache) {
-      if (cache === 'keep') this.keptPasses.add(request.pass);
-      const measured = results.map((r) => r.residualRatio);
-      const magnitudeRatio = measured.every((m) => m !== undefined)
-        ? measured.reduce((n, m) => n + m.sum, 0) / measured.reduce((n, m) => n + m.tokens, 0)
-        : null;
-      this.cacheForwards.push({ step: request.step, pass: request.pass, reused, recomputed, magnitudeRatio });
-    }
+    if (cache === 'keep') this.keptPasses.add(request.pass);
+    const measured = results.map((r) => r.residualRatio);
+    const magnitudeRatio = measured.every((m) => m !== undefined)
+      ? measured.reduce((n, m) => n + m.sum, 0) / measured.reduce((n, m) => n + m.tokens, 0)
+      : null;
     return {
+      magnitudeRatio,
       output: gatherLatent(
         config,
         plan,
@@ -592,17 +648,19 @@ export abstract class Executor {
   async velocity(
     at: Omit<ForwardRequest, 'pass'>,
     guidance: number,
+    memory?: StepCacheMemory,
   ): Promise<{ velocity: Float32Array; ranks: RankReport[] }> {
     const passes = usesGuidance({ guidance }) ? 2 : 1;
     const modes = this.cacheModes(at, passes);
+    if (modes) await this.rebuildResiduals(at.step, modes, memory);
     if (passes === 1) {
-      const cond = await this.executeModel({ ...at, pass: 0, cache: modes?.[0] });
+      const cond = await this.executeModel({ ...at, pass: 0, cache: modes?.[0] }, memory);
       return { velocity: cond.output.data, ranks: cond.ranks };
     }
     if (this.layout.cfgParallel) {
       const [cond, uncond] = await Promise.all([
-        this.executeModel({ ...at, pass: 0, cache: modes?.[0] }),
-        this.executeModel({ ...at, pass: 1, cache: modes?.[1] }),
+        this.executeModel({ ...at, pass: 0, cache: modes?.[0] }, memory),
+        this.executeModel({ ...at, pass: 1, cache: modes?.[1] }, memory),
       ]);
       return {
         velocity: guide(cond.output.data, uncond.output.data, guidance),
@@ -613,12 +671,12 @@ export abstract class Executor {
     const [cond, uncond] =
       this.layout.ulyssesDegree > 1 || this.layout.stages > 1
         ? await Promise.all([
-            this.executeModel({ ...at, pass: 0, cache: modes?.[0] }),
-            this.executeModel({ ...at, pass: 1, cache: modes?.[1] }),
+            this.executeModel({ ...at, pass: 0, cache: modes?.[0] }, memory),
+            this.executeModel({ ...at, pass: 1, cache: modes?.[1] }, memory),
           ])
         : [
-            await this.executeModel({ ...at, pass: 0, cache: modes?.[0] }),
-            await this.executeModel({ ...at, pass: 1, cache: modes?.[1] }),
+            await this.executeModel({ ...at, pass: 0, cache: modes?.[0] }, memory),
+            await this.executeModel({ ...at, pass: 1, cache: modes?.[1] }, memory),
           ];
     const ranks = cond.ranks.map((r, i) => ({
       ...r,
@@ -629,6 +687,20 @@ export abstract class Executor {
       peakMemoryBytes: maxOrNull(r.peakMemoryBytes, uncond.ranks[i].peakMemoryBytes),
     }));
     return { velocity: guide(cond.output.data, uncond.output.data, guidance), ranks };
+  }
+
+  /**
+   * A reuse needs the residual its pass's ranks kept; where this placement's kept none (it was placed since), the
+   * pass's last kept forward runs again on them first, which gives them the residual the job's ranks had. One pass
+   * after the other, before this step's forwards: a rank refuses an exchange of a step older than one it has begun.
+   */
+  private async rebuildResiduals(step: number, modes: CacheMode[], memory: StepCacheMemory | undefined) {
+    for (const [pass, mode] of modes.entries()) {
+      const replay = mode === 'reuse' && !this.keptPasses.has(pass) ? memory?.lastKept(pass, step) : undefined;
+      if (!replay) continue;
+      await this.forward(replay, false);
+      this.replayedFor.set(pass, replay.step);
+    }
   }
 
   /** Each pass's forward of this step, as the placement's step cache schedules it; undefined without one. */

@@ -142,7 +142,9 @@ export interface CacheReport extends StepCacheSettings {
   forwardsReused: number;
   /** [step, pass] of each forward that skipped the blocks */
   reused: [number, number][];
-  /** [step, pass] of each forward scheduled to reuse but computed: its residual's ranks were lost or re-placed */
+  /** [step, pass] of each reused forward whose residual was rebuilt first on ranks placed since it was kept */
+  replayed: [number, number][];
+  /** [step, pass] of each forward scheduled to reuse but computed: no kept forward to rebuild from (a resumed job) */
   recomputed: [number, number][];
   /** per pass, per step: the magnitude ratio its residual measured against the one kept before (null: not measured) */
   measuredRatios: (number | null)[][];
@@ -163,9 +165,11 @@ function cacheReport(
   return {
     ...placed.settings,
     curve: placed.curve?.source ?? null,
-    forwardsComputed: forwards.filter((f) => !f.reused).length,
+    // a residual rebuilt ran the blocks too
+    forwardsComputed: forwards.filter((f) => !f.reused).length + forwards.filter((f) => f.replayedFrom !== null).length,
     forwardsReused: forwards.filter((f) => f.reused).length,
     reused: forwards.filter((f) => f.reused).map(where),
+    replayed: forwards.filter((f) => f.replayedFrom !== null).map(where),
     recomputed: forwards.filter((f) => f.recomputed).map(where),
     measuredRatios,
   };

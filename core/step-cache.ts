@@ -152,7 +152,8 @@ export function cacheSchedule(
   const state = ratios.map(() => ({ ratio: 1, err: 0, skipped: 0 }));
   return Array.from({ length: steps }, (_, step) =>
     state.map((s, pass): CacheMode => {
-      if (step * passes + pass < retained || step >= steps - settings.finalSteps) return 'keep';
+      // the first forward has no residual before it to reuse, however little is retained
+      if (step === 0 || step * passes + pass < retained || step >= steps - settings.finalSteps) return 'keep';
       s.ratio *= ratios[pass][step];
       s.skipped++;
       s.err += Math.abs(1 - s.ratio);

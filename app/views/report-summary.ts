@@ -108,7 +108,7 @@ export function summarizeReport(id: number, r: KeptReport, storageNote?: string)
   const cached = c?.curve
     ? ` Step cache (MagCache at ${c.threshold}): ${c.forwardsReused} of ${c.forwardsReused + c.forwardsComputed} ` +
       "forwards skipped the blocks, reusing the last computed one's residual" +
-      (c.recomputed.length ? `; ${c.recomputed.length} computed instead, their residual's ranks re-placed.` : '.')
+      (c.replayed.length ? `; ${c.replayed.length} rebuilt their residual on workers placed since.` : '.')
     : c
       ? ' Every forward computed to calibrate the step cache.'
       : '';

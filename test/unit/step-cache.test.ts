@@ -1,4 +1,6 @@
 import { beforeAll, describe, expect, it } from 'vitest';
+import { StepCacheMemory } from '../../coordinator/executor.ts';
+import type { PlacedStepCache } from '../../coordinator/placement.ts';
 import { placedStepCache } from '../../coordinator/planner.ts';
 import { attention } from '../../core/model/ops.ts';
 import {
@@ -228,11 +230,11 @@ describe("a step cache's forwards on the ranks", () => {
         expect(maxAbsDiff(output.data, expected[step].data)).toBeLessThanOrEqual(1e-4);
       }
       const ran = executor.takeCacheForwards();
-      expect(ran.map((f) => [f.step, f.reused, f.recomputed])).toEqual([
-        [0, false, false],
-        [1, true, false],
-        [2, true, false],
-        [3, false, false],
+      expect(ran.map((f) => [f.step, f.reused, f.replayedFrom, f.recomputed])).toEqual([
+        [0, false, null, false],
+        [1, true, null, false],
+        [2, true, null, false],
+        [3, false, null, false],
       ]);
       // the kept forward after a kept one measured its residual's magnitude against the one before
       expect(ran[0].magnitudeRatio).toBeNull();
@@ -268,5 +270,58 @@ describe("a step cache's forwards on the ranks", () => {
       expect(executor.takeCacheForwards().map((f) => [f.reused, f.recomputed])).toEqual([[false, true]]);
       await executor.shutdown({ graceMs: 1_000 });
     }
+  });
+
+  it("a re-placement in a run of reused forwards runs the pass's last kept forward again on the new ranks: the same outputs as without the loss", async () => {
+    const forwards = [900, 700, 500].map((timestep) => ({
+      latent: { shape, data: random.normals(16 * 140) },
+      timestep,
+      reuse: timestep !== 900,
+    }));
+    const expected = cachedReference(forwards);
+    // a curve that reuses every forward past the first: keep, reuse, reuse
+    const cache = {
+      settings: { ...STEP_CACHE_DEFAULTS, retention: 0, finalSteps: 0 },
+      curve: {
+        method: 'magcache',
+        steps: 3,
+        ratios: [
+          [1, 1, 1],
+          [1, 1, 1],
+        ],
+        source: 'test',
+      },
+    } as const satisfies PlacedStepCache;
+    expect(cacheSchedule(cache.curve, cache.settings, 3, 1)).toEqual([['keep'], ['reuse'], ['reuse']]);
+    const memory = new StepCacheMemory();
+    const placed = async (P: number) => {
+      const executor = new InProcessExecutor(
+        { config: model.config, modelUrl: '/models/tiny-wan', layout: new RankLayout(P), spotCheckRate: 0 },
+        engine,
+        'direct',
+      );
+      executor.placement = { ...executor.placement, cache };
+      await executor.initialize();
+      await executor.prepareJob(5, [text], shape);
+      return executor;
+    };
+    const step = async (executor: InProcessExecutor, at: number) => {
+      const { timestep, latent } = forwards[at];
+      const { velocity } = await executor.velocity({ job: 5, step: at, steps: 3, timestep, latent }, 1, memory);
+      return maxAbsDiff(velocity, expected[at].data);
+    };
+    const first = await placed(3);
+    for (const at of [0, 1]) expect(await step(first, at)).toBeLessThanOrEqual(1e-4);
+    await first.shutdown({ graceMs: 1_000 });
+    // a rank was lost: the job goes on on two, which kept no residual
+    memory.placed();
+    const second = await placed(2);
+    expect(await step(second, 2)).toBeLessThanOrEqual(1e-4);
+    expect(second.takeCacheForwards().map((f) => [f.step, f.reused, f.replayedFrom])).toEqual([[2, true, 0]]);
+    // a conviction runs the steps since the placement again: what was kept before it is what a rerun rebuilds from
+    memory.kept({ job: 5, step: 2, pass: 0, timestep: 500, latent: forwards[2].latent, cache: 'keep' });
+    memory.rerun();
+    expect(memory.lastKept(0, 2)?.step).toBe(0);
+    await second.shutdown({ graceMs: 1_000 });
   });
 });

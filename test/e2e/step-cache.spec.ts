@@ -1,0 +1,91 @@
+import { expect, test } from '@playwright/test';
+import type { JobOverrides } from '../../app/automation.ts';
+import { maxAbsDiff, runJob, suiteSwarm, WASM_ONLY_BROWSER } from './swarm-page.ts';
+
+test.use(WASM_ONLY_BROWSER); // its jobs all compute on WASM
+
+// The step cache over worker tabs (issue 38): the coordinator decides which forwards reuse a residual, so 1 tab, 2
+// Ulysses tabs, two CFG groups and a job that loses a tab mid-run all give the same latent, with the same forwards
+// skipped. The demo model's own curve (its folder's step_cache.json) decides them.
+const DEMO_MODEL = '/models/tiny-wan-demo';
+const job = {
+  prompt: 'a blue circle moving up',
+  frames: 9,
+  height: 64,
+  width: 64,
+  steps: 20,
+  guidance: 4,
+  seed: 5,
+  backend: 'swarm',
+  ep: 'wasm',
+  model: DEMO_MODEL,
+  spotCheckRate: 0,
+  shares: 'even',
+} satisfies JobOverrides;
+const FORWARDS = job.steps * 2;
+
+test.describe.serial('the step cache over worker tabs', () => {
+  const swarm = suiteSwarm(3);
+  let oneTab: Awaited<ReturnType<typeof runJob>>;
+
+  test("1 tab, 2 Ulysses tabs and two CFG groups reuse the same forwards and give the same latent, with ≥ 1.7× fewer forwards than the uncached job's", async () => {
+    test.setTimeout(300_000);
+    const uncached = await runJob(swarm.dashboard, { ...job, workers: 1, cfgParallel: false });
+    expect(uncached.report.cache).toBeNull();
+    oneTab = await runJob(swarm.dashboard, { ...job, workers: 1, cfgParallel: false, cache: 'auto' });
+    const cache = oneTab.report.cache;
+    expect(cache).toMatchObject({ method: 'magcache', threshold: 0.12, replayed: [], recomputed: [] });
+    expect(cache?.curve).toMatch(/^step_cache\.json \(calibrated by ditswarm/);
+    const computed = cache?.forwardsComputed ?? FORWARDS;
+    console.log(
+      `step cache: ${computed} of ${FORWARDS} forwards computed (${(FORWARDS / computed).toFixed(2)}× fewer), ` +
+        `max-abs vs uncached ${maxAbsDiff(oneTab.latent, uncached.latent).toExponential(2)}, denoising ` +
+        `${oneTab.report.phasesMs.denoising.toFixed(0)} ms vs ${uncached.report.phasesMs.denoising.toFixed(0)} ms`,
+    );
+    expect(computed + (cache?.forwardsReused ?? 0)).toBe(FORWARDS);
+    expect(FORWARDS / computed).toBeGreaterThanOrEqual(1.7);
+    // reusing moves the latent (a cache that computed everything would not)
+    expect(maxAbsDiff(oneTab.latent, uncached.latent)).toBeGreaterThan(1e-3);
+
+    for (const layout of [
+      { workers: 2, cfgParallel: false },
+      { workers: 1, cfgParallel: true },
+    ] as const) {
+      const run = await runJob(swarm.dashboard, { ...job, ...layout, cache: 'auto' });
+      expect(run.report.placement.layout.world).toBe(2);
+      expect(run.report.cache?.reused).toEqual(cache?.reused);
+      const diff = maxAbsDiff(run.latent, oneTab.latent);
+      console.log(`step cache on ${JSON.stringify(layout)}: max-abs vs 1 tab ${diff.toExponential(2)}`);
+      expect(diff).toBeLessThanOrEqual(1e-4);
+    }
+  });
+
+  test("a tab closed mid-job: the new placement runs the pass's last kept forward again and the latent is the uninterrupted one", async () => {
+    test.setTimeout(300_000);
+    const uninterrupted = await runJob(swarm.dashboard, { ...job, workers: 3, cache: 'auto' });
+    // the tab of rank 1 closes as the first step that reuses both passes starts: its forwards need the residual
+    const reused = uninterrupted.report.cache?.reused ?? [];
+    const both = reused.find(([step, pass]) => pass === 0 && reused.some(([s, p]) => s === step && p === 1));
+    expect(both).toBeDefined();
+    const closeAt = both?.[0] ?? 0;
+    const ids = await Promise.all(swarm.workers.map((page) => page.evaluate(() => window.ditswarmWorker?.peerId)));
+    let closed = false;
+    await swarm.dashboard.exposeFunction('ditswarmProgress', async (p: { step?: number }) => {
+      if (p.step !== closeAt || closed) return;
+      closed = true;
+      const ranks: string[] = await swarm.dashboard.evaluate(() => window.ditswarm.ranks());
+      await swarm.workers[ids.indexOf(ranks[1])].close();
+    });
+    const run = await runJob(swarm.dashboard, { ...job, workers: 3, cache: 'auto' });
+    expect(closed).toBe(true);
+    expect(run.report.failures).toHaveLength(1);
+    const diff = maxAbsDiff(run.latent, uninterrupted.latent);
+    console.log(
+      `step cache, rank 1 closed as step ${closeAt + 1} starts: replayed ${JSON.stringify(run.report.cache?.replayed)}, ` +
+        `max-abs vs uninterrupted ${diff.toExponential(2)}`,
+    );
+    expect(run.report.cache?.reused).toEqual(reused);
+    expect(run.report.cache?.recomputed).toEqual([]);
+    expect(diff).toBeLessThanOrEqual(1e-4);
+  });
+});
