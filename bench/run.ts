@@ -3,7 +3,7 @@
 // bench/out/scaling.json.
 //
 //   npm run bench                      block cost, projection, local overhead, scaling, threads,
-//                                      full-size, vae, uneven, slow-link, spot-check-overhead
+//                                      full-size, vae, uneven, slow-link, spot-check-overhead, time-to-video
 //   npm run bench -- scaling [flags]   one of them (flags as in bench/scaling.ts etc.)
 
 import { parseOverheadArgs, runLocalOverhead } from './local-overhead.ts';
@@ -17,6 +17,7 @@ import { parseVaeArgs, runVae } from './vae.ts';
 import { parseUnevenArgs, runUneven } from './uneven.ts';
 import { parseSlowLinkArgs, runSlowLink } from './slow-link.ts';
 import { parseSpotCheckOverheadArgs, runSpotCheckOverhead } from './spot-check-overhead.ts';
+import { parseTimeToVideoArgs, runTimeToVideo } from './time-to-video.ts';
 
 const BENCHMARKS = [
   'block-cost',
@@ -29,6 +30,7 @@ const BENCHMARKS = [
   'uneven',
   'slow-link',
   'spot-check-overhead',
+  'time-to-video',
 ] as const;
 type Benchmark = (typeof BENCHMARKS)[number];
 
@@ -160,5 +162,14 @@ if (chosen.includes('spot-check-overhead')) {
       `denoising +${(100 * spot.overhead.denoising).toFixed(1)} %, ` +
       `median step +${(100 * spot.overhead.medianStep).toFixed(1)} %, ${spot.on.checksPerJob} checks a job`,
   );
+}
+if (chosen.includes('time-to-video')) {
+  const ttv = await runTimeToVideo(parseTimeToVideoArgs(args));
+  writeReport('time-to-video.json', ttv);
+  for (const r of ttv.runs)
+    console.log(
+      `time-to-video: ${r.name}: ${r.forwardsComputed} forwards (${r.fewerForwards}× fewer), ` +
+        `denoising ${r.denoisingMs} ms (${r.speedup}×), latent max-abs ${r.latentMaxAbs}, PSNR ${r.videoPsnrDb} dB`,
+    );
 }
 log(`done in ${((Date.now() - started) / 1000).toFixed(0)} s`);

@@ -13,9 +13,9 @@ import { cpus, totalmem } from 'node:os';
 import { dirname } from 'node:path';
 import { parseArgs } from 'node:util';
 import * as ort from 'onnxruntime-web';
-import { detect } from '../detector.ts';
-import { CLIP, DEMO_SAMPLING, HELD_OUT_COMBOS, promptOf, TRAINING_COMBOS } from '../world.ts';
-import { loadModel, sampleVideo } from '../generate.ts';
+import { CLIP, DEMO_SAMPLING, HELD_OUT_COMBOS, TRAINING_COMBOS } from '../world.ts';
+import { evaluateDemo } from '../evaluate.ts';
+import { loadModel } from '../generate.ts';
 import { folderFiles } from '../../server/model-folder.ts';
 import { DEFAULT_WARMUP_STEPS, placedStepCache } from '../../coordinator/planner.ts';
 import { parseCacheFlags } from '../../core/step-cache.ts';
@@ -60,65 +60,25 @@ const cache = placedStepCache(
   { cache: parseCacheFlags(values.cache, values['cache-threshold']) },
 );
 
-interface PromptResult {
-  prompt: string;
-  seed: number;
-  colour: string;
-  direction: string;
-  detected: { colour: string; direction: string; dx: number; dy: number; area: number };
-  colourCorrect: boolean;
-  directionCorrect: boolean;
-}
-const results: PromptResult[] = [];
-for (const combo of combos) {
-  const prompt = promptOf(combo);
-  for (const seed of seeds) {
-    const { video } = await sampleVideo(model, {
-      prompt,
-      negativePrompt: '',
-      frames: CLIP.frames,
-      height: CLIP.height,
-      width: CLIP.width,
-      steps,
-      guidance,
-      seed,
-      ranks,
-      displaced,
-      dtype,
-      ...(cache && { cache }),
-    });
-    const seen = detect(video);
-    const result: PromptResult = {
-      prompt,
-      seed,
-      colour: combo.colour,
-      direction: combo.direction,
-      detected: {
-        colour: seen.colour,
-        direction: seen.direction,
-        dx: +seen.dx.toFixed(2),
-        dy: +seen.dy.toFixed(2),
-        area: +seen.area.toFixed(1),
-      },
-      colourCorrect: seen.colour === combo.colour,
-      directionCorrect: seen.direction === combo.direction,
-    };
-    results.push(result);
+const { results, colorAccuracy, directionAccuracy, bothAccuracy } = await evaluateDemo(
+  model,
+  combos,
+  seeds,
+  { steps, guidance, ranks, displaced, dtype, ...(cache && { cache }) },
+  ({ colourCorrect, directionCorrect, prompt, seed, detected: seen }) =>
     console.log(
-      `${result.colourCorrect ? '✓' : '✗'}${result.directionCorrect ? '✓' : '✗'} ${prompt} (seed ${seed}) → ` +
+      `${colourCorrect ? '✓' : '✗'}${directionCorrect ? '✓' : '✗'} ${prompt} (seed ${seed}) → ` +
         `${seen.colour} ${seen.direction} ` +
         `(dx ${seen.dx.toFixed(1)}, dy ${seen.dy.toFixed(1)}, area ${seen.area.toFixed(0)})`,
-    );
-  }
-}
+    ),
+);
 
-const share = (ok: (r: PromptResult) => boolean) => results.filter(ok).length / results.length;
 const report = {
   model: values.model,
   set: values.set,
-  colorAccuracy: share((r) => r.colourCorrect),
-  directionAccuracy: share((r) => r.directionCorrect),
-  bothAccuracy: share((r) => r.colourCorrect && r.directionCorrect),
+  colorAccuracy,
+  directionAccuracy,
+  bothAccuracy,
   promptCount: combos.length,
   videoCount: results.length,
   sampling: {

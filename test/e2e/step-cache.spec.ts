@@ -28,7 +28,7 @@ test.describe.serial('the step cache over worker tabs', () => {
   const swarm = suiteSwarm(3);
   let oneTab: Awaited<ReturnType<typeof runJob>>;
 
-  test("1 tab, 2 Ulysses tabs and two CFG groups reuse the same forwards and give the same latent, with ≥ 1.7× fewer forwards than the uncached job's", async () => {
+  test("1 tab, 2 Ulysses tabs and two CFG groups reuse the same forwards and give the same latent, with ≥ 1.7× fewer forwards than the uncached job's; displaced tabs reuse them too, near it", async () => {
     test.setTimeout(300_000);
     const uncached = await runJob(swarm.dashboard, { ...job, workers: 1, cfgParallel: false });
     expect(uncached.report.cache).toBeNull();
@@ -58,6 +58,13 @@ test.describe.serial('the step cache over worker tabs', () => {
       console.log(`step cache on ${JSON.stringify(layout)}: max-abs vs 1 tab ${diff.toExponential(2)}`);
       expect(diff).toBeLessThanOrEqual(1e-4);
     }
+    // displaced ranks attend to keys and values of their last computed step: near, not equal
+    const displaced = await runJob(swarm.dashboard, { ...job, workers: 2, parallel: 'displaced', cache: 'auto' });
+    expect(displaced.report.cache?.reused).toEqual(cache?.reused);
+    const scale = Math.max(...oneTab.latent.map(Math.abs));
+    const drift = maxAbsDiff(displaced.latent, oneTab.latent);
+    console.log(`step cache, displaced on 2 tabs: max-abs vs 1 tab ${drift.toExponential(2)} (latent scale ${scale})`);
+    expect(drift).toBeLessThan(0.1 * scale);
   });
 
   test("a tab closed mid-job: the new placement runs the pass's last kept forward again and the latent is the uninterrupted one", async () => {
