@@ -2,6 +2,7 @@ import {
   checkJobParams,
   createPipeline,
   DEFAULT_JOB,
+  FEW_STEP_SAMPLING,
   DEFAULT_MODEL_URL,
   encodeWebM,
   loadJobDefaults,
@@ -67,6 +68,20 @@ function choosePreset(): void {
   if (preset) for (const [key, value] of Object.entries(preset)) field(key).value = String(value);
 }
 
+/**
+ * The fast preset: a step-distilled LoRA's sampling (FEW_STEP_SAMPLING), which a user picks without knowing its
+ * numbers; the LoRA field is where the adapter goes, and says so while it is empty.
+ */
+$('fast-preset').addEventListener('click', () => {
+  for (const [key, value] of Object.entries(FEW_STEP_SAMPLING)) field(key).value = String(value);
+  const loras = field('loras') as HTMLInputElement;
+  if (!loras.value.trim()) {
+    loras.placeholder = 'a step-distilled LoRA (lightx2v, CausVid) as FILE:STRENGTH: 4 steps need one';
+    loras.focus();
+  }
+  showErrors(checkJobParams(readForm().params));
+});
+
 /** The size select names the preset the height and width are, else custom. */
 function showPreset(): void {
   const [height, width] = [Number(field('height').value), Number(field('width').value)];
@@ -88,6 +103,7 @@ function readForm(): { params: Partial<Record<keyof JobParams, unknown>>; placem
   const params: Partial<Record<keyof JobParams, unknown>> = {
     prompt: field('prompt').value,
     negativePrompt: field('negativePrompt').value,
+    scheduler: field('scheduler').value,
   };
   for (const key of NUMERIC) params[key] = field(key).value.trim() === '' ? NaN : Number(field(key).value);
   const degree = field('degree').value;

@@ -27,7 +27,15 @@ export type { JobQueue, QueueEvent, RunJob } from './job-queue.ts';
 export { MemoryJobStore, type JobInputs, type JobPlacement, type JobStore, type StoredJob } from './job-store.ts';
 export type { PlacementPrediction, PlacementRequest, ResolvedPlacement } from './placement.ts';
 export type { FailureRecord } from './placer.ts';
-export { DEFAULT_JOB, LIMITS, checkJobParams, JobParamsError, type JobParams, type FieldErrors } from '../core/job.ts';
+export {
+  DEFAULT_JOB,
+  FEW_STEP_SAMPLING,
+  LIMITS,
+  checkJobParams,
+  JobParamsError,
+  type JobParams,
+  type FieldErrors,
+} from '../core/job.ts';
 export { validDegrees } from '../core/parallel.ts';
 export { encodeWebM, probeWebM } from './video.ts';
 export { openPromptCache } from './prompt-cache.ts';

@@ -10,7 +10,7 @@ import { fetchModelFiles, readJson } from '../core/model/files.ts';
 import { TRANSFORMER_CONFIG } from '../core/model/transformer.ts';
 import type { DecodedVideo } from '../core/model/vae-decoder.ts';
 import { loadWanPipelineParts } from '../core/model/wan-pipeline.ts';
-import { scheduleOf, type SamplerCheckpoint, type Schedule, type Solver } from '../core/sampler.ts';
+import { jobSolver, scheduleOf, type SamplerCheckpoint, type Schedule, type Solver } from '../core/sampler.ts';
 import type { StepCacheSettings } from '../core/step-cache.ts';
 import type { Tensor } from '../core/tensor.ts';
 import type { LoadedModel } from '../core/worker-api.ts';
@@ -363,7 +363,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
         job,
         params,
         shape,
-        solver,
+        solver: jobSolver(solver, params),
         resume,
         signal,
         onCheckpoint,
@@ -397,7 +397,10 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
           meshProbe,
           decoding: decoded?.report ?? null,
           encoding: { prompt: encoded[0].report, negativePrompt: encoded.at(1)?.report ?? null },
-          schedule: { scheduler: solver.kind, ...scheduleOf(solver, params.steps, params.flowShift) },
+          schedule: {
+            scheduler: jobSolver(solver, params).kind,
+            ...scheduleOf(jobSolver(solver, params), params.steps, params.flowShift),
+          },
           workers: workersReport(executor, steps),
           links: executor.linkReport(),
           steps,

@@ -11,7 +11,15 @@ export interface JobParams {
   guidance: number;
   seed: number;
   flowShift: number;
+  /**
+   * how the steps are spaced: as the model folder's scheduler spaces them, or as a step-distilled LoRA's publisher
+   * samples it (lightx2v's WanStepDistillScheduler: a few fixed points, Euler between them)
+   */
+  scheduler: JobScheduler;
 }
+
+export const JOB_SCHEDULERS = ['folder', 'step-distill'] as const;
+export type JobScheduler = (typeof JOB_SCHEDULERS)[number];
 
 /**
  * A job the default model (the trained demo model, demo/world.ts) answers: the clip size it was
@@ -27,7 +35,14 @@ export const DEFAULT_JOB: JobParams = {
   guidance: 4,
   seed: 42,
   flowShift: 3,
+  scheduler: 'folder',
 };
+
+/**
+ * The dashboard's "fast" preset: what a step- and CFG-distilled Wan LoRA (lightx2v's, CausVid's) is sampled with, 4
+ * steps without guidance on lightx2v's schedule at its configs' shift; it needs such a LoRA in the job.
+ */
+export const FEW_STEP_SAMPLING = { steps: 4, guidance: 1, flowShift: 5, scheduler: 'step-distill' } as const;
 
 export const LIMITS = {
   promptChars: 2000,
@@ -92,6 +107,8 @@ export function checkJobParams(
   numIn('guidance', LIMITS.guidance.min, LIMITS.guidance.max);
   numIn('flowShift', LIMITS.flowShift.min, LIMITS.flowShift.max);
   intIn('seed', 0, 2 ** 32 - 1);
+  if (!(JOB_SCHEDULERS as readonly unknown[]).includes(p.scheduler))
+    errors.scheduler = `is ${JOB_SCHEDULERS.join(' or ')}, got ${JSON.stringify(p.scheduler)}`;
   return errors;
 }
 

@@ -14,6 +14,8 @@ import {
   type UniPcState,
 } from './schedulers/unipc-multistep-scheduler.ts';
 import type { Tensor } from './tensor.ts';
+import type { JobParams } from './job.ts';
+import { WanStepDistillScheduler } from './schedulers/wan-step-distill-scheduler.ts';
 
 export type { Schedule } from './schedulers/scheduler.ts';
 
@@ -23,9 +25,13 @@ export type { Schedule } from './schedulers/scheduler.ts';
  */
 export type Solver =
   | { kind: 'FlowMatchEulerDiscreteScheduler'; config: Partial<Omit<FlowMatchEulerDiscreteSchedulerConfig, 'shift'>> }
-  | { kind: 'UniPCMultistepScheduler'; config: Partial<Omit<UniPCMultistepSchedulerConfig, 'flowShift'>> };
+  | { kind: 'UniPCMultistepScheduler'; config: Partial<Omit<UniPCMultistepSchedulerConfig, 'flowShift'>> }
+  | { kind: 'WanStepDistillScheduler'; config: Record<string, never> };
 
 export const EULER: Solver = { kind: 'FlowMatchEulerDiscreteScheduler', config: {} };
+
+/** What a step-distilled LoRA's job samples with (a job's scheduler 'step-distill'), whatever the folder's is. */
+export const STEP_DISTILL: Solver = { kind: 'WanStepDistillScheduler', config: {} };
 
 /** `step` steps done, the latent after them, and what the scheduler carries to the next step (UniPC's history). */
 export interface SamplerCheckpoint {
@@ -52,9 +58,19 @@ export interface SampleRequest {
 
 /** The folder's scheduler with the job's flow shift, as from_config builds it: the one reader of `kind`. */
 export function schedulerFromConfig(solver: Solver, flowShift: number): Scheduler<UniPcState> {
-  return solver.kind === 'UniPCMultistepScheduler'
-    ? new UniPCMultistepScheduler({ ...solver.config, flowShift })
-    : new FlowMatchEulerDiscreteScheduler({ ...solver.config, shift: flowShift });
+  switch (solver.kind) {
+    case 'UniPCMultistepScheduler':
+      return new UniPCMultistepScheduler({ ...solver.config, flowShift });
+    case 'WanStepDistillScheduler':
+      return new WanStepDistillScheduler({ shift: flowShift, numTrainTimesteps: 1000 });
+    case 'FlowMatchEulerDiscreteScheduler':
+      return new FlowMatchEulerDiscreteScheduler({ ...solver.config, shift: flowShift });
+  }
+}
+
+/** The solver a job samples with: the folder's, or lightx2v's step-distill schedule where the job asks it. */
+export function jobSolver(folder: Solver, { scheduler }: Pick<JobParams, 'scheduler'>): Solver {
+  return scheduler === 'step-distill' ? STEP_DISTILL : folder;
 }
 
 /** The timesteps the model is given and the sigmas the scheduler steps through. */

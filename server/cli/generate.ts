@@ -12,7 +12,7 @@ import { cpus, totalmem } from 'node:os';
 import { dirname, join } from 'node:path';
 import { parseArgs } from 'node:util';
 import type { AutomationProgress, JobOverrides } from '../../app/automation.ts';
-import { checkJobParams, type JobParams } from '../../core/job.ts';
+import { checkJobParams, FEW_STEP_SAMPLING, type JobParams } from '../../core/job.ts';
 import { readSafetensors } from '../../core/safetensors.ts';
 import { parseCacheFlags } from '../../core/step-cache.ts';
 import { CACHE_ROOT } from '../model-folder.ts';
@@ -56,6 +56,8 @@ const USAGE = [
   "  [--stages S]   pooled memory: the transformer's blocks cut into S pipeline stages, each on N/S worker tabs " +
     "holding only its stage's weights",
   '                     (Ulysses among them; N is S unless --workers says)',
+  "  [--scheduler folder|step-distill]   the model folder's scheduler, or lightx2v's few-step schedule",
+  "  [--fast]   a step-distilled LoRA's sampling: 4 steps, guidance 1, shift 5, step-distill (give the LoRA too)",
   '  [--cache magcache|auto|off] [--cache-threshold X]   the step cache: forwards whose residual barely changes skip',
   "                     the transformer's blocks (MagCache; auto: at its defaults where the model has a curve)",
 ].join('\n');
@@ -87,6 +89,8 @@ try {
       'crash-worker': { type: 'string' },
       'force-relay': { type: 'boolean', default: false },
       cache: { type: 'string' },
+      scheduler: { type: 'string' },
+      fast: { type: 'boolean', default: false },
       'cache-threshold': { type: 'string' },
       ...JOB_FLAG_OPTIONS,
       out: { type: 'string', default: 'out/video.webm' },
@@ -187,8 +191,10 @@ const inputs: JobOverrides = {
   outputType,
 };
 
-const params: Partial<JobParams> = { prompt: values.prompt };
+// --fast: a step-distilled LoRA's sampling beneath what the other flags give
+const params: Partial<JobParams> = { ...(values.fast && FEW_STEP_SAMPLING), prompt: values.prompt };
 if (values['negative-prompt'] !== undefined) params.negativePrompt = values['negative-prompt'];
+if (values.scheduler !== undefined) params.scheduler = values.scheduler as JobParams['scheduler'];
 Object.assign(params, jobFlagValues(values));
 const errors = checkJobParams(params);
 if (Object.keys(errors).length)

@@ -68,6 +68,7 @@ describe('job queue', () => {
       guidance: 5,
       seed: 1,
       flowShift: 3,
+      scheduler: 'folder' as const,
     };
     await store.put({
       id: 1,
@@ -200,6 +201,7 @@ describe('job queue: what the browser will not store, and jobs that never finish
       guidance: 5,
       seed: 1,
       flowShift: 3,
+      scheduler: 'folder' as const,
     };
     await store.put({
       id: 1,
@@ -234,6 +236,7 @@ describe('job queue: what the browser will not store, and jobs that never finish
       guidance: 5,
       seed: 1,
       flowShift: 3,
+      scheduler: 'folder' as const,
     };
     await store.put({
       id: 1,

@@ -38,6 +38,7 @@ describe("a model folder's job defaults", () => {
       guidance: 5,
       seed: DEFAULT_JOB.seed,
       flowShift: 3,
+      scheduler: 'folder',
     });
     expect(textTokens).toBe(WAN_TEXT_TOKENS);
     expect(WAN_TEXT_TOKENS).toBe(512);
@@ -70,6 +71,7 @@ describe("a model folder's job defaults", () => {
       height: 720,
       width: 1280,
       flowShift: 5,
+      scheduler: 'folder',
     });
     expect(jobParams({}, defaults)).toEqual(defaults);
     // a folder's defaults beneath do not excuse a bad field

@@ -4,9 +4,10 @@ import { maxAbsDiff, runJob, suiteSwarm, WASM_ONLY_BROWSER } from './swarm-page.
 
 test.use(WASM_ONLY_BROWSER); // its jobs all compute on WASM
 
-// The step cache over worker tabs (issue 38): the coordinator decides which forwards reuse a residual, so 1 tab, 2
-// Ulysses tabs, two CFG groups and a job that loses a tab mid-run all give the same latent, with the same forwards
-// skipped. The demo model's own curve (its folder's step_cache.json) decides them.
+// Fewer forwards over worker tabs (issue 38). The step cache: the coordinator decides which forwards reuse a residual,
+// so 1 tab, 2 Ulysses tabs, two CFG groups and a job that loses a tab mid-run all give the same latent, with the same
+// forwards skipped; the demo model's own curve (its folder's step_cache.json) decides them. Few-step sampling: the
+// dashboard's fast preset samples as a step-distilled LoRA's publisher does.
 const DEMO_MODEL = '/models/tiny-wan-demo';
 const job = {
   prompt: 'a blue circle moving up',
@@ -24,7 +25,7 @@ const job = {
 } satisfies JobOverrides;
 const FORWARDS = job.steps * 2;
 
-test.describe.serial('the step cache over worker tabs', () => {
+test.describe.serial('fewer forwards over worker tabs', () => {
   const swarm = suiteSwarm(3);
   let oneTab: Awaited<ReturnType<typeof runJob>>;
 
@@ -94,5 +95,24 @@ test.describe.serial('the step cache over worker tabs', () => {
     expect(run.report.cache?.reused).toEqual(reused);
     expect(run.report.cache?.recomputed).toEqual([]);
     expect(diff).toBeLessThanOrEqual(1e-4);
+  });
+
+  test("the fast preset: 4 steps without guidance on lightx2v's schedule, one forward a step, the same on 1 and 2 tabs", async () => {
+    test.setTimeout(120_000);
+    const { dashboard } = swarm;
+    await dashboard.locator('#fast-preset').click();
+    const form = (name: string) => dashboard.locator(`[name="${name}"]`);
+    await expect(form('steps')).toHaveValue('4');
+    await expect(form('guidance')).toHaveValue('1');
+    await expect(form('flowShift')).toHaveValue('5');
+    await expect(form('scheduler')).toHaveValue('step-distill');
+    await expect(form('loras')).toBeFocused(); // the distilled LoRA it needs goes there
+    const fast = { ...job, steps: 4, guidance: 1, flowShift: 5, scheduler: 'step-distill' } as const;
+    const one = await runJob(dashboard, { ...fast, workers: 1 });
+    expect(one.report.schedule.scheduler).toBe('WanStepDistillScheduler');
+    expect(one.report.schedule.timesteps.map((t) => +t.toFixed(1))).toEqual([1000, 937.5, 833.3, 625]);
+    expect(one.report.steps).toHaveLength(4);
+    const two = await runJob(dashboard, { ...fast, workers: 2 });
+    expect(maxAbsDiff(two.latent, one.latent)).toBeLessThanOrEqual(1e-4);
   });
 });
