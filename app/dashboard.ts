@@ -358,7 +358,11 @@ async function start() {
   queue = await openJobQueue(runJob);
   const jobs = queue;
   const refreshJobs = () => {
-    renderQueue(jobs.list(), (id) => void jobs.cancel(id));
+    renderQueue(jobs.list(), {
+      cancel: (id) => void jobs.cancel(id),
+      retry: (id) => void jobs.retry(id).catch((e: unknown) => console.warn((e as Error).message)),
+      dismiss: (id) => void jobs.remove(id).then(refreshJobs, (e: unknown) => console.warn((e as Error).message)),
+    });
     renderGallery(jobs.list(), showFinished);
   };
   jobs.on((e) => {

@@ -124,6 +124,23 @@ export class JobQueue {
     await this.save(job);
   }
 
+  /**
+   * Queues a failed or cancelled job again, from its checkpoint where it kept one (the steps it made are not made
+   * again): what a person does once the swarm it lacked has joined, or its cause is fixed.
+   */
+  async retry(id: number): Promise<StoredJob> {
+    const job = this.jobs.get(id);
+    if (!job) throw new Error(`no job ${id}`);
+    if (job.status !== 'failed' && job.status !== 'cancelled')
+      throw new Error(`job ${id} is ${job.status}: only a failed or cancelled job is tried again`);
+    job.status = 'queued';
+    job.error = undefined;
+    job.attempts = 0;
+    await this.save(job);
+    this.pump();
+    return job;
+  }
+
   async remove(id: number): Promise<void> {
     const job = this.jobs.get(id);
     if (!job || job.status === 'running') throw new Error(`job ${id} cannot be removed while it runs`);

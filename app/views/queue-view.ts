@@ -4,13 +4,25 @@
 import type { StepProgress, StoredJob } from '../../coordinator/index.ts';
 import { $, h, seconds } from './dom.ts';
 
-const lines = new Map<
-  number,
-  { li: HTMLLIElement; bar: HTMLProgressElement; text: HTMLSpanElement; cancel: HTMLButtonElement }
->();
+interface QueueLine {
+  li: HTMLLIElement;
+  bar: HTMLProgressElement;
+  text: HTMLSpanElement;
+  cancel: HTMLButtonElement;
+  retry: HTMLButtonElement;
+  dismiss: HTMLButtonElement;
+}
 
-/** `onCancel`: a job's Cancel button was pressed */
-export function renderQueue(jobs: StoredJob[], onCancel: (id: number) => void): void {
+const lines = new Map<number, QueueLine>();
+
+/** What a person can do to a job from its line: stop it while it waits or runs; try it again or drop it once ended. */
+export interface QueueActions {
+  cancel(id: number): void;
+  retry(id: number): void;
+  dismiss(id: number): void;
+}
+
+export function renderQueue(jobs: StoredJob[], actions: QueueActions): void {
   const list = $('queue');
   const open = jobs.filter((j) => j.status !== 'done');
   for (const [id, line] of lines) {
@@ -25,27 +37,38 @@ export function renderQueue(jobs: StoredJob[], onCancel: (id: number) => void): 
       const bar = h('progress', { max: job.params.steps, value: job.checkpoint?.step ?? 0 });
       bar.setAttribute('aria-label', `progress of job ${job.id}`);
       const text = h('span', { className: 'job-state' });
-      const cancel = h('button', {
-        type: 'button',
-        className: 'job-cancel',
-        textContent: 'Cancel',
-        onclick: () => onCancel(job.id),
-      });
-      cancel.setAttribute('aria-label', `cancel job ${job.id}`);
+      const button = (action: keyof QueueActions, label: string) => {
+        const b = h('button', {
+          type: 'button',
+          className: `job-${action}`,
+          textContent: label,
+          onclick: () => actions[action](job.id),
+        });
+        b.setAttribute('aria-label', `${action} job ${job.id}`);
+        return b;
+      };
+      const [cancel, retry, dismiss] = [
+        button('cancel', 'Cancel'),
+        button('retry', 'Retry'),
+        button('dismiss', 'Dismiss'),
+      ];
       const li = h(
         'li',
         { dataset: { job: String(job.id) } },
         h('span', { className: 'job-prompt' }, `#${job.id} “${job.params.prompt}”`),
         bar,
         text,
-        cancel,
+        h('span', { className: 'job-actions' }, cancel, retry, dismiss),
       );
-      line = { li, bar, text, cancel };
+      line = { li, bar, text, cancel, retry, dismiss };
       lines.set(job.id, line);
       list.append(li);
     }
     line.li.dataset.status = job.status;
-    line.cancel.hidden = job.status === 'failed' || job.status === 'cancelled';
+    const ended = job.status === 'failed' || job.status === 'cancelled';
+    line.cancel.hidden = ended;
+    line.retry.hidden = !ended;
+    line.dismiss.hidden = !ended;
     if (job.checkpoint) line.bar.value = job.checkpoint.step;
     if (job.status !== 'running')
       line.text.textContent =

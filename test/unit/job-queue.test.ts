@@ -105,6 +105,36 @@ describe('job queue', () => {
     expect((await queue.settled(b.id)).status).toBe('done');
     expect(log).toEqual(oneAtATime([a.id, b.id]));
   });
+
+  it('a failed job tried again runs from its checkpoint and is done; a dismissed one leaves the queue and the store (issue 36)', async () => {
+    const log: string[] = [];
+    let failing = true;
+    const runner = fakeRunner(log);
+    const store = new MemoryJobStore();
+    const queue = await JobQueue.restore(store, async (job, hooks) => {
+      if (!failing) return runner(job, hooks);
+      hooks.onCheckpoint?.({ step: 2, latent: Float32Array.of(0) }); // two steps made before it failed
+      throw new Error('no worker has joined');
+    });
+    const a = await queue.submit({ prompt: 'a', steps: 4 }, placement);
+    const b = await queue.submit({ prompt: 'b', steps: 1 }, placement);
+    expect((await queue.settled(a.id)).status).toBe('failed');
+    expect((await queue.settled(b.id)).status).toBe('failed');
+    await expect(queue.retry(a.id + 100)).rejects.toThrow(`no job ${a.id + 100}`);
+    failing = false;
+    const retried = await queue.retry(a.id);
+    expect(retried.error).toBeUndefined(); // queued, and already taken up: the queue was idle
+    const done = await queue.settled(a.id);
+    expect(done.status).toBe('done');
+    // resumed at step 2: the runner made steps 3 and 4 only
+    expect((done.result?.report as unknown as { resumedFromStep: number }).resumedFromStep).toBe(2);
+    await expect(queue.retry(a.id)).rejects.toThrow(
+      `job ${a.id} is done: only a failed or cancelled job is tried again`,
+    );
+    await queue.remove(b.id);
+    expect(queue.list().map((j) => j.id)).toEqual([a.id]);
+    expect((await store.all()).map((j) => j.id)).toEqual([a.id]);
+  });
 });
 
 describe('job queue: what the browser will not store, and jobs that never finish', () => {
