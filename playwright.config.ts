@@ -6,7 +6,8 @@ export default defineConfig({
   testDir: 'test/e2e',
   workers: 1, // browsers in parallel would share the few cores and make every test's timings meaningless
   timeout: 180_000,
-  reporter: 'list',
+  // the list as tests run, then the ones that did not run and why
+  reporter: [['list'], ['./test/e2e/skips.reporter.ts']],
   globalSetup: './test/e2e/global-setup.ts',
   use: {
     // Set by global-setup.ts; workers re-read this file after it ran, so they see the value.
