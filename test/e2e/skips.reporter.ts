@@ -8,7 +8,9 @@ export default class Skips implements Reporter {
   onTestEnd(test: TestCase, result: TestResult): void {
     if (result.status !== 'skipped') return;
     const why = [...result.annotations, ...test.annotations].find((a) => a.type === 'skip')?.description;
-    this.skipped.push(`${test.titlePath().filter(Boolean).join(' › ')}: ${why ?? 'skipped without a reason (say why)'}`);
+    this.skipped.push(
+      `${test.titlePath().filter(Boolean).join(' › ')}: ${why ?? 'skipped without a reason (say why)'}`,
+    );
   }
 
   onEnd(): void {
