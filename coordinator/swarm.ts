@@ -16,6 +16,7 @@ import {
   peerOptions,
   registerPeer,
   signalingOptions,
+  stayRegistered,
   transportOf,
   type SignalingOptions,
 } from '../core/net/peer-link.ts';
@@ -151,6 +152,8 @@ export class Swarm {
 
   private listen(peer: Peer): void {
     peer.on('connection', (conn) => void this.admit(conn as unknown as DataConnectionLike));
+    // a dashboard in a background tab its browser froze is dropped by the signaling server too
+    stayRegistered(peer, () => this.closed || this.peer !== peer);
   }
 
   /**

@@ -15,8 +15,10 @@ import {
   newPeerId,
   openLink,
   peerOptions,
+  registeredId,
   registerPeer,
   signalingOptions,
+  stayRegistered,
   transportOf,
   type SignalingOptions,
 } from '../core/net/peer-link.ts';
@@ -163,6 +165,7 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
     runtime.judgeTensor(from, tag, bytes),
   );
   peer.on('connection', (conn) => mesh.incoming(conn as unknown as DataConnectionLike));
+  stayRegistered(peer, () => leaving);
 
   const runtime: WorkerRuntime = new WorkerRuntime(engine, {
     connectMesh: (init) => {
@@ -191,7 +194,8 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
         }
         // the dashboard's id changes each time it loads: the server says which it is now, to a page
         // that proves the token
-        const found = await findCoordinator(options.origin, options.token, peer.id);
+        // a frozen or sleeping page's id was dropped by the signaling server: it asks under it once it is back
+        const found = await findCoordinator(options.origin, options.token, await registeredId(peer));
         if ('refused' in found) {
           publish({ connected: false, transport: null, state: 'refused', detail: found.refused });
           await new Promise((r) => setTimeout(r, REFUSED_RETRY_MS));

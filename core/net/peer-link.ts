@@ -65,6 +65,48 @@ export function peerOptions(signaling: SignalingOptions) {
   return { ...signaling, token, config: { iceServers: signaling.iceServers }, debug: 1 } as const;
 }
 
+/** A registered peer as staying registered needs it: PeerJS's Peer fits. */
+export interface ReconnectingPeer {
+  readonly id: string | null;
+  readonly disconnected: boolean;
+  readonly destroyed: boolean;
+  reconnect(): void;
+  on(event: 'disconnected', cb: () => void): unknown;
+  once(event: 'open', cb: () => void): unknown;
+}
+
+/** How long a page waits for the signaling server to take it back under its id. */
+const SIGNALING_RECONNECT_MS = 10_000;
+
+/**
+ * Keeps `peer` registered: the signaling server drops a page it stops hearing from (a tab its browser froze, a
+ * machine that slept), and PeerJS then forgets the page's id until it reconnects under it, which it does not do by
+ * itself. `until` says when to stop (the page left).
+ */
+export function stayRegistered(peer: ReconnectingPeer, until: () => boolean): void {
+  peer.on('disconnected', () => {
+    if (!until() && !peer.destroyed) peer.reconnect();
+  });
+}
+
+/** The peer's id on the signaling server, once the server has it again where it had dropped the page. */
+export async function registeredId(peer: ReconnectingPeer): Promise<string> {
+  if (peer.id && !peer.disconnected) return peer.id;
+  await new Promise<void>((resolve, reject) => {
+    const timer = setTimeout(
+      () => reject(new Error('the signaling server has not taken this page back under its id')),
+      SIGNALING_RECONNECT_MS,
+    );
+    peer.once('open', () => {
+      clearTimeout(timer);
+      resolve();
+    });
+    if (peer.disconnected && !peer.destroyed) peer.reconnect();
+  });
+  if (!peer.id) throw new Error('the signaling server took this page back without its id');
+  return peer.id;
+}
+
 /** Registers a peer (`create` makes it, under a fresh id) with the signaling server. */
 export async function registerPeer<P extends SignalingPeer>(create: () => P, server: string): Promise<P> {
   const peer = create();
