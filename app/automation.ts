@@ -82,6 +82,8 @@ export interface DashboardAutomation {
     options?: { stepLatents?: boolean },
   ): Promise<JobResult & { stepLatents: string[] | null }>;
   decode(request: DecodeRequest): Promise<DecodeOutcome>;
+  /** workers joining from now on preload a model of at least this many bytes (PRELOAD_FROM_BYTES unless set) */
+  preloadFrom(bytes: number): void;
   /** what the page's <video> and the WebM file itself say about the video on show */
   inspectVideo(): Promise<{
     duration: number;

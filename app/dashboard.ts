@@ -10,6 +10,8 @@ import {
   openJobQueue,
   openPromptCache,
   openSwarm,
+  preloadOnJoin,
+  PRELOAD_FROM_BYTES,
   probeWebM,
   validDegrees,
   WAN_SIZES,
@@ -90,6 +92,9 @@ function showPreset(): void {
 }
 
 showDefaults(DEFAULT_JOB);
+
+/** the smallest model workers preload as they join (the automation API's preloadFrom: tests preload tiny ones) */
+let preloadFromBytes = PRELOAD_FROM_BYTES;
 
 let swarm: Swarm | null = null;
 let queue: JobQueue | null = null;
@@ -357,6 +362,14 @@ async function start() {
   field('model').addEventListener('change', () => void readModel());
   queue = await openJobQueue(runJob);
   const jobs = queue;
+  // weights before the first job: each worker loads the form's model as it joins
+  preloadOnJoin(swarm, {
+    modelUrl: () => new URL(field('model').value.trim() || DEFAULT_MODEL_URL, location.href).href,
+    config: (url) => loadModelConfig(url),
+    busy: () => jobs.list().some((j) => j.status === 'running'),
+    fromBytes: () => preloadFromBytes,
+    log: (line) => console.info(line),
+  });
   const refreshJobs = () => {
     renderQueue(jobs.list(), {
       cancel: (id) => void jobs.cancel(id),
@@ -397,6 +410,9 @@ async function start() {
 // What `npm run generate`, the benchmarks and the e2e tests drive (app/automation.ts): the same queue
 // as the Generate button.
 const automation: DashboardAutomation = {
+  preloadFrom(bytes) {
+    preloadFromBytes = bytes;
+  },
   ready: start(),
   workerCount: () => swarm?.workers().length ?? 0,
   revokeJoinLink,

@@ -52,3 +52,4 @@ export function openSwarm(origin: string = globalThis.location.origin, identity?
 export async function openJobQueue(run: RunJob, store?: JobStore): Promise<JobQueue> {
   return JobQueue.restore(store ?? (await IdbJobStore.open()), run);
 }
+export { preloadOnJoin, PRELOAD_FROM_BYTES } from './preload.ts';

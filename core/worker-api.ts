@@ -352,6 +352,11 @@ export interface WorkerApi {
   loadModel(args: LoadArgs): Promise<LoadedModel>;
   /** loads the model if it is not loaded and times one rank's forward under each degree: ms per degree */
   rehearse(args: RehearseArgs): Promise<{ forwardMs: number[] }>;
+  /**
+   * loads the dashboard's model on the EP this worker measured fastest, between jobs, so that the first job placed on
+   * it finds it loaded: weights before the first job, not during it
+   */
+  preload(args: { modelUrl: string }): Promise<{ ep: ExecutionProvider; loadMs: number }>;
   /** runs the text encoder's layers [from, to) on a prompt's hidden states, between jobs */
   encodeText(args: EncodeTextArgs): Promise<EncodedText>;
   /** decodes a run of latent frames of one VAE tile, between jobs */
@@ -543,6 +548,10 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
       degrees: list(int(1, MAX_RANKS), { min: 1, max: 16 }),
     }),
     reply: fields({ forwardMs: list(ms, { min: 1, max: 16 }) }),
+  },
+  preload: {
+    args: fields({ modelUrl: text() }),
+    reply: fields({ ep, loadMs: ms }),
   },
   encodeText: {
     args: fields({

@@ -258,11 +258,19 @@ export class WorkerRuntime implements WorkerApi {
       this.setState('loading', `loading ${modelUrl}: ${describeLoad(status)}`);
     };
     try {
-      return { info: await this.engine.load(modelUrl, choice.ep, progress, blocks, loras), why: choice.why };
+      // none and an empty list are the same adapters: the engine, which keeps its last model by what was asked, too
+      return { info: await this.engine.load(modelUrl, choice.ep, progress, blocks, loras ?? []), why: choice.why };
     } finally {
       this.loadStatus = null;
       if (this.state === 'loading' && before.state !== 'loading') this.setState(before.state, before.detail);
     }
+  }
+
+  async preload({ modelUrl }: { modelUrl: string }) {
+    if (this.state === 'computing') throw new Error('preload while a job is computing on this worker: between jobs');
+    // the engine keeps the last model it loaded: a placement asking the same one finds it there
+    const { info } = await this.load({ modelUrl, ep: 'auto' });
+    return { ep: info.ep, loadMs: info.loadMs };
   }
 
   async rehearse({ modelUrl, ep, latentShape, textTokens, degrees, loras = [] }: RehearseArgs) {

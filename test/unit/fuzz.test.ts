@@ -555,6 +555,7 @@ describe('hostile arguments to every worker method', () => {
         args: { modelUrl: '/models/tiny-wan', ep: 'wasm', latentShape: [15, 1, 14, 10], textTokens: 4, degrees: [1] },
         runtimeRefuses: true,
       },
+      preload: { args: { modelUrl: '/models/tiny-wan' }, runtimeRefuses: false },
       encodeText: {
         args: { modelUrl: '/models/tiny-wan', ep: 'wasm', from: 3, to: 1, tokens: 2, hidden: new Float32Array(8) },
         runtimeRefuses: true,
@@ -979,6 +980,7 @@ describe(`fuzz: ${MUTATIONS} structured mutations per target`, () => {
       heldWeightBytes: 12_000_000,
     },
     rehearse: { forwardMs: [120, 70] },
+    preload: { ep: 'wasm', loadMs: 3_000 },
     encodeText: { hidden: Float32Array.from({ length: 8 }, (_, i) => i), layerMs: [3, 4], layersRead: 2 },
     decodeTile: {
       frames: Float32Array.from({ length: 12 }, (_, i) => -i),

@@ -1,0 +1,52 @@
+// Weights before the first job (issue 36): a worker that joins loads the dashboard's model as soon as its EPs are
+// measured (so that it loads on the one it measured fastest, as a placement would ask) and no job is running, where
+// the whole model fits what it may give the model; the first job placed on it finds the model in its engine instead
+// of reading every weight then. A model no worker holds whole is not preloaded: its pipeline stages load at placement.
+// Nor is a small one, which a placement loads in a moment: a preload of it would only take a joining worker's cores
+// from its measurement and from whatever job comes first.
+import type { WanConfig } from '../core/model/config.ts';
+import { memoryBudget, stagedModel } from './stage-plan.ts';
+import type { Swarm, SwarmWorker } from './swarm.ts';
+
+/** A preload reads GBs on a slow link: as long as a placement's load may take. */
+const PRELOAD_TIMEOUT_MS = 30 * 60_000;
+/** Models whose weights (as ranks hold them, float32) are smaller load at placement. */
+export const PRELOAD_FROM_BYTES = 256 * 2 ** 20;
+
+export interface PreloadOptions {
+  /** the model folder the dashboard's next job would run, as the workers fetch it */
+  modelUrl(): string;
+  config(modelUrl: string): Promise<WanConfig>;
+  /** whether a job is running: a preload would compete with it for the worker's engine */
+  busy(): boolean;
+  /** the smallest model preloaded, PRELOAD_FROM_BYTES unless given (tests preload their tiny ones) */
+  fromBytes?(): number;
+  /** what came of a preload that did not happen or failed: it costs nothing but the first job's time */
+  log?(line: string): void;
+}
+
+/** Starts preloading on the swarm's workers as they join and are measured; returns what stops it. */
+export function preloadOnJoin(swarm: Pick<Swarm, 'on'>, options: PreloadOptions): () => void {
+  /** per worker, the model it was asked to preload (once: a failed preload is not tried again for it) */
+  const asked = new Map<string, string>();
+  const consider = async (worker: SwarmWorker) => {
+    const modelUrl = options.modelUrl();
+    if (!worker.measurement || asked.get(worker.id) === modelUrl || options.busy()) return;
+    asked.set(worker.id, modelUrl);
+    const model = stagedModel(await options.config(modelUrl));
+    const bytes = model.numLayers * model.blockBytes + model.firstBytes + model.lastBytes;
+    if (bytes < (options.fromBytes?.() ?? PRELOAD_FROM_BYTES)) return;
+    if (bytes > memoryBudget(worker.info)) {
+      options.log?.(`not preloading ${modelUrl} on ${worker.id}: its weights pass what it may give the model`);
+      return;
+    }
+    await worker.api.preload({ modelUrl }, PRELOAD_TIMEOUT_MS);
+  };
+  return swarm.on((e) => {
+    if (e.type === 'leave') asked.delete(e.worker.id);
+    else if (e.type === 'join' || e.type === 'update')
+      void consider(e.worker).catch((error: unknown) =>
+        options.log?.(`preloading on ${e.worker.id} failed: ${(error as Error).message}`),
+      );
+  });
+}

@@ -1,0 +1,40 @@
+import { expect, test } from '@playwright/test';
+import { appOrigin, runJob, WASM_ONLY_BROWSER } from './swarm-page.ts';
+
+test.use(WASM_ONLY_BROWSER);
+
+// Weights before the first job (issue 36): a worker tab that joins loads the dashboard's model once it is measured,
+// so the first job placed on it finds the model in its engine. The demo model is below the size preloaded by default
+// (a placement loads it in a moment): the dashboard is told to preload from 0 bytes.
+test('a worker that joins loads the form’s model before any job; the first job finds it loaded, not read again', async ({
+  browser,
+  baseURL,
+}) => {
+  test.setTimeout(120_000);
+  const context = await browser.newContext();
+  try {
+    const dashboard = await context.newPage();
+    await dashboard.goto(`${appOrigin(baseURL)}/`);
+    const { joinUrl } = await dashboard.evaluate(() => window.ditswarm.ready);
+    await dashboard.evaluate(() => window.ditswarm.preloadFrom(0));
+    const worker = await context.newPage();
+    await worker.goto(joinUrl);
+    const model = await dashboard.locator('[name="model"]').inputValue();
+    // loading, then ready, before anything was asked of it: the swarm table shows the load as it goes
+    await expect
+      .poll(() => worker.evaluate(() => window.ditswarmWorkerHistory.join('\n')), { timeout: 60_000 })
+      .toMatch(new RegExp(`loading [^\\n]*${model.replace(/[/.-]/g, '\\$&')}`));
+    await expect
+      .poll(() => worker.evaluate(() => window.ditswarmWorker?.state), { timeout: 60_000 })
+      .not.toBe('loading');
+    const before = await worker.evaluate(() => window.ditswarmWorkerHistory.length);
+
+    const run = await runJob(dashboard, { model, steps: 2, backend: 'swarm', workers: 1, outputType: 'latent' });
+    expect(run.report.workers.map((w) => w.inMemory)).toEqual([true]);
+    const during = await worker.evaluate((n) => window.ditswarmWorkerHistory.slice(n), before);
+    // no weight was read for it: the load found the model in the engine at once, with no MB-of-MB progress
+    expect(during.filter((s) => / MB of /.test(s))).toEqual([]);
+  } finally {
+    await context.close();
+  }
+});
