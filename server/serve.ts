@@ -85,6 +85,8 @@ export function servedLoras(flags: readonly string[]): Pick<ServerOptions, 'lora
   const loraFiles: Record<string, string> = {};
   const defaultLoras = flags.map((flag, n) => {
     const { url: file, strength } = parseLoraFlag(flag);
+    // an adapter elsewhere is fetched from there by the workers, which this server's /models.json lets read it
+    if (/^https?:\/\//i.test(file)) return { url: file, strength };
     if (!existsSync(file) || !statSync(file).isFile())
       throw new Error(`--lora ${flag}: ${file} is no file on this machine; give a LoRA's .safetensors file`);
     const path = `${LORA_PATH}/${n}/${encodeURIComponent(basename(file))}`;

@@ -85,11 +85,7 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
   const served = await fetch(new URL('/models.json', options.origin))
     .then((r): Promise<unknown> => r.json())
     .catch(() => null);
-  const defaultModel =
-    typeof served === 'object' && served !== null && 'default' in served && typeof served.default === 'string'
-      ? served.default
-      : null;
-  const refuseModel = modelRefusal(options.origin, defaultModel);
+  const refuseModel = modelRefusal(options.origin, servedUrls(served));
   const peer = await registerPeer(() => newWorkerPeer(signaling), options.origin);
   const info: WorkerInfo = {
     ...(await describeCompute()),
@@ -319,6 +315,14 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
       publish({ connected: false, state: 'left', detail: 'left the swarm' });
     },
   };
+}
+
+/** The model folder and adapter files a server's /models.json says it was started on: anyone's JSON, read as such. */
+function servedUrls(served: unknown): string[] {
+  if (typeof served !== 'object' || served === null) return [];
+  const { default: model, loras } = served as { default?: unknown; loras?: unknown };
+  const adapters = Array.isArray(loras) ? loras.map((l: unknown) => (l as { url?: unknown } | null)?.url) : [];
+  return [model, ...adapters].filter((url): url is string => typeof url === 'string');
 }
 
 /** A PeerJS peer under a fresh worker id; PeerJS types its options as a class, but takes a plain object. */

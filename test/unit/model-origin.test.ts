@@ -9,7 +9,7 @@ import { describeInProcess } from './fixtures.ts';
 // A coordinator (or whoever took its id) names the model a worker loads: the worker reads only
 // its own server's folders and the one that server was started on (issue 17, finding 1).
 describe("a worker page's model folders", () => {
-  const refuse = modelRefusal('http://192.168.1.5:5173', 'https://models.example.org/wan2.1/');
+  const refuse = modelRefusal('http://192.168.1.5:5173', ['https://models.example.org/wan2.1/']);
   it("reads its own server's folders and the server's --model", () => {
     expect(refuse('http://192.168.1.5:5173/models/tiny-wan')).toBeNull();
     expect(refuse('http://192.168.1.5:5173/models/local/')).toBeNull();
@@ -24,8 +24,17 @@ describe("a worker page's model folders", () => {
     expect(refuse('file:///etc/passwd')).toMatch(/not null$|not file:/);
     expect(refuse('not a url')).toBe('"not a url" is not a URL');
   });
+  it('reads an adapter file the server was started on (--lora URL), that file and no other of its folder', () => {
+    const lora = 'https://hf.example/lightx2v/distill.safetensors';
+    const withLora = modelRefusal('http://localhost:5173', ['/models/local', lora]);
+    expect(withLora(lora)).toBeNull();
+    expect(withLora('http://localhost:5173/loras/0/x.safetensors')).toBeNull();
+    expect(withLora('https://hf.example/lightx2v/other.safetensors')).toBe(
+      'this worker reads model folders from http://localhost:5173 and https://hf.example/lightx2v/distill.safetensors only, not https://hf.example',
+    );
+  });
   it('without a --model, reads its own server only', () => {
-    expect(modelRefusal('http://localhost:5173', null)('https://models.example.org/wan2.1')).toBe(
+    expect(modelRefusal('http://localhost:5173', [])('https://models.example.org/wan2.1')).toBe(
       'this worker reads model folders from http://localhost:5173 only, not https://models.example.org',
     );
   });
@@ -42,7 +51,7 @@ describe('a worker runtime asked for a folder its page refuses', () => {
     const runtime = new WorkerRuntime(engine, {
       connectMesh: () => Promise.resolve(memoryExchanges(1)[0]),
       describe: describeInProcess('node'),
-      refuseModel: modelRefusal('http://localhost:5173', null),
+      refuseModel: modelRefusal('http://localhost:5173', []),
     });
     await runtime.initWorker({ ...EXACT_SETTINGS, rank: 0, world: 1, peers: ['w0'], session: 's' });
     const evil = 'http://evil.example/model';

@@ -141,6 +141,11 @@ describe('--lora FILE[:STRENGTH] (servedLoras): each file served alone, and ever
     );
     expect(() => servedLoras([folder])).toThrow(/is no file on this machine/);
     expect(servedLoras([])).toEqual({});
+    // an adapter at a URL is not served: the workers fetch it from there (/models.json names it, so they may)
+    expect(servedLoras(['https://hf.example/distill.safetensors:1.5'])).toEqual({
+      loraFiles: {},
+      defaultLoras: [{ url: 'https://hf.example/distill.safetensors', strength: 1.5 }],
+    });
     const lora = await startServer({ port: 0, quiet: true, ...served });
     try {
       const at = (path: string, headers: Record<string, string> = {}) => fetch(new URL(path, lora.url), { headers });
