@@ -444,6 +444,7 @@ describe('the worker contract on the wire', () => {
       'initWorker',
       'loadModel',
       'rehearse',
+      'preload',
       'encodeText',
       'decodeTile',
       'prepareJob',
