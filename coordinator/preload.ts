@@ -1,6 +1,6 @@
 // Weights before the first job (issue 36): a worker that joins loads the dashboard's model as soon as its EPs are
 // measured (so that it loads on the one it measured fastest, as a placement would ask) and no job is running, where
-// the whole model fits what it may give the model; the first job placed on it finds the model in its engine instead
+// the whole model fits the memory it has; the first job placed on it finds the model in its engine instead
 // of reading every weight then. A model no worker holds whole is not preloaded: its pipeline stages load at placement.
 // Nor is a small one, which a placement loads in a moment: a preload of it would only take a joining worker's cores
 // from its measurement and from whatever job comes first.
@@ -25,6 +25,15 @@ export interface PreloadOptions {
   log?(line: string): void;
 }
 
+/**
+ * The bytes of weights a worker may be sent ahead of a job: what its user set on its page, else all its browser reports
+ * (an unstaged job would place the whole model on it too; the stage planner's share of it is for cutting stages), else
+ * no bound (a browser that reports nothing).
+ */
+function preloadBudget(info: SwarmWorker['info']): number {
+  return memoryBudget({ memoryGiB: null, modelMemoryGiB: info.modelMemoryGiB ?? info.memoryGiB ?? undefined });
+}
+
 /** Starts preloading on the swarm's workers as they join and are measured; returns what stops it. */
 export function preloadOnJoin(swarm: Pick<Swarm, 'on'>, options: PreloadOptions): () => void {
   /** per worker, the model it was asked to preload (once: a failed preload is not tried again for it) */
@@ -36,7 +45,7 @@ export function preloadOnJoin(swarm: Pick<Swarm, 'on'>, options: PreloadOptions)
     const model = stagedModel(await options.config(modelUrl));
     const bytes = model.numLayers * model.blockBytes + model.firstBytes + model.lastBytes;
     if (bytes < (options.fromBytes?.() ?? PRELOAD_FROM_BYTES)) return;
-    if (bytes > memoryBudget(worker.info)) {
+    if (bytes > preloadBudget(worker.info)) {
       options.log?.(`not preloading ${modelUrl} on ${worker.id}: its weights pass what it may give the model`);
       return;
     }

@@ -42,8 +42,8 @@ describe('weights before the first job (issue 36)', () => {
       log: (line) => logged.push(line),
     });
     expect(modelBytes).toBeGreaterThan(PRELOAD_FROM_BYTES);
-    const big = worker('big', 24); // its browser's 24 GiB: half of it holds the 1.3B's 5.7 GB
-    const small = worker('small', 8); // 4 GiB for the model: less than the weights
+    const big = worker('big', 8); // 8 GiB, the most a browser reports: the 1.3B's 5.7 GB fit
+    const small = worker('small', 4); // less than the weights
     const unmeasured = worker('unmeasured', 24, false);
     for (const { w } of [big, small, unmeasured]) events.emit({ type: 'join', worker: w });
     await settle();
