@@ -401,10 +401,9 @@ export abstract class Executor {
   }
 
   /**
-   * One DiT forward pass on the ranks of the pass's group: scatter the tokens, run the group's pipeline
-   * stages in turn (one, unless the placement pools memory: the first from the patches, each next from
-   * the hidden state the stage before handed on, rank r to rank r), check each rank's rows are the
-   * size the plan gives it, gather them in token order.
+   * One DiT forward pass on the ranks of the pass's group (`forward`), as the job's step cache schedules it (a reuse
+   * the ranks hold no residual for is computed), spot-checked now and then where it runs the blocks; a kept forward
+   * is remembered in `memory`, for ranks placed later to be given its residual again.
    */
   async executeModel(
     request: ForwardRequest,
@@ -428,7 +427,9 @@ export abstract class Executor {
 
   /**
    * One forward as `request.cache` asks (the blocks run, or a residual reused), spot-checked where `checked`: scatter
-   * the tokens, run the group's pipeline stages in turn, check each rank's rows, gather them in token order.
+   * the tokens, run the group's pipeline stages in turn (one, unless the placement pools memory: the first from the
+   * patches, each next from the hidden state the stage before handed on, rank r to rank r), check each rank's rows
+   * are the size the plan gives it, gather them in token order.
    */
   private async forward(
     request: ForwardRequest,

@@ -358,12 +358,13 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
       const meshProbe = await placer.prepare(job, texts, shape, params, placementRequest);
 
       clock.enter('denoising');
+      const sampling = jobSolver(solver, params);
       const denoised = await denoise({
         placer,
         job,
         params,
         shape,
-        solver: jobSolver(solver, params),
+        solver: sampling,
         resume,
         signal,
         onCheckpoint,
@@ -397,10 +398,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
           meshProbe,
           decoding: decoded?.report ?? null,
           encoding: { prompt: encoded[0].report, negativePrompt: encoded.at(1)?.report ?? null },
-          schedule: {
-            scheduler: jobSolver(solver, params).kind,
-            ...scheduleOf(jobSolver(solver, params), params.steps, params.flowShift),
-          },
+          schedule: { scheduler: sampling.kind, ...scheduleOf(sampling, params.steps, params.flowShift) },
           workers: workersReport(executor, steps),
           links: executor.linkReport(),
           steps,

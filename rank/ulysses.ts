@@ -339,15 +339,14 @@ export async function forwardStage(
     const { temb, tproj, context } = embedded;
     let x = embedded.x;
     [x, temb, tproj, context].forEach(arrived);
-    // this forward's modulation, which bounds v, as this rank computed it itself
-    const { bounds } = input;
-    const { residual } = input;
+    const { bounds, residual } = input;
     if (residual && !(blocks.from === 0 && holdsHead(cfg, blocks)))
       throw new Error('a step cache skips or keeps all the blocks: it needs a rank that holds them all');
     // the blocks' input, which their residual is taken against
     const entering = residual && (await io.compute(hostCopy(stages, x, 'the residual stream')));
     const reused = residual && 'reuse' in residual ? residual.reuse : null;
     if (entering && reused) x = arrived(added(entering, reused));
+    // this forward's modulation, which bounds v, as this rank computed it itself (a reuse exchanges nothing to judge)
     else if (bounds && plan.degree > 1)
       limits = stepLimits(bounds, await io.compute(hostCopy(stages, tproj, 'the timestep projection')));
     for (let block = blocks.from; block < (reused ? blocks.from : blocks.to); block++) {
