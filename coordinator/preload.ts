@@ -5,7 +5,7 @@
 // Nor is a small one, which a placement loads in a moment: a preload of it would only take a joining worker's cores
 // from its measurement and from whatever job comes first.
 import type { WanConfig } from '../core/model/config.ts';
-import { memoryBudget, stagedModel } from './stage-plan.ts';
+import { memoryBudget, stagedModel, wholeModelBytes } from './stage-plan.ts';
 import type { Swarm, SwarmWorker } from './swarm.ts';
 
 /** A preload reads GBs on a slow link: as long as a placement's load may take. */
@@ -42,8 +42,7 @@ export function preloadOnJoin(swarm: Pick<Swarm, 'on'>, options: PreloadOptions)
     const modelUrl = options.modelUrl();
     if (!worker.measurement || asked.get(worker.id) === modelUrl || options.busy()) return;
     asked.set(worker.id, modelUrl);
-    const model = stagedModel(await options.config(modelUrl));
-    const bytes = model.numLayers * model.blockBytes + model.firstBytes + model.lastBytes;
+    const bytes = wholeModelBytes(stagedModel(await options.config(modelUrl)));
     if (bytes < (options.fromBytes?.() ?? PRELOAD_FROM_BYTES)) return;
     if (bytes > preloadBudget(worker.info)) {
       options.log?.(`not preloading ${modelUrl} on ${worker.id}: its weights pass what it may give the model`);

@@ -107,6 +107,10 @@ function missingWords(model: StagedModel, groups: readonly StageGroup[], blocksS
 }
 
 /** The bytes a rank holds a model in as cutStages weighs them: float32, as the loader widens every checkpoint. */
+/** Bytes of the whole transformer as a rank holds it (float32). */
+export const wholeModelBytes = (model: StagedModel): number =>
+  model.numLayers * model.blockBytes + model.firstBytes + model.lastBytes;
+
 export function stagedModel(model: ModelShape): StagedModel {
   const params = modelParams(model);
   const FLOAT32 = 4;

@@ -438,6 +438,8 @@ export interface WorkerPulse {
   load?: LoadStatus;
   /** how far its engine has got */
   progress?: EngineProgress;
+  /** the model folder its engine holds whole and without adapters (a job there loads nothing); null: none */
+  holds?: string | null;
 }
 
 /** a loading worker's pulse, judged where the coordinator receives it */
@@ -457,6 +459,7 @@ export const checkPulse: Check<WorkerPulse> = fields({
   modelMemoryGiB: optional(nullable(num(MIN_MODEL_MEMORY_GIB, MAX_MODEL_MEMORY_GIB))),
   load: optional(checkLoadStatus),
   progress: optional(fields({ done: int(0), running: nullable(text(128)) })),
+  holds: optional(nullable(text())),
 });
 /** a hidden state's fields as Float32Arrays; their sizes are the receiver's to judge (it knows the model) */
 const checkHiddenState: Check<HiddenState> = fields({

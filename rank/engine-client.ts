@@ -51,6 +51,12 @@ export class EngineHost extends Forwarding(ENGINE_METHODS) implements EngineApi 
     return { ...this.moves };
   }
 
+  /** the model folder the engine holds whole and without adapters, as its last load was asked; null: none */
+  get holds(): string | null {
+    const loaded = this.loaded;
+    return loaded && !loaded.blocks && !loaded.loras?.length ? loaded.modelUrl : null;
+  }
+
   private start(): Promise<EngineApi> {
     this.worker = new Worker(new URL('./engine.worker.ts', import.meta.url), {
       type: 'module',

@@ -246,6 +246,7 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
             modelMemoryGiB: info.modelMemoryGiB ?? null,
             load: runtime.loadStatus ?? undefined,
             progress: engine.progress,
+            holds: engine.holds,
           };
         });
         // a page its browser freezes (a hidden tab, to save power) says so while it still can: its
