@@ -1,7 +1,15 @@
 // The automation API: what `npm run generate`, the benchmarks and the e2e tests drive through
 // page.evaluate. The pages implement these types and the drivers call them, so the two sides cannot drift.
 // Types only: what crosses page.evaluate is plain data, so tensors go as base64.
-import type { GenerateReport, JobParams, JobPlacement, QueueEvent, StoredJob } from '../coordinator/index.ts';
+import type {
+  GenerateReport,
+  JobEstimate,
+  JobParams,
+  JobPlacement,
+  QueueEvent,
+  StoredJob,
+  TimeLeft,
+} from '../coordinator/index.ts';
 import type { DecodeReport } from '../coordinator/vae-decoding.ts';
 import type { WebMProbe } from '../coordinator/video.ts';
 import type { WorkerStatus } from '../worker/endpoint.ts';
@@ -74,6 +82,8 @@ export interface DashboardAutomation {
   jobs(): JobSummary[];
   /** queues a job; its id */
   submit(overrides: JobOverrides): Promise<number>;
+  /** what the job would take on the swarm as it is now, phase by phase; rejects where it cannot be told now */
+  estimate(overrides: JobOverrides): Promise<JobEstimate>;
   /** the job's outcome once it settles; rejects with its error if it failed */
   result(id: number): Promise<JobResult>;
   /** a job through the queue; with `stepLatents`, the latent after each step too (base64) */
@@ -97,7 +107,7 @@ export interface DashboardAutomation {
 /** What the dashboard tells `window.ditswarmProgress`, when a driver exposed it. */
 export type AutomationProgress =
   | { job: number; step: number; steps: number; stepMs: number; etaMs: number }
-  | { job: number; phase: Extract<QueueEvent, { type: 'phase' }>['phase']; detail?: string }
+  | { job: number; phase: Extract<QueueEvent, { type: 'phase' }>['phase']; detail?: string; left: TimeLeft }
   /** a decode alone is no job */
   | { phase: 'decoding'; detail: string };
 

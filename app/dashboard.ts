@@ -10,16 +10,22 @@ import {
   openJobQueue,
   openPromptCache,
   openSwarm,
+  describeEstimate,
+  describeLeft,
+  needsConfirmation,
+  PhaseRates,
   preloadOnJoin,
   PRELOAD_FROM_BYTES,
   probeWebM,
   validDegrees,
   WAN_SIZES,
   type Backend,
+  type JobEstimate,
   type JobInputs,
   type JobParams,
   type JobPlacement,
   type JobQueue,
+  type JobRequest,
   type Pipeline,
   type PromptCache,
   type RunJob,
@@ -28,6 +34,7 @@ import {
   type SwarmIdentity,
 } from '../coordinator/index.ts';
 import { defined } from '../core/defined.ts';
+import { jobParams } from '../core/job.ts';
 import { parseLoraFlag, type LoraRef } from '../core/model/lora.ts';
 import { OWNER_KEY_PARAM } from '../core/net/join-token.ts';
 import type { AutomationProgress, Base64Floats, DashboardAutomation, JobOverrides, JoinLinks } from './automation.ts';
@@ -156,6 +163,9 @@ function showErrors(errors: Partial<Record<string, string>>): boolean {
   return Object.keys(errors).length === 0;
 }
 
+/** localStorage's key of a model's phase rates, before its URL */
+const PHASE_RATES_KEY = 'ditswarm-phase-rates:';
+
 // One pipeline per model and backend: where each job runs is its placement's business,
 // decided by the pipeline's placer.
 async function pipelineFor({ backend, model = DEFAULT_MODEL_URL }: JobPlacement): Promise<Pipeline> {
@@ -169,22 +179,36 @@ async function pipelineFor({ backend, model = DEFAULT_MODEL_URL }: JobPlacement)
     swarm: swarm ?? undefined,
     placementTimeoutMs: 60_000,
     promptCache: (promptCache ??= await openPromptCache().catch(() => undefined)),
+    // kept in the browser: the next job's estimate (generate's next run, a reload) starts from what this one measured
+    phaseRates: new PhaseRates(localStorage.getItem(`${PHASE_RATES_KEY}${model}`), (json) =>
+      localStorage.setItem(`${PHASE_RATES_KEY}${model}`, json),
+    ),
   });
   pipeline = { key, pipe };
   return pipe;
 }
 
+/** A job as the pipeline takes it: as it was stored, the planner deciding what it leaves unset. */
+function requestOf({ params, placement, inputs }: Pick<StoredJob, 'params' | 'placement' | 'inputs'>): JobRequest {
+  const { backend: _backend, model: _model, workers, ...request } = placement;
+  return { ...params, ...inputs, placement: { ...request, ulyssesDegree: workers } };
+}
+
 function runJob(job: StoredJob, hooks: Parameters<RunJob>[1]) {
-  // the job's request as it was stored: the planner decides what it leaves unset
-  const { backend: _backend, model: _model, workers, ...request } = job.placement;
-  return pipelineFor(job.placement).then((pipe) =>
-    pipe.generate({
-      ...job.params,
-      ...job.inputs,
-      ...hooks,
-      placement: { ...request, ulyssesDegree: workers },
-    }),
-  );
+  return pipelineFor(job.placement).then((pipe) => pipe.generate({ ...requestOf(job), ...hooks }));
+}
+
+/**
+ * What a job would take on the swarm as it is now; null where it cannot be told without stopping a running job's
+ * pipeline (another model's) or the estimate failed (the job itself will say why).
+ */
+async function estimateOf(job: Pick<StoredJob, 'params' | 'placement' | 'inputs'>): Promise<JobEstimate | null> {
+  const { backend, model = DEFAULT_MODEL_URL } = job.placement;
+  const running = queue?.list().some((j) => j.status === 'running');
+  if (running && pipeline?.key !== `${model}/${backend}`) return null;
+  return pipelineFor(job.placement)
+    .then((pipe) => pipe.estimate(requestOf(job)))
+    .catch(() => null);
 }
 
 /**
@@ -234,7 +258,8 @@ function showFinished(job: StoredJob): void {
   $('status').textContent = summarizeReport(job.id, r, job.storageNote);
 }
 
-async function submitFromForm(overrides: JobOverrides = {}): Promise<StoredJob> {
+/** The form's job with `overrides` over it, checked; an error saying what is wrong. */
+async function jobFromForm(overrides: JobOverrides = {}): Promise<Pick<StoredJob, 'params' | 'placement' | 'inputs'>> {
   const formValues = readForm();
   const { model, promptEmbeds, negativePromptEmbeds, outputType, ...rest } = overrides;
   // what it gives of the job's parameters goes over the form's; the rest of it is its placement request
@@ -255,7 +280,33 @@ async function submitFromForm(overrides: JobOverrides = {}): Promise<StoredJob> 
     promptEmbeds: promptEmbeds && embedsFromBase64(promptEmbeds),
     negativePromptEmbeds: negativePromptEmbeds && embedsFromBase64(negativePromptEmbeds),
   };
-  return queue.submit(params, placement, inputs);
+  return { params: jobParams(params), placement, inputs };
+}
+
+async function submitFromForm(overrides: JobOverrides = {}): Promise<StoredJob> {
+  const { params, placement, inputs } = await jobFromForm(overrides);
+  return defined(queue, 'the queue').submit(params, placement, inputs);
+}
+
+/** How long an estimate waits for joined workers' first measurements. */
+const MEASURED_WITHIN_MS = 60_000;
+
+/** A person's job: one the swarm would take hours over is queued only once they confirm it. */
+async function submitConfirmed(): Promise<void> {
+  const job = await jobFromForm();
+  const estimate = await estimateOf(job);
+  if (estimate && needsConfirmation(estimate)) {
+    const workers = swarm?.workers().length ?? 0;
+    const question =
+      `This job would take ${describeEstimate(estimate)} on the ${workers} worker(s) joined ` +
+      `(${job.params.frames} frames of ${job.params.width}×${job.params.height}, ${job.params.steps} steps). ` +
+      'Fewer frames, a smaller size or fewer steps take far less. Queue it anyway?';
+    if (!window.confirm(question)) {
+      $('status').textContent = `Not queued: the job would take ${describeEstimate(estimate)}.`;
+      return;
+    }
+  }
+  await submitFromForm();
 }
 
 const embedsFromBase64 = ({ shape, base64 }: Base64Floats) => {
@@ -265,7 +316,7 @@ const embedsFromBase64 = ({ shape, base64 }: Base64Floats) => {
 
 form.addEventListener('submit', (event) => {
   event.preventDefault();
-  submitFromForm().catch(() => {});
+  submitConfirmed().catch(() => {});
 });
 form.addEventListener('input', (event) => {
   if (event.target === sizeSelect) choosePreset();
@@ -386,9 +437,9 @@ async function start() {
     } else if (e.type === 'storage') {
       $('status').textContent = `#${e.job.id}: ${e.message}`;
     } else if (e.type === 'phase') {
-      showJobPhase(e.job, e.phase, e.detail);
-      // minutes of encoding and loading before the first step: the status line says which
-      $('status').textContent = `#${e.job.id} ${e.phase}${e.detail ? `: ${e.detail}` : ''}…`;
+      showJobPhase(e.job, e.phase, e.detail, e.left);
+      // minutes of encoding and loading before the first step: the status line says which, and what is left
+      $('status').textContent = `#${e.job.id} ${e.phase}${e.detail ? `: ${e.detail}` : ''}… ${describeLeft(e.left)}.`;
       if (e.phase === 'placing') resetTimeline();
     } else {
       if (e.job.status === 'done') showFinished(e.job);
@@ -427,6 +478,14 @@ const automation: DashboardAutomation = {
     })),
   async submit(overrides) {
     return (await submitFromForm(overrides)).id;
+  },
+  async estimate(overrides) {
+    const job = await jobFromForm(overrides);
+    // a driver asks before its job, often as its workers join: their measurements are what the steps are predicted by
+    await swarm?.allMeasured(MEASURED_WITHIN_MS);
+    const estimate = await estimateOf(job);
+    if (!estimate) throw new Error('the job cannot be estimated now: see the dashboard');
+    return estimate;
   },
   async result(id) {
     if (!queue) throw new Error('the dashboard is still starting');
@@ -512,7 +571,7 @@ automation.ready
           stepMs: e.progress.stepMs,
           etaMs: e.progress.etaMs,
         });
-      if (e.type === 'phase') tellProgress({ job: e.job.id, phase: e.phase, detail: e.detail });
+      if (e.type === 'phase') tellProgress({ job: e.job.id, phase: e.phase, detail: e.detail, left: e.left });
     }),
   )
   .catch(() => {}); // a dashboard that did not start says so above

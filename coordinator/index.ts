@@ -15,6 +15,7 @@ export type {
   GenerateReport,
   GenerateRequest,
   GenerateResult,
+  JobRequest,
   Pipeline,
   PipelineOptions,
   StepProgress,
@@ -53,3 +54,11 @@ export async function openJobQueue(run: RunJob, store?: JobStore): Promise<JobQu
   return JobQueue.restore(store ?? (await IdbJobStore.open()), run);
 }
 export { preloadOnJoin, PRELOAD_FROM_BYTES } from './preload.ts';
+export {
+  describeEstimate,
+  describeLeft,
+  needsConfirmation,
+  PhaseRates,
+  type JobEstimate,
+  type TimeLeft,
+} from './estimate.ts';

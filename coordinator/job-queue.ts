@@ -9,6 +9,7 @@
 import { defined } from '../core/defined.ts';
 import { jobParams, type JobParams } from '../core/job.ts';
 import type { GenerateRequest, GenerateResult, StepProgress } from './pipeline.ts';
+import type { TimeLeft } from './estimate.ts';
 import {
   isSettled,
   resultBytes,
@@ -27,7 +28,7 @@ export type RunJob = (
 export type QueueEvent =
   | { type: 'changed'; job: StoredJob }
   | { type: 'progress'; job: StoredJob; progress: StepProgress }
-  | { type: 'phase'; job: StoredJob; phase: string; detail?: string }
+  | { type: 'phase'; job: StoredJob; phase: string; detail?: string; left: TimeLeft }
   /** a write to the store failed: what was kept, what was not, what to do */
   | { type: 'storage'; job: StoredJob; message: string };
 
@@ -256,7 +257,7 @@ export class JobQueue {
           void this.save(job); // never throws: a refused write is reported
         },
         onProgress: (progress) => this.emit({ type: 'progress', job, progress }),
-        onPhase: (phase, detail) => this.emit({ type: 'phase', job, phase, detail }),
+        onPhase: (phase, detail, left) => this.emit({ type: 'phase', job, phase, detail, left }),
       });
       job.status = 'done';
       job.result = { video: result.video, latent: result.latent, report: result.report };

@@ -16,6 +16,7 @@ import type { Tensor } from '../core/tensor.ts';
 import type { LoadedModel } from '../core/worker-api.ts';
 import type { Backend } from './backends.ts';
 import { denoise, type StepProgress, type StepReport } from './denoising.ts';
+import { estimateJob, PhaseRates, timeLeft, type JobEstimate, type JobPhase, type TimeLeft } from './estimate.ts';
 import { maxOrNull, type CacheForward, type Executor, type LinkReport, type RankReport } from './executor.ts';
 import type { PlacedStepCache, PlacementRequest, ResolvedPlacement } from './placement.ts';
 import { Placer, type FailureRecord, type MeshProbeReport, type RebalanceRecord } from './placer.ts';
@@ -48,6 +49,8 @@ export interface PipelineOptions {
   encodeVideo?: (frames: DecodedVideo) => Promise<Blob>;
   /** encoded prompts kept between jobs (the dashboard's IndexedDB); none: every prompt is encoded */
   promptCache?: PromptCache;
+  /** what earlier jobs of the model measured of their phases, for estimates (none: this pipeline's jobs alone) */
+  phaseRates?: PhaseRates;
 }
 
 /** A text embedding as WanPipeline's prompt_embeds: [L, text_dim], or [1, L, text_dim]. */
@@ -55,6 +58,12 @@ export interface PromptEmbeds {
   shape: number[];
   data: Float32Array;
 }
+
+/** A job as asked: its parameters, inputs and placement, without the hooks that follow it. */
+export type JobRequest = Omit<
+  GenerateRequest,
+  'resume' | 'onCheckpoint' | 'onFailure' | 'onProgress' | 'onPhase' | 'signal'
+>;
 
 export interface GenerateRequest extends Partial<JobParams> {
   /** the prompt's embedding instead of encoding `prompt` (WanPipeline's prompt_embeds=) */
@@ -70,16 +79,10 @@ export interface GenerateRequest extends Partial<JobParams> {
   onCheckpoint?: (c: SamplerCheckpoint) => void;
   onFailure?: (f: FailureRecord) => void;
   onProgress?: (p: StepProgress) => void;
-  /** a phase begins, or moves on (detail: how far it is, e.g. "tile 3 of 15") */
-  onPhase?: (phase: JobPhase, detail?: string) => void;
+  /** a phase begins, or moves on (detail: how far it is, e.g. "tile 3 of 15"), and what is left of the job */
+  onPhase?: (phase: JobPhase, detail: string | undefined, left: TimeLeft) => void;
   signal?: AbortSignal;
 }
-
-/**
- * What a job does, in order: encoding embeds the prompts; placing takes the workers, loads the model and prepares the
- * ranks.
- */
-export type JobPhase = 'encoding' | 'placing' | 'denoising' | 'decoding' | 'muxing';
 
 export interface GenerateReport {
   config: JobParams & {
@@ -130,6 +133,8 @@ export interface GenerateReport {
   /** where the job's time went, phase by phase */
   phasesMs: Record<JobPhase, number>;
   totalMs: number;
+  /** what the job was predicted to take as it started (estimate.ts), to hold phasesMs to */
+  estimate: JobEstimate;
   latentShape: number[];
   latentSha256: string;
 }
@@ -188,6 +193,8 @@ export interface Pipeline {
   /** the current placement's executor, once a job has been placed */
   readonly executor: Executor | null;
   generate(request: GenerateRequest): Promise<GenerateResult>;
+  /** what a job would take on the workers as they are now, phase by phase (estimate.ts) */
+  estimate(request: JobRequest): Promise<JobEstimate>;
   /** a latent [z_dim, T, h, w] through the folder's VAE alone (on the swarm's workers for AutoencoderKLWan) */
   decode(latent: Tensor, options?: DecodeOptions): Promise<DecodeResult>;
   shutdown(options?: { graceMs?: number }): Promise<void>;
@@ -317,39 +324,77 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
     };
   };
   let jobs = 0;
+  /** what this model's jobs measured of the phases the cost model does not predict */
+  const rates = options.phaseRates ?? new PhaseRates();
+  /** The job's placement as asked: the pipeline's beneath the job's. */
+  const placementOf = (asked: PlacementRequest | undefined): PlacementRequest => {
+    const merged = { ...options.placement, ...asked };
+    // an adapter's file is fetched by workers on other pages: its URL whole, as the model's is
+    const loras = merged.loras?.map((l) => ({ ...l, url: new URL(l.url, pageUrl()).href }));
+    return { ...merged, ...(loras && { loras }) };
+  };
+  /** What a job of these parameters would take from `fromStep` on the workers as they are now. */
+  const estimateOf = async (
+    params: JobParams,
+    placement: PlacementRequest,
+    { promptEmbeds, negativePromptEmbeds, outputType = 'video' }: JobRequest,
+    fromStep = 0,
+  ): Promise<JobEstimate> => {
+    const { stepMs, loadBytes } = placer.forecast(params, placement);
+    const prompts = [promptEmbeds ? null : params.prompt];
+    if (usesGuidance(params)) prompts.push(negativePromptEmbeds ? null : params.negativePrompt);
+    const promptTokens = await Promise.all(
+      prompts.map((p) => (p === null ? Promise.resolve(0) : textEncoding.tokensToRun(p))),
+    );
+    const latentValues = latentShape(params, config.inChannels).reduce((a, b) => a * b, 1);
+    return estimateJob(
+      {
+        steps: params.steps - fromStep,
+        stepMs,
+        promptTokens,
+        loadBytes,
+        decodedValues: outputType === 'video' ? latentValues : 0,
+      },
+      rates,
+    );
+  };
 
   return {
     config,
     get executor() {
       return placer.current;
     },
+    async estimate(request) {
+      const { placement: asked, ...given } = request;
+      const { promptEmbeds: _p, negativePromptEmbeds: _n, outputType: _o, ...input } = given;
+      return estimateOf(jobParams(input, folderDefaults), placementOf(asked), given);
+    },
     async generate(request) {
       const { placement: asked, resume, onCheckpoint, onFailure, onProgress, onPhase, signal, ...given } = request;
       // what is left is the job's parameters: the report and the store keep them, so nothing else may stay
       const { promptEmbeds, negativePromptEmbeds, outputType = 'video', ...input } = given;
       const params = jobParams(input, folderDefaults);
-      const clock = phaseClock(onPhase);
+      const placementRequest = placementOf(asked);
+      const estimate = await estimateOf(params, placementRequest, given, resume?.step);
+      const clock = phaseClock((phase) => tell(phase));
+      /** a phase's news, with what is left of the job by the estimate */
+      const tell = (phase: JobPhase, detail?: string) =>
+        onPhase?.(phase, detail, timeLeft(estimate, phase, clock.inPhaseMs()));
       placer.startJob({ step: resume?.step ?? 0, onFailure });
       // the prompts and the decoder first: what a job cannot do is refused before any worker is asked
       clock.enter('encoding');
       const encoded = [
-        await embed(promptEmbeds, params.prompt, 'promptEmbeds', (detail) =>
-          onPhase?.('encoding', `the prompt: ${detail}`),
-        ),
+        await embed(promptEmbeds, params.prompt, 'promptEmbeds', (detail) => tell('encoding', `the prompt: ${detail}`)),
       ];
       if (usesGuidance(params))
         encoded.push(
           await embed(negativePromptEmbeds, params.negativePrompt, 'negativePromptEmbeds', (detail) =>
-            onPhase?.('encoding', `the negative prompt: ${detail}`),
+            tell('encoding', `the negative prompt: ${detail}`),
           ),
         );
       if (outputType === 'video') await videoDecoding.ready();
 
       clock.enter('placing');
-      const merged = { ...options.placement, ...asked };
-      // an adapter's file is fetched by workers on other pages: its URL whole, as the model's is
-      const loras = merged.loras?.map((l) => ({ ...l, url: new URL(l.url, pageUrl()).href }));
-      const placementRequest = { ...merged, ...(loras && { loras }) };
       await placer.place(params, placementRequest);
       const setupMs = clock.elapsedMs();
       const job = ++jobs;
@@ -368,7 +413,8 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
         resume,
         signal,
         onCheckpoint,
-        onProgress,
+        // the steps' own estimate, and the decoding after them
+        onProgress: onProgress && ((p) => onProgress({ ...p, etaMs: p.etaMs + (estimate.phasesMs.decoding ?? 0) })),
       });
       // a job that ran on one placement throughout is what the next of its shape there is predicted from
       if (!denoised.failures.length && !denoised.rebalances.length) placer.measuredStep(params, denoised.medianStepMs);
@@ -379,7 +425,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
         outputType === 'video'
           ? await videoDecoding.decode(denoised.latent, {
               ep: executor.placement.ep,
-              onProgress: ({ tilesDone, tiles }) => onPhase?.('decoding', `tile ${tilesDone} of ${tiles}`),
+              onProgress: ({ tilesDone, tiles }) => tell('decoding', `tile ${tilesDone} of ${tiles}`),
             })
           : null;
       const frames = decoded?.frames ?? null;
@@ -388,45 +434,43 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
       clock.enter(null);
       const { latent, steps, spotChecks, medianStepMs, rebalances } = denoised;
       const { failures } = placer;
-      return {
-        video,
-        latent: latent.data,
-        frames,
-        report: {
-          config: { ...params, backend, model: modelUrl, outputType, promptEmbeds: promptEmbeds ? 'given' : 'encoded' },
-          placement: executor.placement,
-          meshProbe,
-          decoding: decoded?.report ?? null,
-          encoding: { prompt: encoded[0].report, negativePrompt: encoded.at(1)?.report ?? null },
-          schedule: { scheduler: sampling.kind, ...scheduleOf(sampling, params.steps, params.flowShift) },
-          workers: workersReport(executor, steps),
-          links: executor.linkReport(),
-          steps,
-          medianStepMs,
-          resumedFromStep: resume?.step ?? 0,
-          failures,
-          recoveryMs: failures.reduce((t, f) => t + f.replanMs, 0),
-          rebalances,
-          spotChecks,
-          cache: cacheReport(
-            executor.placement.cache,
-            denoised.cacheForwards,
-            params.steps,
-            usesGuidance(params) ? 2 : 1,
-          ),
-          spotCheckOdds: spotCheckOdds(
-            executor.placement.spotChecks.rate,
-            params.steps,
-            usesGuidance(params) ? 2 : 1,
-            executor.world,
-          ),
-          setupMs,
-          phasesMs: clock.phasesMs,
-          totalMs: clock.elapsedMs(),
-          latentShape: shape,
-          latentSha256: await sha256(latent.data),
-        },
+      const report: GenerateReport = {
+        config: { ...params, backend, model: modelUrl, outputType, promptEmbeds: promptEmbeds ? 'given' : 'encoded' },
+        placement: executor.placement,
+        meshProbe,
+        decoding: decoded?.report ?? null,
+        encoding: { prompt: encoded[0].report, negativePrompt: encoded.at(1)?.report ?? null },
+        schedule: { scheduler: sampling.kind, ...scheduleOf(sampling, params.steps, params.flowShift) },
+        workers: workersReport(executor, steps),
+        links: executor.linkReport(),
+        steps,
+        medianStepMs,
+        resumedFromStep: resume?.step ?? 0,
+        failures,
+        recoveryMs: failures.reduce((t, f) => t + f.replanMs, 0),
+        rebalances,
+        spotChecks,
+        cache: cacheReport(
+          executor.placement.cache,
+          denoised.cacheForwards,
+          params.steps,
+          usesGuidance(params) ? 2 : 1,
+        ),
+        spotCheckOdds: spotCheckOdds(
+          executor.placement.spotChecks.rate,
+          params.steps,
+          usesGuidance(params) ? 2 : 1,
+          executor.world,
+        ),
+        setupMs,
+        phasesMs: clock.phasesMs,
+        totalMs: clock.elapsedMs(),
+        latentShape: shape,
+        latentSha256: await sha256(latent.data),
+        estimate,
       };
+      rates.record(report);
+      return { video, latent: latent.data, frames, report };
     },
     async decode(latent, options) {
       placer.startJob();
@@ -448,6 +492,7 @@ function phaseClock(onPhase?: (phase: JobPhase) => void) {
   return {
     phasesMs,
     elapsedMs: () => performance.now() - started,
+    inPhaseMs: () => (phase ? performance.now() - phase.since : 0),
     enter(name: JobPhase | null) {
       const now = performance.now();
       if (phase) phasesMs[phase.name] += now - phase.since;

@@ -32,6 +32,7 @@ import {
   type RehearsalNeeded,
 } from './planner.ts';
 import { judgeShares, shouldRebalance, type SharesJudgement } from './rebalance.ts';
+import { stagedModel, wholeModelBytes } from './stage-plan.ts';
 import type { Swarm, SwarmWorker } from './swarm.ts';
 
 /** A job's shares changed mid-job because a worker was slower than its share (coordinator/rebalance.ts). */
@@ -436,6 +437,41 @@ export class Placer {
       const live = new Set(this.options.swarm?.workers().map((w) => w.id));
       if (!this.options.swarm || placement.workers.every((w) => live.has(w.id)) || attempt === MAX_PLAN_ATTEMPTS)
         return placement;
+    }
+  }
+
+  /**
+   * What a job would cost on the live workers as they are now, before it is queued (estimate.ts): the step the cost
+   * model predicts for the plan the planner would place, or why it predicts none; and the weight bytes a rank of that
+   * plan reads where some does not hold the model (each worker's pulse says which model its engine holds).
+   */
+  forecast(params: JobParams, request: PlacementRequest): { stepMs: number | string; loadBytes: number } {
+    const swarm = this.options.swarm;
+    if (this.options.backend !== 'swarm' || !swarm)
+      return { stepMs: 'a job in this tab (the local backend) is not predicted', loadBytes: 0 };
+    try {
+      const workers = eligible(swarm);
+      if (!workers.length) return { stepMs: 'no worker has joined yet', loadBytes: 0 };
+      const waitFor = workersToWaitFor(this.options, request, params);
+      if (waitFor > workers.length)
+        return { stepMs: `the job waits for ${waitFor} workers, and ${workers.length} have joined`, loadBytes: 0 };
+      const trusted = new Set(workers.filter((w) => swarm.isTrusted(w)).map((w) => w.id));
+      const placed = planPlacement(this.options, {
+        params,
+        request,
+        workers,
+        measurements: this.measurements,
+        trusted,
+      });
+      const holds = new Set(workers.filter((w) => w.pulse?.holds === placed.modelUrl).map((w) => w.id));
+      const loads = placed.stages || placed.loras.length || placed.workers.some((w) => !holds.has(w.id));
+      const bytes = placed.stages?.map((s) => s.heldBytes) ?? [wholeModelBytes(stagedModel(this.options.config))];
+      return {
+        stepMs: placed.prediction?.predictedStepMs ?? 'the workers are not measured yet',
+        loadBytes: loads ? Math.max(...bytes) : 0,
+      };
+    } catch (e) {
+      return { stepMs: (e as Error).message, loadBytes: 0 };
     }
   }
 

@@ -375,6 +375,21 @@ export class Swarm {
     );
   }
 
+  /** Once every joined worker has its first measurement (what estimates predict from), or after `timeoutMs`. */
+  allMeasured(timeoutMs: number): Promise<void> {
+    return new Promise((resolve) => {
+      const finish = () => {
+        off();
+        clearTimeout(timer);
+        resolve();
+      };
+      const check = () => this.workers().every((w) => w.measurement) && finish();
+      const off = this.on(check);
+      const timer = setTimeout(finish, timeoutMs);
+      check();
+    });
+  }
+
   /**
    * Measures a worker (coordinator/measure.ts) unless its measurement is for the threads it has
    * now; one measurement of a worker at a time.

@@ -60,6 +60,8 @@ export interface TextEncoding {
     prompt: string,
     onProgress?: (detail: string) => void,
   ): Promise<{ embeds: Float32Array; report: PromptEncoding }>;
+  /** the tokens the workers' layers would run for `prompt` (0: none, it is cached or encoded in this page) */
+  tokensToRun(prompt: string): Promise<number>;
 }
 
 /** A worker that can run text encoder layers: its id and its API. */
@@ -122,6 +124,7 @@ export function standInEncoding(load: () => Promise<TextEncoder>): TextEncoding 
         },
       };
     },
+    tokensToRun: () => Promise.resolve(0),
   };
 }
 
@@ -233,13 +236,25 @@ export function umt5Encoding<H extends TextHost>(o: Umt5EncodingOptions<H>): Tex
     }
     return { hidden, layers, workers: [...workers], everyRunChecked };
   };
+  /** the prompt's tokens, its key in the cache, and its encoding where the cache holds one of them */
+  const lookUp = async (prompt: string) => {
+    const { encoder, tokenizer } = await open();
+    const { ids, truncated } = tokenizer.encode(prompt, o.maxLength);
+    const key = `${o.modelUrl}\n${o.maxLength}\n${prompt}`;
+    const found = await o.cache?.get(key).catch(() => undefined);
+    const cached = found && found.hidden.length === ids.length * encoder.config.dModel ? found : undefined;
+    return { ids, truncated, key, cached };
+  };
   return {
+    tokensToRun: async (prompt) => {
+      const { ids, cached } = await lookUp(prompt);
+      return cached ? 0 : ids.length;
+    },
     async encode(prompt, onProgress) {
       const started = performance.now();
-      const { encoder, tokenizer, finalNorm } = await open();
+      const { encoder, finalNorm } = await open();
       const { config } = encoder;
-      const { ids, truncated } = tokenizer.encode(prompt, o.maxLength);
-      const key = `${o.modelUrl}\n${o.maxLength}\n${prompt}`;
+      const { ids, truncated, key, cached } = await lookUp(prompt);
       const checks: TextCheck[] = [];
       const report = (source: PromptEncoding['source'], layers: PromptEncoding['layers']): PromptEncoding => ({
         source,
@@ -249,8 +264,7 @@ export function umt5Encoding<H extends TextHost>(o: Umt5EncodingOptions<H>): Tex
         layers,
         checks,
       });
-      const cached = await o.cache?.get(key).catch(() => undefined);
-      if (cached && cached.hidden.length === ids.length * config.dModel)
+      if (cached)
         return { embeds: padPromptEmbeds(cached.hidden, config.dModel, o.maxLength), report: report('cache', []) };
 
       const tokenRows = await encoder.tokenRows(ids);

@@ -1,7 +1,7 @@
 // The queue: one line per unfinished job with its own progress bar and ETA. Lines are kept and
 // updated in place (no re-layout when a step completes).
 
-import type { StepProgress, StoredJob } from '../../coordinator/index.ts';
+import { describeLeft, type StepProgress, type StoredJob, type TimeLeft } from '../../coordinator/index.ts';
 import { $, h, seconds } from './dom.ts';
 
 interface QueueLine {
@@ -91,8 +91,9 @@ export function showJobProgress(job: StoredJob, p: StepProgress): void {
   line.text.textContent = `step ${p.step}/${p.steps} · ${seconds(p.stepMs)} per step · ${seconds(p.etaMs)} left`;
 }
 
-export function showJobPhase(job: StoredJob, phase: string, detail?: string): void {
+export function showJobPhase(job: StoredJob, phase: string, detail: string | undefined, left: TimeLeft): void {
   const line = lines.get(job.id);
   if (line && phase !== 'denoising')
-    line.text.textContent = `${phase === 'placing' ? 'placing on workers' : phase}…${detail ? ` ${detail}` : ''}`;
+    line.text.textContent =
+      `${phase === 'placing' ? 'placing on workers' : phase}…${detail ? ` ${detail}` : ''} · ` + describeLeft(left);
 }

@@ -12,6 +12,7 @@ import { cpus, totalmem } from 'node:os';
 import { dirname, join } from 'node:path';
 import { parseArgs } from 'node:util';
 import type { AutomationProgress, JobOverrides } from '../../app/automation.ts';
+import { describeEstimate, describeLeft, needsConfirmation } from '../../coordinator/estimate.ts';
 import { checkJobParams, FEW_STEP_SAMPLING, type JobParams } from '../../core/job.ts';
 import { readSafetensors } from '../../core/safetensors.ts';
 import { parseCacheFlags } from '../../core/step-cache.ts';
@@ -29,7 +30,9 @@ const GENERATE_PORT = 5190;
 const USAGE = [
   'usage: npm run generate -- --prompt "a red ball" ' + '[--backend local|swarm] [--workers N] [--ep auto|webgpu|wasm]',
   '  [--frames F] [--height H] [--width W] [--steps K] [--guidance G] [--seed S] [--negative-prompt TEXT]',
-  '  [--out out/video.webm] [--report out/report.json] [--latent-out out/latent.f32] [--port P] [--verbose]',
+  '  [--out out/video.webm] [--report out/report.json] [--latent-out out/latent.f32] [--port P]',
+  "  [--verbose]   the server's and the pages' log lines too",
+  '  [--yes]   run a job estimated to take over an hour on these workers (without it, generate stops and says so)',
   '  [--drop-worker RANK@STEP] [--crash-worker RANK@STEP]   ' +
     "close (or crash) that rank's tab when step STEP (from 1) starts",
   '  [--model PATH|URL]   model folder: a folder on this machine (served to the pages), or a URL as the pages fetch it',
@@ -98,6 +101,7 @@ try {
       'latent-out': { type: 'string', default: 'out/latent.f32' },
       port: { type: 'string', default: String(GENERATE_PORT) },
       verbose: { type: 'boolean', default: false },
+      yes: { type: 'boolean', default: false },
       'prompt-embeds': { type: 'string' },
       'negative-prompt-embeds': { type: 'string' },
       'output-type': { type: 'string', default: 'video' },
@@ -234,7 +238,8 @@ try {
     const started = 'phase' in p ? (p.phase === 'denoising' ? 1 : 0) : p.step + 1;
     for (const h of harm) if (!h.at && h.step === started) await inflict(h);
     // before the first step (encoding, loading GBs of weights) and after the last, what is under way
-    if ('phase' in p) return progress(`${p.phase}${p.detail ? `: ${p.detail}` : ''}…`);
+    if ('phase' in p)
+      return progress(`${p.phase}${p.detail ? `: ${p.detail}` : ''}…${'left' in p ? ` ${describeLeft(p.left)}` : ''}`);
     const bar = '#'.repeat(Math.round((20 * p.step) / p.steps)).padEnd(20, '.');
     progress(
       `[${bar}] step ${p.step}/${p.steps}  ${p.stepMs.toFixed(0)} ms/step  eta ${(p.etaMs / 1000).toFixed(1)} s`,
@@ -271,6 +276,16 @@ try {
     ...(defaultLoras && { loras: defaultLoras }),
     ...(cache && { cache }),
   };
+  // a job of hours (a published folder's WanPipeline defaults on WASM take days) runs only when asked for
+  const estimate = await swarm.dashboard.evaluate((o) => window.ditswarm.estimate(o), overrides).catch(() => null);
+  if (estimate) {
+    console.error(`generate: estimated ${describeEstimate(estimate)}`);
+    if (needsConfirmation(estimate) && !values.yes)
+      throw new Error(
+        `this job would take ${describeEstimate(estimate)} on ${swarmWorkers || 'no'} worker tab(s) of this machine; ` +
+          'ask for fewer --frames, a smaller --height/--width or fewer --steps, or pass --yes to run it anyway',
+      );
+  }
   const result = await swarm.dashboard.evaluate((o) => window.ditswarm.generate(o), overrides);
   if (tty) process.stderr.write('\n');
   const injected = harm.map((h) => {

@@ -234,3 +234,31 @@ async function chooseModel(dashboard: Page, model: string): Promise<void> {
   await dashboard.fill('[name=model]', model);
   await dashboard.locator('[name=model]').blur();
 }
+
+test('a job the swarm would take hours over asks first: dismissed, nothing is queued and the status says how long it would take (issue 36)', async ({
+  browser,
+  baseURL,
+}) => {
+  test.setTimeout(120_000);
+  const swarm = await openTestSwarm(browser, baseURL, 1);
+  try {
+    const { dashboard } = swarm;
+    await expect
+      .poll(() => dashboard.locator('#workers tbody tr', { hasText: 'GFLOP/s' }).count(), { timeout: 90_000 })
+      .toBe(1);
+    // WanPipeline's default job (81 frames of 480×832, 50 steps): hours even for the demo model on one tab's WASM
+    for (const [name, value] of Object.entries({ frames: '81', height: '480', width: '832', steps: '50' }))
+      await dashboard.locator(`[name="${name}"]`).fill(value);
+    const asked = dashboard.waitForEvent('dialog');
+    await dashboard.locator('[name=prompt]').press('Enter');
+    const dialog = await asked;
+    console.log(`asked: ${dialog.message()}`);
+    expect(dialog.type()).toBe('confirm');
+    expect(dialog.message()).toMatch(/^This job would take at least \d+(\.\d)? (h \d+ min|days) .* Queue it anyway\?$/);
+    await dialog.dismiss();
+    await expect(dashboard.locator('#status')).toContainText('Not queued: the job would take');
+    expect(await dashboard.evaluate(() => window.ditswarm.jobs())).toEqual([]);
+  } finally {
+    await swarm.close();
+  }
+});

@@ -62,6 +62,18 @@ test("a prompt through umT5, the transformer and AutoencoderKLWan's tiles on thr
     ]);
     const shown = await swarm.dashboard.evaluate(() => window.ditswarm.inspectVideo());
     expect(shown).toMatchObject({ videoWidth: 320, videoHeight: 256 });
+    // the first job of the dashboard counted only what was measured (not the encoding, the load nor the tiles); the
+    // same job again is estimated from this one: its prompts cached, its workers holding the model
+    expect(report.estimate.unmeasured.map((u) => u.split(':')[0])).toEqual(
+      expect.arrayContaining(['encoding', 'placing', 'decoding']),
+    );
+    const again = await swarm.dashboard.evaluate((j) => window.ditswarm.estimate(j), job);
+    console.log(`estimate of the same job again: ${JSON.stringify(again)}; the first took ${report.totalMs} ms`);
+    expect(again.unmeasured).toEqual(['placing: no job here was placed on workers holding this model yet']);
+    expect(again.phasesMs.encoding).toBe(0);
+    // the workers hold the model now: no job placed on workers holding it has measured placing yet
+    expect(again.loadBytes).toBe(0);
+    expect(again.phasesMs.decoding).toBeCloseTo(report.phasesMs.decoding, 6);
 
     const dir = process.env.DITSWARM_FULL_LAYOUT_DIR;
     if (!dir) return; // a server given from outside: its folder is not on this machine

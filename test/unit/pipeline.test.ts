@@ -257,6 +257,25 @@ describe('generate(): what each rank held', () => {
   });
 });
 
+describe('estimate(): what a job would take (issue 36)', () => {
+  it("the first job's report holds its estimate, which names what nothing had measured; the next job's counts the placing and decoding the first measured", async () => {
+    const { pipeline, result } = referenceJob();
+    // the test's pages say nothing of what their engines hold: every job is counted as loading the model
+    expect(result.report.estimate.loadBytes).toBeGreaterThan(0);
+    expect(result.report.estimate.unmeasured).toEqual([
+      'placing: no job here has loaded this model yet',
+      'denoising: the workers are not measured yet',
+      'decoding: no job of this model has decoded here yet',
+    ]);
+    const next = await pipeline.estimate({ ...JOB, placement: { spotCheckRate: 0 } });
+    // a job of the same shape places and decodes as long as the first did; the pages measure no step
+    expect(next.phasesMs.placing).toBeCloseTo(result.report.phasesMs.placing, 6);
+    expect(next.phasesMs.decoding).toBeCloseTo(result.report.phasesMs.decoding, 6);
+    expect(next.phasesMs.encoding).toBe(0); // the tiny model's stand-in encoder runs in this page
+    expect(next.unmeasured).toEqual(['denoising: the workers are not measured yet']);
+  });
+});
+
 describe('generate(): resume from a checkpoint', () => {
   it('resuming after step k gives the uninterrupted latent bit for bit, runs only steps k…n−1 and reports resumedFromStep k', async () => {
     const { pipeline, pages, result: full, checkpoints } = referenceJob();

@@ -6,6 +6,7 @@ import type { PlacementPrediction, PlacementRequest, ResolvedPlacement } from '.
 import { MAX_REPLANS, Placer, ReplacementsExhausted } from '../../coordinator/placer.ts';
 import { LOAD_TIMEOUT_MS } from '../../coordinator/planner.ts';
 import { ENGINE_CHECK_MS, Swarm, type SwarmEvent, type SwarmWorker } from '../../coordinator/swarm.ts';
+import { stagedModel, wholeModelBytes } from '../../coordinator/stage-plan.ts';
 import { SwarmExecutor } from '../../coordinator/swarm-executor.ts';
 import {
   candidatePlans,
@@ -1824,5 +1825,39 @@ describe('the planner places on the workers it predicts on, and places a job aga
     expect(alike.first.layout.heads).toEqual([[6, 3, 3]]);
     expect(alike.placement.layout.heads).toBeNull();
     expect(alike.after.workers.map((w) => w.id)).toEqual(['w1', 'w2', 'w3']);
+  });
+});
+
+describe('Placer.forecast: what a job would cost before it is queued (issue 36)', () => {
+  it('says why it predicts no step until workers have joined and are measured, then predicts the plan it would place; a worker that does not hold the model makes the job load it whole', () => {
+    const { swarm, join } = testSwarm();
+    const placer = placerOn(swarm);
+    expect(placer.forecast(guided, ask())).toEqual({ stepMs: 'no worker has joined yet', loadBytes: 0 });
+    const workers = join(2);
+    const whole = wholeModelBytes(stagedModel(config));
+    expect(placer.forecast(guided, ask())).toEqual({ stepMs: 'the workers are not measured yet', loadBytes: whole });
+    for (const w of workers) w.measurement = measured({ rttMs: 1, bandwidth: 1e8 });
+    const { stepMs, loadBytes } = placer.forecast(guided, ask());
+    expect(typeof stepMs).toBe('number');
+    expect(loadBytes).toBe(whole);
+    // on one rank, a job of 4× the frames is predicted a longer step; its number of steps does not change it
+    const oneRank = placer.forecast(guided, ask({ ulyssesDegree: 1 })).stepMs as number;
+    const frames = 4 * DEFAULT_JOB.frames + 1;
+    const larger = placer.forecast(jobParams({ ...DEFAULT_JOB, frames }), ask({ ulyssesDegree: 1 }));
+    expect(larger.stepMs).toBeGreaterThan(oneRank);
+    expect(placer.forecast(jobParams({ ...DEFAULT_JOB, steps: 50 }), ask()).stepMs).toBe(stepMs);
+    // one guided pass less: less than a guided step
+    expect(placer.forecast(unguided, ask()).stepMs).toBeLessThan(stepMs as number);
+    // every worker the plan takes holds the model whole (its pulse says so): nothing to load; with an adapter, all
+    for (const w of workers) w.pulse = { state: 'idle', framesDropped: 0, holds: '/models/tiny-wan' };
+    expect(placer.forecast(guided, ask()).loadBytes).toBe(0);
+    const lora = { url: 'http://localhost:8080/l.safetensors', strength: 1 };
+    expect(placer.forecast(guided, ask({ loras: [lora] })).loadBytes).toBe(whole);
+    workers[1].pulse = { state: 'idle', framesDropped: 0, holds: '/models/other' };
+    expect(placer.forecast(guided, ask({ ulyssesDegree: 2 })).loadBytes).toBe(whole);
+    // a job that would wait for more workers says so
+    expect(placer.forecast(guided, ask({ ulyssesDegree: 3 })).stepMs).toBe(
+      'the job waits for 3 workers, and 2 have joined',
+    );
   });
 });
