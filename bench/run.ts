@@ -3,7 +3,7 @@
 // bench/out/scaling.json.
 //
 //   npm run bench                      block cost, projection, local overhead, scaling, threads,
-//                                      full-size, vae, uneven, slow-link, spot-check-overhead, time-to-video
+//                                      full-size, vae, uneven, slow-link, spot-check-overhead, time-to-video, load
 //   npm run bench -- scaling [flags]   one of them (flags as in bench/scaling.ts etc.)
 
 import { parseOverheadArgs, runLocalOverhead } from './local-overhead.ts';
@@ -18,6 +18,7 @@ import { parseUnevenArgs, runUneven } from './uneven.ts';
 import { parseSlowLinkArgs, runSlowLink } from './slow-link.ts';
 import { parseSpotCheckOverheadArgs, runSpotCheckOverhead } from './spot-check-overhead.ts';
 import { parseTimeToVideoArgs, runTimeToVideo } from './time-to-video.ts';
+import { parseLoadArgs, runLoad } from './load.ts';
 
 const BENCHMARKS = [
   'block-cost',
@@ -31,6 +32,7 @@ const BENCHMARKS = [
   'slow-link',
   'spot-check-overhead',
   'time-to-video',
+  'load',
 ] as const;
 type Benchmark = (typeof BENCHMARKS)[number];
 
@@ -171,5 +173,14 @@ if (chosen.includes('time-to-video')) {
       `time-to-video: ${r.name}: ${r.forwardsComputed} forwards (${r.fewerForwards}× fewer), ` +
         `denoising ${r.denoisingMs} ms (${r.speedup}×), latent max-abs ${r.latentMaxAbs}, PSNR ${r.videoPsnrDb} dB`,
     );
+}
+if (chosen.includes('load')) {
+  const load = await runLoad(parseLoadArgs(args));
+  writeReport('load.json', load);
+  const rates = (run: typeof load.fromServer) => run.tabs.map((t) => `${t.readMBs} MB/s`).join(', ');
+  console.log(
+    `load: from the server ${rates(load.fromServer)} (all in ${load.fromServer.allLoadedS} s); ` +
+      `from the cache ${rates(load.fromCache)} (all in ${load.fromCache.allLoadedS} s); ${JSON.stringify(load.meets)}`,
+  );
 }
 log(`done in ${((Date.now() - started) / 1000).toFixed(0)} s`);

@@ -270,6 +270,11 @@ export class WorkerRuntime implements WorkerApi {
     if (this.state === 'computing') throw new Error('preload while a job is computing on this worker: between jobs');
     // the engine keeps the last model it loaded: a placement asking the same one finds it there
     const { info } = await this.load({ modelUrl, ep: 'auto' });
+    // the page says the model is in, and whence: its person (and a benchmark) sees the load ended
+    this.setState(
+      this.state,
+      `model preloaded on ${info.ep} in ${info.loadMs.toFixed(0)} ms; ${describeWeights(info.weights)}`,
+    );
     return { ep: info.ep, loadMs: info.loadMs };
   }
 

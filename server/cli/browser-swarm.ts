@@ -25,6 +25,8 @@ export interface LocalSwarmOptions {
   port?: number;
   relay?: RelayMode;
   modelFolders?: Record<string, string>;
+  /** the model the dashboard's form starts with, which joining workers preload (the demo model without it) */
+  defaultModel?: string;
   loraFiles?: Record<string, string>;
   /**
    * The browser's profile: where its worker tabs keep the weights they fetched (rank/weight-cache.ts)
@@ -41,11 +43,12 @@ export async function startLocalSwarm({
   port = 0,
   relay = 'fallback',
   modelFolders,
+  defaultModel,
   loraFiles,
   profileDir,
   log = () => {},
 }: LocalSwarmOptions = {}): Promise<LocalSwarm> {
-  const server = await startServer({ port, quiet: true, relay, modelFolders, loraFiles });
+  const server = await startServer({ port, quiet: true, relay, modelFolders, defaultModel, loraFiles });
   const { context, kept, close: closeBrowser } = await launchBrowser(profileDir, log);
   try {
     const dashboard = await context.newPage();

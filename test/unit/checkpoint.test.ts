@@ -1,6 +1,7 @@
 import { copyFileSync, mkdtempSync, readFileSync, rmSync, truncateSync, unlinkSync, writeFileSync } from 'node:fs';
 import { createServer, type Server } from 'node:http';
 import { tmpdir } from 'node:os';
+import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { defined } from '../../core/defined.ts';
@@ -226,6 +227,34 @@ describe('a sharded checkpoint', () => {
 });
 
 describe("a model folder's files over HTTP", () => {
+  it('a range is streamed into one buffer of the bytes asked for: the bytes of the file, fewer where it ends first, and refused where the server sends more', async () => {
+    const file = Uint8Array.from({ length: 1000 }, (_, i) => (i * 7) % 256);
+    let extra = 0;
+    const server: Server = await new Promise((resolve) => {
+      const s = createServer((req, res) => {
+        const [begin, asked] = (/^bytes=(\d+)-(\d+)$/.exec(req.headers.range ?? '') ?? []).slice(1).map(Number);
+        const last = Math.min(asked, file.length - 1);
+        res.writeHead(206, { 'Content-Range': `bytes ${begin}-${last}/${file.length}` });
+        // in pieces, as a large answer arrives
+        for (let at = begin; at <= last; at += 100) res.write(file.subarray(at, Math.min(at + 100, last + 1)));
+        res.end(new Uint8Array(extra));
+      });
+      s.listen(0, '127.0.0.1', () => resolve(s));
+    });
+    try {
+      const files = fetchModelFiles(`http://127.0.0.1:${(server.address() as AddressInfo).port}`);
+      expect(await files.readRange('w.safetensors', 150, 870)).toEqual(file.subarray(150, 870));
+      expect(await files.readRange('w.safetensors', 900, 1200)).toEqual(file.subarray(900));
+      extra = 1;
+      await expect(files.readRange('w.safetensors', 150, 870)).rejects.toThrow(
+        'asked for bytes 150-869, the server sent more bytes as "bytes 150-869/1000"',
+      );
+    } finally {
+      server.closeAllConnections();
+      server.close();
+    }
+  });
+
   it('a whole file past MAX_WHOLE_FILE_BYTES is refused by its Content-Length, before its body is read', async () => {
     const server: Server = await new Promise((resolve) => {
       const s = createServer((_req, res) => {
