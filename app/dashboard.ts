@@ -42,6 +42,7 @@ import { summarizeReport, type KeptReport } from './views/report-summary.ts';
 import { $ } from './views/dom.ts';
 import { renderGallery, videoUrl } from './views/gallery.ts';
 import { showJoinLink } from './views/join-link.ts';
+import { confirmJob } from './views/confirm-job.ts';
 import { renderQueue, showJobPhase, showJobProgress } from './views/queue-view.ts';
 import { renderSwarm } from './views/swarm-view.ts';
 import { addTimelineStep, resetTimeline } from './views/timeline.ts';
@@ -283,10 +284,11 @@ async function jobFromForm(overrides: JobOverrides = {}): Promise<Pick<StoredJob
   return { params: jobParams(params), placement, inputs };
 }
 
-async function submitFromForm(overrides: JobOverrides = {}): Promise<StoredJob> {
-  const { params, placement, inputs } = await jobFromForm(overrides);
-  return defined(queue, 'the queue').submit(params, placement, inputs);
-}
+const queueJob = ({ params, placement, inputs }: Awaited<ReturnType<typeof jobFromForm>>): Promise<StoredJob> =>
+  defined(queue, 'the queue').submit(params, placement, inputs);
+
+const submitFromForm = async (overrides: JobOverrides = {}): Promise<StoredJob> =>
+  queueJob(await jobFromForm(overrides));
 
 /** How long an estimate waits for joined workers' first measurements. */
 const MEASURED_WITHIN_MS = 60_000;
@@ -301,12 +303,12 @@ async function submitConfirmed(): Promise<void> {
       `This job would take ${describeEstimate(estimate)} on the ${workers} worker(s) joined ` +
       `(${job.params.frames} frames of ${job.params.width}×${job.params.height}, ${job.params.steps} steps). ` +
       'Fewer frames, a smaller size or fewer steps take far less. Queue it anyway?';
-    if (!window.confirm(question)) {
+    if (!(await confirmJob(question))) {
       $('status').textContent = `Not queued: the job would take ${describeEstimate(estimate)}.`;
       return;
     }
   }
-  await submitFromForm();
+  await queueJob(job);
 }
 
 const embedsFromBase64 = ({ shape, base64 }: Base64Floats) => {
