@@ -2,6 +2,7 @@
 // the live workers, the other phases at the rates this pipeline's earlier jobs measured. A phase nothing has measured
 // yet is left out and named, never guessed: a figure a person acts on (a job of days asks to be confirmed) must rest
 // on something.
+import { sizeOf } from '../core/tensor.ts';
 import type { PromptEncoding } from './text-encoding.ts';
 
 /**
@@ -83,8 +84,7 @@ export class PhaseRates {
     const { loadBytes } = report.estimate;
     if (loadBytes > 0) this.placingMsPerLoadedByte = report.phasesMs.placing / loadBytes;
     else this.placingHeldMs = report.phasesMs.placing;
-    if (report.decoding)
-      this.decodingMsPerValue = report.phasesMs.decoding / report.latentShape.reduce((a, b) => a * b, 1);
+    if (report.decoding) this.decodingMsPerValue = report.phasesMs.decoding / sizeOf(report.latentShape);
     const { encodingMsPerToken, placingMsPerLoadedByte, placingHeldMs, decodingMsPerValue } = this;
     this.save?.(JSON.stringify({ encodingMsPerToken, placingMsPerLoadedByte, placingHeldMs, decodingMsPerValue }));
   }

@@ -12,7 +12,7 @@ import type { DecodedVideo } from '../core/model/vae-decoder.ts';
 import { loadWanPipelineParts } from '../core/model/wan-pipeline.ts';
 import { jobSolver, scheduleOf, type SamplerCheckpoint, type Schedule, type Solver } from '../core/sampler.ts';
 import type { StepCacheSettings } from '../core/step-cache.ts';
-import type { Tensor } from '../core/tensor.ts';
+import { sizeOf, type Tensor } from '../core/tensor.ts';
 import type { LoadedModel } from '../core/worker-api.ts';
 import type { Backend } from './backends.ts';
 import { denoise, type StepProgress, type StepReport } from './denoising.ts';
@@ -346,7 +346,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
     const promptTokens = await Promise.all(
       prompts.map((p) => (p === null ? Promise.resolve(0) : textEncoding.tokensToRun(p))),
     );
-    const latentValues = latentShape(params, config.inChannels).reduce((a, b) => a * b, 1);
+    const latentValues = sizeOf(latentShape(params, config.inChannels));
     return estimateJob(
       {
         steps: params.steps - fromStep,
