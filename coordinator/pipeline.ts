@@ -7,7 +7,7 @@ import { defined } from '../core/defined.ts';
 import { jobParams, latentShape, usesGuidance, type JobParams } from '../core/job.ts';
 import { parseWanConfig, type WanConfig } from '../core/model/config.ts';
 import { fetchModelFiles, readJson } from '../core/model/files.ts';
-import { TRANSFORMER_CONFIG } from '../core/model/transformer.ts';
+import { openTransformer, TRANSFORMER_CONFIG } from '../core/model/transformer.ts';
 import type { DecodedVideo } from '../core/model/vae-decoder.ts';
 import { loadWanPipelineParts } from '../core/model/wan-pipeline.ts';
 import { jobSolver, scheduleOf, type SamplerCheckpoint, type Schedule, type Solver } from '../core/sampler.ts';
@@ -381,7 +381,9 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
       const tell = (phase: JobPhase, detail?: string) =>
         onPhase?.(phase, detail, timeLeft(estimate, phase, clock.inPhaseMs()));
       placer.startJob({ step: resume?.step ?? 0, onFailure });
-      // the prompts and the decoder first: what a job cannot do is refused before any worker is asked
+      // the weights, the prompts and the decoder first: what a job cannot do is refused before any worker is asked (a
+      // truncated shard fails the job here, naming the file, not a worker that loads it)
+      await openTransformer(files);
       clock.enter('encoding');
       const encoded = [
         await embed(promptEmbeds, params.prompt, 'promptEmbeds', (detail) => tell('encoding', `the prompt: ${detail}`)),

@@ -95,7 +95,11 @@ export function readSafetensors(bytes: Uint8Array, file: string): TensorMap {
   );
 }
 
-/** The tensors of a safetensors file, from its header alone: two small reads, however large the file. */
+/**
+ * The tensors of a safetensors file, from its header: two small reads, however large the file, and a third of the
+ * last byte its tensors need, so that a truncated file fails where it is opened (on the coordinator, before any
+ * worker is asked to load it), not after a worker has read gigabytes of it.
+ */
 export async function readSafetensorsHeader(files: ByteRanges, file: string): Promise<TensorEntry[]> {
   const length = await files.readRange(file, 0, 8);
   if (length.byteLength < 8)
@@ -113,7 +117,13 @@ export async function readSafetensorsHeader(files: ByteRanges, file: string): Pr
       `${file}: header claims ${headerBytes} bytes but the file ends after ${8 + json.byteLength}: ` +
         'truncated? fetch it again',
     );
-  return parseHeader(json, file, null);
+  const entries = parseHeader(json, file, null);
+  const end = entries.reduce((last, e) => Math.max(last, e.end), 0);
+  if (end > 8 + headerBytes && (await files.readRange(file, end - 1, end)).byteLength < 1)
+    throw new SafetensorsError(
+      `${file}: its tensors need ${end} bytes but the file ends before: truncated? fetch it again`,
+    );
+  return entries;
 }
 
 /** One tensor read by its byte range and widened to float32; a file that ends early is named. */

@@ -1,8 +1,8 @@
 import { defined } from '../defined.ts';
 import { readTensor, type TensorMap } from '../safetensors.ts';
 import { allBlocks, checkBlockRange, holdsTensor, type BlockRange } from './blocks.ts';
-import { openCheckpoint } from './checkpoint.ts';
-import { checkWeights, parseWanConfig } from './config.ts';
+import { openCheckpoint, type Checkpoint } from './checkpoint.ts';
+import { checkWeights, parseWanConfig, type WanConfig } from './config.ts';
 import { readJson, type ModelFiles } from './files.ts';
 import type { WanModel } from './reference.ts';
 
@@ -18,8 +18,20 @@ const READS_IN_FLIGHT = 4;
 export type LoadProgress = (loaded: number, total: number) => void;
 
 /**
+ * A diffusers WanTransformer3DModel folder's config and checkpoint, single-file or sharded, checked against each
+ * other (every tensor's name and shape, every shard as long as its header says) without reading a weight: what the
+ * coordinator asks of a folder before a worker loads it.
+ */
+export async function openTransformer(files: ModelFiles): Promise<{ config: WanConfig; checkpoint: Checkpoint }> {
+  const config = parseWanConfig(await readJson(files, TRANSFORMER_CONFIG), TRANSFORMER_CONFIG);
+  const checkpoint = await openCheckpoint(files, 'transformer', TRANSFORMER_WEIGHTS_NAME);
+  checkWeights(config, checkpoint.tensors, checkpoint.source);
+  return { config, checkpoint };
+}
+
+/**
  * Loads a diffusers WanTransformer3DModel folder, single-file or sharded: the config and every
- * shard's header are checked against each other before a weight is read, then the weights are read
+ * shard's header are checked against each other before a weight is read (openTransformer), then the weights are read
  * tensor by tensor and widened to float32. With `blocks`, only a pipeline stage's tensors are read
  * (blocks.ts): the rest of the checkpoint is never fetched.
  */
@@ -28,9 +40,7 @@ export async function loadTransformer(
   onProgress?: LoadProgress,
   blocks?: BlockRange,
 ): Promise<WanModel> {
-  const config = parseWanConfig(await readJson(files, TRANSFORMER_CONFIG), TRANSFORMER_CONFIG);
-  const checkpoint = await openCheckpoint(files, 'transformer', TRANSFORMER_WEIGHTS_NAME);
-  checkWeights(config, checkpoint.tensors, checkpoint.source);
+  const { config, checkpoint } = await openTransformer(files);
   const range = checkBlockRange(config, blocks ?? allBlocks(config));
   const held = [...checkpoint.tensors.values()].filter((t) => holdsTensor(config, range, t.name));
   const total = held.reduce((sum, t) => sum + t.end - t.begin, 0);

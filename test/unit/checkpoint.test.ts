@@ -8,8 +8,13 @@ import { defined } from '../../core/defined.ts';
 import { expectedWeightShapes, parseWanConfig } from '../../core/model/config.ts';
 import { fetchModelFiles, MAX_WHOLE_FILE_BYTES, type ModelFiles } from '../../core/model/files.ts';
 import type { WanModel } from '../../core/model/reference.ts';
-import { loadTransformer, TRANSFORMER_CONFIG, TRANSFORMER_WEIGHTS_NAME } from '../../core/model/transformer.ts';
-import { planShards, safetensorsHeader } from '../../core/safetensors.ts';
+import {
+  loadTransformer,
+  openTransformer,
+  TRANSFORMER_CONFIG,
+  TRANSFORMER_WEIGHTS_NAME,
+} from '../../core/model/transformer.ts';
+import { planShards, readTensor, safetensorsHeader } from '../../core/safetensors.ts';
 import { sizeOf } from '../../core/tensor.ts';
 import { folderFiles, writeCheckpoint } from '../../server/model-folder.ts';
 import { WAN21_T2V_1_3B } from '../../server/wan21-layout.ts';
@@ -156,7 +161,7 @@ describe('a sharded checkpoint', () => {
     }
   });
 
-  it('broken, fails while loading, before any compute, naming the file and the tensor', async () => {
+  it("broken, fails when opened (the coordinator's check before a job) or while loading, naming the file and the tensor", async () => {
     const shard = (n: number, of: number) =>
       `diffusion_pytorch_model-${String(n).padStart(5, '0')}-of-${String(of).padStart(5, '0')}.safetensors`;
     const count = new Set(Object.values(index().weight_map)).size;
@@ -200,6 +205,18 @@ describe('a sharded checkpoint', () => {
       await spoiled((to) => truncateSync(join(to, 'transformer', shard(count, count)), 1000)),
     );
     expect(truncated.message).toMatch(
+      new RegExp(
+        `^transformer/${shard(count, count)}: its tensors need \\d+ bytes but the file ends before: truncated\\? fetch it again$`,
+      ),
+    );
+
+    // a shard cut short after it was opened (a download still being written, say): its tensor's read says so
+    const cutLater = mkdtempSync(join(tmpdir(), 'ditswarm-spoiled-'));
+    await writeSharded(cutLater);
+    const { checkpoint } = await openTransformer(folderFiles(cutLater));
+    const last = [...checkpoint.tensors.values()].find((t) => t.file.endsWith(shard(count, count)));
+    truncateSync(join(cutLater, 'transformer', shard(count, count)), 1000);
+    await expect(readTensor(folderFiles(cutLater), defined(last, 'a tensor of the last shard'))).rejects.toThrow(
       new RegExp(
         `^transformer/${shard(count, count)}: tensor ".+" needs bytes \\[\\d+, \\d+\\) but the file holds \\d+ of them: truncated\\? fetch it again$`,
       ),
