@@ -81,6 +81,7 @@ export function cachedModelFiles(baseUrl: string): CachedModelFiles {
   const notes = new Set<string>();
   const kept = new Map<string, Promise<KeptFile>>();
   let folderLock: Promise<(() => void) | null> | null = null;
+  const opening: StorageTurns = { last: Promise.resolve() };
   let closed = false;
   const fromNetwork = (path: string): KeptFile => ({
     read: async (begin, end) => {
@@ -98,7 +99,7 @@ export function cachedModelFiles(baseUrl: string): CachedModelFiles {
         throw new Error('this browser has no origin private file system or Web Locks');
       folderLock ??= fileKey(base).then((key) => lock(`${CACHE_DIR}/${key}`));
       await folderLock;
-      return await keepFile(`${base}/${path}`, network, path, source, () =>
+      return await keepFile(`${base}/${path}`, network, path, source, opening, () =>
         notes.add(`not kept in this browser: a write to its storage failed, the rest came from the network`),
       );
     } catch (e) {
@@ -147,6 +148,7 @@ async function keepFile(
   network: ModelFiles,
   path: string,
   source: WeightsSource,
+  opening: StorageTurns,
   onWriteFailed: () => void,
 ): Promise<KeptFile> {
   const head = await fetch(url, { method: 'HEAD', cache: 'no-store' });
@@ -155,18 +157,9 @@ async function keepFile(
     throw new Error(`the server gave no size for ${url} (HTTP ${head.status})`);
   const validator = validatorOf(head.headers);
   const name = await fileKey(url);
-  const handles: SyncHandle[] = [];
+  const handles = await openHandles(name, opening);
+  const [metaHandle, data] = handles;
   try {
-    const dir = await (await navigator.storage.getDirectory()).getDirectoryHandle(CACHE_DIR, { create: true });
-    const metaHandle = await (
-      (await dir.getFileHandle(`${name}.json`, { create: true })) as SyncFileHandle
-    ).createSyncAccessHandle();
-    handles.push(metaHandle);
-    const dataFile = (await dir.getFileHandle(`${name}.bin`, { create: true })) as SyncFileHandle;
-    if (!('createSyncAccessHandle' in dataFile))
-      throw new Error('this page has no synchronous file access (only a Web Worker has)');
-    const data = await dataFile.createSyncAccessHandle();
-    handles.push(data);
     const meta = readMeta(metaHandle);
     const kept = stillKept(meta, { url, size, validator });
     const ranges = new ByteRangeSet(kept ?? []);
@@ -232,6 +225,59 @@ async function keepFile(
     for (const handle of handles) handle.close();
     throw e;
   }
+}
+
+/**
+ * Turns at the browser's storage, one file opened at a time: Chromium was seen to leave one of some fifty handles
+ * asked for at once (a sharded checkpoint's files) unanswered, which hung the load.
+ */
+export type StorageTurns = { last: Promise<unknown> };
+
+/** the longest the browser's storage may take to open a file's handles before the file is read from the network */
+export const OPEN_TIMEOUT_MS = 10_000;
+
+/**
+ * A kept file's two handles (its kept ranges, then its data), opened when the files before it were; an error where
+ * the storage refuses or does not answer within OPEN_TIMEOUT_MS of its turn (then what it opened, now or later, is
+ * closed, so that the file stays free for the next load).
+ */
+export async function openHandles(name: string, turns: StorageTurns): Promise<[SyncHandle, SyncHandle]> {
+  const inTime = async (): Promise<[SyncHandle, SyncHandle]> => {
+    const got: SyncHandle[] = [];
+    let givenUp = false;
+    const take = async (file: FileSystemFileHandle): Promise<SyncHandle> => {
+      if (!('createSyncAccessHandle' in file))
+        throw new Error('this page has no synchronous file access (only a Web Worker has)');
+      const handle = await (file as SyncFileHandle).createSyncAccessHandle();
+      if (givenUp) handle.close();
+      else got.push(handle);
+      return handle;
+    };
+    const open = async (): Promise<[SyncHandle, SyncHandle]> => {
+      const dir = await (await navigator.storage.getDirectory()).getDirectoryHandle(CACHE_DIR, { create: true });
+      const meta = await take(await dir.getFileHandle(`${name}.json`, { create: true }));
+      return [meta, await take(await dir.getFileHandle(`${name}.bin`, { create: true }))];
+    };
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const late = new Promise<never>((_, reject) => {
+      timer = setTimeout(
+        () => reject(new Error(`the browser's storage did not open a file within ${OPEN_TIMEOUT_MS / 1000} s`)),
+        OPEN_TIMEOUT_MS,
+      );
+    });
+    try {
+      return await Promise.race([open(), late]);
+    } catch (e) {
+      givenUp = true;
+      for (const handle of got) handle.close();
+      throw e;
+    } finally {
+      clearTimeout(timer);
+    }
+  };
+  const handles = turns.last.then(inTime);
+  turns.last = handles.catch(() => {});
+  return handles;
 }
 
 function readMeta(handle: SyncHandle): KeptMeta | null {

@@ -1,7 +1,14 @@
-import { describe, expect, it } from 'vitest';
+import { afterEach, describe, expect, it, vi } from 'vitest';
 import { checkLoadStatus, describeLoad, describeWeights } from '../../core/worker-api.ts';
 import { passing } from '../../core/net/check.ts';
-import { ByteRangeSet, stillKept, validatorOf } from '../../rank/weight-cache.ts';
+import {
+  ByteRangeSet,
+  OPEN_TIMEOUT_MS,
+  openHandles,
+  stillKept,
+  validatorOf,
+  type StorageTurns,
+} from '../../rank/weight-cache.ts';
 
 describe('the ranges of a file a browser keeps', () => {
   it('merge where they touch or overlap, and cover only what was kept', () => {
@@ -95,5 +102,45 @@ describe('a load as pages show it', () => {
     expect(passing(checkLoadStatus, { ...status, bytes: -1 }, 'load')).toBeUndefined();
     expect(passing(checkLoadStatus, { ...status, note: 'x'.repeat(5000) }, 'load')).toBeUndefined();
     expect(passing(checkLoadStatus, 'loading', 'load')).toBeUndefined();
+  });
+});
+
+describe("a kept file's handles, from the browser's storage", () => {
+  afterEach(() => {
+    vi.useRealTimers();
+    vi.unstubAllGlobals();
+  });
+
+  it('are opened one file at a time; a file the storage does not open in time is given up on, the next one is not held up', async () => {
+    vi.useFakeTimers();
+    const asked: string[] = [];
+    const closed: string[] = [];
+    /** the storage of a browser that never answers for `stuck`'s data file */
+    const stuck = 'b.bin';
+    const file = (name: string) => ({
+      createSyncAccessHandle: () => {
+        asked.push(name);
+        const handle = { close: () => closed.push(name) };
+        return name === stuck ? new Promise(() => {}) : Promise.resolve(handle);
+      },
+    });
+    const dir = { getFileHandle: (name: string) => Promise.resolve(file(name)) };
+    vi.stubGlobal('navigator', { storage: { getDirectory: () => Promise.resolve({ getDirectoryHandle: () => dir }) } });
+    const turns: StorageTurns = { last: Promise.resolve() };
+    const [a, b, c] = ['a', 'b', 'c'].map((name) => openHandles(name, turns));
+    const bOutcome = b.then(
+      () => 'opened',
+      (e: unknown) => (e as Error).message,
+    );
+    await expect(a).resolves.toHaveLength(2);
+    await vi.advanceTimersByTimeAsync(OPEN_TIMEOUT_MS - 1);
+    // c waits for b's turn to end
+    expect(asked).toEqual(['a.json', 'a.bin', 'b.json', 'b.bin']);
+    await vi.advanceTimersByTimeAsync(1);
+    expect(await bOutcome).toBe(`the browser's storage did not open a file within ${OPEN_TIMEOUT_MS / 1000} s`);
+    // b's handle that did open is closed, so that the file is free for the next load
+    expect(closed).toEqual(['b.json']);
+    await expect(c).resolves.toHaveLength(2);
+    expect(asked.slice(4)).toEqual(['c.json', 'c.bin']);
   });
 });
