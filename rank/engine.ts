@@ -49,8 +49,14 @@ export interface EngineApi extends DeviceStageRunner {
   ): Promise<EngineInfo>;
   /** matrix-multiply and softmax throughput on an EP */
   probe(ep: ExecutionProvider): Promise<ComputeProbe>;
-  /** the text encoder's layers [from, to) of the folder at modelUrl on a prompt's hidden states (text-layers.ts) */
-  encodeText(args: Omit<EncodeTextArgs, 'ep'> & { ep: ExecutionProvider }): Promise<EncodedText>;
+  /**
+   * the text encoder's layers [from, to) of the folder at modelUrl on a prompt's hidden states (text-layers.ts),
+   * saying how far the reading of their weights is
+   */
+  encodeText(
+    args: Omit<EncodeTextArgs, 'ep'> & { ep: ExecutionProvider },
+    onLoad?: (status: LoadStatus) => void,
+  ): Promise<EncodedText>;
   /** a run of latent frames of one VAE tile of the folder at modelUrl (vae-tiles.ts) */
   decodeTile(args: Omit<DecodeTileArgs, 'ep'> & { ep: ExecutionProvider }): Promise<DecodedTile>;
   /** resolves once the calls queued before it are done: an engine that hangs never does */
@@ -192,7 +198,7 @@ export function createEngine(threads = 1, report?: (move: EngineMove) => void): 
       const { flops, softmaxRate, stageMs } = await probeThroughput(ep);
       return { ep, flops, softmaxRate, stageMs };
     },
-    encodeText: (args) => text.encode(args),
+    encodeText: (args, onLoad) => text.encode(args, onLoad),
     decodeTile: (args) => vae.decode(args),
     alive: () => Promise.resolve(),
     embed: (...a) => need().embed(...a),

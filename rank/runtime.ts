@@ -246,17 +246,8 @@ export class WorkerRuntime implements WorkerApi {
       ep === 'auto'
         ? await this.fastestEp()
         : { ep, why: `${ep === 'wasm' ? 'WASM' : 'WebGPU'}: asked for by the job` };
-    // a real model's weights are GBs: the page (and through the pulse the dashboard) says how far
-    // the download is, a per cent at a time
     const before = { state: this.state, detail: this.detail };
-    let shown = -1;
-    const progress = (status: LoadStatus) => {
-      this.loadStatus = status;
-      const percent = Math.floor((100 * status.bytes) / status.totalBytes);
-      if (percent === shown) return;
-      shown = percent;
-      this.setState('loading', `loading ${modelUrl}: ${describeLoad(status)}`);
-    };
+    const progress = this.showLoad('loading', `loading ${modelUrl}`);
     try {
       // none and an empty list are the same adapters: the engine, which keeps its last model by what was asked, too
       return { info: await this.engine.load(modelUrl, choice.ep, progress, blocks, loras ?? []), why: choice.why };
@@ -264,6 +255,21 @@ export class WorkerRuntime implements WorkerApi {
       this.loadStatus = null;
       if (this.state === 'loading' && before.state !== 'loading') this.setState(before.state, before.detail);
     }
+  }
+
+  /**
+   * A load's progress as the page (and through the pulse's `load`, the dashboard) shows it, a per cent at a time:
+   * a real model's weights are GBs. The caller clears `loadStatus` when the load ends.
+   */
+  private showLoad(state: WorkerState, what: string): (status: LoadStatus) => void {
+    let shown = -1;
+    return (status) => {
+      this.loadStatus = status;
+      const percent = Math.floor((100 * status.bytes) / status.totalBytes);
+      if (percent === shown) return;
+      shown = percent;
+      this.setState(state, `${what}: ${describeLoad(status)}`);
+    };
   }
 
   async preload({ modelUrl }: { modelUrl: string }) {
@@ -323,11 +329,10 @@ export class WorkerRuntime implements WorkerApi {
   }
 
   encodeText(args: EncodeTextArgs) {
-    return this.betweenJobs(
-      'encodeText',
-      `encoding a prompt: text encoder layers ${args.from + 1}–${args.to}`,
-      args,
-      (ep) => this.engine.encodeText({ ...args, ep }),
+    const detail = `encoding a prompt: text encoder layers ${args.from + 1}–${args.to}`;
+    return this.betweenJobs('encodeText', detail, args, (ep) =>
+      // umT5-XXL's layers are 0.77 GB each: their reading is a load, shown as one
+      this.engine.encodeText({ ...args, ep }, this.showLoad('computing', `${detail}, reading their weights`)),
     );
   }
 
@@ -362,6 +367,7 @@ export class WorkerRuntime implements WorkerApi {
       await this.hooks.betweenJobs?.();
       return await work(asked === 'auto' ? (await this.fastestEp()).ep : asked);
     } finally {
+      this.loadStatus = null;
       this.setState(before.state, before.detail);
     }
   }

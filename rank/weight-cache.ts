@@ -66,6 +66,24 @@ export interface CachedModelFiles extends ModelFiles {
   close(): Promise<void>;
 }
 
+/**
+ * A folder's files read as they are, nothing kept: a folder on this machine (Node, tests). Every byte read counts as
+ * fetched.
+ */
+export function unkeptModelFiles(files: ModelFiles): CachedModelFiles {
+  const source: WeightsSource = { networkBytes: 0, cacheBytes: 0, note: '' };
+  return {
+    read: (path) => files.read(path),
+    async readRange(path, begin, end) {
+      const bytes = await files.readRange(path, begin, end);
+      source.networkBytes += bytes.byteLength;
+      return bytes;
+    },
+    source: () => ({ ...source }),
+    close: () => Promise.resolve(),
+  };
+}
+
 /** One file's place in the cache during a load, or why it has none (then it is read from the network). */
 type KeptFile = { read(begin: number, end: number): Promise<Uint8Array>; close(): Promise<void> };
 

@@ -226,6 +226,8 @@ export interface Umt5Checkpoint {
   tokenRows(ids: number[]): Promise<Float32Array>;
   /** one layer's weights, read from its shard */
   layer(index: number): Promise<Umt5LayerWeights>;
+  /** the bytes `layer(index)` reads, by the checkpoint's header */
+  layerBytes(index: number): number;
   finalNorm(): Promise<Float32Array>;
 }
 
@@ -243,13 +245,21 @@ export async function openUmt5(files: ModelFiles): Promise<Umt5Checkpoint> {
   // checkShapes has seen every name the layers ask for
   const entry = (name: string) => defined(tensors.get(name), `${checkpoint.source}: tensor "${name}"`);
   const read = async (name: string) => (await readTensor(files, entry(name))).data;
+  const namesOf = (index: number) => {
+    if (!Number.isInteger(index) || index < 0 || index >= config.numLayers)
+      throw new Error(`the text encoder has layers 0–${config.numLayers - 1}, not ${index}`);
+    return Object.entries(umt5LayerWeightNames(index)) as [Umt5LayerWeight, string][];
+  };
   return {
     config,
     tokenRows: (ids) => readTokenRows(files, entry(TOKEN_EMBEDDING), ids),
+    layerBytes: (index) =>
+      namesOf(index).reduce((sum, [, name]) => {
+        const { begin, end } = entry(name);
+        return sum + end - begin;
+      }, 0),
     async layer(index) {
-      if (!Number.isInteger(index) || index < 0 || index >= config.numLayers)
-        throw new Error(`the text encoder has layers 0–${config.numLayers - 1}, not ${index}`);
-      const names = Object.entries(umt5LayerWeightNames(index)) as [Umt5LayerWeight, string][];
+      const names = namesOf(index);
       return Object.fromEntries(
         await Promise.all(names.map(async ([short, name]) => [short, await read(name)] as const)),
       ) as Umt5LayerWeights;

@@ -2,6 +2,7 @@ import { expect, test } from '@playwright/test';
 import type { JobOverrides } from '../../app/automation.ts';
 import { umt5Encoding, type TextHost } from '../../coordinator/text-encoding.ts';
 import { textLayers } from '../../rank/text-layers.ts';
+import { unkeptModelFiles } from '../../rank/weight-cache.ts';
 import { folderFiles } from '../../server/model-folder.ts';
 import { FULL_LAYOUT_MODEL_PATH } from './global-setup.ts';
 import { maxAbsDiff, openTestSwarm, runJob, WASM_ONLY_BROWSER } from './swarm-page.ts';
@@ -59,8 +60,9 @@ test("a prompt through umT5's layers on three worker tabs; the same prompts agai
     const files = folderFiles(dir);
     const oneHost: TextHost = {
       id: 'node',
+      pulse: null,
       api: {
-        encodeText: (args) => textLayers(() => ({ ...files, close: async () => {} })).encode({ ...args, ep: 'wasm' }),
+        encodeText: (args) => textLayers(() => unkeptModelFiles(files)).encode({ ...args, ep: 'wasm' }),
       },
     };
     const encoding = umt5Encoding({

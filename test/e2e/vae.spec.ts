@@ -4,6 +4,7 @@ import { defined } from '../../core/defined.ts';
 import { parseWanVaeConfig } from '../../core/model/wan-vae.ts';
 import { tiledDecoding, type TileHost } from '../../coordinator/vae-decoding.ts';
 import { vaeTiles } from '../../rank/vae-tiles.ts';
+import { unkeptModelFiles } from '../../rank/weight-cache.ts';
 import { folderFiles } from '../../server/model-folder.ts';
 import { FULL_LAYOUT_MODEL_PATH, FULL_LAYOUT_VAE } from './global-setup.ts';
 import { maxAbsDiff, openTestSwarm, runJob } from './swarm-page.ts';
@@ -109,7 +110,7 @@ test("a prompt through umT5, the transformer and AutoencoderKLWan's tiles on thr
 
     // one worker in this process: the same tiles, one after another
     const files = folderFiles(dir);
-    const tiles = vaeTiles(() => ({ ...files, close: async () => {} }));
+    const tiles = vaeTiles(() => unkeptModelFiles(files));
     const host: TileHost = { id: 'node', api: { decodeTile: (args) => tiles.decode({ ...args, ep: 'wasm' }) } };
     const one = tiledDecoding({
       modelUrl: 'node',

@@ -17,8 +17,9 @@ import {
 } from '../../coordinator/text-encoding.ts';
 import { PART_TOLERANCE } from '../../coordinator/part-check.ts';
 import { secureRandom } from '../../coordinator/spot-check.ts';
-import type { EncodeTextArgs } from '../../core/worker-api.ts';
+import { describeLoad, type EncodeTextArgs, type LoadStatus } from '../../core/worker-api.ts';
 import { textLayers } from '../../rank/text-layers.ts';
+import { unkeptModelFiles } from '../../rank/weight-cache.ts';
 import { folderFiles, writeUmt5Folder } from '../../server/model-folder.ts';
 
 // umT5's layout at a small width, three layers so that one, two and three workers split them differently
@@ -48,16 +49,19 @@ function hosts(
   lie?: (i: number, args: EncodeTextArgs, hidden: Float32Array) => Float32Array,
 ): TextHost[] {
   return Array.from({ length: count }, (_, i) => {
-    const layers = textLayers(() => ({ ...folderFiles(dir), close: async () => {} }));
-    return {
+    const layers = textLayers(() => unkeptModelFiles(folderFiles(dir)));
+    const host: TextHost = {
       id: `worker-${i}`,
+      pulse: null,
       api: {
         async encodeText(args) {
-          const ran = await layers.encode({ ...args, ep: 'wasm' });
+          // its pulse carries the load's progress, as a worker page's does
+          const ran = await layers.encode({ ...args, ep: 'wasm' }, (load) => Object.assign(host, { pulse: { load } }));
           return lie ? { ...ran, hidden: lie(i, args, ran.hidden) } : ran;
         },
       },
     };
+    return host;
   });
 }
 
@@ -162,6 +166,49 @@ describe('a prompt through umT5 on the swarm', () => {
     const other = await encoding.encode('the blue cat');
     expect(other.report.source).toBe('encoded');
     expect(cache.entries.size).toBe(2);
+  });
+
+  it("a worker's run says how far the reading of the layers it does not hold is; the coordinator's news, from its pulse, too", async () => {
+    const layers = textLayers(() => unkeptModelFiles(folderFiles(dir)));
+    const encoder = await openUmt5(folderFiles(dir));
+    const layerBytes = [0, 1, 2].map((l) => encoder.layerBytes(l));
+    expect(new Set(layerBytes).size).toBe(1);
+    // the bytes of each layer's tensors in its shards' headers (float32): q, k, v, o, its own relative attention
+    // bias (umT5's every layer has one), the two norms, wi_0, wi_1, wo
+    const { d_model: d, d_kv: kv, num_heads: heads, d_ff: ff, relative_attention_num_buckets: buckets } = CONFIG;
+    expect(layerBytes[0]).toBe(4 * (4 * d * heads * kv + buckets * heads + 2 * d + 3 * d * ff));
+    const args = { modelUrl: 'model', ep: 'wasm' as const, tokens: 2, hidden: new Float32Array(2 * CONFIG.d_model) };
+    const seen: LoadStatus[] = [];
+    await layers.encode({ ...args, from: 0, to: 2 }, (s) => seen.push(s));
+    expect(seen.map((s) => [s.bytes, s.totalBytes])).toEqual([
+      [layerBytes[0], 2 * layerBytes[0]],
+      [2 * layerBytes[0], 2 * layerBytes[0]],
+    ]);
+    // every byte read counts as fetched in a folder that keeps nothing: the layers' and their shards' headers
+    expect(seen[1].networkBytes).toBeGreaterThan(2 * layerBytes[0]);
+    // the layers it holds are not read again: only layer 2 is
+    seen.length = 0;
+    await layers.encode({ ...args, from: 0, to: 3 }, (s) => seen.push(s));
+    expect(seen.map((s) => [s.bytes, s.totalBytes])).toEqual([[layerBytes[0], layerBytes[0]]]);
+
+    const load = { bytes: 3e8, totalBytes: 7.7e8, networkBytes: 3e8, elapsedMs: 2000, note: '' };
+    const reading: TextHost = {
+      id: 'reading',
+      pulse: { load },
+      api: {
+        // a run that takes long enough for the coordinator's news to look at the pulse
+        encodeText: async (a) => {
+          await new Promise((r) => setTimeout(r, 1300));
+          return layers.encode({ ...a, ep: 'wasm' });
+        },
+      },
+    };
+    const news: string[] = [];
+    await encodingOn([reading]).encoding.encode(PROMPT, (detail) => news.push(detail));
+    expect(news).toEqual([
+      'text encoder layers 1–3 of 3 on worker reading',
+      `text encoder layers 1–3 of 3 on worker reading, reading their weights: ${describeLoad(load)}`,
+    ]);
   });
 
   it('a prompt longer than the max length is cut to it, still ending in </s>, and the report says so', async () => {

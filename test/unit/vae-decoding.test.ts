@@ -12,6 +12,7 @@ import { maxAbsDiff, type Tensor } from '../../core/tensor.ts';
 import type { DecodeTileArgs } from '../../core/worker-api.ts';
 import { chooseTiling, largestTileTensorBytes, tiledDecoding, type TileHost } from '../../coordinator/vae-decoding.ts';
 import { vaeTiles } from '../../rank/vae-tiles.ts';
+import { unkeptModelFiles } from '../../rank/weight-cache.ts';
 import { folderFiles } from '../../server/model-folder.ts';
 import { writeWanVaeFolder } from '../../server/model-folder.ts';
 import { WAN21_T2V_1_3B } from '../../server/wan21-layout.ts';
@@ -39,7 +40,7 @@ let runtime: Promise<unknown> = Promise.resolve();
  */
 function worker(id: string, harm?: (args: DecodeTileArgs, call: number) => Harm): TileHost {
   const files = folderFiles(dir);
-  const tiles = vaeTiles(() => ({ ...files, close: async () => {} }));
+  const tiles = vaeTiles(() => unkeptModelFiles(files));
   let calls = 0;
   return {
     id,
@@ -284,7 +285,7 @@ describe('tiled decoding on workers', () => {
 
   it("a run of a tile's latent frames continues only the tile that is open, where it stopped; after its last frames the tile is closed", async () => {
     const files = folderFiles(dir);
-    const tiles = vaeTiles(() => ({ ...files, close: async () => {} }));
+    const tiles = vaeTiles(() => unkeptModelFiles(files));
     const part = cutTile(latent, { row: 0, col: 0, y: 0, x: 0, height: 4, width: 4 });
     const frame = (t: number) => ({
       shape: [16, 1, 4, 4],
