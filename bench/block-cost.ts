@@ -21,10 +21,8 @@ import { readTensor } from '../core/safetensors.ts';
 import { onnxStages } from '../rank/onnx-stages.ts';
 import { probeThroughput } from '../rank/throughput-probe.ts';
 import { folderFiles, FULL_SIZE_MODEL_DIR } from '../server/model-folder.ts';
-import { ensureFullSizeModel, isMain, log, machine, median, round, versions, writeReport } from './lib.ts';
+import { ensureFullSizeModel, isMain, log, machine, median, round, TEXT_TOKENS, versions, writeReport } from './lib.ts';
 
-/** WanPipeline pads every prompt to 512 rows */
-const TEXT_TOKENS = 512;
 /** 480p × 81 frames: latent 21 × 60 × 104, patches 1 × 2 × 2 */
 export const TOKENS_480P = 32_760;
 

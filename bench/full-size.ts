@@ -13,7 +13,6 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import type { JobOverrides } from '../app/automation.ts';
-import { SeededRandom } from '../core/random.ts';
 import { FULL_SIZE_MODEL_DIR } from '../server/model-folder.ts';
 import { LOCAL_MODEL_PATH } from '../server/serve.ts';
 import { startLocalSwarm } from '../server/cli/browser-swarm.ts';
@@ -23,15 +22,15 @@ import {
   latentFromBase64,
   log,
   machine,
+  randomPromptEmbeds,
   rendererPeaks,
   round,
+  TEXT_TOKENS,
   versions,
   waitForQuietMachine,
   writeReport,
 } from './lib.ts';
 
-/** rows of the prompt embedding: WanPipeline pads every prompt to 512 */
-const TEXT_TOKENS = 512;
 /** the bound on P ranks against one, relative to the latent's scale */
 const MAX_RELATIVE_ERROR = 1e-4;
 
@@ -46,15 +45,8 @@ export interface FullSizeOptions {
 
 export async function runFullSize(o: FullSizeOptions) {
   ensureFullSizeModel(o.model);
-  const config = JSON.parse(readFileSync(join(o.model, 'transformer/config.json'), 'utf8')) as {
-    text_dim: number;
-    num_layers: number;
-  };
-  const embeds = new SeededRandom(3).normals(TEXT_TOKENS * config.text_dim, 0.2);
-  const promptEmbeds = {
-    shape: [1, TEXT_TOKENS, config.text_dim],
-    base64: Buffer.from(embeds.buffer).toString('base64'),
-  };
+  const config = JSON.parse(readFileSync(join(o.model, 'transformer/config.json'), 'utf8')) as { num_layers: number };
+  const promptEmbeds = randomPromptEmbeds(o.model);
   const started = Date.now();
   const swarm = await startLocalSwarm({
     workers: Math.max(...o.ranks),

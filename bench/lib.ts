@@ -7,6 +7,7 @@ import { dirname, extname, join, normalize, relative } from 'node:path';
 import type { BrowserContext, Page } from '@playwright/test';
 import { build } from 'vite';
 import { parseWanConfig, type WanConfig } from '../core/model/config.ts';
+import { SeededRandom } from '../core/random.ts';
 
 export const ROOT = join(import.meta.dirname, '..');
 export const OUT_DIR = join(ROOT, 'bench/out');
@@ -28,6 +29,21 @@ export function ensureFullSizeModel(dir: string): void {
     { cwd: ROOT, stdio: 'inherit' },
   );
   if (made.status !== 0) throw new Error(`make-model failed with status ${made.status}`);
+}
+
+/** rows of a prompt embedding: WanPipeline pads every prompt to 512 */
+export const TEXT_TOKENS = 512;
+
+/**
+ * Seeded random prompt embeddings [1, TEXT_TOKENS, text_dim] for the model folder `dir`, as a job takes them: what a
+ * bench of the transformer alone gives in place of the text encoder.
+ */
+export function randomPromptEmbeds(dir: string): { shape: number[]; base64: string } {
+  const { text_dim: textDim } = JSON.parse(readFileSync(join(dir, 'transformer/config.json'), 'utf8')) as {
+    text_dim: number;
+  };
+  const embeds = new SeededRandom(3).normals(TEXT_TOKENS * textDim, 0.2);
+  return { shape: [1, TEXT_TOKENS, textDim], base64: Buffer.from(embeds.buffer).toString('base64') };
 }
 
 /** The bench model's transformer config, after writing the model if it is not there yet. */

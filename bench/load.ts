@@ -7,23 +7,29 @@
 //
 //   npm run bench -- load [--model DIR] [--workers 2]
 
-import { readFileSync } from 'node:fs';
-import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import type { Page } from '@playwright/test';
 import type { JobOverrides } from '../app/automation.ts';
-import { SeededRandom } from '../core/random.ts';
 import { FULL_SIZE_MODEL_DIR } from '../server/model-folder.ts';
 import { LOCAL_MODEL_PATH } from '../server/serve.ts';
 import { startLocalSwarm } from '../server/cli/browser-swarm.ts';
-import { ensureFullSizeModel, isMain, log, machine, round, versions, waitForQuietMachine, writeReport } from './lib.ts';
+import {
+  ensureFullSizeModel,
+  isMain,
+  log,
+  machine,
+  randomPromptEmbeds,
+  round,
+  TEXT_TOKENS,
+  versions,
+  waitForQuietMachine,
+  writeReport,
+} from './lib.ts';
 
 /** the bound: a server on the same machine delivers the weights at this rate or faster, on a quiet machine */
 const MIN_NETWORK_MB_S = 200;
 /** the bound on the first job's placing phase once the weights are preloaded */
 const MAX_PLACING_S = 10;
-/** rows of the prompt embedding: WanPipeline pads every prompt to 512 */
-const TEXT_TOKENS = 512;
 /** a preload of GBs on a busy machine: minutes */
 const PRELOAD_WAIT_MS = 30 * 60_000;
 
@@ -99,13 +105,9 @@ export async function runLoad(o: LoadOptions) {
 
     // the first job once the weights are in: its placing phase is the rehearsal and the placement alone
     log('load: the first job on the preloaded tabs…');
-    const config = JSON.parse(readFileSync(join(o.model, 'transformer/config.json'), 'utf8')) as { text_dim: number };
     const firstJob: JobOverrides = {
       prompt: 'random prompt embeddings',
-      promptEmbeds: {
-        shape: [1, TEXT_TOKENS, config.text_dim],
-        base64: Buffer.from(new SeededRandom(3).normals(TEXT_TOKENS * config.text_dim, 0.2).buffer).toString('base64'),
-      },
+      promptEmbeds: randomPromptEmbeds(o.model),
       outputType: 'latent',
       frames: 5,
       height: 32,
