@@ -10,6 +10,7 @@ import type { WanConfig } from '../core/model/config.ts';
 import { describeLoad, describeWeights } from '../core/worker-api.ts';
 import { fastestEp } from '../core/cost-model.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
+import { WAN_TEXT_TOKENS } from '../core/model/wan-pipeline.ts';
 import { partFloats, planUlysses, tokenStart, type UlyssesPlan } from '../core/parallel.ts';
 import { payloadBytes, type TensorTag } from '../core/net/protocol.ts';
 import type {
@@ -32,7 +33,7 @@ import type {
 } from '../core/worker-api.ts';
 import type { EngineApi, EngineInfo } from './engine.ts';
 import { probeMesh, PROBE_FLOATS } from './mesh-probe.ts';
-import { rehearseForwards } from './rehearsal.ts';
+import { rehearseForwards, warmUpEngine } from './rehearsal.ts';
 import {
   exchangePhase,
   ExchangePhase,
@@ -276,6 +277,12 @@ export class WorkerRuntime implements WorkerApi {
     if (this.state === 'computing') throw new Error('preload while a job is computing on this worker: between jobs');
     // the engine keeps the last model it loaded: a placement asking the same one finds it there
     const { info } = await this.load({ modelUrl, ep: 'auto' });
+    // the first job's rehearsal would warm a cold engine up: done now, while no job waits for it
+    const engine = await this.engineName(info);
+    if (this.coldEngine(engine, 'for the first job')) {
+      await warmUpEngine(info.config, this.engine, WAN_TEXT_TOKENS);
+      this.warmEngine = engine;
+    }
     // the page says the model is in, and whence: its person (and a benchmark) sees the load ended
     this.setState(
       this.state,
@@ -288,17 +295,11 @@ export class WorkerRuntime implements WorkerApi {
     if (this.state === 'computing')
       throw new Error('rehearse while a job is computing on this worker: rehearse between jobs');
     const { info } = await this.load({ modelUrl, ep, loras });
-    // a new engine (a new share of the cores starts one) is cold until it has computed a while
-    const engine = `${info.ep} on ${(await this.hooks.describe()).threads} threads`;
+    const engine = await this.engineName(info);
+    const before = { state: this.state, detail: this.detail };
+    const cold = this.coldEngine(engine, "before timing the job's forwards");
     try {
-      const forwardMs = await rehearseForwards(
-        info.config,
-        this.engine,
-        latentShape,
-        textTokens,
-        degrees,
-        this.warmEngine !== engine,
-      );
+      const forwardMs = await rehearseForwards(info.config, this.engine, latentShape, textTokens, degrees, cold);
       this.warmEngine = engine;
       return { forwardMs };
     } finally {
@@ -310,7 +311,24 @@ export class WorkerRuntime implements WorkerApi {
         JSON.stringify(this.loras) !== JSON.stringify(loras);
       if (this.model && this.modelUrl && differs)
         await this.engine.load(this.modelUrl, this.model.ep, undefined, this.blocks, this.loras);
+      if (cold) this.setState(before.state, before.detail);
     }
+  }
+
+  /**
+   * The engine computing `info`'s model: a new one (a new share of the cores starts one) is cold until it has
+   * computed a while.
+   */
+  private async engineName(info: EngineInfo): Promise<string> {
+    const { threads } = await this.hooks.describe();
+    return `${info.ep} on ${threads} thread${threads === 1 ? '' : 's'}`;
+  }
+
+  /** Whether `engine` is still cold (rank/rehearsal.ts), said on the page where it is: it warms up `when`. */
+  private coldEngine(engine: string, when: string): boolean {
+    if (this.warmEngine === engine) return false;
+    this.setState(this.state, `warming up its engine (${engine}) ${when}`);
+    return true;
   }
 
   /** why the loaded model runs on its EP, once loaded */

@@ -5,7 +5,8 @@ test.use(WASM_ONLY_BROWSER);
 
 // Weights before the first job (issue 36): a worker tab that joins loads the dashboard's model once it is measured,
 // so the first job placed on it finds the model in its engine. The demo model is below the size preloaded by default
-// (a placement loads it in a moment): the dashboard is told to preload from 0 bytes.
+// (a placement loads it in a moment): the dashboard is told to preload from 0 bytes. The preload also warms the engine
+// up, which the first job's rehearsal would do otherwise (seconds of forwards on a real model).
 test('a worker that joins loads the form’s model before any job; the first job finds it loaded, not read again', async ({
   browser,
   baseURL,
@@ -25,15 +26,22 @@ test('a worker that joins loads the form’s model before any job; the first job
       .poll(() => worker.evaluate(() => window.ditswarmWorkerHistory.join('\n')), { timeout: 60_000 })
       .toMatch(new RegExp(`loading [^\\n]*${model.replace(/[/.-]/g, '\\$&')}`));
     await expect
-      .poll(() => worker.evaluate(() => window.ditswarmWorker?.state), { timeout: 60_000 })
-      .not.toBe('loading');
-    const before = await worker.evaluate(() => window.ditswarmWorkerHistory.length);
+      .poll(() => worker.evaluate(() => window.ditswarmWorkerHistory.join('\n')), { timeout: 60_000 })
+      .toMatch(/model preloaded on wasm/);
+    const history = await worker.evaluate(() => [...window.ditswarmWorkerHistory]);
+    const before = history.length;
+    // and its engine warmed up then, after the weights and before it said the model is in
+    const warmed = history.findIndex((s) => /warming up its engine \(wasm on \d+ threads?\) for the first job/.test(s));
+    expect(warmed).toBeGreaterThan(-1);
+    expect(history.findIndex((s) => /model preloaded on wasm/.test(s))).toBeGreaterThan(warmed);
 
     const run = await runJob(dashboard, { model, steps: 2, backend: 'swarm', workers: 1, outputType: 'latent' });
     expect(run.report.workers.map((w) => w.inMemory)).toEqual([true]);
     const during = await worker.evaluate((n) => window.ditswarmWorkerHistory.slice(n), before);
     // no weight was read for it: the load found the model in the engine at once, with no MB-of-MB progress
     expect(during.filter((s) => / MB of /.test(s))).toEqual([]);
+    // nor did its rehearsal warm the engine up again: the job's placing does not wait for that
+    expect(during.filter((s) => /warming up/.test(s))).toEqual([]);
   } finally {
     await context.close();
   }

@@ -281,3 +281,34 @@ describe("a model's download", () => {
     expect(runtime.state).toBe('ready');
   });
 });
+
+describe('a preloaded worker', () => {
+  it('warms its engine up once the weights are in, so the first rehearsal times warm forwards at once', async () => {
+    const states: string[] = [];
+    const runtime = new WorkerRuntime(stubEngine(referenceStages(model), model.config), {
+      ...wasmHooks(),
+      onState: (s, d) => states.push(`${s}: ${d}`),
+    });
+    await runtime.preload({ modelUrl: 'big' });
+    const warmed = states.findIndex((s) => /warming up its engine \(wasm on \d+ threads?\) for the first job/.test(s));
+    expect(warmed).toBeGreaterThan(-1);
+    expect(states.findIndex((s) => s.includes('model preloaded on wasm'))).toBeGreaterThan(warmed);
+    states.length = 0;
+    await runtime.initWorker({ ...EXACT_SETTINGS, rank: 0, world: 1, peers: ['a'], session: 's' });
+    await runtime.rehearse({ modelUrl: 'big', ep: 'wasm', latentShape: [16, 1, 2, 2], textTokens: 4, degrees: [1] });
+    expect(states.filter((s) => s.includes('warming up'))).toEqual([]);
+  });
+
+  it('a worker that did not preload warms up in its first rehearsal, and says so', async () => {
+    const states: string[] = [];
+    const runtime = new WorkerRuntime(stubEngine(referenceStages(model), model.config), {
+      ...wasmHooks(),
+      onState: (s, d) => states.push(`${s}: ${d}`),
+    });
+    await runtime.initWorker({ ...EXACT_SETTINGS, rank: 0, world: 1, peers: ['a'], session: 's' });
+    await runtime.rehearse({ modelUrl: 'big', ep: 'wasm', latentShape: [16, 1, 2, 2], textTokens: 4, degrees: [1] });
+    expect(states.filter((s) => s.includes('warming up'))).toEqual([
+      "initialized: warming up its engine (wasm on 1 thread) before timing the job's forwards",
+    ]);
+  });
+});
