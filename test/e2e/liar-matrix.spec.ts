@@ -14,10 +14,8 @@ import { appOrigin, maxAbsDiff, runJob, TEST_MODEL, workerId } from './swarm-pag
 // page in a browser context of its own, a fresh one per case, since a ban covers its browser.
 // The swarm holds exactly the job's ranks (the planner places the fastest first, so a liar among
 // more workers might be left out): the cases run from 4 ranks down, closing an honest tab between.
-// Opt-in: DITSWARM_LIAR_MATRIX=1 runs a cut of the matrix (each exchange once per attack, the rank
-// counts across them diagonally: LIAR_CASES), DITSWARM_FULL_HOSTILE=1 all 24 cases. It is not in
-// CI, for its time (the cut: 8 cases in 7.5 minutes here), and the attacks it replays are each in
-// the hostile suite at one placement.
+// CI runs a cut of the matrix, one case per exchange (the attacks alternating, the rank counts moving along the
+// diagonal: LIAR_CASES); DITSWARM_FULL_HOSTILE=1 runs all 24 cases.
 
 const STEPS = 4;
 /** the job every case runs: a few tokens, a few steps, the default spot-check rate */
@@ -104,10 +102,10 @@ interface LiarCase {
 
 const WORLDS = [4, 3, 2];
 const FULL = process.env.DITSWARM_FULL_HOSTILE === '1';
-/** every case when FULL; else each exchange once per attack, on a rank count that moves along the diagonal */
+/** every case when FULL; else each exchange once, the attacks taking turns, on a rank count that moves along */
 const LIAR_CASES: LiarCase[] = WORLDS.flatMap((world, w) =>
   EXCHANGES.flatMap((exchange, e) =>
-    ATTACKS.filter((_, a) => FULL || WORLDS[(e + a) % WORLDS.length] === WORLDS[w]).map((attack) => ({
+    ATTACKS.filter((_, a) => FULL || (a === e % ATTACKS.length && w === e % WORLDS.length)).map((attack) => ({
       world,
       exchange,
       attack,
@@ -116,10 +114,6 @@ const LIAR_CASES: LiarCase[] = WORLDS.flatMap((world, w) =>
 );
 
 test.describe('one liar among 1 to 3 honest tabs of this machine, on every exchange', () => {
-  test.skip(
-    !process.env.DITSWARM_LIAR_MATRIX && !process.env.DITSWARM_FULL_HOSTILE,
-    'opt-in: DITSWARM_LIAR_MATRIX=1 (a cut) or DITSWARM_FULL_HOSTILE=1 (all cases)',
-  );
   let context: BrowserContext;
   let dashboard: Page;
   const honest: Page[] = [];
@@ -211,7 +205,6 @@ test.describe('one liar among 1 to 3 honest tabs of this machine, on every excha
         await expect(liar.locator('#state')).toHaveText('refused', { timeout: 20_000 });
         await expect(liar.locator('#detail')).toContainText('banned from this swarm for lying');
         const after = await histories();
-        console.log(JSON.stringify(after.map((h, i) => h.slice(before[i].length))));
         after.forEach((history, i) =>
           expect(history.slice(before[i].length).filter((s) => /lost the dashboard|refused/.test(s))).toEqual([]),
         );
