@@ -327,10 +327,15 @@ export class Swarm {
     return browser && browser !== this.ownBrowser() ? `browser:${browser}` : `peer:${worker.id}`;
   }
 
+  /** Whether the worker is a tab of this dashboard's own browser: this machine's, trusted whatever the user marks. */
+  isThisMachine(worker: Pick<SwarmWorker, 'info'>): boolean {
+    const own = this.ownBrowser();
+    return own !== null && worker.info.browser === own;
+  }
+
   /** Trusted workers: the tabs of this dashboard's own browser, and those the user marked trusted. */
   isTrusted(worker: Pick<SwarmWorker, 'id' | 'info'>): boolean {
-    const own = this.ownBrowser();
-    return (own !== null && worker.info.browser === own) || this.markedTrusted.has(this.identityOf(worker));
+    return this.isThisMachine(worker) || this.markedTrusted.has(this.identityOf(worker));
   }
 
   /** Whether the record of accusations set the worker aside for the current job (the placer places without it). */

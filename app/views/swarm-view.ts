@@ -11,14 +11,14 @@ export function renderSwarm(swarm: Swarm): void {
   const body = defined($('workers').querySelector('tbody'), "the swarm table's body");
   body.replaceChildren(
     ...(workers.length
-      ? workers.map((w) => workerRow(w, w.measurement))
+      ? workers.map((w) => workerRow(swarm, w, w.measurement))
       : [
           h(
             'tr',
             {},
             h(
               'td',
-              { colSpan: 6, className: 'empty' },
+              { colSpan: 7, className: 'empty' },
               'No workers yet: open the link above in another tab or on another machine.',
             ),
           ),
@@ -26,7 +26,7 @@ export function renderSwarm(swarm: Swarm): void {
   );
 }
 
-function workerRow(w: SwarmWorker, m: WorkerMeasurement | null): HTMLTableRowElement {
+function workerRow(swarm: Swarm, w: SwarmWorker, m: WorkerMeasurement | null): HTMLTableRowElement {
   // with 'auto' a worker computes on the EP it measured faster: the speed column says so, and why
   const chosen = m?.auto ?? null;
   const speedOfLink = !m ? '' : `${(m.bandwidth / 1e6).toFixed(1)} MB/s, ${m.rttMs.toFixed(0)} ms`;
@@ -64,6 +64,27 @@ function workerRow(w: SwarmWorker, m: WorkerMeasurement | null): HTMLTableRowEle
       w.pulse?.load ? h('span', { className: 'sub load' }, describeLoad(w.pulse.load)) : '',
     ),
     h('td', { className: bad ? 'bad' : '' }, String(bad)),
+    h('td', {}, trustBox(swarm, w)),
+  );
+}
+
+/**
+ * Whether the job may rest on this worker alone and its word outweighs an untrusted one's (coordinator/accusations.ts):
+ * the tabs of this browser are, whatever is marked; the user marks others, a browser at a time.
+ */
+function trustBox(swarm: Swarm, w: SwarmWorker): HTMLElement {
+  const thisMachine = swarm.isThisMachine(w);
+  return h(
+    'label',
+    { title: thisMachine ? 'a tab of this browser: trusted' : 'trust this worker’s browser with a job alone' },
+    h('input', {
+      type: 'checkbox',
+      name: 'trusted',
+      checked: swarm.isTrusted(w),
+      disabled: thisMachine,
+      onchange: (e: Event) => swarm.markTrusted(w, (e.target as HTMLInputElement).checked),
+    }),
+    thisMachine ? ' this machine' : '',
   );
 }
 

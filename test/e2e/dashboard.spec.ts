@@ -5,7 +5,7 @@ import type { JobResult } from '../../app/automation.ts';
 import { defined } from '../../core/defined.ts';
 import { median } from '../../core/median.ts';
 import { FULL_LAYOUT_MODEL_PATH } from './global-setup.ts';
-import { openTestSwarm } from './swarm-page.ts';
+import { openTestSwarm, workerId } from './swarm-page.ts';
 
 // What a person sees: the dashboard idle, running on two workers, done; the worker page; a phone.
 const SHOTS = join(import.meta.dirname, 'screenshots');
@@ -266,6 +266,43 @@ test('a job the swarm would take hours over asks first: dismissed, nothing is qu
     expect(await dashboard.evaluate(() => window.ditswarm.jobs())).toEqual([]);
     expect(dialogs).toBe(0);
   } finally {
+    await swarm.close();
+  }
+});
+
+test('the swarm table shows this machine’s tabs trusted and lets its user trust another browser’s worker, and take it back (issue 33)', async ({
+  browser,
+  baseURL,
+}) => {
+  test.setTimeout(120_000);
+  const swarm = await openTestSwarm(browser, baseURL, 1);
+  const elsewhere = await browser.newContext();
+  try {
+    const { dashboard } = swarm;
+    const { joinUrl } = await dashboard.evaluate(() => window.ditswarm.ready);
+    const stranger = await elsewhere.newPage();
+    await stranger.goto(joinUrl);
+    await expect.poll(() => dashboard.evaluate(() => window.ditswarm.workerCount()), { timeout: 60_000 }).toBe(2);
+    const row = async (page: Page) => dashboard.locator(`#workers tr[data-worker="${await workerId(page)}"]`);
+    const own = (await row(swarm.workers[0])).locator('input[name=trusted]');
+    await expect(own).toBeChecked();
+    await expect(own).toBeDisabled();
+    await expect(await row(swarm.workers[0])).toContainText('this machine');
+    const strangerRow = await row(stranger);
+    const trusted = strangerRow.locator('input[name=trusted]');
+    await expect(trusted).not.toBeChecked();
+    // the mark is the swarm's, not the box's: the table is drawn anew at the next pulse and keeps it
+    const redrawn = async (mark: () => Promise<void>) => {
+      const drawn = defined(await strangerRow.elementHandle(), "the stranger's row");
+      await mark();
+      await expect.poll(() => drawn.evaluate((r) => r.isConnected), { timeout: 10_000 }).toBe(false);
+    };
+    await redrawn(() => trusted.check());
+    await expect(trusted).toBeChecked();
+    await redrawn(() => trusted.uncheck());
+    await expect(trusted).not.toBeChecked();
+  } finally {
+    await elsewhere.close();
     await swarm.close();
   }
 });
