@@ -17,6 +17,7 @@ import {
   preloadOnJoin,
   PRELOAD_FROM_BYTES,
   probeWebM,
+  describeDecodeProgress,
   validDegrees,
   WAN_SIZES,
   type Backend,
@@ -528,7 +529,7 @@ const automation: DashboardAutomation = {
     const pipe = await pipelineFor({ model, backend: 'swarm', workers: 'auto', ep });
     const { video, frames, report } = await pipe.decode(embedsFromBase64(latent), {
       ep,
-      onProgress: (p) => tellProgress({ phase: 'decoding', detail: `tile ${p.tilesDone} of ${p.tiles}` }),
+      onProgress: (p) => tellProgress({ phase: 'decoding', detail: describeDecodeProgress(p) }),
     });
     if (!video)
       throw new Error(

@@ -39,6 +39,7 @@ export {
 } from '../core/job.ts';
 export { validDegrees } from '../core/parallel.ts';
 export { encodeWebM, probeWebM } from './video.ts';
+export { describeDecodeProgress } from './vae-decoding.ts';
 export { openPromptCache } from './prompt-cache.ts';
 export type { PromptCache, PromptEncoding } from './text-encoding.ts';
 export type { ExecutionProvider };

@@ -25,6 +25,7 @@ import { spotCheckOdds, type SpotCheck, type SpotCheckOdds } from './spot-check.
 import type { Swarm, SwarmWorker } from './swarm.ts';
 import { standInEncoding, umt5Encoding, type PromptCache, type PromptEncoding } from './text-encoding.ts';
 import {
+  describeDecodeProgress,
   standInDecoding,
   tiledDecoding,
   type DecodeOptions,
@@ -427,7 +428,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
         outputType === 'video'
           ? await videoDecoding.decode(denoised.latent, {
               ep: executor.placement.ep,
-              onProgress: ({ tilesDone, tiles }) => tell('decoding', `tile ${tilesDone} of ${tiles}`),
+              onProgress: (p) => tell('decoding', describeDecodeProgress(p)),
             })
           : null;
       const frames = decoded?.frames ?? null;

@@ -17,13 +17,8 @@ import { Umt5Tokenizer } from '../core/model/umt5-tokenizer.ts';
 import { openUmt5, padPromptEmbeds, umt5FinalNorm } from '../core/model/umt5.ts';
 import { once } from '../core/model/wan-pipeline.ts';
 import type { Remote } from '../core/net/rpc.ts';
-import {
-  describeLoad,
-  type EncodeTextArgs,
-  type ExecutionProvider,
-  type WorkerApi,
-  type WorkerPulse,
-} from '../core/worker-api.ts';
+import type { EncodeTextArgs, ExecutionProvider, WorkerApi } from '../core/worker-api.ts';
+import { watchLoad, type LoadingHost } from './load-news.ts';
 import { checkPart, PartBreach, type PartCheck } from './part-check.ts';
 
 /** A run of layers a check judged (or a reply that convicted its worker at once), for the report. */
@@ -71,15 +66,11 @@ export interface TextEncoding {
 }
 
 /** A worker that can run text encoder layers: its id and its API. */
-export interface TextHost {
+/** A worker that can run the text encoder's layers; its pulse says how far the reading of their weights is. */
+export interface TextHost extends LoadingHost {
   id: string;
   api: Pick<Remote<WorkerApi>, 'encodeText'>;
-  /** its last pulse: how far the reading of its layers' weights is */
-  readonly pulse: Pick<WorkerPulse, 'load'> | null;
 }
-
-/** how often a run's news says how far its worker's reading of the layers' weights is */
-const LOAD_NEWS_MS = 1000;
 
 export interface Umt5EncodingOptions<H extends TextHost = TextHost> {
   modelUrl: string;
@@ -202,15 +193,8 @@ export function umt5Encoding<H extends TextHost>(o: Umt5EncodingOptions<H>): Tex
       const running = `text encoder layers ${from + 1}–${to} of ${numLayers} on worker ${host.id}`;
       onProgress?.(running);
       // umT5-XXL's layers are 0.77 GB each: while the worker reads them, its pulse says how far it is
-      let shownBytes: number | undefined;
-      const loadNews =
-        onProgress &&
-        setInterval(() => {
-          const load = host.pulse?.load;
-          if (!load || load.bytes === shownBytes) return;
-          shownBytes = load.bytes;
-          onProgress(`${running}, reading their weights: ${describeLoad(load)}`);
-        }, LOAD_NEWS_MS);
+      const stopLoadNews =
+        onProgress && watchLoad(host, (load) => onProgress(`${running}, reading their weights: ${load}`));
       const args: EncodeTextArgs = { modelUrl: o.modelUrl, ep: o.ep, from, to, tokens, hidden };
       const what = `${to - from === 1 ? `layer ${from}` : `layers ${from}–${to - 1}`} of the text encoder`;
       let ran;
@@ -224,7 +208,7 @@ export function umt5Encoding<H extends TextHost>(o: Umt5EncodingOptions<H>): Tex
         hosts = [...new Map(runs.map((r) => [r.host.id, r.host])).values()];
         continue;
       } finally {
-        clearInterval(loadNews);
+        stopLoadNews?.();
       }
       try {
         checkedHidden(ran.hidden, hidden.length);

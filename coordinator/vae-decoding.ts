@@ -35,6 +35,7 @@ import type { Remote } from '../core/net/rpc.ts';
 import { sizeOf, type Tensor } from '../core/tensor.ts';
 import { MAX_MESSAGE_FLOATS, type ExecutionProvider, type WorkerApi } from '../core/worker-api.ts';
 import { once } from '../core/model/wan-pipeline.ts';
+import { watchLoad, type LoadingHost } from './load-news.ts';
 import { checkPart, PartBreach, type PartCheck } from './part-check.ts';
 
 /** A tile a check judged (or a reply that convicted its worker at once), for the report. */
@@ -75,7 +76,13 @@ export interface DecodeReport {
 export interface DecodeProgress {
   tilesDone: number;
   tiles: number;
+  /** a worker reading the decoder's weights, and how far it is (describeLoad's words) */
+  loading?: string;
 }
+
+/** A decoding's progress as news: the tiles in the video, and a worker's reading of the decoder's weights. */
+export const describeDecodeProgress = ({ tilesDone, tiles, loading }: DecodeProgress): string =>
+  `tile ${tilesDone} of ${tiles}${loading ? `; ${loading}` : ''}`;
 
 export interface DecodeOptions {
   /** where the workers compute (the job's EP); the decoding's own otherwise */
@@ -99,8 +106,8 @@ export interface VideoDecoding {
   decode(latent: Tensor, options?: DecodeOptions): Promise<DecodeResult>;
 }
 
-/** A worker that can decode VAE tiles: its id and its API. */
-export interface TileHost {
+/** A worker that can decode VAE tiles: its id and its API; its pulse says how far its reading of the weights is. */
+export interface TileHost extends LoadingHost {
   id: string;
   api: Pick<Remote<WorkerApi>, 'decodeTile'>;
 }
@@ -254,18 +261,30 @@ export function tiledDecoding<H extends TileHost>(o: TiledDecodingOptions<H>): V
               ),
               c * n * tile.height * tile.width,
             );
-          const got = await host.api.decodeTile(
-            {
-              modelUrl: o.modelUrl,
-              ep,
-              tile: nameOf(index),
-              from,
-              last: from + n === T,
-              shape: [C, n, tile.height, tile.width],
-              latent: frames,
-            },
-            o.timeoutMs,
-          );
+          // the decoder's weights are read in the worker's first call (0.3 GB of Wan's VAE): its pulse says how far
+          const stopLoadNews =
+            onProgress &&
+            watchLoad(host, (load) =>
+              onProgress({
+                tilesDone,
+                tiles: tiles.length,
+                loading: `worker ${host.id} reading the decoder's weights: ${load}`,
+              }),
+            );
+          const got = await host.api
+            .decodeTile(
+              {
+                modelUrl: o.modelUrl,
+                ep,
+                tile: nameOf(index),
+                from,
+                last: from + n === T,
+                shape: [C, n, tile.height, tile.width],
+                latent: frames,
+              },
+              o.timeoutMs,
+            )
+            .finally(stopLoadNews);
           const expected = [
             from === 0 ? 1 + framesOfChunk(o.config, false) * (n - 1) : framesOfChunk(o.config, false) * n,
             3,

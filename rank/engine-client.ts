@@ -6,7 +6,13 @@
 import * as Comlink from 'comlink';
 import type { LoraRef } from '../core/model/lora.ts';
 import type { BlockRange } from '../core/model/blocks.ts';
-import type { EncodeTextArgs, EngineProgress, ExecutionProvider, LoadStatus } from '../core/worker-api.ts';
+import type {
+  DecodeTileArgs,
+  EncodeTextArgs,
+  EngineProgress,
+  ExecutionProvider,
+  LoadStatus,
+} from '../core/worker-api.ts';
 import { ENGINE_METHODS, type EngineApi, type EngineMove } from './engine.ts';
 import type { EngineFactory } from './engine.worker.ts';
 import { Forwarding } from './forwarding.ts';
@@ -116,6 +122,13 @@ export class EngineHost extends Forwarding(ENGINE_METHODS) implements EngineApi 
     onLoad?: (status: LoadStatus) => void,
   ) {
     return this.through((engine) => engine.encodeText(args, onLoad && Comlink.proxy(onLoad)));
+  }
+
+  override decodeTile(
+    args: Omit<DecodeTileArgs, 'ep'> & { ep: ExecutionProvider },
+    onLoad?: (status: LoadStatus) => void,
+  ) {
+    return this.through((engine) => engine.decodeTile(args, onLoad && Comlink.proxy(onLoad)));
   }
 
   override probe(ep: ExecutionProvider) {

@@ -57,8 +57,14 @@ export interface EngineApi extends DeviceStageRunner {
     args: Omit<EncodeTextArgs, 'ep'> & { ep: ExecutionProvider },
     onLoad?: (status: LoadStatus) => void,
   ): Promise<EncodedText>;
-  /** a run of latent frames of one VAE tile of the folder at modelUrl (vae-tiles.ts) */
-  decodeTile(args: Omit<DecodeTileArgs, 'ep'> & { ep: ExecutionProvider }): Promise<DecodedTile>;
+  /**
+   * a run of latent frames of one VAE tile of the folder at modelUrl (vae-tiles.ts), saying how far the reading of
+   * the decoder's weights is where this call reads them
+   */
+  decodeTile(
+    args: Omit<DecodeTileArgs, 'ep'> & { ep: ExecutionProvider },
+    onLoad?: (status: LoadStatus) => void,
+  ): Promise<DecodedTile>;
   /** resolves once the calls queued before it are done: an engine that hangs never does */
   alive(): Promise<void>;
 }
@@ -199,7 +205,7 @@ export function createEngine(threads = 1, report?: (move: EngineMove) => void): 
       return { ep, flops, softmaxRate, stageMs };
     },
     encodeText: (args, onLoad) => text.encode(args, onLoad),
-    decodeTile: (args) => vae.decode(args),
+    decodeTile: (args, onLoad) => vae.decode(args, onLoad),
     alive: () => Promise.resolve(),
     embed: (...a) => need().embed(...a),
     preAttention: (...a) => need().preAttention(...a),

@@ -356,11 +356,9 @@ export class WorkerRuntime implements WorkerApi {
 
   decodeTile(args: DecodeTileArgs) {
     const frames = args.shape[1];
-    return this.betweenJobs(
-      'decodeTile',
-      `decoding the video: tile ${args.tile}, latent frames ${args.from + 1}–${args.from + frames}`,
-      args,
-      (ep) => this.engine.decodeTile({ ...args, ep }),
+    const detail = `decoding the video: tile ${args.tile}, latent frames ${args.from + 1}–${args.from + frames}`;
+    return this.betweenJobs('decodeTile', detail, args, (ep) =>
+      this.engine.decodeTile({ ...args, ep }, this.showLoad('computing', `${detail}, reading the decoder's weights`)),
     );
   }
 

@@ -3,28 +3,37 @@
 // tensors only, 290 MB of the published 508 MB) and stay while the folder and EP do; one tile is
 // open at a time, its causal caches kept between the calls that bring its latent frames.
 import { openWanVae } from '../core/model/wan-vae.ts';
-import type { DecodedTile, DecodeTileArgs, ExecutionProvider } from '../core/worker-api.ts';
+import type { DecodedTile, DecodeTileArgs, ExecutionProvider, LoadStatus } from '../core/worker-api.ts';
 import type { FolderFiles } from './text-layers.ts';
 import { onnxVaeDecoder, type VaeTileDecoder, type VaeTileStream } from './vae-decoder.ts';
 import { cachedModelFiles } from './weight-cache.ts';
 
 export function vaeTiles(folder: FolderFiles = cachedModelFiles): {
-  decode(args: Omit<DecodeTileArgs, 'ep'> & { ep: ExecutionProvider }): Promise<DecodedTile>;
+  /** `onLoad` hears how far the reading of the decoder's weights is, where this call reads them */
+  decode(
+    args: Omit<DecodeTileArgs, 'ep'> & { ep: ExecutionProvider },
+    onLoad?: (status: LoadStatus) => void,
+  ): Promise<DecodedTile>;
 } {
   let model: { key: string; decoder: VaeTileDecoder } | null = null;
   let open: { tile: string; stream: VaeTileStream } | null = null;
   return {
-    async decode({ modelUrl, ep, tile, from, last, shape, latent }) {
+    async decode({ modelUrl, ep, tile, from, last, shape, latent }, onLoad) {
       const key = `${modelUrl} ${ep}`;
       if (model?.key !== key) {
         open?.stream.close();
         open = null;
         await model?.decoder.release();
         model = null;
+        const started = performance.now();
         const files = folder(modelUrl);
         try {
           const vae = await openWanVae(files);
-          model = { key, decoder: await onnxVaeDecoder(vae.config, await vae.decoderTensors(), ep) };
+          const tensors = await vae.decoderTensors(undefined, (bytes, totalBytes) => {
+            const { networkBytes, note } = files.source();
+            onLoad?.({ bytes, totalBytes, networkBytes, note, elapsedMs: performance.now() - started });
+          });
+          model = { key, decoder: await onnxVaeDecoder(vae.config, tensors, ep) };
         } finally {
           await files.close();
         }

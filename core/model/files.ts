@@ -9,6 +9,9 @@ export interface ModelFiles extends ByteRanges {
   read(path: string): Promise<Uint8Array>;
 }
 
+/** Bytes of the weights read so far, of all a load reads. */
+export type LoadProgress = (loaded: number, total: number) => void;
+
 /** The folder has no such file (rather than a file that failed to load). */
 export class MissingFile extends Error {
   override name = 'MissingFile';

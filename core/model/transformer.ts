@@ -3,7 +3,7 @@ import { readTensor, type TensorMap } from '../safetensors.ts';
 import { allBlocks, checkBlockRange, holdsTensor, type BlockRange } from './blocks.ts';
 import { openCheckpoint, type Checkpoint } from './checkpoint.ts';
 import { checkWeights, parseWanConfig, type WanConfig } from './config.ts';
-import { readJson, type ModelFiles } from './files.ts';
+import { readJson, type LoadProgress, type ModelFiles } from './files.ts';
 import type { WanModel } from './reference.ts';
 
 export const TRANSFORMER_CONFIG = 'transformer/config.json';
@@ -13,9 +13,6 @@ export const TRANSFORMER_WEIGHTS_NAME = 'diffusion_pytorch_model';
 export const TRANSFORMER_WEIGHTS = `transformer/${TRANSFORMER_WEIGHTS_NAME}.safetensors`;
 
 const READS_IN_FLIGHT = 4;
-
-/** Bytes of the weights read so far, of all. */
-export type LoadProgress = (loaded: number, total: number) => void;
 
 /**
  * A diffusers WanTransformer3DModel folder's config and checkpoint, single-file or sharded, checked against each

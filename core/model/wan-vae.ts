@@ -20,7 +20,7 @@ import { readTensor, type TensorMap } from '../safetensors.ts';
 import { sizeOf, type Tensor } from '../tensor.ts';
 import { openCheckpoint } from './checkpoint.ts';
 import { checkShapes, ModelConfigError } from './config.ts';
-import { readJson, type ModelFiles } from './files.ts';
+import { readJson, type LoadProgress, type ModelFiles } from './files.ts';
 
 export const WAN_VAE_CLASS = 'AutoencoderKLWan';
 export const VAE_CONFIG = 'vae/config.json';
@@ -387,7 +387,7 @@ export function decoderOutputBound(cfg: WanVaeConfig, tensors: TensorMap): numbe
 export interface WanVaeCheckpoint {
   config: WanVaeConfig;
   /** post_quant_conv's and the decoder's tensors (those of `names` where given), float32 (not the encoder's) */
-  decoderTensors(names?: string[]): Promise<TensorMap>;
+  decoderTensors(names?: string[], onProgress?: LoadProgress): Promise<TensorMap>;
   /** bytes the decoder's tensors take in the file */
   decoderBytes: number;
 }
@@ -410,10 +410,15 @@ export async function openWanVae(files: ModelFiles): Promise<WanVaeCheckpoint> {
   return {
     config,
     decoderBytes: [...entries.values()].reduce((n, e) => n + e.end - e.begin, 0),
-    async decoderTensors(names) {
+    async decoderTensors(names, onProgress) {
+      const asked = [...entries].filter(([name]) => !names || names.includes(name));
+      const total = asked.reduce((n, [, e]) => n + e.end - e.begin, 0);
       const tensors: TensorMap = new Map();
-      for (const [name, entry] of entries)
-        if (!names || names.includes(name)) tensors.set(name, await readTensor(files, entry));
+      let loaded = 0;
+      for (const [name, entry] of asked) {
+        tensors.set(name, await readTensor(files, entry));
+        onProgress?.((loaded += entry.end - entry.begin), total);
+      }
       return tensors;
     },
   };

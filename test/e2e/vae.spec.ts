@@ -111,7 +111,11 @@ test("a prompt through umT5, the transformer and AutoencoderKLWan's tiles on thr
     // one worker in this process: the same tiles, one after another
     const files = folderFiles(dir);
     const tiles = vaeTiles(() => unkeptModelFiles(files));
-    const host: TileHost = { id: 'node', api: { decodeTile: (args) => tiles.decode({ ...args, ep: 'wasm' }) } };
+    const host: TileHost = {
+      id: 'node',
+      pulse: null,
+      api: { decodeTile: (args) => tiles.decode({ ...args, ep: 'wasm' }) },
+    };
     const one = tiledDecoding({
       modelUrl: 'node',
       files,

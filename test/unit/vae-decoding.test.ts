@@ -9,8 +9,14 @@ import { defined } from '../../core/defined.ts';
 import { SeededRandom } from '../../core/random.ts';
 import type { TensorMap } from '../../core/safetensors.ts';
 import { maxAbsDiff, type Tensor } from '../../core/tensor.ts';
-import type { DecodeTileArgs } from '../../core/worker-api.ts';
-import { chooseTiling, largestTileTensorBytes, tiledDecoding, type TileHost } from '../../coordinator/vae-decoding.ts';
+import { describeLoad, type DecodeTileArgs, type LoadStatus } from '../../core/worker-api.ts';
+import {
+  chooseTiling,
+  describeDecodeProgress,
+  largestTileTensorBytes,
+  tiledDecoding,
+  type TileHost,
+} from '../../coordinator/vae-decoding.ts';
 import { vaeTiles } from '../../rank/vae-tiles.ts';
 import { unkeptModelFiles } from '../../rank/weight-cache.ts';
 import { folderFiles } from '../../server/model-folder.ts';
@@ -44,6 +50,7 @@ function worker(id: string, harm?: (args: DecodeTileArgs, call: number) => Harm)
   let calls = 0;
   return {
     id,
+    pulse: null,
     api: {
       decodeTile(args) {
         const turn = runtime.then(() => decodeTile(args));
@@ -317,5 +324,47 @@ describe("the tiles' size", () => {
       stride: 96,
       why: "diffusers' 256-pixel tiles need a 192 MiB buffer; the workers allow 128 MiB",
     });
+  });
+});
+
+describe("the decoder's weights, read in a worker's first call (issue 36)", () => {
+  it("a worker says how far its reading is, up to the decoder's bytes, and reads them once; the coordinator's news, from its pulse, too", async () => {
+    const tiles = vaeTiles(() => unkeptModelFiles(folderFiles(dir)));
+    const part = cutTile(latent, { row: 0, col: 0, y: 0, x: 0, height: 4, width: 4 });
+    const args = { modelUrl: 'test', ep: 'wasm' as const, tile: '0,0', from: 0, last: true, shape: part.shape };
+    const seen: LoadStatus[] = [];
+    await tiles.decode({ ...args, latent: part.data }, (s) => seen.push(s));
+    // float32 in the file: the decoder's tensors as read, counted apart from the loader
+    const decoderBytes = [...tensors.values()].reduce((n, t) => n + t.data.byteLength, 0);
+    expect(seen.length).toBeGreaterThan(10); // a tensor at a time
+    expect(seen.every((s) => s.totalBytes === decoderBytes)).toBe(true);
+    expect(seen.map((s) => s.bytes)).toEqual([...seen.map((s) => s.bytes)].sort((a, b) => a - b));
+    expect(seen.at(-1)?.bytes).toBe(decoderBytes);
+    // every byte read counts as fetched in a folder that keeps nothing: the tensors' and the header's
+    expect(defined(seen.at(-1), 'the last status').networkBytes).toBeGreaterThan(decoderBytes);
+    // the decoder stays while the folder and EP do: the next tile reads nothing
+    seen.length = 0;
+    await tiles.decode({ ...args, tile: '0,1', latent: part.data }, (s) => seen.push(s));
+    expect(seen).toEqual([]);
+
+    const load = { bytes: 1e8, totalBytes: 2.9e8, networkBytes: 1e8, elapsedMs: 1000, note: '' };
+    const honest = worker('reading');
+    const reading: TileHost = {
+      id: 'reading',
+      pulse: { load },
+      api: {
+        // a call that takes long enough for the coordinator's news to look at the pulse
+        decodeTile: async (a, timeoutMs) => {
+          await new Promise((r) => setTimeout(r, 1300));
+          return honest.api.decodeTile(a, timeoutMs);
+        },
+      },
+    };
+    const news: string[] = [];
+    await decodeOn([reading, worker('checker')], () => 0).decode(latent, {
+      onProgress: (p) => news.push(describeDecodeProgress(p)),
+    });
+    expect(news).toContain(`tile 0 of 9; worker reading reading the decoder's weights: ${describeLoad(load)}`);
+    expect(news.at(-1)).toBe('tile 9 of 9');
   });
 });
