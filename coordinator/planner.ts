@@ -11,6 +11,7 @@ import {
   candidatePlans,
   planSwarm,
   planWorld,
+  predictStagedStep,
   predictStep,
   unevenPlan,
   type Hardware,
@@ -708,8 +709,7 @@ export function placedStepCache(ctx: Pick<PlannerContext, 'stepCacheCurve'>, req
 /**
  * Pooled memory: the blocks cut into pipeline stages over the workers (stage-plan.ts), each stage a
  * group of the Ulysses degree asked (one worker where it is 'auto'), the workers in stage order;
- * after a lost rank, into as many stages as the workers left fill. The cost model does not predict a
- * staged step yet: no prediction.
+ * after a lost rank, into as many stages as the workers left fill.
  */
 function placeStaged(ctx: PlannerContext, input: PlanningInput, weighed: Weighed) {
   const { asked } = weighed;
@@ -729,19 +729,72 @@ function placeStaged(ctx: PlannerContext, input: PlanningInput, weighed: Weighed
       flops: w.measurement ? (computeOf(asked.ep, w.measurement)?.flops ?? null) : null,
     })),
   );
-  const order = stages.flatMap((stage) => stage.workers);
-  const chosen: Chosen = {
-    layout: new RankLayout(degree, 1, null, stages.length),
-    exchange: exchangeUnpredicted(asked),
-    headGroups: undefined,
-    prediction: null,
-  };
   const workerOf = (id: string) =>
     defined(
       live.find((w) => w.id === id),
       `worker ${id}`,
     );
-  return { stages, chosen, workers: order.map(workerOf) };
+  const chosen: Chosen = {
+    layout: new RankLayout(degree, 1, null, stages.length),
+    exchange: exchangeUnpredicted(asked),
+    headGroups: undefined,
+    prediction: predictStaged(
+      ctx,
+      input,
+      weighed,
+      stages.map((stage) => ({ blocks: stage.blocks, workers: stage.workers.map(workerOf) })),
+    ),
+  };
+  return { stages, chosen, workers: stages.flatMap((stage) => stage.workers).map(workerOf) };
+}
+
+/**
+ * A staged step as the cost model predicts it (predictStagedStep: exact mode, a step's passes pipelined through the
+ * stages or batched, whichever is quicker), at the pace of the stage slowest for its blocks (stages are cut by speed,
+ * so they are near even): the others keep in step with it. From the probes' rates: a rehearsal or a step measured was
+ * of the whole model. Null while a placed worker is unmeasured.
+ */
+function predictStaged<W extends PlanningWorker>(
+  ctx: PlannerContext,
+  input: PlanningInput<W>,
+  weighed: Weighed<W>,
+  stages: { blocks: [number, number]; workers: W[] }[],
+): PlacementPrediction | null {
+  const flopsOf = (w: W) => (w.measurement ? (computeOf(weighed.asked.ep, w.measurement)?.flops ?? 0) : 0);
+  if (stages.some((stage) => stage.workers.some((w) => !flopsOf(w)))) return null;
+  const secondsOf = ({ blocks: [from, to], workers }: (typeof stages)[number]) =>
+    (to - from) / Math.min(...workers.map(flopsOf));
+  const pace = stages.reduce((slowest, stage) => (secondsOf(stage) > secondsOf(slowest) ? stage : slowest));
+  const measured = hardwareOf(ctx, input, { ...weighed, workers: pace.workers, fixed: null, plans: [] });
+  if (!measured) return null;
+  const hw: Hardware = {
+    ...measured,
+    rehearsedForwardS: undefined,
+    rehearsedRankForwardS: undefined,
+    measuredStepS: undefined,
+  };
+  const degree = pace.workers.length;
+  const step = predictStagedStep(
+    weighed.work,
+    {
+      stages: stages.length,
+      ulyssesDegree: degree,
+      cfgParallel: false,
+      mode: 'exact',
+      paceBlocks: pace.blocks[1] - pace.blocks[0],
+    },
+    hw,
+  );
+  return {
+    asked: true,
+    by:
+      `the cost model: ${stages.length} pipeline stages of ${degree} worker${degree === 1 ? '' : 's'}, ` +
+      `a step's passes ${step.schedule}, at the pace of the stage slowest for its blocks (probe rates)`,
+    link: measured.link,
+    predictedStepMs: step.stepS * 1000,
+    oneWorkerStepMs: predictStep(weighed.work, { ulyssesDegree: 1, cfgParallel: false }, hw).stepS * 1000,
+    leftOut: null,
+  };
 }
 
 /**

@@ -518,6 +518,11 @@ export interface StagedPlan {
    */
   mode: 'exact' | 'pipefusion';
   patches?: number;
+  /**
+   * the blocks of the stage that sets the pace (the most for its workers' speed, where stages are cut by speed); the
+   * even cut's ceil(numLayers / stages) unless given
+   */
+  paceBlocks?: number;
 }
 
 export interface StagedPrediction {
@@ -562,7 +567,8 @@ export function predictStagedStep(
   const L = work.model.numLayers;
   if (!(Number.isInteger(S) && S >= 1 && S <= L)) throw new Error(`${S} stages of ${L} blocks`);
   const M = plan.mode === 'pipefusion' ? (plan.patches ?? 2 * S) : 1;
-  const blocks = Math.ceil(L / S);
+  const blocks = plan.paceBlocks ?? Math.ceil(L / S);
+  if (!(Number.isInteger(blocks) && blocks >= 1 && blocks <= L)) throw new Error(`a stage of ${blocks} of ${L} blocks`);
   const m = plan.cfgParallel ? 1 : work.passes;
   const stageOf = (passes: 1 | 2) =>
     predictStep(

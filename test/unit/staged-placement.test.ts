@@ -16,6 +16,7 @@ import {
   type PlanningWorker,
 } from '../../coordinator/planner.ts';
 import { memoryBudget, placeStages, stagedModel, STAGE_MEMORY_SHARE } from '../../coordinator/stage-plan.ts';
+import { defined } from '../../core/defined.ts';
 import { DEFAULT_JOB, jobParams } from '../../core/job.ts';
 import type { BlockRange } from '../../core/model/blocks.ts';
 import { wanConfigOfSize } from '../../core/model/config.ts';
@@ -116,6 +117,27 @@ describe('the stages of a placement', () => {
     // unstaged: no stages, and a worker loads every block
     const whole = plan({}, workers(2));
     expect([whole.stages, whole.layout.stages, loadArgsOf(whole, 1).blocks]).toEqual([null, 1, undefined]);
+  });
+
+  it('a staged step is predicted on measured workers, at the pace of the stage slowest for its blocks (issue 35)', () => {
+    expect(plan({ stages: 2 }, workers(2)).prediction).toBeNull(); // unmeasured: nothing to predict from
+    const even = defined(plan({ stages: 2 }, [worker('a', 10), worker('b', 10)]).prediction, 'a prediction');
+    expect(even.by).toMatch(/^the cost model: 2 pipeline stages of 1 worker, a step's passes (pipelined|batched)/);
+    // a guided step's two passes pipelined through two stages of half the blocks each: the second stage runs the
+    // first pass while the first runs the second, so about three half forwards where one worker runs four
+    const ratio = even.predictedStepMs / even.oneWorkerStepMs;
+    console.log(`staged step ${even.predictedStepMs.toFixed(3)} ms, one worker ${even.oneWorkerStepMs.toFixed(3)} ms`);
+    expect(ratio).toBeGreaterThan(0.6);
+    expect(ratio).toBeLessThan(0.95);
+    // half the speed, about twice the step
+    const slower = defined(plan({ stages: 2 }, [worker('a', 5), worker('b', 5)]).prediction, 'a prediction');
+    expect(slower.predictedStepMs / even.predictedStepMs).toBeGreaterThan(1.8);
+    expect(slower.predictedStepMs / even.predictedStepMs).toBeLessThan(2.2);
+    // stages cut by speed (three blocks on the fast worker, one on the slow) keep in step: the pace of either, not
+    // of the slow worker holding half the blocks
+    const uneven = defined(plan({ stages: 2 }, [worker('slow', 5), worker('fast', 15)]).prediction, 'a prediction');
+    const halfOnSlow = defined(plan({ stages: 2 }, [worker('a', 5), worker('b', 5)]).prediction, 'a prediction');
+    expect(uneven.predictedStepMs).toBeLessThan(0.75 * halfOnSlow.predictedStepMs);
   });
 
   it('measured workers hold blocks by speed, and memory caps what each holds', () => {
