@@ -18,7 +18,7 @@ export function renderSwarm(swarm: Swarm): void {
             {},
             h(
               'td',
-              { colSpan: 7, className: 'empty' },
+              { colSpan: 6, className: 'empty' },
               'No workers yet: open the link above in another tab or on another machine.',
             ),
           ),
@@ -35,7 +35,7 @@ function workerRow(swarm: Swarm, w: SwarmWorker, m: WorkerMeasurement | null): H
   return h(
     'tr',
     { dataset: { worker: w.id } },
-    h('td', { title: w.id }, w.id.slice(-6)),
+    h('td', { title: w.id }, w.id.slice(-6), h('span', { className: 'sub' }, trustBox(swarm, w))),
     h(
       'td',
       {},
@@ -64,7 +64,6 @@ function workerRow(swarm: Swarm, w: SwarmWorker, m: WorkerMeasurement | null): H
       w.pulse?.load ? h('span', { className: 'sub load' }, describeLoad(w.pulse.load)) : '',
     ),
     h('td', { className: bad ? 'bad' : '' }, String(bad)),
-    h('td', {}, trustBox(swarm, w)),
   );
 }
 
@@ -84,7 +83,7 @@ function trustBox(swarm: Swarm, w: SwarmWorker): HTMLElement {
       disabled: thisMachine,
       onchange: (e: Event) => swarm.markTrusted(w, (e.target as HTMLInputElement).checked),
     }),
-    thisMachine ? ' this machine' : '',
+    thisMachine ? ' this machine' : ' trusted',
   );
 }
 
