@@ -21,7 +21,18 @@ import { readTensor } from '../core/safetensors.ts';
 import { onnxStages } from '../rank/onnx-stages.ts';
 import { probeThroughput } from '../rank/throughput-probe.ts';
 import { folderFiles, FULL_SIZE_MODEL_DIR } from '../server/model-folder.ts';
-import { ensureFullSizeModel, isMain, log, machine, median, round, TEXT_TOKENS, versions, writeReport } from './lib.ts';
+import {
+  ensureFullSizeModel,
+  SMOKE_MODEL_DIR,
+  isMain,
+  log,
+  machine,
+  median,
+  round,
+  TEXT_TOKENS,
+  versions,
+  writeReport,
+} from './lib.ts';
 
 /** 480p × 81 frames: latent 21 × 60 × 104, patches 1 × 2 × 2 */
 export const TOKENS_480P = 32_760;
@@ -31,6 +42,9 @@ export interface BlockCostOptions {
   tokens: number;
   runs: number;
 }
+
+/** `npm run bench -- --smoke`: the bundled model's block at 16 tokens */
+export const SMOKE_BLOCK_COST: BlockCostOptions = { model: SMOKE_MODEL_DIR, tokens: 16, runs: 1 };
 
 export async function runBlockCost(o: BlockCostOptions) {
   ensureFullSizeModel(o.model);

@@ -29,6 +29,7 @@ import {
   versions,
   waitForQuietMachine,
   writeReport,
+  SMOKE_MODEL_DIR,
 } from './lib.ts';
 
 /** the issue's bound on P ranks against one, relative to the latent's scale */
@@ -42,6 +43,16 @@ export interface FullSizeOptions {
   width: number;
   steps: number;
 }
+
+/** `npm run bench -- --smoke`: the bundled model (the published transformer layout, narrow) on 1 and 2 tabs */
+export const SMOKE_FULL_SIZE: FullSizeOptions = {
+  model: SMOKE_MODEL_DIR,
+  ranks: [1, 2],
+  frames: 1,
+  height: 32,
+  width: 32,
+  steps: 1,
+};
 
 export async function runFullSize(o: FullSizeOptions) {
   ensureFullSizeModel(o.model);

@@ -14,6 +14,11 @@ export const OUT_DIR = join(ROOT, 'bench/out');
 /** made on demand by `make-model --preset bench` into this git-ignored folder, never committed */
 export const BENCH_MODEL_DIR = join(OUT_DIR, 'models/bench-wan');
 const PAGES_DIR = join(OUT_DIR, 'pages');
+/**
+ * What `npm run bench -- --smoke` runs the full-size benches on: the bundled tiny model, whose transformer has the
+ * published folder's layout at a small width.
+ */
+export const SMOKE_MODEL_DIR = join(ROOT, 'public/models/tiny-wan');
 /** The app loads its model from here; the benchmarks answer these requests with the bench model. */
 export const APP_MODEL_PATH = '/models/tiny-wan';
 

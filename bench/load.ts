@@ -24,6 +24,7 @@ import {
   versions,
   waitForQuietMachine,
   writeReport,
+  SMOKE_MODEL_DIR,
 } from './lib.ts';
 
 /** the issue's bound: a server on the same machine delivers the weights at this rate or faster, on a quiet machine */
@@ -37,6 +38,9 @@ export interface LoadOptions {
   model: string;
   workers: number;
 }
+
+/** `npm run bench -- --smoke`: the bundled model on one tab */
+export const SMOKE_LOAD: LoadOptions = { model: SMOKE_MODEL_DIR, workers: 1 };
 
 /** One tab's preload, as its page told it: how long, at what read rate, from where. */
 interface TabLoad {
@@ -87,6 +91,8 @@ export async function runLoad(o: LoadOptions) {
   });
   const machineAtStart = machine(swarm.browserVersion);
   try {
+    // this bench measures the preload of whatever model it is given, a small one too
+    await swarm.dashboard.evaluate(() => window.ditswarm.preloadFrom(0));
     // the tabs join at once, as a person opening the worker link on a machine would
     log(`load: ${o.workers} worker tab(s) of a new profile join and preload ${o.model} (load ${quiet.loadAverage1m})…`);
     const joinedAt = Date.now();

@@ -37,6 +37,9 @@ export interface OverheadOptions {
 /** 13 frames at 512×512: 4 latent frames × 32 × 32 = 4,096 tokens. */
 export const DEFAULT_OVERHEAD: OverheadOptions = { frames: 13, height: 512, width: 512, pairs: 5 };
 
+/** `npm run bench -- --smoke`: one pair at 16 tokens */
+export const SMOKE_OVERHEAD: OverheadOptions = { frames: 1, height: 32, width: 32, pairs: 1 };
+
 declare const bench: {
   directLoad(modelUrl: string): Promise<{ loadMs: number }>;
   directForward(latentShape: number[], timestep: number): Promise<{ ms: number; stageMs: Record<string, number> }>;

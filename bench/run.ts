@@ -5,20 +5,24 @@
 //   npm run bench                      block cost, projection, local overhead, scaling, threads,
 //                                      full-size, vae, uneven, slow-link, spot-check-overhead, time-to-video, load
 //   npm run bench -- scaling [flags]   one of them (flags as in bench/scaling.ts etc.)
+//   npm run bench -- --smoke [name]    all of them (or one) at tiny sizes on small models, in a few minutes, without
+//                                      waiting for a quiet machine, reports in bench/out/smoke/: what CI runs, so that
+//                                      a change that breaks a benchmark fails there (the figures mean nothing)
 
-import { parseOverheadArgs, runLocalOverhead } from './local-overhead.ts';
+import { parseOverheadArgs, runLocalOverhead, SMOKE_OVERHEAD } from './local-overhead.ts';
+import { join } from 'node:path';
 import { log, writeReport } from './lib.ts';
 import { projectionMarkdown, runProjection } from './projection.ts';
-import { parseScalingArgs, runScaling } from './scaling.ts';
-import { parseThreadsArgs, runThreads } from './threads.ts';
-import { parseFullSizeArgs, runFullSize } from './full-size.ts';
-import { parseBlockCostArgs, runBlockCost } from './block-cost.ts';
-import { parseVaeArgs, runVae } from './vae.ts';
-import { parseUnevenArgs, runUneven } from './uneven.ts';
-import { parseSlowLinkArgs, runSlowLink } from './slow-link.ts';
-import { parseSpotCheckOverheadArgs, runSpotCheckOverhead } from './spot-check-overhead.ts';
-import { parseTimeToVideoArgs, runTimeToVideo } from './time-to-video.ts';
-import { parseLoadArgs, runLoad } from './load.ts';
+import { parseScalingArgs, runScaling, SMOKE_SCALING } from './scaling.ts';
+import { parseThreadsArgs, runThreads, SMOKE_THREADS } from './threads.ts';
+import { parseFullSizeArgs, runFullSize, SMOKE_FULL_SIZE } from './full-size.ts';
+import { parseBlockCostArgs, runBlockCost, SMOKE_BLOCK_COST } from './block-cost.ts';
+import { ensureSmokeVae, parseVaeArgs, runVae, SMOKE_VAE } from './vae.ts';
+import { parseUnevenArgs, runUneven, SMOKE_UNEVEN } from './uneven.ts';
+import { parseSlowLinkArgs, runSlowLink, SMOKE_SLOW_LINK } from './slow-link.ts';
+import { parseSpotCheckOverheadArgs, runSpotCheckOverhead, SMOKE_SPOT_CHECK_OVERHEAD } from './spot-check-overhead.ts';
+import { parseTimeToVideoArgs, runTimeToVideo, SMOKE_TIME_TO_VIDEO } from './time-to-video.ts';
+import { parseLoadArgs, runLoad, SMOKE_LOAD } from './load.ts';
 
 const BENCHMARKS = [
   'block-cost',
@@ -36,8 +40,14 @@ const BENCHMARKS = [
 ] as const;
 type Benchmark = (typeof BENCHMARKS)[number];
 
-const first = process.argv.at(2);
-const rest = process.argv.slice(3);
+const smoke = process.argv.includes('--smoke');
+const words = process.argv.slice(2).filter((a) => a !== '--smoke');
+const first = words.at(0);
+const rest = words.slice(1);
+if (smoke && rest.length) {
+  console.error(`bench: --smoke runs each benchmark at its own tiny sizes; it takes no flags (got ${rest.join(' ')})`);
+  process.exit(1);
+}
 if (first !== undefined && !(BENCHMARKS as readonly string[]).includes(first)) {
   console.error(`bench: unknown benchmark "${first}"; run one of ${BENCHMARKS.join(', ')}, or none for all`);
   process.exit(1);
@@ -45,11 +55,20 @@ if (first !== undefined && !(BENCHMARKS as readonly string[]).includes(first)) {
 const chosen: Benchmark[] = first ? [first as Benchmark] : [...BENCHMARKS];
 const args = first ? rest : [];
 const started = Date.now();
+/** Each benchmark's options: its smoke sizes, or its flags. */
+const options = <T>(smokeSizes: T, parse: (args: string[]) => T): T => (smoke ? smokeSizes : parse(args));
+const report = (name: string, body: unknown) => writeReport(smoke ? join('smoke', name) : name, body);
+if (smoke) {
+  // a smoke run measures nothing: it need not wait for other work on the machine to finish
+  process.env.BENCH_QUIET_WAIT_S = '0';
+  await ensureSmokeVae();
+}
 
 // the projection is held to the block measured here: that comes first
+let blockCost: Awaited<ReturnType<typeof runBlockCost>> | null = null;
 if (chosen.includes('block-cost')) {
-  const blockCost = await runBlockCost(parseBlockCostArgs(args));
-  writeReport('block-cost.json', blockCost);
+  blockCost = await runBlockCost(options(SMOKE_BLOCK_COST, parseBlockCostArgs));
+  report('block-cost.json', blockCost);
   console.log(
     `block-cost: ${blockCost.config.tokens} tokens: ${blockCost.measured.blockMs} ms per block ` +
       `(predicted ${blockCost.predicted.blockMs}); a 480p step here ≈ ${blockCost.stepAt480pS} s`,
@@ -57,20 +76,20 @@ if (chosen.includes('block-cost')) {
 }
 
 if (chosen.includes('projection')) {
-  const projection = runProjection();
-  writeReport('projection.json', projection);
-  writeReport('projection.md', projectionMarkdown(projection));
+  const projection = runProjection(blockCost ?? undefined);
+  report('projection.json', projection);
+  report('projection.md', projectionMarkdown(projection));
 }
 
 let overhead: Awaited<ReturnType<typeof runLocalOverhead>> | null = null;
 if (chosen.includes('local-overhead')) {
-  overhead = await runLocalOverhead(parseOverheadArgs(args));
-  writeReport('local-overhead.json', overhead);
+  overhead = await runLocalOverhead(options(SMOKE_OVERHEAD, parseOverheadArgs));
+  report('local-overhead.json', overhead);
 }
 
 if (chosen.includes('scaling')) {
-  const scaling = await runScaling(parseScalingArgs(args));
-  writeReport('scaling.json', {
+  const scaling = await runScaling(options(SMOKE_SCALING, parseScalingArgs));
+  report('scaling.json', {
     ...scaling,
     localOverhead: overhead?.localOverhead ?? null,
     localOverheadDetail: overhead && {
@@ -100,8 +119,8 @@ if (chosen.includes('scaling')) {
   );
 }
 if (chosen.includes('threads')) {
-  const threads = await runThreads(parseThreadsArgs(args));
-  writeReport('threads.json', threads);
+  const threads = await runThreads(options(SMOKE_THREADS, parseThreadsArgs));
+  report('threads.json', threads);
   console.log(
     `threads: alone ${threads.alone.threads} → ${threads.alone.stepMs} ms, ` +
       `beside another tab ${threads.beside.threads} → ${threads.beside.stepMs} ms: ${threads.speedup}×; ` +
@@ -109,8 +128,8 @@ if (chosen.includes('threads')) {
   );
 }
 if (chosen.includes('full-size')) {
-  const fullSize = await runFullSize(parseFullSizeArgs(args));
-  writeReport('full-size.json', fullSize);
+  const fullSize = await runFullSize(options(SMOKE_FULL_SIZE, parseFullSizeArgs));
+  report('full-size.json', fullSize);
   for (const r of fullSize.runs)
     console.log(
       `full-size: ${r.ranks} tab(s)${r.afterReload ? ' after reloading them' : ''}: placing ${r.placingMs} ms, ` +
@@ -119,8 +138,8 @@ if (chosen.includes('full-size')) {
     );
 }
 if (chosen.includes('vae')) {
-  const vae = await runVae(parseVaeArgs(args));
-  writeReport('vae.json', vae);
+  const vae = await runVae(options(SMOKE_VAE, parseVaeArgs));
+  report('vae.json', vae);
   if (vae.parity)
     for (const c of vae.parity.cases)
       console.log(
@@ -136,8 +155,8 @@ if (chosen.includes('vae')) {
     );
 }
 if (chosen.includes('uneven')) {
-  const uneven = await runUneven(parseUnevenArgs(args));
-  writeReport('uneven.json', uneven);
+  const uneven = await runUneven(options(SMOKE_UNEVEN, parseUnevenArgs));
+  report('uneven.json', uneven);
   const { even, bySpeed, auto } = uneven.runs;
   console.log(
     `uneven: the third tab ${uneven.measuredSlowdown}× slower; even shares ${even.stepMs} ms a step, ` +
@@ -147,8 +166,8 @@ if (chosen.includes('uneven')) {
   );
 }
 if (chosen.includes('slow-link')) {
-  const slowLink = await runSlowLink(parseSlowLinkArgs(args));
-  writeReport('slow-link.json', slowLink);
+  const slowLink = await runSlowLink(options(SMOKE_SLOW_LINK, parseSlowLinkArgs));
+  report('slow-link.json', slowLink);
   console.log(
     `slow-link: emulated ${(slowLink.emulateLink.bandwidth / 1e6).toFixed(2)} MB/s, ` +
       `${slowLink.emulateLink.latencyMs} ms: exchange/compute at P = 2 ${slowLink.emulatedRatio.measured} ` +
@@ -157,8 +176,8 @@ if (chosen.includes('slow-link')) {
   );
 }
 if (chosen.includes('spot-check-overhead')) {
-  const spot = await runSpotCheckOverhead(parseSpotCheckOverheadArgs(args));
-  writeReport('spot-check-overhead.json', spot);
+  const spot = await runSpotCheckOverhead(options(SMOKE_SPOT_CHECK_OVERHEAD, parseSpotCheckOverheadArgs));
+  report('spot-check-overhead.json', spot);
   console.log(
     `spot-check-overhead: P = ${spot.config.workers}, rate ${spot.config.rates[1]}: ` +
       `denoising +${(100 * spot.overhead.denoising).toFixed(1)} %, ` +
@@ -166,8 +185,8 @@ if (chosen.includes('spot-check-overhead')) {
   );
 }
 if (chosen.includes('time-to-video')) {
-  const ttv = await runTimeToVideo(parseTimeToVideoArgs(args));
-  writeReport('time-to-video.json', ttv);
+  const ttv = await runTimeToVideo(options(SMOKE_TIME_TO_VIDEO, parseTimeToVideoArgs));
+  report('time-to-video.json', ttv);
   for (const r of ttv.runs)
     console.log(
       `time-to-video: ${r.name}: ${r.forwardsComputed} forwards (${r.fewerForwards}× fewer), ` +
@@ -175,8 +194,8 @@ if (chosen.includes('time-to-video')) {
     );
 }
 if (chosen.includes('load')) {
-  const load = await runLoad(parseLoadArgs(args));
-  writeReport('load.json', load);
+  const load = await runLoad(options(SMOKE_LOAD, parseLoadArgs));
+  report('load.json', load);
   const rates = (run: typeof load.fromServer) => run.tabs.map((t) => `${t.readMBs} MB/s`).join(', ');
   console.log(
     `load: from the server ${rates(load.fromServer)} (all in ${load.fromServer.allLoadedS} s); ` +

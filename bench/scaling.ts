@@ -52,6 +52,8 @@ export const DEFAULT_SCALING: ScalingOptions = {
   fp16: true,
   cfg: true,
 };
+/** `npm run bench -- --smoke`: every path of the bench (P = 1 and 2, float16, CFG parallel) at 16 tokens */
+export const SMOKE_SCALING: Partial<ScalingOptions> = { frames: 1, height: 32, width: 32, steps: 1, degrees: [1, 2] };
 /** the CFG-parallel comparison's job: 13 frames at the bench size (4,096 tokens), guided */
 const CFG_JOB = { frames: 13, guidance: 5 } as const;
 

@@ -29,7 +29,7 @@ import { predictStep } from '../core/cost-model.ts';
 import { defined } from '../core/defined.ts';
 import { latentShape } from '../core/job.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
-import type { DType } from '../core/net/protocol.ts';
+import { DTYPES, type DType } from '../core/net/protocol.ts';
 import { MAX_HEAD_GROUPS } from '../core/parallel.ts';
 import {
   APP_MODEL_PATH,
@@ -60,6 +60,11 @@ export interface SlowLinkOptions {
   share: number;
   /** 1: measure the demo's held-out accuracy in each mode (minutes); 0: leave it out */
   accuracy: number;
+  /** 1: the guided runs (two passes a step: CFG parallel beside displaced); 0: leave them out */
+  guided: number;
+  /** the transports of the Ulysses runs (each in one head group and in several) and of the displaced runs */
+  transports: DType[];
+  displacedTransports: DType[];
 }
 
 // 6 steps: the median step is a stale step that waits for the one before's gather (the first stale
@@ -72,14 +77,32 @@ export const DEFAULT_SLOW_LINK: SlowLinkOptions = {
   degrees: [2, 4],
   share: 0.45,
   accuracy: 1,
+  guided: 1,
+  transports: ['f32', 'f16', 'i8'],
+  // float16 sits between float32 and int8 in bytes and fidelity; int4 carries displaced deltas only
+  displacedTransports: ['f32', 'i8', 'i4'],
+};
+/**
+ * `npm run bench -- --smoke`: P = 2 on machines of a whole core, float32 and displaced int4, without the accuracy or
+ * guided runs; at 128 tokens, as at fewer the link paced to the target ratio is so slow that the mesh probe's fixed
+ * bytes take most of each job
+ */
+export const SMOKE_SLOW_LINK: Partial<SlowLinkOptions> = {
+  frames: 5,
+  height: 128,
+  width: 128,
+  steps: 2,
+  degrees: [2],
+  share: 1,
+  accuracy: 0,
+  guided: 0,
+  transports: ['f32'],
+  displacedTransports: ['i4'],
 };
 /** the LAN of the issue: 20 TFLOP/s GPUs, 125 MB/s links, float32 transport, P = 2 */
 const TARGET = { deviceFlops: 20e12, bandwidth: 125e6, latencyS: LATENCY_S, degree: 2 };
 /** a paced run's exchange/compute ratio this far from the target has the bandwidth corrected once */
 const CALIBRATION_SLACK = 0.15;
-const TRANSPORTS: DType[] = ['f32', 'f16', 'i8'];
-/** float16 sits between float32 and int8 in bytes and fidelity; int4 carries displaced deltas only */
-const DISPLACED_TRANSPORTS: DType[] = ['f32', 'i8', 'i4'];
 /**
  * Ulysses runs in one head group (no overlap) and in this many (core/parallel.ts MAX_HEAD_GROUPS:
  * 6 heads a rank at P = 2, 3 at P = 4)
@@ -287,7 +310,7 @@ export async function runSlowLink(options: Partial<SlowLinkOptions> = {}) {
 
     const timed: [string, Run][] = [];
     for (const degree of o.degrees) {
-      for (const dtype of TRANSPORTS)
+      for (const dtype of o.transports)
         for (const headGroups of HEAD_GROUPS) {
           const r =
             degree === TARGET.degree && dtype === 'f32' && headGroups === 1
@@ -301,7 +324,7 @@ export async function runSlowLink(options: Partial<SlowLinkOptions> = {}) {
                 });
           timed.push([ulyssesRow(degree, dtype, headGroups), r]);
         }
-      for (const dtype of DISPLACED_TRANSPORTS)
+      for (const dtype of o.displacedTransports)
         timed.push([
           displacedRow(degree, dtype),
           await run(displacedRow(degree, dtype), {
@@ -318,29 +341,36 @@ export async function runSlowLink(options: Partial<SlowLinkOptions> = {}) {
 
     // the real model's job has two passes a step: CFG parallel puts them on two groups at once, and a
     // group of two ranks runs displaced beside it (P = 4: CFG parallel × displaced 2)
-    const guidedFirst = await run(`guidance ${GUIDANCE}: one machine`, { workers: 1, guidance: GUIDANCE });
-    const guidedTimed: [string, Run][] = [];
-    for (const [label, placement] of [
-      ['P=2 CFG parallel', { workers: 1, cfgParallel: true }],
-      ['P=2 displaced i4', { workers: 2, parallel: 'displaced', dtype: 'i4' }],
-      ['P=4 CFG parallel × displaced i4', { workers: 2, cfgParallel: true, parallel: 'displaced', dtype: 'i4' }],
-      ['P=4 CFG parallel × ulysses i8', { workers: 2, cfgParallel: true, dtype: 'i8', headGroups: 1 }],
-    ] as const) {
-      guidedTimed.push([
-        label,
-        await run(`guidance ${GUIDANCE}: ${label}`, {
-          guidance: GUIDANCE,
-          warmupSteps: WARMUP_STEPS,
-          emulateLink,
-          ...placement,
-        }),
-      ]);
-    }
-    const guidedOne = bothEnds(
-      guidedFirst,
-      await run(`guidance ${GUIDANCE}: one machine, again`, { workers: 1, guidance: GUIDANCE }),
-    );
-    const guided = Object.fromEntries(guidedTimed.map(([label, r]) => [label, against(guidedOne, r)]));
+    const guidedRuns = async () => {
+      const guidedFirst = await run(`guidance ${GUIDANCE}: one machine`, { workers: 1, guidance: GUIDANCE });
+      const guidedTimed: [string, Run][] = [];
+      for (const [label, placement] of [
+        ['P=2 CFG parallel', { workers: 1, cfgParallel: true }],
+        ['P=2 displaced i4', { workers: 2, parallel: 'displaced', dtype: 'i4' }],
+        ['P=4 CFG parallel × displaced i4', { workers: 2, cfgParallel: true, parallel: 'displaced', dtype: 'i4' }],
+        ['P=4 CFG parallel × ulysses i8', { workers: 2, cfgParallel: true, dtype: 'i8', headGroups: 1 }],
+      ] as const) {
+        guidedTimed.push([
+          label,
+          await run(`guidance ${GUIDANCE}: ${label}`, {
+            guidance: GUIDANCE,
+            warmupSteps: WARMUP_STEPS,
+            emulateLink,
+            ...placement,
+          }),
+        ]);
+      }
+      const guidedOne = bothEnds(
+        guidedFirst,
+        await run(`guidance ${GUIDANCE}: one machine, again`, { workers: 1, guidance: GUIDANCE }),
+      );
+      const guided: Record<string, unknown> = {
+        one: guidedOne.result,
+        ...Object.fromEntries(guidedTimed.map(([label, r]) => [label, against(guidedOne, r)])),
+      };
+      return guided;
+    };
+    const guided = o.guided ? await guidedRuns() : null;
 
     // accuracy costs no browser: after the timed runs, so as not to slow them
     const accuracy = o.accuracy
@@ -354,7 +384,7 @@ export async function runSlowLink(options: Partial<SlowLinkOptions> = {}) {
     const exactReport = runs[ulyssesRow(TARGET.degree, 'f32', 1)] as { exchangeOverCompute: number };
     const step = (r: unknown) => (r as { stepMs: number }).stepMs;
     const bestDisplaced = (degree: number) =>
-      Math.min(...DISPLACED_TRANSPORTS.map((d) => step(runs[displacedRow(degree, d)])));
+      Math.min(...o.displacedTransports.map((d) => step(runs[displacedRow(degree, d)])));
     return {
       benchmark: 'slow-link',
       date: new Date(started).toISOString(),
@@ -387,7 +417,7 @@ export async function runSlowLink(options: Partial<SlowLinkOptions> = {}) {
       /** the exchange over compute the emulated link gave at P = 2 in float32, against the target */
       emulatedRatio: { measured: exactReport.exchangeOverCompute, target: round(target.ratio, 2) },
       runs: { one: oneMachine.result, loopbackP2: loopback.result, ...runs },
-      guided: { one: guidedOne.result, ...guided },
+      guided,
       accuracy,
       meets: {
         'displaced at P = 2 at least 1.5× faster than one machine (guidance 1)':
@@ -395,8 +425,9 @@ export async function runSlowLink(options: Partial<SlowLinkOptions> = {}) {
         'displaced at P = 4 faster than at P = 2 (guidance 1)': o.degrees.includes(4)
           ? bestDisplaced(4) < bestDisplaced(2)
           : null,
-        [`P = 4 (CFG parallel × displaced i4) faster than P = 2 displaced i4 (guidance ${GUIDANCE})`]:
-          step(guided['P=4 CFG parallel × displaced i4']) < step(guided['P=2 displaced i4']),
+        [`P = 4 (CFG parallel × displaced i4) faster than P = 2 displaced i4 (guidance ${GUIDANCE})`]: guided
+          ? step(guided['P=4 CFG parallel × displaced i4']) < step(guided['P=2 displaced i4'])
+          : null,
         'displaced accuracy within 3 points of exact': accuracy
           ? Object.values(accuracy).every(
               (a) =>
@@ -411,7 +442,7 @@ export async function runSlowLink(options: Partial<SlowLinkOptions> = {}) {
        */
       overlap: Object.fromEntries(
         o.degrees.flatMap((degree) =>
-          TRANSPORTS.map((dtype) => {
+          o.transports.map((dtype) => {
             const [whole, grouped] = HEAD_GROUPS.map(
               (g) => runs[ulyssesRow(degree, dtype, g)] as { stepMs: number; overlapMs: number },
             );
@@ -446,15 +477,22 @@ export function parseSlowLinkArgs(args: string[]): Partial<SlowLinkOptions> {
       out.share = share;
       continue;
     }
+    if (k === 'transports' || k === 'displacedTransports') {
+      const dtypes = defined(v, `--${k}'s value`).split(',');
+      if (!dtypes.every((d): d is DType => (DTYPES as readonly string[]).includes(d)))
+        throw new Error(`--${k} takes transports of ${DTYPES.join(', ')}, comma-separated, got ${v}`);
+      out[k] = dtypes;
+      continue;
+    }
     const numbers = defined(v, `--${k}'s value`).split(',').map(Number);
-    const least = k === 'accuracy' ? 0 : 1;
+    const least = k === 'accuracy' || k === 'guided' ? 0 : 1;
     if (!numbers.every((n) => Number.isInteger(n) && n >= least))
       throw new Error(
         `--${k} takes ${k === 'degrees' ? 'whole numbers ≥ 1, comma-separated' : `a whole number ≥ ${least}`}, ` +
           `got ${v}`,
       );
     if (k === 'degrees') out.degrees = numbers;
-    else out[k as Exclude<keyof SlowLinkOptions, 'degrees' | 'share'>] = numbers[0];
+    else out[k as 'frames' | 'height' | 'width' | 'steps' | 'accuracy' | 'guided'] = numbers[0];
   }
   return out;
 }

@@ -32,6 +32,15 @@ export const DEFAULT_SPOT_CHECK_OVERHEAD: SpotCheckOverheadOptions = {
   height: 64,
   width: 64,
 };
+/** `npm run bench -- --smoke`: one job each way, two steps at 16 tokens */
+export const SMOKE_SPOT_CHECK_OVERHEAD: SpotCheckOverheadOptions = {
+  workers: 2,
+  repeats: 1,
+  steps: 2,
+  frames: 1,
+  height: 32,
+  width: 32,
+};
 
 interface Run {
   rate: number;

@@ -31,6 +31,9 @@ const MIN_SPEEDUP = 1.6;
 /** the dashboard's prediction of a step, relative to the measured step */
 const MAX_PREDICTION_ERROR = 0.25;
 
+/** `npm run bench -- --smoke`: one step at 16 tokens */
+export const SMOKE_THREADS: Partial<Pick<JobParams, JobFlag>> = { frames: 1, height: 32, width: 32, steps: 1 };
+
 export async function runThreads(options: Partial<Pick<JobParams, JobFlag>> = {}) {
   const o = { ...DEFAULT_SCALING, ...options };
   const model = ensureBenchModel();

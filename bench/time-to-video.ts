@@ -41,6 +41,9 @@ export const DEFAULT_TIME_TO_VIDEO: TimeToVideoOptions = {
   accuracy: true,
 };
 
+/** `npm run bench -- --smoke`: one threshold, without the held-out accuracy runs */
+export const SMOKE_TIME_TO_VIDEO: TimeToVideoOptions = { workers: 1, thresholds: [0.24], seeds: 1, accuracy: false };
+
 const DEMO_DIR = join(ROOT, 'public/models/tiny-wan-demo');
 /** strong enough to move every merged module, small enough to leave the demo model's video recognisable */
 const LORA_STRENGTH = 0.1;

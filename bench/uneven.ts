@@ -55,6 +55,16 @@ export const DEFAULT_UNEVEN: UnevenOptions = {
   steps: 3,
 };
 
+/** `npm run bench -- --smoke`: the same runs at 16 tokens, two steps each, on tabs of a whole core and a half */
+export const SMOKE_UNEVEN: Partial<UnevenOptions> = {
+  fastShare: 1,
+  slowShare: 0.5,
+  frames: 1,
+  height: 32,
+  width: 32,
+  steps: 2,
+};
+
 export async function runUneven(options: Partial<UnevenOptions> = {}) {
   const o = { ...DEFAULT_UNEVEN, ...options };
   const model = ensureBenchModel();

@@ -9,7 +9,7 @@
 //
 //   npm run bench -- vae [--model DIR] [--only parity|tile] [--tile-frames 2]
 
-import { existsSync } from 'node:fs';
+import { cpSync, existsSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import * as ort from 'onnxruntime-web';
@@ -21,9 +21,22 @@ import { maxAbsDiff, type Tensor } from '../core/tensor.ts';
 import { largestTileTensorBytes } from '../coordinator/vae-decoding.ts';
 import { onnxVaeDecoder } from '../rank/vae-decoder.ts';
 import { startLocalSwarm } from '../server/cli/browser-swarm.ts';
-import { FEW_LAYERS_MODEL_DIR, folderFiles } from '../server/model-folder.ts';
+import { FEW_LAYERS_MODEL_DIR, folderFiles, writeWanVaeFolder } from '../server/model-folder.ts';
+import { WAN21_T2V_1_3B } from '../server/wan21-layout.ts';
 import { LOCAL_MODEL_PATH } from '../server/serve.ts';
-import { ROOT, isMain, log, machine, rendererPeaks, round, versions, waitForQuietMachine, writeReport } from './lib.ts';
+import {
+  OUT_DIR,
+  ROOT,
+  SMOKE_MODEL_DIR,
+  isMain,
+  log,
+  machine,
+  rendererPeaks,
+  round,
+  versions,
+  waitForQuietMachine,
+  writeReport,
+} from './lib.ts';
 import { spawnSync } from 'node:child_process';
 
 /** the issue's bound: the graphs against the reference on the full-width VAE */
@@ -45,6 +58,23 @@ function ensureModel(dir: string): void {
     { cwd: ROOT, stdio: 'inherit' },
   );
   if (made.status !== 0) throw new Error(`make-model failed with status ${made.status}`);
+}
+
+/**
+ * `npm run bench -- --smoke`'s model: the bundled tiny model with Wan2.1's VAE in its layout at base width 8 (the
+ * unit tests' narrow VAE), written on demand. A whole folder, not `vae/` alone: a decode still opens the folder's
+ * other configs.
+ */
+const SMOKE_VAE_DIR = join(OUT_DIR, 'models/smoke-wan-vae');
+export const SMOKE_VAE: VaeBenchOptions = { model: SMOKE_VAE_DIR, parts: ['parity', 'tile'], tileFrames: 1 };
+
+/** Writes the smoke run's model into SMOKE_VAE_DIR unless it is there. */
+export async function ensureSmokeVae(): Promise<void> {
+  const weights = join(SMOKE_VAE_DIR, 'vae/diffusion_pytorch_model.safetensors');
+  if (existsSync(weights)) return;
+  cpSync(SMOKE_MODEL_DIR, SMOKE_VAE_DIR, { recursive: true });
+  rmSync(weights);
+  await writeWanVaeFolder(SMOKE_VAE_DIR, { ...WAN21_T2V_1_3B.vae, base_dim: 8 }, { seed: 'smoke' });
 }
 
 const latentOf = (shape: number[], seed: number): Tensor => ({
