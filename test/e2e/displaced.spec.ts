@@ -55,7 +55,9 @@ test('a displaced job on 3 worker tabs: all steps exact equals one worker within
     expect(perStep.slice(2).every((d) => d > 1e-4)).toBe(true);
     expect(perStep.at(-1)).toBe(deviation);
     expect(deviation).toBeGreaterThan(1e-4); // stale keys were used
-    expect(deviation).toBeLessThan(0.1 * scale);
+    // README: about 2% of the latent's scale over these 6 steps
+    expect(deviation).toBeGreaterThan(0.01 * scale);
+    expect(deviation).toBeLessThan(0.03 * scale);
     const plan = planUlysses({ numHeads: 12, headDim: 24 }, TOKENS, 3);
     for (const step of displaced.report.steps)
       expect(step.ranks.map((r) => r.bytesSent)).toEqual(
@@ -73,7 +75,7 @@ test('a displaced job on 3 worker tabs: all steps exact equals one worker within
     });
     const int4Deviation = maxAbsDiff(int4.latent, one.latent);
     console.log(`displaced int4 P=3: max-abs vs one worker ${int4Deviation.toExponential(2)}`);
-    expect(int4Deviation).toBeLessThan(0.1 * scale);
+    expect(int4Deviation).toBeLessThan(0.03 * scale);
     for (const step of int4.report.steps)
       expect(step.ranks.map((r) => r.bytesSent)).toEqual(
         plan.rows.map((_, r) => 2 * 2 * payloadBytes(partFloats(plan, 'kv', r, 0), 'i4') * LAYERS),
@@ -98,7 +100,7 @@ test('a displaced job on 3 worker tabs: all steps exact equals one worker within
     console.log(
       `displaced, rank 1 closed in step 3: re-placed on ${survived.report.failures[0].degreeAfter}, max-abs vs one worker ${afterLoss.toExponential(2)}`,
     );
-    expect(afterLoss).toBeLessThan(0.1 * scale);
+    expect(afterLoss).toBeLessThan(0.03 * scale);
   } finally {
     await swarm.close();
   }

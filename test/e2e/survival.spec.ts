@@ -51,12 +51,13 @@ test.describe('a lost worker costs one step, not the job', () => {
         console.log(
           `${harm}: detected after ${detectionMs} ms (${failures[0].lost[0].cause}: ${failures[0].lost[0].evidence}), re-plan ${failures[0].replanMs.toFixed(0)} ms, extra ${extraMs.toFixed(0)} ms`,
         );
-        // a closed tab is noticed at once, a crashed one by heartbeats after ~3.5 s of silence; without
-        // them only the 60 s RPC timeout would notice (a wide margin for a loaded machine)
-        expect(detectionMs).toBeLessThan(20_000);
+        // README: about 4 s (3 s of silence, then the server says the page is gone; a closed page's channel
+        // may stay open for ICE's 30 s consent timeout). Without heartbeats the 30 s silence bound or the RPC
+        // timeout would notice; the margin is for a silence limit grown on a loaded machine
+        expect(detectionMs).toBeLessThan(10_000);
         const diff = maxAbsDiff(run.latent, uninterrupted.latent);
         console.log(`${harm}: max-abs vs uninterrupted ${diff.toExponential(2)}`);
-        expect(diff).toBeLessThanOrEqual(1e-4);
+        expect(diff).toBe(0); // README: sampling is seeded, so the video is the same
       } finally {
         await swarm.close();
       }

@@ -151,7 +151,8 @@ describe('Ulysses sequence parallelism, in memory', () => {
         console.log(
           `heads ${plan.heads.join('/')} in ${plan.headGroups} head groups: max-abs vs one group ${diff.toExponential(2)}`,
         );
-        expect(diff, `${headGroups} groups`).toBeLessThan(1e-6);
+        // float32 in head groups is the same to the bit as all heads at once (README)
+        expect(diff, `${headGroups} groups`).toBe(0);
         expect(plan.headGroups).toBe(typeof heads === 'number' ? headGroups : 2); // rank 2 has two heads
         exchanges.forEach((e, r) => {
           expect(e.calls, `rank ${r}`).toBe(2 * plan.headGroups * m.config.numLayers);
@@ -225,25 +226,27 @@ describe('fp16 and int8 activation transport', () => {
     return { latent: x.data, bytes: exchanges[0].bytesSent };
   };
 
-  it('fp16 halves the bytes each rank sends, and moves a 4-step guided sample by at most 1e-3', async () => {
+  it('fp16 halves the bytes each rank sends, and moves a 4-step guided sample by about 4e-4 (README), at most 4.5e-4', async () => {
     const [full, half] = [await sample('f32'), await sample('f16')];
     const diff = maxAbsDiff(full.latent, half.latent);
     console.log(
       `fp16 transport: bytes ratio ${(half.bytes / full.bytes).toFixed(4)}, final latent max-abs ${diff.toExponential(2)}`,
     );
     expect(half.bytes / full.bytes).toBe(0.5);
-    expect(diff).toBeLessThanOrEqual(1e-3);
+    // rounding toward zero instead of to nearest moves it 5.6e-4
+    expect(diff).toBeLessThanOrEqual(4.5e-4);
     expect(diff).toBeGreaterThan(0); // the rounding is real
   });
 
-  it('int8 with a scale per 64 values sends a little over a quarter of the bytes, and moves the same sample by at most 3e-2', async () => {
+  it('int8 with a scale per 64 values sends a little over a quarter of the bytes, and moves the same sample by about 1e-2 (README), at most that', async () => {
     const [full, quarter] = [await sample('f32'), await sample('i8')];
     const diff = maxAbsDiff(full.latent, quarter.latent);
     console.log(
       `int8 transport: bytes ratio ${(quarter.bytes / full.bytes).toFixed(4)}, final latent max-abs ${diff.toExponential(2)}`,
     );
     expect(quarter.bytes / full.bytes).toBeCloseTo((1 + 4 / 64) / 4, 2);
-    expect(diff).toBeLessThanOrEqual(3e-2);
+    // rounding toward zero instead of to nearest moves it 1.4e-2
+    expect(diff).toBeLessThanOrEqual(1e-2);
     expect(diff).toBeGreaterThan(0);
   });
 });
