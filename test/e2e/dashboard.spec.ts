@@ -114,6 +114,7 @@ test('the dashboard idle, running on 2 workers and done, and the worker page, as
   await dashboard.fill('[name=width]', '128');
   await dashboard.selectOption('[name=degree]', '2');
   await dashboard.selectOption('[name=ep]', 'wasm'); // WebGPU here is SwiftShader: correct but slow
+  const seed = Number(await dashboard.inputValue('[name=seed]'));
   await dashboard.focus('[name=prompt]');
   await dashboard.keyboard.press('Enter');
   const bar = dashboard.locator('#queue li progress').first();
@@ -147,6 +148,28 @@ test('the dashboard idle, running on 2 workers and done, and the worker page, as
   await expect(dashboard.locator('#gallery li').first()).toContainText('9 frames 128×128, 12 steps');
   await expect(dashboard.locator('#gallery li').first()).toContainText('2 swarm ranks');
   await dashboard.screenshot({ path: join(SHOTS, 'dashboard-done.png'), fullPage: true });
+  // what the form sent is what ran: the same job from a script, every parameter spelled out, gives the same latent
+  const fromForm = JSON.parse((await dashboard.locator('#report').textContent()) ?? '') as JobResult['report'];
+  const scripted = await dashboard.evaluate(
+    (s) =>
+      window.ditswarm.generate({
+        model: '/models/tiny-wan-demo',
+        prompt: 'a red ball bouncing',
+        negativePrompt: '',
+        frames: 9,
+        height: 128,
+        width: 128,
+        steps: 12,
+        guidance: 4,
+        flowShift: 3,
+        seed: s,
+        backend: 'swarm',
+        workers: 2,
+        ep: 'wasm',
+      }),
+    seed,
+  );
+  expect(fromForm.latentSha256).toBe(scripted.report.latentSha256);
 
   // the worker page: what it is, what it did
   const worker = workers[0];

@@ -124,11 +124,20 @@ test('a server started on a model folder serves it by ranges and its dashboard s
     expect(ranged.status).toBe(206);
     expect((await ranged.arrayBuffer()).byteLength).toBe(8);
     const dashboard = await context.newPage();
+    // the dashboard reads the served folder's config (its head count decides the degree menu), not the bundled one
+    const configRead = dashboard.waitForResponse(
+      (r) => new URL(r.url()).pathname === `${LOCAL_MODEL_PATH}/transformer/config.json` && r.ok(),
+    );
+    const bundledRead: string[] = [];
+    dashboard.on('request', (r) => {
+      if (new URL(r.url()).pathname.startsWith('/models/tiny-wan/')) bundledRead.push(r.url());
+    });
     await dashboard.goto(`${server.url}/`);
     await dashboard.evaluate(() => window.ditswarm.ready);
+    await configRead;
     await expect(dashboard.locator('input[name=model]')).toHaveValue(LOCAL_MODEL_PATH);
-    // its head count was read from the served folder: the degree menu lists the divisors of 12 that fit
     await expect(dashboard.locator('select[name=degree] option')).toHaveText(['auto', '1']);
+    expect(bundledRead).toEqual([]);
   } finally {
     await context.close();
     await server.close();
