@@ -1,8 +1,7 @@
-// Mutation testing of the numeric and protocol core: a habit before changing these modules, not a
-// CI gate (too slow for that). `npm run test:mutation`, or one module at a time:
-//   npm run test:mutation -- --mutate core/schedulers/unipc-multistep-scheduler.ts
-// Reports land in bench/out/mutation/ (index.html, mutation.json). Add `--incremental` to rerun
-// only the mutants and tests that changed since the last incremental run.
+// Mutation testing of the numeric, protocol and defence core: a habit before changing these modules, not a
+// CI gate (too slow for that). `npm run test:mutation` (test/mutation.ts), or one module at a time:
+//   npm run test:mutation -- --module core/schedulers/unipc-multistep-scheduler.ts
+// Reports land in bench/out/mutation/ (index.html, mutation.json, and summary.json: each module's score).
 /** @type {import('@stryker-mutator/api/core').PartialStrykerOptions} */
 export default {
   mutate: [
@@ -13,7 +12,18 @@ export default {
     'core/net/protocol.ts',
     'core/net/check.ts',
     'core/worker-api.ts',
+    'core/step-cache.ts',
+    'core/model/lora.ts',
+    'core/model/umt5.ts',
+    'core/model/umt5-tokenizer.ts',
+    'core/model/wan-vae.ts',
+    'core/model/wan-vae-tiling.ts',
     'coordinator/placement.ts',
+    'coordinator/planner.ts',
+    'coordinator/stage-plan.ts',
+    'coordinator/spot-check.ts',
+    'rank/displaced.ts',
+    'rank/weight-cache.ts',
   ],
   testRunner: 'vitest',
   // `related`: per mutant, only the test files that import the mutated module (directly or not)

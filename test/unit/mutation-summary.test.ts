@@ -1,0 +1,55 @@
+import { describe, expect, it } from 'vitest';
+import { mergeSummary, moduleScores, type MutationReport } from '../mutation-summary.ts';
+
+const mutant = (status: string, line: number, replacement?: string) => ({
+  mutatorName: 'EqualityOperator',
+  replacement,
+  status,
+  location: { start: { line, column: 3 } },
+});
+
+describe("a mutation run's summary", () => {
+  const report: MutationReport = {
+    files: {
+      'core/a.ts': {
+        mutants: [
+          mutant('Killed', 1),
+          mutant('Timeout', 2),
+          mutant('Killed', 3),
+          mutant('Survived', 4, 'i <= n'),
+          mutant('NoCoverage', 5),
+          mutant('CompileError', 6),
+          mutant('Ignored', 7),
+        ],
+      },
+      'core/b.ts': { mutants: [mutant('Ignored', 1)] },
+    },
+  };
+
+  it('scores a module by what its tests killed (a timeout too) of the mutants they could judge, and lists the living', () => {
+    const scores = moduleScores(report, 'today');
+    // 3 killed of 5 judged (killed, timed out, survived, reached by no test); compile errors and ignored ones left out
+    expect(scores['core/a.ts']).toEqual({
+      score: 60,
+      killed: 3,
+      survived: 1,
+      noCoverage: 1,
+      notJudged: 2,
+      alive: ['4:3 EqualityOperator → i <= n', '5:3 EqualityOperator'],
+      date: 'today',
+    });
+    // nothing to judge is nothing missed
+    expect(scores['core/b.ts'].score).toBe(100);
+  });
+
+  it("replaces a module's entry with the newest run's and keeps the others", () => {
+    const first = mergeSummary(null, moduleScores(report, 'monday'));
+    const again = mergeSummary(
+      first,
+      moduleScores({ files: { 'core/a.ts': { mutants: [mutant('Killed', 1)] } } }, 'tuesday'),
+    );
+    expect(Object.keys(again.modules)).toEqual(['core/a.ts', 'core/b.ts']);
+    expect(again.modules['core/a.ts']).toMatchObject({ score: 100, date: 'tuesday' });
+    expect(again.modules['core/b.ts'].date).toBe('monday');
+  });
+});
