@@ -61,7 +61,6 @@ const report = (name: string, body: unknown) => writeReport(smoke ? join('smoke'
 if (smoke) {
   // a smoke run measures nothing: it need not wait for other work on the machine to finish
   process.env.BENCH_QUIET_WAIT_S = '0';
-  await ensureSmokeVae();
 }
 
 // the projection is held to the block measured here: that comes first
@@ -138,6 +137,7 @@ if (chosen.includes('full-size')) {
     );
 }
 if (chosen.includes('vae')) {
+  if (smoke) await ensureSmokeVae();
   const vae = await runVae(options(SMOKE_VAE, parseVaeArgs));
   report('vae.json', vae);
   if (vae.parity)

@@ -3,7 +3,7 @@
 // module's score and its living mutants (earlier runs' other modules kept).
 //
 //   npm run test:mutation                              every module of stryker.config.mjs's list (hours on 2 cores)
-//   npm run test:mutation -- --module core/unipc.ts    one module (or several: --module A --module B), in minutes
+//   npm run test:mutation -- --module core/step-cache.ts    one module (or several: --module A --module B), in minutes
 //
 // Not a CI gate (too slow): a habit before changing these modules.
 
