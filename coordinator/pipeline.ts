@@ -9,7 +9,7 @@ import { parseWanConfig, type WanConfig } from '../core/model/config.ts';
 import { fetchModelFiles, readJson } from '../core/model/files.ts';
 import { openTransformer, TRANSFORMER_CONFIG } from '../core/model/transformer.ts';
 import type { DecodedVideo } from '../core/model/vae-decoder.ts';
-import { loadWanPipelineParts } from '../core/model/wan-pipeline.ts';
+import { loadWanPipelineParts, MISSING_PARTS, MissingPart } from '../core/model/wan-pipeline.ts';
 import { jobSolver, scheduleOf, type SamplerCheckpoint, type Schedule, type Solver } from '../core/sampler.ts';
 import type { StepCacheSettings } from '../core/step-cache.ts';
 import { sizeOf, type Tensor } from '../core/tensor.ts';
@@ -190,7 +190,8 @@ export interface GenerateResult {
 }
 
 export interface Pipeline {
-  readonly config: WanConfig;
+  /** the folder's transformer config; null where it has none (it only decodes: `decode`) */
+  readonly config: WanConfig | null;
   /** the current placement's executor, once a job has been placed */
   readonly executor: Executor | null;
   generate(request: GenerateRequest): Promise<GenerateResult>;
@@ -294,6 +295,12 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
       })
     : standInDecoding(() => parts.decoder());
 
+  /** The transformer's config, which every job denoises with: a folder without transformer/ only decodes. */
+  const transformer = (): WanConfig => {
+    if (!config) throw new MissingPart(MISSING_PARTS.transformer);
+    return config;
+  };
+
   /** A given embedding's rows, checked against the model; else the prompt encoded. */
   const embed = async (
     given: PromptEmbeds | undefined,
@@ -303,11 +310,12 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
   ): Promise<{ embeds: Float32Array; report: PromptEncoding }> => {
     if (!given) return textEncoding.encode(prompt, onProgress);
     const started = performance.now();
+    const { textDim } = transformer();
     const [L, width] = given.shape.length === 3 && given.shape[0] === 1 ? given.shape.slice(1) : given.shape;
-    const fits = given.shape.length >= 2 && given.shape.length <= 3 && width === config.textDim;
+    const fits = given.shape.length >= 2 && given.shape.length <= 3 && width === textDim;
     if (!fits || !(L >= 1 && L <= MAX_TEXT_TOKENS) || given.data.length !== L * width) {
       throw new Error(
-        `${what} must be [L, ${config.textDim}] or [1, L, ${config.textDim}] with 1 ≤ L ≤ ${MAX_TEXT_TOKENS} ` +
+        `${what} must be [L, ${textDim}] or [1, L, ${textDim}] with 1 ≤ L ≤ ${MAX_TEXT_TOKENS} ` +
           `and as many values, got [${given.shape.join(',')}] with ${given.data.length} values`,
       );
     }
@@ -341,13 +349,14 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
     { promptEmbeds, negativePromptEmbeds, outputType = 'video' }: JobRequest,
     fromStep = 0,
   ): Promise<JobEstimate> => {
+    const { inChannels } = transformer();
     const { stepMs, loadBytes } = placer.forecast(params, placement);
     const prompts = [promptEmbeds ? null : params.prompt];
     if (usesGuidance(params)) prompts.push(negativePromptEmbeds ? null : params.negativePrompt);
     const promptTokens = await Promise.all(
       prompts.map((p) => (p === null ? Promise.resolve(0) : textEncoding.tokensToRun(p))),
     );
-    const latentValues = sizeOf(latentShape(params, config.inChannels));
+    const latentValues = sizeOf(latentShape(params, inChannels));
     return estimateJob(
       {
         steps: params.steps - fromStep,
@@ -401,7 +410,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
       await placer.place(params, placementRequest);
       const setupMs = clock.elapsedMs();
       const job = ++jobs;
-      const shape = latentShape(params, config.inChannels);
+      const shape = latentShape(params, transformer().inChannels);
       const texts = encoded.map((e) => e.embeds);
       const meshProbe = await placer.prepare(job, texts, shape, params, placementRequest);
 
@@ -422,19 +431,21 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
       // a job that ran on one placement throughout is what the next of its shape there is predicted from
       if (!denoised.failures.length && !denoised.rebalances.length) placer.measuredStep(params, denoised.medianStepMs);
 
-      clock.enter('decoding');
       const executor = defined(placer.current, 'the placement the job ran on');
-      const decoded =
-        outputType === 'video'
-          ? await videoDecoding.decode(denoised.latent, {
-              ep: executor.placement.ep,
-              onProgress: (p) => tell('decoding', describeDecodeProgress(p)),
-            })
-          : null;
-      const frames = decoded?.frames ?? null;
-      clock.enter('muxing');
-      const video = frames && (await (options.encodeVideo ?? encodeWebM)(frames));
+      // a job that asks for the latent has neither phase, and says none
+      let decoded: DecodeResult | null = null;
+      let video: Blob | null = null;
+      if (outputType === 'video') {
+        clock.enter('decoding');
+        decoded = await videoDecoding.decode(denoised.latent, {
+          ep: executor.placement.ep,
+          onProgress: (p) => tell('decoding', describeDecodeProgress(p)),
+        });
+        clock.enter('muxing');
+        video = await (options.encodeVideo ?? encodeWebM)(decoded.frames);
+      }
       clock.enter(null);
+      const frames = decoded?.frames ?? null;
       const { latent, steps, spotChecks, medianStepMs, rebalances } = denoised;
       const { failures } = placer;
       const report: GenerateReport = {

@@ -6,6 +6,8 @@
 // (Placer.lose, then Placer.onLive): a re-placement from the job's MAX_REPLANS on the live workers,
 // and the job fails only where nothing can be placed, saying who was lost, why, and why.
 import type { LoraRef } from '../core/model/lora.ts';
+import type { WanConfig } from '../core/model/config.ts';
+import { MISSING_PARTS, MissingPart } from '../core/model/wan-pipeline.ts';
 import { defined } from '../core/defined.ts';
 import { fitMeshProbe, type LinkSpeed } from '../core/cost-model.ts';
 import { usesGuidance, type JobParams } from '../core/job.ts';
@@ -91,7 +93,12 @@ export class ReplacementsExhausted extends Error {
 
 export type MeshProbeReport = { ranks: MeshProbe[]; link: LinkSpeed } | { error: string } | null;
 
-export interface PlacerOptions extends PlannerContext {
+export interface PlacerOptions extends Omit<PlannerContext, 'config'> {
+  /**
+   * the folder's transformer; null where it has none: the placer then serves the text encoder's and the VAE's work
+   * on the workers, and refuses to place a job (MissingPart)
+   */
+  config: WanConfig | null;
   swarm?: Swarm;
   /** how long a placement waits for the workers it needs */
   placementTimeoutMs?: number;
@@ -149,6 +156,13 @@ export class Placer {
   /** why and when each worker left the swarm: the evidence of a worker lost outside an executor */
   private readonly departures = new WeakMap<SwarmWorker, { reason: string; silentMs: number }>();
   private readonly offLeave: (() => void) | undefined;
+
+  /** What the planner is told of the pipeline: the placer's options, with the transformer a placed job needs. */
+  private get planning(): PlacerOptions & PlannerContext {
+    const { config } = this.options;
+    if (!config) throw new MissingPart(MISSING_PARTS.transformer);
+    return { ...this.options, config };
+  }
 
   constructor(private readonly options: PlacerOptions) {
     if (options.backend === 'swarm' && !options.swarm)
@@ -284,7 +298,7 @@ export class Placer {
     if (layout.cfgGroups !== 1 || layout.stages !== 1 || layout.ulyssesDegree < 2 || settings.parallel !== 'ulysses')
       return null;
     if (prepared.request.shares === 'even' || ranks.length !== layout.world) return null;
-    const even = evenHeads(this.options.config.numHeads, layout.ulyssesDegree);
+    const even = evenHeads(this.planning.config.numHeads, layout.ulyssesDegree);
     const heads = layout.heads?.[0] ?? even;
     const computeMs = [...ranks].sort((a, b) => a.rank - b.rank).map((r) => r.computeMs);
     const judged = judgeShares(heads, computeMs);
@@ -295,7 +309,7 @@ export class Placer {
     // each worker's forward at an even share, as the steps measured it: what the planner shares heads by
     const passes = usesGuidance(prepared.params) ? 2 : 1;
     this.measurements.setRehearsal(
-      groupOn(this.options, prepared.params, executor),
+      groupOn(this.planning, prepared.params, executor),
       layout.ulyssesDegree,
       computeMs.map((ms, r) => (ms / passes / heads[r]) * (even[r] / 1000)),
     );
@@ -316,7 +330,7 @@ export class Placer {
     const record: RebalanceRecord = {
       step,
       headsBefore: heads,
-      headsAfter: after.heads?.[0] ?? evenHeads(this.options.config.numHeads, after.ulyssesDegree),
+      headsAfter: after.heads?.[0] ?? evenHeads(this.planning.config.numHeads, after.ulyssesDegree),
       computeMs,
       predictedGain: judged.gain,
       replanMs: performance.now() - started,
@@ -452,11 +466,11 @@ export class Placer {
     try {
       const workers = eligible(swarm);
       if (!workers.length) return { stepMs: 'no worker has joined yet', loadBytes: 0 };
-      const waitFor = workersToWaitFor(this.options, request, params);
+      const waitFor = workersToWaitFor(this.planning, request, params);
       if (waitFor > workers.length)
         return { stepMs: `the job waits for ${waitFor} workers, and ${workers.length} have joined`, loadBytes: 0 };
       const trusted = new Set(workers.filter((w) => swarm.isTrusted(w)).map((w) => w.id));
-      const placed = planPlacement(this.options, {
+      const placed = planPlacement(this.planning, {
         params,
         request,
         workers,
@@ -465,7 +479,7 @@ export class Placer {
       });
       const holds = new Set(workers.filter((w) => w.pulse?.holds === placed.modelUrl).map((w) => w.id));
       const loads = placed.stages || placed.loras.length || placed.workers.some((w) => !holds.has(w.id));
-      const bytes = placed.stages?.map((s) => s.heldBytes) ?? [wholeModelBytes(stagedModel(this.options.config))];
+      const bytes = placed.stages?.map((s) => s.heldBytes) ?? [wholeModelBytes(stagedModel(this.planning.config))];
       return {
         stepMs: placed.prediction?.predictedStepMs ?? 'the workers are not measured yet',
         loadBytes: loads ? Math.max(...bytes) : 0,
@@ -495,17 +509,17 @@ export class Placer {
       rehearsalError,
       trusted: new Set(workers.filter((w) => swarm?.isTrusted(w)).map((w) => w.id)),
     });
-    if (this.options.backend !== 'swarm' || !swarm) return planPlacement(this.options, input([]));
+    if (this.options.backend !== 'swarm' || !swarm) return planPlacement(this.planning, input([]));
     // checked before waiting: an invalid request fails at once
     const { loras } = checkRequest(request);
-    placedStepCache(this.options, request);
-    const waitFor = workersToWaitFor(this.options, request, params);
+    placedStepCache(this.planning, request);
+    const waitFor = workersToWaitFor(this.planning, request, params);
     const workers = await this.liveWorkers(maxWorld === undefined ? waitFor : 1);
     if (maxWorld === undefined) await swarm.measuredNow();
     let rehearsalError: string | undefined;
     // a re-placement predicts from what was rehearsed before: recovery does not wait for rehearsals
     if (maxWorld === undefined) {
-      for (const needed of rehearsalsNeeded(this.options, input(workers))) {
+      for (const needed of rehearsalsNeeded(this.planning, input(workers))) {
         const failed = await this.rehearse(needed, loras);
         if (!failed) continue;
         const lost = await this.lostWorkers(needed.workers, failed.workers);
@@ -522,7 +536,7 @@ export class Placer {
         );
       }
     }
-    return planPlacement(this.options, input(workers, rehearsalError));
+    return planPlacement(this.planning, input(workers, rehearsalError));
   }
 
   /**
@@ -636,7 +650,7 @@ export class Placer {
       mode: settings.parallel,
     };
     this.measurements.recordStep(
-      groupOn(this.options, params, executor),
+      groupOn(this.planning, params, executor),
       runOf(plan, bytesPerElement(settings.dtype)),
       medianStepMs / 1000,
     );
@@ -691,7 +705,7 @@ export class Placer {
    */
   private async placeOn(placement: ResolvedPlacement, at: JobPoint): Promise<Loss | null> {
     await this.shutdown({ graceMs: 1_000 });
-    const { config, backend, swarm } = this.options;
+    const { config, backend, swarm } = this.planning;
     const byId = new Map(swarm?.workers().map((w) => [w.id, w]));
     const workers = placement.workers.map(({ id }) => byId.get(id));
     if (workers.some((w) => !w)) throw new Error('a worker of the placement left the swarm before it was placed');

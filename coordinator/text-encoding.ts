@@ -11,6 +11,7 @@
 // only an encoding whose every run a check agreed with is kept.
 // The tiny models' stand-in encoder runs here, in the coordinator's page.
 
+import { INSTEAD_OF } from '../core/job.ts';
 import { MissingFile, readJson, type ModelFiles } from '../core/model/files.ts';
 import type { TextEncoder } from '../core/model/text-encoder.ts';
 import { Umt5Tokenizer } from '../core/model/umt5-tokenizer.ts';
@@ -165,10 +166,7 @@ export function umt5Encoding<H extends TextHost>(o: Umt5EncodingOptions<H>): Tex
     } catch (e) {
       // a folder of configs without the encoder's weights (or its tokenizer) cannot encode: say what to give instead
       throw e instanceof MissingFile
-        ? new MissingFile(
-            `the text encoder (umT5) cannot run: ${e.message}; give the prompt's embeddings instead ` +
-              '(promptEmbeds [L, text_dim]; --prompt-embeds FILE with npm run generate)',
-          )
+        ? new MissingFile(`the text encoder (umT5) cannot run: ${e.message}; ${INSTEAD_OF.textEncoder}`)
         : e;
     }
   });

@@ -11,6 +11,7 @@
 // its sender outright. A convicted worker is let go and banned, and its tiles decoded again.
 // The tiny models' stand-in decoders run here, in the coordinator's page.
 
+import { INSTEAD_OF } from '../core/job.ts';
 import { MissingFile, type ModelFiles } from '../core/model/files.ts';
 import {
   decoderHeadNames,
@@ -417,12 +418,7 @@ export function tiledDecoding<H extends TileHost>(o: TiledDecodingOptions<H>): V
       try {
         await openWanVae(o.files);
       } catch (e) {
-        throw e instanceof MissingFile
-          ? new MissingFile(
-              `the VAE cannot decode: ${e.message}; ask for the latent instead ` +
-                "(outputType 'latent'; --output-type latent with npm run generate)",
-            )
-          : e;
+        throw e instanceof MissingFile ? new MissingFile(`the VAE cannot decode: ${e.message}; ${INSTEAD_OF.vae}`) : e;
       }
     },
     async decode(latent, options = {}) {

@@ -18,6 +18,16 @@ export interface JobParams {
   scheduler: JobScheduler;
 }
 
+/**
+ * What a job is told to give instead where a part of its model folder cannot run (WanPipeline's escape hatches:
+ * prompt_embeds=, output_type="latent").
+ */
+export const INSTEAD_OF = {
+  textEncoder:
+    "give the prompt's embeddings instead (promptEmbeds [L, text_dim]; --prompt-embeds FILE with npm run generate)",
+  vae: "ask for the latent instead (outputType 'latent'; --output-type latent with npm run generate)",
+} as const;
+
 export const JOB_SCHEDULERS = ['folder', 'step-distill'] as const;
 export type JobScheduler = (typeof JOB_SCHEDULERS)[number];
 

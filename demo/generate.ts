@@ -4,6 +4,7 @@
 // model fast, without browsers.
 import { latentShape, usesGuidance, type JobParams } from '../core/job.ts';
 import type { ModelFiles } from '../core/model/files.ts';
+import type { WanConfig } from '../core/model/config.ts';
 import type { WanModel } from '../core/model/reference.ts';
 import { loadTransformer } from '../core/model/transformer.ts';
 import type { DecodedVideo } from '../core/model/vae-decoder.ts';
@@ -22,6 +23,8 @@ import { defined } from '../core/defined.ts';
 import type { PlacedStepCache } from '../coordinator/placement.ts';
 
 export interface LoadedModel extends WanPipelineParts {
+  /** the transformer's config: a model this process samples with has one */
+  config: WanConfig;
   transformer: WanModel;
   stages: StageRunner;
 }
@@ -29,7 +32,12 @@ export interface LoadedModel extends WanPipelineParts {
 export async function loadModel(files: ModelFiles): Promise<LoadedModel> {
   const [transformer, parts] = await Promise.all([loadTransformer(files), loadWanPipelineParts(files)]);
   // its ranks in this process share one engine's sessions, a stage at a time, as a worker's engine runs them
-  return { ...parts, transformer, stages: serialStages(await onnxStages(transformer, 'wasm')) };
+  return {
+    ...parts,
+    config: transformer.config,
+    transformer,
+    stages: serialStages(await onnxStages(transformer, 'wasm')),
+  };
 }
 
 export type SampleParams = Pick<

@@ -54,22 +54,26 @@ export const LOCAL_MODEL_PATH = '/models/local';
  * LOCAL_MODEL_PATH (pages fetch it from there); an http(s) URL, or a path of a model this server ships
  * (`/models/…`), is fetched by the pages as given. Anything else is refused before the server starts,
  * saying what to give instead: a path that is no folder would otherwise reach the pages as a URL and
- * fail a job minutes later.
+ * fail a job minutes later. A folder must hold `needs`, the config of the part the command runs: the
+ * transformer's for jobs, the VAE's for `npm run decode`.
  */
-export function servedModel(model: string | undefined): Pick<ServerOptions, 'modelFolders' | 'defaultModel'> {
+export function servedModel(
+  model: string | undefined,
+  needs: string = TRANSFORMER_CONFIG,
+): Pick<ServerOptions, 'modelFolders' | 'defaultModel'> {
   if (model === undefined) return {};
   if (/^https?:\/\//i.test(model)) return { defaultModel: model };
+  const part = needs.split('/')[0];
   const giveInstead =
-    'give the model folder (the one holding model_index.json and transformer/, as diffusers publishes it; ' +
+    `give the model folder (the one holding model_index.json and ${part}/, as diffusers publishes it; ` +
     '`npm run make-model` writes one) or its http(s) URL';
   if (existsSync(model)) {
     if (!statSync(model).isDirectory()) throw new Error(`--model ${model} is a file: ${giveInstead}`);
-    if (!existsSync(join(model, TRANSFORMER_CONFIG)))
-      throw new Error(`--model ${model} is no model folder: it has no ${TRANSFORMER_CONFIG}; ${giveInstead}`);
+    if (!existsSync(join(model, needs)))
+      throw new Error(`--model ${model} is no model folder: it has no ${needs}; ${giveInstead}`);
     return { modelFolders: { [LOCAL_MODEL_PATH]: resolve(model) }, defaultModel: LOCAL_MODEL_PATH };
   }
-  if (model.startsWith('/models/') && existsSync(join(PUBLIC_DIR, model, TRANSFORMER_CONFIG)))
-    return { defaultModel: model };
+  if (model.startsWith('/models/') && existsSync(join(PUBLIC_DIR, model, needs))) return { defaultModel: model };
   throw new Error(`--model ${model}: no such folder on this machine, and no http(s) URL: ${giveInstead}`);
 }
 
@@ -98,11 +102,20 @@ export function servedLoras(flags: readonly string[]): Pick<ServerOptions, 'lora
 
 /** What a command line's --model and --lora flags serve; what they refuse goes to `refuse`, which says so and exits. */
 export function servedOr(
-  { model, loras = [] }: { model: string | undefined; loras?: readonly string[] },
+  {
+    model,
+    needs,
+    loras = [],
+  }: {
+    model: string | undefined;
+    /** the file of the part the command runs (servedModel); the transformer's config unless given */
+    needs?: string;
+    loras?: readonly string[];
+  },
   refuse: (why: string) => never,
 ): Pick<ServerOptions, 'modelFolders' | 'defaultModel' | 'loraFiles' | 'defaultLoras'> {
   try {
-    return { ...servedModel(model), ...servedLoras(loras) };
+    return { ...servedModel(model, needs), ...servedLoras(loras) };
   } catch (e) {
     return refuse((e as Error).message);
   }

@@ -4,6 +4,7 @@
 import type { TensorMap } from '../safetensors.ts';
 import { layerNorm } from './ops.ts';
 import { readJson, readWeights, type ModelFiles } from './files.ts';
+import { TEXT_ENCODER_CONFIG } from './umt5.ts';
 
 export interface TextEncoder {
   maxLength: number;
@@ -44,7 +45,7 @@ export class UnsupportedTextEncoder extends Error {
 }
 
 export async function loadTextEncoder(files: ModelFiles): Promise<TextEncoder> {
-  const config = (await readJson(files, 'text_encoder/config.json')) as {
+  const config = (await readJson(files, TEXT_ENCODER_CONFIG)) as {
     _class_name?: string;
     architectures?: unknown;
     max_length: number;

@@ -11,6 +11,7 @@
 // it uncovers filled with the background (the median of the key frame's border). Motion is then
 // a property of every token, like colour, instead of a relation between tokens in different frames.
 
+import { INSTEAD_OF } from '../job.ts';
 import type { TensorMap } from '../safetensors.ts';
 import type { Tensor } from '../tensor.ts';
 import { readJson, readWeights, type ModelFiles } from './files.ts';
@@ -195,7 +196,7 @@ export async function loadVaeDecoder(files: ModelFiles): Promise<(latent: Tensor
     throw new Error(
       `vae/ is ${config._class_name}, which ditswarm does not decode ` +
         `(it decodes AutoencoderKLWan, on the workers, and the stand-ins ${Object.keys(DECODERS).join(', ')}): ` +
-        "ask for the latent instead (outputType 'latent'; --output-type latent with npm run generate)",
+        INSTEAD_OF.vae,
     );
   const weights = await readWeights(files, 'vae/diffusion_pytorch_model.safetensors');
   return (latent) => decode(weights, latent, config);

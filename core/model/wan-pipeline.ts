@@ -3,8 +3,11 @@
 // folder as diffusers lays it out, and what a job on it is by default (WanPipeline's __call__ defaults
 // for a published folder). The coordinator's pipeline and the demo's Node sampler load them here.
 // The text encoder and the decoder load when first used: a job given prompt embeddings needs no text
-// encoder, one asking for the latent no decoder (as WanPipeline's prompt_embeds= and output_type="latent").
-import { DEFAULT_JOB, type JobParams } from '../job.ts';
+// encoder, one asking for the latent no decoder (as WanPipeline's prompt_embeds= and output_type="latent"),
+// and a folder may lack what its jobs do not use: only transformer/ for jobs given embeddings that ask for the
+// latent, only vae/ for decoding a given latent. A part a job needs and the folder lacks fails it, saying
+// what to give instead (MissingPart).
+import { DEFAULT_JOB, INSTEAD_OF, type JobParams } from '../job.ts';
 import type { Tensor } from '../tensor.ts';
 import { EULER, type Solver } from '../sampler.ts';
 import { ModelConfigError, parseWanConfig, type WanConfig } from './config.ts';
@@ -12,7 +15,7 @@ import { MissingFile, readJson, type ModelFiles } from './files.ts';
 import { parseMagnitudeCurve, publishedCurve, STEP_CACHE_FILE, type MagnitudeCurve } from '../step-cache.ts';
 import { loadTextEncoder, TEXT_ENCODER_CLASS, type TextEncoder } from './text-encoder.ts';
 import { TRANSFORMER_CONFIG } from './transformer.ts';
-import { isUmt5Config } from './umt5.ts';
+import { isUmt5Config, TEXT_ENCODER_CONFIG } from './umt5.ts';
 import { loadVaeDecoder, type DecodedVideo } from './vae-decoder.ts';
 import { isWanVaeConfig, parseWanVaeConfig, VAE_CONFIG, type WanVaeConfig } from './wan-vae.ts';
 
@@ -48,16 +51,17 @@ export const WAN_PIPELINE_DEFAULTS = {
 } satisfies Partial<JobParams>;
 
 export interface WanPipelineParts {
-  config: WanConfig;
+  /** the transformer's config; null where the folder has no transformer/ (it can decode a given latent, no more) */
+  config: WanConfig | null;
   /** rows of every text embedding the text encoder makes: the cross-attention length */
   textTokens: number;
   /** text_encoder/ is umT5's encoder (the published folders'): too large for one tab, it runs on the workers */
   umt5: boolean;
-  /** the tiny models' stand-in encoder */
+  /** the tiny models' stand-in encoder (MissingPart where the folder has no text_encoder/) */
   textEncoder(): Promise<TextEncoder>;
   /** vae/ is AutoencoderKLWan (the published folders'): it decodes in tiles on the workers */
   wanVae: WanVaeConfig | null;
-  /** the tiny models' stand-in decoder */
+  /** the tiny models' stand-in decoder (MissingPart where the folder has no vae/) */
   decoder(): Promise<(latent: Tensor) => DecodedVideo>;
   /** the folder's flow shift (model_index.json, else its scheduler's config), the default job's where it has neither */
   flowShift: number;
@@ -129,6 +133,26 @@ export function jobDefaults({
   return { ...DEFAULT_JOB, ...(published ? WAN_PIPELINE_DEFAULTS : {}), flowShift };
 }
 
+/** A part of the model folder that a job needs and the folder does not have; the message says what to give instead. */
+export class MissingPart extends Error {
+  override name = 'MissingPart';
+}
+
+/** What a job that needs a part the folder lacks is told: the part, and what the job could be given instead. */
+export const MISSING_PARTS = {
+  transformer: 'the model folder has no transformer/: it can decode a given latent (npm run decode), not run a job',
+  textEncoder: `the model folder has no text_encoder/: ${INSTEAD_OF.textEncoder}`,
+  vae: `the model folder has no vae/: ${INSTEAD_OF.vae}`,
+} as const;
+
+/** A config file of an optional part: null where the folder has no such file. */
+function readOptionalJson<T>(files: ModelFiles, path: string, parse: (json: unknown) => T): Promise<T | null> {
+  return readJson(files, path).then(parse, (e: unknown) => {
+    if (e instanceof MissingFile) return null;
+    throw e;
+  });
+}
+
 /** `load` once, when first asked; a failed load is tried again next time. */
 export function once<T>(load: () => Promise<T>): () => Promise<T> {
   let loading: Promise<T> | null = null;
@@ -141,39 +165,28 @@ export function once<T>(load: () => Promise<T>): () => Promise<T> {
 
 export async function loadWanPipelineParts(files: ModelFiles): Promise<WanPipelineParts> {
   const [config, textConfig, vaeConfig, index, scheduler, calibrated] = await Promise.all([
-    readJson(files, TRANSFORMER_CONFIG).then((json) => parseWanConfig(json, TRANSFORMER_CONFIG)),
-    readJson(files, 'text_encoder/config.json') as Promise<{ _class_name?: string; max_length?: number }>,
-    readJson(files, VAE_CONFIG),
-    readJson(files, 'model_index.json'),
-    readJson(files, SCHEDULER_CONFIG).then(
-      (json) => parseSchedulerConfig(json, SCHEDULER_CONFIG),
-      (e: unknown) => {
-        if (e instanceof MissingFile) return { solver: EULER, flowShift: undefined };
-        throw e;
-      },
-    ),
-    readJson(files, STEP_CACHE_FILE).then(
-      (json) => parseMagnitudeCurve(json, STEP_CACHE_FILE),
-      (e: unknown) => {
-        if (e instanceof MissingFile) return null;
-        throw e;
-      },
-    ),
+    readOptionalJson(files, TRANSFORMER_CONFIG, (json) => parseWanConfig(json, TRANSFORMER_CONFIG)),
+    readOptionalJson(files, TEXT_ENCODER_CONFIG, (json) => json as { _class_name?: string; max_length?: number }),
+    readOptionalJson(files, VAE_CONFIG, (json) => json),
+    readOptionalJson(files, 'model_index.json', (json) => json as { flow_shift?: unknown }),
+    readOptionalJson(files, SCHEDULER_CONFIG, (json) => parseSchedulerConfig(json, SCHEDULER_CONFIG)),
+    readOptionalJson(files, STEP_CACHE_FILE, (json) => parseMagnitudeCurve(json, STEP_CACHE_FILE)),
   ]);
-  const flowShift = (index as { flow_shift?: unknown }).flow_shift ?? scheduler.flowShift;
+  const flowShift = index?.flow_shift ?? scheduler?.flowShift;
+  const lacking = (part: keyof typeof MISSING_PARTS) => () => Promise.reject(new MissingPart(MISSING_PARTS[part]));
   const parts: Omit<WanPipelineParts, 'defaults'> = {
     config,
-    stepCacheCurve: calibrated ?? publishedCurve(config),
+    stepCacheCurve: calibrated ?? (config && publishedCurve(config)),
     textTokens:
-      textConfig._class_name === TEXT_ENCODER_CLASS && typeof textConfig.max_length === 'number'
+      textConfig?._class_name === TEXT_ENCODER_CLASS && typeof textConfig.max_length === 'number'
         ? textConfig.max_length
         : WAN_TEXT_TOKENS,
-    umt5: isUmt5Config(textConfig),
-    textEncoder: once(() => loadTextEncoder(files)),
+    umt5: textConfig !== null && isUmt5Config(textConfig),
+    textEncoder: textConfig ? once(() => loadTextEncoder(files)) : lacking('textEncoder'),
     wanVae: isWanVaeConfig(vaeConfig) ? parseWanVaeConfig(vaeConfig, VAE_CONFIG) : null,
-    decoder: once(() => loadVaeDecoder(files)),
+    decoder: vaeConfig ? once(() => loadVaeDecoder(files)) : lacking('vae'),
     flowShift: typeof flowShift === 'number' ? flowShift : DEFAULT_JOB.flowShift,
-    solver: scheduler.solver,
+    solver: scheduler?.solver ?? EULER,
   };
   return { ...parts, defaults: jobDefaults(parts) };
 }

@@ -12,6 +12,7 @@ import { dirname, join } from 'node:path';
 import { parseArgs } from 'node:util';
 import type { AutomationProgress } from '../../app/automation.ts';
 import { defined } from '../../core/defined.ts';
+import { VAE_CONFIG } from '../../core/model/wan-vae.ts';
 import { readSafetensors, writeSafetensors } from '../../core/safetensors.ts';
 import { CACHE_ROOT } from '../model-folder.ts';
 import { servedOr } from '../serve.ts';
@@ -71,7 +72,7 @@ if (shape.length !== 4)
   );
 if (!latent.data.every(Number.isFinite)) fail(`--latent ${values.latent}: the latent holds NaN or infinite values`);
 
-const { modelFolders, defaultModel: modelUrl } = servedOr({ model: values.model }, fail);
+const { modelFolders, defaultModel: modelUrl } = servedOr({ model: values.model, needs: VAE_CONFIG }, fail);
 const tty = process.stderr.isTTY;
 const swarm = await startLocalSwarm({
   workers,

@@ -9,7 +9,7 @@
 
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { cpus, totalmem } from 'node:os';
-import { dirname, join } from 'node:path';
+import { basename, dirname, join } from 'node:path';
 import { parseArgs } from 'node:util';
 import type { AutomationProgress, JobOverrides } from '../../app/automation.ts';
 import { describeEstimate, describeLeft, needsConfirmation } from '../../coordinator/estimate.ts';
@@ -41,7 +41,7 @@ const USAGE = [
   "                     every rank's transformer weights as it loads (strength 1 unless given)",
   '  [--prompt-embeds FILE] [--negative-prompt-embeds FILE]   ' +
     'safetensors holding prompt_embeds [L, text_dim] (or [1, L, text_dim]), as',
-  "                     WanPipeline's prompt_embeds=: the text encoder is not run (the prompt is only a label then)",
+  "                     WanPipeline's prompt_embeds=: the text encoder is not run (--prompt is then optional, a label)",
   '  [--output-type video|latent]   ' +
     'latent: stop before the VAE and write the latent and the report only (output_type="latent")',
   '  [--fp16]   send activations between ranks as float16 (half the bytes, not bit-exact)',
@@ -116,7 +116,10 @@ if (values.help) {
   console.log(USAGE);
   process.exit(0);
 }
-if (!values.prompt) fail(`--prompt is required\n${USAGE}`);
+// as diffusers takes prompt=None beside prompt_embeds: the prompt is then only the report's label
+if (!values.prompt && values['prompt-embeds'] === undefined)
+  fail(`--prompt is required (or --prompt-embeds)\n${USAGE}`);
+const prompt = values.prompt || `the prompt embeddings of ${basename(values['prompt-embeds'] ?? '')}`;
 if (values.backend !== 'local' && values.backend !== 'swarm')
   fail(`--backend must be local or swarm, got ${values.backend}`);
 const EPS = ['auto', 'webgpu', 'wasm'] as const;
@@ -196,7 +199,7 @@ const inputs: JobOverrides = {
 };
 
 // --fast: a step-distilled LoRA's sampling beneath what the other flags give
-const params: Partial<JobParams> = { ...(values.fast && FEW_STEP_SAMPLING), prompt: values.prompt };
+const params: Partial<JobParams> = { ...(values.fast && FEW_STEP_SAMPLING), prompt };
 if (values['negative-prompt'] !== undefined) params.negativePrompt = values['negative-prompt'];
 if (values.scheduler !== undefined) params.scheduler = values.scheduler as JobParams['scheduler'];
 Object.assign(params, jobFlagValues(values));
@@ -213,9 +216,7 @@ const progress = (line: string) => (tty ? process.stderr.write(`\r\x1b[K${line}`
 const swarmWorkers = values.backend === 'swarm' ? workers : 0;
 // the sizes the flags leave out are the model folder's defaults (WanPipeline's for a published folder):
 // the report says which
-console.error(
-  `generate: "${values.prompt}" on ${values.backend}${swarmWorkers ? ` with ${workers} worker tab(s)` : ''}`,
-);
+console.error(`generate: "${prompt}" on ${values.backend}${swarmWorkers ? ` with ${workers} worker tab(s)` : ''}`);
 
 const {
   modelFolders,

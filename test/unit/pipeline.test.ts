@@ -14,7 +14,7 @@ import { MAX_REPLANS, ReplacementsExhausted, type FailureRecord } from '../../co
 import { Swarm, type SwarmEvent, type SwarmWorker } from '../../coordinator/swarm.ts';
 import { DEAD_AFTER_MS } from '../../core/net/heartbeat.ts';
 import { loadTransformer } from '../../core/model/transformer.ts';
-import { loadWanPipelineParts } from '../../core/model/wan-pipeline.ts';
+import { loadWanPipelineParts, MISSING_PARTS } from '../../core/model/wan-pipeline.ts';
 import { inProcess } from '../../core/net/rpc.ts';
 import { defined } from '../../core/defined.ts';
 import { maxAbsDiff } from '../../core/tensor.ts';
@@ -675,6 +675,20 @@ describe("generate(): WanPipeline's escape hatches, prompt embeddings and the la
   });
   afterAll(() => rmSync(published, { recursive: true, force: true }));
 
+  /** A pipeline on the folder at `url` with one worker joined, and the worker's page (its forwards are counted). */
+  async function onOneWorker(url: string) {
+    const { swarm, join: joinWorker } = testSwarm();
+    const { page } = joinWorker();
+    const pipe = await createPipeline({
+      model: url,
+      backend: 'swarm',
+      swarm,
+      placement: { ulyssesDegree: 1 },
+      placementTimeoutMs: 1_000,
+    });
+    return { pipe, page };
+  }
+
   const embeds = async (prompt: string) => {
     const encoder = await (await loadWanPipelineParts(tinyModelFiles)).textEncoder();
     return { shape: [1, encoder.maxLength, encoder.dim], data: encoder.encode(prompt) };
@@ -722,18 +736,10 @@ describe("generate(): WanPipeline's escape hatches, prompt embeddings and the la
   });
 
   it("a published folder without its text encoder's or its VAE's weights: a job without embeddings is told what to give, one with them is told to ask for the latent, and the latent alone runs", async () => {
-    const { swarm, join: joinWorker } = testSwarm();
-    joinWorker();
     const own = await serveFolder(published);
     try {
       const url = `http://127.0.0.1:${(own.address() as AddressInfo).port}`;
-      const pipe = await createPipeline({
-        model: url,
-        backend: 'swarm',
-        swarm,
-        placement: { ulyssesDegree: 1 },
-        placementTimeoutMs: 1_000,
-      });
+      const { pipe } = await onOneWorker(url);
       expect((await rejection(run(pipe))).message).toBe(
         `the text encoder (umT5) cannot run: ${url}/tokenizer/tokenizer.json: not found; give the prompt's embeddings instead (promptEmbeds [L, text_dim]; --prompt-embeds FILE with npm run generate)`,
       );
@@ -748,5 +754,59 @@ describe("generate(): WanPipeline's escape hatches, prompt embeddings and the la
       own.closeAllConnections();
       await new Promise((closed) => own.close(closed));
     }
+  });
+  /** A folder holding only these parts of the tiny model (no model_index.json either), served; removed after `use`. */
+  async function withParts(parts: string[], use: (url: string) => Promise<void>) {
+    const folder = mkdtempSync(join(tmpdir(), 'ditswarm-parts-'));
+    for (const part of parts)
+      cpSync(join(PUBLIC_DIR, 'models/tiny-wan', part), join(folder, part), { recursive: true });
+    const own = await serveFolder(folder);
+    try {
+      await use(`http://127.0.0.1:${(own.address() as AddressInfo).port}`);
+    } finally {
+      own.closeAllConnections();
+      await new Promise((closed) => own.close(closed));
+      rmSync(folder, { recursive: true, force: true });
+    }
+  }
+
+  it('a folder holding only transformer/ runs a job given embeddings that asks for the latent; a job that needs the text encoder or the VAE is told what to give instead', async () => {
+    await withParts(['transformer'], async (url) => {
+      const { pipe, page } = await onOneWorker(url);
+      expect((await rejection(run(pipe))).message).toBe(MISSING_PARTS.textEncoder);
+      expect(MISSING_PARTS.textEncoder).toMatch(
+        /^the model folder has no text_encoder\/: give the prompt's embeddings/,
+      );
+      const [promptEmbeds, negativePromptEmbeds] = await Promise.all([embeds(JOB.prompt), embeds('')]);
+      expect((await rejection(run(pipe, { promptEmbeds, negativePromptEmbeds }))).message).toBe(MISSING_PARTS.vae);
+      expect(MISSING_PARTS.vae).toMatch(/^the model folder has no vae\/: ask for the latent instead/);
+      // refused before any worker was asked for a forward
+      expect(page.forwards.length).toBe(0);
+      const phases: string[] = [];
+      const { result } = await run(pipe, {
+        promptEmbeds,
+        negativePromptEmbeds,
+        outputType: 'latent',
+        onPhase: (phase) => phases.push(phase),
+      });
+      expect(result.latent).toEqual(referenceJob().result.latent);
+      // nothing decoded, and no decoding or muxing announced
+      expect([...new Set(phases)]).toEqual(['encoding', 'placing', 'denoising']);
+      await pipe.shutdown({ graceMs: 100 });
+    });
+  });
+
+  it('a folder holding only vae/ decodes a latent as the whole folder does; a job on it is told the folder only decodes', async () => {
+    const latent = { shape: [16, 1, 4, 4], data: new Float32Array(16 * 16).map((_, i) => Math.sin(i)) };
+    const whole = (await (await loadWanPipelineParts(tinyModelFiles)).decoder())(latent);
+    await withParts(['vae'], async (url) => {
+      const { swarm } = testSwarm();
+      const pipe = await createPipeline({ model: url, backend: 'swarm', swarm, placementTimeoutMs: 1_000 });
+      expect(pipe.config).toBeNull();
+      expect((await pipe.decode(latent)).frames).toEqual(whole);
+      expect((await rejection(run(pipe))).message).toBe(MISSING_PARTS.transformer);
+      expect((await rejection(pipe.estimate({ ...JOB }))).message).toBe(MISSING_PARTS.transformer);
+      await pipe.shutdown({ graceMs: 100 });
+    });
   });
 });

@@ -5,6 +5,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { WebSocket } from 'ws';
 import { defined } from '../../core/defined.ts';
+import { VAE_CONFIG } from '../../core/model/wan-vae.ts';
 import { MODEL_FILE_CSP } from '../../server/model-route.ts';
 import {
   LOCAL_MODEL_PATH,
@@ -121,6 +122,23 @@ describe('--model PATH|URL (servedModel), refused before the server starts where
     expect(() => servedModel(join(scratch, 'secret.txt'))).toThrow(/secret\.txt is a file: give the model folder/);
     expect(() => servedModel(join(scratch, 'model'))).toThrow(
       /is no model folder: it has no transformer\/config\.json/,
+    );
+  });
+
+  it('a command that runs one part asks the folder for that part alone: npm run decode serves a folder holding only vae/', () => {
+    const vaeOnly = join(scratch, 'vae-only');
+    mkdirSync(join(vaeOnly, 'vae'), { recursive: true });
+    writeFileSync(join(vaeOnly, VAE_CONFIG), '{}');
+    expect(servedModel(vaeOnly, VAE_CONFIG)).toEqual({
+      modelFolders: { [LOCAL_MODEL_PATH]: vaeOnly },
+      defaultModel: LOCAL_MODEL_PATH,
+    });
+    expect(() => servedModel(vaeOnly)).toThrow(
+      /no transformer\/config\.json; give the model folder \(the one holding model_index\.json and transformer\//,
+    );
+    const transformerOnly = join(scratch, 'published');
+    expect(() => servedModel(transformerOnly, VAE_CONFIG)).toThrow(
+      /it has no vae\/config\.json; give the model folder \(the one holding model_index\.json and vae\//,
     );
   });
 });
