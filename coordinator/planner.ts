@@ -349,7 +349,7 @@ interface Weighed<W extends PlanningWorker = PlanningWorker> {
   workers: W[];
   /** the layout asked for, or null for 'auto' */
   fixed: RankLayout | null;
-  /** the plans to rehearse and predict: one worker first */
+  /** the plans to rehearse and predict: the one asked for, or for 'auto' one worker first and the candidates */
   plans: Plan[];
   /** 'auto': the plans it chooses among (candidatePlans, CFG parallel as asked) */
   candidates: Plan[];
@@ -385,7 +385,9 @@ function weigh<W extends PlanningWorker>(ctx: PlannerContext, input: PlanningInp
       cfgParallel: fixed.cfgParallel,
       headGroups: asked.headGroups,
     };
-    return { asked, guided, work, workers, fixed, plans: [oneWorker, even], candidates: [], cfgParallel, cfgFallback };
+    // nothing to choose: only the plan asked for is rehearsed (a one-worker rehearsal would only time the baseline the
+    // report compares with, at the cost of a second rehearsal before the job; the probe rates predict that)
+    return { asked, guided, work, workers, fixed, plans: [even], candidates: [], cfgParallel, cfgFallback };
   }
   const candidates = candidatePlans(work, workers.length).filter(
     (p) => cfgParallel === undefined || p.cfgParallel === cfgParallel,

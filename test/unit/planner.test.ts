@@ -247,6 +247,23 @@ describe('the rehearsals the planner asks for', () => {
     expect(needed(workers, measurements)).toEqual([]);
   });
 
+  it('an asked degree is the only plan rehearsed: one rehearsal on its workers, no one-worker baseline before it', () => {
+    const workers = workersAt(1, 2);
+    const [w0, w1] = workers;
+    const asked = (ulyssesDegree: number, measurements = new Measurements()) =>
+      rehearsalsNeeded(ctx, {
+        params: guided,
+        request: { ep: 'wasm', ulyssesDegree },
+        workers,
+        measurements,
+      }).map((r) => ({ group: r.group, workers: r.workers.map((w) => w.id), degrees: r.degrees }));
+    expect(asked(2)).toEqual([{ group: groupOf([w1, w0]), workers: ['w1', 'w0'], degrees: [2] }]);
+    expect(asked(1)).toEqual([{ group: groupOf([w1]), workers: ['w1'], degrees: [1] }]);
+    const rehearsed = new Measurements();
+    rehearsed.setRehearsal(groupOf([w1, w0]), 2, [0.05, 0.1]);
+    expect(asked(2, rehearsed)).toEqual([]);
+  });
+
   it('a prediction says it came from probe rates where these workers were never rehearsed together, else from the rehearsals', () => {
     const workers = workersAt(1, 2);
     const [w0, w1] = workers;
