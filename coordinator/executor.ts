@@ -33,6 +33,7 @@ import {
   type LoadedModel,
   type MeshProbe,
   type RankLost,
+  type RecomputeArgs,
   type ReplyOf,
   type WorkerApi,
   type WorkerInfo,
@@ -212,8 +213,11 @@ export abstract class Executor {
   private spotChecks: SpotCheck[] = [];
   /** a step cache's forwards run and not yet taken (takeCacheForwards) */
   private cacheForwards: CacheForward[] = [];
-  /** the passes whose ranks keep a residual of the prepared job, which a step cache's reuse needs */
-  private readonly keptPasses = new Set<number>();
+  /**
+   * per pass, the forward whose residual its ranks keep for the prepared job, which a step cache's reuse needs (and a
+   * check of a reuse computes again), and whether it attended to stale keys and values (then no check can)
+   */
+  private readonly keptFrom = new Map<number, { request: ForwardRequest; stale: boolean }>();
   /** per pass, the step whose kept forward rebuildResiduals ran again for this step's reuse */
   private readonly replayedFor = new Map<number, number>();
   /** rows of the prepared job's text embeddings, per pass: a hidden state's context has as many */
@@ -386,7 +390,7 @@ export abstract class Executor {
     });
     this.textRows = texts.map((t) => t.length / this.config.textDim);
     this.lastStepOf.clear(); // a prepared job's ranks hold no keys and values
-    this.keptPasses.clear(); // nor residuals
+    this.keptFrom.clear(); // nor residuals
     // a worker takes up a new share of its machine's cores as it prepares a job: report the threads it has now
     const infos = await this.collectiveRpc('describe');
     this.workers.forEach((w, rank) => (w.threads = infos[rank].threads));
@@ -413,10 +417,12 @@ export abstract class Executor {
     const replayedFrom = this.replayedFor.get(pass) ?? null;
     this.replayedFor.delete(pass);
     // a reuse on ranks that kept no residual and could not be given it again (rebuildResiduals) is computed
-    const recomputed = request.cache === 'reuse' && !this.keptPasses.has(pass);
+    const kept = this.keptFrom.get(pass);
+    const recomputed = request.cache === 'reuse' && !kept;
     const cache = recomputed ? 'keep' : request.cache;
-    // a reused forward runs no block: nothing to check against a recomputation
-    const checked = cache !== 'reuse' && this.world > 1 && this.spotCheckDue(request);
+    // a reuse is checked by recomputing the forward it reuses first, which needs that one exact
+    const checkable = cache !== 'reuse' || kept?.stale === false;
+    const checked = checkable && this.world > 1 && this.spotCheckDue(request);
     const { output, ranks, magnitudeRatio } = await this.forward({ ...request, cache }, checked);
     if (cache === 'keep') memory?.kept({ ...request, cache });
     if (cache) {
@@ -497,6 +503,7 @@ export abstract class Executor {
       if (!r.rows.every(Number.isFinite))
         throw new WorkerError(ranks[i], 'executeModel', 'returned NaN or infinite values', null, true);
     });
+    const attendedStale = stale && ranks.length > 1; // a group of one rank attends to nothing stale
     // well-formed, finite and plausible, and still wrong: now and then another rank recomputes the pass
     if (checked)
       await this.spotCheck(
@@ -505,9 +512,9 @@ export abstract class Executor {
         ranks,
         results.map((r) => r.rows),
         rowWidth,
-        stale && ranks.length > 1, // a group of one rank attends to nothing stale
+        attendedStale,
       );
-    if (cache === 'keep') this.keptPasses.add(request.pass);
+    if (cache === 'keep') this.keptFrom.set(request.pass, { request, stale: attendedStale });
     const measured = results.map((r) => r.residualRatio);
     const magnitudeRatio = measured.every((m) => m !== undefined)
       ? measured.reduce((n, m) => n + m.sum, 0) / measured.reduce((n, m) => n + m.tokens, 0)
@@ -579,7 +586,9 @@ export abstract class Executor {
   ): Promise<void> {
     const started = performance.now();
     const { config } = this;
-    const args = {
+    // a reuse's checker computes the forward it reuses first, for the residual (executeModel checks only exact ones)
+    const kept = request.cache === 'reuse' && defined(this.keptFrom.get(request.pass), 'the forward reused').request;
+    const args: RecomputeArgs = {
       job: request.job,
       step: request.step,
       pass: request.pass,
@@ -587,6 +596,10 @@ export abstract class Executor {
       latentShape: request.latent.shape,
       patches: patchify(config, request.latent).data,
       ...(stale && { stale }),
+      ...(kept && {
+        cache: 'reuse',
+        kept: { step: kept.step, timestep: kept.timestep, patches: patchify(config, kept.latent).data },
+      }),
     };
     const outsideGroup = stale ? Array.from({ length: this.world }, (_, r) => r).filter((r) => !ranks.includes(r)) : [];
     const recompute = async (rank: number) => {
@@ -697,7 +710,7 @@ export abstract class Executor {
    */
   private async rebuildResiduals(step: number, modes: CacheMode[], memory: StepCacheMemory | undefined) {
     for (const [pass, mode] of modes.entries()) {
-      const replay = mode === 'reuse' && !this.keptPasses.has(pass) ? memory?.lastKept(pass, step) : undefined;
+      const replay = mode === 'reuse' && !this.keptFrom.has(pass) ? memory?.lastKept(pass, step) : undefined;
       if (!replay) continue;
       await this.forward(replay, false);
       this.replayedFor.set(pass, replay.step);

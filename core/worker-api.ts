@@ -186,6 +186,21 @@ export interface ExecuteArgs {
   cache?: CacheMode;
 }
 
+/** The forward whose residual a step cache's reuse adds: its step and timestep, and all its patches [S, ·]. */
+export interface KeptForward {
+  step: number;
+  timestep: number;
+  patches: Float32Array;
+}
+
+/**
+ * A spot check's recomputation: a forward as `executeModel` takes it, every token; a reused one (`cache: 'reuse'`)
+ * with the forward it reuses the residual of, which the checker computes first (it kept no residual of its own)
+ */
+export interface RecomputeArgs extends ExecuteArgs {
+  kept?: KeptForward;
+}
+
 /** What one forward pass of a rank cost: time computing and waiting, bytes between device and CPU. */
 export interface RankStats {
   computeMs: number;
@@ -366,9 +381,10 @@ export interface WorkerApi {
   executeModel(args: ExecuteArgs): Promise<ExecuteResult>;
   /**
    * a whole forward of the prepared job on this worker alone, every token (patches [S, ·]): its group's spot check;
-   * with `stale`, as its displaced group ran it, from the step before's keys and values this rank of it holds
+   * with `stale`, as its displaced group ran it, from the step before's keys and values this rank of it holds; a
+   * step cache's reuse from the residual of the `kept` forward, computed first
    */
-  recompute(args: ExecuteArgs): Promise<{ rows: Float32Array; computeMs: number }>;
+  recompute(args: RecomputeArgs): Promise<{ rows: Float32Array; computeMs: number }>;
   ping(args: Record<string, never>): Promise<PingReply>;
   /**
    * answers once its engine gets to it, after the calls queued before it: a health check that, unlike
@@ -468,7 +484,7 @@ const checkHiddenState: Check<HiddenState> = fields({
   tproj: floats(),
   context: floats(),
 });
-const checkExecuteArgs: Check<ExecuteArgs> = fields({
+const executeArgs = {
   job: int(0),
   step: int(0, 9999),
   pass: int(0, 1),
@@ -478,6 +494,11 @@ const checkExecuteArgs: Check<ExecuteArgs> = fields({
   hidden: optional(checkHiddenState),
   stale: optional(oneOf(true, false)),
   cache: optional(oneOf('keep', 'reuse')),
+} as const;
+const checkExecuteArgs: Check<ExecuteArgs> = fields(executeArgs);
+const checkRecomputeArgs: Check<RecomputeArgs> = fields({
+  ...executeArgs,
+  kept: optional(fields({ step: int(0, 9999), timestep: num(0, 1000), patches: floats() })),
 });
 const totals: Check<WorkerTotals> = fields({
   steps: int(0),
@@ -614,7 +635,7 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
     }),
   },
   recompute: {
-    args: checkExecuteArgs,
+    args: checkRecomputeArgs,
     reply: fields({ rows: floats(), computeMs: ms }),
   },
   ping: {

@@ -21,10 +21,12 @@ import type {
   ExecuteResult,
   ExecutionProvider,
   InitArgs,
+  KeptForward,
   LoadArgs,
   LoadStatus,
   PrepareArgs,
   RankStats,
+  RecomputeArgs,
   RehearseArgs,
   WorkerApi,
   WorkerInfo,
@@ -475,7 +477,7 @@ export class WorkerRuntime implements WorkerApi {
    * A whole forward of the prepared job's pass on this worker alone (every token, all heads): the
    * coordinator checks its group's rows against it now and then (coordinator/spot-check.ts).
    */
-  async recompute(args: ExecuteArgs) {
+  async recompute(args: RecomputeArgs) {
     const pass = this.preparedPass('recompute', args);
     const held = this.heldBlocks(pass.cfg);
     if (held.from !== 0 || held.to !== pass.cfg.numLayers)
@@ -484,19 +486,43 @@ export class WorkerRuntime implements WorkerApi {
           `${pass.cfg.numLayers} (a pipeline stage)`,
       );
     if (args.hidden) throw new Error('recompute starts from all the patches of the pass, not a hidden state');
-    if (args.patches.length !== pass.plan.tokens * pass.patchWidth) {
+    const allPatches = pass.plan.tokens * pass.patchWidth;
+    const short = [args.patches, args.kept?.patches].find((p) => p && p.length !== allPatches);
+    if (short)
       throw new Error(
         `recompute expected all ${pass.plan.tokens}×${pass.patchWidth} patch values of the prepared job, ` +
-          `got ${args.patches.length}`,
+          `got ${short.length}${short === args.patches ? '' : ' for the kept forward'}`,
       );
-    }
+    if ((args.cache === 'reuse') !== (args.kept !== undefined))
+      throw new Error('recompute of a reused forward, and of that alone, is given the kept forward it reuses');
+    if (args.stale && args.cache) throw new Error('a stale recompute is of a forward the step cache did not touch');
     const stats = noStats();
     const rows = args.stale
       ? await this.recomputeStale(pass, args, stats)
-      : rowsOf(
-          await this.forward(pass, planUlysses(pass.cfg, pass.plan.tokens, 1), memoryExchanges(1)[0], args, stats),
-        );
+      : args.kept
+        ? await this.recomputeReuse(pass, { ...args, kept: args.kept }, stats)
+        : rowsOf(await this.forward(pass, wholePlan(pass), memoryExchanges(1)[0], args, stats));
     return { rows, computeMs: stats.computeMs };
+  }
+
+  /**
+   * A step cache's reused forward, every token: the kept forward it reuses computed first, for its residual (this
+   * rank kept only its share's, if any), then this forward's embedding plus that residual through the head.
+   */
+  private async recomputeReuse(
+    pass: ReturnType<WorkerRuntime['preparedPass']>,
+    args: RecomputeArgs & { kept: KeptForward },
+    stats: RankStats,
+  ): Promise<Float32Array> {
+    const { kept, ...reused } = args;
+    let residual: Float32Array | undefined;
+    const keep = (r: Float32Array) => void (residual = r);
+    const source = { ...reused, ...kept, residual: { keep } };
+    await this.forward(pass, wholePlan(pass), memoryExchanges(1)[0], source, stats);
+    const reuse = defined(residual, "the kept forward's residual");
+    return rowsOf(
+      await this.forward(pass, wholePlan(pass), memoryExchanges(1)[0], { ...reused, residual: { reuse } }, stats),
+    );
   }
 
   /**
@@ -691,6 +717,11 @@ export class WorkerRuntime implements WorkerApi {
     if (!this.model) throw new Error('no model loaded: the coordinator must call loadModel after initWorker');
     return this.model.config;
   }
+}
+
+/** The prepared job's whole sequence on this rank alone: a recomputation's plan. */
+function wholePlan(pass: { cfg: WanConfig; plan: UlyssesPlan }): UlyssesPlan {
+  return planUlysses(pass.cfg, pass.plan.tokens, 1);
 }
 
 /** MagCache's magnitude ratio of two residuals [S, width], summed over the tokens: Σ |now_s| / |before_s|. */

@@ -48,13 +48,19 @@ test.describe.serial('fewer forwards over worker tabs', () => {
     // reusing moves the latent (a cache that computed everything would not)
     expect(maxAbsDiff(oneTab.latent, uncached.latent)).toBeGreaterThan(1e-3);
 
+    // on 2 Ulysses tabs every forward is checked, reused ones too: their checker computes the kept forward first
     for (const layout of [
-      { workers: 2, cfgParallel: false },
+      { workers: 2, cfgParallel: false, spotCheckRate: 1 },
       { workers: 1, cfgParallel: true },
     ] as const) {
       const run = await runJob(swarm.dashboard, { ...job, ...layout, cache: 'auto' });
       expect(run.report.placement.layout.world).toBe(2);
       expect(run.report.cache?.reused).toEqual(cache?.reused);
+      if ('spotCheckRate' in layout) {
+        const checked = run.report.spotChecks.map((c) => `${c.step},${c.pass},${c.verdict === 'agreed'}`);
+        for (const [step, pass] of cache?.reused ?? []) expect(checked).toContain(`${step},${pass},true`);
+        expect(checked).toHaveLength(FORWARDS);
+      }
       const diff = maxAbsDiff(run.latent, oneTab.latent);
       console.log(`step cache on ${JSON.stringify(layout)}: max-abs vs 1 tab ${diff.toExponential(2)}`);
       expect(diff).toBeLessThanOrEqual(1e-4);

@@ -77,7 +77,8 @@ export class InProcessExecutor extends Executor {
   /** each executeModel a rank ran, with its pass, as it started and ended: what overlapped what */
   readonly forwards: { rank: number; pass: number; event: 'start' | 'end' }[] = [];
   closeTransportCalls = 0;
-  fault: (rank: number, method: string) => Fault | null = () => null;
+  /** what a rank does instead of answering `method` (called with `args`): nothing unless a test says */
+  fault: (rank: number, method: string, args: unknown) => Fault | null = () => null;
   private remotes: Remote<WorkerApi>[] = [];
   private links: Link[] = [];
 
@@ -117,7 +118,7 @@ export class InProcessExecutor extends Executor {
           method,
           async (args: unknown) => {
             this.received[rank].push(method);
-            const fault = this.fault(rank, method);
+            const fault = this.fault(rank, method, args);
             if (fault && 'silent' in fault) return new Promise(() => {});
             if (fault && 'throws' in fault) throw new Error(fault.throws);
             const pass = method === 'executeModel' ? (args as ExecuteArgs).pass : null;

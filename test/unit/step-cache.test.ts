@@ -1,5 +1,5 @@
 import { beforeAll, describe, expect, it } from 'vitest';
-import { StepCacheMemory } from '../../coordinator/executor.ts';
+import { SpotCheckFailed, StepCacheMemory } from '../../coordinator/executor.ts';
 import type { PlacedStepCache } from '../../coordinator/placement.ts';
 import { placedStepCache } from '../../coordinator/planner.ts';
 import { attention } from '../../core/model/ops.ts';
@@ -29,7 +29,8 @@ import { maxAbsDiff, type Tensor } from '../../core/tensor.ts';
 import type { EngineApi } from '../../rank/engine.ts';
 import { onnxStages } from '../../rank/onnx-stages.ts';
 import { stubEngine, tinyModelFiles } from './fixtures.ts';
-import { InProcessExecutor } from './in-process-executor.ts';
+import { InProcessExecutor, type InProcessOptions } from './in-process-executor.ts';
+import type { ExecuteArgs } from '../../core/worker-api.ts';
 
 /**
  * MagCache4Wan2.1's magcache_forward as its script runs it, forward by forward, transcribed from its
@@ -198,6 +199,17 @@ describe("a step cache's forwards on the ranks", () => {
     });
   }
 
+  /** A rank's call to reuse a residual at step 1 (timestep 700) of `job`, from `latent`. */
+  const reuseOfStep1 = (job: number, latent: Tensor): ExecuteArgs => ({
+    job,
+    step: 1,
+    pass: 0,
+    timestep: 700,
+    latentShape: shape,
+    patches: patchify(model.config, latent).data,
+    cache: 'reuse',
+  });
+
   it('kept then reused forwards over P = 1 and P = 3 give magcache_forward on the reference blocks; a reuse with no residual kept on the placement is computed and says so', async () => {
     const forwards = [
       { latent: { shape, data: random.normals(16 * 140) }, timestep: 900, reuse: false },
@@ -244,17 +256,7 @@ describe("a step cache's forwards on the ranks", () => {
       // first; the executor computes the forward instead, as the uncached one, and says so
       await executor.prepareJob(4, [text], shape);
       if (P === 1)
-        await expect(
-          executor.runtimes[0].executeModel({
-            job: 4,
-            step: 1,
-            pass: 0,
-            timestep: 700,
-            latentShape: shape,
-            patches: patchify(model.config, forwards[1].latent).data,
-            cache: 'reuse',
-          }),
-        ).rejects.toThrow(
+        await expect(executor.runtimes[0].executeModel(reuseOfStep1(4, forwards[1].latent))).rejects.toThrow(
           "kept no residual of it for the prepared job: the coordinator asks 'keep' on a forward first",
         );
       const { output } = await executor.executeModel({
@@ -270,6 +272,74 @@ describe("a step cache's forwards on the ranks", () => {
       expect(executor.takeCacheForwards().map((f) => [f.reused, f.recomputed])).toEqual([[false, true]]);
       await executor.shutdown({ graceMs: 1_000 });
     }
+  });
+
+  it('a reused forward is spot-checked as any other, its checker computing the kept forward first: a rank that lies on reuses alone is convicted; a reuse of a stale kept forward goes unchecked', async () => {
+    const forwards = [900, 700, 500].map((timestep, step) => ({
+      job: 6,
+      step,
+      steps: 3,
+      pass: 0,
+      timestep,
+      latent: { shape, data: random.normals(16 * 140) },
+      cache: step === 0 ? ('keep' as const) : ('reuse' as const),
+    }));
+    const expected = cachedReference(forwards.map((f) => ({ ...f, reuse: f.cache === 'reuse' })));
+    const executorOf = (options: Partial<InProcessOptions>) =>
+      new InProcessExecutor(
+        { config: model.config, modelUrl: '/models/tiny-wan', layout: new RankLayout(3), spotCheckRate: 1, ...options },
+        engine,
+        'rpc',
+      );
+    const honest = executorOf({});
+    await honest.initialize();
+    await honest.prepareJob(6, [text], shape);
+    for (const f of forwards) await honest.executeModel(f);
+    // the checker's recomputation of a reuse is the reuse: a plain forward differs from it by > 1e-2 of the scale
+    const checks = honest.takeSpotChecks();
+    expect(checks.map((c) => [c.step, c.verdict])).toEqual([
+      [0, 'agreed'],
+      [1, 'agreed'],
+      [2, 'agreed'],
+    ]);
+    for (const c of checks) expect(c.difference).toBeLessThan(1e-5);
+    // a rank asked to recompute a reuse without the forward it reuses refuses
+    await expect(honest.runtimes[0].recompute(reuseOfStep1(6, forwards[1].latent))).rejects.toThrow(
+      'recompute of a reused forward, and of that alone, is given the kept forward it reuses',
+    );
+    await honest.shutdown({ graceMs: 1_000 });
+
+    // rank 1 computes every forward honestly but lies on each reuse, where it runs no block
+    const liar = executorOf({});
+    liar.fault = (rank, method, args) =>
+      rank === 1 && method === 'executeModel' && (args as ExecuteArgs).cache === 'reuse'
+        ? { alters: (r) => ({ ...r, rows: r.rows.map((v, i) => (i === 5 ? v + 0.01 : v)) }) }
+        : null;
+    await liar.initialize();
+    await liar.prepareJob(6, [text], shape);
+    const { output } = await liar.executeModel(forwards[0]);
+    expect(maxAbsDiff(output.data, expected[0].data)).toBeLessThanOrEqual(1e-4);
+    const caught = await liar.executeModel(forwards[1]).catch((e: unknown) => e);
+    expect(caught).toBeInstanceOf(SpotCheckFailed);
+    expect(caught).toMatchObject({ rank: 1 });
+    expect(String(caught)).toMatch(/its rows of the pass differ from a recomputation/);
+    await liar.shutdown({ graceMs: 1_000 });
+
+    // displaced mode: a kept forward that attended to the step before's keys and values cannot be computed again
+    // outside its group's history, so the reuse of it is not checked; one of an exact kept forward is
+    const displaced = executorOf({ layout: new RankLayout(2), parallel: 'displaced', warmupSteps: 0 });
+    await displaced.initialize();
+    await displaced.prepareJob(6, [text], shape);
+    const modes = ['keep', 'reuse', 'keep', 'keep', 'reuse'] as const;
+    for (const [step, cache] of modes.entries())
+      await displaced.executeModel({ ...forwards[step % 3], step, steps: 5, cache });
+    expect(displaced.takeSpotChecks().map((c) => [c.step, c.verdict])).toEqual([
+      [0, 'agreed'],
+      [1, 'agreed'],
+      [2, 'agreed'],
+      [3, 'agreed'],
+    ]);
+    await displaced.shutdown({ graceMs: 1_000 });
   });
 
   it("a re-placement in a run of reused forwards runs the pass's last kept forward again on the new ranks: the same outputs as without the loss", async () => {
