@@ -9,7 +9,7 @@ import type { LinkEmulation } from '../core/net/paced-channel.ts';
 import type { DType } from '../core/net/protocol.ts';
 import type { ParallelMode, RankLayout } from '../core/parallel.ts';
 import type { RankSettings } from '../core/rank-settings.ts';
-import type { ExecutionProvider, InitArgs, LoadArgs } from '../core/worker-api.ts';
+import type { ExecutionProvider, InitArgs, LoadArgs, WeightType } from '../core/worker-api.ts';
 import type { MagnitudeCurve, StepCacheRequest, StepCacheSettings } from '../core/step-cache.ts';
 import type { PipelineStage } from './stage-plan.ts';
 
@@ -65,6 +65,11 @@ export interface PlacementRequest extends Partial<Omit<RankSettings, 'dtype' | '
   /** LoRA adapters every rank merges into its weights as it loads (core/model/lora.ts); none unless set */
   loras?: LoraRef[];
   /**
+   * how every rank holds the blocks' weights (LoadArgs): 'float16' halves them, so a pipeline stage holds twice the
+   * blocks, at ~2e-4 of the output's scale from float32; unset: float16 on WebGPU with shader-f16, float32 elsewhere
+   */
+  weightType?: WeightType;
+  /**
    * the step cache (core/step-cache.ts): 'off' unless set; 'calibrate' computes every forward and measures the
    * magnitude ratios a curve is made of (npm run calibrate-cache)
    */
@@ -107,6 +112,8 @@ export interface ResolvedPlacement {
   modelUrl: string;
   /** the adapters merged into every rank's weights, their files as the workers fetch them */
   loras: LoraRef[];
+  /** how every rank holds the blocks' weights; null: as its EP does (LoadArgs) */
+  weightType: WeightType | null;
   /** how many ranks, in which CFG groups, each group's shares of the heads */
   layout: RankLayout;
   /**
@@ -152,6 +159,7 @@ export function loadArgsOf(placement: ResolvedPlacement, rank: number): LoadArgs
     ep: placement.ep,
     ...(stage && { blocks: { from: stage.blocks[0], to: stage.blocks[1] } }),
     ...(placement.loras.length && { loras: placement.loras }),
+    ...(placement.weightType && { weightType: placement.weightType }),
   };
 }
 

@@ -478,7 +478,8 @@ export class Placer {
         trusted,
       });
       const holds = new Set(workers.filter((w) => w.pulse?.holds === placed.modelUrl).map((w) => w.id));
-      const loads = placed.stages || placed.loras.length || placed.workers.some((w) => !holds.has(w.id));
+      const loads =
+        placed.stages || placed.loras.length || placed.weightType || placed.workers.some((w) => !holds.has(w.id));
       const bytes = placed.stages?.map((s) => s.heldBytes) ?? [wholeModelBytes(stagedModel(this.planning.config))];
       return {
         stepMs: placed.prediction?.predictedStepMs ?? 'the workers are not measured yet',

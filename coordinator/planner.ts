@@ -34,7 +34,7 @@ import {
 } from '../core/parallel.ts';
 import type { RankSettings } from '../core/rank-settings.ts';
 import { resolveStepCache, STEP_CACHE_DEFAULTS, type MagnitudeCurve } from '../core/step-cache.ts';
-import { formatBytes, type ExecutionProvider } from '../core/worker-api.ts';
+import { formatBytes, type ExecutionProvider, type WeightType, WEIGHT_TYPES } from '../core/worker-api.ts';
 import type { Backend } from './backends.ts';
 import type { WorkerMeasurement } from './measure.ts';
 import type { Measurements, WorkerGroup } from './measurements.ts';
@@ -167,6 +167,7 @@ const describeExchange = (e: Exchange): string =>
 /** The request with the defaults of what it leaves unset; the cost model's choices stay unset. */
 interface Asked {
   loras: LoraRef[];
+  weightType: WeightType | undefined;
   ulyssesDegree: number | 'auto';
   cfgParallel: boolean | undefined;
   ep: ExecutionProvider | 'auto';
@@ -208,8 +209,15 @@ export function checkRequest(request: PlacementRequest): Asked {
   if (!UNTRUSTED_ALONE.includes(untrustedAlone))
     throw new Error(`untrustedAlone is ${UNTRUSTED_ALONE.join(' or ')}, got ${JSON.stringify(untrustedAlone)}`);
   const stages = checkStagesRequest(request);
+  const { weightType } = request;
+  if (weightType !== undefined && !WEIGHT_TYPES.includes(weightType))
+    throw new Error(
+      `weightType is how ranks hold the blocks' weights: ${WEIGHT_TYPES.join(' or ')} ` +
+        `(unset: as each EP does), got ${JSON.stringify(weightType)}`,
+    );
   return {
     loras: checkLoras(request.loras),
+    weightType,
     ulyssesDegree: request.ulyssesDegree ?? 'auto',
     cfgParallel: request.cfgParallel,
     ep: request.ep ?? 'auto',
@@ -666,6 +674,7 @@ export function planPlacement(ctx: PlannerContext, input: PlanningInput): Resolv
     backend: ctx.backend,
     modelUrl: ctx.modelUrl,
     loras: asked.loras,
+    weightType: asked.weightType ?? null,
     layout,
     workers:
       ctx.backend === 'swarm'
@@ -723,7 +732,7 @@ function placeStaged(ctx: PlannerContext, input: PlanningInput, weighed: Weighed
   const { tokens, textTokens } = weighed.work;
   const stages = placeStages(
     ctx.config,
-    { stages: count, degree, tokens, textTokens },
+    { stages: count, degree, tokens, textTokens, weightType: asked.weightType },
     live.map((w) => ({
       id: w.id,
       memoryGiB: w.info.memoryGiB,

@@ -5,7 +5,7 @@
 // hold; the embedders ride with the first stage and the output head with the last. A swarm that
 // cannot hold the model is refused before any weight moves, saying how much is missing.
 import { modelParams, type ModelShape } from '../core/cost-model.ts';
-import { formatBytes, MAX_MESSAGE_FLOATS } from '../core/worker-api.ts';
+import { formatBytes, MAX_MESSAGE_FLOATS, type WeightType } from '../core/worker-api.ts';
 
 /** What cutting needs to know of a model, in the bytes a rank holds it in. */
 export interface StagedModel {
@@ -106,17 +106,20 @@ function missingWords(model: StagedModel, groups: readonly StageGroup[], blocksS
   );
 }
 
-/** The bytes a rank holds a model in as cutStages weighs them: float32, as the loader widens every checkpoint. */
-/** Bytes of the whole transformer as a rank holds it (float32). */
+/** Bytes of the whole transformer as a rank holds it. */
 export const wholeModelBytes = (model: StagedModel): number =>
   model.numLayers * model.blockBytes + model.firstBytes + model.lastBytes;
 
-export function stagedModel(model: ModelShape): StagedModel {
+/**
+ * The bytes a rank holds a model in as cutStages weighs them: the blocks' as `weightType` (float32 unless asked: the
+ * loader widens every checkpoint, and only a WebGPU adapter with shader-f16 halves them unasked), the rest float32.
+ */
+export function stagedModel(model: ModelShape, weightType: WeightType = 'float32'): StagedModel {
   const params = modelParams(model);
   const FLOAT32 = 4;
   return {
     numLayers: model.numLayers,
-    blockBytes: params.block * FLOAT32,
+    blockBytes: (params.block * FLOAT32) / (weightType === 'float16' ? 2 : 1),
     firstBytes: params.embedders * FLOAT32,
     lastBytes: params.head * FLOAT32,
   };
@@ -157,7 +160,13 @@ export function memoryBudget(w: Pick<StageWorker, 'memoryGiB' | 'modelMemoryGiB'
  */
 export function placeStages(
   model: ModelShape,
-  { stages, degree, tokens, textTokens }: { stages: number; degree: number; tokens: number; textTokens: number },
+  {
+    stages,
+    degree,
+    tokens,
+    textTokens,
+    weightType,
+  }: { stages: number; degree: number; tokens: number; textTokens: number; weightType?: WeightType },
   workers: readonly StageWorker[],
 ): PipelineStage[] {
   if (!(Number.isInteger(stages) && stages >= 1))
@@ -186,7 +195,7 @@ export function placeStages(
   const measured = hosts.every((w) => w.flops !== null && w.flops > 0);
   const groups = Array.from({ length: stages }, (_, s) => hosts.slice(s * degree, (s + 1) * degree));
   const plan = cutStages(
-    stagedModel(model),
+    stagedModel(model, weightType),
     groups.map((members) => ({
       workers: members.map((w) => w.id),
       memoryBytes: Math.min(...members.map(memoryBudget)),

@@ -6,7 +6,6 @@
 import type { CacheMode } from './step-cache.ts';
 import type { BlockRange, HiddenState } from './model/blocks.ts';
 import { LORA_LIMITS, type LoraRef } from './model/lora.ts';
-import type { WeightType } from './model/onnx-builder.ts';
 import { RANK_SETTINGS_CHECKS, type RankSettings } from './rank-settings.ts';
 import {
   fields,
@@ -76,6 +75,10 @@ export interface RankMesh {
 /** What a rank is told at initWorker: its place in the mesh and the placement's settings (placement.ts initArgsOf). */
 export type InitArgs = RankMesh & RankSettings;
 
+export const WEIGHT_TYPES = ['float32', 'float16'] as const;
+/** How weights fed to a graph as inputs are stored: float16 halves their memory (computed in float32 all the same). */
+export type WeightType = (typeof WEIGHT_TYPES)[number];
+
 export interface LoadArgs {
   /** the model folder as the worker fetches it */
   modelUrl: string;
@@ -84,6 +87,11 @@ export interface LoadArgs {
   blocks?: BlockRange;
   /** LoRA adapters merged into the weights as they load, in order (core/model/lora.ts); none where absent */
   loras?: LoraRef[];
+  /**
+   * how the blocks' weights are held: float16 halves them (widened per call); where absent, float16 on a WebGPU
+   * adapter with shader-f16 and float32 elsewhere. An adapter without shader-f16 holds float32 whatever is asked
+   */
+  weightType?: WeightType;
 }
 
 export interface LoadedModel {
@@ -101,7 +109,7 @@ export interface LoadedModel {
   weightType: WeightType;
   /** GPU buffers it allocated for the weights (0 on WASM; the activations' are onnxruntime's and not counted) */
   gpuWeightBytes: number;
-  /** bytes of the transformer's weights it holds, as float32: its stage's alone where it holds a pipeline stage */
+  /** bytes of the transformer's weights it holds (the blocks' as `weightType`): a pipeline stage's alone */
   heldWeightBytes: number;
 }
 
@@ -251,7 +259,7 @@ export interface ComputeProbe {
  * same stage calls as in the job, with the exchange left out (the mesh probe times that).
  */
 /** (the model whole, with the job's adapters: the job then finds it loaded) */
-export interface RehearseArgs extends Omit<LoadArgs, 'blocks'> {
+export interface RehearseArgs extends Omit<LoadArgs, 'blocks' | 'weightType'> {
   latentShape: number[]; // [C, T, H, W]
   /** rows of the text embedding the cross-attention reads */
   textTokens: number;
@@ -548,6 +556,7 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
       ep: epOrAuto,
       blocks: optional(fields({ from: int(0, MAX_BLOCKS - 1), to: int(1, MAX_BLOCKS) })),
       loras: optional(checkLoraRefs),
+      weightType: optional(oneOf(...WEIGHT_TYPES)),
     }),
     reply: fields({
       ep,
@@ -557,7 +566,7 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
       why: text(),
       weights: checkWeightsSource,
       maxBufferBytes: num(1),
-      weightType: oneOf('float32', 'float16'),
+      weightType: oneOf(...WEIGHT_TYPES),
       gpuWeightBytes: bytes,
       heldWeightBytes: bytes,
     }),

@@ -4,8 +4,6 @@
 // at a time anyway): a restart waits for the calls before it, and the calls after it wait for the
 // new engine, since a call to a terminated worker would never return.
 import * as Comlink from 'comlink';
-import type { LoraRef } from '../core/model/lora.ts';
-import type { BlockRange } from '../core/model/blocks.ts';
 import type {
   DecodeTileArgs,
   EncodeTextArgs,
@@ -13,7 +11,7 @@ import type {
   ExecutionProvider,
   LoadStatus,
 } from '../core/worker-api.ts';
-import { ENGINE_METHODS, type EngineApi, type EngineMove } from './engine.ts';
+import { ENGINE_METHODS, type EngineApi, type EngineMove, type HeldWeights } from './engine.ts';
 import type { EngineFactory } from './engine.worker.ts';
 import { Forwarding } from './forwarding.ts';
 
@@ -33,8 +31,7 @@ export type ProbeGate = <T>(probe: () => Promise<T>) => Promise<T>;
 export class EngineHost extends Forwarding(ENGINE_METHODS) implements EngineApi {
   private worker: Worker | null = null;
   private engine: Promise<EngineApi>;
-  private loaded: { modelUrl: string; ep: ExecutionProvider; blocks?: BlockRange; loras?: readonly LoraRef[] } | null =
-    null;
+  private loaded: { modelUrl: string; ep: ExecutionProvider; held?: HeldWeights } | null = null;
   private turn: Promise<unknown> = Promise.resolve();
   /** how far the engine has got, across restarts: what the page's pulse says */
   private readonly moves: EngineProgress = { done: 0, running: null };
@@ -57,10 +54,10 @@ export class EngineHost extends Forwarding(ENGINE_METHODS) implements EngineApi 
     return { ...this.moves };
   }
 
-  /** the model folder the engine holds whole and without adapters, as its last load was asked; null: none */
+  /** the model folder the engine holds whole, without adapters, as its EP holds weights, as its last load was asked */
   get holds(): string | null {
-    const loaded = this.loaded;
-    return loaded && !loaded.blocks && !loaded.loras?.length ? loaded.modelUrl : null;
+    const held = this.loaded?.held;
+    return this.loaded && !held?.blocks && !held?.loras?.length && !held?.weightType ? this.loaded.modelUrl : null;
   }
 
   private start(): Promise<EngineApi> {
@@ -91,9 +88,7 @@ export class EngineHost extends Forwarding(ENGINE_METHODS) implements EngineApi 
       this.current = threads;
       this.engine = this.start();
       if (this.loaded)
-        await (
-          await this.engine
-        ).load(this.loaded.modelUrl, this.loaded.ep, undefined, this.loaded.blocks, this.loaded.loras);
+        await (await this.engine).load(this.loaded.modelUrl, this.loaded.ep, undefined, this.loaded.held);
     });
   }
 
@@ -106,13 +101,12 @@ export class EngineHost extends Forwarding(ENGINE_METHODS) implements EngineApi 
     modelUrl: string,
     ep: ExecutionProvider,
     onProgress?: (status: LoadStatus) => void,
-    blocks?: BlockRange,
-    loras?: readonly LoraRef[],
+    held?: HeldWeights,
   ) {
     return this.through(async (engine) => {
       // a function crosses to the engine's Web Worker as a proxy the worker calls back
-      const info = await engine.load(modelUrl, ep, onProgress && Comlink.proxy(onProgress), blocks, loras);
-      this.loaded = { modelUrl, ep, ...(blocks && { blocks }), ...(loras && { loras }) };
+      const info = await engine.load(modelUrl, ep, onProgress && Comlink.proxy(onProgress), held);
+      this.loaded = { modelUrl, ep, ...(held && { held }) };
       return info;
     });
   }

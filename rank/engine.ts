@@ -2,9 +2,9 @@
 // a Web Worker (engine.worker.ts), so hidden-tab throttling of the page never slows it; it never
 // touches the DOM or the network beyond fetching the model.
 import * as ort from 'onnxruntime-web';
-import type { BlockRange } from '../core/model/blocks.ts';
 import type { WanConfig } from '../core/model/config.ts';
 import { loadTransformer } from '../core/model/transformer.ts';
+import type { WanModel } from '../core/model/reference.ts';
 import { applyLoras, splitFileUrl, type LoraRef } from '../core/model/lora.ts';
 import type {
   ComputeProbe,
@@ -13,8 +13,10 @@ import type {
   EncodedText,
   EncodeTextArgs,
   ExecutionProvider,
+  LoadArgs,
   LoadedModel,
   LoadStatus,
+  WeightType,
 } from '../core/worker-api.ts';
 import { onnxStages, type OnnxStages } from './onnx-stages.ts';
 import { modelBounds, type ModelBounds } from './bounds.ts';
@@ -35,17 +37,19 @@ export interface EngineInfo extends Omit<LoadedModel, 'why'> {
   bounds?: ModelBounds;
 }
 
+/**
+ * Which of a model's weights an engine holds and how: a pipeline stage's `blocks` alone (core/model/blocks.ts), `loras`
+ * merged into them (core/model/lora.ts), the blocks' `weightType` (LoadArgs'); all blocks, none, the EP's where absent.
+ */
+export type HeldWeights = Pick<LoadArgs, 'blocks' | 'weightType'> & { loras?: readonly LoraRef[] };
+
 export interface EngineApi extends DeviceStageRunner {
-  /**
-   * loads the model's weights (kept in the browser: weight-cache.ts), saying how far it is, and builds its sessions;
-   * with `blocks`, a pipeline stage's alone (core/model/blocks.ts); `loras` merged into them (core/model/lora.ts)
-   */
+  /** loads the model's weights (kept in the browser: weight-cache.ts), saying how far it is, and builds its sessions */
   load(
     modelUrl: string,
     ep: ExecutionProvider,
     onProgress?: (status: LoadStatus) => void,
-    blocks?: BlockRange,
-    loras?: readonly LoraRef[],
+    held?: HeldWeights,
   ): Promise<EngineInfo>;
   /** matrix-multiply and softmax throughput on an EP */
   probe(ep: ExecutionProvider): Promise<ComputeProbe>;
@@ -111,7 +115,7 @@ function reportingMoves(engine: EngineApi, report: (move: EngineMove) => void): 
     return [method, call] as const;
   });
   const reporting = Object.fromEntries(calls) as unknown as EngineApi;
-  reporting.load = (modelUrl, ep, onProgress, blocks, loras) => {
+  reporting.load = (modelUrl, ep, onProgress, held) => {
     report({ running: 'load', moved: false });
     return engine
       .load(
@@ -121,8 +125,7 @@ function reportingMoves(engine: EngineApi, report: (move: EngineMove) => void): 
           report({ running: 'load', moved: true });
           onProgress?.(status);
         },
-        blocks,
-        loras,
+        held,
       )
       .finally(() => report({ running: null, moved: true }));
   };
@@ -148,9 +151,10 @@ export function createEngine(threads = 1, report?: (move: EngineMove) => void): 
     return stages;
   };
   const engine: EngineApi = {
-    load: async (modelUrl, ep, onProgress, blocks, loras = []) => {
-      // a worker page serves executor after executor: the same model, blocks and adapters on the same EP load once
-      const key = JSON.stringify([modelUrl, ep, blocks ?? 'all blocks', loras]);
+    load: async (modelUrl, ep, onProgress, { blocks, loras = [], weightType } = {}) => {
+      // a worker page serves executor after executor: the same model, blocks, adapters and weight type on the same EP
+      // load once
+      const key = JSON.stringify([modelUrl, ep, blocks ?? 'all blocks', loras, weightType ?? "the EP's"]);
       if (loaded?.key === key) return { ...loaded.info, inMemory: true };
       const started = performance.now();
       // the device it computes on: on wasm the CPU, whether or not the browser also has a WebGPU adapter
@@ -178,10 +182,10 @@ export function createEngine(threads = 1, report?: (move: EngineMove) => void): 
       });
       // from the weights while they are all on the CPU side (on WebGPU they leave it)
       const bounds = modelBounds(model);
-      const heldWeightBytes = [...model.weights.values()].reduce((n, t) => n + t.data.byteLength, 0);
-      const runner = await onnxStages(model, ep);
+      const runner = await onnxStages(model, ep, { weightType });
       stages = runner;
-      const { maxBufferBytes, weightType, gpuWeightBytes } = runner;
+      const { maxBufferBytes, gpuWeightBytes } = runner;
+      const heldWeightBytes = heldBytes(model, runner.weightType);
       const info: EngineInfo = {
         ep,
         adapter,
@@ -191,7 +195,7 @@ export function createEngine(threads = 1, report?: (move: EngineMove) => void): 
         loadMs: performance.now() - started,
         weights: files.source(),
         maxBufferBytes,
-        weightType,
+        weightType: runner.weightType,
         gpuWeightBytes,
         heldWeightBytes,
       };
@@ -222,4 +226,13 @@ export function createEngine(threads = 1, report?: (move: EngineMove) => void): 
   // moves are said from inside the queue: a call queued behind another has not started
   const reporting = report ? reportingMoves(engine, report) : engine;
   return forward(ENGINE_METHODS, (call) => serial(() => call(reporting)));
+}
+
+/** Bytes of a model's weights as a rank holds them: the blocks' as `weightType`, the embedders' and head's float32. */
+function heldBytes(model: WanModel, weightType: WeightType): number {
+  const half = weightType === 'float16';
+  return [...model.weights].reduce(
+    (n, [name, t]) => n + (half && name.startsWith('blocks.') ? t.data.byteLength / 2 : t.data.byteLength),
+    0,
+  );
 }

@@ -1,8 +1,8 @@
 // Weights as onnxruntime-web tensors fed to a session at every run: on WebGPU uploaded once into
 // GPU buffers (as float16 where asked: half the memory, widened in the graph), on WASM CPU data.
 // The transformer's blocks (onnx-stages.ts) and the VAE decoder (vae-decoder.ts) hold theirs here.
+import type { WeightType } from '../core/worker-api.ts';
 import * as ort from 'onnxruntime-web';
-import type { WeightType } from '../core/model/onnx-builder.ts';
 import { toF16 } from '../core/net/protocol.ts';
 
 /** The parts of a WebGPU device the runners use (the DOM's WebGPU types are not in this build's lib). */

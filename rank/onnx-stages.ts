@@ -1,8 +1,7 @@
 import * as ort from 'onnxruntime-web';
 import { allBlocks, holdsEmbedders, holdsHead, type BlockRange } from '../core/model/blocks.ts';
 import type { WanModel } from '../core/model/reference.ts';
-import type { ExecutionProvider } from '../core/worker-api.ts';
-import type { WeightType } from '../core/model/onnx-builder.ts';
+import type { ExecutionProvider, WeightType } from '../core/worker-api.ts';
 import {
   buildAttentionGraph,
   buildEmbedGraph,
@@ -61,6 +60,16 @@ function blockWeightTensors(
 }
 
 /**
+ * How a runner holds the blocks' weights: as asked, float16 halving them (the graphs widen them per call), where the
+ * device can (WASM's CPU always; a WebGPU adapter with shader-f16); unasked, float16 where WebGPU can, else float32.
+ */
+export function heldWeightType(asked: WeightType | undefined, device: GpuDevice | null): WeightType {
+  const halves = !device || device.features.has('shader-f16');
+  if (asked) return halves ? asked : 'float32';
+  return device && halves ? 'float16' : 'float32';
+}
+
+/**
  * A runner that says how large a buffer it cuts its stages to (chunks.ts) and how it stores the
  * blocks' weights; disposed when its model is replaced.
  */
@@ -108,10 +117,9 @@ export async function onnxStages(
   const outputHead = () => headSession ?? notHeld("the output head is the last pipeline stage's");
   // one session for every block's pre-attention and one for its post-attention, fed the block's
   // weights: only the running block's weights are in onnxruntime's memory (the wasm heap holds 4 GB).
-  // On WebGPU the weights live in GPU buffers, uploaded once (as float16 where the device has
-  // shader-f16: half the memory), not from the CPU at every call.
+  // On WebGPU the weights live in GPU buffers, uploaded once, not from the CPU at every call.
   const device = ep === 'webgpu' ? ((await ort.env.webgpu.device) as GpuDevice) : null;
-  const weightType: WeightType = limits.weightType ?? (device?.features.has('shader-f16') ? 'float16' : 'float32');
+  const weightType = heldWeightType(limits.weightType, device);
   const preGraph = buildPreAttentionGraph(m, weightType);
   const postGraph = buildPostAttentionGraph(m, weightType);
   const pre = await session(preGraph.bytes);

@@ -7,7 +7,7 @@ import { defined } from '../core/defined.ts';
 import type { LoraRef } from '../core/model/lora.ts';
 import { allBlocks, hiddenStateError, holdsEmbedders, type BlockRange } from '../core/model/blocks.ts';
 import type { WanConfig } from '../core/model/config.ts';
-import { describeLoad, describeWeights } from '../core/worker-api.ts';
+import { describeLoad, describeWeights, type WeightType } from '../core/worker-api.ts';
 import { fastestEp } from '../core/cost-model.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
 import { WAN_TEXT_TOKENS } from '../core/model/wan-pipeline.ts';
@@ -109,6 +109,8 @@ export class WorkerRuntime implements WorkerApi {
   private blocks: BlockRange | undefined = undefined;
   /** the adapters merged into the loaded model, as loadModel was asked */
   private loras: readonly LoraRef[] = [];
+  /** how the loaded model's blocks' weights are held, as loadModel was asked (the EP's way where absent) */
+  private weightType: WeightType | undefined = undefined;
   private texts: Float32Array[] = [];
   private plan: UlyssesPlan | null = null;
   private job = -1;
@@ -229,6 +231,7 @@ export class WorkerRuntime implements WorkerApi {
     this.modelUrl = args.modelUrl;
     this.blocks = args.blocks;
     this.loras = args.loras ?? [];
+    this.weightType = args.weightType;
     this.epWhy = why;
     this.setState(
       'ready',
@@ -240,7 +243,13 @@ export class WorkerRuntime implements WorkerApi {
   }
 
   /** The model on the EP asked for, or with 'auto' the fastest one; the engine keeps the last one it loaded. */
-  private async load({ modelUrl, ep, blocks, loras }: LoadArgs): Promise<{ info: EngineInfo; why: string }> {
+  private async load({
+    modelUrl,
+    ep,
+    blocks,
+    loras,
+    weightType,
+  }: LoadArgs): Promise<{ info: EngineInfo; why: string }> {
     this.checkModel(modelUrl);
     // an adapter is fetched as the model is: from where this page lets models come, and nowhere else
     for (const lora of loras ?? []) this.checkModel(lora.url);
@@ -253,7 +262,8 @@ export class WorkerRuntime implements WorkerApi {
     const progress = this.showLoad('loading', `loading ${modelUrl}`);
     try {
       // none and an empty list are the same adapters: the engine, which keeps its last model by what was asked, too
-      return { info: await this.engine.load(modelUrl, choice.ep, progress, blocks, loras ?? []), why: choice.why };
+      const held = { blocks, loras: loras ?? [], weightType };
+      return { info: await this.engine.load(modelUrl, choice.ep, progress, held), why: choice.why };
     } finally {
       this.loadStatus = null;
       if (this.state === 'loading' && before.state !== 'loading') this.setState(before.state, before.detail);
@@ -310,9 +320,12 @@ export class WorkerRuntime implements WorkerApi {
         this.modelUrl !== modelUrl ||
         this.model?.ep !== info.ep ||
         this.blocks ||
+        this.weightType ||
         JSON.stringify(this.loras) !== JSON.stringify(loras);
-      if (this.model && this.modelUrl && differs)
-        await this.engine.load(this.modelUrl, this.model.ep, undefined, this.blocks, this.loras);
+      if (this.model && this.modelUrl && differs) {
+        const held = { blocks: this.blocks, loras: this.loras, weightType: this.weightType };
+        await this.engine.load(this.modelUrl, this.model.ep, undefined, held);
+      }
       if (cold) this.setState(before.state, before.detail);
     }
   }

@@ -5,8 +5,6 @@ const FLOAT = onnx.TensorProto.DataType.FLOAT;
 const FLOAT16 = onnx.TensorProto.DataType.FLOAT16;
 const INT64 = onnx.TensorProto.DataType.INT64;
 
-/** How weights fed as inputs are stored: float16 halves their memory (computed in float32 all the same). */
-export type WeightType = 'float32' | 'float16';
 const ELEMENT_TYPES = { float32: FLOAT, float16: FLOAT16, int64: INT64 };
 export const OPSET = 17;
 

@@ -15,7 +15,8 @@
 
 import { buildChunkedAttentionGraph } from './attention-graph.ts';
 import type { WanConfig } from './config.ts';
-import { OnnxGraph, type WeightType } from './onnx-builder.ts';
+import { OnnxGraph } from './onnx-builder.ts';
+import type { WeightType } from '../worker-api.ts';
 import type { WanModel } from './reference.ts';
 import { timestepFrequencyTable } from './ops.ts';
 

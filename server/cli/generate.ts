@@ -16,6 +16,7 @@ import { describeEstimate, describeLeft, needsConfirmation } from '../../coordin
 import { checkJobParams, FEW_STEP_SAMPLING, type JobParams } from '../../core/job.ts';
 import { readSafetensors } from '../../core/safetensors.ts';
 import { parseCacheFlags } from '../../core/step-cache.ts';
+import { WEIGHT_TYPES } from '../../core/worker-api.ts';
 import { CACHE_ROOT } from '../model-folder.ts';
 import { servedOr } from '../serve.ts';
 import { pageError, startLocalSwarm } from './browser-swarm.ts';
@@ -59,6 +60,9 @@ const USAGE = [
   "  [--stages S]   pooled memory: the transformer's blocks cut into S pipeline stages, each on N/S worker tabs " +
     "holding only its stage's weights",
   '                     (Ulysses among them; N is S unless --workers says)',
+  "  [--weights float16|float32]   how every worker holds the blocks' weights: float16 halves them (a stage holds " +
+    'twice the blocks;',
+  '                     ~2e-4 of the output from float32); unset: float16 on WebGPU with shader-f16, else float32',
   "  [--scheduler folder|step-distill]   the model folder's scheduler, or lightx2v's few-step schedule",
   "  [--fast]   a step-distilled LoRA's sampling: 4 steps, guidance 1, shift 5, step-distill (give the LoRA too)",
   '  [--cache magcache|auto|off] [--cache-threshold X]   the step cache: forwards whose residual barely changes skip',
@@ -79,6 +83,7 @@ try {
       backend: { type: 'string', default: 'swarm' },
       workers: { type: 'string' },
       stages: { type: 'string', default: '1' },
+      weights: { type: 'string' },
       ep: { type: 'string', default: 'auto' },
       fp16: { type: 'boolean', default: false },
       int8: { type: 'boolean', default: false },
@@ -135,6 +140,11 @@ try {
 } catch (e) {
   fail((e as Error).message);
 }
+const weightType =
+  values.weights === undefined
+    ? undefined
+    : (WEIGHT_TYPES.find((type) => type === values.weights) ??
+      fail(`--weights is ${WEIGHT_TYPES.join(' or ')}, got ${JSON.stringify(values.weights)}`));
 const stages = Number(values.stages);
 if (!Number.isInteger(stages) || stages < 1) fail(`--stages must be a whole number ≥ 1, got ${values.stages}`);
 const workers = Number(values.workers ?? stages);
@@ -268,6 +278,7 @@ try {
     // with CFG parallel the degree is that of each of the two groups, with stages that of each stage
     workers: values.backend === 'swarm' ? workers / (cfgParallel ? 2 : 1) / stages : 1,
     ...(stages > 1 && { stages }),
+    ...(weightType && { weightType }),
     ep: values.ep,
     dtype: values.int4 ? 'i4' : values.int8 ? 'i8' : values.fp16 ? 'f16' : 'f32',
     parallel: values.displaced ? 'displaced' : 'ulysses',

@@ -1,6 +1,5 @@
 import { expect, test } from '@playwright/test';
-import type { JobOverrides } from '../../app/automation.ts';
-import { maxAbsDiff, runJob, suiteSwarm, WASM_ONLY_BROWSER } from './swarm-page.ts';
+import { maxAbsDiff, runJob, SMALL_WASM_JOB, suiteSwarm, WASM_ONLY_BROWSER } from './swarm-page.ts';
 
 test.use(WASM_ONLY_BROWSER); // its jobs all compute on WASM
 
@@ -11,17 +10,7 @@ test.describe.serial('CFG parallel over worker tabs', () => {
 
   test('two groups of one tab equal one worker within 1e-4; a job without guidance falls back to one group and says why', async () => {
     test.setTimeout(300_000);
-    const job = {
-      prompt: 'a red ball',
-      frames: 5,
-      height: 96,
-      width: 96,
-      steps: 2,
-      guidance: 5,
-      seed: 3,
-      backend: 'swarm',
-      ep: 'wasm',
-    } satisfies JobOverrides;
+    const job = SMALL_WASM_JOB;
     const single = await runJob(swarm.dashboard, { ...job, workers: 1, cfgParallel: false });
     expect(single.report.placement.layout).toMatchObject({ world: 1, ulyssesDegree: 1, cfgGroups: 1 });
 

@@ -5,7 +5,7 @@ import { defined } from '../../core/defined.ts';
 import { chromiumArgs, chromiumExecutable } from '../../server/chromium.ts';
 import { exchangeFloatsPerBlock, planUlysses } from '../../core/parallel.ts';
 import { canCreateNamespaces, createTestNetwork, type TestHost, type TestNetwork } from './netns.ts';
-import { maxAbsDiff, runJob, type JobOutcome } from './swarm-page.ts';
+import { maxAbsDiff, runJob, SMALL_WASM_JOB, type JobOutcome } from './swarm-page.ts';
 
 // The swarm on separate hosts: the server in h0, the dashboard's Chromium in h1 and one Chromium
 // per worker in h2…h4, each host a network namespace with its own address on a private test
@@ -17,18 +17,7 @@ const WORKERS = 3;
 const DIM = 288;
 const LAYERS = 2;
 const TOKENS = 72;
-const job = {
-  prompt: 'a red ball',
-  frames: 5,
-  height: 96,
-  width: 96,
-  steps: 2,
-  guidance: 5,
-  seed: 3,
-  backend: 'swarm',
-  ep: 'wasm',
-  shares: 'even',
-} satisfies JobOverrides;
+const job = { ...SMALL_WASM_JOB, shares: 'even' } satisfies JobOverrides;
 
 const support = canCreateNamespaces();
 

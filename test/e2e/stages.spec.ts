@@ -1,13 +1,12 @@
 import { join } from 'node:path';
 import { expect, test } from '@playwright/test';
-import type { JobOverrides } from '../../app/automation.ts';
 import { holdsTensor, type BlockRange } from '../../core/model/blocks.ts';
 import { openCheckpoint } from '../../core/model/checkpoint.ts';
 import { parseWanConfig } from '../../core/model/config.ts';
 import { readJson } from '../../core/model/files.ts';
 import { TRANSFORMER_CONFIG, TRANSFORMER_WEIGHTS_NAME } from '../../core/model/transformer.ts';
 import { folderFiles } from '../../server/model-folder.ts';
-import { maxAbsDiff, runJob, suiteSwarm, TEST_MODEL, WASM_ONLY_BROWSER } from './swarm-page.ts';
+import { maxAbsDiff, runJob, SMALL_WASM_JOB, suiteSwarm, TEST_MODEL, WASM_ONLY_BROWSER } from './swarm-page.ts';
 
 test.use(WASM_ONLY_BROWSER); // its jobs all compute on WASM
 
@@ -26,28 +25,30 @@ async function heldBytes(range: BlockRange): Promise<number> {
     .reduce((n, t) => n + t.end - t.begin, 0);
 }
 
+/** The bytes of the blocks' tensors among them (float32). */
+async function blockBytes(range: BlockRange): Promise<number> {
+  const files = folderFiles(join(import.meta.dirname, '../../public', TEST_MODEL));
+  const checkpoint = await openCheckpoint(files, 'transformer', TRANSFORMER_WEIGHTS_NAME);
+  return [...checkpoint.tensors.values()]
+    .filter((t) => t.name.startsWith('blocks.') && Number(t.name.split('.')[1]) >= range.from)
+    .filter((t) => Number(t.name.split('.')[1]) < range.to)
+    .reduce((n, t) => n + t.end - t.begin, 0);
+}
+
 test.describe.serial('pipeline stages over worker tabs', () => {
   const swarm = suiteSwarm(2);
+  const job = SMALL_WASM_JOB;
+  let stagedFloat32: Awaited<ReturnType<typeof runJob>>;
 
   test("two stages on two tabs equal one tab holding the whole model, to the bit; each tab holds only its stage's weights", async () => {
     test.setTimeout(300_000);
-    const job = {
-      prompt: 'a red ball',
-      frames: 5,
-      height: 96,
-      width: 96,
-      steps: 2,
-      guidance: 5,
-      seed: 3,
-      backend: 'swarm',
-      ep: 'wasm',
-    } satisfies JobOverrides;
     const single = await runJob(swarm.dashboard, { ...job, workers: 1 });
     expect(single.report.placement.stages).toBeNull();
     const whole = await heldBytes({ from: 0, to: 2 });
     expect(single.report.workers.map((w) => w.heldWeightBytes)).toEqual([whole]);
 
     const staged = await runJob(swarm.dashboard, { ...job, workers: 1, stages: 2 });
+    stagedFloat32 = staged;
     const { placement, workers } = staged.report;
     expect(placement.layout).toMatchObject({ world: 2, ulyssesDegree: 1, cfgGroups: 1, stages: 2 });
     const stages = placement.stages ?? [];
@@ -81,6 +82,28 @@ test.describe.serial('pipeline stages over worker tabs', () => {
     );
     expect(diff).toBe(0);
   });
+
+  test("asked for float16 weights, each stage's tab holds its blocks at half their bytes, as the planner cut them by; the latent within 1e-3 of float32's", async () => {
+    test.setTimeout(300_000);
+    const halved = await runJob(swarm.dashboard, { ...job, workers: 1, stages: 2, weightType: 'float16' });
+    const { placement, workers } = halved.report;
+    expect(workers.map((w) => w.weightType)).toEqual(['float16', 'float16']);
+    const held = workers.map((w) => w.heldWeightBytes);
+    expect(held).toEqual(placement.stages?.map((s) => s.heldBytes));
+    const float32Held = stagedFloat32.report.workers.map((w) => w.heldWeightBytes);
+    const halves = [await blockBytes({ from: 0, to: 1 }), await blockBytes({ from: 1, to: 2 })].map((b) => b / 2);
+    expect(held).toEqual(float32Held.map((bytes, i) => bytes - halves[i]));
+    const scale = Math.max(...stagedFloat32.latent.map(Math.abs));
+    const diff = maxAbsDiff(halved.latent, stagedFloat32.latent);
+    console.log(
+      `stages: float16 weights held ${held.map((b) => `${(b / 1e6).toFixed(2)} MB`).join(' / ')} ` +
+        `(float32 ${float32Held.map((b) => `${(b / 1e6).toFixed(2)} MB`).join(' / ')}), ` +
+        `max-abs vs float32 ${diff.toExponential(2)} of a latent scale ${scale.toFixed(2)}`,
+    );
+    expect(diff).toBeGreaterThan(0);
+    expect(diff).toBeLessThan(1e-3 * scale);
+  });
+
   test("what a worker's user lets the model take, set on its page, caps its stage: a staged job that no longer fits is refused before any weight moves, saying what is missing", async () => {
     test.setTimeout(120_000);
     const job = {

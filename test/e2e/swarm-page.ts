@@ -89,6 +89,19 @@ export interface JobOutcome {
  */
 export const TEST_MODEL = '/models/tiny-wan';
 
+/** A guided job of 2 steps on 5 frames of 96×96 over WASM tabs: small enough for CI, and through every part. */
+export const SMALL_WASM_JOB = {
+  prompt: 'a red ball',
+  frames: 5,
+  height: 96,
+  width: 96,
+  steps: 2,
+  guidance: 5,
+  seed: 3,
+  backend: 'swarm',
+  ep: 'wasm',
+} as const satisfies JobOverrides;
+
 export async function runJob(dashboard: Page, overrides: JobOverrides): Promise<JobOutcome> {
   const watching = watchDashboard(dashboard);
   const { report, latent, stepLatents } = await dashboard

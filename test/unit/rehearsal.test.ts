@@ -208,7 +208,7 @@ describe('a rehearsal', () => {
     const base = stubEngine(referenceStages(model), model.config);
     const engine: EngineApi = {
       ...base,
-      load: async (url, ep, _progress, _blocks, loras = []) => (
+      load: async (url, ep, _progress, { loras = [] } = {}) => (
         loads.push(`${url} ${loras.map((l) => `${l.url}:${l.strength}`).join(',')}`),
         base.load(url, ep)
       ),

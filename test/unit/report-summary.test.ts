@@ -12,6 +12,7 @@ const placement = (dtype: DType, parallel: 'ulysses' | 'displaced' = 'displaced'
   backend: 'swarm',
   modelUrl: '/models/tiny-wan',
   loras: [],
+  weightType: null,
   layout: new RankLayout(2),
   workers: [
     { id: 'a', ep: 'wasm' },

@@ -24,9 +24,10 @@ import { loadTransformer } from '../../core/model/transformer.ts';
 import { RankLayout } from '../../core/parallel.ts';
 import { SeededRandom } from '../../core/random.ts';
 import { maxAbsDiff, type Tensor } from '../../core/tensor.ts';
-import type { ExecuteResult, WorkerInfo } from '../../core/worker-api.ts';
+import type { ExecuteResult, WeightType, WorkerInfo } from '../../core/worker-api.ts';
 import type { EngineApi } from '../../rank/engine.ts';
-import { onnxStages } from '../../rank/onnx-stages.ts';
+import type { GpuDevice } from '../../rank/gpu-weights.ts';
+import { heldWeightType, onnxStages } from '../../rank/onnx-stages.ts';
 import { stubEngine, tinyModelFiles } from './fixtures.ts';
 import { InProcessExecutor, type InProcessOptions } from './in-process-executor.ts';
 
@@ -181,6 +182,38 @@ describe('the stages of a placement', () => {
     expect(memoryBudget({ memoryGiB: 8, modelMemoryGiB: 0.5 })).toBe(2 ** 29);
   });
 
+  it('weightType float16 counts the blocks at half their bytes: workers too small for the model in float32 hold it so, each told to load it so', () => {
+    const [f32, f16] = [stagedModel(FOUR_BLOCKS), stagedModel(FOUR_BLOCKS, 'float16')];
+    expect(f16.blockBytes * 2).toBe(f32.blockBytes);
+    expect([f16.firstBytes, f16.lastBytes]).toEqual([f32.firstBytes, f32.lastBytes]); // embedders and head: float32
+    // each worker holds the embedders, the head and 2.2 blocks' worth of float16: 1.1 blocks of float32
+    const budgetGiB = (f32.firstBytes + f32.lastBytes + 2.2 * f16.blockBytes) / STAGE_MEMORY_SHARE / 2 ** 30;
+    const small = [worker('a', null, budgetGiB), worker('b', null, budgetGiB)];
+    expect(() => plan({ stages: 2 }, small)).toThrow(/it needs .* more/);
+    const halved = plan({ stages: 2, weightType: 'float16' }, small);
+    expect(halved.weightType).toBe('float16');
+    expect(halved.stages?.map((s) => [s.blocks, s.heldBytes])).toEqual([
+      [[0, 2], f16.firstBytes + 2 * f16.blockBytes],
+      [[2, 4], 2 * f16.blockBytes + f16.lastBytes],
+    ]);
+    expect([0, 1].map((rank) => loadArgsOf(halved, rank).weightType)).toEqual(['float16', 'float16']);
+    // unasked, a rank holds them as its EP does, and the placement says nothing of it
+    expect(plan({ stages: 2 }, workers(2)).weightType).toBeNull();
+    expect(loadArgsOf(plan({ stages: 2 }, workers(2)), 0)).not.toHaveProperty('weightType');
+    expect(() => plan({ weightType: 'bfloat16' as never }, workers(2))).toThrow(
+      `weightType is how ranks hold the blocks' weights: float32 or float16 (unset: as each EP does), got "bfloat16"`,
+    );
+  });
+
+  it('a rank holds the blocks as asked where its device can halve them (WASM, WebGPU with shader-f16); unasked, float16 on such a WebGPU alone', () => {
+    const gpu = (f16: boolean) => ({ features: new Set(f16 ? ['shader-f16'] : []) }) as unknown as GpuDevice;
+    const held = (asked: WeightType | undefined) =>
+      [null, gpu(true), gpu(false)].map((device) => heldWeightType(asked, device));
+    expect(held(undefined)).toEqual(['float32', 'float16', 'float32']);
+    expect(held('float16')).toEqual(['float16', 'float16', 'float32']);
+    expect(held('float32')).toEqual(['float32', 'float32', 'float32']);
+  });
+
   it('a staged job the workers cannot hold, or that asks what staged placement does not do, is refused saying why', () => {
     const tiny = 1e-4; // GiB: a tenth of a block
     expect(() => plan({ stages: 2 }, [worker('a', null, tiny), worker('b', null, tiny)])).toThrow(
@@ -269,7 +302,7 @@ describe('the executor through pipeline stages', () => {
     const loads: (BlockRange | undefined)[] = [];
     const recording: EngineApi = {
       ...engine,
-      load: (url, ep, progress, blocks) => (loads.push(blocks), engine.load(url, ep, progress, blocks)),
+      load: (url, ep, progress, held) => (loads.push(held?.blocks), engine.load(url, ep, progress, held)),
     };
     const executor = new ShowingExecutor({ ...options, ...request, layout }, recording, 'rpc');
     await executor.initialize();
