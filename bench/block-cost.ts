@@ -3,7 +3,8 @@
 // alone from its shard), at a real sequence length (one 480p latent frame: 30 × 52 = 1,560 tokens)
 // against the published 512-row text. The same process measures the probe rates the planner
 // plans with, so the report gives the cost model's prediction beside the measurement, and the
-// measured block scaled by FLOPs to 480p × 81 frames (32,760 tokens) on this machine.
+// measured block scaled by FLOPs to 480p × 81 frames (32,760 tokens) on this machine. The same block with its
+// weights held as float16 (weightType, widened in the graph) beside it: its time and its output's deviation.
 // Writes bench/out/block-cost.json, which the projection (bench/projection.ts) reads.
 //
 //   npm run bench -- block-cost [--model DIR] [--tokens 1560] [--runs 3]
@@ -18,7 +19,8 @@ import type { WanModel } from '../core/model/reference.ts';
 import { TRANSFORMER_CONFIG, TRANSFORMER_WEIGHTS_NAME } from '../core/model/transformer.ts';
 import { SeededRandom } from '../core/random.ts';
 import { readTensor } from '../core/safetensors.ts';
-import { onnxStages } from '../rank/onnx-stages.ts';
+import { onnxStages, type OnnxStages } from '../rank/onnx-stages.ts';
+import { maxAbsDiff } from '../core/tensor.ts';
 import { probeThroughput } from '../rank/throughput-probe.ts';
 import { folderFiles, FULL_SIZE_MODEL_DIR } from '../server/model-folder.ts';
 import {
@@ -89,6 +91,7 @@ export async function runBlockCost(o: BlockCostOptions) {
     );
   }
   const measuredMs = median(samples.map((s) => s.preMs + s.attentionMs + s.postMs));
+  const halved = await halfWeightsBlock(model, measuredMs, o.runs, { x, tproj, cos, sin, context });
 
   const probe = await probeThroughput('wasm');
   const blockFlops = (tokens: number) => forwardFlops(config, tokens, TEXT_TOKENS, 1).block.total;
@@ -127,6 +130,8 @@ export async function runBlockCost(o: BlockCostOptions) {
       softmaxPerS: round(probe.softmaxRate, 0),
       stageMs: round(probe.stageMs, 2),
     },
+    /** the block with its weights held as float16: their bytes, its time, its output's deviation from float32's */
+    float16Weights: halved,
     /** the cost model's block time from the probe rates, and measured / predicted */
     predicted: { blockMs: round(predictedMs, 1), measuredOverPredicted: round(measuredMs / predictedMs, 3) },
     /**
@@ -138,6 +143,54 @@ export async function runBlockCost(o: BlockCostOptions) {
 }
 
 export type BlockCostReport = Awaited<ReturnType<typeof runBlockCost>>;
+
+/**
+ * The block on runners holding its weights as float32 and as float16: the float16 one timed over `runs` (after a
+ * warm-up) against `float32Ms`, and its output (the block's whole chain) against float32's, relative to its scale.
+ */
+async function halfWeightsBlock(
+  model: WanModel,
+  float32Ms: number,
+  runs: number,
+  input: { x: Float32Array; tproj: Float32Array; cos: Float32Array; sin: Float32Array; context: Float32Array },
+) {
+  const D = model.config.dim;
+  const block = async (stages: OnnxStages) => {
+    const started = performance.now();
+    const qkv = await stages.preAttention(0, input.x, input.tproj, input.cos, input.sin);
+    const o = await stages.attention(qkv, D);
+    const out = (await stages.postAttention(0, input.x, o, input.tproj, input.context)) as Float32Array;
+    return { ms: performance.now() - started, out };
+  };
+  const [float32, float16] = [
+    await onnxStages(model, 'wasm'),
+    await onnxStages(model, 'wasm', { weightType: 'float16' }),
+  ];
+  const exact = (await block(float32)).out;
+  const times: number[] = [];
+  let out = exact;
+  for (let run = 0; run <= runs; run++) {
+    const r = await block(float16);
+    if (run > 0) times.push(r.ms);
+    out = r.out;
+  }
+  await Promise.all([float32.dispose(), float16.dispose()]);
+  const blockBytes = [...model.weights]
+    .filter(([name]) => name.startsWith('blocks.'))
+    .reduce((n, [, t]) => n + t.data.byteLength, 0);
+  const scale = exact.reduce((m, v) => Math.max(m, Math.abs(v)), 0);
+  const blockMs = median(times);
+  const deviation = maxAbsDiff(out, exact) / scale;
+  log(`block-cost: float16 weights ${blockMs.toFixed(0)} ms a block, ${deviation.toExponential(2)} of float32's scale`);
+  return {
+    blockBytes: blockBytes / 2,
+    float32BlockBytes: blockBytes,
+    blockMs: round(blockMs, 1),
+    overFloat32: round(blockMs / float32Ms, 3),
+    /** max-abs of the block's output from float32's, over its largest value */
+    deviation: Number(deviation.toExponential(3)),
+  };
+}
 
 export function parseBlockCostArgs(args: string[]): BlockCostOptions {
   const { values } = parseArgs({
