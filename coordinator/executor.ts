@@ -223,8 +223,8 @@ export abstract class Executor {
   /** rows of the prepared job's text embeddings, per pass: a hidden state's context has as many */
   private textRows: number[] = [];
   /**
-   * pipeline stages: each stage's last forward, which the next pass's waits for, so that a stage runs one pass at a
-   * time, whole, and hands it on while it computes the next (its engine would otherwise interleave the two)
+   * pipeline stages: each stage's last forward (per CFG group), which the next pass's waits for, so that a stage runs
+   * one pass at a time, whole, and hands it on while it computes the next (its engine would otherwise interleave them)
    */
   private readonly stageTurns: Promise<unknown>[] = [];
 
@@ -464,7 +464,9 @@ export abstract class Executor {
       const stageRanks = layout.stageRanks(group, stage);
       ranks = stageRanks;
       const staged = layout.stages > 1;
-      const call = ((staged && this.stageTurns[stage]) || Promise.resolve()).then(() => {
+      // a stage's turn is its group's: with CFG parallel each group's mesh holds the stage
+      const turn = group * layout.stages + stage;
+      const call = ((staged && this.stageTurns[turn]) || Promise.resolve()).then(() => {
         for (const rank of stageRanks) this.showActivity(rank, `${shareOf(rank)}: ${doing}`);
         return this.collectiveRpc('executeModel', {
           ranks: stageRanks,
@@ -483,7 +485,7 @@ export abstract class Executor {
           for (const rank of stageRanks) this.showActivity(rank, `${shareOf(rank)}: waiting`);
         });
       });
-      if (staged) this.stageTurns[stage] = call.catch(() => {});
+      if (staged) this.stageTurns[turn] = call.catch(() => {});
       results = await call;
       reports.push(...results.map((r, i) => this.rankReport(ranks[i], r)));
       if (stage < layout.stages - 1) handed = this.handedOn(results, ranks, plan, request.pass);

@@ -234,15 +234,14 @@ export function checkRequest(request: PlacementRequest): Asked {
 }
 
 /**
- * The pipeline stages asked for, checked against what staged placement does so far: no CFG parallel,
- * no spot checks (no worker holds the whole model to recompute a forward).
+ * The pipeline stages asked for, checked against what staged placement does so far: no spot checks (no worker holds
+ * the whole model to recompute a forward).
  */
 function checkStagesRequest(request: PlacementRequest): number {
-  const { stages = 1, cfgParallel, spotCheckRate } = request;
+  const { stages = 1, spotCheckRate } = request;
   if (!(Number.isInteger(stages) && stages >= 1))
     throw new Error(`stages is a whole number ≥ 1 of pipeline stages, got ${JSON.stringify(stages)}`);
   if (stages === 1) return stages;
-  if (cfgParallel) throw new Error('pipeline stages do not run CFG parallel yet: leave cfgParallel unset with stages');
   if (spotCheckRate)
     throw new Error(
       'pipeline stages are not spot-checked yet (no worker holds the whole model to recompute a forward): ' +
@@ -727,12 +726,17 @@ function placeStaged(ctx: PlannerContext, input: PlanningInput, weighed: Weighed
   if (ctx.backend !== 'swarm') throw new Error('pipeline stages run on worker pages: use the swarm backend for stages');
   const degree = asked.ulyssesDegree === 'auto' ? 1 : asked.ulyssesDegree;
   const live = weighed.workers;
+  // CFG parallel: each group's mesh holds every stage; after a loss, one group where two no longer fit
+  const cfgGroups = weighed.cfgParallel && (input.maxWorld === undefined || live.length >= 2 * degree) ? 2 : 1;
+  const members = degree * cfgGroups;
   const count =
-    input.maxWorld === undefined ? asked.stages : Math.max(1, Math.min(asked.stages, Math.floor(live.length / degree)));
+    input.maxWorld === undefined
+      ? asked.stages
+      : Math.max(1, Math.min(asked.stages, Math.floor(live.length / members)));
   const { tokens, textTokens } = weighed.work;
   const stages = placeStages(
     ctx.config,
-    { stages: count, degree, tokens, textTokens, weightType: asked.weightType },
+    { stages: count, degree, tokens, textTokens, weightType: asked.weightType, cfgGroups },
     live.map((w) => ({
       id: w.id,
       memoryGiB: w.info.memoryGiB,
@@ -746,7 +750,7 @@ function placeStaged(ctx: PlannerContext, input: PlanningInput, weighed: Weighed
       `worker ${id}`,
     );
   const chosen: Chosen = {
-    layout: new RankLayout(degree, 1, null, stages.length),
+    layout: new RankLayout(degree, cfgGroups, null, stages.length),
     exchange: exchangeUnpredicted(asked),
     headGroups: undefined,
     prediction: predictStaged(
@@ -754,9 +758,14 @@ function placeStaged(ctx: PlannerContext, input: PlanningInput, weighed: Weighed
       input,
       weighed,
       stages.map((stage) => ({ blocks: stage.blocks, workers: stage.workers.map(workerOf) })),
+      cfgGroups,
     ),
   };
-  return { stages, chosen, workers: stages.flatMap((stage) => stage.workers).map(workerOf) };
+  // in rank order: group after group, each's stages in turn (RankLayout)
+  const ranked = Array.from({ length: cfgGroups }, (_, g) =>
+    stages.flatMap((stage) => stage.workers.slice(g * degree, (g + 1) * degree)),
+  );
+  return { stages, chosen, workers: ranked.flat().map(workerOf) };
 }
 
 /**
@@ -770,6 +779,7 @@ function predictStaged<W extends PlanningWorker>(
   input: PlanningInput<W>,
   weighed: Weighed<W>,
   stages: { blocks: [number, number]; workers: W[] }[],
+  cfgGroups: 1 | 2,
 ): PlacementPrediction | null {
   const flopsOf = (w: W) => (w.measurement ? (computeOf(weighed.asked.ep, w.measurement)?.flops ?? 0) : 0);
   if (stages.some((stage) => stage.workers.some((w) => !flopsOf(w)))) return null;
@@ -784,13 +794,13 @@ function predictStaged<W extends PlanningWorker>(
     rehearsedRankForwardS: undefined,
     measuredStepS: undefined,
   };
-  const degree = pace.workers.length;
+  const degree = pace.workers.length / cfgGroups;
   const step = predictStagedStep(
     weighed.work,
     {
       stages: stages.length,
       ulyssesDegree: degree,
-      cfgParallel: false,
+      cfgParallel: cfgGroups === 2,
       mode: 'exact',
       paceBlocks: pace.blocks[1] - pace.blocks[0],
     },

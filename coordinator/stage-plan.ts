@@ -153,8 +153,9 @@ export function memoryBudget(w: Pick<StageWorker, 'memoryGiB' | 'modelMemoryGiB'
 
 /**
  * A staged placement's pipeline: `stages` stages of `degree` workers each (a Ulysses mesh within the
- * stage), the first stages × degree of `workers` in order, cut by cutStages. A worker's memory budget
- * is memoryBudget's; a group's is its least member's. Blocks go by measured speed (a group's: its
+ * stage), the first stages × degree of `workers` in order, cut by cutStages; with `cfgGroups` 2 (CFG
+ * parallel), `degree` in each group, a stage's workers group 0's mesh then group 1's. A worker's
+ * memory budget is memoryBudget's; a group's is its least member's. Blocks go by measured speed (a group's: its
  * slowest member's, times its members, as even shares run), evenly while any worker is unmeasured.
  * A cut that cannot hold the model is refused, saying what is missing.
  */
@@ -166,7 +167,15 @@ export function placeStages(
     tokens,
     textTokens,
     weightType,
-  }: { stages: number; degree: number; tokens: number; textTokens: number; weightType?: WeightType },
+    cfgGroups = 1,
+  }: {
+    stages: number;
+    degree: number;
+    tokens: number;
+    textTokens: number;
+    weightType?: WeightType;
+    cfgGroups?: 1 | 2;
+  },
   workers: readonly StageWorker[],
 ): PipelineStage[] {
   if (!(Number.isInteger(stages) && stages >= 1))
@@ -184,16 +193,19 @@ export function placeStages(
         `${formatBytes(4 * MAX_MESSAGE_FLOATS)} one message carries: run more workers a stage (ulyssesDegree), ` +
         'which share the tokens, or a smaller video',
     );
-  const needed = stages * degree;
+  // with CFG parallel a stage is held by both groups' meshes: its blocks are cut for all of them
+  const members = degree * cfgGroups;
+  const needed = stages * members;
+  const what = cfgGroups === 2 ? ` in each of 2 CFG groups` : '';
   if (needed > workers.length)
     throw new Error(
-      `${stages} pipeline stages of ${degree} worker${degree === 1 ? '' : 's'} need ${needed} workers but ` +
+      `${stages} pipeline stages of ${degree} worker${degree === 1 ? '' : 's'}${what} need ${needed} workers but ` +
         `${workers.length} ${workers.length === 1 ? 'is' : 'are'} live: ` +
         'ask for fewer stages, or open more worker pages',
     );
   const hosts = workers.slice(0, needed);
   const measured = hosts.every((w) => w.flops !== null && w.flops > 0);
-  const groups = Array.from({ length: stages }, (_, s) => hosts.slice(s * degree, (s + 1) * degree));
+  const groups = Array.from({ length: stages }, (_, s) => hosts.slice(s * members, (s + 1) * members));
   const plan = cutStages(
     stagedModel(model, weightType),
     groups.map((members) => ({

@@ -59,7 +59,7 @@ const USAGE = [
     '(networks that block UDP; tests)',
   "  [--stages S]   pooled memory: the transformer's blocks cut into S pipeline stages, each on N/S worker tabs " +
     "holding only its stage's weights",
-  '                     (Ulysses among them; N is S unless --workers says)',
+  '                     (Ulysses among them; N is S unless --workers says; with --cfg-parallel each group runs the S)',
   "  [--weights float16|float32]   how every worker holds the blocks' weights: float16 halves them (a stage holds " +
     'twice the blocks;',
   '                     ~2e-4 of the output from float32); unset: float16 on WebGPU with shader-f16, else float32',
@@ -147,14 +147,16 @@ const weightType =
       fail(`--weights is ${WEIGHT_TYPES.join(' or ')}, got ${JSON.stringify(values.weights)}`));
 const stages = Number(values.stages);
 if (!Number.isInteger(stages) || stages < 1) fail(`--stages must be a whole number ≥ 1, got ${values.stages}`);
-const workers = Number(values.workers ?? stages);
-if (!Number.isInteger(workers) || workers < 1) fail(`--workers must be a whole number ≥ 1, got ${values.workers}`);
 const cfgParallel = values['cfg-parallel'];
-if (stages > 1 && (values.backend !== 'swarm' || workers % stages || cfgParallel))
+// with CFG parallel each of the two groups runs every stage
+const stageTabs = stages * (cfgParallel ? 2 : 1);
+const workers = Number(values.workers ?? stageTabs);
+if (!Number.isInteger(workers) || workers < 1) fail(`--workers must be a whole number ≥ 1, got ${values.workers}`);
+if (stages > 1 && (values.backend !== 'swarm' || workers % stageTabs))
   fail(
-    `--stages ${stages} runs each stage on the same number of worker tabs: it needs --backend swarm, ` +
-      `--workers a multiple of ${stages} (${stages} without --workers) and no --cfg-parallel, ` +
-      `got ${values.backend} with ${workers}${cfgParallel ? ' and --cfg-parallel' : ''}`,
+    `--stages ${stages} runs each stage on the same number of worker tabs: it needs --backend swarm and ` +
+      `--workers a multiple of ${stageTabs}${cfgParallel ? ' (the stages × the two CFG groups)' : ''} ` +
+      `(${stageTabs} without --workers), got ${values.backend} with ${workers}`,
   );
 const warmupSteps = values['warmup-steps'] === undefined ? undefined : Number(values['warmup-steps']);
 if (warmupSteps !== undefined && !(Number.isInteger(warmupSteps) && warmupSteps >= 0 && values.displaced))

@@ -229,7 +229,9 @@ describe('the stages of a placement', () => {
       '5 pipeline stages of a model of 4 blocks: each stage holds at least one block, so at most 4 stages',
     );
     expect(() => plan({ stages: 1.5 }, workers(2))).toThrow('stages is a whole number ≥ 1 of pipeline stages, got 1.5');
-    expect(() => plan({ stages: 2, cfgParallel: true }, workers(4))).toThrow('do not run CFG parallel yet');
+    expect(() => plan({ stages: 2, cfgParallel: true }, workers(3))).toThrow(
+      '2 pipeline stages of 1 worker in each of 2 CFG groups need 4 workers but 3 are live',
+    );
     expect(() => plan({ stages: 2, spotCheckRate: 0.1 }, workers(4))).toThrow('ask spotCheckRate 0 with stages');
     expect(() =>
       planPlacement(
@@ -359,6 +361,41 @@ describe('the executor through pipeline stages', () => {
     // each stage's ranks exchanged within their stage, every block of theirs
     expect(staged.ranks.map((r) => r.rank)).toEqual([0, 1, 2, 3]);
     for (const rank of staged.ranks) expect(rank.bytesSent).toBeGreaterThan(0);
+    await Promise.all([executor.shutdown({ graceMs: 500 }), unstaged.shutdown({ graceMs: 500 })]);
+  });
+
+  it("with CFG parallel each group's mesh runs the stages, at once with the other's: the velocity of two groups holding everything, to the bit", async () => {
+    const placed = plan({ stages: 2, cfgParallel: true }, workers(5));
+    expect(placed.layout).toMatchObject({ world: 4, ulyssesDegree: 1, cfgGroups: 2, stages: 2 });
+    // a stage's workers are group 0's then group 1's; the ranks group after group, each's stages in turn
+    expect(placed.stages?.map((s) => s.workers)).toEqual([
+      ['w0', 'w1'],
+      ['w2', 'w3'],
+    ]);
+    expect(placed.workers.map((w) => w.id)).toEqual(['w0', 'w2', 'w1', 'w3']);
+    expect([0, 1, 2, 3].map((rank) => loadArgsOf(placed, rank).blocks?.from)).toEqual([0, 2, 0, 2]);
+
+    const { executor, loads } = await started(new RankLayout(1, 2, null, 2), { stages: 2, cfgParallel: true });
+    expect(loads.map((b) => b?.from)).toEqual([0, 1, 0, 1]);
+    const at = { job: 3, step: 0, timestep: 600, latent };
+    const staged = await executor.velocity(at, 5);
+    const { executor: unstaged } = await started(new RankLayout(1, 2), { cfgParallel: true, spotCheckRate: 0 });
+    expect(maxAbsDiff(staged.velocity, (await unstaged.velocity(at, 5)).velocity)).toBe(0);
+    // group 1's first stage (rank 2) takes the unconditional pass while group 0's (rank 0) computes the conditional one
+    executor.fault = (_rank, method) => (method === 'executeModel' ? { delayMs: 50 } : null);
+    executor.forwards.length = 0;
+    await executor.velocity({ ...at, step: 1 }, 5);
+    const when = (rank: number, event: 'start' | 'end') =>
+      executor.forwards.findIndex((f) => f.rank === rank && f.event === event);
+    expect(when(2, 'start')).toBeLessThan(when(0, 'end'));
+    expect(executor.forwards.filter((f) => f.event === 'start').map((f) => [f.rank, f.pass])).toEqual(
+      expect.arrayContaining([
+        [0, 0],
+        [1, 0],
+        [2, 1],
+        [3, 1],
+      ]),
+    );
     await Promise.all([executor.shutdown({ graceMs: 500 }), unstaged.shutdown({ graceMs: 500 })]);
   });
 
