@@ -49,7 +49,7 @@ export interface BlockCostOptions {
 export const SMOKE_BLOCK_COST: BlockCostOptions = { model: SMOKE_MODEL_DIR, tokens: 16, runs: 1 };
 
 export async function runBlockCost(o: BlockCostOptions) {
-  ensureFullSizeModel(o.model);
+  await ensureFullSizeModel(o.model);
   ort.env.wasm.numThreads = 1;
   const files = folderFiles(o.model);
   const config = parseWanConfig(await readJson(files, TRANSFORMER_CONFIG), TRANSFORMER_CONFIG);

@@ -55,7 +55,7 @@ export const SMOKE_FULL_SIZE: FullSizeOptions = {
 };
 
 export async function runFullSize(o: FullSizeOptions) {
-  ensureFullSizeModel(o.model);
+  await ensureFullSizeModel(o.model);
   const config = JSON.parse(readFileSync(join(o.model, 'transformer/config.json'), 'utf8')) as { num_layers: number };
   const promptEmbeds = randomPromptEmbeds(o.model);
   const started = Date.now();

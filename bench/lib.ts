@@ -1,7 +1,7 @@
 // What every benchmark shares: the bench-size model, the probe page, where reports go and what
 // they record about the machine.
 import { spawnSync } from 'node:child_process';
-import { existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { cpus, loadavg, totalmem } from 'node:os';
 import { dirname, extname, join, normalize, relative } from 'node:path';
 import type { BrowserContext, Page } from '@playwright/test';
@@ -24,17 +24,42 @@ export const APP_MODEL_PATH = '/models/tiny-wan';
 
 export const log = (line: string) => console.error(`[bench] ${line}`);
 
-/** Writes the full-size model (make-model --preset wan2.1-t2v-1.3b, 5.7 GB) into `dir` unless it is there. */
-export function ensureFullSizeModel(dir: string): void {
-  if (existsSync(join(dir, 'transformer/config.json'))) return;
-  log(`writing the full-size model into ${dir} (make-model --preset wan2.1-t2v-1.3b, 5.7 GB)…`);
-  const made = spawnSync(
-    process.execPath,
-    ['--import', 'tsx', 'server/cli/make-model.ts', '--preset', 'wan2.1-t2v-1.3b', '--out', dir],
-    { cwd: ROOT, stdio: 'inherit' },
-  );
-  if (made.status !== 0) throw new Error(`make-model failed with status ${made.status}`);
+/**
+ * Writes a model folder whole or not at all, unless `dir` holds `done` (a file written last): `write` fills a folder
+ * beside it, renamed to `dir` once written, so a run cut short leaves nothing a later run would take as the model.
+ */
+export async function ensureFolder(
+  dir: string,
+  done: string,
+  write: (into: string) => void | Promise<void>,
+): Promise<void> {
+  if (existsSync(join(dir, done))) return;
+  const partial = `${dir}.partial`;
+  rmSync(partial, { recursive: true, force: true });
+  try {
+    await write(partial);
+    rmSync(dir, { recursive: true, force: true });
+    renameSync(partial, dir);
+  } finally {
+    rmSync(partial, { recursive: true, force: true });
+  }
 }
+
+/** make-model's `preset` into `dir` unless it is there (ensureFolder), saying what it writes. */
+export function ensurePreset(preset: string, dir: string, size: string): Promise<void> {
+  return ensureFolder(dir, 'transformer/config.json', (into) => {
+    log(`writing ${dir} (make-model --preset ${preset}, ${size})…`);
+    const made = spawnSync(
+      process.execPath,
+      ['--import', 'tsx', 'server/cli/make-model.ts', '--preset', preset, '--out', into],
+      { cwd: ROOT, stdio: 'inherit' },
+    );
+    if (made.status !== 0) throw new Error(`make-model --preset ${preset} failed with status ${made.status}`);
+  });
+}
+
+/** Writes the full-size model (make-model --preset wan2.1-t2v-1.3b, 5.7 GB) into `dir` unless it is there. */
+export const ensureFullSizeModel = (dir: string): Promise<void> => ensurePreset('wan2.1-t2v-1.3b', dir, '5.7 GB');
 
 /** rows of a prompt embedding: WanPipeline pads every prompt to 512 */
 export const TEXT_TOKENS = 512;
@@ -52,17 +77,9 @@ export function randomPromptEmbeds(dir: string): { shape: number[]; base64: stri
 }
 
 /** The bench model's transformer config, after writing the model if it is not there yet. */
-export function ensureBenchModel(): WanConfig {
+export async function ensureBenchModel(): Promise<WanConfig> {
+  await ensurePreset('bench', BENCH_MODEL_DIR, 'the bench model');
   const configPath = join(BENCH_MODEL_DIR, 'transformer/config.json');
-  if (!existsSync(configPath)) {
-    log('writing the bench model (make-model --preset bench)…');
-    const made = spawnSync(
-      process.execPath,
-      ['--import', 'tsx', 'server/cli/make-model.ts', '--preset', 'bench', '--out', BENCH_MODEL_DIR],
-      { cwd: ROOT, stdio: 'inherit' },
-    );
-    if (made.status !== 0) throw new Error(`make-model --preset bench failed with status ${made.status}`);
-  }
   return parseWanConfig(JSON.parse(readFileSync(configPath, 'utf8')), configPath);
 }
 

@@ -81,7 +81,7 @@ async function preloaded(page: Page, after: number): Promise<TabLoad> {
 }
 
 export async function runLoad(o: LoadOptions) {
-  ensureFullSizeModel(o.model);
+  await ensureFullSizeModel(o.model);
   const started = Date.now();
   const quiet = await waitForQuietMachine();
   const swarm = await startLocalSwarm({

@@ -47,7 +47,7 @@ declare const bench: {
 
 export async function runLocalOverhead(options: Partial<OverheadOptions> = {}) {
   const o = { ...DEFAULT_OVERHEAD, ...options };
-  const model = ensureBenchModel();
+  const model = await ensureBenchModel();
   await buildBenchPages();
   const shape = latentShape(o, model.inChannels);
   const tokens = tokenGrid(model, shape).count;

@@ -66,7 +66,7 @@ interface RankReport {
 
 export async function runScaling(options: Partial<ScalingOptions> = {}) {
   const o = { ...DEFAULT_SCALING, ...options };
-  const model = ensureBenchModel();
+  const model = await ensureBenchModel();
   await buildBenchPages();
   const shape = latentShape(o, model.inChannels);
   const tokens = tokenGrid(model, shape).count;

@@ -186,7 +186,7 @@ function demoAccuracy(
 
 export async function runSlowLink(options: Partial<SlowLinkOptions> = {}) {
   const o = { ...DEFAULT_SLOW_LINK, ...options };
-  const model = ensureBenchModel();
+  const model = await ensureBenchModel();
   await buildBenchPages();
   const tokens = tokenGrid(model, latentShape(o, model.inChannels)).count;
   const target = projectedExchangeRatio();

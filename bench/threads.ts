@@ -36,7 +36,7 @@ export const SMOKE_THREADS: Partial<Pick<JobParams, JobFlag>> = { frames: 1, hei
 
 export async function runThreads(options: Partial<Pick<JobParams, JobFlag>> = {}) {
   const o = { ...DEFAULT_SCALING, ...options };
-  const model = ensureBenchModel();
+  const model = await ensureBenchModel();
   await buildBenchPages();
   const tokens = tokenGrid(model, latentShape(o, model.inChannels)).count;
   log(`threads: bench-wan (D ${model.dim}, ${model.numLayers} blocks), ${tokens} tokens, ${o.steps} steps, P = 1`);

@@ -67,7 +67,7 @@ export const SMOKE_UNEVEN: Partial<UnevenOptions> = {
 
 export async function runUneven(options: Partial<UnevenOptions> = {}) {
   const o = { ...DEFAULT_UNEVEN, ...options };
-  const model = ensureBenchModel();
+  const model = await ensureBenchModel();
   await buildBenchPages();
   const tokens = tokenGrid(model, latentShape(o, model.inChannels)).count;
   log(

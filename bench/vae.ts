@@ -9,7 +9,7 @@
 //
 //   npm run bench -- vae [--model DIR] [--only parity|tile] [--tile-frames 2]
 
-import { cpSync, existsSync, rmSync } from 'node:fs';
+import { cpSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import * as ort from 'onnxruntime-web';
@@ -25,8 +25,9 @@ import { FEW_LAYERS_MODEL_DIR, folderFiles, writeWanVaeFolder } from '../server/
 import { WAN21_T2V_1_3B } from '../server/wan21-layout.ts';
 import { LOCAL_MODEL_PATH } from '../server/serve.ts';
 import {
+  ensureFolder,
+  ensurePreset,
   OUT_DIR,
-  ROOT,
   SMOKE_MODEL_DIR,
   isMain,
   log,
@@ -37,7 +38,6 @@ import {
   waitForQuietMachine,
   writeReport,
 } from './lib.ts';
-import { spawnSync } from 'node:child_process';
 
 /** the issue's bound: the graphs against the reference on the full-width VAE */
 const MAX_ABS_ERROR = 1e-3;
@@ -49,17 +49,6 @@ export interface VaeBenchOptions {
   tileFrames: number;
 }
 
-function ensureModel(dir: string): void {
-  if (existsSync(join(dir, 'vae/diffusion_pytorch_model.safetensors'))) return;
-  log(`writing the published layout into ${dir} (make-model --preset wan2.1-few-layers, 4.3 GB)…`);
-  const made = spawnSync(
-    process.execPath,
-    ['--import', 'tsx', 'server/cli/make-model.ts', '--preset', 'wan2.1-few-layers', '--out', dir],
-    { cwd: ROOT, stdio: 'inherit' },
-  );
-  if (made.status !== 0) throw new Error(`make-model failed with status ${made.status}`);
-}
-
 /**
  * `npm run bench -- --smoke`'s model: the bundled tiny model with Wan2.1's VAE in its layout at base width 8 (the
  * unit tests' narrow VAE), written on demand. A whole folder, not `vae/` alone: a decode still opens the folder's
@@ -69,12 +58,12 @@ const SMOKE_VAE_DIR = join(OUT_DIR, 'models/smoke-wan-vae');
 export const SMOKE_VAE: VaeBenchOptions = { model: SMOKE_VAE_DIR, parts: ['parity', 'tile'], tileFrames: 1 };
 
 /** Writes the smoke run's model into SMOKE_VAE_DIR unless it is there. */
-export async function ensureSmokeVae(): Promise<void> {
-  const weights = join(SMOKE_VAE_DIR, 'vae/diffusion_pytorch_model.safetensors');
-  if (existsSync(weights)) return;
-  cpSync(SMOKE_MODEL_DIR, SMOKE_VAE_DIR, { recursive: true });
-  rmSync(weights);
-  await writeWanVaeFolder(SMOKE_VAE_DIR, { ...WAN21_T2V_1_3B.vae, base_dim: 8 }, { seed: 'smoke' });
+export function ensureSmokeVae(): Promise<void> {
+  return ensureFolder(SMOKE_VAE_DIR, 'vae/diffusion_pytorch_model.safetensors', async (into) => {
+    cpSync(SMOKE_MODEL_DIR, into, { recursive: true });
+    rmSync(join(into, 'vae/diffusion_pytorch_model.safetensors'));
+    await writeWanVaeFolder(into, { ...WAN21_T2V_1_3B.vae, base_dim: 8 }, { seed: 'smoke' });
+  });
 }
 
 const latentOf = (shape: number[], seed: number): Tensor => ({
@@ -172,7 +161,7 @@ async function tile(model: string, latentFrames: number) {
 }
 
 export async function runVae(o: VaeBenchOptions) {
-  ensureModel(o.model);
+  await ensurePreset('wan2.1-few-layers', o.model, '4.3 GB');
   const started = Date.now();
   const report = {
     config: o,
