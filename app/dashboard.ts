@@ -5,6 +5,7 @@ import {
   FEW_STEP_SAMPLING,
   DEFAULT_MODEL_URL,
   encodeWebM,
+  loadFormModel,
   loadJobDefaults,
   loadModelConfig,
   openJobQueue,
@@ -221,11 +222,12 @@ async function readModel(): Promise<void> {
   const model = readForm().placement.model;
   modelHeads = null;
   try {
-    const [config, defaults] = await Promise.all([loadModelConfig(model), loadJobDefaults(model)]);
+    const { config, noJobs, defaults } = await loadFormModel(model);
     if (model !== readForm().placement.model) return; // changed again meanwhile: the newer read fills the form
-    modelHeads = config.numHeads;
+    modelHeads = config?.numHeads ?? null;
     showDefaults(defaults);
     showErrors(checkJobParams(readForm().params));
+    if (noJobs) $('status').textContent = `The model ${model}: ${noJobs}.`;
   } catch (e) {
     $('status').textContent = `The model ${model} cannot be read: ${(e as Error).message}`;
   }

@@ -9,7 +9,7 @@ import { JobQueue, type RunJob } from './job-queue.ts';
 import { IdbJobStore, type JobStore } from './job-store.ts';
 import { Swarm, type SwarmIdentity } from './swarm.ts';
 
-export { createPipeline, DEFAULT_MODEL_URL, loadJobDefaults, loadModelConfig } from './pipeline.ts';
+export { createPipeline, DEFAULT_MODEL_URL, loadFormModel, loadJobDefaults, loadModelConfig } from './pipeline.ts';
 export { WAN_SIZES } from '../core/model/wan-pipeline.ts';
 export type {
   GenerateReport,

@@ -229,7 +229,18 @@ export async function loadModelConfig(model: string = DEFAULT_MODEL_URL): Promis
  * DEFAULT_JOB for the tiny ones (a form fills itself with it).
  */
 export async function loadJobDefaults(model: string = DEFAULT_MODEL_URL): Promise<JobParams> {
-  return (await loadWanPipelineParts(fetchModelFiles(new URL(model, pageUrl()).href))).defaults;
+  return (await loadFormModel(model)).defaults;
+}
+
+/**
+ * What a form shows of a model folder: its transformer's config, or why it runs no job (a folder holding only vae/
+ * decodes), and its job defaults.
+ */
+export async function loadFormModel(
+  model: string = DEFAULT_MODEL_URL,
+): Promise<{ config: WanConfig | null; noJobs: string | null; defaults: JobParams }> {
+  const { config, defaults } = await loadWanPipelineParts(fetchModelFiles(new URL(model, pageUrl()).href));
+  return { config, noJobs: config ? null : MISSING_PARTS.transformer, defaults };
 }
 
 export type { StepProgress } from './denoising.ts';
