@@ -155,6 +155,56 @@ describe('UniPC as Wan2.1 configures it', () => {
   });
 });
 
+describe('UniPC state, as a checkpoint keeps it', () => {
+  const orders = (config: ConstructorParameters<typeof UniPCMultistepScheduler>[0], steps: number) => {
+    const scheduler = new UniPCMultistepScheduler(config);
+    scheduler.setTimesteps(steps);
+    let x: Float32Array = Float32Array.of(0.3, -1.2);
+    const seen: [thisOrder: number, lowerOrderNums: number, outputs: number][] = [];
+    for (const [i, t] of scheduler.timesteps.entries()) {
+      x = scheduler.step(model(x, i), t, x).prevSample;
+      const { thisOrder, lowerOrderNums, outputs } = scheduler.state;
+      seen.push([thisOrder, lowerOrderNums, outputs.filter(Boolean).length]);
+    }
+    return seen;
+  };
+
+  it('starts empty, and empty again at each setTimesteps', () => {
+    const fresh = { outputs: [null, null], lastSample: null, lowerOrderNums: 0, thisOrder: 0 };
+    const scheduler = new UniPCMultistepScheduler(WAN);
+    expect(scheduler.state).toEqual(fresh);
+    expect(new UniPCMultistepScheduler({ solverOrder: 1 }).state.outputs).toEqual([null]);
+    scheduler.setTimesteps(4);
+    const x = Float32Array.of(0.3, -1.2);
+    scheduler.step(model(x, 0), scheduler.timesteps[0], x);
+    scheduler.step(model(x, 1), scheduler.timesteps[1], x);
+    expect(scheduler.state).toMatchObject({ lowerOrderNums: 2, thisOrder: 2 });
+    scheduler.setTimesteps(4);
+    expect(scheduler.state).toEqual(fresh);
+  });
+
+  it('warms up to its order, drops to first order on the last step where lowerOrderFinal asks it, and keeps solverOrder outputs', () => {
+    expect(orders(WAN, 5)).toEqual([
+      [1, 1, 1],
+      [2, 2, 2],
+      [2, 2, 2],
+      [2, 2, 2],
+      [1, 2, 2],
+    ]);
+    expect(orders({ solverOrder: 2, lowerOrderFinal: false }, 4)).toEqual([
+      [1, 1, 1],
+      [2, 2, 2],
+      [2, 2, 2],
+      [2, 2, 2],
+    ]);
+    expect(orders({ solverOrder: 1 }, 3)).toEqual([
+      [1, 1, 1],
+      [1, 1, 1],
+      [1, 1, 1],
+    ]);
+  });
+});
+
 describe("a folder's scheduler_config.json", () => {
   it("Wan2.1's is UniPC of order 2 with its flow shift; what ditswarm does not run is refused by name", async () => {
     const { parseSchedulerConfig } = await import('../../core/model/wan-pipeline.ts');
