@@ -572,6 +572,22 @@ describe("a model folder's weights kept in the browser (cachedModelFiles)", () =
     await last.close();
   });
 
+  it('after a failed write the file stays off the disk for the rest of the load, even where the disk has room again', async () => {
+    const browser = fakeBrowser();
+    const weights = bytesOf(1000);
+    browser.served.set(url, { bytes: weights, etag: '"v1"' });
+    const files = cachedModelFiles('http://x/m');
+    await files.readRange(path, 0, 100);
+    browser.state.failWrites = true;
+    await files.readRange(path, 100, 200);
+    browser.state.failWrites = false;
+    // a range read twice after the failure comes from the network both times: nothing more was written
+    expect(await files.readRange(path, 200, 300)).toEqual(weights.slice(200, 300));
+    expect(await files.readRange(path, 200, 300)).toEqual(weights.slice(200, 300));
+    expect(files.source()).toMatchObject({ networkBytes: 400, cacheBytes: 0 });
+    await files.close();
+  });
+
   it('a kept file whose list of ranges was cut short by a closed tab starts again', async () => {
     const browser = fakeBrowser();
     const weights = bytesOf(1000);
