@@ -103,6 +103,7 @@ function numericCharRef(ref: string): string {
 // Python's _invalid_codepoints (C1 controls were answered above).
 function isInvalidCodePoint(code: number): boolean {
   return (
+    // Stryker disable next-line ConditionalExpression: code 0 was answered above, so code >= 0x1 holds here
     (code >= 0x1 && code <= 0x8) ||
     code === 0xb ||
     (code >= 0xe && code <= 0x1f) ||
@@ -175,14 +176,11 @@ class WordSplittingMetaspace extends MetaspacePreTokenizer {
     text: string,
     options?: Parameters<MetaspacePreTokenizer['pre_tokenize_text']>[1],
   ): string[] {
-    return super.pre_tokenize_text(text, options).flatMap((spaced) =>
-      // Stryker disable next-line MethodExpression: the Unigram model makes no token of '' (dropped for tidiness)
-      spaced
-        .split(this.replacement)
-        .map((word, i) => (i === 0 ? word : this.replacement + word))
-        // Stryker disable next-line ConditionalExpression,StringLiteral: Unigram makes no token of '' either
-        .filter((word) => word !== ''),
-    );
+    return super.pre_tokenize_text(text, options).flatMap((spaced) => {
+      const words = spaced.split(this.replacement).map((word, i) => (i === 0 ? word : this.replacement + word));
+      // Stryker disable next-line MethodExpression,ConditionalExpression,StringLiteral: Unigram makes no token of ''
+      return words.filter((word) => word !== '');
+    });
   }
 }
 

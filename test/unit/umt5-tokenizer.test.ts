@@ -135,7 +135,13 @@ describe('Umt5Tokenizer.encode', () => {
     expect(() => new Umt5Tokenizer({ ...t5, post_processor: { ...t5Template, single: clsFirst } })).toThrow(
       `${expected}; it is ${JSON.stringify(clsFirst)}`,
     );
-    for (const special_tokens of [{}, { '</s>': { id: '</s>' } }, { '</s>': { id: '</s>', ids: [1.5] } }, undefined])
+    for (const special_tokens of [
+      {},
+      { '</s>': { id: '</s>' } },
+      { '</s>': { id: '</s>', ids: [1.5] } },
+      { '</s>': { id: '</s>', ids: [1, 1.5] } },
+      undefined,
+    ])
       expect(
         () => new Umt5Tokenizer({ ...t5, post_processor: { ...t5Template, special_tokens } }),
         JSON.stringify(special_tokens),
