@@ -55,6 +55,20 @@ describe('UniPC as Wan2.1 configures it', () => {
     schedule.sigmas.forEach((s, i) => expect(s).toBeCloseTo(DIFFUSERS.sigmas[i], 7));
   });
 
+  it("defaults to diffusers' config: 1000 train timesteps, order 2, lower order at the end, no shift", () => {
+    const config = { numTrainTimesteps: 1000, solverOrder: 2, lowerOrderFinal: true, flowShift: 1 };
+    expect(new UniPCMultistepScheduler().config).toEqual(config);
+  });
+
+  it("ends its sigmas' linspace exactly at 1/1000, as numpy's does: the first timestep is 999 at any step count", () => {
+    // start + j·step reaches 1/1000 only to within rounding, at some step counts just below 999 once scaled
+    for (let steps = 1; steps <= 60; steps++) {
+      const scheduler = new UniPCMultistepScheduler();
+      scheduler.setTimesteps(steps);
+      expect(scheduler.timesteps[0], `${steps} steps`).toBe(999);
+    }
+  });
+
   it("has diffusers' timesteps and sigmas for 50 steps at shift 3.0 (480p) and 5.0 (720p)", () => {
     // numpy's set_timesteps(50) with use_flow_sigmas (scheduling_unipc_multistep.py): every timestep, every 7th sigma
     const expected = {
