@@ -221,8 +221,16 @@ describe('the step cache, to the letter', () => {
       ['keep', 'keep'],
       ['keep', 'keep'],
     ]);
-    // an error of exactly the threshold is too much: 1 − 0.95 = 0.05 against 0.05
-    expect(cacheSchedule(flat, { ...settings, threshold: 0.05 }, 3, 1)).toEqual([['keep'], ['keep'], ['keep']]);
+    // an error of exactly the threshold is too much: 1 − 0.5 against 0.5
+    const halves = { ...flat, ratios: [Array(6).fill(0.5), Array(6).fill(0.5)] as [number[], number[]] };
+    expect(cacheSchedule(halves, { ...settings, threshold: 0.5 }, 3, 1)).toEqual([['keep'], ['keep'], ['keep']]);
+    // the ratios multiply: 0.5 then 0.25 (errors 0.5, 0.5 + 0.75), then 0.125 is past 1.3
+    expect(cacheSchedule(halves, { ...settings, threshold: 1.3, maxSkips: 3, finalSteps: 0 }, 4, 1)).toEqual([
+      ['keep'],
+      ['reuse'],
+      ['reuse'],
+      ['keep'],
+    ]);
     // read at 11 steps, the 6-step curve is stretched (the same values: flat), not refused
     expect(
       cacheSchedule(flat, settings, 11, 1)
@@ -266,7 +274,7 @@ describe('the step cache, to the letter', () => {
 
   it("reads the command line's --cache and --cache-threshold", () => {
     expect(parseCacheFlags(undefined, undefined)).toBeUndefined();
-    expect(parseCacheFlags('magcache', undefined)).toEqual({ method: 'magcache' });
+    expect(parseCacheFlags('magcache', undefined)).toStrictEqual({ method: 'magcache' }); // no threshold: undefined
     expect(parseCacheFlags('magcache', '0')).toEqual({ method: 'magcache', threshold: 0 });
     expect(parseCacheFlags('off', undefined)).toBe('off');
     expect(parseCacheFlags('calibrate', undefined)).toBe('calibrate');
