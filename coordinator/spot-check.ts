@@ -65,6 +65,7 @@ export function forwardCheckRates(rate: number, steps: number, passes: number): 
 export function catchProbability(rates: number[], lies: number, chosen: 'uniform' | 'last', world: number): number {
   if (!(Number.isInteger(lies) && lies >= 0 && lies <= rates.length))
     throw new RangeError(`a liar lies on 0 to ${rates.length} forwards of this job, not ${lies}`);
+  // Stryker disable next-line ConditionalExpression,EqualityOperator: jobs have ranks; at 1 (world − 1)/world is 0
   const honestChecker = world > 1 ? (world - 1) / world : 0;
   const escapes = rates.map((r) => 1 - r * honestChecker); // a lie on that forward goes unseen
   if (chosen === 'last') return 1 - escapes.slice(rates.length - lies).reduce((p, e) => p * e, 1);

@@ -66,6 +66,7 @@ export function blendTiles(tiles: VaeTile[], decoded: Frames[], h: number, w: nu
     const at = (f: Frames, t: number, c: number, y: number, x: number) => ((t * C + c) * f.height + y) * f.width + x;
     if (above) {
       const extent = Math.min(above.height, b.height, blend);
+      // Stryker disable next-line EqualityOperator: t = F writes past the end of a typed array, which does nothing
       for (let t = 0; t < F; t++)
         for (let c = 0; c < C; c++)
           for (let y = 0; y < extent; y++)
@@ -76,6 +77,7 @@ export function blendTiles(tiles: VaeTile[], decoded: Frames[], h: number, w: nu
     }
     if (left) {
       const extent = Math.min(left.width, b.width, blend);
+      // Stryker disable next-line EqualityOperator: t = F writes past the end of a typed array, which does nothing
       for (let t = 0; t < F; t++)
         for (let c = 0; c < C; c++)
           for (let y = 0; y < b.height; y++)
@@ -86,9 +88,12 @@ export function blendTiles(tiles: VaeTile[], decoded: Frames[], h: number, w: nu
     }
     // the part of this tile the video keeps: up to the stride (all of it when it is the only one)
     const [y0, x0] = [tile.y * SCALE_FACTOR_SPATIAL, tile.x * SCALE_FACTOR_SPATIAL];
+    // Stryker disable next-line ArithmeticOperator: tilesOf's tiles end in the latent: H − y0 ≥ b.height
     const keepH = single ? b.height : Math.min(tiling.stride, b.height, H - y0);
+    // Stryker disable next-line ArithmeticOperator: tilesOf's tiles end in the latent: W − x0 ≥ b.width
     const keepW = single ? b.width : Math.min(tiling.stride, b.width, W - x0);
     for (let t = 0; t < F; t++)
+      // Stryker disable next-line EqualityOperator: c = C writes past the end of a typed array, which does nothing
       for (let c = 0; c < C; c++)
         for (let y = 0; y < keepH; y++)
           for (let x = 0; x < keepW; x++)

@@ -167,3 +167,131 @@ describe('spot checks', () => {
     ).toMatchObject({ convicted: [5], why: stringMatching(/its own recomputation/) });
   });
 });
+
+describe('spot checks, to the exact number', () => {
+  it('never check at rate 0, even on a draw of exactly 0; a draw equal to the rate is not under it', () => {
+    expect(spotCheckDraw(0, () => 0)({ step: 5, steps: 6 })).toBe(false);
+    expect(spotCheckDraw(1 / 16, () => 1 / 16)({ step: 0, steps: 20 })).toBe(false);
+    expect(spotCheckDraw(1 / 16, () => 1 / 16 - 2 ** -32)({ step: 0, steps: 20 })).toBe(true);
+  });
+
+  it('widen the tolerance as the transport coarsens: 2e-3 for floats, 8e-3 for int8, 3e-2 for int4', () => {
+    expect(spotCheckTolerance('f32')).toBe(2e-3);
+    expect(spotCheckTolerance('f16')).toBe(2e-3);
+    expect(spotCheckTolerance('i8')).toBe(8e-3);
+    expect(spotCheckTolerance('i4')).toBe(3e-2);
+  });
+
+  it('pick a checker from the ranks not out, by the draw; none when every rank is out', () => {
+    expect(pickChecker(3, [0, 1, 2], () => 0)).toBeNull();
+    expect(pickChecker(0, [], () => 0)).toBeNull();
+    expect(pickChecker(5, [1, 3], () => 0)).toBe(0);
+    expect(pickChecker(5, [1, 3], () => 0.5)).toBe(2);
+    expect(pickChecker(5, [1, 3], () => 0.999)).toBe(4);
+  });
+
+  it('give the exact odds of a liar on forwards of unequal rates, uniform or last, and none for no lies or one rank', () => {
+    // an honest checker half the time (world 2); escapes 0.5, 1, 0.75: the pairs escape 0.5, 0.375, 0.75
+    expect(catchProbability([1, 0, 0.5], 2, 'uniform', 2)).toBeCloseTo(1 - 1.625 / 3, 12);
+    expect(catchProbability([1, 0, 0.5], 1, 'uniform', 2)).toBeCloseTo(1 - 2.25 / 3, 12);
+    expect(catchProbability([1, 0, 0.5], 1, 'last', 2)).toBeCloseTo(0.25, 12);
+    expect(catchProbability([1, 0, 0.5], 2, 'last', 3)).toBeCloseTo(1 / 3, 12);
+    expect(catchProbability([1, 0, 0.5], 3, 'uniform', 4)).toBeCloseTo(1 - 0.25 * 1 * 0.625, 12);
+    expect(catchProbability([1, 0.5], 0, 'uniform', 3)).toBe(0);
+    expect(catchProbability([1, 0.5], 0, 'last', 3)).toBe(0);
+    expect(catchProbability([1, 1], 2, 'last', 1)).toBe(0); // a liar alone checks itself
+    expect(catchProbability([], 0, 'uniform', 2)).toBe(0);
+    for (const lies of [-1, 0.5, 3]) expect(() => catchProbability([1, 1], lies, 'uniform', 2)).toThrow(RangeError);
+  });
+
+  it('state the checks of every job shape: the final step checked, none for a job of no steps or at rate 0', () => {
+    const odds = spotCheckOdds(DEFAULT_SPOT_CHECK_RATE, 20, 2, 3);
+    expect(odds).toMatchObject({ rate: DEFAULT_SPOT_CHECK_RATE, finalStepsChecked: 1, meanRate: (19 / 16 + 1) / 20 });
+    expect(odds.catchOneForward).toBeCloseTo(((19 / 16 + 1) / 20) * (2 / 3), 12);
+    expect(odds.catchOneFinalForward).toBeCloseTo(2 / 3, 12);
+    expect(spotCheckOdds(0.5, 0, 2, 3)).toEqual({
+      rate: 0.5,
+      finalStepsChecked: 0,
+      meanRate: 0,
+      catchOneForward: 0,
+      catchOneFinalForward: 0,
+    });
+    expect(spotCheckOdds(0.5, 1, 1, 2)).toMatchObject({ finalStepsChecked: 1, meanRate: 1, catchOneForward: 0.5 });
+    expect(forwardCheckRates(0.25, 3, 2)).toEqual([0.25, 0.25, 0.25, 0.25, 1, 1]);
+  });
+
+  it('measure rows relative to the largest magnitude of the recomputation, or to 1 where all are smaller', () => {
+    const two = planUlysses({ numHeads: 4, headDim: 4 }, 2, 2); // a token each
+    expect(
+      rowDifferences(two, [Float32Array.of(0, 1), Float32Array.of(-4, 0)], Float32Array.of(0, 0, -4, 0), 2),
+    ).toEqual([0.25, 0]);
+    expect(rowDifferences(two, [Float32Array.of(0.5), Float32Array.of(0)], Float32Array.of(0.25, 0), 1)).toEqual([
+      0.25, 0,
+    ]);
+  });
+
+  // tokens 3/2/1, one value a token; the checker's rows have scale 1, every difference a power of 2
+  const rows = (...at: [number, number][]) => {
+    const r = Float32Array.of(1, 0, 0, 0, 0, 0);
+    for (const [i, v] of at) r[i] = v;
+    return r;
+  };
+  const parts = (r: Float32Array) => [r.slice(0, 3), r.slice(3, 5), r.slice(5, 6)];
+  const judge = (group: Float32Array, checker: Float32Array, third: Float32Array | null, checkerRank = 0) =>
+    judgeSpotCheck(
+      plan,
+      [4, 5, 6],
+      parts(group),
+      1,
+      { rank: checkerRank, rows: checker },
+      third && { rank: 1, rows: third },
+      0.25,
+    );
+
+  it('count a difference of exactly the tolerance as within it, for the group, the recomputations and the third alike', () => {
+    expect(judge(rows([3, 0.25]), rows(), null)).toEqual({ difference: 0.25, verdict: 'agreed' });
+    // the recomputations agree at exactly the tolerance: the rank alone goes
+    expect(judge(rows([3, 0.5]), rows(), rows([5, 0.25])).verdict).toMatchObject({ convicted: [5] });
+    // the group agrees with the third at exactly the tolerance: the checker alone goes
+    expect(judge(rows(), rows([3, 0.5]), rows([5, 0.25])).verdict).toMatchObject({ convicted: [0] });
+  });
+
+  it('say why in words: what differed, by how much, and who recomputed it', () => {
+    const what = 'its rows of the pass differ from a recomputation by 5.0e-1 of their scale';
+    expect(judge(rows([3, 0.5]), rows(), null)).toEqual({
+      difference: 0.5,
+      verdict: {
+        convicted: [5, 0],
+        why: `${what}, and no third rank could say whether the recomputation (rank 0) or the rank was wrong: both are let go`,
+      },
+    });
+    expect(judge(rows([3, 0.5]), rows(), null, 5)).toEqual({
+      difference: 0.5,
+      verdict: {
+        convicted: [5],
+        why: `${what}, and no third rank could say whether the recomputation (rank 5) or the rank was wrong: it recomputed its own`,
+      },
+    });
+    expect(judge(rows([3, 0.5]), rows(), rows()).verdict).toEqual({
+      convicted: [5],
+      why: `${what} (ranks 0 and 1 recomputed it alike)`,
+    });
+    expect(judge(rows(), rows([3, 0.5]), rows()).verdict).toEqual({
+      convicted: [0],
+      why: "its recomputation of the pass disagreed with its group and with rank 1's",
+    });
+    expect(judge(rows([3, 1]), rows([5, 0.5]), rows()).verdict).toEqual({
+      convicted: [5, 0],
+      why:
+        'its rows of the pass differ from a recomputation by 1.0e+0 of their scale, and the recomputations of ranks 0 and 1 disagree too: ' +
+        'both the rank and the first checker are let go',
+    });
+    expect(judge(rows([3, 0.5]), rows(), rows([5, 1]), 5)).toEqual({
+      difference: 0.5,
+      verdict: {
+        convicted: [5],
+        why: "its rows of the pass and its own recomputation of it disagree with each other and with rank 1's",
+      },
+    });
+  });
+});

@@ -162,6 +162,174 @@ describe('the step cache schedule (MagCache)', () => {
   });
 });
 
+describe('the step cache, to the letter', () => {
+  it('knows the published curves by their exact shape, and says whose they are', () => {
+    expect(publishedCurve({ dim: 1536, numLayers: 30 })?.source).toBe(
+      "MagCache's published Wan2.1-T2V-1.3B calibration",
+    );
+    expect(publishedCurve({ dim: 5120, numLayers: 40 })).toMatchObject({
+      method: 'magcache',
+      steps: 50,
+      source: "MagCache's published Wan2.1-T2V-14B calibration",
+    });
+    expect(publishedCurve({ dim: 5120, numLayers: 40 })?.ratios[0].slice(0, 3)).toEqual([1, 1.02504, 1.00025]);
+    expect(publishedCurve({ dim: 1536, numLayers: 40 })).toBeNull();
+    expect(publishedCurve({ dim: 5120, numLayers: 30 })).toBeNull();
+  });
+
+  it('rounds interpolation indices as numpy does: halves to even, the rest to nearest', () => {
+    // indices i·(n−1)/(length−1): 0.5 → 0, 1.5 → 2, 2.5 → 2, 3.5 → 4
+    expect(nearestInterp([0, 1, 2, 3, 4, 5, 6, 7], 3)).toEqual([0, 4, 7]); // 3.5 → 4
+    expect(nearestInterp([0, 1], 3)).toEqual([0, 0, 1]); // 0.5 → 0
+    expect(nearestInterp([0, 1, 2, 3], 3)).toEqual([0, 2, 3]); // 1.5 → 2
+    expect(nearestInterp([0, 1, 2, 3, 4, 5, 6, 7, 8, 9], 4)).toEqual([0, 3, 6, 9]);
+    expect(nearestInterp([0, 1, 2, 3, 4, 5, 6], 5)).toEqual([0, 2, 3, 4, 6]); // 1.5 → 2, 3, 4.5 → 4
+    expect(nearestInterp([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 7)).toEqual([0, 2, 3, 5, 7, 8, 10]); // 1.67 → 2, 3.33 → 3
+  });
+
+  it('keeps the retained first forwards, the final steps and any forward whose error or run of skips is too long', () => {
+    const flat = {
+      method: 'magcache' as const,
+      steps: 6,
+      ratios: [Array(6).fill(0.95), Array(6).fill(0.9)] as [number[], number[]],
+      source: 't',
+    };
+    const settings = { ...STEP_CACHE_DEFAULTS, threshold: 0.2, maxSkips: 2, retention: 0, finalSteps: 1 };
+    // conditional: errors 0.05, 0.05 + 0.0975 = 0.1475 (reuse, reuse), then a third skip: keep
+    // unconditional: 0.1 (reuse), 0.1 + 0.19 = 0.29 (keep)
+    expect(cacheSchedule(flat, settings, 6, 2)).toEqual([
+      ['keep', 'keep'],
+      ['reuse', 'reuse'],
+      ['reuse', 'keep'],
+      ['keep', 'reuse'],
+      ['reuse', 'keep'],
+      ['keep', 'keep'],
+    ]);
+    expect(cacheSchedule(flat, settings, 6, 1)).toEqual([
+      ['keep'],
+      ['reuse'],
+      ['reuse'],
+      ['keep'],
+      ['reuse'],
+      ['keep'],
+    ]);
+    // retention 0.25 of 12 forwards: the first 3 (step 0, and step 1's conditional); two final steps
+    expect(cacheSchedule(flat, { ...settings, retention: 0.25, finalSteps: 2 }, 6, 2)).toEqual([
+      ['keep', 'keep'],
+      ['keep', 'reuse'],
+      ['reuse', 'keep'],
+      ['reuse', 'reuse'],
+      ['keep', 'keep'],
+      ['keep', 'keep'],
+    ]);
+    // an error of exactly the threshold is too much: 1 − 0.5 against 0.5
+    const halves = { ...flat, ratios: [Array(6).fill(0.5), Array(6).fill(0.5)] as [number[], number[]] };
+    expect(cacheSchedule(halves, { ...settings, threshold: 0.5 }, 3, 1)).toEqual([['keep'], ['keep'], ['keep']]);
+    // the ratios multiply: 0.5 then 0.25 (errors 0.5, 0.5 + 0.75), then 0.125 is past 1.3
+    expect(cacheSchedule(halves, { ...settings, threshold: 1.3, maxSkips: 3, finalSteps: 0 }, 4, 1)).toEqual([
+      ['keep'],
+      ['reuse'],
+      ['reuse'],
+      ['keep'],
+    ]);
+    // read at 11 steps, the 6-step curve is stretched (the same values: flat), not refused
+    expect(
+      cacheSchedule(flat, settings, 11, 1)
+        .flat()
+        .filter((m) => m === 'reuse'),
+    ).toHaveLength(6);
+  });
+
+  it('resolves the bounds of a request inclusively, and fills what it leaves out from the defaults', () => {
+    const curve = publishedCurve({ dim: 1536, numLayers: 30 });
+    expect(resolveStepCache({ method: 'magcache' }, curve)).toEqual(STEP_CACHE_DEFAULTS);
+    expect(resolveStepCache({ method: 'magcache', threshold: 0, maxSkips: 1 }, curve)).toEqual({
+      ...STEP_CACHE_DEFAULTS,
+      threshold: 0,
+      maxSkips: 1,
+    });
+    expect(resolveStepCache({ method: 'magcache', threshold: 1, maxSkips: 10 }, curve)).toEqual({
+      ...STEP_CACHE_DEFAULTS,
+      threshold: 1,
+      maxSkips: 10,
+    });
+    expect(() => resolveStepCache({ method: 'magcache', threshold: -0.01 }, curve)).toThrow(
+      "the cache's threshold is a number from 0 to 1, got -0.01",
+    );
+    expect(() => resolveStepCache({ method: 'magcache', threshold: '0.1' } as never, curve)).toThrow(
+      `the cache's threshold is a number from 0 to 1, got "0.1"`,
+    );
+    expect(() => resolveStepCache({ method: 'magcache', maxSkips: 11 }, curve)).toThrow(
+      "the cache's maxSkips is a whole number from 1 to 10, got 11",
+    );
+    expect(() => resolveStepCache({ method: 'magcache', maxSkips: 1.5 }, curve)).toThrow(/got 1.5$/);
+    expect(() => resolveStepCache(null as never, curve)).toThrow(
+      `cache is 'off', 'auto' or { method: 'magcache', threshold }, got null`,
+    );
+    expect(() => resolveStepCache('on' as never, curve)).toThrow(`got "on"`);
+    expect(() => resolveStepCache({ method: 'magcache' }, null)).toThrow(
+      'the model has no magnitude curve for MagCache (step_cache.json in its folder): ' +
+        'run npm run calibrate-cache -- --model DIR once, or ask cache off',
+    );
+  });
+
+  it("reads the command line's --cache and --cache-threshold", () => {
+    expect(parseCacheFlags(undefined, undefined)).toBeUndefined();
+    expect(parseCacheFlags('magcache', undefined)).toStrictEqual({ method: 'magcache' }); // no threshold: undefined
+    expect(parseCacheFlags('magcache', '0')).toEqual({ method: 'magcache', threshold: 0 });
+    expect(parseCacheFlags('off', undefined)).toBe('off');
+    expect(parseCacheFlags('calibrate', undefined)).toBe('calibrate');
+    expect(() => parseCacheFlags(undefined, '-0.1')).toThrow('--cache-threshold is a number from 0 to 1, got -0.1');
+    expect(() => parseCacheFlags('magcache', 'x')).toThrow('--cache-threshold is a number from 0 to 1, got x');
+    expect(() => parseCacheFlags(undefined, 'Infinity')).toThrow('got Infinity');
+    expect(() => parseCacheFlags('off', '0.1')).toThrow(
+      "--cache-threshold is MagCache's: give it with --cache magcache, not off",
+    );
+    expect(() => parseCacheFlags('calibrate', '0.1')).toThrow('not calibrate');
+    expect(() => parseCacheFlags('tea', undefined)).toThrow('--cache is magcache, auto, off or calibrate, got tea');
+  });
+
+  it("checks a folder's curve field by field, saying which and how to write it again", () => {
+    const good = {
+      method: 'magcache',
+      steps: 2,
+      ratios: [
+        [1, 0.9],
+        [1, 9.99],
+      ],
+    };
+    const refused = (json: unknown) => () => parseMagnitudeCurve(json, 'm/step_cache.json');
+    const again = '; run npm run calibrate-cache -- --model DIR to write it again';
+    expect(refused(null)).toThrow(`m/step_cache.json: not a JSON object${again}`);
+    expect(refused('magcache')).toThrow('not a JSON object');
+    expect(refused({ ...good, method: 'tea' })).toThrow(`m/step_cache.json: method "tea", expected "magcache"${again}`);
+    for (const steps of [1, 1001, 2.5, '2'])
+      expect(refused({ ...good, steps }), String(steps)).toThrow(
+        `steps ${JSON.stringify(steps)}, expected a whole number from 2 to 1000`,
+      );
+    const long = { ...good, steps: 1000, ratios: [Array(1000).fill(1), Array(1000).fill(1)] };
+    expect(parseMagnitudeCurve(long, 'f').steps).toBe(1000);
+    expect(refused({ ...good, ratios: 'x' })).toThrow('ratios is not a pair of lists (conditional, unconditional)');
+    expect(
+      refused({
+        ...good,
+        ratios: [
+          [1, 1],
+          [1, 1],
+          [1, 1],
+        ],
+      }),
+    ).toThrow('ratios is not a pair');
+    for (const bad of [[1, 0], [1, 10], [1, -1], [1, '1'], [1], 'x'])
+      expect(refused({ ...good, ratios: [[1, 1], bad] }), JSON.stringify(bad)).toThrow(
+        'each list of ratios holds 2 positive finite numbers below 10',
+      );
+    expect(parseMagnitudeCurve(good, 'f')).toEqual({ method: 'magcache', steps: 2, ratios: good.ratios, source: 'f' });
+    expect(parseMagnitudeCurve({ ...good, source: 'x'.repeat(300) }, 'f').source).toBe(`f (${'x'.repeat(200)})`);
+    expect(parseMagnitudeCurve({ ...good, source: 7 }, 'f').source).toBe('f');
+  });
+});
+
 describe("a step cache's forwards on the ranks", () => {
   let model: WanModel;
   let engine: EngineApi;

@@ -29,6 +29,16 @@ describe('cleanPrompt (diffusers prompt_clean)', () => {
     ['&#0;&#xD800;&#x110000;', '\ufffd\ufffd\ufffd'],
     ['&#150;&#128;&#x81;', '\u2013\u20ac\x81'], // windows-1252, as browsers read them
     ['a&#1;b&#x7f;c&#xFFFF;d', 'abcd'], // invalid code points are dropped
+    // the edges of each of html.unescape's ranges, as Python gives them
+    ['a&#x80;&#x9F;&#xA1;b', 'a\u20ac\u0178\u00a1b'], // windows-1252 from 0x80 to 0x9f only
+    ['a&#xD7FF;&#xE000;&#x10FFFD;b', 'a\ud7ff\ue000\u{10fffd}b'],
+    ['a&#xDFFF;&#xD800;b', 'a\ufffd\ufffdb'], // surrogates
+    ['a&#8;&#xB;&#xE;&#x1F;&#xFDD0;&#xFDEF;&#x1FFFE;&#x10FFFF;&#xFFFE;b', 'ab'],
+    ['a&#9;b&#xC;c&#x20;d&#xD;e', 'a b c d e'], // tab, form feed, space and CR are kept, then collapsed
+    ['&#xFDCF;&#xFDF0;&#xFFFD;&#x7E;', '\ufdcf\ufdf0\ufffd~'],
+    ['&LTx &GT; &quotx &QUOT &gtx &AMPx &lt', '<x > "x " >x &x <'],
+    ['&#x41x; &#65x', 'Ax; Ax'], // parseInt stops at the first non-digit
+    ['&a b', '&a b'],
   ])('%j → %j', (prompt, cleaned) => {
     expect(cleanPrompt(prompt)).toBe(cleaned);
   });
@@ -94,6 +104,65 @@ describe('Umt5Tokenizer.encode', () => {
       /post_processor must be T5's TemplateProcessing .*; it is "BertProcessing"/,
     );
     expect(() => new Umt5Tokenizer([])).toThrow('tokenizer/tokenizer.json must be a JSON object; it is an array');
+    expect(() => new Umt5Tokenizer('{}')).toThrow('tokenizer/tokenizer.json must be a JSON object; it is string');
+    expect(() => new Umt5Tokenizer({ ...t5, model: null })).toThrow(
+      'tokenizer/tokenizer.json: model must be a JSON object; it is null',
+    );
+    expect(() => new Umt5Tokenizer(t5, [])).toThrow(
+      'tokenizer/tokenizer_config.json must be a JSON object; it is an array',
+    );
+    const refusal = (json: unknown) => {
+      try {
+        new Umt5Tokenizer(json);
+      } catch (e) {
+        return e as Error;
+      }
+      throw new Error('accepted');
+    };
+    expect(refusal(bpe).name).toBe('UnsupportedTokenizer');
+  });
+
+  it("refuses a post_processor that is not T5's $A </s>, or whose special tokens have no ids", () => {
+    const t5 = makeTestTokenizerJson(PIECES);
+    const t5Template = t5.post_processor as Record<string, unknown>;
+    const expected = 'post_processor must be T5\'s TemplateProcessing with single "$A </s>"';
+    // the right template under another processor's name
+    expect(() => new Umt5Tokenizer({ ...t5, post_processor: { ...t5Template, type: 'RobertaProcessing' } })).toThrow(
+      `${expected}; it is [{"Sequence":{"id":"A","type_id":0}},{"SpecialToken":{"id":"</s>","type_id":0}}]`,
+    );
+    // a special token before the prompt (BERT's [CLS] $A)
+    const clsFirst = [{ SpecialToken: { id: '</s>', type_id: 0 } }, { Sequence: { id: 'A', type_id: 0 } }];
+    expect(() => new Umt5Tokenizer({ ...t5, post_processor: { ...t5Template, single: clsFirst } })).toThrow(
+      `${expected}; it is ${JSON.stringify(clsFirst)}`,
+    );
+    for (const special_tokens of [
+      {},
+      { '</s>': { id: '</s>' } },
+      { '</s>': { id: '</s>', ids: [1.5] } },
+      { '</s>': { id: '</s>', ids: [1, 1.5] } },
+      undefined,
+    ])
+      expect(
+        () => new Umt5Tokenizer({ ...t5, post_processor: { ...t5Template, special_tokens } }),
+        JSON.stringify(special_tokens),
+      ).toThrow(`${expected} with the ids of its special tokens; it is [{"Sequence"`);
+    // its special tokens' ids, as the template gives them
+    const twoClosing = {
+      ...t5Template,
+      single: [
+        { Sequence: { id: 'A', type_id: 0 } },
+        { SpecialToken: { id: '</s>', type_id: 0 } },
+        { SpecialToken: { id: '<pad>', type_id: 0 } },
+      ],
+      special_tokens: { '</s>': { id: '</s>', ids: [1] }, '<pad>': { id: '<pad>', ids: [0] } },
+    };
+    expect(new Umt5Tokenizer({ ...t5, post_processor: twoClosing }).encode('a red', 512).ids).toEqual([3, 4, 1, 0]);
+  });
+
+  it("with Metaspace's split: false, lets a piece run across a space, as the Rust library does", () => {
+    const json = makeTestTokenizerJson(['▁red▁ball', '▁red', '▁ball']);
+    const unsplit = { ...json, pre_tokenizer: { ...(json.pre_tokenizer as object), split: false } };
+    expect(new Umt5Tokenizer(unsplit).encode('red ball', 512).ids).toEqual([3, 1]);
   });
 });
 
@@ -126,5 +195,45 @@ describe('makeTestTokenizerJson', () => {
     expect(vocab).toHaveLength(3 + 2 + 1 + 94 - 1);
     const scores = vocab.slice(3).map(([, score]) => score);
     expect(scores.every((score, i) => i === 0 || score < scores[i - 1])).toBe(true);
+    expect(vocab.at(-1)).toEqual(['~', -10 - 93 / 94]);
+  });
+
+  it("writes the rest as tokenizers writes T5TokenizerFast's: flags, normalizer, Metaspace, the templates, no byte fallback", () => {
+    const json = makeTestTokenizerJson(['▁a']);
+    expect(json.added_tokens).toEqual(
+      ['<pad>', '</s>', '<unk>'].map((content, id) => ({
+        id,
+        content,
+        single_word: false,
+        lstrip: false,
+        rstrip: false,
+        normalized: false,
+        special: true,
+      })),
+    );
+    const metaspace = { type: 'Metaspace', replacement: '▁', prepend_scheme: 'always', split: true };
+    const A = { Sequence: { id: 'A', type_id: 0 } };
+    const B = { Sequence: { id: 'B', type_id: 0 } };
+    const closing = { SpecialToken: { id: '</s>', type_id: 0 } };
+    expect({ ...json, model: undefined, added_tokens: undefined }).toEqual({
+      version: '1.0',
+      truncation: null,
+      padding: null,
+      added_tokens: undefined,
+      normalizer: {
+        type: 'Sequence',
+        normalizers: [{ type: 'NFKC' }, { type: 'Replace', pattern: { Regex: ' {2,}' }, content: ' ' }],
+      },
+      pre_tokenizer: metaspace,
+      post_processor: {
+        type: 'TemplateProcessing',
+        single: [A, closing],
+        pair: [A, closing, B, closing],
+        special_tokens: { '</s>': { id: '</s>', ids: [1], tokens: ['</s>'] } },
+      },
+      decoder: metaspace,
+      model: undefined,
+    });
+    expect(json.model.byte_fallback).toBe(false);
   });
 });

@@ -55,6 +55,20 @@ describe('UniPC as Wan2.1 configures it', () => {
     schedule.sigmas.forEach((s, i) => expect(s).toBeCloseTo(DIFFUSERS.sigmas[i], 7));
   });
 
+  it("defaults to diffusers' config: 1000 train timesteps, order 2, lower order at the end, no shift", () => {
+    const config = { numTrainTimesteps: 1000, solverOrder: 2, lowerOrderFinal: true, flowShift: 1 };
+    expect(new UniPCMultistepScheduler().config).toEqual(config);
+  });
+
+  it("ends its sigmas' linspace exactly at 1/1000, as numpy's does: the first timestep is 999 at any step count", () => {
+    // start + j·step reaches 1/1000 only to within rounding, at some step counts just below 999 once scaled
+    for (let steps = 1; steps <= 60; steps++) {
+      const scheduler = new UniPCMultistepScheduler();
+      scheduler.setTimesteps(steps);
+      expect(scheduler.timesteps[0], `${steps} steps`).toBe(999);
+    }
+  });
+
   it("has diffusers' timesteps and sigmas for 50 steps at shift 3.0 (480p) and 5.0 (720p)", () => {
     // numpy's set_timesteps(50) with use_flow_sigmas (scheduling_unipc_multistep.py): every timestep, every 7th sigma
     const expected = {
@@ -152,6 +166,56 @@ describe('UniPC as Wan2.1 configures it', () => {
     const v = model(start, 5);
     const last = scheduler.sigmas[5];
     expect(scheduler.step(v, 12345, start).prevSample).toEqual(start.map((xi, i) => xi - last * v[i]));
+  });
+});
+
+describe('UniPC state, as a checkpoint keeps it', () => {
+  const orders = (config: ConstructorParameters<typeof UniPCMultistepScheduler>[0], steps: number) => {
+    const scheduler = new UniPCMultistepScheduler(config);
+    scheduler.setTimesteps(steps);
+    let x: Float32Array = Float32Array.of(0.3, -1.2);
+    const seen: [thisOrder: number, lowerOrderNums: number, outputs: number][] = [];
+    for (const [i, t] of scheduler.timesteps.entries()) {
+      x = scheduler.step(model(x, i), t, x).prevSample;
+      const { thisOrder, lowerOrderNums, outputs } = scheduler.state;
+      seen.push([thisOrder, lowerOrderNums, outputs.filter(Boolean).length]);
+    }
+    return seen;
+  };
+
+  it('starts empty, and empty again at each setTimesteps', () => {
+    const fresh = { outputs: [null, null], lastSample: null, lowerOrderNums: 0, thisOrder: 0 };
+    const scheduler = new UniPCMultistepScheduler(WAN);
+    expect(scheduler.state).toEqual(fresh);
+    expect(new UniPCMultistepScheduler({ solverOrder: 1 }).state.outputs).toEqual([null]);
+    scheduler.setTimesteps(4);
+    const x = Float32Array.of(0.3, -1.2);
+    scheduler.step(model(x, 0), scheduler.timesteps[0], x);
+    scheduler.step(model(x, 1), scheduler.timesteps[1], x);
+    expect(scheduler.state).toMatchObject({ lowerOrderNums: 2, thisOrder: 2 });
+    scheduler.setTimesteps(4);
+    expect(scheduler.state).toEqual(fresh);
+  });
+
+  it('warms up to its order, drops to first order on the last step where lowerOrderFinal asks it, and keeps solverOrder outputs', () => {
+    expect(orders(WAN, 5)).toEqual([
+      [1, 1, 1],
+      [2, 2, 2],
+      [2, 2, 2],
+      [2, 2, 2],
+      [1, 2, 2],
+    ]);
+    expect(orders({ solverOrder: 2, lowerOrderFinal: false }, 4)).toEqual([
+      [1, 1, 1],
+      [2, 2, 2],
+      [2, 2, 2],
+      [2, 2, 2],
+    ]);
+    expect(orders({ solverOrder: 1 }, 3)).toEqual([
+      [1, 1, 1],
+      [1, 1, 1],
+      [1, 1, 1],
+    ]);
   });
 });
 
