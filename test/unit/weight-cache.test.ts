@@ -302,13 +302,18 @@ describe("a model folder's weights kept in the browser (cachedModelFiles)", () =
   const url = 'http://x/m/transformer/w.safetensors';
   const path = 'transformer/w.safetensors';
   const bytesOf = (n: number, salt = 0) => Uint8Array.from({ length: n }, (_, i) => (i * 7 + salt) & 255);
+  /** A browser whose server holds one file of 1000 bytes, version "v1". */
+  const servingOneFile = () => {
+    const browser = fakeBrowser();
+    const weights = bytesOf(1000);
+    browser.served.set(url, { bytes: weights, etag: '"v1"' });
+    return { browser, weights };
+  };
   /** byte for byte (toEqual walks megabytes slowly) */
   const same = (a: Uint8Array, b: Uint8Array) => a.length === b.length && a.every((v, i) => v === b[i]);
 
   it('a first load fetches each range once and keeps it; a second load of the folder reads it from disk, asking the server only whether it changed', async () => {
-    const browser = fakeBrowser();
-    const weights = bytesOf(1000);
-    browser.served.set(url, { bytes: weights, etag: '"v1"' });
+    const { browser, weights } = servingOneFile();
     const first = cachedModelFiles('http://x/m/');
     expect(await first.readRange(path, 0, 100)).toEqual(weights.slice(0, 100));
     expect(await first.readRange(path, 100, 300)).toEqual(weights.slice(100, 300));
@@ -499,9 +504,7 @@ describe("a model folder's weights kept in the browser (cachedModelFiles)", () =
   });
 
   it('the list of kept ranges is rewritten whole, also where it grows shorter as ranges merge', async () => {
-    const browser = fakeBrowser();
-    const weights = bytesOf(1000);
-    browser.served.set(url, { bytes: weights, etag: '"v1"' });
+    const { browser, weights } = servingOneFile();
     for (const [begin, end] of [
       [0, 100],
       [200, 300],
@@ -545,9 +548,7 @@ describe("a model folder's weights kept in the browser (cachedModelFiles)", () =
   });
 
   it('a write that fails (a full disk) still gives the bytes; the rest comes from the network, what was kept stays kept', async () => {
-    const browser = fakeBrowser();
-    const weights = bytesOf(1000);
-    browser.served.set(url, { bytes: weights, etag: '"v1"' });
+    const { browser, weights } = servingOneFile();
     const files = cachedModelFiles('http://x/m');
     await files.readRange(path, 0, 100);
     browser.state.failWrites = true;
@@ -573,9 +574,7 @@ describe("a model folder's weights kept in the browser (cachedModelFiles)", () =
   });
 
   it('after a failed write the file stays off the disk for the rest of the load, even where the disk has room again', async () => {
-    const browser = fakeBrowser();
-    const weights = bytesOf(1000);
-    browser.served.set(url, { bytes: weights, etag: '"v1"' });
+    const { browser, weights } = servingOneFile();
     const files = cachedModelFiles('http://x/m');
     await files.readRange(path, 0, 100);
     browser.state.failWrites = true;
@@ -589,9 +588,7 @@ describe("a model folder's weights kept in the browser (cachedModelFiles)", () =
   });
 
   it('a kept file whose list of ranges was cut short by a closed tab starts again', async () => {
-    const browser = fakeBrowser();
-    const weights = bytesOf(1000);
-    browser.served.set(url, { bytes: weights, etag: '"v1"' });
+    const { browser } = servingOneFile();
     const first = cachedModelFiles('http://x/m');
     await first.readRange(path, 0, 500);
     await first.close();
@@ -615,9 +612,7 @@ describe("a model folder's weights kept in the browser (cachedModelFiles)", () =
   });
 
   it('two tabs load one folder in turn: the second waits for the first to close, then reads what it kept', async () => {
-    const browser = fakeBrowser();
-    const weights = bytesOf(1000);
-    browser.served.set(url, { bytes: weights, etag: '"v1"' });
+    const { browser, weights } = servingOneFile();
     const first = cachedModelFiles('http://x/m');
     await first.readRange(path, 0, 500);
     const second = cachedModelFiles('http://x/m');
