@@ -19,8 +19,10 @@ const PAGES_DIR = join(OUT_DIR, 'pages');
  * published folder's layout at a small width.
  */
 export const SMOKE_MODEL_DIR = join(ROOT, 'public/models/tiny-wan');
-/** The app loads its model from here; the benchmarks answer these requests with the bench model. */
-export const APP_MODEL_PATH = '/models/tiny-wan';
+/** Where the server serves the bench model: as a folder on its machine, with Range (the loader reads by tensor). */
+export const BENCH_MODEL_PATH = '/models/bench-wan';
+/** the server's `modelFolders` that serve the bench model at BENCH_MODEL_PATH */
+export const BENCH_MODEL_FOLDERS = { [BENCH_MODEL_PATH]: BENCH_MODEL_DIR };
 
 export const log = (line: string) => console.error(`[bench] ${line}`);
 
@@ -45,13 +47,13 @@ export async function ensureFolder(
   }
 }
 
-/** make-model's `preset` into `dir` unless it is there (ensureFolder), saying what it writes. */
-export function ensurePreset(preset: string, dir: string, size: string): Promise<void> {
+/** make-model's `preset` and `flags` into `dir` unless it is there (ensureFolder), saying what it writes. */
+export function ensurePreset(preset: string, dir: string, size: string, flags: string[] = []): Promise<void> {
   return ensureFolder(dir, 'transformer/config.json', (into) => {
-    log(`writing ${dir} (make-model --preset ${preset}, ${size})…`);
+    log(`writing ${dir} (make-model --preset ${[preset, ...flags].join(' ')}, ${size})…`);
     const made = spawnSync(
       process.execPath,
-      ['--import', 'tsx', 'server/cli/make-model.ts', '--preset', preset, '--out', into],
+      ['--import', 'tsx', 'server/cli/make-model.ts', '--preset', preset, ...flags, '--out', into],
       { cwd: ROOT, stdio: 'inherit' },
     );
     if (made.status !== 0) throw new Error(`make-model --preset ${preset} failed with status ${made.status}`);
@@ -121,12 +123,8 @@ async function serveFrom(context: BrowserContext, pattern: string, prefix: strin
   });
 }
 
-/**
- * Every page of the context (dashboard, worker tabs and their Web Workers) gets the bench model
- * where the app asks for its model, and the probe page under /bench/.
- */
-export async function serveBenchFiles(context: BrowserContext): Promise<void> {
-  await serveFrom(context, `**${APP_MODEL_PATH}/**`, APP_MODEL_PATH, BENCH_MODEL_DIR);
+/** Every page of the context gets the probe page under /bench/. */
+export async function serveBenchPages(context: BrowserContext): Promise<void> {
   await serveFrom(context, '**/bench/**', '/bench', PAGES_DIR);
 }
 

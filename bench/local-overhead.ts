@@ -12,7 +12,8 @@ import { latentShape } from '../core/job.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
 import { startLocalSwarm } from '../server/cli/browser-swarm.ts';
 import {
-  APP_MODEL_PATH,
+  BENCH_MODEL_FOLDERS,
+  BENCH_MODEL_PATH,
   buildBenchPages,
   ensureBenchModel,
   isMain,
@@ -21,7 +22,7 @@ import {
   median,
   openProbePage,
   round,
-  serveBenchFiles,
+  serveBenchPages,
   versions,
   waitForQuietMachine,
   writeReport,
@@ -52,12 +53,12 @@ export async function runLocalOverhead(options: Partial<OverheadOptions> = {}) {
   const shape = latentShape(o, model.inChannels);
   const tokens = tokenGrid(model, shape).count;
   log(`local overhead: bench-wan, ${tokens} tokens, ${o.pairs} pairs of (local-backend step, direct forward)`);
-  const swarm = await startLocalSwarm({ workers: 0, log: (l) => log(l) });
+  const swarm = await startLocalSwarm({ workers: 0, modelFolders: BENCH_MODEL_FOLDERS, log: (l) => log(l) });
   const started = Date.now();
   const machineAtStart = machine(swarm.browserVersion);
   try {
     const context = swarm.dashboard.context();
-    await serveBenchFiles(context);
+    await serveBenchPages(context);
     const page = await openProbePage(context, swarm.server.url);
     const job: JobOverrides = {
       prompt: 'a red ball bouncing on a wooden floor',
@@ -70,7 +71,7 @@ export async function runLocalOverhead(options: Partial<OverheadOptions> = {}) {
       backend: 'local',
       workers: 1,
       ep: 'wasm',
-      model: APP_MODEL_PATH,
+      model: BENCH_MODEL_PATH,
     };
     const localStep = async () => {
       const out = await swarm.dashboard.evaluate((j) => window.ditswarm.generate(j), job);
@@ -82,7 +83,7 @@ export async function runLocalOverhead(options: Partial<OverheadOptions> = {}) {
     const load = await waitForQuietMachine();
     const warmUp = {
       localMs: round(await localStep(), 1),
-      ...(await page.evaluate((url) => bench.directLoad(url), `${swarm.server.url}${APP_MODEL_PATH}`)),
+      ...(await page.evaluate((url) => bench.directLoad(url), `${swarm.server.url}${BENCH_MODEL_PATH}`)),
       directMs: round((await directForward()).ms, 1),
     };
     log(`warm-up: local ${warmUp.localMs} ms, direct ${warmUp.directMs} ms (load ${load.loadAverage1m})`);

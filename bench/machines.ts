@@ -14,7 +14,7 @@ import { join } from 'node:path';
 import { chromium, type BrowserContext, type Page } from '@playwright/test';
 import { chromiumArgs, chromiumExecutable } from '../server/chromium.ts';
 import { startServer } from '../server/serve.ts';
-import { serveBenchFiles } from './lib.ts';
+import { BENCH_MODEL_FOLDERS, serveBenchPages } from './lib.ts';
 
 /** the CFS period: short, so a tab out of its quota waits at most a few ms to answer a peer (unless a bench sets it) */
 export const PERIOD_US = 10_000;
@@ -96,7 +96,7 @@ export async function startMachines(
   { dashboardCore = 0, periodUs = PERIOD_US } = {},
 ): Promise<Machines> {
   const dir = mkdtempSync(join(tmpdir(), 'ditswarm-machines-'));
-  const server = await startServer({ port: 0, quiet: true });
+  const server = await startServer({ port: 0, quiet: true, modelFolders: BENCH_MODEL_FOLDERS });
   const groups: string[] = [];
   const contexts: BrowserContext[] = [];
   const close = async () => {
@@ -124,7 +124,7 @@ export async function startMachines(
           `the ${m.name} tab's Chromium is not in its cpu cgroup ${group}: this machine does not let it be limited`,
         );
     }
-    for (const context of contexts) await serveBenchFiles(context);
+    for (const context of contexts) await serveBenchPages(context);
     const dashboard = await dashboardBrowser.newPage();
     await dashboard.goto(`${server.url}/`);
     const { joinUrl } = await dashboard.evaluate(() => window.ditswarm.ready);

@@ -23,11 +23,12 @@ import {
   machine,
   maxAbs,
   round,
-  serveBenchFiles,
+  serveBenchPages,
   versions,
   waitForQuietMachine,
   writeReport,
-  APP_MODEL_PATH,
+  BENCH_MODEL_FOLDERS,
+  BENCH_MODEL_PATH,
 } from './lib.ts';
 import { measureLink, measureThroughput } from './probes.ts';
 import { defined } from '../core/defined.ts';
@@ -77,12 +78,12 @@ export async function runScaling(options: Partial<ScalingOptions> = {}) {
   );
 
   const workerTabs = Math.max(...o.degrees);
-  const swarm = await startLocalSwarm({ workers: workerTabs, log: (l) => log(l) });
+  const swarm = await startLocalSwarm({ workers: workerTabs, modelFolders: BENCH_MODEL_FOLDERS, log: (l) => log(l) });
   const started = Date.now();
   const machineAtStart = machine(swarm.browserVersion);
   try {
     const context = swarm.dashboard.context();
-    await serveBenchFiles(context);
+    await serveBenchPages(context);
     log('probing matmul throughput and the tab↔tab link…');
     const throughput = await measureThroughput(context, swarm.server.url);
     log(
@@ -107,7 +108,7 @@ export async function runScaling(options: Partial<ScalingOptions> = {}) {
         backend: 'swarm',
         workers: degree,
         ep: 'wasm',
-        model: APP_MODEL_PATH,
+        model: BENCH_MODEL_PATH,
         ...extra,
       };
       const out = await swarm.dashboard.evaluate((j) => window.ditswarm.generate(j), job);
@@ -256,7 +257,7 @@ export async function runScaling(options: Partial<ScalingOptions> = {}) {
       config: {
         model: {
           path: 'bench/out/models/bench-wan',
-          servedAs: `${APP_MODEL_PATH} (Playwright route)`,
+          servedAs: `${BENCH_MODEL_PATH} (the server, with Range)`,
           preset: 'make-model --preset bench',
           ...model,
         },

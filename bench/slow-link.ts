@@ -32,7 +32,7 @@ import { tokenGrid } from '../core/model/tokens.ts';
 import { DTYPES, type DType } from '../core/net/protocol.ts';
 import { MAX_HEAD_GROUPS } from '../core/parallel.ts';
 import {
-  APP_MODEL_PATH,
+  BENCH_MODEL_PATH,
   buildBenchPages,
   ensureBenchModel,
   isMain,
@@ -217,7 +217,7 @@ export async function runSlowLink(options: Partial<SlowLinkOptions> = {}) {
         seed: 7,
         backend: 'swarm',
         ep: 'wasm',
-        model: APP_MODEL_PATH,
+        model: BENCH_MODEL_PATH,
         spotCheckRate: 0,
         shares: 'even',
         cfgParallel: false,

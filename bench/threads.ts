@@ -12,14 +12,13 @@ import { latentShape, type JobParams } from '../core/job.ts';
 import { startLocalSwarm } from '../server/cli/browser-swarm.ts';
 import { JOB_FLAG_OPTIONS, jobFlagValues, type JobFlag } from '../server/cli/job-flags.ts';
 import {
-  APP_MODEL_PATH,
-  buildBenchPages,
+  BENCH_MODEL_FOLDERS,
+  BENCH_MODEL_PATH,
   ensureBenchModel,
   isMain,
   log,
   machine,
   round,
-  serveBenchFiles,
   versions,
   waitForQuietMachine,
   writeReport,
@@ -37,14 +36,12 @@ export const SMOKE_THREADS: Partial<Pick<JobParams, JobFlag>> = { frames: 1, hei
 export async function runThreads(options: Partial<Pick<JobParams, JobFlag>> = {}) {
   const o = { ...DEFAULT_SCALING, ...options };
   const model = await ensureBenchModel();
-  await buildBenchPages();
   const tokens = tokenGrid(model, latentShape(o, model.inChannels)).count;
   log(`threads: bench-wan (D ${model.dim}, ${model.numLayers} blocks), ${tokens} tokens, ${o.steps} steps, P = 1`);
-  const swarm = await startLocalSwarm({ workers: 1, log });
+  const swarm = await startLocalSwarm({ workers: 1, modelFolders: BENCH_MODEL_FOLDERS, log });
   const started = Date.now();
   const machineAtStart = machine(swarm.browserVersion);
   try {
-    await serveBenchFiles(swarm.dashboard.context());
     const job: JobOverrides = {
       prompt: 'a red ball bouncing on a wooden floor',
       frames: o.frames,
@@ -56,7 +53,7 @@ export async function runThreads(options: Partial<Pick<JobParams, JobFlag>> = {}
       backend: 'swarm',
       workers: 1,
       ep: 'wasm',
-      model: APP_MODEL_PATH,
+      model: BENCH_MODEL_PATH,
     };
     const generate = async (label: string) => {
       const load = await waitForQuietMachine();

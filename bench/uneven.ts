@@ -15,7 +15,7 @@ import { latentShape } from '../core/job.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
 import { DEFAULT_SPOT_CHECK_RATE } from '../coordinator/spot-check.ts';
 import {
-  APP_MODEL_PATH,
+  BENCH_MODEL_PATH,
   buildBenchPages,
   ensureBenchModel,
   isMain,
@@ -95,7 +95,7 @@ export async function runUneven(options: Partial<UnevenOptions> = {}) {
       seed: 7,
       backend: 'swarm',
       ep: 'wasm',
-      model: APP_MODEL_PATH,
+      model: BENCH_MODEL_PATH,
       spotCheckRate: 0,
     };
     const run = async (label: string, placement: JobOverrides) => {
