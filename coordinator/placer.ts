@@ -13,7 +13,7 @@ import { fitMeshProbe, type LinkSpeed } from '../core/cost-model.ts';
 import { usesGuidance, type JobParams } from '../core/job.ts';
 import { bytesPerElement } from '../core/net/protocol.ts';
 import { evenHeads } from '../core/parallel.ts';
-import type { MeshProbe } from '../core/worker-api.ts';
+import type { MeshProbe, WeightType } from '../core/worker-api.ts';
 import { createExecutor } from './backends.ts';
 import type { Executor, LostRank, RankReport } from './executor.ts';
 import { Measurements } from './measurements.ts';
@@ -521,7 +521,7 @@ export class Placer {
     // a re-placement predicts from what was rehearsed before: recovery does not wait for rehearsals
     if (maxWorld === undefined) {
       for (const needed of rehearsalsNeeded(this.planning, input(workers))) {
-        const failed = await this.rehearse(needed, loras);
+        const failed = await this.rehearse(needed, loras, request.weightType);
         if (!failed) continue;
         const lost = await this.lostWorkers(needed.workers, failed.workers);
         if (!lost.length) {
@@ -542,12 +542,13 @@ export class Placer {
 
   /**
    * A group's forward rehearsed at the degrees asked, all its workers at once as in the job (rank/rehearsal.ts),
-   * on the model with the job's adapters (so that the job finds it loaded); where it failed, the workers whose
-   * rehearsal failed and the first error.
+   * on the model with the job's adapters and weight type (so that the job finds it loaded); where it failed, the
+   * workers whose rehearsal failed and the first error.
    */
   private async rehearse(
     { group, workers, degrees }: RehearsalNeeded<SwarmWorker>,
     loras: LoraRef[],
+    weightType: WeightType | undefined,
   ): Promise<{ workers: SwarmWorker[]; error: Error; detectedAt: number } | null> {
     const swarm = defined(this.options.swarm, 'the swarm');
     const { modelUrl, textTokens } = this.options;
@@ -556,7 +557,15 @@ export class Placer {
       const replies = await Promise.allSettled(
         workers.map((w) =>
           w.api.rehearse(
-            { modelUrl, ep: group.ep, latentShape: group.shape, textTokens, degrees, ...(loras.length && { loras }) },
+            {
+              modelUrl,
+              ep: group.ep,
+              latentShape: group.shape,
+              textTokens,
+              degrees,
+              ...(loras.length && { loras }),
+              ...(weightType && { weightType }),
+            },
             timeoutsOf(this.options.rpcTimeoutMs).loadMs,
           ),
         ),

@@ -258,8 +258,8 @@ export interface ComputeProbe {
  * share under each Ulysses degree (its tokens, its heads over all tokens), computed through the
  * same stage calls as in the job, with the exchange left out (the mesh probe times that).
  */
-/** (the model whole, with the job's adapters: the job then finds it loaded) */
-export interface RehearseArgs extends Omit<LoadArgs, 'blocks' | 'weightType'> {
+/** (the model whole, with the job's adapters and weight type: the job then finds it loaded) */
+export interface RehearseArgs extends Omit<LoadArgs, 'blocks'> {
   latentShape: number[]; // [C, T, H, W]
   /** rows of the text embedding the cross-attention reads */
   textTokens: number;
@@ -576,6 +576,7 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
       modelUrl: text(),
       ep: epOrAuto,
       loras: optional(checkLoraRefs),
+      weightType: optional(oneOf(...WEIGHT_TYPES)),
       latentShape: shape,
       textTokens: int(1, 1 << 16),
       degrees: list(int(1, MAX_RANKS), { min: 1, max: 16 }),

@@ -303,10 +303,10 @@ export class WorkerRuntime implements WorkerApi {
     return { ep: info.ep, loadMs: info.loadMs };
   }
 
-  async rehearse({ modelUrl, ep, latentShape, textTokens, degrees, loras = [] }: RehearseArgs) {
+  async rehearse({ modelUrl, ep, latentShape, textTokens, degrees, loras = [], weightType }: RehearseArgs) {
     if (this.state === 'computing')
       throw new Error('rehearse while a job is computing on this worker: rehearse between jobs');
-    const { info } = await this.load({ modelUrl, ep, loras });
+    const { info } = await this.load({ modelUrl, ep, loras, weightType });
     const engine = await this.engineName(info);
     const before = { state: this.state, detail: this.detail };
     const cold = this.coldEngine(engine, "before timing the job's forwards");
@@ -320,7 +320,7 @@ export class WorkerRuntime implements WorkerApi {
         this.modelUrl !== modelUrl ||
         this.model?.ep !== info.ep ||
         this.blocks ||
-        this.weightType ||
+        this.weightType !== weightType ||
         JSON.stringify(this.loras) !== JSON.stringify(loras);
       if (this.model && this.modelUrl && differs) {
         const held = { blocks: this.blocks, loras: this.loras, weightType: this.weightType };

@@ -80,7 +80,11 @@ class WorkerPage extends WorkerRuntime {
     return super.initWorker(init);
   }
 
+  /** what it was asked to rehearse */
+  readonly rehearsed: RehearseArgs[] = [];
+
   override rehearse(args: RehearseArgs) {
+    this.rehearsed.push(args);
     const ms = this.rehearsesIn;
     return ms === null ? super.rehearse(args) : Promise.resolve({ forwardMs: args.degrees.map(() => ms) });
   }
@@ -172,6 +176,17 @@ const pipelineOn = (swarm: Swarm, workers: number, more: Parameters<typeof creat
     ...more,
   });
 
+/** A worker as measured at join, alike for all: the planner shares evenly until the steps say otherwise. */
+const measured = (w: SwarmWorker) => {
+  w.measurement = {
+    threads: 1,
+    compute: { wasm: { ep: 'wasm', flops: 1e9, softmaxRate: 1e8, stageMs: 1 } },
+    auto: { ep: 'wasm', why: 'WebAssembly: no WebGPU adapter' },
+    rttMs: 1,
+    bandwidth: 1e8,
+  };
+};
+
 /** Runs the job, collecting its checkpoints and failures. */
 async function run(pipeline: Pipeline, extra: Parameters<Pipeline['generate']>[0] = {}) {
   const checkpoints: SamplerCheckpoint[] = [];
@@ -253,6 +268,18 @@ describe('generate(): what each rank held', () => {
     expect(result.report.workers.map((w) => w.peakMemoryBytes)).toEqual([held, null]);
     // two passes in step 1
     expect(result.report.steps[0].ranks.map((r) => r.peakMemoryBytes)).toEqual([1e9 + 2e6, null]);
+    await pipeline.shutdown({ graceMs: 100 });
+  });
+
+  it('a job asking for float16 weights has its workers rehearse on them: none holds the model as float32 before it (issue 35)', async () => {
+    const { swarm, join } = testSwarm();
+    const joined = [join(), join()];
+    // the planner rehearses only workers measured at join
+    for (const { worker } of joined) measured(worker);
+    const pages = joined.map((w) => w.page);
+    const pipeline = await pipelineOn(swarm, 2);
+    await run(pipeline, { placement: { weightType: 'float16' } });
+    expect(pages.map((p) => p.rehearsed.map((a) => a.weightType))).toEqual([['float16'], ['float16']]);
     await pipeline.shutdown({ graceMs: 100 });
   });
 });
@@ -574,16 +601,6 @@ describe('generate(): a lost rank costs a re-placement and one step, not the job
 });
 
 describe('generate(): a slow worker keeps its job with a smaller share (issue 34)', () => {
-  /** measured alike: the planner shares evenly until the steps say otherwise */
-  const measured = (w: SwarmWorker) => {
-    w.measurement = {
-      threads: 1,
-      compute: { wasm: { ep: 'wasm', flops: 1e9, softmaxRate: 1e8, stageMs: 1 } },
-      auto: { ep: 'wasm', why: 'WebAssembly: no WebGPU adapter' },
-      rttMs: 1,
-      bandwidth: 1e8,
-    };
-  };
   const SLOW_JOB = { ...JOB, steps: 8 };
 
   it('a rank computing 4× slower from step 2 on has its heads shrunk once its slowness held two steps: the same workers, no failure, nobody let go, and the latent of the job without it bit for bit', async () => {

@@ -236,6 +236,28 @@ describe('a rehearsal', () => {
     expect(loads).toHaveLength(5);
   });
 
+  it("rehearses on the job's weight type, so a float16 job never holds its model as float32 on the way, and puts the placed one back after", async () => {
+    const loads: string[] = [];
+    const base = stubEngine(referenceStages(model), model.config);
+    const engine: EngineApi = {
+      ...base,
+      load: async (url, ep, _progress, { weightType } = {}) => (
+        loads.push(`${url} ${weightType ?? "the EP's"}`),
+        base.load(url, ep)
+      ),
+    };
+    const runtime = new WorkerRuntime(engine, wasmHooks());
+    const job = { modelUrl: 'http://here/m', ep: 'wasm' as const, latentShape: WARM_UP_SHAPE, textTokens: 4 };
+    await runtime.initWorker({ ...EXACT_SETTINGS, rank: 0, world: 1, peers: ['a'], session: 's' });
+    await runtime.rehearse({ ...job, degrees: [1], weightType: 'float16' });
+    await runtime.loadModel({ modelUrl: job.modelUrl, ep: 'wasm', weightType: 'float16' });
+    await runtime.rehearse({ ...job, degrees: [1], weightType: 'float16' });
+    const half = 'http://here/m float16';
+    expect(loads).toEqual([half, half, half]); // the same weights as placed: nothing to put back
+    await runtime.rehearse({ ...job, degrees: [1] });
+    expect(loads.slice(3)).toEqual(["http://here/m the EP's", half]);
+  });
+
   it('refuses a degree the heads do not allow, a latent of the wrong channels and more tokens than any video, before computing', async () => {
     const runtime = new WorkerRuntime(stubEngine(referenceStages(model), model.config), wasmHooks());
     const args = { modelUrl: 'tiny', ep: 'wasm' as const, latentShape: shape, textTokens: 4 };
