@@ -16,7 +16,6 @@ import type {
   LoadArgs,
   LoadedModel,
   LoadStatus,
-  WeightType,
 } from '../core/worker-api.ts';
 import { onnxStages, type OnnxStages } from './onnx-stages.ts';
 import { modelBounds, type ModelBounds } from './bounds.ts';
@@ -182,10 +181,12 @@ export function createEngine(threads = 1, report?: (move: EngineMove) => void): 
       });
       // from the weights while they are all on the CPU side (on WebGPU they leave it)
       const bounds = modelBounds(model);
-      const runner = await onnxStages(model, ep, { weightType });
+      const bytes = weightBytes(model);
+      // the model was read for this runner alone: the blocks' weights it copies leave the model as it takes them
+      const runner = await onnxStages(model, ep, { weightType, takesWeights: true });
       stages = runner;
       const { maxBufferBytes, gpuWeightBytes } = runner;
-      const heldWeightBytes = heldBytes(model, runner.weightType);
+      const heldWeightBytes = bytes.other + (runner.weightType === 'float16' ? bytes.blocks / 2 : bytes.blocks);
       const info: EngineInfo = {
         ep,
         adapter,
@@ -228,11 +229,9 @@ export function createEngine(threads = 1, report?: (move: EngineMove) => void): 
   return forward(ENGINE_METHODS, (call) => serial(() => call(reporting)));
 }
 
-/** Bytes of a model's weights as a rank holds them: the blocks' as `weightType`, the embedders' and head's float32. */
-function heldBytes(model: WanModel, weightType: WeightType): number {
-  const half = weightType === 'float16';
-  return [...model.weights].reduce(
-    (n, [name, t]) => n + (half && name.startsWith('blocks.') ? t.data.byteLength / 2 : t.data.byteLength),
-    0,
-  );
+/** Bytes of a model's float32 weights: the blocks' (which a rank may hold as float16) and the embedders' and head's. */
+function weightBytes(model: WanModel): { blocks: number; other: number } {
+  const bytes = { blocks: 0, other: 0 };
+  for (const [name, t] of model.weights) bytes[name.startsWith('blocks.') ? 'blocks' : 'other'] += t.data.byteLength;
+  return bytes;
 }

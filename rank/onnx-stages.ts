@@ -41,21 +41,30 @@ function blockWeightTensors(
   graphs: BlockGraph[],
   weightType: WeightType,
   device: GpuDevice | null,
+  takesWeights: boolean,
 ) {
   const weights = weightTensors(device, weightType);
+  // a copy (float16, or a GPU buffer) makes the model's float32 array garbage once taken from it: block by block, a
+  // load holds one block's weights twice for a moment, not the whole model twice
+  const copies = takesWeights && (weightType === 'float16' || device !== null);
   // indexed by block: a pipeline stage's runner has its blocks' weights only
-  const perGraph = graphs.map((graph) =>
-    Array.from({ length: m.config.numLayers }, (_, b) =>
-      b < range.from || b >= range.to
-        ? null
-        : Object.fromEntries(
+  const perGraph: (Record<string, ort.Tensor> | null)[][] = graphs.map(() => []);
+  for (let b = 0; b < m.config.numLayers; b++) {
+    const held = b >= range.from && b < range.to;
+    const taken = new Set<string>();
+    graphs.forEach((graph, g) => {
+      perGraph[g][b] = held
+        ? Object.fromEntries(
             graph.weights.map(({ name, dims }) => {
               const key = `blocks.${b}.${name}`;
+              taken.add(key);
               return [name, weights.tensor(defined(m.weights.get(key), `weight ${key}`).data, dims)];
             }),
-          ),
-    ),
-  );
+          )
+        : null;
+    });
+    if (copies) for (const key of taken) m.weights.delete(key);
+  }
   return { perGraph, gpuBytes: weights.gpuBytes, destroy: () => weights.destroy() };
 }
 
@@ -88,11 +97,12 @@ export type OnnxStages = Required<DeviceStageRunner> & {
  * back. On WASM every output is CPU data, as before.
  * A stage whose tensors would exceed `maxBufferBytes` (by default what the EP allows) runs in
  * chunks of rows, or of heads for attention (chunks.ts); its inputs and outputs are then CPU data.
+ * With `takesWeights` (a model loaded for the runner alone), a block's weights held as a copy leave `m.weights`.
  */
 export async function onnxStages(
   m: WanModel,
   ep: ExecutionProvider,
-  limits: { maxBufferBytes?: number; weightType?: WeightType } = {},
+  limits: { maxBufferBytes?: number; weightType?: WeightType; takesWeights?: boolean } = {},
 ): Promise<OnnxStages> {
   const { dim: D, headDim, textDim, numHeads, ffnDim, inChannels, outChannels, patchSize } = m.config;
   const range = m.blocks ?? allBlocks(m.config);
@@ -124,7 +134,7 @@ export async function onnxStages(
   const postGraph = buildPostAttentionGraph(m, weightType);
   const pre = await session(preGraph.bytes);
   const post = await session(postGraph.bytes, onDevice('x_out'));
-  const blockWeights = blockWeightTensors(m, range, [preGraph, postGraph], weightType, device);
+  const blockWeights = blockWeightTensors(m, range, [preGraph, postGraph], weightType, device, !!limits.takesWeights);
   const [preWeights, postWeights] = blockWeights.perGraph.map(
     (perBlock) => (block: number) => perBlock[block] ?? notHeld(`block ${block} is another stage's`),
   );

@@ -94,6 +94,28 @@ describe('ONNX stage graphs equal the TypeScript reference (max-abs ≤ 1e-4)', 
     expect(maxAbsDiff(halfOut, exact)).toBeGreaterThan(10 * maxAbsDiff(fullOut, exact));
   });
 
+  it("taking a model's weights, a runner holding its blocks as float16 drops their float32 arrays from the model as it copies them (a load holds a block twice, never the model); one holding float32 on WASM shares them and drops none", async () => {
+    const patches = patchify(m.config, latent).data;
+    const b = await ref.embed(patches, timestep, text);
+    const o = random.normals(tokenGrid(m.config, latent.shape).count * m.config.dim);
+    const ownCopy = (): WanModel => ({ ...m, weights: new Map(m.weights) });
+    const names = (model: WanModel) => [...model.weights.keys()];
+    const notBlocks = names(m).filter((name) => !name.startsWith('blocks.'));
+
+    const taken = ownCopy();
+    const half = await onnxStages(taken, 'wasm', { weightType: 'float16', takesWeights: true });
+    expect(names(taken)).toEqual(notBlocks);
+    const kept = await onnxStages(m, 'wasm', { weightType: 'float16' });
+    expect(names(m)).toContain('blocks.1.ffn.net.2.weight');
+    expect(hostValues(await half.postAttention(1, b.x, o, b.tproj, b.context))).toEqual(
+      hostValues(await kept.postAttention(1, b.x, o, b.tproj, b.context)),
+    );
+
+    const shared = ownCopy();
+    await onnxStages(shared, 'wasm', { takesWeights: true });
+    expect(names(shared)).toEqual(names(m));
+  });
+
   it('patchify and unpatchify follow diffusers (Conv3d order in, (pt, ph, pw, C) order out)', () => {
     const rows = patchify(m.config, latent);
     expect(rows.shape).toEqual([72, 64]);
