@@ -3,7 +3,8 @@
 // bench/out/scaling.json.
 //
 //   npm run bench                      block cost, projection, local overhead, scaling, threads,
-//                                      full-size, vae, uneven, slow-link, spot-check-overhead, time-to-video, load
+//                                      full-size, pooled, vae, uneven, slow-link, spot-check-overhead,
+//                                      time-to-video, load
 //   npm run bench -- scaling [flags]   one of them (flags as in bench/scaling.ts etc.)
 //   npm run bench -- --smoke [name]    all of them (or one) at tiny sizes on small models, in a few minutes, without
 //                                      waiting for a quiet machine, reports in bench/out/smoke/: what CI runs, so that
@@ -16,6 +17,7 @@ import { projectionMarkdown, runProjection } from './projection.ts';
 import { parseScalingArgs, runScaling, SMOKE_SCALING } from './scaling.ts';
 import { parseThreadsArgs, runThreads, SMOKE_THREADS } from './threads.ts';
 import { parseFullSizeArgs, runFullSize, SMOKE_FULL_SIZE } from './full-size.ts';
+import { parsePooledArgs, runPooled, SMOKE_POOLED } from './pooled.ts';
 import { parseBlockCostArgs, runBlockCost, SMOKE_BLOCK_COST } from './block-cost.ts';
 import { ensureSmokeVae, parseVaeArgs, runVae, SMOKE_VAE } from './vae.ts';
 import { parseUnevenArgs, runUneven, SMOKE_UNEVEN } from './uneven.ts';
@@ -31,6 +33,7 @@ const BENCHMARKS = [
   'projection',
   'threads',
   'full-size',
+  'pooled',
   'vae',
   'uneven',
   'slow-link',
@@ -55,6 +58,13 @@ if (first !== undefined && !(BENCHMARKS as readonly string[]).includes(first)) {
 const chosen: Benchmark[] = first ? [first as Benchmark] : [...BENCHMARKS];
 const args = first ? rest : [];
 const started = Date.now();
+/** how long each benchmark took, said at the end: a smoke section that takes minutes is a smoke run grown too big */
+const took: string[] = [];
+let sectionStarted = Date.now();
+const sectionDone = (name: Benchmark) => {
+  took.push(`${name} ${((Date.now() - sectionStarted) / 1000).toFixed(0)} s`);
+  sectionStarted = Date.now();
+};
 /** Each benchmark's options: its smoke sizes, or its flags. */
 const options = <T>(smokeSizes: T, parse: (args: string[]) => T): T => (smoke ? smokeSizes : parse(args));
 const report = (name: string, body: unknown) => writeReport(smoke ? join('smoke', name) : name, body);
@@ -72,18 +82,21 @@ if (chosen.includes('block-cost')) {
     `block-cost: ${blockCost.config.tokens} tokens: ${blockCost.measured.blockMs} ms per block ` +
       `(predicted ${blockCost.predicted.blockMs}); a 480p step here ≈ ${blockCost.stepAt480pS} s`,
   );
+  sectionDone('block-cost');
 }
 
 if (chosen.includes('projection')) {
   const projection = runProjection(blockCost ?? undefined);
   report('projection.json', projection);
   report('projection.md', projectionMarkdown(projection));
+  sectionDone('projection');
 }
 
 let overhead: Awaited<ReturnType<typeof runLocalOverhead>> | null = null;
 if (chosen.includes('local-overhead')) {
   overhead = await runLocalOverhead(options(SMOKE_OVERHEAD, parseOverheadArgs));
   report('local-overhead.json', overhead);
+  sectionDone('local-overhead');
 }
 
 if (chosen.includes('scaling')) {
@@ -116,6 +129,7 @@ if (chosen.includes('scaling')) {
     `localOverhead ${overhead?.localOverhead ?? 'not run'}; ` +
       `fp16BytesRatio ${scaling.fp16BytesRatio}; fp16MaxAbs ${scaling.fp16MaxAbs}`,
   );
+  sectionDone('scaling');
 }
 if (chosen.includes('threads')) {
   const threads = await runThreads(options(SMOKE_THREADS, parseThreadsArgs));
@@ -125,6 +139,7 @@ if (chosen.includes('threads')) {
       `beside another tab ${threads.beside.threads} → ${threads.beside.stepMs} ms: ${threads.speedup}×; ` +
       JSON.stringify(threads.meets),
   );
+  sectionDone('threads');
 }
 if (chosen.includes('full-size')) {
   const fullSize = await runFullSize(options(SMOKE_FULL_SIZE, parseFullSizeArgs));
@@ -135,6 +150,19 @@ if (chosen.includes('full-size')) {
         `steps ${r.stepsMs.join(', ')} ms, peak ${r.peakMemoryGiB.join(', ')} GiB; ` +
         `${r.relativeToOneTab} of one tab's latent; loads ${JSON.stringify(r.loads)}`,
     );
+  sectionDone('full-size');
+}
+if (chosen.includes('pooled')) {
+  const pooled = await runPooled(options(SMOKE_POOLED, parsePooledArgs));
+  report('pooled.json', pooled);
+  for (const r of pooled.runs)
+    console.log(
+      `pooled: S = ${r.stages}: held ${r.heldGB.join(' / ')} GB (largest ${r.largestShare} of the whole), ` +
+        `peak ${r.peakMemoryGiB.join(' / ')} GiB, placing ${r.placingS} s, steps ${r.stepsMs.join(', ')} ms, ` +
+        `max-abs vs S = 1 ${r.maxAbsFromOneTab}`,
+    );
+  console.log(`pooled: ${JSON.stringify(pooled.meets)}`);
+  sectionDone('pooled');
 }
 if (chosen.includes('vae')) {
   if (smoke) await ensureSmokeVae();
@@ -153,6 +181,7 @@ if (chosen.includes('vae')) {
         `caches ${(t.cacheBytes / 2 ** 20).toFixed(0)} MiB, weights ${(t.weightBytes / 2 ** 20).toFixed(0)} MiB; ` +
         `480p × 81 frames ≈ ${t.projected480p81FramesOneTabS} s on one tab`,
     );
+  sectionDone('vae');
 }
 if (chosen.includes('uneven')) {
   const uneven = await runUneven(options(SMOKE_UNEVEN, parseUnevenArgs));
@@ -164,6 +193,7 @@ if (chosen.includes('uneven')) {
       `auto chose ${auto.degree} (${auto.heads?.join('/') ?? 'even'}); ` +
       `spot checks ${JSON.stringify(uneven.spotCheckCost)}; ${JSON.stringify(uneven.meets)}`,
   );
+  sectionDone('uneven');
 }
 if (chosen.includes('slow-link')) {
   const slowLink = await runSlowLink(options(SMOKE_SLOW_LINK, parseSlowLinkArgs));
@@ -174,6 +204,7 @@ if (chosen.includes('slow-link')) {
       `(target ${slowLink.emulatedRatio.target}); ${JSON.stringify(slowLink.runs)}; ` +
       `guided ${JSON.stringify(slowLink.guided)}; ${JSON.stringify(slowLink.meets)}`,
   );
+  sectionDone('slow-link');
 }
 if (chosen.includes('spot-check-overhead')) {
   const spot = await runSpotCheckOverhead(options(SMOKE_SPOT_CHECK_OVERHEAD, parseSpotCheckOverheadArgs));
@@ -183,6 +214,7 @@ if (chosen.includes('spot-check-overhead')) {
       `denoising +${(100 * spot.overhead.denoising).toFixed(1)} %, ` +
       `median step +${(100 * spot.overhead.medianStep).toFixed(1)} %, ${spot.on.checksPerJob} checks a job`,
   );
+  sectionDone('spot-check-overhead');
 }
 if (chosen.includes('time-to-video')) {
   const ttv = await runTimeToVideo(options(SMOKE_TIME_TO_VIDEO, parseTimeToVideoArgs));
@@ -192,6 +224,7 @@ if (chosen.includes('time-to-video')) {
       `time-to-video: ${r.name}: ${r.forwardsComputed} forwards (${r.fewerForwards}× fewer), ` +
         `denoising ${r.denoisingMs} ms (${r.speedup}×), latent max-abs ${r.latentMaxAbs}, PSNR ${r.videoPsnrDb} dB`,
     );
+  sectionDone('time-to-video');
 }
 if (chosen.includes('load')) {
   const load = await runLoad(options(SMOKE_LOAD, parseLoadArgs));
@@ -201,5 +234,6 @@ if (chosen.includes('load')) {
     `load: from the server ${rates(load.fromServer)} (all in ${load.fromServer.allLoadedS} s); ` +
       `from the cache ${rates(load.fromCache)} (all in ${load.fromCache.allLoadedS} s); ${JSON.stringify(load.meets)}`,
   );
+  sectionDone('load');
 }
-log(`done in ${((Date.now() - started) / 1000).toFixed(0)} s`);
+log(`done in ${((Date.now() - started) / 1000).toFixed(0)} s: ${took.join(', ')}`);

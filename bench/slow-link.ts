@@ -190,7 +190,7 @@ export async function runSlowLink(options: Partial<SlowLinkOptions> = {}) {
   await buildBenchPages();
   const tokens = tokenGrid(model, latentShape(o, model.inChannels)).count;
   const target = projectedExchangeRatio();
-  const workers = Math.max(...o.degrees, 4); // the guided P = 4 runs
+  const workers = Math.max(...o.degrees, o.guided ? 4 : 1); // the guided runs go to P = 4
   log(
     `slow-link: bench-wan (D ${model.dim}, ${model.numLayers} blocks), ${tokens} tokens, ${o.steps} steps, ` +
       `${workers} machines of ${o.share} of a core; target exchange/compute at P = 2: ${target.ratio.toFixed(2)} ` +

@@ -1,0 +1,233 @@
+// Pooled memory measured (issue 35): Wan2.1-T2V-14B's width (40 heads × 128, ffn 13824) stored as bfloat16
+// as it is published, with fewer blocks so that one tab can still hold it all for the reference, run as the
+// same job in S = 1, 2 and 4 pipeline stages on one worker tab a stage. Per S: what each worker holds
+// (`workers[].heldWeightBytes`, and the planner's `placement.stages`), its page's peak memory, the
+// placing and step times, and the latent against S = 1's (exact staged mode: the same to the bit).
+// Writes bench/out/pooled.json; the projection of the whole 14B on real GPUs is `npm run bench -- projection`.
+//
+//   npm run bench -- pooled [--model DIR] [--layers 8] [--stages 1,2,4] [--weights float16|float32]
+//                           [--memory-gib 16] [--frames 1 --height 32 --width 32 --steps 1]
+
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { parseArgs } from 'node:util';
+import type { JobOverrides, JobResult } from '../app/automation.ts';
+import { WEIGHT_TYPES, type WeightType } from '../core/worker-api.ts';
+import { startLocalSwarm } from '../server/cli/browser-swarm.ts';
+import { CACHE_ROOT } from '../server/model-folder.ts';
+import { LOCAL_MODEL_PATH } from '../server/serve.ts';
+import {
+  ensurePreset,
+  isMain,
+  latentFromBase64,
+  log,
+  machine,
+  randomPromptEmbeds,
+  rendererPeaks,
+  round,
+  SMOKE_MODEL_DIR,
+  versions,
+  waitForQuietMachine,
+  writeReport,
+} from './lib.ts';
+
+/** issue 35: at S = 4 the worker holding most holds at most this share of the whole */
+const MAX_LARGEST_SHARE_AT_4 = 0.35;
+
+export interface PooledOptions {
+  /** the model folder; written (make-model --preset wan2.1-t2v-14b --layers L --dtype bf16) when it is the default */
+  model: string;
+  layers: number;
+  /** the stage counts, one worker tab a stage; the first (1) is the reference */
+  stages: number[];
+  weights: WeightType;
+  /** what each worker page is told it may hold (its "Memory for the model"): one tab holds all at S = 1 */
+  memoryGiB: number;
+  frames: number;
+  height: number;
+  width: number;
+  steps: number;
+}
+
+const pooledModelDir = (layers: number) => join(CACHE_ROOT, `models/wan2.1-t2v-14b-${layers}-layers-bf16`);
+
+export const DEFAULT_POOLED: PooledOptions = {
+  model: pooledModelDir(8),
+  layers: 8,
+  stages: [1, 2, 4],
+  weights: 'float16',
+  memoryGiB: 16,
+  frames: 1,
+  height: 32,
+  width: 32,
+  steps: 1,
+};
+/** `npm run bench -- --smoke`: the bundled model's two blocks in one and two stages */
+export const SMOKE_POOLED: PooledOptions = { ...DEFAULT_POOLED, model: SMOKE_MODEL_DIR, layers: 2, stages: [1, 2] };
+
+export async function runPooled(o: PooledOptions) {
+  if (o.model === pooledModelDir(o.layers))
+    await ensurePreset('wan2.1-t2v-14b', o.model, `${o.layers} blocks of 0.70 GB in bfloat16`, [
+      '--layers',
+      String(o.layers),
+      '--dtype',
+      'bf16',
+    ]);
+  const config = JSON.parse(readFileSync(join(o.model, 'transformer/config.json'), 'utf8')) as {
+    num_layers: number;
+    num_attention_heads: number;
+    attention_head_dim: number;
+  };
+  const promptEmbeds = randomPromptEmbeds(o.model);
+  const started = Date.now();
+  const swarm = await startLocalSwarm({
+    workers: Math.max(...o.stages),
+    modelFolders: { [LOCAL_MODEL_PATH]: o.model },
+    log,
+  });
+  const machineAtStart = machine(swarm.browserVersion);
+  try {
+    for (const page of swarm.workers) {
+      await page.fill('#model-memory', String(o.memoryGiB));
+      await page.locator('#model-memory').dispatchEvent('change');
+    }
+    // each worker's next pulse carries its budget to the dashboard, which plans with it
+    await swarm.dashboard.waitForFunction(
+      (n) =>
+        [...document.querySelectorAll('#workers tbody tr')].filter((tr) => tr.textContent.includes('(set on its page)'))
+          .length === n,
+      swarm.workers.length,
+      { timeout: 30_000 },
+    );
+    const runs = [];
+    let reference: Float32Array | null = null;
+    for (const S of o.stages) {
+      const load = await waitForQuietMachine();
+      log(`pooled: ${S} stage(s) on ${S} tab(s), ${o.weights} weights… (load ${load.loadAverage1m})`);
+      const job: JobOverrides = {
+        prompt: 'random prompt embeddings',
+        promptEmbeds,
+        outputType: 'latent',
+        frames: o.frames,
+        height: o.height,
+        width: o.width,
+        steps: o.steps,
+        guidance: 1,
+        seed: 42,
+        backend: 'swarm',
+        workers: 1, // a stage's: each stage on one tab
+        stages: S,
+        weightType: o.weights,
+        ep: 'wasm',
+        model: LOCAL_MODEL_PATH,
+      };
+      const { report, latent: base64 } = (await swarm.dashboard.evaluate(
+        (j) => window.ditswarm.generate(j),
+        job,
+      )) as JobResult;
+      const latent = latentFromBase64(base64);
+      reference ??= latent;
+      let maxAbs = 0;
+      for (let i = 0; i < latent.length; i++) maxAbs = Math.max(maxAbs, Math.abs(latent[i] - reference[i]));
+      const held = report.workers.map((w) => w.heldWeightBytes);
+      const whole = report.placement.stages
+        ? report.placement.stages.reduce((sum, s) => sum + s.heldBytes, 0)
+        : held[0];
+      const run = {
+        stages: S,
+        /** each stage's blocks [from, to) as the planner cut them (null: one worker holds all) */
+        blocks: report.placement.stages?.map((s) => s.blocks) ?? null,
+        heldGB: held.map((b) => round(b / 1e9, 3)),
+        /** the largest share of the whole model's held bytes one worker holds */
+        largestShare: round(Math.max(...held) / whole, 3),
+        /** measureUserAgentSpecificMemory of each worker's page: JS heaps with the weights' ArrayBuffers */
+        peakMemoryGiB: report.workers.map((w) =>
+          w.peakMemoryBytes === null ? null : round(w.peakMemoryBytes / 2 ** 30, 2),
+        ),
+        placingS: round(report.phasesMs.placing / 1000, 1),
+        stepsMs: report.steps.map((s) => round(s.ms, 0)),
+        maxAbsFromOneTab: maxAbs,
+        loadAverage1m: { start: load.loadAverage1m, end: machine().loadAverage1m },
+      };
+      log(
+        `pooled: S = ${S}: held ${run.heldGB.join(' / ')} GB (largest ${run.largestShare} of the whole), ` +
+          `peak ${run.peakMemoryGiB.join(' / ')} GiB, placing ${run.placingS} s, steps ${run.stepsMs.join(', ')} ms, ` +
+          `max-abs vs S = 1 ${maxAbs.toExponential(2)}`,
+      );
+      runs.push(run);
+    }
+    const atFour = runs.find((r) => r.stages === 4);
+    return {
+      benchmark: 'pooled',
+      date: new Date(started).toISOString(),
+      durationS: round((Date.now() - started) / 1000, 1),
+      config: {
+        ...o,
+        layout: `Wan-AI/Wan2.1-T2V-14B-Diffusers transformer, ${config.num_layers} of its 40 blocks`,
+        heads: config.num_attention_heads,
+        headDim: config.attention_head_dim,
+        guidance: 1,
+        ep: 'wasm',
+        outputType: 'latent',
+      },
+      machine: { ...machineAtStart, loadAverage1mAtEnd: machine().loadAverage1m },
+      versions: versions(),
+      runs,
+      /** the OS's peak resident memory of every renderer process (dashboard and worker tabs), largest first */
+      rendererPeakRssGiB: rendererPeaks().map((b) => round(b / 2 ** 30, 2)),
+      meets: {
+        'every S gives the latent of one tab holding everything, to the bit': runs.every(
+          (r) => r.maxAbsFromOneTab === 0,
+        ),
+        ...(atFour && {
+          [`at S = 4 no worker holds more than ${MAX_LARGEST_SHARE_AT_4} of the whole`]:
+            atFour.largestShare <= MAX_LARGEST_SHARE_AT_4,
+        }),
+      },
+    };
+  } finally {
+    await swarm.close();
+  }
+}
+
+export function parsePooledArgs(args: string[]): PooledOptions {
+  const { values } = parseArgs({
+    args,
+    options: Object.fromEntries(
+      Object.keys(DEFAULT_POOLED).map((k) => [k === 'memoryGiB' ? 'memory-gib' : k, { type: 'string' }]),
+    ),
+  });
+  const whole = (flag: string, fallback: number): number => {
+    const value = values[flag];
+    if (value === undefined) return fallback;
+    const n = Number(value);
+    if (!Number.isInteger(n) || n < 1) throw new Error(`--${flag} is a whole number ≥ 1, got ${value}`);
+    return n;
+  };
+  const layers = whole('layers', DEFAULT_POOLED.layers);
+  const stages = typeof values.stages === 'string' ? values.stages.split(',').map(Number) : DEFAULT_POOLED.stages;
+  if (!stages.every((s) => Number.isInteger(s) && s >= 1 && s <= layers) || stages[0] !== 1)
+    throw new Error(`--stages lists stage counts from 1 (the reference) to --layers ${layers}, got ${values.stages}`);
+  const weights = values.weights ?? DEFAULT_POOLED.weights;
+  if (!(WEIGHT_TYPES as readonly unknown[]).includes(weights))
+    throw new Error(`--weights is one of ${WEIGHT_TYPES.join(', ')}, got ${weights}`);
+  const memoryGiB = Number(values['memory-gib'] ?? DEFAULT_POOLED.memoryGiB);
+  if (!(memoryGiB > 0)) throw new Error(`--memory-gib is a number of GiB > 0, got ${String(values['memory-gib'])}`);
+  return {
+    model: typeof values.model === 'string' ? values.model : pooledModelDir(layers),
+    layers,
+    stages,
+    weights: weights as WeightType,
+    memoryGiB,
+    frames: whole('frames', DEFAULT_POOLED.frames),
+    height: whole('height', DEFAULT_POOLED.height),
+    width: whole('width', DEFAULT_POOLED.width),
+    steps: whole('steps', DEFAULT_POOLED.steps),
+  };
+}
+
+if (isMain(import.meta)) {
+  const report = await runPooled(parsePooledArgs(process.argv.slice(2)));
+  writeReport('pooled.json', report);
+  console.log(JSON.stringify({ runs: report.runs, meets: report.meets }, null, 2));
+}
