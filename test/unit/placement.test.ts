@@ -27,14 +27,23 @@ import { COORDINATOR } from '../../core/net/protocol.ts';
 import { DEAD_AFTER_MS } from '../../core/net/heartbeat.ts';
 import { NO_RPC_TIMEOUT, remote, RemoteError, RpcTimeout, serve } from '../../core/net/rpc.ts';
 import {
+  attendsStale,
   checkDegree,
   defaultDegree,
+  displacedFloatsPerBlock,
   evenDegrees,
+  exchangeFloatsPerBlock,
+  gatherRows,
+  headGroup,
+  headStart,
   ParallelConfigError,
+  partFloats,
   planUlysses,
   proportionalShares,
   RankLayout,
+  scatterRows,
   staleKeysValuesBytes,
+  tokenStart,
   validDegrees,
 } from '../../core/parallel.ts';
 import {
@@ -382,6 +391,128 @@ describe('RankLayout: the one owner of rank arithmetic', () => {
       [3, 2],
     ]);
     expect(layout.describe(2)).toBe('rank 2 of 4 (unconditional group)');
+  });
+});
+
+describe('RankLayout with uneven head shares and pipeline stages', () => {
+  const peers = ['a', 'b', 'c', 'd', 'e', 'f', 'g', 'h'];
+  // CFG parallel, two stages, two ranks a stage: group 0 shares the heads 8/4, group 1 6/6
+  const layout = new RankLayout(
+    2,
+    2,
+    [
+      [8, 4],
+      [6, 6],
+    ],
+    2,
+  );
+
+  it("each group's ranks take its shares, every stage alike; a rank's mesh, session and share say so", () => {
+    expect(layout.world).toBe(8);
+    expect([layout.headsOf(0), layout.headsOf(1), new RankLayout(3).headsOf(0)]).toEqual([[8, 4], [6, 6], 3]);
+    expect(layout.meshOf(5, peers, 's')).toEqual({
+      rank: 1,
+      world: 2,
+      peers: ['e', 'f'],
+      session: 's.1.stage0',
+      heads: [6, 6],
+    });
+    expect(layout.meshOf(3, peers, 's')).toMatchObject({ peers: ['c', 'd'], session: 's.0.stage1', heads: [8, 4] });
+    // 35 tokens in proportion to the heads: 8/4 → 24/11, 6/6 → 18/17 (a tie to the lower rank)
+    expect([1, 3, 6, 7].map((rank) => layout.shareOf(rank, 12, 35))).toEqual([
+      { heads: 4, tokens: 11 },
+      { heads: 4, tokens: 11 },
+      { heads: 6, tokens: 18 },
+      { heads: 6, tokens: 17 },
+    ]);
+    expect(layout.describe(6, { numHeads: 12, tokens: 35 })).toBe(
+      'rank 6 of 8 (unconditional group, pipeline stage 2 of 2, 6 heads, 18 tokens)',
+    );
+    expect(layout.describe(1)).toBe('rank 1 of 8 (conditional group, pipeline stage 1 of 2, 4 heads)');
+    expect(new RankLayout(3).describe(2, { numHeads: 12, tokens: 35 })).toBe('rank 2 of 3 (4 heads, 11 tokens)');
+  });
+
+  it('shares that are not cfgGroups groups of the degree are refused, saying what came', () => {
+    expect(() => new RankLayout(2, 2, [[6, 6]])).toThrow('head shares [[6,6]] are not 2 group(s) of 2 ranks');
+    expect(() => new RankLayout(2, 1, [[4, 4, 4]])).toThrow('head shares [[4,4,4]] are not 1 group(s) of 2 ranks');
+    expect(() => new RankLayout(2, 2, [[6, 6], [12]])).toThrow('are not 2 group(s) of 2 ranks');
+  });
+
+  it('a placement serves a layout of the same degree, grouping, stages and shares, and no other', () => {
+    const shares = [
+      [8, 4],
+      [6, 6],
+    ];
+    expect(layout.sameAs(new RankLayout(2, 2, shares, 2))).toBe(true);
+    expect(layout.sameAs(new RankLayout(2, 2, [shares[1], shares[0]], 2))).toBe(false);
+    expect(layout.sameAs(new RankLayout(2, 2, null, 2))).toBe(false);
+    expect(new RankLayout(2).sameAs(new RankLayout(2, 2))).toBe(false);
+    expect(new RankLayout(2).sameAs(new RankLayout(3))).toBe(false);
+    expect(new RankLayout(2).sameAs(new RankLayout(2, 1, null, 1))).toBe(true);
+  });
+});
+
+describe('a Ulysses plan: who holds which tokens and heads, and what crosses the wire', () => {
+  it("where the speeds' floors leave a slow rank no share, every rank starts from one", () => {
+    // 3 of 100/1/1 floors to 2/1/1, one too many: one each
+    expect(proportionalShares(3, [100, 1, 1])).toEqual([1, 1, 1]);
+    expect(proportionalShares(4, [100, 1, 1])).toEqual([2, 1, 1]);
+  });
+
+  it('rank r owns the tokens and heads after those of the ranks before it; its rows scatter and gather back whole', () => {
+    const plan = planUlysses(config, 35, [6, 4, 2]);
+    expect(plan.rows).toEqual([18, 12, 5]);
+    expect([0, 1, 2].map((r) => tokenStart(plan, r))).toEqual([0, 18, 30]);
+    expect([0, 1, 2].map((r) => headStart(plan, r))).toEqual([0, 6, 10]);
+    const matrix = Float32Array.from({ length: 35 * 2 }, (_, i) => i); // [35, 2]
+    const parts = [0, 1, 2].map((r) => scatterRows(plan, matrix, 2, r));
+    expect(parts.map((p) => p.length)).toEqual([36, 24, 10]);
+    expect([...parts[1].subarray(0, 2)]).toEqual([36, 37]); // token 18
+    expect(gatherRows(plan, parts, 2)).toEqual(matrix);
+  });
+
+  it("head groups split each rank's heads as evenly as they can, no more groups than the fewest heads; a rank sends its parts' floats in all", () => {
+    const plan = planUlysses(config, 35, [6, 4, 2], 3);
+    expect(plan.headGroups).toBe(2); // rank 2 has two heads
+    expect(planUlysses(config, 35, 4, 3).headGroups).toBe(3);
+    expect([0, 1].map((g) => headGroup(plan, 0, g))).toEqual([
+      { start: 0, heads: 3 },
+      { start: 3, heads: 3 },
+    ]);
+    expect(headGroup(plan, 2, 1)).toEqual({ start: 1, heads: 1 });
+    const d = config.headDim;
+    // q, k, v of rank 0's 18 tokens for rank 1's first group of heads (2 of its 4); rank 1's output of those
+    expect(partFloats(plan, 'qkv', 0, 1, 0)).toBe(3 * 18 * 2 * d);
+    expect(partFloats(plan, 'output', 0, 1, 1)).toBe(12 * 3 * d);
+    expect(partFloats(plan, 'kv', 2, 0)).toBe(2 * 5 * 12 * d);
+    for (const rank of [0, 1, 2]) {
+      let sent = 0;
+      for (const to of [0, 1, 2])
+        if (to !== rank)
+          for (let g = 0; g < plan.headGroups; g++)
+            sent += partFloats(plan, 'qkv', rank, to, g) + partFloats(plan, 'output', rank, to, g);
+      expect(exchangeFloatsPerBlock(plan, rank), `rank ${rank}`).toBe(sent);
+      expect(displacedFloatsPerBlock(plan, rank)).toBe(2 * partFloats(plan, 'kv', rank, 0));
+    }
+    expect(exchangeFloatsPerBlock(plan, 0)).toBe((3 * 18 * 6 + 6 * 17) * d);
+    expect(() => planUlysses(config, 35, 2, 0)).toThrow('headGroups is a whole number of head groups ≥ 1, got 0');
+    expect(() => planUlysses(config, 35, 2, 1.5)).toThrow('got 1.5');
+  });
+
+  it('a forward attends stale keys and values only in displaced mode, past the warm-up, right after the step before on these ranks', () => {
+    expect(attendsStale('displaced', 2, 2, 1)).toBe(true);
+    expect(attendsStale('displaced', 2, 5, 4)).toBe(true);
+    expect(attendsStale('displaced', 2, 1, 0)).toBe(false); // warm-up
+    expect(attendsStale('displaced', 2, 3, undefined)).toBe(false); // the first forward on these ranks
+    expect(attendsStale('displaced', 2, 4, 2)).toBe(false); // a step ran elsewhere between
+    expect(attendsStale('ulysses', 2, 3, 2)).toBe(false);
+  });
+
+  it('displaced mode holds no stale keys and values on one rank', () => {
+    const work = { model: { numLayers: 30, dim: 1536 }, tokens: 32760, passes: 2 };
+    expect(staleKeysValuesBytes(work, 1)).toBe(0);
+    expect(staleKeysValuesBytes(work, 2)).toBe(staleKeysValuesBytes(work, 8));
+    expect(staleKeysValuesBytes({ ...work, passes: 1 }, 2)).toBe(staleKeysValuesBytes(work, 2) / 2);
   });
 });
 

@@ -1,5 +1,17 @@
 import { describe, expect, it } from 'vitest';
-import { cutStages, type PipelineStage, type StageGroup, type StagedModel } from '../../coordinator/stage-plan.ts';
+import {
+  cutStages,
+  placeStages,
+  stagedModel,
+  wholeModelBytes,
+  type PipelineStage,
+  type StageGroup,
+  type StagedModel,
+  type StageWorker,
+} from '../../coordinator/stage-plan.ts';
+import { expectedWeightShapes, wanConfigOfSize } from '../../core/model/config.ts';
+import { sizeOf } from '../../core/tensor.ts';
+import { MAX_MESSAGE_FLOATS } from '../../core/worker-api.ts';
 
 const GB = 1e9;
 /** Wan2.1-T2V-14B in bfloat16: 40 blocks of 351 M parameters, 233 M in the embedders and 82 k in the head. */
@@ -79,5 +91,162 @@ describe('cutting the blocks into pipeline stages', () => {
     const stages = stagesOf(cutStages(WAN_14B_BF16, [pair, group('b', 16, 2)]));
     expect(stages[0].workers).toEqual(['a1', 'a2']);
     expect(sizes(stages)).toEqual([20, 20]);
+  });
+
+  it("the output head counts against the last stage's memory, and no other's", () => {
+    // a head of two blocks' bytes: the last worker, however fast, holds two blocks beside it, the first the rest
+    const headed: StagedModel = { numLayers: 5, blockBytes: GB, firstBytes: 0, lastBytes: 2 * GB };
+    const stages = stagesOf(cutStages(headed, [group('first', 4, 1, 0), group('last', 4, 10, 0)]));
+    expect(stages.map((s) => s.blocks)).toEqual([
+      [0, 3],
+      [3, 5],
+    ]);
+    expect(stages.map((s) => s.heldBytes)).toEqual([3 * GB, 4 * GB]);
+  });
+
+  it('a swarm that holds the model exactly is placed, every worker full', () => {
+    const exact: StagedModel = { numLayers: 4, blockBytes: GB, firstBytes: GB, lastBytes: GB };
+    const stages = stagesOf(cutStages(exact, [group('a', 3, 1, 0), group('b', 3, 1, 0)]));
+    expect(sizes(stages)).toEqual([2, 2]);
+    expect(stages.map((s) => s.heldBytes)).toEqual([3 * GB, 3 * GB]);
+  });
+
+  it('more groups than blocks: the fastest hold a block each, the rest take no part, and no block is past the model', () => {
+    const two: StagedModel = { numLayers: 2, blockBytes: GB, firstBytes: 0, lastBytes: 0 };
+    const stages = stagesOf(
+      cutStages(two, [group('a', 10, 2, 0), group('slowest', 10, 1, 0), group('fastest', 10, 3, 0)]),
+    );
+    expect(stages.map((s) => [s.workers[0], s.blocks])).toEqual([
+      ['a', [0, 1]],
+      ['fastest', [1, 2]],
+    ]);
+  });
+
+  it("a refusal counts the whole model, what the groups' free memory can hold of it, and the reserve a new worker needs", () => {
+    const model: StagedModel = { numLayers: 4, blockBytes: GB, firstBytes: 0.5 * GB, lastBytes: 0.25 * GB };
+    // the first holds one block beside the embedders; the second's memory is less than its reserve: it holds nothing
+    const plan = cutStages(model, [group('a', 2, 1, 0.5), group('b', 0.5, 1, 1)]);
+    expect(plan).toEqual({
+      refused:
+        'the model needs 4.75 GB of weights and these 2 stage group(s) can hold 1.50 GB: it needs 3.00 GB more, ' +
+        'one more worker with 4.00 GB for the model',
+    });
+    // memory in pieces smaller than a block holds no block: what can be held is the model less the blocks missing
+    const fragmented = cutStages(model, [group('a', 2.4, 1, 0), group('b', 2.2, 1, 0)]);
+    expect(fragmented).toEqual({
+      refused:
+        'the model needs 4.75 GB of weights and these 2 stage group(s) can hold 2.75 GB: it needs 2.00 GB more, ' +
+        'one more worker with 2.00 GB for the model',
+    });
+  });
+});
+
+describe("a model's bytes as stages hold them", () => {
+  const cfg = wanConfigOfSize({ headDim: 32, textDim: 32, ffnDim: 64, numLayers: 4 }, 'four blocks');
+
+  it("are the checkpoint's tensors in float32: a block's, the embedders' with the first stage, the head's with the last", () => {
+    const bytes = { block: 0, first: 0, last: 0 };
+    for (const [name, shape] of expectedWeightShapes(cfg)) {
+      const n = 4 * sizeOf(shape);
+      if (name.startsWith('blocks.0.')) bytes.block += n;
+      else if (name.startsWith('patch_embedding.') || name.startsWith('condition_embedder.')) bytes.first += n;
+      else if (!name.startsWith('blocks.')) bytes.last += n; // proj_out and the head's scale_shift_table
+    }
+    const model = stagedModel(cfg);
+    expect(model).toEqual({
+      numLayers: 4,
+      blockBytes: bytes.block,
+      firstBytes: bytes.first,
+      lastBytes: bytes.last,
+    });
+    const whole = [...expectedWeightShapes(cfg).values()].reduce((n, shape) => n + 4 * sizeOf(shape), 0);
+    expect(wholeModelBytes(model)).toBe(whole);
+    expect(wholeModelBytes({ ...model, numLayers: 1 })).toBe(bytes.block + bytes.first + bytes.last);
+  });
+});
+
+describe('placing pipeline stages on workers', () => {
+  const cfg = wanConfigOfSize({ headDim: 32, textDim: 32, ffnDim: 64, numLayers: 4 }, 'four blocks');
+  const job = { degree: 1, tokens: 64, textTokens: 16 };
+  const live = (...flops: (number | null)[]): StageWorker[] =>
+    flops.map((f, i) => ({ id: `w${i}`, memoryGiB: null, flops: f }));
+  const cut = (stages: PipelineStage[]) => stages.map((s) => [s.workers, s.blocks]);
+
+  it('stages are a whole number from 1 to the blocks; one stage holds every block', () => {
+    for (const stages of [0, 1.5, -1])
+      expect(() => placeStages(cfg, { ...job, stages }, live(null, null))).toThrow(
+        `stages is a whole number ≥ 1 of pipeline stages, got ${stages}`,
+      );
+    expect(cut(placeStages(cfg, { ...job, stages: 1 }, live(null, null)))).toEqual([[['w0'], [0, 4]]]);
+  });
+
+  it("a rank's hidden state of exactly one message's floats is handed on, one token more is refused; one stage hands on nothing", () => {
+    // x [Sl, D], the time embedding and its projection [7, D] and the context [textTokens, D]
+    expect(MAX_MESSAGE_FLOATS % cfg.dim).toBe(0);
+    const tokens = MAX_MESSAGE_FLOATS / cfg.dim - 7 - job.textTokens;
+    expect(placeStages(cfg, { ...job, tokens, stages: 2 }, live(null, null))).toHaveLength(2);
+    expect(() => placeStages(cfg, { ...job, tokens: tokens + 1, stages: 2 }, live(null, null))).toThrow(
+      "a rank's hidden state between pipeline stages would be 62.9 MB",
+    );
+    // two ranks a stage share the tokens
+    expect(placeStages(cfg, { ...job, degree: 2, tokens: 2 * tokens, stages: 2 }, live(...[0, 0, 0, 0]))).toHaveLength(
+      2,
+    );
+    expect(placeStages(cfg, { ...job, tokens: 10 * tokens, stages: 1 }, live(null))).toHaveLength(1);
+  });
+
+  it('too few workers says how many are live, one worker as one', () => {
+    expect(() => placeStages(cfg, { ...job, stages: 2 }, live(null))).toThrow(
+      '2 pipeline stages of 1 worker need 2 workers but 1 is live: ask for fewer stages, or open more worker pages',
+    );
+  });
+
+  it('blocks go by speed only where every worker placed was measured; workers left out do not count', () => {
+    // the first two measured, a third left out unmeasured: by speed
+    expect(cut(placeStages(cfg, { ...job, stages: 2 }, live(3e9, 1e9, null)))).toEqual([
+      [['w0'], [0, 3]],
+      [['w1'], [3, 4]],
+    ]);
+    // one of them unmeasured, or measured at nothing: evenly
+    for (const flops of [null, 0])
+      expect(cut(placeStages(cfg, { ...job, stages: 2 }, live(3e9, flops)))).toEqual([
+        [['w0'], [0, 2]],
+        [['w1'], [2, 4]],
+      ]);
+  });
+
+  it("a stage of several workers holds what its smallest member can, at its slowest member's pace", () => {
+    const model = stagedModel(cfg);
+    const GiB = 2 ** 30;
+    // each worker's budget holds one block beside the embedders and the head, or everything
+    const small = (model.firstBytes + model.lastBytes + 1.5 * model.blockBytes) / GiB;
+    const workers: StageWorker[] = [
+      { id: 'a1', memoryGiB: null, modelMemoryGiB: small, flops: 1e9 },
+      { id: 'a2', memoryGiB: null, flops: 1e9 },
+      { id: 'b1', memoryGiB: null, flops: 1e9 },
+      { id: 'b2', memoryGiB: null, flops: 1e9 },
+    ];
+    expect(cut(placeStages(cfg, { ...job, degree: 2, stages: 2 }, workers))).toEqual([
+      [
+        ['a1', 'a2'],
+        [0, 1],
+      ],
+      [
+        ['b1', 'b2'],
+        [1, 4],
+      ],
+    ]);
+    // a fast member in a slow stage speeds it up none: 3 blocks on the stage whose slowest member is 3× the other's
+    const paced = [3e9, 9e9, 1e9, 9e9].map((flops, i) => ({ ...workers[i], modelMemoryGiB: undefined, flops }));
+    expect(cut(placeStages(cfg, { ...job, degree: 2, stages: 2 }, paced))).toEqual([
+      [
+        ['a1', 'a2'],
+        [0, 3],
+      ],
+      [
+        ['b1', 'b2'],
+        [3, 4],
+      ],
+    ]);
   });
 });
