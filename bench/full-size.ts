@@ -12,7 +12,6 @@
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
-import type { JobOverrides } from '../app/automation.ts';
 import { FULL_SIZE_MODEL_DIR } from '../server/model-folder.ts';
 import { LOCAL_MODEL_PATH } from '../server/serve.ts';
 import { startLocalSwarm } from '../server/cli/browser-swarm.ts';
@@ -30,6 +29,7 @@ import {
   waitForQuietMachine,
   writeReport,
   SMOKE_MODEL_DIR,
+  transformerJob,
 } from './lib.ts';
 
 /** the issue's bound on P ranks against one, relative to the latent's scale */
@@ -87,21 +87,7 @@ export async function runFullSize(o: FullSizeOptions) {
         `full-size: ${P} worker tab(s)${afterReload ? ' after reloading them' : ''}, ` +
           `${o.frames} frames ${o.width}×${o.height}, ${o.steps} steps… (load ${load.loadAverage1m})`,
       );
-      const job: JobOverrides = {
-        prompt: 'random prompt embeddings',
-        promptEmbeds,
-        outputType: 'latent',
-        frames: o.frames,
-        height: o.height,
-        width: o.width,
-        steps: o.steps,
-        guidance: 1,
-        seed: 42,
-        backend: 'swarm',
-        workers: P,
-        ep: 'wasm',
-        model: LOCAL_MODEL_PATH,
-      };
+      const job = transformerJob(o, promptEmbeds, { workers: P });
       const { report, latent: base64 } = await swarm.dashboard.evaluate((j) => window.ditswarm.generate(j), job);
       const latent = latentFromBase64(base64);
       oneTab ??= latent;

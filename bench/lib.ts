@@ -6,8 +6,10 @@ import { cpus, loadavg, totalmem } from 'node:os';
 import { dirname, extname, join, normalize, relative } from 'node:path';
 import type { BrowserContext, Page } from '@playwright/test';
 import { build } from 'vite';
+import type { JobOverrides } from '../app/automation.ts';
 import { parseWanConfig, type WanConfig } from '../core/model/config.ts';
 import { SeededRandom } from '../core/random.ts';
+import { LOCAL_MODEL_PATH } from '../server/serve.ts';
 
 export const ROOT = join(import.meta.dirname, '..');
 export const OUT_DIR = join(ROOT, 'bench/out');
@@ -76,6 +78,32 @@ export function randomPromptEmbeds(dir: string): { shape: number[]; base64: stri
   };
   const embeds = new SeededRandom(3).normals(TEXT_TOKENS * textDim, 0.2);
   return { shape: [1, TEXT_TOKENS, textDim], base64: Buffer.from(embeds.buffer).toString('base64') };
+}
+
+/**
+ * A job of the transformer alone, as the full-size benches run it: random prompt embeddings (randomPromptEmbeds) in,
+ * the latent out, unguided, on WASM, on the model folder the server serves at LOCAL_MODEL_PATH.
+ */
+export function transformerJob(
+  { frames, height, width, steps }: Pick<JobOverrides, 'frames' | 'height' | 'width' | 'steps'>,
+  promptEmbeds: JobOverrides['promptEmbeds'],
+  placement: JobOverrides,
+): JobOverrides {
+  return {
+    prompt: 'random prompt embeddings',
+    promptEmbeds,
+    outputType: 'latent',
+    frames,
+    height,
+    width,
+    steps,
+    guidance: 1,
+    seed: 42,
+    backend: 'swarm',
+    ep: 'wasm',
+    model: LOCAL_MODEL_PATH,
+    ...placement,
+  };
 }
 
 /** The bench model's transformer config, after writing the model if it is not there yet. */

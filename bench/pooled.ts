@@ -11,7 +11,7 @@
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
-import type { JobOverrides, JobResult } from '../app/automation.ts';
+import type { JobResult } from '../app/automation.ts';
 import { WEIGHT_TYPES, type WeightType } from '../core/worker-api.ts';
 import { startLocalSwarm } from '../server/cli/browser-swarm.ts';
 import { CACHE_ROOT } from '../server/model-folder.ts';
@@ -26,6 +26,7 @@ import {
   rendererPeaks,
   round,
   SMOKE_MODEL_DIR,
+  transformerJob,
   versions,
   waitForQuietMachine,
   writeReport,
@@ -104,23 +105,8 @@ export async function runPooled(o: PooledOptions) {
     for (const S of o.stages) {
       const load = await waitForQuietMachine();
       log(`pooled: ${S} stage(s) on ${S} tab(s), ${o.weights} weights… (load ${load.loadAverage1m})`);
-      const job: JobOverrides = {
-        prompt: 'random prompt embeddings',
-        promptEmbeds,
-        outputType: 'latent',
-        frames: o.frames,
-        height: o.height,
-        width: o.width,
-        steps: o.steps,
-        guidance: 1,
-        seed: 42,
-        backend: 'swarm',
-        workers: 1, // a stage's: each stage on one tab
-        stages: S,
-        weightType: o.weights,
-        ep: 'wasm',
-        model: LOCAL_MODEL_PATH,
-      };
+      // `workers` is a stage's: each stage on one tab
+      const job = transformerJob(o, promptEmbeds, { workers: 1, stages: S, weightType: o.weights });
       const { report, latent: base64 } = (await swarm.dashboard.evaluate(
         (j) => window.ditswarm.generate(j),
         job,
