@@ -155,12 +155,7 @@ if (chosen.includes('full-size')) {
 if (chosen.includes('pooled')) {
   const pooled = await runPooled(options(SMOKE_POOLED, parsePooledArgs));
   report('pooled.json', pooled);
-  for (const r of pooled.runs)
-    console.log(
-      `pooled: S = ${r.stages}: held ${r.heldGB.join(' / ')} GB (largest ${r.largestShare} of the whole), ` +
-        `peak ${r.peakMemoryGiB.join(' / ')} GiB, placing ${r.placingS} s, steps ${r.stepsMs.join(', ')} ms, ` +
-        `max-abs vs S = 1 ${r.maxAbsFromOneTab}`,
-    );
+  // each run's line was logged as it ended (runPooled): what it meets is left to say
   console.log(`pooled: ${JSON.stringify(pooled.meets)}`);
   sectionDone('pooled');
 }
