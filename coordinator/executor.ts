@@ -19,7 +19,9 @@ import {
 import { patchify, tokenGrid } from '../core/model/tokens.ts';
 import { hiddenStateError, type HiddenState } from '../core/model/blocks.ts';
 import { initArgsOf, loadArgsOf, type ResolvedPlacement } from './placement.ts';
-import { judgeSpotCheck, pickChecker, spotCheckDraw, type SpotCheck } from './spot-check.ts';
+import { judgeSpotCheck, pickChecker, secureRandom, spotCheckDraw, type SpotCheck } from './spot-check.ts';
+import { judgeExchanges, sameDigests, trueDigests } from './exchange-evidence.ts';
+import { newSigningKeys, type SigningKeys } from '../core/net/signing.ts';
 import { defined } from '../core/defined.ts';
 import { Emitter } from '../core/events.ts';
 import { guide } from '../core/sampler.ts';
@@ -209,6 +211,8 @@ export abstract class Executor {
   private readonly spotCheckDue: (forward: { step: number; steps?: number }) => boolean;
   /** each rank's share of the prepared job, as the swarm view shows it ("rank 0 of 3 (5 heads, 410 tokens)") */
   private readonly jobShares: string[] = [];
+  /** each rank's key pair, by global rank (initialize) */
+  private signingKeys: SigningKeys[] = [];
   /** spot checks made and not yet taken (takeSpotChecks) */
   private spotChecks: SpotCheck[] = [];
   /** a step cache's forwards run and not yet taken (takeCacheForwards) */
@@ -276,7 +280,11 @@ export abstract class Executor {
       throw new Error(`the layout needs ${this.layout.world} ranks but ${peers.length} were placed`);
     this.placed = true;
     const session = `${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 8)}`;
-    await this.collectiveRpc('initWorker', { args: (rank) => initArgsOf(this.placement, rank, peers, session) });
+    // each rank signs what it sends its mesh with a key made here (core/net/signing.ts), for a spot check's evidence
+    this.signingKeys = Array.from({ length: this.layout.world }, newSigningKeys);
+    await this.collectiveRpc('initWorker', {
+      args: (rank) => initArgsOf(this.placement, rank, peers, session, this.signingKeys),
+    });
     const infos = await this.collectiveRpc('describe');
     const loaded = await this.collectiveRpc('loadModel', {
       // 'auto': each worker takes the EP it measured fastest, by the rule the planner predicted it with (fastestEp);
@@ -628,6 +636,9 @@ export abstract class Executor {
       if (third !== null)
         judged = judgeSpotCheck(plan, ranks, parts, width, checker, await recompute(third), tolerance);
     }
+    // rows wrong from a tensor one rank sent the others are wrong on every rank: its receipts name who sent it
+    const sender = judged.verdict === 'agreed' ? null : await this.exchangeLie(args, plan, ranks, checker.rank, third);
+    if (sender) judged = { ...judged, verdict: { convicted: [sender.rank], why: sender.why } };
     this.spotChecks.push({
       step: request.step,
       pass: request.pass,
@@ -653,6 +664,60 @@ export abstract class Executor {
       blame,
       alsoConvicted !== undefined,
     );
+  }
+
+  /**
+   * The rank whose signed tensors made its group's rows wrong, where the receipts of the group's exchanges name one
+   * (exchange-evidence.ts) against a recomputation of them that two ranks make alike: the checker and the third
+   * first, then ranks drawn from the CSPRNG. Only for an exact forward of a group of WASM ranks on as many threads,
+   * recomputed so: the receipts are digests, and only ranks that compute bit for bit alike send the same bytes.
+   */
+  private async exchangeLie(
+    args: RecomputeArgs,
+    plan: UlyssesPlan,
+    ranks: number[],
+    checker: number,
+    third: number | null,
+  ): Promise<{ rank: number; why: string } | null> {
+    const { ep, threads } = this.workers[ranks[0]] ?? {};
+    const alike = (rank: number) =>
+      ep === 'wasm' && this.workers[rank]?.ep === ep && this.workers[rank].threads === threads;
+    if (plan.degree < 2 || args.stale || args.cache || !ranks.every(alike)) return null;
+    const forward = { job: args.job, step: args.step, pass: args.pass };
+    const evidence = await this.collectiveRpc('exchangeEvidence', { args: forward, ranks });
+    const judges = [checker, ...(third === null ? [] : [third])];
+    const rest = Array.from({ length: this.world }, (_, r) => r).filter((r) => !judges.includes(r));
+    while (rest.length) judges.push(...rest.splice(Math.floor(secureRandom() * rest.length), 1));
+    const tables: Map<string, string>[] = [];
+    let truth: Map<string, string> | undefined;
+    for (const rank of judges.filter(alike)) {
+      const [{ received }] = await this.collectiveRpc('recomputeExchanges', {
+        args: { ...args, heads: plan.heads, headGroups: plan.headGroups },
+        ranks: [rank],
+      });
+      const table = trueDigests(received);
+      truth = tables.find((t) => sameDigests(t, table));
+      if (truth) break;
+      tables.push(table);
+    }
+    if (!truth) return null;
+    const publicKeys = ranks.map((r) => this.signingKeys[r].publicKey);
+    const verdict = judgeExchanges(
+      forward,
+      truth,
+      evidence.map((e) => e.receipts),
+      publicKeys,
+    );
+    if (!verdict) return null;
+    const sender = verdict.senders.at(0);
+    if (sender !== undefined)
+      return {
+        rank: ranks[sender],
+        why:
+          `it sent its peers ${verdict.where} other than its group's recomputed exchanges give, signed ` +
+          '(their receipts prove it), and every rank computed its rows from them',
+      };
+    return { rank: ranks[verdict.forgers[0]], why: 'it kept a receipt of a tensor its sender never signed' };
   }
 
   /**

@@ -7,6 +7,7 @@ import type { LoraRef } from '../core/model/lora.ts';
 import type { LinkSpeed } from '../core/cost-model.ts';
 import type { LinkEmulation } from '../core/net/paced-channel.ts';
 import type { DType } from '../core/net/protocol.ts';
+import type { SigningKeys } from '../core/net/signing.ts';
 import type { ParallelMode, RankLayout } from '../core/parallel.ts';
 import type { RankSettings } from '../core/rank-settings.ts';
 import type { ExecutionProvider, InitArgs, LoadArgs, WeightType } from '../core/worker-api.ts';
@@ -147,8 +148,19 @@ export interface ResolvedPlacement {
 }
 
 /** What rank `rank` of a placement is told at initWorker: its place in its group's mesh and the settings. */
-export function initArgsOf(placement: ResolvedPlacement, rank: number, peers: string[], session: string): InitArgs {
-  return { ...placement.layout.meshOf(rank, peers, session), ...placement.settings };
+export function initArgsOf(
+  placement: ResolvedPlacement,
+  rank: number,
+  peers: string[],
+  session: string,
+  keys: SigningKeys[],
+): InitArgs {
+  const { layout } = placement;
+  // a rank's own secret key alone, and its mesh's public keys: no rank can sign for another
+  const signing = layout.ulyssesDegree > 1 && {
+    signing: { secretKey: keys[rank].secretKey, publicKeys: layout.meshRanks(rank).map((r) => keys[r].publicKey) },
+  };
+  return { ...layout.meshOf(rank, peers, session), ...placement.settings, ...signing };
 }
 
 /** What rank `rank` of a placement loads: the model on the EP asked, and its stage's blocks where the job is staged. */

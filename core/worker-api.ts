@@ -10,6 +10,7 @@ import { RANK_SETTINGS_CHECKS, type RankSettings } from './rank-settings.ts';
 import {
   fields,
   floats,
+  hexOf,
   int,
   list,
   none,
@@ -22,6 +23,7 @@ import {
   type FieldChecks,
 } from './net/check.ts';
 import type { ApiContract, Remote } from './net/rpc.ts';
+import type { MeshSigning } from './net/signing.ts';
 import type { Transport } from './net/channel.ts';
 
 /** An onnxruntime-web execution provider a worker can run on. */
@@ -70,6 +72,8 @@ export interface RankMesh {
   session: string;
   /** each rank's share of the model's heads, in rank order (core/parallel.ts); even without it */
   heads?: number[];
+  /** what it signs its tensors with and checks its peers' by (core/net/signing.ts); a mesh of one has none */
+  signing?: MeshSigning;
 }
 
 /** What a rank is told at initWorker: its place in the mesh and the placement's settings (placement.ts initArgsOf). */
@@ -207,6 +211,38 @@ export interface KeptForward {
  */
 export interface RecomputeArgs extends ExecuteArgs {
   kept?: KeptForward;
+}
+
+/** One forward of a job: a pass of a step. */
+export interface ForwardKey {
+  job: number;
+  step: number;
+  pass: number;
+}
+
+/**
+ * A tensor a rank received in a forward's exchanges, and what proves who sent it (core/net/signing.ts): its payload's
+ * SHA-256 and its sender's Ed25519 signature over that and its place, hex ('' where nothing is signed).
+ */
+export interface ExchangeReceipt {
+  block: number;
+  phase: number;
+  group: number;
+  /** the sender's rank in the mesh */
+  from: number;
+  digest: string;
+  signature: string;
+}
+
+/** A group's forward recomputed in-process as its ranks ran it (its plan's heads and head groups): what each sent. */
+export interface RecomputeExchangesArgs extends ExecuteArgs {
+  heads: number[];
+  headGroups: number;
+}
+
+/** What each rank of a group receives in a forward, by mesh rank: the true receipts, unsigned. */
+export interface ExchangesRecomputed {
+  received: ExchangeReceipt[][];
 }
 
 /** What one forward pass of a rank cost: time computing and waiting, bytes between device and CPU. */
@@ -393,6 +429,13 @@ export interface WorkerApi {
    * step cache's reuse from the residual of the `kept` forward, computed first
    */
   recompute(args: RecomputeArgs): Promise<{ rows: Float32Array; computeMs: number }>;
+  /** what this rank received in one of its recent forwards' exchanges, with its senders' signatures */
+  exchangeEvidence(args: ForwardKey): Promise<{ receipts: ExchangeReceipt[] }>;
+  /**
+   * a whole forward of the prepared job as a group of `heads.length` ranks runs it, all of them in this worker and
+   * exchanging in memory: what each of them would receive (a spot check's evidence of who sent a wrong tensor)
+   */
+  recomputeExchanges(args: RecomputeExchangesArgs): Promise<ExchangesRecomputed>;
   ping(args: Record<string, never>): Promise<PingReply>;
   /**
    * answers once its engine gets to it, after the calls queued before it: a health check that, unlike
@@ -508,6 +551,20 @@ const checkRecomputeArgs: Check<RecomputeArgs> = fields({
   ...executeArgs,
   kept: optional(fields({ step: int(0, 9999), timestep: num(0, 1000), patches: floats() })),
 });
+const forwardKey = { job: int(0), step: int(0, 9999), pass: int(0, 1) };
+/** more receipts than a forward of the largest model has (40 blocks × 2 phases × head groups × peers) */
+const MAX_RECEIPTS = 1 << 16;
+const receiptFields = {
+  block: int(0, MAX_BLOCKS),
+  phase: int(0, 0xffff),
+  group: int(0, MAX_HEADS),
+  from: int(0, MAX_RANKS - 1),
+  digest: hexOf(32),
+};
+/** a receipt as a rank kept it, its sender's signature checked */
+const checkSignedReceipt: Check<ExchangeReceipt> = fields({ ...receiptFields, signature: hexOf(64) });
+/** a receipt of an in-process recomputation: nothing signed */
+const checkTrueReceipt: Check<ExchangeReceipt> = fields({ ...receiptFields, signature: oneOf('') });
 const totals: Check<WorkerTotals> = fields({
   steps: int(0),
   bytesSent: bytes,
@@ -546,6 +603,7 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
       peers: list(text(256), { min: 1, max: MAX_RANKS }),
       session: text(256),
       heads: optional(list(int(1, MAX_HEADS), { min: 1, max: MAX_RANKS })),
+      signing: optional(fields({ secretKey: hexOf(32), publicKeys: list(hexOf(32), { min: 1, max: MAX_RANKS }) })),
       ...RANK_SETTINGS_CHECKS,
     }),
     reply: fields({ rank: int(0), world: int(1) }),
@@ -647,6 +705,20 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
   recompute: {
     args: checkRecomputeArgs,
     reply: fields({ rows: floats(), computeMs: ms }),
+  },
+  exchangeEvidence: {
+    args: fields(forwardKey),
+    reply: fields({ receipts: list(checkSignedReceipt, { max: MAX_RECEIPTS }) }),
+  },
+  recomputeExchanges: {
+    args: fields({
+      ...executeArgs,
+      heads: list(int(1, MAX_HEADS), { min: 1, max: MAX_RANKS }),
+      headGroups: int(1, MAX_HEADS),
+    }),
+    reply: fields({
+      received: list(list(checkTrueReceipt, { max: MAX_RECEIPTS }), { min: 1, max: MAX_RANKS }),
+    }),
   },
   ping: {
     args: none,

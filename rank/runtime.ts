@@ -20,6 +20,7 @@ import type {
   ExecuteArgs,
   ExecuteResult,
   ExecutionProvider,
+  ForwardKey,
   InitArgs,
   KeptForward,
   LoadArgs,
@@ -27,6 +28,7 @@ import type {
   PrepareArgs,
   RankStats,
   RecomputeArgs,
+  RecomputeExchangesArgs,
   RehearseArgs,
   WorkerApi,
   WorkerInfo,
@@ -49,11 +51,13 @@ import {
 import { displacedAttention, heldStaleAttention, KeysValuesHistory } from './displaced.ts';
 import { concat } from '../core/tensor.ts';
 import { memoryExchanges } from './exchange/memory.ts';
+import { ExchangeLedger, type KeepsEvidence } from './exchange/ledger.ts';
 import { MAX_AHEAD } from './exchange/mesh.ts';
 
 export interface RuntimeHooks {
   /** Builds this rank's side of the all-to-all for a job's ranks. */
-  connectMesh(init: InitArgs): Promise<Exchange>;
+  /** the mesh's exchange; one that keeps evidence is given this rank's ledger (exchange/ledger.ts) */
+  connectMesh(init: InitArgs): Promise<Exchange & Partial<KeepsEvidence>>;
   /** what this worker is; its `threads` are those it computes on from its next job */
   describe(): Promise<WorkerInfo>;
   /**
@@ -103,6 +107,8 @@ export class WorkerRuntime implements WorkerApi {
   private detail = '';
   private init: InitArgs | null = null;
   private exchange: Exchange | null = null;
+  /** receipts of what this rank's peers sent it in its recent forwards, signed (exchange/ledger.ts) */
+  private ledger: ExchangeLedger | null = null;
   private model: EngineInfo | null = null;
   private modelUrl: string | null = null;
   /** the pipeline stage's blocks the loaded model holds, as loadModel was asked (all where absent) */
@@ -200,6 +206,7 @@ export class WorkerRuntime implements WorkerApi {
     // a browser worker outlives its executor: release the job's ranks and wait for the next initWorker
     this.init = null;
     this.exchange = null;
+    this.ledger = null;
     this.texts = [];
     this.plan = null;
     this.keysValues.clear();
@@ -217,7 +224,10 @@ export class WorkerRuntime implements WorkerApi {
       throw new Error(`initWorker needs a head share for each of ${world} ranks, got ${init.heads.length}`);
     this.init = init;
     this.keysValues.clear();
-    this.exchange = await this.hooks.connectMesh(init);
+    const exchange = await this.hooks.connectMesh(init);
+    this.ledger = new ExchangeLedger(rank, init.signing);
+    exchange.keepEvidence?.(this.ledger);
+    this.exchange = exchange;
     this.setState('initialized', `rank ${rank} of ${world}`);
     return { rank, world };
   }
@@ -491,14 +501,7 @@ export class WorkerRuntime implements WorkerApi {
    * coordinator checks its group's rows against it now and then (coordinator/spot-check.ts).
    */
   async recompute(args: RecomputeArgs) {
-    const pass = this.preparedPass('recompute', args);
-    const held = this.heldBlocks(pass.cfg);
-    if (held.from !== 0 || held.to !== pass.cfg.numLayers)
-      throw new Error(
-        `recompute runs the whole model, but this rank holds blocks ${held.from}–${held.to - 1} of ` +
-          `${pass.cfg.numLayers} (a pipeline stage)`,
-      );
-    if (args.hidden) throw new Error('recompute starts from all the patches of the pass, not a hidden state');
+    const pass = this.wholePass('recompute', args);
     const allPatches = pass.plan.tokens * pass.patchWidth;
     const short = [args.patches, args.kept?.patches].find((p) => p && p.length !== allPatches);
     if (short)
@@ -516,6 +519,51 @@ export class WorkerRuntime implements WorkerApi {
         ? await this.recomputeReuse(pass, { ...args, kept: args.kept }, stats)
         : rowsOf(await this.forward(pass, wholePlan(pass), memoryExchanges(1)[0], args, stats));
     return { rows, computeMs: stats.computeMs };
+  }
+
+  exchangeEvidence(forward: ForwardKey) {
+    return Promise.resolve({ receipts: this.ledger?.receipts(forward) ?? [] });
+  }
+
+  /**
+   * A group's forward as its ranks ran it, each of them here over an in-memory exchange of this rank's dtype: what
+   * each would receive, digested (exchange/ledger.ts). Bit for bit what honest ranks on this EP received.
+   */
+  async recomputeExchanges(args: RecomputeExchangesArgs) {
+    const pass = this.wholePass('recomputeExchanges', args);
+    if (args.patches.length !== pass.plan.tokens * pass.patchWidth)
+      throw new Error(`recomputeExchanges expected all ${pass.plan.tokens}×${pass.patchWidth} patch values`);
+    if (args.stale || args.cache)
+      throw new Error("recomputeExchanges is of a forward run exact and whole, not a step cache's or a stale one");
+    const plan = planUlysses(pass.cfg, pass.plan.tokens, args.heads, args.headGroups);
+    const exchanges = memoryExchanges(plan.degree, this.needInit('recomputeExchanges').dtype);
+    const ledgers = exchanges.map((exchange) => {
+      const ledger = new ExchangeLedger(exchange.rank);
+      exchange.keepEvidence(ledger);
+      return ledger;
+    });
+    const stats = noStats();
+    await Promise.all(
+      exchanges.map((exchange, rank) => {
+        const start = tokenStart(plan, rank) * pass.patchWidth;
+        const patches = args.patches.subarray(start, start + plan.rows[rank] * pass.patchWidth);
+        return this.forward(pass, plan, exchange, { ...args, patches }, stats);
+      }),
+    );
+    return { received: ledgers.map((ledger) => ledger.receipts(args)) };
+  }
+
+  /** The prepared pass, where this rank holds the whole model to compute it from its patches alone. */
+  private wholePass(method: string, args: ExecuteArgs) {
+    const pass = this.preparedPass(method, args);
+    const held = this.heldBlocks(pass.cfg);
+    if (held.from !== 0 || held.to !== pass.cfg.numLayers)
+      throw new Error(
+        `${method} runs the whole model, but this rank holds blocks ${held.from}–${held.to - 1} of ` +
+          `${pass.cfg.numLayers} (a pipeline stage)`,
+      );
+    if (args.hidden) throw new Error(`${method} starts from all the patches of the pass, not a hidden state`);
+    return pass;
   }
 
   /**

@@ -12,7 +12,7 @@ import {
   type PeerDialer,
   type RelayMode,
 } from '../core/net/peer-link.ts';
-import type { DType, FrameHeader } from '../core/net/protocol.ts';
+import { SIGNATURE_BYTES, type DType, type FrameHeader } from '../core/net/protocol.ts';
 import type { RelayClient } from '../core/net/relay-client.ts';
 import { PeerLost, type InitArgs } from '../core/worker-api.ts';
 import { MeshExchange } from '../rank/exchange/mesh.ts';
@@ -45,7 +45,8 @@ export function judgeMeshFrame(
     return { refused: `rank ${rank} sent a ${header.kind} message on the mesh`, misbehaved: false };
   if (header.from !== rank) return { refused: `it sent a tensor in the name of rank ${header.from}`, misbehaved: true };
   if (header.dtype !== dtype) return { refused: `a ${header.dtype} tensor on a ${dtype} mesh`, misbehaved: false };
-  const refused = judge(rank, header.tag, header.totalBytes);
+  // the signature's bytes are the ledger's to judge (exchange/ledger.ts), the payload's the plan's
+  const refused = judge(rank, header.tag, header.totalBytes - (header.signed ? SIGNATURE_BYTES : 0));
   return refused === null ? null : { refused, misbehaved: false };
 }
 

@@ -54,6 +54,14 @@ export const text =
   (v, at) =>
     typeof v === 'string' && v.length <= maxLength ? v : fail(at, `a string of at most ${maxLength} characters`, v);
 
+/** `bytes` bytes as lowercase hex digits (a key, a digest, a signature). */
+export const hexOf =
+  (bytes: number): Check<string> =>
+  (v, at) =>
+    typeof v === 'string' && v.length === 2 * bytes && /^[0-9a-f]*$/.test(v)
+      ? v
+      : fail(at, `${bytes} bytes as ${2 * bytes} lowercase hex digits`, v);
+
 /** A Float32Array of at most `maxLength` values. */
 export const floats =
   (maxLength = 1 << 28): Check<Float32Array> =>

@@ -58,7 +58,16 @@ export interface TensorTag {
 
 export type Message =
   | { kind: 'rpc'; from: number; body: unknown; tensors: Float32Array[] }
-  | { kind: 'tensor'; from: number; tag: TensorTag; dtype: DType; shape: number[]; data: Uint8Array };
+  | {
+      kind: 'tensor';
+      from: number;
+      tag: TensorTag;
+      dtype: DType;
+      shape: number[];
+      data: Uint8Array;
+      /** its sender's signature (core/net/signing.ts), after the data; absent where the mesh signs nothing */
+      signature?: Uint8Array;
+    };
 
 /** Everything a frame's header declares; what `Reassembler`'s `accept` hook judges. */
 export interface FrameHeader {
@@ -67,6 +76,8 @@ export interface FrameHeader {
   from: number;
   tag: TensorTag;
   shape: number[];
+  /** a tensor's payload ends in its sender's signature */
+  signed: boolean;
   msgId: number;
   chunkIndex: number;
   chunkCount: number;
@@ -100,13 +111,17 @@ export const MAX_NDIM = 4;
 
 const MAGIC = 0x5744;
 /** the header's byte 2: pages that speak another version drop each other's frames */
-export const PROTOCOL_VERSION = 2;
+export const PROTOCOL_VERSION = 3;
 const KIND_CODE = { rpc: 1, tensor: 2 } as const;
 const KIND_NAME = [undefined, 'rpc', 'tensor'] as const;
 /** a dtype's code on the wire (byte 4) is its place in DTYPES */
 const DTYPE_CODE = Object.fromEntries(DTYPES.map((d, code) => [d, code])) as Record<DType, number>;
 const U16_MAX = 0xffff;
 const U32_MAX = 0xffffffff;
+/** an Ed25519 signature's bytes (core/net/signing.ts) */
+export const SIGNATURE_BYTES = 64;
+/** the header's byte 7: a tensor's payload ends in its sender's signature */
+const SIGNED = 1;
 const NO_TAG: TensorTag = { job: 0, step: 0, pass: 0, block: 0, phase: 0, group: 0 };
 
 // ---------------------------------------------------------------- encoding
@@ -130,7 +145,10 @@ export function frameMessage(msg: Message, msgId: number, chunkBytes = DEFAULT_C
     );
   }
   checkUint('from', msg.from, 255);
-  const segments = msg.kind === 'rpc' ? rpcSegments(msg.body, msg.tensors) : [tensorBytes(msg)];
+  const segments =
+    msg.kind === 'rpc'
+      ? rpcSegments(msg.body, msg.tensors)
+      : [tensorBytes(msg), ...(msg.signature ? [msg.signature] : [])];
   const starts: number[] = [];
   let totalBytes = 0;
   for (const s of segments) {
@@ -153,6 +171,7 @@ export function frameMessage(msg: Message, msgId: number, chunkBytes = DEFAULT_C
   v.setUint8(4, DTYPE_CODE[msg.kind === 'tensor' ? msg.dtype : 'f32']);
   v.setUint8(5, msg.from);
   v.setUint8(6, shape.length);
+  v.setUint8(7, msg.kind === 'tensor' && msg.signature ? SIGNED : 0);
   v.setUint32(8, msgId, true);
   v.setUint32(16, frameCount, true);
   v.setUint32(20, stride, true);
@@ -220,6 +239,8 @@ function tensorBytes(msg: Extract<Message, { kind: 'tensor' }>): Uint8Array {
     shape.reduce((a, b) => a * b, 1),
     dtype,
   );
+  if (msg.signature && msg.signature.byteLength !== SIGNATURE_BYTES)
+    throw new RangeError(`a tensor's signature is ${SIGNATURE_BYTES} bytes, got ${msg.signature.byteLength}`);
   if (data.byteLength !== expected) {
     throw new RangeError(
       `tensor of shape [${shape.join(',')}] ${dtype} needs ${expected} bytes, data has ${data.byteLength}`,
@@ -384,7 +405,17 @@ export class Reassembler {
 
   private complete(h: FrameHeader, payload: Uint8Array): Message | null {
     if (h.kind === 'tensor') {
-      return { kind: 'tensor', from: h.from, tag: h.tag, dtype: h.dtype, shape: h.shape, data: payload };
+      const end = payload.byteLength - (h.signed ? SIGNATURE_BYTES : 0);
+      const signature = h.signed ? { signature: payload.subarray(end) } : {};
+      return {
+        kind: 'tensor',
+        from: h.from,
+        tag: h.tag,
+        dtype: h.dtype,
+        shape: h.shape,
+        data: payload.subarray(0, end),
+        ...signature,
+      };
     }
     const rpc = decodeRpc(payload);
     if (typeof rpc === 'string') return this.drop(`rpc message ${h.msgId}: ${rpc}`);
@@ -433,7 +464,9 @@ export function readHeader(bytes: Uint8Array): FrameHeader | string {
   const from = v.getUint8(5);
   const ndim = v.getUint8(6);
   if (ndim > MAX_NDIM) return `ndim ${ndim} exceeds ${MAX_NDIM}`;
-  if (v.getUint8(7) !== 0) return 'reserved header byte is not zero';
+  const flags = v.getUint8(7);
+  if (flags !== 0 && flags !== SIGNED) return `unknown flags ${flags}`;
+  const signed = flags === SIGNED;
   const msgId = v.getUint32(8, true);
   const chunkIndex = v.getUint32(12, true);
   const chunkCount = v.getUint32(16, true);
@@ -455,13 +488,15 @@ export function readHeader(bytes: Uint8Array): FrameHeader | string {
   }
 
   if (kind === 'rpc') {
-    if (dtype !== 'f32' || ndim !== 0) return `rpc frame must have dtype f32 and ndim 0, got ${dtype} and ${ndim}`;
+    if (dtype !== 'f32' || ndim !== 0 || signed)
+      return `rpc frame must have dtype f32, ndim 0 and no signature, got ${dtype}, ${ndim}${signed ? ', signed' : ''}`;
     if (totalBytes < 8) return `rpc payload of ${totalBytes} bytes is shorter than its 8-byte prefix`;
   } else {
     const elements = shape.reduce((a, b) => a * b, 1);
-    if (payloadBytes(elements, dtype) !== totalBytes) {
-      const needs = payloadBytes(elements, dtype);
-      return `tensor shape [${shape.join(',')}] ${dtype} needs ${needs} bytes, header declares ${totalBytes}`;
+    const needs = payloadBytes(elements, dtype) + (signed ? SIGNATURE_BYTES : 0);
+    if (needs !== totalBytes) {
+      const what = `tensor shape [${shape.join(',')}] ${dtype}${signed ? ' and a signature' : ''}`;
+      return `${what} needs ${needs} bytes, header declares ${totalBytes}`;
     }
   }
   if (chunkStride === 0 || chunkStride > MAX_FRAME_BYTES - HEADER_BYTES) {
@@ -480,7 +515,7 @@ export function readHeader(bytes: Uint8Array): FrameHeader | string {
   if (payload !== expectedPayload)
     return `chunk ${chunkIndex} carries ${payload} payload bytes, expected ${expectedPayload}`;
 
-  return { kind, dtype, from, tag, shape, msgId, chunkIndex, chunkCount, chunkStride, totalBytes };
+  return { kind, dtype, from, tag, shape, signed, msgId, chunkIndex, chunkCount, chunkStride, totalBytes };
 }
 
 const SIGNATURE_FIELDS: Array<[name: string, begin: number, end: number]> = [

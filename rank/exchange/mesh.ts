@@ -11,6 +11,7 @@ import { exchangePhase, ExchangePhase, type Exchange, type ExchangeTag, type Pee
 import { PeerLost } from '../../core/worker-api.ts';
 import { allWithin } from '../../core/tensor.ts';
 import { Mailbox } from './mailbox.ts';
+import type { ExchangeLedger, KeepsEvidence } from './ledger.ts';
 
 /** the largest finite float16 */
 const FLOAT16_MAX = 65504;
@@ -49,9 +50,10 @@ export class UnboundedFromPeers extends Error {
  * arrive tagged; each waits in a mailbox until this rank's forward pass asks for it, so a fast
  * peer may run ahead by a phase without anything being lost.
  */
-export class MeshExchange implements Exchange {
+export class MeshExchange implements Exchange, KeepsEvidence {
   bytesSent = 0;
-  private readonly mailbox = new Mailbox<Float32Array>();
+  /** each tensor's values, with its payload and signature for the ledger */
+  private readonly mailbox = new Mailbox<{ values: Float32Array; data: Uint8Array; signature?: Uint8Array }>();
   private failure: Error | null = null;
   /** the newest step this rank's forwards are in (a guided step runs its two passes at once), the probe's aside */
   private current: { job: number; step: number } | null = null;
@@ -63,6 +65,8 @@ export class MeshExchange implements Exchange {
   private newestJob: number | null = null;
   /** tensors a peer may send ahead of this rank (allowAhead) */
   private maxAhead = MAX_AHEAD;
+  /** what signs this rank's tensors and keeps receipts of its peers' (keepEvidence) */
+  private ledger: ExchangeLedger | null = null;
 
   /** links to the other ranks, by rank */
   private readonly links = new Map<number, Link>();
@@ -76,6 +80,10 @@ export class MeshExchange implements Exchange {
 
   waitAtMost(ms: number): void {
     this.timeoutMs = ms;
+  }
+
+  keepEvidence(ledger: ExchangeLedger): void {
+    this.ledger = ledger;
   }
 
   allowAhead(tensors: number): void {
@@ -138,7 +146,8 @@ export class MeshExchange implements Exchange {
       );
       return;
     }
-    if (this.mailbox.deliver(key, values) === 'kept') kept.add(key);
+    const received = { values, data: msg.data, ...(msg.signature && { signature: msg.signature }) };
+    if (this.mailbox.deliver(key, received) === 'kept') kept.add(key);
   }
 
   /**
@@ -213,7 +222,16 @@ export class MeshExchange implements Exchange {
       if (!link) throw new Error(`rank ${this.rank} has no link to rank ${to}`);
       const data = payloadOf(part);
       this.bytesSent += data.byteLength;
-      return link.send({ kind: 'tensor', from: this.rank, tag, dtype: this.dtype, shape: [part.length], data });
+      const signature = this.ledger?.seal(tag, to, data);
+      return link.send({
+        kind: 'tensor',
+        from: this.rank,
+        tag,
+        dtype: this.dtype,
+        shape: [part.length],
+        data,
+        ...(signature && { signature }),
+      });
     });
     // a peer that withholds its part is named, before the coordinator's call times out: silent
     // means nothing heard from it for timeoutMs (its part still arriving over a slow link is not)
@@ -244,11 +262,14 @@ export class MeshExchange implements Exchange {
       return this.mailbox
         .receive(key)
         .finally(() => clearTimeout(timers.get(from)))
-        .then((part) => {
+        .then(({ values, data, signature }) => {
           // finite, but beyond what the sender's layer can produce: a lie, never computed from
-          const beyond = judge?.(from, part);
+          const beyond = judge?.(from, values);
           if (beyond) throw this.misbehaved(from, `${beyond}, in ${tensorOf(tag)}`);
-          return part;
+          // within, and unsigned or not as signed: the sender's doing (or its link's, which is its own)
+          const unproven = this.ledger?.accept(tag, from, data, signature);
+          if (unproven) throw this.misbehaved(from, `${unproven} in ${tensorOf(tag)}`);
+          return values;
         });
     });
     try {

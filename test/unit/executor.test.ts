@@ -451,6 +451,8 @@ describe('the worker contract on the wire', () => {
       'probeMesh',
       'executeModel',
       'recompute',
+      'exchangeEvidence',
+      'recomputeExchanges',
       'ping',
       'pingEngine',
       'shutdown',

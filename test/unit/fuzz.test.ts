@@ -313,6 +313,7 @@ describe(`fuzz: ${FRAMES_PER_TARGET} hostile frames per target`, () => {
       from: 1,
       tag: { job: 5, step: 0, pass: 0, block: 0, phase: 0, group: 0 },
       shape: [16],
+      signed: false,
       msgId: 0,
       chunkIndex: 0,
       chunkCount: 1,
@@ -551,6 +552,8 @@ describe('hostile arguments to every worker method', () => {
       probeMesh: { args: { job: 99 }, runtimeRefuses: true },
       executeModel: { args: { ...executable, job: 99 }, runtimeRefuses: true },
       recompute: { args: { ...executable, job: 99 }, runtimeRefuses: true },
+      exchangeEvidence: { args: { job: 5, step: 0, pass: 0 }, runtimeRefuses: false },
+      recomputeExchanges: { args: { ...executable, job: 99, heads: [1, 1], headGroups: 1 }, runtimeRefuses: true },
       rehearse: {
         args: { modelUrl: '/models/tiny-wan', ep: 'wasm', latentShape: [15, 1, 14, 10], textTokens: 4, degrees: [1] },
         runtimeRefuses: true,
@@ -671,6 +674,7 @@ describe('hostile arguments to every worker method', () => {
       'prepareJob',
       'probeMesh',
       'recompute',
+      'recomputeExchanges',
       'rehearse',
     ]);
     // only the contract's own fields reach a method
@@ -1003,6 +1007,12 @@ describe(`fuzz: ${MUTATIONS} structured mutations per target`, () => {
       deviceTensorsLeft: 0,
     },
     recompute: { rows: Float32Array.from({ length: 64 }, (_, i) => -i / 64), computeMs: 30 },
+    exchangeEvidence: {
+      receipts: [{ block: 0, phase: 0, group: 0, from: 1, digest: 'ab'.repeat(32), signature: 'cd'.repeat(64) }],
+    },
+    recomputeExchanges: {
+      received: [[], [{ block: 0, phase: 0, group: 0, from: 0, digest: 'ab'.repeat(32), signature: '' }]],
+    },
     ping: {
       state: 'ready',
       rank: 1,

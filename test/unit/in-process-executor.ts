@@ -19,6 +19,7 @@ import {
 } from '../../core/worker-api.ts';
 import type { EngineApi } from '../../rank/engine.ts';
 import { memoryExchanges } from '../../rank/exchange/memory.ts';
+import type { KeepsEvidence } from '../../rank/exchange/ledger.ts';
 import { WorkerRuntime } from '../../rank/runtime.ts';
 import type { Exchange } from '../../rank/ulysses.ts';
 import { channelPair, describeInProcess } from './fixtures.ts';
@@ -79,6 +80,9 @@ export class InProcessExecutor extends Executor {
   closeTransportCalls = 0;
   /** what a rank does instead of answering `method` (called with `args`): nothing unless a test says */
   fault: (rank: number, method: string, args: unknown) => Fault | null = () => null;
+  /** the exchange a rank computes over, as a test may rewrite it: what it sends its peers, signed as any */
+  exchangeOf: (rank: number, exchange: Exchange & KeepsEvidence) => Exchange & KeepsEvidence = (_, exchange) =>
+    exchange;
   private remotes: Remote<WorkerApi>[] = [];
   private links: Link[] = [];
 
@@ -99,7 +103,7 @@ export class InProcessExecutor extends Executor {
   protected place(): Promise<string[]> {
     const ranks = this.layout.world;
     // the ranks of one mesh (a CFG group's, a pipeline stage's) share an all-to-all: one per initWorker session
-    const meshes = new Map<string, Exchange[]>();
+    const meshes = new Map<string, (Exchange & KeepsEvidence)[]>();
     const meshOf = (init: InitArgs) => {
       const mesh = meshes.get(init.session) ?? memoryExchanges(init.world, this.placement.settings.dtype);
       meshes.set(init.session, mesh);
@@ -107,7 +111,7 @@ export class InProcessExecutor extends Executor {
     };
     for (let rank = 0; rank < ranks; rank++) {
       const runtime = new WorkerRuntime(this.engine, {
-        connectMesh: (init) => Promise.resolve(meshOf(init)[init.rank]),
+        connectMesh: (init) => Promise.resolve(this.exchangeOf(rank, meshOf(init)[init.rank])),
         describe: describeInProcess(`in-process rank ${rank}`),
       });
       this.runtimes.push(runtime);

@@ -340,12 +340,17 @@ describe('bad frames are dropped with a reason, never thrown', () => {
     );
   });
 
-  it('a reserved header byte that is not zero (byte 7)', () => {
+  it('flags (byte 7) other than none or signed, and a signed tensor whose total has no room for its signature', () => {
     const r = new Reassembler();
     expectDropped(
       r,
+      patch(good[0], (v) => v.setUint8(7, 2)),
+      /^unknown flags 2$/,
+    );
+    expectDropped(
+      r,
       patch(good[0], (v) => v.setUint8(7, 1)),
-      /reserved header byte is not zero/,
+      /^tensor shape \[4000\] f32 and a signature needs 16064 bytes, header declares 16000$/,
     );
     expect(r.openMessages).toBe(0);
   });
@@ -456,12 +461,17 @@ describe('bad frames are dropped with a reason, never thrown', () => {
     expectDropped(
       new Reassembler(),
       patch(frame, (v) => v.setUint8(4, 1)),
-      /^rpc frame must have dtype f32 and ndim 0, got f16 and 0$/,
+      /^rpc frame must have dtype f32, ndim 0 and no signature, got f16, 0$/,
     );
     expectDropped(
       new Reassembler(),
       patch(frame, (v) => v.setUint8(6, 1)),
-      /^rpc frame must have dtype f32 and ndim 0, got f32 and 1$/,
+      /^rpc frame must have dtype f32, ndim 0 and no signature, got f32, 1$/,
+    );
+    expectDropped(
+      new Reassembler(),
+      patch(frame, (v) => v.setUint8(7, 1)),
+      /^rpc frame must have dtype f32, ndim 0 and no signature, got f32, 0, signed$/,
     );
   });
 

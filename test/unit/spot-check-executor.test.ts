@@ -7,7 +7,7 @@ import type { EngineApi } from '../../rank/engine.ts';
 import { onnxStages } from '../../rank/onnx-stages.ts';
 import { stubEngine, tinyModelFiles, describeInProcess } from './fixtures.ts';
 import { InProcessExecutor, placementFor, type InProcessOptions } from './in-process-executor.ts';
-import { Executor, type ExecutorOptions } from '../../coordinator/executor.ts';
+import { Executor, SpotCheckFailed, type ExecutorOptions } from '../../coordinator/executor.ts';
 import { inProcess, type Remote } from '../../core/net/rpc.ts';
 import {
   WORKER_CONTRACT,
@@ -18,7 +18,7 @@ import {
 } from '../../core/worker-api.ts';
 import { memoryExchanges } from '../../rank/exchange/memory.ts';
 import { WorkerRuntime } from '../../rank/runtime.ts';
-import type { Exchange } from '../../rank/ulysses.ts';
+import { ExchangePhase, type Exchange } from '../../rank/ulysses.ts';
 
 // Which forwards the executor checks, and who checks them, come from crypto.getRandomValues, one draw
 // per forward (issue 33): the draws are set here through it, so the test sees the executor take them.
@@ -129,6 +129,44 @@ describe("the executor's spot checks (issue 33)", () => {
     const [check] = executor.takeSpotChecks();
     expect(check).toMatchObject({ checker: 0, third: 2, verdict: { convicted: [1] } });
     expect(executor.received[1]).not.toContain('recompute');
+    await executor.shutdown({ graceMs: 500 });
+  });
+
+  it("a rank that sends one peer a wrong tensor within the model's bounds, signed, is the one convicted, by its receipts, not the peer whose rows it spoiled", async () => {
+    const executor = new InProcessExecutor({ ...options, layout: new RankLayout(3), spotCheckRate: 1 }, engine, 'rpc');
+    const lastBlock = options.config.numLayers - 1;
+    // rank 1 halves the attention output it sends rank 2 in the last block: rank 2's rows alone go wrong
+    let lies = 0;
+    executor.exchangeOf = (rank, honest) =>
+      rank !== 1
+        ? honest
+        : {
+            ...honest,
+            keepEvidence: (ledger) => honest.keepEvidence(ledger),
+            allToAll: (tag, parts, judge) => {
+              const lie = tag.block === lastBlock && tag.phase === ExchangePhase.Output;
+              if (lie) lies++;
+              return honest.allToAll(
+                tag,
+                lie ? parts.map((p, to) => (to === 2 ? p.map((v) => v / 2) : p)) : parts,
+                judge,
+              );
+            },
+          };
+    await executor.initialize();
+    await executor.prepareJob(4, [text], [16, 1, 14, 10]);
+    drawsFromCrypto([0.5, 0, 0]); // checked, by rank 0; the third: rank 1 (the first of those left)
+    const caught = await executor
+      .executeModel({ job: 4, step: 0, pass: 0, timestep: 500, latent: latent() })
+      .catch((e: unknown) => e);
+    expect(lies).toBeGreaterThan(0);
+    expect(caught).toBeInstanceOf(SpotCheckFailed);
+    expect(caught).toMatchObject({ rank: 1, breach: true });
+    const [check] = executor.takeSpotChecks();
+    expect(check.verdict).toMatchObject({ convicted: [1] });
+    expect((check.verdict as { why: string }).why).toMatch(`block ${lastBlock}'s attention output`);
+    // its group's exchanges were recomputed in-process, by two ranks that agreed
+    expect(executor.received.flat().filter((m) => m === 'recomputeExchanges')).toHaveLength(2);
     await executor.shutdown({ graceMs: 500 });
   });
 
