@@ -637,7 +637,14 @@ export abstract class Executor {
         judged = judgeSpotCheck(plan, ranks, parts, width, checker, await recompute(third), tolerance);
     }
     // rows wrong from a tensor one rank sent the others are wrong on every rank: its receipts name who sent it
-    const sender = judged.verdict === 'agreed' ? null : await this.exchangeLie(args, plan, ranks, checker.rank, third);
+    const sender =
+      judged.verdict === 'agreed'
+        ? null
+        : await this.exchangeLie(args, plan, ranks, checker.rank, third).catch((e: unknown) => {
+            // a rank whose receipts or recomputation broke the contract lied in them; anything else: the rows decide
+            if (!(e instanceof WorkerError && e.breach)) return null;
+            return { rank: e.rank, why: `its evidence of the checked forward broke the contract: ${e.remoteMessage}` };
+          });
     if (sender) judged = { ...judged, verdict: { convicted: [sender.rank], why: sender.why } };
     this.spotChecks.push({
       step: request.step,

@@ -5,7 +5,8 @@ import { hostileLog, makeHostile, setRules, type HostileLog, type HostileRules }
 import { appOrigin, maxAbsDiff, runJob, TEST_MODEL, workerId } from './swarm-page.ts';
 
 // Issue 33's attacks on what a job computes, replayed across placements: huge finite activations
-// sent to the liar's peers (#1), and a lie on the last step's forward alone (#4), each on 2, 3 and
+// sent to the liar's peers (#1), tensors nudged within their bounds (their signatures then do not
+// match: core/net/signing.ts), and a lie on the last step's forward alone (#4), each on 2, 3 and
 // 4 ranks of Ulysses over float32 and int8, and of displaced mode over float32 and int4. Every
 // case ends with the honest latent (within its exchange's tolerance of the unattacked run), the
 // liar banned (its page told so), and no honest worker let go or refused; and the liar's page
@@ -15,7 +16,7 @@ import { appOrigin, maxAbsDiff, runJob, TEST_MODEL, workerId } from './swarm-pag
 // The swarm holds exactly the job's ranks (the planner places the fastest first, so a liar among
 // more workers might be left out): the cases run from 4 ranks down, closing an honest tab between.
 // CI runs a cut of the matrix, one case per exchange (the attacks alternating, the rank counts moving along the
-// diagonal: LIAR_CASES); DITSWARM_FULL_HOSTILE=1 runs all 24 cases.
+// diagonal: LIAR_CASES); DITSWARM_FULL_HOSTILE=1 runs all 36 cases.
 
 const STEPS = 4;
 /** the job every case runs: a few tokens, a few steps, the default spot-check rate */
@@ -83,6 +84,13 @@ const ATTACKS: Attack[] = [
     rules: { mesh: { step: 2, make: 'huge' } },
     tampered: (log) => log.tensorsPoisoned,
     evidence: /beyond the \S+ its layer can produce/,
+    rerunFromStep: null,
+  },
+  {
+    name: 'tensors nudged within their bounds from step 3, their signatures left as they were',
+    rules: { mesh: { step: 2, make: 'nudge' } },
+    tampered: (log) => log.tensorsPoisoned,
+    evidence: /its signature does not match/,
     rerunFromStep: null,
   },
   {

@@ -25,14 +25,16 @@ export interface HostileRules {
   mesh?: {
     step: number;
     /**
-     * nan: the first value NaN; huge: each of its first chunk's values as large as a float32 goes
-     * and stays finite (3e38; int8 and int4: its first nonzero scale, so that the levels reach it);
+     * nan: the first value NaN; nudge: the lowest bit of its first payload byte flipped (a value, or an int8
+     * scale, moved by one unit in its last place: within every bound, and no longer what it signed);
+     * huge: each of its first chunk's values as large as a float32 goes and stays finite (3e38; int8
+     * and int4: its first nonzero scale, so that the levels reach it);
      * withhold: none sent; flood: each one sent, and with the first of
      * step `step` `count` more for later steps (the ranks' all-to-all has never asked for them);
      * stale: each one sent, and with the first of step `step` a copy of it for two steps back
      * and a copy as float16 (the same bytes as twice as many values)
      */
-    make: 'nan' | 'huge' | 'withhold' | 'flood' | 'stale';
+    make: 'nan' | 'nudge' | 'huge' | 'withhold' | 'flood' | 'stale';
     count?: number;
   };
   /** replaces the pulse of each of its heartbeat answers */
@@ -254,6 +256,14 @@ function hostileWire({ rules: initial, version }: { rules: HostileRules; version
         if (h.chunkIndex === 0) {
           if (h.dtype === 0) view(out).setFloat32(HEADER, NaN, true);
           else view(out).setUint16(HEADER, 0x7e00, true);
+          log.tensorsPoisoned++;
+        }
+        return [out.buffer];
+      }
+      if (mesh.make === 'nudge') {
+        const out = frame.slice();
+        if (h.chunkIndex === 0) {
+          out[HEADER] ^= 1;
           log.tensorsPoisoned++;
         }
         return [out.buffer];
