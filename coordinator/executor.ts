@@ -161,6 +161,12 @@ export class SpotCheckFailed extends WorkerError {
 
 export type FailureListener = (error: Error) => void;
 
+/** What a failed spot check's receipts showed (Executor.exchangeLie): the rank they convict, if any, and why. */
+interface ExchangeFinding {
+  rank: number | null;
+  said: string;
+}
+
 /** what a later pipeline stage is given for patches: it starts from the stage before's hidden state */
 const NO_PATCHES = new Float32Array(0);
 
@@ -637,21 +643,22 @@ export abstract class Executor {
         judged = judgeSpotCheck(plan, ranks, parts, width, checker, await recompute(third), tolerance);
     }
     // rows wrong from a tensor one rank sent the others are wrong on every rank: its receipts name who sent it
-    const sender =
-      judged.verdict === 'agreed'
-        ? null
-        : await this.exchangeLie(args, plan, ranks, checker.rank, third).catch((e: unknown) => {
-            // a rank whose receipts or recomputation broke the contract lied in them; anything else: the rows decide
-            if (!(e instanceof WorkerError && e.breach)) return null;
-            return { rank: e.rank, why: `its evidence of the checked forward broke the contract: ${e.remoteMessage}` };
-          });
-    if (sender) judged = { ...judged, verdict: { convicted: [sender.rank], why: sender.why } };
+    let receipts: ExchangeFinding | undefined;
+    if (judged.verdict !== 'agreed') {
+      receipts = await this.exchangeLie(args, plan, ranks, checker.rank, third).catch((e: unknown) => {
+        // a rank whose receipts or recomputation broke the contract lied in them; anything else: the rows decide
+        if (!(e instanceof WorkerError && e.breach)) return { rank: null, said: `not asked to the end: ${String(e)}` };
+        return { rank: e.rank, said: `its evidence of the checked forward broke the contract: ${e.remoteMessage}` };
+      });
+      if (receipts.rank !== null) judged = { ...judged, verdict: { convicted: [receipts.rank], why: receipts.said } };
+    }
     this.spotChecks.push({
       step: request.step,
       pass: request.pass,
       checker: checker.rank,
       third,
       ...judged,
+      ...(receipts && { receipts: receipts.said }),
       ms: performance.now() - started,
     });
     if (judged.verdict === 'agreed') return;
@@ -674,10 +681,10 @@ export abstract class Executor {
   }
 
   /**
-   * The rank whose signed tensors made its group's rows wrong, where the receipts of the group's exchanges name one
+   * The rank whose signed tensors made its Ulysses group's rows wrong, where the receipts of its exchanges name one
    * (exchange-evidence.ts) against a recomputation of them that two ranks make alike: the checker and the third
-   * first, then ranks drawn from the CSPRNG. Only for an exact forward of a group of WASM ranks on as many threads,
-   * recomputed so: the receipts are digests, and only ranks that compute bit for bit alike send the same bytes.
+   * first, then ranks drawn from the CSPRNG. Only for an exact forward of a group of WASM ranks, recomputed on WASM:
+   * the receipts are digests, and only ranks that compute bit for bit alike send the same bytes (WebGPU's do not).
    */
   private async exchangeLie(
     args: RecomputeArgs,
@@ -685,11 +692,13 @@ export abstract class Executor {
     ranks: number[],
     checker: number,
     third: number | null,
-  ): Promise<{ rank: number; why: string } | null> {
-    const { ep, threads } = this.workers[ranks[0]] ?? {};
-    const alike = (rank: number) =>
-      ep === 'wasm' && this.workers[rank]?.ep === ep && this.workers[rank].threads === threads;
-    if (plan.degree < 2 || args.stale || args.cache || !ranks.every(alike)) return null;
+  ): Promise<ExchangeFinding> {
+    const wasm = (rank: number) => this.workers[rank]?.ep === 'wasm';
+    // displaced mode exchanges keys and values its recomputation does not: its receipts would prove nothing
+    const not = (why: string) => ({ rank: null, said: `not asked: ${why}` });
+    if (this.placement.settings.parallel !== 'ulysses') return not('displaced mode');
+    if (args.stale || args.cache) return not("a step cache's forward");
+    if (!ranks.every(wasm)) return not('ranks not all on WASM');
     const forward = { job: args.job, step: args.step, pass: args.pass };
     const evidence = await this.collectiveRpc('exchangeEvidence', { args: forward, ranks });
     const judges = [checker, ...(third === null ? [] : [third])];
@@ -697,7 +706,7 @@ export abstract class Executor {
     while (rest.length) judges.push(...rest.splice(Math.floor(secureRandom() * rest.length), 1));
     const tables: Map<string, string>[] = [];
     let truth: Map<string, string> | undefined;
-    for (const rank of judges.filter(alike)) {
+    for (const rank of judges.filter(wasm)) {
       const [{ received }] = await this.collectiveRpc('recomputeExchanges', {
         args: { ...args, heads: plan.heads, headGroups: plan.headGroups },
         ranks: [rank],
@@ -707,7 +716,7 @@ export abstract class Executor {
       if (truth) break;
       tables.push(table);
     }
-    if (!truth) return null;
+    if (!truth) return { rank: null, said: `no two of ${tables.length} recomputations of the exchanges agreed` };
     const publicKeys = ranks.map((r) => this.signingKeys[r].publicKey);
     const verdict = judgeExchanges(
       forward,
@@ -715,16 +724,16 @@ export abstract class Executor {
       evidence.map((e) => e.receipts),
       publicKeys,
     );
-    if (!verdict) return null;
+    if (!verdict) return { rank: null, said: 'every receipt was as recomputed: the rows decide' };
     const sender = verdict.senders.at(0);
     if (sender !== undefined)
       return {
         rank: ranks[sender],
-        why:
+        said:
           `it sent its peers ${verdict.where} other than its group's recomputed exchanges give, signed ` +
           '(their receipts prove it), and every rank computed its rows from them',
       };
-    return { rank: ranks[verdict.forgers[0]], why: 'it kept a receipt of a tensor its sender never signed' };
+    return { rank: ranks[verdict.forgers[0]], said: 'it kept a receipt of a tensor its sender never signed' };
   }
 
   /**

@@ -152,6 +152,8 @@ export interface SpotCheck {
   /** the largest difference of a rank's rows from the checker's, relative to their scale */
   difference: number;
   verdict: 'agreed' | { convicted: number[]; why: string };
+  /** where the rows were wrong: what the group's signed receipts of its exchanges showed (exchange-evidence.ts) */
+  receipts?: string;
   ms: number;
 }
 

@@ -64,6 +64,7 @@ export class Link {
   // an error listener that throws has nowhere left to report to
   private readonly errors = new Emitter<Error>(() => {});
   private readonly closes = new Emitter<string>();
+  private readonly malformed = new Emitter<string>();
   private nextMsgId = 0;
   private pumping = false;
   private closedReason: string | null = null;
@@ -114,7 +115,9 @@ export class Link {
   /** Feed one frame from the channel's `message` event. Never throws. */
   receive(frame: ArrayBuffer | ArrayBufferView): void {
     const droppedBefore = this.reassembler.dropped;
+    const malformedBefore = this.reassembler.malformed;
     const msg = this.reassembler.push(frame);
+    if (this.reassembler.malformed !== malformedBefore) this.malformed.emit(this.reassembler.lastError);
     // Only a frame the reassembler took is a sign of life: its header parsed, `accept` let its
     // message in, it was no replay or duplicate, and a message it completed decoded. Otherwise a
     // peer stuck sending garbage would look alive to heartbeats forever. Per frame, not per whole
@@ -134,6 +137,14 @@ export class Link {
   /** Errors thrown by `onMessage` listeners. Returns a function that removes the listener. */
   onError(cb: (error: Error) => void): () => void {
     return this.errors.on(cb);
+  }
+
+  /**
+   * Hears of each whole message that arrived and did not decode (its frames were well formed): never a
+   * wire's fault, always its sender's. Returns a function that removes the listener.
+   */
+  onMalformed(cb: (reason: string) => void): () => void {
+    return this.malformed.on(cb);
   }
 
   /** Hears the link close (its channel closed, or its owner closed it), once. Returns a function that removes it. */

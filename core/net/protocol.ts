@@ -301,6 +301,8 @@ interface PartialMessage {
 export class Reassembler {
   /** Frames (or partial messages) rejected so far. */
   dropped = 0;
+  /** whole messages that arrived and did not decode: a sender that encodes honestly never sends one */
+  malformed = 0;
   /** Why the last one was rejected. */
   lastError = '';
 
@@ -418,7 +420,10 @@ export class Reassembler {
       };
     }
     const rpc = decodeRpc(payload);
-    if (typeof rpc === 'string') return this.drop(`rpc message ${h.msgId}: ${rpc}`);
+    if (typeof rpc === 'string') {
+      this.malformed++;
+      return this.drop(`rpc message ${h.msgId}: ${rpc}`);
+    }
     return { kind: 'rpc', from: h.from, body: rpc.body, tensors: rpc.tensors };
   }
 

@@ -122,6 +122,15 @@ export function remote<Api>(
     number,
     { method: string; reply: Check<unknown>; resolve: (v: unknown) => void; reject: (e: Error) => void }
   >();
+  // a reply that does not decode cannot be matched to its call: every call waiting fails as that
+  // reply's would, a breach, rather than wait for its timeout
+  link.onMalformed((reason) => {
+    for (const waiting of pending.values())
+      waiting.reject(
+        new ContractError(`${peer} sent a message that does not decode while ${waiting.method} waited: ${reason}`),
+      );
+    pending.clear();
+  });
   link.onMessage((msg) => {
     const body = parseBody(msg);
     if (body?.type !== 'reply' || msg.kind !== 'rpc') return;

@@ -6,7 +6,8 @@ import { appOrigin, maxAbsDiff, runJob, TEST_MODEL, workerId } from './swarm-pag
 
 // Issue 33's attacks on what a job computes, replayed across placements: huge finite activations
 // sent to the liar's peers (#1), tensors nudged within their bounds (their signatures then do not
-// match: core/net/signing.ts), and a lie on the last step's forward alone (#4), each on 2, 3 and
+// match: core/net/signing.ts), attention outputs halved within them and signed again with the liar's
+// own key (its receipts convict it: float32 alone), and a lie on the last step's forward alone (#4), each on 2, 3 and
 // 4 ranks of Ulysses over float32 and int8, and of displaced mode over float32 and int4. Every
 // case ends with the honest latent (within its exchange's tolerance of the unattacked run), the
 // liar banned (its page told so), and no honest worker let go or refused; and the liar's page
@@ -16,7 +17,7 @@ import { appOrigin, maxAbsDiff, runJob, TEST_MODEL, workerId } from './swarm-pag
 // The swarm holds exactly the job's ranks (the planner places the fastest first, so a liar among
 // more workers might be left out): the cases run from 4 ranks down, closing an honest tab between.
 // CI runs a cut of the matrix, one case per exchange (the attacks alternating, the rank counts moving along the
-// diagonal: LIAR_CASES); DITSWARM_FULL_HOSTILE=1 runs all 36 cases.
+// diagonal: LIAR_CASES); DITSWARM_FULL_HOSTILE=1 runs all 39 cases.
 
 const STEPS = 4;
 /** the job every case runs: a few tokens, a few steps, the default spot-check rate */
@@ -76,9 +77,20 @@ interface Attack {
    * 0: the whole job ran on the ranks left, as the unattacked job on them does
    */
   rerunFromStep: number | null;
+  /** the exchanges it is made for, by name; all where absent */
+  exchanges?: string[];
 }
 
 const ATTACKS: Attack[] = [
+  {
+    name: "attention outputs halved within their bounds on the last step, signed with the liar's own key",
+    rules: { mesh: { step: STEPS - 1, make: 'resign' } },
+    tampered: (log) => log.tensorsPoisoned,
+    evidence: /sent its peers block \d+'s attention output other than its group's recomputed exchanges give/,
+    rerunFromStep: 0,
+    // its receipts are exact only where ranks compute alike; the wire rewrites float32 values alone
+    exchanges: ['float32'],
+  },
   {
     name: 'huge finite activations from step 3 (#1)',
     rules: { mesh: { step: 2, make: 'huge' } },
@@ -113,7 +125,11 @@ const FULL = process.env.DITSWARM_FULL_HOSTILE === '1';
 /** every case when FULL; else each exchange once, the attacks taking turns, on a rank count that moves along */
 const LIAR_CASES: LiarCase[] = WORLDS.flatMap((world, w) =>
   EXCHANGES.flatMap((exchange, e) =>
-    ATTACKS.filter((_, a) => FULL || (a === e % ATTACKS.length && w === e % WORLDS.length)).map((attack) => ({
+    ATTACKS.filter(
+      (attack, a) =>
+        (attack.exchanges ?? [exchange.name]).includes(exchange.name) &&
+        (FULL || (a === e % ATTACKS.length && w === e % WORLDS.length)),
+    ).map((attack) => ({
       world,
       exchange,
       attack,
@@ -194,7 +210,9 @@ test.describe('one liar among 1 to 3 honest tabs of this machine, on every excha
         const log = await hostileLog(liar);
         console.log(
           `joined in ${joined - started} ms, the job took ${Date.now() - joined} ms; ` +
-            JSON.stringify(run.report.failures.map((f) => ({ step: f.step, lost: f.lost, after: f.degreeAfter }))),
+            JSON.stringify(run.report.failures.map((f) => ({ step: f.step, lost: f.lost, after: f.degreeAfter }))) +
+            `; receipts: ${JSON.stringify(run.report.spotChecks.flatMap((c) => c.receipts ?? []))}` +
+            `; threads: ${run.report.workers.map((w) => w.threads).join('/')}`,
         );
         expect(log.world).toBe(world); // it was one of the job's ranks
         expect(attack.tampered(log)).toBeGreaterThanOrEqual(1);

@@ -14,6 +14,7 @@ import { loadTransformer } from '../../core/model/transformer.ts';
 import type { WanModel } from '../../core/model/reference.ts';
 import {
   COORDINATOR,
+  HEADER_BYTES,
   payloadBytes,
   encodeFrames,
   readHeader,
@@ -420,7 +421,7 @@ describe(`fuzz: ${FRAMES_PER_TARGET} hostile frames per target`, () => {
     expect(delivered.length - before).toBe(1);
   });
 
-  it("the coordinator's RPC client: no hostile reply settles a call, a malformed reply to it rejects naming the worker and the field, and the real reply resolves the next call", async () => {
+  it("the coordinator's RPC client: no hostile reply that decodes settles a call, a malformed reply to it rejects naming the worker and the field, one that does not decode rejects every call waiting, and the real reply resolves the next call", async () => {
     const link = new Link(new SinkChannel());
     const client = remote(link, COORDINATOR, WORKER_CONTRACT, 'worker w0');
     const pong: PingReply = {
@@ -444,9 +445,21 @@ describe(`fuzz: ${FRAMES_PER_TARGET} hostile frames per target`, () => {
       { kind: 'rpc', from: 0, body: [id, pong], tensors: [] },
     ];
     let msgId = 0;
+    // a message whose frames are whole but whose body does not decode fails the calls waiting (below): the storm
+    // leaves out the mutants that would be one, alone or with others (a frame that declares more chunks)
+    const decodes = (frame: ArrayBuffer) => {
+      const header = readHeader(new Uint8Array(frame));
+      if (typeof header === 'string') return true; // dropped by its header
+      const alone = new Reassembler();
+      alone.push(frame.slice(0));
+      return header.chunkCount === 1 && alone.malformed === 0;
+    };
     const storm = (id: number, frames: number) => {
       const before = link.stats.messagesReceived;
-      for (let i = 0; i < frames; i++) link.receive(mutate(encodeFrames(pick(noise(id)), msgId++)));
+      for (let i = 0; i < frames; i++) {
+        const frame = mutate(encodeFrames(pick(noise(id)), msgId++));
+        if (decodes(frame)) link.receive(frame);
+      }
       return link.stats.messagesReceived - before;
     };
     const outcome = <T>(p: Promise<T>) => {
@@ -481,6 +494,16 @@ describe(`fuzz: ${FRAMES_PER_TARGET} hostile frames per target`, () => {
     // too late for call 1: ignored
     for (const frame of encodeFrames(reply(1, { ok: true, result: pong }), msgId++)) link.receive(frame);
     await expect(second.promise).resolves.toEqual(pong);
+
+    // a reply whose JSON is broken cannot be matched to its call: every call waiting fails at once, a breach
+    const third = client.ping({}, 60_000);
+    const [broken] = encodeFrames(reply(3, { ok: true, result: pong }), msgId++);
+    new Uint8Array(broken)[HEADER_BYTES + 8] = 0x7f; // the JSON's opening brace
+    link.receive(broken);
+    await expect(third).rejects.toThrow(
+      /^worker w0 sent a message that does not decode while ping waited: rpc message \d+: /,
+    );
+    await expect(third).rejects.toBeInstanceOf(ContractError);
     expect(link.stats.listenerErrors).toBe(0);
   });
 });

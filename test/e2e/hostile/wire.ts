@@ -4,7 +4,8 @@
 // protocol (core/net/protocol.ts), rewritten. Nothing in the product is changed; the page's own
 // globals are (RTCDataChannel, RTCPeerConnection, WebSocket), before its scripts run.
 import type { Page } from '@playwright/test';
-import { PROTOCOL_VERSION } from '../../../core/net/protocol.ts';
+import { PROTOCOL_VERSION, type TensorTag } from '../../../core/net/protocol.ts';
+import { payloadDigest, signPayload, verifyPayload } from '../../../core/net/signing.ts';
 
 /** What a hostile worker page does to what it sends; unset parts are sent as the page made them. */
 export interface HostileRules {
@@ -27,6 +28,8 @@ export interface HostileRules {
     /**
      * nan: the first value NaN; nudge: the lowest bit of its first payload byte flipped (a value, or an int8
      * scale, moved by one unit in its last place: within every bound, and no longer what it signed);
+     * resign: each float32 attention output it sends (a single frame), halved and signed again with the
+     * key its initWorker gave it (a liar holds its own key: within every bound, and signed as its own);
      * huge: each of its first chunk's values as large as a float32 goes and stays finite (3e38; int8
      * and int4: its first nonzero scale, so that the levels reach it);
      * withhold: none sent; flood: each one sent, and with the first of
@@ -34,7 +37,7 @@ export interface HostileRules {
      * stale: each one sent, and with the first of step `step` a copy of it for two steps back
      * and a copy as float16 (the same bytes as twice as many values)
      */
-    make: 'nan' | 'nudge' | 'huge' | 'withhold' | 'flood' | 'stale';
+    make: 'nan' | 'nudge' | 'resign' | 'huge' | 'withhold' | 'flood' | 'stale';
     count?: number;
   };
   /** replaces the pulse of each of its heartbeat answers */
@@ -78,6 +81,7 @@ const KEEP_NAMES_SHIM = 'window.__name = window.__name || function (target) { re
  * changes them later with setRules. Without rules the page behaves as the product made it.
  */
 export async function makeHostile(page: Page, rules: HostileRules = {}): Promise<void> {
+  await page.exposeFunction('__hostileResign', resign);
   await page.addInitScript({ content: KEEP_NAMES_SHIM });
   await page.addInitScript(hostileWire, { rules, version: PROTOCOL_VERSION });
 }
@@ -105,6 +109,32 @@ export async function hostileLog(page: Page): Promise<HostileLog> {
   if (log.failures.length)
     throw new Error(`the hostile wire failed to apply its rules: ${log.failures.slice(0, 3).join('; ')}`);
   return log;
+}
+
+/** What the page asks to have a tensor it rewrote signed again (here, in Node: the page has no Ed25519 of its own). */
+interface Resign {
+  secretKey: string;
+  publicKey: string;
+  world: number;
+  rank: number;
+  tag: TensorTag;
+  /** the payload as the page signed it, its signature, and the payload rewritten */
+  signed: number[];
+  signature: number[];
+  rewritten: number[];
+}
+
+/**
+ * The signature of `rewritten` for the receiver the page's own signature of `signed` names (the
+ * frame does not say which peer it goes to; its signature, made for one, does).
+ */
+function resign({ secretKey, publicKey, world, rank, tag, signed, signature, rewritten }: Resign): number[] {
+  const digest = payloadDigest(Uint8Array.from(signed));
+  const to = Array.from({ length: world }, (_, r) => r).find(
+    (r) => r !== rank && verifyPayload(publicKey, tag, rank, r, digest, Uint8Array.from(signature)),
+  );
+  if (to === undefined) throw new Error(`rank ${rank}'s own signature names none of its ${world - 1} peers`);
+  return [...signPayload(secretKey, tag, rank, to, payloadDigest(Uint8Array.from(rewritten)))];
 }
 
 /** Runs in the page, before its scripts: self-contained (Playwright sends it as source). */
@@ -210,6 +240,44 @@ function hostileWire({ rules: initial, version }: { rules: HostileRules; version
     return out.buffer;
   }
 
+  /** its own secret key and its mesh's public keys, from its last initWorker */
+  let signing: { secretKey: string; publicKeys: string[] } | null = null;
+  const OUTPUT_PHASE = 1;
+  const SIGNATURE = 64;
+
+  /** A single-frame float32 tensor, its values halved, signed again for its receiver (in Node: resign). */
+  async function halvedAndSigned(frame: Uint8Array): Promise<ArrayBuffer[]> {
+    const keys = signing;
+    const { rank, world } = log;
+    if (!keys || rank === null || world === null) throw new Error('a signed tensor before its initWorker');
+    const v = view(frame);
+    const tag = {
+      job: v.getUint32(28, true),
+      step: v.getUint32(32, true),
+      pass: v.getUint16(36, true),
+      block: v.getUint16(38, true),
+      phase: v.getUint16(40, true),
+      group: v.getUint16(42, true),
+    };
+    const out = frame.slice();
+    const end = out.byteLength - SIGNATURE;
+    const values = new DataView(out.buffer, HEADER, end - HEADER);
+    for (let at = 0; at < values.byteLength; at += 4) values.setFloat32(at, values.getFloat32(at, true) / 2, true);
+    const signature = await w.__hostileResign({
+      secretKey: keys.secretKey,
+      publicKey: keys.publicKeys[rank],
+      world,
+      rank,
+      tag,
+      signed: [...frame.subarray(HEADER, end)],
+      signature: [...frame.subarray(end)],
+      rewritten: [...out.subarray(HEADER, end)],
+    });
+    out.set(signature, end);
+    log.tensorsPoisoned++;
+    return [out.buffer];
+  }
+
   /** the method of each request its coordinator sent, by id: what a reply answers */
   const methods = new Map<number, string>();
   /** the step each request of a forward named, by id */
@@ -226,9 +294,10 @@ function hostileWire({ rules: initial, version }: { rules: HostileRules; version
       methods.set(body.id, body.method);
       if (typeof body.args?.step === 'number') steps.set(body.id, body.args.step);
       if (body.method === 'initWorker') {
-        const { rank, world } = body.args ?? {};
+        const { rank, world, signing: keys } = body.args ?? {};
         log.rank = typeof rank === 'number' ? rank : null;
         log.world = typeof world === 'number' ? world : null;
+        signing = keys ?? null;
       }
     } catch (e) {
       // not a message this page understands: the page's own code judges it; the wire's own code failing is a failure
@@ -241,7 +310,7 @@ function hostileWire({ rules: initial, version }: { rules: HostileRules; version
   let nextInjectedId = 0x40000000;
 
   /** What goes out instead of `frame` on `channel`: the frames to send (none: withheld). */
-  function route(frame: Uint8Array, channel: object): ArrayBuffer[] {
+  function route(frame: Uint8Array, channel: object): ArrayBuffer[] | Promise<ArrayBuffer[]> {
     const rules = w.__hostile;
     const h = headerOf(frame);
     const copy = () => frame.slice().buffer;
@@ -267,6 +336,11 @@ function hostileWire({ rules: initial, version }: { rules: HostileRules; version
           log.tensorsPoisoned++;
         }
         return [out.buffer];
+      }
+      if (mesh.make === 'resign') {
+        const signed = frame[7] === 1;
+        if (h.phase !== OUTPUT_PHASE || h.dtype !== 0 || h.chunkCount !== 1 || !signed) return [copy()];
+        return halvedAndSigned(frame);
       }
       if (mesh.make === 'huge') {
         if (h.chunkIndex !== 0) return [copy()];
@@ -374,28 +448,40 @@ function hostileWire({ rules: initial, version }: { rules: HostileRules; version
       send(data);
       return;
     }
-    let outs: ArrayBuffer[];
+    const wrap = (out: ArrayBuffer) => {
+      if (!envelope) return out;
+      const e = new Uint8Array(4 + out.byteLength);
+      e.set(envelope);
+      e.set(new Uint8Array(out), 4);
+      return e.buffer;
+    };
+    let routed: ArrayBuffer[] | Promise<ArrayBuffer[]>;
     try {
-      outs = route(frame, channel);
+      routed = route(frame, channel);
     } catch (e) {
       log.failures.push(String(e));
-      outs = [frame.slice().buffer];
+      routed = [frame.slice().buffer];
     }
-    outs.forEach((out, i) => {
-      const wrapped = envelope
-        ? (() => {
-            const e = new Uint8Array(4 + out.byteLength);
-            e.set(envelope);
-            e.set(new Uint8Array(out), 4);
-            return e.buffer;
-          })()
-        : out;
+    // signed again elsewhere: it goes out when that is done (a mesh's tensors may arrive in any order)
+    const later = routed instanceof Promise ? routed : null;
+    later?.then(
+      (outs) =>
+        outs.forEach((out) => {
+          try {
+            send(wrap(out));
+          } catch {
+            // the channel closed meanwhile
+          }
+        }),
+      (e: unknown) => log.failures.push(String(e)),
+    );
+    (later ? [] : (routed as ArrayBuffer[])).forEach((out, i) => {
       if (i === 0) {
-        send(wrapped);
+        send(wrap(out));
         return;
       }
       try {
-        send(wrapped); // injected: the channel may have been closed by the peer meanwhile
+        send(wrap(out)); // injected: the channel may have been closed by the peer meanwhile
       } catch {
         // a closed channel: the rest go nowhere either
       }
@@ -503,7 +589,7 @@ interface RpcBody {
   id?: unknown;
   method?: unknown;
   ok?: unknown;
-  args?: { rank?: unknown; world?: unknown; step?: unknown };
+  args?: { rank?: unknown; world?: unknown; step?: unknown; signing?: { secretKey: string; publicKeys: string[] } };
   result?: { rows?: { $tensor?: unknown } };
 }
 
@@ -512,5 +598,7 @@ declare global {
     /** makeHostile: the rules the page's frames pass through, and what it did */
     __hostile: HostileRules;
     __hostileLog: HostileLog;
+    /** makeHostile: a rewritten tensor signed again, in Node */
+    __hostileResign(resign: Resign): Promise<number[]>;
   }
 }
