@@ -4,7 +4,7 @@
 // protocol (core/net/protocol.ts), rewritten. Nothing in the product is changed; the page's own
 // globals are (RTCDataChannel, RTCPeerConnection, WebSocket), before its scripts run.
 import type { Page } from '@playwright/test';
-import { PROTOCOL_VERSION, type TensorTag } from '../../../core/net/protocol.ts';
+import { HEADER_BYTES, PROTOCOL_VERSION, readHeader, SIGNATURE_BYTES } from '../../../core/net/protocol.ts';
 import { payloadDigest, signPayload, verifyPayload } from '../../../core/net/signing.ts';
 
 /** What a hostile worker page does to what it sends; unset parts are sent as the page made them. */
@@ -111,30 +111,35 @@ export async function hostileLog(page: Page): Promise<HostileLog> {
   return log;
 }
 
-/** What the page asks to have a tensor it rewrote signed again (here, in Node: the page has no Ed25519 of its own). */
+/** What the page asks of Node for its 'resign' rule: the frame of a float32 tensor it signed, and its keys. */
 interface Resign {
   secretKey: string;
   publicKey: string;
   world: number;
-  rank: number;
-  tag: TensorTag;
-  /** the payload as the page signed it, its signature, and the payload rewritten */
-  signed: number[];
-  signature: number[];
-  rewritten: number[];
+  frame: number[];
 }
 
 /**
- * The signature of `rewritten` for the receiver the page's own signature of `signed` names (the
- * frame does not say which peer it goes to; its signature, made for one, does).
+ * The frame with its values halved and signed again, for the receiver the page's own signature names
+ * (the frame does not say which peer it goes to; its signature, made for one, does). In Node: the
+ * page has no Ed25519 of its own to hand.
  */
-function resign({ secretKey, publicKey, world, rank, tag, signed, signature, rewritten }: Resign): number[] {
-  const digest = payloadDigest(Uint8Array.from(signed));
-  const to = Array.from({ length: world }, (_, r) => r).find(
-    (r) => r !== rank && verifyPayload(publicKey, tag, rank, r, digest, Uint8Array.from(signature)),
-  );
+function resign({ secretKey, publicKey, world, frame }: Resign): number[] {
+  const bytes = Uint8Array.from(frame);
+  const header = readHeader(bytes);
+  if (typeof header === 'string' || !header.signed || header.dtype !== 'f32' || header.chunkCount !== 1)
+    throw new Error(`resign takes one whole signed float32 tensor frame, not this: ${JSON.stringify(header)}`);
+  const end = bytes.byteLength - SIGNATURE_BYTES;
+  const rank = header.from;
+  const signedFor = (to: number) =>
+    verifyPayload(publicKey, header.tag, rank, to, payloadDigest(bytes.slice(HEADER_BYTES, end)), bytes.slice(end));
+  const to = Array.from({ length: world }, (_, r) => r).find((r) => r !== rank && signedFor(r));
   if (to === undefined) throw new Error(`rank ${rank}'s own signature names none of its ${world - 1} peers`);
-  return [...signPayload(secretKey, tag, rank, to, payloadDigest(Uint8Array.from(rewritten)))];
+  const values = new Float32Array(bytes.slice(HEADER_BYTES, end).buffer).map((x) => x / 2);
+  const data = new Uint8Array(values.buffer);
+  bytes.set(data, HEADER_BYTES);
+  bytes.set(signPayload(secretKey, header.tag, rank, to, payloadDigest(data)), end);
+  return [...bytes];
 }
 
 /** Runs in the page, before its scripts: self-contained (Playwright sends it as source). */
@@ -243,39 +248,16 @@ function hostileWire({ rules: initial, version }: { rules: HostileRules; version
   /** its own secret key and its mesh's public keys, from its last initWorker */
   let signing: { secretKey: string; publicKeys: string[] } | null = null;
   const OUTPUT_PHASE = 1;
-  const SIGNATURE = 64;
 
-  /** A single-frame float32 tensor, its values halved, signed again for its receiver (in Node: resign). */
+  /** A single-frame float32 tensor, its values halved and signed again for its receiver (in Node: resign). */
   async function halvedAndSigned(frame: Uint8Array): Promise<ArrayBuffer[]> {
     const keys = signing;
     const { rank, world } = log;
     if (!keys || rank === null || world === null) throw new Error('a signed tensor before its initWorker');
-    const v = view(frame);
-    const tag = {
-      job: v.getUint32(28, true),
-      step: v.getUint32(32, true),
-      pass: v.getUint16(36, true),
-      block: v.getUint16(38, true),
-      phase: v.getUint16(40, true),
-      group: v.getUint16(42, true),
-    };
-    const out = frame.slice();
-    const end = out.byteLength - SIGNATURE;
-    const values = new DataView(out.buffer, HEADER, end - HEADER);
-    for (let at = 0; at < values.byteLength; at += 4) values.setFloat32(at, values.getFloat32(at, true) / 2, true);
-    const signature = await w.__hostileResign({
-      secretKey: keys.secretKey,
-      publicKey: keys.publicKeys[rank],
-      world,
-      rank,
-      tag,
-      signed: [...frame.subarray(HEADER, end)],
-      signature: [...frame.subarray(end)],
-      rewritten: [...out.subarray(HEADER, end)],
-    });
-    out.set(signature, end);
+    const { secretKey, publicKeys } = keys;
+    const out = await w.__hostileResign({ secretKey, publicKey: publicKeys[rank], world, frame: [...frame] });
     log.tensorsPoisoned++;
-    return [out.buffer];
+    return [Uint8Array.from(out).buffer];
   }
 
   /** the method of each request its coordinator sent, by id: what a reply answers */
