@@ -9,22 +9,18 @@
 //   npm run bench -- full-size [--model DIR] [--ranks 1,2,3]
 //     [--frames 9 --height 32 --width 32 --steps 2]
 
-import { readFileSync } from 'node:fs';
-import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { FULL_SIZE_MODEL_DIR } from '../server/model-folder.ts';
-import { LOCAL_MODEL_PATH } from '../server/serve.ts';
-import { startLocalSwarm } from '../server/cli/browser-swarm.ts';
 import {
   ensureFullSizeModel,
   isMain,
   latentFromBase64,
   log,
   machine,
-  randomPromptEmbeds,
   rendererPeaks,
   round,
   TEXT_TOKENS,
+  transformerSwarm,
   versions,
   waitForQuietMachine,
   writeReport,
@@ -56,15 +52,10 @@ export const SMOKE_FULL_SIZE: FullSizeOptions = {
 
 export async function runFullSize(o: FullSizeOptions) {
   await ensureFullSizeModel(o.model);
-  const config = JSON.parse(readFileSync(join(o.model, 'transformer/config.json'), 'utf8')) as { num_layers: number };
-  const promptEmbeds = randomPromptEmbeds(o.model);
-  const started = Date.now();
-  const swarm = await startLocalSwarm({
-    workers: Math.max(...o.ranks),
-    modelFolders: { [LOCAL_MODEL_PATH]: o.model },
-    log,
-  });
-  const machineAtStart = machine(swarm.browserVersion);
+  const { config, promptEmbeds, started, swarm, machineAtStart } = await transformerSwarm(
+    o.model,
+    Math.max(...o.ranks),
+  );
   try {
     const runs = [];
     let oneTab: Float32Array | null = null;

@@ -10,6 +10,7 @@ import type { JobOverrides } from '../app/automation.ts';
 import { parseWanConfig, type WanConfig } from '../core/model/config.ts';
 import { SeededRandom } from '../core/random.ts';
 import { LOCAL_MODEL_PATH } from '../server/serve.ts';
+import { startLocalSwarm } from '../server/cli/browser-swarm.ts';
 
 export const ROOT = join(import.meta.dirname, '..');
 export const OUT_DIR = join(ROOT, 'bench/out');
@@ -104,6 +105,23 @@ export function transformerJob(
     model: LOCAL_MODEL_PATH,
     ...placement,
   };
+}
+
+/**
+ * What a bench of a model folder's transformer alone starts from (full-size, pooled): the transformer's config,
+ * random prompt embeddings (randomPromptEmbeds), and `workers` fresh tabs of a swarm serving the folder at
+ * LOCAL_MODEL_PATH; with when and on what machine it started.
+ */
+export async function transformerSwarm(model: string, workers: number) {
+  const config = JSON.parse(readFileSync(join(model, 'transformer/config.json'), 'utf8')) as {
+    num_layers: number;
+    num_attention_heads: number;
+    attention_head_dim: number;
+  };
+  const promptEmbeds = randomPromptEmbeds(model);
+  const started = Date.now();
+  const swarm = await startLocalSwarm({ workers, modelFolders: { [LOCAL_MODEL_PATH]: model }, log });
+  return { config, promptEmbeds, started, swarm, machineAtStart: machine(swarm.browserVersion) };
 }
 
 /** The bench model's transformer config, after writing the model if it is not there yet. */

@@ -8,25 +8,22 @@
 //   npm run bench -- pooled [--model DIR] [--layers 8] [--stages 1,2,4] [--weights float16|float32]
 //                           [--memory-gib 16] [--frames 1 --height 32 --width 32 --steps 1]
 
-import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import type { JobResult } from '../app/automation.ts';
 import { WEIGHT_TYPES, type WeightType } from '../core/worker-api.ts';
-import { startLocalSwarm } from '../server/cli/browser-swarm.ts';
 import { CACHE_ROOT } from '../server/model-folder.ts';
-import { LOCAL_MODEL_PATH } from '../server/serve.ts';
 import {
   ensurePreset,
   isMain,
   latentFromBase64,
   log,
   machine,
-  randomPromptEmbeds,
   rendererPeaks,
   round,
   SMOKE_MODEL_DIR,
   transformerJob,
+  transformerSwarm,
   versions,
   waitForQuietMachine,
   writeReport,
@@ -74,19 +71,10 @@ export async function runPooled(o: PooledOptions) {
       '--dtype',
       'bf16',
     ]);
-  const config = JSON.parse(readFileSync(join(o.model, 'transformer/config.json'), 'utf8')) as {
-    num_layers: number;
-    num_attention_heads: number;
-    attention_head_dim: number;
-  };
-  const promptEmbeds = randomPromptEmbeds(o.model);
-  const started = Date.now();
-  const swarm = await startLocalSwarm({
-    workers: Math.max(...o.stages),
-    modelFolders: { [LOCAL_MODEL_PATH]: o.model },
-    log,
-  });
-  const machineAtStart = machine(swarm.browserVersion);
+  const { config, promptEmbeds, started, swarm, machineAtStart } = await transformerSwarm(
+    o.model,
+    Math.max(...o.stages),
+  );
   try {
     for (const page of swarm.workers) {
       await page.fill('#model-memory', String(o.memoryGiB));
