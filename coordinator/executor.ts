@@ -19,7 +19,7 @@ import {
 import { patchify, tokenGrid } from '../core/model/tokens.ts';
 import { hiddenStateError, type HiddenState } from '../core/model/blocks.ts';
 import { initArgsOf, loadArgsOf, type ResolvedPlacement } from './placement.ts';
-import { judgeSpotCheck, pickChecker, secureRandom, spotCheckDraw, type SpotCheck } from './spot-check.ts';
+import { judgeSpotCheck, pickChecker, spotCheckDraw, type SpotCheck } from './spot-check.ts';
 import { judgeExchanges, sameDigests, trueDigests } from './exchange-evidence.ts';
 import { newSigningKeys, type SigningKeys } from '../core/net/signing.ts';
 import { defined } from '../core/defined.ts';
@@ -702,8 +702,8 @@ export abstract class Executor {
     const forward = { job: args.job, step: args.step, pass: args.pass };
     const evidence = await this.collectiveRpc('exchangeEvidence', { args: forward, ranks });
     const judges = [checker, ...(third === null ? [] : [third])];
-    const rest = Array.from({ length: this.world }, (_, r) => r).filter((r) => !judges.includes(r));
-    while (rest.length) judges.push(...rest.splice(Math.floor(secureRandom() * rest.length), 1));
+    for (let next = pickChecker(this.world, judges); next !== null; next = pickChecker(this.world, judges))
+      judges.push(next);
     const tables: Map<string, string>[] = [];
     let truth: Map<string, string> | undefined;
     for (const rank of judges.filter(wasm)) {
