@@ -212,7 +212,7 @@ export function checkRequest(request: PlacementRequest): Asked {
   const { weightType } = request;
   if (weightType !== undefined && !WEIGHT_TYPES.includes(weightType))
     throw new Error(
-      `weightType is how ranks hold the blocks' weights: ${WEIGHT_TYPES.join(' or ')} ` +
+      `weightType is how ranks hold the model's weights: ${WEIGHT_TYPES.join(' or ')} ` +
         `(unset: as each EP does), got ${JSON.stringify(weightType)}`,
     );
   return {

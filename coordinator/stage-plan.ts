@@ -111,17 +111,17 @@ export const wholeModelBytes = (model: StagedModel): number =>
   model.numLayers * model.blockBytes + model.firstBytes + model.lastBytes;
 
 /**
- * The bytes a rank holds a model in as cutStages weighs them: the blocks' as `weightType` (float32 unless asked: the
- * loader widens every checkpoint, and only a WebGPU adapter with shader-f16 halves them unasked), the rest float32.
+ * The bytes a rank holds a model in as cutStages weighs them: every weight as `weightType` (float32 unless asked: the
+ * loader widens every checkpoint, and only a WebGPU adapter with shader-f16 halves them unasked).
  */
 export function stagedModel(model: ModelShape, weightType: WeightType = 'float32'): StagedModel {
   const params = modelParams(model);
-  const FLOAT32 = 4;
+  const bytesPerWeight = weightType === 'float16' ? 2 : 4;
   return {
     numLayers: model.numLayers,
-    blockBytes: (params.block * FLOAT32) / (weightType === 'float16' ? 2 : 1),
-    firstBytes: params.embedders * FLOAT32,
-    lastBytes: params.head * FLOAT32,
+    blockBytes: params.block * bytesPerWeight,
+    firstBytes: params.embedders * bytesPerWeight,
+    lastBytes: params.head * bytesPerWeight,
   };
 }
 

@@ -186,7 +186,7 @@ export function createEngine(threads = 1, report?: (move: EngineMove) => void): 
       const runner = await onnxStages(model, ep, { weightType, takesWeights: true });
       stages = runner;
       const { maxBufferBytes, gpuWeightBytes } = runner;
-      const heldWeightBytes = bytes.other + (runner.weightType === 'float16' ? bytes.blocks / 2 : bytes.blocks);
+      const heldWeightBytes = runner.weightType === 'float16' ? bytes / 2 : bytes;
       const info: EngineInfo = {
         ep,
         adapter,
@@ -229,9 +229,9 @@ export function createEngine(threads = 1, report?: (move: EngineMove) => void): 
   return forward(ENGINE_METHODS, (call) => serial(() => call(reporting)));
 }
 
-/** Bytes of a model's float32 weights: the blocks' (which a rank may hold as float16) and the embedders' and head's. */
-function weightBytes(model: WanModel): { blocks: number; other: number } {
-  const bytes = { blocks: 0, other: 0 };
-  for (const [name, t] of model.weights) bytes[name.startsWith('blocks.') ? 'blocks' : 'other'] += t.data.byteLength;
+/** Bytes of a model's float32 weights, which a rank may hold as float16. */
+function weightBytes(model: WanModel): number {
+  let bytes = 0;
+  for (const t of model.weights.values()) bytes += t.data.byteLength;
   return bytes;
 }

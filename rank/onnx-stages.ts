@@ -8,7 +8,8 @@ import {
   buildHeadGraph,
   buildPostAttentionGraph,
   buildPreAttentionGraph,
-  type BlockGraph,
+  fedWeightKey,
+  type FedGraph,
 } from '../core/model/stage-graphs.ts';
 import { defined } from '../core/defined.ts';
 import { concat, setCols, sliceCols } from '../core/tensor.ts';
@@ -31,14 +32,14 @@ async function webGpuMaxBufferBytes(): Promise<number> {
 }
 
 /**
- * Every block's weights as the block graphs' inputs, per graph and block. On WebGPU they go to GPU
- * buffers once. A function of its own so that the stage methods' closures do not hold the model:
- * on WebGPU its 5.7 GB of CPU copies are free to go once uploaded.
+ * The weights the runner's graphs are fed: the embed and head graphs' (where the range holds them) and every held
+ * block's, per block graph and block. On WebGPU they go to GPU buffers once. A function of its own so that the stage
+ * methods' closures do not hold the model: on WebGPU its 5.7 GB of CPU copies are free to go once uploaded.
  */
-function blockWeightTensors(
+function fedWeightTensors(
   m: WanModel,
   range: BlockRange,
-  graphs: BlockGraph[],
+  graphs: { embed: FedGraph | null; head: FedGraph | null; blocks: FedGraph[] },
   weightType: WeightType,
   device: GpuDevice | null,
   takesWeights: boolean,
@@ -47,29 +48,32 @@ function blockWeightTensors(
   // a copy (float16, or a GPU buffer) makes the model's float32 array garbage once taken from it: block by block, a
   // load holds one block's weights twice for a moment, not the whole model twice
   const copies = takesWeights && (weightType === 'float16' || device !== null);
-  // indexed by block: a pipeline stage's runner has its blocks' weights only
-  const perGraph: (Record<string, ort.Tensor> | null)[][] = graphs.map(() => []);
-  for (let b = 0; b < m.config.numLayers; b++) {
-    const held = b >= range.from && b < range.to;
+  /** the graphs' inputs of block `block`'s weights (null: the embed's or head's), the keys taken dropped after */
+  const feed = (fed: FedGraph[], block: number | null) => {
     const taken = new Set<string>();
-    graphs.forEach((graph, g) => {
-      perGraph[g][b] = held
-        ? Object.fromEntries(
-            graph.weights.map(({ name, dims }) => {
-              const key = `blocks.${b}.${name}`;
-              taken.add(key);
-              return [name, weights.tensor(defined(m.weights.get(key), `weight ${key}`).data, dims)];
-            }),
-          )
-        : null;
-    });
+    const inputs = fed.map((graph) =>
+      Object.fromEntries(
+        graph.weights.map(({ name, dims }) => {
+          const key = fedWeightKey(name, block);
+          taken.add(key);
+          return [name, weights.tensor(defined(m.weights.get(key), `weight ${key}`).data, dims)];
+        }),
+      ),
+    );
     if (copies) for (const key of taken) m.weights.delete(key);
-  }
-  return { perGraph, gpuBytes: weights.gpuBytes, destroy: () => weights.destroy() };
+    return inputs;
+  };
+  const [embed, head] = [graphs.embed, graphs.head].map((graph) => (graph ? feed([graph], null)[0] : null));
+  // indexed by block: a pipeline stage's runner has its blocks' weights only
+  const perBlock = Array.from({ length: m.config.numLayers }, (_, b) =>
+    b >= range.from && b < range.to ? feed(graphs.blocks, b) : null,
+  );
+  const perGraph = graphs.blocks.map((_, g) => perBlock.map((inputs) => inputs?.[g] ?? null));
+  return { embed, head, perGraph, gpuBytes: weights.gpuBytes, destroy: () => weights.destroy() };
 }
 
 /**
- * How a runner holds the blocks' weights: as asked, float16 halving them (the graphs widen them per call), where the
+ * How a runner holds the model's weights: as asked, float16 halving them (the graphs widen them per call), where the
  * device can (WASM's CPU always; a WebGPU adapter with shader-f16); unasked, float16 where WebGPU can, else float32.
  */
 export function heldWeightType(asked: WeightType | undefined, device: GpuDevice | null): WeightType {
@@ -80,7 +84,7 @@ export function heldWeightType(asked: WeightType | undefined, device: GpuDevice 
 
 /**
  * A runner that says how large a buffer it cuts its stages to (chunks.ts) and how it stores the
- * blocks' weights; disposed when its model is replaced.
+ * weights; disposed when its model is replaced.
  */
 export type OnnxStages = Required<DeviceStageRunner> & {
   maxBufferBytes: number;
@@ -97,7 +101,7 @@ export type OnnxStages = Required<DeviceStageRunner> & {
  * back. On WASM every output is CPU data, as before.
  * A stage whose tensors would exceed `maxBufferBytes` (by default what the EP allows) runs in
  * chunks of rows, or of heads for attention (chunks.ts); its inputs and outputs are then CPU data.
- * With `takesWeights` (a model loaded for the runner alone), a block's weights held as a copy leave `m.weights`.
+ * With `takesWeights` (a model loaded for the runner alone), weights held as a copy leave `m.weights`.
  */
 export async function onnxStages(
   m: WanModel,
@@ -115,27 +119,38 @@ export async function onnxStages(
         }
       : options;
   const session = (graph: Uint8Array, sessionOptions = options) => ort.InferenceSession.create(graph, sessionOptions);
-  const embedSession = holdsEmbedders(range)
-    ? await session(buildEmbedGraph(m), onDevice('x', 'temb', 'tproj', 'context'))
-    : null;
-  const attention = await session(buildAttentionGraph(m));
-  const headSession = holdsHead(m.config, range) ? await session(buildHeadGraph(m)) : null;
-  const notHeld = (what: string): never => {
-    throw new Error(`this rank holds blocks ${range.from}–${range.to - 1} of the transformer: ${what}`);
-  };
-  const embedder = () => embedSession ?? notHeld("the embedders are the first pipeline stage's");
-  const outputHead = () => headSession ?? notHeld("the output head is the last pipeline stage's");
   // one session for every block's pre-attention and one for its post-attention, fed the block's
   // weights: only the running block's weights are in onnxruntime's memory (the wasm heap holds 4 GB).
   // On WebGPU the weights live in GPU buffers, uploaded once, not from the CPU at every call.
   const device = ep === 'webgpu' ? ((await ort.env.webgpu.device) as GpuDevice) : null;
   const weightType = heldWeightType(limits.weightType, device);
+  const embedGraph = holdsEmbedders(range) ? buildEmbedGraph(m, weightType) : null;
+  const headGraph = holdsHead(m.config, range) ? buildHeadGraph(m, weightType) : null;
   const preGraph = buildPreAttentionGraph(m, weightType);
   const postGraph = buildPostAttentionGraph(m, weightType);
+  const embedSession = embedGraph && (await session(embedGraph.bytes, onDevice('x', 'temb', 'tproj', 'context')));
+  const attention = await session(buildAttentionGraph(m));
+  const headSession = headGraph && (await session(headGraph.bytes));
   const pre = await session(preGraph.bytes);
   const post = await session(postGraph.bytes, onDevice('x_out'));
-  const blockWeights = blockWeightTensors(m, range, [preGraph, postGraph], weightType, device, !!limits.takesWeights);
-  const [preWeights, postWeights] = blockWeights.perGraph.map(
+  const fed = fedWeightTensors(
+    m,
+    range,
+    { embed: embedGraph, head: headGraph, blocks: [preGraph, postGraph] },
+    weightType,
+    device,
+    !!limits.takesWeights,
+  );
+  const notHeld = (what: string): never => {
+    throw new Error(`this rank holds blocks ${range.from}–${range.to - 1} of the transformer: ${what}`);
+  };
+  const embedder = () =>
+    (embedSession && fed.embed && { session: embedSession, weights: fed.embed }) ??
+    notHeld("the embedders are the first pipeline stage's");
+  const outputHead = () =>
+    (headSession && fed.head && { session: headSession, weights: fed.head }) ??
+    notHeld("the output head is the last pipeline stage's");
+  const [preWeights, postWeights] = fed.perGraph.map(
     (perBlock) => (block: number) => perBlock[block] ?? notHeld(`block ${block} is another stage's`),
   );
 
@@ -183,14 +198,18 @@ export async function onnxStages(
   return {
     maxBufferBytes,
     weightType,
-    gpuWeightBytes: blockWeights.gpuBytes,
+    gpuWeightBytes: fed.gpuBytes,
     async dispose() {
-      blockWeights.destroy();
+      fed.destroy();
       await Promise.all([embedSession, attention, headSession, pre, post].flatMap((s) => (s ? [s.release()] : [])));
     },
     async embed(patches, timestep, text) {
-      const embed = embedder();
-      const fixed = { timestep: new ort.Tensor('float32', Float32Array.of(timestep), [1]), text: t(text, textDim) };
+      const { session: embed, weights } = embedder();
+      const fixed = {
+        ...weights,
+        timestep: new ort.Tensor('float32', Float32Array.of(timestep), [1]),
+        text: t(text, textDim),
+      };
       const rows = patches.length / patchWidth;
       const maxRows = rowsPerBuffer(maxBufferBytes, Math.max(D, patchWidth));
       if (rows <= maxRows) {
@@ -262,13 +281,13 @@ export async function onnxStages(
       );
     },
     async head(x, temb) {
-      const head = outputHead();
+      const { session: head, weights } = outputHead();
       const rows = rowsOf(x, D);
       const maxRows = rowsPerBuffer(maxBufferBytes, Math.max(D, rowsWidth));
-      if (rows <= maxRows) return out(await head.run({ x: feed(x, D), temb: feed(temb, D) }), 'rows');
+      if (rows <= maxRows) return out(await head.run({ ...weights, x: feed(x, D), temb: feed(temb, D) }), 'rows');
       const xs = await host(x);
       return byRows(rows, maxRows, async (begin, end) =>
-        out(await head.run({ x: rowsIn(xs, D, begin, end), temb: feed(temb, D) }), 'rows'),
+        out(await head.run({ ...weights, x: rowsIn(xs, D, begin, end), temb: feed(temb, D) }), 'rows'),
       );
     },
     read: ({ deviceTensor }) => host({ deviceTensor, floats: 0 }),

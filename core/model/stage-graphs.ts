@@ -7,11 +7,13 @@
 //   attention        q, k, v [S, h·d] → o [S, h·d]                      (any number of heads h)
 //   block i post     x, o [S, D], tproj, context → x
 //   head             x, temb → rows [S, pt·ph·pw·C]
-// The embed and head graphs hold their weights; the block graphs are one pre and one post graph for
-// every block, fed the block's weights as inputs (BlockGraph.weights names them): a worker keeps the
-// weights outside onnxruntime's wasm heap, which holds 4 GB and the 1.3B model is 5.7 GB in fp32,
-// and only the running block's are in it. Those weight inputs may be float16 (half the memory; on
-// WebGPU where the device has shader-f16), widened to float32 in the graph: the math stays float32.
+// Every graph is fed its weights as inputs (FedGraph.weights names them); the block graphs are one
+// pre and one post graph for every block, fed the running block's: a worker keeps the weights
+// outside onnxruntime's wasm heap, which holds 4 GB and the 1.3B model is 5.7 GB in fp32, and only
+// the running block's are in it. Those weight inputs may be float16 (half the memory; on WebGPU
+// where the device has shader-f16), widened to float32 in the graph: the math stays float32. The
+// embedders are fed so too (not baked in as initializers, which the session would hold as float32
+// and fold a widening of): at the 14B's width they are 0.46 B parameters.
 
 import { buildChunkedAttentionGraph } from './attention-graph.ts';
 import type { WanConfig } from './config.ts';
@@ -24,13 +26,20 @@ export type StageName = 'embed' | 'pre' | 'attention' | 'post' | 'head';
 
 const S = 'S';
 
-/** A graph of every block: its bytes, and the inputs it takes each block's weights by. */
-export interface BlockGraph {
+/**
+ * A graph fed its weights: its bytes, and the inputs it takes them by. A block graph serves every block: feed block
+ * b's `blocks.{b}.{name}` as the input `name`; the embed and head graphs take each weight by its own name.
+ */
+export interface FedGraph {
   bytes: Uint8Array;
-  /** feed block b's `blocks.{b}.{name}` as the input `name`, shaped `dims`, stored as `weightType` */
+  /** the input `name`, shaped `dims`, stored as `weightType` */
   weights: { name: string; dims: number[] }[];
   weightType: WeightType;
 }
+
+/** The model's weight a fed graph's input `name` takes, for block `block` where it is a block graph's. */
+export const fedWeightKey = (name: string, block: number | null): string =>
+  block === null ? name : `blocks.${block}.${name}`;
 
 /**
  * The block a block graph is built from: every block has the same weight names and shapes, so the
@@ -39,14 +48,15 @@ export interface BlockGraph {
 const templateBlock = (m: WanModel): number => m.blocks?.from ?? 0;
 
 class WanGraph extends OnnxGraph {
-  /** the weights a block graph takes as inputs, by input name, and each one's value in float32 */
+  /** the weights the graph takes as inputs, by input name, and each one's value in float32 */
   readonly weightInputs = new Map<string, { dims: number[]; value: string }>();
 
-  /** `blockWeightInputs`: a block graph, fed its block's weights stored so; else weights are initializers */
+  /** fed its weights stored as `weightType`; `perBlock`: a block graph, which reads its template block's alone */
   constructor(
     name: string,
     private readonly m: WanModel,
-    private readonly blockWeightInputs: WeightType | null = null,
+    private readonly weightType: WeightType,
+    private readonly perBlock = false,
   ) {
     super(name);
   }
@@ -58,25 +68,24 @@ class WanGraph extends OnnxGraph {
   param(name: string, dims?: number[]): string {
     const t = this.m.weights.get(name);
     if (!t) throw new Error(`weight ${name} is missing`);
-    if (!this.blockWeightInputs) return this.weight(name, dims ?? t.shape, t.data);
-    const block = `blocks.${templateBlock(this.m)}.`;
+    const block = this.perBlock ? fedWeightKey('', templateBlock(this.m)) : '';
     if (!name.startsWith(block)) throw new Error(`a block graph reads only its block's weights, not ${name}`);
     const input = name.slice(block.length);
     let known = this.weightInputs.get(input);
     if (!known) {
-      this.input(input, dims ?? t.shape, this.blockWeightInputs);
-      known = { dims: dims ?? t.shape, value: this.blockWeightInputs === 'float16' ? this.widen(input) : input };
+      this.input(input, dims ?? t.shape, this.weightType);
+      known = { dims: dims ?? t.shape, value: this.weightType === 'float16' ? this.widen(input) : input };
       this.weightInputs.set(input, known);
     }
     return known.value;
   }
 
-  /** This block graph's bytes and the weights it is fed. */
-  blockGraph(): BlockGraph {
+  /** This graph's bytes and the weights it is fed. */
+  fedGraph(): FedGraph {
     return {
       bytes: this.toBytes(),
       weights: [...this.weightInputs].map(([name, { dims }]) => ({ name, dims })),
-      weightType: this.blockWeightInputs ?? 'float32',
+      weightType: this.weightType,
     };
   }
 
@@ -136,8 +145,8 @@ class WanGraph extends OnnxGraph {
   }
 }
 
-export function buildEmbedGraph(m: WanModel): Uint8Array {
-  const g = new WanGraph('embed', m);
+export function buildEmbedGraph(m: WanModel, weightType: WeightType = 'float32'): FedGraph {
+  const g = new WanGraph('embed', m, weightType);
   const { dim: D, freqDim, textDim, inChannels } = m.config;
   const patchWidth = inChannels * m.config.patchSize.reduce((a, b) => a * b, 1);
   const patches = g.input('patches', [S, patchWidth]);
@@ -159,11 +168,11 @@ export function buildEmbedGraph(m: WanModel): Uint8Array {
   g.output(temb, 'temb', [1, D]);
   g.output(tproj, 'tproj', [6, D]);
   g.output(context, 'context', ['L', D]);
-  return g.toBytes();
+  return g.fedGraph();
 }
 
-export function buildPreAttentionGraph(m: WanModel, weightType: WeightType = 'float32'): BlockGraph {
-  const g = new WanGraph('block_pre', m, weightType);
+export function buildPreAttentionGraph(m: WanModel, weightType: WeightType = 'float32'): FedGraph {
+  const g = new WanGraph('block_pre', m, weightType, true);
   const block = templateBlock(m);
   const { dim: D, headDim } = m.config;
   const x = g.input('x', [S, D]);
@@ -176,7 +185,7 @@ export function buildPreAttentionGraph(m: WanModel, weightType: WeightType = 'fl
   g.output(g.rope(g.rmsNorm(g.linear(n, `${a}.to_q`), `${a}.norm_q.weight`), cos, sin), 'q', [S, D]);
   g.output(g.rope(g.rmsNorm(g.linear(n, `${a}.to_k`), `${a}.norm_k.weight`), cos, sin), 'k', [S, D]);
   g.output(g.linear(n, `${a}.to_v`), 'v', [S, D]);
-  return g.blockGraph();
+  return g.fedGraph();
 }
 
 /**
@@ -187,8 +196,8 @@ export function buildAttentionGraph(m: WanModel): Uint8Array {
   return buildChunkedAttentionGraph(m.config.headDim);
 }
 
-export function buildPostAttentionGraph(m: WanModel, weightType: WeightType = 'float32'): BlockGraph {
-  const g = new WanGraph('block_post', m, weightType);
+export function buildPostAttentionGraph(m: WanModel, weightType: WeightType = 'float32'): FedGraph {
+  const g = new WanGraph('block_post', m, weightType, true);
   const block = templateBlock(m);
   const { dim: D } = m.config;
   const b = `blocks.${block}`;
@@ -208,11 +217,11 @@ export function buildPostAttentionGraph(m: WanModel, weightType: WeightType = 'f
   const n3 = g.modulate(g.layerNorm(h), ffnShift, ffnScale);
   const ff = g.linear(g.geluTanh(g.linear(n3, `${b}.ffn.net.0.proj`)), `${b}.ffn.net.2`);
   g.output(g.op('Add', [h, g.op('Mul', [ff, ffnGate])]), 'x_out', [S, D]);
-  return g.blockGraph();
+  return g.fedGraph();
 }
 
-export function buildHeadGraph(m: WanModel): Uint8Array {
-  const g = new WanGraph('head', m);
+export function buildHeadGraph(m: WanModel, weightType: WeightType = 'float32'): FedGraph {
+  const g = new WanGraph('head', m, weightType);
   const { dim: D, outChannels, patchSize } = m.config;
   const x = g.input('x', [S, D]);
   const temb = g.input('temb', [1, D]);
@@ -221,5 +230,5 @@ export function buildHeadGraph(m: WanModel): Uint8Array {
   const [shift, scale] = g.opMulti('Split', [g.op('Add', [table, temb])], { axis: 0 }, 2);
   const rows = g.linear(g.modulate(g.layerNorm(x), shift, scale), 'proj_out');
   g.output(rows, 'rows', [S, outChannels * patchSize.reduce((a, b) => a * b, 1)]);
-  return g.toBytes();
+  return g.fedGraph();
 }

@@ -25,16 +25,6 @@ async function heldBytes(range: BlockRange): Promise<number> {
     .reduce((n, t) => n + t.end - t.begin, 0);
 }
 
-/** The bytes of the blocks' tensors among them (float32). */
-async function blockBytes(range: BlockRange): Promise<number> {
-  const files = folderFiles(join(import.meta.dirname, '../../public', TEST_MODEL));
-  const checkpoint = await openCheckpoint(files, 'transformer', TRANSFORMER_WEIGHTS_NAME);
-  return [...checkpoint.tensors.values()]
-    .filter((t) => t.name.startsWith('blocks.') && Number(t.name.split('.')[1]) >= range.from)
-    .filter((t) => Number(t.name.split('.')[1]) < range.to)
-    .reduce((n, t) => n + t.end - t.begin, 0);
-}
-
 test.describe.serial('pipeline stages over worker tabs', () => {
   const swarm = suiteSwarm(2);
   const job = SMALL_WASM_JOB;
@@ -83,7 +73,7 @@ test.describe.serial('pipeline stages over worker tabs', () => {
     expect(diff).toBe(0);
   });
 
-  test("asked for float16 weights, each stage's tab holds its blocks at half their bytes, as the planner cut them by; the latent within 1e-3 of float32's", async () => {
+  test("asked for float16 weights, each stage's tab holds its weights at half their bytes (the embedders' and head's too), as the planner cut them by; the latent within 1e-3 of float32's", async () => {
     test.setTimeout(300_000);
     const halved = await runJob(swarm.dashboard, { ...job, workers: 1, stages: 2, weightType: 'float16' });
     const { placement, workers } = halved.report;
@@ -91,8 +81,7 @@ test.describe.serial('pipeline stages over worker tabs', () => {
     const held = workers.map((w) => w.heldWeightBytes);
     expect(held).toEqual(placement.stages?.map((s) => s.heldBytes));
     const float32Held = stagedFloat32.report.workers.map((w) => w.heldWeightBytes);
-    const halves = [await blockBytes({ from: 0, to: 1 }), await blockBytes({ from: 1, to: 2 })].map((b) => b / 2);
-    expect(held).toEqual(float32Held.map((bytes, i) => bytes - halves[i]));
+    expect(held).toEqual(float32Held.map((bytes) => bytes / 2));
     const scale = Math.max(...stagedFloat32.latent.map(Math.abs));
     const diff = maxAbsDiff(halved.latent, stagedFloat32.latent);
     console.log(

@@ -182,12 +182,16 @@ describe('the stages of a placement', () => {
     expect(memoryBudget({ memoryGiB: 8, modelMemoryGiB: 0.5 })).toBe(2 ** 29);
   });
 
-  it('weightType float16 counts the blocks at half their bytes: workers too small for the model in float32 hold it so, each told to load it so', () => {
+  it('weightType float16 counts every weight at half its bytes: workers too small for the model in float32 hold it so, each told to load it so', () => {
     const [f32, f16] = [stagedModel(FOUR_BLOCKS), stagedModel(FOUR_BLOCKS, 'float16')];
-    expect(f16.blockBytes * 2).toBe(f32.blockBytes);
-    expect([f16.firstBytes, f16.lastBytes]).toEqual([f32.firstBytes, f32.lastBytes]); // embedders and head: float32
+    // the embedders and the head too: at the 14B's width the embedders are 0.93 GB in float32
+    expect([f16.blockBytes, f16.firstBytes, f16.lastBytes].map((b) => 2 * b)).toEqual([
+      f32.blockBytes,
+      f32.firstBytes,
+      f32.lastBytes,
+    ]);
     // each worker holds the embedders, the head and 2.2 blocks' worth of float16: 1.1 blocks of float32
-    const budgetGiB = (f32.firstBytes + f32.lastBytes + 2.2 * f16.blockBytes) / STAGE_MEMORY_SHARE / 2 ** 30;
+    const budgetGiB = (f16.firstBytes + f16.lastBytes + 2.2 * f16.blockBytes) / STAGE_MEMORY_SHARE / 2 ** 30;
     const small = [worker('a', null, budgetGiB), worker('b', null, budgetGiB)];
     expect(() => plan({ stages: 2 }, small)).toThrow(/it needs .* more/);
     const halved = plan({ stages: 2, weightType: 'float16' }, small);
@@ -201,7 +205,7 @@ describe('the stages of a placement', () => {
     expect(plan({ stages: 2 }, workers(2)).weightType).toBeNull();
     expect(loadArgsOf(plan({ stages: 2 }, workers(2)), 0)).not.toHaveProperty('weightType');
     expect(() => plan({ weightType: 'bfloat16' as never }, workers(2))).toThrow(
-      `weightType is how ranks hold the blocks' weights: float32 or float16 (unset: as each EP does), got "bfloat16"`,
+      `weightType is how ranks hold the model's weights: float32 or float16 (unset: as each EP does), got "bfloat16"`,
     );
   });
 

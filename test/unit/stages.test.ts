@@ -77,34 +77,45 @@ describe('ONNX stage graphs equal the TypeScript reference (max-abs ≤ 1e-4)', 
     );
   });
 
-  it("with the blocks' weights stored as float16 (WebGPU with shader-f16) stay within float16's rounding of the reference", async () => {
+  it("with the weights stored as float16 (WebGPU with shader-f16) the embedders, a block and the head stay within float16's rounding of the reference", async () => {
     const half = await onnxStages(m, 'wasm', { weightType: 'float16' });
     expect(half.weightType).toBe('float16');
     const patches = patchify(m.config, latent).data;
     const b = await ref.embed(patches, timestep, text);
     const o = random.normals(tokenGrid(m.config, latent.shape).count * m.config.dim);
-    const exact = hostValues(await ref.postAttention(0, b.x, o, b.tproj, b.context));
-    const [halfOut, fullOut] = [
-      hostValues(await half.postAttention(0, b.x, o, b.tproj, b.context)),
-      hostValues(await onnx.postAttention(0, b.x, o, b.tproj, b.context)),
-    ];
-    const scale = exact.reduce((s, v) => Math.max(s, Math.abs(v)), 0);
-    expect(maxAbsDiff(halfOut, exact) / scale).toBeLessThan(2e-3);
-    // and the weights were float16: the float32 graph is closer
-    expect(maxAbsDiff(halfOut, exact)).toBeGreaterThan(10 * maxAbsDiff(fullOut, exact));
+    /** each runner's output of one stage: half's within 2e-3 of the reference's scale, and its weights were float16 */
+    const expectHalved = (what: string, [halfOut, fullOut, exact]: Float32Array[]) => {
+      const scale = exact.reduce((s, v) => Math.max(s, Math.abs(v)), 0);
+      expect(maxAbsDiff(halfOut, exact) / scale, what).toBeLessThan(2e-3);
+      // the float32 graph is closer
+      expect(maxAbsDiff(halfOut, exact), what).toBeGreaterThan(10 * maxAbsDiff(fullOut, exact));
+    };
+    const runners = [half, onnx, ref];
+    const embedded = await Promise.all(runners.map((r) => r.embed(patches, timestep, text)));
+    for (const key of ['x', 'temb', 'context'] as const)
+      expectHalved(
+        `embed's ${key}`,
+        embedded.map((e) => hostValues(e[key])),
+      );
+    expectHalved(
+      'a block',
+      await Promise.all(runners.map(async (r) => hostValues(await r.postAttention(0, b.x, o, b.tproj, b.context)))),
+    );
+    expectHalved('the head', await Promise.all(runners.map((r) => r.head(b.x, b.temb))));
   });
 
-  it("taking a model's weights, a runner holding its blocks as float16 drops their float32 arrays from the model as it copies them (a load holds a block twice, never the model); one holding float32 on WASM shares them and drops none", async () => {
+  it("taking a model's weights, a runner holding them as float16 drops their float32 arrays from the model as it copies them (a load holds a block twice, never the model); one holding float32 on WASM shares them and drops none", async () => {
     const patches = patchify(m.config, latent).data;
     const b = await ref.embed(patches, timestep, text);
     const o = random.normals(tokenGrid(m.config, latent.shape).count * m.config.dim);
     const ownCopy = (): WanModel => ({ ...m, weights: new Map(m.weights) });
     const names = (model: WanModel) => [...model.weights.keys()];
-    const notBlocks = names(m).filter((name) => !name.startsWith('blocks.'));
-
     const taken = ownCopy();
     const half = await onnxStages(taken, 'wasm', { weightType: 'float16', takesWeights: true });
-    expect(names(taken)).toEqual(notBlocks);
+    expect(names(taken)).toEqual([]); // the embedders' and the head's too
+    expect(hostValues((await half.embed(patches, timestep, text)).x)).toEqual(
+      hostValues((await (await onnxStages(m, 'wasm', { weightType: 'float16' })).embed(patches, timestep, text)).x),
+    );
     const kept = await onnxStages(m, 'wasm', { weightType: 'float16' });
     expect(names(m)).toContain('blocks.1.ffn.net.2.weight');
     expect(hostValues(await half.postAttention(1, b.x, o, b.tproj, b.context))).toEqual(
