@@ -19,13 +19,21 @@ import {
 import { patchify, tokenGrid } from '../core/model/tokens.ts';
 import { hiddenStateError, type HiddenState } from '../core/model/blocks.ts';
 import { initArgsOf, loadArgsOf, type ResolvedPlacement } from './placement.ts';
-import { judgeSpotCheck, pickChecker, spotCheckDraw, type SpotCheck } from './spot-check.ts';
+import {
+  checkedHiddenStates,
+  checkedRows,
+  judgeOutputs,
+  pickChecker,
+  spotCheckDraw,
+  type CheckedOutputs,
+  type SpotCheck,
+} from './spot-check.ts';
 import { judgeExchanges, sameDigests, trueDigests } from './exchange-evidence.ts';
 import { newSigningKeys, type SigningKeys } from '../core/net/signing.ts';
 import { defined } from '../core/defined.ts';
 import { Emitter } from '../core/events.ts';
 import { guide } from '../core/sampler.ts';
-import type { Tensor } from '../core/tensor.ts';
+import { concat, type Tensor } from '../core/tensor.ts';
 import { cacheSchedule, type CacheMode } from '../core/step-cache.ts';
 import {
   callWorker,
@@ -169,6 +177,21 @@ interface ExchangeFinding {
 
 /** what a later pipeline stage is given for patches: it starts from the stage before's hidden state */
 const NO_PATCHES = new Float32Array(0);
+
+/** One pipeline stage's part of a forward (the whole forward where there is one stage), for a spot check. */
+interface StageRun {
+  stage: number;
+  /** its ranks in plan order */
+  ranks: number[];
+  /** the hidden states the stage before handed each of them; null where it started from the patches */
+  input: HiddenState[] | null;
+  results: ExecuteResult[];
+}
+
+/** The hidden states a stage's ranks were handed, as one of every token: x in token order, the rest as rank 0's. */
+function wholeHiddenState(parts: HiddenState[]): HiddenState {
+  return { ...parts[0], x: concat(parts.map((p) => p.x)) };
+}
 
 /** A rank the executor let go: why (as data), and how long it had been silent. */
 export interface LostRank extends RankLost {
@@ -473,6 +496,7 @@ export abstract class Executor {
     let ranks: number[] = [];
     let results: ExecuteResult[] = [];
     const reports: RankReport[] = [];
+    const stageRuns: StageRun[] = [];
     for (let stage = 0; stage < layout.stages; stage++) {
       const from = handed;
       const stageRanks = layout.stageRanks(group, stage);
@@ -503,6 +527,7 @@ export abstract class Executor {
       results = await call;
       reports.push(...results.map((r, i) => this.rankReport(ranks[i], r)));
       if (stage < layout.stages - 1) handed = this.handedOn(results, ranks, plan, request.pass);
+      stageRuns.push({ stage, ranks, input: from, results });
     }
     const rowWidth = config.outChannels * config.patchSize.reduce((a, b) => a * b, 1);
     results.forEach((r: ExecuteResult, i) => {
@@ -520,16 +545,9 @@ export abstract class Executor {
         throw new WorkerError(ranks[i], 'executeModel', 'returned NaN or infinite values', null, true);
     });
     const attendedStale = stale && ranks.length > 1; // a group of one rank attends to nothing stale
-    // well-formed, finite and plausible, and still wrong: now and then another rank recomputes the pass
-    if (checked)
-      await this.spotCheck(
-        request,
-        plan,
-        ranks,
-        results.map((r) => r.rows),
-        rowWidth,
-        attendedStale,
-      );
+    // well-formed, finite and plausible, and still wrong: now and then another rank recomputes the pass, stage by
+    // stage where it went through stages (a stage's holders alone can), the first stage found wrong convicting
+    if (checked) for (const run of stageRuns) await this.spotCheck(request, plan, run, attendedStale);
     if (cache === 'keep') this.keptFrom.set(request.pass, { request, stale: attendedStale });
     const measured = results.map((r) => r.residualRatio);
     const magnitudeRatio = measured.every((m) => m !== undefined)
@@ -587,21 +605,16 @@ export abstract class Executor {
   }
 
   /**
-   * Has another rank recompute the pass alone and judges the group's rows by it (spot-check.ts):
-   * a rank convicted is thrown as a breach (with its co-accused as blame), so the placer lets it go
-   * and the step runs again without it. A `stale` forward is recomputed as its group ran it, by a rank of the group:
-   * only those hold the step before's keys and values.
+   * Has another rank recompute the pass alone and judges the group's rows by it (spot-check.ts); with pipeline
+   * stages, one stage's part of it, from the stage's input, by a rank holding the stage (of any CFG group), judged
+   * by the hidden states the stage handed on or its rows. A rank convicted is thrown as a breach (with its co-accused
+   * as blame), so the placer lets it go and the step runs again without it. A `stale` forward is recomputed as its
+   * group ran it, by a rank of the group: only those hold the step before's keys and values.
    */
-  private async spotCheck(
-    request: ForwardRequest,
-    plan: UlyssesPlan,
-    ranks: number[],
-    parts: Float32Array[],
-    width: number,
-    stale: boolean,
-  ): Promise<void> {
+  private async spotCheck(request: ForwardRequest, plan: UlyssesPlan, run: StageRun, stale: boolean): Promise<void> {
     const started = performance.now();
-    const { config } = this;
+    const { config, layout } = this;
+    const { ranks, input } = run;
     // a reuse's checker computes the forward it reuses first, for the residual (executeModel checks only exact ones)
     const kept = request.cache === 'reuse' && defined(this.keptFrom.get(request.pass), 'the forward reused').request;
     const args: RecomputeArgs = {
@@ -610,37 +623,52 @@ export abstract class Executor {
       pass: request.pass,
       timestep: request.timestep,
       latentShape: request.latent.shape,
-      patches: patchify(config, request.latent).data,
+      patches: input ? NO_PATCHES : patchify(config, request.latent).data,
+      ...(input && { hidden: wholeHiddenState(input) }),
       ...(stale && { stale }),
       ...(kept && {
         cache: 'reuse',
         kept: { step: kept.step, timestep: kept.timestep, patches: patchify(config, kept.latent).data },
       }),
     };
-    const outsideGroup = stale ? Array.from({ length: this.world }, (_, r) => r).filter((r) => !ranks.includes(r)) : [];
+    const holders = stale ? ranks : layout.stageHolders(run.stage);
+    const others = Array.from({ length: this.world }, (_, r) => r).filter((r) => !holders.includes(r));
+    const last = run.stage === layout.stages - 1;
+    const rowWidth = config.outChannels * config.patchSize.reduce((a, b) => a * b, 1);
+    const outputs: CheckedOutputs<Float32Array | HiddenState> = last
+      ? checkedRows(
+          plan,
+          run.results.map((r) => r.rows),
+          rowWidth,
+        )
+      : checkedHiddenStates(
+          plan,
+          run.results.map((r) => defined(r.hidden, 'a hidden state handed on')),
+          config.dim,
+          run.stage,
+        );
     const recompute = async (rank: number) => {
       // judged as every call is: a checker whose engine moves is waited for, however slow
-      const [{ rows }] = await this.collectiveRpc('recompute', { args, ranks: [rank] });
-      if (rows.length !== plan.tokens * width || !rows.every(Number.isFinite))
-        throw new WorkerError(
-          rank,
-          'recompute',
-          `returned ${rows.length} values${rows.every(Number.isFinite) ? '' : ' with NaN or infinite ones'}, ` +
-            `not ${plan.tokens}×${width}`,
-          null,
-          true,
-        );
-      return { rank, rows };
+      const [{ rows, hidden }] = await this.collectiveRpc('recompute', { args, ranks: [rank] });
+      const wrong = last
+        ? rows.length !== plan.tokens * rowWidth || !rows.every(Number.isFinite)
+          ? `returned ${rows.length} values${rows.every(Number.isFinite) ? '' : ' with NaN or infinite ones'}, ` +
+            `not ${plan.tokens}×${rowWidth}`
+          : null
+        : hidden
+          ? hiddenStateError(config, hidden, plan.tokens, this.textRows[request.pass] ?? 0)
+          : 'handed no hidden state on from its pipeline stage';
+      if (wrong) throw new WorkerError(rank, 'recompute', wrong, null, true);
+      return { rank, output: last ? rows : defined(hidden, 'a hidden state') };
     };
-    const checker = await recompute(defined(pickChecker(this.world, outsideGroup), 'a rank to recompute'));
+    const checker = await recompute(defined(pickChecker(this.world, others), 'a rank to recompute'));
     const { tolerance } = this.placement.spotChecks;
-    let judged = judgeSpotCheck(plan, ranks, parts, width, checker, null, tolerance);
+    let judged = judgeOutputs(ranks, outputs, checker, null, tolerance);
     let third: number | null = null;
     if (judged.verdict !== 'agreed') {
       // a rank independent of both the checker and the suspect decides
-      third = pickChecker(this.world, [checker.rank, judged.verdict.convicted[0], ...outsideGroup]);
-      if (third !== null)
-        judged = judgeSpotCheck(plan, ranks, parts, width, checker, await recompute(third), tolerance);
+      third = pickChecker(this.world, [checker.rank, judged.verdict.convicted[0], ...others]);
+      if (third !== null) judged = judgeOutputs(ranks, outputs, checker, await recompute(third), tolerance);
     }
     // rows wrong from a tensor one rank sent the others are wrong on every rank: its receipts name who sent it
     let receipts: ExchangeFinding | undefined;
@@ -655,6 +683,7 @@ export abstract class Executor {
     this.spotChecks.push({
       step: request.step,
       pass: request.pass,
+      ...(layout.stages > 1 && { stage: run.stage }),
       checker: checker.rank,
       third,
       ...judged,
@@ -697,6 +726,7 @@ export abstract class Executor {
     // displaced mode exchanges keys and values its recomputation does not: its receipts would prove nothing
     const not = (why: string) => ({ rank: null, said: `not asked: ${why}` });
     if (this.placement.settings.parallel !== 'ulysses') return not('displaced mode');
+    if (this.layout.stages > 1) return not('pipeline stages');
     if (args.stale || args.cache) return not("a step cache's forward");
     if (!ranks.every(wasm)) return not('ranks not all on WASM');
     const forward = { job: args.job, step: args.step, pass: args.pass };

@@ -485,7 +485,8 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
           executor.placement.spotChecks.rate,
           params.steps,
           usesGuidance(params) ? 2 : 1,
-          executor.world,
+          // who may recompute a forward: every rank, or with pipeline stages a stage's holders
+          executor.layout.stageHolders(0).length,
         ),
         setupMs,
         phasesMs: clock.phasesMs,

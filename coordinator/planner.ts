@@ -34,7 +34,13 @@ import {
 } from '../core/parallel.ts';
 import type { RankSettings } from '../core/rank-settings.ts';
 import { resolveStepCache, STEP_CACHE_DEFAULTS, type MagnitudeCurve } from '../core/step-cache.ts';
-import { formatBytes, type ExecutionProvider, type WeightType, WEIGHT_TYPES } from '../core/worker-api.ts';
+import {
+  formatBytes,
+  MAX_MESSAGE_FLOATS,
+  type ExecutionProvider,
+  type WeightType,
+  WEIGHT_TYPES,
+} from '../core/worker-api.ts';
 import type { Backend } from './backends.ts';
 import type { WorkerMeasurement } from './measure.ts';
 import type { Measurements, WorkerGroup } from './measurements.ts';
@@ -233,21 +239,49 @@ export function checkRequest(request: PlacementRequest): Asked {
   };
 }
 
-/**
- * The pipeline stages asked for, checked against what staged placement does so far: no spot checks (no worker holds
- * the whole model to recompute a forward).
- */
+/** The pipeline stages asked for. */
 function checkStagesRequest(request: PlacementRequest): number {
-  const { stages = 1, spotCheckRate } = request;
+  const { stages = 1 } = request;
   if (!(Number.isInteger(stages) && stages >= 1))
     throw new Error(`stages is a whole number ≥ 1 of pipeline stages, got ${JSON.stringify(stages)}`);
-  if (stages === 1) return stages;
-  if (spotCheckRate)
-    throw new Error(
-      'pipeline stages are not spot-checked yet (no worker holds the whole model to recompute a forward): ' +
-        'ask spotCheckRate 0 with stages',
-    );
   return stages;
+}
+
+/**
+ * Why a staged placement's forwards cannot be spot-checked, or null where they can: a stage is recomputed from the
+ * hidden state of every token by another rank holding its blocks (of its Ulysses mesh, or of the other CFG group).
+ */
+function stagesUncheckable(
+  layout: RankLayout,
+  exchange: Exchange,
+  config: WanConfig,
+  work: Pick<Workload, 'tokens' | 'textTokens'>,
+): string | null {
+  if (layout.ulyssesDegree * layout.cfgGroups < 2)
+    return (
+      'a stage held by one worker has no other worker holding its blocks to recompute it: ' +
+      'ask two workers a stage (ulyssesDegree 2, or cfgParallel)'
+    );
+  if (exchange.parallel === 'displaced')
+    return 'in displaced mode a stage attends to keys and values of the step before that only its own ranks hold';
+  const whole = (work.tokens + 7 + work.textTokens) * config.dim; // x [S, D], temb, tproj [6, D], context
+  if (whole > MAX_MESSAGE_FLOATS)
+    return (
+      `a stage's hidden state of every token, which its recomputation starts from, would be ` +
+      `${formatBytes(4 * whole)}, more than the ${formatBytes(4 * MAX_MESSAGE_FLOATS)} one message carries`
+    );
+  return null;
+}
+
+/**
+ * A staged placement's spot-check rate: as asked where its stages can be checked; where they cannot, 0 unasked, and
+ * asked, refused on its first placement, saying why (a re-placement on fewer workers goes on unchecked).
+ */
+function stagedSpotCheckRate(asked: Asked, input: PlanningInput, why: string | null): number {
+  if (!why) return asked.spotCheckRate;
+  if (input.request.spotCheckRate && input.maxWorld === undefined)
+    throw new Error(`pipeline stages cannot be spot-checked here: ${why}; or ask spotCheckRate 0`);
+  return 0;
 }
 
 /** The exchange a job gets given what each would take a step (seconds): as asked, or for 'auto' the choice and why. */
@@ -684,7 +718,12 @@ export function planPlacement(ctx: PlannerContext, input: PlanningInput): Resolv
     ep: asked.ep,
     settings: { dtype: exchange.dtype, parallel: exchange.parallel, headGroups, emulateLink: asked.emulateLink },
     warmupSteps: asked.warmupSteps,
-    spotChecks: { rate: staged ? 0 : asked.spotCheckRate, tolerance: spotCheckTolerance(exchange.dtype) },
+    spotChecks: {
+      rate: staged
+        ? stagedSpotCheckRate(asked, input, stagesUncheckable(layout, exchange, ctx.config, weighed.work))
+        : asked.spotCheckRate,
+      tolerance: spotCheckTolerance(exchange.dtype),
+    },
     untrustedAlone: asked.untrustedAlone,
     timeouts: timeoutsOf(ctx.rpcTimeoutMs, prediction?.predictedStepMs),
     prediction,

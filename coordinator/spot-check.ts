@@ -10,6 +10,7 @@
 // recomputations) but blamed on the rank whose rows differ most, which may be a victim: the step is
 // re-run without it either way.
 import type { DType } from '../core/net/protocol.ts';
+import type { HiddenState } from '../core/model/blocks.ts';
 import { tokenStart, type UlyssesPlan } from '../core/parallel.ts';
 
 /** the share of forwards checked before the final steps: a constant cheat is seen within sixteen forwards on average */
@@ -146,6 +147,8 @@ export function rowDifferences(
 export interface SpotCheck {
   step: number;
   pass: number;
+  /** the pipeline stage checked (its index in `placement.stages`), where the placement has stages */
+  stage?: number;
   /** global ranks: who recomputed, and who decided where that disagreed */
   checker: number;
   third: number | null;
@@ -158,23 +161,76 @@ export interface SpotCheck {
 }
 
 /**
- * What a check found: the group's parts against the checker's rows and, where those disagree, a
- * third rank's. `ranks` are the group's global ranks in plan order.
+ * What a checked group's ranks computed, to be judged against a recomputation of type T made alone: `what` names it
+ * in a verdict ("its rows of the pass"), `of` what was recomputed ("the pass"), `differences` says per rank (in plan
+ * order) how far its part is from a recomputation, and `between` how far one recomputation is from another, each
+ * relative to its scale.
  */
-export function judgeSpotCheck(
+export interface CheckedOutputs<T> {
+  what: string;
+  of: string;
+  differences(recomputed: T): number[];
+  between(a: T, b: T): number;
+}
+
+/** The group's rows of a forward [rows_r, width] each, against recomputations of every token [S, width]. */
+export function checkedRows(plan: UlyssesPlan, parts: Float32Array[], width: number): CheckedOutputs<Float32Array> {
+  const alone = { ...plan, degree: 1, rows: [plan.tokens] };
+  return {
+    what: 'its rows of the pass',
+    of: 'the pass',
+    differences: (recomputed) => rowDifferences(plan, parts, recomputed, width),
+    between: (a, b) => Math.max(...rowDifferences(alone, [a], b, width)),
+  };
+}
+
+/**
+ * The hidden states a pipeline stage's ranks handed on after `stage` (its index), against recomputations of every
+ * token: each rank's tokens of x, and the timestep's and text's embeddings it carries whole, each part relative to its
+ * own scale.
+ */
+export function checkedHiddenStates(
   plan: UlyssesPlan,
+  parts: HiddenState[],
+  dim: number,
+  stage: number,
+): CheckedOutputs<HiddenState> {
+  const alone = { ...plan, degree: 1, rows: [plan.tokens] };
+  const carried = ['temb', 'tproj', 'context'] as const;
+  const apart = (a: HiddenState, b: HiddenState) =>
+    Math.max(...carried.map((part) => rowDifferences({ ...alone, rows: [1] }, [a[part]], b[part], a[part].length)[0]));
+  return {
+    what: `its outputs of pipeline stage ${stage + 1}`,
+    of: `pipeline stage ${stage + 1}`,
+    differences: (recomputed) => {
+      const xs = rowDifferences(
+        plan,
+        parts.map((p) => p.x),
+        recomputed.x,
+        dim,
+      );
+      return parts.map((part, rank) => Math.max(xs[rank], apart(part, recomputed)));
+    },
+    between: (a, b) => Math.max(rowDifferences(alone, [a.x], b.x, dim)[0], apart(a, b)),
+  };
+}
+
+/**
+ * What a check found: the group's outputs against the checker's recomputation and, where those disagree, a third
+ * rank's. `ranks` are the group's global ranks in plan order.
+ */
+export function judgeOutputs<T>(
   ranks: number[],
-  parts: Float32Array[],
-  width: number,
-  checker: { rank: number; rows: Float32Array },
-  third: { rank: number; rows: Float32Array } | null,
+  outputs: CheckedOutputs<T>,
+  checker: { rank: number; output: T },
+  third: { rank: number; output: T } | null,
   tolerance: number,
 ): Pick<SpotCheck, 'difference' | 'verdict'> {
-  const byChecker = rowDifferences(plan, parts, checker.rows, width);
+  const byChecker = outputs.differences(checker.output);
   const difference = Math.max(...byChecker);
   if (difference <= tolerance) return { difference, verdict: 'agreed' };
   const suspect = ranks[byChecker.indexOf(difference)];
-  const what = `its rows of the pass differ from a recomputation by ${difference.toExponential(1)} of their scale`;
+  const what = `${outputs.what} differ from a recomputation by ${difference.toExponential(1)} of their scale`;
   if (!third)
     return {
       difference,
@@ -185,21 +241,19 @@ export function judgeSpotCheck(
           `wrong: ${suspect === checker.rank ? 'it recomputed its own' : 'both are let go'}`,
       },
     };
-  const recomputationsAgree =
-    Math.max(...rowDifferences({ ...plan, degree: 1, rows: [plan.tokens] }, [third.rows], checker.rows, width)) <=
-    tolerance;
+  const recomputationsAgree = outputs.between(third.output, checker.output) <= tolerance;
   if (recomputationsAgree)
     return {
       difference,
       verdict: { convicted: [suspect], why: `${what} (ranks ${checker.rank} and ${third.rank} recomputed it alike)` },
     };
-  const groupAgreesWithThird = Math.max(...rowDifferences(plan, parts, third.rows, width)) <= tolerance;
+  const groupAgreesWithThird = Math.max(...outputs.differences(third.output)) <= tolerance;
   if (groupAgreesWithThird)
     return {
       difference,
       verdict: {
         convicted: [checker.rank],
-        why: `its recomputation of the pass disagreed with its group and with rank ${third.rank}'s`,
+        why: `its recomputation of ${outputs.of} disagreed with its group and with rank ${third.rank}'s`,
       },
     };
   if (suspect === checker.rank)
@@ -207,9 +261,7 @@ export function judgeSpotCheck(
       difference,
       verdict: {
         convicted: [suspect],
-        why:
-          'its rows of the pass and its own recomputation of it disagree with each other ' +
-          `and with rank ${third.rank}'s`,
+        why: `${outputs.what} and its own recomputation of it disagree with each other and with rank ${third.rank}'s`,
       },
     };
   return {
@@ -221,4 +273,24 @@ export function judgeSpotCheck(
         'both the rank and the first checker are let go',
     },
   };
+}
+
+/** judgeOutputs of a group's rows of a forward (checkedRows). */
+export function judgeSpotCheck(
+  plan: UlyssesPlan,
+  ranks: number[],
+  parts: Float32Array[],
+  width: number,
+  checker: { rank: number; rows: Float32Array },
+  third: { rank: number; rows: Float32Array } | null,
+  tolerance: number,
+): Pick<SpotCheck, 'difference' | 'verdict'> {
+  const recomputed = (r: { rank: number; rows: Float32Array }) => ({ rank: r.rank, output: r.rows });
+  return judgeOutputs(
+    ranks,
+    checkedRows(plan, parts, width),
+    recomputed(checker),
+    third && recomputed(third),
+    tolerance,
+  );
 }

@@ -98,6 +98,11 @@ export class RankLayout {
     return Array.from({ length: this.ulyssesDegree }, (_, i) => this.globalRank(group, i, stage));
   }
 
+  /** The ranks that hold a stage's blocks: its ranks in every CFG group (every rank, where there is one stage). */
+  stageHolders(stage: number): number[] {
+    return Array.from({ length: this.cfgGroups }, (_, group) => this.stageRanks(group, stage)).flat();
+  }
+
   /** The ranks of one group, stage after stage, each stage's in mesh order. */
   groupRanks(group: number): number[] {
     return Array.from({ length: this.stages }, (_, stage) => this.stageRanks(group, stage)).flat();

@@ -213,6 +213,16 @@ export interface RecomputeArgs extends ExecuteArgs {
   kept?: KeptForward;
 }
 
+/**
+ * A forward recomputed alone, every token: its rows, or where the rank holds a pipeline stage before the last, the
+ * hidden state its stage hands on (`rows` then empty), as ExecuteResult has them.
+ */
+export interface Recomputed {
+  rows: Float32Array;
+  hidden?: HiddenState;
+  computeMs: number;
+}
+
 /** One forward of a job: a pass of a step. */
 export interface ForwardKey {
   job: number;
@@ -428,7 +438,7 @@ export interface WorkerApi {
    * with `stale`, as its displaced group ran it, from the step before's keys and values this rank of it holds; a
    * step cache's reuse from the residual of the `kept` forward, computed first
    */
-  recompute(args: RecomputeArgs): Promise<{ rows: Float32Array; computeMs: number }>;
+  recompute(args: RecomputeArgs): Promise<Recomputed>;
   /** what this rank received in one of its recent forwards' exchanges, with its senders' signatures */
   exchangeEvidence(args: ForwardKey): Promise<{ receipts: ExchangeReceipt[] }>;
   /**
@@ -704,7 +714,7 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
   },
   recompute: {
     args: checkRecomputeArgs,
-    reply: fields({ rows: floats(), computeMs: ms }),
+    reply: fields({ rows: floats(), hidden: optional(checkHiddenState), computeMs: ms }),
   },
   exchangeEvidence: {
     args: fields(forwardKey),

@@ -28,6 +28,7 @@ import type {
   PrepareArgs,
   RankStats,
   RecomputeArgs,
+  Recomputed,
   RecomputeExchangesArgs,
   RehearseArgs,
   WorkerApi,
@@ -497,28 +498,30 @@ export class WorkerRuntime implements WorkerApi {
   }
 
   /**
-   * A whole forward of the prepared job's pass on this worker alone (every token, all heads): the
-   * coordinator checks its group's rows against it now and then (coordinator/spot-check.ts).
+   * A forward of the prepared job's pass on this worker alone (every token, all heads), through the blocks it holds:
+   * the coordinator checks its group's rows against it now and then (coordinator/spot-check.ts); a pipeline stage's
+   * rank recomputes its stage, from all the patches or the stage before's hidden state of every token, as the stage
+   * ran it. A reused or stale forward needs the whole model.
    */
-  async recompute(args: RecomputeArgs) {
-    const pass = this.wholePass('recompute', args);
-    const allPatches = pass.plan.tokens * pass.patchWidth;
-    const short = [args.patches, args.kept?.patches].find((p) => p && p.length !== allPatches);
-    if (short)
+  async recompute(args: RecomputeArgs): Promise<Recomputed> {
+    const pass = args.stale || args.cache ? this.wholePass('recompute', args) : this.preparedPass('recompute', args);
+    this.checkStageInput('recompute', pass, args, pass.plan.tokens, 'every token');
+    if (args.kept && args.kept.patches.length !== args.patches.length)
       throw new Error(
         `recompute expected all ${pass.plan.tokens}×${pass.patchWidth} patch values of the prepared job, ` +
-          `got ${short.length}${short === args.patches ? '' : ' for the kept forward'}`,
+          `got ${args.kept.patches.length} for the kept forward`,
       );
     if ((args.cache === 'reuse') !== (args.kept !== undefined))
       throw new Error('recompute of a reused forward, and of that alone, is given the kept forward it reuses');
     if (args.stale && args.cache) throw new Error('a stale recompute is of a forward the step cache did not touch');
     const stats = noStats();
-    const rows = args.stale
-      ? await this.recomputeStale(pass, args, stats)
-      : args.kept
-        ? await this.recomputeReuse(pass, { ...args, kept: args.kept }, stats)
-        : rowsOf(await this.forward(pass, wholePlan(pass), memoryExchanges(1)[0], args, stats));
-    return { rows, computeMs: stats.computeMs };
+    if (args.stale) return { rows: await this.recomputeStale(pass, args, stats), computeMs: stats.computeMs };
+    if (args.kept)
+      return { rows: await this.recomputeReuse(pass, { ...args, kept: args.kept }, stats), computeMs: stats.computeMs };
+    const output = await this.forward(pass, wholePlan(pass), memoryExchanges(1)[0], args, stats);
+    return 'rows' in output
+      ? { rows: output.rows, computeMs: stats.computeMs }
+      : { rows: new Float32Array(0), hidden: output.hidden, computeMs: stats.computeMs };
   }
 
   exchangeEvidence(forward: ForwardKey) {
@@ -619,7 +622,7 @@ export class WorkerRuntime implements WorkerApi {
   async executeModel(args: ExecuteArgs): Promise<ExecuteResult> {
     const exchange = this.needInit('executeModel');
     const pass = this.preparedPass('executeModel', args);
-    this.checkStageInput(pass, args, pass.plan.rows[exchange.rank], exchange.rank);
+    this.checkStageInput('executeModel', pass, args, pass.plan.rows[exchange.rank], `rank ${exchange.rank}`);
     this.setState('computing', `job ${args.job} step ${args.step} pass ${args.pass}`);
     this.forwardsRunning++;
     const stats = noStats();
@@ -688,34 +691,33 @@ export class WorkerRuntime implements WorkerApi {
 
   /**
    * A forward starts from patches on the rank that holds the embedders (every rank of an unstaged job), else from the
-   * stage before's hidden state of its `rows` tokens, each part of it judged before anything is computed from it.
+   * stage before's hidden state of its `rows` tokens (`whose`: the rank's, or every token), each part of it judged
+   * before anything is computed from it.
    */
   private checkStageInput(
+    method: string,
     pass: ReturnType<WorkerRuntime['preparedPass']>,
     args: ExecuteArgs,
     rows: number,
-    rank: number,
+    whose: string,
   ): void {
     const { cfg, patchWidth, text } = pass;
     const held = this.heldBlocks(cfg);
     const stage = `this rank holds blocks ${held.from}–${held.to - 1} of ${cfg.numLayers}`;
     if (holdsEmbedders(held)) {
-      if (args.hidden)
-        throw new Error(`executeModel was given a hidden state, but ${stage} and starts from the patches`);
+      if (args.hidden) throw new Error(`${method} was given a hidden state, but ${stage} and starts from the patches`);
       if (args.patches.length !== rows * patchWidth)
         throw new Error(
-          `executeModel expected ${rows}×${patchWidth} patch values for rank ${rank}, got ${args.patches.length}`,
+          `${method} expected ${rows}×${patchWidth} patch values for ${whose}, got ${args.patches.length}`,
         );
       return;
     }
     if (!args.hidden)
-      throw new Error(`executeModel needs the stage before's hidden state: ${stage}, a later pipeline stage`);
+      throw new Error(`${method} needs the stage before's hidden state: ${stage}, a later pipeline stage`);
     if (args.patches.length)
-      throw new Error(
-        `executeModel was given patches beside the hidden state, but ${stage}: patches are for the first`,
-      );
+      throw new Error(`${method} was given patches beside the hidden state, but ${stage}: patches are for the first`);
     const wrong = hiddenStateError(cfg, args.hidden, rows, text.length / cfg.textDim);
-    if (wrong) throw new Error(`executeModel's hidden state for rank ${rank} is malformed: ${wrong}`);
+    if (wrong) throw new Error(`${method}'s hidden state for ${whose} is malformed: ${wrong}`);
   }
 
   /** What a forward of the prepared job needs from `args`, checked against what was prepared. */

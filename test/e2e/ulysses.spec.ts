@@ -17,6 +17,20 @@ const shapes = {
   'uneven: 35 tokens': { frames: 1, height: 112, width: 80, tokens: 35 },
 };
 
+/** A guided 2-step job of the uneven shape (35 tokens) on WASM tabs, its heads shared evenly. */
+const UNEVEN_JOB = {
+  prompt: 'a red ball',
+  frames: 1,
+  height: 112,
+  width: 80,
+  steps: 2,
+  guidance: 5,
+  seed: 3,
+  backend: 'swarm',
+  ep: 'wasm',
+  shares: 'even',
+} satisfies JobOverrides;
+
 test.describe.serial('Ulysses over worker tabs', () => {
   const swarm = suiteSwarm(5);
 
@@ -24,16 +38,7 @@ test.describe.serial('Ulysses over worker tabs', () => {
     test(`P = 2, 3, 5 equal P = 1 to the bit (${name}); each rank sends what its share of tokens and heads gives it`, async () => {
       test.setTimeout(300_000);
       const { tokens, ...size } = shape;
-      const job = {
-        prompt: 'a red ball',
-        ...size,
-        steps: 2,
-        guidance: 5,
-        seed: 3,
-        backend: 'swarm',
-        ep: 'wasm',
-        shares: 'even',
-      } satisfies JobOverrides;
+      const job = { ...UNEVEN_JOB, ...size };
       const single = await runJob(swarm.dashboard, { ...job, workers: 1 });
       for (const P of [2, 3, 5]) {
         const run = await runJob(swarm.dashboard, { ...job, workers: P });
@@ -84,4 +89,27 @@ test.describe.serial('Ulysses over worker tabs', () => {
       expect(chosen.link.from).toBe('mesh probe');
     });
   }
+
+  test("two pipeline stages of two Ulysses tabs each, every forward checked stage by stage by a tab holding the stage: all agree, and the latent is two tabs' holding everything, to the bit", async () => {
+    test.setTimeout(300_000);
+    const job = UNEVEN_JOB;
+    const unstaged = await runJob(swarm.dashboard, { ...job, workers: 2, spotCheckRate: 0 });
+    const checked = await runJob(swarm.dashboard, { ...job, workers: 2, stages: 2, spotCheckRate: 1 });
+    const { placement, spotChecks, workers } = checked.report;
+    expect(placement.layout).toMatchObject({ world: 4, ulyssesDegree: 2, stages: 2 });
+    // 2 steps × 2 passes × 2 stages, each recomputed by a tab of the stage (the hidden state crossing to it and back)
+    expect(spotChecks.map((c) => [c.step, c.pass, c.stage, c.verdict]).sort()).toEqual(
+      [0, 1].flatMap((step) => [0, 1].flatMap((pass) => [0, 1].map((stage) => [step, pass, stage, 'agreed']))),
+    );
+    for (const check of spotChecks)
+      expect(placement.stages?.[defined(check.stage, 'the stage checked')].workers).toContain(
+        workers[check.checker].id,
+      );
+    const diff = maxAbsDiff(checked.latent, unstaged.latent);
+    console.log(
+      `stages checked: 2 × P=2 max-abs vs P=2 ${diff.toExponential(2)}, ${spotChecks.length} checks, ` +
+        `largest difference ${Math.max(...spotChecks.map((c) => c.difference)).toExponential(2)}`,
+    );
+    expect(diff).toBe(0);
+  });
 });

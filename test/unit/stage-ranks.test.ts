@@ -143,9 +143,20 @@ describe('a worker holding a pipeline stage', () => {
     await expect(first.executeModel(forward(patches(), good))).rejects.toThrow(
       'given a hidden state, but this rank holds blocks 0–0 of 2 and starts from the patches',
     );
-    await expect(last.recompute(forward(patches()))).rejects.toThrow('recompute runs the whole model');
-    // refused, not broken: the next well-formed hidden state is computed
-    expect((await last.executeModel(forward(EMPTY, good))).rows.length).toBe(4 * 64);
+    // a recomputation of its stage (a spot check's) is held to the same input; a stale or reused one needs every block
+    await expect(last.recompute(forward(patches()))).rejects.toThrow(
+      "recompute needs the stage before's hidden state: this rank holds blocks 1–1 of 2",
+    );
+    await expect(last.recompute({ ...forward(EMPTY, good), stale: true })).rejects.toThrow(
+      'recompute runs the whole model, but this rank holds blocks 1–1 of 2 (a pipeline stage)',
+    );
+    // refused, not broken: the next well-formed hidden state is computed, and recomputed alike
+    const rows = (await last.executeModel(forward(EMPTY, good))).rows;
+    expect(rows.length).toBe(4 * 64);
+    expect(await last.recompute(forward(EMPTY, good))).toMatchObject({ rows });
+    const recomputed = await first.recompute(forward(patches()));
+    expect(recomputed.rows).toHaveLength(0);
+    expect(recomputed.hidden).toEqual(good);
   });
 
   it("a peer's tensor for a block the stage does not hold is refused from its header", () => {

@@ -4,7 +4,7 @@
 // from the patches and each next from the hidden state the one before handed on: the latent of one
 // worker holding everything, to the bit. A stage that hands on a malformed hidden state is named.
 import { beforeAll, describe, expect, it } from 'vitest';
-import { WorkerError } from '../../coordinator/executor.ts';
+import { SpotCheckFailed, WorkerError } from '../../coordinator/executor.ts';
 import type { WorkerMeasurement } from '../../coordinator/measure.ts';
 import { Measurements } from '../../coordinator/measurements.ts';
 import { loadArgsOf, type PlacementRequest, type ResolvedPlacement } from '../../coordinator/placement.ts';
@@ -16,6 +16,7 @@ import {
   type PlanningWorker,
 } from '../../coordinator/planner.ts';
 import { memoryBudget, placeStages, stagedModel, STAGE_MEMORY_SHARE } from '../../coordinator/stage-plan.ts';
+import { DEFAULT_SPOT_CHECK_RATE } from '../../coordinator/spot-check.ts';
 import { defined } from '../../core/defined.ts';
 import { DEFAULT_JOB, jobParams } from '../../core/job.ts';
 import type { BlockRange } from '../../core/model/blocks.ts';
@@ -236,13 +237,28 @@ describe('the stages of a placement', () => {
     expect(() => plan({ stages: 2, cfgParallel: true }, workers(3))).toThrow(
       '2 pipeline stages of 1 worker in each of 2 CFG groups need 4 workers but 3 are live',
     );
-    expect(() => plan({ stages: 2, spotCheckRate: 0.1 }, workers(4))).toThrow('ask spotCheckRate 0 with stages');
+    // a stage is spot-checked by another worker holding its blocks: one worker a stage has none
+    expect(() => plan({ stages: 2, spotCheckRate: 0.1 }, workers(4))).toThrow(
+      'pipeline stages cannot be spot-checked here: a stage held by one worker has no other worker holding its ' +
+        'blocks to recompute it: ask two workers a stage (ulyssesDegree 2, or cfgParallel); or ask spotCheckRate 0',
+    );
+    expect(() => plan({ stages: 2, ulyssesDegree: 2, parallel: 'displaced', spotCheckRate: 0.1 }, workers(4))).toThrow(
+      'in displaced mode a stage attends to keys and values of the step before that only its own ranks hold',
+    );
     expect(() =>
       planPlacement(
         { ...ctx, backend: 'local' },
         { params: guided, request: { stages: 2 }, workers: [], measurements: new Measurements() },
       ),
     ).toThrow('pipeline stages run on worker pages: use the swarm backend for stages');
+  });
+
+  it("spot checks go as asked where another worker holds each stage's blocks, and are off unasked where none does", () => {
+    expect(plan({ stages: 2 }, workers(2)).spotChecks.rate).toBe(0);
+    expect(plan({ stages: 2, ulyssesDegree: 2 }, workers(4)).spotChecks.rate).toBe(DEFAULT_SPOT_CHECK_RATE);
+    expect(plan({ stages: 2, cfgParallel: true, spotCheckRate: 0.25 }, workers(4)).spotChecks.rate).toBe(0.25);
+    // re-placed where its stages cannot be checked, a job that asked for checks goes on unchecked rather than failing
+    expect(plan({ stages: 2, spotCheckRate: 0.25 }, workers(2), 2).spotChecks.rate).toBe(0);
   });
 
   it('a stage may be a Ulysses mesh of several workers, each holding the whole stage', () => {
@@ -351,7 +367,7 @@ describe('the executor through pipeline stages', () => {
   });
 
   it('two stages of two Ulysses ranks each give the latent of two ranks holding everything, to the bit', async () => {
-    const { executor, loads } = await started(new RankLayout(2, 1, null, 2), { stages: 2 });
+    const { executor, loads } = await started(new RankLayout(2, 1, null, 2), { stages: 2, spotCheckRate: 0 });
     expect(loads).toEqual([
       { from: 0, to: 1 },
       { from: 0, to: 1 },
@@ -379,7 +395,11 @@ describe('the executor through pipeline stages', () => {
     expect(placed.workers.map((w) => w.id)).toEqual(['w0', 'w2', 'w1', 'w3']);
     expect([0, 1, 2, 3].map((rank) => loadArgsOf(placed, rank).blocks?.from)).toEqual([0, 2, 0, 2]);
 
-    const { executor, loads } = await started(new RankLayout(1, 2, null, 2), { stages: 2, cfgParallel: true });
+    const { executor, loads } = await started(new RankLayout(1, 2, null, 2), {
+      stages: 2,
+      cfgParallel: true,
+      spotCheckRate: 0,
+    });
     expect(loads.map((b) => b?.from)).toEqual([0, 1, 0, 1]);
     const at = { job: 3, step: 0, timestep: 600, latent };
     const staged = await executor.velocity(at, 5);
@@ -400,6 +420,50 @@ describe('the executor through pipeline stages', () => {
         [3, 1],
       ]),
     );
+    await Promise.all([executor.shutdown({ graceMs: 500 }), unstaged.shutdown({ graceMs: 500 })]);
+  });
+
+  it('spot checks cover every stage, each recomputed from its input by a holder of its blocks: the rank whose outputs of its stage are wrong is the one convicted', async () => {
+    // CFG parallel over stages of two Ulysses ranks: a stage's blocks are held by 4 ranks, its 2 and the other group's
+    const layout = new RankLayout(2, 2, null, 2);
+    const { executor } = await started(layout, { stages: 2, cfgParallel: true, spotCheckRate: 1 });
+    expect(executor.placement.spotChecks.rate).toBe(1);
+    expect([0, 1].map((stage) => layout.stageHolders(stage))).toEqual([
+      [0, 1, 4, 5],
+      [2, 3, 6, 7],
+    ]);
+    const at = { job: 3, step: 0, timestep: 600, latent };
+    const checked = await executor.velocity(at, 5);
+    const { executor: unstaged } = await started(new RankLayout(2, 2), { cfgParallel: true, spotCheckRate: 0 });
+    expect(maxAbsDiff(checked.velocity, (await unstaged.velocity(at, 5)).velocity)).toBe(0);
+    // each pass's each stage, checked by a rank holding that stage, agreeing within what float sums reorder
+    const checks = executor.takeSpotChecks();
+    expect(checks.map((c) => [c.pass, c.stage, c.verdict]).sort()).toEqual([
+      [0, 0, 'agreed'],
+      [0, 1, 'agreed'],
+      [1, 0, 'agreed'],
+      [1, 1, 'agreed'],
+    ]);
+    for (const c of checks) {
+      expect(layout.stageHolders(defined(c.stage, 'the stage checked'))).toContain(c.checker);
+      expect(c.difference).toBeLessThan(1e-5);
+    }
+    // lies within any bound: what rank 1 hands on (its tokens, or the text it carries), rank 6's rows of the last stage
+    const halved = (values?: Float32Array) => values?.map((v) => v / 2);
+    const lies: [number, (r: ExecuteResult) => unknown, string][] = [
+      [1, (r) => ({ ...r, hidden: { ...r.hidden, x: halved(r.hidden?.x) } }), 'its outputs of pipeline stage 1 differ'],
+      [1, (r) => ({ ...r, hidden: { ...r.hidden, context: halved(r.hidden?.context) } }), 'pipeline stage 1 differ'],
+      [6, (r) => ({ ...r, rows: halved(r.rows) }), 'its rows of the pass differ from a recomputation'],
+    ];
+    for (const [liar, alters, why] of lies) {
+      executor.fault = (rank, method) => (rank === liar && method === 'executeModel' ? { alters } : null);
+      const caught = await executor.velocity({ ...at, step: 1 }, 5).catch((e: unknown) => e);
+      expect(caught).toBeInstanceOf(SpotCheckFailed);
+      expect(caught).toMatchObject({ rank: liar, breach: true, blame: null });
+      const [conviction] = executor.takeSpotChecks().filter((c) => c.verdict !== 'agreed');
+      expect(conviction).toMatchObject({ stage: layout.stageOf(liar), verdict: { convicted: [liar] } });
+      expect((conviction.verdict as { why: string }).why).toContain(why);
+    }
     await Promise.all([executor.shutdown({ graceMs: 500 }), unstaged.shutdown({ graceMs: 500 })]);
   });
 
