@@ -29,6 +29,9 @@ import {
   writeReport,
 } from './lib.ts';
 
+/** how the stages are cut: by memory alone, since the tabs share this machine's cores */
+const SHARES = 'even';
+
 /** issue 35: at S = 4 the worker holding most holds at most this share of the whole */
 const MAX_LARGEST_SHARE_AT_4 = 0.35;
 
@@ -93,8 +96,9 @@ export async function runPooled(o: PooledOptions) {
     for (const S of o.stages) {
       const load = await waitForQuietMachine();
       log(`pooled: ${S} stage(s) on ${S} tab(s), ${o.weights} weights… (load ${load.loadAverage1m})`);
-      // `workers` is a stage's: each stage on one tab
-      const job = transformerJob(o, promptEmbeds, { workers: 1, stages: S, weightType: o.weights });
+      // `workers` is a stage's: each stage on one tab. The blocks cut by memory alone ('even' shares): the tabs
+      // share this machine's cores, so each one's measured speed says when it was probed, not what it is
+      const job = transformerJob(o, promptEmbeds, { workers: 1, stages: S, weightType: o.weights, shares: SHARES });
       const { report, latent: base64 } = (await swarm.dashboard.evaluate(
         (j) => window.ditswarm.generate(j),
         job,
@@ -143,6 +147,7 @@ export async function runPooled(o: PooledOptions) {
         guidance: 1,
         ep: 'wasm',
         outputType: 'latent',
+        shares: SHARES,
       },
       machine: { ...machineAtStart, loadAverage1mAtEnd: machine().loadAverage1m },
       versions: versions(),

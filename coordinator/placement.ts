@@ -42,7 +42,8 @@ export interface PlacementRequest extends Partial<Omit<RankSettings, 'dtype' | '
   /**
    * how a group's ranks share the heads (and tokens): 'even'; in proportion to each worker's
    * rehearsed speed ('speed', for a degree asked for); or (unset, and 'speed' with 'auto')
-   * whichever the cost model predicts faster
+   * whichever the cost model predicts faster. Pipeline stages: 'even' cuts the blocks evenly within
+   * each worker's memory, by no measured speed; else by speed.
    */
   shares?: 'even' | 'speed';
   /** share of forward passes another rank recomputes to check the group's (spot-check.ts); 0 for none */

@@ -780,7 +780,8 @@ function placeStaged(ctx: PlannerContext, input: PlanningInput, weighed: Weighed
       id: w.id,
       memoryGiB: w.info.memoryGiB,
       modelMemoryGiB: w.info.modelMemoryGiB,
-      flops: w.measurement ? (computeOf(asked.ep, w.measurement)?.flops ?? null) : null,
+      // 'even' shares: blocks by memory alone (workers alike, or speeds measured on shared cores)
+      flops: w.measurement && asked.shares !== 'even' ? (computeOf(asked.ep, w.measurement)?.flops ?? null) : null,
     })),
   );
   const workerOf = (id: string) =>

@@ -149,6 +149,13 @@ describe('the stages of a placement', () => {
       [[0, 3], ['fast']],
       [[3, 4], ['slow']],
     ]);
+    // asked for even shares (workers known alike, or speeds measured on cores they share), by memory alone
+    expect(
+      plan({ stages: 2, shares: 'even' }, [worker('slow', 1), worker('fast', 3)]).stages?.map((s) => s.blocks),
+    ).toEqual([
+      [0, 2],
+      [2, 4],
+    ]);
     // a worker whose memory holds one block beside the embedders holds one, however fast
     const model = stagedModel(FOUR_BLOCKS);
     const oneBlockGiB = (model.firstBytes + 1.5 * model.blockBytes) / STAGE_MEMORY_SHARE / 2 ** 30;
