@@ -792,6 +792,40 @@ test.describe.serial('a liar in a browser of its own beside tabs of this machine
       await own.close();
     }
   });
+
+  test('a liar holding a pipeline stage, its tokens (or rows) moved within every bound, is convicted by a spot check of its stage that a tab holding the stage recomputes; the job ends on the honest tabs with the unattacked latent', async ({
+    browser,
+  }) => {
+    // before: pipeline stages were never spot-checked, so what a stage handed on went into the video as sent
+    test.setTimeout(240_000);
+    honest.push(await context.newPage());
+    await honest[2].goto((await dashboard.evaluate(() => window.ditswarm.ready)).joinUrl);
+    await expect.poll(workerCount, { timeout: 60_000 }).toBe(3);
+    const { page: liar, own } = await liarJoins(browser, 4);
+    try {
+      const before = await Promise.all(honest.map((page) => page.evaluate(() => [...window.ditswarmWorkerHistory])));
+      const liarId = await workerId(liar);
+      await setRules(liar, { rows: { from: 0, step: 1, make: 'shift', by: 1 } });
+      // two stages of two Ulysses tabs: each stage's blocks held by two tabs, the liar and an honest one
+      const run = await runJob(dashboard, { ...job, workers: 2, stages: 2, spotCheckRate: 1 });
+      expect((await hostileLog(liar)).rowsTampered).toBeGreaterThanOrEqual(1);
+      expect(run.report.failures.flatMap((f) => f.lost.map((l) => l.worker))).toEqual([liarId]);
+      const [conviction] = run.report.spotChecks.filter((c) => c.verdict !== 'agreed');
+      expect(conviction.stage).toBeDefined();
+      expect((conviction.verdict as { why: string }).why).toMatch(
+        /its (outputs of pipeline stage 1|rows of the pass) differ from a recomputation/,
+      );
+      console.log(`staged liar: ${(conviction.verdict as { why: string }).why}`);
+      expect(maxAbsDiff(run.latent, defined(unattacked.plain, 'the unattacked latent'))).toBeLessThanOrEqual(
+        SAME_LATENT,
+      );
+      await expectBanned(liar);
+      await expectHonestKept(before);
+      expect(await workerCount()).toBe(3);
+    } finally {
+      await own.close();
+    }
+  });
 });
 
 /** The join link with a token of the swarm's room under a made-up seal: well-formed, not the swarm's. */

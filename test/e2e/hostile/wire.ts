@@ -13,7 +13,10 @@ export interface HostileRules {
   rows?: {
     from: number;
     step?: number;
-    /** NaN values of the right length, `by` added to each of its values, or an error instead of the rows */
+    /**
+     * NaN values of the right length, `by` added to each of its values (a pipeline stage's before the last: to its
+     * hidden state's tokens), or an error instead of the rows
+     */
     make: 'nan' | 'shift' | 'error';
     by?: number;
     error?: string;
@@ -403,7 +406,12 @@ function hostileWire({ rules: initial, version }: { rules: HostileRules; version
     log.rowsTampered++;
     const { make } = rules.rows;
     if (make === 'nan' || make === 'shift') {
-      const rows = rpc.tensors[rowsRef];
+      // a pipeline stage before the last hands its tokens on as a hidden state, its rows empty: those it rewrites
+      const handedOn = body.result?.hidden?.x?.$tensor;
+      const rows =
+        rpc.tensors[rowsRef].length === 0 && typeof handedOn === 'number'
+          ? rpc.tensors[handedOn]
+          : rpc.tensors[rowsRef];
       const by = rules.rows.by ?? 1;
       if (make === 'nan') rows.fill(NaN);
       else for (let i = 0; i < rows.length; i++) rows[i] += by;
@@ -572,7 +580,7 @@ interface RpcBody {
   method?: unknown;
   ok?: unknown;
   args?: { rank?: unknown; world?: unknown; step?: unknown; signing?: { secretKey: string; publicKeys: string[] } };
-  result?: { rows?: { $tensor?: unknown } };
+  result?: { rows?: { $tensor?: unknown }; hidden?: { x?: { $tensor?: unknown } } };
 }
 
 declare global {
