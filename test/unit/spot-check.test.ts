@@ -1,8 +1,10 @@
 import { describe, expect, it, vi } from 'vitest';
 import { stringMatching } from './matchers.ts';
 import { planUlysses } from '../../core/parallel.ts';
+import type { HiddenState } from '../../core/model/blocks.ts';
 import {
   catchProbability,
+  checkedHiddenStates,
   DEFAULT_SPOT_CHECK_RATE,
   forwardCheckRates,
   judgeSpotCheck,
@@ -165,6 +167,41 @@ describe('spot checks', () => {
       judgeSpotCheck(plan, ranks, cheated, width, { rank: 5, rows: off(truth, 6) }, { rank: 4, rows: truth }, TOLERANCE)
         .verdict,
     ).toMatchObject({ convicted: [5], why: stringMatching(/its own recomputation/) });
+  });
+});
+
+describe('spot checks of a pipeline stage (issue 35)', () => {
+  // a stage of the plan's 3 ranks hands on its tokens' x [rows_r, dim] and, whole, temb [dim], tproj [6, dim] and
+  // the context [2, dim]; a recomputation of the stage has every token's x and the same carried parts
+  const dim = 2;
+  const ramp = (n: number, from: number) => Float32Array.from({ length: n }, (_, i) => from + i);
+  const whole: HiddenState = { x: truth, temb: ramp(dim, 5), tproj: ramp(6 * dim, -3), context: ramp(2 * dim, 0.5) };
+  const handed = (x = truth, carried: Partial<HiddenState>[] = []) =>
+    partsOf(x).map((part, r) => ({ ...whole, x: part, ...carried[r] }));
+
+  it("measure each rank's tokens and each carried part against the recomputation, each relative to its own scale", () => {
+    const stage = checkedHiddenStates(plan, handed(), dim, 0);
+    expect(stage.differences(whole)).toEqual([0, 0, 0]);
+    // a token of rank 1's: relative to x's scale (1: every |sin| is below it)
+    expect(checkedHiddenStates(plan, handed(off(truth, 7, 0.25)), dim, 0).differences(whole)).toEqual([0, 0.25, 0]);
+    // rank 2's tproj, whose largest magnitude is 8: 0.4 off is 0.05 of it
+    const tproj = Object.assign(ramp(6 * dim, -3), { 11: 8.4 });
+    const moved = checkedHiddenStates(plan, handed(truth, [{}, {}, { tproj }]), dim, 1);
+    expect(moved.differences(whole).map((d) => d.toFixed(3))).toEqual(['0.000', '0.000', '0.050']);
+    // rank 0's context, and its temb
+    for (const part of ['context', 'temb'] as const) {
+      const carried = [{ [part]: whole[part].map((v) => v * 2) }];
+      expect(checkedHiddenStates(plan, handed(truth, carried), dim, 0).differences(whole)[0]).toBeGreaterThan(0.4);
+    }
+  });
+
+  it('compare two recomputations over every token and every carried part, and name the stage in a verdict', () => {
+    const stage = checkedHiddenStates(plan, handed(), dim, 1);
+    expect(stage.between(whole, whole)).toBe(0);
+    expect(stage.between(whole, { ...whole, x: off(truth, 11, 0.5) })).toBe(0.5);
+    // relative to the second's scale: its context's largest is 3.85
+    expect(stage.between(whole, { ...whole, context: whole.context.map((v) => v + 0.35) })).toBeCloseTo(0.35 / 3.85, 6);
+    expect([stage.what, stage.of]).toEqual(['its outputs of pipeline stage 2', 'pipeline stage 2']);
   });
 });
 
