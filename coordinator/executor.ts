@@ -633,47 +633,37 @@ export abstract class Executor {
     };
     const holders = stale ? ranks : layout.stageHolders(run.stage);
     const others = Array.from({ length: this.world }, (_, r) => r).filter((r) => !holders.includes(r));
-    const last = run.stage === layout.stages - 1;
     const rowWidth = config.outChannels * config.patchSize.reduce((a, b) => a * b, 1);
-    const outputs: CheckedOutputs<Float32Array | HiddenState> = last
-      ? checkedRows(
-          plan,
-          run.results.map((r) => r.rows),
-          rowWidth,
+    const {
+      checker,
+      third,
+      judged: found,
+    } = run.stage === layout.stages - 1
+      ? await this.judgeRecomputed(
+          args,
+          ranks,
+          others,
+          checkedRows(
+            plan,
+            run.results.map((r) => r.rows),
+            rowWidth,
+          ),
         )
-      : checkedHiddenStates(
-          plan,
-          run.results.map((r) => defined(r.hidden, 'a hidden state handed on')),
-          config.dim,
-          run.stage,
+      : await this.judgeRecomputed(
+          args,
+          ranks,
+          others,
+          checkedHiddenStates(
+            plan,
+            run.results.map((r) => defined(r.hidden, 'a hidden state handed on')),
+            { dim: config.dim, textRows: this.textRows[request.pass] ?? 0, stage: run.stage },
+          ),
         );
-    const recompute = async (rank: number) => {
-      // judged as every call is: a checker whose engine moves is waited for, however slow
-      const [{ rows, hidden }] = await this.collectiveRpc('recompute', { args, ranks: [rank] });
-      const wrong = last
-        ? rows.length !== plan.tokens * rowWidth || !rows.every(Number.isFinite)
-          ? `returned ${rows.length} values${rows.every(Number.isFinite) ? '' : ' with NaN or infinite ones'}, ` +
-            `not ${plan.tokens}×${rowWidth}`
-          : null
-        : hidden
-          ? hiddenStateError(config, hidden, plan.tokens, this.textRows[request.pass] ?? 0)
-          : 'handed no hidden state on from its pipeline stage';
-      if (wrong) throw new WorkerError(rank, 'recompute', wrong, null, true);
-      return { rank, output: last ? rows : defined(hidden, 'a hidden state') };
-    };
-    const checker = await recompute(defined(pickChecker(this.world, others), 'a rank to recompute'));
-    const { tolerance } = this.placement.spotChecks;
-    let judged = judgeOutputs(ranks, outputs, checker, null, tolerance);
-    let third: number | null = null;
-    if (judged.verdict !== 'agreed') {
-      // a rank independent of both the checker and the suspect decides
-      third = pickChecker(this.world, [checker.rank, judged.verdict.convicted[0], ...others]);
-      if (third !== null) judged = judgeOutputs(ranks, outputs, checker, await recompute(third), tolerance);
-    }
+    let judged = found;
     // rows wrong from a tensor one rank sent the others are wrong on every rank: its receipts name who sent it
     let receipts: ExchangeFinding | undefined;
     if (judged.verdict !== 'agreed') {
-      receipts = await this.exchangeLie(args, plan, ranks, checker.rank, third).catch((e: unknown) => {
+      receipts = await this.exchangeLie(args, plan, ranks, checker, third).catch((e: unknown) => {
         // a rank whose receipts or recomputation broke the contract lied in them; anything else: the rows decide
         if (!(e instanceof WorkerError && e.breach)) return { rank: null, said: `not asked to the end: ${String(e)}` };
         return { rank: e.rank, said: `its evidence of the checked forward broke the contract: ${e.remoteMessage}` };
@@ -684,7 +674,7 @@ export abstract class Executor {
       step: request.step,
       pass: request.pass,
       ...(layout.stages > 1 && { stage: run.stage }),
-      checker: checker.rank,
+      checker,
       third,
       ...judged,
       ...(receipts && { receipts: receipts.said }),
@@ -707,6 +697,37 @@ export abstract class Executor {
       blame,
       alsoConvicted !== undefined,
     );
+  }
+
+  /**
+   * The group's `outputs` judged by a recomputation of a rank drawn from those not `out` and, where they disagree, a
+   * third's (judgeOutputs); a recomputation that is not one of every token is a breach of its rank.
+   */
+  private async judgeRecomputed<T>(
+    args: RecomputeArgs,
+    ranks: number[],
+    out: number[],
+    outputs: CheckedOutputs<T>,
+  ): Promise<{ checker: number; third: number | null; judged: Pick<SpotCheck, 'difference' | 'verdict'> }> {
+    const recompute = async (rank: number) => {
+      // judged as every call is: a checker whose engine moves is waited for, however slow
+      const [reply] = await this.collectiveRpc('recompute', { args, ranks: [rank] });
+      const taken = outputs.take(reply);
+      if ('wrong' in taken) throw new WorkerError(rank, 'recompute', taken.wrong, null, true);
+      return { rank, output: taken.output };
+    };
+    const checker = await recompute(defined(pickChecker(this.world, out), 'a rank to recompute'));
+    const { tolerance } = this.placement.spotChecks;
+    const judged = judgeOutputs(ranks, outputs, checker, null, tolerance);
+    if (judged.verdict === 'agreed') return { checker: checker.rank, third: null, judged };
+    // a rank independent of both the checker and the suspect decides
+    const third = pickChecker(this.world, [checker.rank, judged.verdict.convicted[0], ...out]);
+    if (third === null) return { checker: checker.rank, third, judged };
+    return {
+      checker: checker.rank,
+      third,
+      judged: judgeOutputs(ranks, outputs, checker, await recompute(third), tolerance),
+    };
   }
 
   /**

@@ -10,7 +10,8 @@
 // recomputations) but blamed on the rank whose rows differ most, which may be a victim: the step is
 // re-run without it either way.
 import type { DType } from '../core/net/protocol.ts';
-import type { HiddenState } from '../core/model/blocks.ts';
+import { hiddenStateError, type HiddenState } from '../core/model/blocks.ts';
+import type { Recomputed } from '../core/worker-api.ts';
 import { tokenStart, type UlyssesPlan } from '../core/parallel.ts';
 
 /** the share of forwards checked before the final steps: a constant cheat is seen within sixteen forwards on average */
@@ -162,13 +163,14 @@ export interface SpotCheck {
 
 /**
  * What a checked group's ranks computed, to be judged against a recomputation of type T made alone: `what` names it
- * in a verdict ("its rows of the pass"), `of` what was recomputed ("the pass"), `differences` says per rank (in plan
- * order) how far its part is from a recomputation, and `between` how far one recomputation is from another, each
- * relative to its scale.
+ * in a verdict ("its rows of the pass"), `of` what was recomputed ("the pass"), `take` reads a recompute's reply as
+ * one (or says why it is none), `differences` says per rank (in plan order) how far its part is from a recomputation,
+ * and `between` how far one recomputation is from another, each relative to its scale.
  */
 export interface CheckedOutputs<T> {
   what: string;
   of: string;
+  take(reply: Pick<Recomputed, 'rows' | 'hidden'>): { output: T } | { wrong: string };
   differences(recomputed: T): number[];
   between(a: T, b: T): number;
 }
@@ -179,6 +181,12 @@ export function checkedRows(plan: UlyssesPlan, parts: Float32Array[], width: num
   return {
     what: 'its rows of the pass',
     of: 'the pass',
+    take: ({ rows }) => {
+      const finite = rows.every(Number.isFinite);
+      if (rows.length === plan.tokens * width && finite) return { output: rows };
+      const nonFinite = finite ? '' : ' with NaN or infinite ones';
+      return { wrong: `returned ${rows.length} values${nonFinite}, not ${plan.tokens}×${width}` };
+    },
     differences: (recomputed) => rowDifferences(plan, parts, recomputed, width),
     between: (a, b) => Math.max(...rowDifferences(alone, [a], b, width)),
   };
@@ -186,14 +194,13 @@ export function checkedRows(plan: UlyssesPlan, parts: Float32Array[], width: num
 
 /**
  * The hidden states a pipeline stage's ranks handed on after `stage` (its index), against recomputations of every
- * token: each rank's tokens of x, and the timestep's and text's embeddings it carries whole, each part relative to its
- * own scale.
+ * token (over a text of `textRows` rows): each rank's tokens of x, and the timestep's and text's embeddings it carries
+ * whole, each part relative to its own scale.
  */
 export function checkedHiddenStates(
   plan: UlyssesPlan,
   parts: HiddenState[],
-  dim: number,
-  stage: number,
+  { dim, textRows, stage }: { dim: number; textRows: number; stage: number },
 ): CheckedOutputs<HiddenState> {
   const alone = { ...plan, degree: 1, rows: [plan.tokens] };
   const carried = ['temb', 'tproj', 'context'] as const;
@@ -202,6 +209,12 @@ export function checkedHiddenStates(
   return {
     what: `its outputs of pipeline stage ${stage + 1}`,
     of: `pipeline stage ${stage + 1}`,
+    take: ({ hidden }) => {
+      const wrong = hidden
+        ? hiddenStateError({ dim }, hidden, plan.tokens, textRows)
+        : 'handed no hidden state on from its pipeline stage';
+      return wrong || !hidden ? { wrong: wrong || '' } : { output: hidden };
+    },
     differences: (recomputed) => {
       const xs = rowDifferences(
         plan,

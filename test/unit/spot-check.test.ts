@@ -5,6 +5,7 @@ import type { HiddenState } from '../../core/model/blocks.ts';
 import {
   catchProbability,
   checkedHiddenStates,
+  checkedRows,
   DEFAULT_SPOT_CHECK_RATE,
   forwardCheckRates,
   judgeSpotCheck,
@@ -180,28 +181,51 @@ describe('spot checks of a pipeline stage (issue 35)', () => {
     partsOf(x).map((part, r) => ({ ...whole, x: part, ...carried[r] }));
 
   it("measure each rank's tokens and each carried part against the recomputation, each relative to its own scale", () => {
-    const stage = checkedHiddenStates(plan, handed(), dim, 0);
+    const stage = checkedHiddenStates(plan, handed(), { dim, textRows: 2, stage: 0 });
     expect(stage.differences(whole)).toEqual([0, 0, 0]);
     // a token of rank 1's: relative to x's scale (1: every |sin| is below it)
-    expect(checkedHiddenStates(plan, handed(off(truth, 7, 0.25)), dim, 0).differences(whole)).toEqual([0, 0.25, 0]);
+    expect(
+      checkedHiddenStates(plan, handed(off(truth, 7, 0.25)), { dim, textRows: 2, stage: 0 }).differences(whole),
+    ).toEqual([0, 0.25, 0]);
     // rank 2's tproj, whose largest magnitude is 8: 0.4 off is 0.05 of it
     const tproj = Object.assign(ramp(6 * dim, -3), { 11: 8.4 });
-    const moved = checkedHiddenStates(plan, handed(truth, [{}, {}, { tproj }]), dim, 1);
+    const moved = checkedHiddenStates(plan, handed(truth, [{}, {}, { tproj }]), { dim, textRows: 2, stage: 1 });
     expect(moved.differences(whole).map((d) => d.toFixed(3))).toEqual(['0.000', '0.000', '0.050']);
     // rank 0's context, and its temb
     for (const part of ['context', 'temb'] as const) {
       const carried = [{ [part]: whole[part].map((v) => v * 2) }];
-      expect(checkedHiddenStates(plan, handed(truth, carried), dim, 0).differences(whole)[0]).toBeGreaterThan(0.4);
+      expect(
+        checkedHiddenStates(plan, handed(truth, carried), { dim, textRows: 2, stage: 0 }).differences(whole)[0],
+      ).toBeGreaterThan(0.4);
     }
   });
 
   it('compare two recomputations over every token and every carried part, and name the stage in a verdict', () => {
-    const stage = checkedHiddenStates(plan, handed(), dim, 1);
+    const stage = checkedHiddenStates(plan, handed(), { dim, textRows: 2, stage: 1 });
     expect(stage.between(whole, whole)).toBe(0);
     expect(stage.between(whole, { ...whole, x: off(truth, 11, 0.5) })).toBe(0.5);
     // relative to the second's scale: its context's largest is 3.85
     expect(stage.between(whole, { ...whole, context: whole.context.map((v) => v + 0.35) })).toBeCloseTo(0.35 / 3.85, 6);
     expect([stage.what, stage.of]).toEqual(['its outputs of pipeline stage 2', 'pipeline stage 2']);
+  });
+
+  it("take a recomputation only where it is one of every token: the stage's hidden state, or the last stage's rows", () => {
+    const stage = checkedHiddenStates(plan, handed(), { dim, textRows: 2, stage: 0 });
+    const none = new Float32Array(0);
+    expect(stage.take({ rows: none, hidden: whole })).toEqual({ output: whole });
+    expect(stage.take({ rows: none })).toEqual({ wrong: 'handed no hidden state on from its pipeline stage' });
+    expect(stage.take({ rows: none, hidden: { ...whole, x: truth.subarray(2) } })).toEqual({
+      wrong: 'its x has 10 values, not 6×2',
+    });
+    expect(stage.take({ rows: none, hidden: { ...whole, temb: Float32Array.of(1, NaN) } })).toEqual({
+      wrong: 'its temb has NaN or infinite values',
+    });
+    const rows = checkedRows(plan, partsOf(truth), width);
+    expect(rows.take({ rows: truth })).toEqual({ output: truth });
+    expect(rows.take({ rows: truth.subarray(1) })).toEqual({ wrong: 'returned 11 values, not 6×2' });
+    expect(rows.take({ rows: Float32Array.from(truth, (v, i) => (i ? v : Infinity)) })).toEqual({
+      wrong: 'returned 12 values with NaN or infinite ones, not 6×2',
+    });
   });
 });
 
