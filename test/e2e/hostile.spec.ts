@@ -707,6 +707,18 @@ test.describe.serial('a liar in a browser of its own beside tabs of this machine
     return { page, own };
   }
 
+  /** One more tab of this machine joins as an honest worker: the swarm then counts `count`. */
+  async function honestJoins(count: number): Promise<void> {
+    const page = await context.newPage();
+    honest.push(page);
+    await page.goto((await dashboard.evaluate(() => window.ditswarm.ready)).joinUrl);
+    await expect.poll(workerCount, { timeout: 60_000 }).toBe(count);
+  }
+
+  /** What each honest tab's page has been through so far (expectHonestKept's `before`). */
+  const honestHistories = () =>
+    Promise.all(honest.map((page) => page.evaluate(() => [...window.ditswarmWorkerHistory])));
+
   /** The liar was banned and its page told so, and a reload (a new peer id, the same browser) is refused too. */
   async function expectBanned(liar: Page): Promise<void> {
     await expect(liar.locator('#state')).toHaveText('refused', { timeout: 20_000 });
@@ -735,7 +747,7 @@ test.describe.serial('a liar in a browser of its own beside tabs of this machine
     test.setTimeout(180_000);
     const { page: liar, own } = await liarJoins(browser, 2);
     try {
-      const before = await Promise.all(honest.map((page) => page.evaluate(() => [...window.ditswarmWorkerHistory])));
+      const before = await honestHistories();
       const liarId = await workerId(liar);
       await setRules(liar, { recompute: { by: 1 } });
       const run = await runJob(dashboard, checkedJob);
@@ -762,12 +774,10 @@ test.describe.serial('a liar in a browser of its own beside tabs of this machine
   }) => {
     // before: the liar and one honest rank were let go (3 → 1 ranks), and the liar was back within 6 s
     test.setTimeout(180_000);
-    honest.push(await context.newPage());
-    await honest[1].goto((await dashboard.evaluate(() => window.ditswarm.ready)).joinUrl);
-    await expect.poll(workerCount, { timeout: 60_000 }).toBe(2);
+    await honestJoins(2);
     const { page: liar, own } = await liarJoins(browser, 3);
     try {
-      const before = await Promise.all(honest.map((page) => page.evaluate(() => [...window.ditswarmWorkerHistory])));
+      const before = await honestHistories();
       const liarId = await workerId(liar);
       await setRules(liar, {
         rows: {
@@ -798,12 +808,10 @@ test.describe.serial('a liar in a browser of its own beside tabs of this machine
   }) => {
     // before: pipeline stages were never spot-checked, so what a stage handed on went into the video as sent
     test.setTimeout(240_000);
-    honest.push(await context.newPage());
-    await honest[2].goto((await dashboard.evaluate(() => window.ditswarm.ready)).joinUrl);
-    await expect.poll(workerCount, { timeout: 60_000 }).toBe(3);
+    await honestJoins(3);
     const { page: liar, own } = await liarJoins(browser, 4);
     try {
-      const before = await Promise.all(honest.map((page) => page.evaluate(() => [...window.ditswarmWorkerHistory])));
+      const before = await honestHistories();
       const liarId = await workerId(liar);
       await setRules(liar, { rows: { from: 0, step: 1, make: 'shift', by: 1 } });
       // two stages of two Ulysses tabs: each stage's blocks held by two tabs, the liar and an honest one
