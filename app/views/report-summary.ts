@@ -89,13 +89,14 @@ function placementNote(r: KeptReport): { ranks: string; notes: string[] } {
 export function summarizeReport(id: number, r: KeptReport, storageNote?: string): string {
   const recovered = r.failures.length ? `, recovered from ${r.failures.length} lost worker(s)` : '';
   // jobs kept before spot checks have none
-  const caught = (r.spotChecks ?? []).flatMap((c) =>
+  const checks = r.spotChecks ?? [];
+  const caught = checks.flatMap((c) =>
     c.verdict === 'agreed' ? [] : [`rank ${c.verdict.convicted.join(' and ')}: ${c.verdict.why}`],
   );
   const verdicts = caught.length ? `; caught ${caught.join('; ')}` : ', all agreed';
-  const checked = r.spotChecks?.length
-    ? ` ${r.spotChecks.length} forward(s) recomputed to spot-check the workers${verdicts}.`
-    : '';
+  // with pipeline stages each check recomputes one stage of a forward
+  const what = checks.some((c) => c.stage !== undefined) ? "forwards' pipeline stage(s)" : 'forward(s)';
+  const checked = checks.length ? ` ${checks.length} ${what} recomputed to spot-check the workers${verdicts}.` : '';
   const computedOn = [
     ...new Set(r.workers.map((w) => `${w.ep === 'webgpu' ? 'WebGPU' : 'WASM'} on ${plural(w.threads, 'thread')}`)),
   ].join(', ');

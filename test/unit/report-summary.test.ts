@@ -68,6 +68,13 @@ describe("the dashboard's status line of a finished job", () => {
       "Pooled memory: the blocks in 2 pipeline stages (0–0 on a; 1–1 on b), each worker holding its stage's weights alone.",
     );
     expect(summarizeReport(7, report(placement('f32')))).not.toContain('Pooled');
+    // each of a staged job's checks is of one stage of a forward
+    const check = { step: 0, pass: 0, checker: 1, third: null, difference: 0, verdict: 'agreed' as const, ms: 1 };
+    const checked = (spotChecks: KeptReport['spotChecks']) => summarizeReport(7, { ...report(staged), spotChecks });
+    expect(checked([0, 1].map((stage) => ({ ...check, stage })))).toContain(
+      " 2 forwards' pipeline stage(s) recomputed to spot-check the workers, all agreed.",
+    );
+    expect(checked([check])).toContain(' 1 forward(s) recomputed to spot-check the workers, all agreed.');
     expect(summarizeReport(7, report(undefined))).toBe(
       '#7 done: 9 frames in 1.0 s on swarm ranks, each on WASM on 1 thread.',
     );
