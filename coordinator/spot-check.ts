@@ -210,10 +210,9 @@ export function checkedHiddenStates(
     what: `its outputs of pipeline stage ${stage + 1}`,
     of: `pipeline stage ${stage + 1}`,
     take: ({ hidden }) => {
-      const wrong = hidden
-        ? hiddenStateError({ dim }, hidden, plan.tokens, textRows)
-        : 'handed no hidden state on from its pipeline stage';
-      return wrong || !hidden ? { wrong: wrong || '' } : { output: hidden };
+      if (!hidden) return { wrong: 'handed no hidden state on from its pipeline stage' };
+      const wrong = hiddenStateError({ dim }, hidden, plan.tokens, textRows);
+      return wrong ? { wrong } : { output: hidden };
     },
     differences: (recomputed) => {
       const xs = rowDifferences(
