@@ -262,7 +262,11 @@ describe('spot checks, to the exact number', () => {
     expect(catchProbability([1, 0.5], 0, 'last', 3)).toBe(0);
     expect(catchProbability([1, 1], 2, 'last', 1)).toBe(0); // a liar alone checks itself
     expect(catchProbability([], 0, 'uniform', 2)).toBe(0);
-    for (const lies of [-1, 0.5, 3]) expect(() => catchProbability([1, 1], lies, 'uniform', 2)).toThrow(RangeError);
+    // refused by its own check, saying so (not by an array of a negative or fractional length further on)
+    for (const lies of [-1, 0.5, 3])
+      expect(() => catchProbability([1, 1], lies, 'uniform', 2)).toThrow(
+        new RangeError(`a liar lies on 0 to 2 forwards of this job, not ${lies}`),
+      );
   });
 
   it('state the checks of every job shape: the final step checked, none for a job of no steps or at rate 0', () => {
