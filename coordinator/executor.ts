@@ -188,6 +188,9 @@ interface StageRun {
   results: ExecuteResult[];
 }
 
+/** The values of one token's row of a forward's output: pt·ph·pw·C. */
+const rowWidthOf = (config: WanConfig): number => config.outChannels * config.patchSize.reduce((a, b) => a * b, 1);
+
 /** The hidden states a stage's ranks were handed, as one of every token: x in token order, the rest as rank 0's. */
 function wholeHiddenState(parts: HiddenState[]): HiddenState {
   return { ...parts[0], x: concat(parts.map((p) => p.x)) };
@@ -529,7 +532,7 @@ export abstract class Executor {
       if (stage < layout.stages - 1) handed = this.handedOn(results, ranks, plan, request.pass);
       stageRuns.push({ stage, ranks, input: from, results });
     }
-    const rowWidth = config.outChannels * config.patchSize.reduce((a, b) => a * b, 1);
+    const rowWidth = rowWidthOf(config);
     results.forEach((r: ExecuteResult, i) => {
       if (r.rows.length !== plan.rows[i] * rowWidth) {
         throw new WorkerError(
@@ -633,7 +636,7 @@ export abstract class Executor {
     };
     const holders = stale ? ranks : layout.stageHolders(run.stage);
     const others = Array.from({ length: this.world }, (_, r) => r).filter((r) => !holders.includes(r));
-    const rowWidth = config.outChannels * config.patchSize.reduce((a, b) => a * b, 1);
+    const rowWidth = rowWidthOf(config);
     const {
       checker,
       third,
