@@ -10,12 +10,12 @@
 // - a page's answers come from its main thread, which a busy machine starves for seconds: its
 //   silence limit is SILENCE_MARGIN times the longest silence any worker of the swarm ended lately
 //   (the machine's measured load), at least DEAD_AFTER_MS and at most MAX_SILENT_MS;
-// - when every worker of the swarm is late together, that is load on the machine, not failure:
-//   the limit is MAX_SILENT_MS;
-// - a worker whose last answer said it is loading a model may be silent for LOADING_DEAD_AFTER_MS;
-// - a worker silent past its limit is dead only once the signaling server says its page let its id
-//   go (a closed or crashed tab's socket closes at once); one the server still holds is starved or
-//   hung, and is given MAX_SILENT_MS.
+// - a worker silent past that limit is dead once the signaling server says its page let its id go (a
+//   closed or crashed tab's socket closes at once), whatever it was doing; one the server still holds
+//   is starved or hung, and is given MAX_SILENT_MS;
+// - where the server cannot say, silence is the evidence, and some silences are slowness: when every
+//   worker of the swarm is late together, that is load on the machine (the limit is MAX_SILENT_MS),
+//   and a worker whose last answer said it is loading a model may be silent for LOADING_DEAD_AFTER_MS.
 // Time the coordinator itself was not listening (its own timer came late: its page was starved) is
 // not counted against anyone. Nor is time the coordinator's beats waited behind a long message to
 // the worker (a real model's prompt embedding is megabytes): a worker cannot answer a beat it has
@@ -172,7 +172,7 @@ export function watchHeartbeats(
   /** beats not yet handed to the channel: queued behind a long message */
   let beatsQueued = 0;
   /** for the silence under way: the server was asked whether the page is there, and what it said */
-  let presence: 'asking' | 'present' | 'gone' | null = null;
+  let presence: 'asking' | 'present' | 'gone' | 'unknown' | null = null;
   const timer = setInterval(() => {
     const now = Date.now();
     // a tick this late means this page was not running, and a beat still queued has not reached
@@ -185,36 +185,36 @@ export function watchHeartbeats(
       presence = null;
     }
     const silentMs = silentAt(now);
-    const limitMs =
-      loading || presence === 'present'
-        ? Math.max(deadAfterMs, loading ? LOADING_DEAD_AFTER_MS : MAX_SILENT_MS)
-        : silences.allLateBut(self, deadAfterMs)
-          ? Math.max(MAX_SILENT_MS, deadAfterMs)
-          : silences.limitMs(now, deadAfterMs);
-    let cause: Death['cause'] | null = link.closed ? 'closed' : (stopped ?? (silentMs > limitMs ? 'silent' : null));
-    // past its limit, a page the server still holds is starved or hung, not closed: it has until MAX_SILENT_MS,
-    // as has one while the server does not answer (a server that never answers must not keep it alive)
-    if (
-      cause === 'silent' &&
-      handlers.present &&
-      presence !== 'gone' &&
-      limitMs < MAX_SILENT_MS &&
-      silentMs <= MAX_SILENT_MS
-    ) {
-      cause = null;
-      if (presence === null) {
-        presence = 'asking';
-        handlers.present().then(
-          (present) => {
-            if (presence === 'asking') presence = present ? 'present' : 'gone';
-          },
-          () => {
-            // a server that cannot say leaves the silence as the evidence
-            if (presence === 'asking') presence = 'gone';
-          },
-        );
-      }
+    // what the machine's load lets any page be silent for; past it, the server is asked whether the page is there
+    const loadLimitMs = silences.limitMs(now, deadAfterMs);
+    // what silence alone proves, where the server cannot say: a loading page, or every page late together, is slow
+    const silenceLimitMs = loading
+      ? Math.max(deadAfterMs, LOADING_DEAD_AFTER_MS)
+      : silences.allLateBut(self, deadAfterMs)
+        ? Math.max(MAX_SILENT_MS, deadAfterMs)
+        : loadLimitMs;
+    if (silentMs > loadLimitMs && handlers.present && presence === null) {
+      presence = 'asking';
+      handlers.present().then(
+        (present) => {
+          if (presence === 'asking') presence = present ? 'present' : 'gone';
+        },
+        () => {
+          // a server that cannot say leaves the silence as the evidence
+          if (presence === 'asking') presence = 'unknown';
+        },
+      );
     }
+    // a page the server let go is gone however slow it was (a closed or crashed tab's socket closes at once); one it
+    // still holds is starved or hung, and has until MAX_SILENT_MS, as has one while the server does not answer (a
+    // server that never answers must not keep it alive)
+    const limitMs =
+      presence === 'gone'
+        ? loadLimitMs
+        : presence === 'asking' || presence === 'present'
+          ? Math.max(silenceLimitMs, MAX_SILENT_MS)
+          : silenceLimitMs;
+    const cause: Death['cause'] | null = link.closed ? 'closed' : (stopped ?? (silentMs > limitMs ? 'silent' : null));
     if (cause) {
       stop();
       handlers.onDead({ silentMs, cause, limitMs });

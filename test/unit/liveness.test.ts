@@ -260,7 +260,49 @@ describe('heartbeats', () => {
     expect([asked, causes]).toEqual([1, []]);
     await vi.advanceTimersByTimeAsync(HEARTBEAT_INTERVAL_MS);
     expect(causes).toEqual([
-      { cause: 'silent', silentMs: MAX_SILENT_MS + HEARTBEAT_INTERVAL_MS, limitMs: DEAD_AFTER_MS },
+      { cause: 'silent', silentMs: MAX_SILENT_MS + HEARTBEAT_INTERVAL_MS, limitMs: MAX_SILENT_MS },
+    ]);
+  });
+
+  it(`a page the server let go is gone though its last answer said it was loading, or every worker is late together: it dies once the server has answered, not at ${LOADING_DEAD_AFTER_MS / 1000} s or ${MAX_SILENT_MS / 1000} s; where the server holds it or cannot say, it has those`, async () => {
+    const server = (answer: boolean | Error) => () =>
+      new Promise<boolean>((resolve, reject) =>
+        setTimeout(() => (answer instanceof Error ? reject(answer) : resolve(answer)), 200),
+      );
+    const loadingWorker = async (answer: boolean | Error) => {
+      const [coordinator, worker] = wiredPair();
+      const watch = watched(coordinator, undefined, server(answer));
+      await worker.send({
+        kind: 'rpc',
+        from: 0,
+        body: { type: 'heartbeat-echo', pulse: { state: 'loading', framesDropped: 0 } },
+        tensors: [],
+      });
+      return watch;
+    };
+    const crashed = await loadingWorker(false);
+    const [held, unknown] = [await loadingWorker(true), await loadingWorker(new Error('the server would not answer'))];
+    await vi.advanceTimersByTimeAsync(DEAD_ON_BEAT + HEARTBEAT_INTERVAL_MS);
+    expect(crashed.causes).toEqual([
+      { cause: 'silent', silentMs: DEAD_ON_BEAT + HEARTBEAT_INTERVAL_MS, limitMs: DEAD_AFTER_MS },
+    ]);
+    await vi.advanceTimersByTimeAsync(LOADING_DEAD_AFTER_MS - DEAD_ON_BEAT - HEARTBEAT_INTERVAL_MS);
+    expect([held.deaths, unknown.deaths]).toEqual([[], []]);
+    await vi.advanceTimersByTimeAsync(HEARTBEAT_INTERVAL_MS);
+    expect([held.deaths, unknown.deaths]).toEqual([
+      [LOADING_DEAD_AFTER_MS + HEARTBEAT_INTERVAL_MS],
+      [LOADING_DEAD_AFTER_MS + HEARTBEAT_INTERVAL_MS],
+    ]);
+
+    const loaded = new Silences();
+    const [gone, starved] = [false, true].map((answer) =>
+      watched(new Link(new SinkChannel(), { accept: coordinatorAccept }), loaded, server(answer)),
+    );
+    await vi.advanceTimersByTimeAsync(DEAD_ON_BEAT + HEARTBEAT_INTERVAL_MS);
+    expect([gone.deaths, starved.deaths]).toEqual([[DEAD_ON_BEAT + HEARTBEAT_INTERVAL_MS], []]);
+    await vi.advanceTimersByTimeAsync(MAX_SILENT_MS - DEAD_ON_BEAT);
+    expect(starved.causes).toEqual([
+      { cause: 'silent', silentMs: MAX_SILENT_MS + HEARTBEAT_INTERVAL_MS, limitMs: MAX_SILENT_MS },
     ]);
   });
 
