@@ -91,11 +91,15 @@ async function probeLink(
   repeats = 3,
 ): Promise<LinkReport> {
   const [a, b] = [await openProbePage(context, origin), await openProbePage(context, origin)];
-  const measure = async (): Promise<LinkReport> => {
+  const connect = async () => {
     const offer = await a.evaluate(() => bench.linkOffer());
     const answer = await b.evaluate((o) => bench.linkAnswer(o), offer);
     await a.evaluate((x) => bench.linkAccept(x), answer);
     await Promise.all([a.evaluate(() => bench.linkReady()), b.evaluate(() => bench.linkReady())]);
+  };
+  const measure = async (): Promise<LinkReport> => {
+    // a link that does not open is tried again soon, not after the whole probe's time
+    await withTimeout(connect(), 30_000, 'the probe link opening');
     await Promise.all([a, b].map((p) => p.evaluate(() => bench.linkExchange(64 << 10)))); // warm-up
     const samples: { bytes: number; seconds: number }[] = [];
     for (let r = 0; r < repeats; r++)
