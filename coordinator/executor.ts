@@ -39,6 +39,7 @@ import {
   callWorker,
   checkRankLost,
   type ArgsOf,
+  type ExecuteArgs,
   type ExecuteResult,
   type LoadedModel,
   type MeshProbe,
@@ -463,7 +464,10 @@ export abstract class Executor {
     // a reuse is checked by recomputing the forward it reuses first, which needs that one exact
     const checkable = cache !== 'reuse' || kept?.stale === false;
     const checked = checkable && this.world > 1 && this.spotCheckDue(request);
-    const { output, ranks, magnitudeRatio } = await this.forward({ ...request, cache }, checked);
+    const { pipeFusion } = this.placement;
+    const { output, ranks, magnitudeRatio } = pipeFusion
+      ? await this.pipeFusionForward(request, pipeFusion.patches)
+      : await this.forward({ ...request, cache }, checked);
     if (cache === 'keep') memory?.kept({ ...request, cache });
     if (cache) {
       this.cacheForwards.push({ step, pass, reused: cache === 'reuse', replayedFrom, recomputed, magnitudeRatio });
@@ -493,8 +497,6 @@ export abstract class Executor {
     // A reused forward exchanges no keys or values
     const stale = !reused && this.stale(request);
     if (!reused) this.lastStepOf.set(request.pass, request.step);
-    const shareOf = (rank: number) => this.jobShares[rank] ?? `rank ${rank}`;
-    const doing = `step ${request.step + 1}${request.pass ? ' (unconditional)' : ''}`;
     let handed: HiddenState[] | null = null;
     let ranks: number[] = [];
     let results: ExecuteResult[] = [];
@@ -502,51 +504,18 @@ export abstract class Executor {
     const stageRuns: StageRun[] = [];
     for (let stage = 0; stage < layout.stages; stage++) {
       const from = handed;
-      const stageRanks = layout.stageRanks(group, stage);
-      ranks = stageRanks;
-      const staged = layout.stages > 1;
-      // a stage's turn is its group's: with CFG parallel each group's mesh holds the stage
-      const turn = group * layout.stages + stage;
-      const call = ((staged && this.stageTurns[turn]) || Promise.resolve()).then(() => {
-        for (const rank of stageRanks) this.showActivity(rank, `${shareOf(rank)}: ${doing}`);
-        return this.collectiveRpc('executeModel', {
-          ranks: stageRanks,
-          args: (rank) => ({
-            job: request.job,
-            step: request.step,
-            pass: request.pass,
-            timestep: request.timestep,
-            latentShape: request.latent.shape,
-            patches: from ? NO_PATCHES : patches[layout.localRank(rank)],
-            ...(from && { hidden: from[layout.localRank(rank)] }),
-            ...(stale && { stale }),
-            ...(cache && { cache }),
-          }),
-        }).finally(() => {
-          for (const rank of stageRanks) this.showActivity(rank, `${shareOf(rank)}: waiting`);
-        });
-      });
-      if (staged) this.stageTurns[turn] = call.catch(() => {});
-      results = await call;
+      ranks = layout.stageRanks(group, stage);
+      results = await this.stageTurn(request, group, stage, (rank) => ({
+        patches: from ? NO_PATCHES : patches[layout.localRank(rank)],
+        ...(from && { hidden: from[layout.localRank(rank)] }),
+        ...(stale && { stale }),
+        ...(cache && { cache }),
+      }));
       reports.push(...results.map((r, i) => this.rankReport(ranks[i], r)));
-      if (stage < layout.stages - 1) handed = this.handedOn(results, ranks, plan, request.pass);
+      if (stage < layout.stages - 1) handed = this.handedOn(results, ranks, plan.rows, request.pass);
       stageRuns.push({ stage, ranks, input: from, results });
     }
-    const rowWidth = rowWidthOf(config);
-    results.forEach((r: ExecuteResult, i) => {
-      if (r.rows.length !== plan.rows[i] * rowWidth) {
-        throw new WorkerError(
-          ranks[i],
-          'executeModel',
-          `returned ${r.rows.length} values; its share is ${plan.rows[i]}×${rowWidth}`,
-          null,
-          true,
-        );
-      }
-      // well-formed garbage would go into the latent, the checkpoint and the video (as black)
-      if (!r.rows.every(Number.isFinite))
-        throw new WorkerError(ranks[i], 'executeModel', 'returned NaN or infinite values', null, true);
-    });
+    this.checkRows(results, ranks, plan.rows);
     const attendedStale = stale && ranks.length > 1; // a group of one rank attends to nothing stale
     // well-formed, finite and plausible, and still wrong: now and then another rank recomputes the pass, stage by
     // stage where it went through stages (a stage's holders alone can), the first stage found wrong convicting
@@ -568,6 +537,135 @@ export abstract class Executor {
     };
   }
 
+  /**
+   * PipeFusion (placement.pipeFusion): the tokens cut into patches that follow each other through the stages, so that
+   * every stage computes at once, each on another patch, its blocks attending to the patches before of this step and
+   * those after of the step before (rank/pipefusion.ts). The warm-up steps, and the first after a placement, go as
+   * one patch: exact, filling the stages' keys and values. Nothing is spot-checked (the planner's rate is 0).
+   */
+  private async pipeFusionForward(
+    request: ForwardRequest,
+    patches: number,
+  ): Promise<{ output: Tensor; ranks: RankReport[]; magnitudeRatio: null }> {
+    const { config, layout } = this;
+    const group = layout.groupForPass(request.pass);
+    const count = this.stale(request) ? patches : 1;
+    this.lastStepOf.set(request.pass, request.step);
+    const plan = planUlysses(config, tokenGrid(config, request.latent.shape).count, count);
+    const flows = scatterLatent(config, plan, request.latent).map(async (input, index) => {
+      const patch = { index, count };
+      let handed: HiddenState | null = null;
+      const runs: { rank: number; result: ExecuteResult }[] = [];
+      for (let stage = 0; stage < layout.stages; stage++) {
+        const from = handed;
+        const [rank] = layout.stageRanks(group, stage);
+        const [result] = await this.stageTurn(request, group, stage, () => ({
+          patches: from ? NO_PATCHES : input,
+          ...(from && { hidden: from }),
+          patch,
+        }));
+        runs.push({ rank, result });
+        if (stage < layout.stages - 1) [handed] = this.handedOn([result], [rank], [plan.rows[index]], request.pass);
+      }
+      return runs;
+    });
+    const patchRuns = await Promise.all(flows);
+    const last = patchRuns.map((runs) => defined(runs.at(-1), 'a stage'));
+    this.checkRows(
+      last.map((r) => r.result),
+      last.map((r) => r.rank),
+      plan.rows,
+    );
+    // a rank's report is its patches' summed
+    const reports = new Map<number, RankReport>();
+    for (const { rank, result } of patchRuns.flat()) {
+      const r = this.rankReport(rank, result);
+      const sum = reports.get(rank);
+      reports.set(
+        rank,
+        sum
+          ? {
+              ...sum,
+              computeMs: sum.computeMs + r.computeMs,
+              commMs: sum.commMs + r.commMs,
+              overlapMs: sum.overlapMs + r.overlapMs,
+              bytesSent: sum.bytesSent + r.bytesSent,
+              peakMemoryBytes: Math.max(sum.peakMemoryBytes ?? 0, r.peakMemoryBytes ?? 0) || sum.peakMemoryBytes,
+            }
+          : r,
+      );
+    }
+    return {
+      output: gatherLatent(
+        config,
+        plan,
+        last.map((r) => r.result.rows),
+        request.latent.shape,
+      ),
+      ranks: [...reports.values()],
+      magnitudeRatio: null,
+    };
+  }
+
+  /**
+   * One stage's executeModel of a forward, in the stage's turn: a stage's ranks take the forwards given them one after
+   * another, in the order they were given (a guided step's other pass, PipeFusion's next patch, wait their turn); its
+   * turn is its group's (with CFG parallel each group's mesh holds the stage).
+   */
+  private stageTurn(
+    request: ForwardRequest,
+    group: number,
+    stage: number,
+    input: (rank: number) => Pick<ExecuteArgs, 'patches' | 'hidden' | 'stale' | 'cache' | 'patch'>,
+  ): Promise<ExecuteResult[]> {
+    const { layout } = this;
+    const ranks = layout.stageRanks(group, stage);
+    const shareOf = (rank: number) => this.jobShares[rank] ?? `rank ${rank}`;
+    const patch = input(ranks[0]).patch;
+    const doing =
+      `step ${request.step + 1}${request.pass ? ' (unconditional)' : ''}` +
+      (patch && patch.count > 1 ? `, patch ${patch.index + 1} of ${patch.count}` : '');
+    const turn = group * layout.stages + stage;
+    const staged = layout.stages > 1;
+    const call = ((staged && this.stageTurns[turn]) || Promise.resolve()).then(() => {
+      for (const rank of ranks) this.showActivity(rank, `${shareOf(rank)}: ${doing}`);
+      return this.collectiveRpc('executeModel', {
+        ranks,
+        args: (rank) => ({
+          job: request.job,
+          step: request.step,
+          pass: request.pass,
+          timestep: request.timestep,
+          latentShape: request.latent.shape,
+          ...input(rank),
+        }),
+      }).finally(() => {
+        for (const rank of ranks) this.showActivity(rank, `${shareOf(rank)}: waiting`);
+      });
+    });
+    if (staged) this.stageTurns[turn] = call.catch(() => {});
+    return call;
+  }
+
+  /** Each rank's output rows: the size its share of the tokens gives, all finite; else it broke the contract. */
+  private checkRows(results: ExecuteResult[], ranks: number[], rows: number[]): void {
+    const rowWidth = rowWidthOf(this.config);
+    results.forEach((r: ExecuteResult, i) => {
+      if (r.rows.length !== rows[i] * rowWidth) {
+        throw new WorkerError(
+          ranks[i],
+          'executeModel',
+          `returned ${r.rows.length} values; its share is ${rows[i]}×${rowWidth}`,
+          null,
+          true,
+        );
+      }
+      // well-formed garbage would go into the latent, the checkpoint and the video (as black)
+      if (!r.rows.every(Number.isFinite))
+        throw new WorkerError(ranks[i], 'executeModel', 'returned NaN or infinite values', null, true);
+    });
+  }
+
   private rankReport(rank: number, r: ExecuteResult): RankReport {
     return {
       rank,
@@ -584,10 +682,10 @@ export abstract class Executor {
    * The hidden states a pipeline stage before the last handed on, each judged before the next stage
    * gets it: one of the rank's share of the tokens, every value finite; else the rank broke the contract.
    */
-  private handedOn(results: ExecuteResult[], ranks: number[], plan: UlyssesPlan, pass: number): HiddenState[] {
+  private handedOn(results: ExecuteResult[], ranks: number[], rows: number[], pass: number): HiddenState[] {
     return results.map((r, i) => {
       const { hidden } = r;
-      const malformed = hidden && hiddenStateError(this.config, hidden, plan.rows[i], this.textRows[pass] ?? 0);
+      const malformed = hidden && hiddenStateError(this.config, hidden, rows[i], this.textRows[pass] ?? 0);
       const wrong = !hidden
         ? 'handed no hidden state on to the next pipeline stage'
         : r.rows.length
@@ -603,8 +701,9 @@ export abstract class Executor {
    * before's).
    */
   private stale(request: ForwardRequest): boolean {
-    const { settings, warmupSteps } = this.placement;
-    return attendsStale(settings.parallel, warmupSteps, request.step, this.lastStepOf.get(request.pass));
+    const { settings, warmupSteps, pipeFusion } = this.placement;
+    const mode = pipeFusion ? 'pipefusion' : settings.parallel;
+    return attendsStale(mode, warmupSteps, request.step, this.lastStepOf.get(request.pass));
   }
 
   /**

@@ -64,6 +64,12 @@ export interface PlacementRequest extends Partial<Omit<RankSettings, 'dtype' | '
    * worker, which loads only its stage's weights (stage-plan.ts); 1 (the default): every worker holds all
    */
   stages?: number;
+  /**
+   * PipeFusion (with stages, each of one worker a CFG group): each forward's tokens cut into this many patches that
+   * follow each other through the stages, so that all stages compute at once, each attending to the patches after its
+   * own as of the step before (the first warmupSteps steps exact); unset: exact staged mode, stage after stage
+   */
+  pipeFusionPatches?: number;
   /** LoRA adapters every rank merges into its weights as it loads (core/model/lora.ts); none unless set */
   loras?: LoraRef[];
   /**
@@ -128,7 +134,7 @@ export interface ResolvedPlacement {
   ep: ExecutionProvider | 'auto';
   /** what every rank is told besides its place in the mesh */
   settings: RankSettings;
-  /** displaced mode's exact steps first */
+  /** displaced mode's, or PipeFusion's, exact steps first */
   warmupSteps: number;
   /** forwards checked by another rank's recomputation, and how far its rows may differ (spot-check.ts) */
   spotChecks: { rate: number; tolerance: number };
@@ -146,6 +152,8 @@ export interface ResolvedPlacement {
    * rank holds the whole model
    */
   stages: PipelineStage[] | null;
+  /** PipeFusion: how many patches a forward past the warm-up is cut into (null: exact, the tokens whole) */
+  pipeFusion: { patches: number } | null;
 }
 
 /** What rank `rank` of a placement is told at initWorker: its place in its group's mesh and the settings. */

@@ -187,6 +187,8 @@ interface Asked {
   headGroups: number | undefined;
   /** pipeline stages (pooled memory); 1: every rank holds the whole model */
   stages: number;
+  /** PipeFusion's patches a forward is cut into; null: exact staged mode */
+  pipeFusionPatches: number | null;
 }
 
 /** A request checked, with its defaults: an error that says what is valid. */
@@ -215,7 +217,16 @@ export function checkRequest(request: PlacementRequest): Asked {
   if (!UNTRUSTED_ALONE.includes(untrustedAlone))
     throw new Error(`untrustedAlone is ${UNTRUSTED_ALONE.join(' or ')}, got ${JSON.stringify(untrustedAlone)}`);
   const stages = checkStagesRequest(request);
-  const { weightType } = request;
+  const { weightType, pipeFusionPatches = null } = request;
+  if (pipeFusionPatches !== null && !(Number.isInteger(pipeFusionPatches) && pipeFusionPatches >= 2))
+    throw new Error(
+      `pipeFusionPatches is a whole number ≥ 2 of patches a forward flows through the stages in, ` +
+        `got ${JSON.stringify(pipeFusionPatches)}`,
+    );
+  if (pipeFusionPatches !== null && stages < 2)
+    throw new Error(
+      'pipeFusionPatches cuts each forward into patches that flow through pipeline stages: ask stages ≥ 2',
+    );
   if (weightType !== undefined && !WEIGHT_TYPES.includes(weightType))
     throw new Error(
       `weightType is how ranks hold the model's weights: ${WEIGHT_TYPES.join(' or ')} ` +
@@ -236,6 +247,7 @@ export function checkRequest(request: PlacementRequest): Asked {
     warmupSteps,
     headGroups,
     stages,
+    pipeFusionPatches,
   };
 }
 
@@ -256,7 +268,10 @@ function stagesUncheckable(
   exchange: Exchange,
   config: WanConfig,
   work: Pick<Workload, 'tokens' | 'textTokens'>,
+  pipeFusion: PlacedPipeFusion,
 ): string | null {
+  if (pipeFusion)
+    return "PipeFusion's patches attend to keys and values of the step before that only their stage's worker holds";
   if (layout.ulyssesDegree * layout.cfgGroups < 2)
     return (
       'a stage held by one worker has no other worker holding its blocks to recompute it: ' +
@@ -694,6 +709,7 @@ export function planPlacement(ctx: PlannerContext, input: PlanningInput): Resolv
         : placeUnmeasured(ctx, weighed));
   const { layout, exchange } = chosen;
   if (ctx.backend === 'swarm') refuseUntrustedAlone(asked, input, layout.world, workers);
+  const pipeFusion = placedPipeFusion(ctx, asked, layout, exchange, weighed.work.tokens);
   // displaced ranks exchange once a block: head groups are Ulysses' alone, at most the fewest heads a rank has
   const fewestHeads = Math.min(...(layout.heads?.flat() ?? evenHeads(ctx.config.numHeads, layout.ulyssesDegree)));
   const headGroups =
@@ -720,7 +736,7 @@ export function planPlacement(ctx: PlannerContext, input: PlanningInput): Resolv
     warmupSteps: asked.warmupSteps,
     spotChecks: {
       rate: staged
-        ? stagedSpotCheckRate(asked, input, stagesUncheckable(layout, exchange, ctx.config, weighed.work))
+        ? stagedSpotCheckRate(asked, input, stagesUncheckable(layout, exchange, ctx.config, weighed.work, pipeFusion))
         : asked.spotCheckRate,
       tolerance: spotCheckTolerance(exchange.dtype),
     },
@@ -729,8 +745,40 @@ export function planPlacement(ctx: PlannerContext, input: PlanningInput): Resolv
     prediction,
     cfgFallback,
     stages: staged?.stages ?? null,
+    pipeFusion,
     cache: placedStepCache(ctx, input.request),
   };
+}
+
+type PlacedPipeFusion = ResolvedPlacement['pipeFusion'];
+
+/**
+ * PipeFusion as asked, where the placement has stages to pipeline (a re-placement on fewer workers may have one left):
+ * its stages one worker each, exchanging nothing within them, the patches at most the heads (planUlysses cuts them).
+ */
+function placedPipeFusion(
+  ctx: PlannerContext,
+  asked: Asked,
+  layout: RankLayout,
+  exchange: Exchange,
+  tokens: number,
+): PlacedPipeFusion {
+  const patches = asked.pipeFusionPatches;
+  if (patches === null || layout.stages < 2) return null;
+  if (layout.ulyssesDegree !== 1)
+    throw new Error(
+      `PipeFusion's stages are one worker each (two with cfgParallel): ` +
+        `ask ulyssesDegree 1, not ${layout.ulyssesDegree}`,
+    );
+  if (exchange.parallel === 'displaced')
+    throw new Error("PipeFusion's stages exchange nothing within them: ask parallel 'ulysses', not 'displaced'");
+  const most = Math.min(ctx.config.numHeads, tokens);
+  if (patches > most)
+    throw new Error(
+      `pipeFusionPatches ${patches} is more than this job can be cut into: at most ${most} ` +
+        `(the model's ${ctx.config.numHeads} heads, the job's ${tokens} tokens)`,
+    );
+  return { patches };
 }
 
 /**

@@ -344,17 +344,17 @@ export function partFloats(
 export type ParallelMode = 'ulysses' | 'displaced';
 
 /**
- * Whether a forward attends to stale keys and values: displaced mode past its warm-up, where the
- * ranks hold the pass's keys and values of the step before (`previousStep`: the last step the
- * pass ran on these ranks, undefined if none).
+ * Whether a forward attends to stale keys and values: displaced mode, or PipeFusion's patches of pipeline stages
+ * (rank/pipefusion.ts), past their warm-up, where the ranks hold the pass's keys and values of the step before
+ * (`previousStep`: the last step the pass ran on these ranks, undefined if none).
  */
 export function attendsStale(
-  mode: ParallelMode,
+  mode: ParallelMode | 'pipefusion',
   warmupSteps: number,
   step: number,
   previousStep: number | undefined,
 ): boolean {
-  return mode === 'displaced' && step >= warmupSteps && previousStep === step - 1;
+  return mode !== 'ulysses' && step >= warmupSteps && previousStep === step - 1;
 }
 
 /**

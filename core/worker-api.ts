@@ -196,6 +196,18 @@ export interface ExecuteArgs {
    * for this pass; 'reuse' skips them, adding the residual the rank kept to this forward's embedding
    */
   cache?: CacheMode;
+  /**
+   * PipeFusion (a pipeline stage of one rank): this forward is patch `index` of the tokens cut in `count` as a plan of
+   * `count` ranks cuts them, attending to every token's keys and values the rank holds (rank/pipefusion.ts); one patch
+   * of one is the whole sequence, exact
+   */
+  patch?: PatchOf;
+}
+
+/** Which patch of how many a forward computes: the tokens of rank `index` of a plan of `count` (planUlysses). */
+export interface PatchOf {
+  index: number;
+  count: number;
 }
 
 /** The forward whose residual a step cache's reuse adds: its step and timestep, and all its patches [S, ·]. */
@@ -555,6 +567,7 @@ const executeArgs = {
   hidden: optional(checkHiddenState),
   stale: optional(oneOf(true, false)),
   cache: optional(oneOf('keep', 'reuse')),
+  patch: optional(fields<PatchOf>({ index: int(0, MAX_HEADS - 1), count: int(1, MAX_HEADS) })),
 } as const;
 const checkExecuteArgs: Check<ExecuteArgs> = fields(executeArgs);
 const checkRecomputeArgs: Check<RecomputeArgs> = fields({

@@ -25,6 +25,7 @@ import type {
   KeptForward,
   LoadArgs,
   LoadStatus,
+  PatchOf,
   PrepareArgs,
   RankStats,
   RecomputeArgs,
@@ -50,6 +51,7 @@ import {
   type ForwardInput,
 } from './ulysses.ts';
 import { displacedAttention, heldStaleAttention, KeysValuesHistory } from './displaced.ts';
+import { PatchKeysValues, pipeFusionAttention } from './pipefusion.ts';
 import { concat } from '../core/tensor.ts';
 import { memoryExchanges } from './exchange/memory.ts';
 import { ExchangeLedger, type KeepsEvidence } from './exchange/ledger.ts';
@@ -123,6 +125,8 @@ export class WorkerRuntime implements WorkerApi {
   private job = -1;
   /** displaced mode: the keys and values gathered in the prepared job's last step, per pass and block */
   private readonly keysValues = new KeysValuesHistory();
+  /** PipeFusion's keys and values of every token, this rank's blocks (pipefusion.ts) */
+  private readonly patchKeysValues = new PatchKeysValues();
   /** a step cache's residual [Sl, D] of each pass's last kept forward of the prepared job */
   private readonly residuals = new Map<number, Float32Array>();
   /** forwards under way: a guided step's two passes run at once */
@@ -211,6 +215,7 @@ export class WorkerRuntime implements WorkerApi {
     this.texts = [];
     this.plan = null;
     this.keysValues.clear();
+    this.patchKeysValues.clear();
     this.residuals.clear();
     this.setState('idle', 'released by the coordinator');
     queueMicrotask(() => this.hooks.onShutdown?.());
@@ -225,6 +230,7 @@ export class WorkerRuntime implements WorkerApi {
       throw new Error(`initWorker needs a head share for each of ${world} ranks, got ${init.heads.length}`);
     this.init = init;
     this.keysValues.clear();
+    this.patchKeysValues.clear();
     const exchange = await this.hooks.connectMesh(init);
     this.ledger = new ExchangeLedger(rank, init.signing);
     exchange.keepEvidence?.(this.ledger);
@@ -433,6 +439,7 @@ export class WorkerRuntime implements WorkerApi {
     this.job = job;
     this.texts = texts;
     this.keysValues.clear();
+    this.patchKeysValues.clear();
     this.residuals.clear();
     if (exchangeTimeoutMs !== undefined) exchange.waitAtMost?.(exchangeTimeoutMs);
     // a guided step's two passes run at once, each a phase or two ahead (a phase: one tensor per
@@ -605,13 +612,7 @@ export class WorkerRuntime implements WorkerApi {
     for (let rank = 0; rank < plan.degree; rank++) {
       const start = tokenStart(plan, rank);
       // the rank's place in the group (its tokens' positions); the attention sends nothing
-      const asRank: Exchange = {
-        rank,
-        world: plan.degree,
-        bytesSent: 0,
-        dtype: 'f32',
-        allToAll: () => Promise.reject(new Error('a stale recompute exchanges nothing')),
-      };
+      const asRank = placeOnly(rank, plan.degree, 'a stale recompute');
       const attend = heldStaleAttention(cfg, plan, this.engine, this.keysValues, args, rank);
       const patches = args.patches.subarray(start * patchWidth, (start + plan.rows[rank]) * patchWidth);
       rows.push(rowsOf(await this.forward(pass, plan, asRank, { ...args, patches }, stats, attend)));
@@ -621,26 +622,33 @@ export class WorkerRuntime implements WorkerApi {
 
   async executeModel(args: ExecuteArgs): Promise<ExecuteResult> {
     const exchange = this.needInit('executeModel');
-    const pass = this.preparedPass('executeModel', args);
-    this.checkStageInput('executeModel', pass, args, pass.plan.rows[exchange.rank], `rank ${exchange.rank}`);
+    const prepared = this.preparedPass('executeModel', args);
+    const { patch } = args;
+    // PipeFusion: the patch's tokens are this forward's, as if it were that rank of a plan of `count`
+    const pass = patch ? { ...prepared, plan: this.patchPlan(prepared, patch, exchange, args) } : prepared;
+    const me = patch?.index ?? exchange.rank;
+    const whose = patch ? `patch ${patch.index} of ${patch.count}` : `rank ${me}`;
+    this.checkStageInput('executeModel', pass, args, pass.plan.rows[me], whose);
     this.setState('computing', `job ${args.job} step ${args.step} pass ${args.pass}`);
     this.forwardsRunning++;
     const stats = noStats();
     // a guided step's two passes share the mesh at once: each counts what it sends itself
-    const counting = countingSends(exchange);
+    const counting = patch ? placeOnly(me, patch.count, 'a PipeFusion patch') : countingSends(exchange);
     const displaced = this.init?.parallel === 'displaced' && pass.plan.degree > 1;
-    const attend = displaced
-      ? displacedAttention(pass.cfg, pass.plan, this.engine, counting, this.keysValues, {
-          step: args.step,
-          pass: args.pass,
-          stale: args.stale ?? false,
-        })
-      : undefined;
+    const at = { step: args.step, pass: args.pass };
+    const attend = patch
+      ? pipeFusionAttention(pass.cfg, pass.plan, this.engine, this.patchKeysValues, { ...at, patch: me })
+      : displaced
+        ? displacedAttention(pass.cfg, pass.plan, this.engine, counting, this.keysValues, {
+            ...at,
+            stale: args.stale ?? false,
+          })
+        : undefined;
     let output: StageOutput;
     let residualRatio: ExecuteResult['residualRatio'];
     const residual = args.cache && {
       ...(args.cache === 'reuse'
-        ? { reuse: this.keptResidual(args.pass, pass.plan.rows[exchange.rank] * pass.cfg.dim) }
+        ? { reuse: this.keptResidual(args.pass, pass.plan.rows[me] * pass.cfg.dim) }
         : {
             keep: (r: Float32Array) => {
               const before = this.residuals.get(args.pass);
@@ -694,6 +702,24 @@ export class WorkerRuntime implements WorkerApi {
    * stage before's hidden state of its `rows` tokens (`whose`: the rank's, or every token), each part of it judged
    * before anything is computed from it.
    */
+  /** The plan of PipeFusion's patches, whose rank `patch.index` a forward computes: for a stage of one rank alone. */
+  private patchPlan(
+    pass: ReturnType<WorkerRuntime['preparedPass']>,
+    patch: PatchOf,
+    exchange: Exchange,
+    args: ExecuteArgs,
+  ): UlyssesPlan {
+    if (exchange.world !== 1)
+      throw new Error(
+        `PipeFusion's patches are for a pipeline stage of one rank; this rank's mesh has ${exchange.world}`,
+      );
+    if (args.cache || args.stale)
+      throw new Error('a PipeFusion patch is computed whole: no step cache, no displaced mode');
+    if (!(patch.index < patch.count))
+      throw new Error(`patch ${patch.index} of ${patch.count}: patches are numbered from 0`);
+    return planUlysses(pass.cfg, pass.plan.tokens, patch.count);
+  }
+
   private checkStageInput(
     method: string,
     pass: ReturnType<WorkerRuntime['preparedPass']>,
@@ -801,4 +827,15 @@ function magnitudeRatio(now: Float32Array, before: Float32Array, width: number):
     sum += b > 0 ? Math.sqrt(a / b) : 1;
   }
   return { sum, tokens };
+}
+
+/** An exchange that only says whose tokens a forward computes, for a forward that sends nothing (`what`). */
+function placeOnly(rank: number, world: number, what: string): Exchange {
+  return {
+    rank,
+    world,
+    bytesSent: 0,
+    dtype: 'f32',
+    allToAll: () => Promise.reject(new Error(`${what} exchanges nothing`)),
+  };
 }

@@ -77,7 +77,11 @@ function placementNote(r: KeptReport): { ranks: string; notes: string[] } {
   const pooled = stages
     ? ` Pooled memory: the blocks in ${plural(stages.length, 'pipeline stage')} ` +
       `(${stages.map((s) => `${s.blocks[0]}–${s.blocks[1] - 1} on ${s.workers.join(', ')}`).join('; ')}), ` +
-      "each worker holding its stage's weights alone."
+      "each worker holding its stage's weights alone." +
+      (p.pipeFusion
+        ? ` PipeFusion: after ${plural(p.warmupSteps, 'exact step')}, each forward in ${p.pipeFusion.patches} ` +
+          'patches flowing through the stages at once, each attending to the later patches as of the step before.'
+        : '')
     : '';
   return {
     ranks: `${plural(layout.world, `${p.backend} rank`)}${groups}`,

@@ -60,6 +60,8 @@ const USAGE = [
   "  [--stages S]   pooled memory: the transformer's blocks cut into S pipeline stages, each on N/S worker tabs " +
     "holding only its stage's weights",
   '                     (Ulysses among them; N is S unless --workers says; with --cfg-parallel each group runs the S)',
+  '  [--pipefusion M]   with --stages (one worker a stage): each step after the warm-up cut into M patches that flow ' +
+    'through the stages at once, attending to the later patches as of the step before (PipeFusion; not exact)',
   "  [--weights float16|float32]   how every worker holds the blocks' weights: float16 halves them (a stage holds " +
     'twice the blocks;',
   '                     ~2e-4 of the output from float32); unset: float16 on WebGPU with shader-f16, else float32',
@@ -83,6 +85,7 @@ try {
       backend: { type: 'string', default: 'swarm' },
       workers: { type: 'string' },
       stages: { type: 'string', default: '1' },
+      pipefusion: { type: 'string' },
       weights: { type: 'string' },
       ep: { type: 'string', default: 'auto' },
       fp16: { type: 'boolean', default: false },
@@ -159,10 +162,11 @@ if (stages > 1 && (values.backend !== 'swarm' || workers % stageTabs))
       `(${stageTabs} without --workers), got ${values.backend} with ${workers}`,
   );
 const warmupSteps = values['warmup-steps'] === undefined ? undefined : Number(values['warmup-steps']);
-if (warmupSteps !== undefined && !(Number.isInteger(warmupSteps) && warmupSteps >= 0 && values.displaced))
+const stale = values.displaced || values.pipefusion !== undefined;
+if (warmupSteps !== undefined && !(Number.isInteger(warmupSteps) && warmupSteps >= 0 && stale))
   fail(
-    `--warmup-steps is a whole number ≥ 0 of exact steps for --displaced, got ${values['warmup-steps']}` +
-      (values.displaced ? '' : ' without --displaced'),
+    `--warmup-steps is a whole number ≥ 0 of exact steps for --displaced or --pipefusion, ` +
+      `got ${values['warmup-steps']}${stale ? '' : ' without either'}`,
   );
 if (cfgParallel && (values.backend !== 'swarm' || workers % 2))
   fail(
@@ -280,6 +284,7 @@ try {
     // with CFG parallel the degree is that of each of the two groups, with stages that of each stage
     workers: values.backend === 'swarm' ? workers / (cfgParallel ? 2 : 1) / stages : 1,
     ...(stages > 1 && { stages }),
+    ...(values.pipefusion !== undefined && { pipeFusionPatches: Number(values.pipefusion) }),
     ...(weightType && { weightType }),
     ep: values.ep,
     dtype: values.int4 ? 'i4' : values.int8 ? 'i8' : values.fp16 ? 'f16' : 'f32',

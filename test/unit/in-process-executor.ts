@@ -76,7 +76,8 @@ export class InProcessExecutor extends Executor {
   /** the methods each rank was asked to run, in arrival order */
   readonly received: string[][] = [];
   /** each executeModel a rank ran, with its pass, as it started and ended: what overlapped what */
-  readonly forwards: { rank: number; pass: number; event: 'start' | 'end' }[] = [];
+  /** each executeModel as it started and ended on its rank: its pass, and its PipeFusion patch where it had one */
+  readonly forwards: { rank: number; pass: number; patch?: number; event: 'start' | 'end' }[] = [];
   closeTransportCalls = 0;
   /** what a rank does instead of answering `method` (called with `args`): nothing unless a test says */
   fault: (rank: number, method: string, args: unknown) => Fault | null = () => null;
@@ -126,10 +127,12 @@ export class InProcessExecutor extends Executor {
             if (fault && 'silent' in fault) return new Promise(() => {});
             if (fault && 'throws' in fault) throw new Error(fault.throws);
             const pass = method === 'executeModel' ? (args as ExecuteArgs).pass : null;
-            if (pass !== null) this.forwards.push({ rank, pass, event: 'start' });
+            const patch = method === 'executeModel' ? (args as ExecuteArgs).patch?.index : undefined;
+            const forward = { rank, pass, ...(patch !== undefined && { patch }) };
+            if (pass !== null) this.forwards.push({ ...forward, pass, event: 'start' });
             if (fault && 'delayMs' in fault) await new Promise((r) => setTimeout(r, fault.delayMs));
             const reply = await (runtime[method] as (a: unknown) => Promise<unknown>).call(runtime, args);
-            if (pass !== null) this.forwards.push({ rank, pass, event: 'end' });
+            if (pass !== null) this.forwards.push({ ...forward, pass, event: 'end' });
             if (!fault || !('alters' in fault)) return reply;
             if (method !== 'executeModel' && method !== 'recompute')
               throw new Error(`a test alters executeModel's or recompute's reply (their rows), not ${method}'s`);

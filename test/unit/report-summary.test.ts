@@ -27,6 +27,7 @@ const placement = (dtype: DType, parallel: 'ulysses' | 'displaced' = 'displaced'
   prediction: null,
   cfgFallback: null,
   stages: null,
+  pipeFusion: null,
   cache: null,
 });
 

@@ -260,6 +260,34 @@ describe('the stages of a placement', () => {
     ).toThrow('pipeline stages run on worker pages: use the swarm backend for stages');
   });
 
+  it('PipeFusion is placed on stages of one worker each, unchecked, its patches at most the heads; asked otherwise, refused saying why', () => {
+    const placed = plan({ stages: 2, pipeFusionPatches: 3 }, workers(2));
+    expect([placed.pipeFusion, placed.spotChecks.rate, placed.layout.stages]).toEqual([{ patches: 3 }, 0, 2]);
+    expect(plan({ stages: 2, pipeFusionPatches: 2, cfgParallel: true }, workers(4)).pipeFusion).toEqual({ patches: 2 });
+    expect(plan({ stages: 2 }, workers(2)).pipeFusion).toBeNull();
+    // re-placed on one worker, there are no stages left to pipeline: the job goes on exact
+    expect(plan({ stages: 2, pipeFusionPatches: 3, untrustedAlone: 'continue' }, workers(1), 1).pipeFusion).toBeNull();
+    expect(() => plan({ stages: 2, pipeFusionPatches: 3, spotCheckRate: 0.1 }, workers(4))).toThrow(
+      "pipeline stages cannot be spot-checked here: PipeFusion's patches attend to keys and values of the step " +
+        "before that only their stage's worker holds; or ask spotCheckRate 0",
+    );
+    expect(() => plan({ pipeFusionPatches: 3 }, workers(2))).toThrow(
+      'pipeFusionPatches cuts each forward into patches that flow through pipeline stages: ask stages ≥ 2',
+    );
+    expect(() => plan({ stages: 2, pipeFusionPatches: 1 }, workers(2))).toThrow(
+      'pipeFusionPatches is a whole number ≥ 2 of patches a forward flows through the stages in, got 1',
+    );
+    expect(() => plan({ stages: 2, pipeFusionPatches: 2, ulyssesDegree: 2, spotCheckRate: 0 }, workers(4))).toThrow(
+      "PipeFusion's stages are one worker each (two with cfgParallel): ask ulyssesDegree 1, not 2",
+    );
+    expect(() => plan({ stages: 2, pipeFusionPatches: 2, parallel: 'displaced' }, workers(2))).toThrow(
+      "PipeFusion's stages exchange nothing within them: ask parallel 'ulysses', not 'displaced'",
+    );
+    expect(() => plan({ stages: 2, pipeFusionPatches: 13 }, workers(2))).toThrow(
+      `pipeFusionPatches 13 is more than this job can be cut into: at most 12 (the model's 12 heads, the job's `,
+    );
+  });
+
   it("spot checks go as asked where another worker holds each stage's blocks, and are off unasked where none does", () => {
     expect(plan({ stages: 2 }, workers(2)).spotChecks.rate).toBe(0);
     expect(plan({ stages: 2, ulyssesDegree: 2 }, workers(4)).spotChecks.rate).toBe(DEFAULT_SPOT_CHECK_RATE);
@@ -472,6 +500,69 @@ describe('the executor through pipeline stages', () => {
       expect((conviction.verdict as { why: string }).why).toContain(why);
     }
     await Promise.all([executor.shutdown({ graceMs: 500 }), unstaged.shutdown({ graceMs: 500 })]);
+  });
+
+  it('PipeFusion: exact through the warm-up; then 3 patches flow through two stages at once, each attending to the later patches as of the step before', async () => {
+    const request = { stages: 2, pipeFusionPatches: 3, warmupSteps: 1 };
+    const { executor } = await started(new RankLayout(1, 1, null, 2), request);
+    const { executor: single } = await started(new RankLayout(1), { spotCheckRate: 0 });
+    const at = { job: 3, step: 0, timestep: 600, latent };
+    const exact = async (a: typeof at) => (await single.velocity(a, 5)).velocity;
+    // the warm-up step: the tokens whole, exact, filling each stage's keys and values
+    expect(maxAbsDiff((await executor.velocity(at, 5)).velocity, await exact(at))).toBe(0);
+    expect(executor.forwards.filter((f) => f.patch !== undefined && f.patch > 0)).toEqual([]);
+    // the step after at the same latent: what each patch attends to as of the step before is what it would be now,
+    // so a patch's keys and values written anywhere but its own tokens, or its positions wrong, would show here
+    executor.fault = (_rank, method) => (method === 'executeModel' ? { delayMs: 30 } : null);
+    executor.forwards.length = 0;
+    const same = await executor.velocity({ ...at, step: 1 }, 5);
+    const scale = Math.max(...(await exact(at)).map(Math.abs));
+    expect(maxAbsDiff(same.velocity, await exact(at)) / scale).toBeLessThan(1e-5);
+    // each stage took the 3 patches of each pass in turn, and the second stage computed patch 0 while the first
+    // computed patch 1: both stages at once
+    const when = (rank: number, patch: number, event: 'start' | 'end') =>
+      executor.forwards.findIndex((f) => f.rank === rank && f.pass === 0 && f.patch === patch && f.event === event);
+    expect(executor.forwards.filter((f) => f.event === 'start').length).toBe(2 * 2 * 3);
+    for (const rank of [0, 1])
+      for (const patch of [0, 1]) expect(when(rank, patch, 'end')).toBeLessThan(when(rank, patch + 1, 'start'));
+    expect(when(0, 1, 'start')).toBeLessThan(when(1, 0, 'end'));
+    expect(when(1, 0, 'start')).toBeLessThan(when(0, 1, 'end'));
+    // the reports: each stage's rank, its patches' time summed
+    expect(same.ranks.map((r) => r.rank).sort()).toEqual([0, 1]);
+    // a step whose latent moved: the later patches' keys and values are the step before's, so the velocity differs
+    // from exact, a little
+    executor.fault = () => null;
+    const moved = {
+      ...at,
+      step: 2,
+      timestep: 500,
+      latent: { ...latent, data: latent.data.map((x, i) => x + 0.1 * Math.sin(i)) },
+    };
+    const deviation = maxAbsDiff((await executor.velocity(moved, 5)).velocity, await exact(moved)) / scale;
+    expect(deviation).toBeGreaterThan(1e-4);
+    expect(deviation).toBeLessThan(0.1);
+    await Promise.all([executor.shutdown({ graceMs: 500 }), single.shutdown({ graceMs: 500 })]);
+  });
+
+  it("a stage's rank asked for a patch without every token's keys and values of the step before refuses it, saying why", async () => {
+    const { executor } = await started(new RankLayout(1, 1, null, 2), { stages: 2, pipeFusionPatches: 3 });
+    const [first] = executor.runtimes;
+    const args = { job: 3, step: 4, pass: 0, timestep: 600, latentShape: latent.shape };
+    const patches = (rows: number) => new Float32Array(rows * 16 * 4);
+    await expect(first.executeModel({ ...args, patches: patches(5), patch: { index: 1, count: 3 } })).rejects.toThrow(
+      "PipeFusion's patch 2 of 3 (step 4, pass 0, block 0) attends to every token's keys and values of this step or " +
+        'the one before, and this rank holds none: a forward of the whole sequence comes first',
+    );
+    // the whole sequence first; then a patch two steps later is refused, one a step later taken
+    await first.executeModel({ ...args, patches: patches(15), patch: { index: 0, count: 1 } });
+    await expect(
+      first.executeModel({ ...args, step: 6, patches: patches(5), patch: { index: 1, count: 3 } }),
+    ).rejects.toThrow("this rank holds step 4's");
+    await first.executeModel({ ...args, step: 5, patches: patches(5), patch: { index: 1, count: 3 } });
+    await expect(first.executeModel({ ...args, patches: patches(5), patch: { index: 3, count: 3 } })).rejects.toThrow(
+      'patch 3 of 3: patches are numbered from 0',
+    );
+    await executor.shutdown({ graceMs: 500 });
   });
 
   it('a stage that hands on a malformed hidden state, or none, broke the contract: named, and the next stage is not asked', async () => {
