@@ -3,14 +3,20 @@
 // same job in S = 1, 2 and 4 pipeline stages on one worker tab a stage. Per S: what each worker holds
 // (`workers[].heldWeightBytes`, and the planner's `placement.stages`), its page's peak memory, the
 // placing and step times, and the latent against S = 1's (exact staged mode: the same to the bit).
+// Then per S > 1 the same job in PipeFusion (twice S patches, as many as the tokens allow, after one exact
+// step): its steps' times against exact staged mode's, and its latent's deviation from S = 1's.
 // Writes bench/out/pooled.json; the projection of the whole 14B on real GPUs is `npm run bench -- projection`.
 //
 //   npm run bench -- pooled [--model DIR] [--layers 8] [--stages 1,2,4] [--weights float16|float32]
-//                           [--memory-gib 16] [--frames 1 --height 32 --width 32 --steps 1]
+//                           [--memory-gib 16] [--frames 1 --height 32 --width 32 --steps 2]
 
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import type { JobResult } from '../app/automation.ts';
+import { defined } from '../core/defined.ts';
+import { latentShape } from '../core/job.ts';
+import { parseWanConfig } from '../core/model/config.ts';
+import { tokenGrid } from '../core/model/tokens.ts';
 import { WEIGHT_TYPES, type WeightType } from '../core/worker-api.ts';
 import { CACHE_ROOT } from '../server/model-folder.ts';
 import {
@@ -61,7 +67,8 @@ export const DEFAULT_POOLED: PooledOptions = {
   frames: 1,
   height: 32,
   width: 32,
-  steps: 1,
+  // the first exact, the second PipeFusion's where it runs
+  steps: 2,
 };
 /** `npm run bench -- --smoke`: the bundled model's two blocks in one and two stages */
 export const SMOKE_POOLED: PooledOptions = { ...DEFAULT_POOLED, model: SMOKE_MODEL_DIR, layers: 2, stages: [1, 2] };
@@ -105,8 +112,7 @@ export async function runPooled(o: PooledOptions) {
       )) as JobResult;
       const latent = latentFromBase64(base64);
       reference ??= latent;
-      let maxAbs = 0;
-      for (let i = 0; i < latent.length; i++) maxAbs = Math.max(maxAbs, Math.abs(latent[i] - reference[i]));
+      const maxAbs = maxAbsOf(latent, reference);
       const held = report.workers.map((w) => w.heldWeightBytes);
       const whole = report.placement.stages
         ? report.placement.stages.reduce((sum, s) => sum + s.heldBytes, 0)
@@ -134,6 +140,50 @@ export async function runPooled(o: PooledOptions) {
       );
       runs.push(run);
     }
+    // PipeFusion: the same job's steps after the first in patches flowing through the stages at once
+    const wan = parseWanConfig(config, 'the pooled model');
+    const tokens = tokenGrid(wan, latentShape(o, wan.inChannels)).count;
+    const pipeFusion = [];
+    for (const S of o.steps > 1 ? o.stages.filter((s) => s > 1) : []) {
+      const patches = Math.min(2 * S, tokens, config.num_attention_heads);
+      const load = await waitForQuietMachine();
+      log(`pooled: PipeFusion, ${S} stages, ${patches} patches after 1 exact step… (load ${load.loadAverage1m})`);
+      const job = transformerJob(o, promptEmbeds, {
+        workers: 1,
+        stages: S,
+        weightType: o.weights,
+        shares: SHARES,
+        pipeFusionPatches: patches,
+        warmupSteps: 1,
+      });
+      const { report, latent: base64 } = (await swarm.dashboard.evaluate(
+        (j) => window.ditswarm.generate(j),
+        job,
+      )) as JobResult;
+      const latent = latentFromBase64(base64);
+      const exact = defined(
+        runs.find((r) => r.stages === S),
+        `the exact run of ${S} stages`,
+      );
+      const stepsMs = report.steps.map((s) => round(s.ms, 0));
+      const fused = {
+        stages: S,
+        patches,
+        tokens,
+        stepsMs,
+        /** PipeFusion's steps after the exact first against exact staged mode's same steps */
+        speedupOverExact: round(sum(exact.stepsMs.slice(1)) / sum(stepsMs.slice(1)), 3),
+        maxAbsFromOneTab: maxAbsOf(latent, defined(reference, 'the S = 1 latent')),
+        latentScale: round(Math.max(...latent.map(Math.abs)), 4),
+        loadAverage1m: { start: load.loadAverage1m, end: machine().loadAverage1m },
+      };
+      log(
+        `pooled: PipeFusion S = ${S}, ${patches} patches: steps ${stepsMs.join(', ')} ms ` +
+          `(exact ${exact.stepsMs.join(', ')}), max-abs vs S = 1 ${fused.maxAbsFromOneTab.toExponential(2)} ` +
+          `of a latent scale ${fused.latentScale}`,
+      );
+      pipeFusion.push(fused);
+    }
     const atFour = runs.find((r) => r.stages === 4);
     return {
       benchmark: 'pooled',
@@ -152,6 +202,8 @@ export async function runPooled(o: PooledOptions) {
       machine: { ...machineAtStart, loadAverage1mAtEnd: machine().loadAverage1m },
       versions: versions(),
       runs,
+      /** PipeFusion per S > 1: not exact, so its latent's deviation from S = 1's, and its steps against exact mode's */
+      pipeFusion,
       /** the OS's peak resident memory of every renderer process (dashboard and worker tabs), largest first */
       rendererPeakRssGiB: rendererPeaks().map((b) => round(b / 2 ** 30, 2)),
       meets: {
@@ -167,6 +219,14 @@ export async function runPooled(o: PooledOptions) {
   } finally {
     await swarm.close();
   }
+}
+
+const sum = (xs: number[]) => xs.reduce((a, b) => a + b, 0);
+
+function maxAbsOf(a: Float32Array, b: Float32Array): number {
+  let most = 0;
+  for (let i = 0; i < a.length; i++) most = Math.max(most, Math.abs(a[i] - b[i]));
+  return most;
 }
 
 export function parsePooledArgs(args: string[]): PooledOptions {
@@ -208,5 +268,5 @@ export function parsePooledArgs(args: string[]): PooledOptions {
 if (isMain(import.meta)) {
   const report = await runPooled(parsePooledArgs(process.argv.slice(2)));
   writeReport('pooled.json', report);
-  console.log(JSON.stringify({ runs: report.runs, meets: report.meets }, null, 2));
+  console.log(JSON.stringify({ runs: report.runs, pipeFusion: report.pipeFusion, meets: report.meets }, null, 2));
 }

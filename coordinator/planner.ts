@@ -187,8 +187,8 @@ interface Asked {
   headGroups: number | undefined;
   /** pipeline stages (pooled memory); 1: every rank holds the whole model */
   stages: number;
-  /** PipeFusion's patches a forward is cut into; null: exact staged mode */
-  pipeFusionPatches: number | null;
+  /** PipeFusion's patches a forward is cut into ('auto': where predicted faster); null: exact staged mode */
+  pipeFusionPatches: number | 'auto' | null;
 }
 
 /** A request checked, with its defaults: an error that says what is valid. */
@@ -218,9 +218,13 @@ export function checkRequest(request: PlacementRequest): Asked {
     throw new Error(`untrustedAlone is ${UNTRUSTED_ALONE.join(' or ')}, got ${JSON.stringify(untrustedAlone)}`);
   const stages = checkStagesRequest(request);
   const { weightType, pipeFusionPatches = null } = request;
-  if (pipeFusionPatches !== null && !(Number.isInteger(pipeFusionPatches) && pipeFusionPatches >= 2))
+  if (
+    pipeFusionPatches !== null &&
+    pipeFusionPatches !== 'auto' &&
+    !(Number.isInteger(pipeFusionPatches) && pipeFusionPatches >= 2)
+  )
     throw new Error(
-      `pipeFusionPatches is a whole number ≥ 2 of patches a forward flows through the stages in, ` +
+      `pipeFusionPatches is a whole number ≥ 2 of patches a forward flows through the stages in, or 'auto', ` +
         `got ${JSON.stringify(pipeFusionPatches)}`,
     );
   if (pipeFusionPatches !== null && stages < 2)
@@ -709,7 +713,7 @@ export function planPlacement(ctx: PlannerContext, input: PlanningInput): Resolv
         : placeUnmeasured(ctx, weighed));
   const { layout, exchange } = chosen;
   if (ctx.backend === 'swarm') refuseUntrustedAlone(asked, input, layout.world, workers);
-  const pipeFusion = placedPipeFusion(ctx, asked, layout, exchange, weighed.work.tokens);
+  const pipeFusion = staged?.pipeFusion ?? null;
   // displaced ranks exchange once a block: head groups are Ulysses' alone, at most the fewest heads a rank has
   const fewestHeads = Math.min(...(layout.heads?.flat() ?? evenHeads(ctx.config.numHeads, layout.ulyssesDegree)));
   const headGroups =
@@ -753,32 +757,31 @@ export function planPlacement(ctx: PlannerContext, input: PlanningInput): Resolv
 type PlacedPipeFusion = ResolvedPlacement['pipeFusion'];
 
 /**
- * PipeFusion as asked, where the placement has stages to pipeline (a re-placement on fewer workers may have one left):
- * its stages one worker each, exchanging nothing within them, the patches at most the heads (planUlysses cuts them).
+ * The PipeFusion a staged placement of `stages` stages of `degree` workers can take, as asked: its stages one worker
+ * each, exchanging nothing within them, its patches at most the heads (planUlysses cuts them) and the tokens; for
+ * 'auto' twice the stages, where possible. Null where it asked none, or for 'auto' where the placement cannot take it;
+ * asked a number, a placement that cannot take it is refused, saying why.
  */
-function placedPipeFusion(
+function pipeFusionAsked(
   ctx: PlannerContext,
   asked: Asked,
-  layout: RankLayout,
-  exchange: Exchange,
-  tokens: number,
-): PlacedPipeFusion {
+  { stages, degree, tokens }: { stages: number; degree: number; tokens: number },
+): { patches: number } | null {
   const patches = asked.pipeFusionPatches;
-  if (patches === null || layout.stages < 2) return null;
-  if (layout.ulyssesDegree !== 1)
-    throw new Error(
-      `PipeFusion's stages are one worker each (two with cfgParallel): ` +
-        `ask ulyssesDegree 1, not ${layout.ulyssesDegree}`,
-    );
-  if (exchange.parallel === 'displaced')
-    throw new Error("PipeFusion's stages exchange nothing within them: ask parallel 'ulysses', not 'displaced'");
+  // a re-placement on fewer workers may leave one stage: nothing to pipeline, the job goes on exact
+  if (patches === null || stages < 2) return null;
   const most = Math.min(ctx.config.numHeads, tokens);
-  if (patches > most)
-    throw new Error(
-      `pipeFusionPatches ${patches} is more than this job can be cut into: at most ${most} ` +
-        `(the model's ${ctx.config.numHeads} heads, the job's ${tokens} tokens)`,
-    );
-  return { patches };
+  const refusal =
+    degree !== 1
+      ? `PipeFusion's stages are one worker each (two with cfgParallel): ask ulyssesDegree 1, not ${degree}`
+      : exchangeUnpredicted(asked).parallel === 'displaced'
+        ? "PipeFusion's stages exchange nothing within them: ask parallel 'ulysses', not 'displaced'"
+        : patches !== 'auto' && patches > most
+          ? `pipeFusionPatches ${patches} is more than this job can be cut into: at most ${most} ` +
+            `(the model's ${ctx.config.numHeads} heads, the job's ${tokens} tokens)`
+          : null;
+  if (refusal && patches !== 'auto') throw new Error(refusal);
+  return refusal ? null : { patches: patches === 'auto' ? Math.min(2 * stages, most) : patches };
 }
 
 /**
@@ -837,30 +840,39 @@ function placeStaged(ctx: PlannerContext, input: PlanningInput, weighed: Weighed
       live.find((w) => w.id === id),
       `worker ${id}`,
     );
+  const placed = stages.map((stage) => ({ blocks: stage.blocks, workers: stage.workers.map(workerOf) }));
+  const possible = pipeFusionAsked(ctx, asked, { stages: stages.length, degree, tokens });
+  const exact = predictStaged(ctx, input, weighed, placed, cfgGroups, null);
+  const fused = possible && predictStaged(ctx, input, weighed, placed, cfgGroups, possible.patches);
+  // 'auto': PipeFusion where the cost model predicts it LESS_EXACT_GAIN× faster than exact, else exact
+  const pays = !!(exact && fused && fused.predictedStepMs * LESS_EXACT_GAIN <= exact.predictedStepMs);
+  const pipeFusion = asked.pipeFusionPatches === 'auto' && !pays ? null : possible;
+  const ms = (p: PlacementPrediction | null) => `${p?.predictedStepMs.toFixed(0)} ms`;
+  const why =
+    asked.pipeFusionPatches !== 'auto'
+      ? ''
+      : pipeFusion
+        ? `; PipeFusion in ${pipeFusion.patches} patches: predicted ${ms(fused)} a step, exact ${ms(exact)}`
+        : `; exact: PipeFusion ${possible ? `not predicted ${LESS_EXACT_GAIN}× faster` : 'not possible here'}`;
+  const prediction = pipeFusion ? fused : exact;
   const chosen: Chosen = {
     layout: new RankLayout(degree, cfgGroups, null, stages.length),
     exchange: exchangeUnpredicted(asked),
     headGroups: undefined,
-    prediction: predictStaged(
-      ctx,
-      input,
-      weighed,
-      stages.map((stage) => ({ blocks: stage.blocks, workers: stage.workers.map(workerOf) })),
-      cfgGroups,
-    ),
+    prediction: prediction && { ...prediction, by: prediction.by + why },
   };
   // in rank order: group after group, each's stages in turn (RankLayout)
   const ranked = Array.from({ length: cfgGroups }, (_, g) =>
     stages.flatMap((stage) => stage.workers.slice(g * degree, (g + 1) * degree)),
   );
-  return { stages, chosen, workers: ranked.flat().map(workerOf) };
+  return { stages, chosen, workers: ranked.flat().map(workerOf), pipeFusion };
 }
 
 /**
  * A staged step as the cost model predicts it (predictStagedStep: exact mode, a step's passes pipelined through the
- * stages or batched, whichever is quicker), at the pace of the stage slowest for its blocks (stages are cut by speed,
- * so they are near even): the others keep in step with it. From the probes' rates: a rehearsal or a step measured was
- * of the whole model. Null while a placed worker is unmeasured.
+ * stages or batched, whichever is quicker; or PipeFusion's patches pipelined), at the pace of the stage slowest for its
+ * blocks (stages are cut by speed, so they are near even): the others keep in step with it. From the probes' rates: a
+ * rehearsal or a step measured was of the whole model. Null while a placed worker is unmeasured.
  */
 function predictStaged<W extends PlanningWorker>(
   ctx: PlannerContext,
@@ -868,6 +880,8 @@ function predictStaged<W extends PlanningWorker>(
   weighed: Weighed<W>,
   stages: { blocks: [number, number]; workers: W[] }[],
   cfgGroups: 1 | 2,
+  /** PipeFusion's patches; null: exact */
+  patches: number | null,
 ): PlacementPrediction | null {
   const flopsOf = (w: W) => (w.measurement ? (computeOf(weighed.asked.ep, w.measurement)?.flops ?? 0) : 0);
   if (stages.some((stage) => stage.workers.some((w) => !flopsOf(w)))) return null;
@@ -889,16 +903,17 @@ function predictStaged<W extends PlanningWorker>(
       stages: stages.length,
       ulyssesDegree: degree,
       cfgParallel: cfgGroups === 2,
-      mode: 'exact',
+      ...(patches ? { mode: 'pipefusion', patches } : { mode: 'exact' }),
       paceBlocks: pace.blocks[1] - pace.blocks[0],
     },
     hw,
   );
+  const flow = patches ? `PipeFusion's ${patches} patches pipelined` : `a step's passes ${step.schedule}`;
   return {
     asked: true,
     by:
       `the cost model: ${stages.length} pipeline stages of ${degree} worker${degree === 1 ? '' : 's'}, ` +
-      `a step's passes ${step.schedule}, at the pace of the stage slowest for its blocks (probe rates)`,
+      `${flow}, at the pace of the stage slowest for its blocks (probe rates)`,
     link: measured.link,
     predictedStepMs: step.stepS * 1000,
     oneWorkerStepMs: predictStep(weighed.work, { ulyssesDegree: 1, cfgParallel: false }, hw).stepS * 1000,

@@ -275,7 +275,7 @@ describe('the stages of a placement', () => {
       'pipeFusionPatches cuts each forward into patches that flow through pipeline stages: ask stages ≥ 2',
     );
     expect(() => plan({ stages: 2, pipeFusionPatches: 1 }, workers(2))).toThrow(
-      'pipeFusionPatches is a whole number ≥ 2 of patches a forward flows through the stages in, got 1',
+      "pipeFusionPatches is a whole number ≥ 2 of patches a forward flows through the stages in, or 'auto', got 1",
     );
     expect(() => plan({ stages: 2, pipeFusionPatches: 2, ulyssesDegree: 2, spotCheckRate: 0 }, workers(4))).toThrow(
       "PipeFusion's stages are one worker each (two with cfgParallel): ask ulyssesDegree 1, not 2",
@@ -285,6 +285,35 @@ describe('the stages of a placement', () => {
     );
     expect(() => plan({ stages: 2, pipeFusionPatches: 13 }, workers(2))).toThrow(
       `pipeFusionPatches 13 is more than this job can be cut into: at most 12 (the model's 12 heads, the job's `,
+    );
+  });
+
+  it("'auto' PipeFusion takes twice the stages' patches where the cost model predicts it 1.1× faster than exact stages, and exact where nothing is measured or it cannot run", () => {
+    const measured = [worker('a', 10), worker('b', 10)];
+    const exact = defined(plan({ stages: 2 }, measured).prediction, 'a prediction');
+    const auto = plan({ stages: 2, pipeFusionPatches: 'auto' }, measured);
+    const fused = defined(auto.prediction, 'a prediction');
+    expect(auto.pipeFusion).toEqual({ patches: 4 });
+    // two passes of half the blocks on each stage, the fill a quarter of one's: about 2.25 half forwards, not 3
+    expect(fused.predictedStepMs / exact.predictedStepMs).toBeGreaterThan(0.65);
+    expect(fused.predictedStepMs / exact.predictedStepMs).toBeLessThan(1 / 1.1);
+    expect(fused.by).toMatch(
+      /^the cost model: 2 pipeline stages of 1 worker, PipeFusion's 4 patches pipelined, .*; PipeFusion in 4 patches: predicted \S+ ms a step, exact \S+ ms$/,
+    );
+    // asked a number, the prediction is PipeFusion's too
+    expect(plan({ stages: 2, pipeFusionPatches: 4 }, measured).prediction?.predictedStepMs).toBe(fused.predictedStepMs);
+    // nothing measured to predict from: exact
+    expect(plan({ stages: 2, pipeFusionPatches: 'auto' }, workers(2)).pipeFusion).toBeNull();
+    // stages of two Ulysses workers cannot run it: exact, saying so
+    const meshes = plan({ stages: 2, ulyssesDegree: 2, pipeFusionPatches: 'auto' }, [
+      ...measured,
+      worker('c', 10),
+      worker('d', 10),
+    ]);
+    expect(meshes.pipeFusion).toBeNull();
+    expect(meshes.prediction?.by).toMatch(/; exact: PipeFusion not possible here$/);
+    expect(() => plan({ stages: 2, pipeFusionPatches: 'some' as never }, measured)).toThrow(
+      `pipeFusionPatches is a whole number ≥ 2 of patches a forward flows through the stages in, or 'auto', got "some"`,
     );
   });
 
