@@ -823,10 +823,13 @@ function placeStaged(ctx: PlannerContext, input: PlanningInput, weighed: Weighed
     input.maxWorld === undefined
       ? asked.stages
       : Math.max(1, Math.min(asked.stages, Math.floor(live.length / members)));
-  const { tokens, textTokens } = weighed.work;
+  const { tokens, textTokens, passes } = weighed.work;
+  // PipeFusion's stages keep every token's keys and values [2, S, D] in float32 per block, for each pass they run
+  const fusing = pipeFusionAsked(ctx, asked, { stages: count, degree, tokens });
+  const keysValuesBytesPerBlock = fusing ? (cfgGroups === 2 ? 1 : passes) * 2 * tokens * ctx.config.dim * 4 : 0;
   const stages = placeStages(
     ctx.config,
-    { stages: count, degree, tokens, textTokens, weightType: asked.weightType, cfgGroups },
+    { stages: count, degree, tokens, textTokens, weightType: asked.weightType, cfgGroups, keysValuesBytesPerBlock },
     live.map((w) => ({
       id: w.id,
       memoryGiB: w.info.memoryGiB,

@@ -16,7 +16,12 @@ export interface StagedModel {
   firstBytes: number;
   /** what the last stage holds beside its blocks: the output head */
   lastBytes: number;
+  /** what a rank keeps beside each block's weights while it computes: PipeFusion's keys and values, else 0 */
+  blockReserveBytes: number;
 }
+
+/** The bytes a rank needs for each block it holds: its weights, and what it keeps for it while it computes. */
+const perBlockBytes = (model: StagedModel): number => model.blockBytes + model.blockReserveBytes;
 
 /** A group that holds one stage: its members all hold the stage's blocks. */
 export interface StageGroup {
@@ -54,7 +59,7 @@ export function cutStages(model: StagedModel, groups: readonly StageGroup[]): St
       0,
       Math.floor(
         (g.memoryBytes - g.reserveBytes - (i === 0 ? model.firstBytes : 0) - (i === n - 1 ? model.lastBytes : 0)) /
-          model.blockBytes,
+          perBlockBytes(model),
       ),
     );
   const capacity = groups.map((g, i) => room(g, i, groups.length));
@@ -94,13 +99,14 @@ export function cutStages(model: StagedModel, groups: readonly StageGroup[]): St
 
 /** What is missing for `blocksShort` more blocks, in words a user can act on. */
 function missingWords(model: StagedModel, groups: readonly StageGroup[], blocksShort: number): string {
-  const total = model.numLayers * model.blockBytes + model.firstBytes + model.lastBytes;
+  const total = model.numLayers * perBlockBytes(model) + model.firstBytes + model.lastBytes;
   const pooled = groups.reduce((n, g) => n + Math.max(0, g.memoryBytes - g.reserveBytes), 0);
-  const missing = blocksShort * model.blockBytes;
+  const missing = blocksShort * perBlockBytes(model);
   // one more worker holds the missing blocks beside what any member needs to compute
   const reserve = Math.max(...groups.map((g) => g.reserveBytes));
+  const what = model.blockReserveBytes ? "of weights and PipeFusion's keys and values" : 'of weights';
   return (
-    `the model needs ${formatBytes(total)} of weights and these ${groups.length} stage group(s) can hold ` +
+    `the model needs ${formatBytes(total)} ${what} and these ${groups.length} stage group(s) can hold ` +
     `${formatBytes(Math.min(pooled, total - missing))}: it needs ${formatBytes(missing)} more, ` +
     `one more worker with ${formatBytes(missing + reserve)} for the model`
   );
@@ -122,6 +128,7 @@ export function stagedModel(model: ModelShape, weightType: WeightType = 'float32
     blockBytes: params.block * bytesPerWeight,
     firstBytes: params.embedders * bytesPerWeight,
     lastBytes: params.head * bytesPerWeight,
+    blockReserveBytes: 0,
   };
 }
 
@@ -168,6 +175,7 @@ export function placeStages(
     textTokens,
     weightType,
     cfgGroups = 1,
+    keysValuesBytesPerBlock = 0,
   }: {
     stages: number;
     degree: number;
@@ -175,6 +183,8 @@ export function placeStages(
     textTokens: number;
     weightType?: WeightType;
     cfgGroups?: 1 | 2;
+    /** PipeFusion: every token's keys and values a rank keeps per block it holds (rank/pipefusion.ts) */
+    keysValuesBytesPerBlock?: number;
   },
   workers: readonly StageWorker[],
 ): PipelineStage[] {
@@ -208,7 +218,7 @@ export function placeStages(
   const measured = hosts.every((w) => w.flops !== null && w.flops > 0);
   const groups = Array.from({ length: stages }, (_, s) => hosts.slice(s * members, (s + 1) * members));
   const plan = cutStages(
-    stagedModel(model, weightType),
+    { ...stagedModel(model, weightType), blockReserveBytes: keysValuesBytesPerBlock },
     groups.map((members) => ({
       workers: members.map((w) => w.id),
       memoryBytes: Math.min(...members.map(memoryBudget)),

@@ -15,7 +15,13 @@ import { MAX_MESSAGE_FLOATS } from '../../core/worker-api.ts';
 
 const GB = 1e9;
 /** Wan2.1-T2V-14B in bfloat16: 40 blocks of 351 M parameters, 233 M in the embedders and 82 k in the head. */
-const WAN_14B_BF16: StagedModel = { numLayers: 40, blockBytes: 702.5e6, firstBytes: 466e6, lastBytes: 0.17e6 };
+const WAN_14B_BF16: StagedModel = {
+  numLayers: 40,
+  blockBytes: 702.5e6,
+  firstBytes: 466e6,
+  lastBytes: 0.17e6,
+  blockReserveBytes: 0,
+};
 
 const group = (id: string, memoryGB: number, speed = 1, reserveGB = 1): StageGroup => ({
   workers: [id],
@@ -54,7 +60,7 @@ describe('cutting the blocks into pipeline stages', () => {
   });
 
   it('every stage asked for holds a block, however slow its worker: two blocks over workers 10× apart make two stages', () => {
-    const two: StagedModel = { numLayers: 2, blockBytes: 1e6, firstBytes: 1e6, lastBytes: 1e5 };
+    const two: StagedModel = { numLayers: 2, blockBytes: 1e6, firstBytes: 1e6, lastBytes: 1e5, blockReserveBytes: 0 };
     const stages = stagesOf(cutStages(two, [group('fast', 1, 10, 0), group('slow', 1, 1, 0)]));
     expect(stages.map((s) => [s.workers[0], s.blocks])).toEqual([
       ['fast', [0, 1]],
@@ -95,7 +101,13 @@ describe('cutting the blocks into pipeline stages', () => {
 
   it("the output head counts against the last stage's memory, and no other's", () => {
     // a head of two blocks' bytes: the last worker, however fast, holds two blocks beside it, the first the rest
-    const headed: StagedModel = { numLayers: 5, blockBytes: GB, firstBytes: 0, lastBytes: 2 * GB };
+    const headed: StagedModel = {
+      numLayers: 5,
+      blockBytes: GB,
+      firstBytes: 0,
+      lastBytes: 2 * GB,
+      blockReserveBytes: 0,
+    };
     const stages = stagesOf(cutStages(headed, [group('first', 4, 1, 0), group('last', 4, 10, 0)]));
     expect(stages.map((s) => s.blocks)).toEqual([
       [0, 3],
@@ -104,15 +116,31 @@ describe('cutting the blocks into pipeline stages', () => {
     expect(stages.map((s) => s.heldBytes)).toEqual([3 * GB, 4 * GB]);
   });
 
+  it("what a rank keeps per block it holds (PipeFusion's keys and values) counts against its memory beside the weights, not in what it holds; refused, the missing bytes count it too", () => {
+    const kept: StagedModel = { numLayers: 4, blockBytes: GB, firstBytes: 0, lastBytes: 0, blockReserveBytes: GB };
+    // 6 GB each: three blocks of weights alone, but each block needs 2 GB with its keys and values
+    const stages = stagesOf(cutStages(kept, [group('a', 6, 1, 0), group('b', 6, 1, 0)]));
+    expect(sizes(stages)).toEqual([2, 2]);
+    expect(stages.map((s) => s.heldBytes)).toEqual([2 * GB, 2 * GB]);
+    expect(cutStages({ ...kept, blockReserveBytes: 0 }, [group('a', 3, 1, 0), group('b', 3, 1, 0)])).not.toHaveProperty(
+      'refused',
+    );
+    expect(cutStages(kept, [group('a', 3, 1, 0), group('b', 3, 1, 0)])).toEqual({
+      refused:
+        "the model needs 8.00 GB of weights and PipeFusion's keys and values and these 2 stage group(s) can hold " +
+        '4.00 GB: it needs 4.00 GB more, one more worker with 4.00 GB for the model',
+    });
+  });
+
   it('a swarm that holds the model exactly is placed, every worker full', () => {
-    const exact: StagedModel = { numLayers: 4, blockBytes: GB, firstBytes: GB, lastBytes: GB };
+    const exact: StagedModel = { numLayers: 4, blockBytes: GB, firstBytes: GB, lastBytes: GB, blockReserveBytes: 0 };
     const stages = stagesOf(cutStages(exact, [group('a', 3, 1, 0), group('b', 3, 1, 0)]));
     expect(sizes(stages)).toEqual([2, 2]);
     expect(stages.map((s) => s.heldBytes)).toEqual([3 * GB, 3 * GB]);
   });
 
   it('more groups than blocks: the fastest hold a block each, the rest take no part, and no block is past the model', () => {
-    const two: StagedModel = { numLayers: 2, blockBytes: GB, firstBytes: 0, lastBytes: 0 };
+    const two: StagedModel = { numLayers: 2, blockBytes: GB, firstBytes: 0, lastBytes: 0, blockReserveBytes: 0 };
     const stages = stagesOf(
       cutStages(two, [group('a', 10, 2, 0), group('slowest', 10, 1, 0), group('fastest', 10, 3, 0)]),
     );
@@ -123,7 +151,13 @@ describe('cutting the blocks into pipeline stages', () => {
   });
 
   it("a refusal counts the whole model, what the groups' free memory can hold of it, and the reserve a new worker needs", () => {
-    const model: StagedModel = { numLayers: 4, blockBytes: GB, firstBytes: 0.5 * GB, lastBytes: 0.25 * GB };
+    const model: StagedModel = {
+      numLayers: 4,
+      blockBytes: GB,
+      firstBytes: 0.5 * GB,
+      lastBytes: 0.25 * GB,
+      blockReserveBytes: 0,
+    };
     // the first holds one block beside the embedders; the second's memory is less than its reserve: it holds nothing
     const plan = cutStages(model, [group('a', 2, 1, 0.5), group('b', 0.5, 1, 1)]);
     expect(plan).toEqual({
@@ -158,6 +192,7 @@ describe("a model's bytes as stages hold them", () => {
       blockBytes: bytes.block,
       firstBytes: bytes.first,
       lastBytes: bytes.last,
+      blockReserveBytes: 0,
     });
     const whole = [...expectedWeightShapes(cfg).values()].reduce((n, shape) => n + 4 * sizeOf(shape), 0);
     expect(wholeModelBytes(model)).toBe(whole);

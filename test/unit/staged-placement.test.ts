@@ -283,6 +283,18 @@ describe('the stages of a placement', () => {
     expect(() => plan({ stages: 2, pipeFusionPatches: 2, parallel: 'displaced' }, workers(2))).toThrow(
       "PipeFusion's stages exchange nothing within them: ask parallel 'ulysses', not 'displaced'",
     );
+    // PipeFusion's stages keep every token's keys and values of each pass, per block: 151 MB a block at 480p, 81 frames
+    const long = { ...guided, frames: 81, height: 480, width: 832 };
+    const small = [worker('a', null, 0.25), worker('b', null, 0.25)];
+    const place = (request: PlacementRequest) =>
+      planPlacement(ctx, { params: long, request, workers: small, measurements: new Measurements() });
+    expect(place({ stages: 2 }).stages?.map((s) => s.blocks)).toEqual([
+      [0, 2],
+      [2, 4],
+    ]);
+    expect(() => place({ stages: 2, pipeFusionPatches: 3 })).toThrow(
+      /^the job cannot be placed in 2 pipeline stages: the model needs 618\.\d+ MB of weights and PipeFusion's keys and values /,
+    );
     expect(() => plan({ stages: 2, pipeFusionPatches: 13 }, workers(2))).toThrow(
       `pipeFusionPatches 13 is more than this job can be cut into: at most 12 (the model's 12 heads, the job's `,
     );
