@@ -293,7 +293,7 @@ describe('the stages of a placement', () => {
       [2, 4],
     ]);
     expect(() => place({ stages: 2, pipeFusionPatches: 3 })).toThrow(
-      /^the job cannot be placed in 2 pipeline stages: the model needs 618\.\d+ MB of weights and PipeFusion's keys and values /,
+      /^the job cannot be placed in 2 pipeline stages: the model needs 618\.\d+ MB of weights and PipeFusion's keys /,
     );
     expect(() => plan({ stages: 2, pipeFusionPatches: 13 }, workers(2))).toThrow(
       `pipeFusionPatches 13 is more than this job can be cut into: at most 12 (the model's 12 heads, the job's `,
@@ -309,9 +309,8 @@ describe('the stages of a placement', () => {
     // two passes of half the blocks on each stage, the fill a quarter of one's: about 2.25 half forwards, not 3
     expect(fused.predictedStepMs / exact.predictedStepMs).toBeGreaterThan(0.65);
     expect(fused.predictedStepMs / exact.predictedStepMs).toBeLessThan(1 / 1.1);
-    expect(fused.by).toMatch(
-      /^the cost model: 2 pipeline stages of 1 worker, PipeFusion's 4 patches pipelined, .*; PipeFusion in 4 patches: predicted \S+ ms a step, exact \S+ ms$/,
-    );
+    expect(fused.by).toMatch(/^the cost model: 2 pipeline stages of 1 worker, PipeFusion's 4 patches pipelined, /);
+    expect(fused.by).toMatch(/; PipeFusion in 4 patches: predicted \S+ ms a step, exact \S+ ms$/);
     // asked a number, the prediction is PipeFusion's too
     expect(plan({ stages: 2, pipeFusionPatches: 4 }, measured).prediction?.predictedStepMs).toBe(fused.predictedStepMs);
     // nothing measured to predict from: exact
