@@ -65,6 +65,37 @@ test.describe('a lost worker costs one step, not the job', () => {
   }
 });
 
+test("a tab holding a pipeline stage, closed mid-job, costs that stage's re-placement on the tab left over, and the job keeps the uninterrupted latent (issue 35)", async ({
+  browser,
+  baseURL,
+}) => {
+  test.setTimeout(360_000);
+  // two stages of one tab each, and a third tab to take a lost stage over
+  const staged = { ...job, workers: 1, stages: 2 } satisfies JobOverrides;
+  const counted = await swarmClosingOn(browser, baseURL, 3, 'executeModel', Infinity);
+  const uninterrupted = await runJob(counted.dashboard, staged);
+  const middle = Math.ceil(counted.requests() / 2);
+  await counted.close();
+  const swarm = await swarmClosingOn(browser, baseURL, 3, 'executeModel', middle);
+  try {
+    const run = await runJob(swarm.dashboard, staged);
+    const lost = defined(swarm.closed.id, 'a stage tab closed mid-job');
+    const [failure] = run.report.failures;
+    expect(failure).toMatchObject({ phase: 'denoising', degreeBefore: 2, degreeAfter: 2 });
+    expect(failure.lost.map((l) => l.worker)).toEqual([lost]);
+    const stages = run.report.placement.stages ?? [];
+    expect(stages.map((s) => s.blocks)).toEqual(uninterrupted.report.placement.stages?.map((s) => s.blocks));
+    expect(stages.flatMap((s) => s.workers)).not.toContain(lost);
+    const diff = maxAbsDiff(run.latent, uninterrupted.latent);
+    console.log(
+      `staged: lost ${lost} at step ${failure.step}, re-placed on ${stages.map((s) => s.workers).join(' / ')}; max-abs ${diff}`,
+    );
+    expect(diff).toBe(0);
+  } finally {
+    await swarm.close();
+  }
+});
+
 test('a dashboard reloaded mid-job finishes the job after the reload, and its video stays playable', async ({
   browser,
   baseURL,
