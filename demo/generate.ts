@@ -16,6 +16,7 @@ import { onnxStages } from '../rank/onnx-stages.ts';
 import { serialStages, type StageRunner } from '../rank/stages.ts';
 import { forwardInProcess, type Exchange } from '../rank/ulysses.ts';
 import { displacedAttention, KeysValuesHistory } from '../rank/displaced.ts';
+import { forwardInPatches, PatchKeysValues } from '../rank/pipefusion.ts';
 import { attendsStale, type UlyssesPlan } from '../core/parallel.ts';
 import type { DType } from '../core/net/protocol.ts';
 import { cacheSchedule } from '../core/step-cache.ts';
@@ -47,6 +48,8 @@ export type SampleParams = Pick<
   ranks?: number;
   /** displaced mode (rank/displaced.ts) past this many exact steps, as the executor runs it; Ulysses without it */
   displaced?: { warmupSteps: number };
+  /** PipeFusion's patches (rank/pipefusion.ts) past this many exact steps, as pipeline stages run them; one rank */
+  pipeFusion?: { patches: number; warmupSteps: number };
   /** how activations go between the ranks */
   dtype?: DType;
   /** a step cache, as the coordinator schedules it (core/step-cache.ts); every forward computed without it */
@@ -59,6 +62,9 @@ export async function sampleVideo(m: LoadedModel, p: SampleParams): Promise<{ la
   const texts = [textEncoder.encode(p.prompt), textEncoder.encode(p.negativePrompt)];
   const ranks = p.ranks ?? 1;
   const histories = Array.from({ length: ranks }, () => new KeysValuesHistory());
+  if (p.pipeFusion && (ranks !== 1 || p.displaced || p.cache))
+    throw new Error('PipeFusion samples on one rank, without displaced mode or a step cache, as its stages run');
+  const patchKeysValues = new PatchKeysValues();
   const passes = usesGuidance(p) ? 2 : 1;
   const schedule = p.cache && cacheSchedule(p.cache.curve, p.cache.settings, p.steps, passes);
   const kept = [new Map<number, Float32Array>(), new Map<number, Float32Array>()]; // per pass, per rank
@@ -83,6 +89,13 @@ export async function sampleVideo(m: LoadedModel, p: SampleParams): Promise<{ la
       const attendOf = (pass: number, isStale: boolean) => (exchange: Exchange, plan: UlyssesPlan) =>
         displacedAttention(cfg, plan, m.stages, exchange, histories[exchange.rank], { step, pass, stale: isStale });
       const forward = (pass: number) => {
+        if (p.pipeFusion) {
+          const { patches, warmupSteps } = p.pipeFusion;
+          const count = attendsStale('pipefusion', warmupSteps, step, lastRan.get(pass)) ? patches : 1;
+          lastRan.set(pass, step);
+          const tag = { job: 0, step, pass };
+          return forwardInPatches(cfg, m.stages, { latent, timestep, text: texts[pass], tag }, count, patchKeysValues);
+        }
         const isStale = stale(pass);
         if (schedule?.[step][pass] !== 'reuse') lastRan.set(pass, step);
         return forwardInProcess(

@@ -6,9 +6,11 @@
 // after it as of the step before (activations change little between neighbouring steps, as displaced mode
 // relies on too). A forward of the whole sequence as one patch is exact, and fills them.
 import type { WanConfig } from '../core/model/config.ts';
-import { tokenStart, type UlyssesPlan } from '../core/parallel.ts';
+import { tokenGrid } from '../core/model/tokens.ts';
+import { gatherLatent, planUlysses, scatterLatent, tokenStart, type UlyssesPlan } from '../core/parallel.ts';
+import type { Tensor } from '../core/tensor.ts';
 import type { StageRunner } from './stages.ts';
-import type { BlockAttention } from './ulysses.ts';
+import { forwardRank, placeOnly, type BlockAttention, type ForwardInput } from './ulysses.ts';
 
 /** Every token's keys and values per pass and block, as this rank last computed them, and the step it did. */
 export class PatchKeysValues {
@@ -58,4 +60,29 @@ export function pipeFusionAttention(
     held.set(at.pass, block, at.step, kv);
     return io.compute(stages.attention({ q, k: kv.subarray(0, S * D), v: kv.subarray(S * D) }, D));
   };
+}
+
+/**
+ * A whole forward in `count` PipeFusion patches in this process (demo/generate.ts): each patch in turn through every
+ * block, as stages pass it on (a stage's boundary moves the hidden state, it changes no number); one patch is exact.
+ */
+export async function forwardInPatches(
+  cfg: WanConfig,
+  stages: StageRunner,
+  { latent, timestep, text, tag }: { latent: Tensor; timestep: number; text: Float32Array; tag: ForwardInput['tag'] },
+  count: number,
+  held: PatchKeysValues,
+): Promise<Tensor> {
+  const grid = tokenGrid(cfg, latent.shape);
+  const plan = planUlysses(cfg, grid.count, count);
+  const patches = scatterLatent(cfg, plan, latent);
+  const rows: Float32Array[] = [];
+  for (let patch = 0; patch < count; patch++) {
+    const attend = pipeFusionAttention(cfg, plan, stages, held, { ...tag, patch });
+    const input = { patches: patches[patch], timestep, text, grid, tag };
+    rows.push(
+      await forwardRank(cfg, plan, stages, placeOnly(patch, count, 'a PipeFusion patch'), input, undefined, attend),
+    );
+  }
+  return gatherLatent(cfg, plan, rows, latent.shape);
 }

@@ -45,6 +45,7 @@ import {
   ExchangePhase,
   forwardStage,
   noStats,
+  placeOnly,
   type BlockAttention,
   type Exchange,
   type StageOutput,
@@ -827,15 +828,4 @@ function magnitudeRatio(now: Float32Array, before: Float32Array, width: number):
     sum += b > 0 ? Math.sqrt(a / b) : 1;
   }
   return { sum, tokens };
-}
-
-/** An exchange that only says whose tokens a forward computes, for a forward that sends nothing (`what`). */
-function placeOnly(rank: number, world: number, what: string): Exchange {
-  return {
-    rank,
-    world,
-    bytesSent: 0,
-    dtype: 'f32',
-    allToAll: () => Promise.reject(new Error(`${what} exchanges nothing`)),
-  };
 }

@@ -278,6 +278,17 @@ export type StageOutput = { rows: Float32Array } | { hidden: HiddenState };
  * The residual stream and the conditioning never leave the rank, so on a device runner they stay
  * device tensors; each is released once nothing reads it, and all are when the pass fails.
  */
+/** An exchange that only says whose tokens a forward computes, for a forward that sends nothing (`what`). */
+export function placeOnly(rank: number, world: number, what: string): Exchange {
+  return {
+    rank,
+    world,
+    bytesSent: 0,
+    dtype: 'f32',
+    allToAll: () => Promise.reject(new Error(`${what} exchanges nothing`)),
+  };
+}
+
 export async function forwardRank(
   cfg: WanConfig,
   plan: UlyssesPlan,

@@ -4,9 +4,11 @@
 // bench/out/demo-eval.json with colorAccuracy, directionAccuracy and every prompt's result.
 //
 //   npm run eval-demo [-- --model DIR --steps N --guidance X --seeds N --ranks P --set held-out|training
-//                        --displaced --warmup-steps N --dtype f32|f16|i8|i4 --cache auto|magcache --cache-threshold X]
+//                        --displaced --warmup-steps N --dtype f32|f16|i8|i4 --cache auto|magcache --cache-threshold X
+//                        --pipefusion M]
 // With --displaced the ranks run displaced patch parallelism (keys and values one step stale past
-// the warm-up, as the executor runs it) instead of Ulysses: its cost in accuracy (issue 20).
+// the warm-up, as the executor runs it) instead of Ulysses: its cost in accuracy (issue 20). With
+// --pipefusion M each step past the warm-up goes in M patches as PipeFusion's stages run them (issue 35).
 
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { cpus, totalmem } from 'node:os';
@@ -36,6 +38,7 @@ const { values } = parseArgs({
     dtype: { type: 'string', default: 'f32' },
     cache: { type: 'string' },
     'cache-threshold': { type: 'string' },
+    pipefusion: { type: 'string' },
   },
 });
 
@@ -54,6 +57,10 @@ const warmupSteps = Number(values['warmup-steps']);
 if (!(Number.isInteger(warmupSteps) && warmupSteps >= 0))
   throw new Error(`--warmup-steps is a whole number ≥ 0, got ${values['warmup-steps']}`);
 const displaced = values.displaced ? { warmupSteps } : undefined;
+const patches = values.pipefusion === undefined ? null : Number(values.pipefusion);
+if (patches !== null && !(Number.isInteger(patches) && patches >= 2))
+  throw new Error(`--pipefusion is a whole number ≥ 2 of patches, got ${values.pipefusion}`);
+const pipeFusion = patches === null ? undefined : { patches, warmupSteps };
 // the step cache as a job asking these flags is placed with on this folder
 const cache = placedStepCache(
   { stepCacheCurve: model.stepCacheCurve },
@@ -64,7 +71,7 @@ const { results, colorAccuracy, directionAccuracy, bothAccuracy } = await evalua
   model,
   combos,
   seeds,
-  { steps, guidance, ranks, displaced, dtype, ...(cache && { cache }) },
+  { steps, guidance, ranks, displaced, pipeFusion, dtype, ...(cache && { cache }) },
   ({ colourCorrect, directionCorrect, prompt, seed, detected: seen }) =>
     console.log(
       `${colourCorrect ? '✓' : '✗'}${directionCorrect ? '✓' : '✗'} ${prompt} (seed ${seed}) → ` +
@@ -92,7 +99,8 @@ const report = {
     flowShift: model.flowShift,
     ulyssesRanks: ranks,
     parallel: displaced ? 'displaced' : 'ulysses',
-    warmupSteps: displaced?.warmupSteps ?? null,
+    pipeFusionPatches: pipeFusion?.patches ?? null,
+    warmupSteps: (displaced ?? pipeFusion)?.warmupSteps ?? null,
     dtype,
     cache: cache && { ...cache.settings, curve: cache.curve?.source ?? null },
     stages: 'onnx wasm',
