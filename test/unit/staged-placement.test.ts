@@ -584,6 +584,24 @@ describe('the executor through pipeline stages', () => {
     await Promise.all([executor.shutdown({ graceMs: 500 }), single.shutdown({ graceMs: 500 })]);
   });
 
+  it("PipeFusion with CFG parallel: each group's stages take its pass's patches, and keep their keys and values apart", async () => {
+    const request = { stages: 2, cfgParallel: true, pipeFusionPatches: 2, warmupSteps: 1 };
+    const { executor } = await started(new RankLayout(1, 2, null, 2), request);
+    const { executor: unstaged } = await started(new RankLayout(1, 2), { cfgParallel: true, spotCheckRate: 0 });
+    const at = { job: 3, step: 0, timestep: 600, latent };
+    const exact = (await unstaged.velocity(at, 5)).velocity;
+    expect(maxAbsDiff((await executor.velocity(at, 5)).velocity, exact)).toBe(0);
+    executor.forwards.length = 0;
+    const fused = (await executor.velocity({ ...at, step: 1 }, 5)).velocity;
+    expect(maxAbsDiff(fused, exact) / Math.max(...exact.map(Math.abs))).toBeLessThan(1e-5);
+    const calls = executor.forwards.filter((f) => f.event === 'start').map((f) => [f.rank, f.pass, f.patch]);
+    expect(calls).toEqual(
+      expect.arrayContaining([0, 1, 2, 3].flatMap((rank) => [0, 1].map((patch) => [rank, rank < 2 ? 0 : 1, patch]))),
+    );
+    expect(calls).toHaveLength(8);
+    await Promise.all([executor.shutdown({ graceMs: 500 }), unstaged.shutdown({ graceMs: 500 })]);
+  });
+
   it("a stage's rank asked for a patch without every token's keys and values of the step before refuses it, saying why", async () => {
     const { executor } = await started(new RankLayout(1, 1, null, 2), { stages: 2, pipeFusionPatches: 3 });
     const [first] = executor.runtimes;
