@@ -335,12 +335,24 @@ describe('Ulysses degree rules (core/parallel)', () => {
     // a worker half as fast: 5/5/2 (its time 2·2 = 4 units, theirs 5), where largest remainders gave 5/4/3 (3·2 = 6)
     expect(proportionalShares(12, [2, 2, 1])).toEqual([5, 5, 2]);
     expect(() => proportionalShares(2, [1, 1, 1])).toThrow(/2 cannot be shared among 3 ranks/);
-    expect(() => proportionalShares(12, [1, Number.NaN])).toThrow(/positive weights/);
+    expect(() => proportionalShares(12, [1, Number.NaN])).toThrow('shares need positive weights, got 1, NaN');
+    for (const weights of [
+      [1, 0],
+      [2, -1],
+    ])
+      expect(() => proportionalShares(12, weights)).toThrow(`shares need positive weights, got ${weights.join(', ')}`);
     const plan = planUlysses(config, 35, [6, 4, 2]);
     expect(plan.rows).toEqual([18, 12, 5]);
     expect(() => planUlysses(config, 35, [6, 4, 1])).toThrow(
-      /not whole shares of at least one summing to the model's 12 heads/,
+      "head shares 6/4/1 are not whole shares of at least one summing to the model's 12 heads",
     );
+    // each share whole and at least one, not only their sum
+    for (const shares of [
+      [13, -1],
+      [12, 0],
+      [6.5, 5.5],
+    ])
+      expect(() => planUlysses(config, 35, shares)).toThrow(`head shares ${shares.join('/')} are not whole shares`);
     expect(() => planUlysses(config, 2, 3)).toThrow(/2 tokens cannot be shared among 3 ranks/);
   });
 });
