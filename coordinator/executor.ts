@@ -192,6 +192,16 @@ interface StageRun {
 /** The values of one token's row of a forward's output: pt·ph·pw·C. */
 const rowWidthOf = (config: WanConfig): number => config.outChannels * config.patchSize.reduce((a, b) => a * b, 1);
 
+/** One rank's work over two forwards (a step's passes, PipeFusion's patches): times and bytes summed, peaks' max. */
+const summedReports = (a: RankReport, b: RankReport): RankReport => ({
+  ...a,
+  computeMs: a.computeMs + b.computeMs,
+  commMs: a.commMs + b.commMs,
+  overlapMs: a.overlapMs + b.overlapMs,
+  bytesSent: a.bytesSent + b.bytesSent,
+  peakMemoryBytes: maxOrNull(a.peakMemoryBytes, b.peakMemoryBytes),
+});
+
 /** The hidden states a stage's ranks were handed, as one of every token: x in token order, the rest as rank 0's. */
 function wholeHiddenState(parts: HiddenState[]): HiddenState {
   return { ...parts[0], x: concat(parts.map((p) => p.x)) };
@@ -580,20 +590,8 @@ export abstract class Executor {
     const reports = new Map<number, RankReport>();
     for (const { rank, result } of patchRuns.flat()) {
       const r = this.rankReport(rank, result);
-      const sum = reports.get(rank);
-      reports.set(
-        rank,
-        sum
-          ? {
-              ...sum,
-              computeMs: sum.computeMs + r.computeMs,
-              commMs: sum.commMs + r.commMs,
-              overlapMs: sum.overlapMs + r.overlapMs,
-              bytesSent: sum.bytesSent + r.bytesSent,
-              peakMemoryBytes: Math.max(sum.peakMemoryBytes ?? 0, r.peakMemoryBytes ?? 0) || sum.peakMemoryBytes,
-            }
-          : r,
-      );
+      const before = reports.get(rank);
+      reports.set(rank, before ? summedReports(before, r) : r);
     }
     return {
       output: gatherLatent(
@@ -928,14 +926,7 @@ export abstract class Executor {
             await this.executeModel({ ...at, pass: 0, cache: modes?.[0] }, memory),
             await this.executeModel({ ...at, pass: 1, cache: modes?.[1] }, memory),
           ];
-    const ranks = cond.ranks.map((r, i) => ({
-      ...r,
-      computeMs: r.computeMs + uncond.ranks[i].computeMs,
-      commMs: r.commMs + uncond.ranks[i].commMs,
-      overlapMs: r.overlapMs + uncond.ranks[i].overlapMs,
-      bytesSent: r.bytesSent + uncond.ranks[i].bytesSent,
-      peakMemoryBytes: maxOrNull(r.peakMemoryBytes, uncond.ranks[i].peakMemoryBytes),
-    }));
+    const ranks = cond.ranks.map((r, i) => summedReports(r, uncond.ranks[i]));
     return { velocity: guide(cond.output.data, uncond.output.data, guidance), ranks };
   }
 
