@@ -215,8 +215,7 @@ export class WorkerRuntime implements WorkerApi {
     this.ledger = null;
     this.texts = [];
     this.plan = null;
-    this.keysValues.clear();
-    this.patchKeysValues.clear();
+    this.forgetKeysValues();
     this.residuals.clear();
     this.setState('idle', 'released by the coordinator');
     queueMicrotask(() => this.hooks.onShutdown?.());
@@ -230,8 +229,7 @@ export class WorkerRuntime implements WorkerApi {
     if (init.heads && init.heads.length !== world)
       throw new Error(`initWorker needs a head share for each of ${world} ranks, got ${init.heads.length}`);
     this.init = init;
-    this.keysValues.clear();
-    this.patchKeysValues.clear();
+    this.forgetKeysValues();
     const exchange = await this.hooks.connectMesh(init);
     this.ledger = new ExchangeLedger(rank, init.signing);
     exchange.keepEvidence?.(this.ledger);
@@ -439,8 +437,7 @@ export class WorkerRuntime implements WorkerApi {
     this.plan = planUlysses(cfg, tokenGrid(cfg, latentShape).count, heads ?? exchange.world, headGroups);
     this.job = job;
     this.texts = texts;
-    this.keysValues.clear();
-    this.patchKeysValues.clear();
+    this.forgetKeysValues();
     this.residuals.clear();
     if (exchangeTimeoutMs !== undefined) exchange.waitAtMost?.(exchangeTimeoutMs);
     // a guided step's two passes run at once, each a phase or two ahead (a phase: one tensor per
@@ -703,6 +700,12 @@ export class WorkerRuntime implements WorkerApi {
    * stage before's hidden state of its `rows` tokens (`whose`: the rank's, or every token), each part of it judged
    * before anything is computed from it.
    */
+  /** Every key and value held from forwards before (displaced mode's, PipeFusion's): a new job or mesh has none. */
+  private forgetKeysValues(): void {
+    this.keysValues.clear();
+    this.patchKeysValues.clear();
+  }
+
   /** The plan of PipeFusion's patches, whose rank `patch.index` a forward computes: for a stage of one rank alone. */
   private patchPlan(
     pass: ReturnType<WorkerRuntime['preparedPass']>,
