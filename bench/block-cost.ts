@@ -4,14 +4,16 @@
 // against the published 512-row text. The same process measures the probe rates the planner
 // plans with, so the report gives the cost model's prediction beside the measurement, and the
 // measured block scaled by FLOPs to 480p × 81 frames (32,760 tokens) on this machine. The same block with its
-// weights held as float16 (weightType, widened in the graph) beside it: its time and its output's deviation.
+// weights held as float16 and as int8 (weightType, widened in the graph) beside it: its bytes, its time and its
+// output's deviation.
 // Writes bench/out/block-cost.json, which the projection (bench/projection.ts) reads.
 //
 //   npm run bench -- block-cost [--model DIR] [--tokens 1560] [--runs 3]
 
 import { parseArgs } from 'node:util';
 import * as ort from 'onnxruntime-web';
-import { forwardFlops } from '../core/cost-model.ts';
+import { forwardFlops, modelWeights, storedWeightBytes } from '../core/cost-model.ts';
+import type { WeightType } from '../core/worker-api.ts';
 import { openCheckpoint } from '../core/model/checkpoint.ts';
 import { parseWanConfig } from '../core/model/config.ts';
 import { readJson } from '../core/model/files.ts';
@@ -91,7 +93,11 @@ export async function runBlockCost(o: BlockCostOptions) {
     );
   }
   const measuredMs = median(samples.map((s) => s.preMs + s.attentionMs + s.postMs));
-  const halved = await halfWeightsBlock(model, measuredMs, o.runs, { x, tproj, cos, sin, context });
+  const input = { x, tproj, cos, sin, context };
+  const [halved, int8] = [
+    await storedWeightsBlock(model, 'float16', measuredMs, o.runs, input),
+    await storedWeightsBlock(model, 'int8', measuredMs, o.runs, input),
+  ];
 
   const probe = await probeThroughput('wasm');
   const blockFlops = (tokens: number) => forwardFlops(config, tokens, TEXT_TOKENS, 1).block.total;
@@ -132,6 +138,8 @@ export async function runBlockCost(o: BlockCostOptions) {
     },
     /** the block with its weights held as float16: their bytes, its time, its output's deviation from float32's */
     float16Weights: halved,
+    /** the same with int8 weights (a scale per output channel) */
+    int8Weights: int8,
     /** the cost model's block time from the probe rates, and measured / predicted */
     predicted: { blockMs: round(predictedMs, 1), measuredOverPredicted: round(measuredMs / predictedMs, 3) },
     /**
@@ -145,11 +153,12 @@ export async function runBlockCost(o: BlockCostOptions) {
 export type BlockCostReport = Awaited<ReturnType<typeof runBlockCost>>;
 
 /**
- * The block on runners holding its weights as float32 and as float16: the float16 one timed over `runs` (after a
+ * The block on runners holding its weights as float32 and as `weightType`: the latter timed over `runs` (after a
  * warm-up) against `float32Ms`, and its output (the block's whole chain) against float32's, relative to its scale.
  */
-async function halfWeightsBlock(
+async function storedWeightsBlock(
   model: WanModel,
+  weightType: WeightType,
   float32Ms: number,
   runs: number,
   input: { x: Float32Array; tproj: Float32Array; cos: Float32Array; sin: Float32Array; context: Float32Array },
@@ -162,29 +171,25 @@ async function halfWeightsBlock(
     const out = (await stages.postAttention(0, input.x, o, input.tproj, input.context)) as Float32Array;
     return { ms: performance.now() - started, out };
   };
-  const [float32, float16] = [
-    await onnxStages(model, 'wasm'),
-    await onnxStages(model, 'wasm', { weightType: 'float16' }),
-  ];
+  const [float32, stored] = [await onnxStages(model, 'wasm'), await onnxStages(model, 'wasm', { weightType })];
   const exact = (await block(float32)).out;
   const times: number[] = [];
   let out = exact;
   for (let run = 0; run <= runs; run++) {
-    const r = await block(float16);
+    const r = await block(stored);
     if (run > 0) times.push(r.ms);
     out = r.out;
   }
-  await Promise.all([float32.dispose(), float16.dispose()]);
-  const blockBytes = [...model.weights]
-    .filter(([name]) => name.startsWith('blocks.'))
-    .reduce((n, [, t]) => n + t.data.byteLength, 0);
+  await Promise.all([float32.dispose(), stored.dispose()]);
+  const blockBytes = (type: WeightType) => storedWeightBytes(modelWeights(model.config).block, type);
   const scale = exact.reduce((m, v) => Math.max(m, Math.abs(v)), 0);
   const blockMs = median(times);
   const deviation = maxAbsDiff(out, exact) / scale;
-  log(`block-cost: float16 weights ${blockMs.toFixed(0)} ms a block, ${deviation.toExponential(2)} of float32's scale`);
+  const off = `${deviation.toExponential(2)} of float32's scale`;
+  log(`block-cost: ${weightType} weights ${blockMs.toFixed(0)} ms a block, ${off}`);
   return {
-    blockBytes: blockBytes / 2,
-    float32BlockBytes: blockBytes,
+    blockBytes: blockBytes(weightType),
+    float32BlockBytes: blockBytes('float32'),
     blockMs: round(blockMs, 1),
     overFloat32: round(blockMs / float32Ms, 3),
     /** max-abs of the block's output from float32's, over its largest value */

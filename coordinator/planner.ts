@@ -233,7 +233,7 @@ export function checkRequest(request: PlacementRequest): Asked {
     );
   if (weightType !== undefined && !WEIGHT_TYPES.includes(weightType))
     throw new Error(
-      `weightType is how ranks hold the model's weights: ${WEIGHT_TYPES.join(' or ')} ` +
+      `weightType is how ranks hold the model's weights: ${WEIGHT_TYPES.join(', ')} ` +
         `(unset: as each EP does), got ${JSON.stringify(weightType)}`,
     );
   return {

@@ -4,7 +4,7 @@
 // slow as its slowest stage, so blocks go where they finish soonest, never past what a group can
 // hold; the embedders ride with the first stage and the output head with the last. A swarm that
 // cannot hold the model is refused before any weight moves, saying how much is missing.
-import { modelParams, type ModelShape } from '../core/cost-model.ts';
+import { modelWeights, storedWeightBytes, type ModelShape } from '../core/cost-model.ts';
 import { formatBytes, MAX_MESSAGE_FLOATS, type WeightType } from '../core/worker-api.ts';
 
 /** What cutting needs to know of a model, in the bytes a rank holds it in. */
@@ -121,13 +121,12 @@ export const wholeModelBytes = (model: StagedModel): number =>
  * loader widens every checkpoint, and only a WebGPU adapter with shader-f16 halves them unasked).
  */
 export function stagedModel(model: ModelShape, weightType: WeightType = 'float32'): StagedModel {
-  const params = modelParams(model);
-  const bytesPerWeight = weightType === 'float16' ? 2 : 4;
+  const weights = modelWeights(model);
   return {
     numLayers: model.numLayers,
-    blockBytes: params.block * bytesPerWeight,
-    firstBytes: params.embedders * bytesPerWeight,
-    lastBytes: params.head * bytesPerWeight,
+    blockBytes: storedWeightBytes(weights.block, weightType),
+    firstBytes: storedWeightBytes(weights.embedders, weightType),
+    lastBytes: storedWeightBytes(weights.head, weightType),
     blockReserveBytes: 0,
   };
 }

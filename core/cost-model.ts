@@ -3,7 +3,7 @@
 // sends its all-to-all bytes over the measured link. The planner ranks plans by this prediction.
 
 import type { WanConfig } from './model/config.ts';
-import type { ComputeProbe, ExecutionProvider, MeshProbe } from './worker-api.ts';
+import type { ComputeProbe, ExecutionProvider, MeshProbe, WeightType } from './worker-api.ts';
 import {
   checkDegree,
   displacedFloatsPerBlock,
@@ -487,22 +487,51 @@ export function fastestEp(
 
 // --- pooled memory: pipeline stages -------------------------------------------------------------
 
-/** Parameters of the transformer's parts: one block, the embedders (first stage) and the head (last stage). */
-export function modelParams(model: ModelShape): { block: number; embedders: number; head: number } {
+/** A part's weights: its linear layers' matrices (elements, output rows), and the rest (biases, norms, tables). */
+export interface PartWeights {
+  matrices: number;
+  matrixRows: number;
+  rest: number;
+}
+
+/** The weights of the transformer's parts: one block, the embedders (first stage) and the head (last stage). */
+export function modelWeights(model: ModelShape): { block: PartWeights; embedders: PartWeights; head: PartWeights } {
   const { dim: D, ffnDim, inChannels, outChannels, textDim, freqDim } = model;
   const patch = patchVolume(model);
-  const linear = (inDim: number, outDim: number) => inDim * outDim + outDim;
+  /** linear layers [inDim → outDim], each with its bias, and `rest` more weights */
+  const part = (linears: [number, number][], rest = 0): PartWeights => ({
+    matrices: linears.reduce((n, [inDim, outDim]) => n + inDim * outDim, 0),
+    matrixRows: linears.reduce((n, [, outDim]) => n + outDim, 0),
+    rest: linears.reduce((n, [, outDim]) => n + outDim, rest),
+  });
   // self and cross attention's q, k, v, out with their two RMSNorms each; the cross-attention norm; FFN; table
-  const block = 8 * linear(D, D) + 4 * D + 2 * D + linear(D, ffnDim) + linear(ffnDim, D) + 6 * D;
-  const embedders =
-    linear(inChannels * patch, D) +
-    linear(freqDim, D) +
-    linear(D, D) +
-    linear(D, 6 * D) +
-    linear(textDim, D) +
-    linear(D, D);
-  const head = 2 * D + linear(D, outChannels * patch);
+  const block = part([...Array<[number, number]>(8).fill([D, D]), [D, ffnDim], [ffnDim, D]], 4 * D + 2 * D + 6 * D);
+  const embedders = part([
+    [inChannels * patch, D],
+    [freqDim, D],
+    [D, D],
+    [D, 6 * D],
+    [textDim, D],
+    [D, D],
+  ]);
+  const head = part([[D, outChannels * patch]], 2 * D);
   return { block, embedders, head };
+}
+
+/** Parameters of the transformer's parts: one block, the embedders (first stage) and the head (last stage). */
+export function modelParams(model: ModelShape): { block: number; embedders: number; head: number } {
+  const { block, embedders, head } = modelWeights(model);
+  const count = (p: PartWeights) => p.matrices + p.rest;
+  return { block: count(block), embedders: count(embedders), head: count(head) };
+}
+
+/**
+ * Bytes of a part's weights held as `weightType`: int8 keeps a byte per matrix weight and a float32 scale per matrix
+ * row, the rest as float32 (stage-graphs.ts's FedGraph stores them so).
+ */
+export function storedWeightBytes(p: PartWeights, weightType: WeightType): number {
+  if (weightType === 'int8') return p.matrices + 4 * p.matrixRows + 4 * p.rest;
+  return (p.matrices + p.rest) * (weightType === 'float16' ? 2 : 4);
 }
 
 export interface StagedPlan {

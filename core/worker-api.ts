@@ -79,8 +79,12 @@ export interface RankMesh {
 /** What a rank is told at initWorker: its place in the mesh and the placement's settings (placement.ts initArgsOf). */
 export type InitArgs = RankMesh & RankSettings;
 
-export const WEIGHT_TYPES = ['float32', 'float16'] as const;
-/** How weights fed to a graph as inputs are stored: float16 halves their memory (computed in float32 all the same). */
+export const WEIGHT_TYPES = ['float32', 'float16', 'int8'] as const;
+/**
+ * How weights fed to a graph as inputs are stored, the math float32 all the same: float16 halves their memory; int8
+ * halves the linear layers' matrices again (an integer per weight, a float32 scale per output channel; the rest as
+ * float32), weight-only quantization (on WASM: rank/onnx-stages.ts heldWeightType).
+ */
 export type WeightType = (typeof WEIGHT_TYPES)[number];
 
 export interface LoadArgs {

@@ -4,7 +4,6 @@
 import * as ort from 'onnxruntime-web';
 import type { WanConfig } from '../core/model/config.ts';
 import { loadTransformer } from '../core/model/transformer.ts';
-import type { WanModel } from '../core/model/reference.ts';
 import { applyLoras, splitFileUrl, type LoraRef } from '../core/model/lora.ts';
 import type {
   ComputeProbe,
@@ -181,12 +180,10 @@ export function createEngine(threads = 1, report?: (move: EngineMove) => void): 
       });
       // from the weights while they are all on the CPU side (on WebGPU they leave it)
       const bounds = modelBounds(model);
-      const bytes = weightBytes(model);
       // the model was read for this runner alone: the blocks' weights it copies leave the model as it takes them
       const runner = await onnxStages(model, ep, { weightType, takesWeights: true });
       stages = runner;
-      const { maxBufferBytes, gpuWeightBytes } = runner;
-      const heldWeightBytes = runner.weightType === 'float16' ? bytes / 2 : bytes;
+      const { maxBufferBytes, gpuWeightBytes, heldWeightBytes } = runner;
       const info: EngineInfo = {
         ep,
         adapter,
@@ -227,11 +224,4 @@ export function createEngine(threads = 1, report?: (move: EngineMove) => void): 
   // moves are said from inside the queue: a call queued behind another has not started
   const reporting = report ? reportingMoves(engine, report) : engine;
   return forward(ENGINE_METHODS, (call) => serial(() => call(reporting)));
-}
-
-/** Bytes of a model's float32 weights, which a rank may hold as float16. */
-function weightBytes(model: WanModel): number {
-  let bytes = 0;
-  for (const t of model.weights.values()) bytes += t.data.byteLength;
-  return bytes;
 }

@@ -1,9 +1,10 @@
 // Weights as onnxruntime-web tensors fed to a session at every run: on WebGPU uploaded once into
-// GPU buffers (as float16 where asked: half the memory, widened in the graph), on WASM CPU data.
+// GPU buffers (as float16 or int8 where asked: less memory, widened in the graph), on WASM CPU data.
 // The transformer's blocks (onnx-stages.ts) and the VAE decoder (vae-decoder.ts) hold theirs here.
 import type { WeightType } from '../core/worker-api.ts';
 import * as ort from 'onnxruntime-web';
 import { toF16 } from '../core/net/protocol.ts';
+import { scaleInput, storedInt8 } from '../core/model/stage-graphs.ts';
 
 /** The parts of a WebGPU device the runners use (the DOM's WebGPU types are not in this build's lib). */
 export interface GpuDevice {
@@ -17,10 +18,14 @@ export interface GpuDevice {
 const GPU_BUFFER_USAGE = { COPY_SRC: 0x0004, COPY_DST: 0x0008, STORAGE: 0x0080 };
 
 export interface WeightTensors {
-  /** `data` as a tensor of `weightType` shaped `dims` */
+  /** `data` as a tensor of `weightType` (float32 or float16) shaped `dims` */
   tensor(data: Float32Array, dims: number[]): ort.Tensor;
+  /** the inputs a fed graph (FedGraph) takes weight `name` by, `data` stored as `type`: an int8 weight's scales too */
+  inputs(name: string, data: Float32Array, dims: number[], type: WeightType): [string, ort.Tensor][];
   /** bytes of GPU buffers made so far (0 on WASM) */
   readonly gpuBytes: number;
+  /** bytes of every tensor made so far, as stored */
+  readonly heldBytes: number;
   /** frees the GPU buffers */
   destroy(): void;
 }
@@ -29,27 +34,45 @@ export interface WeightTensors {
 export function weightTensors(device: GpuDevice | null, weightType: WeightType = 'float32'): WeightTensors {
   const buffers: { destroy(): void }[] = [];
   let gpuBytes = 0;
+  let heldBytes = 0;
+  const held = (
+    type: 'float32' | 'float16' | 'uint8',
+    values: Float32Array | Uint16Array | Uint8Array,
+    dims: number[],
+  ) => {
+    heldBytes += values.byteLength;
+    if (!device) return new ort.Tensor(type, values, dims);
+    // writeBuffer copies whole 4-byte words: an odd count of float16 values or of bytes goes padded
+    const size = Math.ceil(values.byteLength / 4) * 4;
+    const words =
+      size === values.byteLength ? new Uint8Array(values.buffer, values.byteOffset, size) : new Uint8Array(size);
+    if (words.buffer !== values.buffer) words.set(new Uint8Array(values.buffer, values.byteOffset, values.byteLength));
+    const buffer = device.createBuffer({
+      size,
+      usage: GPU_BUFFER_USAGE.STORAGE | GPU_BUFFER_USAGE.COPY_SRC | GPU_BUFFER_USAGE.COPY_DST,
+    });
+    device.queue.writeBuffer(buffer, 0, words.buffer, words.byteOffset, size);
+    buffers.push(buffer);
+    gpuBytes += size;
+    return ort.Tensor.fromGpuBuffer(buffer as never, { dataType: type, dims });
+  };
+  const float = (data: Float32Array, dims: number[], type: 'float32' | 'float16') =>
+    held(type, type === 'float16' ? toF16(data) : data, dims);
   return {
-    tensor(data, dims) {
-      const values = weightType === 'float16' ? toF16(data) : data;
-      if (!device) return new ort.Tensor(weightType, values, dims);
-      // writeBuffer copies whole 4-byte words: an odd count of float16 values goes padded
-      const size = Math.ceil(values.byteLength / 4) * 4;
-      const words =
-        size === values.byteLength ? new Uint8Array(values.buffer, values.byteOffset, size) : new Uint8Array(size);
-      if (words.buffer !== values.buffer)
-        words.set(new Uint8Array(values.buffer, values.byteOffset, values.byteLength));
-      const buffer = device.createBuffer({
-        size,
-        usage: GPU_BUFFER_USAGE.STORAGE | GPU_BUFFER_USAGE.COPY_SRC | GPU_BUFFER_USAGE.COPY_DST,
-      });
-      device.queue.writeBuffer(buffer, 0, words.buffer, words.byteOffset, size);
-      buffers.push(buffer);
-      gpuBytes += size;
-      return ort.Tensor.fromGpuBuffer(buffer as never, { dataType: weightType, dims });
+    tensor: (data, dims) => float(data, dims, weightType === 'float16' ? 'float16' : 'float32'),
+    inputs(name, data, dims, type) {
+      if (type !== 'int8') return [[name, float(data, dims, type)]];
+      const { bytes, scales } = storedInt8(data, dims[0]);
+      return [
+        [name, held('uint8', bytes, dims)],
+        [scaleInput(name), held('float32', scales, [dims[0]])],
+      ];
     },
     get gpuBytes() {
       return gpuBytes;
+    },
+    get heldBytes() {
+      return heldBytes;
     },
     destroy: () => buffers.forEach((buffer) => buffer.destroy()),
   };

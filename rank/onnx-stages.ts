@@ -44,23 +44,26 @@ function fedWeightTensors(
   device: GpuDevice | null,
   takesWeights: boolean,
 ) {
-  const weights = weightTensors(device, weightType);
-  // a copy (float16, or a GPU buffer) makes the model's float32 array garbage once taken from it: block by block, a
-  // load holds one block's weights twice for a moment, not the whole model twice
-  const copies = takesWeights && (weightType === 'float16' || device !== null);
+  const weights = weightTensors(device);
+  // a copy (float16 or int8, or a GPU buffer) makes the model's float32 array garbage once taken from it: block by
+  // block, a load holds one block's weights twice for a moment, not the whole model twice
+  const copies = takesWeights && (weightType !== 'float32' || device !== null);
   /** the graphs' inputs of block `block`'s weights (null: the embed's or head's), the keys taken dropped after */
   const feed = (fed: FedGraph[], block: number | null) => {
-    const taken = new Set<string>();
+    // a weight two graphs take (a block's modulation table) is held once
+    const taken = new Map<string, [string, ort.Tensor][]>();
     const inputs = fed.map((graph) =>
       Object.fromEntries(
-        graph.weights.map(({ name, dims }) => {
+        graph.weights.flatMap(({ name, dims, type }) => {
           const key = fedWeightKey(name, block);
-          taken.add(key);
-          return [name, weights.tensor(defined(m.weights.get(key), `weight ${key}`).data, dims)];
+          const made =
+            taken.get(key) ?? weights.inputs(name, defined(m.weights.get(key), `weight ${key}`).data, dims, type);
+          taken.set(key, made);
+          return made;
         }),
       ),
     );
-    if (copies) for (const key of taken) m.weights.delete(key);
+    if (copies) for (const key of taken.keys()) m.weights.delete(key);
     return inputs;
   };
   const [embed, head] = [graphs.embed, graphs.head].map((graph) => (graph ? feed([graph], null)[0] : null));
@@ -69,15 +72,25 @@ function fedWeightTensors(
     b >= range.from && b < range.to ? feed(graphs.blocks, b) : null,
   );
   const perGraph = graphs.blocks.map((_, g) => perBlock.map((inputs) => inputs?.[g] ?? null));
-  return { embed, head, perGraph, gpuBytes: weights.gpuBytes, destroy: () => weights.destroy() };
+  return {
+    embed,
+    head,
+    perGraph,
+    gpuBytes: weights.gpuBytes,
+    heldBytes: weights.heldBytes,
+    destroy: () => weights.destroy(),
+  };
 }
 
 /**
- * How a runner holds the model's weights: as asked, float16 halving them (the graphs widen them per call), where the
- * device can (WASM's CPU always; a WebGPU adapter with shader-f16); unasked, float16 where WebGPU can, else float32.
+ * How a runner holds the model's weights: as asked, float16 halving them where the device can (WASM's CPU always; a
+ * WebGPU adapter with shader-f16), int8 on WASM (the graphs widen them per call); unasked, float16 where WebGPU can,
+ * else float32. onnxruntime-web 1.30's WebGPU EP reads uint8 tensors wrong (DequantizeLinear gave NaN, a Cast from
+ * uint8 wrong values, on SwiftShader), so int8 asked of WebGPU holds what float16 asked would.
  */
 export function heldWeightType(asked: WeightType | undefined, device: GpuDevice | null): WeightType {
   const halves = !device || device.features.has('shader-f16');
+  if (asked === 'int8' && device) return halves ? 'float16' : 'float32';
   if (asked) return halves ? asked : 'float32';
   return device && halves ? 'float16' : 'float32';
 }
@@ -90,6 +103,8 @@ export type OnnxStages = Required<DeviceStageRunner> & {
   maxBufferBytes: number;
   weightType: WeightType;
   gpuWeightBytes: number;
+  /** the bytes its weights are held in, as stored */
+  heldWeightBytes: number;
   dispose(): Promise<void>;
 };
 
@@ -199,6 +214,7 @@ export async function onnxStages(
     maxBufferBytes,
     weightType,
     gpuWeightBytes: fed.gpuBytes,
+    heldWeightBytes: fed.heldBytes,
     async dispose() {
       fed.destroy();
       await Promise.all([embedSession, attention, headSession, pre, post].flatMap((s) => (s ? [s.release()] : [])));

@@ -4,8 +4,9 @@ const { onnx } = onnxProto;
 const FLOAT = onnx.TensorProto.DataType.FLOAT;
 const FLOAT16 = onnx.TensorProto.DataType.FLOAT16;
 const INT64 = onnx.TensorProto.DataType.INT64;
+const UINT8 = onnx.TensorProto.DataType.UINT8;
 
-const ELEMENT_TYPES = { float32: FLOAT, float16: FLOAT16, int64: INT64 };
+const ELEMENT_TYPES = { float32: FLOAT, float16: FLOAT16, int64: INT64, uint8: UINT8 };
 export const OPSET = 17;
 
 export type Dim = number | string; // a string is a symbolic dimension, e.g. the sequence length
@@ -32,6 +33,20 @@ export class OnnxGraph {
   /** A float16 value as float32. */
   widen(value: string): string {
     return this.op('Cast', [value], { to: FLOAT });
+  }
+
+  /**
+   * A [rows, …] matrix of bytes offset by 128 (an int8 as GPU buffers take it: they hold no int8) as float32, each row
+   * times its scale of `scales` [rows]: DequantizeLinear per axis 0, the zero points a constant.
+   */
+  dequantizeRows(value: string, scales: string, rows: number): string {
+    const zeroPoints = `zero_points_${rows}`;
+    if (!this.weightNames.has(zeroPoints)) {
+      this.weightNames.add(zeroPoints);
+      const rawData = new Uint8Array(rows).fill(128);
+      this.initializers.push({ name: zeroPoints, dims: [rows], dataType: UINT8, rawData });
+    }
+    return this.op('DequantizeLinear', [value, scales, zeroPoints], { axis: 0 });
   }
 
   output(value: string, name: string, dims: Dim[]): void {

@@ -11,7 +11,8 @@
 // pre and one post graph for every block, fed the running block's: a worker keeps the weights
 // outside onnxruntime's wasm heap, which holds 4 GB and the 1.3B model is 5.7 GB in fp32, and only
 // the running block's are in it. Those weight inputs may be float16 (half the memory; on WebGPU
-// where the device has shader-f16), widened to float32 in the graph: the math stays float32. The
+// where the device has shader-f16), widened to float32 in the graph: the math stays float32; or int8
+// (WeightType), the linear layers' matrices as bytes with a scale per output row, dequantized in the graph. The
 // embedders are fed so too (not baked in as initializers, which the session would hold as float32
 // and fold a widening of): at the 14B's width they are 0.46 B parameters.
 
@@ -21,6 +22,7 @@ import { OnnxGraph } from './onnx-builder.ts';
 import type { WeightType } from '../worker-api.ts';
 import type { WanModel } from './reference.ts';
 import { timestepFrequencyTable } from './ops.ts';
+import { quantize, QUANTIZED_LEVELS } from '../net/protocol.ts';
 
 export type StageName = 'embed' | 'pre' | 'attention' | 'post' | 'head';
 
@@ -32,9 +34,30 @@ const S = 'S';
  */
 export interface FedGraph {
   bytes: Uint8Array;
-  /** the input `name`, shaped `dims`, stored as `weightType` */
-  weights: { name: string; dims: number[] }[];
+  /**
+   * the input `name`, shaped `dims`, stored as `type`: the graph's `weightType`, but for int8 a linear layer's matrix
+   * alone is int8 (fed as storedInt8's bytes and scales, the latter as the input scaleInput(name)), the rest (biases,
+   * norms, tables: under 0.1 % of a block) float32
+   */
+  weights: { name: string; dims: number[]; type: WeightType }[];
   weightType: WeightType;
+}
+
+/** The input an int8 weight's scales, one per output row, are fed as. */
+export const scaleInput = (name: string): string => `${name}.scale`;
+
+/**
+ * A weight matrix of `rows` rows as an int8 graph input takes it: each row rounded to 255 levels of its largest |w|
+ * (its scale, w ≈ (byte − 128) × scale), the bytes offset by 128 (GPU buffers hold no int8).
+ */
+export function storedInt8(data: Float32Array, rows: number): { bytes: Uint8Array; scales: Float32Array } {
+  const scales = new Float32Array(rows);
+  const q = new Int8Array(data.length);
+  quantize(data, scales, q, QUANTIZED_LEVELS.i8, data.length / rows);
+  const bytes = new Uint8Array(q.buffer);
+  // two's complement plus 128 is the sign bit flipped
+  for (let i = 0; i < bytes.length; i++) bytes[i] ^= 0x80;
+  return { bytes, scales };
 }
 
 /** The model's weight a fed graph's input `name` takes, for block `block` where it is a block graph's. */
@@ -48,8 +71,8 @@ export const fedWeightKey = (name: string, block: number | null): string =>
 const templateBlock = (m: WanModel): number => m.blocks?.from ?? 0;
 
 class WanGraph extends OnnxGraph {
-  /** the weights the graph takes as inputs, by input name, and each one's value in float32 */
-  readonly weightInputs = new Map<string, { dims: number[]; value: string }>();
+  /** the weights the graph takes as inputs, by input name: each one's shape, how it is stored, its value in float32 */
+  readonly weightInputs = new Map<string, { dims: number[]; type: WeightType; value: string }>();
 
   /** fed its weights stored as `weightType`; `perBlock`: a block graph, which reads its template block's alone */
   constructor(
@@ -65,7 +88,8 @@ class WanGraph extends OnnxGraph {
     return this.m.config;
   }
 
-  param(name: string, dims?: number[]): string {
+  /** The weight `name` (shaped `dims` where given) as a float32 value; `matrix`: a linear layer's [out, in] weight. */
+  param(name: string, dims?: number[], matrix = false): string {
     const t = this.m.weights.get(name);
     if (!t) throw new Error(`weight ${name} is missing`);
     const block = this.perBlock ? fedWeightKey('', templateBlock(this.m)) : '';
@@ -73,8 +97,15 @@ class WanGraph extends OnnxGraph {
     const input = name.slice(block.length);
     let known = this.weightInputs.get(input);
     if (!known) {
-      this.input(input, dims ?? t.shape, this.weightType);
-      known = { dims: dims ?? t.shape, value: this.weightType === 'float16' ? this.widen(input) : input };
+      const shape = dims ?? t.shape;
+      const type = this.weightType === 'int8' && !matrix ? 'float32' : this.weightType;
+      const value =
+        type === 'int8'
+          ? this.dequantizeRows(this.input(input, shape, 'uint8'), this.input(scaleInput(input), [shape[0]]), shape[0])
+          : type === 'float16'
+            ? this.widen(this.input(input, shape, 'float16'))
+            : this.input(input, shape);
+      known = { dims: shape, type, value };
       this.weightInputs.set(input, known);
     }
     return known.value;
@@ -84,14 +115,14 @@ class WanGraph extends OnnxGraph {
   fedGraph(): FedGraph {
     return {
       bytes: this.toBytes(),
-      weights: [...this.weightInputs].map(([name, { dims }]) => ({ name, dims })),
+      weights: [...this.weightInputs].map(([name, { dims, type }]) => ({ name, dims, type })),
       weightType: this.weightType,
     };
   }
 
   /** x · Wᵀ + b with PyTorch's [out, in] weight, via Gemm(transB). */
   linear(x: string, name: string, dims?: number[]): string {
-    return this.op('Gemm', [x, this.param(`${name}.weight`, dims), this.param(`${name}.bias`)], { transB: 1 });
+    return this.op('Gemm', [x, this.param(`${name}.weight`, dims, true), this.param(`${name}.bias`)], { transB: 1 });
   }
 
   layerNorm(x: string, weight?: string, bias?: string): string {

@@ -653,18 +653,24 @@ function buildF16Table(): Float32Array {
 // ---------------------------------------------------------------- i8
 
 /**
- * Integers of at most `levels` either side of 0 with a float32 scale per I8_GROUP values
- * (s = max|x| / levels) into `scales` and `q`. |x| ≤ max rounds to at most `levels`; a NaN or
- * infinite value makes its scale NaN or infinite, which the receiver refuses.
+ * Integers of at most `levels` either side of 0 with a float32 scale per `group` values (s = max|x| / levels) into
+ * `scales` and `q`: the wire's groups of I8_GROUP, or a weight matrix's rows (int8 weights). |x| ≤ max rounds to at
+ * most `levels`; a NaN or infinite value makes its scale NaN or infinite, which the receiver refuses.
  */
-function quantize(src: Float32Array, scales: Float32Array, q: Int8Array, levels: number): void {
+export function quantize(
+  src: Float32Array,
+  scales: Float32Array,
+  q: Int8Array,
+  levels: number,
+  group = I8_GROUP,
+): void {
   for (let g = 0; g < scales.length; g++) {
-    const end = Math.min(src.length, (g + 1) * I8_GROUP);
+    const end = Math.min(src.length, (g + 1) * group);
     let max = 0;
-    for (let i = g * I8_GROUP; i < end; i++) max = Math.max(max, Math.abs(src[i]));
+    for (let i = g * group; i < end; i++) max = Math.max(max, Math.abs(src[i]));
     const scale = max / levels;
     scales[g] = scale;
-    for (let i = g * I8_GROUP; i < end; i++) q[i] = scale > 0 ? Math.round(src[i] / scale) : 0;
+    for (let i = g * group; i < end; i++) q[i] = scale > 0 ? Math.round(src[i] / scale) : 0;
   }
 }
 

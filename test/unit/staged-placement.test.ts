@@ -213,17 +213,18 @@ describe('the stages of a placement', () => {
     expect(plan({ stages: 2 }, workers(2)).weightType).toBeNull();
     expect(loadArgsOf(plan({ stages: 2 }, workers(2)), 0)).not.toHaveProperty('weightType');
     expect(() => plan({ weightType: 'bfloat16' as never }, workers(2))).toThrow(
-      `weightType is how ranks hold the model's weights: float32 or float16 (unset: as each EP does), got "bfloat16"`,
+      `weightType is how ranks hold the model's weights: float32, float16, int8 (unset: as each EP does), got "bfloat16"`,
     );
   });
 
-  it('a rank holds the blocks as asked where its device can halve them (WASM, WebGPU with shader-f16); unasked, float16 on such a WebGPU alone', () => {
+  it('a rank holds the blocks as asked where its device can halve them (WASM, WebGPU with shader-f16), int8 on WASM (WebGPU: as float16 asked); unasked, float16 on such a WebGPU alone', () => {
     const gpu = (f16: boolean) => ({ features: new Set(f16 ? ['shader-f16'] : []) }) as unknown as GpuDevice;
     const held = (asked: WeightType | undefined) =>
       [null, gpu(true), gpu(false)].map((device) => heldWeightType(asked, device));
     expect(held(undefined)).toEqual(['float32', 'float16', 'float32']);
     expect(held('float16')).toEqual(['float16', 'float16', 'float32']);
     expect(held('float32')).toEqual(['float32', 'float32', 'float32']);
+    expect(held('int8')).toEqual(['int8', 'float16', 'float32']);
   });
 
   it('a staged job the workers cannot hold, or that asks what staged placement does not do, is refused saying why', () => {

@@ -4,13 +4,14 @@ import { patchify, ropeTables, tokenGrid, unpatchify } from '../../core/model/to
 import { loadTransformer } from '../../core/model/transformer.ts';
 import { SeededRandom } from '../../core/random.ts';
 import { maxAbsDiff, type Tensor } from '../../core/tensor.ts';
-import { onnxStages } from '../../rank/onnx-stages.ts';
+import { onnxStages, type OnnxStages } from '../../rank/onnx-stages.ts';
 import { hostValues, referenceStages, type StageRunner } from '../../rank/stages.ts';
 import { tinyModelFiles } from './fixtures.ts';
+import { stagedModel, wholeModelBytes } from '../../coordinator/stage-plan.ts';
 
 /** The ONNX graphs against the TypeScript reference, stage by stage and whole. */
 let m: WanModel;
-let onnx: StageRunner;
+let onnx: OnnxStages;
 let ref: StageRunner;
 const random = new SeededRandom(7);
 const latent: Tensor = { shape: [16, 3, 8, 12], data: random.normals(16 * 3 * 8 * 12) }; // 72 tokens
@@ -24,8 +25,9 @@ beforeAll(async () => {
   text = random.normals(16 * m.config.textDim);
 });
 
-/** Each stage of `runner` against the reference's on the same inputs, within 1e-4. */
-async function expectStagesEqualReference(runner: StageRunner): Promise<void> {
+/** Each stage of `runner` against `expected`'s (the reference's unless given) on the same inputs, within 1e-4. */
+async function expectStagesEqualReference(runner: StageRunner, expected: StageRunner = ref): Promise<void> {
+  const ref = expected;
   const patches = patchify(m.config, latent).data;
   const [a, b] = [await runner.embed(patches, timestep, text), await ref.embed(patches, timestep, text)];
   for (const key of ['x', 'temb', 'tproj', 'context'] as const)
@@ -125,6 +127,45 @@ describe('ONNX stage graphs equal the TypeScript reference (max-abs ≤ 1e-4)', 
     const shared = ownCopy();
     await onnxStages(shared, 'wasm', { takesWeights: true });
     expect(names(shared)).toEqual(names(m));
+  });
+
+  it("with int8 weights, the runner computes what float32 computes on the weights as an independent reading stores them (each linear matrix's row rounded to 255 levels of its largest |w|, the rest float32), and holds the bytes the planner cuts stages by", async () => {
+    const int8 = await onnxStages(m, 'wasm', { weightType: 'int8' });
+    expect(int8.weightType).toBe('int8');
+    // the same model with its weights as int8 stores them, read back as float32
+    const stored = new Map(
+      [...m.weights].map(([name, t]) => {
+        const matrix = name.endsWith('.weight') && t.shape.length >= 2;
+        if (!matrix) return [name, t];
+        const rowLength = t.data.length / t.shape[0];
+        const data = new Float32Array(t.data.length);
+        for (let row = 0; row < t.shape[0]; row++) {
+          const values = t.data.subarray(row * rowLength, (row + 1) * rowLength);
+          const step = Math.max(...values.map(Math.abs)) / 127;
+          values.forEach((w, i) => (data[row * rowLength + i] = step && Math.round(w / step) * step));
+        }
+        return [name, { ...t, data }];
+      }),
+    );
+    const storedRef = referenceStages({ ...m, weights: stored });
+    await expectStagesEqualReference(int8, storedRef);
+    // and off float32 by the rounding: more than float16's, within 3e-2 of each output's scale
+    const patches = patchify(m.config, latent).data;
+    const [x8, x32] = await Promise.all(
+      [int8, ref].map(async (r) => hostValues((await r.embed(patches, timestep, text)).x)),
+    );
+    const scale = Math.max(...x32.map(Math.abs));
+    expect(maxAbsDiff(x8, x32) / scale).toBeLessThan(3e-2);
+    expect(maxAbsDiff(x8, x32) / scale).toBeGreaterThan(1e-3);
+
+    // every weight held once, as stored: the bytes the planner weighs a stage by
+    const half = await onnxStages(m, 'wasm', { weightType: 'float16' });
+    const float32Bytes = [...m.weights.values()].reduce((n, t) => n + t.data.byteLength, 0);
+    expect([onnx, half, int8].map((r) => r.heldWeightBytes)).toEqual(
+      (['float32', 'float16', 'int8'] as const).map((type) => wholeModelBytes(stagedModel(m.config, type))),
+    );
+    expect([onnx.heldWeightBytes, half.heldWeightBytes]).toEqual([float32Bytes, float32Bytes / 2]);
+    expect(int8.heldWeightBytes).toBeLessThan(0.3 * float32Bytes);
   });
 
   it('patchify and unpatchify follow diffusers (Conv3d order in, (pt, ph, pw, C) order out)', () => {
