@@ -844,6 +844,15 @@ function placeStaged(ctx: PlannerContext, input: PlanningInput, weighed: Weighed
       `worker ${id}`,
     );
   const placed = stages.map((stage) => ({ blocks: stage.blocks, workers: stage.workers.map(workerOf) }));
+  // the stages were cut for int8's bytes, which a WebGPU rank does not hold (rank/onnx-stages.ts heldWeightType)
+  const onWebGpu = placed
+    .flatMap((s) => s.workers)
+    .filter((w) => w.measurement && epOf(asked.ep, w.measurement) === 'webgpu');
+  if (asked.weightType === 'int8' && onWebGpu.length)
+    throw new Error(
+      `int8 weights are held on WASM alone, and ${onWebGpu.map((w) => w.id).join(', ')} would compute on WebGPU, ` +
+        "holding more than its stage was cut for: ask ep 'wasm', or weightType 'float16'",
+    );
   const possible = pipeFusionAsked(ctx, asked, { stages: stages.length, degree, tokens });
   const exact = predictStaged(ctx, input, weighed, placed, cfgGroups, null);
   const fused = possible && predictStaged(ctx, input, weighed, placed, cfgGroups, possible.patches);

@@ -96,8 +96,9 @@ export interface LoadArgs {
   /** LoRA adapters merged into the weights as they load, in order (core/model/lora.ts); none where absent */
   loras?: LoraRef[];
   /**
-   * how the blocks' weights are held: float16 halves them (widened per call); where absent, float16 on a WebGPU
-   * adapter with shader-f16 and float32 elsewhere. An adapter without shader-f16 holds float32 whatever is asked
+   * how the blocks' weights are held: float16 halves them (widened per call), int8 quarters the matrices (on WASM;
+   * WebGPU holds what float16 asked would); where absent, float16 on a WebGPU adapter with shader-f16 and float32
+   * elsewhere. An adapter without shader-f16 holds float32 whatever is asked (rank/onnx-stages.ts heldWeightType)
    */
   weightType?: WeightType;
 }
@@ -113,7 +114,7 @@ export interface LoadedModel {
   weights: WeightsSource;
   /** the largest tensor its stages make: a stage that would make a larger one runs in chunks (rank/chunks.ts) */
   maxBufferBytes: number;
-  /** how its blocks' weights are stored: float16 on WebGPU where the device has shader-f16 */
+  /** how its blocks' weights are stored (LoadArgs' weightType as its device can) */
   weightType: WeightType;
   /** GPU buffers it allocated for the weights (0 on WASM; the activations' are onnxruntime's and not counted) */
   gpuWeightBytes: number;

@@ -217,6 +217,34 @@ describe('the stages of a placement', () => {
     );
   });
 
+  it('weightType int8 counts a byte per matrix weight, a float32 scale per matrix row and the rest in float32; a stage on a worker that would compute on WebGPU, which holds no int8, is refused before any weight moves', () => {
+    const int8 = stagedModel(FOUR_BLOCKS, 'int8');
+    const { dim: D, ffnDim } = FOUR_BLOCKS;
+    // a block: q, k, v, out of both attentions and the FFN's two layers; their biases, the four q/k norms, the
+    // cross-attention norm's weight and bias, the six-row table
+    const matrices = 8 * D * D + 2 * D * ffnDim;
+    const rows = 8 * D + ffnDim + D;
+    expect(int8.blockBytes).toBe(matrices + 4 * rows + 4 * (rows + 4 * D + 2 * D + 6 * D));
+    const small = (id: string) =>
+      worker(id, 1, (int8.firstBytes + 2.2 * int8.blockBytes) / STAGE_MEMORY_SHARE / 2 ** 30);
+    expect(() => plan({ stages: 2, weightType: 'float16' }, [small('a'), small('b')])).toThrow(/it needs .* more/);
+    const quartered = plan({ stages: 2, weightType: 'int8' }, [small('a'), small('b')]);
+    expect(quartered.stages?.map((s) => s.heldBytes)).toEqual([
+      int8.firstBytes + 2 * int8.blockBytes,
+      2 * int8.blockBytes + int8.lastBytes,
+    ]);
+    const gpu = small('gpu');
+    const measured = defined(gpu.measurement, 'a measured worker');
+    const onGpu = { ...gpu, measurement: { ...measured, auto: { ep: 'webgpu' as const, why: 'WebGPU: faster' } } };
+    expect(() => plan({ stages: 2, weightType: 'int8' }, [small('a'), onGpu])).toThrow(
+      "int8 weights are held on WASM alone, and gpu would compute on WebGPU, holding more than its stage was cut for: ask ep 'wasm', or weightType 'float16'",
+    );
+    expect(plan({ stages: 2, weightType: 'int8', ep: 'wasm' }, [small('a'), onGpu]).workers.map((w) => w.ep)).toEqual([
+      'wasm',
+      'wasm',
+    ]);
+  });
+
   it('a rank holds the blocks as asked where its device can halve them (WASM, WebGPU with shader-f16), int8 on WASM (WebGPU: as float16 asked); unasked, float16 on such a WebGPU alone', () => {
     const gpu = (f16: boolean) => ({ features: new Set(f16 ? ['shader-f16'] : []) }) as unknown as GpuDevice;
     const held = (asked: WeightType | undefined) =>
