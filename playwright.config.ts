@@ -9,6 +9,9 @@ export default defineConfig({
   // the list as tests run, then the ones that did not run and why
   reporter: [['list'], ['./test/e2e/skips.reporter.ts']],
   globalSetup: './test/e2e/global-setup.ts',
+  // CI runs the tests tagged @ci (test/e2e/swarm-page.ts CI): one focused test of each part; `npm run test:e2e:full`
+  // runs them all (DITSWARM_E2E=full)
+  ...(process.env.DITSWARM_E2E !== 'full' && { grep: /@ci/ }),
   use: {
     // Set by global-setup.ts; workers re-read this file after it ran, so they see the value.
     baseURL: process.env.DITSWARM_URL,

@@ -1,11 +1,11 @@
 import { expect, test } from '@playwright/test';
-import { maxAbsDiff, runJob, SMALL_WASM_JOB, suiteSwarm, WASM_ONLY_BROWSER } from './swarm-page.ts';
+import { CI, maxAbsDiff, runJob, SMALL_WASM_JOB, suiteSwarm, WASM_ONLY_BROWSER } from './swarm-page.ts';
 
 test.use(WASM_ONLY_BROWSER); // its jobs all compute on WASM
 
 // CFG parallel over worker tabs: the conditional pass on one tab, the unconditional on another,
 // both at once over WebRTC, equals one worker running both passes. wasm EP: the parity is about the split.
-test.describe.serial('CFG parallel over worker tabs', () => {
+test.describe.serial('CFG parallel over worker tabs', CI, () => {
   const swarm = suiteSwarm(2);
 
   test('two groups of one tab equal one worker within 1e-4; a job without guidance falls back to one group and says why', async () => {

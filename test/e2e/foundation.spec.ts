@@ -1,10 +1,10 @@
 import { expect, test } from '@playwright/test';
 import type { JobOverrides } from '../../app/automation.ts';
-import { maxAbsDiff, runJob, suiteSwarm, type JobOutcome } from './swarm-page.ts';
+import { CI, maxAbsDiff, runJob, suiteSwarm, type JobOutcome } from './swarm-page.ts';
 
 // Prompt → video through real pages: the dashboard, one worker tab over WebRTC, WebGPU (SwiftShader
 // here; the tests hold on any adapter).
-test.describe.serial('foundation: dashboard + 1 worker tab', () => {
+test.describe.serial('foundation: dashboard + 1 worker tab', CI, () => {
   const swarm = suiteSwarm(1);
   let swarmRun: JobOutcome;
   // asks for WebGPU: 'auto' takes the faster EP, which on SwiftShader is WASM, and this spec is about the WebGPU path

@@ -13,7 +13,7 @@ import {
 } from './hostile/dashboard.ts';
 import { openRawPeer, type RawPeer } from './hostile/raw-peer.ts';
 import { hostileLog, makeHostile, setRules, type HostileLog, type HostileRules } from './hostile/wire.ts';
-import { appOrigin, maxAbsDiff, runJob, TEST_MODEL, workerId } from './swarm-page.ts';
+import { CI, appOrigin, maxAbsDiff, runJob, TEST_MODEL, workerId } from './swarm-page.ts';
 
 // Issue 17's findings played against the real server and pages by the peers that would play them:
 // a worker page with the join link that rewrites what it sends (hostile/wire.ts), pages with only
@@ -151,38 +151,42 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
   const histories = () => Promise.all(honest.map((page) => page.evaluate(() => [...window.ditswarmWorkerHistory])));
 
   // Before any attack that lets a tab go, so that what the honest tabs count is this job's alone.
-  test('#6 tensors of a forward already past, or as float16 in a float32 job, are refused whole and counted; the job goes on undisturbed', async () => {
-    // the hostile rank sends, with its tensors of step 3, a copy tagged for step 1 and a copy as
-    // float16 of the same bytes. Without the fix the past one is held as if it were ahead (its tag
-    // never asked for again: held for good) and the float16 one dropped uncounted: both show 0.
-    const badFrames = async (id: string) =>
-      Number(await dashboard.locator(`#workers tbody tr[data-worker="${id}"] td:last-child`).textContent());
-    await wholeSwarm();
-    const before = await Promise.all(ids.honest.map(badFrames));
-    const run = await attackedJob({ mesh: { step: 2, make: 'stale' } });
-    expect(run.log.tensorsInjected).toBe(4); // two copies to each of the two honest ranks
-    expectUnattackedResult(run);
-    expect(run.report.failures).toEqual([]);
-    // each honest rank refused both and counted them; its pulse says so on the dashboard
-    await expect
-      .poll(async () => (await Promise.all(ids.honest.map(badFrames))).map((n, i) => n - before[i]), {
-        timeout: 10_000,
-      })
-      .toEqual([2, 2]);
+  test(
+    '#6 tensors of a forward already past, or as float16 in a float32 job, are refused whole and counted; the job goes on undisturbed',
+    CI,
+    async () => {
+      // the hostile rank sends, with its tensors of step 3, a copy tagged for step 1 and a copy as
+      // float16 of the same bytes. Without the fix the past one is held as if it were ahead (its tag
+      // never asked for again: held for good) and the float16 one dropped uncounted: both show 0.
+      const badFrames = async (id: string) =>
+        Number(await dashboard.locator(`#workers tbody tr[data-worker="${id}"] td:last-child`).textContent());
+      await wholeSwarm();
+      const before = await Promise.all(ids.honest.map(badFrames));
+      const run = await attackedJob({ mesh: { step: 2, make: 'stale' } });
+      expect(run.log.tensorsInjected).toBe(4); // two copies to each of the two honest ranks
+      expectUnattackedResult(run);
+      expect(run.report.failures).toEqual([]);
+      // each honest rank refused both and counted them; its pulse says so on the dashboard
+      await expect
+        .poll(async () => (await Promise.all(ids.honest.map(badFrames))).map((n, i) => n - before[i]), {
+          timeout: 10_000,
+        })
+        .toEqual([2, 2]);
 
-    // and a flood of tensors for steps the exchange has not reached: at most 4 are held, the 5th
-    // is a flood and its sender is set aside for the job (the rank that said so stays: the
-    // coordinator cannot see those tensors, and one word costs one rank). Without the fix all
-    // 1,000 are held (59 MiB on this model for 2,000), and the job finishes with nobody let go.
-    const flood = await attackedJob({ mesh: { step: 1, make: 'flood', count: 1000 } });
-    expect(flood.log.tensorsInjected).toBe(2000);
-    expectUnattackedResult(flood);
-    const gone = letGo(flood);
-    expect(gone.map((l) => l.worker)).toEqual([ids.attacker]);
-    expect(gone[0].evidence).toMatch(
-      /^set aside for this job, not banned: rank \d reported it misbehaving: .*tensors ahead/,
-    );
-  });
+      // and a flood of tensors for steps the exchange has not reached: at most 4 are held, the 5th
+      // is a flood and its sender is set aside for the job (the rank that said so stays: the
+      // coordinator cannot see those tensors, and one word costs one rank). Without the fix all
+      // 1,000 are held (59 MiB on this model for 2,000), and the job finishes with nobody let go.
+      const flood = await attackedJob({ mesh: { step: 1, make: 'flood', count: 1000 } });
+      expect(flood.log.tensorsInjected).toBe(2000);
+      expectUnattackedResult(flood);
+      const gone = letGo(flood);
+      expect(gone.map((l) => l.worker)).toEqual([ids.attacker]);
+      expect(gone[0].evidence).toMatch(
+        /^set aside for this job, not banned: rank \d reported it misbehaving: .*tensors ahead/,
+      );
+    },
+  );
 
   test('#2 a rank naming three honest ranks in its error text has none of them let go: the liar alone goes, and the job finishes with the unattacked latent', async () => {
     // the finding's own error text; without the fix the coordinator parsed it and let the three
@@ -223,50 +227,62 @@ test.describe.serial('three worker tabs, one of them hostile', () => {
     await expect(attacker.locator('#detail')).toContainText('banned from this swarm for lying', { timeout: 15_000 });
   });
 
-  test('#3 rows of NaN from a rank are its own breach: it alone is let go, not placed again, and nothing of them reaches the latent', async () => {
-    // without the fix the NaN rows went into the latent, the checkpoint and the video (black),
-    // and the job was saved as done (rows of the wrong length or type, which the same check
-    // refuses where they arrive, are fuzzed in test/unit/fuzz.test.ts)
-    const run = await attackedJob({ rows: { from: 1, make: 'nan' } });
-    expect(run.log.rowsTampered).toBeGreaterThanOrEqual(1);
-    expectUnattackedResult(run);
-    expect(letGo(run)).toEqual([
-      { worker: ids.attacker, cause: 'misbehaved', evidence: expect.stringMatching(/NaN or infinite/) },
-    ]);
-    expect(run.report.failures[0].degreeAfter).toBe(2);
-    // and it is not placed again: the dashboard refuses the page when it comes back (until it reloads)
-    await expect(attacker.locator('#state')).toHaveText('refused', { timeout: 15_000 });
-  });
+  test(
+    '#3 rows of NaN from a rank are its own breach: it alone is let go, not placed again, and nothing of them reaches the latent',
+    CI,
+    async () => {
+      // without the fix the NaN rows went into the latent, the checkpoint and the video (black),
+      // and the job was saved as done (rows of the wrong length or type, which the same check
+      // refuses where they arrive, are fuzzed in test/unit/fuzz.test.ts)
+      const run = await attackedJob({ rows: { from: 1, make: 'nan' } });
+      expect(run.log.rowsTampered).toBeGreaterThanOrEqual(1);
+      expectUnattackedResult(run);
+      expect(letGo(run)).toEqual([
+        { worker: ids.attacker, cause: 'misbehaved', evidence: expect.stringMatching(/NaN or infinite/) },
+      ]);
+      expect(run.report.failures[0].degreeAfter).toBe(2);
+      // and it is not placed again: the dashboard refuses the page when it comes back (until it reloads)
+      await expect(attacker.locator('#state')).toHaveText('refused', { timeout: 15_000 });
+    },
+  );
 
-  test('#3 a NaN tensor between ranks is blamed on its sender, set aside for the job; the rank that saw it stays, and the job finishes', async () => {
-    // every rank checks what it sends (so a NaN arriving is its sender's doing); without the fix
-    // the NaN went through the attention into every rank's rows and the latent
-    const run = await attackedJob({ mesh: { step: 1, make: 'nan' } });
-    expect(run.log.tensorsPoisoned).toBeGreaterThanOrEqual(2);
-    expectUnattackedResult(run);
-    const gone = letGo(run);
-    expect(gone.map((l) => l.worker)).toEqual([ids.attacker]);
-    expect(gone[0].evidence).toMatch(/^set aside for this job, not banned: .*NaN or infinite/);
-  });
-
-  test('#7 a rank that withholds its tensors is named by the ranks waiting for it and set aside for the job, though it answers pings; its accuser stays', async () => {
-    // the ranks' patience for a peer's tensor is what prepareJob gives them (half the dashboard's
-    // RPC timeout: a minute); here 4 s. Without the fix the job failed at the RPC timeout naming
-    // ranks that still answered ping, and the withholding rank was never let go.
-    await dashboard.evaluate(() => (window.__exchangeTimeoutMs = 4_000));
-    try {
-      const started = Date.now();
-      const run = await attackedJob({ mesh: { step: 1, make: 'withhold' } });
-      expect(run.log.tensorsWithheld).toBeGreaterThanOrEqual(2);
+  test(
+    '#3 a NaN tensor between ranks is blamed on its sender, set aside for the job; the rank that saw it stays, and the job finishes',
+    CI,
+    async () => {
+      // every rank checks what it sends (so a NaN arriving is its sender's doing); without the fix
+      // the NaN went through the attention into every rank's rows and the latent
+      const run = await attackedJob({ mesh: { step: 1, make: 'nan' } });
+      expect(run.log.tensorsPoisoned).toBeGreaterThanOrEqual(2);
       expectUnattackedResult(run);
       const gone = letGo(run);
       expect(gone.map((l) => l.worker)).toEqual([ids.attacker]);
-      expect(gone[0].evidence).toMatch(/sent no tensor for step 2/);
-      expect(Date.now() - started).toBeLessThan(30_000); // named at 4 s, not at the RPC timeout (120 s)
-    } finally {
-      await dashboard.evaluate(() => (window.__exchangeTimeoutMs = undefined));
-    }
-  });
+      expect(gone[0].evidence).toMatch(/^set aside for this job, not banned: .*NaN or infinite/);
+    },
+  );
+
+  test(
+    '#7 a rank that withholds its tensors is named by the ranks waiting for it and set aside for the job, though it answers pings; its accuser stays',
+    CI,
+    async () => {
+      // the ranks' patience for a peer's tensor is what prepareJob gives them (half the dashboard's
+      // RPC timeout: a minute); here 4 s. Without the fix the job failed at the RPC timeout naming
+      // ranks that still answered ping, and the withholding rank was never let go.
+      await dashboard.evaluate(() => (window.__exchangeTimeoutMs = 4_000));
+      try {
+        const started = Date.now();
+        const run = await attackedJob({ mesh: { step: 1, make: 'withhold' } });
+        expect(run.log.tensorsWithheld).toBeGreaterThanOrEqual(2);
+        expectUnattackedResult(run);
+        const gone = letGo(run);
+        expect(gone.map((l) => l.worker)).toEqual([ids.attacker]);
+        expect(gone[0].evidence).toMatch(/sent no tensor for step 2/);
+        expect(Date.now() - started).toBeLessThan(30_000); // named at 4 s, not at the RPC timeout (120 s)
+      } finally {
+        await dashboard.evaluate(() => (window.__exchangeTimeoutMs = undefined));
+      }
+    },
+  );
 
   test('#8 malformed heartbeat answers are dropped, not their sender: the job finishes and the swarm table still shows every worker', async () => {
     // without the fix `mesh: "not-an-array"` threw after the last step (the link report), failing

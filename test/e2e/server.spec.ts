@@ -5,6 +5,7 @@ import { resolve } from 'node:path';
 import { expect, test, type Page } from '@playwright/test';
 import { defined } from '../../core/defined.ts';
 import { addPeerJs } from './peerjs-bundle.ts';
+import { CI } from './swarm-page.ts';
 
 const PAYLOAD_BYTES = 200 * 1024; // one data-channel message: under Chromium's 256 KiB limit
 
@@ -20,65 +21,69 @@ for (const path of ['/', '/worker.html']) {
   });
 }
 
-test('two tabs connect through the PeerServer and a 200 KiB ArrayBuffer arrives intact', async ({
-  context,
-  request,
-}) => {
-  const signaling = (await (await request.get('/signaling.json')).json()) as { path: string; key: string };
-  const run = Date.now().toString(36);
-  const [receiver, sender] = [`receiver-${run}`, `sender-${run}`];
-  const receiverPage = await openPeer(await context.newPage(), receiver, signaling);
-  const senderPage = await openPeer(await context.newPage(), sender, signaling);
+test(
+  'two tabs connect through the PeerServer and a 200 KiB ArrayBuffer arrives intact',
+  CI,
+  async ({ context, request }) => {
+    const signaling = (await (await request.get('/signaling.json')).json()) as { path: string; key: string };
+    const run = Date.now().toString(36);
+    const [receiver, sender] = [`receiver-${run}`, `sender-${run}`];
+    const receiverPage = await openPeer(await context.newPage(), receiver, signaling);
+    const senderPage = await openPeer(await context.newPage(), sender, signaling);
 
-  // no peer discovery: a list of ids would tell anyone which dashboard's id to take when its owner goes (issue 17)
-  expect((await request.get(`${signaling.path}/${signaling.key}/peers`)).ok()).toBe(false);
+    // no peer discovery: a list of ids would tell anyone which dashboard's id to take when its owner goes (issue 17)
+    expect((await request.get(`${signaling.path}/${signaling.key}/peers`)).ok()).toBe(false);
 
-  // Listen before the sender dials, so the connection event cannot be missed.
-  await receiverPage.evaluate(() => {
-    window.firstMessage = new Promise((resolve) => {
-      window.peer.on('connection', (connection) => {
-        connection.on('data', (data) => {
-          void crypto.subtle.digest('SHA-256', data as ArrayBuffer).then((sha) => {
-            const digest = Array.from(new Uint8Array(sha), (byte) => byte.toString(16).padStart(2, '0')).join('');
-            resolve({ bytes: (data as ArrayBuffer).byteLength, digest });
+    // Listen before the sender dials, so the connection event cannot be missed.
+    await receiverPage.evaluate(() => {
+      window.firstMessage = new Promise((resolve) => {
+        window.peer.on('connection', (connection) => {
+          connection.on('data', (data) => {
+            void crypto.subtle.digest('SHA-256', data as ArrayBuffer).then((sha) => {
+              const digest = Array.from(new Uint8Array(sha), (byte) => byte.toString(16).padStart(2, '0')).join('');
+              resolve({ bytes: (data as ArrayBuffer).byteLength, digest });
+            });
           });
         });
       });
     });
-  });
 
-  const sent = await senderPage.evaluate(
-    ({ to, bytes }) =>
-      new Promise<{ digest: string; channelIsExposed: boolean; binaryType: string }>((resolve, reject) => {
-        const connection = window.peer.connect(to, { serialization: 'raw', reliable: true });
-        connection.on('error', reject);
-        const send = async () => {
-          const payload = new Uint8Array(bytes);
-          let state = 2463534242; // xorshift32: every byte position gets a different value
-          for (let i = 0; i < bytes; i++) {
-            state ^= state << 13;
-            state ^= state >>> 17;
-            state ^= state << 5;
-            payload[i] = state & 0xff;
-          }
-          const hash = new Uint8Array(await crypto.subtle.digest('SHA-256', payload));
-          void connection.send(payload.buffer);
-          return {
-            digest: Array.from(hash, (byte) => byte.toString(16).padStart(2, '0')).join(''),
-            channelIsExposed: connection.dataChannel instanceof RTCDataChannel,
-            binaryType: connection.dataChannel.binaryType,
+    const sent = await senderPage.evaluate(
+      ({ to, bytes }) =>
+        new Promise<{ digest: string; channelIsExposed: boolean; binaryType: string }>((resolve, reject) => {
+          const connection = window.peer.connect(to, { serialization: 'raw', reliable: true });
+          connection.on('error', reject);
+          const send = async () => {
+            const payload = new Uint8Array(bytes);
+            let state = 2463534242; // xorshift32: every byte position gets a different value
+            for (let i = 0; i < bytes; i++) {
+              state ^= state << 13;
+              state ^= state >>> 17;
+              state ^= state << 5;
+              payload[i] = state & 0xff;
+            }
+            const hash = new Uint8Array(await crypto.subtle.digest('SHA-256', payload));
+            void connection.send(payload.buffer);
+            return {
+              digest: Array.from(hash, (byte) => byte.toString(16).padStart(2, '0')).join(''),
+              channelIsExposed: connection.dataChannel instanceof RTCDataChannel,
+              binaryType: connection.dataChannel.binaryType,
+            };
           };
-        };
-        connection.on('open', () => void send().then(resolve, reject));
-      }),
-    { to: receiver, bytes: PAYLOAD_BYTES },
-  );
+          connection.on('open', () => void send().then(resolve, reject));
+        }),
+      { to: receiver, bytes: PAYLOAD_BYTES },
+    );
 
-  expect(sent.channelIsExposed).toBe(true);
-  expect(sent.binaryType).toBe('arraybuffer');
-  expect(await receiverPage.evaluate(() => window.firstMessage)).toEqual({ bytes: PAYLOAD_BYTES, digest: sent.digest });
-  await Promise.all([receiverPage, senderPage].map((page) => page.evaluate(() => window.peer.destroy())));
-});
+    expect(sent.channelIsExposed).toBe(true);
+    expect(sent.binaryType).toBe('arraybuffer');
+    expect(await receiverPage.evaluate(() => window.firstMessage)).toEqual({
+      bytes: PAYLOAD_BYTES,
+      digest: sent.digest,
+    });
+    await Promise.all([receiverPage, senderPage].map((page) => page.evaluate(() => window.peer.destroy())));
+  },
+);
 
 declare global {
   interface Window {

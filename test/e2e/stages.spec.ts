@@ -6,7 +6,7 @@ import { parseWanConfig } from '../../core/model/config.ts';
 import { readJson } from '../../core/model/files.ts';
 import { TRANSFORMER_CONFIG, TRANSFORMER_WEIGHTS_NAME } from '../../core/model/transformer.ts';
 import { folderFiles } from '../../server/model-folder.ts';
-import { maxAbsDiff, runJob, SMALL_WASM_JOB, suiteSwarm, TEST_MODEL, WASM_ONLY_BROWSER } from './swarm-page.ts';
+import { CI, maxAbsDiff, runJob, SMALL_WASM_JOB, suiteSwarm, TEST_MODEL, WASM_ONLY_BROWSER } from './swarm-page.ts';
 
 test.use(WASM_ONLY_BROWSER); // its jobs all compute on WASM
 
@@ -25,7 +25,7 @@ async function heldBytes(range: BlockRange): Promise<number> {
     .reduce((n, t) => n + t.end - t.begin, 0);
 }
 
-test.describe.serial('pipeline stages over worker tabs', () => {
+test.describe.serial('pipeline stages over worker tabs', CI, () => {
   const swarm = suiteSwarm(2);
   const job = SMALL_WASM_JOB;
   let stagedFloat32: Awaited<ReturnType<typeof runJob>>;

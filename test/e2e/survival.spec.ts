@@ -4,7 +4,7 @@ import type { LossPhase } from '../../coordinator/placer.ts';
 import { defined } from '../../core/defined.ts';
 import type { WorkerMethod } from '../../core/worker-api.ts';
 import { FULL_LAYOUT_MODEL_PATH } from './global-setup.ts';
-import { appOrigin, maxAbsDiff, openTestSwarm, runJob, TEST_MODEL, workerId } from './swarm-page.ts';
+import { CI, appOrigin, maxAbsDiff, openTestSwarm, runJob, TEST_MODEL, workerId } from './swarm-page.ts';
 
 // A swarm that survives: lost workers, a reloaded dashboard and strangers lose nothing.
 const job = {
@@ -33,35 +33,36 @@ test.describe('a lost worker costs one step, not the job', () => {
   });
 
   for (const harm of ['closed', 'crashed'] as const) {
-    test(`3 worker tabs, one ${harm} mid-job: the job completes with the uninterrupted latent`, async ({
-      browser,
-      baseURL,
-    }) => {
-      const swarm = await swarmClosingOn(browser, baseURL, 3, 'executeModel', middleRequest, harm);
-      try {
-        const run = await runJob(swarm.dashboard, { ...job, workers: 3 });
-        const lost = defined(swarm.closed.id, `a tab ${harm} mid-job`);
-        const failures = run.report.failures;
-        expect(failures.length).toBeGreaterThanOrEqual(1);
-        expect(failures[0]).toMatchObject({ phase: 'denoising', degreeBefore: 3, degreeAfter: 2 });
-        expect(failures[0].lost.map((l) => l.worker)).toEqual([lost]);
-        const detectionMs = failures[0].detectedAt - swarm.closed.at;
-        const stepsMs = (r: JobResult['report']) => r.steps.reduce((t, s) => t + s.ms, 0);
-        const extraMs = stepsMs(run.report) - stepsMs(uninterrupted.report);
-        console.log(
-          `${harm}: detected after ${detectionMs} ms (${failures[0].lost[0].cause}: ${failures[0].lost[0].evidence}), re-plan ${failures[0].replanMs.toFixed(0)} ms, extra ${extraMs.toFixed(0)} ms`,
-        );
-        // README: about 4 s (3 s of silence, then the server says the page is gone; a closed page's channel
-        // may stay open for ICE's 30 s consent timeout). Without heartbeats the 30 s silence bound or the RPC
-        // timeout would notice; the margin is for a silence limit grown on a loaded machine
-        expect(detectionMs).toBeLessThan(10_000);
-        const diff = maxAbsDiff(run.latent, uninterrupted.latent);
-        console.log(`${harm}: max-abs vs uninterrupted ${diff.toExponential(2)}`);
-        expect(diff).toBe(0); // README: sampling is seeded, so the video is the same
-      } finally {
-        await swarm.close();
-      }
-    });
+    test(
+      `3 worker tabs, one ${harm} mid-job: the job completes with the uninterrupted latent`,
+      harm === 'crashed' ? CI : {},
+      async ({ browser, baseURL }) => {
+        const swarm = await swarmClosingOn(browser, baseURL, 3, 'executeModel', middleRequest, harm);
+        try {
+          const run = await runJob(swarm.dashboard, { ...job, workers: 3 });
+          const lost = defined(swarm.closed.id, `a tab ${harm} mid-job`);
+          const failures = run.report.failures;
+          expect(failures.length).toBeGreaterThanOrEqual(1);
+          expect(failures[0]).toMatchObject({ phase: 'denoising', degreeBefore: 3, degreeAfter: 2 });
+          expect(failures[0].lost.map((l) => l.worker)).toEqual([lost]);
+          const detectionMs = failures[0].detectedAt - swarm.closed.at;
+          const stepsMs = (r: JobResult['report']) => r.steps.reduce((t, s) => t + s.ms, 0);
+          const extraMs = stepsMs(run.report) - stepsMs(uninterrupted.report);
+          console.log(
+            `${harm}: detected after ${detectionMs} ms (${failures[0].lost[0].cause}: ${failures[0].lost[0].evidence}), re-plan ${failures[0].replanMs.toFixed(0)} ms, extra ${extraMs.toFixed(0)} ms`,
+          );
+          // README: about 4 s (3 s of silence, then the server says the page is gone; a closed page's channel
+          // may stay open for ICE's 30 s consent timeout). Without heartbeats the 30 s silence bound or the RPC
+          // timeout would notice; the margin is for a silence limit grown on a loaded machine
+          expect(detectionMs).toBeLessThan(10_000);
+          const diff = maxAbsDiff(run.latent, uninterrupted.latent);
+          console.log(`${harm}: max-abs vs uninterrupted ${diff.toExponential(2)}`);
+          expect(diff).toBe(0); // README: sampling is seeded, so the video is the same
+        } finally {
+          await swarm.close();
+        }
+      },
+    );
   }
 });
 

@@ -9,6 +9,12 @@ import { chromiumArgs, chromiumExecutable, WEBGPU_ARG } from '../../server/chrom
  * is; a software adapter's probe would cost every tab seconds for an EP none of its jobs uses. The
  * WebGPU paths run in the specs that ask for them (foundation, webgpu, vae, dashboard).
  */
+/**
+ * The tests CI runs (`npm run test:e2e`): one focused test of each part across tabs, a few minutes in all; the rest run
+ * with `npm run test:e2e:full` (playwright.config.ts).
+ */
+export const CI = { tag: '@ci' };
+
 export const WASM_ONLY_BROWSER = {
   launchOptions: {
     executablePath: chromiumExecutable(),

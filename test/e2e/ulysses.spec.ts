@@ -2,7 +2,7 @@ import { expect, test } from '@playwright/test';
 import type { JobOverrides } from '../../app/automation.ts';
 import { defined } from '../../core/defined.ts';
 import { exchangeFloatsPerBlock, planUlysses } from '../../core/parallel.ts';
-import { maxAbsDiff, runJob, suiteSwarm, WASM_ONLY_BROWSER } from './swarm-page.ts';
+import { CI, maxAbsDiff, runJob, suiteSwarm, WASM_ONLY_BROWSER } from './swarm-page.ts';
 
 test.use(WASM_ONLY_BROWSER); // its jobs all compute on WASM
 
@@ -31,7 +31,7 @@ const UNEVEN_JOB = {
   shares: 'even',
 } satisfies JobOverrides;
 
-test.describe.serial('Ulysses over worker tabs', () => {
+test.describe.serial('Ulysses over worker tabs', CI, () => {
   const swarm = suiteSwarm(5);
 
   for (const [name, shape] of Object.entries(shapes)) {

@@ -1,9 +1,9 @@
 import { expect, test } from '@playwright/test';
 import type { JobOverrides } from '../../app/automation.ts';
-import { maxAbsDiff, runJob, suiteSwarm } from './swarm-page.ts';
+import { CI, maxAbsDiff, runJob, suiteSwarm } from './swarm-page.ts';
 
 // The WebGPU path keeps each rank's weights, residual stream and conditioning in GPU buffers (SwiftShader here).
-test.describe.serial('WebGPU worker: device-resident activations', () => {
+test.describe.serial('WebGPU worker: device-resident activations', CI, () => {
   const swarm = suiteSwarm(1);
   const job = {
     prompt: 'a red ball',
