@@ -614,9 +614,12 @@ export function predictStagedStep(
   // the residual stream of a rank's tokens, and the conditioning (temb, tproj, context) in float32
   const boundaryBytes = rows * D * hw.bytesPerElement + (work.textTokens + 7) * D * 4;
   const b = boundaryBytes / link.bandwidth + link.latency;
+  // each PipeFusion patch is a forward's calls to the stage again, each paying its fixed cost (the probe's stageS)
+  const callS = M > 1 ? stageCallsPerForward({ numLayers: blocks }) * Math.max(0, ...(hw.workerStageS ?? [])) : 0;
+  const patchS = Math.max(0, t - callS) / M + callS;
   // pipelined, the pipeline's fill: S − 1 stage slots (and hand-overs) before the last stage starts,
   // a patch's with PipeFusion; batched, every stage in turn
-  const pipelined = m * t + ((S - 1) * (t + b)) / M;
+  const pipelined = m * M * patchS + (S - 1) * (patchS + b / M);
   const batched = plan.mode === 'exact' ? S * (both.computeS + both.commS) + (S - 1) * b : Infinity;
   const schedule = batched <= pipelined ? 'batched' : 'pipelined';
   const params = modelParams(work.model);

@@ -569,6 +569,15 @@ describe('cost model: pipeline stages (pooled memory)', () => {
     );
     expect(fused.stepS).toBeCloseTo(2 * fused.stageForwardS + (3 * (fused.stageForwardS + fused.boundaryS)) / 12, 6);
     expect(fused.stepS).toBeLessThan(exact.stepS);
+    // where a call has a fixed cost, each patch pays a stage forward's calls again: 10 blocks of 3 calls, and 2
+    const calling = { ...gpus, workerStageS: Array<number>(8).fill(0.05) };
+    const plan = { stages: 4, ulyssesDegree: 2, cfgParallel: false } as const;
+    const exactCalling = predictStagedStep(work14b, { ...plan, mode: 'exact' }, calling);
+    const fusedCalling = predictStagedStep(work14b, { ...plan, mode: 'pipefusion', patches: 12 }, calling);
+    const callS = 32 * 0.05;
+    const patchS = (fusedCalling.stageForwardS - callS) / 12 + callS;
+    expect(fusedCalling.stepS).toBeCloseTo(2 * 12 * patchS + 3 * (patchS + fusedCalling.boundaryS / 12), 6);
+    expect(fusedCalling.stepS - fused.stepS).toBeGreaterThan(exactCalling.stepS - exact.stepS);
     // each rank hands the next stage its tokens' hidden state (bfloat16 on the wire) and the conditioning, per pass
     expect(exact.boundaryBytesPerRank).toBe(2 * ((32760 / 2) * 5120 * 2 + (512 + 7) * 5120 * 4));
   });
