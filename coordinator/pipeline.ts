@@ -406,18 +406,15 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
       // truncated shard fails the job here, naming the file, not a worker that loads it)
       await openTransformer(files);
       clock.enter('encoding');
-      // both prompts at once: each worker takes the negative prompt's run of layers once it has passed the prompt's
-      // on, so the runs are pipelined through the workers as a step's passes are through pipeline stages
-      const encoded = await Promise.all([
-        embed(promptEmbeds, params.prompt, 'promptEmbeds', (detail) => tell('encoding', `the prompt: ${detail}`)),
-        ...(usesGuidance(params)
-          ? [
-              embed(negativePromptEmbeds, params.negativePrompt, 'negativePromptEmbeds', (detail) =>
-                tell('encoding', `the negative prompt: ${detail}`),
-              ),
-            ]
-          : []),
-      ]);
+      const encoded = [
+        await embed(promptEmbeds, params.prompt, 'promptEmbeds', (detail) => tell('encoding', `the prompt: ${detail}`)),
+      ];
+      if (usesGuidance(params))
+        encoded.push(
+          await embed(negativePromptEmbeds, params.negativePrompt, 'negativePromptEmbeds', (detail) =>
+            tell('encoding', `the negative prompt: ${detail}`),
+          ),
+        );
       if (outputType === 'video') await videoDecoding.ready();
 
       clock.enter('placing');
