@@ -6,17 +6,25 @@ import { defined } from '../../core/defined.ts';
 import { SeededRandom } from '../../core/random.ts';
 import { maxAbsDiff } from '../../core/tensor.ts';
 import {
+  FINAL_NORM,
+  isUmt5Config,
   openUmt5,
+  parseUmt5Config,
   relativePositionBuckets,
+  runLayers,
+  TEXT_ENCODER_CONFIG,
   TEXT_ENCODER_WEIGHTS_NAME,
+  TOKEN_EMBEDDING,
   umt5FinalNorm,
   umt5LayerReference,
   umt5WeightShapes,
   type Umt5Checkpoint,
   type Umt5Config,
+  type Umt5LayerFn,
 } from '../../core/model/umt5.ts';
 import { onnxUmt5Layers } from '../../rank/umt5-layers.ts';
 import { folderFiles, writeCheckpoint } from '../../server/model-folder.ts';
+import { WAN21_T2V_1_3B } from '../../server/wan21-layout.ts';
 
 // umT5-XXL's layout and math at a small width: 8 heads of 8, the published 32 buckets and distance 128
 const CONFIG = {
@@ -77,6 +85,70 @@ beforeAll(async () => {
 });
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
+describe("umT5's config and names, as Wan2.1's folders publish them", () => {
+  it("the published text_encoder/config.json reads as umT5-XXL; its files and tensors are found by transformers' names", () => {
+    expect(parseUmt5Config(WAN21_T2V_1_3B.textEncoder, TEXT_ENCODER_CONFIG)).toEqual({
+      dModel: 4096,
+      dKv: 64,
+      numHeads: 64,
+      dFf: 10240,
+      numLayers: 24,
+      numBuckets: 32,
+      maxDistance: 128,
+      vocabSize: 256384,
+      eps: 1e-6,
+    });
+    // text_encoder/model.safetensors.index.json and model-0000{1..5}-of-00005.safetensors, as published
+    expect([TEXT_ENCODER_CONFIG, TEXT_ENCODER_WEIGHTS_NAME]).toEqual(['text_encoder/config.json', 'model']);
+    expect([TOKEN_EMBEDDING, FINAL_NORM]).toEqual(['shared.weight', 'encoder.final_layer_norm.weight']);
+  });
+
+  it('is told by its model_type or by its architectures, either alone', () => {
+    expect(isUmt5Config({ model_type: 'umt5' })).toBe(true);
+    expect(isUmt5Config({ architectures: ['T5EncoderModel', 'UMT5EncoderModel'] })).toBe(true);
+    expect(isUmt5Config({ model_type: 't5', architectures: ['T5EncoderModel'] })).toBe(false);
+    expect(isUmt5Config({ architectures: 'UMT5EncoderModel' })).toBe(false);
+    expect(isUmt5Config(null)).toBe(false);
+  });
+
+  it("takes transformers' defaults where a field is absent: eps 1e-6, gated-gelu with gelu_new", () => {
+    const { layer_norm_epsilon, feed_forward_proj, dense_act_fn, ...rest } = CONFIG;
+    expect([layer_norm_epsilon, feed_forward_proj, dense_act_fn]).toEqual([1e-6, 'gated-gelu', 'gelu_new']);
+    expect(parseUmt5Config(rest, 'c').eps).toBe(1e-6);
+    expect(parseUmt5Config({ ...CONFIG, layer_norm_epsilon: 1e-5 }, 'c').eps).toBe(1e-5);
+  });
+
+  it('refuses a config it cannot run, naming the file, the field and what it takes', () => {
+    const refused = (config: unknown) => () => parseUmt5Config(config, 'te/config.json');
+    expect(refused(null)).toThrow('te/config.json: config is not a JSON object');
+    expect(refused('umt5')).toThrow('te/config.json: config is not a JSON object');
+    expect(refused({ ...CONFIG, feed_forward_proj: 'relu' })).toThrow(
+      'te/config.json: feed_forward_proj "relu" with "gelu_new" is not supported; expected "gated-gelu" with "gelu_new"',
+    );
+    expect(refused({ ...CONFIG, dense_act_fn: 'gelu' })).toThrow(
+      'te/config.json: feed_forward_proj "gated-gelu" with "gelu" is not supported',
+    );
+    const keys = [
+      'd_model',
+      'd_kv',
+      'num_heads',
+      'd_ff',
+      'num_layers',
+      'relative_attention_num_buckets',
+      'relative_attention_max_distance',
+      'vocab_size',
+    ];
+    for (const key of keys)
+      for (const bad of [0, -8, 1.5, '8'])
+        expect(refused({ ...CONFIG, [key]: bad })).toThrow(
+          `te/config.json: ${key} must be a positive integer, got ${JSON.stringify(bad)}`,
+        );
+    expect(refused({ ...CONFIG, relative_attention_num_buckets: 30 })).toThrow(
+      'te/config.json: relative_attention_num_buckets must be a multiple of 4, got 30',
+    );
+  });
+});
+
 describe("umT5's relative-position buckets", () => {
   it('are exact up to 8 apart, log-spaced to 128, and keys after the query take the upper half', () => {
     const T = 200;
@@ -127,9 +199,56 @@ describe('the umT5 encoder layer', () => {
     expect(rows.subarray(0, d)).toEqual(embedding.data.subarray(299 * d, 300 * d));
     expect(rows.subarray(d, 2 * d)).toEqual(embedding.data.subarray(0, d));
     expect(rows.subarray(2 * d)).toEqual(rows.subarray(0, d));
-    await expect(encoder.tokenRows([300])).rejects.toThrow(
-      "token id 300 is outside the text encoder's vocabulary of 300",
+    for (const id of [300, -1, 1.5])
+      await expect(encoder.tokenRows([id])).rejects.toThrow(
+        `token id ${id} is outside the text encoder's vocabulary of 300`,
+      );
+    // a layer is asked for by its index, 0 to 1 here
+    for (const index of [2, -1, 0.5]) {
+      expect(() => encoder.layerBytes(index)).toThrow(`the text encoder has layers 0–1, not ${index}`);
+      await expect(encoder.layer(index)).rejects.toThrow(`the text encoder has layers 0–1, not ${index}`);
+    }
+    expect(encoder.layerBytes(1)).toBe(
+      4 *
+        [...umt5WeightShapes(cfg)]
+          .filter(([name]) => name.startsWith('encoder.block.1.'))
+          .reduce((n, [, shape]) => n + shape.reduce((a, b) => a * b, 1), 0),
     );
+  });
+
+  it("opens a folder that also holds transformers' tied copy of the token embedding (encoder.embed_tokens.weight)", async () => {
+    const tied = mkdtempSync(join(tmpdir(), 'ditswarm-umt5-tied-'));
+    try {
+      const shapes = umt5WeightShapes(cfg);
+      await writeEncoder(tied, CONFIG, new Map([...shapes, ['encoder.embed_tokens.weight', [300, 64]]]));
+      expect((await openUmt5(folderFiles(tied))).config).toEqual(cfg);
+    } finally {
+      rmSync(tied, { recursive: true, force: true });
+    }
+  });
+
+  it('hears each layer it runs with the time that layer took', async () => {
+    const heard: [number, number][] = [];
+    const hidden = new Float32Array(3 * cfg.dModel).fill(0.5);
+    const slow: Umt5LayerFn = async (_, h) => {
+      await new Promise((resolve) => setTimeout(resolve, 30));
+      return h;
+    };
+    const started = performance.now();
+    await runLayers(
+      { from: 0, to: 2 },
+      hidden,
+      relativePositionBuckets(3, 32, 128),
+      (i) => encoder.layer(i),
+      slow,
+      (layer, ms) => heard.push([layer, ms]),
+    );
+    const elapsed = performance.now() - started;
+    expect(heard.map(([layer]) => layer)).toEqual([0, 1]);
+    for (const [, ms] of heard) {
+      expect(ms).toBeGreaterThanOrEqual(25);
+      expect(ms).toBeLessThanOrEqual(elapsed);
+    }
   });
 
   it('refuses a folder whose weights disagree with its config, naming the file and the tensor', async () => {
