@@ -3,7 +3,15 @@
 // links, at 480p and 720p, PipeFusion × Ulysses × CFG parallel and exact stages against Ulysses
 // alone (every rank holding the whole model), with what each rank holds and sends. Pure arithmetic
 // (core/cost-model.ts predictStagedStep); a part of `npm run bench -- projection`.
-import { modelParams, predictStagedStep, type Hardware, type ModelShape, type Workload } from '../core/cost-model.ts';
+import {
+  modelWeights,
+  predictStagedStep,
+  storedWeightBytes,
+  type Hardware,
+  type ModelShape,
+  type PartWeights,
+  type Workload,
+} from '../core/cost-model.ts';
 import { evenDegrees } from '../core/parallel.ts';
 import { round } from './lib.ts';
 
@@ -57,8 +65,9 @@ export interface PooledRow {
 
 export function pooledProjection(): PooledRow[] {
   const rows: PooledRow[] = [];
-  const params = modelParams(WAN_14B);
-  const wholeGB = (2 * (WAN_14B.numLayers * params.block + params.embedders + params.head)) / 1e9;
+  const weights = modelWeights(WAN_14B);
+  const stored = (part: PartWeights) => storedWeightBytes(part, 'float16');
+  const wholeGB = (WAN_14B.numLayers * stored(weights.block) + stored(weights.embedders) + stored(weights.head)) / 1e9;
   for (const { name, tokens } of RESOLUTIONS)
     for (const browsers of BROWSERS)
       for (const gpuGB of GPU_GB)

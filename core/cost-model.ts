@@ -584,13 +584,13 @@ export interface StagedPrediction {
  * one stage's blocks: a forward crosses the stages in turn, handing each next stage its hidden
  * state; exact mode pipelines a step's passes (the first stage starts the second pass while the
  * second stage runs the first), PipeFusion its patches, so that all stages compute at once but for
- * the pipeline's fill.
+ * the pipeline's fill. Ranks hold their weights as `weightType` (half precision unless given).
  */
 export function predictStagedStep(
   work: Workload,
   plan: StagedPlan,
   hw: Hardware,
-  weightBytesPerParam = 2,
+  weightType: WeightType = 'float16',
 ): StagedPrediction {
   const { stages: S, ulyssesDegree: P } = plan;
   const L = work.model.numLayers;
@@ -622,7 +622,8 @@ export function predictStagedStep(
   const pipelined = m * M * patchS + (S - 1) * (patchS + b / M);
   const batched = plan.mode === 'exact' ? S * (both.computeS + both.commS) + (S - 1) * b : Infinity;
   const schedule = batched <= pipelined ? 'batched' : 'pipelined';
-  const params = modelParams(work.model);
+  const weights = modelWeights(work.model);
+  const stored = (part: PartWeights) => storedWeightBytes(part, weightType);
   const staleKeysValues = plan.mode === 'pipefusion' ? (m * 2 * work.tokens * D * blocks * hw.bytesPerElement) / P : 0;
   return {
     plan,
@@ -633,7 +634,7 @@ export function predictStagedStep(
     stepS: Math.min(batched, pipelined),
     boundaryBytesPerRank: S > 1 ? m * boundaryBytes : 0,
     exchangeBytesPerRank: schedule === 'batched' ? both.bytesPerRank : m * stage.bytesPerRank,
-    weightBytesPerRank: (blocks * params.block + params.embedders) * weightBytesPerParam,
+    weightBytesPerRank: blocks * stored(weights.block) + stored(weights.embedders),
     staleKeysValuesBytesPerRank: staleKeysValues,
   };
 }
