@@ -18,7 +18,7 @@ export interface GpuDevice {
 const GPU_BUFFER_USAGE = { COPY_SRC: 0x0004, COPY_DST: 0x0008, STORAGE: 0x0080 };
 
 export interface WeightTensors {
-  /** `data` as a tensor of `weightType` (float32 or float16) shaped `dims` */
+  /** `data` as a float32 tensor shaped `dims` (the VAE decoder's weights) */
   tensor(data: Float32Array, dims: number[]): ort.Tensor;
   /** the inputs a fed graph (FedGraph) takes weight `name` by, `data` stored as `type`: an int8 weight's scales too */
   inputs(name: string, data: Float32Array, dims: number[], type: WeightType): [string, ort.Tensor][];
@@ -31,7 +31,7 @@ export interface WeightTensors {
 }
 
 /** `device` null: WASM, CPU tensors. */
-export function weightTensors(device: GpuDevice | null, weightType: WeightType = 'float32'): WeightTensors {
+export function weightTensors(device: GpuDevice | null): WeightTensors {
   const buffers: { destroy(): void }[] = [];
   let gpuBytes = 0;
   let heldBytes = 0;
@@ -59,7 +59,7 @@ export function weightTensors(device: GpuDevice | null, weightType: WeightType =
   const float = (data: Float32Array, dims: number[], type: 'float32' | 'float16') =>
     held(type, type === 'float16' ? toF16(data) : data, dims);
   return {
-    tensor: (data, dims) => float(data, dims, weightType === 'float16' ? 'float16' : 'float32'),
+    tensor: (data, dims) => float(data, dims, 'float32'),
     inputs(name, data, dims, type) {
       if (type !== 'int8') return [[name, float(data, dims, type)]];
       const { bytes, scales } = storedInt8(data, dims[0]);
