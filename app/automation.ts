@@ -13,6 +13,7 @@ import type {
 import type { DecodeReport } from '../coordinator/vae-decoding.ts';
 import type { WebMProbe } from '../coordinator/video.ts';
 import type { WorkerStatus } from '../worker/endpoint.ts';
+import type { Transport } from '../core/net/channel.ts';
 
 /** Float32 values as page.evaluate carries them: the shape, and the values in base64. */
 export interface Base64Floats {
@@ -64,6 +65,22 @@ export interface DecodeOutcome {
   webm: string | null;
 }
 
+/** A worker of the swarm, as the dashboard's swarm table shows it. */
+export interface WorkerSummary {
+  id: string;
+  /** where it computes with ep 'auto': the EP it measured faster; null while it is measured */
+  ep: 'webgpu' | 'wasm' | null;
+  threads: number;
+  /** its GPU adapter, as its browser names it */
+  adapter: string;
+  /** its link to the coordinator: a data channel, or through the server's relay */
+  transport: Transport;
+  /** what it is doing: 'idle', or the executor's activity ('computing step 3', …) */
+  state: string;
+  /** a tab of the coordinator's own browser */
+  thisMachine: boolean;
+}
+
 /** The links a swarm's workers join with, on this machine and on the LAN. */
 export interface JoinLinks {
   joinUrl: string;
@@ -75,6 +92,7 @@ export interface DashboardAutomation {
   /** settles once the swarm is open and the queue restored */
   ready: Promise<JoinLinks & { swarmId: string }>;
   workerCount(): number;
+  workers(): WorkerSummary[];
   /** a new worker link; null when the old one could not be revoked (the page says why) */
   revokeJoinLink(): Promise<JoinLinks | null>;
   /** peer ids of the running executor's ranks, in rank order */
@@ -84,6 +102,8 @@ export interface DashboardAutomation {
   submit(overrides: JobOverrides): Promise<number>;
   /** what the job would take on the swarm as it is now, phase by phase; rejects where it cannot be told now */
   estimate(overrides: JobOverrides): Promise<JobEstimate>;
+  /** stops a job: a queued one never starts, a running one stops at its next step */
+  cancel(id: number): Promise<void>;
   /** the job's outcome once it settles; rejects with its error if it failed */
   result(id: number): Promise<JobResult>;
   /** a job through the queue; with `stepLatents`, the latent after each step too (base64) */

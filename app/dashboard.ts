@@ -471,6 +471,16 @@ const automation: DashboardAutomation = {
   },
   ready: start(),
   workerCount: () => swarm?.workers().length ?? 0,
+  workers: () =>
+    (swarm?.workers() ?? []).map((w) => ({
+      id: w.id,
+      ep: w.measurement?.auto.ep ?? null,
+      threads: w.info.threads,
+      adapter: w.info.adapter,
+      transport: w.transport,
+      state: w.activity ?? w.pulse?.state ?? 'idle',
+      thisMachine: defined(swarm, 'the swarm').isThisMachine(w),
+    })),
   revokeJoinLink,
   ranks: () => pipeline?.pipe.executor?.workers.map((w) => w.id) ?? [],
   jobs: () =>
@@ -491,6 +501,9 @@ const automation: DashboardAutomation = {
     const estimate = await estimateOf(job);
     if (!estimate) throw new Error('the job cannot be estimated now: see the dashboard');
     return estimate;
+  },
+  async cancel(id) {
+    await defined(queue, 'the job queue (the dashboard is still starting)').cancel(id);
   },
   async result(id) {
     if (!queue) throw new Error('the dashboard is still starting');

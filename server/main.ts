@@ -6,13 +6,16 @@ import { CACHE_ROOT } from './model-folder.ts';
 import { lanAddresses } from './origins.ts';
 import { OWNER_KEY_PARAM } from '../core/net/join-token.ts';
 import { DEFAULT_PORT, servedOr, startServer } from './serve.ts';
+import { DEFAULT_DATA_DIR, DEFAULTS as API_DEFAULTS, prepareApi, type VideoApi } from './api/api.ts';
 
 // `npm start [-- --model PATH|URL] [--lora FILE[:STRENGTH]]... [--port N] [--rebuild] [--key K] [--ice-servers LIST]
-//   [--relay fallback|force|off | --force-relay] [--allow-origin ORIGIN ...]`:
+//   [--relay fallback|force|off | --force-relay] [--allow-origin ORIGIN ...]
+//   [--api [--local-workers N] [--data DIR] [--max-queue N] [--api-rate N]]`:
 // build if needed, serve, print where to go. With --model the dashboard starts on that model
 // folder: one on this machine (served to the pages, with Range requests) or a URL. The server
 // answers to its own names (localhost, its LAN addresses, its machine name) and pages of its own
-// origins, and of those --allow-origin names (a page of yours embedding the library).
+// origins, and of those --allow-origin names (a page of yours embedding the library). With --api it also serves
+// the video API at /v1 (server/api), running its own coordinator in a headless Chromium.
 const { values: flags } = parseArgs({
   options: {
     port: { type: 'string' },
@@ -24,8 +27,35 @@ const { values: flags } = parseArgs({
     relay: { type: 'string' },
     'force-relay': { type: 'boolean', default: false },
     'allow-origin': { type: 'string', multiple: true, default: [] },
+    api: { type: 'boolean', default: false },
+    'local-workers': { type: 'string' },
+    data: { type: 'string' },
+    'max-queue': { type: 'string' },
+    'api-rate': { type: 'string' },
   },
 });
+
+/** A whole number ≥ `min` from a flag, or its default; anything else ends the server, saying what it takes. */
+function wholeFlag(name: 'local-workers' | 'max-queue' | 'api-rate', fallback: number, min: number): number {
+  const given = flags[name];
+  if (!flags.api && given !== undefined) {
+    console.error(`--${name} is the video API's: give --api too`);
+    process.exit(2);
+  }
+  const value = given === undefined ? fallback : Number(given);
+  if (!Number.isInteger(value) || value < min) {
+    console.error(`--${name} takes a whole number ≥ ${min}, got ${given}`);
+    process.exit(2);
+  }
+  return value;
+}
+const localWorkers = wholeFlag('local-workers', API_DEFAULTS.localWorkers, 0);
+const maxQueued = wholeFlag('max-queue', API_DEFAULTS.maxQueued, 1);
+const requestsPerMinute = wholeFlag('api-rate', API_DEFAULTS.requestsPerMinute, 1);
+if (flags.data !== undefined && !flags.api) {
+  console.error("--data is the video API's folder: give --api too");
+  process.exit(2);
+}
 
 const allowOrigins = flags['allow-origin'];
 for (const origin of allowOrigins) {
@@ -62,7 +92,26 @@ const model = servedOr({ model: flags.model, loras: flags.lora }, (why) => {
   process.exit(2);
 });
 
+let api: VideoApi | undefined;
+try {
+  api = flags.api
+    ? prepareApi({
+        dataDir: flags.data ?? DEFAULT_DATA_DIR,
+        localWorkers,
+        maxQueued,
+        requestsPerMinute,
+        keyFromEnv: process.env.DITSWARM_API_KEY,
+        model: model.defaultModel,
+        log: (line) => console.error(line),
+      })
+    : undefined;
+} catch (e) {
+  console.error(`--api: ${(e as Error).message}`);
+  process.exit(2);
+}
+
 const server = await startServer({
+  api: api && ((origins) => api.router(origins)),
   port: requestedPort,
   rebuild: flags.rebuild,
   peerKey: flags.key ?? process.env.DITSWARM_KEY ?? newPeerKey(),
@@ -96,6 +145,12 @@ console.log(
           '   unless that browser treats this origin as secure, see chrome://flags/#unsafely-treat-insecure-origin-as-secure)',
         ]
       : []),
+    ...(api
+      ? [
+          `  video API   ${server.url}/v1/videos  (key: ${api.key.where}; see ${server.url}/v1/openapi.json)`,
+          `  data        ${flags.data ?? DEFAULT_DATA_DIR}`,
+        ]
+      : []),
     `  signaling   ${server.url}/peerjs  key "${server.peerKey}"`,
     `  ICE servers ${
       iceUrls.length
@@ -115,6 +170,22 @@ console.log(
 
 for (const signal of ['SIGINT', 'SIGTERM'] as const) {
   process.once(signal, () => {
-    void server.close().finally(() => process.exit(0));
+    void (api?.close() ?? Promise.resolve())
+      .catch(() => {})
+      .then(() => server.close())
+      .finally(() => process.exit(0));
   });
+}
+
+if (api) {
+  console.error(`api: opening the coordinator${localWorkers ? ` and ${localWorkers} local worker tab(s)` : ''}…`);
+  try {
+    const host = await api.start(server.url);
+    const { joinUrl, lanJoinUrl } = await host.swarm();
+    console.log(`  API worker link  ${joinUrl}${lanJoinUrl ? `\n  API LAN link     ${lanJoinUrl}` : ''}\napi: ready`);
+  } catch (e) {
+    console.error(`api: could not open the coordinator: ${(e as Error).message}`);
+    await server.close();
+    process.exit(1);
+  }
 }

@@ -8,7 +8,7 @@ import type { IceServer, RelayMode } from '../core/net/peer-link.ts';
 import { RELAY_PATH } from '../core/net/relay-client.ts';
 import { newPeerKey, SIGNALING_PATH, mountSignaling } from './peer-signaling.ts';
 import { mountJoinTokens, openJoinTokens, type JoinTokens } from './join-tokens.ts';
-import { lanAddresses, serverOrigins } from './origins.ts';
+import { lanAddresses, serverOrigins, type Origins } from './origins.ts';
 import { createRelay, type Relay } from './relay.ts';
 import { serveModelFile, serveModelFolder } from './model-route.ts';
 import { parseLoraFlag, type LoraRef } from '../core/model/lora.ts';
@@ -44,6 +44,8 @@ export interface ServerOptions {
   allowOrigins?: string[];
   /** where the join tokens' secret and revocations outlive restarts (npm start); else a fresh secret each start */
   stateDir?: string;
+  /** the video API's router (server/api), mounted at /v1 under the server's Host and Origin rules */
+  api?: (origins: Origins) => express.Router;
 }
 
 /** Where a model folder given as a local path is served (`--model PATH`). */
@@ -201,6 +203,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
   for (const [path, dir] of Object.entries(options.modelFolders ?? {}))
     app.use(path, ...serveModelFolder(dir), statusOnly);
   for (const [path, file] of Object.entries(options.loraFiles ?? {})) app.get(path, serveModelFile(file));
+  if (options.api) app.use('/v1', options.api(origins));
   app.use(express.static(DIST_DIR));
 
   boundPort = await listenOnFreePort(server, port);

@@ -52,18 +52,7 @@ export async function startLocalSwarm({
   const { context, kept, close: closeBrowser } = await launchBrowser(profileDir, log);
   try {
     const dashboard = await context.newPage();
-    if (kept) {
-      // a kept profile keeps the weights and encoded prompts for the next run, not this run's jobs:
-      // a dashboard restores its queue at start, and the last run's would run before this one's
-      await dashboard.goto(`${server.url}/models.json`);
-      await dashboard.evaluate(
-        (name) =>
-          new Promise((done) =>
-            Object.assign(indexedDB.deleteDatabase(name), { onsuccess: done, onerror: done, onblocked: done }),
-          ),
-        JOB_DATABASE,
-      );
-    }
+    if (kept) await forgetDashboardJobs(dashboard, server.url);
     const forward = (page: Page, who: string) =>
       page.on('console', (m) => (m.type() === 'error' || m.type() === 'warning') && log(`[${who}] ${m.text()}`));
     forward(dashboard, 'dashboard');
@@ -99,7 +88,7 @@ export async function startLocalSwarm({
 }
 
 /** Chromium on a profile of its own: `profileDir` if no other browser has it open, else a new one gone at close. */
-async function launchBrowser(
+export async function launchBrowser(
   profileDir: string | undefined,
   log: (line: string) => void,
 ): Promise<{ context: BrowserContext; kept: boolean; close: () => Promise<void> }> {
@@ -126,6 +115,22 @@ async function launchBrowser(
       rmSync(dir, { recursive: true, force: true });
     },
   };
+}
+
+/**
+ * Deletes the job queue a dashboard of `serverUrl` kept in this browser's profile. A kept profile keeps the weights
+ * and encoded prompts for the next run, not the last run's jobs: a dashboard restores its queue at start, and the
+ * last run's would run before this one's. Leaves `page` on a page of the origin, not the dashboard.
+ */
+export async function forgetDashboardJobs(page: Page, serverUrl: string): Promise<void> {
+  await page.goto(`${serverUrl}/models.json`);
+  await page.evaluate(
+    (name) =>
+      new Promise((done) =>
+        Object.assign(indexedDB.deleteDatabase(name), { onsuccess: done, onerror: done, onblocked: done }),
+      ),
+    JOB_DATABASE,
+  );
 }
 
 /** What a page's own error said, from Playwright's wrapping of it: its first line, as the page worded it. */

@@ -20,7 +20,7 @@ import { WEIGHT_TYPES } from '../../core/worker-api.ts';
 import { CACHE_ROOT } from '../model-folder.ts';
 import { servedOr } from '../serve.ts';
 import { pageError, startLocalSwarm } from './browser-swarm.ts';
-import { JOB_FLAG_OPTIONS, jobFlagValues } from './job-flags.ts';
+import { degreeOfWorkers, JOB_FLAG_OPTIONS, jobFlagValues } from './job-flags.ts';
 
 /**
  * where generate serves unless told (not the dashboard's, so both can run at once): a fixed port,
@@ -282,7 +282,10 @@ try {
     ...inputs,
     backend: values.backend,
     // with CFG parallel the degree is that of each of the two groups, with stages that of each stage
-    workers: values.backend === 'swarm' ? workers / (cfgParallel ? 2 : 1) / stages : 1,
+    workers:
+      values.backend === 'swarm'
+        ? (degreeOfWorkers(workers, stages, cfgParallel) ?? fail(`--workers ${workers} cannot be shared evenly`))
+        : 1,
     ...(stages > 1 && { stages }),
     ...(values.pipefusion !== undefined && { pipeFusionPatches: Number(values.pipefusion) }),
     ...(weightType && { weightType }),

@@ -21,3 +21,12 @@ export function jobFlagValues(values: Partial<Record<JobFlag, string>>): Partial
     if (values[key] !== undefined) out[key] = Number(values[key]);
   return out;
 }
+
+/**
+ * The Ulysses degree of each stage (of each CFG group) that `total` workers make: with CFG parallel each of the two
+ * groups runs every stage, each stage on the same number of workers. null where they cannot be shared so.
+ */
+export function degreeOfWorkers(total: number, stages: number, cfgParallel: boolean): number | null {
+  const perStage = stages * (cfgParallel ? 2 : 1);
+  return total % perStage ? null : total / perStage;
+}

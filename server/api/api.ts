@@ -1,0 +1,77 @@
+// `npm start -- --api`: the video API on this server. Its router is mounted before the server listens (calls wait
+// until the coordinator is up); `start` then opens the coordinator page and the local worker tabs, and the queue
+// takes up what the database holds.
+
+import { homedir } from 'node:os';
+import { join } from 'node:path';
+import type express from 'express';
+import type { Origins } from '../origins.ts';
+import { loadApiKey, type ApiKey } from './api-key.ts';
+import { hostCoordinator, type CoordinatorHost } from './coordinator-host.ts';
+import { JobDb } from './job-db.ts';
+import { JobFiles } from './job-files.ts';
+import { videoApi, type ApiParts } from './routes.ts';
+import { VideoJobs } from './video-jobs.ts';
+
+export interface ApiSettings {
+  /** the database, the videos, the key and the browser's profile */
+  dataDir: string;
+  /** worker tabs this server opens on its own machine */
+  localWorkers: number;
+  /** queued jobs at most (429 past it) */
+  maxQueued: number;
+  requestsPerMinute: number;
+  /** DITSWARM_API_KEY */
+  keyFromEnv?: string;
+  /** the server's --model, which a job runs on unless it names another */
+  model?: string;
+  log: (line: string) => void;
+}
+
+export interface VideoApi {
+  key: ApiKey;
+  /** mount at /v1 */
+  router: (origins: Origins) => express.Router;
+  /** opens the coordinator on the server at `serverUrl`, then runs the queue */
+  start: (serverUrl: string) => Promise<CoordinatorHost>;
+  close: () => Promise<void>;
+}
+
+/** where the API keeps its jobs unless --data says (they are no cache: the videos are the user's) */
+export const DEFAULT_DATA_DIR = join(process.env.XDG_DATA_HOME ?? join(homedir(), '.local/share'), 'ditswarm');
+
+export const DEFAULTS = { localWorkers: 0, maxQueued: 100, requestsPerMinute: 1200 } as const;
+
+export function prepareApi(settings: ApiSettings): VideoApi {
+  const key = loadApiKey(settings.dataDir, settings.keyFromEnv);
+  let resolveParts: (parts: ApiParts) => void = () => {};
+  const parts = new Promise<ApiParts>((resolve) => (resolveParts = resolve));
+  let db: JobDb | null = null;
+  let host: CoordinatorHost | null = null;
+  return {
+    key,
+    router: (origins) => videoApi(parts, { key: key.key, origins, requestsPerMinute: settings.requestsPerMinute }),
+    async start(serverUrl) {
+      db = JobDb.open(settings.dataDir);
+      host = await hostCoordinator({
+        serverUrl,
+        profileDir: join(settings.dataDir, 'browser'),
+        localWorkers: settings.localWorkers,
+        log: settings.log,
+      });
+      const coordinator = host;
+      const jobs = new VideoJobs(db, new JobFiles(join(settings.dataDir, 'videos')), coordinator, {
+        maxQueued: settings.maxQueued,
+        hasWorkers: async () => (await coordinator.swarm()).workers.length > 0,
+        log: settings.log,
+      });
+      jobs.start();
+      resolveParts({ jobs, coordinator, model: settings.model });
+      return coordinator;
+    },
+    async close() {
+      await host?.close();
+      db?.close();
+    },
+  };
+}

@@ -1,0 +1,198 @@
+// The API's jobs, kept in SQLite (node-sqlite3-wasm: SQLite compiled to WebAssembly with a file-system VFS, so
+// it installs anywhere without a native build) under the server's data folder; the videos and latents are
+// files beside it (job-files.ts). Every write is synchronous=FULL: a job answered with 202 is on the disk.
+
+import { mkdirSync } from 'node:fs';
+import { join } from 'node:path';
+import sqlite from 'node-sqlite3-wasm';
+import type { VideoRequest } from './video-request.ts';
+
+export const VIDEO_STATUSES = ['queued', 'in_progress', 'completed', 'failed', 'cancelled'] as const;
+export type VideoStatus = (typeof VIDEO_STATUSES)[number];
+
+/** A job that will not run again. */
+export const isFinal = (status: VideoStatus): boolean =>
+  status === 'completed' || status === 'failed' || status === 'cancelled';
+
+export interface JobError {
+  /** what kind of failure: 'job_failed', 'interrupted', 'storage_full', 'cancelled' */
+  code: string;
+  message: string;
+}
+
+export interface VideoJob {
+  id: string;
+  /** the order jobs were accepted in, which is the order they run in */
+  seq: number;
+  status: VideoStatus;
+  request: VideoRequest;
+  createdAt: number;
+  startedAt: number | null;
+  completedAt: number | null;
+  /** 0–100 */
+  progress: number;
+  /** what is under way ('encoding', 'step 3 of 20', …) */
+  phase: string | null;
+  /** what is left by the coordinator's estimate; null where it has none */
+  etaMs: number | null;
+  error: JobError | null;
+  /** the coordinator's report of the finished job (GenerateReport) */
+  report: unknown;
+  /** runs started: a run a crash or a restart interrupted counts too */
+  attempts: number;
+}
+
+/** A write the disk refused for want of room: the API answers 507 and keeps what it had. */
+export class DiskFullError extends Error {
+  override name = 'DiskFullError';
+}
+
+const isDiskFull = (e: unknown) => /SQLITE_FULL|database or disk is full|ENOSPC/i.test(String(e));
+
+type Row = Record<string, sqlite.SQLiteValue>;
+
+const SCHEMA = `
+  CREATE TABLE IF NOT EXISTS jobs (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    status TEXT NOT NULL,
+    request TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    started_at INTEGER,
+    completed_at INTEGER,
+    progress INTEGER NOT NULL DEFAULT 0,
+    phase TEXT,
+    eta_ms INTEGER,
+    error TEXT,
+    report TEXT,
+    attempts INTEGER NOT NULL DEFAULT 0
+  );
+  CREATE INDEX IF NOT EXISTS jobs_by_status ON jobs (status, seq);
+`;
+
+/** The fields of a job that change as it runs. */
+export type JobChange = Partial<
+  Pick<
+    VideoJob,
+    'status' | 'startedAt' | 'completedAt' | 'progress' | 'phase' | 'etaMs' | 'error' | 'report' | 'attempts'
+  >
+>;
+
+const COLUMNS: Record<keyof JobChange, string> = {
+  status: 'status',
+  startedAt: 'started_at',
+  completedAt: 'completed_at',
+  progress: 'progress',
+  phase: 'phase',
+  etaMs: 'eta_ms',
+  error: 'error',
+  report: 'report',
+  attempts: 'attempts',
+};
+const JSON_FIELDS = new Set<keyof JobChange>(['error', 'report']);
+
+export class JobDb {
+  private constructor(private readonly db: sqlite.Database) {}
+
+  /** Opens (or makes) `dir`/jobs.sqlite. */
+  static open(dir: string): JobDb {
+    mkdirSync(dir, { recursive: true });
+    const db = new sqlite.Database(join(dir, 'jobs.sqlite'));
+    // the journal is deleted once a write is done, and every write waits for the disk
+    db.exec('PRAGMA journal_mode = DELETE; PRAGMA synchronous = FULL;');
+    db.exec(SCHEMA);
+    return new JobDb(db);
+  }
+
+  close(): void {
+    if (this.db.isOpen) this.db.close();
+  }
+
+  /** Writes a new job; throws DiskFullError where the disk has no room (nothing is then stored). */
+  insert(job: Omit<VideoJob, 'seq'>): VideoJob {
+    const { lastInsertRowid } = this.write(() =>
+      this.db.run('INSERT INTO jobs (id, status, request, created_at, progress, attempts) VALUES (?, ?, ?, ?, ?, ?)', [
+        job.id,
+        job.status,
+        JSON.stringify(job.request),
+        job.createdAt,
+        job.progress,
+        job.attempts,
+      ]),
+    );
+    return { ...job, seq: Number(lastInsertRowid) };
+  }
+
+  update(id: string, change: JobChange): void {
+    const keys = Object.keys(change) as (keyof JobChange)[];
+    if (!keys.length) return;
+    const values = keys.map((k) => {
+      const v = change[k];
+      return JSON_FIELDS.has(k) ? (v === null || v === undefined ? null : JSON.stringify(v)) : (v as sqlite.JSValue);
+    });
+    this.write(() =>
+      this.db.run(`UPDATE jobs SET ${keys.map((k) => `${COLUMNS[k]} = ?`).join(', ')} WHERE id = ?`, [...values, id]),
+    );
+  }
+
+  delete(id: string): void {
+    this.write(() => this.db.run('DELETE FROM jobs WHERE id = ?', [id]));
+  }
+
+  get(id: string): VideoJob | null {
+    const row = this.db.get('SELECT * FROM jobs WHERE id = ?', [id]) as Row | null;
+    return row && fromRow(row);
+  }
+
+  /** Newest first: `limit` jobs accepted before the job `after` (from the newest without it). */
+  list({ limit, after }: { limit: number; after?: string }): VideoJob[] {
+    const before = after === undefined ? null : this.get(after)?.seq;
+    if (before === undefined) return [];
+    const rows =
+      before === null
+        ? this.db.all('SELECT * FROM jobs ORDER BY seq DESC LIMIT ?', [limit])
+        : this.db.all('SELECT * FROM jobs WHERE seq < ? ORDER BY seq DESC LIMIT ?', [before, limit]);
+    return (rows as Row[]).map(fromRow);
+  }
+
+  /** The jobs still to run or running, oldest first. */
+  unfinished(): VideoJob[] {
+    return (this.db.all("SELECT * FROM jobs WHERE status IN ('queued', 'in_progress') ORDER BY seq") as Row[]).map(
+      fromRow,
+    );
+  }
+
+  countQueued(): number {
+    const row = this.db.get("SELECT COUNT(*) AS n FROM jobs WHERE status = 'queued'") as Row;
+    return Number(row.n);
+  }
+
+  private write<T>(write: () => T): T {
+    try {
+      return write();
+    } catch (e) {
+      if (isDiskFull(e)) throw new DiskFullError(`the disk holding the job database is full: ${(e as Error).message}`);
+      throw e;
+    }
+  }
+}
+
+function fromRow(row: Row): VideoJob {
+  const json = (v: sqlite.SQLiteValue) => (v === null ? null : (JSON.parse(String(v)) as unknown));
+  const num = (v: sqlite.SQLiteValue) => (v === null ? null : Number(v));
+  return {
+    id: String(row.id),
+    seq: Number(row.seq),
+    status: String(row.status) as VideoStatus,
+    request: json(row.request) as VideoRequest,
+    createdAt: Number(row.created_at),
+    startedAt: num(row.started_at),
+    completedAt: num(row.completed_at),
+    progress: Number(row.progress),
+    phase: row.phase === null ? null : String(row.phase),
+    etaMs: num(row.eta_ms),
+    error: json(row.error) as JobError | null,
+    report: json(row.report),
+    attempts: Number(row.attempts),
+  };
+}

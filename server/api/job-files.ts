@@ -1,0 +1,60 @@
+// The API's finished videos and latents: files beside the job database (<data>/videos/<id>.webm and
+// <id>.latent.safetensors), each written whole to a temporary name, flushed to the disk and then renamed, so a file
+// under its own name is always complete.
+
+import { closeSync, existsSync, fsyncSync, mkdirSync, openSync, renameSync, rmSync, writeSync } from 'node:fs';
+import { join } from 'node:path';
+import type { JobResult } from '../../app/automation.ts';
+import { latentShape } from '../../core/job.ts';
+import { writeSafetensors } from '../../core/safetensors.ts';
+import { DiskFullError } from './job-db.ts';
+
+export type FileVariant = 'video' | 'latent';
+
+const NAMES: Record<FileVariant, (id: string) => string> = {
+  video: (id) => `${id}.webm`,
+  latent: (id) => `${id}.latent.safetensors`,
+};
+
+export class JobFiles {
+  constructor(private readonly dir: string) {
+    mkdirSync(dir, { recursive: true });
+  }
+
+  path(id: string, variant: FileVariant): string | null {
+    const path = join(this.dir, NAMES[variant](id));
+    return existsSync(path) ? path : null;
+  }
+
+  /** The job's video (where it made one) and its latent [z_dim, T, h, w] as safetensors ("latent"). */
+  write(id: string, { video, latent, report }: JobResult): void {
+    const values = new Float32Array(new Uint8Array(Buffer.from(latent, 'base64')).buffer);
+    const [, t, h, w] = latentShape(report.config);
+    const shape = [values.length / (t * h * w), t, h, w];
+    this.writeWhole(join(this.dir, NAMES.latent(id)), writeSafetensors(new Map([['latent', { shape, data: values }]])));
+    if (video) this.writeWhole(join(this.dir, NAMES.video(id)), Buffer.from(video, 'base64'));
+  }
+
+  remove(id: string): void {
+    for (const name of Object.values(NAMES)) rmSync(join(this.dir, name(id)), { force: true });
+  }
+
+  private writeWhole(path: string, bytes: Uint8Array): void {
+    const partial = `${path}.partial`;
+    try {
+      const fd = openSync(partial, 'w');
+      try {
+        for (let at = 0; at < bytes.length;) at += writeSync(fd, bytes, at);
+        fsyncSync(fd);
+      } finally {
+        closeSync(fd);
+      }
+      renameSync(partial, path);
+    } catch (e) {
+      rmSync(partial, { force: true });
+      if ((e as NodeJS.ErrnoException).code === 'ENOSPC')
+        throw new DiskFullError(`the disk holding the videos is full: ${(e as Error).message}`);
+      throw e;
+    }
+  }
+}

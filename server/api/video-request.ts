@@ -1,0 +1,228 @@
+// `POST /v1/videos`'s body, as OpenAI's video API and vLLM-Omni's Wan serving shape it (prompt, size "832x480",
+// seconds) with the job fields ditswarm has beyond them (frames, steps, guidance, seed, LoRA, placement), checked
+// field by field into what the dashboard's automation API takes. A bad field is refused with its name and what
+// it may be: nothing is queued.
+
+import type { JobOverrides } from '../../app/automation.ts';
+import { checkJobParams, JOB_SCHEDULERS, LIMITS, type JobParams } from '../../core/job.ts';
+import { checkLoras, LoraError } from '../../core/model/lora.ts';
+import { DTYPES } from '../../core/net/protocol.ts';
+import { WEIGHT_TYPES } from '../../core/worker-api.ts';
+import { DEFAULT_FPS } from '../../coordinator/video.ts';
+import { degreeOfWorkers } from '../cli/job-flags.ts';
+
+/** A job as the API keeps it: what the dashboard's automation API is given, the form's values beneath. */
+export interface VideoRequest {
+  overrides: JobOverrides;
+}
+
+/** A field the API refuses: `param` names it, as OpenAI's errors do. */
+export class RequestError extends Error {
+  override name = 'RequestError';
+  constructor(
+    message: string,
+    readonly param: string | null,
+  ) {
+    super(message);
+  }
+}
+
+/** Sizes worth naming when one is refused: Wan's published 480p and 720p, either way up. */
+export const NAMED_SIZES = ['832x480', '480x832', '1280x720', '720x1280'];
+
+export function sizeRule(defaultModelSize: string | null): string {
+  const { min, max } = LIMITS.size;
+  return (
+    `WIDTHxHEIGHT with each side a multiple of 16 from ${min} to ${max}, such as ` +
+    [...(defaultModelSize ? [`${defaultModelSize} (this server's default model's)`] : []), ...NAMED_SIZES].join(', ')
+  );
+}
+
+const EPS = ['auto', 'webgpu', 'wasm'] as const;
+const PARALLEL = ['ulysses', 'displaced'] as const;
+const CACHES = ['off', 'auto', 'magcache'] as const;
+const OUTPUTS = ['video', 'latent'] as const;
+
+/** Every field the body may have: anything else is refused by name (a misspelt field would be silently dropped). */
+const FIELDS = [
+  'prompt',
+  'negative_prompt',
+  'model',
+  'size',
+  'width',
+  'height',
+  'frames',
+  'seconds',
+  'steps',
+  'guidance',
+  'seed',
+  'flow_shift',
+  'scheduler',
+  'lora',
+  'workers',
+  'stages',
+  'parallel',
+  'warmup_steps',
+  'pipefusion',
+  'cfg_parallel',
+  'dtype',
+  'weights',
+  'ep',
+  'cache',
+  'cache_threshold',
+  'output',
+] as const;
+
+/** JobParams' fields by the API's names, where they differ. */
+const PARAM_NAMES: Partial<Record<keyof JobParams, string>> = {
+  negativePrompt: 'negative_prompt',
+  flowShift: 'flow_shift',
+};
+
+/**
+ * The body of a POST, checked: throws a RequestError naming the first field it refuses. `model` is the served
+ * model the job runs on unless the body names one; `defaultModelSize` is named among the allowed sizes.
+ */
+export function parseVideoRequest(
+  body: unknown,
+  { model, defaultModelSize = null }: { model?: string; defaultModelSize?: string | null } = {},
+): VideoRequest {
+  if (typeof body !== 'object' || body === null || Array.isArray(body))
+    throw new RequestError('the body is a JSON object: { "prompt": "…", … }', null);
+  const b = body as Record<string, unknown>;
+  for (const key of Object.keys(b))
+    if (!(FIELDS as readonly string[]).includes(key))
+      throw new RequestError(`unknown field ${JSON.stringify(key)}; the fields are ${FIELDS.join(', ')}`, key);
+
+  const oneOf = <T extends string>(key: string, allowed: readonly T[]): T | undefined => {
+    const v = b[key];
+    if (v === undefined) return undefined;
+    if (typeof v !== 'string' || !(allowed as readonly string[]).includes(v))
+      throw new RequestError(`${key} is ${allowed.map((a) => JSON.stringify(a)).join(', ')}; got ${show(v)}`, key);
+    return v as T;
+  };
+  const whole = (key: string, min: number): number | undefined => {
+    const v = b[key];
+    if (v === undefined) return undefined;
+    if (typeof v !== 'number' || !Number.isInteger(v) || v < min)
+      throw new RequestError(`${key} is a whole number ≥ ${min}; got ${show(v)}`, key);
+    return v;
+  };
+
+  if (typeof b.prompt !== 'string')
+    throw new RequestError('prompt is required: the text of the video you want', 'prompt');
+  const params: Partial<Record<keyof JobParams, unknown>> = { prompt: b.prompt };
+  if (b.negative_prompt !== undefined) params.negativePrompt = b.negative_prompt;
+  for (const key of ['steps', 'guidance', 'seed', 'scheduler'] as const) if (b[key] !== undefined) params[key] = b[key];
+  if (b.flow_shift !== undefined) params.flowShift = b.flow_shift;
+  if (b.scheduler !== undefined) oneOf('scheduler', JOB_SCHEDULERS);
+
+  // size "WxH", or width and height
+  const rule = sizeRule(defaultModelSize);
+  if (b.size !== undefined) {
+    if (b.width !== undefined || b.height !== undefined)
+      throw new RequestError('give size or width and height, not both', 'size');
+    const match = typeof b.size === 'string' ? /^(\d+)x(\d+)$/.exec(b.size) : null;
+    if (!match) throw new RequestError(`size is ${rule}; got ${show(b.size)}`, 'size');
+    params.width = Number(match[1]);
+    params.height = Number(match[2]);
+  } else {
+    if (b.width !== undefined) params.width = b.width;
+    if (b.height !== undefined) params.height = b.height;
+  }
+  // frames, or seconds at the model's frame rate (Wan's 4k+1 frames: 5 s at 16 fps is 81)
+  if (b.seconds !== undefined) {
+    if (b.frames !== undefined) throw new RequestError('give frames or seconds, not both', 'seconds');
+    const seconds = typeof b.seconds === 'string' && b.seconds.trim() !== '' ? Number(b.seconds) : b.seconds;
+    if (typeof seconds !== 'number' || !(seconds > 0))
+      throw new RequestError(
+        `seconds is a number above 0 (at ${DEFAULT_FPS} frames a second); got ${show(b.seconds)}`,
+        'seconds',
+      );
+    params.frames = 4 * Math.round((seconds * DEFAULT_FPS) / 4) + 1;
+  } else if (b.frames !== undefined) params.frames = b.frames;
+
+  const errors = checkJobParams(params);
+  const bad = Object.entries(errors)[0] as [keyof JobParams, string] | undefined;
+  if (bad) {
+    const [field, problem] = bad;
+    if ((field === 'width' || field === 'height') && b.size !== undefined)
+      throw new RequestError(`size ${show(b.size)}: its ${field} ${problem}; size is ${rule}`, 'size');
+    if (field === 'frames' && b.seconds !== undefined)
+      throw new RequestError(
+        `seconds ${show(b.seconds)} makes ${params.frames as number} frames, which ${problem}`,
+        'seconds',
+      );
+    throw new RequestError(`${PARAM_NAMES[field] ?? field} ${problem}`, PARAM_NAMES[field] ?? field);
+  }
+
+  // placement
+  const stages = whole('stages', 1) ?? 1;
+  const cfgParallel = b.cfg_parallel;
+  if (cfgParallel !== undefined && typeof cfgParallel !== 'boolean')
+    throw new RequestError(`cfg_parallel is true or false; got ${show(cfgParallel)}`, 'cfg_parallel');
+  let workers: number | 'auto' = 'auto';
+  if (b.workers !== undefined && b.workers !== 'auto') {
+    const total = whole('workers', 1) as number;
+    const degree = degreeOfWorkers(total, stages, cfgParallel === true);
+    if (degree === null)
+      throw new RequestError(
+        `workers ${total} cannot run ${stages} stage(s)${cfgParallel ? ' for each of the two CFG groups' : ''} ` +
+          `on equal numbers of workers: give a multiple of ${stages * (cfgParallel ? 2 : 1)}`,
+        'workers',
+      );
+    workers = degree;
+  }
+  const overrides: JobOverrides = { ...(params as Partial<JobParams>), backend: 'swarm', workers };
+  if (stages > 1) overrides.stages = stages;
+  if (cfgParallel !== undefined) overrides.cfgParallel = cfgParallel;
+  const parallel = oneOf('parallel', PARALLEL);
+  if (parallel) overrides.parallel = parallel;
+  const warmupSteps = whole('warmup_steps', 0);
+  if (warmupSteps !== undefined) overrides.warmupSteps = warmupSteps;
+  const patches = whole('pipefusion', 2);
+  if (patches !== undefined) overrides.pipeFusionPatches = patches;
+  const dtype = oneOf('dtype', DTYPES);
+  if (dtype) overrides.dtype = dtype;
+  const weights = oneOf('weights', WEIGHT_TYPES);
+  if (weights) overrides.weightType = weights;
+  const ep = oneOf('ep', EPS);
+  if (ep) overrides.ep = ep;
+  const cache = oneOf('cache', CACHES);
+  const threshold = b.cache_threshold;
+  if (
+    threshold !== undefined &&
+    (cache !== 'magcache' || typeof threshold !== 'number' || !(threshold >= 0 && threshold <= 1))
+  )
+    throw new RequestError(
+      `cache_threshold is a number from 0 to 1, with cache "magcache"; ` +
+        `got ${show(threshold)} with cache ${show(cache)}`,
+      'cache_threshold',
+    );
+  if (cache === 'magcache') overrides.cache = { method: 'magcache', ...(threshold !== undefined && { threshold }) };
+  else if (cache) overrides.cache = cache;
+  const output = oneOf('output', OUTPUTS);
+  if (output) overrides.outputType = output;
+
+  if (b.model !== undefined && (typeof b.model !== 'string' || !/^(https?:\/\/|\/models\/)/.test(b.model)))
+    throw new RequestError(
+      `model is a model folder's http(s) URL or a path this server serves (/models/…); got ${show(b.model)}`,
+      'model',
+    );
+  const modelUrl = b.model ?? model;
+  if (modelUrl) overrides.model = modelUrl;
+  if (b.lora !== undefined) {
+    const list = Array.isArray(b.lora) ? b.lora : [b.lora];
+    try {
+      overrides.loras = checkLoras(
+        list.map((l: unknown) => (typeof l === 'string' ? { url: l, strength: 1 } : { strength: 1, ...(l as object) })),
+      );
+    } catch (e) {
+      if (e instanceof LoraError) throw new RequestError(`lora: ${e.message}`, 'lora');
+      throw e;
+    }
+  }
+  return { overrides };
+}
+
+const show = (v: unknown): string => (v === undefined ? 'nothing' : JSON.stringify(v));
