@@ -1,0 +1,582 @@
+// The video API's parts apart from HTTP (server/api): the POST body's checks, the key, the job database and the
+// queue that runs its jobs on a stand-in coordinator.
+
+import { mkdtempSync, readFileSync, statSync, symlinkSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import type { Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { Ajv2020 } from 'ajv/dist/2020.js';
+import express from 'express';
+import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
+import { defined } from '../../core/defined.ts';
+import { OPENAPI } from '../../server/api/openapi.ts';
+import { videoApi } from '../../server/api/routes.ts';
+import type { VideoObject } from '../../server/api/video-object.ts';
+import { serverOrigins } from '../../server/origins.ts';
+import type { AutomationProgress, JobResult } from '../../app/automation.ts';
+import { authorized, loadApiKey } from '../../server/api/api-key.ts';
+import { CoordinatorLost, type Coordinator } from '../../server/api/coordinator-host.ts';
+import { DiskFullError, JobDb, type VideoJob } from '../../server/api/job-db.ts';
+import { JobFiles } from '../../server/api/job-files.ts';
+import { MAX_ATTEMPTS, QueueError, VideoJobs } from '../../server/api/video-jobs.ts';
+import { NAMED_SIZES, parseVideoRequest, RequestError } from '../../server/api/video-request.ts';
+import { readSafetensors } from '../../core/safetensors.ts';
+import type { GenerateReport } from '../../coordinator/pipeline.ts';
+
+const tmp = () => mkdtempSync(join(tmpdir(), 'ditswarm-api-'));
+
+/** The RequestError a body is refused with. */
+function refusal(body: unknown): RequestError {
+  try {
+    parseVideoRequest(body);
+  } catch (e) {
+    if (e instanceof RequestError) return e;
+    throw e;
+  }
+  throw new Error(`${JSON.stringify(body)} was accepted`);
+}
+
+describe("POST /v1/videos's body", () => {
+  it("takes OpenAI's size and seconds, and the job fields, as the dashboard takes them", () => {
+    const { overrides } = parseVideoRequest({
+      prompt: 'a cat',
+      negative_prompt: 'blur',
+      size: '832x480',
+      seconds: '5',
+      steps: 30,
+      guidance: 5,
+      seed: 7,
+      flow_shift: 3,
+      workers: 4,
+      cfg_parallel: true,
+      dtype: 'f16',
+      weights: 'int8',
+      ep: 'wasm',
+      cache: 'magcache',
+      cache_threshold: 0.2,
+      output: 'latent',
+      lora: ['https://x/a.safetensors', { url: 'https://x/b.safetensors', strength: 0.5 }],
+    });
+    expect(overrides).toEqual({
+      prompt: 'a cat',
+      negativePrompt: 'blur',
+      width: 832,
+      height: 480,
+      frames: 81, // 5 s at 16 fps, Wan's 4k+1
+      steps: 30,
+      guidance: 5,
+      seed: 7,
+      flowShift: 3,
+      backend: 'swarm',
+      workers: 2, // each of the two CFG groups
+      cfgParallel: true,
+      dtype: 'f16',
+      weightType: 'int8',
+      ep: 'wasm',
+      cache: { method: 'magcache', threshold: 0.2 },
+      outputType: 'latent',
+      loras: [
+        { url: 'https://x/a.safetensors', strength: 1 },
+        { url: 'https://x/b.safetensors', strength: 0.5 },
+      ],
+    });
+  });
+
+  it('leaves what it is not given to the model folder, and runs on the served model unless it names one', () => {
+    expect(parseVideoRequest({ prompt: 'a' }, { model: '/models/local' }).overrides).toEqual({
+      prompt: 'a',
+      backend: 'swarm',
+      workers: 'auto',
+      model: '/models/local',
+    });
+    expect(parseVideoRequest({ prompt: 'a', model: 'https://h/m' }, { model: '/models/local' }).overrides.model).toBe(
+      'https://h/m',
+    );
+    expect(parseVideoRequest({ prompt: 'a', width: 64, height: 32, frames: 9 }).overrides).toMatchObject({
+      width: 64,
+      height: 32,
+      frames: 9,
+    });
+    expect(parseVideoRequest({ prompt: 'a', seconds: 0.5 }).overrides.frames).toBe(9);
+    expect(parseVideoRequest({ prompt: 'a', stages: 2, workers: 4 }).overrides).toMatchObject({
+      stages: 2,
+      workers: 2,
+    });
+  });
+
+  it('refuses a bad size by naming the sizes it may be', () => {
+    for (const size of ['100x64', '832*480', 832, '2000x480']) {
+      const e = refusal({ prompt: 'a', size });
+      expect(e.param).toBe('size');
+      expect(e.message).toContain('multiple of 16 from 16 to 1280');
+      for (const named of NAMED_SIZES) expect(e.message).toContain(named);
+    }
+    expect(refusal({ prompt: 'a', size: '100x64' }).message).toContain('try 96');
+    expect(refusal({ prompt: 'a', size: '64x64', width: 64 }).param).toBe('size');
+  });
+
+  it('refuses each bad field by its name', () => {
+    const cases: [object, string][] = [
+      [{}, 'prompt'],
+      [{ prompt: '  ' }, 'prompt'],
+      [{ prompt: 'a', sizes: '64x64' }, 'sizes'],
+      [{ prompt: 'a', frames: 10 }, 'frames'],
+      [{ prompt: 'a', frames: 9, seconds: 1 }, 'seconds'],
+      [{ prompt: 'a', seconds: 'long' }, 'seconds'],
+      [{ prompt: 'a', steps: 0 }, 'steps'],
+      [{ prompt: 'a', negative_prompt: 3 }, 'negative_prompt'],
+      [{ prompt: 'a', flow_shift: 99 }, 'flow_shift'],
+      [{ prompt: 'a', scheduler: 'ddim' }, 'scheduler'],
+      [{ prompt: 'a', workers: 3, stages: 2 }, 'workers'],
+      [{ prompt: 'a', workers: 0 }, 'workers'],
+      [{ prompt: 'a', cfg_parallel: 'yes' }, 'cfg_parallel'],
+      [{ prompt: 'a', dtype: 'f8' }, 'dtype'],
+      [{ prompt: 'a', weights: 'int4' }, 'weights'],
+      [{ prompt: 'a', parallel: 'ring' }, 'parallel'],
+      [{ prompt: 'a', cache_threshold: 0.1 }, 'cache_threshold'],
+      [{ prompt: 'a', model: 'file:///etc' }, 'model'],
+      [{ prompt: 'a', lora: [{ url: 'x', strength: 'max' }] }, 'lora'],
+      [{ prompt: 'a', output: 'gif' }, 'output'],
+    ];
+    for (const [body, param] of cases) expect(refusal(body).param, JSON.stringify(body)).toBe(param);
+    expect(refusal([1]).param).toBeNull();
+    expect(refusal({ prompt: 'a', sizes: 1 }).message).toContain('the fields are prompt');
+  });
+});
+
+describe("the API's key", () => {
+  it('is made on the first start, kept for its owner alone, and the same at the next start', () => {
+    const dir = tmp();
+    const first = loadApiKey(dir, undefined);
+    expect(first.where).toBe(join(dir, 'api-key'));
+    expect(first.key.length).toBeGreaterThanOrEqual(32);
+    expect(statSync(first.where).mode & 0o777).toBe(0o600);
+    expect(loadApiKey(dir, undefined).key).toBe(first.key);
+    expect(loadApiKey(tmp(), undefined).key).not.toBe(first.key);
+    expect(readFileSync(first.where, 'utf8').trim()).toBe(first.key);
+  });
+
+  it('comes from DITSWARM_API_KEY where given, which is refused when short', () => {
+    expect(loadApiKey(tmp(), 'k'.repeat(16))).toEqual({ key: 'k'.repeat(16), where: 'DITSWARM_API_KEY' });
+    expect(() => loadApiKey(tmp(), 'short')).toThrow(/at least 16/);
+  });
+
+  it('matches only `Bearer <the key>`', () => {
+    const key = 'ds-0123456789abcdef';
+    expect(authorized(`Bearer ${key}`, key)).toBe(true);
+    expect(authorized(`bearer  ${key} `, key)).toBe(true);
+    for (const header of [undefined, '', key, `Bearer ${key}x`, `Bearer ${key.slice(0, -1)}`, `Basic ${key}`])
+      expect(authorized(header, key), String(header)).toBe(false);
+  });
+});
+
+/** A finished job as the coordinator's automation API gives it: a 9-frame 64×64 latent of 16 channels. */
+function resultOf(seed: number): JobResult {
+  const latent = Float32Array.from({ length: 16 * 3 * 8 * 8 }, (_, i) => seed + i / 1000);
+  const report = {
+    config: { frames: 9, height: 64, width: 64, model: '/models/tiny-wan-demo' },
+    steps: [],
+    totalMs: 1,
+  };
+  return {
+    report: report as unknown as GenerateReport,
+    latent: Buffer.from(latent.buffer).toString('base64'),
+    video: Buffer.from(`webm of ${seed}`).toString('base64'),
+  };
+}
+
+/** A coordinator that runs the jobs it is given when the test says, recording them. */
+class StandInCoordinator implements Coordinator {
+  readonly runs: {
+    prompt: string;
+    signal: AbortSignal;
+    finish(r: JobResult | Error): void;
+    progress(p: AutomationProgress): void;
+  }[] = [];
+  workers = 1;
+  swarm() {
+    return Promise.resolve({
+      joinUrl: 'j',
+      lanJoinUrl: 'l',
+      coordinator: 'ready' as const,
+      restarts: 0,
+      workers: Array.from({ length: this.workers }, (_, i) => ({
+        id: `w${i}`,
+        ep: 'wasm' as const,
+        threads: 1,
+        adapter: '',
+        transport: 'direct' as const,
+        state: 'idle',
+        thisMachine: true,
+      })),
+    });
+  }
+  run(overrides: { prompt?: string }, hooks: { onProgress: (p: AutomationProgress) => void; signal: AbortSignal }) {
+    return new Promise<JobResult>((resolve, reject) => {
+      this.runs.push({
+        prompt: overrides.prompt ?? '',
+        signal: hooks.signal,
+        finish: (r) => (r instanceof Error ? reject(r) : resolve(r)),
+        progress: hooks.onProgress,
+      });
+      hooks.signal.addEventListener('abort', () => reject(new Error('cancelled')));
+    });
+  }
+}
+
+const until = async (what: () => boolean) => {
+  for (let i = 0; i < 200 && !what(); i++) await new Promise((r) => setTimeout(r, 5));
+  expect(what()).toBe(true);
+};
+
+describe("the API's queue", () => {
+  const opened: JobDb[] = [];
+  afterEach(() => {
+    for (const db of opened.splice(0)) db.close();
+  });
+  function queue(dir = tmp(), coordinator = new StandInCoordinator(), maxQueued = 10) {
+    const db = JobDb.open(dir);
+    opened.push(db);
+    const jobs = new VideoJobs(db, new JobFiles(join(dir, 'videos')), coordinator, {
+      maxQueued,
+      hasWorkers: async () => (await coordinator.swarm()).workers.length > 0,
+      log: () => {},
+    });
+    return { dir, db, jobs, coordinator };
+  }
+  const ask = (prompt: string) => ({ overrides: { prompt } });
+
+  it('runs the jobs one at a time in the order accepted, and keeps their video and latent', async () => {
+    const { jobs, coordinator } = queue();
+    jobs.start();
+    const [a, b] = [await jobs.accept(ask('a')), await jobs.accept(ask('b'))];
+    expect(a.status).toBe('queued');
+    await until(() => coordinator.runs.length === 1);
+    expect(jobs.get(a.id)?.status).toBe('in_progress');
+    expect(jobs.get(b.id)?.status).toBe('queued');
+    coordinator.runs[0].progress({ job: 1, step: 5, steps: 20, stepMs: 100, etaMs: 1500 });
+    expect(jobs.get(a.id)).toMatchObject({ progress: 25, phase: 'step 5 of 20', etaMs: 1500 });
+    coordinator.runs[0].finish(resultOf(1));
+    await until(() => coordinator.runs.length === 2);
+    expect(coordinator.runs.map((r) => r.prompt)).toEqual(['a', 'b']);
+    const done = jobs.get(a.id) as VideoJob;
+    expect(done).toMatchObject({ status: 'completed', progress: 100, attempts: 1 });
+    expect(readFileSync(jobs.files.path(a.id, 'video') as string, 'utf8')).toBe('webm of 1');
+    const latent = readSafetensors(readFileSync(jobs.files.path(a.id, 'latent') as string), 'latent').get('latent');
+    expect(latent?.shape).toEqual([16, 3, 8, 8]);
+    expect(latent?.data[5]).toBeCloseTo(1.005, 6);
+  });
+
+  it('cancels the running job (its run is told to stop) and starts the next', async () => {
+    const { jobs, coordinator } = queue();
+    jobs.start();
+    const [a, b] = [await jobs.accept(ask('a')), await jobs.accept(ask('b'))];
+    await until(() => coordinator.runs.length === 1);
+    expect(jobs.cancel(a.id).status).toBe('cancelled');
+    expect(coordinator.runs[0].signal.aborted).toBe(true);
+    await until(() => coordinator.runs.length === 2);
+    expect(jobs.get(a.id)).toMatchObject({ status: 'cancelled', error: { code: 'cancelled' } });
+    expect(jobs.get(b.id)?.status).toBe('in_progress');
+    expect(() => jobs.cancel(a.id)).toThrow(QueueError);
+    // a queued one never starts
+    const c = await jobs.accept(ask('c'));
+    jobs.cancel(c.id);
+    coordinator.runs[1].finish(resultOf(2));
+    await until(() => jobs.get(b.id)?.status === 'completed');
+    await new Promise((r) => setTimeout(r, 20));
+    expect(coordinator.runs).toHaveLength(2);
+  });
+
+  it('runs a job again where its coordinator page went, and gives it up after MAX_ATTEMPTS', async () => {
+    const { jobs, coordinator } = queue();
+    jobs.start();
+    const a = await jobs.accept(ask('a'));
+    for (let n = 1; n <= MAX_ATTEMPTS; n++) {
+      await until(() => coordinator.runs.length === n);
+      expect(jobs.get(a.id)?.attempts).toBe(n);
+      coordinator.runs[n - 1].finish(new CoordinatorLost('the coordinator page crashed while the job ran'));
+    }
+    await until(() => jobs.get(a.id)?.status === 'failed');
+    expect(jobs.get(a.id)?.error).toMatchObject({ code: 'interrupted' });
+    // a job's own failure is not run again
+    const b = await jobs.accept(ask('b'));
+    await until(() => coordinator.runs.length === MAX_ATTEMPTS + 1);
+    coordinator.runs[MAX_ATTEMPTS].finish(new Error('stages 3 need 3 workers'));
+    await until(() => jobs.get(b.id)?.status === 'failed');
+    expect(jobs.get(b.id)?.error).toEqual({ code: 'job_failed', message: 'stages 3 need 3 workers' });
+  });
+
+  it('after a restart runs the interrupted job first, then the queued ones, and none that completed', async () => {
+    const dir = tmp();
+    const first = queue(dir);
+    first.jobs.start();
+    const done = await first.jobs.accept(ask('done'));
+    await until(() => first.coordinator.runs.length === 1);
+    first.coordinator.runs[0].finish(resultOf(0));
+    const running = await first.jobs.accept(ask('running'));
+    const waiting = [await first.jobs.accept(ask('w1')), await first.jobs.accept(ask('w2'))];
+    await until(() => first.coordinator.runs.length === 2);
+    // the server is killed: nothing more is written; the database is all the next one has
+    first.db.close();
+    const second = queue(dir);
+    second.jobs.start();
+    await until(() => second.coordinator.runs.length === 1);
+    expect(second.jobs.get(running.id)).toMatchObject({ status: 'in_progress', attempts: 2 });
+    for (let n = 0; n < 3; n++) {
+      await until(() => second.coordinator.runs.length === n + 1);
+      second.coordinator.runs[n].finish(resultOf(n));
+    }
+    await until(() => second.jobs.get(waiting[1].id)?.status === 'completed');
+    expect(second.coordinator.runs.map((r) => r.prompt)).toEqual(['running', 'w1', 'w2']);
+    expect(second.jobs.get(done.id)).toMatchObject({ status: 'completed', attempts: 1 });
+    expect(waiting.map((w) => second.jobs.get(w.id)?.attempts)).toEqual([1, 1]);
+  });
+
+  it('refuses a job while no worker has joined (503) and past a full queue (429), storing nothing', async () => {
+    const { jobs, coordinator, db } = queue(tmp(), new StandInCoordinator(), 2);
+    coordinator.workers = 0;
+    await expect(jobs.accept(ask('a'))).rejects.toMatchObject({ status: 503 });
+    coordinator.workers = 1;
+    await jobs.accept(ask('a')); // runs
+    await until(() => coordinator.runs.length === 1);
+    await jobs.accept(ask('b'));
+    await jobs.accept(ask('c'));
+    await expect(jobs.accept(ask('d'))).rejects.toMatchObject({ status: 429 });
+    expect(db.list({ limit: 10 }).map((j) => j.request.overrides.prompt)).toEqual(['c', 'b', 'a']);
+  });
+
+  it('fails a job whose files the disk has no room for, keeping the jobs stored before it', async () => {
+    const { jobs, coordinator, dir } = queue();
+    jobs.start();
+    const a = await jobs.accept(ask('a'));
+    await until(() => coordinator.runs.length === 1);
+    coordinator.runs[0].finish(resultOf(0));
+    await until(() => jobs.get(a.id)?.status === 'completed');
+    const b = await jobs.accept(ask('b'));
+    // its latent's file is written to /dev/full: ENOSPC, as on a full disk
+    symlinkSync('/dev/full', join(dir, 'videos', `${b.id}.latent.safetensors.partial`));
+    await until(() => coordinator.runs.length === 2);
+    coordinator.runs[1].finish(resultOf(1));
+    await until(() => jobs.get(b.id)?.status === 'failed');
+    expect(jobs.get(b.id)?.error?.code).toBe('storage_full');
+    expect(jobs.files.path(b.id, 'latent')).toBeNull();
+    expect(jobs.get(a.id)?.status).toBe('completed');
+    expect(readFileSync(jobs.files.path(a.id, 'video') as string, 'utf8')).toBe('webm of 0');
+  });
+
+  it('lists newest first, a page at a time', async () => {
+    const { jobs, db } = queue();
+    const ids = [];
+    for (const p of ['a', 'b', 'c', 'd', 'e']) ids.push((await jobs.accept(ask(p))).id);
+    expect(db.list({ limit: 2 }).map((j) => j.id)).toEqual([ids[4], ids[3]]);
+    expect(db.list({ limit: 2, after: ids[3] }).map((j) => j.id)).toEqual([ids[2], ids[1]]);
+    expect(db.list({ limit: 2, after: ids[1] }).map((j) => j.id)).toEqual([ids[0]]);
+    expect(db.list({ limit: 2, after: 'video_none' })).toEqual([]);
+  });
+});
+
+describe('the API over HTTP', () => {
+  const KEY = 'ds-test-key-0123456789';
+  const ajv = new Ajv2020({ strict: false });
+  ajv.addSchema({ $id: 'openapi', components: OPENAPI.components });
+  /** Asserts that `body` is what the OpenAPI document says the schema `name` is. */
+  const conforms = (name: string, body: unknown) => {
+    const validate = defined(ajv.getSchema(`openapi#/components/schemas/${name}`), `schema ${name}`);
+    expect(validate(body), JSON.stringify(validate.errors)).toBe(true);
+  };
+  let server: Server;
+  let base = '';
+  let opened: { db: JobDb; coordinator: StandInCoordinator; jobs: VideoJobs };
+  const call = async (path: string, init: RequestInit & { key?: string | null } = {}) => {
+    const { key = KEY, ...rest } = init;
+    const response = await fetch(`${base}${path}`, {
+      ...rest,
+      headers: {
+        ...(key === null ? {} : { Authorization: `Bearer ${key}` }),
+        ...(rest.body ? { 'Content-Type': 'application/json' } : {}),
+        ...(rest.headers as Record<string, string> | undefined),
+      },
+    });
+    const type = response.headers.get('content-type') ?? '';
+    return { status: response.status, type, body: type.includes('json') ? ((await response.json()) as never) : null };
+  };
+  const post = (body: object) => call('/v1/videos', { method: 'POST', body: JSON.stringify(body) });
+
+  beforeEach(async () => {
+    const dir = tmp();
+    const db = JobDb.open(dir);
+    const coordinator = new StandInCoordinator();
+    const jobs = new VideoJobs(db, new JobFiles(join(dir, 'videos')), coordinator, {
+      maxQueued: 3,
+      hasWorkers: async () => (await coordinator.swarm()).workers.length > 0,
+      log: () => {},
+    });
+    jobs.start();
+    opened = { db, coordinator, jobs };
+    const app = express();
+    let port: number | null = null;
+    app.use(
+      '/v1',
+      videoApi(Promise.resolve({ jobs, coordinator }), {
+        key: KEY,
+        origins: serverOrigins([], () => port),
+        requestsPerMinute: 120,
+      }),
+    );
+    server = app.listen(0);
+    await new Promise((r) => server.once('listening', r));
+    port = (server.address() as AddressInfo).port;
+    base = `http://localhost:${port}`;
+  });
+  afterEach(async () => {
+    server.closeAllConnections();
+    await new Promise((r) => server.close(r));
+    opened.db.close();
+  });
+
+  it('answers every endpoint without the key, or with a wrong one, 401 as OpenAI errors', async () => {
+    const id = (await post({ prompt: 'a' })).body as VideoObject;
+    const paths: [string, string][] = [
+      ['POST', '/v1/videos'],
+      ['GET', '/v1/videos'],
+      ['GET', `/v1/videos/${id.id}`],
+      ['GET', `/v1/videos/${id.id}/content`],
+      ['GET', `/v1/videos/${id.id}/events`],
+      ['DELETE', `/v1/videos/${id.id}`],
+      ['GET', '/v1/swarm'],
+      ['GET', '/v1/openapi.json'],
+      ['GET', '/v1/anything'],
+    ];
+    for (const [method, path] of paths)
+      for (const key of [null, 'ds-wrong-key-0123456789']) {
+        const { status, body } = await call(path, { method, key });
+        expect(status, `${method} ${path}`).toBe(401);
+        conforms('Error', body);
+        expect((body as ApiError).error.type).toBe('authentication_error');
+      }
+    expect(opened.jobs.get(id.id)?.status).toBe('in_progress'); // no DELETE got through
+  });
+
+  it('queues with 202, and answers each job, list, file and error as the OpenAPI document says', async () => {
+    const accepted = await post({ prompt: 'a red ball', size: '64x64', frames: 9 });
+    expect(accepted.status).toBe(202);
+    conforms('Video', accepted.body);
+    const a = accepted.body as VideoObject;
+    expect(a).toMatchObject({ object: 'video', status: 'queued', size: '64x64', frames: 9, seconds: '0.5' });
+    const b = (await post({ prompt: 'b' })).body as VideoObject;
+    await until(() => opened.coordinator.runs.length === 1);
+
+    const running = await call(`/v1/videos/${a.id}`);
+    conforms('Video', running.body);
+    expect((running.body as VideoObject).status).toBe('in_progress');
+    const early = await call(`/v1/videos/${a.id}/content`);
+    expect(early.status).toBe(409);
+    conforms('Error', early.body);
+
+    // a long poll answers at the job's next change
+    const polled = call(`/v1/videos/${a.id}?wait=10`);
+    await new Promise((r) => setTimeout(r, 50));
+    opened.coordinator.runs[0].progress({ job: 1, step: 1, steps: 2, stepMs: 10, etaMs: 10 });
+    expect(((await polled).body as VideoObject).progress).toBe(50);
+    opened.coordinator.runs[0].finish(resultOf(1));
+    await until(() => opened.jobs.get(a.id)?.status === 'completed');
+
+    const done = await call(`/v1/videos/${a.id}`);
+    conforms('Video', done.body);
+    expect(done.body).toMatchObject({ status: 'completed', progress: 100 });
+    const video = await fetch(`${base}/v1/videos/${a.id}/content`, { headers: { Authorization: `Bearer ${KEY}` } });
+    expect(video.headers.get('content-type')).toBe('video/webm');
+    expect(await video.text()).toBe('webm of 1');
+    const latent = await fetch(`${base}/v1/videos/${a.id}/content?variant=latent`, {
+      headers: { Authorization: `Bearer ${KEY}` },
+    });
+    const tensors = readSafetensors(new Uint8Array(await latent.arrayBuffer()), 'latent');
+    expect(tensors.get('latent')?.shape).toEqual([16, 3, 8, 8]);
+    expect((await call(`/v1/videos/${a.id}/content?variant=gif`)).status).toBe(400);
+
+    const list = await call('/v1/videos?limit=1');
+    conforms('VideoList', list.body);
+    expect(list.body).toMatchObject({ first_id: b.id, last_id: b.id, has_more: true });
+    const next = await call(`/v1/videos?limit=1&after=${b.id}`);
+    expect(next.body).toMatchObject({ first_id: a.id, has_more: false });
+    expect((await call('/v1/videos?limit=0')).status).toBe(400);
+
+    const swarm = await call('/v1/swarm');
+    conforms('Swarm', swarm.body);
+
+    // DELETE: a running job is cancelled, a finished one deleted with its files
+    const cancelled = await call(`/v1/videos/${b.id}`, { method: 'DELETE' });
+    conforms('Video', cancelled.body);
+    expect((cancelled.body as VideoObject).status).toBe('cancelled');
+    const deleted = await call(`/v1/videos/${a.id}`, { method: 'DELETE' });
+    conforms('DeletedVideo', deleted.body);
+    expect((await call(`/v1/videos/${a.id}`)).status).toBe(404);
+    expect(opened.jobs.files.path(a.id, 'video')).toBeNull();
+  });
+
+  it('refuses bad calls with the status that says why, naming the field', async () => {
+    const size = await post({ prompt: 'a', size: '100x100' });
+    expect(size.status).toBe(400);
+    conforms('Error', size.body);
+    expect((size.body as ApiError).error).toMatchObject({ param: 'size', type: 'invalid_request_error' });
+    expect((size.body as ApiError).error.message).toContain('832x480');
+    const notJson = await call('/v1/videos', { method: 'POST', body: '{"prompt":', key: KEY });
+    expect(notJson.status).toBe(400);
+    conforms('Error', notJson.body);
+    expect(
+      (await call('/v1/videos', { method: 'POST', body: JSON.stringify({ prompt: 'x'.repeat(70_000) }) })).status,
+    ).toBe(413);
+    expect((await call('/v1/videos/video_000000000000000000000000')).status).toBe(404);
+    // a page of another site may not use it, key or not
+    expect((await call('/v1/videos', { headers: { Origin: 'https://evil.example' } })).status).toBe(403);
+
+    opened.coordinator.workers = 0;
+    const none = await post({ prompt: 'a' });
+    expect(none.status).toBe(503);
+    conforms('Error', none.body);
+    opened.coordinator.workers = 1;
+    for (let i = 0; i < 4; i++) expect((await post({ prompt: `${i}` })).status).toBe(202); // one runs, 3 wait
+    const first = opened.db.list({ limit: 1 })[0].id;
+    expect(((await call(`/v1/videos/${first}?wait=61`)).body as ApiError).error.param).toBe('wait');
+    const full = await post({ prompt: 'one too many' });
+    expect(full.status).toBe(429);
+    expect((full.body as ApiError).error.message).toContain('queue is full');
+
+    vi.spyOn(opened.db, 'insert').mockImplementation(() => {
+      throw new DiskFullError('the disk holding the job database is full');
+    });
+    opened.jobs.cancel(opened.db.list({ limit: 1 })[0].id); // room in the queue
+    const disk = await post({ prompt: 'a' });
+    expect(disk.status).toBe(507);
+    conforms('Error', disk.body);
+  });
+
+  it('streams a job as server-sent events until it ends', async () => {
+    const a = (await post({ prompt: 'a' })).body as VideoObject;
+    await until(() => opened.coordinator.runs.length === 1);
+    const response = await fetch(`${base}/v1/videos/${a.id}/events`, { headers: { Authorization: `Bearer ${KEY}` } });
+    expect(response.headers.get('content-type')).toBe('text/event-stream');
+    const text = response.text();
+    opened.coordinator.runs[0].progress({ job: 1, step: 1, steps: 4, stepMs: 10, etaMs: 30 });
+    opened.coordinator.runs[0].finish(resultOf(0));
+    const events = (await text)
+      .split('\n\n')
+      .filter(Boolean)
+      .map((e) => JSON.parse(e.replace(/^event: video\ndata: /, '')) as VideoObject);
+    for (const e of events) conforms('Video', e);
+    expect(events.map((e) => e.status)).toEqual(['in_progress', 'in_progress', 'completed']);
+    expect(events[1].progress).toBe(25);
+  });
+
+  it('limits the requests of a key', async () => {
+    const statuses = [];
+    for (let i = 0; i < 125; i++) statuses.push((await call('/v1/swarm')).status);
+    expect(statuses.filter((s) => s === 200)).toHaveLength(120);
+    expect(statuses.at(-1)).toBe(429);
+  });
+});
+
+interface ApiError {
+  error: { message: string; type: string; param: string | null };
+}
