@@ -399,7 +399,7 @@ describe('the API over HTTP', () => {
       },
     });
     const type = response.headers.get('content-type') ?? '';
-    return { status: response.status, type, body: type.includes('json') ? ((await response.json()) as never) : null };
+    return { status: response.status, type, body: (type.includes('json') ? await response.json() : null) as unknown };
   };
   const post = (body: object) => call('/v1/videos', { method: 'POST', body: JSON.stringify(body) });
 
