@@ -1,0 +1,264 @@
+// The video API as a program uses it (issue 39): `npm start -- --api --local-workers 2` on the demo model, called
+// over HTTP with its key. Its jobs run on a real coordinator page in the server's own headless Chromium, with real
+// worker tabs; the server is killed (SIGKILL) and started again on the same data folder.
+
+import { spawn, type ChildProcess } from 'node:child_process';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { expect, test, type Page } from '@playwright/test';
+import { defined } from '../../core/defined.ts';
+import { readSafetensors } from '../../core/safetensors.ts';
+import type { VideoObject } from '../../server/api/video-object.ts';
+import { CI } from './swarm-page.ts';
+
+const ROOT = resolve(import.meta.dirname, '../..');
+/** the demo model's settings every job here asks for: 2 workers of one group, as `generate --workers 2` places them */
+const JOB = {
+  prompt: 'a red square moving right',
+  size: '64x64',
+  frames: 9,
+  seed: 42,
+  workers: 2,
+  cfg_parallel: false,
+};
+
+interface ApiServer {
+  url: string;
+  key: string;
+  process: ChildProcess;
+  log: () => string;
+  call(path: string, init?: Omit<RequestInit, 'headers'>): Promise<Response>;
+  json<T>(path: string, init?: Omit<RequestInit, 'headers'>): Promise<T>;
+  stop(): Promise<void>;
+}
+
+/** `npm start -- --api --local-workers N --data DIR --port 0`, as a process of its own (so it can be killed). */
+async function startApiServer(dataDir: string, localWorkers = 2): Promise<ApiServer> {
+  const child = spawn(
+    process.execPath,
+    [
+      '--import',
+      'tsx',
+      'server/main.ts',
+      '--api',
+      '--local-workers',
+      String(localWorkers),
+      '--data',
+      dataDir,
+      '--port',
+      '0',
+    ],
+    { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'] },
+  );
+  let out = '';
+  child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+  child.stderr.on('data', (d: Buffer) => (out += d.toString()));
+  await expect
+    .poll(() => (child.exitCode === null ? /api: ready/.test(out) : `exited: ${out}`), { timeout: 90_000 })
+    .toBe(true);
+  const port = /serving on port (\d+)/.exec(out)?.[1];
+  const url = `http://localhost:${port}`;
+  const key = readFileSync(join(dataDir, 'api-key'), 'utf8').trim();
+  const call = (path: string, init: Omit<RequestInit, 'headers'> = {}) =>
+    fetch(`${url}${path}`, {
+      ...init,
+      headers: { Authorization: `Bearer ${key}`, 'Content-Type': 'application/json' },
+    });
+  return {
+    url,
+    key,
+    process: child,
+    log: () => out,
+    call,
+    json: async <T>(path: string, init?: Omit<RequestInit, 'headers'>) => (await (await call(path, init)).json()) as T,
+    stop: () =>
+      new Promise<void>((done) => {
+        if (child.exitCode !== null || child.signalCode !== null) {
+          done();
+          return;
+        }
+        child.once('exit', () => done());
+        child.kill('SIGTERM');
+      }),
+  };
+}
+
+const postJob = (api: ApiServer, body: object) =>
+  api.json<VideoObject>('/v1/videos', { method: 'POST', body: JSON.stringify({ ...JOB, ...body }) });
+
+/** Waits (by long polls) until the job is in one of `statuses`. */
+async function until(api: ApiServer, id: string, statuses: VideoObject['status'][], timeout = 150_000) {
+  let job = await api.json<VideoObject>(`/v1/videos/${id}`);
+  const end = Date.now() + timeout;
+  while (!statuses.includes(job.status)) {
+    if (Date.now() > end)
+      throw new Error(`${id} is still ${job.status} (${job.phase ?? ''}): ${JSON.stringify(job.error)}`);
+    job = await api.json<VideoObject>(`/v1/videos/${id}?wait=10`);
+  }
+  return job;
+}
+
+/** What a <video> element makes of the WebM: it loads it and decodes a frame. */
+async function playable(page: Page, bytes: Buffer) {
+  return page.evaluate(async (base64) => {
+    const blob = new Blob([Uint8Array.from(atob(base64), (c) => c.charCodeAt(0))], { type: 'video/webm' });
+    const video = document.createElement('video');
+    video.muted = true;
+    video.src = URL.createObjectURL(blob);
+    await new Promise((ok, fail) => {
+      video.onloadeddata = ok;
+      video.onerror = () => fail(new Error(`the WebM does not load: ${video.error?.message ?? ''}`));
+    });
+    return {
+      width: video.videoWidth,
+      height: video.videoHeight,
+      readyState: video.readyState,
+      duration: video.duration,
+    };
+  }, bytes.toString('base64'));
+}
+
+test.describe.configure({ mode: 'serial' });
+
+test(
+  "a POSTed job completes as a playable WebM whose latent is generate's; jobs queue in order; DELETE cancels; no key, 401; a bad size, 400",
+  CI,
+  async ({ page }) => {
+    test.setTimeout(600_000);
+    const dataDir = mkdtempSync(join(tmpdir(), 'ditswarm-api-e2e-'));
+    const api = await startApiServer(dataDir);
+    try {
+      const swarm = await api.json<{ workers: unknown[]; joinUrl: string }>('/v1/swarm');
+      expect(swarm.joinUrl).toContain('/worker.html#token=');
+      await expect
+        .poll(async () => (await api.json<{ workers: unknown[] }>('/v1/swarm')).workers.length, { timeout: 60_000 })
+        .toBe(2);
+
+      // without the key, each endpoint is 401
+      for (const [method, path] of [
+        ['POST', '/v1/videos'],
+        ['GET', '/v1/videos'],
+        ['GET', '/v1/videos/video_000000000000000000000000'],
+        ['GET', '/v1/videos/video_000000000000000000000000/content'],
+        ['DELETE', '/v1/videos/video_000000000000000000000000'],
+        ['GET', '/v1/swarm'],
+        ['GET', '/v1/openapi.json'],
+      ])
+        expect((await fetch(`${api.url}${path}`, { method })).status, `${method} ${path}`).toBe(401);
+      const badSize = await api.call('/v1/videos', {
+        method: 'POST',
+        body: JSON.stringify({ ...JOB, size: '100x64' }),
+      });
+      expect(badSize.status).toBe(400);
+      const refusal = (await badSize.json()) as { error: { param: string; message: string } };
+      expect(refusal.error.param).toBe('size');
+      expect(refusal.error.message).toMatch(/multiple of 16.*832x480/);
+
+      // three jobs: the first runs, the next two wait behind it and finish in order
+      const first = await postJob(api, { steps: 4 });
+      expect(first.status).toBe('queued');
+      const second = await postJob(api, { steps: 2, seed: 1 });
+      const third = await postJob(api, { steps: 2, seed: 2 });
+      const done = await until(api, first.id, ['completed', 'failed']);
+      expect(done.error).toBeNull();
+      expect(done).toMatchObject({ status: 'completed', progress: 100, size: '64x64', frames: 9 });
+      const [s2, s3] = [await until(api, second.id, ['completed']), await until(api, third.id, ['completed'])];
+      expect((s2.started_at ?? 0) >= (done.completed_at ?? Infinity)).toBe(true);
+      expect((s3.started_at ?? 0) >= (s2.completed_at ?? Infinity)).toBe(true);
+
+      // the video plays
+      const webm = Buffer.from(await (await api.call(`/v1/videos/${first.id}/content`)).arrayBuffer());
+      await page.goto(api.url.replace(/\/$/, '') + '/models.json');
+      expect(await playable(page, webm)).toMatchObject({ width: 64, height: 64 });
+
+      // a running job cancelled by DELETE stops, and the next starts
+      const long = await postJob(api, { steps: 40 });
+      const next = await postJob(api, { steps: 2 });
+      await expect
+        .poll(async () => (await api.json<VideoObject>(`/v1/videos/${long.id}`)).progress, { timeout: 120_000 })
+        .toBeGreaterThan(0);
+      const cancelled = await api.json<VideoObject>(`/v1/videos/${long.id}`, { method: 'DELETE' });
+      expect(cancelled.status).toBe('cancelled');
+      expect((await until(api, next.id, ['completed', 'failed'])).status).toBe('completed');
+      expect((await api.json<VideoObject>(`/v1/videos/${long.id}`)).status).toBe('cancelled');
+
+      // the first job's latent is npm run generate's for the same settings, to the bit
+      const latent = readSafetensors(
+        new Uint8Array(await (await api.call(`/v1/videos/${first.id}/content?variant=latent`)).arrayBuffer()),
+        'latent',
+      ).get('latent');
+      await api.stop();
+      const generated = join(dataDir, 'generate.f32');
+      const gen = spawn(
+        process.execPath,
+        [
+          '--import',
+          'tsx',
+          'server/cli/generate.ts',
+          '--prompt',
+          JOB.prompt,
+          '--workers',
+          '2',
+          '--steps',
+          '4',
+          '--frames',
+          '9',
+          '--height',
+          '64',
+          '--width',
+          '64',
+          '--seed',
+          '42',
+          '--port',
+          '0',
+          '--latent-out',
+          generated,
+          '--out',
+          join(dataDir, 'g.webm'),
+          '--report',
+          join(dataDir, 'g.json'),
+        ],
+        { cwd: ROOT, stdio: 'inherit' },
+      );
+      expect(await new Promise((r) => gen.once('exit', r))).toBe(0);
+      const reference = new Float32Array(new Uint8Array(readFileSync(generated)).buffer);
+      expect(latent?.shape).toEqual([16, 3, 8, 8]);
+      expect(Buffer.from(defined(latent, 'the latent').data.buffer).equals(Buffer.from(reference.buffer))).toBe(true);
+    } finally {
+      await api.stop();
+      rmSync(dataDir, { recursive: true, force: true });
+    }
+  },
+);
+
+test('the server killed (SIGKILL) with a job running and two queued: started again, all three complete, none twice', async () => {
+  test.setTimeout(600_000);
+  const dataDir = mkdtempSync(join(tmpdir(), 'ditswarm-api-kill-'));
+  let api = await startApiServer(dataDir);
+  try {
+    await expect
+      .poll(async () => (await api.json<{ workers: unknown[] }>('/v1/swarm')).workers.length, { timeout: 60_000 })
+      .toBe(2);
+    const running = await postJob(api, { steps: 20 });
+    const queued = [await postJob(api, { steps: 2, seed: 1 }), await postJob(api, { steps: 2, seed: 2 })];
+    await expect
+      .poll(async () => (await api.json<VideoObject>(`/v1/videos/${running.id}`)).progress, { timeout: 120_000 })
+      .toBeGreaterThan(0);
+    api.process.kill('SIGKILL');
+    await new Promise((r) => api.process.once('exit', r));
+
+    api = await startApiServer(dataDir);
+    const ended = [];
+    for (const job of [running, ...queued]) ended.push(await until(api, job.id, ['completed', 'failed']));
+    expect(ended.map((j) => j.status)).toEqual(['completed', 'completed', 'completed']);
+    // the running one ran again, the queued ones once; the list holds the three and nothing else
+    expect(ended.map((j) => j.attempts)).toEqual([2, 1, 1]);
+    expect((ended[1].started_at ?? 0) >= (ended[0].completed_at ?? Infinity)).toBe(true);
+    const list = await api.json<{ data: VideoObject[] }>('/v1/videos');
+    expect(list.data.map((j) => j.id)).toEqual([queued[1].id, queued[0].id, running.id]);
+  } finally {
+    await api.stop();
+    rmSync(dataDir, { recursive: true, force: true });
+  }
+});
