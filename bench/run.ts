@@ -4,7 +4,7 @@
 //
 //   npm run bench                      block cost, projection, local overhead, scaling, threads,
 //                                      full-size, pooled, vae, uneven, slow-link, spot-check-overhead,
-//                                      time-to-video, load
+//                                      time-to-video, load, api-polls
 //   npm run bench -- scaling [flags]   one of them (flags as in bench/scaling.ts etc.)
 //   npm run bench -- --smoke [name]    all of them (or one) at tiny sizes on small models, in a few minutes, without
 //                                      waiting for a quiet machine, reports in bench/out/smoke/: what CI runs, so that
@@ -25,6 +25,7 @@ import { parseSlowLinkArgs, runSlowLink, SMOKE_SLOW_LINK } from './slow-link.ts'
 import { parseSpotCheckOverheadArgs, runSpotCheckOverhead, SMOKE_SPOT_CHECK_OVERHEAD } from './spot-check-overhead.ts';
 import { parseTimeToVideoArgs, runTimeToVideo, SMOKE_TIME_TO_VIDEO } from './time-to-video.ts';
 import { parseLoadArgs, runLoad, SMOKE_LOAD } from './load.ts';
+import { parseApiPollsArgs, runApiPolls, SMOKE_API_POLLS } from './api-polls.ts';
 
 const BENCHMARKS = [
   'block-cost',
@@ -40,6 +41,7 @@ const BENCHMARKS = [
   'spot-check-overhead',
   'time-to-video',
   'load',
+  'api-polls',
 ] as const;
 type Benchmark = (typeof BENCHMARKS)[number];
 
@@ -230,5 +232,17 @@ if (chosen.includes('load')) {
       `from the cache ${rates(load.fromCache)} (all in ${load.fromCache.allLoadedS} s); ${JSON.stringify(load.meets)}`,
   );
   sectionDone('load');
+}
+
+if (chosen.includes('api-polls')) {
+  const polls = await runApiPolls(options(SMOKE_API_POLLS, parseApiPollsArgs));
+  report('api-polls.json', polls);
+  console.log(
+    `api-polls: ${polls.config.clients} clients, the median step over the job's without polls: ` +
+      Object.entries(polls.stepRatio)
+        .map(([load, ratio]) => `${load} ${ratio}`)
+        .join(', '),
+  );
+  sectionDone('api-polls');
 }
 log(`done in ${((Date.now() - started) / 1000).toFixed(0)} s: ${took.join(', ')}`);

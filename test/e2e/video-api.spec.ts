@@ -2,7 +2,7 @@
 // over HTTP with its key. Its jobs run on a real coordinator page in the server's own headless Chromium, with real
 // worker tabs; the server is killed (SIGKILL) and started again on the same data folder.
 
-import { spawn, type ChildProcess } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
@@ -11,6 +11,7 @@ import { defined } from '../../core/defined.ts';
 import { readSafetensors } from '../../core/safetensors.ts';
 import type { VideoObject } from '../../server/api/video-object.ts';
 import { CI } from './swarm-page.ts';
+import { spawnApiServer, type ApiProcess } from '../../server/api/api-process.ts';
 
 const ROOT = resolve(import.meta.dirname, '../..');
 /** the demo model's settings every job here asks for: 2 workers of one group, as `generate --workers 2` places them */
@@ -23,72 +24,15 @@ const JOB = {
   cfg_parallel: false,
 };
 
-interface ApiServer {
-  url: string;
-  key: string;
-  process: ChildProcess;
-  log: () => string;
-  call(path: string, init?: Omit<RequestInit, 'headers'>): Promise<Response>;
-  json<T>(path: string, init?: Omit<RequestInit, 'headers'>): Promise<T>;
-  stop(): Promise<void>;
-}
-
 /** `npm start -- --api --local-workers N --data DIR --port 0`, as a process of its own (so it can be killed). */
-async function startApiServer(dataDir: string, localWorkers = 2): Promise<ApiServer> {
-  const child = spawn(
-    process.execPath,
-    [
-      '--import',
-      'tsx',
-      'server/main.ts',
-      '--api',
-      '--local-workers',
-      String(localWorkers),
-      '--data',
-      dataDir,
-      '--port',
-      '0',
-    ],
-    { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'] },
-  );
-  let out = '';
-  child.stdout.on('data', (d: Buffer) => (out += d.toString()));
-  child.stderr.on('data', (d: Buffer) => (out += d.toString()));
-  await expect
-    .poll(() => (child.exitCode === null ? /api: ready/.test(out) : `exited: ${out}`), { timeout: 90_000 })
-    .toBe(true);
-  const port = /serving on port (\d+)/.exec(out)?.[1];
-  const url = `http://localhost:${port}`;
-  const key = readFileSync(join(dataDir, 'api-key'), 'utf8').trim();
-  const call = (path: string, init: Omit<RequestInit, 'headers'> = {}) =>
-    fetch(`${url}${path}`, {
-      ...init,
-      headers: { Authorization: `Bearer ${key}`, 'Content-Type': 'application/json' },
-    });
-  return {
-    url,
-    key,
-    process: child,
-    log: () => out,
-    call,
-    json: async <T>(path: string, init?: Omit<RequestInit, 'headers'>) => (await (await call(path, init)).json()) as T,
-    stop: () =>
-      new Promise<void>((done) => {
-        if (child.exitCode !== null || child.signalCode !== null) {
-          done();
-          return;
-        }
-        child.once('exit', () => done());
-        child.kill('SIGTERM');
-      }),
-  };
-}
+const startApiServer = (dataDir: string, localWorkers = 2) =>
+  spawnApiServer(dataDir, ['--local-workers', String(localWorkers)]);
 
-const postJob = (api: ApiServer, body: object) =>
+const postJob = (api: ApiProcess, body: object) =>
   api.json<VideoObject>('/v1/videos', { method: 'POST', body: JSON.stringify({ ...JOB, ...body }) });
 
 /** Waits (by long polls) until the job is in one of `statuses`. */
-async function until(api: ApiServer, id: string, statuses: VideoObject['status'][], timeout = 150_000) {
+async function until(api: ApiProcess, id: string, statuses: VideoObject['status'][], timeout = 150_000) {
   let job = await api.json<VideoObject>(`/v1/videos/${id}`);
   const end = Date.now() + timeout;
   while (!statuses.includes(job.status)) {
