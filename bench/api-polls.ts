@@ -1,18 +1,23 @@
 // What status polls cost the API's jobs (issue 39): the same job through `npm start -- --api --local-workers N`
 // (a server process of its own) with no polls, with `clients` clients each polling GET /v1/videos/{id} once a
 // second, and with `clients` polls in flight at every moment (each client asks again as soon as it is answered),
-// the three interleaved over the repeats so that the machine's load falls on each alike. Per run the median step;
-// the ratios of the medians to the runs without polls are the cost. Writes bench/out/api-polls.json.
+// the three interleaved over the repeats so that the machine's load falls on each alike. The clients are a process
+// at the lowest priority (bench/api-pollers.ts): they stand for programs on other machines, and here would otherwise
+// take the job's cores themselves. Per run the median step, the polls' answer times and the server's CPU time; the
+// ratios of the medians to the runs without polls are the cost. Writes bench/out/api-polls.json.
 //
-//   npm run bench -- api-polls [--clients 200] [--repeats 2] [--steps 20] [--workers 2]
+//   npm run bench -- api-polls [--clients 200] [--repeats 3] [--steps 60] [--workers 2]
 
-import { mkdtempSync, rmSync } from 'node:fs';
+import { spawn } from 'node:child_process';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { spawnApiServer, type ApiProcess } from '../server/api/api-process.ts';
 import type { VideoObject } from '../server/api/video-object.ts';
-import { isMain, log, machine, median, round, waitForQuietMachine, writeReport } from './lib.ts';
+import { defined } from '../core/defined.ts';
+import { API_KEY_FILE } from '../server/api/api-key.ts';
+import { isMain, log, machine, median, ROOT, round, waitForQuietMachine, writeReport } from './lib.ts';
 
 export interface ApiPollsOptions {
   clients: number;
@@ -21,7 +26,8 @@ export interface ApiPollsOptions {
   workers: number;
 }
 
-export const DEFAULT_API_POLLS: ApiPollsOptions = { clients: 200, repeats: 2, steps: 20, workers: 2 };
+/** 60 steps: a job of about 20 s here, long enough that the clients' first connections are a small part of it */
+export const DEFAULT_API_POLLS: ApiPollsOptions = { clients: 200, repeats: 3, steps: 60, workers: 2 };
 /** `npm run bench -- --smoke`: one short job each way, 10 clients */
 export const SMOKE_API_POLLS: ApiPollsOptions = { clients: 10, repeats: 1, steps: 2, workers: 2 };
 
@@ -33,8 +39,10 @@ interface Run {
   medianStepMs: number;
   steps: number;
   polls: number;
-  /** the slowest answer to a poll */
-  maxPollMs: number;
+  /** how long the polls took to be answered: the median, the 99th percentile, the slowest */
+  pollMs: { p50: number; p99: number; max: number };
+  /** the server process's CPU time over the job (its answers to the polls among it) */
+  serverCpuMs: number;
 }
 
 export function parseApiPollsArgs(args: string[]): ApiPollsOptions {
@@ -57,20 +65,30 @@ export function parseApiPollsArgs(args: string[]): ApiPollsOptions {
   return o;
 }
 
-/** Polls `id` from `clients` clients until `stop` says, each once a second or back to back. */
-function poll(api: ApiProcess, id: string, clients: number, load: Load, stop: () => boolean) {
-  const counts = { polls: 0, maxPollMs: 0 };
-  const client = async () => {
-    while (!stop()) {
-      const asked = performance.now();
-      await (await api.call(`/v1/videos/${id}`)).arrayBuffer();
-      const took = performance.now() - asked;
-      counts.polls++;
-      counts.maxPollMs = Math.max(counts.maxPollMs, took);
-      if (load === 'every-second') await new Promise((r) => setTimeout(r, Math.max(0, 1000 - took)));
-    }
+/** The server's CPU time so far (user and system), in ms, from /proc: what its answers cost the job's cores. */
+function cpuMs(pid: number): number {
+  const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1].split(' ');
+  return ((Number(fields[11]) + Number(fields[12])) * 1000) / 100; // utime, stime in clock ticks of 1/100 s
+}
+
+/** Polls `id` from `clients` clients (bench/api-pollers.ts, at nice 19) until `stop`; the polls' times. */
+function poll(api: ApiProcess, key: string, id: string, clients: number, load: Load) {
+  if (load === 'none') return { stop: () => Promise.resolve([] as number[]) };
+  const child = spawn(
+    'nice',
+    ['-n', '19', process.execPath, '--import', 'tsx', 'bench/api-pollers.ts', api.url, key, id, String(clients), load],
+    { cwd: ROOT, stdio: ['ignore', 'pipe', 'inherit'] },
+  );
+  let out = '';
+  child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+  const exited = new Promise((r) => child.once('exit', r));
+  return {
+    stop: async () => {
+      child.kill('SIGTERM');
+      await exited;
+      return JSON.parse(out) as number[];
+    },
   };
-  return { counts, done: load === 'none' ? Promise.resolve() : Promise.all(Array.from({ length: clients }, client)) };
 }
 
 export async function runApiPolls(options: Partial<ApiPollsOptions> = {}) {
@@ -79,6 +97,7 @@ export async function runApiPolls(options: Partial<ApiPollsOptions> = {}) {
   const dataDir = mkdtempSync(join(tmpdir(), 'ditswarm-bench-api-'));
   // the polls are the load measured here, not the rate limit's refusals
   const api = await spawnApiServer(dataDir, ['--local-workers', String(o.workers), '--api-rate', '100000000']);
+  const key = readFileSync(join(dataDir, API_KEY_FILE), 'utf8').trim();
   const runs: Run[] = [];
   try {
     for (;;) {
@@ -90,23 +109,34 @@ export async function runApiPolls(options: Partial<ApiPollsOptions> = {}) {
     // the first job loads the weights: not measured
     const runJob = async (load: Load): Promise<Run> => {
       const posted = await api.json<VideoObject>('/v1/videos', { method: 'POST', body: JSON.stringify(job) });
-      let finished = false;
-      const polls = poll(api, posted.id, o.clients, load, () => finished);
+      const polls = poll(api, key, posted.id, o.clients, load);
+      const cpuBefore = cpuMs(defined(api.process.pid, 'the server process'));
       let video = posted;
       while (video.status === 'queued' || video.status === 'in_progress')
         video = await api.json<VideoObject>(`/v1/videos/${posted.id}?wait=10`);
-      finished = true;
-      await polls.done;
+      const serverCpuMs = cpuMs(defined(api.process.pid, 'the server process')) - cpuBefore;
+      const took = (await polls.stop()).sort((a, b) => a - b);
+      const at = (q: number) => round(took[Math.min(took.length - 1, Math.floor(q * took.length))] ?? 0, 1);
       if (video.status !== 'completed' || !video.report)
         throw new Error(`the ${load} job ended ${video.status}: ${JSON.stringify(video.error)}`);
       const steps = video.report.steps.map((s) => s.ms);
-      return { load, medianStepMs: round(median(steps), 1), steps: steps.length, ...polls.counts };
+      return {
+        load,
+        medianStepMs: round(median(steps), 1),
+        steps: steps.length,
+        polls: took.length,
+        pollMs: { p50: at(0.5), p99: at(0.99), max: at(1) },
+        serverCpuMs: round(serverCpuMs, 0),
+      };
     };
     await runJob('none');
     for (let r = 0; r < o.repeats; r++)
       for (const load of LOADS) {
         const run = await runJob(load);
-        log(`${load}: median step ${run.medianStepMs} ms, ${run.polls} polls (slowest ${round(run.maxPollMs, 0)} ms)`);
+        log(
+          `${load}: median step ${run.medianStepMs} ms, ${run.polls} polls ` +
+            `(answered in ${JSON.stringify(run.pollMs)} ms)`,
+        );
         runs.push(run);
       }
   } finally {

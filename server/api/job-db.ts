@@ -92,7 +92,12 @@ const COLUMNS: Record<keyof JobChange, string> = {
 const JSON_FIELDS = new Set<keyof JobChange>(['error', 'report']);
 
 export class JobDb {
-  private constructor(private readonly db: sqlite.Database) {}
+  /** prepared once: a status poll reads a job, and preparing the statement each time costs most of the read */
+  private readonly byId: sqlite.Statement;
+
+  private constructor(private readonly db: sqlite.Database) {
+    this.byId = db.prepare('SELECT * FROM jobs WHERE id = ?');
+  }
 
   /** Opens (or makes) `dir`/jobs.sqlite. */
   static open(dir: string): JobDb {
@@ -105,7 +110,9 @@ export class JobDb {
   }
 
   close(): void {
-    if (this.db.isOpen) this.db.close();
+    if (!this.db.isOpen) return;
+    this.byId.finalize();
+    this.db.close();
   }
 
   /** Writes a new job; throws DiskFullError where the disk has no room (nothing is then stored). */
@@ -140,7 +147,7 @@ export class JobDb {
   }
 
   get(id: string): VideoJob | null {
-    const row = this.db.get('SELECT * FROM jobs WHERE id = ?', [id]) as Row | null;
+    const row = this.byId.get([id]) as Row | null;
     return row && fromRow(row);
   }
 
