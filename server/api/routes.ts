@@ -100,11 +100,6 @@ export function videoApi(parts: Promise<ApiParts>, { key, origins, requestsPerMi
     (request: Request, response: Response): void => {
       void answer(serve, request, response);
     };
-  const jobOf = (p: ApiParts, id: string): VideoJob => {
-    const job = p.jobs.get(id);
-    if (!job) throw new QueueError(`no video ${id}`, 404);
-    return job;
-  };
 
   router.get('/openapi.json', (_request, response) => {
     response.json(OPENAPI);
@@ -127,7 +122,7 @@ export function videoApi(parts: Promise<ApiParts>, { key, origins, requestsPerMi
       if (!Number.isInteger(limit) || limit < 1 || limit > MAX_PAGE)
         throw new RequestError(`limit is a whole number from 1 to ${MAX_PAGE}`, 'limit');
       const after = typeof request.query.after === 'string' ? request.query.after : undefined;
-      if (after !== undefined) jobOf(p, after);
+      if (after !== undefined) p.jobs.existing(after);
       const page = p.jobs.list({ limit: limit + 1, after });
       const data = page.slice(0, limit).map(videoObject);
       response.json({
@@ -143,7 +138,7 @@ export function videoApi(parts: Promise<ApiParts>, { key, origins, requestsPerMi
   router.get(
     '/videos/:id',
     handle(async (p, request, response) => {
-      let job = jobOf(p, request.params.id);
+      let job = p.jobs.existing(request.params.id);
       const wait = request.query.wait === undefined ? 0 : Number(request.query.wait);
       if (!(wait >= 0 && wait <= MAX_WAIT_S))
         throw new RequestError(`wait is a number of seconds from 0 to ${MAX_WAIT_S}`, 'wait');
@@ -157,7 +152,7 @@ export function videoApi(parts: Promise<ApiParts>, { key, origins, requestsPerMi
           };
           const gone = () => done(job);
           const off = p.jobs.watch(job.id, done);
-          const timer = setTimeout(() => done(jobOf(p, job.id)), wait * 1000);
+          const timer = setTimeout(() => done(p.jobs.existing(job.id)), wait * 1000);
           request.once('close', gone);
         });
       response.json(videoObject(job));
@@ -167,7 +162,7 @@ export function videoApi(parts: Promise<ApiParts>, { key, origins, requestsPerMi
   router.get(
     '/videos/:id/events',
     handle((p, request, response) => {
-      const job = jobOf(p, request.params.id);
+      const job = p.jobs.existing(request.params.id);
       response.writeHead(200, {
         'Content-Type': 'text/event-stream',
         'Cache-Control': 'no-cache',
@@ -190,7 +185,7 @@ export function videoApi(parts: Promise<ApiParts>, { key, origins, requestsPerMi
   router.get(
     '/videos/:id/content',
     handle((p, request, response) => {
-      const job = jobOf(p, request.params.id);
+      const job = p.jobs.existing(request.params.id);
       const variant = request.query.variant ?? 'video';
       if (variant !== 'video' && variant !== 'latent')
         throw new RequestError('variant is "video" (the WebM) or "latent" (safetensors)', 'variant');
@@ -214,7 +209,7 @@ export function videoApi(parts: Promise<ApiParts>, { key, origins, requestsPerMi
   router.delete(
     '/videos/:id',
     handle((p, request, response) => {
-      const job = jobOf(p, request.params.id);
+      const job = p.jobs.existing(request.params.id);
       if (isFinal(job.status)) {
         p.jobs.remove(job.id);
         response.json({ id: job.id, object: 'video.deleted', deleted: true });

@@ -107,7 +107,7 @@ export class VideoJobs {
 
   /** Cancels a queued or running job (the running one stops at its next step). */
   cancel(id: string): VideoJob {
-    const job = this.must(id);
+    const job = this.existing(id);
     if (isFinal(job.status))
       throw new QueueError(`${id} is ${job.status}: only a queued or running job is cancelled`, 409);
     if (this.running?.id === id) this.running.controller.abort();
@@ -121,15 +121,16 @@ export class VideoJobs {
 
   /** Deletes a finished job and its files. */
   remove(id: string): void {
-    const job = this.must(id);
+    const job = this.existing(id);
     if (!isFinal(job.status))
       throw new QueueError(`${id} is ${job.status}: cancel it first (DELETE cancels a queued or running job)`, 409);
     this.files.remove(id);
     this.db.delete(id);
   }
 
-  private must(id: string): VideoJob {
-    const job = this.db.get(id);
+  /** The job, or a QueueError that answers 404. */
+  existing(id: string): VideoJob {
+    const job = this.get(id);
     if (!job) throw new QueueError(`no video ${id}`, 404);
     return job;
   }
