@@ -152,7 +152,8 @@ export function videoApi(parts: Promise<ApiParts>, { key, origins, requestsPerMi
           };
           const gone = () => done(job);
           const off = p.jobs.watch(job.id, done);
-          const timer = setTimeout(() => done(p.jobs.existing(job.id)), wait * 1000);
+          // a job deleted while its poll waited answers as it last was: a throw here, in a timer, would end the server
+          const timer = setTimeout(() => done(p.jobs.get(job.id) ?? job), wait * 1000);
           request.once('close', gone);
         });
       response.json(videoObject(job));
