@@ -1,7 +1,7 @@
 // The clients of bench/api-polls.ts, as a process of their own that the bench starts at the lowest priority (they
 // stand for programs on other machines, and here share the job's cores): `clients` clients polling GET
-// /v1/videos/{id}, each once a second or back to back, over kept-alive connections, until SIGTERM; then prints
-// how long each poll took to be answered, as JSON.
+// /v1/videos/{id}, each once a second or back to back, over kept-alive connections, until SIGTERM; prints
+// "ready" once SIGTERM would stop them cleanly, then, when stopped, how long each poll took to be answered, as JSON.
 //
 //   node --import tsx bench/api-pollers.ts URL KEY ID CLIENTS every-second|back-to-back
 
@@ -12,6 +12,7 @@ const agent = new http.Agent({ keepAlive: true, maxSockets: Number(clients) });
 const took: number[] = [];
 let stopping = false;
 process.once('SIGTERM', () => (stopping = true));
+process.stdout.write('ready\n');
 
 const poll = () =>
   new Promise<void>((done, fail) => {

@@ -79,14 +79,25 @@ function poll(api: ApiProcess, key: string, id: string, clients: number, load: L
     ['-n', '19', process.execPath, '--import', 'tsx', 'bench/api-pollers.ts', api.url, key, id, String(clients), load],
     { cwd: ROOT, stdio: ['ignore', 'pipe', 'inherit'] },
   );
+  // the first line says the clients' SIGTERM handler is in place (a SIGTERM before it would end them with nothing
+  // printed, as when a short job ends before tsx has started them); the second is the polls' times
   let out = '';
-  child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+  let readyNow = () => {};
+  const ready = new Promise<void>((r) => (readyNow = r));
+  child.stdout.on('data', (d: Buffer) => {
+    out += d.toString();
+    if (out.includes('\n')) readyNow();
+  });
   const exited = new Promise((r) => child.once('exit', r));
   return {
     stop: async () => {
+      await Promise.race([ready, exited]);
       child.kill('SIGTERM');
-      await exited;
-      return JSON.parse(out) as number[];
+      const code = await exited;
+      const [, times] = out.split('\n');
+      if (!times)
+        throw new Error(`the pollers (bench/api-pollers.ts) exited with ${String(code)} and printed no times`);
+      return JSON.parse(times) as number[];
     },
   };
 }
