@@ -1,7 +1,7 @@
 import { resolve } from 'node:path';
 import { defineConfig } from 'vite';
 
-// One multi-page app: the dashboard (index.html) and the worker page (worker.html).
+// One multi-page app: the dashboard (index.html), the worker page (worker.html) and the video API's page (api.html).
 // Cross-origin isolation lets onnxruntime-web use SharedArrayBuffer where it wants threads.
 const isolation = {
   'Cross-Origin-Opener-Policy': 'same-origin',
@@ -19,6 +19,7 @@ export default defineConfig({
       input: {
         dashboard: resolve(import.meta.dirname, 'app/index.html'),
         worker: resolve(import.meta.dirname, 'app/worker.html'),
+        api: resolve(import.meta.dirname, 'app/api.html'),
       },
     },
   },

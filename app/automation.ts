@@ -104,6 +104,8 @@ export interface DashboardAutomation {
   estimate(overrides: JobOverrides): Promise<JobEstimate>;
   /** stops a job: a queued one never starts, a running one stops at its next step */
   cancel(id: number): Promise<void>;
+  /** stops the job if it has not settled, then deletes it with its checkpoint and video from the page's store */
+  discard(id: number): Promise<void>;
   /** the job's outcome once it settles; rejects with its error if it failed */
   result(id: number): Promise<JobResult>;
   /** a job through the queue; with `stepLatents`, the latent after each step too (base64) */

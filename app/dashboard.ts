@@ -430,7 +430,7 @@ async function start() {
     renderQueue(jobs.list(), {
       cancel: (id) => void jobs.cancel(id),
       retry: (id) => void jobs.retry(id).catch((e: unknown) => console.warn((e as Error).message)),
-      dismiss: (id) => void jobs.remove(id).then(refreshJobs, (e: unknown) => console.warn((e as Error).message)),
+      dismiss: (id) => void jobs.remove(id).catch((e: unknown) => console.warn((e as Error).message)),
     });
     renderGallery(jobs.list(), showFinished);
   };
@@ -439,6 +439,8 @@ async function start() {
       showJobProgress(e.job, e.progress);
       addTimelineStep(e.progress.stepMs, e.progress.ranks);
       $('status').textContent = `#${e.job.id} step ${e.progress.step} of ${e.progress.steps}.`;
+    } else if (e.type === 'removed') {
+      refreshJobs();
     } else if (e.type === 'storage') {
       $('status').textContent = `#${e.job.id}: ${e.message}`;
     } else if (e.type === 'phase') {
@@ -504,6 +506,12 @@ const automation: DashboardAutomation = {
   },
   async cancel(id) {
     await defined(queue, 'the job queue (the dashboard is still starting)').cancel(id);
+  },
+  async discard(id) {
+    const jobs = defined(queue, 'the job queue (the dashboard is still starting)');
+    await jobs.cancel(id);
+    await jobs.settled(id);
+    await jobs.remove(id);
   },
   async result(id) {
     if (!queue) throw new Error('the dashboard is still starting');

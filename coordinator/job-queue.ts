@@ -29,6 +29,8 @@ export type QueueEvent =
   | { type: 'changed'; job: StoredJob }
   | { type: 'progress'; job: StoredJob; progress: StepProgress }
   | { type: 'phase'; job: StoredJob; phase: string; detail?: string; left: TimeLeft }
+  /** the job and what it kept are gone from the queue and the store */
+  | { type: 'removed'; id: number }
   /** a write to the store failed: what was kept, what was not, what to do */
   | { type: 'storage'; job: StoredJob; message: string };
 
@@ -147,6 +149,7 @@ export class JobQueue {
     if (!job || job.status === 'running') throw new Error(`job ${id} cannot be removed while it runs`);
     this.jobs.delete(id);
     await this.store.delete(id);
+    this.events.emit({ type: 'removed', id });
   }
 
   /**

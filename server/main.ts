@@ -131,7 +131,7 @@ console.log(
   [
     '',
     `ditswarm is serving on port ${server.port}${server.port === requestedPort ? '' : ` (${requestedPort} was busy)`}`,
-    `  dashboard   ${server.url}/`,
+    `  dashboard   ${server.url}/${api ? "  (the video API's queue and swarm: api.html)" : ''}`,
     `  worker      ${server.url}/worker.html`,
     ...(flags.model ? [`  model       ${flags.model} (the dashboard's default)`] : []),
     ...flags.lora.map(

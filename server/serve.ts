@@ -203,7 +203,11 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
   for (const [path, dir] of Object.entries(options.modelFolders ?? {}))
     app.use(path, ...serveModelFolder(dir), statusOnly);
   for (const [path, file] of Object.entries(options.loraFiles ?? {})) app.get(path, serveModelFile(file));
-  if (options.api) app.use('/v1', options.api(origins));
+  if (options.api) {
+    app.use('/v1', options.api(origins));
+    // a person opening the server sees the API's queue and swarm (api.html), not a coordinator of their own
+    app.get('/', (_request, response) => response.redirect(302, '/api.html'));
+  }
   app.use(express.static(DIST_DIR));
 
   boundPort = await listenOnFreePort(server, port);

@@ -10,6 +10,8 @@ const ROOT = resolve(import.meta.dirname, '../..');
 
 export interface ApiProcess {
   url: string;
+  /** its API key */
+  key: string;
   process: ChildProcess;
   /** what it printed so far */
   log(): string;
@@ -60,6 +62,7 @@ export async function spawnApiServer(
     });
   return {
     url,
+    key,
     process: child,
     log: () => out,
     call,

@@ -5,7 +5,7 @@
 
 import type { BrowserContext, Page } from '@playwright/test';
 import type { AutomationProgress, JobOverrides, JobResult, JoinLinks, WorkerSummary } from '../../app/automation.ts';
-import { forgetDashboardJobs, launchBrowser, pageError } from '../cli/browser-swarm.ts';
+import { launchBrowser, pageError } from '../cli/browser-swarm.ts';
 
 /** The swarm the API's jobs run on, as `GET /v1/swarm` shows it. */
 export interface SwarmState extends JoinLinks {
@@ -21,14 +21,20 @@ export class CoordinatorLost extends Error {
   override name = 'CoordinatorLost';
 }
 
+export interface RunHooks {
+  onProgress: (progress: AutomationProgress) => void;
+  signal: AbortSignal;
+  /** the page's id for an earlier run of the job: where the page still holds it, the run goes on from its checkpoint */
+  resume: number | null;
+  /** the page's id for this run, once it has one: what a later run resumes */
+  onPageJob: (pageJob: number) => void;
+}
+
 /** What runs the API's jobs: this host, or a stand-in in unit tests. */
 export interface Coordinator {
   swarm(): Promise<SwarmState>;
   /** runs one job to its end; rejects with CoordinatorLost where its page went away, else with the job's error */
-  run(
-    overrides: JobOverrides,
-    hooks: { onProgress: (progress: AutomationProgress) => void; signal: AbortSignal },
-  ): Promise<JobResult>;
+  run(overrides: JobOverrides, hooks: RunHooks): Promise<JobResult>;
 }
 
 export interface CoordinatorHost extends Coordinator {
@@ -72,7 +78,6 @@ export async function hostCoordinator({
   async function openDashboard(): Promise<void> {
     const page = await context.newPage();
     forward(page, 'coordinator');
-    await forgetDashboardJobs(page, serverUrl); // the server's database, not the page's, holds the API's jobs
     await page.exposeFunction('ditswarmProgress', (p: AutomationProgress) => {
       if (current && 'job' in p && p.job === current.pageJob) current.onProgress(p);
     });
@@ -88,7 +93,7 @@ export async function hostCoordinator({
     };
     page.on('crash', gone('crashed'));
     page.on('close', gone('closed'));
-    await page.goto(`${serverUrl}/`);
+    await page.goto(`${serverUrl}/index.html`); // `/` is the API's page (api.html) on an API server
     links = await page.evaluate(() =>
       window.ditswarm.ready.then(({ joinUrl, lanJoinUrl }) => ({ joinUrl, lanJoinUrl })),
     );
@@ -141,19 +146,35 @@ export async function hostCoordinator({
     }
   }
 
+  /**
+   * The page's job for this run: the earlier run's, where the page still holds it (it goes on from its checkpoint,
+   * or is already done), else a new one. The page holds no other job: the server's database holds the API's jobs,
+   * and a page job it does not know of (submitted just before a kill wrote its id) would run before this one.
+   */
+  async function pageJobFor(on: Page, overrides: JobOverrides, resume: number | null): Promise<number> {
+    const held = await on.evaluate(() => window.ditswarm.jobs().map((j) => j.id));
+    for (const id of held) if (id !== resume) await on.evaluate((job) => window.ditswarm.discard(job), id);
+    if (resume !== null && held.includes(resume)) {
+      log(`api: resuming the coordinator page's job ${resume}`);
+      return resume;
+    }
+    return on.evaluate((o) => window.ditswarm.submit(o), overrides);
+  }
+
   return {
     async swarm() {
       const workers = dashboard ? await dashboard.evaluate(() => window.ditswarm.workers()).catch(() => []) : [];
       return { ...links, coordinator: state, restarts, workers };
     },
-    async run(overrides, { onProgress, signal }) {
+    async run(overrides, { onProgress, signal, resume, onPageJob }) {
       const on = await page();
       let lost: (e: Error) => void = () => {};
       const whenLost = new Promise<never>((_, reject) => (lost = reject));
       current = { pageJob: null, onProgress, lost };
       try {
-        const id = await Promise.race([on.evaluate((o) => window.ditswarm.submit(o), overrides), whenLost]);
+        const id = await Promise.race([pageJobFor(on, overrides, resume), whenLost]);
         current.pageJob = id;
+        onPageJob(id);
         const cancel = () => void on.evaluate((job) => window.ditswarm.cancel(job), id).catch(() => {});
         if (signal.aborted) cancel();
         signal.addEventListener('abort', cancel, { once: true });

@@ -40,6 +40,11 @@ export interface VideoJob {
   report: unknown;
   /** runs started: a run a crash or a restart interrupted counts too */
   attempts: number;
+  /**
+   * the coordinator page's id for the job's run: a run a restart or a crash interrupted goes on from the page's last
+   * checkpoint of it; null before its first run
+   */
+  pageJob: number | null;
 }
 
 /** A write the disk refused for want of room: the API answers 507 and keeps what it had. */
@@ -65,7 +70,8 @@ const SCHEMA = `
     eta_ms INTEGER,
     error TEXT,
     report TEXT,
-    attempts INTEGER NOT NULL DEFAULT 0
+    attempts INTEGER NOT NULL DEFAULT 0,
+    page_job INTEGER
   );
   CREATE INDEX IF NOT EXISTS jobs_by_status ON jobs (status, seq);
 `;
@@ -74,7 +80,16 @@ const SCHEMA = `
 export type JobChange = Partial<
   Pick<
     VideoJob,
-    'status' | 'startedAt' | 'completedAt' | 'progress' | 'phase' | 'etaMs' | 'error' | 'report' | 'attempts'
+    | 'status'
+    | 'startedAt'
+    | 'completedAt'
+    | 'progress'
+    | 'phase'
+    | 'etaMs'
+    | 'error'
+    | 'report'
+    | 'attempts'
+    | 'pageJob'
   >
 >;
 
@@ -88,6 +103,7 @@ const COLUMNS: Record<keyof JobChange, string> = {
   error: 'error',
   report: 'report',
   attempts: 'attempts',
+  pageJob: 'page_job',
 };
 const JSON_FIELDS = new Set<keyof JobChange>(['error', 'report']);
 
@@ -106,6 +122,9 @@ export class JobDb {
     // the journal is deleted once a write is done, and every write waits for the disk
     db.exec('PRAGMA journal_mode = DELETE; PRAGMA synchronous = FULL;');
     db.exec(SCHEMA);
+    // a database made before jobs kept their page's id
+    const columns = db.all('PRAGMA table_info(jobs)') as Row[];
+    if (!columns.some((c) => c.name === 'page_job')) db.exec('ALTER TABLE jobs ADD COLUMN page_job INTEGER');
     return new JobDb(db);
   }
 
@@ -201,5 +220,6 @@ function fromRow(row: Row): VideoJob {
     error: json(row.error) as JobError | null,
     report: json(row.report),
     attempts: Number(row.attempts),
+    pageJob: num(row.page_job),
   };
 }

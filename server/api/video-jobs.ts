@@ -85,6 +85,7 @@ export class VideoJobs {
       error: null,
       report: null,
       attempts: 0,
+      pageJob: null,
     });
     this.unfinished.set(job.id, job);
     this.changes.emit(job);
@@ -165,17 +166,20 @@ export class VideoJobs {
       progress: 0,
     });
     const live = () => this.get(job.id)?.status === 'in_progress';
+    /** what the run tells as it goes: not once it was cancelled; a full disk costs the job the figure, not its run */
+    const note = (change: JobChange) => {
+      try {
+        if (live()) job = this.update(job, change);
+      } catch (e) {
+        this.options.log(`api: ${job.id}: ${Object.keys(change).join(', ')} not written: ${(e as Error).message}`);
+      }
+    };
     try {
       const result = await this.coordinator.run(job.request.overrides, {
         signal: controller.signal,
-        onProgress: (p) => {
-          try {
-            if (live()) job = this.update(job, progressOf(p));
-          } catch (e) {
-            // a full disk costs the job its progress figures, not its run
-            this.options.log(`api: ${job.id}: its progress was not written: ${(e as Error).message}`);
-          }
-        },
+        resume: job.pageJob,
+        onPageJob: (pageJob) => pageJob !== job.pageJob && note({ pageJob }),
+        onProgress: (p) => note(progressOf(p)),
       });
       if (!live()) return; // cancelled as it finished
       this.keep(job, result);

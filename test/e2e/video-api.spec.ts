@@ -3,6 +3,7 @@
 // worker tabs; the server is killed (SIGKILL) and started again on the same data folder.
 
 import { spawn } from 'node:child_process';
+import { createServer, type AddressInfo } from 'node:net';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
@@ -24,9 +25,18 @@ const JOB = {
   cfg_parallel: false,
 };
 
-/** `npm start -- --api --local-workers N --data DIR --port 0`, as a process of its own (so it can be killed). */
-const startApiServer = (dataDir: string, localWorkers = 2) =>
-  spawnApiServer(dataDir, ['--local-workers', String(localWorkers)]);
+/** `npm start -- --api --local-workers N --data DIR --port P`, as a process of its own (so it can be killed). */
+const startApiServer = (dataDir: string, localWorkers = 2, port = 0) =>
+  spawnApiServer(dataDir, ['--local-workers', String(localWorkers), '--port', String(port)]);
+
+/** A port nothing listens on now. */
+const freePort = () =>
+  new Promise<number>((resolve) => {
+    const probe = createServer().listen(0, () => {
+      const { port } = probe.address() as AddressInfo;
+      probe.close(() => resolve(port));
+    });
+  });
 
 const postJob = (api: ApiProcess, body: object) =>
   api.json<VideoObject>('/v1/videos', { method: 'POST', body: JSON.stringify({ ...JOB, ...body }) });
@@ -116,6 +126,31 @@ test(
       await page.goto(api.url.replace(/\/$/, '') + '/models.json');
       expect(await playable(page, webm)).toMatchObject({ width: 64, height: 64 });
 
+      // a person opening the server sees the API's queue and swarm, with the key from the link's fragment
+      await page.goto(`${api.url}/#key=${api.key}`);
+      await expect(page).toHaveURL(`${api.url}/api.html`); // the key left the address bar
+      await expect(page.locator('#worker-count')).toHaveText('2 workers');
+      for (const job of [first, second, third])
+        await expect(page.locator(`#queue li[data-job="${job.id}"]`)).toHaveAttribute('data-status', 'completed');
+      await expect // the newest video is on show, and plays
+        .poll(() => page.evaluate(() => (document.getElementById('video') as HTMLVideoElement).readyState))
+        .toBeGreaterThanOrEqual(2);
+      // a refused field is named on the form; a job queued there is the API's
+      await page.reload(); // the key was kept
+      await page.fill('[name=prompt]', 'queued from the page');
+      await page.fill('[name=size]', '100x64');
+      await page.click('#generate');
+      await expect(page.locator('#form-errors')).toContainText('832x480');
+      await expect(page.locator('[name=size]')).toHaveAttribute('aria-invalid', 'true');
+      await page.fill('[name=size]', '64x64');
+      await page.fill('[name=frames]', '9');
+      await page.fill('[name=steps]', '2');
+      await page.click('#generate');
+      await expect(page.locator('#form-errors')).toHaveText('');
+      const fromPage = (await api.json<{ data: VideoObject[] }>('/v1/videos')).data[0];
+      expect(fromPage).toMatchObject({ prompt: 'queued from the page', size: '64x64', frames: 9 });
+      expect((await until(api, fromPage.id, ['completed', 'failed'])).status).toBe('completed');
+
       // a running job cancelled by DELETE stops, and the next starts
       const long = await postJob(api, { steps: 40 });
       const next = await postJob(api, { steps: 2 });
@@ -176,31 +211,48 @@ test(
   },
 );
 
-test('the server killed (SIGKILL) with a job running and two queued: started again, all three complete, none twice', async () => {
+/** The job's latent, as its content endpoint serves it. */
+async function latentOf(api: ApiProcess, id: string) {
+  const bytes = await (await api.call(`/v1/videos/${id}/content?variant=latent`)).arrayBuffer();
+  return defined(readSafetensors(new Uint8Array(bytes), 'latent').get('latent'), `${id}'s latent`).data;
+}
+
+test('the server killed (SIGKILL) with a job running and two queued: started again, all three complete, none twice, the running one from its checkpoint', async () => {
   test.setTimeout(600_000);
   const dataDir = mkdtempSync(join(tmpdir(), 'ditswarm-api-kill-'));
-  let api = await startApiServer(dataDir);
+  // the same address both times, as `npm start`'s fixed port gives: the coordinator page's checkpoints are its
+  // browser's storage for that origin
+  const port = await freePort();
+  let api = await startApiServer(dataDir, 2, port);
   try {
     await expect
       .poll(async () => (await api.json<{ workers: unknown[] }>('/v1/swarm')).workers.length, { timeout: 60_000 })
       .toBe(2);
     const running = await postJob(api, { steps: 20 });
     const queued = [await postJob(api, { steps: 2, seed: 1 }), await postJob(api, { steps: 2, seed: 2 })];
+    // past step 2 of 20: the coordinator page has a checkpoint of the job kept
     await expect
       .poll(async () => (await api.json<VideoObject>(`/v1/videos/${running.id}`)).progress, { timeout: 120_000 })
-      .toBeGreaterThan(0);
+      .toBeGreaterThanOrEqual(10);
     api.process.kill('SIGKILL');
     await new Promise((r) => api.process.once('exit', r));
 
-    api = await startApiServer(dataDir);
+    api = await startApiServer(dataDir, 2, port);
     const ended = [];
     for (const job of [running, ...queued]) ended.push(await until(api, job.id, ['completed', 'failed']));
     expect(ended.map((j) => j.status)).toEqual(['completed', 'completed', 'completed']);
     // the running one ran again, the queued ones once; the list holds the three and nothing else
     expect(ended.map((j) => j.attempts)).toEqual([2, 1, 1]);
     expect((ended[1].started_at ?? 0) >= (ended[0].completed_at ?? Infinity)).toBe(true);
+    // the running one went on from the page's checkpoint, and ends as it would have: the same job run whole
+    const resumedFrom = ended[0].report?.resumedFromStep;
+    expect(resumedFrom).toBeGreaterThanOrEqual(1);
+    const whole = await until(api, (await postJob(api, { steps: 20 })).id, ['completed', 'failed']);
+    expect(whole.report?.resumedFromStep).toBe(0);
+    const [resumed, again] = [await latentOf(api, running.id), await latentOf(api, whole.id)];
+    expect(Buffer.from(resumed.buffer).equals(Buffer.from(again.buffer))).toBe(true);
     const list = await api.json<{ data: VideoObject[] }>('/v1/videos');
-    expect(list.data.map((j) => j.id)).toEqual([queued[1].id, queued[0].id, running.id]);
+    expect(list.data.map((j) => j.id)).toEqual([whole.id, queued[1].id, queued[0].id, running.id]);
   } finally {
     await api.stop();
     rmSync(dataDir, { recursive: true, force: true });

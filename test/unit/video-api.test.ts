@@ -8,6 +8,7 @@ import type { Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { Ajv2020 } from 'ajv/dist/2020.js';
 import express from 'express';
+import sqlite from 'node-sqlite3-wasm';
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 import { defined } from '../../core/defined.ts';
 import { OPENAPI } from '../../server/api/openapi.ts';
@@ -16,7 +17,7 @@ import type { VideoObject } from '../../server/api/video-object.ts';
 import { serverOrigins } from '../../server/origins.ts';
 import type { AutomationProgress, JobResult } from '../../app/automation.ts';
 import { authorized, loadApiKey } from '../../server/api/api-key.ts';
-import { CoordinatorLost, type Coordinator } from '../../server/api/coordinator-host.ts';
+import { CoordinatorLost, type Coordinator, type RunHooks } from '../../server/api/coordinator-host.ts';
 import { DiskFullError, JobDb, type VideoJob } from '../../server/api/job-db.ts';
 import { JobFiles } from '../../server/api/job-files.ts';
 import { MAX_ATTEMPTS, QueueError, VideoJobs } from '../../server/api/video-jobs.ts';
@@ -191,6 +192,10 @@ class StandInCoordinator implements Coordinator {
   readonly runs: {
     prompt: string;
     signal: AbortSignal;
+    /** the page job it was told to go on from */
+    resume: number | null;
+    /** as the page says the run's id */
+    started(pageJob: number): void;
     finish(r: JobResult | Error): void;
     progress(p: AutomationProgress): void;
   }[] = [];
@@ -212,11 +217,13 @@ class StandInCoordinator implements Coordinator {
       })),
     });
   }
-  run(overrides: { prompt?: string }, hooks: { onProgress: (p: AutomationProgress) => void; signal: AbortSignal }) {
+  run(overrides: { prompt?: string }, hooks: RunHooks) {
     return new Promise<JobResult>((resolve, reject) => {
       this.runs.push({
         prompt: overrides.prompt ?? '',
         signal: hooks.signal,
+        resume: hooks.resume,
+        started: hooks.onPageJob,
         finish: (r) => (r instanceof Error ? reject(r) : resolve(r)),
         progress: hooks.onProgress,
       });
@@ -225,8 +232,9 @@ class StandInCoordinator implements Coordinator {
   }
 }
 
+/** Waits for `what` to hold: up to 5 s, which a loaded 2-core machine needs where an idle one takes milliseconds. */
 const until = async (what: () => boolean) => {
-  for (let i = 0; i < 200 && !what(); i++) await new Promise((r) => setTimeout(r, 5));
+  for (const end = Date.now() + 5000; Date.now() < end && !what();) await new Promise((r) => setTimeout(r, 5));
   expect(what()).toBe(true);
 };
 
@@ -295,6 +303,10 @@ describe("the API's queue", () => {
     for (let n = 1; n <= MAX_ATTEMPTS; n++) {
       await until(() => coordinator.runs.length === n);
       expect(jobs.get(a.id)?.attempts).toBe(n);
+      // each run goes on from the page job of the run before it
+      expect(coordinator.runs[n - 1].resume).toBe(n === 1 ? null : 10 + n - 1);
+      coordinator.runs[n - 1].started(10 + n);
+      expect(jobs.get(a.id)?.pageJob).toBe(10 + n);
       coordinator.runs[n - 1].finish(new CoordinatorLost('the coordinator page crashed while the job ran'));
     }
     await until(() => jobs.get(a.id)?.status === 'failed');
@@ -317,6 +329,7 @@ describe("the API's queue", () => {
     const running = await first.jobs.accept(ask('running'));
     const waiting = [await first.jobs.accept(ask('w1')), await first.jobs.accept(ask('w2'))];
     await until(() => first.coordinator.runs.length === 2);
+    first.coordinator.runs[1].started(7);
     // the server is killed: nothing more is written; the database is all the next one has
     first.db.close();
     const second = queue(dir);
@@ -329,6 +342,8 @@ describe("the API's queue", () => {
     }
     await until(() => second.jobs.get(waiting[1].id)?.status === 'completed');
     expect(second.coordinator.runs.map((r) => r.prompt)).toEqual(['running', 'w1', 'w2']);
+    // the interrupted run goes on from the page's checkpoint of it
+    expect(second.coordinator.runs.map((r) => r.resume)).toEqual([7, null, null]);
     expect(second.jobs.get(done.id)).toMatchObject({ status: 'completed', attempts: 1 });
     expect(waiting.map((w) => second.jobs.get(w.id)?.attempts)).toEqual([1, 1]);
   });
@@ -363,6 +378,23 @@ describe("the API's queue", () => {
     expect(jobs.files.path(b.id, 'latent')).toBeNull();
     expect(jobs.get(a.id)?.status).toBe('completed');
     expect(readFileSync(jobs.files.path(a.id, 'video') as string, 'utf8')).toBe('webm of 0');
+  });
+
+  it("opens a database made before jobs kept their page's id, keeping its jobs", () => {
+    const dir = tmp();
+    const old = new sqlite.Database(join(dir, 'jobs.sqlite'));
+    old.exec(
+      'CREATE TABLE jobs (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE, status TEXT NOT NULL, ' +
+        'request TEXT NOT NULL, created_at INTEGER NOT NULL, started_at INTEGER, completed_at INTEGER, ' +
+        'progress INTEGER NOT NULL DEFAULT 0, phase TEXT, eta_ms INTEGER, error TEXT, report TEXT, ' +
+        'attempts INTEGER NOT NULL DEFAULT 0)',
+    );
+    old.run("INSERT INTO jobs (id, status, request, created_at) VALUES ('video_a', 'in_progress', '{}', 1)");
+    old.close();
+    const { db } = queue(dir);
+    expect(db.get('video_a')).toMatchObject({ status: 'in_progress', pageJob: null });
+    db.update('video_a', { pageJob: 3 });
+    expect(db.get('video_a')?.pageJob).toBe(3);
   });
 
   it('lists newest first, a page at a time', async () => {
