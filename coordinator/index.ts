@@ -9,7 +9,7 @@ import { JobQueue, type RunJob } from './job-queue.ts';
 import { IdbJobStore, type JobStore } from './job-store.ts';
 import { Swarm, type SwarmIdentity } from './swarm.ts';
 
-export { createPipeline, DEFAULT_MODEL_URL, loadFormModel, loadJobDefaults, loadModelConfig } from './pipeline.ts';
+export { createPipeline, loadFormModel, loadJobDefaults, loadModelConfig } from './pipeline.ts';
 export { WAN_SIZES } from '../core/model/wan-pipeline.ts';
 export type {
   GenerateReport,
@@ -30,6 +30,7 @@ export type { PlacementPrediction, PlacementRequest, ResolvedPlacement } from '.
 export type { FailureRecord } from './placer.ts';
 export {
   DEFAULT_JOB,
+  DEFAULT_MODEL_URL,
   FEW_STEP_SAMPLING,
   LIMITS,
   checkJobParams,

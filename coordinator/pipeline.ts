@@ -4,7 +4,7 @@
 // a worker lost in any phase (its text encoder layers, placing, a step, its VAE tiles) costs a
 // re-placement on the live workers, not the job (Placer: one rule for all of them).
 import { defined } from '../core/defined.ts';
-import { jobParams, latentShape, usesGuidance, type JobParams } from '../core/job.ts';
+import { DEFAULT_MODEL_URL, jobParams, latentShape, usesGuidance, type JobParams } from '../core/job.ts';
 import { parseWanConfig, type WanConfig } from '../core/model/config.ts';
 import { fetchModelFiles, readJson } from '../core/model/files.ts';
 import { openTransformer, TRANSFORMER_CONFIG } from '../core/model/transformer.ts';
@@ -207,9 +207,6 @@ export interface Pipeline {
  * hold
  */
 const MAX_TEXT_TOKENS = 4096;
-
-/** The trained demo model: its videos show what a prompt of its small grammar asks (demo/world.ts). */
-export const DEFAULT_MODEL_URL = '/models/tiny-wan-demo';
 
 /** The page's address, which relative model URLs are resolved against (none in Node). */
 const pageUrl = (): string | undefined => (globalThis as { location?: Location }).location?.href;

@@ -31,6 +31,9 @@ export const INSTEAD_OF = {
 export const JOB_SCHEDULERS = ['folder', 'step-distill'] as const;
 export type JobScheduler = (typeof JOB_SCHEDULERS)[number];
 
+/** The trained demo model, bundled: its videos show what a prompt of its small grammar asks (demo/world.ts). */
+export const DEFAULT_MODEL_URL = '/models/tiny-wan-demo';
+
 /**
  * A job the default model (the trained demo model, demo/world.ts) answers: the clip size it was
  * trained on, with the steps and guidance its evaluation chose.

@@ -5,7 +5,7 @@ import { join } from 'node:path';
 import { CACHE_ROOT } from './model-folder.ts';
 import { lanAddresses } from './origins.ts';
 import { OWNER_KEY_PARAM } from '../core/net/join-token.ts';
-import { DEFAULT_PORT, servedOr, startServer } from './serve.ts';
+import { DEFAULT_PORT, localModelDir, servedOr, startServer } from './serve.ts';
 import { DEFAULT_DATA_DIR, DEFAULTS as API_DEFAULTS, prepareApi, type VideoApi } from './api/api.ts';
 
 // `npm start [-- --model PATH|URL] [--lora FILE[:STRENGTH]]... [--port N] [--rebuild] [--key K] [--ice-servers LIST]
@@ -102,6 +102,7 @@ try {
         requestsPerMinute,
         keyFromEnv: process.env.DITSWARM_API_KEY,
         model: model.defaultModel,
+        defaultModelDir: localModelDir(model),
         log: (line) => console.error(line),
       })
     : undefined;

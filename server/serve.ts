@@ -13,6 +13,7 @@ import { createRelay, type Relay } from './relay.ts';
 import { serveModelFile, serveModelFolder } from './model-route.ts';
 import { parseLoraFlag, type LoraRef } from '../core/model/lora.ts';
 import { TRANSFORMER_CONFIG } from '../core/model/transformer.ts';
+import { DEFAULT_MODEL_URL } from '../core/job.ts';
 
 export const DEFAULT_PORT = 5173;
 const PORTS_TO_TRY = 21; // the asked port and the next 20
@@ -103,6 +104,15 @@ export function servedLoras(flags: readonly string[]): Pick<ServerOptions, 'lora
 }
 
 /** What a command line's --model and --lora flags serve; what they refuse goes to `refuse`, which says so and exits. */
+/** The folder on this machine of the model pages run unless told another (the bundled demo where none is given). */
+export function localModelDir({
+  modelFolders = {},
+  defaultModel = DEFAULT_MODEL_URL,
+}: Pick<ServerOptions, 'modelFolders' | 'defaultModel'>): string | null {
+  if (defaultModel in modelFolders) return modelFolders[defaultModel];
+  return defaultModel.startsWith('/models/') ? join(PUBLIC_DIR, defaultModel) : null;
+}
+
 export function servedOr(
   {
     model,

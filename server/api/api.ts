@@ -5,6 +5,8 @@
 import { homedir } from 'node:os';
 import { join } from 'node:path';
 import type express from 'express';
+import { loadWanPipelineParts } from '../../core/model/wan-pipeline.ts';
+import { folderFiles } from '../model-folder.ts';
 import type { Origins } from '../origins.ts';
 import { loadApiKey, type ApiKey } from './api-key.ts';
 import { hostCoordinator, type CoordinatorHost } from './coordinator-host.ts';
@@ -25,6 +27,8 @@ export interface ApiSettings {
   keyFromEnv?: string;
   /** the server's --model, which a job runs on unless it names another */
   model?: string;
+  /** the folder on this machine that jobs run on unless they name another model; null where it is a URL */
+  defaultModelDir: string | null;
   log: (line: string) => void;
 }
 
@@ -66,7 +70,7 @@ export function prepareApi(settings: ApiSettings): VideoApi {
         log: settings.log,
       });
       jobs.start();
-      resolveParts({ jobs, coordinator, model: settings.model });
+      resolveParts({ jobs, coordinator, model: settings.model, defaultSize: await defaultSizeOf(settings) });
       return coordinator;
     },
     async close() {
@@ -74,4 +78,16 @@ export function prepareApi(settings: ApiSettings): VideoApi {
       db?.close();
     },
   };
+}
+
+/** "WxH" of the default model's default job (what a job without a size gets), where its folder is on this machine. */
+async function defaultSizeOf({ defaultModelDir, log }: ApiSettings): Promise<string | null> {
+  if (defaultModelDir === null) return null;
+  try {
+    const { defaults } = await loadWanPipelineParts(folderFiles(defaultModelDir));
+    return `${defaults.width}x${defaults.height}`;
+  } catch (e) {
+    log(`api: the default model's size is not known (${(e as Error).message}): a refused size names the others`);
+    return null;
+  }
 }

@@ -107,7 +107,7 @@ test(
       expect(badSize.status).toBe(400);
       const refusal = (await badSize.json()) as { error: { param: string; message: string } };
       expect(refusal.error.param).toBe('size');
-      expect(refusal.error.message).toMatch(/multiple of 16.*832x480/);
+      expect(refusal.error.message).toMatch(/multiple of 16.*64x64 \(this server's default model's\).*832x480/);
 
       // three jobs: the first runs, the next two wait behind it and finish in order
       const first = await postJob(api, { steps: 4 });

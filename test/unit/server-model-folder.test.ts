@@ -7,8 +7,10 @@ import { WebSocket } from 'ws';
 import { defined } from '../../core/defined.ts';
 import { VAE_CONFIG } from '../../core/model/wan-vae.ts';
 import { MODEL_FILE_CSP } from '../../server/model-route.ts';
+import { PUBLIC_DIR } from '../../server/app-build.ts';
 import {
   LOCAL_MODEL_PATH,
+  localModelDir,
   LORA_PATH,
   servedLoras,
   servedModel,
@@ -123,6 +125,14 @@ describe('--model PATH|URL (servedModel), refused before the server starts where
     expect(() => servedModel(join(scratch, 'model'))).toThrow(
       /is no model folder: it has no transformer\/config\.json/,
     );
+  });
+
+  it("finds on this machine the folder of the model pages run unless told another (the API's default size)", () => {
+    const model = join(scratch, 'published');
+    expect(localModelDir(servedModel(model))).toBe(model);
+    expect(localModelDir(servedModel('/models/tiny-wan'))).toBe(join(PUBLIC_DIR, 'models/tiny-wan'));
+    expect(localModelDir(servedModel(undefined))).toBe(join(PUBLIC_DIR, 'models/tiny-wan-demo'));
+    expect(localModelDir(servedModel('https://example.org/Wan2.1-T2V-1.3B-Diffusers'))).toBeNull();
   });
 
   it('a command that runs one part asks the folder for that part alone: npm run decode serves a folder holding only vae/', () => {
