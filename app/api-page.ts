@@ -139,29 +139,50 @@ function describe(job: VideoObject): string {
   }
 }
 
+/** A job's line, kept from one refresh to the next so that a button in focus (or half-clicked) stays. */
+interface JobLine {
+  li: HTMLLIElement;
+  bar: HTMLProgressElement;
+  state: HTMLSpanElement;
+  actions: HTMLSpanElement;
+}
+const lines = new Map<string, JobLine>();
+
 function jobLine(job: VideoObject): HTMLLIElement {
-  const bar = h('progress', { max: 100, value: job.progress });
-  bar.setAttribute('aria-label', `progress of ${job.id}`);
-  const act = (label: string, run: () => Promise<unknown>) =>
-    h('button', {
-      type: 'button',
-      textContent: label,
-      onclick: () => void run().then(refresh, (e: unknown) => ($('status').textContent = (e as Error).message)),
-    });
-  const final = job.status === 'completed' || job.status === 'failed' || job.status === 'cancelled';
-  return h(
-    'li',
-    { dataset: { job: job.id, status: job.status } },
-    h('span', { className: 'job-prompt' }, `${job.id.slice(-8)} “${job.prompt}”`),
-    bar,
-    h('span', { className: 'job-state' }, describe(job)),
-    h(
-      'span',
-      { className: 'job-actions' },
+  let line = lines.get(job.id);
+  if (!line) {
+    const bar = h('progress', { max: 100 });
+    bar.setAttribute('aria-label', `progress of ${job.id}`);
+    const [state, actions] = [h('span', { className: 'job-state' }), h('span', { className: 'job-actions' })];
+    const li = h(
+      'li',
+      { dataset: { job: job.id } },
+      h('span', { className: 'job-prompt' }, `${job.id.slice(-8)} “${job.prompt}”`),
+      bar,
+      state,
+      actions,
+    );
+    line = { li, bar, state, actions };
+    lines.set(job.id, line);
+  }
+  line.bar.value = job.progress;
+  line.state.textContent = describe(job);
+  if (line.li.dataset.status !== job.status) {
+    // the buttons change with the status alone
+    line.li.dataset.status = job.status;
+    const act = (label: string, run: () => Promise<unknown>) =>
+      h('button', {
+        type: 'button',
+        textContent: label,
+        onclick: () => void run().then(refresh, (e: unknown) => ($('status').textContent = (e as Error).message)),
+      });
+    const final = job.status === 'completed' || job.status === 'failed' || job.status === 'cancelled';
+    line.actions.replaceChildren(
       ...(job.status === 'completed' ? [act('Show', () => show(job))] : []),
       act(final ? 'Delete' : 'Cancel', () => call(`/videos/${job.id}`, { method: 'DELETE' })),
-    ),
-  );
+    );
+  }
+  return line.li;
 }
 
 let lastCompleted: string | null = null;
@@ -178,7 +199,12 @@ async function refresh(): Promise<void> {
     ]);
     $('key-section').hidden = true;
     renderSwarm(swarm);
-    $('queue').replaceChildren(...data.map(jobLine));
+    for (const id of lines.keys()) if (!data.some((j) => j.id === id)) lines.delete(id);
+    const wanted = data.map(jobLine);
+    const list = $('queue');
+    // the list is rebuilt only when jobs came or went: a rebuild takes the focus off a button
+    if (wanted.length !== list.children.length || wanted.some((li, i) => list.children[i] !== li))
+      list.replaceChildren(...wanted);
     const running = data.filter((j) => j.status === 'in_progress' || j.status === 'queued').length;
     $('status').textContent = data.length ? `${running} job(s) waiting or running.` : 'No jobs yet.';
     // the newest finished video comes on show as it completes
