@@ -1,6 +1,7 @@
 import { formatBytes, MAX_MODEL_MEMORY_GIB, MIN_MODEL_MEMORY_GIB } from '../core/worker-api.ts';
 import { memoryBudget, STAGE_MEMORY_SHARE } from '../coordinator/stage-plan.ts';
 import { startWorkerEndpoint, type WorkerEndpoint, type WorkerStatus } from '../worker/endpoint.ts';
+import { tabPlatform } from '../worker/tab.ts';
 import { $ } from './views/dom.ts';
 import { addressAfterJoining, fragmentToken, readWorkerLink, WORKER_TOKEN_KEY } from './worker-link.ts';
 
@@ -166,7 +167,7 @@ if (!token) {
 function join(): void {
   const memory = showModelMemory();
   const modelMemoryGiB = 'error' in memory ? null : memory.gib;
-  startWorkerEndpoint({ origin: location.origin, token, onStatus: render, modelMemoryGiB })
+  startWorkerEndpoint({ origin: location.origin, token, onStatus: render, modelMemoryGiB, platform: tabPlatform })
     .then((endpoint) => {
       watchModelMemory(endpoint);
       $('leave').addEventListener('click', () => endpoint.leave());

@@ -13,7 +13,7 @@ import { loadWanPipelineParts, MISSING_PARTS, MissingPart } from '../core/model/
 import { jobSolver, scheduleOf, type SamplerCheckpoint, type Schedule, type Solver } from '../core/sampler.ts';
 import type { StepCacheSettings } from '../core/step-cache.ts';
 import { sizeOf, type Tensor } from '../core/tensor.ts';
-import type { LoadedModel } from '../core/worker-api.ts';
+import type { LoadedModel, WorkerKind } from '../core/worker-api.ts';
 import type { Backend } from './backends.ts';
 import { denoise, type StepProgress, type StepReport } from './denoising.ts';
 import { estimateJob, PhaseRates, timeLeft, type JobEstimate, type JobPhase, type TimeLeft } from './estimate.ts';
@@ -98,9 +98,16 @@ export interface GenerateReport {
    * each rank's EP, and why it runs there ("WASM: 21.3 GFLOP/s vs WebGPU 0.2"); how long its model
    * took to load and where the weights came from (the network or its browser's cache); the most
    * memory its page held during the job (JS heaps, the wasm heap among them) and the GPU bytes its weights
-   * took; the largest tensor its stages make (larger ones run in chunks)
+   * took; the largest tensor its stages make (larger ones run in chunks); whether it is a tab or a process (and
+   * then on which host)
    */
-  workers: (LoadedModel & { id: string; threads: number; peakMemoryBytes: number | null })[];
+  workers: (LoadedModel & {
+    id: string;
+    kind: WorkerKind;
+    host?: string;
+    threads: number;
+    peakMemoryBytes: number | null;
+  })[];
   /** which links of the last placement were direct data channels and which went through the relay */
   links: LinkReport[];
   /** the folder's scheduler and what it stepped through: the timesteps the model was given and the sigmas */
@@ -529,6 +536,8 @@ function phaseClock(onPhase?: (phase: JobPhase) => void) {
 function workersReport(executor: Executor, steps: { ranks: RankReport[] }[]): GenerateReport['workers'] {
   return executor.workers.map((w) => ({
     id: w.id,
+    kind: w.kind ?? 'tab',
+    ...(w.host !== undefined && { host: w.host }),
     ep: w.ep,
     adapter: w.adapter,
     why: w.why,

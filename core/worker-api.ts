@@ -36,8 +36,15 @@ export type WorkerState = 'idle' | 'initialized' | 'loading' | 'ready' | 'comput
 export const MIN_MODEL_MEMORY_GIB = 2 ** -10;
 export const MAX_MODEL_MEMORY_GIB = 4096;
 
+/** Where a worker runs: a browser tab, or a Node process (`npm run worker`, worker/node/). */
+export type WorkerKind = 'tab' | 'node';
+
 /** What a worker says about itself when it joins. */
 export interface WorkerInfo {
+  /** absent: a tab */
+  kind?: WorkerKind;
+  /** a process's machine, by its host name (a tab cannot tell) */
+  host?: string;
   ep: ExecutionProvider;
   adapter: string;
   /**
@@ -606,6 +613,8 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
   describe: {
     args: none,
     reply: fields({
+      kind: optional(oneOf('tab', 'node')),
+      host: optional(text(256)),
       ep,
       adapter: text(),
       softwareAdapter: oneOf(true, false),

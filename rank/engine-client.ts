@@ -1,8 +1,8 @@
-// A page's engine in a Web Worker, on a number of WASM threads that can change: a restart ends the
-// worker, starts one on the new threads and loads the model it had loaded again, so the runtime
-// above keeps calling the same EngineApi. Calls and restarts take turns (the engine runs one call
-// at a time anyway): a restart waits for the calls before it, and the calls after it wait for the
-// new engine, since a call to a terminated worker would never return.
+// A worker's engine in a thread of its own (a page's Web Worker, a worker process's worker thread), on a
+// number of threads that can change: a restart ends the thread, starts one on the new threads and loads the
+// model it had loaded again, so the runtime above keeps calling the same EngineApi. Calls and restarts
+// take turns (the engine runs one call at a time anyway): a restart waits for the calls before it,
+// and the calls after it wait for the new engine, since a call to a terminated one would never return.
 import * as Comlink from 'comlink';
 import type {
   DecodeTileArgs,
@@ -27,9 +27,38 @@ export function usableCores(): number {
 /** Runs `probe` while no other probe of this browser on this machine runs, where Web Locks exist. */
 export type ProbeGate = <T>(probe: () => Promise<T>) => Promise<T>;
 
+/** An engine started in a thread of its own on `threads` threads, saying its moves to `onMove`, and its end. */
+export interface EngineThread {
+  engine: Promise<EngineApi>;
+  terminate(): void;
+}
+export type StartEngine = (threads: number, onMove: (move: EngineMove) => void) => EngineThread;
+
+/** The engine in a Web Worker of this page (engine.worker.ts). */
+export const webWorkerEngine: StartEngine = (threads, onMove) => {
+  const worker = new Worker(new URL('./engine.worker.ts', import.meta.url), {
+    type: 'module',
+    name: `ditswarm-engine (${threads} threads)`,
+  });
+  worker.addEventListener('message', (event: MessageEvent<{ engineMove?: EngineMove } | null>) => {
+    const move = event.data?.engineMove;
+    if (move) onMove(move);
+  });
+  return { engine: Comlink.wrap<EngineFactory>(worker).start(threads), terminate: () => worker.terminate() };
+};
+
+/** What a worker holds its engine by: the engine's calls, in their turns, and its threads. */
+export interface EngineHandle extends EngineApi {
+  readonly threads: number;
+  readonly progress: EngineProgress;
+  readonly holds: string | null;
+  restart(threads: number): Promise<void>;
+  terminate(): void;
+}
+
 /** The engine's calls, each in its turn (every EngineApi method but those it defines is forwarded). */
-export class EngineHost extends Forwarding(ENGINE_METHODS) implements EngineApi {
-  private worker: Worker | null = null;
+export class EngineHost extends Forwarding(ENGINE_METHODS) implements EngineHandle {
+  private thread: EngineThread | null = null;
   private engine: Promise<EngineApi>;
   private loaded: { modelUrl: string; ep: ExecutionProvider; held?: HeldWeights } | null = null;
   private turn: Promise<unknown> = Promise.resolve();
@@ -39,6 +68,7 @@ export class EngineHost extends Forwarding(ENGINE_METHODS) implements EngineApi 
   constructor(
     private current: number,
     private readonly gate: ProbeGate = (probe) => probe(),
+    private readonly startEngine: StartEngine = webWorkerEngine,
   ) {
     super();
     this.engine = this.start();
@@ -49,7 +79,7 @@ export class EngineHost extends Forwarding(ENGINE_METHODS) implements EngineApi 
     return this.current;
   }
 
-  /** how far the engine has got, as its Web Worker last said */
+  /** how far the engine has got, as its thread last said */
   get progress(): EngineProgress {
     return { ...this.moves };
   }
@@ -61,17 +91,11 @@ export class EngineHost extends Forwarding(ENGINE_METHODS) implements EngineApi 
   }
 
   private start(): Promise<EngineApi> {
-    this.worker = new Worker(new URL('./engine.worker.ts', import.meta.url), {
-      type: 'module',
-      name: `ditswarm-engine (${this.current} threads)`,
-    });
-    this.worker.addEventListener('message', (event: MessageEvent<{ engineMove?: EngineMove } | null>) => {
-      const move = event.data?.engineMove;
-      if (!move) return;
+    this.thread = this.startEngine(this.current, (move) => {
       if (move.moved) this.moves.done++;
       this.moves.running = move.running;
     });
-    return Comlink.wrap<EngineFactory>(this.worker).start(this.current);
+    return this.thread.engine;
   }
 
   protected through<T>(work: (engine: EngineApi) => Promise<T>): Promise<T> {
@@ -93,8 +117,8 @@ export class EngineHost extends Forwarding(ENGINE_METHODS) implements EngineApi 
   }
 
   terminate(): void {
-    this.worker?.terminate();
-    this.worker = null;
+    this.thread?.terminate();
+    this.thread = null;
   }
 
   override load(
@@ -104,7 +128,7 @@ export class EngineHost extends Forwarding(ENGINE_METHODS) implements EngineApi 
     held?: HeldWeights,
   ) {
     return this.through(async (engine) => {
-      // a function crosses to the engine's Web Worker as a proxy the worker calls back
+      // a function crosses to the engine's thread as a proxy the thread calls back
       const info = await engine.load(modelUrl, ep, onProgress && Comlink.proxy(onProgress), held);
       this.loaded = { modelUrl, ep, ...(held && { held }) };
       return info;

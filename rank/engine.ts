@@ -133,9 +133,10 @@ function reportingMoves(engine: EngineApi, report: (move: EngineMove) => void): 
 /**
  * An engine computing WASM on `threads` threads. onnxruntime-web reads its thread count once, when
  * its WebAssembly module starts (at the first session), so an engine's threads are fixed for its
- * life: a new share of the cores is a new engine (engine-client.ts).
+ * life: a new share of the cores is a new engine (engine-client.ts). `cpu` names what its 'wasm' EP
+ * computes on (a worker process's is native: worker/node/).
  */
-export function createEngine(threads = 1, report?: (move: EngineMove) => void): EngineApi {
+export function createEngine(threads = 1, report?: (move: EngineMove) => void, cpu = 'WebAssembly (CPU)'): EngineApi {
   ort.env.wasm.numThreads = threads;
   // One run at a time: a probe or a released job's last stage may arrive while another job's stage
   // is running, and a guided step's two passes call stages at once.
@@ -156,7 +157,7 @@ export function createEngine(threads = 1, report?: (move: EngineMove) => void): 
       if (loaded?.key === key) return { ...loaded.info, inMemory: true };
       const started = performance.now();
       // the device it computes on: on wasm the CPU, whether or not the browser also has a WebGPU adapter
-      const adapter = ep === 'wasm' ? 'WebAssembly (CPU)' : (await probeWebGpu())?.name;
+      const adapter = ep === 'wasm' ? cpu : (await probeWebGpu())?.name;
       if (!adapter)
         throw new Error('webgpu was asked for but this browser has no WebGPU adapter; use ep "auto" or "wasm"');
       // one model at a time: the last one's sessions and weights go before the next one's come

@@ -1,10 +1,9 @@
-// A worker page's presence in the swarm: its PeerJS peer, the link to the coordinator (over
-// which it serves the WorkerApi), its mesh to the other ranks of a job (mesh.ts), and the engine in
-// a Web Worker. Links are data channels, or go through the server's relay when a channel does not
-// open (or the server forces the relay); the page keeps its relay socket open while it is in
-// the swarm so that other ranks can reach it that way. Everything a page shows comes from
-// `onStatus`.
-import { Peer } from 'peerjs';
+// A worker's presence in the swarm, a tab's or a process's (platform.ts): its PeerJS peer, the link
+// to the coordinator (over which it serves the WorkerApi), its mesh to the other ranks of a job
+// (mesh.ts), and the engine in a thread of its own. Links are data channels, or go through the
+// server's relay when a channel does not open (or the server forces the relay); the worker keeps its
+// relay socket open while it is in the swarm so that other ranks can reach it that way. Everything a
+// worker shows comes from `onStatus`.
 import type { DataConnectionLike, Transport } from '../core/net/channel.ts';
 import { announceStop, answerHeartbeats, askWhileSilent } from '../core/net/heartbeat.ts';
 import { joinDashboard, workerDial, type JoinMetadata } from '../core/net/join.ts';
@@ -20,7 +19,6 @@ import {
   signalingOptions,
   stayRegistered,
   transportOf,
-  type SignalingOptions,
 } from '../core/net/peer-link.ts';
 import { RelayRefused, type RelayClient } from '../core/net/relay-client.ts';
 import { serve } from '../core/net/rpc.ts';
@@ -32,13 +30,11 @@ import {
   type WorkerState,
   type WorkerTotals,
 } from '../core/worker-api.ts';
-import { EngineHost, type ProbeGate } from '../rank/engine-client.ts';
 import { WorkerRuntime } from '../rank/runtime.ts';
-import { sampleMemoryPeak } from '../rank/memory.ts';
-import { describeCompute } from '../rank/webgpu.ts';
-import { shareCores, type CoreShare } from './cores.ts';
+import type { CoreShare } from './cores.ts';
 import { WorkerMesh } from './mesh.ts';
 import { modelRefusal } from './model-origin.ts';
+import type { WorkerPlatform } from './platform.ts';
 
 const RECONNECT_MS = 2_000;
 const REFUSED_RETRY_MS = 15_000;
@@ -71,6 +67,8 @@ export interface WorkerEndpointOptions {
   /** what its user lets the model's weights take, in GiB (the page's field); none: not set */
   modelMemoryGiB?: number | null;
   onStatus(status: WorkerStatus): void;
+  /** a tab's or a process's */
+  platform: WorkerPlatform;
 }
 
 /** A joined worker page's hold on its endpoint. */
@@ -86,13 +84,12 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
     .then((r): Promise<unknown> => r.json())
     .catch(() => null);
   const refuseModel = modelRefusal(options.origin, servedUrls(served));
-  const peer = await registerPeer(() => newWorkerPeer(signaling), options.origin);
+  const { platform } = options;
+  const peer = await registerPeer(() => platform.newPeer(newPeerId('worker'), peerOptions(signaling)), options.origin);
   const info: WorkerInfo = {
-    ...(await describeCompute()),
-    threads: 1, // this tab's share of the cores, once counted
-    memoryGiB: (navigator as Navigator & { deviceMemory?: number }).deviceMemory ?? null,
+    ...(await platform.describe()),
+    threads: 1, // this worker's share of the cores, once counted
     ...(options.modelMemoryGiB ? { modelMemoryGiB: options.modelMemoryGiB } : {}),
-    userAgent: navigator.userAgent,
   };
   const status: WorkerStatus = {
     peerId: peer.id,
@@ -118,14 +115,14 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
     await engine.restart(cores.threads());
     publishCores();
   };
-  const cores: CoreShare = await shareCores(peer.id, () => {
+  const cores: CoreShare = await platform.shareCores(peer.id, () => {
     publishCores();
     if (runtime.state === 'idle') void takeShare(); // not placed: at once
   });
   info.threads = cores.threads();
   info.browser = cores.browser;
-  const engine = new EngineHost(cores.threads(), oneProbeAtATime);
-  const releaseAwake = keepAwake(peer.id);
+  const engine = platform.startEngine(cores.threads());
+  const releaseAwake = platform.keepAwake(peer.id);
   publish({ info });
   publishCores();
 
@@ -171,7 +168,7 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
     },
     describe: () => Promise.resolve({ ...info, threads: cores.threads() }),
     betweenJobs: takeShare,
-    peakMemoryBytes: sampleMemoryPeak(),
+    peakMemoryBytes: platform.peakMemoryBytes,
     refuseModel,
     onState: (state, detail) =>
       publish({ state, detail, totals: { ...runtime.totals }, ep: runtime.ep, epWhy: runtime.epReason }),
@@ -249,10 +246,9 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
             holds: engine.holds,
           };
         });
-        // a page its browser freezes (a hidden tab, to save power) says so while it still can: its
-        // work is placed elsewhere at once, not after a silence (a closing page's link closes by itself)
-        const stopOnFreeze = () => announceStop(link, 0);
-        document.addEventListener('freeze', stopOnFreeze);
+        // a worker about to be frozen says so while it still can: its work is placed elsewhere at once,
+        // not after a silence (a closing page's link closes by itself)
+        const unfreeze = platform.onFreeze(() => announceStop(link, 0));
         const transport = transportOf(conn);
         publish({
           connected: true,
@@ -271,7 +267,7 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
         );
         await gone;
         stopAsking();
-        document.removeEventListener('freeze', stopOnFreeze);
+        unfreeze();
         mesh.close('lost the dashboard');
         publish({
           connected: false,
@@ -325,31 +321,3 @@ function servedUrls(served: unknown): string[] {
   const adapters = Array.isArray(loras) ? loras.map((l: unknown) => (l as { url?: unknown } | null)?.url) : [];
   return [model, ...adapters].filter((url): url is string => typeof url === 'string');
 }
-
-/** A PeerJS peer under a fresh worker id; PeerJS types its options as a class, but takes a plain object. */
-function newWorkerPeer(signaling: SignalingOptions): Peer {
-  // eslint-disable-next-line @typescript-eslint/no-unsafe-class-instance-assignment -- a plain object, as PeerJS's docs
-  return new Peer(newPeerId('worker'), peerOptions(signaling));
-}
-
-/**
- * Holds a Web Lock for as long as this page is in the swarm: Chrome does not freeze or discard a
- * background tab that holds one (nor one with an open WebRTC connection, which a joined page has
- * too). What it does not prevent is written on the worker page and in README. Returns its release.
- */
-function keepAwake(peerId: string): () => void {
-  const { locks } = navigator as Partial<Pick<Navigator, 'locks'>>;
-  let release = () => {};
-  const held = new Promise<void>((resolve) => (release = resolve));
-  void locks?.request(`ditswarm-worker-awake-${peerId}`, () => held).catch(() => {});
-  return release;
-}
-
-/**
- * Compute probes of the worker tabs of this browser on this machine, one at a time: each measures
- * its share of the cores as a job will use it, not a crowd of probes fighting over them.
- */
-const oneProbeAtATime: ProbeGate = async (probe) => {
-  const { locks } = navigator as Partial<Pick<Navigator, 'locks'>>;
-  return locks ? await locks.request('ditswarm-compute-probe', () => probe()) : probe();
-};

@@ -1,3 +1,4 @@
+import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -9,19 +10,24 @@ import { startServer, type RunningServer } from '../serve.ts';
 
 /**
  * A whole ditswarm on this machine, for the command line and benchmarks: the server, headless
- * Chromium, one dashboard page and N worker pages joined to it.
+ * Chromium, one dashboard page and N worker pages joined to it, and K worker processes (`npm run worker`).
  */
 export interface LocalSwarm {
   server: RunningServer;
   browserVersion: string;
   dashboard: Page;
   workers: Page[];
+  nodeWorkers: ChildProcess[];
   addWorker(): Promise<Page>;
   close(): Promise<void>;
 }
 
 export interface LocalSwarmOptions {
+  /** worker tabs */
   workers?: number;
+  /** worker processes, each on `nodeThreads` threads (1 unless told) */
+  nodeWorkers?: number;
+  nodeThreads?: number;
   port?: number;
   relay?: RelayMode;
   modelFolders?: Record<string, string>;
@@ -40,6 +46,8 @@ export interface LocalSwarmOptions {
 
 export async function startLocalSwarm({
   workers = 0,
+  nodeWorkers = 0,
+  nodeThreads = 1,
   port = 0,
   relay = 'fallback',
   modelFolders,
@@ -50,6 +58,8 @@ export async function startLocalSwarm({
 }: LocalSwarmOptions = {}): Promise<LocalSwarm> {
   const server = await startServer({ port, quiet: true, relay, modelFolders, defaultModel, loraFiles });
   const { context, kept, close: closeBrowser } = await launchBrowser(profileDir, log);
+  const processes: ChildProcess[] = [];
+  const closeProcesses = () => Promise.all(processes.map(stopProcess));
   try {
     const dashboard = await context.newPage();
     if (kept) await forgetDashboardJobs(dashboard, server.url);
@@ -67,24 +77,55 @@ export async function startLocalSwarm({
       return page;
     };
     for (let i = 0; i < workers; i++) await addWorker();
-    if (workers)
-      await dashboard.waitForFunction((n) => window.ditswarm.workerCount() >= n, workers, { timeout: 60_000 });
+    for (let i = 0; i < nodeWorkers; i++)
+      processes.push(startNodeWorker(joinUrl, nodeThreads, `node worker ${i}`, log));
+    if (workers + nodeWorkers)
+      await dashboard.waitForFunction((n) => window.ditswarm.workerCount() >= n, workers + nodeWorkers, {
+        timeout: 60_000,
+      });
     return {
       server,
       browserVersion: context.browser()?.version() ?? 'unknown',
       dashboard,
       workers: pages,
+      nodeWorkers: processes,
       addWorker,
       async close() {
+        await closeProcesses();
         await closeBrowser();
         await server.close();
       },
     };
   } catch (e) {
+    await closeProcesses();
     await closeBrowser();
     await server.close();
     throw e;
   }
+}
+
+/** `npm run worker -- LINK` on `threads` threads, its lines to `log` under `who`. */
+export function startNodeWorker(link: string, threads: number, who: string, log: (line: string) => void): ChildProcess {
+  const child = spawn(
+    process.execPath,
+    ['--import', 'tsx', join(import.meta.dirname, '../../worker/node/main.ts'), link, '--threads', String(threads)],
+    { stdio: ['ignore', 'pipe', 'pipe'] },
+  );
+  for (const stream of [child.stdout, child.stderr])
+    stream.on('data', (data: Buffer) => {
+      for (const line of data.toString().split('\n')) if (line) log(`[${who}] ${line}`);
+    });
+  return child;
+}
+
+/** Ends a worker process as its user would (SIGTERM: it leaves the swarm), or kills it if it does not end. */
+async function stopProcess(child: ChildProcess): Promise<void> {
+  if (child.exitCode !== null || child.signalCode !== null) return;
+  const ended = new Promise<void>((resolve) => child.once('exit', () => resolve()));
+  child.kill('SIGTERM');
+  const timer = setTimeout(() => child.kill('SIGKILL'), 5_000);
+  await ended;
+  clearTimeout(timer);
 }
 
 /** Chromium on a profile of its own: `profileDir` if no other browser has it open, else a new one gone at close. */

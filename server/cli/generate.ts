@@ -33,6 +33,7 @@ const USAGE = [
   '  [--frames F] [--height H] [--width W] [--steps K] [--guidance G] [--seed S] [--negative-prompt TEXT]',
   '  [--out out/video.webm] [--report out/report.json] [--latent-out out/latent.f32] [--port P]',
   "  [--verbose]   the server's and the pages' log lines too",
+  '  [--node-workers K]   K of the N workers are worker processes (npm run worker, one thread each), not tabs',
   '  [--yes]   run a job estimated to take over an hour on these workers (without it, generate stops and says so)',
   '  [--drop-worker RANK@STEP] [--crash-worker RANK@STEP]   ' +
     "close (or crash) that rank's tab when step STEP (from 1) starts",
@@ -84,6 +85,7 @@ try {
       'negative-prompt': { type: 'string' },
       backend: { type: 'string', default: 'swarm' },
       workers: { type: 'string' },
+      'node-workers': { type: 'string', default: '0' },
       stages: { type: 'string', default: '1' },
       pipefusion: { type: 'string' },
       weights: { type: 'string' },
@@ -155,6 +157,14 @@ const cfgParallel = values['cfg-parallel'];
 const stageTabs = stages * (cfgParallel ? 2 : 1);
 const workers = Number(values.workers ?? stageTabs);
 if (!Number.isInteger(workers) || workers < 1) fail(`--workers must be a whole number ≥ 1, got ${values.workers}`);
+const nodeWorkers = Number(values['node-workers']);
+if (
+  !Number.isInteger(nodeWorkers) ||
+  nodeWorkers < 0 ||
+  nodeWorkers > workers ||
+  (nodeWorkers && values.backend !== 'swarm')
+)
+  fail(`--node-workers must be a whole number from 0 to --workers with --backend swarm, got ${values['node-workers']}`);
 if (stages > 1 && (values.backend !== 'swarm' || workers % stageTabs))
   fail(
     `--stages ${stages} runs each stage on the same number of worker tabs: it needs --backend swarm and ` +
@@ -232,7 +242,11 @@ const progress = (line: string) => (tty ? process.stderr.write(`\r\x1b[K${line}`
 const swarmWorkers = values.backend === 'swarm' ? workers : 0;
 // the sizes the flags leave out are the model folder's defaults (WanPipeline's for a published folder):
 // the report says which
-console.error(`generate: "${prompt}" on ${values.backend}${swarmWorkers ? ` with ${workers} worker tab(s)` : ''}`);
+const tabs = swarmWorkers - nodeWorkers;
+const withWorkers = [tabs && `${tabs} worker tab(s)`, nodeWorkers && `${nodeWorkers} worker process(es)`]
+  .filter(Boolean)
+  .join(' and ');
+console.error(`generate: "${prompt}" on ${values.backend}${swarmWorkers ? ` with ${withWorkers}` : ''}`);
 
 const {
   modelFolders,
@@ -241,7 +255,8 @@ const {
   defaultLoras,
 } = servedOr({ model: values.model, loras: values.lora }, fail);
 const swarm = await startLocalSwarm({
-  workers: swarmWorkers,
+  workers: tabs,
+  nodeWorkers,
   // the next run's worker tabs load the weights this one fetched from the browser's cache
   profileDir: join(CACHE_ROOT, 'browser'),
   modelFolders,

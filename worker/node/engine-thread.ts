@@ -1,0 +1,24 @@
+// The engine of a worker process, in a worker thread: onnxruntime-node's runs block the thread they are called
+// from, and the process's main thread keeps its WebRTC links and heartbeats going meanwhile. The main thread
+// (platform.ts) talks to it through comlink, as a page talks to its engine's Web Worker (rank/engine.worker.ts).
+import { parentPort, workerData } from 'node:worker_threads';
+import * as Comlink from 'comlink';
+import nodeEndpoint from 'comlink/dist/esm/node-adapter.mjs';
+import { createEngine, type EngineApi, type EngineMove } from '../../rank/engine.ts';
+import type { EngineFactory } from '../../rank/engine.worker.ts';
+
+const port = parentPort;
+if (!port) throw new Error('engine-thread.ts runs as a worker thread of a worker process (platform.ts)');
+const { cpu } = workerData as EngineThreadData;
+
+/** what the main thread tells the engine's thread when it starts it */
+export interface EngineThreadData {
+  /** the CPU as the engine reports it, on the EP it calls 'wasm' */
+  cpu: string;
+}
+
+const factory: EngineFactory = {
+  start: (threads: number): EngineApi =>
+    Comlink.proxy(createEngine(threads, (move: EngineMove) => port.postMessage({ engineMove: move }), cpu)),
+};
+Comlink.expose(factory, nodeEndpoint(port));

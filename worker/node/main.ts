@@ -1,0 +1,79 @@
+// `npm run worker -- LINK`: this machine joins a swarm as a worker process, by the worker link its dashboard
+// shows, computing natively on its cores (platform.ts). It says what it does on stdout, a line a change, and
+// leaves the swarm cleanly on Ctrl-C or SIGTERM.
+import { availableParallelism } from 'node:os';
+import { parseArgs } from 'node:util';
+import { readWorkerLink } from '../../app/worker-link.ts';
+import { MAX_MODEL_MEMORY_GIB, MIN_MODEL_MEMORY_GIB } from '../../core/worker-api.ts';
+import { startWorkerEndpoint, type WorkerStatus } from '../endpoint.ts';
+import { nodePlatform } from './platform.ts';
+
+const USAGE = `usage: npm run worker -- <worker link> [--threads N] [--model-memory GiB]
+
+  <worker link>         the link the dashboard shows under "Add a worker": http://HOST:PORT/worker.html#token=…
+  --threads N           the cores to compute on (default: all ${availableParallelism()} of this machine's)
+  --model-memory GiB    what a pipeline stage placed here may hold of the model's weights (default: no bound)`;
+
+const fail = (message: string): never => {
+  console.error(`worker: ${message}\n\n${USAGE}`);
+  process.exit(2);
+};
+
+const { values, positionals } = (() => {
+  try {
+    return parseArgs({
+      allowPositionals: true,
+      options: { threads: { type: 'string' }, 'model-memory': { type: 'string' }, help: { type: 'boolean' } },
+    });
+  } catch (e) {
+    return fail((e as Error).message);
+  }
+})();
+if (values.help) {
+  console.log(USAGE);
+  process.exit(0);
+}
+const [link] = positionals;
+if (!link || positionals.length > 1 || !URL.canParse(link)) fail('give the worker link, whole and quoted');
+const { token, refused } = readWorkerLink(link, null);
+if (!token)
+  fail(refused ?? 'this link has no #token=: copy the worker link the dashboard shows (…/worker.html#token=…)');
+
+const threads = values.threads === undefined ? availableParallelism() : Number(values.threads);
+if (!Number.isInteger(threads) || threads < 1 || threads > 1024) fail('--threads takes a whole number from 1 to 1024');
+const modelMemoryGiB = values['model-memory'] === undefined ? null : Number(values['model-memory']);
+if (
+  modelMemoryGiB !== null &&
+  !(Number.isFinite(modelMemoryGiB) && modelMemoryGiB >= MIN_MODEL_MEMORY_GIB && modelMemoryGiB <= MAX_MODEL_MEMORY_GIB)
+)
+  fail(`--model-memory takes a number of GiB from ${MIN_MODEL_MEMORY_GIB} to ${MAX_MODEL_MEMORY_GIB}`);
+
+const { platform, compute } = await nodePlatform({ threads });
+console.log(`worker: computing on ${compute.name}`);
+
+let said = '';
+const say = (s: WorkerStatus) => {
+  const line = `${s.state}: ${s.detail}`;
+  if (line === said) return;
+  said = line;
+  console.log(`worker: ${line}`);
+};
+const endpoint = await startWorkerEndpoint({
+  origin: new URL(link).origin,
+  token,
+  modelMemoryGiB,
+  platform,
+  onStatus: say,
+}).catch((e: unknown) => {
+  console.error(`worker: could not join: ${(e as Error).message}`);
+  return process.exit(1);
+});
+
+const leave = (signal: string) => {
+  console.log(`worker: ${signal}: leaving the swarm`);
+  endpoint.leave();
+  // the dashboard hears the link close; WebRTC's sockets need a moment to say so
+  setTimeout(() => process.exit(0), 500);
+};
+process.once('SIGINT', () => leave('SIGINT'));
+process.once('SIGTERM', () => leave('SIGTERM'));
