@@ -104,13 +104,18 @@ export async function startLocalSwarm({
   }
 }
 
-/** `npm run worker -- LINK` on `threads` threads, its lines to `log` under `who`. */
-export function startNodeWorker(link: string, threads: number, who: string, log: (line: string) => void): ChildProcess {
-  const child = spawn(
-    process.execPath,
-    ['--import', 'tsx', join(import.meta.dirname, '../../worker/node/main.ts'), link, '--threads', String(threads)],
-    { stdio: ['ignore', 'pipe', 'pipe'] },
-  );
+/** `npm run worker -- LINK` on `threads` threads with `flags`, its lines to `log` under `who`. */
+export function startNodeWorker(
+  link: string,
+  threads: number,
+  who: string,
+  log: (line: string) => void,
+  flags: string[] = [],
+): ChildProcess {
+  const main = join(import.meta.dirname, '../../worker/node/main.ts');
+  const child = spawn(process.execPath, ['--import', 'tsx', main, link, '--threads', String(threads), ...flags], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
   for (const stream of [child.stdout, child.stderr])
     stream.on('data', (data: Buffer) => {
       for (const line of data.toString().split('\n')) if (line) log(`[${who}] ${line}`);

@@ -8,11 +8,12 @@ import { MAX_MODEL_MEMORY_GIB, MIN_MODEL_MEMORY_GIB } from '../../core/worker-ap
 import { startWorkerEndpoint, type WorkerStatus } from '../endpoint.ts';
 import { nodePlatform } from './platform.ts';
 
-const USAGE = `usage: npm run worker -- <worker link> [--threads N] [--model-memory GiB]
+const USAGE = `usage: npm run worker -- <worker link> [--threads N] [--model-memory GiB] [--wasm]
 
   <worker link>         the link the dashboard shows under "Add a worker": http://HOST:PORT/worker.html#token=…
   --threads N           the cores to compute on (default: all ${availableParallelism()} of this machine's)
-  --model-memory GiB    what a pipeline stage placed here may hold of the model's weights (default: no bound)`;
+  --model-memory GiB    what a pipeline stage placed here may hold of the model's weights (default: no bound)
+  --wasm                compute on onnxruntime-web's WebAssembly, as a tab does, not natively`;
 
 const fail = (message: string): never => {
   console.error(`worker: ${message}\n\n${USAGE}`);
@@ -23,7 +24,12 @@ const { values, positionals } = (() => {
   try {
     return parseArgs({
       allowPositionals: true,
-      options: { threads: { type: 'string' }, 'model-memory': { type: 'string' }, help: { type: 'boolean' } },
+      options: {
+        threads: { type: 'string' },
+        'model-memory': { type: 'string' },
+        wasm: { type: 'boolean' },
+        help: { type: 'boolean' },
+      },
     });
   } catch (e) {
     return fail((e as Error).message);
@@ -48,11 +54,12 @@ if (
 )
   fail(`--model-memory takes a number of GiB from ${MIN_MODEL_MEMORY_GIB} to ${MAX_MODEL_MEMORY_GIB}`);
 
-const { platform, compute } = await nodePlatform({ threads });
+const { platform, compute } = await nodePlatform({ threads, wasm: values.wasm });
 console.log(`worker: computing on ${compute.name}`);
 
 let said = '';
 const say = (s: WorkerStatus) => {
+  if (!said) console.log(`worker: peer id ${s.peerId}`);
   const line = `${s.state}: ${s.detail}`;
   if (line === said) return;
   said = line;

@@ -20,9 +20,13 @@ export interface NodeCompute {
   name: string;
 }
 
-/** onnxruntime-node where it loads (an optional dependency: an install may have left it out), with why not. */
-export async function nodeCompute(threads: number): Promise<NodeCompute> {
+/**
+ * onnxruntime-node where it loads (an optional dependency: an install may have left it out) unless `wasm` is asked,
+ * with why not.
+ */
+export async function nodeCompute(threads: number, wasm = false): Promise<NodeCompute> {
   const cpu = `${cpus()[0]?.model.trim() || 'CPU'}, ${threads} thread${threads === 1 ? '' : 's'}`;
+  if (wasm) return { native: false, name: `WebAssembly in Node (${cpu}), as asked` };
   try {
     await import('onnxruntime-node');
     return { native: true, name: `onnxruntime-node on the CPU (${cpu})` };
@@ -38,14 +42,16 @@ export async function nodeCompute(threads: number): Promise<NodeCompute> {
 export interface NodePlatformOptions {
   /** the threads the engine computes on: the machine's cores unless told */
   threads?: number;
+  /** onnxruntime-web's WebAssembly, as a tab computes, even where onnxruntime-node is installed */
+  wasm?: boolean;
 }
 
 /** The platform of a worker process. */
-export async function nodePlatform({ threads = availableParallelism() }: NodePlatformOptions = {}): Promise<{
+export async function nodePlatform({ threads = availableParallelism(), wasm }: NodePlatformOptions = {}): Promise<{
   platform: WorkerPlatform;
   compute: NodeCompute;
 }> {
-  const compute = await nodeCompute(threads);
+  const compute = await nodeCompute(threads, wasm);
   // an id for this process as a tab has its browser's: what bans and accusations name it by
   const id = nonce();
   const platform: WorkerPlatform = {
