@@ -43,7 +43,8 @@ function workerRow(swarm: Swarm, w: SwarmWorker, m: WorkerMeasurement | null): H
       h(
         'span',
         { className: 'sub' },
-        `${w.info.threads} thread${w.info.threads === 1 ? '' : 's'} · ${w.info.adapter}${memoryText(w)}`,
+        (w.info.kind === 'node' ? `process on ${w.info.host ?? 'a machine'} · ` : '') +
+          `${w.info.threads} thread${w.info.threads === 1 ? '' : 's'} · ${w.info.adapter}${memoryText(w)}`,
       ),
     ),
     h('td', {}, chosen?.why ?? 'measuring…'),
