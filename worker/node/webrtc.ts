@@ -8,6 +8,8 @@ import {
   RTCPeerConnection,
   RTCSessionDescription,
   type PeerConfig,
+  type RTCIceCandidate,
+  type RTCIceCandidateInit,
   type RTCLocalSessionDescriptionInit,
   type SessionDescription as WeriftDescription,
 } from 'werift';
@@ -18,6 +20,21 @@ import { WebSocket } from 'ws';
  * unless told, and a link's frames may be larger (core/net/link.ts).
  */
 const MAX_MESSAGE_BYTES = 262_144;
+
+/**
+ * A browser's candidate under an mDNS name (`<uuid>.local`), which hides its address from pages. werift looks such a
+ * name up before it goes on (an IPv4 query with a 10 s limit, which a browser hiding an IPv6 address never answers),
+ * and the link falls back to the relay meanwhile. Dropped instead: the browser's connectivity checks reach this
+ * process at the addresses werift gave it, and werift learns the browser's address from them.
+ */
+export const hiddenCandidate = (candidate: string): boolean => /^(a=)?candidate:(\S+ ){4}\S+\.local /.test(candidate);
+
+/** `sdp` without its hidden candidates' lines */
+export const withoutHiddenCandidates = (sdp: string): string =>
+  sdp
+    .split('\r\n')
+    .filter((line) => !hiddenCandidate(line))
+    .join('\r\n');
 
 /**
  * werift's peer connection as PeerJS needs it. werift gathers its ICE candidates inside setLocalDescription
@@ -51,12 +68,21 @@ class PeerConnection extends RTCPeerConnection {
     if (description && sdp) Object.defineProperty(description, 'sdp', { value: sdp, enumerable: true, writable: true });
     return set;
   }
+
+  override addIceCandidate(candidate?: RTCIceCandidate | RTCIceCandidateInit | null): Promise<void> {
+    return candidate?.candidate && hiddenCandidate(candidate.candidate)
+      ? Promise.resolve()
+      : super.addIceCandidate(candidate);
+  }
 }
 
-/** The W3C constructor, `new RTCSessionDescription({ type, sdp })`, which PeerJS calls; werift's is (sdp, type). */
+/**
+ * The W3C constructor, `new RTCSessionDescription({ type, sdp })`, which PeerJS calls with the other side's
+ * description; werift's is (sdp, type). Its hidden candidates are left out (hiddenCandidate).
+ */
 class SessionDescription extends RTCSessionDescription {
   constructor(init: { sdp: string; type: 'offer' | 'answer' | 'pranswer' }) {
-    super(init.sdp, init.type);
+    super(withoutHiddenCandidates(init.sdp), init.type);
   }
 }
 
