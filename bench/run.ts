@@ -26,6 +26,7 @@ import { parseSpotCheckOverheadArgs, runSpotCheckOverhead, SMOKE_SPOT_CHECK_OVER
 import { parseTimeToVideoArgs, runTimeToVideo, SMOKE_TIME_TO_VIDEO } from './time-to-video.ts';
 import { parseLoadArgs, runLoad, SMOKE_LOAD } from './load.ts';
 import { parseApiPollsArgs, runApiPolls, SMOKE_API_POLLS } from './api-polls.ts';
+import { parseNodeWorkerArgs, runNodeWorker, SMOKE_NODE_WORKER } from './node-worker.ts';
 
 const BENCHMARKS = [
   'block-cost',
@@ -42,6 +43,7 @@ const BENCHMARKS = [
   'time-to-video',
   'load',
   'api-polls',
+  'node-worker',
 ] as const;
 type Benchmark = (typeof BENCHMARKS)[number];
 
@@ -244,5 +246,16 @@ if (chosen.includes('api-polls')) {
         .join(', '),
   );
   sectionDone('api-polls');
+}
+
+if (chosen.includes('node-worker')) {
+  const nodeWorker = await runNodeWorker(options(SMOKE_NODE_WORKER, parseNodeWorkerArgs));
+  report('node-worker.json', nodeWorker);
+  console.log(
+    `node-worker: a step on one tab ${nodeWorker.tab.stepMs} ms, on one process ${nodeWorker.node.stepMs} ms ` +
+      `(${nodeWorker.nativeSpeedup}× on ${nodeWorker.config.cores} cores); the job on two processes ` +
+      `${nodeWorker.twoNodes.totalMs} ms`,
+  );
+  sectionDone('node-worker');
 }
 log(`done in ${((Date.now() - started) / 1000).toFixed(0)} s: ${took.join(', ')}`);

@@ -268,6 +268,7 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
         await gone;
         stopAsking();
         unfreeze();
+        if (leaving) return; // its link closed because it left: it has said so
         mesh.close('lost the dashboard');
         publish({
           connected: false,
