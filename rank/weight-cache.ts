@@ -1,6 +1,7 @@
 // A worker keeps the weights it fetched: a model folder over HTTP whose weight files are kept in
-// the origin private file system (OPFS), so a reload, a second job or another worker tab of the same
-// browser reads them from disk instead of the network. Files fill range by range as the loader
+// the origin private file system (OPFS), or a worker process's folder on disk (WeightStorage), so
+// a reload, a second job or another worker tab of the same browser reads them from disk instead of
+// the network. Files fill range by range as the loader
 // reads them (the loader's own reads are the download, with its progress; a tab closed mid-way
 // keeps what it had), through a synchronous access handle — which only a dedicated Web Worker has,
 // where the engine runs. A file is known by its URL; its size and validator (ETag, else
@@ -84,6 +85,57 @@ export function unkeptModelFiles(files: ModelFiles): CachedModelFiles {
   };
 }
 
+/**
+ * Where weights are kept: a browser's OPFS under Web Locks (browserStorage), or a folder on disk
+ * (worker/node/disk-weights.ts). A kept file is two files, its kept ranges and its data, read and
+ * written synchronously (in the engine's thread).
+ */
+export interface WeightStorage {
+  /** where, for notes: "in this browser" */
+  readonly where: string;
+  /** holds `name` (a folder's turn) until the returned function is called; throws where nothing can be kept */
+  lock(name: string): Promise<() => void>;
+  /** a kept file's handles: its kept ranges (`<name>.json`) and its data (`<name>.bin`), made where missing */
+  open(name: string, take: (handle: SyncHandle) => SyncHandle): Promise<[SyncHandle, SyncHandle]>;
+  /** why `bytes` more cannot be stored, or null where they can */
+  noRoomFor(bytes: number): Promise<string | null>;
+}
+
+/** The browser's OPFS; its Web Locks let one tab at a time load a folder. */
+export const browserStorage: WeightStorage = {
+  where: 'in this browser',
+  lock(name) {
+    // both are missing from a page that is no secure context (plain http on a LAN)
+    const { storage, locks } = navigator as Partial<Pick<Navigator, 'storage' | 'locks'>>;
+    if (!storage || !('getDirectory' in storage) || !locks)
+      return Promise.reject(new Error('this browser has no origin private file system or Web Locks'));
+    return new Promise((locked) => {
+      void locks.request(name, () => new Promise<void>((unlock) => locked(unlock)));
+    });
+  },
+  async open(name, take) {
+    const dir = await (await navigator.storage.getDirectory()).getDirectoryHandle(CACHE_DIR, { create: true });
+    const sync = async (file: FileSystemFileHandle): Promise<SyncHandle> => {
+      if (!('createSyncAccessHandle' in file))
+        throw new Error('this page has no synchronous file access (only a Web Worker has)');
+      return take(await (file as SyncFileHandle).createSyncAccessHandle());
+    };
+    const meta = await sync(await dir.getFileHandle(`${name}.json`, { create: true }));
+    return [meta, await sync(await dir.getFileHandle(`${name}.bin`, { create: true }))];
+  },
+  async noRoomFor(bytes) {
+    const { quota = 0, usage = 0 } = await navigator.storage.estimate();
+    return quota - usage < bytes ? `this browser lets the page store ${formatBytes(Math.max(0, quota - usage))}` : null;
+  },
+};
+
+let storage: WeightStorage = browserStorage;
+
+/** Where this thread's engine keeps weights from now on (a worker process: a folder on disk). */
+export function keepWeightsIn(where: WeightStorage): void {
+  storage = where;
+}
+
 /** One file's place in the cache during a load, or why it has none (then it is read from the network). */
 type KeptFile = { read(begin: number, end: number): Promise<Uint8Array>; close(): Promise<void> };
 
@@ -110,19 +162,16 @@ export function cachedModelFiles(baseUrl: string): CachedModelFiles {
     },
     close: async () => {},
   });
+  const keptIn = storage;
   const keep = async (path: string): Promise<KeptFile> => {
     try {
-      // both are missing from a page that is no secure context (plain http on a LAN)
-      const { storage, locks } = navigator as Partial<Pick<Navigator, 'storage' | 'locks'>>;
-      if (!storage || !('getDirectory' in storage) || !locks)
-        throw new Error('this browser has no origin private file system or Web Locks');
-      folderLock ??= fileKey(base).then((key) => lock(`${CACHE_DIR}/${key}`));
+      folderLock ??= fileKey(base).then((key) => keptIn.lock(`${CACHE_DIR}/${key}`));
       await folderLock;
-      return await keepFile(`${base}/${path}`, network, path, source, opening, () =>
-        notes.add(`not kept in this browser: a write to its storage failed, the rest came from the network`),
+      return await keepFile(`${base}/${path}`, network, path, source, keptIn, opening, () =>
+        notes.add(`not kept ${keptIn.where}: a write to its storage failed, the rest came from the network`),
       );
     } catch (e) {
-      notes.add(`not kept in this browser: ${(e as Error).message}`);
+      notes.add(`not kept ${keptIn.where}: ${(e as Error).message}`);
       return fromNetwork(path);
     }
   };
@@ -150,7 +199,7 @@ export function cachedModelFiles(baseUrl: string): CachedModelFiles {
   };
 }
 
-type SyncHandle = {
+export type SyncHandle = {
   read(buffer: Uint8Array, options: { at: number }): number;
   write(buffer: Uint8Array, options: { at: number }): number;
   truncate(size: number): void;
@@ -168,6 +217,7 @@ async function keepFile(
   network: ModelFiles,
   path: string,
   source: WeightsSource,
+  keptIn: WeightStorage,
   opening: StorageTurns,
   onWriteFailed: () => void,
 ): Promise<KeptFile> {
@@ -177,7 +227,7 @@ async function keepFile(
     throw new Error(`the server gave no size for ${url} (HTTP ${head.status})`);
   const validator = validatorOf(head.headers);
   const name = await fileKey(url);
-  const handles = await openHandles(name, opening);
+  const handles = await openHandles(name, opening, keptIn);
   const [metaHandle, data] = handles;
   try {
     const meta = readMeta(metaHandle);
@@ -185,15 +235,8 @@ async function keepFile(
     const ranges = new ByteRangeSet(kept ?? []);
     if (!kept) data.truncate(0);
     const missing = size - ranges.bytes;
-    if (missing > 0) {
-      const { quota = 0, usage = 0 } = await navigator.storage.estimate();
-      if (quota - usage < missing) {
-        throw new Error(
-          `${path} needs ${formatBytes(missing)} more and this browser lets the page store ` +
-            formatBytes(Math.max(0, quota - usage)),
-        );
-      }
-    }
+    const noRoom = missing > 0 ? await keptIn.noRoomFor(missing) : null;
+    if (noRoom) throw new Error(`${path} needs ${formatBytes(missing)} more and ${noRoom}`);
     const save = () => {
       data.flush();
       const json = new TextEncoder().encode(
@@ -261,23 +304,20 @@ export const OPEN_TIMEOUT_MS = 10_000;
  * the storage refuses or does not answer within OPEN_TIMEOUT_MS of its turn (then what it opened, now or later, is
  * closed, so that the file stays free for the next load).
  */
-export async function openHandles(name: string, turns: StorageTurns): Promise<[SyncHandle, SyncHandle]> {
+export async function openHandles(
+  name: string,
+  turns: StorageTurns,
+  keptIn: WeightStorage = browserStorage,
+): Promise<[SyncHandle, SyncHandle]> {
   const inTime = async (): Promise<[SyncHandle, SyncHandle]> => {
     const got: SyncHandle[] = [];
     let givenUp = false;
-    const take = async (file: FileSystemFileHandle): Promise<SyncHandle> => {
-      if (!('createSyncAccessHandle' in file))
-        throw new Error('this page has no synchronous file access (only a Web Worker has)');
-      const handle = await (file as SyncFileHandle).createSyncAccessHandle();
+    const take = (handle: SyncHandle): SyncHandle => {
       if (givenUp) handle.close();
       else got.push(handle);
       return handle;
     };
-    const open = async (): Promise<[SyncHandle, SyncHandle]> => {
-      const dir = await (await navigator.storage.getDirectory()).getDirectoryHandle(CACHE_DIR, { create: true });
-      const meta = await take(await dir.getFileHandle(`${name}.json`, { create: true }));
-      return [meta, await take(await dir.getFileHandle(`${name}.bin`, { create: true }))];
-    };
+    const open = () => keptIn.open(name, take);
     let timer: ReturnType<typeof setTimeout> | undefined;
     const late = new Promise<never>((_, reject) => {
       timer = setTimeout(
@@ -309,13 +349,6 @@ function readMeta(handle: SyncHandle): KeptMeta | null {
   } catch {
     return null; // new, or saved by a tab that closed while writing it: start the file again
   }
-}
-
-/** Holds a Web Lock until the returned function is called. */
-function lock(name: string): Promise<() => void> {
-  return new Promise((locked) => {
-    void navigator.locks.request(name, () => new Promise<void>((unlock) => locked(unlock)));
-  });
 }
 
 async function fileKey(url: string): Promise<string> {

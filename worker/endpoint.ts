@@ -268,7 +268,9 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
         await gone;
         stopAsking();
         unfreeze();
-        if (leaving) return; // its link closed because it left: it has said so
+        // its link closed because it left (leave() set it while this waited): it has said so
+        // eslint-disable-next-line @typescript-eslint/no-unnecessary-condition
+        if (leaving) return;
         mesh.close('lost the dashboard');
         publish({
           connected: false,

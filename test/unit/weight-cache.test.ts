@@ -1,10 +1,16 @@
 import { createHash } from 'node:crypto';
-import { afterEach, describe, expect, it, vi } from 'vitest';
+import { mkdtempSync, readdirSync, readFileSync, rmSync, statfsSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 import { checkLoadStatus, describeLoad, describeWeights } from '../../core/worker-api.ts';
 import { passing } from '../../core/net/check.ts';
+import { diskWeights } from '../../worker/node/disk-weights.ts';
 import {
+  browserStorage,
   ByteRangeSet,
   cachedModelFiles,
+  keepWeightsIn,
   OPEN_TIMEOUT_MS,
   unkeptModelFiles,
   openHandles,
@@ -630,5 +636,84 @@ describe("a model folder's weights kept in the browser (cachedModelFiles)", () =
     expect(second.source()).toEqual({ networkBytes: 10, cacheBytes: 500, note: '' });
     expect(browser.locksAsked.length).toBe(asked);
     expect(browser.open.size).toBe(0);
+  });
+});
+
+describe("a worker process's weights kept in a folder on disk (worker/node/disk-weights.ts)", () => {
+  const url = 'http://x/m/transformer/w.safetensors';
+  const path = 'transformer/w.safetensors';
+  const bytesOf = (n: number, salt = 0) => Uint8Array.from({ length: n }, (_, i) => (i * 7 + salt) & 255);
+  let dir = '';
+  beforeEach(() => {
+    dir = mkdtempSync(join(tmpdir(), 'ditswarm-disk-weights-'));
+    keepWeightsIn(diskWeights(dir));
+  });
+  afterEach(() => {
+    keepWeightsIn(browserStorage);
+    vi.unstubAllGlobals();
+    rmSync(dir, { recursive: true, force: true });
+  });
+
+  it("are kept by the browser's rules: a second load reads them from the folder; a new ETag fetches them again; a lock file held while a load runs", async () => {
+    const browser = fakeBrowser(); // its server alone: no browser storage is touched
+    vi.stubGlobal('navigator', undefined);
+    browser.served.set(url, { bytes: bytesOf(1000), etag: '"v1"' });
+    const first = cachedModelFiles('http://x/m');
+    expect(await first.readRange(path, 0, 600)).toEqual(bytesOf(600));
+    expect(readdirSync(dir).filter((f) => f.endsWith('.lock'))).toHaveLength(1);
+    await first.close();
+    expect(first.source()).toEqual({ networkBytes: 600, cacheBytes: 0, note: '' });
+    expect(readdirSync(dir).filter((f) => f.endsWith('.lock'))).toEqual([]);
+    const data = readdirSync(dir).filter((f) => f.endsWith('.bin'));
+    expect(data).toHaveLength(1);
+    expect(new Uint8Array(readFileSync(join(dir, data[0])))).toEqual(bytesOf(600));
+
+    const second = cachedModelFiles('http://x/m');
+    expect(await second.readRange(path, 100, 500)).toEqual(bytesOf(1000).slice(100, 500));
+    expect(await second.readRange(path, 500, 1000)).toEqual(bytesOf(1000).slice(500));
+    expect(second.source()).toEqual({ networkBytes: 500, cacheBytes: 400, note: '' });
+    await second.close();
+
+    browser.served.set(url, { bytes: bytesOf(1000, 3), etag: '"v2"' });
+    const third = cachedModelFiles('http://x/m');
+    expect(await third.readRange(path, 0, 1000)).toEqual(bytesOf(1000, 3));
+    expect(third.source()).toEqual({ networkBytes: 1000, cacheBytes: 0, note: '' });
+    await third.close();
+  });
+
+  it('a lock file left by a process that died is taken over; one held by a live process waits for it', async () => {
+    const browser = fakeBrowser();
+    vi.stubGlobal('navigator', undefined);
+    browser.served.set(url, { bytes: bytesOf(100), etag: '"v1"' });
+    const folderKey = createHash('sha256').update('http://x/m').digest('hex').slice(0, 32);
+    const lock = join(dir, `ditswarm-weights-${folderKey}.lock`);
+    writeFileSync(lock, '2147483646'); // no such process
+    const files = cachedModelFiles('http://x/m');
+    expect(await files.readRange(path, 0, 100)).toEqual(bytesOf(100));
+    await files.close();
+    writeFileSync(lock, String(process.pid)); // this very process, as another loader of the folder would be
+    const waiting = cachedModelFiles('http://x/m');
+    let read = false;
+    const reading = waiting.readRange(path, 0, 100).then(() => (read = true));
+    await new Promise((r) => setTimeout(r, 700));
+    expect(read).toBe(false);
+    rmSync(lock);
+    await reading;
+    expect(waiting.source().cacheBytes).toBe(100);
+    await waiting.close();
+  });
+
+  it('a file the disk has no room for is read from the network, saying where', async () => {
+    const browser = fakeBrowser();
+    vi.stubGlobal('navigator', undefined);
+    const free = statfsSync(dir).bavail * statfsSync(dir).bsize;
+    const huge = { bytes: bytesOf(10), etag: '"v1"', contentLength: String(free * 2) };
+    browser.served.set(url, huge);
+    const files = cachedModelFiles('http://x/m');
+    await files.readRange(path, 0, 10);
+    expect(files.source().note).toMatch(
+      new RegExp(`^not kept in ${dir}: ${path} needs .* more and ${dir} has .* free$`),
+    );
+    await files.close();
   });
 });

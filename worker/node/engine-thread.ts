@@ -6,15 +6,20 @@ import * as Comlink from 'comlink';
 import nodeEndpoint from 'comlink/dist/esm/node-adapter.mjs';
 import { createEngine, type EngineApi, type EngineMove } from '../../rank/engine.ts';
 import type { EngineFactory } from '../../rank/engine.worker.ts';
+import { keepWeightsIn } from '../../rank/weight-cache.ts';
+import { diskWeights } from './disk-weights.ts';
 
 const port = parentPort;
 if (!port) throw new Error('engine-thread.ts runs as a worker thread of a worker process (platform.ts)');
-const { cpu } = workerData as EngineThreadData;
+const { cpu, cacheDir } = workerData as EngineThreadData;
+if (cacheDir) keepWeightsIn(diskWeights(cacheDir));
 
 /** what the main thread tells the engine's thread when it starts it */
 export interface EngineThreadData {
   /** the CPU as the engine reports it, on the EP it calls 'wasm' */
   cpu: string;
+  /** the folder the weights it fetches are kept in; null: none, every load fetches them */
+  cacheDir: string | null;
 }
 
 const factory: EngineFactory = {

@@ -2,17 +2,24 @@
 // shows, computing natively on its cores (platform.ts). It says what it does on stdout, a line a change, and
 // leaves the swarm cleanly on Ctrl-C or SIGTERM.
 import { availableParallelism } from 'node:os';
+import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { readWorkerLink } from '../../app/worker-link.ts';
 import { MAX_MODEL_MEMORY_GIB, MIN_MODEL_MEMORY_GIB } from '../../core/worker-api.ts';
+import { CACHE_ROOT } from '../../server/model-folder.ts';
 import { startWorkerEndpoint, type WorkerStatus } from '../endpoint.ts';
 import { nodePlatform } from './platform.ts';
 
-const USAGE = `usage: npm run worker -- <worker link> [--threads N] [--model-memory GiB] [--wasm]
+/** where a worker process keeps the weights it fetched unless told */
+const DEFAULT_CACHE = join(CACHE_ROOT, 'worker-weights');
+
+const USAGE = `usage: npm run worker -- <worker link> [--threads N] [--model-memory GiB] [--cache DIR] [--wasm]
 
   <worker link>         the link the dashboard shows under "Add a worker": http://HOST:PORT/worker.html#token=…
   --threads N           the cores to compute on (default: all ${availableParallelism()} of this machine's)
   --model-memory GiB    what a pipeline stage placed here may hold of the model's weights (default: no bound)
+  --cache DIR           keep the weights it fetches in DIR, for its next start (default: ${DEFAULT_CACHE});
+                        --cache '' keeps none
   --wasm                compute on onnxruntime-web's WebAssembly, as a tab does, not natively`;
 
 const fail = (message: string): never => {
@@ -28,6 +35,7 @@ const { values, positionals } = (() => {
         threads: { type: 'string' },
         'model-memory': { type: 'string' },
         wasm: { type: 'boolean' },
+        cache: { type: 'string', default: DEFAULT_CACHE },
         help: { type: 'boolean' },
       },
     });
@@ -54,8 +62,9 @@ if (
 )
   fail(`--model-memory takes a number of GiB from ${MIN_MODEL_MEMORY_GIB} to ${MAX_MODEL_MEMORY_GIB}`);
 
-const { platform, compute } = await nodePlatform({ threads, wasm: values.wasm });
-console.log(`worker: computing on ${compute.name}`);
+const cacheDir = values.cache || null;
+const { platform, compute } = await nodePlatform({ threads, wasm: values.wasm, cacheDir });
+console.log(`worker: computing on ${compute.name}; weights kept ${cacheDir ? `in ${cacheDir}` : 'nowhere'}`);
 
 let said = '';
 const say = (s: WorkerStatus) => {

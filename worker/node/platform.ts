@@ -44,10 +44,16 @@ export interface NodePlatformOptions {
   threads?: number;
   /** onnxruntime-web's WebAssembly, as a tab computes, even where onnxruntime-node is installed */
   wasm?: boolean;
+  /** the folder the weights it fetches are kept in (worker/node/disk-weights.ts); null: none */
+  cacheDir?: string | null;
 }
 
 /** The platform of a worker process. */
-export async function nodePlatform({ threads = availableParallelism(), wasm }: NodePlatformOptions = {}): Promise<{
+export async function nodePlatform({
+  threads = availableParallelism(),
+  wasm,
+  cacheDir = null,
+}: NodePlatformOptions = {}): Promise<{
   platform: WorkerPlatform;
   compute: NodeCompute;
 }> {
@@ -74,7 +80,8 @@ export async function nodePlatform({ threads = availableParallelism(), wasm }: N
         tabs: () => 1,
         leave() {},
       }),
-    startEngine: (engineThreads) => new EngineHost(engineThreads, (probe) => probe(), engineThread(compute)),
+    startEngine: (engineThreads) =>
+      new EngineHost(engineThreads, (probe) => probe(), engineThread({ cpu: compute.name, cacheDir }, compute.native)),
     keepAwake: () => () => {},
     onFreeze: () => () => {},
     peakMemoryBytes: () => process.memoryUsage.rss(),
@@ -87,7 +94,7 @@ export async function nodePlatform({ threads = availableParallelism(), wasm }: N
  * place before it loads the engine: TypeScript (tsx, which a worker thread does not inherit), and, with
  * onnxruntime-node, 'onnxruntime-web' resolved to native-ort.ts.
  */
-function engineThread(compute: NodeCompute): StartEngine {
+function engineThread(workerData: EngineThreadData, native: boolean): StartEngine {
   const entry = new URL('./engine-thread.ts', import.meta.url).href;
   const nativeOrt = new URL('./native-ort.ts', import.meta.url).href;
   const redirect =
@@ -95,14 +102,13 @@ function engineThread(compute: NodeCompute): StartEngine {
     ` return specifier === 'onnxruntime-web' ? { url: ${JSON.stringify(nativeOrt)}, shortCircuit: true }` +
     ' : next(specifier, context); }';
   const boot = [
-    compute.native &&
+    native &&
       `require('node:module').register('data:text/javascript,' + encodeURIComponent(${JSON.stringify(redirect)}));`,
     `import('tsx/esm/api').then(({ register }) => { register(); return import(${JSON.stringify(entry)}); });`,
   ]
     .filter(Boolean)
     .join('\n');
   return (threads, onMove) => {
-    const workerData: EngineThreadData = { cpu: compute.name };
     const worker = new Worker(boot, { eval: true, workerData, name: `ditswarm-engine (${threads} threads)` });
     worker.on('message', (message: { engineMove?: EngineMove } | null) => {
       if (message?.engineMove) onMove(message.engineMove);
