@@ -1,4 +1,7 @@
 import type { ChildProcess } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { expect, test, type Page } from '@playwright/test';
 import { defined } from '../../core/defined.ts';
 import { startNodeWorker } from '../../server/cli/browser-swarm.ts';
@@ -33,12 +36,19 @@ function offBy(run: Float32Array, reference: Float32Array): number {
   return maxAbsDiff(run, reference) / reference.reduce((m, v) => Math.max(m, Math.abs(v)), 0);
 }
 
+/** where this spec's worker processes keep the weights they fetch (not the machine's own folder) */
+let cacheDir = '';
+test.beforeAll(() => {
+  cacheDir = mkdtempSync(join(tmpdir(), 'ditswarm-worker-weights-'));
+});
+test.afterAll(() => rmSync(cacheDir, { recursive: true, force: true }));
+
 /** A worker process joined to the dashboard's swarm, its lines kept; resolves once the dashboard counts it. */
 async function joinProcess(dashboard: Page, flags: string[] = []): Promise<NodeWorker> {
   const { joinUrl } = await dashboard.evaluate(() => window.ditswarm.ready);
   const before = await dashboard.evaluate(() => window.ditswarm.workerCount());
   const lines: string[] = [];
-  const child = startNodeWorker(joinUrl, 1, 'node worker', (line) => lines.push(line), flags);
+  const child = startNodeWorker(joinUrl, 1, 'node worker', (line) => lines.push(line), ['--cache', cacheDir, ...flags]);
   await expect
     .poll(() => dashboard.evaluate(() => window.ditswarm.workerCount()), {
       timeout: 60_000,
@@ -107,6 +117,10 @@ test(
       );
       expect(nativeWorker).toMatchObject({ id: native.id, host: expect.any(String) });
       expect(nativeWorker.adapter).toMatch(/^onnxruntime-node on the CPU/);
+      // the first process kept the weights it fetched in the folder the second reads them from
+      expect(wasmWorker.weights).toMatchObject({ cacheBytes: 0, note: '' });
+      expect(wasmWorker.weights.networkBytes).toBeGreaterThan(0);
+      expect(nativeWorker.weights).toEqual({ networkBytes: 0, cacheBytes: wasmWorker.weights.networkBytes, note: '' });
       expect(links(onNative)).toEqual(DIRECT_LINKS);
       const diff = offBy(onNative.latent, single.latent);
       console.log(
@@ -120,6 +134,38 @@ test(
     }
   },
 );
+
+test('a worker process holding a pipeline stage, or running the unconditional passes (CFG parallel), gives the latent of one tab', async ({
+  browser,
+  baseURL,
+}) => {
+  test.setTimeout(300_000);
+  const swarm = await openTestSwarm(browser, baseURL, 1);
+  try {
+    const single = await runJob(swarm.dashboard, { ...SMALL_WASM_JOB, workers: 1 });
+    const native = await joinProcess(swarm.dashboard);
+    const staged = await runJob(swarm.dashboard, { ...SMALL_WASM_JOB, workers: 1, stages: 2 });
+    const cfg = await runJob(swarm.dashboard, { ...SMALL_WASM_JOB, workers: 1, cfgParallel: true });
+    await leave(swarm.dashboard, native);
+
+    const { placement, workers } = staged.report;
+    expect(placement.layout).toMatchObject({ world: 2, stages: 2 });
+    expect(kinds(staged)).toEqual(['node', 'tab']);
+    // each holds its stage alone, as the planner cut it
+    expect(workers.map((w) => w.heldWeightBytes)).toEqual(placement.stages?.map((s) => s.heldBytes));
+    expect(offBy(staged.latent, single.latent)).toBeLessThanOrEqual(PROCESS_TOLERANCE);
+
+    expect(cfg.report.placement.layout).toMatchObject({ world: 2, cfgGroups: 2 });
+    expect(kinds(cfg)).toEqual(['node', 'tab']);
+    expect(offBy(cfg.latent, single.latent)).toBeLessThanOrEqual(PROCESS_TOLERANCE);
+    console.log(
+      `a process as a stage: ${offBy(staged.latent, single.latent).toExponential(2)}, ` +
+        `as a CFG group: ${offBy(cfg.latent, single.latent).toExponential(2)} of the latent's largest value`,
+    );
+  } finally {
+    await swarm.close();
+  }
+});
 
 test('a worker process whose links all go through the relay gives the latent of one tab', async ({ browser }) => {
   test.setTimeout(300_000);
