@@ -3,7 +3,7 @@
 // sends its all-to-all bytes over the measured link. The planner ranks plans by this prediction.
 
 import type { WanConfig } from './model/config.ts';
-import type { ComputeProbe, ExecutionProvider, MeshProbe, WeightType } from './worker-api.ts';
+import type { ComputeProbe, ExecutionProvider, MeshProbe, WeightType, WorkerKind } from './worker-api.ts';
 import {
   checkDegree,
   displacedFloatsPerBlock,
@@ -453,6 +453,9 @@ export function fitMeshProbe(probe: MeshProbe): LinkSpeed {
 }
 
 const EP_NAME: Record<ExecutionProvider, string> = { wasm: 'WASM', webgpu: 'WebGPU' };
+
+/** what a worker's 'wasm' EP is, in words: WebAssembly in a tab, the CPU (natively, mostly) in a worker process */
+export const cpuName = (kind: WorkerKind = 'tab'): string => (kind === 'node' ? 'CPU' : EP_NAME.wasm);
 const gflops = (probe: Pick<ComputeProbe, 'flops'>): string => `${+(probe.flops / 1e9).toPrecision(3)}`;
 
 /**
@@ -465,7 +468,9 @@ const gflops = (probe: Pick<ComputeProbe, 'flops'>): string => `${+(probe.flops 
 export function fastestEp(
   compute: Partial<Record<ExecutionProvider, Pick<ComputeProbe, 'flops'>>>,
   softwareAdapter = false,
+  kind: WorkerKind = 'tab',
 ): { ep: ExecutionProvider; why: string } {
+  const name = (ep: ExecutionProvider) => (ep === 'wasm' ? cpuName(kind) : EP_NAME[ep]);
   if (softwareAdapter) {
     // the same words whether or not its probe has finished: the worker does not wait for it, the coordinator does
     const wasm = compute.wasm ? `WASM: ${gflops(compute.wasm)} GFLOP/s` : 'WASM: nothing measured yet';
@@ -477,12 +482,12 @@ export function fastestEp(
       return probe ? [{ ep, flops: probe.flops }] : [];
     })
     .sort((a, b) => b.flops - a.flops);
-  if (!measured.length) return { ep: 'wasm', why: 'WASM: nothing measured yet' };
+  if (!measured.length) return { ep: 'wasm', why: `${name('wasm')}: nothing measured yet` };
   const [best, ...slower] = measured;
   // Stryker disable next-line StringLiteral: there are two EPs, so at most one is slower and the separator never shows
-  const others = slower.map((m) => `${EP_NAME[m.ep]} ${gflops(m)}`).join(', ');
+  const others = slower.map((m) => `${name(m.ep)} ${gflops(m)}`).join(', ');
   const note = others ? ` vs ${others}` : best.ep === 'wasm' ? ' (no WebGPU adapter)' : '';
-  return { ep: best.ep, why: `${EP_NAME[best.ep]}: ${gflops(best)} GFLOP/s${note}` };
+  return { ep: best.ep, why: `${name(best.ep)}: ${gflops(best)} GFLOP/s${note}` };
 }
 
 // --- pooled memory: pipeline stages -------------------------------------------------------------

@@ -370,11 +370,11 @@ export class WorkerRuntime implements WorkerApi {
   /** 'auto': the EP this worker measured fastest; WebGPU is measured only where there is a hardware adapter. */
   private async fastestEp() {
     const measured = await this.measuredNow();
-    const { ep, softwareAdapter } = await this.hooks.describe();
+    const { ep, softwareAdapter, kind } = await this.hooks.describe();
     const wasm = measured.wasm ?? this.probe(measured, 'wasm');
     const webgpu =
       ep === 'webgpu' && !softwareAdapter ? (measured.webgpu ?? this.probe(measured, 'webgpu')) : undefined;
-    return fastestEp({ wasm: await wasm, webgpu: await webgpu }, softwareAdapter);
+    return fastestEp({ wasm: await wasm, webgpu: await webgpu }, softwareAdapter, kind);
   }
 
   encodeText(args: EncodeTextArgs) {

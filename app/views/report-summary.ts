@@ -3,6 +3,7 @@
 // activations travelled (in the planner's own words for each transport) and what the spot checks found.
 import type { GenerateReport, PromptEncoding, RankReport } from '../../coordinator/index.ts';
 import { transportWire } from '../../coordinator/planner.ts';
+import { cpuName } from '../../core/cost-model.ts';
 
 /** T with the keys K possibly missing. */
 type Optional<T, K extends keyof T> = Omit<T, K> & Partial<Pick<T, K>>;
@@ -102,7 +103,9 @@ export function summarizeReport(id: number, r: KeptReport, storageNote?: string)
   const what = checks.some((c) => c.stage !== undefined) ? "forwards' pipeline stage(s)" : 'forward(s)';
   const checked = checks.length ? ` ${checks.length} ${what} recomputed to spot-check the workers${verdicts}.` : '';
   const computedOn = [
-    ...new Set(r.workers.map((w) => `${w.ep === 'webgpu' ? 'WebGPU' : 'WASM'} on ${plural(w.threads, 'thread')}`)),
+    ...new Set(
+      r.workers.map((w) => `${w.ep === 'webgpu' ? 'WebGPU' : cpuName(w.kind)} on ${plural(w.threads, 'thread')}`),
+    ),
   ].join(', ');
   const { ranks, notes } = placementNote(r);
   const prompt = r.encoding?.prompt; // jobs kept before the report had it have none

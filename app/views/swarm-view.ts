@@ -1,6 +1,7 @@
 import { type Swarm, type SwarmWorker, type WorkerMeasurement } from '../../coordinator/index.ts';
 import { memoryBudget } from '../../coordinator/stage-plan.ts';
 import { defined } from '../../core/defined.ts';
+import { cpuName } from '../../core/cost-model.ts';
 import { describeLoad, formatBytes } from '../../core/worker-api.ts';
 import { $, h } from './dom.ts';
 
@@ -39,7 +40,13 @@ function workerRow(swarm: Swarm, w: SwarmWorker, m: WorkerMeasurement | null): H
     h(
       'td',
       {},
-      chosen ? (chosen.ep === 'webgpu' ? 'WebGPU' : 'WASM') : w.info.ep === 'webgpu' ? 'WebGPU or WASM' : 'WASM',
+      chosen
+        ? chosen.ep === 'webgpu'
+          ? 'WebGPU'
+          : cpuName(w.info.kind)
+        : w.info.ep === 'webgpu'
+          ? 'WebGPU or WASM'
+          : cpuName(w.info.kind),
       h(
         'span',
         { className: 'sub' },

@@ -49,6 +49,15 @@ describe('fastestEp: the EP with the higher measured matrix-multiply rate, and w
   it('with WebGPU alone, names it and its rate and says nothing about a missing adapter', () => {
     expect(fastestEp({ webgpu: { flops: 2e9 } })).toEqual({ ep: 'webgpu', why: 'WebGPU: 2 GFLOP/s' });
   });
+
+  it("calls a worker process's 'wasm' EP its CPU (onnxruntime-node's, natively), a tab's WASM", () => {
+    expect(fastestEp({ wasm: { flops: 98.4e9 } }, false, 'node')).toEqual({
+      ep: 'wasm',
+      why: 'CPU: 98.4 GFLOP/s (no WebGPU adapter)',
+    });
+    expect(fastestEp({}, false, 'node').why).toBe('CPU: nothing measured yet');
+    expect(fastestEp({ wasm: { flops: 16e9 } }, false, 'tab').why).toBe('WASM: 16 GFLOP/s (no WebGPU adapter)');
+  });
 });
 
 describe("a worker's runtime with ep 'auto'", () => {
