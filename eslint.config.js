@@ -25,6 +25,11 @@ export default tseslint.config(
     ...tseslint.configs.disableTypeChecked,
   },
   {
+    // the package's commands start in Node before TypeScript can be loaded
+    files: ['bin/**'],
+    languageOptions: { globals: { process: 'readonly', console: 'readonly' } },
+  },
+  {
     // a test's name is its specification, one string
     files: ['test/**'],
     rules: { 'max-len': ['error', { code: 120, ignoreUrls: true, ignoreStrings: true, ignoreTemplateLiterals: true }] },

@@ -14,6 +14,7 @@ import { nodePlatform } from './platform.ts';
 const DEFAULT_CACHE = join(CACHE_ROOT, 'worker-weights');
 
 const USAGE = `usage: npm run worker -- <worker link> [--threads N] [--model-memory GiB] [--cache DIR] [--wasm]
+       (npx ditswarm worker <worker link> … where ditswarm is installed as a package)
 
   <worker link>         the link the dashboard shows under "Add a worker": http://HOST:PORT/worker.html#token=…
   --threads N           the cores to compute on (default: all ${availableParallelism()} of this machine's)
