@@ -123,8 +123,15 @@ test(
       expect(nativeWorker.weights).toEqual({ networkBytes: 0, cacheBytes: wasmWorker.weights.networkBytes, note: '' });
       expect(links(onNative)).toEqual(DIRECT_LINKS);
       const diff = offBy(onNative.latent, single.latent);
+      // the final steps' forwards are spot-checked, each rank's rows recomputed by the other: a tab and a process
+      // computing on other kernels still agree, and no honest worker is accused
+      for (const run of [onWasm, onNative]) {
+        expect(run.report.spotChecks.length).toBeGreaterThan(0);
+        expect(run.report.spotChecks.map((c) => c.verdict)).toEqual(run.report.spotChecks.map(() => 'agreed'));
+      }
       console.log(
         `links ${links(onWasm).join(' ')} / ${links(onNative).join(' ')}; ` +
+          `spot checks' largest difference ${Math.max(...onNative.report.spotChecks.map((c) => c.difference)).toExponential(2)}; ` +
           `one tab and a process vs one tab, of the latent's largest value: max-abs ${wasmDiff.toExponential(2)} on WASM, ${diff.toExponential(2)} native`,
       );
       expect(diff).not.toBe(wasmDiff); // else the process did not compute natively
