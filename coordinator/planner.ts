@@ -133,6 +133,7 @@ export const TRANSPORTS: { dtype: DType; name: string; wire: string; deviation: 
 const transportOf = (dtype: DType) =>
   defined(
     TRANSPORTS.find((t) => t.dtype === dtype),
+    // Stryker disable next-line StringLiteral: TRANSPORTS has every DType, so this is never shown
     `transport ${dtype}`,
   );
 export const transportName = (dtype: DType): string => transportOf(dtype).name;
@@ -318,6 +319,7 @@ function chooseExchange(
   const [exact] = options;
   if (options.length === 1) return { ...exact, why: '' };
   let best = exact;
+  // Stryker disable next-line MethodExpression: the exact exchange weighed against itself leaves best as it was
   for (const e of options.slice(1)) if (stepS(e) * LESS_EXACT_GAIN <= stepS(best)) best = e;
   const ms = (e: Exchange) => (stepS(e) * 1000).toFixed(0);
   const why =
@@ -454,6 +456,7 @@ function weigh<W extends PlanningWorker>(ctx: PlannerContext, input: PlanningInp
   );
   // every worker at once is worth rehearsing too: with uneven shares a degree need not be even
   const all: Plan = { ulyssesDegree: Math.min(workers.length, ctx.config.numHeads), cfgParallel: false };
+  // Stryker disable next-line MethodExpression,ArrowFunction: hasAll false adds a candidate twice, changing no rank
   const hasAll = candidates.some((p) => planWorld(p) === all.ulyssesDegree && !p.cfgParallel);
   const rehearsed = cfgParallel || hasAll || workers.length === 0 ? candidates : [...candidates, all];
   return {
@@ -581,10 +584,12 @@ interface Chosen {
 /** 'auto' on measured workers: the plan the cost model predicts fastest (never slower than one worker). */
 function chooseAuto(ctx: PlannerContext, weighed: Weighed, hw: NonNullable<ReturnType<typeof hardwareOf>>): Chosen {
   const { work, workers, asked, candidates, plans, cfgParallel } = weighed;
+  // Stryker disable MethodExpression: a CFG-parallel plan's degree is a plain candidate's too: no uneven plan is new
   const uneven =
     cfgParallel || asked.shares === 'even'
       ? []
       : plans.filter((p) => !p.cfgParallel).flatMap((p) => unevenPlan(work, hw, p.ulyssesDegree) ?? []);
+  // Stryker restore MethodExpression
   // the fastest plan under each exchange the job allows, then the exchange
   const bestUnder = (exchange: Exchange) => {
     const choice = planSwarm(
@@ -601,6 +606,7 @@ function chooseAuto(ctx: PlannerContext, weighed: Weighed, hw: NonNullable<Retur
   const more = choice.ranked.find((p) => p.world > best.world);
   const ms = (p: StepPrediction) => (p.stepS * 1000).toFixed(0);
   const leftOut =
+    // Stryker disable next-line ConditionalExpression: no ranked plan is wider than the live workers: no more then
     best.world < workers.length && more
       ? `${workers.length - best.world} of ${workers.length} workers left out: ` +
         `with ${more.world} the cost model predicts ${ms(more)} ms a step, not ${ms(best)}`
@@ -841,6 +847,7 @@ function placeStaged(ctx: PlannerContext, input: PlanningInput, weighed: Weighed
   const workerOf = (id: string) =>
     defined(
       live.find((w) => w.id === id),
+      // Stryker disable next-line StringLiteral: placeStages places only the live workers' ids it was given
       `worker ${id}`,
     );
   const placed = stages.map((stage) => ({ blocks: stage.blocks, workers: stage.workers.map(workerOf) }));
