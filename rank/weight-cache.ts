@@ -85,6 +85,9 @@ export function unkeptModelFiles(files: ModelFiles): CachedModelFiles {
   };
 }
 
+/** One file's place in the cache during a load, or why it has none (then it is read from the network). */
+export type KeptFile = { read(begin: number, end: number): Promise<Uint8Array>; close(): Promise<void> };
+
 /**
  * Where weights are kept: a browser's OPFS under Web Locks (browserStorage), or a folder on disk
  * (worker/node/disk-weights.ts). A kept file is two files, its kept ranges and its data, read and
@@ -99,6 +102,11 @@ export interface WeightStorage {
   open(name: string, take: (handle: SyncHandle) => SyncHandle): Promise<[SyncHandle, SyncHandle]>;
   /** why `bytes` more cannot be stored, or null where they can */
   noRoomFor(bytes: number): Promise<string | null>;
+  /**
+   * the file at `url` (`path` in its folder) read from a copy this machine already has, where it is the server's
+   * (a worker process's --model-dir); null where there is none, and `note` says why one was not taken
+   */
+  localCopy?(url: string, path: string, source: WeightsSource, note: (why: string) => void): Promise<KeptFile | null>;
 }
 
 /** The browser's OPFS; its Web Locks let one tab at a time load a folder. */
@@ -136,9 +144,6 @@ export function keepWeightsIn(where: WeightStorage): void {
   storage = where;
 }
 
-/** One file's place in the cache during a load, or why it has none (then it is read from the network). */
-type KeptFile = { read(begin: number, end: number): Promise<Uint8Array>; close(): Promise<void> };
-
 /**
  * The folder at `baseUrl` with its weights kept in OPFS. Where the browser has no OPFS or Web Locks
  * (or no synchronous access handles: a page rather than a Web Worker), every file comes from the
@@ -165,6 +170,8 @@ export function cachedModelFiles(baseUrl: string): CachedModelFiles {
   const keptIn = storage;
   const keep = async (path: string): Promise<KeptFile> => {
     try {
+      const local = await keptIn.localCopy?.(`${base}/${path}`, path, source, (why) => notes.add(why));
+      if (local) return local;
       folderLock ??= fileKey(base).then((key) => keptIn.lock(`${CACHE_DIR}/${key}`));
       await folderLock;
       return await keepFile(`${base}/${path}`, network, path, source, keptIn, opening, () =>

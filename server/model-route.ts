@@ -1,9 +1,11 @@
 // A model folder as the server serves it to pages: its files as bytes, never as documents of the
 // dashboard's origin (a readme.html in a folder must not run beside the dashboard's keys), and
-// nothing outside the folder, symlinks included.
+// nothing outside the folder, symlinks included; each file's SHA-256 to a request that asks for it
+// (RFC 9530's Want-Repr-Digest: a worker process checking its own copy of the folder).
 import { realpath } from 'node:fs/promises';
 import { join, sep } from 'node:path';
 import express, { type RequestHandler } from 'express';
+import { reprDigest, wantsSha256 } from './file-digest.ts';
 
 /** no script, style, frame or fetch, sandboxed: what a file opened from a model folder may do in a page */
 export const MODEL_FILE_CSP = "default-src 'none'; sandbox";
@@ -24,8 +26,28 @@ export function serveModelFile(file: string): RequestHandler {
     });
 }
 
-/** Serves `dir` (with Range), each file as application/octet-stream; a path whose real path leaves `dir` is 403. */
+/**
+ * Serves `dir` (with Range), each file as application/octet-stream, with its Repr-Digest where asked; a path whose
+ * real path leaves `dir` is 403.
+ */
 export function serveModelFolder(dir: string): RequestHandler[] {
+  const files = express.static(dir, {
+    fallthrough: false,
+    dotfiles: 'deny',
+    index: false,
+    redirect: false,
+    setHeaders(response) {
+      for (const [name, value] of Object.entries(AS_BYTES)) response.setHeader(name, value);
+    },
+  });
+  return [...digestsOf(dir), files];
+}
+
+/**
+ * The Repr-Digest of a file of `dir` to a request that asks for it, before the file is served (by the next handler);
+ * a path whose real path leaves `dir` is 403.
+ */
+export function digestsOf(dir: string): RequestHandler[] {
   const root = realpath(dir);
   const insideFolder: RequestHandler = (request, response, next) => {
     let relative: string;
@@ -41,14 +63,19 @@ export function serveModelFolder(dir: string): RequestHandler[] {
       () => next(),
     );
   };
-  const files = express.static(dir, {
-    fallthrough: false,
-    dotfiles: 'deny',
-    index: false,
-    redirect: false,
-    setHeaders(response) {
-      for (const [name, value] of Object.entries(AS_BYTES)) response.setHeader(name, value);
-    },
-  });
-  return [insideFolder, files];
+  const digest: RequestHandler = (request, response, next) => {
+    if (!wantsSha256(request.get('Want-Repr-Digest'))) {
+      next();
+      return;
+    }
+    // a missing file, or a folder, is the file handler's to answer
+    void reprDigest(join(dir, decodeURIComponent(request.path))).then(
+      (value) => {
+        response.setHeader('Repr-Digest', value);
+        next();
+      },
+      () => next(),
+    );
+  };
+  return [insideFolder, digest];
 }

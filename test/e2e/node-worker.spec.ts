@@ -5,6 +5,7 @@ import { join } from 'node:path';
 import { expect, test, type Page } from '@playwright/test';
 import { defined } from '../../core/defined.ts';
 import { startNodeWorker } from '../../server/cli/browser-swarm.ts';
+import { PUBLIC_DIR } from '../../server/app-build.ts';
 import { startServer } from '../../server/serve.ts';
 import {
   CI,
@@ -12,6 +13,7 @@ import {
   openTestSwarm,
   runJob,
   SMALL_WASM_JOB,
+  TEST_MODEL,
   WASM_ONLY_BROWSER,
   type JobOutcome,
 } from './swarm-page.ts';
@@ -142,7 +144,7 @@ test(
   },
 );
 
-test('a worker process holding a pipeline stage, or running the unconditional passes (CFG parallel), gives the latent of one tab', async ({
+test('a worker process holding a pipeline stage, or running the unconditional passes (CFG parallel), gives the latent of one tab; one given its own copy of the model folder downloads none of it', async ({
   browser,
   baseURL,
 }) => {
@@ -150,7 +152,8 @@ test('a worker process holding a pipeline stage, or running the unconditional pa
   const swarm = await openTestSwarm(browser, baseURL, 1);
   try {
     const single = await runJob(swarm.dashboard, { ...SMALL_WASM_JOB, workers: 1 });
-    const native = await joinProcess(swarm.dashboard);
+    // the model folder the server serves, as this machine has it: keeping nothing, the process reads all from there
+    const native = await joinProcess(swarm.dashboard, ['--cache', '', '--model-dir', join(PUBLIC_DIR, TEST_MODEL)]);
     const staged = await runJob(swarm.dashboard, { ...SMALL_WASM_JOB, workers: 1, stages: 2 });
     const cfg = await runJob(swarm.dashboard, { ...SMALL_WASM_JOB, workers: 1, cfgParallel: true });
     await leave(swarm.dashboard, native);
@@ -160,6 +163,12 @@ test('a worker process holding a pipeline stage, or running the unconditional pa
     expect(kinds(staged)).toEqual(['node', 'tab']);
     // each holds its stage alone, as the planner cut it
     expect(workers.map((w) => w.heldWeightBytes)).toEqual(placement.stages?.map((s) => s.heldBytes));
+    const stageProcess = defined(
+      workers.find((w) => w.kind === 'node'),
+      'the process',
+    );
+    expect(stageProcess.weights).toMatchObject({ networkBytes: 0, note: '' });
+    expect(stageProcess.weights.cacheBytes).toBeGreaterThan(0);
     expect(offBy(staged.latent, single.latent)).toBeLessThanOrEqual(PROCESS_TOLERANCE);
 
     expect(cfg.report.placement.layout).toMatchObject({ world: 2, cfgGroups: 2 });

@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import http from 'node:http';
 import { mkdirSync, mkdtempSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -72,6 +73,30 @@ describe("a served model folder's files", () => {
     const inside = await get('/models/t/config-link.json');
     expect([inside.status, inside.body]).toEqual([200, '{"z_dim": 16}']);
     expect((await get('/models/t/missing.json')).status).toBe(404);
+  });
+
+  it("give their SHA-256 to a request that asks (Want-Repr-Digest: a worker process's --model-dir), range or not", async () => {
+    const sha256 = `sha-256=:${createHash('sha256').update('{"z_dim": 16}').digest('base64')}:`;
+    for (const want of ['sha-256=10', 'sha-512=3, sha-256=1', 'SHA-256=5'])
+      expect((await get('/models/t/vae/config.json', { 'Want-Repr-Digest': want })).headers.get('repr-digest')).toBe(
+        sha256,
+      );
+    const ranged = await get('/models/t/vae/config.json', { 'Want-Repr-Digest': 'sha-256=10', Range: 'bytes=1-6' });
+    expect([ranged.status, ranged.body, ranged.headers.get('repr-digest')]).toEqual([206, '"z_dim', sha256]);
+    // not asked, or asked for nothing it has (0: not wanted): no hashing
+    for (const want of [null, 'sha-256=0', 'sha-512=10', 'sha-2560=1'])
+      expect(
+        (await get('/models/t/vae/config.json', want ? { 'Want-Repr-Digest': want } : {})).headers.has('repr-digest'),
+      ).toBe(false);
+    // the folder's rules first: nothing outside it is hashed
+    const leak = await get('/models/t/leak.txt', { 'Want-Repr-Digest': 'sha-256=10' });
+    expect([leak.status, leak.headers.has('repr-digest')]).toEqual([403, false]);
+    expect((await get('/models/t/missing.json', { 'Want-Repr-Digest': 'sha-256=10' })).status).toBe(404);
+    // the bundled models too
+    const bundled = await get('/models/tiny-wan/model_index.json', { 'Want-Repr-Digest': 'sha-256=10' });
+    expect(bundled.headers.get('repr-digest')).toBe(
+      `sha-256=:${createHash('sha256').update(bundled.body).digest('base64')}:`,
+    );
   });
 });
 

@@ -646,7 +646,7 @@ describe("a worker process's weights kept in a folder on disk (worker/node/disk-
   let dir = '';
   beforeEach(() => {
     dir = mkdtempSync(join(tmpdir(), 'ditswarm-disk-weights-'));
-    keepWeightsIn(diskWeights(dir));
+    keepWeightsIn(diskWeights({ cacheDir: dir }));
   });
   afterEach(() => {
     keepWeightsIn(browserStorage);

@@ -1,9 +1,12 @@
 // A worker process keeps the weights it fetched in a folder on disk (`npm run worker -- LINK --cache DIR`), by the
 // rules a tab keeps them in its browser by (rank/weight-cache.ts: a file known by its URL, its size and its ETag or
 // Last-Modified, filled range by range). Worker processes of one machine may share the folder: a folder's turn is a
-// lock file holding its process's id, taken over from a process that died holding it.
+// lock file holding its process's id, taken over from a process that died holding it. A model folder the machine
+// already has (`--model-dir DIR`) is read instead of the server's, file by file, where the file's size and SHA-256
+// are the server's (its Repr-Digest: server/model-route.ts).
 import {
   closeSync,
+  statSync,
   constants,
   fsyncSync,
   ftruncateSync,
@@ -16,23 +19,81 @@ import {
   writeSync,
 } from 'node:fs';
 import { join } from 'node:path';
-import { formatBytes } from '../../core/worker-api.ts';
-import type { SyncHandle, WeightStorage } from '../../rank/weight-cache.ts';
+import { formatBytes, type WeightsSource } from '../../core/worker-api.ts';
+import type { KeptFile, SyncHandle, WeightStorage } from '../../rank/weight-cache.ts';
+import { reprDigest } from '../../server/file-digest.ts';
 
 /** how often a process waiting for a folder another process is loading looks again */
 const LOCK_RETRY_MS = 500;
 
-export function diskWeights(dir: string): WeightStorage {
-  mkdirSync(dir, { recursive: true });
+export interface DiskWeightsOptions {
+  /** where the weights fetched are kept; null: nowhere, every load fetches them */
+  cacheDir: string | null;
+  /** a model folder this machine has, in the published layout; null: none */
+  modelDir?: string | null;
+}
+
+export function diskWeights({ cacheDir, modelDir = null }: DiskWeightsOptions): WeightStorage {
+  const dir = cacheDir ?? '';
+  if (cacheDir) mkdirSync(cacheDir, { recursive: true });
   return {
-    where: `in ${dir}`,
-    lock: (name) => lockFile(join(dir, `${name.replaceAll('/', '-')}.lock`)),
+    where: cacheDir ? `in ${cacheDir}` : 'on this machine',
+    lock: (name) =>
+      cacheDir
+        ? lockFile(join(dir, `${name.replaceAll('/', '-')}.lock`))
+        : Promise.reject(new Error("this worker was started with --cache '', which keeps nothing")),
     open: (name, take) =>
       Promise.resolve([take(fileHandle(join(dir, `${name}.json`))), take(fileHandle(join(dir, `${name}.bin`)))]),
     noRoomFor(bytes) {
       const { bavail, bsize } = statfsSync(dir);
       const free = bavail * bsize;
       return Promise.resolve(free < bytes ? `${dir} has ${formatBytes(free)} free` : null);
+    },
+    localCopy: (url, path, source, note) =>
+      modelDir ? localCopy(join(modelDir, path), url, source, note) : Promise.resolve(null),
+  };
+}
+
+/** The file at `file` in place of the server's at `url`, where its size and SHA-256 are the server's. */
+async function localCopy(
+  file: string,
+  url: string,
+  source: WeightsSource,
+  note: (why: string) => void,
+): Promise<KeptFile | null> {
+  let size: number;
+  try {
+    size = statSync(file).size;
+  } catch {
+    return null; // not in the folder: the server's, as for anyone
+  }
+  const head = await fetch(url, { method: 'HEAD', cache: 'no-store', headers: { 'Want-Repr-Digest': 'sha-256=10' } });
+  const served = Number(head.headers.get('Content-Length'));
+  const digest = /sha-256=:[^:]+:/.exec(head.headers.get('Repr-Digest') ?? '')?.[0];
+  const refused = !head.ok
+    ? `the server answered HTTP ${head.status}`
+    : served !== size
+      ? `it has ${size} bytes and the server's ${served}`
+      : !digest
+        ? 'the server gave no SHA-256 of its file to check it by'
+        : (await reprDigest(file)) !== digest
+          ? "its SHA-256 is not the server's"
+          : null;
+  if (refused) {
+    note(`${file} not used: ${refused}`);
+    return null;
+  }
+  const fd = openSync(file, 'r');
+  return {
+    read(begin, end) {
+      const bytes = new Uint8Array(Math.max(0, Math.min(end, size) - begin));
+      readSync(fd, bytes, 0, bytes.byteLength, begin);
+      source.cacheBytes += bytes.byteLength;
+      return Promise.resolve(bytes);
+    },
+    close() {
+      closeSync(fd);
+      return Promise.resolve();
     },
   };
 }

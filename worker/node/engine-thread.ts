@@ -11,8 +11,8 @@ import { diskWeights } from './disk-weights.ts';
 
 const port = parentPort;
 if (!port) throw new Error('engine-thread.ts runs as a worker thread of a worker process (platform.ts)');
-const { cpu, cacheDir } = workerData as EngineThreadData;
-if (cacheDir) keepWeightsIn(diskWeights(cacheDir));
+const { cpu, cacheDir, modelDir } = workerData as EngineThreadData;
+keepWeightsIn(diskWeights({ cacheDir, modelDir }));
 
 /** what the main thread tells the engine's thread when it starts it */
 export interface EngineThreadData {
@@ -20,6 +20,8 @@ export interface EngineThreadData {
   cpu: string;
   /** the folder the weights it fetches are kept in; null: none, every load fetches them */
   cacheDir: string | null;
+  /** a model folder this machine has, read where its files are the server's; null: none */
+  modelDir: string | null;
 }
 
 const factory: EngineFactory = {

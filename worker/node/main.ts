@@ -1,6 +1,7 @@
 // `npm run worker -- LINK`: this machine joins a swarm as a worker process, by the worker link its dashboard
 // shows, computing natively on its cores (platform.ts). It says what it does on stdout, a line a change, and
 // leaves the swarm cleanly on Ctrl-C or SIGTERM.
+import { existsSync } from 'node:fs';
 import { availableParallelism } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
@@ -13,7 +14,8 @@ import { nodePlatform } from './platform.ts';
 /** where a worker process keeps the weights it fetched unless told */
 const DEFAULT_CACHE = join(CACHE_ROOT, 'worker-weights');
 
-const USAGE = `usage: npm run worker -- <worker link> [--threads N] [--model-memory GiB] [--cache DIR] [--wasm]
+const USAGE = `usage: npm run worker -- <worker link> [--threads N] [--model-memory GiB] [--cache DIR]
+         [--model-dir DIR] [--wasm]
        (npx ditswarm worker <worker link> … where ditswarm is installed as a package)
 
   <worker link>         the link the dashboard shows under "Add a worker": http://HOST:PORT/worker.html#token=…
@@ -21,6 +23,8 @@ const USAGE = `usage: npm run worker -- <worker link> [--threads N] [--model-mem
   --model-memory GiB    what a pipeline stage placed here may hold of the model's weights (default: no bound)
   --cache DIR           keep the weights it fetches in DIR, for its next start (default: ${DEFAULT_CACHE});
                         --cache '' keeps none
+  --model-dir DIR       a model folder this machine has (as diffusers publishes it): each of its files whose size and
+                        SHA-256 are the server's is read from here instead of downloaded
   --wasm                compute on onnxruntime-web's WebAssembly, as a tab does, not natively`;
 
 const fail = (message: string): never => {
@@ -37,6 +41,7 @@ const { values, positionals } = (() => {
         'model-memory': { type: 'string' },
         wasm: { type: 'boolean' },
         cache: { type: 'string', default: DEFAULT_CACHE },
+        'model-dir': { type: 'string' },
         help: { type: 'boolean' },
       },
     });
@@ -64,7 +69,10 @@ if (
   fail(`--model-memory takes a number of GiB from ${MIN_MODEL_MEMORY_GIB} to ${MAX_MODEL_MEMORY_GIB}`);
 
 const cacheDir = values.cache || null;
-const { platform, compute } = await nodePlatform({ threads, wasm: values.wasm, cacheDir });
+const modelDir = values['model-dir'] ?? null;
+if (modelDir !== null && !existsSync(join(modelDir, 'model_index.json')))
+  fail(`--model-dir ${modelDir}: no model_index.json there; give a model folder as diffusers publishes it`);
+const { platform, compute } = await nodePlatform({ threads, wasm: values.wasm, cacheDir, modelDir });
 console.log(`worker: computing on ${compute.name}; weights kept ${cacheDir ? `in ${cacheDir}` : 'nowhere'}`);
 
 let said = '';

@@ -46,6 +46,8 @@ export interface NodePlatformOptions {
   wasm?: boolean;
   /** the folder the weights it fetches are kept in (worker/node/disk-weights.ts); null: none */
   cacheDir?: string | null;
+  /** a model folder this machine has, read where its files are the server's; null: none */
+  modelDir?: string | null;
 }
 
 /** The platform of a worker process. */
@@ -53,6 +55,7 @@ export async function nodePlatform({
   threads = availableParallelism(),
   wasm,
   cacheDir = null,
+  modelDir = null,
 }: NodePlatformOptions = {}): Promise<{
   platform: WorkerPlatform;
   compute: NodeCompute;
@@ -81,7 +84,11 @@ export async function nodePlatform({
         leave() {},
       }),
     startEngine: (engineThreads) =>
-      new EngineHost(engineThreads, (probe) => probe(), engineThread({ cpu: compute.name, cacheDir }, compute.native)),
+      new EngineHost(
+        engineThreads,
+        (probe) => probe(),
+        engineThread({ cpu: compute.name, cacheDir, modelDir }, compute.native),
+      ),
     keepAwake: () => () => {},
     onFreeze: () => () => {},
     peakMemoryBytes: () => process.memoryUsage.rss(),
