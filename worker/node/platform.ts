@@ -12,6 +12,7 @@ import type { EngineFactory } from '../../rank/engine.worker.ts';
 import type { WorkerPlatform } from '../platform.ts';
 import type { EngineThreadData } from './engine-thread.ts';
 import { nodePeers } from './webrtc.ts';
+import { loadOnnxruntimeNode } from './onnxruntime-node.ts';
 
 /** What a worker process computes on: onnxruntime-node natively, or (without it) onnxruntime-web's WebAssembly. */
 export interface NodeCompute {
@@ -28,7 +29,7 @@ export async function nodeCompute(threads: number, wasm = false): Promise<NodeCo
   const cpu = `${cpus()[0]?.model.trim() || 'CPU'}, ${threads} thread${threads === 1 ? '' : 's'}`;
   if (wasm) return { native: false, name: `WebAssembly in Node (${cpu}), as asked` };
   try {
-    await import('onnxruntime-node');
+    await loadOnnxruntimeNode();
     return { native: true, name: `onnxruntime-node on the CPU (${cpu})` };
   } catch (e) {
     const why = (e as Error).message.split('\n')[0];
