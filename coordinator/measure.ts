@@ -28,7 +28,7 @@ const PROBE_TIMEOUT_MS = 120_000;
 export async function measureWorker(
   worker: {
     api: Pick<Remote<WorkerApi>, 'probeCompute' | 'probeLink'>;
-    info: Pick<WorkerInfo, 'ep' | 'softwareAdapter' | 'threads' | 'kind'>;
+    info: Pick<WorkerInfo, 'ep' | 'softwareAdapter' | 'threads' | 'nativeDevice'>;
   },
   timeoutMs = PROBE_TIMEOUT_MS,
 ): Promise<WorkerMeasurement> {
@@ -46,7 +46,7 @@ export async function measureWorker(
   return {
     threads: worker.info.threads,
     compute,
-    auto: fastestEp(compute, worker.info.softwareAdapter, worker.info.kind),
+    auto: fastestEp(compute, worker.info.softwareAdapter, worker.info.nativeDevice),
     rttMs,
     bandwidth: PROBE_BYTES / (Math.max(largeMs - rttMs, 0.5) / 1000),
   };

@@ -13,7 +13,7 @@ import { loadWanPipelineParts, MISSING_PARTS, MissingPart } from '../core/model/
 import { jobSolver, scheduleOf, type SamplerCheckpoint, type Schedule, type Solver } from '../core/sampler.ts';
 import type { StepCacheSettings } from '../core/step-cache.ts';
 import { sizeOf, type Tensor } from '../core/tensor.ts';
-import type { LoadedModel, WorkerKind } from '../core/worker-api.ts';
+import type { LoadedModel, NativeDevice, WorkerKind } from '../core/worker-api.ts';
 import type { Backend } from './backends.ts';
 import { denoise, type StepProgress, type StepReport } from './denoising.ts';
 import { estimateJob, PhaseRates, timeLeft, type JobEstimate, type JobPhase, type TimeLeft } from './estimate.ts';
@@ -105,6 +105,8 @@ export interface GenerateReport {
     id: string;
     kind: WorkerKind;
     host?: string;
+    /** what a process's 'wasm' EP computed on natively (absent: WebAssembly) */
+    nativeDevice?: NativeDevice;
     threads: number;
     peakMemoryBytes: number | null;
   })[];
@@ -538,6 +540,7 @@ function workersReport(executor: Executor, steps: { ranks: RankReport[] }[]): Ge
     id: w.id,
     kind: w.kind ?? 'tab',
     ...(w.host !== undefined && { host: w.host }),
+    ...(w.nativeDevice !== undefined && { nativeDevice: w.nativeDevice }),
     ep: w.ep,
     adapter: w.adapter,
     why: w.why,

@@ -3,7 +3,7 @@
 // sends its all-to-all bytes over the measured link. The planner ranks plans by this prediction.
 
 import type { WanConfig } from './model/config.ts';
-import type { ComputeProbe, ExecutionProvider, MeshProbe, WeightType, WorkerKind } from './worker-api.ts';
+import type { ComputeProbe, ExecutionProvider, MeshProbe, NativeDevice, WeightType } from './worker-api.ts';
 import {
   checkDegree,
   displacedFloatsPerBlock,
@@ -454,8 +454,10 @@ export function fitMeshProbe(probe: MeshProbe): LinkSpeed {
 
 const EP_NAME: Record<ExecutionProvider, string> = { wasm: 'WASM', webgpu: 'WebGPU' };
 
-/** what a worker's 'wasm' EP is, in words: WebAssembly in a tab, the CPU (natively, mostly) in a worker process */
-export const cpuName = (kind: WorkerKind = 'tab'): string => (kind === 'node' ? 'CPU' : EP_NAME.wasm);
+/** what a worker's 'wasm' EP is, in words: WebAssembly in a tab, a process's native device where it has one */
+export const cpuName = (nativeDevice?: NativeDevice): string =>
+  nativeDevice ? NATIVE_DEVICE_NAME[nativeDevice] : EP_NAME.wasm;
+const NATIVE_DEVICE_NAME: Record<NativeDevice, string> = { cpu: 'CPU', cuda: 'CUDA', webgpu: 'WebGPU (Dawn)' };
 const gflops = (probe: Pick<ComputeProbe, 'flops'>): string => `${+(probe.flops / 1e9).toPrecision(3)}`;
 
 /**
@@ -468,9 +470,9 @@ const gflops = (probe: Pick<ComputeProbe, 'flops'>): string => `${+(probe.flops 
 export function fastestEp(
   compute: Partial<Record<ExecutionProvider, Pick<ComputeProbe, 'flops'>>>,
   softwareAdapter = false,
-  kind: WorkerKind = 'tab',
+  nativeDevice?: NativeDevice,
 ): { ep: ExecutionProvider; why: string } {
-  const name = (ep: ExecutionProvider) => (ep === 'wasm' ? cpuName(kind) : EP_NAME[ep]);
+  const name = (ep: ExecutionProvider) => (ep === 'wasm' ? cpuName(nativeDevice) : EP_NAME[ep]);
   if (softwareAdapter) {
     // the same words whether or not its probe has finished: the worker does not wait for it, the coordinator does
     const wasm = compute.wasm ? `WASM: ${gflops(compute.wasm)} GFLOP/s` : 'WASM: nothing measured yet';
@@ -486,7 +488,8 @@ export function fastestEp(
   const [best, ...slower] = measured;
   // Stryker disable next-line StringLiteral: there are two EPs, so at most one is slower and the separator never shows
   const others = slower.map((m) => `${name(m.ep)} ${gflops(m)}`).join(', ');
-  const note = others ? ` vs ${others}` : best.ep === 'wasm' ? ' (no WebGPU adapter)' : '';
+  // a process has no browser WebGPU: its device was chosen among its own (worker/node/native-devices.ts)
+  const note = others ? ` vs ${others}` : best.ep === 'wasm' && !nativeDevice ? ' (no WebGPU adapter)' : '';
   return { ep: best.ep, why: `${name(best.ep)}: ${gflops(best)} GFLOP/s${note}` };
 }
 

@@ -39,12 +39,22 @@ export const MAX_MODEL_MEMORY_GIB = 4096;
 /** Where a worker runs: a browser tab, or a Node process (`npm run worker`, worker/node/). */
 export type WorkerKind = 'tab' | 'node';
 
+/**
+ * What a worker process's onnxruntime-node computes on (worker/node/native-devices.ts): its CPU, an NVIDIA GPU
+ * through CUDA, or a GPU through WebGPU (Dawn). The engine calls it its 'wasm' EP: the EP that is not the browser's
+ * WebGPU.
+ */
+export type NativeDevice = 'cpu' | 'cuda' | 'webgpu';
+export const NATIVE_DEVICES: readonly NativeDevice[] = ['cpu', 'cuda', 'webgpu'];
+
 /** What a worker says about itself when it joins. */
 export interface WorkerInfo {
   /** absent: a tab */
   kind?: WorkerKind;
   /** a process's machine, by its host name (a tab cannot tell) */
   host?: string;
+  /** what a process's 'wasm' EP computes on natively; absent: WebAssembly (a tab's, or a process's without it) */
+  nativeDevice?: NativeDevice;
   ep: ExecutionProvider;
   adapter: string;
   /**
@@ -615,6 +625,7 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
     reply: fields({
       kind: optional(oneOf('tab', 'node')),
       host: optional(text(256)),
+      nativeDevice: optional(oneOf(...NATIVE_DEVICES)),
       ep,
       adapter: text(),
       softwareAdapter: oneOf(true, false),

@@ -5,9 +5,9 @@
 import type { WanConfig } from '../core/model/config.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
 import { checkDegree, partFloats, planUlysses, type UlyssesPlan } from '../core/parallel.ts';
+import { medianSample } from '../core/median.ts';
 import { SeededRandom } from '../core/random.ts';
 import type { DeviceStageRunner } from './stages.ts';
-import { medianSample } from './throughput-probe.ts';
 import { ExchangePhase, forwardRank, noStats, type Exchange } from './ulysses.ts';
 
 /**

@@ -8,7 +8,7 @@ import type { LoraRef } from '../core/model/lora.ts';
 import { allBlocks, hiddenStateError, holdsEmbedders, type BlockRange } from '../core/model/blocks.ts';
 import type { WanConfig } from '../core/model/config.ts';
 import { describeLoad, describeWeights, type WeightType } from '../core/worker-api.ts';
-import { fastestEp } from '../core/cost-model.ts';
+import { cpuName, fastestEp } from '../core/cost-model.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
 import { WAN_TEXT_TOKENS } from '../core/model/wan-pipeline.ts';
 import { partFloats, planUlysses, tokenStart, type UlyssesPlan } from '../core/parallel.ts';
@@ -273,7 +273,7 @@ export class WorkerRuntime implements WorkerApi {
     const choice =
       ep === 'auto'
         ? await this.fastestEp()
-        : { ep, why: `${ep === 'wasm' ? 'WASM' : 'WebGPU'}: asked for by the job` };
+        : { ep, why: `${ep === 'wasm' ? await this.cpuName() : 'WebGPU'}: asked for by the job` };
     const before = { state: this.state, detail: this.detail };
     const progress = this.showLoad('loading', `loading ${modelUrl}`);
     try {
@@ -367,14 +367,19 @@ export class WorkerRuntime implements WorkerApi {
     return this.epWhy;
   }
 
+  /** what this worker's 'wasm' EP is, in words: WASM in a tab, a process's native device */
+  private async cpuName(): Promise<string> {
+    return cpuName((await this.hooks.describe()).nativeDevice);
+  }
+
   /** 'auto': the EP this worker measured fastest; WebGPU is measured only where there is a hardware adapter. */
   private async fastestEp() {
     const measured = await this.measuredNow();
-    const { ep, softwareAdapter, kind } = await this.hooks.describe();
+    const { ep, softwareAdapter, nativeDevice } = await this.hooks.describe();
     const wasm = measured.wasm ?? this.probe(measured, 'wasm');
     const webgpu =
       ep === 'webgpu' && !softwareAdapter ? (measured.webgpu ?? this.probe(measured, 'webgpu')) : undefined;
-    return fastestEp({ wasm: await wasm, webgpu: await webgpu }, softwareAdapter, kind);
+    return fastestEp({ wasm: await wasm, webgpu: await webgpu }, softwareAdapter, nativeDevice);
   }
 
   encodeText(args: EncodeTextArgs) {

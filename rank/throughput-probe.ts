@@ -7,11 +7,13 @@
 //                model of Wan's structure run on one token (nearly no FLOPs), per call. At the
 //                demo's 48 tokens this, not the FLOPs, is most of a step.
 // Each is a warm-up run then the median of up to `runs` timed runs, fewer where a run is slow (at
-// least one, and no more once they took BUDGET_MS): well under a second on wasm, a few seconds on a
+// least one, and no more once they took core/median.ts's budget): well under a second on wasm, a few seconds on a
 // software WebGPU adapter. A worker runs it at join, and again when its share of the cores changes.
 import * as ort from 'onnxruntime-web';
 import { expectedWeightShapes, wanConfigOfSize } from '../core/model/config.ts';
+import { matmulProbe, probeValues } from '../core/model/matmul-probe.ts';
 import { OnnxGraph } from '../core/model/onnx-builder.ts';
+import { medianMs } from '../core/median.ts';
 import { ropeTables, tokenGrid } from '../core/model/tokens.ts';
 import type { TensorMap } from '../core/safetensors.ts';
 import type { ExecutionProvider } from '../core/worker-api.ts';
@@ -33,50 +35,17 @@ export interface ThroughputProbe {
 }
 
 const SCORES: [number, number, number] = [4, 64, 4096]; // [h, c, S]: one chunk of attention scores
-const BUDGET_MS = 300;
 /** below this a WebGPU adapter is a software one: any GPU multiplies matrices faster */
 const SOFTWARE_FLOPS = 1e9;
 
-/**
- * The median of up to `runs` samples (ms) after a warm-up, stopping early once they took
- * `budgetMs`; a warm-up that took the whole budget by itself is the one sample (a rehearsed forward
- * of a real model is seconds: paying it twice is worth less than the first run's allocations).
- */
-export async function medianSample(sample: () => Promise<number>, runs = 7, budgetMs = BUDGET_MS): Promise<number> {
-  const warmup = await sample();
-  if (warmup >= budgetMs) return warmup;
-  const times: number[] = [];
-  for (let spent = 0; times.length < runs && (times.length === 0 || spent < budgetMs);) {
-    times.push(await sample());
-    spent += times[times.length - 1];
-  }
-  return times.sort((x, y) => x - y)[Math.floor(times.length / 2)];
-}
-
-/** medianSample of the wall time of `run`. */
-const medianMs = (run: () => Promise<unknown>, runs: number): Promise<number> =>
-  medianSample(async () => {
-    const start = performance.now();
-    await run();
-    return performance.now() - start;
-  }, runs);
-
 export async function probeThroughput(ep: ExecutionProvider, { size = 256, runs = 7 } = {}): Promise<ThroughputProbe> {
-  // values in [−1, 1): no denormals or infinities to slow a run down
-  const values = (n: number, seed: number) =>
-    Float32Array.from({ length: n }, (_, i) => ((i * 2654435761 + seed) >>> 0) / 2 ** 31 - 1);
-
-  const matmul = new OnnxGraph('throughput_probe');
-  matmul.output(matmul.op('MatMul', [matmul.input('a', [size, size]), matmul.input('b', [size, size])]), 'c', [
-    size,
-    size,
-  ]);
+  const matmul = matmulProbe(size);
   const matmulMs = await medianRunMs(
     ep,
-    matmul.toBytes(),
+    matmul.graph,
     {
-      a: new ort.Tensor('float32', values(size * size, 1), [size, size]),
-      b: new ort.Tensor('float32', values(size * size, 2), [size, size]),
+      a: new ort.Tensor('float32', matmul.a, [size, size]),
+      b: new ort.Tensor('float32', matmul.b, [size, size]),
     },
     runs,
   );
@@ -99,10 +68,10 @@ export async function probeThroughput(ep: ExecutionProvider, { size = 256, runs 
     ep,
     softmax.toBytes(),
     {
-      scores: new ort.Tensor('float32', values(c * S, 3), [1, c, S]),
+      scores: new ort.Tensor('float32', probeValues(c * S, 3), [1, c, S]),
       bias: new ort.Tensor(
         'float32',
-        values(h * S, 4).map((v) => v * 0.1),
+        probeValues(h * S, 4).map((v) => v * 0.1),
         [h, 1, S],
       ),
     },
@@ -112,7 +81,7 @@ export async function probeThroughput(ep: ExecutionProvider, { size = 256, runs 
 
   // A software adapter (SwiftShader, llvmpipe) compiles the five stage graphs' shaders for half a
   // minute; below SOFTWARE_FLOPS its stage call is charged one probe MatMul, which it costs about.
-  const flops = (2 * size ** 3) / (matmulMs / 1000);
+  const flops = matmul.operations / (matmulMs / 1000);
   const stageMs = ep === 'webgpu' && flops < SOFTWARE_FLOPS ? matmulMs : await stageCallMs(ep, runs);
   return {
     ep,

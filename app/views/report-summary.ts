@@ -104,7 +104,9 @@ export function summarizeReport(id: number, r: KeptReport, storageNote?: string)
   const checked = checks.length ? ` ${checks.length} ${what} recomputed to spot-check the workers${verdicts}.` : '';
   const computedOn = [
     ...new Set(
-      r.workers.map((w) => `${w.ep === 'webgpu' ? 'WebGPU' : cpuName(w.kind)} on ${plural(w.threads, 'thread')}`),
+      r.workers.map(
+        (w) => `${w.ep === 'webgpu' ? 'WebGPU' : cpuName(w.nativeDevice)} on ${plural(w.threads, 'thread')}`,
+      ),
     ),
   ].join(', ');
   const { ranks, notes } = placementNote(r);

@@ -43,10 +43,10 @@ function workerRow(swarm: Swarm, w: SwarmWorker, m: WorkerMeasurement | null): H
       chosen
         ? chosen.ep === 'webgpu'
           ? 'WebGPU'
-          : cpuName(w.info.kind)
+          : cpuName(w.info.nativeDevice)
         : w.info.ep === 'webgpu'
           ? 'WebGPU or WASM'
-          : cpuName(w.info.kind),
+          : cpuName(w.info.nativeDevice),
       h(
         'span',
         { className: 'sub' },

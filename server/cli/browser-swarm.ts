@@ -111,10 +111,12 @@ export function startNodeWorker(
   who: string,
   log: (line: string) => void,
   flags: string[] = [],
+  env: NodeJS.ProcessEnv = {},
 ): ChildProcess {
   const main = join(import.meta.dirname, '../../worker/node/main.ts');
   const child = spawn(process.execPath, ['--import', 'tsx', main, link, '--threads', String(threads), ...flags], {
     stdio: ['ignore', 'pipe', 'pipe'],
+    env: { ...process.env, ...env },
   });
   for (const stream of [child.stdout, child.stderr])
     stream.on('data', (data: Buffer) => {

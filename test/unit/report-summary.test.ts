@@ -80,4 +80,21 @@ describe("the dashboard's status line of a finished job", () => {
       '#7 done: 9 frames in 1.0 s on swarm ranks, each on WASM on 1 thread.',
     );
   });
+
+  it("names each worker's device: a tab's WebGPU or WASM, a process's CPU, CUDA or Dawn's WebGPU", () => {
+    const on = (workers: { ep: string; threads: number; nativeDevice?: string }[]) =>
+      summarizeReport(7, { ...report(undefined), workers } as unknown as KeptReport);
+    expect(
+      on([
+        { ep: 'wasm', threads: 2, nativeDevice: 'cpu' },
+        { ep: 'wasm', threads: 1, nativeDevice: 'cuda' },
+        { ep: 'wasm', threads: 1, nativeDevice: 'webgpu' },
+        { ep: 'webgpu', threads: 1 },
+        { ep: 'wasm', threads: 1 },
+      ]),
+    ).toBe(
+      '#7 done: 9 frames in 1.0 s on swarm ranks, each on CPU on 2 threads, CUDA on 1 thread, ' +
+        'WebGPU (Dawn) on 1 thread, WebGPU on 1 thread, WASM on 1 thread.',
+    );
+  });
 });

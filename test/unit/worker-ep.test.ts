@@ -50,13 +50,12 @@ describe('fastestEp: the EP with the higher measured matrix-multiply rate, and w
     expect(fastestEp({ webgpu: { flops: 2e9 } })).toEqual({ ep: 'webgpu', why: 'WebGPU: 2 GFLOP/s' });
   });
 
-  it("calls a worker process's 'wasm' EP its CPU (onnxruntime-node's, natively), a tab's WASM", () => {
-    expect(fastestEp({ wasm: { flops: 98.4e9 } }, false, 'node')).toEqual({
-      ep: 'wasm',
-      why: 'CPU: 98.4 GFLOP/s (no WebGPU adapter)',
-    });
-    expect(fastestEp({}, false, 'node').why).toBe('CPU: nothing measured yet');
-    expect(fastestEp({ wasm: { flops: 16e9 } }, false, 'tab').why).toBe('WASM: 16 GFLOP/s (no WebGPU adapter)');
+  it("calls a worker process's 'wasm' EP by its native device, a tab's (and a process's without one) WASM", () => {
+    expect(fastestEp({ wasm: { flops: 98.4e9 } }, false, 'cpu')).toEqual({ ep: 'wasm', why: 'CPU: 98.4 GFLOP/s' });
+    expect(fastestEp({}, false, 'cpu').why).toBe('CPU: nothing measured yet');
+    expect(fastestEp({ wasm: { flops: 3.1e12 } }, false, 'cuda').why).toBe('CUDA: 3100 GFLOP/s');
+    expect(fastestEp({ wasm: { flops: 0.2e9 } }, false, 'webgpu').why).toBe('WebGPU (Dawn): 0.2 GFLOP/s');
+    expect(fastestEp({ wasm: { flops: 16e9 } }, false).why).toBe('WASM: 16 GFLOP/s (no WebGPU adapter)');
   });
 });
 

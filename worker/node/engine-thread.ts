@@ -7,6 +7,7 @@ import nodeEndpoint from 'comlink/dist/esm/node-adapter.mjs';
 import { createEngine, type EngineApi, type EngineMove } from '../../rank/engine.ts';
 import type { EngineFactory } from '../../rank/engine.worker.ts';
 import { keepWeightsIn } from '../../rank/weight-cache.ts';
+import type { NativeDevice } from '../../core/worker-api.ts';
 import { diskWeights } from './disk-weights.ts';
 
 const port = parentPort;
@@ -18,6 +19,8 @@ keepWeightsIn(diskWeights({ cacheDir, modelDir }));
 export interface EngineThreadData {
   /** the CPU as the engine reports it, on the EP it calls 'wasm' */
   cpu: string;
+  /** what onnxruntime-node computes on for that EP (native-ort.ts); null: onnxruntime-web's WebAssembly */
+  device: NativeDevice | null;
   /** the folder the weights it fetches are kept in; null: none, every load fetches them */
   cacheDir: string | null;
   /** a model folder this machine has, read where its files are the server's; null: none */

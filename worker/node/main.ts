@@ -6,16 +6,16 @@ import { availableParallelism } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { readWorkerLink } from '../../app/worker-link.ts';
-import { MAX_MODEL_MEMORY_GIB, MIN_MODEL_MEMORY_GIB } from '../../core/worker-api.ts';
+import { MAX_MODEL_MEMORY_GIB, MIN_MODEL_MEMORY_GIB, NATIVE_DEVICES } from '../../core/worker-api.ts';
 import { CACHE_ROOT } from '../../server/model-folder.ts';
 import { startWorkerEndpoint, type WorkerStatus } from '../endpoint.ts';
-import { nodePlatform } from './platform.ts';
+import { nodePlatform, type DeviceRequest } from './platform.ts';
 
 /** where a worker process keeps the weights it fetched unless told */
 const DEFAULT_CACHE = join(CACHE_ROOT, 'worker-weights');
 
 const USAGE = `usage: npm run worker -- <worker link> [--threads N] [--model-memory GiB] [--cache DIR]
-         [--model-dir DIR] [--wasm]
+         [--model-dir DIR] [--device auto|cpu|cuda|webgpu|wasm]
        (npx ditswarm worker <worker link> … where ditswarm is installed as a package)
 
   <worker link>         the link the dashboard shows under "Add a worker": http://HOST:PORT/worker.html#token=…
@@ -25,7 +25,12 @@ const USAGE = `usage: npm run worker -- <worker link> [--threads N] [--model-mem
                         --cache '' keeps none
   --model-dir DIR       a model folder this machine has (as diffusers publishes it): each of its files whose size and
                         SHA-256 are the server's is read from here instead of downloaded
-  --wasm                compute on onnxruntime-web's WebAssembly, as a tab does, not natively`;
+  --device D            what to compute on (default auto: the fastest that starts here, each timed at start):
+                          cpu     onnxruntime-node on the CPU's cores
+                          cuda    onnxruntime-node on an NVIDIA GPU (its CUDA providers installed:
+                                  ONNXRUNTIME_NODE_INSTALL=cuda12 npm rebuild onnxruntime-node)
+                          webgpu  onnxruntime-node on a GPU through WebGPU (Dawn, on Vulkan, Metal or D3D12)
+                          wasm    onnxruntime-web's WebAssembly, as a tab computes`;
 
 const fail = (message: string): never => {
   console.error(`worker: ${message}\n\n${USAGE}`);
@@ -39,7 +44,7 @@ const { values, positionals } = (() => {
       options: {
         threads: { type: 'string' },
         'model-memory': { type: 'string' },
-        wasm: { type: 'boolean' },
+        device: { type: 'string', default: 'auto' },
         cache: { type: 'string', default: DEFAULT_CACHE },
         'model-dir': { type: 'string' },
         help: { type: 'boolean' },
@@ -72,7 +77,11 @@ const cacheDir = values.cache || null;
 const modelDir = values['model-dir'] ?? null;
 if (modelDir !== null && !existsSync(join(modelDir, 'model_index.json')))
   fail(`--model-dir ${modelDir}: no model_index.json there; give a model folder as diffusers publishes it`);
-const { platform, compute } = await nodePlatform({ threads, wasm: values.wasm, cacheDir, modelDir });
+const DEVICES: readonly DeviceRequest[] = ['auto', ...NATIVE_DEVICES, 'wasm'];
+const device = DEVICES.find((d) => d === values.device) ?? fail(`--device takes one of ${DEVICES.join(', ')}`);
+const { platform, compute } = await nodePlatform({ threads, device, cacheDir, modelDir }).catch((e: unknown) =>
+  fail(`--device ${device}: ${(e as Error).message}`),
+);
 console.log(`worker: computing on ${compute.name}; weights kept ${cacheDir ? `in ${cacheDir}` : 'nowhere'}`);
 
 let said = '';

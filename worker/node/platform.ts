@@ -5,46 +5,63 @@ import { availableParallelism, cpus, hostname, release, totalmem, platform as sy
 import { Worker } from 'node:worker_threads';
 import * as Comlink from 'comlink';
 import nodeEndpoint from 'comlink/dist/esm/node-adapter.mjs';
+import { cpuName } from '../../core/cost-model.ts';
 import { nonce } from '../../core/net/hmac.ts';
+import { NATIVE_DEVICES, type NativeDevice } from '../../core/worker-api.ts';
 import { EngineHost, type StartEngine } from '../../rank/engine-client.ts';
 import type { EngineMove } from '../../rank/engine.ts';
 import type { EngineFactory } from '../../rank/engine.worker.ts';
 import type { WorkerPlatform } from '../platform.ts';
 import type { EngineThreadData } from './engine-thread.ts';
-import { nodePeers } from './webrtc.ts';
+import { chooseNativeDevice, nvidiaGpu, probeNativeDevices } from './native-devices.ts';
 import { loadOnnxruntimeNode } from './onnxruntime-node.ts';
+import { nodePeers } from './webrtc.ts';
 
-/** What a worker process computes on: onnxruntime-node natively, or (without it) onnxruntime-web's WebAssembly. */
+/** What a worker process computes on: a device of onnxruntime-node's, or (without it) onnxruntime-web's WebAssembly. */
 export interface NodeCompute {
-  native: boolean;
-  /** in a user's words, with why where it is not native */
+  /** null: WebAssembly */
+  device: NativeDevice | null;
+  /** in a user's words, with why this device and not another */
   name: string;
+  /** the memory the model's weights live in where it is not the machine's (a GPU's), in GiB */
+  memoryGiB?: number;
 }
 
+/** What `--device` asks for: a device of onnxruntime-node's, the fastest of them, or onnxruntime-web's WebAssembly. */
+export type DeviceRequest = NativeDevice | 'auto' | 'wasm';
+
 /**
- * onnxruntime-node where it loads (an optional dependency: an install may have left it out) unless `wasm` is asked,
- * with why not.
+ * The device asked for, or with 'auto' the fastest of onnxruntime-node's where it loads (an optional dependency: an
+ * install may have left it out), with why. Throws where a device asked for cannot compute here.
  */
-export async function nodeCompute(threads: number, wasm = false): Promise<NodeCompute> {
+export async function nodeCompute(threads: number, asked: DeviceRequest = 'auto'): Promise<NodeCompute> {
   const cpu = `${cpus()[0]?.model.trim() || 'CPU'}, ${threads} thread${threads === 1 ? '' : 's'}`;
-  if (wasm) return { native: false, name: `WebAssembly in Node (${cpu}), as asked` };
+  if (asked === 'wasm') return { device: null, name: `WebAssembly in Node (${cpu}), as asked` };
+  let ort: Awaited<ReturnType<typeof loadOnnxruntimeNode>>;
   try {
-    await loadOnnxruntimeNode();
-    return { native: true, name: `onnxruntime-node on the CPU (${cpu})` };
+    ort = await loadOnnxruntimeNode();
   } catch (e) {
-    const why = (e as Error).message.split('\n')[0];
-    return {
-      native: false,
-      name: `WebAssembly in Node (${cpu}): onnxruntime-node did not load (${why}); npm install onnxruntime-node`,
-    };
+    const why = `onnxruntime-node did not load (${(e as Error).message.split('\n')[0]}); npm install onnxruntime-node`;
+    if (asked !== 'auto') throw new Error(why, { cause: e });
+    return { device: null, name: `WebAssembly in Node (${cpu}): ${why}` };
   }
+  const { device, why } = chooseNativeDevice(
+    await probeNativeDevices(ort, threads, asked === 'auto' ? NATIVE_DEVICES : [asked]),
+    asked,
+  );
+  const gpu = device === 'cuda' ? nvidiaGpu() : null;
+  return {
+    device,
+    name: `onnxruntime-node on ${device === 'cpu' ? `the CPU (${cpu})` : (gpu?.name ?? cpuName(device))}: ${why}`,
+    ...(gpu && { memoryGiB: gpu.memoryGiB }),
+  };
 }
 
 export interface NodePlatformOptions {
   /** the threads the engine computes on: the machine's cores unless told */
   threads?: number;
-  /** onnxruntime-web's WebAssembly, as a tab computes, even where onnxruntime-node is installed */
-  wasm?: boolean;
+  /** what to compute on (default 'auto': the fastest of onnxruntime-node's devices) */
+  device?: DeviceRequest;
   /** the folder the weights it fetches are kept in (worker/node/disk-weights.ts); null: none */
   cacheDir?: string | null;
   /** a model folder this machine has, read where its files are the server's; null: none */
@@ -54,14 +71,14 @@ export interface NodePlatformOptions {
 /** The platform of a worker process. */
 export async function nodePlatform({
   threads = availableParallelism(),
-  wasm,
+  device = 'auto',
   cacheDir = null,
   modelDir = null,
 }: NodePlatformOptions = {}): Promise<{
   platform: WorkerPlatform;
   compute: NodeCompute;
 }> {
-  const compute = await nodeCompute(threads, wasm);
+  const compute = await nodeCompute(threads, device);
   // an id for this process as a tab has its browser's: what bans and accusations name it by
   const id = nonce();
   const platform: WorkerPlatform = {
@@ -70,10 +87,11 @@ export async function nodePlatform({
       Promise.resolve({
         kind: 'node',
         host: hostname(),
+        ...(compute.device && { nativeDevice: compute.device }),
         ep: 'wasm',
         adapter: compute.name,
         softwareAdapter: false,
-        memoryGiB: totalmem() / 2 ** 30,
+        memoryGiB: compute.memoryGiB ?? totalmem() / 2 ** 30,
         userAgent: `Node ${process.version} (${system()} ${release()})`,
       }),
     shareCores: () =>
@@ -88,7 +106,7 @@ export async function nodePlatform({
       new EngineHost(
         engineThreads,
         (probe) => probe(),
-        engineThread({ cpu: compute.name, cacheDir, modelDir }, compute.native),
+        engineThread({ cpu: compute.name, device: compute.device, cacheDir, modelDir }),
       ),
     keepAwake: () => () => {},
     onFreeze: () => () => {},
@@ -102,7 +120,7 @@ export async function nodePlatform({
  * place before it loads the engine: TypeScript (tsx, which a worker thread does not inherit), and, with
  * onnxruntime-node, 'onnxruntime-web' resolved to native-ort.ts.
  */
-function engineThread(workerData: EngineThreadData, native: boolean): StartEngine {
+function engineThread(workerData: EngineThreadData): StartEngine {
   const entry = new URL('./engine-thread.ts', import.meta.url).href;
   const nativeOrt = new URL('./native-ort.ts', import.meta.url).href;
   const redirect =
@@ -110,7 +128,7 @@ function engineThread(workerData: EngineThreadData, native: boolean): StartEngin
     ` return specifier === 'onnxruntime-web' ? { url: ${JSON.stringify(nativeOrt)}, shortCircuit: true }` +
     ' : next(specifier, context); }';
   const boot = [
-    native &&
+    workerData.device &&
       `require('node:module').register('data:text/javascript,' + encodeURIComponent(${JSON.stringify(redirect)}));`,
     `import('tsx/esm/api').then(({ register }) => { register(); return import(${JSON.stringify(entry)}); });`,
   ]
