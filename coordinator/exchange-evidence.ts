@@ -6,7 +6,7 @@
 // which a received tensor differs from it names its senders: the tensors before it were right, so
 // what those senders computed from them was theirs alone. A receipt whose signature does not hold
 // names its holder, who kept what no sender signed.
-// Exact only where every rank computes bit for bit alike (the executor asks it of WASM ranks alone).
+// Exact only where every rank computes bit for bit alike (the executor asks it of tabs on WASM alone).
 import { fromHex, verifyPayload } from '../core/net/signing.ts';
 import { SIGNATURE_BYTES } from '../core/net/protocol.ts';
 import type { ExchangeReceipt, ForwardKey } from '../core/worker-api.ts';

@@ -833,8 +833,10 @@ export abstract class Executor {
   /**
    * The rank whose signed tensors made its Ulysses group's rows wrong, where the receipts of its exchanges name one
    * (exchange-evidence.ts) against a recomputation of them that two ranks make alike: the checker and the third
-   * first, then ranks drawn from the CSPRNG. Only for an exact forward of a group of WASM ranks, recomputed on WASM:
-   * the receipts are digests, and only ranks that compute bit for bit alike send the same bytes (WebGPU's do not).
+   * first, then ranks drawn from the CSPRNG. Only for an exact forward of a group of tabs on WASM, recomputed by
+   * tabs on WASM: the receipts are digests, and only ranks that compute bit for bit alike send the same bytes.
+   * WebGPU's kernels do not, nor a worker process's (native kernels, or Node's build of onnxruntime-web's WASM): an
+   * honest process's tensors would differ from a tab's recomputation and name it.
    */
   private async exchangeLie(
     args: RecomputeArgs,
@@ -843,13 +845,16 @@ export abstract class Executor {
     checker: number,
     third: number | null,
   ): Promise<ExchangeFinding> {
-    const wasm = (rank: number) => this.workers[rank]?.ep === 'wasm';
+    const wasm = (rank: number) => {
+      const worker = this.workers.at(rank);
+      return worker?.ep === 'wasm' && (worker.kind ?? 'tab') === 'tab';
+    };
     // displaced mode exchanges keys and values its recomputation does not: its receipts would prove nothing
     const not = (why: string) => ({ rank: null, said: `not asked: ${why}` });
     if (this.placement.settings.parallel !== 'ulysses') return not('displaced mode');
     if (this.layout.stages > 1) return not('pipeline stages');
     if (args.stale || args.cache) return not("a step cache's forward");
-    if (!ranks.every(wasm)) return not('ranks not all on WASM');
+    if (!ranks.every(wasm)) return not('ranks not all tabs on WASM');
     const forward = { job: args.job, step: args.step, pass: args.pass };
     const evidence = await this.collectiveRpc('exchangeEvidence', { args: forward, ranks });
     const judges = [checker, ...(third === null ? [] : [third])];

@@ -16,6 +16,7 @@ import {
   type ExecuteResult,
   type InitArgs,
   type WorkerApi,
+  type WorkerInfo,
 } from '../../core/worker-api.ts';
 import type { EngineApi } from '../../rank/engine.ts';
 import { memoryExchanges } from '../../rank/exchange/memory.ts';
@@ -84,6 +85,8 @@ export class InProcessExecutor extends Executor {
   /** the exchange a rank computes over, as a test may rewrite it: what it sends its peers, signed as any */
   exchangeOf: (rank: number, exchange: Exchange & KeepsEvidence) => Exchange & KeepsEvidence = (_, exchange) =>
     exchange;
+  /** what a rank says it is (a tab on WASM unless a test says: a worker process, a WebGPU tab) */
+  describeOf: (rank: number) => () => Promise<WorkerInfo> = (rank) => describeInProcess(`in-process rank ${rank}`);
   private remotes: Remote<WorkerApi>[] = [];
   private links: Link[] = [];
 
@@ -113,7 +116,7 @@ export class InProcessExecutor extends Executor {
     for (let rank = 0; rank < ranks; rank++) {
       const runtime = new WorkerRuntime(this.engine, {
         connectMesh: (init) => Promise.resolve(this.exchangeOf(rank, meshOf(init)[init.rank])),
-        describe: describeInProcess(`in-process rank ${rank}`),
+        describe: this.describeOf(rank),
       });
       this.runtimes.push(runtime);
       this.received.push([]);

@@ -5,7 +5,7 @@ import { SeededRandom } from '../../core/random.ts';
 import type { Tensor } from '../../core/tensor.ts';
 import type { EngineApi } from '../../rank/engine.ts';
 import { onnxStages } from '../../rank/onnx-stages.ts';
-import { stubEngine, tinyModelFiles, describeInProcess } from './fixtures.ts';
+import { describeInProcess, stubEngine, tinyModelFiles } from './fixtures.ts';
 import { InProcessExecutor, placementFor, type InProcessOptions } from './in-process-executor.ts';
 import { Executor, SpotCheckFailed, type ExecutorOptions } from '../../coordinator/executor.ts';
 import { inProcess, type Remote } from '../../core/net/rpc.ts';
@@ -167,6 +167,45 @@ describe("the executor's spot checks (issue 33)", () => {
     expect((check.verdict as { why: string }).why).toMatch(`block ${lastBlock}'s attention output`);
     // its group's exchanges were recomputed in-process, by two ranks that agreed
     expect(executor.received.flat().filter((m) => m === 'recomputeExchanges')).toHaveLength(2);
+    await executor.shutdown({ graceMs: 500 });
+  });
+
+  it("a group with a worker process in it is not judged by receipts: a process's kernels are not a tab's WASM, and its honest tensors would differ from a tab's recomputation", async () => {
+    const executor = new InProcessExecutor({ ...options, layout: new RankLayout(3), spotCheckRate: 1 }, engine, 'rpc');
+    const tab = describeInProcess('a tab');
+    executor.describeOf = (rank) =>
+      rank === 0 ? async () => ({ ...(await tab()), kind: 'node', nativeDevice: 'cpu' }) : tab;
+    const lastBlock = options.config.numLayers - 1;
+    // rank 1 halves the attention output it sends rank 2 in the last block, as above
+    executor.exchangeOf = (rank, honest) =>
+      rank !== 1
+        ? honest
+        : {
+            ...honest,
+            keepEvidence: (ledger) => honest.keepEvidence(ledger),
+            allToAll: (tag, parts, judge) =>
+              honest.allToAll(
+                tag,
+                tag.block === lastBlock && tag.phase === ExchangePhase.Output
+                  ? parts.map((p, to) => (to === 2 ? p.map((v) => v / 2) : p))
+                  : parts,
+                judge,
+              ),
+          };
+    await executor.initialize();
+    await executor.prepareJob(4, [text], [16, 1, 14, 10]);
+    drawsFromCrypto([0.5, 0, 0]);
+    const caught = await executor
+      .executeModel({ job: 4, step: 0, pass: 0, timestep: 500, latent: latent() })
+      .catch((e: unknown) => e);
+    expect(caught).toBeInstanceOf(SpotCheckFailed);
+    const [check] = executor.takeSpotChecks();
+    expect(check.receipts).toBe('not asked: ranks not all tabs on WASM');
+    expect(executor.received.flat()).not.toContain('exchangeEvidence');
+    expect(executor.received.flat()).not.toContain('recomputeExchanges');
+    // the rows decide: whoever they convict, it is not the process, whose rows and tensors were honest
+    const convicted = check.verdict === 'agreed' ? [] : check.verdict.convicted;
+    expect(convicted).not.toContain(0);
     await executor.shutdown({ graceMs: 500 });
   });
 
