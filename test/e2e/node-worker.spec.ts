@@ -1,5 +1,5 @@
 import type { ChildProcess } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { expect, test, type Page } from '@playwright/test';
@@ -7,6 +7,7 @@ import { defined } from '../../core/defined.ts';
 import { startNodeWorker } from '../../server/cli/browser-swarm.ts';
 import { PUBLIC_DIR } from '../../server/app-build.ts';
 import { startServer } from '../../server/serve.ts';
+import { hostileLog, makeHostile, setRules } from './hostile/wire.ts';
 import {
   CI,
   maxAbsDiff,
@@ -15,6 +16,7 @@ import {
   SMALL_WASM_JOB,
   TEST_MODEL,
   WASM_ONLY_BROWSER,
+  workerId,
   type JobOutcome,
 } from './swarm-page.ts';
 
@@ -33,6 +35,13 @@ test.use(WASM_ONLY_BROWSER); // the tabs compute on WASM, as the processes' CPU 
  */
 const PROCESS_TOLERANCE = 1e-5;
 
+/**
+ * The same for a process computing on a GPU through WebGPU (Dawn): a GPU's kernels (WGSL matrix tiles, its exp and
+ * erf) differ from a CPU's far more than two CPUs' do. Measured on this job: 7.5e-5. A wrong operator or tensor moves
+ * the latent by tenths of its largest value, a thousand times this bound.
+ */
+const DAWN_TOLERANCE = 2e-4;
+
 /** max-abs of `run` from `reference`, of the reference's largest value */
 function offBy(run: Float32Array, reference: Float32Array): number {
   return maxAbsDiff(run, reference) / reference.reduce((m, v) => Math.max(m, Math.abs(v)), 0);
@@ -46,11 +55,18 @@ test.beforeAll(() => {
 test.afterAll(() => rmSync(cacheDir, { recursive: true, force: true }));
 
 /** A worker process joined to the dashboard's swarm, its lines kept; resolves once the dashboard counts it. */
-async function joinProcess(dashboard: Page, flags: string[] = []): Promise<NodeWorker> {
+async function joinProcess(dashboard: Page, flags: string[] = [], env: NodeJS.ProcessEnv = {}): Promise<NodeWorker> {
   const { joinUrl } = await dashboard.evaluate(() => window.ditswarm.ready);
   const before = await dashboard.evaluate(() => window.ditswarm.workerCount());
   const lines: string[] = [];
-  const child = startNodeWorker(joinUrl, 1, 'node worker', (line) => lines.push(line), ['--cache', cacheDir, ...flags]);
+  const child = startNodeWorker(
+    joinUrl,
+    1,
+    'node worker',
+    (line) => lines.push(line),
+    ['--cache', cacheDir, ...flags],
+    env,
+  );
   await expect
     .poll(() => dashboard.evaluate(() => window.ditswarm.workerCount()), {
       timeout: 60_000,
@@ -81,6 +97,12 @@ async function leave(dashboard: Page, worker: NodeWorker): Promise<void> {
 /** Every link of a job of two ranks, a data channel (WebRTC between werift and Chromium). */
 const DIRECT_LINKS = ['1->0:direct', 'coordinator->0:direct', 'coordinator->1:direct'];
 
+/** The job's forwards were spot-checked, and every check agreed: no honest worker was accused. */
+function expectChecksAgreed(run: JobOutcome): void {
+  expect(run.report.spotChecks.length).toBeGreaterThan(0);
+  expect(run.report.spotChecks.map((c) => c.verdict)).toEqual(run.report.spotChecks.map(() => 'agreed'));
+}
+
 const kinds = (run: JobOutcome) => run.report.workers.map((w) => w.kind).sort();
 const links = (run: JobOutcome) => run.report.links.map((l) => `${l.from}->${l.to}:${l.transport}`).sort();
 
@@ -93,7 +115,7 @@ test(
     try {
       const single = await runJob(swarm.dashboard, { ...SMALL_WASM_JOB, workers: 1 });
 
-      const wasm = await joinProcess(swarm.dashboard, ['--wasm']);
+      const wasm = await joinProcess(swarm.dashboard, ['--device', 'wasm']);
       const onWasm = await runJob(swarm.dashboard, { ...SMALL_WASM_JOB, workers: 2 });
       await leave(swarm.dashboard, wasm);
       expect(kinds(onWasm)).toEqual(['node', 'tab']);
@@ -106,6 +128,7 @@ test(
         ep: 'wasm',
         adapter: expect.stringMatching(/^WebAssembly in Node/),
       });
+      expect(wasmWorker.nativeDevice).toBeUndefined();
       expect(links(onWasm)).toEqual(DIRECT_LINKS);
       const wasmDiff = offBy(onWasm.latent, single.latent);
       expect(wasmDiff).toBeLessThanOrEqual(PROCESS_TOLERANCE);
@@ -117,7 +140,7 @@ test(
         onNative.report.workers.find((w) => w.kind === 'node'),
         'the process',
       );
-      expect(nativeWorker).toMatchObject({ id: native.id, host: expect.any(String) });
+      expect(nativeWorker).toMatchObject({ id: native.id, host: expect.any(String), nativeDevice: 'cpu' });
       expect(nativeWorker.adapter).toMatch(/^onnxruntime-node on the CPU/);
       // the first process kept the weights it fetched in the folder the second reads them from
       expect(wasmWorker.weights).toMatchObject({ cacheBytes: 0, note: '' });
@@ -127,10 +150,7 @@ test(
       const diff = offBy(onNative.latent, single.latent);
       // the final steps' forwards are spot-checked, each rank's rows recomputed by the other: a tab and a process
       // computing on other kernels still agree, and no honest worker is accused
-      for (const run of [onWasm, onNative]) {
-        expect(run.report.spotChecks.length).toBeGreaterThan(0);
-        expect(run.report.spotChecks.map((c) => c.verdict)).toEqual(run.report.spotChecks.map(() => 'agreed'));
-      }
+      for (const run of [onWasm, onNative]) expectChecksAgreed(run);
       console.log(
         `links ${links(onWasm).join(' ')} / ${links(onNative).join(' ')}; ` +
           `spot checks' largest difference ${Math.max(...onNative.report.spotChecks.map((c) => c.difference)).toExponential(2)}; ` +
@@ -189,7 +209,7 @@ test('a worker process whose links all go through the relay gives the latent of 
   const swarm = await openTestSwarm(browser, forced.url, 1);
   try {
     const single = await runJob(swarm.dashboard, { ...SMALL_WASM_JOB, workers: 1 });
-    const wasm = await joinProcess(swarm.dashboard, ['--wasm']);
+    const wasm = await joinProcess(swarm.dashboard, ['--device', 'wasm']);
     const relayed = await runJob(swarm.dashboard, { ...SMALL_WASM_JOB, workers: 2 });
     await leave(swarm.dashboard, wasm);
     expect(kinds(relayed)).toEqual(['node', 'tab']);
@@ -210,7 +230,7 @@ test('a worker process killed mid-job is re-placed as a tab is, and the job keep
   const swarm = await openTestSwarm(browser, baseURL, 2);
   try {
     const uninterrupted = await runJob(swarm.dashboard, { ...job, workers: 2 });
-    const wasm = await joinProcess(swarm.dashboard, ['--wasm']);
+    const wasm = await joinProcess(swarm.dashboard, ['--device', 'wasm']);
     // killed as its second step starts, without a word to anyone
     let killedAt = 0;
     wasm.child.stdout?.on('data', (data: Buffer) => {
@@ -228,6 +248,103 @@ test('a worker process killed mid-job is re-placed as a tab is, and the job keep
     expect(kinds(run)).toEqual(['tab', 'tab']);
     expect(offBy(run.latent, uninterrupted.latent)).toBeLessThanOrEqual(PROCESS_TOLERANCE);
   } finally {
+    await swarm.close();
+  }
+});
+
+/**
+ * The Vulkan a worker process's WebGPU (Dawn, in onnxruntime-node) finds on this GPU-less machine: Chromium's
+ * SwiftShader, a Vulkan on the CPU, and the Vulkan loader Chromium ships beside it.
+ */
+function chromiumSwiftShader(): NodeJS.ProcessEnv {
+  const dir = '/usr/lib/chromium';
+  const icd = join(dir, 'vk_swiftshader_icd.json');
+  if (!existsSync(icd) || !existsSync(join(dir, 'libvulkan.so.1')))
+    throw new Error(
+      `no SwiftShader Vulkan in ${dir}: this test needs Debian's chromium package (apt-get install chromium)`,
+    );
+  return { LD_LIBRARY_PATH: dir, VK_ICD_FILENAMES: icd };
+}
+
+test('a worker process computing on WebGPU through Dawn (SwiftShader here) equals one tab within a GPU tolerance', async ({
+  browser,
+  baseURL,
+}) => {
+  test.setTimeout(300_000);
+  const swarm = await openTestSwarm(browser, baseURL, 1);
+  try {
+    const single = await runJob(swarm.dashboard, { ...SMALL_WASM_JOB, workers: 1 });
+    const dawn = await joinProcess(swarm.dashboard, ['--device', 'webgpu'], chromiumSwiftShader());
+    const run = await runJob(swarm.dashboard, { ...SMALL_WASM_JOB, workers: 2 });
+    await leave(swarm.dashboard, dawn);
+    const processWorker = defined(
+      run.report.workers.find((w) => w.kind === 'node'),
+      'the process',
+    );
+    expect(processWorker).toMatchObject({ id: dawn.id, ep: 'wasm', nativeDevice: 'webgpu' });
+    expect(processWorker.adapter).toMatch(/^onnxruntime-node on WebGPU \(Dawn\): [\d.]+ GFLOP\/s, as asked/);
+    expect(processWorker.why).toMatch(/^WebGPU \(Dawn\): /);
+    const diff = offBy(run.latent, single.latent);
+    console.log(
+      `one tab and a process on Dawn's WebGPU vs one tab: ${diff.toExponential(2)} of the latent's largest value`,
+    );
+    expect(diff).toBeGreaterThan(0); // else the process did not compute on another device
+    expect(diff).toBeLessThanOrEqual(DAWN_TOLERANCE);
+    // the final steps' spot checks recompute each rank's rows on the other: a GPU's kernels are no liar's numbers
+    expectChecksAgreed(run);
+  } finally {
+    await swarm.close();
+  }
+});
+
+test("a liar tab beside a worker process: the liar alone is banned, the process is not let go, and the latent is the honest ranks'", async ({
+  browser,
+  baseURL,
+}) => {
+  test.setTimeout(300_000);
+  // liar-matrix.spec.ts's job: a few tokens, float32 Ulysses, the default spot-check rate
+  const job = {
+    ...SMALL_WASM_JOB,
+    height: 32,
+    width: 32,
+    steps: 4,
+    guidance: 1,
+    seed: 7,
+    shares: 'even',
+    outputType: 'latent',
+  } as const;
+  const swarm = await openTestSwarm(browser, baseURL, 1);
+  // a ban covers the liar's browser: it is a context of its own
+  const own = await browser.newContext();
+  try {
+    const native = await joinProcess(swarm.dashboard);
+    const honest = await runJob(swarm.dashboard, { ...job, workers: 2 });
+    const liar = await own.newPage();
+    await makeHostile(liar);
+    await liar.goto((await swarm.dashboard.evaluate(() => window.ditswarm.ready)).joinUrl);
+    await expect.poll(() => swarm.dashboard.evaluate(() => window.ditswarm.workerCount()), { timeout: 60_000 }).toBe(3);
+    const liarId = await workerId(liar);
+    // huge finite activations to its peers from step 3 (issue 33's #1): the process is one of the peers they reach
+    await setRules(liar, { mesh: { step: 2, make: 'huge' } });
+    const run = await runJob(swarm.dashboard, { ...job, workers: 3 });
+    const log = await hostileLog(liar);
+    expect(log.world).toBe(3);
+    expect(log.tensorsPoisoned).toBeGreaterThanOrEqual(1);
+    const lost = run.report.failures.flatMap((f) => f.lost);
+    expect(lost.map((l) => l.worker)).toEqual([liarId]);
+    expect(lost[0].evidence).toMatch(/beyond the \S+ its layer can produce/);
+    await expect(liar.locator('#detail')).toContainText('banned from this swarm for lying', { timeout: 20_000 });
+    // the job ended on the tab and the process, and the process heard nothing against it
+    expect(kinds(run)).toEqual(['node', 'tab']);
+    expect(native.lines.filter((line) => /refused|lost the dashboard|banned/.test(line))).toEqual([]);
+    const diff = offBy(run.latent, honest.latent);
+    console.log(
+      `a liar among a tab and a process: ${diff.toExponential(2)} of the latent's largest value from the honest job`,
+    );
+    expect(diff).toBeLessThanOrEqual(PROCESS_TOLERANCE);
+    await leave(swarm.dashboard, native);
+  } finally {
+    await own.close();
     await swarm.close();
   }
 });
