@@ -203,6 +203,39 @@ test('a worker process holding a pipeline stage, or running the unconditional pa
   }
 });
 
+test('a displaced job with a worker process for one of its two ranks equals the same job on two tabs', async ({
+  browser,
+  baseURL,
+}) => {
+  test.setTimeout(300_000);
+  const job = {
+    ...SMALL_WASM_JOB,
+    steps: 4,
+    workers: 2,
+    parallel: 'displaced',
+    warmupSteps: 1,
+    shares: 'even',
+  } as const;
+  const swarm = await openTestSwarm(browser, baseURL, 2);
+  try {
+    const onTabs = await runJob(swarm.dashboard, job);
+    await swarm.workers[1].close();
+    await expect.poll(() => swarm.dashboard.evaluate(() => window.ditswarm.workerCount()), { timeout: 30_000 }).toBe(1);
+    const native = await joinProcess(swarm.dashboard);
+    const withProcess = await runJob(swarm.dashboard, job);
+    await leave(swarm.dashboard, native);
+    for (const run of [onTabs, withProcess])
+      expect(run.report.placement).toMatchObject({ settings: { parallel: 'displaced' }, warmupSteps: 1 });
+    expect(kinds(withProcess)).toEqual(['node', 'tab']);
+    // 3 of the 4 steps attended to keys and values a step old: the same stale ones, whoever computed them
+    const diff = offBy(withProcess.latent, onTabs.latent);
+    console.log(`displaced, a tab and a process vs two tabs: ${diff.toExponential(2)} of the latent's largest value`);
+    expect(diff).toBeLessThanOrEqual(PROCESS_TOLERANCE);
+  } finally {
+    await swarm.close();
+  }
+});
+
 test('a worker process whose links all go through the relay gives the latent of one tab', async ({ browser }) => {
   test.setTimeout(300_000);
   const forced = await startServer({ port: 0, quiet: true, relay: 'force' });
