@@ -1,12 +1,13 @@
 // A worker as a Node process (`npm run worker -- LINK`): PeerJS on werift (webrtc.ts), the engine in a worker
-// thread (engine-thread.ts) on onnxruntime-node's native CPU EP where it is installed, on onnxruntime-web's
-// WebAssembly in Node where it is not; the process takes the cores it is given, shared with no tab.
+// thread (engine-thread.ts) on the fastest of onnxruntime-node's devices where it is installed (native-devices.ts),
+// on onnxruntime-web's WebAssembly in Node where it is not; the process takes the cores it is given.
+import { createHash } from 'node:crypto';
+import { readFileSync } from 'node:fs';
 import { availableParallelism, cpus, hostname, release, totalmem, platform as system } from 'node:os';
 import { Worker } from 'node:worker_threads';
 import * as Comlink from 'comlink';
 import nodeEndpoint from 'comlink/dist/esm/node-adapter.mjs';
 import { cpuName } from '../../core/cost-model.ts';
-import { nonce } from '../../core/net/hmac.ts';
 import { NATIVE_DEVICES, type NativeDevice } from '../../core/worker-api.ts';
 import { EngineHost, type StartEngine } from '../../rank/engine-client.ts';
 import type { EngineMove } from '../../rank/engine.ts';
@@ -79,8 +80,7 @@ export async function nodePlatform({
   compute: NodeCompute;
 }> {
   const compute = await nodeCompute(threads, device);
-  // an id for this process as a tab has its browser's: what bans and accusations name it by
-  const id = nonce();
+  const id = machineId();
   const platform: WorkerPlatform = {
     newPeer: await nodePeers(),
     describe: () =>
@@ -113,6 +113,23 @@ export async function nodePlatform({
     peakMemoryBytes: () => process.memoryUsage.rss(),
   };
   return { platform, compute };
+}
+
+/**
+ * This machine's id, as a tab has its browser's (WorkerInfo.browser): the processes of one machine share it, as the
+ * tabs of one browser do. So the planner knows they compute on one CPU (their exchanges cost those cores), and a ban
+ * or a trust mark covers the machine. A hash of the OS's machine id (or host name), not the id itself.
+ */
+export function machineId(): string {
+  let machine = hostname();
+  for (const file of ['/etc/machine-id', '/var/lib/dbus/machine-id'])
+    try {
+      machine = readFileSync(file, 'utf8').trim() || machine;
+      break;
+    } catch {
+      // not this OS's place for it
+    }
+  return createHash('sha256').update(`ditswarm worker machine ${machine}`).digest('hex').slice(0, 32);
 }
 
 /**
