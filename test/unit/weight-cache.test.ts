@@ -1,11 +1,20 @@
 import { createHash } from 'node:crypto';
-import { mkdtempSync, readdirSync, readFileSync, rmSync, statfsSync, writeFileSync } from 'node:fs';
+import {
+  existsSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  rmSync,
+  statfsSync,
+  utimesSync,
+  writeFileSync,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 import { checkLoadStatus, describeLoad, describeWeights } from '../../core/worker-api.ts';
 import { passing } from '../../core/net/check.ts';
-import { diskWeights } from '../../worker/node/disk-weights.ts';
+import { breakStaleLock, diskWeights } from '../../worker/node/disk-weights.ts';
 import {
   browserStorage,
   ByteRangeSet,
@@ -701,6 +710,26 @@ describe("a worker process's weights kept in a folder on disk (worker/node/disk-
     await reading;
     expect(waiting.source().cacheBytes).toBe(100);
     await waiting.close();
+  });
+
+  it('a lock left by a dead process is broken by one process at a time, and one made since by a live process kept', () => {
+    const lock = join(dir, 'folder.lock');
+    const takeover = `${lock}.takeover`;
+    writeFileSync(lock, '2147483646'); // no such process
+    writeFileSync(takeover, '2147483645'); // another process breaking it at this moment
+    breakStaleLock(lock);
+    expect(existsSync(lock)).toBe(true);
+    // that process died within its takeover 6 s ago: the takeover is cleared, the lock broken at the next look
+    const sixSecondsAgo = new Date(Date.now() - 6_000);
+    utimesSync(takeover, sixSecondsAgo, sixSecondsAgo);
+    breakStaleLock(lock);
+    expect([existsSync(lock), existsSync(takeover)]).toEqual([true, false]);
+    breakStaleLock(lock);
+    expect([existsSync(lock), existsSync(takeover)]).toEqual([false, false]);
+    // seen dead, then made by a live process before this one's takeover: kept
+    writeFileSync(lock, String(process.pid));
+    breakStaleLock(lock);
+    expect(readFileSync(lock, 'utf8')).toBe(String(process.pid));
   });
 
   it('a file the disk has no room for is read from the network, saying where', async () => {

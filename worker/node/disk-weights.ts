@@ -25,6 +25,8 @@ import { reprDigest } from '../../server/file-digest.ts';
 
 /** how often a process waiting for a folder another process is loading looks again */
 const LOCK_RETRY_MS = 500;
+/** a takeover is a few system calls: one this old was left by a process that died within it */
+const STALE_TAKEOVER_MS = 5_000;
 
 export interface DiskWeightsOptions {
   /** where the weights fetched are kept; null: nowhere, every load fetches them */
@@ -112,19 +114,48 @@ function fileHandle(path: string): SyncHandle {
 /** Holds the lock file at `path` until the returned function is called. */
 async function lockFile(path: string): Promise<() => void> {
   for (;;) {
+    const release = createLock(path);
+    if (release) return release;
+    if (holderAlive(path)) await new Promise((r) => setTimeout(r, LOCK_RETRY_MS));
+    else breakStaleLock(path);
+  }
+}
+
+/** The lock file at `path` created with this process's id, and how to remove it; null where it exists. */
+function createLock(path: string): (() => void) | null {
+  let fd: number;
+  try {
+    fd = openSync(path, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL);
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code === 'EEXIST') return null;
+    throw e;
+  }
+  writeSync(fd, String(process.pid));
+  closeSync(fd);
+  return () => unlinkSync(path);
+}
+
+/**
+ * Removes the lock file at `path` where its holder died, one process at a time (under `path.takeover`): two that saw
+ * it dead at once would each remove it, the second removing the lock the first had just made, and both would hold
+ * the folder. A takeover left by a process that died within it is cleared once it is STALE_TAKEOVER_MS old.
+ */
+export function breakStaleLock(path: string): void {
+  const takeover = `${path}.takeover`;
+  const release = createLock(takeover);
+  if (!release) {
     try {
-      const fd = openSync(path, constants.O_WRONLY | constants.O_CREAT | constants.O_EXCL);
-      writeSync(fd, String(process.pid));
-      closeSync(fd);
-      return () => unlinkSync(path);
-    } catch (e) {
-      if ((e as NodeJS.ErrnoException).code !== 'EEXIST') throw e;
+      if (Date.now() - statSync(takeover).mtimeMs > STALE_TAKEOVER_MS) unlinkSync(takeover);
+    } catch {
+      // released meanwhile
     }
-    if (!holderAlive(path)) {
-      unlinkSync(path);
-      continue;
-    }
-    await new Promise((r) => setTimeout(r, LOCK_RETRY_MS));
+    return;
+  }
+  try {
+    // seen again under the takeover: another process may have broken it and made its own since
+    if (!holderAlive(path)) unlinkSync(path);
+  } finally {
+    release();
   }
 }
 
