@@ -1,8 +1,10 @@
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { createHash } from 'node:crypto';
+import { mkdirSync, mkdtempSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { browserStorage, cachedModelFiles, keepWeightsIn } from '../../rank/weight-cache.ts';
+import { KeptDigests, reprDigest } from '../../server/file-digest.ts';
 import { startServer, type RunningServer } from '../../server/serve.ts';
 import { diskWeights } from '../../worker/node/disk-weights.ts';
 
@@ -71,5 +73,34 @@ describe("a worker process's own copy of a model folder (--model-dir)", () => {
     } finally {
       globalThis.fetch = realFetch;
     }
+  });
+
+  it("keeps its files' SHA-256 in the cache folder for the next start, each while its file's size and time hold", async () => {
+    const cacheDir = join(scratch, 'cache');
+    keepWeightsIn(diskWeights({ cacheDir, modelDir: join(scratch, 'local') }));
+    const files = cachedModelFiles(`${server.url}/models/m`);
+    expect(await files.readRange('transformer/same', 0, 10)).toEqual(served.same.slice(0, 10));
+    await files.close();
+    expect(files.source()).toMatchObject({ networkBytes: 0, cacheBytes: 10 });
+
+    // the next start reads them back: the same file's digest without hashing it
+    const keptFile = join(cacheDir, 'model-dir-digests.json');
+    const same = join(scratch, 'local/transformer/same');
+    const { size, mtimeMs } = statSync(same);
+    const digest = createHash('sha256').update(served.same).digest('base64');
+    expect(new KeptDigests(keptFile).get(same, size, mtimeMs)).toBe(`sha-256=:${digest}:`);
+    // a file changed since (another time, another size) is hashed again
+    expect(new KeptDigests(keptFile).get(same, size, mtimeMs + 1)).toBeUndefined();
+    expect(new KeptDigests(keptFile).get(same, size + 1, mtimeMs)).toBeUndefined();
+    // a digest kept is taken as the file's: a first hash lasts while size and time say it is the same file
+    const twin = join(scratch, 'twin');
+    writeFileSync(twin, served.same);
+    const kept = new KeptDigests(join(scratch, 'twin-digests.json'));
+    const twinStat = statSync(twin);
+    kept.set(twin, twinStat.size, twinStat.mtimeMs, 'sha-256=:kept:');
+    expect(await reprDigest(twin, kept)).toBe('sha-256=:kept:');
+    // a kept file broken by a crash is none: the files are hashed again
+    writeFileSync(keptFile, '{"truncated');
+    expect(new KeptDigests(keptFile).get(same, size, mtimeMs)).toBeUndefined();
   });
 });

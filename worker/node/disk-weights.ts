@@ -18,10 +18,10 @@ import {
   unlinkSync,
   writeSync,
 } from 'node:fs';
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
 import { formatBytes, type WeightsSource } from '../../core/worker-api.ts';
 import type { KeptFile, SyncHandle, WeightStorage } from '../../rank/weight-cache.ts';
-import { reprDigest } from '../../server/file-digest.ts';
+import { KeptDigests, reprDigest } from '../../server/file-digest.ts';
 
 /** how often a process waiting for a folder another process is loading looks again */
 const LOCK_RETRY_MS = 500;
@@ -38,6 +38,8 @@ export interface DiskWeightsOptions {
 export function diskWeights({ cacheDir, modelDir = null }: DiskWeightsOptions): WeightStorage {
   const dir = cacheDir ?? '';
   if (cacheDir) mkdirSync(cacheDir, { recursive: true });
+  // the model folder's digests, kept for the next start where there is a cache folder to keep them in
+  const kept = cacheDir ? new KeptDigests(join(cacheDir, 'model-dir-digests.json')) : undefined;
   return {
     where: cacheDir ? `in ${cacheDir}` : 'on this machine',
     lock: (name) =>
@@ -52,7 +54,7 @@ export function diskWeights({ cacheDir, modelDir = null }: DiskWeightsOptions): 
       return Promise.resolve(free < bytes ? `${dir} has ${formatBytes(free)} free` : null);
     },
     localCopy: (url, path, source, note) =>
-      modelDir ? localCopy(join(modelDir, path), url, source, note) : Promise.resolve(null),
+      modelDir ? localCopy(join(modelDir, path), url, source, note, kept) : Promise.resolve(null),
   };
 }
 
@@ -62,6 +64,7 @@ async function localCopy(
   url: string,
   source: WeightsSource,
   note: (why: string) => void,
+  kept?: KeptDigests,
 ): Promise<KeptFile | null> {
   let size: number;
   try {
@@ -78,7 +81,7 @@ async function localCopy(
       ? `it has ${size} bytes and the server's ${served}`
       : !digest
         ? 'the server gave no SHA-256 of its file to check it by'
-        : (await reprDigest(file)) !== digest
+        : (await reprDigest(resolve(file), kept)) !== digest
           ? "its SHA-256 is not the server's"
           : null;
   if (refused) {
