@@ -25,11 +25,20 @@ export interface ModuleScore {
   /** each living mutant, "line:column mutator → replacement", to look at */
   alive: string[];
   date: string;
+  /** the SHA-256 of the module's text the run mutated: its living mutants' lines are where they were while it holds */
+  source?: string;
+  /** how the score was made where it is not one whole run (a rerun of the living mutants' lines: rejudged) */
+  method?: string;
 }
 
 export interface MutationSummary {
   modules: Record<string, ModuleScore>;
 }
+
+const isAlive = (m: ReportedMutant) => m.status === 'Survived' || m.status === 'NoCoverage';
+const describeMutant = (m: ReportedMutant) =>
+  `${m.location.start.line}:${m.location.start.column} ${m.mutatorName}` +
+  (m.replacement === undefined ? '' : ` → ${m.replacement}`);
 
 /** The score of each file of the report. */
 export function moduleScores(report: MutationReport, date: string): Record<string, ModuleScore> {
@@ -40,13 +49,7 @@ export function moduleScores(report: MutationReport, date: string): Record<strin
       const survived = count('Survived');
       const noCoverage = count('NoCoverage');
       const valid = killed + survived + noCoverage;
-      const alive = mutants
-        .filter((m) => m.status === 'Survived' || m.status === 'NoCoverage')
-        .map(
-          (m) =>
-            `${m.location.start.line}:${m.location.start.column} ${m.mutatorName}` +
-            (m.replacement === undefined ? '' : ` → ${m.replacement}`),
-        );
+      const alive = mutants.filter(isAlive).map(describeMutant);
       const score = valid ? Math.round((1000 * killed) / valid) / 10 : 100;
       return [file, { score, killed, survived, noCoverage, notJudged: mutants.length - valid, alive, date }] satisfies [
         string,
@@ -60,4 +63,46 @@ export function moduleScores(report: MutationReport, date: string): Record<strin
 export function mergeSummary(earlier: MutationSummary | null, scores: Record<string, ModuleScore>): MutationSummary {
   const modules = { ...earlier?.modules, ...scores };
   return { modules: Object.fromEntries(Object.entries(modules).sort(([a], [b]) => a.localeCompare(b))) };
+}
+
+/**
+ * The lines a rerun of a module's living mutants mutates, as Stryker's `--mutate file:A-B` ranges: each living
+ * mutant's line and the 3 after it (a mutant may span a statement's lines), ranges that touch merged.
+ */
+export function aliveRanges(file: string, score: ModuleScore): string[] {
+  const lines = [...new Set(score.alive.map((a) => Number(a.split(':')[0])))].sort((a, b) => a - b);
+  const ranges: [number, number][] = [];
+  for (const line of lines) {
+    const last = ranges.at(-1);
+    if (last && line <= last[1] + 1) last[1] = Math.max(last[1], line + 3);
+    else ranges.push([line, line + 3]);
+  }
+  return ranges.map(([from, to]) => `${file}:${from}-${to}`);
+}
+
+/**
+ * A module's score after a rerun of its living mutants' lines (aliveRanges), its text unchanged but for tests
+ * added: the earlier run's judged mutants, less those now ignored (a Stryker disable comment), with every mutant
+ * living in the rerun alive and the rest killed. A mutant the earlier run killed outside those lines is taken as
+ * still killed: tests were only added.
+ */
+export function rejudged(earlier: ModuleScore, rerun: ReportedMutant[], date: string): ModuleScore {
+  const wasAlive = new Set(earlier.alive);
+  const nowIgnored = rerun.filter((m) => m.status === 'Ignored' && wasAlive.has(describeMutant(m))).length;
+  const alive = rerun.filter(isAlive);
+  const judged = earlier.killed + earlier.survived + earlier.noCoverage - nowIgnored;
+  const killed = judged - alive.length;
+  return {
+    score: judged ? Math.round((1000 * killed) / judged) / 10 : 100,
+    killed,
+    survived: alive.filter((m) => m.status === 'Survived').length,
+    noCoverage: alive.filter((m) => m.status === 'NoCoverage').length,
+    notJudged: earlier.notJudged + nowIgnored,
+    alive: alive.map(describeMutant),
+    date,
+    ...(earlier.source && { source: earlier.source }),
+    method:
+      `the run of ${earlier.date} with its ${earlier.alive.length} living mutants' lines run again on ${date}: ` +
+      `${earlier.alive.length - alive.length} of them killed or ignored since`,
+  };
 }
