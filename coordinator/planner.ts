@@ -522,8 +522,11 @@ function hardwareOf(
     workerFlops: measured.map((m) => computeOf(asked.ep, m)?.flops ?? 0),
     workerSoftmaxRates: measured.map((m) => computeOf(asked.ep, m)?.softmaxRate ?? Infinity),
     workerStageS: measured.map((m) => (computeOf(asked.ep, m)?.stageMs ?? 0) / 1000),
-    // WASM computes on the CPU the tabs of one browser share; WebGPU on a GPU
-    workerCpus: workers.map((w, i) => (epOf(asked.ep, measured[i]) === 'wasm' ? w.info.browser : undefined)),
+    // WASM computes on the CPU the tabs of one browser (the processes of one machine) share; WebGPU on a GPU, and so
+    // does a process's 'wasm' EP on CUDA or Dawn's WebGPU
+    workerCpus: workers.map((w, i) =>
+      epOf(asked.ep, measured[i]) === 'wasm' && (w.info.nativeDevice ?? 'cpu') === 'cpu' ? w.info.browser : undefined,
+    ),
     // even plans: the slowest of the workers; uneven ones the cost model makes from each worker's (unevenPlan)
     rehearsedForwardS: (plan) => (plan.heads ? undefined : slowest(rehearsed(plan.ulyssesDegree, planWorld(plan)))),
     rehearsedRankForwardS: (degree) => rehearsed(degree, degree),

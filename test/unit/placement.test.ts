@@ -51,6 +51,7 @@ import {
   WORKER_CONTRACT,
   type InitArgs,
   type MeshProbe,
+  type NativeDevice,
   type WorkerApi,
   type WorkerRemote,
 } from '../../core/worker-api.ts';
@@ -1497,11 +1498,11 @@ describe('the cost model sees what the workers measured', () => {
   });
 
   it('plans the exchange of WASM ranks in tabs of one browser as work on their shared cores, hidden by nothing; not so on WebGPU or across browsers', async () => {
-    const stepMs = async (browsers: (string | undefined)[], ep: 'wasm' | 'webgpu') => {
+    const stepMs = async (browsers: (string | undefined)[], ep: 'wasm' | 'webgpu', nativeDevice?: NativeDevice) => {
       const { swarm, join } = testSwarm();
       const workers = join(2, measured({ rttMs: 2, bandwidth: 1e6 }));
       workers.forEach((w, i) => {
-        w.info = { ...w.info, browser: browsers[i] };
+        w.info = { ...w.info, browser: browsers[i], ...(nativeDevice && { kind: 'node', nativeDevice }) };
         w.rehearsal = (d) => (d === 1 ? 100 : 40);
       });
       return predicted((await placerOn(swarm).place(guided, ask({ ep, ulyssesDegree: 2 }))).placement).predictedStepMs;
@@ -1510,6 +1511,10 @@ describe('the cost model sees what the workers measured', () => {
     expect(await stepMs(['a', 'a'], 'wasm')).toBeGreaterThan(apart);
     expect(await stepMs([undefined, undefined], 'wasm')).toBe(apart);
     expect(await stepMs(['a', 'a'], 'webgpu')).toBe(await stepMs(['a', 'b'], 'webgpu'));
+    // worker processes of one machine: on its CPU they share its cores; on its GPUs (CUDA, Dawn) they do not
+    expect(await stepMs(['m', 'm'], 'wasm', 'cpu')).toBe(await stepMs(['a', 'a'], 'wasm'));
+    expect(await stepMs(['m', 'm'], 'wasm', 'cuda')).toBe(apart);
+    expect(await stepMs(['m', 'm'], 'wasm', 'webgpu')).toBe(apart);
   });
 
   it('shares the heads in proportion to speed where one worker is 2× slower, says which workers it leaves out and why, and places the shares (issue 18)', async () => {
