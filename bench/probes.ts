@@ -64,11 +64,19 @@ export interface LinkReport {
   oneWayBytesPerS: number;
 }
 
+/** the link probe's transfers, bytes: from where latency dominates to where bandwidth does */
+export const LINK_PROBE_SIZES = [256 << 10, 1 << 20, 4 << 20, 8 << 20];
+
 /** The link probe, tried up to `attempts` times: a data channel that never opens must not hang the bench. */
-export async function measureLink(context: BrowserContext, origin: string, attempts = 3): Promise<LinkReport> {
+export async function measureLink(
+  context: BrowserContext,
+  origin: string,
+  sizes = LINK_PROBE_SIZES,
+  attempts = 3,
+): Promise<LinkReport> {
   for (let attempt = 1; ; attempt++) {
     try {
-      return await probeLink(context, origin);
+      return await probeLink(context, origin, sizes);
     } catch (e) {
       if (attempt >= attempts) throw e;
       log(`link probe attempt ${attempt} failed (${(e as Error).message.split('\n')[0]}); trying again`);
@@ -84,12 +92,7 @@ function withTimeout<T>(work: Promise<T>, ms: number, what: string): Promise<T> 
   return Promise.race([work, timeout]).finally(() => clearTimeout(timer));
 }
 
-async function probeLink(
-  context: BrowserContext,
-  origin: string,
-  sizes = [256 << 10, 1 << 20, 4 << 20, 8 << 20],
-  repeats = 3,
-): Promise<LinkReport> {
+async function probeLink(context: BrowserContext, origin: string, sizes: number[], repeats = 3): Promise<LinkReport> {
   const [a, b] = [await openProbePage(context, origin), await openProbePage(context, origin)];
   const connect = async () => {
     const offer = await a.evaluate(() => bench.linkOffer());

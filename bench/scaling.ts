@@ -30,7 +30,7 @@ import {
   BENCH_MODEL_FOLDERS,
   BENCH_MODEL_PATH,
 } from './lib.ts';
-import { measureLink, measureThroughput } from './probes.ts';
+import { LINK_PROBE_SIZES, measureLink, measureThroughput } from './probes.ts';
 import { defined } from '../core/defined.ts';
 
 export interface ScalingOptions extends Pick<JobParams, JobFlag> {
@@ -39,6 +39,8 @@ export interface ScalingOptions extends Pick<JobParams, JobFlag> {
   fp16: boolean;
   /** also compare a guided job on one worker with CFG parallel on two */
   cfg: boolean;
+  /** the tab↔tab link probe's transfer sizes, bytes (probes.ts) */
+  linkSizes: number[];
 }
 
 /** 45 frames at 512×512: 12 latent frames × 32 × 32 = 12,288 tokens. */
@@ -52,9 +54,17 @@ export const DEFAULT_SCALING: ScalingOptions = {
   degrees: [1, 2, 3],
   fp16: true,
   cfg: true,
+  linkSizes: LINK_PROBE_SIZES,
 };
 /** `npm run bench -- --smoke`: every path of the bench (P = 1 and 2, float16, CFG parallel) at 16 tokens */
-export const SMOKE_SCALING: Partial<ScalingOptions> = { frames: 1, height: 32, width: 32, steps: 1, degrees: [1, 2] };
+export const SMOKE_SCALING: Partial<ScalingOptions> = {
+  frames: 1,
+  height: 32,
+  width: 32,
+  steps: 1,
+  degrees: [1, 2],
+  linkSizes: [64 << 10, 256 << 10],
+};
 /** the CFG-parallel comparison's job: 13 frames at the bench size (4,096 tokens), guided */
 const CFG_JOB = { frames: 13, guidance: 5 } as const;
 
@@ -90,7 +100,7 @@ export async function runScaling(options: Partial<ScalingOptions> = {}) {
       `probe: ${(throughput.flops / 1e9).toFixed(1)} GFLOP/s per thread (256³ matmul), ` +
         `${(throughput.softmaxRate / 1e9).toFixed(2)} G scores/s (bias + softmax)`,
     );
-    const link = await measureLink(context, swarm.server.url);
+    const link = await measureLink(context, swarm.server.url, o.linkSizes);
     log(
       `probe: link ${(link.fitted.bandwidth / 1e6).toFixed(2)} MB/s, ` +
         `latency ${(link.fitted.latency * 1000).toFixed(1)} ms`,
