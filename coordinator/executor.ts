@@ -2,7 +2,7 @@
 // rank, collective RPC with timeouts, one DiT forward split across ranks, graceful shutdown — and a
 // backend only says how to reach its ranks. What runs where, and how, is decided before an executor
 // exists: the planner's ResolvedPlacement (placement.ts), which it carries out and reads as it is.
-import { usesGuidance } from '../core/job.ts';
+import { passesPerStep } from '../core/job.ts';
 import type { WanConfig } from '../core/model/config.ts';
 import type { Transport } from '../core/net/channel.ts';
 import { ContractError } from '../core/net/check.ts';
@@ -903,7 +903,7 @@ export abstract class Executor {
     guidance: number,
     memory?: StepCacheMemory,
   ): Promise<{ velocity: Float32Array; ranks: RankReport[] }> {
-    const passes = usesGuidance({ guidance }) ? 2 : 1;
+    const passes = passesPerStep({ guidance });
     const modes = this.cacheModes(at, passes);
     if (modes) await this.rebuildResiduals(at.step, modes, memory);
     if (passes === 1) {

@@ -25,17 +25,22 @@ const PROBE_BYTES = 512 * 1024;
  */
 const PROBE_TIMEOUT_MS = 120_000;
 
-export async function measureWorker(
-  worker: {
-    api: Pick<Remote<WorkerApi>, 'probeCompute' | 'probeLink'>;
-    info: Pick<WorkerInfo, 'ep' | 'softwareAdapter' | 'threads' | 'nativeDevice'>;
-  },
-  timeoutMs = PROBE_TIMEOUT_MS,
-): Promise<WorkerMeasurement> {
+type MeasuredWorker = {
+  api: Pick<Remote<WorkerApi>, 'probeCompute' | 'probeLink'>;
+  info: Pick<WorkerInfo, 'ep' | 'softwareAdapter' | 'threads' | 'nativeDevice'>;
+};
+
+/**
+ * The EPs a worker is probed on as it joins: WebAssembly, and WebGPU on a GPU. A software adapter (SwiftShader,
+ * llvmpipe) is never what 'auto' takes, and its probe costs seconds of compiling shaders on the CPU, so its WebGPU is
+ * probed only for a job that asks for WebGPU (withEpMeasured).
+ */
+const probedAtJoin = (info: MeasuredWorker['info']): ExecutionProvider[] =>
+  info.ep === 'webgpu' && !info.softwareAdapter ? ['wasm', 'webgpu'] : ['wasm'];
+
+export async function measureWorker(worker: MeasuredWorker, timeoutMs = PROBE_TIMEOUT_MS): Promise<WorkerMeasurement> {
   const compute: WorkerMeasurement['compute'] = {};
-  for (const ep of worker.info.ep === 'webgpu' ? (['wasm', 'webgpu'] as const) : (['wasm'] as const)) {
-    compute[ep] = await worker.api.probeCompute({ ep }, timeoutMs);
-  }
+  for (const ep of probedAtJoin(worker.info)) compute[ep] = await worker.api.probeCompute({ ep }, timeoutMs);
   const roundTrip = async (payload: Float32Array) => {
     const start = performance.now();
     await worker.api.probeLink({ payload }, timeoutMs);
@@ -49,5 +54,23 @@ export async function measureWorker(
     auto: fastestEp(compute, worker.info.softwareAdapter, worker.info.nativeDevice),
     rttMs,
     bandwidth: PROBE_BYTES / (Math.max(largeMs - rttMs, 0.5) / 1000),
+  };
+}
+
+/** Whether the worker has `ep` and `measurement` has no probe of it (a software WebGPU adapter before a job asks). */
+export const lacksProbe = (info: MeasuredWorker['info'], m: WorkerMeasurement, ep: ExecutionProvider): boolean =>
+  !m.compute[ep] && (ep === 'wasm' || info.ep === 'webgpu');
+
+/** `measurement` with the worker probed on `ep` too where it lacks that probe (lacksProbe), else `measurement`. */
+export async function withEpMeasured(
+  worker: MeasuredWorker,
+  measurement: WorkerMeasurement,
+  ep: ExecutionProvider,
+  timeoutMs = PROBE_TIMEOUT_MS,
+): Promise<WorkerMeasurement> {
+  if (!lacksProbe(worker.info, measurement, ep)) return measurement;
+  return {
+    ...measurement,
+    compute: { ...measurement.compute, [ep]: await worker.api.probeCompute({ ep }, timeoutMs) },
   };
 }

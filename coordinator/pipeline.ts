@@ -4,7 +4,7 @@
 // a worker lost in any phase (its text encoder layers, placing, a step, its VAE tiles) costs a
 // re-placement on the live workers, not the job (Placer: one rule for all of them).
 import { defined } from '../core/defined.ts';
-import { DEFAULT_MODEL_URL, jobParams, latentShape, usesGuidance, type JobParams } from '../core/job.ts';
+import { DEFAULT_MODEL_URL, jobParams, latentShape, passesPerStep, usesGuidance, type JobParams } from '../core/job.ts';
 import { parseWanConfig, type WanConfig } from '../core/model/config.ts';
 import { fetchModelFiles, readJson } from '../core/model/files.ts';
 import { openTransformer, TRANSFORMER_CONFIG } from '../core/model/transformer.ts';
@@ -481,16 +481,11 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
         recoveryMs: failures.reduce((t, f) => t + f.replanMs, 0),
         rebalances,
         spotChecks,
-        cache: cacheReport(
-          executor.placement.cache,
-          denoised.cacheForwards,
-          params.steps,
-          usesGuidance(params) ? 2 : 1,
-        ),
+        cache: cacheReport(executor.placement.cache, denoised.cacheForwards, params.steps, passesPerStep(params)),
         spotCheckOdds: spotCheckOdds(
           executor.placement.spotChecks.rate,
           params.steps,
-          usesGuidance(params) ? 2 : 1,
+          passesPerStep(params),
           // who may recompute a forward: every rank, or with pipeline stages a stage's holders
           executor.layout.stageHolders(0).length,
         ),

@@ -10,7 +10,7 @@ import type { WanConfig } from '../core/model/config.ts';
 import { MISSING_PARTS, MissingPart } from '../core/model/wan-pipeline.ts';
 import { defined } from '../core/defined.ts';
 import { fitMeshProbe, type LinkSpeed } from '../core/cost-model.ts';
-import { usesGuidance, type JobParams } from '../core/job.ts';
+import { passesPerStep, type JobParams } from '../core/job.ts';
 import { bytesPerElement } from '../core/net/protocol.ts';
 import { evenHeads } from '../core/parallel.ts';
 import type { MeshProbe, WeightType } from '../core/worker-api.ts';
@@ -307,7 +307,7 @@ export class Placer {
     if (!shouldRebalance(this.job.judged, this.job.rebalances.length, stepsLeft)) return null;
     const started = performance.now();
     // each worker's forward at an even share, as the steps measured it: what the planner shares heads by
-    const passes = usesGuidance(prepared.params) ? 2 : 1;
+    const passes = passesPerStep(prepared.params);
     this.measurements.setRehearsal(
       groupOn(this.planning, prepared.params, executor),
       layout.ulyssesDegree,
@@ -516,12 +516,12 @@ export class Placer {
     placedStepCache(this.planning, request);
     const waitFor = workersToWaitFor(this.planning, request, params);
     const workers = await this.liveWorkers(maxWorld === undefined ? waitFor : 1);
-    if (maxWorld === undefined) await swarm.measuredNow();
+    if (maxWorld === undefined) await swarm.measuredNow(request.ep);
     let rehearsalError: string | undefined;
     // a re-placement predicts from what was rehearsed before: recovery does not wait for rehearsals
     if (maxWorld === undefined) {
       for (const needed of rehearsalsNeeded(this.planning, input(workers))) {
-        const failed = await this.rehearse(needed, loras, request.weightType);
+        const failed = await this.rehearse(needed, params, loras, request.weightType);
         if (!failed) continue;
         const lost = await this.lostWorkers(needed.workers, failed.workers);
         if (!lost.length) {
@@ -547,6 +547,7 @@ export class Placer {
    */
   private async rehearse(
     { group, workers, degrees }: RehearsalNeeded<SwarmWorker>,
+    params: JobParams,
     loras: LoraRef[],
     weightType: WeightType | undefined,
   ): Promise<{ workers: SwarmWorker[]; error: Error; detectedAt: number } | null> {
@@ -563,6 +564,7 @@ export class Placer {
               latentShape: group.shape,
               textTokens,
               degrees,
+              forwards: params.steps * passesPerStep(params),
               ...(loras.length && { loras }),
               ...(weightType && { weightType }),
             },

@@ -19,7 +19,7 @@ import {
   type StepPrediction,
   type Workload,
 } from '../core/cost-model.ts';
-import { latentShape, usesGuidance, type JobParams } from '../core/job.ts';
+import { latentShape, passesPerStep, usesGuidance, type JobParams } from '../core/job.ts';
 import type { WanConfig } from '../core/model/config.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
 import { bytesPerElement, type DType } from '../core/net/protocol.ts';
@@ -386,7 +386,7 @@ export function rankOrder<W extends Pick<PlanningWorker, 'measurement'>>(workers
 function workloadOf(ctx: PlannerContext, params: JobParams): Workload {
   const { config, textTokens } = ctx;
   const tokens = tokenGrid(config, latentShape(params, config.inChannels)).count;
-  return { model: config, tokens, textTokens, passes: usesGuidance(params) ? 2 : 1 };
+  return { model: config, tokens, textTokens, passes: passesPerStep(params) };
 }
 
 /** A group of workers running a job's shape: what rehearsals and measured steps are kept under. */

@@ -44,11 +44,12 @@ import {
   BROWSER_ID_KEY,
   checkPulse,
   WORKER_CONTRACT,
+  type ExecutionProvider,
   type WorkerInfo,
   type WorkerPulse,
   type WorkerRemote,
 } from '../core/worker-api.ts';
-import { measureWorker, type WorkerMeasurement } from './measure.ts';
+import { lacksProbe, measureWorker, withEpMeasured, type WorkerMeasurement } from './measure.ts';
 import { Emitter } from '../core/events.ts';
 import { Accusations } from './accusations.ts';
 
@@ -368,15 +369,16 @@ export class Swarm {
   }
 
   /**
-   * Once each worker's measurement is for the threads it has now: a worker whose share of its
-   * machine's cores changed (its heartbeat says so) since it was measured is measured again, and
-   * one being measured again is waited for. A worker's first measurement is not waited for.
+   * Once each worker's measurement is for the threads it has now, and covers `ep` where a job asks for one: a worker
+   * whose share of its machine's cores changed (its heartbeat says so) since it was measured is measured again, one
+   * with a software WebGPU adapter is probed on it for a WebGPU job (measure.ts), and one being measured is waited
+   * for. A worker's first measurement is not waited for.
    */
-  async measuredNow(): Promise<void> {
+  async measuredNow(ep: ExecutionProvider | 'auto' = 'auto'): Promise<void> {
     await Promise.all(
       this.workers()
         .filter((w) => w.measurement)
-        .map((w) => this.measure(w)),
+        .map((w) => this.measure(w, ep)),
     );
   }
 
@@ -396,14 +398,17 @@ export class Swarm {
   }
 
   /**
-   * Measures a worker (coordinator/measure.ts) unless its measurement is for the threads it has
-   * now; one measurement of a worker at a time.
+   * Measures a worker (coordinator/measure.ts) unless its measurement is for the threads it has now and covers `ep`;
+   * one measurement of a worker at a time (one asked for during another waits for it, then measures what it lacks).
    */
-  private measure(w: SwarmWorker): Promise<void> {
+  private measure(w: SwarmWorker, ep: ExecutionProvider | 'auto' = 'auto'): Promise<void> {
     const running = this.measuring.get(w.id);
-    if (running) return running;
-    if (w.measurement?.threads === w.info.threads) return Promise.resolve();
-    const run = measureWorker(w)
+    if (running) return ep === 'auto' ? running : running.then(() => this.measure(w, ep));
+    const last = w.measurement;
+    const current = last?.threads === w.info.threads ? last : null;
+    if (current && (ep === 'auto' || !lacksProbe(w.info, current, ep))) return Promise.resolve();
+    const run = (current ? Promise.resolve(current) : measureWorker(w))
+      .then((m) => (ep === 'auto' ? m : withEpMeasured(w, m, ep)))
       .then(
         (m) => {
           w.measurement = m;

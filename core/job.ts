@@ -142,3 +142,5 @@ export function latentShape(p: Pick<JobParams, 'frames' | 'height' | 'width'>, c
 
 /** Classifier-free guidance needs an unconditional pass only when it changes the result. */
 export const usesGuidance = (p: Pick<JobParams, 'guidance'>): boolean => p.guidance !== 1;
+/** the forward passes of a step: two (conditional and unconditional) under guidance */
+export const passesPerStep = (p: Pick<JobParams, 'guidance'>): 1 | 2 => (usesGuidance(p) ? 2 : 1);

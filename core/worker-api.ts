@@ -344,6 +344,8 @@ export interface RehearseArgs extends Omit<LoadArgs, 'blocks'> {
   /** rows of the text embedding the cross-attention reads */
   textTokens: number;
   degrees: number[];
+  /** the forwards the job computes (steps × passes): a cold engine is warmed up for no more (rank/rehearsal.ts) */
+  forwards: number;
 }
 
 /**
@@ -686,6 +688,7 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
       latentShape: shape,
       textTokens: int(1, 1 << 16),
       degrees: list(int(1, MAX_RANKS), { min: 1, max: 16 }),
+      forwards: int(1, 1 << 20),
     }),
     reply: fields({ forwardMs: list(ms, { min: 1, max: 16 }) }),
   },

@@ -21,8 +21,9 @@ const BUDGET_MS = 1_000;
  * first few dozen forwards speed up severalfold, and a rehearsal timed cold predicts neither the
  * job's first steps nor its last. So a new engine's first rehearsal runs WARM_FORWARDS forwards
  * (one block each where a forward is long), for WARM_MS at most, before it times any: the job after
- * it then runs warm from its first step. (Forwards stopping getting faster is no sign: they vary
- * from one to the next on a busy machine while they still speed up.)
+ * it then runs warm from its first step. A job of fewer forwards is warmed up for its own number of
+ * forwards: more would cost it more than its cold steps do. (Forwards stopping getting faster is no
+ * sign: they vary from one to the next on a busy machine while they still speed up.)
  */
 const WARM_FORWARDS = 24;
 const WARM_MS = 6_000;
@@ -52,7 +53,8 @@ const echoExchange = (plan: UlyssesPlan): Exchange => ({
 
 /**
  * ms of one rank's forward under each Ulysses degree: the median of a few where one is quick, else
- * blocks × one block; on an engine that has not computed yet (`cold`), after warming it up.
+ * blocks × one block; on an engine that has not computed yet (`warmUpFor`: the forwards of the job it
+ * warms up for), after warming it up.
  */
 export async function rehearseForwards(
   cfg: WanConfig,
@@ -60,7 +62,7 @@ export async function rehearseForwards(
   latentShape: number[],
   textTokens: number,
   degrees: number[],
-  cold: boolean,
+  warmUpFor: { forwards: number } | null,
 ): Promise<number[]> {
   if (latentShape[0] !== cfg.inChannels)
     throw new Error(`rehearse needs a latent shape [${cfg.inChannels}, T, H, W], got ${JSON.stringify(latentShape)}`);
@@ -92,7 +94,7 @@ export async function rehearseForwards(
     // counted once per block: a fraction of a per cent of a block there).
     const oneBlockMs = await forward(1);
     const long = oneBlockMs * cfg.numLayers > LONG_MS;
-    if (cold && i === 0) await warmUp(() => forward(long ? 1 : cfg.numLayers));
+    if (warmUpFor && i === 0) await warmUp(() => forward(long ? 1 : cfg.numLayers), warmUpFor.forwards);
     forwardMs.push(
       long ? cfg.numLayers * (await forward(1)) : await medianSample(() => forward(cfg.numLayers), RUNS, BUDGET_MS),
     );
@@ -108,10 +110,14 @@ const WARM_LATENT = [2, 8, 8];
  * the weights are in, so the first job's rehearsal times warm forwards at once instead of warming up first.
  */
 export async function warmUpEngine(cfg: WanConfig, stages: DeviceStageRunner, textTokens: number): Promise<void> {
-  await rehearseForwards(cfg, stages, [cfg.inChannels, ...WARM_LATENT], textTokens, [1], true);
+  await rehearseForwards(cfg, stages, [cfg.inChannels, ...WARM_LATENT], textTokens, [1], { forwards: WARM_FORWARDS });
 }
 
-async function warmUp(forward: () => Promise<unknown>): Promise<void> {
+/** Whether a warm-up for a job of `forwards` leaves an engine warm for any job (WARM_FORWARDS). */
+export const warmsFully = (forwards: number): boolean => forwards >= WARM_FORWARDS;
+
+async function warmUp(forward: () => Promise<unknown>, jobForwards: number): Promise<void> {
   const started = performance.now();
-  for (let n = 0; n < WARM_FORWARDS && performance.now() - started < WARM_MS; n++) await forward();
+  const forwards = Math.min(WARM_FORWARDS, jobForwards);
+  for (let n = 0; n < forwards && performance.now() - started < WARM_MS; n++) await forward();
 }

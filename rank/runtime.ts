@@ -39,7 +39,7 @@ import type {
 } from '../core/worker-api.ts';
 import type { EngineApi, EngineInfo } from './engine.ts';
 import { probeMesh, PROBE_FLOATS } from './mesh-probe.ts';
-import { rehearseForwards, warmUpEngine } from './rehearsal.ts';
+import { rehearseForwards, warmsFully, warmUpEngine } from './rehearsal.ts';
 import {
   exchangePhase,
   ExchangePhase,
@@ -319,7 +319,7 @@ export class WorkerRuntime implements WorkerApi {
     return { ep: info.ep, loadMs: info.loadMs };
   }
 
-  async rehearse({ modelUrl, ep, latentShape, textTokens, degrees, loras = [], weightType }: RehearseArgs) {
+  async rehearse({ modelUrl, ep, latentShape, textTokens, degrees, forwards, loras = [], weightType }: RehearseArgs) {
     if (this.state === 'computing')
       throw new Error('rehearse while a job is computing on this worker: rehearse between jobs');
     const { info } = await this.load({ modelUrl, ep, loras, weightType });
@@ -327,8 +327,10 @@ export class WorkerRuntime implements WorkerApi {
     const before = { state: this.state, detail: this.detail };
     const cold = this.coldEngine(engine, "before timing the job's forwards");
     try {
-      const forwardMs = await rehearseForwards(info.config, this.engine, latentShape, textTokens, degrees, cold);
-      this.warmEngine = engine;
+      const warmUpFor = cold ? { forwards } : null;
+      const forwardMs = await rehearseForwards(info.config, this.engine, latentShape, textTokens, degrees, warmUpFor);
+      // warmed up for a short job only, it is warmed up again for the next job's rehearsal
+      if (!cold || warmsFully(forwards)) this.warmEngine = engine;
       return { forwardMs };
     } finally {
       // the engine holds one model: the one this rank's placement loaded (its stage's blocks, its adapters) comes back

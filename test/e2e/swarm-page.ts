@@ -5,9 +5,8 @@ import { chromiumArgs, chromiumExecutable, WEBGPU_ARG } from '../../server/chrom
 
 /**
  * For a spec whose jobs all compute on WASM (`test.use(WASM_ONLY_BROWSER)`): its browser has no
- * WebGPU adapter, so each worker tab that joins is measured on WASM alone, as a page without WebGPU
- * is; a software adapter's probe would cost every tab seconds for an EP none of its jobs uses. The
- * WebGPU paths run in the specs that ask for them (foundation, webgpu, vae, dashboard).
+ * WebGPU adapter, as a browser without WebGPU is, and starts no GPU process. The WebGPU paths run in
+ * the specs that ask for them (foundation, webgpu, vae, dashboard).
  */
 /**
  * The tests CI runs (`npm run test:e2e`): one focused test of each part across tabs, a few minutes in all; the rest run

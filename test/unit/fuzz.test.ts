@@ -578,7 +578,14 @@ describe('hostile arguments to every worker method', () => {
       exchangeEvidence: { args: { job: 5, step: 0, pass: 0 }, runtimeRefuses: false },
       recomputeExchanges: { args: { ...executable, job: 99, heads: [1, 1], headGroups: 1 }, runtimeRefuses: true },
       rehearse: {
-        args: { modelUrl: '/models/tiny-wan', ep: 'wasm', latentShape: [15, 1, 14, 10], textTokens: 4, degrees: [1] },
+        args: {
+          modelUrl: '/models/tiny-wan',
+          ep: 'wasm',
+          latentShape: [15, 1, 14, 10],
+          textTokens: 4,
+          degrees: [1],
+          forwards: 1,
+        },
         runtimeRefuses: true,
       },
       preload: { args: { modelUrl: '/models/tiny-wan' }, runtimeRefuses: false },
@@ -629,7 +636,10 @@ describe('hostile arguments to every worker method', () => {
       ['initWorker', { rank: 0, world: 1, peers: ['a'], session: 's' }], // no settings
       ['probeLink', { payload: new Float32Array((1 << 20) + 1) }],
       ['loadModel', { modelUrl: 'x'.repeat(5000), ep: 'wasm' }],
-      ['rehearse', { modelUrl: '/models/tiny-wan', ep: 'wasm', latentShape: LATENT, textTokens: 4, degrees: [5] }], // 5 does not divide the heads
+      [
+        'rehearse',
+        { modelUrl: '/models/tiny-wan', ep: 'wasm', latentShape: LATENT, textTokens: 4, degrees: [5], forwards: 1 },
+      ], // 5 does not divide the heads
       [
         'rehearse',
         {
@@ -638,6 +648,7 @@ describe('hostile arguments to every worker method', () => {
           latentShape: [16, 1 << 10, 1 << 10, 1 << 10],
           textTokens: 4,
           degrees: [1],
+          forwards: 1,
         },
       ], // 2^28 tokens: nothing is allocated for them
       // valid arguments hidden behind an own __proto__ key must not be read through it

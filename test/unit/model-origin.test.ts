@@ -58,7 +58,14 @@ describe('a worker runtime asked for a folder its page refuses', () => {
     const refusal = 'this worker reads model folders from http://localhost:5173 only, not http://evil.example';
     await expect(runtime.loadModel({ modelUrl: evil, ep: 'wasm' })).rejects.toThrow(refusal);
     await expect(
-      runtime.rehearse({ modelUrl: evil, ep: 'wasm', latentShape: [16, 1, 2, 2], textTokens: 4, degrees: [1] }),
+      runtime.rehearse({
+        modelUrl: evil,
+        ep: 'wasm',
+        latentShape: [16, 1, 2, 2],
+        textTokens: 4,
+        degrees: [1],
+        forwards: 1,
+      }),
     ).rejects.toThrow(refusal);
     await expect(
       runtime.encodeText({ modelUrl: evil, ep: 'wasm', from: 0, to: 1, tokens: 1, hidden: new Float32Array(4) }),

@@ -124,7 +124,8 @@ function testSwarm() {
         describe: answer('describe', () => ({ ...worker.info, threads: worker.share })),
         probeCompute: answer('probeCompute', (a: { ep: 'wasm' | 'webgpu' }) => ({
           ep: a.ep,
-          flops: 1e9 * worker.share,
+          // a software adapter's rate on WebGPU: what its probe says where one is asked for
+          flops: (a.ep === 'webgpu' ? 0.2e9 : 1e9) * worker.share,
           softmaxRate: 1e8 * worker.share,
           stageMs: 2 / worker.share,
         })),
@@ -1403,6 +1404,26 @@ describe('the cost model sees what the workers measured', () => {
     expect(software.auto).toEqual({ ep: 'wasm', why: 'WASM: 21.3 GFLOP/s (WebGPU: a software adapter)' });
   });
 
+  it('probes a software WebGPU adapter only for a job that asks for WebGPU, and plans that job with its rates', async () => {
+    const { swarm, join } = testSwarm();
+    const [software] = join(1);
+    software.info = { ...software.info, ep: 'webgpu', softwareAdapter: true };
+    software.measurement = await measureWorker(software);
+    expect(callsOf(software, 'probeCompute').map((c) => (c.args as { ep: string }).ep)).toEqual(['wasm']);
+    await placerOn(swarm).place(unguided, ask({ ep: 'wasm' }));
+    await placerOn(swarm).place(unguided, ask());
+    expect(callsOf(software, 'probeCompute')).toHaveLength(1);
+    const { placement } = await placerOn(swarm).place(unguided, ask({ ep: 'webgpu' }));
+    expect(callsOf(software, 'probeCompute').map((c) => (c.args as { ep: string }).ep)).toEqual(['wasm', 'webgpu']);
+    expect(measurementOf(software).compute.webgpu?.flops).toBe(0.2e9);
+    // planned on the adapter's own rate, not WASM's
+    const wasmOnly = await placerOn(swarm).place(unguided, ask({ ep: 'wasm' }));
+    expect(predicted(placement).oneWorkerStepMs).not.toBe(predicted(wasmOnly.placement).oneWorkerStepMs);
+    // and not probed again
+    await placerOn(swarm).place(unguided, ask({ ep: 'webgpu' }));
+    expect(callsOf(software, 'probeCompute')).toHaveLength(2);
+  });
+
   it("plans with each plan's forward as rehearsed on the workers it would run on, all at once, and rehearses a shape once", async () => {
     const { swarm, join } = testSwarm();
     const workers = join(2, measured(fast));
@@ -1420,6 +1441,7 @@ describe('the cost model sees what the workers measured', () => {
       latentShape: shape,
       textTokens: 16,
       degrees,
+      forwards: guided.steps * 2, // a cold engine warms up for no more forwards than the job's (two a step, guided)
     });
     // one group of one worker (degree 1), one of two at once (degree 1 for CFG parallel, and 2)
     expect(rehearsals).toEqual([[args([1]), args([1, 2])], [args([1, 2])]]);

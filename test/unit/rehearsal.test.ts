@@ -60,10 +60,22 @@ function recording(stages: DeviceStageRunner) {
   };
 }
 
+/** one token: a new engine's warm-up forwards are quick on it */
+const WARM_UP_SHAPE = [16, 1, 2, 2];
+/** a job of more forwards than a warm-up's (24): warmed up in full */
+const LONG_JOB = 50;
+/** a rehearsal that warms a new engine up (for a long job), on one token */
+const WARM_UP_JOB = {
+  modelUrl: 'tiny',
+  ep: 'wasm' as const,
+  latentShape: WARM_UP_SHAPE,
+  textTokens: 4,
+  degrees: [1],
+  forwards: LONG_JOB,
+};
+
 describe('a rehearsal', () => {
   const shape = [16, 1, 14, 10]; // 35 tokens: padded at degrees 2 and 3
-  /** one token: a new engine's warm-up forwards are quick on it */
-  const WARM_UP_SHAPE = [16, 1, 2, 2];
 
   it('makes exactly the stage calls of a rank of a job at each degree, and times each', async () => {
     const cfg = model.config;
@@ -108,7 +120,7 @@ describe('a rehearsal', () => {
 
       const rehearsal = recording(referenceStages(model));
       const runtime = new WorkerRuntime(stubEngine(rehearsal.stages, cfg), wasmHooks());
-      await runtime.rehearse({ modelUrl: 'tiny', ep: 'wasm', latentShape: WARM_UP_SHAPE, textTokens: 4, degrees: [1] }); // the engine's warm-up, on one token
+      await runtime.rehearse(WARM_UP_JOB); // the engine's warm-up, on one token
       rehearsal.calls.length = 0;
       const { forwardMs } = await runtime.rehearse({
         modelUrl: 'tiny',
@@ -116,6 +128,7 @@ describe('a rehearsal', () => {
         latentShape: shape,
         textTokens: 4,
         degrees: [degree],
+        forwards: LONG_JOB,
       });
       expect(forwardMs).toHaveLength(1);
       expect(forwardMs[0]).toBeGreaterThan(0);
@@ -144,15 +157,31 @@ describe('a rehearsal', () => {
       )) as typeof warming.attention,
     };
     const runtime = new WorkerRuntime(stubEngine(cold, model.config), wasmHooks());
-    const args = { modelUrl: 'tiny', ep: 'wasm' as const, latentShape: WARM_UP_SHAPE, textTokens: 4, degrees: [1] };
-    const [first] = (await runtime.rehearse(args)).forwardMs;
+    const [first] = (await runtime.rehearse(WARM_UP_JOB)).forwardMs;
     // a one-block forward, 24 whole ones to warm up, then those timed
     expect(calls).toBeGreaterThan(1 + 24 * model.config.numLayers);
     const before = calls;
-    const [again] = (await runtime.rehearse(args)).forwardMs; // warm: no warm-up
+    const [again] = (await runtime.rehearse(WARM_UP_JOB)).forwardMs; // warm: no warm-up
     expect(calls - before).toBeLessThan(24 * model.config.numLayers);
     // a cold attention call in the timed forwards would add 150 ms
     expect(first).toBeLessThan(again + 100);
+  });
+
+  it("warms a new engine up for no more forwards than the job computes, and again for the next job's rehearsal after a short one", async () => {
+    const { calls, stages } = recording(referenceStages(model));
+    const runtime = new WorkerRuntime(stubEngine(stages, model.config), wasmHooks());
+    /** the forwards a rehearsal ran: a one-block one, the warm-up's, then 1 to 6 timed (core/median.ts's) */
+    const forwardsOf = async (forwards: number) => {
+      calls.length = 0;
+      await runtime.rehearse({ ...WARM_UP_JOB, forwards });
+      return calls.filter((c) => c.startsWith('embed')).length;
+    };
+    const short = await forwardsOf(10);
+    expect(short).toBeGreaterThanOrEqual(1 + 10 + 1);
+    expect(short).toBeLessThanOrEqual(1 + 10 + 6);
+    expect(await forwardsOf(10)).toBeGreaterThanOrEqual(1 + 10 + 1); // still not warm for a longer job
+    expect(await forwardsOf(LONG_JOB)).toBeGreaterThanOrEqual(1 + 24 + 1); // a warm-up's 24 at most
+    expect(await forwardsOf(LONG_JOB)).toBeLessThanOrEqual(1 + 6); // warm: none
   });
 
   it('of a long forward is one block after a warm-up block, times the blocks', async () => {
@@ -166,7 +195,7 @@ describe('a rehearsal', () => {
       )) as typeof stages.preAttention,
     };
     const runtime = new WorkerRuntime(stubEngine(slowed, model.config), wasmHooks());
-    await runtime.rehearse({ modelUrl: 'tiny', ep: 'wasm', latentShape: WARM_UP_SHAPE, textTokens: 4, degrees: [1] }); // the engine's warm-up
+    await runtime.rehearse(WARM_UP_JOB); // the engine's warm-up
     [slow, calls.length] = [true, 0];
     const { forwardMs } = await runtime.rehearse({
       modelUrl: 'tiny',
@@ -174,6 +203,7 @@ describe('a rehearsal', () => {
       latentShape: shape,
       textTokens: 4,
       degrees: [1],
+      forwards: LONG_JOB,
     });
     // 2 blocks × ≥ 1.1 s would pass 2 s: two one-block forwards, no whole one
     expect(calls.map((c) => c.slice(0, c.indexOf('('))).join(' ')).toBe(
@@ -193,14 +223,14 @@ describe('a rehearsal', () => {
     const runtime = new WorkerRuntime(engine, wasmHooks());
     await runtime.initWorker({ ...EXACT_SETTINGS, rank: 0, world: 1, peers: ['a'], session: 's' });
     await runtime.loadModel({ modelUrl: 'placed', ep: 'wasm' });
-    await runtime.rehearse({ modelUrl: 'placed', ep: 'wasm', latentShape: WARM_UP_SHAPE, textTokens: 4, degrees: [1] });
+    await runtime.rehearse({ ...WARM_UP_JOB, modelUrl: 'placed' });
     expect(loads).toEqual(['placed wasm', 'placed wasm']); // the same model: nothing to put back
-    await runtime.rehearse({ modelUrl: 'other', ep: 'wasm', latentShape: WARM_UP_SHAPE, textTokens: 4, degrees: [1] });
+    await runtime.rehearse({ ...WARM_UP_JOB, modelUrl: 'other' });
     expect(loads).toEqual(['placed wasm', 'placed wasm', 'other wasm', 'placed wasm']);
     runtime.state = 'computing';
-    await expect(
-      runtime.rehearse({ modelUrl: 'placed', ep: 'wasm', latentShape: WARM_UP_SHAPE, textTokens: 4, degrees: [1] }),
-    ).rejects.toThrow('rehearse while a job is computing on this worker');
+    await expect(runtime.rehearse({ ...WARM_UP_JOB, modelUrl: 'placed' })).rejects.toThrow(
+      'rehearse while a job is computing on this worker',
+    );
   });
 
   it("rehearses with the job's adapters, so the job finds its model loaded, and puts them back after one without", async () => {
@@ -219,7 +249,7 @@ describe('a rehearsal', () => {
       refuseModel: (url) => (url.startsWith('http://elsewhere') ? (refused.push(url), 'not from here') : null),
     });
     const loras = [{ url: 'http://here/loras/0/a.safetensors', strength: 0.8 }];
-    const job = { modelUrl: 'http://here/m', ep: 'wasm' as const, latentShape: WARM_UP_SHAPE, textTokens: 4 };
+    const job = { ...WARM_UP_JOB, modelUrl: 'http://here/m' };
     await runtime.initWorker({ ...EXACT_SETTINGS, rank: 0, world: 1, peers: ['a'], session: 's' });
     await runtime.rehearse({ ...job, degrees: [1], loras });
     await runtime.loadModel({ modelUrl: job.modelUrl, ep: 'wasm', loras });
@@ -247,7 +277,7 @@ describe('a rehearsal', () => {
       ),
     };
     const runtime = new WorkerRuntime(engine, wasmHooks());
-    const job = { modelUrl: 'http://here/m', ep: 'wasm' as const, latentShape: WARM_UP_SHAPE, textTokens: 4 };
+    const job = { ...WARM_UP_JOB, modelUrl: 'http://here/m' };
     await runtime.initWorker({ ...EXACT_SETTINGS, rank: 0, world: 1, peers: ['a'], session: 's' });
     await runtime.rehearse({ ...job, degrees: [1], weightType: 'float16' });
     await runtime.loadModel({ modelUrl: job.modelUrl, ep: 'wasm', weightType: 'float16' });
@@ -260,7 +290,7 @@ describe('a rehearsal', () => {
 
   it('refuses a degree the heads do not allow, a latent of the wrong channels and more tokens than any video, before computing', async () => {
     const runtime = new WorkerRuntime(stubEngine(referenceStages(model), model.config), wasmHooks());
-    const args = { modelUrl: 'tiny', ep: 'wasm' as const, latentShape: shape, textTokens: 4 };
+    const args = { modelUrl: 'tiny', ep: 'wasm' as const, latentShape: shape, textTokens: 4, forwards: LONG_JOB };
     await expect(runtime.rehearse({ ...args, degrees: [13] })).rejects.toThrow(/13/);
     await expect(runtime.rehearse({ ...args, latentShape: [15, 2, 7, 5], degrees: [1] })).rejects.toThrow(
       'rehearse needs a latent shape [16, T, H, W], got [15,2,7,5]',
@@ -298,7 +328,7 @@ describe("a model's download", () => {
       'ready: model loaded on wasm in 0 ms (WASM: asked for by the job); weights: none read',
     ]);
     states.length = 0;
-    await runtime.rehearse({ modelUrl: 'big', ep: 'wasm', latentShape: [16, 1, 2, 2], textTokens: 4, degrees: [1] });
+    await runtime.rehearse({ ...WARM_UP_JOB, modelUrl: 'big' });
     expect(states.at(-1)).toBe('ready: model loaded on wasm in 0 ms (WASM: asked for by the job); weights: none read');
     expect(runtime.state).toBe('ready');
   });
@@ -317,7 +347,7 @@ describe('a preloaded worker', () => {
     expect(states.findIndex((s) => s.includes('model preloaded on wasm'))).toBeGreaterThan(warmed);
     states.length = 0;
     await runtime.initWorker({ ...EXACT_SETTINGS, rank: 0, world: 1, peers: ['a'], session: 's' });
-    await runtime.rehearse({ modelUrl: 'big', ep: 'wasm', latentShape: [16, 1, 2, 2], textTokens: 4, degrees: [1] });
+    await runtime.rehearse({ ...WARM_UP_JOB, modelUrl: 'big' });
     expect(states.filter((s) => s.includes('warming up'))).toEqual([]);
   });
 
@@ -328,7 +358,7 @@ describe('a preloaded worker', () => {
       onState: (s, d) => states.push(`${s}: ${d}`),
     });
     await runtime.initWorker({ ...EXACT_SETTINGS, rank: 0, world: 1, peers: ['a'], session: 's' });
-    await runtime.rehearse({ modelUrl: 'big', ep: 'wasm', latentShape: [16, 1, 2, 2], textTokens: 4, degrees: [1] });
+    await runtime.rehearse({ ...WARM_UP_JOB, modelUrl: 'big' });
     expect(states.filter((s) => s.includes('warming up'))).toEqual([
       "initialized: warming up its engine (wasm on 1 thread) before timing the job's forwards",
     ]);
