@@ -1,7 +1,8 @@
 // Reader and writer of the safetensors format (8-byte little-endian header length, JSON header,
 // raw little-endian data), the format of diffusers' checkpoints. Every dtype is widened to float32
 // when read; a writer stores float32 values as F32, or narrowed to BF16 or F16 (rounded to nearest even).
-// A small file is read whole; a large one by its header, then tensor by tensor (readTensor).
+// A small file is read whole; a large one by its header, then tensor by tensor (readTensor) or a run of neighbouring
+// tensors at a time (readTensorRun).
 
 import { defined } from './defined.ts';
 import type { Tensor } from './tensor.ts';
@@ -126,16 +127,57 @@ export async function readSafetensorsHeader(files: ByteRanges, file: string): Pr
   return entries;
 }
 
+/** a tensor of a file that ended before it did, `held` of its bytes read */
+const truncated = (entry: TensorEntry, held: number) =>
+  new SafetensorsError(
+    `${entry.file}: tensor "${entry.name}" needs bytes [${entry.begin}, ${entry.end}) ` +
+      `but the file holds ${held} of them: truncated? fetch it again`,
+  );
+
 /** One tensor read by its byte range and widened to float32; a file that ends early is named. */
 export async function readTensor(files: ByteRanges, entry: TensorEntry): Promise<Tensor> {
   const raw = await files.readRange(entry.file, entry.begin, entry.end);
-  if (raw.byteLength !== entry.end - entry.begin) {
-    throw new SafetensorsError(
-      `${entry.file}: tensor "${entry.name}" needs bytes [${entry.begin}, ${entry.end}) ` +
-        `but the file holds ${raw.byteLength} of them: truncated? fetch it again`,
-    );
-  }
+  if (raw.byteLength !== entry.end - entry.begin) throw truncated(entry, raw.byteLength);
   return { shape: entry.shape, data: widen(raw, entry.dtype, true) };
+}
+
+/**
+ * The most bytes one read of neighbouring tensors asks for (tensorRuns): a model of many small tensors (norms and
+ * biases between its matrices) costs a request per run, not per tensor; a tensor larger than this is a run alone.
+ */
+export const RUN_BYTES = 4 << 20;
+
+/**
+ * `entries` in runs of neighbours, each read with one request (readTensorRun): tensors that lie end to end in one
+ * file, in its order, up to `maxBytes` a run.
+ */
+export function tensorRuns(entries: readonly TensorEntry[], maxBytes = RUN_BYTES): TensorEntry[][] {
+  const sorted = [...entries].sort((a, b) => (a.file === b.file ? a.begin - b.begin : a.file < b.file ? -1 : 1));
+  const runs: TensorEntry[][] = [];
+  for (const entry of sorted) {
+    const run = runs.at(-1);
+    const last = run?.at(-1);
+    if (run && last && last.file === entry.file && last.end === entry.begin && entry.end - run[0].begin <= maxBytes)
+      run.push(entry);
+    else runs.push([entry]);
+  }
+  return runs;
+}
+
+/** A run's tensors (tensorRuns) read by one byte range, each widened to float32 as readTensor does. */
+export async function readTensorRun(files: ByteRanges, run: readonly TensorEntry[]): Promise<Tensor[]> {
+  if (run.length === 1) return [await readTensor(files, run[0])];
+  const [first, last] = [run[0], defined(run.at(-1), 'a run')];
+  const raw = await files.readRange(first.file, first.begin, last.end);
+  return run.map((entry) => {
+    if (raw.byteLength < entry.end - first.begin)
+      throw truncated(entry, Math.max(0, first.begin + raw.byteLength - entry.begin));
+    // copied out: a tensor of its own buffer, which nothing else of the run keeps alive
+    return {
+      shape: entry.shape,
+      data: widen(raw.subarray(entry.begin - first.begin, entry.end - first.begin), entry.dtype),
+    };
+  });
 }
 
 /**

@@ -1,5 +1,5 @@
 import { defined } from '../defined.ts';
-import { readTensor, type TensorMap } from '../safetensors.ts';
+import { readTensorRun, tensorRuns, type TensorMap } from '../safetensors.ts';
 import { allBlocks, checkBlockRange, holdsTensor, type BlockRange } from './blocks.ts';
 import { openCheckpoint, type Checkpoint } from './checkpoint.ts';
 import { checkWeights, parseWanConfig, type WanConfig } from './config.ts';
@@ -27,10 +27,11 @@ export async function openTransformer(files: ModelFiles): Promise<{ config: WanC
 }
 
 /**
- * Loads a diffusers WanTransformer3DModel folder, single-file or sharded: the config and every
- * shard's header are checked against each other before a weight is read (openTransformer), then the weights are read
- * tensor by tensor and widened to float32. With `blocks`, only a pipeline stage's tensors are read
- * (blocks.ts): the rest of the checkpoint is never fetched.
+ * Loads a diffusers WanTransformer3DModel folder, single-file or sharded: the config and every shard's header are
+ * checked against each other before a weight is read (openTransformer), then the weights are read a run of
+ * neighbouring tensors at a time (one request each: a model's norms and biases do not cost a request apiece) and
+ * widened to float32. With `blocks`, only a pipeline stage's tensors are read (blocks.ts): the rest of the checkpoint
+ * is never fetched.
  */
 export async function loadTransformer(
   files: ModelFiles,
@@ -43,13 +44,14 @@ export async function loadTransformer(
   const total = held.reduce((sum, t) => sum + t.end - t.begin, 0);
   const weights: TensorMap = new Map();
   let loaded = 0;
-  // a few reads in flight: one request at a time leaves a page's link idle between tensors
-  const queue = [...held];
+  // a few reads in flight: one request at a time leaves a page's link idle between them
+  const queue = tensorRuns(held);
   const reader = async () => {
     try {
-      for (let entry = queue.shift(); entry; entry = queue.shift()) {
-        weights.set(entry.name, await readTensor(files, entry));
-        onProgress?.((loaded += entry.end - entry.begin), total);
+      for (let run = queue.shift(); run; run = queue.shift()) {
+        const tensors = await readTensorRun(files, run);
+        run.forEach((entry, i) => weights.set(entry.name, tensors[i]));
+        onProgress?.((loaded += run.reduce((sum, e) => sum + e.end - e.begin, 0)), total);
       }
     } catch (e) {
       queue.length = 0; // one read failed: the other readers stop rather than read on after the load

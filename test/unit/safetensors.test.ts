@@ -1,7 +1,17 @@
 import { describe, expect, it } from 'vitest';
 import { defined } from '../../core/defined.ts';
 import { SeededRandom } from '../../core/random.ts';
-import { readSafetensors, writeSafetensors, SafetensorsError } from '../../core/safetensors.ts';
+import {
+  readSafetensors,
+  readSafetensorsHeader,
+  readTensor,
+  readTensorRun,
+  tensorRuns,
+  writeSafetensors,
+  SafetensorsError,
+  type ByteRanges,
+  type TensorEntry,
+} from '../../core/safetensors.ts';
 
 function rawFile(header: object, data: Uint8Array): Uint8Array {
   const json = new TextEncoder().encode(JSON.stringify(header));
@@ -136,5 +146,63 @@ describe('safetensors from a Node Buffer', () => {
     const bytes = writeSafetensors(new Map([['w', { shape: [3], data: Float32Array.of(1, 2, 3) }]]));
     const pooled = Buffer.from(bytes); // small Buffers are views into Node's shared pool
     expect([...defined(readSafetensors(pooled, 'pooled.st').get('w'), 'w').data]).toEqual([1, 2, 3]);
+  });
+});
+
+describe('a run of neighbouring tensors', () => {
+  /** a file of `sizes` float32 tensors, t0 first, and its bytes as a server gives them, counting the requests */
+  const fileOf = (sizes: number[], bytes?: (file: Uint8Array) => Uint8Array) => {
+    const random = new SeededRandom(5);
+    const tensors = new Map(sizes.map((n, i) => [`t${i}`, { shape: [n], data: random.normals(n) }]));
+    const file = writeSafetensors(tensors);
+    const served = bytes?.(file) ?? file;
+    const requests: [number, number][] = [];
+    const files: ByteRanges = {
+      readRange: (_path, begin, end) => (requests.push([begin, end]), Promise.resolve(served.slice(begin, end))),
+    };
+    return { tensors, files, requests };
+  };
+  const entry = (name: string, begin: number, end: number, file = 'a'): TensorEntry => ({
+    name,
+    file,
+    dtype: 'F32',
+    shape: [(end - begin) / 4],
+    begin,
+    end,
+  });
+
+  it('is the tensors that lie end to end in one file, in its order, up to the bytes a read may ask for', () => {
+    const names = (runs: TensorEntry[][]) => runs.map((run) => run.map((e) => e.name).join(''));
+    const [a, b, c, d] = [entry('a', 0, 40), entry('b', 40, 80), entry('c', 80, 200), entry('d', 204, 208)];
+    expect(names(tensorRuns([c, a, d, b], 1000))).toEqual(['abc', 'd']); // sorted; a gap ends a run
+    expect(names(tensorRuns([a, b, c], 80))).toEqual(['ab', 'c']); // at most 80 bytes a run
+    expect(names(tensorRuns([a, b, c], 79))).toEqual(['a', 'b', 'c']);
+    expect(names(tensorRuns([entry('x', 0, 400), entry('y', 400, 440)], 100))).toEqual(['x', 'y']); // x alone
+    expect(names(tensorRuns([a, entry('e', 40, 80, 'b')], 1000))).toEqual(['a', 'e']); // another file
+  });
+
+  it('reads each run with one request, each tensor the values readTensor reads, in a buffer of its own', async () => {
+    const { tensors, files, requests } = fileOf([3, 5, 7, 2]);
+    const entries = await readSafetensorsHeader(files, 'a');
+    requests.length = 0;
+    const runs = tensorRuns(entries);
+    expect(runs).toHaveLength(1);
+    const read = await readTensorRun(files, runs[0]);
+    expect(requests).toHaveLength(1);
+    runs[0].forEach((e, i) => {
+      expect(read[i].shape).toEqual(e.shape);
+      expect(read[i].data).toEqual(defined(tensors.get(e.name), e.name).data);
+      expect(read[i].data.buffer.byteLength).toBe(read[i].data.byteLength);
+    });
+    const alone = await readTensorRun(files, [entries[1]]);
+    expect(alone[0].data).toEqual((await readTensor(files, entries[1])).data);
+  });
+
+  it('read from a file cut short names the first tensor it lacks, as readTensor does', async () => {
+    const { files } = fileOf([3, 5, 7], (file) => file.subarray(0, file.byteLength - 10));
+    const entries = await readSafetensorsHeader(fileOf([3, 5, 7]).files, 'a');
+    await expect(readTensorRun(files, tensorRuns(entries)[0])).rejects.toThrow(
+      /^a: tensor "t2" needs bytes \[\d+, \d+\) but the file holds 18 of them: truncated\? fetch it again$/,
+    );
   });
 });
