@@ -180,6 +180,39 @@ export async function readTensorRun(files: ByteRanges, run: readonly TensorEntry
   });
 }
 
+/** a few reads in flight: one request at a time leaves a page's link idle between them */
+const READS_IN_FLIGHT = 4;
+
+/**
+ * The tensors of `entries` by name, in their order, read a run of neighbours at a time (tensorRuns) with a few reads in
+ * flight; `onProgress` hears the bytes read of all of them. A read that fails fails them all, and stops the rest.
+ */
+export async function readTensors(
+  files: ByteRanges,
+  entries: readonly TensorEntry[],
+  onProgress?: (loaded: number, total: number) => void,
+): Promise<TensorMap> {
+  const total = entries.reduce((sum, e) => sum + e.end - e.begin, 0);
+  const read = new Map<string, Tensor>();
+  let loaded = 0;
+  const queue = tensorRuns(entries);
+  const reader = async () => {
+    try {
+      for (let run = queue.shift(); run; run = queue.shift()) {
+        const tensors = await readTensorRun(files, run);
+        run.forEach((entry, i) => read.set(entry.name, tensors[i]));
+        onProgress?.((loaded += run.reduce((sum, e) => sum + e.end - e.begin, 0)), total);
+      }
+    } catch (e) {
+      queue.length = 0;
+      throw e;
+    }
+  };
+  await Promise.all(Array.from({ length: READS_IN_FLIGHT }, reader));
+  // in the entries' order, not the order the reads finished in
+  return new Map(entries.map(({ name }) => [name, defined(read.get(name), name)]));
+}
+
 /**
  * Float32 values of raw little-endian data (every browser and Node host is little-endian). F32 bytes
  * of a buffer the caller owns are viewed in place where aligned; else (a slice of Node's shared

@@ -1,7 +1,7 @@
 // A checkpoint as diffusers and transformers publish it: one `<name>.safetensors`, or shards listed
 // by `<name>.safetensors.index.json` (its weight_map names each tensor's file). Opening one reads the
-// index and every shard's header, nothing more; its tensors are then read one at a time
-// (readTensor), so no shard is ever whole in memory.
+// index and every shard's header, nothing more; its tensors are then read by byte ranges
+// (readTensor, readTensors), so no shard is ever whole in memory.
 import { readSafetensorsHeader, SafetensorsError, type TensorEntry } from '../safetensors.ts';
 import { MissingFile, readJson, type ModelFiles } from './files.ts';
 

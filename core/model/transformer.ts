@@ -1,5 +1,4 @@
-import { defined } from '../defined.ts';
-import { readTensorRun, tensorRuns, type TensorMap } from '../safetensors.ts';
+import { readTensors } from '../safetensors.ts';
 import { allBlocks, checkBlockRange, holdsTensor, type BlockRange } from './blocks.ts';
 import { openCheckpoint, type Checkpoint } from './checkpoint.ts';
 import { checkWeights, parseWanConfig, type WanConfig } from './config.ts';
@@ -11,8 +10,6 @@ export const TRANSFORMER_CONFIG = 'transformer/config.json';
 export const TRANSFORMER_WEIGHTS_NAME = 'diffusion_pytorch_model';
 /** the checkpoint as one file */
 export const TRANSFORMER_WEIGHTS = `transformer/${TRANSFORMER_WEIGHTS_NAME}.safetensors`;
-
-const READS_IN_FLIGHT = 4;
 
 /**
  * A diffusers WanTransformer3DModel folder's config and checkpoint, single-file or sharded, checked against each
@@ -41,25 +38,6 @@ export async function loadTransformer(
   const { config, checkpoint } = await openTransformer(files);
   const range = checkBlockRange(config, blocks ?? allBlocks(config));
   const held = [...checkpoint.tensors.values()].filter((t) => holdsTensor(config, range, t.name));
-  const total = held.reduce((sum, t) => sum + t.end - t.begin, 0);
-  const weights: TensorMap = new Map();
-  let loaded = 0;
-  // a few reads in flight: one request at a time leaves a page's link idle between them
-  const queue = tensorRuns(held);
-  const reader = async () => {
-    try {
-      for (let run = queue.shift(); run; run = queue.shift()) {
-        const tensors = await readTensorRun(files, run);
-        run.forEach((entry, i) => weights.set(entry.name, tensors[i]));
-        onProgress?.((loaded += run.reduce((sum, e) => sum + e.end - e.begin, 0)), total);
-      }
-    } catch (e) {
-      queue.length = 0; // one read failed: the other readers stop rather than read on after the load
-      throw e;
-    }
-  };
-  await Promise.all(Array.from({ length: READS_IN_FLIGHT }, reader));
-  // in the checkpoint's order, not the order the reads finished in
-  const ordered = held.map(({ name }) => [name, defined(weights.get(name), name)] as const);
-  return { config, weights: new Map(ordered), ...(blocks ? { blocks: range } : {}) };
+  const weights = await readTensors(files, held, onProgress);
+  return { config, weights, ...(blocks ? { blocks: range } : {}) };
 }

@@ -16,7 +16,7 @@
 //   - norms are F.normalize over channels · √C · γ; attention is one head over a frame's pixels.
 // Tensors here are frame-major, [frames, channels, height, width]: every 2D operation is per frame.
 
-import { readTensor, type TensorMap } from '../safetensors.ts';
+import { readTensors, type TensorMap } from '../safetensors.ts';
 import { sizeOf, type Tensor } from '../tensor.ts';
 import { openCheckpoint } from './checkpoint.ts';
 import { checkShapes, ModelConfigError } from './config.ts';
@@ -410,16 +410,11 @@ export async function openWanVae(files: ModelFiles): Promise<WanVaeCheckpoint> {
   return {
     config,
     decoderBytes: [...entries.values()].reduce((n, e) => n + e.end - e.begin, 0),
-    async decoderTensors(names, onProgress) {
-      const asked = [...entries].filter(([name]) => !names || names.includes(name));
-      const total = asked.reduce((n, [, e]) => n + e.end - e.begin, 0);
-      const tensors: TensorMap = new Map();
-      let loaded = 0;
-      for (const [name, entry] of asked) {
-        tensors.set(name, await readTensor(files, entry));
-        onProgress?.((loaded += entry.end - entry.begin), total);
-      }
-      return tensors;
-    },
+    decoderTensors: (names, onProgress) =>
+      readTensors(
+        files,
+        [...entries.values()].filter((e) => !names || names.includes(e.name)),
+        onProgress,
+      ),
   };
 }
