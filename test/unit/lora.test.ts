@@ -540,6 +540,9 @@ describe("a job's adapters", () => {
   it('read a strength only where one follows the last colon', () => {
     expect(parseLoraFlag('a.safetensors:1e-1')).toEqual({ url: 'a.safetensors', strength: 0.1 });
     expect(parseLoraFlag('a.safetensors:+2.5E+0')).toEqual({ url: 'a.safetensors', strength: 2.5 });
+    // an exponent's sign may be left out, and it may have more than one digit
+    expect(parseLoraFlag('a.safetensors:2e0')).toEqual({ url: 'a.safetensors', strength: 2 });
+    expect(parseLoraFlag('a.safetensors:50e-02')).toEqual({ url: 'a.safetensors', strength: 0.5 });
     expect(parseLoraFlag(':0.5')).toEqual({ url: ':0.5', strength: 1 });
     expect(parseLoraFlag('a:b.safetensors')).toEqual({ url: 'a:b.safetensors', strength: 1 });
     expect(parseLoraFlag('a.safetensors:0.5x')).toEqual({ url: 'a.safetensors:0.5x', strength: 1 });
