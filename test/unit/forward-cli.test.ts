@@ -128,6 +128,28 @@ describe('npm run forward', () => {
     await expect(readFile(join(dir, 'p5.safetensors'))).rejects.toThrow(/ENOENT/);
   });
 
+  it('a LoRA for another model exits 1 with a message naming its key, no stack trace', async () => {
+    const adapter = new Map([
+      ['diffusion_model.vision.lora_down.weight', { shape: [1, 4], data: new Float32Array(4) }],
+    ]);
+    await writeFile(join(dir, 'other-model.safetensors'), writeSafetensors(adapter));
+
+    const run = await forward(
+      '--input',
+      join(dir, 'in.safetensors'),
+      '--output',
+      join(dir, 'never.safetensors'),
+      '--backend',
+      'reference',
+      '--lora',
+      join(dir, 'other-model.safetensors'),
+    );
+    expect(run.code).toBe(1);
+    expect(run.stderr).toContain('"diffusion_model.vision.lora_down.weight" names no module of this transformer');
+    expect(run.stderr).not.toMatch(/\n\s+at /);
+    expect(run.stdout).toBe('');
+  });
+
   it('an input without timestep exits 1 with a message naming it and the tensors the file has, no stack trace', async () => {
     const tensors = await read('in.safetensors');
     tensors.delete('timestep');
