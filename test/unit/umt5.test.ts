@@ -1,4 +1,4 @@
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -10,6 +10,7 @@ import {
   isUmt5Config,
   openUmt5,
   parseUmt5Config,
+  readTokenRows,
   relativePositionBuckets,
   runLayers,
   TEXT_ENCODER_CONFIG,
@@ -21,7 +22,9 @@ import {
   type Umt5Checkpoint,
   type Umt5Config,
   type Umt5LayerFn,
+  type Umt5LayerWeights,
 } from '../../core/model/umt5.ts';
+import { readSafetensorsHeader, type ByteRanges } from '../../core/safetensors.ts';
 import { onnxUmt5Layers } from '../../rank/umt5-layers.ts';
 import { folderFiles, writeCheckpoint } from '../../server/model-folder.ts';
 import { WAN21_T2V_1_3B } from '../../server/wan21-layout.ts';
@@ -76,14 +79,6 @@ async function writeEncoder(
   );
   writeFileSync(join(folder, 'text_encoder/config.json'), JSON.stringify(config));
 }
-
-beforeAll(async () => {
-  dir = mkdtempSync(join(tmpdir(), 'ditswarm-umt5-'));
-  await writeEncoder(dir, CONFIG);
-  encoder = await openUmt5(folderFiles(dir));
-  cfg = encoder.config;
-});
-afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
 describe("umT5's config and names, as Wan2.1's folders publish them", () => {
   it("the published text_encoder/config.json reads as umT5-XXL; its files and tensors are found by transformers' names", () => {
@@ -164,6 +159,16 @@ describe("umT5's relative-position buckets", () => {
 });
 
 describe('the umT5 encoder layer', () => {
+  // here, not at the file's top: a file-level hook that fails fails no test in Stryker's count (the tests are
+  // skipped), so a mutant that broke it would look alive
+  beforeAll(async () => {
+    dir = mkdtempSync(join(tmpdir(), 'ditswarm-umt5-'));
+    await writeEncoder(dir, CONFIG);
+    encoder = await openUmt5(folderFiles(dir));
+    cfg = encoder.config;
+  });
+  afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
   it('on ONNX equals the plain-TS reference within 1e-4 relative, for prompts of 1, 7 and 40 tokens', async () => {
     const onnx = await onnxUmt5Layers(cfg, 'wasm');
     const layer = await encoder.layer(1);
@@ -214,6 +219,64 @@ describe('the umT5 encoder layer', () => {
           .filter(([name]) => name.startsWith('encoder.block.1.'))
           .reduce((n, [, shape]) => n + shape.reduce((a, b) => a * b, 1), 0),
     );
+  });
+
+  it("reads each distinct id's row once; a row the file holds too little of is named by its id", async () => {
+    const files = folderFiles(dir);
+    const shard = readdirSync(join(dir, 'text_encoder'))
+      .filter((f) => f.endsWith('.safetensors'))
+      .sort()[0];
+    const header = await readSafetensorsHeader(files, `text_encoder/${shard}`);
+    const embedding = defined(
+      header.find((e) => e.name === TOKEN_EMBEDDING),
+      TOKEN_EMBEDDING,
+    );
+    const reads: number[] = [];
+    const counted: ByteRanges = {
+      readRange: (file, begin, end) => (reads.push(begin), files.readRange(file, begin, end)),
+    };
+    const d = cfg.dModel;
+    const rows = await readTokenRows(counted, embedding, [5, 7, 5, 5]);
+    expect(reads).toHaveLength(2);
+    expect(rows.subarray(2 * d, 3 * d)).toEqual(rows.subarray(0, d));
+    const short: ByteRanges = { readRange: async (...range) => (await files.readRange(...range)).subarray(1) };
+    await expect(readTokenRows(short, embedding, [3])).rejects.toThrow(`tensor "${TOKEN_EMBEDDING}[3]" needs bytes`);
+  });
+
+  it('attends alike under a position bias shifted by a constant: its softmax subtracts the largest score, so a bias of +500 (exp past float64) changes nothing', async () => {
+    const layer = await encoder.layer(1);
+    const T = 5;
+    const hidden = new SeededRandom(9).normals(T * cfg.dModel);
+    const buckets = relativePositionBuckets(T, cfg.numBuckets, cfg.maxDistance);
+    const plain = umt5LayerReference(cfg, layer, hidden, buckets);
+    const shifted = umt5LayerReference(
+      cfg,
+      { ...layer, positionBias: layer.positionBias.map((b) => b + 500) },
+      hidden,
+      buckets,
+    );
+    const scale = plain.reduce((m, v) => Math.max(m, Math.abs(v)), 0);
+    // float32's step at 500 (6e-5) is what the shifted bias loses
+    expect(maxAbsDiff(shifted, plain) / scale).toBeLessThan(1e-3);
+  });
+
+  it("asks for the next layer's weights while the one before it computes", async () => {
+    const heard: string[] = [];
+    await runLayers(
+      { from: 0, to: 3 },
+      new Float32Array(cfg.dModel),
+      relativePositionBuckets(1, 32, 128),
+      (i) => {
+        heard.push(`read ${i}`);
+        return Promise.resolve({} as Umt5LayerWeights);
+      },
+      async (_, h) => {
+        heard.push('run');
+        await new Promise((resolve) => setTimeout(resolve, 1));
+        return h;
+      },
+    );
+    expect(heard).toEqual(['read 0', 'read 1', 'run', 'read 2', 'run', 'run']);
   });
 
   it("opens a folder that also holds transformers' tied copy of the token embedding (encoder.embed_tokens.weight)", async () => {
