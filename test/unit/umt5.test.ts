@@ -138,6 +138,8 @@ describe("umT5's config and names, as Wan2.1's folders publish them", () => {
         expect(refused({ ...CONFIG, [key]: bad })).toThrow(
           `te/config.json: ${key} must be a positive integer, got ${JSON.stringify(bad)}`,
         );
+    // 4 is the fewest: an exact and a log-spaced bucket each way
+    expect(parseUmt5Config({ ...CONFIG, relative_attention_num_buckets: 4 }, 'c').numBuckets).toBe(4);
     expect(refused({ ...CONFIG, relative_attention_num_buckets: 30 })).toThrow(
       'te/config.json: relative_attention_num_buckets must be a multiple of 4, got 30',
     );
