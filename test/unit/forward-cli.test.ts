@@ -24,6 +24,15 @@ async function forward(...args: string[]): Promise<{ code: number; stdout: strin
   }
 }
 
+/** What `npm run forward` says as it refuses `args`: it exits 1, writes nothing to stdout and shows no stack trace. */
+async function refusal(...args: string[]): Promise<string> {
+  const run = await forward(...args);
+  expect(run.code).toBe(1);
+  expect(run.stderr).not.toMatch(/\n\s+at /);
+  expect(run.stdout).toBe('');
+  return run.stderr;
+}
+
 /** The line `npm run forward` prints: backend, Ulysses degree, output file, peak resident GiB. */
 const SUMMARY_LINE = new RegExp(
   String.raw`^forward: sample \[1,16,2,6,10\] t=\d+ in \d+ ms on (.+), ulysses (\d+) → (.+); ` +
@@ -109,7 +118,7 @@ describe('npm run forward', () => {
   });
 
   it('--ulysses is read: more ranks than the 12 heads exits 1 saying what it allows, and writes nothing', async () => {
-    const run = await forward(
+    const stderr = await refusal(
       '--input',
       join(dir, 'in.safetensors'),
       '--output',
@@ -119,12 +128,9 @@ describe('npm run forward', () => {
       '--ulysses',
       '13',
     );
-    expect(run.code).toBe(1);
-    expect(run.stderr).toContain(
+    expect(stderr).toContain(
       "forward: ulyssesDegree 13 is not a whole number of ranks from 1 to the model's 12 heads (each rank takes at least one)",
     );
-    expect(run.stderr).not.toMatch(/\n\s+at /);
-    expect(run.stdout).toBe('');
     await expect(readFile(join(dir, 'p5.safetensors'))).rejects.toThrow(/ENOENT/);
   });
 
@@ -134,7 +140,7 @@ describe('npm run forward', () => {
     ]);
     await writeFile(join(dir, 'other-model.safetensors'), writeSafetensors(adapter));
 
-    const run = await forward(
+    const stderr = await refusal(
       '--input',
       join(dir, 'in.safetensors'),
       '--output',
@@ -144,10 +150,7 @@ describe('npm run forward', () => {
       '--lora',
       join(dir, 'other-model.safetensors'),
     );
-    expect(run.code).toBe(1);
-    expect(run.stderr).toContain('"diffusion_model.vision.lora_down.weight" names no module of this transformer');
-    expect(run.stderr).not.toMatch(/\n\s+at /);
-    expect(run.stdout).toBe('');
+    expect(stderr).toContain('"diffusion_model.vision.lora_down.weight" names no module of this transformer');
   });
 
   it('an input without timestep exits 1 with a message naming it and the tensors the file has, no stack trace', async () => {
@@ -155,7 +158,7 @@ describe('npm run forward', () => {
     tensors.delete('timestep');
     await writeFile(join(dir, 'no-timestep.safetensors'), writeSafetensors(tensors));
 
-    const run = await forward(
+    const stderr = await refusal(
       '--input',
       join(dir, 'no-timestep.safetensors'),
       '--output',
@@ -163,11 +166,8 @@ describe('npm run forward', () => {
       '--backend',
       'reference',
     );
-    expect(run.code).toBe(1);
-    expect(run.stderr).toContain('no tensor "timestep"');
-    expect(run.stderr).toContain('hidden_states [1,16,2,6,10]');
-    expect(run.stderr).toContain('encoder_hidden_states [1,32,64]');
-    expect(run.stderr).not.toMatch(/\n\s+at /);
-    expect(run.stdout).toBe('');
+    expect(stderr).toContain('no tensor "timestep"');
+    expect(stderr).toContain('hidden_states [1,16,2,6,10]');
+    expect(stderr).toContain('encoder_hidden_states [1,32,64]');
   });
 });
