@@ -124,3 +124,60 @@ describe("wan-vae.ts's layout of the published Wan2.1 VAE", () => {
     expect(params).toBe(126_892_531);
   });
 });
+
+describe("parseWanVaeConfig: Wan2.1's AutoencoderKLWan config, and what it refuses", () => {
+  const published = { ...TINY_VAE_CONFIG, base_dim: 96 };
+  const refused = (change: Record<string, unknown>) => () => parseWanVaeConfig({ ...published, ...change }, 'v.json');
+
+  it("reads the published config, and takes diffusers' defaults where a field is absent", () => {
+    const cfg = parseWanVaeConfig(published, 'v.json');
+    expect(cfg).toMatchObject({
+      baseDim: 96,
+      decoderBaseDim: 96,
+      zDim: 16,
+      dimMult: [1, 2, 4, 4],
+      numResBlocks: 2,
+      temporalDownsample: [false, true, true],
+    });
+    expect([cfg.latentsMean.length, cfg.latentsStd.length]).toEqual([16, 16]);
+    const { base_dim, z_dim, dim_mult, num_res_blocks, temperal_downsample, ...bare } = published;
+    expect([base_dim, z_dim, dim_mult, num_res_blocks, temperal_downsample]).toEqual([
+      96,
+      16,
+      [1, 2, 4, 4],
+      2,
+      [false, true, true],
+    ]);
+    expect(parseWanVaeConfig(bare, 'v.json')).toEqual(cfg);
+    expect(parseWanVaeConfig({ ...published, decoder_base_dim: 48 }, 'v.json').decoderBaseDim).toBe(48);
+  });
+
+  it('refuses a config it cannot decode, naming the file, the field and what Wan2.1 has', () => {
+    expect(refused({ is_residual: true })).toThrow("v.json: is_residual is true (Wan2.2's VAE)");
+    expect(refused({ patch_size: 2 })).toThrow("v.json: patch_size 2 (Wan2.2's VAE)");
+    expect(refused({ scale_factor_temporal: 8 })).toThrow("v.json: scale_factor_temporal is 8; Wan2.1's VAE has 4");
+    expect(refused({ scale_factor_spatial: 16 })).toThrow("v.json: scale_factor_spatial is 16; Wan2.1's VAE has 8");
+    expect(refused({ in_channels: 4 })).toThrow("v.json: in_channels is 4; Wan2.1's VAE has 3");
+    expect(refused({ out_channels: 1 })).toThrow("v.json: out_channels is 1; Wan2.1's VAE has 3");
+    for (const bad of [0, 1.5, '96'])
+      expect(refused({ base_dim: bad })).toThrow(
+        `v.json: base_dim must be a whole number ≥ 1, got ${JSON.stringify(bad)}`,
+      );
+    expect(refused({ base_dim: 95 })).toThrow('v.json: base widths must be even');
+    expect(refused({ decoder_base_dim: 47 })).toThrow('got 47');
+    for (const bad of [[1, 2, 4], [1, 2, 0, 4], 'x'])
+      expect(refused({ dim_mult: bad })).toThrow(`v.json: dim_mult must be 4 whole numbers ≥ 1`);
+    expect(refused({ attn_scales: [1] })).toThrow("v.json: attn_scales [1]: Wan2.1's VAE has no attention");
+    expect(refused({ temperal_downsample: [true, true] })).toThrow('v.json: temperal_downsample must be 3 booleans');
+    expect(refused({ temperal_downsample: [true, 1, true] })).toThrow('v.json: temperal_downsample must be 3 booleans');
+    expect(refused({ temperal_downsample: [true, true, true] })).toThrow('halves time 3 times');
+    expect(refused({ latents_mean: Array(15).fill(0) })).toThrow('v.json: latents_mean must be 16 numbers');
+    expect(refused({ latents_std: [...new Array<number>(15).fill(1), Infinity] })).toThrow(
+      'v.json: latents_std must be 16 numbers',
+    );
+    expect(refused({ latents_std: [...new Array<number>(15).fill(1), 0] })).toThrow(
+      'v.json: latents_std must be positive',
+    );
+    expect(() => parseWanVaeConfig(null, 'v.json')).toThrow('v.json: latents_std must be 16 numbers');
+  });
+});
