@@ -1,15 +1,23 @@
-import { mkdtempSync, rmSync } from 'node:fs';
+import { copyFileSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { decoderHeadNames, decoderOutputBound, openWanVae, type WanVaeConfig } from '../../core/model/wan-vae.ts';
+import {
+  decoderHeadNames,
+  decoderOutputBound,
+  decoderWeightShapes,
+  openWanVae,
+  VAE_CONFIG,
+  VAE_WEIGHTS,
+  type WanVaeConfig,
+} from '../../core/model/wan-vae.ts';
 import { decodeTileReference } from '../../core/model/wan-vae-reference.ts';
 import { blendTiles, cutTile, tilesOf } from '../../core/model/wan-vae-tiling.ts';
 import { defined } from '../../core/defined.ts';
 import { SeededRandom } from '../../core/random.ts';
-import { tensorRuns, type TensorMap } from '../../core/safetensors.ts';
+import { tensorRuns, writeSafetensors, type TensorMap } from '../../core/safetensors.ts';
 import { openCheckpoint } from '../../core/model/checkpoint.ts';
-import { maxAbsDiff, type Tensor } from '../../core/tensor.ts';
+import { maxAbsDiff, sizeOf, type Tensor } from '../../core/tensor.ts';
 import { describeLoad, type DecodeTileArgs, type LoadStatus } from '../../core/worker-api.ts';
 import {
   chooseTiling,
@@ -327,6 +335,33 @@ describe("a narrow VAE's folder", () => {
         stride: 96,
         why: "diffusers' 256-pixel tiles need a 192 MiB buffer; the workers allow 128 MiB",
       });
+    });
+  });
+
+  describe('openWanVae', () => {
+    it("counts the decoder's bytes in the file, and reads only the tensors asked for", async () => {
+      const vae = await openWanVae(folderFiles(dir));
+      const params = [...decoderWeightShapes(cfg).values()].reduce((n, shape) => n + sizeOf(shape), 0);
+      expect(vae.decoderBytes).toBe(4 * params);
+      const names = decoderHeadNames(cfg);
+      const head = await vae.decoderTensors(names);
+      expect([...head.keys()].sort()).toEqual([...names].sort());
+      names.forEach((name) => expect(head.get(name)?.data).toEqual(tensors.get(name)?.data));
+    });
+
+    it('refuses a vae/ whose file holds only the encoder, saying whose it is not', async () => {
+      const encoderOnly = mkdtempSync(join(tmpdir(), 'ditswarm-vae-encoder-'));
+      try {
+        mkdirSync(join(encoderOnly, 'vae'));
+        copyFileSync(join(dir, VAE_CONFIG), join(encoderOnly, VAE_CONFIG));
+        const conv1 = { shape: [1], data: Float32Array.of(1) };
+        writeFileSync(join(encoderOnly, VAE_WEIGHTS), writeSafetensors(new Map([['encoder.conv1.weight', conv1]])));
+        await expect(openWanVae(folderFiles(encoderOnly))).rejects.toThrow(
+          `${VAE_WEIGHTS} holds no decoder tensors (decoder.*, post_quant_conv.*): it is not AutoencoderKLWan's, as ${VAE_CONFIG} says`,
+        );
+      } finally {
+        rmSync(encoderOnly, { recursive: true, force: true });
+      }
     });
   });
 

@@ -7,7 +7,17 @@
 
 import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
-import { parseWanVaeConfig, wanVaeWeightShapes } from '../../core/model/wan-vae.ts';
+import {
+  cacheBytes,
+  decoderHeadNames,
+  decoderOutputBound,
+  decoderPlan,
+  emptyCaches,
+  framesOfChunk,
+  parseWanVaeConfig,
+  videoFrames,
+  wanVaeWeightShapes,
+} from '../../core/model/wan-vae.ts';
 import { decodeTileReference, decodeWanVaeReference } from '../../core/model/wan-vae-reference.ts';
 import { blendTiles, cutTile, tilesOf } from '../../core/model/wan-vae-tiling.ts';
 import { safetensorsHeader } from '../../core/safetensors.ts';
@@ -179,5 +189,62 @@ describe("parseWanVaeConfig: Wan2.1's AutoencoderKLWan config, and what it refus
       'v.json: latents_std must be positive',
     );
     expect(() => parseWanVaeConfig(null, 'v.json')).toThrow('v.json: latents_std must be 16 numbers');
+  });
+});
+
+describe("the published VAE's frames and caches", () => {
+  const published = parseWanVaeConfig({ ...TINY_VAE_CONFIG, base_dim: 96 }, 'published vae/config.json');
+
+  it('decodes 1 frame from the first latent frame and 4 from each after: 21 latent frames are 81', () => {
+    expect([framesOfChunk(published, true), framesOfChunk(published, false)]).toEqual([1, 4]);
+    expect([1, 2, 21].map((t) => videoFrames(published, t))).toEqual([1, 5, 81]);
+  });
+
+  it("counts a tile's causal caches at the bytes emptyCaches allocates", () => {
+    const plan = decoderPlan(published);
+    for (const [h, w] of [
+      [1, 1],
+      [4, 7],
+      [60, 104],
+    ]) {
+      const allocated = emptyCaches(plan, h, w).reduce((n, f) => n + f.data.byteLength, 0);
+      expect(cacheBytes(plan, h, w)).toBe(allocated);
+    }
+    // more than one cache of the mid-block's 384 channels (2 frames at the latent's size, float32)
+    expect(cacheBytes(plan, 60, 104)).toBeGreaterThan(2 * 384 * 60 * 104 * 4);
+  });
+});
+
+describe("decoderOutputBound: the most the decoder's head can write, from its tensors alone", () => {
+  const cfg = parseWanVaeConfig(TINY_VAE_CONFIG, 'v.json');
+  const [gammaName, weightName, biasName] = decoderHeadNames(cfg);
+  // two channels, 27 taps each, every tap of output o weighing (o+1)·[3, 1] against γ = [2, 0.5]
+  const C = 2;
+  const head = new Map<string, Tensor>([
+    [gammaName, { shape: [C, 1, 1, 1], data: Float32Array.of(2, 0.5) }],
+    [
+      weightName,
+      {
+        shape: [3, C, 3, 3, 3],
+        data: Float32Array.from(
+          { length: 3 * C * 27 },
+          (_, i) => (Math.floor(i / (C * 27)) + 1) * [3, 1][Math.floor(i / 27) % C],
+        ),
+      },
+    ],
+    [biasName, { shape: [3], data: Float32Array.of(-1, 0, 3) }],
+  ]);
+
+  it('is |b[o]| plus, for each tap, √C·‖W[o, :, tap]·γ‖', () => {
+    // each tap of output o: √(2·((o+1)²·(3·2)² + (o+1)²·(1·0.5)²)) = (o+1)·√72.5
+    const expected = [1 + 27 * Math.sqrt(72.5), 2 * 27 * Math.sqrt(72.5), 3 + 3 * 27 * Math.sqrt(72.5)];
+    decoderOutputBound(cfg, head).forEach((b, o) => expect(b).toBeCloseTo(expected[o], 3));
+  });
+
+  it('names a head tensor it was not given', () => {
+    for (const name of [gammaName, weightName, biasName]) {
+      const without = new Map([...head].filter(([n]) => n !== name));
+      expect(() => decoderOutputBound(cfg, without)).toThrow(`the decoder's output bound needs ${name}`);
+    }
   });
 });
