@@ -103,8 +103,7 @@ export function parseWanVaeConfig(json: unknown, source: string): WanVaeConfig {
   };
   const latentsStd = stats('latents_std');
   if (!latentsStd.every((s) => s > 0)) throw fail('latents_std must be positive');
-  const decoderBaseDim =
-    c.decoder_base_dim === undefined || c.decoder_base_dim === null ? baseDim : whole('decoder_base_dim', baseDim);
+  const decoderBaseDim = whole('decoder_base_dim', baseDim);
   for (const dim of [baseDim, decoderBaseDim])
     if (dim % 2) throw fail(`base widths must be even (the decoder halves them before each up-block), got ${dim}`);
   return {
@@ -212,7 +211,7 @@ export function videoFrames(cfg: WanVaeConfig, latentFrames: number): number {
 }
 
 /** A time_conv's weight is [2·dim, dim, 3, 1, 1]; every other 3-kernel conv's [out, in, 3, 3, 3]. */
-function convShape(c: CausalConv, timeConv = false): number[] {
+function convShape(c: CausalConv, timeConv: boolean): number[] {
   return c.kernel === 1
     ? [c.outDim, c.inDim, 1, 1, 1]
     : timeConv

@@ -160,6 +160,14 @@ describe("parseWanVaeConfig: Wan2.1's AutoencoderKLWan config, and what it refus
     ]);
     expect(parseWanVaeConfig(bare, 'v.json')).toEqual(cfg);
     expect(parseWanVaeConfig({ ...published, decoder_base_dim: 48 }, 'v.json').decoderBaseDim).toBe(48);
+    // Wan2.1's values, or null, where a field is given
+    const wan21 = { scale_factor_temporal: 4, scale_factor_spatial: 8, in_channels: 3, out_channels: 3 };
+    expect(parseWanVaeConfig({ ...published, ...wan21, is_residual: false, patch_size: null }, 'v.json')).toEqual(cfg);
+    const nulls = Object.fromEntries([...Object.keys(wan21), 'decoder_base_dim'].map((key) => [key, null]));
+    expect(parseWanVaeConfig({ ...published, ...nulls }, 'v.json')).toEqual(cfg);
+    // the smallest whole numbers where they are read, not the defaults
+    const narrow = { num_res_blocks: 1, z_dim: 8, latents_mean: Array(8).fill(0), latents_std: Array(8).fill(1) };
+    expect(parseWanVaeConfig({ ...published, ...narrow }, 'v.json')).toMatchObject({ numResBlocks: 1, zDim: 8 });
   });
 
   it('refuses a config it cannot decode, naming the file, the field and what Wan2.1 has', () => {
@@ -178,9 +186,14 @@ describe("parseWanVaeConfig: Wan2.1's AutoencoderKLWan config, and what it refus
     for (const bad of [[1, 2, 4], [1, 2, 0, 4], 'x'])
       expect(refused({ dim_mult: bad })).toThrow(`v.json: dim_mult must be 4 whole numbers ≥ 1`);
     expect(refused({ attn_scales: [1] })).toThrow("v.json: attn_scales [1]: Wan2.1's VAE has no attention");
-    expect(refused({ temperal_downsample: [true, true] })).toThrow('v.json: temperal_downsample must be 3 booleans');
+    expect(refused({ temperal_downsample: [true, true] })).toThrow(
+      'v.json: temperal_downsample must be 3 booleans (one per downsampling block), got [true,true]',
+    );
     expect(refused({ temperal_downsample: [true, 1, true] })).toThrow('v.json: temperal_downsample must be 3 booleans');
     expect(refused({ temperal_downsample: [true, true, true] })).toThrow('halves time 3 times');
+    expect(refused({ temperal_downsample: [true, false, false] })).toThrow(
+      "v.json: temperal_downsample [true,false,false] halves time 1 times; Wan2.1's VAE (4 frames a latent) halves it twice",
+    );
     expect(refused({ latents_mean: Array(15).fill(0) })).toThrow('v.json: latents_mean must be 16 numbers');
     expect(refused({ latents_std: [...new Array<number>(15).fill(1), Infinity] })).toThrow(
       'v.json: latents_std must be 16 numbers',
