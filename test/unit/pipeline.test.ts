@@ -774,7 +774,7 @@ describe('WanPipeline on in-process workers', () => {
         await new Promise((closed) => own.close(closed));
       }
     });
-    /** A folder holding only these parts of the tiny model (no model_index.json either), served; removed after `use`. */
+    /** A folder holding only these parts of the tiny model (no model_index.json either), served; gone after `use`. */
     async function withParts(parts: string[], use: (url: string) => Promise<void>) {
       const folder = mkdtempSync(join(tmpdir(), 'ditswarm-parts-'));
       for (const part of parts)
