@@ -24,8 +24,6 @@ const PAGES_DIR = join(OUT_DIR, 'pages');
 export const SMOKE_MODEL_DIR = join(ROOT, 'public/models/tiny-wan');
 /** Where the server serves the bench model: as a folder on its machine, with Range (the loader reads by tensor). */
 export const BENCH_MODEL_PATH = '/models/bench-wan';
-/** the server's `modelFolders` that serve the bench model at BENCH_MODEL_PATH */
-export const BENCH_MODEL_FOLDERS = { [BENCH_MODEL_PATH]: BENCH_MODEL_DIR };
 
 export const log = (line: string) => console.error(`[bench] ${line}`);
 
@@ -124,23 +122,46 @@ export async function transformerSwarm(model: string, workers: number) {
   return { config, promptEmbeds, started, swarm, machineAtStart: machine(swarm.browserVersion) };
 }
 
-/** The bench model's transformer config, after writing the model if it is not there yet. */
-export async function ensureBenchModel(): Promise<WanConfig> {
-  await ensurePreset('bench', BENCH_MODEL_DIR, 'the bench model');
-  const configPath = join(BENCH_MODEL_DIR, 'transformer/config.json');
-  return parseWanConfig(JSON.parse(readFileSync(configPath, 'utf8')), configPath);
+/** The model a section runs on: its folder as reports name it, its transformer config, how the server serves it. */
+/** A section's option: the model folder it runs on (benchModel), bench-wan where not given. */
+export interface OnModel {
+  model?: string;
 }
 
-/** Builds bench/pages (probe page) with Vite into bench/out/pages, served under /bench/. */
+export interface BenchModel {
+  /** the folder, relative to the repository */
+  path: string;
+  config: WanConfig;
+  /** the server's `modelFolders`: the folder at BENCH_MODEL_PATH */
+  modelFolders: Record<string, string>;
+}
+
+/**
+ * A section's model, served at BENCH_MODEL_PATH: bench-wan, written first if it is not there yet, or another folder
+ * of the same layout (smoke runs take the bundled tiny model: the same code paths, in a fraction of the time).
+ */
+export async function benchModel(dir = BENCH_MODEL_DIR): Promise<BenchModel> {
+  if (dir === BENCH_MODEL_DIR) await ensurePreset('bench', BENCH_MODEL_DIR, 'the bench model');
+  const configPath = join(dir, 'transformer/config.json');
+  return {
+    path: relative(ROOT, dir),
+    config: parseWanConfig(JSON.parse(readFileSync(configPath, 'utf8')), configPath),
+    modelFolders: { [BENCH_MODEL_PATH]: dir },
+  };
+}
+
+let benchPages: Promise<unknown> | null = null;
+
+/** Builds bench/pages (probe page) with Vite into bench/out/pages, served under /bench/: once a run. */
 export async function buildBenchPages(): Promise<void> {
-  await build({
+  await (benchPages ??= build({
     configFile: false,
     root: join(ROOT, 'bench/pages'),
     base: '/bench/',
     logLevel: 'warn',
     build: { outDir: PAGES_DIR, emptyOutDir: true, target: 'es2022' },
     worker: { format: 'es' },
-  });
+  }));
 }
 
 const CONTENT_TYPES: Record<string, string> = {

@@ -12,10 +12,11 @@ import { latentShape } from '../core/job.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
 import { startLocalSwarm } from '../server/cli/browser-swarm.ts';
 import {
-  BENCH_MODEL_FOLDERS,
+  SMOKE_MODEL_DIR,
+  type OnModel,
   BENCH_MODEL_PATH,
   buildBenchPages,
-  ensureBenchModel,
+  benchModel,
   isMain,
   log,
   machine,
@@ -39,21 +40,28 @@ export interface OverheadOptions {
 export const DEFAULT_OVERHEAD: OverheadOptions = { frames: 13, height: 512, width: 512, pairs: 5 };
 
 /** `npm run bench -- --smoke`: one pair at 16 tokens */
-export const SMOKE_OVERHEAD: OverheadOptions = { frames: 1, height: 32, width: 32, pairs: 1 };
+export const SMOKE_OVERHEAD: OverheadOptions & OnModel = {
+  model: SMOKE_MODEL_DIR,
+  frames: 1,
+  height: 32,
+  width: 32,
+  pairs: 1,
+};
 
 declare const bench: {
   directLoad(modelUrl: string): Promise<{ loadMs: number }>;
   directForward(latentShape: number[], timestep: number): Promise<{ ms: number; stageMs: Record<string, number> }>;
 };
 
-export async function runLocalOverhead(options: Partial<OverheadOptions> = {}) {
+export async function runLocalOverhead(options: Partial<OverheadOptions> & OnModel = {}) {
   const o = { ...DEFAULT_OVERHEAD, ...options };
-  const model = await ensureBenchModel();
+  const folder = await benchModel(options.model);
+  const model = folder.config;
   await buildBenchPages();
   const shape = latentShape(o, model.inChannels);
   const tokens = tokenGrid(model, shape).count;
-  log(`local overhead: bench-wan, ${tokens} tokens, ${o.pairs} pairs of (local-backend step, direct forward)`);
-  const swarm = await startLocalSwarm({ workers: 0, modelFolders: BENCH_MODEL_FOLDERS, log: (l) => log(l) });
+  log(`local overhead: ${folder.path}, ${tokens} tokens, ${o.pairs} pairs of (local-backend step, direct forward)`);
+  const swarm = await startLocalSwarm({ workers: 0, modelFolders: folder.modelFolders, log: (l) => log(l) });
   const started = Date.now();
   const machineAtStart = machine(swarm.browserVersion);
   try {
@@ -101,7 +109,7 @@ export async function runLocalOverhead(options: Partial<OverheadOptions> = {}) {
       date: new Date(started).toISOString(),
       durationS: round((Date.now() - started) / 1000, 1),
       config: {
-        model: { path: 'bench/out/models/bench-wan', ...model },
+        model: { path: folder.path, ...model },
         tokens,
         latentShape: shape,
         ...o,

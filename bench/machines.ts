@@ -14,7 +14,7 @@ import { join } from 'node:path';
 import { chromium, type BrowserContext, type Page } from '@playwright/test';
 import { chromiumArgs, chromiumExecutable } from '../server/chromium.ts';
 import { startServer } from '../server/serve.ts';
-import { BENCH_MODEL_FOLDERS, serveBenchPages } from './lib.ts';
+import { serveBenchPages, type BenchModel } from './lib.ts';
 
 /** the CFS period: short, so a tab out of its quota waits at most a few ms to answer a peer (unless a bench sets it) */
 export const PERIOD_US = 10_000;
@@ -89,14 +89,14 @@ async function pinnedBrowser(name: string, core: number, group: string | null, d
 
 /**
  * The server, a dashboard on `dashboardCore` and one worker tab on each machine, joined in order
- * (rank order, and a job on fewer workers takes the first), every page served the bench model.
+ * (rank order, and a job on fewer workers takes the first), every page served `model`.
  */
 export async function startMachines(
   machines: Machine[],
-  { dashboardCore = 0, periodUs = PERIOD_US } = {},
+  { model, dashboardCore = 0, periodUs = PERIOD_US }: { model: BenchModel; dashboardCore?: number; periodUs?: number },
 ): Promise<Machines> {
   const dir = mkdtempSync(join(tmpdir(), 'ditswarm-machines-'));
-  const server = await startServer({ port: 0, quiet: true, modelFolders: BENCH_MODEL_FOLDERS });
+  const server = await startServer({ port: 0, quiet: true, modelFolders: model.modelFolders });
   const groups: string[] = [];
   const contexts: BrowserContext[] = [];
   const close = async () => {

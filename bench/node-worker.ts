@@ -12,9 +12,10 @@ import { latentShape, type JobParams } from '../core/job.ts';
 import { startLocalSwarm, type LocalSwarmOptions } from '../server/cli/browser-swarm.ts';
 import { JOB_FLAG_OPTIONS, jobFlagValues, type JobFlag } from '../server/cli/job-flags.ts';
 import {
-  BENCH_MODEL_FOLDERS,
+  SMOKE_MODEL_DIR,
+  type OnModel,
   BENCH_MODEL_PATH,
-  ensureBenchModel,
+  benchModel,
   isMain,
   log,
   machine,
@@ -26,20 +27,27 @@ import {
 import { DEFAULT_SCALING } from './scaling.ts';
 
 /** `npm run bench -- --smoke`: one step at 16 tokens */
-export const SMOKE_NODE_WORKER: Partial<Pick<JobParams, JobFlag>> = { frames: 1, height: 32, width: 32, steps: 1 };
+export const SMOKE_NODE_WORKER: Partial<Pick<JobParams, JobFlag>> & OnModel = {
+  model: SMOKE_MODEL_DIR,
+  frames: 1,
+  height: 32,
+  width: 32,
+  steps: 1,
+};
 
-export async function runNodeWorker(options: Partial<Pick<JobParams, JobFlag>> = {}) {
+export async function runNodeWorker(options: Partial<Pick<JobParams, JobFlag>> & OnModel = {}) {
   const o = { ...DEFAULT_SCALING, ...options };
-  const model = await ensureBenchModel();
+  const folder = await benchModel(options.model);
+  const model = folder.config;
   const tokens = tokenGrid(model, latentShape(o, model.inChannels)).count;
   const cores = availableParallelism();
-  log(`node-worker: bench-wan (D ${model.dim}, ${model.numLayers} blocks), ${tokens} tokens, ${o.steps} steps`);
+  log(`node-worker: ${folder.path} (D ${model.dim}, ${model.numLayers} blocks), ${tokens} tokens, ${o.steps} steps`);
   const started = Date.now();
   const machineAtStart = machine();
 
   /** the job on a swarm of its own of `workers` (its degree: all of them), with what each worker computed on */
   const run = async (label: string, swarmOptions: LocalSwarmOptions, workers: number) => {
-    const swarm = await startLocalSwarm({ ...swarmOptions, modelFolders: BENCH_MODEL_FOLDERS, log });
+    const swarm = await startLocalSwarm({ ...swarmOptions, modelFolders: folder.modelFolders, log });
     try {
       const job: JobOverrides = {
         prompt: 'a red ball bouncing on a wooden floor',
@@ -85,7 +93,7 @@ export async function runNodeWorker(options: Partial<Pick<JobParams, JobFlag>> =
     date: new Date(started).toISOString(),
     durationS: round((Date.now() - started) / 1000, 1),
     config: {
-      model: { path: 'bench/out/models/bench-wan', ...model },
+      model: { path: folder.path, ...model },
       tokens,
       frames: o.frames,
       height: o.height,

@@ -16,7 +16,7 @@ import { startLocalSwarm } from '../server/cli/browser-swarm.ts';
 import { JOB_FLAG_OPTIONS, jobFlagValues, type JobFlag } from '../server/cli/job-flags.ts';
 import {
   buildBenchPages,
-  ensureBenchModel,
+  benchModel,
   isMain,
   latentFromBase64,
   log,
@@ -27,7 +27,8 @@ import {
   versions,
   waitForQuietMachine,
   writeReport,
-  BENCH_MODEL_FOLDERS,
+  SMOKE_MODEL_DIR,
+  type OnModel,
   BENCH_MODEL_PATH,
 } from './lib.ts';
 import { LINK_PROBE_SIZES, measureLink, measureThroughput } from './probes.ts';
@@ -41,6 +42,8 @@ export interface ScalingOptions extends Pick<JobParams, JobFlag> {
   cfg: boolean;
   /** the tab↔tab link probe's transfer sizes, bytes (probes.ts) */
   linkSizes: number[];
+  /** the matmul throughput probe's repeats, whose best is taken (probes.ts) */
+  probeRepeats: number;
 }
 
 /** 45 frames at 512×512: 12 latent frames × 32 × 32 = 12,288 tokens. */
@@ -55,15 +58,18 @@ export const DEFAULT_SCALING: ScalingOptions = {
   fp16: true,
   cfg: true,
   linkSizes: LINK_PROBE_SIZES,
+  probeRepeats: 5,
 };
 /** `npm run bench -- --smoke`: every path of the bench (P = 1 and 2, float16, CFG parallel) at 16 tokens */
-export const SMOKE_SCALING: Partial<ScalingOptions> = {
+export const SMOKE_SCALING: Partial<ScalingOptions> & OnModel = {
+  model: SMOKE_MODEL_DIR,
   frames: 1,
   height: 32,
   width: 32,
   steps: 1,
   degrees: [1, 2],
   linkSizes: [64 << 10, 256 << 10],
+  probeRepeats: 1,
 };
 /** the CFG-parallel comparison's job: 13 frames at the bench size (4,096 tokens), guided */
 const CFG_JOB = { frames: 13, guidance: 5 } as const;
@@ -75,27 +81,28 @@ interface RankReport {
   bytesSent: number;
 }
 
-export async function runScaling(options: Partial<ScalingOptions> = {}) {
+export async function runScaling(options: Partial<ScalingOptions> & OnModel = {}) {
   const o = { ...DEFAULT_SCALING, ...options };
-  const model = await ensureBenchModel();
+  const folder = await benchModel(options.model);
+  const model = folder.config;
   await buildBenchPages();
   const shape = latentShape(o, model.inChannels);
   const tokens = tokenGrid(model, shape).count;
   const workload: Workload = { model, tokens, textTokens: 32, passes: o.guidance !== 1 ? 2 : 1 };
   log(
-    `scaling: bench-wan (D ${model.dim}, ${model.numLayers} blocks), ${tokens} tokens, ${o.steps} steps, ` +
+    `scaling: ${folder.path} (D ${model.dim}, ${model.numLayers} blocks), ${tokens} tokens, ${o.steps} steps, ` +
       `${workload.passes} pass(es)/step, P = ${o.degrees.join(', ')}`,
   );
 
   const workerTabs = Math.max(...o.degrees);
-  const swarm = await startLocalSwarm({ workers: workerTabs, modelFolders: BENCH_MODEL_FOLDERS, log: (l) => log(l) });
+  const swarm = await startLocalSwarm({ workers: workerTabs, modelFolders: folder.modelFolders, log: (l) => log(l) });
   const started = Date.now();
   const machineAtStart = machine(swarm.browserVersion);
   try {
     const context = swarm.dashboard.context();
     await serveBenchPages(context);
     log('probing matmul throughput and the tab↔tab link…');
-    const throughput = await measureThroughput(context, swarm.server.url);
+    const throughput = await measureThroughput(context, swarm.server.url, o.probeRepeats);
     log(
       `probe: ${(throughput.flops / 1e9).toFixed(1)} GFLOP/s per thread (256³ matmul), ` +
         `${(throughput.softmaxRate / 1e9).toFixed(2)} G scores/s (bias + softmax)`,
@@ -266,9 +273,8 @@ export async function runScaling(options: Partial<ScalingOptions> = {}) {
       durationS: round((Date.now() - started) / 1000, 1),
       config: {
         model: {
-          path: 'bench/out/models/bench-wan',
+          path: folder.path,
           servedAs: `${BENCH_MODEL_PATH} (the server, with Range)`,
-          preset: 'make-model --preset bench',
           ...model,
         },
         tokens,

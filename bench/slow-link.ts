@@ -34,7 +34,7 @@ import { MAX_HEAD_GROUPS } from '../core/parallel.ts';
 import {
   BENCH_MODEL_PATH,
   buildBenchPages,
-  ensureBenchModel,
+  benchModel,
   isMain,
   latentFromBase64,
   log,
@@ -186,13 +186,14 @@ function demoAccuracy(
 
 export async function runSlowLink(options: Partial<SlowLinkOptions> = {}) {
   const o = { ...DEFAULT_SLOW_LINK, ...options };
-  const model = await ensureBenchModel();
+  const folder = await benchModel();
+  const model = folder.config;
   await buildBenchPages();
   const tokens = tokenGrid(model, latentShape(o, model.inChannels)).count;
   const target = projectedExchangeRatio();
   const workers = Math.max(...o.degrees, o.guided ? 4 : 1); // the guided runs go to P = 4
   log(
-    `slow-link: bench-wan (D ${model.dim}, ${model.numLayers} blocks), ${tokens} tokens, ${o.steps} steps, ` +
+    `slow-link: ${folder.path} (D ${model.dim}, ${model.numLayers} blocks), ${tokens} tokens, ${o.steps} steps, ` +
       `${workers} machines of ${o.share} of a core; target exchange/compute at P = 2: ${target.ratio.toFixed(2)} ` +
       "(the projection's real model on 20 TFLOP/s over 125 MB/s)",
   );
@@ -201,7 +202,7 @@ export async function runSlowLink(options: Partial<SlowLinkOptions> = {}) {
   // message to its peers and engine would wait for its next one)
   const machines = await startMachines(
     Array.from({ length: workers }, (_, i) => ({ name: `machine-${i}`, core: i % 2, share: o.share })),
-    { periodUs: PERIOD_US },
+    { periodUs: PERIOD_US, model: folder },
   );
   const started = Date.now();
   try {
@@ -390,7 +391,7 @@ export async function runSlowLink(options: Partial<SlowLinkOptions> = {}) {
       date: new Date(started).toISOString(),
       durationS: round((Date.now() - started) / 1000, 1),
       config: {
-        model: { path: 'bench/out/models/bench-wan', ...model },
+        model: { path: folder.path, ...model },
         tokens,
         ...o,
         guidance: [1, GUIDANCE],

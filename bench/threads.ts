@@ -12,9 +12,10 @@ import { latentShape, type JobParams } from '../core/job.ts';
 import { startLocalSwarm } from '../server/cli/browser-swarm.ts';
 import { JOB_FLAG_OPTIONS, jobFlagValues, type JobFlag } from '../server/cli/job-flags.ts';
 import {
-  BENCH_MODEL_FOLDERS,
+  SMOKE_MODEL_DIR,
+  type OnModel,
   BENCH_MODEL_PATH,
-  ensureBenchModel,
+  benchModel,
   isMain,
   log,
   machine,
@@ -31,14 +32,21 @@ const MIN_SPEEDUP = 1.6;
 const MAX_PREDICTION_ERROR = 0.25;
 
 /** `npm run bench -- --smoke`: one step at 16 tokens */
-export const SMOKE_THREADS: Partial<Pick<JobParams, JobFlag>> = { frames: 1, height: 32, width: 32, steps: 1 };
+export const SMOKE_THREADS: Partial<Pick<JobParams, JobFlag>> & OnModel = {
+  model: SMOKE_MODEL_DIR,
+  frames: 1,
+  height: 32,
+  width: 32,
+  steps: 1,
+};
 
-export async function runThreads(options: Partial<Pick<JobParams, JobFlag>> = {}) {
+export async function runThreads(options: Partial<Pick<JobParams, JobFlag>> & OnModel = {}) {
   const o = { ...DEFAULT_SCALING, ...options };
-  const model = await ensureBenchModel();
+  const folder = await benchModel(options.model);
+  const model = folder.config;
   const tokens = tokenGrid(model, latentShape(o, model.inChannels)).count;
-  log(`threads: bench-wan (D ${model.dim}, ${model.numLayers} blocks), ${tokens} tokens, ${o.steps} steps, P = 1`);
-  const swarm = await startLocalSwarm({ workers: 1, modelFolders: BENCH_MODEL_FOLDERS, log });
+  log(`threads: ${folder.path} (D ${model.dim}, ${model.numLayers} blocks), ${tokens} tokens, ${o.steps} steps, P = 1`);
+  const swarm = await startLocalSwarm({ workers: 1, modelFolders: folder.modelFolders, log });
   const started = Date.now();
   const machineAtStart = machine(swarm.browserVersion);
   try {
@@ -89,7 +97,7 @@ export async function runThreads(options: Partial<Pick<JobParams, JobFlag>> = {}
       date: new Date(started).toISOString(),
       durationS: round((Date.now() - started) / 1000, 1),
       config: {
-        model: { path: 'bench/out/models/bench-wan', ...model },
+        model: { path: folder.path, ...model },
         tokens,
         frames: o.frames,
         height: o.height,

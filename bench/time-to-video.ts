@@ -6,7 +6,7 @@
 // held-out accuracy of the demo model with the cache and without (demo/evaluate.ts), in Node. Writes
 // bench/out/time-to-video.json.
 //
-//   npm run bench -- time-to-video [--workers 1] [--thresholds 0.12,0.24] [--seeds 2] [--accuracy true]
+//   npm run bench -- time-to-video [--workers 1] [--thresholds 0.12,0.24] [--seeds 2] [--accuracy true] [--steps 20]
 
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -32,6 +32,8 @@ export interface TimeToVideoOptions {
   /** seeds per held-out prompt in the accuracy runs */
   seeds: number;
   accuracy: boolean;
+  /** the full and cached jobs' steps: the default job's (DEFAULT_JOB) where not given */
+  steps?: number;
 }
 
 export const DEFAULT_TIME_TO_VIDEO: TimeToVideoOptions = {
@@ -41,8 +43,14 @@ export const DEFAULT_TIME_TO_VIDEO: TimeToVideoOptions = {
   accuracy: true,
 };
 
-/** `npm run bench -- --smoke`: one threshold, without the held-out accuracy runs */
-export const SMOKE_TIME_TO_VIDEO: TimeToVideoOptions = { workers: 1, thresholds: [0.24], seeds: 1, accuracy: false };
+/** `npm run bench -- --smoke`: one threshold over 8 steps, without the held-out accuracy runs */
+export const SMOKE_TIME_TO_VIDEO: TimeToVideoOptions = {
+  workers: 1,
+  thresholds: [0.24],
+  seeds: 1,
+  accuracy: false,
+  steps: 8,
+};
 
 const DEMO_DIR = join(ROOT, 'public/models/tiny-wan-demo');
 /** strong enough to move every merged module, small enough to leave the demo model's video recognisable */
@@ -71,6 +79,7 @@ export async function runTimeToVideo(options: Partial<TimeToVideoOptions> = {}) 
   const swarm = await startLocalSwarm({ workers: o.workers, loraFiles: served.loraFiles, log: (l) => log(l) });
   const job: JobOverrides = {
     ...DEFAULT_JOB,
+    steps: o.steps ?? DEFAULT_JOB.steps,
     backend: 'swarm',
     workers: o.workers,
     ep: 'wasm',
@@ -126,7 +135,13 @@ export async function runTimeToVideo(options: Partial<TimeToVideoOptions> = {}) 
     benchmark: 'time-to-video',
     date: new Date().toISOString(),
     durationS: round((Date.now() - started) / 1000, 1),
-    config: { ...o, job: { ...DEFAULT_JOB }, model: 'the bundled demo model', ep: 'wasm', loraStrength: LORA_STRENGTH },
+    config: {
+      ...o,
+      job: { ...DEFAULT_JOB, steps: job.steps },
+      model: 'the bundled demo model',
+      ep: 'wasm',
+      loraStrength: LORA_STRENGTH,
+    },
     machine: machine(),
     runs: runs.map((r) => ({
       ...r,
@@ -183,6 +198,7 @@ export function parseTimeToVideoArgs(args: string[]): Partial<TimeToVideoOptions
       thresholds: { type: 'string' },
       seeds: { type: 'string' },
       accuracy: { type: 'string' },
+      steps: { type: 'string' },
     },
   });
   return {
@@ -190,5 +206,6 @@ export function parseTimeToVideoArgs(args: string[]): Partial<TimeToVideoOptions
     ...(values.thresholds && { thresholds: values.thresholds.split(',').map(Number) }),
     ...(values.seeds && { seeds: Number(values.seeds) }),
     ...(values.accuracy && { accuracy: values.accuracy !== 'false' }),
+    ...(values.steps && { steps: Number(values.steps) }),
   };
 }

@@ -17,7 +17,9 @@ import { DEFAULT_SPOT_CHECK_RATE } from '../coordinator/spot-check.ts';
 import {
   BENCH_MODEL_PATH,
   buildBenchPages,
-  ensureBenchModel,
+  benchModel,
+  SMOKE_MODEL_DIR,
+  type OnModel,
   isMain,
   log,
   machine,
@@ -56,7 +58,8 @@ export const DEFAULT_UNEVEN: UnevenOptions = {
 };
 
 /** `npm run bench -- --smoke`: the same runs at 16 tokens, two steps each, on tabs of a whole core and a half */
-export const SMOKE_UNEVEN: Partial<UnevenOptions> = {
+export const SMOKE_UNEVEN: Partial<UnevenOptions> & OnModel = {
+  model: SMOKE_MODEL_DIR,
   fastShare: 1,
   slowShare: 0.5,
   frames: 1,
@@ -65,23 +68,27 @@ export const SMOKE_UNEVEN: Partial<UnevenOptions> = {
   steps: 2,
 };
 
-export async function runUneven(options: Partial<UnevenOptions> = {}) {
+export async function runUneven(options: Partial<UnevenOptions> & OnModel = {}) {
   const o = { ...DEFAULT_UNEVEN, ...options };
-  const model = await ensureBenchModel();
+  const folder = await benchModel(options.model);
+  const model = folder.config;
   await buildBenchPages();
   const tokens = tokenGrid(model, latentShape(o, model.inChannels)).count;
   log(
-    `uneven: bench-wan (D ${model.dim}, ${model.numLayers} blocks, ${model.numHeads} heads), ${tokens} tokens, ` +
+    `uneven: ${folder.path} (D ${model.dim}, ${model.numLayers} blocks, ${model.numHeads} heads), ${tokens} tokens, ` +
       `${o.steps} steps; tabs on ${o.fastShare}, ${o.fastShare} and ${o.slowShare} of a core`,
   );
   const started = Date.now();
   // core 0: the dashboard and a fast tab; core 1: the other fast tab and the slow one. The fast
   // tabs join first: ranks 0 and 1, and one rank alone runs on the first of them
-  const machines = await startMachines([
-    { name: 'fast-a', core: 0, share: o.fastShare },
-    { name: 'fast-b', core: 1, share: o.fastShare },
-    { name: 'slow', core: 1, share: o.slowShare },
-  ]);
+  const machines = await startMachines(
+    [
+      { name: 'fast-a', core: 0, share: o.fastShare },
+      { name: 'fast-b', core: 1, share: o.fastShare },
+      { name: 'slow', core: 1, share: o.slowShare },
+    ],
+    { model: folder },
+  );
   const { dashboard } = machines;
   try {
     // no spot checks but in the run that measures them: they would blur the comparison of shares
@@ -169,7 +176,7 @@ export async function runUneven(options: Partial<UnevenOptions> = {}) {
       date: new Date(started).toISOString(),
       durationS: round((Date.now() - started) / 1000, 1),
       config: {
-        model: { path: 'bench/out/models/bench-wan', ...model },
+        model: { path: folder.path, ...model },
         tokens,
         ...o,
         guidance: 1,
