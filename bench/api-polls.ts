@@ -29,7 +29,7 @@ export interface ApiPollsOptions {
 /** 60 steps: a job of about 20 s here, long enough that the clients' first connections are a small part of it */
 export const DEFAULT_API_POLLS: ApiPollsOptions = { clients: 200, repeats: 3, steps: 60, workers: 2 };
 /** `npm run bench -- --smoke`: one short job each way, 10 clients */
-export const SMOKE_API_POLLS: ApiPollsOptions = { clients: 10, repeats: 1, steps: 2, workers: 2 };
+export const SMOKE_API_POLLS: ApiPollsOptions = { clients: 10, repeats: 1, steps: 2, workers: 1 };
 
 const LOADS = ['none', 'every-second', 'back-to-back'] as const;
 type Load = (typeof LOADS)[number];
