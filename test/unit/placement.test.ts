@@ -337,6 +337,7 @@ describe('Ulysses degree rules (core/parallel)', () => {
     // a worker half as fast: 5/5/2 (its time 2·2 = 4 units, theirs 5), where largest remainders gave 5/4/3 (3·2 = 6)
     expect(proportionalShares(12, [2, 2, 1])).toEqual([5, 5, 2]);
     expect(() => proportionalShares(2, [1, 1, 1])).toThrow(/2 cannot be shared among 3 ranks/);
+    expect(() => proportionalShares(12, [])).toThrow('12 cannot be shared among 0 ranks with at least one each');
     expect(() => proportionalShares(12, [1, Number.NaN])).toThrow('shares need positive weights, got 1, NaN');
     for (const weights of [
       [1, 0],
