@@ -122,12 +122,12 @@ export async function transformerSwarm(model: string, workers: number) {
   return { config, promptEmbeds, started, swarm, machineAtStart: machine(swarm.browserVersion) };
 }
 
-/** The model a section runs on: its folder as reports name it, its transformer config, how the server serves it. */
 /** A section's option: the model folder it runs on (benchModel), bench-wan where not given. */
 export interface OnModel {
   model?: string;
 }
 
+/** The model a section runs on: its folder as reports name it, its transformer config, how the server serves it. */
 export interface BenchModel {
   /** the folder, relative to the repository */
   path: string;
