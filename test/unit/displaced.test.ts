@@ -1,7 +1,6 @@
 import { beforeAll, describe, expect, it } from 'vitest';
 import { defined } from '../../core/defined.ts';
 import type { WanModel } from '../../core/model/reference.ts';
-import { loadTransformer } from '../../core/model/transformer.ts';
 import { tokenGrid } from '../../core/model/tokens.ts';
 import { displacedFloatsPerBlock, partFloats, planUlysses, RankLayout } from '../../core/parallel.ts';
 import { payloadBytes } from '../../core/net/protocol.ts';
@@ -10,9 +9,7 @@ import { maxAbsDiff, type Tensor } from '../../core/tensor.ts';
 import { SpotCheckFailed } from '../../coordinator/executor.ts';
 import type { ExecuteResult } from '../../core/worker-api.ts';
 import type { EngineApi } from '../../rank/engine.ts';
-import { onnxStages } from '../../rank/onnx-stages.ts';
-import { stubEngine, tinyModelFiles } from './fixtures.ts';
-import { InProcessExecutor, type InProcessOptions } from './in-process-executor.ts';
+import { InProcessExecutor, type InProcessOptions, onTinyModel } from './in-process-executor.ts';
 
 // Displaced patch parallelism (rank/displaced.ts) through the executor and real WorkerRuntimes, the
 // mesh in memory: what it computes exactly, what it computes stale, and who decides which.
@@ -26,16 +23,10 @@ const latent = (): Tensor => ({ shape: [16, 1, 14, 10], data: random.normals(16 
 describe('displaced mode over in-process ranks', () => {
   // a describe, not the file's top: Stryker counts a failed file-level hook as no failed test (its tests are skipped)
   beforeAll(async () => {
-    model = await loadTransformer(tinyModelFiles);
-    engine = stubEngine(await onnxStages(model, 'wasm'), model.config);
+    const tiny = await onTinyModel();
+    ({ model, engine } = tiny);
     text = random.normals(16 * model.config.textDim);
-    options = {
-      config: model.config,
-      modelUrl: '/models/tiny-wan',
-      rpcTimeoutMs: 10_000,
-      layout: new RankLayout(1),
-      spotCheckRate: 0,
-    };
+    options = { ...tiny.options, spotCheckRate: 0 };
   });
 
   async function onRanks(P: number, extra: Partial<InProcessOptions> = {}): Promise<InProcessExecutor> {

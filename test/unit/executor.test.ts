@@ -7,7 +7,6 @@ import { COORDINATOR, type Message } from '../../core/net/protocol.ts';
 import { remote, serve } from '../../core/net/rpc.ts';
 import { referenceForward, type WanModel } from '../../core/model/reference.ts';
 import { tokenGrid } from '../../core/model/tokens.ts';
-import { loadTransformer } from '../../core/model/transformer.ts';
 import { exchangeFloatsPerBlock, planUlysses, RankLayout } from '../../core/parallel.ts';
 import { SeededRandom } from '../../core/random.ts';
 import { maxAbsDiff, type Tensor } from '../../core/tensor.ts';
@@ -20,14 +19,14 @@ import {
 } from '../../core/worker-api.ts';
 import type { EngineApi } from '../../rank/engine.ts';
 import { memoryExchanges } from '../../rank/exchange/memory.ts';
-import { onnxStages } from '../../rank/onnx-stages.ts';
 import { WorkerRuntime } from '../../rank/runtime.ts';
-import { channelPair, stubEngine, tinyModelFiles, validJobArgs } from './fixtures.ts';
+import { channelPair, validJobArgs } from './fixtures.ts';
 import {
   EXACT_SETTINGS,
   InProcessExecutor,
-  placementFor,
   type InProcessOptions,
+  onTinyModel,
+  placementFor,
   type Transport,
 } from './in-process-executor.ts';
 
@@ -43,18 +42,11 @@ let options: InProcessOptions;
 describe('the executor against real WorkerRuntimes in this process', () => {
   // a describe, not the file's top: Stryker counts a failed file-level hook as no failed test (its tests are skipped)
   beforeAll(async () => {
-    model = await loadTransformer(tinyModelFiles);
-    const stages = await onnxStages(model, 'wasm');
-    engine = stubEngine(stages, model.config);
+    const tiny = await onTinyModel();
+    ({ model, engine } = tiny);
     text = random.normals(16 * model.config.textDim);
     // no spot checks (their forwards are chosen at random) unless a test asks for them
-    options = {
-      config: model.config,
-      modelUrl: '/models/tiny-wan',
-      rpcTimeoutMs: 10_000,
-      layout: new RankLayout(1),
-      spotCheckRate: 0,
-    };
+    options = { ...tiny.options, spotCheckRate: 0 };
   });
 
   const onRanks = (P: number, transport: Transport) =>

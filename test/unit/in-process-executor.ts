@@ -4,7 +4,9 @@ import type { PlacementRequest } from '../../coordinator/placement.ts';
 import { planPlacement } from '../../coordinator/planner.ts';
 import { DEFAULT_JOB, jobParams } from '../../core/job.ts';
 import { wanConfigOfSize, type WanConfig } from '../../core/model/config.ts';
-import type { RankLayout } from '../../core/parallel.ts';
+import type { WanModel } from '../../core/model/reference.ts';
+import { loadTransformer } from '../../core/model/transformer.ts';
+import { RankLayout } from '../../core/parallel.ts';
 import type { RankSettings } from '../../core/rank-settings.ts';
 import type { Link } from '../../core/net/link.ts';
 import { COORDINATOR } from '../../core/net/protocol.ts';
@@ -21,9 +23,10 @@ import {
 import type { EngineApi } from '../../rank/engine.ts';
 import { memoryExchanges } from '../../rank/exchange/memory.ts';
 import type { KeepsEvidence } from '../../rank/exchange/ledger.ts';
+import { onnxStages } from '../../rank/onnx-stages.ts';
 import { WorkerRuntime } from '../../rank/runtime.ts';
 import type { Exchange } from '../../rank/ulysses.ts';
-import { channelPair, describeInProcess } from './fixtures.ts';
+import { channelPair, describeInProcess, stubEngine, tinyModelFiles } from './fixtures.ts';
 
 // An executor over P real WorkerRuntimes in this process: the all-to-all over memory, the calls
 // either in-process through the contract (as the local backend makes them) or through Links,
@@ -45,6 +48,19 @@ export type InProcessOptions = {
   layout: RankLayout;
   rpcTimeoutMs?: number;
 } & Omit<PlacementRequest, 'ulyssesDegree' | 'cfgParallel'>;
+
+/** The bundled tiny model, an engine on its ONNX stages (WASM), options for one rank: an in-process test's start. */
+export async function onTinyModel(): Promise<{ model: WanModel; engine: EngineApi; options: InProcessOptions }> {
+  const model = await loadTransformer(tinyModelFiles);
+  const engine = stubEngine(await onnxStages(model, 'wasm'), model.config);
+  const options = {
+    config: model.config,
+    modelUrl: '/models/tiny-wan',
+    rpcTimeoutMs: 10_000,
+    layout: new RankLayout(1),
+  };
+  return { model, engine, options };
+}
 
 /** The planner's placement of `layout` on stand-in workers not yet measured, as a job asking `request` gets it. */
 export function placementFor({
@@ -76,7 +92,6 @@ export class InProcessExecutor extends Executor {
   readonly runtimes: WorkerRuntime[] = [];
   /** the methods each rank was asked to run, in arrival order */
   readonly received: string[][] = [];
-  /** each executeModel a rank ran, with its pass, as it started and ended: what overlapped what */
   /** each executeModel as it started and ended on its rank: its pass, and its PipeFusion patch where it had one */
   readonly forwards: { rank: number; pass: number; patch?: number; event: 'start' | 'end' }[] = [];
   closeTransportCalls = 0;

@@ -13,7 +13,6 @@ import { createPipeline, type GenerateResult, type Pipeline, type PromptEmbeds }
 import { MAX_REPLANS, ReplacementsExhausted, type FailureRecord } from '../../coordinator/placer.ts';
 import { Swarm, type SwarmEvent, type SwarmWorker } from '../../coordinator/swarm.ts';
 import { DEAD_AFTER_MS } from '../../core/net/heartbeat.ts';
-import { loadTransformer } from '../../core/model/transformer.ts';
 import { loadWanPipelineParts, MISSING_PARTS } from '../../core/model/wan-pipeline.ts';
 import { inProcess } from '../../core/net/rpc.ts';
 import { defined } from '../../core/defined.ts';
@@ -32,12 +31,12 @@ import {
 } from '../../core/worker-api.ts';
 import type { EngineApi } from '../../rank/engine.ts';
 import { memoryExchanges } from '../../rank/exchange/memory.ts';
-import { onnxStages } from '../../rank/onnx-stages.ts';
 import { WorkerRuntime } from '../../rank/runtime.ts';
 import type { Exchange } from '../../rank/ulysses.ts';
 import { WAN21_T2V_1_3B } from '../../server/wan21-layout.ts';
 import { anyNumber } from './matchers.ts';
-import { stubEngine, tinyModelFiles } from './fixtures.ts';
+import { tinyModelFiles } from './fixtures.ts';
+import { onTinyModel } from './in-process-executor.ts';
 
 // generate() for real, in Node: the pipeline fetches the tiny model's folder over HTTP, places the
 // job on a real Swarm (on a stub PeerJS peer) whose workers are real WorkerRuntimes behind the
@@ -241,8 +240,7 @@ describe('WanPipeline on in-process workers', () => {
   beforeAll(async () => {
     server = await serveFolder(PUBLIC_DIR);
     origin = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
-    const model = await loadTransformer(tinyModelFiles);
-    engine = stubEngine(await onnxStages(model, 'wasm'), model.config);
+    ({ engine } = await onTinyModel());
 
     const { swarm, join } = testSwarm();
     const pages = [join(), join(), join()].map((w) => w.page);

@@ -1,12 +1,10 @@
 import { afterEach, beforeAll, describe, expect, it, vi } from 'vitest';
-import { loadTransformer } from '../../core/model/transformer.ts';
 import { RankLayout } from '../../core/parallel.ts';
 import { SeededRandom } from '../../core/random.ts';
 import type { Tensor } from '../../core/tensor.ts';
 import type { EngineApi } from '../../rank/engine.ts';
-import { onnxStages } from '../../rank/onnx-stages.ts';
-import { describeInProcess, stubEngine, tinyModelFiles } from './fixtures.ts';
-import { InProcessExecutor, placementFor, type InProcessOptions } from './in-process-executor.ts';
+import { describeInProcess } from './fixtures.ts';
+import { InProcessExecutor, type InProcessOptions, onTinyModel, placementFor } from './in-process-executor.ts';
 import { Executor, SpotCheckFailed, type ExecutorOptions } from '../../coordinator/executor.ts';
 import { inProcess, type Remote } from '../../core/net/rpc.ts';
 import {
@@ -31,10 +29,10 @@ const latent = (): Tensor => ({ shape: [16, 1, 14, 10], data: random.normals(16 
 describe("the executor's spot checks against real WorkerRuntimes", () => {
   // a describe, not the file's top: Stryker counts a failed file-level hook as no failed test (its tests are skipped)
   beforeAll(async () => {
-    const model = await loadTransformer(tinyModelFiles);
-    engine = stubEngine(await onnxStages(model, 'wasm'), model.config);
-    text = random.normals(16 * model.config.textDim);
-    options = { config: model.config, modelUrl: '/models/tiny-wan', rpcTimeoutMs: 10_000, layout: new RankLayout(2) };
+    const tiny = await onTinyModel();
+    engine = tiny.engine;
+    text = random.normals(16 * tiny.model.config.textDim);
+    options = { ...tiny.options, layout: new RankLayout(2) };
   });
 
   /** The next draws crypto.getRandomValues gives, as fractions of 2^32; the real CSPRNG's once they are taken. */

@@ -21,16 +21,14 @@ import { defined } from '../../core/defined.ts';
 import { DEFAULT_JOB, jobParams } from '../../core/job.ts';
 import type { BlockRange } from '../../core/model/blocks.ts';
 import { wanConfigOfSize } from '../../core/model/config.ts';
-import { loadTransformer } from '../../core/model/transformer.ts';
 import { RankLayout } from '../../core/parallel.ts';
 import { SeededRandom } from '../../core/random.ts';
 import { maxAbsDiff, type Tensor } from '../../core/tensor.ts';
 import type { ExecuteResult, WeightType, WorkerInfo } from '../../core/worker-api.ts';
 import type { EngineApi } from '../../rank/engine.ts';
 import type { GpuDevice } from '../../rank/gpu-weights.ts';
-import { heldWeightType, onnxStages } from '../../rank/onnx-stages.ts';
-import { stubEngine, tinyModelFiles } from './fixtures.ts';
-import { InProcessExecutor, type InProcessOptions } from './in-process-executor.ts';
+import { heldWeightType } from '../../rank/onnx-stages.ts';
+import { InProcessExecutor, type InProcessOptions, onTinyModel } from './in-process-executor.ts';
 
 /** a model of four blocks: two stages of two, or four of one */
 const FOUR_BLOCKS = wanConfigOfSize({ headDim: 24, textDim: 32, ffnDim: 64, numLayers: 4 }, 'four blocks');
@@ -417,10 +415,8 @@ describe('the executor through pipeline stages', () => {
   const latent: Tensor = { shape: [16, 1, 6, 10], data: random.normals(16 * 6 * 10) }; // 15 tokens
 
   beforeAll(async () => {
-    const model = await loadTransformer(tinyModelFiles);
-    engine = stubEngine(await onnxStages(model, 'wasm'), model.config);
-    text = random.normals(5 * model.config.textDim);
-    options = { config: model.config, modelUrl: '/models/tiny-wan', rpcTimeoutMs: 10_000, layout: new RankLayout(1) };
+    ({ engine, options } = await onTinyModel());
+    text = random.normals(5 * options.config.textDim);
   });
 
   /** An executor on `layout` whose ranks record the blocks each was asked to load. */

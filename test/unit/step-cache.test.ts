@@ -12,7 +12,6 @@ import {
   type WanModel,
 } from '../../core/model/reference.ts';
 import { patchify, ropeTables, tokenGrid, unpatchify } from '../../core/model/tokens.ts';
-import { loadTransformer } from '../../core/model/transformer.ts';
 import { RankLayout } from '../../core/parallel.ts';
 import { SeededRandom } from '../../core/random.ts';
 import {
@@ -27,9 +26,7 @@ import {
 } from '../../core/step-cache.ts';
 import { maxAbsDiff, type Tensor } from '../../core/tensor.ts';
 import type { EngineApi } from '../../rank/engine.ts';
-import { onnxStages } from '../../rank/onnx-stages.ts';
-import { stubEngine, tinyModelFiles } from './fixtures.ts';
-import { InProcessExecutor, type InProcessOptions } from './in-process-executor.ts';
+import { InProcessExecutor, type InProcessOptions, onTinyModel } from './in-process-executor.ts';
 import type { ExecuteArgs } from '../../core/worker-api.ts';
 
 /**
@@ -338,8 +335,7 @@ describe("a step cache's forwards on the ranks", () => {
   const shape = [16, 1, 14, 10]; // 35 tokens: 12/12/11 at P = 3
 
   beforeAll(async () => {
-    model = await loadTransformer(tinyModelFiles);
-    engine = stubEngine(await onnxStages(model, 'wasm'), model.config);
+    ({ model, engine } = await onTinyModel());
     text = random.normals(16 * model.config.textDim);
   });
 
