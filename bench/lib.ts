@@ -80,8 +80,16 @@ export function randomPromptEmbeds(dir: string): { shape: number[]; base64: stri
 }
 
 /**
+ * The spot-check rate of a bench that times forwards: none. At any other rate every forward of a job's last step is
+ * checked (FINAL_STEPS_CHECKED), a whole forward recomputed on one rank inside that step, which would hide the split
+ * being measured. bench/spot-check-overhead.ts measures what checks cost.
+ */
+export const NO_SPOT_CHECKS = 0;
+
+/**
  * A job of the transformer alone, as the full-size benches run it: random prompt embeddings (randomPromptEmbeds) in,
- * the latent out, unguided, on WASM, on the model folder the server serves at LOCAL_MODEL_PATH.
+ * the latent out, unguided, on WASM, on the model folder the server serves at LOCAL_MODEL_PATH. No spot checks
+ * (NO_SPOT_CHECKS).
  */
 export function transformerJob(
   { frames, height, width, steps }: Pick<JobOverrides, 'frames' | 'height' | 'width' | 'steps'>,
@@ -101,6 +109,7 @@ export function transformerJob(
     backend: 'swarm',
     ep: 'wasm',
     model: LOCAL_MODEL_PATH,
+    spotCheckRate: NO_SPOT_CHECKS,
     ...placement,
   };
 }

@@ -19,6 +19,7 @@ import {
   isMain,
   log,
   machine,
+  NO_SPOT_CHECKS,
   round,
   versions,
   waitForQuietMachine,
@@ -61,6 +62,7 @@ export async function runNodeWorker(options: Partial<Pick<JobParams, JobFlag>> &
         workers,
         ep: 'wasm',
         model: BENCH_MODEL_PATH,
+        spotCheckRate: NO_SPOT_CHECKS,
       };
       const load = await waitForQuietMachine();
       log(`${label}: generating… (load ${load.loadAverage1m})`);

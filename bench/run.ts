@@ -4,7 +4,7 @@
 //
 //   npm run bench                      block cost, projection, local overhead, scaling, threads,
 //                                      full-size, pooled, vae, uneven, slow-link, spot-check-overhead,
-//                                      time-to-video, load, api-polls
+//                                      time-to-video, load, api-polls, node-worker (in this order)
 //   npm run bench -- scaling [flags]   one of them (flags as in bench/scaling.ts etc.)
 //   npm run bench -- --smoke [name]    all of them (or one) at tiny sizes on small models, in a few minutes, without
 //                                      waiting for a quiet machine, reports in bench/out/smoke/: what CI runs, so that
@@ -28,11 +28,12 @@ import { parseLoadArgs, runLoad, SMOKE_LOAD } from './load.ts';
 import { parseApiPollsArgs, runApiPolls, SMOKE_API_POLLS } from './api-polls.ts';
 import { parseNodeWorkerArgs, runNodeWorker, SMOKE_NODE_WORKER } from './node-worker.ts';
 
+/** every benchmark, in the order a whole run takes them (block cost first: the projection is held to it) */
 const BENCHMARKS = [
   'block-cost',
-  'scaling',
-  'local-overhead',
   'projection',
+  'local-overhead',
+  'scaling',
   'threads',
   'full-size',
   'pooled',

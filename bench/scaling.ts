@@ -30,6 +30,7 @@ import {
   SMOKE_MODEL_DIR,
   type OnModel,
   BENCH_MODEL_PATH,
+  NO_SPOT_CHECKS,
 } from './lib.ts';
 import { LINK_PROBE_SIZES, measureLink, measureThroughput } from './probes.ts';
 import { defined } from '../core/defined.ts';
@@ -126,6 +127,7 @@ export async function runScaling(options: Partial<ScalingOptions> & OnModel = {}
         workers: degree,
         ep: 'wasm',
         model: BENCH_MODEL_PATH,
+        spotCheckRate: NO_SPOT_CHECKS,
         ...extra,
       };
       const out = await swarm.dashboard.evaluate((j) => window.ditswarm.generate(j), job);
@@ -289,6 +291,7 @@ export async function runScaling(options: Partial<ScalingOptions> & OnModel = {}
         backend: 'swarm',
         ep: 'wasm',
         threadsPerWorker: 1,
+        spotCheckRate: NO_SPOT_CHECKS,
         workerTabsOpen: workerTabs,
         transport: 'fp32',
         stepMsIs:

@@ -24,7 +24,7 @@ import { randomWanLora } from '../server/cli/make-lora.ts';
 import { startLocalSwarm } from '../server/cli/browser-swarm.ts';
 import { folderFiles } from '../server/model-folder.ts';
 import { servedLoras } from '../server/serve.ts';
-import { log, machine, ROOT, round } from './lib.ts';
+import { log, machine, NO_SPOT_CHECKS, ROOT, round } from './lib.ts';
 
 export interface TimeToVideoOptions {
   workers: number;
@@ -84,7 +84,7 @@ export async function runTimeToVideo(options: Partial<TimeToVideoOptions> = {}) 
     workers: o.workers,
     ep: 'wasm',
     shares: 'even',
-    spotCheckRate: 0,
+    spotCheckRate: NO_SPOT_CHECKS,
     outputType: 'latent',
   };
   const runs: Run[] = [];

@@ -24,6 +24,7 @@ import {
   log,
   machine,
   median,
+  NO_SPOT_CHECKS,
   round,
   versions,
   writeReport,
@@ -103,7 +104,7 @@ export async function runUneven(options: Partial<UnevenOptions> & OnModel = {}) 
       backend: 'swarm',
       ep: 'wasm',
       model: BENCH_MODEL_PATH,
-      spotCheckRate: 0,
+      spotCheckRate: NO_SPOT_CHECKS,
     };
     const run = async (label: string, placement: JobOverrides) => {
       log(`${label}: generating…`);
