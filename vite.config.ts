@@ -1,7 +1,8 @@
 import { resolve } from 'node:path';
 import { defineConfig } from 'vite';
 
-// One multi-page app: the dashboard (index.html), the worker page (worker.html) and the video API's page (api.html).
+// One multi-page app: the dashboard (index.html), the worker page (worker.html), the video API's page (api.html) and
+// the page a plain-http LAN address shows (trust.html: how to trust the swarm's CA once).
 // Cross-origin isolation lets onnxruntime-web use SharedArrayBuffer where it wants threads.
 const isolation = {
   'Cross-Origin-Opener-Policy': 'same-origin',
@@ -20,6 +21,7 @@ export default defineConfig({
         dashboard: resolve(import.meta.dirname, 'app/index.html'),
         worker: resolve(import.meta.dirname, 'app/worker.html'),
         api: resolve(import.meta.dirname, 'app/api.html'),
+        trust: resolve(import.meta.dirname, 'app/trust.html'),
       },
     },
   },

@@ -72,10 +72,11 @@ export interface RuntimeHooks {
   /** the most memory the page was measured to hold so far, null where it cannot be measured */
   peakMemoryBytes?(): number | null;
   /**
-   * Why a model folder may not be read, or null where it may: a page fetches what its coordinator
-   * names, so it reads only where its own server says (worker/endpoint.ts).
+   * Where this page reads a model folder (or adapter file) its coordinator names: its own server's copy of what that
+   * server serves, whichever name the coordinator's page knows it by. Throws, saying why, for what it may not read: a
+   * page fetches what its coordinator names, so it reads only where its own server says (worker/model-origin.ts).
    */
-  refuseModel?(modelUrl: string): string | null;
+  modelSource?(modelUrl: string): string;
   onState?(state: WorkerState, detail: string): void;
   onShutdown?(): void;
 }
@@ -240,7 +241,7 @@ export class WorkerRuntime implements WorkerApi {
 
   async loadModel(args: LoadArgs) {
     this.needInit('loadModel');
-    this.checkModel(args.modelUrl);
+    this.sourceOf(args.modelUrl);
     this.setState('loading', `loading ${args.modelUrl}`);
     const { info, why } = await this.load(args);
     this.model = info;
@@ -266,9 +267,8 @@ export class WorkerRuntime implements WorkerApi {
     loras,
     weightType,
   }: LoadArgs): Promise<{ info: EngineInfo; why: string }> {
-    this.checkModel(modelUrl);
     // an adapter is fetched as the model is: from where this page lets models come, and nowhere else
-    for (const lora of loras ?? []) this.checkModel(lora.url);
+    for (const url of [modelUrl, ...(loras ?? []).map((lora) => lora.url)]) this.sourceOf(url);
     await this.hooks.betweenJobs?.();
     const choice =
       ep === 'auto'
@@ -279,7 +279,7 @@ export class WorkerRuntime implements WorkerApi {
     try {
       // none and an empty list are the same adapters: the engine, which keeps its last model by what was asked, too
       const held = { blocks, loras: loras ?? [], weightType };
-      return { info: await this.engine.load(modelUrl, choice.ep, progress, held), why: choice.why };
+      return { info: await this.loadEngine(modelUrl, choice.ep, progress, held), why: choice.why };
     } finally {
       this.loadStatus = null;
       if (this.state === 'loading' && before.state !== 'loading') this.setState(before.state, before.detail);
@@ -342,7 +342,7 @@ export class WorkerRuntime implements WorkerApi {
         JSON.stringify(this.loras) !== JSON.stringify(loras);
       if (this.model && this.modelUrl && differs) {
         const held = { blocks: this.blocks, loras: this.loras, weightType: this.weightType };
-        await this.engine.load(this.modelUrl, this.model.ep, undefined, held);
+        await this.loadEngine(this.modelUrl, this.model.ep, undefined, held);
       }
       if (cold) this.setState(before.state, before.detail);
     }
@@ -388,7 +388,10 @@ export class WorkerRuntime implements WorkerApi {
     const detail = `encoding a prompt: text encoder layers ${args.from + 1}–${args.to}`;
     return this.betweenJobs('encodeText', detail, args, (ep) =>
       // umT5-XXL's layers are 0.77 GB each: their reading is a load, shown as one
-      this.engine.encodeText({ ...args, ep }, this.showLoad('computing', `${detail}, reading their weights`)),
+      this.engine.encodeText(
+        { ...args, modelUrl: this.sourceOf(args.modelUrl), ep },
+        this.showLoad('computing', `${detail}, reading their weights`),
+      ),
     );
   }
 
@@ -396,13 +399,22 @@ export class WorkerRuntime implements WorkerApi {
     const frames = args.shape[1];
     const detail = `decoding the video: tile ${args.tile}, latent frames ${args.from + 1}–${args.from + frames}`;
     return this.betweenJobs('decodeTile', detail, args, (ep) =>
-      this.engine.decodeTile({ ...args, ep }, this.showLoad('computing', `${detail}, reading the decoder's weights`)),
+      this.engine.decodeTile(
+        { ...args, modelUrl: this.sourceOf(args.modelUrl), ep },
+        this.showLoad('computing', `${detail}, reading the decoder's weights`),
+      ),
     );
   }
 
-  private checkModel(modelUrl: string): void {
-    const refusal = this.hooks.refuseModel?.(modelUrl);
-    if (refusal) throw new Error(refusal);
+  /** where this page reads `url` (a model folder or adapter its coordinator named); throws where it may not */
+  private sourceOf(url: string): string {
+    return this.hooks.modelSource?.(url) ?? url;
+  }
+
+  /** The engine loads what the coordinator named, read where this page reads it; the names stay the coordinator's. */
+  private loadEngine(...[modelUrl, ep, progress, held = {}]: Parameters<EngineApi['load']>) {
+    const loras = held.loras?.map((lora) => ({ ...lora, url: this.sourceOf(lora.url) }));
+    return this.engine.load(this.sourceOf(modelUrl), ep, progress, { ...held, loras });
   }
 
   /** Work a coordinator asks for between jobs (the text encoder, the VAE), on the EP it names or the fastest. */
@@ -413,7 +425,7 @@ export class WorkerRuntime implements WorkerApi {
     work: (ep: ExecutionProvider) => Promise<T>,
   ): Promise<T> {
     if (this.state === 'computing') throw new Error(`${method} while this worker is computing: call it between jobs`);
-    this.checkModel(modelUrl);
+    this.sourceOf(modelUrl);
     // taken at once, before any await: a second call arriving meanwhile is refused, not interleaved
     const before = { state: this.state, detail: this.detail };
     this.setState('computing', detail);

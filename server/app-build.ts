@@ -9,7 +9,7 @@ export const PUBLIC_DIR = resolve(REPO_ROOT, 'public');
 
 // Everything the bundle is made from; a change in any of them means dist/ is out of date.
 const SOURCES = ['app', 'coordinator', 'worker', 'rank', 'core', 'public', 'vite.config.ts'];
-const BUILT_PAGES = ['index.html', 'worker.html'];
+const BUILT_PAGES = ['index.html', 'worker.html', 'api.html', 'trust.html'];
 
 /** Builds the app with the repo's vite.config.ts unless dist/ is newer than every source. */
 export async function ensureAppBuilt({ force = false, quiet = false } = {}): Promise<'built' | 'up to date'> {

@@ -1,27 +1,36 @@
+import { isIP } from 'node:net';
 import { parseArgs } from 'node:util';
 import { RELAY_MODES, type RelayMode } from '../core/net/peer-link.ts';
 import { newPeerKey, parseIceServers } from './peer-signaling.ts';
 import { join } from 'node:path';
 import { CACHE_ROOT } from './model-folder.ts';
-import { lanAddresses } from './origins.ts';
+import { serverNames } from './origins.ts';
+import { givenTls, localTls, type ServerTls } from './certificates.ts';
+import { spacedFingerprint } from '../core/net/local-ca.ts';
 import { OWNER_KEY_PARAM } from '../core/net/join-token.ts';
 import { DEFAULT_PORT, localModelDir, servedOr, startServer } from './serve.ts';
 import { DEFAULT_DATA_DIR, DEFAULTS as API_DEFAULTS, prepareApi, type VideoApi } from './api/api.ts';
 
-// `npm start [-- --model PATH|URL] [--lora FILE[:STRENGTH]]... [--port N] [--rebuild] [--key K] [--ice-servers LIST]
-//   [--relay fallback|force|off | --force-relay] [--allow-origin ORIGIN ...]
+// `npm start [-- --model PATH|URL] [--lora FILE[:STRENGTH]]... [--port N] [--rebuild] [--peer-key K]
+//   [--ice-servers LIST] [--relay fallback|force|off | --force-relay] [--allow-origin ORIGIN ...] [--host NAME ...]
+//   [--cert FILE --key FILE]
 //   [--api [--local-workers N] [--data DIR] [--max-queue N] [--api-rate N]]`:
 // build if needed, serve, print where to go. With --model the dashboard starts on that model
 // folder: one on this machine (served to the pages, with Range requests) or a URL. The server
 // answers to its own names (localhost, its LAN addresses, its machine name) and pages of its own
-// origins, and of those --allow-origin names (a page of yours embedding the library). With --api it also serves
-// the video API at /v1 (server/api), running its own coordinator in a headless Chromium.
+// origins, and of those --allow-origin names (a page of yours embedding the library). Other machines reach it over
+// https on the same port (their pages are secure contexts only so): by a certificate of its own local CA, made on
+// first start and trusted once on each of them (server/certificates.ts), or by --cert/--key. With --api it also
+// serves the video API at /v1 (server/api), running its own coordinator in a headless Chromium.
 const { values: flags } = parseArgs({
   options: {
     port: { type: 'string' },
     model: { type: 'string' },
     lora: { type: 'string', multiple: true, default: [] },
     rebuild: { type: 'boolean', default: false },
+    'peer-key': { type: 'string' },
+    host: { type: 'string', multiple: true, default: [] },
+    cert: { type: 'string' },
     key: { type: 'string' },
     'ice-servers': { type: 'string' },
     relay: { type: 'string' },
@@ -65,6 +74,28 @@ for (const origin of allowOrigins) {
     );
     process.exit(2);
   }
+}
+
+const hosts = flags.host.map((host) => host.toLowerCase());
+for (const host of hosts) {
+  if (!/^[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*$/.test(host) && isIP(host) === 0) {
+    console.error(`--host takes a name or address other machines reach this one by, such as swarm.lan, got ${host}`);
+    process.exit(2);
+  }
+}
+// the state folder, where the join links given out and the local CA outlive a restart of the server
+const stateDir = join(CACHE_ROOT, 'server');
+let tls: ServerTls;
+try {
+  if ((flags.cert === undefined) !== (flags.key === undefined))
+    throw new Error('--cert and --key go together: the certificate and its private key, PEM files');
+  tls =
+    flags.cert !== undefined && flags.key !== undefined
+      ? givenTls(flags.cert, flags.key)
+      : localTls(join(stateDir, 'tls'), serverNames(hosts), (line) => console.error(`https: ${line}`));
+} catch (error) {
+  console.error((error as Error).message);
+  process.exit(2);
 }
 
 const requestedPort = Number(flags.port ?? process.env.PORT ?? DEFAULT_PORT);
@@ -115,17 +146,18 @@ const server = await startServer({
   api: api && ((origins) => api.router(origins)),
   port: requestedPort,
   rebuild: flags.rebuild,
-  peerKey: flags.key ?? process.env.DITSWARM_KEY ?? newPeerKey(),
+  peerKey: flags['peer-key'] ?? process.env.DITSWARM_KEY ?? newPeerKey(),
   iceServers,
   relay,
   allowOrigins,
-  // the join links given out outlive a restart of the server
-  stateDir: join(CACHE_ROOT, 'server'),
+  stateDir,
+  tls,
+  hosts,
   ...model,
 });
 const iceUrls = iceServers.flatMap((s) => s.urls); // credentials stay out of the log
 
-const lanUrls = lanAddresses().map((address) => `http://${address}:${server.port}`);
+const lanUrls = server.lanOrigins();
 // a dashboard of another machine proves it is the owner's with the key in its link's fragment
 const ownerFragment = `#${OWNER_KEY_PARAM}=${server.joinTokens.ownerKey()}`;
 console.log(
@@ -140,11 +172,15 @@ console.log(
     ),
     ...lanUrls.map((url) => `  LAN worker  ${url}/worker.html`),
     ...lanUrls.map((url) => `  LAN dashboard ${url}/${ownerFragment} (yours alone: it opens swarms here)`),
-    ...(lanUrls.length > 0
+    ...(server.ca && lanUrls.length > 0
       ? [
-          '  (LAN pages are plain http, not a secure context: no WebGPU or wasm threads there',
-          '   unless that browser treats this origin as secure, see chrome://flags/#unsafely-treat-insecure-origin-as-secure)',
+          `  trust once  each other machine trusts this server's CA once:`,
+          `              ${lanUrls[0].replace(/^https:/, 'http:')}/ shows how`,
+          `              (its SHA-256 ${spacedFingerprint(server.ca.fingerprint)})`,
         ]
+      : []),
+    ...(lanUrls.length === 0 && server.ca === null
+      ? ["  (--cert names none of this machine's names or LAN addresses: give --host NAME for the one it names)"]
       : []),
     ...(api
       ? [

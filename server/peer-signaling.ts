@@ -114,7 +114,14 @@ export const SIGNALING_MESSAGES_PER_SECOND = 20;
  * ids would tell anyone which one to take over when its owner goes. Signaling messages are small
  * (an SDP offer is a few KB): larger ones are refused, as are clients past a few hundred.
  */
-export function mountSignaling(app: Express, server: Server, key: string, origins: Origins): Signaling {
+export function mountSignaling(
+  app: Express,
+  server: Server,
+  key: string,
+  origins: Origins,
+  /** whether the server listens (over TLS too, where `server` is only its plain-http side) */
+  listening: () => boolean,
+): Signaling {
   let websockets: WebSocketServer | null = null;
   const peerServer = ExpressPeerServer(server, {
     path: '/',
@@ -137,7 +144,7 @@ export function mountSignaling(app: Express, server: Server, key: string, origin
   // peer re-emits the http server's own errors (a busy port during listen) and every bad client
   // socket as 'error'; unheard, that would throw and end the process.
   peerServer.on('error', (error) => {
-    if (server.listening) console.warn(`signaling: ${error.message}`);
+    if (listening()) console.warn(`signaling: ${error.message}`);
   });
   // Who holds which id, by the token PeerJS registered it with: the relay trusts an id only with it.
   const registered = new Map<string, string>();

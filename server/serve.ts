@@ -1,5 +1,7 @@
 import { existsSync, statSync } from 'node:fs';
 import http from 'node:http';
+import https from 'node:https';
+import type net from 'node:net';
 import { basename, join, resolve } from 'node:path';
 import express, { type RequestHandler } from 'express';
 import { DIST_DIR, ensureAppBuilt, PUBLIC_DIR } from './app-build.ts';
@@ -8,7 +10,9 @@ import type { IceServer, RelayMode } from '../core/net/peer-link.ts';
 import { RELAY_PATH } from '../core/net/relay-client.ts';
 import { newPeerKey, SIGNALING_PATH, mountSignaling } from './peer-signaling.ts';
 import { mountJoinTokens, openJoinTokens, type JoinTokens } from './join-tokens.ts';
-import { lanAddresses, serverOrigins, type Origins } from './origins.ts';
+import { ownOrigins, serverOrigins, type Origins } from './origins.ts';
+import type { LocalCa, ServerTls } from './certificates.ts';
+import { lanOrigins, mountTrustPage, sniffingServer } from './lan-https.ts';
 import { createRelay, type Relay } from './relay.ts';
 import { digestsOf, serveModelFile, serveModelFolder } from './model-route.ts';
 import { parseLoraFlag, type LoraRef } from '../core/model/lora.ts';
@@ -47,6 +51,13 @@ export interface ServerOptions {
   stateDir?: string;
   /** the video API's router (server/api), mounted at /v1 under the server's Host and Origin rules */
   api?: (origins: Origins) => express.Router;
+  /**
+   * https beside http on the same port (a connection's first byte tells them apart): other machines' pages are
+   * secure contexts only over https. Without it, plain http only (tests, `npm run generate`: localhost pages).
+   */
+  tls?: ServerTls;
+  /** names other machines reach this server by beyond its own (`--host`): answered to, and put in links */
+  hosts?: string[];
 }
 
 /** Where a model folder given as a local path is served (`--model PATH`). */
@@ -137,6 +148,10 @@ export interface RunningServer {
   /** http://localhost:<port> — a secure context, so WebGPU and cross-origin isolation work. */
   url: string;
   port: number;
+  /** where other machines reach this server (https with `tls`), its `--host` names first */
+  lanOrigins(): string[];
+  /** the local CA other machines trust once, where the server made its own certificate */
+  ca: LocalCa | null;
   peerKey: string;
   relay: Relay;
   joinTokens: JoinTokens;
@@ -156,9 +171,13 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
   await ensureAppBuilt({ force: rebuild, quiet });
 
   const app = express();
-  const server = http.createServer(app);
+  const plain = http.createServer(app);
+  const secure = options.tls && https.createServer({ key: options.tls.key, cert: options.tls.cert }, app);
+  const server = secure ? sniffingServer(plain, secure) : plain;
   let boundPort: number | null = null;
-  const origins = serverOrigins(options.allowOrigins ?? [], () => boundPort);
+  const hosts = options.hosts ?? [];
+  const origins = serverOrigins(options.allowOrigins ?? [], () => boundPort, hosts);
+  const lanOriginsAt = (port: number) => lanOrigins(port, hosts, options.tls);
   app.use((request, response, next) => {
     if (origins.hostAllowed(request.headers.host)) {
       next();
@@ -172,8 +191,10 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
           'open it at localhost or its LAN address',
       );
   });
+  // before isolation's headers: the trust page is no secure context, where they mean nothing (and browsers say so)
+  if (options.tls) mountTrustPage(app, options.tls);
   app.use(crossOriginIsolation);
-  const signaling = mountSignaling(app, server, peerKey, origins);
+  const signaling = mountSignaling(app, plain, peerKey, origins, () => server.listening);
   const joinTokens = openJoinTokens(options.stateDir);
   mountJoinTokens(app, joinTokens, origins, signaling.vouch, signaling.holds);
   // a dashboard's id is named to its workers only while its page holds it: once it is gone, the id is anyone's
@@ -181,7 +202,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
   const relay = createRelay({ vouch: signaling.vouch, tokens: joinTokens, budgetBytes: options.relayBudgetBytes });
   // One port for the app, the signaling websocket and the relay: upgrades are routed by path.
   const upgraded = new Set<Duplex>();
-  server.on('upgrade', (request, socket: Duplex, head: Buffer) => {
+  const upgrade = (request: http.IncomingMessage, socket: Duplex, head: Buffer) => {
     upgraded.add(socket);
     socket.once('close', () => upgraded.delete(socket));
     if (!origins.hostAllowed(request.headers.host) || !origins.originAllowed(request.headers.origin)) {
@@ -191,15 +212,19 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     const path = (request.url ?? '/').split('?')[0]; // as ws matches paths; never throws on a hostile URL
     if (path === RELAY_PATH && relayMode !== 'off') relay.handleUpgrade(request, socket, head);
     else signaling.handleUpgrade(request, socket, head);
-  });
+  };
+  plain.on('upgrade', upgrade);
+  secure?.on('upgrade', upgrade);
   app.get('/signaling.json', (request, response) => {
-    const port = request.socket.localPort;
+    const port = request.socket.localPort ?? boundPort ?? 0;
     response.json({
       path: SIGNALING_PATH,
       key: peerKey,
       iceServers,
       relay: { mode: relayMode, path: RELAY_PATH },
-      lanOrigins: lanAddresses().map((address) => `http://${address}:${port}`),
+      lanOrigins: lanOriginsAt(port),
+      origins: ownOrigins(port, hosts, secure !== undefined),
+      ca: options.tls?.ca ? { fingerprint: options.tls.ca.fingerprint } : null,
     });
   });
   app.get('/models.json', (_request, response) => {
@@ -223,9 +248,12 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
   app.use(express.static(DIST_DIR));
 
   boundPort = await listenOnFreePort(server, port);
+  const bound = boundPort;
   return {
     url: `http://localhost:${boundPort}`,
     port: boundPort,
+    lanOrigins: () => lanOriginsAt(bound),
+    ca: options.tls?.ca ?? null,
     peerKey,
     relay,
     joinTokens,
@@ -235,7 +263,8 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
         relay.close();
         for (const socket of upgraded) socket.destroy();
         server.close((error) => (error ? reject(error) : resolve()));
-        server.closeAllConnections();
+        plain.closeAllConnections();
+        secure?.closeAllConnections();
       }),
   };
 }
@@ -248,7 +277,7 @@ const crossOriginIsolation: RequestHandler = (_request, response, next) => {
   next();
 };
 
-async function listenOnFreePort(server: http.Server, firstPort: number): Promise<number> {
+async function listenOnFreePort(server: net.Server, firstPort: number): Promise<number> {
   const lastPort = firstPort === 0 ? 0 : firstPort + PORTS_TO_TRY - 1;
   for (let port = firstPort; port <= lastPort; port++) {
     try {
@@ -263,7 +292,7 @@ async function listenOnFreePort(server: http.Server, firstPort: number): Promise
   throw new Error(`ports ${firstPort}–${lastPort} are all in use; pass --port or PORT to pick another range`);
 }
 
-function listen(server: http.Server, port: number): Promise<void> {
+function listen(server: net.Server, port: number): Promise<void> {
   return new Promise((resolve, reject) => {
     const fail = (error: Error) => reject(error);
     server.once('error', fail);

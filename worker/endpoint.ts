@@ -33,7 +33,7 @@ import {
 import { WorkerRuntime } from '../rank/runtime.ts';
 import type { CoreShare } from './cores.ts';
 import { WorkerMesh } from './mesh.ts';
-import { modelRefusal } from './model-origin.ts';
+import { modelSource } from './model-origin.ts';
 import type { WorkerPlatform } from './platform.ts';
 
 const RECONNECT_MS = 2_000;
@@ -83,7 +83,7 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
   const served = await fetch(new URL('/models.json', options.origin))
     .then((r): Promise<unknown> => r.json())
     .catch(() => null);
-  const refuseModel = modelRefusal(options.origin, servedUrls(served));
+  const sourceOfModel = modelSource(options.origin, servedUrls(served), signaling.origins);
   const { platform } = options;
   const peer = await registerPeer(() => platform.newPeer(newPeerId('worker'), peerOptions(signaling)), options.origin);
   const info: WorkerInfo = {
@@ -169,7 +169,7 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
     describe: () => Promise.resolve({ ...info, threads: cores.threads() }),
     betweenJobs: takeShare,
     peakMemoryBytes: platform.peakMemoryBytes,
-    refuseModel,
+    modelSource: sourceOfModel,
     onState: (state, detail) =>
       publish({ state, detail, totals: { ...runtime.totals }, ep: runtime.ep, epWhy: runtime.epReason }),
     onShutdown: () => mesh.close('released by the coordinator'),

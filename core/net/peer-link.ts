@@ -34,6 +34,10 @@ export interface SignalingOptions {
   relay: { mode: RelayMode; path: string };
   /** the server at its LAN addresses: where other machines reach it */
   lanOrigins: string[];
+  /** every origin the server answers at (its loopback, names and addresses; http and https): one server, many names */
+  origins: string[];
+  /** the server's own certificate authority, which other machines trust once; null where it made none */
+  ca: { fingerprint: string } | null;
 }
 
 /**
@@ -134,11 +138,13 @@ export async function signalingOptions(origin: string): Promise<SignalingOptions
     iceServers?: IceServer[];
     relay?: { mode: RelayMode; path: string };
     lanOrigins?: unknown;
+    origins?: unknown;
+    ca?: { fingerprint?: unknown } | null;
   };
   const { path, key, iceServers = [], relay = { mode: 'off', path: RELAY_PATH } } = published;
-  const lanOrigins = Array.isArray(published.lanOrigins)
-    ? published.lanOrigins.filter((o): o is string => typeof o === 'string' && URL.canParse(o))
-    : [];
+  const urls = (list: unknown): string[] =>
+    Array.isArray(list) ? list.filter((o): o is string => typeof o === 'string' && URL.canParse(o)) : [];
+  const fingerprint = published.ca?.fingerprint;
   const secure = url.protocol === 'https:';
   return {
     host: url.hostname,
@@ -148,7 +154,9 @@ export async function signalingOptions(origin: string): Promise<SignalingOptions
     secure,
     iceServers,
     relay,
-    lanOrigins,
+    lanOrigins: urls(published.lanOrigins),
+    origins: urls(published.origins),
+    ca: typeof fingerprint === 'string' && /^[0-9a-f]{64}$/.test(fingerprint) ? { fingerprint } : null,
   };
 }
 

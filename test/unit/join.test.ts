@@ -96,6 +96,8 @@ describe("a page's relay registration", () => {
       iceServers: [],
       relay: { mode: 'fallback' as const, path: '/relay' },
       lanOrigins: [],
+      origins: [],
+      ca: null,
     };
     // a page's WebSocket (Node 20 has none of its own)
     const globals = globalThis as { WebSocket?: unknown };

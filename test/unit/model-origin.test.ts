@@ -3,17 +3,30 @@ import { describe, expect, it } from 'vitest';
 import type { EngineApi } from '../../rank/engine.ts';
 import { memoryExchanges } from '../../rank/exchange/memory.ts';
 import { WorkerRuntime } from '../../rank/runtime.ts';
-import { modelRefusal } from '../../worker/model-origin.ts';
+import { modelSource } from '../../worker/model-origin.ts';
 import { describeInProcess } from './fixtures.ts';
 
 // A coordinator (or whoever took its id) names the model a worker loads: the worker reads only
 // its own server's folders and the one that server was started on (issue 17, finding 1).
+/** what `source` answers for `url`: where it reads it, or its refusal */
+const read = (source: (url: string) => string, url: string): string => {
+  try {
+    return source(url);
+  } catch (e) {
+    return `refused: ${(e as Error).message}`;
+  }
+};
+
 describe("a worker page's model folders", () => {
-  const refuse = modelRefusal('http://192.168.1.5:5173', ['https://models.example.org/wan2.1/']);
+  const source = modelSource('http://192.168.1.5:5173', ['https://models.example.org/wan2.1/']);
+  const refuse = (url: string) =>
+    read(source, url)
+      .replace(/^(?!refused: ).*/, 'read')
+      .replace(/^refused: /, '');
   it("reads its own server's folders and the server's --model", () => {
-    expect(refuse('http://192.168.1.5:5173/models/tiny-wan')).toBeNull();
-    expect(refuse('http://192.168.1.5:5173/models/local/')).toBeNull();
-    expect(refuse('https://models.example.org/wan2.1')).toBeNull();
+    expect(read(source, 'http://192.168.1.5:5173/models/tiny-wan')).toBe('http://192.168.1.5:5173/models/tiny-wan');
+    expect(read(source, 'http://192.168.1.5:5173/models/local/')).toBe('http://192.168.1.5:5173/models/local/');
+    expect(read(source, 'https://models.example.org/wan2.1')).toBe('https://models.example.org/wan2.1');
   });
   it('refuses any other origin, or a folder of the --model origin other than it, naming what it reads', () => {
     expect(refuse('http://evil.example/huge.bin')).toBe(
@@ -24,18 +37,33 @@ describe("a worker page's model folders", () => {
     expect(refuse('file:///etc/passwd')).toMatch(/not null$|not file:/);
     expect(refuse('not a url')).toBe('"not a url" is not a URL');
   });
+  it("reads a folder its server serves, named by any of that server's names, from its own origin", () => {
+    // the dashboard at the server's localhost, this worker on another machine at the server's LAN name
+    const lan = modelSource('https://vm.local:5173', [], ['http://localhost:5173', 'https://10.0.0.5:5173']);
+    expect(read(lan, 'http://localhost:5173/models/tiny-wan?v=2')).toBe('https://vm.local:5173/models/tiny-wan?v=2');
+    expect(read(lan, 'https://10.0.0.5:5173/loras/0/a.safetensors')).toBe(
+      'https://vm.local:5173/loras/0/a.safetensors',
+    );
+    // another port of localhost is another server: not this one's to rebase
+    expect(read(lan, 'http://localhost:5174/models/tiny-wan')).toBe(
+      'refused: this worker reads model folders from https://vm.local:5173 only, not http://localhost:5174',
+    );
+  });
   it('reads an adapter file the server was started on (--lora URL), that file and no other of its folder', () => {
     const lora = 'https://hf.example/lightx2v/distill.safetensors';
-    const withLora = modelRefusal('http://localhost:5173', ['/models/local', lora]);
-    expect(withLora(lora)).toBeNull();
-    expect(withLora('http://localhost:5173/loras/0/x.safetensors')).toBeNull();
-    expect(withLora('https://hf.example/lightx2v/other.safetensors')).toBe(
-      'this worker reads model folders from http://localhost:5173 and https://hf.example/lightx2v/distill.safetensors only, not https://hf.example',
+    const withLora = modelSource('http://localhost:5173', ['/models/local', lora]);
+    expect(read(withLora, lora)).toBe(lora);
+    expect(read(withLora, 'http://localhost:5173/loras/0/x.safetensors')).toBe(
+      'http://localhost:5173/loras/0/x.safetensors',
+    );
+    expect(read(withLora, 'https://hf.example/lightx2v/other.safetensors')).toBe(
+      'refused: ' +
+        'this worker reads model folders from http://localhost:5173 and https://hf.example/lightx2v/distill.safetensors only, not https://hf.example',
     );
   });
   it('without a --model, reads its own server only', () => {
-    expect(modelRefusal('http://localhost:5173', [])('https://models.example.org/wan2.1')).toBe(
-      'this worker reads model folders from http://localhost:5173 only, not https://models.example.org',
+    expect(read(modelSource('http://localhost:5173', []), 'https://models.example.org/wan2.1')).toBe(
+      'refused: this worker reads model folders from http://localhost:5173 only, not https://models.example.org',
     );
   });
 });
@@ -51,7 +79,7 @@ describe('a worker runtime asked for a folder its page refuses', () => {
     const runtime = new WorkerRuntime(engine, {
       connectMesh: () => Promise.resolve(memoryExchanges(1)[0]),
       describe: describeInProcess('node'),
-      refuseModel: modelRefusal('http://localhost:5173', []),
+      modelSource: modelSource('http://localhost:5173', []),
     });
     await runtime.initWorker({ ...EXACT_SETTINGS, rank: 0, world: 1, peers: ['w0'], session: 's' });
     const evil = 'http://evil.example/model';

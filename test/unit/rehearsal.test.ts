@@ -233,7 +233,7 @@ describe('a rehearsal', () => {
     );
   });
 
-  it("rehearses with the job's adapters, so the job finds its model loaded, and puts them back after one without", async () => {
+  it("rehearses with the job's adapters, so the job finds its model loaded, and puts them back after one without; all read where the page reads them", async () => {
     const loads: string[] = [];
     const base = stubEngine(referenceStages(model), model.config);
     const engine: EngineApi = {
@@ -246,7 +246,11 @@ describe('a rehearsal', () => {
     const refused: string[] = [];
     const runtime = new WorkerRuntime(engine, {
       ...wasmHooks(),
-      refuseModel: (url) => (url.startsWith('http://elsewhere') ? (refused.push(url), 'not from here') : null),
+      // the page reads what its coordinator calls http://here at its own origin, http://mine
+      modelSource: (url) => {
+        if (url.startsWith('http://elsewhere')) throw new Error((refused.push(url), 'not from here'));
+        return url.replace('http://here', 'http://mine');
+      },
     });
     const loras = [{ url: 'http://here/loras/0/a.safetensors', strength: 0.8 }];
     const job = { ...WARM_UP_JOB, modelUrl: 'http://here/m' };
@@ -254,10 +258,10 @@ describe('a rehearsal', () => {
     await runtime.rehearse({ ...job, degrees: [1], loras });
     await runtime.loadModel({ modelUrl: job.modelUrl, ep: 'wasm', loras });
     await runtime.rehearse({ ...job, degrees: [1], loras });
-    const merged = 'http://here/m http://here/loras/0/a.safetensors:0.8';
+    const merged = 'http://mine/m http://mine/loras/0/a.safetensors:0.8';
     expect(loads).toEqual([merged, merged, merged]); // the same model and adapters: nothing to put back
     await runtime.rehearse({ ...job, degrees: [1] });
-    expect(loads.slice(3)).toEqual(['http://here/m ', merged]);
+    expect(loads.slice(3)).toEqual(['http://mine/m ', merged]);
     // an adapter is fetched only from where the page fetches models
     await expect(
       runtime.loadModel({ ...job, loras: [{ url: 'http://elsewhere/x.safetensors', strength: 1 }] }),

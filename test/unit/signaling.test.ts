@@ -146,6 +146,8 @@ describe("a page's PeerJS token (issue 17, finding 14)", () => {
       iceServers: [],
       relay: { mode: 'off' as const, path: '/relay' },
       lanOrigins: [],
+      origins: [],
+      ca: null,
     };
     const [a, b] = [peerOptions(options).token, peerOptions(options).token];
     expect(a).toMatch(/^[0-9a-f]{32}$/);

@@ -19,6 +19,8 @@ const signaling: SignalingOptions = {
   iceServers: [],
   relay: { mode: 'off', path: '/relay' },
   lanOrigins: [],
+  origins: [],
+  ca: null,
 };
 const swarmWithToken = (token: string) => {
   const peer = { id: 'ditswarm-c-test', on() {}, destroy() {} };
