@@ -5,6 +5,7 @@
 // silence measured against the swarm's load otherwise); listeners hear about every change.
 // Workers reach it over a data channel, or through the server's relay (its socket is open while
 // the swarm is, registered with the token).
+import { CA_LINK_PARAM } from '../core/net/local-ca.ts';
 import { Peer } from 'peerjs';
 import type { DataConnectionLike, Transport } from '../core/net/channel.ts';
 import { Silences, watchHeartbeats, type Death } from '../core/net/heartbeat.ts';
@@ -282,7 +283,10 @@ export class Swarm {
   private joinUrlAt(origin: string): string {
     // the token in the fragment: a browser sends neither it to the server nor it in a Referer. No
     // id: the worker asks the server for this load's (core/net/join-token.ts)
-    return `${origin}/worker.html#token=${encodeURIComponent(this.token)}`;
+    const link = `${origin}/worker.html#token=${encodeURIComponent(this.token)}`;
+    // over https by the server's own CA, the link names it: a worker process pins it (a browser trusts it once)
+    const { ca } = this.signaling;
+    return ca && origin.startsWith('https:') ? `${link}&${CA_LINK_PARAM}=${ca.fingerprint}` : link;
   }
 
   workers(): SwarmWorker[] {
