@@ -1,4 +1,5 @@
 import qrcode from 'qrcode-generator';
+import { CA_LINK_PARAM, spacedFingerprint } from '../../core/net/local-ca.ts';
 import { $ } from './dom.ts';
 
 /**
@@ -11,6 +12,7 @@ export function showJoinLink(url: string, local: string): void {
   $('local-join').hidden = local === url;
   const link = $('join-link', HTMLAnchorElement);
   link.href = link.textContent = url;
+  showTrustOnce(url);
   const qr = qrcode(0, 'M');
   qr.addData(url);
   qr.make();
@@ -26,4 +28,18 @@ export function showJoinLink(url: string, local: string): void {
     }
     setTimeout(() => (copy.textContent = 'Copy link'), 2000);
   };
+}
+
+/**
+ * A link over https by the server's own CA names it (`#…&ca=`): a machine that does not trust it yet opens the same
+ * link over plain http, whose page shows how to trust it once, with the fingerprint to compare, and then goes on.
+ */
+function showTrustOnce(url: string): void {
+  const fingerprint = new URLSearchParams(new URL(url).hash.slice(1)).get(CA_LINK_PARAM);
+  $('trust-once').hidden = fingerprint === null;
+  if (fingerprint === null) return;
+  const trustLink = $('trust-link', HTMLAnchorElement);
+  trustLink.href = url.replace(/^https:/, 'http:');
+  trustLink.textContent = new URL(trustLink.href).origin;
+  $('ca-fingerprint').textContent = spacedFingerprint(fingerprint);
 }
