@@ -205,7 +205,7 @@ async function enterJob(dashboard: Page, degree: number): Promise<{ latent: Floa
   return { latent: new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4) };
 }
 
-/** What `child` printed once a line matched `until` (its output keeps being read, so it never blocks on a full pipe). */
+/** What `child` printed once it matched `until` (its output keeps being read, so it never blocks on a full pipe). */
 function untilPrinted(child: ChildProcess, until: RegExp): Promise<string> {
   return new Promise((resolve, reject) => {
     let output = '';
