@@ -1,12 +1,13 @@
 import { chromium, expect, test, type Browser, type Page } from '@playwright/test';
-import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
-import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import { spawn, type ChildProcess } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { JobOverrides } from '../../app/automation.ts';
 import { defined } from '../../core/defined.ts';
 import { CA_LINK_PARAM } from '../../core/net/local-ca.ts';
 import { chromiumArgs, chromiumExecutable } from '../../server/chromium.ts';
+import { serverCaFile, trustingHome } from './trusted-ca.ts';
 import { CI, maxAbsDiff, runJob, SMALL_WASM_JOB, TEST_MODEL } from './swarm-page.ts';
 
 // Other machines join over https (issue 63): `npm start` as a user runs it, each "machine" a browser of its own (no
@@ -22,7 +23,7 @@ test.describe.serial('workers on other machines, over https with the CA trusted'
   let printed = '';
   let port = 0;
   /** a home whose NSS database trusts the server's CA: what each other machine's owner did once */
-  const trustingHome = join(scratch, 'trusting-home');
+  const trusting = join(scratch, 'trusting-home');
   const browsers: Browser[] = [];
   /** the jobs of a localhost tab that each https worker's must equal ('entered': through the form, with Enter) */
   const reference: Partial<Record<'wasm' | 'webgpu' | 'entered', { latent: Float32Array }>> = {};
@@ -40,16 +41,7 @@ test.describe.serial('workers on other machines, over https with the CA trusted'
     );
     printed = await untilPrinted(server, /signaling/);
     port = Number(defined(/serving on port (\d+)/.exec(printed), 'the port npm start printed')[1]);
-    mkdirSync(join(trustingHome, '.pki/nssdb'), { recursive: true });
-    const nssdb = `sql:${join(trustingHome, '.pki/nssdb')}`;
-    const ca = join(scratch, 'server-home/.cache/ditswarm/server/tls/ca.pem');
-    for (const args of [
-      ['-N', '--empty-password'],
-      ['-A', '-t', 'C,,', '-n', 'ditswarm test CA', '-i', ca],
-    ]) {
-      const run = spawnSync('certutil', ['-d', nssdb, ...args], { encoding: 'utf8' });
-      if (run.status !== 0) throw new Error(`certutil ${args.join(' ')}: ${run.stderr || run.error?.message}`);
-    }
+    trustingHome(trusting, serverCaFile(join(scratch, 'server-home')));
   });
 
   test.afterAll(async () => {
@@ -63,7 +55,7 @@ test.describe.serial('workers on other machines, over https with the CA trusted'
     const browser = await chromium.launch({
       executablePath: chromiumExecutable(),
       args: [...chromiumArgs, `--host-resolver-rules=MAP ${HOST} 127.0.0.1`],
-      env: { ...process.env, HOME: trustingHome },
+      env: { ...process.env, HOME: trusting },
     });
     browsers.push(browser);
     return browser;
