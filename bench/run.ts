@@ -4,7 +4,7 @@
 //
 //   npm run bench                      block cost, projection, local overhead, scaling, threads,
 //                                      full-size, pooled, vae, uneven, slow-link, spot-check-overhead,
-//                                      time-to-video, load, api-polls, node-worker (in this order)
+//                                      time-to-video, load, api-polls, node-worker, signaling (in this order)
 //   npm run bench -- scaling [flags]   one of them (flags as in bench/scaling.ts etc.)
 //   npm run bench -- --smoke [name]    all of them (or one) at tiny sizes on small models, in a few minutes, without
 //                                      waiting for a quiet machine, reports in bench/out/smoke/: what CI runs, so that
@@ -27,6 +27,7 @@ import { parseTimeToVideoArgs, runTimeToVideo, SMOKE_TIME_TO_VIDEO } from './tim
 import { parseLoadArgs, runLoad, SMOKE_LOAD } from './load.ts';
 import { parseApiPollsArgs, runApiPolls, SMOKE_API_POLLS } from './api-polls.ts';
 import { parseNodeWorkerArgs, runNodeWorker, SMOKE_NODE_WORKER } from './node-worker.ts';
+import { parseSignalingArgs, runSignaling, SMOKE_SIGNALING } from './signaling.ts';
 
 /** every benchmark, in the order a whole run takes them (block cost first: the projection is held to it) */
 const BENCHMARKS = [
@@ -45,6 +46,7 @@ const BENCHMARKS = [
   'load',
   'api-polls',
   'node-worker',
+  'signaling',
 ] as const;
 type Benchmark = (typeof BENCHMARKS)[number];
 
@@ -258,5 +260,21 @@ if (chosen.includes('node-worker')) {
       `${nodeWorker.twoNodes.totalMs} ms`,
   );
   sectionDone('node-worker');
+}
+if (chosen.includes('signaling')) {
+  const signaling = await runSignaling(options(SMOKE_SIGNALING, parseSignalingArgs));
+  report('signaling.json', signaling);
+  const { perWorker } = signaling.server;
+  console.log(
+    `signaling: ${signaling.joined} of ${signaling.config.workers} workers joined ` +
+      `(${signaling.config.addresses} addresses), ${signaling.joinsPerSecond} a second, ` +
+      `join p50/p95 ${signaling.joinMs.p50}/${signaling.joinMs.p95} ms (the server's part ` +
+      `${signaling.serverPartMs.p50}/${signaling.serverPartMs.p95} ms); ` +
+      `the server ${signaling.server.idle.rssMiB} MiB ` +
+      `idle, ${perWorker.rssKiB} KiB and ${perWorker.joinCpuMs} ms CPU a worker; ` +
+      `refused ${signaling.refused.reduce((n, r) => n + r.count, 0)}` +
+      (signaling.dashboardCut ? `; the dashboard's signaling socket was cut (${signaling.dashboardCut.code})` : ''),
+  );
+  sectionDone('signaling');
 }
 log(`done in ${((Date.now() - started) / 1000).toFixed(0)} s: ${took.join(', ')}`);
