@@ -284,9 +284,10 @@ export class Swarm {
     // the token in the fragment: a browser sends neither it to the server nor it in a Referer. No
     // id: the worker asks the server for this load's (core/net/join-token.ts)
     const link = `${origin}/worker.html#token=${encodeURIComponent(this.token)}`;
-    // over https by the server's own CA, the link names it: a worker process pins it (a browser trusts it once)
-    const { ca } = this.signaling;
-    return ca && origin.startsWith('https:') ? `${link}&${CA_LINK_PARAM}=${ca.fingerprint}` : link;
+    // at the server's own https names, the link names its CA: a worker process pins it (a browser trusts it once);
+    // elsewhere (a proxy in front with a certificate of its own) the CA is not what a worker meets
+    const { ca, lanOrigins } = this.signaling;
+    return ca && lanOrigins.includes(origin) ? `${link}&${CA_LINK_PARAM}=${ca.fingerprint}` : link;
   }
 
   workers(): SwarmWorker[] {
