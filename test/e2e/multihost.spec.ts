@@ -1,10 +1,14 @@
 import { chromium, expect, test, type Browser, type Page } from '@playwright/test';
 import type { ChildProcess } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import type { JobOverrides } from '../../app/automation.ts';
 import { defined } from '../../core/defined.ts';
 import { chromiumArgs, chromiumExecutable } from '../../server/chromium.ts';
 import { exchangeFloatsPerBlock, planUlysses } from '../../core/parallel.ts';
 import { canCreateNamespaces, createTestNetwork, type TestHost, type TestNetwork } from './netns.ts';
+import { serverCaFile, trustingHome } from './trusted-ca.ts';
 import { maxAbsDiff, runJob, SMALL_WASM_JOB, type JobOutcome } from './swarm-page.ts';
 
 // The swarm on separate hosts: the server in h0, the dashboard's Chromium in h1 and one Chromium
@@ -33,13 +37,14 @@ test.describe.serial('Ulysses across hosts', () => {
   let dashboardHost: TestHost;
   /** hosts whose pages sent a STUN Binding request to the server published in /signaling.json */
   const stunClients = new Set<string>();
+  const { serverHome, trusting, removeHomes } = homes();
 
   test.beforeAll(async () => {
     test.setTimeout(120_000);
     network = createTestNetwork(2 + WORKERS);
     const [h0, h1, ...rest] = network.hosts;
     [serverHost, dashboardHost, workerHosts] = [h0, h1, rest];
-    const origin = `http://${h0.address}:${SERVER_PORT}`;
+    const origin = `https://${h0.address}:${SERVER_PORT}`;
     const stun = network.spawnIn(h0, process.execPath, [
       '--import',
       'tsx',
@@ -50,7 +55,11 @@ test.describe.serial('Ulysses across hosts', () => {
     defined(stun.stdout, "the STUN server's output").on('data', (chunk: Buffer) => {
       for (const [, address] of chunk.toString().matchAll(/^binding (\S+)$/gm)) stunClients.add(address);
     });
-    const env = { ...process.env, DITSWARM_ICE_SERVERS: `stun:${h0.address}:${STUN_PORT}` };
+    const env = {
+      ...process.env,
+      HOME: serverHome,
+      DITSWARM_ICE_SERVERS: `stun:${h0.address}:${STUN_PORT}`,
+    };
     const server = network.spawnIn(
       h0,
       process.execPath,
@@ -58,10 +67,10 @@ test.describe.serial('Ulysses across hosts', () => {
       { env },
     );
     const dashboardUrl = await dashboardLink(server, origin);
+    // every other host trusts the server's CA, as its owner would once: its pages are https, secure contexts
+    trustingHome(trusting, serverCaFile(serverHome));
 
-    // http://10.x is not a secure context; the dashboard needs one (WebCodecs, crypto.subtle).
-    // Workers stay on plain http, as a LAN worker opened from the join link would be.
-    const dashboardBrowser = await launchIn(network, h1, [`--unsafely-treat-insecure-origin-as-secure=${origin}`]);
+    const dashboardBrowser = await launchIn(network, h1, []);
     dashboard = await dashboardBrowser.newPage();
     await dashboard.goto(dashboardUrl); // another machine than the server's: the owner's link
     expect(await dashboard.evaluate(() => [isSecureContext, crossOriginIsolated])).toEqual([true, true]);
@@ -71,6 +80,8 @@ test.describe.serial('Ulysses across hosts', () => {
     for (const host of workerHosts) {
       const page = await (await launchIn(network, host, [])).newPage();
       await page.goto(joinUrl);
+      // the https link: WebGPU, threads and WebCodecs on every other host, not on the server's alone
+      expect(await page.evaluate(() => [isSecureContext, crossOriginIsolated])).toEqual([true, true]);
     }
     await expect.poll(() => dashboard.evaluate(() => window.ditswarm.workerCount()), { timeout: 60_000 }).toBe(WORKERS);
   });
@@ -78,6 +89,7 @@ test.describe.serial('Ulysses across hosts', () => {
   test.afterAll(async () => {
     await Promise.allSettled(browsers.map((b) => b.close()));
     network?.cleanup();
+    removeHomes();
   });
 
   test('P = 2 and P = 3 on separate hosts equal P = 1 within 1e-4; the exchange goes host to host, not through the server', async () => {
@@ -127,6 +139,7 @@ test.describe.serial('Ulysses across hosts', () => {
     const browser = await chromium.launch({
       executablePath: net.chromiumIn(host, chromiumExecutable()),
       args: [...chromiumArgs, ...extraArgs],
+      env: { ...process.env, HOME: trusting },
     });
     browsers.push(browser);
     return browser;
@@ -147,6 +160,7 @@ test.describe.serial('relay fallback across hosts', () => {
   let spare: TestHost;
   let blocked: TestHost;
   let joinUrl: string;
+  const { serverHome, trusting, removeHomes } = homes();
 
   test.beforeAll(async () => {
     test.setTimeout(120_000);
@@ -154,15 +168,16 @@ test.describe.serial('relay fallback across hosts', () => {
     const [h0, h1, ...rest] = network.hosts;
     [serverHost, open, spare, blocked] = [h0, ...rest];
     network.blockUdp(blocked);
-    const origin = `http://${h0.address}:${SERVER_PORT}`;
+    const origin = `https://${h0.address}:${SERVER_PORT}`;
     const server = network.spawnIn(
       h0,
       process.execPath,
       ['--import', 'tsx', 'server/main.ts', '--port', String(SERVER_PORT)],
-      { env: { ...process.env, DITSWARM_RELAY: 'fallback' } },
+      { env: { ...process.env, HOME: serverHome, DITSWARM_RELAY: 'fallback' } },
     );
     const dashboardUrl = await dashboardLink(server, origin);
-    dashboard = await (await launch(h1, [`--unsafely-treat-insecure-origin-as-secure=${origin}`])).newPage();
+    trustingHome(trusting, serverCaFile(serverHome));
+    dashboard = await (await launch(h1)).newPage();
     await dashboard.goto(dashboardUrl);
     ({ joinUrl } = await dashboard.evaluate(() => window.ditswarm.ready));
   });
@@ -170,12 +185,14 @@ test.describe.serial('relay fallback across hosts', () => {
   test.afterAll(async () => {
     await Promise.allSettled(browsers.map((b) => b.close()));
     network?.cleanup();
+    removeHomes();
   });
 
-  async function launch(host: TestHost, extraArgs: string[] = []): Promise<Browser> {
+  async function launch(host: TestHost): Promise<Browser> {
     const browser = await chromium.launch({
       executablePath: net().chromiumIn(host, chromiumExecutable()),
-      args: [...chromiumArgs, ...extraArgs],
+      args: [...chromiumArgs],
+      env: { ...process.env, HOME: trusting },
     });
     browsers.push(browser);
     return browser;
@@ -235,7 +252,19 @@ test.describe.serial('relay fallback across hosts', () => {
   });
 });
 
-/** Resolves when `child` prints `line`; its output keeps being read after that, so it never blocks on a full pipe. */
+/**
+ * The server host's home (its state folder, its CA among it, of the test's own) and the home every other host's browser
+ * runs with, whose NSS database trusts that CA once the server made it.
+ */
+function homes(): { serverHome: string; trusting: string; removeHomes: () => void } {
+  const scratch = mkdtempSync(join(tmpdir(), 'ditswarm-hosts-'));
+  return {
+    serverHome: join(scratch, 'server'),
+    trusting: join(scratch, 'trusting'),
+    removeHomes: () => rmSync(scratch, { recursive: true, force: true }),
+  };
+}
+
 /** The dashboard's link for other machines than the server's, as `npm start` printed it (its owner key in it). */
 async function dashboardLink(server: ChildProcess, origin: string): Promise<string> {
   const printed = await linePrinted(server, '#owner=', 'the ditswarm server');

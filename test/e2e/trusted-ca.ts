@@ -23,5 +23,5 @@ export function trustingHome(home: string, caFile: string): string {
   return home;
 }
 
-/** Where a server whose HOME is `home` keeps its local CA's certificate (server/certificates.ts, under its state folder). */
+/** Where a server whose HOME is `home` keeps its local CA (server/certificates.ts, under its state folder). */
 export const serverCaFile = (home: string): string => join(home, '.cache/ditswarm/server/tls/ca.pem');
