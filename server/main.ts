@@ -155,6 +155,16 @@ const server = await startServer({
   hosts,
   ...model,
 });
+// a machine that moves to another network has new addresses: its certificate names them within a minute
+const RENEW_CHECK_MS = 60_000;
+if (server.ca)
+  setInterval(() => {
+    if (serverNames(hosts).every((name) => tls.covers(name))) return;
+    tls = localTls(join(stateDir, 'tls'), serverNames(hosts), (line) => console.error(`https: ${line}`));
+    server.renewTls(tls);
+    console.log(`  LAN links   now ${server.lanOrigins().join(', ')}`);
+  }, RENEW_CHECK_MS).unref();
+
 const iceUrls = iceServers.flatMap((s) => s.urls); // credentials stay out of the log
 
 const lanUrls = server.lanOrigins();

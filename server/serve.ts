@@ -151,7 +151,9 @@ export interface RunningServer {
   /** where other machines reach this server (https with `tls`), its `--host` names first */
   lanOrigins(): string[];
   /** the local CA other machines trust once, where the server made its own certificate */
-  ca: LocalCa | null;
+  readonly ca: LocalCa | null;
+  /** serves https with `tls` from the next connection on (a certificate made again for new addresses) */
+  renewTls(tls: ServerTls): void;
   peerKey: string;
   relay: Relay;
   joinTokens: JoinTokens;
@@ -172,12 +174,13 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
 
   const app = express();
   const plain = http.createServer(app);
-  const secure = options.tls && https.createServer({ key: options.tls.key, cert: options.tls.cert }, app);
+  let tls = options.tls;
+  const secure = tls && https.createServer({ key: tls.key, cert: tls.cert }, app);
   const server = secure ? sniffingServer(plain, secure) : plain;
   let boundPort: number | null = null;
   const hosts = options.hosts ?? [];
   const origins = serverOrigins(options.allowOrigins ?? [], () => boundPort, hosts);
-  const lanOriginsAt = (port: number) => lanOrigins(port, hosts, options.tls);
+  const lanOriginsAt = (port: number) => lanOrigins(port, hosts, tls);
   app.use((request, response, next) => {
     if (origins.hostAllowed(request.headers.host)) {
       next();
@@ -192,7 +195,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       );
   });
   // before isolation's headers: the trust page is no secure context, where they mean nothing (and browsers say so)
-  if (options.tls) mountTrustPage(app, options.tls);
+  if (tls) mountTrustPage(app, tls);
   app.use(crossOriginIsolation);
   const signaling = mountSignaling(app, plain, peerKey, origins, () => server.listening);
   const joinTokens = openJoinTokens(options.stateDir);
@@ -224,7 +227,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       relay: { mode: relayMode, path: RELAY_PATH },
       lanOrigins: lanOriginsAt(port),
       origins: ownOrigins(port, hosts, secure !== undefined),
-      ca: options.tls?.ca ? { fingerprint: options.tls.ca.fingerprint } : null,
+      ca: tls?.ca ? { fingerprint: tls.ca.fingerprint } : null,
     });
   });
   app.get('/models.json', (_request, response) => {
@@ -253,7 +256,14 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     url: `http://localhost:${boundPort}`,
     port: boundPort,
     lanOrigins: () => lanOriginsAt(bound),
-    ca: options.tls?.ca ?? null,
+    get ca() {
+      return tls?.ca ?? null;
+    },
+    renewTls(next) {
+      if (!secure) throw new Error('this server was started without https (no tls option): nothing to renew');
+      secure.setSecureContext({ key: next.key, cert: next.cert });
+      tls = next;
+    },
     peerKey,
     relay,
     joinTokens,

@@ -142,3 +142,31 @@ describe('one port, http at localhost and https for other machines', () => {
     expect(JSON.parse(first)).toMatchObject({ type: 'OPEN' });
   });
 });
+
+describe('a server whose names changed while it ran', () => {
+  it('serves a certificate made again for them from the next connection on, and links to them', async () => {
+    const dir = join(scratch, 'renewed');
+    const before = localTls(dir, serverNames());
+    const server = await startServer({ port: 0, quiet: true, tls: before, hosts: ['swarm.test'] });
+    try {
+      const ask = () =>
+        new Promise<number>((resolve, reject) => {
+          const headers = { host: `swarm.test:${server.port}` };
+          const options = { host: '127.0.0.1', port: server.port, path: TLS_PROBE_PATH, headers };
+          https
+            .get({ ...options, servername: 'swarm.test', ca: before.ca?.pem, agent: false }, (response) => {
+              response.resume();
+              resolve(response.statusCode ?? 0);
+            })
+            .on('error', reject);
+        });
+      expect(server.lanOrigins()).not.toContain(`https://swarm.test:${server.port}`);
+      await expect(ask()).rejects.toThrow(/altnames/i);
+      server.renewTls(localTls(dir, serverNames(['swarm.test'])));
+      expect(await ask()).toBe(204);
+      expect(server.lanOrigins()[0]).toBe(`https://swarm.test:${server.port}`);
+    } finally {
+      await server.close();
+    }
+  });
+});
