@@ -27,12 +27,17 @@ export function lanOrigins(port: number, hosts: readonly string[], tls: ServerTl
   return names.filter((name) => tls.covers(name)).map((name) => `https://${bracketed(name)}:${port}`);
 }
 
+const FIRST_BYTE_TIMEOUT_MS = 30_000;
+
 /** One port for both: a TLS connection starts with a handshake record (0x16); anything else is plain http. */
 export function sniffingServer(plain: http.Server, secure: https.Server): net.Server {
   const TLS_HANDSHAKE = 0x16;
   return net.createServer((socket) => {
     socket.once('error', () => socket.destroy()); // a peer gone before its first byte
+    // a connection that says nothing holds a socket: the http servers' own timeouts start only once it is theirs
+    socket.setTimeout(FIRST_BYTE_TIMEOUT_MS, () => socket.destroy());
     socket.once('data', (first: Buffer) => {
+      socket.setTimeout(0);
       socket.pause();
       socket.unshift(first);
       (first[0] === TLS_HANDSHAKE ? secure : plain).emit('connection', socket);
