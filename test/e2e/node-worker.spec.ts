@@ -6,6 +6,8 @@ import { expect, test, type Page } from '@playwright/test';
 import { defined } from '../../core/defined.ts';
 import { startNodeWorker } from '../../server/cli/browser-swarm.ts';
 import { PUBLIC_DIR } from '../../server/app-build.ts';
+import { localTls } from '../../server/certificates.ts';
+import { serverNames } from '../../server/origins.ts';
 import { startServer } from '../../server/serve.ts';
 import { hostileLog, makeHostile, setRules } from './hostile/wire.ts';
 import {
@@ -54,13 +56,21 @@ test.beforeAll(() => {
 });
 test.afterAll(() => rmSync(cacheDir, { recursive: true, force: true }));
 
-/** A worker process joined to the dashboard's swarm, its lines kept; resolves once the dashboard counts it. */
-async function joinProcess(dashboard: Page, flags: string[] = [], env: NodeJS.ProcessEnv = {}): Promise<NodeWorker> {
+/**
+ * A worker process joined to the dashboard's swarm by `link` (the dashboard's own link unless given), its lines kept;
+ * resolves once the dashboard counts it.
+ */
+async function joinProcess(
+  dashboard: Page,
+  flags: string[] = [],
+  env: NodeJS.ProcessEnv = {},
+  link?: string,
+): Promise<NodeWorker> {
   const { joinUrl } = await dashboard.evaluate(() => window.ditswarm.ready);
   const before = await dashboard.evaluate(() => window.ditswarm.workerCount());
   const lines: string[] = [];
   const child = startNodeWorker(
-    joinUrl,
+    link ?? joinUrl,
     1,
     'node worker',
     (line) => lines.push(line),
@@ -235,6 +245,78 @@ test('a displaced job with a worker process for one of its two ranks equals the 
     await swarm.close();
   }
 });
+
+test(
+  "a worker process joins by the https link other machines get, pinning the server's CA, and equals one tab; one given a wrong pin is refused before it sends its token",
+  CI,
+  async ({ browser }) => {
+    test.setTimeout(300_000);
+    const tlsDir = mkdtempSync(join(tmpdir(), 'ditswarm-tls-'));
+    const tls = localTls(tlsDir, serverNames(['swarm.test']));
+    const fingerprint = defined(tls.ca, 'the local CA').fingerprint;
+    const secure = await startServer({ port: 0, quiet: true, tls, hosts: ['swarm.test'] });
+    // the dashboard at the server's localhost, as `npm start` says to open it
+    const swarm = await openTestSwarm(browser, secure.url, 1);
+    try {
+      const single = await runJob(swarm.dashboard, { ...SMALL_WASM_JOB, workers: 1 });
+      const { lanJoinUrl } = await swarm.dashboard.evaluate(() => window.ditswarm.ready);
+      expect(lanJoinUrl).toMatch(`https://swarm.test:${secure.port}/worker.html#token=`);
+      expect(lanJoinUrl).toMatch(new RegExp(`&ca=${fingerprint}$`));
+      // swarm.test resolves nowhere for a process: it reaches the server at localhost, a name the certificate names too
+      const link = lanJoinUrl.replace('https://swarm.test:', 'https://localhost:');
+
+      // a link whose pin is not the server's CA, holding a token of this server that nothing else uses: any request
+      // that proves it (a join, the relay) would ask the server whether it stands by the token's room
+      const token = secure.joinTokens.issue();
+      const room = token.split('.')[0];
+      const asked: string[] = [];
+      const standing = secure.joinTokens.standing.bind(secure.joinTokens);
+      secure.joinTokens.standing = (r) => {
+        asked.push(r);
+        return standing(r);
+      };
+      const wrongPin = `${fingerprint.slice(0, -1)}${fingerprint.endsWith('0') ? '1' : '0'}`;
+      const refusedLines: string[] = [];
+      const refused = startNodeWorker(
+        link.replace(/token=[^&]+/, `token=${token}`).replace(`ca=${fingerprint}`, `ca=${wrongPin}`),
+        1,
+        'wrong pin',
+        (line) => refusedLines.push(line),
+        ['--cache', cacheDir, '--device', 'wasm'],
+      );
+      const status = await new Promise((resolve) => refused.once('exit', resolve));
+      const said = refusedLines.join('\n');
+      expect(status, said).toBe(1);
+      expect(said).toContain(
+        `worker: the server at https://localhost:${secure.port} showed a CA whose SHA-256 is ${fingerprint}, ` +
+          `not the link's ${wrongPin}: nothing of the swarm's was sent to it.`,
+      );
+      expect(said).not.toContain('peer id');
+      expect(asked.filter((r) => r === room)).toEqual([]);
+
+      // keeping no weights, it fetches them all over https, in its engine's thread
+      const pinned = await joinProcess(swarm.dashboard, ['--device', 'wasm', '--cache', ''], {}, link);
+      const run = await runJob(swarm.dashboard, { ...SMALL_WASM_JOB, workers: 2 });
+      await leave(swarm.dashboard, pinned);
+      expect(kinds(run)).toEqual(['node', 'tab']);
+      const processWorker = defined(
+        run.report.workers.find((w) => w.kind === 'node'),
+        'the process',
+      );
+      expect(processWorker.id).toBe(pinned.id);
+      expect(processWorker.weights.networkBytes).toBeGreaterThan(0);
+      const diff = offBy(run.latent, single.latent);
+      console.log(
+        `a process joined over https with a pinned CA: ${diff.toExponential(2)} of the latent's largest value`,
+      );
+      expect(diff).toBeLessThanOrEqual(PROCESS_TOLERANCE);
+    } finally {
+      await swarm.close();
+      await secure.close();
+      rmSync(tlsDir, { recursive: true, force: true });
+    }
+  },
+);
 
 test('a worker process whose links all go through the relay gives the latent of one tab', async ({ browser }) => {
   test.setTimeout(300_000);

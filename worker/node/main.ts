@@ -4,21 +4,28 @@
 import { existsSync } from 'node:fs';
 import { availableParallelism } from 'node:os';
 import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { readWorkerLink } from '../../app/worker-link.ts';
 import { MAX_MODEL_MEMORY_GIB, MIN_MODEL_MEMORY_GIB, NATIVE_DEVICES } from '../../core/worker-api.ts';
 import { CACHE_ROOT } from '../../server/model-folder.ts';
 import { startWorkerEndpoint, type WorkerStatus } from '../endpoint.ts';
 import { nodePlatform, type DeviceRequest } from './platform.ts';
+import { caToTrust, runTrusting, untrustedServer } from './server-ca.ts';
 
 /** where a worker process keeps the weights it fetched unless told */
 const DEFAULT_CACHE = join(CACHE_ROOT, 'worker-weights');
 
 const USAGE = `usage: npm run worker -- <worker link> [--threads N] [--model-memory GiB] [--cache DIR]
-         [--model-dir DIR] [--device auto|cpu|cuda|webgpu|wasm]
+         [--model-dir DIR] [--device auto|cpu|cuda|webgpu|wasm] [--ca FILE]
        (npx ditswarm worker <worker link> … where ditswarm is installed as a package)
 
-  <worker link>         the link the dashboard shows under "Add a worker": http://HOST:PORT/worker.html#token=…
+  <worker link>         the link the dashboard shows under "Add a worker", quoted: from another machine
+                        https://HOST:PORT/worker.html#token=…&ca=… (ca= pins the server's own CA by its SHA-256:
+                        this process trusts that CA, and is refused by a server showing another); on the server's
+                        machine http://localhost:PORT/worker.html#token=…
+  --ca FILE             trust this CA certificate (PEM; the server serves its own at /ca.crt) for an https link
+                        that pins none; a server whose certificate is of a public CA needs neither
   --threads N           the cores to compute on (default: all ${availableParallelism()} of this machine's)
   --model-memory GiB    what a pipeline stage placed here may hold of the model's weights (default: no bound)
   --cache DIR           keep the weights it fetches in DIR, for its next start (default: ${DEFAULT_CACHE});
@@ -47,6 +54,7 @@ const { values, positionals } = (() => {
         device: { type: 'string', default: 'auto' },
         cache: { type: 'string', default: DEFAULT_CACHE },
         'model-dir': { type: 'string' },
+        ca: { type: 'string' },
         help: { type: 'boolean' },
       },
     });
@@ -79,6 +87,14 @@ if (modelDir !== null && !existsSync(join(modelDir, 'model_index.json')))
   fail(`--model-dir ${modelDir}: no model_index.json there; give a model folder as diffusers publishes it`);
 const DEVICES: readonly DeviceRequest[] = ['auto', ...NATIVE_DEVICES, 'wasm'];
 const device = DEVICES.find((d) => d === values.device) ?? fail(`--device takes one of ${DEVICES.join(', ')}`);
+
+// before anything else is sent: an https link's CA is checked against its pin, then trusted by a run of its own
+const ca = await caToTrust(new URL(link), values.ca ?? null).catch((e: unknown) => {
+  console.error(`worker: ${(e as Error).message}`);
+  return process.exit(1);
+});
+if (ca) process.exit(await runTrusting(ca, fileURLToPath(import.meta.url)));
+
 const { platform, compute } = await nodePlatform({ threads, device, cacheDir, modelDir }).catch((e: unknown) =>
   fail(`--device ${device}: ${(e as Error).message}`),
 );
@@ -99,15 +115,21 @@ const endpoint = await startWorkerEndpoint({
   platform,
   onStatus: say,
 }).catch((e: unknown) => {
-  console.error(`worker: could not join: ${(e as Error).message}`);
+  console.error(`worker: could not join: ${(e as Error).message}${untrustedServer(e, link)}`);
   return process.exit(1);
 });
 
-const leave = (signal: string) => {
-  console.log(`worker: ${signal}: leaving the swarm`);
+let leaving = false;
+const leave = (why: string) => {
+  // a terminal's Ctrl-C reaches this run and the one that started it (runTrusting), which hands it on: heard once
+  if (leaving) return;
+  leaving = true;
+  console.log(`worker: ${why}: leaving the swarm`);
   endpoint.leave();
   // the dashboard hears the link close; WebRTC's sockets need a moment to say so
   setTimeout(() => process.exit(0), 500);
 };
-process.once('SIGINT', () => leave('SIGINT'));
-process.once('SIGTERM', () => leave('SIGTERM'));
+process.on('SIGINT', () => leave('SIGINT'));
+process.on('SIGTERM', () => leave('SIGTERM'));
+// started by runTrusting: that process ended, however it ended, and no one is left to stop this one
+process.once('disconnect', () => leave('the process that started it ended'));
