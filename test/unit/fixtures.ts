@@ -12,6 +12,9 @@ import { memoryExchanges } from '../../rank/exchange/memory.ts';
 import type { ModelBounds } from '../../rank/bounds.ts';
 import { WorkerRuntime } from '../../rank/runtime.ts';
 import { folderFiles } from '../../server/model-folder.ts';
+import { Swarm } from '../../coordinator/swarm.ts';
+import type { SwarmKeys } from '../../core/net/join-token.ts';
+import type { SignalingOptions } from '../../core/net/peer-link.ts';
 import { serialStages, type DeviceStageRunner } from '../../rank/stages.ts';
 
 export const TINY_MODEL_DIR = join(import.meta.dirname, '../../public/models/tiny-wan');
@@ -103,4 +106,25 @@ export class SinkChannel implements Channel {
 export function describeInProcess(userAgent = 'in-process'): () => Promise<WorkerInfo> {
   return () =>
     Promise.resolve({ ep: 'wasm', adapter: 'test', softwareAdapter: false, threads: 1, memoryGiB: null, userAgent });
+}
+
+/** What a server at localhost with no relay, no ICE servers and no https publishes to its pages. */
+export const LOCAL_SIGNALING: SignalingOptions = {
+  host: 'localhost',
+  port: 8080,
+  path: '/peerjs',
+  key: 'k',
+  secure: false,
+  iceServers: [],
+  relay: { mode: 'off', path: '/relay' },
+  lanOrigins: [],
+  origins: [],
+  ca: null,
+};
+
+/** A Swarm of a dashboard at `origin` on a stub peer (its constructor is private; Swarm.open registers a real one). */
+export function stubSwarm(origin: string, keys: SwarmKeys, signaling: SignalingOptions = LOCAL_SIGNALING): Swarm {
+  const peer = { id: 'ditswarm-c-test', on() {}, destroy() {} };
+  type SwarmConstructor = new (peer: unknown, origin: string, keys: SwarmKeys, signaling: SignalingOptions) => Swarm;
+  return new (Swarm as unknown as SwarmConstructor)(peer, origin, keys, signaling);
 }

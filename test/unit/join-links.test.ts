@@ -1,28 +1,18 @@
 import { describe, expect, it } from 'vitest';
 import type { SignalingOptions } from '../../core/net/peer-link.ts';
-import { Swarm } from '../../coordinator/swarm.ts';
+import { LOCAL_SIGNALING, stubSwarm } from './fixtures.ts';
 
 // The links a dashboard hands out (issue 63): other machines get the server's https name, and where that name's
 // certificate is the server's own CA's, the link names the CA, which a worker process pins.
 const FINGERPRINT = 'ab'.repeat(32);
 const signaling: SignalingOptions = {
-  host: 'localhost',
-  port: 5173,
-  path: '/peerjs',
-  key: 'k',
-  secure: false,
-  iceServers: [],
-  relay: { mode: 'off', path: '/relay' },
+  ...LOCAL_SIGNALING,
   lanOrigins: ['https://vm.local:5173', 'https://10.0.0.5:5173'],
-  origins: [],
   ca: { fingerprint: FINGERPRINT },
 };
 /** the links of a dashboard opened at `origin`, its server publishing `published` */
 const links = (origin: string, published: SignalingOptions = signaling) => {
-  const peer = { id: 'ditswarm-c-test', on() {}, destroy() {} };
-  const swarm = new (
-    Swarm as unknown as new (peer: unknown, origin: string, keys: object, signaling: SignalingOptions) => Swarm
-  )(peer, origin, { token: 't', dashboardKey: 'key' }, published);
+  const swarm = stubSwarm(origin, { token: 't', dashboardKey: 'key' }, published);
   return { joinUrl: swarm.joinUrl, lanJoinUrl: swarm.lanJoinUrl };
 };
 

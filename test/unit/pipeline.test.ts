@@ -1,6 +1,5 @@
 import { DEFAULT_JOB } from '../../core/job.ts';
 import { cpSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import type { SwarmKeys } from '../../core/net/join-token.ts';
 import { spotCheckTolerance } from '../../coordinator/spot-check.ts';
 import { readFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -35,7 +34,7 @@ import { WorkerRuntime } from '../../rank/runtime.ts';
 import type { Exchange } from '../../rank/ulysses.ts';
 import { WAN21_T2V_1_3B } from '../../server/wan21-layout.ts';
 import { anyNumber } from './matchers.ts';
-import { tinyModelFiles } from './fixtures.ts';
+import { stubSwarm, tinyModelFiles } from './fixtures.ts';
 import { onTinyModel } from './in-process-executor.ts';
 
 // generate() for real, in Node: the pipeline fetches the tiny model's folder over HTTP, places the
@@ -106,11 +105,7 @@ class WorkerPage extends WorkerRuntime {
  * join and leave as PeerJS would cause them.
  */
 function testSwarm() {
-  const peer = { id: 'ditswarm-c-test', on() {}, destroy() {} };
-  const swarm = new (Swarm as unknown as new (peer: unknown, origin: string, keys: SwarmKeys) => Swarm)(peer, origin, {
-    token: 'token',
-    dashboardKey: 'key',
-  });
+  const swarm = stubSwarm(origin, { token: 'token', dashboardKey: 'key' });
   const internals = swarm as unknown as { roster: Map<string, SwarmWorker>; emit(e: SwarmEvent): void };
   // the ranks that share an initWorker session share one in-memory all-to-all
   const meshes = new Map<string, Exchange[]>();

@@ -1,5 +1,4 @@
 import { beforeAll, describe, expect, it } from 'vitest';
-import type { SwarmKeys } from '../../core/net/join-token.ts';
 import { SpotCheckFailed, TimeoutError, WorkerError } from '../../coordinator/executor.ts';
 import { measureWorker, type WorkerMeasurement } from '../../coordinator/measure.ts';
 import type { PlacementPrediction, PlacementRequest, ResolvedPlacement } from '../../coordinator/placement.ts';
@@ -58,7 +57,7 @@ import {
 import { createEngine } from '../../rank/engine.ts';
 import { memoryExchanges } from '../../rank/exchange/memory.ts';
 import { WorkerRuntime } from '../../rank/runtime.ts';
-import { channelPair, tinyModelFiles } from './fixtures.ts';
+import { channelPair, stubSwarm, tinyModelFiles } from './fixtures.ts';
 
 // Placement: the Placer decides each job's layout (what was asked, or the cost model's choice) and
 // places it on a real Swarm roster; the SwarmExecutor reaches the ranks and judges who is lost. The
@@ -91,12 +90,7 @@ interface FakeWorker extends SwarmWorker {
 
 /** A Swarm on a stub peer, plus the two roster changes PeerJS would cause. */
 function testSwarm() {
-  const peer = { id: 'ditswarm-c-test', on() {}, destroy() {} };
-  const swarm = new (Swarm as unknown as new (peer: unknown, origin: string, keys: SwarmKeys) => Swarm)(
-    peer,
-    'http://localhost:8080',
-    { token: 'token', dashboardKey: 'key' },
-  );
+  const swarm = stubSwarm('http://localhost:8080', { token: 'token', dashboardKey: 'key' });
   const internals = swarm as unknown as { roster: Map<string, SwarmWorker>; emit(e: SwarmEvent): void };
   let joined = 0;
   /** `count` workers join, measured as given (null: not yet measured) */

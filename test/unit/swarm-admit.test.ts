@@ -1,32 +1,15 @@
 import { describe, expect, it } from 'vitest';
-import type { SwarmKeys } from '../../core/net/join-token.ts';
 import type { DataConnectionLike } from '../../core/net/channel.ts';
-import type { SignalingOptions } from '../../core/net/peer-link.ts';
 import { nonce } from '../../core/net/hmac.ts';
 import { workerDial } from '../../core/net/join.ts';
 import { encodeFrames, frameMessage } from '../../core/net/protocol.ts';
 import { MAX_JOINING, MAX_REFUSALS, REFUSAL_CLOSE_MS, Swarm } from '../../coordinator/swarm.ts';
-import { SinkChannel } from './fixtures.ts';
+import { SinkChannel, stubSwarm } from './fixtures.ts';
 
 // Pages that reach the dashboard's peer id with only what anyone can get: a join handshake answered
 // with a wrong proof, or a first message declaring 64 MiB before any proof (issue 17, findings 12 and 13).
-const signaling: SignalingOptions = {
-  host: 'localhost',
-  port: 1,
-  path: '/peerjs',
-  key: 'k',
-  secure: false,
-  iceServers: [],
-  relay: { mode: 'off', path: '/relay' },
-  lanOrigins: [],
-  origins: [],
-  ca: null,
-};
 const swarmWithToken = (token: string) => {
-  const peer = { id: 'ditswarm-c-test', on() {}, destroy() {} };
-  const swarm = new (
-    Swarm as unknown as new (peer: unknown, origin: string, keys: SwarmKeys, signaling: SignalingOptions) => Swarm
-  )(peer, 'http://localhost:1', { token, dashboardKey: 'key' }, signaling);
+  const swarm = stubSwarm('http://localhost:1', { token, dashboardKey: 'key' });
   return {
     swarm,
     admit: (conn: DataConnectionLike) =>
