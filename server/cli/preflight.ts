@@ -21,8 +21,7 @@ try {
 if (spawnSync('certutil', ['-H']).error)
   missing.push('certutil for its https tests, and it is missing: run `sudo apt-get install -y libnss3-tools`');
 if (missing.length) {
-  console.error(
-    `${missing.map((m) => `npm test needs ${m}`).join('\n')}\n(or \`bash .ci/run\`, which installs them and runs the tests)`,
-  );
+  const needs = missing.map((m) => `npm test needs ${m}`).join('\n');
+  console.error(`${needs}\n(or \`bash .ci/run\`, which installs them and runs the tests)`);
   process.exit(1);
 }
