@@ -1,4 +1,4 @@
-import type { DataConnectionLike, Transport } from './channel.ts';
+import type { DataConnectionLike } from './channel.ts';
 import { relayProof, roomOf } from './join-token.ts';
 import { Link, type LinkOptions } from './link.ts';
 import { RELAY_PATH, relayUrl, RelayClient, type RelayRole } from './relay-client.ts';
@@ -34,7 +34,15 @@ export interface SignalingOptions {
   relay: { mode: RelayMode; path: string };
   /** the server at its LAN addresses: where other machines reach it */
   lanOrigins: string[];
+  /** whether the server gives its pages TURN credentials (core/net/turn.ts) */
+  turn?: boolean;
+  /** `relay`: every RTCPeerConnection goes through TURN (the server's `--ice-policy relay`) */
+  iceTransportPolicy?: IceTransportPolicy;
 }
+
+/** RTCPeerConnection's: `all` candidates, or `relay` (TURN) only. */
+export type IceTransportPolicy = 'all' | 'relay';
+export const ICE_TRANSPORT_POLICIES: readonly IceTransportPolicy[] = ['all', 'relay'];
 
 /**
  * `fallback`: a data channel first, the relay for a link whose channel does not open within
@@ -62,7 +70,8 @@ export interface SignalingPeer {
  */
 export function peerOptions(signaling: SignalingOptions) {
   const token = Array.from(crypto.getRandomValues(new Uint8Array(16)), (b) => b.toString(16).padStart(2, '0')).join('');
-  return { ...signaling, token, config: { iceServers: signaling.iceServers }, debug: 1 } as const;
+  const { iceServers, iceTransportPolicy = 'all' } = signaling;
+  return { ...signaling, token, config: { iceServers, iceTransportPolicy }, debug: 1 } as const;
 }
 
 /** A registered peer as staying registered needs it: PeerJS's Peer fits. */
@@ -134,6 +143,8 @@ export async function signalingOptions(origin: string): Promise<SignalingOptions
     iceServers?: IceServer[];
     relay?: { mode: RelayMode; path: string };
     lanOrigins?: unknown;
+    turn?: unknown;
+    iceTransportPolicy?: unknown;
   };
   const { path, key, iceServers = [], relay = { mode: 'off', path: RELAY_PATH } } = published;
   const lanOrigins = Array.isArray(published.lanOrigins)
@@ -149,6 +160,8 @@ export async function signalingOptions(origin: string): Promise<SignalingOptions
     iceServers,
     relay,
     lanOrigins,
+    turn: published.turn === true,
+    iceTransportPolicy: published.iceTransportPolicy === 'relay' ? 'relay' : 'all',
   };
 }
 
@@ -172,10 +185,6 @@ export function connectRelay(
       role,
     }),
   );
-}
-
-export function transportOf(conn: DataConnectionLike): Transport {
-  return conn.transport === 'relay' ? 'relay' : 'direct';
 }
 
 /** What dials a data channel: PeerJS's Peer fits. */
