@@ -34,9 +34,11 @@ function render(s: WorkerStatus): void {
     ? `${ep === 'webgpu' ? 'WebGPU' : 'WebAssembly (CPU)'}${s.epWhy ? ` — ${s.epWhy}` : ''}`
     : '';
   $('link').textContent = s.transport
-    ? s.transport === 'relay'
-      ? 'through the server (relay): WebRTC could not connect'
-      : 'direct (WebRTC)'
+    ? {
+        direct: 'direct (WebRTC)',
+        turn: 'WebRTC through the TURN server',
+        relay: 'through the server (relay): WebRTC could not connect',
+      }[s.transport]
     : '';
   $('background').textContent = backgroundText();
   $('adapter').textContent = s.info?.adapter ?? '';

@@ -4,7 +4,7 @@
 //
 //   npm run bench                      block cost, projection, local overhead, scaling, threads,
 //                                      full-size, pooled, vae, uneven, slow-link, spot-check-overhead,
-//                                      time-to-video, load, api-polls, node-worker, signaling (in this order)
+//                                      time-to-video, load, api-polls, node-worker, signaling, links (in this order)
 //   npm run bench -- scaling [flags]   one of them (flags as in bench/scaling.ts etc.)
 //   npm run bench -- --smoke [name]    all of them (or one) at tiny sizes on small models, in a few minutes, without
 //                                      waiting for a quiet machine, reports in bench/out/smoke/: what CI runs, so that
@@ -28,6 +28,7 @@ import { parseLoadArgs, runLoad, SMOKE_LOAD } from './load.ts';
 import { parseApiPollsArgs, runApiPolls, SMOKE_API_POLLS } from './api-polls.ts';
 import { parseNodeWorkerArgs, runNodeWorker, SMOKE_NODE_WORKER } from './node-worker.ts';
 import { parseSignalingArgs, runSignaling, SMOKE_SIGNALING } from './signaling.ts';
+import { parseLinksArgs, runLinks, SMOKE_LINKS } from './links.ts';
 
 /** every benchmark, in the order a whole run takes them (block cost first: the projection is held to it) */
 const BENCHMARKS = [
@@ -47,6 +48,7 @@ const BENCHMARKS = [
   'api-polls',
   'node-worker',
   'signaling',
+  'links',
 ] as const;
 type Benchmark = (typeof BENCHMARKS)[number];
 
@@ -276,5 +278,16 @@ if (chosen.includes('signaling')) {
       (signaling.dashboardCut ? `; the dashboard's signaling socket was cut (${signaling.dashboardCut.code})` : ''),
   );
   sectionDone('signaling');
+}
+if (chosen.includes('links')) {
+  const links = await runLinks(options(SMOKE_LINKS, parseLinksArgs));
+  report('links.json', links);
+  for (const [path, r] of Object.entries(links.paths))
+    console.log(
+      `links: ${path}: hand-off (${r.handOff.transport}) ${r.handOff.oneWayMBs} MB/s one way, ` +
+        `${r.handOff.bothWaysMBs} MB/s each way both at once; P = 2 step ${r.job.stepMs} ms ` +
+        `(links ${r.job.links.join(', ')}; latent ${r.job.maxAbsVsDirect} off the direct run's)`,
+    );
+  sectionDone('links');
 }
 log(`done in ${((Date.now() - started) / 1000).toFixed(0)} s: ${took.join(', ')}`);

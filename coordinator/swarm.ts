@@ -18,7 +18,6 @@ import {
   registerPeer,
   signalingOptions,
   stayRegistered,
-  transportOf,
   type SignalingOptions,
 } from '../core/net/peer-link.ts';
 import {
@@ -39,6 +38,7 @@ import {
 } from '../core/net/join-token.ts';
 import { COORDINATOR } from '../core/net/protocol.ts';
 import type { RelayClient } from '../core/net/relay-client.ts';
+import { askTurn, dashboardIceRequest, linkTransport, turnSignaling } from '../core/net/turn.ts';
 import { passing } from '../core/net/check.ts';
 import { remote } from '../core/net/rpc.ts';
 import {
@@ -165,10 +165,10 @@ export class Swarm {
    */
   static async open(origin: string, identity: SwarmIdentity = {}): Promise<Swarm> {
     const signaling = await signalingOptions(origin);
-    const peer = await registerCoordinatorPeer(origin, signaling);
-    let keys: SwarmKeys;
+    // the keys first: they prove this page is the swarm's dashboard, to be given TURN credentials for its peer
+    const keys = await obtainSwarmKeys(origin, identity);
+    const peer = await registerCoordinatorPeer(origin, signaling, keys);
     try {
-      keys = await obtainSwarmKeys(origin, identity);
       await registerCoordinator(origin, keys, peer.id, peer.options.token ?? '');
     } catch (e) {
       peer.destroy();
@@ -215,7 +215,7 @@ export class Swarm {
   async revokeJoinLink(): Promise<void> {
     const [old, joined, oldPeer] = [this.keys, this.workers(), this.peer];
     const keys = await renewSwarmKeys(this.origin, old);
-    const peer = await registerCoordinatorPeer(this.origin, this.signaling);
+    const peer = await registerCoordinatorPeer(this.origin, this.signaling, keys);
     try {
       await registerCoordinator(this.origin, keys, peer.id, peer.options.token ?? '');
     } catch (e) {
@@ -578,7 +578,7 @@ export class Swarm {
         activity: null,
         pulse: null,
         framesDropped: 0,
-        transport: transportOf(conn),
+        transport: await linkTransport(conn),
         measurement: null,
       };
       worker = joined;
@@ -637,14 +637,22 @@ export class Swarm {
   }
 }
 
-/** A dashboard's PeerJS peer under a fresh id (nobody can hold it in wait), registered with the signaling server. */
-function registerCoordinatorPeer(origin: string, signaling: SignalingOptions): Promise<Peer> {
-  return registerPeer(
+/**
+ * A dashboard's PeerJS peer under a fresh id (nobody can hold it in wait), registered with the
+ * signaling server, with TURN credentials for that id where the server gives them (`keys` prove
+ * it is this swarm's dashboard).
+ */
+async function registerCoordinatorPeer(origin: string, signaling: SignalingOptions, keys: SwarmKeys): Promise<Peer> {
+  const id = newPeerId('coordinator');
+  const turn = await turnSignaling(signaling, () => askTurn(origin, dashboardIceRequest(keys, id)));
+  const peer = await registerPeer(
     // PeerJS types its plain options object as a class
     // eslint-disable-next-line @typescript-eslint/no-unsafe-class-instance-assignment -- a plain object
-    () => new Peer(newPeerId('coordinator'), peerOptions(signaling)),
+    () => new Peer(id, peerOptions(turn.signaling)),
     origin,
   );
+  turn.keepFresh(peer);
+  return peer;
 }
 
 /** Why a worker's engine is not to be trusted with work (it did not answer pingEngine within `ms`), or null. */

@@ -567,7 +567,7 @@ export const checkLoadStatus: Check<LoadStatus> = fields({
 export const checkPulse: Check<WorkerPulse> = fields({
   state: text(64),
   framesDropped: int(0),
-  mesh: optional(list(fields({ peer: text(256), transport: oneOf('direct', 'relay') }), { max: MAX_RANKS })),
+  mesh: optional(list(fields({ peer: text(256), transport: oneOf('direct', 'turn', 'relay') }), { max: MAX_RANKS })),
   threads: optional(int(1, 1024)),
   modelMemoryGiB: optional(nullable(num(MIN_MODEL_MEMORY_GIB, MAX_MODEL_MEMORY_GIB))),
   load: optional(checkLoadStatus),

@@ -33,6 +33,7 @@ import {
 import type { Origins } from './origins.ts';
 import { clientSource, isLoopback, perAddressLimit } from './rate-limit.ts';
 import { PEER_ID_PREFIX } from '../core/net/peer-link.ts';
+import { dashboardIceProof, ICE_PATH, workerIceProof, type IceAnswer } from '../core/net/turn.ts';
 import { defined } from '../core/defined.ts';
 
 /**
@@ -167,8 +168,9 @@ export function sameProof(proof: unknown, expected: string): boolean {
  * proving the owner key, or a dashboard's renew proof of a standing token), POST REVOKE_PATH
  * (`{room, proof}` of the dashboard key → 204), POST REGISTER_PATH (a dashboard's id for this
  * load, proved with its dashboard key → 204) and POST FIND_PATH (a worker's proof of the token →
- * `{coordinator}`). Pages of this server's origins and the allowed ones only (CORS for those), a
- * few tokens a minute from one network.
+ * `{coordinator}`), and POST ICE_PATH (a worker's proof of the token, or a dashboard's of its key,
+ * for its own id → `iceFor`'s TURN credentials; 404 where the server has no TURN). Pages of this
+ * server's origins and the allowed ones only (CORS for those), a few tokens a minute from one network.
  */
 export function mountJoinTokens(
   app: Express,
@@ -177,6 +179,8 @@ export function mountJoinTokens(
   vouch: (peer: string, auth: string) => boolean,
   /** whether a page holds `peer` on the signaling server now */
   holds: (peer: string) => boolean,
+  /** TURN credentials for the page of `peer`, where this server has a TURN server (server/turn-credentials.ts) */
+  iceFor: ((peer: string) => IceAnswer) | null = null,
 ): void {
   const limit = perAddressLimit(TOKENS_PER_MINUTE, 60_000);
   const json = express.json({ limit: 1024 });
@@ -285,6 +289,26 @@ export function mountJoinTokens(
     const proved = proven(request.body, (_token, room, peer) => presenceProof(tokens.dashboardKey(room), room, peer));
     if (!proved) return void response.status(403).type('text').send("no proof of this swarm's dashboard key");
     response.json({ present: holds(proved.peer) } satisfies PresenceAnswer);
+  });
+  app.post(ICE_PATH, json, (request, response) => {
+    if (!iceFor)
+      return void response
+        .status(404)
+        .type('text')
+        .send('this server has no TURN server: its owner starts it with --turn-secret and --turn-url for one');
+    // a worker proves the join token, a dashboard its dashboard key: only a swarm's pages relay through its TURN
+    const proved =
+      proven(request.body, (token, _room, peer) => workerIceProof(token, peer)) ??
+      proven(request.body, (_token, room, peer) => dashboardIceProof(tokens.dashboardKey(room), room, peer));
+    if (!proved)
+      return void response
+        .status(403)
+        .type('text')
+        .send(
+          'no proof of a join token (or dashboard key) this server stands by: TURN credentials go to the pages ' +
+            'of its swarms only; open the worker link the dashboard shows',
+        );
+    response.setHeader('Cache-Control', 'no-store').json(iceFor(proved.peer) satisfies IceAnswer);
   });
   // express tells an error handler by its 4 parameters, so `_next` stays
   const badRequest: express.ErrorRequestHandler = (error: Error, _request, response, _next) => {

@@ -1,6 +1,7 @@
 import { isIP } from 'node:net';
 import { parseArgs } from 'node:util';
-import { RELAY_MODES, type RelayMode } from '../core/net/peer-link.ts';
+import { ICE_TRANSPORT_POLICIES, RELAY_MODES, type IceTransportPolicy, type RelayMode } from '../core/net/peer-link.ts';
+import { TURN_CREDENTIAL_LIFETIME_S, turnServerFrom } from './turn-credentials.ts';
 import { newPeerKey, parseIceServers } from './peer-signaling.ts';
 import { join } from 'node:path';
 import { CACHE_ROOT } from './model-folder.ts';
@@ -14,6 +15,7 @@ import { DEFAULT_DATA_DIR, DEFAULTS as API_DEFAULTS, prepareApi, type VideoApi }
 // `npm start [-- --model PATH|URL] [--lora FILE[:STRENGTH]]... [--port N] [--rebuild] [--peer-key K]
 //   [--ice-servers LIST] [--relay fallback|force|off | --force-relay] [--allow-origin ORIGIN ...] [--host NAME ...]
 //   [--cert FILE --key FILE]
+//   [--turn-secret S --turn-url turn:HOST:PORT ... [--ice-policy all|relay]]
 //   [--api [--local-workers N] [--data DIR] [--max-queue N] [--api-rate N]]`:
 // build if needed, serve, print where to go. With --model the dashboard starts on that model
 // folder: one on this machine (served to the pages, with Range requests) or a URL. The server
@@ -35,6 +37,9 @@ const { values: flags } = parseArgs({
     'ice-servers': { type: 'string' },
     relay: { type: 'string' },
     'force-relay': { type: 'boolean', default: false },
+    'turn-secret': { type: 'string' },
+    'turn-url': { type: 'string', multiple: true, default: [] },
+    'ice-policy': { type: 'string' },
     'allow-origin': { type: 'string', multiple: true, default: [] },
     api: { type: 'boolean', default: false },
     'local-workers': { type: 'string' },
@@ -118,6 +123,22 @@ if (!RELAY_MODES.includes(relay)) {
   process.exit(2);
 }
 
+let turn;
+try {
+  turn = turnServerFrom(flags['turn-secret'] ?? process.env.DITSWARM_TURN_SECRET, flags['turn-url']);
+} catch (error) {
+  console.error((error as Error).message);
+  process.exit(2);
+}
+const icePolicy = (flags['ice-policy'] ?? process.env.DITSWARM_ICE_POLICY ?? 'all') as IceTransportPolicy;
+if (!ICE_TRANSPORT_POLICIES.includes(icePolicy)) {
+  console.error(
+    `--ice-policy/DITSWARM_ICE_POLICY must be one of ${ICE_TRANSPORT_POLICIES.join(', ')} ` +
+      `(relay: every link through TURN), got ${icePolicy}`,
+  );
+  process.exit(2);
+}
+
 const model = servedOr({ model: flags.model, loras: flags.lora }, (why) => {
   console.error(why);
   process.exit(2);
@@ -148,6 +169,8 @@ const server = await startServer({
   rebuild: flags.rebuild,
   peerKey: flags['peer-key'] ?? process.env.DITSWARM_KEY ?? newPeerKey(),
   iceServers,
+  turn,
+  iceTransportPolicy: icePolicy,
   relay,
   allowOrigins,
   stateDir,
@@ -204,6 +227,13 @@ console.log(
         ? iceUrls.join(', ')
         : 'none (host candidates only: pages on one LAN; pass --ice-servers for STUN/TURN)'
     }`,
+    ...(turn
+      ? [
+          `  TURN        ${turn.urls.join(', ')}: credentials for ${TURN_CREDENTIAL_LIFETIME_S / 3600} h ` +
+            'to pages that prove their join token' +
+            (icePolicy === 'relay' ? '; every link goes through it (--ice-policy relay)' : ''),
+        ]
+      : []),
     `  relay       ${
       {
         fallback: `${server.url.replace(/^http/, 'ws')}/relay for links whose data channel does not open within 8 s`,

@@ -6,7 +6,8 @@ import { basename, join, resolve } from 'node:path';
 import express, { type RequestHandler } from 'express';
 import { DIST_DIR, ensureAppBuilt, PUBLIC_DIR } from './app-build.ts';
 import type { Duplex } from 'node:stream';
-import type { IceServer, RelayMode } from '../core/net/peer-link.ts';
+import type { IceServer, IceTransportPolicy, RelayMode } from '../core/net/peer-link.ts';
+import { issueTurnCredentials, type TurnServer } from './turn-credentials.ts';
 import { RELAY_PATH } from '../core/net/relay-client.ts';
 import { newPeerKey, SIGNALING_PATH, mountSignaling } from './peer-signaling.ts';
 import { mountJoinTokens, openJoinTokens, type JoinTokens } from './join-tokens.ts';
@@ -33,6 +34,10 @@ export interface ServerOptions {
   peerKey?: string;
   /** STUN/TURN servers published to every page; the default (none) works within one LAN. */
   iceServers?: IceServer[];
+  /** a TURN server sharing a secret with this one: pages that prove their swarm's token are given credentials for it */
+  turn?: TurnServer | null;
+  /** `relay`: every page's RTCPeerConnections use TURN candidates only (`--ice-policy relay`); needs a TURN server */
+  iceTransportPolicy?: IceTransportPolicy;
   /** `fallback` (default): links whose data channel does not open go through this server; `force`: all; `off`: none. */
   relay?: RelayMode;
   /** bytes the relay may hold queued for all pages at once */
@@ -169,7 +174,15 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     peerKey = newPeerKey(),
     iceServers = [],
     relay: relayMode = 'fallback',
+    turn = null,
+    iceTransportPolicy = 'all',
   } = options;
+  const anyTurn = turn !== null || iceServers.some((s) => [s.urls].flat().some((url) => url.startsWith('turn')));
+  if (iceTransportPolicy === 'relay' && !anyTurn)
+    throw new Error(
+      'the ICE policy relay sends every link through TURN, but this server has no TURN server: give --turn-secret ' +
+        'and --turn-url (or a TURN entry in --ice-servers), or leave the policy at all',
+    );
   await ensureAppBuilt({ force: rebuild, quiet });
 
   const app = express();
@@ -199,7 +212,14 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
   app.use(crossOriginIsolation);
   const signaling = mountSignaling(app, plain, peerKey, origins, () => server.listening);
   const joinTokens = openJoinTokens(options.stateDir);
-  mountJoinTokens(app, joinTokens, origins, signaling.vouch, signaling.holds);
+  mountJoinTokens(
+    app,
+    joinTokens,
+    origins,
+    signaling.vouch,
+    signaling.holds,
+    turn && ((peer) => issueTurnCredentials(turn, peer)),
+  );
   // a dashboard's id is named to its workers only while its page holds it: once it is gone, the id is anyone's
   signaling.onRelease((peer) => joinTokens.forgetCoordinator(peer));
   const relay = createRelay({ vouch: signaling.vouch, tokens: joinTokens, budgetBytes: options.relayBudgetBytes });
@@ -225,6 +245,9 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
       key: peerKey,
       iceServers,
       relay: { mode: relayMode, path: RELAY_PATH },
+      // credentials only to a page that proves its swarm's token (core/net/turn.ts), never here
+      turn: turn !== null,
+      iceTransportPolicy,
       lanOrigins: lanOriginsAt(port),
       origins: ownOrigins(port, hosts, secure !== undefined),
       ca: tls?.ca ? { fingerprint: tls.ca.fingerprint } : null,

@@ -18,9 +18,9 @@ import {
   registerPeer,
   signalingOptions,
   stayRegistered,
-  transportOf,
 } from '../core/net/peer-link.ts';
 import { RelayRefused, type RelayClient } from '../core/net/relay-client.ts';
+import { askTurn, linkTransport, turnSignaling, workerIceRequest } from '../core/net/turn.ts';
 import { serve } from '../core/net/rpc.ts';
 import {
   WORKER_CONTRACT,
@@ -85,7 +85,15 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
     .catch(() => null);
   const sourceOfModel = modelSource(options.origin, servedUrls(served), signaling.origins);
   const { platform } = options;
-  const peer = await registerPeer(() => platform.newPeer(newPeerId('worker'), peerOptions(signaling)), options.origin);
+  // its id first: TURN credentials are given for an id, to a page that proves the join token
+  const id = newPeerId('worker');
+  const { token } = options;
+  const turn = await turnSignaling(
+    signaling,
+    token ? () => askTurn(options.origin, workerIceRequest(token, id)) : null,
+  );
+  const peer = await registerPeer(() => platform.newPeer(id, peerOptions(turn.signaling)), options.origin);
+  turn.keepFresh(peer);
   const info: WorkerInfo = {
     ...(await platform.describe()),
     threads: 1, // this worker's share of the cores, once counted
@@ -249,12 +257,13 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
         // a worker about to be frozen says so while it still can: its work is placed elsewhere at once,
         // not after a silence (a closing page's link closes by itself)
         const unfreeze = platform.onFreeze(() => announceStop(link, 0));
-        const transport = transportOf(conn);
+        const transport = await linkTransport(conn);
+        const how = { direct: '', turn: ' (through TURN)', relay: ' (through the relay)' }[transport];
         publish({
           connected: true,
           transport,
           state: runtime.state,
-          detail: `joined the swarm${transport === 'relay' ? ' (through the relay)' : ''}`,
+          detail: `joined the swarm${how}`,
         });
         const stopAsking = askWhileSilent(
           link,

@@ -7,7 +7,6 @@ import {
   dial,
   DIRECT_OPEN_TIMEOUT_MS,
   openLink,
-  transportOf,
   type OpenLinkOptions,
   type PeerDialer,
   type RelayMode,
@@ -17,6 +16,7 @@ import type { RelayClient } from '../core/net/relay-client.ts';
 import { PeerLost, type InitArgs } from '../core/worker-api.ts';
 import { MeshExchange } from '../rank/exchange/mesh.ts';
 import { EmulatedWire } from '../core/net/paced-channel.ts';
+import { linkTransport } from '../core/net/turn.ts';
 
 const MESH_TIMEOUT_MS = 30_000;
 /** Connections of one rank kept until this rank asks for them (a data channel, then maybe a relayed one). */
@@ -72,7 +72,7 @@ export class WorkerMesh {
     return this.current?.exchange.framesDropped() ?? 0;
   }
 
-  /** the open links to the other ranks: which peer, direct or relayed */
+  /** the open links to the other ranks: which peer, and how each goes (direct, TURN or the relay) */
   links(): { peer: string; transport: Transport }[] {
     return [...(this.current?.links.values() ?? [])];
   }
@@ -156,8 +156,8 @@ export class WorkerMesh {
       } else {
         opened = await this.accept(init, rank, mesh.connections, linkOptions, onLost);
       }
-      mesh.links.set(rank, { peer: opened.conn.peer, transport: transportOf(opened.conn) });
       exchange.addPeer(rank, opened.link);
+      mesh.links.set(rank, { peer: opened.conn.peer, transport: await linkTransport(opened.conn) });
     };
     await Promise.all(init.peers.map((_, rank) => (rank === init.rank ? Promise.resolve() : linkTo(rank))));
     return exchange;

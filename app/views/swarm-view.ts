@@ -3,7 +3,11 @@ import { memoryBudget } from '../../coordinator/stage-plan.ts';
 import { defined } from '../../core/defined.ts';
 import { cpuName } from '../../core/cost-model.ts';
 import { describeLoad, formatBytes } from '../../core/worker-api.ts';
+import type { Transport } from '../../core/net/channel.ts';
 import { $, h } from './dom.ts';
+
+/** How a link goes, in the swarm view's words: a data channel, one relayed by TURN, or through the server's relay. */
+const PATH_NAMES: Record<Transport, string> = { direct: 'direct', turn: 'TURN', relay: 'relayed' };
 
 /** Who joined and what each is doing: one row per worker, updated in place. */
 export function renderSwarm(swarm: Swarm): void {
@@ -31,7 +35,11 @@ function workerRow(swarm: Swarm, w: SwarmWorker, m: WorkerMeasurement | null): H
   // with 'auto' a worker computes on the EP it measured faster: the speed column says so, and why
   const chosen = m?.auto ?? null;
   const speedOfLink = !m ? '' : `${(m.bandwidth / 1e6).toFixed(1)} MB/s, ${m.rttMs.toFixed(0)} ms`;
-  const relayedPeers = (w.pulse?.mesh ?? []).filter((l) => l.transport === 'relay').length;
+  // the rank links that do not go direct, by the path they took
+  const indirect = (['turn', 'relay'] as const)
+    .map((path) => [path, (w.pulse?.mesh ?? []).filter((l) => l.transport === path).length] as const)
+    .filter(([, n]) => n > 0)
+    .map(([path, n]) => `${n} rank link${n === 1 ? '' : 's'} ${path === 'turn' ? 'through TURN' : 'relayed'}`);
   const bad = w.framesDropped + (w.pulse?.framesDropped ?? 0);
   return h(
     'tr',
@@ -58,12 +66,8 @@ function workerRow(swarm: Swarm, w: SwarmWorker, m: WorkerMeasurement | null): H
     h(
       'td',
       {},
-      w.transport === 'relay' ? 'relayed' : 'direct',
-      h(
-        'span',
-        { className: 'sub' },
-        [speedOfLink, relayedPeers ? `${relayedPeers} rank link(s) relayed` : ''].filter(Boolean).join(' · '),
-      ),
+      PATH_NAMES[w.transport],
+      h('span', { className: 'sub' }, [speedOfLink, ...indirect].filter(Boolean).join(' · ')),
     ),
     h(
       'td',

@@ -86,7 +86,8 @@ export function joinProof(
     | 'register'
     | 'find'
     | 'open'
-    | 'presence',
+    | 'presence'
+    | 'ice',
   ...bound: string[]
 ): string {
   return hex(hmacSha256(utf8(token), utf8([purpose, ...bound].join('\n'))));

@@ -1,4 +1,4 @@
-import type { DataConnectionLike, Transport } from './channel.ts';
+import type { DataConnectionLike } from './channel.ts';
 import { relayProof, roomOf } from './join-token.ts';
 import { Link, type LinkOptions } from './link.ts';
 import { RELAY_PATH, relayUrl, RelayClient, type RelayRole } from './relay-client.ts';
@@ -38,7 +38,15 @@ export interface SignalingOptions {
   origins: string[];
   /** the server's own certificate authority, which other machines trust once; null where it made none */
   ca: { fingerprint: string } | null;
+  /** whether the server gives its pages TURN credentials (core/net/turn.ts) */
+  turn?: boolean;
+  /** `relay`: every RTCPeerConnection goes through TURN (the server's `--ice-policy relay`) */
+  iceTransportPolicy?: IceTransportPolicy;
 }
+
+/** RTCPeerConnection's: `all` candidates, or `relay` (TURN) only. */
+export type IceTransportPolicy = 'all' | 'relay';
+export const ICE_TRANSPORT_POLICIES: readonly IceTransportPolicy[] = ['all', 'relay'];
 
 /**
  * `fallback`: a data channel first, the relay for a link whose channel does not open within
@@ -66,7 +74,8 @@ export interface SignalingPeer {
  */
 export function peerOptions(signaling: SignalingOptions) {
   const token = Array.from(crypto.getRandomValues(new Uint8Array(16)), (b) => b.toString(16).padStart(2, '0')).join('');
-  return { ...signaling, token, config: { iceServers: signaling.iceServers }, debug: 1 } as const;
+  const { iceServers, iceTransportPolicy = 'all' } = signaling;
+  return { ...signaling, token, config: { iceServers, iceTransportPolicy }, debug: 1 } as const;
 }
 
 /** A registered peer as staying registered needs it: PeerJS's Peer fits. */
@@ -140,6 +149,8 @@ export async function signalingOptions(origin: string): Promise<SignalingOptions
     lanOrigins?: unknown;
     origins?: unknown;
     ca?: { fingerprint?: unknown } | null;
+    turn?: unknown;
+    iceTransportPolicy?: unknown;
   };
   const { path, key, iceServers = [], relay = { mode: 'off', path: RELAY_PATH } } = published;
   const urls = (list: unknown): string[] =>
@@ -157,6 +168,8 @@ export async function signalingOptions(origin: string): Promise<SignalingOptions
     lanOrigins: urls(published.lanOrigins),
     origins: urls(published.origins),
     ca: typeof fingerprint === 'string' && /^[0-9a-f]{64}$/.test(fingerprint) ? { fingerprint } : null,
+    turn: published.turn === true,
+    iceTransportPolicy: published.iceTransportPolicy === 'relay' ? 'relay' : 'all',
   };
 }
 
@@ -180,10 +193,6 @@ export function connectRelay(
       role,
     }),
   );
-}
-
-export function transportOf(conn: DataConnectionLike): Transport {
-  return conn.transport === 'relay' ? 'relay' : 'direct';
 }
 
 /** What dials a data channel: PeerJS's Peer fits. */

@@ -166,7 +166,7 @@ const schemas = {
             ep: nullable({ enum: ['webgpu', 'wasm'] }),
             threads: { type: 'integer' },
             adapter: { type: 'string' },
-            transport: { enum: ['direct', 'relay'] },
+            transport: { enum: ['direct', 'turn', 'relay'] },
             state: { type: 'string' },
             thisMachine: { type: 'boolean' },
           },

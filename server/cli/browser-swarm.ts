@@ -4,7 +4,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { chromium, type BrowserContext, type Page } from '@playwright/test';
 import { chromiumArgs, chromiumExecutable } from '../chromium.ts';
-import type { RelayMode } from '../../core/net/peer-link.ts';
+import type { IceTransportPolicy, RelayMode } from '../../core/net/peer-link.ts';
+import type { TurnServer } from '../turn-credentials.ts';
 import { JOB_DATABASE } from '../../coordinator/job-store.ts';
 import { startServer, type RunningServer } from '../serve.ts';
 
@@ -30,6 +31,9 @@ export interface LocalSwarmOptions {
   nodeThreads?: number;
   port?: number;
   relay?: RelayMode;
+  /** a TURN server the server gives its pages credentials for, and whether every link must use it */
+  turn?: TurnServer;
+  iceTransportPolicy?: IceTransportPolicy;
   modelFolders?: Record<string, string>;
   /** the model the dashboard's form starts with, which joining workers preload (the demo model without it) */
   defaultModel?: string;
@@ -41,6 +45,8 @@ export interface LocalSwarmOptions {
    * profile that is deleted at close.
    */
   profileDir?: string;
+  /** Chromium flags beyond chromiumArgs (a benchmark's) */
+  browserArgs?: string[];
   log?: (line: string) => void;
 }
 
@@ -50,14 +56,26 @@ export async function startLocalSwarm({
   nodeThreads = 1,
   port = 0,
   relay = 'fallback',
+  turn,
+  iceTransportPolicy,
   modelFolders,
   defaultModel,
   loraFiles,
   profileDir,
+  browserArgs = [],
   log = () => {},
 }: LocalSwarmOptions = {}): Promise<LocalSwarm> {
-  const server = await startServer({ port, quiet: true, relay, modelFolders, defaultModel, loraFiles });
-  const { context, kept, close: closeBrowser } = await launchBrowser(profileDir, log);
+  const server = await startServer({
+    port,
+    quiet: true,
+    relay,
+    turn,
+    iceTransportPolicy,
+    modelFolders,
+    defaultModel,
+    loraFiles,
+  });
+  const { context, kept, close: closeBrowser } = await launchBrowser(profileDir, log, browserArgs);
   const processes: ChildProcess[] = [];
   const closeProcesses = () => Promise.all(processes.map(stopProcess));
   try {
@@ -139,9 +157,13 @@ async function stopProcess(child: ChildProcess): Promise<void> {
 export async function launchBrowser(
   profileDir: string | undefined,
   log: (line: string) => void,
+  browserArgs: readonly string[] = [],
 ): Promise<{ context: BrowserContext; kept: boolean; close: () => Promise<void> }> {
   const launch = (dir: string) =>
-    chromium.launchPersistentContext(dir, { executablePath: chromiumExecutable(), args: [...chromiumArgs] });
+    chromium.launchPersistentContext(dir, {
+      executablePath: chromiumExecutable(),
+      args: [...chromiumArgs, ...browserArgs],
+    });
   if (profileDir) {
     try {
       const context = await launch(profileDir);

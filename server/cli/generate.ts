@@ -363,12 +363,13 @@ try {
   );
   const { links } = report;
   if (links.length) {
-    const relayed = links.filter((l) => l.transport === 'relay');
     const name = (l: (typeof links)[number]) =>
       `${l.from === 'coordinator' ? 'coordinator' : `rank ${l.from}`}→rank ${l.to}`;
+    const by = (path: string) => links.filter((l) => l.transport === path);
+    const [turned, relayed] = [by('turn'), by('relay')];
     console.error(
-      `generate: links ${links.length - relayed.length} direct, ${relayed.length} relayed` +
-        (relayed.length ? ` (${relayed.map(name).join(', ')})` : ''),
+      `generate: links ${by('direct').length} direct, ${turned.length} through TURN, ${relayed.length} relayed` +
+        [turned, relayed].map((l) => (l.length ? ` (${l.map(name).join(', ')})` : '')).join(''),
     );
   }
   for (const i of injected) {
