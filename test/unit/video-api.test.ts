@@ -1,7 +1,8 @@
 // The video API's parts apart from HTTP (server/api): the POST body's checks, the key, the job database and the
 // queue that runs its jobs on a stand-in coordinator.
 
-import { mkdtempSync, readFileSync, statSync, symlinkSync } from 'node:fs';
+import { spawn, spawnSync } from 'node:child_process';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { Server } from 'node:http';
@@ -18,6 +19,7 @@ import { serverOrigins } from '../../server/origins.ts';
 import type { AutomationProgress, JobResult } from '../../app/automation.ts';
 import { authorized, loadApiKey } from '../../server/api/api-key.ts';
 import { CoordinatorLost, type Coordinator, type RunHooks } from '../../server/api/coordinator-host.ts';
+import { DatabaseInUse } from '../../server/api/db-owner.ts';
 import { DiskFullError, JobDb, type VideoJob } from '../../server/api/job-db.ts';
 import { JobFiles } from '../../server/api/job-files.ts';
 import { MAX_ATTEMPTS, QueueError, VideoJobs } from '../../server/api/video-jobs.ts';
@@ -405,6 +407,111 @@ describe("the API's queue", () => {
     expect(db.list({ limit: 2, after: ids[3] }).map((j) => j.id)).toEqual([ids[2], ids[1]]);
     expect(db.list({ limit: 2, after: ids[1] }).map((j) => j.id)).toEqual([ids[0]]);
     expect(db.list({ limit: 2, after: 'video_none' })).toEqual([]);
+  });
+});
+
+/** A queued job as VideoJobs.accept writes it, less its id. */
+const NOT_RUN = { startedAt: null, completedAt: null, phase: null, etaMs: null, error: null, report: null };
+const newJob = (id: string): Omit<VideoJob, 'seq'> => ({
+  ...NOT_RUN,
+  id,
+  status: 'queued',
+  request: { overrides: { prompt: 'a' } },
+  createdAt: 1,
+  progress: 0,
+  attempts: 0,
+  pageJob: null,
+});
+
+describe("the job database's lock", () => {
+  /** A process that has ended: its pid names no running process (until the kernel gives it again). */
+  const deadPid = () => {
+    const child = spawnSync('true');
+    return defined(child.pid, 'a pid');
+  };
+
+  it('is held by no call once it returned: reads, lists and writes leave no lock behind', () => {
+    const dir = tmp();
+    const db = JobDb.open(dir);
+    const lock = join(dir, 'jobs.sqlite.lock');
+    try {
+      const job = db.insert(newJob('video_a'));
+      expect(existsSync(lock)).toBe(false);
+      expect(db.get(job.id)?.id).toBe('video_a');
+      expect(existsSync(lock)).toBe(false);
+      db.update(job.id, { progress: 5 });
+      expect(db.list({ limit: 5, after: 'video_a' })).toEqual([]);
+      expect(db.unfinished()).toHaveLength(1);
+      expect(db.countQueued()).toBe(1);
+      expect(existsSync(lock)).toBe(false);
+      // the owner file names this process while it has the database open
+      expect(JSON.parse(readFileSync(join(dir, 'jobs.sqlite.owner'), 'utf8'))).toMatchObject({ pid: process.pid });
+    } finally {
+      db.close();
+    }
+    expect(existsSync(join(dir, 'jobs.sqlite.owner'))).toBe(false);
+  });
+
+  it("is taken over from a killed server, its lock removed, with a line that names the dead server's pid", () => {
+    const dir = tmp();
+    const first = JobDb.open(dir);
+    first.insert(newJob('video_a'));
+    first.close();
+    // what a server killed mid-write leaves: its owner file, and SQLite's lock directory
+    const pid = deadPid();
+    writeFileSync(join(dir, 'jobs.sqlite.owner'), JSON.stringify({ pid, start: '1' }));
+    mkdirSync(join(dir, 'jobs.sqlite.lock'));
+    const lines: string[] = [];
+    const db = JobDb.open(dir, (line) => lines.push(line));
+    try {
+      expect(db.get('video_a')?.status).toBe('queued');
+      expect(lines).toHaveLength(1);
+      expect(lines[0]).toMatch(
+        new RegExp(`pid ${pid}, which no longer runs.*taken over.*jobs\\.sqlite\\.lock\\) removed`),
+      );
+    } finally {
+      db.close();
+    }
+    // a server that closed it leaves nothing to say
+    const quiet: string[] = [];
+    JobDb.open(dir, (line) => quiet.push(line)).close();
+    expect(quiet).toEqual([]);
+  });
+
+  it('is refused while the server holding it runs, naming its pid; a pid since given to another process is no holder', () => {
+    const dir = tmp();
+    const holder = spawn('sleep', ['30']);
+    try {
+      const pid = defined(holder.pid, 'a pid');
+      const start = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1].split(' ')[19];
+      writeFileSync(join(dir, 'jobs.sqlite.owner'), JSON.stringify({ pid, start }));
+      let refused: unknown;
+      try {
+        JobDb.open(dir).close();
+      } catch (e) {
+        refused = e;
+      }
+      expect(refused).toBeInstanceOf(DatabaseInUse);
+      expect((refused as DatabaseInUse).holder.pid).toBe(pid);
+      expect((refused as Error).message).toMatch(
+        new RegExp(`pid ${pid}, which is still running: stop it \\(kill ${pid}\\)`),
+      );
+      expect(existsSync(join(dir, 'jobs.sqlite'))).toBe(false);
+      // the same pid with another start time is a process that came after the holder ended
+      writeFileSync(join(dir, 'jobs.sqlite.owner'), JSON.stringify({ pid, start: `${start}0` }));
+      const lines: string[] = [];
+      JobDb.open(dir, (line) => lines.push(line)).close();
+      expect(lines[0]).toMatch(`pid ${pid}, which no longer runs`);
+    } finally {
+      holder.kill('SIGKILL');
+    }
+    // open in this process: a second open is refused too
+    const db = JobDb.open(dir);
+    try {
+      expect(() => JobDb.open(dir)).toThrow(`pid ${process.pid}`);
+    } finally {
+      db.close();
+    }
   });
 });
 
