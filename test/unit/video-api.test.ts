@@ -25,6 +25,8 @@ import { JobFiles } from '../../server/api/job-files.ts';
 import { MAX_ATTEMPTS, QueueError, VideoJobs } from '../../server/api/video-jobs.ts';
 import { NAMED_SIZES, parseVideoRequest, RequestError } from '../../server/api/video-request.ts';
 import { readSafetensors } from '../../core/safetensors.ts';
+import { DEFAULT_MODEL_URL } from '../../core/job.ts';
+import { MAX_REFERENCE_BYTES } from '../../server/api/video-form.ts';
 import type { GenerateReport } from '../../coordinator/pipeline.ts';
 
 const tmp = () => mkdtempSync(join(tmpdir(), 'ditswarm-api-'));
@@ -79,6 +81,7 @@ describe("POST /v1/videos's body", () => {
       ep: 'wasm',
       cache: { method: 'magcache', threshold: 0.2 },
       outputType: 'latent',
+      model: DEFAULT_MODEL_URL,
       loras: [
         { url: 'https://x/a.safetensors', strength: 1 },
         { url: 'https://x/b.safetensors', strength: 0.5 },
@@ -102,6 +105,8 @@ describe("POST /v1/videos's body", () => {
       frames: 9,
     });
     expect(parseVideoRequest({ prompt: 'a', seconds: 0.5 }).overrides.frames).toBe(9);
+    // a server without --model runs the bundled model, and says so from the start
+    expect(parseVideoRequest({ prompt: 'a' }).overrides.model).toBe(DEFAULT_MODEL_URL);
     expect(parseVideoRequest({ prompt: 'a', stages: 2, workers: 4 }).overrides).toMatchObject({
       stages: 2,
       workers: 2,
@@ -689,6 +694,112 @@ describe('the API over HTTP', () => {
     const disk = await post({ prompt: 'a' });
     expect(disk.status).toBe(507);
     conforms('Error', disk.body);
+  });
+
+  /** A POST of `fields` as multipart/form-data, as `curl -F` and the openai SDK send it. */
+  const postForm = async (fields: [string, string | Blob][]) => {
+    const form = new FormData();
+    for (const [name, value] of fields) form.append(name, value);
+    const response = await fetch(`${base}/v1/videos`, {
+      method: 'POST',
+      headers: { Authorization: `Bearer ${KEY}` },
+      body: form,
+    });
+    return { status: response.status, body: (await response.json()) as unknown };
+  };
+  const PNG = new Uint8Array([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a, 0, 0, 0, 13, 1, 2, 3]);
+
+  it('takes the form OpenAI documents (curl -F), its fields as text, its image kept with the job', async () => {
+    const accepted = await postForm([
+      ['prompt', 'a red ball'],
+      ['size', '64x64'],
+      ['seconds', '0.5'],
+      ['steps', '2'],
+      ['seed', '7'],
+      ['cfg_parallel', 'false'],
+      ['lora', 'https://x/a.safetensors'],
+      ['lora', 'https://x/b.safetensors'],
+      ['input_reference', new File([PNG], 'first.png', { type: 'image/png' })],
+    ]);
+    expect(accepted.status).toBe(202);
+    conforms('Video', accepted.body);
+    const job = accepted.body as VideoObject;
+    expect(job).toMatchObject({ status: 'queued', size: '64x64', frames: 9, model: DEFAULT_MODEL_URL });
+    expect(job.input_reference).toMatchObject({ type: 'image/png', bytes: PNG.length, name: 'first.png' });
+    expect(job.input_reference?.note).toMatch(/image-to-video.*TI2V/);
+    expect(opened.jobs.get(job.id)?.request.overrides).toMatchObject({
+      steps: 2,
+      seed: 7,
+      cfgParallel: false,
+      loras: [
+        { url: 'https://x/a.safetensors', strength: 1 },
+        { url: 'https://x/b.safetensors', strength: 1 },
+      ],
+    });
+    const kept = defined(opened.jobs.files.path(job.id, 'reference'), 'the kept image');
+    expect(new Uint8Array(readFileSync(kept))).toEqual(PNG);
+    // a JSON job has none, and its model is set while it waits too
+    const plain = (await post({ prompt: 'b' })).body as VideoObject;
+    expect(plain).toMatchObject({ input_reference: null, model: DEFAULT_MODEL_URL });
+  });
+
+  it('refuses a form field or image it cannot take, by name, and a form past its bound with 413', async () => {
+    const refused = async (fields: [string, string | Blob][], param: string | null, message: RegExp) => {
+      const { status, body } = await postForm(fields);
+      expect(status).toBe(400);
+      conforms('Error', body);
+      expect((body as { error: { param: string | null; message: string } }).error).toMatchObject({ param });
+      expect((body as { error: { message: string } }).error.message).toMatch(message);
+    };
+    await refused([['size', '64x64']], 'prompt', /prompt is required/);
+    await refused(
+      [
+        ['prompt', 'a'],
+        ['steps', 'many'],
+      ],
+      'steps',
+      /steps/,
+    );
+    await refused(
+      [
+        ['prompt', 'a'],
+        ['prompt', 'b'],
+      ],
+      'prompt',
+      /came twice/,
+    );
+    await refused(
+      [
+        ['prompt', 'a'],
+        ['input_reference', 'https://x/a.png'],
+      ],
+      'input_reference',
+      /came as text/,
+    );
+    await refused(
+      [
+        ['prompt', 'a'],
+        ['input_reference', new File(['GIF89a'], 'a.gif', { type: 'image/gif' })],
+      ],
+      'input_reference',
+      /PNG, JPEG or WebP.*a\.gif \(image\/gif\)/,
+    );
+    await refused(
+      [
+        ['prompt', 'a'],
+        ['input_reference[image_url]', 'https://x/a.png'],
+      ],
+      'input_reference',
+      /file part/,
+    );
+    const big = await postForm([
+      ['prompt', 'a'],
+      ['input_reference', new File([new Uint8Array(MAX_REFERENCE_BYTES + 128 * 1024)], 'big.png')],
+    ]);
+    expect(big.status).toBe(413);
+    expect((big.body as { error: { message: string } }).error.message).toMatch(/larger than \d+ KB/);
+    // nothing was queued, and no image kept
+    expect((await call('/v1/videos')).body).toMatchObject({ data: [] });
   });
 
   it('streams a job as server-sent events until it ends', async () => {
