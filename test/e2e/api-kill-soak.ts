@@ -9,6 +9,7 @@ import { statSync } from 'node:fs';
 import { createServer, type AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import OpenAI from 'openai';
+import { SeededRandom } from '../../core/random.ts';
 import { spawnApiServer, type ApiProcess } from '../../server/api/api-process.ts';
 import type { VideoObject } from '../../server/api/video-object.ts';
 
@@ -69,18 +70,6 @@ export const freePort = () =>
     });
   });
 
-/** mulberry32: a small seeded generator, so the instants of a run can be had again */
-function random(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 /** The running job's phase as a kill names it. */
@@ -95,7 +84,8 @@ function phaseOf(jobs: Iterable<VideoObject>): string {
 
 export async function killSoak(options: SoakOptions): Promise<SoakResult> {
   const { dataDir, targets, keepQueued, aimWithinMs = 30_000, drainWithinMs = 300_000, log = () => {} } = options;
-  const rand = random(options.seed);
+  const generator = new SeededRandom(options.seed);
+  const rand = () => generator.uniform();
   const started = Date.now();
   const port = await freePort();
   // the client polls as fast as the server answers, to see the short phases a kill aims at: past the key's default rate
