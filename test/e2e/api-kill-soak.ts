@@ -45,7 +45,7 @@ export interface Kill {
 export interface SoakResult {
   kills: Kill[];
   /** every job the server answered 202, with what the client saw of it */
-  jobs: { id: string; status: string; attempts: number; completedAt: number | null }[];
+  jobs: { id: string; status: string; attempts: number; completedAt: number | null; error: string | null }[];
   /** jobs seen completed with another completed_at, or their video rewritten, after they were first seen completed */
   completedAgain: string[];
   /** jobs seen to leave `completed` */
@@ -221,6 +221,7 @@ export async function killSoak(options: SoakOptions): Promise<SoakResult> {
       status: j.status,
       attempts: j.attempts,
       completedAt: j.completed_at,
+      error: j.error?.message ?? null,
     })),
     completedAgain: [...completedAgain],
     regressed: [...regressed],

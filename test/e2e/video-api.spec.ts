@@ -345,6 +345,15 @@ test(
     try {
       const summary = expectEveryJobCompletedOnce(result, targets.length);
       expect(summary.at).toMatchObject({ 'after-get': 1 });
+      // a second server on the same data folder is refused before it serves, naming the one that runs
+      const second = await spawnApiServer(dataDir, ['--port', '0']).then(
+        async (api) => {
+          await api.stop();
+          return 'it started';
+        },
+        (e: unknown) => (e as Error).message,
+      );
+      expect(second).toMatch(new RegExp(`exited \\(2\\)[^]*pid ${result.api.process.pid}, which is still running`));
     } finally {
       await result.api.stop();
       rmSync(dataDir, { recursive: true, force: true });
