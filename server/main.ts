@@ -262,6 +262,7 @@ if (api) {
     console.log(`  API worker link  ${joinUrl}${lanJoinUrl ? `\n  API LAN link     ${lanJoinUrl}` : ''}\napi: ready`);
   } catch (e) {
     console.error(`api: could not open the coordinator: ${(e as Error).message}`);
+    await api.close().catch(() => {});
     await server.close();
     process.exit(1);
   }

@@ -48,15 +48,15 @@ export const DEFAULTS = { localWorkers: 0, maxQueued: 100, requestsPerMinute: 12
 
 export function prepareApi(settings: ApiSettings): VideoApi {
   const key = loadApiKey(settings.dataDir, settings.keyFromEnv);
+  // opened before the server listens: a database another running server holds refuses this one before it serves
+  const db = JobDb.open(settings.dataDir, settings.log);
   let resolveParts: (parts: ApiParts) => void = () => {};
   const parts = new Promise<ApiParts>((resolve) => (resolveParts = resolve));
-  let db: JobDb | null = null;
   let host: CoordinatorHost | null = null;
   return {
     key,
     router: (origins) => videoApi(parts, { key: key.key, origins, requestsPerMinute: settings.requestsPerMinute }),
     async start(serverUrl) {
-      db = JobDb.open(settings.dataDir);
       host = await hostCoordinator({
         serverUrl,
         profileDir: join(settings.dataDir, 'browser'),
@@ -75,7 +75,7 @@ export function prepareApi(settings: ApiSettings): VideoApi {
     },
     async close() {
       await host?.close();
-      db?.close();
+      db.close();
     },
   };
 }

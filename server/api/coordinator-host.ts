@@ -152,9 +152,12 @@ export async function hostCoordinator({
    * and a page job it does not know of (submitted just before a kill wrote its id) would run before this one.
    */
   async function pageJobFor(on: Page, overrides: JobOverrides, resume: number | null): Promise<number> {
-    const held = await on.evaluate(() => window.ditswarm.jobs().map((j) => j.id));
-    for (const id of held) if (id !== resume) await on.evaluate((job) => window.ditswarm.discard(job), id);
-    if (resume !== null && held.includes(resume)) {
+    const held = await on.evaluate(() => window.ditswarm.jobs().map(({ id, status }) => ({ id, status })));
+    // a run the kill of the server failed (its browser closed its worker tabs as it went down) is run again, not
+    // resumed: its failure is the kill's, not the job's
+    const kept = held.find((j) => j.id === resume && j.status !== 'failed' && j.status !== 'cancelled')?.id;
+    for (const { id } of held) if (id !== kept) await on.evaluate((job) => window.ditswarm.discard(job), id);
+    if (resume !== null && kept === resume) {
       log(`api: resuming the coordinator page's job ${resume}`);
       return resume;
     }

@@ -1,10 +1,13 @@
 // The API's jobs, kept in SQLite (node-sqlite3-wasm: SQLite compiled to WebAssembly with a file-system VFS, so
 // it installs anywhere without a native build) under the server's data folder; the videos and latents are
-// files beside it (job-files.ts). Every write is synchronous=FULL: a job answered with 202 is on the disk.
+// files beside it (job-files.ts). Every write is synchronous=FULL: a job answered with 202 is on the disk. Every
+// statement runs to its end before its call returns, so SQLite holds no lock between calls: a server killed while
+// idle leaves none, and one killed mid-write leaves one that the next start removes (db-owner.ts).
 
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import sqlite from 'node-sqlite3-wasm';
+import { ownDatabase, recoveredLine, type DbOwnership } from './db-owner.ts';
 import type { VideoRequest } from './video-request.ts';
 
 export const VIDEO_STATUSES = ['queued', 'in_progress', 'completed', 'failed', 'cancelled'] as const;
@@ -111,27 +114,44 @@ export class JobDb {
   /** prepared once: a status poll reads a job, and preparing the statement each time costs most of the read */
   private readonly byId: sqlite.Statement;
 
-  private constructor(private readonly db: sqlite.Database) {
+  private constructor(
+    private readonly db: sqlite.Database,
+    private readonly owner: DbOwnership,
+  ) {
     this.byId = db.prepare('SELECT * FROM jobs WHERE id = ?');
   }
 
-  /** Opens (or makes) `dir`/jobs.sqlite. */
-  static open(dir: string): JobDb {
+  /**
+   * Opens (or makes) `dir`/jobs.sqlite for this process alone: throws DatabaseInUse where a running server has it
+   * open; takes over one a killed server left, saying so to `log`.
+   */
+  static open(dir: string, log: (line: string) => void = () => {}): JobDb {
     mkdirSync(dir, { recursive: true });
-    const db = new sqlite.Database(join(dir, 'jobs.sqlite'));
-    // the journal is deleted once a write is done, and every write waits for the disk
-    db.exec('PRAGMA journal_mode = DELETE; PRAGMA synchronous = FULL;');
-    db.exec(SCHEMA);
-    // a database made before jobs kept their page's id
-    const columns = db.all('PRAGMA table_info(jobs)') as Row[];
-    if (!columns.some((c) => c.name === 'page_job')) db.exec('ALTER TABLE jobs ADD COLUMN page_job INTEGER');
-    return new JobDb(db);
+    const path = join(dir, 'jobs.sqlite');
+    const owner = ownDatabase(path);
+    if (owner.recovered) log(recoveredLine(path, owner.recovered));
+    let db: sqlite.Database | null = null;
+    try {
+      db = new sqlite.Database(path);
+      // the journal is deleted once a write is done, and every write waits for the disk
+      db.exec('PRAGMA journal_mode = DELETE; PRAGMA synchronous = FULL;');
+      db.exec(SCHEMA);
+      // a database made before jobs kept their page's id
+      const columns = db.all('PRAGMA table_info(jobs)') as Row[];
+      if (!columns.some((c) => c.name === 'page_job')) db.exec('ALTER TABLE jobs ADD COLUMN page_job INTEGER');
+      return new JobDb(db, owner);
+    } catch (e) {
+      if (db?.isOpen) db.close();
+      owner.release();
+      throw e;
+    }
   }
 
   close(): void {
     if (!this.db.isOpen) return;
     this.byId.finalize();
     this.db.close();
+    this.owner.release();
   }
 
   /** Writes a new job; throws DiskFullError where the disk has no room (nothing is then stored). */
@@ -166,8 +186,10 @@ export class JobDb {
   }
 
   get(id: string): VideoJob | null {
-    const row = this.byId.get([id]) as Row | null;
-    return row && fromRow(row);
+    // all(), not get(): get() leaves the statement stepped once, not ended, and SQLite keeps its read lock (and
+    // node-sqlite3-wasm its lock directory) until the statement's next use; run to its end, it gives both up
+    const row = (this.byId.all([id]) as Row[]).at(0);
+    return row ? fromRow(row) : null;
   }
 
   /** Newest first: `limit` jobs accepted before the job `after` (from the newest without it). */

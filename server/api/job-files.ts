@@ -1,6 +1,6 @@
 // The API's finished videos and latents: files beside the job database (<data>/videos/<id>.webm and
-// <id>.latent.safetensors), each written whole to a temporary name, flushed to the disk and then renamed, so a file
-// under its own name is always complete.
+// <id>.latent.safetensors, and <id>.input_reference, the image a job was given), each written whole to a temporary
+// name, flushed to the disk and then renamed, so a file under its own name is always complete.
 
 import { closeSync, existsSync, fsyncSync, mkdirSync, openSync, renameSync, rmSync, writeSync } from 'node:fs';
 import { join } from 'node:path';
@@ -9,11 +9,13 @@ import { latentShape } from '../../core/job.ts';
 import { writeSafetensors } from '../../core/safetensors.ts';
 import { DiskFullError } from './job-db.ts';
 
-export type FileVariant = 'video' | 'latent';
+/** 'reference': the image a job was given (input_reference), kept for image-to-video */
+export type FileVariant = 'video' | 'latent' | 'reference';
 
 const NAMES: Record<FileVariant, (id: string) => string> = {
   video: (id) => `${id}.webm`,
   latent: (id) => `${id}.latent.safetensors`,
+  reference: (id) => `${id}.input_reference`,
 };
 
 export class JobFiles {
@@ -33,6 +35,11 @@ export class JobFiles {
     const shape = [values.length / (t * h * w), t, h, w];
     this.writeWhole(join(this.dir, NAMES.latent(id)), writeSafetensors(new Map([['latent', { shape, data: values }]])));
     if (video) this.writeWhole(join(this.dir, NAMES.video(id)), Buffer.from(video, 'base64'));
+  }
+
+  /** The image the job was given, before the job is stored: an accepted job always has it. */
+  writeReference(id: string, bytes: Uint8Array): void {
+    this.writeWhole(join(this.dir, NAMES.reference(id)), bytes);
   }
 
   remove(id: string): void {

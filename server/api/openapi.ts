@@ -5,6 +5,7 @@ import { LIMITS, JOB_SCHEDULERS } from '../../core/job.ts';
 import { DTYPES } from '../../core/net/protocol.ts';
 import { WEIGHT_TYPES } from '../../core/worker-api.ts';
 import { VIDEO_STATUSES } from './job-db.ts';
+import { MAX_REFERENCE_BYTES, REFERENCE_TYPES } from './video-form.ts';
 
 const nullable = (schema: object) => ({ oneOf: [schema, { type: 'null' }] });
 const ref = (name: string) => ({ $ref: `#/components/schemas/${name}` });
@@ -98,6 +99,7 @@ const schemas = {
       'error',
       'report',
       'attempts',
+      'input_reference',
     ],
     additionalProperties: false,
     properties: {
@@ -126,6 +128,18 @@ const schemas = {
         description: "the coordinator's report (GenerateReport): config, placement, steps, workers, links, …",
       }),
       attempts: { type: 'integer', minimum: 0 },
+      input_reference: nullable({
+        type: 'object',
+        required: ['type', 'bytes', 'name', 'note'],
+        additionalProperties: false,
+        description: 'the image a multipart POST gave, kept with the job for image-to-video',
+        properties: {
+          type: { enum: [...REFERENCE_TYPES] },
+          bytes: { type: 'integer', minimum: 0 },
+          name: nullable({ type: 'string' }),
+          note: { type: 'string' },
+        },
+      }),
     },
   },
   VideoList: {
@@ -176,6 +190,33 @@ const schemas = {
   },
 };
 
+/**
+ * The POST as OpenAI documents it (`curl -F prompt=… -F seconds=4 -F size=832x480`): the JSON body's fields as text
+ * parts, `lora` repeatable, and the image to start from as a file part.
+ */
+const createVideoForm = {
+  type: 'object',
+  required: ['prompt'],
+  additionalProperties: false,
+  properties: {
+    ...Object.fromEntries(
+      Object.keys(schemas.CreateVideoRequest.properties).map((name) => [
+        name,
+        name === 'lora'
+          ? { type: 'array', items: { type: 'string' }, description: 'a LoRA URL; one part each' }
+          : { type: 'string', description: `the JSON body's ${name}, as text` },
+      ]),
+    ),
+    input_reference: {
+      type: 'string',
+      contentMediaType: 'application/octet-stream',
+      description:
+        `a PNG, JPEG or WebP image of at most ${MAX_REFERENCE_BYTES / 1024 / 1024} MiB, kept with the job for ` +
+        'image-to-video, which comes with the TI2V model: until then the video is made from the prompt alone',
+    },
+  },
+};
+
 const idParam = { name: 'id', in: 'path', required: true, schema: { type: 'string' } };
 const unauthorized = errorResponse('no key, or a wrong one (Authorization: Bearer <key>)');
 const limited = errorResponse('too many requests with this key: wait a moment');
@@ -198,11 +239,21 @@ export const OPENAPI = {
     '/v1/videos': {
       post: {
         summary: 'Queue a video job',
-        requestBody: { required: true, content: json(ref('CreateVideoRequest')) },
+        requestBody: {
+          required: true,
+          content: {
+            ...json(ref('CreateVideoRequest')),
+            'multipart/form-data': {
+              schema: createVideoForm,
+              encoding: { input_reference: { contentType: REFERENCE_TYPES.join(', ') } },
+            },
+          },
+        },
         responses: {
           202: { description: 'accepted: on the disk, queued', content: json(ref('Video')) },
           400: errorResponse('a field refused: `param` names it'),
           401: unauthorized,
+          413: errorResponse('the body is larger than the API takes (a JSON body 64 KB, a form its image and 64 KB)'),
           429: errorResponse('the queue is full, or too many requests with this key'),
           503: errorResponse('no worker has joined the swarm'),
           507: errorResponse('the disk is full: nothing was queued'),

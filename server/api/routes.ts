@@ -10,6 +10,7 @@ import { authorized } from './api-key.ts';
 import type { Coordinator } from './coordinator-host.ts';
 import { DiskFullError, isFinal, type VideoJob } from './job-db.ts';
 import { OPENAPI } from './openapi.ts';
+import { MAX_FORM_BYTES, readVideoForm } from './video-form.ts';
 import { parseVideoRequest, RequestError } from './video-request.ts';
 import { videoObject } from './video-object.ts';
 import { QueueError, type VideoJobs } from './video-jobs.ts';
@@ -107,9 +108,20 @@ export function videoApi(parts: Promise<ApiParts>, { key, origins, requestsPerMi
 
   router.post(
     '/videos',
+    // the form OpenAI documents (and its SDK sends) beside JSON; bounded as the image it may carry is
+    express.raw({ type: 'multipart/form-data', limit: MAX_FORM_BYTES }),
     handle(async (p, request, response) => {
+      const form = request.is('multipart/form-data')
+        ? await readVideoForm(request.body, String(request.headers['content-type']))
+        : null;
+      const asked = parseVideoRequest(form ? form.body : request.body, {
+        model: p.model,
+        defaultModelSize: p.defaultSize ?? null,
+      });
+      const reference = form?.reference;
       const job = await p.jobs.accept(
-        parseVideoRequest(request.body, { model: p.model, defaultModelSize: p.defaultSize ?? null }),
+        reference ? { ...asked, inputReference: reference.info } : asked,
+        reference?.bytes,
       );
       response.status(202).json(videoObject(job));
     }),
@@ -228,12 +240,13 @@ export function videoApi(parts: Promise<ApiParts>, { key, origins, requestsPerMi
   // a body that is no JSON, or too large, is the caller's to fix: said as the API says errors
   router.use(
     (
-      error: { status?: number; type?: string; message?: string },
+      error: { status?: number; type?: string; message?: string; limit?: number },
       _request: Request,
       response: Response,
       next: NextFunction,
     ) => {
-      if (error.type === 'entity.too.large') sendError(response, 413, 'the body is larger than 64 KB');
+      if (error.type === 'entity.too.large')
+        sendError(response, 413, `the body is larger than ${Math.round((error.limit ?? 0) / 1024)} KB`);
       else if (error.type === 'entity.parse.failed')
         sendError(response, 400, `the body is no JSON: ${error.message ?? ''}`);
       else next(error);

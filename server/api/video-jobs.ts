@@ -63,8 +63,8 @@ export class VideoJobs {
     void this.pump();
   }
 
-  /** Accepts a job: on the disk before this returns. */
-  async accept(request: VideoRequest): Promise<VideoJob> {
+  /** Accepts a job: on the disk before this returns, with `reference`, the image it was given, where it has one. */
+  async accept(request: VideoRequest, reference?: Uint8Array): Promise<VideoJob> {
     if (this.db.countQueued() >= this.options.maxQueued)
       throw new QueueError(
         `the queue is full (${this.options.maxQueued} jobs wait): try again once some have finished`,
@@ -72,21 +72,29 @@ export class VideoJobs {
       );
     if (!(await this.options.hasWorkers()))
       throw new QueueError('no worker has joined this swarm: open the worker link (GET /v1/swarm) on a machine', 503);
-    const job = this.db.insert({
-      id: `video_${randomBytes(12).toString('hex')}`,
-      status: 'queued',
-      request,
-      createdAt: Date.now(),
-      startedAt: null,
-      completedAt: null,
-      progress: 0,
-      phase: null,
-      etaMs: null,
-      error: null,
-      report: null,
-      attempts: 0,
-      pageJob: null,
-    });
+    const id = `video_${randomBytes(12).toString('hex')}`;
+    if (reference) this.files.writeReference(id, reference);
+    let job: VideoJob;
+    try {
+      job = this.db.insert({
+        id,
+        status: 'queued',
+        request,
+        createdAt: Date.now(),
+        startedAt: null,
+        completedAt: null,
+        progress: 0,
+        phase: null,
+        etaMs: null,
+        error: null,
+        report: null,
+        attempts: 0,
+        pageJob: null,
+      });
+    } catch (e) {
+      this.files.remove(id);
+      throw e;
+    }
     this.unfinished.set(job.id, job);
     this.changes.emit(job);
     void this.pump();

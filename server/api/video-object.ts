@@ -5,6 +5,7 @@
 import type { GenerateReport } from '../../coordinator/pipeline.ts';
 import { DEFAULT_FPS } from '../../coordinator/video.ts';
 import type { JobError, VideoJob, VideoStatus } from './job-db.ts';
+import type { InputReference } from './video-form.ts';
 
 export interface VideoObject {
   id: string;
@@ -31,7 +32,13 @@ export interface VideoObject {
   report: GenerateReport | null;
   /** runs started (a run a crash or a restart interrupted counts too) */
   attempts: number;
+  /** the image a multipart POST gave, kept with the job; null where it gave none */
+  input_reference: (InputReference & { note: string }) | null;
 }
+
+/** what a job given an image is told: it is kept, not yet used */
+export const REFERENCE_NOTE =
+  'kept with the job for image-to-video, which comes with the TI2V model: this video is made from the prompt alone';
 
 const seconds = (ms: number | null) => (ms === null ? null : Math.floor(ms / 1000));
 
@@ -59,5 +66,6 @@ export function videoObject(job: VideoJob): VideoObject {
     error: job.error,
     report: job.status === 'completed' ? report : null,
     attempts: job.attempts,
+    input_reference: job.request.inputReference ? { ...job.request.inputReference, note: REFERENCE_NOTE } : null,
   };
 }

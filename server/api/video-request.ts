@@ -4,16 +4,19 @@
 // it may be: nothing is queued.
 
 import type { JobOverrides } from '../../app/automation.ts';
-import { checkJobParams, JOB_SCHEDULERS, LIMITS, type JobParams } from '../../core/job.ts';
+import { checkJobParams, DEFAULT_MODEL_URL, JOB_SCHEDULERS, LIMITS, type JobParams } from '../../core/job.ts';
 import { checkLoras, LoraError } from '../../core/model/lora.ts';
 import { DTYPES } from '../../core/net/protocol.ts';
 import { WEIGHT_TYPES } from '../../core/worker-api.ts';
 import { DEFAULT_FPS } from '../../coordinator/video.ts';
 import { degreeOfWorkers } from '../cli/job-flags.ts';
+import type { InputReference } from './video-form.ts';
 
 /** A job as the API keeps it: what the dashboard's automation API is given, the form's values beneath. */
 export interface VideoRequest {
   overrides: JobOverrides;
+  /** the image a multipart POST gave (kept as the job's file 'reference'), for image-to-video with the TI2V model */
+  inputReference?: InputReference;
 }
 
 /** A field the API refuses: `param` names it, as OpenAI's errors do. */
@@ -209,8 +212,8 @@ export function parseVideoRequest(
       `model is a model folder's http(s) URL or a path this server serves (/models/…); got ${show(b.model)}`,
       'model',
     );
-  const modelUrl = b.model ?? model;
-  if (modelUrl) overrides.model = modelUrl;
+  // set from the start, so that a queued job says what it will run on
+  overrides.model = b.model ?? model ?? DEFAULT_MODEL_URL;
   if (b.lora !== undefined) {
     const list = Array.isArray(b.lora) ? b.lora : [b.lora];
     try {

@@ -1,7 +1,8 @@
 // The video API's parts apart from HTTP (server/api): the POST body's checks, the key, the job database and the
 // queue that runs its jobs on a stand-in coordinator.
 
-import { mkdtempSync, readFileSync, statSync, symlinkSync } from 'node:fs';
+import { spawn, spawnSync } from 'node:child_process';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { Server } from 'node:http';
@@ -18,11 +19,14 @@ import { serverOrigins } from '../../server/origins.ts';
 import type { AutomationProgress, JobResult } from '../../app/automation.ts';
 import { authorized, loadApiKey } from '../../server/api/api-key.ts';
 import { CoordinatorLost, type Coordinator, type RunHooks } from '../../server/api/coordinator-host.ts';
+import { DatabaseInUse } from '../../server/api/db-owner.ts';
 import { DiskFullError, JobDb, type VideoJob } from '../../server/api/job-db.ts';
 import { JobFiles } from '../../server/api/job-files.ts';
 import { MAX_ATTEMPTS, QueueError, VideoJobs } from '../../server/api/video-jobs.ts';
 import { NAMED_SIZES, parseVideoRequest, RequestError } from '../../server/api/video-request.ts';
 import { readSafetensors } from '../../core/safetensors.ts';
+import { DEFAULT_MODEL_URL } from '../../core/job.ts';
+import { MAX_REFERENCE_BYTES } from '../../server/api/video-form.ts';
 import type { GenerateReport } from '../../coordinator/pipeline.ts';
 
 const tmp = () => mkdtempSync(join(tmpdir(), 'ditswarm-api-'));
@@ -77,6 +81,7 @@ describe("POST /v1/videos's body", () => {
       ep: 'wasm',
       cache: { method: 'magcache', threshold: 0.2 },
       outputType: 'latent',
+      model: DEFAULT_MODEL_URL,
       loras: [
         { url: 'https://x/a.safetensors', strength: 1 },
         { url: 'https://x/b.safetensors', strength: 0.5 },
@@ -100,6 +105,8 @@ describe("POST /v1/videos's body", () => {
       frames: 9,
     });
     expect(parseVideoRequest({ prompt: 'a', seconds: 0.5 }).overrides.frames).toBe(9);
+    // a server without --model runs the bundled model, and says so from the start
+    expect(parseVideoRequest({ prompt: 'a' }).overrides.model).toBe(DEFAULT_MODEL_URL);
     expect(parseVideoRequest({ prompt: 'a', stages: 2, workers: 4 }).overrides).toMatchObject({
       stages: 2,
       workers: 2,
@@ -408,6 +415,111 @@ describe("the API's queue", () => {
   });
 });
 
+/** A queued job as VideoJobs.accept writes it, less its id. */
+const NOT_RUN = { startedAt: null, completedAt: null, phase: null, etaMs: null, error: null, report: null };
+const newJob = (id: string): Omit<VideoJob, 'seq'> => ({
+  ...NOT_RUN,
+  id,
+  status: 'queued',
+  request: { overrides: { prompt: 'a' } },
+  createdAt: 1,
+  progress: 0,
+  attempts: 0,
+  pageJob: null,
+});
+
+describe("the job database's lock", () => {
+  /** A process that has ended: its pid names no running process (until the kernel gives it again). */
+  const deadPid = () => {
+    const child = spawnSync('true');
+    return defined(child.pid, 'a pid');
+  };
+
+  it('is held by no call once it returned: reads, lists and writes leave no lock behind', () => {
+    const dir = tmp();
+    const db = JobDb.open(dir);
+    const lock = join(dir, 'jobs.sqlite.lock');
+    try {
+      const job = db.insert(newJob('video_a'));
+      expect(existsSync(lock)).toBe(false);
+      expect(db.get(job.id)?.id).toBe('video_a');
+      expect(existsSync(lock)).toBe(false);
+      db.update(job.id, { progress: 5 });
+      expect(db.list({ limit: 5, after: 'video_a' })).toEqual([]);
+      expect(db.unfinished()).toHaveLength(1);
+      expect(db.countQueued()).toBe(1);
+      expect(existsSync(lock)).toBe(false);
+      // the owner file names this process while it has the database open
+      expect(JSON.parse(readFileSync(join(dir, 'jobs.sqlite.owner'), 'utf8'))).toMatchObject({ pid: process.pid });
+    } finally {
+      db.close();
+    }
+    expect(existsSync(join(dir, 'jobs.sqlite.owner'))).toBe(false);
+  });
+
+  it("is taken over from a killed server, its lock removed, with a line that names the dead server's pid", () => {
+    const dir = tmp();
+    const first = JobDb.open(dir);
+    first.insert(newJob('video_a'));
+    first.close();
+    // what a server killed mid-write leaves: its owner file, and SQLite's lock directory
+    const pid = deadPid();
+    writeFileSync(join(dir, 'jobs.sqlite.owner'), JSON.stringify({ pid, start: '1' }));
+    mkdirSync(join(dir, 'jobs.sqlite.lock'));
+    const lines: string[] = [];
+    const db = JobDb.open(dir, (line) => lines.push(line));
+    try {
+      expect(db.get('video_a')?.status).toBe('queued');
+      expect(lines).toHaveLength(1);
+      expect(lines[0]).toMatch(
+        new RegExp(`pid ${pid}, which no longer runs.*taken over.*jobs\\.sqlite\\.lock\\) removed`),
+      );
+    } finally {
+      db.close();
+    }
+    // a server that closed it leaves nothing to say
+    const quiet: string[] = [];
+    JobDb.open(dir, (line) => quiet.push(line)).close();
+    expect(quiet).toEqual([]);
+  });
+
+  it('is refused while the server holding it runs, naming its pid; a pid since given to another process is no holder', () => {
+    const dir = tmp();
+    const holder = spawn('sleep', ['30']);
+    try {
+      const pid = defined(holder.pid, 'a pid');
+      const start = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1].split(' ')[19];
+      writeFileSync(join(dir, 'jobs.sqlite.owner'), JSON.stringify({ pid, start }));
+      let refused: unknown;
+      try {
+        JobDb.open(dir).close();
+      } catch (e) {
+        refused = e;
+      }
+      expect(refused).toBeInstanceOf(DatabaseInUse);
+      expect((refused as DatabaseInUse).holder.pid).toBe(pid);
+      expect((refused as Error).message).toMatch(
+        new RegExp(`pid ${pid}, which is still running: stop it \\(kill ${pid}\\)`),
+      );
+      expect(existsSync(join(dir, 'jobs.sqlite'))).toBe(false);
+      // the same pid with another start time is a process that came after the holder ended
+      writeFileSync(join(dir, 'jobs.sqlite.owner'), JSON.stringify({ pid, start: `${start}0` }));
+      const lines: string[] = [];
+      JobDb.open(dir, (line) => lines.push(line)).close();
+      expect(lines[0]).toMatch(`pid ${pid}, which no longer runs`);
+    } finally {
+      holder.kill('SIGKILL');
+    }
+    // open in this process: a second open is refused too
+    const db = JobDb.open(dir);
+    try {
+      expect(() => JobDb.open(dir)).toThrow(`pid ${process.pid}`);
+    } finally {
+      db.close();
+    }
+  });
+});
+
 describe('the API over HTTP', () => {
   const KEY = 'ds-test-key-0123456789';
   const ajv = new Ajv2020({ strict: false });
@@ -582,6 +694,112 @@ describe('the API over HTTP', () => {
     const disk = await post({ prompt: 'a' });
     expect(disk.status).toBe(507);
     conforms('Error', disk.body);
+  });
+
+  /** A POST of `fields` as multipart/form-data, as `curl -F` and the openai SDK send it. */
+  const postForm = async (fields: [string, string | Blob][]) => {
+    const form = new FormData();
+    for (const [name, value] of fields) form.append(name, value);
+    const response = await fetch(`${base}/v1/videos`, {
+      method: 'POST',
+      headers: { Authorization: `Bearer ${KEY}` },
+      body: form,
+    });
+    return { status: response.status, body: (await response.json()) as unknown };
+  };
+  const PNG = new Uint8Array([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a, 0, 0, 0, 13, 1, 2, 3]);
+
+  it('takes the form OpenAI documents (curl -F), its fields as text, its image kept with the job', async () => {
+    const accepted = await postForm([
+      ['prompt', 'a red ball'],
+      ['size', '64x64'],
+      ['seconds', '0.5'],
+      ['steps', '2'],
+      ['seed', '7'],
+      ['cfg_parallel', 'false'],
+      ['lora', 'https://x/a.safetensors'],
+      ['lora', 'https://x/b.safetensors'],
+      ['input_reference', new File([PNG], 'first.png', { type: 'image/png' })],
+    ]);
+    expect(accepted.status).toBe(202);
+    conforms('Video', accepted.body);
+    const job = accepted.body as VideoObject;
+    expect(job).toMatchObject({ status: 'queued', size: '64x64', frames: 9, model: DEFAULT_MODEL_URL });
+    expect(job.input_reference).toMatchObject({ type: 'image/png', bytes: PNG.length, name: 'first.png' });
+    expect(job.input_reference?.note).toMatch(/image-to-video.*TI2V/);
+    expect(opened.jobs.get(job.id)?.request.overrides).toMatchObject({
+      steps: 2,
+      seed: 7,
+      cfgParallel: false,
+      loras: [
+        { url: 'https://x/a.safetensors', strength: 1 },
+        { url: 'https://x/b.safetensors', strength: 1 },
+      ],
+    });
+    const kept = defined(opened.jobs.files.path(job.id, 'reference'), 'the kept image');
+    expect(new Uint8Array(readFileSync(kept))).toEqual(PNG);
+    // a JSON job has none, and its model is set while it waits too
+    const plain = (await post({ prompt: 'b' })).body as VideoObject;
+    expect(plain).toMatchObject({ input_reference: null, model: DEFAULT_MODEL_URL });
+  });
+
+  it('refuses a form field or image it cannot take, by name, and a form past its bound with 413', async () => {
+    const refused = async (fields: [string, string | Blob][], param: string | null, message: RegExp) => {
+      const { status, body } = await postForm(fields);
+      expect(status).toBe(400);
+      conforms('Error', body);
+      expect((body as { error: { param: string | null; message: string } }).error).toMatchObject({ param });
+      expect((body as { error: { message: string } }).error.message).toMatch(message);
+    };
+    await refused([['size', '64x64']], 'prompt', /prompt is required/);
+    await refused(
+      [
+        ['prompt', 'a'],
+        ['steps', 'many'],
+      ],
+      'steps',
+      /steps/,
+    );
+    await refused(
+      [
+        ['prompt', 'a'],
+        ['prompt', 'b'],
+      ],
+      'prompt',
+      /came twice/,
+    );
+    await refused(
+      [
+        ['prompt', 'a'],
+        ['input_reference', 'https://x/a.png'],
+      ],
+      'input_reference',
+      /came as text/,
+    );
+    await refused(
+      [
+        ['prompt', 'a'],
+        ['input_reference', new File(['GIF89a'], 'a.gif', { type: 'image/gif' })],
+      ],
+      'input_reference',
+      /PNG, JPEG or WebP.*a\.gif \(image\/gif\)/,
+    );
+    await refused(
+      [
+        ['prompt', 'a'],
+        ['input_reference[image_url]', 'https://x/a.png'],
+      ],
+      'input_reference',
+      /file part/,
+    );
+    const big = await postForm([
+      ['prompt', 'a'],
+      ['input_reference', new File([new Uint8Array(MAX_REFERENCE_BYTES + 128 * 1024)], 'big.png')],
+    ]);
+    expect(big.status).toBe(413);
+    expect((big.body as { error: { message: string } }).error.message).toMatch(/larger than \d+ KB/);
+    // nothing was queued, and no image kept
+    expect((await call('/v1/videos')).body).toMatchObject({ data: [] });
   });
 
   it('streams a job as server-sent events until it ends', async () => {
