@@ -65,13 +65,14 @@ export class VideoJobs {
 
   /** Accepts a job: on the disk before this returns. */
   async accept(request: VideoRequest): Promise<VideoJob> {
+    if (!(await this.options.hasWorkers()))
+      throw new QueueError('no worker has joined this swarm: open the worker link (GET /v1/swarm) on a machine', 503);
+    // the count and the insert with no await between: POSTs that waited on the swarm together cannot all see room
     if (this.db.countQueued() >= this.options.maxQueued)
       throw new QueueError(
         `the queue is full (${this.options.maxQueued} jobs wait): try again once some have finished`,
         429,
       );
-    if (!(await this.options.hasWorkers()))
-      throw new QueueError('no worker has joined this swarm: open the worker link (GET /v1/swarm) on a machine', 503);
     const job = this.db.insert({
       id: `video_${randomBytes(12).toString('hex')}`,
       status: 'queued',

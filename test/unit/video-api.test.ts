@@ -361,6 +361,25 @@ describe("the API's queue", () => {
     expect(db.list({ limit: 10 }).map((j) => j.request.overrides.prompt)).toEqual(['c', 'b', 'a']);
   });
 
+  it('takes the queue cap atomically: 64 jobs POSTed at once under a cap of 10 leave 10 waiting', async () => {
+    const dir = tmp();
+    const db = JobDb.open(dir);
+    opened.push(db);
+    const coordinator = new StandInCoordinator();
+    // the swarm is asked over the coordinator page: an answer comes after a while, in no set order
+    const jobs = new VideoJobs(db, new JobFiles(join(dir, 'videos')), coordinator, {
+      maxQueued: 10,
+      hasWorkers: () => new Promise((r) => setTimeout(() => r(true), Math.random() * 20)),
+      log: () => {},
+    });
+    const results = await Promise.allSettled(Array.from({ length: 64 }, (_, i) => jobs.accept(ask(`${i}`))));
+    const waiting = db.list({ limit: 100 }).filter((j) => j.status === 'queued');
+    expect(waiting).toHaveLength(10);
+    // the first runs at once, so one more than the cap is taken in all
+    expect(results.filter((r) => r.status === 'fulfilled')).toHaveLength(11);
+    for (const r of results) if (r.status === 'rejected') expect(r.reason).toMatchObject({ status: 429 });
+  });
+
   it('fails a job whose files the disk has no room for, keeping the jobs stored before it', async () => {
     const { jobs, coordinator, dir } = queue();
     jobs.start();
