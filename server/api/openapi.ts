@@ -4,7 +4,9 @@
 import { LIMITS, JOB_SCHEDULERS } from '../../core/job.ts';
 import { DTYPES } from '../../core/net/protocol.ts';
 import { WEIGHT_TYPES } from '../../core/worker-api.ts';
+import { MAX_SWARM_WORKERS } from '../signaling-capacity.ts';
 import { VIDEO_STATUSES } from './job-db.ts';
+import { MAX_LATENT_POSITIONS } from './video-request.ts';
 
 const nullable = (schema: object) => ({ oneOf: [schema, { type: 'null' }] });
 const ref = (name: string) => ({ $ref: `#/components/schemas/${name}` });
@@ -64,11 +66,14 @@ const schemas = {
           },
         ],
       },
-      workers: { oneOf: [{ type: 'integer', minimum: 1 }, { const: 'auto' }], description: 'worker tabs in all' },
-      stages: { type: 'integer', minimum: 1 },
+      workers: {
+        oneOf: [{ type: 'integer', minimum: 1, maximum: MAX_SWARM_WORKERS }, { const: 'auto' }],
+        description: 'worker tabs in all',
+      },
+      stages: { type: 'integer', minimum: 1, maximum: MAX_SWARM_WORKERS, description: 'half that with cfg_parallel' },
       parallel: { enum: ['ulysses', 'displaced'] },
-      warmup_steps: { type: 'integer', minimum: 0 },
-      pipefusion: { type: 'integer', minimum: 2 },
+      warmup_steps: { type: 'integer', minimum: 0, maximum: LIMITS.steps.max },
+      pipefusion: { type: 'integer', minimum: 2, maximum: MAX_LATENT_POSITIONS },
       cfg_parallel: { type: 'boolean' },
       dtype: { enum: [...DTYPES] },
       weights: { enum: [...WEIGHT_TYPES] },

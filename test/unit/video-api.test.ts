@@ -23,6 +23,8 @@ import { JobFiles } from '../../server/api/job-files.ts';
 import { MAX_ATTEMPTS, QueueError, VideoJobs } from '../../server/api/video-jobs.ts';
 import { NAMED_SIZES, parseVideoRequest, RequestError } from '../../server/api/video-request.ts';
 import { readSafetensors } from '../../core/safetensors.ts';
+import { LIMITS } from '../../core/job.ts';
+import { MAX_SWARM_WORKERS } from '../../server/signaling-capacity.ts';
 import type { GenerateReport } from '../../coordinator/pipeline.ts';
 
 const tmp = () => mkdtempSync(join(tmpdir(), 'ditswarm-api-'));
@@ -143,6 +145,27 @@ describe("POST /v1/videos's body", () => {
     for (const [body, param] of cases) expect(refusal(body).param, JSON.stringify(body)).toBe(param);
     expect(refusal([1]).param).toBeNull();
     expect(refusal({ prompt: 'a', sizes: 1 }).message).toContain('the fields are prompt');
+  });
+
+  it('bounds every placement field by what the planner can ever use, naming the field and its range', () => {
+    const most = MAX_SWARM_WORKERS;
+    const cases: [object, string, string][] = [
+      [{ workers: 1e9 }, 'workers', `from 1 to ${most}`],
+      [{ workers: most + 1 }, 'workers', `from 1 to ${most}`],
+      [{ stages: 1e9 }, 'stages', `from 1 to ${most}`],
+      [{ stages: most / 2 + 1, cfg_parallel: true }, 'stages', `from 1 to ${Math.floor(most / 2)}`],
+      [{ warmup_steps: 1e9 }, 'warmup_steps', `from 0 to ${LIMITS.steps.max}`],
+      [{ stages: 2, pipefusion: 1e9 }, 'pipefusion', 'from 2 to '],
+    ];
+    for (const [fields, param, range] of cases) {
+      const e = refusal({ prompt: 'a', ...fields });
+      expect(e.param, JSON.stringify(fields)).toBe(param);
+      expect(e.message, JSON.stringify(fields)).toContain(range);
+      expect(e.message).toContain(`got ${(fields as Record<string, number>)[param]}`);
+    }
+    // the largest of each is taken
+    expect(parseVideoRequest({ prompt: 'a', workers: most }).overrides.workers).toBe(most);
+    expect(parseVideoRequest({ prompt: 'a', warmup_steps: LIMITS.steps.max }).overrides.warmupSteps).toBe(100);
   });
 });
 
