@@ -4,7 +4,7 @@
 
 import { createReadStream } from 'node:fs';
 import express, { type NextFunction, type Request, type Response } from 'express';
-import { perAddressLimit } from '../rate-limit.ts';
+import { clientSource, perAddressLimit } from '../rate-limit.ts';
 import type { Origins } from '../origins.ts';
 import { authorized } from './api-key.ts';
 import type { Coordinator } from './coordinator-host.ts';
@@ -61,6 +61,12 @@ export function videoApi(parts: Promise<ApiParts>, { key, origins, requestsPerMi
   router.use((request, response, next) => {
     if (!origins.originAllowed(request.headers.origin)) {
       sendError(response, 403, `pages of ${request.headers.origin} may not use this API`);
+      return;
+    }
+    // before the key: a client guessing keys meets the limit as soon as one with the key would
+    const { address } = clientSource(request.socket.remoteAddress);
+    if (!withinLimit(`address ${address}`)) {
+      sendError(response, 429, `more than ${requestsPerMinute} requests a minute from ${address}: wait a moment`);
       return;
     }
     if (!authorized(request.headers.authorization, key)) {

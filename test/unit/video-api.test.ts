@@ -504,6 +504,7 @@ describe('the API over HTTP', () => {
     base = `http://localhost:${port}`;
   });
   afterEach(async () => {
+    vi.restoreAllMocks();
     server.closeAllConnections();
     await new Promise((r) => server.close(r));
     opened.db.close();
@@ -644,10 +645,20 @@ describe('the API over HTTP', () => {
   });
 
   it('limits the requests of a key', async () => {
+    // the clock stands still: the buckets refill with time, which a loaded machine gives them
+    vi.spyOn(Date, 'now').mockReturnValue(Date.now());
     const statuses = [];
     for (let i = 0; i < 125; i++) statuses.push((await call('/v1/swarm')).status);
     expect(statuses.filter((s) => s === 200)).toHaveLength(120);
     expect(statuses.at(-1)).toBe(429);
+  });
+
+  it('limits the requests of an address before the key is checked: 1,000 wrong keys meet 429s', async () => {
+    vi.spyOn(Date, 'now').mockReturnValue(Date.now());
+    const statuses = [];
+    for (let i = 0; i < 1000; i++) statuses.push((await call('/v1/swarm', { key: `ds-guess-${i}-0123456789` })).status);
+    expect(statuses.filter((s) => s === 401)).toHaveLength(120);
+    expect(statuses.filter((s) => s === 429)).toHaveLength(880);
   });
 });
 
