@@ -268,12 +268,17 @@ export const OPENAPI = {
         ],
         responses: {
           200: {
-            description: 'the file',
+            description: 'the file (Accept-Ranges: bytes)',
+            content: { 'video/webm': {}, 'application/octet-stream': {} },
+          },
+          206: {
+            description: 'the bytes a Range header asked for, with Content-Range',
             content: { 'video/webm': {}, 'application/octet-stream': {} },
           },
           401: unauthorized,
           404: errorResponse('no such job, or it made no such file (output "latent" makes no video)'),
           409: errorResponse('the job has not completed'),
+          416: errorResponse("a Range not within the file's bytes (Content-Range: bytes */SIZE says how many)"),
           429: limited,
         },
       },

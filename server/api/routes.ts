@@ -2,7 +2,7 @@
 // DELETE /videos/{id}) with a long poll (?wait=) and server-sent events for progress, and GET /swarm. Every call
 // needs the key; errors are OpenAI's `{ error: { message, type, param } }`. openapi.ts documents all of it.
 
-import { createReadStream } from 'node:fs';
+import { resolve } from 'node:path';
 import express, { type NextFunction, type Request, type Response } from 'express';
 import { clientSource, perAddressLimit } from '../rate-limit.ts';
 import type { Origins } from '../origins.ts';
@@ -43,6 +43,7 @@ const TYPES: Record<number, string> = {
   404: 'not_found_error',
   409: 'conflict_error',
   413: 'invalid_request_error',
+  416: 'invalid_request_error',
   429: 'rate_limit_error',
   500: 'server_error',
   503: 'service_unavailable_error',
@@ -51,6 +52,12 @@ const TYPES: Record<number, string> = {
 
 function sendError(response: Response, status: number, message: string, param: string | null = null): void {
   response.status(status).json({ error: { message, type: TYPES[status] ?? 'server_error', param } });
+}
+
+/** what express's sendFile fails with: a range past the file's end is 416, with the Content-Range to send */
+interface SendError extends Error {
+  status?: number;
+  headers?: Record<string, string>;
 }
 
 /** The API's router; `parts` settles once its coordinator is up (calls before wait for it). */
@@ -209,7 +216,23 @@ export function videoApi(parts: Promise<ApiParts>, { key, origins, requestsPerMi
         'Content-Disposition',
         `attachment; filename="${job.id}${variant === 'video' ? '.webm' : '.safetensors'}"`,
       );
-      createReadStream(path).pipe(response);
+      // with Range, as a <video> element and a resumed download ask; no shared cache keeps what the key guards
+      return new Promise<void>((done, fail) => {
+        response.sendFile(resolve(path), { cacheControl: false, lastModified: false }, (error?: SendError) => {
+          if (!error) done();
+          else if (error.status === 416) {
+            response.removeHeader('Content-Disposition');
+            response.setHeader('Content-Range', error.headers?.['Content-Range'] ?? '');
+            sendError(
+              response,
+              416,
+              `the range ${request.headers.range ?? ''} is not within the file's bytes (Content-Range says how many)`,
+            );
+            done();
+          } else if (response.headersSent) done();
+          else fail(error);
+        });
+      });
     }),
   );
 

@@ -24,6 +24,9 @@ export class QueueError extends Error {
   }
 }
 
+/** the ids accept() makes, and the only ones a job is looked up by */
+const JOB_ID = /^video_[0-9a-f]{24}$/;
+
 export interface VideoJobsOptions {
   /** queued jobs at most; one more is refused (429) */
   maxQueued: number;
@@ -74,7 +77,7 @@ export class VideoJobs {
         429,
       );
     const job = this.db.insert({
-      id: `video_${randomBytes(12).toString('hex')}`,
+      id: `video_${randomBytes(12).toString('hex')}`, // JOB_ID
       status: 'queued',
       request,
       createdAt: Date.now(),
@@ -95,6 +98,8 @@ export class VideoJobs {
   }
 
   get(id: string): VideoJob | null {
+    // SQLite's driver reads a bound text up to its first NUL: `<id>\0garbage` would find the job `<id>`
+    if (!JOB_ID.test(id)) return null;
     return this.unfinished.get(id) ?? this.db.get(id);
   }
 

@@ -478,7 +478,8 @@ describe('the API over HTTP', () => {
   const post = (body: object) => call('/v1/videos', { method: 'POST', body: JSON.stringify(body) });
 
   beforeEach(async () => {
-    const dir = tmp();
+    // under a folder whose name starts with a dot, as the default data folder (~/.local/share/ditswarm) is
+    const dir = join(tmp(), '.data');
     const db = JobDb.open(dir);
     const coordinator = new StandInCoordinator();
     const jobs = new VideoJobs(db, new JobFiles(join(dir, 'videos')), coordinator, {
@@ -625,6 +626,46 @@ describe('the API over HTTP', () => {
     const disk = await post({ prompt: 'a' });
     expect(disk.status).toBe(507);
     conforms('Error', disk.body);
+  });
+
+  it('matches ids exactly: an id with anything after it is no job', async () => {
+    const a = (await post({ prompt: 'a' })).body as VideoObject;
+    expect((await call(`/v1/videos/${a.id}`)).status).toBe(200);
+    for (const id of [`${a.id}%00garbage`, `${a.id}%00`, `${a.id}x`, a.id.toUpperCase(), `${a.id.slice(0, -1)}%00`])
+      for (const path of [`/v1/videos/${id}`, `/v1/videos/${id}/content`, `/v1/videos/${id}/events`]) {
+        const { status, body } = await call(path);
+        expect(status, path).toBe(404);
+        conforms('Error', body);
+      }
+    expect((await call(`/v1/videos/${a.id}%00garbage`, { method: 'DELETE' })).status).toBe(404);
+    expect((await call(`/v1/videos?after=${a.id}%00garbage`)).status).toBe(404);
+    expect(opened.jobs.get(a.id)?.status).toBe('in_progress');
+  });
+
+  it('serves a byte range of the content: 206 with Content-Range, Accept-Ranges, 416 past its end', async () => {
+    const a = (await post({ prompt: 'a' })).body as VideoObject;
+    await until(() => opened.coordinator.runs.length === 1);
+    opened.coordinator.runs[0].finish(resultOf(1)); // its video is the 9 bytes "webm of 1"
+    await until(() => opened.jobs.get(a.id)?.status === 'completed');
+    const get = (range?: string) =>
+      fetch(`${base}/v1/videos/${a.id}/content`, {
+        headers: { Authorization: `Bearer ${KEY}`, ...(range && { Range: range }) },
+      });
+    const whole = await get();
+    expect(whole.status).toBe(200);
+    expect(whole.headers.get('accept-ranges')).toBe('bytes');
+    expect(await whole.text()).toBe('webm of 1');
+    const part = await get('bytes=5-7');
+    expect(part.status).toBe(206);
+    expect(part.headers.get('content-range')).toBe('bytes 5-7/9');
+    expect(part.headers.get('content-type')).toBe('video/webm');
+    expect(await part.text()).toBe('of ');
+    const tail = await get('bytes=-1');
+    expect([tail.status, await tail.text()]).toEqual([206, '1']);
+    const past = await get('bytes=9-');
+    expect(past.status).toBe(416);
+    expect(past.headers.get('content-range')).toBe('bytes */9');
+    conforms('Error', await past.json());
   });
 
   it('streams a job as server-sent events until it ends', async () => {
