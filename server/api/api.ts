@@ -2,6 +2,7 @@
 // until the coordinator is up); `start` then opens the coordinator page and the local worker tabs, and the queue
 // takes up what the database holds.
 
+import { chmodSync, mkdirSync } from 'node:fs';
 import { homedir } from 'node:os';
 import { join } from 'node:path';
 import type express from 'express';
@@ -46,7 +47,18 @@ export const DEFAULT_DATA_DIR = join(process.env.XDG_DATA_HOME ?? join(homedir()
 
 export const DEFAULTS = { localWorkers: 0, maxQueued: 100, requestsPerMinute: 1200 } as const;
 
+/**
+ * Makes `dataDir` its owner's alone, and what this process writes from now on too: the key, the job database and its
+ * journal, the videos, the browser's profile (which holds the swarm's join link) are nobody else's to read.
+ */
+function keepPrivate(dataDir: string): void {
+  process.umask(0o077);
+  mkdirSync(dataDir, { recursive: true, mode: 0o700 });
+  chmodSync(dataDir, 0o700);
+}
+
 export function prepareApi(settings: ApiSettings): VideoApi {
+  keepPrivate(settings.dataDir);
   const key = loadApiKey(settings.dataDir, settings.keyFromEnv);
   let resolveParts: (parts: ApiParts) => void = () => {};
   const parts = new Promise<ApiParts>((resolve) => (resolveParts = resolve));

@@ -1,7 +1,16 @@
 // The video API's parts apart from HTTP (server/api): the POST body's checks, the key, the job database and the
 // queue that runs its jobs on a stand-in coordinator.
 
-import { mkdtempSync, readFileSync, statSync, symlinkSync } from 'node:fs';
+import {
+  chmodSync,
+  mkdirSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  statSync,
+  symlinkSync,
+  writeFileSync,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { Server } from 'node:http';
@@ -11,6 +20,7 @@ import express from 'express';
 import sqlite from 'node-sqlite3-wasm';
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 import { defined } from '../../core/defined.ts';
+import { prepareApi } from '../../server/api/api.ts';
 import { OPENAPI } from '../../server/api/openapi.ts';
 import { videoApi } from '../../server/api/routes.ts';
 import type { VideoObject } from '../../server/api/video-object.ts';
@@ -181,6 +191,18 @@ describe("the API's key", () => {
     expect(readFileSync(first.where, 'utf8').trim()).toBe(first.key);
   });
 
+  it("is refused from a file others may read, saying how to make it its owner's alone", () => {
+    const dir = tmp();
+    const file = join(dir, 'api-key');
+    writeFileSync(file, 'ds-0123456789abcdef0123\n', { mode: 0o644 });
+    chmodSync(file, 0o644);
+    expect(() => loadApiKey(dir, undefined)).toThrow(`chmod 600 ${file}`);
+    chmodSync(file, 0o640);
+    expect(() => loadApiKey(dir, undefined)).toThrow(/mode 640/);
+    chmodSync(file, 0o600);
+    expect(loadApiKey(dir, undefined).key).toBe('ds-0123456789abcdef0123');
+  });
+
   it('comes from DITSWARM_API_KEY where given, which is refused when short', () => {
     expect(loadApiKey(tmp(), 'k'.repeat(16))).toEqual({ key: 'k'.repeat(16), where: 'DITSWARM_API_KEY' });
     expect(() => loadApiKey(tmp(), 'short')).toThrow(/at least 16/);
@@ -192,6 +214,58 @@ describe("the API's key", () => {
     expect(authorized(`bearer  ${key} `, key)).toBe(true);
     for (const header of [undefined, '', key, `Bearer ${key}x`, `Bearer ${key.slice(0, -1)}`, `Basic ${key}`])
       expect(authorized(header, key), String(header)).toBe(false);
+  });
+});
+
+describe("the API's data folder", () => {
+  let umask = 0;
+  beforeEach(() => {
+    // as a login shell sets it: what a server does not set, others may read
+    umask = process.umask(0o022);
+  });
+  afterEach(() => {
+    process.umask(umask);
+  });
+
+  it("is its owner's alone, and so is everything written under it, the videos too", async () => {
+    const dataDir = join(tmp(), 'data');
+    mkdirSync(join(dataDir, 'videos'), { recursive: true, mode: 0o755 }); // as an earlier server left it
+    const api = prepareApi({
+      dataDir,
+      localWorkers: 0,
+      maxQueued: 1,
+      requestsPerMinute: 1,
+      defaultModelDir: null,
+      log: () => {},
+    });
+    const db = JobDb.open(dataDir);
+    try {
+      const files = new JobFiles(join(dataDir, 'videos'));
+      const jobs = new VideoJobs(db, files, new StandInCoordinator(), {
+        maxQueued: 1,
+        hasWorkers: () => Promise.resolve(true),
+        log: () => {},
+      });
+      const job = await jobs.accept({ overrides: { prompt: 'a' } });
+      files.write(job.id, resultOf(0));
+      const modes = (dir: string): [string, number][] =>
+        readdirSync(dir, { withFileTypes: true }).flatMap((e) => {
+          const path = join(dir, e.name);
+          return [[path, statSync(path).mode & 0o777] as [string, number], ...(e.isDirectory() ? modes(path) : [])];
+        });
+      const written = modes(dataDir);
+      expect(written.map(([path]) => path)).toEqual(
+        expect.arrayContaining([
+          api.key.where,
+          join(dataDir, 'jobs.sqlite'),
+          defined(files.path(job.id, 'video'), 'the video'),
+        ]),
+      );
+      expect(statSync(dataDir).mode & 0o777).toBe(0o700);
+      for (const [path, mode] of written) expect(mode, path).toBe(statSync(path).isDirectory() ? 0o700 : 0o600);
+    } finally {
+      db.close();
+    }
   });
 });
 
