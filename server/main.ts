@@ -10,11 +10,12 @@ import { spacedFingerprint } from '../core/net/local-ca.ts';
 import { OWNER_KEY_PARAM } from '../core/net/join-token.ts';
 import { DEFAULT_PORT, localModelDir, servedOr, startServer } from './serve.ts';
 import { DEFAULT_DATA_DIR, DEFAULTS as API_DEFAULTS, prepareApi, type VideoApi } from './api/api.ts';
+import { allowedModelHosts } from './api/model-hosts.ts';
 
 // `npm start [-- --model PATH|URL] [--lora FILE[:STRENGTH]]... [--port N] [--rebuild] [--peer-key K]
 //   [--ice-servers LIST] [--relay fallback|force|off | --force-relay] [--allow-origin ORIGIN ...] [--host NAME ...]
 //   [--cert FILE --key FILE]
-//   [--api [--local-workers N] [--data DIR] [--max-queue N] [--api-rate N]]`:
+//   [--api [--local-workers N] [--data DIR] [--max-queue N] [--api-rate N] [--allow-model-host HOST ...]]`:
 // build if needed, serve, print where to go. With --model the dashboard starts on that model
 // folder: one on this machine (served to the pages, with Range requests) or a URL. The server
 // answers to its own names (localhost, its LAN addresses, its machine name) and pages of its own
@@ -41,6 +42,7 @@ const { values: flags } = parseArgs({
     data: { type: 'string' },
     'max-queue': { type: 'string' },
     'api-rate': { type: 'string' },
+    'allow-model-host': { type: 'string', multiple: true, default: [] },
   },
 });
 
@@ -63,6 +65,10 @@ const maxQueued = wholeFlag('max-queue', API_DEFAULTS.maxQueued, 1);
 const requestsPerMinute = wholeFlag('api-rate', API_DEFAULTS.requestsPerMinute, 1);
 if (flags.data !== undefined && !flags.api) {
   console.error("--data is the video API's folder: give --api too");
+  process.exit(2);
+}
+if (flags['allow-model-host'].length && !flags.api) {
+  console.error("--allow-model-host is where the video API's jobs may read models from: give --api too");
   process.exit(2);
 }
 
@@ -131,6 +137,7 @@ try {
         localWorkers,
         maxQueued,
         requestsPerMinute,
+        modelHosts: allowedModelHosts(flags['allow-model-host']),
         keyFromEnv: process.env.DITSWARM_API_KEY,
         model: model.defaultModel,
         defaultModelDir: localModelDir(model),

@@ -24,6 +24,8 @@ export interface ApiSettings {
   /** queued jobs at most (429 past it) */
   maxQueued: number;
   requestsPerMinute: number;
+  /** hosts besides this server that a job's model and LoRA files may be read from (--allow-model-host) */
+  modelHosts?: readonly string[];
   /** DITSWARM_API_KEY */
   keyFromEnv?: string;
   /** the server's --model, which a job runs on unless it names another */
@@ -82,7 +84,13 @@ export function prepareApi(settings: ApiSettings): VideoApi {
         log: settings.log,
       });
       jobs.start();
-      resolveParts({ jobs, coordinator, model: settings.model, defaultSize: await defaultSizeOf(settings) });
+      resolveParts({
+        jobs,
+        coordinator,
+        model: settings.model,
+        defaultSize: await defaultSizeOf(settings),
+        modelHosts: settings.modelHosts ?? [],
+      });
       return coordinator;
     },
     async close() {

@@ -37,7 +37,10 @@ const schemas = {
     properties: {
       prompt: { type: 'string', maxLength: LIMITS.promptChars },
       negative_prompt: { type: 'string', maxLength: LIMITS.promptChars },
-      model: { type: 'string', description: "a model folder's http(s) URL or a path this server serves (/models/…)" },
+      model: {
+        type: 'string',
+        description: 'a path this server serves (/models/…), or an http(s) URL of a host --allow-model-host named',
+      },
       size: { type: 'string', pattern: '^\\d+x\\d+$', description: 'WIDTHxHEIGHT, each a multiple of 16' },
       width: { type: 'integer', multipleOf: 16, minimum: LIMITS.size.min, maximum: LIMITS.size.max },
       height: { type: 'integer', multipleOf: 16, minimum: LIMITS.size.min, maximum: LIMITS.size.max },
@@ -49,6 +52,7 @@ const schemas = {
       flow_shift: { type: 'number', minimum: LIMITS.flowShift.min, maximum: LIMITS.flowShift.max },
       scheduler: { enum: [...JOB_SCHEDULERS] },
       lora: {
+        description: 'LoRA files: paths this server serves (/loras/…), or URLs of hosts --allow-model-host named',
         oneOf: [
           { type: 'string' },
           {

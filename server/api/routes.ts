@@ -22,6 +22,8 @@ export interface ApiParts {
   model?: string;
   /** "WxH" of that model's default job, named among the sizes a bad size is told it may be */
   defaultSize?: string | null;
+  /** hosts besides this server that a job's model and LoRA files may be read from (model-hosts.ts) */
+  modelHosts?: readonly string[];
 }
 
 export interface ApiOptions {
@@ -122,7 +124,11 @@ export function videoApi(parts: Promise<ApiParts>, { key, origins, requestsPerMi
     '/videos',
     handle(async (p, request, response) => {
       const job = await p.jobs.accept(
-        parseVideoRequest(request.body, { model: p.model, defaultModelSize: p.defaultSize ?? null }),
+        parseVideoRequest(request.body, {
+          model: p.model,
+          defaultModelSize: p.defaultSize ?? null,
+          modelHosts: p.modelHosts,
+        }),
       );
       response.status(202).json(videoObject(job));
     }),

@@ -11,6 +11,7 @@ import { WEIGHT_TYPES } from '../../core/worker-api.ts';
 import { DEFAULT_FPS } from '../../coordinator/video.ts';
 import { degreeOfWorkers } from '../cli/job-flags.ts';
 import { MAX_SWARM_WORKERS } from '../signaling-capacity.ts';
+import { modelUrlRefusal } from './model-hosts.ts';
 
 /** A job as the API keeps it: what the dashboard's automation API is given, the form's values beneath. */
 export interface VideoRequest {
@@ -82,11 +83,16 @@ const PARAM_NAMES: Partial<Record<keyof JobParams, string>> = {
 
 /**
  * The body of a POST, checked: throws a RequestError naming the first field it refuses. `model` is the served
- * model the job runs on unless the body names one; `defaultModelSize` is named among the allowed sizes.
+ * model the job runs on unless the body names one; `defaultModelSize` is named among the allowed sizes; `modelHosts`
+ * are the hosts besides this server a job's model and LoRA files may be read from (model-hosts.ts).
  */
 export function parseVideoRequest(
   body: unknown,
-  { model, defaultModelSize = null }: { model?: string; defaultModelSize?: string | null } = {},
+  {
+    model,
+    defaultModelSize = null,
+    modelHosts = [],
+  }: { model?: string; defaultModelSize?: string | null; modelHosts?: readonly string[] } = {},
 ): VideoRequest {
   if (typeof body !== 'object' || body === null || Array.isArray(body))
     throw new RequestError('the body is a JSON object: { "prompt": "…", … }', null);
@@ -218,11 +224,12 @@ export function parseVideoRequest(
   const output = oneOf('output', OUTPUTS);
   if (output) overrides.outputType = output;
 
-  if (b.model !== undefined && (typeof b.model !== 'string' || !/^(https?:\/\/|\/models\/)/.test(b.model)))
-    throw new RequestError(
-      `model is a model folder's http(s) URL or a path this server serves (/models/…); got ${show(b.model)}`,
-      'model',
-    );
+  if (b.model !== undefined) {
+    if (typeof b.model !== 'string')
+      throw new RequestError(`model is a path this server serves (/models/…) or a URL; got ${show(b.model)}`, 'model');
+    const refusal = modelUrlRefusal(b.model, { modelHosts, model });
+    if (refusal) throw new RequestError(`model: ${refusal}`, 'model');
+  }
   const modelUrl = b.model ?? model;
   if (modelUrl) overrides.model = modelUrl;
   if (b.lora !== undefined) {
@@ -234,6 +241,10 @@ export function parseVideoRequest(
     } catch (e) {
       if (e instanceof LoraError) throw new RequestError(`lora: ${e.message}`, 'lora');
       throw e;
+    }
+    for (const { url } of overrides.loras) {
+      const refusal = modelUrlRefusal(url, { modelHosts });
+      if (refusal) throw new RequestError(`lora: ${refusal}`, 'lora');
     }
   }
   return { overrides };

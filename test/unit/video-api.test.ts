@@ -31,6 +31,7 @@ import { CoordinatorLost, type Coordinator, type RunHooks } from '../../server/a
 import { DiskFullError, JobDb, type VideoJob } from '../../server/api/job-db.ts';
 import { JobFiles } from '../../server/api/job-files.ts';
 import { MAX_ATTEMPTS, QueueError, VideoJobs } from '../../server/api/video-jobs.ts';
+import { allowedModelHosts } from '../../server/api/model-hosts.ts';
 import { NAMED_SIZES, parseVideoRequest, RequestError } from '../../server/api/video-request.ts';
 import { readSafetensors } from '../../core/safetensors.ts';
 import { LIMITS } from '../../core/job.ts';
@@ -40,9 +41,9 @@ import type { GenerateReport } from '../../coordinator/pipeline.ts';
 const tmp = () => mkdtempSync(join(tmpdir(), 'ditswarm-api-'));
 
 /** The RequestError a body is refused with. */
-function refusal(body: unknown): RequestError {
+function refusal(body: unknown, options?: Parameters<typeof parseVideoRequest>[1]): RequestError {
   try {
-    parseVideoRequest(body);
+    parseVideoRequest(body, options);
   } catch (e) {
     if (e instanceof RequestError) return e;
     throw e;
@@ -52,25 +53,28 @@ function refusal(body: unknown): RequestError {
 
 describe("POST /v1/videos's body", () => {
   it("takes OpenAI's size and seconds, and the job fields, as the dashboard takes them", () => {
-    const { overrides } = parseVideoRequest({
-      prompt: 'a cat',
-      negative_prompt: 'blur',
-      size: '832x480',
-      seconds: '5',
-      steps: 30,
-      guidance: 5,
-      seed: 7,
-      flow_shift: 3,
-      workers: 4,
-      cfg_parallel: true,
-      dtype: 'f16',
-      weights: 'int8',
-      ep: 'wasm',
-      cache: 'magcache',
-      cache_threshold: 0.2,
-      output: 'latent',
-      lora: ['https://x/a.safetensors', { url: 'https://x/b.safetensors', strength: 0.5 }],
-    });
+    const { overrides } = parseVideoRequest(
+      {
+        prompt: 'a cat',
+        negative_prompt: 'blur',
+        size: '832x480',
+        seconds: '5',
+        steps: 30,
+        guidance: 5,
+        seed: 7,
+        flow_shift: 3,
+        workers: 4,
+        cfg_parallel: true,
+        dtype: 'f16',
+        weights: 'int8',
+        ep: 'wasm',
+        cache: 'magcache',
+        cache_threshold: 0.2,
+        output: 'latent',
+        lora: ['https://x/a.safetensors', { url: 'https://x/b.safetensors', strength: 0.5 }],
+      },
+      { modelHosts: ['x'] },
+    );
     expect(overrides).toEqual({
       prompt: 'a cat',
       negativePrompt: 'blur',
@@ -103,9 +107,10 @@ describe("POST /v1/videos's body", () => {
       workers: 'auto',
       model: '/models/local',
     });
-    expect(parseVideoRequest({ prompt: 'a', model: 'https://h/m' }, { model: '/models/local' }).overrides.model).toBe(
-      'https://h/m',
-    );
+    expect(
+      parseVideoRequest({ prompt: 'a', model: 'https://h/m' }, { model: '/models/local', modelHosts: ['h'] }).overrides
+        .model,
+    ).toBe('https://h/m');
     expect(parseVideoRequest({ prompt: 'a', width: 64, height: 32, frames: 9 }).overrides).toMatchObject({
       width: 64,
       height: 32,
@@ -176,6 +181,82 @@ describe("POST /v1/videos's body", () => {
     // the largest of each is taken
     expect(parseVideoRequest({ prompt: 'a', workers: most }).overrides.workers).toBe(most);
     expect(parseVideoRequest({ prompt: 'a', warmup_steps: LIMITS.steps.max }).overrides.warmupSteps).toBe(100);
+  });
+});
+
+describe("a job's model and LoRA URLs", () => {
+  const hosts = allowedModelHosts(['Models.Example.org']);
+  const parse = (body: object) => parseVideoRequest({ prompt: 'a', ...body }, { modelHosts: hosts });
+  const refused = (body: object) => refusal({ prompt: 'a', ...body }, { modelHosts: hosts });
+
+  it("are the server's own model folders and LoRA files, or of a host on the allow-list", () => {
+    expect(parse({ model: '/models/tiny-wan-demo' }).overrides.model).toBe('/models/tiny-wan-demo');
+    expect(parse({ model: 'https://models.example.org/wan' }).overrides.model).toBe('https://models.example.org/wan');
+    expect(parse({ model: 'https://MODELS.example.org./wan' }).overrides.model).toBe('https://MODELS.example.org./wan');
+    const loras = ['/loras/0/a.safetensors', 'https://models.example.org/b.safetensors'];
+    expect(parse({ lora: loras }).overrides.loras?.map((l) => l.url)).toEqual(loras);
+    // the model the server runs on, whatever its URL
+    const own = 'http://10.0.0.7/wan';
+    expect(parseVideoRequest({ prompt: 'a', model: own }, { model: own }).overrides.model).toBe(own);
+  });
+
+  it('are refused at a host off the allow-list, and at any loopback, link-local or private address', () => {
+    const inside = [
+      'http://127.0.0.1:8080/models/tiny-wan-demo',
+      'http://2130706433/', // 127.0.0.1 as one number
+      'http://0x7f.1/',
+      'http://169.254.169.254/latest/meta-data/',
+      'http://10.1.2.3/wan',
+      'http://172.16.0.1/wan',
+      'http://192.168.1.1/wan',
+      'http://100.64.0.1/wan',
+      'http://0.0.0.0:8080/wan',
+      'http://[::1]:8080/wan',
+      'http://[::ffff:127.0.0.1]/wan',
+      'http://[fe80::1]/wan',
+      'http://[fd00::1]/wan',
+      'http://localhost:8080/wan',
+      'http://api.localhost/wan',
+    ];
+    for (const url of inside) {
+      for (const [body, param] of [
+        [{ model: url }, 'model'],
+        [{ lora: [url] }, 'lora'],
+      ] as const) {
+        const e = refused(body);
+        expect(e.param, url).toBe(param);
+        expect(e.message, url).toMatch(/loopback, link-local or private/);
+      }
+    }
+    for (const url of ['https://evil.example/wan', 'https://models.example.org.evil.example/wan']) {
+      const e = refused({ model: url });
+      expect(e.param, url).toBe('model');
+      expect(e.message, url).toContain('--allow-model-host');
+    }
+    for (const path of [
+      'ftp://models.example.org/x',
+      '/models/../v1/videos',
+      '/modelsx',
+      '/v1/videos',
+      'file:///etc/passwd',
+      '//evil.example/x',
+    ])
+      expect(refused({ model: path }).param, path).toBe('model');
+    expect(refused({ lora: [{ url: '/loras/../api-key', strength: 1 }] }).param).toBe('lora');
+    // without an allow-list, no URL of another host
+    expect(() => parseVideoRequest({ prompt: 'a', model: 'https://models.example.org/wan' })).toThrow(
+      /--allow-model-host/,
+    );
+  });
+
+  it('--allow-model-host takes names and public addresses, never one of this machine or its network', () => {
+    expect(allowedModelHosts(['Models.Example.org.', '203.0.113.9', '[2001:db8::1]'])).toEqual([
+      'models.example.org',
+      '203.0.113.9',
+      '[2001:db8::1]',
+    ]);
+    for (const host of ['127.0.0.1', 'localhost', '169.254.169.254', '10.0.0.5', '[::1]', '0x7f.1', 'a/b', ''])
+      expect(() => allowedModelHosts([host]), host).toThrow(/--allow-model-host/);
   });
 });
 
