@@ -113,6 +113,22 @@ function renderSwarm(swarm: SwarmState): void {
   );
 }
 
+$('revoke-link', HTMLButtonElement).onclick = () => {
+  if (
+    !confirm(
+      'Revoke this worker link? It stops working, the workers that joined with it leave, and a new link replaces it.',
+    )
+  )
+    return;
+  json<SwarmState>('/swarm/revoke', { method: 'POST' }).then(
+    (swarm) => {
+      renderSwarm(swarm);
+      $('swarm-events').textContent = 'The old worker link is revoked: share the new one.';
+    },
+    (e: unknown) => ($('swarm-events').textContent = `Could not revoke the link: ${(e as Error).message}`),
+  );
+};
+
 /** the video on show: its job, and the object URL to free when another takes its place */
 let shown: { id: string; url: string } | null = null;
 

@@ -304,6 +304,17 @@ export const OPENAPI = {
         responses: { 200: { description: 'the swarm', content: json(ref('Swarm')) }, 401: unauthorized, 429: limited },
       },
     },
+    '/v1/swarm/revoke': {
+      post: {
+        summary: 'Revokes the worker link: its workers leave, none joins with it again; the swarm with the new link',
+        responses: {
+          200: { description: 'the swarm, with its new worker link', content: json(ref('Swarm')) },
+          401: unauthorized,
+          429: limited,
+          503: errorResponse('the coordinator page could not revoke it (it says why): try again'),
+        },
+      },
+    },
     '/v1/openapi.json': {
       get: { summary: 'This document', responses: { 200: { description: 'OpenAPI 3.1' }, 401: unauthorized } },
     },

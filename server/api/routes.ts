@@ -1,6 +1,7 @@
 // The HTTP side of the video API, under /v1: OpenAI's video endpoints (POST /videos, GET /videos[/{id}[/content]],
-// DELETE /videos/{id}) with a long poll (?wait=) and server-sent events for progress, and GET /swarm. Every call
-// needs the key; errors are OpenAI's `{ error: { message, type, param } }`. openapi.ts documents all of it.
+// DELETE /videos/{id}) with a long poll (?wait=) and server-sent events for progress, GET /swarm, and POST
+// /swarm/revoke (a new worker link; the old one's workers leave). Every call needs the key; errors are OpenAI's
+// `{ error: { message, type, param } }`. openapi.ts documents all of it.
 
 import { resolve } from 'node:path';
 import express, { type NextFunction, type Request, type Response } from 'express';
@@ -256,6 +257,18 @@ export function videoApi(parts: Promise<ApiParts>, { key, origins, requestsPerMi
   router.get(
     '/swarm',
     handle(async (p, _request, response) => {
+      response.json(await p.coordinator.swarm());
+    }),
+  );
+
+  router.post(
+    '/swarm/revoke',
+    handle(async (p, _request, response) => {
+      try {
+        await p.coordinator.revokeJoinLink();
+      } catch (e) {
+        throw new QueueError(`the worker link was not revoked: ${(e as Error).message}; try again`, 503);
+      }
       response.json(await p.coordinator.swarm());
     }),
   );

@@ -27,7 +27,12 @@ import type { VideoObject } from '../../server/api/video-object.ts';
 import { serverOrigins } from '../../server/origins.ts';
 import type { AutomationProgress, JobResult } from '../../app/automation.ts';
 import { authorized, loadApiKey } from '../../server/api/api-key.ts';
-import { CoordinatorLost, type Coordinator, type RunHooks } from '../../server/api/coordinator-host.ts';
+import {
+  CoordinatorLost,
+  type Coordinator,
+  type RunHooks,
+  type SwarmState,
+} from '../../server/api/coordinator-host.ts';
 import { DiskFullError, JobDb, type VideoJob } from '../../server/api/job-db.ts';
 import { JobFiles } from '../../server/api/job-files.ts';
 import { MAX_ATTEMPTS, QueueError, VideoJobs } from '../../server/api/video-jobs.ts';
@@ -378,10 +383,18 @@ class StandInCoordinator implements Coordinator {
     progress(p: AutomationProgress): void;
   }[] = [];
   workers = 1;
+  /** times its link was revoked, each giving a new one */
+  revoked = 0;
+  revokeFails = false;
+  revokeJoinLink() {
+    if (this.revokeFails) return Promise.reject(new Error('the server did not answer'));
+    this.revoked++;
+    return Promise.resolve();
+  }
   swarm() {
     return Promise.resolve({
-      joinUrl: 'j',
-      lanJoinUrl: 'l',
+      joinUrl: `j${this.revoked}`,
+      lanJoinUrl: `l${this.revoked}`,
       coordinator: 'ready' as const,
       restarts: 0,
       workers: Array.from({ length: this.workers }, (_, i) => ({
@@ -676,6 +689,7 @@ describe('the API over HTTP', () => {
       ['GET', `/v1/videos/${id.id}/events`],
       ['DELETE', `/v1/videos/${id.id}`],
       ['GET', '/v1/swarm'],
+      ['POST', '/v1/swarm/revoke'],
       ['GET', '/v1/openapi.json'],
       ['GET', '/v1/anything'],
     ];
@@ -821,6 +835,25 @@ describe('the API over HTTP', () => {
     expect(past.status).toBe(416);
     expect(past.headers.get('content-range')).toBe('bytes */9');
     conforms('Error', await past.json());
+  });
+
+  it('revokes the worker link with the key (POST /v1/swarm/revoke), answering the swarm with its new link', async () => {
+    const before = (await call('/v1/swarm')).body as SwarmState;
+    expect((await call('/v1/swarm/revoke', { method: 'POST', key: null })).status).toBe(401);
+    expect((await call('/v1/swarm/revoke', { method: 'POST', key: 'ds-wrong-key-0123456789' })).status).toBe(401);
+    expect(opened.coordinator.revoked).toBe(0);
+    const revoked = await call('/v1/swarm/revoke', { method: 'POST' });
+    expect(revoked.status).toBe(200);
+    conforms('Swarm', revoked.body);
+    expect(opened.coordinator.revoked).toBe(1);
+    const after = revoked.body as SwarmState;
+    expect(after.joinUrl).not.toBe(before.joinUrl);
+    expect(((await call('/v1/swarm')).body as SwarmState).joinUrl).toBe(after.joinUrl);
+    // a page that could not revoke it says why
+    opened.coordinator.revokeFails = true;
+    const failed = await call('/v1/swarm/revoke', { method: 'POST' });
+    expect(failed.status).toBe(503);
+    expect((failed.body as ApiError).error.message).toContain('not revoked');
   });
 
   it('streams a job as server-sent events until it ends', async () => {
