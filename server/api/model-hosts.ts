@@ -5,38 +5,59 @@
 // A host is read literally, as the URL parser writes it: a name is the deployer's choice, and none is resolved here;
 // an address of this machine or its networks is refused whoever allowed it.
 
-import { BlockList, isIPv6 } from 'node:net';
+/** [first address, prefix bits] of IPv4's loopback, link-local, private, shared (CGNAT) and "this network" blocks */
+const INSIDE_V4: [number[], number][] = [
+  [[0, 0, 0, 0], 8],
+  [[10, 0, 0, 0], 8],
+  [[100, 64, 0, 0], 10],
+  [[127, 0, 0, 0], 8],
+  [[169, 254, 0, 0], 16],
+  [[172, 16, 0, 0], 12],
+  [[192, 168, 0, 0], 16],
+];
 
-/** loopback, link-local, private and unspecified: what only this machine, or its networks, reach */
-const INSIDE = new BlockList();
-for (const [net, bits] of [
-  ['0.0.0.0', 8],
-  ['10.0.0.0', 8],
-  ['100.64.0.0', 10],
-  ['127.0.0.0', 8],
-  ['169.254.0.0', 16],
-  ['172.16.0.0', 12],
-  ['192.168.0.0', 16],
-] as const)
-  INSIDE.addSubnet(net, bits, 'ipv4');
-for (const [net, bits] of [
-  ['::', 128],
-  ['::1', 128],
-  ['fc00::', 7],
-  ['fe80::', 10],
-] as const)
-  INSIDE.addSubnet(net, bits, 'ipv6');
+const v4Number = (octets: number[]) => octets.reduce((n, o) => n * 256 + o, 0);
+
+function insideV4(octets: number[]): boolean {
+  const n = v4Number(octets);
+  return INSIDE_V4.some(
+    ([net, bits]) => Math.floor(n / 2 ** (32 - bits)) === Math.floor(v4Number(net) / 2 ** (32 - bits)),
+  );
+}
+
+/** the eight groups of an IPv6 address as the URL parser writes it (lowercase hex, `::` for zeros, no dotted part) */
+function v6Groups(address: string): number[] | null {
+  const halves = address.split('::');
+  if (halves.length > 2) return null;
+  const parse = (part: string) => (part ? part.split(':').map((g) => parseInt(g, 16)) : []);
+  const [before, after] = [parse(halves[0]), parse(halves[1] ?? '')];
+  const groups =
+    halves.length === 1 ? before : [...before, ...Array<number>(8 - before.length - after.length).fill(0), ...after];
+  return groups.length === 8 && groups.every((g) => g >= 0 && g <= 0xffff) ? groups : null;
+}
+
+function insideV6(address: string): boolean {
+  const g = v6Groups(address);
+  if (!g) return false;
+  const zeros = (n: number) => g.slice(0, n).every((x) => x === 0);
+  if (zeros(7) && g[7] <= 1) return true; // :: and ::1
+  if (zeros(5) && g[5] === 0xffff) return insideV4([g[6] >> 8, g[6] & 255, g[7] >> 8, g[7] & 255]); // IPv4-mapped
+  return (g[0] & 0xfe00) === 0xfc00 || (g[0] & 0xffc0) === 0xfe80; // unique-local fc00::/7, link-local fe80::/10
+}
 
 /** `hostname` as a URL writes it, without a name's trailing dot */
 const bare = (hostname: string) => hostname.toLowerCase().replace(/\.$/, '');
 
-/** Whether a URL's hostname is a loopback, link-local or private address (or a name RFC 6761 keeps for loopback). */
+/**
+ * Whether a URL's hostname is a loopback, link-local or private address (or a name RFC 6761 keeps for loopback).
+ * The URL parser has written every IPv4 form (2130706433, 0x7f.1) as four decimal octets, and IPv6 in hex groups.
+ */
 function inside(hostname: string): boolean {
   const host = bare(hostname);
   if (host === 'localhost' || host.endsWith('.localhost')) return true;
-  const v6 = host.startsWith('[') ? host.slice(1, -1) : null;
-  if (v6 !== null) return isIPv6(v6) && INSIDE.check(v6, 'ipv6');
-  return /^[\d.]+$/.test(host) && INSIDE.check(host, 'ipv4');
+  if (host.startsWith('[')) return insideV6(host.slice(1, -1));
+  const octets = /^(\d+)\.(\d+)\.(\d+)\.(\d+)$/.exec(host);
+  return octets !== null && insideV4(octets.slice(1).map(Number));
 }
 
 const INSIDE_WORDS = 'a loopback, link-local or private address';

@@ -218,6 +218,9 @@ describe("a job's model and LoRA URLs", () => {
       'http://0.0.0.0:8080/wan',
       'http://[::1]:8080/wan',
       'http://[::ffff:127.0.0.1]/wan',
+      'http://[::ffff:10.0.0.1]/wan',
+      'http://[::]/wan',
+      'http://172.31.255.255/wan',
       'http://[fe80::1]/wan',
       'http://[fd00::1]/wan',
       'http://localhost:8080/wan',
@@ -255,12 +258,14 @@ describe("a job's model and LoRA URLs", () => {
   });
 
   it('--allow-model-host takes names and public addresses, never one of this machine or its network', () => {
-    expect(allowedModelHosts(['Models.Example.org.', '203.0.113.9', '[2001:db8::1]'])).toEqual([
+    expect(allowedModelHosts(['Models.Example.org.', '203.0.113.9', '172.32.0.1', '[2001:db8::1]'])).toEqual([
       'models.example.org',
       '203.0.113.9',
+      '172.32.0.1',
       '[2001:db8::1]',
     ]);
-    for (const host of ['127.0.0.1', 'localhost', '169.254.169.254', '10.0.0.5', '[::1]', '0x7f.1', 'a/b', ''])
+    const refusedHosts = ['127.0.0.1', 'localhost', '169.254.169.254', '10.0.0.5', '[::1]', '[fe80::1]', '0x7f.1'];
+    for (const host of [...refusedHosts, 'a/b', ''])
       expect(() => allowedModelHosts([host]), host).toThrow(/--allow-model-host/);
   });
 });
