@@ -91,6 +91,10 @@ for (const host of hosts) {
 }
 // the state folder, where the join links given out and the local CA outlive a restart of the server
 const stateDir = join(CACHE_ROOT, 'server');
+const dataDir = flags.data ?? DEFAULT_DATA_DIR;
+// an API server's join links are its data's, beside the coordinator's profile that holds its link: two servers of
+// two data folders do not share a secret, and the link is revoked or kept with the data it belongs to
+const joinStateDir = flags.api ? join(dataDir, 'server') : stateDir;
 let tls: ServerTls;
 try {
   if ((flags.cert === undefined) !== (flags.key === undefined))
@@ -133,7 +137,7 @@ let api: VideoApi | undefined;
 try {
   api = flags.api
     ? prepareApi({
-        dataDir: flags.data ?? DEFAULT_DATA_DIR,
+        dataDir,
         localWorkers,
         maxQueued,
         requestsPerMinute,
@@ -157,7 +161,7 @@ const server = await startServer({
   iceServers,
   relay,
   allowOrigins,
-  stateDir,
+  stateDir: joinStateDir,
   tls,
   hosts,
   ...model,
@@ -202,7 +206,7 @@ console.log(
     ...(api
       ? [
           `  video API   ${server.url}/v1/videos  (key: ${api.key.where}; see ${server.url}/v1/openapi.json)`,
-          `  data        ${flags.data ?? DEFAULT_DATA_DIR}`,
+          `  data        ${dataDir}`,
         ]
       : []),
     `  signaling   ${server.url}/peerjs  key "${server.peerKey}"`,
