@@ -23,9 +23,9 @@ function modes(dir: string): [string, number][] {
 }
 
 test(
-  "the API's worker link revoked with the key: its worker process is let go and stops with exit 2, saying why; the link's secret and all the data are the owner's alone",
+  "the API's worker link revoked with the key: its worker process is let go and stops with exit 2, saying why; the API's page revokes it too; the link's secret and all the data are the owner's alone",
   CI,
-  async () => {
+  async ({ page }) => {
     test.setTimeout(240_000);
     const dataDir = mkdtempSync(join(tmpdir(), 'ditswarm-api-limits-'));
     const api = await spawnApiServer(dataDir, ['--local-workers', '0']);
@@ -66,6 +66,17 @@ test(
       expect(lines.join('\n')).toMatch(/Stopping: ask the dashboard for its worker link now/);
       expect((await api.json<SwarmState>('/v1/swarm')).workers).toEqual([]);
 
+      // the API's page revokes it too, asking first as the dashboard does
+      await page.goto(`${api.url}/api.html#key=${api.key}`);
+      const shown = page.locator('#join-link');
+      await expect(shown).toHaveText(after.lanJoinUrl || after.joinUrl);
+      page.once('dialog', (dialog) => void dialog.accept());
+      await page.locator('#revoke-link').click();
+      await expect(page.locator('#swarm-events')).toHaveText('The old worker link is revoked: share the new one.');
+      const third = await api.json<SwarmState>('/v1/swarm');
+      expect(third.joinUrl).not.toBe(after.joinUrl);
+      await expect(shown).toHaveText(third.lanJoinUrl || third.joinUrl);
+
       expect(lstatSync(dataDir).mode & 0o777).toBe(0o700);
       const written = modes(dataDir);
       expect(written.map(([path]) => path)).toEqual(
@@ -74,6 +85,8 @@ test(
       const open = written.filter(([, mode]) => mode & 0o077).map(([path, mode]) => `${path} ${mode.toString(8)}`);
       expect(open).toEqual([]);
     } finally {
+      // the page polls the API: the server's close would wait for its connections
+      await page.close();
       worker?.kill('SIGKILL');
       await api.stop();
       rmSync(dataDir, { recursive: true, force: true });
