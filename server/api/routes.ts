@@ -223,7 +223,9 @@ export function videoApi(parts: Promise<ApiParts>, { key, origins, requestsPerMi
         'Content-Disposition',
         `attachment; filename="${job.id}${variant === 'video' ? '.webm' : '.safetensors'}"`,
       );
-      // with Range, as a <video> element and a resumed download ask; no shared cache keeps what the key guards
+      // no shared cache keeps what the key guards (sendFile would say `public`)
+      response.setHeader('Cache-Control', 'private');
+      // with Range, as a <video> element and a resumed download ask
       return new Promise<void>((done, fail) => {
         response.sendFile(resolve(path), { cacheControl: false, lastModified: false }, (error?: SendError) => {
           if (!error) done();

@@ -828,6 +828,7 @@ describe('the API over HTTP', () => {
     const whole = await get();
     expect(whole.status).toBe(200);
     expect(whole.headers.get('accept-ranges')).toBe('bytes');
+    expect(whole.headers.get('cache-control')).toBe('private');
     expect(await whole.text()).toBe('webm of 1');
     const part = await get('bytes=5-7');
     expect(part.status).toBe(206);
