@@ -77,7 +77,7 @@ export class VideoJobs {
         429,
       );
     const job = this.db.insert({
-      id: `video_${randomBytes(12).toString('hex')}`, // JOB_ID
+      id: `video_${randomBytes(12).toString('hex')}`, // of JOB_ID's form, by which get() finds it
       status: 'queued',
       request,
       createdAt: Date.now(),
