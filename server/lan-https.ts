@@ -27,17 +27,36 @@ export function lanOrigins(port: number, hosts: readonly string[], tls: ServerTl
   return names.filter((name) => tls.covers(name)).map((name) => `https://${bracketed(name)}:${port}`);
 }
 
+/**
+ * how long a connection may say nothing before its first byte: a browser's preconnect sends its request by then, and
+ * a socket opened only to be held is let go
+ */
+const FIRST_BYTE_MS = 10_000;
+
 /** One port for both: a TLS connection starts with a handshake record (0x16); anything else is plain http. */
-export function sniffingServer(plain: http.Server, secure: https.Server): net.Server {
+export function sniffingServer(plain: http.Server, secure: https.Server): net.Server & { closeUnsniffed(): void } {
   const TLS_HANDSHAKE = 0x16;
-  return net.createServer((socket) => {
+  // neither http server knows a connection before its first byte, so neither closes it: this one does
+  const unsniffed = new Set<net.Socket>();
+  const server = net.createServer((socket) => {
+    unsniffed.add(socket);
+    socket.once('close', () => unsniffed.delete(socket));
+    socket.setTimeout(FIRST_BYTE_MS, () => socket.destroy());
     socket.once('error', () => socket.destroy()); // a peer gone before its first byte
     socket.once('data', (first: Buffer) => {
+      unsniffed.delete(socket);
+      socket.setTimeout(0);
       socket.pause();
       socket.unshift(first);
       (first[0] === TLS_HANDSHAKE ? secure : plain).emit('connection', socket);
       process.nextTick(() => socket.resume());
     });
+  });
+  return Object.assign(server, {
+    /** lets go the connections that have sent nothing yet (a browser's preconnects): a closing server waits for them */
+    closeUnsniffed: () => {
+      for (const socket of unsniffed) socket.destroy();
+    },
   });
 }
 
