@@ -34,17 +34,17 @@ export function lanOrigins(port: number, hosts: readonly string[], tls: ServerTl
 const FIRST_BYTE_MS = 10_000;
 
 /** One port for both: a TLS connection starts with a handshake record (0x16); anything else is plain http. */
-export function sniffingServer(plain: http.Server, secure: https.Server): net.Server & { closeUnsniffed(): void } {
+export function sniffingServer(plain: http.Server, secure: https.Server): net.Server & { closeAllConnections(): void } {
   const TLS_HANDSHAKE = 0x16;
-  // neither http server knows a connection before its first byte, so neither closes it: this one does
-  const unsniffed = new Set<net.Socket>();
+  // neither http server listens, so neither tracks the connections it is handed (closeAllConnections finds none),
+  // nor knows one before its first byte: this one keeps them all
+  const sockets = new Set<net.Socket>();
   const server = net.createServer((socket) => {
-    unsniffed.add(socket);
-    socket.once('close', () => unsniffed.delete(socket));
+    sockets.add(socket);
+    socket.once('close', () => sockets.delete(socket));
     socket.setTimeout(FIRST_BYTE_MS, () => socket.destroy());
     socket.once('error', () => socket.destroy()); // a peer gone before its first byte
     socket.once('data', (first: Buffer) => {
-      unsniffed.delete(socket);
       socket.setTimeout(0);
       socket.pause();
       socket.unshift(first);
@@ -53,9 +53,9 @@ export function sniffingServer(plain: http.Server, secure: https.Server): net.Se
     });
   });
   return Object.assign(server, {
-    /** lets go the connections that have sent nothing yet (a browser's preconnects): a closing server waits for them */
-    closeUnsniffed: () => {
-      for (const socket of unsniffed) socket.destroy();
+    /** lets go every connection, idle keep-alives and those that sent nothing yet: a closing server waits for them */
+    closeAllConnections: () => {
+      for (const socket of sockets) socket.destroy();
     },
   });
 }

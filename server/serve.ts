@@ -276,7 +276,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
         server.close((error) => (error ? reject(error) : resolve()));
         plain.closeAllConnections();
         secure?.closeAllConnections();
-        sniffing?.closeUnsniffed();
+        sniffing?.closeAllConnections();
       }),
   };
 }
