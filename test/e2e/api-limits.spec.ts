@@ -85,8 +85,6 @@ test(
       const open = written.filter(([, mode]) => mode & 0o077).map(([path, mode]) => `${path} ${mode.toString(8)}`);
       expect(open).toEqual([]);
     } finally {
-      // the page polls the API: the server's close would wait for its connections
-      await page.close();
       worker?.kill('SIGKILL');
       await api.stop();
       rmSync(dataDir, { recursive: true, force: true });
