@@ -6,7 +6,7 @@ import type { SwarmState } from '../server/api/coordinator-host.ts';
 import type { VideoObject } from '../server/api/video-object.ts';
 import { NAMED_SIZES } from '../server/api/video-request.ts';
 import { $, h, seconds } from './views/dom.ts';
-import { showJoinLink } from './views/join-link.ts';
+import { offerRevoke, showJoinLink } from './views/join-link.ts';
 
 /** where the page keeps the key: this origin's pages alone read it */
 const KEY_STORAGE = 'ditswarm.apiKey';
@@ -112,6 +112,17 @@ function renderSwarm(swarm: SwarmState): void {
       : [h('tr', {}, h('td', { colSpan: 4, className: 'empty' }, 'No workers yet: open the worker link above.'))]),
   );
 }
+
+offerRevoke(
+  () =>
+    void json<SwarmState>('/swarm/revoke', { method: 'POST' }).then(
+      (swarm) => {
+        renderSwarm(swarm);
+        $('swarm-events').textContent = 'The old worker link is revoked: share the new one.';
+      },
+      (e: unknown) => ($('swarm-events').textContent = `Could not revoke the link: ${(e as Error).message}`),
+    ),
+);
 
 /** the video on show: its job, and the object URL to free when another takes its place */
 let shown: { id: string; url: string } | null = null;

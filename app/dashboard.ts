@@ -43,7 +43,7 @@ import type { AutomationProgress, Base64Floats, DashboardAutomation, JobOverride
 import { summarizeReport, type KeptReport } from './views/report-summary.ts';
 import { $ } from './views/dom.ts';
 import { renderGallery, videoUrl } from './views/gallery.ts';
-import { showJoinLink } from './views/join-link.ts';
+import { offerRevoke, showJoinLink } from './views/join-link.ts';
 import { confirmJob } from './views/confirm-job.ts';
 import { renderQueue, showJobPhase, showJobProgress } from './views/queue-view.ts';
 import { renderSwarm } from './views/swarm-view.ts';
@@ -393,14 +393,7 @@ async function start() {
   // the same peer id and token after a reload, so the workers' links and reconnections still work
   swarm = await openSwarm(location.origin, { ...savedIdentity(), ownerKey: ownerKeyOfLink() });
   showIdentity(swarm);
-  $('revoke-link', HTMLButtonElement).onclick = () => {
-    if (
-      confirm(
-        'Revoke this worker link? It stops working, the workers that joined with it leave, and a new link replaces it.',
-      )
-    )
-      void revokeJoinLink();
-  };
+  offerRevoke(() => void revokeJoinLink());
   swarm.on((e) => {
     if (e.type === 'leave') $('swarm-events').textContent = `Worker ${e.worker.id.slice(-6)} left: ${e.reason}.`;
     if (e.type === 'refused') $('swarm-events').textContent = `Refused ${e.peer.slice(-6)}: ${e.reason}.`;

@@ -27,15 +27,23 @@ export function lanOrigins(port: number, hosts: readonly string[], tls: ServerTl
   return names.filter((name) => tls.covers(name)).map((name) => `https://${bracketed(name)}:${port}`);
 }
 
-const FIRST_BYTE_TIMEOUT_MS = 30_000;
+/**
+ * how long a connection may say nothing before its first byte: a browser's preconnect sends its request by then, and
+ * a socket opened only to be held is let go
+ */
+const FIRST_BYTE_MS = 10_000;
 
 /** One port for both: a TLS connection starts with a handshake record (0x16); anything else is plain http. */
-export function sniffingServer(plain: http.Server, secure: https.Server): net.Server {
+export function sniffingServer(plain: http.Server, secure: https.Server): net.Server & { closeAllConnections(): void } {
   const TLS_HANDSHAKE = 0x16;
-  return net.createServer((socket) => {
+  // neither http server listens, so neither tracks the connections it is handed (closeAllConnections finds none),
+  // nor knows one before its first byte: this one keeps them all
+  const sockets = new Set<net.Socket>();
+  const server = net.createServer((socket) => {
+    sockets.add(socket);
+    socket.once('close', () => sockets.delete(socket));
+    socket.setTimeout(FIRST_BYTE_MS, () => socket.destroy());
     socket.once('error', () => socket.destroy()); // a peer gone before its first byte
-    // a connection that says nothing holds a socket: the http servers' own timeouts start only once it is theirs
-    socket.setTimeout(FIRST_BYTE_TIMEOUT_MS, () => socket.destroy());
     socket.once('data', (first: Buffer) => {
       socket.setTimeout(0);
       socket.pause();
@@ -43,6 +51,12 @@ export function sniffingServer(plain: http.Server, secure: https.Server): net.Se
       (first[0] === TLS_HANDSHAKE ? secure : plain).emit('connection', socket);
       process.nextTick(() => socket.resume());
     });
+  });
+  return Object.assign(server, {
+    /** lets go every connection, idle keep-alives and those that sent nothing yet: a closing server waits for them */
+    closeAllConnections: () => {
+      for (const socket of sockets) socket.destroy();
+    },
   });
 }
 

@@ -11,12 +11,13 @@ import { spacedFingerprint } from '../core/net/local-ca.ts';
 import { OWNER_KEY_PARAM } from '../core/net/join-token.ts';
 import { DEFAULT_PORT, localModelDir, servedOr, startServer } from './serve.ts';
 import { DEFAULT_DATA_DIR, DEFAULTS as API_DEFAULTS, prepareApi, type VideoApi } from './api/api.ts';
+import { allowedModelHosts } from './api/model-hosts.ts';
 
 // `npm start [-- --model PATH|URL] [--lora FILE[:STRENGTH]]... [--port N] [--rebuild] [--peer-key K]
 //   [--ice-servers LIST] [--relay fallback|force|off | --force-relay] [--allow-origin ORIGIN ...] [--host NAME ...]
 //   [--cert FILE --key FILE]
 //   [--turn-secret S --turn-url turn:HOST:PORT ... [--ice-policy all|relay]]
-//   [--api [--local-workers N] [--data DIR] [--max-queue N] [--api-rate N]]`:
+//   [--api [--local-workers N] [--data DIR] [--max-queue N] [--api-rate N] [--allow-model-host HOST ...]]`:
 // build if needed, serve, print where to go. With --model the dashboard starts on that model
 // folder: one on this machine (served to the pages, with Range requests) or a URL. The server
 // answers to its own names (localhost, its LAN addresses, its machine name) and pages of its own
@@ -46,6 +47,7 @@ const { values: flags } = parseArgs({
     data: { type: 'string' },
     'max-queue': { type: 'string' },
     'api-rate': { type: 'string' },
+    'allow-model-host': { type: 'string', multiple: true, default: [] },
   },
 });
 
@@ -70,6 +72,10 @@ if (flags.data !== undefined && !flags.api) {
   console.error("--data is the video API's folder: give --api too");
   process.exit(2);
 }
+if (flags['allow-model-host'].length && !flags.api) {
+  console.error("--allow-model-host is where the video API's jobs may read models from: give --api too");
+  process.exit(2);
+}
 
 const allowOrigins = flags['allow-origin'];
 for (const origin of allowOrigins) {
@@ -90,6 +96,10 @@ for (const host of hosts) {
 }
 // the state folder, where the join links given out and the local CA outlive a restart of the server
 const stateDir = join(CACHE_ROOT, 'server');
+const dataDir = flags.data ?? DEFAULT_DATA_DIR;
+// an API server's join links are its data's, beside the coordinator's profile that holds its link: two servers of
+// two data folders do not share a secret, and the link is revoked or kept with the data it belongs to
+const joinStateDir = flags.api ? join(dataDir, 'server') : stateDir;
 let tls: ServerTls;
 try {
   if ((flags.cert === undefined) !== (flags.key === undefined))
@@ -148,10 +158,11 @@ let api: VideoApi | undefined;
 try {
   api = flags.api
     ? prepareApi({
-        dataDir: flags.data ?? DEFAULT_DATA_DIR,
+        dataDir,
         localWorkers,
         maxQueued,
         requestsPerMinute,
+        modelHosts: allowedModelHosts(flags['allow-model-host']),
         keyFromEnv: process.env.DITSWARM_API_KEY,
         model: model.defaultModel,
         defaultModelDir: localModelDir(model),
@@ -173,7 +184,7 @@ const server = await startServer({
   iceTransportPolicy: icePolicy,
   relay,
   allowOrigins,
-  stateDir,
+  stateDir: joinStateDir,
   tls,
   hosts,
   ...model,
@@ -218,7 +229,7 @@ console.log(
     ...(api
       ? [
           `  video API   ${server.url}/v1/videos  (key: ${api.key.where}; see ${server.url}/v1/openapi.json)`,
-          `  data        ${flags.data ?? DEFAULT_DATA_DIR}`,
+          `  data        ${dataDir}`,
         ]
       : []),
     `  signaling   ${server.url}/peerjs  key "${server.peerKey}"`,

@@ -8,6 +8,7 @@ import { WebSocketServer } from 'ws';
 import type { IceServer } from '../core/net/peer-link.ts';
 import type { Origins } from './origins.ts';
 import { clientSource, perAddressCap, rateLimit } from './rate-limit.ts';
+import { MAX_SIGNALING_CLIENTS } from './signaling-capacity.ts';
 
 /** Where pages find the PeerServer: `new Peer(id, { host, port, path: SIGNALING_PATH, key })`. */
 export const SIGNALING_PATH = '/peerjs';
@@ -91,8 +92,7 @@ export interface Signaling {
 
 /** an OFFER or ANSWER with its ICE candidates is a few KB; peer's own default is 100 MiB */
 export const MAX_SIGNALING_MESSAGE_BYTES = 64 * 1024;
-/** pages registered at once: a lab's swarm, not peer's default 5,000 */
-export const MAX_SIGNALING_CLIENTS = 512;
+export { MAX_SIGNALING_CLIENTS };
 /** of them from one address: a machine's tabs (a NAT's machines share one), not the whole limit */
 export const MAX_SIGNALING_CLIENTS_PER_ADDRESS = 64;
 /**

@@ -189,7 +189,8 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
   const plain = http.createServer(app);
   let tls = options.tls;
   const secure = tls && https.createServer({ key: tls.key, cert: tls.cert }, app);
-  const server = secure ? sniffingServer(plain, secure) : plain;
+  const sniffing = secure ? sniffingServer(plain, secure) : null;
+  const server = sniffing ?? plain;
   let boundPort: number | null = null;
   const hosts = options.hosts ?? [];
   const origins = serverOrigins(options.allowOrigins ?? [], () => boundPort, hosts);
@@ -298,6 +299,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
         server.close((error) => (error ? reject(error) : resolve()));
         plain.closeAllConnections();
         secure?.closeAllConnections();
+        sniffing?.closeAllConnections();
       }),
   };
 }

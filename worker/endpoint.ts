@@ -69,6 +69,11 @@ export interface WorkerEndpointOptions {
   onStatus(status: WorkerStatus): void;
   /** a tab's or a process's */
   platform: WorkerPlatform;
+  /**
+   * Where the server stands by the link no more (it was revoked, or is of no server here): a tab asks again now and
+   * then, for as long as its page is open; a process given this stops asking, and this says why.
+   */
+  onLinkRefused?(why: string): void;
 }
 
 /** A joined worker page's hold on its endpoint. */
@@ -199,6 +204,10 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
         const found = await findCoordinator(options.origin, options.token, await registeredId(peer));
         if ('refused' in found) {
           publish({ connected: false, transport: null, state: 'refused', detail: found.refused });
+          if (options.onLinkRefused) {
+            options.onLinkRefused(found.refused);
+            return;
+          }
           await new Promise((r) => setTimeout(r, REFUSED_RETRY_MS));
           continue;
         }

@@ -1,6 +1,6 @@
 import qrcode from 'qrcode-generator';
 import { CA_LINK_PARAM, spacedFingerprint } from '../../core/net/local-ca.ts';
-import { $ } from './dom.ts';
+import { $, h } from './dom.ts';
 
 /**
  * The worker link, copyable and as a QR code, so a phone or another machine can join (`url`: at
@@ -42,4 +42,28 @@ function showTrustOnce(url: string): void {
   trustLink.href = url.replace(/^https:/, 'http:');
   trustLink.textContent = new URL(trustLink.href).origin;
   $('ca-fingerprint').textContent = spacedFingerprint(fingerprint);
+}
+
+/**
+ * The Revoke button beside the link (for a link that went where it should not): it asks first, then `revoke`s, which
+ * shows the new link. One button for the dashboard and the API's page, which revoke by their own means.
+ */
+export function offerRevoke(revoke: () => void): void {
+  if (document.getElementById('revoke-link')) return;
+  const button = h('button', {
+    type: 'button',
+    id: 'revoke-link',
+    className: 'secondary',
+    title: 'The link went where it should not: make a new one; the workers that joined with this one leave',
+    textContent: 'Revoke link',
+  });
+  button.onclick = () => {
+    if (
+      confirm(
+        'Revoke this worker link? It stops working, the workers that joined with it leave, and a new link replaces it.',
+      )
+    )
+      revoke();
+  };
+  $('copy-link').after(' ', button);
 }

@@ -2,7 +2,7 @@
 // one on its first start and keeps it in the data folder (readable by its owner alone), so it outlives restarts.
 
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
-import { chmodSync, existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { chmodSync, existsSync, mkdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 
 export interface ApiKey {
@@ -22,10 +22,16 @@ export function loadApiKey(dataDir: string, fromEnv: string | undefined): ApiKey
   }
   const file = join(dataDir, API_KEY_FILE);
   if (!existsSync(file)) {
-    mkdirSync(dataDir, { recursive: true });
+    mkdirSync(dataDir, { recursive: true, mode: 0o700 });
     writeFileSync(file, `ds-${randomBytes(24).toString('base64url')}\n`, { mode: 0o600 });
     chmodSync(file, 0o600);
   }
+  const mode = statSync(file).mode & 0o777;
+  if (mode & 0o077)
+    throw new Error(
+      `${file} may be read by other users of this machine (mode ${mode.toString(8)}), and the key in it runs jobs: ` +
+        `make it yours alone (chmod 600 ${file}), or delete it to have a new key made`,
+    );
   const key = readFileSync(file, 'utf8').trim();
   if (key.length < 16) throw new Error(`${file} holds no key of 16 characters or more: delete it to have one made`);
   return { key, where: file };

@@ -2,6 +2,7 @@
 // until the coordinator is up); `start` then opens the coordinator page and the local worker tabs, and the queue
 // takes up what the database holds.
 
+import { chmodSync, mkdirSync } from 'node:fs';
 import { homedir } from 'node:os';
 import { join } from 'node:path';
 import type express from 'express';
@@ -23,6 +24,8 @@ export interface ApiSettings {
   /** queued jobs at most (429 past it) */
   maxQueued: number;
   requestsPerMinute: number;
+  /** hosts besides this server that a job's model and LoRA files may be read from (--allow-model-host) */
+  modelHosts?: readonly string[];
   /** DITSWARM_API_KEY */
   keyFromEnv?: string;
   /** the server's --model, which a job runs on unless it names another */
@@ -46,7 +49,18 @@ export const DEFAULT_DATA_DIR = join(process.env.XDG_DATA_HOME ?? join(homedir()
 
 export const DEFAULTS = { localWorkers: 0, maxQueued: 100, requestsPerMinute: 1200 } as const;
 
+/**
+ * Makes `dataDir` its owner's alone, and what this process writes from now on too: the key, the job database and its
+ * journal, the videos, the browser's profile (which holds the swarm's join link) are nobody else's to read.
+ */
+function keepPrivate(dataDir: string): void {
+  process.umask(0o077);
+  mkdirSync(dataDir, { recursive: true, mode: 0o700 });
+  chmodSync(dataDir, 0o700);
+}
+
 export function prepareApi(settings: ApiSettings): VideoApi {
+  keepPrivate(settings.dataDir);
   const key = loadApiKey(settings.dataDir, settings.keyFromEnv);
   // opened before the server listens: a database another running server holds refuses this one before it serves
   const db = JobDb.open(settings.dataDir, settings.log);
@@ -70,7 +84,13 @@ export function prepareApi(settings: ApiSettings): VideoApi {
         log: settings.log,
       });
       jobs.start();
-      resolveParts({ jobs, coordinator, model: settings.model, defaultSize: await defaultSizeOf(settings) });
+      resolveParts({
+        jobs,
+        coordinator,
+        model: settings.model,
+        defaultSize: await defaultSizeOf(settings),
+        modelHosts: settings.modelHosts ?? [],
+      });
       return coordinator;
     },
     async close() {

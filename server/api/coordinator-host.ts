@@ -35,6 +35,11 @@ export interface Coordinator {
   swarm(): Promise<SwarmState>;
   /** runs one job to its end; rejects with CoordinatorLost where its page went away, else with the job's error */
   run(overrides: JobOverrides, hooks: RunHooks): Promise<JobResult>;
+  /**
+   * Revokes the worker link (it went where it should not), as the dashboard's Revoke button does: the workers that
+   * joined with it leave, and swarm() names the new one. Rejects, saying why, where the page could not.
+   */
+  revokeJoinLink(): Promise<void>;
 }
 
 export interface CoordinatorHost extends Coordinator {
@@ -112,6 +117,8 @@ export async function hostCoordinator({
       }
     }
   }
+  /** this machine's worker tabs: a revoked link's are sent to the new one */
+  const workerPages = new Set<Page>();
   let ready: Promise<void> = openDashboard();
   try {
     await ready;
@@ -124,8 +131,10 @@ export async function hostCoordinator({
   /** A worker tab of this machine, opened again whenever it crashes or closes. */
   async function openWorker(context: BrowserContext, { joinUrl }: JoinLinks, n: number): Promise<void> {
     const page = await context.newPage();
+    workerPages.add(page);
     forward(page, `worker ${n}`);
     const again = (why: string) => () => {
+      workerPages.delete(page);
       if (closing) return;
       log(`api: local worker ${n} ${why}; opening it again`);
       void page.close().catch(() => {});
@@ -195,6 +204,18 @@ export async function hostCoordinator({
       } finally {
         current = null;
       }
+    },
+    async revokeJoinLink() {
+      const on = await page();
+      const fresh = await on.evaluate(() => window.ditswarm.revokeJoinLink());
+      if (!fresh) {
+        const why = await on.evaluate(() => document.getElementById('swarm-events')?.textContent ?? '');
+        throw new Error(why || 'the coordinator page could not revoke it');
+      }
+      links = fresh;
+      log('api: the worker link was revoked; its workers left, and the new one is in GET /v1/swarm');
+      for (const worker of workerPages)
+        void worker.goto(fresh.joinUrl).catch((e: unknown) => log(`api: a local worker: ${pageError(e)}`));
     },
     async close() {
       closing = true;

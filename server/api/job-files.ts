@@ -2,7 +2,17 @@
 // <id>.latent.safetensors, and <id>.input_reference, the image a job was given), each written whole to a temporary
 // name, flushed to the disk and then renamed, so a file under its own name is always complete.
 
-import { closeSync, existsSync, fsyncSync, mkdirSync, openSync, renameSync, rmSync, writeSync } from 'node:fs';
+import {
+  chmodSync,
+  closeSync,
+  existsSync,
+  fsyncSync,
+  mkdirSync,
+  openSync,
+  renameSync,
+  rmSync,
+  writeSync,
+} from 'node:fs';
 import { join } from 'node:path';
 import type { JobResult } from '../../app/automation.ts';
 import { latentShape } from '../../core/job.ts';
@@ -20,7 +30,9 @@ const NAMES: Record<FileVariant, (id: string) => string> = {
 
 export class JobFiles {
   constructor(private readonly dir: string) {
-    mkdirSync(dir, { recursive: true });
+    // the videos are the owner's: a folder an earlier server made for anyone to read is made theirs alone
+    mkdirSync(dir, { recursive: true, mode: 0o700 });
+    chmodSync(dir, 0o700);
   }
 
   path(id: string, variant: FileVariant): string | null {
@@ -49,7 +61,7 @@ export class JobFiles {
   private writeWhole(path: string, bytes: Uint8Array): void {
     const partial = `${path}.partial`;
     try {
-      const fd = openSync(partial, 'w');
+      const fd = openSync(partial, 'w', 0o600);
       try {
         for (let at = 0; at < bytes.length;) at += writeSync(fd, bytes, at);
         fsyncSync(fd);

@@ -4,8 +4,10 @@
 import { LIMITS, JOB_SCHEDULERS } from '../../core/job.ts';
 import { DTYPES } from '../../core/net/protocol.ts';
 import { WEIGHT_TYPES } from '../../core/worker-api.ts';
+import { MAX_SWARM_WORKERS } from '../signaling-capacity.ts';
 import { VIDEO_STATUSES } from './job-db.ts';
 import { MAX_REFERENCE_BYTES, REFERENCE_TYPES } from './video-form.ts';
+import { MAX_LATENT_POSITIONS } from './video-request.ts';
 
 const nullable = (schema: object) => ({ oneOf: [schema, { type: 'null' }] });
 const ref = (name: string) => ({ $ref: `#/components/schemas/${name}` });
@@ -36,7 +38,10 @@ const schemas = {
     properties: {
       prompt: { type: 'string', maxLength: LIMITS.promptChars },
       negative_prompt: { type: 'string', maxLength: LIMITS.promptChars },
-      model: { type: 'string', description: "a model folder's http(s) URL or a path this server serves (/models/…)" },
+      model: {
+        type: 'string',
+        description: 'a path this server serves (/models/…), or an http(s) URL of a host --allow-model-host named',
+      },
       size: { type: 'string', pattern: '^\\d+x\\d+$', description: 'WIDTHxHEIGHT, each a multiple of 16' },
       width: { type: 'integer', multipleOf: 16, minimum: LIMITS.size.min, maximum: LIMITS.size.max },
       height: { type: 'integer', multipleOf: 16, minimum: LIMITS.size.min, maximum: LIMITS.size.max },
@@ -48,6 +53,7 @@ const schemas = {
       flow_shift: { type: 'number', minimum: LIMITS.flowShift.min, maximum: LIMITS.flowShift.max },
       scheduler: { enum: [...JOB_SCHEDULERS] },
       lora: {
+        description: 'LoRA files: paths this server serves (/loras/…), or URLs of hosts --allow-model-host named',
         oneOf: [
           { type: 'string' },
           {
@@ -65,11 +71,14 @@ const schemas = {
           },
         ],
       },
-      workers: { oneOf: [{ type: 'integer', minimum: 1 }, { const: 'auto' }], description: 'worker tabs in all' },
-      stages: { type: 'integer', minimum: 1 },
+      workers: {
+        oneOf: [{ type: 'integer', minimum: 1, maximum: MAX_SWARM_WORKERS }, { const: 'auto' }],
+        description: 'worker tabs in all',
+      },
+      stages: { type: 'integer', minimum: 1, maximum: MAX_SWARM_WORKERS, description: 'half that with cfg_parallel' },
       parallel: { enum: ['ulysses', 'displaced'] },
-      warmup_steps: { type: 'integer', minimum: 0 },
-      pipefusion: { type: 'integer', minimum: 2 },
+      warmup_steps: { type: 'integer', minimum: 0, maximum: LIMITS.steps.max },
+      pipefusion: { type: 'integer', minimum: 2, maximum: MAX_LATENT_POSITIONS },
       cfg_parallel: { type: 'boolean' },
       dtype: { enum: [...DTYPES] },
       weights: { enum: [...WEIGHT_TYPES] },
@@ -314,12 +323,17 @@ export const OPENAPI = {
         ],
         responses: {
           200: {
-            description: 'the file',
+            description: 'the file (Accept-Ranges: bytes)',
+            content: { 'video/webm': {}, 'application/octet-stream': {} },
+          },
+          206: {
+            description: 'the bytes a Range header asked for, with Content-Range',
             content: { 'video/webm': {}, 'application/octet-stream': {} },
           },
           401: unauthorized,
           404: errorResponse('no such job, or it made no such file (output "latent" makes no video)'),
           409: errorResponse('the job has not completed'),
+          416: errorResponse("a Range not within the file's bytes (Content-Range: bytes */SIZE says how many)"),
           429: limited,
         },
       },
@@ -339,6 +353,17 @@ export const OPENAPI = {
       get: {
         summary: 'The worker link, and the workers that joined',
         responses: { 200: { description: 'the swarm', content: json(ref('Swarm')) }, 401: unauthorized, 429: limited },
+      },
+    },
+    '/v1/swarm/revoke': {
+      post: {
+        summary: 'Revokes the worker link: its workers leave, none joins with it again; the swarm with the new link',
+        responses: {
+          200: { description: 'the swarm, with its new worker link', content: json(ref('Swarm')) },
+          401: unauthorized,
+          429: limited,
+          503: errorResponse('the coordinator page could not revoke it (it says why): try again'),
+        },
       },
     },
     '/v1/openapi.json': {

@@ -1,10 +1,11 @@
 // The HTTP side of the video API, under /v1: OpenAI's video endpoints (POST /videos, GET /videos[/{id}[/content]],
-// DELETE /videos/{id}) with a long poll (?wait=) and server-sent events for progress, and GET /swarm. Every call
-// needs the key; errors are OpenAI's `{ error: { message, type, param } }`. openapi.ts documents all of it.
+// DELETE /videos/{id}) with a long poll (?wait=) and server-sent events for progress, GET /swarm, and POST
+// /swarm/revoke (a new worker link; the old one's workers leave). Every call needs the key; errors are OpenAI's
+// `{ error: { message, type, param } }`. openapi.ts documents all of it.
 
-import { createReadStream } from 'node:fs';
+import { resolve } from 'node:path';
 import express, { type NextFunction, type Request, type Response } from 'express';
-import { perAddressLimit } from '../rate-limit.ts';
+import { clientSource, perAddressLimit } from '../rate-limit.ts';
 import type { Origins } from '../origins.ts';
 import { authorized } from './api-key.ts';
 import type { Coordinator } from './coordinator-host.ts';
@@ -23,6 +24,8 @@ export interface ApiParts {
   model?: string;
   /** "WxH" of that model's default job, named among the sizes a bad size is told it may be */
   defaultSize?: string | null;
+  /** hosts besides this server that a job's model and LoRA files may be read from (model-hosts.ts) */
+  modelHosts?: readonly string[];
 }
 
 export interface ApiOptions {
@@ -44,6 +47,7 @@ const TYPES: Record<number, string> = {
   404: 'not_found_error',
   409: 'conflict_error',
   413: 'invalid_request_error',
+  416: 'invalid_request_error',
   429: 'rate_limit_error',
   500: 'server_error',
   503: 'service_unavailable_error',
@@ -54,6 +58,12 @@ function sendError(response: Response, status: number, message: string, param: s
   response.status(status).json({ error: { message, type: TYPES[status] ?? 'server_error', param } });
 }
 
+/** what express's sendFile fails with: a range past the file's end is 416, with the Content-Range to send */
+interface SendError extends Error {
+  status?: number;
+  headers?: Record<string, string>;
+}
+
 /** The API's router; `parts` settles once its coordinator is up (calls before wait for it). */
 export function videoApi(parts: Promise<ApiParts>, { key, origins, requestsPerMinute }: ApiOptions): express.Router {
   const router = express.Router();
@@ -62,6 +72,12 @@ export function videoApi(parts: Promise<ApiParts>, { key, origins, requestsPerMi
   router.use((request, response, next) => {
     if (!origins.originAllowed(request.headers.origin)) {
       sendError(response, 403, `pages of ${request.headers.origin} may not use this API`);
+      return;
+    }
+    // before the key: a client guessing keys meets the limit as soon as one with the key would
+    const { address } = clientSource(request.socket.remoteAddress);
+    if (!withinLimit(`address ${address}`)) {
+      sendError(response, 429, `more than ${requestsPerMinute} requests a minute from ${address}: wait a moment`);
       return;
     }
     if (!authorized(request.headers.authorization, key)) {
@@ -117,6 +133,7 @@ export function videoApi(parts: Promise<ApiParts>, { key, origins, requestsPerMi
       const asked = parseVideoRequest(form ? form.body : request.body, {
         model: p.model,
         defaultModelSize: p.defaultSize ?? null,
+        modelHosts: p.modelHosts,
       });
       const reference = form?.reference;
       const job = await p.jobs.accept(
@@ -215,7 +232,25 @@ export function videoApi(parts: Promise<ApiParts>, { key, origins, requestsPerMi
         'Content-Disposition',
         `attachment; filename="${job.id}${variant === 'video' ? '.webm' : '.safetensors'}"`,
       );
-      createReadStream(path).pipe(response);
+      // no shared cache keeps what the key guards (sendFile would say `public`)
+      response.setHeader('Cache-Control', 'private');
+      // with Range, as a <video> element and a resumed download ask
+      return new Promise<void>((done, fail) => {
+        response.sendFile(resolve(path), { cacheControl: false, lastModified: false }, (error?: SendError) => {
+          if (!error) done();
+          else if (error.status === 416) {
+            response.removeHeader('Content-Disposition');
+            response.setHeader('Content-Range', error.headers?.['Content-Range'] ?? '');
+            sendError(
+              response,
+              416,
+              `the range ${request.headers.range ?? ''} is not within the file's bytes (Content-Range says how many)`,
+            );
+            done();
+          } else if (response.headersSent) done();
+          else fail(error);
+        });
+      });
     }),
   );
 
@@ -233,6 +268,18 @@ export function videoApi(parts: Promise<ApiParts>, { key, origins, requestsPerMi
   router.get(
     '/swarm',
     handle(async (p, _request, response) => {
+      response.json(await p.coordinator.swarm());
+    }),
+  );
+
+  router.post(
+    '/swarm/revoke',
+    handle(async (p, _request, response) => {
+      try {
+        await p.coordinator.revokeJoinLink();
+      } catch (e) {
+        throw new QueueError(`the worker link was not revoked: ${(e as Error).message}; try again`, 503);
+      }
       response.json(await p.coordinator.swarm());
     }),
   );

@@ -3,15 +3,7 @@
 // value the JSON body has, so that one check (video-request.ts) refuses a bad field either way, by its name. The
 // parts are read by Node's own FormData parser (undici's, the one `fetch` uses), from a body the route has bounded.
 
-import { RequestError } from './video-request.ts';
-
-/** The image a job was given to start from: kept with it for image-to-video, which comes with the TI2V model. */
-export interface InputReference {
-  type: ReferenceType;
-  bytes: number;
-  /** the file's name as the client gave it */
-  name: string | null;
-}
+import { RequestError, type InputReference, type ReferenceType } from './video-request.ts';
 
 /** the largest `input_reference` taken: an image is the first frame of a video, not a whole film */
 export const MAX_REFERENCE_BYTES = 8 * 1024 * 1024;
@@ -19,12 +11,11 @@ export const MAX_REFERENCE_BYTES = 8 * 1024 * 1024;
 export const MAX_FORM_BYTES = MAX_REFERENCE_BYTES + 64 * 1024;
 
 /** the image types OpenAI's video API takes as `input_reference`, by the bytes each file starts with */
-const IMAGE_TYPES = {
-  'image/png': (b: Uint8Array) => startsWith(b, [0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]),
-  'image/jpeg': (b: Uint8Array) => startsWith(b, [0xff, 0xd8, 0xff]),
-  'image/webp': (b: Uint8Array) => ascii(b, 0, 4) === 'RIFF' && ascii(b, 8, 12) === 'WEBP',
-} as const;
-export type ReferenceType = keyof typeof IMAGE_TYPES;
+const IMAGE_TYPES: Record<ReferenceType, (bytes: Uint8Array) => boolean> = {
+  'image/png': (b) => startsWith(b, [0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]),
+  'image/jpeg': (b) => startsWith(b, [0xff, 0xd8, 0xff]),
+  'image/webp': (b) => ascii(b, 0, 4) === 'RIFF' && ascii(b, 8, 12) === 'WEBP',
+};
 export const REFERENCE_TYPES = Object.keys(IMAGE_TYPES) as ReferenceType[];
 
 const startsWith = (bytes: Uint8Array, magic: number[]) => magic.every((m, i) => bytes[i] === m);

@@ -24,6 +24,9 @@ export class QueueError extends Error {
   }
 }
 
+/** the ids accept() makes, and the only ones a job is looked up by */
+const JOB_ID = /^video_[0-9a-f]{24}$/;
+
 export interface VideoJobsOptions {
   /** queued jobs at most; one more is refused (429) */
   maxQueued: number;
@@ -65,14 +68,15 @@ export class VideoJobs {
 
   /** Accepts a job: on the disk before this returns, with `reference`, the image it was given, where it has one. */
   async accept(request: VideoRequest, reference?: Uint8Array): Promise<VideoJob> {
+    if (!(await this.options.hasWorkers()))
+      throw new QueueError('no worker has joined this swarm: open the worker link (GET /v1/swarm) on a machine', 503);
+    // the count and the insert with no await between: POSTs that waited on the swarm together cannot all see room
     if (this.db.countQueued() >= this.options.maxQueued)
       throw new QueueError(
         `the queue is full (${this.options.maxQueued} jobs wait): try again once some have finished`,
         429,
       );
-    if (!(await this.options.hasWorkers()))
-      throw new QueueError('no worker has joined this swarm: open the worker link (GET /v1/swarm) on a machine', 503);
-    const id = `video_${randomBytes(12).toString('hex')}`;
+    const id = `video_${randomBytes(12).toString('hex')}`; // of JOB_ID's form, by which get() finds it
     if (reference) this.files.writeReference(id, reference);
     let job: VideoJob;
     try {
@@ -102,6 +106,8 @@ export class VideoJobs {
   }
 
   get(id: string): VideoJob | null {
+    // SQLite's driver reads a bound text up to its first NUL: `<id>\0garbage` would find the job `<id>`
+    if (!JOB_ID.test(id)) return null;
     return this.unfinished.get(id) ?? this.db.get(id);
   }
 

@@ -5,7 +5,7 @@
 import type { GenerateReport } from '../../coordinator/pipeline.ts';
 import { DEFAULT_FPS } from '../../coordinator/video.ts';
 import type { JobError, VideoJob, VideoStatus } from './job-db.ts';
-import type { InputReference } from './video-form.ts';
+import type { InputReference } from './video-request.ts';
 
 export interface VideoObject {
   id: string;

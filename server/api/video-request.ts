@@ -4,13 +4,32 @@
 // it may be: nothing is queued.
 
 import type { JobOverrides } from '../../app/automation.ts';
-import { checkJobParams, DEFAULT_MODEL_URL, JOB_SCHEDULERS, LIMITS, type JobParams } from '../../core/job.ts';
+import {
+  checkJobParams,
+  DEFAULT_MODEL_URL,
+  JOB_SCHEDULERS,
+  latentShape,
+  LIMITS,
+  type JobParams,
+} from '../../core/job.ts';
 import { checkLoras, LoraError } from '../../core/model/lora.ts';
 import { DTYPES } from '../../core/net/protocol.ts';
 import { WEIGHT_TYPES } from '../../core/worker-api.ts';
 import { DEFAULT_FPS } from '../../coordinator/video.ts';
 import { degreeOfWorkers } from '../cli/job-flags.ts';
-import type { InputReference } from './video-form.ts';
+import { MAX_SWARM_WORKERS } from '../signaling-capacity.ts';
+import { modelUrlRefusal } from './model-hosts.ts';
+
+/** the image types OpenAI's video API takes as `input_reference` (video-form.ts tells them by their first bytes) */
+export type ReferenceType = 'image/png' | 'image/jpeg' | 'image/webp';
+
+/** The image a job was given to start from: kept with it for image-to-video, which comes with the TI2V model. */
+export interface InputReference {
+  type: ReferenceType;
+  bytes: number;
+  /** the file's name as the client gave it */
+  name: string | null;
+}
 
 /** A job as the API keeps it: what the dashboard's automation API is given, the form's values beneath. */
 export interface VideoRequest {
@@ -84,11 +103,16 @@ const PARAM_NAMES: Partial<Record<keyof JobParams, string>> = {
 
 /**
  * The body of a POST, checked: throws a RequestError naming the first field it refuses. `model` is the served
- * model the job runs on unless the body names one; `defaultModelSize` is named among the allowed sizes.
+ * model the job runs on unless the body names one; `defaultModelSize` is named among the allowed sizes; `modelHosts`
+ * are the hosts besides this server a job's model and LoRA files may be read from (model-hosts.ts).
  */
 export function parseVideoRequest(
   body: unknown,
-  { model, defaultModelSize = null }: { model?: string; defaultModelSize?: string | null } = {},
+  {
+    model,
+    defaultModelSize = null,
+    modelHosts = [],
+  }: { model?: string; defaultModelSize?: string | null; modelHosts?: readonly string[] } = {},
 ): VideoRequest {
   if (typeof body !== 'object' || body === null || Array.isArray(body))
     throw new RequestError('the body is a JSON object: { "prompt": "…", … }', null);
@@ -104,11 +128,12 @@ export function parseVideoRequest(
       throw new RequestError(`${key} is ${allowed.map((a) => JSON.stringify(a)).join(', ')}; got ${show(v)}`, key);
     return v as T;
   };
-  const whole = (key: string, min: number): number | undefined => {
+  /** a whole number from `min` to `max`; `why` says where the most comes from */
+  const whole = (key: string, min: number, max: number, why: string): number | undefined => {
     const v = b[key];
     if (v === undefined) return undefined;
-    if (typeof v !== 'number' || !Number.isInteger(v) || v < min)
-      throw new RequestError(`${key} is a whole number ≥ ${min}; got ${show(v)}`, key);
+    if (typeof v !== 'number' || !Number.isInteger(v) || v < min || v > max)
+      throw new RequestError(`${key} is a whole number from ${min} to ${max} (${why}); got ${show(v)}`, key);
     return v;
   };
 
@@ -160,13 +185,20 @@ export function parseVideoRequest(
   }
 
   // placement
-  const stages = whole('stages', 1) ?? 1;
   const cfgParallel = b.cfg_parallel;
   if (cfgParallel !== undefined && typeof cfgParallel !== 'boolean')
     throw new RequestError(`cfg_parallel is true or false; got ${show(cfgParallel)}`, 'cfg_parallel');
+  const groups = cfgParallel === true ? 2 : 1;
+  const stages =
+    whole(
+      'stages',
+      1,
+      Math.floor(MAX_SWARM_WORKERS / groups),
+      `a stage is at least one worker${groups === 2 ? ' of each CFG group' : ''}, and ${SWARM_BOUND}`,
+    ) ?? 1;
   let workers: number | 'auto' = 'auto';
   if (b.workers !== undefined && b.workers !== 'auto') {
-    const total = whole('workers', 1) as number;
+    const total = whole('workers', 1, MAX_SWARM_WORKERS, SWARM_BOUND) as number;
     const degree = degreeOfWorkers(total, stages, cfgParallel === true);
     if (degree === null)
       throw new RequestError(
@@ -181,9 +213,14 @@ export function parseVideoRequest(
   if (cfgParallel !== undefined) overrides.cfgParallel = cfgParallel;
   const parallel = oneOf('parallel', PARALLEL);
   if (parallel) overrides.parallel = parallel;
-  const warmupSteps = whole('warmup_steps', 0);
+  const warmupSteps = whole('warmup_steps', 0, LIMITS.steps.max, `a job has at most ${LIMITS.steps.max} steps`);
   if (warmupSteps !== undefined) overrides.warmupSteps = warmupSteps;
-  const patches = whole('pipefusion', 2);
+  const patches = whole(
+    'pipefusion',
+    2,
+    MAX_LATENT_POSITIONS,
+    "a forward is cut into at most its tokens, and the largest job's latent has that many positions",
+  );
   if (patches !== undefined) overrides.pipeFusionPatches = patches;
   const dtype = oneOf('dtype', DTYPES);
   if (dtype) overrides.dtype = dtype;
@@ -207,11 +244,12 @@ export function parseVideoRequest(
   const output = oneOf('output', OUTPUTS);
   if (output) overrides.outputType = output;
 
-  if (b.model !== undefined && (typeof b.model !== 'string' || !/^(https?:\/\/|\/models\/)/.test(b.model)))
-    throw new RequestError(
-      `model is a model folder's http(s) URL or a path this server serves (/models/…); got ${show(b.model)}`,
-      'model',
-    );
+  if (b.model !== undefined) {
+    if (typeof b.model !== 'string')
+      throw new RequestError(`model is a path this server serves (/models/…) or a URL; got ${show(b.model)}`, 'model');
+    const refusal = modelUrlRefusal(b.model, { modelHosts, model });
+    if (refusal) throw new RequestError(`model: ${refusal}`, 'model');
+  }
   // set from the start, so that a queued job says what it will run on
   overrides.model = b.model ?? model ?? DEFAULT_MODEL_URL;
   if (b.lora !== undefined) {
@@ -224,8 +262,24 @@ export function parseVideoRequest(
       if (e instanceof LoraError) throw new RequestError(`lora: ${e.message}`, 'lora');
       throw e;
     }
+    for (const { url } of overrides.loras) {
+      const refusal = modelUrlRefusal(url, { modelHosts });
+      if (refusal) throw new RequestError(`lora: ${refusal}`, 'lora');
+    }
   }
   return { overrides };
 }
+
+/** why a swarm's workers are bounded, as a refusal says it */
+const SWARM_BOUND = `a swarm has at most ${MAX_SWARM_WORKERS} workers: one signaling place each, less the dashboard's`;
+
+/** the positions of the largest latent a job may ask for, as many as its tokens can ever be (a patch of 1×1×1) */
+export const MAX_LATENT_POSITIONS = latentShape({
+  frames: LIMITS.frames.max,
+  height: LIMITS.size.max,
+  width: LIMITS.size.max,
+})
+  .slice(1)
+  .reduce((a, b) => a * b);
 
 const show = (v: unknown): string => (v === undefined ? 'nothing' : JSON.stringify(v));

@@ -2,6 +2,7 @@ import { createHash, X509Certificate } from 'node:crypto';
 import { mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
 import https from 'node:https';
+import { connect } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -168,5 +169,27 @@ describe('a server whose names changed while it ran', () => {
     } finally {
       await server.close();
     }
+  });
+});
+
+describe("the server's close, on one port for http and https", () => {
+  it("is held by no connection: neither an idle keep-alive, nor one that sent nothing (a browser's preconnect)", async () => {
+    const server = await startServer({
+      port: 0,
+      quiet: true,
+      tls: localTls(join(scratch, 'silent'), serverNames()),
+    });
+    const agent = new http.Agent({ keepAlive: true });
+    const kept = await new Promise<http.IncomingMessage>((resolve, reject) =>
+      http.get({ host: '127.0.0.1', port: server.port, path: '/worker.html', agent }, resolve).on('error', reject),
+    );
+    kept.resume();
+    await new Promise((resolve) => kept.once('end', resolve));
+    const silent = connect(server.port, '127.0.0.1');
+    await new Promise((resolve) => silent.once('connect', resolve));
+    const closedBy = new Promise((resolve) => silent.once('close', () => resolve('closed')));
+    const held = new Promise((resolve) => setTimeout(() => resolve('held'), 3000));
+    expect(await Promise.race([server.close().then(() => 'closed'), held])).toBe('closed');
+    expect(await closedBy).toBe('closed');
   });
 });

@@ -2,7 +2,17 @@
 // queue that runs its jobs on a stand-in coordinator.
 
 import { spawn, spawnSync } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
+import {
+  chmodSync,
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  statSync,
+  symlinkSync,
+  writeFileSync,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { Server } from 'node:http';
@@ -12,29 +22,37 @@ import express from 'express';
 import sqlite from 'node-sqlite3-wasm';
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 import { defined } from '../../core/defined.ts';
+import { prepareApi } from '../../server/api/api.ts';
 import { OPENAPI } from '../../server/api/openapi.ts';
 import { videoApi } from '../../server/api/routes.ts';
 import type { VideoObject } from '../../server/api/video-object.ts';
 import { serverOrigins } from '../../server/origins.ts';
 import type { AutomationProgress, JobResult } from '../../app/automation.ts';
 import { authorized, loadApiKey } from '../../server/api/api-key.ts';
-import { CoordinatorLost, type Coordinator, type RunHooks } from '../../server/api/coordinator-host.ts';
+import {
+  CoordinatorLost,
+  type Coordinator,
+  type RunHooks,
+  type SwarmState,
+} from '../../server/api/coordinator-host.ts';
 import { DatabaseInUse } from '../../server/api/db-owner.ts';
 import { DiskFullError, JobDb, type VideoJob } from '../../server/api/job-db.ts';
 import { JobFiles } from '../../server/api/job-files.ts';
 import { MAX_ATTEMPTS, QueueError, VideoJobs } from '../../server/api/video-jobs.ts';
+import { allowedModelHosts } from '../../server/api/model-hosts.ts';
 import { NAMED_SIZES, parseVideoRequest, RequestError } from '../../server/api/video-request.ts';
 import { readSafetensors } from '../../core/safetensors.ts';
-import { DEFAULT_MODEL_URL } from '../../core/job.ts';
+import { DEFAULT_MODEL_URL, LIMITS } from '../../core/job.ts';
 import { MAX_REFERENCE_BYTES } from '../../server/api/video-form.ts';
+import { MAX_SWARM_WORKERS } from '../../server/signaling-capacity.ts';
 import type { GenerateReport } from '../../coordinator/pipeline.ts';
 
 const tmp = () => mkdtempSync(join(tmpdir(), 'ditswarm-api-'));
 
 /** The RequestError a body is refused with. */
-function refusal(body: unknown): RequestError {
+function refusal(body: unknown, options?: Parameters<typeof parseVideoRequest>[1]): RequestError {
   try {
-    parseVideoRequest(body);
+    parseVideoRequest(body, options);
   } catch (e) {
     if (e instanceof RequestError) return e;
     throw e;
@@ -44,25 +62,28 @@ function refusal(body: unknown): RequestError {
 
 describe("POST /v1/videos's body", () => {
   it("takes OpenAI's size and seconds, and the job fields, as the dashboard takes them", () => {
-    const { overrides } = parseVideoRequest({
-      prompt: 'a cat',
-      negative_prompt: 'blur',
-      size: '832x480',
-      seconds: '5',
-      steps: 30,
-      guidance: 5,
-      seed: 7,
-      flow_shift: 3,
-      workers: 4,
-      cfg_parallel: true,
-      dtype: 'f16',
-      weights: 'int8',
-      ep: 'wasm',
-      cache: 'magcache',
-      cache_threshold: 0.2,
-      output: 'latent',
-      lora: ['https://x/a.safetensors', { url: 'https://x/b.safetensors', strength: 0.5 }],
-    });
+    const { overrides } = parseVideoRequest(
+      {
+        prompt: 'a cat',
+        negative_prompt: 'blur',
+        size: '832x480',
+        seconds: '5',
+        steps: 30,
+        guidance: 5,
+        seed: 7,
+        flow_shift: 3,
+        workers: 4,
+        cfg_parallel: true,
+        dtype: 'f16',
+        weights: 'int8',
+        ep: 'wasm',
+        cache: 'magcache',
+        cache_threshold: 0.2,
+        output: 'latent',
+        lora: ['https://x/a.safetensors', { url: 'https://x/b.safetensors', strength: 0.5 }],
+      },
+      { modelHosts: ['x'] },
+    );
     expect(overrides).toEqual({
       prompt: 'a cat',
       negativePrompt: 'blur',
@@ -96,9 +117,10 @@ describe("POST /v1/videos's body", () => {
       workers: 'auto',
       model: '/models/local',
     });
-    expect(parseVideoRequest({ prompt: 'a', model: 'https://h/m' }, { model: '/models/local' }).overrides.model).toBe(
-      'https://h/m',
-    );
+    expect(
+      parseVideoRequest({ prompt: 'a', model: 'https://h/m' }, { model: '/models/local', modelHosts: ['h'] }).overrides
+        .model,
+    ).toBe('https://h/m');
     expect(parseVideoRequest({ prompt: 'a', width: 64, height: 32, frames: 9 }).overrides).toMatchObject({
       width: 64,
       height: 32,
@@ -151,6 +173,108 @@ describe("POST /v1/videos's body", () => {
     expect(refusal([1]).param).toBeNull();
     expect(refusal({ prompt: 'a', sizes: 1 }).message).toContain('the fields are prompt');
   });
+
+  it('bounds every placement field by what the planner can ever use, naming the field and its range', () => {
+    const most = MAX_SWARM_WORKERS;
+    const cases: [object, string, string][] = [
+      [{ workers: 1e9 }, 'workers', `from 1 to ${most}`],
+      [{ workers: most + 1 }, 'workers', `from 1 to ${most}`],
+      [{ stages: 1e9 }, 'stages', `from 1 to ${most}`],
+      [{ stages: most / 2 + 1, cfg_parallel: true }, 'stages', `from 1 to ${Math.floor(most / 2)}`],
+      [{ warmup_steps: 1e9 }, 'warmup_steps', `from 0 to ${LIMITS.steps.max}`],
+      [{ stages: 2, pipefusion: 1e9 }, 'pipefusion', 'from 2 to '],
+    ];
+    for (const [fields, param, range] of cases) {
+      const e = refusal({ prompt: 'a', ...fields });
+      expect(e.param, JSON.stringify(fields)).toBe(param);
+      expect(e.message, JSON.stringify(fields)).toContain(range);
+      expect(e.message).toContain(`got ${(fields as Record<string, number>)[param]}`);
+    }
+    // the largest of each is taken
+    expect(parseVideoRequest({ prompt: 'a', workers: most }).overrides.workers).toBe(most);
+    expect(parseVideoRequest({ prompt: 'a', warmup_steps: LIMITS.steps.max }).overrides.warmupSteps).toBe(100);
+  });
+});
+
+describe("a job's model and LoRA URLs", () => {
+  const hosts = allowedModelHosts(['Models.Example.org']);
+  const parse = (body: object) => parseVideoRequest({ prompt: 'a', ...body }, { modelHosts: hosts });
+  const refused = (body: object) => refusal({ prompt: 'a', ...body }, { modelHosts: hosts });
+
+  it("are the server's own model folders and LoRA files, or of a host on the allow-list", () => {
+    expect(parse({ model: '/models/tiny-wan-demo' }).overrides.model).toBe('/models/tiny-wan-demo');
+    expect(parse({ model: 'https://models.example.org/wan' }).overrides.model).toBe('https://models.example.org/wan');
+    expect(parse({ model: 'https://MODELS.example.org./wan' }).overrides.model).toBe('https://MODELS.example.org./wan');
+    const loras = ['/loras/0/a.safetensors', 'https://models.example.org/b.safetensors'];
+    expect(parse({ lora: loras }).overrides.loras?.map((l) => l.url)).toEqual(loras);
+    // the model the server runs on, whatever its URL
+    const own = 'http://10.0.0.7/wan';
+    expect(parseVideoRequest({ prompt: 'a', model: own }, { model: own }).overrides.model).toBe(own);
+  });
+
+  it('are refused at a host off the allow-list, and at any loopback, link-local or private address', () => {
+    const inside = [
+      'http://127.0.0.1:8080/models/tiny-wan-demo',
+      'http://2130706433/', // 127.0.0.1 as one number
+      'http://0x7f.1/',
+      'http://169.254.169.254/latest/meta-data/',
+      'http://10.1.2.3/wan',
+      'http://172.16.0.1/wan',
+      'http://192.168.1.1/wan',
+      'http://100.64.0.1/wan',
+      'http://0.0.0.0:8080/wan',
+      'http://[::1]:8080/wan',
+      'http://[::ffff:127.0.0.1]/wan',
+      'http://[::ffff:10.0.0.1]/wan',
+      'http://[::]/wan',
+      'http://172.31.255.255/wan',
+      'http://[fe80::1]/wan',
+      'http://[fd00::1]/wan',
+      'http://localhost:8080/wan',
+      'http://api.localhost/wan',
+    ];
+    for (const url of inside) {
+      for (const [body, param] of [
+        [{ model: url }, 'model'],
+        [{ lora: [url] }, 'lora'],
+      ] as const) {
+        const e = refused(body);
+        expect(e.param, url).toBe(param);
+        expect(e.message, url).toMatch(/loopback, link-local or private/);
+      }
+    }
+    for (const url of ['https://evil.example/wan', 'https://models.example.org.evil.example/wan']) {
+      const e = refused({ model: url });
+      expect(e.param, url).toBe('model');
+      expect(e.message, url).toContain('--allow-model-host');
+    }
+    for (const path of [
+      'ftp://models.example.org/x',
+      '/models/../v1/videos',
+      '/modelsx',
+      '/v1/videos',
+      'file:///etc/passwd',
+      '//evil.example/x',
+    ])
+      expect(refused({ model: path }).param, path).toBe('model');
+    expect(refused({ lora: [{ url: '/loras/../api-key', strength: 1 }] }).param).toBe('lora');
+    // without an allow-list, no URL of another host
+    expect(() => parseVideoRequest({ prompt: 'a', model: 'https://models.example.org/wan' })).toThrow(
+      /--allow-model-host/,
+    );
+  });
+
+  it('--allow-model-host takes names and public addresses, never one of this machine or its network', () => {
+    expect(allowedModelHosts(['Models.Example.org.', '203.0.113.9', '172.32.0.1', '[2001:db8::1]'])).toEqual([
+      'models.example.org',
+      '203.0.113.9',
+      '172.32.0.1',
+      '[2001:db8::1]',
+    ]);
+    const refusedHosts = ['127.0.0.1', 'localhost', '169.254.169.254', '10.0.0.5', '[::1]', '[fe80::1]', '0x7f.1'];
+    for (const host of [...refusedHosts, 'a/b', ''])
+      expect(() => allowedModelHosts([host]), host).toThrow(/--allow-model-host/);
+  });
 });
 
 describe("the API's key", () => {
@@ -165,6 +289,18 @@ describe("the API's key", () => {
     expect(readFileSync(first.where, 'utf8').trim()).toBe(first.key);
   });
 
+  it("is refused from a file others may read, saying how to make it its owner's alone", () => {
+    const dir = tmp();
+    const file = join(dir, 'api-key');
+    writeFileSync(file, 'ds-0123456789abcdef0123\n', { mode: 0o644 });
+    chmodSync(file, 0o644);
+    expect(() => loadApiKey(dir, undefined)).toThrow(`chmod 600 ${file}`);
+    chmodSync(file, 0o640);
+    expect(() => loadApiKey(dir, undefined)).toThrow(/mode 640/);
+    chmodSync(file, 0o600);
+    expect(loadApiKey(dir, undefined).key).toBe('ds-0123456789abcdef0123');
+  });
+
   it('comes from DITSWARM_API_KEY where given, which is refused when short', () => {
     expect(loadApiKey(tmp(), 'k'.repeat(16))).toEqual({ key: 'k'.repeat(16), where: 'DITSWARM_API_KEY' });
     expect(() => loadApiKey(tmp(), 'short')).toThrow(/at least 16/);
@@ -176,6 +312,60 @@ describe("the API's key", () => {
     expect(authorized(`bearer  ${key} `, key)).toBe(true);
     for (const header of [undefined, '', key, `Bearer ${key}x`, `Bearer ${key.slice(0, -1)}`, `Basic ${key}`])
       expect(authorized(header, key), String(header)).toBe(false);
+  });
+});
+
+describe("the API's data folder", () => {
+  let umask = 0;
+  beforeEach(() => {
+    // as a login shell sets it: what a server does not set, others may read
+    umask = process.umask(0o022);
+  });
+  afterEach(() => {
+    process.umask(umask);
+  });
+
+  it("is its owner's alone, and so is everything written under it, the videos too", async () => {
+    const dataDir = join(tmp(), 'data');
+    mkdirSync(join(dataDir, 'videos'), { recursive: true, mode: 0o755 }); // as an earlier server left it
+    const api = prepareApi({
+      dataDir,
+      localWorkers: 0,
+      maxQueued: 1,
+      requestsPerMinute: 1,
+      defaultModelDir: null,
+      log: () => {},
+    });
+    // what it wrote (its key, its folders) stays; its database is opened again here, to write a job and its video
+    await api.close();
+    const db = JobDb.open(dataDir);
+    try {
+      const files = new JobFiles(join(dataDir, 'videos'));
+      const jobs = new VideoJobs(db, files, new StandInCoordinator(), {
+        maxQueued: 1,
+        hasWorkers: () => Promise.resolve(true),
+        log: () => {},
+      });
+      const job = await jobs.accept({ overrides: { prompt: 'a' } });
+      files.write(job.id, resultOf(0));
+      const modes = (dir: string): [string, number][] =>
+        readdirSync(dir, { withFileTypes: true }).flatMap((e) => {
+          const path = join(dir, e.name);
+          return [[path, statSync(path).mode & 0o777] as [string, number], ...(e.isDirectory() ? modes(path) : [])];
+        });
+      const written = modes(dataDir);
+      expect(written.map(([path]) => path)).toEqual(
+        expect.arrayContaining([
+          api.key.where,
+          join(dataDir, 'jobs.sqlite'),
+          defined(files.path(job.id, 'video'), 'the video'),
+        ]),
+      );
+      expect(statSync(dataDir).mode & 0o777).toBe(0o700);
+      for (const [path, mode] of written) expect(mode, path).toBe(statSync(path).isDirectory() ? 0o700 : 0o600);
+    } finally {
+      db.close();
+    }
   });
 });
 
@@ -207,10 +397,18 @@ class StandInCoordinator implements Coordinator {
     progress(p: AutomationProgress): void;
   }[] = [];
   workers = 1;
+  /** times its link was revoked, each giving a new one */
+  revoked = 0;
+  revokeFails = false;
+  revokeJoinLink() {
+    if (this.revokeFails) return Promise.reject(new Error('the server did not answer'));
+    this.revoked++;
+    return Promise.resolve();
+  }
   swarm() {
     return Promise.resolve({
-      joinUrl: 'j',
-      lanJoinUrl: 'l',
+      joinUrl: `j${this.revoked}`,
+      lanJoinUrl: `l${this.revoked}`,
       coordinator: 'ready' as const,
       restarts: 0,
       workers: Array.from({ length: this.workers }, (_, i) => ({
@@ -366,6 +564,25 @@ describe("the API's queue", () => {
     await jobs.accept(ask('c'));
     await expect(jobs.accept(ask('d'))).rejects.toMatchObject({ status: 429 });
     expect(db.list({ limit: 10 }).map((j) => j.request.overrides.prompt)).toEqual(['c', 'b', 'a']);
+  });
+
+  it('takes the queue cap atomically: 64 jobs POSTed at once under a cap of 10 leave 10 waiting', async () => {
+    const dir = tmp();
+    const db = JobDb.open(dir);
+    opened.push(db);
+    const coordinator = new StandInCoordinator();
+    // the swarm is asked over the coordinator page: an answer comes after a while, in no set order
+    const jobs = new VideoJobs(db, new JobFiles(join(dir, 'videos')), coordinator, {
+      maxQueued: 10,
+      hasWorkers: () => new Promise((r) => setTimeout(() => r(true), Math.random() * 20)),
+      log: () => {},
+    });
+    const results = await Promise.allSettled(Array.from({ length: 64 }, (_, i) => jobs.accept(ask(`${i}`))));
+    const waiting = db.list({ limit: 100 }).filter((j) => j.status === 'queued');
+    expect(waiting).toHaveLength(10);
+    // the first runs at once, so one more than the cap is taken in all
+    expect(results.filter((r) => r.status === 'fulfilled')).toHaveLength(11);
+    for (const r of results) if (r.status === 'rejected') expect(r.reason).toMatchObject({ status: 429 });
   });
 
   it('fails a job whose files the disk has no room for, keeping the jobs stored before it', async () => {
@@ -548,7 +765,8 @@ describe('the API over HTTP', () => {
   const post = (body: object) => call('/v1/videos', { method: 'POST', body: JSON.stringify(body) });
 
   beforeEach(async () => {
-    const dir = tmp();
+    // under a folder whose name starts with a dot, as the default data folder (~/.local/share/ditswarm) is
+    const dir = join(tmp(), '.data');
     const db = JobDb.open(dir);
     const coordinator = new StandInCoordinator();
     const jobs = new VideoJobs(db, new JobFiles(join(dir, 'videos')), coordinator, {
@@ -574,6 +792,7 @@ describe('the API over HTTP', () => {
     base = `http://localhost:${port}`;
   });
   afterEach(async () => {
+    vi.restoreAllMocks();
     server.closeAllConnections();
     await new Promise((r) => server.close(r));
     opened.db.close();
@@ -589,6 +808,7 @@ describe('the API over HTTP', () => {
       ['GET', `/v1/videos/${id.id}/events`],
       ['DELETE', `/v1/videos/${id.id}`],
       ['GET', '/v1/swarm'],
+      ['POST', '/v1/swarm/revoke'],
       ['GET', '/v1/openapi.json'],
       ['GET', '/v1/anything'],
     ];
@@ -717,8 +937,8 @@ describe('the API over HTTP', () => {
       ['steps', '2'],
       ['seed', '7'],
       ['cfg_parallel', 'false'],
-      ['lora', 'https://x/a.safetensors'],
-      ['lora', 'https://x/b.safetensors'],
+      ['lora', '/loras/0/a.safetensors'],
+      ['lora', '/loras/1/b.safetensors'],
       ['input_reference', new File([PNG], 'first.png', { type: 'image/png' })],
     ]);
     expect(accepted.status).toBe(202);
@@ -732,8 +952,8 @@ describe('the API over HTTP', () => {
       seed: 7,
       cfgParallel: false,
       loras: [
-        { url: 'https://x/a.safetensors', strength: 1 },
-        { url: 'https://x/b.safetensors', strength: 1 },
+        { url: '/loras/0/a.safetensors', strength: 1 },
+        { url: '/loras/1/b.safetensors', strength: 1 },
       ],
     });
     const kept = defined(opened.jobs.files.path(job.id, 'reference'), 'the kept image');
@@ -802,6 +1022,66 @@ describe('the API over HTTP', () => {
     expect((await call('/v1/videos')).body).toMatchObject({ data: [] });
   });
 
+  it('matches ids exactly: an id with anything after it is no job', async () => {
+    const a = (await post({ prompt: 'a' })).body as VideoObject;
+    expect((await call(`/v1/videos/${a.id}`)).status).toBe(200);
+    for (const id of [`${a.id}%00garbage`, `${a.id}%00`, `${a.id}x`, a.id.toUpperCase(), `${a.id.slice(0, -1)}%00`])
+      for (const path of [`/v1/videos/${id}`, `/v1/videos/${id}/content`, `/v1/videos/${id}/events`]) {
+        const { status, body } = await call(path);
+        expect(status, path).toBe(404);
+        conforms('Error', body);
+      }
+    expect((await call(`/v1/videos/${a.id}%00garbage`, { method: 'DELETE' })).status).toBe(404);
+    expect((await call(`/v1/videos?after=${a.id}%00garbage`)).status).toBe(404);
+    expect(opened.jobs.get(a.id)?.status).toBe('in_progress');
+  });
+
+  it('serves a byte range of the content: 206 with Content-Range, Accept-Ranges, 416 past its end', async () => {
+    const a = (await post({ prompt: 'a' })).body as VideoObject;
+    await until(() => opened.coordinator.runs.length === 1);
+    opened.coordinator.runs[0].finish(resultOf(1)); // its video is the 9 bytes "webm of 1"
+    await until(() => opened.jobs.get(a.id)?.status === 'completed');
+    const get = (range?: string) =>
+      fetch(`${base}/v1/videos/${a.id}/content`, {
+        headers: { Authorization: `Bearer ${KEY}`, ...(range && { Range: range }) },
+      });
+    const whole = await get();
+    expect(whole.status).toBe(200);
+    expect(whole.headers.get('accept-ranges')).toBe('bytes');
+    expect(whole.headers.get('cache-control')).toBe('private');
+    expect(await whole.text()).toBe('webm of 1');
+    const part = await get('bytes=5-7');
+    expect(part.status).toBe(206);
+    expect(part.headers.get('content-range')).toBe('bytes 5-7/9');
+    expect(part.headers.get('content-type')).toBe('video/webm');
+    expect(await part.text()).toBe('of ');
+    const tail = await get('bytes=-1');
+    expect([tail.status, await tail.text()]).toEqual([206, '1']);
+    const past = await get('bytes=9-');
+    expect(past.status).toBe(416);
+    expect(past.headers.get('content-range')).toBe('bytes */9');
+    conforms('Error', await past.json());
+  });
+
+  it('revokes the worker link with the key (POST /v1/swarm/revoke), answering the swarm with its new link', async () => {
+    const before = (await call('/v1/swarm')).body as SwarmState;
+    expect((await call('/v1/swarm/revoke', { method: 'POST', key: null })).status).toBe(401);
+    expect((await call('/v1/swarm/revoke', { method: 'POST', key: 'ds-wrong-key-0123456789' })).status).toBe(401);
+    expect(opened.coordinator.revoked).toBe(0);
+    const revoked = await call('/v1/swarm/revoke', { method: 'POST' });
+    expect(revoked.status).toBe(200);
+    conforms('Swarm', revoked.body);
+    expect(opened.coordinator.revoked).toBe(1);
+    const after = revoked.body as SwarmState;
+    expect(after.joinUrl).not.toBe(before.joinUrl);
+    expect(((await call('/v1/swarm')).body as SwarmState).joinUrl).toBe(after.joinUrl);
+    // a page that could not revoke it says why
+    opened.coordinator.revokeFails = true;
+    const failed = await call('/v1/swarm/revoke', { method: 'POST' });
+    expect(failed.status).toBe(503);
+    expect((failed.body as ApiError).error.message).toContain('not revoked');
+  });
+
   it('streams a job as server-sent events until it ends', async () => {
     const a = (await post({ prompt: 'a' })).body as VideoObject;
     await until(() => opened.coordinator.runs.length === 1);
@@ -820,10 +1100,20 @@ describe('the API over HTTP', () => {
   });
 
   it('limits the requests of a key', async () => {
+    // the clock stands still: the buckets refill with time, which a loaded machine gives them
+    vi.spyOn(Date, 'now').mockReturnValue(Date.now());
     const statuses = [];
     for (let i = 0; i < 125; i++) statuses.push((await call('/v1/swarm')).status);
     expect(statuses.filter((s) => s === 200)).toHaveLength(120);
     expect(statuses.at(-1)).toBe(429);
+  });
+
+  it('limits the requests of an address before the key is checked: 1,000 wrong keys meet 429s', async () => {
+    vi.spyOn(Date, 'now').mockReturnValue(Date.now());
+    const statuses = [];
+    for (let i = 0; i < 1000; i++) statuses.push((await call('/v1/swarm', { key: `ds-guess-${i}-0123456789` })).status);
+    expect(statuses.filter((s) => s === 401)).toHaveLength(120);
+    expect(statuses.filter((s) => s === 429)).toHaveLength(880);
   });
 });
 

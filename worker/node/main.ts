@@ -114,6 +114,11 @@ const endpoint = await startWorkerEndpoint({
   modelMemoryGiB,
   platform,
   onStatus: say,
+  // a revoked link does not come back: a process asking with it every few seconds for ever would only hide that
+  onLinkRefused: (why) => {
+    console.error(`worker: ${why}. Stopping: ask the dashboard for its worker link now`);
+    process.exit(2);
+  },
 }).catch((e: unknown) => {
   console.error(`worker: could not join: ${(e as Error).message}${untrustedServer(e, link)}`);
   return process.exit(1);
