@@ -188,6 +188,10 @@ const server = await startServer({
   tls,
   hosts,
   ...model,
+}).catch((error: unknown) => {
+  // what the server refuses to start with (a relay policy without TURN, every port busy) is the user's to mend
+  console.error((error as Error).message);
+  return process.exit(2);
 });
 // a machine that moves to another network has new addresses: its certificate names them within a minute
 const RENEW_CHECK_MS = 60_000;
