@@ -100,14 +100,13 @@ const dataDir = flags.data ?? DEFAULT_DATA_DIR;
 // an API server's join links are its data's, beside the coordinator's profile that holds its link: two servers of
 // two data folders do not share a secret, and the link is revoked or kept with the data it belongs to
 const joinStateDir = flags.api ? join(dataDir, 'server') : stateDir;
+/** this server's certificate from its own CA, for its names now (made again where one is missing) */
+const ownTls = () => localTls(join(stateDir, 'tls'), serverNames(hosts), (line) => console.error(`https: ${line}`));
 let tls: ServerTls;
 try {
   if ((flags.cert === undefined) !== (flags.key === undefined))
     throw new Error('--cert and --key go together: the certificate and its private key, PEM files');
-  tls =
-    flags.cert !== undefined && flags.key !== undefined
-      ? givenTls(flags.cert, flags.key)
-      : localTls(join(stateDir, 'tls'), serverNames(hosts), (line) => console.error(`https: ${line}`));
+  tls = flags.cert !== undefined && flags.key !== undefined ? givenTls(flags.cert, flags.key) : ownTls();
 } catch (error) {
   console.error((error as Error).message);
   process.exit(2);
@@ -198,7 +197,7 @@ const RENEW_CHECK_MS = 60_000;
 if (server.ca)
   setInterval(() => {
     if (serverNames(hosts).every((name) => tls.covers(name))) return;
-    tls = localTls(join(stateDir, 'tls'), serverNames(hosts), (line) => console.error(`https: ${line}`));
+    tls = ownTls();
     server.renewTls(tls);
     console.log(`  LAN links   now ${server.lanOrigins().join(', ')}`);
   }, RENEW_CHECK_MS).unref();

@@ -189,8 +189,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
   const plain = http.createServer(app);
   let tls = options.tls;
   const secure = tls && https.createServer({ key: tls.key, cert: tls.cert }, app);
-  const sniffing = secure ? sniffingServer(plain, secure) : null;
-  const server = sniffing ?? plain;
+  const server = secure ? sniffingServer(plain, secure) : plain;
   let boundPort: number | null = null;
   const hosts = options.hosts ?? [];
   const origins = serverOrigins(options.allowOrigins ?? [], () => boundPort, hosts);
@@ -297,9 +296,8 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
         relay.close();
         for (const socket of upgraded) socket.destroy();
         server.close((error) => (error ? reject(error) : resolve()));
-        plain.closeAllConnections();
-        secure?.closeAllConnections();
-        sniffing?.closeAllConnections();
+        // the sniffing server holds every connection of both sides: handed on, the http servers track none
+        server.closeAllConnections();
       }),
   };
 }
