@@ -10,7 +10,7 @@ import type { DType } from '../core/net/protocol.ts';
 import type { SigningKeys } from '../core/net/signing.ts';
 import type { ParallelMode, RankLayout } from '../core/parallel.ts';
 import type { RankSettings } from '../core/rank-settings.ts';
-import type { ExecutionProvider, InitArgs, LoadArgs, WeightType } from '../core/worker-api.ts';
+import type { ExecutionProvider, HandOffMesh, InitArgs, LoadArgs, WeightType } from '../core/worker-api.ts';
 import type { MagnitudeCurve, StepCacheRequest, StepCacheSettings } from '../core/step-cache.ts';
 import type { PipelineStage } from './stage-plan.ts';
 
@@ -170,7 +170,21 @@ export function initArgsOf(
   const signing = layout.ulyssesDegree > 1 && {
     signing: { secretKey: keys[rank].secretKey, publicKeys: layout.meshRanks(rank).map((r) => keys[r].publicKey) },
   };
-  return { ...layout.meshOf(rank, peers, session), ...placement.settings, ...signing };
+  // a hand-off is signed by its sender, whatever the stage's degree: its receiver and a spot check hold it to that
+  const pairSigning = (pair: HandOffMesh, sender: number, receiver: number): HandOffMesh => ({
+    ...pair,
+    signing: { secretKey: keys[rank].secretKey, publicKeys: [keys[sender].publicKey, keys[receiver].publicKey] },
+  });
+  const links = layout.stageLinksOf(rank, peers, session);
+  const before = layout.stagePartner(rank, 'before');
+  const after = layout.stagePartner(rank, 'after');
+  const stageLinks = links && {
+    stageLinks: {
+      ...(links.before && before !== null && { before: pairSigning(links.before, before, rank) }),
+      ...(links.after && after !== null && { after: pairSigning(links.after, rank, after) }),
+    },
+  };
+  return { ...layout.meshOf(rank, peers, session), ...placement.settings, ...signing, ...stageLinks };
 }
 
 /** What rank `rank` of a placement loads: the model on the EP asked, and its stage's blocks where the job is staged. */

@@ -1,6 +1,7 @@
 import type { WanConfig } from './model/config.ts';
 import { patchify, unpatchify } from './model/tokens.ts';
 import { sliceRows, type Tensor } from './tensor.ts';
+import type { HandOffMesh, StageLinks } from './worker-api.ts';
 
 /**
  * The Ulysses layout of one forward pass: the H heads shared among P ranks (`heads`, each at
@@ -133,6 +134,39 @@ export class RankLayout {
       session: `${session}${mesh.join('')}`,
       ...(this.heads && { heads: this.heads[group] }),
     };
+  }
+
+  /**
+   * The rank's hand-off links: from the rank of its group's stage before at its place in the mesh, and to the stage
+   * after's (every stage of a group shares its head shares, so the two compute the same tokens); none with one stage.
+   */
+  stageLinksOf(rank: number, peers: string[], session: string): StageLinks | undefined {
+    if (this.stages === 1) return undefined;
+    const group = this.groupOf(rank);
+    const stage = this.stageOf(rank);
+    const local = this.localRank(rank);
+    // sender rank 0, receiver rank 1 (rank/hand-off.ts), a session for each pair
+    const pair = (from: number, self: 0 | 1): HandOffMesh => {
+      const sender = this.globalRank(group, local, from);
+      const receiver = this.globalRank(group, local, from + 1);
+      return {
+        rank: self,
+        world: 2,
+        peers: [peers[sender], peers[receiver]],
+        session: `${session}.handoff.${group}.${from}.${local}`,
+      };
+    };
+    return {
+      ...(stage > 0 && { before: pair(stage - 1, 1) }),
+      ...(stage < this.stages - 1 && { after: pair(stage, 0) }),
+    };
+  }
+
+  /** The global rank of a rank's hand-off partner (RankLost.stage), of the stage before or after, at its place. */
+  stagePartner(rank: number, which: 'before' | 'after'): number | null {
+    const stage = this.stageOf(rank) + (which === 'before' ? -1 : 1);
+    if (stage < 0 || stage >= this.stages) return null;
+    return this.globalRank(this.groupOf(rank), this.localRank(rank), stage);
   }
 
   /** The heads and tokens of a sequence of `tokens` that `rank` computes (planUlysses' shares). */

@@ -91,6 +91,21 @@ export interface RankMesh {
   heads?: number[];
   /** what it signs its tensors with and checks its peers' by (core/net/signing.ts); a mesh of one has none */
   signing?: MeshSigning;
+  /**
+   * a pipeline stage's links to the ranks that compute its tokens in the stages before and after (core/parallel.ts
+   * stageLinksOf): each a mesh of two, the sender rank 0, the receiver rank 1, which its hidden state crosses directly
+   */
+  stageLinks?: StageLinks;
+}
+
+/** A mesh of two ranks that a pipeline stage's hidden state crosses. */
+export type HandOffMesh = Omit<RankMesh, 'stageLinks'>;
+
+export interface StageLinks {
+  /** from the stage before's rank: this rank is its receiver */
+  before?: HandOffMesh;
+  /** to the next stage's rank: this rank is its sender */
+  after?: HandOffMesh;
 }
 
 /** What a rank is told at initWorker: its place in the mesh and the placement's settings (placement.ts initArgsOf). */
@@ -278,6 +293,17 @@ export interface ExchangeReceipt {
   signature: string;
 }
 
+/** One forward's hand-off to a later stage's rank (a PipeFusion patch's where `patch` is given). */
+export interface HandOffKey extends ForwardKey {
+  patch?: number;
+}
+
+/** What a later stage's rank was handed for one forward, and its sender's signed receipts of each tensor of it. */
+export interface HandOffEvidence {
+  hidden: HiddenState;
+  receipts: ExchangeReceipt[];
+}
+
 /** A group's forward recomputed in-process as its ranks ran it (its plan's heads and head groups): what each sent. */
 export interface RecomputeExchangesArgs extends ExecuteArgs {
   heads: number[];
@@ -306,8 +332,10 @@ export interface RankStats {
 export interface ExecuteResult extends RankStats {
   /** this rank's [Sl, pt·ph·pw·C]; empty where its pipeline stage hands `hidden` on to the next */
   rows: Float32Array;
-  /** what a pipeline stage before the last hands on to the next */
+  /** what a pipeline stage before the last hands on to the next, where it has no direct link to it (StageLinks) */
   hidden?: HiddenState;
+  /** a later stage's: the hidden state the stage before handed it directly, its payload bytes and how long it took */
+  handOff?: HandOffStats;
   /** payload bytes this rank sent to its peers in this pass */
   bytesSent: number;
   /**
@@ -320,6 +348,12 @@ export interface ExecuteResult extends RankStats {
    * tokens of |r_t| / |r_t−1|, and how many tokens; absent where nothing was kept before
    */
   residualRatio?: { sum: number; tokens: number };
+}
+
+/** A hand-off as its receiver saw it: payload bytes, and ms from the first of its tensors to the last. */
+export interface HandOffStats {
+  bytes: number;
+  ms: number;
 }
 
 /** How fast a worker computes on one EP: the two rates the cost model plans with. */
@@ -433,9 +467,12 @@ export interface PingReply {
  * misbehaving (ranks of its own group); the coordinator decides from its own evidence whom to let go.
  */
 export interface RankLost {
+  /** a rank of the blaming rank's mesh; with `stage`, its place in the mesh of the stage before or after */
   rank: number;
   cause: 'disconnected' | 'silent' | 'misbehaved';
   evidence: string;
+  /** the rank is the blaming rank's hand-off partner (StageLinks): of the stage before, or after */
+  stage?: 'before' | 'after';
 }
 
 /** An error a worker raises about one of its peers: the blame travels with it as data, not in its text. */
@@ -482,6 +519,8 @@ export interface WorkerApi {
    * exchanging in memory: what each of them would receive (a spot check's evidence of who sent a wrong tensor)
    */
   recomputeExchanges(args: RecomputeExchangesArgs): Promise<ExchangesRecomputed>;
+  /** what the stage before handed this rank directly in one of its last forwards, with its sender's receipts */
+  handOffEvidence(args: HandOffKey): Promise<HandOffEvidence>;
   ping(args: Record<string, never>): Promise<PingReply>;
   /**
    * answers once its engine gets to it, after the calls queued before it: a health check that, unlike
@@ -524,6 +563,15 @@ const stats: FieldChecks<RankStats> = {
   bytesDownloaded: bytes,
   bytesKept: bytes,
   deviceTensorsLeft: int(0),
+};
+/** A mesh's fields, a pair of hand-off links' among them (StageLinks). */
+const rankMesh: FieldChecks<HandOffMesh> = {
+  rank: int(0, MAX_RANKS - 1),
+  world: int(1, MAX_RANKS),
+  peers: list(text(256), { min: 1, max: MAX_RANKS }),
+  session: text(256),
+  heads: optional(list(int(1, MAX_HEADS), { min: 1, max: MAX_RANKS })),
+  signing: optional(fields({ secretKey: hexOf(32), publicKeys: list(hexOf(32), { min: 1, max: MAX_RANKS }) })),
 };
 const checkWeightsSource: Check<WeightsSource> = fields({ networkBytes: bytes, cacheBytes: bytes, note: text() });
 /**
@@ -648,12 +696,8 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
   },
   initWorker: {
     args: fields({
-      rank: int(0, MAX_RANKS - 1),
-      world: int(1, MAX_RANKS),
-      peers: list(text(256), { min: 1, max: MAX_RANKS }),
-      session: text(256),
-      heads: optional(list(int(1, MAX_HEADS), { min: 1, max: MAX_RANKS })),
-      signing: optional(fields({ secretKey: hexOf(32), publicKeys: list(hexOf(32), { min: 1, max: MAX_RANKS }) })),
+      ...rankMesh,
+      stageLinks: optional(fields({ before: optional(fields(rankMesh)), after: optional(fields(rankMesh)) })),
       ...RANK_SETTINGS_CHECKS,
     }),
     reply: fields({ rank: int(0), world: int(1) }),
@@ -750,6 +794,7 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
       bytesSent: bytes,
       peakMemoryBytes: nullable(bytes),
       residualRatio: optional(fields({ sum: num(0, Number.MAX_VALUE), tokens: int(0) })),
+      handOff: optional(fields({ bytes, ms })),
       ...stats,
     }),
   },
@@ -760,6 +805,10 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
   exchangeEvidence: {
     args: fields(forwardKey),
     reply: fields({ receipts: list(checkSignedReceipt, { max: MAX_RECEIPTS }) }),
+  },
+  handOffEvidence: {
+    args: fields({ ...forwardKey, patch: optional(int(0, MAX_HEADS - 1)) }),
+    reply: fields({ hidden: checkHiddenState, receipts: list(checkSignedReceipt, { max: MAX_RECEIPTS }) }),
   },
   recomputeExchanges: {
     args: fields({
@@ -796,6 +845,7 @@ export const checkRankLost: Check<RankLost> = fields({
   rank: int(0, MAX_RANKS - 1),
   cause: oneOf('disconnected', 'silent', 'misbehaved'),
   evidence: text(),
+  stage: optional(oneOf('before', 'after')),
 });
 
 /** The coordinator's handle on a worker: its API over a link, and a way to fail what still waits when the link goes. */

@@ -5,7 +5,13 @@
 // calls) is judged here, and each refusal says what was expected.
 import { defined } from '../core/defined.ts';
 import type { LoraRef } from '../core/model/lora.ts';
-import { allBlocks, hiddenStateError, holdsEmbedders, type BlockRange } from '../core/model/blocks.ts';
+import {
+  allBlocks,
+  hiddenStateError,
+  holdsEmbedders,
+  type BlockRange,
+  type HiddenState,
+} from '../core/model/blocks.ts';
 import type { WanConfig } from '../core/model/config.ts';
 import { describeLoad, describeWeights, type WeightType } from '../core/worker-api.ts';
 import { cpuName, fastestEp } from '../core/cost-model.ts';
@@ -22,6 +28,7 @@ import type {
   ExecutionProvider,
   ForwardKey,
   InitArgs,
+  HandOffKey,
   KeptForward,
   LoadArgs,
   LoadStatus,
@@ -50,6 +57,7 @@ import {
   type Exchange,
   type StageOutput,
   type ForwardInput,
+  type PointToPoint,
 } from './ulysses.ts';
 import { displacedAttention, heldStaleAttention, KeysValuesHistory } from './displaced.ts';
 import { PatchKeysValues, pipeFusionAttention } from './pipefusion.ts';
@@ -57,11 +65,30 @@ import { concat } from '../core/tensor.ts';
 import { memoryExchanges } from './exchange/memory.ts';
 import { ExchangeLedger, type KeepsEvidence } from './exchange/ledger.ts';
 import { MAX_AHEAD } from './exchange/mesh.ts';
+import {
+  handOffChunks,
+  handOffDType,
+  handOffFloats,
+  handOn,
+  MAX_PATCH_HAND_OFFS,
+  partnerBlamed,
+  ReceivedHandOffs,
+  RECEIVER,
+  SENDER,
+  takeHandOff,
+  type HandOffOf,
+  type MeshKind,
+} from './hand-off.ts';
 
 export interface RuntimeHooks {
   /** Builds this rank's side of the all-to-all for a job's ranks. */
   /** the mesh's exchange; one that keeps evidence is given this rank's ledger (exchange/ledger.ts) */
   connectMesh(init: InitArgs): Promise<Exchange & Partial<KeepsEvidence>>;
+  /**
+   * Links this rank to its hand-off partners in the pipeline stages before and after (init.stageLinks): each a mesh of
+   * two over which the hidden state crosses one way (hand-off.ts); a runtime without it cannot be a staged job's rank.
+   */
+  connectStages?(init: InitArgs): Promise<StagePartners>;
   /** what this worker is; its `threads` are those it computes on from its next job */
   describe(): Promise<WorkerInfo>;
   /**
@@ -107,6 +134,12 @@ function countingSends(exchange: Exchange): Exchange {
   };
 }
 
+/** A rank's hand-off links, as connectStages makes them: each a point-to-point exchange that may keep evidence. */
+export interface StagePartners {
+  before?: PointToPoint & Partial<KeepsEvidence>;
+  after?: PointToPoint & Partial<KeepsEvidence>;
+}
+
 export class WorkerRuntime implements WorkerApi {
   state: WorkerState = 'idle';
   private detail = '';
@@ -114,6 +147,10 @@ export class WorkerRuntime implements WorkerApi {
   private exchange: Exchange | null = null;
   /** receipts of what this rank's peers sent it in its recent forwards, signed (exchange/ledger.ts) */
   private ledger: ExchangeLedger | null = null;
+  /** a pipeline stage's links to its partners in the stages before and after (hand-off.ts) */
+  private partners: StagePartners = {};
+  /** receipts of the hand-offs this rank received, signed by their sender, with what they carried */
+  private readonly handOffs = new ReceivedHandOffs();
   private model: EngineInfo | null = null;
   private modelUrl: string | null = null;
   /** the pipeline stage's blocks the loaded model holds, as loadModel was asked (all where absent) */
@@ -214,6 +251,8 @@ export class WorkerRuntime implements WorkerApi {
     this.init = null;
     this.exchange = null;
     this.ledger = null;
+    this.partners = {};
+    this.handOffs.clear();
     this.texts = [];
     this.plan = null;
     this.forgetKeysValues();
@@ -235,8 +274,24 @@ export class WorkerRuntime implements WorkerApi {
     this.ledger = new ExchangeLedger(rank, init.signing);
     exchange.keepEvidence?.(this.ledger);
     this.exchange = exchange;
+    this.partners = await this.connectStages(init);
     this.setState('initialized', `rank ${rank} of ${world}`);
     return { rank, world };
+  }
+
+  /** This rank's hand-off links, where its placement is staged: each signs what it sends and keeps receipts. */
+  private async connectStages(init: InitArgs): Promise<StagePartners> {
+    this.handOffs.clear();
+    const { before, after } = init.stageLinks ?? {};
+    if (!before && !after) return {};
+    if (!this.hooks.connectStages)
+      throw new Error('this worker cannot link to the ranks of other pipeline stages: run the job unstaged here');
+    const partners = await this.hooks.connectStages(init);
+    if (before) partners.before?.keepEvidence?.(this.handOffs.ledger(new ExchangeLedger(RECEIVER, before.signing)));
+    if (after) partners.after?.keepEvidence?.(new ExchangeLedger(SENDER, after.signing));
+    if (!partners.before !== !before || !partners.after !== !after)
+      throw new Error('connectStages linked other stages than initWorker named');
+    return partners;
   }
 
   async loadModel(args: LoadArgs) {
@@ -464,6 +519,11 @@ export class WorkerRuntime implements WorkerApi {
     // blocks' keys and values ahead
     const perPass = parallel === 'displaced' ? cfg.numLayers + 1 : MAX_AHEAD * this.plan.headGroups;
     exchange.allowAhead?.(texts.length * perPass);
+    for (const link of [this.partners.before, this.partners.after]) {
+      if (exchangeTimeoutMs !== undefined) link?.waitAtMost?.(exchangeTimeoutMs);
+      // the stage before may hand on both passes' hidden states before this rank asks: a PipeFusion patch's each
+      link?.allowAhead?.(texts.length * this.handOffTensors(cfg, texts[0].length / cfg.textDim));
+    }
     return { job };
   }
 
@@ -478,7 +538,7 @@ export class WorkerRuntime implements WorkerApi {
    * buffered: it must belong to the prepared job and have exactly the size the plan gives its
    * phase. Returns why it is refused, or null.
    */
-  judgeTensor(from: number, tag: TensorTag, totalBytes: number): string | null {
+  judgeTensor(from: number, tag: TensorTag, totalBytes: number, link: MeshKind = 'mesh'): string | null {
     const plan = this.plan;
     const cfg = this.model?.config;
     if (!plan || !cfg || !this.exchange) return 'no job is prepared on this rank';
@@ -486,8 +546,10 @@ export class WorkerRuntime implements WorkerApi {
     if (tag.pass >= this.texts.length) return `tensor for pass ${tag.pass}, but the job has ${this.texts.length}`;
     if (tag.block >= cfg.numLayers) return `tensor for block ${tag.block} of ${cfg.numLayers}`;
     if (tag.step >= 1000) return `tensor for step ${tag.step}`;
-    if (!(from >= 0 && from < plan.degree)) return `tensor from rank ${from} of a mesh of ${plan.degree}`;
     const phase = exchangePhase(tag.phase);
+    if (link !== 'mesh') return this.judgeHandOff(cfg, link, from, tag, totalBytes);
+    if (phase === ExchangePhase.HandOff) return 'a hand-off on the mesh of its own stage';
+    if (!(from >= 0 && from < plan.degree)) return `tensor from rank ${from} of a mesh of ${plan.degree}`;
     // a mesh probe's tensors name block 0 whatever the stage
     const held = this.heldBlocks(cfg);
     if (phase !== ExchangePhase.Probe && (tag.block < held.from || tag.block >= held.to))
@@ -501,6 +563,28 @@ export class WorkerRuntime implements WorkerApi {
     const bytes = payloadBytes(floats, this.exchange.dtype);
     if (totalBytes !== bytes) return `phase ${tag.phase} tensor of ${totalBytes} bytes; the plan says ${bytes}`;
     return null;
+  }
+
+  /**
+   * A tensor on a hand-off link: only from the stage before, only of a hand-off to this stage's first block, no larger
+   * than a tensor of the largest hand-off this rank may be given (its exact size is judged as it is taken).
+   */
+  private judgeHandOff(cfg: WanConfig, link: 'before' | 'after', from: number, tag: TensorTag, bytes: number) {
+    if (link === 'after') return "the next stage's rank sends nothing back on its hand-off link";
+    if (from !== SENDER) return `tensor from rank ${from} of a hand-off link`;
+    if (exchangePhase(tag.phase) !== ExchangePhase.HandOff) return `phase ${tag.phase} tensor on a hand-off link`;
+    const first = this.heldBlocks(cfg).from;
+    if (tag.block !== first) return `hand-off to block ${tag.block}, but this rank's stage starts at block ${first}`;
+    const plan = defined(this.plan, 'a prepared job');
+    const floats = handOffFloats(
+      cfg.dim,
+      Math.max(...plan.rows),
+      defined(this.texts[0], 'a text').length / cfg.textDim,
+    );
+    const most = payloadBytes(handOffChunks(floats)[0], handOffDType(defined(this.init, 'initWorker').dtype));
+    return bytes > 0 && bytes <= most
+      ? null
+      : `hand-off tensor of ${bytes} bytes; at most ${most} fit this rank's share`;
   }
 
   /** The floats of a peer's tensor for this phase in this rank's parallel mode; undefined for a phase it has not. */
@@ -645,6 +729,9 @@ export class WorkerRuntime implements WorkerApi {
     const pass = patch ? { ...prepared, plan: this.patchPlan(prepared, patch, exchange, args) } : prepared;
     const me = patch?.index ?? exchange.rank;
     const whose = patch ? `patch ${patch.index} of ${patch.count}` : `rank ${me}`;
+    const handOf = { tag: { job: args.job, step: args.step, pass: args.pass }, ...(patch && { patch: patch.index }) };
+    const received = await this.receiveHandOff(args, pass, handOf, pass.plan.rows[me]);
+    if (received) args = { ...args, hidden: received.hidden };
     this.checkStageInput('executeModel', pass, args, pass.plan.rows[me], whose);
     this.setState('computing', `job ${args.job} step ${args.step} pass ${args.pass}`);
     this.forwardsRunning++;
@@ -689,9 +776,50 @@ export class WorkerRuntime implements WorkerApi {
     if (this.forwardsRunning === 0) this.setState('ready', `finished step ${args.step}`);
     const peakMemoryBytes = this.hooks.peakMemoryBytes?.() ?? null;
     const measured = residualRatio && { residualRatio };
-    return 'rows' in output
-      ? { rows: output.rows, ...stats, bytesSent, peakMemoryBytes, ...measured }
-      : { rows: new Float32Array(0), hidden: output.hidden, ...stats, bytesSent, peakMemoryBytes };
+    const handOff = received && { handOff: { bytes: received.bytes, ms: received.ms } };
+    if ('rows' in output) return { rows: output.rows, ...stats, bytesSent, peakMemoryBytes, ...measured, ...handOff };
+    const after = this.partners.after;
+    if (!after) return { rows: new Float32Array(0), hidden: output.hidden, ...stats, bytesSent, peakMemoryBytes };
+    const handedOn = await partnerBlamed('after', exchange.rank, () =>
+      Promise.resolve(handOn(after, { ...handOf, block: this.heldBlocks(pass.cfg).to }, output.hidden)),
+    );
+    return { rows: new Float32Array(0), ...stats, bytesSent: bytesSent + handedOn, peakMemoryBytes, ...handOff };
+  }
+
+  /**
+   * A later stage's input, where the stage before hands it on directly: taken from the link and judged (hand-off.ts),
+   * a hidden state the coordinator sent instead refused. Undefined where this rank starts from what `args` carry.
+   */
+  private async receiveHandOff(
+    args: ExecuteArgs,
+    pass: ReturnType<WorkerRuntime['preparedPass']>,
+    of: Omit<HandOffOf, 'block'>,
+    rows: number,
+  ): Promise<{ hidden: HiddenState; bytes: number; ms: number } | undefined> {
+    const before = this.partners.before;
+    if (!before) return undefined;
+    if (args.hidden)
+      throw new Error('executeModel was given a hidden state, but the stage before hands it on directly');
+    const { cfg, text } = pass;
+    const shape = { dim: cfg.dim, rows, textRows: text.length / cfg.textDim };
+    const handOf = { ...of, block: this.heldBlocks(cfg).from };
+    const taken = await partnerBlamed('before', this.exchange?.rank ?? 0, () => takeHandOff(before, handOf, shape));
+    this.handOffs.keep(handOf, taken.hidden);
+    return taken;
+  }
+
+  /** The tensors of the largest hand-off this rank may be sent ahead: its whole share, in PipeFusion a patch each. */
+  private handOffTensors(cfg: WanConfig, textRows: number): number {
+    const rows = Math.max(...defined(this.plan, 'a prepared job').rows);
+    return handOffChunks(handOffFloats(cfg.dim, rows, textRows)).length + MAX_PATCH_HAND_OFFS;
+  }
+
+  /**
+   * What the stage before handed this rank for one forward (a PipeFusion patch's), with the receipts its sender signed:
+   * a spot check's evidence of a stage's input and of the stage before's output. Throws where it is no longer kept.
+   */
+  handOffEvidence({ patch, ...forward }: HandOffKey) {
+    return Promise.resolve(this.handOffs.evidence(forward, patch));
   }
 
   /** The residual this rank kept for `pass`, of its share's `floats`; the coordinator asks 'keep' before 'reuse'. */

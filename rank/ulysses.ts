@@ -37,6 +37,8 @@ export const enum ExchangePhase {
   Probe = 2,
   /** k, v of the sender's tokens for all heads, the same to every peer (displaced.ts) */
   KeysValues = 3,
+  /** a pipeline stage's hidden state, to the rank of the next stage that computes its tokens (hand-off.ts) */
+  HandOff = 4,
 }
 
 /** A tensor header's phase, a peer's number, as the ExchangePhase it names, if any. */
@@ -50,6 +52,8 @@ export function exchangePhase(phase: number): ExchangePhase | undefined {
       return ExchangePhase.Probe;
     case 3:
       return ExchangePhase.KeysValues;
+    case 4:
+      return ExchangePhase.HandOff;
     default:
       return undefined;
   }
@@ -77,6 +81,24 @@ export interface Exchange {
   /** how long to wait for a peer's part before naming it silent (an exchange over links) */
   waitAtMost?(ms: number): void;
   /** how many tensors a peer may send before this rank asks for them (a flood past it is the sender's fault) */
+  allowAhead?(tensors: number): void;
+}
+
+/**
+ * One way between two ranks, where the all-to-all is both ways at once: a pipeline stage's rank hands its hidden state
+ * to the next stage's (hand-off.ts). `receive` judges the part as allToAll does. Over WebRTC in pages, in memory in
+ * Node tests.
+ */
+export interface PointToPoint {
+  readonly rank: number;
+  readonly dtype: DType;
+  /** payload bytes this rank has sent so far */
+  readonly bytesSent: number;
+  send(tag: ExchangeTag, to: number, part: Float32Array): Promise<void>;
+  receive(tag: ExchangeTag, from: number, judge?: PeerPartJudge): Promise<Float32Array>;
+  /** how long to wait for the peer's part before naming it silent (over links) */
+  waitAtMost?(ms: number): void;
+  /** how many tensors the peer may send before this rank asks for them */
   allowAhead?(tensors: number): void;
 }
 

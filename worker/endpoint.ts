@@ -167,8 +167,8 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
     return relay;
   };
 
-  const mesh: WorkerMesh = new WorkerMesh(peer, signaling.relay.mode, relayClient, (from, tag, bytes) =>
-    runtime.judgeTensor(from, tag, bytes),
+  const mesh: WorkerMesh = new WorkerMesh(peer, signaling.relay.mode, relayClient, (from, tag, bytes, link) =>
+    runtime.judgeTensor(from, tag, bytes, link),
   );
   peer.on('connection', (conn) => mesh.incoming(conn as unknown as DataConnectionLike));
   stayRegistered(peer, () => leaving);
@@ -179,6 +179,7 @@ export async function startWorkerEndpoint(options: WorkerEndpointOptions): Promi
       if (signaling.relay.mode !== 'off') void relayClient().catch(() => {});
       return mesh.connect(init);
     },
+    connectStages: (init) => mesh.connectStages(init),
     describe: () => Promise.resolve({ ...info, threads: cores.threads() }),
     betweenJobs: takeShare,
     peakMemoryBytes: platform.peakMemoryBytes,

@@ -13,7 +13,8 @@ import {
 } from '../core/net/peer-link.ts';
 import { SIGNATURE_BYTES, type DType, type FrameHeader } from '../core/net/protocol.ts';
 import type { RelayClient } from '../core/net/relay-client.ts';
-import { PeerLost, type InitArgs } from '../core/worker-api.ts';
+import { PeerLost, type HandOffMesh, type InitArgs } from '../core/worker-api.ts';
+import { handOffDType, type MeshKind } from '../rank/hand-off.ts';
 import { MeshExchange } from '../rank/exchange/mesh.ts';
 import { EmulatedWire } from '../core/net/paced-channel.ts';
 import { linkTransport } from '../core/net/turn.ts';
@@ -26,8 +27,11 @@ const MAX_HELD_CANDIDATES = 16;
 /** how long an early connection waits for its rank's initWorker: the coordinator sends them together */
 export const EARLY_CANDIDATE_MS = 10_000;
 
-/** Judges a tensor by its sender's rank, its tag and size (the runtime's judgeTensor): why it is refused, or null. */
-export type TensorJudge = (from: number, tag: FrameHeader['tag'], totalBytes: number) => string | null;
+/**
+ * Judges a tensor by its sender's rank, its tag and size (the runtime's judgeTensor), on the rank's mesh or one of its
+ * hand-off links (StageLinks): why it is refused, or null.
+ */
+export type TensorJudge = (from: number, tag: FrameHeader['tag'], totalBytes: number, link: MeshKind) => string | null;
 
 /**
  * What rank `rank` may send this one on the mesh: only tensors, only in its own name, only of the
@@ -38,7 +42,7 @@ export type TensorJudge = (from: number, tag: FrameHeader['tag'], totalBytes: nu
 export function judgeMeshFrame(
   rank: number,
   header: FrameHeader,
-  judge: TensorJudge,
+  judge: (from: number, tag: FrameHeader['tag'], totalBytes: number) => string | null,
   dtype: DType,
 ): { refused: string; misbehaved: boolean } | null {
   if (header.kind !== 'tensor')
@@ -50,14 +54,22 @@ export function judgeMeshFrame(
   return refused === null ? null : { refused, misbehaved: false };
 }
 
+/** One mesh of a rank's job: its exchange, and how each of its links goes. */
+interface LinkedMesh {
+  exchange: MeshExchange;
+  links: Map<number, { peer: string; transport: Transport }>;
+}
+
 export class WorkerMesh {
   /** connections from other ranks that came before this rank's initWorker, by session/rank */
   private readonly candidates = new Map<string, DataConnectionLike[]>();
   private readonly waiters = new Map<string, (conn: DataConnectionLike) => void>();
+  /** this rank's job: its stage's mesh, then its hand-off links' (connectStages), and every connection of them */
   private current: {
-    exchange: MeshExchange;
+    meshes: LinkedMesh[];
     connections: DataConnectionLike[];
-    links: Map<number, { peer: string; transport: Transport }>;
+    /** one emulated uplink for all of this rank's links, where the job asks for one */
+    wire: EmulatedWire | undefined;
   } | null = null;
 
   constructor(
@@ -69,12 +81,12 @@ export class WorkerMesh {
 
   /** bad frames dropped on the links to the other ranks */
   framesDropped(): number {
-    return this.current?.exchange.framesDropped() ?? 0;
+    return this.current?.meshes.reduce((n, m) => n + m.exchange.framesDropped(), 0) ?? 0;
   }
 
   /** the open links to the other ranks: which peer, and how each goes (direct, TURN or the relay) */
   links(): { peer: string; transport: Transport }[] {
-    return [...(this.current?.links.values() ?? [])];
+    return this.current?.meshes.flatMap((m) => [...m.links.values()]) ?? [];
   }
 
   /** A connection another page opened to this one: kept for its rank, or closed if it is not a rank's. */
@@ -110,29 +122,58 @@ export class WorkerMesh {
   }
 
   close(reason = 'job mesh closed'): void {
-    const mesh = this.current;
+    const job = this.current;
     this.current = null;
-    mesh?.exchange.fail(new Error(reason));
-    mesh?.exchange.closeLinks(reason);
-    mesh?.connections.forEach((c) => c.close());
+    for (const { exchange } of job?.meshes ?? []) {
+      exchange.fail(new Error(reason));
+      exchange.closeLinks(reason);
+    }
+    job?.connections.forEach((c) => c.close());
   }
 
   /** Links this rank to every other rank of `init`'s mesh; replaces any earlier mesh. */
   async connect(init: InitArgs): Promise<MeshExchange> {
     this.close('a new job mesh replaced it');
-    const exchange = new MeshExchange(init.rank, init.world, init.dtype);
-    // one emulated uplink for all of this rank's links, where the job asks for one
-    const wire = init.emulateLink ? new EmulatedWire(init.emulateLink) : undefined;
-    const mesh = (this.current = {
-      exchange,
+    const job = (this.current = {
+      meshes: [] as LinkedMesh[],
       connections: [] as DataConnectionLike[],
-      links: new Map<number, { peer: string; transport: Transport }>(),
+      wire: init.emulateLink ? new EmulatedWire(init.emulateLink) : undefined,
     });
+    return this.linkMesh(job, init, init.dtype, 'mesh');
+  }
+
+  /**
+   * Links this rank to its hand-off partners in the stages before and after (init.stageLinks), after connect: each a
+   * mesh of two of the dtype a hand-off travels in.
+   */
+  async connectStages(init: InitArgs): Promise<{ before?: MeshExchange; after?: MeshExchange }> {
+    const job = this.current;
+    if (!job) throw new Error("connectStages before connect: a rank's stage links are of its job");
+    const { before, after } = init.stageLinks ?? {};
+    const dtype = handOffDType(init.dtype);
+    const [from, to] = await Promise.all([
+      before && this.linkMesh(job, before, dtype, 'before'),
+      after && this.linkMesh(job, after, dtype, 'after'),
+    ]);
+    return { ...(from && { before: from }), ...(to && { after: to }) };
+  }
+
+  /** Links this rank to every other rank of `mesh`, as one more mesh of `job`. */
+  private async linkMesh(
+    job: NonNullable<WorkerMesh['current']>,
+    mesh: HandOffMesh,
+    dtype: DType,
+    kind: MeshKind,
+  ): Promise<MeshExchange> {
+    const exchange = new MeshExchange(mesh.rank, mesh.world, dtype);
+    const linked: LinkedMesh = { exchange, links: new Map() };
+    job.meshes.push(linked);
+    const judge = (from: number, tag: FrameHeader['tag'], bytes: number) => this.judge(from, tag, bytes, kind);
     const linkTo = async (rank: number): Promise<void> => {
       const linkOptions = (conn: DataConnectionLike): OpenLinkOptions => ({
-        emulate: wire,
+        emulate: job.wire,
         accept: (header) => {
-          const verdict = judgeMeshFrame(rank, header, this.judge, exchange.dtype);
+          const verdict = judgeMeshFrame(rank, header, judge, exchange.dtype);
           if (verdict?.misbehaved) {
             exchange.fail(new PeerLost({ rank, cause: 'misbehaved', evidence: `${verdict.refused}; disconnected` }));
             conn.close();
@@ -142,24 +183,24 @@ export class WorkerMesh {
       });
       const onLost = (reason: string) => exchange.fail(new PeerLost({ rank, cause: 'disconnected', evidence: reason }));
       let opened: { conn: DataConnectionLike; link: Link };
-      if (rank < init.rank) {
+      if (rank < mesh.rank) {
         // the higher rank dials, so each pair connects once
         const conn = await dial(
           this.peer,
-          init.peers[rank],
-          { role: 'rank', session: init.session, rank: init.rank },
+          mesh.peers[rank],
+          { role: 'rank', session: mesh.session, rank: mesh.rank },
           { mode: this.relayMode, client: this.relayClient },
         );
-        mesh.connections.push(conn);
-        if (this.current !== mesh) throw new Error(`the mesh for rank ${rank} was replaced while connecting`);
+        job.connections.push(conn);
+        if (this.current !== job) throw new Error(`the mesh for rank ${rank} was replaced while connecting`);
         opened = { conn, link: await openLink(conn, onLost, linkOptions(conn)) };
       } else {
-        opened = await this.accept(init, rank, mesh.connections, linkOptions, onLost);
+        opened = await this.accept(mesh, rank, job.connections, linkOptions, onLost);
       }
       exchange.addPeer(rank, opened.link);
-      mesh.links.set(rank, { peer: opened.conn.peer, transport: await linkTransport(opened.conn) });
+      linked.links.set(rank, { peer: opened.conn.peer, transport: await linkTransport(opened.conn) });
     };
-    await Promise.all(init.peers.map((_, rank) => (rank === init.rank ? Promise.resolve() : linkTo(rank))));
+    await Promise.all(mesh.peers.map((_, rank) => (rank === mesh.rank ? Promise.resolve() : linkTo(rank))));
     return exchange;
   }
 
@@ -168,7 +209,7 @@ export class WorkerMesh {
    * open wins (its data channel, or after RELAY_FALLBACK_MS its relayed one); later ones close.
    */
   private accept(
-    init: InitArgs,
+    init: HandOffMesh,
     rank: number,
     connections: DataConnectionLike[],
     linkOptions: (conn: DataConnectionLike) => OpenLinkOptions,

@@ -7,7 +7,14 @@ import {
   type Message,
   type TensorTag,
 } from '../../core/net/protocol.ts';
-import { exchangePhase, ExchangePhase, type Exchange, type ExchangeTag, type PeerPartJudge } from '../ulysses.ts';
+import {
+  exchangePhase,
+  ExchangePhase,
+  type Exchange,
+  type ExchangeTag,
+  type PeerPartJudge,
+  type PointToPoint,
+} from '../ulysses.ts';
 import { PeerLost } from '../../core/worker-api.ts';
 import { allWithin } from '../../core/tensor.ts';
 import { Mailbox } from './mailbox.ts';
@@ -50,7 +57,7 @@ export class UnboundedFromPeers extends Error {
  * arrive tagged; each waits in a mailbox until this rank's forward pass asks for it, so a fast
  * peer may run ahead by a phase without anything being lost.
  */
-export class MeshExchange implements Exchange, KeepsEvidence {
+export class MeshExchange implements Exchange, PointToPoint, KeepsEvidence {
   bytesSent = 0;
   /** each tensor's values, with its payload and signature for the ledger */
   private readonly mailbox = new Mailbox<{ values: Float32Array; data: Uint8Array; signature?: Uint8Array }>();
@@ -182,33 +189,9 @@ export class MeshExchange implements Exchange, KeepsEvidence {
 
   async allToAll(tag: ExchangeTag, parts: Float32Array[], judge?: PeerPartJudge): Promise<Float32Array[]> {
     if (this.failure) throw this.failure;
-    this.dropBefore(tag.job);
-    const now = this.current;
-    if (
-      tag.phase !== ExchangePhase.Probe &&
-      (!now || tag.job > now.job || (tag.job === now.job && tag.step > now.step))
-    )
-      this.current = { job: tag.job, step: tag.step };
-    // what this rank sends is finite (and fits float16 when it sends float16): else the fault is its own, not a peer's
-    const limit = this.dtype === 'f16' ? FLOAT16_MAX : Number.MAX_VALUE;
+    this.enter(tag);
     // displaced mode sends one part to every peer: each distinct part is checked and encoded once
-    const distinct = [...new Set(parts)];
-    if (!distinct.every((part) => allWithin(part, limit))) {
-      // its peers hear of it at once (their links close), rather than wait for what will not come
-      const beyond = this.dtype === 'f16' ? ' or beyond float16 (send float32 instead)' : '';
-      const error = computedFromPeers(tag)
-        ? new UnboundedFromPeers(
-            `rank ${this.rank} computed NaN, infinite${beyond} activations for ${tensorOf(tag)} from its ` +
-              "peers' tensors, each within the bounds its model implies: the bounds do not hold here, " +
-              'so it blames no rank, itself included',
-          )
-        : new Error(
-            `rank ${this.rank}'s activations in step ${tag.step + 1}, block ${tag.block} are NaN, infinite${beyond}`,
-          );
-      this.fail(error);
-      this.closeLinks(error.message);
-      throw error;
-    }
+    this.checkOwn(tag, [...new Set(parts)]);
     // encoded once each where sent: this rank's own part stays here
     const payloads = new Map<Float32Array, Uint8Array>();
     const payloadOf = (part: Float32Array) => {
@@ -216,68 +199,113 @@ export class MeshExchange implements Exchange, KeepsEvidence {
       if (!payload) payloads.set(part, (payload = tensorPayload(part, this.dtype)));
       return payload;
     };
-    const sends = parts.map((part, to) => {
-      if (to === this.rank) return Promise.resolve();
-      const link = this.links.get(to);
-      if (!link) throw new Error(`rank ${this.rank} has no link to rank ${to}`);
-      const data = payloadOf(part);
-      this.bytesSent += data.byteLength;
-      const signature = this.ledger?.seal(tag, to, data);
-      return link.send({
-        kind: 'tensor',
-        from: this.rank,
-        tag,
-        dtype: this.dtype,
-        shape: [part.length],
-        data,
-        ...(signature && { signature }),
-      });
+    const sends = parts.map((part, to) =>
+      to === this.rank ? Promise.resolve() : this.sendPayload(tag, to, payloadOf(part), part.length),
+    );
+    const receives = parts.map((own, from) =>
+      from === this.rank ? Promise.resolve(own) : this.receive(tag, from, judge),
+    );
+    await Promise.all(sends);
+    return await Promise.all(receives);
+  }
+
+  /** One part to one peer (a pipeline stage's hand-off): checked as allToAll checks what it sends. */
+  send(tag: ExchangeTag, to: number, part: Float32Array): Promise<void> {
+    if (this.failure) return Promise.reject(this.failure);
+    this.enter(tag);
+    this.checkOwn(tag, [part]);
+    return this.sendPayload(tag, to, tensorPayload(part, this.dtype), part.length);
+  }
+
+  /** this rank's job and step from now on: a peer's tensor of a step before is past (isPast) */
+  private enter(tag: ExchangeTag): void {
+    this.dropBefore(tag.job);
+    const now = this.current;
+    if (
+      tag.phase !== ExchangePhase.Probe &&
+      (!now || tag.job > now.job || (tag.job === now.job && tag.step > now.step))
+    )
+      this.current = { job: tag.job, step: tag.step };
+  }
+
+  /** What this rank sends is finite (and fits float16 when it sends float16): else the fault is its own. */
+  private checkOwn(tag: ExchangeTag, parts: Float32Array[]): void {
+    const limit = this.dtype === 'f16' ? FLOAT16_MAX : Number.MAX_VALUE;
+    if (parts.every((part) => allWithin(part, limit))) return;
+    // its peers hear of it at once (their links close), rather than wait for what will not come
+    const beyond = this.dtype === 'f16' ? ' or beyond float16 (send float32 instead)' : '';
+    const error = computedFromPeers(tag)
+      ? new UnboundedFromPeers(
+          `rank ${this.rank} computed NaN, infinite${beyond} activations for ${tensorOf(tag)} from its ` +
+            "peers' tensors, each within the bounds its model implies: the bounds do not hold here, " +
+            'so it blames no rank, itself included',
+        )
+      : new Error(
+          `rank ${this.rank}'s activations in step ${tag.step + 1}, block ${tag.block} are NaN, infinite${beyond}`,
+        );
+    this.fail(error);
+    this.closeLinks(error.message);
+    throw error;
+  }
+
+  private sendPayload(tag: ExchangeTag, to: number, data: Uint8Array, values: number): Promise<void> {
+    const link = this.links.get(to);
+    if (!link) throw new Error(`rank ${this.rank} has no link to rank ${to}`);
+    this.bytesSent += data.byteLength;
+    const signature = this.ledger?.seal(tag, to, data);
+    return link.send({
+      kind: 'tensor',
+      from: this.rank,
+      tag,
+      dtype: this.dtype,
+      shape: [values],
+      data,
+      ...(signature && { signature }),
     });
-    // a peer that withholds its part is named, before the coordinator's call times out: silent
-    // means nothing heard from it for timeoutMs (its part still arriving over a slow link is not)
-    const timers = new Map<number, ReturnType<typeof setTimeout>>();
-    const watch = (from: number, since: number) =>
-      timers.set(
-        from,
-        setTimeout(
-          () => {
-            const heard = this.links.get(from)?.lastHeardAt ?? 0;
-            if (heard > since) return watch(from, heard);
-            this.fail(
-              new PeerLost({
-                rank: from,
-                cause: 'silent',
-                evidence: `sent no tensor for ${tensorOf(tag)} in ${(this.timeoutMs / 1000).toFixed(0)} s`,
-              }),
-            );
-          },
-          Math.max(0, since + this.timeoutMs - Date.now()),
-        ),
+  }
+
+  /**
+   * Peer `from`'s part of `tag`, judged: a peer that withholds it is named before the coordinator's call times out.
+   * Silent means nothing heard from it for timeoutMs (its part still arriving over a slow link is not).
+   */
+  receive(tag: ExchangeTag, from: number, judge?: PeerPartJudge): Promise<Float32Array> {
+    if (this.failure) return Promise.reject(this.failure);
+    this.enter(tag);
+    const key = MeshExchange.key(tag, from);
+    this.ahead.get(from)?.delete(key);
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const watch = (since: number) => {
+      timer = setTimeout(
+        () => {
+          const heard = this.links.get(from)?.lastHeardAt ?? 0;
+          if (heard > since) {
+            watch(heard);
+            return;
+          }
+          this.fail(
+            new PeerLost({
+              rank: from,
+              cause: 'silent',
+              evidence: `sent no tensor for ${tensorOf(tag)} in ${(this.timeoutMs / 1000).toFixed(0)} s`,
+            }),
+          );
+        },
+        Math.max(0, since + this.timeoutMs - Date.now()),
       );
-    const receives = parts.map((own, from) => {
-      if (from === this.rank) return Promise.resolve(own);
-      const key = MeshExchange.key(tag, from);
-      this.ahead.get(from)?.delete(key);
-      watch(from, Date.now());
-      return this.mailbox
-        .receive(key)
-        .finally(() => clearTimeout(timers.get(from)))
-        .then(({ values, data, signature }) => {
-          // finite, but beyond what the sender's layer can produce: a lie, never computed from
-          const beyond = judge?.(from, values);
-          if (beyond) throw this.misbehaved(from, `${beyond}, in ${tensorOf(tag)}`);
-          // within, and unsigned or not as signed: the sender's doing (or its link's, which is its own)
-          const unproven = this.ledger?.accept(tag, from, data, signature);
-          if (unproven) throw this.misbehaved(from, `${unproven} in ${tensorOf(tag)}`);
-          return values;
-        });
-    });
-    try {
-      await Promise.all(sends);
-      return await Promise.all(receives);
-    } finally {
-      timers.forEach(clearTimeout);
-    }
+    };
+    watch(Date.now());
+    return this.mailbox
+      .receive(key)
+      .finally(() => clearTimeout(timer))
+      .then(({ values, data, signature }) => {
+        // finite, but beyond what the sender's layer can produce: a lie, never computed from
+        const beyond = judge?.(from, values);
+        if (beyond) throw this.misbehaved(from, `${beyond}, in ${tensorOf(tag)}`);
+        // within, and unsigned or not as signed: the sender's doing (or its link's, which is its own)
+        const unproven = this.ledger?.accept(tag, from, data, signature);
+        if (unproven) throw this.misbehaved(from, `${unproven} in ${tensorOf(tag)}`);
+        return values;
+      });
   }
 
   /** A peer is gone: every pending and future exchange fails with this error instead of hanging. */

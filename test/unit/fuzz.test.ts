@@ -576,6 +576,8 @@ describe('hostile arguments to every worker method', () => {
       executeModel: { args: { ...executable, job: 99 }, runtimeRefuses: true },
       recompute: { args: { ...executable, job: 99 }, runtimeRefuses: true },
       exchangeEvidence: { args: { job: 5, step: 0, pass: 0 }, runtimeRefuses: false },
+      // an unstaged rank was handed nothing to keep
+      handOffEvidence: { args: { job: 5, step: 0, pass: 0 }, runtimeRefuses: true },
       recomputeExchanges: { args: { ...executable, job: 99, heads: [1, 1], headGroups: 1 }, runtimeRefuses: true },
       rehearse: {
         args: {
@@ -1046,6 +1048,15 @@ describe(`fuzz: ${MUTATIONS} structured mutations per target`, () => {
     },
     recomputeExchanges: {
       received: [[], [{ block: 0, phase: 0, group: 0, from: 0, digest: 'ab'.repeat(32), signature: '' }]],
+    },
+    handOffEvidence: {
+      hidden: {
+        x: Float32Array.from({ length: 8 }, (_, i) => i),
+        temb: new Float32Array(4),
+        tproj: new Float32Array(24),
+        context: new Float32Array(8),
+      },
+      receipts: [{ block: 1, phase: 4, group: 0, from: 0, digest: 'ab'.repeat(32), signature: 'cd'.repeat(64) }],
     },
     ping: {
       state: 'ready',

@@ -16,6 +16,7 @@ import {
   WORKER_METHODS,
   type ExecuteArgs,
   type ExecuteResult,
+  type HandOffMesh,
   type InitArgs,
   type WorkerApi,
   type WorkerInfo,
@@ -25,7 +26,9 @@ import { memoryExchanges } from '../../rank/exchange/memory.ts';
 import type { KeepsEvidence } from '../../rank/exchange/ledger.ts';
 import { onnxStages } from '../../rank/onnx-stages.ts';
 import { WorkerRuntime } from '../../rank/runtime.ts';
-import type { Exchange } from '../../rank/ulysses.ts';
+import type { Exchange, PointToPoint } from '../../rank/ulysses.ts';
+import { handOffDType } from '../../rank/hand-off.ts';
+import { defined } from '../../core/defined.ts';
 import { channelPair, describeInProcess, stubEngine, tinyModelFiles } from './fixtures.ts';
 
 // An executor over P real WorkerRuntimes in this process: the all-to-all over memory, the calls
@@ -100,6 +103,8 @@ export class InProcessExecutor extends Executor {
   /** the exchange a rank computes over, as a test may rewrite it: what it sends its peers, signed as any */
   exchangeOf: (rank: number, exchange: Exchange & KeepsEvidence) => Exchange & KeepsEvidence = (_, exchange) =>
     exchange;
+  /** a rank's end of a hand-off link, as a test may rewrite it: what it hands on, signed as any */
+  handOffOf: (rank: number, link: PointToPoint & KeepsEvidence) => PointToPoint & KeepsEvidence = (_, link) => link;
   /** what a rank says it is (a tab on WASM unless a test says: a worker process, a WebGPU tab) */
   describeOf: (rank: number) => () => Promise<WorkerInfo> = (rank) => describeInProcess(`in-process rank ${rank}`);
   private remotes: Remote<WorkerApi>[] = [];
@@ -128,9 +133,22 @@ export class InProcessExecutor extends Executor {
       meshes.set(init.session, mesh);
       return mesh;
     };
+    // a pipeline stage's hand-off links: a pair of ranks each, in the dtype a hand-off travels in
+    const pairs = new Map<string, (PointToPoint & KeepsEvidence)[]>();
+    const pairOf = (pair: HandOffMesh) => {
+      const mesh = pairs.get(pair.session) ?? memoryExchanges(2, handOffDType(this.placement.settings.dtype));
+      pairs.set(pair.session, mesh);
+      return this.handOffOf(rankOf(pair), mesh[pair.rank]);
+    };
+    const rankOf = (pair: HandOffMesh) => Number(defined(pair.peers[pair.rank].split('-')[1], 'a rank-N peer id'));
     for (let rank = 0; rank < ranks; rank++) {
       const runtime = new WorkerRuntime(this.engine, {
         connectMesh: (init) => Promise.resolve(this.exchangeOf(rank, meshOf(init)[init.rank])),
+        connectStages: ({ stageLinks }) =>
+          Promise.resolve({
+            ...(stageLinks?.before && { before: pairOf(stageLinks.before) }),
+            ...(stageLinks?.after && { after: pairOf(stageLinks.after) }),
+          }),
         describe: this.describeOf(rank),
       });
       this.runtimes.push(runtime);
