@@ -235,12 +235,8 @@ export class Verifier {
     const forward = { job: args.job, step: args.step, pass: args.pass };
     const evidence = await this.context.collectiveRpc('exchangeEvidence', { args: forward, ranks });
     const judges = [checker, ...(third === null ? [] : [third])];
-    for (
-      let next = pickChecker(this.context.world, judges);
-      next !== null;
-      next = pickChecker(this.context.world, judges)
-    )
-      judges.push(next);
+    const { world } = this.context;
+    for (let next = pickChecker(world, judges); next !== null; next = pickChecker(world, judges)) judges.push(next);
     const tables: Map<string, string>[] = [];
     let truth: Map<string, string> | undefined;
     for (const rank of judges.filter(wasm)) {

@@ -70,6 +70,8 @@ export class PipelineStages {
   ): Promise<ExecuteResult[]> {
     const { layout } = this.context;
     const ranks = layout.stageRanks(group, stage);
+    const show = (rank: number, doing: string) =>
+      this.context.showActivity(rank, `${this.context.shareOf(rank)}: ${doing}`);
     const patch = input(ranks[0]).patch;
     const doing =
       `step ${request.step + 1}${request.pass ? ' (unconditional)' : ''}` +
@@ -77,7 +79,7 @@ export class PipelineStages {
     const turn = group * layout.stages + stage;
     const staged = layout.stages > 1;
     const call = ((staged && this.turns[turn]) || Promise.resolve()).then(() => {
-      for (const rank of ranks) this.context.showActivity(rank, `${this.context.shareOf(rank)}: ${doing}`);
+      for (const rank of ranks) show(rank, doing);
       return this.context
         .collectiveRpc('executeModel', {
           ranks,
@@ -91,7 +93,7 @@ export class PipelineStages {
           }),
         })
         .finally(() => {
-          for (const rank of ranks) this.context.showActivity(rank, `${this.context.shareOf(rank)}: waiting`);
+          for (const rank of ranks) show(rank, 'waiting');
         });
     });
     if (staged) this.turns[turn] = call.catch(() => {});
