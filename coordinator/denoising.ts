@@ -9,6 +9,7 @@ import type { JobParams } from '../core/job.ts';
 import { median } from '../core/median.ts';
 import { sample, type SamplerCheckpoint, type Solver } from '../core/sampler.ts';
 import type { Tensor } from '../core/tensor.ts';
+import { handOffsOf, type HandOffReport } from './forward/staged.ts';
 import { SpotCheckFailed, StepCacheMemory, type CacheForward, type RankReport } from './executor.ts';
 import type { FailureRecord, Placer, RebalanceRecord } from './placer.ts';
 import type { SpotCheck } from './spot-check.ts';
@@ -26,6 +27,8 @@ export interface StepReport {
   step: number;
   ms: number;
   ranks: RankReport[];
+  /** each stage boundary's hand-offs in the step, from stage to stage directly (none without pipeline stages) */
+  handOffs: HandOffReport[];
 }
 
 export interface DenoiseRequest {
@@ -139,7 +142,7 @@ export async function denoise(r: DenoiseRequest): Promise<Denoised> {
           takeCacheForwards();
           const { step } = checkpoint;
           lastDone = { step, checkpoint };
-          steps.push({ step: step - 1, ms: stepMs, ranks });
+          steps.push({ step: step - 1, ms: stepMs, ranks, handOffs: handOffsOf(executor().layout, ranks) });
           lastStepRanks = ranks;
           r.onCheckpoint?.(checkpoint);
           const elapsedMs = performance.now() - loopStart;

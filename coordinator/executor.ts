@@ -269,15 +269,22 @@ export abstract class Executor {
     return callWorker(worker, method, args, timeoutMs);
   }
 
-  /** A failed call as data: the rank, its text, and whom it blames (a rank of its group, renumbered to global). */
+  /**
+   * A failed call as data: the rank, its text, and whom it blames (a rank of its mesh, or its hand-off partner in the
+   * stage before or after, renumbered to global).
+   */
   private workerError(rank: number, method: string, reason: unknown): WorkerError {
     const message = reason instanceof Error ? reason.message : String(reason);
     if (reason instanceof ContractError) return new WorkerError(rank, method, message, null, true);
     let blame: RankLost | null = null;
     if (reason instanceof RemoteError && reason.detail !== undefined) {
       try {
-        const said = checkRankLost(reason.detail, 'blame');
-        if (said.rank < this.layout.ulyssesDegree) blame = { ...said, rank: this.layout.meshRanks(rank)[said.rank] };
+        const { stage, ...said } = checkRankLost(reason.detail, 'blame');
+        // a partner is named by the blaming rank's own place in its mesh: it can name no other rank of that stage
+        const partner = stage && said.rank === this.layout.localRank(rank) && this.layout.stagePartner(rank, stage);
+        if (stage) blame = typeof partner === 'number' ? { ...said, rank: partner } : null;
+        else if (said.rank < this.layout.ulyssesDegree)
+          blame = { ...said, rank: this.layout.meshRanks(rank)[said.rank] };
       } catch {
         // blame that breaks the contract is dropped; the error's text still says what happened
       }

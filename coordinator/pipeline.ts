@@ -122,6 +122,12 @@ export interface GenerateReport {
   meshProbe: MeshProbeReport;
   steps: StepReport[];
   /**
+   * inter-stage activation bytes that crossed this page: none can. A pipeline stage's rank hands its hidden state to
+   * the next stage's over their own link (rank/hand-off.ts), and the worker contract carries no hidden state in a
+   * forward either way (core/worker-api.ts executeModel); a spot check's evidence of a hand-off is its own traffic.
+   */
+  coordinatorActivationBytes: 0;
+  /**
    * the median step's ms: what the plan's predictedStepMs is held to (a slow step, a GC or a busy neighbour, moves a
    * mean, not a median)
    */
@@ -481,6 +487,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
         recoveryMs: failures.reduce((t, f) => t + f.replanMs, 0),
         rebalances,
         spotChecks,
+        coordinatorActivationBytes: 0,
         cache: cacheReport(executor.placement.cache, denoised.cacheForwards, params.steps, passesPerStep(params)),
         spotCheckOdds: spotCheckOdds(
           executor.placement.spotChecks.rate,

@@ -7,7 +7,8 @@ import type { HiddenState } from '../core/model/blocks.ts';
 import { patchify } from '../core/model/tokens.ts';
 import type { UlyssesPlan } from '../core/parallel.ts';
 import { concat } from '../core/tensor.ts';
-import type { RankLost, RecomputeArgs } from '../core/worker-api.ts';
+import { MAX_MESSAGE_FLOATS, type RankLost, type RecomputeArgs } from '../core/worker-api.ts';
+import { handOffDType, handOffFloats, unprovenHandOff } from '../rank/hand-off.ts';
 import { judgeExchanges, sameDigests, trueDigests } from './exchange-evidence.ts';
 import type { StageRun } from './forward/staged.ts';
 import { NO_PATCHES, rowWidthOf, type ForwardContext, type ForwardRequest } from './forward/strategy.ts';
@@ -71,9 +72,45 @@ export class Verifier {
     return this.spotCheckDue(forward);
   }
 
-  /** Checks a forward drawn for it, stage by stage where it went through stages: the first found wrong convicts. */
+  /**
+   * Checks a forward drawn for it, stage by stage where it went through stages: the first found wrong convicts. A
+   * stage's input and output hand-offs are taken from their receivers' signed receipts (handedTo), once each; a stage
+   * whose whole hidden state would not fit one message is not checked (the report shows it went unchecked).
+   */
   async check(request: ForwardRequest, plan: UlyssesPlan, runs: StageRun[], stale: boolean): Promise<void> {
-    for (const run of runs) await this.spotCheck(request, plan, run, stale);
+    const handOffs = new Map<number, Promise<HiddenState[]>>();
+    const handedTo = (run: StageRun) => {
+      let taken = handOffs.get(run.stage);
+      if (!taken) handOffs.set(run.stage, (taken = this.handedTo(request, run)));
+      return taken;
+    };
+    const { config, layout } = this.context;
+    const whole = handOffFloats(config.dim, plan.tokens, this.context.textRowsOf(request.pass));
+    if (layout.stages > 1 && whole > MAX_MESSAGE_FLOATS) return;
+    for (const [i, run] of runs.entries()) {
+      const input = run.stage > 0 ? await handedTo(run) : null;
+      const output = i + 1 < runs.length ? await handedTo(runs[i + 1]) : null;
+      await this.spotCheck(request, plan, run, stale, input, output);
+    }
+  }
+
+  /**
+   * The hidden states a stage's ranks were handed for a forward, from their receipts, each proven the word of its
+   * sender, the stage before's rank (rank/hand-off.ts unprovenHandOff): else the receiver lied in its evidence.
+   */
+  private async handedTo(request: ForwardRequest, run: StageRun): Promise<HiddenState[]> {
+    const { layout, placement } = this.context;
+    const forward = { job: request.job, step: request.step, pass: request.pass };
+    const evidence = await this.context.collectiveRpc('handOffEvidence', { args: forward, ranks: run.ranks });
+    const block = defined(placement.stages?.[run.stage], "the stage's blocks").blocks[0];
+    const dtype = handOffDType(placement.settings.dtype);
+    return evidence.map((e, i) => {
+      const receiver = run.ranks[i];
+      const sender = defined(layout.stagePartner(receiver, 'before'), 'the stage before');
+      const why = unprovenHandOff(e, { tag: forward, block }, this.publicKeyOf(sender), dtype);
+      if (why) throw new WorkerError(receiver, 'handOffEvidence', why, null, true);
+      return e.hidden;
+    });
   }
 
   /** The spot checks made since the last call: the report's. */
@@ -88,10 +125,19 @@ export class Verifier {
    * as blame), so the placer lets it go and the step runs again without it. A `stale` forward is recomputed as its
    * group ran it, by a rank of the group: only those hold the step before's keys and values.
    */
-  private async spotCheck(request: ForwardRequest, plan: UlyssesPlan, run: StageRun, stale: boolean): Promise<void> {
+  private async spotCheck(
+    request: ForwardRequest,
+    plan: UlyssesPlan,
+    run: StageRun,
+    stale: boolean,
+    /** the hidden states the stage's ranks were handed, where it is not the first */
+    input: HiddenState[] | null,
+    /** those its ranks handed on, where it is not the last */
+    output: HiddenState[] | null,
+  ): Promise<void> {
     const started = performance.now();
     const { config, layout } = this.context;
-    const { ranks, input } = run;
+    const { ranks } = run;
     // a reuse's checker computes the forward it reuses first, for the residual (executeModel checks only exact ones)
     const kept = request.cache === 'reuse' && this.stepCache.reusedForward(request.pass);
     const args: RecomputeArgs = {
@@ -130,11 +176,11 @@ export class Verifier {
           args,
           ranks,
           others,
-          checkedHiddenStates(
-            plan,
-            run.results.map((r) => defined(r.hidden, 'a hidden state handed on')),
-            { dim: config.dim, textRows: this.context.textRowsOf(request.pass), stage: run.stage },
-          ),
+          checkedHiddenStates(plan, defined(output, 'the hidden states the stage handed on'), {
+            dim: config.dim,
+            textRows: this.context.textRowsOf(request.pass),
+            stage: run.stage,
+          }),
         );
     let judged = found;
     // rows wrong from a tensor one rank sent the others are wrong on every rank: its receipts name who sent it

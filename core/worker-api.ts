@@ -330,10 +330,8 @@ export interface RankStats {
 }
 
 export interface ExecuteResult extends RankStats {
-  /** this rank's [Sl, pt·ph·pw·C]; empty where its pipeline stage hands `hidden` on to the next */
+  /** this rank's [Sl, pt·ph·pw·C]; empty where its pipeline stage hands its hidden state on to the next (StageLinks) */
   rows: Float32Array;
-  /** what a pipeline stage before the last hands on to the next, where it has no direct link to it (StageLinks) */
-  hidden?: HiddenState;
   /** a later stage's: the hidden state the stage before handed it directly, its payload bytes and how long it took */
   handOff?: HandOffStats;
   /** payload bytes this rank sent to its peers in this pass */
@@ -790,7 +788,6 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
     args: checkExecuteArgs,
     reply: fields({
       rows: floats(),
-      hidden: optional(checkHiddenState),
       bytesSent: bytes,
       peakMemoryBytes: nullable(bytes),
       residualRatio: optional(fields({ sum: num(0, Number.MAX_VALUE), tokens: int(0) })),

@@ -779,7 +779,7 @@ export class WorkerRuntime implements WorkerApi {
     const handOff = received && { handOff: { bytes: received.bytes, ms: received.ms } };
     if ('rows' in output) return { rows: output.rows, ...stats, bytesSent, peakMemoryBytes, ...measured, ...handOff };
     const after = this.partners.after;
-    if (!after) return { rows: new Float32Array(0), hidden: output.hidden, ...stats, bytesSent, peakMemoryBytes };
+    if (!after) throw new Error("this rank's stage hands a hidden state on, but initWorker linked it to no next stage");
     const handedOn = await partnerBlamed('after', exchange.rank, () =>
       Promise.resolve(handOn(after, { ...handOf, block: this.heldBlocks(pass.cfg).to }, output.hidden)),
     );

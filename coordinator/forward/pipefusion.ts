@@ -3,11 +3,10 @@
 // step and those after of the step before (rank/pipefusion.ts). Nothing is spot-checked (the planner's rate is 0), and
 // no step cache runs with pipeline stages.
 import { defined } from '../../core/defined.ts';
-import type { HiddenState } from '../../core/model/blocks.ts';
 import { tokenGrid } from '../../core/model/tokens.ts';
 import { gatherLatent, planUlysses, scatterLatent } from '../../core/parallel.ts';
 import type { ExecuteResult } from '../../core/worker-api.ts';
-import { PipelineStages } from './staged.ts';
+import { handedOn, PipelineStages } from './staged.ts';
 import {
   checkRows,
   HeldKeysValues,
@@ -49,21 +48,18 @@ export class PipeFusionForward implements ForwardStrategy {
     const count = this.held.stale(request) ? this.patches : 1;
     this.held.ran(request);
     const plan = planUlysses(config, tokenGrid(config, request.latent.shape).count, count);
+    // each patch flows through the stages, each stage's rank handing it straight on to the next's (staged.ts)
     const flows = scatterLatent(config, plan, request.latent).map(async (input, index) => {
       const patch = { index, count };
-      let handed: HiddenState | null = null;
       const runs: { rank: number; result: ExecuteResult }[] = [];
       for (let stage = 0; stage < layout.stages; stage++) {
-        const from = handed;
         const [rank] = layout.stageRanks(group, stage);
         const [result] = await this.stages.turn(request, group, stage, () => ({
-          patches: from ? NO_PATCHES : input,
-          ...(from && { hidden: from }),
+          patches: stage === 0 ? input : NO_PATCHES,
           patch,
         }));
         runs.push({ rank, result });
-        if (stage < layout.stages - 1)
-          [handed] = this.stages.handedOn([result], [rank], [plan.rows[index]], request.pass);
+        if (stage < layout.stages - 1) handedOn([result], [rank]);
       }
       return runs;
     });

@@ -54,7 +54,7 @@ export class SequenceParallelForward implements ForwardStrategy {
     // A reused forward exchanges no keys or values
     const stale = !reused && this.held.stale(request);
     if (!reused) this.held.ran(request);
-    const stageRuns = await this.stages.run(request, group, plan.rows, patches, {
+    const stageRuns = await this.stages.run(request, group, patches, {
       ...(stale && { stale }),
       ...(cache && { cache }),
     });

@@ -1,24 +1,44 @@
 // A forward's way through its group's pipeline stages (one, unless the placement pools memory): the first stage
-// computes from the patches, each next one from the hidden state the stage before handed on, rank r to rank r through
-// the coordinator, which judges it before the next stage gets it; and the turns that keep a stage on one forward at a
-// time. The stages' runs are what the verifier checks, stage by stage.
-import { hiddenStateError, type HiddenState } from '../../core/model/blocks.ts';
+// computes from the patches, and each rank of a stage before the last hands its hidden state straight to the rank of
+// the next stage that computes the same tokens, over their own link (rank/hand-off.ts), which judges it before use: no
+// activation crosses the coordinator, which sends each stage's ranks the request and hears back the last stage's
+// rows. The turns keep a stage on one forward at a time. The stages' runs are what the verifier checks, stage by stage.
+import type { RankLayout } from '../../core/parallel.ts';
 import type { ExecuteArgs, ExecuteResult } from '../../core/worker-api.ts';
 import { WorkerError } from '../worker-errors.ts';
-import { NO_PATCHES, type ForwardContext, type ForwardRequest } from './strategy.ts';
+import { NO_PATCHES, type ForwardContext, type ForwardRequest, type RankReport } from './strategy.ts';
 
 /** One pipeline stage's part of a forward (the whole forward where there is one stage), for a spot check. */
 export interface StageRun {
   stage: number;
   /** its ranks in plan order */
   ranks: number[];
-  /** the hidden states the stage before handed each of them; null where it started from the patches */
-  input: HiddenState[] | null;
   results: ExecuteResult[];
 }
 
 /** What a stage's rank is given for a forward, besides the request. */
-export type StageInput = Pick<ExecuteArgs, 'patches' | 'hidden' | 'stale' | 'cache' | 'patch'>;
+export type StageInput = Pick<ExecuteArgs, 'patches' | 'stale' | 'cache' | 'patch'>;
+
+/** One boundary's hand-offs in a step: from stage `boundary` to the next, all its ranks' and passes' together. */
+export interface HandOffReport {
+  boundary: number;
+  /** payload bytes the next stage's ranks received */
+  bytes: number;
+  /** the longest any of them took from the first tensor to the last */
+  ms: number;
+}
+
+/** A step's hand-offs, boundary by boundary, from what its ranks reported (each rank's: what it was handed). */
+export function handOffsOf(layout: RankLayout, ranks: RankReport[]): HandOffReport[] {
+  return Array.from({ length: layout.stages - 1 }, (_, boundary) => {
+    const received = ranks.filter((r) => layout.stageOf(r.rank) === boundary + 1 && r.handOff);
+    return {
+      boundary,
+      bytes: received.reduce((n, r) => n + (r.handOff?.bytes ?? 0), 0),
+      ms: Math.max(0, ...received.map((r) => r.handOff?.ms ?? 0)),
+    };
+  });
+}
 
 export class PipelineStages {
   /**
@@ -30,29 +50,26 @@ export class PipelineStages {
   constructor(private readonly context: ForwardContext) {}
 
   /**
-   * The group's pipeline stages in turn, each rank's share of the tokens its `patches` (of the group's plan, whose
-   * `rows` they are) and every stage's ranks told `how` the forward runs: each stage's run, the first to the last.
+   * The group's pipeline stages in turn, the first stage's ranks given their share of the tokens' `patches`, each later
+   * one's ranks their hand-off by the stage before, every stage's ranks told `how` the forward runs: each stage's run,
+   * the first to the last.
    */
   async run(
     request: ForwardRequest,
     group: number,
-    rows: number[],
     patches: Float32Array[],
     how: Pick<ExecuteArgs, 'stale' | 'cache'>,
   ): Promise<StageRun[]> {
     const { layout } = this.context;
-    let handed: HiddenState[] | null = null;
     const runs: StageRun[] = [];
     for (let stage = 0; stage < layout.stages; stage++) {
-      const from = handed;
       const ranks = layout.stageRanks(group, stage);
       const results = await this.turn(request, group, stage, (rank) => ({
-        patches: from ? NO_PATCHES : patches[layout.localRank(rank)],
-        ...(from && { hidden: from[layout.localRank(rank)] }),
+        patches: stage === 0 ? patches[layout.localRank(rank)] : NO_PATCHES,
         ...how,
       }));
-      if (stage < layout.stages - 1) handed = this.handedOn(results, ranks, rows, request.pass);
-      runs.push({ stage, ranks, input: from, results });
+      if (stage < layout.stages - 1) handedOn(results, ranks);
+      runs.push({ stage, ranks, results });
     }
     return runs;
   }
@@ -99,23 +116,21 @@ export class PipelineStages {
     if (staged) this.turns[turn] = call.catch(() => {});
     return call;
   }
+}
 
-  /**
-   * The hidden states a pipeline stage before the last handed on, each judged before the next stage
-   * gets it: one of the rank's share of the tokens, every value finite; else the rank broke the contract.
-   */
-  handedOn(results: ExecuteResult[], ranks: number[], rows: number[], pass: number): HiddenState[] {
-    const { config } = this.context;
-    return results.map((r, i) => {
-      const { hidden } = r;
-      const malformed = hidden && hiddenStateError(config, hidden, rows[i], this.context.textRowsOf(pass));
-      const wrong = !hidden
-        ? 'handed no hidden state on to the next pipeline stage'
-        : r.rows.length
-          ? 'returned rows, but its pipeline stage hands a hidden state on'
-          : malformed && `handed on a malformed hidden state: ${malformed}`;
-      if (wrong || !hidden) throw new WorkerError(ranks[i], 'executeModel', wrong || '', null, true);
-      return hidden;
-    });
-  }
+/**
+ * A stage before the last hands its hidden state on to the next stage's ranks, not back (the contract has no field
+ * for it): a rank that returned rows broke the contract.
+ */
+export function handedOn(results: ExecuteResult[], ranks: number[]): void {
+  results.forEach((r, i) => {
+    if (r.rows.length)
+      throw new WorkerError(
+        ranks[i],
+        'executeModel',
+        'returned rows, but its stage hands a hidden state on',
+        null,
+        true,
+      );
+  });
 }

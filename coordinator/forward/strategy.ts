@@ -7,7 +7,15 @@ import type { WanConfig } from '../../core/model/config.ts';
 import { attendsStale, type ParallelMode, type RankLayout } from '../../core/parallel.ts';
 import type { CacheMode } from '../../core/step-cache.ts';
 import type { Tensor } from '../../core/tensor.ts';
-import type { ArgsOf, ExecuteResult, LoadedModel, ReplyOf, WorkerInfo, WorkerMethod } from '../../core/worker-api.ts';
+import type {
+  ArgsOf,
+  ExecuteResult,
+  HandOffStats,
+  LoadedModel,
+  ReplyOf,
+  WorkerInfo,
+  WorkerMethod,
+} from '../../core/worker-api.ts';
 import type { ResolvedPlacement } from '../placement.ts';
 import { WorkerError } from '../worker-errors.ts';
 
@@ -37,6 +45,8 @@ export interface RankReport {
   bytesSent: number;
   /** the most memory the rank's page held so far (null: its browser cannot measure it) */
   peakMemoryBytes: number | null;
+  /** a later pipeline stage's rank: the hand-offs the stage before gave it directly (a step's passes summed) */
+  handOff?: HandOffStats;
 }
 
 /** What one rank said about itself and the model it loaded (its EP, and why), with its peer id. */
@@ -97,6 +107,12 @@ export const summedReports = (a: RankReport, b: RankReport): RankReport => ({
   overlapMs: a.overlapMs + b.overlapMs,
   bytesSent: a.bytesSent + b.bytesSent,
   peakMemoryBytes: maxOrNull(a.peakMemoryBytes, b.peakMemoryBytes),
+  ...((a.handOff || b.handOff) && {
+    handOff: {
+      bytes: (a.handOff?.bytes ?? 0) + (b.handOff?.bytes ?? 0),
+      ms: (a.handOff?.ms ?? 0) + (b.handOff?.ms ?? 0),
+    },
+  }),
 });
 
 export function rankReport(context: ForwardContext, rank: number, r: ExecuteResult): RankReport {
@@ -108,6 +124,7 @@ export function rankReport(context: ForwardContext, rank: number, r: ExecuteResu
     overlapMs: r.overlapMs,
     bytesSent: r.bytesSent,
     peakMemoryBytes: r.peakMemoryBytes,
+    ...(r.handOff && { handOff: r.handOff }),
   };
 }
 

@@ -103,8 +103,8 @@ export class InProcessExecutor extends Executor {
   /** the exchange a rank computes over, as a test may rewrite it: what it sends its peers, signed as any */
   exchangeOf: (rank: number, exchange: Exchange & KeepsEvidence) => Exchange & KeepsEvidence = (_, exchange) =>
     exchange;
-  /** a rank's end of a hand-off link, as a test may rewrite it: what it hands on, signed as any */
-  handOffOf: (rank: number, link: PointToPoint & KeepsEvidence) => PointToPoint & KeepsEvidence = (_, link) => link;
+  /** what a rank hands on to the next pipeline stage, tensor by tensor, as a test may rewrite it (signed as any) */
+  handsOn: (rank: number, part: Float32Array) => Float32Array = (_, part) => part;
   /** what a rank says it is (a tab on WASM unless a test says: a worker process, a WebGPU tab) */
   describeOf: (rank: number) => () => Promise<WorkerInfo> = (rank) => describeInProcess(`in-process rank ${rank}`);
   private remotes: Remote<WorkerApi>[] = [];
@@ -138,7 +138,20 @@ export class InProcessExecutor extends Executor {
     const pairOf = (pair: HandOffMesh) => {
       const mesh = pairs.get(pair.session) ?? memoryExchanges(2, handOffDType(this.placement.settings.dtype));
       pairs.set(pair.session, mesh);
-      return this.handOffOf(rankOf(pair), mesh[pair.rank]);
+      const end = mesh[pair.rank];
+      const sender = rankOf(pair);
+      // what the rank hands on goes through the test's hook as it sends it, signed as the rank signs anything
+      const wrapped: PointToPoint & KeepsEvidence = {
+        rank: end.rank,
+        dtype: end.dtype,
+        get bytesSent() {
+          return end.bytesSent;
+        },
+        send: (tag, to, part) => end.send(tag, to, this.handsOn(sender, part)),
+        receive: (tag, from, judge) => end.receive(tag, from, judge),
+        keepEvidence: (ledger) => end.keepEvidence(ledger),
+      };
+      return wrapped;
     };
     const rankOf = (pair: HandOffMesh) => Number(defined(pair.peers[pair.rank].split('-')[1], 'a rank-N peer id'));
     for (let rank = 0; rank < ranks; rank++) {

@@ -548,15 +548,19 @@ describe('the executor through pipeline stages', () => {
       expect(layout.stageHolders(defined(c.stage, 'the stage checked'))).toContain(c.checker);
       expect(c.difference).toBeLessThan(1e-5);
     }
-    // lies within any bound: what rank 1 hands on (its tokens, or the text it carries), rank 6's rows of the last stage
-    const halved = (values?: Float32Array) => values?.map((v) => v / 2);
-    const lies: [number, (r: ExecuteResult) => unknown, string][] = [
-      [1, (r) => ({ ...r, hidden: { ...r.hidden, x: halved(r.hidden?.x) } }), 'its outputs of pipeline stage 1 differ'],
-      [1, (r) => ({ ...r, hidden: { ...r.hidden, context: halved(r.hidden?.context) } }), 'pipeline stage 1 differ'],
-      [6, (r) => ({ ...r, rows: halved(r.rows) }), 'its rows of the pass differ from a recomputation'],
+    // lies within any bound: what rank 1 hands on (its tokens and the text it carries, or the text alone: the first
+    // values of its hand-off), signed by it, and rank 6's rows of the last stage
+    const halved = (values: Float32Array, upTo = values.length) => values.map((v, i) => (i < upTo ? v / 2 : v));
+    const lies: [number, 'hands on' | 'rows', (part: Float32Array) => Float32Array, string][] = [
+      [1, 'hands on', (part) => halved(part), 'its outputs of pipeline stage 1 differ'],
+      [1, 'hands on', (part) => halved(part, 7 * 288 + 1), 'pipeline stage 1 differ'],
+      [6, 'rows', halved, 'its rows of the pass differ from a recomputation'],
     ];
-    for (const [liar, alters, why] of lies) {
-      executor.fault = (rank, method) => (rank === liar && method === 'executeModel' ? { alters } : null);
+    for (const [liar, how, lie, why] of lies) {
+      const alters = (r: ExecuteResult) => ({ ...r, rows: lie(r.rows) });
+      executor.handsOn = (rank, part) => (rank === liar && how === 'hands on' ? lie(part) : part);
+      executor.fault = (rank, method) =>
+        rank === liar && how === 'rows' && method === 'executeModel' ? { alters } : null;
       const caught = await executor.velocity({ ...at, step: 1 }, 5).catch((e: unknown) => e);
       expect(caught).toBeInstanceOf(SpotCheckFailed);
       expect(caught).toMatchObject({ rank: liar, breach: true, blame: null });
@@ -648,29 +652,32 @@ describe('the executor through pipeline stages', () => {
     await executor.shutdown({ graceMs: 500 });
   });
 
-  it('a stage that hands on a malformed hidden state, or none, broke the contract: named, and the next stage is not asked', async () => {
+  it("a stage that hands on a malformed hidden state is named by the next stage's rank, which computes nothing from it; one that returns rows broke the contract", async () => {
     const { executor } = await started(new RankLayout(1, 1, null, 2), { stages: 2 });
     const at = { job: 3, step: 0, pass: 0, timestep: 600, latent };
-    const cheats: [(r: ExecuteResult) => unknown, string][] = [
-      [
-        (r) => ({ ...r, hidden: { ...r.hidden, x: r.hidden?.x.subarray(1) } }),
-        `handed on a malformed hidden state: its x has ${15 * 288 - 1} values, not 15×288`,
-      ],
-      [
-        (r) => ({ ...r, hidden: { ...r.hidden, context: r.hidden?.context.map(() => NaN) } }),
-        'handed on a malformed hidden state: its context has NaN or infinite values',
-      ],
-      [(r) => ({ ...r, hidden: undefined }), 'handed no hidden state on to the next pipeline stage'],
-      [(r) => ({ ...r, rows: new Float32Array(4) }), 'returned rows, but its pipeline stage hands a hidden state on'],
+    // its hand-off a value short, or with NaN in the text it carries (the first values after temb and tproj)
+    const malformed: [(part: Float32Array) => Float32Array, string | RegExp][] = [
+      [(part) => part.subarray(1), /tensor 0 of its hand-off has \d+ values/],
+      [(part) => part.map((v, i) => (i === 7 * 288 ? NaN : v)), 'its context has NaN or infinite values'],
     ];
-    for (const [alters, why] of cheats) {
-      executor.fault = (rank, method) => (rank === 0 && method === 'executeModel' ? { alters } : null);
-      const asked = executor.received[1].length;
+    for (const [lie, why] of malformed) {
+      executor.handsOn = (rank, part) => (rank === 0 ? lie(part) : part);
       const error = await executor.executeModel(at).catch((e: unknown) => e);
       expect(error).toBeInstanceOf(WorkerError);
-      expect(error).toMatchObject({ rank: 0, breach: true, remoteMessage: why });
-      expect(executor.received[1].length).toBe(asked);
+      expect(error).toMatchObject({ rank: 1, blame: { rank: 0, cause: 'misbehaved' } });
+      expect((error as WorkerError).remoteMessage).toMatch(why);
     }
+    executor.handsOn = (_rank, part) => part;
+    executor.fault = (rank, method) =>
+      rank === 0 && method === 'executeModel' ? { alters: (r) => ({ ...r, rows: new Float32Array(4) }) } : null;
+    const asked = executor.received[1].length;
+    const error = await executor.executeModel(at).catch((e: unknown) => e);
+    expect(error).toMatchObject({
+      rank: 0,
+      breach: true,
+      remoteMessage: 'returned rows, but its stage hands a hidden state on',
+    });
+    expect(executor.received[1].length).toBe(asked);
     executor.fault = () => null;
     expect((await executor.executeModel(at)).output.shape).toEqual(latent.shape);
     await executor.shutdown({ graceMs: 500 });
