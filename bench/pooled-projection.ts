@@ -36,10 +36,10 @@ const BROWSERS = [4, 8];
 const GPU_GB = [8, 16];
 const LINKS_MB_S = [125, 1250];
 /** an effective rate over whole blocks of a consumer GPU in half precision */
-const DEVICE_TFLOP_S = 40;
+export const DEVICE_TFLOP_S = 40;
 const STEPS = 50;
 /** what a rank needs beside weights and stale keys and values while it computes: activations, the runtime */
-const RESERVE_GB = 1.5;
+export const RESERVE_GB = 1.5;
 
 export interface PooledRow {
   resolution: string;

@@ -14,6 +14,7 @@ import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { BlockCostReport } from './block-cost.ts';
 import { pooledMarkdown, pooledProjection } from './pooled-projection.ts';
+import { wan14bMarkdown, wan14bNeeds } from './wan14b-480p.ts';
 import { isMain, machine, OUT_DIR, round, versions, writeReport } from './lib.ts';
 import { defined } from '../core/defined.ts';
 
@@ -264,6 +265,8 @@ export function runProjection(blockCost: BlockCostReport | null = lastBlockCost(
     breakEven,
     /** Wan2.1-T2V-14B on a pooled swarm: pipeline stages and PipeFusion against Ulysses alone (pooled-projection.ts) */
     pooled14b: pooledProjection(),
+    /** what a 480p Wan2.1-T2V-14B job needs: the plan that fits, its link bytes a step against its compute */
+    wan14b480p: wan14bNeeds(),
     cfgParallel,
     displaced,
     /** the full-size block measured on this machine, against the cost model's prediction for it */
@@ -458,6 +461,7 @@ function markdown(r: ReturnType<typeof runProjection>): string {
     `Assumptions: ${r.config.assumptions.join('; ')}.`,
     '',
     pooledMarkdown(r.pooled14b),
+    wan14bMarkdown(r.wan14b480p),
   );
   return lines.join('\n');
 }

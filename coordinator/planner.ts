@@ -34,16 +34,11 @@ import {
 } from '../core/parallel.ts';
 import type { RankSettings } from '../core/rank-settings.ts';
 import { resolveStepCache, STEP_CACHE_DEFAULTS, type MagnitudeCurve } from '../core/step-cache.ts';
-import {
-  formatBytes,
-  MAX_MESSAGE_FLOATS,
-  type ExecutionProvider,
-  type WeightType,
-  WEIGHT_TYPES,
-} from '../core/worker-api.ts';
+import { formatBytes, type ExecutionProvider, type WeightType, WEIGHT_TYPES } from '../core/worker-api.ts';
 import type { Backend } from './backends.ts';
 import type { WorkerMeasurement } from './measure.ts';
 import type { Measurements, WorkerGroup } from './measurements.ts';
+import { oversized, recomputeMessages } from './message-sizes.ts';
 import {
   UNTRUSTED_ALONE,
   type PlacedStepCache,
@@ -284,13 +279,11 @@ function stagesUncheckable(
     );
   if (exchange.parallel === 'displaced')
     return 'in displaced mode a stage attends to keys and values of the step before that only its own ranks hold';
-  const whole = (work.tokens + 7 + work.textTokens) * config.dim; // x [S, D], temb, tproj [6, D], context
-  if (whole > MAX_MESSAGE_FLOATS)
-    return (
-      `a stage's hidden state of every token, which its recomputation starts from, would be ` +
-      `${formatBytes(4 * whole)}, more than the ${formatBytes(4 * MAX_MESSAGE_FLOATS)} one message carries`
-    );
-  return null;
+  return (
+    recomputeMessages(config, work)
+      .map(oversized)
+      .find((why) => why !== null) ?? null
+  );
 }
 
 /**

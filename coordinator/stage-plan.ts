@@ -5,7 +5,8 @@
 // hold; the embedders ride with the first stage and the output head with the last. A swarm that
 // cannot hold the model is refused before any weight moves, saying how much is missing.
 import { modelWeights, storedWeightBytes, type ModelShape } from '../core/cost-model.ts';
-import { formatBytes, MAX_MESSAGE_FLOATS, type WeightType } from '../core/worker-api.ts';
+import { formatBytes, type WeightType } from '../core/worker-api.ts';
+import { checkMessages, handedOn, patchesIn, rowsOut } from './message-sizes.ts';
 
 /** What cutting needs to know of a model, in the bytes a rank holds it in. */
 export interface StagedModel {
@@ -194,14 +195,10 @@ export function placeStages(
       `${stages} pipeline stages of a model of ${model.numLayers} blocks: each stage holds at least one block, ` +
         `so at most ${model.numLayers} stages`,
     );
-  // a rank's hidden state goes to the next stage through the coordinator, in one message each way
-  const handed = (Math.ceil(tokens / degree) + 7 + textTokens) * model.dim; // x [Sl, D], temb, tproj [6, D], context
-  if (stages > 1 && handed > MAX_MESSAGE_FLOATS)
-    throw new Error(
-      `a rank's hidden state between pipeline stages would be ${formatBytes(4 * handed)}, more than the ` +
-        `${formatBytes(4 * MAX_MESSAGE_FLOATS)} one message carries: run more workers a stage (ulyssesDegree), ` +
-        'which share the tokens, or a smaller video',
-    );
+  // a rank's patches come and its rows go in one message each, and its hidden state goes to the next stage through the
+  // coordinator, one message each way: each the busiest rank's, whose share follows its heads
+  const mesh = { tokens, textTokens, heads: degree };
+  checkMessages([...(stages > 1 ? [handedOn(model, mesh)] : []), patchesIn(model, mesh), rowsOut(model, mesh)]);
   // with CFG parallel a stage is held by both groups' meshes: its blocks are cut for all of them
   const members = degree * cfgGroups;
   const needed = stages * members;

@@ -34,9 +34,10 @@ import {
 import type { DecodedVideo } from '../core/model/vae-decoder.ts';
 import type { Remote } from '../core/net/rpc.ts';
 import { sizeOf, type Tensor } from '../core/tensor.ts';
-import { MAX_MESSAGE_FLOATS, type ExecutionProvider, type WorkerApi } from '../core/worker-api.ts';
+import type { ExecutionProvider, WorkerApi } from '../core/worker-api.ts';
 import { once } from '../core/model/wan-pipeline.ts';
 import { watchLoad, type LoadingHost } from './load-news.ts';
+import { itemsPerMessage } from './message-sizes.ts';
 import { checkPart, PartBreach, type PartCheck } from './part-check.ts';
 
 /** A tile a check judged (or a reply that convicted its worker at once), for the report. */
@@ -248,7 +249,7 @@ export function tiledDecoding<H extends TileHost>(o: TiledDecodingOptions<H>): V
         const tile = tiles[index];
         const part = cutTile(latent, tile);
         const perLatentFrame = 3 * framesOfChunk(o.config, false) * 64 * tile.height * tile.width;
-        const step = Math.max(1, Math.floor(MAX_MESSAGE_FLOATS / perLatentFrame));
+        const step = itemsPerMessage(perLatentFrame);
         const parts: Frames[] = [];
         const plane = C * tile.height * tile.width;
         for (let from = 0; from < T; from += step) {

@@ -618,7 +618,8 @@ export function predictStagedStep(
   const both = m === 2 ? stageOf(2) : stage;
   const link = typeof hw.link === 'function' ? hw.link(0, 1) : hw.link;
   const { dim: D } = work.model;
-  const rows = Math.ceil(work.tokens / P);
+  // the busiest rank's tokens: an uneven split of the heads gives its first ranks more than ⌈S/P⌉
+  const rows = Math.max(...planUlysses(work.model, work.tokens, P).rows);
   // the residual stream of a rank's tokens, and the conditioning (temb, tproj, context) in float32
   const boundaryBytes = rows * D * hw.bytesPerElement + (work.textTokens + 7) * D * 4;
   const b = boundaryBytes / link.bandwidth + link.latency;

@@ -176,8 +176,8 @@ describe("a staged placement's spot checks need a stage's whole hidden state in 
     expect(config.dim * rows).toBe(15 << 20);
     expect(staged(rows - 7 - tokens)().spotChecks.rate).toBe(0.1);
     expect(staged(rows - 7 - tokens + 1)).toThrow(
-      "pipeline stages cannot be spot-checked here: a stage's hidden state of every token, which its recomputation " +
-        'starts from, would be 62.9 MB, more than the 62.9 MB one message carries; or ask spotCheckRate 0',
+      "pipeline stages cannot be spot-checked here: the hidden state of every token that a stage's recomputation " +
+        'starts from would be 62.9 MB, more than the 62.9 MB one message carries; or ask spotCheckRate 0',
     );
   });
 

@@ -227,7 +227,23 @@ describe('placing pipeline stages on workers', () => {
     expect(placeStages(cfg, { ...job, degree: 2, tokens: 2 * tokens, stages: 2 }, live(...[0, 0, 0, 0]))).toHaveLength(
       2,
     );
-    expect(placeStages(cfg, { ...job, tokens: 10 * tokens, stages: 1 }, live(null))).toHaveLength(1);
+    expect(placeStages(cfg, { ...job, tokens: 3 * tokens, stages: 1 }, live(null))).toHaveLength(1);
+  });
+
+  it('an uneven split is sized by its busiest rank: 13 ranks a stage of the 14B at 480p are refused, ⌈S/13⌉ rows would fit', () => {
+    const wan14b = { ...cfg, numHeads: 40, headDim: 128, dim: 5120, numLayers: 40 };
+    const tokens = 32_760;
+    const textTokens = 512;
+    // the old rule's ⌈S/P⌉ rows: 2,520, inside one message; rank 0 of 13 has 4 of 40 heads and 3,276 tokens
+    expect((Math.ceil(tokens / 13) + 7 + textTokens) * wan14b.dim).toBeLessThanOrEqual(MAX_MESSAGE_FLOATS);
+    const staged = (degree: number) => () =>
+      placeStages(wan14b, { stages: 2, degree, tokens, textTokens }, live(...Array<null>(2 * degree).fill(null)));
+    expect(staged(13)).toThrow(
+      "a rank's hidden state between pipeline stages would be 77.7 MB, more than the 62.9 MB one message carries",
+    );
+    // 10 ranks of 4 heads each: 3,276 tokens too, refused alike; 20 of 2 heads: 1,638, handed on
+    expect(staged(10)).toThrow("a rank's hidden state between pipeline stages would be 77.7 MB");
+    expect(staged(20)()).toHaveLength(2);
   });
 
   it('too few workers says how many are live, one worker as one', () => {
