@@ -62,11 +62,14 @@ export interface MeshJob {
 export const handedOnFloats = (model: MessageModel, job: MeshJob): number =>
   hiddenStateFloats(model.dim, largestRows(model.numHeads, job.tokens, job.heads), job.textTokens);
 
-/** The hidden state a rank hands the next pipeline stage, where it goes through the coordinator. */
-export const handedOn = (model: MessageModel, job: MeshJob): Message => ({
-  what: "a rank's hidden state between pipeline stages",
+/**
+ * The hidden state a rank hands the next pipeline stage goes to it directly (rank/hand-off.ts), of any size; a spot
+ * check takes it from the receiver's receipts, in one message (handOffEvidence).
+ */
+export const handOffEvidence = (model: MessageModel, job: MeshJob): Message => ({
+  what: "a rank's hand-off between pipeline stages, as a spot check takes it from its receiver",
   floats: handedOnFloats(model, job),
-  remedy: 'run more workers a stage (ulyssesDegree), which share the tokens, or a smaller video',
+  remedy: 'ask spotCheckRate 0, or more workers a stage (ulyssesDegree), which share the tokens',
 });
 
 const patchVolume = (model: MessageModel): number => model.patchSize.reduce((a, b) => a * b, 1);

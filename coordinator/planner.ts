@@ -38,7 +38,7 @@ import { formatBytes, type ExecutionProvider, type WeightType, WEIGHT_TYPES } fr
 import type { Backend } from './backends.ts';
 import type { WorkerMeasurement } from './measure.ts';
 import type { Measurements, WorkerGroup } from './measurements.ts';
-import { oversized, recomputeMessages } from './message-sizes.ts';
+import { handOffEvidence, oversized, recomputeMessages } from './message-sizes.ts';
 import {
   UNTRUSTED_ALONE,
   type PlacedStepCache,
@@ -279,11 +279,11 @@ function stagesUncheckable(
     );
   if (exchange.parallel === 'displaced')
     return 'in displaced mode a stage attends to keys and values of the step before that only its own ranks hold';
-  return (
-    recomputeMessages(config, work)
-      .map(oversized)
-      .find((why) => why !== null) ?? null
+  // each group's busiest rank's hand-off, as its receiver's evidence, and a stage's recomputation of every token
+  const evidence = Array.from({ length: layout.cfgGroups }, (_, g) =>
+    handOffEvidence(config, { ...work, heads: layout.headsOf(g) }),
   );
+  return [...evidence, ...recomputeMessages(config, work)].map(oversized).find((why) => why !== null) ?? null;
 }
 
 /**

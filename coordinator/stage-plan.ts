@@ -6,7 +6,7 @@
 // cannot hold the model is refused before any weight moves, saying how much is missing.
 import { modelWeights, storedWeightBytes, type ModelShape } from '../core/cost-model.ts';
 import { formatBytes, type WeightType } from '../core/worker-api.ts';
-import { checkMessages, handedOn, patchesIn, rowsOut } from './message-sizes.ts';
+import { checkMessages, patchesIn, rowsOut } from './message-sizes.ts';
 
 /** What cutting needs to know of a model, in the bytes a rank holds it in. */
 export interface StagedModel {
@@ -195,10 +195,10 @@ export function placeStages(
       `${stages} pipeline stages of a model of ${model.numLayers} blocks: each stage holds at least one block, ` +
         `so at most ${model.numLayers} stages`,
     );
-  // a rank's patches come and its rows go in one message each, and its hidden state goes to the next stage through the
-  // coordinator, one message each way: each the busiest rank's, whose share follows its heads
+  // a rank's patches come and its rows go in one message each, the busiest rank's, whose share follows its heads; its
+  // hidden state goes to the next stage's rank directly, of any size (rank/hand-off.ts)
   const mesh = { tokens, textTokens, heads: degree };
-  checkMessages([...(stages > 1 ? [handedOn(model, mesh)] : []), patchesIn(model, mesh), rowsOut(model, mesh)]);
+  checkMessages([patchesIn(model, mesh), rowsOut(model, mesh)]);
   // with CFG parallel a stage is held by both groups' meshes: its blocks are cut for all of them
   const members = degree * cfgGroups;
   const needed = stages * members;

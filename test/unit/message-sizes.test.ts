@@ -3,7 +3,7 @@
 import { describe, expect, it } from 'vitest';
 import {
   checkMessages,
-  handedOn,
+  handOffEvidence,
   handedOnFloats,
   hiddenStateFloats,
   itemsPerMessage,
@@ -47,14 +47,15 @@ describe('a hidden state: x [rows, D], temb [D], tproj [6, D], context [L, D]', 
     expect(hiddenStateFloats(5120, 32_760, 512)).toBe((32_760 + 519) * 5120);
   });
 
-  it("13 ranks of the 14B hand on 77.7 MB from their busiest rank, over one message's 62.9 MB; ⌈S/P⌉ rows would fit", () => {
+  it("13 ranks of the 14B hand on 77.7 MB from their busiest rank: its evidence for a spot check is over one message's 62.9 MB; ⌈S/P⌉ rows would fit", () => {
     const floats = handedOnFloats(WAN_14B, { ...JOB, heads: 13 });
     expect(floats).toBe((3_276 + 519) * 5120);
     expect(floats).toBeGreaterThan(MAX_MESSAGE_FLOATS);
     expect(hiddenStateFloats(5120, 2_520, 512)).toBeLessThanOrEqual(MAX_MESSAGE_FLOATS);
-    expect(oversized(handedOn(WAN_14B, { ...JOB, heads: 13 }))).toBe(
-      "a rank's hidden state between pipeline stages would be 77.7 MB, more than the 62.9 MB one message carries: " +
-        'run more workers a stage (ulyssesDegree), which share the tokens, or a smaller video',
+    expect(oversized(handOffEvidence(WAN_14B, { ...JOB, heads: 13 }))).toBe(
+      "a rank's hand-off between pipeline stages, as a spot check takes it from its receiver would be 77.7 MB, more " +
+        'than the 62.9 MB one message carries: ask spotCheckRate 0, or more workers a stage (ulyssesDegree), which ' +
+        'share the tokens',
     );
   });
 
@@ -74,7 +75,7 @@ describe('checking the messages of a placement', () => {
   });
 
   it('the first message that does not fit is thrown as data: which message, and its floats', () => {
-    const over = handedOn(WAN_14B, { ...JOB, heads: 13 });
+    const over = handOffEvidence(WAN_14B, { ...JOB, heads: 13 });
     const thrown = (() => {
       try {
         checkMessages([patchesIn(WAN_14B, { ...JOB, heads: 13 }), over]);

@@ -215,35 +215,31 @@ describe('placing pipeline stages on workers', () => {
     expect(cut(placeStages(cfg, { ...job, stages: 1 }, live(null, null)))).toEqual([[['w0'], [0, 4]]]);
   });
 
-  it("a rank's hidden state of exactly one message's floats is handed on, one token more is refused; one stage hands on nothing", () => {
-    // x [Sl, D], the time embedding and its projection [7, D] and the context [textTokens, D]
-    expect(MAX_MESSAGE_FLOATS % cfg.dim).toBe(0);
-    const tokens = MAX_MESSAGE_FLOATS / cfg.dim - 7 - job.textTokens;
-    expect(placeStages(cfg, { ...job, tokens, stages: 2 }, live(null, null))).toHaveLength(2);
-    expect(() => placeStages(cfg, { ...job, tokens: tokens + 1, stages: 2 }, live(null, null))).toThrow(
-      "a rank's hidden state between pipeline stages would be 62.9 MB",
-    );
-    // two ranks a stage share the tokens
-    expect(placeStages(cfg, { ...job, degree: 2, tokens: 2 * tokens, stages: 2 }, live(...[0, 0, 0, 0]))).toHaveLength(
-      2,
-    );
-    expect(placeStages(cfg, { ...job, tokens: 3 * tokens, stages: 1 }, live(null))).toHaveLength(1);
+  it("a rank's hidden state of any size is handed on, rank to rank: ten times one message's floats of it", () => {
+    // the 14B's width: x [Sl, D], the time embedding and its projection [7, D] and the context [textTokens, D]
+    const wide = { ...cfg, numHeads: 40, headDim: 128, dim: 5120 };
+    const tokens = 10 * (MAX_MESSAGE_FLOATS / wide.dim) - 7 - job.textTokens;
+    expect((tokens + 7 + job.textTokens) * wide.dim).toBe(10 * MAX_MESSAGE_FLOATS);
+    expect(placeStages(wide, { ...job, tokens, stages: 2 }, live(null, null))).toHaveLength(2);
   });
 
-  it('an uneven split is sized by its busiest rank: 13 ranks a stage of the 14B at 480p are refused, ⌈S/13⌉ rows would fit', () => {
+  it('an uneven split is sized by its busiest rank: 13 ranks of the 14B width are refused patches ⌈S/13⌉ rows would fit', () => {
     const wan14b = { ...cfg, numHeads: 40, headDim: 128, dim: 5120, numLayers: 40 };
-    const tokens = 32_760;
     const textTokens = 512;
-    // the old rule's ⌈S/P⌉ rows: 2,520, inside one message; rank 0 of 13 has 4 of 40 heads and 3,276 tokens
-    expect((Math.ceil(tokens / 13) + 7 + textTokens) * wan14b.dim).toBeLessThanOrEqual(MAX_MESSAGE_FLOATS);
+    // rank 0 of 13 has 4 of 40 heads: a tenth of the tokens, where ⌈S/13⌉ is less than a twelfth. At 3M tokens its
+    // patches (64 floats a token) are 76.8 MB, over one message; the old rule's rows would have fit
+    const tokens = 3_000_000;
+    expect(Math.ceil(tokens / 13) * 64).toBeLessThanOrEqual(MAX_MESSAGE_FLOATS);
     const staged = (degree: number) => () =>
       placeStages(wan14b, { stages: 2, degree, tokens, textTokens }, live(...Array<null>(2 * degree).fill(null)));
-    expect(staged(13)).toThrow(
-      "a rank's hidden state between pipeline stages would be 77.7 MB, more than the 62.9 MB one message carries",
-    );
-    // 10 ranks of 4 heads each: 3,276 tokens too, refused alike; 20 of 2 heads: 1,638, handed on
-    expect(staged(10)).toThrow("a rank's hidden state between pipeline stages would be 77.7 MB");
+    expect(staged(13)).toThrow("a rank's patches would be 76.8 MB, more than the 62.9 MB one message carries");
+    // 10 ranks of 4 heads each: a tenth too, refused alike; 20 of 2 heads: a twentieth, placed
+    expect(staged(10)).toThrow("a rank's patches would be 76.8 MB");
     expect(staged(20)()).toHaveLength(2);
+    // at 480p × 81 frames (32,760 tokens) every split is placed: the hidden state goes rank to rank, not in a message
+    expect(
+      placeStages(wan14b, { stages: 2, degree: 13, tokens: 32_760, textTokens }, live(...Array<null>(26).fill(null))),
+    ).toHaveLength(2);
   });
 
   it('too few workers says how many are live, one worker as one', () => {

@@ -380,13 +380,11 @@ describe('the stages of a placement', () => {
     expect(workersToWaitFor(ctx, { stages: 2, ulyssesDegree: 2 }, guided)).toBe(4);
   });
 
-  it("a rank's hidden state must fit one message between the coordinator and a worker: more ranks a stage share it", () => {
+  it("a rank's hidden state of any size goes to the next stage directly: no message of the coordinator's limits it", () => {
     const live = workers(4).map((w) => ({ id: w.id, memoryGiB: null, flops: null }));
     const job = { tokens: 100_000, textTokens: 512 };
-    expect(() => placeStages(FOUR_BLOCKS, { stages: 2, degree: 1, ...job }, live)).toThrow(
-      "a rank's hidden state between pipeline stages would be 115.8 MB, more than the 62.9 MB one message carries: " +
-        'run more workers a stage (ulyssesDegree), which share the tokens, or a smaller video',
-    );
+    // 115.8 MB of hidden state a rank, as one stage of one worker hands it on
+    expect(placeStages(FOUR_BLOCKS, { stages: 2, degree: 1, ...job }, live)).toHaveLength(2);
     expect(placeStages(FOUR_BLOCKS, { stages: 2, degree: 2, ...job }, live)).toHaveLength(2);
   });
 
