@@ -2,7 +2,7 @@ import { expect, test } from '@playwright/test';
 import type { JobOverrides } from '../../app/automation.ts';
 import { defined } from '../../core/defined.ts';
 import { startServer, type RunningServer } from '../../server/serve.ts';
-import { appOrigin, maxAbsDiff, openTestSwarm, runJob, type JobOutcome, WASM_ONLY_BROWSER } from './swarm-page.ts';
+import { appOrigin, CI, maxAbsDiff, openTestSwarm, runJob, type JobOutcome, WASM_ONLY_BROWSER } from './swarm-page.ts';
 
 test.use(WASM_ONLY_BROWSER); // its jobs all compute on WASM
 
@@ -120,3 +120,34 @@ test('revoking the join link lets its workers go, the old link opens nothing, th
     await swarm.close();
   }
 });
+
+test(
+  'two pipeline stages with every link relayed, the hand-off between them too, give the direct latent to the bit (issue 65)',
+  CI,
+  async ({ browser, baseURL }) => {
+    test.setTimeout(240_000);
+    const staged = { ...job, workers: 1, stages: 2 } satisfies JobOverrides;
+    const runOn = async (url: string): Promise<{ outcome: JobOutcome; relayBytes: number }> => {
+      const swarm = await openTestSwarm(browser, url, 2);
+      try {
+        const before = forced.relay.stats().bytesForwarded;
+        const outcome = await runJob(swarm.dashboard, staged);
+        return { outcome, relayBytes: forced.relay.stats().bytesForwarded - before };
+      } finally {
+        await swarm.close();
+      }
+    };
+    const { outcome: direct } = await runOn(appOrigin(baseURL));
+    const { outcome: relayed, relayBytes } = await runOn(forced.url);
+    const byLink = (r: JobOutcome) => r.report.links.map((l) => `${l.from}->${l.to}:${l.transport}`).sort();
+    expect(byLink(relayed)).toEqual(['coordinator->0:relay', 'coordinator->1:relay']);
+  // each step's two passes handed from stage to stage: as many bytes relayed or not, all of them across the relay
+    const handedOn = (r: JobOutcome) => r.report.steps.map((s) => s.handOffs.map((h) => h.bytes));
+    expect(handedOn(relayed)).toEqual(handedOn(direct));
+    const handOffBytes = relayed.report.steps.reduce((n, s) => n + s.handOffs.reduce((m, h) => m + h.bytes, 0), 0);
+    expect(handOffBytes).toBeGreaterThan(0);
+    expect(relayBytes).toBeGreaterThan(handOffBytes);
+    console.log(`staged, relayed: ${handOffBytes} B handed on between the stages, ${relayBytes} B through the relay`);
+    expect(maxAbsDiff(relayed.latent, direct.latent)).toBe(0);
+  },
+);

@@ -12,8 +12,8 @@ test.use(WASM_ONLY_BROWSER); // its jobs all compute on WASM
 
 // Exact staged mode over worker tabs (issue 35): the tiny model's two blocks cut into two pipeline
 // stages, one tab each, each loading only its stage's tensors (the embedders with the first, the
-// head with the last); every forward passes from the first tab's stage to the second's through the
-// coordinator as a hidden state, and the latent is one tab holding everything, to the bit.
+// head with the last); every forward passes from the first tab's stage to the second's as a hidden
+// state over their own data channel (issue 65), and the latent is one tab holding everything, to the bit.
 
 /** The bytes of the tiny checkpoint's tensors a stage holding `range` reads (float32: as it holds them). */
 async function heldBytes(range: BlockRange): Promise<number> {
@@ -60,11 +60,20 @@ test.describe.serial('pipeline stages over worker tabs', CI, () => {
     );
     for (const h of held) expect(h).toBeLessThan(0.65 * whole); // the embedders are most of the first stage's excess
 
-    // every forward crossed both stages: each step's two passes on both tabs
+    // every forward crossed both stages: each step's two passes on both tabs, handed from the first tab to the second
+    // directly (x of every token, the timestep's embedding and its projection, the text's rows: float32)
+    const [, frames, height, width] = staged.report.latentShape;
+    const tokens = frames * (height / 2) * (width / 2);
     for (const step of staged.report.steps) {
       expect(step.ranks.map((r) => r.rank)).toEqual([0, 1]);
       for (const rank of step.ranks) expect(rank.computeMs).toBeGreaterThan(0);
+      const [handOff] = step.handOffs;
+      expect(step.handOffs).toHaveLength(1);
+      expect(handOff.bytes).toBe(step.ranks[1].handOff?.bytes);
+      const textRows = handOff.bytes / (2 * 4 * 288) - 7 - tokens;
+      expect(Number.isInteger(textRows) && textRows > 0).toBe(true);
     }
+    expect(staged.report.coordinatorActivationBytes).toBe(0);
     const diff = maxAbsDiff(staged.latent, single.latent);
     console.log(
       `stages: S=2 max-abs vs 1 tab ${diff.toExponential(2)}, step ms ${staged.report.steps.map((s) => s.ms.toFixed(0)).join('/')} ` +

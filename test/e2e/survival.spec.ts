@@ -97,6 +97,31 @@ test("a tab holding a pipeline stage, closed mid-job, costs that stage's re-plac
   }
 });
 
+test('two stages of two tabs each, a tab closed mid-job while the stages hand on: re-placed on the tab left over, the uninterrupted latent (issue 65)', async ({
+  browser,
+  baseURL,
+}) => {
+  test.setTimeout(480_000);
+  const staged = { ...job, steps: 3, workers: 2, stages: 2 } satisfies JobOverrides;
+  const counted = await swarmClosingOn(browser, baseURL, 5, 'executeModel', Infinity);
+  const uninterrupted = await runJob(counted.dashboard, staged);
+  const middle = Math.ceil(counted.requests() / 2);
+  await counted.close();
+  expect(uninterrupted.report.placement.layout).toMatchObject({ world: 4, ulyssesDegree: 2, stages: 2 });
+  const swarm = await swarmClosingOn(browser, baseURL, 5, 'executeModel', middle);
+  try {
+    const run = await runJob(swarm.dashboard, staged);
+    const lost = defined(swarm.closed.id, 'a tab closed mid-job');
+    expect(run.report.failures.map((f) => f.lost.map((l) => l.worker))).toEqual([[lost]]);
+    expect(run.report.placement.stages?.flatMap((s) => s.workers)).not.toContain(lost);
+    const diff = maxAbsDiff(run.latent, uninterrupted.latent);
+    console.log(`2 stages × 2 tabs: lost ${lost} at step ${run.report.failures[0].step}; max-abs ${diff}`);
+    expect(diff).toBeLessThanOrEqual(1e-5);
+  } finally {
+    await swarm.close();
+  }
+});
+
 test('a dashboard reloaded mid-job finishes the job after the reload, and its video stays playable', async ({
   browser,
   baseURL,

@@ -3,6 +3,7 @@
 // only its stage's blocks, and the executor pass each forward through the stages in turn, the first
 // from the patches and each next from the hidden state the one before handed on: the latent of one
 // worker holding everything, to the bit. A stage that hands on a malformed hidden state is named.
+import { handOffsOf } from '../../coordinator/forward/staged.ts';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { SpotCheckFailed, WorkerError } from '../../coordinator/executor.ts';
 import type { WorkerMeasurement } from '../../coordinator/measure.ts';
@@ -479,6 +480,22 @@ describe('the executor through pipeline stages', () => {
     // each stage's ranks exchanged within their stage, every block of theirs
     expect(staged.ranks.map((r) => r.rank)).toEqual([0, 1, 2, 3]);
     for (const rank of staged.ranks) expect(rank.bytesSent).toBeGreaterThan(0);
+    await Promise.all([executor.shutdown({ graceMs: 500 }), unstaged.shutdown({ graceMs: 500 })]);
+  });
+
+  it('two stages of two Ulysses ranks of uneven shares (8 and 4 heads) hand each rank its own rows: the latent of two such ranks holding everything, to the bit', async () => {
+    const { executor } = await started(new RankLayout(2, 1, [[8, 4]], 2), { stages: 2, spotCheckRate: 0 });
+    const at = { job: 3, step: 0, timestep: 600, latent };
+    const staged = await executor.velocity(at, 5);
+    const { executor: unstaged } = await started(new RankLayout(2, 1, [[8, 4]]), { spotCheckRate: 0 });
+    expect(maxAbsDiff(staged.velocity, (await unstaged.velocity(at, 5)).velocity)).toBe(0);
+    // each second-stage rank was handed its own share's rows (10 and 5 of 15 tokens), both passes, over its link
+    const dim = 288;
+    const handed = staged.ranks.filter((r) => r.rank >= 2).map((r) => r.handOff?.bytes);
+    expect(handed).toEqual([10, 5].map((rows) => 2 * 4 * (7 + 5 + rows) * dim)); // 5 rows of text
+    expect(handOffsOf(executor.layout, staged.ranks)).toEqual([
+      { boundary: 0, bytes: 2 * 4 * (7 + 5 + 15) * dim + 2 * 4 * (7 + 5) * dim, ms: expect.any(Number) as number },
+    ]);
     await Promise.all([executor.shutdown({ graceMs: 500 }), unstaged.shutdown({ graceMs: 500 })]);
   });
 
