@@ -1,7 +1,6 @@
 import type { WanConfig } from './model/config.ts';
 import { patchify, unpatchify } from './model/tokens.ts';
 import { sliceRows, type Tensor } from './tensor.ts';
-import type { HandOffMesh, StageLinks } from './worker-api.ts';
 
 /**
  * The Ulysses layout of one forward pass: the H heads shared among P ranks (`heads`, each at
@@ -140,13 +139,13 @@ export class RankLayout {
    * The rank's hand-off links: from the rank of its group's stage before at its place in the mesh, and to the stage
    * after's (every stage of a group shares its head shares, so the two compute the same tokens); none with one stage.
    */
-  stageLinksOf(rank: number, peers: string[], session: string): StageLinks | undefined {
+  stageLinksOf(rank: number, peers: string[], session: string): { before?: PairMesh; after?: PairMesh } | undefined {
     if (this.stages === 1) return undefined;
     const group = this.groupOf(rank);
     const stage = this.stageOf(rank);
     const local = this.localRank(rank);
     // sender rank 0, receiver rank 1 (rank/hand-off.ts), a session for each pair
-    const pair = (from: number, self: 0 | 1): HandOffMesh => {
+    const pair = (from: number, self: 0 | 1): PairMesh => {
       const sender = this.globalRank(group, local, from);
       const receiver = this.globalRank(group, local, from + 1);
       return {
@@ -197,6 +196,14 @@ export class RankLayout {
     ].filter(Boolean);
     return `rank ${rank} of ${this.world}${notes.length ? ` (${notes.join(', ')})` : ''}`;
   }
+}
+
+/** A mesh of two ranks a pipeline stage's hidden state crosses, sender rank 0 (core/worker-api.ts HandOffMesh). */
+interface PairMesh {
+  rank: 0 | 1;
+  world: 2;
+  peers: string[];
+  session: string;
 }
 
 export class ParallelConfigError extends Error {

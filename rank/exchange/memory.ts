@@ -47,10 +47,9 @@ export function memoryExchanges(world: number, dtype: DType = 'f32'): (Exchange 
           return part;
         });
       },
-      async allToAll(tag: ExchangeTag, parts: Float32Array[], judge?: PeerPartJudge) {
-        await Promise.all(
-          parts.map((values, to) => (to === rank ? Promise.resolve() : exchange.send(tag, to, values))),
-        );
+      allToAll(tag: ExchangeTag, parts: Float32Array[], judge?: PeerPartJudge) {
+        // delivered at once, in this call: a peer already waiting has its part before this rank waits for theirs
+        parts.forEach((values, to) => void (to === rank || exchange.send(tag, to, values)));
         return Promise.all(
           parts.map((own, from) => (from === rank ? Promise.resolve(own) : exchange.receive(tag, from, judge))),
         );

@@ -448,6 +448,7 @@ describe('the executor against real WorkerRuntimes in this process', () => {
         'executeModel',
         'recompute',
         'exchangeEvidence',
+        'handOffEvidence',
         'recomputeExchanges',
         'ping',
         'pingEngine',

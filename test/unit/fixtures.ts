@@ -6,11 +6,20 @@ import type { Channel } from '../../core/net/channel.ts';
 import { Link } from '../../core/net/link.ts';
 import type { DType } from '../../core/net/protocol.ts';
 import { inProcess, type Remote } from '../../core/net/rpc.ts';
-import { WORKER_CONTRACT, type WorkerApi, type WorkerInfo } from '../../core/worker-api.ts';
+import {
+  WORKER_CONTRACT,
+  type HandOffMesh,
+  type InitArgs,
+  type WorkerApi,
+  type WorkerInfo,
+} from '../../core/worker-api.ts';
 import type { EngineApi } from '../../rank/engine.ts';
 import { memoryExchanges } from '../../rank/exchange/memory.ts';
 import type { ModelBounds } from '../../rank/bounds.ts';
-import { WorkerRuntime } from '../../rank/runtime.ts';
+import { WorkerRuntime, type StagePartners } from '../../rank/runtime.ts';
+import type { KeepsEvidence } from '../../rank/exchange/ledger.ts';
+import { handOffDType } from '../../rank/hand-off.ts';
+import type { PointToPoint } from '../../rank/ulysses.ts';
 import { folderFiles } from '../../server/model-folder.ts';
 import { Swarm } from '../../coordinator/swarm.ts';
 import type { SwarmKeys } from '../../core/net/join-token.ts';
@@ -127,4 +136,22 @@ export function stubSwarm(origin: string, keys: SwarmKeys, signaling: SignalingO
   const peer = { id: 'ditswarm-c-test', on() {}, destroy() {} };
   type SwarmConstructor = new (peer: unknown, origin: string, keys: SwarmKeys, signaling: SignalingOptions) => Swarm;
   return new (Swarm as unknown as SwarmConstructor)(peer, origin, keys, signaling);
+}
+
+/**
+ * Hand-off links in memory, as worker pages link over data channels (worker/mesh.ts connectStages): each pair of
+ * ranks one memory exchange of two, found by its session, in the dtype a hand-off travels in.
+ */
+export function memoryStageLinks(): (init: InitArgs) => Promise<StagePartners> {
+  const pairs = new Map<string, (PointToPoint & KeepsEvidence)[]>();
+  const end = (pair: HandOffMesh, dtype: DType) => {
+    const ends = pairs.get(pair.session) ?? memoryExchanges(2, handOffDType(dtype));
+    pairs.set(pair.session, ends);
+    return ends[pair.rank];
+  };
+  return ({ stageLinks, dtype }) =>
+    Promise.resolve({
+      ...(stageLinks?.before && { before: end(stageLinks.before, dtype) }),
+      ...(stageLinks?.after && { after: end(stageLinks.after, dtype) }),
+    });
 }

@@ -706,6 +706,7 @@ describe('hostile arguments to every worker method', () => {
       'decodeTile',
       'encodeText',
       'executeModel',
+      'handOffEvidence',
       'initWorker',
       'prepareJob',
       'probeMesh',

@@ -16,7 +16,6 @@ import {
   WORKER_METHODS,
   type ExecuteArgs,
   type ExecuteResult,
-  type HandOffMesh,
   type InitArgs,
   type WorkerApi,
   type WorkerInfo,
@@ -25,11 +24,9 @@ import type { EngineApi } from '../../rank/engine.ts';
 import { memoryExchanges } from '../../rank/exchange/memory.ts';
 import type { KeepsEvidence } from '../../rank/exchange/ledger.ts';
 import { onnxStages } from '../../rank/onnx-stages.ts';
-import { WorkerRuntime } from '../../rank/runtime.ts';
+import { WorkerRuntime, type StagePartners } from '../../rank/runtime.ts';
 import type { Exchange, PointToPoint } from '../../rank/ulysses.ts';
-import { handOffDType } from '../../rank/hand-off.ts';
-import { defined } from '../../core/defined.ts';
-import { channelPair, describeInProcess, stubEngine, tinyModelFiles } from './fixtures.ts';
+import { channelPair, describeInProcess, memoryStageLinks, stubEngine, tinyModelFiles } from './fixtures.ts';
 
 // An executor over P real WorkerRuntimes in this process: the all-to-all over memory, the calls
 // either in-process through the contract (as the local backend makes them) or through Links,
@@ -133,35 +130,28 @@ export class InProcessExecutor extends Executor {
       meshes.set(init.session, mesh);
       return mesh;
     };
-    // a pipeline stage's hand-off links: a pair of ranks each, in the dtype a hand-off travels in
-    const pairs = new Map<string, (PointToPoint & KeepsEvidence)[]>();
-    const pairOf = (pair: HandOffMesh) => {
-      const mesh = pairs.get(pair.session) ?? memoryExchanges(2, handOffDType(this.placement.settings.dtype));
-      pairs.set(pair.session, mesh);
-      const end = mesh[pair.rank];
-      const sender = rankOf(pair);
-      // what the rank hands on goes through the test's hook as it sends it, signed as the rank signs anything
-      const wrapped: PointToPoint & KeepsEvidence = {
+    // a pipeline stage's hand-off links in memory; what a rank hands on goes through the test's hook as it sends it,
+    // signed as the rank signs anything
+    const stageLinks = memoryStageLinks();
+    const lying = (rank: number, partners: StagePartners): StagePartners => {
+      const end = partners.after;
+      if (!end) return partners;
+      const after: PointToPoint & Partial<KeepsEvidence> = {
         rank: end.rank,
         dtype: end.dtype,
         get bytesSent() {
           return end.bytesSent;
         },
-        send: (tag, to, part) => end.send(tag, to, this.handsOn(sender, part)),
+        send: (tag, to, part) => end.send(tag, to, this.handsOn(rank, part)),
         receive: (tag, from, judge) => end.receive(tag, from, judge),
-        keepEvidence: (ledger) => end.keepEvidence(ledger),
+        keepEvidence: (ledger) => end.keepEvidence?.(ledger),
       };
-      return wrapped;
+      return { ...partners, after };
     };
-    const rankOf = (pair: HandOffMesh) => Number(defined(pair.peers[pair.rank].split('-')[1], 'a rank-N peer id'));
     for (let rank = 0; rank < ranks; rank++) {
       const runtime = new WorkerRuntime(this.engine, {
         connectMesh: (init) => Promise.resolve(this.exchangeOf(rank, meshOf(init)[init.rank])),
-        connectStages: ({ stageLinks }) =>
-          Promise.resolve({
-            ...(stageLinks?.before && { before: pairOf(stageLinks.before) }),
-            ...(stageLinks?.after && { after: pairOf(stageLinks.after) }),
-          }),
+        connectStages: async (init) => lying(rank, await stageLinks(init)),
         describe: this.describeOf(rank),
       });
       this.runtimes.push(runtime);

@@ -34,7 +34,7 @@ import { WorkerRuntime } from '../../rank/runtime.ts';
 import type { Exchange } from '../../rank/ulysses.ts';
 import { WAN21_T2V_1_3B } from '../../server/wan21-layout.ts';
 import { anyNumber } from './matchers.ts';
-import { stubSwarm, tinyModelFiles } from './fixtures.ts';
+import { memoryStageLinks, stubSwarm, tinyModelFiles } from './fixtures.ts';
 import { onTinyModel } from './in-process-executor.ts';
 
 // generate() for real, in Node: the pipeline fetches the tiny model's folder over HTTP, places the
@@ -117,6 +117,7 @@ function testSwarm() {
     }
     return mesh;
   };
+  const stageLinks = memoryStageLinks();
   let joined = 0;
   /** a worker page joins; `memory` is what its page measures it holds, step by step (none: it cannot measure) */
   const join = (memory?: () => number) => {
@@ -131,6 +132,7 @@ function testSwarm() {
     };
     const page = new WorkerPage(engine, {
       connectMesh: (init) => Promise.resolve(meshOf(init)[init.rank]),
+      connectStages: stageLinks,
       describe: () => Promise.resolve(info),
       peakMemoryBytes: memory,
     });
