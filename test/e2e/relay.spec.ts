@@ -141,7 +141,7 @@ test(
     const { outcome: relayed, relayBytes } = await runOn(forced.url);
     const byLink = (r: JobOutcome) => r.report.links.map((l) => `${l.from}->${l.to}:${l.transport}`).sort();
     expect(byLink(relayed)).toEqual(['coordinator->0:relay', 'coordinator->1:relay']);
-  // each step's two passes handed from stage to stage: as many bytes relayed or not, all of them across the relay
+    // each step's two passes handed from stage to stage: as many bytes relayed or not, all of them across the relay
     const handedOn = (r: JobOutcome) => r.report.steps.map((s) => s.handOffs.map((h) => h.bytes));
     expect(handedOn(relayed)).toEqual(handedOn(direct));
     const handOffBytes = relayed.report.steps.reduce((n, s) => n + s.handOffs.reduce((m, h) => m + h.bytes, 0), 0);
