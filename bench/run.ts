@@ -3,7 +3,7 @@
 // bench/out/scaling.json.
 //
 //   npm run bench                      block cost, projection, local overhead, scaling, threads,
-//                                      full-size, pooled, vae, uneven, slow-link, spot-check-overhead,
+//                                      full-size, pooled, handoff, vae, uneven, slow-link, spot-check-overhead,
 //                                      time-to-video, load, api-polls, node-worker, signaling, links (in this order)
 //   npm run bench -- scaling [flags]   one of them (flags as in bench/scaling.ts etc.)
 //   npm run bench -- --smoke [name]    all of them (or one) at tiny sizes on small models, in a few minutes, without
@@ -29,6 +29,7 @@ import { parseApiPollsArgs, runApiPolls, SMOKE_API_POLLS } from './api-polls.ts'
 import { parseNodeWorkerArgs, runNodeWorker, SMOKE_NODE_WORKER } from './node-worker.ts';
 import { parseSignalingArgs, runSignaling, SMOKE_SIGNALING } from './signaling.ts';
 import { parseLinksArgs, runLinks, SMOKE_LINKS } from './links.ts';
+import { parseHandOffArgs, runHandOff, SMOKE_HAND_OFF } from './handoff.ts';
 
 /** every benchmark, in the order a whole run takes them (block cost first: the projection is held to it) */
 const BENCHMARKS = [
@@ -39,6 +40,7 @@ const BENCHMARKS = [
   'threads',
   'full-size',
   'pooled',
+  'handoff',
   'vae',
   'uneven',
   'slow-link',
@@ -167,6 +169,17 @@ if (chosen.includes('pooled')) {
   // each run's line was logged as it ended (runPooled): what it meets is left to say
   console.log(`pooled: ${JSON.stringify(pooled.meets)}`);
   sectionDone('pooled');
+}
+if (chosen.includes('handoff')) {
+  const handOff = await runHandOff(options(SMOKE_HAND_OFF, parseHandOffArgs));
+  report('handoff.json', handOff);
+  for (const r of handOff.runs)
+    console.log(
+      `handoff: S = ${r.stages}: step ${r.stepMs} ms, compute ${r.computeMs.join(' / ')} ms, ` +
+        `hand-offs ${r.handOffs.map((h) => `${h.bytes} B in ${h.ms} ms`).join(', ') || 'none'}, ` +
+        `max-abs ${r.maxAbsFromOneTab}`,
+    );
+  sectionDone('handoff');
 }
 if (chosen.includes('vae')) {
   if (smoke) await ensureSmokeVae();
