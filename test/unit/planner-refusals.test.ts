@@ -488,9 +488,8 @@ describe('pipeline stages', () => {
     for (const stageMs of [0, 0.25, 1]) {
       const auto = place({ stages: 2, pipeFusionPatches: 'auto' }, at(stageMs));
       expect(auto.pipeFusion, `${stageMs} ms`).toBeNull();
-      expect(byOf(auto)).toMatch(
-        /; exact: 'auto' takes no PipeFusion, measured slower than exact stages \(predicted \d+ ms a step, exact \d+ ms\)$/,
-      );
+      expect(byOf(auto)).toMatch(/; exact: 'auto' takes no PipeFusion, measured slower than exact stages \(/);
+      expect(byOf(auto)).toMatch(/\(predicted \d+ ms a step, exact \d+ ms\)$/);
     }
   });
 
