@@ -736,7 +736,7 @@ export function planPlacement(ctx: PlannerContext, input: PlanningInput): Resolv
     backend: ctx.backend,
     modelUrl: ctx.modelUrl,
     loras: asked.loras,
-    weightType: asked.weightType ?? null,
+    weightType: (staged ? staged.weightType : asked.weightType) ?? null,
     layout,
     workers:
       ctx.backend === 'swarm'
@@ -834,11 +834,16 @@ function placeStaged(ctx: PlannerContext, input: PlanningInput, weighed: Weighed
       : Math.max(1, Math.min(asked.stages, Math.floor(live.length / members)));
   const { tokens, textTokens, passes } = weighed.work;
   // PipeFusion's stages keep every token's keys and values [2, S, D] in float32 per block, for each pass they run
-  const fusing = pipeFusionAsked(ctx, asked, { stages: count, degree, tokens });
+  // 'auto' never fuses (below): only a number of patches asked makes the cut reserve PipeFusion's memory
+  const fusing =
+    asked.pipeFusionPatches === 'auto' ? null : pipeFusionAsked(ctx, asked, { stages: count, degree, tokens });
   const keysValuesBytesPerBlock = fusing ? (cfgGroups === 2 ? 1 : passes) * 2 * tokens * ctx.config.dim * 4 : 0;
+  // PipeFusion's ranks hold float32, widened once as they load: float16 or int8 would be widened again at every
+  // patch's call, a block's weights M times a step
+  const weightType = fusing ? 'float32' : asked.weightType;
   const stages = placeStages(
     ctx.config,
-    { stages: count, degree, tokens, textTokens, weightType: asked.weightType, cfgGroups, keysValuesBytesPerBlock },
+    { stages: count, degree, tokens, textTokens, weightType, cfgGroups, keysValuesBytesPerBlock },
     live.map((w) => ({
       id: w.id,
       memoryGiB: w.info.memoryGiB,
@@ -858,7 +863,7 @@ function placeStaged(ctx: PlannerContext, input: PlanningInput, weighed: Weighed
   const onWebGpu = placed
     .flatMap((s) => s.workers)
     .filter((w) => w.measurement && epOf(asked.ep, w.measurement) === 'webgpu');
-  if (asked.weightType === 'int8' && onWebGpu.length)
+  if (weightType === 'int8' && onWebGpu.length)
     throw new Error(
       `int8 weights are held on WASM alone, and ${onWebGpu.map((w) => w.id).join(', ')} would compute on WebGPU, ` +
         "holding more than its stage was cut for: ask ep 'wasm', or weightType 'float16'",
@@ -888,7 +893,13 @@ function placeStaged(ctx: PlannerContext, input: PlanningInput, weighed: Weighed
   const ranked = Array.from({ length: cfgGroups }, (_, g) =>
     stages.flatMap((stage) => stage.workers.slice(g * degree, (g + 1) * degree)),
   );
-  return { stages, chosen, workers: ranked.flat().map(workerOf), pipeFusion };
+  return {
+    stages,
+    chosen,
+    workers: ranked.flat().map(workerOf),
+    pipeFusion,
+    weightType: pipeFusion ? weightType : asked.weightType,
+  };
 }
 
 /**
