@@ -2,7 +2,7 @@
 // as it is published, with fewer blocks so that one tab can still hold it all for the reference, run as the
 // same job in S = 1, 2 and 4 pipeline stages on one worker tab a stage, each row on fresh tabs. Per S: what each
 // worker holds (`workers[].heldWeightBytes`, and the planner's `placement.stages`), its page's peak memory, its
-// load's peak (its renderer's peak resident memory, reset before the job, when the denoising begins) over what it
+// load's peak (its renderer's peak resident memory, reset before the job, as the load ends) over what it
 // holds, the placing and step times, and the latent against S = 1's (exact staged mode: the same to the bit).
 // Then per S > 1 the same job in PipeFusion (twice S patches, as many as the tokens allow, after one exact
 // step; its ranks hold float32): its steps' times against exact staged mode's, and its latent's deviation from S = 1's.
@@ -13,7 +13,8 @@
 
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
-import type { AutomationProgress, JobOverrides, JobResult } from '../app/automation.ts';
+import type { Page } from '@playwright/test';
+import type { JobOverrides, JobResult } from '../app/automation.ts';
 import { defined } from '../core/defined.ts';
 import { latentShape } from '../core/job.ts';
 import { parseWanConfig } from '../core/model/config.ts';
@@ -88,7 +89,7 @@ interface LoadMemory {
   pid: number;
   weightType: WeightType;
   heldBytes: number;
-  /** the growth of the process's peak resident memory from before the job to when the dashboard said it denoises */
+  /** the growth of the process's peak resident memory from before the job to its page's last moment of loading */
   loadPeakBytes: number;
   /** its resident memory's growth at that moment: what the loaded model holds, the sessions with it */
   loadedBytes: number;
@@ -96,8 +97,7 @@ interface LoadMemory {
 
 /**
  * One job on a fresh swarm of `tabs` worker tabs (fresh pages: nothing of an earlier row's model is in them), and each
- * rank's load peak: its renderer's peak resident memory is reset before the job and read when the dashboard reports
- * the denoising begun, the placing (and so every load) done.
+ * rank's load peak: its renderer's peak resident memory is reset before the job and read while its page says it loads.
  */
 async function runRow(o: PooledOptions, tabs: number, placement: JobOverrides) {
   // a renderer process a tab, so that each rank's memory is its process's: Chromium lets same-site tabs share one
@@ -119,28 +119,49 @@ async function runRow(o: PooledOptions, tabs: number, placement: JobOverrides) {
       swarm.workers.length,
       { timeout: 30_000 },
     );
-    // one page at a time: a page is known by its renderer's CPU time growing as it spins
+    // one page at a time, a few tries each: other tabs' memory moves too (their probes) while a page holds its marker
     const renderers = new Map<string, number>();
+    const pidOf = new Map<Page, number>();
     for (const page of swarm.workers) {
       const id = await page.evaluate(() => window.ditswarmWorker?.peerId ?? '');
-      const pid = await rendererOf(page);
-      if (id && pid !== null) renderers.set(id, pid);
+      for (let tries = 0; tries < 3 && id && !renderers.has(id); tries++) {
+        const pid = await rendererOf(page);
+        if (pid === null || [...renderers.values()].includes(pid)) continue;
+        renderers.set(id, pid);
+        pidOf.set(page, pid);
+      }
     }
     const pids = [...renderers.values()];
     const measurable = pids.length === tabs && new Set(pids).size === tabs;
     if (!measurable)
       log(`pooled: the worker tabs' renderer processes are not one each (${pids.join(', ')}): no load peaks`);
-    for (const page of swarm.workers) await page.evaluate(() => (globalThis as { gc?: () => void }).gc?.());
+    // the markers' memory let go before the peaks start again: a collection frees a large buffer's a moment after
+    for (let round = 0; round < 3; round++) {
+      for (const page of swarm.workers) await page.evaluate(() => (globalThis as { gc?: () => void }).gc?.());
+      await new Promise((resolve) => setTimeout(resolve, 1000));
+    }
     const before = new Map(pids.map((pid) => [pid, residentMemory(pid).now]));
     if (measurable) pids.forEach(resetPeak);
-    let loaded: Map<number, { now: number; peak: number }> | null = null;
-    await swarm.dashboard.exposeFunction('ditswarmProgress', (progress: AutomationProgress) => {
-      if (!loaded && measurable && ('step' in progress || progress.phase === 'denoising'))
-        loaded = new Map(pids.map((pid) => [pid, residentMemory(pid)]));
-    });
+    // while a worker page says it loads, its renderer's memory every tenth of a second: the last sample is the load's
+    // (within a tenth of a second of its end), and none is of the denoising after, which widens a block to compute it
+    // (read when the dashboard said it denoised, the first block's compute was in it)
+    const loaded = new Map<number, { now: number; peak: number }>();
+    const jobRuns = { now: true };
+    const sampling = (async () => {
+      while (jobRuns.now && measurable) {
+        for (const [page, pid] of pidOf) {
+          const state = await page.evaluate(() => window.ditswarmWorker?.state).catch(() => null);
+          if (state === 'loading') loaded.set(pid, residentMemory(pid));
+        }
+        await new Promise((resolve) => setTimeout(resolve, 100));
+      }
+    })();
     const job = transformerJob(o, promptEmbeds, placement);
-    const result = (await swarm.dashboard.evaluate((j) => window.ditswarm.generate(j), job)) as JobResult;
-    const atLoad = loaded as Map<number, { now: number; peak: number }> | null;
+    const result = await (
+      swarm.dashboard.evaluate((j) => window.ditswarm.generate(j), job) as Promise<JobResult>
+    ).finally(() => (jobRuns.now = false));
+    await sampling;
+    const atLoad = measurable ? loaded : null;
     const memory: (LoadMemory | null)[] = result.report.workers.map((w) => {
       const pid = renderers.get(w.id);
       const at = pid === undefined ? undefined : atLoad?.get(pid);
