@@ -5,7 +5,7 @@
 // load's peak (its renderer's peak resident memory, reset before the job, as the load ends) over what it
 // holds, the placing and step times, and the latent against S = 1's (exact staged mode: the same to the bit).
 // Then per S > 1 the same job in PipeFusion (twice S patches, as many as the tokens allow, after one exact
-// step; its ranks hold float32): its steps' times against exact staged mode's, and its latent's deviation from S = 1's.
+// step): its steps' times against exact staged mode's, and its latent's deviation from S = 1's.
 // Writes bench/out/pooled.json; the projection of the whole 14B on real GPUs is `npm run bench -- projection`.
 //
 //   npm run bench -- pooled [--model DIR] [--layers 8] [--stages 1,2,4] [--weights float16|float32]
@@ -280,7 +280,7 @@ export async function runPooled(o: PooledOptions) {
       stages: S,
       patches,
       tokens,
-      /** what its ranks hold: float32, widened once as they load (the planner's choice for PipeFusion) */
+      /** what its ranks hold, as exact mode's */
       weightType: report.placement.weightType,
       heldGB: report.workers.map((w) => round(w.heldWeightBytes / 1e9, 3)),
       load: loadPeaks(row.memory),

@@ -75,8 +75,7 @@ export interface PlacementRequest extends Partial<Omit<RankSettings, 'dtype' | '
   loras?: LoraRef[];
   /**
    * how every rank holds the blocks' weights (LoadArgs): 'float16' halves them, so a pipeline stage holds twice the
-   * blocks, at ~2e-4 of the output's scale from float32; unset: float16 on WebGPU with shader-f16, float32 elsewhere.
-   * PipeFusion's ranks hold float32 whatever is asked (widened once as they load, not at each patch's call)
+   * blocks, at ~2e-4 of the output's scale from float32; unset: float16 on WebGPU with shader-f16, float32 elsewhere
    */
   weightType?: WeightType;
   /**

@@ -736,7 +736,7 @@ export function planPlacement(ctx: PlannerContext, input: PlanningInput): Resolv
     backend: ctx.backend,
     modelUrl: ctx.modelUrl,
     loras: asked.loras,
-    weightType: (staged ? staged.weightType : asked.weightType) ?? null,
+    weightType: asked.weightType ?? null,
     layout,
     workers:
       ctx.backend === 'swarm'
@@ -838,12 +838,9 @@ function placeStaged(ctx: PlannerContext, input: PlanningInput, weighed: Weighed
   const fusing =
     asked.pipeFusionPatches === 'auto' ? null : pipeFusionAsked(ctx, asked, { stages: count, degree, tokens });
   const keysValuesBytesPerBlock = fusing ? (cfgGroups === 2 ? 1 : passes) * 2 * tokens * ctx.config.dim * 4 : 0;
-  // PipeFusion's ranks hold float32, widened once as they load: float16 or int8 would be widened again at every
-  // patch's call, a block's weights M times a step
-  const weightType = fusing ? 'float32' : asked.weightType;
   const stages = placeStages(
     ctx.config,
-    { stages: count, degree, tokens, textTokens, weightType, cfgGroups, keysValuesBytesPerBlock },
+    { stages: count, degree, tokens, textTokens, weightType: asked.weightType, cfgGroups, keysValuesBytesPerBlock },
     live.map((w) => ({
       id: w.id,
       memoryGiB: w.info.memoryGiB,
@@ -863,7 +860,7 @@ function placeStaged(ctx: PlannerContext, input: PlanningInput, weighed: Weighed
   const onWebGpu = placed
     .flatMap((s) => s.workers)
     .filter((w) => w.measurement && epOf(asked.ep, w.measurement) === 'webgpu');
-  if (weightType === 'int8' && onWebGpu.length)
+  if (asked.weightType === 'int8' && onWebGpu.length)
     throw new Error(
       `int8 weights are held on WASM alone, and ${onWebGpu.map((w) => w.id).join(', ')} would compute on WebGPU, ` +
         "holding more than its stage was cut for: ask ep 'wasm', or weightType 'float16'",
@@ -898,7 +895,6 @@ function placeStaged(ctx: PlannerContext, input: PlanningInput, weighed: Weighed
     chosen,
     workers: ranked.flat().map(workerOf),
     pipeFusion,
-    weightType: pipeFusion ? weightType : asked.weightType,
   };
 }
 
