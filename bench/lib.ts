@@ -119,7 +119,7 @@ export function transformerJob(
  * random prompt embeddings (randomPromptEmbeds), and `workers` fresh tabs of a swarm serving the folder at
  * LOCAL_MODEL_PATH; with when and on what machine it started.
  */
-export async function transformerSwarm(model: string, workers: number) {
+export async function transformerSwarm(model: string, workers: number, browserArgs: string[] = []) {
   const config = JSON.parse(readFileSync(join(model, 'transformer/config.json'), 'utf8')) as {
     num_layers: number;
     num_attention_heads: number;
@@ -127,7 +127,7 @@ export async function transformerSwarm(model: string, workers: number) {
   };
   const promptEmbeds = randomPromptEmbeds(model);
   const started = Date.now();
-  const swarm = await startLocalSwarm({ workers, modelFolders: { [LOCAL_MODEL_PATH]: model }, log });
+  const swarm = await startLocalSwarm({ workers, modelFolders: { [LOCAL_MODEL_PATH]: model }, browserArgs, log });
   return { config, promptEmbeds, started, swarm, machineAtStart: machine(swarm.browserVersion) };
 }
 
@@ -292,6 +292,75 @@ export const isMain = (meta: ImportMeta): boolean => {
   const script = process.argv.at(1);
   return script !== undefined && normalize(script) === meta.filename;
 };
+
+/** A process's parent pid; 0 where it is gone. */
+function parentOf(pid: number): number {
+  try {
+    return Number(readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1].split(' ')[1]);
+  } catch {
+    return 0;
+  }
+}
+
+/**
+ * The pids of the renderer processes of browsers this process launched (Linux only: none elsewhere): other programs'
+ * Chromium on a shared machine are not ours to measure.
+ */
+function ownRendererPids(): number[] {
+  if (!existsSync('/proc/self/status')) return [];
+  const ours = (pid: number) => {
+    for (let p = parentOf(pid); p > 1; p = parentOf(p)) if (p === process.pid) return true;
+    return false;
+  };
+  return readdirSync('/proc')
+    .filter((p) => /^\d+$/.test(p))
+    .filter((pid) => {
+      try {
+        return readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes('--type=renderer');
+      } catch {
+        return false; // the process ended while being read
+      }
+    })
+    .map(Number)
+    .filter(ours);
+}
+
+/** what rendererOf has a page hold for a moment: far more than any other page's memory moves meanwhile */
+const MARKER_BYTES = 256 << 20;
+
+/**
+ * The renderer process of `page` (Playwright does not say which process renders a page): of this process's browsers'
+ * renderers, the one whose resident memory grows by most of MARKER_BYTES while the page holds that many bytes, which
+ * it then lets go (collected at once where the browser exposes gc: `--js-flags=--expose-gc`); null off Linux or where
+ * no process grew so.
+ */
+export async function rendererOf(page: Page): Promise<number | null> {
+  const pids = ownRendererPids();
+  const rss = () => pids.map((pid) => residentMemory(pid).now);
+  const before = rss();
+  await page.evaluate((bytes) => {
+    (globalThis as { marker?: Uint8Array }).marker = new Uint8Array(bytes).fill(1);
+  }, MARKER_BYTES);
+  const grew = rss().map((now, i) => now - before[i]);
+  await page.evaluate(() => {
+    delete (globalThis as { marker?: Uint8Array }).marker;
+    (globalThis as { gc?: () => void }).gc?.();
+  });
+  const most = Math.max(...grew);
+  return most > 0.75 * MARKER_BYTES ? (pids[grew.indexOf(most)] ?? null) : null;
+}
+
+/** A process's resident memory now and at its peak since its last resetPeak, in bytes (VmRSS, VmHWM). */
+export function residentMemory(pid: number): { now: number; peak: number } {
+  const status = readFileSync(`/proc/${pid}/status`, 'utf8');
+  const kb = (field: string) => Number(new RegExp(`${field}:\\s+(\\d+) kB`).exec(status)?.[1] ?? NaN) * 1024;
+  return { now: kb('VmRSS'), peak: kb('VmHWM') };
+}
+
+/** Starts a process's peak resident memory (VmHWM) again from what it holds now (Linux's clear_refs 5). */
+export function resetPeak(pid: number): void {
+  writeFileSync(`/proc/${pid}/clear_refs`, '5');
+}
 
 /** Peak resident memory (VmHWM) of each Chromium renderer process now, in bytes, largest first: Linux only. */
 export function rendererPeaks(): number[] {

@@ -67,8 +67,8 @@ export interface PlacementRequest extends Partial<Omit<RankSettings, 'dtype' | '
   /**
    * PipeFusion (with stages, each of one worker a CFG group): each forward's tokens cut into this many patches that
    * follow each other through the stages, so that all stages compute at once, each attending to the patches after its
-   * own as of the step before (the first warmupSteps steps exact); 'auto': twice the stages where the cost model
-   * predicts it 1.1× faster than exact; unset: exact staged mode, stage after stage
+   * own as of the step before (the first warmupSteps steps exact); 'auto': exact staged mode, for now (PipeFusion was
+   * measured slower than it: README); unset: exact staged mode, stage after stage
    */
   pipeFusionPatches?: number | 'auto';
   /** LoRA adapters every rank merges into its weights as it loads (core/model/lora.ts); none unless set */

@@ -183,7 +183,7 @@ interface Asked {
   headGroups: number | undefined;
   /** pipeline stages (pooled memory); 1: every rank holds the whole model */
   stages: number;
-  /** PipeFusion's patches a forward is cut into ('auto': where predicted faster); null: exact staged mode */
+  /** PipeFusion's patches a forward is cut into ('auto': exact, PipeFusion measured slower); null: exact staged mode */
   pipeFusionPatches: number | 'auto' | null;
 }
 
@@ -827,7 +827,9 @@ function placeStaged(ctx: PlannerContext, input: PlanningInput, weighed: Weighed
       : Math.max(1, Math.min(asked.stages, Math.floor(live.length / members)));
   const { tokens, textTokens, passes } = weighed.work;
   // PipeFusion's stages keep every token's keys and values [2, S, D] in float32 per block, for each pass they run
-  const fusing = pipeFusionAsked(ctx, asked, { stages: count, degree, tokens });
+  // 'auto' never fuses (below): only a number of patches asked makes the cut reserve PipeFusion's memory
+  const fusing =
+    asked.pipeFusionPatches === 'auto' ? null : pipeFusionAsked(ctx, asked, { stages: count, degree, tokens });
   const keysValuesBytesPerBlock = fusing ? (cfgGroups === 2 ? 1 : passes) * 2 * tokens * ctx.config.dim * 4 : 0;
   const stages = placeStages(
     ctx.config,
@@ -859,16 +861,17 @@ function placeStaged(ctx: PlannerContext, input: PlanningInput, weighed: Weighed
   const possible = pipeFusionAsked(ctx, asked, { stages: stages.length, degree, tokens });
   const exact = predictStaged(ctx, input, weighed, placed, cfgGroups, null);
   const fused = possible && predictStaged(ctx, input, weighed, placed, cfgGroups, possible.patches);
-  // 'auto': PipeFusion where the cost model predicts it LESS_EXACT_GAIN× faster than exact, else exact
-  const pays = !!(exact && fused && fused.predictedStepMs * LESS_EXACT_GAIN <= exact.predictedStepMs);
-  const pipeFusion = asked.pipeFusionPatches === 'auto' && !pays ? null : possible;
+  // 'auto' stays exact: PipeFusion was measured slower than exact stages (bench pooled: each patch's calls widen the
+  // weights again), where the cost model, which does not count that, predicts it faster
+  const pipeFusion = asked.pipeFusionPatches === 'auto' ? null : possible;
   const ms = (p: PlacementPrediction | null) => `${p?.predictedStepMs.toFixed(0)} ms`;
   const why =
     asked.pipeFusionPatches !== 'auto'
       ? ''
-      : pipeFusion
-        ? `; PipeFusion in ${pipeFusion.patches} patches: predicted ${ms(fused)} a step, exact ${ms(exact)}`
-        : `; exact: PipeFusion ${possible ? `not predicted ${LESS_EXACT_GAIN}× faster` : 'not possible here'}`;
+      : possible
+        ? `; exact: 'auto' takes no PipeFusion, measured slower than exact stages (predicted ${ms(fused)} a step, ` +
+          `exact ${ms(exact)})`
+        : '; exact: PipeFusion not possible here';
   const prediction = pipeFusion ? fused : exact;
   const chosen: Chosen = {
     layout: new RankLayout(degree, cfgGroups, null, stages.length),
@@ -880,7 +883,12 @@ function placeStaged(ctx: PlannerContext, input: PlanningInput, weighed: Weighed
   const ranked = Array.from({ length: cfgGroups }, (_, g) =>
     stages.flatMap((stage) => stage.workers.slice(g * degree, (g + 1) * degree)),
   );
-  return { stages, chosen, workers: ranked.flat().map(workerOf), pipeFusion };
+  return {
+    stages,
+    chosen,
+    workers: ranked.flat().map(workerOf),
+    pipeFusion,
+  };
 }
 
 /**

@@ -142,6 +142,24 @@ export async function readTensor(files: ByteRanges, entry: TensorEntry): Promise
 }
 
 /**
+ * Rows [from, to) of a tensor read as `rows` rows, widened to float32: a large tensor read a piece at a time, so that a
+ * loader holding it narrower (float16, int8) never has all of it in float32 at once.
+ */
+export async function readTensorRows(
+  files: ByteRanges,
+  entry: TensorEntry,
+  rows: number,
+  from: number,
+  to: number,
+): Promise<Float32Array> {
+  const rowBytes = (entry.end - entry.begin) / rows;
+  const [begin, end] = [entry.begin + from * rowBytes, entry.begin + to * rowBytes];
+  const raw = await files.readRange(entry.file, begin, end);
+  if (raw.byteLength !== end - begin) throw truncated(entry, begin - entry.begin + raw.byteLength);
+  return widen(raw, entry.dtype, true);
+}
+
+/**
  * The most bytes one read of neighbouring tensors asks for (tensorRuns): a model of many small tensors (norms and
  * biases between its matrices) costs a request per run, not per tensor; a tensor larger than this is a run alone.
  */

@@ -9,7 +9,9 @@
 //   o      attention output is a convex combination of v rows: each column within v's bound.
 // The weights' part is taken once when the model loads (modelBounds), the modulation's per forward
 // (stepLimits), and each exchange judges the parts it receives against them (judgeMatrices).
-import { allBlocks } from '../core/model/blocks.ts';
+import { allBlocks, type BlockRange } from '../core/model/blocks.ts';
+import type { WanConfig } from '../core/model/config.ts';
+import { rowNorm } from '../core/model/held-weights.ts';
 import type { WanModel } from '../core/model/reference.ts';
 import { QUANTIZED_LEVELS, type DType } from '../core/net/protocol.ts';
 
@@ -66,23 +68,38 @@ function normedBound(w: Float32Array): Float32Array {
 /** The bounds the weights of every block the model holds imply; taken once, when the model loads. */
 export function modelBounds(m: WanModel): ModelBounds {
   const D = m.config.dim;
-  const held = m.blocks ?? allBlocks(m.config);
-  const blocks = Array.from({ length: m.config.numLayers }, (_, b) => {
+  return heldBounds(
+    m.config,
+    m.blocks ?? allBlocks(m.config),
+    (name) => weight(m, name),
+    (name) => {
+      const w = weight(m, name);
+      return Float32Array.from({ length: D }, (_, c) => rowNorm(w.subarray(c * D, (c + 1) * D)));
+    },
+  );
+}
+
+/**
+ * The same from weights as a load holds them (core/model/held-weights.ts): `valuesOf` a small weight's values (norms,
+ * a bias, a table), `rowNormsOf` the row norms of a block's [D, D] value matrix.
+ */
+export function heldBounds(
+  config: Pick<WanConfig, 'dim' | 'numLayers'>,
+  held: BlockRange,
+  valuesOf: (name: string) => Float32Array,
+  rowNormsOf: (name: string) => Float32Array,
+): ModelBounds {
+  const D = config.dim;
+  const blocks = Array.from({ length: config.numLayers }, (_, b) => {
     if (b < held.from || b >= held.to) return null;
     const a = `blocks.${b}.attn1`;
-    const wv = weight(m, `${a}.to_v.weight`); // [D, D]
-    const vRowNorms = new Float32Array(D);
-    for (let c = 0; c < D; c++) {
-      let sq = 0;
-      for (let i = 0; i < D; i++) sq += wv[c * D + i] ** 2;
-      vRowNorms[c] = Math.sqrt(sq);
-    }
+    const vRowNorms = rowNormsOf(`${a}.to_v.weight`); // of [D, D]
     return {
-      q: normedBound(weight(m, `${a}.norm_q.weight`)),
-      k: normedBound(weight(m, `${a}.norm_k.weight`)),
+      q: normedBound(valuesOf(`${a}.norm_q.weight`)),
+      k: normedBound(valuesOf(`${a}.norm_k.weight`)),
       vRowNorms,
-      vBias: weight(m, `${a}.to_v.bias`).map(Math.abs),
-      modulation: weight(m, `blocks.${b}.scale_shift_table`).slice(0, 2 * D),
+      vBias: valuesOf(`${a}.to_v.bias`).map(Math.abs),
+      modulation: valuesOf(`blocks.${b}.scale_shift_table`).slice(0, 2 * D),
     };
   });
   return { dim: D, blocks };

@@ -3,7 +3,11 @@
 // touches the DOM or the network beyond fetching the model.
 import * as ort from 'onnxruntime-web';
 import type { WanConfig } from '../core/model/config.ts';
-import { loadTransformer } from '../core/model/transformer.ts';
+import { loadTransformer, openTransformerShapes } from '../core/model/transformer.ts';
+import { heldRowNorms, readHeldWeights, widenWeight } from '../core/model/held-weights.ts';
+import { allBlocks, type BlockRange } from '../core/model/blocks.ts';
+import type { LoadProgress, ModelFiles } from '../core/model/files.ts';
+import { defined } from '../core/defined.ts';
 import { applyLoras, splitFileUrl, type LoraRef } from '../core/model/lora.ts';
 import type {
   ComputeProbe,
@@ -13,11 +17,12 @@ import type {
   EncodeTextArgs,
   ExecutionProvider,
   LoadArgs,
+  WeightType,
   LoadedModel,
   LoadStatus,
 } from '../core/worker-api.ts';
 import { onnxStages, type OnnxStages } from './onnx-stages.ts';
-import { modelBounds, type ModelBounds } from './bounds.ts';
+import { heldBounds, modelBounds, type ModelBounds } from './bounds.ts';
 import { probeThroughput } from './throughput-probe.ts';
 import { probeWebGpu } from './webgpu.ts';
 import { oneAtATime, STAGE_METHODS, type DeviceStageRunner } from './stages.ts';
@@ -25,6 +30,7 @@ import { forward, type MethodNames } from './forwarding.ts';
 import { textLayers } from './text-layers.ts';
 import { vaeTiles } from './vae-tiles.ts';
 import { cachedModelFiles } from './weight-cache.ts';
+import { RUN_BYTES } from '../core/safetensors.ts';
 
 /**
  * What the worker reports of a load (less why its EP was chosen: the runtime's), the model's config,
@@ -130,6 +136,72 @@ function reportingMoves(engine: EngineApi, report: (move: EngineMove) => void): 
   return reporting;
 }
 
+export type Loaded = { runner: OnnxStages; bounds: ModelBounds; config: WanConfig };
+
+/**
+ * A model's blocks as a runner holds them, each weight read into that type a piece at a time (held-weights.ts): the
+ * load holds what the runner keeps and a few pieces, never the blocks in float32 beside their float16 or int8 copies.
+ */
+export async function loadHeld(
+  files: ModelFiles,
+  onProgress: LoadProgress,
+  blocks: BlockRange | undefined,
+  ep: ExecutionProvider,
+  weightType: WeightType | undefined,
+  pieceBytes = RUN_BYTES,
+): Promise<Loaded> {
+  const { shapes, entries } = await openTransformerShapes(files, blocks);
+  let bounds: ModelBounds | null = null;
+  const runner = await onnxStages(shapes, ep, {
+    weightType,
+    takesWeights: true,
+    async readHeld(plan) {
+      const held = await readHeldWeights(
+        files,
+        entries.filter((e) => plan.has(e.name)),
+        (name) => defined(plan.get(name), name),
+        onProgress,
+        pieceBytes,
+      );
+      // from the weights as held, while they are all on the CPU side (on WebGPU they leave it)
+      const weight = (name: string) => defined(held.get(name), `weight ${name}`);
+      bounds = heldBounds(
+        shapes.config,
+        shapes.blocks ?? allBlocks(shapes.config),
+        (name) => widenWeight(weight(name)),
+        (name) => heldRowNorms(weight(name), shapes.config.dim),
+      );
+      return held;
+    },
+  });
+  return { runner, bounds: defined<ModelBounds>(bounds, "the held weights' bounds"), config: shapes.config };
+}
+
+/** A model read whole in float32, LoRA adapters merged into it, then narrowed block by block as the runner takes it. */
+async function loadMerged(
+  files: ModelFiles,
+  onProgress: LoadProgress,
+  {
+    blocks,
+    loras,
+    weightType,
+  }: { blocks: BlockRange | undefined; loras: readonly LoraRef[]; weightType: WeightType | undefined },
+  ep: 'wasm' | 'webgpu',
+): Promise<Loaded> {
+  const model = await loadTransformer(files, onProgress, blocks);
+  // the adapters' files are kept in the browser as the model's are
+  await applyLoras(model, loras, (url) => {
+    const { folder, name } = splitFileUrl(url);
+    const folderFiles = cachedModelFiles(folder);
+    return { files: folderFiles, path: name, close: () => folderFiles.close() };
+  });
+  // from the weights while they are all on the CPU side (on WebGPU they leave it)
+  const bounds = modelBounds(model);
+  // the model was read for this runner alone: the blocks' weights it copies leave the model as it takes them
+  const runner = await onnxStages(model, ep, { weightType, takesWeights: true });
+  return { runner, bounds, config: model.config };
+}
+
 /**
  * An engine computing WASM on `threads` threads. onnxruntime-web reads its thread count once, when
  * its WebAssembly module starts (at the first session), so an engine's threads are fixed for its
@@ -165,31 +237,22 @@ export function createEngine(threads = 1, report?: (move: EngineMove) => void, c
       stages = null;
       loaded = null;
       const files = cachedModelFiles(modelUrl);
-      const model = await loadTransformer(
-        files,
-        (bytes, totalBytes) => {
-          const { networkBytes, note } = files.source();
-          onProgress?.({ bytes, totalBytes, networkBytes, elapsedMs: performance.now() - started, note });
-        },
-        blocks,
+      const progress = (bytes: number, totalBytes: number) => {
+        const { networkBytes, note } = files.source();
+        onProgress?.({ bytes, totalBytes, networkBytes, elapsedMs: performance.now() - started, note });
+      };
+      const { runner, bounds, config } = await (
+        loras.length
+          ? loadMerged(files, progress, { blocks, loras, weightType }, ep)
+          : loadHeld(files, progress, blocks, ep, weightType)
       ).finally(() => files.close());
-      // the adapters' files are kept in the browser as the model's are
-      await applyLoras(model, loras, (url) => {
-        const { folder, name } = splitFileUrl(url);
-        const folderFiles = cachedModelFiles(folder);
-        return { files: folderFiles, path: name, close: () => folderFiles.close() };
-      });
-      // from the weights while they are all on the CPU side (on WebGPU they leave it)
-      const bounds = modelBounds(model);
-      // the model was read for this runner alone: the blocks' weights it copies leave the model as it takes them
-      const runner = await onnxStages(model, ep, { weightType, takesWeights: true });
       stages = runner;
       const { maxBufferBytes, gpuWeightBytes, heldWeightBytes } = runner;
       const info: EngineInfo = {
         ep,
         adapter,
         inMemory: false,
-        config: model.config,
+        config,
         bounds,
         loadMs: performance.now() - started,
         weights: files.source(),

@@ -3,8 +3,8 @@
 // The transformer's blocks (onnx-stages.ts) and the VAE decoder (vae-decoder.ts) hold theirs here.
 import type { WeightType } from '../core/worker-api.ts';
 import * as ort from 'onnxruntime-web';
-import { toF16 } from '../core/net/protocol.ts';
-import { scaleInput, storedInt8 } from '../core/model/stage-graphs.ts';
+import { scaleInput } from '../core/model/stage-graphs.ts';
+import { narrowWeight, type HeldWeight } from '../core/model/held-weights.ts';
 
 /** The parts of a WebGPU device the runners use (the DOM's WebGPU types are not in this build's lib). */
 export interface GpuDevice {
@@ -22,6 +22,8 @@ export interface WeightTensors {
   tensor(data: Float32Array, dims: number[]): ort.Tensor;
   /** the inputs a fed graph (FedGraph) takes weight `name` by, `data` stored as `type`: an int8 weight's scales too */
   inputs(name: string, data: Float32Array, dims: number[], type: WeightType): [string, ort.Tensor][];
+  /** the same of a weight already held as its graph takes it (core/model/held-weights.ts): its arrays, not a copy */
+  heldInputs(name: string, weight: HeldWeight, dims: number[]): [string, ort.Tensor][];
   /** bytes of GPU buffers made so far (0 on WASM) */
   readonly gpuBytes: number;
   /** bytes of every tensor made so far, as stored */
@@ -56,18 +58,17 @@ export function weightTensors(device: GpuDevice | null): WeightTensors {
     gpuBytes += size;
     return ort.Tensor.fromGpuBuffer(buffer as never, { dataType: type, dims });
   };
-  const float = (data: Float32Array, dims: number[], type: 'float32' | 'float16') =>
-    held(type, type === 'float16' ? toF16(data) : data, dims);
+  const heldInputs = (name: string, weight: HeldWeight, dims: number[]): [string, ort.Tensor][] =>
+    weight.type === 'int8'
+      ? [
+          [name, held('uint8', weight.bytes, dims)],
+          [scaleInput(name), held('float32', weight.scales, [dims[0]])],
+        ]
+      : [[name, held(weight.type, weight.data, dims)]];
   return {
-    tensor: (data, dims) => float(data, dims, 'float32'),
-    inputs(name, data, dims, type) {
-      if (type !== 'int8') return [[name, float(data, dims, type)]];
-      const { bytes, scales } = storedInt8(data, dims[0]);
-      return [
-        [name, held('uint8', bytes, dims)],
-        [scaleInput(name), held('float32', scales, [dims[0]])],
-      ];
-    },
+    tensor: (data, dims) => held('float32', data, dims),
+    inputs: (name, data, dims, type) => heldInputs(name, narrowWeight(data, dims[0], type), dims),
+    heldInputs,
     get gpuBytes() {
       return gpuBytes;
     },

@@ -15,6 +15,7 @@ import { defined } from '../core/defined.ts';
 import { concat, setCols, sliceCols } from '../core/tensor.ts';
 import { rowChunks, rowsPerBuffer } from './chunks.ts';
 import { weightTensors, type GpuDevice } from './gpu-weights.ts';
+import type { HeldAs, HeldWeight } from '../core/model/held-weights.ts';
 import type { Activation, DeviceStageRunner, DeviceTensor } from './stages.ts';
 
 /**
@@ -43,6 +44,7 @@ function fedWeightTensors(
   weightType: WeightType,
   device: GpuDevice | null,
   takesWeights: boolean,
+  held: Map<string, HeldWeight> | null,
 ) {
   const weights = weightTensors(device);
   // a copy (float16 or int8, or a GPU buffer) makes the model's float32 array garbage once taken from it: block by
@@ -57,12 +59,17 @@ function fedWeightTensors(
         graph.weights.flatMap(({ name, dims, type }) => {
           const key = fedWeightKey(name, block);
           const made =
-            taken.get(key) ?? weights.inputs(name, defined(m.weights.get(key), `weight ${key}`).data, dims, type);
+            taken.get(key) ??
+            (held
+              ? weights.heldInputs(name, defined(held.get(key), `weight ${key}`), dims)
+              : weights.inputs(name, defined(m.weights.get(key), `weight ${key}`).data, dims, type));
           taken.set(key, made);
           return made;
         }),
       ),
     );
+    // read as held, a weight's arrays are its tensors' on WASM; on WebGPU uploaded, they go with the map's entry
+    for (const key of taken.keys()) held?.delete(key);
     if (copies) for (const key of taken.keys()) m.weights.delete(key);
     return inputs;
   };
@@ -80,6 +87,20 @@ function fedWeightTensors(
     heldBytes: weights.heldBytes,
     destroy: () => weights.destroy(),
   };
+}
+
+/** How each weight the graphs take is held, by the model's name for it: the plan a load in the held type reads by. */
+function heldPlan(
+  range: BlockRange,
+  graphs: { embed: FedGraph | null; head: FedGraph | null; blocks: FedGraph[] },
+): Map<string, HeldAs> {
+  const plan = new Map<string, HeldAs>();
+  const add = (graph: FedGraph, block: number | null) => {
+    for (const { name, dims, type } of graph.weights) plan.set(fedWeightKey(name, block), { type, dims });
+  };
+  for (const graph of [graphs.embed, graphs.head]) if (graph) add(graph, null);
+  for (let b = range.from; b < range.to; b++) for (const graph of graphs.blocks) add(graph, b);
+  return plan;
 }
 
 /**
@@ -116,12 +137,19 @@ export type OnnxStages = Required<DeviceStageRunner> & {
  * back. On WASM every output is CPU data, as before.
  * A stage whose tensors would exceed `maxBufferBytes` (by default what the EP allows) runs in
  * chunks of rows, or of heads for attention (chunks.ts); its inputs and outputs are then CPU data.
- * With `takesWeights` (a model loaded for the runner alone), weights held as a copy leave `m.weights`.
+ * With `takesWeights` (a model loaded for the runner alone), weights held as a copy leave `m.weights`. With `readHeld`,
+ * the weights are read in the type they are held in (core/model/held-weights.ts), not taken from `m.weights`.
  */
 export async function onnxStages(
   m: WanModel,
   ep: ExecutionProvider,
-  limits: { maxBufferBytes?: number; weightType?: WeightType; takesWeights?: boolean } = {},
+  limits: {
+    maxBufferBytes?: number;
+    weightType?: WeightType;
+    takesWeights?: boolean;
+    /** reads the weights as held, by the plan of each one's type (then `m` needs only their shapes) */
+    readHeld?: (plan: Map<string, HeldAs>) => Promise<Map<string, HeldWeight>>;
+  } = {},
 ): Promise<OnnxStages> {
   const { dim: D, headDim, textDim, numHeads, ffnDim, inChannels, outChannels, patchSize } = m.config;
   const range = m.blocks ?? allBlocks(m.config);
@@ -148,14 +176,9 @@ export async function onnxStages(
   const headSession = headGraph && (await session(headGraph.bytes));
   const pre = await session(preGraph.bytes);
   const post = await session(postGraph.bytes, onDevice('x_out'));
-  const fed = fedWeightTensors(
-    m,
-    range,
-    { embed: embedGraph, head: headGraph, blocks: [preGraph, postGraph] },
-    weightType,
-    device,
-    !!limits.takesWeights,
-  );
+  const graphs = { embed: embedGraph, head: headGraph, blocks: [preGraph, postGraph] };
+  const held = limits.readHeld ? await limits.readHeld(heldPlan(range, graphs)) : null;
+  const fed = fedWeightTensors(m, range, graphs, weightType, device, !!limits.takesWeights, held);
   const notHeld = (what: string): never => {
     throw new Error(`this rank holds blocks ${range.from}–${range.to - 1} of the transformer: ${what}`);
   };

@@ -1,4 +1,4 @@
-import { readTensors } from '../safetensors.ts';
+import { readTensors, type TensorEntry } from '../safetensors.ts';
 import { allBlocks, checkBlockRange, holdsTensor, type BlockRange } from './blocks.ts';
 import { openCheckpoint, type Checkpoint } from './checkpoint.ts';
 import { checkWeights, parseWanConfig, type WanConfig } from './config.ts';
@@ -40,4 +40,20 @@ export async function loadTransformer(
   const held = [...checkpoint.tensors.values()].filter((t) => holdsTensor(config, range, t.name));
   const weights = await readTensors(files, held, onProgress);
   return { config, weights, ...(blocks ? { blocks: range } : {}) };
+}
+
+/**
+ * What loadTransformer would read, unread: the checkpoint's entries of the blocks asked (all where none are), and a
+ * model of their shapes alone (every weight's data empty), which graphs are built from before the weights are read in
+ * the type a rank holds them in (held-weights.ts).
+ */
+export async function openTransformerShapes(
+  files: ModelFiles,
+  blocks?: BlockRange,
+): Promise<{ shapes: WanModel; entries: TensorEntry[] }> {
+  const { config, checkpoint } = await openTransformer(files);
+  const range = checkBlockRange(config, blocks ?? allBlocks(config));
+  const entries = [...checkpoint.tensors.values()].filter((t) => holdsTensor(config, range, t.name));
+  const weights = new Map(entries.map((e) => [e.name, { shape: e.shape, data: new Float32Array(0) }]));
+  return { shapes: { config, weights, ...(blocks ? { blocks: range } : {}) }, entries };
 }
