@@ -10,16 +10,14 @@
 //   npm run bench -- handoff [--model DIR] [--layers 2] [--frames 5 --height 480 --width 832] [--guidance 5]
 //                            [--link-mbs 125]   (the ranks' links paced as a 125 MB/s LAN; absent: as fast as they go)
 
-import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import type { JobResult } from '../app/automation.ts';
 import { latentShape } from '../core/job.ts';
 import { parseWanConfig } from '../core/model/config.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
 import { MAX_MESSAGE_FLOATS } from '../core/worker-api.ts';
-import { CACHE_ROOT } from '../server/model-folder.ts';
 import {
-  ensurePreset,
+  ensureWan14b,
   isMain,
   latentFromBase64,
   log,
@@ -31,6 +29,7 @@ import {
   transformerJob,
   transformerSwarm,
   versions,
+  wan14bModelDir,
   waitForQuietMachine,
   writeReport,
 } from './lib.ts';
@@ -47,10 +46,8 @@ export interface HandOffOptions {
   linkMBs: number | null;
 }
 
-const handOffModelDir = (layers: number) => join(CACHE_ROOT, `models/wan2.1-t2v-14b-${layers}-layers-bf16`);
-
 export const DEFAULT_HAND_OFF: HandOffOptions = {
-  model: handOffModelDir(2),
+  model: wan14bModelDir(2),
   layers: 2,
   frames: 5,
   height: 480,
@@ -70,13 +67,7 @@ export const SMOKE_HAND_OFF: HandOffOptions = {
 const sum = (xs: number[]) => xs.reduce((a, b) => a + b, 0);
 
 export async function runHandOff(o: HandOffOptions) {
-  if (o.model === handOffModelDir(o.layers))
-    await ensurePreset('wan2.1-t2v-14b', o.model, `${o.layers} blocks of 0.70 GB in bfloat16`, [
-      '--layers',
-      String(o.layers),
-      '--dtype',
-      'bf16',
-    ]);
+  await ensureWan14b(o.model, o.layers);
   const { config, promptEmbeds, started, swarm, machineAtStart } = await transformerSwarm(o.model, 2);
   const wan = parseWanConfig(config, 'the hand-off model');
   const tokens = tokenGrid(wan, latentShape(o, wan.inChannels)).count;
@@ -178,7 +169,7 @@ export function parseHandOffArgs(args: string[]): HandOffOptions {
   };
   const layers = number('layers', DEFAULT_HAND_OFF.layers);
   return {
-    model: values.model ?? handOffModelDir(layers),
+    model: values.model ?? wan14bModelDir(layers),
     layers,
     frames: number('frames', DEFAULT_HAND_OFF.frames),
     height: number('height', DEFAULT_HAND_OFF.height),

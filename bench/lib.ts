@@ -12,6 +12,8 @@ import { SeededRandom } from '../core/random.ts';
 import { LOCAL_MODEL_PATH } from '../server/serve.ts';
 import { startLocalSwarm } from '../server/cli/browser-swarm.ts';
 
+import { CACHE_ROOT } from '../server/model-folder.ts';
+
 export const ROOT = join(import.meta.dirname, '..');
 export const OUT_DIR = join(ROOT, 'bench/out');
 /** made on demand by `make-model --preset bench` into this git-ignored folder, never committed */
@@ -63,6 +65,21 @@ export function ensurePreset(preset: string, dir: string, size: string, flags: s
 
 /** Writes the full-size model (make-model --preset wan2.1-t2v-1.3b, 5.7 GB) into `dir` unless it is there. */
 export const ensureFullSizeModel = (dir: string): Promise<void> => ensurePreset('wan2.1-t2v-1.3b', dir, '5.7 GB');
+
+/** Where a bench keeps the 14B's width with `layers` of its blocks, stored as bfloat16 as it is published. */
+export const wan14bModelDir = (layers: number): string =>
+  join(CACHE_ROOT, `models/wan2.1-t2v-14b-${layers}-layers-bf16`);
+
+/** The 14B's width with `layers` blocks in `dir`, written first where it is wan14bModelDir's and not there yet. */
+export async function ensureWan14b(dir: string, layers: number): Promise<void> {
+  if (dir !== wan14bModelDir(layers)) return;
+  await ensurePreset('wan2.1-t2v-14b', dir, `${layers} blocks of 0.70 GB in bfloat16`, [
+    '--layers',
+    String(layers),
+    '--dtype',
+    'bf16',
+  ]);
+}
 
 /** rows of a prompt embedding: WanPipeline pads every prompt to 512 */
 export const TEXT_TOKENS = 512;

@@ -11,7 +11,6 @@
 //   npm run bench -- pooled [--model DIR] [--layers 8] [--stages 1,2,4] [--weights float16|float32]
 //                           [--memory-gib 16] [--frames 1 --height 32 --width 32 --steps 2]
 
-import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import type { Page } from '@playwright/test';
 import type { JobOverrides, JobResult } from '../app/automation.ts';
@@ -20,9 +19,8 @@ import { latentShape } from '../core/job.ts';
 import { parseWanConfig } from '../core/model/config.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
 import { WEIGHT_TYPES, type WeightType } from '../core/worker-api.ts';
-import { CACHE_ROOT } from '../server/model-folder.ts';
 import {
-  ensurePreset,
+  ensureWan14b,
   isMain,
   latentFromBase64,
   log,
@@ -36,6 +34,7 @@ import {
   transformerJob,
   transformerSwarm,
   versions,
+  wan14bModelDir,
   waitForQuietMachine,
   writeReport,
 } from './lib.ts';
@@ -65,10 +64,8 @@ export interface PooledOptions {
   steps: number;
 }
 
-const pooledModelDir = (layers: number) => join(CACHE_ROOT, `models/wan2.1-t2v-14b-${layers}-layers-bf16`);
-
 export const DEFAULT_POOLED: PooledOptions = {
-  model: pooledModelDir(8),
+  model: wan14bModelDir(8),
   layers: 8,
   stages: [1, 2, 4],
   weights: 'float16',
@@ -198,13 +195,7 @@ const loadPeaks = (memory: (LoadMemory | null)[]) =>
   );
 
 export async function runPooled(o: PooledOptions) {
-  if (o.model === pooledModelDir(o.layers))
-    await ensurePreset('wan2.1-t2v-14b', o.model, `${o.layers} blocks of 0.70 GB in bfloat16`, [
-      '--layers',
-      String(o.layers),
-      '--dtype',
-      'bf16',
-    ]);
+  await ensureWan14b(o.model, o.layers);
   const started = Date.now();
   let machineAtStart: ReturnType<typeof machine> | null = null;
   let config: Awaited<ReturnType<typeof transformerSwarm>>['config'] | null = null;
@@ -374,7 +365,7 @@ export function parsePooledArgs(args: string[]): PooledOptions {
   const memoryGiB = Number(values['memory-gib'] ?? DEFAULT_POOLED.memoryGiB);
   if (!(memoryGiB > 0)) throw new Error(`--memory-gib is a number of GiB > 0, got ${String(values['memory-gib'])}`);
   return {
-    model: typeof values.model === 'string' ? values.model : pooledModelDir(layers),
+    model: typeof values.model === 'string' ? values.model : wan14bModelDir(layers),
     layers,
     stages,
     weights: weights as WeightType,
