@@ -10,6 +10,7 @@ import { readWorkerLink } from '../../app/worker-link.ts';
 import { MAX_MODEL_MEMORY_GIB, MIN_MODEL_MEMORY_GIB, NATIVE_DEVICES } from '../../core/worker-api.ts';
 import { CACHE_ROOT } from '../../server/model-folder.ts';
 import { startWorkerEndpoint, type WorkerStatus } from '../endpoint.ts';
+import { CUDA_PROVIDERS_INSTALL } from './onnxruntime-node.ts';
 import { nodePlatform, type DeviceRequest } from './platform.ts';
 import { caToTrust, runTrusting, untrustedServer } from './server-ca.ts';
 
@@ -35,7 +36,7 @@ const USAGE = `usage: npm run worker -- <worker link> [--threads N] [--model-mem
   --device D            what to compute on (default auto: the fastest that starts here, each timed at start):
                           cpu     onnxruntime-node on the CPU's cores
                           cuda    onnxruntime-node on an NVIDIA GPU (its CUDA providers installed:
-                                  ONNXRUNTIME_NODE_INSTALL=cuda12 npm rebuild onnxruntime-node)
+                                  ${CUDA_PROVIDERS_INSTALL})
                           webgpu  onnxruntime-node on a GPU through WebGPU (Dawn, on Vulkan, Metal or D3D12)
                           wasm    onnxruntime-web's WebAssembly, as a tab computes`;
 

@@ -9,6 +9,7 @@ import { medianMs } from '../../core/median.ts';
 import { matmulProbe } from '../../core/model/matmul-probe.ts';
 import { cpuName } from '../../core/cost-model.ts';
 import { NATIVE_DEVICES, type NativeDevice } from '../../core/worker-api.ts';
+import { CUDA_PROVIDERS_INSTALL } from './onnxruntime-node.ts';
 
 /**
  * A GPU has to beat the CPU on a multiply large enough to pay for its copies: at 512² a CPU takes milliseconds and a
@@ -66,8 +67,7 @@ export async function probeNativeDevices(
 function refusal(device: NativeDevice, message: string): string {
   if (device === 'cuda' && /shared librar/i.test(message))
     return (
-      "onnxruntime-node's CUDA providers are not installed " +
-      '(ONNXRUNTIME_NODE_INSTALL=cuda12 npm rebuild onnxruntime-node, with CUDA 12 and cuDNN 9)'
+      "onnxruntime-node's CUDA providers are not installed " + `(${CUDA_PROVIDERS_INSTALL}, with CUDA 12 and cuDNN 9)`
     );
   if (device === 'webgpu' && /adapter/i.test(message))
     return 'no GPU adapter (Dawn found no Vulkan, Metal or D3D12 GPU)';
