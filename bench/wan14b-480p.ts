@@ -5,15 +5,10 @@
 // the hand-off between stages (direct, rank to rank), the Ulysses all-to-all within a stage, and the CFG combine,
 // against its compute.
 // Pure arithmetic; a part of `npm run bench -- projection`.
+import { hiddenStateFloats } from '../core/model/blocks.ts';
 import { forwardFlops, predictStagedStep, type Hardware, type ModelShape } from '../core/cost-model.ts';
 import { exchangeFloatsPerBlock, planUlysses, validDegrees } from '../core/parallel.ts';
-import {
-  handOffEvidence,
-  hiddenStateFloats,
-  largestRows,
-  oversized,
-  recomputeMessages,
-} from '../coordinator/message-sizes.ts';
+import { handOffEvidence, largestRows, oversized, recomputeMessages } from '../coordinator/message-sizes.ts';
 import {
   cutStages,
   memoryBudget,

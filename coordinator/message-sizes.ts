@@ -2,6 +2,7 @@
 // by the largest share a plan gives: a rank's tokens follow its heads (planUlysses), so on an uneven split the ranks
 // with a head more hold more than ⌈tokens/degree⌉ rows. Every placement's message sizes are reckoned here; each check
 // names what does not fit and what to do.
+import { hiddenStateFloats } from '../core/model/blocks.ts';
 import type { WanConfig } from '../core/model/config.ts';
 import { planUlysses } from '../core/parallel.ts';
 import { formatBytes, MAX_MESSAGE_FLOATS } from '../core/worker-api.ts';
@@ -13,13 +14,6 @@ export type MessageModel = Pick<WanConfig, 'numHeads' | 'dim' | 'inChannels' | '
 export function largestRows(numHeads: number, tokens: number, heads: number | number[]): number {
   return Math.max(...planUlysses({ numHeads, headDim: 1 }, tokens, heads).rows);
 }
-
-/** rows a hidden state carries beside its tokens': the time embedding [1, D] and its projection [6, D] */
-const CONDITIONING_ROWS = 7;
-
-/** Floats of a hidden state of `rows` tokens (HiddenState): x [rows, D], temb [D], tproj [6, D], context [L, D]. */
-export const hiddenStateFloats = (dim: number, rows: number, textTokens: number): number =>
-  (rows + CONDITIONING_ROWS + textTokens) * dim;
 
 /** One message of a placement: what it is, in words, its floats, and what to do where it does not fit. */
 export interface Message {

@@ -3,12 +3,12 @@
 // disagree, the receipts of the group's exchanges may name the rank that sent a wrong tensor (exchange-evidence.ts).
 // A rank convicted is thrown as a breach, so that the placer lets it go and the step runs again without it.
 import { defined } from '../core/defined.ts';
-import type { HiddenState } from '../core/model/blocks.ts';
+import { hiddenStateFloats, type HiddenState } from '../core/model/blocks.ts';
 import { patchify } from '../core/model/tokens.ts';
 import type { UlyssesPlan } from '../core/parallel.ts';
 import { concat } from '../core/tensor.ts';
 import { MAX_MESSAGE_FLOATS, type RankLost, type RecomputeArgs } from '../core/worker-api.ts';
-import { handOffDType, handOffFloats, unprovenHandOff } from '../rank/hand-off.ts';
+import { handOffDType, unprovenHandOff } from '../rank/hand-off.ts';
 import { judgeExchanges, sameDigests, trueDigests } from './exchange-evidence.ts';
 import type { StageRun } from './forward/staged.ts';
 import { NO_PATCHES, rowWidthOf, type ForwardContext, type ForwardRequest } from './forward/strategy.ts';
@@ -85,7 +85,7 @@ export class Verifier {
       return taken;
     };
     const { config, layout } = this.context;
-    const whole = handOffFloats(config.dim, plan.tokens, this.context.textRowsOf(request.pass));
+    const whole = hiddenStateFloats(config.dim, plan.tokens, this.context.textRowsOf(request.pass));
     if (layout.stages > 1 && whole > MAX_MESSAGE_FLOATS) return;
     for (const [i, run] of runs.entries()) {
       const input = run.stage > 0 ? await handedTo(run) : null;

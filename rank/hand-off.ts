@@ -3,7 +3,7 @@
 // never through the coordinator. It travels as one run of floats — temb, tproj, context, then x token by token —
 // cut into tensors of at most HAND_OFF_CHUNK_FLOATS, so a hand-off has no size limit, only each message has; each
 // tensor is signed by its sender where the pair signs (exchange/ledger.ts) and judged by its receiver before use.
-import { hiddenStateError, type HiddenState } from '../core/model/blocks.ts';
+import { hiddenStateError, hiddenStateFloats, type HiddenState } from '../core/model/blocks.ts';
 import { payloadBytes, SIGNATURE_BYTES, tensorPayload, type DType } from '../core/net/protocol.ts';
 import { fromHex, payloadDigest, toHex, verifyPayload } from '../core/net/signing.ts';
 import { PeerLost, type ForwardKey, type HandOffEvidence } from '../core/worker-api.ts';
@@ -31,9 +31,6 @@ export interface HandOffOf {
   block: number;
   patch?: number;
 }
-
-/** The floats a hidden state of `rows` tokens over a text of `textRows` travels as. */
-export const handOffFloats = (dim: number, rows: number, textRows: number): number => (7 + textRows + rows) * dim;
 
 /** The sizes of a hand-off's tensors, in order: even chunks, as few as a patch's numbering allows. */
 export function handOffChunks(floats: number): number[] {
@@ -122,7 +119,7 @@ export async function takeHandOff(
   shape: { dim: number; rows: number; textRows: number },
 ): Promise<{ hidden: HiddenState; bytes: number; ms: number }> {
   const { dim, rows, textRows } = shape;
-  const run = new Float32Array(handOffFloats(dim, rows, textRows));
+  const run = new Float32Array(hiddenStateFloats(dim, rows, textRows));
   let first = Infinity;
   let last = 0;
   let start = 0;

@@ -8,6 +8,7 @@ import type { LoraRef } from '../core/model/lora.ts';
 import {
   allBlocks,
   hiddenStateError,
+  hiddenStateFloats,
   holdsEmbedders,
   type BlockRange,
   type HiddenState,
@@ -68,7 +69,6 @@ import { MAX_AHEAD } from './exchange/mesh.ts';
 import {
   handOffChunks,
   handOffDType,
-  handOffFloats,
   handOn,
   MAX_PATCH_HAND_OFFS,
   partnerBlamed,
@@ -576,7 +576,7 @@ export class WorkerRuntime implements WorkerApi {
     const first = this.heldBlocks(cfg).from;
     if (tag.block !== first) return `hand-off to block ${tag.block}, but this rank's stage starts at block ${first}`;
     const plan = defined(this.plan, 'a prepared job');
-    const floats = handOffFloats(
+    const floats = hiddenStateFloats(
       cfg.dim,
       Math.max(...plan.rows),
       defined(this.texts[0], 'a text').length / cfg.textDim,
@@ -811,7 +811,7 @@ export class WorkerRuntime implements WorkerApi {
   /** The tensors of the largest hand-off this rank may be sent ahead: its whole share, in PipeFusion a patch each. */
   private handOffTensors(cfg: WanConfig, textRows: number): number {
     const rows = Math.max(...defined(this.plan, 'a prepared job').rows);
-    return handOffChunks(handOffFloats(cfg.dim, rows, textRows)).length + MAX_PATCH_HAND_OFFS;
+    return handOffChunks(hiddenStateFloats(cfg.dim, rows, textRows)).length + MAX_PATCH_HAND_OFFS;
   }
 
   /**

@@ -42,6 +42,9 @@ export interface HiddenState {
   context: Float32Array; // [L, D]
 }
 
+/** Floats of a hidden state of `rows` tokens over a text of `textRows` rows: x, temb and tproj (7 rows), context. */
+export const hiddenStateFloats = (dim: number, rows: number, textRows: number): number => (rows + 7 + textRows) * dim;
+
 /**
  * Why a hidden state that came over the wire is not one of `rows` tokens of a forward over a text of
  * `textRows` rows, or null where it is: each part its exact size, every value finite.

@@ -2,7 +2,7 @@
 // size whatever the hidden state's, exact in float32, signed by its sender, judged by its receiver, and provable to
 // a spot check from the receiver's receipts alone.
 import { describe, expect, it } from 'vitest';
-import type { HiddenState } from '../../core/model/blocks.ts';
+import { hiddenStateFloats, type HiddenState } from '../../core/model/blocks.ts';
 import { newSigningKeys } from '../../core/net/signing.ts';
 import { PeerLost } from '../../core/worker-api.ts';
 import { ExchangeLedger } from '../../rank/exchange/ledger.ts';
@@ -10,7 +10,6 @@ import { memoryExchanges } from '../../rank/exchange/memory.ts';
 import {
   HAND_OFF_CHUNK_FLOATS,
   handOffChunks,
-  handOffFloats,
   handOn,
   partnerBlamed,
   ReceivedHandOffs,
@@ -45,7 +44,7 @@ const of = { tag: { job: 2, step: 3, pass: 1 }, block: 5 };
 describe('a hand-off between pipeline stages', () => {
   it("travels in tensors a link carries, however large the hidden state: the 14B's at 480p × 81 frames too", () => {
     // Wan2.1-14B: dim 5120, 512 text rows, 32,760 tokens on one rank: 671 MB of x alone
-    const floats = handOffFloats(5120, 32_760, 512);
+    const floats = hiddenStateFloats(5120, 32_760, 512);
     expect(4 * 32_760 * 5120).toBe(670_924_800);
     const chunks = handOffChunks(floats);
     expect(chunks.reduce((a, b) => a + b, 0)).toBe(floats);
@@ -65,7 +64,7 @@ describe('a hand-off between pipeline stages', () => {
     const shape = { dim: 64, rows: Math.ceil((2.5 * HAND_OFF_CHUNK_FLOATS) / 64), textRows: 3 };
     const hidden = hiddenOf(shape.dim, shape.rows, shape.textRows);
     const bytes = handOn(sender, of, hidden);
-    expect(bytes).toBe(4 * handOffFloats(shape.dim, shape.rows, shape.textRows));
+    expect(bytes).toBe(4 * hiddenStateFloats(shape.dim, shape.rows, shape.textRows));
     const taken = await takeHandOff(receiver, of, shape);
     expect(taken.bytes).toBe(bytes);
     // bit for bit (compared as bytes: a deep equality of millions of floats takes a test's whole budget)
@@ -73,7 +72,7 @@ describe('a hand-off between pipeline stages', () => {
       expect(Buffer.compare(Buffer.from(taken.hidden[part].slice().buffer), Buffer.from(hidden[part].buffer))).toBe(0);
     kept.keep(of, taken.hidden);
     const evidence = kept.evidence(of.tag);
-    expect(evidence.receipts).toHaveLength(handOffChunks(handOffFloats(64, shape.rows, 3)).length);
+    expect(evidence.receipts).toHaveLength(handOffChunks(hiddenStateFloats(64, shape.rows, 3)).length);
     expect(unprovenHandOff(evidence, of, senderKey, 'f32')).toBeNull();
     // a receiver that gives other values than it received, or claims another sender signed them, proves nothing
     const x = evidence.hidden.x.slice();
@@ -90,7 +89,7 @@ describe('a hand-off between pipeline stages', () => {
     const { sender, receiver } = signedPair('f16');
     const shape = { dim: 16, rows: 10, textRows: 2 };
     const hidden = hiddenOf(16, 10, 2);
-    expect(handOn(sender, of, hidden)).toBe(2 * handOffFloats(16, 10, 2));
+    expect(handOn(sender, of, hidden)).toBe(2 * hiddenStateFloats(16, 10, 2));
     const taken = await takeHandOff(receiver, of, shape);
     const worst = taken.hidden.x.reduce((m, v, i) => Math.max(m, Math.abs(v - hidden.x[i])), 0);
     expect(worst).toBeGreaterThan(0);

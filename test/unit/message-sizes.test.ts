@@ -1,11 +1,11 @@
 // The one size rule: every message a placement sends through the coordinator is sized by the busiest rank's share as
 // planUlysses gives it, not by ⌈tokens/degree⌉, which an uneven split of the heads exceeds.
+import { hiddenStateFloats } from '../../core/model/blocks.ts';
 import { describe, expect, it } from 'vitest';
 import {
   checkMessages,
   handOffEvidence,
   handedOnFloats,
-  hiddenStateFloats,
   itemsPerMessage,
   largestRows,
   MessageTooLarge,
