@@ -2,8 +2,6 @@
 // server is killed (SIGKILL) at chosen moments of its jobs, each moment a random instant within the phase it aims at,
 // and started again on the same data folder and port, as a supervisor would, with no other step. What it returns
 // is what the test asserts: every accepted job completed, once.
-/* eslint-disable @typescript-eslint/no-deprecated -- OpenAI marks its video endpoints deprecated as Sora shuts down;
-   this API keeps their shape, and the SDK is how programs call it */
 
 import { statSync } from 'node:fs';
 import { createServer, type AddressInfo } from 'node:net';

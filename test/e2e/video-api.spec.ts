@@ -1,8 +1,6 @@
 // The video API as a program uses it (issue 39): `npm start -- --api --local-workers 2` on the demo model, called
 // over HTTP with its key. Its jobs run on a real coordinator page in the server's own headless Chromium, with real
 // worker tabs; the server is killed (SIGKILL) and started again on the same data folder.
-/* eslint-disable @typescript-eslint/no-deprecated -- OpenAI marks its video endpoints deprecated as Sora shuts down;
-   this API keeps their shape, and the SDK is how programs call it */
 
 import { spawn } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
