@@ -10,7 +10,7 @@
 // folder, held from the first read to close(): a lock per file, taken in whatever order a load
 // reaches its shards, let two tabs each hold a shard the other waited for): a second tab loading
 // the same model waits and then reads what the first kept.
-import { fetchModelFiles, type ModelFiles } from '../core/model/files.ts';
+import { boundedBody, fetchModelFiles, type ModelFiles } from '../core/model/files.ts';
 import { formatBytes, type WeightsSource } from '../core/worker-api.ts';
 
 const CACHE_DIR = 'ditswarm-weights';
@@ -216,6 +216,27 @@ export type SyncHandle = {
 type SyncFileHandle = FileSystemFileHandle & { createSyncAccessHandle(): Promise<SyncHandle> };
 
 /**
+ * A file's size and validator on its server now, from its first byte asked for by range (a HEAD would do, but
+ * Chromium reports every HEAD that fetch() makes as aborted, an error in the console of each load).
+ */
+export async function fileVersion(url: string): Promise<{ size: number; validator: string }> {
+  const first = await fetch(url, { headers: { Range: 'bytes=0-0' }, cache: 'no-store' });
+  // 206: "bytes 0-0/<size>"; 416: an empty file, "bytes */0"; 200: a server that ignores Range, whose body is not read
+  const total =
+    first.status === 206 || first.status === 416
+      ? /\/(\d+)$/.exec(first.headers.get('Content-Range') ?? '')?.[1]
+      : first.ok
+        ? first.headers.get('Content-Length')
+        : null;
+  // the byte read, so that the request ends as it should (a server that sends more is cut off: the size is what counts)
+  if (first.status === 206) await boundedBody(first, 1, url).catch(() => {});
+  else await first.body?.cancel();
+  if (total == null || !/^\d+$/.test(total))
+    throw new Error(`the server gave no size for ${url} (HTTP ${first.status})`);
+  return { size: Number(total), validator: validatorOf(first.headers) };
+}
+
+/**
  * One file of a folder whose lock the caller holds; `onWriteFailed` hears of a write that failed (the
  * file goes on from the network).
  */
@@ -228,11 +249,7 @@ async function keepFile(
   opening: StorageTurns,
   onWriteFailed: () => void,
 ): Promise<KeptFile> {
-  const head = await fetch(url, { method: 'HEAD', cache: 'no-store' });
-  const size = Number(head.headers.get('Content-Length'));
-  if (!head.ok || !Number.isFinite(size) || !head.headers.get('Content-Length'))
-    throw new Error(`the server gave no size for ${url} (HTTP ${head.status})`);
-  const validator = validatorOf(head.headers);
+  const { size, validator } = await fileVersion(url);
   const name = await fileKey(url);
   const handles = await openHandles(name, opening, keptIn);
   const [metaHandle, data] = handles;

@@ -1,10 +1,12 @@
 // A model folder as the server serves it to pages: its files as bytes, never as documents of the
 // dashboard's origin (a readme.html in a folder must not run beside the dashboard's keys), and
 // nothing outside the folder, symlinks included; each file's SHA-256 to a request that asks for it
-// (RFC 9530's Want-Repr-Digest: a worker process checking its own copy of the folder).
-import { realpath } from 'node:fs/promises';
+// (RFC 9530's Want-Repr-Digest: a worker process checking its own copy of the folder); and, at the
+// folder's own URL, the list of its files, so that pages never ask for an optional one it lacks.
+import { readdir, realpath, stat } from 'node:fs/promises';
 import { join, sep } from 'node:path';
 import express, { type RequestHandler } from 'express';
+import type { FolderListing } from '../core/model/files.ts';
 import { reprDigest, wantsSha256 } from './file-digest.ts';
 
 /** no script, style, frame or fetch, sandboxed: what a file opened from a model folder may do in a page */
@@ -40,7 +42,59 @@ export function serveModelFolder(dir: string): RequestHandler[] {
       for (const [name, value] of Object.entries(AS_BYTES)) response.setHeader(name, value);
     },
   });
-  return [...digestsOf(dir), files];
+  return [listsFolders(dir), ...digestsOf(dir), files];
+}
+
+/**
+ * `GET <folder>/` of a folder inside `dir` answers its FolderListing: the files it would serve (symlinks that stay
+ * inside `dir` included, dotfiles not), at any depth. Every other request goes on to the next handler.
+ */
+export function listsFolders(dir: string): RequestHandler {
+  return (request, response, next) => {
+    if ((request.method !== 'GET' && request.method !== 'HEAD') || !request.path.endsWith('/')) {
+      next();
+      return;
+    }
+    void folderListing(dir, request.path).then((listing) => {
+      if (!listing) {
+        next();
+        return;
+      }
+      response.setHeader('X-Content-Type-Options', 'nosniff');
+      response.setHeader('Content-Security-Policy', MODEL_FILE_CSP);
+      response.setHeader('Cache-Control', 'no-cache');
+      response.json(listing);
+    }, next);
+  };
+}
+
+/** The listing of the folder at `path` inside `dir`; null where that is no folder inside `dir`. */
+async function folderListing(dir: string, path: string): Promise<FolderListing | null> {
+  let folder: string;
+  let root: string;
+  try {
+    [root, folder] = await Promise.all([realpath(dir), realpath(join(dir, decodeURIComponent(path)))]);
+    if (!(await stat(folder)).isDirectory()) return null;
+  } catch {
+    return null; // no such folder, or a path that is no path
+  }
+  if (folder !== root && !folder.startsWith(root + sep)) return null;
+  const files: FolderListing['files'] = [];
+  const walked = new Set<string>();
+  const walk = async (real: string, prefix: string): Promise<void> => {
+    if (walked.has(real)) return; // a symlink back up the tree
+    walked.add(real);
+    for (const name of (await readdir(real)).sort()) {
+      if (name.startsWith('.')) continue;
+      const entry = await realpath(join(real, name)).catch(() => null); // a broken symlink is no file
+      if (entry === null || (entry !== root && !entry.startsWith(root + sep))) continue;
+      const info = await stat(entry).catch(() => null);
+      if (info?.isDirectory()) await walk(entry, `${prefix}${name}/`);
+      else if (info?.isFile()) files.push({ path: `${prefix}${name}`, size: info.size });
+    }
+  };
+  await walk(folder, '');
+  return { files };
 }
 
 /**

@@ -15,7 +15,7 @@ import { ownOrigins, serverOrigins, type Origins } from './origins.ts';
 import type { LocalCa, ServerTls } from './certificates.ts';
 import { lanOrigins, mountTrustPage, sniffingServer } from './lan-https.ts';
 import { createRelay, type Relay } from './relay.ts';
-import { digestsOf, serveModelFile, serveModelFolder } from './model-route.ts';
+import { digestsOf, listsFolders, serveModelFile, serveModelFolder } from './model-route.ts';
 import { parseLoraFlag, type LoraRef } from '../core/model/lora.ts';
 import { TRANSFORMER_CONFIG } from '../core/model/transformer.ts';
 import { DEFAULT_MODEL_URL } from '../core/job.ts';
@@ -269,8 +269,8 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     // a person opening the server sees the API's queue and swarm (api.html), not a coordinator of their own
     app.get('/', (_request, response) => response.redirect(302, '/api.html'));
   }
-  // the bundled models are the app's files: their digests too
-  app.use('/models', ...digestsOf(join(DIST_DIR, 'models')));
+  // the bundled models are the app's files: their listings and digests too
+  app.use('/models', listsFolders(join(DIST_DIR, 'models')), ...digestsOf(join(DIST_DIR, 'models')));
   app.use(express.static(DIST_DIR));
 
   boundPort = await listenOnFreePort(server, port);

@@ -2,6 +2,10 @@
 // (server/model-folder.ts). Paths are relative to the model folder, in diffusers' layout
 // (`transformer/config.json`, ...). Large files are read by byte ranges, never whole: a published
 // shard is 5 GB, more than any ArrayBuffer of a page.
+// A folder has optional files (a scheduler's config, a checkpoint's index): the server that serves
+// the pages lists its folders (FolderListing), so a page knows one is absent without asking for it
+// (a 404 is an error in the browser's console). A folder on another host (the Hugging Face hub, a
+// static host) has no listing: there each optional file is asked for, and its 404 says it is absent.
 import { readSafetensors, type ByteRanges, type TensorMap } from '../safetensors.ts';
 
 export interface ModelFiles extends ByteRanges {
@@ -28,7 +32,7 @@ export class MissingFile extends Error {
 export const MAX_WHOLE_FILE_BYTES = 256 * 2 ** 20;
 
 /** A response's body, refused past `max` bytes (by its Content-Length, else as it streams). */
-async function boundedBody(response: Response, max: number, url: string): Promise<Uint8Array> {
+export async function boundedBody(response: Response, max: number, url: string): Promise<Uint8Array> {
   const tooLarge = () =>
     new Error(
       `${url} is larger than ${max} bytes: a model folder's file is read whole only when small ` +
@@ -80,10 +84,35 @@ async function rangeBody(response: Response, expected: number): Promise<Uint8Arr
   return at === expected ? body : body.subarray(0, at);
 }
 
+/** What the ditswarm server answers to `GET <folder>/`: every file the folder holds, by its path in the folder. */
+export interface FolderListing {
+  files: { path: string; size: number }[];
+}
+
+/**
+ * The paths a folder holds, where it is on the page's own server (which lists it); null elsewhere (Node, another
+ * host), or where the listing is not one: then files are asked for one by one.
+ */
+async function listedPaths(base: string): Promise<Set<string> | null> {
+  const page = (globalThis as { location?: { origin: string } }).location;
+  if (!page || new URL(base).origin !== page.origin) return null;
+  try {
+    const response = await fetch(`${base}/`, { cache: 'no-cache' });
+    const files = response.ok ? ((await response.json()) as { files?: unknown } | null)?.files : null;
+    if (!Array.isArray(files)) return null;
+    return new Set(files.flatMap((f: { path?: unknown } | null) => (typeof f?.path === 'string' ? [f.path] : [])));
+  } catch {
+    return null; // a listing that failed costs the probes it would have saved, nothing more
+  }
+}
+
 export function fetchModelFiles(baseUrl: string): ModelFiles {
   const base = baseUrl.replace(/\/$/, '');
+  let listed: Promise<Set<string> | null> | null = null;
   const get = async (path: string, range?: [number, number]): Promise<Response> => {
     const url = `${base}/${path}`;
+    const listing = await (listed ??= listedPaths(base));
+    if (listing && !listing.has(path)) throw new MissingFile(`${url}: not found`);
     const response = await fetch(
       url,
       range ? { headers: { Range: `bytes=${range[0]}-${range[1] - 1}` }, cache: 'no-store' } : undefined,

@@ -209,6 +209,11 @@ test(
       await dashboard.keyboard.press('Enter');
       await expect(dashboard.locator('#status')).toHaveText(FINISHED, { timeout: 150_000 });
       const seconds = (Date.now() - started) / 1000;
+      // a whole job, from the pages' loading to its video, without a failed request or an error in any console
+      await expect
+        .poll(() => dashboard.locator('#video').evaluate((v: HTMLVideoElement) => v.readyState))
+        .toBeGreaterThanOrEqual(2); // HAVE_CURRENT_DATA: its frame is shown
+      expect(swarm.failures(), 'the dashboard and the workers logged no error and loaded no missing file').toEqual([]);
       const status = (await dashboard.locator('#status').textContent()) ?? '';
       const report = JSON.parse((await dashboard.locator('#report').textContent()) ?? '') as JobResult['report'];
       const measuredMs = report.medianStepMs;

@@ -1,4 +1,12 @@
-import { expect, test, type Browser, type ConsoleMessage, type Page } from '@playwright/test';
+import {
+  expect,
+  test,
+  type Browser,
+  type BrowserContext,
+  type ConsoleMessage,
+  type Page,
+  type Request,
+} from '@playwright/test';
 import type { JobOverrides, JobResult } from '../../app/automation.ts';
 import { defined } from '../../core/defined.ts';
 import { chromiumArgs, chromiumExecutable, WEBGPU_ARG } from '../../server/chromium.ts';
@@ -25,7 +33,37 @@ export const WASM_ONLY_BROWSER = {
 export interface TestSwarm {
   dashboard: Page;
   workers: Page[];
+  /**
+   * What its pages (and their Web Workers) logged as errors or failed to load since the dashboard opened: console
+   * errors, uncaught exceptions, failed requests and answers of HTTP 400 and above, each with the page it came from.
+   */
+  failures(): string[];
   close(): Promise<void>;
+}
+
+/** Records what `context`'s pages log as errors or fail to load, from now on (TestSwarm.failures). */
+export function recordFailures(context: BrowserContext): () => string[] {
+  const failures: string[] = [];
+  const at = (page: Page | null) => (page ? new URL(page.url()).pathname : 'no page');
+  // a request before its frame exists (a navigation) or from a service worker has no frame to name
+  const from = (request: Request) => {
+    try {
+      return at(request.frame().page());
+    } catch {
+      return 'no page';
+    }
+  };
+  context.on('console', (m) => {
+    if (m.type() === 'error') failures.push(`${at(m.page())} console error: ${m.text()}`);
+  });
+  context.on('weberror', (e) => failures.push(`${at(e.page())} uncaught: ${e.error().message}`));
+  context.on('requestfailed', (r) =>
+    failures.push(`${from(r)} ${r.method()} ${r.url()} failed: ${r.failure()?.errorText ?? ''}`),
+  );
+  context.on('response', (r) => {
+    if (r.status() >= 400) failures.push(`${from(r.request())} ${r.request().method()} ${r.url()}: HTTP ${r.status()}`);
+  });
+  return () => [...failures];
 }
 
 /** The app's origin: the baseURL playwright.config.ts gives every test. */
@@ -38,6 +76,7 @@ export async function openTestSwarm(
   workers: number,
 ): Promise<TestSwarm> {
   const context = await browser.newContext();
+  const failures = recordFailures(context);
   const dashboard = await context.newPage();
   await dashboard.goto(`${appOrigin(baseURL)}/`);
   const { joinUrl } = await dashboard.evaluate(() => window.ditswarm.ready);
@@ -48,7 +87,7 @@ export async function openTestSwarm(
     pages.push(page);
   }
   await expect.poll(() => dashboard.evaluate(() => window.ditswarm.workerCount()), { timeout: 60_000 }).toBe(workers);
-  return { dashboard, workers: pages, close: () => context.close() };
+  return { dashboard, workers: pages, failures, close: () => context.close() };
 }
 
 /**
@@ -69,6 +108,7 @@ export function suiteSwarm(workers: number): TestSwarm {
     get workers() {
       return current().workers;
     },
+    failures: () => current().failures(),
     close: () => current().close(),
   };
 }

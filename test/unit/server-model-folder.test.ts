@@ -1,11 +1,15 @@
 import { createHash } from 'node:crypto';
 import http from 'node:http';
-import { mkdirSync, mkdtempSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readdirSync, rmSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from 'vitest';
 import { WebSocket } from 'ws';
 import { defined } from '../../core/defined.ts';
+import { openCheckpoint } from '../../core/model/checkpoint.ts';
+import { fetchModelFiles, type FolderListing } from '../../core/model/files.ts';
+import { TRANSFORMER_WEIGHTS_NAME } from '../../core/model/transformer.ts';
+import { loadWanPipelineParts, SCHEDULER_CONFIG } from '../../core/model/wan-pipeline.ts';
 import { VAE_CONFIG } from '../../core/model/wan-vae.ts';
 import { MODEL_FILE_CSP } from '../../server/model-route.ts';
 import { PUBLIC_DIR } from '../../server/app-build.ts';
@@ -30,6 +34,7 @@ beforeAll(async () => {
   mkdirSync(join(folder, 'vae'), { recursive: true });
   writeFileSync(join(folder, 'readme.html'), '<script>fetch("/steal?" + localStorage.length)</script>');
   writeFileSync(join(folder, 'vae/config.json'), '{"z_dim": 16}');
+  writeFileSync(join(folder, '.env'), 'TOKEN=not for pages');
   writeFileSync(join(scratch, 'secret.txt'), 'not the model');
   symlinkSync(join(scratch, 'secret.txt'), join(folder, 'leak.txt'));
   symlinkSync(scratch, join(folder, 'up'));
@@ -97,6 +102,86 @@ describe("a served model folder's files", () => {
     expect(bundled.headers.get('repr-digest')).toBe(
       `sha-256=:${createHash('sha256').update(bundled.body).digest('base64')}:`,
     );
+  });
+});
+
+describe("a model folder's listing (GET <folder>/), which pages read before any optional file", () => {
+  const listing = async (path: string) => {
+    const { status, headers, body } = await get(path);
+    return { status, headers, files: status === 200 ? (JSON.parse(body) as FolderListing).files : null };
+  };
+
+  it('names every file the folder serves with its size, at any depth: a symlink that stays inside, no dotfile, nothing outside', async () => {
+    const { status, headers, files } = await listing('/models/t/');
+    expect(status).toBe(200);
+    expect(headers.get('content-type')).toMatch(/^application\/json/);
+    expect(headers.get('x-content-type-options')).toBe('nosniff');
+    expect(headers.get('content-security-policy')).toBe(MODEL_FILE_CSP);
+    expect(files).toEqual([
+      { path: 'config-link.json', size: 13 },
+      { path: 'readme.html', size: 55 },
+      { path: 'vae/config.json', size: 13 },
+    ]);
+    expect((await listing('/models/t/vae/')).files).toEqual([{ path: 'config.json', size: 13 }]);
+    // what the folder does not serve it does not list
+    expect((await listing('/models/t/up/')).status).toBe(403);
+    expect((await listing('/models/t/missing/')).status).toBe(404);
+    expect((await listing('/models/t/vae/config.json/')).status).toBe(404);
+  });
+
+  it("lists the bundled models too: the demo's files, and no scheduler/ or checkpoint index it lacks", async () => {
+    const dir = join(PUBLIC_DIR, 'models/tiny-wan-demo');
+    const onDisk = readdirSync(dir, { recursive: true, encoding: 'utf8' })
+      .filter((path) => statSync(join(dir, path)).isFile())
+      .map((path) => ({ path, size: statSync(join(dir, path)).size }))
+      .sort((a, b) => (a.path < b.path ? -1 : 1));
+    const { status, files } = await listing('/models/tiny-wan-demo/');
+    expect(status).toBe(200);
+    expect(files).toEqual(onDisk);
+    expect(files?.map((f) => f.path)).toContain('transformer/diffusion_pytorch_model.safetensors');
+    expect(files?.map((f) => f.path)).not.toContain(SCHEDULER_CONFIG);
+  });
+});
+
+describe('a page reading a model folder of its own server (fetchModelFiles)', () => {
+  afterEach(() => vi.unstubAllGlobals());
+  /** fetch, recording each request and its status */
+  const recording = () => {
+    const seen: string[] = [];
+    const real = globalThis.fetch;
+    vi.stubGlobal('fetch', async (url: string, init?: RequestInit) => {
+      const response = await real(url, init);
+      seen.push(`${new URL(url).pathname} ${response.status}`);
+      return response;
+    });
+    return seen;
+  };
+  const openDemo = async () => {
+    const files = fetchModelFiles(new URL('/models/tiny-wan-demo/', server.url).href);
+    const parts = await loadWanPipelineParts(files);
+    const checkpoint = await openCheckpoint(files, 'transformer', TRANSFORMER_WEIGHTS_NAME);
+    return { solver: parts.solver.kind, flowShift: parts.flowShift, source: checkpoint.source };
+  };
+
+  it('asks for no file the listing lacks: the demo opens without a single 404', async () => {
+    vi.stubGlobal('location', { origin: new URL(server.url).origin });
+    const seen = recording();
+    const opened = await openDemo();
+    expect(seen.filter((r) => !/ 20[06]$/.test(r))).toEqual([]);
+    expect(seen[0]).toBe('/models/tiny-wan-demo/ 200'); // the listing, once, before any file
+    expect(seen.filter((r) => r.endsWith('/ 200'))).toHaveLength(1);
+    expect(opened.source).toBe('transformer/diffusion_pytorch_model.safetensors');
+  });
+
+  it('asks for each optional file of a folder on another host (no listing there), and finds the same', async () => {
+    vi.stubGlobal('location', { origin: 'http://dashboard.example' });
+    const seen = recording();
+    const probed = await openDemo();
+    expect(seen).toContain(`/models/tiny-wan-demo/${SCHEDULER_CONFIG} 404`);
+    expect(seen).toContain(`/models/tiny-wan-demo/transformer/${TRANSFORMER_WEIGHTS_NAME}.safetensors.index.json 404`);
+    expect(seen.filter((r) => r.endsWith('/ 200'))).toEqual([]);
+    vi.stubGlobal('location', { origin: new URL(server.url).origin });
+    expect(await openDemo()).toEqual(probed);
   });
 });
 

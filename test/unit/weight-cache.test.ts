@@ -19,6 +19,7 @@ import {
   browserStorage,
   ByteRangeSet,
   cachedModelFiles,
+  fileVersion,
   keepWeightsIn,
   OPEN_TIMEOUT_MS,
   unkeptModelFiles,
@@ -190,16 +191,23 @@ describe("a kept file's handles, from the browser's storage", () => {
 });
 
 /**
- * A browser for cachedModelFiles: a server of files (ETag, else Last-Modified) answering HEAD and Range requests, an
- * origin private file system of `quota` bytes whose sync access handles are counted open and shut, and Web Locks.
+ * A browser for cachedModelFiles: a server of files (ETag, else Last-Modified) answering Range requests (or, where a
+ * file says so, ignoring them), which must pass the HTTP cache, and an origin private file system of `quota` bytes
+ * whose sync access handles are counted open and shut, and Web Locks.
  */
 function fakeBrowser({ quota = 1e9, usage = 0 } = {}) {
   const served = new Map<
     string,
-    { bytes: Uint8Array; etag?: string; lastModified?: string; contentLength?: string | null; status?: number }
+    {
+      bytes: Uint8Array;
+      etag?: string;
+      lastModified?: string;
+      /** the size its Content-Range (or, ignoring ranges, its Content-Length) gives, where not its own; null: none */
+      size?: string | null;
+      /** answers a range with the whole file, as a server without Range support does */
+      ignoresRange?: boolean;
+    }
   >();
-  /** the HTTP cache: a HEAD it may answer (not no-store) gets the headers it saw first */
-  const httpCache = new Map<string, Response>();
   const requests: string[] = [];
   const disk = new Map<string, Uint8Array>();
   const open = new Set<string>();
@@ -208,28 +216,23 @@ function fakeBrowser({ quota = 1e9, usage = 0 } = {}) {
   const state = { failWrites: false, pageOnly: false };
   const fetch = (url: string, init?: RequestInit): Promise<Response> => {
     const file = served.get(url);
-    if (init?.method === 'HEAD') {
-      const cached = httpCache.get(url);
-      if (cached && init.cache !== 'no-store') return Promise.resolve(cached.clone());
-      requests.push(`HEAD ${url}`);
-      // a server's 404 page has a length too
-      if (!file) return Promise.resolve(new Response(null, { status: 404, headers: { 'Content-Length': '9' } }));
-      const headers: Record<string, string> = {};
-      const length = file.contentLength === undefined ? String(file.bytes.length) : file.contentLength;
-      if (length !== null) headers['Content-Length'] = length;
-      if (file.etag) headers.ETag = file.etag;
-      if (file.lastModified) headers['Last-Modified'] = file.lastModified;
-      const response = new Response(null, { status: file.status ?? 200, headers });
-      httpCache.set(url, response.clone());
-      return Promise.resolve(response);
-    }
     const range = (init?.headers as Record<string, string> | undefined)?.Range;
+    // a range the HTTP cache answered could be of a version it kept, not the server's now
+    if (range && init?.cache !== 'no-store') throw new Error(`${url} ${range} was asked for through the HTTP cache`);
     requests.push(`GET ${url}${range ? ` ${range}` : ''}`);
     if (!file) return Promise.resolve(new Response(null, { status: 404 }));
-    if (!range) return Promise.resolve(new Response(file.bytes.slice()));
+    const version = {
+      ...(file.etag && { ETag: file.etag }),
+      ...(file.lastModified && { 'Last-Modified': file.lastModified }),
+    };
+    const size = file.size === undefined ? String(file.bytes.length) : file.size;
+    if (!range || file.ignoresRange)
+      return Promise.resolve(
+        new Response(file.bytes.slice(), { headers: { ...version, ...(size !== null && { 'Content-Length': size }) } }),
+      );
     const [b, e] = range.replace('bytes=', '').split('-').map(Number);
     const part = file.bytes.slice(b, e + 1);
-    const headers = { 'Content-Range': `bytes ${b}-${b + part.length - 1}/${file.bytes.length}` };
+    const headers = { ...version, 'Content-Range': `bytes ${b}-${b + part.length - 1}/${size ?? '*'}` };
     return Promise.resolve(new Response(part, { status: 206, headers }));
   };
   const syncHandle = (name: string) => {
@@ -339,7 +342,7 @@ describe("a model folder's weights kept in the browser (cachedModelFiles)", () =
     await first.close();
     expect(browser.open.size).toBe(0);
     expect(browser.requests).toEqual([
-      `HEAD ${url}`,
+      `GET ${url} bytes=0-0`,
       `GET ${url} bytes=0-99`,
       `GET ${url} bytes=100-299`,
       `GET ${url} bytes=900-999`,
@@ -351,7 +354,7 @@ describe("a model folder's weights kept in the browser (cachedModelFiles)", () =
     expect(await second.readRange(path, 250, 350)).toEqual(weights.slice(250, 350)); // half kept: all fetched
     expect(second.source()).toEqual({ networkBytes: 100, cacheBytes: 400, note: '' });
     await second.close();
-    expect(browser.requests).toEqual([`HEAD ${url}`, `GET ${url} bytes=250-349`]);
+    expect(browser.requests).toEqual([`GET ${url} bytes=0-0`, `GET ${url} bytes=250-349`]);
     // one lock per folder, named by the first half of its URL's SHA-256, the same for either spelling of the URL
     const folderKey = createHash('sha256').update('http://x/m').digest('hex').slice(0, 32);
     expect(browser.locksAsked).toEqual([`ditswarm-weights/${folderKey}`, `ditswarm-weights/${folderKey}`]);
@@ -447,16 +450,46 @@ describe("a model folder's weights kept in the browser (cachedModelFiles)", () =
     }
   });
 
-  it('a server that gives no size for a file, or a size that is no number, has it read from the network, saying so', async () => {
+  it("a file's size and version come from its first byte, asked for past the HTTP cache; a server that ignores Range gives them in its whole answer, whose body is left unread", async () => {
+    const browser = fakeBrowser();
+    browser.served.set(url, { bytes: bytesOf(1000), etag: '"v1"' });
+    expect(await fileVersion(url)).toEqual({ size: 1000, validator: '"v1"' });
+    expect(browser.requests).toEqual([`GET ${url} bytes=0-0`]);
+    let cancelled = false;
+    const whole = new ReadableStream<Uint8Array>({
+      pull: (c) => c.enqueue(new Uint8Array(1 << 20)), // as long as anyone reads
+      cancel: () => void (cancelled = true),
+    });
+    const lastModified = 'Tue, 01 Dec 2026 10:00:00 GMT';
+    vi.stubGlobal('fetch', () =>
+      Promise.resolve(
+        new Response(whole, { headers: { 'Content-Length': '5000000000', 'Last-Modified': lastModified } }),
+      ),
+    );
+    expect(await fileVersion(url)).toEqual({ size: 5e9, validator: lastModified });
+    expect(cancelled).toBe(true);
+    // and its weights are kept all the same
+    const ignoring = fakeBrowser();
+    ignoring.served.set(url, { bytes: bytesOf(300), etag: '"v1"', ignoresRange: true });
+    const files = cachedModelFiles('http://x/m');
+    expect(await files.readRange(path, 10, 20)).toEqual(bytesOf(300).slice(10, 20));
+    await files.close();
+    const again = cachedModelFiles('http://x/m');
+    expect(await again.readRange(path, 10, 20)).toEqual(bytesOf(300).slice(10, 20));
+    expect(again.source()).toEqual({ networkBytes: 0, cacheBytes: 10, note: '' });
+    await again.close();
+  });
+
+  it('a server that gives no size for a file, in its range or its whole answer, has it read from the network, saying so', async () => {
     const browser = fakeBrowser();
     const other = 'http://x/m/transformer/w2.safetensors';
-    browser.served.set(url, { bytes: bytesOf(300), etag: '"v1"', contentLength: null });
-    browser.served.set(other, { bytes: bytesOf(300), etag: '"v1"', contentLength: 'lots' });
+    browser.served.set(url, { bytes: bytesOf(300), etag: '"v1"', size: null });
+    browser.served.set(other, { bytes: bytesOf(300), etag: '"v1"', size: null, ignoresRange: true });
     const files = cachedModelFiles('http://x/m');
     expect(await files.readRange(path, 0, 10)).toEqual(bytesOf(10));
     expect(await files.readRange('transformer/w2.safetensors', 0, 10)).toEqual(bytesOf(10));
     expect(files.source().note).toBe(
-      `not kept in this browser: the server gave no size for ${url} (HTTP 200); ` +
+      `not kept in this browser: the server gave no size for ${url} (HTTP 206); ` +
         `not kept in this browser: the server gave no size for ${other} (HTTP 200)`,
     );
     await files.close();
@@ -736,7 +769,7 @@ describe("a worker process's weights kept in a folder on disk (worker/node/disk-
     const browser = fakeBrowser();
     vi.stubGlobal('navigator', undefined);
     const free = statfsSync(dir).bavail * statfsSync(dir).bsize;
-    const huge = { bytes: bytesOf(10), etag: '"v1"', contentLength: String(free * 2) };
+    const huge = { bytes: bytesOf(10), etag: '"v1"', size: String(free * 2) };
     browser.served.set(url, huge);
     const files = cachedModelFiles('http://x/m');
     await files.readRange(path, 0, 10);
