@@ -177,11 +177,14 @@ function unknownFlags(pages: Record<string, string>): string[] {
 
 const scriptsNamed = (text: string) => [...text.matchAll(/npm run ([a-z][a-z0-9:-]*)/g)].map(([, script]) => script);
 
-/** Each `npm run X` of the pages whose X is no script of package.json, as "page: X". */
+/** Each `npm run X` of the pages whose X is no script of package.json, and `npm run bench -- Y` no benchmark. */
 const unknownScripts = (pages: Record<string, string>) =>
-  Object.entries(pages).flatMap(([page, text]) =>
-    scriptsNamed(text).flatMap((script) => (SCRIPTS.includes(script) ? [] : [`${page}: ${script}`])),
-  );
+  Object.entries(pages).flatMap(([page, text]) => [
+    ...scriptsNamed(text).flatMap((script) => (SCRIPTS.includes(script) ? [] : [`${page}: ${script}`])),
+    ...[...text.matchAll(/npm run bench -- ([a-z][a-z-]*)/g)].flatMap(([, name]) =>
+      COMMANDS[`bench ${name}`] ? [] : [`${page}: bench ${name}`],
+    ),
+  ]);
 
 /** GitHub's anchor of a heading: lower case, punctuation dropped, spaces as hyphens; repeats numbered. */
 function anchors(text: string): Set<string> {
@@ -237,7 +240,7 @@ describe('the docs', () => {
     expect(unknownFlags(ALL)).toEqual([]);
   });
 
-  it('name only npm scripts package.json has', () => {
+  it('name only npm scripts package.json has, and only benchmarks npm run bench runs', () => {
     expect(Object.values(ALL).flatMap(scriptsNamed).length).toBeGreaterThan(50);
     expect(unknownScripts(ALL)).toEqual([]);
   });
@@ -284,9 +287,8 @@ describe('the docs', () => {
       'made-up.md:9: worker has no --stages',
       'made-up.md:10: start has no --not-a-start-flag',
     ]);
-    expect(unknownScripts({ 'made-up.md': page.replace('npm run generate', 'npm run genrate') })).toEqual([
-      'made-up.md: genrate',
-    ]);
+    const misspelt = page.replace('npm run generate', 'npm run genrate').replace('-- pooled', '-- poled');
+    expect(unknownScripts({ 'made-up.md': misspelt })).toEqual(['made-up.md: genrate', 'made-up.md: bench poled']);
     expect(brokenLinks('docs/x.md', '[a](api.md#no-such-heading) [b](nowhere.md) [c](api.md#the-calls)')).toEqual([
       'docs/x.md: api.md#no-such-heading: no heading #no-such-heading',
       'docs/x.md: nowhere.md: no file docs/nowhere.md',
