@@ -61,7 +61,7 @@ const ofParser =
     }
   };
 
-/** Each command the docs name flags of, as `npm run NAME` (`start` for `npm start` and `npx ditswarm start`). */
+/** Each command the docs name flags of, as `npm run NAME` (`npx ditswarm NAME` is the same; `npm start` is start). */
 const COMMANDS: Partial<Record<string, FlagCheck>> = {
   start: ofOptions(START_OPTIONS),
   worker: ofOptions(WORKER_OPTIONS),
@@ -145,7 +145,7 @@ const flagsOf = (code: string) => [...code.matchAll(/(?<![\w-])--([a-z][a-z0-9-]
 /** The commands a snippet names, each with the flags after it (up to the next command, a comment or `&&`). */
 function commandsIn(text: string): { command: string; flags: string[] }[] {
   const named = [
-    ...text.matchAll(/npm start|npx ditswarm (start|worker)|npm run ([a-z][a-z0-9:-]*)(?:\s+--\s+([a-z][a-z-]*))?/g),
+    ...text.matchAll(/npm start|npx ditswarm ([a-z][a-z-]*)|npm run ([a-z][a-z0-9:-]*)(?:\s+--\s+([a-z][a-z-]*))?/g),
   ];
   return named.map((m, i) => {
     const [, npx, script, bench] = [...m] as (string | undefined)[];
