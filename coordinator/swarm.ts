@@ -5,7 +5,6 @@
 // silence measured against the swarm's load otherwise); listeners hear about every change.
 // Workers reach it over a data channel, or through the server's relay (its socket is open while
 // the swarm is, registered with the token).
-import { CA_LINK_PARAM } from '../core/net/local-ca.ts';
 import { Peer } from 'peerjs';
 import type { DataConnectionLike, Transport } from '../core/net/channel.ts';
 import { Silences, watchHeartbeats, type Death } from '../core/net/heartbeat.ts';
@@ -34,6 +33,7 @@ import {
   registerCoordinator,
   renewSwarmKeys,
   revokeJoinToken,
+  workerLink,
   type SwarmKeys,
 } from '../core/net/join-token.ts';
 import { COORDINATOR } from '../core/net/protocol.ts';
@@ -281,13 +281,10 @@ export class Swarm {
   }
 
   private joinUrlAt(origin: string): string {
-    // the token in the fragment: a browser sends neither it to the server nor it in a Referer. No
-    // id: the worker asks the server for this load's (core/net/join-token.ts)
-    const link = `${origin}/worker.html#token=${encodeURIComponent(this.token)}`;
     // at the server's own https names, the link names its CA: a worker process pins it (a browser trusts it once);
     // elsewhere (a proxy in front with a certificate of its own) the CA is not what a worker meets
     const { ca, lanOrigins } = this.signaling;
-    return ca && lanOrigins.includes(origin) ? `${link}&${CA_LINK_PARAM}=${ca.fingerprint}` : link;
+    return workerLink(origin, this.token, ca && lanOrigins.includes(origin) ? ca.fingerprint : null);
   }
 
   workers(): SwarmWorker[] {

@@ -70,6 +70,8 @@ export interface JoinTokens {
   /** No page enters `room` again; `onRevoke`'s listeners let go those in it. */
   revoke(room: string): void;
   onRevoke(listener: (room: string) => void): void;
+  /** A dashboard registered a new id for `room` (it opened, or loaded again): `npm start` prints its worker link. */
+  onRegister(listener: (room: string) => void): void;
 }
 
 /** `stateDir`: where the secret and the revoked rooms outlive restarts; without it they last as long as the process. */
@@ -80,6 +82,7 @@ export function openJoinTokens(stateDir?: string): JoinTokens {
     revokedFile && existsSync(revokedFile) ? readFileSync(revokedFile, 'utf8').split('\n').filter(Boolean) : [],
   );
   const listeners = new Set<(room: string) => void>();
+  const registered = new Set<(room: string) => void>();
   const sealed = (what: string, room: string) =>
     createHmac('sha256', secret).update(`${what}\n${room}`).digest('hex').slice(0, 32);
   const tokenOf = (room: string) => `${room}.${sealed('join token', room)}`;
@@ -113,6 +116,7 @@ export function openJoinTokens(stateDir?: string): JoinTokens {
         coordinators.delete(oldest);
         roomOfPeer.delete(old);
       }
+      for (const listener of registered) listener(room);
       return true;
     },
     coordinatorOf: (room) => coordinators.get(room)?.peer || null,
@@ -134,6 +138,7 @@ export function openJoinTokens(stateDir?: string): JoinTokens {
       for (const listener of listeners) listener(room);
     },
     onRevoke: (listener) => void listeners.add(listener),
+    onRegister: (listener) => void registered.add(listener),
   };
 }
 

@@ -1,17 +1,17 @@
 import { isIP } from 'node:net';
 import { parseArgs } from 'node:util';
 import { ICE_TRANSPORT_POLICIES, RELAY_MODES, type IceTransportPolicy, type RelayMode } from '../core/net/peer-link.ts';
-import { TURN_CREDENTIAL_LIFETIME_S, turnServerFrom } from './turn-credentials.ts';
+import { turnServerFrom } from './turn-credentials.ts';
 import { newPeerKey, parseIceServers } from './peer-signaling.ts';
 import { join } from 'node:path';
 import { CACHE_ROOT } from './model-folder.ts';
 import { serverNames } from './origins.ts';
 import { givenTls, localTls, type ServerTls } from './certificates.ts';
-import { spacedFingerprint } from '../core/net/local-ca.ts';
-import { OWNER_KEY_PARAM } from '../core/net/join-token.ts';
 import { DEFAULT_PORT, localModelDir, servedOr, startServer } from './serve.ts';
 import { DEFAULT_DATA_DIR, DEFAULTS as API_DEFAULTS, prepareApi, type VideoApi } from './api/api.ts';
 import { allowedModelHosts } from './api/model-hosts.ts';
+import { START_OPTIONS } from './start-flags.ts';
+import { startBanner, workerLinkLines, workerLinks } from './start-banner.ts';
 
 // `npm start [-- --model PATH|URL] [--lora FILE[:STRENGTH]]... [--port N] [--rebuild] [--peer-key K]
 //   [--ice-servers LIST] [--relay fallback|force|off | --force-relay] [--allow-origin ORIGIN ...] [--host NAME ...]
@@ -25,31 +25,7 @@ import { allowedModelHosts } from './api/model-hosts.ts';
 // https on the same port (their pages are secure contexts only so): by a certificate of its own local CA, made on
 // first start and trusted once on each of them (server/certificates.ts), or by --cert/--key. With --api it also
 // serves the video API at /v1 (server/api), running its own coordinator in a headless Chromium.
-const { values: flags } = parseArgs({
-  options: {
-    port: { type: 'string' },
-    model: { type: 'string' },
-    lora: { type: 'string', multiple: true, default: [] },
-    rebuild: { type: 'boolean', default: false },
-    'peer-key': { type: 'string' },
-    host: { type: 'string', multiple: true, default: [] },
-    cert: { type: 'string' },
-    key: { type: 'string' },
-    'ice-servers': { type: 'string' },
-    relay: { type: 'string' },
-    'force-relay': { type: 'boolean', default: false },
-    'turn-secret': { type: 'string' },
-    'turn-url': { type: 'string', multiple: true, default: [] },
-    'ice-policy': { type: 'string' },
-    'allow-origin': { type: 'string', multiple: true, default: [] },
-    api: { type: 'boolean', default: false },
-    'local-workers': { type: 'string' },
-    data: { type: 'string' },
-    'max-queue': { type: 'string' },
-    'api-rate': { type: 'string' },
-    'allow-model-host': { type: 'string', multiple: true, default: [] },
-  },
-});
+const { values: flags } = parseArgs({ options: START_OPTIONS });
 
 /** A whole number ≥ `min` from a flag, or its default; anything else ends the server, saying what it takes. */
 function wholeFlag(name: 'local-workers' | 'max-queue' | 'api-rate', fallback: number, min: number): number {
@@ -203,61 +179,34 @@ if (server.ca)
   }, RENEW_CHECK_MS).unref();
 
 const iceUrls = iceServers.flatMap((s) => s.urls); // credentials stay out of the log
-
-const lanUrls = server.lanOrigins();
-// a dashboard of another machine proves it is the owner's with the key in its link's fragment
-const ownerFragment = `#${OWNER_KEY_PARAM}=${server.joinTokens.ownerKey()}`;
 console.log(
-  [
-    '',
-    `ditswarm is serving on port ${server.port}${server.port === requestedPort ? '' : ` (${requestedPort} was busy)`}`,
-    `  dashboard   ${server.url}/${api ? "  (the video API's queue and swarm: api.html)" : ''}`,
-    `  worker      ${server.url}/worker.html`,
-    ...(flags.model ? [`  model       ${flags.model} (the dashboard's default)`] : []),
-    ...flags.lora.map(
-      (lora) => `  LoRA        ${lora} (every job's, unless the dashboard's LoRA field says otherwise)`,
-    ),
-    ...lanUrls.map((url) => `  LAN worker  ${url}/worker.html`),
-    ...lanUrls.map((url) => `  LAN dashboard ${url}/${ownerFragment} (yours alone: it opens swarms here)`),
-    ...(server.ca && lanUrls.length > 0
-      ? [
-          `  trust once  each other machine trusts this server's CA once:`,
-          `              ${lanUrls[0].replace(/^https:/, 'http:')}/ shows how`,
-          `              (its SHA-256 ${spacedFingerprint(server.ca.fingerprint)})`,
-        ]
-      : []),
-    ...(lanUrls.length === 0 && server.ca === null
-      ? ["  (--cert names none of this machine's names or LAN addresses: give --host NAME for the one it names)"]
-      : []),
-    ...(api
-      ? [
-          `  video API   ${server.url}/v1/videos  (key: ${api.key.where}; see ${server.url}/v1/openapi.json)`,
-          `  data        ${dataDir}`,
-        ]
-      : []),
-    `  signaling   ${server.url}/peerjs  key "${server.peerKey}"`,
-    `  ICE servers ${
-      iceUrls.length
-        ? iceUrls.join(', ')
-        : 'none (host candidates only: pages on one LAN; pass --ice-servers for STUN/TURN)'
-    }`,
-    ...(turn
-      ? [
-          `  TURN        ${turn.urls.join(', ')}: credentials for ${TURN_CREDENTIAL_LIFETIME_S / 3600} h ` +
-            'to pages that prove their join token' +
-            (icePolicy === 'relay' ? '; every link goes through it (--ice-policy relay)' : ''),
-        ]
-      : []),
-    `  relay       ${
-      {
-        fallback: `${server.url.replace(/^http/, 'ws')}/relay for links whose data channel does not open within 8 s`,
-        force: 'every link goes through this server (--force-relay)',
-        off: 'off: data channels only',
-      }[relay]
-    }`,
-    '',
-  ].join('\n'),
+  startBanner({
+    url: server.url,
+    port: server.port,
+    requestedPort,
+    lanOrigins: server.lanOrigins(),
+    // a dashboard of another machine proves it is the owner's with the key in its link's fragment
+    ownerKey: server.joinTokens.ownerKey(),
+    caFingerprint: server.ca?.fingerprint ?? null,
+    model: flags.model,
+    loras: flags.lora,
+    api: api && { keyWhere: api.key.where, dataDir },
+    peerKey: server.peerKey,
+    iceUrls,
+    turn: turn ? { urls: turn.urls, relayOnly: icePolicy === 'relay' } : undefined,
+    relay,
+  }).join('\n'),
 );
+// a worker link carries its swarm's token, which the dashboard is given as it opens: printed then, once a swarm
+const printedSwarms = new Set<string>();
+if (!api)
+  server.joinTokens.onRegister((room) => {
+    const token = server.joinTokens.standing(room);
+    if (token === null || printedSwarms.has(room)) return;
+    printedSwarms.add(room);
+    const { local, lan } = workerLinks(server.url, server.lanOrigins(), token, server.ca?.fingerprint ?? null);
+    console.log(workerLinkLines(local, lan).join('\n'));
+  });
 
 for (const signal of ['SIGINT', 'SIGTERM'] as const) {
   process.once(signal, () => {
@@ -273,7 +222,9 @@ if (api) {
   try {
     const host = await api.start(server.url);
     const { joinUrl, lanJoinUrl } = await host.swarm();
-    console.log(`  API worker link  ${joinUrl}${lanJoinUrl ? `\n  API LAN link     ${lanJoinUrl}` : ''}\napi: ready`);
+    console.log(
+      [...workerLinkLines(joinUrl, lanJoinUrl && lanJoinUrl !== joinUrl ? [lanJoinUrl] : []), 'api: ready'].join('\n'),
+    );
   } catch (e) {
     console.error(`api: could not open the coordinator: ${(e as Error).message}`);
     await api.close().catch(() => {});

@@ -11,6 +11,7 @@
 // a proof of the token: the link names no id, and the server tells it to nobody without the token.
 import { defined } from '../defined.ts';
 import { joinProof } from './hmac.ts';
+import { CA_LINK_PARAM } from './local-ca.ts';
 
 /** Where a dashboard asks its server for a join token, or to keep the one it has. */
 export const SWARMS_PATH = '/swarms';
@@ -207,4 +208,14 @@ export async function findCoordinator(
   if (typeof answer.coordinator !== 'string')
     throw new Error(`the server at ${origin} answered ${JSON.stringify(answer).slice(0, 200)} for the dashboard's id`);
   return { coordinator: answer.coordinator };
+}
+
+/**
+ * The link a worker opens to join a swarm: the token in the fragment, which a browser sends to no server and puts in
+ * no Referer, and no dashboard id (the worker asks the server for this load's). With `caFingerprint` (at the server's
+ * own https names) it names the server's CA, which a worker process pins and a browser trusts once.
+ */
+export function workerLink(origin: string, token: string, caFingerprint: string | null): string {
+  const link = `${origin}/worker.html#token=${encodeURIComponent(token)}`;
+  return caFingerprint === null ? link : `${link}&${CA_LINK_PARAM}=${caFingerprint}`;
 }

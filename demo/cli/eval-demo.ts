@@ -15,31 +15,17 @@ import { cpus, totalmem } from 'node:os';
 import { dirname } from 'node:path';
 import { parseArgs } from 'node:util';
 import * as ort from 'onnxruntime-web';
-import { CLIP, DEMO_SAMPLING, HELD_OUT_COMBOS, TRAINING_COMBOS } from '../world.ts';
+import { CLIP, HELD_OUT_COMBOS, TRAINING_COMBOS } from '../world.ts';
 import { evaluateDemo } from '../evaluate.ts';
 import { loadModel } from '../generate.ts';
 import { folderFiles } from '../../server/model-folder.ts';
-import { DEFAULT_WARMUP_STEPS, placedStepCache } from '../../coordinator/planner.ts';
+import { placedStepCache } from '../../coordinator/planner.ts';
 import { parseCacheFlags } from '../../core/step-cache.ts';
 import { DTYPES, type DType } from '../../core/net/protocol.ts';
+import { EVAL_DEMO_OPTIONS } from './flags.ts';
 
 const { values } = parseArgs({
-  options: {
-    model: { type: 'string', default: 'public/models/tiny-wan-demo' },
-    out: { type: 'string', default: 'bench/out/demo-eval.json' },
-    steps: { type: 'string', default: String(DEMO_SAMPLING.steps) },
-    guidance: { type: 'string', default: String(DEMO_SAMPLING.guidance) },
-    seeds: { type: 'string', default: '2' },
-    'first-seed': { type: 'string', default: '1000' },
-    ranks: { type: 'string', default: '1' },
-    set: { type: 'string', default: 'held-out' },
-    displaced: { type: 'boolean', default: false },
-    'warmup-steps': { type: 'string', default: String(DEFAULT_WARMUP_STEPS) },
-    dtype: { type: 'string', default: 'f32' },
-    cache: { type: 'string' },
-    'cache-threshold': { type: 'string' },
-    pipefusion: { type: 'string' },
-  },
+  options: EVAL_DEMO_OPTIONS,
 });
 
 ort.env.wasm.numThreads = 1;

@@ -17,6 +17,7 @@ import { readSafetensors, writeSafetensors } from '../../core/safetensors.ts';
 import { CACHE_ROOT } from '../model-folder.ts';
 import { servedOr } from '../serve.ts';
 import { pageError, startLocalSwarm } from './browser-swarm.ts';
+import { DECODE_OPTIONS } from './flags.ts';
 
 const USAGE = [
   'usage: npm run decode -- --model DIR --latent F.safetensors --output V.safetensors [--out video.webm] [--workers N]',
@@ -38,14 +39,7 @@ function fail(message: string): never {
 let parsed;
 try {
   parsed = parseArgs({
-    options: {
-      model: { type: 'string' },
-      latent: { type: 'string' },
-      output: { type: 'string' },
-      out: { type: 'string' },
-      workers: { type: 'string', default: '1' },
-      verbose: { type: 'boolean', default: false },
-    },
+    options: DECODE_OPTIONS,
   });
 } catch (e) {
   fail(`${(e as Error).message}\n${USAGE}`);

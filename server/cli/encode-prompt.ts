@@ -16,6 +16,7 @@ import { Umt5Tokenizer } from '../../core/model/umt5-tokenizer.ts';
 import { writeSafetensors } from '../../core/safetensors.ts';
 import { folderFiles } from '../model-folder.ts';
 import { defined } from '../../core/defined.ts';
+import { ENCODE_PROMPT_OPTIONS } from './flags.ts';
 
 const USAGE = `usage: npm run encode-prompt -- --model DIR (--prompt TEXT | --input-ids 1,2,3) --output F.safetensors
          [--backend onnx|reference] [--max-length 512]`;
@@ -39,14 +40,7 @@ async function run(): Promise<void> {
   let parsed;
   try {
     parsed = parseArgs({
-      options: {
-        model: { type: 'string' },
-        prompt: { type: 'string' },
-        'input-ids': { type: 'string' },
-        output: { type: 'string' },
-        backend: { type: 'string', default: 'onnx' },
-        'max-length': { type: 'string', default: '512' },
-      },
+      options: ENCODE_PROMPT_OPTIONS,
     });
   } catch (e) {
     return usage((e as Error).message);

@@ -20,6 +20,7 @@ import type { StageRunner } from '../../rank/stages.ts';
 import { folderFiles } from '../model-folder.ts';
 import { byteProgress } from './progress.ts';
 import { defined } from '../../core/defined.ts';
+import { FORWARD_OPTIONS } from './flags.ts';
 
 const USAGE = [
   'usage: npm run forward -- --input in.safetensors --output out.safetensors',
@@ -95,21 +96,7 @@ async function run(): Promise<void> {
   let parsed;
   try {
     parsed = parseArgs({
-      options: {
-        model: { type: 'string', default: 'public/models/tiny-wan' },
-        input: { type: 'string' },
-        output: { type: 'string' },
-        backend: { type: 'string', default: 'onnx' },
-        ulysses: { type: 'string', default: '1' },
-        'make-input': { type: 'string' },
-        frames: { type: 'string', default: '3' },
-        height: { type: 'string', default: '8' },
-        width: { type: 'string', default: '8' },
-        'text-length': { type: 'string', default: '32' },
-        seed: { type: 'string', default: '0' },
-        lora: { type: 'string', multiple: true, default: [] },
-        help: { type: 'boolean', default: false },
-      },
+      options: FORWARD_OPTIONS,
     });
   } catch (e) {
     usage((e as Error).message);

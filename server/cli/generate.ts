@@ -20,13 +20,8 @@ import { WEIGHT_TYPES } from '../../core/worker-api.ts';
 import { CACHE_ROOT } from '../model-folder.ts';
 import { servedOr } from '../serve.ts';
 import { pageError, startLocalSwarm } from './browser-swarm.ts';
-import { degreeOfWorkers, JOB_FLAG_OPTIONS, jobFlagValues } from './job-flags.ts';
-
-/**
- * where generate serves unless told (not the dashboard's, so both can run at once): a fixed port,
- * as the browser keeps weights and encoded prompts per origin
- */
-const GENERATE_PORT = 5190;
+import { degreeOfWorkers, jobFlagValues } from './job-flags.ts';
+import { GENERATE_OPTIONS } from './flags.ts';
 
 const USAGE = [
   'usage: npm run generate -- --prompt "a red ball" ' + '[--backend local|swarm] [--workers N] [--ep auto|webgpu|wasm]',
@@ -80,43 +75,7 @@ function fail(message: string): never {
 let parsed;
 try {
   parsed = parseArgs({
-    options: {
-      prompt: { type: 'string' },
-      'negative-prompt': { type: 'string' },
-      backend: { type: 'string', default: 'swarm' },
-      workers: { type: 'string' },
-      'node-workers': { type: 'string', default: '0' },
-      stages: { type: 'string', default: '1' },
-      pipefusion: { type: 'string' },
-      weights: { type: 'string' },
-      ep: { type: 'string', default: 'auto' },
-      fp16: { type: 'boolean', default: false },
-      int8: { type: 'boolean', default: false },
-      int4: { type: 'boolean', default: false },
-      model: { type: 'string' },
-      lora: { type: 'string', multiple: true, default: [] },
-      'cfg-parallel': { type: 'boolean', default: false },
-      displaced: { type: 'boolean', default: false },
-      'warmup-steps': { type: 'string' },
-      'drop-worker': { type: 'string' },
-      'crash-worker': { type: 'string' },
-      'force-relay': { type: 'boolean', default: false },
-      cache: { type: 'string' },
-      scheduler: { type: 'string' },
-      fast: { type: 'boolean', default: false },
-      'cache-threshold': { type: 'string' },
-      ...JOB_FLAG_OPTIONS,
-      out: { type: 'string', default: 'out/video.webm' },
-      report: { type: 'string', default: 'out/report.json' },
-      'latent-out': { type: 'string', default: 'out/latent.f32' },
-      port: { type: 'string', default: String(GENERATE_PORT) },
-      verbose: { type: 'boolean', default: false },
-      yes: { type: 'boolean', default: false },
-      'prompt-embeds': { type: 'string' },
-      'negative-prompt-embeds': { type: 'string' },
-      'output-type': { type: 'string', default: 'video' },
-      help: { type: 'boolean', default: false },
-    },
+    options: GENERATE_OPTIONS,
   });
 } catch (e) {
   fail(`${(e as Error).message}\n${USAGE}`);

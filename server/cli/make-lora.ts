@@ -19,6 +19,7 @@ import { TRANSFORMER_CONFIG } from '../../core/model/transformer.ts';
 import { writeSafetensors, type TensorMap } from '../../core/safetensors.ts';
 import { sizeOf } from '../../core/tensor.ts';
 import { folderFiles, seededRandom } from '../model-folder.ts';
+import { MAKE_LORA_OPTIONS } from './flags.ts';
 
 export interface RandomLora {
   rank: number;
@@ -74,14 +75,7 @@ export function randomWanLora(cfg: WanConfig, { rank, alpha, strength, seed }: R
 
 async function main(): Promise<void> {
   const { values } = parseArgs({
-    options: {
-      model: { type: 'string' },
-      out: { type: 'string' },
-      rank: { type: 'string', default: '16' },
-      alpha: { type: 'string', default: '8' },
-      strength: { type: 'string', default: '1' },
-      seed: { type: 'string', default: 'lora' },
-    },
+    options: MAKE_LORA_OPTIONS,
   });
   if (!values.model || !values.out) {
     console.error(

@@ -54,6 +54,7 @@ import {
 } from '../model-folder.ts';
 import { byteProgress } from './progress.ts';
 import { WAN21_T2V_14B, WAN21_T2V_1_3B } from '../wan21-layout.ts';
+import { MAKE_MODEL_OPTIONS } from './flags.ts';
 
 const PRESETS = {
   tiny: {
@@ -121,19 +122,7 @@ const PUBLISHED: Partial<Record<Preset, typeof WAN21_T2V_1_3B | typeof WAN21_T2V
 const DTYPES: Record<string, SafetensorsDType> = { fp32: 'F32', bf16: 'BF16', fp16: 'F16' };
 
 const { values: flags } = parseArgs({
-  options: {
-    preset: { type: 'string', default: 'tiny' },
-    out: { type: 'string' },
-    seed: { type: 'string' },
-    layers: { type: 'string' },
-    'head-dim': { type: 'string' },
-    ffn: { type: 'string' },
-    'text-dim': { type: 'string' },
-    'text-length': { type: 'string' },
-    'shard-bytes': { type: 'string' },
-    'text-layers': { type: 'string' },
-    dtype: { type: 'string', default: 'fp32' },
-  },
+  options: MAKE_MODEL_OPTIONS,
 });
 const fail = (message: string): never => {
   console.error(`make-model: ${message}`);

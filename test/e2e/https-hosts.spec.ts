@@ -74,8 +74,8 @@ test.describe.serial('workers on other machines, over https with the CA trusted'
   }
 
   test('npm start prints https links for other machines and how to trust its CA once', () => {
-    expect(printed).toContain(`LAN worker  https://${HOST}:${port}/worker.html`);
-    expect(printed).toMatch(new RegExp(`LAN dashboard https://${HOST}:${port}/#owner=[0-9a-f]+`));
+    expect(printed).toContain(`  dashboard   http://localhost:${port}/\n`);
+    expect(printed).toMatch(new RegExp(`^ +https://${HOST}:${port}/#owner=[0-9a-f]+ `, 'm'));
     expect(printed).toContain(`http://${HOST}:${port}/ shows how`);
     expect(printed).toMatch(/SHA-256 ([0-9A-F]{2}:){31}[0-9A-F]{2}/);
   });
@@ -84,8 +84,13 @@ test.describe.serial('workers on other machines, over https with the CA trusted'
     test.setTimeout(300_000);
     const home = await machine();
     const dashboard = await home.newPage();
+    // npm start prints the dashboard's worker links as it opens: the very links it shows
+    const linksPrinted = untilPrinted(defined(server, 'npm start'), /worker\.html#token=.*\n.*worker\.html#token=.*\n/);
     await dashboard.goto(`http://localhost:${port}/`);
     const { joinUrl, lanJoinUrl } = await dashboard.evaluate(() => window.ditswarm.ready);
+    const links = await linksPrinted;
+    expect(links).toContain(`  worker      ${joinUrl}  (tabs of this machine)\n`);
+    expect(links).toContain(`              ${lanJoinUrl}  (other machines`);
     expect(new URL(lanJoinUrl).origin).toBe(`https://${HOST}:${port}`);
     expect(new URLSearchParams(new URL(lanJoinUrl).hash.slice(1)).get(CA_LINK_PARAM)).toMatch(/^[0-9a-f]{64}$/);
     await expect(dashboard.locator('#trust-once')).toBeVisible();

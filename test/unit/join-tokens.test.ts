@@ -72,6 +72,18 @@ describe('the join tokens a server makes', () => {
     expect(tokens.coordinatorOf(newRoom)).toBeNull();
   });
 
+  it('tell their listeners of each new dashboard id a swarm registers (npm start prints its worker link then), not of a refused one', () => {
+    const tokens = openJoinTokens();
+    const heard: string[] = [];
+    tokens.onRegister((room) => heard.push(room));
+    const room = roomIn(tokens.issue());
+    tokens.register(room, 'ditswarm-c-first');
+    tokens.register(room, 'ditswarm-c-first'); // the same id again: nothing new
+    tokens.register(room, 'ditswarm-c-reload');
+    expect(tokens.register(room, 'ditswarm-c-first')).toBe(false); // an id it had before
+    expect(heard).toEqual([room, room]);
+  });
+
   it('outlive a restart with a state folder: the same secret, the same revocations', () => {
     const dir = mkdtempSync(join(tmpdir(), 'ditswarm-tokens-'));
     try {

@@ -8,14 +8,11 @@ import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { readWorkerLink } from '../../app/worker-link.ts';
 import { MAX_MODEL_MEMORY_GIB, MIN_MODEL_MEMORY_GIB, NATIVE_DEVICES } from '../../core/worker-api.ts';
-import { CACHE_ROOT } from '../../server/model-folder.ts';
 import { startWorkerEndpoint, type WorkerStatus } from '../endpoint.ts';
 import { CUDA_PROVIDERS_INSTALL } from './onnxruntime-node.ts';
 import { nodePlatform, type DeviceRequest } from './platform.ts';
 import { caToTrust, runTrusting, untrustedServer } from './server-ca.ts';
-
-/** where a worker process keeps the weights it fetched unless told */
-const DEFAULT_CACHE = join(CACHE_ROOT, 'worker-weights');
+import { DEFAULT_CACHE, WORKER_OPTIONS } from './flags.ts';
 
 const USAGE = `usage: npm run worker -- <worker link> [--threads N] [--model-memory GiB] [--cache DIR]
          [--model-dir DIR] [--device auto|cpu|cuda|webgpu|wasm] [--ca FILE]
@@ -49,15 +46,7 @@ const { values, positionals } = (() => {
   try {
     return parseArgs({
       allowPositionals: true,
-      options: {
-        threads: { type: 'string' },
-        'model-memory': { type: 'string' },
-        device: { type: 'string', default: 'auto' },
-        cache: { type: 'string', default: DEFAULT_CACHE },
-        'model-dir': { type: 'string' },
-        ca: { type: 'string' },
-        help: { type: 'boolean' },
-      },
+      options: WORKER_OPTIONS,
     });
   } catch (e) {
     return fail((e as Error).message);
