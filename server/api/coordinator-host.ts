@@ -3,7 +3,7 @@
 // with `localWorkers` worker tabs beside it on this machine. Jobs go in through the dashboard's automation API
 // (app/automation.ts), one at a time: the server's job queue (video-jobs.ts) decides which.
 
-import type { BrowserContext, Page } from '@playwright/test';
+import type { BrowserContext, Page } from 'playwright-core';
 import type { AutomationProgress, JobOverrides, JobResult, JoinLinks, WorkerSummary } from '../../app/automation.ts';
 import { launchBrowser, pageError } from '../cli/browser-swarm.ts';
 

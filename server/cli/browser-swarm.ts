@@ -2,7 +2,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { chromium, type BrowserContext, type Page } from '@playwright/test';
+import { chromium, type BrowserContext, type Page } from 'playwright-core';
 import { chromiumArgs, chromiumExecutable } from '../chromium.ts';
 import type { IceTransportPolicy, RelayMode } from '../../core/net/peer-link.ts';
 import type { TurnServer } from '../turn-credentials.ts';
