@@ -13,7 +13,7 @@ export default defineConfig({
   root: resolve(import.meta.dirname, 'app'),
   publicDir: resolve(import.meta.dirname, 'public'),
   build: {
-    outDir: resolve(import.meta.dirname, 'dist'),
+    outDir: resolve(import.meta.dirname, 'dist/app'), // dist/lib is the library's (npm run build:lib)
     emptyOutDir: true,
     target: 'es2022',
     rolldownOptions: {

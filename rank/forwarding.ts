@@ -20,14 +20,18 @@ export function forward<Api extends object>(names: MethodNames<Api>, through: Th
   return Object.fromEntries(Object.keys(names).map((method) => [method, forwarder(method, through)])) as Api;
 }
 
+/** What a Forwarding class's subclass says: how a call reaches its target. Named, so declarations can name it. */
+// eslint-disable-next-line @typescript-eslint/no-unnecessary-type-parameters -- each Forwarding class's own Api
+export abstract class ForwardingBase<Api> {
+  protected abstract through<T>(call: (target: Api) => Promise<T>): Promise<T>;
+}
+
 /**
  * A base class whose instances are Apis, each method running the target's through the subclass's
  * `through`; a subclass's own method of the same name takes its place (it is on the prototype chain first).
  */
-export function Forwarding<Api extends object>(names: MethodNames<Api>) {
-  abstract class Base {
-    protected abstract through<T>(call: (target: Api) => Promise<T>): Promise<T>;
-  }
+export function Forwarding<Api extends object>(names: MethodNames<Api>): abstract new () => ForwardingBase<Api> & Api {
+  abstract class Base extends ForwardingBase<Api> {}
   for (const method of Object.keys(names)) {
     Object.defineProperty(Base.prototype, method, {
       value(this: Base, ...args: unknown[]) {

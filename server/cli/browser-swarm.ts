@@ -2,6 +2,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { chromium, type BrowserContext, type Page } from 'playwright-core';
 import { chromiumArgs, chromiumExecutable } from '../chromium.ts';
 import type { IceTransportPolicy, RelayMode } from '../../core/net/peer-link.ts';
@@ -131,7 +132,8 @@ export function startNodeWorker(
   flags: string[] = [],
   env: NodeJS.ProcessEnv = {},
 ): ChildProcess {
-  const main = join(import.meta.dirname, '../../worker/node/main.ts');
+  // a URL of this form is what the package's build (build-lib.ts) points at its built JavaScript
+  const main = fileURLToPath(new URL('../../worker/node/main.ts', import.meta.url));
   const child = spawn(process.execPath, ['--import', 'tsx', main, link, '--threads', String(threads), ...flags], {
     stdio: ['ignore', 'pipe', 'pipe'],
     env: { ...process.env, ...env },
