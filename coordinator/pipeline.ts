@@ -35,7 +35,7 @@ import {
 import { encodeWebM } from './video.ts';
 
 export interface PipelineOptions {
-  /** URL of a diffusers-layout model folder; the bundled demo model by default */
+  /** URL of a diffusers-layout model folder (relative: the swarm's server's); the bundled demo model by default */
   model?: string;
   backend?: Backend;
   /** the swarm the `swarm` backend draws workers from */
@@ -259,11 +259,12 @@ export type { StepProgress } from './denoising.ts';
 
 export async function createPipeline(options: PipelineOptions = {}): Promise<Pipeline> {
   const backend = options.backend ?? 'local';
-  const modelUrl = new URL(options.model ?? DEFAULT_MODEL_URL, pageUrl()).href;
+  const { swarm, rpcTimeoutMs } = options;
+  // a page embedding the library on an origin of its own runs its swarm server's models: the bundled demo unless told
+  const modelUrl = new URL(options.model ?? DEFAULT_MODEL_URL, swarm?.origin ?? pageUrl()).href;
   const files = fetchModelFiles(modelUrl);
   const parts = await loadWanPipelineParts(files);
   const { config, textTokens, umt5, wanVae, solver, defaults: folderDefaults, stepCacheCurve } = parts;
-  const { swarm, rpcTimeoutMs } = options;
   const placer = new Placer({
     config,
     modelUrl,

@@ -210,6 +210,7 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
   // before isolation's headers: the trust page is no secure context, where they mean nothing (and browsers say so)
   if (tls) mountTrustPage(app, tls);
   app.use(crossOriginIsolation);
+  app.use(sharedWith(options.allowOrigins ?? []));
   const signaling = mountSignaling(app, plain, peerKey, origins, () => server.listening);
   const joinTokens = openJoinTokens(options.stateDir);
   mountJoinTokens(
@@ -309,6 +310,24 @@ const crossOriginIsolation: RequestHandler = (_request, response, next) => {
   response.setHeader('Cross-Origin-Resource-Policy', 'same-origin');
   next();
 };
+
+/**
+ * A page of an --allow-origin origin embeds the library (`openSwarm(thisServer)`): it reads this server's signaling
+ * settings and model files across origins, by Range (so it sees Content-Range), as the pages of this server do.
+ */
+function sharedWith(allowOrigins: readonly string[]): RequestHandler {
+  const allowed = new Set(allowOrigins.map((origin) => new URL(origin).origin));
+  return (request, response, next) => {
+    const { origin } = request.headers;
+    if (origin && allowed.has(origin))
+      response
+        .setHeader('Access-Control-Allow-Origin', origin)
+        .setHeader('Vary', 'Origin')
+        .setHeader('Access-Control-Expose-Headers', 'Content-Range, Content-Length, ETag, Last-Modified')
+        .setHeader('Cross-Origin-Resource-Policy', 'cross-origin');
+    next();
+  };
+}
 
 async function listenOnFreePort(server: net.Server, firstPort: number): Promise<number> {
   const lastPort = firstPort === 0 ? 0 : firstPort + PORTS_TO_TRY - 1;
