@@ -122,6 +122,25 @@ describe("the server's hosts and origins", () => {
     expect(foreign.headers['access-control-allow-origin']).toBeUndefined();
   });
 
+  it("lets an allowed origin's page read its signaling settings and model files by Range, and no other origin", async () => {
+    const allowing = await startServer({ port: 0, quiet: true, allowOrigins: ['https://mine.example'] });
+    const read = (path: string, origin: string) =>
+      fetch(new URL(path, allowing.url), { headers: { Origin: origin, Range: 'bytes=0-9' } });
+    try {
+      for (const path of ['/signaling.json', '/models/tiny-wan-demo/transformer/config.json']) {
+        const mine = await read(path, 'https://mine.example');
+        expect(mine.headers.get('access-control-allow-origin'), path).toBe('https://mine.example');
+        expect(mine.headers.get('access-control-expose-headers'), path).toContain('Content-Range');
+        expect(mine.headers.get('cross-origin-resource-policy'), path).toBe('cross-origin');
+        const other = await read(path, 'https://other.example');
+        expect(other.headers.get('access-control-allow-origin'), path).toBeNull();
+        expect(other.headers.get('cross-origin-resource-policy'), path).toBe('same-origin');
+      }
+    } finally {
+      await allowing.close();
+    }
+  });
+
   it('refuses a websocket from a foreign page (403), takes one from its own and from an allowed origin', async () => {
     expect(await upgrade('http://evil.example')).toBe(403);
     expect(await upgrade(server.url)).not.toBe(403);
