@@ -7,12 +7,13 @@
 import { existsSync } from 'node:fs';
 import { URL } from 'node:url';
 
-const COMMANDS = { start: 'server/main', worker: 'worker/node/main' };
+const COMMANDS = { start: 'server/main', worker: 'worker/node/main', generate: 'server/cli/generate' };
 const [command, ...args] = process.argv.slice(2);
 if (!Object.hasOwn(COMMANDS, command)) {
   console.error(
     'usage: ditswarm start [--port N] [--model PATH|URL] [--api] …   the server: dashboard, worker pages, video API\n' +
-      '       ditswarm worker <worker link> [--threads N] [--cache DIR] …   join a swarm (ditswarm worker --help)',
+      '       ditswarm worker <worker link> [--threads N] [--cache DIR] …   join a swarm (ditswarm worker --help)\n' +
+      '       ditswarm generate --prompt TEXT [--workers N] …   a job on this machine (ditswarm generate --help)',
   );
   process.exit(2);
 }
