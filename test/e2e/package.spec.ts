@@ -120,7 +120,13 @@ test('the packed package, installed without dev tools, serves a swarm, joins a w
     const tarball = run('npm', ['pack', '--ignore-scripts', '--pack-destination', scratch], ROOT).trim();
     const project = join(scratch, 'project');
     mkdirSync(project);
-    writeFileSync(join(project, 'package.json'), JSON.stringify({ name: 'my-page', private: true, type: 'module' }));
+    // the install scripts a user's project lets run, as the README says: esbuild's, not onnxruntime-node's CUDA fetch
+    // (which fails offline and drops the package) nor protobufjs's notice
+    const allowScripts = { esbuild: true, 'onnxruntime-node': false, protobufjs: false };
+    writeFileSync(
+      join(project, 'package.json'),
+      JSON.stringify({ name: 'my-page', private: true, type: 'module', allowScripts }),
+    );
     run(
       'npm',
       [
@@ -136,6 +142,7 @@ test('the packed package, installed without dev tools, serves a swarm, joins a w
     const installed = readdirSync(join(project, 'node_modules'));
     for (const devTool of ['vite', 'typescript', '@playwright', 'vitest'])
       expect(installed, `${devTool} is no dependency`).not.toContain(devTool);
+    expect(installed, 'the native runtime of worker processes, an optional dependency').toContain('onnxruntime-node');
 
     // the example's page, built with vite against the installed package (vite is the test's: the user's own)
     const example = readmeExample();
