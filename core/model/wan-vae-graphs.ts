@@ -17,7 +17,7 @@ import {
   decoderPlan,
   framesOfChunk,
   type CausalConv,
-  type DecoderLayer,
+  type VaeLayer,
   type WanVaeConfig,
 } from './wan-vae.ts';
 
@@ -96,7 +96,7 @@ export function buildVaeChunkGraph(cfg: WanVaeConfig, first: boolean): VaeChunkG
   };
   const silu = (x: string) => g.op('Mul', [x, g.op('Sigmoid', [x])]);
 
-  const layer = (l: DecoderLayer, x: string, frames: number): { x: string; frames: number } => {
+  const layer = (l: VaeLayer, x: string, frames: number): { x: string; frames: number } => {
     switch (l.kind) {
       case 'conv':
         return { x: causalConv(l.conv, x, frames), frames };
@@ -154,6 +154,8 @@ export function buildVaeChunkGraph(cfg: WanVaeConfig, first: boolean): VaeChunkG
       }
       case 'head':
         return { x: causalConv(l.conv, silu(norm(x, `${l.name}.norm_out.gamma`, [l.dim, 1, 1, 1])), frames), frames };
+      default:
+        throw new Error(`the VAE graphs do not build ${l.kind} layers yet`);
     }
   };
 
