@@ -1,18 +1,26 @@
-// Wan2.1's VAE (diffusers' AutoencoderKLWan, autoencoder_kl_wan.py) as the published folder holds it
-// in vae/: config.json and one diffusion_pytorch_model.safetensors with the encoder's and the
-// decoder's tensors. ditswarm decodes only: latents [16, T, h, w] → video [3, 1 + 4(T−1), 8h, 8w].
+// diffusers' AutoencoderKLWan (autoencoder_kl_wan.py) as the published folder holds it in vae/:
+// config.json and one diffusion_pytorch_model.safetensors with the encoder's and the decoder's
+// tensors. Two variants: Wan2.1's (latents [16, T, h, w] ↔ video [3, 1 + 4(T−1), 8h, 8w]) and
+// Wan2.2's (is_residual, 2×2 patches: latents [48, T, h, w] ↔ video [3, 1 + 4(T−1), 16h, 16w]).
 //
 // This file holds the config, the layout (every tensor's name and shape, from the modules'
-// structure) and the decoder as a list of layers that both the plain TypeScript reference
-// (wan-vae-reference.ts) and the ONNX graphs (wan-vae-graphs.ts) walk; diffusers' spatial tiles are
-// wan-vae-tiling.ts. What the decoder does, per diffusers:
-//   - latents are un-normalised (z·std + mean, WanPipeline), then post_quant_conv (1×1×1);
-//   - the decoder runs one latent frame at a time ("chunks"), each causal 3D convolution keeping the
+// structure) and the encoder and the decoder as plans, lists of layers that both the plain
+// TypeScript reference (wan-vae-reference.ts) and the ONNX graphs (wan-vae-graphs.ts) walk;
+// diffusers' spatial tiles are wan-vae-tiling.ts. What the VAE does, per diffusers:
+//   - decoding: latents are un-normalised (z·std + mean, WanPipeline), then post_quant_conv (1×1×1);
+//     the decoder runs one latent frame at a time ("chunks"), each causal 3D convolution keeping the
 //     last two frames of its input (CACHE_T) for the next chunk: the same as one causal convolution
 //     over the whole sequence, zero-padded in front;
 //   - an up-block with temporal upsampling skips its time_conv on the first chunk (diffusers' "Rep"):
 //     that chunk stays one frame, and the time_conv's history starts after it, with zeros; later
 //     chunks double in time (1 → 2 → 4 frames), so T latents give 1 + 4(T−1) frames;
+//   - encoding: the first frame alone, then 4 frames a chunk; a downsampler with temporal
+//     downsampling only keeps the first chunk's frame, later chunks halve in time (4 → 2 → 1) over
+//     [that kept last frame, chunk]; quant_conv, and the posterior's mean, normalised, is the latent;
+//   - Wan2.2's blocks add a shortcut of their input: AvgDown3D in the encoder (an average of channel,
+//     time and pixel groups), DupUp3D in the decoder (their repetition; the first chunk keeps its last
+//     frame); the decoder's 12 channels unpatchify to 3 at twice the size, the encoder's input is the
+//     video patchified;
 //   - norms are F.normalize over channels · √C · γ; attention is one head over a frame's pixels.
 // Tensors here are frame-major, [frames, channels, height, width]: every 2D operation is per frame.
 
