@@ -553,8 +553,8 @@ export function decoderHeadNames(cfg: WanVaeConfig): string[] {
 }
 
 /**
- * The largest magnitude the decoder's output, before clamping, can take in each of its 3 channels,
- * whatever its input: conv_out reads SiLU(norm_out(x)), and norm_out makes each pixel's channels a
+ * The largest magnitude the decoder's output, before clamping, can take in each of its channels (3,
+ * or Wan2.2's 12 before unpatchify), whatever its input: conv_out reads SiLU(norm_out(x)), and norm_out makes each pixel's channels a
  * vector of norm at most √C·|γ| (|SiLU(z)| ≤ |z|), so each tap of channel o adds at most
  * √C·‖W[o, :, tap]·γ‖ (Cauchy–Schwarz), and the bias |b[o]|.
  */
@@ -566,12 +566,12 @@ export function decoderOutputBound(cfg: WanVaeConfig, tensors: TensorMap): numbe
     return t.data;
   };
   const gamma = tensor(gammaName);
-  const weight = tensor(weightName); // [3, C, 3, 3, 3]
+  const weight = tensor(weightName); // [3·p², C, 3, 3, 3]
   const bias = tensor(biasName);
   const C = gamma.length;
-  const taps = weight.length / (3 * C);
-  return Array.from({ length: 3 }, (_, o) => {
-    let bound = Math.abs(bias[o]);
+  const taps = weight.length / (bias.length * C);
+  return Array.from(bias, (b, o) => {
+    let bound = Math.abs(b);
     for (let k = 0; k < taps; k++) {
       let squares = 0;
       for (let c = 0; c < C; c++) squares += (weight[(o * C + c) * taps + k] * gamma[c]) ** 2;
@@ -581,18 +581,21 @@ export function decoderOutputBound(cfg: WanVaeConfig, tensors: TensorMap): numbe
   });
 }
 
-/** A folder's vae/, opened and checked: its config, and the decoder's tensors when asked for. */
+/** A folder's vae/, opened and checked: its config, and the decoder's or the encoder's tensors when asked for. */
 export interface WanVaeCheckpoint {
   config: WanVaeConfig;
   /** post_quant_conv's and the decoder's tensors (those of `names` where given), float32 (not the encoder's) */
   decoderTensors(names?: string[], onProgress?: LoadProgress): Promise<TensorMap>;
   /** bytes the decoder's tensors take in the file */
   decoderBytes: number;
+  /** the encoder's tensors and quant_conv's, float32, checked against the config first (names and shapes) */
+  encoderTensors(onProgress?: LoadProgress): Promise<TensorMap>;
 }
 
 /**
  * Opens vae/ of a model folder: its config and its file's header, the decoder's tensors checked
- * against the config (names and shapes) before any is read. The encoder's tensors are left alone.
+ * against the config (names and shapes) before any is read. The encoder's tensors are left alone
+ * until they are asked for: a folder that only decodes needs none.
  */
 export async function openWanVae(files: ModelFiles): Promise<WanVaeCheckpoint> {
   const config = parseWanVaeConfig(await readJson(files, VAE_CONFIG), VAE_CONFIG);
@@ -605,6 +608,7 @@ export async function openWanVae(files: ModelFiles): Promise<WanVaeCheckpoint> {
         `it is not AutoencoderKLWan's, as ${VAE_CONFIG} says`,
     );
   checkShapes(decoderWeightShapes(config), entries, checkpoint.source);
+  const isEncoder = (name: string) => name.startsWith('encoder.') || name.startsWith('quant_conv.');
   return {
     config,
     decoderBytes: [...entries.values()].reduce((n, e) => n + e.end - e.begin, 0),
@@ -614,5 +618,10 @@ export async function openWanVae(files: ModelFiles): Promise<WanVaeCheckpoint> {
         [...entries.values()].filter((e) => !names || names.includes(e.name)),
         onProgress,
       ),
+    encoderTensors: (onProgress) => {
+      const encoder = new Map([...checkpoint.tensors].filter(([name]) => isEncoder(name)));
+      checkShapes(encoderWeightShapes(config), encoder, checkpoint.source);
+      return readTensors(files, [...encoder.values()], onProgress);
+    },
   };
 }

@@ -26,7 +26,7 @@ import {
 } from '../../core/model/wan-vae.ts';
 import type { TensorMap } from '../../core/safetensors.ts';
 import { sizeOf, type Tensor } from '../../core/tensor.ts';
-import { seededRandom, writeCheckpoint } from '../../server/model-folder.ts';
+import { seededRandom, seededVaeWeight, writeCheckpoint } from '../../server/model-folder.ts';
 
 export const FIXTURE_PATH = join(import.meta.dirname, '../unit/wan-vae.fixture.json');
 export const FIXTURE22_PATH = join(import.meta.dirname, '../unit/wan22-vae.fixture.json');
@@ -98,13 +98,7 @@ export const INIT =
 /** How an encoded case's video is made (Wan2.2's fixture). */
 export const VIDEO_INIT = 'video 2·uniform − 1 of seededRandom(seed, `video:${shape}`)';
 
-export function seededWeight(seed: string, name: string, shape: number[]): Float32Array {
-  const random = seededRandom(seed, name);
-  const n = sizeOf(shape);
-  if (name.endsWith('.gamma')) return random.normals(n, 0.05).map((v) => 1 + v);
-  if (name.endsWith('.bias')) return random.normals(n, 0.02);
-  return random.normals(n, 1 / Math.sqrt(n / shape[0]));
-}
+export const seededWeight = seededVaeWeight;
 
 /** post_quant_conv's and the decoder's tensors, as the fixture's folder holds them. */
 export function seededDecoderTensors(cfg: WanVaeConfig, seed: string): TensorMap {
