@@ -554,9 +554,9 @@ export function decoderHeadNames(cfg: WanVaeConfig): string[] {
 
 /**
  * The largest magnitude the decoder's output, before clamping, can take in each of its channels (3,
- * or Wan2.2's 12 before unpatchify), whatever its input: conv_out reads SiLU(norm_out(x)), and norm_out makes each pixel's channels a
- * vector of norm at most √C·|γ| (|SiLU(z)| ≤ |z|), so each tap of channel o adds at most
- * √C·‖W[o, :, tap]·γ‖ (Cauchy–Schwarz), and the bias |b[o]|.
+ * or Wan2.2's 12 before unpatchify), whatever its input: conv_out reads SiLU(norm_out(x)), and
+ * norm_out makes each pixel's channels a vector of norm at most √C·|γ| (|SiLU(z)| ≤ |z|), so each
+ * tap of channel o adds at most √C·‖W[o, :, tap]·γ‖ (Cauchy–Schwarz), and the bias |b[o]|.
  */
 export function decoderOutputBound(cfg: WanVaeConfig, tensors: TensorMap): number[] {
   const [gammaName, weightName, biasName] = decoderHeadNames(cfg);
