@@ -1,9 +1,10 @@
-// Writes test/unit/wan-vae.fixture.json (Wan2.1's VAE, decode) and test/unit/wan22-vae.fixture.json
-// (Wan2.2's, decode and encode): what diffusers' AutoencoderKLWan gives for a tiny seeded VAE, by a
-// line-by-line numpy transcription of the upstream Python (wan_vae_numpy.py), so
-// core/model/wan-vae-reference.ts is held to diffusers' code and not to a reading of it.
+// Writes test/unit/wan-vae.fixture.json (Wan2.1's VAE, decode), wan-vae-encode.fixture.json (its
+// encode) and wan22-vae.fixture.json (Wan2.2's, decode and encode): what diffusers' AutoencoderKLWan
+// gives for a tiny seeded VAE, by a line-by-line numpy transcription of the upstream Python
+// (wan_vae_numpy.py), so core/model/wan-vae-reference.ts is held to diffusers' code and not to a
+// reading of it.
 //
-//   npx tsx test/reference/make-wan-vae-fixture.ts [wan2.1] [wan2.2]    (both when none is named)
+//   npx tsx test/reference/make-wan-vae-fixture.ts [wan2.1] [wan2.1-encode] [wan2.2]   (all when none is named)
 //
 // It writes the VAE folder as published (vae/config.json, vae/diffusion_pytorch_model.safetensors
 // with the encoder's and the decoder's tensors, seeded) and the seeded latents or videos to a
@@ -30,6 +31,7 @@ import { seededRandom, seededVaeWeight, writeCheckpoint } from '../../server/mod
 
 export const FIXTURE_PATH = join(import.meta.dirname, '../unit/wan-vae.fixture.json');
 export const FIXTURE22_PATH = join(import.meta.dirname, '../unit/wan22-vae.fixture.json');
+export const ENCODE_FIXTURE_PATH = join(import.meta.dirname, '../unit/wan-vae-encode.fixture.json');
 const SCRIPT = join(import.meta.dirname, 'wan_vae_numpy.py');
 
 /** The published vae/config.json of Wan2.1-T2V-1.3B-Diffusers, but 8 channels wide instead of 96. */
@@ -148,6 +150,12 @@ export const CASES22: FixtureCase[] = [
   { name: 'nine frames', videoShape: [3, 9, 32, 32], tiling: null },
 ];
 
+/** Wan2.1's encoder (its own fixture, so that the decoder's stays as it was made). */
+export const ENCODE_CASES: FixtureCase[] = [
+  { name: 'an image', videoShape: [3, 1, 16, 24], tiling: null },
+  { name: 'nine frames', videoShape: [3, 9, 16, 16], tiling: null },
+];
+
 /** What the fixture keeps of a video [3, F, H, W] or a latent [z_dim, T, h, w]. */
 export function summarise(name: string, seed: string, shape: number[], data: ArrayLike<number>) {
   let sum = 0;
@@ -193,6 +201,17 @@ const FIXTURES: Record<string, FixtureSpec> = {
     about:
       "diffusers' AutoencoderKLWan decode (autoencoder_kl_wan.py, WanPipeline's un-normalisation first) by test/reference/wan_vae_numpy.py, " +
       'a line-by-line numpy float32 transcription; made by test/reference/make-wan-vae-fixture.ts',
+  },
+  'wan2.1-encode': {
+    path: ENCODE_FIXTURE_PATH,
+    config: TINY_VAE_CONFIG,
+    cases: ENCODE_CASES,
+    float64: true,
+    init: `${INIT}; ${VIDEO_INIT}`,
+    about:
+      "diffusers' AutoencoderKLWan encode, Wan2.1's VAE (autoencoder_kl_wan.py: _encode, the posterior's mode, WanImageToVideoPipeline's " +
+      'normalisation after) by test/reference/wan_vae_numpy.py, a line-by-line numpy transcription run in float64; ' +
+      'made by test/reference/make-wan-vae-fixture.ts',
   },
   'wan2.2': {
     path: FIXTURE22_PATH,
@@ -255,7 +274,8 @@ async function writeFixture(spec: FixtureSpec): Promise<void> {
 
 async function main(): Promise<void> {
   const names = process.argv.slice(2);
-  for (const name of names) if (!(name in FIXTURES)) throw new Error(`no fixture "${name}"; name wan2.1 or wan2.2`);
+  for (const name of names)
+    if (!(name in FIXTURES)) throw new Error(`no fixture "${name}"; name ${Object.keys(FIXTURES).join(', ')}`);
   for (const name of names.length ? names : Object.keys(FIXTURES)) await writeFixture(FIXTURES[name]);
 }
 
