@@ -12,8 +12,8 @@
 // [cache, x] (frames are the batch): onnxruntime-web's 2D Conv runs on every EP. Its weight
 // [out, in, 3, kh, kw] is fed as three inputs `<name>.weight.t0..t2` of [out, in, kh, kw]
 // (vaeWeightFeeds cuts them). Weights are inputs, not initializers: the two graphs share them.
-// Wan2.2's shortcuts are index arithmetic: a Gather of channels (and of frames) into the order
-// DepthToSpace / SpaceToDepth read, so that no reshape needs the symbolic sizes.
+// Wan2.2's shortcuts are index arithmetic: Gathers of channels and frames, DepthToSpace and strided
+// Slices, so that no reshape needs the symbolic sizes (and every op has a WebGPU kernel).
 
 import { OnnxGraph, type Dim } from './onnx-builder.ts';
 import type { TensorMap } from '../safetensors.ts';
@@ -131,7 +131,8 @@ function planGraph(g: OnnxGraph, plan: VaePlan, first: boolean) {
    * AvgDown3D of x [T, in, H, W]: output channel o is the mean of the view's channels o·group + g,
    * view channel k reading input channel ⌊k / factor⌋ at time offset it and pixel offset (iy, ix)
    * (k mod factor = (it·fs + iy)·fs + ix), time zero-padded in front. Per time offset a Gather of
-   * frames and SpaceToDepth; a Gather of channels puts each group's members in `group` blocks, summed.
+   * frames, per pixel offset a strided Slice; a Gather of channels puts each group's members in
+   * `group` blocks, summed.
    */
   const avgDown = (l: Extract<VaeLayer, { kind: 'shortcut' }>, x: string, frames: number): string => {
     const { factorT: ft, factorS: fs, inDim, outDim } = l;
@@ -146,10 +147,17 @@ function planGraph(g: OnnxGraph, plan: VaePlan, first: boolean) {
         Array.from({ length: outFrames }, (_, t) => t * ft + it),
         0,
       );
-      return fs === 1 ? picked : g.op('SpaceToDepth', [picked], { blocksize: fs });
+      // SpaceToDepth's order, by strided slices (WebGPU has no SpaceToDepth): channel (iy·fs + ix)·in + c
+      const pixels: string[] = [];
+      for (let iy = 0; iy < fs; iy++)
+        for (let ix = 0; ix < fs; ix++)
+          pixels.push(
+            g.op('Slice', [picked, g.ints([iy, ix]), g.ints([2 ** 31, 2 ** 31]), g.ints([2, 3]), g.ints([fs, fs])]),
+          );
+      return pixels;
     });
-    // SpaceToDepth's channel (iy·fs + ix)·in + c, after the time offsets' blocks
-    const joined = ft === 1 ? offsets[0] : g.op('Concat', offsets, { axis: 1 });
+    // channel (it·fs² + iy·fs + ix)·in + c
+    const joined = g.op('Concat', offsets.flat(), { axis: 1 });
     const indices: number[] = [];
     for (let gi = 0; gi < group; gi++)
       for (let o = 0; o < outDim; o++) {
@@ -158,8 +166,8 @@ function planGraph(g: OnnxGraph, plan: VaePlan, first: boolean) {
         indices.push(Math.floor(r / (fs * fs)) * fs * fs * inDim + (r % (fs * fs)) * inDim + Math.floor(k / factor));
       }
     const blocks = g.opMulti('Split', [gather(joined, indices, 1)], { axis: 1 }, group);
-    const sum = group === 1 ? blocks[0] : g.op('Sum', blocks);
-    return group === 1 ? sum : g.op('Mul', [sum, g.scalar(1 / group)]);
+    if (group === 1) return blocks[0];
+    return g.op('Mul', [blocks.slice(1).reduce((sum, b) => g.op('Add', [sum, b]), blocks[0]), g.scalar(1 / group)]);
   };
 
   let kept = { x: '', frames: 0 };
