@@ -93,7 +93,8 @@ function planGraph(g: OnnxGraph, plan: VaePlan, first: boolean) {
   };
   /** F.normalize over channels · √C · γ (γ stored [C, 1, 1, 1] or [C, 1, 1]) */
   const norm = (x: string, gamma: string, dims: number[]): string => {
-    const length = g.op('Max', [
+    // max(‖x‖, ε) as Clip: WebGPU has no kernel for an elementwise Max
+    const length = g.op('Clip', [
       g.op('Sqrt', [g.op('ReduceSumSquare', [x], { axes: [1], keepdims: 1 })]),
       g.scalar(1e-12),
     ]);
