@@ -11,7 +11,9 @@ import {
   decoderWeightShapes,
   encoderWeightShapes,
   parseWanVaeConfig,
+  patchify,
   spatialScale,
+  unpatchify,
   wanVaeWeightShapes,
 } from '../../core/model/wan-vae.ts';
 import type { TensorMap } from '../../core/safetensors.ts';
@@ -144,6 +146,28 @@ describe("parseWanVaeConfig: Wan2.2's VAE beside Wan2.1's, and the mixes it refu
   it('refuses widths its AvgDown3D and DupUp3D shortcuts cannot map', () => {
     expect(refused({ dim_mult: [1, 2, 4, 8] })).toThrow(
       "v.json: encoder.down_blocks.3's shortcut maps 32 channels to 64 by 1×1×1: 32·1 does not divide by 64",
+    );
+  });
+});
+
+describe("patchify and unpatchify: diffusers' 2×2 patches, the column offset first", () => {
+  // one channel, one frame, 2×4 pixels numbered by place: row y, column x is 10·y + x
+  const video = { shape: [1, 1, 2, 4], data: Float32Array.from([0, 1, 2, 3, 10, 11, 12, 13]) };
+
+  it('puts the pixel at row offset b, column offset a of each patch in channel 2a + b', () => {
+    const frames = patchify(video, 2);
+    expect([frames.frames, frames.channels, frames.height, frames.width]).toEqual([1, 4, 1, 2]);
+    // channels (a, b) = (0,0), (0,1), (1,0), (1,1), each over the two patches
+    expect([...frames.data]).toEqual([0, 2, 10, 12, 1, 3, 11, 13]);
+  });
+
+  it('unpatchify undoes it', () => {
+    const frames = patchify(video, 2);
+    const back = unpatchify({ shape: [4, 1, 1, 2], data: frames.data }, 2);
+    expect(back).toEqual(video);
+    expect(unpatchify(video, 1)).toBe(video);
+    expect(() => patchify({ shape: [1, 1, 3, 4], data: new Float32Array(12) }, 2)).toThrow(
+      'a video of 3×4 pixels does not cut into 2×2 patches',
     );
   });
 });
