@@ -67,6 +67,11 @@ export function blendTiles(
   patch = 1,
 ): Tensor {
   const { frames: F, channels: C } = decoded[0];
+  if (C !== 3 * patch * patch)
+    throw new Error(
+      `decoded tiles of ${C} channels are not RGB in ${patch}×${patch} patches (${3 * patch * patch} channels): ` +
+        `blend them with the VAE's patch_size (${Math.sqrt(C / 3)})`,
+    );
   const [H, W] = [h * SCALE_FACTOR_SPATIAL, w * SCALE_FACTOR_SPATIAL];
   const stride = tiling.stride / patch;
   const blend = tiling.tile / patch - stride;

@@ -17,6 +17,7 @@ import {
 } from '../../core/model/wan-vae.ts';
 import type { TensorMap } from '../../core/safetensors.ts';
 import { safetensorsHeader } from '../../core/safetensors.ts';
+import { blendTiles, tilesOf } from '../../core/model/wan-vae-tiling.ts';
 import { sizeOf } from '../../core/tensor.ts';
 import {
   FIXTURE22_PATH,
@@ -155,6 +156,15 @@ describe("patchify and unpatchify: diffusers' 2×2 patches, the column offset fi
     expect([frames.frames, frames.channels, frames.height, frames.width]).toEqual([1, 4, 1, 2]);
     // channels (a, b) = (0,0), (0,1), (1,0), (1,1), each over the two patches
     expect([...frames.data]).toEqual([0, 2, 10, 12, 1, 3, 11, 13]);
+  });
+
+  it("refuses to blend Wan2.2's 12 patch channels as if they were RGB", () => {
+    const frames = patchify({ shape: [3, 1, 16, 16], data: new Float32Array(3 * 16 * 16) }, 2);
+    const tiling = { tile: 16, stride: 16 };
+    expect(() => blendTiles(tilesOf(1, 1, tiling), [frames], 1, 1, tiling)).toThrow(
+      "decoded tiles of 12 channels are not RGB in 1×1 patches (3 channels): blend them with the VAE's patch_size (2)",
+    );
+    expect(blendTiles(tilesOf(1, 1, tiling, 2), [frames], 1, 1, tiling, 2).shape).toEqual([3, 1, 16, 16]);
   });
 
   it('unpatchify undoes it', () => {
