@@ -198,10 +198,21 @@ export async function writeUmt5Folder(
 }
 
 /**
+ * A VAE tensor's seeded values: convolutions N(0, 1/fan_in), norms' γ near 1, small biases, so
+ * activations stay O(1) as a trained model's do.
+ */
+export function seededVaeWeight(seed: string, name: string, shape: number[]): Float32Array {
+  const random = seededRandom(seed, name);
+  const n = sizeOf(shape);
+  if (name.endsWith('.gamma')) return random.normals(n, 0.05).map((v) => 1 + v);
+  if (name.endsWith('.bias')) return random.normals(n, 0.02);
+  return random.normals(n, 1 / Math.sqrt(n / shape[0]));
+}
+
+/**
  * AutoencoderKLWan in a model folder's vae/ (config.json and diffusion_pytorch_model.safetensors,
- * the encoder's and the decoder's tensors in the published layout) with seeded random weights:
- * convolutions N(0, 1/fan_in), norms' γ near 1, small biases, so activations stay O(1) as a trained
- * model's do. `config` is diffusers' config.json.
+ * the encoder's and the decoder's tensors in the published layout, Wan2.1's or Wan2.2's as the
+ * config says) with seeded random weights (seededVaeWeight). `config` is diffusers' config.json.
  */
 export async function writeWanVaeFolder(
   folder: string,
@@ -213,12 +224,8 @@ export async function writeWanVaeFolder(
   const total = 4 * specs.reduce((n, t) => n + sizeOf(t.shape), 0);
   let done = 0;
   await writeCheckpoint(join(folder, 'vae'), 'diffusion_pytorch_model', specs, ({ name, shape }) => {
-    const random = seededRandom(seed, name);
-    const n = sizeOf(shape);
-    onProgress?.((done += 4 * n), total);
-    if (name.endsWith('.gamma')) return random.normals(n, 0.05).map((v) => 1 + v);
-    if (name.endsWith('.bias')) return random.normals(n, 0.02);
-    return random.normals(n, 1 / Math.sqrt(n / shape[0]));
+    onProgress?.((done += 4 * sizeOf(shape)), total);
+    return seededVaeWeight(seed, name, shape);
   });
   await writeFile(join(folder, VAE_CONFIG), JSON.stringify(config, null, 2) + '\n');
   return { config: vae, bytes: statSync(join(folder, VAE_WEIGHTS)).size };

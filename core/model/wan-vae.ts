@@ -1,18 +1,26 @@
-// Wan2.1's VAE (diffusers' AutoencoderKLWan, autoencoder_kl_wan.py) as the published folder holds it
-// in vae/: config.json and one diffusion_pytorch_model.safetensors with the encoder's and the
-// decoder's tensors. ditswarm decodes only: latents [16, T, h, w] → video [3, 1 + 4(T−1), 8h, 8w].
+// diffusers' AutoencoderKLWan (autoencoder_kl_wan.py) as the published folder holds it in vae/:
+// config.json and one diffusion_pytorch_model.safetensors with the encoder's and the decoder's
+// tensors. Two variants: Wan2.1's (latents [16, T, h, w] ↔ video [3, 1 + 4(T−1), 8h, 8w]) and
+// Wan2.2's (is_residual, 2×2 patches: latents [48, T, h, w] ↔ video [3, 1 + 4(T−1), 16h, 16w]).
 //
 // This file holds the config, the layout (every tensor's name and shape, from the modules'
-// structure) and the decoder as a list of layers that both the plain TypeScript reference
-// (wan-vae-reference.ts) and the ONNX graphs (wan-vae-graphs.ts) walk; diffusers' spatial tiles are
-// wan-vae-tiling.ts. What the decoder does, per diffusers:
-//   - latents are un-normalised (z·std + mean, WanPipeline), then post_quant_conv (1×1×1);
-//   - the decoder runs one latent frame at a time ("chunks"), each causal 3D convolution keeping the
+// structure) and the encoder and the decoder as plans, lists of layers that both the plain
+// TypeScript reference (wan-vae-reference.ts) and the ONNX graphs (wan-vae-graphs.ts) walk;
+// diffusers' spatial tiles are wan-vae-tiling.ts. What the VAE does, per diffusers:
+//   - decoding: latents are un-normalised (z·std + mean, WanPipeline), then post_quant_conv (1×1×1);
+//     the decoder runs one latent frame at a time ("chunks"), each causal 3D convolution keeping the
 //     last two frames of its input (CACHE_T) for the next chunk: the same as one causal convolution
 //     over the whole sequence, zero-padded in front;
 //   - an up-block with temporal upsampling skips its time_conv on the first chunk (diffusers' "Rep"):
 //     that chunk stays one frame, and the time_conv's history starts after it, with zeros; later
 //     chunks double in time (1 → 2 → 4 frames), so T latents give 1 + 4(T−1) frames;
+//   - encoding: the first frame alone, then 4 frames a chunk; a downsampler with temporal
+//     downsampling only keeps the first chunk's frame, later chunks halve in time (4 → 2 → 1) over
+//     [that kept last frame, chunk]; quant_conv, and the posterior's mean, normalised, is the latent;
+//   - Wan2.2's blocks add a shortcut of their input: AvgDown3D in the encoder (an average of channel,
+//     time and pixel groups), DupUp3D in the decoder (their repetition; the first chunk keeps its last
+//     frame); the decoder's 12 channels unpatchify to 3 at twice the size, the encoder's input is the
+//     video patchified;
 //   - norms are F.normalize over channels · √C · γ; attention is one head over a frame's pixels.
 // Tensors here are frame-major, [frames, channels, height, width]: every 2D operation is per frame.
 
@@ -40,6 +48,10 @@ export interface WanVaeConfig {
   temporalDownsample: boolean[];
   latentsMean: number[];
   latentsStd: number[];
+  /** Wan2.2's blocks: AvgDown3D / DupUp3D shortcuts around each down- and up-block, no halving into up-blocks */
+  isResidual: boolean;
+  /** the side of the pixel patches folded into channels before the encoder and unfolded after the decoder */
+  patchSize: number;
 }
 
 const isWholeNumbers = (v: unknown): v is number[] =>
@@ -50,7 +62,30 @@ export function isWanVaeConfig(json: unknown): boolean {
   return (json as { _class_name?: unknown } | null)?._class_name === WAN_VAE_CLASS;
 }
 
-/** AutoencoderKLWan's config.json as ditswarm decodes it: Wan2.1's VAE; Wan2.2's (residual, patches) is refused. */
+/** The fields that tell the two published VAEs apart, as each config.json has them; null is diffusers' default. */
+const VARIANTS = {
+  "Wan2.1's VAE": {
+    is_residual: false,
+    patch_size: null,
+    in_channels: 3,
+    out_channels: 3,
+    scale_factor_temporal: 4,
+    scale_factor_spatial: SCALE_FACTOR_SPATIAL,
+  },
+  "Wan2.2's VAE": {
+    is_residual: true,
+    patch_size: 2,
+    in_channels: 12,
+    out_channels: 12,
+    scale_factor_temporal: 4,
+    scale_factor_spatial: 2 * SCALE_FACTOR_SPATIAL,
+  },
+} as const;
+
+/**
+ * AutoencoderKLWan's config.json as ditswarm runs it: Wan2.1's VAE, or Wan2.2's (is_residual, 2×2
+ * patches, 16× spatially); any other mix of the fields that tell them apart is refused.
+ */
 export function parseWanVaeConfig(json: unknown, source: string): WanVaeConfig {
   const c = (json ?? {}) as Record<string, unknown>;
   const fail = (what: string) => new ModelConfigError(`${source}: ${what}`);
@@ -60,23 +95,26 @@ export function parseWanVaeConfig(json: unknown, source: string): WanVaeConfig {
       throw fail(`${key} must be a whole number ≥ 1, got ${JSON.stringify(v)}`);
     return v as number;
   };
-  if (c.is_residual === true)
-    throw fail("is_residual is true (Wan2.2's VAE): ditswarm decodes Wan2.1's AutoencoderKLWan");
-  if (c.patch_size !== undefined && c.patch_size !== null)
-    throw fail(`patch_size ${JSON.stringify(c.patch_size)} (Wan2.2's VAE): ditswarm decodes Wan2.1's AutoencoderKLWan`);
-  for (const [key, wanted] of [
-    ['scale_factor_temporal', 4],
-    ['scale_factor_spatial', SCALE_FACTOR_SPATIAL],
-    ['in_channels', 3],
-    ['out_channels', 3],
-  ] as const) {
-    if (c[key] !== undefined && c[key] !== null && c[key] !== wanted)
-      throw fail(`${key} is ${JSON.stringify(c[key])}; Wan2.1's VAE has ${wanted}`);
+  const isResidual = c.is_residual === true;
+  const variant = isResidual ? "Wan2.2's VAE" : "Wan2.1's VAE";
+  const fields = VARIANTS[variant];
+  if (!isResidual && c.patch_size !== undefined && c.patch_size !== null)
+    throw fail(
+      `patch_size ${JSON.stringify(c.patch_size)} (Wan2.2's VAE) without is_residual true: ${variant} has none`,
+    );
+  for (const [key, wanted] of Object.entries(fields)) {
+    // diffusers' __init__ defaults are Wan2.1's: an absent field is Wan2.1's value
+    const given = c[key] ?? VARIANTS["Wan2.1's VAE"][key as keyof typeof fields];
+    if (given !== wanted)
+      throw fail(
+        (isResidual ? "is_residual is true (Wan2.2's VAE): " : '') +
+          `${key} is ${JSON.stringify(given)}; ${variant} has ${JSON.stringify(wanted)}`,
+      );
   }
   const baseDim = whole('base_dim', 96);
   const zDim = whole('z_dim', 16);
   const dimMult = (c.dim_mult ?? [1, 2, 4, 4]) as unknown;
-  // four blocks: three spatial doublings, the ×8 every latent pixel decodes to
+  // four blocks: three spatial doublings, the ×8 every latent pixel decodes to before unpatchify
   if (!isWholeNumbers(dimMult) || dimMult.length !== 4)
     throw fail(
       `dim_mult must be 4 whole numbers ≥ 1 (Wan2.1's VAE: 8 pixels a latent pixel), got ${JSON.stringify(dimMult)}`,
@@ -104,9 +142,10 @@ export function parseWanVaeConfig(json: unknown, source: string): WanVaeConfig {
   const latentsStd = stats('latents_std');
   if (!latentsStd.every((s) => s > 0)) throw fail('latents_std must be positive');
   const decoderBaseDim = whole('decoder_base_dim', baseDim);
-  for (const dim of [baseDim, decoderBaseDim])
-    if (dim % 2) throw fail(`base widths must be even (the decoder halves them before each up-block), got ${dim}`);
-  return {
+  if (!isResidual)
+    for (const dim of [baseDim, decoderBaseDim])
+      if (dim % 2) throw fail(`base widths must be even (the decoder halves them before each up-block), got ${dim}`);
+  const cfg: WanVaeConfig = {
     baseDim,
     decoderBaseDim,
     zDim,
@@ -115,7 +154,20 @@ export function parseWanVaeConfig(json: unknown, source: string): WanVaeConfig {
     temporalDownsample: temporal,
     latentsMean: stats('latents_mean'),
     latentsStd,
+    isResidual,
+    patchSize: fields.patch_size ?? 1,
   };
+  // AvgDown3D averages whole groups of its input's values, DupUp3D repeats its input's channels a whole number of times
+  for (const l of [...encoderPlan(cfg).layers, ...decoderPlan(cfg).layers])
+    if (l.kind === 'shortcut') {
+      const [from, to] = l.direction === 'down' ? [l.inDim, l.outDim] : [l.outDim, l.inDim];
+      if ((from * l.factorT * l.factorS ** 2) % to)
+        throw fail(
+          `${l.name}'s shortcut maps ${l.inDim} channels to ${l.outDim} by ${l.factorT}×${l.factorS}×${l.factorS}: ` +
+            `${from}·${l.factorT * l.factorS ** 2} does not divide by ${to}; give dim_mult whose steps are ×1 or ×2`,
+        );
+    }
+  return cfg;
 }
 
 /** A 3D convolution whose time is padded in front only; 3×3×3 ones keep a cache (`cache`: its slot). */
@@ -128,8 +180,10 @@ export interface CausalConv {
   cache: number | null;
 }
 
-/** The decoder's layers in the order they run. */
-export type DecoderLayer =
+type CachedConv = CausalConv & { cache: number };
+
+/** The encoder's and the decoder's layers in the order they run. */
+export type VaeLayer =
   | { kind: 'conv'; conv: CausalConv }
   | {
       kind: 'residual';
@@ -142,31 +196,57 @@ export type DecoderLayer =
     }
   | { kind: 'attention'; name: string; dim: number }
   /** nearest ×2 and a 3×3 conv to outDim; `timeConv` (dim → 2·dim, 3×1×1) doubles time first, but on the first chunk */
-  | { kind: 'upsample'; name: string; dim: number; outDim: number; timeConv: (CausalConv & { cache: number }) | null }
+  | { kind: 'upsample'; name: string; dim: number; outDim: number; timeConv: CachedConv | null }
+  /**
+   * ZeroPad2d right and bottom, a 3×3 conv of stride 2; `timeConv` (3×1×1, stride 2, unpadded) then
+   * halves time over [the cached last frame, chunk], but on the first chunk, which only fills the cache
+   */
+  | { kind: 'downsample'; name: string; dim: number; timeConv: CachedConv | null }
+  /** a residual block's input, kept for its `shortcut` layer */
+  | { kind: 'keep' }
+  /**
+   * AvgDown3D ('down': each output channel the mean of a group of the input's channels × time × space
+   * offsets, time zero-padded in front to a multiple of factorT) or DupUp3D ('up': the inverse
+   * reading, the first chunk's frames but the last dropped), of the kept input, added
+   */
+  | {
+      kind: 'shortcut';
+      name: string;
+      direction: 'down' | 'up';
+      inDim: number;
+      outDim: number;
+      factorT: number;
+      factorS: number;
+    }
   /** norm_out, SiLU, conv_out */
   | { kind: 'head'; name: string; dim: number; conv: CausalConv };
 
-/** A causal cache: its channels and the spatial scale of its level (1 at the latent's size, 8 at the video's). */
+/**
+ * A cache: its frames (two for a causal convolution, the last one for a strided time_conv), its
+ * channels, and the spatial scale of its level against the chunk's input (the decoder's grow from
+ * 1 at the latent, the encoder's shrink from 1 at the patched video).
+ */
 export interface CacheSlot {
+  frames: number;
   channels: number;
   scale: number;
 }
 
-export interface DecoderPlan {
-  layers: DecoderLayer[];
+export interface VaePlan {
+  layers: VaeLayer[];
   caches: CacheSlot[];
 }
 
-/** WanDecoder3d's structure, from diffusers: dims [4,4,2,1]·base after the middle, halved into each later up-block. */
-export function decoderPlan(cfg: WanVaeConfig): DecoderPlan {
+/** Convolutions and blocks numbered into one plan's caches, at the spatial scale the plan has reached. */
+function planBuilder() {
   const caches: CacheSlot[] = [];
   let scale = 1;
-  const conv = (name: string, inDim: number, outDim: number, kernel: 3 | 1): CausalConv => {
+  const conv = (name: string, inDim: number, outDim: number, kernel: 3 | 1, frames = CACHE_FRAMES): CausalConv => {
     if (kernel === 1) return { name, inDim, outDim, kernel, cache: null };
-    caches.push({ channels: inDim, scale });
+    caches.push({ frames, channels: inDim, scale });
     return { name, inDim, outDim, kernel, cache: caches.length - 1 };
   };
-  const residual = (name: string, inDim: number, outDim: number): DecoderLayer => ({
+  const residual = (name: string, inDim: number, outDim: number): VaeLayer => ({
     kind: 'residual',
     name,
     inDim,
@@ -175,30 +255,111 @@ export function decoderPlan(cfg: WanVaeConfig): DecoderPlan {
     conv2: conv(`${name}.conv2`, outDim, outDim, 3),
     shortcut: inDim === outDim ? null : conv(`${name}.conv_shortcut`, inDim, outDim, 1),
   });
+  const midBlock = (name: string, dim: number): VaeLayer[] => [
+    residual(`${name}.resnets.0`, dim, dim),
+    { kind: 'attention', name: `${name}.attentions.0`, dim },
+    residual(`${name}.resnets.1`, dim, dim),
+  ];
+  return {
+    caches,
+    conv,
+    residual,
+    midBlock,
+    scaleBy: (factor: number) => (scale *= factor),
+  };
+}
+
+/**
+ * WanDecoder3d's structure, from diffusers: dims [4,4,2,1]·base after the middle; Wan2.1 halves
+ * them into each later up-block, Wan2.2 keeps them and adds a DupUp3D shortcut around each
+ * upsampling block.
+ */
+export function decoderPlan(cfg: WanVaeConfig): VaePlan {
+  const b = planBuilder();
   const mult = cfg.dimMult;
   const dims = [mult[mult.length - 1], ...[...mult].reverse()].map((m) => m * cfg.decoderBaseDim);
   const temporalUpsample = [...cfg.temporalDownsample].reverse();
-  const layers: DecoderLayer[] = [{ kind: 'conv', conv: conv('decoder.conv_in', cfg.zDim, dims[0], 3) }];
-  layers.push(residual('decoder.mid_block.resnets.0', dims[0], dims[0]));
-  layers.push({ kind: 'attention', name: 'decoder.mid_block.attentions.0', dim: dims[0] });
-  layers.push(residual('decoder.mid_block.resnets.1', dims[0], dims[0]));
+  const layers: VaeLayer[] = [{ kind: 'conv', conv: b.conv('decoder.conv_in', cfg.zDim, dims[0], 3) }];
+  layers.push(...b.midBlock('decoder.mid_block', dims[0]));
   for (let i = 0; i < mult.length; i++) {
     const name = `decoder.up_blocks.${i}`;
-    let inDim = i > 0 ? dims[i] / 2 : dims[i];
+    const up = i !== mult.length - 1;
+    const blockIn = i > 0 && !cfg.isResidual ? dims[i] / 2 : dims[i];
     const outDim = dims[i + 1];
-    for (let r = 0; r <= cfg.numResBlocks; r++, inDim = outDim)
-      layers.push(residual(`${name}.resnets.${r}`, inDim, outDim));
-    if (i === mult.length - 1) break;
-    const up = `${name}.upsamplers.0`;
+    if (up && cfg.isResidual) layers.push({ kind: 'keep' });
+    for (let r = 0, inDim = blockIn; r <= cfg.numResBlocks; r++, inDim = outDim)
+      layers.push(b.residual(`${name}.resnets.${r}`, inDim, outDim));
+    if (!up) break;
+    const upsampler = cfg.isResidual ? `${name}.upsampler` : `${name}.upsamplers.0`;
     const timeConv = temporalUpsample[i]
-      ? (conv(`${up}.time_conv`, outDim, 2 * outDim, 3) as CausalConv & { cache: number })
+      ? (b.conv(`${upsampler}.time_conv`, outDim, 2 * outDim, 3) as CachedConv)
       : null;
-    layers.push({ kind: 'upsample', name: up, dim: outDim, outDim: outDim / 2, timeConv });
-    scale *= 2;
+    layers.push({
+      kind: 'upsample',
+      name: upsampler,
+      dim: outDim,
+      outDim: cfg.isResidual ? outDim : outDim / 2,
+      timeConv,
+    });
+    if (cfg.isResidual)
+      layers.push({
+        kind: 'shortcut',
+        name,
+        direction: 'up',
+        inDim: blockIn,
+        outDim,
+        factorT: temporalUpsample[i] ? 2 : 1,
+        factorS: 2,
+      });
+    b.scaleBy(2);
   }
   const last = dims[dims.length - 1];
-  layers.push({ kind: 'head', name: 'decoder', dim: last, conv: conv('decoder.conv_out', last, 3, 3) });
-  return { layers, caches };
+  const out = 3 * cfg.patchSize ** 2;
+  layers.push({ kind: 'head', name: 'decoder', dim: last, conv: b.conv('decoder.conv_out', last, out, 3) });
+  return { layers, caches: b.caches };
+}
+
+/**
+ * WanEncoder3d's structure, from diffusers: dims [1,1,2,4,4]·base; Wan2.1's down-blocks are one flat
+ * list of residual blocks and resamplers, Wan2.2's are blocks of their own (resnets, a downsampler,
+ * an AvgDown3D shortcut; the last block's shortcut is the identity). The head makes 2·z_dim channels.
+ */
+export function encoderPlan(cfg: WanVaeConfig): VaePlan {
+  const b = planBuilder();
+  const dims = [1, ...cfg.dimMult].map((m) => m * cfg.baseDim);
+  const layers: VaeLayer[] = [{ kind: 'conv', conv: b.conv('encoder.conv_in', 3 * cfg.patchSize ** 2, dims[0], 3) }];
+  let index = 0;
+  for (let i = 0; i < cfg.dimMult.length; i++) {
+    const down = i !== cfg.dimMult.length - 1;
+    const temporal = down && cfg.temporalDownsample[i];
+    const block = cfg.isResidual ? `encoder.down_blocks.${i}` : '';
+    const [inDim, outDim] = [dims[i], dims[i + 1]];
+    if (cfg.isResidual) layers.push({ kind: 'keep' });
+    for (let r = 0, from = inDim; r < cfg.numResBlocks; r++, from = outDim)
+      layers.push(
+        b.residual(cfg.isResidual ? `${block}.resnets.${r}` : `encoder.down_blocks.${index++}`, from, outDim),
+      );
+    if (down) {
+      const name = cfg.isResidual ? `${block}.downsampler` : `encoder.down_blocks.${index++}`;
+      b.scaleBy(1 / 2);
+      const timeConv = temporal ? (b.conv(`${name}.time_conv`, outDim, outDim, 3, 1) as CachedConv) : null;
+      layers.push({ kind: 'downsample', name, dim: outDim, timeConv });
+    }
+    if (cfg.isResidual)
+      layers.push({
+        kind: 'shortcut',
+        name: block,
+        direction: 'down',
+        inDim,
+        outDim,
+        factorT: temporal ? 2 : 1,
+        factorS: down ? 2 : 1,
+      });
+  }
+  const last = dims[dims.length - 1];
+  layers.push(...b.midBlock('encoder.mid_block', last));
+  layers.push({ kind: 'head', name: 'encoder', dim: last, conv: b.conv('encoder.conv_out', last, 2 * cfg.zDim, 3) });
+  return { layers, caches: b.caches };
 }
 
 /** Frames a decoder chunk makes at each latent frame: 1 for the first, 2^(temporal upsamplings) after. */
@@ -210,7 +371,12 @@ export function videoFrames(cfg: WanVaeConfig, latentFrames: number): number {
   return 1 + framesOfChunk(cfg, false) * (latentFrames - 1);
 }
 
-/** A time_conv's weight is [2·dim, dim, 3, 1, 1]; every other 3-kernel conv's [out, in, 3, 3, 3]. */
+/** Video pixels a latent pixel stands for, each way (scale_factor_spatial): the decoder's ×8, times the patch. */
+export function spatialScale(cfg: WanVaeConfig): number {
+  return SCALE_FACTOR_SPATIAL * cfg.patchSize;
+}
+
+/** A time_conv's weight is [out, in, 3, 1, 1]; every other 3-kernel conv's [out, in, 3, 3, 3]. */
 function convShape(c: CausalConv, timeConv: boolean): number[] {
   return c.kernel === 1
     ? [c.outDim, c.inDim, 1, 1, 1]
@@ -219,13 +385,13 @@ function convShape(c: CausalConv, timeConv: boolean): number[] {
       : [c.outDim, c.inDim, 3, 3, 3];
 }
 
-/** The decoder's tensors (post_quant_conv's and decoder.*) and their shapes, as the published file holds them. */
-export function decoderWeightShapes(cfg: WanVaeConfig): Map<string, number[]> {
-  const shapes = new Map<string, number[]>();
+/** The tensors of a plan's layers and their shapes, in the order the modules hold them. */
+function layerShapes(layers: VaeLayer[], shapes: Map<string, number[]>): Map<string, number[]> {
   const conv = (c: CausalConv, timeConv = false) =>
     shapes.set(`${c.name}.weight`, convShape(c, timeConv)).set(`${c.name}.bias`, [c.outDim]);
-  conv({ name: 'post_quant_conv', inDim: cfg.zDim, outDim: cfg.zDim, kernel: 1, cache: null });
-  for (const layer of decoderPlan(cfg).layers) {
+  const resample = (name: string, inDim: number, outDim: number) =>
+    shapes.set(`${name}.resample.1.weight`, [outDim, inDim, 3, 3]).set(`${name}.resample.1.bias`, [outDim]);
+  for (const layer of layers) {
     if (layer.kind === 'conv') conv(layer.conv);
     else if (layer.kind === 'residual') {
       shapes.set(`${layer.name}.norm1.gamma`, [layer.inDim, 1, 1, 1]);
@@ -240,11 +406,12 @@ export function decoderWeightShapes(cfg: WanVaeConfig): Map<string, number[]> {
         .set(`${layer.name}.to_qkv.bias`, [3 * layer.dim]);
       shapes.set(`${layer.name}.proj.weight`, [layer.dim, layer.dim, 1, 1]).set(`${layer.name}.proj.bias`, [layer.dim]);
     } else if (layer.kind === 'upsample') {
-      shapes
-        .set(`${layer.name}.resample.1.weight`, [layer.outDim, layer.dim, 3, 3])
-        .set(`${layer.name}.resample.1.bias`, [layer.outDim]);
+      resample(layer.name, layer.dim, layer.outDim);
       if (layer.timeConv) conv(layer.timeConv, true);
-    } else {
+    } else if (layer.kind === 'downsample') {
+      resample(layer.name, layer.dim, layer.dim);
+      if (layer.timeConv) conv(layer.timeConv, true);
+    } else if (layer.kind === 'head') {
       shapes.set(`${layer.name}.norm_out.gamma`, [layer.dim, 1, 1, 1]);
       conv(layer.conv);
     }
@@ -252,45 +419,37 @@ export function decoderWeightShapes(cfg: WanVaeConfig): Map<string, number[]> {
   return shapes;
 }
 
-/**
- * Every tensor of the published file: the encoder's (WanEncoder3d: down-blocks as one flat list of
- * residual blocks and resamplers, a middle block, a head to 2·z_dim, quant_conv) and the decoder's.
- */
+/** post_quant_conv, 1×1×1 on the latent before the decoder */
+export const postQuantConv = (cfg: WanVaeConfig): CausalConv => ({
+  name: 'post_quant_conv',
+  inDim: cfg.zDim,
+  outDim: cfg.zDim,
+  kernel: 1,
+  cache: null,
+});
+
+/** quant_conv, 1×1×1 on the encoder's 2·z_dim channels (the posterior's mean and log-variance) */
+export const quantConv = (cfg: WanVaeConfig): CausalConv => ({
+  name: 'quant_conv',
+  inDim: 2 * cfg.zDim,
+  outDim: 2 * cfg.zDim,
+  kernel: 1,
+  cache: null,
+});
+
+/** The decoder's tensors (post_quant_conv's and decoder.*) and their shapes, as the published file holds them. */
+export function decoderWeightShapes(cfg: WanVaeConfig): Map<string, number[]> {
+  return layerShapes(decoderPlan(cfg).layers, layerShapes([{ kind: 'conv', conv: postQuantConv(cfg) }], new Map()));
+}
+
+/** The encoder's tensors (encoder.* and quant_conv's) and their shapes. */
+export function encoderWeightShapes(cfg: WanVaeConfig): Map<string, number[]> {
+  return layerShapes([{ kind: 'conv', conv: quantConv(cfg) }], layerShapes(encoderPlan(cfg).layers, new Map()));
+}
+
+/** Every tensor of the published file: the encoder's, then the decoder's. */
 export function wanVaeWeightShapes(cfg: WanVaeConfig): Map<string, number[]> {
-  const shapes = new Map<string, number[]>();
-  const conv = (name: string, inDim: number, outDim: number, kernel: number[]) =>
-    shapes.set(`${name}.weight`, [outDim, inDim, ...kernel]).set(`${name}.bias`, [outDim]);
-  const cube = [3, 3, 3];
-  const residual = (name: string, inDim: number, outDim: number) => {
-    shapes.set(`${name}.norm1.gamma`, [inDim, 1, 1, 1]);
-    conv(`${name}.conv1`, inDim, outDim, cube);
-    shapes.set(`${name}.norm2.gamma`, [outDim, 1, 1, 1]);
-    conv(`${name}.conv2`, outDim, outDim, cube);
-    if (inDim !== outDim) conv(`${name}.conv_shortcut`, inDim, outDim, [1, 1, 1]);
-  };
-  const dims = [1, ...cfg.dimMult].map((m) => m * cfg.baseDim);
-  conv('encoder.conv_in', 3, dims[0], cube);
-  let index = 0;
-  for (let i = 0; i < cfg.dimMult.length; i++) {
-    let inDim = dims[i];
-    for (let r = 0; r < cfg.numResBlocks; r++, inDim = dims[i + 1])
-      residual(`encoder.down_blocks.${index++}`, inDim, dims[i + 1]);
-    if (i === cfg.dimMult.length - 1) continue;
-    const name = `encoder.down_blocks.${index++}`;
-    conv(`${name}.resample.1`, dims[i + 1], dims[i + 1], [3, 3]);
-    if (cfg.temporalDownsample[i]) conv(`${name}.time_conv`, dims[i + 1], dims[i + 1], [3, 1, 1]);
-  }
-  const last = dims[dims.length - 1];
-  residual('encoder.mid_block.resnets.0', last, last);
-  shapes.set('encoder.mid_block.attentions.0.norm.gamma', [last, 1, 1]);
-  conv('encoder.mid_block.attentions.0.to_qkv', last, 3 * last, [1, 1]);
-  conv('encoder.mid_block.attentions.0.proj', last, last, [1, 1]);
-  residual('encoder.mid_block.resnets.1', last, last);
-  shapes.set('encoder.norm_out.gamma', [last, 1, 1, 1]);
-  conv('encoder.conv_out', last, 2 * cfg.zDim, cube);
-  conv('quant_conv', 2 * cfg.zDim, 2 * cfg.zDim, [1, 1, 1]);
-  for (const [name, shape] of decoderWeightShapes(cfg)) shapes.set(name, shape);
-  return shapes;
+  return new Map([...encoderWeightShapes(cfg), ...decoderWeightShapes(cfg)]);
 }
 
 /** [frames, channels, height, width] */
@@ -310,6 +469,46 @@ export const framesOf = (
   data = new Float32Array(frames * channels * height * width),
 ): Frames => ({ frames, channels, height, width, data });
 
+/**
+ * diffusers' patchify of a video [3, F, H, W] into frames [F, 3·p², H/p, W/p]: channel c·p² + a·p + b
+ * holds the pixels at column offset a and row offset b of each p×p patch (the column offset first).
+ */
+export function patchify(video: Tensor, p: number): Frames {
+  const [C, F, H, W] = video.shape;
+  if (H % p || W % p) throw new Error(`a video of ${H}×${W} pixels does not cut into ${p}×${p} patches`);
+  const [h, w] = [H / p, W / p];
+  const out = framesOf(F, C * p * p, h, w);
+  for (let c = 0; c < C; c++)
+    for (let t = 0; t < F; t++)
+      for (let a = 0; a < p; a++)
+        for (let b = 0; b < p; b++) {
+          const plane = ((t * C + c) * p * p + a * p + b) * h * w;
+          for (let y = 0; y < h; y++)
+            for (let x = 0; x < w; x++)
+              out.data[plane + y * w + x] = video.data[((c * F + t) * H + y * p + b) * W + x * p + a];
+        }
+  return out;
+}
+
+/** diffusers' unpatchify, the inverse of patchify: a video [3·p², F, h, w] → [3, F, p·h, p·w]. */
+export function unpatchify(video: Tensor, p: number): Tensor {
+  if (p === 1) return video;
+  const [Cp, F, h, w] = video.shape;
+  const C = Cp / (p * p);
+  const [H, W] = [h * p, w * p];
+  const out = new Float32Array(C * F * H * W);
+  for (let c = 0; c < C; c++)
+    for (let a = 0; a < p; a++)
+      for (let b = 0; b < p; b++)
+        for (let t = 0; t < F; t++) {
+          const plane = ((c * p * p + a * p + b) * F + t) * h * w;
+          for (let y = 0; y < h; y++)
+            for (let x = 0; x < w; x++)
+              out[((c * F + t) * H + y * p + b) * W + x * p + a] = video.data[plane + y * w + x];
+        }
+  return { shape: [C, F, H, W], data: out };
+}
+
 /** Frame t of a latent [C, T, h, w]: one chunk's input, as the transformer made it. */
 export function latentSlice(latent: Tensor, t: number): Frames {
   const [C, T, h, w] = latent.shape;
@@ -320,9 +519,9 @@ export function latentSlice(latent: Tensor, t: number): Frames {
   return out;
 }
 
-/** The causal caches of one tile: zeros before the first chunk, each [2, channels, h·scale, w·scale]. */
-export function emptyCaches(plan: DecoderPlan, h: number, w: number): Frames[] {
-  return plan.caches.map(({ channels, scale }) => framesOf(CACHE_FRAMES, channels, h * scale, w * scale));
+/** The caches of one tile: zeros before the first chunk, each [frames, channels, h·scale, w·scale]. */
+export function emptyCaches(plan: VaePlan, h: number, w: number): Frames[] {
+  return plan.caches.map(({ frames, channels, scale }) => framesOf(frames, channels, h * scale, w * scale));
 }
 
 export function joinFrames(chunks: Frames[]): Frames {
@@ -339,9 +538,9 @@ export function joinFrames(chunks: Frames[]): Frames {
 }
 
 /** Bytes of a tile's causal caches in float32. */
-export function cacheBytes(plan: DecoderPlan, h: number, w: number): number {
+export function cacheBytes(plan: VaePlan, h: number, w: number): number {
   return plan.caches.reduce(
-    (n, { channels, scale }) => n + 4 * sizeOf([CACHE_FRAMES, channels, h * scale, w * scale]),
+    (n, { frames, channels, scale }) => n + 4 * sizeOf([frames, channels, h * scale, w * scale]),
     0,
   );
 }
@@ -354,10 +553,10 @@ export function decoderHeadNames(cfg: WanVaeConfig): string[] {
 }
 
 /**
- * The largest magnitude the decoder's output, before clamping, can take in each of its 3 channels,
- * whatever its input: conv_out reads SiLU(norm_out(x)), and norm_out makes each pixel's channels a
- * vector of norm at most √C·|γ| (|SiLU(z)| ≤ |z|), so each tap of channel o adds at most
- * √C·‖W[o, :, tap]·γ‖ (Cauchy–Schwarz), and the bias |b[o]|.
+ * The largest magnitude the decoder's output, before clamping, can take in each of its channels (3,
+ * or Wan2.2's 12 before unpatchify), whatever its input: conv_out reads SiLU(norm_out(x)), and
+ * norm_out makes each pixel's channels a vector of norm at most √C·|γ| (|SiLU(z)| ≤ |z|), so each
+ * tap of channel o adds at most √C·‖W[o, :, tap]·γ‖ (Cauchy–Schwarz), and the bias |b[o]|.
  */
 export function decoderOutputBound(cfg: WanVaeConfig, tensors: TensorMap): number[] {
   const [gammaName, weightName, biasName] = decoderHeadNames(cfg);
@@ -367,12 +566,12 @@ export function decoderOutputBound(cfg: WanVaeConfig, tensors: TensorMap): numbe
     return t.data;
   };
   const gamma = tensor(gammaName);
-  const weight = tensor(weightName); // [3, C, 3, 3, 3]
+  const weight = tensor(weightName); // [3·p², C, 3, 3, 3]
   const bias = tensor(biasName);
   const C = gamma.length;
-  const taps = weight.length / (3 * C);
-  return Array.from({ length: 3 }, (_, o) => {
-    let bound = Math.abs(bias[o]);
+  const taps = weight.length / (bias.length * C);
+  return Array.from(bias, (b, o) => {
+    let bound = Math.abs(b);
     for (let k = 0; k < taps; k++) {
       let squares = 0;
       for (let c = 0; c < C; c++) squares += (weight[(o * C + c) * taps + k] * gamma[c]) ** 2;
@@ -382,18 +581,21 @@ export function decoderOutputBound(cfg: WanVaeConfig, tensors: TensorMap): numbe
   });
 }
 
-/** A folder's vae/, opened and checked: its config, and the decoder's tensors when asked for. */
+/** A folder's vae/, opened and checked: its config, and the decoder's or the encoder's tensors when asked for. */
 export interface WanVaeCheckpoint {
   config: WanVaeConfig;
   /** post_quant_conv's and the decoder's tensors (those of `names` where given), float32 (not the encoder's) */
   decoderTensors(names?: string[], onProgress?: LoadProgress): Promise<TensorMap>;
   /** bytes the decoder's tensors take in the file */
   decoderBytes: number;
+  /** the encoder's tensors and quant_conv's, float32, checked against the config first (names and shapes) */
+  encoderTensors(onProgress?: LoadProgress): Promise<TensorMap>;
 }
 
 /**
  * Opens vae/ of a model folder: its config and its file's header, the decoder's tensors checked
- * against the config (names and shapes) before any is read. The encoder's tensors are left alone.
+ * against the config (names and shapes) before any is read. The encoder's tensors are left alone
+ * until they are asked for: a folder that only decodes needs none.
  */
 export async function openWanVae(files: ModelFiles): Promise<WanVaeCheckpoint> {
   const config = parseWanVaeConfig(await readJson(files, VAE_CONFIG), VAE_CONFIG);
@@ -406,6 +608,7 @@ export async function openWanVae(files: ModelFiles): Promise<WanVaeCheckpoint> {
         `it is not AutoencoderKLWan's, as ${VAE_CONFIG} says`,
     );
   checkShapes(decoderWeightShapes(config), entries, checkpoint.source);
+  const isEncoder = (name: string) => name.startsWith('encoder.') || name.startsWith('quant_conv.');
   return {
     config,
     decoderBytes: [...entries.values()].reduce((n, e) => n + e.end - e.begin, 0),
@@ -415,5 +618,10 @@ export async function openWanVae(files: ModelFiles): Promise<WanVaeCheckpoint> {
         [...entries.values()].filter((e) => !names || names.includes(e.name)),
         onProgress,
       ),
+    encoderTensors: (onProgress) => {
+      const encoder = new Map([...checkpoint.tensors].filter(([name]) => isEncoder(name)));
+      checkShapes(encoderWeightShapes(config), encoder, checkpoint.source);
+      return readTensors(files, [...encoder.values()], onProgress);
+    },
   };
 }

@@ -1,15 +1,17 @@
-// Writes test/unit/wan-vae.fixture.json: what diffusers' AutoencoderKLWan decode gives for a tiny
-// seeded VAE, by a line-by-line numpy transcription of the upstream Python (wan_vae_numpy.py), so
-// core/model/wan-vae-reference.ts is held to diffusers' code and not to a reading of it.
+// Writes test/unit/wan-vae.fixture.json (Wan2.1's VAE, decode), wan-vae-encode.fixture.json (its
+// encode) and wan22-vae.fixture.json (Wan2.2's, decode and encode): what diffusers' AutoencoderKLWan
+// gives for a tiny seeded VAE, by a line-by-line numpy transcription of the upstream Python
+// (wan_vae_numpy.py), so core/model/wan-vae-reference.ts is held to diffusers' code and not to a
+// reading of it.
 //
-//   npx tsx test/reference/make-wan-vae-fixture.ts
+//   npx tsx test/reference/make-wan-vae-fixture.ts [wan2.1] [wan2.1-encode] [wan2.2]   (all when none is named)
 //
 // It writes the VAE folder as published (vae/config.json, vae/diffusion_pytorch_model.safetensors
-// with the encoder's and the decoder's tensors, seeded) and the seeded latents to a temporary
-// folder, runs the numpy decoder on each case, and keeps for each the output's shape, sum, sum of
-// squares, per-(frame, channel) sums and SAMPLES values at seeded positions. The test
-// (test/unit/wan-vae-reference.test.ts) makes the same weights and latents with the functions
-// exported here, without Python.
+// with the encoder's and the decoder's tensors, seeded) and the seeded latents or videos to a
+// temporary folder, runs the numpy model on each case (Wan2.2's in float64), and keeps for each the
+// output's shape, sum, sum of squares, per-(frame, channel) sums and SAMPLES values at seeded
+// positions. The tests (test/unit/wan-vae-reference.test.ts, wan22-vae-reference.test.ts) make the
+// same weights and inputs with the functions exported here, without Python.
 
 import { spawnSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
@@ -25,9 +27,11 @@ import {
 } from '../../core/model/wan-vae.ts';
 import type { TensorMap } from '../../core/safetensors.ts';
 import { sizeOf, type Tensor } from '../../core/tensor.ts';
-import { seededRandom, writeCheckpoint } from '../../server/model-folder.ts';
+import { seededRandom, seededVaeWeight, writeCheckpoint } from '../../server/model-folder.ts';
 
 export const FIXTURE_PATH = join(import.meta.dirname, '../unit/wan-vae.fixture.json');
+export const FIXTURE22_PATH = join(import.meta.dirname, '../unit/wan22-vae.fixture.json');
+export const ENCODE_FIXTURE_PATH = join(import.meta.dirname, '../unit/wan-vae-encode.fixture.json');
 const SCRIPT = join(import.meta.dirname, 'wan_vae_numpy.py');
 
 /** The published vae/config.json of Wan2.1-T2V-1.3B-Diffusers, but 8 channels wide instead of 96. */
@@ -50,6 +54,42 @@ export const TINY_VAE_CONFIG = {
   temperal_downsample: [false, true, true],
   z_dim: 16,
 };
+/**
+ * The published vae/config.json of Wan2.2-TI2V-5B-Diffusers (z_dim 48, is_residual, 2×2 patches,
+ * its latents_mean and latents_std), but 8 channels wide in the encoder and 12 in the decoder
+ * instead of 160 and 256.
+ */
+export const TINY_VAE22_CONFIG = {
+  _class_name: 'AutoencoderKLWan',
+  _diffusers_version: '0.35.0.dev0',
+  attn_scales: [],
+  base_dim: 8,
+  clip_output: false,
+  decoder_base_dim: 12,
+  dim_mult: [1, 2, 4, 4],
+  dropout: 0.0,
+  in_channels: 12,
+  is_residual: true,
+  latents_mean: [
+    -0.2289, -0.0052, -0.1323, -0.2339, -0.2799, 0.0174, 0.1838, 0.1557, -0.1382, 0.0542, 0.2813, 0.0891, 0.157,
+    -0.0098, 0.0375, -0.1825, -0.2246, -0.1207, -0.0698, 0.5109, 0.2665, -0.2108, -0.2158, 0.2502, -0.2055, -0.0322,
+    0.1109, 0.1567, -0.0729, 0.0899, -0.2799, -0.123, -0.0313, -0.1649, 0.0117, 0.0723, -0.2839, -0.2083, -0.052,
+    0.3748, 0.0152, 0.1957, 0.1433, -0.2944, 0.3573, -0.0548, -0.1681, -0.0667,
+  ],
+  latents_std: [
+    0.4765, 1.0364, 0.4514, 1.1677, 0.5313, 0.499, 0.4818, 0.5013, 0.8158, 1.0344, 0.5894, 1.0901, 0.6885, 0.6165,
+    0.8454, 0.4978, 0.5759, 0.3523, 0.7135, 0.6804, 0.5833, 1.4146, 0.8986, 0.5659, 0.7069, 0.5338, 0.4889, 0.4917,
+    0.4069, 0.4999, 0.6866, 0.4093, 0.5709, 0.6065, 0.6415, 0.4944, 0.5726, 1.2042, 0.5458, 1.6887, 0.3971, 1.06,
+    0.3943, 0.5537, 0.5444, 0.4089, 0.7468, 0.7744,
+  ],
+  num_res_blocks: 2,
+  out_channels: 12,
+  patch_size: 2,
+  scale_factor_spatial: 16,
+  scale_factor_temporal: 4,
+  temperal_downsample: [false, true, true],
+  z_dim: 48,
+};
 export const SEED = 'wan-vae-fixture';
 export const SAMPLES = 200;
 
@@ -57,14 +97,10 @@ export const SAMPLES = 200;
 export const INIT =
   'seededRandom(seed, name).normals(n, std): *.gamma 1 + N(0, 0.05²); *.bias N(0, 0.02²); weights N(0, 1/fan_in) with fan_in = n / shape[0]; ' +
   'latent seededRandom(seed, `latent:${shape}`).normals(n, 1); sampled positions floor(uniform · size) of seededRandom(seed, `positions:${case}`)';
+/** How an encoded case's video is made (Wan2.2's fixture). */
+export const VIDEO_INIT = 'video 2·uniform − 1 of seededRandom(seed, `video:${shape}`)';
 
-export function seededWeight(seed: string, name: string, shape: number[]): Float32Array {
-  const random = seededRandom(seed, name);
-  const n = sizeOf(shape);
-  if (name.endsWith('.gamma')) return random.normals(n, 0.05).map((v) => 1 + v);
-  if (name.endsWith('.bias')) return random.normals(n, 0.02);
-  return random.normals(n, 1 / Math.sqrt(n / shape[0]));
-}
+export const seededWeight = seededVaeWeight;
 
 /** post_quant_conv's and the decoder's tensors, as the fixture's folder holds them. */
 export function seededDecoderTensors(cfg: WanVaeConfig, seed: string): TensorMap {
@@ -73,14 +109,29 @@ export function seededDecoderTensors(cfg: WanVaeConfig, seed: string): TensorMap
   );
 }
 
+/** Every tensor of the fixture's folder, encoder's and decoder's. */
+export function seededVaeTensors(cfg: WanVaeConfig, seed: string): TensorMap {
+  return new Map(
+    [...wanVaeWeightShapes(cfg)].map(([name, shape]) => [name, { shape, data: seededWeight(seed, name, shape) }]),
+  );
+}
+
 export function seededLatent(seed: string, shape: number[]): Tensor {
   return { shape, data: seededRandom(seed, `latent:${shape.join('x')}`).normals(sizeOf(shape), 1) };
 }
 
+/** A video [3, F, H, W] in [−1, 1], as the pipeline hands the VAE an image or frames. */
+export function seededVideo(seed: string, shape: number[]): Tensor {
+  const random = seededRandom(seed, `video:${shape.join('x')}`);
+  return { shape, data: Float32Array.from({ length: sizeOf(shape) }, () => 2 * random.uniform() - 1) };
+}
+
 export interface FixtureCase {
   name: string;
-  /** [16, T, h, w] */
-  latentShape: number[];
+  /** [z_dim, T, h, w], decoded */
+  latentShape?: number[];
+  /** [3, F, H, W], encoded */
+  videoShape?: number[];
   /** enable_tiling's tile_sample_min and tile_sample_stride (pixels), or null for _decode untiled */
   tiling: { tile: number; stride: number } | null;
 }
@@ -91,13 +142,27 @@ export const CASES: FixtureCase[] = [
   { name: 'tiled 2×2', latentShape: [16, 2, 5, 6], tiling: { tile: 32, stride: 24 } },
 ];
 
-/** What the fixture keeps of a video [3, F, H, W]. */
-export function summarise(name: string, seed: string, shape: number[], data: Float32Array) {
+export const CASES22: FixtureCase[] = [
+  { name: 'one frame', latentShape: [48, 1, 2, 3], tiling: null },
+  { name: 'three frames', latentShape: [48, 3, 3, 2], tiling: null },
+  { name: 'tiled 2×2', latentShape: [48, 2, 5, 6], tiling: { tile: 64, stride: 48 } },
+  { name: 'an image', videoShape: [3, 1, 32, 48], tiling: null },
+  { name: 'nine frames', videoShape: [3, 9, 32, 32], tiling: null },
+];
+
+/** Wan2.1's encoder (its own fixture, so that the decoder's stays as it was made). */
+export const ENCODE_CASES: FixtureCase[] = [
+  { name: 'an image', videoShape: [3, 1, 16, 24], tiling: null },
+  { name: 'nine frames', videoShape: [3, 9, 16, 16], tiling: null },
+];
+
+/** What the fixture keeps of a video [3, F, H, W] or a latent [z_dim, T, h, w]. */
+export function summarise(name: string, seed: string, shape: number[], data: ArrayLike<number>) {
   let sum = 0;
   let sumOfSquares = 0;
-  for (const v of data) {
-    sum += v;
-    sumOfSquares += v * v;
+  for (let i = 0; i < data.length; i++) {
+    sum += data[i];
+    sumOfSquares += data[i] ** 2;
   }
   const [C, F] = shape;
   const plane = shape[2] * shape[3];
@@ -117,33 +182,69 @@ export function summarise(name: string, seed: string, shape: number[], data: Flo
   return { shape, sum, sumOfSquares, frameChannelSums, positions, values: positions.map((i) => data[i]) };
 }
 
-async function main(): Promise<void> {
+interface FixtureSpec {
+  path: string;
+  config: Record<string, unknown>;
+  cases: FixtureCase[];
+  float64: boolean;
+  init: string;
+  about: string;
+}
+
+const FIXTURES: Record<string, FixtureSpec> = {
+  'wan2.1': {
+    path: FIXTURE_PATH,
+    config: TINY_VAE_CONFIG,
+    cases: CASES,
+    float64: false,
+    init: INIT,
+    about:
+      "diffusers' AutoencoderKLWan decode (autoencoder_kl_wan.py, WanPipeline's un-normalisation first) by test/reference/wan_vae_numpy.py, " +
+      'a line-by-line numpy float32 transcription; made by test/reference/make-wan-vae-fixture.ts',
+  },
+  'wan2.1-encode': {
+    path: ENCODE_FIXTURE_PATH,
+    config: TINY_VAE_CONFIG,
+    cases: ENCODE_CASES,
+    float64: true,
+    init: `${INIT}; ${VIDEO_INIT}`,
+    about:
+      "diffusers' AutoencoderKLWan encode, Wan2.1's VAE (autoencoder_kl_wan.py: _encode, the posterior's mode, WanImageToVideoPipeline's " +
+      'normalisation after) by test/reference/wan_vae_numpy.py, a line-by-line numpy transcription run in float64; ' +
+      'made by test/reference/make-wan-vae-fixture.ts',
+  },
+  'wan2.2': {
+    path: FIXTURE22_PATH,
+    config: TINY_VAE22_CONFIG,
+    cases: CASES22,
+    float64: true,
+    init: `${INIT}; ${VIDEO_INIT}`,
+    about:
+      "diffusers' AutoencoderKLWan, Wan2.2's z48 residual VAE (autoencoder_kl_wan.py): decode with WanPipeline's un-normalisation first, " +
+      "encode (_encode, the posterior's mode) with WanImageToVideoPipeline's normalisation after, by test/reference/wan_vae_numpy.py, " +
+      'a line-by-line numpy transcription run in float64; made by test/reference/make-wan-vae-fixture.ts',
+  },
+};
+
+async function writeFixture(spec: FixtureSpec): Promise<void> {
   const dir = mkdtempSync(join(tmpdir(), 'wan-vae-fixture-'));
   try {
-    const cfg = parseWanVaeConfig(TINY_VAE_CONFIG, 'TINY_VAE_CONFIG');
+    const cfg = parseWanVaeConfig(spec.config, 'the fixture config');
     const specs = [...wanVaeWeightShapes(cfg)].map(([name, shape]) => ({ name, shape }));
     await writeCheckpoint(join(dir, 'vae'), 'diffusion_pytorch_model', specs, ({ name, shape }) =>
       seededWeight(SEED, name, shape),
     );
-    writeFileSync(join(dir, VAE_CONFIG), JSON.stringify(TINY_VAE_CONFIG, null, 2) + '\n');
+    writeFileSync(join(dir, VAE_CONFIG), JSON.stringify(spec.config, null, 2) + '\n');
     const cases = [];
-    for (const c of CASES) {
-      const latent = seededLatent(SEED, c.latentShape);
-      const latentFile = join(dir, 'latent.f32');
-      const outFile = join(dir, 'video.f32');
-      writeFileSync(latentFile, new Uint8Array(latent.data.buffer));
-      const args = [
-        SCRIPT,
-        '--vae',
-        join(dir, 'vae'),
-        '--latent',
-        latentFile,
-        '--shape',
-        c.latentShape.join(','),
-        '--out',
-        outFile,
-      ];
+    for (const c of spec.cases) {
+      const input = c.latentShape ? seededLatent(SEED, c.latentShape) : seededVideo(SEED, c.videoShape ?? []);
+      const inputFile = join(dir, 'input.f32');
+      const outFile = join(dir, 'output.raw');
+      writeFileSync(inputFile, new Uint8Array(input.data.buffer));
+      const args = [SCRIPT, '--vae', join(dir, 'vae'), c.latentShape ? '--latent' : '--video', inputFile];
+      args.push('--shape', input.shape.join(','), '--out', outFile);
       if (c.tiling) args.push('--tile', String(c.tiling.tile), '--stride', String(c.tiling.stride));
+      if (spec.float64) args.push('--float64');
       const run = spawnSync('python3', args, {
         encoding: 'utf8',
         env: { ...process.env, OMP_NUM_THREADS: '1', OPENBLAS_NUM_THREADS: '1' },
@@ -151,30 +252,31 @@ async function main(): Promise<void> {
       if (run.status !== 0) throw new Error(`${c.name}: python failed\n${run.stderr}`);
       const summary = JSON.parse(run.stdout) as { shape: number[]; tiles: number };
       const bytes = readFileSync(outFile);
-      const video = new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4).slice();
+      const output = spec.float64
+        ? new Float64Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 8).slice()
+        : new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4).slice();
       if (c.tiling && summary.tiles < 2)
         throw new Error(`${c.name}: diffusers decoded ${summary.tiles} tile(s); the case is meant to tile`);
       let clamped = 0;
-      for (const v of video) if (Math.abs(v) === 1) clamped++;
+      for (const v of output) if (c.latentShape && Math.abs(v) === 1) clamped++;
       console.log(
-        `${c.name}: video [${summary.shape.join(',')}], ${summary.tiles} tiles, ${clamped}/${video.length} values at the clamp`,
+        `${c.name}: output [${summary.shape.join(',')}], ${summary.tiles} tiles, ${clamped}/${output.length} values at the clamp`,
       );
-      cases.push({ ...c, tiles: summary.tiles, clamped, ...summarise(c.name, SEED, summary.shape, video) });
+      cases.push({ ...c, tiles: summary.tiles, clamped, ...summarise(c.name, SEED, summary.shape, output) });
     }
-    const fixture = {
-      about:
-        "diffusers' AutoencoderKLWan decode (autoencoder_kl_wan.py, WanPipeline's un-normalisation first) by test/reference/wan_vae_numpy.py, " +
-        'a line-by-line numpy float32 transcription; made by test/reference/make-wan-vae-fixture.ts',
-      config: TINY_VAE_CONFIG,
-      seed: SEED,
-      init: INIT,
-      cases,
-    };
-    writeFileSync(FIXTURE_PATH, JSON.stringify(fixture) + '\n');
-    console.log(`wrote ${FIXTURE_PATH}`);
+    const fixture = { about: spec.about, config: spec.config, seed: SEED, init: spec.init, cases };
+    writeFileSync(spec.path, JSON.stringify(fixture) + '\n');
+    console.log(`wrote ${spec.path}`);
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }
+}
+
+async function main(): Promise<void> {
+  const names = process.argv.slice(2);
+  for (const name of names)
+    if (!(name in FIXTURES)) throw new Error(`no fixture "${name}"; name ${Object.keys(FIXTURES).join(', ')}`);
+  for (const name of names.length ? names : Object.keys(FIXTURES)) await writeFixture(FIXTURES[name]);
 }
 
 if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) {

@@ -5,7 +5,6 @@
 // published layout. Regenerate it with `npx tsx test/reference/make-wan-vae-fixture.ts`; this test
 // makes the same weights and latents without Python.
 
-import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
 import {
   cacheBytes,
@@ -18,52 +17,17 @@ import {
   videoFrames,
   wanVaeWeightShapes,
 } from '../../core/model/wan-vae.ts';
-import { decodeTileReference, decodeWanVaeReference } from '../../core/model/wan-vae-reference.ts';
-import { blendTiles, cutTile, tilesOf } from '../../core/model/wan-vae-tiling.ts';
 import { safetensorsHeader } from '../../core/safetensors.ts';
 import { sizeOf, type Tensor } from '../../core/tensor.ts';
-import {
-  FIXTURE_PATH,
-  INIT,
-  seededDecoderTensors,
-  seededLatent,
-  summarise,
-  TINY_VAE_CONFIG,
-} from '../reference/make-wan-vae-fixture.ts';
+import { FIXTURE_PATH, INIT, seededDecoderTensors, TINY_VAE_CONFIG } from '../reference/make-wan-vae-fixture.ts';
+import { expectCase, readVaeFixture, runCase } from './vae-fixture-check.ts';
 
-interface FixtureCase {
-  name: string;
-  latentShape: number[];
-  tiling: { tile: number; stride: number } | null;
-  tiles: number;
-  shape: number[];
-  sum: number;
-  sumOfSquares: number;
-  frameChannelSums: number[][];
-  positions: number[];
-  values: number[];
-}
-
-const fixture = JSON.parse(readFileSync(FIXTURE_PATH, 'utf8')) as {
-  config: Record<string, unknown>;
-  seed: string;
-  init: string;
-  cases: FixtureCase[];
-};
+const fixture = readVaeFixture(FIXTURE_PATH);
 const cfg = parseWanVaeConfig(fixture.config, 'wan-vae.fixture.json');
 const tensors = seededDecoderTensors(cfg, fixture.seed);
 
 /** float32 accumulation order differs (numpy's BLAS against the reference's loops) */
 const TOLERANCE = 1e-4;
-
-function decode(c: FixtureCase): { video: Tensor; tiles: number } {
-  const latent = seededLatent(fixture.seed, c.latentShape);
-  if (!c.tiling) return { video: decodeWanVaeReference(cfg, tensors, latent), tiles: 0 };
-  const [, , h, w] = c.latentShape;
-  const tiles = tilesOf(h, w, c.tiling);
-  const decoded = tiles.map((tile) => decodeTileReference(cfg, tensors, cutTile(latent, tile)));
-  return { video: blendTiles(tiles, decoded, h, w, c.tiling), tiles: tiles.length };
-}
 
 describe("wan-vae-reference.ts's reference decoder against diffusers' AutoencoderKLWan (numpy transcription)", () => {
   it('uses the fixture as it was made', () => {
@@ -73,42 +37,10 @@ describe("wan-vae-reference.ts's reference decoder against diffusers' Autoencode
   });
 
   for (const c of fixture.cases) {
-    it(`decodes ${c.name}: latent [${c.latentShape.join(',')}]${c.tiling ? `, tiles of ${c.tiling.tile} px every ${c.tiling.stride} px` : ', untiled'}`, () => {
-      const { video, tiles } = decode(c);
-      expect(video.shape).toEqual(c.shape);
+    it(`decodes ${c.name}: latent [${(c.latentShape ?? []).join(',')}]${c.tiling ? `, tiles of ${c.tiling.tile} px every ${c.tiling.stride} px` : ', untiled'}`, () => {
+      const { out, tiles } = runCase(cfg, tensors, fixture.seed, c);
       expect(tiles).toBe(c.tiles);
-      const ours = summarise(c.name, fixture.seed, video.shape, video.data);
-      expect(ours.positions).toEqual(c.positions);
-      let worst = 0;
-      let where = -1;
-      ours.values.forEach((v, i) => {
-        const d = Math.abs(v - c.values[i]);
-        if (d > worst) [worst, where] = [d, c.positions[i]];
-      });
-      // where a wrong value first shows: [channel, frame, y, x] of the worst sampled value
-      const [, F, H, W] = c.shape;
-      const at = [
-        Math.floor(where / (F * H * W)),
-        Math.floor(where / (H * W)) % F,
-        Math.floor(where / W) % H,
-        where % W,
-      ];
-      expect(
-        worst,
-        `max |Δ| over ${c.values.length} sampled values, worst at [c, t, y, x] = [${at.join(',')}]`,
-      ).toBeLessThan(TOLERANCE);
-      // the whole video: each (frame, channel) plane's sum, the sum and the sum of squares, to TOLERANCE per value
-      const n = sizeOf(c.shape);
-      const plane = H * W;
-      ours.frameChannelSums.forEach((row, t) =>
-        row.forEach((s, ch) =>
-          expect(Math.abs(s - c.frameChannelSums[t][ch]), `sum of frame ${t}, channel ${ch}`).toBeLessThan(
-            TOLERANCE * plane,
-          ),
-        ),
-      );
-      expect(Math.abs(ours.sum - c.sum)).toBeLessThan(TOLERANCE * n);
-      expect(Math.abs(ours.sumOfSquares - c.sumOfSquares)).toBeLessThan(TOLERANCE * n);
+      expectCase(c, fixture.seed, out, TOLERANCE);
     });
   }
 });
