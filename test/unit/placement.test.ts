@@ -1471,6 +1471,41 @@ describe('the cost model sees what the workers measured', () => {
     expect([callsOf(workers[0], 'rehearse').length, callsOf(workers[1], 'rehearse').length]).toEqual([5, 3]);
   });
 
+  it('rehearses a job ahead of it (issue 66): its placement then rehearses nothing, and one placed meanwhile waits for it', async () => {
+    const { swarm, join } = testSwarm();
+    const workers = join(2, measured(fast));
+    for (const w of workers) {
+      w.rehearsal = (d) => (d === 1 ? 100 : 40);
+      // a rehearsal takes a while, as a worker's does: the placement is asked while it runs
+      const rehearse = w.api.rehearse.bind(w.api);
+      w.api.rehearse = (...args) => new Promise((r) => setTimeout(r, 20)).then(() => rehearse(...args));
+    }
+    const placer = placerOn(swarm);
+    const ahead = placer.rehearseAhead(guided, ask({ ep: 'wasm' }));
+    // asked before the rehearsals ahead end: they are not run twice
+    const { placement } = await placer.place(guided, ask({ ep: 'wasm' }));
+    await ahead;
+    expect(workers.map((w) => callsOf(w, 'rehearse').length)).toEqual([2, 1]);
+    expect(predicted(placement).by).toBe(
+      'cost model (forwards rehearsed on these workers; rank links from coordinator links)',
+    );
+    // another shape is another rehearsal, ahead as at placement
+    await placer.rehearseAhead({ ...guided, frames: guided.frames + 4 }, ask({ ep: 'wasm' }));
+    expect(workers.map((w) => callsOf(w, 'rehearse').length)).toEqual([4, 2]);
+  });
+
+  it('a rehearsal ahead that fails costs nothing: the job’s placement rehearses again', async () => {
+    const { swarm, join } = testSwarm();
+    const workers = join(2, measured(fast));
+    const placer = placerOn(swarm);
+    await expect(placer.rehearseAhead(guided, ask({ ep: 'wasm' }))).rejects.toThrow(/this stub does not rehearse/);
+    for (const w of workers) w.rehearsal = (d) => (d === 1 ? 100 : 40);
+    const { placement } = await placer.place(guided, ask({ ep: 'wasm' }));
+    // the first group's rehearsal failed ahead, so none after it ran; at placement both groups rehearse
+    expect(workers.map((w) => callsOf(w, 'rehearse').length)).toEqual([3, 1]);
+    expect(predicted(placement).by).toMatch(/^cost model \(forwards rehearsed on these workers/);
+  });
+
   it('predicts a plan jobs ran by their median steps, the last weighing half: a plan predicted too fast is not chosen again on its prediction, and one that ran as predicted is predicted by its steps', async () => {
     const { swarm, join } = testSwarm();
     const workers = join(2, measured(fast));
