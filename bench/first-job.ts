@@ -32,6 +32,7 @@ const POLL_MS = 100;
 interface Activity {
   /** ms since the tabs were opened */
   atMs: number;
+  /** a worker's peer id, as the dashboard's swarm table lists it; or `tab N`, as its own page says */
   worker: string;
   state: string;
 }
@@ -44,23 +45,29 @@ export async function runFirstJob(options: Partial<FirstJobOptions> = {}) {
   const last = new Map<string, string>();
   const opened = performance.now();
   const since = () => round(performance.now() - opened, 0);
+  const tabs: Page[] = [];
+  const note = (worker: string, stateNow: string) => {
+    // a job's steps are one state: the timeline is of what comes before them
+    const state = /step \d/.test(stateNow) ? "a job's steps" : stateNow;
+    if (last.get(worker) === state) return;
+    last.set(worker, state);
+    timeline.push({ atMs: since(), worker, state });
+  };
   const polling = new AbortController();
   const poll = (async () => {
     while (!polling.signal.aborted) {
       const workers = await swarm.dashboard.evaluate(() => window.ditswarm.workers()).catch((): WorkerSummary[] => []);
-      for (const w of workers) {
-        // a job's steps are one state: the timeline is of what comes before them
-        const state =
-          w.ep === null && w.state === 'idle' ? 'joined, not measured' : w.state.replace(/: step .*/, ': steps');
-        if (last.get(w.id) === state) continue;
-        last.set(w.id, state);
-        timeline.push({ atMs: since(), worker: w.id, state });
+      for (const w of workers) note(w.id, w.ep === null && w.state === 'idle' ? 'joined, not measured' : w.state);
+      for (const [i, tab] of tabs.entries()) {
+        const status = await tab
+          .evaluate(() => window.ditswarmWorker && `${window.ditswarmWorker.state}: ${window.ditswarmWorker.detail}`)
+          .catch(() => undefined);
+        if (status) note(`tab ${i}`, status);
       }
       await new Promise((r) => setTimeout(r, POLL_MS));
     }
   })();
   try {
-    const tabs: Page[] = [];
     for (let i = 0; i < o.workers; i++) tabs.push(await swarm.addWorker());
     await swarm.dashboard.waitForFunction((n) => window.ditswarm.workerCount() >= n, o.workers, { timeout: 60_000 });
     const joinedMs = since();

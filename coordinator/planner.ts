@@ -472,7 +472,11 @@ export interface RehearsalNeeded<W extends PlanningWorker> {
   degrees: number[];
 }
 
-/** The rehearsals a job's plans need that are not yet measured (none until every worker is measured). */
+/**
+ * The rehearsals a job's plans need that are not yet measured (none until every worker is measured), the largest group
+ * first: it warms every cold engine up at once, side by side, where a lone worker's first would warm up one and leave
+ * the others to warm up after it, one group at a time.
+ */
 export function rehearsalsNeeded<W extends PlanningWorker>(
   ctx: PlannerContext,
   input: PlanningInput<W>,
@@ -483,7 +487,7 @@ export function rehearsalsNeeded<W extends PlanningWorker>(
   if (asked.stages > 1) return [];
   if (!workers.length || workers.some((w) => !w.measurement)) return [];
   const needed: RehearsalNeeded<W>[] = [];
-  for (const world of new Set(plans.map(planWorld))) {
+  for (const world of [...new Set(plans.map(planWorld))].sort((a, b) => b - a)) {
     if (world > workers.length) continue;
     const group = groupOf(ctx, input.params, asked.ep, membersOf(workers.slice(0, world)));
     const degrees = [...new Set(plans.filter((p) => planWorld(p) === world).map((p) => p.ulyssesDegree))].filter(

@@ -1438,8 +1438,9 @@ describe('the cost model sees what the workers measured', () => {
       degrees,
       forwards: guided.steps * 2, // a cold engine warms up for no more forwards than the job's (two a step, guided)
     });
-    // one group of one worker (degree 1), one of two at once (degree 1 for CFG parallel, and 2)
-    expect(rehearsals).toEqual([[args([1]), args([1, 2])], [args([1, 2])]]);
+    // one group of two at once (degree 1 for CFG parallel, and 2), then one of one worker (degree 1): the largest first,
+    // which warms both engines up side by side
+    expect(rehearsals).toEqual([[args([1, 2]), args([1])], [args([1, 2])]]);
     const rehearsed = (p: Plan) =>
       p.heads ? undefined : p.ulyssesDegree === 1 && !p.cfgParallel ? 0.1 : p.ulyssesDegree === 1 ? 0.15 : 0.08;
     const hw: Hardware = {
@@ -1502,7 +1503,7 @@ describe('the cost model sees what the workers measured', () => {
     for (const w of workers) w.rehearsal = (d) => (d === 1 ? 100 : 40);
     const { placement } = await placer.place(guided, ask({ ep: 'wasm' }));
     // the first group's rehearsal failed ahead, so none after it ran; at placement both groups rehearse
-    expect(workers.map((w) => callsOf(w, 'rehearse').length)).toEqual([3, 1]);
+    expect(workers.map((w) => callsOf(w, 'rehearse').length)).toEqual([3, 2]);
     expect(predicted(placement).by).toMatch(/^cost model \(forwards rehearsed on these workers/);
   });
 
