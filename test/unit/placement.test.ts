@@ -1438,8 +1438,8 @@ describe('the cost model sees what the workers measured', () => {
       degrees,
       forwards: guided.steps * 2, // a cold engine warms up for no more forwards than the job's (two a step, guided)
     });
-    // one group of two at once (degree 1 for CFG parallel, and 2), then one of one worker (degree 1): the largest first,
-    // which warms both engines up side by side
+    // one group of two at once (degree 1 for CFG parallel, and 2), then one of one worker (degree 1): the largest
+    // first, which warms both engines up side by side
     expect(rehearsals).toEqual([[args([1, 2]), args([1])], [args([1, 2])]]);
     const rehearsed = (p: Plan) =>
       p.heads ? undefined : p.ulyssesDegree === 1 && !p.cfgParallel ? 0.1 : p.ulyssesDegree === 1 ? 0.15 : 0.08;
