@@ -1341,6 +1341,33 @@ describe('the cost model sees what the workers measured', () => {
     expect([workers[1].info.threads, wasmOf(workers[1]).flops]).toEqual([1, 1e9]);
   });
 
+  it('a tab of a browser whose share of the cores was probed takes that probe, not a turn of its own; its link is its own (issue 66)', async () => {
+    const { swarm, join } = testSwarm();
+    const workers = join(3, measured(fast));
+    workers[0].info = { ...workers[0].info, browser: 'one browser' };
+    workers[1].info = { ...workers[1].info, browser: 'one browser' };
+    workers[2].info = { ...workers[2].info, browser: 'another browser' };
+    // a tab beside each closed: each has two cores now, as its heartbeat says
+    for (const w of workers) {
+      w.share = 2;
+      w.info = { ...w.info, threads: 2 };
+    }
+    await placerOn(swarm).place(unguided, ask({ ep: 'wasm' }));
+    expect(workers.map((w) => callsOf(w, 'probeCompute').length)).toEqual([1, 0, 1]);
+    expect(workers.map((w) => callsOf(w, 'probeLink').length)).toEqual([3, 3, 3]);
+    expect(workers.map((w) => [w.measurement?.threads, wasmOf(w).flops])).toEqual([
+      [2, 2e9],
+      [2, 2e9],
+      [2, 2e9],
+    ]);
+    // another share of the same browser's cores is probed again
+    workers[1].share = 3;
+    workers[1].info = { ...workers[1].info, threads: 3 };
+    await placerOn(swarm).place(unguided, ask({ ep: 'wasm' }));
+    expect(workers.map((w) => callsOf(w, 'probeCompute').length)).toEqual([1, 1, 1]);
+    expect(wasmOf(workers[1]).flops).toBe(3e9);
+  });
+
   it('probeCompute runs over the real RPC path, and the planner plans with the finite softmax rate and the stage-call time it measured', async () => {
     const { swarm, join } = testSwarm();
     const workers = join(2);
