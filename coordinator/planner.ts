@@ -609,7 +609,7 @@ function chooseAuto(ctx: PlannerContext, weighed: Weighed, hw: NonNullable<Retur
     // Stryker disable next-line ConditionalExpression: no ranked plan is wider than the live workers: no more then
     best.world < workers.length && more
       ? `${workers.length - best.world} of ${workers.length} workers left out: ` +
-        `with ${more.world} the cost model predicts ${ms(more)} ms a step, not ${ms(best)}`
+        `with ${more.world} the cost model predicts ${ms(more)} ms a step, not ${ms(best)}: ${whyLeftOut(best, more)}`
       : null;
   const by =
     `cost model (${predictedFrom(best, hw.forwardsFrom)}; rank links from ${hw.link.from}` +
@@ -631,6 +631,23 @@ function chooseAuto(ctx: PlannerContext, weighed: Weighed, hw: NonNullable<Retur
       leftOut,
     },
   };
+}
+
+/**
+ * Why the wider plan `more` is slower than the one chosen, in words a person can act on (issue 66): its workers compute
+ * their shares no sooner than the chosen ones compute theirs (the added ones are too slow to help), or what it saves in
+ * compute its exchanges cost again, which a job of more tokens outweighs.
+ */
+export function whyLeftOut(best: StepPrediction, more: StepPrediction): string {
+  if (more.computeS >= best.computeS)
+    return (
+      'the workers it would add compute their share no sooner than those chosen compute theirs, so each step would ' +
+      'wait for them; they are used where they are faster (more of their cores, or WebGPU)'
+    );
+  return (
+    'the compute they would save is less than their exchanges would cost; a job of more tokens (more frames, a ' +
+    'larger size) gives each worker more to compute per exchange, and would use them'
+  );
 }
 
 /**
