@@ -581,6 +581,18 @@ export class Placer {
     const { modelUrl, textTokens } = this.options;
     workers.forEach((w) => swarm.setActivity(w, `rehearsing the job's forward (degree ${degrees.join(', ')})`));
     try {
+      // a cold engine warms up in its first rehearsal: warmed up first, all of them, no worker's forwards are timed
+      // while another's warm-up takes the cores they share (a preload is the same load and warm-up, and is nothing to
+      // an engine already warm; a job of another EP or adapters than a preload's warms up in the rehearsal)
+      if (
+        workers.length > 1 &&
+        !loras.length &&
+        !weightType &&
+        (group.ep === 'auto' || workers.every((w) => w.measurement?.auto.ep === group.ep))
+      )
+        await Promise.allSettled(
+          workers.map((w) => w.api.preload({ modelUrl }, timeoutsOf(this.options.rpcTimeoutMs).loadMs)),
+        );
       const replies = await Promise.allSettled(
         workers.map((w) =>
           w.api.rehearse(

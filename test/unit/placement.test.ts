@@ -139,6 +139,7 @@ function testSwarm() {
             gpuWeightBytes: 0,
           };
         }),
+        preload: answer('preload', () => ({ ep: 'wasm', loadMs: 0 })),
         rehearse: answer('rehearse', (a: { degrees: number[] }) => {
           if (!worker.rehearsal) throw new RemoteError('this stub does not rehearse');
           return { forwardMs: a.degrees.map(worker.rehearsal) };
@@ -1520,6 +1521,28 @@ describe('the cost model sees what the workers measured', () => {
     // another shape is another rehearsal, ahead as at placement
     await placer.rehearseAhead({ ...guided, frames: guided.frames + 4 }, ask({ ep: 'wasm' }));
     expect(workers.map((w) => callsOf(w, 'rehearse').length)).toEqual([4, 2]);
+  });
+
+  it('the engines of a group are warmed up (preloaded) before its rehearsal times any: a lone worker’s are not (issue 66)', async () => {
+    const { swarm, join } = testSwarm();
+    // they compute on WASM with 'auto' too: a preload warms up the engine the rehearsal times
+    const workers = join(2, { ...measured(fast), auto: { ep: 'wasm', why: 'WASM only' } });
+    for (const w of workers) w.rehearsal = (d) => (d === 1 ? 100 : 40);
+    await placerOn(swarm).place(guided, ask({ ep: 'wasm' }));
+    const order = (w: FakeWorker) => workCalls(w).map((c) => c.method);
+    // the group of two first: each preloads, then rehearses; then the first alone rehearses, not preloaded again
+    expect(order(workers[0]).slice(0, 3)).toEqual(['preload', 'rehearse', 'rehearse']);
+    expect(order(workers[1]).slice(0, 2)).toEqual(['preload', 'rehearse']);
+    expect(callsOf(workers[0], 'preload')[0].args).toEqual({ modelUrl: '/models/tiny-wan' });
+    // a job on another EP than a preload loads is warmed up in its rehearsal, not by a preload
+    const { swarm: other, join: joinOther } = testSwarm();
+    const gpu = joinOther(2, measured(fast));
+    for (const w of gpu) w.rehearsal = (d) => (d === 1 ? 100 : 40);
+    await placerOn(other).place(guided, ask({ ep: 'wasm' }));
+    expect(gpu.map((w) => callsOf(w, 'preload').length)).toEqual([0, 0]);
+    // a job that leaves the EP to each worker computes where a preload loads
+    await placerOn(other).place(guided, ask({ ep: 'auto' }));
+    expect(gpu.map((w) => callsOf(w, 'preload').length)).toEqual([1, 1]);
   });
 
   it('a rehearsal ahead that fails costs nothing: the job’s placement rehearses again', async () => {
