@@ -103,7 +103,7 @@ function showPreset(): void {
 
 showDefaults(DEFAULT_JOB);
 
-/** the smallest model workers preload as they join (the automation API's preloadFrom: tests preload tiny ones) */
+/** the smallest model workers preload as they join (the automation API's preloadFrom): all unless a driver says */
 let preloadFromBytes = PRELOAD_FROM_BYTES;
 
 let swarm: Swarm | null = null;
@@ -212,6 +212,19 @@ async function estimateOf(job: Pick<StoredJob, 'params' | 'placement' | 'inputs'
   return pipelineFor(job.placement)
     .then((pipe) => pipe.estimate(requestOf(job)))
     .catch(() => null);
+}
+
+/**
+ * The form's job rehearsed on the workers while none runs (Placer.rehearseAhead): Enter then finds its placement
+ * measured. Nothing is said of one that cannot be: the job itself says why when it is submitted.
+ */
+async function rehearseFormJob(): Promise<void> {
+  if (queue?.list().some((j) => j.status === 'running')) return;
+  const job = await jobFromForm().catch(() => null);
+  if (!job || job.placement.backend !== 'swarm') return;
+  await pipelineFor(job.placement)
+    .then((pipe) => pipe.rehearseAhead(requestOf(job)))
+    .catch((e: unknown) => console.info(`the form's job was not rehearsed ahead: ${(e as Error).message}`));
 }
 
 /**
@@ -418,6 +431,7 @@ async function start() {
     busy: () => jobs.list().some((j) => j.status === 'running'),
     fromBytes: () => preloadFromBytes,
     log: (line) => console.info(line),
+    onPreloaded: () => void rehearseFormJob(),
   });
   const refreshJobs = () => {
     renderQueue(jobs.list(), {

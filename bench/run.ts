@@ -4,7 +4,8 @@
 //
 //   npm run bench                      block cost, projection, local overhead, scaling, threads,
 //                                      full-size, pooled, handoff, vae, uneven, slow-link, spot-check-overhead,
-//                                      time-to-video, load, api-polls, node-worker, signaling, links (in this order)
+//                                      time-to-video, first-job, load, api-polls, node-worker, signaling, links
+//                                      (in this order)
 //   npm run bench -- scaling [flags]   one of them (flags as in bench/scaling.ts etc.)
 //   npm run bench -- --smoke [name]    all of them (or one) at tiny sizes on small models, in a few minutes, without
 //                                      waiting for a quiet machine, reports in bench/out/smoke/: what CI runs, so that
@@ -30,6 +31,7 @@ import { parseNodeWorkerArgs, runNodeWorker, SMOKE_NODE_WORKER } from './node-wo
 import { parseSignalingArgs, runSignaling, SMOKE_SIGNALING } from './signaling.ts';
 import { parseLinksArgs, runLinks, SMOKE_LINKS } from './links.ts';
 import { parseHandOffArgs, runHandOff, SMOKE_HAND_OFF } from './handoff.ts';
+import { parseFirstJobArgs, runFirstJob, SMOKE_FIRST_JOB } from './first-job.ts';
 
 /** every benchmark, in the order a whole run takes them (block cost first: the projection is held to it) */
 const BENCHMARKS = [
@@ -46,6 +48,7 @@ const BENCHMARKS = [
   'slow-link',
   'spot-check-overhead',
   'time-to-video',
+  'first-job',
   'load',
   'api-polls',
   'node-worker',
@@ -243,6 +246,16 @@ if (chosen.includes('time-to-video')) {
     );
   sectionDone('time-to-video');
 }
+if (chosen.includes('first-job')) {
+  const firstJob = await runFirstJob(options(SMOKE_FIRST_JOB, parseFirstJobArgs));
+  report('first-job.json', firstJob);
+  console.log(
+    `first-job: Enter to video ${firstJob.first.enterToVideoMs} ms for the first job on fresh tabs, ` +
+      `${firstJob.second.enterToVideoMs} ms for the second (${firstJob.firstOverSecond}×)`,
+  );
+  sectionDone('first-job');
+}
+
 if (chosen.includes('load')) {
   const load = await runLoad(options(SMOKE_LOAD, parseLoadArgs));
   report('load.json', load);

@@ -38,9 +38,18 @@ type MeasuredWorker = {
 const probedAtJoin = (info: MeasuredWorker['info']): ExecutionProvider[] =>
   info.ep === 'webgpu' && !info.softwareAdapter ? ['wasm', 'webgpu'] : ['wasm'];
 
-export async function measureWorker(worker: MeasuredWorker, timeoutMs = PROBE_TIMEOUT_MS): Promise<WorkerMeasurement> {
-  const compute: WorkerMeasurement['compute'] = {};
-  for (const ep of probedAtJoin(worker.info)) compute[ep] = await worker.api.probeCompute({ ep }, timeoutMs);
+/**
+ * The worker's compute (its probes at join) and its link to the coordinator. `kept`: the compute of a worker of the
+ * same browser on the same share of its cores (Swarm keeps them): the same compute on the same machine, taken instead
+ * of probing again where it is had; the link is measured all the same, as each worker's is its own.
+ */
+export async function measureWorker(
+  worker: MeasuredWorker,
+  timeoutMs = PROBE_TIMEOUT_MS,
+  kept?: Promise<WorkerMeasurement['compute']>,
+): Promise<WorkerMeasurement> {
+  const compute: WorkerMeasurement['compute'] = { ...(await kept?.catch(() => undefined)) };
+  for (const ep of probedAtJoin(worker.info)) compute[ep] ??= await worker.api.probeCompute({ ep }, timeoutMs);
   const roundTrip = async (payload: Float32Array) => {
     const start = performance.now();
     await worker.api.probeLink({ payload }, timeoutMs);

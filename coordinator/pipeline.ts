@@ -212,6 +212,8 @@ export interface Pipeline {
   generate(request: GenerateRequest): Promise<GenerateResult>;
   /** what a job would take on the workers as they are now, phase by phase (estimate.ts) */
   estimate(request: JobRequest): Promise<JobEstimate>;
+  /** times, while no job runs, the forwards a job like this would be placed by (Placer.rehearseAhead) */
+  rehearseAhead(request: JobRequest): Promise<void>;
   /** a latent [z_dim, T, h, w] through the folder's VAE alone (on the swarm's workers for AutoencoderKLWan) */
   decode(latent: Tensor, options?: DecodeOptions): Promise<DecodeResult>;
   shutdown(options?: { graceMs?: number }): Promise<void>;
@@ -402,6 +404,9 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
       const { placement: asked, ...given } = request;
       const { promptEmbeds: _p, negativePromptEmbeds: _n, outputType: _o, ...input } = given;
       return estimateOf(jobParams(input, folderDefaults), placementOf(asked), given);
+    },
+    rehearseAhead({ placement: asked, promptEmbeds: _p, negativePromptEmbeds: _n, outputType: _o, ...input }) {
+      return placer.rehearseAhead(jobParams(input, folderDefaults), placementOf(asked));
     },
     async generate(request) {
       const { placement: asked, resume, onCheckpoint, onFailure, onProgress, onPhase, signal, ...given } = request;

@@ -132,6 +132,8 @@ export class Placer {
   // Stryker disable next-line BooleanLiteral: placeOn sets it before anything reads it
   private probed = false;
   private readonly measurements = new Measurements();
+  /** the rehearsals run ahead of any job (rehearseAhead): a placement waits for them, then finds them timed */
+  private rehearsingAhead: Promise<void> = Promise.resolve();
   private prepared: {
     job: number;
     texts: Float32Array[];
@@ -520,6 +522,7 @@ export class Placer {
     let rehearsalError: string | undefined;
     // a re-placement predicts from what was rehearsed before: recovery does not wait for rehearsals
     if (maxWorld === undefined) {
+      await this.rehearsingAhead;
       for (const needed of rehearsalsNeeded(this.planning, input(workers))) {
         const failed = await this.rehearse(needed, params, loras, request.weightType);
         if (!failed) continue;
@@ -541,6 +544,29 @@ export class Placer {
   }
 
   /**
+   * Rehearses, while no job runs, what a job of `params` would need on the workers measured now (issue 66): the first
+   * job placed then finds its forwards timed, as every later one does, instead of timing them while its person waits.
+   * A rehearsal that fails here costs nothing: the job's placement rehearses again, and judges the workers then.
+   */
+  rehearseAhead(params: JobParams, request: PlacementRequest): Promise<void> {
+    const swarm = this.options.swarm;
+    if (this.options.backend !== 'swarm' || !swarm) return Promise.resolve();
+    const run = this.rehearsingAhead.then(async () => {
+      const { loras } = checkRequest(request);
+      const workers = eligible(swarm);
+      if (workers.length < workersToWaitFor(this.planning, request, params)) return;
+      const trusted = new Set(workers.filter((w) => swarm.isTrusted(w)).map((w) => w.id));
+      const input = { params, request, workers, measurements: this.measurements, trusted };
+      for (const needed of rehearsalsNeeded(this.planning, input)) {
+        const failed = await this.rehearse(needed, params, loras, request.weightType);
+        if (failed) throw failed.error;
+      }
+    });
+    this.rehearsingAhead = run.catch(() => {});
+    return run;
+  }
+
+  /**
    * A group's forward rehearsed at the degrees asked, all its workers at once as in the job (rank/rehearsal.ts),
    * on the model with the job's adapters and weight type (so that the job finds it loaded); where it failed, the
    * workers whose rehearsal failed and the first error.
@@ -555,6 +581,18 @@ export class Placer {
     const { modelUrl, textTokens } = this.options;
     workers.forEach((w) => swarm.setActivity(w, `rehearsing the job's forward (degree ${degrees.join(', ')})`));
     try {
+      // a cold engine warms up in its first rehearsal: warmed up first, all of them, no worker's forwards are timed
+      // while another's warm-up takes the cores they share (a preload is the same load and warm-up, and is nothing to
+      // an engine already warm; a job of another EP or adapters than a preload's warms up in the rehearsal)
+      if (
+        workers.length > 1 &&
+        !loras.length &&
+        !weightType &&
+        (group.ep === 'auto' || workers.every((w) => w.measurement?.auto.ep === group.ep))
+      )
+        await Promise.allSettled(
+          workers.map((w) => w.api.preload({ modelUrl }, timeoutsOf(this.options.rpcTimeoutMs).loadMs)),
+        );
       const replies = await Promise.allSettled(
         workers.map((w) =>
           w.api.rehearse(

@@ -472,7 +472,11 @@ export interface RehearsalNeeded<W extends PlanningWorker> {
   degrees: number[];
 }
 
-/** The rehearsals a job's plans need that are not yet measured (none until every worker is measured). */
+/**
+ * The rehearsals a job's plans need that are not yet measured (none until every worker is measured), the largest group
+ * first: it warms every cold engine up at once, side by side, where a lone worker's first would warm up one and leave
+ * the others to warm up after it, one group at a time.
+ */
 export function rehearsalsNeeded<W extends PlanningWorker>(
   ctx: PlannerContext,
   input: PlanningInput<W>,
@@ -483,7 +487,7 @@ export function rehearsalsNeeded<W extends PlanningWorker>(
   if (asked.stages > 1) return [];
   if (!workers.length || workers.some((w) => !w.measurement)) return [];
   const needed: RehearsalNeeded<W>[] = [];
-  for (const world of new Set(plans.map(planWorld))) {
+  for (const world of [...new Set(plans.map(planWorld))].sort((a, b) => b - a)) {
     if (world > workers.length) continue;
     const group = groupOf(ctx, input.params, asked.ep, membersOf(workers.slice(0, world)));
     const degrees = [...new Set(plans.filter((p) => planWorld(p) === world).map((p) => p.ulyssesDegree))].filter(
@@ -605,7 +609,7 @@ function chooseAuto(ctx: PlannerContext, weighed: Weighed, hw: NonNullable<Retur
     // Stryker disable next-line ConditionalExpression: no ranked plan is wider than the live workers: no more then
     best.world < workers.length && more
       ? `${workers.length - best.world} of ${workers.length} workers left out: ` +
-        `with ${more.world} the cost model predicts ${ms(more)} ms a step, not ${ms(best)}`
+        `with ${more.world} the cost model predicts ${ms(more)} ms a step, not ${ms(best)}: ${whyLeftOut(best, more)}`
       : null;
   const by =
     `cost model (${predictedFrom(best, hw.forwardsFrom)}; rank links from ${hw.link.from}` +
@@ -627,6 +631,23 @@ function chooseAuto(ctx: PlannerContext, weighed: Weighed, hw: NonNullable<Retur
       leftOut,
     },
   };
+}
+
+/**
+ * Why the wider plan `more` is slower than the one chosen, in words a person can act on (issue 66): its workers compute
+ * their shares no sooner than the chosen ones compute theirs (the added ones are too slow to help), or what it saves in
+ * compute its exchanges cost again, which a job of more tokens outweighs.
+ */
+export function whyLeftOut(best: StepPrediction, more: StepPrediction): string {
+  if (more.computeS >= best.computeS)
+    return (
+      'the workers it would add compute their share no sooner than those chosen compute theirs, so each step would ' +
+      'wait for them; they are used where they are faster (more of their cores, or WebGPU)'
+    );
+  return (
+    'the compute they would save is less than their exchanges would cost; a job of more tokens (more frames, a ' +
+    'larger size) gives each worker more to compute per exchange, and would use them'
+  );
 }
 
 /**

@@ -1,17 +1,17 @@
 // Weights before the first job (issue 36): a worker that joins loads the dashboard's model as soon as its EPs are
 // measured (so that it loads on the one it measured fastest, as a placement would ask) and no job is running, where
-// the whole model fits the memory it has; the first job placed on it finds the model in its engine instead
-// of reading every weight then. A model no worker holds whole is not preloaded: its pipeline stages load at placement.
-// Nor is a small one, which a placement loads in a moment: a preload of it would only take a joining worker's cores
-// from its measurement and from whatever job comes first.
+// the whole model fits the memory it has; the first job placed on it finds the model in its engine, warmed up, instead
+// of reading every weight and warming up then. A model no worker holds whole is not preloaded: its pipeline stages
+// load at placement. A small one is preloaded too (issue 66): its load is quick, but the engine's warm-up is not, and
+// that was most of a first job's wait.
 import type { WanConfig } from '../core/model/config.ts';
 import { memoryBudget, stagedModel, wholeModelBytes } from './stage-plan.ts';
 import type { Swarm, SwarmWorker } from './swarm.ts';
 
 /** A preload reads GBs on a slow link: as long as a placement's load may take. */
 const PRELOAD_TIMEOUT_MS = 30 * 60_000;
-/** Models whose weights (as ranks hold them, float32) are smaller load at placement. */
-export const PRELOAD_FROM_BYTES = 256 * 2 ** 20;
+/** Models whose weights (as ranks hold them, float32) are smaller load at placement: none, unless a driver says. */
+export const PRELOAD_FROM_BYTES = 0;
 
 export interface PreloadOptions {
   /** the model folder the dashboard's next job would run, as the workers fetch it */
@@ -19,10 +19,12 @@ export interface PreloadOptions {
   config(modelUrl: string): Promise<WanConfig>;
   /** whether a job is running: a preload would compete with it for the worker's engine */
   busy(): boolean;
-  /** the smallest model preloaded, PRELOAD_FROM_BYTES unless given (tests preload their tiny ones) */
+  /** the smallest model preloaded, PRELOAD_FROM_BYTES unless given (a bench of cold loads preloads none) */
   fromBytes?(): number;
   /** what came of a preload that did not happen or failed: it costs nothing but the first job's time */
   log?(line: string): void;
+  /** a worker holds the model now, warmed up: what a first job would be placed by may be timed (rehearseAhead) */
+  onPreloaded?(worker: SwarmWorker, modelUrl: string): void;
 }
 
 /**
@@ -49,6 +51,7 @@ export function preloadOnJoin(swarm: Pick<Swarm, 'on'>, options: PreloadOptions)
       return;
     }
     await worker.api.preload({ modelUrl }, PRELOAD_TIMEOUT_MS);
+    options.onPreloaded?.(worker, modelUrl);
   };
   return swarm.on((e) => {
     if (e.type === 'leave') asked.delete(e.worker.id);

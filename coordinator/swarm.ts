@@ -122,6 +122,12 @@ export class Swarm {
   private readonly roster = new Map<string, SwarmWorker>();
   /** measurements under way, by worker id */
   private readonly measuring = new Map<string, Promise<void>>();
+  /**
+   * Compute probes by what they measured (issue 66): a worker's browser and its share of the cores. A tab reloaded, or
+   * one beside it of the same browser with the same share, computes on the same cores as fast: it takes the probe kept
+   * (waiting for one under way) instead of taking its own turn at the machine's probes.
+   */
+  private readonly computeOn = new Map<string, Promise<WorkerMeasurement['compute']>>();
   private readonly connections = new Map<string, DataConnectionLike>();
   private readonly events = new Emitter<SwarmEvent>((error) => {
     console.error('swarm listener failed', error);
@@ -409,7 +415,7 @@ export class Swarm {
     const last = w.measurement;
     const current = last?.threads === w.info.threads ? last : null;
     if (current && (ep === 'auto' || !lacksProbe(w.info, current, ep))) return Promise.resolve();
-    const run = (current ? Promise.resolve(current) : measureWorker(w))
+    const run = (current ? Promise.resolve(current) : this.measureCompute(w))
       .then((m) => (ep === 'auto' ? m : withEpMeasured(w, m, ep)))
       .then(
         (m) => {
@@ -421,6 +427,22 @@ export class Swarm {
       .finally(() => this.measuring.delete(w.id));
     this.measuring.set(w.id, run);
     return run;
+  }
+
+  /** A worker's measurement, from the compute kept for its browser and share where there is one (computeOn). */
+  private measureCompute(w: SwarmWorker): Promise<WorkerMeasurement> {
+    const { browser, threads } = w.info;
+    if (browser === undefined) return measureWorker(w);
+    const key = `${browser} on ${threads}`;
+    const kept = this.computeOn.get(key);
+    const measured = measureWorker(w, undefined, kept);
+    if (!kept) {
+      const compute = measured.then((m) => m.compute);
+      this.computeOn.set(key, compute);
+      // a probe that failed is no measurement: the next worker of that browser takes its own
+      void compute.catch(() => this.computeOn.get(key) === compute && this.computeOn.delete(key));
+    }
+    return measured;
   }
 
   /** Resolves once `count` workers are live, or rejects after the timeout saying how many joined. */

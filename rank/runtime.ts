@@ -181,6 +181,11 @@ export class WorkerRuntime implements WorkerApi {
   };
   /** the EP and threads of the engine a rehearsal last warmed up (rank/rehearsal.ts) */
   private warmEngine: string | null = null;
+  /**
+   * The preload under way: a placement that comes meanwhile waits for it rather than loading and warming up beside
+   * it (two warm-ups sharing the engine's turns take as long as both, and the second finds the engine warm anyway)
+   */
+  private preloading: Promise<unknown> = Promise.resolve();
   private epWhy = '';
   /** how far the model load under way is (for the pulse), null when none is */
   loadStatus: LoadStatus | null = null;
@@ -297,6 +302,7 @@ export class WorkerRuntime implements WorkerApi {
   async loadModel(args: LoadArgs) {
     this.needInit('loadModel');
     this.sourceOf(args.modelUrl);
+    await this.preloading;
     this.setState('loading', `loading ${args.modelUrl}`);
     const { info, why } = await this.load(args);
     this.model = info;
@@ -356,8 +362,15 @@ export class WorkerRuntime implements WorkerApi {
     };
   }
 
-  async preload({ modelUrl }: { modelUrl: string }) {
-    if (this.state === 'computing') throw new Error('preload while a job is computing on this worker: between jobs');
+  preload(args: { modelUrl: string }) {
+    if (this.state === 'computing')
+      return Promise.reject(new Error('preload while a job is computing on this worker: between jobs'));
+    const preload = this.preloading.then(() => this.loadAndWarmUp(args));
+    this.preloading = preload.catch(() => {});
+    return preload;
+  }
+
+  private async loadAndWarmUp({ modelUrl }: { modelUrl: string }) {
     // the engine keeps the last model it loaded: a placement asking the same one finds it there
     const { info } = await this.load({ modelUrl, ep: 'auto' });
     // the first job's rehearsal would warm a cold engine up: done now, while no job waits for it
@@ -377,6 +390,7 @@ export class WorkerRuntime implements WorkerApi {
   async rehearse({ modelUrl, ep, latentShape, textTokens, degrees, forwards, loras = [], weightType }: RehearseArgs) {
     if (this.state === 'computing')
       throw new Error('rehearse while a job is computing on this worker: rehearse between jobs');
+    await this.preloading; // settles on a failed preload too: the placement's own load says why
     const { info } = await this.load({ modelUrl, ep, loras, weightType });
     const engine = await this.engineName(info);
     const before = { state: this.state, detail: this.detail };

@@ -31,6 +31,21 @@ function encodingNote(prompt: PromptEncoding): string {
   return ` The prompt was encoded on ${workers} worker(s) in ${(prompt.ms / 1000).toFixed(1)} s.`;
 }
 
+/**
+ * Where the heads went by speed and a worker was given less than an even share: which, and what would give it more
+ * (issue 66). Its ranks are the placement's workers in rank order (heads are shared by speed in one group only).
+ */
+function smallestShare(workers: readonly { id: string }[], heads: readonly number[]): string {
+  const total = heads.reduce((a, b) => a + b, 0);
+  const fewest = Math.min(...heads);
+  const worker = workers.at(heads.indexOf(fewest));
+  if (!worker || fewest * heads.length >= total) return '';
+  return (
+    ` Worker ${worker.id} was given ${fewest} of the ${total} heads: its forward was the slowest when rehearsed; on ` +
+    'more of its cores (fewer tabs beside it) or on WebGPU, it would be given more.'
+  );
+}
+
 /** How the job ran, in words: the placement's decisions, its prediction against the measured step, what was caught. */
 function placementNote(r: KeptReport): { ranks: string; notes: string[] } {
   const p = r.placement;
@@ -86,7 +101,16 @@ function placementNote(r: KeptReport): { ranks: string; notes: string[] } {
     : '';
   return {
     ranks: `${plural(layout.world, `${p.backend} rank`)}${groups}`,
-    notes: [planned, sentence(p.cfgFallback), pooled, transport, displaced, overlapped, emulated],
+    notes: [
+      planned,
+      heads ? smallestShare(p.workers, heads) : '',
+      sentence(p.cfgFallback),
+      pooled,
+      transport,
+      displaced,
+      overlapped,
+      emulated,
+    ],
   };
 }
 

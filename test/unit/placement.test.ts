@@ -139,6 +139,7 @@ function testSwarm() {
             gpuWeightBytes: 0,
           };
         }),
+        preload: answer('preload', () => ({ ep: 'wasm', loadMs: 0 })),
         rehearse: answer('rehearse', (a: { degrees: number[] }) => {
           if (!worker.rehearsal) throw new RemoteError('this stub does not rehearse');
           return { forwardMs: a.degrees.map(worker.rehearsal) };
@@ -1341,6 +1342,33 @@ describe('the cost model sees what the workers measured', () => {
     expect([workers[1].info.threads, wasmOf(workers[1]).flops]).toEqual([1, 1e9]);
   });
 
+  it('a tab of a browser whose share of the cores was probed takes that probe, not a turn of its own; its link is its own (issue 66)', async () => {
+    const { swarm, join } = testSwarm();
+    const workers = join(3, measured(fast));
+    workers[0].info = { ...workers[0].info, browser: 'one browser' };
+    workers[1].info = { ...workers[1].info, browser: 'one browser' };
+    workers[2].info = { ...workers[2].info, browser: 'another browser' };
+    // a tab beside each closed: each has two cores now, as its heartbeat says
+    for (const w of workers) {
+      w.share = 2;
+      w.info = { ...w.info, threads: 2 };
+    }
+    await placerOn(swarm).place(unguided, ask({ ep: 'wasm' }));
+    expect(workers.map((w) => callsOf(w, 'probeCompute').length)).toEqual([1, 0, 1]);
+    expect(workers.map((w) => callsOf(w, 'probeLink').length)).toEqual([3, 3, 3]);
+    expect(workers.map((w) => [w.measurement?.threads, wasmOf(w).flops])).toEqual([
+      [2, 2e9],
+      [2, 2e9],
+      [2, 2e9],
+    ]);
+    // another share of the same browser's cores is probed again
+    workers[1].share = 3;
+    workers[1].info = { ...workers[1].info, threads: 3 };
+    await placerOn(swarm).place(unguided, ask({ ep: 'wasm' }));
+    expect(workers.map((w) => callsOf(w, 'probeCompute').length)).toEqual([1, 1, 1]);
+    expect(wasmOf(workers[1]).flops).toBe(3e9);
+  });
+
   it('probeCompute runs over the real RPC path, and the planner plans with the finite softmax rate and the stage-call time it measured', async () => {
     const { swarm, join } = testSwarm();
     const workers = join(2);
@@ -1438,8 +1466,9 @@ describe('the cost model sees what the workers measured', () => {
       degrees,
       forwards: guided.steps * 2, // a cold engine warms up for no more forwards than the job's (two a step, guided)
     });
-    // one group of one worker (degree 1), one of two at once (degree 1 for CFG parallel, and 2)
-    expect(rehearsals).toEqual([[args([1]), args([1, 2])], [args([1, 2])]]);
+    // one group of two at once (degree 1 for CFG parallel, and 2), then one of one worker (degree 1): the largest
+    // first, which warms both engines up side by side
+    expect(rehearsals).toEqual([[args([1, 2]), args([1])], [args([1, 2])]]);
     const rehearsed = (p: Plan) =>
       p.heads ? undefined : p.ulyssesDegree === 1 && !p.cfgParallel ? 0.1 : p.ulyssesDegree === 1 ? 0.15 : 0.08;
     const hw: Hardware = {
@@ -1469,6 +1498,63 @@ describe('the cost model sees what the workers measured', () => {
     await placer.place(guided, ask({ ep: 'wasm' }));
     // only the group rank 1 is in: rank 0 alone was rehearsed on these threads already
     expect([callsOf(workers[0], 'rehearse').length, callsOf(workers[1], 'rehearse').length]).toEqual([5, 3]);
+  });
+
+  it('rehearses a job ahead of it (issue 66): its placement then rehearses nothing, and one placed meanwhile waits for it', async () => {
+    const { swarm, join } = testSwarm();
+    const workers = join(2, measured(fast));
+    for (const w of workers) {
+      w.rehearsal = (d) => (d === 1 ? 100 : 40);
+      // a rehearsal takes a while, as a worker's does: the placement is asked while it runs
+      const rehearse = w.api.rehearse.bind(w.api);
+      w.api.rehearse = (...args) => new Promise((r) => setTimeout(r, 20)).then(() => rehearse(...args));
+    }
+    const placer = placerOn(swarm);
+    const ahead = placer.rehearseAhead(guided, ask({ ep: 'wasm' }));
+    // asked before the rehearsals ahead end: they are not run twice
+    const { placement } = await placer.place(guided, ask({ ep: 'wasm' }));
+    await ahead;
+    expect(workers.map((w) => callsOf(w, 'rehearse').length)).toEqual([2, 1]);
+    expect(predicted(placement).by).toBe(
+      'cost model (forwards rehearsed on these workers; rank links from coordinator links)',
+    );
+    // another shape is another rehearsal, ahead as at placement
+    await placer.rehearseAhead({ ...guided, frames: guided.frames + 4 }, ask({ ep: 'wasm' }));
+    expect(workers.map((w) => callsOf(w, 'rehearse').length)).toEqual([4, 2]);
+  });
+
+  it('the engines of a group are warmed up (preloaded) before its rehearsal times any: a lone worker’s are not (issue 66)', async () => {
+    const { swarm, join } = testSwarm();
+    // they compute on WASM with 'auto' too: a preload warms up the engine the rehearsal times
+    const workers = join(2, { ...measured(fast), auto: { ep: 'wasm', why: 'WASM only' } });
+    for (const w of workers) w.rehearsal = (d) => (d === 1 ? 100 : 40);
+    await placerOn(swarm).place(guided, ask({ ep: 'wasm' }));
+    const order = (w: FakeWorker) => workCalls(w).map((c) => c.method);
+    // the group of two first: each preloads, then rehearses; then the first alone rehearses, not preloaded again
+    expect(order(workers[0]).slice(0, 3)).toEqual(['preload', 'rehearse', 'rehearse']);
+    expect(order(workers[1]).slice(0, 2)).toEqual(['preload', 'rehearse']);
+    expect(callsOf(workers[0], 'preload')[0].args).toEqual({ modelUrl: '/models/tiny-wan' });
+    // a job on another EP than a preload loads is warmed up in its rehearsal, not by a preload
+    const { swarm: other, join: joinOther } = testSwarm();
+    const gpu = joinOther(2, measured(fast));
+    for (const w of gpu) w.rehearsal = (d) => (d === 1 ? 100 : 40);
+    await placerOn(other).place(guided, ask({ ep: 'wasm' }));
+    expect(gpu.map((w) => callsOf(w, 'preload').length)).toEqual([0, 0]);
+    // a job that leaves the EP to each worker computes where a preload loads
+    await placerOn(other).place(guided, ask({ ep: 'auto' }));
+    expect(gpu.map((w) => callsOf(w, 'preload').length)).toEqual([1, 1]);
+  });
+
+  it('a rehearsal ahead that fails costs nothing: the job’s placement rehearses again', async () => {
+    const { swarm, join } = testSwarm();
+    const workers = join(2, measured(fast));
+    const placer = placerOn(swarm);
+    await expect(placer.rehearseAhead(guided, ask({ ep: 'wasm' }))).rejects.toThrow(/this stub does not rehearse/);
+    for (const w of workers) w.rehearsal = (d) => (d === 1 ? 100 : 40);
+    const { placement } = await placer.place(guided, ask({ ep: 'wasm' }));
+    // the first group's rehearsal failed ahead, so none after it ran; at placement both groups rehearse
+    expect(workers.map((w) => callsOf(w, 'rehearse').length)).toEqual([3, 2]);
+    expect(predicted(placement).by).toMatch(/^cost model \(forwards rehearsed on these workers/);
   });
 
   it('predicts a plan jobs ran by their median steps, the last weighing half: a plan predicted too fast is not chosen again on its prediction, and one that ran as predicted is predicted by its steps', async () => {
@@ -1573,7 +1659,11 @@ describe('the cost model sees what the workers measured', () => {
     const slowOne = (await placerOn(other).place(unguided, ask({ ep: 'wasm' }))).placement;
     expect([slowOne.layout.ulyssesDegree, slowOne.layout.heads]).toEqual([2, null]);
     expect(predicted(slowOne).leftOut).toMatch(
-      /^1 of 3 workers left out: with 3 the cost model predicts \d+ ms a step, not \d+$/,
+      /^1 of 3 workers left out: with 3 the cost model predicts \d+ ms a step, not \d+: /,
+    );
+    expect(predicted(slowOne).leftOut?.replace(/^[^:]*:[^:]*: /, '')).toBe(
+      'the workers it would add compute their share no sooner than those chosen compute theirs, so each step would ' +
+        'wait for them; they are used where they are faster (more of their cores, or WebGPU)',
     );
   });
 

@@ -370,7 +370,23 @@ describe('which workers a placement is planned on', () => {
     const best = prediction.predictedStepMs.toFixed(0);
     expect(Number(best)).toBeGreaterThan(10);
     expect(prediction.leftOut).toMatch(
-      new RegExp(`^2 of 3 workers left out: with [23] the cost model predicts \\d+ ms a step, not ${best}$`),
+      new RegExp(
+        `^2 of 3 workers left out: with [23] the cost model predicts \\d+ ms a step, not ${best}: ` +
+          'the workers it would add compute their share no sooner than those chosen compute theirs',
+      ),
+    );
+  });
+
+  it('says where workers are left out for their exchanges, and that a job of more tokens would use them (issue 66)', () => {
+    // as fast as each other, on a slow link: a small job's exchanges cost more than its compute saves
+    const workers = ['a', 'b'].map((id) => worker(id, { gflops: 1, bandwidth: 1e5 }));
+    const prediction = defined(plan(unguided, { ep: 'wasm' }, workers).prediction, 'a prediction');
+    expect(prediction.leftOut).toMatch(
+      /^1 of 2 workers left out: with 2 the cost model predicts \d+ ms a step, not \d+: /,
+    );
+    expect(prediction.leftOut?.replace(/^[^:]*:[^:]*: /, '')).toBe(
+      'the compute they would save is less than their exchanges would cost; a job of more tokens (more frames, a ' +
+        'larger size) gives each worker more to compute per exchange, and would use them',
     );
   });
 });
@@ -382,28 +398,28 @@ describe('the rehearsals a job needs', () => {
       r.degrees,
     ]);
 
-  it("'auto' on 5 workers rehearses every even degree and all 5 at once, which shares uneven heads", () => {
+  it("'auto' on 5 workers rehearses every even degree and all 5 at once, which shares uneven heads, the largest first", () => {
     expect(needed({ ep: 'wasm' }, workersAt(1, 1, 1, 1, 1))).toEqual([
-      [1, [1]],
-      [2, [2]],
-      [3, [3]],
-      [4, [4]],
       [5, [5]],
+      [4, [4]],
+      [3, [3]],
+      [2, [2]],
+      [1, [1]],
     ]);
     // 4 workers: all at once is an even degree already
     expect(needed({ ep: 'wasm' }, workersAt(1, 1, 1, 1))).toEqual([
-      [1, [1]],
-      [2, [2]],
-      [3, [3]],
       [4, [4]],
+      [3, [3]],
+      [2, [2]],
+      [1, [1]],
     ]);
   });
 
   it('asked for CFG parallel, only CFG-parallel plans are rehearsed (and one worker), not all the workers in one group', () => {
     expect(needed({ ep: 'wasm', cfgParallel: true }, workersAt(1, 1, 1, 1), ctx, guided)).toEqual([
-      [1, [1]],
-      [2, [1]],
       [4, [2]],
+      [2, [1]],
+      [1, [1]],
     ]);
   });
 

@@ -227,20 +227,20 @@ describe('the rehearsals the planner asks for', () => {
     expect(needed(workersAt(null, 1, 1), new Measurements())).toEqual([]);
   });
 
-  it("each plan's forward on the workers it would run on, all at once, fastest first; each degree of a group once, and none once rehearsed", () => {
+  it("each plan's forward on the workers it would run on, all at once, fastest first, the largest group first (it warms every engine up side by side); each degree of a group once, and none once rehearsed", () => {
     // joined slowest first
     const workers = workersAt(1, 2);
     const [w0, w1] = workers;
     const measurements = new Measurements();
-    // one worker alone (degree 1); two at once: CFG parallel (degree 1 on each) and Ulysses (degree 2), asked once
+    // two at once: CFG parallel (degree 1 on each) and Ulysses (degree 2), asked once; then one worker alone (degree 1)
     expect(needed(workers, measurements)).toEqual([
-      { group: groupOf([w1]), workers: ['w1'], degrees: [1] },
       { group: groupOf([w1, w0]), workers: ['w1', 'w0'], degrees: [1, 2] },
+      { group: groupOf([w1]), workers: ['w1'], degrees: [1] },
     ]);
     measurements.setRehearsal(groupOf([w1, w0]), 1, [0.1, 0.2]);
     expect(needed(workers, measurements)).toEqual([
-      { group: groupOf([w1]), workers: ['w1'], degrees: [1] },
       { group: groupOf([w1, w0]), workers: ['w1', 'w0'], degrees: [2] },
+      { group: groupOf([w1]), workers: ['w1'], degrees: [1] },
     ]);
     measurements.setRehearsal(groupOf([w1, w0]), 2, [0.05, 0.1]);
     measurements.setRehearsal(groupOf([w1]), 1, [0.08]);

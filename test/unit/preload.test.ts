@@ -1,5 +1,7 @@
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { preloadOnJoin, PRELOAD_FROM_BYTES } from '../../coordinator/preload.ts';
+import { preloadOnJoin } from '../../coordinator/preload.ts';
 import { stagedModel } from '../../coordinator/stage-plan.ts';
 import type { SwarmEvent, SwarmWorker } from '../../coordinator/swarm.ts';
 import { Emitter } from '../../core/events.ts';
@@ -41,7 +43,6 @@ describe('weights before the first job (issue 36)', () => {
       busy: () => busy,
       log: (line) => logged.push(line),
     });
-    expect(modelBytes).toBeGreaterThan(PRELOAD_FROM_BYTES);
     const big = worker('big', 8); // 8 GiB, the most a browser reports: the 1.3B's 5.7 GB fit
     const small = worker('small', 4); // less than the weights
     const unmeasured = worker('unmeasured', 24, false);
@@ -74,7 +75,26 @@ describe('weights before the first job (issue 36)', () => {
     stop();
   });
 
-  it('a model smaller than the threshold is left to the placement, which loads it in a moment', async () => {
+  it('the bundled demo model is preloaded too: its engine warms up before the first job, not in it (issue 66)', async () => {
+    const demo = parseWanConfig(
+      JSON.parse(
+        readFileSync(join(import.meta.dirname, '../../public/models/tiny-wan-demo/transformer/config.json'), 'utf8'),
+      ),
+      'the demo config',
+    );
+    const events = new Emitter<SwarmEvent>();
+    const { w, preloaded } = worker('w', null);
+    preloadOnJoin(events, {
+      modelUrl: () => 'http://localhost/models/tiny-wan-demo',
+      config: () => Promise.resolve(demo),
+      busy: () => false,
+    });
+    events.emit({ type: 'join', worker: w });
+    await settle();
+    expect(preloaded).toEqual(['http://localhost/models/tiny-wan-demo']);
+  });
+
+  it('a model smaller than a driver’s threshold is left to the placement', async () => {
     const events = new Emitter<SwarmEvent>();
     const { w, preloaded } = worker('w', 24);
     preloadOnJoin(events, {

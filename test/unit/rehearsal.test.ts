@@ -355,6 +355,21 @@ describe('a preloaded worker', () => {
     expect(states.filter((s) => s.includes('warming up'))).toEqual([]);
   });
 
+  it('a rehearsal asked for while the preload is under way waits for it, and does not warm up again', async () => {
+    const states: string[] = [];
+    const runtime = new WorkerRuntime(stubEngine(referenceStages(model), model.config), {
+      ...wasmHooks(),
+      onState: (s, d) => states.push(`${s}: ${d}`),
+    });
+    const preload = runtime.preload({ modelUrl: 'big' });
+    await runtime.initWorker({ ...EXACT_SETTINGS, rank: 0, world: 1, peers: ['a'], session: 's' });
+    await runtime.rehearse({ ...WARM_UP_JOB, modelUrl: 'big' });
+    await preload;
+    const warmUps = states.filter((s) => s.includes('warming up'));
+    expect(warmUps).toHaveLength(1);
+    expect(warmUps[0]).toMatch(/warming up its engine \(wasm on 1 thread\) for the first job$/);
+  });
+
   it('a worker that did not preload warms up in its first rehearsal, and says so', async () => {
     const states: string[] = [];
     const runtime = new WorkerRuntime(stubEngine(referenceStages(model), model.config), {

@@ -81,6 +81,16 @@ describe("the dashboard's status line of a finished job", () => {
     );
   });
 
+  it('says which worker was given the fewest heads, why, and what would give it more; nothing of even shares (issue 66)', () => {
+    const uneven = { ...placement('f32', 'ulysses'), layout: new RankLayout(2, 1, [[3, 9]]) };
+    expect(summarizeReport(7, report(uneven))).toContain(
+      ' Worker a was given 3 of the 12 heads: its forward was the slowest when rehearsed; on more of its cores ' +
+        '(fewer tabs beside it) or on WebGPU, it would be given more.',
+    );
+    const even = { ...placement('f32', 'ulysses'), layout: new RankLayout(2, 1, [[6, 6]]) };
+    expect(summarizeReport(7, report(even))).not.toContain('was given');
+  });
+
   it("names each worker's device: a tab's WebGPU or WASM, a process's CPU, CUDA or Dawn's WebGPU", () => {
     const on = (workers: { ep: string; threads: number; nativeDevice?: string }[]) =>
       summarizeReport(7, { ...report(undefined), workers } as unknown as KeptReport);
