@@ -32,30 +32,7 @@ import { parseSignalingArgs, runSignaling, SMOKE_SIGNALING } from './signaling.t
 import { parseLinksArgs, runLinks, SMOKE_LINKS } from './links.ts';
 import { parseHandOffArgs, runHandOff, SMOKE_HAND_OFF } from './handoff.ts';
 import { parseFirstJobArgs, runFirstJob, SMOKE_FIRST_JOB } from './first-job.ts';
-
-/** every benchmark, in the order a whole run takes them (block cost first: the projection is held to it) */
-const BENCHMARKS = [
-  'block-cost',
-  'projection',
-  'local-overhead',
-  'scaling',
-  'threads',
-  'full-size',
-  'pooled',
-  'handoff',
-  'vae',
-  'uneven',
-  'slow-link',
-  'spot-check-overhead',
-  'time-to-video',
-  'first-job',
-  'load',
-  'api-polls',
-  'node-worker',
-  'signaling',
-  'links',
-] as const;
-type Benchmark = (typeof BENCHMARKS)[number];
+import { BENCHMARKS, type Benchmark } from './names.ts';
 
 const smoke = process.argv.includes('--smoke');
 const words = process.argv.slice(2).filter((a) => a !== '--smoke');

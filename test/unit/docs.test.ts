@@ -18,6 +18,8 @@ import { parseThreadsArgs } from '../../bench/threads.ts';
 import { parseTimeToVideoArgs } from '../../bench/time-to-video.ts';
 import { parseUnevenArgs } from '../../bench/uneven.ts';
 import { parseVaeArgs } from '../../bench/vae.ts';
+import { parseFirstJobArgs } from '../../bench/first-job.ts';
+import type { Benchmark } from '../../bench/names.ts';
 import { EVAL_DEMO_OPTIONS } from '../../demo/cli/flags.ts';
 import {
   DECODE_OPTIONS,
@@ -61,6 +63,29 @@ const ofParser =
     }
   };
 
+/** Each benchmark's flags: the compiler asks for one entry a benchmark bench/names.ts lists. */
+const BENCHMARK_FLAGS: Record<Benchmark, FlagCheck> = {
+  'block-cost': ofParser(parseBlockCostArgs),
+  projection: ofOptions({}),
+  'local-overhead': ofParser(parseOverheadArgs),
+  scaling: ofParser(parseScalingArgs),
+  threads: ofParser(parseThreadsArgs),
+  'full-size': ofParser(parseFullSizeArgs),
+  pooled: ofParser(parsePooledArgs),
+  handoff: ofParser(parseHandOffArgs),
+  vae: ofParser(parseVaeArgs),
+  uneven: ofParser(parseUnevenArgs),
+  'slow-link': ofParser(parseSlowLinkArgs),
+  'spot-check-overhead': ofParser(parseSpotCheckOverheadArgs),
+  'time-to-video': ofParser(parseTimeToVideoArgs),
+  'first-job': ofParser(parseFirstJobArgs),
+  load: ofParser(parseLoadArgs),
+  'api-polls': ofParser(parseApiPollsArgs),
+  'node-worker': ofParser(parseNodeWorkerArgs),
+  signaling: ofParser(parseSignalingArgs),
+  links: ofParser(parseLinksArgs),
+};
+
 /** Each command the docs name flags of, as `npm run NAME` (`npx ditswarm NAME` is the same; `npm start` is start). */
 const COMMANDS: Partial<Record<string, FlagCheck>> = {
   start: ofOptions(START_OPTIONS),
@@ -75,24 +100,7 @@ const COMMANDS: Partial<Record<string, FlagCheck>> = {
   'make-lora': ofOptions(MAKE_LORA_OPTIONS),
   'eval-demo': ofOptions(EVAL_DEMO_OPTIONS),
   bench: (flag) => flag === 'smoke',
-  'bench block-cost': ofParser(parseBlockCostArgs),
-  'bench projection': ofOptions({}),
-  'bench local-overhead': ofParser(parseOverheadArgs),
-  'bench scaling': ofParser(parseScalingArgs),
-  'bench threads': ofParser(parseThreadsArgs),
-  'bench full-size': ofParser(parseFullSizeArgs),
-  'bench pooled': ofParser(parsePooledArgs),
-  'bench handoff': ofParser(parseHandOffArgs),
-  'bench vae': ofParser(parseVaeArgs),
-  'bench uneven': ofParser(parseUnevenArgs),
-  'bench slow-link': ofParser(parseSlowLinkArgs),
-  'bench spot-check-overhead': ofParser(parseSpotCheckOverheadArgs),
-  'bench time-to-video': ofParser(parseTimeToVideoArgs),
-  'bench load': ofParser(parseLoadArgs),
-  'bench api-polls': ofParser(parseApiPollsArgs),
-  'bench node-worker': ofParser(parseNodeWorkerArgs),
-  'bench signaling': ofParser(parseSignalingArgs),
-  'bench links': ofParser(parseLinksArgs),
+  ...Object.fromEntries(Object.entries(BENCHMARK_FLAGS).map(([name, check]) => [`bench ${name}`, check])),
 };
 
 /** A piece of code on a page: a line of a fenced block, a table's row, or an inline code span. */
