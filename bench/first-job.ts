@@ -74,6 +74,11 @@ export async function runFirstJob(options: Partial<FirstJobOptions> = {}) {
     log(`${o.workers} tabs joined ${joinedMs} ms after they were opened`);
     let readyMs: number | null = null;
     if (o.enter === 'ready') {
+      // what each page last said goes into the failure of a wait that timed out: which of them never got ready
+      const waiting = (what: string) => (e: unknown) => {
+        const states = [...last].map(([worker, state]) => `${worker}: ${state}`).join('; ');
+        throw new Error(`first-job: ${what} (${(e as Error).message.split('\n')[0]}); last states: ${states}`);
+      };
       await Promise.all(
         tabs.map((tab) =>
           tab.waitForFunction(() => /model preloaded on/.test(window.ditswarmWorker?.detail ?? ''), null, {
@@ -81,13 +86,15 @@ export async function runFirstJob(options: Partial<FirstJobOptions> = {}) {
             polling: POLL_MS,
           }),
         ),
-      );
+      ).catch(waiting('the tabs did not say they hold the model'));
       // and the dashboard lists them idle: it times the form's job on them ahead of it (rehearseAhead), and a person
       // who presses Enter while the table says "rehearsing" waits for that
-      await swarm.dashboard.waitForFunction(() => window.ditswarm.workers().every((w) => w.state === 'idle'), null, {
-        timeout: 120_000,
-        polling: POLL_MS,
-      });
+      await swarm.dashboard
+        .waitForFunction(() => window.ditswarm.workers().every((w) => w.state === 'idle'), null, {
+          timeout: 120_000,
+          polling: POLL_MS,
+        })
+        .catch(waiting('the dashboard did not list every tab idle'));
       readyMs = since();
       log(`the tabs hold the model and are idle ${readyMs} ms after they were opened`);
     }

@@ -189,6 +189,11 @@ export class WorkerRuntime implements WorkerApi {
   private epWhy = '';
   /** how far the model load under way is (for the pulse), null when none is */
   loadStatus: LoadStatus | null = null;
+  /**
+   * The loads under way (a preload may start while a rehearsal loads) and the state the first of them found: the last
+   * to end puts it back, so that whichever ends first, the page is not left saying it loads.
+   */
+  private loads = { running: 0, before: { state: 'idle' as WorkerState, detail: '' } };
   readonly totals: WorkerTotals = {
     steps: 0,
     bytesSent: 0,
@@ -335,15 +340,18 @@ export class WorkerRuntime implements WorkerApi {
       ep === 'auto'
         ? await this.fastestEp()
         : { ep, why: `${ep === 'wasm' ? await this.cpuName() : 'WebGPU'}: asked for by the job` };
-    const before = { state: this.state, detail: this.detail };
+    if (this.loads.running++ === 0) this.loads.before = { state: this.state, detail: this.detail };
     const progress = this.showLoad('loading', `loading ${modelUrl}`);
     try {
       // none and an empty list are the same adapters: the engine, which keeps its last model by what was asked, too
       const held = { blocks, loras: loras ?? [], weightType };
       return { info: await this.loadEngine(modelUrl, choice.ep, progress, held), why: choice.why };
     } finally {
-      this.loadStatus = null;
-      if (this.state === 'loading' && before.state !== 'loading') this.setState(before.state, before.detail);
+      const { before } = this.loads;
+      if (--this.loads.running === 0) {
+        this.loadStatus = null;
+        if (this.state === 'loading' && before.state !== 'loading') this.setState(before.state, before.detail);
+      }
     }
   }
 

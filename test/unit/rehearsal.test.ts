@@ -1,5 +1,5 @@
 import { EXACT_SETTINGS } from './in-process-executor.ts';
-import { beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it, vi } from 'vitest';
 import type { WanModel } from '../../core/model/reference.ts';
 import { tokenGrid } from '../../core/model/tokens.ts';
 import { loadTransformer } from '../../core/model/transformer.ts';
@@ -368,6 +368,32 @@ describe('a preloaded worker', () => {
     const warmUps = states.filter((s) => s.includes('warming up'));
     expect(warmUps).toHaveLength(1);
     expect(warmUps[0]).toMatch(/warming up its engine \(wasm on 1 thread\) for the first job$/);
+  });
+
+  it('a preload asked for while a rehearsal loads leaves the state as both found it, whichever load ends first', async () => {
+    // each load says it has begun, then waits to be let go: the rehearsal's ends first, the preload's after it
+    const base = stubEngine(referenceStages(model), model.config);
+    const gates: (() => void)[] = [];
+    const engine: EngineApi = {
+      ...base,
+      load: async (url, ep, onProgress) => {
+        onProgress?.({ bytes: 0, totalBytes: 4e8, networkBytes: 0, elapsedMs: 1, note: '' });
+        await new Promise<void>((go) => gates.push(go));
+        onProgress?.({ bytes: 4e8, totalBytes: 4e8, networkBytes: 4e8, elapsedMs: 2, note: '' });
+        return base.load(url, ep);
+      },
+    };
+    const runtime = new WorkerRuntime(engine, wasmHooks());
+    await runtime.initWorker({ ...EXACT_SETTINGS, rank: 0, world: 1, peers: ['a'], session: 's' });
+    const rehearsal = runtime.rehearse({ ...WARM_UP_JOB, modelUrl: 'big' });
+    await vi.waitFor(() => expect(gates).toHaveLength(1));
+    const preload = runtime.preload({ modelUrl: 'big' });
+    await vi.waitFor(() => expect(gates).toHaveLength(2));
+    gates[0]();
+    await rehearsal;
+    gates[1]();
+    await preload;
+    expect(runtime.state).toBe('initialized');
   });
 
   it('a worker that did not preload warms up in its first rehearsal, and says so', async () => {
