@@ -54,6 +54,8 @@ const form = $('job-form', HTMLFormElement);
 const field = (name: string) => form.elements.namedItem(name) as HTMLInputElement | HTMLSelectElement;
 const NUMERIC: (keyof JobParams)[] = ['frames', 'height', 'width', 'steps', 'guidance', 'flowShift', 'seed'];
 const IDENTITY_KEY = 'ditswarm.swarm';
+/** localStorage's key of the swarm's measurements (coordinator/measurements.ts) */
+const MEASUREMENTS_KEY = 'ditswarm.measurements';
 /** the fields that are the user's once typed in: a change of model leaves them be */
 const TYPED: (keyof JobParams)[] = ['prompt', 'negativePrompt', 'seed'];
 const sizeSelect = field('size') as HTMLSelectElement;
@@ -405,6 +407,11 @@ function ownerKeyOfLink(): string | undefined {
 async function start() {
   // the same peer id and token after a reload, so the workers' links and reconnections still work
   swarm = await openSwarm(location.origin, { ...savedIdentity(), ownerKey: ownerKeyOfLink() });
+  // what its workers' browsers were measured at before the reload: they are not probed nor rehearsed again
+  swarm.measurements.keepIn({
+    read: () => localStorage.getItem(MEASUREMENTS_KEY),
+    write: (json) => localStorage.setItem(MEASUREMENTS_KEY, json),
+  });
   showIdentity(swarm);
   offerRevoke(() => void revokeJoinLink());
   swarm.on((e) => {

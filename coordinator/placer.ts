@@ -131,7 +131,8 @@ export class Placer {
   private lostARank = false;
   // Stryker disable next-line BooleanLiteral: placeOn sets it before anything reads it
   private probed = false;
-  private readonly measurements = new Measurements();
+  /** the swarm's (kept across its workers' reloads, and the dashboard's where it keeps them), else this placer's */
+  private readonly measurements: Measurements;
   /** the rehearsals run ahead of any job (rehearseAhead): a placement waits for them, then finds them timed */
   private rehearsingAhead: Promise<void> = Promise.resolve();
   private prepared: {
@@ -167,6 +168,7 @@ export class Placer {
   }
 
   constructor(private readonly options: PlacerOptions) {
+    this.measurements = options.swarm?.measurements ?? new Measurements();
     if (options.backend === 'swarm' && !options.swarm)
       throw new Error('the swarm backend needs a Swarm: pass one from openSwarm()');
     this.offLeave = options.swarm?.on((e) => {
@@ -782,7 +784,7 @@ export class Placer {
         await executor.shutdown({ graceMs: 500 }).catch(() => {});
       }
     }
-    for (const w of executor.workers) this.measurements.setMaxBufferBytes(w.id, w.maxBufferBytes);
+    for (const w of executor.workers) this.measurements.setMaxBufferBytes(w, w.maxBufferBytes);
     this.executor = executor;
     return null;
   }
@@ -825,5 +827,5 @@ const groupOn = (ctx: PlannerContext, params: JobParams, executor: Executor) =>
     ctx,
     params,
     executor.placement.ep,
-    executor.workers.map((w) => ({ id: w.id, threads: w.threads })),
+    executor.workers.map((w) => ({ id: w.id, browser: w.browser, threads: w.threads })),
   );

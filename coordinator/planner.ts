@@ -393,7 +393,7 @@ export function groupOf(
 }
 
 const membersOf = (workers: readonly PlanningWorker[]): WorkerGroup['members'] =>
-  workers.map((w) => ({ id: w.id, threads: w.info.threads }));
+  workers.map((w) => ({ id: w.id, browser: w.info.browser, threads: w.info.threads }));
 
 /** The plans a job weighs, and with which workers: what the cost model predicts and the rehearsals time. */
 interface Weighed<W extends PlanningWorker = PlanningWorker> {
@@ -1020,10 +1020,10 @@ export function placeTextLayers<W extends Pick<PlanningWorker, 'measurement'>>(
  * The VAE's tiles: every live worker takes them from one queue (they are independent), so the tile
  * size must fit the smallest buffer any of them allows, as far as their loads have said.
  */
-export function placeVaeTiles<W extends Pick<PlanningWorker, 'id'>>(
+export function placeVaeTiles<W extends Pick<PlanningWorker, 'id' | 'info'>>(
   workers: readonly W[],
   measurements: Measurements,
 ): { hosts: W[]; maxBufferBytes: number } {
-  const limits = workers.map((w) => measurements.maxBufferBytes(w.id) ?? Infinity);
+  const limits = workers.map((w) => measurements.maxBufferBytes({ id: w.id, browser: w.info.browser }) ?? Infinity);
   return { hosts: [...workers], maxBufferBytes: Math.min(Infinity, ...limits) };
 }

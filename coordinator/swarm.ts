@@ -53,6 +53,7 @@ import {
 import { lacksProbe, measureWorker, withEpMeasured, type WorkerMeasurement } from './measure.ts';
 import { Emitter } from '../core/events.ts';
 import { Accusations } from './accusations.ts';
+import { Measurements } from './measurements.ts';
 
 const DESCRIBE_TIMEOUT_MS = 15_000;
 /** what a page may send before it has described itself: its describe reply is a few hundred bytes */
@@ -123,11 +124,16 @@ export class Swarm {
   /** measurements under way, by worker id */
   private readonly measuring = new Map<string, Promise<void>>();
   /**
-   * Compute probes by what they measured (issue 66): a worker's browser and its share of the cores. A tab reloaded, or
-   * one beside it of the same browser with the same share, computes on the same cores as fast: it takes the probe kept
-   * (waiting for one under way) instead of taking its own turn at the machine's probes.
+   * Compute probes under way, by what they measure (issue 66): a worker's browser and its share of the cores. A tab
+   * beside it of the same browser with the same share computes on the same cores as fast: it waits for that probe
+   * instead of taking its own turn at the machine's probes. Once taken, a probe is kept in `measurements`.
    */
   private readonly computeOn = new Map<string, Promise<WorkerMeasurement['compute']>>();
+  /**
+   * What this swarm's workers were measured at, by browser where they say one: a tab that reloads and joins again
+   * finds its compute probe and its groups' rehearsals known (and a dashboard that keeps them, after its reload)
+   */
+  readonly measurements = new Measurements();
   private readonly connections = new Map<string, DataConnectionLike>();
   private readonly events = new Emitter<SwarmEvent>((error) => {
     console.error('swarm listener failed', error);
@@ -429,18 +435,27 @@ export class Swarm {
     return run;
   }
 
-  /** A worker's measurement, from the compute kept for its browser and share where there is one (computeOn). */
+  /**
+   * A worker's measurement, from the compute probes known for its browser and share (measurements), or under way for
+   * another tab of them (computeOn), where there are: its link is measured all the same.
+   */
   private measureCompute(w: SwarmWorker): Promise<WorkerMeasurement> {
     const { browser, threads } = w.info;
     if (browser === undefined) return measureWorker(w);
     const key = `${browser} on ${threads}`;
-    const kept = this.computeOn.get(key);
+    const known = this.measurements.computeOf(browser, threads);
+    const kept = this.computeOn.get(key) ?? (known && Promise.resolve(known));
     const measured = measureWorker(w, undefined, kept);
     if (!kept) {
       const compute = measured.then((m) => m.compute);
       this.computeOn.set(key, compute);
       // a probe that failed is no measurement: the next worker of that browser takes its own
-      void compute.catch(() => this.computeOn.get(key) === compute && this.computeOn.delete(key));
+      void compute
+        .then((probes) => this.measurements.setCompute(browser, threads, probes))
+        .catch(() => undefined)
+        .finally(() => {
+          if (this.computeOn.get(key) === compute) this.computeOn.delete(key);
+        });
     }
     return measured;
   }

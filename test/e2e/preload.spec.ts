@@ -1,5 +1,7 @@
-import { expect, test } from '@playwright/test';
-import { appOrigin, runJob, WASM_ONLY_BROWSER } from './swarm-page.ts';
+import { expect, test, type Browser } from '@playwright/test';
+
+type PlaywrightArgs = { browser: Browser; baseURL: string | undefined };
+import { appOrigin, openTestSwarm, runJob, WASM_ONLY_BROWSER } from './swarm-page.ts';
 
 test.use(WASM_ONLY_BROWSER);
 
@@ -46,3 +48,39 @@ test('a worker that joins loads the form’s model before any job; the first job
     await context.close();
   }
 });
+
+// Measurements by browser (issue 66): a worker tab that reloads joins again under a new peer id, but its browser's
+// compute probe and its rehearsed forwards are still the dashboard's (and a reloaded dashboard's, from its storage), so
+// the next job's placement rehearses nothing: a rehearsal on the reloaded tab's cold engine says it warms up before
+// timing the job's forwards.
+const rehearsedOnReload =
+  (reloadDashboard: boolean) =>
+  async ({ browser, baseURL }: PlaywrightArgs) => {
+    test.setTimeout(180_000);
+    const swarm = await openTestSwarm(browser, baseURL, 1);
+    try {
+      const [worker] = swarm.workers;
+      const job = { steps: 1, backend: 'swarm', workers: 1, ep: 'wasm', outputType: 'latent' } as const;
+      const rehearsals = () =>
+        worker.evaluate(() => window.ditswarmWorkerHistory.filter((s) => /before timing the job's forwards/.test(s)));
+      const workerIds = () => swarm.dashboard.evaluate(() => window.ditswarm.workers().map((w) => w.id));
+      await runJob(swarm.dashboard, job);
+      expect(await rehearsals()).not.toEqual([]);
+      if (reloadDashboard) {
+        await swarm.dashboard.reload();
+        await swarm.dashboard.evaluate(() => window.ditswarm.ready);
+        await expect.poll(workerIds, { timeout: 60_000 }).toHaveLength(1);
+      }
+      const [before] = await workerIds();
+      await worker.reload();
+      await expect.poll(workerIds, { timeout: 60_000 }).toEqual([expect.not.stringMatching(before)]);
+      await runJob(swarm.dashboard, job);
+      expect(await rehearsals()).toEqual([]);
+    } finally {
+      await swarm.close();
+    }
+  };
+
+test('a worker tab reloaded between two jobs is not rehearsed again for the second', rehearsedOnReload(false));
+
+test('after the dashboard and then a worker tab reload, the second job rehearses nothing', rehearsedOnReload(true));

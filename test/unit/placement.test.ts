@@ -89,6 +89,10 @@ interface FakeWorker extends SwarmWorker {
 }
 
 /** A Swarm on a stub peer, plus the two roster changes PeerJS would cause. */
+/** what the swarm does as a worker joins: measures it */
+const measuredAtJoin = (swarm: Swarm, worker: SwarmWorker) =>
+  (swarm as unknown as { measure(w: SwarmWorker): Promise<void> }).measure(worker);
+
 function testSwarm() {
   const swarm = stubSwarm('http://localhost:8080', { token: 'token', dashboardKey: 'key' });
   const internals = swarm as unknown as { roster: Map<string, SwarmWorker>; emit(e: SwarmEvent): void };
@@ -1369,6 +1373,52 @@ describe('the cost model sees what the workers measured', () => {
     expect(wasmOf(workers[1]).flops).toBe(3e9);
   });
 
+  it('a tab that reloads and joins again under a new peer id is known by its browser: neither probed nor rehearsed again; its link is measured (issue 66)', async () => {
+    const { swarm, join, leave } = testSwarm();
+    const [w0, first] = join(2);
+    w0.info = { ...w0.info, browser: 'browser 0' };
+    first.info = { ...first.info, browser: 'browser 1' };
+    for (const w of [w0, first]) w.rehearsal = (d) => (d === 1 ? 100 : 60);
+    await Promise.all([w0, first].map((w) => measuredAtJoin(swarm, w)));
+    await placerOn(swarm).place(guided, ask({ ep: 'wasm' }));
+    // the pair, and the fastest alone
+    expect([w0, first].map((w) => callsOf(w, 'rehearse').length)).toEqual([2, 1]);
+    leave(first);
+    const [reloaded] = join(1);
+    reloaded.info = { ...reloaded.info, browser: 'browser 1' };
+    reloaded.rehearsal = first.rehearsal;
+    await measuredAtJoin(swarm, reloaded);
+    await placerOn(swarm).place(guided, ask({ ep: 'wasm' }));
+    expect(reloaded.id).not.toBe(first.id);
+    expect([callsOf(reloaded, 'probeCompute').length, callsOf(reloaded, 'probeLink').length]).toEqual([0, 3]);
+    expect([callsOf(w0, 'rehearse').length, callsOf(reloaded, 'rehearse').length]).toEqual([2, 0]);
+  });
+
+  it("a reloaded dashboard's swarm takes the probes and rehearsals its storage kept for its workers' browsers (issue 66)", async () => {
+    let kept: string | null = null;
+    const storage = { read: () => kept, write: (json: string) => void (kept = json) };
+    const session = async () => {
+      const { swarm, join } = testSwarm();
+      swarm.measurements.keepIn(storage);
+      const workers = join(2);
+      workers.forEach((w, i) => {
+        w.info = { ...w.info, browser: `browser ${i}` };
+        w.rehearsal = (d) => (d === 1 ? 100 : 60);
+      });
+      await Promise.all(workers.map((w) => measuredAtJoin(swarm, w)));
+      await placerOn(swarm).place(guided, ask({ ep: 'wasm' }));
+      return workers.map((w) => [callsOf(w, 'probeCompute').length, callsOf(w, 'rehearse').length]);
+    };
+    expect(await session()).toEqual([
+      [1, 2],
+      [1, 1],
+    ]);
+    expect(await session()).toEqual([
+      [0, 0],
+      [0, 0],
+    ]);
+  });
+
   it('probeCompute runs over the real RPC path, and the planner plans with the finite softmax rate and the stage-call time it measured', async () => {
     const { swarm, join } = testSwarm();
     const workers = join(2);
@@ -1491,13 +1541,14 @@ describe('the cost model sees what the workers measured', () => {
     // the same shape again: nothing rehearsed again; a new share of the cores: rehearsed again
     const placer = placerOn(swarm);
     await placer.place(guided, ask({ ep: 'wasm' }));
-    expect(callsOf(workers[0], 'rehearse').length).toBe(4); // a new Placer (another model's pipeline) keeps nothing
+    // a new Placer (the pipeline made again) finds the swarm's rehearsals
+    expect(callsOf(workers[0], 'rehearse').length).toBe(2);
     await placer.place(guided, ask({ ep: 'wasm' }));
-    expect(callsOf(workers[0], 'rehearse').length).toBe(4);
+    expect(callsOf(workers[0], 'rehearse').length).toBe(2);
     workers[1].info = { ...workers[1].info, threads: 2 };
     await placer.place(guided, ask({ ep: 'wasm' }));
     // only the group rank 1 is in: rank 0 alone was rehearsed on these threads already
-    expect([callsOf(workers[0], 'rehearse').length, callsOf(workers[1], 'rehearse').length]).toEqual([5, 3]);
+    expect([callsOf(workers[0], 'rehearse').length, callsOf(workers[1], 'rehearse').length]).toEqual([3, 2]);
   });
 
   it('rehearses a job ahead of it (issue 66): its placement then rehearses nothing, and one placed meanwhile waits for it', async () => {

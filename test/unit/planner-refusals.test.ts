@@ -595,8 +595,8 @@ describe('the text encoder and the VAE', () => {
     const workers = workersAt(1, 1, 1);
     const measurements = new Measurements();
     expect(placeVaeTiles(workers, measurements)).toEqual({ hosts: workers, maxBufferBytes: Infinity });
-    measurements.setMaxBufferBytes('w1', 2000);
-    measurements.setMaxBufferBytes('w2', 1000);
+    measurements.setMaxBufferBytes({ id: 'w1' }, 2000);
+    measurements.setMaxBufferBytes({ id: 'w2' }, 1000);
     expect(placeVaeTiles(workers, measurements)).toEqual({ hosts: workers, maxBufferBytes: 1000 });
   });
 });
