@@ -35,6 +35,7 @@ import {
   type Swarm,
   type SwarmIdentity,
 } from '../coordinator/index.ts';
+import { isSettled } from '../coordinator/job-store.ts';
 import { defined } from '../core/defined.ts';
 import { jobParams } from '../core/job.ts';
 import { parseLoraFlag, type LoraRef } from '../core/model/lora.ts';
@@ -105,6 +106,8 @@ function showPreset(): void {
 
 showDefaults(DEFAULT_JOB);
 
+/** the form's job rehearsed ahead (rehearseFormJob), under way or done: a job starts after it */
+let rehearsingAhead: Promise<void> = Promise.resolve();
 /** the smallest model workers preload as they join (the automation API's preloadFrom): all unless a driver says */
 let preloadFromBytes = PRELOAD_FROM_BYTES;
 
@@ -200,7 +203,11 @@ function requestOf({ params, placement, inputs }: Pick<StoredJob, 'params' | 'pl
 }
 
 function runJob(job: StoredJob, hooks: Parameters<RunJob>[1]) {
-  return pipelineFor(job.placement).then((pipe) => pipe.generate({ ...requestOf(job), ...hooks }));
+  // a rehearsal ahead loads the form's model on the workers: a job of another model placed beside it would compute
+  // on whichever weights its engines held last
+  return rehearsingAhead
+    .then(() => pipelineFor(job.placement))
+    .then((pipe) => pipe.generate({ ...requestOf(job), ...hooks }));
 }
 
 /**
@@ -220,13 +227,18 @@ async function estimateOf(job: Pick<StoredJob, 'params' | 'placement' | 'inputs'
  * The form's job rehearsed on the workers while none runs (Placer.rehearseAhead): Enter then finds its placement
  * measured. Nothing is said of one that cannot be: the job itself says why when it is submitted.
  */
-async function rehearseFormJob(): Promise<void> {
-  if (queue?.list().some((j) => j.status === 'running')) return;
-  const job = await jobFromForm().catch(() => null);
-  if (!job || job.placement.backend !== 'swarm') return;
-  await pipelineFor(job.placement)
-    .then((pipe) => pipe.rehearseAhead(requestOf(job)))
-    .catch((e: unknown) => console.info(`the form's job was not rehearsed ahead: ${(e as Error).message}`));
+function rehearseFormJob(): Promise<void> {
+  if (queue?.list().some((j) => !isSettled(j.status))) return Promise.resolve();
+  // taken before any await: a job submitted from here on waits for this rehearsal (runJob)
+  const rehearsal = rehearsingAhead.then(async () => {
+    const job = await jobFromForm().catch(() => null);
+    if (!job || job.placement.backend !== 'swarm') return;
+    await pipelineFor(job.placement)
+      .then((pipe) => pipe.rehearseAhead(requestOf(job)))
+      .catch((e: unknown) => console.info(`the form's job was not rehearsed ahead: ${(e as Error).message}`));
+  });
+  rehearsingAhead = rehearsal;
+  return rehearsal;
 }
 
 /**
@@ -420,11 +432,18 @@ async function start() {
     refreshSwarm();
   });
   // the model the server was started with (`npm start -- --model PATH|URL`), else the bundled demo
+  interface Served {
+    default: string | null;
+    loras?: LoraRef[];
+    preloadFromBytes?: number;
+  }
   const served = await fetch('/models.json').then(
-    (r) => r.json() as Promise<{ default: string | null; loras?: LoraRef[] }>,
-    () => ({ default: null, loras: [] }),
+    (r) => r.json() as Promise<Served>,
+    (): Served => ({ default: null, loras: [] }),
   );
   field('model').value = served.default ?? DEFAULT_MODEL_URL;
+  // a harness whose jobs are its own (tests, benchmarks, generate) has only large models preloaded
+  if (served.preloadFromBytes !== undefined) preloadFromBytes = served.preloadFromBytes;
   // and the adapters it was started with (`--lora FILE[:STRENGTH]`)
   field('loras').value = (served.loras ?? []).map(({ url, strength }) => `${url}:${strength}`).join(', ');
   await readModel();

@@ -15,6 +15,7 @@
 import { parseArgs } from 'node:util';
 import type { Page } from '@playwright/test';
 import type { JobResult, WorkerSummary } from '../app/automation.ts';
+import { PRELOAD_FROM_BYTES } from '../coordinator/preload.ts';
 import { startLocalSwarm } from '../server/cli/browser-swarm.ts';
 import { log, machine, round } from './lib.ts';
 
@@ -40,7 +41,8 @@ interface Activity {
 export async function runFirstJob(options: Partial<FirstJobOptions> = {}) {
   const o = { ...DEFAULT_FIRST_JOB, ...options };
   const started = Date.now();
-  const swarm = await startLocalSwarm({ log: (l) => log(l) });
+  // as npm start serves it: joining workers preload and warm up the form's model, and the form's job is rehearsed ahead
+  const swarm = await startLocalSwarm({ preloadFromBytes: PRELOAD_FROM_BYTES, log: (l) => log(l) });
   const timeline: Activity[] = [];
   const last = new Map<string, string>();
   const opened = performance.now();

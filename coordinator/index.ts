@@ -55,7 +55,7 @@ export function openSwarm(origin: string = globalThis.location.origin, identity?
 export async function openJobQueue(run: RunJob, store?: JobStore): Promise<JobQueue> {
   return JobQueue.restore(store ?? (await IdbJobStore.open()), run);
 }
-export { preloadOnJoin, PRELOAD_FROM_BYTES } from './preload.ts';
+export { preloadOnJoin, PRELOAD_FROM_BYTES, PRELOAD_LARGE_ONLY } from './preload.ts';
 export {
   describeEstimate,
   describeLeft,

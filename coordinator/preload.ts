@@ -12,6 +12,12 @@ import type { Swarm, SwarmWorker } from './swarm.ts';
 const PRELOAD_TIMEOUT_MS = 30 * 60_000;
 /** Models whose weights (as ranks hold them, float32) are smaller load at placement: none, unless a driver says. */
 export const PRELOAD_FROM_BYTES = 0;
+/**
+ * What a harness whose jobs are its own, not the dashboard form's (the e2e tests, the benchmarks, generate), has
+ * preloaded: only models a placement would take long to load. Preloading the form's model and rehearsing the form's
+ * job there would only take the cores from the job the harness is about to submit.
+ */
+export const PRELOAD_LARGE_ONLY = 256 * 2 ** 20;
 
 export interface PreloadOptions {
   /** the model folder the dashboard's next job would run, as the workers fetch it */

@@ -50,6 +50,11 @@ export interface ServerOptions {
   loraFiles?: Record<string, string>;
   /** the adapters the dashboard's jobs start with (GET /models.json) */
   defaultLoras?: LoraRef[];
+  /**
+   * The smallest model the dashboard has joining workers preload and warm up (GET /models.json): every one unless
+   * given. A test or benchmark harness, whose jobs are not the form's, gives PRELOAD_LARGE_ONLY.
+   */
+  preloadFromBytes?: number;
   /** origins beyond this server's own whose pages may use it (a page embedding the library: `openSwarm(origin)`) */
   allowOrigins?: string[];
   /** where the join tokens' secret and revocations outlive restarts (npm start); else a fresh secret each start */
@@ -255,7 +260,11 @@ export async function startServer(options: ServerOptions = {}): Promise<RunningS
     });
   });
   app.get('/models.json', (_request, response) => {
-    response.json({ default: options.defaultModel ?? null, loras: options.defaultLoras ?? [] });
+    response.json({
+      default: options.defaultModel ?? null,
+      loras: options.defaultLoras ?? [],
+      ...(options.preloadFromBytes !== undefined && { preloadFromBytes: options.preloadFromBytes }),
+    });
   });
   // a missing file or a range past a file's end is the reader's to report: answer its status, log nothing
   // express tells an error handler by its 4 parameters, so `_next` stays

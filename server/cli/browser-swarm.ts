@@ -8,6 +8,7 @@ import { chromiumArgs, chromiumExecutable } from '../chromium.ts';
 import type { IceTransportPolicy, RelayMode } from '../../core/net/peer-link.ts';
 import type { TurnServer } from '../turn-credentials.ts';
 import { JOB_DATABASE } from '../../coordinator/job-store.ts';
+import { PRELOAD_LARGE_ONLY } from '../../coordinator/preload.ts';
 import { startServer, type RunningServer } from '../serve.ts';
 
 /**
@@ -38,6 +39,8 @@ export interface LocalSwarmOptions {
   modelFolders?: Record<string, string>;
   /** the model the dashboard's form starts with, which joining workers preload (the demo model without it) */
   defaultModel?: string;
+  /** the smallest model joining workers preload: PRELOAD_LARGE_ONLY unless given, as the jobs here are the caller's */
+  preloadFromBytes?: number;
   loraFiles?: Record<string, string>;
   /**
    * The browser's profile: where its worker tabs keep the weights they fetched (rank/weight-cache.ts)
@@ -61,6 +64,7 @@ export async function startLocalSwarm({
   iceTransportPolicy,
   modelFolders,
   defaultModel,
+  preloadFromBytes = PRELOAD_LARGE_ONLY,
   loraFiles,
   profileDir,
   browserArgs = [],
@@ -74,6 +78,7 @@ export async function startLocalSwarm({
     iceTransportPolicy,
     modelFolders,
     defaultModel,
+    preloadFromBytes,
     loraFiles,
   });
   const { context, kept, close: closeBrowser } = await launchBrowser(profileDir, log, browserArgs);

@@ -5,6 +5,7 @@ import { defined } from '../../core/defined.ts';
 import { loadTransformer, TRANSFORMER_WEIGHTS, TRANSFORMER_WEIGHTS_NAME } from '../../core/model/transformer.ts';
 import { folderFiles, writeCheckpoint, writeUmt5Folder, writeWanVaeFolder } from '../../server/model-folder.ts';
 import { WAN21_T2V_1_3B } from '../../server/wan21-layout.ts';
+import { PRELOAD_LARGE_ONLY } from '../../coordinator/preload.ts';
 import { startServer } from '../../server/serve.ts';
 
 const TINY_MODEL = join(import.meta.dirname, '../../public/models/tiny-wan');
@@ -90,6 +91,8 @@ export default async function globalSetup(): Promise<(() => Promise<void>) | und
     port: 0,
     quiet: true,
     modelFolders: { [SHARDED_MODEL_PATH]: sharded, [TRUNCATED_MODEL_PATH]: truncated, [FULL_LAYOUT_MODEL_PATH]: full },
+    // the tests' jobs are their own: a test of the form's job, or of preloading, says preloadFrom(0)
+    preloadFromBytes: PRELOAD_LARGE_ONLY,
   });
   process.env.DITSWARM_URL = server.url;
   process.env.DITSWARM_SHARDED_DIR = sharded; // where a test may change a served file
