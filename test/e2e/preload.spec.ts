@@ -7,8 +7,8 @@ test.use(WASM_ONLY_BROWSER);
 
 // Weights before the first job (issue 36): a worker tab that joins loads the dashboard's model once it is measured,
 // so the first job placed on it finds the model in its engine. The test server preloads large models only (its tests
-// submit jobs of their own, as npm start's users do not): the dashboard is told to preload from 0 bytes. The preload warms the engine
-// up, which the first job's rehearsal would do otherwise (seconds of forwards on a real model).
+// submit jobs of their own, as npm start's users do not): the dashboard is told to preload from 0 bytes. The preload
+// warms the engine up, which the first job's rehearsal would do otherwise (seconds of forwards on a real model).
 test('a worker that joins loads the form’s model before any job; the first job finds it loaded, not read again', async ({
   browser,
   baseURL,
