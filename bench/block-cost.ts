@@ -76,6 +76,7 @@ export async function runBlockCost(o: BlockCostOptions) {
     random.normals(TEXT_TOKENS * D),
   ];
   const [cos, sin] = [random.normals((T * headDim) / 2), random.normals((T * headDim) / 2)];
+  const levels = new Int32Array(T); // one timestep for every token
   const timed = async <R>(work: () => Promise<R>): Promise<[number, R]> => {
     const started = performance.now();
     const result = await work();
@@ -83,9 +84,9 @@ export async function runBlockCost(o: BlockCostOptions) {
   };
   const samples: { preMs: number; attentionMs: number; postMs: number }[] = [];
   for (let run = 0; run <= o.runs; run++) {
-    const [preMs, qkv] = await timed(() => stages.preAttention(0, x, tproj, cos, sin));
+    const [preMs, qkv] = await timed(() => stages.preAttention(0, x, tproj, levels, cos, sin));
     const [attentionMs] = await timed(() => stages.attention(qkv, D)); // q, k, v are [T, heads · head_dim]
-    const [postMs] = await timed(() => stages.postAttention(0, x, o1, tproj, context));
+    const [postMs] = await timed(() => stages.postAttention(0, x, o1, tproj, levels, context));
     if (run > 0) samples.push({ preMs, attentionMs, postMs }); // the first run warms the sessions
     log(
       `block-cost: ${T} tokens: pre ${preMs.toFixed(0)} ms, attention ${attentionMs.toFixed(0)} ms, ` +
@@ -93,7 +94,7 @@ export async function runBlockCost(o: BlockCostOptions) {
     );
   }
   const measuredMs = median(samples.map((s) => s.preMs + s.attentionMs + s.postMs));
-  const input = { x, tproj, cos, sin, context };
+  const input = { x, tproj, levels, cos, sin, context };
   const [halved, int8] = [
     await storedWeightsBlock(model, 'float16', measuredMs, o.runs, input),
     await storedWeightsBlock(model, 'int8', measuredMs, o.runs, input),
@@ -161,14 +162,21 @@ async function storedWeightsBlock(
   weightType: WeightType,
   float32Ms: number,
   runs: number,
-  input: { x: Float32Array; tproj: Float32Array; cos: Float32Array; sin: Float32Array; context: Float32Array },
+  input: {
+    x: Float32Array;
+    tproj: Float32Array;
+    levels: Int32Array;
+    cos: Float32Array;
+    sin: Float32Array;
+    context: Float32Array;
+  },
 ) {
   const D = model.config.dim;
   const block = async (stages: OnnxStages) => {
     const started = performance.now();
-    const qkv = await stages.preAttention(0, input.x, input.tproj, input.cos, input.sin);
+    const qkv = await stages.preAttention(0, input.x, input.tproj, input.levels, input.cos, input.sin);
     const o = await stages.attention(qkv, D);
-    const out = (await stages.postAttention(0, input.x, o, input.tproj, input.context)) as Float32Array;
+    const out = (await stages.postAttention(0, input.x, o, input.tproj, input.levels, input.context)) as Float32Array;
     return { ms: performance.now() - started, out };
   };
   const [float32, stored] = [await onnxStages(model, 'wasm'), await onnxStages(model, 'wasm', { weightType })];

@@ -22,6 +22,7 @@ import {
   type Check,
   type FieldChecks,
 } from './net/check.ts';
+import { TIMESTEP_RANGE, type Timestep } from './model/timesteps.ts';
 import type { ApiContract, Remote } from './net/rpc.ts';
 import type { MeshSigning } from './net/signing.ts';
 import type { Transport } from './net/channel.ts';
@@ -217,7 +218,8 @@ export interface ExecuteArgs {
   job: number;
   step: number;
   pass: number;
-  timestep: number;
+  /** one for all tokens, or one per token of this rank's (core/model/timesteps.ts) */
+  timestep: Timestep;
   latentShape: number[];
   /** this rank's [Sl, C·pt·ph·pw]; empty where a later pipeline stage starts from `hidden` */
   patches: Float32Array;
@@ -250,7 +252,7 @@ export interface PatchOf {
 /** The forward whose residual a step cache's reuse adds: its step and timestep, and all its patches [S, ·]. */
 export interface KeptForward {
   step: number;
-  timestep: number;
+  timestep: Timestep;
   patches: Float32Array;
 }
 
@@ -627,11 +629,18 @@ const checkHiddenState: Check<HiddenState> = fields({
   tproj: floats(),
   context: floats(),
 });
+/** one timestep, or one per token: each within the schedulers' range (its count is the receiver's to judge) */
+const checkTimestep: Check<Timestep> = (v, at) => {
+  const inRange = num(TIMESTEP_RANGE.min, TIMESTEP_RANGE.max);
+  if (!(v instanceof Float32Array)) return inRange(v, at);
+  v.forEach((t, i) => inRange(t, `${at}[${i}]`));
+  return floats()(v, at);
+};
 const executeArgs = {
   job: int(0),
   step: int(0, 9999),
   pass: int(0, 1),
-  timestep: num(0, 1000),
+  timestep: checkTimestep,
   latentShape: shape,
   patches: floats(),
   hidden: optional(checkHiddenState),
@@ -642,7 +651,7 @@ const executeArgs = {
 const checkExecuteArgs: Check<ExecuteArgs> = fields(executeArgs);
 const checkRecomputeArgs: Check<RecomputeArgs> = fields({
   ...executeArgs,
-  kept: optional(fields({ step: int(0, 9999), timestep: num(0, 1000), patches: floats() })),
+  kept: optional(fields({ step: int(0, 9999), timestep: checkTimestep, patches: floats() })),
 });
 const forwardKey = { job: int(0), step: int(0, 9999), pass: int(0, 1) };
 /** more receipts than a forward of the largest model has (40 blocks × 2 phases × head groups × peers) */

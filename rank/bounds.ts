@@ -105,19 +105,26 @@ export function heldBounds(
   return { dim: D, blocks };
 }
 
-/** Each held block's column limits at the timestep projection `tproj` [6, D] of this forward. */
+/**
+ * Each held block's column limits at the timestep projection `tproj` [6T, D] of this forward: at the largest any of
+ * its T timesteps (core/model/timesteps.ts) allows.
+ */
 export function stepLimits(bounds: ModelBounds, tproj: Float32Array): (ColumnLimits | null)[] {
   const D = bounds.dim;
   return bounds.blocks.map((block) => {
     if (!block) return null;
     const { q, k, vRowNorms, vBias, modulation } = block;
-    let maxScale = 0;
-    let shiftSq = 0;
-    for (let i = 0; i < D; i++) {
-      maxScale = Math.max(maxScale, Math.abs(1 + modulation[D + i] + tproj[D + i]));
-      shiftSq += (modulation[i] + tproj[i]) ** 2;
+    let normed = 0; // ‖n‖ of any input
+    for (let level = 0; level < tproj.length / (6 * D); level++) {
+      const at = level * 6 * D;
+      let maxScale = 0;
+      let shiftSq = 0;
+      for (let i = 0; i < D; i++) {
+        maxScale = Math.max(maxScale, Math.abs(1 + modulation[D + i] + tproj[at + D + i]));
+        shiftSq += (modulation[i] + tproj[at + i]) ** 2;
+      }
+      normed = Math.max(normed, maxScale * Math.sqrt(D) + Math.sqrt(shiftSq));
     }
-    const normed = maxScale * Math.sqrt(D) + Math.sqrt(shiftSq); // ‖n‖ of any input
     return { q, k, v: vRowNorms.map((r, c) => r * normed + vBias[c]) };
   });
 }

@@ -232,6 +232,9 @@ export async function onnxStages(
   };
   const rowsIn = (a: Float32Array, width: number, begin: number, end: number) =>
     t(a.subarray(begin * width, end * width), width);
+  /** each token's timestep level, of rows [begin, end) */
+  const levelsOf = (levels: Int32Array, begin = 0, end = levels.length) =>
+    new ort.Tensor('int32', levels.subarray(begin, end), [end - begin]);
 
   return {
     maxBufferBytes,
@@ -242,11 +245,11 @@ export async function onnxStages(
       fed.destroy();
       await Promise.all([embedSession, attention, headSession, pre, post].flatMap((s) => (s ? [s.release()] : [])));
     },
-    async embed(patches, timestep, text) {
+    async embed(patches, timesteps, text) {
       const { session: embed, weights } = embedder();
       const fixed = {
         ...weights,
-        timestep: new ort.Tensor('float32', Float32Array.of(timestep), [1]),
+        timesteps: new ort.Tensor('float32', timesteps, [timesteps.length]),
         text: t(text, textDim),
       };
       const rows = patches.length / patchWidth;
@@ -266,13 +269,13 @@ export async function onnxStages(
       const conditions = defined<ort.InferenceSession.OnnxValueMapType>(first, "the first chunk's outputs");
       return { x, temb: keep(conditions.temb), tproj: keep(conditions.tproj), context: keep(conditions.context) };
     },
-    async preAttention(block, x, tproj, cos, sin) {
+    async preAttention(block, x, tproj, levels, cos, sin) {
       const rows = rowsOf(x, D);
-      const run = async (xIn: ort.Tensor, cosIn: ort.Tensor, sinIn: ort.Tensor) =>
-        pre.run({ ...preWeights(block), x: xIn, tproj: feed(tproj, D), cos: cosIn, sin: sinIn });
+      const run = async (xIn: ort.Tensor, levelsIn: ort.Tensor, cosIn: ort.Tensor, sinIn: ort.Tensor) =>
+        pre.run({ ...preWeights(block), x: xIn, tproj: feed(tproj, D), levels: levelsIn, cos: cosIn, sin: sinIn });
       const maxRows = rowsPerBuffer(maxBufferBytes, D);
       if (rows <= maxRows) {
-        const r = await run(feed(x, D), t(cos, headDim / 2), t(sin, headDim / 2));
+        const r = await run(feed(x, D), levelsOf(levels), t(cos, headDim / 2), t(sin, headDim / 2));
         return { q: out(r, 'q'), k: out(r, 'k'), v: out(r, 'v') };
       }
       const xs = await host(x);
@@ -280,6 +283,7 @@ export async function onnxStages(
       for (const [begin, end] of rowChunks(rows, maxRows)) {
         const r = await run(
           rowsIn(xs, D, begin, end),
+          levelsOf(levels, begin, end),
           rowsIn(cos, headDim / 2, begin, end),
           rowsIn(sin, headDim / 2, begin, end),
         );
@@ -307,27 +311,36 @@ export async function onnxStages(
       }
       return o;
     },
-    async postAttention(block, x, o, tproj, context) {
+    async postAttention(block, x, o, tproj, levels, context) {
       const rows = rowsOf(x, D);
-      const run = (xIn: ort.Tensor, oIn: ort.Tensor) =>
-        post.run({ ...postWeights(block), x: xIn, o: oIn, tproj: feed(tproj, D), context: feed(context, D) });
+      const run = (xIn: ort.Tensor, oIn: ort.Tensor, levelsIn: ort.Tensor) =>
+        post.run({
+          ...postWeights(block),
+          x: xIn,
+          o: oIn,
+          tproj: feed(tproj, D),
+          levels: levelsIn,
+          context: feed(context, D),
+        });
       // per row: the FFN's hidden layer, and the cross-attention's scores over the text
       const maxRows = rowsPerBuffer(maxBufferBytes, Math.max(ffnDim, numHeads * rowsOf(context, D)));
-      if (rows <= maxRows) return keep((await run(feed(x, D), t(o, D))).x_out);
+      if (rows <= maxRows) return keep((await run(feed(x, D), t(o, D), levelsOf(levels))).x_out);
       const xs = await host(x);
       return byRows(rows, maxRows, async (begin, end) =>
-        hostOutput((await run(rowsIn(xs, D, begin, end), rowsIn(o, D, begin, end))).x_out),
+        hostOutput(
+          (await run(rowsIn(xs, D, begin, end), rowsIn(o, D, begin, end), levelsOf(levels, begin, end))).x_out,
+        ),
       );
     },
-    async head(x, temb) {
+    async head(x, temb, levels) {
       const { session: head, weights } = outputHead();
       const rows = rowsOf(x, D);
       const maxRows = rowsPerBuffer(maxBufferBytes, Math.max(D, rowsWidth));
-      if (rows <= maxRows) return out(await head.run({ ...weights, x: feed(x, D), temb: feed(temb, D) }), 'rows');
+      const run = async (xIn: ort.Tensor, levelsIn: ort.Tensor) =>
+        out(await head.run({ ...weights, x: xIn, temb: feed(temb, D), levels: levelsIn }), 'rows');
+      if (rows <= maxRows) return run(feed(x, D), levelsOf(levels));
       const xs = await host(x);
-      return byRows(rows, maxRows, async (begin, end) =>
-        out(await head.run({ ...weights, x: rowsIn(xs, D, begin, end), temb: feed(temb, D) }), 'rows'),
-      );
+      return byRows(rows, maxRows, (begin, end) => run(rowsIn(xs, D, begin, end), levelsOf(levels, begin, end)));
     },
     read: ({ deviceTensor }) => host({ deviceTensor, floats: 0 }),
     release(tensors: DeviceTensor[]) {

@@ -17,6 +17,7 @@ import type { WanConfig } from '../core/model/config.ts';
 import { describeLoad, describeWeights, type WeightType } from '../core/worker-api.ts';
 import { cpuName, fastestEp } from '../core/cost-model.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
+import { timestepError, timestepLevelCount } from '../core/model/timesteps.ts';
 import { WAN_TEXT_TOKENS } from '../core/model/wan-pipeline.ts';
 import { partFloats, planUlysses, tokenStart, type UlyssesPlan } from '../core/parallel.ts';
 import { payloadBytes, type TensorTag } from '../core/net/protocol.ts';
@@ -903,6 +904,8 @@ export class WorkerRuntime implements WorkerApi {
     const { cfg, patchWidth, text } = pass;
     const held = this.heldBlocks(cfg);
     const stage = `this rank holds blocks ${held.from}–${held.to - 1} of ${cfg.numLayers}`;
+    const wrongTimestep = timestepError(args.timestep, rows);
+    if (wrongTimestep) throw new Error(`${method}'s timestep for ${whose} is malformed: ${wrongTimestep}`);
     if (holdsEmbedders(held)) {
       if (args.hidden) throw new Error(`${method} was given a hidden state, but ${stage} and starts from the patches`);
       if (args.patches.length !== rows * patchWidth)
@@ -915,6 +918,10 @@ export class WorkerRuntime implements WorkerApi {
       throw new Error(`${method} needs the stage before's hidden state: ${stage}, a later pipeline stage`);
     if (args.patches.length)
       throw new Error(`${method} was given patches beside the hidden state, but ${stage}: patches are for the first`);
+    if (timestepLevelCount(args.timestep, rows) > 1)
+      throw new Error(
+        `${method} was given a timestep per token, but ${stage}: a hidden state carries one time embedding`,
+      );
     const wrong = hiddenStateError(cfg, args.hidden, rows, text.length / cfg.textDim);
     if (wrong) throw new Error(`${method}'s hidden state for ${whose} is malformed: ${wrong}`);
   }

@@ -39,8 +39,8 @@ export function hostValues(a: Activation): Float32Array {
  */
 export interface Embedded {
   x: Activation; // [Sl, D]
-  temb: Activation; // [1, D]
-  tproj: Activation; // [6, D]
+  temb: Activation; // [T, D]: one per distinct timestep (core/model/timesteps.ts)
+  tproj: Activation; // [6T, D]
   context: Activation; // [L, D]
 }
 
@@ -50,9 +50,20 @@ export interface QKV {
   v: Float32Array;
 }
 
+/**
+ * `timesteps` are a forward's distinct ones [T], `levels` [Sl] each token's index into them (core/model/timesteps.ts):
+ * per-row inputs like RoPE's cos and sin.
+ */
 export interface StageRunner {
-  embed(patches: Float32Array, timestep: number, text: Float32Array): Promise<Embedded>;
-  preAttention(block: number, x: Activation, tproj: Activation, cos: Float32Array, sin: Float32Array): Promise<QKV>;
+  embed(patches: Float32Array, timesteps: Float32Array, text: Float32Array): Promise<Embedded>;
+  preAttention(
+    block: number,
+    x: Activation,
+    tproj: Activation,
+    levels: Int32Array,
+    cos: Float32Array,
+    sin: Float32Array,
+  ): Promise<QKV>;
   /**
    * self-attention of `width` = heads·d columns: q [Sq, width] over k, v [Sk, width] → [Sq, width]
    * (Ulysses: every token for this rank's heads, Sq = Sk; displaced: this rank's tokens over all)
@@ -63,9 +74,10 @@ export interface StageRunner {
     x: Activation,
     o: Float32Array,
     tproj: Activation,
+    levels: Int32Array,
     context: Activation,
   ): Promise<Activation>;
-  head(x: Activation, temb: Activation): Promise<Float32Array>;
+  head(x: Activation, temb: Activation, levels: Int32Array): Promise<Float32Array>;
 }
 
 /**
@@ -128,14 +140,22 @@ export function referenceStages(m: WanModel): StageRunner {
   const { headDim } = m.config;
   const cpu = hostValues;
   return {
-    embed: (patches, timestep, text) =>
-      settled(() => ({ x: embedPatches(m, patches), ...embedConditions(m, timestep, text) })),
-    preAttention: (block, x, tproj, cos, sin) => settled(() => preAttention(m, block, cpu(x), cpu(tproj), cos, sin)),
+    embed: (patches, timesteps, text) =>
+      settled(() => ({ x: embedPatches(m, patches), ...embedConditions(m, timesteps, text) })),
+    preAttention: (block, x, tproj, levels, cos, sin) =>
+      settled(() => preAttention(m, block, cpu(x), cpu(tproj), levels, cos, sin)),
     attention: ({ q, k, v }, width) => settled(() => attention(q, k, v, headDim, width)),
-    postAttention: (block, x, o, tproj, context) =>
+    postAttention: (block, x, o, tproj, levels, context) =>
       settled(() =>
-        postAttention(m, block, cpu(x), o, { temb: new Float32Array(0), tproj: cpu(tproj), context: cpu(context) }),
+        postAttention(
+          m,
+          block,
+          cpu(x),
+          o,
+          { temb: new Float32Array(0), tproj: cpu(tproj), context: cpu(context) },
+          levels,
+        ),
       ),
-    head: (x, temb) => settled(() => head(m, cpu(x), cpu(temb))),
+    head: (x, temb, levels) => settled(() => head(m, cpu(x), cpu(temb), levels)),
   };
 }

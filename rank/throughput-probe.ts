@@ -17,6 +17,7 @@ import { medianMs } from '../core/median.ts';
 import { ropeTables, tokenGrid } from '../core/model/tokens.ts';
 import type { TensorMap } from '../core/safetensors.ts';
 import type { ExecutionProvider } from '../core/worker-api.ts';
+import { timestepLevels } from '../core/model/timesteps.ts';
 import { onnxStages } from './onnx-stages.ts';
 import type { DeviceTensor } from './stages.ts';
 
@@ -114,12 +115,13 @@ async function stageCallMs(ep: ExecutionProvider, runs: number): Promise<number>
   const { cos, sin } = ropeTables(config, grid, 0, 1);
   const patches = new Float32Array(config.inChannels * 4);
   const text = new Float32Array(config.textDim);
+  const timesteps = timestepLevels(500, 1);
   const forward = async () => {
-    const { x, temb, tproj, context } = await stages.embed(patches, 500, text);
-    const qkv = await stages.preAttention(0, x, tproj, cos, sin);
+    const { x, temb, tproj, context } = await stages.embed(patches, timesteps.values, text);
+    const qkv = await stages.preAttention(0, x, tproj, timesteps.index, cos, sin);
     const o = await stages.attention(qkv, qkv.q.length);
-    const next = await stages.postAttention(0, x, o, tproj, context);
-    await stages.head(next, temb);
+    const next = await stages.postAttention(0, x, o, tproj, timesteps.index, context);
+    await stages.head(next, temb, timesteps.index);
     await stages.release([x, temb, tproj, context, next].filter((a) => !(a instanceof Float32Array)) as DeviceTensor[]);
   };
   return (await medianMs(forward, runs)) / 5;

@@ -3,6 +3,7 @@ import type { DType } from '../core/net/protocol.ts';
 import { allBlocks, holdsHead, type BlockRange, type HiddenState } from '../core/model/blocks.ts';
 export type { HiddenState } from '../core/model/blocks.ts';
 import { ropeTables, tokenGrid, type TokenGrid } from '../core/model/tokens.ts';
+import { timestepLevels, timestepRows, type Timestep } from '../core/model/timesteps.ts';
 import {
   gatherLatent,
   headGroup,
@@ -104,7 +105,8 @@ export interface PointToPoint {
 
 export interface ForwardInput {
   patches: Float32Array; // this rank's [rows, C·pt·ph·pw]
-  timestep: number;
+  /** one for all tokens, or this rank's rows' own (core/model/timesteps.ts) */
+  timestep: Timestep;
   text: Float32Array; // [L, text_dim]
   grid: TokenGrid;
   tag: Omit<ExchangeTag, 'block' | 'phase' | 'group'>;
@@ -366,9 +368,10 @@ export async function forwardStage(
   };
 
   const { cos, sin } = ropeTables(cfg, input.grid, tokenStart(plan, me), plan.rows[me]);
+  const { values: timesteps, index: levels } = timestepLevels(input.timestep, plan.rows[me]);
   try {
     const embedded =
-      'hidden' in input ? input.hidden : await io.compute(stages.embed(input.patches, input.timestep, input.text));
+      'hidden' in input ? input.hidden : await io.compute(stages.embed(input.patches, timesteps, input.text));
     const { temb, tproj, context } = embedded;
     let x = embedded.x;
     [x, temb, tproj, context].forEach(arrived);
@@ -383,17 +386,17 @@ export async function forwardStage(
     else if (bounds && plan.degree > 1)
       limits = stepLimits(bounds, await io.compute(hostCopy(stages, tproj, 'the timestep projection')));
     for (let block = blocks.from; block < (reused ? blocks.from : blocks.to); block++) {
-      const qkv = await io.compute(stages.preAttention(block, x, tproj, cos, sin));
+      const qkv = await io.compute(stages.preAttention(block, x, tproj, levels, cos, sin));
       [qkv.q, qkv.k, qkv.v].forEach(arrived);
       const attn = arrived(await attend(block, qkv, io)); // [Sl, D]
-      const next = arrived(await io.compute(stages.postAttention(block, x, attn, tproj, context)));
+      const next = arrived(await io.compute(stages.postAttention(block, x, attn, tproj, levels, context)));
       await io.compute(release([x]));
       x = next;
     }
     if (entering && 'keep' in residual)
       residual.keep(subtracted(await io.compute(hostCopy(stages, x, 'the residual stream')), entering));
     const output: StageOutput = holdsHead(cfg, blocks)
-      ? { rows: arrived(await io.compute(stages.head(x, temb))) }
+      ? { rows: arrived(await io.compute(stages.head(x, temb, levels))) }
       : {
           hidden: await io.compute(
             (async () => ({
@@ -425,7 +428,7 @@ export async function forwardInProcess(
   stages: DeviceStageRunner,
   exchanges: Exchange[],
   latent: Tensor,
-  timestep: number,
+  timestep: Timestep,
   text: Float32Array,
   tag: ForwardInput['tag'] = { job: 0, step: 0, pass: 0 },
   heads: number[] | number = exchanges.length,
@@ -444,7 +447,14 @@ export async function forwardInProcess(
         plan,
         stages,
         exchange,
-        { patches: patches[exchange.rank], timestep, text, grid, tag, residual: residualOf?.(exchange.rank) },
+        {
+          patches: patches[exchange.rank],
+          timestep: timestepRows(timestep, tokenStart(plan, exchange.rank), plan.rows[exchange.rank]),
+          text,
+          grid,
+          tag,
+          residual: residualOf?.(exchange.rank),
+        },
         noStats(),
         attendOf?.(exchange, plan),
       ),

@@ -4,7 +4,8 @@
 // no step cache runs with pipeline stages.
 import { defined } from '../../core/defined.ts';
 import { tokenGrid } from '../../core/model/tokens.ts';
-import { gatherLatent, planUlysses, scatterLatent } from '../../core/parallel.ts';
+import { gatherLatent, planUlysses, scatterLatent, tokenStart } from '../../core/parallel.ts';
+import { timestepRows } from '../../core/model/timesteps.ts';
 import type { ExecuteResult } from '../../core/worker-api.ts';
 import { handedOn, PipelineStages } from './staged.ts';
 import {
@@ -56,6 +57,7 @@ export class PipeFusionForward implements ForwardStrategy {
         const [rank] = layout.stageRanks(group, stage);
         const [result] = await this.stages.turn(request, group, stage, () => ({
           patches: stage === 0 ? input : NO_PATCHES,
+          timestep: timestepRows(request.timestep, tokenStart(plan, index), plan.rows[index]),
           patch,
         }));
         runs.push({ rank, result });

@@ -2,7 +2,8 @@
 // all-to-all or, in displaced mode, to the keys and values of the step before (rank/displaced.ts), through the
 // group's pipeline stages (staged.ts; one, unless the placement pools memory). The one strategy that runs a step
 // cache's forwards and that the verifier checks.
-import { gatherLatent, planUlysses, scatterLatent } from '../../core/parallel.ts';
+import { gatherLatent, planUlysses, scatterLatent, tokenStart } from '../../core/parallel.ts';
+import { timestepRows } from '../../core/model/timesteps.ts';
 import { tokenGrid } from '../../core/model/tokens.ts';
 import { defined } from '../../core/defined.ts';
 import type { StepCacheForwards } from '../step-cache-forwards.ts';
@@ -46,7 +47,10 @@ export class SequenceParallelForward implements ForwardStrategy {
     const { config, layout } = this.context;
     const group = layout.groupForPass(request.pass);
     const plan = planUlysses(config, tokenGrid(config, request.latent.shape).count, layout.headsOf(group));
-    const patches = scatterLatent(config, plan, request.latent);
+    const shares = scatterLatent(config, plan, request.latent).map((patches, rank) => ({
+      patches,
+      timestep: timestepRows(request.timestep, tokenStart(plan, rank), plan.rows[rank]),
+    }));
     const { cache } = request;
     const reused = cache === 'reuse';
     // displaced mode's warm-up steps and the first after a placement are exact: stale only where the
@@ -54,7 +58,7 @@ export class SequenceParallelForward implements ForwardStrategy {
     // A reused forward exchanges no keys or values
     const stale = !reused && this.held.stale(request);
     if (!reused) this.held.ran(request);
-    const stageRuns = await this.stages.run(request, group, patches, {
+    const stageRuns = await this.stages.run(request, group, shares, {
       ...(stale && { stale }),
       ...(cache && { cache }),
     });

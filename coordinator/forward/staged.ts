@@ -16,8 +16,11 @@ export interface StageRun {
   results: ExecuteResult[];
 }
 
-/** What a stage's rank is given for a forward, besides the request. */
-export type StageInput = Pick<ExecuteArgs, 'patches' | 'stale' | 'cache' | 'patch'>;
+/** What a stage's rank is given for a forward, besides the request: its tokens' timesteps among it. */
+export type StageInput = Pick<ExecuteArgs, 'patches' | 'timestep' | 'stale' | 'cache' | 'patch'>;
+
+/** A rank's share of a forward's tokens: its patches and their timesteps. */
+export type TokenShare = Pick<ExecuteArgs, 'patches' | 'timestep'>;
 
 /** One boundary's hand-offs in a step: from stage `boundary` to the next, all its ranks' and passes' together. */
 export interface HandOffReport {
@@ -50,24 +53,24 @@ export class PipelineStages {
   constructor(private readonly context: ForwardContext) {}
 
   /**
-   * The group's pipeline stages in turn, the first stage's ranks given their share of the tokens' `patches`, each later
-   * one's ranks their hand-off by the stage before, every stage's ranks told `how` the forward runs: each stage's run,
-   * the first to the last.
+   * The group's pipeline stages in turn, the first stage's ranks given their `shares` of the tokens' patches, each
+   * later one's ranks their hand-off by the stage before (and their tokens' timesteps), every stage's ranks told `how`
+   * the forward runs: each stage's run, the first to the last.
    */
   async run(
     request: ForwardRequest,
     group: number,
-    patches: Float32Array[],
+    shares: TokenShare[],
     how: Pick<ExecuteArgs, 'stale' | 'cache'>,
   ): Promise<StageRun[]> {
     const { layout } = this.context;
     const runs: StageRun[] = [];
     for (let stage = 0; stage < layout.stages; stage++) {
       const ranks = layout.stageRanks(group, stage);
-      const results = await this.turn(request, group, stage, (rank) => ({
-        patches: stage === 0 ? patches[layout.localRank(rank)] : NO_PATCHES,
-        ...how,
-      }));
+      const results = await this.turn(request, group, stage, (rank) => {
+        const share = shares[layout.localRank(rank)];
+        return { patches: stage === 0 ? share.patches : NO_PATCHES, timestep: share.timestep, ...how };
+      });
       if (stage < layout.stages - 1) handedOn(results, ranks);
       runs.push({ stage, ranks, results });
     }
@@ -86,6 +89,11 @@ export class PipelineStages {
     input: (rank: number) => StageInput,
   ): Promise<ExecuteResult[]> {
     const { layout } = this.context;
+    if (layout.stages > 1 && typeof request.timestep !== 'number' && new Set(request.timestep).size > 1)
+      throw new Error(
+        'a forward whose tokens take different timesteps runs in one pipeline stage: its hidden state carries one ' +
+          'time embedding (place it on workers that hold the whole model)',
+      );
     const ranks = layout.stageRanks(group, stage);
     const show = (rank: number, doing: string) =>
       this.context.showActivity(rank, `${this.context.shareOf(rank)}: ${doing}`);
@@ -104,7 +112,6 @@ export class PipelineStages {
             job: request.job,
             step: request.step,
             pass: request.pass,
-            timestep: request.timestep,
             latentShape: request.latent.shape,
             ...input(rank),
           }),

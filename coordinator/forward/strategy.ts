@@ -6,6 +6,7 @@
 import type { WanConfig } from '../../core/model/config.ts';
 import { attendsStale, type ParallelMode, type RankLayout } from '../../core/parallel.ts';
 import type { CacheMode } from '../../core/step-cache.ts';
+import type { Timestep } from '../../core/model/timesteps.ts';
 import type { Tensor } from '../../core/tensor.ts';
 import type {
   ArgsOf,
@@ -25,7 +26,8 @@ export interface ForwardRequest {
   /** the job's steps, where known: its final steps are checked at a higher rate (spot-check.ts) */
   steps?: number;
   pass: number;
-  timestep: number;
+  /** one for all tokens, or one per token in sequence order (core/model/timesteps.ts) */
+  timestep: Timestep;
   latent: Tensor; // [C, T, H, W]
   /** a step cache's forward, as its schedule has it (core/step-cache.ts); none without a step cache */
   cache?: CacheMode;

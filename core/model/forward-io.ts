@@ -6,10 +6,13 @@ import { SeededRandom } from '../random.ts';
 import type { TensorMap } from '../safetensors.ts';
 import { sizeOf, type Tensor } from '../tensor.ts';
 import type { WanConfig } from './config.ts';
+import { timestepError, type Timestep } from './timesteps.ts';
+import { tokenGrid } from './tokens.ts';
 
 export interface ForwardInputs {
   latent: Tensor; // [C, T, H, W]
-  timestep: number;
+  /** [1] as one number; [1, S] (diffusers' `expand_timesteps`, Wan2.2) one per token */
+  timestep: Timestep;
   text: Float32Array; // [L, text_dim]
 }
 
@@ -17,7 +20,7 @@ export class ForwardInputError extends Error {
   override name = 'ForwardInputError';
 }
 
-const EXPECTED = 'hidden_states [1, C, T, H, W], timestep [1], encoder_hidden_states [1, L, text_dim]';
+const EXPECTED = 'hidden_states [1, C, T, H, W], timestep [1] or [1, S], encoder_hidden_states [1, L, text_dim]';
 
 export function readForwardInputs(cfg: WanConfig, tensors: TensorMap, source: string): ForwardInputs {
   const fail = (what: string) => new ForwardInputError(`${source}: ${what}`);
@@ -46,17 +49,24 @@ export function readForwardInputs(cfg: WanConfig, tensors: TensorMap, source: st
     );
   }
 
-  const timestep = get('timestep');
-  if (timestep.shape.length > 1 || timestep.data.length !== 1) {
-    throw fail(`timestep is [${timestep.shape.join(',')}], expected [1] (one timestep for the batch of 1)`);
-  }
+  const tokens = tokenGrid(cfg, [C, T, H, W]).count;
+  const timestepTensor = get('timestep');
+  const perToken = timestepTensor.shape.length === 2;
+  if (perToken ? timestepTensor.shape.join() !== `1,${tokens}` : timestepTensor.shape.join() !== '1')
+    throw fail(
+      `timestep is [${timestepTensor.shape.join(',')}], expected [1] (one timestep for the batch of 1) or ` +
+        `[1, ${tokens}] (one per token of the latent's ${tokens})`,
+    );
+  const timestep = perToken ? timestepTensor.data : timestepTensor.data[0];
+  const wrongTimestep = timestepError(timestep, tokens);
+  if (wrongTimestep) throw fail(`timestep: ${wrongTimestep}`);
 
   const text = get('encoder_hidden_states');
   batchOf('encoder_hidden_states', text, 3, '[1, L, text_dim]');
   if (text.shape[2] !== cfg.textDim)
     throw fail(`encoder_hidden_states is [${text.shape.join(',')}], the model's text_dim is ${cfg.textDim}`);
 
-  return { latent: { shape: [C, T, H, W], data: hidden.data }, timestep: timestep.data[0], text: text.data };
+  return { latent: { shape: [C, T, H, W], data: hidden.data }, timestep, text: text.data };
 }
 
 export function forwardOutput(sample: Tensor): TensorMap {
@@ -69,21 +79,28 @@ export interface RandomInputSize {
   width: number; // latent W
   textLength: number; // L
   seed: number;
+  /** timestep [1, S]: the first latent frame's tokens at 0, the rest at the drawn one (Wan2.2 TI2V with an image) */
+  perToken?: boolean;
 }
 
 /** Seeded example inputs for the model's dims: normal latent and text, a timestep in [0, 1000). */
 export function randomForwardInputs(
   cfg: WanConfig,
-  { frames, height, width, textLength, seed }: RandomInputSize,
+  { frames, height, width, textLength, seed, perToken = false }: RandomInputSize,
 ): TensorMap {
   const random = new SeededRandom(seed);
   const latentShape = [1, cfg.inChannels, frames, height, width];
   const hidden = random.normals(sizeOf(latentShape));
-  const timestep = Float32Array.of(Math.floor(random.uniform() * 1000));
+  const t = Math.floor(random.uniform() * 1000);
+  const grid = tokenGrid(cfg, latentShape.slice(1));
+  const firstFrameTokens = grid.count / grid.frames;
+  const timestep = perToken
+    ? Float32Array.from({ length: grid.count }, (_, token) => (token < firstFrameTokens ? 0 : t))
+    : Float32Array.of(t);
   const text = random.normals(textLength * cfg.textDim);
   return new Map([
     ['hidden_states', { shape: latentShape, data: hidden }],
-    ['timestep', { shape: [1], data: timestep }],
+    ['timestep', { shape: perToken ? [1, grid.count] : [1], data: timestep }],
     ['encoder_hidden_states', { shape: [1, textLength, cfg.textDim], data: text }],
   ]);
 }

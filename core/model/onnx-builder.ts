@@ -3,10 +3,11 @@ import onnxProto from 'onnx-proto';
 const { onnx } = onnxProto;
 const FLOAT = onnx.TensorProto.DataType.FLOAT;
 const FLOAT16 = onnx.TensorProto.DataType.FLOAT16;
+const INT32 = onnx.TensorProto.DataType.INT32;
 const INT64 = onnx.TensorProto.DataType.INT64;
 const UINT8 = onnx.TensorProto.DataType.UINT8;
 
-const ELEMENT_TYPES = { float32: FLOAT, float16: FLOAT16, int64: INT64, uint8: UINT8 };
+const ELEMENT_TYPES = { float32: FLOAT, float16: FLOAT16, int32: INT32, int64: INT64, uint8: UINT8 };
 export const OPSET = 17;
 
 export type Dim = number | string; // a string is a symbolic dimension, e.g. the sequence length

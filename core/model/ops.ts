@@ -57,14 +57,14 @@ export const silu = (x: Float32Array): Float32Array => x.map((v) => v / (1 + Mat
 export const geluTanh = (x: Float32Array): Float32Array =>
   x.map((v) => 0.5 * v * (1 + Math.tanh(Math.sqrt(2 / Math.PI) * (v + 0.044715 * v ** 3))));
 
-/** x [N, dim] · (1 + scale) + shift, with scale and shift rows of width dim. */
-export function modulate(x: Float32Array, dim: number, shift: Float32Array, scale: Float32Array): Float32Array {
-  return x.map((v, k) => v * (1 + scale[k % dim]) + shift[k % dim]);
+/** x [N, dim] · (1 + scale) + shift, with scale and shift one row of width dim or one per row of x. */
+export function modulate(x: Float32Array, shift: Float32Array, scale: Float32Array): Float32Array {
+  return x.map((v, k) => v * (1 + scale[k % scale.length]) + shift[k % shift.length]);
 }
 
-/** x + y · gate, gate a row of width dim. */
-export function gatedAdd(x: Float32Array, y: Float32Array, dim: number, gate?: Float32Array): Float32Array {
-  return x.map((v, k) => v + y[k] * (gate ? gate[k % dim] : 1));
+/** x + y · gate, gate one row of x's width or one per row of x. */
+export function gatedAdd(x: Float32Array, y: Float32Array, gate?: Float32Array): Float32Array {
+  return x.map((v, k) => v + y[k] * (gate ? gate[k % gate.length] : 1));
 }
 
 /**

@@ -1,12 +1,13 @@
 // The ONNX graphs a worker runs for one forward pass, built from config + weights, the sequence
 // length symbolic ("S" tokens). They compute exactly what `reference.ts` computes at the same
 // stage boundaries:
-//   embed            patches [S, C·pt·ph·pw], timestep [1], text [L, text_dim]
-//                    → x [S, D], temb [1, D], tproj [6, D], context [L, D]
-//   block i pre      x, tproj, rope cos/sin [S, d/2] → q, k, v [S, D]   (all heads, local tokens)
-//   attention        q, k, v [S, h·d] → o [S, h·d]                      (any number of heads h)
-//   block i post     x, o [S, D], tproj, context → x
-//   head             x, temb → rows [S, pt·ph·pw·C]
+//   embed            patches [S, C·pt·ph·pw], timesteps [T], text [L, text_dim]
+//                    → x [S, D], temb [T, D], tproj [6T, D], context [L, D]
+//   block i pre      x, tproj, levels [S], rope cos/sin [S, d/2] → q, k, v [S, D]   (all heads, local tokens)
+//   attention        q, k, v [S, h·d] → o [S, h·d]                                  (any number of heads h)
+//   block i post     x, o [S, D], tproj, levels, context → x
+//   head             x, temb, levels → rows [S, pt·ph·pw·C]
+// The T timesteps are the forward's distinct ones (timesteps.ts): each token's modulation is gathered by its level.
 // Every graph is fed its weights as inputs (FedGraph.weights names them); the block graphs are one
 // pre and one post graph for every block, fed the running block's: a worker keeps the weights
 // outside onnxruntime's wasm heap, which holds 4 GB and the 1.3B model is 5.7 GB in fp32, and only
@@ -140,10 +141,21 @@ class WanGraph extends OnnxGraph {
     return this.op('Mul', [x, this.op('Sigmoid', [x])]);
   }
 
-  /** The six modulation rows of a block, each [1, D]. */
-  modulation(block: number, tproj: string): string[] {
+  /** The six modulation rows of a block for each token, each [S, D]: of the token's level of tproj [6T, D]. */
+  modulation(block: number, tproj: string, levels: string): string[] {
     const table = this.param(`blocks.${block}.scale_shift_table`, [6, this.cfg.dim]);
-    return this.opMulti('Split', [this.op('Add', [table, tproj])], { axis: 0 }, 6);
+    return this.perToken(
+      this.op('Add', [this.op('Reshape', [tproj, this.ints([-1, 6, this.cfg.dim])]), table]),
+      6,
+      levels,
+    );
+  }
+
+  /** `rows` [T, n, D] as its n rows, each gathered for every token by its level: n × [S, D]. */
+  perToken(rows: string, n: number, levels: string): string[] {
+    return this.opMulti('Split', [rows], { axis: 1 }, n).map((row) =>
+      this.op('Gather', [this.op('Reshape', [row, this.ints([-1, this.cfg.dim])]), levels], { axis: 0 }),
+    );
   }
 
   modulate(x: string, shift: string, scale: string): string {
@@ -181,23 +193,23 @@ export function buildEmbedGraph(m: WanModel, weightType: WeightType = 'float32')
   const { dim: D, freqDim, textDim, inChannels } = m.config;
   const patchWidth = inChannels * m.config.patchSize.reduce((a, b) => a * b, 1);
   const patches = g.input('patches', [S, patchWidth]);
-  const timestep = g.input('timestep', [1]);
+  const timesteps = g.input('timesteps', ['T']);
   const text = g.input('text', ['L', textDim]);
 
   const args = g.op('Mul', [
-    g.op('Reshape', [timestep, g.ints([1, 1])]),
+    g.op('Reshape', [timesteps, g.ints([-1, 1])]),
     g.weight('time_frequencies', [1, freqDim / 2], timestepFrequencyTable(freqDim)),
   ]);
   const freq = g.op('Concat', [g.op('Cos', [args]), g.op('Sin', [args])], { axis: 1 });
   const c = 'condition_embedder';
   const temb = g.linear(g.silu(g.linear(freq, `${c}.time_embedder.linear_1`)), `${c}.time_embedder.linear_2`);
-  const tproj = g.op('Reshape', [g.linear(g.silu(temb), `${c}.time_proj`), g.ints([6, D])]);
+  const tproj = g.op('Reshape', [g.linear(g.silu(temb), `${c}.time_proj`), g.ints([-1, D])]);
   const context = g.linear(g.geluTanh(g.linear(text, `${c}.text_embedder.linear_1`)), `${c}.text_embedder.linear_2`);
   const x = g.linear(patches, 'patch_embedding', [D, patchWidth]);
 
   g.output(x, 'x', [S, D]);
-  g.output(temb, 'temb', [1, D]);
-  g.output(tproj, 'tproj', [6, D]);
+  g.output(temb, 'temb', ['T', D]);
+  g.output(tproj, 'tproj', ['6T', D]);
   g.output(context, 'context', ['L', D]);
   return g.fedGraph();
 }
@@ -207,10 +219,11 @@ export function buildPreAttentionGraph(m: WanModel, weightType: WeightType = 'fl
   const block = templateBlock(m);
   const { dim: D, headDim } = m.config;
   const x = g.input('x', [S, D]);
-  const tproj = g.input('tproj', [6, D]);
+  const tproj = g.input('tproj', ['6T', D]);
+  const levels = g.input('levels', [S], 'int32');
   const cos = g.input('cos', [S, headDim / 2]);
   const sin = g.input('sin', [S, headDim / 2]);
-  const [shift, scale] = g.modulation(block, tproj);
+  const [shift, scale] = g.modulation(block, tproj, levels);
   const n = g.modulate(g.layerNorm(x), shift, scale);
   const a = `blocks.${block}.attn1`;
   g.output(g.rope(g.rmsNorm(g.linear(n, `${a}.to_q`), `${a}.norm_q.weight`), cos, sin), 'q', [S, D]);
@@ -234,9 +247,10 @@ export function buildPostAttentionGraph(m: WanModel, weightType: WeightType = 'f
   const b = `blocks.${block}`;
   const x = g.input('x', [S, D]);
   const o = g.input('o', [S, D]);
-  const tproj = g.input('tproj', [6, D]);
+  const tproj = g.input('tproj', ['6T', D]);
+  const levels = g.input('levels', [S], 'int32');
   const context = g.input('context', ['L', D]);
-  const [, , gate, ffnShift, ffnScale, ffnGate] = g.modulation(block, tproj);
+  const [, , gate, ffnShift, ffnScale, ffnGate] = g.modulation(block, tproj, levels);
 
   let h = g.op('Add', [x, g.op('Mul', [g.linear(o, `${b}.attn1.to_out.0`), gate])]);
   const n2 = m.config.crossAttnNorm ? g.layerNorm(h, g.param(`${b}.norm2.weight`), g.param(`${b}.norm2.bias`)) : h;
@@ -255,10 +269,12 @@ export function buildHeadGraph(m: WanModel, weightType: WeightType = 'float32'):
   const g = new WanGraph('head', m, weightType);
   const { dim: D, outChannels, patchSize } = m.config;
   const x = g.input('x', [S, D]);
-  const temb = g.input('temb', [1, D]);
+  const temb = g.input('temb', ['T', D]);
+  const levels = g.input('levels', [S], 'int32');
   // output modulation: scale_shift_table + temb, no SiLU (unlike the blocks)
   const table = g.param('scale_shift_table', [2, D]);
-  const [shift, scale] = g.opMulti('Split', [g.op('Add', [table, temb])], { axis: 0 }, 2);
+  const perLevel = g.op('Add', [g.op('Reshape', [temb, g.ints([-1, 1, D])]), table]);
+  const [shift, scale] = g.perToken(perLevel, 2, levels);
   const rows = g.linear(g.modulate(g.layerNorm(x), shift, scale), 'proj_out');
   g.output(rows, 'rows', [S, outChannels * patchSize.reduce((a, b) => a * b, 1)]);
   return g.fedGraph();

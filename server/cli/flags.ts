@@ -59,6 +59,7 @@ export const FORWARD_OPTIONS = {
   width: { type: 'string', default: '8' },
   'text-length': { type: 'string', default: '32' },
   seed: { type: 'string', default: '0' },
+  'per-token': { type: 'boolean', default: false },
   lora: { type: 'string', multiple: true, default: [] },
   help: { type: 'boolean', default: false },
 } satisfies ParseArgsConfig['options'];

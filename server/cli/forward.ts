@@ -5,11 +5,13 @@
 //   npm run forward -- --input in.safetensors --output out.safetensors
 //     [--model public/models/tiny-wan] [--backend onnx|reference] [--ulysses P] [--lora FILE[:STRENGTH]]...
 //   npm run forward -- --make-input in.safetensors [--frames T --height H --width W --text-length L --seed S]
+//     [--per-token]   (timestep [1, S]: the first latent frame's tokens at 0, as Wan2.2 TI2V gives an image's)
 
 import { mkdir, readFile, writeFile } from 'node:fs/promises';
 import { dirname } from 'node:path';
 import { parseArgs } from 'node:util';
 import { forwardOutput, randomForwardInputs, readForwardInputs } from '../../core/model/forward-io.ts';
+import type { Timestep } from '../../core/model/timesteps.ts';
 import { referenceForward, type WanModel } from '../../core/model/reference.ts';
 import { loadTransformer } from '../../core/model/transformer.ts';
 import { applyLoras, parseLoraFlag, splitFileUrl } from '../../core/model/lora.ts';
@@ -69,7 +71,7 @@ async function writeOutput(path: string, bytes: Uint8Array): Promise<void> {
   await writeFile(path, bytes);
 }
 
-type Forward = (latent: Tensor, timestep: number, text: Float32Array) => Promise<Tensor>;
+type Forward = (latent: Tensor, timestep: Timestep, text: Float32Array) => Promise<Tensor>;
 
 /** Builds the backend once, so the timed part is the forward pass alone. */
 async function forwardOn(backend: string, degree: number, model: WanModel): Promise<Forward> {
@@ -129,13 +131,17 @@ async function run(): Promise<void> {
       width: wholeNumber('width', values.width, 1),
       textLength: wholeNumber('text-length', values['text-length'], 1),
       seed: wholeNumber('seed', values.seed, 0),
+      perToken: values['per-token'],
     };
     const inputs = randomForwardInputs(cfg, size);
     readForwardInputs(cfg, inputs, '--frames/--height/--width'); // refuses sizes the patch size does not divide
     await writeOutput(values['make-input'], writeSafetensors(inputs));
     const shapes = [...inputs].map(([name, t]) => `${name} [${t.shape.join(',')}]`).join(', ');
-    const inputTimestep = defined(inputs.get('timestep'), 'the example input timestep').data[0];
-    console.log(`forward: wrote ${values['make-input']}: ${shapes}, timestep ${inputTimestep} (seed ${size.seed})`);
+    const inputTimestep = defined(inputs.get('timestep'), 'the example input timestep').data;
+    console.log(
+      `forward: wrote ${values['make-input']}: ${shapes}, timesteps ${[...new Set(inputTimestep)].join(', ')} ` +
+        `(seed ${size.seed})`,
+    );
     return;
   }
 
@@ -160,8 +166,9 @@ async function run(): Promise<void> {
   const backend = values.backend === 'onnx' ? 'onnx (wasm)' : 'reference';
   // the most memory this process held at once: every weight in float32, and the backend's copies
   const peakGiB = (process.resourceUsage().maxRSS * 1024) / 2 ** 30;
+  const t = typeof timestep === 'number' ? timestep : `${new Set(timestep).size} values over ${timestep.length} tokens`;
   console.log(
-    `forward: sample [${defined(output.get('sample'), 'the output sample').shape.join(',')}] t=${timestep} ` +
+    `forward: sample [${defined(output.get('sample'), 'the output sample').shape.join(',')}] t=${t} ` +
       `in ${ms.toFixed(0)} ms on ${backend}, ulysses ${degree} → ${values.output}; ` +
       `model loaded in ${(loadMs / 1000).toFixed(1)} s, peak resident memory ${peakGiB.toFixed(2)} GiB`,
   );

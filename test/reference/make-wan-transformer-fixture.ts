@@ -5,7 +5,7 @@
 //
 //   npx tsx test/reference/make-wan-transformer-fixture.ts
 //
-// Each case is the published config.json of a Wan2.1 transformer with its width cut (the heads and
+// Each case is the published config.json of a Wan2.1 or Wan2.2 transformer with its width cut (the heads and
 // every other field as published) and a checkpoint of seeded weights stored as the case says (F32 as
 // the 1.3B is published, BF16 as 14B checkpoints are shipped). The fixture keeps each case's output
 // sample whole. The test (test/unit/wan-transformer-reference.test.ts) makes the same folders and
@@ -24,6 +24,7 @@ import { sizeOf } from '../../core/tensor.ts';
 import { seededRandom, writeCheckpoint } from '../../server/model-folder.ts';
 import { randomWanLora } from '../../server/cli/make-lora.ts';
 import { WAN21_T2V_14B, WAN21_T2V_1_3B } from '../../server/wan21-layout.ts';
+import { WAN22_TI2V_5B } from '../../server/wan22-layout.ts';
 
 export const FIXTURE_PATH = join(import.meta.dirname, '../unit/wan-transformer.fixture.json');
 const SCRIPT = join(import.meta.dirname, 'wan_transformer_numpy.py');
@@ -78,6 +79,14 @@ export const CASES: FixtureCase[] = [
     config: { ...WAN21_T2V_14B.transformer, attention_head_dim: 24, ffn_dim: 2592, num_layers: 2, text_dim: 48 },
     dtype: 'BF16',
     input: { ...INPUT, seed: 6 },
+  },
+  {
+    // 14336 / 3072 of the width, as published; a timestep per token, the first latent frame's 0, as the TI2V pipeline
+    // gives an image's (expand_timesteps)
+    name: "TI2V-5B's 24 heads and 48 channels, float32, a timestep per token",
+    config: { ...WAN22_TI2V_5B.transformer, attention_head_dim: 24, ffn_dim: 2688, num_layers: 2, text_dim: 48 },
+    dtype: 'F32',
+    input: { ...INPUT, seed: 8, perToken: true },
   },
 ];
 

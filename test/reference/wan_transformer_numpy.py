@@ -12,7 +12,8 @@
 #   python3 wan_transformer_numpy.py --transformer DIR --input FILE --out FILE [--lora FILE:STRENGTH ...]
 #
 # DIR holds config.json and diffusion_pytorch_model.safetensors, or its .index.json and shards.
-# FILE is a safetensors file with hidden_states [1, C, T, H, W], timestep [1] and
+# FILE is a safetensors file with hidden_states [1, C, T, H, W], timestep [1] or [1, S] (Wan2.2's per-token
+# timesteps, `expand_timesteps`) and
 # encoder_hidden_states [1, L, text_dim] (what `npm run forward -- --make-input` writes). The output
 # is raw little-endian float64 of sample [1, C_out, T, H, W]; a JSON summary goes to stdout.
 
@@ -200,8 +201,15 @@ class WanTransformerBlock:
 
     def forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb):
         w = lambda name: self.w[self.prefix + name]  # noqa: E731
-        table = w("scale_shift_table") + temb  # [1, 6, D]
-        shift_msa, scale_msa, gate_msa, c_shift_msa, c_scale_msa, c_gate_msa = (table[:, i : i + 1] for i in range(6))
+        if temb.ndim == 4:
+            # temb: batch_size, seq_len, 6, inner_dim (wan2.2 ti2v): chunk(6, dim=2), each squeezed to [B, S, D]
+            table = w("scale_shift_table")[None] + temb
+            shift_msa, scale_msa, gate_msa, c_shift_msa, c_scale_msa, c_gate_msa = (table[:, :, i] for i in range(6))
+        else:
+            table = w("scale_shift_table") + temb  # [1, 6, D]
+            shift_msa, scale_msa, gate_msa, c_shift_msa, c_scale_msa, c_gate_msa = (
+                table[:, i : i + 1] for i in range(6)
+            )
 
         # 1. Self-attention
         norm_hidden_states = layer_norm(hidden_states, self.eps) * (1 + scale_msa) + shift_msa
@@ -239,9 +247,11 @@ class WanTransformer3DModel:
             for i in range(config["num_layers"])
         ]
 
-    def condition_embedder(self, timestep, encoder_hidden_states):
+    def condition_embedder(self, timestep, encoder_hidden_states, timestep_seq_len=None):
         w = self.w
         timestep = get_timestep_embedding(timestep, self.config["freq_dim"], flip_sin_to_cos=True, downscale_freq_shift=0)
+        if timestep_seq_len is not None:
+            timestep = timestep.reshape(-1, timestep_seq_len, timestep.shape[-1])  # unflatten(0, (-1, seq_len))
         temb = linear(
             silu(linear(timestep, w["condition_embedder.time_embedder.linear_1.weight"], w["condition_embedder.time_embedder.linear_1.bias"])),
             w["condition_embedder.time_embedder.linear_2.weight"],
@@ -274,14 +284,30 @@ class WanTransformer3DModel:
         rotary_emb = self.rope.forward(hidden_states)
         hidden_states = self.patch_embedding(hidden_states)
 
-        temb, timestep_proj, encoder_hidden_states = self.condition_embedder(timestep, encoder_hidden_states)
-        timestep_proj = timestep_proj.reshape(batch_size, 6, -1)
+        # timestep shape: batch_size, or batch_size, seq_len (wan 2.2 ti2v)
+        if timestep.ndim == 2:
+            ts_seq_len = timestep.shape[1]
+            timestep = timestep.reshape(-1)
+        else:
+            ts_seq_len = None
+        temb, timestep_proj, encoder_hidden_states = self.condition_embedder(
+            timestep, encoder_hidden_states, timestep_seq_len=ts_seq_len
+        )
+        if ts_seq_len is not None:
+            timestep_proj = timestep_proj.reshape(batch_size, ts_seq_len, 6, -1)  # unflatten(2, (6, -1))
+        else:
+            timestep_proj = timestep_proj.reshape(batch_size, 6, -1)
 
         for block in self.blocks:
             hidden_states = block.forward(hidden_states, encoder_hidden_states, timestep_proj, rotary_emb)
 
         # 5. Output norm, projection & unpatchify
-        shift, scale = np.split(self.w["scale_shift_table"] + temb[:, None, :], 2, axis=1)
+        if temb.ndim == 3:
+            # batch_size, seq_len, inner_dim (wan 2.2 ti2v)
+            shift, scale = np.split(self.w["scale_shift_table"][None] + temb[:, :, None, :], 2, axis=2)
+            shift, scale = shift[:, :, 0], scale[:, :, 0]
+        else:
+            shift, scale = np.split(self.w["scale_shift_table"] + temb[:, None, :], 2, axis=1)
         hidden_states = layer_norm(hidden_states, self.config["eps"]) * (1 + scale) + shift
         hidden_states = linear(hidden_states, self.w["proj_out.weight"], self.w["proj_out.bias"])
 

@@ -222,7 +222,10 @@ describe('the executor against real WorkerRuntimes in this process', () => {
     });
 
     it("NaN rows of the right length are refused where they arrive, as a breach by the rank that sent them (the coordinator's own evidence): nothing reaches the latent", async () => {
-      const poisoned: EngineApi = { ...engine, head: async (x, temb) => (await engine.head(x, temb)).fill(NaN, 0, 1) };
+      const poisoned: EngineApi = {
+        ...engine,
+        head: async (x, temb, levels) => (await engine.head(x, temb, levels)).fill(NaN, 0, 1),
+      };
       const executor = new InProcessExecutor({ ...options, layout: new RankLayout(2) }, poisoned, transport);
       await executor.initialize();
       await executor.prepareJob(7, [text], latent.shape);

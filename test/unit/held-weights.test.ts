@@ -95,11 +95,13 @@ describe('a stage loads in the type it holds its weights in', () => {
       const latent = { shape: [16, 1, 8, 8], data: random.normals(16 * 64) };
       const patches = patchify(m.config, latent).data;
       const text = random.normals(4 * m.config.textDim);
-      const [a, b] = await Promise.all([runner, narrowed].map((r) => r.embed(patches, 0.5, text)));
+      const [a, b] = await Promise.all([runner, narrowed].map((r) => r.embed(patches, Float32Array.of(0.5), text)));
       expect(hostValues(a.x)).toEqual(hostValues(b.x));
       const o = random.normals(tokenGrid(m.config, latent.shape).count * m.config.dim);
       const after = await Promise.all(
-        [runner, narrowed].map(async (r) => hostValues(await r.postAttention(1, b.x, o, b.tproj, b.context))),
+        [runner, narrowed].map(async (r) =>
+          hostValues(await r.postAttention(1, b.x, o, b.tproj, new Int32Array(64 / 4), b.context)),
+        ),
       );
       expect(after[0]).toEqual(after[1]);
       // bounds of the values held: float32's are the model's, float16's and int8's within their rounding of them

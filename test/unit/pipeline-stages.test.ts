@@ -120,17 +120,20 @@ describe('pipeline stages', () => {
   );
 
   it('a stage asked for what another stage holds says which blocks it holds and whose that is', async () => {
-    const { latent, timestep, text } = inputs;
-    await expect(parts[1].runner.embed(latent.data.subarray(0, 64), timestep, text)).rejects.toThrow(
+    const { latent, text } = inputs;
+    await expect(parts[1].runner.embed(latent.data.subarray(0, 64), Float32Array.of(500), text)).rejects.toThrow(
       "this rank holds blocks 1–2 of the transformer: the embedders are the first pipeline stage's",
     );
     const x = new Float32Array(whole.config.dim);
-    await expect(parts[0].runner.head(x, x)).rejects.toThrow("the output head is the last pipeline stage's");
+    await expect(parts[0].runner.head(x, x, new Int32Array(1))).rejects.toThrow(
+      "the output head is the last pipeline stage's",
+    );
     await expect(
       parts[0].runner.preAttention(
         2,
         x,
         new Float32Array(6 * whole.config.dim),
+        new Int32Array(1),
         new Float32Array(12),
         new Float32Array(12),
       ),

@@ -15,7 +15,9 @@ let onnx: OnnxStages;
 let ref: StageRunner;
 const random = new SeededRandom(7);
 const latent: Tensor = { shape: [16, 3, 8, 12], data: random.normals(16 * 3 * 8 * 12) }; // 72 tokens
-const timestep = 873.5;
+// three timesteps, each token's by its index (core/model/timesteps.ts): the per-token gathers are checked too
+const timesteps = Float32Array.of(873.5, 0, 412.25);
+const levels = Int32Array.from({ length: 72 }, (_, token) => token % 3);
 let text: Float32Array;
 
 beforeAll(async () => {
@@ -29,15 +31,15 @@ beforeAll(async () => {
 async function expectStagesEqualReference(runner: StageRunner, expected: StageRunner = ref): Promise<void> {
   const ref = expected;
   const patches = patchify(m.config, latent).data;
-  const [a, b] = [await runner.embed(patches, timestep, text), await ref.embed(patches, timestep, text)];
+  const [a, b] = [await runner.embed(patches, timesteps, text), await ref.embed(patches, timesteps, text)];
   for (const key of ['x', 'temb', 'tproj', 'context'] as const)
     expect(maxAbsDiff(hostValues(a[key]), hostValues(b[key])), key).toBeLessThan(1e-4);
 
   const grid = tokenGrid(m.config, latent.shape);
   const { cos, sin } = ropeTables(m.config, grid, 0, grid.count);
   const [qa, qb] = [
-    await runner.preAttention(1, b.x, b.tproj, cos, sin),
-    await ref.preAttention(1, b.x, b.tproj, cos, sin),
+    await runner.preAttention(1, b.x, b.tproj, levels, cos, sin),
+    await ref.preAttention(1, b.x, b.tproj, levels, cos, sin),
   ];
   for (const key of ['q', 'k', 'v'] as const) expect(maxAbsDiff(qa[key], qb[key]), key).toBeLessThan(1e-4);
 
@@ -52,11 +54,11 @@ async function expectStagesEqualReference(runner: StageRunner, expected: StageRu
 
   const o = random.normals(grid.count * m.config.dim);
   const [pa, pb] = [
-    await runner.postAttention(0, b.x, o, b.tproj, b.context),
-    await ref.postAttention(0, b.x, o, b.tproj, b.context),
+    await runner.postAttention(0, b.x, o, b.tproj, levels, b.context),
+    await ref.postAttention(0, b.x, o, b.tproj, levels, b.context),
   ];
   expect(maxAbsDiff(hostValues(pa), hostValues(pb))).toBeLessThan(1e-4);
-  expect(maxAbsDiff(await runner.head(b.x, b.temb), await ref.head(b.x, b.temb))).toBeLessThan(1e-4);
+  expect(maxAbsDiff(await runner.head(b.x, b.temb, levels), await ref.head(b.x, b.temb, levels))).toBeLessThan(1e-4);
 }
 
 describe('ONNX stage graphs equal the TypeScript reference (max-abs ≤ 1e-4)', () => {
@@ -83,7 +85,7 @@ describe('ONNX stage graphs equal the TypeScript reference (max-abs ≤ 1e-4)', 
     const half = await onnxStages(m, 'wasm', { weightType: 'float16' });
     expect(half.weightType).toBe('float16');
     const patches = patchify(m.config, latent).data;
-    const b = await ref.embed(patches, timestep, text);
+    const b = await ref.embed(patches, timesteps, text);
     const o = random.normals(tokenGrid(m.config, latent.shape).count * m.config.dim);
     /** each runner's output of one stage: half's within 2e-3 of the reference's scale, and its weights were float16 */
     const expectHalved = (what: string, [halfOut, fullOut, exact]: Float32Array[]) => {
@@ -93,7 +95,7 @@ describe('ONNX stage graphs equal the TypeScript reference (max-abs ≤ 1e-4)', 
       expect(maxAbsDiff(halfOut, exact), what).toBeGreaterThan(10 * maxAbsDiff(fullOut, exact));
     };
     const runners = [half, onnx, ref];
-    const embedded = await Promise.all(runners.map((r) => r.embed(patches, timestep, text)));
+    const embedded = await Promise.all(runners.map((r) => r.embed(patches, timesteps, text)));
     for (const key of ['x', 'temb', 'context'] as const)
       expectHalved(
         `embed's ${key}`,
@@ -101,27 +103,29 @@ describe('ONNX stage graphs equal the TypeScript reference (max-abs ≤ 1e-4)', 
       );
     expectHalved(
       'a block',
-      await Promise.all(runners.map(async (r) => hostValues(await r.postAttention(0, b.x, o, b.tproj, b.context)))),
+      await Promise.all(
+        runners.map(async (r) => hostValues(await r.postAttention(0, b.x, o, b.tproj, levels, b.context))),
+      ),
     );
-    expectHalved('the head', await Promise.all(runners.map((r) => r.head(b.x, b.temb))));
+    expectHalved('the head', await Promise.all(runners.map((r) => r.head(b.x, b.temb, levels))));
   });
 
   it("taking a model's weights, a runner holding them as float16 drops their float32 arrays from the model as it copies them (a load holds a block twice, never the model); one holding float32 on WASM shares them and drops none", async () => {
     const patches = patchify(m.config, latent).data;
-    const b = await ref.embed(patches, timestep, text);
+    const b = await ref.embed(patches, timesteps, text);
     const o = random.normals(tokenGrid(m.config, latent.shape).count * m.config.dim);
     const ownCopy = (): WanModel => ({ ...m, weights: new Map(m.weights) });
     const names = (model: WanModel) => [...model.weights.keys()];
     const taken = ownCopy();
     const half = await onnxStages(taken, 'wasm', { weightType: 'float16', takesWeights: true });
     expect(names(taken)).toEqual([]); // the embedders' and the head's too
-    expect(hostValues((await half.embed(patches, timestep, text)).x)).toEqual(
-      hostValues((await (await onnxStages(m, 'wasm', { weightType: 'float16' })).embed(patches, timestep, text)).x),
+    expect(hostValues((await half.embed(patches, timesteps, text)).x)).toEqual(
+      hostValues((await (await onnxStages(m, 'wasm', { weightType: 'float16' })).embed(patches, timesteps, text)).x),
     );
     const kept = await onnxStages(m, 'wasm', { weightType: 'float16' });
     expect(names(m)).toContain('blocks.1.ffn.net.2.weight');
-    expect(hostValues(await half.postAttention(1, b.x, o, b.tproj, b.context))).toEqual(
-      hostValues(await kept.postAttention(1, b.x, o, b.tproj, b.context)),
+    expect(hostValues(await half.postAttention(1, b.x, o, b.tproj, levels, b.context))).toEqual(
+      hostValues(await kept.postAttention(1, b.x, o, b.tproj, levels, b.context)),
     );
 
     const shared = ownCopy();
@@ -152,7 +156,7 @@ describe('ONNX stage graphs equal the TypeScript reference (max-abs ≤ 1e-4)', 
     // and off float32 by the rounding: more than float16's, within 3e-2 of each output's scale
     const patches = patchify(m.config, latent).data;
     const [x8, x32] = await Promise.all(
-      [int8, ref].map(async (r) => hostValues((await r.embed(patches, timestep, text)).x)),
+      [int8, ref].map(async (r) => hostValues((await r.embed(patches, timesteps, text)).x)),
     );
     const scale = Math.max(...x32.map(Math.abs));
     expect(maxAbsDiff(x8, x32) / scale).toBeLessThan(3e-2);

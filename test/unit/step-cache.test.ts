@@ -1,4 +1,5 @@
 import { beforeAll, describe, expect, it } from 'vitest';
+import { timestepLevels } from '../../core/model/timesteps.ts';
 import { SpotCheckFailed, StepCacheMemory } from '../../coordinator/executor.ts';
 import type { PlacedStepCache } from '../../coordinator/placement.ts';
 import { placedStepCache } from '../../coordinator/planner.ts';
@@ -348,18 +349,19 @@ describe("a step cache's forwards on the ranks", () => {
     return forwards.map(({ latent, timestep, reuse }) => {
       const grid = tokenGrid(model.config, latent.shape);
       const { cos, sin } = ropeTables(model.config, grid, 0, grid.count);
-      const cond = embedConditions(model, timestep, text);
+      const { values, index: levels } = timestepLevels(timestep, grid.count);
+      const cond = embedConditions(model, values, text);
       const entering = embedPatches(model, patchify(model.config, latent).data);
       let x = entering;
       if (reuse && residual) x = entering.map((v, i) => v + (residual as Float32Array)[i]);
       else {
         for (let block = 0; block < model.config.numLayers; block++) {
-          const { q, k, v } = preAttention(model, block, x, cond.tproj, cos, sin);
-          x = postAttention(model, block, x, attention(q, k, v, model.config.headDim, model.config.dim), cond);
+          const { q, k, v } = preAttention(model, block, x, cond.tproj, levels, cos, sin);
+          x = postAttention(model, block, x, attention(q, k, v, model.config.headDim, model.config.dim), cond, levels);
         }
         residual = x.map((v, i) => v - entering[i]);
       }
-      return unpatchify(model.config, head(model, x, cond.temb), latent.shape);
+      return unpatchify(model.config, head(model, x, cond.temb, levels), latent.shape);
     });
   }
 

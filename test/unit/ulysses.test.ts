@@ -270,15 +270,16 @@ function deviceResident(inner: StageRunner): { runner: Required<DeviceStageRunne
     return values;
   };
   const runner: Required<DeviceStageRunner> = {
-    async embed(patches, timestep, text) {
-      const e = await inner.embed(patches, timestep, text);
+    async embed(patches, timesteps, text) {
+      const e = await inner.embed(patches, timesteps, text);
       return { x: keep(e.x), temb: keep(e.temb), tproj: keep(e.tproj), context: keep(e.context) };
     },
-    preAttention: (block, x, tproj, cos, sin) => inner.preAttention(block, read(x), read(tproj), cos, sin),
+    preAttention: (block, x, tproj, levels, cos, sin) =>
+      inner.preAttention(block, read(x), read(tproj), levels, cos, sin),
     attention: (qkv, width) => inner.attention(qkv, width),
-    postAttention: async (block, x, o, tproj, context) =>
-      keep(await inner.postAttention(block, read(x), o, read(tproj), read(context))),
-    head: (x, temb) => inner.head(read(x), read(temb)),
+    postAttention: async (block, x, o, tproj, levels, context) =>
+      keep(await inner.postAttention(block, read(x), o, read(tproj), levels, read(context))),
+    head: (x, temb, levels) => inner.head(read(x), read(temb), levels),
     read: (tensor) => Promise.resolve(read(tensor).slice()),
     release(tensors) {
       for (const t of tensors)
