@@ -1,5 +1,6 @@
-// A job's latent through its folder's VAE, and where that happened. Wan2.1's decoder (AutoencoderKLWan)
-// decodes on the swarm's workers in diffusers' spatial tiles (wan-vae-tiling.ts: 256-pixel tiles every 192
+// A job's latent through its folder's VAE, and where that happened. AutoencoderKLWan (Wan2.1's, or
+// Wan2.2's, whose 2×2 patches are blended before they are unfolded, as diffusers does) decodes on
+// the swarm's workers in diffusers' spatial tiles (wan-vae-tiling.ts: 256-pixel tiles every 192
 // pixels, blended): the tiles are independent, so the live workers take them from one queue (a
 // faster worker takes more), each a few latent frames per call with its causal caches kept between
 // calls; the coordinator blends them. A worker that fails or leaves loses only its tile, which goes
@@ -14,12 +15,14 @@
 import { INSTEAD_OF } from '../core/job.ts';
 import { MissingFile, type ModelFiles } from '../core/model/files.ts';
 import {
+  decodedFramesShape,
   decoderHeadNames,
   decoderOutputBound,
   decoderPlan,
   framesOfChunk,
   joinFrames,
   openWanVae,
+  spatialScale,
   type Frames,
   type WanVaeConfig,
 } from '../core/model/wan-vae.ts';
@@ -174,22 +177,26 @@ export function largestTileTensorBytes(cfg: WanVaeConfig, tileLatentPixels: numb
   return largest;
 }
 
-/** diffusers' tiles, halved (tile and stride) until a tile's largest tensor fits the workers' buffers. */
+/**
+ * diffusers' tiles, halved (tile and stride) until a tile's largest tensor fits the workers' buffers; a tile of
+ * so many video pixels is that many over the VAE's spatial scale in latent pixels (8, Wan2.2's 16).
+ */
 export function chooseTiling(cfg: WanVaeConfig, maxBufferBytes: number): Tiling & { why: string } {
+  const latentPixels = (videoPixels: number) => videoPixels / spatialScale(cfg);
   let tiling = { tile: TILE_PIXELS, stride: TILE_STRIDE_PIXELS };
-  while (tiling.tile > 64 && largestTileTensorBytes(cfg, tiling.tile / 8) > maxBufferBytes)
+  while (tiling.tile > 64 && largestTileTensorBytes(cfg, latentPixels(tiling.tile)) > maxBufferBytes)
     tiling = { tile: tiling.tile / 2, stride: tiling.stride / 2 };
   const why =
     tiling.tile === TILE_PIXELS
       ? "diffusers' tiles"
       : `diffusers' ${TILE_PIXELS}-pixel tiles need a ` +
-        `${(largestTileTensorBytes(cfg, TILE_PIXELS / 8) / 2 ** 20).toFixed(0)} MiB buffer; ` +
+        `${(largestTileTensorBytes(cfg, latentPixels(TILE_PIXELS)) / 2 ** 20).toFixed(0)} MiB buffer; ` +
         `the workers allow ${(maxBufferBytes / 2 ** 20).toFixed(0)} MiB`;
   return { ...tiling, why };
 }
 
 export function tiledDecoding<H extends TileHost>(o: TiledDecodingOptions<H>): VideoDecoding {
-  /** per RGB channel, the largest magnitude an honest tile's value can have */
+  /** per channel the decoder makes (RGB, or RGB per patch pixel), the largest magnitude an honest value can have */
   const outputBound = once(async () =>
     decoderOutputBound(o.config, await (await openWanVae(o.files)).decoderTensors(decoderHeadNames(o.config))).map(
       (b) => b * (1 + OUTPUT_BOUND_SLACK),
@@ -207,7 +214,7 @@ export function tiledDecoding<H extends TileHost>(o: TiledDecodingOptions<H>): V
     const bound = await outputBound();
     // tiles shrink until the workers' smallest buffer holds them
     const tiling = o.tiling ? { ...o.tiling, why: 'as asked' } : chooseTiling(o.config, placed.maxBufferBytes);
-    const tiles = tilesOf(h, w, tiling);
+    const tiles = tilesOf(h, w, tiling, o.config.patchSize);
     const decoded = new Array<Frames>(tiles.length);
     const queue = tiles.map((_, i) => i);
     const ranks = new Map<string, DecodeReport['ranks'][number]>();
@@ -248,8 +255,9 @@ export function tiledDecoding<H extends TileHost>(o: TiledDecodingOptions<H>): V
         const rank = rankOf(host);
         const tile = tiles[index];
         const part = cutTile(latent, tile);
-        const perLatentFrame = 3 * framesOfChunk(o.config, false) * 64 * tile.height * tile.width;
-        const step = itemsPerMessage(perLatentFrame);
+        const framesShape = (frames: number, first: boolean) =>
+          decodedFramesShape(o.config, { frames, height: tile.height, width: tile.width, first });
+        const step = itemsPerMessage(sizeOf(framesShape(1, false)));
         const parts: Frames[] = [];
         const plane = C * tile.height * tile.width;
         for (let from = 0; from < T; from += step) {
@@ -287,19 +295,15 @@ export function tiledDecoding<H extends TileHost>(o: TiledDecodingOptions<H>): V
               o.timeoutMs,
             )
             .finally(stopLoadNews);
-          const expected = [
-            from === 0 ? 1 + framesOfChunk(o.config, false) * (n - 1) : framesOfChunk(o.config, false) * n,
-            3,
-            8 * tile.height,
-            8 * tile.width,
-          ];
+          const expected = framesShape(n, from === 0);
           const what = `latent frames ${from}–${from + n - 1}`;
           if (got.shape.join() !== expected.join() || got.frames.length !== sizeOf(expected))
             throw new PartBreach(
               `came as [${got.shape.join()}] with ${got.frames.length} values, not [${expected.join()}] (${what})`,
             );
-          checkFrames(got.frames, expected[2] * expected[3], bound, what);
-          parts.push({ frames: expected[0], channels: 3, height: expected[2], width: expected[3], data: got.frames });
+          const [frameCount, channels, height, width] = expected;
+          checkFrames(got.frames, height * width, bound, what);
+          parts.push({ frames: frameCount, channels, height, width, data: got.frames });
           rank.computeMs += got.computeMs;
           rank.bytesSent += got.frames.byteLength;
           rank.weightBytes = got.weightBytes;
@@ -400,7 +404,7 @@ export function tiledDecoding<H extends TileHost>(o: TiledDecodingOptions<H>): V
           `no worker could decode VAE tile ${nameOf(queue[0])}: ` + failures.slice(-hosts.length).join('; '),
         );
     }
-    const video = blendTiles(tiles, decoded, h, w, tiling);
+    const video = blendTiles(tiles, decoded, h, w, tiling, o.config.patchSize);
     return {
       video,
       report: {
@@ -429,12 +433,15 @@ export function tiledDecoding<H extends TileHost>(o: TiledDecodingOptions<H>): V
   };
 }
 
-/** Frames [F, 3, H, W] of a tile are finite and within what the decoder can produce in each channel (`bound`). */
+/**
+ * Frames [F, C, H, W] of a tile are finite and within what the decoder can produce in each of its C channels
+ * (`bound`: 3, or Wan2.2's 12 patch channels).
+ */
 function checkFrames(frames: Float32Array, plane: number, bound: number[], what: string): void {
   for (let i = 0; i < frames.length; i++) {
     const v = frames[i];
     if (!Number.isFinite(v)) throw new PartBreach(`came with NaN or infinite values (${what})`);
-    const channel = Math.floor(i / plane) % 3;
+    const channel = Math.floor(i / plane) % bound.length;
     if (Math.abs(v) > bound[channel])
       throw new PartBreach(
         `came with ${v.toExponential(2)} in channel ${channel}, beyond the ±${bound[channel].toExponential(2)} ` +

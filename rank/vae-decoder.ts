@@ -1,8 +1,8 @@
-// Wan2.1's VAE decoder on onnxruntime-web: the first-chunk and later-chunk graphs
-// (wan-vae-graphs.ts) as two sessions sharing one set of weight tensors, decoding a tile latent
-// frame by latent frame. The causal caches go from one run to the next as tensors: on WebGPU they
-// stay in GPU buffers (each released once the next run has replaced it), and the weights are
-// uploaded to GPU buffers once; on WASM everything is CPU data.
+// AutoencoderKLWan's decoder (Wan2.1's or Wan2.2's) on onnxruntime-web: the first-chunk and
+// later-chunk graphs (wan-vae-graphs.ts) as two sessions sharing one set of weight tensors,
+// decoding a tile latent frame by latent frame. The causal caches go from one run to the next as
+// tensors: on WebGPU they stay in GPU buffers (each released once the next run has replaced it),
+// and the weights are uploaded to GPU buffers once; on WASM everything is CPU data.
 import * as ort from 'onnxruntime-web';
 import { defined } from '../core/defined.ts';
 import { buildVaeChunkGraph, vaeWeightFeeds } from '../core/model/wan-vae-graphs.ts';
@@ -23,8 +23,9 @@ import { weightTensors, type GpuDevice } from './gpu-weights.ts';
 /** One tile being decoded: its latent frames go in a run at a time, the causal caches carried between them. */
 export interface VaeTileStream {
   /**
-   * the tile's next latent frames [z_dim, n, h, w] → their frames [n', 3, 8h, 8w] (n' = 1 + 4(n−1)
-   * for the first run, 4n after), before blending and clamping
+   * the tile's next latent frames [z_dim, n, h, w] → their frames [n', 3·p², 8h, 8w] (n' = 1 + 4(n−1)
+   * for the first run, 4n after; p = 2 with Wan2.2's patches, else 1: decodedFramesShape), before
+   * blending and clamping
    */
   next(latent: Tensor): Promise<Frames>;
   /** latent frames decoded so far */
@@ -37,7 +38,7 @@ export interface VaeTileStream {
 export interface VaeTileDecoder {
   /** starts a tile of h×w latent pixels */
   open(h: number, w: number): VaeTileStream;
-  /** a whole tile: [z_dim, T, h, w] → [1 + 4(T−1), 3, 8h, 8w] */
+  /** a whole tile: [z_dim, T, h, w] → [1 + 4(T−1), 3·p², 8h, 8w] */
   decode(latent: Tensor): Promise<Frames>;
   /** bytes of the weights it holds (GPU bytes on WebGPU) */
   weightBytes: number;

@@ -314,7 +314,7 @@ export function decoderPlan(cfg: WanVaeConfig): VaePlan {
     b.scaleBy(2);
   }
   const last = dims[dims.length - 1];
-  const out = 3 * cfg.patchSize ** 2;
+  const out = decoderOutputChannels(cfg);
   layers.push({ kind: 'head', name: 'decoder', dim: last, conv: b.conv('decoder.conv_out', last, out, 3) });
   return { layers, caches: b.caches };
 }
@@ -374,6 +374,25 @@ export function videoFrames(cfg: WanVaeConfig, latentFrames: number): number {
 /** Video pixels a latent pixel stands for, each way (scale_factor_spatial): the decoder's ×8, times the patch. */
 export function spatialScale(cfg: WanVaeConfig): number {
   return SCALE_FACTOR_SPATIAL * cfg.patchSize;
+}
+
+/** Channels the decoder's head makes: RGB for each pixel of a p×p patch (3, or Wan2.2's 12), before unpatchify. */
+export function decoderOutputChannels(cfg: WanVaeConfig): number {
+  return 3 * cfg.patchSize ** 2;
+}
+
+/**
+ * What the decoder makes of n latent frames of h×w, a tile's first among them or not: frames
+ * [F, 3·p², 8h, 8w], its ×8 with the patches still folded into channels (blendTiles unpatchifies
+ * the blended whole, as diffusers' tiled_decode does).
+ */
+export function decodedFramesShape(
+  cfg: WanVaeConfig,
+  { frames, height, width, first }: { frames: number; height: number; width: number; first: boolean },
+): [number, number, number, number] {
+  const later = framesOfChunk(cfg, false);
+  const F = first ? framesOfChunk(cfg, true) + later * (frames - 1) : later * frames;
+  return [F, decoderOutputChannels(cfg), SCALE_FACTOR_SPATIAL * height, SCALE_FACTOR_SPATIAL * width];
 }
 
 /** A time_conv's weight is [out, in, 3, 1, 1]; every other 3-kernel conv's [out, in, 3, 3, 3]. */

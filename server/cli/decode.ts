@@ -1,8 +1,8 @@
-// A latent through a Wan2.1 folder's VAE (AutoencoderKLWan), for parity checks against diffusers
-// like `npm run forward` and `npm run encode-prompt`: starts the server and Chromium with N worker
-// tabs, and decodes the latent on them in diffusers' tiles as a job's video is decoded
-// (coordinator/vae-decoding.ts). Writes the video [1, 3, 1 + 4(T−1), 8h, 8w] in [−1, 1], as
-// AutoencoderKLWan.decode returns it, and with --out a WebM of it.
+// A latent through a Wan folder's VAE (AutoencoderKLWan, Wan2.1's or Wan2.2's), for parity checks
+// against diffusers like `npm run forward` and `npm run encode-prompt`: starts the server and
+// Chromium with N worker tabs, and decodes the latent on them in diffusers' tiles as a job's video
+// is decoded (coordinator/vae-decoding.ts). Writes the video [1, 3, 1 + 4(T−1), s·h, s·w] in
+// [−1, 1] (s = 8, Wan2.2's 16), as AutoencoderKLWan.decode returns it, and with --out a WebM of it.
 //
 //   npm run decode -- --model DIR --latent F.safetensors --output V.safetensors [--out video.webm]
 //     [--workers N]
@@ -12,18 +12,18 @@ import { dirname, join } from 'node:path';
 import { parseArgs } from 'node:util';
 import type { AutomationProgress } from '../../app/automation.ts';
 import { defined } from '../../core/defined.ts';
-import { VAE_CONFIG } from '../../core/model/wan-vae.ts';
+import { isWanVaeConfig, parseWanVaeConfig, VAE_CONFIG, type WanVaeConfig } from '../../core/model/wan-vae.ts';
 import { readSafetensors, writeSafetensors } from '../../core/safetensors.ts';
 import { CACHE_ROOT } from '../model-folder.ts';
-import { servedOr } from '../serve.ts';
+import { localModelDir, servedOr } from '../serve.ts';
 import { pageError, startLocalSwarm } from './browser-swarm.ts';
 import { DECODE_OPTIONS } from './flags.ts';
 
 const USAGE = [
   'usage: npm run decode -- --model DIR --latent F.safetensors --output V.safetensors [--out video.webm] [--workers N]',
-  "  --latent   a safetensors file holding the transformer's latent [1, 16, T, h, w] (or [16, T, h, w]): " +
-    'its tensor "latent", or its only one',
-  '  --output   where to write "video" [1, 3, 1 + 4(T−1), 8h, 8w] in [−1, 1]',
+  "  --latent   a safetensors file holding the transformer's latent [1, z, T, h, w] (or [z, T, h, w]; z is the " +
+    'VAE\'s z_dim: 16, Wan2.2\'s 48): its tensor "latent", or its only one',
+  '  --output   where to write "video" [1, 3, 1 + 4(T−1), s·h, s·w] in [−1, 1] (s = 8, Wan2.2\'s 16)',
   '  --out      also a WebM of it, as the dashboard shows it',
   '  --workers  worker tabs to decode the tiles on (default 1)',
 ].join('\n');
@@ -67,6 +67,24 @@ if (shape.length !== 4)
 if (!latent.data.every(Number.isFinite)) fail(`--latent ${values.latent}: the latent holds NaN or infinite values`);
 
 const { modelFolders, defaultModel: modelUrl } = servedOr({ model: values.model, needs: VAE_CONFIG }, fail);
+/** The folder's AutoencoderKLWan config where the folder is on this machine; null for a URL or a stand-in VAE. */
+function localWanVae(): WanVaeConfig | null {
+  const folder = localModelDir({ modelFolders, defaultModel: modelUrl });
+  if (!folder) return null;
+  try {
+    const json: unknown = JSON.parse(readFileSync(join(folder, VAE_CONFIG), 'utf8'));
+    return isWanVaeConfig(json) ? parseWanVaeConfig(json, VAE_CONFIG) : null;
+  } catch (e) {
+    fail(`--model ${values.model}: ${(e as Error).message}`);
+  }
+}
+// a latent the folder's VAE cannot take is refused here, before Chromium starts, in the VAE's own terms
+const vae = localWanVae();
+if (vae && shape[0] !== vae.zDim)
+  fail(
+    `--latent ${values.latent}: the latent [${shape.join(',')}] has ${shape[0]} channels, and ` +
+      `${values.model}'s VAE (z_dim ${vae.zDim}) decodes [${vae.zDim}, T, h, w]: give a latent made for this VAE`,
+  );
 const tty = process.stderr.isTTY;
 const swarm = await startLocalSwarm({
   workers,
