@@ -425,7 +425,7 @@ export interface DecodeTileArgs {
 }
 
 export interface DecodedTile {
-  /** [F, 3, 8h, 8w], before blending and clamping */
+  /** [F, 3·p², 8h, 8w], before blending and clamping */
   frames: Float32Array;
   shape: number[];
   computeMs: number;
