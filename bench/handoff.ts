@@ -12,7 +12,7 @@
 
 import { parseArgs } from 'node:util';
 import type { JobResult } from '../app/automation.ts';
-import { latentShape } from '../core/job.ts';
+import { latentShape, wan21Latent } from '../core/model/family.ts';
 import { parseWanConfig } from '../core/model/config.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
 import { MAX_MESSAGE_FLOATS } from '../core/worker-api.ts';
@@ -70,7 +70,7 @@ export async function runHandOff(o: HandOffOptions) {
   await ensureWan14b(o.model, o.layers);
   const { config, promptEmbeds, started, swarm, machineAtStart } = await transformerSwarm(o.model, 2);
   const wan = parseWanConfig(config, 'the hand-off model');
-  const tokens = tokenGrid(wan, latentShape(o, wan.inChannels)).count;
+  const tokens = tokenGrid(wan, latentShape(o, wan21Latent(wan.inChannels))).count;
   const textRows = promptEmbeds.shape.at(-2) ?? TEXT_TOKENS;
   /** one pass's hidden state as the first stage hands it on in float32: x, the timestep's embeddings, the text */
   const hiddenBytes = 4 * (tokens + 7 + textRows) * wan.dim;

@@ -16,7 +16,8 @@ import type { BrowserContext, Page } from '@playwright/test';
 import type { JobOverrides } from '../app/automation.ts';
 import type { Transport } from '../core/net/channel.ts';
 import type { RelayRole } from '../core/net/relay-client.ts';
-import { latentShape, type JobParams } from '../core/job.ts';
+import { type JobParams } from '../core/job.ts';
+import { latentShape, wan21Latent } from '../core/model/family.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
 import { startLocalSwarm, type LocalSwarmOptions } from '../server/cli/browser-swarm.ts';
 import { JOB_FLAG_OPTIONS, jobFlagValues, type JobFlag } from '../server/cli/job-flags.ts';
@@ -196,7 +197,7 @@ export async function runLinks(options: Partial<LinksOptions> = {}) {
   const o = { ...DEFAULT_LINKS, ...options };
   const folder = await benchModel(options.model);
   const model = folder.config;
-  const tokens = tokenGrid(model, latentShape(o, model.inChannels)).count;
+  const tokens = tokenGrid(model, latentShape(o, wan21Latent(model.inChannels))).count;
   await buildBenchPages();
   log(
     `links: ${folder.path} (D ${model.dim}, ${model.numLayers} blocks), ${tokens} tokens, ${o.steps} steps at P = 2; ` +

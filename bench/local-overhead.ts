@@ -8,7 +8,7 @@
 
 import { parseArgs } from 'node:util';
 import type { JobOverrides } from '../app/automation.ts';
-import { latentShape } from '../core/job.ts';
+import { latentShape, wan21Latent } from '../core/model/family.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
 import { startLocalSwarm } from '../server/cli/browser-swarm.ts';
 import {
@@ -58,7 +58,7 @@ export async function runLocalOverhead(options: Partial<OverheadOptions> & OnMod
   const folder = await benchModel(options.model);
   const model = folder.config;
   await buildBenchPages();
-  const shape = latentShape(o, model.inChannels);
+  const shape = latentShape(o, wan21Latent(model.inChannels));
   const tokens = tokenGrid(model, shape).count;
   log(`local overhead: ${folder.path}, ${tokens} tokens, ${o.pairs} pairs of (local-backend step, direct forward)`);
   const swarm = await startLocalSwarm({ workers: 0, modelFolders: folder.modelFolders, log: (l) => log(l) });

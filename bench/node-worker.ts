@@ -8,7 +8,8 @@ import { availableParallelism } from 'node:os';
 import { parseArgs } from 'node:util';
 import type { JobOverrides } from '../app/automation.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
-import { latentShape, type JobParams } from '../core/job.ts';
+import { type JobParams } from '../core/job.ts';
+import { latentShape, wan21Latent } from '../core/model/family.ts';
 import { startLocalSwarm, type LocalSwarmOptions } from '../server/cli/browser-swarm.ts';
 import { JOB_FLAG_OPTIONS, jobFlagValues, type JobFlag } from '../server/cli/job-flags.ts';
 import {
@@ -40,7 +41,7 @@ export async function runNodeWorker(options: Partial<Pick<JobParams, JobFlag>> &
   const o = { ...DEFAULT_SCALING, ...options };
   const folder = await benchModel(options.model);
   const model = folder.config;
-  const tokens = tokenGrid(model, latentShape(o, model.inChannels)).count;
+  const tokens = tokenGrid(model, latentShape(o, wan21Latent(model.inChannels))).count;
   const cores = availableParallelism();
   log(`node-worker: ${folder.path} (D ${model.dim}, ${model.numLayers} blocks), ${tokens} tokens, ${o.steps} steps`);
   const started = Date.now();

@@ -15,7 +15,7 @@ import { parseArgs } from 'node:util';
 import type { Page } from '@playwright/test';
 import type { JobOverrides, JobResult } from '../app/automation.ts';
 import { defined } from '../core/defined.ts';
-import { latentShape } from '../core/job.ts';
+import { latentShape, wan21Latent } from '../core/model/family.ts';
 import { parseWanConfig } from '../core/model/config.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
 import { WEIGHT_TYPES, type WeightType } from '../core/worker-api.ts';
@@ -246,7 +246,7 @@ export async function runPooled(o: PooledOptions) {
   const cfg = defined(config, 'the pooled model config');
   // PipeFusion: the same job's steps after the first in patches flowing through the stages at once
   const wan = parseWanConfig(cfg, 'the pooled model');
-  const tokens = tokenGrid(wan, latentShape(o, wan.inChannels)).count;
+  const tokens = tokenGrid(wan, latentShape(o, wan21Latent(wan.inChannels))).count;
   const pipeFusion = [];
   for (const S of o.steps > 1 ? o.stages.filter((s) => s > 1) : []) {
     const patches = Math.min(2 * S, tokens, cfg.num_attention_heads);

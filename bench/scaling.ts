@@ -11,7 +11,8 @@ import { parseArgs } from 'node:util';
 import type { JobOverrides, JobResult } from '../app/automation.ts';
 import { forwardBytes, predictStep, type Hardware, type Workload } from '../core/cost-model.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
-import { latentShape, type JobParams } from '../core/job.ts';
+import { type JobParams } from '../core/job.ts';
+import { latentShape, wan21Latent } from '../core/model/family.ts';
 import { startLocalSwarm } from '../server/cli/browser-swarm.ts';
 import { JOB_FLAG_OPTIONS, jobFlagValues, type JobFlag } from '../server/cli/job-flags.ts';
 import {
@@ -87,7 +88,7 @@ export async function runScaling(options: Partial<ScalingOptions> & OnModel = {}
   const folder = await benchModel(options.model);
   const model = folder.config;
   await buildBenchPages();
-  const shape = latentShape(o, model.inChannels);
+  const shape = latentShape(o, wan21Latent(model.inChannels));
   const tokens = tokenGrid(model, shape).count;
   const workload: Workload = { model, tokens, textTokens: 32, passes: o.guidance !== 1 ? 2 : 1 };
   log(
@@ -226,7 +227,7 @@ export async function runScaling(options: Partial<ScalingOptions> & OnModel = {}
       const job = { frames: CFG_JOB.frames, height: o.height, width: o.width, guidance: CFG_JOB.guidance };
       const cfgWork: Workload = {
         ...workload,
-        tokens: tokenGrid(model, latentShape(job, model.inChannels)).count,
+        tokens: tokenGrid(model, latentShape(job, wan21Latent(model.inChannels))).count,
         passes: 2,
       };
       try {

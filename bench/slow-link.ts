@@ -27,7 +27,7 @@ import { parseArgs } from 'node:util';
 import type { JobOverrides } from '../app/automation.ts';
 import { predictStep } from '../core/cost-model.ts';
 import { defined } from '../core/defined.ts';
-import { latentShape } from '../core/job.ts';
+import { latentShape, wan21Latent } from '../core/model/family.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
 import { DTYPES, type DType } from '../core/net/protocol.ts';
 import { MAX_HEAD_GROUPS } from '../core/parallel.ts';
@@ -190,7 +190,7 @@ export async function runSlowLink(options: Partial<SlowLinkOptions> = {}) {
   const folder = await benchModel();
   const model = folder.config;
   await buildBenchPages();
-  const tokens = tokenGrid(model, latentShape(o, model.inChannels)).count;
+  const tokens = tokenGrid(model, latentShape(o, wan21Latent(model.inChannels))).count;
   const target = projectedExchangeRatio();
   const workers = Math.max(...o.degrees, o.guided ? 4 : 1); // the guided runs go to P = 4
   log(

@@ -8,7 +8,8 @@
 import { parseArgs } from 'node:util';
 import type { JobOverrides } from '../app/automation.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
-import { latentShape, type JobParams } from '../core/job.ts';
+import { type JobParams } from '../core/job.ts';
+import { latentShape, wan21Latent } from '../core/model/family.ts';
 import { startLocalSwarm } from '../server/cli/browser-swarm.ts';
 import { JOB_FLAG_OPTIONS, jobFlagValues, type JobFlag } from '../server/cli/job-flags.ts';
 import {
@@ -44,7 +45,7 @@ export async function runThreads(options: Partial<Pick<JobParams, JobFlag>> & On
   const o = { ...DEFAULT_SCALING, ...options };
   const folder = await benchModel(options.model);
   const model = folder.config;
-  const tokens = tokenGrid(model, latentShape(o, model.inChannels)).count;
+  const tokens = tokenGrid(model, latentShape(o, wan21Latent(model.inChannels))).count;
   log(`threads: ${folder.path} (D ${model.dim}, ${model.numLayers} blocks), ${tokens} tokens, ${o.steps} steps, P = 1`);
   const swarm = await startLocalSwarm({ workers: 1, modelFolders: folder.modelFolders, log });
   const started = Date.now();

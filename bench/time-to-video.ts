@@ -14,7 +14,8 @@ import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import type { JobOverrides, JobResult } from '../app/automation.ts';
 import { placedStepCache } from '../coordinator/planner.ts';
-import { DEFAULT_JOB, latentShape } from '../core/job.ts';
+import { DEFAULT_JOB } from '../core/job.ts';
+import { latentShape, wan21Latent } from '../core/model/family.ts';
 import { maxAbsDiff } from '../core/tensor.ts';
 import { writeSafetensors } from '../core/safetensors.ts';
 import { evaluateDemo } from '../demo/evaluate.ts';
@@ -178,7 +179,7 @@ async function heldOutAccuracy(model: LoadedModel, o: TimeToVideoOptions) {
 }
 
 async function decoded(model: LoadedModel, latent: Float32Array): Promise<Float32Array> {
-  const shape = latentShape(DEFAULT_JOB, model.config.inChannels);
+  const shape = latentShape(DEFAULT_JOB, wan21Latent(model.config.inChannels));
   return (await model.decoder())({ shape, data: latent }).rgb;
 }
 

@@ -11,7 +11,7 @@
 
 import { parseArgs } from 'node:util';
 import type { JobOverrides } from '../app/automation.ts';
-import { latentShape } from '../core/job.ts';
+import { latentShape, wan21Latent } from '../core/model/family.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
 import { DEFAULT_SPOT_CHECK_RATE } from '../coordinator/spot-check.ts';
 import {
@@ -74,7 +74,7 @@ export async function runUneven(options: Partial<UnevenOptions> & OnModel = {}) 
   const folder = await benchModel(options.model);
   const model = folder.config;
   await buildBenchPages();
-  const tokens = tokenGrid(model, latentShape(o, model.inChannels)).count;
+  const tokens = tokenGrid(model, latentShape(o, wan21Latent(model.inChannels))).count;
   log(
     `uneven: ${folder.path} (D ${model.dim}, ${model.numLayers} blocks, ${model.numHeads} heads), ${tokens} tokens, ` +
       `${o.steps} steps; tabs on ${o.fastShare}, ${o.fastShare} and ${o.slowShare} of a core`,

@@ -7,6 +7,8 @@
 import { defined } from '../core/defined.ts';
 import type { JobParams } from '../core/job.ts';
 import { median } from '../core/median.ts';
+import { stepTimestep } from '../core/model/family.ts';
+import type { TokenGrid } from '../core/model/tokens.ts';
 import { sample, type SamplerCheckpoint, type Solver } from '../core/sampler.ts';
 import type { Tensor } from '../core/tensor.ts';
 import { handOffsOf, type HandOffReport } from './forward/staged.ts';
@@ -37,6 +39,10 @@ export interface DenoiseRequest {
   params: JobParams;
   /** the latent's [C, T, H, W] */
   shape: number[];
+  /** the model's tokens of that latent */
+  grid: TokenGrid;
+  /** image to video (Wan2.2 TI2V): the encoded image held as the first latent frame (core/sampler.ts) */
+  firstFrame?: Float32Array;
   solver: Solver;
   /** continue from a checkpoint: `step` steps done, `latent` after them */
   resume?: SamplerCheckpoint;
@@ -106,6 +112,7 @@ export async function denoise(r: DenoiseRequest): Promise<Denoised> {
         seed: params.seed,
         solver: r.solver,
         resume: from.checkpoint,
+        firstFrame: r.firstFrame,
         signal: r.signal,
         async velocity(at) {
           // a rank markedly slower than its share keeps its job with a smaller one (placer.rebalance)
@@ -117,8 +124,9 @@ export async function denoise(r: DenoiseRequest): Promise<Denoised> {
           }
           for (;;) {
             try {
+              const timestep = stepTimestep(r.grid, at.timestep, r.firstFrame !== undefined);
               const result = await executor().velocity(
-                { job: r.job, steps: params.steps, ...at },
+                { job: r.job, steps: params.steps, ...at, timestep },
                 params.guidance,
                 cacheMemory,
               );

@@ -4,7 +4,9 @@
 // a worker lost in any phase (its text encoder layers, placing, a step, its VAE tiles) costs a
 // re-placement on the live workers, not the job (Placer: one rule for all of them).
 import { defined } from '../core/defined.ts';
-import { DEFAULT_MODEL_URL, jobParams, latentShape, passesPerStep, usesGuidance, type JobParams } from '../core/job.ts';
+import { DEFAULT_MODEL_URL, jobParams, passesPerStep, usesGuidance, type JobParams } from '../core/job.ts';
+import { checkFamilyParams, latentShape } from '../core/model/family.ts';
+import { tokenGrid } from '../core/model/tokens.ts';
 import { parseWanConfig, type WanConfig } from '../core/model/config.ts';
 import { fetchModelFiles, readJson } from '../core/model/files.ts';
 import { openTransformer, TRANSFORMER_CONFIG } from '../core/model/transformer.ts';
@@ -47,7 +49,7 @@ export interface PipelineOptions {
   placementTimeoutMs?: number;
   rpcTimeoutMs?: number;
   /** the last stage, frames → video file: WebM through WebCodecs unless replaced (Node has no WebCodecs) */
-  encodeVideo?: (frames: DecodedVideo) => Promise<Blob>;
+  encodeVideo?: (frames: DecodedVideo, options: { fps: number }) => Promise<Blob>;
   /** encoded prompts kept between jobs (the dashboard's IndexedDB); none: every prompt is encoded */
   promptCache?: PromptCache;
   /** what earlier jobs of the model measured of their phases, for estimates (none: this pipeline's jobs alone) */
@@ -91,6 +93,10 @@ export interface GenerateReport {
     model: string;
     outputType: 'video' | 'latent';
     promptEmbeds: 'encoded' | 'given';
+    /** the model's family (core/model/family.ts), the latent's [C, T, H, W] in it and its video's frame rate */
+    family: string;
+    latentShape: number[];
+    fps: number;
   };
   /** where and how the job ran, as the planner decided it (after a lost rank: the last placement) */
   placement: ResolvedPlacement;
@@ -266,9 +272,10 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
   const modelUrl = new URL(options.model ?? DEFAULT_MODEL_URL, swarm?.origin ?? pageUrl()).href;
   const files = fetchModelFiles(modelUrl);
   const parts = await loadWanPipelineParts(files);
-  const { config, textTokens, umt5, wanVae, solver, defaults: folderDefaults, stepCacheCurve } = parts;
+  const { config, family, textTokens, umt5, wanVae, solver, defaults: folderDefaults, stepCacheCurve } = parts;
   const placer = new Placer({
     config,
+    latent: family.latent,
     modelUrl,
     backend,
     swarm,
@@ -361,6 +368,12 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
   let jobs = 0;
   /** what this model's jobs measured of the phases the cost model does not predict */
   const rates = options.phaseRates ?? new PhaseRates();
+  /** A job's parameters: the folder's defaults beneath the input's, every field checked, on this family too. */
+  const paramsOf = (input: Parameters<typeof jobParams>[0]): JobParams => {
+    const params = jobParams(input, folderDefaults);
+    checkFamilyParams(family, params);
+    return params;
+  };
   /** The job's placement as asked: the pipeline's beneath the job's. */
   const placementOf = (asked: PlacementRequest | undefined): PlacementRequest => {
     const merged = { ...options.placement, ...asked };
@@ -375,14 +388,14 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
     { promptEmbeds, negativePromptEmbeds, outputType = 'video' }: JobRequest,
     fromStep = 0,
   ): Promise<JobEstimate> => {
-    const { inChannels } = transformer();
+    transformer(); // a folder without one runs no job: it says so before anything is forecast
     const { stepMs, loadBytes } = placer.forecast(params, placement);
     const prompts = [promptEmbeds ? null : params.prompt];
     if (usesGuidance(params)) prompts.push(negativePromptEmbeds ? null : params.negativePrompt);
     const promptTokens = await Promise.all(
       prompts.map((p) => (p === null ? Promise.resolve(0) : textEncoding.tokensToRun(p))),
     );
-    const latentValues = sizeOf(latentShape(params, inChannels));
+    const latentValues = sizeOf(latentShape(params, family.latent));
     return estimateJob(
       {
         steps: params.steps - fromStep,
@@ -403,16 +416,16 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
     async estimate(request) {
       const { placement: asked, ...given } = request;
       const { promptEmbeds: _p, negativePromptEmbeds: _n, outputType: _o, ...input } = given;
-      return estimateOf(jobParams(input, folderDefaults), placementOf(asked), given);
+      return estimateOf(paramsOf(input), placementOf(asked), given);
     },
     rehearseAhead({ placement: asked, promptEmbeds: _p, negativePromptEmbeds: _n, outputType: _o, ...input }) {
-      return placer.rehearseAhead(jobParams(input, folderDefaults), placementOf(asked));
+      return placer.rehearseAhead(paramsOf(input), placementOf(asked));
     },
     async generate(request) {
       const { placement: asked, resume, onCheckpoint, onFailure, onProgress, onPhase, signal, ...given } = request;
       // what is left is the job's parameters: the report and the store keep them, so nothing else may stay
       const { promptEmbeds, negativePromptEmbeds, outputType = 'video', ...input } = given;
-      const params = jobParams(input, folderDefaults);
+      const params = paramsOf(input);
       const placementRequest = placementOf(asked);
       const estimate = await estimateOf(params, placementRequest, given, resume?.step);
       const clock = phaseClock((phase) => tell(phase));
@@ -439,7 +452,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
       await placer.place(params, placementRequest);
       const setupMs = clock.elapsedMs();
       const job = ++jobs;
-      const shape = latentShape(params, transformer().inChannels);
+      const shape = latentShape(params, family.latent);
       const texts = encoded.map((e) => e.embeds);
       const meshProbe = await placer.prepare(job, texts, shape, params, placementRequest);
 
@@ -450,6 +463,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
         job,
         params,
         shape,
+        grid: tokenGrid(transformer(), shape),
         solver: sampling,
         resume,
         signal,
@@ -471,14 +485,23 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
           onProgress: (p) => tell('decoding', describeDecodeProgress(p)),
         });
         clock.enter('muxing');
-        video = await (options.encodeVideo ?? encodeWebM)(decoded.frames);
+        video = await (options.encodeVideo ?? encodeWebM)(decoded.frames, { fps: family.fps });
       }
       clock.enter(null);
       const frames = decoded?.frames ?? null;
       const { latent, steps, spotChecks, medianStepMs, rebalances } = denoised;
       const { failures } = placer;
       const report: GenerateReport = {
-        config: { ...params, backend, model: modelUrl, outputType, promptEmbeds: promptEmbeds ? 'given' : 'encoded' },
+        config: {
+          ...params,
+          backend,
+          model: modelUrl,
+          family: family.name,
+          latentShape: shape,
+          fps: family.fps,
+          outputType,
+          promptEmbeds: promptEmbeds ? 'given' : 'encoded',
+        },
         placement: executor.placement,
         meshProbe,
         decoding: decoded?.report ?? null,

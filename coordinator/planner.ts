@@ -19,7 +19,8 @@ import {
   type StepPrediction,
   type Workload,
 } from '../core/cost-model.ts';
-import { latentShape, passesPerStep, usesGuidance, type JobParams } from '../core/job.ts';
+import { passesPerStep, usesGuidance, type JobParams } from '../core/job.ts';
+import { latentShape, type LatentFormat } from '../core/model/family.ts';
 import type { WanConfig } from '../core/model/config.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
 import { bytesPerElement, type DType } from '../core/net/protocol.ts';
@@ -58,6 +59,8 @@ export type PlanningWorker = Pick<SwarmWorker, 'id' | 'info' | 'measurement'>;
 /** What stays the same for every job of a pipeline: the model and how its ranks are reached. */
 export interface PlannerContext {
   config: WanConfig;
+  /** the latent its jobs are made in (its family's: core/model/family.ts) */
+  latent: LatentFormat;
   /** the model folder as the workers fetch it */
   modelUrl: string;
   backend: Backend;
@@ -378,7 +381,7 @@ export function rankOrder<W extends Pick<PlanningWorker, 'measurement'>>(workers
 /** What a job's forwards cost: the model, its tokens, the text's and its passes. */
 function workloadOf(ctx: PlannerContext, params: JobParams): Workload {
   const { config, textTokens } = ctx;
-  const tokens = tokenGrid(config, latentShape(params, config.inChannels)).count;
+  const tokens = tokenGrid(config, latentShape(params, ctx.latent)).count;
   return { model: config, tokens, textTokens, passes: passesPerStep(params) };
 }
 
@@ -389,7 +392,7 @@ export function groupOf(
   ep: Asked['ep'],
   members: WorkerGroup['members'],
 ): WorkerGroup {
-  return { modelUrl: ctx.modelUrl, ep, shape: latentShape(params, ctx.config.inChannels), members };
+  return { modelUrl: ctx.modelUrl, ep, shape: latentShape(params, ctx.latent), members };
 }
 
 const membersOf = (workers: readonly PlanningWorker[]): WorkerGroup['members'] =>

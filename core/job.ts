@@ -1,5 +1,6 @@
-// What a user asks for, with the bounds that keep a job valid: frames of the form 4k+1 (Wan's VAE
-// turns 4 frames into one latent frame), sizes multiple of 16 (VAE ×8, then 2×2 patches).
+// What a user asks for, with the bounds that keep a job valid on any model: frames of the form 4k+1 (Wan's VAEs
+// turn 4 frames into one latent frame), sizes multiple of 16 (Wan2.1's VAE ×8, then 2×2 patches; a family may ask
+// more: core/model/family.ts).
 
 export interface JobParams {
   prompt: string;
@@ -59,7 +60,8 @@ export const FEW_STEP_SAMPLING = { steps: 4, guidance: 1, flowShift: 5, schedule
 
 export const LIMITS = {
   promptChars: 2000,
-  frames: { min: 1, max: 81 },
+  // Wan2.2 TI2V's published 121 (5 s at 24 fps)
+  frames: { min: 1, max: 121 },
   size: { min: 16, max: 1280 },
   steps: { min: 1, max: 100 },
   guidance: { min: 0, max: 20 },
@@ -133,11 +135,6 @@ export function jobParams(
   const errors = checkJobParams(input, defaults);
   if (Object.keys(errors).length) throw new JobParamsError(errors);
   return { ...defaults, ...input } as JobParams;
-}
-
-/** [16, T, H/8, W/8] with T = (frames − 1)/4 + 1 */
-export function latentShape(p: Pick<JobParams, 'frames' | 'height' | 'width'>, channels = 16): number[] {
-  return [channels, (p.frames - 1) / 4 + 1, p.height / 8, p.width / 8];
 }
 
 /** Classifier-free guidance needs an unconditional pass only when it changes the result. */

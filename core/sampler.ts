@@ -49,6 +49,12 @@ export interface SampleRequest {
   solver?: Solver;
   /** continue from a checkpoint */
   resume?: SamplerCheckpoint;
+  /**
+   * image to video with `expand_timesteps` (Wan2.2 TI2V): the encoded image [C, 1, H, W], held as the first latent
+   * frame — the model sees it there at every step (at timestep 0: the velocity's caller gives those tokens that), and
+   * the sample ends with it (diffusers: `(1 − first_frame_mask) · condition + first_frame_mask · latents`)
+   */
+  firstFrame?: Float32Array;
   /** the (guided) velocity the model predicts for `latent` at this step */
   velocity(at: { step: number; timestep: number; latent: Tensor }): Promise<Float32Array>;
   /** after each step: the checkpoint after it, and the step's duration */
@@ -98,11 +104,13 @@ export async function sample(request: SampleRequest): Promise<Tensor> {
   const first = resume?.step ?? 0;
   scheduler.setBeginIndex(first, resume?.solver);
   let latent: Tensor = resume ? { shape, data: resume.latent } : initialNoise(shape, request.seed);
+  const { firstFrame } = request;
+  const held = (t: Tensor): Tensor => (firstFrame ? withFirstFrame(t, firstFrame) : t);
   for (let step = first; step < steps; step++) {
     request.signal?.throwIfAborted();
     const started = performance.now();
     const timestep = scheduler.timesteps[step];
-    const velocity = await request.velocity({ step, timestep, latent });
+    const velocity = await request.velocity({ step, timestep, latent: held(latent) });
     latent = { shape, data: scheduler.step(velocity, timestep, latent.data).prevSample };
     request.onStep?.({
       step: step + 1,
@@ -111,5 +119,15 @@ export async function sample(request: SampleRequest): Promise<Tensor> {
       stepMs: performance.now() - started,
     });
   }
-  return latent;
+  return held(latent);
+}
+
+/** `latent` [C, T, H, W] with its first frame replaced by `frame` [C, 1, H, W]: a copy. */
+export function withFirstFrame(latent: Tensor, frame: Float32Array): Tensor {
+  const [C, T, H, W] = latent.shape;
+  if (frame.length !== C * H * W)
+    throw new RangeError(`a first frame of ${frame.length} values for a latent of ${C}×${H}×${W} a frame`);
+  const data = latent.data.slice();
+  for (let c = 0; c < C; c++) data.set(frame.subarray(c * H * W, (c + 1) * H * W), c * T * H * W);
+  return { shape: latent.shape, data };
 }

@@ -2,7 +2,8 @@
 // Euler steps with classifier-free guidance, each forward pass through the same ONNX stage graphs
 // and Ulysses split the workers run (all ranks in this process) → VAE decoder. For evaluating a
 // model fast, without browsers.
-import { latentShape, usesGuidance, type JobParams } from '../core/job.ts';
+import { usesGuidance, type JobParams } from '../core/job.ts';
+import { latentShape, wan21Latent } from '../core/model/family.ts';
 import type { ModelFiles } from '../core/model/files.ts';
 import type { WanConfig } from '../core/model/config.ts';
 import type { WanModel } from '../core/model/reference.ts';
@@ -78,7 +79,7 @@ export async function sampleVideo(m: LoadedModel, p: SampleParams): Promise<{ la
       : { keep: (r: Float32Array) => kept[pass].set(rank, r) };
   };
   const latent = await sample({
-    shape: latentShape(p, cfg.inChannels),
+    shape: latentShape(p, wan21Latent(cfg.inChannels)),
     steps: p.steps,
     flowShift: m.flowShift,
     seed: p.seed,

@@ -6,7 +6,7 @@
 
 import { encodeClip } from './patch-vae.ts';
 import { CLIP, promptOf, sampleClip, TRAINING_COMBOS, type Combo } from './world.ts';
-import { latentShape } from '../core/job.ts';
+import { latentShape, wan21Latent } from '../core/model/family.ts';
 import type { WanConfig } from '../core/model/config.ts';
 import { latentToRows, patchify, tokenGrid } from '../core/model/tokens.ts';
 import { SeededRandom } from '../core/random.ts';
@@ -103,7 +103,7 @@ export async function trainDemo(
     named.map(([name]) => (/norm_[qk]\.weight$/.test(name) ? QK_NORM_LR_SCALE : 1)),
   );
   const random = new SeededRandom(o.seed + 1);
-  const shape = latentShape(CLIP, o.config.inChannels);
+  const shape = latentShape(CLIP, wan21Latent(o.config.inChannels));
   const grid = tokenGrid(o.config, shape);
   const size = shape.reduce((a, b) => a * b, 1);
   const history: TrainProgress[] = [];

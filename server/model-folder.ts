@@ -41,6 +41,8 @@ export const FULL_SIZE_MODEL_DIR = join(CACHE_ROOT, 'models/wan2.1-t2v-1.3b');
 export const FEW_LAYERS_MODEL_DIR = join(CACHE_ROOT, 'models/wan2.1-few-layers');
 /** where `make-model --preset wan2.1-t2v-14b` writes the 14B layout (all its blocks: 56 GB in float32) */
 export const WAN_14B_MODEL_DIR = join(CACHE_ROOT, 'models/wan2.1-t2v-14b');
+/** `npm run make-model -- --preset wan2.2-ti2v-5b`: Wan2.2-TI2V-5B-Diffusers' layout, git-ignored (by default 20 GB) */
+export const WAN22_TI2V_5B_MODEL_DIR = join(CACHE_ROOT, 'models/wan2.2-ti2v-5b');
 
 export function folderFiles(dir: string): ModelFiles {
   const missing = (e: unknown, path: string) =>

@@ -1,7 +1,10 @@
+import { WAN21_T2V_1_3B } from './wan21-layout.ts';
+
 // The configuration files of the published Wan-AI/Wan2.2-TI2V-5B-Diffusers folder, for writing random checkpoints in
 // exactly its layout. Its model_index.json as published; its transformer/config.json as diffusers'
 // scripts/convert_wan_to_diffusers.py writes it for "Wan2.2-TI2V-5B" (no official copy was found; where each value
-// came from: ../shared/wan2.2-ti2v-5b/SOURCES.md). Weights: transformer/ holds five fp32 shards and their index.
+// came from: ../shared/wan2.2-ti2v-5b/SOURCES.md); its scheduler and VAE configs as copies of the folder give them.
+// Weights: transformer/ holds five fp32 shards and their index; the text encoder is Wan2.1's umT5.
 // `expand_timesteps`: the pipeline gives the transformer a timestep per token (core/model/timesteps.ts).
 export const WAN22_TI2V_5B = {
   modelIndex: {
@@ -36,4 +39,66 @@ export const WAN22_TI2V_5B = {
     rope_max_seq_len: 1024,
     text_dim: 4096,
   },
+  scheduler: {
+    _class_name: 'UniPCMultistepScheduler',
+    _diffusers_version: '0.35.0.dev0',
+    beta_end: 0.02,
+    beta_schedule: 'linear',
+    beta_start: 0.0001,
+    disable_corrector: [],
+    dynamic_thresholding_ratio: 0.995,
+    final_sigmas_type: 'zero',
+    flow_shift: 5.0,
+    lower_order_final: true,
+    num_train_timesteps: 1000,
+    predict_x0: true,
+    prediction_type: 'flow_prediction',
+    rescale_betas_zero_snr: false,
+    sample_max_value: 1.0,
+    solver_order: 2,
+    solver_p: null,
+    solver_type: 'bh2',
+    steps_offset: 0,
+    thresholding: false,
+    time_shift_type: 'exponential',
+    timestep_spacing: 'linspace',
+    trained_betas: null,
+    use_beta_sigmas: false,
+    use_dynamic_shifting: false,
+    use_exponential_sigmas: false,
+    use_flow_sigmas: true,
+    use_karras_sigmas: false,
+  },
+  vae: {
+    _class_name: 'AutoencoderKLWan',
+    _diffusers_version: '0.35.0.dev0',
+    attn_scales: [],
+    base_dim: 160,
+    clip_output: false,
+    decoder_base_dim: 256,
+    dim_mult: [1, 2, 4, 4],
+    dropout: 0.0,
+    in_channels: 12,
+    is_residual: true,
+    latents_mean: [
+      -0.2289, -0.0052, -0.1323, -0.2339, -0.2799, 0.0174, 0.1838, 0.1557, -0.1382, 0.0542, 0.2813, 0.0891, 0.157,
+      -0.0098, 0.0375, -0.1825, -0.2246, -0.1207, -0.0698, 0.5109, 0.2665, -0.2108, -0.2158, 0.2502, -0.2055, -0.0322,
+      0.1109, 0.1567, -0.0729, 0.0899, -0.2799, -0.123, -0.0313, -0.1649, 0.0117, 0.0723, -0.2839, -0.2083, -0.052,
+      0.3748, 0.0152, 0.1957, 0.1433, -0.2944, 0.3573, -0.0548, -0.1681, -0.0667,
+    ],
+    latents_std: [
+      0.4765, 1.0364, 0.4514, 1.1677, 0.5313, 0.499, 0.4818, 0.5013, 0.8158, 1.0344, 0.5894, 1.0901, 0.6885, 0.6165,
+      0.8454, 0.4978, 0.5759, 0.3523, 0.7135, 0.6804, 0.5833, 1.4146, 0.8986, 0.5659, 0.7069, 0.5338, 0.4889, 0.4917,
+      0.4069, 0.4999, 0.6866, 0.4093, 0.5709, 0.6065, 0.6415, 0.4944, 0.5726, 1.2042, 0.5458, 1.6887, 0.3971, 1.06,
+      0.3943, 0.5537, 0.5444, 0.4089, 0.7468, 0.7744,
+    ],
+    num_res_blocks: 2,
+    out_channels: 12,
+    patch_size: 2,
+    scale_factor_spatial: 16,
+    scale_factor_temporal: 4,
+    temperal_downsample: [false, true, true],
+    z_dim: 48,
+  },
+  textEncoder: WAN21_T2V_1_3B.textEncoder,
 } as const;

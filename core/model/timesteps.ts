@@ -1,4 +1,5 @@
 // A forward's timestep. WanTransformer3DModel takes one for the batch ([B]) or one per token ([B, S]): Wan2.2's
+import type { TokenGrid } from './tokens.ts';
 // pipelines set `expand_timesteps` and give the tokens of an image's first latent frame timestep 0, the rest the
 // step's. The graphs compute the time embedding once per distinct value and gather each token's modulation by its
 // index, so a forward whose tokens share one timestep gathers the same row for each and equals the scalar forward to
@@ -48,4 +49,13 @@ export function timestepError(timestep: Timestep, tokens: number): string | null
     if (!(t >= TIMESTEP_RANGE.min && t <= TIMESTEP_RANGE.max))
       return `a timestep of ${t} is outside [${TIMESTEP_RANGE.min}, ${TIMESTEP_RANGE.max}]`;
   return null;
+}
+
+/**
+ * An image held as the first latent frame (diffusers' expand_timesteps with an image): that frame's tokens at 0, the
+ * rest at `t` — `(first_frame_mask[0][0][:, ::2, ::2] * t).flatten()`, the mask 0 on the first frame, 1 after.
+ */
+export function firstFrameHeldTimesteps(grid: Pick<TokenGrid, 'count' | 'frames'>, t: number): Float32Array {
+  const firstFrameTokens = grid.count / grid.frames;
+  return Float32Array.from({ length: grid.count }, (_, token) => (token < firstFrameTokens ? 0 : t));
 }

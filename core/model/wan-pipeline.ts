@@ -11,6 +11,7 @@ import { DEFAULT_JOB, INSTEAD_OF, type JobParams } from '../job.ts';
 import type { Tensor } from '../tensor.ts';
 import { EULER, type Solver } from '../sampler.ts';
 import { ModelConfigError, parseWanConfig, type WanConfig } from './config.ts';
+import { familyOf, type ModelFamily } from './family.ts';
 import { MissingFile, readJson, type ModelFiles } from './files.ts';
 import { parseMagnitudeCurve, publishedCurve, STEP_CACHE_FILE, type MagnitudeCurve } from '../step-cache.ts';
 import { loadTextEncoder, TEXT_ENCODER_CLASS, type TextEncoder } from './text-encoder.ts';
@@ -53,6 +54,8 @@ export const WAN_PIPELINE_DEFAULTS = {
 export interface WanPipelineParts {
   /** the transformer's config; null where the folder has no transformer/ (it can decode a given latent, no more) */
   config: WanConfig | null;
+  /** Wan2.1 or Wan2.2 TI2V: its latent, its timesteps, its frame rate (family.ts) */
+  family: ModelFamily;
   /** rows of every text embedding the text encoder makes: the cross-attention length */
   textTokens: number;
   /** text_encoder/ is umT5's encoder (the published folders'): too large for one tab, it runs on the workers */
@@ -128,9 +131,10 @@ export function jobDefaults({
   wanVae,
   solver,
   flowShift,
-}: Pick<WanPipelineParts, 'umt5' | 'wanVae' | 'solver' | 'flowShift'>): JobParams {
+  family,
+}: Pick<WanPipelineParts, 'umt5' | 'wanVae' | 'solver' | 'flowShift' | 'family'>): JobParams {
   const published = umt5 && wanVae !== null && solver.kind === 'UniPCMultistepScheduler';
-  return { ...DEFAULT_JOB, ...(published ? WAN_PIPELINE_DEFAULTS : {}), flowShift };
+  return { ...DEFAULT_JOB, ...(published ? { ...WAN_PIPELINE_DEFAULTS, ...family.published } : {}), flowShift };
 }
 
 /** A part of the model folder that a job needs and the folder does not have; the message says what to give instead. */
@@ -168,14 +172,20 @@ export async function loadWanPipelineParts(files: ModelFiles): Promise<WanPipeli
     readOptionalJson(files, TRANSFORMER_CONFIG, (json) => parseWanConfig(json, TRANSFORMER_CONFIG)),
     readOptionalJson(files, TEXT_ENCODER_CONFIG, (json) => json as { _class_name?: string; max_length?: number }),
     readOptionalJson(files, VAE_CONFIG, (json) => json),
-    readOptionalJson(files, 'model_index.json', (json) => json as { flow_shift?: unknown }),
+    readOptionalJson(files, 'model_index.json', (json) => json as { flow_shift?: unknown; expand_timesteps?: unknown }),
     readOptionalJson(files, SCHEDULER_CONFIG, (json) => parseSchedulerConfig(json, SCHEDULER_CONFIG)),
     readOptionalJson(files, STEP_CACHE_FILE, (json) => parseMagnitudeCurve(json, STEP_CACHE_FILE)),
   ]);
   const flowShift = index?.flow_shift ?? scheduler?.flowShift;
   const lacking = (part: keyof typeof MISSING_PARTS) => () => Promise.reject(new MissingPart(MISSING_PARTS[part]));
+  const wanVae = isWanVaeConfig(vaeConfig) ? parseWanVaeConfig(vaeConfig, VAE_CONFIG) : null;
   const parts: Omit<WanPipelineParts, 'defaults'> = {
     config,
+    family: familyOf({
+      expandTimesteps: index?.expand_timesteps === true,
+      vae: wanVae,
+      inChannels: config?.inChannels ?? null,
+    }),
     stepCacheCurve: calibrated ?? (config && publishedCurve(config)),
     textTokens:
       textConfig?._class_name === TEXT_ENCODER_CLASS && typeof textConfig.max_length === 'number'
@@ -183,7 +193,7 @@ export async function loadWanPipelineParts(files: ModelFiles): Promise<WanPipeli
         : WAN_TEXT_TOKENS,
     umt5: textConfig !== null && isUmt5Config(textConfig),
     textEncoder: textConfig ? once(() => loadTextEncoder(files)) : lacking('textEncoder'),
-    wanVae: isWanVaeConfig(vaeConfig) ? parseWanVaeConfig(vaeConfig, VAE_CONFIG) : null,
+    wanVae,
     decoder: vaeConfig ? once(() => loadVaeDecoder(files)) : lacking('vae'),
     flowShift: typeof flowShift === 'number' ? flowShift : DEFAULT_JOB.flowShift,
     solver: scheduler?.solver ?? EULER,

@@ -13,7 +13,7 @@ import { cpus } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { CLIP, HELD_OUT_COMBOS, TRAINING_COMBOS, promptOf } from '../world.ts';
-import { latentShape } from '../../core/job.ts';
+import { latentShape, wan21Latent } from '../../core/model/family.ts';
 import { wanConfigOfSize } from '../../core/model/config.ts';
 import { referenceForward } from '../../core/model/reference.ts';
 import { readWeights } from '../../core/model/files.ts';
@@ -138,7 +138,7 @@ const log = save(result, true);
 const files = folderFiles(out);
 const transformer = await loadTransformer(files);
 const textEncoder = await loadTextEncoder(files);
-const shape = latentShape(CLIP, config.inChannels);
+const shape = latentShape(CLIP, wan21Latent(config.inChannels));
 const grid = tokenGrid(config, shape);
 const loaded = fromWeights(
   config,

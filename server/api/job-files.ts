@@ -15,7 +15,6 @@ import {
 } from 'node:fs';
 import { join } from 'node:path';
 import type { JobResult } from '../../app/automation.ts';
-import { latentShape } from '../../core/job.ts';
 import { writeSafetensors } from '../../core/safetensors.ts';
 import { DiskFullError } from './job-db.ts';
 
@@ -43,8 +42,7 @@ export class JobFiles {
   /** The job's video (where it made one) and its latent [z_dim, T, h, w] as safetensors ("latent"). */
   write(id: string, { video, latent, report }: JobResult): void {
     const values = new Float32Array(new Uint8Array(Buffer.from(latent, 'base64')).buffer);
-    const [, t, h, w] = latentShape(report.config);
-    const shape = [values.length / (t * h * w), t, h, w];
+    const shape = report.config.latentShape;
     this.writeWhole(join(this.dir, NAMES.latent(id)), writeSafetensors(new Map([['latent', { shape, data: values }]])));
     if (video) this.writeWhole(join(this.dir, NAMES.video(id)), Buffer.from(video, 'base64'));
   }

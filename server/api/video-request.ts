@@ -4,14 +4,8 @@
 // it may be: nothing is queued.
 
 import type { JobOverrides } from '../../app/automation.ts';
-import {
-  checkJobParams,
-  DEFAULT_MODEL_URL,
-  JOB_SCHEDULERS,
-  latentShape,
-  LIMITS,
-  type JobParams,
-} from '../../core/job.ts';
+import { checkJobParams, DEFAULT_MODEL_URL, JOB_SCHEDULERS, LIMITS, type JobParams } from '../../core/job.ts';
+import { latentShape, wan21Latent } from '../../core/model/family.ts';
 import { checkLoras, LoraError } from '../../core/model/lora.ts';
 import { DTYPES } from '../../core/net/protocol.ts';
 import { WEIGHT_TYPES } from '../../core/worker-api.ts';
@@ -274,11 +268,14 @@ export function parseVideoRequest(
 const SWARM_BOUND = `a swarm has at most ${MAX_SWARM_WORKERS} workers: one signaling place each, less the dashboard's`;
 
 /** the positions of the largest latent a job may ask for, as many as its tokens can ever be (a patch of 1×1×1) */
-export const MAX_LATENT_POSITIONS = latentShape({
-  frames: LIMITS.frames.max,
-  height: LIMITS.size.max,
-  width: LIMITS.size.max,
-})
+export const MAX_LATENT_POSITIONS = latentShape(
+  {
+    frames: LIMITS.frames.max,
+    height: LIMITS.size.max,
+    width: LIMITS.size.max,
+  },
+  wan21Latent(16), // the finest: 8 pixels a latent pixel
+)
   .slice(1)
   .reduce((a, b) => a * b);
 

@@ -18,11 +18,14 @@
 //          13824, 40 blocks, 351 M parameters a block) with the 1.3B folder's other parts; `--layers N`
 //          keeps fewer blocks, `--dtype bf16` stores the transformer as bfloat16 (as 14B checkpoints
 //          are shipped: 28 GB in all instead of 56)
+//   wan2.2-ti2v-5b  Wan-AI/Wan2.2-TI2V-5B-Diffusers' layout: its model_index.json (expand_timesteps), transformer (24
+//          heads × 128, 48 latent channels, ffn 14336, 30 blocks; fp32 as published, 20 GB, or `--dtype bf16`), its
+//          scheduler, Wan2.2's VAE (z_dim 48, residual, 2×2 patches) and Wan2.1's umT5; `--layers N` keeps fewer blocks
 // The small presets' transformers have every key family of Wan2.1-T2V-1.3B and its 12 heads (so
 // Ulysses degrees 1, 2, 3, 4, 6 are valid), with a stand-in text encoder and VAE.
 //
-//   npm run make-model [-- --preset tiny|bench|wan2.1-t2v-1.3b|wan2.1-few-layers|wan2.1-t2v-14b --out DIR
-//                          --seed N --layers N --text-layers N --head-dim N --ffn N --shard-bytes N
+//   npm run make-model [-- --preset tiny|bench|wan2.1-t2v-1.3b|wan2.1-few-layers|wan2.1-t2v-14b|wan2.2-ti2v-5b
+//                          --out DIR --seed N --layers N --text-layers N --head-dim N --ffn N --shard-bytes N
 //                          --dtype fp32|bf16|fp16]
 
 import { mkdirSync, writeFileSync } from 'node:fs';
@@ -47,6 +50,7 @@ import {
   FULL_SIZE_MODEL_DIR,
   MAX_SHARD_BYTES,
   WAN_14B_MODEL_DIR,
+  WAN22_TI2V_5B_MODEL_DIR,
   seededRandom,
   writeCheckpoint,
   writeUmt5Folder,
@@ -54,6 +58,7 @@ import {
 } from '../model-folder.ts';
 import { byteProgress } from './progress.ts';
 import { WAN21_T2V_14B, WAN21_T2V_1_3B } from '../wan21-layout.ts';
+import { WAN22_TI2V_5B } from '../wan22-layout.ts';
 import { MAKE_MODEL_OPTIONS } from './flags.ts';
 
 const PRESETS = {
@@ -110,13 +115,25 @@ const PRESETS = {
     'text-dim': '4096',
     'text-length': '512',
   },
+  'wan2.2-ti2v-5b': {
+    name: 'wan2.2-ti2v-5b',
+    out: WAN22_TI2V_5B_MODEL_DIR,
+    seed: '20251207',
+    layers: '30',
+    'text-layers': '2',
+    'head-dim': '128',
+    ffn: '14336',
+    'text-dim': '4096',
+    'text-length': '512',
+  },
 };
 type Preset = keyof typeof PRESETS;
-/** the published folder each wan2.1 preset writes the layout of */
-const PUBLISHED: Partial<Record<Preset, typeof WAN21_T2V_1_3B | typeof WAN21_T2V_14B>> = {
+/** the published folder each wan preset writes the layout of */
+const PUBLISHED: Partial<Record<Preset, typeof WAN21_T2V_1_3B | typeof WAN21_T2V_14B | typeof WAN22_TI2V_5B>> = {
   'wan2.1-t2v-1.3b': WAN21_T2V_1_3B,
   'wan2.1-few-layers': WAN21_T2V_1_3B,
   'wan2.1-t2v-14b': WAN21_T2V_14B,
+  'wan2.2-ti2v-5b': WAN22_TI2V_5B,
 };
 /** --dtype: how the transformer's weights are stored */
 const DTYPES: Record<string, SafetensorsDType> = { fp32: 'F32', bf16: 'BF16', fp16: 'F16' };

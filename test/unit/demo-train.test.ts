@@ -21,7 +21,7 @@ import { join } from 'node:path';
 import { readWeights } from '../../core/model/files.ts';
 import { loadTextEncoder } from '../../core/model/text-encoder.ts';
 import { loadTransformer } from '../../core/model/transformer.ts';
-import { latentShape } from '../../core/job.ts';
+import { latentShape, wan21Latent } from '../../core/model/family.ts';
 import { CLIP, HELD_OUT_COMBOS } from '../../demo/world.ts';
 import { folderFiles } from '../../server/model-folder.ts';
 import { sampleLatent, spacedPrompt } from '../../demo/train.ts';
@@ -188,7 +188,7 @@ describe('the shipped demo model', () => {
       await readWeights(files, 'text_encoder/model.safetensors'),
       encoder.maxLength,
     );
-    const shape = latentShape(CLIP, cfg.inChannels);
+    const shape = latentShape(CLIP, wan21Latent(cfg.inChannels));
     const demoGrid = tokenGrid(cfg, shape);
     const { latent, prompt } = sampleLatent(HELD_OUT_COMBOS[3], new SeededRandom(8));
     const xt = { shape, data: latent.map((x, i) => 0.4 * x + 0.6 * Math.sin(i)) };

@@ -1,4 +1,5 @@
 import { Executor, type ExecutorOptions } from '../../coordinator/executor.ts';
+import { wan21Latent } from '../../core/model/family.ts';
 import { Measurements } from '../../coordinator/measurements.ts';
 import type { PlacementRequest } from '../../coordinator/placement.ts';
 import { planPlacement } from '../../coordinator/planner.ts';
@@ -76,7 +77,7 @@ export function placementFor({
     measurement: null,
   }));
   const placement = planPlacement(
-    { config, modelUrl, backend: 'swarm', textTokens: 16, rpcTimeoutMs },
+    { config, latent: wan21Latent(config.inChannels), modelUrl, backend: 'swarm', textTokens: 16, rpcTimeoutMs },
     {
       params: jobParams(DEFAULT_JOB),
       request: { ...request, ulyssesDegree: layout.ulyssesDegree, cfgParallel: layout.cfgParallel },
@@ -205,6 +206,7 @@ export class InProcessExecutor extends Executor {
 export const EXACT_SETTINGS: RankSettings = planPlacement(
   {
     config: wanConfigOfSize({ headDim: 24, textDim: 32, ffnDim: 64, numLayers: 1 }, 'a stand-in'),
+    latent: wan21Latent(16),
     modelUrl: '',
     backend: 'local',
     textTokens: 1,

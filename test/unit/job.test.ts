@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
-import { checkJobParams, DEFAULT_JOB, jobParams, JobParamsError, latentShape, LIMITS } from '../../core/job.ts';
+import { checkJobParams, DEFAULT_JOB, jobParams, JobParamsError, LIMITS } from '../../core/job.ts';
+import { latentShape, wan21Latent } from '../../core/model/family.ts';
 import { initialNoise } from '../../core/sampler.ts';
 import { flowMatchSchedule } from '../../core/schedulers/flow-match-euler-discrete-scheduler.ts';
 
@@ -20,7 +21,7 @@ describe('job parameters', () => {
     const cases: [Record<string, unknown>, string, string][] = [
       [{ frames: 8 }, 'frames', 'must be 4k+1 (1, 5, 9, 13, …), got 8; try 9'],
       [{ frames: 15 }, 'frames', 'must be 4k+1 (1, 5, 9, 13, …), got 15; try 17'],
-      [{ frames: 85 }, 'frames', 'must be between 1 and 81, got 85'],
+      [{ frames: 125 }, 'frames', 'must be between 1 and 121, got 125'],
       [{ height: 100 }, 'height', 'must be a multiple of 16, got 100; try 96'],
       [{ width: 72 }, 'width', 'must be a multiple of 16, got 72; try 80'],
       [{ width: 8 }, 'width', 'must be between 16 and 1280, got 8'],
@@ -64,9 +65,9 @@ describe('job parameters', () => {
   });
 
   it('the latent of 17 frames at 96×96 is [16, 5, 12, 12]: 4 frames per latent frame after the first, 8× smaller', () => {
-    expect(latentShape({ frames: 17, height: 96, width: 96 })).toEqual([16, 5, 12, 12]);
-    expect(latentShape({ frames: 1, height: 64, width: 128 })).toEqual([16, 1, 8, 16]);
-    expect(latentShape(DEFAULT_JOB)).toEqual([16, 3, 8, 8]);
+    expect(latentShape({ frames: 17, height: 96, width: 96 }, wan21Latent(16))).toEqual([16, 5, 12, 12]);
+    expect(latentShape({ frames: 1, height: 64, width: 128 }, wan21Latent(16))).toEqual([16, 1, 8, 16]);
+    expect(latentShape(DEFAULT_JOB, wan21Latent(16))).toEqual([16, 3, 8, 8]);
   });
 });
 

@@ -198,7 +198,16 @@ async function run(pipeline: Pipeline, extra: Parameters<Pipeline['generate']>[0
   });
   // the store keeps the report as the page made it: nothing of the request but the job's parameters
   expect(Object.keys(result.report.config).sort()).toEqual(
-    [...Object.keys(DEFAULT_JOB), 'backend', 'model', 'outputType', 'promptEmbeds'].sort(),
+    [
+      ...Object.keys(DEFAULT_JOB),
+      'backend',
+      'model',
+      'outputType',
+      'promptEmbeds',
+      'family',
+      'latentShape',
+      'fps',
+    ].sort(),
   );
   structuredClone(result.report);
   return { result, checkpoints, failures };

@@ -17,7 +17,8 @@ import {
   type Workload,
 } from '../../core/cost-model.ts';
 import { defined } from '../../core/defined.ts';
-import { DEFAULT_JOB, jobParams, latentShape } from '../../core/job.ts';
+import { DEFAULT_JOB, jobParams } from '../../core/job.ts';
+import { latentShape, wan21Latent } from '../../core/model/family.ts';
 import { parseWanConfig, type WanConfig } from '../../core/model/config.ts';
 import { readJson } from '../../core/model/files.ts';
 import { tokenGrid } from '../../core/model/tokens.ts';
@@ -209,6 +210,7 @@ function testSwarm() {
 const placerOn = (swarm: Swarm, placementTimeoutMs = 300) =>
   new Placer({
     config,
+    latent: wan21Latent(config.inChannels),
     modelUrl: '/models/tiny-wan',
     backend: 'swarm',
     swarm,
@@ -262,7 +264,7 @@ const hardware = (
 };
 const workload = (params: typeof guided): Workload => ({
   model: config,
-  tokens: tokenGrid(config, latentShape(params, config.inChannels)).count,
+  tokens: tokenGrid(config, latentShape(params, wan21Latent(config.inChannels))).count,
   textTokens: 16,
   passes: params.guidance === 1 ? 1 : 2,
 });
@@ -780,7 +782,13 @@ describe('Placer: where a job runs', () => {
   });
 
   it('the local backend runs one rank and refuses CFG parallel or a larger degree with a clear error', async () => {
-    const local = new Placer({ config, modelUrl: '/models/tiny-wan', backend: 'local', textTokens: 16 });
+    const local = new Placer({
+      config,
+      latent: wan21Latent(config.inChannels),
+      modelUrl: '/models/tiny-wan',
+      backend: 'local',
+      textTokens: 16,
+    });
     await expect(local.place(guided, ask({ cfgParallel: true }))).rejects.toThrow(
       'cfgParallel needs two groups of worker pages: use the swarm backend, not local',
     );
@@ -790,9 +798,16 @@ describe('Placer: where a job runs', () => {
   });
 
   it('a swarm Placer without a Swarm is refused, saying where to get one', () => {
-    expect(() => new Placer({ config, modelUrl: '/m', backend: 'swarm', textTokens: 16 })).toThrow(
-      'the swarm backend needs a Swarm: pass one from openSwarm()',
-    );
+    expect(
+      () =>
+        new Placer({
+          config,
+          latent: wan21Latent(config.inChannels),
+          modelUrl: '/m',
+          backend: 'swarm',
+          textTokens: 16,
+        }),
+    ).toThrow('the swarm backend needs a Swarm: pass one from openSwarm()');
   });
 
   it('after shutdown the ranks are idle again and their leaving is no longer a failure', async () => {
@@ -1507,7 +1522,7 @@ describe('the cost model sees what the workers measured', () => {
     const plan = predicted(placement);
     const rehearsals = workers.map((w) => callsOf(w, 'rehearse').map((c) => c.args));
     expect(callsOf(workers[0], 'rehearse')[0].timeoutMs).toBe(LOAD_TIMEOUT_MS); // it may load the model
-    const shape = latentShape(guided, config.inChannels);
+    const shape = latentShape(guided, wan21Latent(config.inChannels));
     const args = (degrees: number[]) => ({
       modelUrl: '/models/tiny-wan',
       ep: 'wasm',

@@ -16,7 +16,8 @@ import {
   type PlanningWorker,
 } from '../../coordinator/planner.ts';
 import { defined } from '../../core/defined.ts';
-import { DEFAULT_JOB, jobParams, latentShape, type JobParams } from '../../core/job.ts';
+import { DEFAULT_JOB, jobParams, type JobParams } from '../../core/job.ts';
+import { latentShape, wan21Latent } from '../../core/model/family.ts';
 import { parseWanConfig, wanConfigOfSize } from '../../core/model/config.ts';
 import { readJson } from '../../core/model/files.ts';
 import { tokenGrid } from '../../core/model/tokens.ts';
@@ -31,7 +32,13 @@ let ctx: PlannerContext; // the bundled tiny model: 12 heads
 
 beforeAll(async () => {
   const config = parseWanConfig(await readJson(tinyModelFiles, TRANSFORMER_CONFIG), TRANSFORMER_CONFIG);
-  ctx = { config, modelUrl: '/models/tiny-wan', backend: 'swarm', textTokens: 16 };
+  ctx = {
+    config,
+    latent: wan21Latent(config.inChannels),
+    modelUrl: '/models/tiny-wan',
+    backend: 'swarm',
+    textTokens: 16,
+  };
 });
 
 const guided = jobParams(DEFAULT_JOB);
@@ -165,11 +172,11 @@ describe('a request is checked before anything is placed, on both sides of each 
 describe("a staged placement's spot checks need a stage's whole hidden state in one message", () => {
   // dim 240 divides one message's 15 Mi floats: 65,536 rows of it, the tokens, 7 rows of time embedding and the text's
   const config = wanConfigOfSize({ headDim: 20, textDim: 32, ffnDim: 64, numLayers: 4 }, 'dim 240');
-  const tokens = tokenGrid(config, latentShape(guided, config.inChannels)).count;
+  const tokens = tokenGrid(config, latentShape(guided, wan21Latent(config.inChannels))).count;
   const rows = 65_536;
   const staged = (textTokens: number) => () =>
     plan(guided, { stages: 2, ulyssesDegree: 2, spotCheckRate: 0.1 }, unmeasured(4), {
-      context: { config, modelUrl: '/m', backend: 'swarm', textTokens },
+      context: { config, latent: wan21Latent(config.inChannels), modelUrl: '/m', backend: 'swarm', textTokens },
     });
 
   it('exactly one message: checked as asked; a row more: refused, saying how large it would be', () => {
@@ -183,7 +190,13 @@ describe("a staged placement's spot checks need a stage's whole hidden state in 
 
   it('re-placed after a loss, such a job goes on unchecked rather than stop', () => {
     const again = plan(guided, { stages: 2, ulyssesDegree: 2, spotCheckRate: 0.1 }, unmeasured(4), {
-      context: { config, modelUrl: '/m', backend: 'swarm', textTokens: rows - 7 - tokens + 1 },
+      context: {
+        config,
+        latent: wan21Latent(config.inChannels),
+        modelUrl: '/m',
+        backend: 'swarm',
+        textTokens: rows - 7 - tokens + 1,
+      },
       maxWorld: 4,
     });
     expect(again.spotChecks.rate).toBe(0);
@@ -193,7 +206,7 @@ describe("a staged placement's spot checks need a stage's whole hidden state in 
 describe("displaced mode's stale keys and values take at most half the least memory a placed worker has", () => {
   it('holding exactly half fits; a byte less memory is refused, naming the bytes and the GiB', () => {
     const job = unguided;
-    const tokens = tokenGrid(ctx.config, latentShape(job, ctx.config.inChannels)).count;
+    const tokens = tokenGrid(ctx.config, latentShape(job, wan21Latent(ctx.config.inChannels))).count;
     const stale = staleKeysValuesBytes({ model: ctx.config, tokens, passes: 1 }, 2);
     const gib = (2 * stale) / 2 ** 30;
     const at = (memoryGiB: number) => [worker('a', { memoryGiB }), worker('b', { memoryGiB })];
@@ -207,7 +220,7 @@ describe("displaced mode's stale keys and values take at most half the least mem
 
   it('the least memory of the workers placed counts: not the most, and not a worker left out', () => {
     const job = unguided;
-    const tokens = tokenGrid(ctx.config, latentShape(job, ctx.config.inChannels)).count;
+    const tokens = tokenGrid(ctx.config, latentShape(job, wan21Latent(ctx.config.inChannels))).count;
     const gib = (2 * staleKeysValuesBytes({ model: ctx.config, tokens, passes: 1 }, 2)) / 2 ** 30;
     const small = gib / 2;
     // the small worker placed (second fastest): refused
@@ -222,7 +235,7 @@ describe("displaced mode's stale keys and values take at most half the least mem
   });
 
   it("'auto' keeps displaced mode out where its stale keys and values would not fit the widest plan's workers", () => {
-    const tokens = tokenGrid(ctx.config, latentShape(unguided, ctx.config.inChannels)).count;
+    const tokens = tokenGrid(ctx.config, latentShape(unguided, wan21Latent(ctx.config.inChannels))).count;
     const gib = (2 * staleKeysValuesBytes({ model: ctx.config, tokens, passes: 1 }, 2)) / 2 ** 30;
     const slow = (memoryGiB: number) => ['a', 'b'].map((id) => worker(id, { bandwidth: 1e6, rttMs: 1, memoryGiB }));
     const request = { ep: 'wasm', parallel: 'auto', shares: 'even' } as const;
@@ -444,7 +457,13 @@ describe('the rehearsals a job needs', () => {
 describe('pipeline stages', () => {
   // four blocks: two stages of two, or four of one
   const four = wanConfigOfSize({ headDim: 24, textDim: 32, ffnDim: 64, numLayers: 4 }, 'four blocks');
-  const staged: PlannerContext = { config: four, modelUrl: '/m', backend: 'swarm', textTokens: 16 };
+  const staged: PlannerContext = {
+    config: four,
+    latent: wan21Latent(four.inChannels),
+    modelUrl: '/m',
+    backend: 'swarm',
+    textTokens: 16,
+  };
   const place = (request: PlacementRequest, workers: readonly PlanningWorker[], maxWorld?: number) =>
     plan(guided, request, workers, { context: staged, maxWorld });
   const shape = (p: ResolvedPlacement) => [p.layout.ulyssesDegree, p.layout.cfgGroups, p.layout.stages];

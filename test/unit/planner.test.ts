@@ -10,7 +10,8 @@ import {
 } from '../../coordinator/planner.ts';
 import { predictStep, type Hardware, type Workload } from '../../core/cost-model.ts';
 import { defined } from '../../core/defined.ts';
-import { DEFAULT_JOB, jobParams, latentShape, type JobParams } from '../../core/job.ts';
+import { DEFAULT_JOB, jobParams, type JobParams } from '../../core/job.ts';
+import { latentShape, wan21Latent } from '../../core/model/family.ts';
 import { parseWanConfig } from '../../core/model/config.ts';
 import { readJson } from '../../core/model/files.ts';
 import { tokenGrid } from '../../core/model/tokens.ts';
@@ -26,7 +27,13 @@ let ctx: PlannerContext; // the bundled tiny model: 12 heads
 
 beforeAll(async () => {
   const config = parseWanConfig(await readJson(tinyModelFiles, TRANSFORMER_CONFIG), TRANSFORMER_CONFIG);
-  ctx = { config, modelUrl: '/models/tiny-wan', backend: 'swarm', textTokens: 16 };
+  ctx = {
+    config,
+    latent: wan21Latent(config.inChannels),
+    modelUrl: '/models/tiny-wan',
+    backend: 'swarm',
+    textTokens: 16,
+  };
 });
 
 const guided = jobParams(DEFAULT_JOB);
@@ -68,7 +75,7 @@ const plan = (
 
 const workload = (params: JobParams): Workload => ({
   model: ctx.config,
-  tokens: tokenGrid(ctx.config, latentShape(params, ctx.config.inChannels)).count,
+  tokens: tokenGrid(ctx.config, latentShape(params, wan21Latent(ctx.config.inChannels))).count,
   textTokens: 16,
   passes: params.guidance === 1 ? 1 : 2,
 });
@@ -212,7 +219,7 @@ describe('the rehearsals the planner asks for', () => {
   const groupOf = (workers: PlanningWorker[]): WorkerGroup => ({
     modelUrl: '/models/tiny-wan',
     ep: 'wasm',
-    shape: latentShape(guided, ctx.config.inChannels),
+    shape: latentShape(guided, wan21Latent(ctx.config.inChannels)),
     members: workers.map((w) => ({ id: w.id, threads: 1 })),
   });
   const needed = (workers: PlanningWorker[], measurements: Measurements) =>

@@ -4,6 +4,7 @@
 // from the patches and each next from the hidden state the one before handed on: the latent of one
 // worker holding everything, to the bit. A stage that hands on a malformed hidden state is named.
 import { handOffsOf } from '../../coordinator/forward/staged.ts';
+import { wan21Latent } from '../../core/model/family.ts';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { SpotCheckFailed, WorkerError } from '../../coordinator/executor.ts';
 import type { WorkerMeasurement } from '../../coordinator/measure.ts';
@@ -33,7 +34,13 @@ import { InProcessExecutor, type InProcessOptions, onTinyModel } from './in-proc
 
 /** a model of four blocks: two stages of two, or four of one */
 const FOUR_BLOCKS = wanConfigOfSize({ headDim: 24, textDim: 32, ffnDim: 64, numLayers: 4 }, 'four blocks');
-const ctx: PlannerContext = { config: FOUR_BLOCKS, modelUrl: '/m', backend: 'swarm', textTokens: 16 };
+const ctx: PlannerContext = {
+  config: FOUR_BLOCKS,
+  latent: wan21Latent(FOUR_BLOCKS.inChannels),
+  modelUrl: '/m',
+  backend: 'swarm',
+  textTokens: 16,
+};
 const guided = jobParams(DEFAULT_JOB);
 
 function worker(id: string, gflops: number | null = null, memoryGiB: number | null = null): PlanningWorker {

@@ -373,7 +373,7 @@ describe("the API's data folder", () => {
 function resultOf(seed: number): JobResult {
   const latent = Float32Array.from({ length: 16 * 3 * 8 * 8 }, (_, i) => seed + i / 1000);
   const report = {
-    config: { frames: 9, height: 64, width: 64, model: '/models/tiny-wan-demo' },
+    config: { frames: 9, height: 64, width: 64, model: '/models/tiny-wan-demo', latentShape: [16, 3, 8, 8] },
     steps: [],
     totalMs: 1,
   };

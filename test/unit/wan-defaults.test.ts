@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
-import { DEFAULT_JOB, checkJobParams, jobParams, latentShape } from '../../core/job.ts';
+import { DEFAULT_JOB, checkJobParams, jobParams } from '../../core/job.ts';
+import { latentShape, wan21Latent } from '../../core/model/family.ts';
 import type { ModelFiles } from '../../core/model/files.ts';
 import {
   loadWanPipelineParts,
@@ -43,7 +44,8 @@ describe("a model folder's job defaults", () => {
     expect(textTokens).toBe(WAN_TEXT_TOKENS);
     expect(WAN_TEXT_TOKENS).toBe(512);
     expect(checkJobParams({}, defaults)).toEqual({});
-    expect(latentShape(defaults)).toEqual([16, 21, 60, 104]); // 81 frames → 21 latent frames, as Wan2.1 makes them
+    // 81 frames → 21 latent frames, as Wan2.1 makes them
+    expect(latentShape(defaults, wan21Latent(16))).toEqual([16, 21, 60, 104]);
   });
 
   it("the negative prompt is diffusers' Wan example's: 28 phrases from 'Bright tones' to 'walking backwards'", () => {
