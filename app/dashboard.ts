@@ -597,7 +597,9 @@ const automation: DashboardAutomation = {
         shape: video.shape,
         base64: bytesToBase64(new Uint8Array(video.data.buffer, video.data.byteOffset, video.data.byteLength)),
       },
-      webm: webm ? bytesToBase64(new Uint8Array(await (await encodeWebM(frames)).arrayBuffer())) : null,
+      webm: webm
+        ? bytesToBase64(new Uint8Array(await (await encodeWebM(frames, { fps: pipe.family.fps })).arrayBuffer()))
+        : null,
     };
   },
   async inspectVideo() {

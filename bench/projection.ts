@@ -38,6 +38,49 @@ export const WAN_1_3B: ModelShape = {
 };
 /** 480p, 81 frames, guided */
 export const WAN_480P_WORKLOAD: Workload = { model: WAN_1_3B, tokens: 32760, textTokens: 512, passes: 2 };
+/** Wan2.2-TI2V-5B's transformer (server/wan22-layout.ts) */
+export const WAN22_TI2V_5B_SHAPE: ModelShape = {
+  numHeads: 24,
+  headDim: 128,
+  dim: 3072,
+  ffnDim: 14336,
+  numLayers: 30,
+  inChannels: 48,
+  outChannels: 48,
+  patchSize: [1, 2, 2],
+  textDim: 4096,
+  freqDim: 256,
+};
+/** its published job: 704×1280, 121 frames → latent 31 × 44 × 80 (16× in space) → 31 · 22 · 40 tokens, guided */
+export const TI2V_720P_WORKLOAD: Workload = { model: WAN22_TI2V_5B_SHAPE, tokens: 27280, textTokens: 512, passes: 2 };
+const TI2V_DEGREES = [1, 2, 3, 4, 6, 8];
+
+/** Wan2.2-TI2V-5B at 720p × 121 frames on GPUs of 20 TFLOP/s over 1 Gbit/s links, float16 transport, by degree. */
+function ti2v720pProjection() {
+  const hw: Hardware = {
+    workerFlops: Array<number>(8).fill(20e12),
+    link: { bandwidth: 125e6, latency: LATENCY_S },
+    bytesPerElement: 2,
+  };
+  const one = predictStep(
+    TI2V_720P_WORKLOAD,
+    { ulyssesDegree: 1, cfgParallel: false },
+    { ...hw, coordinatorLink: null },
+  );
+  return {
+    video: '704×1280, 121 frames → latent 31 × 44 × 80 → 27,280 tokens; 50 guided steps',
+    hardware: '20 TFLOP/s a worker, 125 MB/s links, float16 activations',
+    rows: TI2V_DEGREES.map((degree) => {
+      const p = degree === 1 ? one : predictStep(TI2V_720P_WORKLOAD, { ulyssesDegree: degree, cfgParallel: false }, hw);
+      return {
+        degree,
+        stepS: round(p.stepS),
+        videoMin: round((p.stepS * STEPS) / 60, 1),
+        speedup: round(one.stepS / p.stepS),
+      };
+    }),
+  };
+}
 const STEPS = 50;
 const DEGREES = [1, 2, 3, 4, 6];
 const LINKS_MB_S = [12.5, 125, 1250]; // 100 Mbit/s, 1 Gbit/s, 10 Gbit/s
@@ -267,6 +310,8 @@ export function runProjection(blockCost: BlockCostReport | null = lastBlockCost(
     pooled14b: pooledProjection(),
     /** what a 480p Wan2.1-T2V-14B job needs: the plan that fits, its link bytes a step against its compute */
     wan14b480p: wan14bNeeds(),
+    /** Wan2.2-TI2V-5B's published 720p × 121-frame job by Ulysses degree */
+    ti2v720p: ti2v720pProjection(),
     cfgParallel,
     displaced,
     /** the full-size block measured on this machine, against the cost model's prediction for it */
@@ -462,6 +507,14 @@ function markdown(r: ReturnType<typeof runProjection>): string {
     '',
     pooledMarkdown(r.pooled14b),
     wan14bMarkdown(r.wan14b480p),
+  );
+  const ti2v = r.ti2v720p;
+  lines.push(
+    '',
+    `## Wan2.2-TI2V-5B at 720p (${ti2v.video})`,
+    '',
+    `${ti2v.hardware}: ` +
+      ti2v.rows.map((row) => `P=${row.degree} ${row.stepS} s a step, ${row.videoMin} min (${row.speedup}×)`).join('; '),
   );
   return lines.join('\n');
 }

@@ -5,7 +5,7 @@
 // re-placement on the live workers, not the job (Placer: one rule for all of them).
 import { defined } from '../core/defined.ts';
 import { DEFAULT_MODEL_URL, jobParams, passesPerStep, usesGuidance, type JobParams } from '../core/job.ts';
-import { checkFamilyParams, latentShape } from '../core/model/family.ts';
+import { checkFamilyParams, latentShape, type ModelFamily } from '../core/model/family.ts';
 import { tokenGrid } from '../core/model/tokens.ts';
 import { parseWanConfig, type WanConfig } from '../core/model/config.ts';
 import { fetchModelFiles, readJson } from '../core/model/files.ts';
@@ -213,6 +213,8 @@ export interface GenerateResult {
 export interface Pipeline {
   /** the folder's transformer config; null where it has none (it only decodes: `decode`) */
   readonly config: WanConfig | null;
+  /** the folder's model family: its latent, timesteps, frame rate (core/model/family.ts) */
+  readonly family: ModelFamily;
   /** the current placement's executor, once a job has been placed */
   readonly executor: Executor | null;
   generate(request: GenerateRequest): Promise<GenerateResult>;
@@ -410,6 +412,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
 
   return {
     config,
+    family,
     get executor() {
       return placer.current;
     },
