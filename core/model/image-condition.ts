@@ -118,36 +118,43 @@ function resamplePass(
     }
 }
 
+/** One axis of an RGB image resampled to `size`, the other kept; the image itself where the axis keeps its size. */
+function resizeAxis(image: RgbImage, axis: 'x' | 'y', size: number): RgbImage {
+  const { width, height } = image;
+  if (axis === 'x') {
+    if (size === width) return image;
+    const out = new Uint8Array(size * height * 3);
+    resamplePass(image.data, out, lanczosAxisWeights(width, size), height, {
+      inPixel: 3,
+      inLine: 3 * width,
+      outPixel: 3,
+      outLine: 3 * size,
+    });
+    return { data: out, width: size, height };
+  }
+  if (size === height) return image;
+  const out = new Uint8Array(width * size * 3);
+  // columns are the lines: a pixel of a column is a row away
+  resamplePass(image.data, out, lanczosAxisWeights(height, size), width, {
+    inPixel: 3 * width,
+    inLine: 3,
+    outPixel: 3 * width,
+    outLine: 3,
+  });
+  return { data: out, width, height: size };
+}
+
 /**
- * PIL's `image.resize((width, height), Image.LANCZOS)` of an RGB image: horizontal pass, then
- * vertical, each skipped where its side keeps its size (ImagingResampleInner).
+ * PIL's `image.resize((width, height), Image.LANCZOS)` of an RGB image: the horizontal pass, then
+ * the vertical (ImagingResampleInner), each skipped where its side keeps its size; an image over
+ * 100 times taller than wide and made shorter goes vertical first (Image.resize's own two calls).
  */
 export function resizeLanczos(image: RgbImage, width: number, height: number): RgbImage {
-  let data = image.data;
-  let w = image.width;
-  if (width !== image.width) {
-    const out = new Uint8Array(width * image.height * 3);
-    resamplePass(data, out, lanczosAxisWeights(image.width, width), image.height, {
-      inPixel: 3,
-      inLine: 3 * image.width,
-      outPixel: 3,
-      outLine: 3 * width,
-    });
-    data = out;
-    w = width;
-  }
-  if (height !== image.height) {
-    const out = new Uint8Array(width * height * 3);
-    // columns are the lines: a pixel of a column is a row away
-    resamplePass(data, out, lanczosAxisWeights(image.height, height), w, {
-      inPixel: 3 * w,
-      inLine: 3,
-      outPixel: 3 * width,
-      outLine: 3,
-    });
-    data = out;
-  }
-  return { data: data === image.data ? data.slice() : data, width, height };
+  const resized =
+    image.height > image.width * 100 && height < image.height
+      ? resizeAxis(resizeAxis(image, 'y', height), 'x', width)
+      : resizeAxis(resizeAxis(image, 'x', width), 'y', height);
+  return resized === image ? { ...image, data: image.data.slice() } : resized;
 }
 
 /** PIL's `convert("RGB")` of an RGBA image: alpha dropped, the colours as they are. */

@@ -76,14 +76,25 @@ def clip8(sums):
 def pil_resize_lanczos(rgb, width, height):
     """rgb: uint8 [H0, W0, 3] → uint8 [height, width, 3]"""
     h0, w0, _ = rgb.shape
-    out = rgb
-    if width != w0:
-        m = coefficient_matrix(w0, width)  # [width, W0]
-        out = clip8(np.einsum("ow,hwc->hoc", m, out.astype(np.int64)) + (1 << (PRECISION_BITS - 1)))
-    if height != h0:
-        m = coefficient_matrix(h0, height)  # [height, H0]
-        out = clip8(np.einsum("oh,hwc->owc", m, out.astype(np.int64)) + (1 << (PRECISION_BITS - 1)))
-    return out
+    # Image.resize: `if self.size[1] > self.size[0] * 100 and size[1] < self.size[1]`, two core
+    # resizes, the height first; else one, ImagingResampleInner's horizontal pass first
+    if h0 > w0 * 100 and height < h0:
+        return resample_horizontal(resample_vertical(rgb, height), width)
+    return resample_vertical(resample_horizontal(rgb, width), height)
+
+
+def resample_horizontal(rgb, width):
+    if width == rgb.shape[1]:
+        return rgb
+    m = coefficient_matrix(rgb.shape[1], width)  # [width, W0]
+    return clip8(np.einsum("ow,hwc->hoc", m, rgb.astype(np.int64)) + (1 << (PRECISION_BITS - 1)))
+
+
+def resample_vertical(rgb, height):
+    if height == rgb.shape[0]:
+        return rgb
+    m = coefficient_matrix(rgb.shape[0], height)  # [height, H0]
+    return clip8(np.einsum("oh,hwc->owc", m, rgb.astype(np.int64)) + (1 << (PRECISION_BITS - 1)))
 
 
 def preprocess(rgba, height, width):

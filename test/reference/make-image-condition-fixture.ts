@@ -62,6 +62,13 @@ export const IMAGE_CASES: ImageCase[] = [
   },
   { name: 'a few pixels, enlarged', image: { width: 7, height: 5 }, video: { width: 48, height: 32 }, encoded: false },
   { name: 'the same size', image: { width: 48, height: 32 }, video: { width: 48, height: 32 }, encoded: false },
+  // Image.resize takes the height first for an image over 100 times taller than wide
+  {
+    name: 'a strip, taller than wide',
+    image: { width: 3, height: 320 },
+    video: { width: 48, height: 32 },
+    encoded: false,
+  },
 ];
 
 /** A file's bytes alone (a small Buffer is a view into a shared pool). */
