@@ -577,13 +577,14 @@ const ep = oneOf(...EXECUTION_PROVIDERS);
 const ms = num(0);
 const bytes = num(0);
 const shape = list(int(1, 1 << 20), { min: 4, max: 4 });
-/** A Float32Array of at most `maxLength` values, each finite and within ±`bound`. */
-const floatsWithin =
-  (maxLength: number, bound: number): Check<Float32Array> =>
+/** A Float32Array of at most `maxLength` values, each finite (and within ±`bound` where given). */
+const finiteFloats =
+  (maxLength: number, bound = Number.MAX_VALUE): Check<Float32Array> =>
   (v, at) => {
     const values = floats(maxLength)(v, at);
+    const expected = bound === Number.MAX_VALUE ? 'a finite number' : `a finite number within ±${bound}`;
     for (let i = 0; i < values.length; i++)
-      if (!(Math.abs(values[i]) <= bound)) fail(`${at}[${i}]`, `a finite number within ±${bound}`, values[i]);
+      if (!(Math.abs(values[i]) <= bound)) fail(`${at}[${i}]`, expected, values[i]);
     return values;
   };
 const epOrAuto = oneOf(...EXECUTION_PROVIDERS, 'auto');
@@ -818,9 +819,9 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
   encodeImage: {
     // the image's values are bytes mapped to [−1, 1]; the latent's bound is the VAE's (encodedLatentBound), judged by
     // the coordinator, which has the folder
-    args: fields({ modelUrl: text(), ep: epOrAuto, shape, video: floatsWithin(MAX_MESSAGE_FLOATS, 1) }),
+    args: fields({ modelUrl: text(), ep: epOrAuto, shape, video: finiteFloats(MAX_MESSAGE_FLOATS, 1) }),
     reply: fields({
-      latent: floatsWithin(MAX_MESSAGE_FLOATS, Number.MAX_VALUE),
+      latent: finiteFloats(MAX_MESSAGE_FLOATS),
       shape,
       computeMs: ms,
       weightBytes: bytes,

@@ -173,7 +173,9 @@ describe("an image-to-video job's image, encoded on a worker", () => {
     const reply = { latent: new Float32Array(4), shape: [1, 1, 2, 2], computeMs: 1, weightBytes: 1 };
     expect(WORKER_CONTRACT.encodeImage.reply(reply, 'reply')).toEqual(reply);
     reply.latent[3] = Infinity;
-    expect(() => WORKER_CONTRACT.encodeImage.reply(reply, 'reply')).toThrow(ContractError);
+    expect(() => WORKER_CONTRACT.encodeImage.reply(reply, 'reply')).toThrow(
+      new ContractError('reply.latent[3]: expected a finite number, got number Infinity'),
+    );
     const args = { modelUrl: 'm', ep: 'wasm', shape: [3, 1, 1, 1], video: Float32Array.from([0, 1, 1.5]) };
     expect(() => WORKER_CONTRACT.encodeImage.args(args, 'args')).toThrow(
       'args.video[2]: expected a finite number within ±1',
