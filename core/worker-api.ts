@@ -8,6 +8,7 @@ import type { BlockRange, HiddenState } from './model/blocks.ts';
 import { LORA_LIMITS, type LoraRef } from './model/lora.ts';
 import { RANK_SETTINGS_CHECKS, type RankSettings } from './rank-settings.ts';
 import {
+  fail,
   fields,
   floats,
   hexOf,
@@ -434,6 +435,29 @@ export interface DecodedTile {
   weightBytes: number;
 }
 
+/**
+ * One image of an image-to-video job through the folder's VAE encoder (coordinator/image-encoding.ts):
+ * the image as the pipeline hands it to the VAE (core/model/image-condition.ts), one call, untiled, as
+ * diffusers' pipeline encodes it.
+ */
+export interface EncodeImageArgs {
+  modelUrl: string;
+  ep: ExecutionProvider | 'auto';
+  /** [3, 1, H, W] */
+  shape: number[];
+  /** the image in [−1, 1], its channels' planes one after another */
+  video: Float32Array;
+}
+
+export interface EncodedImage {
+  /** the posterior's mean, normalised ((mean − latents_mean) / latents_std): [z_dim, 1, H/16, W/16] (Wan2.1's H/8) */
+  latent: Float32Array;
+  shape: number[];
+  computeMs: number;
+  /** bytes of the encoder's weights on the worker */
+  weightBytes: number;
+}
+
 /** A timed all-to-all on the job's own mesh (rank/mesh-probe.ts). */
 export interface MeshProbe {
   rank: number;
@@ -503,6 +527,8 @@ export interface WorkerApi {
   encodeText(args: EncodeTextArgs): Promise<EncodedText>;
   /** decodes a run of latent frames of one VAE tile, between jobs */
   decodeTile(args: DecodeTileArgs): Promise<DecodedTile>;
+  /** encodes an image-to-video job's image with the VAE, between jobs */
+  encodeImage(args: EncodeImageArgs): Promise<EncodedImage>;
   prepareJob(args: PrepareArgs): Promise<{ job: number }>;
   probeMesh(args: { job: number }): Promise<MeshProbe>;
   executeModel(args: ExecuteArgs): Promise<ExecuteResult>;
@@ -551,6 +577,16 @@ const ep = oneOf(...EXECUTION_PROVIDERS);
 const ms = num(0);
 const bytes = num(0);
 const shape = list(int(1, 1 << 20), { min: 4, max: 4 });
+/** A Float32Array of at most `maxLength` values, each finite (and within ±`bound` where given). */
+const finiteFloats =
+  (maxLength: number, bound = Number.MAX_VALUE): Check<Float32Array> =>
+  (v, at) => {
+    const values = floats(maxLength)(v, at);
+    const expected = bound === Number.MAX_VALUE ? 'a finite number' : `a finite number within ±${bound}`;
+    for (let i = 0; i < values.length; i++)
+      if (!(Math.abs(values[i]) <= bound)) fail(`${at}[${i}]`, expected, values[i]);
+    return values;
+  };
 const epOrAuto = oneOf(...EXECUTION_PROVIDERS, 'auto');
 const checkLoraRefs: Check<LoraRef[]> = list(
   fields({ url: text(), strength: num(LORA_LIMITS.strength.min, LORA_LIMITS.strength.max) }),
@@ -777,6 +813,17 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
       shape: list(int(1, 1 << 16), { min: 4, max: 4 }),
       computeMs: ms,
       cacheBytes: bytes,
+      weightBytes: bytes,
+    }),
+  },
+  encodeImage: {
+    // the image's values are bytes mapped to [−1, 1]; the latent's bound is the VAE's (encodedLatentBound), judged by
+    // the coordinator, which has the folder
+    args: fields({ modelUrl: text(), ep: epOrAuto, shape, video: finiteFloats(MAX_MESSAGE_FLOATS, 1) }),
+    reply: fields({
+      latent: finiteFloats(MAX_MESSAGE_FLOATS),
+      shape,
+      computeMs: ms,
       weightBytes: bytes,
     }),
   },

@@ -6,6 +6,7 @@
 import * as Comlink from 'comlink';
 import type {
   DecodeTileArgs,
+  EncodeImageArgs,
   EncodeTextArgs,
   EngineProgress,
   ExecutionProvider,
@@ -147,6 +148,13 @@ export class EngineHost extends Forwarding(ENGINE_METHODS) implements EngineHand
     onLoad?: (status: LoadStatus) => void,
   ) {
     return this.through((engine) => engine.decodeTile(args, onLoad && Comlink.proxy(onLoad)));
+  }
+
+  override encodeImage(
+    args: Omit<EncodeImageArgs, 'ep'> & { ep: ExecutionProvider },
+    onLoad?: (status: LoadStatus) => void,
+  ) {
+    return this.through((engine) => engine.encodeImage(args, onLoad && Comlink.proxy(onLoad)));
   }
 
   override probe(ep: ExecutionProvider) {

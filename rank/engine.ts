@@ -13,6 +13,8 @@ import type {
   ComputeProbe,
   DecodedTile,
   DecodeTileArgs,
+  EncodedImage,
+  EncodeImageArgs,
   EncodedText,
   EncodeTextArgs,
   ExecutionProvider,
@@ -28,6 +30,7 @@ import { probeWebGpu } from './webgpu.ts';
 import { oneAtATime, STAGE_METHODS, type DeviceStageRunner } from './stages.ts';
 import { forward, type MethodNames } from './forwarding.ts';
 import { textLayers } from './text-layers.ts';
+import { vaeImages } from './vae-images.ts';
 import { vaeTiles } from './vae-tiles.ts';
 import { cachedModelFiles } from './weight-cache.ts';
 import { RUN_BYTES } from '../core/safetensors.ts';
@@ -73,6 +76,14 @@ export interface EngineApi extends DeviceStageRunner {
     args: Omit<DecodeTileArgs, 'ep'> & { ep: ExecutionProvider },
     onLoad?: (status: LoadStatus) => void,
   ): Promise<DecodedTile>;
+  /**
+   * an image-to-video job's image through the VAE encoder of the folder at modelUrl (vae-images.ts), saying how far
+   * the reading of the encoder's weights is where this call reads them
+   */
+  encodeImage(
+    args: Omit<EncodeImageArgs, 'ep'> & { ep: ExecutionProvider },
+    onLoad?: (status: LoadStatus) => void,
+  ): Promise<EncodedImage>;
   /** resolves once the calls queued before it are done: an engine that hangs never does */
   alive(): Promise<void>;
 }
@@ -84,6 +95,7 @@ export const ENGINE_METHODS: MethodNames<EngineApi> = {
   probe: true,
   encodeText: true,
   decodeTile: true,
+  encodeImage: true,
   alive: true,
 };
 
@@ -216,6 +228,7 @@ export function createEngine(threads = 1, report?: (move: EngineMove) => void, c
   let stages: OnnxStages | null = null;
   const text = textLayers();
   const vae = vaeTiles();
+  const images = vaeImages();
   let loaded: { key: string; info: EngineInfo } | null = null;
   const need = (): DeviceStageRunner => {
     if (!stages) throw new Error('the engine has no model yet: call load() first');
@@ -272,6 +285,7 @@ export function createEngine(threads = 1, report?: (move: EngineMove) => void, c
     },
     encodeText: (args, onLoad) => text.encode(args, onLoad),
     decodeTile: (args, onLoad) => vae.decode(args, onLoad),
+    encodeImage: (args, onLoad) => images.encode(args, onLoad),
     alive: () => Promise.resolve(),
     embed: (...a) => need().embed(...a),
     preAttention: (...a) => need().preAttention(...a),

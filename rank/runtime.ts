@@ -24,6 +24,7 @@ import { payloadBytes, type TensorTag } from '../core/net/protocol.ts';
 import type {
   ComputeProbe,
   DecodeTileArgs,
+  EncodeImageArgs,
   EncodeTextArgs,
   ExecuteArgs,
   ExecuteResult,
@@ -480,6 +481,17 @@ export class WorkerRuntime implements WorkerApi {
       this.engine.decodeTile(
         { ...args, modelUrl: this.sourceOf(args.modelUrl), ep },
         this.showLoad('computing', `${detail}, reading the decoder's weights`),
+      ),
+    );
+  }
+
+  encodeImage(args: EncodeImageArgs) {
+    const [, , height, width] = args.shape;
+    const detail = `encoding the job's image (${width}×${height})`;
+    return this.betweenJobs('encodeImage', detail, args, (ep) =>
+      this.engine.encodeImage(
+        { ...args, modelUrl: this.sourceOf(args.modelUrl), ep },
+        this.showLoad('computing', `${detail}, reading the encoder's weights`),
       ),
     );
   }

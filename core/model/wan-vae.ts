@@ -600,6 +600,61 @@ export function decoderOutputBound(cfg: WanVaeConfig, tensors: TensorMap): numbe
   });
 }
 
+/** The tensors encodedLatentBound reads: the encoder head's (norm_out's γ, conv_out's) and quant_conv's. */
+export function encoderHeadNames(cfg: WanVaeConfig): string[] {
+  const head = encoderPlan(cfg).layers.at(-1);
+  if (head?.kind !== 'head') throw new Error("the encoder's plan ends in its head");
+  const quant = quantConv(cfg).name;
+  return [
+    `${head.name}.norm_out.gamma`,
+    `${head.conv.name}.weight`,
+    `${head.conv.name}.bias`,
+    `${quant}.weight`,
+    `${quant}.bias`,
+  ];
+}
+
+/**
+ * The largest magnitude each of the z_dim channels of an encoded latent (the posterior's mean,
+ * normalised) can take, whatever the video: the mean is quant_conv (1×1×1) of conv_out of
+ * SiLU(norm_out(x)), a linear map Q·W of a vector whose pixels each have norm at most √C·|γ|
+ * (|SiLU(z)| ≤ |z|), so channel o is at most √C·‖(Q·W)[o, :, tap]·γ‖ from Q·b + q at each tap
+ * (Cauchy–Schwarz, as decoderOutputBound); then (mean − latents_mean) / latents_std.
+ */
+export function encodedLatentBound(cfg: WanVaeConfig, tensors: TensorMap): number[] {
+  const [gammaName, weightName, biasName, quantWeightName, quantBiasName] = encoderHeadNames(cfg);
+  const tensor = (name: string) => {
+    const t = tensors.get(name);
+    if (!t) throw new Error(`the encoded latent's bound needs ${name}`);
+    return t.data;
+  };
+  const gamma = tensor(gammaName);
+  const weight = tensor(weightName); // [2·z, C, 3, 3, 3]
+  const bias = tensor(biasName);
+  const quant = tensor(quantWeightName); // [2·z, 2·z, 1, 1, 1]
+  const quantBias = tensor(quantBiasName);
+  const C = gamma.length;
+  const J = bias.length;
+  const taps = weight.length / (J * C);
+  return Array.from({ length: cfg.zDim }, (_, o) => {
+    // the mean's channel o, as one map from the head's input: Q[o, :]·W and Q[o, :]·b + q[o]
+    const row = new Float64Array(C * taps);
+    let offset = quantBias[o];
+    for (let j = 0; j < J; j++) {
+      const q = quant[o * J + j];
+      offset += q * bias[j];
+      for (let i = 0; i < C * taps; i++) row[i] += q * weight[j * C * taps + i];
+    }
+    let reach = 0;
+    for (let k = 0; k < taps; k++) {
+      let squares = 0;
+      for (let c = 0; c < C; c++) squares += (row[c * taps + k] * gamma[c]) ** 2;
+      reach += Math.sqrt(C * squares);
+    }
+    return (Math.abs(offset - cfg.latentsMean[o]) + reach) / cfg.latentsStd[o];
+  });
+}
+
 /** A folder's vae/, opened and checked: its config, and the decoder's or the encoder's tensors when asked for. */
 export interface WanVaeCheckpoint {
   config: WanVaeConfig;
@@ -607,8 +662,11 @@ export interface WanVaeCheckpoint {
   decoderTensors(names?: string[], onProgress?: LoadProgress): Promise<TensorMap>;
   /** bytes the decoder's tensors take in the file */
   decoderBytes: number;
-  /** the encoder's tensors and quant_conv's, float32, checked against the config first (names and shapes) */
-  encoderTensors(onProgress?: LoadProgress): Promise<TensorMap>;
+  /**
+   * the encoder's tensors and quant_conv's (those of `names` where given), float32, checked against the config
+   * first (names and shapes)
+   */
+  encoderTensors(onProgress?: LoadProgress, names?: string[]): Promise<TensorMap>;
 }
 
 /**
@@ -637,10 +695,14 @@ export async function openWanVae(files: ModelFiles): Promise<WanVaeCheckpoint> {
         [...entries.values()].filter((e) => !names || names.includes(e.name)),
         onProgress,
       ),
-    encoderTensors: (onProgress) => {
+    encoderTensors: (onProgress, names) => {
       const encoder = new Map([...checkpoint.tensors].filter(([name]) => isEncoder(name)));
       checkShapes(encoderWeightShapes(config), encoder, checkpoint.source);
-      return readTensors(files, [...encoder.values()], onProgress);
+      return readTensors(
+        files,
+        [...encoder.values()].filter((e) => !names || names.includes(e.name)),
+        onProgress,
+      );
     },
   };
 }

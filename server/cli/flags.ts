@@ -73,6 +73,14 @@ export const DECODE_OPTIONS = {
   verbose: { type: 'boolean', default: false },
 } satisfies ParseArgsConfig['options'];
 
+export const ENCODE_IMAGE_OPTIONS = {
+  model: { type: 'string' },
+  image: { type: 'string' },
+  height: { type: 'string' },
+  width: { type: 'string' },
+  output: { type: 'string' },
+} satisfies ParseArgsConfig['options'];
+
 export const ENCODE_PROMPT_OPTIONS = {
   model: { type: 'string' },
   prompt: { type: 'string' },

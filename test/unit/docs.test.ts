@@ -23,6 +23,7 @@ import type { Benchmark } from '../../bench/names.ts';
 import { EVAL_DEMO_OPTIONS } from '../../demo/cli/flags.ts';
 import {
   DECODE_OPTIONS,
+  ENCODE_IMAGE_OPTIONS,
   ENCODE_PROMPT_OPTIONS,
   FORWARD_OPTIONS,
   GENERATE_OPTIONS,
@@ -96,6 +97,7 @@ const COMMANDS: Partial<Record<string, FlagCheck>> = {
   forward: ofOptions(FORWARD_OPTIONS),
   decode: ofOptions(DECODE_OPTIONS),
   'encode-prompt': ofOptions(ENCODE_PROMPT_OPTIONS),
+  'encode-image': ofOptions(ENCODE_IMAGE_OPTIONS),
   'make-model': ofOptions(MAKE_MODEL_OPTIONS),
   'make-lora': ofOptions(MAKE_LORA_OPTIONS),
   'eval-demo': ofOptions(EVAL_DEMO_OPTIONS),

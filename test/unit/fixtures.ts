@@ -56,6 +56,7 @@ export function stubEngine(stages: DeviceStageRunner, config: WanConfig, bounds?
     probe: (ep) => Promise.resolve({ ep, flops: 1e9, softmaxRate: 2e8, stageMs: 0.5 }),
     encodeText: () => Promise.reject(new Error('this stub engine has no text encoder')),
     decodeTile: () => Promise.reject(new Error('this stub engine has no VAE')),
+    encodeImage: () => Promise.reject(new Error('this stub engine has no VAE')),
     alive: async () => {},
   };
 }

@@ -607,6 +607,10 @@ describe('hostile arguments to every worker method', () => {
         },
         runtimeRefuses: true,
       },
+      encodeImage: {
+        args: { modelUrl: '/models/tiny-wan', ep: 'wasm', shape: [3, 1, 2, 2], video: new Float32Array(5) },
+        runtimeRefuses: true,
+      },
     };
     const cases: [WorkerMethod, unknown][] = [];
     for (const method of WORKER_METHODS) {
@@ -704,6 +708,7 @@ describe('hostile arguments to every worker method', () => {
     expect(byContract + Object.values(calls).reduce((a, b) => a + b, 0)).toBe(hostile.length);
     expect(Object.keys(expectedCalls).sort()).toEqual([
       'decodeTile',
+      'encodeImage',
       'encodeText',
       'executeModel',
       'handOffEvidence',
@@ -1028,6 +1033,12 @@ describe(`fuzz: ${MUTATIONS} structured mutations per target`, () => {
       shape: [1, 3, 2, 2],
       computeMs: 9,
       cacheBytes: 100,
+      weightBytes: 1000,
+    },
+    encodeImage: {
+      latent: Float32Array.from({ length: 48 }, (_, i) => i / 8 - 3),
+      shape: [48, 1, 1, 1],
+      computeMs: 40,
       weightBytes: 1000,
     },
     prepareJob: { job: 5 },

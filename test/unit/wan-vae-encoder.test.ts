@@ -15,7 +15,7 @@ import {
   TINY_VAE_CONFIG,
   VIDEO_INIT,
 } from '../reference/make-wan-vae-fixture.ts';
-import { onnxVaeEncoder, type OnnxVaeEncoder } from './onnx-vae-encoder.ts';
+import { onnxVaeEncoder, type VaeEncoder } from '../../rank/vae-encoder.ts';
 import { expectCase, readVaeFixture, runCase } from './vae-fixture-check.ts';
 
 const fixture = readVaeFixture(ENCODE_FIXTURE_PATH);
@@ -26,7 +26,7 @@ const tensors = seededVaeTensors(cfg, fixture.seed);
 const TOLERANCE = 2e-5;
 
 describe("Wan2.1's VAE encoder against diffusers' AutoencoderKLWan (numpy, float64)", () => {
-  let encoder: OnnxVaeEncoder | undefined;
+  let encoder: VaeEncoder | undefined;
   beforeAll(async () => {
     encoder = await onnxVaeEncoder(cfg, tensors);
   });

@@ -1,6 +1,6 @@
 // wan-vae-graphs.ts's ONNX graphs of Wan2.2's VAE on onnxruntime-web (wasm), held to diffusers: the
 // decoder (through rank/vae-decoder.ts, as a worker runs it) and the encoder (its two chunk graphs,
-// chunk by chunk with their caches: onnx-vae-encoder.ts) against wan22-vae.fixture.json, the float64 numpy
+// chunk by chunk with their caches: rank/vae-encoder.ts) against wan22-vae.fixture.json, the float64 numpy
 // reading of autoencoder_kl_wan.py, and against the plain TypeScript reference.
 
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -11,7 +11,7 @@ import { blendTiles, tilesOf } from '../../core/model/wan-vae-tiling.ts';
 import { maxAbsDiff } from '../../core/tensor.ts';
 import { onnxVaeDecoder, type VaeTileDecoder } from '../../rank/vae-decoder.ts';
 import { FIXTURE22_PATH, seededLatent, seededVaeTensors, seededVideo } from '../reference/make-wan-vae-fixture.ts';
-import { onnxVaeEncoder, type OnnxVaeEncoder } from './onnx-vae-encoder.ts';
+import { onnxVaeEncoder, type VaeEncoder } from '../../rank/vae-encoder.ts';
 import { expectCase, readVaeFixture } from './vae-fixture-check.ts';
 
 const fixture = readVaeFixture(FIXTURE22_PATH);
@@ -26,7 +26,7 @@ const TOLERANCE = 2e-5;
 
 describe("Wan2.2's VAE as ONNX graphs on onnxruntime-web, against diffusers (numpy, float64)", () => {
   let decoder: VaeTileDecoder | undefined;
-  let encoder: OnnxVaeEncoder | undefined;
+  let encoder: VaeEncoder | undefined;
   beforeAll(async () => {
     decoder = await onnxVaeDecoder(cfg, tensors, 'wasm');
     encoder = await onnxVaeEncoder(cfg, tensors);
