@@ -35,6 +35,8 @@ import {
   type DecodeResult,
 } from './vae-decoding.ts';
 import { encodeWebM } from './video.ts';
+import { encodeImageCondition, ImageEncodingBreach } from './image-encoding.ts';
+import { imageProblem, type RgbaImage } from '../core/model/image-condition.ts';
 
 export interface PipelineOptions {
   /** URL of a diffusers-layout model folder (relative: the swarm's server's); the bundled demo model by default */
@@ -75,6 +77,11 @@ export interface GenerateRequest extends Partial<JobParams> {
   negativePromptEmbeds?: PromptEmbeds;
   /** 'latent' stops before the VAE: no video, the latent only (output_type="latent") */
   outputType?: 'video' | 'latent';
+  /**
+   * an image to start the video from (Wan2.2 TI2V: image to video with the same model), stretched to the job's size
+   * and encoded on a worker as the first latent frame, held there at every step
+   */
+  image?: RgbaImage;
   /** where this job runs, where it differs from the pipeline's options */
   placement?: PlacementRequest;
   /** continue a job from a checkpoint: `step` steps done, `latent` after them */
@@ -330,6 +337,47 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
       })
     : standInDecoding(() => parts.decoder());
 
+  /**
+   * A job's image as its first latent frame, encoded on a worker of the swarm; a worker whose latent no honest encoder
+   * makes is let go and another asked.
+   */
+  const imageCondition = async (
+    image: RgbaImage,
+    { height, width }: JobParams,
+    onProgress: (detail: string) => void,
+  ): Promise<Float32Array> => {
+    if (!family.expandTimesteps)
+      throw new Error(
+        `image: ${family.name} makes video from text alone; an image to start from needs a Wan2.2 TI2V folder ` +
+          '(its model_index.json sets expand_timesteps)',
+      );
+    const problem = imageProblem(image);
+    if (problem) throw new Error(`image: ${problem}`);
+    const why = "an image-to-video job's image encodes on the swarm's workers";
+    for (;;) {
+      const { hosts } = await onSwarm(why, 'give no image').vaeTiles();
+      const host = defined(hosts[0], 'a worker to encode the image');
+      onProgress(`the image on ${host.id}`);
+      try {
+        const { latent } = await encodeImageCondition({
+          host,
+          modelUrl,
+          files,
+          image,
+          height,
+          width,
+          ep: 'auto',
+          timeoutMs: timeoutsOf(rpcTimeoutMs).loadMs,
+          onLoading: (news) => onProgress(`the image on ${host.id}: ${news}`),
+        });
+        return latent.data;
+      } catch (e) {
+        if (!(e instanceof ImageEncodingBreach)) throw e;
+        placer.convict(host, e.why);
+      }
+    }
+  };
+
   /** The transformer's config, which every job denoises with: a folder without transformer/ only decodes. */
   const transformer = (): WanConfig => {
     if (!config) throw new MissingPart(MISSING_PARTS.transformer);
@@ -418,16 +466,23 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
     },
     async estimate(request) {
       const { placement: asked, ...given } = request;
-      const { promptEmbeds: _p, negativePromptEmbeds: _n, outputType: _o, ...input } = given;
+      const { promptEmbeds: _p, negativePromptEmbeds: _n, outputType: _o, image: _i, ...input } = given;
       return estimateOf(paramsOf(input), placementOf(asked), given);
     },
-    rehearseAhead({ placement: asked, promptEmbeds: _p, negativePromptEmbeds: _n, outputType: _o, ...input }) {
+    rehearseAhead({
+      placement: asked,
+      promptEmbeds: _p,
+      negativePromptEmbeds: _n,
+      outputType: _o,
+      image: _i,
+      ...input
+    }) {
       return placer.rehearseAhead(paramsOf(input), placementOf(asked));
     },
     async generate(request) {
       const { placement: asked, resume, onCheckpoint, onFailure, onProgress, onPhase, signal, ...given } = request;
       // what is left is the job's parameters: the report and the store keep them, so nothing else may stay
-      const { promptEmbeds, negativePromptEmbeds, outputType = 'video', ...input } = given;
+      const { promptEmbeds, negativePromptEmbeds, outputType = 'video', image, ...input } = given;
       const params = paramsOf(input);
       const placementRequest = placementOf(asked);
       const estimate = await estimateOf(params, placementRequest, given, resume?.step);
@@ -450,6 +505,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
           ),
         );
       if (outputType === 'video') await videoDecoding.ready();
+      const firstFrame = image && (await imageCondition(image, params, (detail) => tell('encoding', detail)));
 
       clock.enter('placing');
       await placer.place(params, placementRequest);
@@ -467,6 +523,7 @@ export async function createPipeline(options: PipelineOptions = {}): Promise<Pip
         params,
         shape,
         grid: tokenGrid(transformer(), shape),
+        firstFrame,
         solver: sampling,
         resume,
         signal,

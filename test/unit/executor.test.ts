@@ -446,6 +446,7 @@ describe('the executor against real WorkerRuntimes in this process', () => {
         'preload',
         'encodeText',
         'decodeTile',
+        'encodeImage',
         'prepareJob',
         'probeMesh',
         'executeModel',

@@ -38,7 +38,7 @@ describe('forwarding', () => {
     const stagesOnly: MethodNames<EngineApi> = { ...STAGE_METHODS };
     expect([withoutReset, withSub, stagesOnly].every((table) => typeof table === 'object')).toBe(true);
     expect(Object.keys(ENGINE_METHODS).sort()).toEqual(
-      [...Object.keys(STAGE_METHODS), 'load', 'probe', 'encodeText', 'decodeTile', 'alive'].sort(),
+      [...Object.keys(STAGE_METHODS), 'load', 'probe', 'encodeText', 'decodeTile', 'encodeImage', 'alive'].sort(),
     );
   });
 
