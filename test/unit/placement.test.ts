@@ -57,7 +57,7 @@ import {
 import { createEngine } from '../../rank/engine.ts';
 import { memoryExchanges } from '../../rank/exchange/memory.ts';
 import { WorkerRuntime } from '../../rank/runtime.ts';
-import { channelPair, stubSwarm, tinyModelFiles } from './fixtures.ts';
+import { channelPair, machineNamed, stubSwarm, tinyModelFiles } from './fixtures.ts';
 
 // Placement: the Placer decides each job's layout (what was asked, or the cost model's choice) and
 // places it on a real Swarm roster; the SwarmExecutor reaches the ranks and judges who is lost. The
@@ -177,6 +177,8 @@ function testSwarm() {
           threads: 1,
           memoryGiB: null,
           userAgent: `page ${id}`,
+          cores: 1,
+          machine: machineNamed(id),
         },
         api: api as unknown as WorkerRemote,
         link: { close() {} } as unknown as SwarmWorker['link'],
@@ -675,6 +677,8 @@ describe('Placer: where a job runs', () => {
           threads: 1,
           memoryGiB: null,
           userAgent: 'test',
+          cores: 1,
+          machine: machineNamed('test'),
         }),
     });
     const order: string[] = [];

@@ -17,7 +17,7 @@ import { tokenGrid } from '../../core/model/tokens.ts';
 import { TRANSFORMER_CONFIG } from '../../core/model/transformer.ts';
 import { proportionalShares } from '../../core/parallel.ts';
 import type { WorkerInfo } from '../../core/worker-api.ts';
-import { tinyModelFiles } from './fixtures.ts';
+import { machineNamed, tinyModelFiles } from './fixtures.ts';
 
 // The planner is pure: from the request, the job, the live workers and what they measured, every
 // decision of a placement. These tests give it plain workers with hand-made measurements and a
@@ -51,6 +51,8 @@ function worker(id: string, gflops: number | null): PlanningWorker {
     threads: 1,
     memoryGiB: null,
     userAgent: id,
+    cores: 1,
+    machine: machineNamed(id),
   };
   return { id, info, measurement };
 }
