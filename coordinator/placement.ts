@@ -102,6 +102,8 @@ export interface PlacementPrediction {
   oneWorkerStepMs: number;
   /** why fewer workers are used than are live, or null */
   leftOut: string | null;
+  /** which of its workers look like one machine and share its cores (planner.ts sharedCoresNote), or null */
+  sharedCores: string | null;
 }
 
 /** How long the coordinator waits for its ranks. */

@@ -1377,6 +1377,28 @@ describe('the cost model sees what the workers measured', () => {
     expect(wasmOf(workers[1]).flops).toBe(3e9);
   });
 
+  it('workers that look like one machine take turns at their probes, each measuring its threads alone; other machines probe meanwhile (issue 66)', async () => {
+    const { swarm, join } = testSwarm();
+    const workers = join(3, measured(fast));
+    const on = ['laptop', 'laptop', 'desktop'];
+    const log: string[] = [];
+    workers.forEach((w, i) => {
+      w.share = 2;
+      w.info = { ...w.info, threads: 2, browser: `browser ${i}`, machine: machineNamed(on[i]) };
+      const api = w.api as unknown as { probeCompute: (a: unknown, t?: number) => Promise<unknown> };
+      const probe = api.probeCompute;
+      api.probeCompute = async (a, t) => {
+        log.push(`${w.id} starts`);
+        await new Promise((r) => setTimeout(r, 20));
+        log.push(`${w.id} ends`);
+        return probe(a, t);
+      };
+    });
+    await placerOn(swarm).place(unguided, ask({ ep: 'wasm' }));
+    expect(log.indexOf('w1 starts')).toBeGreaterThan(log.indexOf('w0 ends'));
+    expect(log.indexOf('w2 starts')).toBeLessThan(log.indexOf('w0 ends'));
+  });
+
   it('a tab that reloads and joins again under a new peer id is known by its browser: neither probed nor rehearsed again; its link is measured (issue 66)', async () => {
     const { swarm, join, leave } = testSwarm();
     const [w0, first] = join(2);

@@ -312,3 +312,52 @@ describe('a job planned again after a lost rank (maxWorld: the ranks it had)', (
     expect(defined(auto.prediction, 'a prediction').leftOut).toBeNull();
   });
 });
+
+describe('workers that look like one machine share its cores (issue 66)', () => {
+  /** Two slow workers (compute outweighs their exchanges) of 2 threads each, on one 2-core machine or on two. */
+  const pair = (oneMachine: boolean) =>
+    workersAt(0.05, 0.05).map((w, i) => ({
+      ...w,
+      info: { ...w.info, threads: 2, cores: 2, machine: machineNamed(oneMachine ? 'laptop' : `machine ${i}`) },
+    }));
+
+  it('two browsers on one machine, each claiming both its cores: one is left out, saying why in words', () => {
+    expect(plan(guided, { ep: 'wasm' }, pair(false)).layout.world).toBe(2);
+    const placement = plan(guided, { ep: 'wasm' }, pair(true));
+    const prediction = defined(placement.prediction, 'a prediction');
+    expect(placement.layout.world).toBe(1);
+    expect(prediction.sharedCores).toBeNull();
+    expect(prediction.leftOut).toMatch(/^1 of 2 workers left out: with 2 the cost model predicts \d+ ms a step, not /);
+    expect(prediction.leftOut).toContain(
+      'workers w0 and w1 look like one machine (their pages see the same cores, memory, OS, time zone and adapter) ' +
+        'and share its 2 cores: with 4 threads between them each computes at about 50% of its speed alone, so ' +
+        'together they compute a step no sooner than fewer of them; they would be used beside each other with ' +
+        'cores of their own',
+    );
+  });
+
+  it('asked for both, the plan of both is predicted no faster than one alone, and its notes say they share the cores', () => {
+    const placement = plan(guided, { ulyssesDegree: 2, ep: 'wasm', shares: 'even' }, pair(true));
+    const prediction = defined(placement.prediction, 'a prediction');
+    expect(prediction.predictedStepMs).toBeGreaterThanOrEqual(prediction.oneWorkerStepMs);
+    expect(prediction.sharedCores).toBe(
+      'workers w0 and w1 look like one machine (their pages see the same cores, memory, OS, time zone and adapter) ' +
+        'and share its 2 cores: with 4 threads between them each computes at about 50% of its speed alone',
+    );
+    const apart = defined(plan(guided, { ulyssesDegree: 2, ep: 'wasm', shares: 'even' }, pair(false)).prediction, '');
+    expect(apart.sharedCores).toBeNull();
+    expect(apart.predictedStepMs).toBeLessThan(0.7 * apart.oneWorkerStepMs);
+  });
+
+  it('the tabs of one browser are on one machine whatever their hints say: their threads split its cores', () => {
+    const tabs = pair(true).map((w, i) => ({
+      ...w,
+      info: { ...w.info, threads: 1, browser: 'one browser', machine: machineNamed(`screen ${i}`) },
+    }));
+    expect(defined(plan(guided, { ulyssesDegree: 2, ep: 'wasm' }, tabs).prediction, '').sharedCores).toBeNull();
+    const crowded = tabs.map((w) => ({ ...w, info: { ...w.info, threads: 2 } }));
+    expect(defined(plan(guided, { ulyssesDegree: 2, ep: 'wasm' }, crowded).prediction, '').sharedCores).toMatch(
+      /^workers w0 and w1 look like one machine/,
+    );
+  });
+});
