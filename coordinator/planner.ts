@@ -48,6 +48,7 @@ import {
   type PlacementPrediction,
   type PlacementRequest,
   type ResolvedPlacement,
+  type SharedCores,
   type Timeouts,
   type UntrustedAlone,
 } from './placement.ts';
@@ -642,7 +643,7 @@ function chooseAuto(ctx: PlannerContext, weighed: Weighed, hw: NonNullable<Retur
     best.world < workers.length && more
       ? `${workers.length - best.world} of ${workers.length} workers left out: ` +
         `with ${more.world} the cost model predicts ${ms(more)} ms a step, not ${ms(best)}: ` +
-        whyLeftOut(best, more, sharing(best.world) ? null : sharing(more.world))
+        whyLeftOut(best, more, sharing(best.world) ? null : (sharing(more.world)?.note ?? null))
       : null;
   const by =
     `cost model (${predictedFrom(best, hw.forwardsFrom)}; rank links from ${hw.link.from}` +
@@ -698,7 +699,7 @@ export function whyLeftOut(best: StepPrediction, more: StepPrediction, sharedCor
 export function sharedCoresNote(
   workers: readonly { id: string }[],
   claims: readonly (CoreClaim | undefined)[],
-): string | null {
+): SharedCores | null {
   const indices = workers.map((_, i) => i);
   const shares = coreShares({ workerCores: claims }, indices);
   const machines = new Map<string, number[]>();
@@ -707,13 +708,14 @@ export function sharedCoresNote(
     if (claim && shares[i] < 1) machines.set(claim.machine, [...(machines.get(claim.machine) ?? []), i]);
   }
   if (!machines.size) return null;
-  return [...machines.values()]
-    .map((sharing) => {
-      const ids = sharing.map((i) => workers[i].id);
+  const sharing = [...machines.values()];
+  const note = sharing
+    .map((one) => {
+      const ids = one.map((i) => workers[i].id);
       const names = `${ids.slice(0, -1).join(', ')} and ${ids.at(-1) ?? ''}`;
-      const threads = sharing.reduce((sum, i) => sum + (claims[i]?.threads ?? 0), 0);
-      const cores = claims[sharing[0]]?.cores ?? 1;
-      const part = Math.round(100 * Math.max(...sharing.map((i) => shares[i])));
+      const threads = one.reduce((sum, i) => sum + (claims[i]?.threads ?? 0), 0);
+      const cores = claims[one[0]]?.cores ?? 1;
+      const part = Math.round(100 * Math.max(...one.map((i) => shares[i])));
       return (
         `workers ${names} look like one machine (their pages see the same cores, memory, OS, time zone and adapter) ` +
         `and share its ${cores} core${cores === 1 ? '' : 's'}: with ${threads} threads between them each computes ` +
@@ -721,6 +723,48 @@ export function sharedCoresNote(
       );
     })
     .join('; ');
+  return { workers: sharing.flat().map((i) => workers[i].id), note };
+}
+
+/** The worker given the fewest heads where the heads went by speed and it has less than an even share, or null. */
+function fewestHeads(workers: readonly { id: string }[], heads: readonly number[]) {
+  const total = heads.reduce((a, b) => a + b, 0);
+  const fewest = Math.min(...heads);
+  const worker = workers.at(heads.indexOf(fewest));
+  return worker && fewest * heads.length < total ? { id: worker.id, fewest, total } : null;
+}
+
+/**
+ * Where the heads went by speed and a worker was given less than an even share: which, and what would give it more
+ * (issue 66), or null. Its ranks are the placement's workers in rank order (heads are shared by speed in one group).
+ */
+export function smallestShare(workers: readonly { id: string }[], heads: readonly number[]): string | null {
+  const least = fewestHeads(workers, heads);
+  return (
+    least &&
+    `worker ${least.id} was given ${least.fewest} of the ${least.total} heads: its forward was the slowest when ` +
+      'rehearsed; on more of its cores (fewer tabs beside it) or on WebGPU, it would be given more'
+  );
+}
+
+/** What a placement's notes are made of. */
+export type PlacementNotes = Pick<ResolvedPlacement, 'workers' | 'layout' | 'prediction' | 'stages'>;
+
+/**
+ * What a placement's notes say of one worker (the dashboard's swarm table, issue 66): why it was left out and what job
+ * would use it, that it was given the fewest heads and what would give it more, that it shares its machine's cores;
+ * none where they say nothing of it.
+ */
+export function workerPlanNotes(placement: PlacementNotes, worker: string): string[] {
+  const { prediction } = placement;
+  if (!placement.workers.some((w) => w.id === worker)) return prediction?.leftOut ? [prediction.leftOut] : [];
+  // heads are shared by speed in one group of one stage only
+  const heads = placement.stages ? undefined : placement.layout.heads?.[0];
+  const least = heads && fewestHeads(placement.workers, heads);
+  return [
+    least && least.id === worker ? smallestShare(placement.workers, heads) : null,
+    prediction?.sharedCores?.workers.includes(worker) ? prediction.sharedCores.note : null,
+  ].filter((note): note is string => note !== null);
 }
 
 /**

@@ -5,6 +5,7 @@ import { loadArgsOf, type PlacementRequest, type ResolvedPlacement } from '../..
 import {
   planPlacement,
   rehearsalsNeeded,
+  workerPlanNotes,
   type PlannerContext,
   type PlanningWorker,
 } from '../../coordinator/planner.ts';
@@ -340,10 +341,12 @@ describe('workers that look like one machine share its cores (issue 66)', () => 
     const placement = plan(guided, { ulyssesDegree: 2, ep: 'wasm', shares: 'even' }, pair(true));
     const prediction = defined(placement.prediction, 'a prediction');
     expect(prediction.predictedStepMs).toBeGreaterThanOrEqual(prediction.oneWorkerStepMs);
-    expect(prediction.sharedCores).toBe(
-      'workers w0 and w1 look like one machine (their pages see the same cores, memory, OS, time zone and adapter) ' +
-        'and share its 2 cores: with 4 threads between them each computes at about 50% of its speed alone',
-    );
+    expect(prediction.sharedCores).toEqual({
+      workers: ['w0', 'w1'],
+      note:
+        'workers w0 and w1 look like one machine (their pages see the same cores, memory, OS, time zone and ' +
+        'adapter) and share its 2 cores: with 4 threads between them each computes at about 50% of its speed alone',
+    });
     const apart = defined(plan(guided, { ulyssesDegree: 2, ep: 'wasm', shares: 'even' }, pair(false)).prediction, '');
     expect(apart.sharedCores).toBeNull();
     expect(apart.predictedStepMs).toBeLessThan(0.7 * apart.oneWorkerStepMs);
@@ -356,8 +359,31 @@ describe('workers that look like one machine share its cores (issue 66)', () => 
     }));
     expect(defined(plan(guided, { ulyssesDegree: 2, ep: 'wasm' }, tabs).prediction, '').sharedCores).toBeNull();
     const crowded = tabs.map((w) => ({ ...w, info: { ...w.info, threads: 2 } }));
-    expect(defined(plan(guided, { ulyssesDegree: 2, ep: 'wasm' }, crowded).prediction, '').sharedCores).toMatch(
+    expect(defined(plan(guided, { ulyssesDegree: 2, ep: 'wasm' }, crowded).prediction, '').sharedCores?.note).toMatch(
       /^workers w0 and w1 look like one machine/,
     );
+  });
+
+  it("the swarm table's words for each worker are the placement's notes: why it was left out and what would use it, that it shares its machine's cores", () => {
+    const workers = pair(true);
+    const auto = plan(guided, { ep: 'wasm' }, workers);
+    const leftOut = defined(auto.prediction?.leftOut, 'why one is left out');
+    const [placed, spare] = [auto.workers[0].id, workers.find((w) => w.id !== auto.workers[0].id)?.id ?? ''];
+    expect(workerPlanNotes(auto, spare)).toEqual([leftOut]);
+    expect(workerPlanNotes(auto, placed)).toEqual([]);
+    const both = plan(guided, { ulyssesDegree: 2, ep: 'wasm', shares: 'even' }, workers);
+    const shared = defined(both.prediction?.sharedCores, 'shared cores').note;
+    expect(['w0', 'w1'].map((id) => workerPlanNotes(both, id))).toEqual([[shared], [shared]]);
+    expect(workerPlanNotes(plan(guided, { ulyssesDegree: 2, ep: 'wasm' }, pair(false)), 'w0')).toEqual([]);
+  });
+
+  it('a worker given the fewest heads is told so, with what would give it more; the others are not', () => {
+    const uneven = plan(unguided, { ulyssesDegree: 2, ep: 'wasm', shares: 'speed' }, workersAt(1, 4));
+    expect(uneven.layout.heads).toEqual([proportionalShares(12, [4, 1])]);
+    expect(workerPlanNotes(uneven, 'w0')).toEqual([
+      'worker w0 was given 2 of the 12 heads: its forward was the slowest when rehearsed; on more of its cores ' +
+        '(fewer tabs beside it) or on WebGPU, it would be given more',
+    ]);
+    expect(workerPlanNotes(uneven, 'w1')).toEqual([]);
   });
 });
