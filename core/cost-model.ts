@@ -167,18 +167,22 @@ export function coreShares(
  * machine comes after a slower one of a machine of its own, where the first would be halved beside it.
  */
 export function workerOrder(hw: Pick<Hardware, 'workerFlops' | 'workerCores'>): number[] {
+  // fastest first (a stable sort: ties in their order), which is where each next one is looked for
+  const left = hw.workerFlops.map((_, i) => i).sort((a, b) => hw.workerFlops[b] - hw.workerFlops[a]);
+  const machines = hw.workerCores?.flatMap((c) => (c ? [c.machine] : [])) ?? [];
+  if (new Set(machines).size === machines.length) return left; // no machine has two: no cores shared
   const order: number[] = [];
-  const left = hw.workerFlops.map((_, i) => i);
+  const slowestWith = (i: number) => {
+    const taken = [...order, i];
+    const shares = coreShares(hw, taken);
+    return Math.min(...taken.map((w, k) => hw.workerFlops[w] * shares[k]));
+  };
   while (left.length) {
-    const slowestWith = (i: number) => {
-      const taken = [...order, i];
-      const shares = coreShares(hw, taken);
-      return Math.min(...taken.map((w, k) => hw.workerFlops[w] * shares[k]));
-    };
     let best = 0;
+    let bestSlowest = slowestWith(left[0]);
     for (let k = 1; k < left.length; k++) {
-      const [a, b] = [slowestWith(left[k]), slowestWith(left[best])];
-      if (a > b || (a === b && hw.workerFlops[left[k]] > hw.workerFlops[left[best]])) best = k;
+      const slowest = slowestWith(left[k]);
+      if (slowest > bestSlowest) [best, bestSlowest] = [k, slowest];
     }
     order.push(...left.splice(best, 1));
   }
