@@ -116,6 +116,8 @@ let queue: JobQueue | null = null;
 let pipeline: { key: string; pipe: Pipeline } | null = null;
 /** the form's model's head count, once its config is read: the degrees a job may ask for divide it */
 let modelHeads: number | null = null;
+/** where the last job done ran: the swarm table says what its placement's notes say of each worker */
+let lastPlacement: KeptReport['placement'] = undefined;
 /** encoded prompts kept across jobs and reloads (none where IndexedDB is unavailable: every prompt is encoded) */
 let promptCache: PromptCache | undefined;
 
@@ -263,7 +265,7 @@ async function readModel(): Promise<void> {
 
 function refreshSwarm(): void {
   if (!swarm) return;
-  renderSwarm(swarm);
+  renderSwarm(swarm, lastPlacement ?? null);
   const degreeSelect = field('degree') as HTMLSelectElement;
   const chosen = degreeSelect.value;
   const degrees = modelHeads === null ? [] : validDegrees(modelHeads, Math.max(1, swarm.workers().length));
@@ -271,6 +273,13 @@ function refreshSwarm(): void {
     degreeSelect.replaceChildren(new Option('auto', 'auto'), ...degrees.map((d) => new Option(String(d), String(d))));
     degreeSelect.value = [...degreeSelect.options].some((o) => o.value === chosen) ? chosen : 'auto';
   }
+}
+
+/** The last job done: its video and report, and what its placement said of each worker in the swarm table. */
+function showDone(job: StoredJob): void {
+  lastPlacement = job.result?.report.placement;
+  showFinished(job);
+  refreshSwarm();
 }
 
 function showFinished(job: StoredJob): void {
@@ -482,7 +491,7 @@ async function start() {
       $('status').textContent = `#${e.job.id} ${e.phase}${e.detail ? `: ${e.detail}` : ''}… ${describeLeft(e.left)}.`;
       if (e.phase === 'placing') resetTimeline();
     } else {
-      if (e.job.status === 'done') showFinished(e.job);
+      if (e.job.status === 'done') showDone(e.job);
       if (e.job.status === 'failed') $('status').textContent = `#${e.job.id} failed: ${e.job.error ?? ''}`;
       if (e.job.status === 'cancelled') $('status').textContent = `#${e.job.id} cancelled.`;
       refreshJobs();
@@ -494,7 +503,7 @@ async function start() {
     .list()
     .filter((j) => j.status === 'done')
     .at(-1);
-  if (latest) showFinished(latest);
+  if (latest) showDone(latest);
   return { swarmId: swarm.id, joinUrl: swarm.joinUrl, lanJoinUrl: swarm.lanJoinUrl };
 }
 

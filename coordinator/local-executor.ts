@@ -6,6 +6,7 @@ import { EngineHost, usableCores } from '../rank/engine-client.ts';
 import { memoryExchanges } from '../rank/exchange/memory.ts';
 import { WorkerRuntime } from '../rank/runtime.ts';
 import { sampleMemoryPeak } from '../rank/memory.ts';
+import { describeMachine } from '../rank/machine-hint.ts';
 import { describeCompute } from '../rank/webgpu.ts';
 import { Executor } from './executor.ts';
 
@@ -27,12 +28,10 @@ export class LocalExecutor extends Executor {
     this.terminate = () => engine.terminate();
     const runtime = new WorkerRuntime(engine, {
       connectMesh: (init) => Promise.resolve(memoryExchanges(1, init.dtype)[0]),
-      describe: async () => ({
-        ...(await describeCompute()),
-        threads,
-        memoryGiB: null,
-        userAgent: navigator.userAgent,
-      }),
+      describe: async () => {
+        const compute = await describeCompute();
+        return { ...compute, threads, memoryGiB: null, userAgent: navigator.userAgent, ...describeMachine(compute) };
+      },
       peakMemoryBytes: sampleMemoryPeak(),
     });
     this.rank0 = inProcess<WorkerApi>(runtime, WORKER_CONTRACT, 'the local rank');

@@ -102,6 +102,15 @@ export interface PlacementPrediction {
   oneWorkerStepMs: number;
   /** why fewer workers are used than are live, or null */
   leftOut: string | null;
+  /** which of its workers look like one machine and share its cores, and the words for it (sharedCoresNote), or null */
+  sharedCores: SharedCores | null;
+}
+
+/** Workers of a placement that look like one machine and share its cores (planner.ts sharedCoresNote). */
+export interface SharedCores {
+  workers: string[];
+  /** in words: which, how many cores, and what part of its speed alone each computes at */
+  note: string;
 }
 
 /** How long the coordinator waits for its ranks. */

@@ -9,11 +9,14 @@ import { checkLoras, type LoraRef } from '../core/model/lora.ts';
 import { defined } from '../core/defined.ts';
 import {
   candidatePlans,
+  coreShares,
   planSwarm,
   planWorld,
   predictStagedStep,
   predictStep,
   unevenPlan,
+  workerOrder,
+  type CoreClaim,
   type Hardware,
   type Plan,
   type StepPrediction,
@@ -46,6 +49,7 @@ import {
   type PlacementPrediction,
   type PlacementRequest,
   type ResolvedPlacement,
+  type SharedCores,
   type Timeouts,
   type UntrustedAlone,
 } from './placement.ts';
@@ -364,18 +368,47 @@ function displacedMisfit(work: Workload, degree: number, workers: readonly Plann
 const epOf = (ep: Asked['ep'], m: WorkerMeasurement): ExecutionProvider => (ep === 'auto' ? m.auto.ep : ep);
 const computeOf = (ep: Asked['ep'], m: WorkerMeasurement) => m.compute[epOf(ep, m)] ?? m.compute.wasm;
 
+/** What rankOrder reads of a worker: its measurement, and what it says of its machine where it says it. */
+type OrderedWorker = Pick<PlanningWorker, 'measurement'> & Partial<Pick<PlanningWorker, 'info'>>;
+
 /**
- * The workers in the order ranks are given to them: the fastest first on the EP each will run (ties
- * in join order), so that the plans the cost model predicts on the fastest are placed on them; in
- * join order while any is unmeasured.
+ * The workers in the order ranks are given to them (workerOrder): the fastest first on the EP each will run (ties in
+ * join order), a second worker of a machine whose cores it would share after a slower one of its own machine, so that
+ * the plans the cost model predicts are placed on the workers it predicted them on; in join order while any is
+ * unmeasured.
  */
-export function rankOrder<W extends Pick<PlanningWorker, 'measurement'>>(workers: readonly W[], ep: Asked['ep']): W[] {
-  const flops = workers.map((w) => (w.measurement ? (computeOf(ep, w.measurement)?.flops ?? 0) : null));
-  if (flops.some((f) => f === null)) return [...workers];
-  return workers
-    .map((w, i) => ({ w, f: flops[i] ?? 0 }))
-    .sort((a, b) => b.f - a.f)
-    .map(({ w }) => w);
+export function rankOrder<W extends OrderedWorker>(workers: readonly W[], ep: Asked['ep']): W[] {
+  const measured = workers.flatMap((w) => (w.measurement ? [w.measurement] : []));
+  if (measured.length < workers.length) return [...workers];
+  const order = workerOrder({
+    workerFlops: measured.map((m) => computeOf(ep, m)?.flops ?? 0),
+    workerCores: coreClaims(workers, measured, ep),
+  });
+  return order.map((i) => workers[i]);
+}
+
+/**
+ * The cores each worker computes on (core/cost-model.ts coreShares): its machine's where WASM computes on the CPU,
+ * none where WebGPU computes on a GPU (and so does a process's 'wasm' EP on CUDA or Dawn's WebGPU). The tabs of one
+ * browser are on one machine whatever their hints say, the first tab's: they share one probe of its cores.
+ */
+function coreClaims(
+  workers: readonly OrderedWorker[],
+  measured: readonly WorkerMeasurement[],
+  ep: Asked['ep'],
+): (CoreClaim | undefined)[] {
+  const machineOf = new Map<string, string>();
+  for (const { info } of workers)
+    if (info?.browser && !machineOf.has(info.browser)) machineOf.set(info.browser, info.machine);
+  return workers.map(({ info }, i) =>
+    info && epOf(ep, measured[i]) === 'wasm' && (info.nativeDevice ?? 'cpu') === 'cpu'
+      ? {
+          machine: (info.browser && machineOf.get(info.browser)) || info.machine,
+          cores: info.cores,
+          threads: info.threads,
+        }
+      : undefined,
+  );
 }
 
 /** What a job's forwards cost: the model, its tokens, the text's and its passes. */
@@ -518,15 +551,14 @@ function hardwareOf(
     : anyRehearsed
       ? 'forwards rehearsed on these workers'
       : 'probe rates (these workers were not rehearsed together)';
+  const cores = coreClaims(workers, measured, asked.ep);
   return {
     workerFlops: measured.map((m) => computeOf(asked.ep, m)?.flops ?? 0),
     workerSoftmaxRates: measured.map((m) => computeOf(asked.ep, m)?.softmaxRate ?? Infinity),
     workerStageS: measured.map((m) => (computeOf(asked.ep, m)?.stageMs ?? 0) / 1000),
-    // WASM computes on the CPU the tabs of one browser (the processes of one machine) share; WebGPU on a GPU, and so
-    // does a process's 'wasm' EP on CUDA or Dawn's WebGPU
-    workerCpus: workers.map((w, i) =>
-      epOf(asked.ep, measured[i]) === 'wasm' && (w.info.nativeDevice ?? 'cpu') === 'cpu' ? w.info.browser : undefined,
-    ),
+    // the workers of one machine compute on its cores and exchange through its loopback
+    workerCpus: cores.map((c) => c?.machine),
+    workerCores: cores,
     // even plans: the slowest of the workers; uneven ones the cost model makes from each worker's (unevenPlan)
     rehearsedForwardS: (plan) => (plan.heads ? undefined : slowest(rehearsed(plan.ulyssesDegree, planWorld(plan)))),
     rehearsedRankForwardS: (degree) => rehearsed(degree, degree),
@@ -608,11 +640,13 @@ function chooseAuto(ctx: PlannerContext, weighed: Weighed, hw: NonNullable<Retur
   const { choice, best } = bestUnder(exchange);
   const more = choice.ranked.find((p) => p.world > best.world);
   const ms = (p: StepPrediction) => (p.stepS * 1000).toFixed(0);
+  const sharing = (world: number) => sharedCoresNote(workers.slice(0, world), hw.workerCores?.slice(0, world) ?? []);
   const leftOut =
     // Stryker disable next-line ConditionalExpression: no ranked plan is wider than the live workers: no more then
     best.world < workers.length && more
       ? `${workers.length - best.world} of ${workers.length} workers left out: ` +
-        `with ${more.world} the cost model predicts ${ms(more)} ms a step, not ${ms(best)}: ${whyLeftOut(best, more)}`
+        `with ${more.world} the cost model predicts ${ms(more)} ms a step, not ${ms(best)}: ` +
+        whyLeftOut(best, more, sharing(best.world) ? null : (sharing(more.world)?.note ?? null))
       : null;
   const by =
     `cost model (${predictedFrom(best, hw.forwardsFrom)}; rank links from ${hw.link.from}` +
@@ -632,16 +666,23 @@ function chooseAuto(ctx: PlannerContext, weighed: Weighed, hw: NonNullable<Retur
       predictedStepMs: best.stepS * 1000,
       oneWorkerStepMs: choice.baseline.stepS * 1000,
       leftOut,
+      sharedCores: sharing(best.world),
     },
   };
 }
 
 /**
- * Why the wider plan `more` is slower than the one chosen, in words a person can act on (issue 66): its workers compute
- * their shares no sooner than the chosen ones compute theirs (the added ones are too slow to help), or what it saves in
- * compute its exchanges cost again, which a job of more tokens outweighs.
+ * Why the wider plan `more` is slower than the one chosen, in words a person can act on (issue 66): the workers it
+ * would add share a machine's cores with those chosen (`sharedCores`, its sharedCoresNote), so they compute no sooner
+ * together; they compute their shares no sooner than the chosen ones compute theirs (the added ones are too slow to
+ * help); or what it saves in compute its exchanges cost again, which a job of more tokens outweighs.
  */
-export function whyLeftOut(best: StepPrediction, more: StepPrediction): string {
+export function whyLeftOut(best: StepPrediction, more: StepPrediction, sharedCores: string | null = null): string {
+  if (sharedCores && more.computeS >= best.computeS)
+    return (
+      `${sharedCores}, so together they compute a step no sooner than fewer of them; they would be used beside each ` +
+      'other with cores of their own (one browser of worker tabs on that machine, the others on other machines)'
+    );
   if (more.computeS >= best.computeS)
     return (
       'the workers it would add compute their share no sooner than those chosen compute theirs, so each step would ' +
@@ -651,6 +692,82 @@ export function whyLeftOut(best: StepPrediction, more: StepPrediction): string {
     'the compute they would save is less than their exchanges would cost; a job of more tokens (more frames, a ' +
     'larger size) gives each worker more to compute per exchange, and would use them'
   );
+}
+
+/**
+ * The workers of a plan (in rank order, with their CoreClaims) that look like one machine and share its cores, in
+ * words (issue 66), or null where none do: which, how many cores, and what part of its speed alone each computes at
+ * beside the others (core/cost-model.ts coreShares).
+ */
+export function sharedCoresNote(
+  workers: readonly { id: string }[],
+  claims: readonly (CoreClaim | undefined)[],
+): SharedCores | null {
+  const indices = workers.map((_, i) => i);
+  const shares = coreShares({ workerCores: claims }, indices);
+  const machines = new Map<string, number[]>();
+  for (const i of indices) {
+    const claim = claims[i];
+    if (claim && shares[i] < 1) machines.set(claim.machine, [...(machines.get(claim.machine) ?? []), i]);
+  }
+  if (!machines.size) return null;
+  const sharing = [...machines.values()];
+  const note = sharing
+    .map((one) => {
+      const ids = one.map((i) => workers[i].id);
+      const names = `${ids.slice(0, -1).join(', ')} and ${ids.at(-1) ?? ''}`;
+      const threads = one.reduce((sum, i) => sum + (claims[i]?.threads ?? 0), 0);
+      const cores = claims[one[0]]?.cores ?? 1;
+      const part = Math.round(100 * Math.max(...one.map((i) => shares[i])));
+      return (
+        `workers ${names} look like one machine (their pages see the same cores, memory, OS, time zone and adapter) ` +
+        `and share its ${cores} core${cores === 1 ? '' : 's'}: with ${threads} threads between them each computes ` +
+        `at about ${part}% of its speed alone`
+      );
+    })
+    .join('; ');
+  return { workers: sharing.flat().map((i) => workers[i].id), note };
+}
+
+/** The worker given the fewest heads where the heads went by speed and it has less than an even share, or null. */
+function fewestHeads(workers: readonly { id: string }[], heads: readonly number[]) {
+  const total = heads.reduce((a, b) => a + b, 0);
+  const fewest = Math.min(...heads);
+  const worker = workers.at(heads.indexOf(fewest));
+  return worker && fewest * heads.length < total ? { id: worker.id, fewest, total } : null;
+}
+
+/**
+ * Where the heads went by speed and a worker was given less than an even share: which, and what would give it more
+ * (issue 66), or null. Its ranks are the placement's workers in rank order (heads are shared by speed in one group).
+ */
+export function smallestShare(workers: readonly { id: string }[], heads: readonly number[]): string | null {
+  const least = fewestHeads(workers, heads);
+  return (
+    least &&
+    `worker ${least.id} was given ${least.fewest} of the ${least.total} heads: its forward was the slowest when ` +
+      'rehearsed; on more of its cores (fewer tabs beside it) or on WebGPU, it would be given more'
+  );
+}
+
+/** What a placement's notes are made of. */
+export type PlacementNotes = Pick<ResolvedPlacement, 'workers' | 'layout' | 'prediction' | 'stages'>;
+
+/**
+ * What a placement's notes say of one worker (the dashboard's swarm table, issue 66): why it was left out and what job
+ * would use it, that it was given the fewest heads and what would give it more, that it shares its machine's cores;
+ * none where they say nothing of it.
+ */
+export function workerPlanNotes(placement: PlacementNotes, worker: string): string[] {
+  const { prediction } = placement;
+  if (!placement.workers.some((w) => w.id === worker)) return prediction?.leftOut ? [prediction.leftOut] : [];
+  // heads are shared by speed in one group of one stage only
+  const heads = placement.stages ? undefined : placement.layout.heads?.[0];
+  const least = heads && fewestHeads(placement.workers, heads);
+  return [
+    least && least.id === worker ? smallestShare(placement.workers, heads) : null,
+    prediction?.sharedCores?.workers.includes(worker) ? prediction.sharedCores.note : null,
+  ].filter((note): note is string => note !== null);
 }
 
 /**
@@ -693,6 +810,7 @@ function predictAsked(weighed: Weighed, fixed: RankLayout, hw: NonNullable<Retur
       predictedStepMs: chosen.stepS * 1000,
       oneWorkerStepMs: predictStep(work, oneWorker, hw).stepS * 1000,
       leftOut: null,
+      sharedCores: sharedCoresNote(workers.slice(0, fixed.world), hw.workerCores?.slice(0, fixed.world) ?? []),
     },
   };
 }
@@ -965,6 +1083,7 @@ function predictStaged<W extends PlanningWorker>(
     predictedStepMs: step.stepS * 1000,
     oneWorkerStepMs: predictStep(weighed.work, { ulyssesDegree: 1, cfgParallel: false }, hw).stepS * 1000,
     leftOut: null,
+    sharedCores: null,
   };
 }
 
@@ -1002,7 +1121,7 @@ export function workersToWaitFor(ctx: PlannerContext, request: PlacementRequest,
  * The text encoder's layers on the workers that run them: contiguous runs in rank order, each in
  * proportion to its worker's measured speed (evenly while any is unmeasured), at most one worker a layer.
  */
-export function placeTextLayers<W extends Pick<PlanningWorker, 'measurement'>>(
+export function placeTextLayers<W extends OrderedWorker>(
   workers: readonly W[],
   numLayers: number,
 ): { worker: W; from: number; to: number }[] {

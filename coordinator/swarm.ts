@@ -129,6 +129,8 @@ export class Swarm {
    * instead of taking its own turn at the machine's probes. Once taken, a probe is kept in `measurements`.
    */
   private readonly computeOn = new Map<string, Promise<WorkerMeasurement['compute']>>();
+  /** the last measurement begun of a worker on each machine (WorkerInfo.machine), which the next one waits for */
+  private readonly measuringOn = new Map<string, Promise<unknown>>();
   /**
    * What this swarm's workers were measured at, by browser where they say one: a tab that reloads and joins again
    * finds its compute probe and its groups' rehearsals known (and a dashboard that keeps them, after its reload)
@@ -441,11 +443,11 @@ export class Swarm {
    */
   private measureCompute(w: SwarmWorker): Promise<WorkerMeasurement> {
     const { browser, threads } = w.info;
-    if (browser === undefined) return measureWorker(w);
+    if (browser === undefined) return this.oneOnItsMachine(w, () => measureWorker(w));
     const key = `${browser} on ${threads}`;
     const known = this.measurements.computeOf(browser, threads);
     const kept = this.computeOn.get(key) ?? (known && Promise.resolve(known));
-    const measured = measureWorker(w, undefined, kept);
+    const measured = this.oneOnItsMachine(w, () => measureWorker(w, undefined, kept));
     if (!kept) {
       const compute = measured.then((m) => m.compute);
       this.computeOn.set(key, compute);
@@ -458,6 +460,22 @@ export class Swarm {
         });
     }
     return measured;
+  }
+
+  /**
+   * Runs `measure` once the measurements begun before it of workers on `w`'s machine are done: each probe then has its
+   * machine's cores to itself, beside the other browsers' tabs there as the tabs of one browser already are (their
+   * probes take turns under a Web Lock), which is what the cost model takes a probe for (cost-model.ts coreShares).
+   */
+  private oneOnItsMachine<T>(w: SwarmWorker, measure: () => Promise<T>): Promise<T> {
+    const { machine } = w.info;
+    const run = (this.measuringOn.get(machine) ?? Promise.resolve()).then(measure);
+    const done = run.catch(() => undefined);
+    this.measuringOn.set(machine, done);
+    void done.then(() => {
+      if (this.measuringOn.get(machine) === done) this.measuringOn.delete(machine);
+    });
+    return run;
   }
 
   /** Resolves once `count` workers are live, or rejects after the timeout saying how many joined. */

@@ -108,6 +108,11 @@ export interface Hardware {
    * hides it. Unknown (undefined, or WebGPU: the GPU computes while the CPU sends): a CPU of its own.
    */
   workerCpus?: (string | undefined)[];
+  /**
+   * the cores each worker computes on, where it computes on a CPU, parallel to workerFlops: workers of one machine
+   * whose threads together exceed its cores share them (coreShares). Undefined (a GPU, or not said): its own.
+   */
+  workerCores?: readonly (CoreClaim | undefined)[];
   /** the link between workers i and j (indices into workerFlops), or one link for every pair */
   link: LinkSpeed | ((i: number, j: number) => LinkSpeed);
   /** activations on the wire, bytes a value: 4 for fp32 transport, 2 for fp16, about 1 for int8 (payloadBytes) */
@@ -120,6 +125,68 @@ export interface Hardware {
    * Defaults to `link`; null when the coordinator and the worker share a tab (the local backend).
    */
   coordinatorLink?: LinkSpeed | null;
+}
+
+/** What a worker computing on a CPU says of it: the machine (WorkerInfo.machine), its cores and the threads it uses. */
+export interface CoreClaim {
+  machine: string;
+  cores: number;
+  threads: number;
+}
+
+/**
+ * The part of its probed rate each of `workers` (indices into workerFlops) computes at while they all compute at once:
+ * 1, or where the threads of those on one machine add up to more than its cores, its cores / those threads. Each was
+ * probed on its threads with no other probe of its machine running (Swarm takes them one machine at a time), and a
+ * machine with more runnable threads than cores gives each thread an even slice of them, so each worker computes at
+ * that fraction of its probe (one on more threads than cores already in its probe, at what its probe had of them).
+ * A worker's own `cores` is taken, so that one claiming another's machine slows only the plans it is in. The tabs of
+ * one browser split its cores among them (worker/cores.ts): their threads add up to no more than its cores, and they
+ * keep their probes' rates. Rehearsed and measured forwards are timed all at once, so they already hold this sharing
+ * and are not scaled again.
+ */
+export function coreShares(
+  hw: { workerCores?: readonly (CoreClaim | undefined)[] },
+  workers: readonly number[],
+): number[] {
+  const claims = workers.map((i) => hw.workerCores?.[i]);
+  const threadsOn = new Map<string, number>();
+  for (const c of claims) if (c) threadsOn.set(c.machine, (threadsOn.get(c.machine) ?? 0) + c.threads);
+  return claims.map((c) => {
+    if (!c) return 1;
+    const threads = threadsOn.get(c.machine) ?? c.threads;
+    // the cores its threads get beside the others', of those they had in its probe (all its threads, at most the cores)
+    return Math.min(1, (c.threads * Math.min(1, c.cores / threads)) / Math.min(c.threads, c.cores));
+  });
+}
+
+/**
+ * The workers (indices into workerFlops) in the order plans take them, a plan of P taking the first P: each next one
+ * the worker that keeps the slowest of those taken fastest once machines' shared cores are counted (coreShares), ties
+ * to the faster, then the first. Without shared cores that is the fastest first; with them a second worker of a busy
+ * machine comes after a slower one of a machine of its own, where the first would be halved beside it.
+ */
+export function workerOrder(hw: Pick<Hardware, 'workerFlops' | 'workerCores'>): number[] {
+  // fastest first (a stable sort: ties in their order), which is where each next one is looked for
+  const left = hw.workerFlops.map((_, i) => i).sort((a, b) => hw.workerFlops[b] - hw.workerFlops[a]);
+  const machines = hw.workerCores?.flatMap((c) => (c ? [c.machine] : [])) ?? [];
+  if (new Set(machines).size === machines.length) return left; // no machine has two: no cores shared
+  const order: number[] = [];
+  const slowestWith = (i: number) => {
+    const taken = [...order, i];
+    const shares = coreShares(hw, taken);
+    return Math.min(...taken.map((w, k) => hw.workerFlops[w] * shares[k]));
+  };
+  while (left.length) {
+    let best = 0;
+    let bestSlowest = slowestWith(left[0]);
+    for (let k = 1; k < left.length; k++) {
+      const slowest = slowestWith(left[k]);
+      if (slowest > bestSlowest) [best, bestSlowest] = [k, slowest];
+    }
+    order.push(...left.splice(best, 1));
+  }
+  return order;
 }
 
 /** FLOPs of one rank's share of one forward pass (multiply-add = 2 FLOPs). */
@@ -266,15 +333,15 @@ function predictGrouped(work: Workload, plan: Plan, headGroups: number, hw: Hard
   const world = planWorld(plan);
   if (world > hw.workerFlops.length) throw new Error(`plan needs ${world} workers, ${hw.workerFlops.length} measured`);
   const shares = plan.heads ?? P;
-  const chosen = plan.heads
-    ? plan.heads.map((_, i) => ({ f: hw.workerFlops[i], i }))
-    : hw.workerFlops
-        .map((f, i) => ({ f, i }))
-        .sort((a, b) => b.f - a.f)
-        .slice(0, world);
-  const softmaxRateOf = (i: number) => hw.workerSoftmaxRates?.[i] ?? Infinity;
+  const workers = plan.heads ? plan.heads.map((_, i) => i) : workerOrder(hw).slice(0, world);
+  // each at its share of the cores it shares with the others chosen: all compute at once
+  const cpuShares = coreShares(hw, workers);
+  const share = new Map(workers.map((i, k) => [i, cpuShares[k]]));
+  const chosen = workers.map((i, k) => ({ f: hw.workerFlops[i] * cpuShares[k], i }));
+  const softmaxRateOf = (i: number) => (hw.workerSoftmaxRates?.[i] ?? Infinity) * (share.get(i) ?? 1);
   const stageSOf = hw.workerStageS;
-  const stageS = stageSOf ? Math.max(...chosen.map((c) => stageSOf[c.i])) : 0;
+  // a stage call's fixed cost is CPU time too, and takes as much longer on a shared core
+  const stageS = stageSOf ? Math.max(...chosen.map((c) => stageSOf[c.i] / (share.get(c.i) ?? 1))) : 0;
   const link =
     world > 1
       ? slowestLink(
@@ -393,7 +460,10 @@ export function unevenPlan(work: Workload, hw: Hardware, degree: number): Plan |
   const speeds =
     rehearsed && rehearsed.length >= degree
       ? rehearsed.slice(0, degree).map((s) => 1 / s)
-      : hw.workerFlops.slice(0, degree);
+      : coreShares(
+          hw,
+          hw.workerFlops.slice(0, degree).map((_, i) => i),
+        ).map((share, i) => hw.workerFlops[i] * share);
   if (!speeds.every((s) => Number.isFinite(s) && s > 0)) return null;
   const heads = proportionalShares(work.model.numHeads, speeds);
   const even = evenHeads(work.model.numHeads, degree);

@@ -77,7 +77,19 @@ export interface WorkerInfo {
    * cores and exchange through its loopback. Absent: a page that cannot say, taken as on a machine of its own.
    */
   browser?: string;
+  /** its machine's cores, as its page or process is told them (navigator.hardwareConcurrency, availableParallelism) */
+  cores: number;
+  /**
+   * a hint of the machine it computes on: a hash of what two browsers on one machine both see (rank/machine-hint.ts),
+   * MACHINE_HINT_BYTES as hex; a process's, of the OS's machine id. Workers with one hint are taken as sharing its
+   * `cores` (core/cost-model.ts coreShares). A hint, not an identity: one that lies about it changes only the
+   * predictions of plans it is in.
+   */
+  machine: string;
 }
+
+/** the bytes of a machine hint (WorkerInfo.machine): a hash cut to 128 bits, enough that two machines rarely meet */
+export const MACHINE_HINT_BYTES = 16;
 
 /** where a browser keeps its id (WorkerInfo.browser), for its worker tabs and its dashboard on one origin */
 export const BROWSER_ID_KEY = 'ditswarm-browser';
@@ -727,6 +739,8 @@ export const WORKER_CONTRACT: ApiContract<WorkerApi> = {
       modelMemoryGiB: optional(num(MIN_MODEL_MEMORY_GIB, MAX_MODEL_MEMORY_GIB)),
       userAgent: text(),
       browser: optional(text(64)),
+      cores: int(1, 1024),
+      machine: hexOf(MACHINE_HINT_BYTES),
     }),
   },
   probeCompute: {

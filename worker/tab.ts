@@ -5,18 +5,23 @@ import { EngineHost, type ProbeGate } from '../rank/engine-client.ts';
 import { sampleMemoryPeak } from '../rank/memory.ts';
 import { describeCompute } from '../rank/webgpu.ts';
 import { shareCores } from './cores.ts';
+import { describeMachine } from '../rank/machine-hint.ts';
 import type { WorkerPlatform } from './platform.ts';
 
 export const tabPlatform: WorkerPlatform = {
   // PeerJS types its options as a class, but takes a plain object
   // eslint-disable-next-line @typescript-eslint/no-unsafe-class-instance-assignment -- a plain object, as PeerJS's docs
   newPeer: (id, options) => new Peer(id, options),
-  describe: async () => ({
-    kind: 'tab',
-    ...(await describeCompute()),
-    memoryGiB: (navigator as Navigator & { deviceMemory?: number }).deviceMemory ?? null,
-    userAgent: navigator.userAgent,
-  }),
+  describe: async () => {
+    const compute = await describeCompute();
+    return {
+      kind: 'tab',
+      ...compute,
+      memoryGiB: (navigator as Navigator & { deviceMemory?: number }).deviceMemory ?? null,
+      userAgent: navigator.userAgent,
+      ...describeMachine(compute),
+    };
+  },
   shareCores,
   startEngine: (threads) => new EngineHost(threads, oneProbeAtATime),
   keepAwake,

@@ -2,7 +2,7 @@
 // placement as the planner decided it), what the cost model predicted and what was measured, how
 // activations travelled (in the planner's own words for each transport) and what the spot checks found.
 import type { GenerateReport, PromptEncoding, RankReport } from '../../coordinator/index.ts';
-import { transportWire } from '../../coordinator/planner.ts';
+import { smallestShare, transportWire } from '../../coordinator/planner.ts';
 import { cpuName } from '../../core/cost-model.ts';
 
 /** T with the keys K possibly missing. */
@@ -31,21 +31,6 @@ function encodingNote(prompt: PromptEncoding): string {
   return ` The prompt was encoded on ${workers} worker(s) in ${(prompt.ms / 1000).toFixed(1)} s.`;
 }
 
-/**
- * Where the heads went by speed and a worker was given less than an even share: which, and what would give it more
- * (issue 66). Its ranks are the placement's workers in rank order (heads are shared by speed in one group only).
- */
-function smallestShare(workers: readonly { id: string }[], heads: readonly number[]): string {
-  const total = heads.reduce((a, b) => a + b, 0);
-  const fewest = Math.min(...heads);
-  const worker = workers.at(heads.indexOf(fewest));
-  if (!worker || fewest * heads.length >= total) return '';
-  return (
-    ` Worker ${worker.id} was given ${fewest} of the ${total} heads: its forward was the slowest when rehearsed; on ` +
-    'more of its cores (fewer tabs beside it) or on WebGPU, it would be given more.'
-  );
-}
-
 /** How the job ran, in words: the placement's decisions, its prediction against the measured step, what was caught. */
 function placementNote(r: KeptReport): { ranks: string; notes: string[] } {
   const p = r.placement;
@@ -63,7 +48,9 @@ function placementNote(r: KeptReport): { ranks: string; notes: string[] } {
   const planned = prediction
     ? ` ${prediction.asked ? 'The job asked for' : 'The cost model chose'} ${chose}, ` +
       `predicting ${(prediction.predictedStepMs / 1000).toFixed(2)} s per step; ` +
-      `measured ${(r.medianStepMs / 1000).toFixed(2)} s (the median step).${sentence(prediction.leftOut)}`
+      `measured ${(r.medianStepMs / 1000).toFixed(2)} s (the median step).${sentence(prediction.leftOut)}` +
+      // a placement an older version kept has no shared cores
+      sentence(prediction.sharedCores?.note ?? null)
     : '';
   const several = layout.world > 1;
   const transport =
@@ -103,7 +90,7 @@ function placementNote(r: KeptReport): { ranks: string; notes: string[] } {
     ranks: `${plural(layout.world, `${p.backend} rank`)}${groups}`,
     notes: [
       planned,
-      heads ? smallestShare(p.workers, heads) : '',
+      heads ? sentence(smallestShare(p.workers, heads)) : '',
       sentence(p.cfgFallback),
       pooled,
       transport,

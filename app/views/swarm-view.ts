@@ -1,4 +1,5 @@
 import { type Swarm, type SwarmWorker, type WorkerMeasurement } from '../../coordinator/index.ts';
+import { workerPlanNotes, type PlacementNotes } from '../../coordinator/planner.ts';
 import { memoryBudget } from '../../coordinator/stage-plan.ts';
 import { defined } from '../../core/defined.ts';
 import { cpuName } from '../../core/cost-model.ts';
@@ -9,14 +10,19 @@ import { $, h } from './dom.ts';
 /** How a link goes, in the swarm view's words: a data channel, one relayed by TURN, or through the server's relay. */
 const PATH_NAMES: Record<Transport, string> = { direct: 'direct', turn: 'TURN', relay: 'relayed' };
 
-/** Who joined and what each is doing: one row per worker, updated in place. */
-export function renderSwarm(swarm: Swarm): void {
+/**
+ * Who joined and what each is doing: one row per worker, updated in place, with what the last job's placement said of
+ * it (left out, given few heads, sharing its machine's cores) in the planner's words.
+ */
+export function renderSwarm(swarm: Swarm, lastPlacement: PlacementNotes | null = null): void {
   const workers = swarm.workers();
   $('worker-count').textContent = `${workers.length} worker${workers.length === 1 ? '' : 's'}`;
   const body = defined($('workers').querySelector('tbody'), "the swarm table's body");
   body.replaceChildren(
     ...(workers.length
-      ? workers.map((w) => workerRow(swarm, w, w.measurement))
+      ? workers.map((w) =>
+          workerRow(swarm, w, w.measurement, lastPlacement ? workerPlanNotes(lastPlacement, w.id) : []),
+        )
       : [
           h(
             'tr',
@@ -31,7 +37,12 @@ export function renderSwarm(swarm: Swarm): void {
   );
 }
 
-function workerRow(swarm: Swarm, w: SwarmWorker, m: WorkerMeasurement | null): HTMLTableRowElement {
+function workerRow(
+  swarm: Swarm,
+  w: SwarmWorker,
+  m: WorkerMeasurement | null,
+  planNotes: string[],
+): HTMLTableRowElement {
   // with 'auto' a worker computes on the EP it measured faster: the speed column says so, and why
   const chosen = m?.auto ?? null;
   const speedOfLink = !m ? '' : `${(m.bandwidth / 1e6).toFixed(1)} MB/s, ${m.rttMs.toFixed(0)} ms`;
@@ -62,7 +73,14 @@ function workerRow(swarm: Swarm, w: SwarmWorker, m: WorkerMeasurement | null): H
           `${w.info.threads} thread${w.info.threads === 1 ? '' : 's'} · ${w.info.adapter}${memoryText(w)}`,
       ),
     ),
-    h('td', {}, chosen?.why ?? 'measuring…'),
+    h(
+      'td',
+      {},
+      chosen?.why ?? 'measuring…',
+      planNotes.length
+        ? h('span', { className: 'sub plan' }, planNotes.map((n) => `${n[0].toUpperCase()}${n.slice(1)}.`).join(' '))
+        : '',
+    ),
     h(
       'td',
       {},

@@ -5,6 +5,7 @@ import {
   ContractError,
   fields,
   floats,
+  hexOf,
   int,
   list,
   none,
@@ -15,7 +16,7 @@ import {
   type Check,
 } from '../../core/net/check.ts';
 import type { ApiContract } from '../../core/net/rpc.ts';
-import { WORKER_CONTRACT, type WorkerApi } from '../../core/worker-api.ts';
+import { MACHINE_HINT_BYTES, WORKER_CONTRACT, type WorkerApi } from '../../core/worker-api.ts';
 
 /** The ContractError a check throws for `value` at `at`. */
 function refusal(check: (v: unknown, at: string) => unknown, value: unknown, at = 'reply'): ContractError {
@@ -141,12 +142,45 @@ describe('fields', () => {
           threads: int(1, 1024),
           memoryGiB: num(0),
           userAgent: text(),
+          cores: int(1, 1024),
+          machine: hexOf(MACHINE_HINT_BYTES),
         }),
       },
     };
-    const info = { ep: 'wasm', adapter: 'a', softwareAdapter: false, threads: 1, memoryGiB: 8, userAgent: 'u' };
+    const info = {
+      ep: 'wasm',
+      adapter: 'a',
+      softwareAdapter: false,
+      threads: 1,
+      memoryGiB: 8,
+      userAgent: 'u',
+      cores: 2,
+      machine: '0f'.repeat(16),
+    };
     expect(asDeclared.reply({ ...info, browser: 'b' }, 'reply')).toEqual({ ...info, browser: 'b' });
     expect(withoutBrowser.describe.reply({ ...info, browser: 'b' }, 'reply')).toEqual(info);
+  });
+
+  it("refuses a worker's description without its machine hint, or with one that is not 16 bytes of hex", () => {
+    const info = {
+      ep: 'wasm',
+      adapter: 'a',
+      softwareAdapter: false,
+      threads: 2,
+      memoryGiB: null,
+      userAgent: 'u',
+      cores: 2,
+      machine: 'ab'.repeat(16),
+    };
+    const { reply } = WORKER_CONTRACT.describe;
+    expect(reply(info, 'describe')).toEqual(info);
+    const { machine: _, ...hintless } = info;
+    expect(refusal(reply, hintless, 'describe').message).toMatch(
+      /^describe\.machine: expected 16 bytes as 32 lowercase hex/,
+    );
+    for (const machine of ['ab'.repeat(17), 'AB'.repeat(16), 'a machine of my own', 42])
+      expect(refusal(reply, { ...info, machine }, 'describe').message).toMatch(/^describe\.machine: expected 16 bytes/);
+    expect(refusal(reply, { ...info, cores: 0 }, 'describe').message).toMatch(/^describe\.cores: expected an integer/);
   });
 });
 

@@ -3,6 +3,7 @@ import {
   modelParams,
   predictStagedStep,
   candidatePlans,
+  coreShares,
   fitLink,
   fitMeshProbe,
   forwardBytes,
@@ -10,6 +11,7 @@ import {
   planSwarm,
   predictStep,
   stageCallsPerForward,
+  workerOrder,
   type Hardware,
   type LinkSpeed,
   type ModelShape,
@@ -165,6 +167,75 @@ describe('cost model: FLOPs and bytes of one rank', () => {
       ])
         expect(predictStep(work, plan, { ...hw, workerCpus }).commS).toBe(apart.commS);
     }
+  });
+
+  describe('workers of one machine share its cores (issue 66)', () => {
+    const work: Workload = { model: wan13b, tokens: 4680, textTokens: 512, passes: 2 };
+    const rate = 2e10;
+    const onLaptop = (threads: number) => ({ machine: 'laptop', cores: 2, threads });
+    const twoBrowsers: Hardware = {
+      workerFlops: [rate, rate],
+      workerSoftmaxRates: [rate / 10, rate / 10],
+      workerStageS: [1e-3, 1e-3],
+      workerCores: [onLaptop(2), onLaptop(2)],
+      link: { bandwidth: 1e8, latency: 1e-3 },
+      bytesPerElement: 4,
+    };
+
+    it('two workers with one machine hint and 2 threads each on its 2 cores each compute at half their speed alone', () => {
+      expect(coreShares(twoBrowsers, [0, 1])).toEqual([0.5, 0.5]);
+      expect(coreShares(twoBrowsers, [1])).toEqual([1]);
+      const both = predictStep(work, { ulyssesDegree: 2, cfgParallel: false }, twoBrowsers);
+      const alone = predictStep(work, { ulyssesDegree: 1, cfgParallel: false }, twoBrowsers);
+      // half the work each at half the speed: a forward as long as one worker's forward of it all
+      expect(both.computeS / alone.computeS).toBeGreaterThan(0.99);
+      expect(both.stepS).toBeGreaterThanOrEqual(alone.stepS);
+      expect(planSwarm(work, twoBrowsers).best.world).toBe(1);
+    });
+
+    it('two workers with different hints, or threads within the cores (the tabs of one browser), keep their speed', () => {
+      const apart: Hardware = {
+        ...twoBrowsers,
+        workerCores: [onLaptop(2), { ...onLaptop(2), machine: 'desktop' }],
+      };
+      const tabsOfOneBrowser: Hardware = { ...twoBrowsers, workerCores: [onLaptop(1), onLaptop(1)] };
+      const unsaid: Hardware = { ...twoBrowsers, workerCores: undefined };
+      const both = (hw: Hardware) => predictStep(work, { ulyssesDegree: 2, cfgParallel: false }, hw);
+      const alone = predictStep(work, { ulyssesDegree: 1, cfgParallel: false }, twoBrowsers);
+      expect(coreShares(apart, [0, 1])).toEqual([1, 1]);
+      expect(coreShares(tabsOfOneBrowser, [0, 1])).toEqual([1, 1]);
+      expect(both(apart).computeS).toBeCloseTo(both(unsaid).computeS, 12);
+      expect(both(tabsOfOneBrowser).computeS).toBeCloseTo(both(unsaid).computeS, 12);
+      expect(both(apart).computeS).toBeLessThan(0.6 * alone.computeS);
+      expect(planSwarm(work, apart).best.world).toBeGreaterThan(1);
+    });
+
+    it('a worker probed on more threads than its cores is not slowed again alone, and beside another by what it had', () => {
+      const overcommitted: Hardware = { ...twoBrowsers, workerCores: [onLaptop(4), onLaptop(2)] };
+      expect(coreShares(overcommitted, [0])).toEqual([1]);
+      // 6 threads on 2 cores: the first's 4 get 4/3 cores of the 2 it had, the second's 2 get 2/3 of its 2
+      const [first, second] = coreShares(overcommitted, [0, 1]);
+      expect(first).toBeCloseTo(2 / 3, 12);
+      expect(second).toBeCloseTo(1 / 3, 12);
+    });
+
+    it('a rehearsed forward, timed with all of them at once, is taken as it is: the sharing is in it already', () => {
+      const rehearsed: Hardware = { ...twoBrowsers, rehearsedForwardS: () => 0.25 };
+      const step = predictStep(work, { ulyssesDegree: 2, cfgParallel: false }, rehearsed);
+      expect(step.computeS).toBeCloseTo(2 * 0.25, 12);
+    });
+
+    it('plans take a slower worker of a machine of its own before a second worker of a busy one', () => {
+      const hw: Hardware = {
+        ...twoBrowsers,
+        workerFlops: [rate, rate, 0.75 * rate],
+        workerSoftmaxRates: [rate / 10, rate / 10, rate / 10],
+        workerStageS: [1e-3, 1e-3, 1e-3],
+        workerCores: [onLaptop(2), onLaptop(2), { machine: 'desktop', cores: 2, threads: 2 }],
+      };
+      expect(workerOrder(hw)).toEqual([0, 2, 1]);
+      expect(workerOrder({ workerFlops: [1, 3, 2, 3] })).toEqual([1, 3, 2, 0]);
+    });
   });
 
   it("head groups hide all of a block's attention but the last group's behind its exchange, each group past the first a stage call more a block: the fastest is predicted (issue 20)", () => {

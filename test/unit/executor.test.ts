@@ -20,7 +20,7 @@ import {
 import type { EngineApi } from '../../rank/engine.ts';
 import { memoryExchanges } from '../../rank/exchange/memory.ts';
 import { WorkerRuntime } from '../../rank/runtime.ts';
-import { channelPair, validJobArgs } from './fixtures.ts';
+import { channelPair, machineNamed, validJobArgs } from './fixtures.ts';
 import {
   EXACT_SETTINGS,
   InProcessExecutor,
@@ -434,6 +434,8 @@ describe('the executor against real WorkerRuntimes in this process', () => {
             threads: 1,
             memoryGiB: null,
             userAgent: 'u',
+            cores: 1,
+            machine: machineNamed('u'),
           }),
       });
       expect(WORKER_METHODS).toEqual([
@@ -480,6 +482,8 @@ describe('the executor against real WorkerRuntimes in this process', () => {
             threads: 1,
             memoryGiB: null,
             userAgent: 'u',
+            cores: 1,
+            machine: machineNamed('u'),
           }),
         ping: () => Promise.resolve({ state: 'ready', rank: 0 }),
       };

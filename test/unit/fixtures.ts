@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import { join } from 'node:path';
 import * as ort from 'onnxruntime-web';
 import type { WanConfig } from '../../core/model/config.ts';
@@ -112,10 +113,22 @@ export class SinkChannel implements Channel {
   removeEventListener: Channel['removeEventListener'] = () => {};
 }
 
-/** A worker's description as an in-process rank gives it: WebAssembly on one thread. */
+/** A machine hint (WorkerInfo.machine) of a machine named `name`: one name, one machine. */
+export const machineNamed = (name: string): string => createHash('sha256').update(name).digest('hex').slice(0, 32);
+
+/** A worker's description as an in-process rank gives it: WebAssembly on one thread, a machine of its own. */
 export function describeInProcess(userAgent = 'in-process'): () => Promise<WorkerInfo> {
   return () =>
-    Promise.resolve({ ep: 'wasm', adapter: 'test', softwareAdapter: false, threads: 1, memoryGiB: null, userAgent });
+    Promise.resolve({
+      ep: 'wasm',
+      adapter: 'test',
+      softwareAdapter: false,
+      threads: 1,
+      memoryGiB: null,
+      userAgent,
+      cores: 1,
+      machine: machineNamed(userAgent),
+    });
 }
 
 /** What a server at localhost with no relay, no ICE servers and no https publishes to its pages. */

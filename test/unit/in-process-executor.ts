@@ -27,7 +27,14 @@ import type { KeepsEvidence } from '../../rank/exchange/ledger.ts';
 import { onnxStages } from '../../rank/onnx-stages.ts';
 import { WorkerRuntime, type StagePartners } from '../../rank/runtime.ts';
 import type { Exchange, PointToPoint } from '../../rank/ulysses.ts';
-import { channelPair, describeInProcess, memoryStageLinks, stubEngine, tinyModelFiles } from './fixtures.ts';
+import {
+  channelPair,
+  describeInProcess,
+  machineNamed,
+  memoryStageLinks,
+  stubEngine,
+  tinyModelFiles,
+} from './fixtures.ts';
 
 // An executor over P real WorkerRuntimes in this process: the all-to-all over memory, the calls
 // either in-process through the contract (as the local backend makes them) or through Links,
@@ -73,7 +80,16 @@ export function placementFor({
 }: InProcessOptions): ExecutorOptions {
   const workers = Array.from({ length: layout.world }, (_, rank) => ({
     id: `rank-${rank}`,
-    info: { ep: 'wasm' as const, adapter: 'test', softwareAdapter: false, threads: 1, memoryGiB: null, userAgent: '' },
+    info: {
+      ep: 'wasm' as const,
+      adapter: 'test',
+      softwareAdapter: false,
+      threads: 1,
+      memoryGiB: null,
+      userAgent: '',
+      cores: 1,
+      machine: machineNamed(`rank ${rank}`),
+    },
     measurement: null,
   }));
   const placement = planPlacement(

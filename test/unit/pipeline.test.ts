@@ -34,7 +34,7 @@ import { WorkerRuntime } from '../../rank/runtime.ts';
 import type { Exchange } from '../../rank/ulysses.ts';
 import { WAN21_T2V_1_3B } from '../../server/wan21-layout.ts';
 import { anyNumber } from './matchers.ts';
-import { memoryStageLinks, stubSwarm, tinyModelFiles } from './fixtures.ts';
+import { machineNamed, memoryStageLinks, stubSwarm, tinyModelFiles } from './fixtures.ts';
 import { onTinyModel } from './in-process-executor.ts';
 
 // generate() for real, in Node: the pipeline fetches the tiny model's folder over HTTP, places the
@@ -129,6 +129,8 @@ function testSwarm() {
       threads: 1,
       memoryGiB: null,
       userAgent: `page ${id}`,
+      cores: 1,
+      machine: machineNamed(id),
     };
     const page = new WorkerPage(engine, {
       connectMesh: (init) => Promise.resolve(meshOf(init)[init.rank]),

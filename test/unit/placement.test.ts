@@ -58,7 +58,7 @@ import {
 import { createEngine } from '../../rank/engine.ts';
 import { memoryExchanges } from '../../rank/exchange/memory.ts';
 import { WorkerRuntime } from '../../rank/runtime.ts';
-import { channelPair, stubSwarm, tinyModelFiles } from './fixtures.ts';
+import { channelPair, machineNamed, stubSwarm, tinyModelFiles } from './fixtures.ts';
 
 // Placement: the Placer decides each job's layout (what was asked, or the cost model's choice) and
 // places it on a real Swarm roster; the SwarmExecutor reaches the ranks and judges who is lost. The
@@ -178,6 +178,8 @@ function testSwarm() {
           threads: 1,
           memoryGiB: null,
           userAgent: `page ${id}`,
+          cores: 1,
+          machine: machineNamed(id),
         },
         api: api as unknown as WorkerRemote,
         link: { close() {} } as unknown as SwarmWorker['link'],
@@ -677,6 +679,8 @@ describe('Placer: where a job runs', () => {
           threads: 1,
           memoryGiB: null,
           userAgent: 'test',
+          cores: 1,
+          machine: machineNamed('test'),
         }),
     });
     const order: string[] = [];
@@ -1386,6 +1390,28 @@ describe('the cost model sees what the workers measured', () => {
     await placerOn(swarm).place(unguided, ask({ ep: 'wasm' }));
     expect(workers.map((w) => callsOf(w, 'probeCompute').length)).toEqual([1, 1, 1]);
     expect(wasmOf(workers[1]).flops).toBe(3e9);
+  });
+
+  it('workers that look like one machine take turns at their probes, each measuring its threads alone; other machines probe meanwhile (issue 66)', async () => {
+    const { swarm, join } = testSwarm();
+    const workers = join(3, measured(fast));
+    const on = ['laptop', 'laptop', 'desktop'];
+    const log: string[] = [];
+    workers.forEach((w, i) => {
+      w.share = 2;
+      w.info = { ...w.info, threads: 2, browser: `browser ${i}`, machine: machineNamed(on[i]) };
+      const api = w.api as unknown as { probeCompute: (a: unknown, t?: number) => Promise<unknown> };
+      const probe = api.probeCompute;
+      api.probeCompute = async (a, t) => {
+        log.push(`${w.id} starts`);
+        await new Promise((r) => setTimeout(r, 20));
+        log.push(`${w.id} ends`);
+        return probe(a, t);
+      };
+    });
+    await placerOn(swarm).place(unguided, ask({ ep: 'wasm' }));
+    expect(log.indexOf('w1 starts')).toBeGreaterThan(log.indexOf('w0 ends'));
+    expect(log.indexOf('w2 starts')).toBeLessThan(log.indexOf('w0 ends'));
   });
 
   it('a tab that reloads and joins again under a new peer id is known by its browser: neither probed nor rehearsed again; its link is measured (issue 66)', async () => {

@@ -24,7 +24,7 @@ import { tokenGrid } from '../../core/model/tokens.ts';
 import { TRANSFORMER_CONFIG } from '../../core/model/transformer.ts';
 import { staleKeysValuesBytes } from '../../core/parallel.ts';
 import { formatBytes, type WorkerInfo } from '../../core/worker-api.ts';
-import { tinyModelFiles } from './fixtures.ts';
+import { machineNamed, tinyModelFiles } from './fixtures.ts';
 
 // The planner's refusals and limits, each on both sides of its boundary: what a request may ask, how much a
 // rank may hold or send, and which workers a placement is planned and predicted on.
@@ -74,6 +74,8 @@ function worker(
     threads: 1,
     memoryGiB,
     userAgent: id,
+    cores: 1,
+    machine: machineNamed(id),
   };
   return { id, info, measurement };
 }

@@ -5,6 +5,7 @@ import { loadArgsOf, type PlacementRequest, type ResolvedPlacement } from '../..
 import {
   planPlacement,
   rehearsalsNeeded,
+  workerPlanNotes,
   type PlannerContext,
   type PlanningWorker,
 } from '../../coordinator/planner.ts';
@@ -18,7 +19,7 @@ import { tokenGrid } from '../../core/model/tokens.ts';
 import { TRANSFORMER_CONFIG } from '../../core/model/transformer.ts';
 import { proportionalShares } from '../../core/parallel.ts';
 import type { WorkerInfo } from '../../core/worker-api.ts';
-import { tinyModelFiles } from './fixtures.ts';
+import { machineNamed, tinyModelFiles } from './fixtures.ts';
 
 // The planner is pure: from the request, the job, the live workers and what they measured, every
 // decision of a placement. These tests give it plain workers with hand-made measurements and a
@@ -58,6 +59,8 @@ function worker(id: string, gflops: number | null): PlanningWorker {
     threads: 1,
     memoryGiB: null,
     userAgent: id,
+    cores: 1,
+    machine: machineNamed(id),
   };
   return { id, info, measurement };
 }
@@ -315,5 +318,79 @@ describe('a job planned again after a lost rank (maxWorld: the ranks it had)', (
     const auto = plan(unguided, { ep: 'wasm' }, workersAt(1, 1, 1, 1), { maxWorld: 2 });
     expect(auto.layout.world).toBeLessThanOrEqual(2);
     expect(defined(auto.prediction, 'a prediction').leftOut).toBeNull();
+  });
+});
+
+describe('workers that look like one machine share its cores (issue 66)', () => {
+  /** Two slow workers (compute outweighs their exchanges) of 2 threads each, on one 2-core machine or on two. */
+  const pair = (oneMachine: boolean) =>
+    workersAt(0.05, 0.05).map((w, i) => ({
+      ...w,
+      info: { ...w.info, threads: 2, cores: 2, machine: machineNamed(oneMachine ? 'laptop' : `machine ${i}`) },
+    }));
+
+  it('two browsers on one machine, each claiming both its cores: one is left out, saying why in words', () => {
+    expect(plan(guided, { ep: 'wasm' }, pair(false)).layout.world).toBe(2);
+    const placement = plan(guided, { ep: 'wasm' }, pair(true));
+    const prediction = defined(placement.prediction, 'a prediction');
+    expect(placement.layout.world).toBe(1);
+    expect(prediction.sharedCores).toBeNull();
+    expect(prediction.leftOut).toMatch(/^1 of 2 workers left out: with 2 the cost model predicts \d+ ms a step, not /);
+    expect(prediction.leftOut).toContain(
+      'workers w0 and w1 look like one machine (their pages see the same cores, memory, OS, time zone and adapter) ' +
+        'and share its 2 cores: with 4 threads between them each computes at about 50% of its speed alone, so ' +
+        'together they compute a step no sooner than fewer of them; they would be used beside each other with ' +
+        'cores of their own',
+    );
+  });
+
+  it('asked for both, the plan of both is predicted no faster than one alone, and its notes say they share the cores', () => {
+    const placement = plan(guided, { ulyssesDegree: 2, ep: 'wasm', shares: 'even' }, pair(true));
+    const prediction = defined(placement.prediction, 'a prediction');
+    expect(prediction.predictedStepMs).toBeGreaterThanOrEqual(prediction.oneWorkerStepMs);
+    expect(prediction.sharedCores).toEqual({
+      workers: ['w0', 'w1'],
+      note:
+        'workers w0 and w1 look like one machine (their pages see the same cores, memory, OS, time zone and ' +
+        'adapter) and share its 2 cores: with 4 threads between them each computes at about 50% of its speed alone',
+    });
+    const apart = defined(plan(guided, { ulyssesDegree: 2, ep: 'wasm', shares: 'even' }, pair(false)).prediction, '');
+    expect(apart.sharedCores).toBeNull();
+    expect(apart.predictedStepMs).toBeLessThan(0.7 * apart.oneWorkerStepMs);
+  });
+
+  it('the tabs of one browser are on one machine whatever their hints say: their threads split its cores', () => {
+    const tabs = pair(true).map((w, i) => ({
+      ...w,
+      info: { ...w.info, threads: 1, browser: 'one browser', machine: machineNamed(`screen ${i}`) },
+    }));
+    expect(defined(plan(guided, { ulyssesDegree: 2, ep: 'wasm' }, tabs).prediction, '').sharedCores).toBeNull();
+    const crowded = tabs.map((w) => ({ ...w, info: { ...w.info, threads: 2 } }));
+    expect(defined(plan(guided, { ulyssesDegree: 2, ep: 'wasm' }, crowded).prediction, '').sharedCores?.note).toMatch(
+      /^workers w0 and w1 look like one machine/,
+    );
+  });
+
+  it("the swarm table's words for each worker are the placement's notes: why it was left out and what would use it, that it shares its machine's cores", () => {
+    const workers = pair(true);
+    const auto = plan(guided, { ep: 'wasm' }, workers);
+    const leftOut = defined(auto.prediction?.leftOut, 'why one is left out');
+    const [placed, spare] = [auto.workers[0].id, workers.find((w) => w.id !== auto.workers[0].id)?.id ?? ''];
+    expect(workerPlanNotes(auto, spare)).toEqual([leftOut]);
+    expect(workerPlanNotes(auto, placed)).toEqual([]);
+    const both = plan(guided, { ulyssesDegree: 2, ep: 'wasm', shares: 'even' }, workers);
+    const shared = defined(both.prediction?.sharedCores, 'shared cores').note;
+    expect(['w0', 'w1'].map((id) => workerPlanNotes(both, id))).toEqual([[shared], [shared]]);
+    expect(workerPlanNotes(plan(guided, { ulyssesDegree: 2, ep: 'wasm' }, pair(false)), 'w0')).toEqual([]);
+  });
+
+  it('a worker given the fewest heads is told so, with what would give it more; the others are not', () => {
+    const uneven = plan(unguided, { ulyssesDegree: 2, ep: 'wasm', shares: 'speed' }, workersAt(1, 4));
+    expect(uneven.layout.heads).toEqual([proportionalShares(12, [4, 1])]);
+    expect(workerPlanNotes(uneven, 'w0')).toEqual([
+      'worker w0 was given 2 of the 12 heads: its forward was the slowest when rehearsed; on more of its cores ' +
+        '(fewer tabs beside it) or on WebGPU, it would be given more',
+    ]);
+    expect(workerPlanNotes(uneven, 'w1')).toEqual([]);
   });
 });

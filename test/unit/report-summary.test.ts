@@ -91,6 +91,33 @@ describe("the dashboard's status line of a finished job", () => {
     expect(summarizeReport(7, report(even))).not.toContain('was given');
   });
 
+  it("says which workers look like one machine and share its cores, in the planner's words (issue 66)", () => {
+    const note =
+      'workers a and b look like one machine (their pages see the same cores, memory, OS, time zone and adapter) ' +
+      'and share its 2 cores: with 4 threads between them each computes at about 50% of its speed alone';
+    const prediction = {
+      asked: true,
+      by: 'asked for',
+      link: { bandwidth: 1e7, latency: 1e-3, from: 'coordinator links' as const },
+      predictedStepMs: 800,
+      oneWorkerStepMs: 700,
+      leftOut: null,
+    };
+    const shared = {
+      ...placement('f32', 'ulysses'),
+      prediction: { ...prediction, sharedCores: { workers: ['a', 'b'], note } },
+    };
+    expect(summarizeReport(7, report(shared))).toContain(
+      ' Workers a and b look like one machine (their pages see the same cores, memory, OS, time zone and adapter) ' +
+        'and share its 2 cores: with 4 threads between them each computes at about 50% of its speed alone.',
+    );
+    const apart = { ...placement('f32', 'ulysses'), prediction: { ...prediction, sharedCores: null } };
+    expect(summarizeReport(7, report(apart))).not.toContain('one machine');
+    // a placement an older version kept says nothing of shared cores
+    const older = { ...placement('f32', 'ulysses'), prediction } as unknown as ResolvedPlacement;
+    expect(summarizeReport(7, report(older))).toContain('measured 0.10 s (the median step).');
+  });
+
   it("names each worker's device: a tab's WebGPU or WASM, a process's CPU, CUDA or Dawn's WebGPU", () => {
     const on = (workers: { ep: string; threads: number; nativeDevice?: string }[]) =>
       summarizeReport(7, { ...report(undefined), workers } as unknown as KeptReport);

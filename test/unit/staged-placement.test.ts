@@ -31,6 +31,7 @@ import type { EngineApi } from '../../rank/engine.ts';
 import type { GpuDevice } from '../../rank/gpu-weights.ts';
 import { heldWeightType } from '../../rank/onnx-stages.ts';
 import { InProcessExecutor, type InProcessOptions, onTinyModel } from './in-process-executor.ts';
+import { machineNamed } from './fixtures.ts';
 
 /** a model of four blocks: two stages of two, or four of one */
 const FOUR_BLOCKS = wanConfigOfSize({ headDim: 24, textDim: 32, ffnDim: 64, numLayers: 4 }, 'four blocks');
@@ -61,6 +62,8 @@ function worker(id: string, gflops: number | null = null, memoryGiB: number | nu
     threads: 1,
     memoryGiB,
     userAgent: id,
+    cores: 1,
+    machine: machineNamed(id),
   };
   return { id, info, measurement };
 }

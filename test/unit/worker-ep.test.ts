@@ -7,7 +7,7 @@ import type { ExecutionProvider, WorkerInfo } from '../../core/worker-api.ts';
 import { memoryExchanges } from '../../rank/exchange/memory.ts';
 import { WorkerRuntime } from '../../rank/runtime.ts';
 import { referenceStages } from '../../rank/stages.ts';
-import { stubEngine, tinyModelFiles } from './fixtures.ts';
+import { machineNamed, stubEngine, tinyModelFiles } from './fixtures.ts';
 
 // 'auto' means the faster EP, as this worker measured it: the runtime chooses, the planner predicts
 // with the same rule (fastestEp), and both say why in words a user can check.
@@ -84,6 +84,8 @@ describe("a worker's runtime with ep 'auto'", () => {
       threads: 1,
       memoryGiB: null,
       userAgent: 'node',
+      cores: 1,
+      machine: machineNamed('node'),
       ...info,
     };
     const runtime = new WorkerRuntime(engine, {

@@ -93,6 +93,9 @@ export async function nodePlatform({
         softwareAdapter: false,
         memoryGiB: compute.memoryGiB ?? totalmem() / 2 ** 30,
         userAgent: `Node ${process.version} (${system()} ${release()})`,
+        cores: availableParallelism(),
+        // the processes of one machine share it; a tab on it has a hint of its own (rank/machine-hint.ts)
+        machine: id,
       }),
     shareCores: () =>
       Promise.resolve({
