@@ -1009,6 +1009,8 @@ describe(`fuzz: ${MUTATIONS} structured mutations per target`, () => {
       threads: 2,
       memoryGiB: 8,
       userAgent: 'Chromium',
+      cores: 2,
+      machine: '0123456789abcdef0123456789abcdef',
     },
     probeCompute: { ep: 'wasm', flops: 2e10, softmaxRate: 3e8, stageMs: 0.4 },
     probeLink: { bytes: 524_288 },
