@@ -21,6 +21,12 @@ export interface Base64Floats {
   base64: string;
 }
 
+/** An image file as page.evaluate carries it: its type (image/png, image/jpeg, image/webp) and its bytes in base64. */
+export interface Base64Image {
+  type: string;
+  base64: string;
+}
+
 /** A job as submitted through the automation API: the form's values beneath, these over them. */
 export type JobOverrides = Partial<JobParams> &
   Partial<JobPlacement> & {
@@ -29,6 +35,8 @@ export type JobOverrides = Partial<JobParams> &
     negativePromptEmbeds?: Base64Floats;
     /** 'latent' stops before the VAE */
     outputType?: 'video' | 'latent';
+    /** an image to start the video from (a Wan2.2 TI2V folder's image to video) */
+    image?: Base64Image;
   };
 
 /** A settled job: its report, its final latent and (unless it asked for the latent only) its WebM, in base64. */

@@ -40,7 +40,15 @@ import { defined } from '../core/defined.ts';
 import { jobParams } from '../core/job.ts';
 import { parseLoraFlag, type LoraRef } from '../core/model/lora.ts';
 import { OWNER_KEY_PARAM } from '../core/net/join-token.ts';
-import type { AutomationProgress, Base64Floats, DashboardAutomation, JobOverrides, JoinLinks } from './automation.ts';
+import type {
+  AutomationProgress,
+  Base64Floats,
+  Base64Image,
+  DashboardAutomation,
+  JobOverrides,
+  JoinLinks,
+} from './automation.ts';
+import type { RgbaImage } from '../core/model/image-condition.ts';
 import { summarizeReport, type KeptReport } from './views/report-summary.ts';
 import { $ } from './views/dom.ts';
 import { renderGallery, videoUrl } from './views/gallery.ts';
@@ -301,7 +309,7 @@ function showFinished(job: StoredJob): void {
 /** The form's job with `overrides` over it, checked; an error saying what is wrong. */
 async function jobFromForm(overrides: JobOverrides = {}): Promise<Pick<StoredJob, 'params' | 'placement' | 'inputs'>> {
   const formValues = readForm();
-  const { model, promptEmbeds, negativePromptEmbeds, outputType, ...rest } = overrides;
+  const { model, promptEmbeds, negativePromptEmbeds, outputType, image, ...rest } = overrides;
   // what it gives of the job's parameters goes over the form's; the rest of it is its placement request
   // a field given as undefined leaves the form's
   const given = Object.entries(rest as Record<string, unknown>).filter(([, value]) => value !== undefined);
@@ -319,6 +327,7 @@ async function jobFromForm(overrides: JobOverrides = {}): Promise<Pick<StoredJob
     outputType,
     promptEmbeds: promptEmbeds && embedsFromBase64(promptEmbeds),
     negativePromptEmbeds: negativePromptEmbeds && embedsFromBase64(negativePromptEmbeds),
+    image: image && (await imageFromBase64(image)),
   };
   return { params: jobParams(params), placement, inputs };
 }
@@ -354,6 +363,22 @@ const embedsFromBase64 = ({ shape, base64 }: Base64Floats) => {
   const bytes = Uint8Array.from(atob(base64), (c) => c.charCodeAt(0));
   return { shape, data: new Float32Array(bytes.buffer, 0, bytes.byteLength >> 2) };
 };
+
+/** An image file's pixels as the browser decodes it, RGBA unpremultiplied; an unreadable file says so. */
+async function imageFromBase64({ type, base64 }: Base64Image): Promise<RgbaImage> {
+  const bytes = Uint8Array.from(atob(base64), (c) => c.charCodeAt(0));
+  const bitmap = await createImageBitmap(new Blob([bytes], { type }), {
+    colorSpaceConversion: 'none',
+    premultiplyAlpha: 'none',
+  }).catch((e: unknown) => {
+    throw new Error(`image: the browser cannot read it as ${type}: ${(e as Error).message}`);
+  });
+  const canvas = new OffscreenCanvas(bitmap.width, bitmap.height);
+  const context = defined(canvas.getContext('2d'), 'a 2D canvas');
+  context.drawImage(bitmap, 0, 0);
+  bitmap.close();
+  return context.getImageData(0, 0, canvas.width, canvas.height);
+}
 
 form.addEventListener('submit', (event) => {
   event.preventDefault();

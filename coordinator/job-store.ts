@@ -26,8 +26,11 @@ export type JobPlacement = Omit<PlacementRequest, 'ulyssesDegree'> & {
   model?: string;
 };
 
-/** What a job is given beyond its parameters: prompt embeddings instead of prompts, the latent instead of a video. */
-export type JobInputs = Pick<GenerateRequest, 'promptEmbeds' | 'negativePromptEmbeds' | 'outputType'>;
+/**
+ * What a job is given beyond its parameters: prompt embeddings instead of prompts, the latent instead of a video, an
+ * image to start from: kept with the job, so that it runs again whole after a reload.
+ */
+export type JobInputs = Pick<GenerateRequest, 'promptEmbeds' | 'negativePromptEmbeds' | 'outputType' | 'image'>;
 
 export interface StoredJob {
   id: number;

@@ -2,10 +2,13 @@
 // large ones), and the writer of checkpoints in the layout diffusers publishes them in: one
 // `<name>.safetensors`, or shards of at most 5 GB and their `<name>.safetensors.index.json`.
 import { createWriteStream, mkdirSync, statSync } from 'node:fs';
-import { open, readFile, writeFile } from 'node:fs/promises';
+import { cp, mkdir, open, readFile, writeFile } from 'node:fs/promises';
 import { homedir } from 'node:os';
 import { join } from 'node:path';
 import { MissingFile, type ModelFiles } from '../core/model/files.ts';
+import { expectedWeightShapes, parseWanConfig } from '../core/model/config.ts';
+import { TRANSFORMER_CONFIG, TRANSFORMER_WEIGHTS_NAME } from '../core/model/transformer.ts';
+import { WAN22_TI2V_5B } from './wan22-layout.ts';
 import {
   narrow,
   planShards,
@@ -200,6 +203,19 @@ export async function writeUmt5Folder(
 }
 
 /**
+ * A transformer tensor's seeded values, initialised so activations stay O(1) through the blocks as a trained model's
+ * do: scale_shift_table N(0, 1/D), norms' weights near 1, small biases, matrices N(0, 1/fan_in).
+ */
+export function seededTransformerWeight(seed: string, name: string, shape: number[], dim: number): Float32Array {
+  const random = seededRandom(seed, name);
+  const n = sizeOf(shape);
+  if (name.endsWith('scale_shift_table')) return random.normals(n, 1 / Math.sqrt(dim));
+  if (/norm[_\w]*\.weight$/.test(name)) return random.normals(n, 0.05).map((v) => 1 + v);
+  if (name.endsWith('.bias')) return random.normals(n, 0.02);
+  return random.normals(n, 1 / Math.sqrt(n / shape[0]));
+}
+
+/**
  * A VAE tensor's seeded values: convolutions N(0, 1/fan_in), norms' γ near 1, small biases, so
  * activations stay O(1) as a trained model's do.
  */
@@ -231,4 +247,42 @@ export async function writeWanVaeFolder(
   });
   await writeFile(join(folder, VAE_CONFIG), JSON.stringify(config, null, 2) + '\n');
   return { config: vae, bytes: statSync(join(folder, VAE_WEIGHTS)).size };
+}
+
+/** the bundled tiny model, whose stand-in text encoder a tiny TI2V folder shares */
+const TINY_MODEL_DIR = join(import.meta.dirname, '../public/models/tiny-wan');
+
+/**
+ * Wan2.2-TI2V-5B's folder in its published layout at a tiny width, for tests: its model_index.json (expand_timesteps),
+ * its transformer's config with 24 heads of 12 (width 288), 2 blocks and the stand-in text encoder's 64-wide text,
+ * seeded weights; Wan2.2's VAE (z_dim 48, residual, 2×2 patches) 8 and 12 channels wide; its scheduler; the tiny
+ * model's stand-in text encoder.
+ */
+export async function writeTinyTi2vFolder(dir: string, seed = 'tiny-ti2v'): Promise<void> {
+  const transformer = {
+    ...WAN22_TI2V_5B.transformer,
+    attention_head_dim: 12,
+    ffn_dim: 768,
+    num_layers: 2,
+    text_dim: 64,
+  };
+  const config = parseWanConfig(transformer, 'the tiny TI2V transformer');
+  await writeCheckpoint(
+    join(dir, 'transformer'),
+    TRANSFORMER_WEIGHTS_NAME,
+    [...expectedWeightShapes(config)].map(([name, shape]) => ({ name, shape })),
+    ({ name, shape }) => seededTransformerWeight(seed, name, shape, config.dim),
+  );
+  await writeFile(join(dir, TRANSFORMER_CONFIG), JSON.stringify(transformer, null, 2) + '\n');
+  await writeWanVaeFolder(dir, { ...WAN22_TI2V_5B.vae, base_dim: 8, decoder_base_dim: 12 }, { seed });
+  await cp(join(TINY_MODEL_DIR, 'text_encoder'), join(dir, 'text_encoder'), { recursive: true });
+  const textEncoder = JSON.parse(await readFile(join(TINY_MODEL_DIR, 'model_index.json'), 'utf8')) as {
+    text_encoder: unknown;
+  };
+  await mkdir(join(dir, 'scheduler'), { recursive: true });
+  await writeFile(join(dir, 'scheduler/scheduler_config.json'), JSON.stringify(WAN22_TI2V_5B.scheduler, null, 2));
+  await writeFile(
+    join(dir, 'model_index.json'),
+    JSON.stringify({ ...WAN22_TI2V_5B.modelIndex, text_encoder: textEncoder.text_encoder, tokenizer: [null, null] }),
+  );
 }

@@ -3,7 +3,7 @@
 // so no image library is needed. Every colour type is read at 8 bits, and greyscale and palette
 // images at 1, 2 and 4 too, as PIL opens them and `convert("RGB")` makes them RGB (grey repeated,
 // palette looked up, lower depths scaled to 0…255); 16-bit and interlaced files are refused.
-import { inflateSync } from 'node:zlib';
+import { crc32, deflateSync, inflateSync } from 'node:zlib';
 import type { RgbaImage } from '../core/model/image-condition.ts';
 import { MAX_IMAGE_SIDE } from '../core/model/image-condition.ts';
 
@@ -112,4 +112,37 @@ export function decodePng(file: Uint8Array, source: string): RgbaImage {
       }
     }
   return { data: rgba, width, height };
+}
+
+/** An RGBA image as an 8-bit RGBA PNG (no filtering): for tests and tools that hand an image on as a file. */
+export function encodePng({ data, width, height }: RgbaImage): Uint8Array {
+  const chunk = (type: string, body: Uint8Array): Uint8Array => {
+    const out = new Uint8Array(12 + body.length);
+    const view = new DataView(out.buffer);
+    view.setUint32(0, body.length);
+    out.set(new TextEncoder().encode(type), 4);
+    out.set(body, 8);
+    view.setUint32(8 + body.length, crc32(out.subarray(4, 8 + body.length)));
+    return out;
+  };
+  const header = new Uint8Array(13);
+  const view = new DataView(header.buffer);
+  view.setUint32(0, width);
+  view.setUint32(4, height);
+  header.set([8, 6, 0, 0, 0], 8); // 8 bits, RGBA, deflate, no filter method beyond 0, not interlaced
+  const rows = new Uint8Array(height * (1 + 4 * width));
+  for (let y = 0; y < height; y++) rows.set(data.subarray(4 * width * y, 4 * width * (y + 1)), y * (1 + 4 * width) + 1);
+  const parts = [
+    Uint8Array.from(SIGNATURE),
+    chunk('IHDR', header),
+    chunk('IDAT', deflateSync(rows)),
+    chunk('IEND', new Uint8Array(0)),
+  ];
+  const png = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
+  let at = 0;
+  for (const part of parts) {
+    png.set(part, at);
+    at += part.length;
+  }
+  return png;
 }

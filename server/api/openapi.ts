@@ -221,7 +221,8 @@ const createVideoForm = {
       contentMediaType: 'application/octet-stream',
       description:
         `a PNG, JPEG or WebP image of at most ${MAX_REFERENCE_BYTES / 1024 / 1024} MiB, kept with the job for ` +
-        'image-to-video, which comes with the TI2V model: until then the video is made from the prompt alone',
+        "image-to-video: the video's first frame, stretched to its size, on a Wan2.2 TI2V model (a model that makes " +
+        'video from text alone fails the job, saying so)',
     },
   },
 };

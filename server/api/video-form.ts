@@ -18,6 +18,10 @@ const IMAGE_TYPES: Record<ReferenceType, (bytes: Uint8Array) => boolean> = {
 };
 export const REFERENCE_TYPES = Object.keys(IMAGE_TYPES) as ReferenceType[];
 
+/** An image file's type by the bytes it starts with: PNG, JPEG or WebP, else null. */
+export const imageTypeOf = (bytes: Uint8Array): ReferenceType | null =>
+  REFERENCE_TYPES.find((t) => IMAGE_TYPES[t](bytes)) ?? null;
+
 const startsWith = (bytes: Uint8Array, magic: number[]) => magic.every((m, i) => bytes[i] === m);
 const ascii = (bytes: Uint8Array, from: number, to: number) => String.fromCharCode(...bytes.subarray(from, to));
 
@@ -106,7 +110,7 @@ async function referenceOf(value: FormDataEntryValue): Promise<NonNullable<Video
       'input_reference',
     );
   const bytes = new Uint8Array(await value.arrayBuffer());
-  const type = REFERENCE_TYPES.find((t) => IMAGE_TYPES[t](bytes));
+  const type = imageTypeOf(bytes);
   if (!type)
     throw new RequestError(
       `input_reference is a PNG, JPEG or WebP image; ${value.name || 'the file'} (${value.type || 'no type'}) ` +

@@ -3,7 +3,8 @@
 // restarts with every accepted job: the queued ones wait as they did, the one that was running runs again.
 
 import { randomBytes } from 'node:crypto';
-import type { AutomationProgress, JobResult } from '../../app/automation.ts';
+import { readFileSync } from 'node:fs';
+import type { AutomationProgress, JobOverrides, JobResult } from '../../app/automation.ts';
 import { Emitter } from '../../core/events.ts';
 import { CoordinatorLost, type Coordinator } from './coordinator-host.ts';
 import type { JobFiles } from './job-files.ts';
@@ -150,6 +151,14 @@ export class VideoJobs {
     return job;
   }
 
+  /** What the coordinator is given for a job: its overrides, and the image it was given where it has one. */
+  private overridesOf(job: VideoJob): JobOverrides {
+    const reference = job.request.inputReference;
+    const path = reference && this.files.path(job.id, 'reference');
+    if (!reference || !path) return job.request.overrides;
+    return { ...job.request.overrides, image: { type: reference.type, base64: readFileSync(path).toString('base64') } };
+  }
+
   private update(job: VideoJob, change: JobChange): VideoJob {
     this.db.update(job.id, change);
     const next = { ...job, ...change };
@@ -189,7 +198,7 @@ export class VideoJobs {
       }
     };
     try {
-      const result = await this.coordinator.run(job.request.overrides, {
+      const result = await this.coordinator.run(this.overridesOf(job), {
         signal: controller.signal,
         resume: job.pageJob,
         onPageJob: (pageJob) => pageJob !== job.pageJob && note({ pageJob }),

@@ -36,9 +36,10 @@ export interface VideoObject {
   input_reference: (InputReference & { note: string }) | null;
 }
 
-/** what a job given an image is told: it is kept, not yet used */
+/** what a job given an image is told: what it is for, and what refuses it */
 export const REFERENCE_NOTE =
-  'kept with the job for image-to-video, which comes with the TI2V model: this video is made from the prompt alone';
+  "the video's first frame, stretched to its size, on a Wan2.2 TI2V model; a model that makes video from text alone " +
+  'fails the job, saying so';
 
 const seconds = (ms: number | null) => (ms === null ? null : Math.floor(ms / 1000));
 

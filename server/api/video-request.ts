@@ -17,7 +17,7 @@ import { modelUrlRefusal } from './model-hosts.ts';
 /** the image types OpenAI's video API takes as `input_reference` (video-form.ts tells them by their first bytes) */
 export type ReferenceType = 'image/png' | 'image/jpeg' | 'image/webp';
 
-/** The image a job was given to start from: kept with it for image-to-video, which comes with the TI2V model. */
+/** The image a job was given to start from: kept with it, the first frame of a Wan2.2 TI2V model's video. */
 export interface InputReference {
   type: ReferenceType;
   bytes: number;
@@ -28,7 +28,7 @@ export interface InputReference {
 /** A job as the API keeps it: what the dashboard's automation API is given, the form's values beneath. */
 export interface VideoRequest {
   overrides: JobOverrides;
-  /** the image a multipart POST gave (kept as the job's file 'reference'), for image-to-video with the TI2V model */
+  /** the image a multipart POST gave (kept as the job's file 'reference'), for image-to-video on a TI2V model */
   inputReference?: InputReference;
 }
 

@@ -44,6 +44,7 @@ export const GENERATE_OPTIONS = {
   'prompt-embeds': { type: 'string' },
   'negative-prompt-embeds': { type: 'string' },
   'output-type': { type: 'string', default: 'video' },
+  image: { type: 'string' },
   help: { type: 'boolean', default: false },
 } satisfies ParseArgsConfig['options'];
 

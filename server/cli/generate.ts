@@ -5,7 +5,7 @@
 //     [--ep auto|webgpu|wasm] [--frames F --height H --width W --steps K --guidance G --seed S]
 //     [--out out/video.webm] [--report out/report.json] [--latent-out out/latent.f32]
 //     [--drop-worker RANK@STEP] [--crash-worker RANK@STEP] [--force-relay] [--cfg-parallel] [--stages S] [--model URL]
-//     [--prompt-embeds FILE] [--negative-prompt-embeds FILE] [--output-type video|latent]
+//     [--prompt-embeds FILE] [--negative-prompt-embeds FILE] [--output-type video|latent] [--image FILE.png]
 
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { cpus, totalmem } from 'node:os';
@@ -22,6 +22,7 @@ import { servedOr } from '../serve.ts';
 import { pageError, startLocalSwarm } from './browser-swarm.ts';
 import { degreeOfWorkers, jobFlagValues } from './job-flags.ts';
 import { GENERATE_OPTIONS } from './flags.ts';
+import { imageTypeOf } from '../api/video-form.ts';
 
 const USAGE = [
   'usage: npm run generate -- --prompt "a red ball" ' + '[--backend local|swarm] [--workers N] [--ep auto|webgpu|wasm]',
@@ -41,6 +42,8 @@ const USAGE = [
   "                     WanPipeline's prompt_embeds=: the text encoder is not run (--prompt is then optional, a label)",
   '  [--output-type video|latent]   ' +
     'latent: stop before the VAE and write the latent and the report only (output_type="latent")',
+  '  [--image FILE.png]   image to video on a Wan2.2 TI2V folder: the image, stretched to the job size, is the ' +
+    "video's first frame",
   '  [--fp16]   send activations between ranks as float16 (half the bytes, not bit-exact)',
   '  [--int8]   send them as int8 with a float32 scale per 64 values (about a quarter of the bytes, less exact still)',
   "  [--int4]   with --displaced: keys' and values' change since the last step " +
@@ -177,10 +180,23 @@ function embedsFrom(flag: 'prompt-embeds' | 'negative-prompt-embeds'): { shape: 
     base64: Buffer.from(embeds.data.buffer, embeds.data.byteOffset, embeds.data.byteLength).toString('base64'),
   };
 }
+/** --image FILE: the file as the page takes it (the page decodes it); not an image stops here, before Chromium. */
+function imageFrom(file: string | undefined): JobOverrides['image'] {
+  if (file === undefined) return undefined;
+  let bytes: Uint8Array;
+  try {
+    bytes = new Uint8Array(readFileSync(file));
+  } catch (e) {
+    return fail(`--image ${file}: ${(e as Error).message}`);
+  }
+  const type = imageTypeOf(bytes) ?? fail(`--image ${file} is not a PNG, JPEG or WebP image by its bytes`);
+  return { type, base64: Buffer.from(bytes).toString('base64') };
+}
 const inputs: JobOverrides = {
   promptEmbeds: embedsFrom('prompt-embeds'),
   negativePromptEmbeds: embedsFrom('negative-prompt-embeds'),
   outputType,
+  image: imageFrom(values.image),
 };
 
 // --fast: a step-distilled LoRA's sampling beneath what the other flags give

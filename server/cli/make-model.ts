@@ -52,6 +52,7 @@ import {
   WAN_14B_MODEL_DIR,
   WAN22_TI2V_5B_MODEL_DIR,
   seededRandom,
+  seededTransformerWeight,
   writeCheckpoint,
   writeUmt5Folder,
   writeWanVaeFolder,
@@ -188,17 +189,6 @@ const shardBytes =
 
 const randomFor = (name: string): SeededRandom => seededRandom(String(seed), name);
 
-/** Initialised so activations stay O(1) through the blocks, as a trained model's do. */
-function initialise(name: string, shape: number[]): Float32Array {
-  const n = sizeOf(shape);
-  const random = randomFor(name);
-  if (name.endsWith('scale_shift_table')) return random.normals(n, 1 / Math.sqrt(config.dim));
-  if (/norm[_\w]*\.weight$/.test(name)) return random.normals(n, 0.05).map((v) => 1 + v);
-  if (name.endsWith('.bias')) return random.normals(n, 0.02);
-  const fanIn = n / shape[0];
-  return random.normals(n, 1 / Math.sqrt(fanIn));
-}
-
 const out = values.out;
 const write = (path: string, data: Uint8Array | object) => {
   mkdirSync(join(out, path, '..'), { recursive: true });
@@ -219,7 +209,7 @@ const files = await writeCheckpoint(
   tensors,
   ({ name, shape }) => {
     progress?.((written += storedBytes(shape, dtype)), totalBytes);
-    return initialise(name, shape);
+    return seededTransformerWeight(String(seed), name, shape, config.dim);
   },
   { maxShardBytes: shardBytes, metadata: published ? { format: 'pt' } : made, dtype },
 );

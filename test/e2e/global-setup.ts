@@ -3,7 +3,13 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { defined } from '../../core/defined.ts';
 import { loadTransformer, TRANSFORMER_WEIGHTS, TRANSFORMER_WEIGHTS_NAME } from '../../core/model/transformer.ts';
-import { folderFiles, writeCheckpoint, writeUmt5Folder, writeWanVaeFolder } from '../../server/model-folder.ts';
+import {
+  folderFiles,
+  writeCheckpoint,
+  writeTinyTi2vFolder,
+  writeUmt5Folder,
+  writeWanVaeFolder,
+} from '../../server/model-folder.ts';
 import { WAN21_T2V_1_3B } from '../../server/wan21-layout.ts';
 import { PRELOAD_LARGE_ONLY } from '../../coordinator/preload.ts';
 import { startServer } from '../../server/serve.ts';
@@ -63,6 +69,9 @@ async function fullLayoutCopy(): Promise<string> {
   return dir;
 }
 
+/** Wan2.2-TI2V-5B's layout at a tiny width (writeTinyTi2vFolder): image to video with the same model. */
+export const TINY_TI2V_MODEL_PATH = '/models/tiny-ti2v';
+
 /** The tiny model's folder with its transformer in shards; `truncate` cuts the last one to 1000 bytes. */
 async function shardedCopy(truncate: boolean): Promise<string> {
   const dir = mkdtempSync(join(tmpdir(), 'ditswarm-e2e-model-'));
@@ -87,18 +96,26 @@ async function shardedCopy(truncate: boolean): Promise<string> {
 export default async function globalSetup(): Promise<(() => Promise<void>) | undefined> {
   if (process.env.DITSWARM_URL) return undefined;
   const [sharded, truncated, full] = [await shardedCopy(false), await shardedCopy(true), await fullLayoutCopy()];
+  const ti2v = mkdtempSync(join(tmpdir(), 'ditswarm-e2e-ti2v-'));
+  await writeTinyTi2vFolder(ti2v);
   const server = await startServer({
     port: 0,
     quiet: true,
-    modelFolders: { [SHARDED_MODEL_PATH]: sharded, [TRUNCATED_MODEL_PATH]: truncated, [FULL_LAYOUT_MODEL_PATH]: full },
+    modelFolders: {
+      [SHARDED_MODEL_PATH]: sharded,
+      [TRUNCATED_MODEL_PATH]: truncated,
+      [FULL_LAYOUT_MODEL_PATH]: full,
+      [TINY_TI2V_MODEL_PATH]: ti2v,
+    },
     // the tests' jobs are their own: a test of the form's job, or of preloading, says preloadFrom(0)
     preloadFromBytes: PRELOAD_LARGE_ONLY,
   });
   process.env.DITSWARM_URL = server.url;
   process.env.DITSWARM_SHARDED_DIR = sharded; // where a test may change a served file
   process.env.DITSWARM_FULL_LAYOUT_DIR = full; // where a test may compute in Node what the tabs compute
+  process.env.DITSWARM_TI2V_DIR = ti2v;
   return async () => {
     await server.close();
-    for (const dir of [sharded, truncated, full]) rmSync(dir, { recursive: true, force: true });
+    for (const dir of [sharded, truncated, full, ti2v]) rmSync(dir, { recursive: true, force: true });
   };
 }

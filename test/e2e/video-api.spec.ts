@@ -14,7 +14,8 @@ import { CI } from './swarm-page.ts';
 import { spawnApiServer, type ApiProcess } from '../../server/api/api-process.ts';
 import OpenAI, { NotFoundError, toFile } from 'openai';
 import { probeWebM } from '../../coordinator/video.ts';
-import { DEFAULT_MODEL_URL } from '../../core/job.ts';
+import { encodePng } from '../../server/png.ts';
+import { LOCAL_MODEL_PATH } from '../../server/serve.ts';
 import { freePort, killSoak, type KillTarget, type SoakResult } from './api-kill-soak.ts';
 
 const ROOT = resolve(import.meta.dirname, '../..');
@@ -253,16 +254,21 @@ test('the server killed (SIGKILL) with a job running and two queued: started aga
   }
 });
 
-/** A PNG's first bytes: what the server checks an input_reference by (it keeps the image, it does not decode it). */
-const PNG = Uint8Array.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a, 0, 0, 0, 13, 0x49, 0x48, 0x44, 0x52]);
+/** An 8×8 image of a colour ramp as a PNG: the first frame of a Wan2.2 TI2V job, stretched to its size. */
+const PNG = encodePng({
+  width: 8,
+  height: 8,
+  data: Uint8ClampedArray.from({ length: 8 * 8 * 4 }, (_, i) => (i % 4 === 3 ? 255 : 32 * ((i >> 2) % 8))),
+});
 
 test(
-  'the official openai client: videos.create (multipart, with an image), retrieve to completed, list, downloadContent a playable WebM, delete',
+  'the official openai client: videos.create (multipart, with an image) on a Wan2.2 TI2V folder, retrieve to completed, list, downloadContent a playable WebM at 24 fps, delete',
   CI,
   async () => {
     test.setTimeout(300_000);
     const dataDir = mkdtempSync(join(tmpdir(), 'ditswarm-api-sdk-'));
-    const api = await startApiServer(dataDir);
+    const ti2v = defined(process.env.DITSWARM_TI2V_DIR, "global-setup's TI2V folder");
+    const api = await spawnApiServer(dataDir, ['--local-workers', '2', '--model', ti2v]);
     try {
       await expect
         .poll(async () => (await api.json<{ workers: unknown[] }>('/v1/swarm')).workers.length, { timeout: 60_000 })
@@ -274,7 +280,7 @@ test(
         steps: 2,
         input_reference: await toFile(PNG, 'first-frame.png', { type: 'image/png' }),
       } as unknown as OpenAI.VideoCreateParams)) as unknown as VideoObject;
-      expect(created).toMatchObject({ object: 'video', status: 'queued', size: '64x64', model: DEFAULT_MODEL_URL });
+      expect(created).toMatchObject({ object: 'video', status: 'queued', size: '64x64', model: LOCAL_MODEL_PATH });
       expect(created.input_reference).toMatchObject({ type: 'image/png', bytes: PNG.length, name: 'first-frame.png' });
       expect(readFileSync(join(dataDir, 'videos', `${created.id}.input_reference`))).toEqual(Buffer.from(PNG));
 
@@ -285,7 +291,7 @@ test(
         job = await client.videos.retrieve(created.id);
       }
       expect(job.error).toBeNull();
-      expect(job).toMatchObject({ status: 'completed', progress: 100, model: DEFAULT_MODEL_URL });
+      expect(job).toMatchObject({ status: 'completed', progress: 100, model: LOCAL_MODEL_PATH });
 
       const listed = [];
       for await (const j of client.videos.list({ limit: 10 })) listed.push(j.id);
@@ -295,7 +301,9 @@ test(
       expect([...bytes.subarray(0, 4)]).toEqual([0x1a, 0x45, 0xdf, 0xa3]); // EBML: a Matroska/WebM file
       const probe = await probeWebM(new Blob([bytes]));
       expect(probe).toMatchObject({ width: 64, height: 64, frameCount: 9 });
-      expect(probe.durationSeconds).toBeGreaterThan(0);
+      // 9 frames at the family's 24 fps, not Wan2.1's 16 (0.56 s)
+      expect(probe.durationSeconds).toBeGreaterThanOrEqual(8 / 24);
+      expect(probe.durationSeconds).toBeLessThanOrEqual(10 / 24);
 
       expect(await client.videos.delete(created.id)).toMatchObject({ id: created.id, deleted: true });
       await expect(client.videos.retrieve(created.id)).rejects.toBeInstanceOf(NotFoundError);

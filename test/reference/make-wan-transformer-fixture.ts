@@ -20,8 +20,7 @@ import { expectedWeightShapes, parseWanConfig } from '../../core/model/config.ts
 import { randomForwardInputs, type RandomInputSize } from '../../core/model/forward-io.ts';
 import { TRANSFORMER_CONFIG, TRANSFORMER_WEIGHTS_NAME } from '../../core/model/transformer.ts';
 import { writeSafetensors, type SafetensorsDType } from '../../core/safetensors.ts';
-import { sizeOf } from '../../core/tensor.ts';
-import { seededRandom, writeCheckpoint } from '../../server/model-folder.ts';
+import { seededTransformerWeight, writeCheckpoint } from '../../server/model-folder.ts';
 import { randomWanLora } from '../../server/cli/make-lora.ts';
 import { WAN21_T2V_14B, WAN21_T2V_1_3B } from '../../server/wan21-layout.ts';
 import { WAN22_TI2V_5B } from '../../server/wan22-layout.ts';
@@ -35,14 +34,7 @@ export const INIT =
   'seededRandom(seed, name).normals(n, std): *scale_shift_table N(0, 1/D); norm*.weight 1 + N(0, 0.05²); ' +
   '*.bias N(0, 0.02²); weights N(0, 1/fan_in) with fan_in = n / shape[0]; inputs randomForwardInputs(config, input)';
 
-export function seededWeight(seed: string, name: string, shape: number[], dim: number): Float32Array {
-  const random = seededRandom(seed, name);
-  const n = sizeOf(shape);
-  if (name.endsWith('scale_shift_table')) return random.normals(n, 1 / Math.sqrt(dim));
-  if (/norm[_\w]*\.weight$/.test(name)) return random.normals(n, 0.05).map((v) => 1 + v);
-  if (name.endsWith('.bias')) return random.normals(n, 0.02);
-  return random.normals(n, 1 / Math.sqrt(n / shape[0]));
-}
+export const seededWeight = seededTransformerWeight;
 
 export interface FixtureCase {
   name: string;
