@@ -40,15 +40,8 @@ import { defined } from '../core/defined.ts';
 import { jobParams } from '../core/job.ts';
 import { parseLoraFlag, type LoraRef } from '../core/model/lora.ts';
 import { OWNER_KEY_PARAM } from '../core/net/join-token.ts';
-import type {
-  AutomationProgress,
-  Base64Floats,
-  Base64Image,
-  DashboardAutomation,
-  JobOverrides,
-  JoinLinks,
-} from './automation.ts';
-import type { RgbaImage } from '../core/model/image-condition.ts';
+import type { AutomationProgress, Base64Floats, DashboardAutomation, JobOverrides, JoinLinks } from './automation.ts';
+import { bytesToBase64, decodeImageFile, imageField } from './views/image-field.ts';
 import { summarizeReport, type KeptReport } from './views/report-summary.ts';
 import { $ } from './views/dom.ts';
 import { renderGallery, videoUrl } from './views/gallery.ts';
@@ -327,8 +320,10 @@ async function jobFromForm(overrides: JobOverrides = {}): Promise<Pick<StoredJob
     outputType,
     promptEmbeds: promptEmbeds && embedsFromBase64(promptEmbeds),
     negativePromptEmbeds: negativePromptEmbeds && embedsFromBase64(negativePromptEmbeds),
-    image: image && (await imageFromBase64(image)),
   };
+  // the form's image unless the automation API gives one
+  const file = image ?? imageInput.image;
+  if (file) inputs.image = await decodeImageFile(file);
   return { params: jobParams(params), placement, inputs };
 }
 
@@ -364,30 +359,17 @@ const embedsFromBase64 = ({ shape, base64 }: Base64Floats) => {
   return { shape, data: new Float32Array(bytes.buffer, 0, bytes.byteLength >> 2) };
 };
 
-/** An image file's pixels as the browser decodes it, RGBA unpremultiplied; an unreadable file says so. */
-async function imageFromBase64({ type, base64 }: Base64Image): Promise<RgbaImage> {
-  const bytes = Uint8Array.from(atob(base64), (c) => c.charCodeAt(0));
-  const bitmap = await createImageBitmap(new Blob([bytes], { type }), {
-    colorSpaceConversion: 'none',
-    premultiplyAlpha: 'none',
-  }).catch((e: unknown) => {
-    throw new Error(`image: the browser cannot read it as ${type}: ${(e as Error).message}`);
-  });
-  const canvas = new OffscreenCanvas(bitmap.width, bitmap.height);
-  const context = defined(canvas.getContext('2d'), 'a 2D canvas');
-  context.drawImage(bitmap, 0, 0);
-  bitmap.close();
-  return context.getImageData(0, 0, canvas.width, canvas.height);
-}
-
 form.addEventListener('submit', (event) => {
   event.preventDefault();
   submitConfirmed().catch(() => {});
 });
+const formSize = () => ({ height: Number(field('height').value), width: Number(field('width').value) });
+const imageInput = imageField(form, formSize);
 form.addEventListener('input', (event) => {
   if (event.target === sizeSelect) choosePreset();
   else showPreset();
   showErrors(checkJobParams(readForm().params));
+  if (event.target === field('height') || event.target === field('width')) imageInput.preview(formSize());
 });
 form.addEventListener('keydown', (event) => {
   if (event.key === 'Enter' && !event.shiftKey && event.target instanceof HTMLTextAreaElement) {
@@ -409,12 +391,6 @@ function savedIdentity(): SwarmIdentity {
   const { token, dashboardKey } = saved as Record<string, unknown>;
   return { token: text(token), dashboardKey: text(dashboardKey) };
 }
-
-const bytesToBase64 = (bytes: Uint8Array) => {
-  let s = '';
-  for (let i = 0; i < bytes.length; i += 0x8000) s += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
-  return btoa(s);
-};
 
 function showIdentity(opened: Swarm): JoinLinks {
   localStorage.setItem(IDENTITY_KEY, JSON.stringify(opened.identity));

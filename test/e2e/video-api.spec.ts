@@ -10,7 +10,8 @@ import { expect, test, type Page } from '@playwright/test';
 import { defined } from '../../core/defined.ts';
 import { readSafetensors } from '../../core/safetensors.ts';
 import type { VideoObject } from '../../server/api/video-object.ts';
-import { CI } from './swarm-page.ts';
+import { CI, maxAbsDiff } from './swarm-page.ts';
+import { firstFrameOf, nodeEncodedImage } from './image-condition.ts';
 import { spawnApiServer, type ApiProcess } from '../../server/api/api-process.ts';
 import OpenAI, { NotFoundError, toFile } from 'openai';
 import { probeWebM } from '../../coordinator/video.ts';
@@ -292,6 +293,11 @@ test(
       }
       expect(job.error).toBeNull();
       expect(job).toMatchObject({ status: 'completed', progress: 100, model: LOCAL_MODEL_PATH });
+      // the image is the video's first latent frame: the job's latent starts with it as Node encodes it
+      const latent = await latentOf(api, created.id);
+      expect(
+        maxAbsDiff(firstFrameOf(latent, [48, 3, 4, 4]), await nodeEncodedImage(PNG, { height: 64, width: 64 })),
+      ).toBeLessThanOrEqual(1e-5);
 
       const listed = [];
       for await (const j of client.videos.list({ limit: 10 })) listed.push(j.id);
