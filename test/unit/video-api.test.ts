@@ -946,7 +946,7 @@ describe('the API over HTTP', () => {
     const job = accepted.body as VideoObject;
     expect(job).toMatchObject({ status: 'queued', size: '64x64', frames: 9, model: DEFAULT_MODEL_URL });
     expect(job.input_reference).toMatchObject({ type: 'image/png', bytes: PNG.length, name: 'first.png' });
-    expect(job.input_reference?.note).toMatch(/image-to-video.*TI2V/);
+    expect(job.input_reference?.note).toMatch(/first frame.*Wan2.2 TI2V/);
     expect(opened.jobs.get(job.id)?.request.overrides).toMatchObject({
       steps: 2,
       seed: 7,
