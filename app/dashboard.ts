@@ -35,6 +35,7 @@ import {
   type Swarm,
   type SwarmIdentity,
 } from '../coordinator/index.ts';
+import type { ModelFamily } from '../core/model/family.ts';
 import { isSettled } from '../coordinator/job-store.ts';
 import { defined } from '../core/defined.ts';
 import { jobParams } from '../core/job.ts';
@@ -61,9 +62,18 @@ const MEASUREMENTS_KEY = 'ditswarm.measurements';
 /** the fields that are the user's once typed in: a change of model leaves them be */
 const TYPED: (keyof JobParams)[] = ['prompt', 'negativePrompt', 'seed'];
 const sizeSelect = field('size') as HTMLSelectElement;
-sizeSelect.prepend(
-  ...Object.entries(WAN_SIZES).map(([name, { height, width }]) => new Option(`${name} · ${height}×${width}`, name)),
-);
+/** the size presets of the form's model's family (core/model/family.ts): Wan2.1's until its folder is read */
+let sizes: ModelFamily['sizes'] = WAN_SIZES;
+
+/** The size select offers `family`'s sizes, then custom. */
+function offerSizes(family: Pick<ModelFamily, 'sizes'>): void {
+  sizes = family.sizes;
+  for (const option of [...sizeSelect.options]) if (option.value !== 'custom') option.remove();
+  sizeSelect.prepend(
+    ...Object.entries(sizes).map(([name, { height, width }]) => new Option(`${name} · ${height}×${width}`, name)),
+  );
+  showPreset();
+}
 
 /** the defaults the form was last filled with: a TYPED field that differs from them was typed */
 let shownDefaults: JobParams | null = null;
@@ -80,7 +90,7 @@ function showDefaults(defaults: JobParams): void {
 
 /** A preset sets the size and the flow shift Wan gives it; "custom" leaves the fields as they are. */
 function choosePreset(): void {
-  const preset = Object.entries(WAN_SIZES).find(([name]) => name === sizeSelect.value)?.[1];
+  const preset = Object.entries(sizes).find(([name]) => name === sizeSelect.value)?.[1];
   if (preset) for (const [key, value] of Object.entries(preset)) field(key).value = String(value);
 }
 
@@ -102,9 +112,10 @@ $('fast-preset').addEventListener('click', () => {
 function showPreset(): void {
   const [height, width] = [Number(field('height').value), Number(field('width').value)];
   sizeSelect.value =
-    Object.entries(WAN_SIZES).find(([, size]) => size.height === height && size.width === width)?.[0] ?? 'custom';
+    Object.entries(sizes).find(([, size]) => size.height === height && size.width === width)?.[0] ?? 'custom';
 }
 
+offerSizes({ sizes });
 showDefaults(DEFAULT_JOB);
 
 /** the form's job rehearsed ahead (rehearseFormJob), under way or done: a job starts after it */
@@ -252,9 +263,10 @@ async function readModel(): Promise<void> {
   const model = readForm().placement.model;
   modelHeads = null;
   try {
-    const { config, noJobs, defaults } = await loadFormModel(model);
+    const { config, family, noJobs, defaults } = await loadFormModel(model);
     if (model !== readForm().placement.model) return; // changed again meanwhile: the newer read fills the form
     modelHeads = config?.numHeads ?? null;
+    offerSizes(family);
     showDefaults(defaults);
     showErrors(checkJobParams(readForm().params));
     if (noJobs) $('status').textContent = `The model ${model}: ${noJobs}.`;

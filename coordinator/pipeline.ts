@@ -267,9 +267,9 @@ export async function loadJobDefaults(model: string = DEFAULT_MODEL_URL): Promis
  */
 export async function loadFormModel(
   model: string = DEFAULT_MODEL_URL,
-): Promise<{ config: WanConfig | null; noJobs: string | null; defaults: JobParams }> {
-  const { config, defaults } = await loadWanPipelineParts(fetchModelFiles(new URL(model, pageUrl()).href));
-  return { config, noJobs: config ? null : MISSING_PARTS.transformer, defaults };
+): Promise<{ config: WanConfig | null; family: ModelFamily; noJobs: string | null; defaults: JobParams }> {
+  const { config, family, defaults } = await loadWanPipelineParts(fetchModelFiles(new URL(model, pageUrl()).href));
+  return { config, family, noJobs: config ? null : MISSING_PARTS.transformer, defaults };
 }
 
 export type { StepProgress } from './denoising.ts';

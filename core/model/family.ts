@@ -28,6 +28,8 @@ export interface ModelFamily {
   fps: number;
   /** what WanPipeline.__call__ makes a job on the published folder by default (the folder's flow shift aside) */
   published: Pick<JobParams, 'height' | 'width' | 'frames' | 'steps' | 'guidance'>;
+  /** the sizes it was trained at, by name: the dashboard's presets (with the flow shift Wan's examples give each) */
+  sizes: Record<string, Pick<JobParams, 'height' | 'width'> & Partial<Pick<JobParams, 'flowShift'>>>;
 }
 
 /** the transformer's 2×2 patches of latent pixels: a side is a multiple of the VAE's scale times this */
@@ -40,6 +42,11 @@ export const WAN21: ModelFamily = {
   expandTimesteps: false,
   fps: 16,
   published: { height: 480, width: 832, frames: 81, steps: 50, guidance: 5 },
+  // diffusers' Wan example: "5.0 for 720P, 3.0 for 480P"
+  sizes: {
+    '480p': { height: 480, width: 832, flowShift: 3 },
+    '720p': { height: 720, width: 1280, flowShift: 5 },
+  },
 };
 
 /** Wan2.2 TI2V-5B: text and image to 720p video, 48 channels, 16× in space, a timestep per token, 24 fps. */
@@ -49,6 +56,11 @@ export const WAN22_TI2V: ModelFamily = {
   expandTimesteps: true,
   fps: 24,
   published: { height: 704, width: 1280, frames: 121, steps: 50, guidance: 5 },
+  // Wan2.2's SIZE_CONFIGS for ti2v-5B: 1280*704 and 704*1280; the shift is the scheduler config's
+  sizes: {
+    '720p': { height: 704, width: 1280 },
+    '720p portrait': { height: 1280, width: 704 },
+  },
 };
 
 /**

@@ -11,7 +11,7 @@ import { DEFAULT_JOB, INSTEAD_OF, type JobParams } from '../job.ts';
 import type { Tensor } from '../tensor.ts';
 import { EULER, type Solver } from '../sampler.ts';
 import { ModelConfigError, parseWanConfig, type WanConfig } from './config.ts';
-import { familyOf, type ModelFamily } from './family.ts';
+import { familyOf, WAN21, type ModelFamily } from './family.ts';
 import { MissingFile, readJson, type ModelFiles } from './files.ts';
 import { parseMagnitudeCurve, publishedCurve, STEP_CACHE_FILE, type MagnitudeCurve } from '../step-cache.ts';
 import { loadTextEncoder, TEXT_ENCODER_CLASS, type TextEncoder } from './text-encoder.ts';
@@ -25,11 +25,8 @@ export const SCHEDULER_CONFIG = 'scheduler/scheduler_config.json';
 /** WanPipeline's max_sequence_length: an encoded prompt is padded to this many rows */
 export const WAN_TEXT_TOKENS = 512;
 
-/** Wan2.1's two resolutions, each with the flow shift diffusers' Wan example gives it ("5.0 for 720P, 3.0 for 480P") */
-export const WAN_SIZES = {
-  '480p': { height: 480, width: 832, flowShift: 3 },
-  '720p': { height: 720, width: 1280, flowShift: 5 },
-} as const satisfies Record<string, Pick<JobParams, 'height' | 'width' | 'flowShift'>>;
+/** Wan2.1's two resolutions, each with the flow shift diffusers' Wan example gives it */
+export const WAN_SIZES = WAN21.sizes;
 
 /** The negative prompt of diffusers' Wan example (pipeline_wan.py, EXAMPLE_DOC_STRING), word for word */
 export const WAN_NEGATIVE_PROMPT =
@@ -43,8 +40,8 @@ export const WAN_NEGATIVE_PROMPT =
  * that negative prompt
  */
 export const WAN_PIPELINE_DEFAULTS = {
-  height: WAN_SIZES['480p'].height,
-  width: WAN_SIZES['480p'].width,
+  height: WAN21.published.height,
+  width: WAN21.published.width,
   frames: 81,
   steps: 50,
   guidance: 5,

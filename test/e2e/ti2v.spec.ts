@@ -65,6 +65,13 @@ test(
     const { dashboard } = swarm;
     const form = dashboard.locator('#job-form');
     await form.locator('[name=model]').fill(TINY_TI2V_MODEL_PATH);
+    await form.locator('[name=model]').press('Tab'); // as a user leaves the field: the form reads the model
+    // the size presets are the family's: Wan2.2 TI2V's 704×1280 each way, not Wan2.1's 480p and 720p
+    await expect(form.locator('[name=size] option')).toHaveText([
+      '720p · 704×1280',
+      '720p portrait · 1280×704',
+      'custom',
+    ]);
     await form.locator('[name=height]').fill(String(JOB.height));
     await form.locator('[name=width]').fill(String(JOB.width));
     await dashboard
