@@ -249,6 +249,9 @@ export async function writeWanVaeFolder(
   return { config: vae, bytes: statSync(join(folder, VAE_WEIGHTS)).size };
 }
 
+/** Wan2.2's published VAE config (z_dim 48, residual, 2×2 patches, its latent statistics) 8 and 12 channels wide */
+export const TINY_WAN22_VAE = { ...WAN22_TI2V_5B.vae, base_dim: 8, decoder_base_dim: 12 };
+
 /** the bundled tiny model, whose stand-in text encoder a tiny TI2V folder shares */
 const TINY_MODEL_DIR = join(import.meta.dirname, '../public/models/tiny-wan');
 
@@ -274,7 +277,7 @@ export async function writeTinyTi2vFolder(dir: string, seed = 'tiny-ti2v'): Prom
     ({ name, shape }) => seededTransformerWeight(seed, name, shape, config.dim),
   );
   await writeFile(join(dir, TRANSFORMER_CONFIG), JSON.stringify(transformer, null, 2) + '\n');
-  await writeWanVaeFolder(dir, { ...WAN22_TI2V_5B.vae, base_dim: 8, decoder_base_dim: 12 }, { seed });
+  await writeWanVaeFolder(dir, TINY_WAN22_VAE, { seed });
   await cp(join(TINY_MODEL_DIR, 'text_encoder'), join(dir, 'text_encoder'), { recursive: true });
   const textEncoder = JSON.parse(await readFile(join(TINY_MODEL_DIR, 'model_index.json'), 'utf8')) as {
     text_encoder: unknown;
